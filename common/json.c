@@ -1,0 +1,172 @@
+/* JSON loading with precise messages (see json.h). */
+#include "common/json.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *type_name(const cJSON *v) {
+  if (cJSON_IsNumber(v)) return "a number";
+  if (cJSON_IsString(v)) return "a string";
+  if (cJSON_IsBool(v)) return "a boolean";
+  if (cJSON_IsNull(v)) return "null";
+  if (cJSON_IsArray(v)) return "an array";
+  if (cJSON_IsObject(v)) return "an object";
+  return "an unknown value";
+}
+
+static void line_col(const char *text, const char *at, int *line, int *col) {
+  *line = 1;
+  *col = 1;
+  for (const char *p = text; p < at && *p; p++) {
+    if (*p == '\n') {
+      (*line)++;
+      *col = 1;
+    } else {
+      (*col)++;
+    }
+  }
+}
+
+mp_status mp_json_parse(mp_ctx *ctx, const char *text, const char *origin, cJSON **out) {
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
+  if (root == NULL) {
+    const char *at = cJSON_GetErrorPtr();
+    int line = 0, col = 0;
+    if (at) line_col(text, at, &line, &col);
+    return mp_error(ctx, MP_ERR_INVALID, "%s: malformed JSON at line %d, column %d; fix the file",
+                    origin, line, col);
+  }
+  if (!cJSON_IsObject(root)) {
+    cJSON_Delete(root);
+    return mp_error(ctx, MP_ERR_INVALID, "%s: expected a JSON object at the top level", origin);
+  }
+  *out = root;
+  return MP_OK;
+}
+
+mp_status mp_read_file(mp_ctx *ctx, const char *path, char **out, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return mp_error(ctx, errno == ENOENT ? MP_ERR_NOT_FOUND : MP_ERR_IO, "%s: cannot open: %s",
+                    path, strerror(errno));
+  if (fseek(f, 0, SEEK_END) != 0) goto io;
+  long n = ftell(f);
+  if (n < 0 || fseek(f, 0, SEEK_SET) != 0) goto io;
+  char *buf = malloc((size_t)n + 1);
+  if (buf == NULL) {
+    fclose(f);
+    return mp_error(ctx, MP_ERR_NOMEM, "%s: out of memory reading %ld bytes", path, n);
+  }
+  if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+    free(buf);
+    goto io;
+  }
+  buf[n] = '\0';
+  fclose(f);
+  *out = buf;
+  if (len) *len = (size_t)n;
+  return MP_OK;
+io:
+  fclose(f);
+  return mp_error(ctx, MP_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+}
+
+mp_status mp_json_parse_file(mp_ctx *ctx, const char *path, cJSON **out) {
+  char *text = NULL;
+  MP_CHECK(mp_read_file(ctx, path, &text, NULL));
+  mp_status st = mp_json_parse(ctx, text, path, out);
+  free(text);
+  return st;
+}
+
+static mp_status missing(mp_ctx *ctx, const char *origin, const char *key) {
+  return mp_error(ctx, MP_ERR_INVALID, "%s: missing required key '%s'", origin, key);
+}
+
+mp_status mp_json_get_f64(mp_ctx *ctx, const cJSON *obj, const char *origin, const char *key,
+                          int required, double *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (v == NULL || cJSON_IsNull(v)) return required ? missing(ctx, origin, key) : MP_OK;
+  if (!cJSON_IsNumber(v))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: key '%s': expected a number, got %s", origin, key,
+                    type_name(v));
+  *out = v->valuedouble;
+  return MP_OK;
+}
+
+mp_status mp_json_get_i64(mp_ctx *ctx, const cJSON *obj, const char *origin, const char *key,
+                          int required, int64_t *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (v == NULL || cJSON_IsNull(v)) return required ? missing(ctx, origin, key) : MP_OK;
+  if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
+      fabs(v->valuedouble) > 9.0e15)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: key '%s': expected an integer, got %s", origin, key,
+                    cJSON_IsNumber(v) ? "a fractional number" : type_name(v));
+  *out = (int64_t)v->valuedouble;
+  return MP_OK;
+}
+
+mp_status mp_json_get_int(mp_ctx *ctx, const cJSON *obj, const char *origin, const char *key,
+                          int required, int *out) {
+  int64_t x = *out;
+  MP_CHECK(mp_json_get_i64(ctx, obj, origin, key, required, &x));
+  if (x < -2147483647LL || x > 2147483647LL)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: key '%s': %lld is out of range", origin, key,
+                    (long long)x);
+  *out = (int)x;
+  return MP_OK;
+}
+
+mp_status mp_json_get_bool(mp_ctx *ctx, const cJSON *obj, const char *origin, const char *key,
+                           int required, int *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (v == NULL || cJSON_IsNull(v)) return required ? missing(ctx, origin, key) : MP_OK;
+  if (!cJSON_IsBool(v))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: key '%s': expected true or false, got %s", origin,
+                    key, type_name(v));
+  *out = cJSON_IsTrue(v) ? 1 : 0;
+  return MP_OK;
+}
+
+mp_status mp_json_get_str(mp_ctx *ctx, const cJSON *obj, const char *origin, const char *key,
+                          int required, char *out, size_t cap) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+  if (v == NULL || cJSON_IsNull(v)) return required ? missing(ctx, origin, key) : MP_OK;
+  if (!cJSON_IsString(v))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: key '%s': expected a string, got %s", origin, key,
+                    type_name(v));
+  size_t n = strlen(v->valuestring);
+  if (n + 1 > cap)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: key '%s': string longer than %zu characters",
+                    origin, key, cap - 1);
+  memcpy(out, v->valuestring, n + 1);
+  return MP_OK;
+}
+
+mp_status mp_write_file_atomic(mp_ctx *ctx, const char *path, const void *data, size_t len) {
+  char tmp[4096];
+  int n = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+  if (n < 0 || (size_t)n >= sizeof tmp)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: path too long", path);
+  FILE *f = fopen(tmp, "wb");
+  if (f == NULL) return mp_error(ctx, MP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+  int ok = fwrite(data, 1, len, f) == len;
+  ok = (fflush(f) == 0) && ok;
+  ok = (fclose(f) == 0) && ok;
+  if (!ok) {
+    int e = errno;
+    unlink(tmp);
+    return mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", path, strerror(e));
+  }
+  if (rename(tmp, path) != 0) {
+    int e = errno;
+    unlink(tmp);
+    return mp_error(ctx, MP_ERR_IO, "%s: rename from %s failed: %s", path, tmp, strerror(e));
+  }
+  return MP_OK;
+}

@@ -1,0 +1,66 @@
+/* GPU profiles (data/gpus) and clusters (data/clusters).
+ *
+ * Units are in the names: TFLOP/s dense peaks per dtype, GiB of memory, GB/s (1e9 bytes)
+ * of HBM and NVLink bandwidth per direction, Gbit/s of inter-node bandwidth per GPU. */
+#ifndef MP_EXEC_CLUSTER_H
+#define MP_EXEC_CLUSTER_H
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum mp_dtype {
+  MP_DTYPE_FP32 = 0,
+  MP_DTYPE_TF32,
+  MP_DTYPE_BF16,
+  MP_DTYPE_FP16,
+  MP_DTYPE_FP8_E4M3,
+  MP_DTYPE_FP8_E5M2,
+  MP_DTYPE_COUNT
+} mp_dtype;
+
+/* Bytes per element (float8: 1). */
+int mp_dtype_bytes(mp_dtype t);
+const char *mp_dtype_name(mp_dtype t);
+
+typedef struct mp_gpu {
+  char name[64];
+  double peak_tflops[MP_DTYPE_COUNT]; /* dense; float8 dtypes share the fp8 figure */
+  double mem_gib;
+  double hbm_GBps;
+  double nvlink_GBps_per_dir;
+  double runtime_overhead_gib; /* CUDA context, NCCL buffers, allocator reserve */
+  int compute_capability;      /* 90 for sm_90; 0 for the CPU profile */
+  char source[256];
+} mp_gpu;
+
+typedef struct mp_cluster {
+  char name[64];
+  mp_gpu gpu;
+  int gpus_per_node;
+  int n_nodes;
+  double intra_node_GBps_per_gpu;   /* per direction */
+  double inter_node_Gbitps_per_gpu; /* NIC rate per GPU */
+  double intra_node_latency_us;
+  double inter_node_latency_us;
+  double price_per_gpu_hour; /* 0: unknown */
+} mp_cluster;
+
+/* By name (data/gpus stem) or path to a JSON file. */
+mp_status mp_gpu_load(mp_ctx *ctx, const char *name_or_path, mp_gpu *out);
+/* By name (data/clusters stem) or path. */
+mp_status mp_cluster_load(mp_ctx *ctx, const char *name_or_path, mp_cluster *out);
+/* A cluster of n_gpus GPUs of the named type, gpus_per_node per node, with the GPU's
+ * NVLink inside a node and 400 Gbit/s per GPU between nodes unless told otherwise. */
+mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int n_gpus, int gpus_per_node,
+                          mp_cluster *out);
+int mp_cluster_n_gpus(const mp_cluster *c);
+/* Inter-node bandwidth in GB/s per GPU. */
+double mp_cluster_inter_GBps(const mp_cluster *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

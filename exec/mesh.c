@@ -1,0 +1,260 @@
+/* Device mesh (see mesh.h).
+ *
+ * Internally a rank has six sub-coordinates, outermost first:
+ *   [pp, dp_replicate, efsdp, e, cp, tp]   with dp_shard = efsdp * ep + e.
+ * Rank order is row-major over these (which equals row-major over the five public dims),
+ * and a group is the set of ranks that differ only in the group's varying sub-coordinates.
+ * Enumerating those in row-major order yields the ranks in increasing order. */
+#include "exec/mesh.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { X_PP, X_DPR, X_EFSDP, X_EP, X_CP, X_TP, X_N };
+
+static const char *k_dim_names[MP_MESH_NDIMS] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
+
+const char *mp_mesh_dim_name(mp_mesh_dim d) { return d < MP_MESH_NDIMS ? k_dim_names[d] : "?"; }
+
+const char *mp_group_name(mp_group g) {
+  static const char *n[MP_GROUP_COUNT] = {"pp", "dp_replicate", "dp_shard", "cp",   "tp",
+                                          "ep", "efsdp",        "dp",       "fsdp", "world"};
+  return g < MP_GROUP_COUNT ? n[g] : "?";
+}
+
+void mp_mesh_init(mp_mesh *m) {
+  for (int i = 0; i < MP_MESH_NDIMS; i++) m->size[i] = 1;
+  m->ep = 1;
+}
+
+int mp_mesh_world(const mp_mesh *m) {
+  long long w = 1;
+  for (int i = 0; i < MP_MESH_NDIMS; i++) w *= m->size[i];
+  return w > MP_MESH_MAX_WORLD ? -1 : (int)w;
+}
+
+mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m) {
+  long long w = 1;
+  for (int i = 0; i < MP_MESH_NDIMS; i++) {
+    if (m->size[i] < 1)
+      return mp_error(ctx, MP_ERR_INVALID, "mesh dim %s=%d must be at least 1", k_dim_names[i],
+                      m->size[i]);
+    w *= m->size[i];
+  }
+  if (w > MP_MESH_MAX_WORLD)
+    return mp_error(ctx, MP_ERR_INVALID, "mesh of %lld ranks exceeds the limit of %d", w,
+                    MP_MESH_MAX_WORLD);
+  if (m->ep < 1 || m->size[MP_DIM_DP_SHARD] % m->ep != 0)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "ep=%d must divide dp_shard=%d (expert parallelism is carved out of "
+                    "dp_shard); raise dp_shard or choose ep among its divisors",
+                    m->ep, m->size[MP_DIM_DP_SHARD]);
+  return MP_OK;
+}
+
+mp_status mp_mesh_parse(mp_ctx *ctx, const char *spec, int world_size, mp_mesh *out) {
+  mp_mesh m;
+  mp_mesh_init(&m);
+  int seen[MP_MESH_NDIMS + 1] = {0};
+  int infer = -1; /* dim index with -1, MP_MESH_NDIMS for ep */
+  char buf[512];
+  if (spec == NULL || spec[0] == '\0')
+    return mp_error(ctx, MP_ERR_INVALID, "empty mesh; write it as dp_shard=4,tp=2");
+  if (strlen(spec) >= sizeof buf) return mp_error(ctx, MP_ERR_INVALID, "mesh spec too long");
+  strcpy(buf, spec);
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char *eq = strchr(tok, '=');
+    if (eq == NULL)
+      return mp_error(ctx, MP_ERR_INVALID, "mesh entry '%s' has no size; write it as %s=N", tok,
+                      tok);
+    *eq = '\0';
+    const char *key = tok, *val = eq + 1;
+    int d = -1;
+    for (int i = 0; i < MP_MESH_NDIMS; i++)
+      if (strcmp(key, k_dim_names[i]) == 0) d = i;
+    if (strcmp(key, "dp_rep") == 0) d = MP_DIM_DP_REPLICATE;
+    if (strcmp(key, "ep") == 0) d = MP_MESH_NDIMS;
+    if (d < 0)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "unknown mesh dim '%s'; known dims: pp, dp_replicate, dp_shard, cp, tp, ep",
+                      key);
+    if (seen[d]) return mp_error(ctx, MP_ERR_INVALID, "mesh dim '%s' given twice", key);
+    seen[d] = 1;
+    char *end = NULL;
+    long v = strtol(val, &end, 10);
+    if (end == val || *end != '\0' || (v < 1 && v != -1) || v > MP_MESH_MAX_WORLD)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "mesh dim %s='%s': expected a positive integer (or -1 for the rest)", key,
+                      val);
+    if (v == -1) {
+      if (infer >= 0)
+        return mp_error(ctx, MP_ERR_INVALID, "only one mesh dim may be -1 (the rest of the world)");
+      infer = d;
+      v = 1;
+    }
+    if (d == MP_MESH_NDIMS) m.ep = (int)v;
+    else m.size[d] = (int)v;
+  }
+  if (infer >= 0) {
+    if (infer == MP_MESH_NDIMS)
+      return mp_error(ctx, MP_ERR_INVALID, "ep cannot be -1; name its size");
+    if (world_size <= 0)
+      return mp_error(ctx, MP_ERR_INVALID, "a mesh dim of -1 needs a known world size");
+    int rest = mp_mesh_world(&m);
+    if (rest <= 0 || world_size % rest != 0)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "cannot infer %s: the other dims (product %d) do not divide world size %d",
+                      k_dim_names[infer], rest, world_size);
+    m.size[infer] = world_size / rest;
+  }
+  MP_CHECK(mp_mesh_validate(ctx, &m));
+  if (world_size > 0 && mp_mesh_world(&m) != world_size) {
+    char f[256];
+    mp_mesh_format(&m, f, sizeof f);
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "mesh %s has %d ranks but the world has %d; make the dims multiply to %d", f,
+                    mp_mesh_world(&m), world_size, world_size);
+  }
+  *out = m;
+  return MP_OK;
+}
+
+void mp_mesh_format(const mp_mesh *m, char *buf, size_t cap) {
+  size_t used = 0;
+  if (cap == 0) return;
+  buf[0] = '\0';
+  for (int i = 0; i < MP_MESH_NDIMS; i++) {
+    if (m->size[i] == 1) continue;
+    int w = snprintf(buf + used, cap - used, "%s%s=%d", used ? "," : "", k_dim_names[i],
+                     m->size[i]);
+    if (w < 0 || (size_t)w >= cap - used) return;
+    used += (size_t)w;
+  }
+  if (m->ep > 1) {
+    int w = snprintf(buf + used, cap - used, "%sep=%d", used ? "," : "", m->ep);
+    if (w < 0 || (size_t)w >= cap - used) return;
+    used += (size_t)w;
+  }
+  if (used == 0) snprintf(buf, cap, "single");
+}
+
+static void ext_sizes(const mp_mesh *m, int s[X_N]) {
+  s[X_PP] = m->size[MP_DIM_PP];
+  s[X_DPR] = m->size[MP_DIM_DP_REPLICATE];
+  s[X_EFSDP] = m->size[MP_DIM_DP_SHARD] / m->ep;
+  s[X_EP] = m->ep;
+  s[X_CP] = m->size[MP_DIM_CP];
+  s[X_TP] = m->size[MP_DIM_TP];
+}
+
+static void ext_coords(const mp_mesh *m, int rank, int x[X_N]) {
+  int s[X_N];
+  ext_sizes(m, s);
+  for (int i = X_N - 1; i >= 0; i--) {
+    x[i] = rank % s[i];
+    rank /= s[i];
+  }
+}
+
+static int ext_rank(const mp_mesh *m, const int x[X_N]) {
+  int s[X_N], r = 0;
+  ext_sizes(m, s);
+  for (int i = 0; i < X_N; i++) r = r * s[i] + x[i];
+  return r;
+}
+
+void mp_mesh_coords(const mp_mesh *m, int rank, int c[MP_MESH_NDIMS]) {
+  int x[X_N];
+  ext_coords(m, rank, x);
+  c[MP_DIM_PP] = x[X_PP];
+  c[MP_DIM_DP_REPLICATE] = x[X_DPR];
+  c[MP_DIM_DP_SHARD] = x[X_EFSDP] * m->ep + x[X_EP];
+  c[MP_DIM_CP] = x[X_CP];
+  c[MP_DIM_TP] = x[X_TP];
+}
+
+int mp_mesh_rank_of(const mp_mesh *m, const int c[MP_MESH_NDIMS]) {
+  int r = 0;
+  for (int i = 0; i < MP_MESH_NDIMS; i++) r = r * m->size[i] + c[i];
+  return r;
+}
+
+int mp_mesh_ep_index(const mp_mesh *m, int rank) {
+  int x[X_N];
+  ext_coords(m, rank, x);
+  return x[X_EP];
+}
+
+int mp_mesh_efsdp_index(const mp_mesh *m, int rank) {
+  int x[X_N];
+  ext_coords(m, rank, x);
+  return x[X_EFSDP];
+}
+
+/* Which sub-coordinates vary within a group of kind g. */
+static unsigned varying(mp_group g) {
+  switch (g) {
+    case MP_GROUP_PP: return 1u << X_PP;
+    case MP_GROUP_DP_REPLICATE: return 1u << X_DPR;
+    case MP_GROUP_DP_SHARD: return (1u << X_EFSDP) | (1u << X_EP);
+    case MP_GROUP_CP: return 1u << X_CP;
+    case MP_GROUP_TP: return 1u << X_TP;
+    case MP_GROUP_EP: return 1u << X_EP;
+    case MP_GROUP_EFSDP: return 1u << X_EFSDP;
+    case MP_GROUP_DP: return (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_EP);
+    case MP_GROUP_FSDP: return (1u << X_EFSDP) | (1u << X_EP) | (1u << X_CP);
+    case MP_GROUP_WORLD: return (1u << X_N) - 1;
+    default: return 0;
+  }
+}
+
+int mp_mesh_group_size(const mp_mesh *m, mp_group g) {
+  int s[X_N], n = 1;
+  unsigned v = varying(g);
+  ext_sizes(m, s);
+  for (int i = 0; i < X_N; i++)
+    if (v & (1u << i)) n *= s[i];
+  return n;
+}
+
+int mp_mesh_group_ranks(const mp_mesh *m, mp_group g, int rank, int *ranks) {
+  int s[X_N], x[X_N];
+  unsigned v = varying(g);
+  ext_sizes(m, s);
+  ext_coords(m, rank, x);
+  for (int i = 0; i < X_N; i++)
+    if (v & (1u << i)) x[i] = 0;
+  int n = mp_mesh_group_size(m, g);
+  for (int k = 0; k < n; k++) {
+    ranks[k] = ext_rank(m, x);
+    /* increment the varying sub-coordinates, innermost first */
+    for (int i = X_N - 1; i >= 0; i--) {
+      if (!(v & (1u << i))) continue;
+      if (++x[i] < s[i]) break;
+      x[i] = 0;
+    }
+  }
+  return n;
+}
+
+int mp_mesh_group_index(const mp_mesh *m, mp_group g, int rank) {
+  int s[X_N], x[X_N], idx = 0;
+  unsigned v = varying(g);
+  ext_sizes(m, s);
+  ext_coords(m, rank, x);
+  for (int i = 0; i < X_N; i++)
+    if (v & (1u << i)) idx = idx * s[i] + x[i];
+  return idx;
+}
+
+int mp_mesh_group_id(const mp_mesh *m, mp_group g, int rank) {
+  int s[X_N], x[X_N], id = 0;
+  unsigned v = varying(g);
+  ext_sizes(m, s);
+  ext_coords(m, rank, x);
+  for (int i = 0; i < X_N; i++)
+    if (!(v & (1u << i))) id = id * s[i] + x[i];
+  return id;
+}

@@ -1,0 +1,366 @@
+/* Model specification loading and counting (see model.h). */
+#include "exec/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/json.h"
+#include "data/embedded.h"
+
+static void set_moe_layers(mp_model *m, int64_t first_dense, int64_t freq) {
+  memset(m->moe_layer, 0, sizeof m->moe_layer);
+  if (m->n_experts <= 0) return;
+  if (freq < 1) freq = 1;
+  for (int64_t l = 0; l < m->n_layers && l < MP_MAX_LAYERS; l++)
+    m->moe_layer[l] = (l >= first_dense && ((l + 1) % freq == 0 || freq == 1)) ? 1 : 0;
+}
+
+mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) {
+  struct {
+    const char *key;
+    int64_t v;
+  } pos[] = {{"vocab", m->vocab},       {"d_model", m->d_model},   {"n_layers", m->n_layers},
+             {"n_heads", m->n_heads},   {"n_kv_heads", m->n_kv_heads},
+             {"head_dim", m->head_dim}, {"max_seq", m->max_seq}};
+  for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+    if (pos[i].v <= 0)
+      return mp_error(ctx, MP_ERR_INVALID, "%s: '%s' must be positive, got %lld", origin,
+                      pos[i].key, (long long)pos[i].v);
+  if (m->n_layers > MP_MAX_LAYERS)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: n_layers=%lld exceeds meshplan's limit of %d",
+                    origin, (long long)m->n_layers, MP_MAX_LAYERS);
+  if (m->n_heads % m->n_kv_heads != 0)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: n_kv_heads=%lld does not divide n_heads=%lld (grouped-query attention "
+                    "needs whole groups)",
+                    origin, (long long)m->n_kv_heads, (long long)m->n_heads);
+  int all_moe = m->n_experts > 0;
+  for (int64_t l = 0; l < m->n_layers && all_moe; l++) all_moe = m->moe_layer[l];
+  if (m->d_ff <= 0 && !all_moe)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: 'd_ff' must be positive for dense layers", origin);
+  if (m->n_experts > 0) {
+    if (m->family != MP_FAMILY_LLAMA)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "%s: mixture-of-experts is supported on the llama family only", origin);
+    if (m->top_k <= 0 || m->top_k > m->n_experts)
+      return mp_error(ctx, MP_ERR_INVALID, "%s: top_k=%lld must be in 1..n_experts=%lld", origin,
+                      (long long)m->top_k, (long long)m->n_experts);
+    if (m->d_ff_expert <= 0)
+      return mp_error(ctx, MP_ERR_INVALID, "%s: 'd_ff_expert' must be positive for a MoE model",
+                      origin);
+    if (m->n_shared_experts > 0 && m->d_ff_shared <= 0)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "%s: 'd_ff_shared' must be positive when n_shared_experts > 0", origin);
+  }
+  return MP_OK;
+}
+
+static const char *family_name(mp_family f) { return f == MP_FAMILY_GPT ? "gpt" : "llama"; }
+
+/* meshplan's own format: see data/models/README.md. */
+static mp_status from_ours(mp_ctx *ctx, const cJSON *j, const char *origin, mp_model *m) {
+  char fam[16] = "llama";
+  MP_CHECK(mp_json_get_str(ctx, j, origin, "name", 0, m->name, sizeof m->name));
+  MP_CHECK(mp_json_get_str(ctx, j, origin, "family", 1, fam, sizeof fam));
+  if (strcmp(fam, "gpt") == 0) m->family = MP_FAMILY_GPT;
+  else if (strcmp(fam, "llama") == 0) m->family = MP_FAMILY_LLAMA;
+  else
+    return mp_error(ctx, MP_ERR_INVALID, "%s: key 'family': expected \"gpt\" or \"llama\", got \"%s\"",
+                    origin, fam);
+  MP_CHECK(mp_json_get_i64(ctx, j, origin, "vocab", 1, &m->vocab));
+  MP_CHECK(mp_json_get_i64(ctx, j, origin, "d_model", 1, &m->d_model));
+  MP_CHECK(mp_json_get_i64(ctx, j, origin, "n_layers", 1, &m->n_layers));
+  MP_CHECK(mp_json_get_i64(ctx, j, origin, "n_heads", 1, &m->n_heads));
+  m->n_kv_heads = m->n_heads;
+  MP_CHECK(mp_json_get_i64(ctx, j, origin, "n_kv_heads", 0, &m->n_kv_heads));
+  m->head_dim = m->n_heads > 0 ? m->d_model / m->n_heads : 0;
+  MP_CHECK(mp_json_get_i64(ctx, j, origin, "head_dim", 0, &m->head_dim));
+  m->d_ff = 0;
+  MP_CHECK(mp_json_get_i64(ctx, j, origin, "d_ff", 0, &m->d_ff));
+  m->max_seq = 2048;
+  MP_CHECK(mp_json_get_i64(ctx, j, origin, "max_seq", 0, &m->max_seq));
+  m->tied_embeddings = m->family == MP_FAMILY_GPT;
+  MP_CHECK(mp_json_get_bool(ctx, j, origin, "tied_embeddings", 0, &m->tied_embeddings));
+  m->bias = m->family == MP_FAMILY_GPT;
+  MP_CHECK(mp_json_get_bool(ctx, j, origin, "bias", 0, &m->bias));
+  MP_CHECK(mp_json_get_bool(ctx, j, origin, "qkv_bias", 0, &m->qkv_bias));
+  MP_CHECK(mp_json_get_bool(ctx, j, origin, "qk_norm", 0, &m->qk_norm));
+  m->norm_eps = 1e-5;
+  MP_CHECK(mp_json_get_f64(ctx, j, origin, "norm_eps", 0, &m->norm_eps));
+  m->rope_theta = 10000.0;
+  MP_CHECK(mp_json_get_f64(ctx, j, origin, "rope_theta", 0, &m->rope_theta));
+  const cJSON *moe = cJSON_GetObjectItemCaseSensitive(j, "moe");
+  if (moe && !cJSON_IsNull(moe)) {
+    if (!cJSON_IsObject(moe))
+      return mp_error(ctx, MP_ERR_INVALID, "%s: key 'moe': expected an object", origin);
+    char sub[256];
+    snprintf(sub, sizeof sub, "%s: moe", origin);
+    int64_t first_dense = 0, freq = 1;
+    MP_CHECK(mp_json_get_i64(ctx, moe, sub, "n_experts", 1, &m->n_experts));
+    MP_CHECK(mp_json_get_i64(ctx, moe, sub, "top_k", 1, &m->top_k));
+    MP_CHECK(mp_json_get_i64(ctx, moe, sub, "d_ff_expert", 1, &m->d_ff_expert));
+    MP_CHECK(mp_json_get_i64(ctx, moe, sub, "n_shared_experts", 0, &m->n_shared_experts));
+    MP_CHECK(mp_json_get_i64(ctx, moe, sub, "d_ff_shared", 0, &m->d_ff_shared));
+    MP_CHECK(mp_json_get_i64(ctx, moe, sub, "first_dense_layers", 0, &first_dense));
+    MP_CHECK(mp_json_get_i64(ctx, moe, sub, "layer_freq", 0, &freq));
+    m->aux_loss_coef = 0.01;
+    MP_CHECK(mp_json_get_f64(ctx, moe, sub, "aux_loss_coef", 0, &m->aux_loss_coef));
+    m->norm_topk_prob = 1;
+    MP_CHECK(mp_json_get_bool(ctx, moe, sub, "norm_topk_prob", 0, &m->norm_topk_prob));
+    if (m->n_layers > MP_MAX_LAYERS) return mp_model_validate(ctx, m, origin);
+    set_moe_layers(m, first_dense, freq);
+  }
+  (void)family_name;
+  return MP_OK;
+}
+
+/* Hugging Face config.json. Field names per architecture:
+ *   Llama/Qwen2/Qwen3/Mixtral/Qwen*MoE: vocab_size, hidden_size, num_hidden_layers,
+ *     num_attention_heads, num_key_value_heads, intermediate_size, head_dim,
+ *     max_position_embeddings, tie_word_embeddings, rms_norm_eps, rope_theta
+ *   Mixtral: num_local_experts, num_experts_per_tok (intermediate_size is the expert's)
+ *   Qwen3MoE/Qwen2MoE: num_experts, num_experts_per_tok, moe_intermediate_size,
+ *     decoder_sparse_step, mlp_only_layers, shared_expert_intermediate_size
+ *   GPT2: vocab_size, n_embd, n_layer, n_head, n_positions, n_inner, layer_norm_epsilon */
+mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origin,
+                                mp_model *out) {
+  cJSON *j = NULL;
+  MP_CHECK(mp_json_parse(ctx, text, origin, &j));
+  mp_model m;
+  memset(&m, 0, sizeof m);
+  mp_status st = MP_OK;
+  char arch[96] = "", type[64] = "";
+  const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+  if (cJSON_IsArray(archs) && cJSON_GetArraySize(archs) > 0 &&
+      cJSON_IsString(cJSON_GetArrayItem(archs, 0)))
+    snprintf(arch, sizeof arch, "%s", cJSON_GetArrayItem(archs, 0)->valuestring);
+  MP_CHECK_GOTO(mp_json_get_str(ctx, j, origin, "model_type", 0, type, sizeof type), st, done);
+  char where[300];
+  snprintf(where, sizeof where, "%s (%s)", origin, arch[0] ? arch : (type[0] ? type : "HF config"));
+  int is_gpt2 = strcmp(type, "gpt2") == 0 || strncmp(arch, "GPT2", 4) == 0;
+  snprintf(m.name, sizeof m.name, "%s", arch[0] ? arch : type);
+  if (is_gpt2) {
+    m.family = MP_FAMILY_GPT;
+    m.bias = 1;
+    m.tied_embeddings = 1;
+    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m.vocab), st, done);
+    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "n_embd", 1, &m.d_model), st, done);
+    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "n_layer", 1, &m.n_layers), st, done);
+    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "n_head", 1, &m.n_heads), st, done);
+    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "n_positions", 1, &m.max_seq), st, done);
+    m.d_ff = 4 * m.d_model;
+    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "n_inner", 0, &m.d_ff), st, done);
+    m.n_kv_heads = m.n_heads;
+    m.head_dim = m.d_model / m.n_heads;
+    m.norm_eps = 1e-5;
+    MP_CHECK_GOTO(mp_json_get_f64(ctx, j, where, "layer_norm_epsilon", 0, &m.norm_eps), st, done);
+    MP_CHECK_GOTO(mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m.tied_embeddings),
+                  st, done);
+  } else {
+    m.family = MP_FAMILY_LLAMA;
+    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m.vocab), st, done);
+    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "hidden_size", 1, &m.d_model), st, done);
+    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_hidden_layers", 1, &m.n_layers), st, done);
+    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_attention_heads", 1, &m.n_heads), st, done);
+    m.n_kv_heads = m.n_heads;
+    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_key_value_heads", 0, &m.n_kv_heads), st,
+                  done);
+    m.head_dim = m.d_model / m.n_heads;
+    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "head_dim", 0, &m.head_dim), st, done);
+    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "intermediate_size", 1, &m.d_ff), st, done);
+    m.max_seq = 4096;
+    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "max_position_embeddings", 0, &m.max_seq), st,
+                  done);
+    MP_CHECK_GOTO(mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m.tied_embeddings),
+                  st, done);
+    m.norm_eps = 1e-6;
+    MP_CHECK_GOTO(mp_json_get_f64(ctx, j, where, "rms_norm_eps", 0, &m.norm_eps), st, done);
+    m.rope_theta = 10000.0;
+    MP_CHECK_GOTO(mp_json_get_f64(ctx, j, where, "rope_theta", 0, &m.rope_theta), st, done);
+    int is_qwen2 = strncmp(type, "qwen2", 5) == 0 || strncmp(arch, "Qwen2", 5) == 0;
+    int is_qwen3 = strncmp(type, "qwen3", 5) == 0 || strncmp(arch, "Qwen3", 5) == 0;
+    m.qkv_bias = is_qwen2;
+    MP_CHECK_GOTO(mp_json_get_bool(ctx, j, where, "attention_bias", 0, &m.qkv_bias), st, done);
+    m.qk_norm = is_qwen3;
+    int is_mixtral = strcmp(type, "mixtral") == 0 || strncmp(arch, "Mixtral", 7) == 0;
+    int is_qwen_moe = strcmp(type, "qwen3_moe") == 0 || strcmp(type, "qwen2_moe") == 0 ||
+                      strstr(arch, "Moe") != NULL;
+    if (is_mixtral) {
+      MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_local_experts", 1, &m.n_experts), st, done);
+      MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_experts_per_tok", 1, &m.top_k), st, done);
+      m.d_ff_expert = m.d_ff;
+      m.aux_loss_coef = 0.02;
+      MP_CHECK_GOTO(mp_json_get_f64(ctx, j, where, "router_aux_loss_coef", 0, &m.aux_loss_coef),
+                    st, done);
+      m.norm_topk_prob = 1;
+      set_moe_layers(&m, 0, 1);
+    } else if (is_qwen_moe) {
+      int64_t step = 1;
+      MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_experts", 1, &m.n_experts), st, done);
+      MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_experts_per_tok", 1, &m.top_k), st, done);
+      MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "moe_intermediate_size", 1, &m.d_ff_expert), st,
+                    done);
+      MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "decoder_sparse_step", 0, &step), st, done);
+      MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "shared_expert_intermediate_size", 0,
+                                    &m.d_ff_shared), st, done);
+      if (m.d_ff_shared > 0) m.n_shared_experts = 1;
+      m.aux_loss_coef = 0.001;
+      MP_CHECK_GOTO(mp_json_get_f64(ctx, j, where, "router_aux_loss_coef", 0, &m.aux_loss_coef),
+                    st, done);
+      m.norm_topk_prob = strcmp(type, "qwen3_moe") == 0;
+      MP_CHECK_GOTO(mp_json_get_bool(ctx, j, where, "norm_topk_prob", 0, &m.norm_topk_prob), st,
+                    done);
+      if (m.n_layers > MP_MAX_LAYERS) {
+        st = mp_model_validate(ctx, &m, where);
+        goto done;
+      }
+      set_moe_layers(&m, 0, step);
+      const cJSON *only = cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers");
+      if (cJSON_IsArray(only)) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, only) {
+          if (cJSON_IsNumber(it) && it->valueint >= 0 && it->valueint < MP_MAX_LAYERS)
+            m.moe_layer[it->valueint] = 0;
+        }
+      }
+    }
+  }
+  MP_CHECK_GOTO(mp_model_validate(ctx, &m, where), st, done);
+  *out = m;
+done:
+  cJSON_Delete(j);
+  return st;
+}
+
+static int looks_like_hf(const cJSON *j) {
+  return cJSON_GetObjectItemCaseSensitive(j, "hidden_size") != NULL ||
+         cJSON_GetObjectItemCaseSensitive(j, "n_embd") != NULL ||
+         cJSON_GetObjectItemCaseSensitive(j, "architectures") != NULL ||
+         cJSON_GetObjectItemCaseSensitive(j, "model_type") != NULL;
+}
+
+mp_status mp_model_from_text(mp_ctx *ctx, const char *text, const char *origin, mp_model *out) {
+  cJSON *j = NULL;
+  MP_CHECK(mp_json_parse(ctx, text, origin, &j));
+  if (looks_like_hf(j)) {
+    cJSON_Delete(j);
+    return mp_model_from_hf_text(ctx, text, origin, out);
+  }
+  mp_model m;
+  memset(&m, 0, sizeof m);
+  mp_status st = from_ours(ctx, j, origin, &m);
+  cJSON_Delete(j);
+  if (st != MP_OK) return st;
+  MP_CHECK(mp_model_validate(ctx, &m, origin));
+  *out = m;
+  return MP_OK;
+}
+
+static int is_path(const char *s) {
+  size_t n = strlen(s);
+  return strchr(s, '/') != NULL || (n > 5 && strcmp(s + n - 5, ".json") == 0);
+}
+
+mp_status mp_model_load(mp_ctx *ctx, const char *name_or_path, mp_model *out) {
+  if (is_path(name_or_path)) {
+    char *text = NULL;
+    MP_CHECK(mp_read_file(ctx, name_or_path, &text, NULL));
+    mp_status st = mp_model_from_text(ctx, text, name_or_path, out);
+    free(text);
+    if (st == MP_OK && out->name[0] == '\0') {
+      const char *base = strrchr(name_or_path, '/');
+      snprintf(out->name, sizeof out->name, "%s", base ? base + 1 : name_or_path);
+    }
+    return st;
+  }
+  const char *text = mp_data_find("models", name_or_path);
+  if (text == NULL) {
+    char names[1024];
+    mp_data_list_names("models", names, sizeof names);
+    return mp_error(ctx, MP_ERR_NOT_FOUND,
+                    "unknown model '%s'; known models: %s (or give a path to a .json file)",
+                    name_or_path, names);
+  }
+  char origin[MP_NAME_MAX + 16];
+  snprintf(origin, sizeof origin, "%s.json", name_or_path);
+  MP_CHECK(mp_model_from_text(ctx, text, origin, out));
+  snprintf(out->name, sizeof out->name, "%s", name_or_path);
+  return MP_OK;
+}
+
+int mp_model_is_moe(const mp_model *m) { return m->n_experts > 0; }
+
+int mp_model_layer_is_moe(const mp_model *m, int64_t layer) {
+  return m->n_experts > 0 && layer >= 0 && layer < m->n_layers && m->moe_layer[layer];
+}
+
+int64_t mp_model_n_moe_layers(const mp_model *m) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < m->n_layers; l++) n += mp_model_layer_is_moe(m, l);
+  return n;
+}
+
+static int64_t norm_params(const mp_model *m) {
+  return m->family == MP_FAMILY_GPT && m->bias ? 2 * m->d_model : m->d_model;
+}
+
+static int64_t attn_params(const mp_model *m) {
+  int64_t H = m->d_model, q = m->n_heads * m->head_dim, kv = m->n_kv_heads * m->head_dim;
+  int64_t p = H * q + 2 * H * kv + q * H;
+  if (m->bias) p += q + 2 * kv + H;
+  else if (m->qkv_bias) p += q + 2 * kv;
+  if (m->qk_norm) p += 2 * m->head_dim;
+  return p;
+}
+
+static int64_t mlp_params(const mp_model *m, int64_t d_ff) {
+  if (m->family == MP_FAMILY_GPT) return 2 * m->d_model * d_ff + (m->bias ? d_ff + m->d_model : 0);
+  return 3 * m->d_model * d_ff;
+}
+
+static int64_t moe_params(const mp_model *m, int active) {
+  int64_t n = active ? m->top_k : m->n_experts;
+  int64_t p = n * 3 * m->d_model * m->d_ff_expert + m->n_experts * m->d_model; /* + router */
+  if (m->n_shared_experts > 0) p += 3 * m->d_model * m->d_ff_shared;
+  return p;
+}
+
+static int64_t block_params(const mp_model *m, int64_t layer, int active) {
+  int64_t p = attn_params(m) + 2 * norm_params(m);
+  p += mp_model_layer_is_moe(m, layer) ? moe_params(m, active) : mlp_params(m, m->d_ff);
+  return p;
+}
+
+int64_t mp_model_block_params(const mp_model *m, int64_t layer) { return block_params(m, layer, 0); }
+
+int64_t mp_model_embedding_params(const mp_model *m) {
+  int64_t p = m->vocab * m->d_model;
+  if (m->family == MP_FAMILY_GPT) p += m->max_seq * m->d_model;
+  return p;
+}
+
+int64_t mp_model_head_params(const mp_model *m) {
+  return norm_params(m) + (m->tied_embeddings ? 0 : m->vocab * m->d_model);
+}
+
+int64_t mp_model_param_count(const mp_model *m) {
+  int64_t p = mp_model_embedding_params(m) + mp_model_head_params(m);
+  for (int64_t l = 0; l < m->n_layers; l++) p += block_params(m, l, 0);
+  return p;
+}
+
+int64_t mp_model_active_param_count(const mp_model *m) {
+  int64_t p = mp_model_embedding_params(m) + mp_model_head_params(m);
+  for (int64_t l = 0; l < m->n_layers; l++) p += block_params(m, l, 1);
+  return p;
+}
+
+double mp_model_flops_per_token(const mp_model *m, int64_t seq) {
+  /* Matmul parameters a token uses: blocks (active) + the output head (the tied head's
+   * matmul runs too); the embedding lookup and learned positions do no matmul. */
+  double n = (double)m->vocab * (double)m->d_model + norm_params(m);
+  for (int64_t l = 0; l < m->n_layers; l++) n += (double)block_params(m, l, 1);
+  return 6.0 * n + 12.0 * (double)m->n_layers * (double)m->n_heads * (double)m->head_dim *
+                       (double)seq;
+}

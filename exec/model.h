@@ -1,0 +1,92 @@
+/* Model specification: the architecture of a transformer, loaded from meshplan's JSON
+ * (data/models/<name>.json) or from a Hugging Face config.json.
+ *
+ * Families:
+ *   gpt   : LayerNorm (with bias), learned positions, GELU MLP (up, down), multi-head
+ *           attention, biases on every Linear (GPT-2).
+ *   llama : RMSNorm, RoPE, SwiGLU MLP (gate, up, down), grouped-query attention, no biases
+ *           (Qwen2: q/k/v biases; Qwen3: per-head RMSNorm on q and k).
+ * Mixture-of-experts is built on the llama family: routed experts of size d_ff_expert,
+ * optional shared experts, a router Linear [n_experts, d_model], top-k softmax routing.
+ *
+ * Invariant after a successful load: every size is positive, n_kv_heads divides n_heads,
+ * and moe_layer[l] is set exactly for the layers whose MLP is a MoE. */
+#ifndef MP_EXEC_MODEL_H
+#define MP_EXEC_MODEL_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MP_MAX_LAYERS 512
+#define MP_NAME_MAX 96
+
+typedef enum mp_family { MP_FAMILY_GPT = 0, MP_FAMILY_LLAMA = 1 } mp_family;
+
+typedef struct mp_model {
+  char name[MP_NAME_MAX];
+  mp_family family;
+  int64_t vocab;       /* tokens in the vocabulary */
+  int64_t d_model;     /* hidden size H */
+  int64_t n_layers;    /* transformer blocks L */
+  int64_t n_heads;     /* query heads */
+  int64_t n_kv_heads;  /* key/value heads (== n_heads for MHA) */
+  int64_t head_dim;    /* per head; usually d_model / n_heads */
+  int64_t d_ff;        /* dense MLP hidden size */
+  int64_t max_seq;     /* learned positions (gpt) or context length */
+  int tied_embeddings; /* output head shares tok_embeddings */
+  int bias;            /* gpt: biases on Linear layers and LayerNorm */
+  int qkv_bias;        /* Qwen2: biases on q/k/v only */
+  int qk_norm;         /* Qwen3: RMSNorm over head_dim on q and k */
+  double norm_eps;
+  double rope_theta;
+  /* mixture of experts (n_experts == 0: dense) */
+  int64_t n_experts;       /* routed experts per MoE layer */
+  int64_t top_k;           /* experts per token */
+  int64_t n_shared_experts;
+  int64_t d_ff_expert;     /* routed expert hidden size */
+  int64_t d_ff_shared;     /* hidden size of the shared expert block (all shared experts) */
+  double aux_loss_coef;    /* load-balancing loss weight */
+  int norm_topk_prob;      /* renormalise the top-k probabilities */
+  unsigned char moe_layer[MP_MAX_LAYERS];
+} mp_model;
+
+/* Loads by name (a file stem under data/models, embedded in the binary, e.g.
+ * "llama3.1-8b") or by path (anything containing '/' or ending in .json). The file may
+ * be meshplan's format or a Hugging Face config.json (detected by its keys). */
+mp_status mp_model_load(mp_ctx *ctx, const char *name_or_path, mp_model *out);
+/* Parses JSON text; origin names it in messages. */
+mp_status mp_model_from_text(mp_ctx *ctx, const char *text, const char *origin, mp_model *out);
+/* Parses a Hugging Face config.json text explicitly (LlamaForCausalLM, Qwen2, Qwen3,
+ * Qwen3MoE, Qwen2MoE, Mixtral, GPT2). */
+mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origin, mp_model *out);
+/* Checks the invariants above; used by the loaders and by code that builds specs. */
+mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin);
+
+int mp_model_is_moe(const mp_model *m);
+int mp_model_layer_is_moe(const mp_model *m, int64_t layer);
+int64_t mp_model_n_moe_layers(const mp_model *m);
+
+/* Parameters of one block (attention, norms, MLP or MoE incl. router). */
+int64_t mp_model_block_params(const mp_model *m, int64_t layer);
+/* Embedding (+ positions for gpt). */
+int64_t mp_model_embedding_params(const mp_model *m);
+/* Output head (0 when tied) plus the final norm. */
+int64_t mp_model_head_params(const mp_model *m);
+/* Every parameter, counted once (tied weights once). */
+int64_t mp_model_param_count(const mp_model *m);
+/* Parameters a token touches: routed experts count top_k of n_experts. */
+int64_t mp_model_active_param_count(const mp_model *m);
+/* Training FLOPs per token (forward + backward), the torchtitan/PaLM convention:
+ * 6 * (active params excluding the input embedding lookup) + 12 * L * n_heads * head_dim * seq.
+ * A tied head's matmul is counted (it runs), its embedding lookup is not. */
+double mp_model_flops_per_token(const mp_model *m, int64_t seq);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

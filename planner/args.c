@@ -1,0 +1,108 @@
+/* Command-line parsing (see args.h). Accepts "--flag value" and "--flag=value". */
+#include "planner/args.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static mp_opt *find(mp_cmd_spec *spec, const char *name, size_t len) {
+  for (mp_opt *o = spec->opts; o && o->name; o++)
+    if (strlen(o->name) == len && strncmp(o->name, name, len) == 0) return o;
+  return NULL;
+}
+
+mp_status mp_args_parse(mp_ctx *ctx, mp_cmd_spec *spec, int argc, char **argv, const char **pos,
+                        int *n_pos, int *help) {
+  *n_pos = 0;
+  *help = 0;
+  for (mp_opt *o = spec->opts; o && o->name; o++) o->value = NULL;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      *help = 1;
+      continue;
+    }
+    if (a[0] == '-' && a[1] != '\0' && !(a[1] >= '0' && a[1] <= '9')) {
+      const char *eq = strchr(a, '=');
+      size_t len = eq ? (size_t)(eq - a) : strlen(a);
+      mp_opt *o = find(spec, a, len);
+      if (o == NULL)
+        return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: unknown flag '%.*s'; see 'meshplan %s --help'",
+                        spec->name, (int)len, a, spec->name);
+      if (o->metavar == NULL) {
+        if (eq)
+          return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: %s takes no value", spec->name,
+                          o->name);
+        o->value = "1";
+      } else if (eq) {
+        if (eq[1] == '\0')
+          return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: %s needs a value (%s): %s", spec->name,
+                          o->name, o->metavar, o->help);
+        o->value = eq + 1;
+      } else {
+        if (i + 1 >= argc || (argv[i + 1][0] == '-' && argv[i + 1][1] == '-'))
+          return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: %s needs a value (%s): %s", spec->name,
+                          o->name, o->metavar, o->help);
+        o->value = argv[++i];
+      }
+      continue;
+    }
+    if (*n_pos >= spec->max_positional)
+      return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: unexpected argument '%s'; see 'meshplan %s --help'",
+                      spec->name, a, spec->name);
+    pos[(*n_pos)++] = a;
+  }
+  return MP_OK;
+}
+
+void mp_args_print_help(const mp_cmd_spec *spec, FILE *f) {
+  fprintf(f, "usage: meshplan %s %s\n\n%s\n\noptions:\n", spec->name, spec->usage, spec->summary);
+  for (const mp_opt *o = spec->opts; o && o->name; o++) {
+    char left[64];
+    snprintf(left, sizeof left, "%s%s%s", o->name, o->metavar ? " " : "",
+             o->metavar ? o->metavar : "");
+    fprintf(f, "  %-26s %s\n", left, o->help);
+  }
+  fprintf(f, "  %-26s %s\n", "-h, --help", "show this help");
+}
+
+static const mp_opt *cfind(const mp_cmd_spec *spec, const char *name) {
+  for (const mp_opt *o = spec->opts; o && o->name; o++)
+    if (strcmp(o->name, name) == 0) return o;
+  return NULL;
+}
+
+const char *mp_args_get(const mp_cmd_spec *spec, const char *name) {
+  const mp_opt *o = cfind(spec, name);
+  return o ? o->value : NULL;
+}
+
+int mp_args_has(const mp_cmd_spec *spec, const char *name) { return mp_args_get(spec, name) != NULL; }
+
+mp_status mp_args_int(mp_ctx *ctx, const mp_cmd_spec *spec, const char *name, long long min,
+                      long long *out) {
+  const char *v = mp_args_get(spec, name);
+  if (v == NULL) return MP_OK;
+  char *end = NULL;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (end == v || *end != '\0' || errno != 0 || x < min)
+    return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: %s '%s': expected an integer >= %lld",
+                    spec->name, name, v, min);
+  *out = x;
+  return MP_OK;
+}
+
+mp_status mp_args_double(mp_ctx *ctx, const mp_cmd_spec *spec, const char *name, double min,
+                         double *out) {
+  const char *v = mp_args_get(spec, name);
+  if (v == NULL) return MP_OK;
+  char *end = NULL;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (end == v || *end != '\0' || errno != 0 || !(x >= min))
+    return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: %s '%s': expected a number >= %g", spec->name,
+                    name, v, min);
+  *out = x;
+  return MP_OK;
+}

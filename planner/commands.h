@@ -1,0 +1,34 @@
+/* The meshplan subcommands. Each takes the arguments after its name and returns the
+ * process exit code (0 ok, 2 usage or input error, 1 other failure); only these and
+ * main() print errors to the user. One file per subcommand: planner/cmd_<name>.c. */
+#ifndef MP_PLANNER_COMMANDS_H
+#define MP_PLANNER_COMMANDS_H
+
+#include "common/status.h"
+#include "planner/args.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MESHPLAN_VERSION "0.1.0"
+
+int mp_cmd_plan(int argc, char **argv);
+int mp_cmd_simulate(int argc, char **argv);
+int mp_cmd_explain(int argc, char **argv);
+int mp_cmd_train(int argc, char **argv);
+int mp_cmd_calibrate(int argc, char **argv);
+int mp_cmd_report(int argc, char **argv);
+int mp_cmd_validate(int argc, char **argv);
+
+/* Parses argv against spec; on --help prints help and returns 0 through *done=1; on a
+ * usage error prints the one-line message and returns 2 through *done=1. */
+int mp_cmd_parse(mp_cmd_spec *spec, int argc, char **argv, const char **pos, int *n_pos,
+                 int *done);
+/* Prints "meshplan: <message>" and returns the exit code of st. */
+int mp_cmd_fail(const mp_ctx *ctx, mp_status st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
