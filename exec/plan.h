@@ -1,0 +1,246 @@
+/* Plan IR: what every rank stores and runs, produced by the ordered sharding passes.
+ *
+ *   mp_plan_create        module tree on a "meta" footing: every parameter's FQN and
+ *                         global shape, nothing allocated (shapes first, shards later)
+ *   mp_apply_tensor_parallel   (1) colwise / rowwise / vocab-parallel over the tp group
+ *   mp_apply_expert_parallel   (2) routed experts split over the ep group
+ *   mp_apply_float8            (3) Linear layers marked float8
+ *   mp_apply_ac                (4) activation checkpointing per block
+ *   mp_apply_fsdp              (5) FSDP units, parameters sharded dim 0 over their group
+ *   mp_build_plan         all five in order, from options
+ *
+ * Each pass checks the plan's state and refuses a wrong order or combination with
+ * MP_ERR_ORDER and a message that names the rule and its consequence (the seeds' "what
+ * goes wrong where" table). A pass applied twice is refused too.
+ *
+ * Shapes: a Linear weight is stored [out, in] as in PyTorch; routed experts are one 3-D
+ * parameter per projection, [n_experts, out, in]; embeddings are [vocab, d_model].
+ * Sharding composes in pass order: TP (and EP) split the global tensor into the rank's
+ * "tp-local" tensor, then FSDP splits dim 0 of that tensor over the FSDP group, the way
+ * FSDP2 shards a DTensor's local tensor: chunk = ceil(len / group), the last ranks get
+ * what is left (possibly nothing). Worked example (tested): d_model=8, d_ff=24,
+ * dp_shard=4 x tp=2: up weight [24, 8] -> [12, 8] after TP -> [3, 8] at rest; down
+ * weight [8, 24] -> [8, 12] after TP -> [2, 12] at rest.
+ *
+ * All plan memory lives in one arena owned by the plan (mp_plan_destroy frees it). */
+#ifndef MP_EXEC_PLAN_H
+#define MP_EXEC_PLAN_H
+
+#include <stdint.h>
+
+#include "common/arena.h"
+#include "common/status.h"
+#include "exec/cluster.h"
+#include "exec/mesh.h"
+#include "exec/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MP_MAX_NDIM 3
+
+/* What a parameter is; the runtime picks kernels by this and the module. */
+typedef enum mp_module {
+  MP_MOD_TOK_EMBEDDINGS = 0, /* tok_embeddings            [vocab, H] */
+  MP_MOD_POS_EMBEDDINGS,     /* pos_embeddings (gpt)      [max_seq, H] */
+  MP_MOD_ATTN_NORM,          /* layers.N.attention_norm   [H] (+ bias for gpt) */
+  MP_MOD_Q,                  /* layers.N.attention.q_proj [n_heads*hd, H] */
+  MP_MOD_K,                  /* layers.N.attention.k_proj [n_kv*hd, H] */
+  MP_MOD_V,                  /* layers.N.attention.v_proj [n_kv*hd, H] */
+  MP_MOD_Q_NORM,             /* layers.N.attention.q_norm [hd] (Qwen3) */
+  MP_MOD_K_NORM,             /* layers.N.attention.k_norm [hd] (Qwen3) */
+  MP_MOD_O,                  /* layers.N.attention.o_proj [H, n_heads*hd] */
+  MP_MOD_FFN_NORM,           /* layers.N.ffn_norm         [H] */
+  MP_MOD_GATE,               /* layers.N.mlp.gate_proj    [d_ff, H] (llama) */
+  MP_MOD_UP,                 /* layers.N.mlp.up_proj      [d_ff, H] */
+  MP_MOD_DOWN,               /* layers.N.mlp.down_proj    [H, d_ff] */
+  MP_MOD_ROUTER,             /* layers.N.moe.router       [n_experts, H] */
+  MP_MOD_EXPERTS_GATE,       /* layers.N.moe.experts.gate_proj [E, d_ff_expert, H] */
+  MP_MOD_EXPERTS_UP,         /* layers.N.moe.experts.up_proj   [E, d_ff_expert, H] */
+  MP_MOD_EXPERTS_DOWN,       /* layers.N.moe.experts.down_proj [E, H, d_ff_expert] */
+  MP_MOD_SHARED_GATE,        /* layers.N.moe.shared_expert.gate_proj [d_ff_shared, H] */
+  MP_MOD_SHARED_UP,          /* layers.N.moe.shared_expert.up_proj   [d_ff_shared, H] */
+  MP_MOD_SHARED_DOWN,        /* layers.N.moe.shared_expert.down_proj [H, d_ff_shared] */
+  MP_MOD_FINAL_NORM,         /* norm                      [H] */
+  MP_MOD_OUTPUT,             /* output                    [vocab, H] (absent when tied) */
+  MP_MOD_COUNT
+} mp_module;
+
+/* Weight or bias of a module (norm weight, Linear bias, LayerNorm bias). */
+typedef enum mp_param_role { MP_ROLE_WEIGHT = 0, MP_ROLE_BIAS } mp_param_role;
+
+/* Placement of a tensor on one axis of the mesh, as DTensor names them. */
+typedef enum mp_placement_kind {
+  MP_PLACEMENT_REPLICATE = 0,
+  MP_PLACEMENT_SHARD, /* split along `dim` */
+} mp_placement_kind;
+
+typedef struct mp_placement {
+  uint8_t kind; /* mp_placement_kind */
+  int8_t dim;   /* tensor dim split when kind == SHARD */
+} mp_placement;
+
+/* The axes a parameter can be placed on. FSDP is the parameter's FSDP group: dp_shard x cp
+ * for dense parameters (MP_GROUP_FSDP), dp_shard / ep for routed experts under EP
+ * (MP_GROUP_EFSDP). */
+typedef enum mp_axis { MP_AXIS_DP_REPLICATE = 0, MP_AXIS_FSDP, MP_AXIS_EP, MP_AXIS_TP, MP_AXIS_COUNT } mp_axis;
+
+typedef enum mp_tp_style {
+  MP_TP_NONE = 0,  /* replicated over tp (norms, router, or tp == 1) */
+  MP_TP_COLWISE,   /* Shard(0) of [out, in]: output features split */
+  MP_TP_ROWWISE,   /* Shard(1) of [out, in]: input features split, output partial-summed */
+  MP_TP_VOCAB,     /* embedding rows split over tp (vocab-parallel) */
+} mp_tp_style;
+
+typedef enum mp_ac_mode { MP_AC_NONE = 0, MP_AC_SELECTIVE, MP_AC_FULL } mp_ac_mode;
+
+typedef struct mp_param {
+  const char *fqn;    /* "layers.3.attention.q_proj.weight" */
+  const char *module_fqn; /* "layers.3.attention.q_proj" */
+  mp_module module;
+  mp_param_role role;
+  int32_t layer;      /* block index, -1 outside blocks */
+  int ndim;
+  int64_t shape[MP_MAX_NDIM];    /* global */
+  int64_t tp_shape[MP_MAX_NDIM]; /* after TP and EP: the rank's tensor before FSDP */
+  mp_placement place[MP_AXIS_COUNT];
+  mp_tp_style tp_style;
+  int is_linear;      /* a Linear weight (2-D) or experts weight (3-D) */
+  int is_expert;      /* routed experts: split over ep */
+  int float8;         /* runs its GEMMs in float8 (set by mp_apply_float8) */
+  int fsdp_unit;      /* index into plan->units, -1 before FSDP */
+  mp_group fsdp_group;/* MP_GROUP_FSDP or MP_GROUP_EFSDP */
+  int pp_stage;       /* pipeline stage holding it */
+} mp_param;
+
+/* An FSDP unit: parameters all-gathered together before use and reduce-scattered after
+ * backward. */
+typedef struct mp_fsdp_unit {
+  const char *name; /* "layers.3", "layers.3.attention", "layers.3.moe", "layers.3.moe.experts", "root" */
+  int32_t layer;    /* -1 for root */
+  mp_group group;   /* MP_GROUP_FSDP or MP_GROUP_EFSDP */
+  int *params;      /* indices into plan->params */
+  int n_params;
+  int64_t numel_tp;     /* elements of the unit's tp-local tensors (what an all-gather produces) */
+  int64_t numel_shard;  /* elements this unit keeps per rank at rest, padded to the group: ceil */
+} mp_fsdp_unit;
+
+typedef struct mp_tp_options {
+  int shard_logits; /* 1: output head colwise, logits stay vocab-sharded (loss parallel);
+                       0: logits all-gathered (replicated) before the loss */
+  int pad_vocab;    /* 1: pad vocab up to a multiple of tp (saying so) instead of refusing */
+} mp_tp_options;
+
+typedef struct mp_float8_options {
+  int all_gather; /* FSDP all-gathers float8 weights (only without TP) */
+} mp_float8_options;
+
+typedef struct mp_fsdp_options {
+  int reshard_after_forward; /* free gathered params after forward, gather again in backward */
+  int per_block;             /* force exactly one unit per block (refused with EP) */
+  mp_dtype param_dtype;      /* dtype of gathered parameters (bf16) */
+  mp_dtype reduce_dtype;     /* dtype of gradient reduction (fp32) */
+} mp_fsdp_options;
+
+typedef enum mp_pp_schedule { MP_PP_1F1B = 0, MP_PP_INTERLEAVED, MP_PP_GPIPE } mp_pp_schedule;
+
+/* What mp_build_plan needs besides the model and mesh. Defaults: mp_plan_options_init. */
+typedef struct mp_plan_options {
+  mp_tp_options tp;
+  int fp8;
+  mp_float8_options fp8_opts;
+  mp_ac_mode ac;
+  mp_fsdp_options fsdp;
+  mp_pp_schedule pp_schedule;
+  int pp_virtual;        /* virtual stages per rank for interleaved (>= 1) */
+  int64_t seq;           /* tokens per sequence */
+  int64_t micro_batch;   /* sequences per micro-batch per data-parallel rank */
+  int64_t global_batch;  /* sequences per step over all data-parallel ranks */
+  mp_dtype master_dtype; /* fp32 master weights and optimizer state */
+} mp_plan_options;
+
+/* Pass bits, in the canonical order. */
+enum {
+  MP_PASS_TP = 1 << 0,
+  MP_PASS_EP = 1 << 1,
+  MP_PASS_FLOAT8 = 1 << 2,
+  MP_PASS_AC = 1 << 3,
+  MP_PASS_FSDP = 1 << 4,
+};
+
+typedef struct mp_plan {
+  mp_arena *arena;
+  mp_model model;
+  mp_mesh mesh;
+  mp_plan_options opts;
+  mp_param *params;
+  int n_params;
+  mp_fsdp_unit *units;
+  int n_units;
+  unsigned applied;      /* MP_PASS_* bits */
+  int pass_order[5];     /* bits in the order applied */
+  int n_passes;
+  const char *notes[16]; /* what the passes said (vocab padded, layers skipped, ...) */
+  int n_notes;
+  int64_t vocab_padded;  /* vocab after padding for tp (== model.vocab when none) */
+  mp_ac_mode ac;
+  int layers_per_stage;  /* n_layers / pp (last stage may hold fewer) */
+} mp_plan;
+
+void mp_plan_options_init(mp_plan_options *o);
+/* Validates model x mesh (MoE with pp > 1 refused; ep divides n_experts) and builds the
+ * meta module tree: every parameter with its global shape, replicated everywhere. */
+mp_status mp_plan_create(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                         const mp_plan_options *opts, mp_plan **out);
+void mp_plan_destroy(mp_plan *p);
+
+mp_status mp_apply_tensor_parallel(mp_ctx *ctx, mp_plan *p, const mp_tp_options *o);
+mp_status mp_apply_expert_parallel(mp_ctx *ctx, mp_plan *p);
+mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o);
+mp_status mp_apply_ac(mp_ctx *ctx, mp_plan *p, mp_ac_mode mode);
+mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o);
+/* mp_plan_create then the five passes in order (TP only when tp > 1, EP only when
+ * ep > 1, float8 only when opts->fp8). */
+mp_status mp_build_plan(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                        const mp_plan_options *opts, mp_plan **out);
+
+/* The block of the global tensor that `rank` stores at rest (after FSDP, or after TP/EP
+ * when FSDP is not applied): per dim, offset and length in global indices. Returns 0
+ * when the rank stores nothing of it (FSDP tail or another pipeline stage). */
+int mp_param_tile(const mp_plan *p, const mp_param *prm, int rank, int64_t off[MP_MAX_NDIM],
+                  int64_t len[MP_MAX_NDIM]);
+/* The rank's tp-local block (after TP/EP, before FSDP): what an FSDP all-gather yields. */
+void mp_param_tp_tile(const mp_plan *p, const mp_param *prm, int rank, int64_t off[MP_MAX_NDIM],
+                      int64_t len[MP_MAX_NDIM]);
+int64_t mp_param_numel(const mp_param *prm);    /* global */
+int64_t mp_param_tp_numel(const mp_param *prm); /* tp-local */
+/* Elements stored at rest on rank (0 when another stage or an FSDP tail). */
+int64_t mp_param_local_numel(const mp_plan *p, const mp_param *prm, int rank);
+/* Looks a parameter up by FQN; -1 when absent. */
+int mp_plan_find_param(const mp_plan *p, const char *fqn);
+
+/* Per-rank totals at rest. */
+typedef struct mp_plan_totals {
+  int64_t params_numel;      /* elements stored at rest on the rank */
+  int64_t param_bytes;       /* in master dtype */
+  int64_t grad_bytes;        /* gradients at rest (sharded, master dtype) */
+  int64_t optimizer_bytes;   /* AdamW m and v */
+  int64_t max_unit_gathered_bytes; /* largest unit all-gathered, in param dtype */
+} mp_plan_totals;
+void mp_plan_rank_totals(const mp_plan *p, int rank, mp_plan_totals *out);
+
+/* Sequences each data-parallel rank processes per step and the number of micro-batches
+ * (global_batch / (dp_replicate * dp_shard) / micro_batch). Refuses batches that do not
+ * divide, naming the numbers. */
+mp_status mp_plan_batch(mp_ctx *ctx, const mp_plan *p, int64_t *local_batch, int64_t *n_micro);
+
+const char *mp_ac_mode_name(mp_ac_mode m);
+mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out);
+const char *mp_tp_style_name(mp_tp_style s);
+const char *mp_module_name(mp_module m); /* "attention.q_proj" */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

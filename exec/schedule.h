@@ -1,0 +1,229 @@
+/* Step schedule: what one training step does on one rank, as data.
+ *
+ * Built from a plan (exec/plan.h) by mp_schedule_build. The simulator (sim/) costs it and
+ * the runtime (exec/runtime/) executes it; neither re-derives it. Three kinds of op:
+ *   COMPUTE  a kernel: GEMM (m, n, k, batch), attention, norm, ..., with FLOPs and bytes
+ *   COMM     a collective on a mesh group with its payload bytes
+ *   ALLOC / FREE  memory events: the schedule says every byte that lives, so the
+ *            memory timeline (and its peak) is the replay of these events.
+ *
+ * Order and overlap. Ops are listed in issue order. Each op runs on a stream; ops of one
+ * stream run in list order, ops of different streams overlap unless a dependency says
+ * otherwise (dep[] lists ops that must finish before this one starts). TP and EP
+ * collectives run on the compute stream: they sit on the critical path. FSDP
+ * all-gathers run on MP_STREAM_GATHER (the next unit's gather is issued before the
+ * current unit's compute: prefetch), reduce-scatters and dp all-reduces on
+ * MP_STREAM_REDUCE, pipeline sends/receives on MP_STREAM_P2P.
+ *
+ * Periodicity. Blocks of the same kind cost the same, so the schedule is built as
+ * segments: a segment's ops describe one repetition and `repeat` says how many
+ * consecutive repetitions follow (layer = op.layer + rep * seg.layer_step). In
+ * MP_SCHEDULE_EXPANDED mode every repeat is 1 (the runtime and the tests use it); in
+ * MP_SCHEDULE_COMPACT mode identical blocks collapse into one segment so the planner can
+ * simulate tens of thousands of plans per second. A dependency flagged MP_DEP_PREV_REP
+ * refers to the instance of dep[i] in the previous repetition of the same segment (none
+ * for the first repetition). Both modes describe exactly the same step.
+ *
+ * Micro-batches. The segments describe one micro-batch (forward then backward) plus the
+ * step's prologue and optimizer; `when` says how often an op runs among the n_micro
+ * micro-batches of a step: every micro-batch, only the first, only the last, or once per
+ * step (prologue / optimizer).
+ *
+ * Pipeline parallelism. A rank's schedule holds its stage's layers and the P2P ops at the
+ * stage boundary; the pipeline bubble across stages is the simulator's job (it knows
+ * pp, the pp schedule and n_micro from the plan).
+ *
+ * Memory categories and what the builder allocates:
+ *   PARAMS       sharded master parameters at rest (fp32), resident (prologue)
+ *   OPTIMIZER    AdamW m and v (fp32), resident
+ *   GRADS        sharded gradients (fp32), allocated at the first reduce-scatter and kept
+ *   GATHERED     FSDP all-gather outputs of a unit (param dtype) until resharded
+ *   ACTIVATIONS  tensors saved for backward (per AC mode), freed as backward consumes them
+ *   TEMP         unsharded gradients of a unit before its reduce-scatter, workspace
+ *   COMM         TP/EP/PP communication buffers
+ *   FP8          float8 casts of weights and activations and their scales
+ *   LOGITS       logits and loss buffers */
+#ifndef MP_EXEC_SCHEDULE_H
+#define MP_EXEC_SCHEDULE_H
+
+#include <stdint.h>
+
+#include "common/arena.h"
+#include "common/status.h"
+#include "exec/plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum mp_op_type { MP_OP_COMPUTE = 0, MP_OP_COMM, MP_OP_ALLOC, MP_OP_FREE } mp_op_type;
+
+typedef enum mp_phase {
+  MP_PHASE_PROLOGUE = 0, /* resident allocations at the start of the step */
+  MP_PHASE_FORWARD,
+  MP_PHASE_RECOMPUTE,    /* forward recomputed in backward under AC */
+  MP_PHASE_BACKWARD,
+  MP_PHASE_OPTIMIZER,
+  MP_PHASE_COUNT
+} mp_phase;
+
+typedef enum mp_stream {
+  MP_STREAM_COMPUTE = 0,
+  MP_STREAM_GATHER, /* FSDP all-gathers */
+  MP_STREAM_REDUCE, /* FSDP reduce-scatters, dp_replicate all-reduces */
+  MP_STREAM_P2P,    /* pipeline sends and receives */
+  MP_STREAM_COUNT
+} mp_stream;
+
+typedef enum mp_kernel {
+  MP_KERNEL_EMBEDDING = 0, /* gather rows; backward scatter-add */
+  MP_KERNEL_NORM,          /* RMSNorm / LayerNorm */
+  MP_KERNEL_ROPE,
+  MP_KERNEL_ATTENTION,     /* causal softmax(QK^T)V, grouped-query (flash-style) */
+  MP_KERNEL_GEMM,
+  MP_KERNEL_ACTIVATION,    /* GELU or SwiGLU */
+  MP_KERNEL_RESIDUAL,      /* residual add */
+  MP_KERNEL_ROUTER,        /* softmax top-k and auxiliary loss */
+  MP_KERNEL_PERMUTE,       /* tokens to expert order */
+  MP_KERNEL_UNPERMUTE,     /* back to token order, weighted by router probabilities */
+  MP_KERNEL_LOSS,          /* cross-entropy (vocab-parallel when logits are sharded) */
+  MP_KERNEL_FP8_CAST,      /* amax, scale, saturating cast */
+  MP_KERNEL_GRAD_NORM,     /* global gradient norm (sum of squares of the shard) */
+  MP_KERNEL_OPTIMIZER,     /* AdamW on the rank's shard */
+  MP_KERNEL_COUNT
+} mp_kernel;
+
+/* Which product a GEMM op computes: forward y = x W^T, input gradient dx = dy W,
+ * weight gradient dW = dy^T x. Non-GEMM kernels use FWD and BWD. */
+typedef enum mp_variant { MP_VAR_FWD = 0, MP_VAR_DGRAD, MP_VAR_WGRAD, MP_VAR_BWD = MP_VAR_DGRAD } mp_variant;
+
+typedef enum mp_coll {
+  MP_COLL_ALL_GATHER = 0,
+  MP_COLL_REDUCE_SCATTER,
+  MP_COLL_ALL_REDUCE,
+  MP_COLL_ALL_TO_ALL,
+  MP_COLL_SEND,
+  MP_COLL_RECV,
+  MP_COLL_BROADCAST,
+  MP_COLL_COUNT
+} mp_coll;
+
+typedef enum mp_mem_cat {
+  MP_MEM_PARAMS = 0,
+  MP_MEM_OPTIMIZER,
+  MP_MEM_GRADS,
+  MP_MEM_GATHERED,
+  MP_MEM_ACTIVATIONS,
+  MP_MEM_TEMP,
+  MP_MEM_COMM,
+  MP_MEM_FP8,
+  MP_MEM_LOGITS,
+  MP_MEM_COUNT
+} mp_mem_cat;
+
+typedef enum mp_when {
+  MP_WHEN_EVERY_MICRO = 0,
+  MP_WHEN_FIRST_MICRO,
+  MP_WHEN_LAST_MICRO,
+  MP_WHEN_ONCE /* prologue and optimizer: once per step */
+} mp_when;
+
+#define MP_OP_MAX_DEPS 4
+#define MP_DEP_PREV_REP 0x1
+
+typedef struct mp_op {
+  uint8_t type;    /* mp_op_type */
+  uint8_t phase;   /* mp_phase */
+  uint8_t stream;  /* mp_stream */
+  uint8_t when;    /* mp_when */
+  uint8_t kernel;  /* mp_kernel (COMPUTE) */
+  uint8_t variant; /* mp_variant (COMPUTE) */
+  uint8_t coll;    /* mp_coll (COMM) */
+  uint8_t group;   /* mp_group (COMM) */
+  uint8_t dtype;   /* mp_dtype of the compute or of the communicated elements */
+  uint8_t mem_cat; /* mp_mem_cat (ALLOC/FREE) */
+  int16_t module;  /* mp_module the op belongs to, -1 for none (e.g. attention core: MP_MOD_O's block) */
+  int32_t layer;   /* block index of the first repetition; -1 outside blocks */
+  int32_t unit;    /* FSDP unit for gathers, reduce-scatters and their buffers; -1 otherwise */
+  int32_t buf;     /* pairs an ALLOC with its FREE (unique within one repetition) */
+  int64_t m, n, k; /* GEMM: [m, k] x [k, n]; elementwise kernels: m = elements */
+  int64_t batch;   /* GEMM batch (grouped expert GEMMs: local experts); 1 otherwise */
+  double flops;    /* COMPUTE: floating-point operations */
+  double bytes;    /* COMPUTE: bytes read and written in device memory;
+                      COMM: payload = the full tensor each rank ends up with for
+                      all-gather, the tensor each rank contributes for reduce-scatter and
+                      all-reduce, the bytes each rank sends for all-to-all and send */
+  int64_t mem_bytes; /* ALLOC/FREE */
+  int32_t dep[MP_OP_MAX_DEPS]; /* op indices that must finish first */
+  uint8_t dep_flags[MP_OP_MAX_DEPS];
+  uint8_t n_dep;
+} mp_op;
+
+typedef struct mp_segment {
+  int32_t first_op, n_ops; /* ops[first_op .. first_op + n_ops) */
+  int32_t repeat;          /* >= 1 */
+  int32_t layer_step;      /* +1 forward, -1 backward, 0 outside blocks */
+  uint8_t phase;
+} mp_segment;
+
+typedef enum mp_schedule_mode { MP_SCHEDULE_EXPANDED = 0, MP_SCHEDULE_COMPACT } mp_schedule_mode;
+
+typedef struct mp_schedule {
+  const mp_plan *plan;
+  int rank;
+  int pp_stage;
+  mp_schedule_mode mode;
+  mp_op *ops;
+  int32_t n_ops;
+  mp_segment *segs;
+  int32_t n_segs;
+  int64_t n_micro;        /* micro-batches per step */
+  int64_t micro_batch;    /* sequences per micro-batch */
+  int64_t seq;
+  int64_t tokens_per_step_per_rank; /* tokens this rank's data-parallel replica processes */
+  double model_flops_per_step;      /* 6N + attention per token x tokens, for MFU */
+  int64_t resident_bytes[MP_MEM_COUNT]; /* what the prologue allocates, by category */
+} mp_schedule;
+
+/* Builds rank's schedule in the arena (which owns it). The plan must have had FSDP
+ * applied or a mesh with dp_shard == 1 (the schedule then has no FSDP collectives). */
+mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_mode mode,
+                            mp_arena *arena, mp_schedule **out);
+
+/* Walking the expanded step (for the runtime and for tests) whatever the mode:
+ *   mp_schedule_iter it; mp_schedule_iter_begin(s, &it);
+ *   while (mp_schedule_iter_next(&it)) { it.op, it.layer, it.rep, it.index ... }
+ * `index` numbers op instances in issue order over one micro-batch plus prologue and
+ * optimizer. */
+typedef struct mp_schedule_iter {
+  const mp_schedule *s;
+  int32_t seg, rep, pos;
+  const mp_op *op;
+  int32_t layer; /* op->layer + rep * layer_step */
+  int64_t index;
+} mp_schedule_iter;
+void mp_schedule_iter_begin(const mp_schedule *s, mp_schedule_iter *it);
+int mp_schedule_iter_next(mp_schedule_iter *it);
+
+/* Totals over one step (all micro-batches, `when` respected): FLOPs, and per collective
+ * kind and group the payload bytes. For tests and explain. */
+typedef struct mp_schedule_totals {
+  double flops;
+  double comm_bytes[MP_COLL_COUNT][MP_GROUP_COUNT];
+  int64_t n_comm[MP_COLL_COUNT][MP_GROUP_COUNT];
+} mp_schedule_totals;
+void mp_schedule_totals_compute(const mp_schedule *s, mp_schedule_totals *out);
+
+/* Writes the fully qualified name of an op's module ("layers.3.attention.q_proj") or a
+ * description ("layers.3 attention core") into buf. */
+void mp_op_name(const mp_schedule *s, const mp_op *op, int32_t layer, char *buf, size_t cap);
+const char *mp_kernel_name(mp_kernel k);
+const char *mp_coll_name(mp_coll c);
+const char *mp_mem_cat_name(mp_mem_cat c);
+const char *mp_phase_name(mp_phase p);
+const char *mp_stream_name(mp_stream s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

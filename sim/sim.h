@@ -1,0 +1,97 @@
+/* The simulator: predicts one plan's step time and per-rank memory by costing its step
+ * schedule (exec/schedule.h). It never re-derives the schedule.
+ *
+ *   memory   replay of the schedule's ALLOC/FREE events: peak and breakdown at the peak,
+ *            plus the GPU profile's runtime overhead and a stated fragmentation factor
+ *   compute  per op: FLOPs / (peak of its dtype x efficiency(size)), or bytes / HBM
+ *            bandwidth when memory-bound (roofline: the max of the two)
+ *   network  alpha-beta per collective: latency per ring step + bytes x ring factor /
+ *            bandwidth (all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n,
+ *            all-to-all (n-1)/n, as nccl-tests define bus bandwidth); NVLink inside a node,
+ *            the inter-node link when a group spans nodes
+ *   overlap  an event simulation per rank: one compute stream and the comm streams,
+ *            following the schedule's dependencies
+ *   pipeline bubble of 1F1B / interleaved / GPipe from pp, virtual stages, n_micro; P2P
+ *   context  ring-attention traffic for cp > 1
+ *
+ * Efficiency comes from a stack profile (sim/stack.h): how close a software stack gets to
+ * the GPU's peaks (eager PyTorch, torch.compile, llm.c, meshplan's own runtime), either
+ * stated with its source or measured by `meshplan calibrate`. */
+#ifndef MP_SIM_SIM_H
+#define MP_SIM_SIM_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "exec/cluster.h"
+#include "exec/plan.h"
+#include "exec/schedule.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Efficiency of a software stack on a GPU. */
+typedef struct mp_stack_profile {
+  char name[64];
+  /* GEMM efficiency as a function of size: eff = gemm_eff_max * x / (x + gemm_eff_half),
+   * x = m*n*k (FLOP-weighted size), i.e. small GEMMs reach less of the peak. */
+  double gemm_eff_max;
+  double gemm_eff_half_mnk;
+  double fp8_gemm_eff_max;   /* float8 GEMMs relative to the fp8 peak */
+  double attention_eff;      /* flash attention relative to the bf16 peak */
+  double hbm_eff;            /* achieved fraction of HBM bandwidth for memory-bound ops */
+  double link_eff;           /* achieved fraction of link bandwidth (bus bandwidth) */
+  double kernel_overhead_s;  /* launch / framework overhead per compute op */
+  double comm_overhead_s;    /* per collective, on top of link latency */
+  double frag_factor;        /* allocator fragmentation: reserved = allocated x factor */
+  char source[256];
+} mp_stack_profile;
+
+typedef struct mp_sim_config {
+  const mp_cluster *cluster;
+  const mp_stack_profile *stack; /* NULL: the default profile for the cluster's GPU */
+  double mem_headroom;           /* fraction of GPU memory kept free (0.0 .. 0.5) */
+  int record_trace;              /* keep per-op start/end for mp_sim_trace_write */
+} mp_sim_config;
+
+typedef struct mp_sim_result {
+  double step_time_s;
+  double tokens_per_s_per_gpu;
+  double mfu;               /* model FLOPs (6N + attention) per second over the bf16 peak */
+  double compute_s;         /* busy time of the compute stream per step */
+  double exposed_comm_s;    /* time the compute stream waits on communication */
+  double bubble_s;          /* pipeline bubble */
+  double optimizer_s;
+  double comm_s[MP_STREAM_COUNT]; /* busy time per stream */
+  int64_t peak_mem_bytes;   /* including runtime overhead and fragmentation */
+  int64_t mem_at_peak[MP_MEM_COUNT]; /* breakdown at the peak (allocated bytes) */
+  int64_t overhead_bytes;   /* runtime overhead + fragmentation part of the peak */
+  int64_t capacity_bytes;   /* GPU memory less headroom */
+  int fits;
+} mp_sim_result;
+
+typedef struct mp_sim_trace mp_sim_trace; /* opaque: per-op times of one simulation */
+
+/* Costs the schedule. With cfg->record_trace, *trace receives the timeline (free with
+ * mp_sim_trace_destroy); trace may be NULL otherwise. */
+mp_status mp_simulate(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
+                      mp_sim_result *out, mp_sim_trace **trace);
+/* Chrome trace JSON (Perfetto opens it): one track per stream, ops named by FQN. */
+mp_status mp_sim_trace_write(mp_ctx *ctx, const mp_sim_trace *t, const char *path);
+void mp_sim_trace_destroy(mp_sim_trace *t);
+
+/* Convenience: build the plan, the compact schedule of rank 0 (or the worst pipeline
+ * stage), and simulate. */
+mp_status mp_simulate_plan(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                           const mp_plan_options *opts, const mp_sim_config *cfg,
+                           mp_sim_result *out);
+
+/* Ring-factor time of one collective of `bytes` payload on a group of n ranks whose
+ * slowest link has bw_GBps per direction and lat_s per step (exposed for tests). */
+double mp_sim_collective_s(mp_coll c, double bytes, int n, double bw_GBps, double lat_s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
