@@ -2,6 +2,7 @@
 #include "common/arena.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,9 @@ void mp_arena_destroy(mp_arena *a) {
 }
 
 void *mp_arena_alloc(mp_arena *a, size_t bytes) {
+  /* A request so large that rounding it up or adding the chunk header would wrap around
+   * is out of memory, not a tiny allocation. */
+  if (bytes > SIZE_MAX - sizeof(chunk) - 16) return NULL;
   size_t need = (bytes + 15) & ~(size_t)15;
   if (need == 0) need = 16;
   chunk *c = a->head;
@@ -72,16 +76,18 @@ char *mp_arena_printf(mp_arena *a, const char *fmt, ...) {
   return p;
 }
 
+/* Keeps the first (oldest, last in the list) chunk, as arena.h promises: it is the
+ * ordinary 64 KiB one, whereas the newest may be a one-off huge allocation. */
 void mp_arena_reset(mp_arena *a) {
   if (a->head == NULL) return;
-  chunk *c = a->head->next;
-  while (c) {
+  chunk *c = a->head;
+  while (c->next) {
     chunk *n = c->next;
     free(c);
     c = n;
   }
-  a->head->next = NULL;
-  a->head->used = 0;
+  a->head = c;
+  c->used = 0;
   a->total_used = 0;
 }
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char *type_name(const cJSON *v) {
@@ -54,6 +55,13 @@ mp_status mp_read_file(mp_ctx *ctx, const char *path, char **out, size_t *len) {
   if (f == NULL)
     return mp_error(ctx, errno == ENOENT ? MP_ERR_NOT_FOUND : MP_ERR_IO, "%s: cannot open: %s",
                     path, strerror(errno));
+  /* fopen succeeds on a directory and ftell then reports a meaningless size; say what it is. */
+  struct stat sb;
+  if (fstat(fileno(f), &sb) != 0) goto io;
+  if (!S_ISREG(sb.st_mode)) {
+    fclose(f);
+    return mp_error(ctx, MP_ERR_IO, "%s: not a regular file; give the path of a file", path);
+  }
   if (fseek(f, 0, SEEK_END) != 0) goto io;
   long n = ftell(f);
   if (n < 0 || fseek(f, 0, SEEK_SET) != 0) goto io;

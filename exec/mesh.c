@@ -28,22 +28,25 @@ void mp_mesh_init(mp_mesh *m) {
   m->ep = 1;
 }
 
+/* Stops as soon as the product passes the limit: five dims of up to 2^24 each would
+ * overflow even a long long. */
 int mp_mesh_world(const mp_mesh *m) {
   long long w = 1;
-  for (int i = 0; i < MP_MESH_NDIMS; i++) w *= m->size[i];
-  return w > MP_MESH_MAX_WORLD ? -1 : (int)w;
+  for (int i = 0; i < MP_MESH_NDIMS; i++) {
+    if (m->size[i] < 1) return -1;
+    w *= m->size[i];
+    if (w > MP_MESH_MAX_WORLD) return -1;
+  }
+  return (int)w;
 }
 
 mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m) {
-  long long w = 1;
-  for (int i = 0; i < MP_MESH_NDIMS; i++) {
+  for (int i = 0; i < MP_MESH_NDIMS; i++)
     if (m->size[i] < 1)
       return mp_error(ctx, MP_ERR_INVALID, "mesh dim %s=%d must be at least 1", k_dim_names[i],
                       m->size[i]);
-    w *= m->size[i];
-  }
-  if (w > MP_MESH_MAX_WORLD)
-    return mp_error(ctx, MP_ERR_INVALID, "mesh of %lld ranks exceeds the limit of %d", w,
+  if (mp_mesh_world(m) < 0)
+    return mp_error(ctx, MP_ERR_INVALID, "mesh has more than %d ranks; choose smaller dims",
                     MP_MESH_MAX_WORLD);
   if (m->ep < 1 || m->size[MP_DIM_DP_SHARD] % m->ep != 0)
     return mp_error(ctx, MP_ERR_INVALID,
@@ -51,6 +54,13 @@ mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m) {
                     "dp_shard); raise dp_shard or choose ep among its divisors",
                     m->ep, m->size[MP_DIM_DP_SHARD]);
   return MP_OK;
+}
+
+static char *trim(char *s) {
+  while (*s == ' ' || *s == '\t') s++;
+  size_t n = strlen(s);
+  while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t')) s[--n] = '\0';
+  return s;
 }
 
 mp_status mp_mesh_parse(mp_ctx *ctx, const char *spec, int world_size, mp_mesh *out) {
@@ -70,7 +80,8 @@ mp_status mp_mesh_parse(mp_ctx *ctx, const char *spec, int world_size, mp_mesh *
       return mp_error(ctx, MP_ERR_INVALID, "mesh entry '%s' has no size; write it as %s=N", tok,
                       tok);
     *eq = '\0';
-    const char *key = tok, *val = eq + 1;
+    /* "dp_shard=2, tp=4" is what people type: spaces around entries are not part of names. */
+    const char *key = trim(tok), *val = trim(eq + 1);
     int d = -1;
     for (int i = 0; i < MP_MESH_NDIMS; i++)
       if (strcmp(key, k_dim_names[i]) == 0) d = i;

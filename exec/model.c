@@ -123,6 +123,24 @@ static mp_status from_ours(mp_ctx *ctx, const cJSON *j, const char *origin, mp_m
  *   Qwen3MoE/Qwen2MoE: num_experts, num_experts_per_tok, moe_intermediate_size,
  *     decoder_sparse_step, mlp_only_layers, shared_expert_intermediate_size
  *   GPT2: vocab_size, n_embd, n_layer, n_head, n_positions, n_inner, layer_norm_epsilon */
+static int hf_type_supported(const char *type, const char *arch) {
+  static const char *types[] = {"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                                "mixtral"};
+  static const char *archs[] = {"LlamaFor", "MistralFor", "Qwen2For", "Qwen2MoeFor",
+                                "Qwen3For", "Qwen3MoeFor", "MixtralFor"};
+  if (type[0]) {
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+      if (strcmp(type, types[i]) == 0) return 1;
+    return 0;
+  }
+  if (arch[0]) {
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+      if (strncmp(arch, archs[i], strlen(archs[i])) == 0) return 1;
+    return 0;
+  }
+  return 1; /* neither named: read the llama field names and let the required keys decide */
+}
+
 mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origin,
                                 mp_model *out) {
   cJSON *j = NULL;
@@ -139,6 +157,16 @@ mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origi
   char where[300];
   snprintf(where, sizeof where, "%s (%s)", origin, arch[0] ? arch : (type[0] ? type : "HF config"));
   int is_gpt2 = strcmp(type, "gpt2") == 0 || strncmp(arch, "GPT2", 4) == 0;
+  /* Other architectures (DeepSeek, Gemma, ...) have parts this spec cannot describe; reading
+   * them as llama would give silently wrong counts, so they are refused by name. */
+  if (!is_gpt2 && !hf_type_supported(type, arch)) {
+    st = mp_error(ctx, MP_ERR_INVALID,
+                  "%s: unsupported architecture '%s'; meshplan reads Hugging Face configs of "
+                  "llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral and gpt2 "
+                  "(or write the model in meshplan's JSON format)",
+                  origin, type[0] ? type : arch);
+    goto done;
+  }
   snprintf(m.name, sizeof m.name, "%s", arch[0] ? arch : type);
   if (is_gpt2) {
     m.family = MP_FAMILY_GPT;
@@ -152,7 +180,8 @@ mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origi
     m.d_ff = 4 * m.d_model;
     MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "n_inner", 0, &m.d_ff), st, done);
     m.n_kv_heads = m.n_heads;
-    m.head_dim = m.d_model / m.n_heads;
+    /* n_head <= 0 is reported by mp_model_validate; do not divide by it first. */
+    m.head_dim = m.n_heads > 0 ? m.d_model / m.n_heads : 0;
     m.norm_eps = 1e-5;
     MP_CHECK_GOTO(mp_json_get_f64(ctx, j, where, "layer_norm_epsilon", 0, &m.norm_eps), st, done);
     MP_CHECK_GOTO(mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m.tied_embeddings),
@@ -166,7 +195,7 @@ mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origi
     m.n_kv_heads = m.n_heads;
     MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_key_value_heads", 0, &m.n_kv_heads), st,
                   done);
-    m.head_dim = m.d_model / m.n_heads;
+    m.head_dim = m.n_heads > 0 ? m.d_model / m.n_heads : 0;
     MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "head_dim", 0, &m.head_dim), st, done);
     MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "intermediate_size", 1, &m.d_ff), st, done);
     m.max_seq = 4096;

@@ -1,6 +1,8 @@
 // Device mesh: rank <-> coordinates and sub-groups, against hand-derived rank lists.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <string>
 #include <vector>
 
 extern "C" {
@@ -27,4 +29,224 @@ TEST(Mesh, SeedExampleTpAndFsdpGroups) {
   EXPECT_EQ(mp_mesh_group_id(&m, MP_GROUP_TP, 5), 1);
   EXPECT_EQ(mp_mesh_group_index(&m, MP_GROUP_TP, 5), 1);
   EXPECT_EQ(mp_mesh_group_index(&m, MP_GROUP_DP_SHARD, 5), 1);
+}
+
+namespace {
+
+bool Contains(const std::string &s, const std::string &sub) {
+  return s.find(sub) != std::string::npos;
+}
+
+mp_mesh Parse(const char *spec, int world) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_mesh m;
+  mp_mesh_init(&m);
+  EXPECT_EQ(mp_mesh_parse(&ctx, spec, world, &m), MP_OK) << spec << ": " << mp_errmsg(&ctx);
+  return m;
+}
+
+// The public row-major rank of [pp, dp_replicate, dp_shard, cp, tp], written out.
+int RowMajor(const mp_mesh &m, const int c[MP_MESH_NDIMS]) {
+  const int *s = m.size;
+  return (((c[0] * s[1] + c[1]) * s[2] + c[2]) * s[3] + c[3]) * s[4] + c[4];
+}
+
+}  // namespace
+
+TEST(Mesh, CoordsRoundTripOverEveryRank) {
+  mp_mesh m = Parse("pp=2,dp_replicate=3,dp_shard=4,cp=2,tp=2,ep=2", 0);
+  ASSERT_EQ(mp_mesh_world(&m), 96);
+  std::vector<int> seen(96, 0);
+  for (int r = 0; r < 96; r++) {
+    int c[MP_MESH_NDIMS];
+    mp_mesh_coords(&m, r, c);
+    for (int d = 0; d < MP_MESH_NDIMS; d++) {
+      ASSERT_GE(c[d], 0);
+      ASSERT_LT(c[d], m.size[d]);
+    }
+    EXPECT_EQ(RowMajor(m, c), r);
+    EXPECT_EQ(mp_mesh_rank_of(&m, c), r);
+    // dp_shard splits as efsdp * ep + e
+    EXPECT_EQ(c[MP_DIM_DP_SHARD], mp_mesh_efsdp_index(&m, r) * m.ep + mp_mesh_ep_index(&m, r));
+    seen[r]++;
+  }
+  // Strides: tp 1, cp 2, dp_shard 4, dp_replicate 16, pp 48. 61 = 1*48 + 0*16 + 3*4 + 0*2 + 1.
+  int c[MP_MESH_NDIMS];
+  mp_mesh_coords(&m, 61, c);
+  const int want61[] = {1, 0, 3, 0, 1};
+  for (int d = 0; d < MP_MESH_NDIMS; d++) EXPECT_EQ(c[d], want61[d]) << d;
+  EXPECT_EQ(mp_mesh_ep_index(&m, 61), 1);     // dp_shard 3 = 1*2 + 1
+  EXPECT_EQ(mp_mesh_efsdp_index(&m, 61), 1);
+}
+
+// 32 ranks, every dim 2: rank bits are [pp dpr dps cp tp] from high to low. Rank 13 = 01101.
+TEST(Mesh, EveryGroupKindOnAFiveDimMesh) {
+  mp_mesh m = Parse("pp=2,dp_replicate=2,dp_shard=2,cp=2,tp=2", 32);
+  EXPECT_EQ(Group(m, MP_GROUP_TP, 13), (std::vector<int>{12, 13}));
+  EXPECT_EQ(Group(m, MP_GROUP_CP, 13), (std::vector<int>{13, 15}));
+  EXPECT_EQ(Group(m, MP_GROUP_DP_SHARD, 13), (std::vector<int>{9, 13}));
+  EXPECT_EQ(Group(m, MP_GROUP_DP_REPLICATE, 13), (std::vector<int>{5, 13}));
+  EXPECT_EQ(Group(m, MP_GROUP_PP, 13), (std::vector<int>{13, 29}));
+  EXPECT_EQ(Group(m, MP_GROUP_DP, 13), (std::vector<int>{1, 5, 9, 13}));     // dpr x dps
+  EXPECT_EQ(Group(m, MP_GROUP_FSDP, 13), (std::vector<int>{9, 11, 13, 15}));  // dps x cp
+  EXPECT_EQ(Group(m, MP_GROUP_EP, 13), (std::vector<int>{13}));  // ep = 1
+  EXPECT_EQ(Group(m, MP_GROUP_EFSDP, 13), (std::vector<int>{9, 13}));
+  std::vector<int> all(32);
+  for (int i = 0; i < 32; i++) all[i] = i;
+  EXPECT_EQ(Group(m, MP_GROUP_WORLD, 13), all);
+}
+
+// ep carved out of dp_shard: [dp_shard=8], ep=4. dp_shard = efsdp*4 + e, so the EP groups are
+// runs of 4 consecutive ranks and the expert-FSDP groups stride by 4.
+TEST(Mesh, EpAndEfsdpCarvedOutOfDpShard) {
+  mp_mesh m = Parse("dp_shard=8,ep=4", 8);
+  EXPECT_EQ(mp_mesh_group_size(&m, MP_GROUP_EP), 4);
+  EXPECT_EQ(mp_mesh_group_size(&m, MP_GROUP_EFSDP), 2);
+  EXPECT_EQ(Group(m, MP_GROUP_EP, 0), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(Group(m, MP_GROUP_EP, 6), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(Group(m, MP_GROUP_EFSDP, 0), (std::vector<int>{0, 4}));
+  EXPECT_EQ(Group(m, MP_GROUP_EFSDP, 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(Group(m, MP_GROUP_DP_SHARD, 5), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(mp_mesh_ep_index(&m, 6), 2);
+  EXPECT_EQ(mp_mesh_efsdp_index(&m, 6), 1);
+  EXPECT_EQ(mp_mesh_group_index(&m, MP_GROUP_EP, 6), 2);
+  EXPECT_EQ(mp_mesh_group_id(&m, MP_GROUP_EP, 6), 1);
+}
+
+// With tp=2 inside: rank = dp_shard*2 + tp and dp_shard = efsdp*2 + e (ep=2).
+TEST(Mesh, EpWithTensorParallelInside) {
+  mp_mesh m = Parse("dp_shard=4,tp=2,ep=2", 8);
+  EXPECT_EQ(Group(m, MP_GROUP_EP, 0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(Group(m, MP_GROUP_EP, 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(Group(m, MP_GROUP_EFSDP, 0), (std::vector<int>{0, 4}));
+  EXPECT_EQ(Group(m, MP_GROUP_EFSDP, 3), (std::vector<int>{3, 7}));
+  EXPECT_EQ(Group(m, MP_GROUP_DP_SHARD, 3), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(Group(m, MP_GROUP_TP, 3), (std::vector<int>{2, 3}));
+}
+
+// For every kind of group on several meshes: groups have equal size, every rank is in exactly
+// one group, ids run over 0..world/size-1, the group of each member is the same list, the
+// rank's index is its position in the list, and ranks come in increasing order.
+TEST(Mesh, GroupsPartitionTheWorld) {
+  const char *specs[] = {"dp_shard=2,tp=4", "dp_shard=8,ep=4", "pp=2,dp_replicate=3,dp_shard=4,cp=2,tp=2,ep=2",
+                         "dp_replicate=2,dp_shard=6,ep=3,tp=2", "tp=1"};
+  for (const char *spec : specs) {
+    SCOPED_TRACE(spec);
+    mp_mesh m = Parse(spec, 0);
+    int world = mp_mesh_world(&m);
+    for (int g = 0; g < MP_GROUP_COUNT; g++) {
+      SCOPED_TRACE(mp_group_name((mp_group)g));
+      int size = mp_mesh_group_size(&m, (mp_group)g);
+      ASSERT_GT(size, 0);
+      ASSERT_EQ(world % size, 0);
+      int n_groups = world / size;
+      std::vector<int> count(world, 0);
+      std::vector<std::vector<int>> by_id(n_groups);
+      for (int r = 0; r < world; r++) {
+        std::vector<int> grp = Group(m, (mp_group)g, r);
+        ASSERT_EQ((int)grp.size(), size);
+        for (size_t k = 1; k < grp.size(); k++) ASSERT_LT(grp[k - 1], grp[k]);
+        int idx = mp_mesh_group_index(&m, (mp_group)g, r);
+        ASSERT_GE(idx, 0);
+        ASSERT_LT(idx, size);
+        ASSERT_EQ(grp[idx], r);
+        int id = mp_mesh_group_id(&m, (mp_group)g, r);
+        ASSERT_GE(id, 0);
+        ASSERT_LT(id, n_groups);
+        if (by_id[id].empty()) {
+          by_id[id] = grp;
+          for (int x : grp) count[x]++;
+        } else {
+          ASSERT_EQ(by_id[id], grp) << r;
+        }
+      }
+      for (int r = 0; r < world; r++) ASSERT_EQ(count[r], 1) << r;
+    }
+    EXPECT_EQ(mp_mesh_group_size(&m, MP_GROUP_WORLD), world);
+    EXPECT_EQ(mp_mesh_group_size(&m, MP_GROUP_EP) * mp_mesh_group_size(&m, MP_GROUP_EFSDP),
+              mp_mesh_group_size(&m, MP_GROUP_DP_SHARD));
+  }
+}
+
+TEST(Mesh, ParseAliasesInferenceAndFormat) {
+  mp_mesh m = Parse("dp_rep=2,tp=2", 4);
+  EXPECT_EQ(m.size[MP_DIM_DP_REPLICATE], 2);
+  m = Parse("dp_shard=2, tp = 4 ", 8);  // spaces around entries are ignored
+  EXPECT_EQ(m.size[MP_DIM_DP_SHARD], 2);
+  EXPECT_EQ(m.size[MP_DIM_TP], 4);
+  m = Parse("dp_shard=-1,tp=2", 16);
+  EXPECT_EQ(m.size[MP_DIM_DP_SHARD], 8);
+  m = Parse("tp=2,dp_shard=4,ep=2", 0);  // order of entries does not matter
+  char buf[128];
+  mp_mesh_format(&m, buf, sizeof buf);
+  EXPECT_STREQ(buf, "dp_shard=4,tp=2,ep=2");
+  mp_mesh_init(&m);
+  mp_mesh_format(&m, buf, sizeof buf);
+  EXPECT_STREQ(buf, "single");
+  EXPECT_EQ(mp_mesh_world(&m), 1);
+  m = Parse("pp=2,dp_replicate=2,dp_shard=2,cp=2,tp=2", 32);
+  mp_mesh_format(&m, buf, sizeof buf);
+  EXPECT_STREQ(buf, "pp=2,dp_replicate=2,dp_shard=2,cp=2,tp=2");
+  char small[8];
+  mp_mesh_format(&m, small, sizeof small);  // truncates, stays terminated
+  EXPECT_LT(strlen(small), sizeof small);
+  EXPECT_STREQ(mp_mesh_dim_name(MP_DIM_TP), "tp");
+  EXPECT_STREQ(mp_group_name(MP_GROUP_EFSDP), "efsdp");
+}
+
+TEST(Mesh, ParseErrorsNameTheProblem) {
+  struct { const char *spec; int world; const char *want; } cases[] = {
+      {"foo=2", 0, "unknown mesh dim 'foo'; known dims: pp, dp_replicate, dp_shard, cp, tp, ep"},
+      {"tp=2,tp=2", 0, "mesh dim 'tp' given twice"},
+      {"dp_rep=2,dp_replicate=2", 0, "given twice"},
+      {"tp=0", 0, "mesh dim tp='0': expected a positive integer"},
+      {"tp=-2", 0, "mesh dim tp='-2': expected a positive integer"},
+      {"tp=abc", 0, "mesh dim tp='abc'"},
+      {"tp=2x", 0, "mesh dim tp='2x'"},
+      {"tp=", 0, "mesh dim tp=''"},
+      {"tp", 0, "mesh entry 'tp' has no size"},
+      {"", 0, "empty mesh"},
+      {"tp=2,dp_shard=2", 8, "mesh dp_shard=2,tp=2 has 4 ranks but the world has 8"},
+      {"dp_shard=6,ep=4", 0, "ep=4 must divide dp_shard=6"},
+      {"tp=2,ep=2", 0, "ep=2 must divide dp_shard=1"},
+      {"dp_shard=-1,tp=-1", 8, "only one mesh dim may be -1"},
+      {"dp_shard=-1,tp=3", 8, "cannot infer dp_shard"},
+      {"dp_shard=-1", 0, "needs a known world size"},
+      {"dp_shard=4,ep=-1", 0, "ep cannot be -1"},
+      {"tp=99999999999", 0, "mesh dim tp='99999999999'"},
+      // each dim is allowed, their product is not (and must not overflow computing it)
+      {"pp=16777216,dp_replicate=16777216,dp_shard=16777216,cp=16777216,tp=16777216", 0,
+       "more than 16777216 ranks"},
+  };
+  for (auto &c : cases) {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_mesh m;
+    mp_mesh_init(&m);
+    m.size[MP_DIM_TP] = 7;  // untouched on failure
+    EXPECT_EQ(mp_mesh_parse(&ctx, c.spec, c.world, &m), MP_ERR_INVALID) << c.spec;
+    EXPECT_TRUE(Contains(mp_errmsg(&ctx), c.want)) << c.spec << " -> " << mp_errmsg(&ctx);
+    EXPECT_EQ(m.size[MP_DIM_TP], 7) << c.spec;
+  }
+}
+
+TEST(Mesh, ValidateCatchesHandBuiltMeshes) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_mesh m;
+  mp_mesh_init(&m);
+  EXPECT_EQ(mp_mesh_validate(&ctx, &m), MP_OK);
+  m.size[MP_DIM_CP] = 0;
+  EXPECT_EQ(mp_mesh_validate(&ctx, &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "cp=0"));
+  EXPECT_EQ(mp_mesh_world(&m), -1);
+  mp_mesh_init(&m);
+  m.size[MP_DIM_DP_SHARD] = 4;
+  m.ep = 0;
+  EXPECT_EQ(mp_mesh_validate(&ctx, &m), MP_ERR_INVALID);
+  m.ep = 8;
+  EXPECT_EQ(mp_mesh_validate(&ctx, &m), MP_ERR_INVALID);
+  m.ep = 4;
+  EXPECT_EQ(mp_mesh_validate(&ctx, &m), MP_OK);
 }

@@ -1,0 +1,104 @@
+#!/bin/bash
+# CLI error contract of meshplan (issue 2): bad input and bad usage give exactly one line on
+# stderr and exit 2; --version and every subcommand's --help exit 0.
+# Runs from the runfiles root, where planner/meshplan and tests/data/ are.
+set -u
+
+BIN=planner/meshplan
+fails=0
+n=0
+out=$(mktemp)
+err=$(mktemp)
+trap 'rm -f "$out" "$err"' EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  echo "  stdout: $(head -c 2000 "$out")" >&2
+  echo "  stderr: $(head -c 2000 "$err")" >&2
+  fails=$((fails + 1))
+}
+
+# run NAME CMD...: runs the binary, leaves status in $rc and output in $out/$err.
+run() {
+  n=$((n + 1))
+  "$BIN" "$@" >"$out" 2>"$err"
+  rc=$?
+}
+
+# expect_error WANT_TEXT ARGS...: exit 2, exactly one line on stderr, containing WANT_TEXT.
+expect_error() {
+  local want=$1
+  shift
+  run "$@"
+  local lines
+  lines=$(wc -l <"$err")
+  if [ "$rc" -ne 2 ]; then
+    fail "meshplan $*: exit $rc, want 2"
+  elif [ "$lines" -ne 1 ]; then
+    fail "meshplan $*: $lines lines on stderr, want 1"
+  elif ! grep -qF -- "$want" "$err"; then
+    fail "meshplan $*: stderr lacks '$want'"
+  fi
+}
+
+[ -x "$BIN" ] || { echo "FAIL: $BIN not built" >&2; exit 1; }
+
+# Input errors.
+expect_error "tests/data/bad.json: malformed JSON at line 3, column 2" \
+  plan --model tests/data/bad.json
+expect_error "'hidden_size'" plan --hf-config tests/data/hf/llama-missing-hidden-size.json
+run plan --hf-config tests/data/hf/llama-missing-hidden-size.json
+grep -qF "tests/data/hf/llama-missing-hidden-size.json" "$err" || fail "HF error does not name the file"
+expect_error "unknown model 'no-such-model'" plan --model no-such-model
+run plan --model no-such-model
+grep -qF "llama3.1-8b" "$err" || fail "unknown model message does not list the known models"
+
+# Usage errors: the flag is named, and for a missing value what it takes.
+expect_error "unknown flag '--bogus'" plan --bogus
+expect_error "unknown flag '--bogus'" plan --bogus=3
+expect_error "--model needs a value" plan --model
+expect_error "--cluster needs a value" plan --model tiny-dense --cluster
+expect_error "unknown command 'frobnicate'" frobnicate
+
+# No command: usage on stderr, exit 2.
+run
+[ "$rc" -eq 2 ] || fail "meshplan with no command: exit $rc, want 2"
+
+# --version
+run --version
+if [ "$rc" -ne 0 ] || ! grep -qE '^meshplan [0-9]+\.[0-9]+\.[0-9]+$' "$out"; then
+  fail "meshplan --version: exit $rc"
+fi
+
+# --help of the program and of every subcommand: exit 0, usage on stdout, nothing on stderr.
+run --help
+[ "$rc" -eq 0 ] && grep -q "usage: meshplan" "$out" || fail "meshplan --help"
+for cmd in plan simulate explain train calibrate report validate; do
+  for h in --help -h; do
+    run "$cmd" "$h"
+    if [ "$rc" -ne 0 ]; then
+      fail "meshplan $cmd $h: exit $rc, want 0"
+    elif ! grep -q "usage: meshplan $cmd" "$out"; then
+      fail "meshplan $cmd $h: no usage line on stdout"
+    elif [ -s "$err" ]; then
+      fail "meshplan $cmd $h: wrote to stderr"
+    fi
+  done
+done
+
+# The embedded default runs (the README's first command).
+run plan
+[ "$rc" -eq 0 ] && [ -s "$out" ] || fail "meshplan plan (embedded default): exit $rc"
+
+# An unknown mesh dim through `meshplan explain --mesh`. While explain is the stub that
+# says "not available", there is nothing to check; once it is real, the error must be one
+# line, exit 2, naming 'foo'.
+run explain --model tiny-dense --mesh foo=2
+if grep -qF "not available" "$err"; then
+  echo "note: explain is not in this build yet; unknown-mesh-dim check skipped" >&2
+else
+  expect_error "'foo'" explain --model tiny-dense --mesh foo=2
+fi
+
+echo "$((n)) invocations, $fails failures"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,158 @@
+// exec/cluster.h: every GPU and cluster profile loads; mp_cluster_make; unknown names.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "data/embedded.h"
+#include "exec/cluster.h"
+
+namespace {
+
+bool Contains(const std::string &s, const std::string &sub) {
+  return s.find(sub) != std::string::npos;
+}
+
+TEST(Cluster, DtypeBytesAndNames) {
+  EXPECT_EQ(mp_dtype_bytes(MP_DTYPE_FP32), 4);
+  EXPECT_EQ(mp_dtype_bytes(MP_DTYPE_TF32), 4);
+  EXPECT_EQ(mp_dtype_bytes(MP_DTYPE_BF16), 2);
+  EXPECT_EQ(mp_dtype_bytes(MP_DTYPE_FP16), 2);
+  EXPECT_EQ(mp_dtype_bytes(MP_DTYPE_FP8_E4M3), 1);
+  EXPECT_EQ(mp_dtype_bytes(MP_DTYPE_FP8_E5M2), 1);
+  EXPECT_STREQ(mp_dtype_name(MP_DTYPE_BF16), "bf16");
+  EXPECT_STREQ(mp_dtype_name(MP_DTYPE_FP8_E4M3), "fp8_e4m3");
+}
+
+// The names ../shared/validation/ uses, plus the CPU profile.
+TEST(Cluster, EveryGpuProfileLoads) {
+  for (const char *name : {"a100-80gb-sxm", "h100-sxm", "h100-96gb-500w", "h200", "b200", "cpu"})
+    EXPECT_NE(mp_data_find("gpus", name), nullptr) << name;
+  size_t n = 0;
+  const mp_data_entry *e = mp_data_entries(&n);
+  int gpus = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(e[i].kind, "gpus") != 0) continue;
+    gpus++;
+    SCOPED_TRACE(e[i].name);
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_gpu g;
+    ASSERT_EQ(mp_gpu_load(&ctx, e[i].name, &g), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_STREQ(g.name, e[i].name);  // the file's name matches its stem
+    EXPECT_GT(g.peak_tflops[MP_DTYPE_BF16], 0);
+    EXPECT_GT(g.peak_tflops[MP_DTYPE_FP32], 0);
+    EXPECT_GT(g.mem_gib, 0);
+    EXPECT_GT(g.hbm_GBps, 0);
+    EXPECT_GT(g.nvlink_GBps_per_dir, 0);
+    EXPECT_GT(strlen(g.source), 0u);  // every hardware figure carries its source
+    EXPECT_EQ(g.peak_tflops[MP_DTYPE_FP8_E4M3], g.peak_tflops[MP_DTYPE_FP8_E5M2]);
+    if (strcmp(e[i].name, "cpu") != 0) {
+      EXPECT_GE(g.compute_capability, 80);
+      // Tensor-core GPUs: bf16 dense peak well above fp32, fp8 at least bf16 where given.
+      EXPECT_GT(g.peak_tflops[MP_DTYPE_BF16], g.peak_tflops[MP_DTYPE_FP32]);
+    }
+  }
+  EXPECT_GE(gpus, 6);
+}
+
+TEST(Cluster, H100FiguresFromTheDatasheet) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_gpu g;
+  ASSERT_EQ(mp_gpu_load(&ctx, "h100-sxm", &g), MP_OK) << mp_errmsg(&ctx);
+  // NVIDIA H100 SXM5 datasheet, dense: 989.4 TFLOP/s bf16, 80 GB HBM3 at 3.35 TB/s,
+  // NVLink 4 900 GB/s bidirectional = 450 per direction.
+  EXPECT_DOUBLE_EQ(g.peak_tflops[MP_DTYPE_BF16], 989.4);
+  EXPECT_DOUBLE_EQ(g.mem_gib, 80.0);
+  EXPECT_DOUBLE_EQ(g.hbm_GBps, 3350.0);
+  EXPECT_DOUBLE_EQ(g.nvlink_GBps_per_dir, 450.0);
+  EXPECT_EQ(g.compute_capability, 90);
+}
+
+TEST(Cluster, EveryClusterProfileLoads) {
+  size_t n = 0;
+  const mp_data_entry *e = mp_data_entries(&n);
+  int clusters = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(e[i].kind, "clusters") != 0) continue;
+    clusters++;
+    SCOPED_TRACE(e[i].name);
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_cluster c;
+    ASSERT_EQ(mp_cluster_load(&ctx, e[i].name, &c), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_STREQ(c.name, e[i].name);
+    EXPECT_GT(c.gpus_per_node, 0);
+    EXPECT_GT(c.n_nodes, 0);
+    EXPECT_EQ(mp_cluster_n_gpus(&c), c.gpus_per_node * c.n_nodes);
+    EXPECT_GT(c.intra_node_GBps_per_gpu, 0);
+    EXPECT_GT(c.inter_node_Gbitps_per_gpu, 0);
+    EXPECT_GT(c.intra_node_latency_us, 0);
+    EXPECT_GT(c.inter_node_latency_us, 0);
+    EXPECT_GT(c.gpu.mem_gib, 0);  // the GPU it names was loaded
+  }
+  EXPECT_GE(clusters, 2);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_cluster c;
+  ASSERT_EQ(mp_cluster_load(&ctx, "h100-8", &c), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_cluster_n_gpus(&c), 8);
+  EXPECT_STREQ(c.gpu.name, "h100-sxm");
+  // 400 Gbit/s per GPU is 50 GB/s.
+  EXPECT_DOUBLE_EQ(mp_cluster_inter_GBps(&c), c.inter_node_Gbitps_per_gpu / 8.0);
+  ASSERT_EQ(mp_cluster_load(&ctx, "cpu-local", &c), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_STREQ(c.gpu.name, "cpu");
+}
+
+TEST(Cluster, MakeFromAGpuName) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_cluster c;
+  ASSERT_EQ(mp_cluster_make(&ctx, "h200", 64, 8, &c), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(c.gpus_per_node, 8);
+  EXPECT_EQ(c.n_nodes, 8);
+  EXPECT_EQ(mp_cluster_n_gpus(&c), 64);
+  EXPECT_STREQ(c.gpu.name, "h200");
+  EXPECT_EQ(c.intra_node_GBps_per_gpu, c.gpu.nvlink_GBps_per_dir);
+  EXPECT_DOUBLE_EQ(c.inter_node_Gbitps_per_gpu, 400.0);
+  EXPECT_DOUBLE_EQ(mp_cluster_inter_GBps(&c), 50.0);
+  EXPECT_STREQ(c.name, "64xh200");
+  // Fewer GPUs than a node: one partial node.
+  ASSERT_EQ(mp_cluster_make(&ctx, "a100-80gb-sxm", 4, 8, &c), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(c.gpus_per_node, 4);
+  EXPECT_EQ(c.n_nodes, 1);
+}
+
+TEST(Cluster, MakeRejectsPartialNodesAndNonPositiveCounts) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_cluster c;
+  EXPECT_EQ(mp_cluster_make(&ctx, "h100-sxm", 12, 8, &c), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "--gpus=12 is not a multiple of --gpus-per-node=8"))
+      << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_cluster_make(&ctx, "h100-sxm", 0, 8, &c), MP_ERR_INVALID);
+  EXPECT_EQ(mp_cluster_make(&ctx, "h100-sxm", 8, 0, &c), MP_ERR_INVALID);
+  EXPECT_EQ(mp_cluster_make(&ctx, "v100", 8, 8, &c), MP_ERR_NOT_FOUND);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "unknown GPU 'v100'")) << mp_errmsg(&ctx);
+}
+
+TEST(Cluster, UnknownNamesListTheKnownOnes) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_gpu g;
+  EXPECT_EQ(mp_gpu_load(&ctx, "h1000", &g), MP_ERR_NOT_FOUND);
+  std::string m = mp_errmsg(&ctx);
+  EXPECT_TRUE(Contains(m, "unknown GPU 'h1000'")) << m;
+  EXPECT_TRUE(Contains(m, "h100-sxm")) << m;
+  EXPECT_TRUE(Contains(m, "b200")) << m;
+  mp_cluster c;
+  EXPECT_EQ(mp_cluster_load(&ctx, "h100-9", &c), MP_ERR_NOT_FOUND);
+  m = mp_errmsg(&ctx);
+  EXPECT_TRUE(Contains(m, "unknown cluster 'h100-9'")) << m;
+  EXPECT_TRUE(Contains(m, "h100-8")) << m;
+  EXPECT_EQ(mp_gpu_load(&ctx, "/no/such/gpu.json", &g), MP_ERR_NOT_FOUND);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "/no/such/gpu.json")) << mp_errmsg(&ctx);
+}
+
+}  // namespace

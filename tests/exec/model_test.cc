@@ -1,0 +1,443 @@
+// exec/model.h: loading (meshplan JSON and Hugging Face config.json) and the parameter and
+// FLOP counts, against figures derived by hand in the comments (and, where one exists, the
+// figure the model's authors publish).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "data/embedded.h"
+#include "exec/model.h"
+
+namespace {
+
+bool Contains(const std::string &s, const std::string &sub) {
+  return s.find(sub) != std::string::npos;
+}
+
+struct ModelTest : ::testing::Test {
+  mp_ctx ctx;
+  mp_model m;
+  void SetUp() override {
+    mp_ctx_init(&ctx);
+    memset(&m, 0, sizeof m);
+  }
+  std::string msg() const { return mp_errmsg(&ctx); }
+  void Load(const char *name) { ASSERT_EQ(mp_model_load(&ctx, name, &m), MP_OK) << msg(); }
+};
+
+// Llama-3.1-8B (H=4096, L=32, 32 heads, 8 KV heads, head_dim 128, d_ff 14336, V=128256):
+//   embeddings   128256*4096 = 525,336,576, twice (untied head)       1,050,673,152
+//   attention    q 4096*4096 + k,v 2*4096*1024 + o 4096*4096 = 41,943,040
+//   MLP          3*4096*14336                                 = 176,160,768
+//   2 RMSNorms   2*4096                                       =       8,192
+//   per layer                                                   218,112,000 (x32 = 6,979,584,000)
+//   final norm                                                          4,096
+//   total                                                     8,030,261,248 (Meta: 8.03e9)
+TEST_F(ModelTest, Llama31_8bParameterCount) {
+  Load("llama3.1-8b");
+  EXPECT_STREQ(m.name, "llama3.1-8b");
+  EXPECT_EQ(m.family, MP_FAMILY_LLAMA);
+  EXPECT_EQ(mp_model_embedding_params(&m), 525336576);
+  EXPECT_EQ(mp_model_head_params(&m), 525336576 + 4096);
+  for (int l = 0; l < 32; l++) ASSERT_EQ(mp_model_block_params(&m, l), 218112000) << l;
+  EXPECT_EQ(mp_model_param_count(&m), 8030261248LL);
+  EXPECT_EQ(mp_model_active_param_count(&m), 8030261248LL);  // dense: all active
+  EXPECT_FALSE(mp_model_is_moe(&m));
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 0);
+}
+
+// Llama-3.1-70B (H=8192, L=80, 64 heads, 8 KV, d_ff 28672): attention
+// 2*8192^2 + 2*8192*1024 = 150,994,944; MLP 3*8192*28672 = 704,643,072; norms 16,384;
+// layer 855,654,400 (x80 = 68,452,352,000); embeddings 2*128256*8192 = 2,101,346,304;
+// final norm 8,192; total 70,553,706,496.
+// Llama-3.1-405B (H=16384, L=126, 128 heads, 8 KV, d_ff 53248): attention
+// 2*16384^2 + 2*16384*1024 = 570,425,344; MLP 3*16384*53248 = 2,617,245,696; norms 32,768;
+// layer 3,187,703,808 (x126 = 401,650,679,808); embeddings 2*128256*16384 = 4,202,692,608;
+// final norm 16,384; total 405,853,388,800.
+TEST_F(ModelTest, Llama31_70bAnd405b) {
+  Load("llama3.1-70b");
+  EXPECT_EQ(mp_model_block_params(&m, 0), 855654400);
+  EXPECT_EQ(mp_model_param_count(&m), 70553706496LL);
+  Load("llama3.1-405b");
+  EXPECT_EQ(mp_model_block_params(&m, 0), 3187703808LL);
+  EXPECT_EQ(mp_model_param_count(&m), 405853388800LL);
+}
+
+// GPT-2 small (H=768, L=12, 12 heads, d_ff 3072, V=50257, 1024 positions, tied head):
+//   token embeddings 50257*768 = 38,597,376; positions 1024*768 = 786,432
+//   attention  4*768^2 + biases (3*768 qkv + 768 proj) = 2,359,296 + 3,072 = 2,362,368
+//   MLP        2*768*3072 + biases (3072 + 768)      = 4,718,592 + 3,840 = 4,722,432
+//   2 LayerNorms (weight + bias) 4*768                                     =     3,072
+//   per layer 7,087,872 (x12 = 85,054,464); final LayerNorm 1,536; head tied: 0
+//   total 38,597,376 + 786,432 + 85,054,464 + 1,536 = 124,439,808 (HF: 124.4e6)
+TEST_F(ModelTest, Gpt2_124mWithTiedEmbeddings) {
+  Load("gpt2-124m");
+  EXPECT_EQ(m.family, MP_FAMILY_GPT);
+  EXPECT_EQ(m.tied_embeddings, 1);
+  EXPECT_EQ(m.head_dim, 64);
+  EXPECT_EQ(mp_model_embedding_params(&m), 38597376 + 786432);
+  EXPECT_EQ(mp_model_head_params(&m), 1536);
+  EXPECT_EQ(mp_model_block_params(&m, 0), 7087872);
+  EXPECT_EQ(mp_model_param_count(&m), 124439808);
+}
+
+// GPT-3 175B (H=12288, L=96, V=51200, 2048 positions, tied): a block is 12*H^2 + 13*H
+// (attention 4H^2 + 4H biases, MLP 8H^2 + 5H biases, two LayerNorms 4H)
+// = 1,811,939,328 + 159,744 = 1,812,099,072 (x96 = 173,961,510,912); embeddings
+// 51200*12288 = 629,145,600, positions 2048*12288 = 25,165,824, final LN 24,576;
+// total 174,615,846,912.
+TEST_F(ModelTest, Gpt3_175b) {
+  Load("gpt3-175b");
+  EXPECT_EQ(mp_model_block_params(&m, 95), 1812099072LL);
+  EXPECT_EQ(mp_model_param_count(&m), 174615846912LL);
+}
+
+// Qwen3-30B-A3B (H=2048, L=48, 32 heads, 4 KV heads, head_dim 128, 128 experts of 768,
+// top-8, V=151936, untied):
+//   attention q 2048*4096 + k,v 2*2048*512 + o 4096*2048 = 18,874,368; q/k norms 2*128 = 256
+//   2 RMSNorms 4,096; router 128*2048 = 262,144; one expert 3*2048*768 = 4,718,592
+//   layer, all experts  18,874,624 + 4,096 + 262,144 + 128*4,718,592 = 623,120,640
+//   layer, 8 active     18,874,624 + 4,096 + 262,144 +   8*4,718,592 =  56,889,600
+//   embeddings 2*151936*2048 = 622,329,856; final norm 2,048
+//   total  48*623,120,640 + 622,331,904 = 30,532,122,624 (Qwen: 30.5e9)
+//   active 48*56,889,600  + 622,331,904 =  3,353,032,704 (Qwen: 3.3e9)
+TEST_F(ModelTest, Qwen3_30bA3bTotalAndActive) {
+  Load("qwen3-30b-a3b");
+  EXPECT_TRUE(mp_model_is_moe(&m));
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 48);
+  EXPECT_EQ(mp_model_block_params(&m, 7), 623120640);
+  EXPECT_EQ(mp_model_param_count(&m), 30532122624LL);
+  EXPECT_EQ(mp_model_active_param_count(&m), 3353032704LL);
+}
+
+// Mixtral-8x7B (H=4096, L=32, 32 heads, 8 KV, 8 experts of 14336, top-2, V=32000):
+//   attention 41,943,040; norms 8,192; router 8*4096 = 32,768; expert 3*4096*14336 = 176,160,768
+//   layer, all  41,943,040 + 8,192 + 32,768 + 8*176,160,768 = 1,451,270,144
+//   layer, top2 41,943,040 + 8,192 + 32,768 + 2*176,160,768 =   394,305,536
+//   embeddings 2*32000*4096 = 262,144,000; final norm 4,096
+//   total  32*1,451,270,144 + 262,148,096 = 46,702,792,704 (Mistral: 46.7e9)
+//   active 32*394,305,536   + 262,148,096 = 12,879,925,248 (Mistral: 12.9e9)
+TEST_F(ModelTest, Mixtral8x7b) {
+  Load("mixtral-8x7b");
+  EXPECT_EQ(mp_model_param_count(&m), 46702792704LL);
+  EXPECT_EQ(mp_model_active_param_count(&m), 12879925248LL);
+}
+
+// Qwen3-8B (H=4096, L=36, 32 heads, 8 KV, head_dim 128, d_ff 12288, V=151936, qk-norm):
+//   attention 41,943,040 + 256; MLP 3*4096*12288 = 150,994,944; norms 8,192
+//   layer 192,946,432 (x36 = 6,946,071,552); embeddings 2*151936*4096 = 1,244,659,712;
+//   final norm 4,096; total 8,190,735,360 (Qwen: 8.2e9, 6.95e9 without embeddings)
+TEST_F(ModelTest, Qwen3_8b) {
+  Load("qwen3-8b");
+  EXPECT_EQ(m.qk_norm, 1);
+  EXPECT_EQ(mp_model_param_count(&m), 8190735360LL);
+}
+
+// tiny-moe (H=64, L=2, 8 heads of 8, 4 KV, 8 experts of 32, top-2, one shared expert of 64):
+//   attention 64*64 + 2*64*32 + 64*64 = 12,288; norms 128; router 8*64 = 512;
+//   expert 3*64*32 = 6,144; shared 3*64*64 = 12,288
+//   layer all  12,288 + 128 + 512 + 8*6,144 + 12,288 = 74,368
+//   layer top2 12,288 + 128 + 512 + 2*6,144 + 12,288 = 37,504
+//   embeddings 2*256*64 = 32,768; final norm 64
+//   total 2*74,368 + 32,832 = 181,568; active 2*37,504 + 32,832 = 107,840
+// tiny-dense: layer 12,288 + 128 + 3*64*192 = 49,280; total 2*49,280 + 32,832 = 131,392.
+TEST_F(ModelTest, TinyModels) {
+  Load("tiny-moe");
+  EXPECT_EQ(mp_model_param_count(&m), 181568);
+  EXPECT_EQ(mp_model_active_param_count(&m), 107840);
+  Load("tiny-dense");
+  EXPECT_EQ(mp_model_param_count(&m), 131392);
+}
+
+// FLOPs per token = 6 * (active params - input embedding lookup) + 12 * L * n_heads * head_dim * seq.
+TEST_F(ModelTest, FlopsPerToken) {
+  // Llama-3.1-8B, seq 8192: 6*(8,030,261,248 - 525,336,576) = 45,029,548,032;
+  // attention 12*32*32*128*8192 = 12,884,901,888; sum 57,914,449,920.
+  Load("llama3.1-8b");
+  EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 8192), 57914449920.0);
+  // GPT-2, seq 1024: the tied head's matmul counts (38,597,376), positions do not:
+  // 6*(38,597,376 + 1,536 + 85,054,464) = 741,920,256; 12*12*12*64*1024 = 113,246,208.
+  Load("gpt2-124m");
+  EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 1024), 855166464.0);
+  // Qwen3-30B-A3B, seq 4096: 6*(3,353,032,704 - 311,164,928) = 18,251,206,656;
+  // 12*48*32*128*4096 = 9,663,676,416; sum 27,914,883,072.
+  Load("qwen3-30b-a3b");
+  EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 4096), 27914883072.0);
+  // tiny-dense, seq 64: 6*(131,392 - 16,384) = 690,048; 12*2*8*8*64 = 98,304.
+  Load("tiny-dense");
+  EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 64), 788352.0);
+  EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 0), 690048.0);
+}
+
+// Every embedded model file loads, satisfies model.h's invariants and counts sensibly.
+TEST_F(ModelTest, EveryDataModelLoads) {
+  size_t n = 0;
+  const mp_data_entry *e = mp_data_entries(&n);
+  int models = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(e[i].kind, "models") != 0) continue;
+    models++;
+    SCOPED_TRACE(e[i].name);
+    ASSERT_EQ(mp_model_load(&ctx, e[i].name, &m), MP_OK) << msg();
+    EXPECT_STREQ(m.name, e[i].name);
+    EXPECT_EQ(mp_model_validate(&ctx, &m, e[i].name), MP_OK) << msg();
+    EXPECT_EQ(m.n_heads % m.n_kv_heads, 0);
+    EXPECT_GT(mp_model_param_count(&m), 0);
+    EXPECT_LE(mp_model_active_param_count(&m), mp_model_param_count(&m));
+    EXPECT_EQ(mp_model_active_param_count(&m) == mp_model_param_count(&m),
+              !mp_model_is_moe(&m) || m.top_k == m.n_experts);
+    int64_t sum = mp_model_embedding_params(&m) + mp_model_head_params(&m);
+    for (int64_t l = 0; l < m.n_layers; l++) sum += mp_model_block_params(&m, l);
+    EXPECT_EQ(sum, mp_model_param_count(&m));
+    for (int64_t l = m.n_layers; l < MP_MAX_LAYERS; l++) ASSERT_FALSE(m.moe_layer[l]) << l;
+  }
+  // The issue's list: 11 named models and the two tiny ones.
+  EXPECT_GE(models, 13);
+  for (const char *want : {"gpt2-124m", "gpt-22b", "gpt3-175b", "turing-530b", "megatron-1t",
+                           "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "qwen3-8b",
+                           "qwen3-30b-a3b", "mixtral-8x7b", "tiny-dense", "tiny-moe"})
+    EXPECT_NE(mp_data_find("models", want), nullptr) << want;
+}
+
+TEST_F(ModelTest, UnknownModelListsTheKnownOnes) {
+  EXPECT_EQ(mp_model_load(&ctx, "llama9", &m), MP_ERR_NOT_FOUND);
+  EXPECT_TRUE(Contains(msg(), "unknown model 'llama9'")) << msg();
+  EXPECT_TRUE(Contains(msg(), "llama3.1-8b")) << msg();
+  EXPECT_TRUE(Contains(msg(), "tiny-moe")) << msg();
+  EXPECT_TRUE(Contains(msg(), "path")) << msg();
+}
+
+TEST_F(ModelTest, MissingFileByPath) {
+  EXPECT_EQ(mp_model_load(&ctx, "tests/data/no-such-model.json", &m), MP_ERR_NOT_FOUND);
+  EXPECT_TRUE(Contains(msg(), "tests/data/no-such-model.json")) << msg();
+}
+
+// ---- Hugging Face config.json files (tests/data/hf/, as published) ----
+
+struct HfCase {
+  const char *file;
+  mp_family family;
+  int64_t params, active;
+  int64_t n_kv_heads, head_dim;
+  int qkv_bias, qk_norm, tied;
+};
+
+TEST_F(ModelTest, HuggingFaceConfigsGiveTheSameCounts) {
+  // Qwen2.5-7B (H=3584, L=28, 28 heads, 4 KV, head_dim 128, d_ff 18944, V=152064, q/k/v
+  // biases): attention 2*3584^2 + 2*3584*512 + biases 3584 + 2*512 = 29,364,736;
+  // MLP 3*3584*18944 = 203,685,888; norms 7,168; layer 233,057,792 (x28 = 6,525,618,176);
+  // embeddings 2*152064*3584 = 1,089,994,752; final 3,584; total 7,615,616,512 (Qwen: 7.61e9).
+  const HfCase cases[] = {
+      {"llama3.1-8b.json", MP_FAMILY_LLAMA, 8030261248LL, 8030261248LL, 8, 128, 0, 0, 0},
+      {"qwen2.5-7b.json", MP_FAMILY_LLAMA, 7615616512LL, 7615616512LL, 4, 128, 1, 0, 0},
+      {"qwen3-8b.json", MP_FAMILY_LLAMA, 8190735360LL, 8190735360LL, 8, 128, 0, 1, 0},
+      {"qwen3-30b-a3b.json", MP_FAMILY_LLAMA, 30532122624LL, 3353032704LL, 4, 128, 0, 1, 0},
+      {"mixtral-8x7b.json", MP_FAMILY_LLAMA, 46702792704LL, 12879925248LL, 8, 128, 0, 0, 0},
+      {"gpt2.json", MP_FAMILY_GPT, 124439808, 124439808, 12, 64, 0, 0, 1},
+  };
+  for (const HfCase &c : cases) {
+    SCOPED_TRACE(c.file);
+    std::string path = std::string("tests/data/hf/") + c.file;
+    ASSERT_EQ(mp_model_load(&ctx, path.c_str(), &m), MP_OK) << msg();
+    EXPECT_EQ(m.family, c.family);
+    EXPECT_EQ(mp_model_param_count(&m), c.params);
+    EXPECT_EQ(mp_model_active_param_count(&m), c.active);
+    EXPECT_EQ(m.n_kv_heads, c.n_kv_heads);
+    EXPECT_EQ(m.head_dim, c.head_dim);
+    EXPECT_EQ(m.qkv_bias, c.qkv_bias);
+    EXPECT_EQ(m.qk_norm, c.qk_norm);
+    EXPECT_EQ(m.tied_embeddings, c.tied);
+  }
+}
+
+// The HF config and meshplan's own file describe the same model field for field.
+TEST_F(ModelTest, HfLlamaMatchesOurLlamaFile) {
+  mp_model ours, hf;
+  ASSERT_EQ(mp_model_load(&ctx, "llama3.1-8b", &ours), MP_OK) << msg();
+  ASSERT_EQ(mp_model_load(&ctx, "tests/data/hf/llama3.1-8b.json", &hf), MP_OK) << msg();
+  EXPECT_EQ(hf.vocab, ours.vocab);
+  EXPECT_EQ(hf.d_model, ours.d_model);
+  EXPECT_EQ(hf.n_layers, ours.n_layers);
+  EXPECT_EQ(hf.n_heads, ours.n_heads);
+  EXPECT_EQ(hf.n_kv_heads, ours.n_kv_heads);
+  EXPECT_EQ(hf.head_dim, ours.head_dim);
+  EXPECT_EQ(hf.d_ff, ours.d_ff);
+  EXPECT_EQ(hf.max_seq, ours.max_seq);
+  EXPECT_EQ(hf.norm_eps, ours.norm_eps);
+  EXPECT_EQ(hf.rope_theta, ours.rope_theta);
+  EXPECT_EQ(mp_model_flops_per_token(&hf, 4096), mp_model_flops_per_token(&ours, 4096));
+}
+
+TEST_F(ModelTest, HfMoeFields) {
+  ASSERT_EQ(mp_model_load(&ctx, "tests/data/hf/qwen3-30b-a3b.json", &m), MP_OK) << msg();
+  EXPECT_EQ(m.n_experts, 128);
+  EXPECT_EQ(m.top_k, 8);
+  EXPECT_EQ(m.d_ff_expert, 768);
+  EXPECT_EQ(m.n_shared_experts, 0);
+  EXPECT_EQ(m.norm_topk_prob, 1);
+  EXPECT_DOUBLE_EQ(m.aux_loss_coef, 0.001);
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 48);
+  ASSERT_EQ(mp_model_load(&ctx, "tests/data/hf/mixtral-8x7b.json", &m), MP_OK) << msg();
+  EXPECT_EQ(m.n_experts, 8);
+  EXPECT_EQ(m.top_k, 2);
+  EXPECT_EQ(m.d_ff_expert, 14336);  // Mixtral's intermediate_size is the expert's
+  EXPECT_DOUBLE_EQ(m.aux_loss_coef, 0.02);
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 32);
+}
+
+// Qwen2-MoE layer selection: layer l is MoE when (l+1) % decoder_sparse_step == 0 and l is
+// not in mlp_only_layers. With 4 layers, step 2, mlp_only [3]: only layer 1 is MoE.
+// Counts (H=64, 4 heads of 16, 2 KV, q/k/v biases, d_ff 128, 4 experts of 32, top-2):
+//   attention 2*64*64 + 2*64*32 + biases 64 + 2*32 = 12,416; norms 128
+//   dense layer 12,416 + 128 + 3*64*128 = 37,120
+//   MoE layer  12,416 + 128 + router 4*64 + 4*3*64*32 = 37,376 (active: 2 experts, 25,088)
+//   embeddings 2*1000*64 = 128,000; final norm 64
+//   total 3*37,120 + 37,376 + 128,064 = 276,800; active 3*37,120 + 25,088 + 128,064 = 264,512
+TEST_F(ModelTest, HfQwen2MoeLayerSelection) {
+  const char *cfg =
+      "{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"model_type\": \"qwen2_moe\","
+      " \"vocab_size\": 1000, \"hidden_size\": 64, \"num_hidden_layers\": 4,"
+      " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128,"
+      " \"moe_intermediate_size\": 32, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
+      " \"shared_expert_intermediate_size\": 0, \"decoder_sparse_step\": 2,"
+      " \"mlp_only_layers\": [3], \"norm_topk_prob\": false, \"tie_word_embeddings\": false}";
+  ASSERT_EQ(mp_model_from_text(&ctx, cfg, "q2moe.json", &m), MP_OK) << msg();
+  EXPECT_FALSE(mp_model_layer_is_moe(&m, 0));
+  EXPECT_TRUE(mp_model_layer_is_moe(&m, 1));
+  EXPECT_FALSE(mp_model_layer_is_moe(&m, 2));
+  EXPECT_FALSE(mp_model_layer_is_moe(&m, 3));
+  EXPECT_FALSE(mp_model_layer_is_moe(&m, 4));  // out of range
+  EXPECT_EQ(m.qkv_bias, 1);
+  EXPECT_EQ(m.norm_topk_prob, 0);
+  EXPECT_EQ(mp_model_param_count(&m), 276800);
+  EXPECT_EQ(mp_model_active_param_count(&m), 264512);
+}
+
+TEST_F(ModelTest, HfMissingFieldNamesFieldAndFile) {
+  const char *path = "tests/data/hf/llama-missing-hidden-size.json";
+  EXPECT_EQ(mp_model_load(&ctx, path, &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), path)) << msg();
+  EXPECT_TRUE(Contains(msg(), "'hidden_size'")) << msg();
+  EXPECT_TRUE(Contains(msg(), "missing required key")) << msg();
+  EXPECT_EQ(msg().find('\n'), std::string::npos);  // one line
+}
+
+TEST_F(ModelTest, HfErrorsPerArchitecture) {
+  // GPT-2 without n_layer; Mixtral without num_local_experts; Qwen3-MoE without
+  // moe_intermediate_size. Each message names the missing key and the architecture.
+  struct { const char *text, *key; } cases[] = {
+      {"{\"model_type\": \"gpt2\", \"vocab_size\": 50257, \"n_embd\": 768, \"n_head\": 12,"
+       " \"n_positions\": 1024}", "'n_layer'"},
+      {"{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\","
+       " \"vocab_size\": 32000, \"hidden_size\": 4096, \"num_hidden_layers\": 32,"
+       " \"num_attention_heads\": 32, \"intermediate_size\": 14336, \"num_experts_per_tok\": 2}",
+       "'num_local_experts'"},
+      {"{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"model_type\": \"qwen3_moe\","
+       " \"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+       " \"num_attention_heads\": 4, \"intermediate_size\": 128, \"num_experts\": 8,"
+       " \"num_experts_per_tok\": 2}", "'moe_intermediate_size'"},
+  };
+  for (auto &c : cases) {
+    EXPECT_EQ(mp_model_from_text(&ctx, c.text, "cfg.json", &m), MP_ERR_INVALID) << c.key;
+    EXPECT_TRUE(Contains(msg(), c.key)) << msg();
+    EXPECT_TRUE(Contains(msg(), "cfg.json")) << msg();
+  }
+}
+
+// Zero heads must be a clear error (it used to divide by zero computing head_dim).
+TEST_F(ModelTest, HfZeroHeadsIsAnErrorNotACrash) {
+  const char *llama =
+      "{\"model_type\": \"llama\", \"vocab_size\": 100, \"hidden_size\": 64,"
+      " \"num_hidden_layers\": 2, \"num_attention_heads\": 0, \"intermediate_size\": 128}";
+  EXPECT_EQ(mp_model_from_text(&ctx, llama, "z.json", &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "n_heads")) << msg();
+  const char *gpt2 =
+      "{\"model_type\": \"gpt2\", \"vocab_size\": 100, \"n_embd\": 64, \"n_layer\": 2,"
+      " \"n_head\": 0, \"n_positions\": 64}";
+  EXPECT_EQ(mp_model_from_text(&ctx, gpt2, "z.json", &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "n_heads")) << msg();
+}
+
+TEST_F(ModelTest, HfUnsupportedArchitectureIsRefusedByName) {
+  const char *ds =
+      "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\","
+      " \"vocab_size\": 129280, \"hidden_size\": 7168, \"num_hidden_layers\": 61,"
+      " \"num_attention_heads\": 128, \"intermediate_size\": 18432}";
+  EXPECT_EQ(mp_model_from_text(&ctx, ds, "ds.json", &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "unsupported architecture 'deepseek_v3'")) << msg();
+  EXPECT_TRUE(Contains(msg(), "ds.json")) << msg();
+}
+
+TEST_F(ModelTest, HfKvHeadsMustDivideHeads) {
+  const char *cfg =
+      "{\"model_type\": \"llama\", \"vocab_size\": 100, \"hidden_size\": 64,"
+      " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"num_key_value_heads\": 3,"
+      " \"intermediate_size\": 128}";
+  EXPECT_EQ(mp_model_from_text(&ctx, cfg, "kv.json", &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "n_kv_heads=3 does not divide n_heads=8")) << msg();
+}
+
+TEST_F(ModelTest, MalformedJsonNamesLineAndColumn) {
+  // tests/data/bad.json: line 3 is ` "n_layers": 2}` after a line missing its comma; cJSON
+  // stops at the '"' in column 2.
+  EXPECT_EQ(mp_model_load(&ctx, "tests/data/bad.json", &m), MP_ERR_INVALID);
+  EXPECT_EQ(msg(), "tests/data/bad.json: malformed JSON at line 3, column 2; fix the file");
+  // `{"vocab_size": }`: the value is missing where the '}' stands, column 16.
+  EXPECT_EQ(mp_model_from_hf_text(&ctx, "{\"vocab_size\": }", "hf.json", &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "hf.json: malformed JSON at line 1, column 16")) << msg();
+}
+
+// meshplan's own format: required keys, family, and MoE block checks.
+TEST_F(ModelTest, OwnFormatErrors) {
+  struct { const char *text, *want; } cases[] = {
+      {"{\"vocab\": 1, \"d_model\": 8, \"n_layers\": 1, \"n_heads\": 2, \"d_ff\": 8}",
+       "m.json: missing required key 'family'"},
+      {"{\"family\": \"bert\", \"vocab\": 1, \"d_model\": 8, \"n_layers\": 1, \"n_heads\": 2}",
+       "key 'family': expected \"gpt\" or \"llama\", got \"bert\""},
+      {"{\"family\": \"llama\", \"vocab\": 1, \"d_model\": 8, \"n_layers\": 1, \"n_heads\": 2.5}",
+       "key 'n_heads': expected an integer, got a fractional number"},
+      {"{\"family\": \"llama\", \"vocab\": 1, \"d_model\": 8, \"n_layers\": 1, \"n_heads\": 2}",
+       "'d_ff' must be positive"},
+      {"{\"family\": \"llama\", \"vocab\": 1, \"d_model\": 8, \"n_layers\": 1, \"n_heads\": 2,"
+       " \"d_ff\": 8, \"moe\": {\"n_experts\": 4, \"d_ff_expert\": 8}}",
+       "m.json: moe: missing required key 'top_k'"},
+      {"{\"family\": \"llama\", \"vocab\": 1, \"d_model\": 8, \"n_layers\": 1, \"n_heads\": 2,"
+       " \"d_ff\": 8, \"moe\": {\"n_experts\": 4, \"top_k\": 5, \"d_ff_expert\": 8}}",
+       "top_k=5 must be in 1..n_experts=4"},
+      {"{\"family\": \"gpt\", \"vocab\": 1, \"d_model\": 8, \"n_layers\": 1, \"n_heads\": 2,"
+       " \"d_ff\": 8, \"moe\": {\"n_experts\": 4, \"top_k\": 1, \"d_ff_expert\": 8}}",
+       "mixture-of-experts is supported on the llama family only"},
+      {"{\"family\": \"llama\", \"vocab\": 1, \"d_model\": 8, \"n_layers\": 9999, \"n_heads\": 2,"
+       " \"d_ff\": 8}",
+       "n_layers=9999 exceeds meshplan's limit of 512"},
+  };
+  for (auto &c : cases) {
+    EXPECT_EQ(mp_model_from_text(&ctx, c.text, "m.json", &m), MP_ERR_INVALID) << c.want;
+    EXPECT_TRUE(Contains(msg(), c.want)) << msg();
+  }
+}
+
+// A MoE model where every layer is MoE needs no dense d_ff; first_dense_layers keeps the
+// first layers dense.
+TEST_F(ModelTest, OwnFormatMoeLayerPlacement) {
+  const char *all =
+      "{\"family\": \"llama\", \"vocab\": 16, \"d_model\": 8, \"n_layers\": 3, \"n_heads\": 2,"
+      " \"moe\": {\"n_experts\": 4, \"top_k\": 2, \"d_ff_expert\": 4}}";
+  ASSERT_EQ(mp_model_from_text(&ctx, all, "a.json", &m), MP_OK) << msg();
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 3);
+  const char *first =
+      "{\"family\": \"llama\", \"vocab\": 16, \"d_model\": 8, \"n_layers\": 3, \"n_heads\": 2,"
+      " \"d_ff\": 16, \"moe\": {\"n_experts\": 4, \"top_k\": 2, \"d_ff_expert\": 4,"
+      " \"first_dense_layers\": 1}}";
+  ASSERT_EQ(mp_model_from_text(&ctx, first, "f.json", &m), MP_OK) << msg();
+  EXPECT_FALSE(mp_model_layer_is_moe(&m, 0));
+  EXPECT_TRUE(mp_model_layer_is_moe(&m, 1));
+  EXPECT_TRUE(mp_model_layer_is_moe(&m, 2));
+  // Block sizes (H=8, 2 heads of 4, MHA): attention 4*64 = 256, norms 16.
+  // dense 256 + 16 + 3*8*16 = 656; MoE 256 + 16 + router 32 + 4*3*8*4 = 688.
+  EXPECT_EQ(mp_model_block_params(&m, 0), 656);
+  EXPECT_EQ(mp_model_block_params(&m, 1), 688);
+}
+
+}  // namespace
