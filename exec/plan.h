@@ -154,9 +154,10 @@ typedef struct mp_plan_options {
   mp_fsdp_options fsdp;
   mp_pp_schedule pp_schedule;
   int pp_virtual;        /* virtual stages per rank for interleaved (>= 1) */
-  int64_t seq;           /* tokens per sequence */
+  int64_t seq;           /* tokens per sequence (0: min(max_seq, 8192), set by mp_plan_create) */
   int64_t micro_batch;   /* sequences per micro-batch per data-parallel rank */
-  int64_t global_batch;  /* sequences per step over all data-parallel ranks */
+  int64_t global_batch;  /* sequences per step over all data-parallel ranks (0: one
+                            micro-batch per data-parallel rank, set by mp_plan_create) */
   mp_dtype master_dtype; /* fp32 master weights and optimizer state */
 } mp_plan_options;
 
@@ -181,7 +182,8 @@ typedef struct mp_plan {
   unsigned applied;      /* MP_PASS_* bits */
   int pass_order[5];     /* bits in the order applied */
   int n_passes;
-  const char *notes[16]; /* what the passes said (vocab padded, layers skipped, ...) */
+  const char *notes[16]; /* what the passes said (vocab padded, layers skipped, ...);
+                            each starts with its pass's mp_pass_name and ": " */
   int n_notes;
   int64_t vocab_padded;  /* vocab after padding for tp (== model.vocab when none) */
   mp_ac_mode ac;
@@ -234,6 +236,20 @@ void mp_plan_rank_totals(const mp_plan *p, int rank, mp_plan_totals *out);
  * (global_batch / (dp_replicate * dp_shard) / micro_batch). Refuses batches that do not
  * divide, naming the numbers. */
 mp_status mp_plan_batch(mp_ctx *ctx, const mp_plan *p, int64_t *local_batch, int64_t *n_micro);
+
+/* Shared by the pass files (added for them; usable by callers too). */
+/* "TP", "EP", "Float8", "AC", "FSDP" for an MP_PASS_* bit. */
+const char *mp_pass_name(unsigned bit);
+/* Generic order check for pass `bit`: refuses (MP_ERR_ORDER) a pass applied twice and a
+ * pass applied after a later-ordered one. Passes check their specific rules first. */
+mp_status mp_plan_check_pass(mp_ctx *ctx, const mp_plan *p, unsigned bit);
+/* Records that pass `bit` ran (applied bits and pass_order). */
+void mp_plan_mark_applied(mp_plan *p, unsigned bit);
+/* Appends a note (copied into the arena); notes beyond the 16th are dropped, the last
+ * slot then saying so. */
+void mp_plan_note(mp_plan *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Pipeline stage of a rank (its pp coordinate). */
+int mp_plan_rank_stage(const mp_plan *p, int rank);
 
 const char *mp_ac_mode_name(mp_ac_mode m);
 mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out);

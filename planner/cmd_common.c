@@ -1,5 +1,6 @@
 /* Shared plumbing of the subcommands: parsing with help and usage errors, failure output. */
 #include <stdio.h>
+#include <string.h>
 
 #include "planner/commands.h"
 
@@ -24,6 +25,9 @@ int mp_cmd_parse(mp_cmd_spec *spec, int argc, char **argv, const char **pos, int
 }
 
 int mp_cmd_fail(const mp_ctx *ctx, mp_status st) {
-  fprintf(stderr, "meshplan: %s\n", mp_errmsg(ctx));
+  const char *msg = mp_errmsg(ctx);
+  /* Usage errors from the argument parser already name "meshplan <command>". */
+  if (strncmp(msg, "meshplan ", 9) == 0) fprintf(stderr, "%s\n", msg);
+  else fprintf(stderr, "meshplan: %s\n", msg);
   return mp_status_exit_code(st);
 }

@@ -1,16 +1,750 @@
-/* meshplan explain: not in this build yet; its issue replaces this file. It answers --help
- * and says plainly that it is missing, with a non-zero exit. */
+/* meshplan explain: what a plan does to a model on a mesh, pass by pass.
+ *
+ * Builds the plan with mp_build_plan (TP -> EP -> Float8 -> AC -> FSDP) and prints: the
+ * passes applied and what each changed (the plan's notes), a per-parameter table (global
+ * shape, after TP/EP, at rest on --rank, bytes at rest in the master dtype), the FSDP
+ * units, the per-rank totals; --param FQN adds a tile diagram of one weight (one
+ * character grid per rank: '#' rows/columns the rank stores, '+' a cell it stores part
+ * of, '.' nothing); --schedule the rank's step schedule (exec/schedule.h); --json all
+ * of it as one JSON document (cJSON).
+ *
+ * Text tables collapse consecutive layers whose rows are identical ("layers.0-31.mlp.
+ * up_proj.weight"); the JSON lists every parameter. Errors (bad mesh, a pass refusing,
+ * an unknown --param) are one line and exit 2 through mp_cmd_fail. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
+#include "common/arena.h"
+#include "exec/model.h"
+#include "exec/plan.h"
+#include "exec/schedule.h"
 #include "planner/commands.h"
 
-int mp_cmd_explain(int argc, char **argv) {
-  for (int i = 0; i < argc; i++)
-    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-      printf("usage: meshplan explain ...\n\nnot available in this build yet\n");
-      return 0;
-    }
-  fprintf(stderr, "meshplan explain: not available in this build yet\n");
+static mp_opt k_opts[] = {
+    {"--model", "M", "model name (data/models stem) or path to a JSON file (default llama3.1-8b)", NULL},
+    {"--mesh", "SPEC", "device mesh, e.g. dp_shard=4,tp=2 (dims pp, dp_replicate, dp_shard, cp, tp, ep; default dp_shard=8)", NULL},
+    {"--ep", "N", "expert-parallel degree (carved out of dp_shard; same as ep=N in --mesh)", NULL},
+    {"--ac", "MODE", "activation checkpointing: none, selective or full (default none)", NULL},
+    {"--fp8", NULL, "float8 Linear layers (E4M3 forward, E5M2 backward)", NULL},
+    {"--pad-vocab", NULL, "pad the vocabulary to a multiple of tp instead of refusing", NULL},
+    {"--param", "FQN", "tile diagram of one parameter, e.g. layers.0.mlp.up_proj.weight", NULL},
+    {"--rank", "R", "rank whose at-rest shapes and totals are shown (default 0)", NULL},
+    {"--seq", "S", "tokens per sequence (default min(max_seq, 8192))", NULL},
+    {"--micro-batch", "B", "sequences per micro-batch per data-parallel rank (default 1)", NULL},
+    {"--global-batch", "G", "sequences per step over all data-parallel ranks (default: one micro-batch per rank)", NULL},
+    {"--schedule", NULL, "print the rank's step schedule", NULL},
+    {"--json", NULL, "print everything as JSON", NULL},
+    {NULL, NULL, NULL, NULL},
+};
+
+static mp_cmd_spec k_spec = {
+    "explain", "Show the sharding passes, parameter shapes, FSDP units and schedule of one plan.",
+    "[--model M] [--mesh SPEC] [--ep N] [--ac MODE] [--fp8] [--param FQN] [--rank R] [--json] "
+    "[--schedule] [--seq S] [--micro-batch B] [--global-batch G]",
+    k_opts, 0};
+
+/* ---- formatting helpers ----------------------------------------------------------- */
+
+static void fmt_shape(const int64_t *s, int ndim, char *buf, size_t cap) {
+  size_t used = (size_t)snprintf(buf, cap, "[");
+  for (int i = 0; i < ndim && used < cap; i++)
+    used += (size_t)snprintf(buf + used, cap - used, "%s%lld", i ? ", " : "", (long long)s[i]);
+  if (used < cap) snprintf(buf + used, cap - used, "]");
+}
+
+static void fmt_bytes(double b, char *buf, size_t cap) {
+  const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024.0 && i < 4) {
+    b /= 1024.0;
+    i++;
+  }
+  if (i == 0) snprintf(buf, cap, "%.0f B", b);
+  else snprintf(buf, cap, "%.2f %s", b, u[i]);
+}
+
+static void fmt_place(const mp_placement *pl, char *buf, size_t cap) {
+  if (pl->kind == MP_PLACEMENT_SHARD) snprintf(buf, cap, "Shard(%d)", pl->dim);
+  else snprintf(buf, cap, "Replicate");
+}
+
+/* "tp:col fsdp:S0 ep:S0" (only the axes that shard). */
+static void fmt_placements(const mp_param *prm, char *buf, size_t cap) {
+  size_t used = 0;
+  buf[0] = 0;
+  if (prm->tp_style != MP_TP_NONE)
+    used += (size_t)snprintf(buf + used, cap - used, "tp:%s ", mp_tp_style_name(prm->tp_style));
+  if (prm->place[MP_AXIS_EP].kind == MP_PLACEMENT_SHARD && used < cap)
+    used += (size_t)snprintf(buf + used, cap - used, "ep:S(0) ");
+  if (prm->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD && used < cap)
+    used += (size_t)snprintf(buf + used, cap - used, "%s:S(0) ",
+                             prm->fsdp_group == MP_GROUP_EFSDP ? "efsdp" : "fsdp");
+  if (prm->float8 && used < cap) used += (size_t)snprintf(buf + used, cap - used, "fp8 ");
+  if (used > 0 && used <= cap) buf[used - 1] = 0;
+  if (used == 0) snprintf(buf, cap, "replicated");
+}
+
+/* FQN with the layer index replaced by a range: "layers.0-31.mlp.up_proj.weight". */
+static void fmt_fqn_range(const mp_param *prm, int first, int last, char *buf, size_t cap) {
+  if (prm->layer < 0 || first == last) {
+    if (prm->layer < 0) snprintf(buf, cap, "%s", prm->fqn);
+    else snprintf(buf, cap, "layers.%d.%s.%s", first, mp_module_name(prm->module),
+                  prm->role == MP_ROLE_WEIGHT ? "weight" : "bias");
+    return;
+  }
+  snprintf(buf, cap, "layers.%d-%d.%s.%s", first, last, mp_module_name(prm->module),
+           prm->role == MP_ROLE_WEIGHT ? "weight" : "bias");
+}
+
+/* ---- explain state ---------------------------------------------------------------- */
+
+typedef struct explain {
+  mp_plan *plan;
+  int rank;
+  int world;
+  const char *param_fqn;
+  int schedule;
+  int json;
+  int64_t local_batch; /* sequences per data-parallel rank per step */
+  int64_t n_micro;     /* micro-batches per step */
+} explain;
+
+/* Row of the collapsed parameter table. */
+typedef struct row {
+  int param;         /* representative (first layer) */
+  int first, last;   /* layer range */
+  int64_t rest[MP_MAX_NDIM];
+  int has_rest;
+} row;
+
+static int same_row(const mp_plan *p, const mp_param *a, const mp_param *b, int rank) {
+  if (a->ndim != b->ndim || a->tp_style != b->tp_style || a->float8 != b->float8 ||
+      a->fsdp_group != b->fsdp_group)
+    return 0;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i] || a->tp_shape[i] != b->tp_shape[i]) return 0;
+  int64_t oa[MP_MAX_NDIM], la[MP_MAX_NDIM], ob[MP_MAX_NDIM], lb[MP_MAX_NDIM];
+  int ha = mp_param_tile(p, a, rank, oa, la), hb = mp_param_tile(p, b, rank, ob, lb);
+  if (ha != hb) return 0;
+  for (int i = 0; ha && i < a->ndim; i++)
+    if (la[i] != lb[i]) return 0;
   return 1;
+}
+
+static int build_rows(const mp_plan *p, int rank, row **out) {
+  row *rows = calloc((size_t)p->n_params + 1, sizeof *rows);
+  if (rows == NULL) return -1;
+  int last_row[MP_MOD_COUNT][2];
+  for (int m = 0; m < MP_MOD_COUNT; m++) last_row[m][0] = last_row[m][1] = -1;
+  int n = 0;
+  for (int i = 0; i < p->n_params; i++) {
+    const mp_param *prm = &p->params[i];
+    int *lr = &last_row[prm->module][prm->role];
+    if (prm->layer >= 0 && *lr >= 0 && rows[*lr].last == prm->layer - 1 &&
+        same_row(p, &p->params[rows[*lr].param], prm, rank)) {
+      rows[*lr].last = prm->layer;
+      continue;
+    }
+    row *r = &rows[n];
+    r->param = i;
+    r->first = r->last = prm->layer;
+    int64_t off[MP_MAX_NDIM];
+    r->has_rest = mp_param_tile(p, prm, rank, off, r->rest);
+    if (prm->layer >= 0) *lr = n;
+    n++;
+  }
+  *out = rows;
+  return n;
+}
+
+/* ---- text output ------------------------------------------------------------------ */
+
+static void print_header(const explain *e) {
+  const mp_plan *p = e->plan;
+  char mesh_s[128];
+  mp_mesh_format(&p->mesh, mesh_s, sizeof mesh_s);
+  int c[MP_MESH_NDIMS];
+  mp_mesh_coords(&p->mesh, e->rank, c);
+  printf("model %s: %s family, %.4g parameters, %lld layers, d_model %lld\n", p->model.name,
+         p->model.family == MP_FAMILY_GPT ? "gpt" : "llama",
+         (double)mp_model_param_count(&p->model), (long long)p->model.n_layers,
+         (long long)p->model.d_model);
+  printf("mesh  %s: %d ranks; rank %d is pp %d, dp_replicate %d, dp_shard %d (ep %d, efsdp %d), "
+         "cp %d, tp %d\n",
+         mesh_s, e->world, e->rank, c[MP_DIM_PP], c[MP_DIM_DP_REPLICATE], c[MP_DIM_DP_SHARD],
+         mp_mesh_ep_index(&p->mesh, e->rank), mp_mesh_efsdp_index(&p->mesh, e->rank), c[MP_DIM_CP],
+         c[MP_DIM_TP]);
+  printf("batch seq %lld, global batch %lld: %lld sequences per data-parallel rank in %lld "
+         "micro-batches of %lld\n",
+         (long long)p->opts.seq, (long long)p->opts.global_batch, (long long)e->local_batch,
+         (long long)e->n_micro, (long long)p->opts.micro_batch);
+}
+
+static void print_passes(const mp_plan *p) {
+  printf("\npasses applied (in order):\n");
+  for (int i = 0; i < p->n_passes; i++) {
+    const char *name = mp_pass_name((unsigned)p->pass_order[i]);
+    printf("  %d. %s\n", i + 1, name);
+    size_t nl = strlen(name);
+    int said = 0;
+    for (int k = 0; k < p->n_notes; k++)
+      if (strncmp(p->notes[k], name, nl) == 0 && p->notes[k][nl] == ':') {
+        printf("     %s\n", p->notes[k] + nl + 2);
+        said = 1;
+      }
+    if (!said && p->pass_order[i] == MP_PASS_AC)
+      printf("     none: every activation saved for backward, nothing recomputed\n");
+    else if (!said)
+      printf("     (no change)\n");
+  }
+  const unsigned all[] = {MP_PASS_TP, MP_PASS_EP, MP_PASS_FLOAT8};
+  for (int i = 0; i < 3; i++)
+    if (!(p->applied & all[i]))
+      printf("  -  %s not applied%s\n", mp_pass_name(all[i]),
+             all[i] == MP_PASS_TP ? " (tp=1)" : all[i] == MP_PASS_EP ? " (ep=1)" : " (no --fp8)");
+}
+
+static void print_params(const explain *e) {
+  const mp_plan *p = e->plan;
+  row *rows = NULL;
+  int n = build_rows(p, e->rank, &rows);
+  if (n < 0) return;
+  const int mb = mp_dtype_bytes(p->opts.master_dtype);
+  printf("\nparameters (global -> after TP/EP -> at rest on rank %d; bytes at rest in %s, each):\n",
+         e->rank, mp_dtype_name(p->opts.master_dtype));
+  printf("  %-46s %-20s %-20s %-20s %11s  %s\n", "FQN", "global", "after TP/EP", "at rest",
+         "bytes", "placement");
+  for (int i = 0; i < n; i++) {
+    const mp_param *prm = &p->params[rows[i].param];
+    char fqn[160], g[64], t[64], r[64], b[32], pl[96];
+    fmt_fqn_range(prm, rows[i].first, rows[i].last, fqn, sizeof fqn);
+    fmt_shape(prm->shape, prm->ndim, g, sizeof g);
+    fmt_shape(prm->tp_shape, prm->ndim, t, sizeof t);
+    int64_t numel = 0;
+    if (rows[i].has_rest) {
+      fmt_shape(rows[i].rest, prm->ndim, r, sizeof r);
+      numel = 1;
+      for (int d = 0; d < prm->ndim; d++) numel *= rows[i].rest[d];
+    } else {
+      snprintf(r, sizeof r, prm->pp_stage != mp_plan_rank_stage(p, e->rank) ? "(stage %d)" : "(none)",
+               prm->pp_stage);
+    }
+    fmt_bytes((double)numel * mb, b, sizeof b);
+    fmt_placements(prm, pl, sizeof pl);
+    printf("  %-46s %-20s %-20s %-20s %11s  %s\n", fqn, g, t, r, b, pl);
+  }
+  free(rows);
+}
+
+static int same_unit(const mp_plan *p, const mp_fsdp_unit *a, const mp_fsdp_unit *b) {
+  (void)p;
+  if (a->layer < 0 || b->layer < 0) return 0;
+  const char *sa = strchr(a->name + 7, '.'), *sb = strchr(b->name + 7, '.');
+  if ((sa == NULL) != (sb == NULL) || (sa && strcmp(sa, sb) != 0)) return 0;
+  return a->group == b->group && a->n_params == b->n_params && a->numel_tp == b->numel_tp &&
+         a->numel_shard == b->numel_shard;
+}
+
+/* Units of consecutive layers with the same suffix (none, ".attention", ".moe",
+ * ".moe.experts") and the same sizes print as one row; with three units per block the
+ * runs interleave, so printed units are marked rather than skipped by position. */
+static void print_units(const explain *e) {
+  const mp_plan *p = e->plan;
+  if (!(p->applied & MP_PASS_FSDP)) return;
+  const int pb = mp_dtype_bytes(p->opts.fsdp.param_dtype);
+  printf("\nFSDP units (%d; params gathered in %s, gradients reduced in %s, %s after forward):\n",
+         p->n_units, mp_dtype_name(p->opts.fsdp.param_dtype),
+         mp_dtype_name(p->opts.fsdp.reduce_dtype),
+         p->opts.fsdp.reshard_after_forward ? "resharded" : "kept");
+  printf("  %-32s %-6s %5s %7s %14s %12s %14s\n", "unit", "group", "size", "params",
+         "gathered elems", "gathered", "shard elems");
+  char *done = calloc((size_t)p->n_units + 1, 1);
+  if (done == NULL) return;
+  for (int u = 0; u < p->n_units; u++) {
+    if (done[u]) continue;
+    const mp_fsdp_unit *un = &p->units[u];
+    int last = u;
+    done[u] = 1;
+    if (un->layer >= 0)
+      for (int v = u + 1; v < p->n_units; v++) {
+        if (done[v] || p->units[v].layer != p->units[last].layer + 1) continue;
+        if (!same_unit(p, un, &p->units[v])) {
+          if (p->units[v].layer > p->units[last].layer + 1) break;
+          continue;
+        }
+        done[v] = 1;
+        last = v;
+      }
+    char name[96], gb[32];
+    const char *suffix = un->layer >= 0 ? strchr(un->name + 7, '.') : NULL;
+    if (last != u)
+      snprintf(name, sizeof name, "layers.%d-%d%s", un->layer, p->units[last].layer,
+               suffix ? suffix : "");
+    else
+      snprintf(name, sizeof name, "%s", un->name);
+    fmt_bytes((double)un->numel_tp * pb, gb, sizeof gb);
+    printf("  %-32s %-6s %5d %7d %14lld %12s %14lld\n", name,
+           un->group == MP_GROUP_EFSDP ? "efsdp" : "fsdp", mp_mesh_group_size(&p->mesh, un->group),
+           un->n_params, (long long)un->numel_tp, gb, (long long)un->numel_shard);
+  }
+  free(done);
+}
+
+static void print_totals(const explain *e) {
+  mp_plan_totals t;
+  mp_plan_rank_totals(e->plan, e->rank, &t);
+  char a[32], b[32], c[32], d[32], s[32];
+  fmt_bytes((double)t.param_bytes, a, sizeof a);
+  fmt_bytes((double)t.grad_bytes, b, sizeof b);
+  fmt_bytes((double)t.optimizer_bytes, c, sizeof c);
+  fmt_bytes((double)t.max_unit_gathered_bytes, d, sizeof d);
+  fmt_bytes((double)(t.param_bytes + t.grad_bytes + t.optimizer_bytes), s, sizeof s);
+  printf("\nper-rank totals at rest (rank %d, %s master weights and AdamW state):\n", e->rank,
+         mp_dtype_name(e->plan->opts.master_dtype));
+  printf("  parameters        %lld elements, %s\n", (long long)t.params_numel, a);
+  printf("  gradients         %s\n", b);
+  printf("  optimizer (m, v)  %s\n", c);
+  printf("  sum               %s\n", s);
+  printf("  largest unit gathered  %s (%s)\n", d, mp_dtype_name(e->plan->opts.fsdp.param_dtype));
+}
+
+static int64_t gcd64(int64_t a, int64_t b) {
+  while (b) {
+    int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+/* Cell size along one dim of length n: the gcd of n and every tile boundary on that dim
+ * (so cells line up with the blocks), grown to keep at most max_cells cells, or split
+ * (by a divisor, keeping the alignment) to show at least min_cells where n allows. */
+static int64_t grid_step(const explain *e, const mp_param *prm, int dim, int64_t n, int min_cells,
+                         int max_cells) {
+  int64_t g = n;
+  for (int r = 0; r < e->world && dim < prm->ndim; r++) {
+    int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
+    if (!mp_param_tile(e->plan, prm, r, off, len)) continue;
+    g = gcd64(g, off[dim]);
+    g = gcd64(g, off[dim] + len[dim]);
+  }
+  if (g < 1) g = 1;
+  int64_t cells = n / g;
+  if (cells > max_cells) return g * ((cells + max_cells - 1) / max_cells);
+  int64_t k = (min_cells + cells - 1) / cells;
+  while (k < g && g % k != 0) k++;
+  return k >= g ? 1 : g / k;
+}
+
+static void print_tiles(const explain *e, const mp_param *prm) {
+  const mp_plan *p = e->plan;
+  /* Rows: dim 0; columns: dim 1 (1-D: one column; 3-D experts: dim 2 is never split). */
+  const int64_t R = prm->shape[0], C = prm->ndim > 1 ? prm->shape[1] : 1;
+  const int64_t rs = grid_step(e, prm, 0, R, 4, 16), cs = grid_step(e, prm, 1, C, 8, 32);
+  const int nr = (int)((R + rs - 1) / rs), nc = (int)((C + cs - 1) / cs);
+  char g[64], t[64];
+  fmt_shape(prm->shape, prm->ndim, g, sizeof g);
+  fmt_shape(prm->tp_shape, prm->ndim, t, sizeof t);
+  printf("\ntiles of %s: global %s, after TP/EP %s; grid %d x %d cells of %lld x %lld%s\n",
+         prm->fqn, g, t, nr, nc, (long long)rs, (long long)cs,
+         prm->ndim == 3 ? " (rows: experts, columns: dim 1; dim 2 whole)" : "");
+  printf("('#' stored, '+' partly stored, '.' not stored)\n");
+  const int per_line = nc <= 12 ? 6 : nc <= 20 ? 4 : 3;
+  const int width = nc > 20 ? nc : 20;
+  for (int r0 = 0; r0 < e->world; r0 += per_line) {
+    int r1 = r0 + per_line < e->world ? r0 + per_line : e->world;
+    int64_t off[MP_MAX_NDIM][8], len[MP_MAX_NDIM][8];
+    int has[8];
+    for (int r = r0; r < r1; r++) {
+      int64_t o[MP_MAX_NDIM], l[MP_MAX_NDIM];
+      has[r - r0] = mp_param_tile(p, prm, r, o, l);
+      for (int d = 0; d < MP_MAX_NDIM; d++) {
+        off[d][r - r0] = o[d];
+        len[d][r - r0] = l[d];
+      }
+    }
+    printf("\n");
+    for (int r = r0; r < r1; r++) {
+      char lab[64];
+      snprintf(lab, sizeof lab, "rank %d", r);
+      printf("  %-*s", width + 2, lab);
+    }
+    printf("\n");
+    for (int r = r0; r < r1; r++) {
+      char lab[64];
+      int k = r - r0;
+      if (!has[k]) snprintf(lab, sizeof lab, "(nothing)");
+      else if (prm->ndim > 1)
+        snprintf(lab, sizeof lab, "r%lld+%lld c%lld+%lld", (long long)off[0][k], (long long)len[0][k],
+                 (long long)off[1][k], (long long)len[1][k]);
+      else snprintf(lab, sizeof lab, "r%lld+%lld", (long long)off[0][k], (long long)len[0][k]);
+      printf("  %-*s", width + 2, lab);
+    }
+    printf("\n");
+    for (int i = 0; i < nr; i++) {
+      const int64_t ra = (int64_t)i * rs, rb = ra + rs < R ? ra + rs : R;
+      for (int r = r0; r < r1; r++) {
+        int k = r - r0;
+        char line[80];
+        for (int j = 0; j < nc; j++) {
+          const int64_t ca = (int64_t)j * cs, cb = ca + cs < C ? ca + cs : C;
+          char ch = '.';
+          if (has[k]) {
+            int64_t r_lo = off[0][k], r_hi = off[0][k] + len[0][k];
+            int64_t c_lo = prm->ndim > 1 ? off[1][k] : 0, c_hi = prm->ndim > 1 ? off[1][k] + len[1][k] : 1;
+            int64_t ir = (rb < r_hi ? rb : r_hi) - (ra > r_lo ? ra : r_lo);
+            int64_t ic = (cb < c_hi ? cb : c_hi) - (ca > c_lo ? ca : c_lo);
+            if (ir > 0 && ic > 0) ch = (ir == rb - ra && ic == cb - ca) ? '#' : '+';
+          }
+          line[j] = ch;
+        }
+        line[nc] = 0;
+        printf("  %-*s", width + 2, line);
+      }
+      printf("\n");
+    }
+  }
+}
+
+/* ---- schedule ------------------------------------------------------------------- */
+
+static mp_status build_schedule(mp_ctx *ctx, const explain *e, mp_arena **arena, mp_schedule **s) {
+  *arena = mp_arena_create();
+  if (*arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the schedule");
+  return mp_schedule_build(ctx, e->plan, e->rank, MP_SCHEDULE_EXPANDED, *arena, s);
+}
+
+static void print_schedule(const mp_schedule *s) {
+  printf("\nstep schedule of rank %d (stage %d): %lld micro-batches of %lld x %lld tokens\n",
+         s->rank, s->pp_stage, (long long)s->n_micro, (long long)s->micro_batch,
+         (long long)s->seq);
+  printf("  %6s %-9s %-7s %-10s %-44s %s\n", "#", "phase", "stream", "op", "name", "details");
+  mp_schedule_iter it;
+  mp_schedule_iter_begin(s, &it);
+  while (mp_schedule_iter_next(&it)) {
+    const mp_op *op = it.op;
+    char name[160], det[200], b[32];
+    mp_op_name(s, op, it.layer, name, sizeof name);
+    const char *kind = "";
+    switch (op->type) {
+      case MP_OP_COMPUTE:
+        kind = mp_kernel_name((mp_kernel)op->kernel);
+        if (op->kernel == MP_KERNEL_GEMM)
+          snprintf(det, sizeof det, "%s m=%lld n=%lld k=%lld%s, %.3g FLOP, %s",
+                   op->variant == MP_VAR_FWD ? "fwd" : op->variant == MP_VAR_DGRAD ? "dgrad" : "wgrad",
+                   (long long)op->m, (long long)op->n, (long long)op->k,
+                   op->batch > 1 ? " (batched)" : "", op->flops, mp_dtype_name((mp_dtype)op->dtype));
+        else
+          snprintf(det, sizeof det, "%lld elems, %.3g FLOP, %.3g bytes", (long long)op->m,
+                   op->flops, op->bytes);
+        break;
+      case MP_OP_COMM:
+        kind = mp_coll_name((mp_coll)op->coll);
+        fmt_bytes(op->bytes, b, sizeof b);
+        snprintf(det, sizeof det, "over %s (%d ranks), %s payload", mp_group_name((mp_group)op->group),
+                 mp_mesh_group_size(&s->plan->mesh, (mp_group)op->group), b);
+        break;
+      case MP_OP_ALLOC:
+      case MP_OP_FREE:
+        kind = op->type == MP_OP_ALLOC ? "alloc" : "free";
+        fmt_bytes((double)op->mem_bytes, b, sizeof b);
+        snprintf(det, sizeof det, "%s %s", mp_mem_cat_name((mp_mem_cat)op->mem_cat), b);
+        break;
+    }
+    printf("  %6lld %-9s %-7s %-10s %-44s %s\n", (long long)it.index,
+           mp_phase_name((mp_phase)op->phase), mp_stream_name((mp_stream)op->stream), kind, name,
+           det);
+  }
+}
+
+static cJSON *schedule_json(const mp_schedule *s) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "rank", s->rank);
+  cJSON_AddNumberToObject(o, "pp_stage", s->pp_stage);
+  cJSON_AddNumberToObject(o, "n_micro", (double)s->n_micro);
+  cJSON_AddNumberToObject(o, "micro_batch", (double)s->micro_batch);
+  cJSON_AddNumberToObject(o, "seq", (double)s->seq);
+  cJSON *ops = cJSON_AddArrayToObject(o, "ops");
+  mp_schedule_iter it;
+  mp_schedule_iter_begin(s, &it);
+  while (mp_schedule_iter_next(&it)) {
+    const mp_op *op = it.op;
+    cJSON *j = cJSON_CreateObject();
+    char name[160];
+    mp_op_name(s, op, it.layer, name, sizeof name);
+    cJSON_AddNumberToObject(j, "index", (double)it.index);
+    cJSON_AddStringToObject(j, "phase", mp_phase_name((mp_phase)op->phase));
+    cJSON_AddStringToObject(j, "stream", mp_stream_name((mp_stream)op->stream));
+    cJSON_AddStringToObject(j, "name", name);
+    cJSON_AddNumberToObject(j, "layer", it.layer);
+    switch (op->type) {
+      case MP_OP_COMPUTE:
+        cJSON_AddStringToObject(j, "type", "compute");
+        cJSON_AddStringToObject(j, "kernel", mp_kernel_name((mp_kernel)op->kernel));
+        cJSON_AddNumberToObject(j, "m", (double)op->m);
+        cJSON_AddNumberToObject(j, "n", (double)op->n);
+        cJSON_AddNumberToObject(j, "k", (double)op->k);
+        cJSON_AddNumberToObject(j, "batch", (double)op->batch);
+        cJSON_AddNumberToObject(j, "flops", op->flops);
+        cJSON_AddNumberToObject(j, "bytes", op->bytes);
+        cJSON_AddStringToObject(j, "dtype", mp_dtype_name((mp_dtype)op->dtype));
+        break;
+      case MP_OP_COMM:
+        cJSON_AddStringToObject(j, "type", "comm");
+        cJSON_AddStringToObject(j, "coll", mp_coll_name((mp_coll)op->coll));
+        cJSON_AddStringToObject(j, "group", mp_group_name((mp_group)op->group));
+        cJSON_AddNumberToObject(j, "bytes", op->bytes);
+        break;
+      default:
+        cJSON_AddStringToObject(j, "type", op->type == MP_OP_ALLOC ? "alloc" : "free");
+        cJSON_AddStringToObject(j, "category", mp_mem_cat_name((mp_mem_cat)op->mem_cat));
+        cJSON_AddNumberToObject(j, "bytes", (double)op->mem_bytes);
+        break;
+    }
+    cJSON_AddItemToArray(ops, j);
+  }
+  return o;
+}
+
+/* ---- JSON --------------------------------------------------------------------------- */
+
+static cJSON *shape_json(const int64_t *s, int ndim) {
+  cJSON *a = cJSON_CreateArray();
+  for (int i = 0; i < ndim; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)s[i]));
+  return a;
+}
+
+static cJSON *plan_json(const explain *e) {
+  const mp_plan *p = e->plan;
+  cJSON *root = cJSON_CreateObject();
+  char mesh_s[128], buf[64];
+  mp_mesh_format(&p->mesh, mesh_s, sizeof mesh_s);
+  cJSON_AddStringToObject(root, "model", p->model.name);
+  cJSON_AddNumberToObject(root, "model_params", (double)mp_model_param_count(&p->model));
+  cJSON_AddStringToObject(root, "mesh", mesh_s);
+  cJSON_AddNumberToObject(root, "world", e->world);
+  cJSON_AddNumberToObject(root, "rank", e->rank);
+  cJSON_AddNumberToObject(root, "seq", (double)p->opts.seq);
+  cJSON_AddNumberToObject(root, "micro_batch", (double)p->opts.micro_batch);
+  cJSON_AddNumberToObject(root, "global_batch", (double)p->opts.global_batch);
+  cJSON_AddNumberToObject(root, "local_batch", (double)e->local_batch);
+  cJSON_AddNumberToObject(root, "n_micro", (double)e->n_micro);
+  cJSON_AddNumberToObject(root, "vocab_padded", (double)p->vocab_padded);
+  cJSON_AddStringToObject(root, "ac", mp_ac_mode_name(p->ac));
+  cJSON_AddBoolToObject(root, "fp8", p->opts.fp8 != 0);
+  cJSON_AddBoolToObject(root, "shard_logits", p->opts.tp.shard_logits != 0);
+  cJSON *passes = cJSON_AddArrayToObject(root, "passes");
+  for (int i = 0; i < p->n_passes; i++) {
+    const char *name = mp_pass_name((unsigned)p->pass_order[i]);
+    size_t nl = strlen(name);
+    cJSON *ps = cJSON_CreateObject();
+    cJSON_AddStringToObject(ps, "name", name);
+    cJSON *notes = cJSON_AddArrayToObject(ps, "notes");
+    for (int k = 0; k < p->n_notes; k++)
+      if (strncmp(p->notes[k], name, nl) == 0 && p->notes[k][nl] == ':')
+        cJSON_AddItemToArray(notes, cJSON_CreateString(p->notes[k] + nl + 2));
+    cJSON_AddItemToArray(passes, ps);
+  }
+  cJSON *params = cJSON_AddArrayToObject(root, "params");
+  const int mb = mp_dtype_bytes(p->opts.master_dtype);
+  const char *axes[MP_AXIS_COUNT] = {"dp_replicate", "fsdp", "ep", "tp"};
+  for (int i = 0; i < p->n_params; i++) {
+    const mp_param *prm = &p->params[i];
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "fqn", prm->fqn);
+    cJSON_AddStringToObject(j, "module", mp_module_name(prm->module));
+    cJSON_AddNumberToObject(j, "layer", prm->layer);
+    cJSON_AddItemToObject(j, "global", shape_json(prm->shape, prm->ndim));
+    cJSON_AddItemToObject(j, "after_tp", shape_json(prm->tp_shape, prm->ndim));
+    int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
+    if (mp_param_tile(p, prm, e->rank, off, len)) {
+      cJSON_AddItemToObject(j, "at_rest", shape_json(len, prm->ndim));
+      cJSON_AddItemToObject(j, "offset", shape_json(off, prm->ndim));
+    } else {
+      cJSON_AddNullToObject(j, "at_rest");
+      cJSON_AddNullToObject(j, "offset");
+    }
+    cJSON_AddNumberToObject(j, "bytes", (double)(mp_param_local_numel(p, prm, e->rank) * mb));
+    cJSON_AddStringToObject(j, "tp_style", mp_tp_style_name(prm->tp_style));
+    cJSON *pl = cJSON_AddObjectToObject(j, "placements");
+    for (int a = 0; a < MP_AXIS_COUNT; a++) {
+      fmt_place(&prm->place[a], buf, sizeof buf);
+      cJSON_AddStringToObject(pl, axes[a], buf);
+    }
+    cJSON_AddBoolToObject(j, "float8", prm->float8 != 0);
+    cJSON_AddNumberToObject(j, "fsdp_unit", prm->fsdp_unit);
+    cJSON_AddStringToObject(j, "fsdp_group", mp_group_name(prm->fsdp_group));
+    cJSON_AddNumberToObject(j, "pp_stage", prm->pp_stage);
+    cJSON_AddItemToArray(params, j);
+  }
+  cJSON *units = cJSON_AddArrayToObject(root, "units");
+  for (int u = 0; u < p->n_units; u++) {
+    const mp_fsdp_unit *un = &p->units[u];
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "name", un->name);
+    cJSON_AddNumberToObject(j, "layer", un->layer);
+    cJSON_AddStringToObject(j, "group", mp_group_name(un->group));
+    cJSON_AddNumberToObject(j, "group_size", mp_mesh_group_size(&p->mesh, un->group));
+    cJSON_AddNumberToObject(j, "numel_tp", (double)un->numel_tp);
+    cJSON_AddNumberToObject(j, "numel_shard", (double)un->numel_shard);
+    cJSON *ps = cJSON_AddArrayToObject(j, "params");
+    for (int k = 0; k < un->n_params; k++)
+      cJSON_AddItemToArray(ps, cJSON_CreateString(p->params[un->params[k]].fqn));
+    cJSON_AddItemToArray(units, j);
+  }
+  mp_plan_totals t;
+  mp_plan_rank_totals(p, e->rank, &t);
+  cJSON *tj = cJSON_AddObjectToObject(root, "totals");
+  cJSON_AddNumberToObject(tj, "params_numel", (double)t.params_numel);
+  cJSON_AddNumberToObject(tj, "param_bytes", (double)t.param_bytes);
+  cJSON_AddNumberToObject(tj, "grad_bytes", (double)t.grad_bytes);
+  cJSON_AddNumberToObject(tj, "optimizer_bytes", (double)t.optimizer_bytes);
+  cJSON_AddNumberToObject(tj, "max_unit_gathered_bytes", (double)t.max_unit_gathered_bytes);
+  return root;
+}
+
+static cJSON *tiles_json(const explain *e, const mp_param *prm) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "fqn", prm->fqn);
+  cJSON_AddItemToObject(o, "global", shape_json(prm->shape, prm->ndim));
+  cJSON *tiles = cJSON_AddArrayToObject(o, "tiles");
+  for (int r = 0; r < e->world; r++) {
+    int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
+    cJSON *t = cJSON_CreateObject();
+    cJSON_AddNumberToObject(t, "rank", r);
+    if (mp_param_tile(e->plan, prm, r, off, len)) {
+      cJSON_AddItemToObject(t, "offset", shape_json(off, prm->ndim));
+      cJSON_AddItemToObject(t, "length", shape_json(len, prm->ndim));
+    } else {
+      cJSON_AddNullToObject(t, "offset");
+      cJSON_AddNullToObject(t, "length");
+    }
+    cJSON_AddItemToArray(tiles, t);
+  }
+  return o;
+}
+
+/* ---- the command ----------------------------------------------------------------- */
+
+static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_options *o,
+                               explain *e) {
+  const char *model = mp_args_get(&k_spec, "--model");
+  MP_CHECK(mp_model_load(ctx, model ? model : "llama3.1-8b", m));
+  const char *ms = mp_args_get(&k_spec, "--mesh");
+  MP_CHECK(mp_mesh_parse(ctx, ms ? ms : "dp_shard=8", 0, mesh));
+  long long ep = 0;
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--ep", 1, &ep));
+  if (ep > 0) {
+    if (mesh->ep > 1 && mesh->ep != ep)
+      return mp_error(ctx, MP_ERR_USAGE, "--ep %lld contradicts ep=%d in --mesh",
+                      ep, mesh->ep);
+    mesh->ep = (int)ep;
+    MP_CHECK(mp_mesh_validate(ctx, mesh));
+  }
+  mp_plan_options_init(o);
+  const char *ac = mp_args_get(&k_spec, "--ac");
+  if (ac) MP_CHECK(mp_ac_mode_parse(ctx, ac, &o->ac));
+  o->fp8 = mp_args_has(&k_spec, "--fp8");
+  o->tp.pad_vocab = mp_args_has(&k_spec, "--pad-vocab");
+  long long v = 0;
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--seq", 1, &v));
+  if (v > 0) o->seq = v;
+  v = 0;
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--micro-batch", 1, &v));
+  if (v > 0) o->micro_batch = v;
+  v = 0;
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--global-batch", 1, &v));
+  if (v > 0) o->global_batch = v;
+  long long rank = 0;
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--rank", 0, &rank));
+  e->world = mp_mesh_world(mesh);
+  if (rank >= e->world)
+    return mp_error(ctx, MP_ERR_USAGE, "--rank %lld is outside the mesh's %d ranks "
+                    "(0..%d)", rank, e->world, e->world - 1);
+  e->rank = (int)rank;
+  e->param_fqn = mp_args_get(&k_spec, "--param");
+  e->schedule = mp_args_has(&k_spec, "--schedule");
+  e->json = mp_args_has(&k_spec, "--json");
+  return MP_OK;
+}
+
+int mp_cmd_explain(int argc, char **argv) {
+  const char *pos[1];
+  int n_pos, done;
+  int rc = mp_cmd_parse(&k_spec, argc, argv, pos, &n_pos, &done);
+  if (done) return rc;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  mp_mesh mesh;
+  mp_plan_options o;
+  explain e;
+  memset(&e, 0, sizeof e);
+  mp_status st = parse_options(&ctx, &m, &mesh, &o, &e);
+  if (st != MP_OK) return mp_cmd_fail(&ctx, st);
+  st = mp_build_plan(&ctx, &m, &mesh, &o, &e.plan);
+  if (st != MP_OK) return mp_cmd_fail(&ctx, st);
+  const mp_param *prm = NULL;
+  if (e.param_fqn) {
+    int i = mp_plan_find_param(e.plan, e.param_fqn);
+    if (i < 0) {
+      st = mp_error(&ctx, MP_ERR_NOT_FOUND,
+                    "no parameter '%s' in %s; names look like layers.0.mlp.up_proj.weight (see "
+                    "the table of meshplan explain without --param)",
+                    e.param_fqn, m.name);
+      mp_plan_destroy(e.plan);
+      return mp_cmd_fail(&ctx, st);
+    }
+    prm = &e.plan->params[i];
+  }
+  mp_arena *sarena = NULL;
+  mp_schedule *sched = NULL;
+  st = mp_plan_batch(&ctx, e.plan, &e.local_batch, &e.n_micro);
+  if (st != MP_OK) {
+    mp_plan_destroy(e.plan);
+    return mp_cmd_fail(&ctx, st);
+  }
+  if (e.schedule) {
+    st = build_schedule(&ctx, &e, &sarena, &sched);
+    if (st != MP_OK) {
+      mp_arena_destroy(sarena);
+      mp_plan_destroy(e.plan);
+      return mp_cmd_fail(&ctx, st);
+    }
+  }
+  if (e.json) {
+    cJSON *root = plan_json(&e);
+    if (prm) cJSON_AddItemToObject(root, "param", tiles_json(&e, prm));
+    if (sched) cJSON_AddItemToObject(root, "schedule", schedule_json(sched));
+    char *text = cJSON_Print(root);
+    if (text) {
+      printf("%s\n", text);
+      free(text);
+    }
+    cJSON_Delete(root);
+  } else {
+    print_header(&e);
+    print_passes(e.plan);
+    for (int k = 0; k < e.plan->n_notes; k++) {
+      const char *n = e.plan->notes[k];
+      int pass_note = 0;
+      for (unsigned b = MP_PASS_TP; b <= MP_PASS_FSDP; b <<= 1) {
+        size_t nl = strlen(mp_pass_name(b));
+        pass_note |= strncmp(n, mp_pass_name(b), nl) == 0 && n[nl] == ':';
+      }
+      if (!pass_note) printf("  note: %s\n", n);
+    }
+    print_params(&e);
+    print_units(&e);
+    print_totals(&e);
+    if (prm) print_tiles(&e, prm);
+    if (sched) print_schedule(sched);
+  }
+  mp_arena_destroy(sarena);
+  mp_plan_destroy(e.plan);
+  return 0;
 }

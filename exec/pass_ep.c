@@ -1,0 +1,46 @@
+/* Pass 2: expert parallelism. The routed experts of every MoE layer, stored as one 3-D
+ * parameter per projection [n_experts, out, in], are split on dim 0 over the ep group
+ * (carved out of dp_shard, see exec/mesh.h): each rank holds n_experts / ep whole experts.
+ * Tokens reach their experts by an all-to-all over ep (dispatch) and return by a second
+ * one (combine); the schedule emits those, this pass only places the weights.
+ *
+ * Refused: EP on a dense model (nothing to split), ep not dividing n_experts, EP after
+ * FSDP (the experts would already be sharded over the whole FSDP group) and the generic
+ * order rules. */
+#include "exec/plan.h"
+
+mp_status mp_apply_expert_parallel(mp_ctx *ctx, mp_plan *p) {
+  const mp_model *m = &p->model;
+  const int ep = p->mesh.ep;
+  if (p->applied & MP_PASS_FSDP)
+    return mp_error(ctx, MP_ERR_ORDER,
+                    "EP after FSDP: FSDP has already sharded the routed experts over the whole "
+                    "dp_shard x cp group, so EP would split shards instead of whole experts and "
+                    "the all-to-alls would send tokens to ranks without their experts; apply EP "
+                    "before FSDP");
+  MP_CHECK(mp_plan_check_pass(ctx, p, MP_PASS_EP));
+  if (!mp_model_is_moe(m))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "EP on a dense model: %s has no routed experts, so ep=%d would partition "
+                    "nothing while its ranks still wait in all-to-alls; set ep=1",
+                    m->name, ep);
+  if (m->n_experts % ep != 0)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "ep=%d does not divide n_experts=%lld of %s; each EP rank must hold the same "
+                    "number of whole experts",
+                    ep, (long long)m->n_experts, m->name);
+  for (int i = 0; i < p->n_params; i++) {
+    mp_param *prm = &p->params[i];
+    if (!prm->is_expert || ep == 1) continue;
+    prm->place[MP_AXIS_EP].kind = MP_PLACEMENT_SHARD;
+    prm->place[MP_AXIS_EP].dim = 0;
+    prm->tp_shape[0] = prm->shape[0] / ep;
+  }
+  if (ep > 1)
+    mp_plan_note(p,
+                 "EP: %lld routed experts per MoE layer over ep=%d: %lld per rank; tokens "
+                 "dispatched and combined by all-to-all over the ep group",
+                 (long long)m->n_experts, ep, (long long)(m->n_experts / ep));
+  mp_plan_mark_applied(p, MP_PASS_EP);
+  return MP_OK;
+}

@@ -1,0 +1,66 @@
+/* Pass 3: float8 training (torchao's Float8Linear as torchtitan applies it): Linear layers
+ * run their GEMMs in E4M3 forward and E5M2 backward with tensorwise scales; master weights
+ * stay in their dtype (bf16 gathered, fp32 at rest).
+ *
+ * Excluded, as torchtitan's filter does: FQNs containing "experts", "shared_expert" or
+ * "router" (MoE GEMMs are grouped, not Float8Linear), the output head ("output"), the
+ * embeddings (a lookup, not a GEMM), and any Linear whose GEMM dims are not multiples of
+ * 16 (torch._scaled_mm's requirement). The dims checked are the rank's tp-local ones,
+ * which are the GEMM the rank actually runs (a multiple of 16 locally is one globally).
+ *
+ * Refused: float8 all-gather with TP (tp > 1): torchtitan only supports FSDP's float8
+ * all-gather on weights that TP has not sharded; and the order rules (after FSDP). */
+#include <stdio.h>
+#include <string.h>
+
+#include "exec/plan.h"
+
+static int excluded_by_name(const mp_param *prm) {
+  return strstr(prm->fqn, "experts") != NULL || strstr(prm->fqn, "shared_expert") != NULL ||
+         strstr(prm->fqn, "router") != NULL || prm->module == MP_MOD_OUTPUT;
+}
+
+mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
+  if (p->applied & MP_PASS_FSDP)
+    return mp_error(ctx, MP_ERR_ORDER,
+                    "Float8 after FSDP: FSDP has already replaced the Linear weights by sharded "
+                    "parameters, so the float8 swap would miss them (and float8 all-gather "
+                    "would not hook into FSDP); the run would train in bf16 while the plan says "
+                    "float8; apply Float8 before FSDP");
+  MP_CHECK(mp_plan_check_pass(ctx, p, MP_PASS_FLOAT8));
+  mp_float8_options def = {0};
+  if (o == NULL) o = &def;
+  const int tp = p->mesh.size[MP_DIM_TP];
+  if (o->all_gather && tp > 1)
+    return mp_error(ctx, MP_ERR_ORDER,
+                    "float8 all-gather with TP (tp=%d) is not supported: FSDP would all-gather "
+                    "float8 casts of weights that TP has sharded, with scales computed per shard "
+                    "instead of per tensor; turn float8 all-gather off or set tp=1",
+                    tp);
+  int n_fp8 = 0, n_dims = 0;
+  const mp_param *first_dims = NULL;
+  for (int i = 0; i < p->n_params; i++) {
+    mp_param *prm = &p->params[i];
+    if (!prm->is_linear || prm->ndim != 2 || excluded_by_name(prm)) continue;
+    if (prm->tp_shape[0] % 16 != 0 || prm->tp_shape[1] % 16 != 0) {
+      if (n_dims++ == 0) first_dims = prm;
+      continue;
+    }
+    prm->float8 = 1;
+    n_fp8++;
+  }
+  p->opts.fp8 = 1;
+  p->opts.fp8_opts = *o;
+  mp_plan_note(p,
+               "Float8: %d Linear layers in float8 (E4M3 forward, E5M2 backward, tensorwise "
+               "scales); experts, shared_expert, router, output and embeddings excluded%s",
+               n_fp8, o->all_gather ? "; FSDP all-gathers float8 weights" : "");
+  if (n_dims > 0)
+    mp_plan_note(p,
+                 "Float8: %d Linear layers left in bf16: dims not multiples of 16 (e.g. %s, "
+                 "[%lld, %lld] on each rank)",
+                 n_dims, first_dims->module_fqn, (long long)first_dims->tp_shape[0],
+                 (long long)first_dims->tp_shape[1]);
+  mp_plan_mark_applied(p, MP_PASS_FLOAT8);
+  return MP_OK;
+}

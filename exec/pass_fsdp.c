@@ -1,0 +1,131 @@
+/* Pass 5: FSDP (FSDP2 style): units all-gathered before use and reduce-scattered after
+ * backward; every parameter's tp-local tensor sharded on dim 0 over its FSDP group.
+ *
+ * Units, in forward order: "root" first (tok_embeddings, pos_embeddings, norm, output:
+ * torchtitan wraps the model itself last, and its parameters are gathered first), then one
+ * per block "layers.N". A MoE block under EP (ep > 1) is split into three units:
+ *   "layers.N.attention"   attention_norm + attention.*          group FSDP
+ *   "layers.N.moe"         ffn_norm, router, shared expert       group FSDP
+ *   "layers.N.moe.experts" routed experts                        group EFSDP (dp_shard/ep)
+ * because wrapping the whole block would put the experts' all-gather between EP's two
+ * all-to-alls, where ranks wait on each other in a different order (deadlock); for the
+ * same reason per_block=1 with EP is refused.
+ *
+ * Groups: dense parameters shard over MP_GROUP_FSDP (dp_shard x cp); routed experts under
+ * EP over MP_GROUP_EFSDP (they are replicated over cp). Shard: chunk = ceil(rows / group),
+ * the last ranks get what is left, possibly nothing (see plan.c). */
+#include <stdio.h>
+
+#include "exec/plan.h"
+
+enum { PART_BLOCK = 0, PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2 };
+
+static int is_attention(mp_module m) {
+  return m == MP_MOD_ATTN_NORM || m == MP_MOD_Q || m == MP_MOD_K || m == MP_MOD_V ||
+         m == MP_MOD_Q_NORM || m == MP_MOD_K_NORM || m == MP_MOD_O;
+}
+
+mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
+  const mp_mesh *mesh = &p->mesh;
+  const mp_model *m = &p->model;
+  const int ep_on = (p->applied & MP_PASS_EP) && mesh->ep > 1;
+  if (!(p->applied & MP_PASS_FSDP) && mesh->size[MP_DIM_TP] > 1 && !(p->applied & MP_PASS_TP))
+    return mp_error(ctx, MP_ERR_ORDER,
+                    "FSDP before TP: with tp=%d and TP not applied, FSDP would wrap the plain "
+                    "Linear weights and a later TP would match no Linear; the run would be "
+                    "data-parallel only with wrong gradients; apply TP first",
+                    mesh->size[MP_DIM_TP]);
+  MP_CHECK(mp_plan_check_pass(ctx, p, MP_PASS_FSDP));
+  if (mp_model_is_moe(m) && mesh->ep > 1 && !(p->applied & MP_PASS_EP))
+    return mp_error(ctx, MP_ERR_ORDER,
+                    "FSDP before EP: the mesh has ep=%d but EP was not applied, so the routed "
+                    "experts would be sharded over the whole FSDP group and every rank would "
+                    "gather all %lld experts; apply EP before FSDP",
+                    mesh->ep, (long long)m->n_experts);
+  mp_fsdp_options def = {1, 0, MP_DTYPE_BF16, MP_DTYPE_FP32};
+  if (o == NULL) o = &def;
+  if (o->per_block && ep_on && mp_model_n_moe_layers(m) > 0)
+    return mp_error(ctx, MP_ERR_ORDER,
+                    "EP with per-block FSDP deadlocks between EP's two all-to-alls: a unit "
+                    "holding a whole MoE block all-gathers the experts between dispatch and "
+                    "combine; keep per_block=0 (attention, MoE and experts units) or set ep=1");
+
+  /* Unit layout: root, then per block one unit, or three for a MoE block under EP. */
+  const int L = (int)m->n_layers;
+  int *base = mp_arena_alloc(p->arena, sizeof(int) * (size_t)(L + 1));
+  if (base == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory building FSDP units");
+  int n_units = 1;
+  for (int l = 0; l < L; l++) {
+    base[l] = n_units;
+    n_units += (ep_on && mp_model_layer_is_moe(m, l)) ? 3 : 1;
+  }
+  p->units = mp_arena_alloc(p->arena, sizeof(mp_fsdp_unit) * (size_t)n_units);
+  if (p->units == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory building FSDP units");
+  p->n_units = n_units;
+  p->units[0].name = "root";
+  p->units[0].layer = -1;
+  p->units[0].group = MP_GROUP_FSDP;
+  for (int l = 0; l < L; l++) {
+    mp_fsdp_unit *u = &p->units[base[l]];
+    if (ep_on && mp_model_layer_is_moe(m, l)) {
+      u[0].name = mp_arena_printf(p->arena, "layers.%d.attention", l);
+      u[1].name = mp_arena_printf(p->arena, "layers.%d.moe", l);
+      u[2].name = mp_arena_printf(p->arena, "layers.%d.moe.experts", l);
+      for (int k = 0; k < 3; k++) {
+        u[k].layer = l;
+        u[k].group = k == PART_EXPERTS ? MP_GROUP_EFSDP : MP_GROUP_FSDP;
+        if (u[k].name == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory naming units");
+      }
+    } else {
+      u->name = mp_arena_printf(p->arena, "layers.%d", l);
+      if (u->name == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory naming units");
+      u->layer = l;
+      u->group = MP_GROUP_FSDP;
+    }
+  }
+
+  /* Assign each parameter to its unit and shard it. */
+  for (int i = 0; i < p->n_params; i++) {
+    mp_param *prm = &p->params[i];
+    int unit = 0;
+    if (prm->layer >= 0) {
+      unit = base[prm->layer];
+      if (ep_on && mp_model_layer_is_moe(m, prm->layer))
+        unit += is_attention(prm->module) ? PART_ATTN : prm->is_expert ? PART_EXPERTS : PART_MOE;
+    }
+    prm->fsdp_unit = unit;
+    prm->fsdp_group = (prm->is_expert && ep_on) ? MP_GROUP_EFSDP : MP_GROUP_FSDP;
+    prm->place[MP_AXIS_FSDP].kind = MP_PLACEMENT_SHARD;
+    prm->place[MP_AXIS_FSDP].dim = 0;
+    p->units[unit].n_params++;
+  }
+  for (int u = 0; u < n_units; u++) {
+    p->units[u].params = mp_arena_alloc(p->arena, sizeof(int) * (size_t)(p->units[u].n_params + 1));
+    if (p->units[u].params == NULL)
+      return mp_error(ctx, MP_ERR_NOMEM, "out of memory building FSDP units");
+    p->units[u].n_params = 0;
+  }
+  for (int i = 0; i < p->n_params; i++) {
+    const mp_param *prm = &p->params[i];
+    mp_fsdp_unit *u = &p->units[prm->fsdp_unit];
+    u->params[u->n_params++] = i;
+    const int g = mp_mesh_group_size(mesh, prm->fsdp_group);
+    const int64_t rows = prm->tp_shape[0], chunk = (rows + g - 1) / g;
+    const int64_t tpn = mp_param_tp_numel(prm);
+    u->numel_tp += tpn;
+    u->numel_shard += chunk * (tpn / rows);
+  }
+
+  p->opts.fsdp = *o;
+  char mesh_s[128];
+  mp_mesh_format(mesh, mesh_s, sizeof mesh_s);
+  mp_plan_note(p,
+               "FSDP: %d units; dense parameters Shard(0) over dp_shard x cp = %d%s%.0d; params "
+               "gathered in %s, gradients reduced in %s, %s after forward",
+               n_units, mp_mesh_group_size(mesh, MP_GROUP_FSDP),
+               ep_on ? ", routed experts over dp_shard / ep = " : "",
+               ep_on ? mp_mesh_group_size(mesh, MP_GROUP_EFSDP) : 0, mp_dtype_name(o->param_dtype),
+               mp_dtype_name(o->reduce_dtype), o->reshard_after_forward ? "resharded" : "kept");
+  mp_plan_mark_applied(p, MP_PASS_FSDP);
+  return MP_OK;
+}

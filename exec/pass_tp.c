@@ -1,0 +1,155 @@
+/* Pass 1: tensor parallelism over the tp group (Megatron-style, as torchtitan plans it).
+ *
+ *   colwise  Shard(0) of [out, in]: attention q/k/v, MLP gate/up, shared-expert gate/up,
+ *            the output head; their biases Shard(0) too
+ *   rowwise  Shard(1) of [out, in]: attention o, MLP down, shared-expert down; their biases
+ *            stay replicated (added once, after the partial sums are reduced)
+ *   vocab    tok_embeddings [vocab, H] Shard(0): each rank looks up its vocabulary slice
+ *   none     norms, q/k norms, learned positions, the MoE router and routed experts (TP
+ *            plans skip the MoE mlp names; experts are EP's business)
+ *
+ * Output head: the weight is colwise either way (vocab rows split over tp). With
+ * shard_logits=1 the logits stay vocab-sharded and the loss is computed in parallel;
+ * with shard_logits=0 the logits are all-gathered over tp before the loss (each rank
+ * holds [B, S, vocab]). The choice is recorded on the plan (opts.tp) and in a note.
+ *
+ * Checks: tp divides n_heads, n_kv_heads, d_model, d_ff (when a dense MLP exists),
+ * d_ff_shared (when shared experts exist) and vocab; vocab may instead be padded up to a
+ * multiple of tp (pad_vocab=1), which enlarges tok_embeddings and output and is noted. */
+#include <stdio.h>
+#include <string.h>
+
+#include "exec/plan.h"
+
+static int64_t gcd64(int64_t a, int64_t b) {
+  while (b) {
+    int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+/* "{1,2,4,8}": the tp sizes that satisfy every constraint (divisors of their gcd). */
+static void valid_choices(int64_t g, char *buf, size_t cap) {
+  size_t used = 0;
+  int n = 0;
+  buf[0] = 0;
+  used += (size_t)snprintf(buf, cap, "{");
+  for (int64_t d = 1; d <= g && used < cap; d++) {
+    if (g % d != 0) continue;
+    if (n == 16) {
+      used += (size_t)snprintf(buf + used, cap - used, ",...");
+      break;
+    }
+    used += (size_t)snprintf(buf + used, cap - used, "%s%lld", n ? "," : "", (long long)d);
+    n++;
+  }
+  if (used < cap) snprintf(buf + used, cap - used, "}");
+}
+
+static mp_status check_divisible(mp_ctx *ctx, const mp_plan *p, int tp, int pad_vocab) {
+  const mp_model *m = &p->model;
+  struct {
+    const char *name;
+    int64_t v;
+    int used;
+  } c[] = {
+      {"n_heads", m->n_heads, 1},
+      {"n_kv_heads", m->n_kv_heads, 1},
+      {"d_model", m->d_model, 1},
+      {"d_ff", m->d_ff, mp_model_n_moe_layers(m) < m->n_layers},
+      {"d_ff_shared", m->d_ff_shared, mp_model_is_moe(m) && m->n_shared_experts > 0},
+      {"vocab", m->vocab, !pad_vocab},
+  };
+  const int n = (int)(sizeof c / sizeof c[0]);
+  int64_t g = 0;
+  for (int i = 0; i < n; i++)
+    if (c[i].used) g = gcd64(g, c[i].v);
+  for (int i = 0; i < n; i++) {
+    if (!c[i].used || c[i].v % tp == 0) continue;
+    char choices[160];
+    valid_choices(g, choices, sizeof choices);
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "tp=%d does not divide %s=%lld; choose tp in %s%s", tp, c[i].name,
+                    (long long)c[i].v, choices,
+                    strcmp(c[i].name, "vocab") == 0 ? " or pad the vocabulary (pad_vocab, meshplan --pad-vocab)" : "");
+  }
+  return MP_OK;
+}
+
+static void shard(mp_param *prm, mp_tp_style style, int dim, int tp) {
+  prm->tp_style = style;
+  prm->place[MP_AXIS_TP].kind = MP_PLACEMENT_SHARD;
+  prm->place[MP_AXIS_TP].dim = (int8_t)dim;
+  prm->tp_shape[dim] = prm->shape[dim] / tp;
+}
+
+mp_status mp_apply_tensor_parallel(mp_ctx *ctx, mp_plan *p, const mp_tp_options *o) {
+  if (p->applied & MP_PASS_FSDP)
+    return mp_error(ctx, MP_ERR_ORDER,
+                    "TP after FSDP: FSDP has already replaced the Linear weights by sharded "
+                    "parameters, so TP would match no Linear; the run would be data-parallel "
+                    "only with wrong gradients; apply TP before FSDP");
+  MP_CHECK(mp_plan_check_pass(ctx, p, MP_PASS_TP));
+  mp_tp_options def = {1, 0};
+  if (o == NULL) o = &def;
+  const int tp = p->mesh.size[MP_DIM_TP];
+  MP_CHECK(check_divisible(ctx, p, tp, o->pad_vocab));
+
+  const int64_t vocab = p->model.vocab;
+  p->vocab_padded = (vocab + tp - 1) / tp * tp;
+  p->opts.tp = *o;
+
+  for (int i = 0; i < p->n_params; i++) {
+    mp_param *prm = &p->params[i];
+    if (prm->module == MP_MOD_TOK_EMBEDDINGS || prm->module == MP_MOD_OUTPUT) {
+      prm->shape[0] = p->vocab_padded;
+      prm->tp_shape[0] = p->vocab_padded;
+    }
+    if (tp == 1) continue; /* the pass is a no-op on shapes; recorded as applied */
+    switch (prm->module) {
+      case MP_MOD_TOK_EMBEDDINGS: shard(prm, MP_TP_VOCAB, 0, tp); break;
+      case MP_MOD_Q:
+      case MP_MOD_K:
+      case MP_MOD_V:
+      case MP_MOD_GATE:
+      case MP_MOD_UP:
+      case MP_MOD_SHARED_GATE:
+      case MP_MOD_SHARED_UP:
+      case MP_MOD_OUTPUT:
+        shard(prm, MP_TP_COLWISE, 0, tp); /* weight [out, in] and bias [out]: dim 0 */
+        break;
+      case MP_MOD_O:
+      case MP_MOD_DOWN:
+      case MP_MOD_SHARED_DOWN:
+        if (prm->role == MP_ROLE_WEIGHT) shard(prm, MP_TP_ROWWISE, 1, tp);
+        break;
+      default: break; /* norms, positions, router, routed experts: replicated over tp */
+    }
+  }
+
+  if (tp > 1) {
+    mp_plan_note(p,
+                 "TP: tp=%d: q/k/v, gate/up%s and output colwise; o and down rowwise; "
+                 "tok_embeddings vocab-parallel; norms%s replicated",
+                 tp, p->model.n_shared_experts > 0 ? ", shared-expert gate/up" : "",
+                 mp_model_is_moe(&p->model) ? ", MoE router and routed experts (skipped)" : "");
+    if (p->model.tied_embeddings)
+      mp_plan_note(p, "TP: output head tied to tok_embeddings: it uses the vocab-sharded "
+                      "embedding as a colwise head");
+    mp_plan_note(p,
+                 o->shard_logits
+                     ? "TP: logits stay vocab-sharded over tp (loss parallel)"
+                     : "TP: logits all-gathered over tp before the loss (replicated logits, "
+                       "[B, S, vocab] on every rank)");
+  }
+  if (p->vocab_padded != vocab)
+    mp_plan_note(p, "TP: vocab %lld padded to %lld for tp=%d (%lld unused rows in "
+                    "tok_embeddings%s)",
+                 (long long)vocab, (long long)p->vocab_padded, tp,
+                 (long long)(p->vocab_padded - vocab),
+                 p->model.tied_embeddings ? "" : " and output");
+  mp_plan_mark_applied(p, MP_PASS_TP);
+  return MP_OK;
+}

@@ -1,0 +1,513 @@
+/* Plan IR: the meta module tree, tiles, per-rank totals and the driver of the five passes.
+ *
+ * mp_plan_create lays out every parameter of the model with its FQN and global shape,
+ * replicated on every axis (tp_shape == shape), on a "meta" footing: nothing is
+ * allocated but the descriptors. The passes (pass_*.c, one per file) then rewrite
+ * placements, tp_shape and the FSDP units in place.
+ *
+ * Invariants kept by the passes and relied on by the tile functions:
+ *   - tp_shape[d] == shape[d] / size of every axis that shards d before FSDP (TP, EP);
+ *     the divisions are exact (checked, or the vocab padded, when the pass runs);
+ *   - FSDP shards dim 0 of the tp-local tensor over the parameter's fsdp_group with
+ *     chunk = ceil(tp_shape[0] / group), group index i holding rows
+ *     [i*chunk, min(tp_shape[0], (i+1)*chunk)) (FSDP2's torch.chunk semantics);
+ *   - a parameter lives on exactly one pipeline stage (pp_stage).
+ * Parameter order is forward order: embeddings, blocks 0..L-1, final norm, output. */
+#include "exec/plan.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- names ---------------------------------------------------------------------- */
+
+static const char *const k_module_names[MP_MOD_COUNT] = {
+    [MP_MOD_TOK_EMBEDDINGS] = "tok_embeddings",
+    [MP_MOD_POS_EMBEDDINGS] = "pos_embeddings",
+    [MP_MOD_ATTN_NORM] = "attention_norm",
+    [MP_MOD_Q] = "attention.q_proj",
+    [MP_MOD_K] = "attention.k_proj",
+    [MP_MOD_V] = "attention.v_proj",
+    [MP_MOD_Q_NORM] = "attention.q_norm",
+    [MP_MOD_K_NORM] = "attention.k_norm",
+    [MP_MOD_O] = "attention.o_proj",
+    [MP_MOD_FFN_NORM] = "ffn_norm",
+    [MP_MOD_GATE] = "mlp.gate_proj",
+    [MP_MOD_UP] = "mlp.up_proj",
+    [MP_MOD_DOWN] = "mlp.down_proj",
+    [MP_MOD_ROUTER] = "moe.router",
+    [MP_MOD_EXPERTS_GATE] = "moe.experts.gate_proj",
+    [MP_MOD_EXPERTS_UP] = "moe.experts.up_proj",
+    [MP_MOD_EXPERTS_DOWN] = "moe.experts.down_proj",
+    [MP_MOD_SHARED_GATE] = "moe.shared_expert.gate_proj",
+    [MP_MOD_SHARED_UP] = "moe.shared_expert.up_proj",
+    [MP_MOD_SHARED_DOWN] = "moe.shared_expert.down_proj",
+    [MP_MOD_FINAL_NORM] = "norm",
+    [MP_MOD_OUTPUT] = "output",
+};
+
+const char *mp_module_name(mp_module m) {
+  return (unsigned)m < MP_MOD_COUNT ? k_module_names[m] : "?";
+}
+
+const char *mp_ac_mode_name(mp_ac_mode m) {
+  switch (m) {
+    case MP_AC_NONE: return "none";
+    case MP_AC_SELECTIVE: return "selective";
+    case MP_AC_FULL: return "full";
+  }
+  return "?";
+}
+
+mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out) {
+  if (s && strcmp(s, "none") == 0) *out = MP_AC_NONE;
+  else if (s && strcmp(s, "selective") == 0) *out = MP_AC_SELECTIVE;
+  else if (s && strcmp(s, "full") == 0) *out = MP_AC_FULL;
+  else
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "unknown activation checkpointing mode '%s'; choose none, selective or full",
+                    s ? s : "(null)");
+  return MP_OK;
+}
+
+const char *mp_tp_style_name(mp_tp_style s) {
+  switch (s) {
+    case MP_TP_NONE: return "replicate";
+    case MP_TP_COLWISE: return "colwise";
+    case MP_TP_ROWWISE: return "rowwise";
+    case MP_TP_VOCAB: return "vocab";
+  }
+  return "?";
+}
+
+const char *mp_pass_name(unsigned bit) {
+  switch (bit) {
+    case MP_PASS_TP: return "TP";
+    case MP_PASS_EP: return "EP";
+    case MP_PASS_FLOAT8: return "Float8";
+    case MP_PASS_AC: return "AC";
+    case MP_PASS_FSDP: return "FSDP";
+  }
+  return "?";
+}
+
+/* ---- pass bookkeeping -------------------------------------------------------------- */
+
+mp_status mp_plan_check_pass(mp_ctx *ctx, const mp_plan *p, unsigned bit) {
+  const char *name = mp_pass_name(bit);
+  if (p->applied & bit)
+    return mp_error(ctx, MP_ERR_ORDER,
+                    "%s pass applied twice: each pass runs once, a second %s would rewrite "
+                    "tensors it already transformed (shards of shards); build a fresh plan",
+                    name, name);
+  /* Bits are numbered in the canonical order, so every higher bit is a later pass. */
+  for (unsigned later = bit << 1; later <= MP_PASS_FSDP; later <<= 1)
+    if (p->applied & later)
+      return mp_error(ctx, MP_ERR_ORDER,
+                      "%s applied after %s: passes run in the order TP -> EP -> Float8 -> AC "
+                      "-> FSDP, and %s would see modules %s has already rewritten, so its "
+                      "result would be wrong; apply %s first",
+                      name, mp_pass_name(later), name, mp_pass_name(later), name);
+  return MP_OK;
+}
+
+void mp_plan_mark_applied(mp_plan *p, unsigned bit) {
+  p->applied |= bit;
+  if (p->n_passes < 5) p->pass_order[p->n_passes++] = (int)bit;
+}
+
+void mp_plan_note(mp_plan *p, const char *fmt, ...) {
+  const int cap = (int)(sizeof p->notes / sizeof p->notes[0]);
+  if (p->n_notes >= cap) return;
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (p->n_notes == cap - 1) snprintf(buf, sizeof buf, "(further notes dropped)");
+  const char *s = mp_arena_strdup(p->arena, buf);
+  if (s) p->notes[p->n_notes++] = s;
+}
+
+int mp_plan_rank_stage(const mp_plan *p, int rank) {
+  int c[MP_MESH_NDIMS];
+  mp_mesh_coords(&p->mesh, rank, c);
+  return c[MP_DIM_PP];
+}
+
+/* ---- options and the meta tree ----------------------------------------------------- */
+
+void mp_plan_options_init(mp_plan_options *o) {
+  memset(o, 0, sizeof *o);
+  o->tp.shard_logits = 1; /* loss parallel: logits stay vocab-sharded (torchtitan default) */
+  o->tp.pad_vocab = 0;
+  o->fp8 = 0;
+  o->fp8_opts.all_gather = 0;
+  o->ac = MP_AC_NONE;
+  o->fsdp.reshard_after_forward = 1;
+  o->fsdp.per_block = 0;
+  o->fsdp.param_dtype = MP_DTYPE_BF16;
+  o->fsdp.reduce_dtype = MP_DTYPE_FP32;
+  o->pp_schedule = MP_PP_1F1B;
+  o->pp_virtual = 1;
+  o->seq = 0;          /* resolved by mp_plan_create */
+  o->micro_batch = 1;
+  o->global_batch = 0; /* resolved by mp_plan_create */
+  o->master_dtype = MP_DTYPE_FP32;
+}
+
+typedef struct builder {
+  mp_plan *p;
+  int cap;
+} builder;
+
+static mp_param *add_param(builder *b, mp_module mod, int layer, mp_param_role role, int ndim,
+                           int64_t d0, int64_t d1, int64_t d2) {
+  mp_plan *p = b->p;
+  if (p->n_params >= b->cap) return NULL;
+  mp_param *prm = &p->params[p->n_params++];
+  const char *mname = mp_module_name(mod);
+  prm->module_fqn = layer >= 0 ? mp_arena_printf(p->arena, "layers.%d.%s", layer, mname)
+                               : mp_arena_strdup(p->arena, mname);
+  if (prm->module_fqn == NULL) return NULL;
+  prm->fqn = mp_arena_printf(p->arena, "%s.%s", prm->module_fqn,
+                             role == MP_ROLE_WEIGHT ? "weight" : "bias");
+  if (prm->fqn == NULL) return NULL;
+  prm->module = mod;
+  prm->role = role;
+  prm->layer = layer;
+  prm->ndim = ndim;
+  int64_t d[3] = {d0, d1, d2};
+  for (int i = 0; i < MP_MAX_NDIM; i++) {
+    prm->shape[i] = i < ndim ? d[i] : 1;
+    prm->tp_shape[i] = prm->shape[i];
+  }
+  for (int a = 0; a < MP_AXIS_COUNT; a++) {
+    prm->place[a].kind = MP_PLACEMENT_REPLICATE;
+    prm->place[a].dim = -1;
+  }
+  prm->tp_style = MP_TP_NONE;
+  prm->is_linear = role == MP_ROLE_WEIGHT && ndim >= 2 && mod != MP_MOD_TOK_EMBEDDINGS &&
+                   mod != MP_MOD_POS_EMBEDDINGS;
+  prm->is_expert = mod == MP_MOD_EXPERTS_GATE || mod == MP_MOD_EXPERTS_UP ||
+                   mod == MP_MOD_EXPERTS_DOWN;
+  prm->float8 = 0;
+  prm->fsdp_unit = -1;
+  prm->fsdp_group = MP_GROUP_FSDP;
+  if (layer >= 0) prm->pp_stage = layer / p->layers_per_stage;
+  else prm->pp_stage = mod == MP_MOD_TOK_EMBEDDINGS || mod == MP_MOD_POS_EMBEDDINGS
+                           ? 0
+                           : p->mesh.size[MP_DIM_PP] - 1;
+  return prm;
+}
+
+#define ADD(...)                                                  \
+  do {                                                            \
+    if (add_param(&b, __VA_ARGS__) == NULL) goto nomem;           \
+  } while (0)
+
+/* A Linear [out, in] and its bias [out] when `bias`. */
+#define LINEAR(mod, layer, out, in, bias)                          \
+  do {                                                             \
+    ADD(mod, layer, MP_ROLE_WEIGHT, 2, (out), (in), 1);            \
+    if (bias) ADD(mod, layer, MP_ROLE_BIAS, 1, (out), 1, 1);       \
+  } while (0)
+
+/* A norm [n]; LayerNorm (gpt with bias) has a bias too. */
+#define NORM(mod, layer, n, bias)                                  \
+  do {                                                             \
+    ADD(mod, layer, MP_ROLE_WEIGHT, 1, (n), 1, 1);                 \
+    if (bias) ADD(mod, layer, MP_ROLE_BIAS, 1, (n), 1, 1);         \
+  } while (0)
+
+static mp_status validate(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                          const mp_plan_options *o) {
+  MP_CHECK(mp_model_validate(ctx, m, m->name));
+  MP_CHECK(mp_mesh_validate(ctx, mesh));
+  int pp = mesh->size[MP_DIM_PP], cp = mesh->size[MP_DIM_CP];
+  if (m->n_layers > MP_MAX_LAYERS)
+    return mp_error(ctx, MP_ERR_INVALID, "%s has %lld layers; at most %d are supported", m->name,
+                    (long long)m->n_layers, MP_MAX_LAYERS);
+  if (pp > 1 && mp_model_is_moe(m))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "MoE with pipeline parallelism is not supported: %s has routed experts and "
+                    "pp=%d; EP's all-to-alls inside a pipeline stage would interleave with the "
+                    "stage's sends and receives differently on each rank; use pp=1",
+                    m->name, pp);
+  if (mp_model_is_moe(m) && mesh->ep > 1 && m->n_experts % mesh->ep != 0)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "ep=%d does not divide n_experts=%lld of %s; each EP rank must hold the same "
+                    "number of experts: choose ep dividing both %lld and dp_shard=%d",
+                    mesh->ep, (long long)m->n_experts, m->name, (long long)m->n_experts,
+                    mesh->size[MP_DIM_DP_SHARD]);
+  if (pp > m->n_layers)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "pp=%d exceeds the %lld layers of %s; a stage needs at least one layer", pp,
+                    (long long)m->n_layers, m->name);
+  if (pp > 1) {
+    int64_t lps = (m->n_layers + pp - 1) / pp;
+    if ((int64_t)(pp - 1) * lps >= m->n_layers)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "pp=%d cannot split the %lld layers of %s evenly: %lld per stage would leave "
+                      "the last stage empty; choose pp dividing %lld",
+                      pp, (long long)m->n_layers, m->name, (long long)lps,
+                      (long long)m->n_layers);
+    if (m->tied_embeddings)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "%s ties its output head to tok_embeddings, which pp=%d puts on different "
+                      "stages (first and last); use pp=1 for tied models",
+                      m->name, pp);
+  }
+  if (o->seq > 0 && o->seq % cp != 0)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "cp=%d does not divide seq=%lld; context parallelism splits each sequence "
+                    "evenly over cp ranks: choose seq a multiple of %d",
+                    cp, (long long)o->seq, cp);
+  if (o->seq > 0 && m->family == MP_FAMILY_GPT && o->seq > m->max_seq)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "seq=%lld exceeds the %lld learned positions of %s; choose seq <= %lld",
+                    (long long)o->seq, (long long)m->max_seq, m->name, (long long)m->max_seq);
+  if (o->micro_batch < 1)
+    return mp_error(ctx, MP_ERR_INVALID, "micro_batch=%lld must be at least 1",
+                    (long long)o->micro_batch);
+  if (o->global_batch < 0 || o->seq < 0)
+    return mp_error(ctx, MP_ERR_INVALID, "seq and global_batch must not be negative");
+  if (o->pp_virtual < 1)
+    return mp_error(ctx, MP_ERR_INVALID, "pp_virtual=%d must be at least 1", o->pp_virtual);
+  return MP_OK;
+}
+
+mp_status mp_plan_create(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                         const mp_plan_options *opts, mp_plan **out) {
+  *out = NULL;
+  mp_plan_options defaults;
+  if (opts == NULL) {
+    mp_plan_options_init(&defaults);
+    opts = &defaults;
+  }
+  MP_CHECK(validate(ctx, m, mesh, opts));
+
+  mp_arena *arena = mp_arena_create();
+  MP_CHECK_ALLOC(ctx, arena);
+  mp_plan *p = mp_arena_alloc(arena, sizeof *p);
+  if (p == NULL) {
+    mp_arena_destroy(arena);
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating the plan");
+  }
+  p->arena = arena;
+  p->model = *m;
+  p->mesh = *mesh;
+  p->opts = *opts;
+  if (p->opts.seq == 0) p->opts.seq = m->max_seq < 8192 ? m->max_seq : 8192;
+  if (p->opts.seq % mesh->size[MP_DIM_CP] != 0) {
+    mp_status st = mp_error(ctx, MP_ERR_INVALID,
+                            "cp=%d does not divide the default seq=%lld of %s; give seq a "
+                            "multiple of %d",
+                            mesh->size[MP_DIM_CP], (long long)p->opts.seq, m->name,
+                            mesh->size[MP_DIM_CP]);
+    mp_arena_destroy(arena);
+    return st;
+  }
+  if (p->opts.global_batch == 0)
+    p->opts.global_batch = p->opts.micro_batch * mesh->size[MP_DIM_DP_REPLICATE] *
+                           mesh->size[MP_DIM_DP_SHARD];
+  p->vocab_padded = m->vocab;
+  p->ac = MP_AC_NONE;
+  int pp = mesh->size[MP_DIM_PP];
+  p->layers_per_stage = (int)((m->n_layers + pp - 1) / pp);
+
+  /* Upper bound on parameters: 2 embeddings + 2 head + per block at most
+   * 2 norms x 2 + 4 attention Linear x 2 + 2 qk norms + 3 MLP x 2 + router + 3 experts +
+   * 3 shared = 26; round up. */
+  builder b = {p, (int)(8 + 32 * m->n_layers)};
+  p->params = mp_arena_alloc(arena, sizeof(mp_param) * (size_t)b.cap);
+  if (p->params == NULL) goto nomem;
+
+  const int64_t H = m->d_model, hd = m->head_dim;
+  const int64_t q_out = m->n_heads * hd, kv_out = m->n_kv_heads * hd;
+  const int gpt = m->family == MP_FAMILY_GPT;
+  const int lbias = gpt && m->bias;          /* biases on every Linear and LayerNorm */
+  const int qkvb = lbias || m->qkv_bias;     /* biases on q/k/v */
+
+  ADD(MP_MOD_TOK_EMBEDDINGS, -1, MP_ROLE_WEIGHT, 2, m->vocab, H, 1);
+  if (gpt) ADD(MP_MOD_POS_EMBEDDINGS, -1, MP_ROLE_WEIGHT, 2, m->max_seq, H, 1);
+  for (int l = 0; l < (int)m->n_layers; l++) {
+    NORM(MP_MOD_ATTN_NORM, l, H, lbias);
+    LINEAR(MP_MOD_Q, l, q_out, H, qkvb);
+    LINEAR(MP_MOD_K, l, kv_out, H, qkvb);
+    LINEAR(MP_MOD_V, l, kv_out, H, qkvb);
+    if (m->qk_norm) {
+      NORM(MP_MOD_Q_NORM, l, hd, 0);
+      NORM(MP_MOD_K_NORM, l, hd, 0);
+    }
+    LINEAR(MP_MOD_O, l, H, q_out, lbias);
+    NORM(MP_MOD_FFN_NORM, l, H, lbias);
+    if (mp_model_layer_is_moe(m, l)) {
+      const int64_t E = m->n_experts, fe = m->d_ff_expert;
+      LINEAR(MP_MOD_ROUTER, l, E, H, 0);
+      ADD(MP_MOD_EXPERTS_GATE, l, MP_ROLE_WEIGHT, 3, E, fe, H);
+      ADD(MP_MOD_EXPERTS_UP, l, MP_ROLE_WEIGHT, 3, E, fe, H);
+      ADD(MP_MOD_EXPERTS_DOWN, l, MP_ROLE_WEIGHT, 3, E, H, fe);
+      if (m->n_shared_experts > 0) {
+        const int64_t fs = m->d_ff_shared;
+        LINEAR(MP_MOD_SHARED_GATE, l, fs, H, 0);
+        LINEAR(MP_MOD_SHARED_UP, l, fs, H, 0);
+        LINEAR(MP_MOD_SHARED_DOWN, l, H, fs, 0);
+      }
+    } else {
+      if (!gpt) LINEAR(MP_MOD_GATE, l, m->d_ff, H, 0);
+      LINEAR(MP_MOD_UP, l, m->d_ff, H, lbias);
+      LINEAR(MP_MOD_DOWN, l, H, m->d_ff, lbias);
+    }
+  }
+  NORM(MP_MOD_FINAL_NORM, -1, H, lbias);
+  /* GPT-2's head has no bias, nor has Llama's. */
+  if (!m->tied_embeddings) LINEAR(MP_MOD_OUTPUT, -1, m->vocab, H, 0);
+  *out = p;
+  return MP_OK;
+
+nomem:
+  mp_arena_destroy(arena);
+  return mp_error(ctx, MP_ERR_NOMEM, "out of memory building the module tree of %s", m->name);
+}
+
+void mp_plan_destroy(mp_plan *p) {
+  if (p == NULL) return;
+  mp_arena_destroy(p->arena); /* the plan itself lives in its arena */
+}
+
+mp_status mp_build_plan(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                        const mp_plan_options *opts, mp_plan **out) {
+  mp_plan_options defaults;
+  if (opts == NULL) {
+    mp_plan_options_init(&defaults);
+    opts = &defaults;
+  }
+  mp_plan *p = NULL;
+  mp_status st;
+  *out = NULL;
+  MP_CHECK(mp_plan_create(ctx, m, mesh, opts, &p));
+  if (mesh->size[MP_DIM_TP] > 1) MP_CHECK_GOTO(mp_apply_tensor_parallel(ctx, p, &opts->tp), st, fail);
+  if (mesh->ep > 1) MP_CHECK_GOTO(mp_apply_expert_parallel(ctx, p), st, fail);
+  if (opts->fp8) MP_CHECK_GOTO(mp_apply_float8(ctx, p, &opts->fp8_opts), st, fail);
+  MP_CHECK_GOTO(mp_apply_ac(ctx, p, opts->ac), st, fail);
+  MP_CHECK_GOTO(mp_apply_fsdp(ctx, p, &opts->fsdp), st, fail);
+  *out = p;
+  return MP_OK;
+fail:
+  mp_plan_destroy(p);
+  return st;
+}
+
+/* ---- tiles --------------------------------------------------------------------------- */
+
+int64_t mp_param_numel(const mp_param *prm) {
+  int64_t n = 1;
+  for (int i = 0; i < prm->ndim; i++) n *= prm->shape[i];
+  return n;
+}
+
+int64_t mp_param_tp_numel(const mp_param *prm) {
+  int64_t n = 1;
+  for (int i = 0; i < prm->ndim; i++) n *= prm->tp_shape[i];
+  return n;
+}
+
+void mp_param_tp_tile(const mp_plan *p, const mp_param *prm, int rank, int64_t off[MP_MAX_NDIM],
+                      int64_t len[MP_MAX_NDIM]) {
+  int c[MP_MESH_NDIMS];
+  mp_mesh_coords(&p->mesh, rank, c);
+  for (int i = 0; i < MP_MAX_NDIM; i++) {
+    off[i] = 0;
+    len[i] = prm->tp_shape[i];
+  }
+  const mp_placement *tp = &prm->place[MP_AXIS_TP];
+  if (tp->kind == MP_PLACEMENT_SHARD) off[tp->dim] = (int64_t)c[MP_DIM_TP] * prm->tp_shape[tp->dim];
+  const mp_placement *ep = &prm->place[MP_AXIS_EP];
+  if (ep->kind == MP_PLACEMENT_SHARD)
+    off[ep->dim] = (int64_t)mp_mesh_ep_index(&p->mesh, rank) * prm->tp_shape[ep->dim];
+}
+
+int mp_param_tile(const mp_plan *p, const mp_param *prm, int rank, int64_t off[MP_MAX_NDIM],
+                  int64_t len[MP_MAX_NDIM]) {
+  mp_param_tp_tile(p, prm, rank, off, len);
+  if (prm->pp_stage != mp_plan_rank_stage(p, rank)) {
+    for (int i = 0; i < MP_MAX_NDIM; i++) len[i] = 0;
+    return 0;
+  }
+  if (prm->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD) {
+    int g = mp_mesh_group_size(&p->mesh, prm->fsdp_group);
+    int i = mp_mesh_group_index(&p->mesh, prm->fsdp_group, rank);
+    int64_t rows = prm->tp_shape[0], chunk = (rows + g - 1) / g;
+    int64_t start = (int64_t)i * chunk, end = start + chunk;
+    if (end > rows) end = rows;
+    if (start >= end) {
+      for (int k = 0; k < MP_MAX_NDIM; k++) len[k] = 0;
+      return 0;
+    }
+    off[0] += start;
+    len[0] = end - start;
+  }
+  return 1;
+}
+
+int64_t mp_param_local_numel(const mp_plan *p, const mp_param *prm, int rank) {
+  int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
+  if (!mp_param_tile(p, prm, rank, off, len)) return 0;
+  int64_t n = 1;
+  for (int i = 0; i < prm->ndim; i++) n *= len[i];
+  return n;
+}
+
+int mp_plan_find_param(const mp_plan *p, const char *fqn) {
+  for (int i = 0; i < p->n_params; i++)
+    if (strcmp(p->params[i].fqn, fqn) == 0) return i;
+  return -1;
+}
+
+/* ---- totals and batch ---------------------------------------------------------------- */
+
+void mp_plan_rank_totals(const mp_plan *p, int rank, mp_plan_totals *out) {
+  memset(out, 0, sizeof *out);
+  for (int i = 0; i < p->n_params; i++) out->params_numel += mp_param_local_numel(p, &p->params[i], rank);
+  const int64_t mb = mp_dtype_bytes(p->opts.master_dtype);
+  out->param_bytes = out->params_numel * mb;
+  out->grad_bytes = out->params_numel * mb;
+  out->optimizer_bytes = 2 * out->params_numel * mb; /* AdamW exp_avg and exp_avg_sq */
+  if (!(p->applied & MP_PASS_FSDP)) return;
+  const int stage = mp_plan_rank_stage(p, rank);
+  const int64_t pb = mp_dtype_bytes(p->opts.fsdp.param_dtype);
+  for (int u = 0; u < p->n_units; u++) {
+    int64_t n = 0;
+    for (int k = 0; k < p->units[u].n_params; k++) {
+      const mp_param *prm = &p->params[p->units[u].params[k]];
+      if (prm->pp_stage == stage) n += mp_param_tp_numel(prm);
+    }
+    if (n * pb > out->max_unit_gathered_bytes) out->max_unit_gathered_bytes = n * pb;
+  }
+}
+
+mp_status mp_plan_batch(mp_ctx *ctx, const mp_plan *p, int64_t *local_batch, int64_t *n_micro) {
+  const int64_t dp = (int64_t)p->mesh.size[MP_DIM_DP_REPLICATE] * p->mesh.size[MP_DIM_DP_SHARD];
+  const int64_t gb = p->opts.global_batch, mb = p->opts.micro_batch;
+  if (mb < 1 || gb < 1)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "micro_batch=%lld and global_batch=%lld must both be at least 1",
+                    (long long)mb, (long long)gb);
+  if (gb % dp != 0)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "global_batch=%lld does not divide over the %lld data-parallel ranks "
+                    "(dp_replicate x dp_shard); choose a multiple of %lld",
+                    (long long)gb, (long long)dp, (long long)dp);
+  const int64_t local = gb / dp;
+  if (local % mb != 0)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "the %lld sequences per data-parallel rank (global_batch=%lld / %lld ranks) "
+                    "do not divide into micro-batches of %lld; choose micro_batch dividing %lld",
+                    (long long)local, (long long)gb, (long long)dp, (long long)mb,
+                    (long long)local);
+  *local_batch = local;
+  *n_micro = local / mb;
+  return MP_OK;
+}

@@ -1,0 +1,394 @@
+// The five passes one by one: what each changes, and every refusal of a wrong order or
+// combination (code and the words of the rule in the message).
+#include "tests/plan/plan_testutil.h"
+
+typedef std::vector<int64_t> V;
+
+namespace {
+
+struct Fixture {
+  mp_ctx ctx;
+  mp_model model;
+  mp_mesh mesh;
+  mp_plan *p = nullptr;
+  Fixture(const mp_model &m, const char *mesh_spec) : model(m) {
+    mp_ctx_init(&ctx);
+    mesh = Mesh(mesh_spec);
+    mp_status st = mp_plan_create(&ctx, &model, &mesh, nullptr, &p);
+    EXPECT_EQ(st, MP_OK) << mp_errmsg(&ctx);
+  }
+  ~Fixture() { mp_plan_destroy(p); }
+  mp_status Tp(int shard_logits = 1, int pad = 0) {
+    mp_tp_options o = {shard_logits, pad};
+    return mp_apply_tensor_parallel(&ctx, p, &o);
+  }
+  mp_status Ep() { return mp_apply_expert_parallel(&ctx, p); }
+  mp_status F8(int all_gather = 0) {
+    mp_float8_options o = {all_gather};
+    return mp_apply_float8(&ctx, p, &o);
+  }
+  mp_status Ac(mp_ac_mode m = MP_AC_SELECTIVE) { return mp_apply_ac(&ctx, p, m); }
+  mp_status Fsdp(int per_block = 0) {
+    mp_fsdp_options o = {1, per_block, MP_DTYPE_BF16, MP_DTYPE_FP32};
+    return mp_apply_fsdp(&ctx, p, &o);
+  }
+  bool Says(const char *words) const { return strstr(mp_errmsg(&ctx), words) != nullptr; }
+};
+
+} // namespace
+
+#define EXPECT_REFUSED(f, call, code, words)                          \
+  do {                                                                \
+    EXPECT_EQ((call), (code)) << mp_errmsg(&(f).ctx);                 \
+    EXPECT_TRUE((f).Says(words)) << "message: " << mp_errmsg(&(f).ctx); \
+  } while (0)
+
+// ---- the correct order ----------------------------------------------------------------
+
+TEST(Passes, CanonicalOrderSucceeds) {
+  Fixture f(LoadModel("tiny-moe"), "dp_shard=4,ep=2,tp=2");
+  ASSERT_EQ(f.Tp(), MP_OK) << mp_errmsg(&f.ctx);
+  ASSERT_EQ(f.Ep(), MP_OK) << mp_errmsg(&f.ctx);
+  ASSERT_EQ(f.F8(), MP_OK) << mp_errmsg(&f.ctx);
+  ASSERT_EQ(f.Ac(MP_AC_FULL), MP_OK) << mp_errmsg(&f.ctx);
+  ASSERT_EQ(f.Fsdp(), MP_OK) << mp_errmsg(&f.ctx);
+  EXPECT_EQ(f.p->applied, (unsigned)(MP_PASS_TP | MP_PASS_EP | MP_PASS_FLOAT8 | MP_PASS_AC | MP_PASS_FSDP));
+  ASSERT_EQ(f.p->n_passes, 5);
+  const int order[5] = {MP_PASS_TP, MP_PASS_EP, MP_PASS_FLOAT8, MP_PASS_AC, MP_PASS_FSDP};
+  for (int i = 0; i < 5; i++) EXPECT_EQ(f.p->pass_order[i], order[i]);
+  EXPECT_EQ(f.p->ac, MP_AC_FULL);
+  // tiny-moe: 2 MoE layers -> root + 2 * 3 units.
+  EXPECT_EQ(f.p->n_units, 7);
+}
+
+// Skipping optional passes is fine as long as the order holds.
+TEST(Passes, SubsetInOrderSucceeds) {
+  Fixture f(LoadModel("tiny-dense"), "dp_shard=2");
+  ASSERT_EQ(f.Ac(MP_AC_NONE), MP_OK);
+  ASSERT_EQ(f.Fsdp(), MP_OK) << mp_errmsg(&f.ctx);
+  EXPECT_EQ(f.p->n_units, 3); // dense: n_layers + 1
+}
+
+// ---- the seeds' table ----------------------------------------------------------------
+
+TEST(Passes, FsdpBeforeTpRefused) {
+  Fixture f(SeedModel(), "dp_shard=4,tp=2");
+  EXPECT_REFUSED(f, f.Fsdp(), MP_ERR_ORDER,
+                 "TP would match no Linear; the run would be data-parallel only with wrong gradients");
+  EXPECT_EQ(f.p->applied, 0u);
+}
+
+TEST(Passes, TpAfterFsdpRefused) {
+  Fixture f(SeedModel(), "dp_shard=4"); // tp=1 lets FSDP through; TP then comes too late
+  ASSERT_EQ(f.Fsdp(), MP_OK);
+  EXPECT_REFUSED(f, f.Tp(), MP_ERR_ORDER, "TP would match no Linear");
+}
+
+TEST(Passes, EpAfterFsdpRefused) {
+  Fixture f(LoadModel("tiny-moe"), "dp_shard=4"); // ep=1 lets FSDP through
+  ASSERT_EQ(f.Fsdp(), MP_OK);
+  EXPECT_REFUSED(f, f.Ep(), MP_ERR_ORDER, "EP after FSDP");
+}
+
+TEST(Passes, AcAfterFsdpRefused) {
+  Fixture f(SeedModel(), "dp_shard=4");
+  ASSERT_EQ(f.Fsdp(), MP_OK);
+  EXPECT_REFUSED(f, f.Ac(), MP_ERR_ORDER, "AC after FSDP");
+}
+
+TEST(Passes, Float8AfterFsdpRefused) {
+  Fixture f(LoadModel("tiny-dense"), "dp_shard=4");
+  ASSERT_EQ(f.Fsdp(), MP_OK);
+  EXPECT_REFUSED(f, f.F8(), MP_ERR_ORDER, "Float8 after FSDP");
+}
+
+TEST(Passes, Float8AllGatherWithTpRefused) {
+  Fixture f(LoadModel("tiny-dense"), "dp_shard=2,tp=2");
+  ASSERT_EQ(f.Tp(), MP_OK);
+  EXPECT_REFUSED(f, f.F8(1), MP_ERR_ORDER, "float8 all-gather with TP");
+  // Without the float8 all-gather, float8 with TP is fine.
+  EXPECT_EQ(f.F8(0), MP_OK) << mp_errmsg(&f.ctx);
+}
+
+TEST(Passes, Float8AllGatherWithoutTpAllowed) {
+  Fixture f(LoadModel("tiny-dense"), "dp_shard=4");
+  EXPECT_EQ(f.F8(1), MP_OK) << mp_errmsg(&f.ctx);
+  EXPECT_EQ(f.p->opts.fp8_opts.all_gather, 1);
+}
+
+TEST(Passes, EpWithPerBlockFsdpRefused) {
+  Fixture f(LoadModel("tiny-moe"), "dp_shard=4,ep=2");
+  ASSERT_EQ(f.Ep(), MP_OK);
+  EXPECT_REFUSED(f, f.Fsdp(1), MP_ERR_ORDER,
+                 "EP with per-block FSDP deadlocks between EP's two all-to-alls");
+  EXPECT_EQ(f.Fsdp(0), MP_OK) << mp_errmsg(&f.ctx);
+}
+
+TEST(Passes, PerBlockWithoutEpAllowed) {
+  Fixture f(LoadModel("tiny-moe"), "dp_shard=4");
+  EXPECT_EQ(f.Fsdp(1), MP_OK) << mp_errmsg(&f.ctx);
+  EXPECT_EQ(f.p->n_units, 3);
+}
+
+TEST(Passes, MoeWithPipelineRefusedAtCreate) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m = LoadModel("tiny-moe");
+  mp_mesh me = Mesh("pp=2,dp_shard=2");
+  mp_plan *p = nullptr;
+  EXPECT_EQ(mp_plan_create(&ctx, &m, &me, nullptr, &p), MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "MoE with pipeline parallelism is not supported: "), nullptr)
+      << mp_errmsg(&ctx);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_EQ(mp_build_plan(&ctx, &m, &me, nullptr, &p), MP_ERR_INVALID);
+}
+
+TEST(Passes, FsdpBeforeEpRefused) {
+  Fixture f(LoadModel("tiny-moe"), "dp_shard=4,ep=2");
+  EXPECT_REFUSED(f, f.Fsdp(), MP_ERR_ORDER, "FSDP before EP");
+}
+
+// ---- twice, and the generic order rule -------------------------------------------------
+
+TEST(Passes, AppliedTwiceRefused) {
+  Fixture f(LoadModel("tiny-moe"), "dp_shard=4,ep=2,tp=2");
+  ASSERT_EQ(f.Tp(), MP_OK);
+  EXPECT_REFUSED(f, f.Tp(), MP_ERR_ORDER, "TP pass applied twice");
+  ASSERT_EQ(f.Ep(), MP_OK);
+  EXPECT_REFUSED(f, f.Ep(), MP_ERR_ORDER, "EP pass applied twice");
+  ASSERT_EQ(f.F8(), MP_OK);
+  EXPECT_REFUSED(f, f.F8(), MP_ERR_ORDER, "Float8 pass applied twice");
+  ASSERT_EQ(f.Ac(), MP_OK);
+  EXPECT_REFUSED(f, f.Ac(), MP_ERR_ORDER, "AC pass applied twice");
+  ASSERT_EQ(f.Fsdp(), MP_OK);
+  EXPECT_REFUSED(f, f.Fsdp(), MP_ERR_ORDER, "FSDP pass applied twice");
+  // Shapes were not sharded a second time: q [64,64] / tp 2 = [32,64].
+  EXPECT_EQ(Shape(Param(f.p, "layers.0.attention.q_proj.weight").tp_shape, 2), (V{32, 64}));
+}
+
+TEST(Passes, LaterPassBeforeEarlierRefused) {
+  {
+    Fixture f(LoadModel("tiny-moe"), "dp_shard=4,ep=2,tp=2");
+    ASSERT_EQ(f.Ep(), MP_OK);
+    EXPECT_REFUSED(f, f.Tp(), MP_ERR_ORDER, "TP applied after EP");
+  }
+  {
+    Fixture f(LoadModel("tiny-moe"), "dp_shard=4,ep=2");
+    ASSERT_EQ(f.F8(), MP_OK);
+    EXPECT_REFUSED(f, f.Ep(), MP_ERR_ORDER, "EP applied after Float8");
+  }
+  {
+    Fixture f(LoadModel("tiny-dense"), "dp_shard=2");
+    ASSERT_EQ(f.Ac(), MP_OK);
+    EXPECT_REFUSED(f, f.F8(), MP_ERR_ORDER, "Float8 applied after AC");
+  }
+}
+
+// ---- TP --------------------------------------------------------------------------------
+
+TEST(PassTp, DivisibilityRefusalsListValidChoices) {
+  // n_heads 24, n_kv_heads 8, d_model 3072, d_ff 8192, vocab 32000: tp=3 divides n_heads but
+  // not n_kv_heads; the common divisors are those of gcd(24, 8, 3072, 8192, 32000) = 8.
+  mp_model m = SeedModel();
+  m.n_heads = 24;
+  m.n_kv_heads = 8;
+  m.head_dim = 128;
+  m.d_model = 3072;
+  m.d_ff = 8192;
+  m.vocab = 32000;
+  Fixture f(m, "tp=3");
+  EXPECT_REFUSED(f, f.Tp(), MP_ERR_INVALID, "tp=3 does not divide n_kv_heads=8; choose tp in {1,2,4,8}");
+  EXPECT_EQ(f.p->applied, 0u);
+
+  Fixture q(LoadModel("qwen3-30b-a3b"), "tp=8");
+  // gcd(32, 4, 2048, 151936) = 4 (151936 = 2^7 * 1187); d_ff is not checked (no dense MLP).
+  EXPECT_REFUSED(q, q.Tp(), MP_ERR_INVALID, "tp=8 does not divide n_kv_heads=4; choose tp in {1,2,4}");
+
+  Fixture g(LoadModel("gpt2-124m"), "tp=2");
+  EXPECT_REFUSED(g, g.Tp(), MP_ERR_INVALID, "tp=2 does not divide vocab=50257; choose tp in {1} or pad the vocabulary");
+  EXPECT_EQ(g.Tp(1, 1), MP_OK) << mp_errmsg(&g.ctx);
+  EXPECT_EQ(g.p->vocab_padded, 50258);
+}
+
+TEST(PassTp, DFfSharedChecked) {
+  // tiny-moe: n_heads 8, n_kv_heads 4, d_model 64, vocab 256, every layer MoE (d_ff not
+  // checked). d_ff_shared 68 divides by 4: tp=4 passes. d_ff_shared 66 does not:
+  // refused; the common divisors are those of gcd(8, 4, 64, 66, 256) = 2.
+  mp_model m = LoadModel("tiny-moe");
+  m.d_ff_shared = 68;
+  Fixture g(m, "tp=4");
+  EXPECT_EQ(g.Tp(), MP_OK) << mp_errmsg(&g.ctx);
+  EXPECT_EQ(Shape(Param(g.p, "layers.0.moe.shared_expert.down_proj.weight").tp_shape, 2), (V{64, 17}));
+  m.d_ff_shared = 66;
+  Fixture h(m, "tp=4");
+  EXPECT_REFUSED(h, h.Tp(), MP_ERR_INVALID, "tp=4 does not divide d_ff_shared=66; choose tp in {1,2}");
+}
+
+TEST(PassTp, StylesAndLogits) {
+  Fixture f(LoadModel("tiny-moe"), "tp=2");
+  ASSERT_EQ(f.Tp(0), MP_OK);
+  struct {
+    const char *fqn;
+    mp_tp_style style;
+    int dim;
+  } want[] = {
+      {"tok_embeddings.weight", MP_TP_VOCAB, 0},
+      {"layers.0.attention.q_proj.weight", MP_TP_COLWISE, 0},
+      {"layers.0.attention.k_proj.weight", MP_TP_COLWISE, 0},
+      {"layers.0.attention.v_proj.weight", MP_TP_COLWISE, 0},
+      {"layers.0.attention.o_proj.weight", MP_TP_ROWWISE, 1},
+      {"layers.0.moe.shared_expert.gate_proj.weight", MP_TP_COLWISE, 0},
+      {"layers.0.moe.shared_expert.up_proj.weight", MP_TP_COLWISE, 0},
+      {"layers.0.moe.shared_expert.down_proj.weight", MP_TP_ROWWISE, 1},
+      {"layers.0.moe.router.weight", MP_TP_NONE, -1},
+      {"layers.0.moe.experts.gate_proj.weight", MP_TP_NONE, -1},
+      {"layers.0.attention_norm.weight", MP_TP_NONE, -1},
+      {"output.weight", MP_TP_COLWISE, 0},
+  };
+  for (auto &w : want) {
+    const mp_param &p = Param(f.p, w.fqn);
+    EXPECT_EQ(p.tp_style, w.style) << w.fqn;
+    EXPECT_EQ(p.place[MP_AXIS_TP].dim, w.dim) << w.fqn;
+  }
+  // shard_logits=0 is recorded and said.
+  EXPECT_EQ(f.p->opts.tp.shard_logits, 0);
+  bool said = false;
+  for (int i = 0; i < f.p->n_notes; i++) said |= strstr(f.p->notes[i], "logits all-gathered") != nullptr;
+  EXPECT_TRUE(said);
+}
+
+// ---- EP --------------------------------------------------------------------------------
+
+TEST(PassEp, DenseModelRefused) {
+  Fixture f(LoadModel("tiny-dense"), "dp_shard=4,ep=2");
+  EXPECT_REFUSED(f, f.Ep(), MP_ERR_INVALID, "EP on a dense model");
+}
+
+TEST(PassEp, EpMustDivideExperts) {
+  // tiny-moe has 8 experts; dp_shard=3, ep=3 is a valid mesh but 3 does not divide 8.
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m = LoadModel("tiny-moe");
+  mp_mesh me = Mesh("dp_shard=3,ep=3");
+  mp_plan *p = nullptr;
+  EXPECT_EQ(mp_plan_create(&ctx, &m, &me, nullptr, &p), MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "ep=3 does not divide n_experts=8"), nullptr) << mp_errmsg(&ctx);
+}
+
+TEST(PassEp, ExpertsSplit) {
+  Fixture f(LoadModel("tiny-moe"), "dp_shard=8,ep=4");
+  ASSERT_EQ(f.Ep(), MP_OK);
+  // 8 experts / 4 = 2 per rank: experts.gate_proj [8, 32, 64] -> [2, 32, 64].
+  const mp_param &e = Param(f.p, "layers.1.moe.experts.gate_proj.weight");
+  EXPECT_EQ(Shape(e.tp_shape, 3), (V{2, 32, 64}));
+  EXPECT_EQ(e.place[MP_AXIS_EP].kind, MP_PLACEMENT_SHARD);
+  EXPECT_EQ(Shape(Param(f.p, "layers.1.moe.router.weight").tp_shape, 2), (V{8, 64}));
+}
+
+// ---- Float8 ------------------------------------------------------------------------------
+
+TEST(PassFloat8, MarksEligibleLinears) {
+  // tiny-dense, tp=1: q [64,64], k,v [32,64], o [64,64], gate, up [192,64], down [64,192]:
+  // all multiples of 16 -> 7 per layer x 2 layers = 14 float8; output and embeddings excluded.
+  Fixture f(LoadModel("tiny-dense"), "dp_shard=2");
+  ASSERT_EQ(f.F8(), MP_OK);
+  int n = 0;
+  for (int i = 0; i < f.p->n_params; i++) n += f.p->params[i].float8;
+  EXPECT_EQ(n, 14);
+  EXPECT_EQ(Param(f.p, "output.weight").float8, 0);
+  EXPECT_EQ(Param(f.p, "tok_embeddings.weight").float8, 0);
+  EXPECT_EQ(Param(f.p, "layers.0.attention_norm.weight").float8, 0);
+}
+
+TEST(PassFloat8, ExcludesMoeNamesAndSmallDims) {
+  // tiny-moe, tp=4: q [64,64] -> [16,64] ok; k,v [32,64] -> [8,64]: not multiples of 16,
+  // left in bf16 and noted; o [64,64] -> [64,16] ok. Router, experts, shared expert excluded.
+  Fixture f(LoadModel("tiny-moe"), "tp=4");
+  ASSERT_EQ(f.Tp(), MP_OK);
+  ASSERT_EQ(f.F8(), MP_OK);
+  EXPECT_EQ(Param(f.p, "layers.0.attention.q_proj.weight").float8, 1);
+  EXPECT_EQ(Param(f.p, "layers.0.attention.o_proj.weight").float8, 1);
+  EXPECT_EQ(Param(f.p, "layers.0.attention.k_proj.weight").float8, 0);
+  EXPECT_EQ(Param(f.p, "layers.0.attention.v_proj.weight").float8, 0);
+  EXPECT_EQ(Param(f.p, "layers.0.moe.router.weight").float8, 0);
+  EXPECT_EQ(Param(f.p, "layers.0.moe.experts.up_proj.weight").float8, 0);
+  EXPECT_EQ(Param(f.p, "layers.0.moe.shared_expert.up_proj.weight").float8, 0);
+  bool noted = false;
+  for (int i = 0; i < f.p->n_notes; i++)
+    noted |= strstr(f.p->notes[i], "4 Linear layers left in bf16") != nullptr;
+  EXPECT_TRUE(noted);
+}
+
+// ---- AC ------------------------------------------------------------------------------------
+
+TEST(PassAc, RecordsMode) {
+  for (mp_ac_mode m : {MP_AC_NONE, MP_AC_SELECTIVE, MP_AC_FULL}) {
+    Fixture f(SeedModel(), "dp_shard=2");
+    ASSERT_EQ(f.Ac(m), MP_OK);
+    EXPECT_EQ(f.p->ac, m);
+    EXPECT_EQ(f.p->opts.ac, m);
+  }
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_ac_mode m;
+  EXPECT_EQ(mp_ac_mode_parse(&ctx, "selective", &m), MP_OK);
+  EXPECT_EQ(m, MP_AC_SELECTIVE);
+  EXPECT_EQ(mp_ac_mode_parse(&ctx, "some", &m), MP_ERR_INVALID);
+}
+
+// ---- FSDP options, create-time checks ---------------------------------------------------
+
+TEST(PassFsdp, OptionsRecorded) {
+  Fixture f(SeedModel(), "dp_shard=2");
+  mp_fsdp_options o = {0, 0, MP_DTYPE_FP32, MP_DTYPE_BF16};
+  ASSERT_EQ(mp_apply_fsdp(&f.ctx, f.p, &o), MP_OK);
+  EXPECT_EQ(f.p->opts.fsdp.reshard_after_forward, 0);
+  EXPECT_EQ(f.p->opts.fsdp.param_dtype, MP_DTYPE_FP32);
+  EXPECT_EQ(f.p->opts.fsdp.reduce_dtype, MP_DTYPE_BF16);
+  EXPECT_EQ(Param(f.p, "norm.weight").fsdp_unit, 0);
+  EXPECT_EQ(Param(f.p, "layers.0.mlp.up_proj.weight").fsdp_unit, 1);
+}
+
+TEST(PlanCreate, Refusals) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_plan *p = nullptr;
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  // cp=4 does not divide seq=30.
+  mp_model m = LoadModel("tiny-dense");
+  mp_mesh me = Mesh("cp=4");
+  o.seq = 30;
+  EXPECT_EQ(mp_plan_create(&ctx, &m, &me, &o, &p), MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "cp=4 does not divide seq=30"), nullptr) << mp_errmsg(&ctx);
+  o.seq = 32;
+  EXPECT_EQ(mp_plan_create(&ctx, &m, &me, &o, &p), MP_OK) << mp_errmsg(&ctx);
+  mp_plan_destroy(p);
+  // pp=3 over 2 layers: a stage would be empty.
+  me = Mesh("pp=3");
+  EXPECT_EQ(mp_plan_create(&ctx, &m, &me, nullptr, &p), MP_ERR_INVALID);
+  // tied embeddings with pp.
+  mp_model g = LoadModel("gpt2-124m");
+  me = Mesh("pp=2");
+  EXPECT_EQ(mp_plan_create(&ctx, &g, &me, nullptr, &p), MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "ties its output head"), nullptr) << mp_errmsg(&ctx);
+}
+
+TEST(PlanBuild, RunsPassesInOrder) {
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.fp8 = 1;
+  o.ac = MP_AC_SELECTIVE;
+  mp_plan *p = Build(LoadModel("tiny-moe"), "dp_shard=4,ep=2,tp=2", &o);
+  ASSERT_NE(p, nullptr);
+  const int order[5] = {MP_PASS_TP, MP_PASS_EP, MP_PASS_FLOAT8, MP_PASS_AC, MP_PASS_FSDP};
+  ASSERT_EQ(p->n_passes, 5);
+  for (int i = 0; i < 5; i++) EXPECT_EQ(p->pass_order[i], order[i]);
+  mp_plan_destroy(p);
+  // No TP, EP, Float8 asked: AC and FSDP only.
+  p = Build(SeedModel(), "dp_shard=2");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->n_passes, 2);
+  EXPECT_EQ(p->applied, (unsigned)(MP_PASS_AC | MP_PASS_FSDP));
+  mp_plan_destroy(p);
+}
