@@ -14,6 +14,9 @@ def _mpi_configure_impl(rctx):
     name = "mpi",
     hdrs = glob(["inc*/**/*.h"]),
     includes = [%s],
+    # C API only: mpi.h included from C++ would otherwise pull in the deprecated C++
+    # bindings, which live in libmpi_cxx (not linked).
+    defines = ["OMPI_SKIP_MPICXX=1", "MPICH_SKIP_MPICXX=1"],
     linkopts = [%s"-lmpi"],
 )""" % (", ".join(['"inc%d"' % i for i in range(len(incdirs))]),
         "".join(['"-L%s", "-Wl,-rpath,%s", ' % (l, l) for l in libs if l])))

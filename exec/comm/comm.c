@@ -1,0 +1,239 @@
+/* Collectives front end (see comm.h): argument checks shared by every backend, then one
+ * call through the backend table.
+ *
+ * Checks here depend only on arguments that every rank of a group passes identically
+ * (group kind, dtype, op, root, array lengths), or on this rank's own buffers, so a
+ * rejected call is rejected on every rank before any communication starts. */
+#include "exec/comm/comm_backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+size_t mp_comm_dtype_bytes(mp_comm_dtype t) {
+  switch (t) {
+    case MP_COMM_DTYPE_FP32: return 4;
+    case MP_COMM_DTYPE_INT64: return 8;
+    case MP_COMM_DTYPE_BF16: return 2;
+    default: return 0;
+  }
+}
+
+const char *mp_comm_dtype_name(mp_comm_dtype t) {
+  switch (t) {
+    case MP_COMM_DTYPE_FP32: return "fp32";
+    case MP_COMM_DTYPE_INT64: return "int64";
+    case MP_COMM_DTYPE_BF16: return "bf16";
+    default: return "?";
+  }
+}
+
+const char *mp_comm_op_name(mp_comm_op op) {
+  switch (op) {
+    case MP_COMM_OP_SUM: return "sum";
+    case MP_COMM_OP_MAX: return "max";
+    default: return "?";
+  }
+}
+
+int mp_comm_local_rank_from_env(void) {
+  static const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v == NULL || v[0] == '\0') continue;
+    char *end = NULL;
+    long r = strtol(v, &end, 10);
+    if (*end == '\0' && r >= 0 && r < (1L << 30)) return (int)r;
+  }
+  return -1;
+}
+
+void mp_comm_init_common(mp_comm *c, const mp_mesh *mesh, int rank) {
+  memset(c, 0, sizeof *c);
+  c->mesh = *mesh;
+  c->world_rank = rank;
+  c->world_size = mp_mesh_world(mesh);
+  c->local_rank = 0;
+  c->local_size = 1;
+  for (int g = 0; g < MP_GROUP_COUNT; g++) {
+    c->group_size[g] = mp_mesh_group_size(mesh, (mp_group)g);
+    c->group_index[g] = mp_mesh_group_index(mesh, (mp_group)g, rank);
+  }
+}
+
+void mp_comm_destroy(mp_comm *c) {
+  if (c == NULL) return;
+  if (c->backend && c->backend->destroy) c->backend->destroy(c);
+  free(c);
+}
+
+const char *mp_comm_backend_name(const mp_comm *c) { return c->backend->name; }
+const mp_mesh *mp_comm_mesh(const mp_comm *c) { return &c->mesh; }
+int mp_comm_world_rank(const mp_comm *c) { return c->world_rank; }
+int mp_comm_world_size(const mp_comm *c) { return c->world_size; }
+int mp_comm_local_rank(const mp_comm *c) { return c->local_rank; }
+int mp_comm_local_size(const mp_comm *c) { return c->local_size; }
+int mp_comm_group_size(const mp_comm *c, mp_group g) {
+  return g >= 0 && g < MP_GROUP_COUNT ? c->group_size[g] : 0;
+}
+int mp_comm_group_index(const mp_comm *c, mp_group g) {
+  return g >= 0 && g < MP_GROUP_COUNT ? c->group_index[g] : -1;
+}
+
+/* ---- argument checks ---- */
+
+static mp_status check_common(mp_ctx *ctx, const mp_comm *c, const char *what, mp_group g,
+                              mp_comm_dtype t) {
+  if (c == NULL || c->backend == NULL)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: no communicator (create one first)", what);
+  if ((int)g < 0 || g >= MP_GROUP_COUNT)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: group kind %d is not an mp_group", what, (int)g);
+  if ((int)t < 0 || t >= MP_COMM_DTYPE_COUNT)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: dtype %d is not an mp_comm_dtype", what, (int)t);
+  return MP_OK;
+}
+
+static mp_status check_op(mp_ctx *ctx, const char *what, mp_comm_op op) {
+  if ((int)op < 0 || op >= MP_COMM_OP_COUNT)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: op %d is not an mp_comm_op", what, (int)op);
+  return MP_OK;
+}
+
+static mp_status check_buf(mp_ctx *ctx, const char *what, const char *name, const void *p,
+                           size_t count) {
+  if (count > 0 && p == NULL)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: %s is NULL with %zu elements", what, name, count);
+  return MP_OK;
+}
+
+/* count * k elements of t must fit in a size_t of bytes. */
+static mp_status check_size(mp_ctx *ctx, const char *what, size_t count, size_t k,
+                            mp_comm_dtype t) {
+  size_t b = mp_comm_dtype_bytes(t);
+  if (k != 0 && count > SIZE_MAX / k / b)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: %zu x %zu elements overflow the address space",
+                    what, count, k);
+  return MP_OK;
+}
+
+static mp_status check_peer(mp_ctx *ctx, const mp_comm *c, const char *what, int peer,
+                            int allow_self) {
+  if (peer < 0 || peer >= c->world_size)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: peer rank %d is outside the world of %d ranks",
+                    what, peer, c->world_size);
+  if (!allow_self && peer == c->world_rank)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: rank %d names itself as peer; a blocking send to oneself deadlocks "
+                    "(use mp_comm_sendrecv)",
+                    what, peer);
+  return MP_OK;
+}
+
+/* ---- collectives ---- */
+
+mp_status mp_comm_all_reduce(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send, void *recv,
+                             size_t count, mp_comm_dtype t, mp_comm_op op) {
+  const char *w = "all_reduce";
+  MP_CHECK(check_common(ctx, c, w, g, t));
+  MP_CHECK(check_op(ctx, w, op));
+  MP_CHECK(check_buf(ctx, w, "send", send, count));
+  MP_CHECK(check_buf(ctx, w, "recv", recv, count));
+  return c->backend->all_reduce(ctx, c, g, send, recv, count, t, op);
+}
+
+mp_status mp_comm_all_gather(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send, void *recv,
+                             size_t count, mp_comm_dtype t) {
+  const char *w = "all_gather";
+  MP_CHECK(check_common(ctx, c, w, g, t));
+  MP_CHECK(check_size(ctx, w, count, (size_t)c->group_size[g], t));
+  MP_CHECK(check_buf(ctx, w, "send", send, count));
+  MP_CHECK(check_buf(ctx, w, "recv", recv, count));
+  return c->backend->all_gather(ctx, c, g, send, recv, count, t);
+}
+
+mp_status mp_comm_reduce_scatter(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send,
+                                 void *recv, size_t recv_count, mp_comm_dtype t, mp_comm_op op) {
+  const char *w = "reduce_scatter";
+  MP_CHECK(check_common(ctx, c, w, g, t));
+  MP_CHECK(check_op(ctx, w, op));
+  MP_CHECK(check_size(ctx, w, recv_count, (size_t)c->group_size[g], t));
+  MP_CHECK(check_buf(ctx, w, "send", send, recv_count));
+  MP_CHECK(check_buf(ctx, w, "recv", recv, recv_count));
+  return c->backend->reduce_scatter(ctx, c, g, send, recv, recv_count, t, op);
+}
+
+mp_status mp_comm_all_to_all_v(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send,
+                               const int64_t *send_counts, const int64_t *send_displs,
+                               void *recv, const int64_t *recv_counts,
+                               const int64_t *recv_displs, mp_comm_dtype t) {
+  const char *w = "all_to_all_v";
+  MP_CHECK(check_common(ctx, c, w, g, t));
+  if (!send_counts || !send_displs || !recv_counts || !recv_displs)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: counts and displacements are required", w);
+  int n = c->group_size[g];
+  int64_t send_total = 0, recv_total = 0;
+  for (int j = 0; j < n; j++) {
+    if (send_counts[j] < 0 || send_displs[j] < 0 || recv_counts[j] < 0 || recv_displs[j] < 0)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "%s: negative count or displacement for group index %d (send %lld at "
+                      "%lld, recv %lld at %lld)",
+                      w, j, (long long)send_counts[j], (long long)send_displs[j],
+                      (long long)recv_counts[j], (long long)recv_displs[j]);
+    send_total += send_counts[j];
+    recv_total += recv_counts[j];
+  }
+  MP_CHECK(check_buf(ctx, w, "send", send, (size_t)send_total));
+  MP_CHECK(check_buf(ctx, w, "recv", recv, (size_t)recv_total));
+  return c->backend->all_to_all_v(ctx, c, g, send, send_counts, send_displs, recv, recv_counts,
+                                  recv_displs, t);
+}
+
+mp_status mp_comm_broadcast(mp_ctx *ctx, mp_comm *c, mp_group g, void *buf, size_t count,
+                            mp_comm_dtype t, int root) {
+  const char *w = "broadcast";
+  MP_CHECK(check_common(ctx, c, w, g, t));
+  if (root < 0 || root >= c->group_size[g])
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: root %d is not a group index of the %s group (size %d)", w, root,
+                    mp_group_name(g), c->group_size[g]);
+  MP_CHECK(check_buf(ctx, w, "buf", buf, count));
+  return c->backend->broadcast(ctx, c, g, buf, count, t, root);
+}
+
+mp_status mp_comm_send(mp_ctx *ctx, mp_comm *c, const void *buf, size_t count, mp_comm_dtype t,
+                       int peer) {
+  const char *w = "send";
+  MP_CHECK(check_common(ctx, c, w, MP_GROUP_WORLD, t));
+  MP_CHECK(check_peer(ctx, c, w, peer, 0));
+  MP_CHECK(check_buf(ctx, w, "buf", buf, count));
+  return c->backend->send(ctx, c, buf, count, t, peer);
+}
+
+mp_status mp_comm_recv(mp_ctx *ctx, mp_comm *c, void *buf, size_t count, mp_comm_dtype t,
+                       int peer) {
+  const char *w = "recv";
+  MP_CHECK(check_common(ctx, c, w, MP_GROUP_WORLD, t));
+  MP_CHECK(check_peer(ctx, c, w, peer, 0));
+  MP_CHECK(check_buf(ctx, w, "buf", buf, count));
+  return c->backend->recv(ctx, c, buf, count, t, peer);
+}
+
+mp_status mp_comm_sendrecv(mp_ctx *ctx, mp_comm *c, const void *send, size_t send_count, int dst,
+                           void *recv, size_t recv_count, int src, mp_comm_dtype t) {
+  const char *w = "sendrecv";
+  MP_CHECK(check_common(ctx, c, w, MP_GROUP_WORLD, t));
+  MP_CHECK(check_peer(ctx, c, w, dst, 1));
+  MP_CHECK(check_peer(ctx, c, w, src, 1));
+  MP_CHECK(check_buf(ctx, w, "send", send, send_count));
+  MP_CHECK(check_buf(ctx, w, "recv", recv, recv_count));
+  return c->backend->sendrecv(ctx, c, send, send_count, dst, recv, recv_count, src, t);
+}
+
+mp_status mp_comm_barrier(mp_ctx *ctx, mp_comm *c, mp_group g) {
+  MP_CHECK(check_common(ctx, c, "barrier", g, MP_COMM_DTYPE_FP32));
+  return c->backend->barrier(ctx, c, g);
+}
+
+mp_status mp_comm_synchronize(mp_ctx *ctx, mp_comm *c) {
+  MP_CHECK(check_common(ctx, c, "synchronize", MP_GROUP_WORLD, MP_COMM_DTYPE_FP32));
+  return c->backend->synchronize ? c->backend->synchronize(ctx, c) : MP_OK;
+}

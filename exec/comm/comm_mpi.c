@@ -1,0 +1,374 @@
+/* "mpi" backend: collectives over OpenMPI (see comm.h).
+ *
+ * One communicator per group kind, made by MPI_Comm_split(MPI_COMM_WORLD, color =
+ * mp_mesh_group_id, key = mp_mesh_group_index): the key orders a group's ranks by their
+ * mesh group index, and creation verifies that MPI's rank and size in each communicator
+ * equal the mesh's group index and size, so "chunk i belongs to group index i" holds.
+ * Point-to-point goes over the world-kind communicator (its order is the world order).
+ *
+ * MPI counts are int: a call whose counts (or, for gathers, count x group size) exceed
+ * INT_MAX is MP_ERR_UNSUPPORTED rather than silently truncated.
+ *
+ * BF16 is carried as MPI_UINT16_T; its SUM and MAX are user ops (fp32 arithmetic, round to
+ * nearest even), created per comm and freed with it. */
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec/comm/comm_backend.h"
+#include "exec/comm/mpi_check.h"
+
+typedef struct mpi_impl {
+  MPI_Comm comm[MP_GROUP_COUNT];
+  MPI_Op bf16_sum, bf16_max;
+  /* all_to_all_v scratch: int counts/displacements, world_size entries each */
+  int *a2a;
+} mpi_impl;
+
+mp_status mp_mpi_error(mp_ctx *ctx, int mpi_rc, const char *file, int line, const char *call) {
+  char s[MPI_MAX_ERROR_STRING + 1];
+  int len = 0, cls = -1;
+  if (MPI_Error_string(mpi_rc, s, &len) != MPI_SUCCESS) len = 0;
+  s[len] = '\0';
+  if (MPI_Error_class(mpi_rc, &cls) != MPI_SUCCESS) cls = -1;
+  return mp_error(ctx, MP_ERR_MPI, "%s:%d: %s failed: %s (MPI error class %d)", file, line, call,
+                  len ? s : "unknown MPI error", cls);
+}
+
+/* ---- MPI lifetime ---- */
+
+mp_status mp_comm_mpi_init(mp_ctx *ctx, int *argc, char ***argv) {
+  int inited = 0, finalized = 0;
+  MP_MPI_CHECK(ctx, MPI_Finalized(&finalized));
+  if (finalized)
+    return mp_error(ctx, MP_ERR_MPI,
+                    "MPI was already finalized in this process and cannot start again; create "
+                    "every communicator before mp_comm_mpi_finalize");
+  MP_MPI_CHECK(ctx, MPI_Initialized(&inited));
+  if (!inited) {
+    /* FUNNELED: kernels may run threads, but only the main thread calls MPI. */
+    int provided = 0;
+    MP_MPI_CHECK(ctx, MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  }
+  MP_MPI_CHECK(ctx, MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  return MP_OK;
+}
+
+mp_status mp_comm_mpi_finalize(mp_ctx *ctx) {
+  int inited = 0, finalized = 0;
+  MP_MPI_CHECK(ctx, MPI_Initialized(&inited));
+  MP_MPI_CHECK(ctx, MPI_Finalized(&finalized));
+  if (inited && !finalized) MP_MPI_CHECK(ctx, MPI_Finalize());
+  return MP_OK;
+}
+
+/* ---- types and ops ---- */
+
+static float bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even */
+  return (uint16_t)(u >> 16);
+}
+
+static void bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  (void)dt;
+  const uint16_t *a = (const uint16_t *)in;
+  uint16_t *b = (uint16_t *)inout;
+  for (int i = 0; i < *len; i++) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+
+static void bf16_max_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  (void)dt;
+  const uint16_t *a = (const uint16_t *)in;
+  uint16_t *b = (uint16_t *)inout;
+  for (int i = 0; i < *len; i++)
+    if (bf16_to_f32(a[i]) > bf16_to_f32(b[i])) b[i] = a[i];
+}
+
+static MPI_Datatype mpi_type(mp_comm_dtype t) {
+  switch (t) {
+    case MP_COMM_DTYPE_INT64: return MPI_INT64_T;
+    case MP_COMM_DTYPE_BF16: return MPI_UINT16_T;
+    case MP_COMM_DTYPE_FP32:
+    default: return MPI_FLOAT;
+  }
+}
+
+static MPI_Op mpi_op(const mpi_impl *m, mp_comm_dtype t, mp_comm_op op) {
+  if (t == MP_COMM_DTYPE_BF16) return op == MP_COMM_OP_MAX ? m->bf16_max : m->bf16_sum;
+  return op == MP_COMM_OP_MAX ? MPI_MAX : MPI_SUM;
+}
+
+static mp_status to_int(mp_ctx *ctx, const char *what, size_t n, int *out) {
+  if (n > (size_t)INT_MAX)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED,
+                    "%s: %zu elements exceed MPI's int count limit (%d); split the buffer into "
+                    "smaller calls",
+                    what, n, INT_MAX);
+  *out = (int)n;
+  return MP_OK;
+}
+
+#define IMPL(c) ((mpi_impl *)(c)->impl)
+
+/* ---- collectives ---- */
+
+static mp_status mpi_all_reduce(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send,
+                                void *recv, size_t count, mp_comm_dtype t, mp_comm_op op) {
+  int n = 0;
+  MP_CHECK(to_int(ctx, "all_reduce", count, &n));
+  const void *s = send == recv ? MPI_IN_PLACE : send;
+  MP_MPI_CHECK(ctx, MPI_Allreduce(s, recv, n, mpi_type(t), mpi_op(IMPL(c), t, op),
+                                  IMPL(c)->comm[g]));
+  return MP_OK;
+}
+
+static mp_status mpi_all_gather(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send,
+                                void *recv, size_t count, mp_comm_dtype t) {
+  int n = 0, total = 0;
+  MP_CHECK(to_int(ctx, "all_gather", count, &n));
+  MP_CHECK(to_int(ctx, "all_gather (count x group size)", count * (size_t)c->group_size[g],
+                  &total));
+  size_t off = count * (size_t)c->group_index[g] * mp_comm_dtype_bytes(t);
+  const void *s = send == (const char *)recv + off ? MPI_IN_PLACE : send;
+  MP_MPI_CHECK(ctx, MPI_Allgather(s, n, mpi_type(t), recv, n, mpi_type(t), IMPL(c)->comm[g]));
+  return MP_OK;
+}
+
+static mp_status mpi_reduce_scatter(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send,
+                                    void *recv, size_t recv_count, mp_comm_dtype t,
+                                    mp_comm_op op) {
+  int n = 0, total = 0;
+  MP_CHECK(to_int(ctx, "reduce_scatter", recv_count, &n));
+  MP_CHECK(to_int(ctx, "reduce_scatter (count x group size)",
+                  recv_count * (size_t)c->group_size[g], &total));
+  MP_MPI_CHECK(ctx, MPI_Reduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(IMPL(c), t, op),
+                                             IMPL(c)->comm[g]));
+  return MP_OK;
+}
+
+static mp_status mpi_all_to_all_v(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send,
+                                  const int64_t *send_counts, const int64_t *send_displs,
+                                  void *recv, const int64_t *recv_counts,
+                                  const int64_t *recv_displs, mp_comm_dtype t) {
+  int n = c->group_size[g];
+  int *sc = IMPL(c)->a2a, *sd = sc + n, *rc = sd + n, *rd = rc + n;
+  for (int j = 0; j < n; j++) {
+    /* the end of each segment must fit too: MPI addresses elements with int offsets */
+    MP_CHECK(to_int(ctx, "all_to_all_v send", (size_t)(send_displs[j] + send_counts[j]), &sc[j]));
+    MP_CHECK(to_int(ctx, "all_to_all_v recv", (size_t)(recv_displs[j] + recv_counts[j]), &rc[j]));
+    sc[j] = (int)send_counts[j];
+    sd[j] = (int)send_displs[j];
+    rc[j] = (int)recv_counts[j];
+    rd[j] = (int)recv_displs[j];
+  }
+  MP_MPI_CHECK(ctx, MPI_Alltoallv(send, sc, sd, mpi_type(t), recv, rc, rd, mpi_type(t),
+                                  IMPL(c)->comm[g]));
+  return MP_OK;
+}
+
+static mp_status mpi_broadcast(mp_ctx *ctx, mp_comm *c, mp_group g, void *buf, size_t count,
+                               mp_comm_dtype t, int root) {
+  int n = 0;
+  MP_CHECK(to_int(ctx, "broadcast", count, &n));
+  MP_MPI_CHECK(ctx, MPI_Bcast(buf, n, mpi_type(t), root, IMPL(c)->comm[g]));
+  return MP_OK;
+}
+
+/* A receive that gets fewer elements than asked is an error: the two sides disagree on
+ * the message (more than asked is MPI_ERR_TRUNCATE from MPI itself). */
+static mp_status check_received(mp_ctx *ctx, const char *what, MPI_Status *st, int want,
+                                mp_comm_dtype t, int peer) {
+  int got = 0;
+  MP_MPI_CHECK(ctx, MPI_Get_count(st, mpi_type(t), &got));
+  if (got != want)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: expected %d %s elements from rank %d but received %d; sender and "
+                    "receiver disagree on the message size",
+                    what, want, mp_comm_dtype_name(t), peer, got);
+  return MP_OK;
+}
+
+static mp_status mpi_send(mp_ctx *ctx, mp_comm *c, const void *buf, size_t count,
+                          mp_comm_dtype t, int peer) {
+  int n = 0;
+  MP_CHECK(to_int(ctx, "send", count, &n));
+  MP_MPI_CHECK(ctx, MPI_Send(buf, n, mpi_type(t), peer, 0, IMPL(c)->comm[MP_GROUP_WORLD]));
+  return MP_OK;
+}
+
+static mp_status mpi_recv(mp_ctx *ctx, mp_comm *c, void *buf, size_t count, mp_comm_dtype t,
+                          int peer) {
+  int n = 0;
+  MPI_Status st;
+  MP_CHECK(to_int(ctx, "recv", count, &n));
+  MP_MPI_CHECK(ctx, MPI_Recv(buf, n, mpi_type(t), peer, 0, IMPL(c)->comm[MP_GROUP_WORLD], &st));
+  return check_received(ctx, "recv", &st, n, t, peer);
+}
+
+static mp_status mpi_sendrecv(mp_ctx *ctx, mp_comm *c, const void *send, size_t send_count,
+                              int dst, void *recv, size_t recv_count, int src, mp_comm_dtype t) {
+  int ns = 0, nr = 0;
+  MPI_Status st;
+  MP_CHECK(to_int(ctx, "sendrecv", send_count, &ns));
+  MP_CHECK(to_int(ctx, "sendrecv", recv_count, &nr));
+  MP_MPI_CHECK(ctx, MPI_Sendrecv(send, ns, mpi_type(t), dst, 0, recv, nr, mpi_type(t), src, 0,
+                                 IMPL(c)->comm[MP_GROUP_WORLD], &st));
+  return check_received(ctx, "sendrecv", &st, nr, t, src);
+}
+
+static mp_status mpi_barrier(mp_ctx *ctx, mp_comm *c, mp_group g) {
+  MP_MPI_CHECK(ctx, MPI_Barrier(IMPL(c)->comm[g]));
+  return MP_OK;
+}
+
+static void mpi_destroy(mp_comm *c) {
+  mpi_impl *m = IMPL(c);
+  if (m == NULL) return;
+  int finalized = 1;
+  MPI_Finalized(&finalized);
+  if (!finalized) { /* after MPI_Finalize the handles are gone with MPI itself */
+    for (int g = 0; g < MP_GROUP_COUNT; g++)
+      if (m->comm[g] != MPI_COMM_NULL) MPI_Comm_free(&m->comm[g]);
+    if (m->bf16_sum != MPI_OP_NULL) MPI_Op_free(&m->bf16_sum);
+    if (m->bf16_max != MPI_OP_NULL) MPI_Op_free(&m->bf16_max);
+  }
+  free(m->a2a);
+  free(m);
+  c->impl = NULL;
+}
+
+static const mp_comm_backend k_mpi = {
+    .name = "mpi",
+    .all_reduce = mpi_all_reduce,
+    .all_gather = mpi_all_gather,
+    .reduce_scatter = mpi_reduce_scatter,
+    .all_to_all_v = mpi_all_to_all_v,
+    .broadcast = mpi_broadcast,
+    .send = mpi_send,
+    .recv = mpi_recv,
+    .sendrecv = mpi_sendrecv,
+    .barrier = mpi_barrier,
+    .synchronize = NULL, /* every call above is blocking */
+    .destroy = mpi_destroy,
+};
+
+/* ---- creation ---- */
+
+/* Set by mpirun (OpenMPI), mpiexec (MPICH's hydra) and srun. Not PMIX_*: an OpenMPI
+ * singleton sets those itself inside MPI_Init. */
+static int launched_by_mpirun(int world) {
+  return world > 1 || getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") ||
+         getenv("SLURM_NTASKS");
+}
+
+/* Every rank learns whether all ranks were given the same mesh and whether the mesh fits
+ * the MPI world, from one all-reduce: each decision below is then the same on every rank,
+ * so either all ranks go on to split or all return the same error. */
+static mp_status agree_on_mesh(mp_ctx *ctx, const mp_mesh *mesh, int world) {
+  enum { N = MP_MESH_NDIMS + 1 };
+  long long v[2 * N]; /* max of each dim, then max of its negation (= -min) */
+  for (int i = 0; i < N; i++) {
+    long long x = i < MP_MESH_NDIMS ? mesh->size[i] : mesh->ep;
+    v[i] = x;
+    v[N + i] = -x;
+  }
+  MP_MPI_CHECK(ctx, MPI_Allreduce(MPI_IN_PLACE, v, 2 * N, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD));
+  for (int i = 0; i < N; i++)
+    if (v[i] != -v[N + i])
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "the ranks were given different meshes (%s ranges from %lld to %lld "
+                      "across ranks); pass the same --mesh to every rank",
+                      i < MP_MESH_NDIMS ? mp_mesh_dim_name((mp_mesh_dim)i) : "ep", -v[N + i],
+                      v[i]);
+  MP_CHECK(mp_mesh_validate(ctx, mesh));
+  int mw = mp_mesh_world(mesh);
+  if (mw != world) {
+    char f[256];
+    mp_mesh_format(mesh, f, sizeof f);
+    if (launched_by_mpirun(world))
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "mesh %s has %d ranks but mpirun started %d; launch with mpirun -np %d "
+                      "or choose a mesh whose dims multiply to %d",
+                      f, mw, world, mw, world);
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "mesh %s has %d ranks but this process was started without mpirun (world "
+                    "size %d); launch with mpirun -np %d",
+                    f, mw, world, mw);
+  }
+  return MP_OK;
+}
+
+mp_status mp_comm_create_mpi(mp_ctx *ctx, const mp_mesh *mesh, mp_comm **out) {
+  mp_status st = MP_OK;
+  int rank = 0, world = 0;
+  *out = NULL;
+  if (mesh == NULL) return mp_error(ctx, MP_ERR_INVALID, "mp_comm_create_mpi: no mesh");
+  MP_CHECK(mp_comm_mpi_init(ctx, NULL, NULL));
+  MP_MPI_CHECK(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MP_MPI_CHECK(ctx, MPI_Comm_size(MPI_COMM_WORLD, &world));
+  MP_CHECK(agree_on_mesh(ctx, mesh, world));
+
+  mp_comm *c = (mp_comm *)calloc(1, sizeof *c);
+  MP_CHECK_ALLOC(ctx, c);
+  mp_comm_init_common(c, mesh, rank);
+  c->backend = &k_mpi;
+  mpi_impl *m = (mpi_impl *)calloc(1, sizeof *m);
+  if (m == NULL) {
+    free(c);
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating an MPI communicator");
+  }
+  c->impl = m;
+  for (int g = 0; g < MP_GROUP_COUNT; g++) m->comm[g] = MPI_COMM_NULL;
+  m->bf16_sum = m->bf16_max = MPI_OP_NULL;
+  m->a2a = (int *)malloc(4 * (size_t)world * sizeof(int));
+  if (m->a2a == NULL) {
+    st = mp_error(ctx, MP_ERR_NOMEM, "out of memory for all-to-all scratch of %d ranks", world);
+    goto fail;
+  }
+
+  for (int g = 0; g < MP_GROUP_COUNT; g++) {
+    int color = mp_mesh_group_id(mesh, (mp_group)g, rank);
+    int key = mp_mesh_group_index(mesh, (mp_group)g, rank);
+    int r = -1, n = -1;
+    MP_MPI_CHECK_GOTO(ctx, MPI_Comm_split(MPI_COMM_WORLD, color, key, &m->comm[g]), st, fail);
+    MP_MPI_CHECK_GOTO(ctx, MPI_Comm_set_errhandler(m->comm[g], MPI_ERRORS_RETURN), st, fail);
+    MP_MPI_CHECK_GOTO(ctx, MPI_Comm_rank(m->comm[g], &r), st, fail);
+    MP_MPI_CHECK_GOTO(ctx, MPI_Comm_size(m->comm[g], &n), st, fail);
+    if (r != c->group_index[g] || n != c->group_size[g]) {
+      st = mp_error(ctx, MP_ERR_INTERNAL,
+                    "%s group of rank %d: MPI gives rank %d of %d, the mesh index %d of %d",
+                    mp_group_name((mp_group)g), rank, r, n, c->group_index[g], c->group_size[g]);
+      goto fail;
+    }
+  }
+
+  MPI_Comm node = MPI_COMM_NULL;
+  MP_MPI_CHECK_GOTO(ctx, MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank,
+                                             MPI_INFO_NULL, &node), st, fail);
+  int lr = 0, ls = 1, r1 = MPI_Comm_rank(node, &lr), r2 = MPI_Comm_size(node, &ls);
+  MPI_Comm_free(&node);
+  MP_MPI_CHECK_GOTO(ctx, r1, st, fail);
+  MP_MPI_CHECK_GOTO(ctx, r2, st, fail);
+  c->local_rank = lr;
+  c->local_size = ls;
+
+  MP_MPI_CHECK_GOTO(ctx, MPI_Op_create(bf16_sum_fn, 1, &m->bf16_sum), st, fail);
+  MP_MPI_CHECK_GOTO(ctx, MPI_Op_create(bf16_max_fn, 1, &m->bf16_max), st, fail);
+  *out = c;
+  return MP_OK;
+
+fail:
+  mp_comm_destroy(c);
+  return st;
+}

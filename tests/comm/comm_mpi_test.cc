@@ -1,0 +1,572 @@
+// Tests of exec/comm's "mpi" backend, run under mpirun (tests/comm/run_mpi.sh): every
+// collective on every group kind of several meshes for the world size it was started with,
+// against values computed by hand from the ranks that mp_mesh_group_ranks lists.
+//
+// Element values encode who sent them (world rank, destination, position), so a result
+// shows not only that data arrived but that it came from the right rank in the right order.
+// Values are small integers (exact in fp32 and bf16), so sums are exact whatever order MPI
+// adds them in; one test uses inexact values to check that every rank of a group gets a
+// bitwise identical all-reduce.
+//
+// Cross-rank failures: a listener all-reduces each test's verdict over the world, so a
+// failure on any rank fails the test on every rank and every rank exits non-zero (mpirun
+// then exits non-zero). Collective calls are never skipped by an early ASSERT return on
+// one rank only: checks on data use EXPECT, ASSERT is kept for statuses that every rank
+// shares.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "exec/comm/comm.h"
+#include "exec/comm/mpi_check.h"
+#include "exec/mesh.h"
+
+namespace {
+
+int g_rank = 0, g_world = 1;
+
+const mp_group kAllGroups[] = {MP_GROUP_PP,    MP_GROUP_DP_REPLICATE, MP_GROUP_DP_SHARD,
+                               MP_GROUP_CP,    MP_GROUP_TP,           MP_GROUP_EP,
+                               MP_GROUP_EFSDP, MP_GROUP_DP,           MP_GROUP_FSDP,
+                               MP_GROUP_WORLD};
+
+// Meshes exercised for each world size: every dim and ep appear with size > 1 somewhere.
+std::vector<std::string> MeshesFor(int world) {
+  if (world == 1) return {"tp=1"};
+  if (world == 4)
+    return {"dp_shard=4",      "tp=4",          "dp_shard=2,tp=2", "dp_replicate=2,dp_shard=2",
+            "pp=2,tp=2",       "pp=4",          "dp_shard=4,ep=2", "dp_shard=4,ep=4",
+            "cp=2,dp_shard=2", "pp=2,dp_shard=2,ep=2"};
+  if (world == 8)
+    return {"dp_shard=2,tp=4",
+            "dp_shard=4,ep=2,tp=2",
+            "pp=2,dp_replicate=2,dp_shard=2",
+            "dp_shard=8,ep=4",
+            "dp_replicate=2,dp_shard=4,ep=2",
+            "pp=2,dp_shard=2,tp=2",
+            "cp=2,dp_shard=2,tp=2",
+            "pp=8"};
+  return {"dp_shard=" + std::to_string(world), "tp=" + std::to_string(world)};
+}
+
+mp_mesh Parse(const std::string &spec) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_mesh m;
+  mp_status s = mp_mesh_parse(&ctx, spec.c_str(), 0, &m);
+  EXPECT_EQ(s, MP_OK) << spec << ": " << mp_errmsg(&ctx);
+  return m;
+}
+
+std::vector<int> GroupRanks(const mp_mesh &m, mp_group g, int rank) {
+  std::vector<int> r(mp_mesh_group_size(&m, g));
+  mp_mesh_group_ranks(&m, g, rank, r.data());
+  return r;
+}
+
+// Runs body once per mesh for this world size with a fresh "mpi" comm.
+void ForEachMesh(const std::function<void(mp_comm *, const mp_mesh &)> &body) {
+  for (const std::string &spec : MeshesFor(g_world)) {
+    SCOPED_TRACE("mesh " + spec);
+    mp_mesh m = Parse(spec);
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_comm *c = nullptr;
+    ASSERT_EQ(mp_comm_create_mpi(&ctx, &m, &c), MP_OK) << mp_errmsg(&ctx);
+    body(c, m);
+    mp_comm_destroy(c);
+  }
+}
+
+std::string Where(const mp_mesh &m, mp_group g) {
+  char f[128];
+  mp_mesh_format(&m, f, sizeof f);
+  return std::string(f) + " group " + mp_group_name(g) + " rank " + std::to_string(g_rank);
+}
+
+float Val(int rank, int i) { return (float)(rank * 1000 + i); }
+
+// ---- creation ----
+
+TEST(CommMpi, WorldAndGroupsMatchTheMesh) {
+  ForEachMesh([](mp_comm *c, const mp_mesh &m) {
+    EXPECT_STREQ(mp_comm_backend_name(c), "mpi");
+    EXPECT_EQ(mp_comm_world_rank(c), g_rank);
+    EXPECT_EQ(mp_comm_world_size(c), g_world);
+    for (mp_group g : kAllGroups) {
+      EXPECT_EQ(mp_comm_group_size(c, g), mp_mesh_group_size(&m, g)) << Where(m, g);
+      EXPECT_EQ(mp_comm_group_index(c, g), mp_mesh_group_index(&m, g, g_rank)) << Where(m, g);
+    }
+    // One node: every rank is local, numbered as in the world.
+    EXPECT_EQ(mp_comm_local_size(c), g_world);
+    EXPECT_EQ(mp_comm_local_rank(c), g_rank);
+    if (getenv("OMPI_COMM_WORLD_LOCAL_RANK")) {
+      EXPECT_EQ(mp_comm_local_rank_from_env(), mp_comm_local_rank(c));
+    }
+  });
+}
+
+TEST(CommMpi, MeshLargerThanWorldFailsOnEveryRank) {
+  mp_mesh m;
+  mp_mesh_init(&m);
+  m.size[MP_DIM_DP_SHARD] = 2;
+  m.size[MP_DIM_TP] = g_world;  // 2 * world ranks
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_comm *c = nullptr;
+  EXPECT_EQ(mp_comm_create_mpi(&ctx, &m, &c), MP_ERR_INVALID);
+  EXPECT_EQ(c, nullptr);
+  char f[64];
+  mp_mesh_format(&m, f, sizeof f);
+  std::string want = std::string("mesh ") + f + " has " + std::to_string(2 * g_world) + " ranks";
+  std::string msg = mp_errmsg(&ctx);
+  EXPECT_NE(msg.find(want), std::string::npos) << msg;
+  if (getenv("OMPI_COMM_WORLD_SIZE")) {
+    EXPECT_NE(msg.find("but mpirun started " + std::to_string(g_world) + ";"), std::string::npos)
+        << msg;
+  } else {
+    EXPECT_NE(msg.find("without mpirun"), std::string::npos) << msg;
+  }
+  // Every rank saw the error: count them.
+  int failed = mp_errmsg(&ctx)[0] != '\0', n = 0;
+  MPI_Allreduce(&failed, &n, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(n, g_world);
+  // The world is still usable afterwards (nothing was left half split).
+  ForEachMesh([](mp_comm *, const mp_mesh &) {});
+}
+
+TEST(CommMpi, RanksWithDifferentMeshesAllFail) {
+  if (g_world < 2) GTEST_SKIP() << "needs two ranks";
+  mp_mesh m;
+  mp_mesh_init(&m);
+  m.size[g_rank == 0 ? MP_DIM_TP : MP_DIM_DP_SHARD] = g_world;  // same world, other layout
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_comm *c = nullptr;
+  EXPECT_EQ(mp_comm_create_mpi(&ctx, &m, &c), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("different meshes"), std::string::npos)
+      << mp_errmsg(&ctx);
+}
+
+TEST(CommMpi, InvalidMeshFailsOnEveryRank) {
+  mp_mesh m;
+  mp_mesh_init(&m);
+  m.size[MP_DIM_DP_SHARD] = g_world;
+  m.ep = 3 * g_world;  // does not divide dp_shard
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_comm *c = nullptr;
+  EXPECT_EQ(mp_comm_create_mpi(&ctx, &m, &c), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("must divide dp_shard"), std::string::npos)
+      << mp_errmsg(&ctx);
+}
+
+// MP_MPI_CHECK turns an MPI error into MP_ERR_MPI with the call, file:line and MPI's string
+// (MPI_ERRORS_RETURN is set, so the process survives the error).
+mp_status BadMpiCall(mp_ctx *ctx) {
+  int n = 0;
+  MP_MPI_CHECK(ctx, MPI_Type_size(MPI_DATATYPE_NULL, &n));
+  return MP_OK;
+}
+
+TEST(CommMpi, MpiErrorsComeBackAsStatus) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  EXPECT_EQ(BadMpiCall(&ctx), MP_ERR_MPI);
+  std::string msg = mp_errmsg(&ctx);
+  EXPECT_NE(msg.find("comm_mpi_test.cc:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("MPI_Type_size(MPI_DATATYPE_NULL, &n) failed: MPI_ERR_TYPE"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(CommMpi, ArgumentErrorsAreRejectedBeforeCommunicating) {
+  ForEachMesh([](mp_comm *c, const mp_mesh &m) {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    float x = 0;
+    int n = mp_mesh_group_size(&m, MP_GROUP_TP);
+    EXPECT_EQ(mp_comm_broadcast(&ctx, c, MP_GROUP_TP, &x, 1, MP_COMM_DTYPE_FP32, n),
+              MP_ERR_INVALID);
+    EXPECT_NE(std::string(mp_errmsg(&ctx)).find("root"), std::string::npos);
+    EXPECT_EQ(mp_comm_all_reduce(&ctx, c, (mp_group)MP_GROUP_COUNT, &x, &x, 1,
+                                 MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM),
+              MP_ERR_INVALID);
+    EXPECT_EQ(mp_comm_all_reduce(&ctx, c, MP_GROUP_TP, nullptr, &x, 1, MP_COMM_DTYPE_FP32,
+                                 MP_COMM_OP_SUM),
+              MP_ERR_INVALID);
+    EXPECT_EQ(mp_comm_send(&ctx, c, &x, 1, MP_COMM_DTYPE_FP32, g_rank), MP_ERR_INVALID);
+    EXPECT_NE(std::string(mp_errmsg(&ctx)).find("itself"), std::string::npos);
+    EXPECT_EQ(mp_comm_recv(&ctx, c, &x, 1, MP_COMM_DTYPE_FP32, g_world), MP_ERR_INVALID);
+    std::vector<int64_t> cnt(mp_mesh_group_size(&m, MP_GROUP_EP), 0);
+    cnt[0] = -1;
+    EXPECT_EQ(mp_comm_all_to_all_v(&ctx, c, MP_GROUP_EP, &x, cnt.data(), cnt.data(), &x,
+                                   cnt.data(), cnt.data(), MP_COMM_DTYPE_FP32),
+              MP_ERR_INVALID);
+  });
+}
+
+// ---- collectives ----
+
+TEST(CommMpi, AllReduceSumAndMaxOnEveryGroup) {
+  const int count = 37;
+  ForEachMesh([&](mp_comm *c, const mp_mesh &m) {
+    for (mp_group g : kAllGroups) {
+      std::vector<int> ranks = GroupRanks(m, g, g_rank);
+      mp_ctx ctx;
+      mp_ctx_init(&ctx);
+      // fp32 sum, out of place
+      std::vector<float> s(count), r(count, -1);
+      for (int i = 0; i < count; i++) s[i] = Val(g_rank, i);
+      ASSERT_EQ(mp_comm_all_reduce(&ctx, c, g, s.data(), r.data(), count, MP_COMM_DTYPE_FP32,
+                                   MP_COMM_OP_SUM),
+                MP_OK)
+          << mp_errmsg(&ctx);
+      for (int i = 0; i < count; i++) {
+        float want = 0;
+        for (int q : ranks) want += Val(q, i);
+        EXPECT_EQ(r[i], want) << Where(m, g) << " i=" << i;
+      }
+      // fp32 max, in place; the maximum is not always held by the highest rank
+      auto w = [](int q, int i) { return (float)(((q * 7 + i * 3) % 11) - 5); };
+      for (int i = 0; i < count; i++) s[i] = w(g_rank, i);
+      ASSERT_EQ(mp_comm_all_reduce(&ctx, c, g, s.data(), s.data(), count, MP_COMM_DTYPE_FP32,
+                                   MP_COMM_OP_MAX),
+                MP_OK)
+          << mp_errmsg(&ctx);
+      for (int i = 0; i < count; i++) {
+        float want = -1e30f;
+        for (int q : ranks) want = std::fmax(want, w(q, i));
+        EXPECT_EQ(s[i], want) << Where(m, g) << " i=" << i;
+      }
+      // int64 sum and max: values beyond 32 bits
+      std::vector<int64_t> a(count), b(count), mx(count);
+      for (int i = 0; i < count; i++) a[i] = ((int64_t)g_rank << 40) + i;
+      ASSERT_EQ(mp_comm_all_reduce(&ctx, c, g, a.data(), b.data(), count, MP_COMM_DTYPE_INT64,
+                                   MP_COMM_OP_SUM),
+                MP_OK);
+      ASSERT_EQ(mp_comm_all_reduce(&ctx, c, g, a.data(), mx.data(), count, MP_COMM_DTYPE_INT64,
+                                   MP_COMM_OP_MAX),
+                MP_OK);
+      for (int i = 0; i < count; i++) {
+        int64_t want = 0;
+        for (int q : ranks) want += ((int64_t)q << 40) + i;
+        EXPECT_EQ(b[i], want) << Where(m, g);
+        EXPECT_EQ(mx[i], ((int64_t)ranks.back() << 40) + i) << Where(m, g);
+      }
+      // bf16 (raw 16-bit): small integers are exact; 1.0 = 0x3F80
+      std::vector<uint16_t> h(count), hs(count), hm(count);
+      auto bf = [](int v) {  // bf16 bits of a small non-negative integer
+        float f = (float)v;
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        return (uint16_t)(u >> 16);
+      };
+      for (int i = 0; i < count; i++) h[i] = bf(g_rank + i % 4);
+      ASSERT_EQ(mp_comm_all_reduce(&ctx, c, g, h.data(), hs.data(), count, MP_COMM_DTYPE_BF16,
+                                   MP_COMM_OP_SUM),
+                MP_OK);
+      ASSERT_EQ(mp_comm_all_reduce(&ctx, c, g, h.data(), hm.data(), count, MP_COMM_DTYPE_BF16,
+                                   MP_COMM_OP_MAX),
+                MP_OK);
+      for (int i = 0; i < count; i++) {
+        int want = 0;
+        for (int q : ranks) want += q + i % 4;
+        EXPECT_EQ(hs[i], bf(want)) << Where(m, g) << " i=" << i;
+        EXPECT_EQ(hm[i], bf(ranks.back() + i % 4)) << Where(m, g);
+      }
+    }
+  });
+}
+
+// Inexact fp32 sums: every rank of a group must hold the same bits (replicas that differ
+// in the last bit drift apart over training).
+TEST(CommMpi, AllReduceIsBitwiseIdenticalAcrossTheGroup) {
+  const int count = 1000;
+  ForEachMesh([&](mp_comm *c, const mp_mesh &m) {
+    for (mp_group g : kAllGroups) {
+      mp_ctx ctx;
+      mp_ctx_init(&ctx);
+      std::vector<float> x(count);
+      for (int i = 0; i < count; i++) x[i] = 1.0f / (float)(3 + g_rank * 7 + i) + 1e-3f * i;
+      ASSERT_EQ(mp_comm_all_reduce(&ctx, c, g, x.data(), x.data(), count, MP_COMM_DTYPE_FP32,
+                                   MP_COMM_OP_SUM),
+                MP_OK);
+      std::vector<float> all((size_t)count * g_world);
+      MPI_Allgather(x.data(), count, MPI_FLOAT, all.data(), count, MPI_FLOAT, MPI_COMM_WORLD);
+      for (int q : GroupRanks(m, g, g_rank))
+        EXPECT_EQ(std::memcmp(&all[(size_t)q * count], x.data(), count * sizeof(float)), 0)
+            << Where(m, g) << " differs from rank " << q;
+      // and close to the sum in double
+      for (int i = 0; i < count; i += 97) {
+        double want = 0;
+        for (int q : GroupRanks(m, g, g_rank)) want += 1.0f / (float)(3 + q * 7 + i) + 1e-3f * i;
+        EXPECT_NEAR(x[i], want, 1e-6 * std::fabs(want) + 1e-7) << Where(m, g);
+      }
+    }
+  });
+}
+
+TEST(CommMpi, AllGatherInGroupIndexOrder) {
+  const int count = 5;
+  ForEachMesh([&](mp_comm *c, const mp_mesh &m) {
+    for (mp_group g : kAllGroups) {
+      std::vector<int> ranks = GroupRanks(m, g, g_rank);
+      int n = (int)ranks.size(), me = mp_mesh_group_index(&m, g, g_rank);
+      mp_ctx ctx;
+      mp_ctx_init(&ctx);
+      std::vector<float> s(count), r((size_t)count * n, -1);
+      for (int i = 0; i < count; i++) s[i] = Val(g_rank, i);
+      ASSERT_EQ(mp_comm_all_gather(&ctx, c, g, s.data(), r.data(), count, MP_COMM_DTYPE_FP32),
+                MP_OK)
+          << mp_errmsg(&ctx);
+      for (int k = 0; k < n; k++)
+        for (int i = 0; i < count; i++)
+          EXPECT_EQ(r[(size_t)k * count + i], Val(ranks[k], i)) << Where(m, g) << " chunk " << k;
+      // in place: this rank's chunk already sits at its index
+      std::vector<float> ip((size_t)count * n, -1);
+      for (int i = 0; i < count; i++) ip[(size_t)me * count + i] = Val(g_rank, i);
+      ASSERT_EQ(mp_comm_all_gather(&ctx, c, g, ip.data() + (size_t)me * count, ip.data(), count,
+                                   MP_COMM_DTYPE_FP32),
+                MP_OK);
+      EXPECT_EQ(ip, r) << Where(m, g);
+      // bf16 raw bits travel unchanged (gathers do no arithmetic)
+      uint16_t hb = (uint16_t)(0x8001 + g_rank * 3);
+      std::vector<uint16_t> hr(n);
+      ASSERT_EQ(mp_comm_all_gather(&ctx, c, g, &hb, hr.data(), 1, MP_COMM_DTYPE_BF16), MP_OK);
+      for (int k = 0; k < n; k++) EXPECT_EQ(hr[k], 0x8001 + ranks[k] * 3) << Where(m, g);
+    }
+  });
+}
+
+TEST(CommMpi, ReduceScatterGivesEachRankItsChunk) {
+  const int chunk = 6;
+  ForEachMesh([&](mp_comm *c, const mp_mesh &m) {
+    for (mp_group g : kAllGroups) {
+      std::vector<int> ranks = GroupRanks(m, g, g_rank);
+      int n = (int)ranks.size(), me = mp_mesh_group_index(&m, g, g_rank);
+      auto v = [](int q, int k, int i) { return (float)(q * 100 + k * 10 + i); };
+      std::vector<float> s((size_t)chunk * n), r(chunk, -1);
+      for (int k = 0; k < n; k++)
+        for (int i = 0; i < chunk; i++) s[(size_t)k * chunk + i] = v(g_rank, k, i);
+      mp_ctx ctx;
+      mp_ctx_init(&ctx);
+      ASSERT_EQ(mp_comm_reduce_scatter(&ctx, c, g, s.data(), r.data(), chunk, MP_COMM_DTYPE_FP32,
+                                       MP_COMM_OP_SUM),
+                MP_OK)
+          << mp_errmsg(&ctx);
+      for (int i = 0; i < chunk; i++) {
+        float want = 0;
+        for (int q : ranks) want += v(q, me, i);
+        EXPECT_EQ(r[i], want) << Where(m, g) << " i=" << i;
+      }
+    }
+  });
+}
+
+TEST(CommMpi, AllToAllVWithUnevenCountsAndDisplacements) {
+  ForEachMesh([&](mp_comm *c, const mp_mesh &m) {
+    for (mp_group g : kAllGroups) {
+      std::vector<int> ranks = GroupRanks(m, g, g_rank);
+      int n = (int)ranks.size(), me = mp_mesh_group_index(&m, g, g_rank);
+      // Index i sends cnt(i, j) elements to index j: 0..3, zeros included.
+      auto cnt = [](int i, int j) { return (int64_t)((i * 2 + j * 3 + 1) % 4); };
+      mp_ctx ctx;
+      mp_ctx_init(&ctx);
+
+      // Metadata exchange as MoE dispatch does it: equal all-to-all of int64 counts.
+      std::vector<int64_t> ones(n, 1), seq(n), mine(n), theirs(n, -1);
+      for (int j = 0; j < n; j++) seq[j] = j, mine[j] = cnt(me, j);
+      ASSERT_EQ(mp_comm_all_to_all_v(&ctx, c, g, mine.data(), ones.data(), seq.data(),
+                                     theirs.data(), ones.data(), seq.data(), MP_COMM_DTYPE_INT64),
+                MP_OK)
+          << mp_errmsg(&ctx);
+      for (int j = 0; j < n; j++) EXPECT_EQ(theirs[j], cnt(j, me)) << Where(m, g);
+
+      // Payload: send segments with a one-element gap between them; receive segments in
+      // reverse group order, so displacements (not packing) decide where data lands.
+      std::vector<int64_t> sc(n), sd(n), rc(n), rd(n);
+      int64_t off = 0;
+      for (int j = 0; j < n; j++) sc[j] = cnt(me, j), sd[j] = off, off += sc[j] + 1;
+      std::vector<float> s(off + 1, -2);
+      for (int j = 0; j < n; j++)
+        for (int64_t k = 0; k < sc[j]; k++) s[sd[j] + k] = (float)(g_rank * 10000 + j * 100 + k);
+      int64_t roff = 0;
+      for (int j = n - 1; j >= 0; j--) rc[j] = theirs[j], rd[j] = roff, roff += rc[j];
+      std::vector<float> r(roff + 1, -1);
+      ASSERT_EQ(mp_comm_all_to_all_v(&ctx, c, g, s.data(), sc.data(), sd.data(), r.data(),
+                                     rc.data(), rd.data(), MP_COMM_DTYPE_FP32),
+                MP_OK)
+          << mp_errmsg(&ctx);
+      for (int j = 0; j < n; j++)
+        for (int64_t k = 0; k < rc[j]; k++)
+          EXPECT_EQ(r[rd[j] + k], (float)(ranks[j] * 10000 + me * 100 + k))
+              << Where(m, g) << " from index " << j << " k=" << k;
+      EXPECT_EQ(r[roff], -1) << "wrote past the received data";
+    }
+  });
+}
+
+TEST(CommMpi, BroadcastFromEveryRoot) {
+  const int count = 4;
+  ForEachMesh([&](mp_comm *c, const mp_mesh &m) {
+    for (mp_group g : kAllGroups) {
+      std::vector<int> ranks = GroupRanks(m, g, g_rank);
+      int me = mp_mesh_group_index(&m, g, g_rank);
+      for (int root = 0; root < (int)ranks.size(); root++) {
+        std::vector<float> b(count, -7);
+        if (me == root)
+          for (int i = 0; i < count; i++) b[i] = Val(g_rank, i);
+        mp_ctx ctx;
+        mp_ctx_init(&ctx);
+        ASSERT_EQ(mp_comm_broadcast(&ctx, c, g, b.data(), count, MP_COMM_DTYPE_FP32, root),
+                  MP_OK)
+            << mp_errmsg(&ctx);
+        for (int i = 0; i < count; i++)
+          EXPECT_EQ(b[i], Val(ranks[root], i)) << Where(m, g) << " root " << root;
+      }
+    }
+  });
+}
+
+// Pipeline: stage s receives from s-1 and sends to s+1 along its pp group (peers by world
+// rank from mp_mesh_rank_of); each stage adds its own rank, so the last stage holds the
+// sum of the chain. Then a sendrecv ring backwards (every stage sends and receives at once).
+TEST(CommMpi, SendRecvAlongPipeline) {
+  const int count = 3;
+  ForEachMesh([&](mp_comm *c, const mp_mesh &m) {
+    int co[MP_MESH_NDIMS];
+    mp_mesh_coords(&m, g_rank, co);
+    int pp = m.size[MP_DIM_PP], s = co[MP_DIM_PP];
+    auto peer = [&](int stage) {
+      int x[MP_MESH_NDIMS];
+      std::memcpy(x, co, sizeof x);
+      x[MP_DIM_PP] = (stage + pp) % pp;
+      return mp_mesh_rank_of(&m, x);
+    };
+    std::vector<int> chain = GroupRanks(m, MP_GROUP_PP, g_rank);
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    std::vector<float> b(count, 0);
+    if (s > 0) {
+      ASSERT_EQ(mp_comm_recv(&ctx, c, b.data(), count, MP_COMM_DTYPE_FP32, peer(s - 1)), MP_OK)
+          << mp_errmsg(&ctx);
+    }
+    for (int i = 0; i < count; i++) {
+      float want = 0;
+      for (int k = 0; k < s; k++) want += Val(chain[k], i);
+      EXPECT_EQ(b[i], want) << "stage " << s << " i=" << i;
+      b[i] += Val(g_rank, i);
+    }
+    if (s < pp - 1) {
+      ASSERT_EQ(mp_comm_send(&ctx, c, b.data(), count, MP_COMM_DTYPE_FP32, peer(s + 1)), MP_OK)
+          << mp_errmsg(&ctx);
+    }
+
+    // Backward ring (gradients flow from stage s+1 to s); with pp == 1 it is a self copy.
+    std::vector<int64_t> out(count), in(count, -1);
+    for (int i = 0; i < count; i++) out[i] = (int64_t)g_rank * 100 + i;
+    ASSERT_EQ(mp_comm_sendrecv(&ctx, c, out.data(), count, peer(s - 1), in.data(), count,
+                               peer(s + 1), MP_COMM_DTYPE_INT64),
+              MP_OK)
+        << mp_errmsg(&ctx);
+    for (int i = 0; i < count; i++) EXPECT_EQ(in[i], (int64_t)peer(s + 1) * 100 + i);
+  });
+}
+
+TEST(CommMpi, ShortMessageIsAnError) {
+  if (g_world < 2) GTEST_SKIP() << "needs two ranks";
+  mp_mesh m;
+  mp_mesh_init(&m);
+  m.size[MP_DIM_PP] = g_world;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_comm *c = nullptr;
+  ASSERT_EQ(mp_comm_create_mpi(&ctx, &m, &c), MP_OK) << mp_errmsg(&ctx);
+  float b[5] = {1, 2, 3, 4, 5};
+  if (g_rank == 0) {
+    EXPECT_EQ(mp_comm_send(&ctx, c, b, 3, MP_COMM_DTYPE_FP32, 1), MP_OK);
+  } else if (g_rank == 1) {
+    EXPECT_EQ(mp_comm_recv(&ctx, c, b, 5, MP_COMM_DTYPE_FP32, 0), MP_ERR_INVALID);
+    EXPECT_NE(std::string(mp_errmsg(&ctx)).find("expected 5 fp32 elements from rank 0 but "
+                                                 "received 3"),
+              std::string::npos)
+        << mp_errmsg(&ctx);
+  }
+  mp_comm_destroy(c);
+}
+
+TEST(CommMpi, BarrierOnEveryGroup) {
+  ForEachMesh([&](mp_comm *c, const mp_mesh &m) {
+    for (mp_group g : kAllGroups) {
+      mp_ctx ctx;
+      mp_ctx_init(&ctx);
+      EXPECT_EQ(mp_comm_barrier(&ctx, c, g), MP_OK) << Where(m, g) << mp_errmsg(&ctx);
+    }
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    EXPECT_EQ(mp_comm_synchronize(&ctx, c), MP_OK);
+  });
+}
+
+// Fault injection for tests/comm/expect_failure.sh (skipped otherwise): a failure on one
+// rank must fail the whole run, and a stuck rank must end in the launcher's timeout.
+TEST(CommMpi, FaultInjection) {
+  const char *fail = getenv("MP_COMM_TEST_FAIL_RANK"), *hang = getenv("MP_COMM_TEST_HANG_RANK");
+  if (!fail && !hang) GTEST_SKIP() << "set MP_COMM_TEST_FAIL_RANK or MP_COMM_TEST_HANG_RANK";
+  if (fail && atoi(fail) == g_rank) ADD_FAILURE() << "injected failure on rank " << g_rank;
+  if (hang && atoi(hang) == g_rank)
+    for (;;) sleep(1);  // the others wait in the next collective
+}
+
+// A failure on any rank fails the test everywhere (and says where), so every rank exits
+// non-zero and no rank reports success for a collective that broke elsewhere.
+class WorldVerdict : public ::testing::EmptyTestEventListener {
+ public:
+  void OnTestPartResult(const ::testing::TestPartResult &r) override {
+    if (r.failed() && g_rank != 0)  // rank 0's default printer shows its own failures
+      fprintf(stderr, "[rank %d] %s:%d: %s\n", g_rank, r.file_name() ? r.file_name() : "?",
+              r.line_number(), r.summary());
+  }
+  void OnTestEnd(const ::testing::TestInfo &t) override {
+    int mine = t.result()->Failed() ? 1 : 0, any = 0;
+    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any && !mine)
+      fprintf(stderr, "[rank %d] %s.%s passed here but failed on another rank\n", g_rank,
+              t.test_suite_name(), t.name());
+    failed_ |= any;
+  }
+  int failed_ = 0;
+};
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  if (mp_comm_mpi_init(&ctx, &argc, &argv) != MP_OK) {
+    fprintf(stderr, "MPI init failed: %s\n", mp_errmsg(&ctx));
+    return 1;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  ::testing::TestEventListeners &ls = ::testing::UnitTest::GetInstance()->listeners();
+  if (g_rank != 0) delete ls.Release(ls.default_result_printer());
+  WorldVerdict *verdict = new WorldVerdict;
+  ls.Append(verdict);
+  int rc = RUN_ALL_TESTS();
+  int mine = rc != 0 || verdict->failed_, any = 0;
+  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (g_rank == 0)
+    printf("comm_mpi_test: world %d: %s\n", g_world, any ? "FAILED on some rank" : "all passed");
+  mp_comm_mpi_finalize(&ctx);
+  return any ? 1 : 0;
+}
