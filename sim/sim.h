@@ -46,6 +46,10 @@ typedef struct mp_stack_profile {
   double comm_overhead_s;    /* per collective, on top of link latency */
   double frag_factor;        /* allocator fragmentation: reserved = allocated x factor */
   char source[256];
+  /* added: fraction of the schedule's ACTIVATIONS bytes the stack really keeps (1: every
+   * tensor the schedule saves; torch.compile's min-cut partitioner recomputes cheap
+   * element-wise outputs in backward instead of saving them). JSON key optional. */
+  double saved_act_factor;
 } mp_stack_profile;
 
 typedef struct mp_sim_config {
@@ -66,6 +70,9 @@ typedef struct mp_sim_result {
   double comm_s[MP_STREAM_COUNT]; /* busy time per stream */
   int64_t peak_mem_bytes;   /* including runtime overhead and fragmentation */
   int64_t mem_at_peak[MP_MEM_COUNT]; /* breakdown at the peak (allocated bytes) */
+  int64_t mem_max[MP_MEM_COUNT];     /* added: each category's own high-water mark over the
+                                        step (allocated bytes; e.g. all gradients once the
+                                        last reduce-scatter has allocated its shard) */
   int64_t overhead_bytes;   /* runtime overhead + fragmentation part of the peak */
   int64_t capacity_bytes;   /* GPU memory less headroom */
   int fits;
@@ -90,6 +97,28 @@ mp_status mp_simulate_plan(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
 /* Ring-factor time of one collective of `bytes` payload on a group of n ranks whose
  * slowest link has bw_GBps per direction and lat_s per step (exposed for tests). */
 double mp_sim_collective_s(mp_coll c, double bytes, int n, double bw_GBps, double lat_s);
+
+/* The link a mesh group runs on, seen from `rank` (added for the network model, see
+ * sim/network.c): n members, nodes spanned, members per node, bandwidth per direction
+ * before the stack's link efficiency, latency per ring step. */
+typedef struct mp_sim_link {
+  int n, nodes, per_node;
+  double GBps;
+  double lat_s;
+} mp_sim_link;
+mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
+                            int rank, mp_sim_link *out);
+
+/* Pipeline in-flight micro-batches (added): how many micro-batches' activations stage
+ * `stage` holds at once under the plan's pp schedule (1 without pipeline). */
+double mp_sim_pp_inflight(const mp_plan *p, int stage, int64_t n_micro);
+
+/* Duration of one COMPUTE op (added; exposed for tests): the roofline max of
+ * FLOPs / (peak of its dtype x efficiency) and bytes / (HBM x hbm_eff), plus the stack's
+ * kernel overhead. GEMM efficiency follows gemm_eff_max x m n k batch / (m n k batch +
+ * gemm_eff_half_mnk) (fp8 dtypes: fp8_gemm_eff_max against the fp8 peak); attention runs
+ * at attention_eff of the bf16 peak; other kernels at the fp32 (CUDA-core) peak. */
+double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,121 @@
+/* Network model: alpha-beta cost of one collective, and the link a mesh group runs on.
+ *
+ * Collective time (nccl-tests' bus-bandwidth convention, ring algorithms):
+ *   all-reduce        2(n-1)/n x bytes / bw + 2(n-1) x latency
+ *   all-gather, reduce-scatter, all-to-all
+ *                      (n-1)/n x bytes / bw +  (n-1) x latency
+ *   send, recv         bytes / bw + latency
+ *   broadcast          bytes / bw + (n-1) x latency (pipelined ring)
+ * `bytes` is the op's payload as exec/schedule.h defines it (the full tensor for
+ * all-gather, reduce-scatter and all-reduce; what a rank sends for all-to-all and send).
+ *
+ * Group link. A group that stays inside one node runs on NVLink (the cluster's
+ * intra_node_GBps_per_gpu, intra-node latency). A group with one member per node runs on
+ * the NIC (mp_cluster_inter_GBps, inter-node latency). A group with several members per
+ * node and several nodes is hierarchical: NCCL runs one ring per rail (one per local GPU
+ * of the group), so every GPU still forwards the whole ring traffic over NVLink while the
+ * inter-node share of each node is spread over its `per_node` NICs; the ring is bounded by
+ * the slower of the two: bw = min(intra, per_node x inter), with the inter-node latency per
+ * step. Groups are regular (products of mesh dims), so every node holds the same number of
+ * members as the node of the rank asked about. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim/sim.h"
+#include "sim/sim_internal.h"
+
+double mp_sim_collective_s(mp_coll c, double bytes, int n, double bw_GBps, double lat_s) {
+  if (bw_GBps <= 0) return 0.0;
+  double bw = bw_GBps * 1e9;
+  if (c == MP_COLL_SEND || c == MP_COLL_RECV) return bytes / bw + lat_s;
+  if (n <= 1) return 0.0;
+  double f = (double)(n - 1) / (double)n;
+  switch (c) {
+    case MP_COLL_ALL_REDUCE:
+      return 2.0 * f * bytes / bw + 2.0 * (n - 1) * lat_s;
+    case MP_COLL_ALL_GATHER:
+    case MP_COLL_REDUCE_SCATTER:
+    case MP_COLL_ALL_TO_ALL:
+      return f * bytes / bw + (n - 1) * lat_s;
+    case MP_COLL_BROADCAST:
+      return bytes / bw + (n - 1) * lat_s;
+    default:
+      return 0.0;
+  }
+}
+
+/* Scratch for group member lists, grown per thread, never freed per call. */
+static _Thread_local int *g_ranks;
+static _Thread_local size_t g_ranks_cap;
+
+/* Listing a large group's ranks costs microseconds, the planner asks for the same few
+ * groups over and over: a small per-thread cache keyed by everything the answer depends
+ * on (round-robin replacement). */
+typedef struct link_key {
+  int size[MP_MESH_NDIMS], ep, rank, group, gpn;
+  double intra, inter, lat_in, lat_out;
+} link_key;
+#define LINK_CACHE 32
+static _Thread_local link_key g_key[LINK_CACHE];
+static _Thread_local mp_sim_link g_val[LINK_CACHE];
+static _Thread_local int g_n, g_next;
+
+static mp_status group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
+                            int rank, mp_sim_link *out);
+
+mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
+                            int rank, mp_sim_link *out) {
+  link_key k;
+  memset(&k, 0, sizeof k);
+  memcpy(k.size, mesh->size, sizeof k.size);
+  k.ep = mesh->ep;
+  k.rank = rank;
+  k.group = (int)g;
+  k.gpn = c->gpus_per_node;
+  k.intra = c->intra_node_GBps_per_gpu;
+  k.inter = c->inter_node_Gbitps_per_gpu;
+  k.lat_in = c->intra_node_latency_us;
+  k.lat_out = c->inter_node_latency_us;
+  for (int i = 0; i < g_n; i++)
+    if (memcmp(&g_key[i], &k, sizeof k) == 0) {
+      *out = g_val[i];
+      return MP_OK;
+    }
+  MP_CHECK(group_link(ctx, c, mesh, g, rank, out));
+  int slot = g_n < LINK_CACHE ? g_n++ : (g_next++ % LINK_CACHE);
+  g_key[slot] = k;
+  g_val[slot] = *out;
+  return MP_OK;
+}
+
+static mp_status group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
+                            int rank, mp_sim_link *out) {
+  int n = mp_mesh_group_size(mesh, g);
+  out->n = n;
+  int gpn = c->gpus_per_node > 0 ? c->gpus_per_node : 1;
+  if ((size_t)n > g_ranks_cap) {
+    int *p = (int *)realloc(g_ranks, (size_t)n * sizeof *p);
+    if (p == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory listing a group of %d ranks", n);
+    g_ranks = p;
+    g_ranks_cap = (size_t)n;
+  }
+  mp_mesh_group_ranks(mesh, g, rank, g_ranks);
+  int node = rank / gpn, per_node = 0;
+  for (int i = 0; i < n; i++) per_node += (g_ranks[i] / gpn == node);
+  if (per_node < 1) per_node = 1;
+  out->per_node = per_node;
+  out->nodes = (n + per_node - 1) / per_node;
+  double intra = c->intra_node_GBps_per_gpu, inter = mp_cluster_inter_GBps(c);
+  if (out->nodes <= 1) {
+    out->GBps = intra;
+    out->lat_s = c->intra_node_latency_us * 1e-6;
+  } else if (per_node == 1) {
+    out->GBps = inter;
+    out->lat_s = c->inter_node_latency_us * 1e-6;
+  } else {
+    double h = per_node * inter;
+    out->GBps = h < intra ? h : intra;
+    out->lat_s = c->inter_node_latency_us * 1e-6;
+  }
+  return MP_OK;
+}

@@ -1,0 +1,574 @@
+/* The simulator's core: costs one rank's step schedule (exec/schedule.h).
+ *
+ * Time. An event simulation in issue order: every stream keeps the time it is free; an op
+ * starts at max(its stream free, the ends of its dependencies) and runs for its cost
+ * (compute: roofline with the stack's efficiency, sim/cost below; communication:
+ * sim/network.c). The compute stream's idle time while it waits on a dependency is
+ * exposed communication (TP/EP collectives, which run on the compute stream, count as
+ * exposed too); step time is when the last stream falls idle, plus the pipeline bubble.
+ *   compute_s      busy time of compute ops on the compute stream (not optimizer)
+ *   optimizer_s    busy time of optimizer-phase compute ops
+ *   exposed_comm_s everything else of the step before the bubble
+ *
+ * Dependencies. dep[i] names an op index; without MP_DEP_PREV_REP it means the op's most
+ * recent instance (the same repetition for ops earlier in the segment, the last one for
+ * ops of earlier segments or micro-batches); with it, the instance in the previous
+ * repetition of the same segment (none in the first repetition). Two end times per op
+ * (current and previous instance) answer both.
+ *
+ * Memory. ALLOC/FREE are replayed in issue order: prologue, each micro-batch (its `when`
+ * respected: FIRST only in micro-batch 0, LAST only in the last, ONCE inside a micro-batch
+ * segment only in micro-batch 0), optimizer. The peak total and the categories at that
+ * moment are kept; then peak_mem = peak x frag_factor + the GPU's runtime overhead.
+ * Under pipeline parallelism a stage holds several micro-batches' activations at once
+ * (mp_sim_pp_inflight); the peak gains (inflight - 1) x the activation rise of one
+ * micro-batch, as ACTIVATIONS. ACTIVATIONS events are scaled by the stack's
+ * saved_act_factor (what a compiler's rematerialisation leaves saved).
+ *
+ * Periodicity (the planner's hot path). A segment repeated R > 4 times is simulated rep by
+ * rep until two consecutive repetitions advance every stream by the same amount (steady
+ * state of the max-plus recurrence); the repetitions up to the last are then skipped by
+ * shifting stream times, accumulators and the segment's op end times by k x that advance,
+ * and the memory levels by k x the net change per repetition (the in-repetition peak is
+ * linear in the repetition index, so its maximum is at the first or the last skipped one).
+ * The last repetition is simulated again so the next segment sees exact end times.
+ * Micro-batches are treated the same way: the first and the last are simulated, the
+ * middle ones until steady, then extrapolated. With a trace nothing is extrapolated (the
+ * trace shows every instance).
+ *
+ * No allocation per op: per-op arrays live in a per-thread scratch buffer that grows to
+ * the largest schedule seen and is reused. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim/sim.h"
+#include "sim/sim_internal.h"
+#include "sim/stack.h"
+
+/* ---- scratch ---------------------------------------------------------------------- */
+
+static _Thread_local double *g_scratch;
+static _Thread_local size_t g_scratch_cap;
+
+static double *scratch(size_t n) {
+  if (n > g_scratch_cap) {
+    double *p = (double *)realloc(g_scratch, n * sizeof *p);
+    if (p == NULL) return NULL;
+    g_scratch = p;
+    g_scratch_cap = n;
+  }
+  return g_scratch;
+}
+
+/* ---- state ------------------------------------------------------------------------ */
+
+/* What the time simulation accumulates; snapshots of it give per-repetition advances. */
+typedef struct accum {
+  double free_t[MP_STREAM_COUNT];
+  double comm_busy[MP_STREAM_COUNT];
+  double compute, opt, wait;
+} accum;
+
+/* Peak of a window (a repetition or a micro-batch). */
+typedef struct tracker {
+  int on;
+  int64_t start[MP_MEM_COUNT];
+  int64_t peak_tot;
+  int64_t peak_bd[MP_MEM_COUNT];
+} tracker;
+
+typedef struct sim {
+  const mp_schedule *s;
+  const double *dur;
+  double *end_cur, *end_prev;
+  accum a;
+  int64_t level[MP_MEM_COUNT], level_tot, peak_tot, at_peak[MP_MEM_COUNT], cat_max[MP_MEM_COUNT];
+  tracker rep_trk, micro_trk;
+  int64_t act_base, act_rise;
+  double act_factor; /* the stack's saved_act_factor (1 when unset) */
+  int64_t n_micro;
+  int extrapolate;
+  mp_sim_trace *trace;
+  int trace_failed;
+} sim;
+
+static void mem_candidate(sim *x, const int64_t bd[MP_MEM_COUNT]) {
+  int64_t tot = 0;
+  for (int c = 0; c < MP_MEM_COUNT; c++) {
+    tot += bd[c];
+    if (bd[c] > x->cat_max[c]) x->cat_max[c] = bd[c];
+  }
+  if (tot > x->peak_tot) {
+    x->peak_tot = tot;
+    memcpy(x->at_peak, bd, sizeof x->at_peak);
+  }
+  tracker *t[2] = {&x->rep_trk, &x->micro_trk};
+  for (int i = 0; i < 2; i++)
+    if (t[i]->on && tot > t[i]->peak_tot) {
+      t[i]->peak_tot = tot;
+      memcpy(t[i]->peak_bd, bd, sizeof t[i]->peak_bd);
+    }
+  if (bd[MP_MEM_ACTIVATIONS] - x->act_base > x->act_rise)
+    x->act_rise = bd[MP_MEM_ACTIVATIONS] - x->act_base;
+}
+
+static void mem_apply(sim *x, int cat, int64_t delta) {
+  if (cat < 0 || cat >= MP_MEM_COUNT) return;
+  /* the same rounding for an ALLOC and its FREE: levels stay balanced */
+  if (cat == MP_MEM_ACTIVATIONS && x->act_factor != 1.0)
+    delta = delta > 0 ? (int64_t)((double)delta * x->act_factor)
+                      : -(int64_t)((double)-delta * x->act_factor);
+  x->level[cat] += delta;
+  x->level_tot += delta;
+  if (delta > 0) mem_candidate(x, x->level);
+}
+
+static void trk_start(sim *x, tracker *t) {
+  t->on = 1;
+  memcpy(t->start, x->level, sizeof t->start);
+  memcpy(t->peak_bd, x->level, sizeof t->peak_bd);
+  t->peak_tot = x->level_tot;
+}
+
+static void trace_push(sim *x, int32_t op, int32_t layer, int32_t micro, double start,
+                       double dur) {
+  mp_sim_trace *t = x->trace;
+  if (t->n == t->cap) {
+    size_t cap = t->cap ? 2 * t->cap : 1024;
+    mp_sim_event *e = (mp_sim_event *)realloc(t->ev, cap * sizeof *e);
+    if (e == NULL) {
+      x->trace_failed = 1;
+      return;
+    }
+    t->ev = e;
+    t->cap = cap;
+  }
+  mp_sim_event *e = &t->ev[t->n++];
+  e->start_s = start;
+  e->dur_s = dur;
+  e->op = op;
+  e->layer = layer;
+  e->micro = micro;
+}
+
+static void run_op(sim *x, int32_t idx, int32_t seg_first, int32_t rep, int32_t layer,
+                   int32_t micro) {
+  const mp_op *op = &x->s->ops[idx];
+  if (micro >= 0) {
+    if ((op->when == MP_WHEN_FIRST_MICRO || op->when == MP_WHEN_ONCE) && micro != 0) return;
+    if (op->when == MP_WHEN_LAST_MICRO && micro != x->n_micro - 1) return;
+  }
+  int st = op->stream < MP_STREAM_COUNT ? op->stream : MP_STREAM_COMPUTE;
+  if (op->type == MP_OP_ALLOC || op->type == MP_OP_FREE) {
+    mem_apply(x, op->mem_cat, op->type == MP_OP_ALLOC ? op->mem_bytes : -op->mem_bytes);
+    x->end_prev[idx] = x->end_cur[idx];
+    x->end_cur[idx] = x->a.free_t[st];
+    return;
+  }
+  double t0 = x->a.free_t[st], ready = 0.0;
+  for (int d = 0; d < op->n_dep; d++) {
+    int32_t j = op->dep[d];
+    if (j < 0 || j >= x->s->n_ops) continue;
+    double e;
+    if (op->dep_flags[d] & MP_DEP_PREV_REP) {
+      if (rep == 0) continue;
+      e = (j >= seg_first && j < idx) ? x->end_prev[j] : x->end_cur[j];
+    } else {
+      e = x->end_cur[j];
+    }
+    if (e > ready) ready = e;
+  }
+  double start = t0 > ready ? t0 : ready, d = x->dur[idx];
+  if (st == MP_STREAM_COMPUTE) x->a.wait += start - t0;
+  if (op->type == MP_OP_COMPUTE) {
+    if (st == MP_STREAM_COMPUTE) {
+      if (op->phase == MP_PHASE_OPTIMIZER)
+        x->a.opt += d;
+      else
+        x->a.compute += d;
+    }
+  } else {
+    x->a.comm_busy[st] += d;
+  }
+  x->end_prev[idx] = x->end_cur[idx];
+  x->end_cur[idx] = start + d;
+  x->a.free_t[st] = start + d;
+  if (x->trace) trace_push(x, idx, layer, micro, start, d);
+}
+
+static void run_rep(sim *x, const mp_segment *g, int32_t rep, int32_t micro) {
+  for (int32_t i = 0; i < g->n_ops; i++) {
+    int32_t idx = g->first_op + i;
+    int32_t l = x->s->ops[idx].layer;
+    int32_t layer = l >= 0 ? l + rep * g->layer_step : l;
+    run_op(x, idx, g->first_op, rep, layer, micro);
+  }
+}
+
+static void accum_sub(const accum *a, const accum *b, accum *out) {
+  for (int s = 0; s < MP_STREAM_COUNT; s++) {
+    out->free_t[s] = a->free_t[s] - b->free_t[s];
+    out->comm_busy[s] = a->comm_busy[s] - b->comm_busy[s];
+  }
+  out->compute = a->compute - b->compute;
+  out->opt = a->opt - b->opt;
+  out->wait = a->wait - b->wait;
+}
+
+static int close_enough(double u, double v) {
+  double m = fabs(u) > fabs(v) ? fabs(u) : fabs(v);
+  return fabs(u - v) <= 1e-9 * m + 1e-15;
+}
+
+static int same_advance(const accum *d1, const accum *d2) {
+  for (int s = 0; s < MP_STREAM_COUNT; s++)
+    if (!close_enough(d1->free_t[s], d2->free_t[s]) ||
+        !close_enough(d1->comm_busy[s], d2->comm_busy[s]))
+      return 0;
+  return close_enough(d1->compute, d2->compute) && close_enough(d1->wait, d2->wait) &&
+         close_enough(d1->opt, d2->opt);
+}
+
+/* Skips k windows that each advance time by d: shifts the state and the end times of
+ * the ops in [first, first + n). */
+static void skip_time(sim *x, int64_t k, const accum *d, int32_t first, int32_t n) {
+  double kk = (double)k;
+  for (int s = 0; s < MP_STREAM_COUNT; s++) {
+    x->a.free_t[s] += kk * d->free_t[s];
+    x->a.comm_busy[s] += kk * d->comm_busy[s];
+  }
+  x->a.compute += kk * d->compute;
+  x->a.opt += kk * d->opt;
+  x->a.wait += kk * d->wait;
+  for (int32_t i = first; i < first + n; i++) {
+    int st = x->s->ops[i].stream < MP_STREAM_COUNT ? x->s->ops[i].stream : 0;
+    x->end_cur[i] += kk * d->free_t[st];
+    x->end_prev[i] += kk * d->free_t[st];
+  }
+}
+
+/* Skips k windows with the memory pattern of the window just simulated (tracked by t,
+ * which started at t->start and ends at the current level). */
+static void skip_mem(sim *x, int64_t k, const tracker *t) {
+  int64_t D[MP_MEM_COUNT], cand[MP_MEM_COUNT];
+  for (int c = 0; c < MP_MEM_COUNT; c++) D[c] = x->level[c] - t->start[c];
+  int64_t is[2] = {1, k};
+  for (int j = 0; j < 2; j++) {
+    for (int c = 0; c < MP_MEM_COUNT; c++) cand[c] = t->peak_bd[c] + is[j] * D[c];
+    mem_candidate(x, cand);
+  }
+  for (int c = 0; c < MP_MEM_COUNT; c++) {
+    x->level[c] += k * D[c];
+    x->level_tot += k * D[c];
+  }
+}
+
+static void run_segment(sim *x, const mp_segment *g, int32_t micro) {
+  int32_t R = g->repeat < 1 ? 1 : g->repeat;
+  if (!x->extrapolate || R <= 4) {
+    for (int32_t r = 0; r < R; r++) run_rep(x, g, r, micro);
+    return;
+  }
+  accum before, delta, prev;
+  int have_prev = 0;
+  for (int32_t r = 0; r < R; r++) {
+    before = x->a;
+    trk_start(x, &x->rep_trk);
+    run_rep(x, g, r, micro);
+    accum_sub(&x->a, &before, &delta);
+    if (have_prev && r < R - 2 && same_advance(&delta, &prev)) {
+      int32_t k = R - 2 - r; /* repetitions r+1 .. R-2; R-1 is simulated */
+      skip_time(x, k, &delta, g->first_op, g->n_ops);
+      skip_mem(x, k, &x->rep_trk);
+      r = R - 2;
+      have_prev = 0;
+      continue;
+    }
+    prev = delta;
+    have_prev = 1;
+  }
+  x->rep_trk.on = 0;
+}
+
+static int seg_is_step(const mp_segment *g) {
+  return g->phase == MP_PHASE_PROLOGUE || g->phase == MP_PHASE_OPTIMIZER;
+}
+
+static void run_micro(sim *x, int32_t micro) {
+  x->act_base = x->level[MP_MEM_ACTIVATIONS];
+  for (int32_t i = 0; i < x->s->n_segs; i++)
+    if (!seg_is_step(&x->s->segs[i])) run_segment(x, &x->s->segs[i], micro);
+}
+
+/* ---- costs ------------------------------------------------------------------------ */
+
+static double peak_flops(const mp_gpu *g, int dtype) {
+  double p = dtype < MP_DTYPE_COUNT ? g->peak_tflops[dtype] : 0.0;
+  if (p <= 0) p = g->peak_tflops[MP_DTYPE_BF16];
+  return p * 1e12;
+}
+
+double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p) {
+  double hbm = g->hbm_GBps * 1e9 * p->hbm_eff;
+  double t_bytes = hbm > 0 ? op->bytes / hbm : 0.0, t_flops;
+  int fp8 = op->dtype == MP_DTYPE_FP8_E4M3 || op->dtype == MP_DTYPE_FP8_E5M2;
+  if (op->kernel == MP_KERNEL_GEMM) {
+    double size = (double)op->m * (double)op->n * (double)op->k *
+                  (double)(op->batch > 0 ? op->batch : 1);
+    double eff = (fp8 ? p->fp8_gemm_eff_max : p->gemm_eff_max) * size /
+                 (size + p->gemm_eff_half_mnk);
+    if (fp8 && g->peak_tflops[op->dtype] <= 0) /* no fp8 units: runs as bf16 */
+      eff = p->gemm_eff_max * size / (size + p->gemm_eff_half_mnk);
+    t_flops = eff > 0 ? op->flops / (peak_flops(g, op->dtype) * eff) : 0.0;
+  } else if (op->kernel == MP_KERNEL_ATTENTION) {
+    t_flops = op->flops / (peak_flops(g, MP_DTYPE_BF16) * p->attention_eff);
+  } else {
+    /* element-wise, norms, optimizer: CUDA cores, no tensor cores */
+    t_flops = op->flops / peak_flops(g, MP_DTYPE_FP32);
+  }
+  return (t_flops > t_bytes ? t_flops : t_bytes) + p->kernel_overhead_s;
+}
+
+static _Thread_local mp_stack_profile g_default_stack[2];
+static _Thread_local int g_default_loaded[2];
+
+static mp_status resolve_stack(mp_ctx *ctx, const mp_sim_config *cfg,
+                               const mp_stack_profile **out) {
+  if (cfg->stack) {
+    *out = cfg->stack;
+    return MP_OK;
+  }
+  int i = cfg->cluster->gpu.compute_capability > 0;
+  if (!g_default_loaded[i]) {
+    MP_CHECK(mp_stack_default(ctx, &cfg->cluster->gpu, &g_default_stack[i]));
+    g_default_loaded[i] = 1;
+  }
+  *out = &g_default_stack[i];
+  return MP_OK;
+}
+
+double mp_sim_pp_inflight(const mp_plan *p, int stage, int64_t n_micro) {
+  int pp = p->mesh.size[MP_DIM_PP];
+  if (pp <= 1) return 1.0;
+  double f;
+  if (p->opts.pp_schedule == MP_PP_GPIPE) {
+    f = (double)n_micro;
+  } else if (p->opts.pp_schedule == MP_PP_INTERLEAVED && p->opts.pp_virtual > 1) {
+    /* Megatron's interleaved 1F1B: rank `stage` runs (pp - stage - 1) x 2 + (v - 1) x pp
+     * warm-up forward chunks before its first backward; each chunk is 1/v of the
+     * rank's layers. */
+    int v = p->opts.pp_virtual;
+    f = ((double)(pp - stage - 1) * 2.0 + (double)(v - 1) * pp + 1.0) / v;
+  } else {
+    f = (double)(pp - stage);
+  }
+  if (f > (double)n_micro) f = (double)n_micro;
+  return f < 1.0 ? 1.0 : f;
+}
+
+/* ---- the simulation --------------------------------------------------------------- */
+
+mp_status mp_simulate(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
+                      mp_sim_result *out, mp_sim_trace **trace) {
+  if (s == NULL || cfg == NULL || cfg->cluster == NULL || out == NULL || s->plan == NULL)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "mp_simulate needs a schedule with its plan, a config with a cluster and an "
+                    "output");
+  if (cfg->mem_headroom < 0 || cfg->mem_headroom > 0.5)
+    return mp_error(ctx, MP_ERR_INVALID, "memory headroom %g outside 0 .. 0.5", cfg->mem_headroom);
+  const mp_stack_profile *prof;
+  MP_CHECK(resolve_stack(ctx, cfg, &prof));
+  const mp_cluster *cl = cfg->cluster;
+  const mp_plan *plan = s->plan;
+  const mp_mesh *mesh = &plan->mesh;
+  memset(out, 0, sizeof *out);
+  if (trace) *trace = NULL;
+
+  double *buf = scratch((size_t)(s->n_ops > 0 ? s->n_ops : 1) * 3);
+  if (buf == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory simulating %d ops", s->n_ops);
+  double *dur = buf, *end_cur = buf + s->n_ops, *end_prev = buf + 2 * (size_t)s->n_ops;
+  memset(end_cur, 0, 2 * (size_t)s->n_ops * sizeof *end_cur);
+
+  /* Links of the groups the schedule uses (computed once per group). */
+  mp_sim_link link[MP_GROUP_COUNT];
+  unsigned have_link = 0;
+  int has_cp_comm = 0, has_p2p = 0;
+  for (int32_t i = 0; i < s->n_ops; i++) {
+    const mp_op *op = &s->ops[i];
+    if (op->type == MP_OP_COMPUTE) {
+      dur[i] = mp_sim_compute_op_s(op, &cl->gpu, prof);
+    } else if (op->type == MP_OP_COMM) {
+      int g = op->group < MP_GROUP_COUNT ? op->group : MP_GROUP_WORLD;
+      if (!(have_link & (1u << g))) {
+        MP_CHECK(mp_sim_group_link(ctx, cl, mesh, (mp_group)g, s->rank, &link[g]));
+        have_link |= 1u << g;
+      }
+      int p2p = op->coll == MP_COLL_SEND || op->coll == MP_COLL_RECV;
+      has_cp_comm |= g == MP_GROUP_CP;
+      has_p2p |= p2p;
+      if (link[g].n <= 1 && !p2p)
+        dur[i] = 0.0;
+      else
+        dur[i] = mp_sim_collective_s((mp_coll)op->coll, op->bytes, link[g].n,
+                                     link[g].GBps * prof->link_eff, link[g].lat_s) +
+                 prof->comm_overhead_s;
+    } else {
+      dur[i] = 0.0;
+    }
+  }
+
+  /* Context parallelism without explicit ring ops in the schedule: ring attention passes
+   * the K/V block of each of the cp ranks around the ring (backward passes K/V and their
+   * gradients, twice the bytes); each of the cp - 1 transfers overlaps the attention on
+   * the block already held, so attention takes t/cp + (cp-1) x max(t/cp, block). */
+  int cp = mesh->size[MP_DIM_CP];
+  if (cp > 1 && !has_cp_comm) {
+    mp_sim_link l;
+    MP_CHECK(mp_sim_group_link(ctx, cl, mesh, MP_GROUP_CP, s->rank, &l));
+    int tp = mesh->size[MP_DIM_TP];
+    double kv_heads = (double)plan->model.n_kv_heads / (tp > 0 ? tp : 1);
+    if (kv_heads < 1) kv_heads = 1;
+    double kv_bytes = (double)s->micro_batch * (double)s->seq / cp * kv_heads *
+                      (double)plan->model.head_dim * 2.0 /* K and V */ * 2.0 /* bf16 */;
+    for (int32_t i = 0; i < s->n_ops; i++) {
+      const mp_op *op = &s->ops[i];
+      if (op->type != MP_OP_COMPUTE || op->kernel != MP_KERNEL_ATTENTION) continue;
+      double bytes = op->phase == MP_PHASE_BACKWARD ? 2.0 * kv_bytes : kv_bytes;
+      double blk = mp_sim_collective_s(MP_COLL_SEND, bytes, 2, l.GBps * prof->link_eff, l.lat_s);
+      double t = (dur[i] - prof->kernel_overhead_s) / cp;
+      dur[i] = t + (cp - 1) * (t > blk ? t : blk) + prof->kernel_overhead_s;
+    }
+  }
+
+  sim x;
+  memset(&x, 0, sizeof x);
+  x.s = s;
+  x.dur = dur;
+  x.end_cur = end_cur;
+  x.end_prev = end_prev;
+  x.n_micro = s->n_micro > 0 ? s->n_micro : 1;
+  x.extrapolate = !cfg->record_trace;
+  x.act_factor = prof->saved_act_factor > 0 ? prof->saved_act_factor : 1.0;
+  if (cfg->record_trace && trace) {
+    x.trace = (mp_sim_trace *)calloc(1, sizeof *x.trace);
+    if (x.trace == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the trace");
+    x.trace->s = s;
+  }
+
+  /* prologue */
+  for (int32_t i = 0; i < s->n_segs; i++)
+    if (s->segs[i].phase == MP_PHASE_PROLOGUE) run_segment(&x, &s->segs[i], -1);
+  /* micro-batches: first, middle ones until steady, last */
+  double micro_t0 = x.a.free_t[MP_STREAM_COMPUTE];
+  int64_t act_rise_max = 0, n = x.n_micro;
+  x.act_rise = 0;
+  run_micro(&x, 0);
+  if (x.act_rise > act_rise_max) act_rise_max = x.act_rise;
+  accum before, delta, prev;
+  int have_prev = 0;
+  int32_t first_micro_op = s->n_ops, last_micro_op = 0;
+  for (int32_t i = 0; i < s->n_segs; i++)
+    if (!seg_is_step(&s->segs[i])) {
+      if (s->segs[i].first_op < first_micro_op) first_micro_op = s->segs[i].first_op;
+      if (s->segs[i].first_op + s->segs[i].n_ops > last_micro_op)
+        last_micro_op = s->segs[i].first_op + s->segs[i].n_ops;
+    }
+  for (int64_t m = 1; m <= n - 2; m++) {
+    before = x.a;
+    trk_start(&x, &x.micro_trk);
+    x.act_rise = 0;
+    run_micro(&x, (int32_t)m);
+    if (x.act_rise > act_rise_max) act_rise_max = x.act_rise;
+    accum_sub(&x.a, &before, &delta);
+    if (x.extrapolate && have_prev && m < n - 2 && same_advance(&delta, &prev)) {
+      int64_t k = n - 2 - m;
+      if (last_micro_op > first_micro_op)
+        skip_time(&x, k, &delta, first_micro_op, last_micro_op - first_micro_op);
+      skip_mem(&x, k, &x.micro_trk);
+      m = n - 2;
+      continue;
+    }
+    prev = delta;
+    have_prev = 1;
+  }
+  x.micro_trk.on = 0;
+  if (n >= 2) {
+    x.act_rise = 0;
+    run_micro(&x, (int32_t)(n - 1));
+    if (x.act_rise > act_rise_max) act_rise_max = x.act_rise;
+  }
+  double t_micro = (x.a.free_t[MP_STREAM_COMPUTE] - micro_t0) / (double)n;
+  /* optimizer */
+  for (int32_t i = 0; i < s->n_segs; i++)
+    if (s->segs[i].phase == MP_PHASE_OPTIMIZER) run_segment(&x, &s->segs[i], -1);
+
+  if (x.trace_failed) {
+    mp_sim_trace_destroy(x.trace);
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory recording the trace");
+  }
+
+  /* pipeline bubble: (pp - 1) micro-batch times of fill and drain (1F1B and GPipe alike),
+   * divided by the virtual stages for interleaved; plus the boundary transfers of the
+   * fill and drain when the schedule carries no P2P ops of its own. */
+  int pp = mesh->size[MP_DIM_PP];
+  double bubble = 0.0;
+  if (pp > 1) {
+    int v = plan->opts.pp_schedule == MP_PP_INTERLEAVED && plan->opts.pp_virtual > 1
+                ? plan->opts.pp_virtual
+                : 1;
+    bubble = (pp - 1) * t_micro / v;
+    if (!has_p2p) {
+      mp_sim_link l;
+      MP_CHECK(mp_sim_group_link(ctx, cl, mesh, MP_GROUP_PP, s->rank, &l));
+      double act = (double)s->micro_batch * (double)s->seq / cp * (double)plan->model.d_model *
+                   2.0 /* bf16 */;
+      bubble += (pp - 1) * 2.0 *
+                (mp_sim_collective_s(MP_COLL_SEND, act, 2, l.GBps * prof->link_eff, l.lat_s) +
+                 prof->comm_overhead_s);
+    }
+  }
+
+  double end = 0.0;
+  for (int st = 0; st < MP_STREAM_COUNT; st++) {
+    if (x.a.free_t[st] > end) end = x.a.free_t[st];
+    out->comm_s[st] = x.a.comm_busy[st];
+  }
+  out->compute_s = x.a.compute;
+  out->optimizer_s = x.a.opt;
+  out->exposed_comm_s = end - x.a.compute - x.a.opt;
+  if (out->exposed_comm_s < 0) out->exposed_comm_s = 0;
+  out->bubble_s = bubble;
+  out->step_time_s = end + bubble;
+
+  int gpus_per_replica = mesh->size[MP_DIM_TP] * mesh->size[MP_DIM_CP] * pp;
+  if (out->step_time_s > 0 && s->tokens_per_step_per_rank > 0) {
+    out->tokens_per_s_per_gpu =
+        (double)s->tokens_per_step_per_rank / (out->step_time_s * gpus_per_replica);
+    /* model_flops_per_step is this rank's share of the replica's model FLOPs */
+    out->mfu = s->model_flops_per_step / out->step_time_s / peak_flops(&cl->gpu, MP_DTYPE_BF16);
+  }
+
+  /* memory */
+  double inflight = mp_sim_pp_inflight(plan, s->pp_stage, n);
+  int64_t extra = (int64_t)((inflight - 1.0) * (double)act_rise_max);
+  memcpy(out->mem_at_peak, x.at_peak, sizeof out->mem_at_peak);
+  memcpy(out->mem_max, x.cat_max, sizeof out->mem_max);
+  out->mem_max[MP_MEM_ACTIVATIONS] += extra;
+  out->mem_at_peak[MP_MEM_ACTIVATIONS] += extra;
+  int64_t alloc = x.peak_tot + extra;
+  double reserved = (double)alloc * prof->frag_factor;
+  double overhead = cl->gpu.runtime_overhead_gib * 1073741824.0;
+  out->peak_mem_bytes = (int64_t)(reserved + overhead);
+  out->overhead_bytes = out->peak_mem_bytes - alloc;
+  out->capacity_bytes = (int64_t)(cl->gpu.mem_gib * 1073741824.0 * (1.0 - cfg->mem_headroom));
+  out->fits = out->peak_mem_bytes <= out->capacity_bytes;
+  if (trace) *trace = x.trace;
+  return MP_OK;
+}
+
+void mp_sim_trace_destroy(mp_sim_trace *t) {
+  if (t == NULL) return;
+  free(t->ev);
+  free(t);
+}

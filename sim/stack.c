@@ -1,0 +1,94 @@
+/* Stack profiles (see stack.h): loading and validation. */
+#include "sim/stack.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/json.h"
+#include "data/embedded.h"
+
+static int is_path(const char *s) {
+  size_t n = strlen(s);
+  return strchr(s, '/') != NULL || (n > 5 && strcmp(s + n - 5, ".json") == 0);
+}
+
+/* An efficiency in (0, 1]. */
+static mp_status get_eff(mp_ctx *ctx, const cJSON *j, const char *origin, const char *key,
+                         double *out) {
+  MP_CHECK(mp_json_get_f64(ctx, j, origin, key, 1, out));
+  if (!(*out > 0.0 && *out <= 1.0))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: key '%s' = %g must lie in (0, 1]", origin, key,
+                    *out);
+  return MP_OK;
+}
+
+mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
+                             mp_stack_profile *out) {
+  cJSON *j = NULL;
+  MP_CHECK(mp_json_parse(ctx, text, origin, &j));
+  mp_stack_profile p;
+  memset(&p, 0, sizeof p);
+  mp_status st;
+  double kern_us = 0, comm_us = 0;
+  MP_CHECK_GOTO(mp_json_get_str(ctx, j, origin, "name", 1, p.name, sizeof p.name), st, done);
+  MP_CHECK_GOTO(get_eff(ctx, j, origin, "gemm_eff_max", &p.gemm_eff_max), st, done);
+  MP_CHECK_GOTO(mp_json_get_f64(ctx, j, origin, "gemm_eff_half_mnk", 1, &p.gemm_eff_half_mnk),
+                st, done);
+  MP_CHECK_GOTO(get_eff(ctx, j, origin, "fp8_gemm_eff_max", &p.fp8_gemm_eff_max), st, done);
+  MP_CHECK_GOTO(get_eff(ctx, j, origin, "attention_eff", &p.attention_eff), st, done);
+  MP_CHECK_GOTO(get_eff(ctx, j, origin, "hbm_eff", &p.hbm_eff), st, done);
+  MP_CHECK_GOTO(get_eff(ctx, j, origin, "link_eff", &p.link_eff), st, done);
+  MP_CHECK_GOTO(mp_json_get_f64(ctx, j, origin, "kernel_overhead_us", 1, &kern_us), st, done);
+  MP_CHECK_GOTO(mp_json_get_f64(ctx, j, origin, "comm_overhead_us", 1, &comm_us), st, done);
+  MP_CHECK_GOTO(mp_json_get_f64(ctx, j, origin, "frag_factor", 1, &p.frag_factor), st, done);
+  MP_CHECK_GOTO(mp_json_get_str(ctx, j, origin, "source", 1, p.source, sizeof p.source), st,
+                done);
+  if (p.gemm_eff_half_mnk < 0 || kern_us < 0 || comm_us < 0 || p.frag_factor < 1.0) {
+    st = mp_error(ctx, MP_ERR_INVALID,
+                  "%s: gemm_eff_half_mnk, kernel_overhead_us and comm_overhead_us must be >= 0 "
+                  "and frag_factor >= 1",
+                  origin);
+    goto done;
+  }
+  p.saved_act_factor = 1.0;
+  MP_CHECK_GOTO(mp_json_get_f64(ctx, j, origin, "saved_act_factor", 0, &p.saved_act_factor), st,
+                done);
+  if (!(p.saved_act_factor > 0.0 && p.saved_act_factor <= 1.0)) {
+    st = mp_error(ctx, MP_ERR_INVALID, "%s: saved_act_factor %g must lie in (0, 1]", origin,
+                  p.saved_act_factor);
+    goto done;
+  }
+  p.kernel_overhead_s = kern_us * 1e-6;
+  p.comm_overhead_s = comm_us * 1e-6;
+  *out = p;
+done:
+  cJSON_Delete(j);
+  return st;
+}
+
+mp_status mp_stack_load(mp_ctx *ctx, const char *name_or_path, mp_stack_profile *out) {
+  if (is_path(name_or_path)) {
+    char *text = NULL;
+    size_t len = 0;
+    MP_CHECK(mp_read_file(ctx, name_or_path, &text, &len));
+    mp_status st = mp_stack_from_text(ctx, text, name_or_path, out);
+    free(text);
+    return st;
+  }
+  const char *text = mp_data_find("stacks", name_or_path);
+  if (text == NULL) {
+    char names[1024];
+    mp_data_list_names("stacks", names, sizeof names);
+    return mp_error(ctx, MP_ERR_NOT_FOUND,
+                    "unknown stack profile '%s'; known: %s (or give a path to a .json file)",
+                    name_or_path, names);
+  }
+  char origin[128];
+  snprintf(origin, sizeof origin, "%s.json", name_or_path);
+  return mp_stack_from_text(ctx, text, origin, out);
+}
+
+mp_status mp_stack_default(mp_ctx *ctx, const mp_gpu *gpu, mp_stack_profile *out) {
+  return mp_stack_load(ctx, gpu->compute_capability > 0 ? "meshplan-cuda" : "meshplan-cpu", out);
+}

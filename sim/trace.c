@@ -1,0 +1,82 @@
+/* Chrome trace export of a simulated timeline (chrome://tracing, Perfetto).
+ *
+ * {"traceEvents": [...], "displayTimeUnit": "ms"}: one complete event ("ph": "X") per op
+ * instance, pid 0, tid = the stream (named by "thread_name" metadata events), ts and dur
+ * in microseconds, name = the op's FQN (mp_op_name), args = kernel or collective, bytes,
+ * FLOPs, micro-batch. Ops of one stream run one after another in the simulation, so the
+ * events of a track never partially overlap. Written atomically (mp_write_file_atomic). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/json.h"
+#include "sim/sim.h"
+#include "sim/sim_internal.h"
+
+mp_status mp_sim_trace_write(mp_ctx *ctx, const mp_sim_trace *t, const char *path) {
+  if (t == NULL || t->s == NULL)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "no trace recorded; simulate with record_trace set before writing %s", path);
+  const mp_schedule *s = t->s;
+  cJSON *root = cJSON_CreateObject(), *evs = cJSON_CreateArray();
+  if (root == NULL || evs == NULL) {
+    cJSON_Delete(root);
+    cJSON_Delete(evs);
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory building the trace");
+  }
+  cJSON_AddItemToObject(root, "traceEvents", evs);
+  cJSON_AddStringToObject(root, "displayTimeUnit", "ms");
+  int ok = 1;
+  for (int st = 0; st < MP_STREAM_COUNT && ok; st++) {
+    cJSON *m = cJSON_CreateObject(), *a = cJSON_CreateObject();
+    ok = m && a;
+    if (!ok) {
+      cJSON_Delete(m);
+      cJSON_Delete(a);
+      break;
+    }
+    cJSON_AddStringToObject(m, "name", "thread_name");
+    cJSON_AddStringToObject(m, "ph", "M");
+    cJSON_AddNumberToObject(m, "pid", 0);
+    cJSON_AddNumberToObject(m, "tid", st);
+    cJSON_AddStringToObject(a, "name", mp_stream_name((mp_stream)st));
+    cJSON_AddItemToObject(m, "args", a);
+    cJSON_AddItemToArray(evs, m);
+  }
+  char name[256];
+  for (size_t i = 0; i < t->n && ok; i++) {
+    const mp_sim_event *e = &t->ev[i];
+    const mp_op *op = &s->ops[e->op];
+    cJSON *j = cJSON_CreateObject(), *a = cJSON_CreateObject();
+    ok = j && a;
+    if (!ok) {
+      cJSON_Delete(j);
+      cJSON_Delete(a);
+      break;
+    }
+    mp_op_name(s, op, e->layer, name, sizeof name);
+    cJSON_AddStringToObject(j, "name", name);
+    cJSON_AddStringToObject(j, "cat", op->type == MP_OP_COMM ? "comm" : "compute");
+    cJSON_AddStringToObject(j, "ph", "X");
+    cJSON_AddNumberToObject(j, "pid", 0);
+    cJSON_AddNumberToObject(j, "tid", op->stream);
+    cJSON_AddNumberToObject(j, "ts", e->start_s * 1e6);
+    cJSON_AddNumberToObject(j, "dur", e->dur_s * 1e6);
+    cJSON_AddStringToObject(a, "kind", op->type == MP_OP_COMM ? mp_coll_name((mp_coll)op->coll)
+                                                              : mp_kernel_name((mp_kernel)op->kernel));
+    cJSON_AddStringToObject(a, "phase", mp_phase_name((mp_phase)op->phase));
+    cJSON_AddNumberToObject(a, "bytes", op->bytes);
+    if (op->type == MP_OP_COMPUTE) cJSON_AddNumberToObject(a, "flops", op->flops);
+    cJSON_AddNumberToObject(a, "micro", e->micro);
+    cJSON_AddItemToObject(j, "args", a);
+    cJSON_AddItemToArray(evs, j);
+  }
+  char *text = ok ? cJSON_PrintUnformatted(root) : NULL;
+  cJSON_Delete(root);
+  if (text == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory writing the trace %s", path);
+  mp_status st = mp_write_file_atomic(ctx, path, text, strlen(text));
+  free(text);
+  return st;
+}

@@ -1,0 +1,591 @@
+// Simulator core on schedules built by hand: network and compute formulas, the event
+// simulation (overlap, dependencies, repeated segments, micro-batches), memory replay,
+// pipeline bubble and the output figures, each against a hand calculation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "sim/sim.h"
+#include "sim/stack.h"
+
+namespace {
+
+const double kGiB = 1073741824.0;
+
+// A stack profile with round numbers so hand calculations stay simple.
+mp_stack_profile Profile() {
+  mp_stack_profile p;
+  memset(&p, 0, sizeof p);
+  snprintf(p.name, sizeof p.name, "test");
+  p.gemm_eff_max = 0.5;
+  p.gemm_eff_half_mnk = 0.0;
+  p.fp8_gemm_eff_max = 0.25;
+  p.attention_eff = 0.4;
+  p.hbm_eff = 0.5;
+  p.link_eff = 1.0;
+  p.kernel_overhead_s = 0.0;
+  p.comm_overhead_s = 0.0;
+  p.frag_factor = 1.0;
+  return p;
+}
+
+// One node of 8 GPUs: 1000 TFLOP/s bf16, 2000 fp8, 100 fp32, 1000 GB/s HBM, 80 GiB,
+// NVLink 100 GB/s, 10 GB/s between nodes (80 Gbit/s), latencies 0.
+mp_cluster Cluster(int gpus = 8, int per_node = 8) {
+  mp_cluster c;
+  memset(&c, 0, sizeof c);
+  snprintf(c.name, sizeof c.name, "test");
+  c.gpu.peak_tflops[MP_DTYPE_BF16] = 1000;
+  c.gpu.peak_tflops[MP_DTYPE_FP16] = 1000;
+  c.gpu.peak_tflops[MP_DTYPE_FP32] = 100;
+  c.gpu.peak_tflops[MP_DTYPE_TF32] = 100;
+  c.gpu.peak_tflops[MP_DTYPE_FP8_E4M3] = 2000;
+  c.gpu.peak_tflops[MP_DTYPE_FP8_E5M2] = 2000;
+  c.gpu.mem_gib = 80;
+  c.gpu.hbm_GBps = 1000;
+  c.gpu.nvlink_GBps_per_dir = 100;
+  c.gpu.runtime_overhead_gib = 0;
+  c.gpu.compute_capability = 90;
+  c.gpus_per_node = per_node;
+  c.n_nodes = gpus / per_node;
+  c.intra_node_GBps_per_gpu = 100;
+  c.inter_node_Gbitps_per_gpu = 80;
+  return c;
+}
+
+// Builds schedules op by op.
+struct Builder {
+  mp_plan plan;
+  std::vector<mp_op> ops;
+  std::vector<mp_segment> segs;
+  mp_schedule s;
+
+  explicit Builder(const char *mesh = "dp_shard=8") {
+    memset(&plan, 0, sizeof plan);
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    EXPECT_EQ(mp_mesh_parse(&ctx, mesh, 0, &plan.mesh), MP_OK) << mp_errmsg(&ctx);
+    plan.opts.pp_virtual = 1;
+    memset(&s, 0, sizeof s);
+    s.n_micro = 1;
+    s.micro_batch = 1;
+    s.seq = 1024;
+    s.tokens_per_step_per_rank = 1024;
+  }
+  mp_op Base(int type, int phase, int stream) {
+    mp_op o;
+    memset(&o, 0, sizeof o);
+    o.type = (uint8_t)type;
+    o.phase = (uint8_t)phase;
+    o.stream = (uint8_t)stream;
+    o.when = MP_WHEN_EVERY_MICRO;
+    o.dtype = MP_DTYPE_BF16;
+    o.module = -1;
+    o.layer = -1;
+    o.unit = -1;
+    o.batch = 1;
+    return o;
+  }
+  // A bf16 GEMM taking exactly t seconds on Cluster() with Profile(): eff 0.5 of 1e15.
+  int Gemm(double t, int phase = MP_PHASE_FORWARD) {
+    mp_op o = Base(MP_OP_COMPUTE, phase, MP_STREAM_COMPUTE);
+    o.kernel = MP_KERNEL_GEMM;
+    o.m = o.n = o.k = 1024;
+    o.flops = t * 0.5e15;
+    o.bytes = 0;
+    return Push(o);
+  }
+  // A collective on `group` taking t seconds: all-gather over 8 at 100 GB/s, 7/8 factor.
+  int Gather(double t, int stream = MP_STREAM_GATHER, int group = MP_GROUP_DP_SHARD) {
+    mp_op o = Base(MP_OP_COMM, MP_PHASE_FORWARD, stream);
+    o.coll = MP_COLL_ALL_GATHER;
+    o.group = (uint8_t)group;
+    o.bytes = t * 100e9 * 8.0 / 7.0;
+    return Push(o);
+  }
+  int Mem(int type, int cat, int64_t bytes, int when = MP_WHEN_EVERY_MICRO,
+          int phase = MP_PHASE_FORWARD) {
+    mp_op o = Base(type, phase, MP_STREAM_COMPUTE);
+    o.mem_cat = (uint8_t)cat;
+    o.mem_bytes = bytes;
+    o.when = (uint8_t)when;
+    return Push(o);
+  }
+  int Push(const mp_op &o) {
+    ops.push_back(o);
+    return (int)ops.size() - 1;
+  }
+  void Dep(int op, int on, int flags = 0) {
+    mp_op &o = ops[op];
+    o.dep[o.n_dep] = on;
+    o.dep_flags[o.n_dep] = (uint8_t)flags;
+    o.n_dep++;
+  }
+  // Closes a segment over the ops pushed since `first`.
+  void Seg(int first, int repeat, int phase, int layer_step = 0) {
+    mp_segment g;
+    memset(&g, 0, sizeof g);
+    g.first_op = first;
+    g.n_ops = (int)ops.size() - first;
+    g.repeat = repeat;
+    g.layer_step = layer_step;
+    g.phase = (uint8_t)phase;
+    segs.push_back(g);
+  }
+  const mp_schedule *Get() {
+    s.plan = &plan;
+    s.ops = ops.data();
+    s.n_ops = (int)ops.size();
+    s.segs = segs.data();
+    s.n_segs = (int)segs.size();
+    return &s;
+  }
+};
+
+mp_sim_result Simulate(Builder &b, const mp_cluster &c, const mp_stack_profile &p, int trace = 0) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_sim_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.cluster = &c;
+  cfg.stack = &p;
+  cfg.record_trace = trace;
+  mp_sim_result r;
+  mp_sim_trace *t = NULL;
+  EXPECT_EQ(mp_simulate(&ctx, b.Get(), &cfg, &r, trace ? &t : NULL), MP_OK) << mp_errmsg(&ctx);
+  mp_sim_trace_destroy(t);
+  return r;
+}
+
+}  // namespace
+
+// ---- network --------------------------------------------------------------------------
+
+TEST(Network, RingAllReduceOneGiBOverEight) {
+  const double bw = 100.0, lat = 5e-6, bytes = kGiB;
+  double want = 2.0 * 7.0 / 8.0 * bytes / (bw * 1e9) + 14 * lat;  // 0.018790 s + 70 us
+  EXPECT_NEAR(mp_sim_collective_s(MP_COLL_ALL_REDUCE, bytes, 8, bw, lat), want, 1e-12);
+  EXPECT_NEAR(want, 0.0188607, 1e-6);
+}
+
+TEST(Network, GatherScatterAllToAllSendFactors) {
+  const double bw = 50.0, lat = 1e-5, b = 4e9;
+  EXPECT_NEAR(mp_sim_collective_s(MP_COLL_ALL_GATHER, b, 4, bw, lat), 0.75 * b / 50e9 + 3 * lat, 1e-12);
+  EXPECT_NEAR(mp_sim_collective_s(MP_COLL_REDUCE_SCATTER, b, 4, bw, lat), 0.06 + 3e-5, 1e-12);
+  EXPECT_NEAR(mp_sim_collective_s(MP_COLL_ALL_TO_ALL, b, 2, bw, lat), 0.5 * b / 50e9 + lat, 1e-12);
+  EXPECT_NEAR(mp_sim_collective_s(MP_COLL_SEND, b, 2, bw, lat), b / 50e9 + lat, 1e-12);
+  EXPECT_EQ(mp_sim_collective_s(MP_COLL_ALL_REDUCE, b, 1, bw, lat), 0.0);
+}
+
+TEST(Network, GroupLinkIntraInterHierarchical) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_cluster c = Cluster(32, 8);  // 4 nodes; NIC 80 Gbit/s = 10 GB/s per GPU
+  c.intra_node_latency_us = 2;
+  c.inter_node_latency_us = 7;
+  mp_mesh m;
+  ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=4,tp=8", 32, &m), MP_OK);
+  mp_sim_link l;
+  // TP = ranks 0..7: one node, NVLink.
+  ASSERT_EQ(mp_sim_group_link(&ctx, &c, &m, MP_GROUP_TP, 0, &l), MP_OK);
+  EXPECT_EQ(l.n, 8);
+  EXPECT_EQ(l.nodes, 1);
+  EXPECT_DOUBLE_EQ(l.GBps, 100.0);
+  EXPECT_DOUBLE_EQ(l.lat_s, 2e-6);
+  // FSDP = {0, 8, 16, 24}: one per node, the NIC.
+  ASSERT_EQ(mp_sim_group_link(&ctx, &c, &m, MP_GROUP_DP_SHARD, 0, &l), MP_OK);
+  EXPECT_EQ(l.nodes, 4);
+  EXPECT_EQ(l.per_node, 1);
+  EXPECT_DOUBLE_EQ(l.GBps, 10.0);
+  EXPECT_DOUBLE_EQ(l.lat_s, 7e-6);
+  // dp_shard=32: 8 per node over 4 nodes: min(NVLink 100, 8 NICs x 10 = 80).
+  ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=32", 32, &m), MP_OK);
+  ASSERT_EQ(mp_sim_group_link(&ctx, &c, &m, MP_GROUP_DP_SHARD, 0, &l), MP_OK);
+  EXPECT_EQ(l.per_node, 8);
+  EXPECT_EQ(l.nodes, 4);
+  EXPECT_DOUBLE_EQ(l.GBps, 80.0);
+  // dp_shard=16,tp=2: 4 FSDP members per node: min(100, 40).
+  ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=16,tp=2", 32, &m), MP_OK);
+  ASSERT_EQ(mp_sim_group_link(&ctx, &c, &m, MP_GROUP_DP_SHARD, 3, &l), MP_OK);
+  EXPECT_EQ(l.per_node, 4);
+  EXPECT_DOUBLE_EQ(l.GBps, 40.0);
+}
+
+// ---- compute --------------------------------------------------------------------------
+
+TEST(Compute, GemmAtKnownEfficiency) {
+  mp_cluster c = Cluster();
+  mp_stack_profile p = Profile();
+  p.kernel_overhead_s = 3e-6;
+  mp_op o;
+  memset(&o, 0, sizeof o);
+  o.type = MP_OP_COMPUTE;
+  o.kernel = MP_KERNEL_GEMM;
+  o.dtype = MP_DTYPE_BF16;
+  o.m = 8192, o.n = 4096, o.k = 4096, o.batch = 1;
+  o.flops = 2.0 * 8192 * 4096 * 4096;  // 2.749e11
+  o.bytes = 2.0 * (8192.0 * 4096 + 4096.0 * 4096 + 8192.0 * 4096);
+  // eff 0.5 at any size (half 0): 2.749e11 / 5e14 = 0.5498 ms; bytes 0.167 ms: compute-bound
+  EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), o.flops / 5e14 + 3e-6, 1e-12);
+  // Half efficiency at m n k = gemm_eff_half_mnk.
+  p.gemm_eff_half_mnk = (double)o.m * o.n * o.k;
+  EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), o.flops / 2.5e14 + 3e-6, 1e-12);
+  // float8 at the fp8 peak x fp8_gemm_eff_max (x the same size factor).
+  p.gemm_eff_half_mnk = 0;
+  o.dtype = MP_DTYPE_FP8_E4M3;
+  EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), o.flops / (2e15 * 0.25) + 3e-6, 1e-12);
+  // Element-wise: memory-bound at HBM x hbm_eff.
+  o.kernel = MP_KERNEL_RESIDUAL;
+  o.dtype = MP_DTYPE_BF16;
+  o.flops = 1e6;
+  o.bytes = 1e9;
+  EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), 1e9 / 0.5e12 + 3e-6, 1e-12);
+  // Attention: bf16 peak x attention_eff.
+  o.kernel = MP_KERNEL_ATTENTION;
+  o.flops = 4e12;
+  o.bytes = 1e6;
+  EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), 4e12 / 4e14 + 3e-6, 1e-12);
+}
+
+// ---- event simulation -------------------------------------------------------------------
+
+TEST(Overlap, SingleGemm) {
+  Builder b;
+  b.Gemm(2e-3);
+  b.Seg(0, 1, MP_PHASE_FORWARD);
+  mp_sim_result r = Simulate(b, Cluster(), Profile());
+  EXPECT_NEAR(r.step_time_s, 2e-3, 1e-12);
+  EXPECT_NEAR(r.compute_s, 2e-3, 1e-12);
+  EXPECT_NEAR(r.exposed_comm_s, 0, 1e-12);
+  // 1024 tokens / 2 ms / 1 GPU per replica
+  EXPECT_NEAR(r.tokens_per_s_per_gpu, 512000.0, 1e-6);
+}
+
+TEST(Overlap, GatherOnItsStreamHidesUnderGemm) {
+  Builder b;
+  b.Gather(1e-3);
+  b.Gemm(3e-3);
+  b.Seg(0, 1, MP_PHASE_FORWARD);
+  mp_sim_result r = Simulate(b, Cluster(), Profile());
+  EXPECT_NEAR(r.step_time_s, 3e-3, 1e-12);
+  EXPECT_NEAR(r.exposed_comm_s, 0, 1e-12);
+  EXPECT_NEAR(r.comm_s[MP_STREAM_GATHER], 1e-3, 1e-12);
+}
+
+TEST(Overlap, DependencySerialises) {
+  Builder b;
+  int g = b.Gather(1e-3);
+  int m = b.Gemm(3e-3);
+  b.Dep(m, g);
+  b.Seg(0, 1, MP_PHASE_FORWARD);
+  mp_sim_result r = Simulate(b, Cluster(), Profile());
+  EXPECT_NEAR(r.step_time_s, 4e-3, 1e-12);
+  EXPECT_NEAR(r.compute_s, 3e-3, 1e-12);
+  EXPECT_NEAR(r.exposed_comm_s, 1e-3, 1e-12);
+}
+
+TEST(Overlap, CollectiveOnComputeStreamIsExposed) {
+  Builder b("tp=8");
+  b.Gemm(2e-3);
+  b.Gather(1e-3, MP_STREAM_COMPUTE, MP_GROUP_TP);
+  b.Gemm(2e-3);
+  b.Seg(0, 1, MP_PHASE_FORWARD);
+  mp_sim_result r = Simulate(b, Cluster(), Profile());
+  EXPECT_NEAR(r.step_time_s, 5e-3, 1e-12);
+  EXPECT_NEAR(r.exposed_comm_s, 1e-3, 1e-12);
+  // 1024 tokens per replica of 8 GPUs over 5 ms
+  EXPECT_NEAR(r.tokens_per_s_per_gpu, 1024.0 / 5e-3 / 8, 1e-6);
+}
+
+TEST(Overlap, TailCollectiveWithoutDependencyExtendsTheStep) {
+  Builder b;
+  b.Gemm(2e-3);
+  int rs = b.Gather(3e-3, MP_STREAM_REDUCE);
+  b.Dep(rs, 0);
+  b.Seg(0, 1, MP_PHASE_BACKWARD);
+  mp_sim_result r = Simulate(b, Cluster(), Profile());
+  EXPECT_NEAR(r.step_time_s, 5e-3, 1e-12);
+  EXPECT_NEAR(r.exposed_comm_s, 3e-3, 1e-12);
+}
+
+// A forward over L blocks with FSDP-style prefetch and a two-buffer limit: block 0's
+// gather runs first; repetition l runs block l's GEMM (after block l's gather) and then
+// issues the gather of block l+1, which may start only once block l-1's GEMM is done (its
+// buffer is reused). As a COMPACT segment both dependencies point at the previous
+// repetition (MP_DEP_PREV_REP); expanded, they name the ops of the previous copy.
+namespace {
+struct Prefetch {
+  double gather_s, gemm_s;
+  int L;
+};
+
+int Prologue(Builder &b, const Prefetch &p) {
+  b.Mem(MP_OP_ALLOC, MP_MEM_PARAMS, 1000, MP_WHEN_ONCE, MP_PHASE_PROLOGUE);
+  b.Seg(0, 1, MP_PHASE_PROLOGUE);
+  int first = (int)b.ops.size();
+  b.Mem(MP_OP_ALLOC, MP_MEM_GATHERED, 300);
+  int g0 = b.Gather(p.gather_s);
+  b.Seg(first, 1, MP_PHASE_FORWARD);
+  return g0;
+}
+
+// One block: GEMM, save activations, free this block's gathered buffer, allocate and
+// gather the next one's. Returns {gemm, gather}.
+std::pair<int, int> Block(Builder &b, const Prefetch &p, int layer) {
+  int m = b.Gemm(p.gemm_s);
+  b.Mem(MP_OP_ALLOC, MP_MEM_ACTIVATIONS, 50);
+  b.Mem(MP_OP_FREE, MP_MEM_GATHERED, 300);
+  b.Mem(MP_OP_ALLOC, MP_MEM_GATHERED, 300);
+  int g = b.Gather(p.gather_s);
+  b.ops[m].layer = b.ops[g].layer = layer;
+  return {m, g};
+}
+
+void Backward(Builder &b, const Prefetch &p, int L, int repeat) {
+  int first = (int)b.ops.size();
+  b.Mem(MP_OP_FREE, MP_MEM_GATHERED, 300, MP_WHEN_EVERY_MICRO, MP_PHASE_BACKWARD);
+  b.Seg(first, 1, MP_PHASE_BACKWARD);
+  for (int i = 0; i < L / repeat; i++) {
+    first = (int)b.ops.size();
+    int bm = b.Gemm(2 * p.gemm_s, MP_PHASE_BACKWARD);
+    b.ops[bm].layer = L - 1 - i;
+    b.Mem(MP_OP_FREE, MP_MEM_ACTIVATIONS, 50, MP_WHEN_EVERY_MICRO, MP_PHASE_BACKWARD);
+    b.Seg(first, repeat, MP_PHASE_BACKWARD, -1);
+  }
+}
+
+void BuildCompact(Builder &b, const Prefetch &p) {
+  int g0 = Prologue(b, p);
+  int first = (int)b.ops.size();
+  std::pair<int, int> mg = Block(b, p, 0);
+  b.Dep(mg.first, g0);
+  b.Dep(mg.first, mg.second, MP_DEP_PREV_REP);
+  b.Dep(mg.second, mg.first, MP_DEP_PREV_REP);
+  b.Seg(first, p.L, MP_PHASE_FORWARD, 1);
+  Backward(b, p, p.L, p.L);
+}
+
+void BuildExpanded(Builder &b, const Prefetch &p) {
+  int g_prev = Prologue(b, p), m_prev = -1;
+  for (int l = 0; l < p.L; l++) {
+    int first = (int)b.ops.size();
+    std::pair<int, int> mg = Block(b, p, l);
+    b.Dep(mg.first, g_prev);
+    if (m_prev >= 0) b.Dep(mg.second, m_prev);
+    b.Seg(first, 1, MP_PHASE_FORWARD, 1);
+    g_prev = mg.second;
+    m_prev = mg.first;
+  }
+  Backward(b, p, p.L, 1);
+}
+}  // namespace
+
+TEST(Periodic, CompactEqualsExpandedComputeBound) {
+  Prefetch p = {1e-3, 3e-3, 40};
+  Builder c, e;
+  BuildCompact(c, p);
+  BuildExpanded(e, p);
+  mp_sim_result rc = Simulate(c, Cluster(), Profile()), re = Simulate(e, Cluster(), Profile());
+  // Hand: gather 0 exposed (1 ms), then GEMMs back to back: 1 + 40 x 3 + 40 x 6 ms.
+  EXPECT_NEAR(re.step_time_s, 1e-3 + 40 * 3e-3 + 40 * 6e-3, 1e-9);
+  EXPECT_NEAR(rc.step_time_s, re.step_time_s, 1e-9 * re.step_time_s);
+  EXPECT_NEAR(rc.exposed_comm_s, re.exposed_comm_s, 1e-12);
+  EXPECT_NEAR(rc.compute_s, re.compute_s, 1e-9);
+  EXPECT_NEAR(rc.comm_s[MP_STREAM_GATHER], 41e-3, 1e-9);  // block 0 + 40 prefetches
+  // Memory: in the last forward block 40 x 50 activations + 300 gathered + 1000 params.
+  EXPECT_EQ(re.peak_mem_bytes, 1000 + 300 + 40 * 50);
+  EXPECT_EQ(rc.peak_mem_bytes, re.peak_mem_bytes);
+  EXPECT_EQ(rc.mem_at_peak[MP_MEM_ACTIVATIONS], 40 * 50);
+  EXPECT_EQ(rc.mem_at_peak[MP_MEM_GATHERED], 300);
+  EXPECT_EQ(rc.mem_at_peak[MP_MEM_PARAMS], 1000);
+}
+
+TEST(Periodic, CompactEqualsExpandedCommBound) {
+  // Gathers slower than GEMMs: each block waits for its gather, gathers run back to back
+  // (block l-1's GEMM is always done in time). Hand: block l's GEMM ends at 5(l+1) + 1 ms,
+  // the last at 201 ms; the spare gather issued by the last block ends at 205 ms, hidden
+  // under the 80 ms backward: 281 ms.
+  Prefetch p = {5e-3, 1e-3, 40};
+  Builder c, e;
+  BuildCompact(c, p);
+  BuildExpanded(e, p);
+  mp_sim_result rc = Simulate(c, Cluster(), Profile()), re = Simulate(e, Cluster(), Profile());
+  EXPECT_NEAR(re.step_time_s, 40 * 5e-3 + 1e-3 + 40 * 2e-3, 1e-9);
+  EXPECT_NEAR(rc.step_time_s, re.step_time_s, 1e-9 * re.step_time_s);
+  EXPECT_NEAR(re.exposed_comm_s, 40 * 5e-3 - 39 * 1e-3, 1e-9);
+  EXPECT_NEAR(rc.exposed_comm_s, re.exposed_comm_s, 1e-9);
+}
+
+TEST(MicroBatches, WhenAndExtrapolationMatchFullReplay) {
+  // Per micro-batch: forward GEMM 2 ms saving 100 bytes; backward GEMM 4 ms freeing them;
+  // gradients (400 bytes) allocated in the first micro-batch only and kept; a gradient
+  // all-reduce (3 ms, reduce stream) only in the last micro-batch after its backward.
+  Builder b("dp_replicate=8");
+  b.s.n_micro = 16;
+  b.s.tokens_per_step_per_rank = 16 * 1024;
+  b.Mem(MP_OP_ALLOC, MP_MEM_PARAMS, 1000, MP_WHEN_ONCE, MP_PHASE_PROLOGUE);
+  b.Seg(0, 1, MP_PHASE_PROLOGUE);
+  int first = (int)b.ops.size();
+  b.Gemm(2e-3);
+  b.Mem(MP_OP_ALLOC, MP_MEM_ACTIVATIONS, 100);
+  b.Seg(first, 1, MP_PHASE_FORWARD, 1);
+  first = (int)b.ops.size();
+  b.Mem(MP_OP_ALLOC, MP_MEM_GRADS, 400, MP_WHEN_FIRST_MICRO, MP_PHASE_BACKWARD);
+  int bw = b.Gemm(4e-3, MP_PHASE_BACKWARD);
+  b.Mem(MP_OP_FREE, MP_MEM_ACTIVATIONS, 100, MP_WHEN_EVERY_MICRO, MP_PHASE_BACKWARD);
+  int ar = b.Gather(3e-3 * 7.0 / 8.0 * 0.5, MP_STREAM_REDUCE, MP_GROUP_DP_REPLICATE);
+  b.ops[ar].coll = MP_COLL_ALL_REDUCE;  // 2(n-1)/n: twice the all-gather time = 3 ms
+  b.ops[ar].bytes = 3e-3 * 100e9 * 8.0 / 14.0;
+  b.ops[ar].when = MP_WHEN_LAST_MICRO;
+  b.Dep(ar, bw);
+  b.Seg(first, 1, MP_PHASE_BACKWARD, -1);
+  first = (int)b.ops.size();
+  int opt = b.Gemm(1e-3, MP_PHASE_OPTIMIZER);
+  b.ops[opt].when = MP_WHEN_ONCE;
+  b.Dep(opt, ar);
+  b.Seg(first, 1, MP_PHASE_OPTIMIZER);
+  mp_sim_result fast = Simulate(b, Cluster(), Profile(), 0);
+  mp_sim_result full = Simulate(b, Cluster(), Profile(), 1);  // a trace turns extrapolation off
+  double want = 16 * 6e-3 + 3e-3 + 1e-3;
+  EXPECT_NEAR(full.step_time_s, want, 1e-12);
+  EXPECT_NEAR(fast.step_time_s, want, 1e-9 * want);
+  EXPECT_NEAR(fast.compute_s, 16 * 6e-3, 1e-9);
+  EXPECT_NEAR(fast.optimizer_s, 1e-3, 1e-12);
+  EXPECT_NEAR(fast.exposed_comm_s, 3e-3, 1e-9);
+  EXPECT_EQ(full.peak_mem_bytes, 1000 + 400 + 100);
+  EXPECT_EQ(fast.peak_mem_bytes, full.peak_mem_bytes);
+  EXPECT_EQ(fast.mem_at_peak[MP_MEM_GRADS], 400);
+  EXPECT_NEAR(fast.tokens_per_s_per_gpu, 16 * 1024 / want, 1e-6);
+}
+
+TEST(Memory, PeakBreakdownFragmentationOverheadAndFit) {
+  Builder b;
+  b.Mem(MP_OP_ALLOC, MP_MEM_PARAMS, 10 * (int64_t)kGiB, MP_WHEN_ONCE, MP_PHASE_PROLOGUE);
+  b.Mem(MP_OP_ALLOC, MP_MEM_OPTIMIZER, 20 * (int64_t)kGiB, MP_WHEN_ONCE, MP_PHASE_PROLOGUE);
+  b.Seg(0, 1, MP_PHASE_PROLOGUE);
+  int first = (int)b.ops.size();
+  b.Mem(MP_OP_ALLOC, MP_MEM_ACTIVATIONS, 30 * (int64_t)kGiB);
+  b.Mem(MP_OP_ALLOC, MP_MEM_TEMP, 5 * (int64_t)kGiB);
+  b.Mem(MP_OP_FREE, MP_MEM_TEMP, 5 * (int64_t)kGiB);
+  b.Mem(MP_OP_FREE, MP_MEM_ACTIVATIONS, 30 * (int64_t)kGiB);
+  b.Mem(MP_OP_ALLOC, MP_MEM_LOGITS, 2 * (int64_t)kGiB);  // lower than the peak above
+  b.Mem(MP_OP_FREE, MP_MEM_LOGITS, 2 * (int64_t)kGiB);
+  b.Seg(first, 1, MP_PHASE_FORWARD);
+  mp_cluster c = Cluster();
+  c.gpu.runtime_overhead_gib = 2.0;
+  mp_stack_profile p = Profile();
+  p.frag_factor = 1.1;
+  mp_sim_result r = Simulate(b, c, p);
+  // 65 GiB allocated at the peak x 1.1 + 2 GiB = 73.5 GiB; capacity 80 GiB.
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_PARAMS], 10 * (int64_t)kGiB);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_OPTIMIZER], 20 * (int64_t)kGiB);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_ACTIVATIONS], 30 * (int64_t)kGiB);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_TEMP], 5 * (int64_t)kGiB);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_LOGITS], 0);
+  EXPECT_EQ(r.mem_max[MP_MEM_LOGITS], 2 * (int64_t)kGiB);  // its own high-water mark
+  EXPECT_EQ(r.mem_max[MP_MEM_TEMP], 5 * (int64_t)kGiB);
+  EXPECT_NEAR((double)r.peak_mem_bytes, 73.5 * kGiB, 1.0);
+  EXPECT_NEAR((double)r.overhead_bytes, 8.5 * kGiB, 1.0);
+  EXPECT_EQ(r.capacity_bytes, 80 * (int64_t)kGiB);
+  EXPECT_TRUE(r.fits);
+  // A stack keeping half the saved activations: 15 GiB of them at the peak.
+  p.saved_act_factor = 0.5;
+  r = Simulate(b, c, p);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_ACTIVATIONS], 15 * (int64_t)kGiB);
+  p.saved_act_factor = 1.0;
+  // With 10 % headroom capacity is 72 GiB: no longer fits.
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_sim_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.cluster = &c;
+  cfg.stack = &p;
+  cfg.mem_headroom = 0.1;
+  ASSERT_EQ(mp_simulate(&ctx, b.Get(), &cfg, &r, NULL), MP_OK);
+  EXPECT_FALSE(r.fits);
+}
+
+TEST(Pipeline, BubbleAndInflightActivations) {
+  // pp=4, 8 micro-batches of 1 + 2 ms; the schedule holds no P2P ops so the boundary
+  // transfers are added to the bubble: micro_batch 1 x seq 1024 x d_model 1024 x 2 bytes
+  // = 2 MiB over NVLink at 100 GB/s, twice per stage boundary.
+  for (int interleaved = 0; interleaved <= 1; interleaved++) {
+    Builder b("pp=4,dp_shard=2");
+    b.plan.model.d_model = 1024;
+    b.plan.opts.pp_schedule = interleaved ? MP_PP_INTERLEAVED : MP_PP_1F1B;
+    b.plan.opts.pp_virtual = interleaved ? 2 : 1;
+    b.s.n_micro = 8;
+    b.s.tokens_per_step_per_rank = 8 * 1024;
+    int first = (int)b.ops.size();
+    b.Gemm(1e-3);
+    b.Mem(MP_OP_ALLOC, MP_MEM_ACTIVATIONS, 100);
+    b.Seg(first, 1, MP_PHASE_FORWARD);
+    first = (int)b.ops.size();
+    b.Gemm(2e-3, MP_PHASE_BACKWARD);
+    b.Mem(MP_OP_FREE, MP_MEM_ACTIVATIONS, 100, MP_WHEN_EVERY_MICRO, MP_PHASE_BACKWARD);
+    b.Seg(first, 1, MP_PHASE_BACKWARD);
+    mp_sim_result r = Simulate(b, Cluster(), Profile());
+    double p2p = 1024.0 * 1024 * 2 / 100e9;  // 2 MiB at 100 GB/s
+    double bubble = 3 * 3e-3 / (interleaved ? 2 : 1) + 3 * 2 * p2p;
+    EXPECT_NEAR(r.bubble_s, bubble, 1e-12);
+    EXPECT_NEAR(r.step_time_s, 8 * 3e-3 + bubble, 1e-12);
+    // stage 0 holds pp = 4 micro-batches under 1F1B; interleaved (v=2): (3x2 + 4 + 1)/2.
+    double inflight = interleaved ? 5.5 : 4.0;
+    EXPECT_EQ(r.mem_at_peak[MP_MEM_ACTIVATIONS], (int64_t)(100 * inflight));
+    // tokens per replica (pp=4 GPUs) per step
+    EXPECT_NEAR(r.tokens_per_s_per_gpu, 8 * 1024 / r.step_time_s / 4, 1e-6);
+  }
+}
+
+TEST(ContextParallel, RingAttentionOverlapsBlockTransfers) {
+  // cp=4 in one node (100 GB/s). K/V block of a rank: micro_batch 1 x 4096/4 tokens x 8 KV
+  // heads x 128 x 2 (K, V) x 2 bytes = 4 MiB: 41.9 us forward, twice that backward.
+  for (int slow = 0; slow <= 1; slow++) {
+    Builder b("cp=4,dp_shard=2");
+    b.plan.model.n_kv_heads = 8;
+    b.plan.model.head_dim = 128;
+    b.s.seq = 4096;
+    double t = slow ? 40e-6 : 4e-3;  // attention compute per rank (all four blocks)
+    mp_op o = b.Base(MP_OP_COMPUTE, MP_PHASE_FORWARD, MP_STREAM_COMPUTE);
+    o.kernel = MP_KERNEL_ATTENTION;
+    o.flops = t * 0.4e15;  // attention_eff 0.4 of 1e15
+    b.Push(o);
+    o.phase = MP_PHASE_BACKWARD;
+    b.Push(o);
+    b.Seg(0, 1, MP_PHASE_FORWARD);
+    mp_sim_result r = Simulate(b, Cluster(), Profile());
+    double blk = 1024.0 * 8 * 128 * 2 * 2 / 100e9;
+    double fwd = t / 4 + 3 * std::max(t / 4, blk), bwd = t / 4 + 3 * std::max(t / 4, 2 * blk);
+    EXPECT_NEAR(r.step_time_s, fwd + bwd, 1e-12) << (slow ? "comm-bound" : "compute-bound");
+    if (slow) continue;
+    EXPECT_NEAR(r.step_time_s, 2 * t, 1e-12);  // transfers hidden
+  }
+}
+
+TEST(Stacks, RequiredProfilesLoadWithSources) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  const char *names[] = {"torchtitan-eager", "torchtitan-compile", "llm.c", "meshplan-cuda",
+                         "meshplan-cpu"};
+  for (const char *n : names) {
+    mp_stack_profile p;
+    ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << n << ": " << mp_errmsg(&ctx);
+    EXPECT_STREQ(p.name, n);
+    EXPECT_GT(strlen(p.source), 40u) << n;
+    EXPECT_GE(p.frag_factor, 1.0);
+  }
+  mp_stack_profile p;
+  EXPECT_EQ(mp_stack_load(&ctx, "no-such-stack", &p), MP_ERR_NOT_FOUND);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "torchtitan-eager"), nullptr);
+  EXPECT_EQ(mp_stack_from_text(&ctx,
+                               "{\"name\":\"x\",\"gemm_eff_max\":1.5,\"gemm_eff_half_mnk\":0,"
+                               "\"fp8_gemm_eff_max\":0.5,\"attention_eff\":0.5,\"hbm_eff\":0.5,"
+                               "\"link_eff\":0.5,\"kernel_overhead_us\":0,\"comm_overhead_us\":0,"
+                               "\"frag_factor\":1,\"source\":\"s\"}",
+                               "x.json", &p),
+            MP_ERR_INVALID);
+}
