@@ -1,0 +1,434 @@
+/* The op interface: one table of function pointers per backend (CPU now, CUDA later).
+ *
+ * The runtime's schedule walker calls ops only through an mp_backend, so switching device
+ * never changes the walker. Style: ggml's backend tables filled with designated
+ * initializers, llm.c's plain-C signatures on raw pointers with explicit shapes.
+ *
+ * Conventions every entry follows (a backend that breaks one is wrong, not different):
+ *
+ * - Status. Every entry returns mp_status and records a one-line message on kc->err on
+ *   failure (a CUDA backend reports launch errors here). Ops never exit.
+ *
+ * - Storage dtypes. Two kinds of tensor pointer appear in signatures:
+ *     void *   "X" tensors, stored in the backend's compute dtype `be->x_dtype`:
+ *              activations, their gradients, and the compute copies of parameters
+ *              (the weights passed to a forward/backward). CPU: fp32. CUDA: bf16
+ *              (issue 7), with fp32 accumulation inside every kernel.
+ *     float *  always fp32, on every backend: parameter gradients (accumulated in fp32,
+ *              so micro-batch accumulation and the fp32 gradient reduce-scatter lose
+ *              nothing), master parameters and AdamW state, normalisation statistics,
+ *              softmax statistics, router probabilities and weights, losses, float8
+ *              scales and amax.
+ *     int32_t * token ids, targets, expert indices, permutations.
+ *     uint8_t * float8 codes (E4M3 or E5M2 bit patterns, see mp_f8_format).
+ *   Host code moves data in and out with to_device_f32 / from_device_f32, which convert
+ *   between host fp32 and X, so callers never depend on x_dtype.
+ *
+ * - Layout. Row-major, contiguous, the last dimension fastest. Shapes are in the comment
+ *   beside each argument: B batch, T sequence, C channels, N = B*T tokens (or rows),
+ *   nh query heads, nkv key/value heads (nh % nkv == 0), hd head dim, V vocab (Vl the
+ *   local shard), E experts, k experts per token, H hidden (MLP) width.
+ *
+ * - Gradients ACCUMULATE. Every backward adds (+=) into every gradient it produces, as in
+ *   llm.c, so residual branches and micro-batch accumulation need no extra adds; the
+ *   caller zeroes buffers (memset_zero) when a fresh gradient is wanted. Forward outputs
+ *   are written (=). Optional outputs and inputs documented "or NULL" may be NULL.
+ *
+ * - Aliasing. Outputs never alias inputs unless the entry says so.
+ *
+ * - Determinism. On the CPU every op gives bit-identical results for the same inputs
+ *   regardless of thread count (each output element is owned by one thread and reduced
+ *   in a fixed order), which the parity tests rely on.
+ */
+#ifndef MP_KERNELS_OPS_H
+#define MP_KERNELS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Storage dtype of X tensors. */
+typedef enum mp_kdtype {
+  MP_KDTYPE_F32 = 0,
+  MP_KDTYPE_BF16
+} mp_kdtype;
+
+/* Bytes per element of an X tensor stored as t. */
+size_t mp_kdtype_bytes(mp_kdtype t);
+
+/* Float8 formats (OCP FP8): E4M3 "fn" (no infinities, max 448, NaN = S.1111.111) and
+ * E5M2 (IEEE-like, max 57344, has inf/NaN). Casts saturate to +-max, as torchao does. */
+typedef enum mp_f8_format {
+  MP_F8_E4M3 = 0,
+  MP_F8_E5M2
+} mp_f8_format;
+
+#define MP_F8_E4M3_MAX 448.0f
+#define MP_F8_E5M2_MAX 57344.0f
+
+/* Per-call execution context. One per thread of work (the CUDA backend: one per stream). */
+typedef struct mp_kctx {
+  mp_ctx *err; /* where a failing op leaves its message; never NULL */
+  void *impl;  /* backend-private state (CUDA: stream, cuBLASLt handle, workspace);
+                  NULL on the CPU */
+  int device;  /* device ordinal (CPU: 0) */
+} mp_kctx;
+
+typedef struct mp_backend mp_backend;
+
+struct mp_backend {
+  const char *name;   /* "cpu", "cuda" */
+  mp_kdtype x_dtype;  /* storage dtype of X tensors */
+
+  /* ---- lifecycle and memory ------------------------------------------------------ */
+  /* Sets kc->impl for `device`; kc->err must be set by the caller. */
+  mp_status (*init)(mp_kctx *kc, int device);
+  void (*shutdown)(mp_kctx *kc); /* safe on an initialised or zeroed kc */
+  /* Device allocation; *ptr is aligned to 64 bytes. bytes == 0 gives *ptr == NULL. */
+  mp_status (*alloc)(mp_kctx *kc, void **ptr, size_t bytes);
+  void (*free)(mp_kctx *kc, void *ptr); /* free(NULL) is a no-op */
+  mp_status (*memcpy_h2d)(mp_kctx *kc, void *dst_dev, const void *src_host, size_t bytes);
+  mp_status (*memcpy_d2h)(mp_kctx *kc, void *dst_host, const void *src_dev, size_t bytes);
+  mp_status (*memcpy_d2d)(mp_kctx *kc, void *dst_dev, const void *src_dev, size_t bytes);
+  mp_status (*memset_zero)(mp_kctx *kc, void *ptr, size_t bytes);
+  /* Waits for all work queued on kc (CPU: returns at once; ops are synchronous). */
+  mp_status (*synchronize)(mp_kctx *kc);
+  /* Host fp32 <-> device X tensor of n elements (rounds to nearest even into bf16). */
+  mp_status (*to_device_f32)(mp_kctx *kc, void *dst_x, const float *src_host, size_t n);
+  mp_status (*from_device_f32)(mp_kctx *kc, float *dst_host, const void *src_x, size_t n);
+  /* Device X <-> device fp32 (e.g. compute copy of an fp32 master parameter). */
+  mp_status (*x_from_f32)(mp_kctx *kc, void *dst_x, const float *src, size_t n);
+  mp_status (*x_to_f32)(mp_kctx *kc, float *dst, const void *src_x, size_t n);
+
+  /* ---- embedding (token lookup; also positions for learned position embeddings) ---- *
+   * The table holds rows [vocab_start, vocab_end) of the global vocabulary (the whole
+   * table: 0 and V). A token outside the range gives a zero row, so the vocab-parallel
+   * result is the sum (all-reduce) over shards. Backward scatter-adds into the local
+   * shard only; tokens outside the range contribute nothing. */
+  mp_status (*embedding_forward)(mp_kctx *kc,
+                                 void *out,              /* (N, C) */
+                                 const int32_t *tokens,  /* (N) global ids */
+                                 const void *wte,        /* (vocab_end-vocab_start, C) */
+                                 int N, int C, int vocab_start, int vocab_end);
+  mp_status (*embedding_backward)(mp_kctx *kc,
+                                  float *dwte,            /* (vocab_end-vocab_start, C) += */
+                                  const void *dout,       /* (N, C) */
+                                  const int32_t *tokens,  /* (N) */
+                                  int N, int C, int vocab_start, int vocab_end);
+
+  /* ---- normalisation ---------------------------------------------------------------
+   * LayerNorm: out = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), var biased.
+   * RMSNorm:   out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). */
+  mp_status (*layernorm_forward)(mp_kctx *kc,
+                                 void *out,        /* (N, C) */
+                                 float *mean,      /* (N) saved for backward */
+                                 float *rstd,      /* (N) saved for backward */
+                                 const void *x,    /* (N, C) */
+                                 const void *w,    /* (C) */
+                                 const void *b,    /* (C) or NULL */
+                                 int N, int C, float eps);
+  mp_status (*layernorm_backward)(mp_kctx *kc,
+                                  void *dx,          /* (N, C) += */
+                                  float *dw,         /* (C) += */
+                                  float *db,         /* (C) += or NULL */
+                                  const void *dout,  /* (N, C) */
+                                  const void *x,     /* (N, C) */
+                                  const void *w,     /* (C) */
+                                  const float *mean, /* (N) */
+                                  const float *rstd, /* (N) */
+                                  int N, int C);
+  mp_status (*rmsnorm_forward)(mp_kctx *kc,
+                               void *out,      /* (N, C) */
+                               float *rstd,    /* (N) saved for backward */
+                               const void *x,  /* (N, C) */
+                               const void *w,  /* (C) */
+                               int N, int C, float eps);
+  mp_status (*rmsnorm_backward)(mp_kctx *kc,
+                                void *dx,          /* (N, C) += */
+                                float *dw,         /* (C) += */
+                                const void *dout,  /* (N, C) */
+                                const void *x,     /* (N, C) */
+                                const void *w,     /* (C) */
+                                const float *rstd, /* (N) */
+                                int N, int C);
+
+  /* ---- RoPE, HF Llama "rotate_half" convention ------------------------------------
+   * Within each head, dimension i < hd/2 pairs with i + hd/2 (not 2i with 2i+1):
+   *   out[i]        = x[i] cos[t,i] - x[i+hd/2] sin[t,i]
+   *   out[i+hd/2]   = x[i+hd/2] cos[t,i] + x[i] sin[t,i]
+   * with cos/sin tables from mp_rope_tables. out may equal x (in place) in forward.
+   * Backward applies the inverse rotation (angle -theta) to dout. */
+  mp_status (*rope_forward)(mp_kctx *kc,
+                            void *out,          /* (B, T, nh, hd) */
+                            const void *x,      /* (B, T, nh, hd) */
+                            const float *cos_t, /* (T, hd/2) */
+                            const float *sin_t, /* (T, hd/2) */
+                            int B, int T, int nh, int hd);
+  mp_status (*rope_backward)(mp_kctx *kc,
+                             void *dx,           /* (B, T, nh, hd) += */
+                             const void *dout,   /* (B, T, nh, hd) */
+                             const float *cos_t, /* (T, hd/2) */
+                             const float *sin_t, /* (T, hd/2) */
+                             int B, int T, int nh, int hd);
+
+  /* ---- causal attention with grouped-query heads -------------------------------------
+   * Query head h reads key/value head h / (nh/nkv). Scale 1/sqrt(hd); position t attends
+   * to positions <= t. Forward saves only lse (the log-sum-exp of each scaled score row),
+   * flash-attention style: backward recomputes the probabilities from q, k and lse, so
+   * no (T, T) matrix is ever stored. */
+  mp_status (*attention_forward)(mp_kctx *kc,
+                                 void *out,       /* (B, T, nh, hd) */
+                                 float *lse,      /* (B, nh, T) saved for backward */
+                                 const void *q,   /* (B, T, nh, hd) */
+                                 const void *k,   /* (B, T, nkv, hd) */
+                                 const void *v,   /* (B, T, nkv, hd) */
+                                 int B, int T, int nh, int nkv, int hd);
+  mp_status (*attention_backward)(mp_kctx *kc,
+                                  void *dq,          /* (B, T, nh, hd) += */
+                                  void *dk,          /* (B, T, nkv, hd) += */
+                                  void *dv,          /* (B, T, nkv, hd) += */
+                                  const void *dout,  /* (B, T, nh, hd) */
+                                  const void *q,     /* (B, T, nh, hd) */
+                                  const void *k,     /* (B, T, nkv, hd) */
+                                  const void *v,     /* (B, T, nkv, hd) */
+                                  const void *out,   /* (B, T, nh, hd) forward output */
+                                  const float *lse,  /* (B, nh, T) */
+                                  int B, int T, int nh, int nkv, int hd);
+
+  /* ---- activations -------------------------------------------------------------------
+   * GELU, tanh approximation (GPT-2, PyTorch approximate="tanh"):
+   *   0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+   * SwiGLU: out = silu(gate) * up, silu(g) = g / (1 + exp(-g)). */
+  mp_status (*gelu_forward)(mp_kctx *kc, void *out, const void *x, size_t n); /* (n) */
+  mp_status (*gelu_backward)(mp_kctx *kc,
+                             void *dx,         /* (n) += */
+                             const void *dout, /* (n) */
+                             const void *x,    /* (n) */
+                             size_t n);
+  mp_status (*swiglu_forward)(mp_kctx *kc,
+                              void *out,        /* (N, H) */
+                              const void *gate, /* (N, H) */
+                              const void *up,   /* (N, H) */
+                              size_t n);        /* N*H */
+  mp_status (*swiglu_backward)(mp_kctx *kc,
+                               void *dgate,      /* (N, H) += */
+                               void *dup,        /* (N, H) += */
+                               const void *dout, /* (N, H) */
+                               const void *gate, /* (N, H) */
+                               const void *up,   /* (N, H) */
+                               size_t n);
+
+  /* ---- Linear: out = inp W^T + bias (PyTorch nn.Linear weight layout (M, K)) --------
+   * Backward: dinp += dout W; dweight += dout^T inp; dbias += column sums of dout. Any of
+   * dinp, dweight, dbias may be NULL (not needed: frozen weight, first layer). */
+  mp_status (*matmul_forward)(mp_kctx *kc,
+                              void *out,          /* (N, M) */
+                              const void *inp,    /* (N, K) */
+                              const void *weight, /* (M, K) */
+                              const void *bias,   /* (M) or NULL */
+                              int N, int K, int M);
+  mp_status (*matmul_backward)(mp_kctx *kc,
+                               void *dinp,         /* (N, K) += or NULL */
+                               float *dweight,     /* (M, K) += or NULL */
+                               float *dbias,       /* (M) += or NULL */
+                               const void *dout,   /* (N, M) */
+                               const void *inp,    /* (N, K) */
+                               const void *weight, /* (M, K) */
+                               int N, int K, int M);
+
+  /* ---- MoE router ---------------------------------------------------------------------
+   * probs = softmax(logits) over experts; the k largest (ties: lower expert index first)
+   * give topk_idx in descending probability order and topk_w = their probabilities,
+   * divided by their sum when norm_topk_prob (Qwen-MoE/Mixtral option). Backward takes
+   * the gradient of topk_w and, optionally, of probs (from the auxiliary loss). */
+  mp_status (*router_forward)(mp_kctx *kc,
+                              float *probs,        /* (N, E) saved for backward */
+                              int32_t *topk_idx,   /* (N, k) */
+                              float *topk_w,       /* (N, k) */
+                              const void *logits,  /* (N, E) */
+                              int N, int E, int k, int norm_topk_prob);
+  mp_status (*router_backward)(mp_kctx *kc,
+                               void *dlogits,          /* (N, E) += */
+                               const float *dtopk_w,   /* (N, k) */
+                               const float *dprobs,    /* (N, E) or NULL */
+                               const float *probs,     /* (N, E) */
+                               const int32_t *topk_idx, /* (N, k) */
+                               int N, int E, int k, int norm_topk_prob);
+  /* Load-balancing loss (Switch Transformer; Mixtral/HF convention for k > 1):
+   *   aux = E * sum_e f_e * P_e,  f_e = (tokens whose top-k holds e) / N,
+   *                               P_e = mean over tokens of probs[:, e].
+   * f is piecewise constant (no gradient); the coefficient is the caller's (it scales
+   * dloss). Backward: dprobs[n, e] += dloss * E * f_e / N. */
+  mp_status (*router_aux_loss_forward)(mp_kctx *kc,
+                                       float *aux,              /* (1) */
+                                       float *f,                /* (E) saved for backward */
+                                       const float *probs,      /* (N, E) */
+                                       const int32_t *topk_idx, /* (N, k) */
+                                       int N, int E, int k);
+  mp_status (*router_aux_loss_backward)(mp_kctx *kc,
+                                        float *dprobs,   /* (N, E) += */
+                                        const float *f,  /* (E) */
+                                        float dloss, int N, int E);
+
+  /* ---- token permute / unpermute (group tokens by expert) ----------------------------
+   * moe_plan orders the N*k (token, slot) pairs by expert, stably (token order within an
+   * expert): row r of the permuted layout holds pair perm[r] = n*k + j; inv is its
+   * inverse (inv[n*k + j] = r); counts[e] rows go to expert e, experts in order, so the
+   * rows of experts [e0, e1) are contiguous (what EP's all-to-all sends). */
+  mp_status (*moe_plan)(mp_kctx *kc,
+                        int32_t *perm,           /* (N*k) */
+                        int32_t *inv,            /* (N*k) */
+                        int32_t *counts,         /* (E) */
+                        const int32_t *topk_idx, /* (N, k) */
+                        int N, int E, int k);
+  /* out[r] = x[perm[r] / k]. */
+  mp_status (*permute_forward)(mp_kctx *kc,
+                               void *out,           /* (N*k, C) */
+                               const void *x,       /* (N, C) */
+                               const int32_t *perm, /* (N*k) */
+                               int N, int k, int C);
+  /* dx[n] += sum_j dout[inv[n*k + j]]. */
+  mp_status (*permute_backward)(mp_kctx *kc,
+                                void *dx,           /* (N, C) += */
+                                const void *dout,   /* (N*k, C) */
+                                const int32_t *inv, /* (N*k) */
+                                int N, int k, int C);
+  /* out[n] = sum_j topk_w[n, j] * y[inv[n*k + j]] (combine expert outputs). */
+  mp_status (*unpermute_forward)(mp_kctx *kc,
+                                 void *out,            /* (N, C) */
+                                 const void *y,        /* (N*k, C) expert outputs */
+                                 const float *topk_w,  /* (N, k) */
+                                 const int32_t *inv,   /* (N*k) */
+                                 int N, int k, int C);
+  /* dy[inv[n*k+j]] += w[n,j] dout[n];  dtopk_w[n,j] += <dout[n], y[inv[n*k+j]]>. */
+  mp_status (*unpermute_backward)(mp_kctx *kc,
+                                  void *dy,             /* (N*k, C) += */
+                                  float *dtopk_w,       /* (N, k) += */
+                                  const void *dout,     /* (N, C) */
+                                  const void *y,        /* (N*k, C) */
+                                  const float *topk_w,  /* (N, k) */
+                                  const int32_t *inv,   /* (N*k) */
+                                  int N, int k, int C);
+
+  /* ---- cross-entropy -------------------------------------------------------------------
+   * Whole vocabulary: losses[n] = lse_n - logits[n, t_n]; loss_mean = mean over rows with
+   * t_n >= 0 (a negative target is ignored, as PyTorch's ignore_index; loss 0 there).
+   * Backward: dlogits[n] += dloss * (softmax(logits[n]) - onehot(t_n)) for t_n >= 0; for a
+   * mean over n_valid rows the caller passes dloss = upstream / n_valid (global count
+   * when data-parallel). */
+  mp_status (*cross_entropy_forward)(mp_kctx *kc,
+                                     float *losses,          /* (N) */
+                                     float *loss_mean,       /* (1) */
+                                     float *lse,             /* (N) saved for backward */
+                                     const void *logits,     /* (N, V) */
+                                     const int32_t *targets, /* (N) */
+                                     int N, int V);
+  /* Vocab-parallel pieces (shard holds vocabulary [vocab_start, vocab_start + Vl)); the
+   * runtime glues them: gmax = allreduce_max(local_max); gsum = allreduce_sum(
+   * local_sumexp(gmax)); tgt = allreduce_sum(local_target); then ce_vp_combine gives
+   * losses and lse; ce_backward with the global lse gives each shard's dlogits. With
+   * one shard (vocab_start 0, Vl = V) this is exactly the whole-vocabulary op. */
+  mp_status (*ce_local_max)(mp_kctx *kc,
+                            float *lmax,        /* (N) */
+                            const void *logits, /* (N, Vl) */
+                            int N, int Vl);
+  mp_status (*ce_local_sumexp)(mp_kctx *kc,
+                               float *lsum,        /* (N) sum_v exp(logit - gmax) */
+                               const void *logits, /* (N, Vl) */
+                               const float *gmax,  /* (N) */
+                               int N, int Vl);
+  mp_status (*ce_local_target)(mp_kctx *kc,
+                               float *ltgt,            /* (N) logit of target, 0 if not here */
+                               const void *logits,     /* (N, Vl) */
+                               const int32_t *targets, /* (N) global ids */
+                               int N, int Vl, int vocab_start);
+  mp_status (*ce_vp_combine)(mp_kctx *kc,
+                             float *losses,          /* (N) */
+                             float *loss_mean,       /* (1) over this rank's valid rows */
+                             float *lse,             /* (N) */
+                             const float *gmax,      /* (N) */
+                             const float *gsum,      /* (N) */
+                             const float *gtgt,      /* (N) */
+                             const int32_t *targets, /* (N) */
+                             int N);
+  mp_status (*ce_backward)(mp_kctx *kc,
+                           void *dlogits,          /* (N, Vl) += */
+                           const void *logits,     /* (N, Vl) */
+                           const float *lse,       /* (N) global */
+                           const int32_t *targets, /* (N) global ids */
+                           float dloss, int N, int Vl, int vocab_start);
+
+  /* ---- optimizer and gradient norm (fp32 master state) --------------------------------
+   * AdamW (PyTorch torch.optim.AdamW): g = grad * grad_scale (grad_scale carries the
+   * clip factor, 1 when not clipping); p -= lr * wd * p (decoupled decay);
+   * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+   * p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps); step >= 1. */
+  mp_status (*adamw_update)(mp_kctx *kc,
+                            float *param,      /* (n) */
+                            const float *grad, /* (n) */
+                            float *m,          /* (n) */
+                            float *v,          /* (n) */
+                            size_t n, float lr, float beta1, float beta2, float eps,
+                            float weight_decay, int step, float grad_scale);
+  /* *sumsq += sum x^2 (accumulated in double inside, deterministic order). The global
+   * norm is sqrt(allreduce_sum over every shard and group); mp_clip_scale gives the
+   * factor; scale_f32 applies it in place (or pass it to adamw_update as grad_scale). */
+  mp_status (*sum_squares)(mp_kctx *kc, float *sumsq /* (1) += */, const float *x,
+                           size_t n);
+  mp_status (*scale_f32)(mp_kctx *kc, float *x /* (n) */, size_t n, float s);
+
+  /* ---- residual -------------------------------------------------------------------- *
+   * Forward out = a + b. Backward: the same dout reaches both branches, so it is two
+   * calls of accumulate (y += x). */
+  mp_status (*residual_forward)(mp_kctx *kc, void *out, const void *a, const void *b,
+                                size_t n);
+  mp_status (*accumulate)(mp_kctx *kc, void *y /* (n) += */, const void *x, size_t n);
+  mp_status (*accumulate_f32)(mp_kctx *kc, float *y /* (n) += */, const float *x,
+                              size_t n);
+
+  /* ---- float8 (tensorwise scaling, torchao "dynamic" recipe) --------------------------
+   * amax = max |x|; scale = fp8_max / max(amax, 1e-12) (fp32); code = cast(x * scale)
+   * rounding to nearest even and saturating at +-fp8_max; dequantised value =
+   * decode(code) / scale. fake_quantize = dequantize(quantize(x)) in one pass: the CPU
+   * runtime's faithful emulation of a float8 Linear (E4M3 for inputs and weights in
+   * forward, E5M2 for output gradients in backward) feeds fake-quantised operands to
+   * matmul; a CUDA backend instead runs cuBLASLt on the codes. Scales live on the device
+   * so the CUDA path needs no host round trip. NaN maps to the format's NaN. */
+  mp_status (*f8_amax)(mp_kctx *kc, float *amax /* (1) */, const void *x, size_t n);
+  mp_status (*f8_scale_from_amax)(mp_kctx *kc, float *scale /* (1) */,
+                                  const float *amax /* (1) */, mp_f8_format fmt);
+  mp_status (*f8_quantize)(mp_kctx *kc, uint8_t *codes /* (n) */, const void *x,
+                           const float *scale /* (1) */, size_t n, mp_f8_format fmt);
+  mp_status (*f8_dequantize)(mp_kctx *kc, void *x /* (n) */, const uint8_t *codes,
+                             const float *scale /* (1) */, size_t n, mp_f8_format fmt);
+  mp_status (*f8_fake_quantize)(mp_kctx *kc, void *out /* (n) */, const void *x,
+                                const float *scale /* (1) */, size_t n, mp_f8_format fmt);
+};
+
+/* ---- host utilities (plain C, no device; implemented with the CPU backend) ---------- */
+
+/* RoPE tables for positions pos0 .. pos0+T-1: angle = pos * theta^(-2i/hd), i < hd/2
+ * (HF Llama's inv_freq). hd must be even. cos_t, sin_t: (T, hd/2). */
+void mp_rope_tables(float *cos_t, float *sin_t, int T, int hd, float theta, int pos0);
+
+/* Float8 scalar cast: nearest-even, saturating to +-max; NaN -> NaN code. */
+uint8_t mp_f8_encode(float x, mp_f8_format fmt);
+float mp_f8_decode(uint8_t code, mp_f8_format fmt);
+float mp_f8_max(mp_f8_format fmt);
+
+/* bf16 as the upper 16 bits of fp32, rounded to nearest even (NaN stays NaN). */
+uint16_t mp_bf16_from_f32(float x);
+float mp_bf16_to_f32(uint16_t h);
+
+/* PyTorch clip_grad_norm_: min(1, max_norm / (norm + 1e-6)). */
+float mp_clip_scale(float global_norm, float max_norm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
