@@ -36,7 +36,8 @@
  * Memory categories and what the builder allocates:
  *   PARAMS       sharded master parameters at rest (fp32), resident (prologue)
  *   OPTIMIZER    AdamW m and v (fp32), resident
- *   GRADS        sharded gradients (fp32), allocated at the first reduce-scatter and kept
+ *   GRADS        sharded gradients (fp32), resident: the builder allocates them in the
+ *                prologue (the first reduce-scatter would, and they are kept to the end)
  *   GATHERED     FSDP all-gather outputs of a unit (param dtype) until resharded
  *   ACTIVATIONS  tensors saved for backward (per AC mode), freed as backward consumes them
  *   TEMP         unsharded gradients of a unit before its reduce-scatter, workspace
@@ -131,6 +132,20 @@ typedef enum mp_when {
 #define MP_OP_MAX_DEPS 4
 #define MP_DEP_PREV_REP 0x1
 
+/* Dependencies, precisely (added with the builder). dep[i] is an index into ops[]:
+ *   - same segment, no flag: the instance of that op in the same repetition (it is
+ *     listed earlier in the segment);
+ *   - same segment, MP_DEP_PREV_REP: its instance in the previous repetition (none for
+ *     the first repetition);
+ *   - an op of an earlier segment (never flagged): its last instance, i.e. the one in that
+ *     segment's last repetition.
+ * A dependency never points forward. The builder gives an op of a repeated segment both
+ * forms where the op it waits on lies in the previous segment for the first repetition
+ * and in the previous repetition otherwise (for example a block's first GEMM waiting on
+ * its FSDP all-gather, which the previous block issued); for later repetitions the
+ * earlier-segment form is then redundant (same stream, earlier). mp_schedule_iter_dep
+ * resolves a dependency to an instance index. */
+
 typedef struct mp_op {
   uint8_t type;    /* mp_op_type */
   uint8_t phase;   /* mp_phase */
@@ -164,6 +179,9 @@ typedef struct mp_segment {
   int32_t repeat;          /* >= 1 */
   int32_t layer_step;      /* +1 forward, -1 backward, 0 outside blocks */
   uint8_t phase;
+  /* Added with the builder: */
+  int32_t unit_step;       /* op.unit advances by this per repetition (units per block) */
+  int64_t first_index;     /* instance index (mp_schedule_iter.index) of its first op */
 } mp_segment;
 
 typedef enum mp_schedule_mode { MP_SCHEDULE_EXPANDED = 0, MP_SCHEDULE_COMPACT } mp_schedule_mode;
@@ -181,8 +199,12 @@ typedef struct mp_schedule {
   int64_t micro_batch;    /* sequences per micro-batch */
   int64_t seq;
   int64_t tokens_per_step_per_rank; /* tokens this rank's data-parallel replica processes */
-  double model_flops_per_step;      /* 6N + attention per token x tokens, for MFU */
+  double model_flops_per_step;      /* 6N + attention per token x tokens, for MFU: this
+                                       rank's share, i.e. mp_model_flops_per_token x
+                                       tokens_per_step_per_rank / (tp x pp x cp) */
   int64_t resident_bytes[MP_MEM_COUNT]; /* what the prologue allocates, by category */
+  int64_t n_instances;    /* op instances per micro-batch incl. prologue and optimizer (the
+                             expanded op count; added with the builder) */
 } mp_schedule;
 
 /* Builds rank's schedule in the arena (which owns it). The plan must have had FSDP
@@ -201,9 +223,19 @@ typedef struct mp_schedule_iter {
   const mp_op *op;
   int32_t layer; /* op->layer + rep * layer_step */
   int64_t index;
+  int32_t unit;  /* op->unit + rep * unit_step (-1 when op->unit is -1); added */
 } mp_schedule_iter;
 void mp_schedule_iter_begin(const mp_schedule *s, mp_schedule_iter *it);
 int mp_schedule_iter_next(mp_schedule_iter *it);
+/* Instance index (it->index numbering) of the current op's dependency i, or -1 when it
+ * has none (MP_DEP_PREV_REP in a first repetition). Added. */
+int64_t mp_schedule_iter_dep(const mp_schedule_iter *it, int i);
+
+/* Self-check (added): dependencies point backwards, every FREE matches an earlier ALLOC
+ * of the same buf, layer, unit, category and size, no category goes negative, and one
+ * micro-batch's memory events return to the resident bytes. MP_ERR_INTERNAL with the
+ * first violation otherwise. */
+mp_status mp_schedule_check(mp_ctx *ctx, const mp_schedule *s);
 
 /* Totals over one step (all micro-batches, `when` respected): FLOPs, and per collective
  * kind and group the payload bytes. For tests and explain. */

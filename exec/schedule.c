@@ -1,0 +1,1274 @@
+/* Step schedule builder: from a plan (exec/plan.h), the ordered ops of one training step on
+ * one rank (exec/schedule.h). Walks the rank's pipeline stage: prologue, forward (embedding,
+ * blocks, head and loss), backward in reverse, optimizer.
+ *
+ * Invariants:
+ *   - Both modes run the same generator; COMPACT only changes how many consecutive blocks
+ *     one segment stands for. Blocks collapse when they have the same kind (dense / MoE),
+ *     the same neighbour kinds (what they prefetch), the same FSDP unit layout and the same
+ *     unit sizes, so every repetition of a segment is the same ops with layer advanced by
+ *     layer_step and unit by unit_step. Block ops are written for the segment's first layer.
+ *   - Memory: every ALLOC has a FREE with the same (buf, layer, unit) later in the same
+ *     micro-batch, except the prologue's resident allocations; mp_schedule_check replays.
+ *   - No string formatting and no malloc per op: ops and segments live in the arena, in
+ *     arrays that double when full.
+ *
+ * Conventions (units: elements, bytes, FLOPs; T = tokens of one micro-batch on this rank =
+ * micro_batch x seq / cp; e = 2 bytes, bf16 activations):
+ *   GEMM C[m,n] = A[m,k] B[k,n]: FLOPs 2mnk x batch; bytes = batch (mk + kn) x input bytes
+ *     + mn x 2 (bf16 output). A Linear [out, in] on T tokens: forward m=T, n=out, k=in;
+ *     DGRAD dx = dy W: m=T, n=in, k=out; WGRAD dW = dy^T x: m=out, n=in, k=T. Biases are
+ *     folded into the GEMM epilogue (their out x T adds are not counted).
+ *   Attention (flash, causal): forward 4 x T x seq x heads_local x hd / 2, the causal half
+ *     of QK^T and PV (a query attends to seq/2 keys on average); backward twice the forward
+ *     (dQ, dK, dV, dP: the algorithmic count; flash's recomputation of QK^T in backward is
+ *     left to the simulator's attention efficiency). mp_model_flops_per_token counts
+ *     12 L heads hd seq per token, i.e. non-causal forward + backward, so a schedule's
+ *     FLOPs are the model FLOPs less 6 L heads hd seq per token (tested), plus the small
+ *     element-wise FLOPs below, less 6 x (norm parameters) which the model counts.
+ *   Element-wise kernels carry a nominal FLOP count per element (FLOPS_* below); they are
+ *     memory-bound, so their bytes (read + written) are what the simulator uses.
+ *   Float8 Linear (torchao tensorwise, as torchtitan uses it): forward casts the weight and
+ *     the input to E4M3 (amax pass + scaled cast: 2+2+1 bytes per element) and runs the GEMM
+ *     in E4M3; backward casts dy to E5M2 and re-casts the weight and the input (torchao saves
+ *     the high-precision tensors), DGRAD and WGRAD in E5M2 (op dtype E5M2: one operand is
+ *     E5M2, the other E4M3). With float8 all-gather the gathered weight already is float8
+ *     and its casts are dropped (the cast of the shard happens before the all-gather).
+ *   MoE: balanced routing assumed: each local expert receives T x top_k x ep / E tokens
+ *     (m of the grouped GEMMs, rounded up; FLOPs use the exact value), batch = E / ep.
+ *   Collective payloads (schedule.h): TP all-reduce of [T, H] bf16: 2TH bytes. All-to-all:
+ *     the rank's whole send buffer, T x top_k x H x 2 bytes, of which (ep-1)/ep crosses
+ *     the network (the simulator's (n-1)/n factor, as nccl-tests count all-to-all). FSDP
+ *     all-gather: the unit's tp-local elements (this stage's) x param dtype;
+ *     reduce-scatter: the same elements x reduce dtype; dp_replicate all-reduce: the
+ *     unit's shard x reduce dtype. Send/recv: [T, H] bf16.
+ *   No sequence parallelism: TP's activations are replicated [T, H] (all-reduce, not
+ *     reduce-scatter + all-gather). Vocab-parallel embedding: masked lookup + all-reduce
+ *     forward, no communication backward. Loss: with vocab-sharded logits three TP
+ *     all-reduces of T fp32 values (max, sum of exp, target logit); with replicated
+ *     logits an all-gather of [T, V] bf16 before the loss.
+ *
+ * FSDP (FSDP2 defaults as torchtitan runs them):
+ *   - The root unit (embedding, final norm, head) is gathered at the start of forward and
+ *     kept until the end of backward (FSDP2 does not reshard the root after forward).
+ *   - Prefetch granularity is one block: at the start of block l's forward the all-gathers
+ *     of all of block l+1's units are issued on MP_STREAM_GATHER (one unit for a dense
+ *     block, attention + MoE + experts for an EP block), each waiting for block l-1's
+ *     compute to finish (that is when FSDP2 issues it); the first op that uses a unit waits
+ *     for its gather. With reshard_after_forward the gathered parameters are freed at the
+ *     end of the block's forward and gathered again in backward, prefetched one block
+ *     ahead the same way; otherwise they are freed after the block's backward.
+ *   - Gradient accumulation (n_micro > 1): FSDP2 reshards after backward and
+ *     reduce-scatters in every micro-batch by default (torchtitan does not turn gradient
+ *     sync off), so gathers and reduce-scatters are EVERY_MICRO; only the prologue and the
+ *     optimizer are ONCE.
+ *   - Backward of a unit: its unsharded gradients (param dtype) are TEMP from the block's
+ *     backward start; at the reduce-scatter they are copied to a reduce-dtype buffer (TEMP,
+ *     FSDP2's reduce-scatter input), reduce-scattered on MP_STREAM_REDUCE into the resident
+ *     GRADS, then all-reduced over dp_replicate (HSDP) and freed. A unit whose FSDP group
+ *     has one rank keeps the local cast (GATHERED memory) but has no collective.
+ *   - Without FSDP applied (dp_shard == 1): parameters are used in place; gradients are
+ *     all-reduced per block over dp_replicate when it is > 1 (DDP-style).
+ *
+ * Saved activations per block (bytes, T tokens on the rank, tp-local sizes q = heads_l x
+ * hd, kv = kv_heads_l x hd, f = d_ff / tp, st = 4 bytes of norm statistics per token for
+ * RMSNorm (rstd), 8 for LayerNorm (mean, rstd)), from what each op saves for backward:
+ *   x      block input, saved by attention_norm:                      2TH
+ *   attn   normed input (q/k/v GEMMs) 2TH + st T; q/k (post-RoPE), v 2T(q + 2kv); attention
+ *          output (flash and o_proj) 2Tq; logsumexp 4 T heads_l;
+ *          qk_norm: pre-norm q, k 2T(q + kv) + rstd 4T(heads_l + kv_heads_l)
+ *   mlp    (dense) residual h 2TH + st T, normed h 2TH; llama gate, up, SwiGLU out 3 x 2Tf;
+ *          gpt up out (GELU input), GELU out 2 x 2Tf
+ *   moe    h 2TH + st T, normed h 2TH; router probabilities (fp32) 4TE; top-k weights and
+ *          indices 12 T top_k; dispatched tokens 2 T top_k H; expert gate, up, SwiGLU out
+ *          3 x 2 T top_k f_e; expert outputs back in token order 2 T top_k H; shared expert
+ *          3 x 2 T f_s (f_s tp-local)
+ *   none = x + attn + mlp; selective = x + mlp (attention and its inputs recomputed:
+ *   attention_norm, q/k/v, q/k norms, RoPE, attention core); full = x (whole block
+ *   recomputed before its backward, collectives included).
+ * For GPT with tp=1 (f = 4H): x + attn + mlp = 2+2+6+2+2+2+8+8 = 32 sbh bytes + 4 a s b
+ * (logsumexp) + 16 sb (LayerNorm statistics). Korthikanti et al. 2022 count 34 sbh + 5 a s^2 b
+ * with dropout masks (2 sbh here absent) and the materialised attention matrix, which flash
+ * attention replaces by the per-head logsumexp. The blocks' unsaved intermediates are
+ * allocated (ACTIVATIONS) during the block's forward and freed at its end; backward holds a
+ * TEMP workspace for activation gradients, 2 x 2TH (residual stream and current input) plus
+ * the MLP's largest set (llama 3 x 2Tf, gpt 2 x 2Tf, MoE 3 x 2 T top_k f_e + 2 T top_k H).
+ *
+ * Head and loss memory (LOGITS): bf16 logits [T, V_l] from the head GEMM, an fp32 copy for
+ * the cross-entropy (log-softmax saved for backward); the bf16 logits are freed after the
+ * loss's forward. Backward: fp32 gradient of the logits, then its bf16 cast for the head's
+ * GEMMs; the saved fp32 is freed. V_l = V/tp with sharded logits, V after the all-gather. */
+#include <math.h>
+#include <string.h>
+
+#include "exec/schedule.h"
+
+/* Nominal FLOPs per element of the element-wise kernels (see above). */
+#define FLOPS_NORM_FWD 4.0 /* RMSNorm: square, sum, scale, weight; LayerNorm adds the mean */
+#define FLOPS_NORM_BWD 8.0
+#define FLOPS_ROPE 3.0     /* x cos + rotate(x) sin */
+#define FLOPS_SWIGLU_FWD 5.0
+#define FLOPS_SWIGLU_BWD 8.0
+#define FLOPS_GELU_FWD 8.0 /* tanh approximation */
+#define FLOPS_GELU_BWD 12.0
+#define FLOPS_ROUTER 5.0   /* softmax + top-k per logit */
+#define FLOPS_LOSS 5.0     /* max, subtract, exp, sum, log per logit */
+#define FLOPS_CAST 3.0     /* abs, max, scale (+ saturate) */
+#define FLOPS_ADAMW 16.0   /* m, v updates, bias correction, sqrt, divide, weight decay */
+#define BYTES_ADAMW 28.0   /* read param, grad, m, v; write param, m, v: 7 fp32 tensors */
+
+/* Buffer identities (mp_op.buf); an ALLOC pairs with the next FREE of the same buf,
+ * layer and unit. */
+enum {
+  BUF_PARAMS = 1,
+  BUF_OPTIMIZER,
+  BUF_GRADS,
+  BUF_GATHERED,   /* + unit: per unit */
+  BUF_ACT_X,
+  BUF_ACT_ATTN,
+  BUF_ACT_MLP,
+  BUF_RC_ATTN,    /* recomputed in backward */
+  BUF_RC_MLP,
+  BUF_BWD_WS,     /* activation-gradient workspace */
+  BUF_GRAD_UNSHARDED,
+  BUF_GRAD_RS_IN,
+  BUF_FP8,
+  BUF_ACT_HEAD,
+  BUF_LOGITS,
+  BUF_LOGITS_F32,
+  BUF_DLOGITS_F32,
+  BUF_DLOGITS,
+};
+
+enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };
+enum { KIND_DENSE = 0, KIND_MOE = 1, KIND_NONE = 2 };
+
+/* One FSDP unit as this rank's stage sees it. */
+typedef struct unit_info {
+  int64_t numel_tp;    /* this stage's tp-local elements: what the all-gather produces */
+  int64_t numel_shard; /* what the rank keeps at rest */
+  double gather_bytes; /* numel_tp in the gather dtype (float8 all-gather: 1 byte) */
+  int gsize;           /* FSDP group size */
+  uint8_t group;
+  uint8_t gather_dtype;
+} unit_info;
+
+/* Per-kind local shapes and flags, read from the plan's parameters. */
+typedef struct shapes {
+  int64_t T, seq, H, hd, q, kv, nh, nkv, f;          /* f: dense d_ff, tp-local */
+  int64_t E, E_l, topk, fe, fs;                      /* MoE; fs: shared, tp-local */
+  double m_exp;                                      /* tokens per local expert */
+  int64_t V_l, V_loss;                               /* head rows on the rank; loss width */
+  int gpt, qk_norm, has_shared, tied;
+  int tp, ep;
+  int ar_o, ar_down, ar_qkv, ar_gateup, ar_sdown, ar_sgateup, ar_head_in, ar_emb;
+  int loss_parallel, logits_gather;
+  int fp8[MP_MOD_COUNT];
+  int fp8_ag;
+} shapes;
+
+typedef struct gen {
+  mp_ctx *ctx;
+  mp_arena *arena;
+  const mp_plan *p;
+  mp_schedule *s;
+  shapes sh;
+  mp_op *ops;
+  int32_t n_ops, cap_ops;
+  mp_segment *segs;
+  int32_t n_segs, cap_segs;
+  int nomem;
+  mp_op dummy;
+  /* current emission state */
+  uint8_t phase, when;
+  int32_t layer;           /* layer of the block being written (first repetition) */
+  int32_t seg_first;       /* first op of the open segment */
+  int32_t last_c;          /* last op on the compute stream */
+  int32_t last_reduce;     /* last op on the reduce stream */
+  /* deps for the next compute op */
+  int32_t pend[MP_OP_MAX_DEPS];
+  uint8_t pend_flags[MP_OP_MAX_DEPS];
+  int n_pend;
+  /* units */
+  int has_fsdp;
+  unit_info *ui;           /* per plan unit (or per pseudo unit without FSDP) */
+  int n_ui;
+  int32_t *first_unit;     /* per layer: its first unit; units of a block are consecutive */
+  int8_t *n_units;         /* per layer */
+  int32_t root_unit;       /* -1 when this stage holds no root parameter */
+  int reshard;
+  mp_dtype pdt, rdt;
+} gen;
+
+/* ---- emission primitives ---------------------------------------------------------- */
+
+static mp_op *new_op(gen *g, mp_op_type type, mp_stream stream, int32_t *idx) {
+  if (g->n_ops == g->cap_ops) {
+    int32_t cap = g->cap_ops ? 2 * g->cap_ops : 256;
+    mp_op *n = mp_arena_alloc(g->arena, sizeof(mp_op) * (size_t)cap);
+    if (n == NULL) {
+      g->nomem = 1;
+      memset(&g->dummy, 0, sizeof g->dummy);
+      if (idx) *idx = -1;
+      return &g->dummy;
+    }
+    if (g->n_ops) memcpy(n, g->ops, sizeof(mp_op) * (size_t)g->n_ops);
+    g->ops = n;
+    g->cap_ops = cap;
+  }
+  int32_t i = g->n_ops++;
+  mp_op *op = &g->ops[i]; /* arena memory is zeroed */
+  op->type = (uint8_t)type;
+  op->phase = g->phase;
+  op->stream = (uint8_t)stream;
+  op->when = g->when;
+  op->module = -1;
+  op->layer = g->layer;
+  op->unit = -1;
+  op->batch = 1;
+  op->dtype = MP_DTYPE_BF16;
+  if (stream == MP_STREAM_COMPUTE) g->last_c = i;
+  if (stream == MP_STREAM_REDUCE) g->last_reduce = i;
+  if (idx) *idx = i;
+  return op;
+}
+
+static void add_dep(gen *g, int32_t op, int32_t dep, uint8_t flags) {
+  if (op < 0 || dep < 0) return;
+  mp_op *o = &g->ops[op];
+  for (int i = 0; i < o->n_dep; i++)
+    if (o->dep[i] == dep && o->dep_flags[i] == flags) return;
+  if (o->n_dep >= MP_OP_MAX_DEPS) {
+    g->nomem = 2; /* a builder bug, reported as internal */
+    return;
+  }
+  o->dep[o->n_dep] = dep;
+  o->dep_flags[o->n_dep] = flags;
+  o->n_dep++;
+}
+
+static void pend_dep(gen *g, int32_t dep, uint8_t flags) {
+  if (dep < 0 || g->n_pend >= MP_OP_MAX_DEPS) return;
+  g->pend[g->n_pend] = dep;
+  g->pend_flags[g->n_pend] = flags;
+  g->n_pend++;
+}
+
+static int32_t compute(gen *g, mp_kernel k, mp_variant v, int module, int64_t m, int64_t n,
+                       int64_t kk, int64_t batch, double flops, double bytes, mp_dtype dt) {
+  int32_t i;
+  mp_op *op = new_op(g, MP_OP_COMPUTE, MP_STREAM_COMPUTE, &i);
+  op->kernel = (uint8_t)k;
+  op->variant = (uint8_t)v;
+  op->module = (int16_t)module;
+  op->m = m;
+  op->n = n;
+  op->k = kk;
+  op->batch = batch;
+  op->flops = flops;
+  op->bytes = bytes;
+  op->dtype = (uint8_t)dt;
+  for (int d = 0; d < g->n_pend; d++) add_dep(g, i, g->pend[d], g->pend_flags[d]);
+  g->n_pend = 0;
+  return i;
+}
+
+static int32_t elementwise(gen *g, mp_kernel k, mp_variant v, int module, int64_t elems,
+                           double flops_per, double bytes) {
+  return compute(g, k, v, module, elems, 0, 0, 1, flops_per * (double)elems, bytes,
+                 MP_DTYPE_BF16);
+}
+
+static int32_t comm(gen *g, mp_coll c, mp_group grp, mp_stream stream, double bytes,
+                    mp_dtype dt, int module) {
+  int32_t i;
+  mp_op *op = new_op(g, MP_OP_COMM, stream, &i);
+  op->coll = (uint8_t)c;
+  op->group = (uint8_t)grp;
+  op->bytes = bytes;
+  op->dtype = (uint8_t)dt;
+  op->module = (int16_t)module;
+  return i;
+}
+
+static int32_t mem(gen *g, mp_op_type type, mp_mem_cat cat, int buf, int64_t bytes,
+                   int32_t layer, int32_t unit, mp_stream stream) {
+  int32_t i;
+  mp_op *op = new_op(g, type, stream, &i);
+  op->mem_cat = (uint8_t)cat;
+  op->buf = buf;
+  op->mem_bytes = bytes;
+  op->layer = layer;
+  op->unit = unit;
+  return i;
+}
+
+static void pair(gen *g, mp_mem_cat cat, int buf, int64_t bytes, int alloc) {
+  if (bytes <= 0) return;
+  mem(g, alloc ? MP_OP_ALLOC : MP_OP_FREE, cat, buf, bytes, g->layer, -1, MP_STREAM_COMPUTE);
+}
+
+static void seg_open(gen *g, mp_phase phase, int32_t layer, int32_t layer_step) {
+  (void)layer_step;
+  g->phase = (uint8_t)phase;
+  g->when = phase == MP_PHASE_PROLOGUE || phase == MP_PHASE_OPTIMIZER ? MP_WHEN_ONCE
+                                                                      : MP_WHEN_EVERY_MICRO;
+  g->layer = layer;
+  g->seg_first = g->n_ops;
+}
+
+static void seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_step,
+                      int32_t unit_step) {
+  if (g->n_ops == g->seg_first) return; /* nothing emitted (e.g. a middle stage's head) */
+  if (g->n_segs == g->cap_segs) {
+    int32_t cap = g->cap_segs ? 2 * g->cap_segs : 32;
+    mp_segment *n = mp_arena_alloc(g->arena, sizeof(mp_segment) * (size_t)cap);
+    if (n == NULL) {
+      g->nomem = 1;
+      return;
+    }
+    if (g->n_segs) memcpy(n, g->segs, sizeof(mp_segment) * (size_t)g->n_segs);
+    g->segs = n;
+    g->cap_segs = cap;
+  }
+  mp_segment *sg = &g->segs[g->n_segs++];
+  sg->first_op = g->seg_first;
+  sg->n_ops = g->n_ops - g->seg_first;
+  sg->repeat = repeat;
+  sg->layer_step = layer_step;
+  sg->unit_step = unit_step;
+  sg->phase = (uint8_t)phase;
+}
+
+/* ---- GEMMs -------------------------------------------------------------------------- */
+
+static double gemm_bytes(double m, double n, double k, double batch, int in_b) {
+  return batch * ((m * k + k * n) * in_b + m * n * 2.0);
+}
+
+static int32_t gemm(gen *g, mp_variant v, int module, double m, int64_t n, int64_t k,
+                    int64_t batch, mp_dtype dt) {
+  const int in_b = mp_dtype_bytes(dt);
+  return compute(g, MP_KERNEL_GEMM, v, module, (int64_t)ceil(m), n, k, batch,
+                 2.0 * m * (double)n * (double)k * (double)batch,
+                 gemm_bytes(m, (double)n, (double)k, (double)batch, in_b), dt);
+}
+
+static void cast(gen *g, int module, int64_t elems, mp_variant v) {
+  compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, FLOPS_CAST * (double)elems,
+          5.0 * (double)elems, MP_DTYPE_BF16);
+}
+
+/* y[T, out] = x[T, in] W^T (batch > 1: grouped expert GEMMs, m tokens per expert). */
+static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, int64_t batch) {
+  const int f8 = g->sh.fp8[module];
+  if (!f8) {
+    gemm(g, MP_VAR_FWD, module, m, out, in, batch, MP_DTYPE_BF16);
+    return;
+  }
+  const int64_t mi = (int64_t)ceil(m) * batch;
+  const int64_t w = out * in * batch, x = mi * in;
+  if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_FWD);
+  cast(g, module, x, MP_VAR_FWD);
+  const int64_t fb = (g->sh.fp8_ag ? 0 : w) + x;
+  pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
+  gemm(g, MP_VAR_FWD, module, m, out, in, batch, MP_DTYPE_FP8_E4M3);
+  pair(g, MP_MEM_FP8, BUF_FP8, fb, 0);
+}
+
+static void linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, int64_t batch) {
+  const int f8 = g->sh.fp8[module];
+  if (!f8) {
+    gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_BF16);
+    gemm(g, MP_VAR_WGRAD, module, out, in, (int64_t)ceil(m), batch, MP_DTYPE_BF16);
+    return;
+  }
+  const int64_t mi = (int64_t)ceil(m) * batch;
+  const int64_t w = out * in * batch, x = mi * in, dy = mi * out;
+  cast(g, module, dy, MP_VAR_BWD);
+  if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_BWD);
+  cast(g, module, x, MP_VAR_BWD);
+  const int64_t fb = dy + (g->sh.fp8_ag ? 0 : w) + x;
+  pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
+  gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_FP8_E5M2);
+  /* WGRAD's FLOPs with the exact token count: dW[out, in] = dy^T x, k = m x batch tokens
+   * spread over the batch of experts. */
+  gemm(g, MP_VAR_WGRAD, module, out, in, (int64_t)ceil(m), batch, MP_DTYPE_FP8_E5M2);
+  pair(g, MP_MEM_FP8, BUF_FP8, fb, 0);
+}
+
+/* WGRAD with k = m tokens: 2 x out x in x m x batch, the same as the forward. The gemm()
+ * above takes m as the first size; for WGRAD m=out, k=tokens, so the FLOPs are exact
+ * only when m is integral: fix them up for fractional expert token counts. */
+static void fix_wgrad_flops(gen *g, int32_t first, double m_tokens) {
+  for (int32_t i = first; i < g->n_ops; i++) {
+    mp_op *op = &g->ops[i];
+    if (op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_GEMM && op->variant == MP_VAR_WGRAD)
+      op->flops = 2.0 * (double)op->m * (double)op->n * m_tokens * (double)op->batch;
+  }
+}
+
+static void tp_allreduce(gen *g, int on, int module) {
+  if (!on) return;
+  const shapes *sh = &g->sh;
+  comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 2.0 * (double)(sh->T * sh->H),
+       MP_DTYPE_BF16, module);
+}
+
+static void ep_alltoall(gen *g, int module) {
+  const shapes *sh = &g->sh;
+  if (sh->ep <= 1) return;
+  comm(g, MP_COLL_ALL_TO_ALL, MP_GROUP_EP, MP_STREAM_COMPUTE,
+       2.0 * (double)(sh->T * sh->topk * sh->H), MP_DTYPE_BF16, module);
+}
+
+/* ---- activation sizes (see the file comment) ---------------------------------------- */
+
+static int64_t act_x(const shapes *sh) { return 2 * sh->T * sh->H; }
+
+static int64_t act_attn(const shapes *sh) {
+  const int64_t T = sh->T, st = sh->gpt ? 8 : 4;
+  int64_t b = 2 * T * sh->H + st * T + 2 * T * (sh->q + 2 * sh->kv) + 2 * T * sh->q + 4 * T * sh->nh;
+  if (sh->qk_norm) b += 2 * T * (sh->q + sh->kv) + 4 * T * (sh->nh + sh->nkv);
+  return b;
+}
+
+static int64_t act_mlp(const shapes *sh, int kind) {
+  const int64_t T = sh->T, st = sh->gpt ? 8 : 4;
+  int64_t b = 2 * T * sh->H + st * T + 2 * T * sh->H;
+  if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 3) * 2 * T * sh->f;
+  b += 4 * T * sh->E + 12 * T * sh->topk + 2 * T * sh->topk * sh->H +
+       3 * 2 * T * sh->topk * sh->fe + 2 * T * sh->topk * sh->H;
+  if (sh->has_shared) b += 3 * 2 * T * sh->fs;
+  return b;
+}
+
+static int64_t bwd_workspace(const shapes *sh, int kind) {
+  const int64_t T = sh->T;
+  int64_t b = 2 * 2 * T * sh->H;
+  if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 3) * 2 * T * sh->f;
+  return b + 3 * 2 * T * sh->topk * sh->fe + 2 * T * sh->topk * sh->H;
+}
+
+/* ---- one block -------------------------------------------------------------------- */
+
+typedef struct part_deps {
+  int32_t dep[N_PARTS][2];
+  uint8_t flags[N_PARTS][2];
+} part_deps;
+
+static void attach(gen *g, const part_deps *pd, int part) {
+  if (pd == NULL) return;
+  for (int i = 0; i < 2; i++) pend_dep(g, pd->dep[part][i], pd->flags[part][i]);
+}
+
+static void norm_fwd(gen *g, int module, int64_t rows, int64_t width) {
+  const int64_t e = rows * width;
+  elementwise(g, MP_KERNEL_NORM, MP_VAR_FWD, module, e, FLOPS_NORM_FWD, 4.0 * (double)e);
+}
+
+static void norm_bwd(gen *g, int module, int64_t rows, int64_t width) {
+  const int64_t e = rows * width;
+  elementwise(g, MP_KERNEL_NORM, MP_VAR_BWD, module, e, FLOPS_NORM_BWD, 6.0 * (double)e);
+}
+
+static void residual(gen *g, mp_variant v, int64_t elems) {
+  elementwise(g, MP_KERNEL_RESIDUAL, v, -1, elems, 1.0, 6.0 * (double)elems);
+}
+
+static double attn_fwd_flops(const shapes *sh) {
+  /* causal half of 4 x T x seq x heads x hd */
+  return 2.0 * (double)sh->T * (double)sh->seq * (double)sh->nh * (double)sh->hd;
+}
+
+static void attention_fwd(gen *g, const part_deps *pd) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T, H = sh->H;
+  attach(g, pd, PART_ATTN);
+  norm_fwd(g, MP_MOD_ATTN_NORM, T, H);
+  linear_fwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
+  linear_fwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
+  linear_fwd(g, MP_MOD_V, (double)T, sh->kv, H, 1);
+  if (sh->qk_norm) {
+    norm_fwd(g, MP_MOD_Q_NORM, T * sh->nh, sh->hd);
+    norm_fwd(g, MP_MOD_K_NORM, T * sh->nkv, sh->hd);
+  }
+  if (!sh->gpt) {
+    const int64_t e = T * (sh->q + sh->kv);
+    elementwise(g, MP_KERNEL_ROPE, MP_VAR_FWD, -1, e, FLOPS_ROPE, 4.0 * (double)e);
+  }
+  compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq, sh->hd, sh->nh, attn_fwd_flops(sh),
+          2.0 * (double)(T * (2 * sh->q + 2 * sh->kv)) + 4.0 * (double)(T * sh->nh),
+          MP_DTYPE_BF16);
+}
+
+static void attention_out_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  linear_fwd(g, MP_MOD_O, (double)sh->T, sh->H, sh->q, 1);
+  tp_allreduce(g, sh->ar_o, MP_MOD_O);
+  residual(g, MP_VAR_FWD, sh->T * sh->H);
+}
+
+static void swiglu(gen *g, mp_variant v, int module, int64_t elems) {
+  if (v == MP_VAR_FWD)
+    elementwise(g, MP_KERNEL_ACTIVATION, v, module, elems, FLOPS_SWIGLU_FWD, 6.0 * (double)elems);
+  else
+    elementwise(g, MP_KERNEL_ACTIVATION, v, module, elems, FLOPS_SWIGLU_BWD, 10.0 * (double)elems);
+}
+
+static void mlp_fwd(gen *g, int kind, const part_deps *pd) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T, H = sh->H;
+  attach(g, pd, PART_MOE);
+  norm_fwd(g, MP_MOD_FFN_NORM, T, H);
+  if (kind == KIND_DENSE) {
+    if (sh->gpt) {
+      linear_fwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
+      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, MP_MOD_UP, T * sh->f, FLOPS_GELU_FWD,
+                  4.0 * (double)(T * sh->f));
+    } else {
+      linear_fwd(g, MP_MOD_GATE, (double)T, sh->f, H, 1);
+      linear_fwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
+      swiglu(g, MP_VAR_FWD, MP_MOD_GATE, T * sh->f);
+    }
+    linear_fwd(g, MP_MOD_DOWN, (double)T, H, sh->f, 1);
+    tp_allreduce(g, sh->ar_down, MP_MOD_DOWN);
+  } else {
+    const int64_t Tk = T * sh->topk;
+    linear_fwd(g, MP_MOD_ROUTER, (double)T, sh->E, H, 1);
+    elementwise(g, MP_KERNEL_ROUTER, MP_VAR_FWD, MP_MOD_ROUTER, T * sh->E, FLOPS_ROUTER,
+                6.0 * (double)(T * sh->E) + 12.0 * (double)Tk);
+    elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_FWD, -1, Tk * H, 0.0,
+                2.0 * (double)(T * H) + 2.0 * (double)(Tk * H));
+    ep_alltoall(g, MP_MOD_EXPERTS_GATE);
+    attach(g, pd, PART_EXPERTS);
+    linear_fwd(g, MP_MOD_EXPERTS_GATE, sh->m_exp, sh->fe, H, sh->E_l);
+    linear_fwd(g, MP_MOD_EXPERTS_UP, sh->m_exp, sh->fe, H, sh->E_l);
+    swiglu(g, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
+    linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->m_exp, H, sh->fe, sh->E_l);
+    ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
+    elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_FWD, -1, Tk * H, 2.0,
+                2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
+    if (sh->has_shared) {
+      linear_fwd(g, MP_MOD_SHARED_GATE, (double)T, sh->fs, H, 1);
+      linear_fwd(g, MP_MOD_SHARED_UP, (double)T, sh->fs, H, 1);
+      swiglu(g, MP_VAR_FWD, MP_MOD_SHARED_GATE, T * sh->fs);
+      linear_fwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->fs, 1);
+      tp_allreduce(g, sh->ar_sdown, MP_MOD_SHARED_DOWN);
+      residual(g, MP_VAR_FWD, T * H); /* routed + shared */
+    }
+  }
+  residual(g, MP_VAR_FWD, T * H);
+}
+
+static void mlp_bwd(gen *g, int kind, const part_deps *pd) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T, H = sh->H;
+  attach(g, pd, PART_MOE);
+  if (kind == KIND_DENSE) {
+    linear_bwd(g, MP_MOD_DOWN, (double)T, H, sh->f, 1);
+    if (sh->gpt) {
+      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, MP_MOD_UP, T * sh->f, FLOPS_GELU_BWD,
+                  6.0 * (double)(T * sh->f));
+      linear_bwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
+    } else {
+      swiglu(g, MP_VAR_BWD, MP_MOD_GATE, T * sh->f);
+      linear_bwd(g, MP_MOD_GATE, (double)T, sh->f, H, 1);
+      linear_bwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
+    }
+    tp_allreduce(g, sh->ar_gateup, MP_MOD_UP);
+  } else {
+    const int64_t Tk = T * sh->topk;
+    if (sh->has_shared) {
+      linear_bwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->fs, 1);
+      swiglu(g, MP_VAR_BWD, MP_MOD_SHARED_GATE, T * sh->fs);
+      linear_bwd(g, MP_MOD_SHARED_GATE, (double)T, sh->fs, H, 1);
+      linear_bwd(g, MP_MOD_SHARED_UP, (double)T, sh->fs, H, 1);
+      tp_allreduce(g, sh->ar_sgateup, MP_MOD_SHARED_UP);
+    }
+    elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_BWD, -1, Tk * H, 2.0,
+                2.0 * (double)(T * H) + 4.0 * (double)(Tk * H));
+    ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
+    const int32_t first = g->n_ops;
+    attach(g, pd, PART_EXPERTS);
+    linear_bwd(g, MP_MOD_EXPERTS_DOWN, sh->m_exp, H, sh->fe, sh->E_l);
+    swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
+    linear_bwd(g, MP_MOD_EXPERTS_GATE, sh->m_exp, sh->fe, H, sh->E_l);
+    linear_bwd(g, MP_MOD_EXPERTS_UP, sh->m_exp, sh->fe, H, sh->E_l);
+    if (!g->nomem) fix_wgrad_flops(g, first, sh->m_exp);
+    ep_alltoall(g, MP_MOD_EXPERTS_GATE);
+    elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_BWD, -1, Tk * H, 1.0,
+                2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
+    elementwise(g, MP_KERNEL_ROUTER, MP_VAR_BWD, MP_MOD_ROUTER, T * sh->E, FLOPS_ROUTER,
+                10.0 * (double)(T * sh->E));
+    linear_bwd(g, MP_MOD_ROUTER, (double)T, sh->E, H, 1);
+  }
+  norm_bwd(g, MP_MOD_FFN_NORM, T, H);
+  residual(g, MP_VAR_BWD, T * H);
+}
+
+static void attention_bwd(gen *g, const part_deps *pd) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T, H = sh->H;
+  attach(g, pd, PART_ATTN);
+  linear_bwd(g, MP_MOD_O, (double)T, H, sh->q, 1);
+  compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq, sh->hd, sh->nh,
+          2.0 * attn_fwd_flops(sh),
+          2.0 * (double)(T * (4 * sh->q + 4 * sh->kv)) + 4.0 * (double)(T * sh->nh),
+          MP_DTYPE_BF16);
+  if (!sh->gpt) {
+    const int64_t e = T * (sh->q + sh->kv);
+    elementwise(g, MP_KERNEL_ROPE, MP_VAR_BWD, -1, e, FLOPS_ROPE, 4.0 * (double)e);
+  }
+  if (sh->qk_norm) {
+    norm_bwd(g, MP_MOD_K_NORM, T * sh->nkv, sh->hd);
+    norm_bwd(g, MP_MOD_Q_NORM, T * sh->nh, sh->hd);
+  }
+  linear_bwd(g, MP_MOD_V, (double)T, sh->kv, H, 1);
+  linear_bwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
+  linear_bwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
+  tp_allreduce(g, sh->ar_qkv, MP_MOD_Q);
+  norm_bwd(g, MP_MOD_ATTN_NORM, T, H);
+  residual(g, MP_VAR_BWD, T * H);
+}
+
+/* ---- FSDP pieces ----------------------------------------------------------------- */
+
+/* Issues the all-gathers of block `layer`'s units (or the root unit when layer < 0 and
+ * unit >= 0) on the gather stream. gidx receives per part the gather's op index. */
+static void gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t gidx[N_PARTS],
+                         int32_t dep_prev, int32_t *patch, int *n_patch) {
+  for (int k = 0; k < N_PARTS; k++) gidx[k] = -1;
+  if (!g->has_fsdp) return;
+  for (int k = 0; k < n; k++) {
+    const int32_t u = unit0 + k;
+    const unit_info *ui = &g->ui[u];
+    if (ui->numel_tp == 0) continue;
+    const int64_t gb = (int64_t)ui->gather_bytes;
+    mem(g, MP_OP_ALLOC, MP_MEM_GATHERED, BUF_GATHERED, gb, layer, u, MP_STREAM_GATHER);
+    int32_t i;
+    if (ui->gsize > 1) {
+      i = comm(g, MP_COLL_ALL_GATHER, (mp_group)ui->group, MP_STREAM_GATHER, ui->gather_bytes,
+               (mp_dtype)ui->gather_dtype, -1);
+    } else {
+      /* one-rank group: the cast to the param dtype is local; keep the dependency anchor
+       * as the ALLOC so users still wait for "the gathered parameters" */
+      i = g->n_ops - 1;
+    }
+    if (i >= 0) {
+      g->ops[i].layer = layer;
+      g->ops[i].unit = u;
+      add_dep(g, i, dep_prev, 0);
+      if (patch) patch[(*n_patch)++] = i;
+    }
+    gidx[k] = i;
+  }
+}
+
+static void free_units(gen *g, int32_t layer, int32_t unit0, int n, int part_lo, int part_hi) {
+  if (!g->has_fsdp) return;
+  for (int k = part_lo; k < n && k <= part_hi; k++) {
+    const int32_t u = unit0 + k;
+    if (g->ui[u].numel_tp == 0) continue;
+    mem(g, MP_OP_FREE, MP_MEM_GATHERED, BUF_GATHERED, (int64_t)g->ui[u].gather_bytes, layer, u,
+        MP_STREAM_COMPUTE);
+  }
+}
+
+static void grads_alloc(gen *g, int32_t layer, int32_t unit0, int n) {
+  if (!g->has_fsdp) return;
+  for (int k = 0; k < n; k++) {
+    const int32_t u = unit0 + k;
+    const int64_t b = g->ui[u].numel_tp * mp_dtype_bytes(g->pdt);
+    if (b > 0) mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, b, layer, u, MP_STREAM_COMPUTE);
+  }
+}
+
+/* After the backward of units [lo, hi] of a block: copy to the reduce buffer,
+ * reduce-scatter, all-reduce over dp_replicate, free. */
+static void reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, int hi) {
+  const int rep = g->p->mesh.size[MP_DIM_DP_REPLICATE];
+  const int32_t after = g->last_c;
+  for (int k = lo; k < n && k <= hi; k++) {
+    const int32_t u = unit0 + k;
+    const unit_info *ui = &g->ui[u];
+    if (ui->numel_tp == 0) continue;
+    if (!g->has_fsdp) {
+      /* DDP-style: all-reduce the block's gradients over dp_replicate */
+      if (rep > 1) {
+        int32_t i = comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, MP_STREAM_REDUCE,
+                         (double)(ui->numel_tp * mp_dtype_bytes(g->rdt)), g->rdt, -1);
+        if (i >= 0) {
+          g->ops[i].layer = layer;
+          g->ops[i].unit = u;
+        }
+        add_dep(g, i, after, 0);
+      }
+      continue;
+    }
+    const int64_t gb = ui->numel_tp * mp_dtype_bytes(g->pdt);
+    const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->rdt);
+    mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_COMPUTE);
+    mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, gb, layer, u, MP_STREAM_COMPUTE);
+    int32_t last = -1;
+    if (ui->gsize > 1) {
+      last = comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, MP_STREAM_REDUCE, (double)rb,
+                  g->rdt, -1);
+      if (last >= 0) {
+        g->ops[last].layer = layer;
+        g->ops[last].unit = u;
+      }
+      add_dep(g, last, after, 0);
+    }
+    if (rep > 1) {
+      int32_t i = comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, MP_STREAM_REDUCE,
+                       (double)(ui->numel_shard * mp_dtype_bytes(g->rdt)), g->rdt, -1);
+      if (i >= 0) {
+        g->ops[i].layer = layer;
+        g->ops[i].unit = u;
+      }
+      add_dep(g, i, last >= 0 ? last : after, 0);
+      last = i;
+    }
+    int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
+    add_dep(g, f, last >= 0 ? last : after, 0);
+  }
+}
+
+/* ---- blocks: forward and backward segments ---------------------------------------- */
+
+typedef struct stage_info {
+  int32_t l0, l1; /* layers [l0, l1) */
+  int first, last;
+} stage_info;
+
+static int kind_of(const gen *g, int32_t l, const stage_info *st) {
+  if (l < st->l0 || l >= st->l1) return KIND_NONE;
+  return mp_model_layer_is_moe(&g->p->model, l) ? KIND_MOE : KIND_DENSE;
+}
+
+/* Can layer b be a later repetition of the run that layer a starts (b = a + r)? */
+static int same_block(const gen *g, int32_t a, int32_t b, const stage_info *st) {
+  if (kind_of(g, a, st) != kind_of(g, b, st)) return 0;
+  if (kind_of(g, a - 1, st) != kind_of(g, b - 1, st)) return 0;
+  if (kind_of(g, a + 1, st) != kind_of(g, b + 1, st)) return 0;
+  const int n = g->n_units[a];
+  if (g->n_units[b] != n) return 0;
+  const int32_t r = b - a, step = n;
+  /* unit indices advance regularly, sizes match, for the block and its neighbours */
+  for (int d = -1; d <= 1; d++) {
+    const int32_t la = a + d, lb = b + d;
+    if (kind_of(g, la, st) == KIND_NONE) continue;
+    if (g->n_units[la] != g->n_units[lb]) return 0;
+    if (g->first_unit[lb] - g->first_unit[la] != r * step) return 0;
+    for (int k = 0; k < g->n_units[la]; k++) {
+      const unit_info *x = &g->ui[g->first_unit[la] + k], *y = &g->ui[g->first_unit[lb] + k];
+      if (x->numel_tp != y->numel_tp || x->numel_shard != y->numel_shard ||
+          x->gather_bytes != y->gather_bytes || x->group != y->group)
+        return 0;
+    }
+  }
+  return 1;
+}
+
+/* Gather ops of the block the next block segment consumes (in earlier segments). */
+typedef struct carry {
+  int32_t gather[N_PARTS];
+} carry;
+
+static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t repeat,
+                              carry *c) {
+  const shapes *sh = &g->sh;
+  const mp_plan_options *o = &g->p->opts;
+  const int kind = kind_of(g, l, st);
+  const int nu = g->n_units[l];
+  const int32_t u0 = g->first_unit[l];
+  seg_open(g, MP_PHASE_FORWARD, l, 1);
+  const int32_t prev_last = g->last_c;
+  /* prefetch the next block's units */
+  int32_t patch[N_PARTS], n_patch = 0;
+  int32_t next_g[N_PARTS] = {-1, -1, -1};
+  if (kind_of(g, l + 1, st) != KIND_NONE)
+    gather_units(g, l + 1, g->first_unit[l + 1], g->n_units[l + 1], next_g, prev_last, patch,
+                 &n_patch);
+  part_deps pd;
+  for (int k = 0; k < N_PARTS; k++) {
+    /* part k's unit: a single-unit block has everything in its unit 0 */
+    const int src = nu == 1 ? (k == 0 ? 0 : -1) : k;
+    pd.dep[k][0] = src >= 0 ? c->gather[src] : -1;
+    pd.flags[k][0] = 0;
+    pd.dep[k][1] = src >= 0 && repeat > 1 ? next_g[src] : -1;
+    pd.flags[k][1] = MP_DEP_PREV_REP;
+  }
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_X, act_x(sh), 1);
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_ATTN, act_attn(sh), 1);
+  attention_fwd(g, &pd);
+  attention_out_fwd(g);
+  if (o->ac != MP_AC_NONE) pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_ATTN, act_attn(sh), 0);
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MLP, act_mlp(sh, kind), 1);
+  mlp_fwd(g, kind, &pd);
+  if (o->ac == MP_AC_FULL) pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MLP, act_mlp(sh, kind), 0);
+  if (g->reshard) free_units(g, l, u0, nu, 0, N_PARTS - 1);
+  /* the segment's last compute-stream op: what the next segment's gathers wait for */
+  const int32_t block_last = g->last_c;
+  /* a gather issued in this segment waits for the previous repetition's compute */
+  for (int i = 0; i < n_patch; i++) add_dep(g, patch[i], block_last, MP_DEP_PREV_REP);
+  seg_close(g, MP_PHASE_FORWARD, repeat, 1, nu);
+  for (int k = 0; k < N_PARTS; k++) c->gather[k] = next_g[k];
+}
+
+static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t repeat,
+                              carry *c) {
+  const shapes *sh = &g->sh;
+  const mp_ac_mode ac = g->p->opts.ac;
+  const int kind = kind_of(g, l, st);
+  const int nu = g->n_units[l];
+  const int32_t u0 = g->first_unit[l];
+  seg_open(g, MP_PHASE_BACKWARD, l, -1);
+  const int32_t prev_last = g->last_c;
+  int32_t patch[N_PARTS], n_patch = 0;
+  int32_t next_g[N_PARTS] = {-1, -1, -1};
+  if (g->reshard && kind_of(g, l - 1, st) != KIND_NONE)
+    gather_units(g, l - 1, g->first_unit[l - 1], g->n_units[l - 1], next_g, prev_last, patch,
+                 &n_patch);
+  /* resharded: each part's first use waits for its gather, issued by the block above
+   * (the previous segment, or the previous repetition of this one) */
+  part_deps pd;
+  for (int k = 0; k < N_PARTS; k++) {
+    const int src = nu == 1 ? (k == 0 ? 0 : -1) : k;
+    pd.dep[k][0] = g->reshard && src >= 0 ? c->gather[src] : -1;
+    pd.flags[k][0] = 0;
+    pd.dep[k][1] = g->reshard && src >= 0 && repeat > 1 ? next_g[src] : -1;
+    pd.flags[k][1] = MP_DEP_PREV_REP;
+  }
+  grads_alloc(g, l, u0, nu);
+  pair(g, MP_MEM_TEMP, BUF_BWD_WS, bwd_workspace(sh, kind), 1);
+  if (ac == MP_AC_FULL) {
+    g->phase = MP_PHASE_RECOMPUTE;
+    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_ATTN, act_attn(sh), 1);
+    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_MLP, act_mlp(sh, kind), 1);
+    attention_fwd(g, &pd);
+    attention_out_fwd(g);
+    mlp_fwd(g, kind, &pd);
+    g->phase = MP_PHASE_BACKWARD;
+  }
+  mlp_bwd(g, kind, ac == MP_AC_FULL ? NULL : &pd);
+  pair(g, MP_MEM_ACTIVATIONS, ac == MP_AC_FULL ? BUF_RC_MLP : BUF_ACT_MLP, act_mlp(sh, kind), 0);
+  if (nu > 1) {
+    /* MoE and experts units are done: reshard and reduce them before attention's backward */
+    free_units(g, l, u0, nu, PART_MOE, PART_EXPERTS);
+    reduce_units(g, l, u0, nu, PART_MOE, PART_EXPERTS);
+  }
+  if (ac == MP_AC_SELECTIVE) {
+    g->phase = MP_PHASE_RECOMPUTE;
+    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_ATTN, act_attn(sh), 1);
+    attention_fwd(g, &pd);
+    g->phase = MP_PHASE_BACKWARD;
+  }
+  attention_bwd(g, ac == MP_AC_NONE ? &pd : NULL);
+  pair(g, MP_MEM_ACTIVATIONS, ac == MP_AC_NONE ? BUF_ACT_ATTN : BUF_RC_ATTN, act_attn(sh), 0);
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_X, act_x(sh), 0);
+  pair(g, MP_MEM_TEMP, BUF_BWD_WS, bwd_workspace(sh, kind), 0);
+  free_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
+  reduce_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
+  const int32_t block_last = g->last_c;
+  for (int i = 0; i < n_patch; i++) add_dep(g, patch[i], block_last, MP_DEP_PREV_REP);
+  seg_close(g, MP_PHASE_BACKWARD, repeat, -1, -nu);
+  for (int k = 0; k < N_PARTS; k++) c->gather[k] = next_g[k];
+}
+
+/* ---- embedding, head, loss, optimizer -------------------------------------------- */
+
+static void embedding_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t e = sh->T * sh->H;
+  elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_FWD, MP_MOD_TOK_EMBEDDINGS, e, 0.0,
+              4.0 * (double)e + 8.0 * (double)sh->T);
+  tp_allreduce(g, sh->ar_emb, MP_MOD_TOK_EMBEDDINGS);
+  if (sh->gpt) {
+    elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_FWD, MP_MOD_POS_EMBEDDINGS, e, 0.0, 4.0 * (double)e);
+    residual(g, MP_VAR_FWD, e);
+  }
+}
+
+static void embedding_bwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t e = sh->T * sh->H;
+  if (sh->gpt)
+    elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_BWD, MP_MOD_POS_EMBEDDINGS, e, 1.0, 6.0 * (double)e);
+  elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_BWD, MP_MOD_TOK_EMBEDDINGS, e, 1.0,
+              6.0 * (double)e + 8.0 * (double)sh->T);
+}
+
+static int head_module(const shapes *sh) { return sh->tied ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT; }
+
+static int64_t head_act_bytes(const shapes *sh) {
+  return 2 * (2 * sh->T * sh->H) + (sh->gpt ? 8 : 4) * sh->T;
+}
+
+static void head_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T, H = sh->H;
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 1);
+  norm_fwd(g, MP_MOD_FINAL_NORM, T, H);
+  pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * sh->V_loss, 1);
+  linear_fwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
+  if (sh->logits_gather)
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, 2.0 * (double)(T * sh->V_loss),
+         MP_DTYPE_BF16, head_module(sh));
+  pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * T * sh->V_loss, 1);
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), T * sh->V_loss, FLOPS_LOSS,
+              10.0 * (double)(T * sh->V_loss));
+  if (sh->loss_parallel)
+    for (int i = 0; i < 3; i++)
+      comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)T, MP_DTYPE_FP32,
+           head_module(sh));
+  pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * sh->V_loss, 0);
+}
+
+static void head_bwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T, H = sh->H;
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * T * sh->V_loss, 1);
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_BWD, head_module(sh), T * sh->V_loss, 2.0,
+              8.0 * (double)(T * sh->V_loss));
+  pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * T * sh->V_loss, 0);
+  /* the head's GEMMs use this rank's V_l columns of the gradient (a slice when gathered) */
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, 2 * T * sh->V_l, 1);
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * T * sh->V_loss, 0);
+  linear_bwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, 2 * T * sh->V_l, 0);
+  tp_allreduce(g, sh->ar_head_in, head_module(sh));
+  norm_bwd(g, MP_MOD_FINAL_NORM, T, H);
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 0);
+}
+
+/* ---- setup ------------------------------------------------------------------------ */
+
+static void read_shapes(gen *g, int64_t micro_batch) {
+  const mp_plan *p = g->p;
+  const mp_model *m = &p->model;
+  shapes *sh = &g->sh;
+  memset(sh, 0, sizeof *sh);
+  const int cp = p->mesh.size[MP_DIM_CP];
+  sh->tp = p->mesh.size[MP_DIM_TP];
+  sh->ep = p->mesh.ep > 1 && (p->applied & MP_PASS_EP) ? p->mesh.ep : 1;
+  sh->seq = p->opts.seq;
+  sh->T = micro_batch * p->opts.seq / cp;
+  sh->H = m->d_model;
+  sh->hd = m->head_dim;
+  sh->gpt = m->family == MP_FAMILY_GPT;
+  sh->qk_norm = m->qk_norm;
+  sh->tied = m->tied_embeddings;
+  sh->E = m->n_experts;
+  sh->topk = m->top_k;
+  sh->has_shared = m->n_shared_experts > 0;
+  sh->fp8_ag = p->opts.fp8_opts.all_gather && (p->applied & MP_PASS_FLOAT8) && sh->tp == 1;
+  /* defaults before TP */
+  sh->q = m->n_heads * m->head_dim;
+  sh->kv = m->n_kv_heads * m->head_dim;
+  sh->f = m->d_ff;
+  sh->fe = m->d_ff_expert;
+  sh->fs = m->d_ff_shared;
+  sh->E_l = m->n_experts;
+  sh->V_l = p->vocab_padded;
+  int seen[MP_MOD_COUNT] = {0};
+  for (int i = 0; i < p->n_params; i++) {
+    const mp_param *prm = &p->params[i];
+    if (prm->role != MP_ROLE_WEIGHT || seen[prm->module]) continue;
+    seen[prm->module] = 1;
+    sh->fp8[prm->module] = prm->float8;
+    const int col = prm->tp_style == MP_TP_COLWISE, row = prm->tp_style == MP_TP_ROWWISE;
+    switch (prm->module) {
+      case MP_MOD_TOK_EMBEDDINGS:
+        sh->ar_emb = prm->tp_style == MP_TP_VOCAB;
+        if (sh->tied) sh->V_l = prm->tp_shape[0];
+        break;
+      case MP_MOD_Q: sh->q = prm->tp_shape[0]; sh->ar_qkv = col; break;
+      case MP_MOD_K: sh->kv = prm->tp_shape[0]; break;
+      case MP_MOD_O: sh->ar_o = row; break;
+      case MP_MOD_UP: sh->f = prm->tp_shape[0]; sh->ar_gateup = col; break;
+      case MP_MOD_DOWN: sh->ar_down = row; break;
+      case MP_MOD_EXPERTS_GATE: sh->E_l = prm->tp_shape[0]; break;
+      case MP_MOD_SHARED_UP: sh->fs = prm->tp_shape[0]; sh->ar_sgateup = col; break;
+      case MP_MOD_SHARED_DOWN: sh->ar_sdown = row; break;
+      case MP_MOD_OUTPUT: sh->V_l = prm->tp_shape[0]; break;
+      default: break;
+    }
+  }
+  if (sh->tied && seen[MP_MOD_TOK_EMBEDDINGS]) sh->fp8[MP_MOD_TOK_EMBEDDINGS] = 0;
+  sh->nh = sh->q / sh->hd;
+  sh->nkv = sh->kv / sh->hd;
+  /* the head is colwise whenever its rows are split; its input gradient is partial */
+  const int head_split = sh->V_l != p->vocab_padded;
+  sh->ar_head_in = head_split;
+  sh->loss_parallel = head_split && p->opts.tp.shard_logits;
+  sh->logits_gather = head_split && !p->opts.tp.shard_logits;
+  sh->V_loss = sh->logits_gather ? p->vocab_padded : sh->V_l;
+  sh->m_exp = sh->E > 0 ? (double)sh->T * (double)sh->topk * (double)sh->ep / (double)sh->E : 0.0;
+}
+
+/* Units as this rank's stage sees them, and the rank's elements at rest (the same sums as
+ * mp_plan_rank_totals, which is too slow for the planner's loop: it asks the mesh per
+ * parameter; here the group sizes and indices are asked once per group kind). */
+static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel) {
+  const mp_plan *p = g->p;
+  const int L = (int)p->model.n_layers;
+  g->has_fsdp = (p->applied & MP_PASS_FSDP) && p->n_units > 0;
+  g->first_unit = mp_arena_alloc(g->arena, sizeof(int32_t) * (size_t)(L + 1));
+  g->n_units = mp_arena_alloc(g->arena, (size_t)(L + 1));
+  g->n_ui = g->has_fsdp ? p->n_units : L + 1;
+  g->ui = mp_arena_alloc(g->arena, sizeof(unit_info) * (size_t)g->n_ui);
+  if (g->first_unit == NULL || g->n_units == NULL || g->ui == NULL)
+    return mp_error(g->ctx, MP_ERR_NOMEM, "out of memory building the step schedule");
+  const int pb = mp_dtype_bytes(g->pdt);
+  int gsize[MP_GROUP_COUNT], gidx[MP_GROUP_COUNT];
+  for (int k = 0; k < MP_GROUP_COUNT; k++) gsize[k] = gidx[k] = -1;
+  for (int l = 0; l < L; l++) g->first_unit[l] = -1;
+  g->root_unit = -1;
+  *params_numel = 0;
+  for (int i = 0; i < p->n_params; i++) {
+    const mp_param *prm = &p->params[i];
+    if (prm->pp_stage != stage) continue;
+    /* without FSDP: pseudo unit 0 = root, 1 + l = block l (gradient all-reduce buckets) */
+    const int u = g->has_fsdp ? prm->fsdp_unit : (prm->layer < 0 ? 0 : 1 + prm->layer);
+    if (u < 0 || u >= g->n_ui)
+      return mp_error(g->ctx, MP_ERR_INTERNAL, "parameter %s has FSDP unit %d of %d", prm->fqn,
+                      u, g->n_ui);
+    unit_info *ui = &g->ui[u];
+    const int64_t n = mp_param_tp_numel(prm);
+    const int64_t rows = prm->tp_shape[0];
+    int gs = 1;
+    int64_t local = n;
+    if (g->has_fsdp) {
+      const int grp = prm->fsdp_group;
+      if (gsize[grp] < 0) {
+        gsize[grp] = mp_mesh_group_size(&p->mesh, (mp_group)grp);
+        gidx[grp] = mp_mesh_group_index(&p->mesh, (mp_group)grp, rank);
+      }
+      gs = gsize[grp];
+      if (prm->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD && rows > 0) {
+        const int64_t chunk = (rows + gs - 1) / gs, start = (int64_t)gidx[grp] * chunk;
+        const int64_t end = start + chunk < rows ? start + chunk : rows;
+        local = end > start ? (end - start) * (n / rows) : 0;
+      }
+    }
+    *params_numel += local;
+    ui->numel_tp += n;
+    ui->numel_shard += rows > 0 ? (rows + gs - 1) / gs * (n / rows) : 0;
+    const int f8 = g->sh.fp8_ag && prm->float8;
+    ui->gather_bytes += (double)n * (f8 ? 1 : pb);
+    ui->gsize = gs;
+    ui->group = (uint8_t)(g->has_fsdp ? prm->fsdp_group : MP_GROUP_DP_REPLICATE);
+    ui->gather_dtype = (uint8_t)g->pdt;
+  }
+  for (int u = 0; u < g->n_ui; u++) {
+    const int layer = g->has_fsdp ? p->units[u].layer : u - 1;
+    if (layer < 0) {
+      if (g->ui[u].numel_tp > 0) g->root_unit = u;
+      continue;
+    }
+    if (g->first_unit[layer] < 0) g->first_unit[layer] = u;
+    g->n_units[layer]++;
+    if (g->n_units[layer] > N_PARTS || g->first_unit[layer] + g->n_units[layer] - 1 != u)
+      return mp_error(g->ctx, MP_ERR_INTERNAL,
+                      "FSDP units of layer %d are not consecutive or more than %d; the "
+                      "schedule expects the layout of exec/pass_fsdp.c",
+                      layer, N_PARTS);
+  }
+  return MP_OK;
+}
+
+/* Runs of identical blocks in [l0, l1): run_len[l] for run starts, 0 inside runs. */
+static void find_runs(gen *g, const stage_info *st, mp_schedule_mode mode, int32_t *run_len) {
+  for (int32_t l = st->l0; l < st->l1;) {
+    int32_t r = 1;
+    if (mode == MP_SCHEDULE_COMPACT)
+      while (l + r < st->l1 && same_block(g, l, l + r, st)) r++;
+    run_len[l] = r;
+    for (int32_t k = 1; k < r; k++) run_len[l + k] = 0;
+    l += r;
+  }
+}
+
+mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_mode mode,
+                            mp_arena *arena, mp_schedule **out) {
+  *out = NULL;
+  const mp_mesh *mesh = &p->mesh;
+  if (rank < 0 || rank >= mp_mesh_world(mesh))
+    return mp_error(ctx, MP_ERR_INVALID, "rank %d is outside the mesh's %d ranks", rank,
+                    mp_mesh_world(mesh));
+  if (!(p->applied & MP_PASS_FSDP) && mesh->size[MP_DIM_DP_SHARD] > 1)
+    return mp_error(ctx, MP_ERR_ORDER,
+                    "the plan has dp_shard=%d but FSDP was not applied, so no rank would hold "
+                    "its parameter shard; apply FSDP (mp_apply_fsdp) before building the "
+                    "schedule",
+                    mesh->size[MP_DIM_DP_SHARD]);
+  if ((p->applied & MP_PASS_TP) == 0 && mesh->size[MP_DIM_TP] > 1)
+    return mp_error(ctx, MP_ERR_ORDER,
+                    "the mesh has tp=%d but TP was not applied; apply the passes in order "
+                    "(mp_build_plan) before building the schedule",
+                    mesh->size[MP_DIM_TP]);
+  int64_t local_batch = 0, n_micro = 0;
+  MP_CHECK(mp_plan_batch(ctx, p, &local_batch, &n_micro));
+
+  mp_schedule *s = mp_arena_alloc(arena, sizeof *s);
+  MP_CHECK_ALLOC(ctx, s);
+  gen g;
+  memset(&g, 0, sizeof g);
+  g.ctx = ctx;
+  g.arena = arena;
+  g.p = p;
+  g.s = s;
+  g.last_c = g.last_reduce = -1;
+  g.reshard = p->opts.fsdp.reshard_after_forward;
+  g.pdt = p->opts.fsdp.param_dtype;
+  g.rdt = p->opts.fsdp.reduce_dtype;
+  if (mp_dtype_bytes(g.pdt) <= 0) g.pdt = MP_DTYPE_BF16;
+  if (mp_dtype_bytes(g.rdt) <= 0) g.rdt = MP_DTYPE_FP32;
+
+  int coords[MP_MESH_NDIMS];
+  mp_mesh_coords(mesh, rank, coords);
+  const int stage = coords[MP_DIM_PP], pp = mesh->size[MP_DIM_PP];
+  const int L = (int)p->model.n_layers;
+  int lps = p->layers_per_stage > 0 ? p->layers_per_stage : (L + pp - 1) / pp;
+  stage_info st = {stage * lps, (stage + 1) * lps < L ? (stage + 1) * lps : L, stage == 0,
+                   stage == pp - 1};
+
+  s->plan = p;
+  s->rank = rank;
+  s->pp_stage = stage;
+  s->mode = mode;
+  s->n_micro = n_micro;
+  s->micro_batch = p->opts.micro_batch;
+  s->seq = p->opts.seq;
+  s->tokens_per_step_per_rank = local_batch * p->opts.seq;
+  const int cp = mesh->size[MP_DIM_CP], tp = mesh->size[MP_DIM_TP];
+  s->model_flops_per_step = mp_model_flops_per_token(&p->model, p->opts.seq) *
+                            (double)s->tokens_per_step_per_rank / ((double)tp * pp * cp);
+
+  read_shapes(&g, p->opts.micro_batch);
+  int64_t params_numel = 0;
+  MP_CHECK(read_units(&g, stage, rank, &params_numel));
+  int32_t *run_len = mp_arena_alloc(arena, sizeof(int32_t) * (size_t)(L + 1));
+  MP_CHECK_ALLOC(ctx, run_len);
+  find_runs(&g, &st, mode, run_len);
+
+  /* prologue: resident state */
+  const int64_t mb = mp_dtype_bytes(p->opts.master_dtype);
+  struct {
+    int64_t params_numel, param_bytes, grad_bytes, optimizer_bytes;
+  } tot = {params_numel, params_numel * mb, params_numel * mb, 2 * params_numel * mb};
+  seg_open(&g, MP_PHASE_PROLOGUE, -1, 0);
+  s->resident_bytes[MP_MEM_PARAMS] = tot.param_bytes;
+  s->resident_bytes[MP_MEM_OPTIMIZER] = tot.optimizer_bytes;
+  s->resident_bytes[MP_MEM_GRADS] = tot.grad_bytes;
+  mem(&g, MP_OP_ALLOC, MP_MEM_PARAMS, BUF_PARAMS, tot.param_bytes, -1, -1, MP_STREAM_COMPUTE);
+  mem(&g, MP_OP_ALLOC, MP_MEM_OPTIMIZER, BUF_OPTIMIZER, tot.optimizer_bytes, -1, -1,
+      MP_STREAM_COMPUTE);
+  mem(&g, MP_OP_ALLOC, MP_MEM_GRADS, BUF_GRADS, tot.grad_bytes, -1, -1, MP_STREAM_COMPUTE);
+  seg_close(&g, MP_PHASE_PROLOGUE, 1, 0, 0);
+
+  /* forward: stage input, root gather, first block's gathers, embedding */
+  carry c = {{-1, -1, -1}};
+  int32_t gdummy[N_PARTS];
+  seg_open(&g, MP_PHASE_FORWARD, -1, 0);
+  int32_t recv = -1;
+  if (!st.first)
+    recv = comm(&g, MP_COLL_RECV, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g.sh.T * g.sh.H),
+                MP_DTYPE_BF16, -1);
+  if (g.root_unit >= 0) gather_units(&g, -1, g.root_unit, 1, gdummy, -1, NULL, NULL);
+  const int32_t root_gather = gdummy[0];
+  if (st.l1 > st.l0)
+    gather_units(&g, st.l0, g.first_unit[st.l0], g.n_units[st.l0], c.gather, -1, NULL, NULL);
+  if (st.first) {
+    pend_dep(&g, root_gather, 0);
+    embedding_fwd(&g);
+  }
+  seg_close(&g, MP_PHASE_FORWARD, 1, 0, 0);
+  if (recv >= 0) pend_dep(&g, recv, 0); /* the stage's first block waits for its input */
+
+  for (int32_t l = st.l0; l < st.l1; l++)
+    if (run_len[l] > 0) block_fwd_segment(&g, &st, l, run_len[l], &c);
+
+  /* forward tail: head and loss, or send to the next stage */
+  seg_open(&g, MP_PHASE_FORWARD, -1, 0);
+  if (st.last) {
+    pend_dep(&g, root_gather, 0);
+    head_fwd(&g);
+  } else {
+    int32_t snd = comm(&g, MP_COLL_SEND, MP_GROUP_PP, MP_STREAM_P2P,
+                       2.0 * (double)(g.sh.T * g.sh.H), MP_DTYPE_BF16, -1);
+    add_dep(&g, snd, g.last_c, 0);
+  }
+  seg_close(&g, MP_PHASE_FORWARD, 1, 0, 0);
+
+  /* backward head: loss and head backward, or the gradient from the next stage; prefetch
+   * the last block's units when they were resharded */
+  seg_open(&g, MP_PHASE_BACKWARD, -1, 0);
+  if (g.root_unit >= 0) grads_alloc(&g, -1, g.root_unit, 1);
+  int32_t brecv = -1;
+  if (!st.last)
+    brecv = comm(&g, MP_COLL_RECV, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g.sh.T * g.sh.H),
+                 MP_DTYPE_BF16, -1);
+  for (int k = 0; k < N_PARTS; k++) c.gather[k] = -1;
+  if (g.reshard && st.l1 > st.l0)
+    gather_units(&g, st.l1 - 1, g.first_unit[st.l1 - 1], g.n_units[st.l1 - 1], c.gather,
+                 g.last_c, NULL, NULL);
+  if (st.last) head_bwd(&g);
+  seg_close(&g, MP_PHASE_BACKWARD, 1, 0, 0);
+  if (brecv >= 0) pend_dep(&g, brecv, 0);
+
+  for (int32_t l = st.l1 - 1; l >= st.l0; l--) {
+    /* a run [a, a + r) is written backward starting at its top layer */
+    int32_t a = l;
+    while (run_len[a] == 0) a--;
+    const int32_t r = run_len[a];
+    block_bwd_segment(&g, &st, a + r - 1, r, &c);
+    l = a;
+  }
+
+  /* backward tail: embedding, root reduction, or send the gradient to the previous stage */
+  seg_open(&g, MP_PHASE_BACKWARD, -1, 0);
+  if (st.first) {
+    embedding_bwd(&g);
+  } else {
+    int32_t snd = comm(&g, MP_COLL_SEND, MP_GROUP_PP, MP_STREAM_P2P,
+                       2.0 * (double)(g.sh.T * g.sh.H), MP_DTYPE_BF16, -1);
+    add_dep(&g, snd, g.last_c, 0);
+  }
+  if (g.root_unit >= 0) {
+    free_units(&g, -1, g.root_unit, 1, 0, 0);
+    reduce_units(&g, -1, g.root_unit, 1, 0, 0);
+  }
+  seg_close(&g, MP_PHASE_BACKWARD, 1, 0, 0);
+
+  /* optimizer: global gradient norm (clipping), AdamW on the shard */
+  seg_open(&g, MP_PHASE_OPTIMIZER, -1, 0);
+  const double shard = (double)tot.params_numel;
+  int32_t gn = compute(&g, MP_KERNEL_GRAD_NORM, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1,
+                       2.0 * shard, 4.0 * shard, MP_DTYPE_FP32);
+  add_dep(&g, gn, g.last_reduce, 0);
+  if (mp_mesh_world(mesh) > 1)
+    comm(&g, MP_COLL_ALL_REDUCE, MP_GROUP_WORLD, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, -1);
+  compute(&g, MP_KERNEL_OPTIMIZER, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, FLOPS_ADAMW * shard,
+          BYTES_ADAMW * shard, MP_DTYPE_FP32);
+  seg_close(&g, MP_PHASE_OPTIMIZER, 1, 0, 0);
+
+  if (g.nomem == 2)
+    return mp_error(ctx, MP_ERR_INTERNAL, "schedule builder gave an op more than %d dependencies",
+                    MP_OP_MAX_DEPS);
+  if (g.nomem) return mp_error(ctx, MP_ERR_NOMEM, "out of memory building the step schedule");
+  s->ops = g.ops;
+  s->n_ops = g.n_ops;
+  s->segs = g.segs;
+  s->n_segs = g.n_segs;
+  int64_t idx = 0;
+  for (int32_t i = 0; i < s->n_segs; i++) {
+    s->segs[i].first_index = idx;
+    idx += (int64_t)s->segs[i].n_ops * s->segs[i].repeat;
+  }
+  s->n_instances = idx;
+  *out = s;
+  return MP_OK;
+}

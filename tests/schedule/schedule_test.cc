@@ -1,0 +1,753 @@
+// Step schedule (exec/schedule.h) against hand-derived numbers: TP and EP collective bytes
+// of one block, FSDP gather/reduce-scatter bytes per unit, FLOPs against the model's
+// 6N + attention, recompute FLOPs under AC, saved-activation bytes, pipeline P2P, compact
+// vs expanded equality, memory replay.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "exec/plan.h"
+#include "exec/schedule.h"
+
+namespace {
+
+struct Built {
+  mp_ctx ctx;
+  mp_model model;
+  mp_plan *plan = nullptr;
+  mp_arena *arena = nullptr;
+  mp_schedule *s = nullptr;
+  ~Built() {
+    mp_arena_destroy(arena);
+    mp_plan_destroy(plan);
+  }
+};
+
+struct Opts {
+  const char *model = "llama3.1-8b";
+  const char *mesh = "dp_shard=8";
+  mp_ac_mode ac = MP_AC_NONE;
+  int fp8 = 0;
+  int reshard = 1;
+  int shard_logits = 1;
+  int64_t micro_batch = 1;
+  int64_t global_batch = 0;
+  int64_t seq = 8192;
+  int rank = 0;
+  mp_schedule_mode mode = MP_SCHEDULE_EXPANDED;
+};
+
+void Build(Built *b, const Opts &o) {
+  mp_ctx_init(&b->ctx);
+  ASSERT_EQ(mp_model_load(&b->ctx, o.model, &b->model), MP_OK) << mp_errmsg(&b->ctx);
+  mp_mesh mesh;
+  ASSERT_EQ(mp_mesh_parse(&b->ctx, o.mesh, 0, &mesh), MP_OK) << mp_errmsg(&b->ctx);
+  mp_plan_options po;
+  mp_plan_options_init(&po);
+  po.ac = o.ac;
+  po.fp8 = o.fp8;
+  po.fsdp.reshard_after_forward = o.reshard;
+  po.tp.shard_logits = o.shard_logits;
+  po.micro_batch = o.micro_batch;
+  po.global_batch = o.global_batch;
+  po.seq = o.seq;
+  ASSERT_EQ(mp_build_plan(&b->ctx, &b->model, &mesh, &po, &b->plan), MP_OK) << mp_errmsg(&b->ctx);
+  b->arena = mp_arena_create();
+  ASSERT_EQ(mp_schedule_build(&b->ctx, b->plan, o.rank, o.mode, b->arena, &b->s), MP_OK)
+      << mp_errmsg(&b->ctx);
+  ASSERT_EQ(mp_schedule_check(&b->ctx, b->s), MP_OK) << mp_errmsg(&b->ctx);
+}
+
+// One expanded op instance, with everything the mode must not change.
+struct Inst {
+  const mp_op *op;
+  int32_t layer, unit;
+  int64_t index;
+  std::vector<int64_t> deps;
+};
+
+std::vector<Inst> Expand(const mp_schedule *s) {
+  std::vector<Inst> v;
+  mp_schedule_iter it;
+  mp_schedule_iter_begin(s, &it);
+  while (mp_schedule_iter_next(&it)) {
+    Inst x{it.op, it.layer, it.unit, it.index, {}};
+    for (int i = 0; i < it.op->n_dep; i++) x.deps.push_back(mp_schedule_iter_dep(&it, i));
+    v.push_back(x);
+  }
+  return v;
+}
+
+double Sum(const std::vector<Inst> &v, int64_t n_micro, bool (*pred)(const Inst &)) {
+  double f = 0;
+  for (const Inst &x : v)
+    if (pred(x)) f += x.op->flops * (x.op->when == MP_WHEN_EVERY_MICRO ? n_micro : 1);
+  return f;
+}
+
+// llama3.1-8b: H=4096, 32 heads x 128, 8 kv heads, d_ff 14336, vocab 128256, 32 layers.
+const double kH = 4096, kQ = 4096, kKV = 1024, kF = 14336, kV = 128256, kL = 32, kNH = 32,
+             kHD = 128;
+// Matmul parameters of one block: q, o 4096x4096; k, v 1024x4096; gate, up, down 14336x4096.
+const double kBlockMatmul = 2 * kH * kQ + 2 * kH * kKV + 3 * kH * kF;  // 218,103,808
+const double kBlockNorms = 2 * kH;
+
+TEST(Schedule, TpAllReducesOfOneDenseBlock) {
+  // llama3.1-8b, tp=8, micro-batch 1 x 8192 tokens: T = 8192. Each TP all-reduce carries the
+  // [T, H] bf16 activation: 2 x 8192 x 4096 = 67,108,864 bytes.
+  Built b;
+  Opts o;
+  o.mesh = "tp=8";
+  Build(&b, o);
+  const double ar = 2.0 * 8192 * 4096;
+  EXPECT_EQ(ar, 67108864.0);
+  auto v = Expand(b.s);
+  int fwd = 0, bwd = 0;
+  for (const Inst &x : v) {
+    if (x.layer != 5 || x.op->type != MP_OP_COMM) continue;
+    ASSERT_EQ(x.op->coll, MP_COLL_ALL_REDUCE);
+    ASSERT_EQ(x.op->group, MP_GROUP_TP);
+    EXPECT_EQ(x.op->stream, MP_STREAM_COMPUTE);  // on the critical path
+    EXPECT_EQ(x.op->bytes, ar);
+    if (x.op->phase == MP_PHASE_FORWARD) fwd++;
+    if (x.op->phase == MP_PHASE_BACKWARD) bwd++;
+  }
+  EXPECT_EQ(fwd, 2);  // after o_proj and after down_proj
+  EXPECT_EQ(bwd, 2);  // input gradients of q/k/v and of gate/up
+  // Local GEMM shapes: q_proj forward m=T, n=32*128/8=512, k=4096; k_proj n=8*128/8=128.
+  bool seen_q = false, seen_k = false;
+  for (const Inst &x : v) {
+    if (x.layer != 5 || x.op->kernel != MP_KERNEL_GEMM || x.op->variant != MP_VAR_FWD ||
+        x.op->type != MP_OP_COMPUTE)
+      continue;
+    if (x.op->module == MP_MOD_Q) {
+      seen_q = true;
+      EXPECT_EQ(x.op->m, 8192);
+      EXPECT_EQ(x.op->n, 512);
+      EXPECT_EQ(x.op->k, 4096);
+      EXPECT_EQ(x.op->flops, 2.0 * 8192 * 512 * 4096);
+    }
+    if (x.op->module == MP_MOD_K) {
+      seen_k = true;
+      EXPECT_EQ(x.op->n, 128);
+    }
+  }
+  EXPECT_TRUE(seen_q && seen_k);
+  // Whole step: 32 blocks x (2 + 2) + embedding (forward) + head input gradient (backward)
+  // all-reduces of [T, H], plus loss-parallel's three all-reduces of T fp32 values.
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(b.s, &t);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_TP], 32 * 4 + 2 + 3);
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_REDUCE][MP_GROUP_TP], 130 * ar + 3 * 4.0 * 8192);
+  // no FSDP collectives with dp_shard == 1
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_FSDP], 0);
+}
+
+TEST(Schedule, ReplicatedLogitsAreAllGathered) {
+  Built b;
+  Opts o;
+  o.model = "tiny-dense";
+  o.mesh = "tp=2";
+  o.seq = 64;
+  o.shard_logits = 0;
+  Build(&b, o);
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(b.s, &t);
+  // [T, vocab] bf16 after the all-gather: 64 x 256 x 2 bytes; no loss-parallel all-reduces.
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_TP], 1);
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_TP], 64.0 * 256 * 2);
+  // 2 blocks x 4 + embedding + head input gradient, each 64 x 64 x 2 bytes
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_TP], 10);
+}
+
+TEST(Schedule, FsdpGatherAndReduceScatterBytesPerUnit) {
+  Built b;
+  Opts o;  // llama3.1-8b on dp_shard=8, reshard after forward
+  Build(&b, o);
+  const mp_plan *p = b.plan;
+  const double block_numel = kBlockMatmul + kBlockNorms;  // 218,112,000
+  EXPECT_EQ(p->units[1].numel_tp, (int64_t)block_numel);
+  auto v = Expand(b.s);
+  int ag_fwd = 0, ag_bwd = 0, rs = 0;
+  for (const Inst &x : v) {
+    if (x.op->type != MP_OP_COMM || x.layer != 7) continue;
+    if (x.op->coll == MP_COLL_ALL_GATHER) {
+      EXPECT_EQ(x.op->group, MP_GROUP_FSDP);
+      EXPECT_EQ(x.op->stream, MP_STREAM_GATHER);
+      EXPECT_EQ(x.op->bytes, 2.0 * block_numel);  // bf16: 436,224,000 bytes
+      EXPECT_EQ(x.unit, 8);                         // root is unit 0, layers.7 is unit 8
+      (x.op->phase == MP_PHASE_FORWARD ? ag_fwd : ag_bwd)++;
+    }
+    if (x.op->coll == MP_COLL_REDUCE_SCATTER) {
+      EXPECT_EQ(x.op->stream, MP_STREAM_REDUCE);
+      EXPECT_EQ(x.op->bytes, 4.0 * block_numel);  // fp32 reduce: 872,448,000 bytes
+      rs++;
+    }
+  }
+  EXPECT_EQ(ag_fwd, 1);
+  EXPECT_EQ(ag_bwd, 1);  // gathered again: reshard_after_forward
+  EXPECT_EQ(rs, 1);
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(b.s, &t);
+  const double root = 2 * kV * kH + kH;  // tok_embeddings, output, norm: 1,050,681,344
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_FSDP], 1 + 2 * 32);
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_FSDP],
+                   2 * root + 64 * 2 * block_numel);
+  EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_FSDP], 33);
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_REDUCE_SCATTER][MP_GROUP_FSDP],
+                   4 * root + 32 * 4 * block_numel);
+  // Resident: 8,030,261,248 parameters / 8 ranks, fp32; AdamW m and v; fp32 gradients.
+  EXPECT_EQ(b.s->resident_bytes[MP_MEM_PARAMS], 8030261248LL / 8 * 4);
+  EXPECT_EQ(b.s->resident_bytes[MP_MEM_OPTIMIZER], 8030261248LL / 8 * 8);
+  EXPECT_EQ(b.s->resident_bytes[MP_MEM_GRADS], 8030261248LL / 8 * 4);
+  // optimizer: one float all-reduced over the world for the gradient norm
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_WORLD], 1);
+  EXPECT_EQ(t.comm_bytes[MP_COLL_ALL_REDUCE][MP_GROUP_WORLD], 4.0);
+}
+
+TEST(Schedule, NoReshardGathersOnceAndFreesAfterBackward) {
+  Built b;
+  Opts o;
+  o.reshard = 0;
+  Build(&b, o);
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(b.s, &t);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_FSDP], 1 + 32);
+  // every block's parameters stay gathered to its backward: the forward ends with all 32
+  // blocks' bf16 parameters (and the root) live
+  auto v = Expand(b.s);
+  int64_t gathered = 0, at_fwd_end = 0;
+  for (const Inst &x : v) {
+    if (x.op->type == MP_OP_ALLOC && x.op->mem_cat == MP_MEM_GATHERED) gathered += x.op->mem_bytes;
+    if (x.op->type == MP_OP_FREE && x.op->mem_cat == MP_MEM_GATHERED) gathered -= x.op->mem_bytes;
+    if (x.op->phase == MP_PHASE_FORWARD) at_fwd_end = gathered;
+  }
+  EXPECT_EQ(at_fwd_end, (int64_t)(2 * (2 * kV * kH + kH) + 32 * 2 * (kBlockMatmul + kBlockNorms)));
+}
+
+TEST(Schedule, StepFlopsMatchModelFlops) {
+  Built b;
+  Opts o;  // dp_shard=8: each rank runs the whole model on its own T = 8192 tokens
+  Build(&b, o);
+  const double T = 8192, s = 8192;
+  auto v = Expand(b.s);
+  const int64_t nm = b.s->n_micro;
+  EXPECT_EQ(nm, 1);
+  // GEMMs: forward 2 x params x T, backward DGRAD + WGRAD 4 x params x T: 6 x matmul params
+  // (32 blocks + the output head V x H; the embedding lookup is no GEMM).
+  const double gemm = Sum(v, nm, [](const Inst &x) {
+    return x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_GEMM;
+  });
+  EXPECT_DOUBLE_EQ(gemm, 6 * T * (kL * kBlockMatmul + kV * kH));
+  // Attention: causal half of 4 T s heads hd forward, twice that backward, per layer.
+  const double attn = Sum(v, nm, [](const Inst &x) {
+    return x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_ATTENTION;
+  });
+  EXPECT_DOUBLE_EQ(attn, kL * 3 * (4 * T * s * kNH * kHD / 2));
+  // The model's count is non-causal (12 L heads hd s per token): the schedule does half of
+  // that attention work, and the model counts 6 x norm parameters the schedule runs as
+  // element-wise kernels instead; the rest (element-wise FLOPs) is under 1%.
+  const double model = b.s->model_flops_per_step;
+  EXPECT_DOUBLE_EQ(model, T * mp_model_flops_per_token(&b.model, 8192));
+  const double causal_half = 6 * kL * kNH * kHD * s * T;
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(b.s, &t);
+  EXPECT_NEAR(t.flops / (model - causal_half), 1.0, 0.01);
+  EXPECT_GT(t.flops, gemm + attn);  // element-wise kernels are counted too
+  EXPECT_LT(t.flops, model);
+}
+
+TEST(Schedule, RecomputeAddsTheForwardItRepeats) {
+  const double T = 8192, s = 8192;
+  double gemm[3], attn[3], total[3];
+  for (int ac = 0; ac < 3; ac++) {
+    Built b;
+    Opts o;
+    o.ac = (mp_ac_mode)ac;
+    Build(&b, o);
+    auto v = Expand(b.s);
+    gemm[ac] = Sum(v, 1, [](const Inst &x) {
+      return x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_GEMM;
+    });
+    attn[ac] = Sum(v, 1, [](const Inst &x) {
+      return x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_ATTENTION;
+    });
+    mp_schedule_totals t;
+    mp_schedule_totals_compute(b.s, &t);
+    total[ac] = t.flops;
+    int recompute_ops = 0;
+    for (const Inst &x : v) recompute_ops += x.op->phase == MP_PHASE_RECOMPUTE;
+    EXPECT_EQ(recompute_ops > 0, ac != MP_AC_NONE);
+  }
+  // selective: q/k/v forward GEMMs and the attention core once more per layer
+  EXPECT_DOUBLE_EQ(gemm[MP_AC_SELECTIVE] - gemm[MP_AC_NONE], kL * 2 * T * kH * (kQ + 2 * kKV));
+  EXPECT_DOUBLE_EQ(attn[MP_AC_SELECTIVE] - attn[MP_AC_NONE], kL * 2 * T * s * kNH * kHD);
+  // full: the whole block forward once more (all its GEMMs and the attention core)
+  EXPECT_DOUBLE_EQ(gemm[MP_AC_FULL] - gemm[MP_AC_NONE], kL * 2 * T * kBlockMatmul);
+  EXPECT_DOUBLE_EQ(attn[MP_AC_FULL] - attn[MP_AC_NONE], kL * 2 * T * s * kNH * kHD);
+  EXPECT_LT(total[MP_AC_NONE], total[MP_AC_SELECTIVE]);
+  EXPECT_LT(total[MP_AC_SELECTIVE], total[MP_AC_FULL]);
+}
+
+// Net ACTIVATIONS bytes a block's forward leaves saved for its backward.
+int64_t SavedByBlock(const mp_schedule *s, int layer) {
+  int64_t net = 0;
+  for (const Inst &x : Expand(s)) {
+    if (x.layer != layer || x.op->phase != MP_PHASE_FORWARD || x.op->mem_cat != MP_MEM_ACTIVATIONS)
+      continue;
+    if (x.op->type == MP_OP_ALLOC) net += x.op->mem_bytes;
+    if (x.op->type == MP_OP_FREE) net -= x.op->mem_bytes;
+  }
+  return net;
+}
+
+TEST(Schedule, SavedActivationBytesPerBlock) {
+  // Per token (bf16, llama3.1-8b, tp=1): x 8192; attention: normed x 8192 + rstd 4 + q/k/v
+  // 2(4096 + 2048) = 12288 + attention out 8192 + logsumexp 4 x 32 = 128; MLP: h 8192 +
+  // rstd 4 + normed h 8192 + gate, up, SwiGLU out 3 x 2 x 14336 = 86016.
+  const int64_t T = 8192;
+  const int64_t x = 8192, attn = 8192 + 4 + 12288 + 8192 + 128, mlp = 8192 + 4 + 8192 + 86016;
+  const int64_t want[3] = {T * (x + attn + mlp), T * (x + mlp), T * x};
+  EXPECT_EQ(x + attn + mlp, 139400);
+  for (int ac = 0; ac < 3; ac++) {
+    Built b;
+    Opts o;
+    o.ac = (mp_ac_mode)ac;
+    Build(&b, o);
+    EXPECT_EQ(SavedByBlock(b.s, 3), want[ac]) << mp_ac_mode_name((mp_ac_mode)ac);
+  }
+}
+
+TEST(Schedule, MoeBlockAllToAllsAndGroupedGemms) {
+  // qwen3-30b-a3b on dp_shard=8, ep=8: 128 experts, top-8, H=2048, expert d_ff 768,
+  // T = 8192 tokens per rank. Each all-to-all's payload is the rank's send buffer:
+  // T x top_k x H x 2 = 8192 x 8 x 2048 x 2 = 268,435,456 bytes, 7/8 of it to other ranks.
+  Built b;
+  Opts o;
+  o.model = "qwen3-30b-a3b";
+  o.mesh = "dp_shard=8,ep=8";
+  Build(&b, o);
+  const double a2a = 8192.0 * 8 * 2048 * 2;
+  int fwd = 0, bwd = 0, gemms = 0;
+  for (const Inst &x : Expand(b.s)) {
+    if (x.layer != 10) continue;
+    if (x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_ALL_TO_ALL) {
+      EXPECT_EQ(x.op->group, MP_GROUP_EP);
+      EXPECT_EQ(x.op->bytes, a2a);
+      (x.op->phase == MP_PHASE_FORWARD ? fwd : bwd)++;
+    }
+    if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_GEMM &&
+        x.op->module == MP_MOD_EXPERTS_GATE && x.op->variant == MP_VAR_FWD) {
+      gemms++;
+      // 16 local experts, each receiving 8192 x 8 x 8 / 128 = 4096 tokens (balanced)
+      EXPECT_EQ(x.op->batch, 16);
+      EXPECT_EQ(x.op->m, 4096);
+      EXPECT_EQ(x.op->n, 768);
+      EXPECT_EQ(x.op->k, 2048);
+      EXPECT_DOUBLE_EQ(x.op->flops, 2.0 * 8192 * 8 * 768 * 2048);
+    }
+  }
+  EXPECT_EQ(fwd, 2);  // dispatch, combine
+  EXPECT_EQ(bwd, 2);
+  EXPECT_EQ(gemms, 1);
+  // experts gathered over the expert-FSDP group (dp_shard / ep = 1: no collective), the
+  // attention and MoE units over FSDP
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(b.s, &t);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_EFSDP], 0);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 48 * 4);
+  // GEMM FLOPs: 6 x active matmul parameters x T (router 128 x 2048, top-8 experts of
+  // 3 x 768 x 2048, attention q/o 4096 x 2048, k/v 512 x 2048, head 151936 x 2048)
+  const double T = 8192;
+  const double block = 128 * 2048 + 8 * 3 * 768 * 2048 + 2 * 4096 * 2048 + 2 * 512 * 2048;
+  const double gemm = Sum(Expand(b.s), 1, [](const Inst &x) {
+    return x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_GEMM;
+  });
+  EXPECT_DOUBLE_EQ(gemm, 6 * T * (48 * block + 151936.0 * 2048));
+}
+
+TEST(Schedule, PipelineStagesSendAndReceive) {
+  // llama3.1-8b, pp=4 x dp_shard=2: 8 layers per stage; rank r has pp coordinate r / 2.
+  for (int stage = 0; stage < 4; stage++) {
+    Built b;
+    Opts o;
+    o.mesh = "pp=4,dp_shard=2";
+    o.rank = stage * 2;
+    Build(&b, o);
+    EXPECT_EQ(b.s->pp_stage, stage);
+    int send_f = 0, recv_f = 0, send_b = 0, recv_b = 0, loss = 0, emb = 0;
+    int lo = 1000, hi = -1;
+    for (const Inst &x : Expand(b.s)) {
+      if (x.layer >= 0 && x.op->type == MP_OP_COMPUTE) {
+        lo = std::min(lo, x.layer);
+        hi = std::max(hi, x.layer);
+      }
+      if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_LOSS) loss++;
+      if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_EMBEDDING) emb++;
+      if (x.op->type != MP_OP_COMM) continue;
+      if (x.op->coll == MP_COLL_SEND || x.op->coll == MP_COLL_RECV) {
+        EXPECT_EQ(x.op->group, MP_GROUP_PP);
+        EXPECT_EQ(x.op->stream, MP_STREAM_P2P);
+        EXPECT_EQ(x.op->bytes, 2.0 * 8192 * 4096);  // [T, H] bf16
+      }
+      const bool f = x.op->phase == MP_PHASE_FORWARD;
+      if (x.op->coll == MP_COLL_SEND) (f ? send_f : send_b)++;
+      if (x.op->coll == MP_COLL_RECV) (f ? recv_f : recv_b)++;
+    }
+    EXPECT_EQ(lo, stage * 8);
+    EXPECT_EQ(hi, stage * 8 + 7);
+    EXPECT_EQ(recv_f, stage > 0);
+    EXPECT_EQ(send_f, stage < 3);
+    EXPECT_EQ(recv_b, stage < 3);
+    EXPECT_EQ(send_b, stage > 0);
+    EXPECT_EQ(loss > 0, stage == 3);
+    EXPECT_EQ(emb > 0, stage == 0);
+  }
+}
+
+TEST(Schedule, PrefetchAndReduceScatterDependencies) {
+  for (int mode = 0; mode < 2; mode++) {
+    Built b;
+    Opts o;
+    o.mode = (mp_schedule_mode)mode;
+    Build(&b, o);
+    auto v = Expand(b.s);
+    std::map<int, int64_t> fwd_gather, first_fwd_compute;
+    for (const Inst &x : v) {
+      if (x.op->phase != MP_PHASE_FORWARD || x.layer < 0) continue;
+      if (x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_ALL_GATHER) fwd_gather[x.layer] = x.index;
+      if (x.op->type == MP_OP_COMPUTE && !first_fwd_compute.count(x.layer)) {
+        first_fwd_compute[x.layer] = x.index;
+        // the block's first compute waits on its own all-gather
+        bool waits = false;
+        for (int64_t d : x.deps)
+          if (d >= 0 && v[d].op->type == MP_OP_COMM && v[d].op->coll == MP_COLL_ALL_GATHER &&
+              v[d].layer == x.layer)
+            waits = true;
+        EXPECT_TRUE(waits) << "layer " << x.layer << " mode " << mode;
+      }
+    }
+    for (int l = 1; l < 32; l++)  // prefetch: gathered before the previous block computes
+      EXPECT_LT(fwd_gather[l], first_fwd_compute[l - 1]) << l;
+    // each reduce-scatter waits for a backward op of its own block
+    int rs = 0;
+    for (const Inst &x : v) {
+      if (x.op->type != MP_OP_COMM || x.op->coll != MP_COLL_REDUCE_SCATTER || x.layer < 0) continue;
+      rs++;
+      bool ok = false;
+      for (int64_t d : x.deps)
+        if (d >= 0 && v[d].layer == x.layer && v[d].op->phase == MP_PHASE_BACKWARD) ok = true;
+      EXPECT_TRUE(ok) << x.layer;
+    }
+    EXPECT_EQ(rs, 32);
+  }
+}
+
+// The same step in both modes: totals, and the expanded op streams field by field, with
+// dependencies compared after dropping those implied by a later one on the same stream.
+std::vector<std::vector<int64_t>> EffectiveDeps(const std::vector<Inst> &v) {
+  std::vector<std::vector<int64_t>> out;
+  for (const Inst &x : v) {
+    std::map<int, int64_t> latest;  // stream -> latest dependency
+    for (int64_t d : x.deps)
+      if (d >= 0) latest[v[d].op->stream] = std::max(latest[v[d].op->stream], d);
+    std::vector<int64_t> e;
+    for (auto &kv : latest) e.push_back(kv.second);
+    out.push_back(e);
+  }
+  return out;
+}
+
+void ExpectSameStep(const Opts &base) {
+  Opts oe = base, oc = base;
+  oe.mode = MP_SCHEDULE_EXPANDED;
+  oc.mode = MP_SCHEDULE_COMPACT;
+  Built e, c;
+  Build(&e, oe);
+  Build(&c, oc);
+  if (testing::Test::HasFatalFailure()) return;
+  for (int i = 0; i < e.s->n_segs; i++) EXPECT_EQ(e.s->segs[i].repeat, 1);
+  // a stage of more than two blocks has a run to collapse (first and last blocks differ)
+  if (c.plan->layers_per_stage > 2) EXPECT_LT(c.s->n_ops, e.s->n_ops) << base.model;
+  else EXPECT_LE(c.s->n_ops, e.s->n_ops);
+  mp_schedule_totals te, tc;
+  mp_schedule_totals_compute(e.s, &te);
+  mp_schedule_totals_compute(c.s, &tc);
+  EXPECT_NEAR(tc.flops / te.flops, 1.0, 1e-12);
+  for (int k = 0; k < MP_COLL_COUNT; k++)
+    for (int g = 0; g < MP_GROUP_COUNT; g++) {
+      EXPECT_EQ(tc.n_comm[k][g], te.n_comm[k][g]);
+      EXPECT_DOUBLE_EQ(tc.comm_bytes[k][g], te.comm_bytes[k][g]);
+    }
+  auto ve = Expand(e.s), vc = Expand(c.s);
+  ASSERT_EQ(ve.size(), vc.size());
+  EXPECT_EQ((int64_t)ve.size(), e.s->n_instances);
+  EXPECT_EQ(c.s->n_instances, e.s->n_instances);
+  auto de = EffectiveDeps(ve), dc = EffectiveDeps(vc);
+  for (size_t i = 0; i < ve.size(); i++) {
+    const mp_op *a = ve[i].op, *b = vc[i].op;
+    ASSERT_TRUE(a->type == b->type && a->phase == b->phase && a->stream == b->stream &&
+                a->when == b->when && a->kernel == b->kernel && a->variant == b->variant &&
+                a->coll == b->coll && a->group == b->group && a->dtype == b->dtype &&
+                a->mem_cat == b->mem_cat && a->module == b->module && a->buf == b->buf &&
+                a->m == b->m && a->n == b->n && a->k == b->k && a->batch == b->batch &&
+                a->flops == b->flops && a->bytes == b->bytes && a->mem_bytes == b->mem_bytes &&
+                ve[i].layer == vc[i].layer && ve[i].unit == vc[i].unit)
+        << "instance " << i << " differs (" << base.model << " " << base.mesh << ")";
+    ASSERT_EQ(de[i], dc[i]) << "dependencies of instance " << i;
+  }
+}
+
+TEST(Schedule, CompactEqualsExpanded) {
+  Opts o;
+  ExpectSameStep(o);  // llama3.1-8b dp_shard=8
+  o.ac = MP_AC_FULL;
+  o.mesh = "dp_replicate=2,dp_shard=2,tp=2";
+  ExpectSameStep(o);
+  o = Opts();
+  o.model = "qwen3-30b-a3b";
+  o.mesh = "dp_shard=8,ep=4";
+  o.ac = MP_AC_SELECTIVE;
+  ExpectSameStep(o);
+  o = Opts();
+  o.model = "tiny-moe";
+  o.mesh = "dp_shard=4,tp=2,ep=2";
+  o.seq = 64;
+  o.fp8 = 1;
+  o.global_batch = 16;  // 4 micro-batches per rank
+  ExpectSameStep(o);
+  o = Opts();
+  o.model = "gpt2-124m";
+  o.mesh = "dp_shard=4";
+  o.seq = 1024;
+  o.reshard = 0;
+  ExpectSameStep(o);
+  o = Opts();
+  o.mesh = "pp=4,dp_shard=2";
+  o.rank = 3;  // stage 1
+  ExpectSameStep(o);
+}
+
+TEST(Schedule, CompactCollapsesRepeatedBlocks) {
+  Built b;
+  Opts o;
+  o.mode = MP_SCHEDULE_COMPACT;
+  Build(&b, o);
+  // llama3.1-8b: blocks 0 (no predecessor), 1..30, 31 (no successor), forward and backward
+  int reps = 0, block_segs = 0;
+  for (int i = 0; i < b.s->n_segs; i++) {
+    if (b.s->segs[i].layer_step == 0) continue;
+    block_segs++;
+    reps = std::max(reps, (int)b.s->segs[i].repeat);
+  }
+  EXPECT_EQ(block_segs, 6);
+  EXPECT_EQ(reps, 30);
+}
+
+TEST(Schedule, MemoryReplayReturnsToResident) {
+  // Independent of mp_schedule_check: sum the events of one micro-batch.
+  Opts cases[3];
+  cases[1].ac = MP_AC_SELECTIVE;
+  cases[1].fp8 = 1;
+  cases[1].mesh = "dp_shard=4,tp=2";
+  cases[2].model = "qwen3-30b-a3b";
+  cases[2].mesh = "dp_shard=8,ep=8";
+  for (const Opts &o : cases) {
+    Built b;
+    Build(&b, o);
+    int64_t live = 0, peak = 0, resident = 0;
+    for (int c = 0; c < MP_MEM_COUNT; c++) resident += b.s->resident_bytes[c];
+    int fp8 = 0;
+    for (const Inst &x : Expand(b.s)) {
+      if (x.op->type == MP_OP_ALLOC) live += x.op->mem_bytes;
+      if (x.op->type == MP_OP_FREE) live -= x.op->mem_bytes;
+      fp8 += x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_FP8_CAST;
+      EXPECT_GE(live, 0);
+      peak = std::max(peak, live);
+    }
+    EXPECT_EQ(live, resident) << o.model << " " << o.mesh;
+    EXPECT_GT(peak, resident);
+    EXPECT_EQ(fp8 > 0, o.fp8 == 1);
+  }
+}
+
+TEST(Schedule, Float8GemmDtypes) {
+  Built b;
+  Opts o;
+  o.fp8 = 1;
+  Build(&b, o);
+  int e4 = 0, e5 = 0;
+  for (const Inst &x : Expand(b.s)) {
+    if (x.op->type != MP_OP_COMPUTE || x.op->kernel != MP_KERNEL_GEMM || x.layer != 2) continue;
+    if (x.op->variant == MP_VAR_FWD) {
+      EXPECT_EQ(x.op->dtype, MP_DTYPE_FP8_E4M3);
+      e4++;
+    } else {
+      EXPECT_EQ(x.op->dtype, MP_DTYPE_FP8_E5M2);
+      e5++;
+    }
+  }
+  EXPECT_EQ(e4, 7);      // q, k, v, o, gate, up, down
+  EXPECT_EQ(e5, 2 * 7);  // DGRAD and WGRAD each
+}
+
+TEST(Schedule, RefusesShardedMeshWithoutFsdp) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  ASSERT_EQ(mp_model_load(&ctx, "tiny-dense", &m), MP_OK);
+  mp_mesh mesh;
+  ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=2", 0, &mesh), MP_OK);
+  mp_plan *p = nullptr;
+  ASSERT_EQ(mp_plan_create(&ctx, &m, &mesh, nullptr, &p), MP_OK) << mp_errmsg(&ctx);
+  mp_arena *a = mp_arena_create();
+  mp_schedule *s = nullptr;
+  EXPECT_EQ(mp_schedule_build(&ctx, p, 0, MP_SCHEDULE_EXPANDED, a, &s), MP_ERR_ORDER);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "FSDP"), nullptr);
+  EXPECT_EQ(mp_schedule_build(&ctx, p, 5, MP_SCHEDULE_EXPANDED, a, &s), MP_ERR_INVALID);
+  mp_arena_destroy(a);
+  mp_plan_destroy(p);
+}
+
+TEST(Schedule, OpNames) {
+  Built b;
+  Opts o;
+  Build(&b, o);
+  std::vector<std::string> names;
+  char buf[256];
+  for (const Inst &x : Expand(b.s)) {
+    mp_op_name(b.s, x.op, x.layer, buf, sizeof buf);
+    names.push_back(buf);
+  }
+  auto has = [&](const char *n) {
+    for (auto &s : names)
+      if (s == n) return true;
+    return false;
+  };
+  EXPECT_TRUE(has("layers.3.attention.q_proj gemm fwd"));
+  EXPECT_TRUE(has("layers.3 attention core fwd"));
+  EXPECT_TRUE(has("layers.4 all_gather fsdp"));
+  EXPECT_TRUE(has("layers.4 reduce_scatter fsdp"));
+  EXPECT_TRUE(has("root all_gather fsdp"));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Schedule, ResidentBytesEqualPlanTotalsOnEveryRank) {
+  // dp_shard=3 does not divide tiny-dense's rows (64 -> chunks 22, 22, 20; 192 -> 64 each),
+  // so the ranks hold different amounts; the schedule's resident bytes must match the
+  // plan's per-rank totals exactly, rank by rank (pp=2 puts stages in the mix).
+  const char *meshes[] = {"dp_shard=3", "pp=2,dp_shard=3,tp=2", "dp_replicate=2,dp_shard=2"};
+  for (const char *ms : meshes) {
+    Opts o;
+    o.model = "tiny-dense";
+    o.mesh = ms;
+    o.seq = 64;
+    Built b0;
+    Build(&b0, o);
+    const int world = mp_mesh_world(&b0.plan->mesh);
+    for (int r = 0; r < world; r++) {
+      mp_arena *a = mp_arena_create();
+      mp_schedule *s = nullptr;
+      ASSERT_EQ(mp_schedule_build(&b0.ctx, b0.plan, r, MP_SCHEDULE_COMPACT, a, &s), MP_OK);
+      mp_plan_totals t;
+      mp_plan_rank_totals(b0.plan, r, &t);
+      EXPECT_EQ(s->resident_bytes[MP_MEM_PARAMS], t.param_bytes) << ms << " rank " << r;
+      EXPECT_EQ(s->resident_bytes[MP_MEM_GRADS], t.grad_bytes);
+      EXPECT_EQ(s->resident_bytes[MP_MEM_OPTIMIZER], t.optimizer_bytes);
+      EXPECT_EQ(mp_schedule_check(&b0.ctx, s), MP_OK) << mp_errmsg(&b0.ctx);
+      mp_arena_destroy(a);
+    }
+  }
+  Built b;
+  Opts o;
+  o.model = "tiny-dense";
+  o.mesh = "dp_shard=3";
+  o.seq = 64;
+  Build(&b, o);
+  // rank 2 holds the 20-row tails of the [64]-row tensors: fewer bytes than rank 0
+  mp_plan_totals t0, t2;
+  mp_plan_rank_totals(b.plan, 0, &t0);
+  mp_plan_rank_totals(b.plan, 2, &t2);
+  EXPECT_GT(t0.param_bytes, t2.param_bytes);
+}
+
+TEST(Schedule, DdpWithoutFsdpAllReducesGradients) {
+  // Passes without FSDP on dp_replicate=2: parameters used in place, one gradient
+  // all-reduce per block (and the root) over dp_replicate, in fp32: 4 x block elements.
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  ASSERT_EQ(mp_model_load(&ctx, "tiny-dense", &m), MP_OK);
+  mp_mesh mesh;
+  ASSERT_EQ(mp_mesh_parse(&ctx, "dp_replicate=2", 0, &mesh), MP_OK);
+  mp_plan_options po;
+  mp_plan_options_init(&po);
+  po.seq = 64;
+  mp_plan *p = nullptr;
+  ASSERT_EQ(mp_plan_create(&ctx, &m, &mesh, &po, &p), MP_OK) << mp_errmsg(&ctx);
+  mp_arena *a = mp_arena_create();
+  mp_schedule *s = nullptr;
+  ASSERT_EQ(mp_schedule_build(&ctx, p, 0, MP_SCHEDULE_EXPANDED, a, &s), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_schedule_check(&ctx, s), MP_OK) << mp_errmsg(&ctx);
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(s, &t);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_DP_REPLICATE], 3);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_FSDP], 0);
+  // every parameter's gradient once: 4 bytes x all parameters of tiny-dense
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_REDUCE][MP_GROUP_DP_REPLICATE],
+                   4.0 * mp_model_param_count(&m));
+  mp_arena_destroy(a);
+  mp_plan_destroy(p);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Schedule, Float8AllGatherHalvesLinearGatherBytes) {
+  // tiny-dense block: Linear weights q, o 64x64, k, v 32x64, gate, up, down 192x64 = 49,152
+  // elements gathered as float8 (1 byte) with float8 all-gather, bf16 (2) otherwise; the two
+  // norms (128 elements) stay bf16. Forward weight casts disappear (cast before the gather).
+  for (int ag = 0; ag < 2; ag++) {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_model m;
+    ASSERT_EQ(mp_model_load(&ctx, "tiny-dense", &m), MP_OK);
+    mp_mesh mesh;
+    ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=2", 0, &mesh), MP_OK);
+    mp_plan_options po;
+    mp_plan_options_init(&po);
+    po.seq = 64;
+    po.fp8 = 1;
+    po.fp8_opts.all_gather = ag;
+    mp_plan *p = nullptr;
+    ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &po, &p), MP_OK) << mp_errmsg(&ctx);
+    mp_arena *a = mp_arena_create();
+    mp_schedule *s = nullptr;
+    ASSERT_EQ(mp_schedule_build(&ctx, p, 0, MP_SCHEDULE_EXPANDED, a, &s), MP_OK);
+    EXPECT_EQ(mp_schedule_check(&ctx, s), MP_OK) << mp_errmsg(&ctx);
+    int casts_fwd = 0;
+    double ag_bytes = -1;
+    for (const Inst &x : Expand(s)) {
+      if (x.layer != 1) continue;
+      if (x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_ALL_GATHER &&
+          x.op->phase == MP_PHASE_FORWARD)
+        ag_bytes = x.op->bytes;
+      casts_fwd += x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_FP8_CAST &&
+                   x.op->phase == MP_PHASE_FORWARD;
+    }
+    EXPECT_EQ(ag_bytes, ag ? 49152.0 + 2 * 128 : 2 * (49152.0 + 128));
+    EXPECT_EQ(casts_fwd, ag ? 7 : 14);  // input casts only, or weight + input per Linear
+    mp_arena_destroy(a);
+    mp_plan_destroy(p);
+  }
+}
+
+}  // namespace
