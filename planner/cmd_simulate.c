@@ -38,7 +38,7 @@ static mp_opt k_opts[] = {
     {"--seq", "S", "tokens per sequence (default min(max_seq, 8192))", NULL},
     {"--micro-batch", "B", "sequences per micro-batch per data-parallel rank (default 1)", NULL},
     {"--global-batch", "G", "sequences per step over all data-parallel ranks (default one micro-batch each)", NULL},
-    {"--stack", "PROFILE", "stack profile (data/stacks stem or path; default meshplan-cuda / meshplan-cpu)", NULL},
+    {"--stack", "PROFILE", "stack profile (data/stacks stem or path; default torchtitan-compile on GPUs, meshplan-cpu on the CPU)", NULL},
     {"--headroom", "F", "fraction of GPU memory kept free (default 0)", NULL},
     {"--trace", "PATH", "write the simulated timeline as Chrome trace JSON", NULL},
     {"--json", NULL, "print one JSON object", NULL},

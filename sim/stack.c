@@ -89,6 +89,11 @@ mp_status mp_stack_load(mp_ctx *ctx, const char *name_or_path, mp_stack_profile 
   return mp_stack_from_text(ctx, text, origin, out);
 }
 
+/* GPUs default to torchtitan-compile: the one GPU stack whose efficiencies were checked
+ * against published measurements (meshplan validate). meshplan-cuda stays stated, not
+ * measured, until `meshplan calibrate --device cuda` has run on real hardware, so it is
+ * chosen only on request (--stack meshplan-cuda). */
 mp_status mp_stack_default(mp_ctx *ctx, const mp_gpu *gpu, mp_stack_profile *out) {
-  return mp_stack_load(ctx, gpu->compute_capability > 0 ? "meshplan-cuda" : "meshplan-cpu", out);
+  return mp_stack_load(ctx, gpu->compute_capability > 0 ? "torchtitan-compile" : "meshplan-cpu",
+                       out);
 }
