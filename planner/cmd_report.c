@@ -1,16 +1,209 @@
-/* meshplan report: not in this build yet; its issue replaces this file. It answers --help
- * and says plainly that it is missing, with a non-zero exit. */
+/* meshplan report: reads the planner's database. Without --run it lists the runs (newest
+ * first); with --run ID it prints that run's top plans with their predictions and, for
+ * plans the executor has measured, the measured figures beside the predicted ones with the
+ * error (predicted - measured) / measured. The database is opened, never created: a
+ * missing file is an error naming it. */
+#include <cjson/cJSON.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "planner/commands.h"
+#include "planner/search.h"
+#include "planner/store.h"
+
+static mp_opt k_opts[] = {
+    {"--db", "PATH", "SQLite database written by meshplan plan (default meshplan.db)", NULL},
+    {"--run", "ID", "show this run's top plans (default: list the runs)", NULL},
+    {"--top", "K", "plans to show for --run (default 10; 0 shows all ranked plans)", NULL},
+    {"--json", NULL, "print JSON", NULL},
+    {NULL, NULL, NULL, NULL},
+};
+
+static mp_cmd_spec k_spec = {"report",
+                             "List planner runs, or one run's top plans with predicted vs measured figures.",
+                             "[--db PATH] [--run ID] [--top K] [--json]", k_opts, 0};
+
+static const double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+static int fail(const mp_ctx *ctx, mp_status st) {
+  fprintf(stderr, "meshplan report: %s\n", mp_errmsg(ctx));
+  if (st == MP_ERR_DB) return 2;
+  return mp_status_exit_code(st);
+}
+
+static double pct_err(double predicted, double measured) {
+  return measured != 0 ? 100.0 * (predicted - measured) / measured : 0;
+}
+
+static int list_runs(mp_store *st, mp_arena *a, int as_json) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_run_row *runs = NULL;
+  int64_t n = 0;
+  mp_status s = mp_store_list_runs(&ctx, st, a, &runs, &n);
+  if (s != MP_OK) return fail(&ctx, s);
+  if (as_json) {
+    cJSON *arr = cJSON_CreateArray();
+    for (int64_t i = 0; arr && i < n; i++) {
+      const mp_run_row *r = &runs[i];
+      cJSON *j = cJSON_CreateObject();
+      if (!j) break;
+      cJSON_AddNumberToObject(j, "id", (double)r->id);
+      cJSON_AddStringToObject(j, "created_at", r->created_at);
+      cJSON_AddStringToObject(j, "model", r->model);
+      cJSON_AddStringToObject(j, "cluster", r->cluster);
+      cJSON_AddNumberToObject(j, "n_gpus", r->n_gpus);
+      cJSON_AddNumberToObject(j, "seq", (double)r->seq);
+      cJSON_AddNumberToObject(j, "global_batch", (double)r->global_batch);
+      cJSON_AddStringToObject(j, "objective", r->objective);
+      cJSON_AddNumberToObject(j, "candidates", (double)r->n_candidates);
+      cJSON_AddNumberToObject(j, "simulated", (double)r->n_evaluated);
+      cJSON_AddNumberToObject(j, "feasible", (double)r->n_feasible);
+      if (r->best_plan_id) cJSON_AddNumberToObject(j, "best_step_time_s", r->best_step_time_s);
+      cJSON_AddItemToArray(arr, j);
+    }
+    char *t = arr ? cJSON_Print(arr) : NULL;
+    if (t) printf("%s\n", t);
+    free(t);
+    cJSON_Delete(arr);
+    return 0;
+  }
+  if (n == 0) {
+    printf("%s holds no runs yet; run meshplan plan --db %s\n", mp_store_path(st), mp_store_path(st));
+    return 0;
+  }
+  printf("%4s  %-20s  %-18s  %-12s %6s %6s %6s %10s %9s %8s %10s\n", "run", "when (UTC)", "model",
+         "cluster", "GPUs", "seq", "batch", "candidates", "simulated", "feasible", "best (s)");
+  for (int64_t i = 0; i < n; i++) {
+    const mp_run_row *r = &runs[i];
+    char best[32] = "-";
+    if (r->best_plan_id) snprintf(best, sizeof best, "%.4f", r->best_step_time_s);
+    printf("%4lld  %-20s  %-18s  %-12s %6d %6lld %6lld %10lld %9lld %8lld %10s\n", (long long)r->id,
+           r->created_at, r->model, r->cluster, r->n_gpus, (long long)r->seq,
+           (long long)r->global_batch, (long long)r->n_candidates, (long long)r->n_evaluated,
+           (long long)r->n_feasible, best);
+  }
+  printf("\nmeshplan report --db %s --run ID shows a run's top plans\n", mp_store_path(st));
+  return 0;
+}
+
+static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int as_json) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_run_row run;
+  mp_status s = mp_store_get_run(&ctx, st, run_id, &run);
+  if (s != MP_OK) return fail(&ctx, s);
+  mp_plan_row *p = NULL;
+  int64_t n = 0;
+  if ((s = mp_store_top_plans(&ctx, st, run_id, top, a, &p, &n)) != MP_OK) return fail(&ctx, s);
+  if (as_json) {
+    cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
+    if (root && arr) {
+      cJSON_AddNumberToObject(root, "run", (double)run.id);
+      cJSON_AddStringToObject(root, "model", run.model);
+      cJSON_AddStringToObject(root, "cluster", run.cluster);
+      for (int64_t i = 0; i < n; i++) {
+        cJSON *j = cJSON_CreateObject();
+        if (!j) break;
+        cJSON_AddNumberToObject(j, "rank", (double)p[i].rank);
+        cJSON_AddNumberToObject(j, "plan_id", (double)p[i].id);
+        cJSON_AddNumberToObject(j, "dp_replicate", p[i].dp_replicate);
+        cJSON_AddNumberToObject(j, "dp_shard", p[i].dp_shard);
+        cJSON_AddNumberToObject(j, "tp", p[i].tp);
+        cJSON_AddNumberToObject(j, "ep", p[i].ep);
+        cJSON_AddNumberToObject(j, "pp", p[i].pp);
+        cJSON_AddNumberToObject(j, "cp", p[i].cp);
+        cJSON_AddStringToObject(j, "ac", mp_search_ac_name(p[i].ac));
+        cJSON_AddBoolToObject(j, "fp8", p[i].fp8);
+        cJSON_AddNumberToObject(j, "micro_batch", (double)p[i].micro_batch);
+        cJSON_AddNumberToObject(j, "step_time_s", p[i].step_time_s);
+        cJSON_AddNumberToObject(j, "peak_mem_bytes", (double)p[i].peak_mem_bytes);
+        if (p[i].n_measured) {
+          cJSON_AddNumberToObject(j, "measured_steps", (double)p[i].n_measured);
+          cJSON_AddNumberToObject(j, "measured_step_time_s", p[i].measured_step_time_s);
+          cJSON_AddNumberToObject(j, "step_time_error_pct", pct_err(p[i].step_time_s, p[i].measured_step_time_s));
+          cJSON_AddNumberToObject(j, "measured_peak_mem_bytes", (double)p[i].measured_peak_mem_bytes);
+          cJSON_AddNumberToObject(j, "peak_mem_error_pct",
+                                  pct_err((double)p[i].peak_mem_bytes, (double)p[i].measured_peak_mem_bytes));
+        }
+        cJSON_AddItemToArray(arr, j);
+      }
+      cJSON_AddItemToObject(root, "plans", arr);
+      arr = NULL;
+      char *t = cJSON_Print(root);
+      if (t) printf("%s\n", t);
+      free(t);
+    }
+    cJSON_Delete(root);
+    cJSON_Delete(arr);
+    return 0;
+  }
+  printf("run %lld (%s): %s on %s (%d GPUs), seq %lld, global batch %lld, objective %s\n",
+         (long long)run.id, run.created_at, run.model, run.cluster, run.n_gpus, (long long)run.seq,
+         (long long)run.global_batch, run.objective);
+  printf("%lld candidates, %lld pruned, %lld simulated, %lld feasible\n\n", (long long)run.n_candidates,
+         (long long)run.n_pruned, (long long)run.n_evaluated, (long long)run.n_feasible);
+  if (n == 0) {
+    printf("no feasible plan in this run\n");
+    return 0;
+  }
+  int any_measured = 0;
+  for (int64_t i = 0; i < n; i++) any_measured |= p[i].n_measured > 0;
+  printf("%4s %7s %6s %8s %3s %3s %3s %3s  %-9s %3s %3s %10s %8s %5s", "rank", "plan", "dp_rep",
+         "dp_shard", "tp", "ep", "pp", "cp", "AC", "fp8", "mb", "step (s)", "peak GiB", "MFU");
+  if (any_measured)
+    printf(" | %5s %12s %7s %13s %7s", "steps", "measured (s)", "err %", "measured GiB", "err %");
+  printf("\n");
+  for (int64_t i = 0; i < n; i++) {
+    const mp_plan_row *r = &p[i];
+    printf("%4lld %7lld %6d %8d %3d %3d %3d %3d  %-9s %3s %3lld %10.4f %8.2f %4.1f%%", (long long)r->rank,
+           (long long)r->id, r->dp_replicate, r->dp_shard, r->tp, r->ep, r->pp, r->cp,
+           mp_search_ac_name(r->ac), r->fp8 ? "yes" : "no", (long long)r->micro_batch, r->step_time_s,
+           (double)r->peak_mem_bytes / kGiB, 100.0 * r->mfu);
+    if (r->n_measured)
+      printf(" | %5lld %12.4f %+7.1f %13.2f %+7.1f", (long long)r->n_measured, r->measured_step_time_s,
+             pct_err(r->step_time_s, r->measured_step_time_s), (double)r->measured_peak_mem_bytes / kGiB,
+             pct_err((double)r->peak_mem_bytes, (double)r->measured_peak_mem_bytes));
+    else if (any_measured)
+      printf(" | %5s", "-");
+    printf("\n");
+  }
+  if (any_measured)
+    printf("\nmeasured: median step time over the measured steps, largest peak; err = (predicted - "
+           "measured) / measured\n");
+  return 0;
+}
 
 int mp_cmd_report(int argc, char **argv) {
-  for (int i = 0; i < argc; i++)
-    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-      printf("usage: meshplan report ...\n\nnot available in this build yet\n");
-      return 0;
-    }
-  fprintf(stderr, "meshplan report: not available in this build yet\n");
-  return 1;
+  const char *pos[1];
+  int n_pos, done;
+  int rc = mp_cmd_parse(&k_spec, argc, argv, pos, &n_pos, &done);
+  if (done) return rc;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_status s;
+  long long run_id = 0, top = 10;
+  if ((s = mp_args_int(&ctx, &k_spec, "--run", 1, &run_id)) != MP_OK ||
+      (s = mp_args_int(&ctx, &k_spec, "--top", 0, &top)) != MP_OK)
+    return fail(&ctx, s);
+  const char *db = mp_args_get(&k_spec, "--db");
+  if (!db) db = "meshplan.db";
+  if (access(db, F_OK) != 0) {
+    fprintf(stderr, "meshplan report: no database at %s; run meshplan plan first or pass --db PATH\n", db);
+    return 2;
+  }
+  mp_store *st = NULL;
+  if ((s = mp_store_open(&ctx, db, &st)) != MP_OK) return fail(&ctx, s);
+  mp_arena *a = mp_arena_create();
+  if (!a) {
+    mp_store_close(st);
+    return fail(&ctx, mp_error(&ctx, MP_ERR_NOMEM, "out of memory"));
+  }
+  int as_json = mp_args_has(&k_spec, "--json");
+  rc = mp_args_has(&k_spec, "--run") ? show_run(st, a, run_id, top, as_json) : list_runs(st, a, as_json);
+  mp_arena_destroy(a);
+  mp_store_close(st);
+  return rc;
 }

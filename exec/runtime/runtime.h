@@ -1,0 +1,112 @@
+/* The training runtime: materializes one rank's shards of a plan and runs training steps
+ * (forward, backward, gradient clipping, AdamW) with a kernel backend (kernels/ops.h) and
+ * collectives (exec/comm/comm.h).
+ *
+ * Materialization: each rank allocates only the tile of each parameter it stores at rest
+ * (mp_param_tile), fills it with the plan-independent initializer (init.h), and keeps its
+ * gradient and AdamW state beside it: all from one tracked allocator (alloc.h), whose
+ * peak is the rank's measured memory.
+ *
+ * Step semantics (what parity tests compare, and what tests/reference/model_ref.py
+ * implements):
+ *   loss = mean over the step's tokens of cross-entropy
+ *          + aux_loss_coef * (mean over micro-batches of the sum over MoE layers of the
+ *            layer's load-balancing loss on that micro-batch)
+ *   gradients accumulate over micro-batches; the global gradient norm over every
+ *   parameter is clipped to max_grad_norm (PyTorch clip_grad_norm_); AdamW (decoupled
+ *   decay, bias-corrected) with weight decay on every parameter of 2 or more dims
+ *   (Linear, experts, router, embeddings, head); norms and biases (1-D) do not decay.
+ *
+ * Memory categories (exec/schedule.h's mp_mem_cat), as this runtime allocates them:
+ *   PARAMS      master shards (fp32), resident
+ *   OPTIMIZER   AdamW m and v, resident
+ *   GRADS       gradient shards (fp32), resident from creation
+ *   ACTIVATIONS the residual stream x[0..L] and, per block, one block carved into the
+ *               tensors saved for backward (per AC mode); freed by that block's backward
+ *   TEMP        RoPE tables (resident), token ids, per-block backward workspace, the
+ *               residual-stream gradient, forward temporaries
+ *   LOGITS      logits, per-token losses and log-sum-exp, their gradient
+ *
+ * Status of this implementation: world size 1, or pure data replication over
+ * dp_replicate (whole parameters on every rank, gradients all-reduced in place over
+ * MP_GROUP_DP_REPLICATE, losses summed); llama family (RMSNorm, RoPE, GQA, SwiGLU, MoE
+ * with shared experts and aux loss), AC none / selective (attention core recomputed) /
+ * full (block recomputed), fp32. Meshes with dp_shard, tp, ep, cp or pp > 1 and --fp8 are
+ * refused with MP_ERR_UNSUPPORTED. The op order is the model's, written out in
+ * runtime.c; it is not yet driven by exec/schedule.c's mp_schedule, whose memory model
+ * (bf16 activations, a gathered copy even at dp_shard=1) does not match this fp32 runtime
+ * yet (tests/runtime:schedule_gap prints both). */
+#ifndef MP_EXEC_RUNTIME_RUNTIME_H
+#define MP_EXEC_RUNTIME_RUNTIME_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "exec/comm/comm.h"
+#include "exec/plan.h"
+#include "exec/runtime/alloc.h"
+#include "exec/runtime/weights.h"
+#include "kernels/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mp_runtime mp_runtime;
+
+typedef struct mp_runtime_options {
+  uint64_t seed;       /* parameter initialization (init.h) */
+  float lr;            /* AdamW learning rate (constant) */
+  float beta1, beta2, eps, weight_decay;
+  float max_grad_norm; /* <= 0: no clipping */
+} mp_runtime_options;
+
+/* lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, clip 1.0, seed 1234. */
+void mp_runtime_options_init(mp_runtime_options *o);
+
+typedef struct mp_step_result {
+  double loss;      /* cross-entropy + aux term (what is differentiated) */
+  double ce_loss;   /* mean cross-entropy over the step's tokens */
+  double aux_loss;  /* aux_loss_coef * mean over micro-batches of sum over MoE layers */
+  double grad_norm; /* global norm before clipping */
+  int64_t peak_bytes;   /* tracked allocator peak over the step */
+  int64_t tokens;       /* tokens this rank processed */
+} mp_step_result;
+
+/* plan: built for comm's mesh; rank = mp_comm_world_rank(comm). The backend must be
+ * initialised on kc. */
+mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, const mp_backend *be,
+                            mp_kctx *kc, const mp_runtime_options *opts, mp_runtime **out);
+void mp_runtime_destroy(mp_runtime *rt);
+
+/* Forward and backward over the rank's local batch: local_batch sequences of seq + 1
+ * int32 tokens (mp_corpus_batch); gradients are left in place (zeroed at the start). */
+mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens,
+                                      mp_step_result *res);
+/* Clipping and AdamW with the gradients of the last forward_backward; fills grad_norm. */
+mp_status mp_runtime_optimizer_step(mp_ctx *ctx, mp_runtime *rt, mp_step_result *res);
+/* Both, and the step's peak memory. */
+mp_status mp_runtime_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens, mp_step_result *res);
+
+const mp_talloc *mp_runtime_allocator(const mp_runtime *rt);
+int64_t mp_runtime_local_batch(const mp_runtime *rt);
+int64_t mp_runtime_n_micro(const mp_runtime *rt);
+
+/* The rank's tile of parameter i (mp_param_tile) and its fp32 master values / gradient
+ * (host copies written into dst, capacity numel of the tile). Returns the tile's numel. */
+int64_t mp_runtime_param_tile(const mp_runtime *rt, int i, int64_t off[MP_MAX_NDIM], int64_t len[MP_MAX_NDIM]);
+mp_status mp_runtime_read_param(mp_ctx *ctx, const mp_runtime *rt, int i, float *dst);
+mp_status mp_runtime_read_grad(mp_ctx *ctx, const mp_runtime *rt, int i, float *dst);
+
+/* Adds every parameter's full tensor to w: the values (grads = 0) or the gradients
+ * (grads = 1). World size 1 only for now (full tensors are the local tiles). */
+mp_status mp_runtime_dump(mp_ctx *ctx, const mp_runtime *rt, int grads, mp_wfile *w);
+
+/* Full initial weights straight from the initializer (no runtime, no communication): what
+ * any plan starts from. */
+mp_status mp_runtime_dump_init(mp_ctx *ctx, const mp_plan *plan, uint64_t seed, mp_wfile *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,130 @@
+/* Weight file writer and reader (format in weights.h). The host is little-endian (x86-64,
+ * aarch64), so integers are copied as they are; a big-endian host is refused at read. */
+#include "exec/runtime/weights.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/json.h"
+
+void mp_wfile_init(mp_wfile *w) { memset(w, 0, sizeof *w); }
+void mp_wfile_free(mp_wfile *w) {
+  free(w->buf);
+  mp_wfile_init(w);
+}
+
+static mp_status put(mp_ctx *ctx, mp_wfile *w, const void *p, size_t n) {
+  if (w->len + n > w->cap) {
+    size_t cap = w->cap ? w->cap : 4096;
+    while (cap < w->len + n) cap *= 2;
+    unsigned char *b = realloc(w->buf, cap);
+    MP_CHECK_ALLOC(ctx, b);
+    w->buf = b;
+    w->cap = cap;
+  }
+  memcpy(w->buf + w->len, p, n);
+  w->len += n;
+  return MP_OK;
+}
+
+mp_status mp_wfile_add(mp_ctx *ctx, mp_wfile *w, const char *name, int ndim, const int64_t *shape,
+                       const float *data) {
+  if (w->len == 0) {
+    uint32_t v = MP_WFILE_VERSION, c = 0;
+    MP_CHECK(put(ctx, w, MP_WFILE_MAGIC, 4));
+    MP_CHECK(put(ctx, w, &v, 4));
+    MP_CHECK(put(ctx, w, &c, 4));
+  }
+  if (ndim < 1 || ndim > 3)
+    return mp_error(ctx, MP_ERR_INTERNAL, "weight file: tensor %s has ndim %d (1..3)", name, ndim);
+  uint32_t nl = (uint32_t)strlen(name), nd = (uint32_t)ndim;
+  int64_t numel = 1;
+  for (int i = 0; i < ndim; i++) numel *= shape[i];
+  MP_CHECK(put(ctx, w, &nl, 4));
+  MP_CHECK(put(ctx, w, name, nl));
+  MP_CHECK(put(ctx, w, &nd, 4));
+  MP_CHECK(put(ctx, w, shape, (size_t)ndim * 8));
+  MP_CHECK(put(ctx, w, data, (size_t)numel * 4));
+  w->count++;
+  memcpy(w->buf + 8, &w->count, 4);
+  return MP_OK;
+}
+
+mp_status mp_wfile_write(mp_ctx *ctx, const mp_wfile *w, const char *path) {
+  if (w->len == 0) {
+    unsigned char hdr[12];
+    uint32_t v = MP_WFILE_VERSION, c = 0;
+    memcpy(hdr, MP_WFILE_MAGIC, 4);
+    memcpy(hdr + 4, &v, 4);
+    memcpy(hdr + 8, &c, 4);
+    return mp_write_file_atomic(ctx, path, hdr, sizeof hdr);
+  }
+  return mp_write_file_atomic(ctx, path, w->buf, w->len);
+}
+
+mp_status mp_wfile_read(mp_ctx *ctx, const char *path, mp_wtensor **tensors, int *count, char **raw) {
+  const uint32_t one = 1;
+  if (*(const unsigned char *)&one != 1)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "weight file: big-endian hosts are not supported");
+  char *b = NULL;
+  size_t len = 0;
+  *tensors = NULL;
+  *count = 0;
+  *raw = NULL;
+  MP_CHECK(mp_read_file(ctx, path, &b, &len));
+  mp_status st = MP_OK;
+  uint32_t v, c;
+  mp_wtensor *t = NULL;
+  if (len < 12 || memcmp(b, MP_WFILE_MAGIC, 4) != 0) {
+    st = mp_error(ctx, MP_ERR_INVALID, "%s: not a meshplan weight file (magic MPWT missing)", path);
+    goto fail;
+  }
+  memcpy(&v, b + 4, 4);
+  memcpy(&c, b + 8, 4);
+  if (v != MP_WFILE_VERSION) {
+    st = mp_error(ctx, MP_ERR_INVALID, "%s: weight file version %u; this build reads version %u", path, v,
+                  MP_WFILE_VERSION);
+    goto fail;
+  }
+  t = calloc(c ? c : 1, sizeof *t);
+  if (!t) {
+    st = mp_error(ctx, MP_ERR_NOMEM, "weight file: out of memory");
+    goto fail;
+  }
+  size_t pos = 12;
+  for (uint32_t i = 0; i < c; i++) {
+    uint32_t nl, nd;
+    if (pos + 4 > len) goto trunc;
+    memcpy(&nl, b + pos, 4);
+    pos += 4;
+    if (nl >= sizeof t[i].name || pos + nl + 4 > len) goto trunc;
+    memcpy(t[i].name, b + pos, nl);
+    t[i].name[nl] = 0;
+    pos += nl;
+    memcpy(&nd, b + pos, 4);
+    pos += 4;
+    if (nd < 1 || nd > 3 || pos + 8 * nd > len) goto trunc;
+    t[i].ndim = (int)nd;
+    t[i].numel = 1;
+    for (uint32_t d = 0; d < nd; d++) {
+      memcpy(&t[i].shape[d], b + pos, 8);
+      pos += 8;
+      if (t[i].shape[d] < 0) goto trunc;
+      t[i].numel *= t[i].shape[d];
+    }
+    if (pos + (size_t)t[i].numel * 4 > len) goto trunc;
+    t[i].data = (const float *)(b + pos); /* 4-byte alignment is not guaranteed: read via memcpy on strict targets */
+    pos += (size_t)t[i].numel * 4;
+  }
+  if (pos != len) goto trunc;
+  *tensors = t;
+  *count = (int)c;
+  *raw = b;
+  return MP_OK;
+trunc:
+  st = mp_error(ctx, MP_ERR_INVALID, "%s: weight file truncated or corrupt (sizes do not add up)", path);
+fail:
+  free(t);
+  free(b);
+  return st;
+}

@@ -1,0 +1,46 @@
+/* The simulator as the planner's evaluator: a candidate becomes plan options
+ * (exec/plan.h) and is costed by mp_simulate_plan (sim/sim.h). Also draws the chosen
+ * plan's simulated timeline as a Chrome trace for the plots.
+ *
+ * Thread safety: mp_sim_evaluate only reads the evaluator, so the search's workers share
+ * one (mp_simulate_plan keeps its own per-thread arena). */
+#ifndef MP_PLANNER_EVALUATE_H
+#define MP_PLANNER_EVALUATE_H
+
+#include "exec/plan.h"
+#include "planner/search.h"
+#include "sim/sim.h"
+#include "sim/stack.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mp_sim_evaluator {
+  const mp_model *model;
+  mp_plan_options base; /* seq, global batch and defaults; per-candidate fields overwritten */
+  mp_stack_profile stack;
+  mp_sim_config sim;    /* sim.stack points at stack */
+} mp_sim_evaluator;
+
+/* stack_name NULL: the default profile for the cluster's GPU. headroom: fraction of GPU
+ * memory kept free (0 .. 0.5). The evaluator must not move after init (sim.stack points
+ * into it). */
+mp_status mp_sim_evaluator_init(mp_ctx *ctx, mp_sim_evaluator *ev, const mp_model *m,
+                                const mp_cluster *c, int64_t seq, int64_t global_batch,
+                                double headroom, const char *stack_name);
+/* The plan options of a candidate: micro-batch, AC, float8 (float8 all-gather only
+ * without TP), reshard_after_forward, vocab padded when tp does not divide it. */
+void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
+                              mp_plan_options *out);
+/* mp_search_eval_fn: user is an mp_sim_evaluator. */
+mp_status mp_sim_evaluate(void *user, mp_ctx *ctx, mp_arena *scratch, const mp_candidate *c,
+                          mp_sim_result *out);
+/* Simulates rank 0 of the candidate with record_trace and writes the Chrome trace to path. */
+mp_status mp_sim_evaluator_trace(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
+                                 const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,40 @@
+/* One planner run: enumerate and prune (search.h), evaluate on worker threads, write every
+ * candidate to the store as it completes (store.h, one transaction, from the calling
+ * thread), rank by the objective and record the ranks. Shared by `meshplan plan` and the
+ * benchmark; the evaluator is whatever the search config names (the simulator in the CLI,
+ * a fake in tests). */
+#ifndef MP_PLANNER_PLANNER_H
+#define MP_PLANNER_PLANNER_H
+
+#include "planner/search.h"
+#include "planner/store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mp_planner_request {
+  mp_search_config search;
+  mp_objective objective;
+  double price_per_gpu_hour; /* for tokens-per-dollar; <= 0 unknown */
+  mp_run_info info;          /* what the runs row records */
+  int show_progress;         /* progress bar on stderr (common/progress.h) */
+} mp_planner_request;
+
+typedef struct mp_planner_result {
+  mp_search *search;   /* every candidate */
+  int64_t *order;      /* feasible candidates, best first (in search's arena) */
+  int64_t n_order;
+  int64_t run_id;      /* 0 without a store */
+  double wall_s;       /* enumerate + evaluate + store */
+} mp_planner_result;
+
+/* store may be NULL (--no-db). On failure nothing of the run is in the store. */
+mp_status mp_planner_run(mp_ctx *ctx, const mp_planner_request *req, mp_store *store,
+                         mp_planner_result *out);
+void mp_planner_result_free(mp_planner_result *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,46 @@
+/* gnuplot plots of a planner run. Each plot is three files in the output folder: NAME.dat
+ * (the data, with a header comment naming columns and units), NAME.gp (a gnuplot script
+ * that reads NAME.dat by relative path, so `cd DIR && gnuplot NAME.gp` redraws it after a
+ * user edits the style) and NAME.png (pngcairo), drawn by running gnuplot as a subprocess
+ * in DIR. gnuplot's messages go to NAME.log.
+ *
+ *   candidates  every evaluated candidate: predicted step time vs peak memory per GPU,
+ *               feasible and over-memory in different marks, the memory capacity as a
+ *               vertical line, the chosen plan marked and labelled
+ *   memory      stacked bars of the memory breakdown at the peak of the top plans
+ *   timeline    the simulated step of the chosen plan, one row per stream, ops coloured
+ *               by phase, read back from a Chrome trace JSON (sim's mp_sim_trace_write) */
+#ifndef MP_PLANNER_PLOT_H
+#define MP_PLANNER_PLOT_H
+
+#include "common/status.h"
+#include "planner/search.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* MP_ERR_UNSUPPORTED naming the package (gnuplot-nox) when gnuplot is not on PATH. */
+mp_status mp_plot_check_gnuplot(mp_ctx *ctx);
+/* Runs `gnuplot script` with DIR as working directory; a failure quotes gnuplot's first
+ * error line. */
+mp_status mp_plot_run_gnuplot(mp_ctx *ctx, const char *dir, const char *script);
+
+/* Creates DIR (one level) if missing. */
+mp_status mp_plot_make_dir(mp_ctx *ctx, const char *dir);
+
+/* candidates.{dat,gp,png}. order[0] is the chosen plan (n_order may be 0: none marked). */
+mp_status mp_plot_candidates(mp_ctx *ctx, const char *dir, const mp_search *s,
+                             const int64_t *order, int64_t n_order, double capacity_gib,
+                             const char *title);
+/* memory.{dat,gp,png}: the first k plans of order. */
+mp_status mp_plot_memory(mp_ctx *ctx, const char *dir, const mp_search *s, const int64_t *order,
+                         int64_t n_order, int k, double capacity_gib, const char *title);
+/* timeline.{dat,gp,png} from the Chrome trace JSON at trace_path. */
+mp_status mp_plot_timeline(mp_ctx *ctx, const char *dir, const char *trace_path,
+                           const char *title);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,591 @@
+/* The planner's search (see search.h): enumeration, cheap pruning with reasons, parallel
+ * evaluation with in-order delivery, ranking.
+ *
+ * Invariants: candidates are stored in enumeration order and never move; a candidate's
+ * reject code is set once (by the pruning rules at enumeration, or by its worker after
+ * evaluation) before it is delivered to the sink; workers write only the candidates of
+ * the chunks they claimed, and the calling thread reads a chunk only after the worker
+ * marked it done under the mutex (which orders the writes before the reads). */
+#define _GNU_SOURCE
+#include "planner/search.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/progress.h"
+
+/* Mirrors mp_ac_mode (exec/plan.h): the search library links nothing from exec:plan. */
+static const char *const k_ac_names[3] = {"none", "selective", "full"};
+
+const char *mp_search_ac_name(int ac) { return ac >= 0 && ac < 3 ? k_ac_names[ac] : "?"; }
+
+const char *mp_reject_name(mp_reject r) {
+  static const char *const names[MP_REJECT_COUNT] = {
+      "", "pp_layers", "moe_pp", "tp_heads", "tp_kv_heads", "tp_d_ff", "tp_d_model",
+      "tp_cross_node", "ep_experts", "cp_seq", "batch", "fp8_gpu", "fp8_dims",
+      "reshard_noop", "memory_bound", "memory", "eval_error"};
+  return (unsigned)r < MP_REJECT_COUNT ? names[r] : "?";
+}
+
+void mp_search_fix_init(mp_search_fix *f) {
+  f->pp = f->dp_replicate = f->dp_shard = f->cp = f->tp = f->ep = -1;
+  f->ac = f->fp8 = f->reshard = -1;
+  f->micro_batch = -1;
+}
+
+mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
+  char buf[512];
+  if (!spec || strlen(spec) >= sizeof buf)
+    return mp_error(ctx, MP_ERR_USAGE, "--fix: expected key=value[,key=value...], e.g. tp=8,pp=1");
+  strcpy(buf, spec);
+  char *save = NULL;
+  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char *eq = strchr(tok, '=');
+    if (!eq || eq == tok || !eq[1])
+      return mp_error(ctx, MP_ERR_USAGE, "--fix: '%s' is not key=value (e.g. tp=8)", tok);
+    *eq = 0;
+    const char *key = tok, *val = eq + 1;
+    if (strcmp(key, "ac") == 0) {
+      int ac = -1;
+      for (int i = 0; i < 3; i++)
+        if (strcmp(val, k_ac_names[i]) == 0) ac = i;
+      if (ac < 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: ac=%s; use none, selective or full", val);
+      if (f->ac >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: ac given twice");
+      f->ac = ac;
+      continue;
+    }
+    char *end = NULL;
+    long long v = strtoll(val, &end, 10);
+    if (*end || v < 0)
+      return mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s is not a non-negative integer", key, val);
+    int *slot = NULL;
+    if (strcmp(key, "pp") == 0) slot = &f->pp;
+    else if (strcmp(key, "dp_replicate") == 0 || strcmp(key, "dp_rep") == 0) slot = &f->dp_replicate;
+    else if (strcmp(key, "dp_shard") == 0) slot = &f->dp_shard;
+    else if (strcmp(key, "cp") == 0) slot = &f->cp;
+    else if (strcmp(key, "tp") == 0) slot = &f->tp;
+    else if (strcmp(key, "ep") == 0) slot = &f->ep;
+    else if (strcmp(key, "fp8") == 0) slot = &f->fp8;
+    else if (strcmp(key, "reshard") == 0) slot = &f->reshard;
+    if (strcmp(key, "micro_batch") == 0 || strcmp(key, "mb") == 0) {
+      if (f->micro_batch >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: %s given twice", key);
+      if (v < 1) return mp_error(ctx, MP_ERR_USAGE, "--fix: %s must be >= 1", key);
+      f->micro_batch = v;
+      continue;
+    }
+    if (!slot)
+      return mp_error(ctx, MP_ERR_USAGE,
+                      "--fix: unknown key '%s'; keys: pp, dp_replicate, dp_shard, cp, tp, ep, ac, "
+                      "fp8, micro_batch, reshard", key);
+    if (*slot >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: %s given twice", key);
+    int is_bool = slot == &f->fp8 || slot == &f->reshard;
+    if (is_bool ? v > 1 : (v < 1 || v > MP_MESH_MAX_WORLD))
+      return mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s out of range (%s)", key, val,
+                      is_bool ? "0 or 1" : ">= 1");
+    *slot = (int)v;
+  }
+  return MP_OK;
+}
+
+void mp_search_config_init(mp_search_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  mp_search_fix_init(&cfg->fix);
+}
+
+/* ---- pruning -------------------------------------------------------------------------- */
+
+static int model_has_dense_mlp(const mp_model *m) {
+  return !mp_model_is_moe(m) || mp_model_n_moe_layers(m) < m->n_layers;
+}
+
+/* Rules that depend only on the mesh (shared by every option of it). */
+static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
+  const mp_model *m = cfg->model;
+  int pp = mesh->size[MP_DIM_PP], tp = mesh->size[MP_DIM_TP], cp = mesh->size[MP_DIM_CP];
+  if (pp > m->n_layers) return MP_REJECT_PP_LAYERS;
+  if (pp > 1 && (int64_t)(pp - 1) * ((m->n_layers + pp - 1) / pp) >= m->n_layers)
+    return MP_REJECT_PP_LAYERS;
+  if (mp_model_is_moe(m) && pp > 1) return MP_REJECT_MOE_PP;
+  if (m->n_heads % tp) return MP_REJECT_TP_HEADS;
+  if (m->n_kv_heads % tp) return MP_REJECT_TP_KV_HEADS;
+  if (model_has_dense_mlp(m) && m->d_ff % tp) return MP_REJECT_TP_D_FF;
+  if (m->d_model % tp) return MP_REJECT_TP_D_MODEL;
+  if (!cfg->allow_cross_node_tp && cfg->cluster->gpus_per_node % tp) return MP_REJECT_TP_CROSS_NODE;
+  if (mp_model_is_moe(m) && m->n_experts % mesh->ep) return MP_REJECT_EP_EXPERTS;
+  if (cfg->seq % cp) return MP_REJECT_CP_SEQ;
+  return MP_REJECT_NONE;
+}
+
+static int fp8_gpu_ok(const mp_gpu *g) {
+  return g->peak_tflops[MP_DTYPE_FP8_E4M3] > 0 && g->compute_capability >= 89;
+}
+
+/* The float8 GEMM dims after TP: torchao's float8 GEMMs need multiples of 16. */
+static int fp8_dims_ok(const mp_model *m, int tp) {
+  if (m->d_model % 16) return 0;
+  if ((m->n_heads * m->head_dim / tp) % 16 || (m->n_kv_heads * m->head_dim / tp) % 16) return 0;
+  if (model_has_dense_mlp(m) && (m->d_ff / tp) % 16) return 0;
+  return 1;
+}
+
+/* Lower bound of a rank's peak memory (see search.h): 12 bytes per parameter held. */
+static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *mesh,
+                                    double n_params) {
+  double shards = (double)mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] *
+                  mesh->size[MP_DIM_TP] * mesh->size[MP_DIM_PP];
+  return 12.0 * n_params / shards +
+         cfg->cluster->gpu.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0;
+}
+
+static mp_reject prune_options(const mp_search_config *cfg, const mp_candidate *c,
+                               double n_params) {
+  const mp_mesh *mesh = &c->mesh;
+  int64_t dp = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD];
+  if (cfg->global_batch % (dp * c->micro_batch)) return MP_REJECT_BATCH;
+  if (c->fp8 && !fp8_gpu_ok(&cfg->cluster->gpu)) return MP_REJECT_FP8_GPU;
+  if (c->fp8 && !fp8_dims_ok(cfg->model, mesh->size[MP_DIM_TP])) return MP_REJECT_FP8_DIMS;
+  if (c->reshard && mesh->size[MP_DIM_DP_SHARD] == 1) return MP_REJECT_RESHARD_NOOP;
+  if (cfg->mem_capacity_bytes > 0 && mem_lower_bound_bytes(cfg, mesh, n_params) > (double)cfg->mem_capacity_bytes)
+    return MP_REJECT_MEMORY_BOUND;
+  return MP_REJECT_NONE;
+}
+
+static double gib(int64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+
+void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, char *buf,
+                         size_t cap) {
+  const mp_model *m = cfg->model;
+  const mp_mesh *mesh = &c->mesh;
+  int pp = mesh->size[MP_DIM_PP], tp = mesh->size[MP_DIM_TP], cp = mesh->size[MP_DIM_CP];
+  int64_t dp = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD];
+  switch ((mp_reject)c->reject) {
+    case MP_REJECT_NONE: snprintf(buf, cap, "%s", ""); break;
+    case MP_REJECT_PP_LAYERS:
+      if (pp > m->n_layers)
+        snprintf(buf, cap, "pp=%d exceeds n_layers=%lld", pp, (long long)m->n_layers);
+      else
+        snprintf(buf, cap,
+                 "pp=%d leaves a pipeline stage empty: %lld layers at %lld per stage fill only %lld "
+                 "stages", pp, (long long)m->n_layers,
+                 (long long)((m->n_layers + pp - 1) / pp),
+                 (long long)((m->n_layers + (m->n_layers + pp - 1) / pp - 1) / ((m->n_layers + pp - 1) / pp)));
+      break;
+    case MP_REJECT_MOE_PP:
+      snprintf(buf, cap, "MoE model with pp=%d: pipeline parallelism with MoE is not supported", pp);
+      break;
+    case MP_REJECT_TP_HEADS:
+      snprintf(buf, cap, "tp=%d does not divide n_heads=%lld", tp, (long long)m->n_heads);
+      break;
+    case MP_REJECT_TP_KV_HEADS:
+      snprintf(buf, cap, "tp=%d does not divide n_kv_heads=%lld", tp, (long long)m->n_kv_heads);
+      break;
+    case MP_REJECT_TP_D_FF:
+      snprintf(buf, cap, "tp=%d does not divide d_ff=%lld", tp, (long long)m->d_ff);
+      break;
+    case MP_REJECT_TP_D_MODEL:
+      snprintf(buf, cap, "tp=%d does not divide d_model=%lld", tp, (long long)m->d_model);
+      break;
+    case MP_REJECT_TP_CROSS_NODE:
+      snprintf(buf, cap,
+               "tp=%d does not fit in a node of %d GPUs (pass --allow-cross-node-tp to allow)", tp,
+               cfg->cluster->gpus_per_node);
+      break;
+    case MP_REJECT_EP_EXPERTS:
+      snprintf(buf, cap, "ep=%d does not divide n_experts=%lld", mesh->ep, (long long)m->n_experts);
+      break;
+    case MP_REJECT_CP_SEQ:
+      snprintf(buf, cap, "cp=%d does not divide seq=%lld", cp, (long long)cfg->seq);
+      break;
+    case MP_REJECT_BATCH:
+      snprintf(buf, cap, "global batch %lld not divisible by dp=%lld x micro-batch=%lld",
+               (long long)cfg->global_batch, (long long)dp, (long long)c->micro_batch);
+      break;
+    case MP_REJECT_FP8_GPU:
+      snprintf(buf, cap, "float8 needs an fp8 peak and compute capability >= 89; %s has %d",
+               cfg->cluster->gpu.name, cfg->cluster->gpu.compute_capability);
+      break;
+    case MP_REJECT_FP8_DIMS:
+      snprintf(buf, cap,
+               "float8 needs GEMM dims that are multiples of 16 (d_model=%lld, d_ff/tp=%lld, "
+               "heads x head_dim/tp=%lld)", (long long)m->d_model, (long long)(m->d_ff / tp),
+               (long long)(m->n_heads * m->head_dim / tp));
+      break;
+    case MP_REJECT_RESHARD_NOOP:
+      snprintf(buf, cap, "reshard_after_forward has no effect with dp_shard=1 (same as reshard off)");
+      break;
+    case MP_REJECT_MEMORY_BOUND:
+      snprintf(buf, cap,
+               "fp32 parameters and AdamW state alone need %.2f GiB per GPU (12 B x %.4g params / "
+               "%lld shards + %.2f GiB runtime), over capacity %.2f GiB",
+               mem_lower_bound_bytes(cfg, mesh, (double)mp_model_param_count(m)) /
+                   (1024.0 * 1024.0 * 1024.0),
+               (double)mp_model_param_count(m),
+               (long long)mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * tp * pp,
+               cfg->cluster->gpu.runtime_overhead_gib, gib(cfg->mem_capacity_bytes));
+      break;
+    case MP_REJECT_MEMORY:
+      snprintf(buf, cap, "peak %.2f GiB exceeds capacity %.2f GiB", gib(c->res.peak_mem_bytes),
+               gib(c->res.capacity_bytes));
+      break;
+    case MP_REJECT_EVAL_ERROR:
+      snprintf(buf, cap, "%s", c->error ? c->error : "evaluation failed");
+      break;
+    default: snprintf(buf, cap, "unknown reason"); break;
+  }
+}
+
+void mp_candidate_mesh_str(const mp_candidate *c, char *buf, size_t cap) {
+  mp_mesh_format(&c->mesh, buf, cap);
+}
+
+/* ---- enumeration ---------------------------------------------------------------------- */
+
+static int fixed_ok(int fix, int v) { return fix < 0 || fix == v; }
+
+typedef struct enum_state {
+  const mp_search_config *cfg;
+  mp_search *s;
+  int64_t cap;
+  mp_ctx *ctx;
+  double n_params; /* mp_model_param_count, once */
+} enum_state;
+
+static mp_status push(enum_state *e, const mp_candidate *c) {
+  mp_search *s = e->s;
+  if (s->n == e->cap) {
+    int64_t ncap = e->cap ? 2 * e->cap : 1024;
+    mp_candidate *nc = realloc(s->cands, (size_t)ncap * sizeof *nc);
+    if (!nc) return mp_error(e->ctx, MP_ERR_NOMEM, "out of memory enumerating %lld candidates", (long long)ncap);
+    s->cands = nc;
+    e->cap = ncap;
+  }
+  s->cands[s->n++] = *c;
+  return MP_OK;
+}
+
+static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
+  const mp_search_config *cfg = e->cfg;
+  const mp_search_fix *fx = &cfg->fix;
+  mp_reject mesh_rej = prune_mesh(cfg, mesh);
+  int64_t dp = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD];
+  int64_t per_rank = cfg->global_batch / dp; /* floor; < 1 when dp > batch */
+  if (per_rank < 1) per_rank = 1;
+  int pads_vocab = cfg->model->vocab % mesh->size[MP_DIM_TP] != 0;
+  for (int64_t mb = 1; mb <= per_rank; mb *= 2) {
+    if (fx->micro_batch > 0 && fx->micro_batch != mb) continue;
+    for (int ac = 0; ac < 3; ac++) {
+      if (!fixed_ok(fx->ac, ac)) continue;
+      for (int fp8 = 0; fp8 < 2; fp8++) {
+        if (!fixed_ok(fx->fp8, fp8)) continue;
+        for (int rs = 0; rs < 2; rs++) {
+          if (!fixed_ok(fx->reshard, rs)) continue;
+          mp_candidate c;
+          memset(&c, 0, sizeof c);
+          c.mesh = *mesh;
+          c.micro_batch = mb;
+          c.ac = (uint8_t)ac;
+          c.fp8 = (uint8_t)fp8;
+          c.reshard = (uint8_t)rs;
+          c.pads_vocab = (uint8_t)pads_vocab;
+          c.reject = (uint8_t)(mesh_rej != MP_REJECT_NONE ? mesh_rej : prune_options(cfg, &c, e->n_params));
+          if (c.reject != MP_REJECT_NONE) e->s->n_pruned++;
+          MP_CHECK(push(e, &c));
+        }
+      }
+    }
+  }
+  return MP_OK;
+}
+
+mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_search **out) {
+  *out = NULL;
+  if (!cfg->model || !cfg->cluster)
+    return mp_error(ctx, MP_ERR_INVALID, "search needs a model and a cluster");
+  if (cfg->seq < 1 || cfg->global_batch < 1)
+    return mp_error(ctx, MP_ERR_USAGE, "seq (%lld) and global batch (%lld) must be >= 1",
+                    (long long)cfg->seq, (long long)cfg->global_batch);
+  int n = mp_cluster_n_gpus(cfg->cluster);
+  if (n < 1 || n > MP_MESH_MAX_WORLD)
+    return mp_error(ctx, MP_ERR_INVALID, "cluster %s has %d GPUs; need 1 .. %d", cfg->cluster->name,
+                    n, MP_MESH_MAX_WORLD);
+  double t0 = mp_now_s();
+  mp_search *s = calloc(1, sizeof *s);
+  MP_CHECK_ALLOC(ctx, s);
+  s->arena = mp_arena_create();
+  if (!s->arena) {
+    free(s);
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating the search arena");
+  }
+  /* Divisors of n, ascending: every factor of an ordered factorization is one. */
+  int divs[1024], nd = 0;
+  for (int d = 1; d <= n && nd < 1024; d++)
+    if (n % d == 0) divs[nd++] = d;
+  enum_state e = {cfg, s, 0, ctx, (double)mp_model_param_count(cfg->model)};
+  const mp_search_fix *fx = &cfg->fix;
+  int moe = mp_model_is_moe(cfg->model);
+  mp_status st = MP_OK;
+  for (int a = 0; a < nd && st == MP_OK; a++) {
+    int pp = divs[a];
+    if (!fixed_ok(fx->pp, pp) || (cfg->executable_only && pp != 1)) continue;
+    int r1 = n / pp;
+    for (int b = 0; b < nd && divs[b] <= r1 && st == MP_OK; b++) {
+      int dpr = divs[b];
+      if (r1 % dpr || !fixed_ok(fx->dp_replicate, dpr)) continue;
+      int r2 = r1 / dpr;
+      for (int c = 0; c < nd && divs[c] <= r2 && st == MP_OK; c++) {
+        int dps = divs[c];
+        if (r2 % dps || !fixed_ok(fx->dp_shard, dps)) continue;
+        int r3 = r2 / dps;
+        for (int d = 0; d < nd && divs[d] <= r3 && st == MP_OK; d++) {
+          int cp = divs[d];
+          if (r3 % cp || !fixed_ok(fx->cp, cp) || (cfg->executable_only && cp != 1)) continue;
+          int tp = r3 / cp;
+          if (!fixed_ok(fx->tp, tp)) continue;
+          mp_mesh mesh;
+          mp_mesh_init(&mesh);
+          mesh.size[MP_DIM_PP] = pp;
+          mesh.size[MP_DIM_DP_REPLICATE] = dpr;
+          mesh.size[MP_DIM_DP_SHARD] = dps;
+          mesh.size[MP_DIM_CP] = cp;
+          mesh.size[MP_DIM_TP] = tp;
+          for (int ep = 1; ep <= dps && st == MP_OK; ep++) {
+            if (dps % ep || (!moe && ep > 1) || !fixed_ok(fx->ep, ep)) continue;
+            mesh.ep = ep;
+            st = enum_options(&e, &mesh);
+          }
+        }
+      }
+    }
+  }
+  if (st != MP_OK) {
+    mp_search_destroy(s);
+    return st;
+  }
+  s->enumerate_s = mp_now_s() - t0;
+  *out = s;
+  return MP_OK;
+}
+
+void mp_search_destroy(mp_search *s) {
+  if (!s) return;
+  free(s->cands);
+  mp_arena_destroy(s->arena);
+  free(s);
+}
+
+/* ---- parallel evaluation -------------------------------------------------------------- */
+
+/* Candidates per chunk: large enough that claiming is rare, small enough that the two
+ * workers stay balanced when candidates cost differently (pp, MoE). */
+#define CHUNK 64
+
+typedef struct run_shared {
+  const mp_search_config *cfg;
+  mp_search *s;
+  int64_t n_chunks;
+  int64_t next_chunk; /* guarded by mu */
+  unsigned char *done; /* per chunk, guarded by mu */
+  int stop;            /* guarded by mu: the caller gave up */
+  mp_status fatal;     /* a worker could not go on (out of memory) */
+  mp_ctx fatal_ctx;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+} run_shared;
+
+static void eval_one(run_shared *sh, mp_ctx *ctx, mp_arena *scratch, mp_candidate *c) {
+  mp_ctx_init(ctx);
+  mp_sim_result r;
+  memset(&r, 0, sizeof r);
+  mp_status st = sh->cfg->eval(sh->cfg->eval_user, ctx, scratch, c, &r);
+  mp_arena_reset(scratch);
+  c->evaluated = 1;
+  if (st != MP_OK) {
+    c->reject = MP_REJECT_EVAL_ERROR;
+    /* Evaluator errors are rare: their messages go to the search arena, under the mutex
+     * because the arena is not thread-safe. NULL (out of memory) reads "evaluation failed". */
+    pthread_mutex_lock(&sh->mu);
+    c->error = mp_arena_strdup(sh->s->arena, mp_errmsg(ctx)[0] ? mp_errmsg(ctx) : mp_status_name(st));
+    pthread_mutex_unlock(&sh->mu);
+    return;
+  }
+  c->res = r;
+  c->reject = r.fits ? MP_REJECT_NONE : MP_REJECT_MEMORY;
+}
+
+static void *worker_main(void *arg) {
+  run_shared *sh = arg;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_arena *scratch = mp_arena_create();
+  if (!scratch) {
+    pthread_mutex_lock(&sh->mu);
+    if (sh->fatal == MP_OK)
+      sh->fatal = mp_error(&sh->fatal_ctx, MP_ERR_NOMEM, "out of memory creating a worker arena");
+    sh->stop = 1;
+    pthread_cond_broadcast(&sh->cv);
+    pthread_mutex_unlock(&sh->mu);
+    return NULL;
+  }
+  for (;;) {
+    pthread_mutex_lock(&sh->mu);
+    int64_t ch = sh->stop ? sh->n_chunks : sh->next_chunk++;
+    pthread_mutex_unlock(&sh->mu);
+    if (ch >= sh->n_chunks) break;
+    int64_t lo = ch * CHUNK, hi = lo + CHUNK < sh->s->n ? lo + CHUNK : sh->s->n;
+    for (int64_t i = lo; i < hi; i++) {
+      mp_candidate *c = &sh->s->cands[i];
+      if (c->reject == MP_REJECT_NONE && !c->evaluated) eval_one(sh, &ctx, scratch, c);
+    }
+    pthread_mutex_lock(&sh->mu);
+    sh->done[ch] = 1;
+    pthread_cond_broadcast(&sh->cv);
+    pthread_mutex_unlock(&sh->mu);
+  }
+  mp_arena_destroy(scratch);
+  return NULL;
+}
+
+mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
+                        mp_search_sink_fn sink, void *sink_user,
+                        mp_search_progress_fn progress, void *progress_user) {
+  if (!cfg->eval) return mp_error(ctx, MP_ERR_INVALID, "search has no evaluator");
+  double t0 = mp_now_s();
+  int nt = cfg->n_threads;
+  if (nt <= 0) {
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    nt = ncpu > 0 ? (int)ncpu : 1;
+  }
+  if (nt > 64) nt = 64;
+  run_shared sh;
+  memset(&sh, 0, sizeof sh);
+  sh.cfg = cfg;
+  sh.s = s;
+  sh.n_chunks = (s->n + CHUNK - 1) / CHUNK;
+  sh.done = calloc((size_t)(sh.n_chunks > 0 ? sh.n_chunks : 1), 1);
+  MP_CHECK_ALLOC(ctx, sh.done);
+  mp_ctx_init(&sh.fatal_ctx);
+  pthread_mutex_init(&sh.mu, NULL);
+  pthread_cond_init(&sh.cv, NULL);
+  pthread_t th[64];
+  int started = 0;
+  for (int i = 0; i < nt; i++) {
+    if (pthread_create(&th[i], NULL, worker_main, &sh) != 0) break;
+    started++;
+  }
+  mp_status st = MP_OK;
+  if (started == 0) st = mp_error(ctx, MP_ERR_INTERNAL, "could not start a search thread");
+  for (int64_t ch = 0; ch < sh.n_chunks && st == MP_OK; ch++) {
+    pthread_mutex_lock(&sh.mu);
+    while (!sh.done[ch] && sh.fatal == MP_OK) pthread_cond_wait(&sh.cv, &sh.mu);
+    mp_status fatal = sh.fatal;
+    pthread_mutex_unlock(&sh.mu);
+    if (fatal != MP_OK) {
+      *ctx = sh.fatal_ctx;
+      st = fatal;
+      break;
+    }
+    int64_t lo = ch * CHUNK, hi = lo + CHUNK < s->n ? lo + CHUNK : s->n;
+    for (int64_t i = lo; i < hi && st == MP_OK; i++)
+      if (sink) st = sink(sink_user, ctx, i, &s->cands[i]);
+    if (progress) progress(progress_user, hi, s->n);
+  }
+  pthread_mutex_lock(&sh.mu);
+  sh.stop = 1;
+  pthread_mutex_unlock(&sh.mu);
+  for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+  pthread_mutex_destroy(&sh.mu);
+  pthread_cond_destroy(&sh.cv);
+  free(sh.done);
+  s->n_evaluated = s->n_feasible = s->n_failed = 0;
+  for (int64_t i = 0; i < s->n; i++) {
+    const mp_candidate *c = &s->cands[i];
+    if (!c->evaluated) continue;
+    s->n_evaluated++;
+    if (c->reject == MP_REJECT_NONE) s->n_feasible++;
+    if (c->reject == MP_REJECT_EVAL_ERROR) s->n_failed++;
+  }
+  s->run_s = mp_now_s() - t0;
+  return st;
+}
+
+/* ---- ranking -------------------------------------------------------------------------- */
+
+mp_status mp_objective_parse(mp_ctx *ctx, const char *str, mp_objective *out) {
+  if (strcmp(str, "time") == 0) *out = MP_OBJECTIVE_TIME;
+  else if (strcmp(str, "memory") == 0) *out = MP_OBJECTIVE_MEMORY;
+  else if (strcmp(str, "tokens-per-dollar") == 0) *out = MP_OBJECTIVE_TOKENS_PER_DOLLAR;
+  else
+    return mp_error(ctx, MP_ERR_USAGE, "--objective %s: use time, memory or tokens-per-dollar", str);
+  return MP_OK;
+}
+
+const char *mp_objective_name(mp_objective o) {
+  switch (o) {
+    case MP_OBJECTIVE_TIME: return "time";
+    case MP_OBJECTIVE_MEMORY: return "memory";
+    case MP_OBJECTIVE_TOKENS_PER_DOLLAR: return "tokens-per-dollar";
+  }
+  return "?";
+}
+
+double mp_tokens_per_dollar(const mp_candidate *c, double price_per_gpu_hour) {
+  if (price_per_gpu_hour <= 0) return 0;
+  return c->res.tokens_per_s_per_gpu * 3600.0 / price_per_gpu_hour;
+}
+
+typedef struct rank_ctx {
+  const mp_candidate *cands;
+  mp_objective obj;
+  double price;
+} rank_ctx;
+
+static int cmp_d(double a, double b) { return a < b ? -1 : a > b ? 1 : 0; }
+static int cmp_i(int64_t a, int64_t b) { return a < b ? -1 : a > b ? 1 : 0; }
+
+static int rank_cmp(const void *pa, const void *pb, void *arg) {
+  const rank_ctx *r = arg;
+  int64_t ia = *(const int64_t *)pa, ib = *(const int64_t *)pb;
+  const mp_candidate *a = &r->cands[ia], *b = &r->cands[ib];
+  int c = 0;
+  switch (r->obj) {
+    case MP_OBJECTIVE_TIME:
+      c = cmp_d(a->res.step_time_s, b->res.step_time_s);
+      if (!c) c = cmp_i(a->res.peak_mem_bytes, b->res.peak_mem_bytes);
+      break;
+    case MP_OBJECTIVE_MEMORY:
+      c = cmp_i(a->res.peak_mem_bytes, b->res.peak_mem_bytes);
+      if (!c) c = cmp_d(a->res.step_time_s, b->res.step_time_s);
+      break;
+    case MP_OBJECTIVE_TOKENS_PER_DOLLAR:
+      c = -cmp_d(mp_tokens_per_dollar(a, r->price), mp_tokens_per_dollar(b, r->price));
+      if (!c) c = cmp_i(a->res.peak_mem_bytes, b->res.peak_mem_bytes);
+      break;
+  }
+  return c ? c : cmp_i(ia, ib);
+}
+
+mp_status mp_search_rank(mp_ctx *ctx, const mp_search *s, mp_objective obj,
+                         double price_per_gpu_hour, int64_t **order, int64_t *n_order) {
+  *order = NULL;
+  *n_order = 0;
+  if (obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR && !(price_per_gpu_hour > 0))
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--objective tokens-per-dollar needs a price: pass --price USD_PER_GPU_HOUR "
+                    "or use a cluster with price_per_gpu_hour");
+  int64_t n = 0;
+  for (int64_t i = 0; i < s->n; i++)
+    if (s->cands[i].evaluated && s->cands[i].reject == MP_REJECT_NONE) n++;
+  int64_t *idx = mp_arena_alloc(s->arena, (size_t)(n > 0 ? n : 1) * sizeof *idx);
+  MP_CHECK_ALLOC(ctx, idx);
+  n = 0;
+  for (int64_t i = 0; i < s->n; i++)
+    if (s->cands[i].evaluated && s->cands[i].reject == MP_REJECT_NONE) idx[n++] = i;
+  rank_ctx rc = {s->cands, obj, price_per_gpu_hour};
+  qsort_r(idx, (size_t)n, sizeof *idx, rank_cmp, &rc);
+  *order = idx;
+  *n_order = n;
+  return MP_OK;
+}

@@ -1,0 +1,188 @@
+/* The planner's search: enumerate every plan for a model on a cluster, prune what cannot
+ * run (keeping the reason), evaluate the rest with a callback (the simulator by default),
+ * and rank the feasible ones.
+ *
+ * Candidates. Every ordered factorization of the GPU count into
+ * pp x dp_replicate x dp_shard x cp x tp (loops in that order, tp innermost), every ep
+ * dividing dp_shard (MoE models; ep = 1 for dense ones), crossed with micro-batch sizes
+ * (powers of two up to the per-rank batch global_batch / (dp_replicate x dp_shard), or 1
+ * when that is below 1), AC mode {none, selective, full}, float8 {off, on} and
+ * reshard_after_forward {off, on}, in that nesting order. Candidates are numbered in
+ * enumeration order and that order is stable (tests and the database rely on it).
+ *
+ * Pruning (cheap, before any simulation), first failing rule wins, in this order:
+ *   pp > n_layers or a pipeline stage left empty (stages hold ceil(n_layers / pp) layers,
+ *   so (pp - 1) * ceil(n_layers / pp) >= n_layers leaves the last one none); MoE with pp > 1; tp must divide n_heads, n_kv_heads, d_ff (models with
+ *   dense MLP layers), d_model; tp must divide gpus_per_node (a TP group stays in one
+ *   NVLink domain) unless allow_cross_node_tp; ep must divide n_experts; cp must divide
+ *   seq; global_batch must be divisible by dp x micro_batch; float8 needs an fp8 peak and
+ *   compute capability >= 89, and GEMM dims (d_model, and d_ff, n_heads x head_dim,
+ *   n_kv_heads x head_dim after TP) that are multiples of 16; reshard_after_forward with
+ *   dp_shard == 1 changes nothing and is pruned as a duplicate of reshard off; and a
+ *   memory lower bound (when mem_capacity_bytes > 0): the fp32 master parameters and
+ *   AdamW m and v are resident through the step, 12 bytes per parameter held, and a rank
+ *   holds at least n_params / (dp_shard x cp x tp x pp) of them (replicated norms, FSDP
+ *   padding and uneven stages only add), plus the GPU's runtime overhead; a plan whose
+ *   bound exceeds the capacity cannot fit, so it is not simulated.
+ * A vocab that tp does not divide is padded (the candidate says so), not rejected.
+ * After evaluation, a plan whose peak memory exceeds the capacity (GPU memory less the
+ * headroom; the evaluator's `fits`) is infeasible with the figures as its reason.
+ *
+ * Constraints (`--fix`, `--executable-only`) shrink the space before enumeration: a
+ * candidate they exclude is not enumerated, so counts are those of the constrained space.
+ *
+ * Threads. mp_search_run splits the candidates into chunks that worker threads claim in
+ * order; each worker has its own mp_ctx and arenas, so the evaluator needs no locking as
+ * long as it only reads the user data it shares. The calling thread receives candidates
+ * in enumeration order through the sink (that is where the SQLite store writes, so all
+ * database writes come from one thread). */
+#ifndef MP_PLANNER_SEARCH_H
+#define MP_PLANNER_SEARCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/arena.h"
+#include "common/status.h"
+#include "exec/cluster.h"
+#include "exec/mesh.h"
+#include "exec/model.h"
+#include "sim/sim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Why a candidate was not ranked. The first failing rule is kept. */
+typedef enum mp_reject {
+  MP_REJECT_NONE = 0,
+  MP_REJECT_PP_LAYERS,     /* pp > n_layers, or a stage left empty by ceil(n_layers/pp) */
+  MP_REJECT_MOE_PP,        /* MoE model with pp > 1 */
+  MP_REJECT_TP_HEADS,      /* tp does not divide n_heads */
+  MP_REJECT_TP_KV_HEADS,   /* tp does not divide n_kv_heads */
+  MP_REJECT_TP_D_FF,       /* tp does not divide d_ff */
+  MP_REJECT_TP_D_MODEL,    /* tp does not divide d_model */
+  MP_REJECT_TP_CROSS_NODE, /* tp does not divide gpus_per_node */
+  MP_REJECT_EP_EXPERTS,    /* ep does not divide n_experts */
+  MP_REJECT_CP_SEQ,        /* cp does not divide seq */
+  MP_REJECT_BATCH,         /* global batch not divisible by dp x micro_batch */
+  MP_REJECT_FP8_GPU,       /* no fp8 peak or compute capability < 89 */
+  MP_REJECT_FP8_DIMS,      /* a GEMM dim is not a multiple of 16 */
+  MP_REJECT_RESHARD_NOOP,  /* reshard_after_forward with dp_shard == 1: a duplicate */
+  MP_REJECT_MEMORY_BOUND,  /* resident fp32 params + AdamW state alone exceed capacity */
+  MP_REJECT_MEMORY,        /* simulated, peak memory over capacity */
+  MP_REJECT_EVAL_ERROR,    /* the evaluator refused the plan (message kept) */
+  MP_REJECT_COUNT
+} mp_reject;
+
+/* Short stable name of a rule ("tp_heads", "memory", ...), for the database and tests. */
+const char *mp_reject_name(mp_reject r);
+
+typedef struct mp_candidate {
+  mp_mesh mesh;         /* pp, dp_replicate, dp_shard, cp, tp sizes and ep */
+  int64_t micro_batch;  /* sequences per micro-batch per data-parallel rank */
+  uint8_t ac;           /* mp_ac_mode */
+  uint8_t fp8;          /* 1: float8 Linear layers */
+  uint8_t reshard;      /* 1: reshard_after_forward */
+  uint8_t reject;       /* mp_reject */
+  uint8_t evaluated;    /* 1: the evaluator ran and res is valid */
+  uint8_t pads_vocab;   /* 1: tp does not divide vocab; the plan pads it */
+  const char *error;    /* evaluator's message when reject == MP_REJECT_EVAL_ERROR */
+  int64_t plan_id;      /* database row id once stored (0 when not stored) */
+  mp_sim_result res;    /* valid when evaluated */
+} mp_candidate;
+
+/* Constraints: -1 leaves a dimension free. */
+typedef struct mp_search_fix {
+  int pp, dp_replicate, dp_shard, cp, tp, ep;
+  int ac;            /* mp_ac_mode or -1 */
+  int fp8, reshard;  /* 0/1 or -1 */
+  int64_t micro_batch;
+} mp_search_fix;
+
+void mp_search_fix_init(mp_search_fix *f);
+/* Parses "tp=8,pp=1,ac=full,fp8=0,mb=2" (keys: pp, dp_replicate|dp_rep, dp_shard, cp, tp,
+ * ep, ac, fp8, micro_batch|mb, reshard). Adds to what f holds; a repeated or unknown key
+ * or a bad value is MP_ERR_USAGE naming it. */
+mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f);
+
+/* Evaluates one candidate (never a pruned one). scratch is the worker's arena, reset
+ * after each call; ctx is the worker's. A failure marks the candidate
+ * MP_REJECT_EVAL_ERROR with ctx's message and the search goes on. */
+typedef mp_status (*mp_search_eval_fn)(void *user, mp_ctx *ctx, mp_arena *scratch,
+                                       const mp_candidate *c, mp_sim_result *out);
+
+typedef struct mp_search_config {
+  const mp_model *model;
+  const mp_cluster *cluster;
+  int64_t seq;          /* tokens per sequence */
+  int64_t global_batch; /* sequences per step */
+  int allow_cross_node_tp;
+  int executable_only;  /* pp == 1 and cp == 1: what exec/runtime runs today */
+  mp_search_fix fix;
+  int n_threads;        /* workers; <= 0: the number of online CPUs */
+  int64_t mem_capacity_bytes; /* GPU memory less headroom, for the lower-bound prune; 0: off */
+  mp_search_eval_fn eval;
+  void *eval_user;
+} mp_search_config;
+
+/* Defaults: no constraints, threads = CPUs. Caller sets model, cluster, seq, batch, eval. */
+void mp_search_config_init(mp_search_config *cfg);
+
+typedef struct mp_search {
+  mp_arena *arena;      /* owns cands and messages */
+  mp_candidate *cands;
+  int64_t n;            /* enumerated (after constraints) */
+  int64_t n_pruned;     /* rejected by the cheap rules */
+  int64_t n_evaluated;  /* handed to the evaluator */
+  int64_t n_feasible;   /* evaluated, fits */
+  int64_t n_failed;     /* evaluator errors */
+  double enumerate_s, run_s;
+} mp_search;
+
+/* Enumerates and prunes. Checks cfg (positive seq and batch, known model and cluster). */
+mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_search **out);
+void mp_search_destroy(mp_search *s);
+
+/* Receives each candidate, in enumeration order, on the calling thread, once its
+ * evaluation (if any) is done. Returning an error stops the search with that error. */
+typedef mp_status (*mp_search_sink_fn)(void *user, mp_ctx *ctx, int64_t index,
+                                       mp_candidate *c);
+/* Called on the calling thread after each chunk with the candidates delivered so far. */
+typedef void (*mp_search_progress_fn)(void *user, int64_t done, int64_t total);
+
+/* Evaluates every unpruned candidate on cfg->n_threads workers and delivers all
+ * candidates to sink (may be NULL) in order. */
+mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
+                        mp_search_sink_fn sink, void *sink_user,
+                        mp_search_progress_fn progress, void *progress_user);
+
+/* Writes the reason a candidate was rejected ("tp=3 does not divide n_kv_heads=8"), or ""
+ * when it was not. */
+void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, char *buf,
+                         size_t cap);
+/* "dp_shard=4,tp=2,ep=2" style description of the candidate's mesh. */
+void mp_candidate_mesh_str(const mp_candidate *c, char *buf, size_t cap);
+const char *mp_search_ac_name(int ac); /* "none", "selective", "full" */
+
+typedef enum mp_objective {
+  MP_OBJECTIVE_TIME = 0,      /* lowest step time; ties: lower peak memory */
+  MP_OBJECTIVE_MEMORY,        /* lowest peak memory; ties: lower step time */
+  MP_OBJECTIVE_TOKENS_PER_DOLLAR /* most tokens per dollar (needs a price) */
+} mp_objective;
+mp_status mp_objective_parse(mp_ctx *ctx, const char *s, mp_objective *out);
+const char *mp_objective_name(mp_objective o);
+
+/* Tokens trained per dollar: tokens/s/GPU x 3600 / price per GPU-hour. */
+double mp_tokens_per_dollar(const mp_candidate *c, double price_per_gpu_hour);
+
+/* Indices of the feasible candidates, best first, into a buffer from s->arena.
+ * MP_OBJECTIVE_TOKENS_PER_DOLLAR with price <= 0 is MP_ERR_USAGE (pass --price or use a
+ * cluster with price_per_gpu_hour). Remaining ties go to the lower index. */
+mp_status mp_search_rank(mp_ctx *ctx, const mp_search *s, mp_objective obj,
+                         double price_per_gpu_hour, int64_t **order, int64_t *n_order);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,567 @@
+/* The planner's SQLite store (see store.h).
+ *
+ * Invariants: at most one run transaction is open per connection (st->in_run); every
+ * write transaction begins IMMEDIATE so that the busy timeout, not a deadlock error,
+ * arbitrates between concurrent planners; prepared statements are created once per
+ * connection and reset after each use. */
+#define _GNU_SOURCE
+#include "planner/store.h"
+
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+
+struct mp_store {
+  sqlite3 *db;
+  char path[1024];
+  int in_run;
+  int64_t fault_after; /* < 0: off */
+  sqlite3_stmt *ins_plan, *ins_pred, *set_rank;
+};
+
+/* Migrations: migration[i] brings the schema from version i to i + 1. */
+static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
+    /* 0 -> 1 */
+    "CREATE TABLE runs ("
+    "  id INTEGER PRIMARY KEY,"
+    "  created_at TEXT NOT NULL,"
+    "  tool_version TEXT NOT NULL,"
+    "  model TEXT NOT NULL, cluster TEXT NOT NULL, gpu TEXT NOT NULL,"
+    "  n_gpus INTEGER NOT NULL, gpus_per_node INTEGER NOT NULL,"
+    "  seq INTEGER NOT NULL, global_batch INTEGER NOT NULL,"
+    "  objective TEXT NOT NULL, options TEXT, command TEXT,"
+    "  n_candidates INTEGER, n_pruned INTEGER, n_evaluated INTEGER, n_feasible INTEGER,"
+    "  best_plan_id INTEGER, wall_s REAL);"
+    "CREATE TABLE plans ("
+    "  id INTEGER PRIMARY KEY,"
+    "  run_id INTEGER NOT NULL REFERENCES runs(id),"
+    "  idx INTEGER NOT NULL,"
+    "  pp INTEGER NOT NULL, dp_replicate INTEGER NOT NULL, dp_shard INTEGER NOT NULL,"
+    "  cp INTEGER NOT NULL, tp INTEGER NOT NULL, ep INTEGER NOT NULL,"
+    "  ac TEXT NOT NULL, fp8 INTEGER NOT NULL, micro_batch INTEGER NOT NULL,"
+    "  reshard INTEGER NOT NULL, evaluated INTEGER NOT NULL, feasible INTEGER NOT NULL,"
+    "  rank INTEGER, reject_rule TEXT, reject_reason TEXT);"
+    "CREATE INDEX plans_run_rank ON plans(run_id, rank);"
+    "CREATE TABLE predictions ("
+    "  plan_id INTEGER PRIMARY KEY REFERENCES plans(id),"
+    "  step_time_s REAL, tokens_per_s_per_gpu REAL, mfu REAL,"
+    "  peak_mem_bytes INTEGER, capacity_bytes INTEGER,"
+    "  mem_params_bytes INTEGER, mem_optimizer_bytes INTEGER, mem_grads_bytes INTEGER,"
+    "  mem_gathered_bytes INTEGER, mem_activations_bytes INTEGER, mem_temp_bytes INTEGER,"
+    "  mem_comm_bytes INTEGER, mem_fp8_bytes INTEGER, mem_logits_bytes INTEGER,"
+    "  mem_overhead_bytes INTEGER,"
+    "  compute_s REAL, exposed_comm_s REAL, bubble_s REAL, optimizer_s REAL);"
+    "CREATE TABLE measurements ("
+    "  id INTEGER PRIMARY KEY,"
+    "  run_id INTEGER NOT NULL REFERENCES runs(id),"
+    "  plan_id INTEGER NOT NULL REFERENCES plans(id),"
+    "  step INTEGER NOT NULL, step_time_s REAL, peak_mem_bytes INTEGER, loss REAL,"
+    "  tokens_per_s REAL, device TEXT, measured_at TEXT NOT NULL);"
+    "CREATE INDEX measurements_plan ON measurements(plan_id);",
+};
+
+static mp_status corrupt(mp_ctx *ctx, const mp_store *st) {
+  return mp_error(ctx, MP_ERR_DB, "%s is not a meshplan database or is corrupt; move it aside or pass --db",
+                  st->path);
+}
+
+static mp_status db_err(mp_ctx *ctx, mp_store *st, int rc, const char *what) {
+  if (rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT) return corrupt(ctx, st);
+  return mp_error(ctx, MP_ERR_DB, "%s: %s: %s", st->path, what,
+                  st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
+}
+
+static mp_status exec_sql(mp_ctx *ctx, mp_store *st, const char *sql, const char *what) {
+  int rc = sqlite3_exec(st->db, sql, NULL, NULL, NULL);
+  return rc == SQLITE_OK ? MP_OK : db_err(ctx, st, rc, what);
+}
+
+static void now_iso(char *buf, size_t cap) {
+  time_t t = time(NULL);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+mp_status mp_store_query_i64(mp_ctx *ctx, mp_store *st, const char *sql, int64_t *out) {
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(st->db, sql, -1, &q, NULL);
+  if (rc != SQLITE_OK) return db_err(ctx, st, rc, "query");
+  rc = sqlite3_step(q);
+  if (rc == SQLITE_ROW) {
+    *out = sqlite3_column_int64(q, 0);
+    rc = SQLITE_OK;
+  } else if (rc == SQLITE_DONE) {
+    *out = 0;
+    rc = SQLITE_OK;
+  }
+  sqlite3_finalize(q);
+  return rc == SQLITE_OK ? MP_OK : db_err(ctx, st, rc, "query");
+}
+
+static mp_status migrate(mp_ctx *ctx, mp_store *st) {
+  int64_t n_tables = 0, has_version = 0, version = 0;
+  /* The first read of the file: SQLITE_NOTADB / SQLITE_CORRUPT surface here. */
+  MP_CHECK(mp_store_query_i64(ctx, st, "SELECT count(*) FROM sqlite_master WHERE type='table'", &n_tables));
+  MP_CHECK(mp_store_query_i64(
+      ctx, st, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='schema_version'",
+      &has_version));
+  if (n_tables > 0 && !has_version) return corrupt(ctx, st);
+  if (has_version) {
+    MP_CHECK(mp_store_query_i64(ctx, st, "SELECT max(version) FROM schema_version", &version));
+    if (version == MP_STORE_SCHEMA_VERSION) return MP_OK;
+    if (version > MP_STORE_SCHEMA_VERSION)
+      return mp_error(ctx, MP_ERR_DB,
+                      "%s has schema version %lld, newer than this meshplan (%d); upgrade meshplan "
+                      "or pass --db", st->path, (long long)version, MP_STORE_SCHEMA_VERSION);
+  }
+  /* Another planner may be migrating at the same moment: take the write lock, then
+   * look again. */
+  MP_CHECK(exec_sql(ctx, st, "BEGIN IMMEDIATE", "locking for migration"));
+  mp_status s = MP_OK;
+  has_version = 0;
+  version = 0;
+  s = mp_store_query_i64(ctx, st,
+                         "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='schema_version'",
+                         &has_version);
+  if (s == MP_OK && has_version)
+    s = mp_store_query_i64(ctx, st, "SELECT max(version) FROM schema_version", &version);
+  if (s == MP_OK && !has_version)
+    s = exec_sql(ctx, st, "CREATE TABLE schema_version (version INTEGER NOT NULL)", "creating schema");
+  for (int64_t v = version; s == MP_OK && v < MP_STORE_SCHEMA_VERSION; v++) {
+    s = exec_sql(ctx, st, k_migrations[v], "migrating schema");
+    if (s == MP_OK) {
+      char sql[96];
+      snprintf(sql, sizeof sql, "DELETE FROM schema_version; INSERT INTO schema_version VALUES (%lld)",
+               (long long)(v + 1));
+      s = exec_sql(ctx, st, sql, "recording schema version");
+    }
+  }
+  if (s == MP_OK) s = exec_sql(ctx, st, "COMMIT", "committing migration");
+  if (s != MP_OK) sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+  return s;
+}
+
+static mp_status prepare(mp_ctx *ctx, mp_store *st, const char *sql, sqlite3_stmt **out) {
+  int rc = sqlite3_prepare_v3(st->db, sql, -1, SQLITE_PREPARE_PERSISTENT, out, NULL);
+  return rc == SQLITE_OK ? MP_OK : db_err(ctx, st, rc, "preparing a statement");
+}
+
+mp_status mp_store_open(mp_ctx *ctx, const char *path, mp_store **out) {
+  *out = NULL;
+  mp_store *st = calloc(1, sizeof *st);
+  MP_CHECK_ALLOC(ctx, st);
+  snprintf(st->path, sizeof st->path, "%s", path);
+  st->fault_after = -1;
+  mp_status s = MP_OK;
+  int rc = sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                           NULL);
+  if (rc != SQLITE_OK) {
+    s = mp_error(ctx, MP_ERR_IO, "cannot open database %s: %s; check the directory exists or pass --db",
+                 path, st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
+    goto fail;
+  }
+  sqlite3_busy_timeout(st->db, MP_STORE_BUSY_TIMEOUT_MS);
+  sqlite3_extended_result_codes(st->db, 0);
+  MP_CHECK_GOTO(migrate(ctx, st), s, fail);
+  /* WAL lets readers (report) run beside a writer; NORMAL sync is durable in WAL mode
+   * except for the last transactions on power loss, which a planner can redo. Switching
+   * to WAL needs a moment of exclusive access: retry while another connection holds it. */
+  for (int tries = 0;; tries++) {
+    rc = sqlite3_exec(st->db, "PRAGMA journal_mode=WAL", NULL, NULL, NULL);
+    if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED) break;
+    if (tries > 600) break;
+    usleep(100000);
+  }
+  if (rc != SQLITE_OK) {
+    s = db_err(ctx, st, rc, "setting WAL mode");
+    goto fail;
+  }
+  MP_CHECK_GOTO(exec_sql(ctx, st, "PRAGMA synchronous=NORMAL", "setting synchronous"), s, fail);
+  MP_CHECK_GOTO(prepare(ctx, st,
+                        "INSERT INTO plans (run_id, idx, pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8,"
+                        " micro_batch, reshard, evaluated, feasible, rank, reject_rule, reject_reason)"
+                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?)",
+                        &st->ins_plan), s, fail);
+  MP_CHECK_GOTO(prepare(ctx, st,
+                        "INSERT INTO predictions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        &st->ins_pred), s, fail);
+  MP_CHECK_GOTO(prepare(ctx, st, "UPDATE plans SET rank=? WHERE id=?", &st->set_rank), s, fail);
+  *out = st;
+  return MP_OK;
+fail:
+  mp_store_close(st);
+  return s;
+}
+
+void mp_store_close(mp_store *st) {
+  if (!st) return;
+  if (st->in_run) mp_store_run_abort(st);
+  sqlite3_finalize(st->ins_plan);
+  sqlite3_finalize(st->ins_pred);
+  sqlite3_finalize(st->set_rank);
+  sqlite3_close(st->db);
+  free(st);
+}
+
+const char *mp_store_path(const mp_store *st) { return st->path; }
+
+void mp_store_inject_fault_after(mp_store *st, int64_t n) { st->fault_after = n; }
+
+static void bind_text(sqlite3_stmt *q, int i, const char *s) {
+  sqlite3_bind_text(q, i, s ? s : "", -1, SQLITE_TRANSIENT);
+}
+
+mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
+                             int64_t *run_id) {
+  if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is already open on %s", st->path);
+  MP_CHECK(exec_sql(ctx, st, "BEGIN IMMEDIATE", "starting the run"));
+  st->in_run = 1;
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(st->db,
+                              "INSERT INTO runs (created_at, tool_version, model, cluster, gpu, n_gpus,"
+                              " gpus_per_node, seq, global_batch, objective, options, command)"
+                              " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                              -1, &q, NULL);
+  if (rc == SQLITE_OK) {
+    char when[32];
+    now_iso(when, sizeof when);
+    bind_text(q, 1, when);
+    bind_text(q, 2, info->tool_version);
+    bind_text(q, 3, info->model);
+    bind_text(q, 4, info->cluster);
+    bind_text(q, 5, info->gpu);
+    sqlite3_bind_int(q, 6, info->n_gpus);
+    sqlite3_bind_int(q, 7, info->gpus_per_node);
+    sqlite3_bind_int64(q, 8, info->seq);
+    sqlite3_bind_int64(q, 9, info->global_batch);
+    bind_text(q, 10, info->objective);
+    bind_text(q, 11, info->options_json);
+    bind_text(q, 12, info->command);
+    rc = sqlite3_step(q);
+    if (rc == SQLITE_DONE) rc = SQLITE_OK;
+  }
+  sqlite3_finalize(q);
+  if (rc != SQLITE_OK) {
+    mp_status s = db_err(ctx, st, rc, "recording the run");
+    mp_store_run_abort(st);
+    return s;
+  }
+  *run_id = sqlite3_last_insert_rowid(st->db);
+  return MP_OK;
+}
+
+static mp_status step_done(mp_ctx *ctx, mp_store *st, sqlite3_stmt *q, const char *what) {
+  int rc = sqlite3_step(q);
+  sqlite3_reset(q);
+  sqlite3_clear_bindings(q);
+  return rc == SQLITE_DONE ? MP_OK : db_err(ctx, st, rc, what);
+}
+
+mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t index,
+                                 mp_candidate *c, const char *reason) {
+  if (!st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "no run is open on %s", st->path);
+  if (st->fault_after >= 0 && st->fault_after-- == 0)
+    return mp_error(ctx, MP_ERR_DB, "%s: injected fault while writing candidate %lld", st->path,
+                    (long long)index);
+  sqlite3_stmt *q = st->ins_plan;
+  const mp_mesh *m = &c->mesh;
+  sqlite3_bind_int64(q, 1, run_id);
+  sqlite3_bind_int64(q, 2, index);
+  sqlite3_bind_int(q, 3, m->size[MP_DIM_PP]);
+  sqlite3_bind_int(q, 4, m->size[MP_DIM_DP_REPLICATE]);
+  sqlite3_bind_int(q, 5, m->size[MP_DIM_DP_SHARD]);
+  sqlite3_bind_int(q, 6, m->size[MP_DIM_CP]);
+  sqlite3_bind_int(q, 7, m->size[MP_DIM_TP]);
+  sqlite3_bind_int(q, 8, m->ep);
+  sqlite3_bind_text(q, 9, mp_search_ac_name(c->ac), -1, SQLITE_STATIC);
+  sqlite3_bind_int(q, 10, c->fp8);
+  sqlite3_bind_int64(q, 11, c->micro_batch);
+  sqlite3_bind_int(q, 12, c->reshard);
+  sqlite3_bind_int(q, 13, c->evaluated);
+  sqlite3_bind_int(q, 14, c->evaluated && c->reject == MP_REJECT_NONE);
+  if (c->reject != MP_REJECT_NONE) {
+    sqlite3_bind_text(q, 15, mp_reject_name((mp_reject)c->reject), -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 16, reason ? reason : "", -1, SQLITE_TRANSIENT);
+  }
+  MP_CHECK(step_done(ctx, st, q, "writing a plan"));
+  c->plan_id = sqlite3_last_insert_rowid(st->db);
+  if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR) return MP_OK;
+  const mp_sim_result *r = &c->res;
+  q = st->ins_pred;
+  int i = 1;
+  sqlite3_bind_int64(q, i++, c->plan_id);
+  sqlite3_bind_double(q, i++, r->step_time_s);
+  sqlite3_bind_double(q, i++, r->tokens_per_s_per_gpu);
+  sqlite3_bind_double(q, i++, r->mfu);
+  sqlite3_bind_int64(q, i++, r->peak_mem_bytes);
+  sqlite3_bind_int64(q, i++, r->capacity_bytes);
+  for (int k = 0; k < MP_MEM_COUNT; k++) sqlite3_bind_int64(q, i++, r->mem_at_peak[k]);
+  sqlite3_bind_int64(q, i++, r->overhead_bytes);
+  sqlite3_bind_double(q, i++, r->compute_s);
+  sqlite3_bind_double(q, i++, r->exposed_comm_s);
+  sqlite3_bind_double(q, i++, r->bubble_s);
+  sqlite3_bind_double(q, i++, r->optimizer_s);
+  return step_done(ctx, st, q, "writing a prediction");
+}
+
+mp_status mp_store_set_rank(mp_ctx *ctx, mp_store *st, int64_t plan_id, int64_t rank) {
+  sqlite3_bind_int64(st->set_rank, 1, rank);
+  sqlite3_bind_int64(st->set_rank, 2, plan_id);
+  return step_done(ctx, st, st->set_rank, "writing a rank");
+}
+
+mp_status mp_store_run_commit(mp_ctx *ctx, mp_store *st, int64_t run_id,
+                              const mp_run_summary *sum) {
+  if (!st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "no run is open on %s", st->path);
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(st->db,
+                              "UPDATE runs SET n_candidates=?, n_pruned=?, n_evaluated=?, n_feasible=?,"
+                              " best_plan_id=?, wall_s=? WHERE id=?",
+                              -1, &q, NULL);
+  if (rc == SQLITE_OK) {
+    sqlite3_bind_int64(q, 1, sum->n_candidates);
+    sqlite3_bind_int64(q, 2, sum->n_pruned);
+    sqlite3_bind_int64(q, 3, sum->n_evaluated);
+    sqlite3_bind_int64(q, 4, sum->n_feasible);
+    if (sum->best_plan_id > 0) sqlite3_bind_int64(q, 5, sum->best_plan_id);
+    sqlite3_bind_double(q, 6, sum->wall_s);
+    sqlite3_bind_int64(q, 7, run_id);
+    rc = sqlite3_step(q);
+    if (rc == SQLITE_DONE) rc = SQLITE_OK;
+  }
+  sqlite3_finalize(q);
+  if (rc == SQLITE_OK) rc = sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL);
+  if (rc != SQLITE_OK) {
+    mp_status s = db_err(ctx, st, rc, "committing the run");
+    mp_store_run_abort(st);
+    return s;
+  }
+  st->in_run = 0;
+  return MP_OK;
+}
+
+void mp_store_run_abort(mp_store *st) {
+  if (!st || !st->in_run) return;
+  sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+  st->in_run = 0;
+}
+
+mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measurement *m) {
+  if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is open on %s", st->path);
+  MP_CHECK(exec_sql(ctx, st, "BEGIN IMMEDIATE", "starting a measurement"));
+  sqlite3_stmt *q = NULL;
+  mp_status s = MP_OK;
+  int rc = sqlite3_prepare_v2(st->db,
+                              "INSERT INTO measurements (run_id, plan_id, step, step_time_s,"
+                              " peak_mem_bytes, loss, tokens_per_s, device, measured_at)"
+                              " SELECT run_id, id, ?, ?, ?, ?, ?, ?, ? FROM plans WHERE id=?",
+                              -1, &q, NULL);
+  if (rc == SQLITE_OK) {
+    char when[32];
+    now_iso(when, sizeof when);
+    sqlite3_bind_int64(q, 1, m->step);
+    sqlite3_bind_double(q, 2, m->step_time_s);
+    sqlite3_bind_int64(q, 3, m->peak_mem_bytes);
+    sqlite3_bind_double(q, 4, m->loss);
+    sqlite3_bind_double(q, 5, m->tokens_per_s);
+    bind_text(q, 6, m->device);
+    bind_text(q, 7, when);
+    sqlite3_bind_int64(q, 8, m->plan_id);
+    rc = sqlite3_step(q);
+    if (rc == SQLITE_DONE) rc = SQLITE_OK;
+  }
+  sqlite3_finalize(q);
+  if (rc != SQLITE_OK) s = db_err(ctx, st, rc, "writing a measurement");
+  else if (sqlite3_changes(st->db) != 1)
+    s = mp_error(ctx, MP_ERR_NOT_FOUND, "%s: no plan with id %lld; see meshplan report", st->path,
+                 (long long)m->plan_id);
+  if (s == MP_OK) s = exec_sql(ctx, st, "COMMIT", "committing a measurement");
+  if (s != MP_OK) sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+  return s;
+}
+
+/* ---- reading ---------------------------------------------------------------------------- */
+
+static void col_text(sqlite3_stmt *q, int i, char *out, size_t cap) {
+  const unsigned char *t = sqlite3_column_text(q, i);
+  snprintf(out, cap, "%s", t ? (const char *)t : "");
+}
+
+#define RUN_COLS                                                                              \
+  "r.id, r.created_at, r.model, r.cluster, r.gpu, r.objective, r.tool_version, r.n_gpus,"     \
+  " r.seq, r.global_batch, coalesce(r.n_candidates,0), coalesce(r.n_pruned,0),"              \
+  " coalesce(r.n_evaluated,0), coalesce(r.n_feasible,0), coalesce(r.best_plan_id,0),"        \
+  " coalesce(r.wall_s,0), coalesce(p.step_time_s,0)"                                         \
+  " FROM runs r LEFT JOIN predictions p ON p.plan_id = r.best_plan_id"
+
+static void read_run(sqlite3_stmt *q, mp_run_row *r) {
+  memset(r, 0, sizeof *r);
+  r->id = sqlite3_column_int64(q, 0);
+  col_text(q, 1, r->created_at, sizeof r->created_at);
+  col_text(q, 2, r->model, sizeof r->model);
+  col_text(q, 3, r->cluster, sizeof r->cluster);
+  col_text(q, 4, r->gpu, sizeof r->gpu);
+  col_text(q, 5, r->objective, sizeof r->objective);
+  col_text(q, 6, r->tool_version, sizeof r->tool_version);
+  r->n_gpus = sqlite3_column_int(q, 7);
+  r->seq = sqlite3_column_int64(q, 8);
+  r->global_batch = sqlite3_column_int64(q, 9);
+  r->n_candidates = sqlite3_column_int64(q, 10);
+  r->n_pruned = sqlite3_column_int64(q, 11);
+  r->n_evaluated = sqlite3_column_int64(q, 12);
+  r->n_feasible = sqlite3_column_int64(q, 13);
+  r->best_plan_id = sqlite3_column_int64(q, 14);
+  r->wall_s = sqlite3_column_double(q, 15);
+  r->best_step_time_s = sqlite3_column_double(q, 16);
+}
+
+mp_status mp_store_list_runs(mp_ctx *ctx, mp_store *st, mp_arena *a, mp_run_row **rows,
+                             int64_t *n) {
+  int64_t count = 0;
+  MP_CHECK(mp_store_query_i64(ctx, st, "SELECT count(*) FROM runs", &count));
+  *rows = mp_arena_alloc(a, (size_t)(count > 0 ? count : 1) * sizeof **rows);
+  MP_CHECK_ALLOC(ctx, *rows);
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(st->db, "SELECT " RUN_COLS " ORDER BY r.id DESC", -1, &q, NULL);
+  int64_t i = 0;
+  while (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+    if (i < count) read_run(q, &(*rows)[i++]);
+    rc = SQLITE_OK;
+  }
+  sqlite3_finalize(q);
+  if (rc != SQLITE_DONE && rc != SQLITE_OK) return db_err(ctx, st, rc, "listing runs");
+  *n = i;
+  return MP_OK;
+}
+
+mp_status mp_store_get_run(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_run_row *out) {
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(st->db, "SELECT " RUN_COLS " WHERE r.id=?", -1, &q, NULL);
+  int found = 0;
+  if (rc == SQLITE_OK) {
+    sqlite3_bind_int64(q, 1, run_id);
+    rc = sqlite3_step(q);
+    if (rc == SQLITE_ROW) {
+      read_run(q, out);
+      found = 1;
+      rc = SQLITE_OK;
+    } else if (rc == SQLITE_DONE) {
+      rc = SQLITE_OK;
+    }
+  }
+  sqlite3_finalize(q);
+  if (rc != SQLITE_OK) return db_err(ctx, st, rc, "reading a run");
+  if (!found)
+    return mp_error(ctx, MP_ERR_NOT_FOUND, "%s has no run %lld; `meshplan report` lists the runs",
+                    st->path, (long long)run_id);
+  return MP_OK;
+}
+
+static int ac_code(const char *s) {
+  for (int i = 0; i < 3; i++)
+    if (strcmp(s, mp_search_ac_name(i)) == 0) return i;
+  return -1;
+}
+
+mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t k, mp_arena *a,
+                             mp_plan_row **rows, int64_t *n) {
+  int64_t count = 0;
+  char sql[160];
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM plans WHERE run_id=%lld AND rank IS NOT NULL",
+           (long long)run_id);
+  MP_CHECK(mp_store_query_i64(ctx, st, sql, &count));
+  if (k > 0 && count > k) count = k;
+  *rows = mp_arena_alloc(a, (size_t)(count > 0 ? count : 1) * sizeof **rows);
+  MP_CHECK_ALLOC(ctx, *rows);
+  /* Measured step time: the median over the measured steps (robust to a slow first step),
+   * computed below from the ordered list; peak: the largest measured. */
+  sqlite3_stmt *q = NULL, *mq = NULL;
+  int rc = sqlite3_prepare_v2(
+      st->db,
+      "SELECT pl.id, pl.run_id, pl.idx, pl.rank, pl.pp, pl.dp_replicate, pl.dp_shard, pl.cp, pl.tp,"
+      " pl.ep, pl.ac, pl.fp8, pl.reshard, pl.evaluated, pl.feasible, pl.micro_batch,"
+      " coalesce(pl.reject_rule,''), coalesce(pl.reject_reason,''), pr.step_time_s,"
+      " pr.tokens_per_s_per_gpu, pr.mfu, pr.compute_s, pr.exposed_comm_s, pr.bubble_s,"
+      " pr.peak_mem_bytes, pr.capacity_bytes"
+      " FROM plans pl JOIN predictions pr ON pr.plan_id = pl.id"
+      " WHERE pl.run_id=? AND pl.rank IS NOT NULL ORDER BY pl.rank LIMIT ?",
+      -1, &q, NULL);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_prepare_v2(st->db,
+                            "SELECT step_time_s, peak_mem_bytes, tokens_per_s FROM measurements"
+                            " WHERE plan_id=? ORDER BY step_time_s",
+                            -1, &mq, NULL);
+  int64_t i = 0;
+  if (rc == SQLITE_OK) {
+    sqlite3_bind_int64(q, 1, run_id);
+    sqlite3_bind_int64(q, 2, count);
+  }
+  while (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+    rc = SQLITE_OK;
+    if (i >= count) continue;
+    mp_plan_row *r = &(*rows)[i++];
+    memset(r, 0, sizeof *r);
+    int c = 0;
+    r->id = sqlite3_column_int64(q, c++);
+    r->run_id = sqlite3_column_int64(q, c++);
+    r->index = sqlite3_column_int64(q, c++);
+    r->rank = sqlite3_column_int64(q, c++);
+    r->pp = sqlite3_column_int(q, c++);
+    r->dp_replicate = sqlite3_column_int(q, c++);
+    r->dp_shard = sqlite3_column_int(q, c++);
+    r->cp = sqlite3_column_int(q, c++);
+    r->tp = sqlite3_column_int(q, c++);
+    r->ep = sqlite3_column_int(q, c++);
+    const unsigned char *ac = sqlite3_column_text(q, c++);
+    r->ac = ac_code(ac ? (const char *)ac : "");
+    r->fp8 = sqlite3_column_int(q, c++);
+    r->reshard = sqlite3_column_int(q, c++);
+    r->evaluated = sqlite3_column_int(q, c++);
+    r->feasible = sqlite3_column_int(q, c++);
+    r->micro_batch = sqlite3_column_int64(q, c++);
+    col_text(q, c++, r->reject_rule, sizeof r->reject_rule);
+    col_text(q, c++, r->reject_reason, sizeof r->reject_reason);
+    r->step_time_s = sqlite3_column_double(q, c++);
+    r->tokens_per_s_per_gpu = sqlite3_column_double(q, c++);
+    r->mfu = sqlite3_column_double(q, c++);
+    r->compute_s = sqlite3_column_double(q, c++);
+    r->exposed_comm_s = sqlite3_column_double(q, c++);
+    r->bubble_s = sqlite3_column_double(q, c++);
+    r->peak_mem_bytes = sqlite3_column_int64(q, c++);
+    r->capacity_bytes = sqlite3_column_int64(q, c++);
+    /* measurements */
+    sqlite3_reset(mq);
+    sqlite3_bind_int64(mq, 1, r->id);
+    double times[4096];
+    double tps_sum = 0;
+    int64_t nm = 0;
+    int mrc;
+    while ((mrc = sqlite3_step(mq)) == SQLITE_ROW) {
+      if (nm < 4096) times[nm] = sqlite3_column_double(mq, 0);
+      int64_t pk = sqlite3_column_int64(mq, 1);
+      if (pk > r->measured_peak_mem_bytes) r->measured_peak_mem_bytes = pk;
+      tps_sum += sqlite3_column_double(mq, 2);
+      nm++;
+    }
+    if (mrc != SQLITE_DONE) {
+      rc = mrc;
+      break;
+    }
+    r->n_measured = nm;
+    if (nm > 0) {
+      int64_t m = nm < 4096 ? nm : 4096;
+      r->measured_step_time_s = m % 2 ? times[m / 2] : 0.5 * (times[m / 2 - 1] + times[m / 2]);
+      r->measured_tokens_per_s = tps_sum / (double)nm;
+    }
+  }
+  sqlite3_finalize(q);
+  sqlite3_finalize(mq);
+  if (rc != SQLITE_DONE && rc != SQLITE_OK) return db_err(ctx, st, rc, "reading plans");
+  *n = i;
+  return MP_OK;
+}

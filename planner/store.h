@@ -1,0 +1,136 @@
+/* The planner's SQLite store: every run, every candidate with its reason, every
+ * prediction, and the executor's measurements, in one database file (default meshplan.db).
+ *
+ * Tables (schema version 1; `schema_version` holds the version, migrations run in order
+ * inside one transaction when the file is older than this build):
+ *   runs          what was asked (model, cluster, GPUs, seq, batch, objective, options as
+ *                 JSON, command line), when, tool version, and the run's counts
+ *   plans         one row per candidate: every mesh dim, ep, ac, fp8, micro_batch,
+ *                 reshard, evaluated, feasible, rank (objective order, NULL when not
+ *                 ranked), reject_rule (mp_reject_name) and reject_reason (the sentence)
+ *   predictions   one row per evaluated candidate (plan_id = plans.id): step time,
+ *                 tokens/s/GPU, MFU, peak memory, capacity and the breakdown at the peak,
+ *                 compute / exposed communication / bubble / optimizer seconds
+ *   measurements  filled by the executor (mp_store_add_measurement): per plan and step
+ *
+ * Concurrency: WAL mode and a busy timeout (MP_STORE_BUSY_TIMEOUT_MS), and every write
+ * transaction starts with BEGIN IMMEDIATE, so a second planner waits for the first
+ * instead of failing. Atomicity: a run (its runs row, plans, predictions) is one
+ * transaction; mp_store_run_abort or any failure rolls it back, leaving earlier runs
+ * intact and no partial run.
+ *
+ * A file that is not SQLite, is corrupt, or is SQLite without meshplan's tables is
+ * MP_ERR_DB with "<path> is not a meshplan database or is corrupt; move it aside or pass
+ * --db". */
+#ifndef MP_PLANNER_STORE_H
+#define MP_PLANNER_STORE_H
+
+#include <stdint.h>
+
+#include "common/arena.h"
+#include "common/status.h"
+#include "planner/search.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MP_STORE_SCHEMA_VERSION 1
+#define MP_STORE_BUSY_TIMEOUT_MS 60000
+
+typedef struct mp_store mp_store;
+
+/* Opens (creating when absent) and migrates the database. */
+mp_status mp_store_open(mp_ctx *ctx, const char *path, mp_store **out);
+void mp_store_close(mp_store *st); /* NULL is a no-op; rolls back an open run */
+const char *mp_store_path(const mp_store *st);
+
+/* What a run asked for. */
+typedef struct mp_run_info {
+  const char *model, *cluster, *gpu;
+  int n_gpus, gpus_per_node;
+  int64_t seq, global_batch;
+  const char *objective;
+  const char *options_json; /* every option as given, JSON text */
+  const char *command;      /* the command line */
+  const char *tool_version; /* MESHPLAN_VERSION */
+} mp_run_info;
+
+typedef struct mp_run_summary {
+  int64_t n_candidates, n_pruned, n_evaluated, n_feasible;
+  int64_t best_plan_id; /* 0: none */
+  double wall_s;
+} mp_run_summary;
+
+/* BEGIN IMMEDIATE and insert the runs row. */
+mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
+                             int64_t *run_id);
+/* Inserts the candidate's plans row (and predictions row when evaluated); sets
+ * c->plan_id. reason is the reject sentence ("" when none). */
+mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t index,
+                                 mp_candidate *c, const char *reason);
+mp_status mp_store_set_rank(mp_ctx *ctx, mp_store *st, int64_t plan_id, int64_t rank);
+/* Updates the runs row with the summary and commits. */
+mp_status mp_store_run_commit(mp_ctx *ctx, mp_store *st, int64_t run_id,
+                              const mp_run_summary *sum);
+/* Rolls the open run back (no-op when none is open). */
+void mp_store_run_abort(mp_store *st);
+
+/* Fault injection for tests: the (n+1)-th mp_store_add_candidate after this call fails
+ * with MP_ERR_DB ("injected fault"); n < 0 turns it off. */
+void mp_store_inject_fault_after(mp_store *st, int64_t n);
+
+/* One measured step of a plan, from the executor. */
+typedef struct mp_measurement {
+  int64_t plan_id;
+  int64_t step;
+  double step_time_s;
+  int64_t peak_mem_bytes;
+  double loss;
+  double tokens_per_s;
+  const char *device; /* "NVIDIA H100 80GB HBM3", "cpu" */
+} mp_measurement;
+/* Inserts a measurement (its own transaction); the plan must exist. */
+mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measurement *m);
+
+/* ---- reading (for `meshplan report` and tests) ---- */
+typedef struct mp_run_row {
+  int64_t id;
+  char created_at[32], model[96], cluster[64], gpu[64], objective[32], tool_version[32];
+  int n_gpus;
+  int64_t seq, global_batch;
+  int64_t n_candidates, n_pruned, n_evaluated, n_feasible, best_plan_id;
+  double wall_s;
+  double best_step_time_s; /* 0 when no feasible plan */
+} mp_run_row;
+
+typedef struct mp_plan_row {
+  int64_t id, run_id, index, rank;
+  int pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8, reshard, evaluated, feasible;
+  int64_t micro_batch;
+  char reject_rule[32], reject_reason[256];
+  double step_time_s, tokens_per_s_per_gpu, mfu, compute_s, exposed_comm_s, bubble_s;
+  int64_t peak_mem_bytes, capacity_bytes;
+  /* measurements (n_measured == 0: none): median step time over the steps, largest peak */
+  int64_t n_measured;
+  double measured_step_time_s;
+  int64_t measured_peak_mem_bytes;
+  double measured_tokens_per_s;
+} mp_plan_row;
+
+/* All runs, newest first (arena-owned array). */
+mp_status mp_store_list_runs(mp_ctx *ctx, mp_store *st, mp_arena *a, mp_run_row **rows,
+                             int64_t *n);
+/* MP_ERR_NOT_FOUND when the run does not exist. */
+mp_status mp_store_get_run(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_run_row *out);
+/* A run's ranked plans, rank order, at most k (k <= 0: all). */
+mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t k, mp_arena *a,
+                             mp_plan_row **rows, int64_t *n);
+/* The integer result of a one-value query ("SELECT count(*) FROM plans WHERE run_id=2");
+ * for tests and counts. */
+mp_status mp_store_query_i64(mp_ctx *ctx, mp_store *st, const char *sql, int64_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,98 @@
+/* Test fixtures for the planner: hand-built models and clusters, and a deterministic fake
+ * evaluator, so search, store and plots are tested without the simulator.
+ *
+ * Fake model of a candidate (stated so tests can derive expectations by hand):
+ *   peak   = 64 GiB / (dp_shard * tp * pp * cp) + micro_batch * act GiB,
+ *            act = 8 (ac none), 4 (selective), 1 (full); fp8 saves 1 GiB when mb >= 1
+ *   step   = 10 / (dp_replicate * dp_shard * tp) s * (1 + 0.25 * ac) * (fp8 ? 0.8 : 1)
+ *            + 0.001 * reshard + 0.01 / micro_batch
+ *   fits   = peak <= capacity (40 GiB)
+ * A candidate with tp == 2 and ac == full fails with "fake refusal" when fail_tp2_full. */
+#ifndef MP_TESTS_PLANNER_FAKE_H
+#define MP_TESTS_PLANNER_FAKE_H
+
+#include <string.h>
+
+#include "planner/search.h"
+
+static const int64_t kGiB = 1024LL * 1024 * 1024;
+
+struct FakeEval {
+  int fail_tp2_full = 0;
+};
+
+static inline mp_status fake_eval(void *user, mp_ctx *ctx, mp_arena *scratch,
+                                  const mp_candidate *c, mp_sim_result *out) {
+  const FakeEval *fe = static_cast<const FakeEval *>(user);
+  // The scratch arena is usable and reset between calls.
+  if (!mp_arena_alloc(scratch, 4096)) return mp_error(ctx, MP_ERR_NOMEM, "scratch");
+  const mp_mesh &m = c->mesh;
+  if (fe && fe->fail_tp2_full && m.size[MP_DIM_TP] == 2 && c->ac == 2)
+    return mp_error(ctx, MP_ERR_ORDER, "fake refusal tp=2 full");
+  int64_t act = c->ac == 0 ? 8 : c->ac == 1 ? 4 : 1;
+  memset(out, 0, sizeof *out);
+  out->peak_mem_bytes = 64 * kGiB / ((int64_t)m.size[MP_DIM_DP_SHARD] * m.size[MP_DIM_TP] *
+                                     m.size[MP_DIM_PP] * m.size[MP_DIM_CP]) +
+                        c->micro_batch * act * kGiB - (c->fp8 ? kGiB : 0);
+  out->mem_at_peak[MP_MEM_PARAMS] = out->peak_mem_bytes / 2;
+  out->mem_at_peak[MP_MEM_ACTIVATIONS] = out->peak_mem_bytes - out->peak_mem_bytes / 2;
+  out->capacity_bytes = 40 * kGiB;
+  out->fits = out->peak_mem_bytes <= out->capacity_bytes;
+  double dp = (double)m.size[MP_DIM_DP_REPLICATE] * m.size[MP_DIM_DP_SHARD];
+  out->step_time_s = 10.0 / (dp * m.size[MP_DIM_TP]) * (1 + 0.25 * c->ac) * (c->fp8 ? 0.8 : 1.0) +
+                     0.001 * c->reshard + 0.01 / (double)c->micro_batch;
+  out->tokens_per_s_per_gpu = 1000.0 / out->step_time_s;
+  out->mfu = 0.4;
+  out->compute_s = out->step_time_s * 0.9;
+  out->exposed_comm_s = out->step_time_s * 0.1;
+  return MP_OK;
+}
+
+/* A small dense llama-like model whose dims every tp in {1,2,4,8} divides. */
+static inline mp_model fake_dense_model() {
+  mp_model m;
+  memset(&m, 0, sizeof m);
+  strcpy(m.name, "fake-dense");
+  m.family = MP_FAMILY_LLAMA;
+  m.vocab = 1000;
+  m.d_model = 1024;
+  m.n_layers = 16;
+  m.n_heads = 16;
+  m.n_kv_heads = 8;
+  m.head_dim = 64;
+  m.d_ff = 4096;
+  m.max_seq = 4096;
+  m.norm_eps = 1e-5;
+  m.rope_theta = 10000;
+  return m;
+}
+
+static inline mp_model fake_moe_model(int64_t n_experts) {
+  mp_model m = fake_dense_model();
+  strcpy(m.name, "fake-moe");
+  m.n_experts = n_experts;
+  m.top_k = 2;
+  m.d_ff_expert = 512;
+  for (int64_t l = 0; l < m.n_layers; l++) m.moe_layer[l] = 1;
+  return m;
+}
+
+static inline mp_cluster fake_cluster(int n_nodes, int gpus_per_node, int cc = 90) {
+  mp_cluster c;
+  memset(&c, 0, sizeof c);
+  strcpy(c.name, "fake-cluster");
+  strcpy(c.gpu.name, "fake-gpu");
+  c.gpu.peak_tflops[MP_DTYPE_BF16] = 1000;
+  c.gpu.peak_tflops[MP_DTYPE_FP8_E4M3] = cc >= 89 ? 2000 : 0;
+  c.gpu.peak_tflops[MP_DTYPE_FP8_E5M2] = cc >= 89 ? 2000 : 0;
+  c.gpu.mem_gib = 40;
+  c.gpu.compute_capability = cc;
+  c.gpus_per_node = gpus_per_node;
+  c.n_nodes = n_nodes;
+  c.intra_node_GBps_per_gpu = 450;
+  c.inter_node_Gbitps_per_gpu = 400;
+  c.price_per_gpu_hour = 2.0;
+  return c;
+}
+
+#endif

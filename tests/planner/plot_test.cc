@@ -1,0 +1,174 @@
+// Tests of the gnuplot plots (planner/plot.h): each plot writes its data, script and a PNG;
+// the data holds what the plot claims (every evaluated candidate, the chosen plan, the
+// breakdown rows, the trace's events per stream); a missing gnuplot names the package.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "planner/plot.h"
+#include "planner/search.h"
+#include "tests/planner/fake.h"
+
+namespace {
+
+std::string tmp_dir(const std::string &name) {
+  const char *d = getenv("TEST_TMPDIR");
+  std::string p = std::string(d ? d : "/tmp") + "/" + name;
+  mkdir(p.c_str(), 0777);
+  return p;
+}
+
+std::string slurp(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool is_png(const std::string &path) {
+  std::string s = slurp(path);
+  return s.size() > 1000 && s.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0;
+}
+
+// Data lines (not comments, not blank) per gnuplot index block.
+std::vector<int> block_lines(const std::string &text) {
+  std::vector<int> n(1, 0);
+  std::istringstream in(text);
+  std::string line;
+  int blanks = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) {
+      if (++blanks == 2) n.push_back(0);
+      continue;
+    }
+    blanks = 0;
+    if (line[0] == '#') continue;
+    n.back()++;
+  }
+  return n;
+}
+
+struct Fixture {
+  mp_model model = fake_dense_model();
+  mp_cluster cluster = fake_cluster(1, 8);
+  mp_search_config cfg;
+  mp_search *s = nullptr;
+  int64_t *order = nullptr, n_order = 0;
+  mp_ctx ctx;
+  Fixture() {
+    mp_ctx_init(&ctx);
+    mp_search_config_init(&cfg);
+    cfg.model = &model;
+    cfg.cluster = &cluster;
+    cfg.seq = 4096;
+    cfg.global_batch = 32;
+    cfg.eval = fake_eval;
+    cfg.n_threads = 2;
+    EXPECT_EQ(mp_search_enumerate(&ctx, &cfg, &s), MP_OK);
+    EXPECT_EQ(mp_search_run(&ctx, &cfg, s, nullptr, nullptr, nullptr, nullptr), MP_OK);
+    EXPECT_EQ(mp_search_rank(&ctx, s, MP_OBJECTIVE_TIME, 0, &order, &n_order), MP_OK);
+  }
+  ~Fixture() { mp_search_destroy(s); }
+};
+
+TEST(Plot, CandidatesScatter) {
+  Fixture fx;
+  std::string dir = tmp_dir("plot_candidates");
+  ASSERT_EQ(mp_plot_candidates(&fx.ctx, dir.c_str(), fx.s, fx.order, fx.n_order, 40.0, "fake run"),
+            MP_OK)
+      << mp_errmsg(&fx.ctx);
+  EXPECT_TRUE(is_png(dir + "/candidates.png"));
+  std::vector<int> blocks = block_lines(slurp(dir + "/candidates.dat"));
+  ASSERT_EQ(blocks.size(), 3u);
+  EXPECT_EQ(blocks[0], fx.s->n_feasible);
+  EXPECT_EQ(blocks[1], fx.s->n_evaluated - fx.s->n_feasible);
+  EXPECT_EQ(blocks[2], 1);
+  std::string gp = slurp(dir + "/candidates.gp");
+  EXPECT_NE(gp.find("peak memory per GPU (GiB"), std::string::npos);
+  EXPECT_NE(gp.find("predicted step time (s"), std::string::npos);
+  EXPECT_NE(gp.find("capacity 40.0 GiB"), std::string::npos);
+}
+
+TEST(Plot, MemoryBreakdown) {
+  Fixture fx;
+  std::string dir = tmp_dir("plot_memory");
+  ASSERT_EQ(mp_plot_memory(&fx.ctx, dir.c_str(), fx.s, fx.order, fx.n_order, 5, 40.0, "fake"), MP_OK)
+      << mp_errmsg(&fx.ctx);
+  EXPECT_TRUE(is_png(dir + "/memory.png"));
+  std::string dat = slurp(dir + "/memory.dat");
+  // Header line + 5 plans; the best plan's row sums to its peak (fake: params + activations).
+  std::istringstream in(dat);
+  std::string line;
+  int rows = 0;
+  while (std::getline(in, line))
+    if (!line.empty() && line[0] != '#' && line.compare(0, 4, "rank") != 0) rows++;
+  EXPECT_EQ(rows, 5);
+  EXPECT_NE(dat.find("\"activations\""), std::string::npos);
+}
+
+TEST(Plot, TimelineFromChromeTrace) {
+  Fixture fx;
+  std::string dir = tmp_dir("plot_timeline");
+  std::string trace = dir + "/trace.json";
+  FILE *f = fopen(trace.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs("{\"traceEvents\":["
+        "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"compute\"}},"
+        "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":1,\"args\":{\"name\":\"gather\"}},"
+        "{\"name\":\"layers.0.attention.q_proj\",\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":100,\"dur\":900,"
+        "\"args\":{\"phase\":\"forward\"}},"
+        "{\"name\":\"layers.0 all_gather\",\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":0,\"dur\":100,"
+        "\"args\":{\"phase\":\"forward\"}},"
+        "{\"name\":\"layers.0.attention.q_proj\",\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":1000,\"dur\":2000,"
+        "\"args\":{\"phase\":\"backward\"}}"
+        "],\"displayTimeUnit\":\"ms\"}",
+        f);
+  fclose(f);
+  ASSERT_EQ(mp_plot_timeline(&fx.ctx, dir.c_str(), trace.c_str(), "fake timeline"), MP_OK)
+      << mp_errmsg(&fx.ctx);
+  EXPECT_TRUE(is_png(dir + "/timeline.png"));
+  // Events in ms, rows by tid, phases coded: forward 1, backward 3.
+  std::string dat = slurp(dir + "/timeline.dat");
+  EXPECT_NE(dat.find("0.100000 1.000000 0 1"), std::string::npos);
+  EXPECT_NE(dat.find("0.000000 0.100000 1 1"), std::string::npos);
+  EXPECT_NE(dat.find("1.000000 3.000000 0 3"), std::string::npos);
+  std::string gp = slurp(dir + "/timeline.gp");
+  EXPECT_NE(gp.find("'compute' 0, 'gather' 1"), std::string::npos);
+  EXPECT_NE(gp.find("time within the step (ms)"), std::string::npos);
+  // Not a trace: a clear error.
+  std::string bad = dir + "/bad.json";
+  f = fopen(bad.c_str(), "w");
+  fputs("{\"x\":1}", f);
+  fclose(f);
+  EXPECT_EQ(mp_plot_timeline(&fx.ctx, dir.c_str(), bad.c_str(), "t"), MP_ERR_INVALID);
+}
+
+TEST(Plot, MissingGnuplotNamesThePackage) {
+  std::string old = getenv("PATH") ? getenv("PATH") : "";
+  setenv("PATH", "/nonexistent-dir", 1);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_status st = mp_plot_check_gnuplot(&ctx);
+  setenv("PATH", old.c_str(), 1);
+  EXPECT_EQ(st, MP_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("gnuplot-nox"), std::string::npos);
+}
+
+TEST(Plot, GnuplotErrorIsReported) {
+  std::string dir = tmp_dir("plot_error");
+  FILE *f = fopen((dir + "/broken.gp").c_str(), "w");
+  fputs("plot 'does-not-exist.dat'\n", f);
+  fclose(f);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  EXPECT_EQ(mp_plot_run_gnuplot(&ctx, dir.c_str(), "broken.gp"), MP_ERR_IO);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("gnuplot failed on"), std::string::npos);
+}
+
+}  // namespace

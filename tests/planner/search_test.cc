@@ -1,0 +1,485 @@
+// Tests of the planner's search (planner/search.h): enumeration counts against independent
+// brute-force counts, each pruning rule with its reason, the evaluator's verdicts, ranking,
+// constraints and the parallel run's ordering. Uses the fake evaluator (fake.h).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "planner/search.h"
+#include "tests/planner/fake.h"
+
+namespace {
+
+struct Search {
+  mp_model model;
+  mp_cluster cluster;
+  mp_search_config cfg;
+  FakeEval fe;
+  mp_search *s = nullptr;
+  mp_ctx ctx;
+
+  Search(const mp_model &m, const mp_cluster &c, int64_t seq, int64_t batch) : model(m), cluster(c) {
+    mp_ctx_init(&ctx);
+    mp_search_config_init(&cfg);
+    cfg.model = &model;
+    cfg.cluster = &cluster;
+    cfg.seq = seq;
+    cfg.global_batch = batch;
+    cfg.eval = fake_eval;
+    cfg.eval_user = &fe;
+    cfg.n_threads = 2;
+  }
+  ~Search() { mp_search_destroy(s); }
+  void enumerate() {
+    ASSERT_EQ(mp_search_enumerate(&ctx, &cfg, &s), MP_OK) << mp_errmsg(&ctx);
+  }
+  void run() {
+    enumerate();
+    ASSERT_EQ(mp_search_run(&ctx, &cfg, s, nullptr, nullptr, nullptr, nullptr), MP_OK) << mp_errmsg(&ctx);
+  }
+  // The candidate with exactly these settings; nullptr when not enumerated.
+  const mp_candidate *find(int pp, int dpr, int dps, int cp, int tp, int ep, int64_t mb, int ac,
+                           int fp8, int rs) const {
+    for (int64_t i = 0; i < s->n; i++) {
+      const mp_candidate &c = s->cands[i];
+      if (c.mesh.size[MP_DIM_PP] == pp && c.mesh.size[MP_DIM_DP_REPLICATE] == dpr &&
+          c.mesh.size[MP_DIM_DP_SHARD] == dps && c.mesh.size[MP_DIM_CP] == cp &&
+          c.mesh.size[MP_DIM_TP] == tp && c.mesh.ep == ep && c.micro_batch == mb && c.ac == ac &&
+          c.fp8 == fp8 && c.reshard == rs)
+        return &c;
+    }
+    return nullptr;
+  }
+  std::string reason(const mp_candidate *c) const {
+    char buf[512];
+    mp_candidate_reason(&cfg, c, buf, sizeof buf);
+    return buf;
+  }
+};
+
+// Brute force: ordered 5-tuples of positive integers whose product is n.
+int64_t brute_factorizations(int n) {
+  int64_t count = 0;
+  for (int a = 1; a <= n; a++)
+    for (int b = 1; a * b <= n; b++)
+      for (int c = 1; a * b * c <= n; c++)
+        for (int d = 1; a * b * c * d <= n; d++)
+          for (int e = 1; a * b * c * d * e <= n; e++)
+            if (a * b * c * d * e == n) count++;
+  return count;
+}
+
+TEST(SearchEnumerate, OrderedFactorizationsOf64Are210) {
+  // 64 = 2^6 into five ordered factors: compositions of the exponent 6 into 5 parts,
+  // C(6+4, 4) = 210. Global batch 1 leaves one micro-batch size; fixing the options leaves
+  // one candidate per mesh.
+  Search t(fake_dense_model(), fake_cluster(8, 8), 4096, 1);
+  t.cfg.allow_cross_node_tp = 1;
+  ASSERT_EQ(mp_search_fix_parse(&t.ctx, "ac=none,fp8=0,reshard=0", &t.cfg.fix), MP_OK);
+  t.enumerate();
+  EXPECT_EQ(t.s->n, 210);
+  EXPECT_EQ(brute_factorizations(64), 210);
+}
+
+TEST(SearchEnumerate, OrderedFactorizationsOf12) {
+  // 12 = 2^2 * 3: C(2+4,4) * C(1+4,4) = 15 * 5 = 75.
+  Search t(fake_dense_model(), fake_cluster(3, 4), 4096, 1);
+  ASSERT_EQ(mp_search_fix_parse(&t.ctx, "ac=none,fp8=0,reshard=0", &t.cfg.fix), MP_OK);
+  t.enumerate();
+  EXPECT_EQ(t.s->n, 75);
+  EXPECT_EQ(brute_factorizations(12), 75);
+}
+
+TEST(SearchEnumerate, FullCrossingCountOn8Gpus) {
+  // Every mesh of 8 GPUs x micro-batches (powers of two up to max(1, 32/dp)) x 3 AC x
+  // fp8 x reshard, counted by brute force over the 5-tuples.
+  Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 32);
+  t.enumerate();
+  int64_t want = 0;
+  for (int pp = 1; pp <= 8; pp++)
+    for (int dpr = 1; dpr <= 8; dpr++)
+      for (int dps = 1; dps <= 8; dps++)
+        for (int cp = 1; cp <= 8; cp++)
+          for (int tp = 1; tp <= 8; tp++) {
+            if (pp * dpr * dps * cp * tp != 8) continue;
+            int64_t per_rank = 32 / (dpr * dps);
+            int n_mb = 0;
+            for (int64_t mb = 1; mb <= per_rank; mb *= 2) n_mb++;
+            want += n_mb * 3 * 2 * 2;
+          }
+  EXPECT_EQ(t.s->n, want);
+  // Spot check: dp=8 leaves per-rank batch 4, so micro-batches 1, 2 and 4 exist, 8 not.
+  EXPECT_NE(t.find(1, 1, 8, 1, 1, 1, 4, 0, 0, 0), nullptr);
+  EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 8, 0, 0, 0), nullptr);
+}
+
+TEST(SearchEnumerate, ExpertParallelDividesDpShardAndExperts) {
+  // MoE with 8 experts on 16 GPUs, mesh dp_shard=16: ep in {1,2,4,8,16} (divisors of 16);
+  // 16 does not divide 8 experts and is pruned with its reason.
+  Search t(fake_moe_model(8), fake_cluster(2, 8), 4096, 16);
+  ASSERT_EQ(mp_search_fix_parse(&t.ctx, "dp_shard=16,ac=none,fp8=0,reshard=1,mb=1", &t.cfg.fix), MP_OK);
+  t.enumerate();
+  ASSERT_EQ(t.s->n, 5);
+  std::vector<int> eps;
+  for (int64_t i = 0; i < t.s->n; i++) eps.push_back(t.s->cands[i].mesh.ep);
+  EXPECT_EQ(eps, (std::vector<int>{1, 2, 4, 8, 16}));
+  for (int64_t i = 0; i < 4; i++) EXPECT_EQ(t.s->cands[i].reject, MP_REJECT_NONE);
+  EXPECT_EQ(t.s->cands[4].reject, MP_REJECT_EP_EXPERTS);
+  EXPECT_EQ(t.reason(&t.s->cands[4]), "ep=16 does not divide n_experts=8");
+}
+
+TEST(SearchEnumerate, DenseModelHasOnlyEp1) {
+  Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
+  t.enumerate();
+  for (int64_t i = 0; i < t.s->n; i++) ASSERT_EQ(t.s->cands[i].mesh.ep, 1);
+}
+
+TEST(SearchPrune, PipelineDeeperThanLayers) {
+  mp_model m = fake_dense_model();
+  m.n_layers = 2;
+  Search t(m, fake_cluster(1, 4), 4096, 4);
+  t.enumerate();
+  const mp_candidate *c = t.find(4, 1, 1, 1, 1, 1, 1, 0, 0, 0);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->reject, MP_REJECT_PP_LAYERS);
+  EXPECT_EQ(t.reason(c), "pp=4 exceeds n_layers=2");
+  EXPECT_EQ(t.find(2, 1, 1, 1, 2, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+}
+
+TEST(SearchPrune, PipelineStageLeftEmpty) {
+  // 6 layers: pp=4 puts ceil(6/4) = 2 layers per stage, so 3 stages hold all 6 and the
+  // fourth is empty; pp=3 (2 each) and pp=2 (3 each) are fine.
+  mp_model m = fake_dense_model();
+  m.n_layers = 6;
+  Search t(m, fake_cluster(1, 4), 4096, 4);
+  t.enumerate();
+  const mp_candidate *c = t.find(4, 1, 1, 1, 1, 1, 1, 0, 0, 0);
+  EXPECT_EQ(c->reject, MP_REJECT_PP_LAYERS);
+  EXPECT_EQ(t.reason(c), "pp=4 leaves a pipeline stage empty: 6 layers at 2 per stage fill only 3 stages");
+  EXPECT_EQ(t.find(2, 1, 2, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+  Search u(m, fake_cluster(1, 3), 4096, 3);
+  u.enumerate();
+  EXPECT_EQ(u.find(3, 1, 1, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+}
+
+TEST(SearchPrune, MemoryLowerBoundSkipsHopelessPlans) {
+  // Capacity set to exactly 12 bytes x params / 4 (the fake GPU has no runtime overhead):
+  // 4 shards meet the bound (not over it), 2 shards need twice the capacity.
+  mp_model m = fake_dense_model();
+  Search t(m, fake_cluster(1, 8), 4096, 8);
+  double p = (double)mp_model_param_count(&m);
+  t.cfg.mem_capacity_bytes = (int64_t)(12.0 * p / 4);
+  t.enumerate();
+  const mp_candidate *c = t.find(1, 4, 2, 1, 1, 1, 1, 0, 0, 0);
+  EXPECT_EQ(c->reject, MP_REJECT_MEMORY_BOUND);
+  EXPECT_NE(t.reason(c).find("over capacity"), std::string::npos);
+  EXPECT_NE(t.reason(c).find("/ 2 shards"), std::string::npos);
+  EXPECT_EQ(t.find(1, 2, 4, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+  EXPECT_EQ(t.find(1, 2, 2, 1, 2, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);  // dp_shard x tp = 4
+  // Off by default.
+  Search u(m, fake_cluster(1, 8), 4096, 8);
+  u.enumerate();
+  EXPECT_EQ(u.find(1, 4, 2, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+}
+
+TEST(SearchPrune, MoeWithPipelineRejected) {
+  Search t(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
+  t.enumerate();
+  const mp_candidate *c = t.find(2, 1, 2, 1, 1, 1, 1, 0, 0, 0);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->reject, MP_REJECT_MOE_PP);
+  EXPECT_EQ(t.find(1, 1, 4, 1, 1, 2, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+}
+
+TEST(SearchPrune, TensorParallelMustDivideEachDim) {
+  {
+    mp_model m = fake_dense_model();
+    m.n_heads = 12;  // tp=8 does not divide 12 heads
+    m.n_kv_heads = 4;
+    Search t(m, fake_cluster(1, 8), 4096, 1);
+    t.enumerate();
+    const mp_candidate *c = t.find(1, 1, 1, 1, 8, 1, 1, 0, 0, 0);
+    EXPECT_EQ(c->reject, MP_REJECT_TP_HEADS);
+    EXPECT_EQ(t.reason(c), "tp=8 does not divide n_heads=12");
+  }
+  {
+    mp_model m = fake_dense_model();
+    m.n_kv_heads = 2;  // heads 16 fine, kv 2 not for tp=4
+    Search t(m, fake_cluster(1, 4), 4096, 1);
+    t.enumerate();
+    const mp_candidate *c = t.find(1, 1, 1, 1, 4, 1, 1, 0, 0, 0);
+    EXPECT_EQ(c->reject, MP_REJECT_TP_KV_HEADS);
+    EXPECT_EQ(t.reason(c), "tp=4 does not divide n_kv_heads=2");
+    EXPECT_EQ(t.find(1, 1, 1, 2, 2, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+  }
+  {
+    mp_model m = fake_dense_model();
+    m.d_ff = 1020;  // 1020 % 8 == 4
+    Search t(m, fake_cluster(1, 8), 4096, 1);
+    t.enumerate();
+    const mp_candidate *c = t.find(1, 1, 1, 1, 8, 1, 1, 0, 0, 0);
+    EXPECT_EQ(c->reject, MP_REJECT_TP_D_FF);
+    EXPECT_EQ(t.reason(c), "tp=8 does not divide d_ff=1020");
+  }
+  {
+    mp_model m = fake_dense_model();
+    m.d_model = 1020;
+    Search t(m, fake_cluster(1, 8), 4096, 1);
+    t.enumerate();
+    const mp_candidate *c = t.find(1, 1, 1, 1, 8, 1, 1, 0, 0, 0);
+    EXPECT_EQ(c->reject, MP_REJECT_TP_D_MODEL);
+    EXPECT_EQ(t.reason(c), "tp=8 does not divide d_model=1020");
+  }
+  {
+    // A vocab tp does not divide is padded, not rejected.
+    mp_model m = fake_dense_model();
+    m.vocab = 1001;
+    Search t(m, fake_cluster(1, 8), 4096, 1);
+    t.enumerate();
+    const mp_candidate *c = t.find(1, 1, 1, 1, 8, 1, 1, 0, 0, 0);
+    EXPECT_EQ(c->reject, MP_REJECT_NONE);
+    EXPECT_EQ(c->pads_vocab, 1);
+    EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 0)->pads_vocab, 0);
+  }
+}
+
+TEST(SearchPrune, TensorParallelStaysInANode) {
+  Search t(fake_dense_model(), fake_cluster(2, 4), 4096, 8);
+  t.enumerate();
+  const mp_candidate *c = t.find(1, 1, 1, 1, 8, 1, 1, 0, 0, 0);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->reject, MP_REJECT_TP_CROSS_NODE);
+  EXPECT_EQ(t.reason(c), "tp=8 does not fit in a node of 4 GPUs (pass --allow-cross-node-tp to allow)");
+  EXPECT_EQ(t.find(1, 1, 2, 1, 4, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+
+  Search u(fake_dense_model(), fake_cluster(2, 4), 4096, 1);
+  u.cfg.allow_cross_node_tp = 1;
+  u.enumerate();
+  EXPECT_EQ(u.find(1, 1, 1, 1, 8, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+}
+
+TEST(SearchPrune, ContextParallelDividesSeq) {
+  Search t(fake_dense_model(), fake_cluster(2, 8), 1000, 2);
+  t.enumerate();
+  const mp_candidate *c = t.find(1, 1, 1, 16, 1, 1, 1, 0, 0, 0);
+  EXPECT_EQ(c->reject, MP_REJECT_CP_SEQ);
+  EXPECT_EQ(t.reason(c), "cp=16 does not divide seq=1000");
+  EXPECT_EQ(t.find(1, 1, 2, 8, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);  // 1000 % 8 == 0
+}
+
+TEST(SearchPrune, GlobalBatchDivisibleByDpTimesMicroBatch) {
+  // Global batch 6 on dp=4: 6 % 4 != 0. On dp=2, per-rank batch 3: mb=1 fits, mb=2 does not.
+  Search t(fake_dense_model(), fake_cluster(1, 4), 4096, 6);
+  t.enumerate();
+  const mp_candidate *c = t.find(1, 1, 4, 1, 1, 1, 1, 0, 0, 0);
+  EXPECT_EQ(c->reject, MP_REJECT_BATCH);
+  EXPECT_EQ(t.reason(c), "global batch 6 not divisible by dp=4 x micro-batch=1");
+  EXPECT_EQ(t.find(1, 1, 2, 1, 2, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+  const mp_candidate *d = t.find(1, 1, 2, 1, 2, 1, 2, 0, 0, 0);
+  EXPECT_EQ(d->reject, MP_REJECT_BATCH);
+  EXPECT_EQ(t.reason(d), "global batch 6 not divisible by dp=2 x micro-batch=2");
+  // dp_replicate counts toward dp as well.
+  EXPECT_EQ(t.find(1, 2, 2, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_BATCH);
+}
+
+TEST(SearchPrune, Float8NeedsGpuAndDims) {
+  {
+    Search t(fake_dense_model(), fake_cluster(1, 8, 80), 4096, 8);  // A100-like: cc 80, no fp8
+    t.enumerate();
+    const mp_candidate *c = t.find(1, 1, 8, 1, 1, 1, 1, 0, 1, 0);
+    EXPECT_EQ(c->reject, MP_REJECT_FP8_GPU);
+    EXPECT_EQ(t.reason(c), "float8 needs an fp8 peak and compute capability >= 89; fake-gpu has 80");
+    EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+  }
+  {
+    Search t(fake_dense_model(), fake_cluster(1, 8, 90), 4096, 8);
+    t.enumerate();
+    EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 1, 0, 1, 0)->reject, MP_REJECT_NONE);
+  }
+  {
+    // d_ff = 4104: divisible by 8 (tp=8 allowed) but 4104/8 = 513 is not a multiple of 16;
+    // with tp=1, 4104 % 16 = 8 as well. d_model 1024 and heads are fine.
+    mp_model m = fake_dense_model();
+    m.d_ff = 4104;
+    Search t(m, fake_cluster(1, 8, 90), 4096, 8);
+    t.enumerate();
+    const mp_candidate *c = t.find(1, 1, 1, 1, 8, 1, 1, 0, 1, 0);
+    EXPECT_EQ(c->reject, MP_REJECT_FP8_DIMS);
+    EXPECT_EQ(t.find(1, 1, 1, 1, 8, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+  }
+  {
+    // d_ff = 4128 = 16 * 258: tp=1 and tp=2 (2064 = 16 * 129) fine, tp=4 (1032) not.
+    mp_model m = fake_dense_model();
+    m.d_ff = 4128;
+    Search t(m, fake_cluster(1, 8, 90), 4096, 8);
+    t.enumerate();
+    EXPECT_EQ(t.find(1, 1, 4, 1, 2, 1, 1, 0, 1, 0)->reject, MP_REJECT_NONE);
+    EXPECT_EQ(t.find(1, 1, 2, 1, 4, 1, 1, 0, 1, 0)->reject, MP_REJECT_FP8_DIMS);
+  }
+}
+
+TEST(SearchPrune, ReshardWithoutShardingIsADuplicate) {
+  Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
+  t.enumerate();
+  const mp_candidate *c = t.find(1, 8, 1, 1, 1, 1, 1, 0, 0, 1);
+  EXPECT_EQ(c->reject, MP_REJECT_RESHARD_NOOP);
+  EXPECT_EQ(t.find(1, 8, 1, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+  EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 1)->reject, MP_REJECT_NONE);
+}
+
+TEST(SearchRun, MemoryOverCapacityIsInfeasibleWithFigures) {
+  // dp_shard=8, tp=1, mb=4, ac none: 64/8 + 4*8 = 40 GiB = capacity: fits.
+  // dp_shard=4, tp=2... mb=4 not allowed (per-rank 2); use dp_replicate=8, mb=1, ac none:
+  // 64 + 8 = 72 GiB > 40: infeasible.
+  Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 32);
+  t.run();
+  const mp_candidate *fit = t.find(1, 1, 8, 1, 1, 1, 4, 0, 0, 0);
+  EXPECT_EQ(fit->evaluated, 1);
+  EXPECT_EQ(fit->reject, MP_REJECT_NONE);
+  EXPECT_EQ(fit->res.peak_mem_bytes, 40 * kGiB);
+  const mp_candidate *oom = t.find(1, 8, 1, 1, 1, 1, 1, 0, 0, 0);
+  EXPECT_EQ(oom->evaluated, 1);
+  EXPECT_EQ(oom->reject, MP_REJECT_MEMORY);
+  EXPECT_EQ(t.reason(oom), "peak 72.00 GiB exceeds capacity 40.00 GiB");
+  // Pruned candidates were never evaluated.
+  for (int64_t i = 0; i < t.s->n; i++) {
+    const mp_candidate &c = t.s->cands[i];
+    if (c.reject != MP_REJECT_NONE && c.reject != MP_REJECT_MEMORY && c.reject != MP_REJECT_EVAL_ERROR) {
+      EXPECT_EQ(c.evaluated, 0);
+    }
+  }
+  EXPECT_EQ(t.s->n_evaluated + t.s->n_pruned, t.s->n);
+}
+
+TEST(SearchRun, EvaluatorErrorKeepsItsMessage) {
+  Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
+  t.fe.fail_tp2_full = 1;
+  t.run();
+  const mp_candidate *c = t.find(1, 1, 4, 1, 2, 1, 1, 2, 0, 0);
+  EXPECT_EQ(c->reject, MP_REJECT_EVAL_ERROR);
+  EXPECT_EQ(t.reason(c), "fake refusal tp=2 full");
+  EXPECT_GT(t.s->n_failed, 0);
+}
+
+TEST(SearchRun, ThreadsGiveTheSameResultsAndTheSinkSeesOrder) {
+  Search one(fake_dense_model(), fake_cluster(2, 8), 4096, 64);
+  one.cfg.n_threads = 1;
+  one.run();
+  Search two(fake_dense_model(), fake_cluster(2, 8), 4096, 64);
+  two.cfg.n_threads = 2;
+  two.enumerate();
+  struct Seen {
+    std::vector<int64_t> idx;
+  } seen;
+  auto sink = [](void *u, mp_ctx *, int64_t i, mp_candidate *c) -> mp_status {
+    static_cast<Seen *>(u)->idx.push_back(i);
+    // Delivered candidates are final: unpruned ones have been evaluated.
+    return (c->reject == MP_REJECT_NONE && !c->evaluated) ? MP_ERR_INTERNAL : MP_OK;
+  };
+  ASSERT_EQ(mp_search_run(&two.ctx, &two.cfg, two.s, sink, &seen, nullptr, nullptr), MP_OK);
+  ASSERT_EQ((int64_t)seen.idx.size(), two.s->n);
+  for (int64_t i = 0; i < two.s->n; i++) ASSERT_EQ(seen.idx[i], i);
+  ASSERT_EQ(one.s->n, two.s->n);
+  for (int64_t i = 0; i < one.s->n; i++) {
+    EXPECT_EQ(one.s->cands[i].reject, two.s->cands[i].reject);
+    EXPECT_EQ(one.s->cands[i].res.step_time_s, two.s->cands[i].res.step_time_s);
+  }
+}
+
+TEST(SearchRun, SinkErrorStopsTheRun) {
+  Search t(fake_dense_model(), fake_cluster(2, 8), 4096, 64);
+  t.enumerate();
+  auto sink = [](void *, mp_ctx *ctx, int64_t i, mp_candidate *) -> mp_status {
+    return i == 100 ? mp_error(ctx, MP_ERR_DB, "stop at 100") : MP_OK;
+  };
+  EXPECT_EQ(mp_search_run(&t.ctx, &t.cfg, t.s, sink, nullptr, nullptr, nullptr), MP_ERR_DB);
+  EXPECT_STREQ(mp_errmsg(&t.ctx), "stop at 100");
+}
+
+TEST(SearchRank, TimeThenMemoryAndOtherObjectives) {
+  Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
+  t.run();
+  int64_t *order = nullptr, n = 0;
+  ASSERT_EQ(mp_search_rank(&t.ctx, t.s, MP_OBJECTIVE_TIME, 0, &order, &n), MP_OK);
+  ASSERT_EQ(n, t.s->n_feasible);
+  ASSERT_GT(n, 1);
+  for (int64_t r = 1; r < n; r++) {
+    const mp_candidate &a = t.s->cands[order[r - 1]], &b = t.s->cands[order[r]];
+    ASSERT_TRUE(a.res.step_time_s < b.res.step_time_s ||
+                (a.res.step_time_s == b.res.step_time_s && a.res.peak_mem_bytes <= b.res.peak_mem_bytes));
+  }
+  // By hand: dp x tp = 8 gives 10/8 s, x0.8 with fp8 = 1.0 s, plus 0.01/mb. The largest
+  // micro-batch that fits without AC is 4 (64/8 + 4*8 - 1 = 39 GiB <= 40; mb=8 needs 71),
+  // and it needs a per-rank batch of 4, i.e. dp <= 2: tp=8 (dp 1) and dp_shard=2 x tp=4
+  // both give 1.0025 s at 39 GiB; the tie goes to the lower index, tp=8 (dp_shard=1 is
+  // enumerated first).
+  const mp_candidate &best = t.s->cands[order[0]];
+  EXPECT_NEAR(best.res.step_time_s, 1.0025, 1e-12);
+  EXPECT_EQ(best.mesh.size[MP_DIM_TP], 8);
+  EXPECT_EQ(best.micro_batch, 4);
+  EXPECT_EQ(best.fp8, 1);
+  EXPECT_EQ(best.ac, 0);
+  const mp_candidate &second = t.s->cands[order[1]];
+  EXPECT_EQ(second.mesh.size[MP_DIM_TP], 4);
+  EXPECT_EQ(second.mesh.size[MP_DIM_DP_SHARD], 2);
+  EXPECT_EQ(second.reshard, 0);  // reshard adds 1 ms
+  EXPECT_EQ(best.reshard, 0);
+
+  ASSERT_EQ(mp_search_rank(&t.ctx, t.s, MP_OBJECTIVE_MEMORY, 0, &order, &n), MP_OK);
+  for (int64_t r = 1; r < n; r++)
+    ASSERT_LE(t.s->cands[order[r - 1]].res.peak_mem_bytes, t.s->cands[order[r]].res.peak_mem_bytes);
+
+  EXPECT_EQ(mp_search_rank(&t.ctx, t.s, MP_OBJECTIVE_TOKENS_PER_DOLLAR, 0, &order, &n), MP_ERR_USAGE);
+  EXPECT_NE(std::string(mp_errmsg(&t.ctx)).find("--price"), std::string::npos);
+  ASSERT_EQ(mp_search_rank(&t.ctx, t.s, MP_OBJECTIVE_TOKENS_PER_DOLLAR, 2.0, &order, &n), MP_OK);
+  for (int64_t r = 1; r < n; r++)
+    ASSERT_GE(mp_tokens_per_dollar(&t.s->cands[order[r - 1]], 2.0),
+              mp_tokens_per_dollar(&t.s->cands[order[r]], 2.0));
+  // 1000 tokens/s/GPU at 1 s steps: 3.6e6 tokens per GPU-hour at $2 -> 1.8e6 per dollar.
+  mp_candidate c;
+  memset(&c, 0, sizeof c);
+  c.res.tokens_per_s_per_gpu = 1000;
+  EXPECT_DOUBLE_EQ(mp_tokens_per_dollar(&c, 2.0), 1.8e6);
+}
+
+TEST(SearchConstraints, FixAndExecutableOnly) {
+  Search t(fake_dense_model(), fake_cluster(2, 8), 4096, 16);
+  ASSERT_EQ(mp_search_fix_parse(&t.ctx, "tp=8,pp=1", &t.cfg.fix), MP_OK);
+  t.enumerate();
+  ASSERT_GT(t.s->n, 0);
+  for (int64_t i = 0; i < t.s->n; i++) {
+    EXPECT_EQ(t.s->cands[i].mesh.size[MP_DIM_TP], 8);
+    EXPECT_EQ(t.s->cands[i].mesh.size[MP_DIM_PP], 1);
+  }
+  Search e(fake_dense_model(), fake_cluster(2, 8), 4096, 16);
+  e.cfg.executable_only = 1;
+  e.enumerate();
+  ASSERT_GT(e.s->n, 0);
+  for (int64_t i = 0; i < e.s->n; i++) {
+    EXPECT_EQ(e.s->cands[i].mesh.size[MP_DIM_PP], 1);
+    EXPECT_EQ(e.s->cands[i].mesh.size[MP_DIM_CP], 1);
+  }
+}
+
+TEST(SearchConstraints, FixParseErrors) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_search_fix f;
+  mp_search_fix_init(&f);
+  EXPECT_EQ(mp_search_fix_parse(&ctx, "tp=8,ac=selective,mb=2,dp_rep=2", &f), MP_OK);
+  EXPECT_EQ(f.tp, 8);
+  EXPECT_EQ(f.ac, 1);
+  EXPECT_EQ(f.micro_batch, 2);
+  EXPECT_EQ(f.dp_replicate, 2);
+  EXPECT_EQ(mp_search_fix_parse(&ctx, "tp=4", &f), MP_ERR_USAGE);  // repeated
+  mp_search_fix_init(&f);
+  EXPECT_EQ(mp_search_fix_parse(&ctx, "zz=1", &f), MP_ERR_USAGE);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("unknown key 'zz'"), std::string::npos);
+  EXPECT_EQ(mp_search_fix_parse(&ctx, "tp", &f), MP_ERR_USAGE);
+  EXPECT_EQ(mp_search_fix_parse(&ctx, "ac=most", &f), MP_ERR_USAGE);
+  EXPECT_EQ(mp_search_fix_parse(&ctx, "fp8=2", &f), MP_ERR_USAGE);
+  EXPECT_EQ(mp_search_fix_parse(&ctx, "tp=0", &f), MP_ERR_USAGE);
+}
+
+}  // namespace

@@ -1,0 +1,309 @@
+// Tests of the SQLite store (planner/store.h) through whole planner runs
+// (planner/planner.h) with the fake evaluator: every candidate logged with its reason,
+// ranks, transactional runs under an injected fault, two concurrent writers, a corrupt
+// file, schema versions, WAL mode and measurements.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "planner/planner.h"
+#include "planner/store.h"
+#include "tests/planner/fake.h"
+
+namespace {
+
+std::string tmp_path(const std::string &name) {
+  const char *d = getenv("TEST_TMPDIR");
+  std::string p = std::string(d ? d : "/tmp") + "/" + name;
+  unlink(p.c_str());
+  unlink((p + "-wal").c_str());
+  unlink((p + "-shm").c_str());
+  return p;
+}
+
+struct PlannerRun {
+  mp_model model = fake_dense_model();
+  mp_cluster cluster;
+  FakeEval fe;
+  mp_planner_request req;
+  PlannerRun(int nodes, int gpn, int64_t batch) {
+    cluster = fake_cluster(nodes, gpn);
+    memset(&req, 0, sizeof req);
+    mp_search_config_init(&req.search);
+    req.search.model = &model;
+    req.search.cluster = &cluster;
+    req.search.seq = 4096;
+    req.search.global_batch = batch;
+    req.search.eval = fake_eval;
+    req.search.eval_user = &fe;
+    req.search.n_threads = 2;
+    req.objective = MP_OBJECTIVE_TIME;
+    req.info.model = model.name;
+    req.info.cluster = cluster.name;
+    req.info.gpu = cluster.gpu.name;
+    req.info.n_gpus = nodes * gpn;
+    req.info.gpus_per_node = gpn;
+    req.info.seq = 4096;
+    req.info.global_batch = batch;
+    req.info.objective = "time";
+    req.info.options_json = "{}";
+    req.info.command = "test";
+    req.info.tool_version = "test";
+  }
+};
+
+int64_t q(mp_store *st, const std::string &sql) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  int64_t v = -1;
+  EXPECT_EQ(mp_store_query_i64(&ctx, st, sql.c_str(), &v), MP_OK) << mp_errmsg(&ctx) << " in " << sql;
+  return v;
+}
+
+TEST(Store, RunLogsEveryCandidateWithReasonsAndRanks) {
+  std::string path = tmp_path("run.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  PlannerRun r(1, 8, 32);
+  mp_planner_result res;
+  ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK) << mp_errmsg(&ctx);
+  mp_search *s = res.search;
+  std::string run = std::to_string(res.run_id);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE run_id=" + run), s->n);
+  // Every rejected plan has a rule and a sentence; feasible ones have neither.
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE run_id=" + run +
+                      " AND feasible=0 AND (reject_reason IS NULL OR reject_reason='' OR reject_rule IS NULL)"),
+            0);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE run_id=" + run + " AND feasible=1 AND reject_reason IS NOT NULL"), 0);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE run_id=" + run + " AND feasible=0"), s->n - s->n_feasible);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE run_id=" + run + " AND reject_rule='memory'"),
+            s->n_evaluated - s->n_feasible);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM predictions"), s->n_evaluated);
+  // Ranks 1..n_feasible, exactly the feasible plans, in the search's order.
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE rank IS NOT NULL"), s->n_feasible);
+  EXPECT_EQ(q(st, "SELECT max(rank) FROM plans"), s->n_feasible);
+  EXPECT_EQ(q(st, "SELECT idx FROM plans WHERE rank=1"), res.order[0]);
+  EXPECT_EQ(q(st, "SELECT best_plan_id FROM runs WHERE id=" + run), s->cands[res.order[0]].plan_id);
+  // A specific reason, word for word (dp_replicate=8 mb=1 reshard=1: dp_shard=1).
+  char sql[256];
+  snprintf(sql, sizeof sql,
+           "SELECT count(*) FROM plans WHERE dp_replicate=8 AND reshard=1 AND reject_reason="
+           "'reshard_after_forward has no effect with dp_shard=1 (same as reshard off)'");
+  EXPECT_EQ(q(st, sql), 18);  // see ReasonCountByHand
+  mp_planner_result_free(&res);
+
+  // Reading back for the report.
+  mp_arena *a = mp_arena_create();
+  mp_run_row *runs = nullptr;
+  int64_t n_runs = 0;
+  ASSERT_EQ(mp_store_list_runs(&ctx, st, a, &runs, &n_runs), MP_OK);
+  ASSERT_EQ(n_runs, 1);
+  EXPECT_STREQ(runs[0].model, "fake-dense");
+  mp_plan_row *plans = nullptr;
+  int64_t n_plans = 0;
+  ASSERT_EQ(mp_store_top_plans(&ctx, st, runs[0].id, 5, a, &plans, &n_plans), MP_OK);
+  ASSERT_EQ(n_plans, 5);
+  for (int i = 0; i < 5; i++) EXPECT_EQ(plans[i].rank, i + 1);
+  EXPECT_NEAR(plans[0].step_time_s, runs[0].best_step_time_s, 0);
+  mp_arena_destroy(a);
+  mp_store_close(st);
+}
+
+TEST(Store, ReasonCountByHand) {
+  // dp_replicate=8 (tp=pp=cp=dp_shard=1) with global batch 32: per-rank 4, micro-batches
+  // 1, 2, 4; x 3 AC x 2 fp8 with reshard on: 18 duplicates of reshard off.
+  std::string path = tmp_path("reason.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  PlannerRun r(1, 8, 32);
+  mp_planner_result res;
+  ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE dp_replicate=8 AND reject_rule='reshard_noop'"), 18);
+  mp_planner_result_free(&res);
+  mp_store_close(st);
+}
+
+TEST(Store, FailedRunLeavesPreviousRunsAndNoPartialRun) {
+  std::string path = tmp_path("fault.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK);
+  PlannerRun r(1, 8, 32);
+  mp_planner_result res;
+  ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK);
+  int64_t n1 = res.search->n, ev1 = res.search->n_evaluated;
+  mp_planner_result_free(&res);
+  // Second run fails after 100 rows (well inside the run).
+  mp_store_inject_fault_after(st, 100);
+  EXPECT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_ERR_DB);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("injected fault"), std::string::npos);
+  EXPECT_EQ(res.search, nullptr);
+  mp_store_close(st);
+  // A fresh connection sees exactly the first run.
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM runs"), 1);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans"), n1);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM predictions"), ev1);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE run_id<>1"), 0);
+  // And the store still works: a third run commits as run 2 (ids are not reused from the
+  // rolled-back run's rows).
+  mp_store_inject_fault_after(st, -1);
+  ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM runs"), 2);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans"), 2 * n1);
+  mp_planner_result_free(&res);
+  mp_store_close(st);
+}
+
+TEST(Store, TwoConcurrentWritersBothSucceed) {
+  std::string path = tmp_path("concurrent.db");
+  // Both threads open their own connection on a file that does not exist yet, so schema
+  // creation, WAL switch and the runs all race.
+  mp_status sts[2] = {MP_ERR_INTERNAL, MP_ERR_INTERNAL};
+  std::string msgs[2];
+  int64_t ns[2] = {0, 0};
+  auto work = [&](int i) {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_store *st = nullptr;
+    sts[i] = mp_store_open(&ctx, path.c_str(), &st);
+    if (sts[i] == MP_OK) {
+      PlannerRun r(2, 8, 64);
+      mp_planner_result res;
+      for (int k = 0; k < 3 && sts[i] == MP_OK; k++) {
+        sts[i] = mp_planner_run(&ctx, &r.req, st, &res);
+        if (sts[i] == MP_OK) ns[i] += res.search->n;
+        mp_planner_result_free(&res);
+      }
+    }
+    msgs[i] = mp_errmsg(&ctx);
+    mp_store_close(st);
+  };
+  std::thread a(work, 0), b(work, 1);
+  a.join();
+  b.join();
+  ASSERT_EQ(sts[0], MP_OK) << msgs[0];
+  ASSERT_EQ(sts[1], MP_OK) << msgs[1];
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM runs"), 6);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans"), ns[0] + ns[1]);
+  // Each run's rows are contiguous in id: one transaction each, never interleaved.
+  EXPECT_EQ(q(st, "SELECT count(*) FROM (SELECT run_id, max(id)-min(id)+1 AS span, count(*) AS n"
+                  " FROM plans GROUP BY run_id) WHERE span<>n"),
+            0);
+  mp_store_close(st);
+}
+
+TEST(Store, CorruptFileIsAOneLineError) {
+  std::string path = tmp_path("corrupt.db");
+  FILE *f = fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  for (int i = 0; i < 4096; i++) fputc("not a database "[i % 15], f);
+  fclose(f);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  EXPECT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_ERR_DB);
+  EXPECT_EQ(st, nullptr);
+  EXPECT_EQ(std::string(mp_errmsg(&ctx)),
+            path + " is not a meshplan database or is corrupt; move it aside or pass --db");
+
+  // A valid SQLite file with someone else's tables is refused the same way.
+  std::string other = tmp_path("other.db");
+  sqlite3 *db = nullptr;
+  ASSERT_EQ(sqlite3_open(other.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE songs(x)", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  EXPECT_EQ(mp_store_open(&ctx, other.c_str(), &st), MP_ERR_DB);
+  EXPECT_EQ(std::string(mp_errmsg(&ctx)),
+            other + " is not a meshplan database or is corrupt; move it aside or pass --db");
+}
+
+TEST(Store, SchemaVersionWalAndNewerVersionRefused) {
+  std::string path = tmp_path("schema.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK);
+  EXPECT_EQ(q(st, "SELECT version FROM schema_version"), MP_STORE_SCHEMA_VERSION);
+  mp_store_close(st);
+  sqlite3 *db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt *stmt = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &stmt, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(stmt), SQLITE_ROW);
+  EXPECT_STREQ((const char *)sqlite3_column_text(stmt, 0), "wal");
+  sqlite3_finalize(stmt);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE schema_version SET version=99", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  EXPECT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_ERR_DB);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("schema version 99, newer than this meshplan"), std::string::npos);
+}
+
+TEST(Store, MeasurementsBesidePredictions) {
+  std::string path = tmp_path("measure.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK);
+  PlannerRun r(1, 8, 32);
+  mp_planner_result res;
+  ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK);
+  int64_t best = res.search->cands[res.order[0]].plan_id;
+  int64_t run_id = res.run_id;
+  mp_planner_result_free(&res);
+  // Three steps: 2.0, 1.1, 1.3 s -> median 1.3 s; peaks 10, 12, 11 GiB -> 12 GiB.
+  const double times[3] = {2.0, 1.1, 1.3};
+  const int64_t peaks[3] = {10, 12, 11};
+  for (int i = 0; i < 3; i++) {
+    mp_measurement m = {best, i + 1, times[i], peaks[i] * kGiB, 3.5 - 0.1 * i, 5000.0, "fake-gpu"};
+    ASSERT_EQ(mp_store_add_measurement(&ctx, st, &m), MP_OK) << mp_errmsg(&ctx);
+  }
+  mp_measurement bad = {999999, 1, 1.0, 1, 1.0, 1.0, "x"};
+  EXPECT_EQ(mp_store_add_measurement(&ctx, st, &bad), MP_ERR_NOT_FOUND);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM measurements"), 3);
+  EXPECT_EQ(q(st, "SELECT run_id FROM measurements LIMIT 1"), run_id);
+  mp_arena *a = mp_arena_create();
+  mp_plan_row *plans = nullptr;
+  int64_t n = 0;
+  ASSERT_EQ(mp_store_top_plans(&ctx, st, run_id, 2, a, &plans, &n), MP_OK);
+  ASSERT_EQ(n, 2);
+  EXPECT_EQ(plans[0].id, best);
+  EXPECT_EQ(plans[0].n_measured, 3);
+  EXPECT_DOUBLE_EQ(plans[0].measured_step_time_s, 1.3);
+  EXPECT_EQ(plans[0].measured_peak_mem_bytes, 12 * kGiB);
+  EXPECT_EQ(plans[1].n_measured, 0);
+  mp_run_row run;
+  EXPECT_EQ(mp_store_get_run(&ctx, st, 12345, &run), MP_ERR_NOT_FOUND);
+  mp_arena_destroy(a);
+  mp_store_close(st);
+}
+
+TEST(Store, NoStoreRunStillRanks) {
+  PlannerRun r(1, 8, 32);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_planner_result res;
+  ASSERT_EQ(mp_planner_run(&ctx, &r.req, nullptr, &res), MP_OK);
+  EXPECT_GT(res.n_order, 0);
+  EXPECT_EQ(res.run_id, 0);
+  mp_planner_result_free(&res);
+  r.req.objective = MP_OBJECTIVE_TOKENS_PER_DOLLAR;
+  r.req.price_per_gpu_hour = 0;
+  EXPECT_EQ(mp_planner_run(&ctx, &r.req, nullptr, &res), MP_ERR_USAGE);
+}
+
+}  // namespace

@@ -1,0 +1,259 @@
+#!/usr/bin/python3
+"""PyTorch reference for the tiny models trained by `meshplan train` (exec/runtime).
+
+For each of tiny-dense and tiny-moe (and a few AC modes / micro-batch splits):
+  1. runs `meshplan train` on one rank with --dump-weights (initial full weights),
+     --dump-grads (gradients of step 1, before clipping), --dump-losses (per-step loss)
+     and --dump-data (the token corpus, an llm.c shard);
+  2. loads the same weights into an independent PyTorch implementation (float64) of the
+     same model and the same step (below), feeds the same batches, and
+  3. compares per-step losses and every step-1 gradient.
+
+The model (llama family, as exec/model.h and kernels/ops.h define it):
+  x = tok_embeddings[tokens]
+  per block:  h = x + o_proj(attn(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1))),  n1 = rmsnorm(x)
+              x = h + mlp(rmsnorm(h))
+    rmsnorm(x) = x / sqrt(mean(x^2) + eps) * w
+    rope: HF "rotate_half" (dim i pairs with i + hd/2), angle = pos * theta^(-2i/hd)
+    attention: causal, grouped-query (query head h reads kv head h // (nh/nkv)), 1/sqrt(hd)
+    dense mlp: down(silu(gate(x)) * up(x))
+    MoE mlp: probs = softmax(router(x)); top-k experts (renormalised when norm_topk_prob);
+             sum_j w_j expert_{e_j}(x) + shared_expert(x);
+             aux = E * sum_e f_e P_e, f_e = #tokens whose top-k holds e / N (no gradient),
+             P_e = mean_n probs[n, e]
+  logits = output(rmsnorm(x));  loss = mean CE + aux_loss_coef * sum over MoE layers of aux
+  A step averages the loss over its micro-batches (the runtime's micro-batch size: the aux
+  term is per micro-batch), clips the global grad norm to 1.0 (clip_grad_norm_), then
+  torch.optim.AdamW(lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1 on tensors of >= 2
+  dims, 0 on norms).
+Batches (exec/runtime/data.h): sequence g of the run is the seq+1 tokens starting at
+(g * seq) mod (n_tokens - seq); step s uses sequences s*G .. s*G+G-1.
+
+Tolerances (fp32 runtime vs float64 reference): losses |got - want| <= 1e-5 * |want| (the
+design's target) on every step compared; gradients: per tensor, the norm of the difference
+<= 1e-5 * the norm of the reference (a relative error of the whole tensor; elementwise
+relative error is meaningless for entries that are ~0), and elementwise
+|got - want| <= 1e-5 * max|want| + 1e-5 * |want|.
+
+Run with Debian's /usr/bin/python3 (torch 1.13). Exits 1 on a mismatch.
+"""
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+torch.set_default_dtype(torch.float64)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+RTOL = 1e-5
+
+
+def find_meshplan():
+    p = os.environ.get("MP_MESHPLAN")
+    if p and os.path.exists(p):
+        return p
+    subprocess.run(["bazel", "build", "//planner:meshplan"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = subprocess.run(["bazel", "info", "bazel-bin"], cwd=ROOT, check=True, capture_output=True, text=True)
+    return os.path.join(out.stdout.strip(), "planner", "meshplan")
+
+
+def read_wfile(path):
+    """Weight file (exec/runtime/weights.h): 'MPWT', version 1, count, records."""
+    b = open(path, "rb").read()
+    assert b[:4] == b"MPWT", "bad magic"
+    ver, count = struct.unpack_from("<II", b, 4)
+    assert ver == 1, ver
+    pos, out = 12, {}
+    for _ in range(count):
+        (nl,) = struct.unpack_from("<I", b, pos); pos += 4
+        name = b[pos:pos + nl].decode(); pos += nl
+        (nd,) = struct.unpack_from("<I", b, pos); pos += 4
+        shape = struct.unpack_from("<%dq" % nd, b, pos); pos += 8 * nd
+        n = int(np.prod(shape))
+        out[name] = torch.from_numpy(np.frombuffer(b, dtype="<f4", count=n, offset=pos).reshape(shape).astype(np.float64))
+        pos += 4 * n
+    assert pos == len(b), "trailing bytes"
+    return out
+
+
+def read_shard(path):
+    b = open(path, "rb").read()
+    hdr = np.frombuffer(b, dtype="<i4", count=256)
+    assert hdr[0] == 20240520 and hdr[1] == 1
+    return np.frombuffer(b, dtype="<u2", count=int(hdr[2]), offset=1024).astype(np.int64)
+
+
+def load_model_json(name):
+    return json.load(open(os.path.join(ROOT, "data", "models", name + ".json")))
+
+
+def rmsnorm(x, w, eps):
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, theta):  # x: (B, T, h, hd)
+    B, T, h, hd = x.shape
+    half = hd // 2
+    inv = theta ** (-2.0 * torch.arange(half) / hd)
+    ang = torch.arange(T).reshape(T, 1) * inv.reshape(1, half)
+    cos, sin = torch.cos(ang).reshape(1, T, 1, half), torch.sin(ang).reshape(1, T, 1, half)
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+def swiglu(x, g, u, d):
+    return torch.nn.functional.linear(torch.nn.functional.silu(torch.nn.functional.linear(x, g)) *
+                                      torch.nn.functional.linear(x, u), d)
+
+
+def forward(P, cfg, tokens):
+    """tokens: (B, T+1) int64. Returns (ce, aux_term)."""
+    F = torch.nn.functional
+    B, T = tokens.shape[0], tokens.shape[1] - 1
+    inp, tgt = tokens[:, :T], tokens[:, 1:]
+    C, nh, nkv, hd = cfg["d_model"], cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
+    eps, theta = cfg["norm_eps"], cfg["rope_theta"]
+    moe = cfg.get("moe")
+    x = P["tok_embeddings.weight"][inp]
+    aux_total = torch.zeros(())
+    mask = torch.ones(T, T).tril().bool()
+    for l in range(cfg["n_layers"]):
+        pre = "layers.%d." % l
+        n1 = rmsnorm(x, P[pre + "attention_norm.weight"], eps)
+        q = F.linear(n1, P[pre + "attention.q_proj.weight"]).reshape(B, T, nh, hd)
+        k = F.linear(n1, P[pre + "attention.k_proj.weight"]).reshape(B, T, nkv, hd)
+        v = F.linear(n1, P[pre + "attention.v_proj.weight"]).reshape(B, T, nkv, hd)
+        q, k = rope(q, theta), rope(k, theta)
+        rep = nh // nkv
+        k = k.repeat_interleave(rep, dim=2)
+        v = v.repeat_interleave(rep, dim=2)
+        s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(hd)
+        s = s.masked_fill(~mask, float("-inf"))
+        a = torch.einsum("bhts,bshd->bthd", s.softmax(-1), v).reshape(B, T, nh * hd)
+        h = x + F.linear(a, P[pre + "attention.o_proj.weight"])
+        n2 = rmsnorm(h, P[pre + "ffn_norm.weight"], eps)
+        if not moe:
+            out = swiglu(n2, P[pre + "mlp.gate_proj.weight"], P[pre + "mlp.up_proj.weight"],
+                         P[pre + "mlp.down_proj.weight"])
+        else:
+            E, K = moe["n_experts"], moe["top_k"]
+            xt = n2.reshape(B * T, C)
+            probs = F.linear(xt, P[pre + "moe.router.weight"]).softmax(-1)
+            w, idx = probs.topk(K, dim=-1)
+            if moe.get("norm_topk_prob"):
+                w = w / w.sum(-1, keepdim=True)
+            eg, eu, ed = (P[pre + "moe.experts.gate_proj.weight"], P[pre + "moe.experts.up_proj.weight"],
+                          P[pre + "moe.experts.down_proj.weight"])
+            y = torch.zeros_like(xt)
+            for e in range(E):
+                rows, slot = (idx == e).nonzero(as_tuple=True)
+                if len(rows) == 0:
+                    continue
+                ye = swiglu(xt[rows], eg[e], eu[e], ed[e])
+                y = y.index_add(0, rows, ye * w[rows, slot].unsqueeze(-1))
+            if moe.get("n_shared_experts", 0) > 0:
+                y = y + swiglu(xt, P[pre + "moe.shared_expert.gate_proj.weight"],
+                               P[pre + "moe.shared_expert.up_proj.weight"],
+                               P[pre + "moe.shared_expert.down_proj.weight"])
+            out = y.reshape(B, T, C)
+            f = torch.zeros(E)
+            for e in range(E):
+                f[e] = (idx == e).any(-1).double().sum() / (B * T)
+            aux_total = aux_total + E * (f.detach() * probs.mean(0)).sum()
+        x = h + out
+    logits = F.linear(rmsnorm(x, P["norm.weight"], eps), P["output.weight"])
+    ce = F.cross_entropy(logits.reshape(B * T, -1), tgt.reshape(-1))
+    coef = moe["aux_loss_coef"] if moe else 0.0
+    return ce, coef * aux_total
+
+
+def batch(tokens, step, G, T):
+    span = len(tokens) - T
+    rows = []
+    for j in range(G):
+        g = step * G + j
+        start = (g * T) % span
+        rows.append(tokens[start:start + T + 1])
+    return torch.from_numpy(np.stack(rows))
+
+
+def check_case(meshplan, model, steps, seq, mb, gb, ac, lr):
+    cfg = load_model_json(model)
+    with tempfile.TemporaryDirectory() as d:
+        f = {k: os.path.join(d, k) for k in ("w.bin", "g.bin", "l.json", "data.bin")}
+        cmd = [meshplan, "train", "--model", model, "--steps", str(steps), "--seq", str(seq),
+               "--micro-batch", str(mb), "--global-batch", str(gb), "--ac", ac, "--lr", str(lr),
+               "--quiet", "--dump-weights", f["w.bin"], "--dump-grads", f["g.bin"],
+               "--dump-losses", f["l.json"], "--dump-data", f["data.bin"]]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            print("meshplan train failed:", r.stdout, r.stderr)
+            return False
+        W0 = read_wfile(f["w.bin"])
+        G1 = read_wfile(f["g.bin"])
+        got_losses = json.load(open(f["l.json"]))["losses"]
+        data = read_shard(f["data.bin"])
+    params = {k: torch.nn.Parameter(v.clone()) for k, v in W0.items()}
+    decay = [p for p in params.values() if p.dim() >= 2]
+    nodecay = [p for p in params.values() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": nodecay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    ok = True
+    name = "%s ac=%s B=%d G=%d" % (model, ac, mb, gb)
+    for s in range(steps):
+        opt.zero_grad()
+        toks = batch(data, s, gb, seq)
+        n_micro = gb // mb
+        total = 0.0
+        for m in range(n_micro):
+            ce, aux = forward(params, cfg, toks[m * mb:(m + 1) * mb])
+            loss = (ce + aux) / n_micro
+            loss.backward()
+            total += loss.item()
+        rel = abs(got_losses[s] - total) / abs(total)
+        if rel > RTOL:
+            print("  %s step %d: loss %.9g, reference %.9g (rel %.2e > %.0e)" % (name, s + 1, got_losses[s], total,
+                                                                                rel, RTOL))
+            ok = False
+        if s == 0:
+            worst = 0.0
+            for k, p in params.items():
+                want, got = p.grad, G1[k]
+                err = (got - want).norm().item() / max(want.norm().item(), 1e-30)
+                el = ((got - want).abs() - (RTOL * want.abs().max() + RTOL * want.abs())).max().item()
+                worst = max(worst, err)
+                if err > RTOL or el > 0:
+                    print("  %s grad %s: relative error %.2e (tol %.0e), elementwise excess %.2e" % (name, k, err,
+                                                                                                     RTOL, el))
+                    ok = False
+        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+        opt.step()
+    print("  %s: %d steps, losses %s .. %s, %s" % (name, steps, "%.6f" % got_losses[0], "%.6f" % got_losses[-1],
+                                                 "match" if ok else "MISMATCH"))
+    return ok
+
+
+def main():
+    meshplan = find_meshplan()
+    cases = [
+        ("tiny-dense", 4, 32, 2, 2, "none", 3e-3),
+        ("tiny-dense", 3, 32, 1, 2, "full", 3e-3),   # two micro-batches, full AC
+        ("tiny-moe", 4, 32, 2, 2, "none", 3e-3),
+        ("tiny-moe", 3, 32, 1, 2, "selective", 3e-3),
+    ]
+    ok = True
+    for c in cases:
+        ok = check_case(meshplan, *c) and ok
+    print("model_ref: %s" % ("all match" if ok else "MISMATCH"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
