@@ -99,6 +99,7 @@ int main(int argc, char **argv) {
   req.search.mem_capacity_bytes = (int64_t)(c.gpu.mem_gib * (1.0 - headroom) * 1073741824.0);
   req.search.eval = mp_sim_evaluate;
   req.search.eval_user = &ev;
+  req.search.eval_thread_done = mp_sim_evaluator_thread_done;
   req.objective = MP_OBJECTIVE_TIME;
   req.info = (mp_run_info){m.name, c.name, c.gpu.name, mp_cluster_n_gpus(&c), c.gpus_per_node, seq, gb,
                            "time", "{}", "plan_bench", "bench"};
@@ -154,5 +155,6 @@ int main(int argc, char **argv) {
          runs, w, median(cps, (int)runs), median(sps, (int)runs),
          median(sps, (int)runs) / (double)(ncpu > 0 ? ncpu : 1));
   (void)lps;
+  mp_sim_evaluator_free(&ev);
   return 0;
 }

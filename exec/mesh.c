@@ -169,13 +169,6 @@ static void ext_coords(const mp_mesh *m, int rank, int x[X_N]) {
   }
 }
 
-static int ext_rank(const mp_mesh *m, const int x[X_N]) {
-  int s[X_N], r = 0;
-  ext_sizes(m, s);
-  for (int i = 0; i < X_N; i++) r = r * s[i] + x[i];
-  return r;
-}
-
 void mp_mesh_coords(const mp_mesh *m, int rank, int c[MP_MESH_NDIMS]) {
   int x[X_N];
   ext_coords(m, rank, x);
@@ -231,20 +224,31 @@ int mp_mesh_group_size(const mp_mesh *m, mp_group g) {
 }
 
 int mp_mesh_group_ranks(const mp_mesh *m, mp_group g, int rank, int *ranks) {
-  int s[X_N], x[X_N];
+  /* Walks the group as an odometer over its varying sub-coordinates, innermost first,
+   * moving the rank by strides instead of recomputing it per member (the simulator asks
+   * for groups of thousands of ranks). Row-major layout: the ranks come out increasing. */
+  int s[X_N], x[X_N], stride[X_N], dims[X_N], count[X_N] = {0};
   unsigned v = varying(g);
   ext_sizes(m, s);
   ext_coords(m, rank, x);
-  for (int i = 0; i < X_N; i++)
-    if (v & (1u << i)) x[i] = 0;
+  int r = 0, step = 1, nd = 0;
+  for (int i = X_N - 1; i >= 0; i--) {
+    stride[i] = step;
+    step *= s[i];
+    if (!(v & (1u << i))) r += x[i] * stride[i];
+    else if (s[i] > 1) dims[nd++] = i;
+  }
   int n = mp_mesh_group_size(m, g);
   for (int k = 0; k < n; k++) {
-    ranks[k] = ext_rank(m, x);
-    /* increment the varying sub-coordinates, innermost first */
-    for (int i = X_N - 1; i >= 0; i--) {
-      if (!(v & (1u << i))) continue;
-      if (++x[i] < s[i]) break;
-      x[i] = 0;
+    ranks[k] = r;
+    for (int j = 0; j < nd; j++) {
+      const int i = dims[j];
+      if (++count[j] < s[i]) {
+        r += stride[i];
+        break;
+      }
+      count[j] = 0;
+      r -= (s[i] - 1) * stride[i];
     }
   }
   return n;

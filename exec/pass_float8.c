@@ -15,9 +15,21 @@
 
 #include "exec/plan.h"
 
+/* torchtitan's name filter, decided on the module kind: the FQNs containing "experts",
+ * "shared_expert" or "router" are exactly those of the routed experts, the shared expert
+ * and the router (see mp_module_name), plus the output head. */
 static int excluded_by_name(const mp_param *prm) {
-  return strstr(prm->fqn, "experts") != NULL || strstr(prm->fqn, "shared_expert") != NULL ||
-         strstr(prm->fqn, "router") != NULL || prm->module == MP_MOD_OUTPUT;
+  switch (prm->module) {
+    case MP_MOD_ROUTER:
+    case MP_MOD_EXPERTS_GATE:
+    case MP_MOD_EXPERTS_UP:
+    case MP_MOD_EXPERTS_DOWN:
+    case MP_MOD_SHARED_GATE:
+    case MP_MOD_SHARED_UP:
+    case MP_MOD_SHARED_DOWN:
+    case MP_MOD_OUTPUT: return 1;
+    default: return 0;
+  }
 }
 
 mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {

@@ -67,24 +67,30 @@ mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
   p->units[0].group = MP_GROUP_FSDP;
   for (int l = 0; l < L; l++) {
     mp_fsdp_unit *u = &p->units[base[l]];
+    /* A plan built from a template names its units with the template's strings (formatted
+     * once per model), one built alone formats its own. */
+    const mp_plan_template *t = p->tmpl;
     if (ep_on && mp_model_layer_is_moe(m, l)) {
-      u[0].name = mp_arena_printf(p->arena, "layers.%d.attention", l);
-      u[1].name = mp_arena_printf(p->arena, "layers.%d.moe", l);
-      u[2].name = mp_arena_printf(p->arena, "layers.%d.moe.experts", l);
+      u[0].name = t ? t->unit_attn[l] : mp_arena_printf(p->arena, "layers.%d.attention", l);
+      u[1].name = t ? t->unit_moe[l] : mp_arena_printf(p->arena, "layers.%d.moe", l);
+      u[2].name = t ? t->unit_experts[l] : mp_arena_printf(p->arena, "layers.%d.moe.experts", l);
       for (int k = 0; k < 3; k++) {
         u[k].layer = l;
         u[k].group = k == PART_EXPERTS ? MP_GROUP_EFSDP : MP_GROUP_FSDP;
         if (u[k].name == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory naming units");
       }
     } else {
-      u->name = mp_arena_printf(p->arena, "layers.%d", l);
+      u->name = t ? t->unit_block[l] : mp_arena_printf(p->arena, "layers.%d", l);
       if (u->name == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory naming units");
       u->layer = l;
       u->group = MP_GROUP_FSDP;
     }
   }
 
-  /* Assign each parameter to its unit and shard it. */
+  /* Assign each parameter to its unit, shard it and add it to the unit's sizes (one walk
+   * over the parameters; a second one only lists them per unit). */
+  const int g_dense = mp_mesh_group_size(mesh, MP_GROUP_FSDP);
+  const int g_expert = mp_mesh_group_size(mesh, MP_GROUP_EFSDP);
   for (int i = 0; i < p->n_params; i++) {
     mp_param *prm = &p->params[i];
     int unit = 0;
@@ -97,23 +103,26 @@ mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
     prm->fsdp_group = (prm->is_expert && ep_on) ? MP_GROUP_EFSDP : MP_GROUP_FSDP;
     prm->place[MP_AXIS_FSDP].kind = MP_PLACEMENT_SHARD;
     prm->place[MP_AXIS_FSDP].dim = 0;
-    p->units[unit].n_params++;
+    mp_fsdp_unit *u = &p->units[unit];
+    u->n_params++;
+    const int g = prm->fsdp_group == MP_GROUP_EFSDP ? g_expert : g_dense;
+    const int64_t rows = prm->tp_shape[0], chunk = (rows + g - 1) / g;
+    int64_t row_numel = 1; /* elements per row of dim 0: tp_numel / rows, without dividing */
+    for (int d = 1; d < prm->ndim; d++) row_numel *= prm->tp_shape[d];
+    u->numel_tp += rows * row_numel;
+    u->numel_shard += chunk * row_numel;
   }
+  /* One block for every unit's index list. */
+  int *lists = mp_arena_alloc(p->arena, sizeof(int) * (size_t)(p->n_params + n_units));
+  if (lists == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory building FSDP units");
   for (int u = 0; u < n_units; u++) {
-    p->units[u].params = mp_arena_alloc(p->arena, sizeof(int) * (size_t)(p->units[u].n_params + 1));
-    if (p->units[u].params == NULL)
-      return mp_error(ctx, MP_ERR_NOMEM, "out of memory building FSDP units");
+    p->units[u].params = lists;
+    lists += p->units[u].n_params + 1;
     p->units[u].n_params = 0;
   }
   for (int i = 0; i < p->n_params; i++) {
-    const mp_param *prm = &p->params[i];
-    mp_fsdp_unit *u = &p->units[prm->fsdp_unit];
+    mp_fsdp_unit *u = &p->units[p->params[i].fsdp_unit];
     u->params[u->n_params++] = i;
-    const int g = mp_mesh_group_size(mesh, prm->fsdp_group);
-    const int64_t rows = prm->tp_shape[0], chunk = (rows + g - 1) / g;
-    const int64_t tpn = mp_param_tp_numel(prm);
-    u->numel_tp += tpn;
-    u->numel_shard += chunk * (tpn / rows);
   }
 
   p->opts.fsdp = *o;

@@ -157,21 +157,25 @@ void mp_plan_options_init(mp_plan_options *o) {
   o->master_dtype = MP_DTYPE_FP32;
 }
 
+/* Builds the module tree into `params` (capacity cap). Everything mp_plan_create sets but
+ * pp_stage (which depends on the mesh: set_stages). FQNs are formatted into `arena` once
+ * per tree: per plan by mp_plan_create, per model by mp_plan_template_create. */
 typedef struct builder {
-  mp_plan *p;
+  mp_arena *arena;
+  mp_param *params;
+  int n;
   int cap;
 } builder;
 
 static mp_param *add_param(builder *b, mp_module mod, int layer, mp_param_role role, int ndim,
                            int64_t d0, int64_t d1, int64_t d2) {
-  mp_plan *p = b->p;
-  if (p->n_params >= b->cap) return NULL;
-  mp_param *prm = &p->params[p->n_params++];
+  if (b->n >= b->cap) return NULL;
+  mp_param *prm = &b->params[b->n++];
   const char *mname = mp_module_name(mod);
-  prm->module_fqn = layer >= 0 ? mp_arena_printf(p->arena, "layers.%d.%s", layer, mname)
-                               : mp_arena_strdup(p->arena, mname);
+  prm->module_fqn = layer >= 0 ? mp_arena_printf(b->arena, "layers.%d.%s", layer, mname)
+                               : mp_arena_strdup(b->arena, mname);
   if (prm->module_fqn == NULL) return NULL;
-  prm->fqn = mp_arena_printf(p->arena, "%s.%s", prm->module_fqn,
+  prm->fqn = mp_arena_printf(b->arena, "%s.%s", prm->module_fqn,
                              role == MP_ROLE_WEIGHT ? "weight" : "bias");
   if (prm->fqn == NULL) return NULL;
   prm->module = mod;
@@ -195,16 +199,13 @@ static mp_param *add_param(builder *b, mp_module mod, int layer, mp_param_role r
   prm->float8 = 0;
   prm->fsdp_unit = -1;
   prm->fsdp_group = MP_GROUP_FSDP;
-  if (layer >= 0) prm->pp_stage = layer / p->layers_per_stage;
-  else prm->pp_stage = mod == MP_MOD_TOK_EMBEDDINGS || mod == MP_MOD_POS_EMBEDDINGS
-                           ? 0
-                           : p->mesh.size[MP_DIM_PP] - 1;
+  prm->pp_stage = 0;
   return prm;
 }
 
 #define ADD(...)                                                  \
   do {                                                            \
-    if (add_param(&b, __VA_ARGS__) == NULL) goto nomem;           \
+    if (add_param(b, __VA_ARGS__) == NULL) return -1;             \
   } while (0)
 
 /* A Linear [out, in] and its bias [out] when `bias`. */
@@ -221,14 +222,86 @@ static mp_param *add_param(builder *b, mp_module mod, int layer, mp_param_role r
     if (bias) ADD(mod, layer, MP_ROLE_BIAS, 1, (n), 1, 1);         \
   } while (0)
 
-static mp_status validate(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
-                          const mp_plan_options *o) {
+/* Upper bound on parameters: 2 embeddings + 2 head + per block at most
+ * 2 norms x 2 + 4 attention Linear x 2 + 2 qk norms + 3 MLP x 2 + router + 3 experts +
+ * 3 shared = 26; round up. */
+static int tree_cap(const mp_model *m) { return (int)(8 + 32 * m->n_layers); }
+
+/* 0 on success, -1 when out of memory (or capacity). */
+static int build_tree(builder *b, const mp_model *m) {
+  const int64_t H = m->d_model, hd = m->head_dim;
+  const int64_t q_out = m->n_heads * hd, kv_out = m->n_kv_heads * hd;
+  const int gpt = m->family == MP_FAMILY_GPT;
+  const int lbias = gpt && m->bias;          /* biases on every Linear and LayerNorm */
+  const int qkvb = lbias || m->qkv_bias;     /* biases on q/k/v */
+
+  ADD(MP_MOD_TOK_EMBEDDINGS, -1, MP_ROLE_WEIGHT, 2, m->vocab, H, 1);
+  if (gpt) ADD(MP_MOD_POS_EMBEDDINGS, -1, MP_ROLE_WEIGHT, 2, m->max_seq, H, 1);
+  for (int l = 0; l < (int)m->n_layers; l++) {
+    NORM(MP_MOD_ATTN_NORM, l, H, lbias);
+    LINEAR(MP_MOD_Q, l, q_out, H, qkvb);
+    LINEAR(MP_MOD_K, l, kv_out, H, qkvb);
+    LINEAR(MP_MOD_V, l, kv_out, H, qkvb);
+    if (m->qk_norm) {
+      NORM(MP_MOD_Q_NORM, l, hd, 0);
+      NORM(MP_MOD_K_NORM, l, hd, 0);
+    }
+    LINEAR(MP_MOD_O, l, H, q_out, lbias);
+    NORM(MP_MOD_FFN_NORM, l, H, lbias);
+    if (mp_model_layer_is_moe(m, l)) {
+      const int64_t E = m->n_experts, fe = m->d_ff_expert;
+      LINEAR(MP_MOD_ROUTER, l, E, H, 0);
+      ADD(MP_MOD_EXPERTS_GATE, l, MP_ROLE_WEIGHT, 3, E, fe, H);
+      ADD(MP_MOD_EXPERTS_UP, l, MP_ROLE_WEIGHT, 3, E, fe, H);
+      ADD(MP_MOD_EXPERTS_DOWN, l, MP_ROLE_WEIGHT, 3, E, H, fe);
+      if (m->n_shared_experts > 0) {
+        const int64_t fs = m->d_ff_shared;
+        LINEAR(MP_MOD_SHARED_GATE, l, fs, H, 0);
+        LINEAR(MP_MOD_SHARED_UP, l, fs, H, 0);
+        LINEAR(MP_MOD_SHARED_DOWN, l, H, fs, 0);
+      }
+    } else {
+      if (!gpt) LINEAR(MP_MOD_GATE, l, m->d_ff, H, 0);
+      LINEAR(MP_MOD_UP, l, m->d_ff, H, lbias);
+      LINEAR(MP_MOD_DOWN, l, H, m->d_ff, lbias);
+    }
+  }
+  NORM(MP_MOD_FINAL_NORM, -1, H, lbias);
+  /* GPT-2's head has no bias, nor has Llama's. */
+  if (!m->tied_embeddings) LINEAR(MP_MOD_OUTPUT, -1, m->vocab, H, 0);
+  return 0;
+}
+
+#undef ADD
+#undef LINEAR
+#undef NORM
+
+/* Pipeline stage of every parameter: blocks by layers_per_stage, embeddings on the first
+ * stage, final norm and head on the last. */
+static void set_stages(mp_plan *p) {
+  const int lps = p->layers_per_stage, last = p->mesh.size[MP_DIM_PP] - 1;
+  for (int i = 0; i < p->n_params; i++) {
+    mp_param *prm = &p->params[i];
+    if (prm->layer >= 0) prm->pp_stage = prm->layer / lps;
+    else prm->pp_stage = prm->module == MP_MOD_TOK_EMBEDDINGS || prm->module == MP_MOD_POS_EMBEDDINGS
+                             ? 0
+                             : last;
+  }
+}
+
+static mp_status validate_model(mp_ctx *ctx, const mp_model *m) {
   MP_CHECK(mp_model_validate(ctx, m, m->name));
-  MP_CHECK(mp_mesh_validate(ctx, mesh));
-  int pp = mesh->size[MP_DIM_PP], cp = mesh->size[MP_DIM_CP];
   if (m->n_layers > MP_MAX_LAYERS)
     return mp_error(ctx, MP_ERR_INVALID, "%s has %lld layers; at most %d are supported", m->name,
                     (long long)m->n_layers, MP_MAX_LAYERS);
+  return MP_OK;
+}
+
+/* The model x mesh x options rules (the model itself already validated). */
+static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                               const mp_plan_options *o) {
+  MP_CHECK(mp_mesh_validate(ctx, mesh));
+  int pp = mesh->size[MP_DIM_PP], cp = mesh->size[MP_DIM_CP];
   if (pp > 1 && mp_model_is_moe(m))
     return mp_error(ctx, MP_ERR_INVALID,
                     "MoE with pipeline parallelism is not supported: %s has routed experts and "
@@ -278,6 +351,34 @@ static mp_status validate(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
   return MP_OK;
 }
 
+/* The plan header: copies, resolved defaults, checks that need the resolved seq. The plan
+ * is allocated in `arena`; params are left to the caller. */
+static mp_status plan_init(mp_ctx *ctx, mp_arena *arena, const mp_model *m, const mp_mesh *mesh,
+                           const mp_plan_options *opts, mp_plan **out) {
+  mp_plan *p = mp_arena_alloc(arena, sizeof *p);
+  if (p == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating the plan");
+  p->arena = arena;
+  p->model = *m;
+  p->mesh = *mesh;
+  p->opts = *opts;
+  if (p->opts.seq == 0) p->opts.seq = m->max_seq < 8192 ? m->max_seq : 8192;
+  if (p->opts.seq % mesh->size[MP_DIM_CP] != 0)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "cp=%d does not divide the default seq=%lld of %s; give seq a "
+                    "multiple of %d",
+                    mesh->size[MP_DIM_CP], (long long)p->opts.seq, m->name,
+                    mesh->size[MP_DIM_CP]);
+  if (p->opts.global_batch == 0)
+    p->opts.global_batch = p->opts.micro_batch * mesh->size[MP_DIM_DP_REPLICATE] *
+                           mesh->size[MP_DIM_DP_SHARD];
+  p->vocab_padded = m->vocab;
+  p->ac = MP_AC_NONE;
+  int pp = mesh->size[MP_DIM_PP];
+  p->layers_per_stage = (int)((m->n_layers + pp - 1) / pp);
+  *out = p;
+  return MP_OK;
+}
+
 mp_status mp_plan_create(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                          const mp_plan_options *opts, mp_plan **out) {
   *out = NULL;
@@ -286,95 +387,44 @@ mp_status mp_plan_create(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
     mp_plan_options_init(&defaults);
     opts = &defaults;
   }
-  MP_CHECK(validate(ctx, m, mesh, opts));
+  MP_CHECK(validate_model(ctx, m));
+  MP_CHECK(validate_mesh(ctx, m, mesh, opts));
 
   mp_arena *arena = mp_arena_create();
   MP_CHECK_ALLOC(ctx, arena);
-  mp_plan *p = mp_arena_alloc(arena, sizeof *p);
-  if (p == NULL) {
-    mp_arena_destroy(arena);
-    return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating the plan");
-  }
-  p->arena = arena;
-  p->model = *m;
-  p->mesh = *mesh;
-  p->opts = *opts;
-  if (p->opts.seq == 0) p->opts.seq = m->max_seq < 8192 ? m->max_seq : 8192;
-  if (p->opts.seq % mesh->size[MP_DIM_CP] != 0) {
-    mp_status st = mp_error(ctx, MP_ERR_INVALID,
-                            "cp=%d does not divide the default seq=%lld of %s; give seq a "
-                            "multiple of %d",
-                            mesh->size[MP_DIM_CP], (long long)p->opts.seq, m->name,
-                            mesh->size[MP_DIM_CP]);
+  mp_plan *p = NULL;
+  mp_status st = plan_init(ctx, arena, m, mesh, opts, &p);
+  if (st != MP_OK) {
     mp_arena_destroy(arena);
     return st;
   }
-  if (p->opts.global_batch == 0)
-    p->opts.global_batch = p->opts.micro_batch * mesh->size[MP_DIM_DP_REPLICATE] *
-                           mesh->size[MP_DIM_DP_SHARD];
-  p->vocab_padded = m->vocab;
-  p->ac = MP_AC_NONE;
-  int pp = mesh->size[MP_DIM_PP];
-  p->layers_per_stage = (int)((m->n_layers + pp - 1) / pp);
-
-  /* Upper bound on parameters: 2 embeddings + 2 head + per block at most
-   * 2 norms x 2 + 4 attention Linear x 2 + 2 qk norms + 3 MLP x 2 + router + 3 experts +
-   * 3 shared = 26; round up. */
-  builder b = {p, (int)(8 + 32 * m->n_layers)};
-  p->params = mp_arena_alloc(arena, sizeof(mp_param) * (size_t)b.cap);
-  if (p->params == NULL) goto nomem;
-
-  const int64_t H = m->d_model, hd = m->head_dim;
-  const int64_t q_out = m->n_heads * hd, kv_out = m->n_kv_heads * hd;
-  const int gpt = m->family == MP_FAMILY_GPT;
-  const int lbias = gpt && m->bias;          /* biases on every Linear and LayerNorm */
-  const int qkvb = lbias || m->qkv_bias;     /* biases on q/k/v */
-
-  ADD(MP_MOD_TOK_EMBEDDINGS, -1, MP_ROLE_WEIGHT, 2, m->vocab, H, 1);
-  if (gpt) ADD(MP_MOD_POS_EMBEDDINGS, -1, MP_ROLE_WEIGHT, 2, m->max_seq, H, 1);
-  for (int l = 0; l < (int)m->n_layers; l++) {
-    NORM(MP_MOD_ATTN_NORM, l, H, lbias);
-    LINEAR(MP_MOD_Q, l, q_out, H, qkvb);
-    LINEAR(MP_MOD_K, l, kv_out, H, qkvb);
-    LINEAR(MP_MOD_V, l, kv_out, H, qkvb);
-    if (m->qk_norm) {
-      NORM(MP_MOD_Q_NORM, l, hd, 0);
-      NORM(MP_MOD_K_NORM, l, hd, 0);
-    }
-    LINEAR(MP_MOD_O, l, H, q_out, lbias);
-    NORM(MP_MOD_FFN_NORM, l, H, lbias);
-    if (mp_model_layer_is_moe(m, l)) {
-      const int64_t E = m->n_experts, fe = m->d_ff_expert;
-      LINEAR(MP_MOD_ROUTER, l, E, H, 0);
-      ADD(MP_MOD_EXPERTS_GATE, l, MP_ROLE_WEIGHT, 3, E, fe, H);
-      ADD(MP_MOD_EXPERTS_UP, l, MP_ROLE_WEIGHT, 3, E, fe, H);
-      ADD(MP_MOD_EXPERTS_DOWN, l, MP_ROLE_WEIGHT, 3, E, H, fe);
-      if (m->n_shared_experts > 0) {
-        const int64_t fs = m->d_ff_shared;
-        LINEAR(MP_MOD_SHARED_GATE, l, fs, H, 0);
-        LINEAR(MP_MOD_SHARED_UP, l, fs, H, 0);
-        LINEAR(MP_MOD_SHARED_DOWN, l, H, fs, 0);
-      }
-    } else {
-      if (!gpt) LINEAR(MP_MOD_GATE, l, m->d_ff, H, 0);
-      LINEAR(MP_MOD_UP, l, m->d_ff, H, lbias);
-      LINEAR(MP_MOD_DOWN, l, H, m->d_ff, lbias);
-    }
+  builder b = {arena, NULL, 0, tree_cap(m)};
+  b.params = mp_arena_alloc(arena, sizeof(mp_param) * (size_t)b.cap);
+  if (b.params == NULL || build_tree(&b, m) != 0) {
+    mp_arena_destroy(arena);
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory building the module tree of %s", m->name);
   }
-  NORM(MP_MOD_FINAL_NORM, -1, H, lbias);
-  /* GPT-2's head has no bias, nor has Llama's. */
-  if (!m->tied_embeddings) LINEAR(MP_MOD_OUTPUT, -1, m->vocab, H, 0);
+  p->params = b.params;
+  p->n_params = b.n;
+  set_stages(p);
   *out = p;
   return MP_OK;
-
-nomem:
-  mp_arena_destroy(arena);
-  return mp_error(ctx, MP_ERR_NOMEM, "out of memory building the module tree of %s", m->name);
 }
 
 void mp_plan_destroy(mp_plan *p) {
-  if (p == NULL) return;
+  if (p == NULL || p->arena_borrowed) return;
   mp_arena_destroy(p->arena); /* the plan itself lives in its arena */
+}
+
+/* The five passes in order, from options (shared by both builders). */
+static mp_status run_passes(mp_ctx *ctx, mp_plan *p, const mp_plan_options *opts) {
+  const mp_mesh *mesh = &p->mesh;
+  if (mesh->size[MP_DIM_TP] > 1) MP_CHECK(mp_apply_tensor_parallel(ctx, p, &opts->tp));
+  if (mesh->ep > 1) MP_CHECK(mp_apply_expert_parallel(ctx, p));
+  if (opts->fp8) MP_CHECK(mp_apply_float8(ctx, p, &opts->fp8_opts));
+  MP_CHECK(mp_apply_ac(ctx, p, opts->ac));
+  MP_CHECK(mp_apply_fsdp(ctx, p, &opts->fsdp));
+  return MP_OK;
 }
 
 mp_status mp_build_plan(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
@@ -385,18 +435,95 @@ mp_status mp_build_plan(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
     opts = &defaults;
   }
   mp_plan *p = NULL;
-  mp_status st;
   *out = NULL;
   MP_CHECK(mp_plan_create(ctx, m, mesh, opts, &p));
-  if (mesh->size[MP_DIM_TP] > 1) MP_CHECK_GOTO(mp_apply_tensor_parallel(ctx, p, &opts->tp), st, fail);
-  if (mesh->ep > 1) MP_CHECK_GOTO(mp_apply_expert_parallel(ctx, p), st, fail);
-  if (opts->fp8) MP_CHECK_GOTO(mp_apply_float8(ctx, p, &opts->fp8_opts), st, fail);
-  MP_CHECK_GOTO(mp_apply_ac(ctx, p, opts->ac), st, fail);
-  MP_CHECK_GOTO(mp_apply_fsdp(ctx, p, &opts->fsdp), st, fail);
+  mp_status st = run_passes(ctx, p, opts);
+  if (st != MP_OK) {
+    mp_plan_destroy(p);
+    return st;
+  }
+  *out = p;
+  return MP_OK;
+}
+
+/* ---- templates: the module tree once per model ------------------------------------ */
+
+mp_status mp_plan_template_create(mp_ctx *ctx, const mp_model *m, mp_plan_template **out) {
+  *out = NULL;
+  MP_CHECK(validate_model(ctx, m));
+  mp_arena *arena = mp_arena_create();
+  MP_CHECK_ALLOC(ctx, arena);
+  mp_plan_template *t = mp_arena_alloc(arena, sizeof *t);
+  builder b = {arena, NULL, 0, tree_cap(m)};
+  const int L = (int)m->n_layers;
+  if (t == NULL) goto nomem;
+  t->arena = arena;
+  t->model = *m;
+  b.params = mp_arena_alloc(arena, sizeof(mp_param) * (size_t)b.cap);
+  if (b.params == NULL || build_tree(&b, m) != 0) goto nomem;
+  t->params = b.params;
+  t->n_params = b.n;
+  const size_t names = sizeof(const char *) * (size_t)(L > 0 ? L : 1);
+  t->unit_block = mp_arena_alloc(arena, names);
+  t->unit_attn = mp_arena_alloc(arena, names);
+  t->unit_moe = mp_arena_alloc(arena, names);
+  t->unit_experts = mp_arena_alloc(arena, names);
+  if (!t->unit_block || !t->unit_attn || !t->unit_moe || !t->unit_experts) goto nomem;
+  for (int l = 0; l < L; l++) {
+    t->unit_block[l] = mp_arena_printf(arena, "layers.%d", l);
+    t->unit_attn[l] = mp_arena_printf(arena, "layers.%d.attention", l);
+    t->unit_moe[l] = mp_arena_printf(arena, "layers.%d.moe", l);
+    t->unit_experts[l] = mp_arena_printf(arena, "layers.%d.moe.experts", l);
+    if (!t->unit_block[l] || !t->unit_attn[l] || !t->unit_moe[l] || !t->unit_experts[l])
+      goto nomem;
+  }
+  *out = t;
+  return MP_OK;
+nomem:
+  mp_arena_destroy(arena);
+  return mp_error(ctx, MP_ERR_NOMEM, "out of memory building the module tree of %s", m->name);
+}
+
+void mp_plan_template_destroy(mp_plan_template *t) {
+  if (t != NULL) mp_arena_destroy(t->arena); /* the template lives in its arena */
+}
+
+mp_status mp_build_plan_from(mp_ctx *ctx, const mp_plan_template *t, const mp_mesh *mesh,
+                             const mp_plan_options *opts, mp_arena *arena, mp_plan **out) {
+  *out = NULL;
+  mp_plan_options defaults;
+  if (opts == NULL) {
+    mp_plan_options_init(&defaults);
+    opts = &defaults;
+  }
+  const mp_model *m = &t->model;
+  MP_CHECK(validate_mesh(ctx, m, mesh, opts));
+  const int own = arena == NULL;
+  if (own) {
+    arena = mp_arena_create();
+    MP_CHECK_ALLOC(ctx, arena);
+  }
+  mp_plan *p = NULL;
+  mp_status st = plan_init(ctx, arena, m, mesh, opts, &p);
+  if (st != MP_OK) goto fail;
+  p->tmpl = t;
+  p->arena_borrowed = !own;
+  /* Copy the tree, descriptors only: the FQN pointers stay the template's. */
+  p->params = mp_arena_alloc(arena, sizeof(mp_param) * (size_t)(t->n_params > 0 ? t->n_params : 1));
+  if (p->params == NULL) {
+    st = mp_error(ctx, MP_ERR_NOMEM, "out of memory building the module tree of %s", m->name);
+    goto fail;
+  }
+  memcpy(p->params, t->params, sizeof(mp_param) * (size_t)t->n_params);
+  p->n_params = t->n_params;
+  /* The template's stages are all 0, which is right without pipeline parallelism. */
+  if (mesh->size[MP_DIM_PP] > 1) set_stages(p);
+  st = run_passes(ctx, p, opts);
+  if (st != MP_OK) goto fail;
   *out = p;
   return MP_OK;
 fail:
-  mp_plan_destroy(p);
+  if (own) mp_arena_destroy(arena);
   return st;
 }
 
@@ -414,31 +541,49 @@ int64_t mp_param_tp_numel(const mp_param *prm) {
   return n;
 }
 
-void mp_param_tp_tile(const mp_plan *p, const mp_param *prm, int rank, int64_t off[MP_MAX_NDIM],
-                      int64_t len[MP_MAX_NDIM]) {
+/* A rank's place in the mesh as the tile math needs it, computed once per rank (the
+ * totals ask it for every parameter). */
+typedef struct rank_pos {
+  int stage, tp, ep;
+  int fsdp_i, fsdp_g;   /* index in and size of MP_GROUP_FSDP */
+  int efsdp_i, efsdp_g; /* index in and size of MP_GROUP_EFSDP */
+} rank_pos;
+
+static void rank_pos_of(const mp_plan *p, int rank, rank_pos *r) {
   int c[MP_MESH_NDIMS];
   mp_mesh_coords(&p->mesh, rank, c);
+  r->stage = c[MP_DIM_PP];
+  r->tp = c[MP_DIM_TP];
+  r->ep = mp_mesh_ep_index(&p->mesh, rank);
+  r->fsdp_i = mp_mesh_group_index(&p->mesh, MP_GROUP_FSDP, rank);
+  r->fsdp_g = mp_mesh_group_size(&p->mesh, MP_GROUP_FSDP);
+  r->efsdp_i = mp_mesh_group_index(&p->mesh, MP_GROUP_EFSDP, rank);
+  r->efsdp_g = mp_mesh_group_size(&p->mesh, MP_GROUP_EFSDP);
+}
+
+static void tp_tile_at(const mp_param *prm, const rank_pos *r, int64_t off[MP_MAX_NDIM],
+                       int64_t len[MP_MAX_NDIM]) {
   for (int i = 0; i < MP_MAX_NDIM; i++) {
     off[i] = 0;
     len[i] = prm->tp_shape[i];
   }
   const mp_placement *tp = &prm->place[MP_AXIS_TP];
-  if (tp->kind == MP_PLACEMENT_SHARD) off[tp->dim] = (int64_t)c[MP_DIM_TP] * prm->tp_shape[tp->dim];
+  if (tp->kind == MP_PLACEMENT_SHARD) off[tp->dim] = (int64_t)r->tp * prm->tp_shape[tp->dim];
   const mp_placement *ep = &prm->place[MP_AXIS_EP];
-  if (ep->kind == MP_PLACEMENT_SHARD)
-    off[ep->dim] = (int64_t)mp_mesh_ep_index(&p->mesh, rank) * prm->tp_shape[ep->dim];
+  if (ep->kind == MP_PLACEMENT_SHARD) off[ep->dim] = (int64_t)r->ep * prm->tp_shape[ep->dim];
 }
 
-int mp_param_tile(const mp_plan *p, const mp_param *prm, int rank, int64_t off[MP_MAX_NDIM],
-                  int64_t len[MP_MAX_NDIM]) {
-  mp_param_tp_tile(p, prm, rank, off, len);
-  if (prm->pp_stage != mp_plan_rank_stage(p, rank)) {
+static int tile_at(const mp_param *prm, const rank_pos *r, int64_t off[MP_MAX_NDIM],
+                   int64_t len[MP_MAX_NDIM]) {
+  tp_tile_at(prm, r, off, len);
+  if (prm->pp_stage != r->stage) {
     for (int i = 0; i < MP_MAX_NDIM; i++) len[i] = 0;
     return 0;
   }
   if (prm->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD) {
-    int g = mp_mesh_group_size(&p->mesh, prm->fsdp_group);
-    int i = mp_mesh_group_index(&p->mesh, prm->fsdp_group, rank);
+    const int efsdp = prm->fsdp_group == MP_GROUP_EFSDP;
+    int g = efsdp ? r->efsdp_g : r->fsdp_g;
+    int i = efsdp ? r->efsdp_i : r->fsdp_i;
     int64_t rows = prm->tp_shape[0], chunk = (rows + g - 1) / g;
     int64_t start = (int64_t)i * chunk, end = start + chunk;
     if (end > rows) end = rows;
@@ -452,12 +597,32 @@ int mp_param_tile(const mp_plan *p, const mp_param *prm, int rank, int64_t off[M
   return 1;
 }
 
-int64_t mp_param_local_numel(const mp_plan *p, const mp_param *prm, int rank) {
+void mp_param_tp_tile(const mp_plan *p, const mp_param *prm, int rank, int64_t off[MP_MAX_NDIM],
+                      int64_t len[MP_MAX_NDIM]) {
+  rank_pos r;
+  rank_pos_of(p, rank, &r);
+  tp_tile_at(prm, &r, off, len);
+}
+
+int mp_param_tile(const mp_plan *p, const mp_param *prm, int rank, int64_t off[MP_MAX_NDIM],
+                  int64_t len[MP_MAX_NDIM]) {
+  rank_pos r;
+  rank_pos_of(p, rank, &r);
+  return tile_at(prm, &r, off, len);
+}
+
+static int64_t local_numel_at(const mp_param *prm, const rank_pos *r) {
   int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
-  if (!mp_param_tile(p, prm, rank, off, len)) return 0;
+  if (!tile_at(prm, r, off, len)) return 0;
   int64_t n = 1;
   for (int i = 0; i < prm->ndim; i++) n *= len[i];
   return n;
+}
+
+int64_t mp_param_local_numel(const mp_plan *p, const mp_param *prm, int rank) {
+  rank_pos r;
+  rank_pos_of(p, rank, &r);
+  return local_numel_at(prm, &r);
 }
 
 int mp_plan_find_param(const mp_plan *p, const char *fqn) {
@@ -470,13 +635,15 @@ int mp_plan_find_param(const mp_plan *p, const char *fqn) {
 
 void mp_plan_rank_totals(const mp_plan *p, int rank, mp_plan_totals *out) {
   memset(out, 0, sizeof *out);
-  for (int i = 0; i < p->n_params; i++) out->params_numel += mp_param_local_numel(p, &p->params[i], rank);
+  rank_pos r;
+  rank_pos_of(p, rank, &r);
+  for (int i = 0; i < p->n_params; i++) out->params_numel += local_numel_at(&p->params[i], &r);
   const int64_t mb = mp_dtype_bytes(p->opts.master_dtype);
   out->param_bytes = out->params_numel * mb;
   out->grad_bytes = out->params_numel * mb;
   out->optimizer_bytes = 2 * out->params_numel * mb; /* AdamW exp_avg and exp_avg_sq */
   if (!(p->applied & MP_PASS_FSDP)) return;
-  const int stage = mp_plan_rank_stage(p, rank);
+  const int stage = r.stage;
   const int64_t pb = mp_dtype_bytes(p->opts.fsdp.param_dtype);
   for (int u = 0; u < p->n_units; u++) {
     int64_t n = 0;

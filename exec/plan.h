@@ -188,7 +188,27 @@ typedef struct mp_plan {
   int64_t vocab_padded;  /* vocab after padding for tp (== model.vocab when none) */
   mp_ac_mode ac;
   int layers_per_stage;  /* n_layers / pp (last stage may hold fewer) */
+  /* Added for the planner's speed (mp_build_plan_from): */
+  const struct mp_plan_template *tmpl; /* the template it was built from, or NULL; when set,
+                                          params[i].fqn / module_fqn and unit names point
+                                          into the template, which must outlive the plan */
+  int arena_borrowed;    /* 1: arena belongs to the caller; mp_plan_destroy frees nothing */
 } mp_plan;
+
+/* A model's module tree computed once (every FQN formatted once, every global shape):
+ * the mesh-independent part of mp_plan_create. Many plans of one model (a search) are
+ * then built from it by mp_build_plan_from without formatting a single string. Read-only
+ * after creation, so threads may share one; it must outlive every plan built from it (the
+ * plans' FQNs and unit names point into it). Fields are for plan.c and the passes. */
+typedef struct mp_plan_template {
+  mp_arena *arena;
+  mp_model model;
+  mp_param *params;   /* pp_stage 0, replicated on every axis, as mp_plan_create leaves them */
+  int n_params;
+  /* FSDP unit names per layer: "layers.N", "layers.N.attention", "layers.N.moe",
+   * "layers.N.moe.experts" */
+  const char **unit_block, **unit_attn, **unit_moe, **unit_experts;
+} mp_plan_template;
 
 void mp_plan_options_init(mp_plan_options *o);
 /* Validates model x mesh (MoE with pp > 1 refused; ep divides n_experts) and builds the
@@ -206,6 +226,17 @@ mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o);
  * ep > 1, float8 only when opts->fp8). */
 mp_status mp_build_plan(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                         const mp_plan_options *opts, mp_plan **out);
+
+/* Validates the model and lays out its module tree once (see mp_plan_template). */
+mp_status mp_plan_template_create(mp_ctx *ctx, const mp_model *m, mp_plan_template **out);
+void mp_plan_template_destroy(mp_plan_template *t); /* NULL is a no-op */
+/* Same plan as mp_build_plan(ctx, &t->model, mesh, opts) (same checks, passes, notes,
+ * parameters and units), built from the template: FQNs and unit names are the template's
+ * strings. arena: NULL gives the plan its own arena (mp_plan_destroy frees it); otherwise
+ * the plan lives in the caller's arena (arena_borrowed), mp_plan_destroy frees nothing
+ * and the plan is valid until the caller resets or destroys that arena. */
+mp_status mp_build_plan_from(mp_ctx *ctx, const mp_plan_template *t, const mp_mesh *mesh,
+                             const mp_plan_options *opts, mp_arena *arena, mp_plan **out);
 
 /* The block of the global tensor that `rank` stores at rest (after FSDP, or after TP/EP
  * when FSDP is not applied): per dim, offset and length in global indices. Returns 0

@@ -236,10 +236,11 @@ int mp_cmd_plan(int argc, char **argv) {
   }
 
   /* ---- the evaluator and the request ---- */
-  mp_sim_evaluator *ev = malloc(sizeof *ev);
+  mp_sim_evaluator *ev = calloc(1, sizeof *ev);
   if (!ev) return exit_for(&ctx, mp_error(&ctx, MP_ERR_NOMEM, "out of memory"));
   st = mp_sim_evaluator_init(&ctx, ev, &m, &c, seq, gb, headroom, mp_args_get(&k_spec, "--stack"));
   if (st != MP_OK) {
+    mp_sim_evaluator_free(ev);
     free(ev);
     return exit_for(&ctx, st);
   }
@@ -256,8 +257,10 @@ int mp_cmd_plan(int argc, char **argv) {
   req.search.mem_capacity_bytes = (int64_t)(c.gpu.mem_gib * (1.0 - headroom) * kGiB);
   req.search.eval = mp_sim_evaluate;
   req.search.eval_user = ev;
+  req.search.eval_thread_done = mp_sim_evaluator_thread_done;
   const char *fix = mp_args_get(&k_spec, "--fix");
   if (fix && (st = mp_search_fix_parse(&ctx, fix, &req.search.fix)) != MP_OK) {
+    mp_sim_evaluator_free(ev);
     free(ev);
     return exit_for(&ctx, st);
   }
@@ -422,6 +425,7 @@ int mp_cmd_plan(int argc, char **argv) {
 out:
   mp_planner_result_free(&res);
   mp_store_close(store);
+  mp_sim_evaluator_free(ev);
   free(ev);
   free(opts_json);
   free(cmdline);

@@ -21,7 +21,16 @@ mp_status mp_sim_evaluator_init(mp_ctx *ctx, mp_sim_evaluator *ev, const mp_mode
   ev->sim.stack = &ev->stack;
   ev->sim.mem_headroom = headroom;
   ev->sim.record_trace = 0;
+  /* The module tree once per search: every candidate's plan copies it instead of
+   * formatting ~10 FQNs per layer again (the bulk of a plan's cost for a large model). */
+  MP_CHECK(mp_plan_template_create(ctx, m, &ev->tmpl));
   return MP_OK;
+}
+
+void mp_sim_evaluator_free(mp_sim_evaluator *ev) {
+  if (ev == NULL) return;
+  mp_plan_template_destroy(ev->tmpl);
+  ev->tmpl = NULL;
 }
 
 void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
@@ -38,11 +47,17 @@ void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
 
 mp_status mp_sim_evaluate(void *user, mp_ctx *ctx, mp_arena *scratch, const mp_candidate *c,
                           mp_sim_result *out) {
-  (void)scratch; /* mp_simulate_plan keeps its own per-thread arena */
   const mp_sim_evaluator *ev = user;
   mp_plan_options o;
   mp_sim_evaluator_options(ev, c, &o);
-  return mp_simulate_plan(ctx, ev->model, &c->mesh, &o, &ev->sim, out);
+  /* The plan is built from the shared template in the worker's scratch arena, and the
+   * schedules after it there too (the search resets scratch after each candidate);
+   * mp_simulate_built_plan picks the stages to simulate as mp_simulate_plan does. */
+  if (ev->tmpl == NULL || scratch == NULL)
+    return mp_simulate_plan(ctx, ev->model, &c->mesh, &o, &ev->sim, out);
+  mp_plan *p = NULL;
+  MP_CHECK(mp_build_plan_from(ctx, ev->tmpl, &c->mesh, &o, scratch, &p));
+  return mp_simulate_built_plan(ctx, p, &ev->sim, scratch, out);
 }
 
 mp_status mp_sim_evaluator_trace(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
@@ -50,7 +65,10 @@ mp_status mp_sim_evaluator_trace(mp_ctx *ctx, const mp_sim_evaluator *ev, const 
   mp_plan_options o;
   mp_sim_evaluator_options(ev, c, &o);
   mp_plan *p = NULL;
-  MP_CHECK(mp_build_plan(ctx, ev->model, &c->mesh, &o, &p));
+  if (ev->tmpl)
+    MP_CHECK(mp_build_plan_from(ctx, ev->tmpl, &c->mesh, &o, NULL, &p));
+  else
+    MP_CHECK(mp_build_plan(ctx, ev->model, &c->mesh, &o, &p));
   mp_arena *a = mp_arena_create();
   mp_schedule *s = NULL;
   mp_sim_trace *t = NULL;
@@ -65,4 +83,9 @@ mp_status mp_sim_evaluator_trace(mp_ctx *ctx, const mp_sim_evaluator *ev, const 
   mp_arena_destroy(a);
   mp_plan_destroy(p);
   return st;
+}
+
+void mp_sim_evaluator_thread_done(void *user) {
+  (void)user;
+  mp_sim_thread_release();
 }

@@ -2,8 +2,9 @@
  * (exec/plan.h) and is costed by mp_simulate_plan (sim/sim.h). Also draws the chosen
  * plan's simulated timeline as a Chrome trace for the plots.
  *
- * Thread safety: mp_sim_evaluate only reads the evaluator, so the search's workers share
- * one (mp_simulate_plan keeps its own per-thread arena). */
+ * Thread safety: mp_sim_evaluate only reads the evaluator (its plan template included,
+ * read-only after init), so the search's workers share one; each builds its plans and
+ * schedules in its own scratch arena. */
 #ifndef MP_PLANNER_EVALUATE_H
 #define MP_PLANNER_EVALUATE_H
 
@@ -21,6 +22,8 @@ typedef struct mp_sim_evaluator {
   mp_plan_options base; /* seq, global batch and defaults; per-candidate fields overwritten */
   mp_stack_profile stack;
   mp_sim_config sim;    /* sim.stack points at stack */
+  mp_plan_template *tmpl; /* the model's module tree, built once by init, read-only after:
+                             the workers build their plans from it (mp_build_plan_from) */
 } mp_sim_evaluator;
 
 /* stack_name NULL: the default profile for the cluster's GPU. headroom: fraction of GPU
@@ -29,6 +32,9 @@ typedef struct mp_sim_evaluator {
 mp_status mp_sim_evaluator_init(mp_ctx *ctx, mp_sim_evaluator *ev, const mp_model *m,
                                 const mp_cluster *c, int64_t seq, int64_t global_batch,
                                 double headroom, const char *stack_name);
+/* Frees what init allocated (the template); the evaluator may be zeroed or never
+ * initialised. */
+void mp_sim_evaluator_free(mp_sim_evaluator *ev);
 /* The plan options of a candidate: micro-batch, AC, float8 (float8 all-gather only
  * without TP), reshard_after_forward, vocab padded when tp does not divide it. */
 void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
@@ -36,6 +42,8 @@ void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
 /* mp_search_eval_fn: user is an mp_sim_evaluator. */
 mp_status mp_sim_evaluate(void *user, mp_ctx *ctx, mp_arena *scratch, const mp_candidate *c,
                           mp_sim_result *out);
+/* For mp_search_config.eval_thread_done: releases the worker's simulator buffers. */
+void mp_sim_evaluator_thread_done(void *user);
 /* Simulates rank 0 of the candidate with record_trace and writes the Chrome trace to path. */
 mp_status mp_sim_evaluator_trace(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
                                  const char *path);

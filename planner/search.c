@@ -445,6 +445,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&sh->mu);
   }
   mp_arena_destroy(scratch);
+  if (sh->cfg->eval_thread_done) sh->cfg->eval_thread_done(sh->cfg->eval_user);
   return NULL;
 }
 

@@ -124,6 +124,9 @@ typedef struct mp_search_config {
   int64_t mem_capacity_bytes; /* GPU memory less headroom, for the lower-bound prune; 0: off */
   mp_search_eval_fn eval;
   void *eval_user;
+  /* Called by each worker thread before it exits (may be NULL): releases per-thread
+   * state the evaluator keeps, e.g. the simulator's scratch buffers. */
+  void (*eval_thread_done)(void *eval_user);
 } mp_search_config;
 
 /* Defaults: no constraints, threads = CPUs. Caller sets model, cluster, seq, batch, eval. */

@@ -48,6 +48,12 @@ double mp_sim_collective_s(mp_coll c, double bytes, int n, double bw_GBps, doubl
 static _Thread_local int *g_ranks;
 static _Thread_local size_t g_ranks_cap;
 
+void mp_sim_network_release(void) {
+  free(g_ranks);
+  g_ranks = NULL;
+  g_ranks_cap = 0;
+}
+
 /* Listing a large group's ranks costs microseconds, the planner asks for the same few
  * groups over and over: a small per-thread cache keyed by everything the answer depends
  * on (round-robin replacement). */

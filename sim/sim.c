@@ -61,6 +61,14 @@ static double *scratch(size_t n) {
   return g_scratch;
 }
 
+void mp_sim_thread_release(void) {
+  free(g_scratch);
+  g_scratch = NULL;
+  g_scratch_cap = 0;
+  mp_sim_network_release();
+  mp_sim_plan_release();
+}
+
 /* ---- state ------------------------------------------------------------------------ */
 
 /* What the time simulation accumulates; snapshots of it give per-repetition advances. */

@@ -84,6 +84,11 @@ typedef struct mp_sim_trace mp_sim_trace; /* opaque: per-op times of one simulat
  * mp_sim_trace_destroy); trace may be NULL otherwise. */
 mp_status mp_simulate(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
                       mp_sim_result *out, mp_sim_trace **trace);
+/* Frees the calling thread's reusable buffers (simulation scratch, group lists, stage
+ * arena). Call it before a thread that simulated exits; the next call on the thread
+ * grows them again. */
+void mp_sim_thread_release(void);
+
 /* Chrome trace JSON (Perfetto opens it): one track per stream, ops named by FQN. */
 mp_status mp_sim_trace_write(mp_ctx *ctx, const mp_sim_trace *t, const char *path);
 void mp_sim_trace_destroy(mp_sim_trace *t);
@@ -93,6 +98,25 @@ void mp_sim_trace_destroy(mp_sim_trace *t);
 mp_status mp_simulate_plan(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                            const mp_plan_options *opts, const mp_sim_config *cfg,
                            mp_sim_result *out);
+
+/* Added (the planner's hot path, see sim/sim_plan.c). mp_simulate_plan with the caller's
+ * scratch arena for the schedules instead of the per-thread one: scratch is only
+ * allocated from, never reset here (the caller resets it after the call, e.g. the search
+ * after each candidate); NULL uses the per-thread arena. */
+mp_status mp_simulate_plan_scratch(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                                   const mp_plan_options *opts, const mp_sim_config *cfg,
+                                   mp_arena *scratch, mp_sim_result *out);
+/* Added: the same on a plan already built (e.g. by mp_build_plan_from in scratch). With
+ * pp > 1 only the distinct stages are simulated (first, last, the earliest of each class
+ * of alike middle stages); the result equals mp_simulate_built_plan_all_stages field for
+ * field. */
+mp_status mp_simulate_built_plan(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                                 mp_arena *scratch, mp_sim_result *out);
+/* Added: the reference (slow: every one of the pp stages is built and simulated); the
+ * tests compare mp_simulate_built_plan against it. */
+mp_status mp_simulate_built_plan_all_stages(mp_ctx *ctx, const mp_plan *p,
+                                            const mp_sim_config *cfg, mp_arena *scratch,
+                                            mp_sim_result *out);
 
 /* Ring-factor time of one collective of `bytes` payload on a group of n ranks whose
  * slowest link has bw_GBps per direction and lat_s per step (exposed for tests). */

@@ -22,4 +22,8 @@ struct mp_sim_trace {
   size_t n, cap;
 };
 
+/* Per-file parts of mp_sim_thread_release. */
+void mp_sim_network_release(void);
+void mp_sim_plan_release(void);
+
 #endif

@@ -2,60 +2,230 @@
  *
  * Without pipeline parallelism rank 0 stands for every rank (ranks of one plan differ
  * only in which shard they hold; the last FSDP ranks may hold a little less, never more).
- * With pp > 1 the first rank of every stage is simulated: the step is as slow as the
- * slowest stage (each result already carries the bubble), memory is the largest stage's
- * (stage 0 holds the most micro-batches in flight under 1F1B). Schedules are built in a
- * per-thread arena that is reset, not freed, between calls. */
+ * With pp > 1 the first rank of every stage stands for its stage: the step is as slow as
+ * the slowest stage (each result already carries the bubble), memory is the largest
+ * stage's. Merge rule (kept exactly): stages are taken in order; time figures and every
+ * field but the memory ones come from the first stage with the largest step time,
+ * peak_mem_bytes, mem_at_peak, overhead_bytes and fits from the first stage with the
+ * largest peak.
+ *
+ * Distinct stages only (the planner's hot path). Stage 0 (embedding) and the last stage
+ * (norm, head, loss) are simulated on their own. Two middle stages whose blocks match
+ * (same layer count, same MoE pattern, block parameters alike in shape, placement,
+ * float8 and FSDP unit layout) build the same schedule but for the stage index, so they
+ * take the same time to the bit; the only stage-dependent term is the in-flight
+ * activations (mp_sim_pp_inflight), non-increasing in the stage, so the earliest stage of
+ * such a class has the largest peak. Under the merge rule the later members of a class
+ * never win either figure: only the earliest of each class is simulated. That also needs
+ * every stage's rank (stage x world/pp, the pp dim is outermost) to see the same links:
+ * true when world/pp is a multiple or a divisor of gpus_per_node (the group is then the
+ * stage-0 group moved by whole nodes, or each stage stays inside one node); otherwise
+ * every stage is simulated. mp_simulate_built_plan_all_stages is the reference the tests
+ * compare against.
+ *
+ * Schedules are built in a per-thread arena that is reset, not freed, between stages, or
+ * in the caller's scratch arena (never reset here: it may hold the caller's plan). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "sim/sim.h"
+#include "sim/sim_internal.h"
 
 static _Thread_local mp_arena *g_arena;
+/* Reused across calls (no allocation per call once grown): [0, pp + 2) stage offsets,
+ * then the block parameters grouped by stage (counting sort), then the selected stages. */
+static _Thread_local int *g_buf;
+static _Thread_local size_t g_buf_cap;
+static _Thread_local const int *g_idx; /* set by pick_stages: parameter indices, after the offsets */
+
+void mp_sim_plan_release(void) {
+  mp_arena_destroy(g_arena);
+  g_arena = NULL;
+  free(g_buf);
+  g_buf = NULL;
+  g_buf_cap = 0;
+  g_idx = NULL;
+}
+
+static void merge(mp_sim_result *best, const mp_sim_result *r, int first) {
+  if (first) {
+    *best = *r;
+    return;
+  }
+  if (r->step_time_s > best->step_time_s) {
+    /* time figures from the slowest stage, memory from the fullest */
+    mp_sim_result t = *r;
+    t.peak_mem_bytes = best->peak_mem_bytes;
+    memcpy(t.mem_at_peak, best->mem_at_peak, sizeof t.mem_at_peak);
+    t.overhead_bytes = best->overhead_bytes;
+    t.fits = best->fits;
+    *best = t;
+  }
+  if (r->peak_mem_bytes > best->peak_mem_bytes) {
+    best->peak_mem_bytes = r->peak_mem_bytes;
+    memcpy(best->mem_at_peak, r->mem_at_peak, sizeof best->mem_at_peak);
+    best->overhead_bytes = r->overhead_bytes;
+    best->fits = r->fits;
+  }
+}
+
+static mp_status sim_stage(mp_ctx *ctx, const mp_plan *p, int stage, const mp_sim_config *cfg,
+                           mp_arena *arena, int reset, mp_sim_result *r) {
+  int coords[MP_MESH_NDIMS] = {0};
+  coords[MP_DIM_PP] = stage;
+  int rank = mp_mesh_rank_of(&p->mesh, coords);
+  if (reset) mp_arena_reset(arena);
+  mp_schedule *s = NULL;
+  MP_CHECK(mp_schedule_build(ctx, p, rank, MP_SCHEDULE_COMPACT, arena, &s));
+  return mp_simulate(ctx, s, cfg, r, NULL);
+}
+
+/* Layers [l0, l1) of a stage, as exec/schedule.c assigns them. */
+static void stage_layers(const mp_plan *p, int stage, int *l0, int *l1) {
+  const int L = (int)p->model.n_layers, pp = p->mesh.size[MP_DIM_PP];
+  const int lps = p->layers_per_stage > 0 ? p->layers_per_stage : (L + pp - 1) / pp;
+  *l0 = stage * lps;
+  *l1 = (stage + 1) * lps < L ? (stage + 1) * lps : L;
+  if (*l1 < *l0) *l1 = *l0;
+}
+
+static int param_alike(const mp_param *a, const mp_param *b, int la0, int lb0, int ua0, int ub0) {
+  if (a->layer - la0 != b->layer - lb0 || a->module != b->module || a->role != b->role ||
+      a->ndim != b->ndim || a->is_linear != b->is_linear || a->is_expert != b->is_expert ||
+      a->float8 != b->float8 || a->fsdp_group != b->fsdp_group || a->tp_style != b->tp_style)
+    return 0;
+  if ((a->fsdp_unit < 0) != (b->fsdp_unit < 0)) return 0;
+  if (a->fsdp_unit >= 0 && a->fsdp_unit - ua0 != b->fsdp_unit - ub0) return 0;
+  if (memcmp(a->tp_shape, b->tp_shape, sizeof a->tp_shape) != 0 ||
+      memcmp(a->shape, b->shape, sizeof a->shape) != 0 ||
+      memcmp(a->place, b->place, sizeof a->place) != 0)
+    return 0;
+  return 1;
+}
+
+/* Middle stages a and b build the same schedule but for the stage index. */
+static int stages_alike(const mp_plan *p, const int *start, int a, int b) {
+  int la0, la1, lb0, lb1;
+  stage_layers(p, a, &la0, &la1);
+  stage_layers(p, b, &lb0, &lb1);
+  if (la1 - la0 != lb1 - lb0) return 0;
+  for (int i = 0; i < la1 - la0; i++)
+    if (mp_model_layer_is_moe(&p->model, la0 + i) != mp_model_layer_is_moe(&p->model, lb0 + i))
+      return 0;
+  int na = start[a + 1] - start[a], nb = start[b + 1] - start[b];
+  if (na != nb) return 0;
+  if (na == 0) return 1;
+  const mp_param *pa0 = &p->params[g_idx[start[a]]], *pb0 = &p->params[g_idx[start[b]]];
+  for (int i = 0; i < na; i++)
+    if (!param_alike(&p->params[g_idx[start[a] + i]], &p->params[g_idx[start[b] + i]], la0, lb0,
+                     pa0->fsdp_unit, pb0->fsdp_unit))
+      return 0;
+  return 1;
+}
+
+/* Which stages to simulate, in increasing order: *n_out of them into sel (capacity pp). */
+static mp_status pick_stages(const mp_plan *p, const mp_sim_config *cfg, int *sel,
+                             int *n_out) {
+  const int pp = p->mesh.size[MP_DIM_PP];
+  int n = 0;
+  int world = mp_mesh_world(&p->mesh), S = world / pp;
+  int gpn = cfg->cluster->gpus_per_node > 0 ? cfg->cluster->gpus_per_node : 1;
+  int links_alike = S % gpn == 0 || gpn % S == 0;
+  if (pp <= 3 || !links_alike) {
+    for (int k = 0; k < pp; k++) sel[n++] = k;
+    *n_out = n;
+    return MP_OK;
+  }
+  /* counting sort of the block parameters by stage */
+  int *start = g_buf, *idx = g_buf + pp + 2;
+  memset(start, 0, ((size_t)pp + 2) * sizeof *start);
+  for (int i = 0; i < p->n_params; i++) {
+    const mp_param *q = &p->params[i];
+    if (q->layer >= 0 && q->pp_stage >= 0 && q->pp_stage < pp) start[q->pp_stage + 2]++;
+  }
+  for (int k = 0; k < pp; k++) start[k + 2] += start[k + 1];
+  for (int i = 0; i < p->n_params; i++) {
+    const mp_param *q = &p->params[i];
+    if (q->layer >= 0 && q->pp_stage >= 0 && q->pp_stage < pp) idx[start[q->pp_stage + 1]++] = i;
+  }
+  /* now start[k] .. start[k + 1] are stage k's block parameters, in parameter order */
+  g_idx = idx;
+  sel[n++] = 0;
+  int first_mid = n;
+  for (int k = 1; k < pp - 1; k++) {
+    int dup = 0;
+    for (int j = first_mid; j < n && !dup; j++) dup = stages_alike(p, start, sel[j], k);
+    if (!dup) sel[n++] = k;
+  }
+  sel[n++] = pp - 1;
+  *n_out = n;
+  return MP_OK;
+}
+
+static mp_status simulate_built(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                                mp_arena *scratch, int all, mp_sim_result *out) {
+  if (p == NULL || cfg == NULL || cfg->cluster == NULL || out == NULL)
+    return mp_error(ctx, MP_ERR_INVALID, "mp_simulate_built_plan needs a plan, a config with a "
+                                         "cluster and an output");
+  int reset = scratch == NULL;
+  if (scratch == NULL) {
+    if (g_arena == NULL) {
+      g_arena = mp_arena_create();
+      if (g_arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating an arena");
+    }
+    scratch = g_arena;
+  }
+  const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
+  size_t need = (size_t)p->n_params + 2 * (size_t)pp + 2;
+  if (need > g_buf_cap) {
+    int *q = (int *)realloc(g_buf, need * sizeof *q);
+    if (q == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory grouping pipeline stages");
+    g_buf = q;
+    g_buf_cap = need;
+  }
+  int *sel = g_buf + (size_t)p->n_params + (size_t)pp + 2;
+  int n = 0;
+  mp_status st = MP_OK;
+  if (all) {
+    for (int k = 0; k < pp; k++) sel[n++] = k;
+  } else {
+    MP_CHECK_GOTO(pick_stages(p, cfg, sel, &n), st, done);
+  }
+  mp_sim_result best, r;
+  memset(&best, 0, sizeof best);
+  for (int i = 0; i < n; i++) {
+    MP_CHECK_GOTO(sim_stage(ctx, p, sel[i], cfg, scratch, reset, &r), st, done);
+    merge(&best, &r, i == 0);
+  }
+  *out = best;
+done:
+  if (reset) mp_arena_reset(scratch);
+  return st;
+}
+
+mp_status mp_simulate_built_plan(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                                 mp_arena *scratch, mp_sim_result *out) {
+  return simulate_built(ctx, p, cfg, scratch, 0, out);
+}
+
+mp_status mp_simulate_built_plan_all_stages(mp_ctx *ctx, const mp_plan *p,
+                                            const mp_sim_config *cfg, mp_arena *scratch,
+                                            mp_sim_result *out) {
+  return simulate_built(ctx, p, cfg, scratch, 1, out);
+}
+
+mp_status mp_simulate_plan_scratch(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                                   const mp_plan_options *opts, const mp_sim_config *cfg,
+                                   mp_arena *scratch, mp_sim_result *out) {
+  mp_plan *p = NULL;
+  MP_CHECK(mp_build_plan(ctx, m, mesh, opts, &p));
+  mp_status st = simulate_built(ctx, p, cfg, scratch, 0, out);
+  mp_plan_destroy(p);
+  return st;
+}
 
 mp_status mp_simulate_plan(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                            const mp_plan_options *opts, const mp_sim_config *cfg,
                            mp_sim_result *out) {
-  if (g_arena == NULL) {
-    g_arena = mp_arena_create();
-    if (g_arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating an arena");
-  }
-  mp_plan *p = NULL;
-  MP_CHECK(mp_build_plan(ctx, m, mesh, opts, &p));
-  mp_status st = MP_OK;
-  int pp = mesh->size[MP_DIM_PP];
-  mp_sim_result best, r;
-  memset(&best, 0, sizeof best);
-  for (int stage = 0; stage < pp; stage++) {
-    int coords[MP_MESH_NDIMS] = {0};
-    coords[MP_DIM_PP] = stage;
-    int rank = mp_mesh_rank_of(mesh, coords);
-    mp_arena_reset(g_arena);
-    mp_schedule *s = NULL;
-    MP_CHECK_GOTO(mp_schedule_build(ctx, p, rank, MP_SCHEDULE_COMPACT, g_arena, &s), st, done);
-    MP_CHECK_GOTO(mp_simulate(ctx, s, cfg, &r, NULL), st, done);
-    if (stage == 0) {
-      best = r;
-      continue;
-    }
-    if (r.step_time_s > best.step_time_s) {
-      /* time figures from the slowest stage, memory from the fullest */
-      mp_sim_result t = r;
-      t.peak_mem_bytes = best.peak_mem_bytes;
-      memcpy(t.mem_at_peak, best.mem_at_peak, sizeof t.mem_at_peak);
-      t.overhead_bytes = best.overhead_bytes;
-      t.fits = best.fits;
-      best = t;
-    }
-    if (r.peak_mem_bytes > best.peak_mem_bytes) {
-      best.peak_mem_bytes = r.peak_mem_bytes;
-      memcpy(best.mem_at_peak, r.mem_at_peak, sizeof best.mem_at_peak);
-      best.overhead_bytes = r.overhead_bytes;
-      best.fits = r.fits;
-    }
-  }
-  *out = best;
-done:
-  mp_arena_reset(g_arena);
-  mp_plan_destroy(p);
-  return st;
+  return mp_simulate_plan_scratch(ctx, m, mesh, opts, cfg, NULL, out);
 }

@@ -113,10 +113,30 @@ mp_status mp_wfile_read(mp_ctx *ctx, const char *path, mp_wtensor **tensors, int
       t[i].numel *= t[i].shape[d];
     }
     if (pos + (size_t)t[i].numel * 4 > len) goto trunc;
-    t[i].data = (const float *)(b + pos); /* 4-byte alignment is not guaranteed: read via memcpy on strict targets */
+    t[i].data = (const float *)(uintptr_t)pos; /* offset for now: see below */
     pos += (size_t)t[i].numel * 4;
   }
   if (pos != len) goto trunc;
+  {
+    /* Tensor data follows variable-length names, so it is not 4-byte aligned in the
+     * file; reading floats there is undefined behaviour. Copy every tensor into an
+     * aligned region appended to the same buffer (one free for the caller). */
+    size_t base = (len + 16) & ~(size_t)15, total = 0;
+    for (uint32_t i = 0; i < c; i++) total += (size_t)t[i].numel * 4;
+    char *nb = realloc(b, base + total + 1);
+    if (!nb) {
+      st = mp_error(ctx, MP_ERR_NOMEM, "weight file: out of memory");
+      goto fail;
+    }
+    b = nb;
+    size_t at = base;
+    for (uint32_t i = 0; i < c; i++) {
+      size_t off = (size_t)(uintptr_t)t[i].data, n = (size_t)t[i].numel * 4;
+      memcpy(b + at, b + off, n);
+      t[i].data = (const float *)(void *)(b + at);
+      at += n;
+    }
+  }
   *tensors = t;
   *count = (int)c;
   *raw = b;

@@ -194,3 +194,89 @@ TEST(Trace, ParsesAndNests) {
   mp_arena_destroy(a);
   mp_plan_destroy(p);
 }
+
+// Distinct pipeline stages (sim/sim_plan.c): mp_simulate_built_plan simulates only the
+// first, the last and the earliest of each class of alike middle stages; the result must
+// equal, field for field and to the bit, the reference that builds and simulates every
+// stage. Meshes cover even layers (8b pp=2,4,8), uneven ones (8b pp=5,6; pp=12 and
+// gpt2 pp=8 leave middle stages with two layer counts, one of them empty), multi-node
+// stages (h100-16k) and the all-stages fallback (world/pp=12 vs 8 GPUs a node).
+namespace {
+void ExpectSameResult(const mp_sim_result &a, const mp_sim_result &b, const std::string &what) {
+  EXPECT_EQ(a.step_time_s, b.step_time_s) << what;
+  EXPECT_EQ(a.tokens_per_s_per_gpu, b.tokens_per_s_per_gpu) << what;
+  EXPECT_EQ(a.mfu, b.mfu) << what;
+  EXPECT_EQ(a.compute_s, b.compute_s) << what;
+  EXPECT_EQ(a.exposed_comm_s, b.exposed_comm_s) << what;
+  EXPECT_EQ(a.bubble_s, b.bubble_s) << what;
+  EXPECT_EQ(a.optimizer_s, b.optimizer_s) << what;
+  for (int i = 0; i < MP_STREAM_COUNT; i++) EXPECT_EQ(a.comm_s[i], b.comm_s[i]) << what;
+  EXPECT_EQ(a.peak_mem_bytes, b.peak_mem_bytes) << what;
+  for (int i = 0; i < MP_MEM_COUNT; i++) {
+    EXPECT_EQ(a.mem_at_peak[i], b.mem_at_peak[i]) << what << " category " << i;
+    EXPECT_EQ(a.mem_max[i], b.mem_max[i]) << what << " category " << i;
+  }
+  EXPECT_EQ(a.overhead_bytes, b.overhead_bytes) << what;
+  EXPECT_EQ(a.capacity_bytes, b.capacity_bytes) << what;
+  EXPECT_EQ(a.fits, b.fits) << what;
+}
+
+void CheckDistinctStages(PlanCase &s, const std::string &what) {
+  mp_plan *p = nullptr;
+  ASSERT_EQ(mp_build_plan(&s.ctx, &s.m, &s.mesh, &s.o, &p), MP_OK) << what << mp_errmsg(&s.ctx);
+  mp_sim_result fast, ref, via_plan, via_scratch;
+  ASSERT_EQ(mp_simulate_built_plan_all_stages(&s.ctx, p, &s.cfg, nullptr, &ref), MP_OK)
+      << what << mp_errmsg(&s.ctx);
+  ASSERT_EQ(mp_simulate_built_plan(&s.ctx, p, &s.cfg, nullptr, &fast), MP_OK)
+      << what << mp_errmsg(&s.ctx);
+  mp_plan_destroy(p);
+  ExpectSameResult(fast, ref, what);
+  ASSERT_EQ(mp_simulate_plan(&s.ctx, &s.m, &s.mesh, &s.o, &s.cfg, &via_plan), MP_OK);
+  ExpectSameResult(via_plan, ref, what + " (mp_simulate_plan)");
+  mp_arena *a = mp_arena_create();
+  ASSERT_NE(a, nullptr);
+  ASSERT_EQ(mp_simulate_plan_scratch(&s.ctx, &s.m, &s.mesh, &s.o, &s.cfg, a, &via_scratch),
+            MP_OK)
+      << mp_errmsg(&s.ctx);
+  EXPECT_GT(mp_arena_used_bytes(a), 0u) << "the schedules go to the caller's arena";
+  mp_arena_destroy(a);
+  ExpectSameResult(via_scratch, ref, what + " (scratch)");
+  // the stages really differ: otherwise equality would say nothing about the selection
+  EXPECT_GT(ref.step_time_s, 0.0) << what;
+}
+}  // namespace
+
+TEST(PlanPipeline, DistinctStagesEqualAllStages) {
+  struct Case {
+    const char *model;
+    int gpus, per_node;
+    const char *mesh;
+    mp_pp_schedule sched;
+  } cases[] = {
+      {"llama3.1-8b", 8, 8, "pp=2,dp_shard=4", MP_PP_1F1B},
+      {"llama3.1-8b", 8, 8, "pp=4,dp_shard=2", MP_PP_1F1B},
+      {"llama3.1-8b", 8, 8, "pp=8", MP_PP_1F1B},
+      {"llama3.1-8b", 8, 8, "pp=8", MP_PP_GPIPE},
+      {"llama3.1-8b", 40, 8, "pp=5,tp=8", MP_PP_1F1B},          // 7,7,7,7,4 layers
+      {"llama3.1-8b", 96, 8, "pp=6,dp_shard=2,tp=8", MP_PP_1F1B}, // 6 x 5, then 2
+      {"llama3.1-8b", 28, 4, "pp=7,tp=4", MP_PP_1F1B},            // 5 x 6, then 2
+      {"llama3.1-8b", 72, 8, "pp=6,dp_shard=3,tp=4", MP_PP_1F1B}, // fallback: 12 vs 8
+      {"gpt2-124m", 6, 8, "pp=3,dp_shard=2", MP_PP_1F1B},
+      {"gpt2-124m", 8, 8, "pp=4,dp_shard=2", MP_PP_1F1B},
+  };
+  for (const Case &c : cases) {
+    PlanCase s(c.model, "h100-8", "dp_shard=8");
+    const std::string what = std::string(c.model) + " " + c.mesh;
+    ASSERT_EQ(mp_cluster_make(&s.ctx, "h100-sxm", c.gpus, c.per_node, &s.c), MP_OK)
+        << mp_errmsg(&s.ctx);
+    ASSERT_EQ(mp_mesh_parse(&s.ctx, c.mesh, c.gpus, &s.mesh), MP_OK) << mp_errmsg(&s.ctx);
+    s.m.tied_embeddings = 0; // gpt2 ties its head to the embedding: untie it for pp > 1
+    s.o.seq = 1024;
+    s.o.micro_batch = 1;
+    s.o.global_batch = 96; // 8 or more micro-batches per replica: 1F1B in-flight counts
+                           // differ from stage to stage
+    s.o.ac = MP_AC_SELECTIVE;
+    s.o.pp_schedule = c.sched;
+    CheckDistinctStages(s, what);
+  }
+}
