@@ -24,6 +24,22 @@ int mp_cmd_parse(mp_cmd_spec *spec, int argc, char **argv, const char **pos, int
   return 0;
 }
 
+mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
+  const char *ac = mp_args_get(spec, "--ac");
+  if (ac) MP_CHECK(mp_ac_mode_parse(ctx, ac, &o->ac));
+  if (mp_args_has(spec, "--fp8")) o->fp8 = 1;
+  long long v = 0;
+  MP_CHECK(mp_args_int(ctx, spec, "--seq", 1, &v));
+  if (v > 0) o->seq = v;
+  v = 0;
+  MP_CHECK(mp_args_int(ctx, spec, "--micro-batch", 1, &v));
+  if (v > 0) o->micro_batch = v;
+  v = 0;
+  MP_CHECK(mp_args_int(ctx, spec, "--global-batch", 1, &v));
+  if (v > 0) o->global_batch = v;
+  return MP_OK;
+}
+
 int mp_cmd_fail(const mp_ctx *ctx, mp_status st) {
   const char *msg = mp_errmsg(ctx);
   /* Usage errors from the argument parser already name "meshplan <command>". */

@@ -646,19 +646,8 @@ static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_
     MP_CHECK(mp_mesh_validate(ctx, mesh));
   }
   mp_plan_options_init(o);
-  const char *ac = mp_args_get(&k_spec, "--ac");
-  if (ac) MP_CHECK(mp_ac_mode_parse(ctx, ac, &o->ac));
-  o->fp8 = mp_args_has(&k_spec, "--fp8");
+  MP_CHECK(mp_cmd_plan_options(ctx, &k_spec, o));
   o->tp.pad_vocab = mp_args_has(&k_spec, "--pad-vocab");
-  long long v = 0;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--seq", 1, &v));
-  if (v > 0) o->seq = v;
-  v = 0;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--micro-batch", 1, &v));
-  if (v > 0) o->micro_batch = v;
-  v = 0;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--global-batch", 1, &v));
-  if (v > 0) o->global_batch = v;
   long long rank = 0;
   MP_CHECK(mp_args_int(ctx, &k_spec, "--rank", 0, &rank));
   e->world = mp_mesh_world(mesh);

@@ -200,9 +200,7 @@ int mp_cmd_simulate(int argc, char **argv) {
 
   /* options */
   mp_plan_options_init(&o);
-  const char *ac = mp_args_get(&k_spec, "--ac");
-  if (ac) MP_CHECK_GOTO(mp_ac_mode_parse(&ctx, ac, &o.ac), st, fail);
-  o.fp8 = mp_args_has(&k_spec, "--fp8");
+  MP_CHECK_GOTO(mp_cmd_plan_options(&ctx, &k_spec, &o), st, fail);
   const char *ps = mp_args_get(&k_spec, "--pp-schedule");
   if (ps) {
     if (strcmp(ps, "1f1b") == 0) o.pp_schedule = MP_PP_1F1B;
@@ -215,13 +213,6 @@ int mp_cmd_simulate(int argc, char **argv) {
     }
   }
   o.pp_virtual = o.pp_schedule == MP_PP_INTERLEAVED ? (int)pv : 1;
-  long long seq = 0, mb = 1, gb = 0;
-  MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--seq", 1, &seq), st, fail);
-  MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--micro-batch", 1, &mb), st, fail);
-  MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--global-batch", 1, &gb), st, fail);
-  o.seq = seq;
-  o.micro_batch = mb;
-  o.global_batch = gb;
 
   /* stack */
   const char *stack = mp_args_get(&k_spec, "--stack");

@@ -11,9 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/json.h"
+#include "common/progress.h"
 #include "exec/comm/comm.h"
 #include "exec/mesh.h"
 #include "exec/model.h"
@@ -58,12 +58,6 @@ static mp_cmd_spec k_spec = {
     "[--lr LR] [--data synthetic|PATH] [--device cpu|cuda] [--db PATH --plan-id ID] [--seed N] "
     "[--dump-weights PATH]",
     k_opts, 0};
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int use_mpi(void) {
   const char *v = getenv("OMPI_COMM_WORLD_SIZE");
@@ -145,20 +139,17 @@ int mp_cmd_train(int argc, char **argv) {
 
   mp_plan_options po;
   mp_plan_options_init(&po);
-  long long steps = 20, seq = model.max_seq, mb = 4, gb = 0, seed = 1234, fanout = 4;
+  long long steps = 20, seed = 1234, fanout = 4;
   MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--steps", 1, &steps), st, out);
-  MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--seq", 1, &seq), st, out);
-  MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--micro-batch", 1, &mb), st, out);
-  MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--global-batch", 1, &gb), st, out);
   MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--seed", 0, &seed), st, out);
   MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--fanout", 1, &fanout), st, out);
-  if (!gb) gb = mb * dp;
-  po.seq = seq;
-  po.micro_batch = mb;
-  po.global_batch = gb;
-  po.fp8 = mp_args_has(&k_spec, "--fp8");
-  const char *ac = mp_args_get(&k_spec, "--ac");
-  if (ac) MP_CHECK_GOTO(mp_ac_mode_parse(&ctx, ac, &po.ac), st, out);
+  /* train's defaults: the model's whole context, 4 sequences per micro-batch, one
+   * micro-batch per data-parallel rank */
+  po.seq = model.max_seq;
+  po.micro_batch = 4;
+  MP_CHECK_GOTO(mp_cmd_plan_options(&ctx, &k_spec, &po), st, out);
+  if (!po.global_batch) po.global_batch = po.micro_batch * dp;
+  const long long seq = po.seq, mb = po.micro_batch, gb = po.global_batch;
   po.master_dtype = MP_DTYPE_FP32;
   po.fsdp.param_dtype = MP_DTYPE_FP32; /* the CPU runtime computes in fp32 */
   MP_CHECK_GOTO(mp_build_plan(&ctx, &model, &mesh, &po, &plan), st, out);
@@ -233,7 +224,7 @@ int mp_cmd_train(int argc, char **argv) {
   for (long long s = 0; s < steps; s++) {
     MP_CHECK_GOTO(mp_corpus_batch(&ctx, &corpus, s, gb, seq, dp_index, dp, batch), st, out);
     mp_step_result r;
-    double t0 = now_s();
+    double t0 = mp_now_s();
     if (s == 0 && dump_g) {
       mp_talloc_reset_peak((mp_talloc *)mp_runtime_allocator(rt));
       MP_CHECK_GOTO(mp_runtime_forward_backward(&ctx, rt, batch, &r), st, out);
@@ -243,13 +234,13 @@ int mp_cmd_train(int argc, char **argv) {
       if (st == MP_OK && rank == 0) st = mp_wfile_write(&ctx, &w, dump_g);
       mp_wfile_free(&w);
       if (st != MP_OK) goto out;
-      t0 = now_s(); /* the dump is not part of the step's time */
+      t0 = mp_now_s(); /* the dump is not part of the step's time */
       MP_CHECK_GOTO(mp_runtime_optimizer_step(&ctx, rt, &r), st, out);
       r.peak_bytes = mp_talloc_peak_total(mp_runtime_allocator(rt));
     } else {
       MP_CHECK_GOTO(mp_runtime_step(&ctx, rt, batch, &r), st, out);
     }
-    double dt = now_s() - t0;
+    double dt = mp_now_s() - t0;
     double tok_s = (double)r.tokens * dp / dt;
     losses[s] = r.loss;
     if (s > 0) { /* step 1 carries first-touch page faults */

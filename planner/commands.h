@@ -5,6 +5,7 @@
 #define MP_PLANNER_COMMANDS_H
 
 #include "common/status.h"
+#include "exec/plan.h"
 #include "planner/args.h"
 
 #ifdef __cplusplus
@@ -25,6 +26,10 @@ int mp_cmd_validate(int argc, char **argv);
  * usage error prints the one-line message and returns 2 through *done=1. */
 int mp_cmd_parse(mp_cmd_spec *spec, int argc, char **argv, const char **pos, int *n_pos,
                  int *done);
+/* Reads the plan options shared by explain, simulate and train into *o, changing only
+ * what was given: --ac MODE, --fp8, --seq S, --micro-batch B, --global-batch G. The
+ * caller sets its defaults first (mp_plan_options_init, or its own). */
+mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
 /* Prints "meshplan: <message>" and returns the exit code of st. */
 int mp_cmd_fail(const mp_ctx *ctx, mp_status st);
 
