@@ -109,8 +109,9 @@ int main(int argc, char **argv) {
   printf("plan_bench: %s on %s (%d GPUs), seq %lld, global batch %lld; %ld CPUs, %s threads\n",
          m.name, c.name, mp_cluster_n_gpus(&c), seq, gb, ncpu,
          threads ? "given" : "one per CPU");
-  printf("%4s %10s %8s %10s %10s %8s %8s %12s %12s %12s\n", "run", "candidates", "pruned",
-         "simulated", "logged", "wall s", "cpu s", "cand/s", "sim/s", "logged/s");
+  printf("%4s %10s %8s %10s %10s %8s %8s %12s %12s %12s %7s %7s %7s\n", "run", "candidates",
+         "pruned", "simulated", "logged", "wall s", "cpu s", "cand/s", "sim/s", "logged/s",
+         "enum s", "eval s", "rank+c s");
   double wall[100], cps[100], sps[100], lps[100];
   int64_t n_cand = 0, n_sim = 0;
   for (int r = 0; r < runs; r++) {
@@ -144,9 +145,13 @@ int main(int argc, char **argv) {
     cps[r] = (double)n_cand / t;
     sps[r] = (double)n_sim / t;
     lps[r] = (double)logged / t;
-    printf("%4d %10lld %8lld %10lld %10lld %8.3f %8.3f %12.0f %12.0f %12.0f\n", r + 1,
-           (long long)n_cand, (long long)res.search->n_pruned, (long long)n_sim, (long long)logged, t,
-           cpu, cps[r], sps[r], lps[r]);
+    /* phases: enumeration (one thread), evaluation with in-order logging (workers + the
+     * writer), then ranking, rank updates and the commit (one thread) */
+    const double t_enum = res.search->enumerate_s, t_eval = res.search->run_s;
+    printf("%4d %10lld %8lld %10lld %10lld %8.3f %8.3f %12.0f %12.0f %12.0f %7.3f %7.3f %7.3f\n",
+           r + 1, (long long)n_cand, (long long)res.search->n_pruned, (long long)n_sim,
+           (long long)logged, t, cpu, cps[r], sps[r], lps[r], t_enum, t_eval,
+           t - t_enum - t_eval);
     mp_planner_result_free(&res);
   }
   double w = median(wall, (int)runs);

@@ -1,4 +1,11 @@
-/* Arena allocator (see arena.h). Chunks form a singly linked list, newest first. */
+/* Arena allocator (see arena.h).
+ *
+ * Two singly linked lists of chunks: `head`, the chunks in use, newest (the one being
+ * filled) first; `spare`, empty chunks kept by mp_arena_reset for reuse. A request that
+ * does not fit the head chunk takes the first spare chunk big enough, or a new one. Reuse
+ * matters for the planner: its workers reset a scratch arena after every candidate, and
+ * freeing and re-allocating the large chunks each time (plans, schedules of a few hundred
+ * KiB) cost page faults and madvise calls on every candidate. */
 #include "common/arena.h"
 
 #include <stdarg.h>
@@ -8,6 +15,9 @@
 #include <string.h>
 
 #define MP_ARENA_CHUNK_MIN (64 * 1024)
+/* Spare chunks kept by reset, in bytes of capacity; more than this is freed, so one huge
+ * allocation does not pin its memory for the arena's life. */
+#define MP_ARENA_SPARE_MAX ((size_t)64 << 20)
 
 typedef struct chunk {
   struct chunk *next;
@@ -16,50 +26,75 @@ typedef struct chunk {
 } chunk;
 
 struct mp_arena {
-  chunk *head;
+  chunk *head;  /* in use, newest first */
+  chunk *spare; /* empty, kept for reuse */
   size_t total_used;
 };
 
 mp_arena *mp_arena_create(void) { return calloc(1, sizeof(mp_arena)); }
 
-void mp_arena_destroy(mp_arena *a) {
-  if (a == NULL) return;
-  chunk *c = a->head;
+static void free_list(chunk *c) {
   while (c) {
     chunk *n = c->next;
     free(c);
     c = n;
   }
+}
+
+void mp_arena_destroy(mp_arena *a) {
+  if (a == NULL) return;
+  free_list(a->head);
+  free_list(a->spare);
   free(a);
 }
 
-void *mp_arena_alloc(mp_arena *a, size_t bytes) {
+/* A chunk with room for `need` bytes at the head of the in-use list, or NULL. */
+static chunk *chunk_for(mp_arena *a, size_t need) {
+  chunk *c = a->head;
+  if (c != NULL && c->cap - c->used >= need) return c;
+  for (chunk **pp = &a->spare; *pp; pp = &(*pp)->next) {
+    if ((*pp)->cap >= need) {
+      c = *pp;
+      *pp = c->next;
+      c->used = 0;
+      c->next = a->head;
+      a->head = c;
+      return c;
+    }
+  }
+  size_t cap = need > MP_ARENA_CHUNK_MIN ? need : MP_ARENA_CHUNK_MIN;
+  c = malloc(sizeof(chunk) + cap);
+  if (c == NULL) return NULL;
+  c->cap = cap;
+  c->used = 0;
+  c->next = a->head;
+  a->head = c;
+  return c;
+}
+
+void *mp_arena_alloc_raw(mp_arena *a, size_t bytes) {
   /* A request so large that rounding it up or adding the chunk header would wrap around
    * is out of memory, not a tiny allocation. */
   if (bytes > SIZE_MAX - sizeof(chunk) - 16) return NULL;
   size_t need = (bytes + 15) & ~(size_t)15;
   if (need == 0) need = 16;
-  chunk *c = a->head;
-  if (c == NULL || c->cap - c->used < need) {
-    size_t cap = need > MP_ARENA_CHUNK_MIN ? need : MP_ARENA_CHUNK_MIN;
-    chunk *n = malloc(sizeof(chunk) + cap);
-    if (n == NULL) return NULL;
-    n->cap = cap;
-    n->used = 0;
-    n->next = a->head;
-    a->head = n;
-    c = n;
-  }
+  chunk *c = chunk_for(a, need);
+  if (c == NULL) return NULL;
   void *p = c->data + c->used;
   c->used += need;
   a->total_used += need;
-  memset(p, 0, need);
+  return p;
+}
+
+void *mp_arena_alloc(mp_arena *a, size_t bytes) {
+  void *p = mp_arena_alloc_raw(a, bytes);
+  if (p) memset(p, 0, (bytes + 15) & ~(size_t)15);
   return p;
 }
 
 char *mp_arena_strdup(mp_arena *a, const char *s) {
   size_t n = strlen(s) + 1;
-  char *p = mp_arena_alloc(a, n);
+  char *p = mp_arena_alloc_raw(a, n);
   if (p) memcpy(p, s, n);
   return p;
 }
@@ -76,19 +111,30 @@ char *mp_arena_printf(mp_arena *a, const char *fmt, ...) {
   return p;
 }
 
-/* Keeps the first (oldest, last in the list) chunk, as arena.h promises: it is the
- * ordinary 64 KiB one, whereas the newest may be a one-off huge allocation. */
+/* Every in-use chunk becomes spare; spares beyond MP_ARENA_SPARE_MAX bytes are freed
+ * (the newest spares first, which keeps the arena's first, ordinary chunk). */
 void mp_arena_reset(mp_arena *a) {
-  if (a->head == NULL) return;
   chunk *c = a->head;
-  while (c->next) {
+  while (c) {
     chunk *n = c->next;
-    free(c);
+    c->used = 0;
+    c->next = a->spare;
+    a->spare = c;
     c = n;
   }
-  a->head = c;
-  c->used = 0;
+  a->head = NULL;
   a->total_used = 0;
+  size_t kept = 0;
+  for (chunk **pp = &a->spare; *pp;) {
+    if (kept + (*pp)->cap > MP_ARENA_SPARE_MAX) {
+      chunk *d = *pp;
+      *pp = d->next;
+      free(d);
+      continue;
+    }
+    kept += (*pp)->cap;
+    pp = &(*pp)->next;
+  }
 }
 
 size_t mp_arena_used_bytes(const mp_arena *a) { return a->total_used; }

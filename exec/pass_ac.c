@@ -19,10 +19,14 @@ mp_status mp_apply_ac(mp_ctx *ctx, mp_plan *p, mp_ac_mode mode) {
                                          "selective or full", (int)mode);
   p->ac = mode;
   p->opts.ac = mode;
+  mp_plan_note_ac(p, mode);
+  mp_plan_mark_applied(p, MP_PASS_AC);
+  return MP_OK;
+}
+
+void mp_plan_note_ac(mp_plan *p, mp_ac_mode mode) {
   if (mode == MP_AC_SELECTIVE)
     mp_plan_note(p, "AC: selective: attention recomputed in backward in every block");
   else if (mode == MP_AC_FULL)
     mp_plan_note(p, "AC: full: every block recomputed in backward from its saved input");
-  mp_plan_mark_applied(p, MP_PASS_AC);
-  return MP_OK;
 }

@@ -126,15 +126,19 @@ mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
   }
 
   p->opts.fsdp = *o;
-  char mesh_s[128];
-  mp_mesh_format(mesh, mesh_s, sizeof mesh_s);
+  mp_plan_note_fsdp(p, o);
+  mp_plan_mark_applied(p, MP_PASS_FSDP);
+  return MP_OK;
+}
+
+void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o) {
+  const mp_mesh *mesh = &p->mesh;
+  const int ep_on = (p->applied & MP_PASS_EP) && mesh->ep > 1;
   mp_plan_note(p,
                "FSDP: %d units; dense parameters Shard(0) over dp_shard x cp = %d%s%.0d; params "
                "gathered in %s, gradients reduced in %s, %s after forward",
-               n_units, mp_mesh_group_size(mesh, MP_GROUP_FSDP),
+               p->n_units, mp_mesh_group_size(mesh, MP_GROUP_FSDP),
                ep_on ? ", routed experts over dp_shard / ep = " : "",
                ep_on ? mp_mesh_group_size(mesh, MP_GROUP_EFSDP) : 0, mp_dtype_name(o->param_dtype),
                mp_dtype_name(o->reduce_dtype), o->reshard_after_forward ? "resharded" : "kept");
-  mp_plan_mark_applied(p, MP_PASS_FSDP);
-  return MP_OK;
 }

@@ -527,6 +527,77 @@ fail:
   return st;
 }
 
+/* ---- derived plans ------------------------------------------------------------------ */
+
+static int starts_with(const char *s, const char *prefix) {
+  return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options *opts,
+                         mp_arena *arena, mp_plan **out) {
+  *out = NULL;
+  if (base == NULL || opts == NULL || arena == NULL)
+    return mp_error(ctx, MP_ERR_INVALID, "mp_plan_derive needs a base plan, options and an arena");
+  if (!(base->applied & MP_PASS_FSDP) || !(base->applied & MP_PASS_AC))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "mp_plan_derive needs a base built with every pass (mp_build_plan)");
+  /* Everything else must match the base's options (seq once resolved): those fields
+   * shape the parameters and units. global_batch shapes nothing but the batch split, so
+   * it may differ too; the float8 options matter only when float8 is on. */
+  const mp_plan_options *b = &base->opts;
+  const int64_t seq = opts->seq ? opts->seq : b->seq;
+  if (opts->tp.shard_logits != b->tp.shard_logits || opts->tp.pad_vocab != b->tp.pad_vocab ||
+      opts->fp8 != b->fp8 || (opts->fp8 && opts->fp8_opts.all_gather != b->fp8_opts.all_gather) ||
+      opts->fsdp.per_block != b->fsdp.per_block || opts->fsdp.param_dtype != b->fsdp.param_dtype ||
+      opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
+      opts->pp_virtual != b->pp_virtual || seq != b->seq || opts->master_dtype != b->master_dtype)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "mp_plan_derive: options differ from the base plan's in more than "
+                    "micro_batch, ac, reshard_after_forward and global_batch; build the plan "
+                    "instead");
+  MP_CHECK(validate_mesh(ctx, &base->model, &base->mesh, opts));
+  if ((unsigned)opts->ac > MP_AC_FULL)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown activation checkpointing mode %d; choose none, "
+                                         "selective or full", (int)opts->ac);
+  mp_plan *p = mp_arena_alloc_raw(arena, sizeof *p);
+  if (p == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory deriving a plan");
+  *p = *base;
+  p->arena = arena;
+  p->arena_borrowed = 1;
+  /* the options as plan_init and the passes leave them */
+  p->opts = *opts;
+  p->opts.seq = seq;
+  if (p->opts.global_batch == 0)
+    p->opts.global_batch = p->opts.micro_batch * base->mesh.size[MP_DIM_DP_REPLICATE] *
+                           base->mesh.size[MP_DIM_DP_SHARD];
+  p->ac = opts->ac;
+  /* Notes in pass order: the base's up to Float8, then AC's and FSDP's for the new
+   * options (the base's own when unchanged, which also keeps a dropped-notes marker). */
+  if (opts->ac != base->opts.ac ||
+      opts->fsdp.reshard_after_forward != base->opts.fsdp.reshard_after_forward) {
+    if (base->n_notes >= (int)(sizeof base->notes / sizeof base->notes[0]) - 1)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "mp_plan_derive: the base plan's notes are full; build the plan instead");
+    p->n_notes = 0;
+    const char *fsdp_note = NULL;
+    for (int i = 0; i < base->n_notes; i++) {
+      if (starts_with(base->notes[i], "AC: ")) continue;
+      if (starts_with(base->notes[i], "FSDP: ")) {
+        fsdp_note = base->notes[i];
+        continue;
+      }
+      p->notes[p->n_notes++] = base->notes[i];
+    }
+    mp_plan_note_ac(p, opts->ac);
+    if (opts->fsdp.reshard_after_forward == base->opts.fsdp.reshard_after_forward && fsdp_note)
+      p->notes[p->n_notes++] = fsdp_note;
+    else
+      mp_plan_note_fsdp(p, &p->opts.fsdp);
+  }
+  *out = p;
+  return MP_OK;
+}
+
 /* ---- tiles --------------------------------------------------------------------------- */
 
 int64_t mp_param_numel(const mp_param *prm) {

@@ -238,6 +238,16 @@ void mp_plan_template_destroy(mp_plan_template *t); /* NULL is a no-op */
 mp_status mp_build_plan_from(mp_ctx *ctx, const mp_plan_template *t, const mp_mesh *mesh,
                              const mp_plan_options *opts, mp_arena *arena, mp_plan **out);
 
+/* Added (the planner's speed): the plan mp_build_plan_from / mp_build_plan would give for
+ * base's model and mesh and `opts`, where opts differs from base->opts at most in
+ * micro_batch, ac and fsdp.reshard_after_forward, without running the passes again: none
+ * of the three changes a parameter or a unit, so the new plan's header (options, AC
+ * fields, notes) is written into `arena` and its params and units are base's, shared
+ * read-only (base must outlive it; mp_plan_destroy on it frees nothing). Any other
+ * difference, or a base without FSDP applied, is MP_ERR_INVALID. */
+mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options *opts,
+                         mp_arena *arena, mp_plan **out);
+
 /* The block of the global tensor that `rank` stores at rest (after FSDP, or after TP/EP
  * when FSDP is not applied): per dim, offset and length in global indices. Returns 0
  * when the rank stores nothing of it (FSDP tail or another pipeline stage). */
@@ -279,6 +289,9 @@ void mp_plan_mark_applied(mp_plan *p, unsigned bit);
 /* Appends a note (copied into the arena); notes beyond the 16th are dropped, the last
  * slot then saying so. */
 void mp_plan_note(mp_plan *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The notes mp_apply_ac and mp_apply_fsdp record (added for mp_plan_derive). */
+void mp_plan_note_ac(mp_plan *p, mp_ac_mode mode);
+void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o);
 /* Pipeline stage of a rank (its pp coordinate). */
 int mp_plan_rank_stage(const mp_plan *p, int rank);
 

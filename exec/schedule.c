@@ -202,10 +202,16 @@ typedef struct gen {
 
 /* ---- emission primitives ---------------------------------------------------------- */
 
+/* Initial capacity of the op array: the last schedule's op count on this thread (the
+ * planner builds schedules of one size over and over), so the array rarely grows. Only an
+ * allocation size: it never changes a schedule. */
+static _Thread_local int32_t g_ops_hint;
+
 static mp_op *new_op(gen *g, mp_op_type type, mp_stream stream, int32_t *idx) {
   if (g->n_ops == g->cap_ops) {
-    int32_t cap = g->cap_ops ? 2 * g->cap_ops : 256;
-    mp_op *n = mp_arena_alloc(g->arena, sizeof(mp_op) * (size_t)cap);
+    int32_t cap = g->cap_ops ? 2 * g->cap_ops : (g_ops_hint > 192 ? g_ops_hint + 64 : 256);
+    /* not zeroed: ops are copied in or cleared one by one below */
+    mp_op *n = mp_arena_alloc_raw(g->arena, sizeof(mp_op) * (size_t)cap);
     if (n == NULL) {
       g->nomem = 1;
       memset(&g->dummy, 0, sizeof g->dummy);
@@ -217,7 +223,11 @@ static mp_op *new_op(gen *g, mp_op_type type, mp_stream stream, int32_t *idx) {
     g->cap_ops = cap;
   }
   int32_t i = g->n_ops++;
-  mp_op *op = &g->ops[i]; /* arena memory is zeroed */
+  mp_op *op = &g->ops[i];
+  /* a copy of an all-zero op, not memset: gcc turns a small memset into `rep stos`, slow
+   * to start for 104 bytes, and this runs for every op of every schedule */
+  static const mp_op k_zero;
+  *op = k_zero;
   op->type = (uint8_t)type;
   op->phase = g->phase;
   op->stream = (uint8_t)stream;
@@ -945,16 +955,23 @@ static void head_bwd(gen *g) {
 
 /* ---- setup ------------------------------------------------------------------------ */
 
-static void read_shapes(gen *g, int64_t micro_batch) {
+/* The micro-batch's part of the shapes: tokens per micro-batch on the rank and per local
+ * expert. */
+static void shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch) {
+  const int cp = p->mesh.size[MP_DIM_CP];
+  sh->seq = p->opts.seq;
+  sh->T = micro_batch * p->opts.seq / cp;
+  sh->m_exp = sh->E > 0 ? (double)sh->T * (double)sh->topk * (double)sh->ep / (double)sh->E : 0.0;
+}
+
+/* Everything else: from the model and the plan's parameters (mp_schedule_prep keeps it). */
+static void read_shapes(gen *g) {
   const mp_plan *p = g->p;
   const mp_model *m = &p->model;
   shapes *sh = &g->sh;
   memset(sh, 0, sizeof *sh);
-  const int cp = p->mesh.size[MP_DIM_CP];
   sh->tp = p->mesh.size[MP_DIM_TP];
   sh->ep = p->mesh.ep > 1 && (p->applied & MP_PASS_EP) ? p->mesh.ep : 1;
-  sh->seq = p->opts.seq;
-  sh->T = micro_batch * p->opts.seq / cp;
   sh->H = m->d_model;
   sh->hd = m->head_dim;
   sh->gpt = m->family == MP_FAMILY_GPT;
@@ -1005,7 +1022,6 @@ static void read_shapes(gen *g, int64_t micro_batch) {
   sh->loss_parallel = head_split && p->opts.tp.shard_logits;
   sh->logits_gather = head_split && !p->opts.tp.shard_logits;
   sh->V_loss = sh->logits_gather ? p->vocab_padded : sh->V_l;
-  sh->m_exp = sh->E > 0 ? (double)sh->T * (double)sh->topk * (double)sh->ep / (double)sh->E : 0.0;
 }
 
 /* Units as this rank's stage sees them, and the rank's elements at rest (the same sums as
@@ -1091,9 +1107,34 @@ static void find_runs(gen *g, const stage_info *st, mp_schedule_mode mode, int32
   }
 }
 
-mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_mode mode,
-                            mp_arena *arena, mp_schedule **out) {
-  *out = NULL;
+/* What the builder reads from the plan's parameters for one rank (see schedule.h). */
+struct mp_schedule_prep {
+  /* identity: the plan family it serves */
+  const mp_param *params;
+  const mp_fsdp_unit *units;
+  int n_params, n_plan_units;
+  unsigned applied;
+  mp_mesh mesh;
+  int64_t seq;
+  int fp8_all_gather;
+  mp_dtype pdt, rdt;
+  /* what it holds */
+  int rank, stage;
+  mp_schedule_mode mode;
+  stage_info st;
+  shapes sh; /* all but the micro-batch's part */
+  int has_fsdp;
+  unit_info *ui;
+  int n_ui;
+  int32_t *first_unit;
+  int8_t *n_units;
+  int32_t root_unit;
+  int64_t params_numel;
+  int32_t *run_len;
+  double flops_per_token;
+};
+
+static mp_status check_plan_rank(mp_ctx *ctx, const mp_plan *p, int rank) {
   const mp_mesh *mesh = &p->mesh;
   if (rank < 0 || rank >= mp_mesh_world(mesh))
     return mp_error(ctx, MP_ERR_INVALID, "rank %d is outside the mesh's %d ranks", rank,
@@ -1109,9 +1150,117 @@ mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule
                     "the mesh has tp=%d but TP was not applied; apply the passes in order "
                     "(mp_build_plan) before building the schedule",
                     mesh->size[MP_DIM_TP]);
+  return MP_OK;
+}
+
+static void gen_dtypes(const mp_plan *p, mp_dtype *pdt, mp_dtype *rdt) {
+  *pdt = p->opts.fsdp.param_dtype;
+  *rdt = p->opts.fsdp.reduce_dtype;
+  if (mp_dtype_bytes(*pdt) <= 0) *pdt = MP_DTYPE_BF16;
+  if (mp_dtype_bytes(*rdt) <= 0) *rdt = MP_DTYPE_FP32;
+}
+
+static mp_status prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_mode mode,
+                           mp_arena *arena, mp_schedule_prep **out) {
+  *out = NULL;
+  mp_schedule_prep *pr = mp_arena_alloc(arena, sizeof *pr);
+  MP_CHECK_ALLOC(ctx, pr);
+  gen g;
+  memset(&g, 0, sizeof g);
+  g.ctx = ctx;
+  g.arena = arena;
+  g.p = p;
+  gen_dtypes(p, &g.pdt, &g.rdt);
+  const mp_mesh *mesh = &p->mesh;
+  int coords[MP_MESH_NDIMS];
+  mp_mesh_coords(mesh, rank, coords);
+  const int stage = coords[MP_DIM_PP], pp = mesh->size[MP_DIM_PP];
+  const int L = (int)p->model.n_layers;
+  int lps = p->layers_per_stage > 0 ? p->layers_per_stage : (L + pp - 1) / pp;
+  stage_info st = {stage * lps, (stage + 1) * lps < L ? (stage + 1) * lps : L, stage == 0,
+                   stage == pp - 1};
+  read_shapes(&g);
+  int64_t params_numel = 0;
+  MP_CHECK(read_units(&g, stage, rank, &params_numel));
+  int32_t *run_len = mp_arena_alloc(arena, sizeof(int32_t) * (size_t)(L + 1));
+  MP_CHECK_ALLOC(ctx, run_len);
+  find_runs(&g, &st, mode, run_len);
+  pr->params = p->params;
+  pr->units = p->units;
+  pr->n_params = p->n_params;
+  pr->n_plan_units = p->n_units;
+  pr->applied = p->applied;
+  pr->mesh = *mesh;
+  pr->seq = p->opts.seq;
+  pr->fp8_all_gather = p->opts.fp8_opts.all_gather;
+  pr->pdt = g.pdt;
+  pr->rdt = g.rdt;
+  pr->rank = rank;
+  pr->stage = stage;
+  pr->mode = mode;
+  pr->st = st;
+  pr->sh = g.sh;
+  pr->has_fsdp = g.has_fsdp;
+  pr->ui = g.ui;
+  pr->n_ui = g.n_ui;
+  pr->first_unit = g.first_unit;
+  pr->n_units = g.n_units;
+  pr->root_unit = g.root_unit;
+  pr->params_numel = params_numel;
+  pr->run_len = run_len;
+  pr->flops_per_token = mp_model_flops_per_token(&p->model, p->opts.seq);
+  *out = pr;
+  return MP_OK;
+}
+
+mp_status mp_schedule_prep_create(mp_ctx *ctx, const mp_plan *p, int rank,
+                                  mp_schedule_mode mode, mp_arena *arena,
+                                  mp_schedule_prep **out) {
+  *out = NULL;
+  MP_CHECK(check_plan_rank(ctx, p, rank));
+  return prep_fill(ctx, p, rank, mode, arena, out);
+}
+
+/* The prep serves p: same parameters and units (the same tables), mesh and the options
+ * that shape what it read. */
+static int prep_serves(const mp_schedule_prep *pr, const mp_plan *p) {
+  mp_dtype pdt, rdt;
+  gen_dtypes(p, &pdt, &rdt);
+  return pr->params == p->params && pr->units == p->units && pr->n_params == p->n_params &&
+         pr->n_plan_units == p->n_units && pr->applied == p->applied &&
+         memcmp(&pr->mesh, &p->mesh, sizeof pr->mesh) == 0 && pr->seq == p->opts.seq &&
+         pr->fp8_all_gather == p->opts.fp8_opts.all_gather && pr->pdt == pdt && pr->rdt == rdt;
+}
+
+static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_prep *pr,
+                               mp_arena *arena, mp_schedule **out);
+
+mp_status mp_schedule_build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_prep *pr,
+                                    mp_arena *arena, mp_schedule **out) {
+  *out = NULL;
+  if (pr == NULL || !prep_serves(pr, p))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "schedule prep was made for another plan (other parameters, mesh or "
+                    "options); make one with mp_schedule_prep_create for this plan");
+  return build_prepped(ctx, p, pr, arena, out);
+}
+
+mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_mode mode,
+                            mp_arena *arena, mp_schedule **out) {
+  *out = NULL;
+  MP_CHECK(check_plan_rank(ctx, p, rank));
   int64_t local_batch = 0, n_micro = 0;
   MP_CHECK(mp_plan_batch(ctx, p, &local_batch, &n_micro));
+  mp_schedule_prep *pr = NULL;
+  MP_CHECK(prep_fill(ctx, p, rank, mode, arena, &pr));
+  return build_prepped(ctx, p, pr, arena, out);
+}
 
+static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_prep *pr,
+                               mp_arena *arena, mp_schedule **out) {
+  const mp_mesh *mesh = &p->mesh;
+  int64_t local_batch = 0, n_micro = 0;
+  MP_CHECK(mp_plan_batch(ctx, p, &local_batch, &n_micro));
   mp_schedule *s = mp_arena_alloc(arena, sizeof *s);
   MP_CHECK_ALLOC(ctx, s);
   gen g;
@@ -1122,37 +1271,33 @@ mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule
   g.s = s;
   g.last_c = g.last_reduce = -1;
   g.reshard = p->opts.fsdp.reshard_after_forward;
-  g.pdt = p->opts.fsdp.param_dtype;
-  g.rdt = p->opts.fsdp.reduce_dtype;
-  if (mp_dtype_bytes(g.pdt) <= 0) g.pdt = MP_DTYPE_BF16;
-  if (mp_dtype_bytes(g.rdt) <= 0) g.rdt = MP_DTYPE_FP32;
-
-  int coords[MP_MESH_NDIMS];
-  mp_mesh_coords(mesh, rank, coords);
-  const int stage = coords[MP_DIM_PP], pp = mesh->size[MP_DIM_PP];
-  const int L = (int)p->model.n_layers;
-  int lps = p->layers_per_stage > 0 ? p->layers_per_stage : (L + pp - 1) / pp;
-  stage_info st = {stage * lps, (stage + 1) * lps < L ? (stage + 1) * lps : L, stage == 0,
-                   stage == pp - 1};
+  g.pdt = pr->pdt;
+  g.rdt = pr->rdt;
+  /* the prep's tables are only read from here on */
+  g.sh = pr->sh;
+  shapes_for_batch(&g.sh, p, p->opts.micro_batch);
+  g.has_fsdp = pr->has_fsdp;
+  g.ui = pr->ui;
+  g.n_ui = pr->n_ui;
+  g.first_unit = pr->first_unit;
+  g.n_units = pr->n_units;
+  g.root_unit = pr->root_unit;
+  const int32_t *run_len = pr->run_len;
+  const stage_info st = pr->st;
+  const int rank = pr->rank, stage = pr->stage, pp = mesh->size[MP_DIM_PP];
 
   s->plan = p;
   s->rank = rank;
   s->pp_stage = stage;
-  s->mode = mode;
+  s->mode = pr->mode;
   s->n_micro = n_micro;
   s->micro_batch = p->opts.micro_batch;
   s->seq = p->opts.seq;
   s->tokens_per_step_per_rank = local_batch * p->opts.seq;
   const int cp = mesh->size[MP_DIM_CP], tp = mesh->size[MP_DIM_TP];
-  s->model_flops_per_step = mp_model_flops_per_token(&p->model, p->opts.seq) *
-                            (double)s->tokens_per_step_per_rank / ((double)tp * pp * cp);
-
-  read_shapes(&g, p->opts.micro_batch);
-  int64_t params_numel = 0;
-  MP_CHECK(read_units(&g, stage, rank, &params_numel));
-  int32_t *run_len = mp_arena_alloc(arena, sizeof(int32_t) * (size_t)(L + 1));
-  MP_CHECK_ALLOC(ctx, run_len);
-  find_runs(&g, &st, mode, run_len);
+  s->model_flops_per_step =
+      pr->flops_per_token * (double)s->tokens_per_step_per_rank / ((double)tp * pp * cp);
+  const int64_t params_numel = pr->params_numel;
 
   /* prologue: resident state */
   const int64_t mb = mp_dtype_bytes(p->opts.master_dtype);
@@ -1171,7 +1316,7 @@ mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule
 
   /* forward: stage input, root gather, first block's gathers, embedding */
   carry c = {{-1, -1, -1}};
-  int32_t gdummy[N_PARTS];
+  int32_t gdummy[N_PARTS] = {-1, -1, -1}; /* stays -1 on a stage without root parameters */
   seg_open(&g, MP_PHASE_FORWARD, -1, 0);
   int32_t recv = -1;
   if (!st.first)
@@ -1261,6 +1406,7 @@ mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule
   if (g.nomem) return mp_error(ctx, MP_ERR_NOMEM, "out of memory building the step schedule");
   s->ops = g.ops;
   s->n_ops = g.n_ops;
+  g_ops_hint = g.n_ops;
   s->segs = g.segs;
   s->n_segs = g.n_segs;
   int64_t idx = 0;

@@ -212,6 +212,22 @@ typedef struct mp_schedule {
 mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_mode mode,
                             mp_arena *arena, mp_schedule **out);
 
+/* Added (the planner's speed). What mp_schedule_build reads from a plan's parameters for
+ * one rank (the FSDP units as the rank's stage sees them, the tp-local shapes, the runs of
+ * identical blocks), computed once: the planner builds one plan per mesh and derives the
+ * plans of the other micro-batch sizes, AC modes and reshard settings from it
+ * (mp_plan_derive), which share its parameters and units, so one prep serves them all.
+ * mp_schedule_build_prepped gives exactly the schedule mp_schedule_build(p, prep's rank,
+ * prep's mode) gives; it refuses (MP_ERR_INVALID) a plan with other parameter or unit
+ * tables, another mesh, seq, float8 all-gather or FSDP dtypes than the prep's plan. The
+ * prep lives in the arena; it is read-only once made. */
+typedef struct mp_schedule_prep mp_schedule_prep;
+mp_status mp_schedule_prep_create(mp_ctx *ctx, const mp_plan *p, int rank,
+                                  mp_schedule_mode mode, mp_arena *arena,
+                                  mp_schedule_prep **out);
+mp_status mp_schedule_build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_prep *prep,
+                                    mp_arena *arena, mp_schedule **out);
+
 /* Walking the expanded step (for the runtime and for tests) whatever the mode:
  *   mp_schedule_iter it; mp_schedule_iter_begin(s, &it);
  *   while (mp_schedule_iter_next(&it)) { it.op, it.layer, it.rep, it.index ... }

@@ -1,12 +1,39 @@
 /* The simulator as the planner's evaluator (see evaluate.h). */
 #include "planner/evaluate.h"
 
+#include <stdatomic.h>
 #include <string.h>
+
+/* Per-thread cache of the current mesh's plans (see evaluate.h). */
+#define CACHE_PLANS 8
+typedef struct cached_plan {
+  int fp8, all_gather, pad_vocab, reshard; /* the options a derived plan cannot change */
+  mp_plan *base;
+  mp_sim_plan_prep *prep;
+} cached_plan;
+
+typedef struct eval_cache {
+  uint64_t ev_id; /* 0: empty */
+  mp_mesh mesh;
+  mp_arena *arena; /* the plans and preps */
+  cached_plan ent[CACHE_PLANS];
+  int n;
+} eval_cache;
+
+static _Thread_local eval_cache g_cache;
+static atomic_uint_fast64_t g_next_id = 1;
+
+static void cache_clear(eval_cache *ca) {
+  if (ca->arena) mp_arena_reset(ca->arena);
+  ca->n = 0;
+  ca->ev_id = 0;
+}
 
 mp_status mp_sim_evaluator_init(mp_ctx *ctx, mp_sim_evaluator *ev, const mp_model *m,
                                 const mp_cluster *c, int64_t seq, int64_t global_batch,
                                 double headroom, const char *stack_name) {
   memset(ev, 0, sizeof *ev);
+  ev->id = (uint64_t)atomic_fetch_add(&g_next_id, 1);
   if (!(headroom >= 0 && headroom <= 0.5))
     return mp_error(ctx, MP_ERR_USAGE, "--headroom %g: use a fraction between 0 and 0.5", headroom);
   ev->model = m;
@@ -45,19 +72,56 @@ void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
   o->tp.pad_vocab = c->pads_vocab;
 }
 
+/* The cached plan of c's mesh for options o, built (with its prep) on a miss. */
+static mp_status cached_base(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
+                             const mp_plan_options *o, cached_plan **out) {
+  eval_cache *ca = &g_cache;
+  if (ca->arena == NULL) {
+    ca->arena = mp_arena_create();
+    if (ca->arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating an arena");
+  }
+  if (ca->ev_id != ev->id || memcmp(&ca->mesh, &c->mesh, sizeof ca->mesh) != 0) {
+    cache_clear(ca);
+    ca->ev_id = ev->id;
+    ca->mesh = c->mesh;
+  }
+  for (int i = 0; i < ca->n; i++) {
+    cached_plan *e = &ca->ent[i];
+    if (e->fp8 == o->fp8 && e->all_gather == o->fp8_opts.all_gather &&
+        e->pad_vocab == o->tp.pad_vocab && e->reshard == o->fsdp.reshard_after_forward) {
+      *out = e;
+      return MP_OK;
+    }
+  }
+  if (ca->n == CACHE_PLANS) { /* not reached by the search's candidates; stay correct */
+    cache_clear(ca);
+    ca->ev_id = ev->id;
+    ca->mesh = c->mesh;
+  }
+  cached_plan e = {o->fp8, o->fp8_opts.all_gather, o->tp.pad_vocab,
+                   o->fsdp.reshard_after_forward, NULL, NULL};
+  MP_CHECK(mp_build_plan_from(ctx, ev->tmpl, &c->mesh, o, ca->arena, &e.base));
+  MP_CHECK(mp_sim_plan_prep_create(ctx, e.base, &ev->sim, ca->arena, &e.prep));
+  ca->ent[ca->n] = e;
+  *out = &ca->ent[ca->n++];
+  return MP_OK;
+}
+
 mp_status mp_sim_evaluate(void *user, mp_ctx *ctx, mp_arena *scratch, const mp_candidate *c,
                           mp_sim_result *out) {
   const mp_sim_evaluator *ev = user;
   mp_plan_options o;
   mp_sim_evaluator_options(ev, c, &o);
-  /* The plan is built from the shared template in the worker's scratch arena, and the
-   * schedules after it there too (the search resets scratch after each candidate);
-   * mp_simulate_built_plan picks the stages to simulate as mp_simulate_plan does. */
   if (ev->tmpl == NULL || scratch == NULL)
     return mp_simulate_plan(ctx, ev->model, &c->mesh, &o, &ev->sim, out);
+  /* The candidate's plan is derived in the worker's scratch arena (the search resets it
+   * after each candidate) from the cached plan of its mesh and float8 setting, and its
+   * schedules are built there too from the cached preps. */
+  cached_plan *e = NULL;
+  MP_CHECK(cached_base(ctx, ev, c, &o, &e));
   mp_plan *p = NULL;
-  MP_CHECK(mp_build_plan_from(ctx, ev->tmpl, &c->mesh, &o, scratch, &p));
-  return mp_simulate_built_plan(ctx, p, &ev->sim, scratch, out);
+  MP_CHECK(mp_plan_derive(ctx, e->base, &o, scratch, &p));
+  return mp_simulate_prepped(ctx, p, e->prep, &ev->sim, scratch, out);
 }
 
 mp_status mp_sim_evaluator_trace(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
@@ -87,5 +151,7 @@ mp_status mp_sim_evaluator_trace(mp_ctx *ctx, const mp_sim_evaluator *ev, const 
 
 void mp_sim_evaluator_thread_done(void *user) {
   (void)user;
+  mp_arena_destroy(g_cache.arena);
+  memset(&g_cache, 0, sizeof g_cache);
   mp_sim_thread_release();
 }

@@ -4,7 +4,15 @@
  *
  * Thread safety: mp_sim_evaluate only reads the evaluator (its plan template included,
  * read-only after init), so the search's workers share one; each builds its plans and
- * schedules in its own scratch arena. */
+ * schedules in its own scratch arena.
+ *
+ * Speed: the candidates of one mesh differ in float8, reshard_after_forward, AC and
+ * micro-batch; only float8 (and the mesh) changes a plan's parameters and units. Each
+ * worker therefore keeps, per thread, the plans of the mesh it is on, one per (float8,
+ * reshard, vocab padding, float8 all-gather), with their simulator preps
+ * (mp_sim_plan_prep_create), and derives each candidate's plan from one (mp_plan_derive):
+ * the same plan and schedules mp_build_plan_from would give, without the passes. The
+ * cache is dropped when the mesh changes and freed by mp_sim_evaluator_thread_done. */
 #ifndef MP_PLANNER_EVALUATE_H
 #define MP_PLANNER_EVALUATE_H
 
@@ -24,6 +32,7 @@ typedef struct mp_sim_evaluator {
   mp_sim_config sim;    /* sim.stack points at stack */
   mp_plan_template *tmpl; /* the model's module tree, built once by init, read-only after:
                              the workers build their plans from it (mp_build_plan_from) */
+  uint64_t id;            /* added: unique per init, keys the workers' per-thread caches */
 } mp_sim_evaluator;
 
 /* stack_name NULL: the default profile for the cluster's GPU. headroom: fraction of GPU

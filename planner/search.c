@@ -119,8 +119,11 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
   return MP_REJECT_NONE;
 }
 
+/* Float8 GEMMs need compute capability 8.9 (Ada, Hopper and later). Compute capability 0 is
+ * the CPU profile: the CPU runtime emulates float8 exactly (at its fp32 rate), so plans
+ * with float8 run there. */
 static int fp8_gpu_ok(const mp_gpu *g) {
-  return g->peak_tflops[MP_DTYPE_FP8_E4M3] > 0 && g->compute_capability >= 89;
+  return g->peak_tflops[MP_DTYPE_FP8_E4M3] > 0 && (g->compute_capability >= 89 || g->compute_capability == 0);
 }
 
 /* The float8 GEMM dims after TP: torchao's float8 GEMMs need multiples of 16. */
@@ -378,14 +381,19 @@ void mp_search_destroy(mp_search *s) {
 
 /* ---- parallel evaluation -------------------------------------------------------------- */
 
-/* Candidates per chunk: large enough that claiming is rare, small enough that the two
- * workers stay balanced when candidates cost differently (pp, MoE). */
-#define CHUNK 64
+/* Chunks: runs of consecutive candidates a worker claims at once. A chunk ends where the
+ * mesh changes once it holds at least CHUNK_MIN candidates, so a mesh's candidates stay
+ * with one worker (the evaluator caches per mesh what they share: one plan per float8
+ * setting); CHUNK_MAX bounds a chunk inside one huge mesh. Small enough that the workers
+ * stay balanced when candidates cost differently (pp, MoE). */
+#define CHUNK_MIN 32
+#define CHUNK_MAX 256
 
 typedef struct run_shared {
   const mp_search_config *cfg;
   mp_search *s;
   int64_t n_chunks;
+  int64_t *chunk_lo;  /* chunk k is candidates [chunk_lo[k], chunk_lo[k + 1]) */
   int64_t next_chunk; /* guarded by mu */
   unsigned char *done; /* per chunk, guarded by mu */
   int stop;            /* guarded by mu: the caller gave up */
@@ -434,7 +442,7 @@ static void *worker_main(void *arg) {
     int64_t ch = sh->stop ? sh->n_chunks : sh->next_chunk++;
     pthread_mutex_unlock(&sh->mu);
     if (ch >= sh->n_chunks) break;
-    int64_t lo = ch * CHUNK, hi = lo + CHUNK < sh->s->n ? lo + CHUNK : sh->s->n;
+    int64_t lo = sh->chunk_lo[ch], hi = sh->chunk_lo[ch + 1];
     for (int64_t i = lo; i < hi; i++) {
       mp_candidate *c = &sh->s->cands[i];
       if (c->reject == MP_REJECT_NONE && !c->evaluated) eval_one(sh, &ctx, scratch, c);
@@ -464,9 +472,23 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
   memset(&sh, 0, sizeof sh);
   sh.cfg = cfg;
   sh.s = s;
-  sh.n_chunks = (s->n + CHUNK - 1) / CHUNK;
+  /* chunk boundaries (see CHUNK_MIN): at most one chunk per CHUNK_MIN candidates */
+  sh.chunk_lo = malloc(sizeof(int64_t) * (size_t)(s->n / CHUNK_MIN + 2));
+  MP_CHECK_ALLOC(ctx, sh.chunk_lo);
+  sh.n_chunks = 0;
+  for (int64_t i = 0; i < s->n; i++) {
+    const int64_t len = sh.n_chunks ? i - sh.chunk_lo[sh.n_chunks - 1] : 0;
+    if (sh.n_chunks == 0 || len >= CHUNK_MAX ||
+        (len >= CHUNK_MIN &&
+         memcmp(&s->cands[i].mesh, &s->cands[i - 1].mesh, sizeof s->cands[i].mesh) != 0))
+      sh.chunk_lo[sh.n_chunks++] = i;
+  }
+  sh.chunk_lo[sh.n_chunks] = s->n;
   sh.done = calloc((size_t)(sh.n_chunks > 0 ? sh.n_chunks : 1), 1);
-  MP_CHECK_ALLOC(ctx, sh.done);
+  if (sh.done == NULL) {
+    free(sh.chunk_lo);
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory starting the search");
+  }
   mp_ctx_init(&sh.fatal_ctx);
   pthread_mutex_init(&sh.mu, NULL);
   pthread_cond_init(&sh.cv, NULL);
@@ -488,7 +510,7 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
       st = fatal;
       break;
     }
-    int64_t lo = ch * CHUNK, hi = lo + CHUNK < s->n ? lo + CHUNK : s->n;
+    int64_t lo = sh.chunk_lo[ch], hi = sh.chunk_lo[ch + 1];
     for (int64_t i = lo; i < hi && st == MP_OK; i++)
       if (sink) st = sink(sink_user, ctx, i, &s->cands[i]);
     if (progress) progress(progress_user, hi, s->n);
@@ -500,6 +522,7 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
   pthread_mutex_destroy(&sh.mu);
   pthread_cond_destroy(&sh.cv);
   free(sh.done);
+  free(sh.chunk_lo);
   s->n_evaluated = s->n_feasible = s->n_failed = 0;
   for (int64_t i = 0; i < s->n; i++) {
     const mp_candidate *c = &s->cands[i];

@@ -1,8 +1,11 @@
 /* The planner's SQLite store: every run, every candidate with its reason, every
  * prediction, and the executor's measurements, in one database file (default meshplan.db).
  *
- * Tables (schema version 1; `schema_version` holds the version, migrations run in order
- * inside one transaction when the file is older than this build):
+ * Tables (schema version 2; `schema_version` holds the version, migrations run in order
+ * inside one transaction when the file is older than this build; version 2 makes the
+ * plans(run_id, rank) index partial, WHERE rank IS NOT NULL: only ranked plans are looked
+ * up by rank, and a run's hundreds of thousands of unranked rows no longer pay an index
+ * insert each):
  *   runs          what was asked (model, cluster, GPUs, seq, batch, objective, options as
  *                 JSON, command line), when, tool version, and the run's counts
  *   plans         one row per candidate: every mesh dim, ep, ac, fp8, micro_batch,
@@ -35,7 +38,7 @@
 extern "C" {
 #endif
 
-#define MP_STORE_SCHEMA_VERSION 1
+#define MP_STORE_SCHEMA_VERSION 2
 #define MP_STORE_BUSY_TIMEOUT_MS 60000
 
 typedef struct mp_store mp_store;

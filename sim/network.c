@@ -99,15 +99,24 @@ static mp_status group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mes
   int n = mp_mesh_group_size(mesh, g);
   out->n = n;
   int gpn = c->gpus_per_node > 0 ? c->gpus_per_node : 1;
-  if ((size_t)n > g_ranks_cap) {
-    int *p = (int *)realloc(g_ranks, (size_t)n * sizeof *p);
-    if (p == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory listing a group of %d ranks", n);
-    g_ranks = p;
-    g_ranks_cap = (size_t)n;
-  }
-  mp_mesh_group_ranks(mesh, g, rank, g_ranks);
+  /* Members on rank's node: the node's ranks that share rank's group (its group id),
+   * counted over the node (gpn ranks) instead of listing the group (up to the world). */
   int node = rank / gpn, per_node = 0;
-  for (int i = 0; i < n; i++) per_node += (g_ranks[i] / gpn == node);
+  const int world = mp_mesh_world(mesh), id = mp_mesh_group_id(mesh, g, rank);
+  const int lo = node * gpn, hi = lo + gpn < world ? lo + gpn : world;
+  if (n <= gpn) {
+    /* a small group: listing it is cheaper than walking the node */
+    if ((size_t)n > g_ranks_cap) {
+      int *p = (int *)realloc(g_ranks, (size_t)n * sizeof *p);
+      if (p == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory listing a group of %d ranks", n);
+      g_ranks = p;
+      g_ranks_cap = (size_t)n;
+    }
+    mp_mesh_group_ranks(mesh, g, rank, g_ranks);
+    for (int i = 0; i < n; i++) per_node += (g_ranks[i] / gpn == node);
+  } else {
+    for (int r = lo; r < hi; r++) per_node += mp_mesh_group_id(mesh, g, r) == id;
+  }
   if (per_node < 1) per_node = 1;
   out->per_node = per_node;
   out->nodes = (n + per_node - 1) / per_node;

@@ -51,6 +51,35 @@
 static _Thread_local double *g_scratch;
 static _Thread_local size_t g_scratch_cap;
 
+/* The hot loop's view of an op (see `cop` below), per-thread buffer like g_scratch. */
+typedef struct cop {
+  double dur;         /* seconds */
+  int64_t mem_delta;  /* ALLOC: +bytes, FREE: -bytes */
+  int32_t dep[MP_OP_MAX_DEPS]; /* valid op indices only */
+  uint8_t n_dep;
+  uint8_t dep_skip0;  /* bit d: MP_DEP_PREV_REP, ignored in a first repetition */
+  uint8_t dep_prev;   /* bit d: read the previous instance's end (end_prev) */
+  uint8_t stream;     /* resolved (out-of-range streams run on compute, as before) */
+  uint8_t kind;       /* COP_* */
+  uint8_t when;
+  int8_t mem_cat;     /* -1: outside the categories (no memory effect) */
+} cop;
+
+enum { COP_MEM = 0, COP_COMPUTE, COP_OPT, COP_COMM, COP_OTHER };
+
+static _Thread_local cop *g_cops;
+static _Thread_local size_t g_cops_cap;
+
+static cop *cop_buf(size_t n) {
+  if (n > g_cops_cap) {
+    cop *p = (cop *)realloc(g_cops, n * sizeof *p);
+    if (p == NULL) return NULL;
+    g_cops = p;
+    g_cops_cap = n;
+  }
+  return g_cops;
+}
+
 static double *scratch(size_t n) {
   if (n > g_scratch_cap) {
     double *p = (double *)realloc(g_scratch, n * sizeof *p);
@@ -65,6 +94,9 @@ void mp_sim_thread_release(void) {
   free(g_scratch);
   g_scratch = NULL;
   g_scratch_cap = 0;
+  free(g_cops);
+  g_cops = NULL;
+  g_cops_cap = 0;
   mp_sim_network_release();
   mp_sim_plan_release();
 }
@@ -88,6 +120,7 @@ typedef struct tracker {
 
 typedef struct sim {
   const mp_schedule *s;
+  const cop *ops;     /* the schedule's ops compiled for the loop */
   const double *dur;
   double *end_cur, *end_prev;
   accum a;
@@ -97,39 +130,69 @@ typedef struct sim {
   double act_factor; /* the stack's saved_act_factor (1 when unset) */
   int64_t n_micro;
   int extrapolate;
+  int cat_max_stale; /* some level[c] may exceed cat_max[c] (after skip_mem) */
   mp_sim_trace *trace;
   int trace_failed;
 } sim;
 
-static void mem_candidate(sim *x, const int64_t bd[MP_MEM_COUNT]) {
-  int64_t tot = 0;
-  for (int c = 0; c < MP_MEM_COUNT; c++) {
-    tot += bd[c];
-    if (bd[c] > x->cat_max[c]) x->cat_max[c] = bd[c];
-  }
+/* A memory state worth checking for peaks: the levels after an allocation, or a skipped
+ * window's extreme. tot is the sum of bd. */
+static void mem_candidate_tot(sim *x, const int64_t bd[MP_MEM_COUNT], int64_t tot) {
   if (tot > x->peak_tot) {
     x->peak_tot = tot;
     memcpy(x->at_peak, bd, sizeof x->at_peak);
   }
-  tracker *t[2] = {&x->rep_trk, &x->micro_trk};
-  for (int i = 0; i < 2; i++)
-    if (t[i]->on && tot > t[i]->peak_tot) {
-      t[i]->peak_tot = tot;
-      memcpy(t[i]->peak_bd, bd, sizeof t[i]->peak_bd);
-    }
+  if (x->rep_trk.on && tot > x->rep_trk.peak_tot) {
+    x->rep_trk.peak_tot = tot;
+    memcpy(x->rep_trk.peak_bd, bd, sizeof x->rep_trk.peak_bd);
+  }
+  if (x->micro_trk.on && tot > x->micro_trk.peak_tot) {
+    x->micro_trk.peak_tot = tot;
+    memcpy(x->micro_trk.peak_bd, bd, sizeof x->micro_trk.peak_bd);
+  }
   if (bd[MP_MEM_ACTIVATIONS] - x->act_base > x->act_rise)
     x->act_rise = bd[MP_MEM_ACTIVATIONS] - x->act_base;
 }
 
-static void mem_apply(sim *x, int cat, int64_t delta) {
+static void cat_max_all(sim *x, const int64_t bd[MP_MEM_COUNT]) {
+  for (int c = 0; c < MP_MEM_COUNT; c++)
+    if (bd[c] > x->cat_max[c]) x->cat_max[c] = bd[c];
+}
+
+static void mem_candidate(sim *x, const int64_t bd[MP_MEM_COUNT]) {
+  int64_t tot = 0;
+  for (int c = 0; c < MP_MEM_COUNT; c++) tot += bd[c];
+  cat_max_all(x, bd);
+  mem_candidate_tot(x, bd, tot);
+}
+
+/* The memory effect of an ALLOC (delta > 0) or FREE; *tot is the sum of the levels
+ * (x->level_tot, or run_rep's register copy of it). */
+static inline __attribute__((always_inline)) void mem_apply_tot(sim *x, int cat, int64_t delta,
+                                                                int64_t *tot) {
   if (cat < 0 || cat >= MP_MEM_COUNT) return;
   /* the same rounding for an ALLOC and its FREE: levels stay balanced */
   if (cat == MP_MEM_ACTIVATIONS && x->act_factor != 1.0)
     delta = delta > 0 ? (int64_t)((double)delta * x->act_factor)
                       : -(int64_t)((double)-delta * x->act_factor);
   x->level[cat] += delta;
-  x->level_tot += delta;
-  if (delta > 0) mem_candidate(x, x->level);
+  *tot += delta;
+  if (delta > 0) {
+    /* the total is the exact sum of the levels (integers, kept in step). Every category's
+     * high-water mark already covers its level unless a skip moved the levels: then all
+     * are checked, as a candidate of the full state would be. */
+    if (x->cat_max_stale) {
+      cat_max_all(x, x->level);
+      x->cat_max_stale = 0;
+    } else if (x->level[cat] > x->cat_max[cat]) {
+      x->cat_max[cat] = x->level[cat];
+    }
+    mem_candidate_tot(x, x->level, *tot);
+  }
+}
+
+static inline void mem_apply(sim *x, int cat, int64_t delta) {
+  mem_apply_tot(x, cat, delta, &x->level_tot);
 }
 
 static void trk_start(sim *x, tracker *t) {
@@ -160,58 +223,111 @@ static void trace_push(sim *x, int32_t op, int32_t layer, int32_t micro, double 
   e->micro = micro;
 }
 
-static void run_op(sim *x, int32_t idx, int32_t seg_first, int32_t rep, int32_t layer,
-                   int32_t micro) {
-  const mp_op *op = &x->s->ops[idx];
+/* Runs one op instance; returns 1 with its start time when a timed op ran (for the
+ * trace), 0 for a memory event or an op its `when` skips. */
+static inline int run_op(sim *x, int32_t idx, int32_t rep, int32_t micro, double *t_start) {
+  const cop *op = &x->ops[idx];
   if (micro >= 0) {
-    if ((op->when == MP_WHEN_FIRST_MICRO || op->when == MP_WHEN_ONCE) && micro != 0) return;
-    if (op->when == MP_WHEN_LAST_MICRO && micro != x->n_micro - 1) return;
+    if ((op->when == MP_WHEN_FIRST_MICRO || op->when == MP_WHEN_ONCE) && micro != 0) return 0;
+    if (op->when == MP_WHEN_LAST_MICRO && micro != x->n_micro - 1) return 0;
   }
-  int st = op->stream < MP_STREAM_COUNT ? op->stream : MP_STREAM_COMPUTE;
-  if (op->type == MP_OP_ALLOC || op->type == MP_OP_FREE) {
-    mem_apply(x, op->mem_cat, op->type == MP_OP_ALLOC ? op->mem_bytes : -op->mem_bytes);
-    x->end_prev[idx] = x->end_cur[idx];
-    x->end_cur[idx] = x->a.free_t[st];
-    return;
+  const int st = op->stream;
+  double *end_cur = x->end_cur, *end_prev = x->end_prev;
+  if (op->kind == COP_MEM) {
+    if (op->mem_cat >= 0) mem_apply(x, op->mem_cat, op->mem_delta);
+    end_prev[idx] = end_cur[idx];
+    end_cur[idx] = x->a.free_t[st];
+    return 0;
   }
   double t0 = x->a.free_t[st], ready = 0.0;
   for (int d = 0; d < op->n_dep; d++) {
-    int32_t j = op->dep[d];
-    if (j < 0 || j >= x->s->n_ops) continue;
-    double e;
-    if (op->dep_flags[d] & MP_DEP_PREV_REP) {
-      if (rep == 0) continue;
-      e = (j >= seg_first && j < idx) ? x->end_prev[j] : x->end_cur[j];
-    } else {
-      e = x->end_cur[j];
-    }
+    const unsigned bit = 1u << d;
+    if ((op->dep_skip0 & bit) && rep == 0) continue;
+    const double e = (op->dep_prev & bit) ? end_prev[op->dep[d]] : end_cur[op->dep[d]];
     if (e > ready) ready = e;
   }
-  double start = t0 > ready ? t0 : ready, d = x->dur[idx];
+  double start = t0 > ready ? t0 : ready, d = op->dur;
   if (st == MP_STREAM_COMPUTE) x->a.wait += start - t0;
-  if (op->type == MP_OP_COMPUTE) {
-    if (st == MP_STREAM_COMPUTE) {
-      if (op->phase == MP_PHASE_OPTIMIZER)
-        x->a.opt += d;
-      else
-        x->a.compute += d;
-    }
-  } else {
+  if (op->kind == COP_COMPUTE)
+    x->a.compute += d;
+  else if (op->kind == COP_OPT)
+    x->a.opt += d;
+  else if (op->kind == COP_COMM)
     x->a.comm_busy[st] += d;
-  }
-  x->end_prev[idx] = x->end_cur[idx];
-  x->end_cur[idx] = start + d;
+  end_prev[idx] = end_cur[idx];
+  end_cur[idx] = start + d;
   x->a.free_t[st] = start + d;
-  if (x->trace) trace_push(x, idx, layer, micro, start, d);
+  *t_start = start;
+  return 1;
 }
 
 static void run_rep(sim *x, const mp_segment *g, int32_t rep, int32_t micro) {
-  for (int32_t i = 0; i < g->n_ops; i++) {
-    int32_t idx = g->first_op + i;
-    int32_t l = x->s->ops[idx].layer;
-    int32_t layer = l >= 0 ? l + rep * g->layer_step : l;
-    run_op(x, idx, g->first_op, rep, layer, micro);
+  const int32_t first = g->first_op, last = g->first_op + g->n_ops;
+  double t;
+  if (x->trace != NULL) {
+    for (int32_t idx = first; idx < last; idx++) {
+      if (!run_op(x, idx, rep, micro, &t)) continue;
+      int32_t l = x->s->ops[idx].layer;
+      int32_t layer = l >= 0 ? l + rep * g->layer_step : l;
+      trace_push(x, idx, layer, micro, t, x->ops[idx].dur);
+    }
+    return;
   }
+  /* run_op without the trace, its accumulators in locals: end_cur and end_prev are
+   * doubles too, so through x the compiler would store and reload them at every op. The
+   * same additions in the same order as run_op, so the same results to the bit.
+   * mem_apply only touches the memory levels, never these. */
+  /* scalars apart from the stream-indexed arrays, so that they can live in registers */
+  double compute = x->a.compute, opt = x->a.opt, wait = x->a.wait;
+  int64_t level_tot = x->level_tot; /* mem_apply_tot keeps it; written back below */
+  double fc = x->a.free_t[MP_STREAM_COMPUTE]; /* where most ops run */
+  double *restrict free_t = x->a.free_t, *restrict comm_busy = x->a.comm_busy;
+  const cop *restrict ops = x->ops;
+  double *restrict end_cur = x->end_cur, *restrict end_prev = x->end_prev;
+  const int not_first = micro >= 0 && micro != 0;
+  const int not_last = micro >= 0 && micro != x->n_micro - 1;
+  for (int32_t idx = first; idx < last; idx++) {
+    const cop *op = &ops[idx];
+    if (not_first && (op->when == MP_WHEN_FIRST_MICRO || op->when == MP_WHEN_ONCE)) continue;
+    if (not_last && op->when == MP_WHEN_LAST_MICRO) continue;
+    const int st = op->stream;
+    const int on_c = st == MP_STREAM_COMPUTE;
+    if (op->kind == COP_MEM) {
+      if (op->mem_cat >= 0) mem_apply_tot(x, op->mem_cat, op->mem_delta, &level_tot);
+      end_prev[idx] = end_cur[idx];
+      end_cur[idx] = on_c ? fc : free_t[st];
+      continue;
+    }
+    const double t0 = on_c ? fc : free_t[st];
+    double ready = 0.0;
+    const unsigned skip = rep == 0 ? op->dep_skip0 : 0u;
+    for (int d = 0; d < op->n_dep; d++) {
+      const unsigned bit = 1u << d;
+      if (skip & bit) continue;
+      const double e = (op->dep_prev & bit) ? end_prev[op->dep[d]] : end_cur[op->dep[d]];
+      if (e > ready) ready = e;
+    }
+    const double start = t0 > ready ? t0 : ready, d = op->dur;
+    if (op->kind == COP_COMPUTE)
+      compute += d;
+    else if (op->kind == COP_OPT)
+      opt += d;
+    else if (op->kind == COP_COMM)
+      comm_busy[st] += d;
+    end_prev[idx] = end_cur[idx];
+    end_cur[idx] = start + d;
+    if (on_c) {
+      wait += start - t0;
+      fc = start + d;
+    } else {
+      free_t[st] = start + d;
+    }
+  }
+  x->level_tot = level_tot;
+  x->a.free_t[MP_STREAM_COMPUTE] = fc;
+  x->a.compute = compute;
+  x->a.opt = opt;
+  x->a.wait = wait;
 }
 
 static void accum_sub(const accum *a, const accum *b, accum *out) {
@@ -250,7 +366,7 @@ static void skip_time(sim *x, int64_t k, const accum *d, int32_t first, int32_t 
   x->a.opt += kk * d->opt;
   x->a.wait += kk * d->wait;
   for (int32_t i = first; i < first + n; i++) {
-    int st = x->s->ops[i].stream < MP_STREAM_COUNT ? x->s->ops[i].stream : 0;
+    int st = x->ops[i].stream;
     x->end_cur[i] += kk * d->free_t[st];
     x->end_prev[i] += kk * d->free_t[st];
   }
@@ -270,6 +386,7 @@ static void skip_mem(sim *x, int64_t k, const tracker *t) {
     x->level[c] += k * D[c];
     x->level_tot += k * D[c];
   }
+  x->cat_max_stale = 1;
 }
 
 static void run_segment(sim *x, const mp_segment *g, int32_t micro) {
@@ -379,6 +496,12 @@ double mp_sim_pp_inflight(const mp_plan *p, int stage, int64_t n_micro) {
 
 mp_status mp_simulate(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
                       mp_sim_result *out, mp_sim_trace **trace) {
+  return mp_simulate_with_links(ctx, s, cfg, NULL, out, trace);
+}
+
+mp_status mp_simulate_with_links(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
+                                 const mp_sim_link *links, mp_sim_result *out,
+                                 mp_sim_trace **trace) {
   if (s == NULL || cfg == NULL || cfg->cluster == NULL || out == NULL || s->plan == NULL)
     return mp_error(ctx, MP_ERR_INVALID,
                     "mp_simulate needs a schedule with its plan, a config with a cluster and an "
@@ -394,7 +517,9 @@ mp_status mp_simulate(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cf
   if (trace) *trace = NULL;
 
   double *buf = scratch((size_t)(s->n_ops > 0 ? s->n_ops : 1) * 3);
-  if (buf == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory simulating %d ops", s->n_ops);
+  cop *cops = cop_buf((size_t)(s->n_ops > 0 ? s->n_ops : 1));
+  if (buf == NULL || cops == NULL)
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory simulating %d ops", s->n_ops);
   double *dur = buf, *end_cur = buf + s->n_ops, *end_prev = buf + 2 * (size_t)s->n_ops;
   memset(end_cur, 0, 2 * (size_t)s->n_ops * sizeof *end_cur);
 
@@ -402,14 +527,61 @@ mp_status mp_simulate(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cf
   mp_sim_link link[MP_GROUP_COUNT];
   unsigned have_link = 0;
   int has_cp_comm = 0, has_p2p = 0;
+  /* The segment each op belongs to decides which instance a MP_DEP_PREV_REP dependency
+   * reads: the previous repetition's for ops earlier in the same segment. */
+  int32_t seg_of_first = 0, seg_end = 0, si = 0;
+  int32_t n_attn = 0; /* attention ops, for the context-parallel adjustment below */
   for (int32_t i = 0; i < s->n_ops; i++) {
     const mp_op *op = &s->ops[i];
+    while (i >= seg_end && si < s->n_segs) {
+      seg_of_first = s->segs[si].first_op;
+      seg_end = s->segs[si].first_op + s->segs[si].n_ops;
+      si++;
+    }
+    if (i >= seg_end) seg_of_first = i; /* an op outside every segment never runs */
+    cop *c = &cops[i];
+    c->stream = op->stream < MP_STREAM_COUNT ? op->stream : MP_STREAM_COMPUTE;
+    c->when = op->when;
+    c->mem_cat = -1;
+    c->mem_delta = 0;
+    c->n_dep = 0;
+    c->dep_skip0 = c->dep_prev = 0;
+    if (op->type == MP_OP_ALLOC || op->type == MP_OP_FREE) {
+      c->kind = COP_MEM;
+      if (op->mem_cat < MP_MEM_COUNT) c->mem_cat = (int8_t)op->mem_cat;
+      c->mem_delta = op->type == MP_OP_ALLOC ? op->mem_bytes : -op->mem_bytes;
+    } else {
+      c->kind = op->type == MP_OP_COMPUTE
+                    ? (c->stream != MP_STREAM_COMPUTE ? COP_OTHER
+                       : op->phase == MP_PHASE_OPTIMIZER ? COP_OPT : COP_COMPUTE)
+                    : COP_COMM;
+      for (int d = 0; d < op->n_dep && d < MP_OP_MAX_DEPS; d++) {
+        const int32_t j = op->dep[d];
+        if (j < 0 || j >= s->n_ops) continue;
+        /* An op on the same stream ended (any instance of it) no later than the stream's
+         * free time, which the op waits for anyway: end times never exceed their stream's
+         * free time (both start equal, an op ends at start + dur >= the free time it
+         * sets, skips add the same shift to both, and rounding is monotone), so such a
+         * dependency never moves a start; dropping it leaves every result unchanged. */
+        const int js = s->ops[j].stream < MP_STREAM_COUNT ? s->ops[j].stream : MP_STREAM_COMPUTE;
+        if (js == c->stream) continue;
+        const unsigned bit = 1u << c->n_dep;
+        if (op->dep_flags[d] & MP_DEP_PREV_REP) {
+          c->dep_skip0 |= (uint8_t)bit;
+          if (j >= seg_of_first && j < i) c->dep_prev |= (uint8_t)bit;
+        }
+        c->dep[c->n_dep++] = j;
+      }
+    }
     if (op->type == MP_OP_COMPUTE) {
       dur[i] = mp_sim_compute_op_s(op, &cl->gpu, prof);
     } else if (op->type == MP_OP_COMM) {
       int g = op->group < MP_GROUP_COUNT ? op->group : MP_GROUP_WORLD;
       if (!(have_link & (1u << g))) {
-        MP_CHECK(mp_sim_group_link(ctx, cl, mesh, (mp_group)g, s->rank, &link[g]));
+        if (links)
+          link[g] = links[g];
+        else
+          MP_CHECK(mp_sim_group_link(ctx, cl, mesh, (mp_group)g, s->rank, &link[g]));
         have_link |= 1u << g;
       }
       int p2p = op->coll == MP_COLL_SEND || op->coll == MP_COLL_RECV;
@@ -424,6 +596,8 @@ mp_status mp_simulate(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cf
     } else {
       dur[i] = 0.0;
     }
+    c->dur = dur[i];
+    if (op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_ATTENTION) n_attn++;
   }
 
   /* Context parallelism without explicit ring ops in the schedule: ring attention passes
@@ -433,25 +607,31 @@ mp_status mp_simulate(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cf
   int cp = mesh->size[MP_DIM_CP];
   if (cp > 1 && !has_cp_comm) {
     mp_sim_link l;
-    MP_CHECK(mp_sim_group_link(ctx, cl, mesh, MP_GROUP_CP, s->rank, &l));
+    if (links)
+      l = links[MP_GROUP_CP];
+    else
+      MP_CHECK(mp_sim_group_link(ctx, cl, mesh, MP_GROUP_CP, s->rank, &l));
     int tp = mesh->size[MP_DIM_TP];
     double kv_heads = (double)plan->model.n_kv_heads / (tp > 0 ? tp : 1);
     if (kv_heads < 1) kv_heads = 1;
     double kv_bytes = (double)s->micro_batch * (double)s->seq / cp * kv_heads *
                       (double)plan->model.head_dim * 2.0 /* K and V */ * 2.0 /* bf16 */;
-    for (int32_t i = 0; i < s->n_ops; i++) {
+    for (int32_t i = 0; i < s->n_ops && n_attn > 0; i++) {
       const mp_op *op = &s->ops[i];
       if (op->type != MP_OP_COMPUTE || op->kernel != MP_KERNEL_ATTENTION) continue;
+      n_attn--;
       double bytes = op->phase == MP_PHASE_BACKWARD ? 2.0 * kv_bytes : kv_bytes;
       double blk = mp_sim_collective_s(MP_COLL_SEND, bytes, 2, l.GBps * prof->link_eff, l.lat_s);
       double t = (dur[i] - prof->kernel_overhead_s) / cp;
       dur[i] = t + (cp - 1) * (t > blk ? t : blk) + prof->kernel_overhead_s;
+      cops[i].dur = dur[i];
     }
   }
 
   sim x;
   memset(&x, 0, sizeof x);
   x.s = s;
+  x.ops = cops;
   x.dur = dur;
   x.end_cur = end_cur;
   x.end_prev = end_prev;
@@ -528,7 +708,10 @@ mp_status mp_simulate(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cf
     bubble = (pp - 1) * t_micro / v;
     if (!has_p2p) {
       mp_sim_link l;
-      MP_CHECK(mp_sim_group_link(ctx, cl, mesh, MP_GROUP_PP, s->rank, &l));
+      if (links)
+        l = links[MP_GROUP_PP];
+      else
+        MP_CHECK(mp_sim_group_link(ctx, cl, mesh, MP_GROUP_PP, s->rank, &l));
       double act = (double)s->micro_batch * (double)s->seq / cp * (double)plan->model.d_model *
                    2.0 /* bf16 */;
       bubble += (pp - 1) * 2.0 *

@@ -118,6 +118,19 @@ mp_status mp_simulate_built_plan_all_stages(mp_ctx *ctx, const mp_plan *p,
                                             const mp_sim_config *cfg, mp_arena *scratch,
                                             mp_sim_result *out);
 
+/* Added (the planner's hot path): what mp_simulate_built_plan works out from a plan's
+ * parameters alone, once per plan family: the stages to simulate and, per stage, the
+ * schedule builder's reading of the parameters (exec/schedule.h, mp_schedule_prep). It
+ * serves every plan mp_plan_derive makes from p (other micro-batch, AC, reshard) and p
+ * itself: mp_simulate_prepped(p', prep) gives exactly mp_simulate_built_plan(p'). Lives
+ * in arena, read-only once made; tied to cfg->cluster. */
+typedef struct mp_sim_plan_prep mp_sim_plan_prep;
+mp_status mp_sim_plan_prep_create(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                                  mp_arena *arena, mp_sim_plan_prep **out);
+/* scratch as for mp_simulate_built_plan (only allocated from; NULL: the per-thread arena). */
+mp_status mp_simulate_prepped(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_prep *prep,
+                              const mp_sim_config *cfg, mp_arena *scratch, mp_sim_result *out);
+
 /* Ring-factor time of one collective of `bytes` payload on a group of n ranks whose
  * slowest link has bw_GBps per direction and lat_s per step (exposed for tests). */
 double mp_sim_collective_s(mp_coll c, double bytes, int n, double bw_GBps, double lat_s);

@@ -22,6 +22,12 @@ struct mp_sim_trace {
   size_t n, cap;
 };
 
+/* mp_simulate with the links of every group (indexed by mp_group, as mp_sim_group_link
+ * gives them for the schedule's rank) looked up beforehand; links NULL looks them up. */
+mp_status mp_simulate_with_links(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
+                                 const mp_sim_link *links, mp_sim_result *out,
+                                 mp_sim_trace **trace);
+
 /* Per-file parts of mp_sim_thread_release. */
 void mp_sim_network_release(void);
 void mp_sim_plan_release(void);

@@ -203,6 +203,89 @@ done:
   return st;
 }
 
+/* ---- prepared plans (the planner's hot path) ----------------------------------------- */
+
+struct mp_sim_plan_prep {
+  const mp_cluster *cluster; /* pick_stages read its gpus_per_node */
+  int n_sel;
+  int *sel;                  /* stages to simulate, increasing */
+  mp_schedule_prep **sched;  /* per selected stage: its first rank's schedule prep */
+  mp_sim_link (*links)[MP_GROUP_COUNT]; /* per selected stage: every group's link */
+};
+
+mp_status mp_sim_plan_prep_create(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                                  mp_arena *arena, mp_sim_plan_prep **out) {
+  *out = NULL;
+  if (p == NULL || cfg == NULL || cfg->cluster == NULL || arena == NULL)
+    return mp_error(ctx, MP_ERR_INVALID, "mp_sim_plan_prep_create needs a plan, a config with a "
+                                         "cluster and an arena");
+  const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
+  size_t need = (size_t)p->n_params + 2 * (size_t)pp + 2;
+  if (need > g_buf_cap) {
+    int *q = (int *)realloc(g_buf, need * sizeof *q);
+    if (q == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory grouping pipeline stages");
+    g_buf = q;
+    g_buf_cap = need;
+  }
+  int *sel = g_buf + (size_t)p->n_params + (size_t)pp + 2;
+  int n = 0;
+  MP_CHECK(pick_stages(p, cfg, sel, &n));
+  mp_sim_plan_prep *pr = mp_arena_alloc(arena, sizeof *pr);
+  int *keep = mp_arena_alloc_raw(arena, sizeof(int) * (size_t)n);
+  mp_schedule_prep **sp = mp_arena_alloc(arena, sizeof(*sp) * (size_t)n);
+  mp_sim_link (*links)[MP_GROUP_COUNT] = mp_arena_alloc(arena, sizeof(*links) * (size_t)n);
+  if (pr == NULL || keep == NULL || sp == NULL || links == NULL)
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory preparing a plan for the simulator");
+  memcpy(keep, sel, sizeof(int) * (size_t)n);
+  for (int i = 0; i < n; i++) {
+    int coords[MP_MESH_NDIMS] = {0};
+    coords[MP_DIM_PP] = keep[i];
+    const int rank = mp_mesh_rank_of(&p->mesh, coords);
+    MP_CHECK(mp_schedule_prep_create(ctx, p, rank, MP_SCHEDULE_COMPACT, arena, &sp[i]));
+    for (int g = 0; g < MP_GROUP_COUNT; g++)
+      MP_CHECK(mp_sim_group_link(ctx, cfg->cluster, &p->mesh, (mp_group)g, rank, &links[i][g]));
+  }
+  pr->cluster = cfg->cluster;
+  pr->n_sel = n;
+  pr->sel = keep;
+  pr->sched = sp;
+  pr->links = links;
+  *out = pr;
+  return MP_OK;
+}
+
+mp_status mp_simulate_prepped(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_prep *prep,
+                              const mp_sim_config *cfg, mp_arena *scratch, mp_sim_result *out) {
+  if (p == NULL || prep == NULL || cfg == NULL || cfg->cluster == NULL || out == NULL)
+    return mp_error(ctx, MP_ERR_INVALID, "mp_simulate_prepped needs a plan, its prep, a config "
+                                         "with a cluster and an output");
+  if (cfg->cluster != prep->cluster)
+    return mp_error(ctx, MP_ERR_INVALID, "the simulator prep was made for another cluster; make "
+                                         "one with mp_sim_plan_prep_create for this config");
+  int reset = scratch == NULL;
+  if (scratch == NULL) {
+    if (g_arena == NULL) {
+      g_arena = mp_arena_create();
+      if (g_arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating an arena");
+    }
+    scratch = g_arena;
+  }
+  mp_status st = MP_OK;
+  mp_sim_result best, r;
+  memset(&best, 0, sizeof best);
+  for (int i = 0; i < prep->n_sel; i++) {
+    if (reset) mp_arena_reset(scratch);
+    mp_schedule *s = NULL;
+    MP_CHECK_GOTO(mp_schedule_build_prepped(ctx, p, prep->sched[i], scratch, &s), st, done);
+    MP_CHECK_GOTO(mp_simulate_with_links(ctx, s, cfg, prep->links[i], &r, NULL), st, done);
+    merge(&best, &r, i == 0);
+  }
+  *out = best;
+done:
+  if (reset) mp_arena_reset(scratch);
+  return st;
+}
+
 mp_status mp_simulate_built_plan(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                  mp_arena *scratch, mp_sim_result *out) {
   return simulate_built(ctx, p, cfg, scratch, 0, out);

@@ -140,3 +140,106 @@ TEST(PlanTemplate, RefusalsMatchBuildPlan) {
 }
 
 }  // namespace
+
+// mp_plan_derive: a plan with another micro-batch, AC mode, reshard setting or global
+// batch derived from a built one equals the plan built from scratch with those options
+// (parameters, units, notes, options), shares the base's tables, and refuses any other
+// option change.
+namespace {
+void ExpectSameOptions(const mp_plan_options &a, const mp_plan_options &b) {
+  EXPECT_EQ(a.micro_batch, b.micro_batch);
+  EXPECT_EQ(a.global_batch, b.global_batch);
+  EXPECT_EQ(a.seq, b.seq);
+  EXPECT_EQ(a.ac, b.ac);
+  EXPECT_EQ(a.fp8, b.fp8);
+  EXPECT_EQ(a.fp8_opts.all_gather, b.fp8_opts.all_gather);
+  EXPECT_EQ(a.fsdp.reshard_after_forward, b.fsdp.reshard_after_forward);
+  EXPECT_EQ(a.fsdp.per_block, b.fsdp.per_block);
+  EXPECT_EQ(a.fsdp.param_dtype, b.fsdp.param_dtype);
+  EXPECT_EQ(a.fsdp.reduce_dtype, b.fsdp.reduce_dtype);
+  EXPECT_EQ(a.tp.shard_logits, b.tp.shard_logits);
+  EXPECT_EQ(a.tp.pad_vocab, b.tp.pad_vocab);
+  EXPECT_EQ(a.pp_schedule, b.pp_schedule);
+  EXPECT_EQ(a.pp_virtual, b.pp_virtual);
+  EXPECT_EQ(a.master_dtype, b.master_dtype);
+}
+}  // namespace
+
+TEST(PlanDerive, SameAsBuildingWithTheOptions) {
+  struct Case {
+    const char *model, *mesh;
+    int fp8;
+  } cases[] = {
+      {"tiny-dense", "dp_shard=4,tp=2", 0},
+      {"tiny-dense", "pp=2,dp_shard=2", 1},
+      {"tiny-moe", "dp_shard=4,ep=2", 1},
+      {"llama3.1-405b", "pp=2,dp_replicate=2,dp_shard=4,tp=8", 1},
+  };
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  for (const Case &c : cases) {
+    mp_model m = LoadModel(c.model);
+    mp_mesh mesh = Mesh(c.mesh);
+    mp_plan_template *t = nullptr;
+    ASSERT_EQ(mp_plan_template_create(&ctx, &m, &t), MP_OK) << mp_errmsg(&ctx);
+    mp_plan_options base_o;
+    mp_plan_options_init(&base_o);
+    base_o.fp8 = c.fp8;
+    base_o.seq = 256;
+    base_o.global_batch = 64;
+    base_o.micro_batch = 2;
+    base_o.ac = MP_AC_NONE;
+    base_o.fsdp.reshard_after_forward = 1;
+    mp_arena *a = mp_arena_create();
+    mp_plan *base = nullptr;
+    ASSERT_EQ(mp_build_plan_from(&ctx, t, &mesh, &base_o, a, &base), MP_OK) << mp_errmsg(&ctx);
+    for (int mb : {1, 2, 4})
+      for (mp_ac_mode ac : {MP_AC_NONE, MP_AC_SELECTIVE, MP_AC_FULL})
+        for (int rs : {0, 1})
+          for (int64_t gb : {int64_t(64), int64_t(0)}) {
+            SCOPED_TRACE(std::string(c.model) + " " + c.mesh + " mb=" + std::to_string(mb) +
+                         " ac=" + mp_ac_mode_name(ac) + " rs=" + std::to_string(rs) +
+                         " gb=" + std::to_string(gb));
+            mp_plan_options o = base_o;
+            o.micro_batch = mb;
+            o.ac = ac;
+            o.fsdp.reshard_after_forward = rs;
+            o.global_batch = gb;
+            mp_plan *ref = nullptr, *d = nullptr;
+            ASSERT_EQ(mp_build_plan_from(&ctx, t, &mesh, &o, nullptr, &ref), MP_OK)
+                << mp_errmsg(&ctx);
+            ASSERT_EQ(mp_plan_derive(&ctx, base, &o, a, &d), MP_OK) << mp_errmsg(&ctx);
+            ExpectSamePlan(ref, d);
+            ExpectSameOptions(ref->opts, d->opts);
+            EXPECT_EQ(d->ac, ref->ac);
+            // the tables are the base's, not copies
+            EXPECT_EQ(d->params, base->params);
+            EXPECT_EQ(d->units, base->units);
+            EXPECT_EQ(d->arena_borrowed, 1);
+            mp_plan_destroy(d); /* frees nothing: the arena and tables are not its own */
+            mp_plan_destroy(ref);
+          }
+    // Anything that shapes the parameters or units is refused.
+    mp_plan *d = nullptr;
+    mp_plan_options o = base_o;
+    o.fp8 = !c.fp8;
+    EXPECT_EQ(mp_plan_derive(&ctx, base, &o, a, &d), MP_ERR_INVALID);
+    EXPECT_NE(std::string(mp_errmsg(&ctx)).find("build the plan instead"), std::string::npos);
+    o = base_o;
+    o.tp.pad_vocab = 1;
+    EXPECT_EQ(mp_plan_derive(&ctx, base, &o, a, &d), MP_ERR_INVALID);
+    o = base_o;
+    o.seq = 512;
+    EXPECT_EQ(mp_plan_derive(&ctx, base, &o, a, &d), MP_ERR_INVALID);
+    o = base_o;
+    o.fsdp.param_dtype = MP_DTYPE_FP32;
+    EXPECT_EQ(mp_plan_derive(&ctx, base, &o, a, &d), MP_ERR_INVALID);
+    // and the mesh rules still apply to the new options
+    o = base_o;
+    o.micro_batch = 0;
+    EXPECT_EQ(mp_plan_derive(&ctx, base, &o, a, &d), MP_ERR_INVALID);
+    EXPECT_EQ(d, nullptr);
+    mp_arena_destroy(a);
+    mp_plan_template_destroy(t);
+  }
+}

@@ -751,3 +751,127 @@ TEST(Schedule, Float8AllGatherHalvesLinearGatherBytes) {
 }
 
 }  // namespace
+
+// mp_schedule_prep: one prep made from a plan serves every plan mp_plan_derive makes from
+// it (other micro-batch, AC, reshard): the prepped build gives exactly the schedule
+// mp_schedule_build gives for the derived plan, op for op, on several ranks and stages.
+// A plan with other parameter tables or another mesh is refused.
+namespace {
+
+void ExpectSameOp(const mp_op &a, const mp_op &b, int i) {
+  SCOPED_TRACE("op " + std::to_string(i));
+  EXPECT_EQ(a.type, b.type);
+  EXPECT_EQ(a.phase, b.phase);
+  EXPECT_EQ(a.stream, b.stream);
+  EXPECT_EQ(a.when, b.when);
+  EXPECT_EQ(a.kernel, b.kernel);
+  EXPECT_EQ(a.variant, b.variant);
+  EXPECT_EQ(a.coll, b.coll);
+  EXPECT_EQ(a.group, b.group);
+  EXPECT_EQ(a.dtype, b.dtype);
+  EXPECT_EQ(a.mem_cat, b.mem_cat);
+  EXPECT_EQ(a.module, b.module);
+  EXPECT_EQ(a.layer, b.layer);
+  EXPECT_EQ(a.unit, b.unit);
+  EXPECT_EQ(a.buf, b.buf);
+  EXPECT_EQ(a.m, b.m);
+  EXPECT_EQ(a.n, b.n);
+  EXPECT_EQ(a.k, b.k);
+  EXPECT_EQ(a.batch, b.batch);
+  EXPECT_EQ(a.flops, b.flops);  // exact: the same arithmetic
+  EXPECT_EQ(a.bytes, b.bytes);
+  EXPECT_EQ(a.mem_bytes, b.mem_bytes);
+  ASSERT_EQ(a.n_dep, b.n_dep);
+  for (int d = 0; d < a.n_dep; d++) {
+    EXPECT_EQ(a.dep[d], b.dep[d]);
+    EXPECT_EQ(a.dep_flags[d], b.dep_flags[d]);
+  }
+}
+
+void ExpectSameSchedule(const mp_schedule *a, const mp_schedule *b) {
+  EXPECT_EQ(a->rank, b->rank);
+  EXPECT_EQ(a->pp_stage, b->pp_stage);
+  EXPECT_EQ(a->n_micro, b->n_micro);
+  EXPECT_EQ(a->micro_batch, b->micro_batch);
+  EXPECT_EQ(a->tokens_per_step_per_rank, b->tokens_per_step_per_rank);
+  EXPECT_EQ(a->model_flops_per_step, b->model_flops_per_step);
+  EXPECT_EQ(a->n_instances, b->n_instances);
+  for (int c = 0; c < MP_MEM_COUNT; c++) EXPECT_EQ(a->resident_bytes[c], b->resident_bytes[c]);
+  ASSERT_EQ(a->n_segs, b->n_segs);
+  for (int i = 0; i < a->n_segs; i++) {
+    EXPECT_EQ(a->segs[i].first_op, b->segs[i].first_op);
+    EXPECT_EQ(a->segs[i].n_ops, b->segs[i].n_ops);
+    EXPECT_EQ(a->segs[i].repeat, b->segs[i].repeat);
+    EXPECT_EQ(a->segs[i].layer_step, b->segs[i].layer_step);
+    EXPECT_EQ(a->segs[i].unit_step, b->segs[i].unit_step);
+  }
+  ASSERT_EQ(a->n_ops, b->n_ops);
+  for (int i = 0; i < a->n_ops; i++) ExpectSameOp(a->ops[i], b->ops[i], i);
+}
+
+}  // namespace
+
+TEST(Schedule, PrepServesDerivedPlans) {
+  struct Case {
+    const char *model, *mesh;
+    int fp8;
+  } cases[] = {
+      {"llama3.1-8b", "pp=4,dp_replicate=2,dp_shard=2,tp=2", 1},
+      {"llama3.1-8b", "dp_shard=4,cp=2", 0},
+      {"tiny-moe", "dp_shard=4,ep=2", 0},
+  };
+  for (const Case &c : cases) {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_model m;
+    ASSERT_EQ(mp_model_load(&ctx, c.model, &m), MP_OK) << mp_errmsg(&ctx);
+    mp_mesh mesh;
+    ASSERT_EQ(mp_mesh_parse(&ctx, c.mesh, 0, &mesh), MP_OK) << mp_errmsg(&ctx);
+    const int world = mp_mesh_world(&mesh);
+    mp_plan_options bo;
+    mp_plan_options_init(&bo);
+    bo.fp8 = c.fp8;
+    bo.seq = 1024;
+    bo.global_batch = 64;
+    bo.micro_batch = 1;
+    mp_plan *base = nullptr;
+    ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &bo, &base), MP_OK) << mp_errmsg(&ctx);
+    mp_arena *a = mp_arena_create();
+    for (int rank : {0, world / 2, world - 1}) {
+      mp_schedule_prep *prep = nullptr;
+      ASSERT_EQ(mp_schedule_prep_create(&ctx, base, rank, MP_SCHEDULE_COMPACT, a, &prep), MP_OK)
+          << mp_errmsg(&ctx);
+      for (int mb : {1, 4})
+        for (mp_ac_mode ac : {MP_AC_NONE, MP_AC_SELECTIVE, MP_AC_FULL})
+          for (int rs : {0, 1}) {
+            SCOPED_TRACE(std::string(c.model) + " " + c.mesh + " rank " + std::to_string(rank) +
+                         " mb=" + std::to_string(mb) + " ac=" + mp_ac_mode_name(ac) +
+                         " rs=" + std::to_string(rs));
+            mp_plan_options o = bo;
+            o.micro_batch = mb;
+            o.ac = ac;
+            o.fsdp.reshard_after_forward = rs;
+            mp_plan *d = nullptr;
+            ASSERT_EQ(mp_plan_derive(&ctx, base, &o, a, &d), MP_OK) << mp_errmsg(&ctx);
+            mp_schedule *ref = nullptr, *got = nullptr;
+            ASSERT_EQ(mp_schedule_build(&ctx, d, rank, MP_SCHEDULE_COMPACT, a, &ref), MP_OK)
+                << mp_errmsg(&ctx);
+            ASSERT_EQ(mp_schedule_build_prepped(&ctx, d, prep, a, &got), MP_OK)
+                << mp_errmsg(&ctx);
+            ExpectSameSchedule(ref, got);
+          }
+    }
+    // Another plan (its own tables) is refused, even with the same mesh and options.
+    mp_plan *other = nullptr;
+    ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &bo, &other), MP_OK) << mp_errmsg(&ctx);
+    mp_schedule_prep *prep = nullptr;
+    ASSERT_EQ(mp_schedule_prep_create(&ctx, base, 0, MP_SCHEDULE_COMPACT, a, &prep), MP_OK);
+    mp_schedule *s = nullptr;
+    EXPECT_EQ(mp_schedule_build_prepped(&ctx, other, prep, a, &s), MP_ERR_INVALID);
+    EXPECT_NE(std::string(mp_errmsg(&ctx)).find("another plan"), std::string::npos);
+    EXPECT_EQ(s, nullptr);
+    mp_plan_destroy(other);
+    mp_arena_destroy(a);
+    mp_plan_destroy(base);
+  }
+}

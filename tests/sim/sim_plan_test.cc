@@ -280,3 +280,91 @@ TEST(PlanPipeline, DistinctStagesEqualAllStages) {
     CheckDistinctStages(s, what);
   }
 }
+
+// mp_sim_plan_prep: one prep of a plan serves the plans derived from it (micro-batch, AC,
+// reshard): mp_simulate_prepped equals mp_simulate_built_plan on each, field for field,
+// pipelined (stage selection, per-stage links) and not; a prep for another cluster is
+// refused.
+TEST(PlanPrep, PreppedEqualsBuiltOnDerivedPlans) {
+  struct Case {
+    const char *model;
+    int gpus, per_node;
+    const char *mesh;
+  } cases[] = {
+      {"llama3.1-8b", 64, 8, "pp=4,dp_replicate=2,dp_shard=2,tp=4"},
+      {"llama3.1-8b", 16, 8, "dp_shard=4,cp=2,tp=2"},
+      {"llama3.1-8b", 40, 8, "pp=5,tp=8"},
+  };
+  for (const Case &c : cases) {
+    PlanCase s(c.model, "h100-8", "dp_shard=8");
+    ASSERT_EQ(mp_cluster_make(&s.ctx, "h100-sxm", c.gpus, c.per_node, &s.c), MP_OK)
+        << mp_errmsg(&s.ctx);
+    ASSERT_EQ(mp_mesh_parse(&s.ctx, c.mesh, c.gpus, &s.mesh), MP_OK) << mp_errmsg(&s.ctx);
+    s.o.seq = 2048;
+    s.o.micro_batch = 1;
+    s.o.global_batch = 64;
+    s.o.fp8 = 1;
+    mp_plan *base = nullptr;
+    ASSERT_EQ(mp_build_plan(&s.ctx, &s.m, &s.mesh, &s.o, &base), MP_OK) << mp_errmsg(&s.ctx);
+    mp_arena *a = mp_arena_create();
+    mp_sim_plan_prep *prep = nullptr;
+    ASSERT_EQ(mp_sim_plan_prep_create(&s.ctx, base, &s.cfg, a, &prep), MP_OK) << mp_errmsg(&s.ctx);
+    for (int mb : {1, 2, 8})
+      for (mp_ac_mode ac : {MP_AC_NONE, MP_AC_SELECTIVE, MP_AC_FULL})
+        for (int rs : {0, 1}) {
+          const std::string what = std::string(c.mesh) + " mb=" + std::to_string(mb) +
+                                   " ac=" + mp_ac_mode_name(ac) + " rs=" + std::to_string(rs);
+          mp_plan_options o = s.o;
+          o.micro_batch = mb;
+          o.ac = ac;
+          o.fsdp.reshard_after_forward = rs;
+          mp_plan *d = nullptr;
+          ASSERT_EQ(mp_plan_derive(&s.ctx, base, &o, a, &d), MP_OK) << mp_errmsg(&s.ctx);
+          mp_sim_result ref, got, got_thread_arena;
+          ASSERT_EQ(mp_simulate_built_plan(&s.ctx, d, &s.cfg, nullptr, &ref), MP_OK)
+              << what << mp_errmsg(&s.ctx);
+          ASSERT_EQ(mp_simulate_prepped(&s.ctx, d, prep, &s.cfg, a, &got), MP_OK)
+              << what << mp_errmsg(&s.ctx);
+          ASSERT_EQ(mp_simulate_prepped(&s.ctx, d, prep, &s.cfg, nullptr, &got_thread_arena), MP_OK)
+              << what << mp_errmsg(&s.ctx);
+          ExpectSameResult(got, ref, what);
+          ExpectSameResult(got_thread_arena, ref, what + " (thread arena)");
+          EXPECT_GT(ref.step_time_s, 0.0) << what;
+        }
+    mp_cluster other = s.c;
+    mp_sim_config cfg2 = s.cfg;
+    cfg2.cluster = &other;
+    mp_sim_result r;
+    EXPECT_EQ(mp_simulate_prepped(&s.ctx, base, prep, &cfg2, a, &r), MP_ERR_INVALID);
+    mp_arena_destroy(a);
+    mp_plan_destroy(base);
+  }
+}
+
+// The group link counts the members on the rank's node without listing big groups: it
+// must agree with a count over the listed members (the definition) for every group kind.
+TEST(Network, GroupLinkPerNodeMatchesListedMembers) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_cluster c;
+  ASSERT_EQ(mp_cluster_make(&ctx, "h100-sxm", 256, 8, &c), MP_OK) << mp_errmsg(&ctx);
+  for (const char *spec : {"pp=2,dp_replicate=2,dp_shard=8,cp=2,tp=4",
+                           "dp_shard=64,ep=8,tp=4", "pp=4,dp_shard=4,cp=4,tp=4",
+                           "dp_replicate=32,tp=8", "dp_shard=256"}) {
+    mp_mesh mesh;
+    ASSERT_EQ(mp_mesh_parse(&ctx, spec, 256, &mesh), MP_OK) << mp_errmsg(&ctx);
+    for (int g = 0; g < MP_GROUP_COUNT; g++)
+      for (int rank : {0, 5, 77, 255}) {
+        const int n = mp_mesh_group_size(&mesh, (mp_group)g);
+        std::vector<int> ranks((size_t)n);
+        mp_mesh_group_ranks(&mesh, (mp_group)g, rank, ranks.data());
+        int per_node = 0;
+        for (int r : ranks) per_node += r / 8 == rank / 8;
+        mp_sim_link l;
+        ASSERT_EQ(mp_sim_group_link(&ctx, &c, &mesh, (mp_group)g, rank, &l), MP_OK);
+        EXPECT_EQ(l.n, n) << spec << " group " << g << " rank " << rank;
+        EXPECT_EQ(l.per_node, per_node) << spec << " group " << g << " rank " << rank;
+        EXPECT_EQ(l.nodes, (n + per_node - 1) / per_node) << spec << " group " << g;
+      }
+  }
+}
