@@ -408,6 +408,20 @@ struct mp_backend {
                              const float *scale /* (1) */, size_t n, mp_f8_format fmt);
   mp_status (*f8_fake_quantize)(mp_kctx *kc, void *out /* (n) */, const void *x,
                                 const float *scale /* (1) */, size_t n, mp_f8_format fmt);
+  /* Float8 GEMM on codes, "TN" as cuBLASLt wants it: out = (A / a_scale) (B / b_scale)^T
+   * with A (R, K) codes in fmt_a and B (S, K) codes in fmt_b, row-major, fp32
+   * accumulation. Exactly one output is non-NULL: out_x (R, S) X tensor, written (=), or
+   * out_f32 (R, S) fp32, accumulated (+=, for weight gradients). Forward y = x W^T is
+   * A = x (E4M3), B = W (E4M3); dgrad dx = dy W is A = dy (E5M2), B = W^T (E4M3, via
+   * f8_transpose); wgrad dW = dy^T x is A = dy^T (E5M2), B = x^T (E4M3). The CUDA backend
+   * needs K, R and S multiples of 16 and compute capability >= 8.9 (it refuses otherwise
+   * with MP_ERR_UNSUPPORTED); the CPU backend decodes and multiplies (the reference). */
+  mp_status (*matmul_f8)(mp_kctx *kc, void *out_x, float *out_f32,
+                         const uint8_t *a, const float *a_scale, mp_f8_format fmt_a,
+                         const uint8_t *b, const float *b_scale, mp_f8_format fmt_b,
+                         int R, int K, int S);
+  /* out (C, R) = in (R, C) transposed, float8 codes. */
+  mp_status (*f8_transpose)(mp_kctx *kc, uint8_t *out, const uint8_t *in, int R, int C);
 };
 
 /* ---- host utilities (plain C, no device; implemented with the CPU backend) ---------- */

@@ -102,6 +102,10 @@ mp_status mp_cpu_f8_dequantize(mp_kctx *kc, void *x, const uint8_t *codes,
                                const float *scale, size_t n, mp_f8_format fmt);
 mp_status mp_cpu_f8_fake_quantize(mp_kctx *kc, void *out, const void *x,
                                   const float *scale, size_t n, mp_f8_format fmt);
+mp_status mp_cpu_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint8_t *a,
+                           const float *a_scale, mp_f8_format fmt_a, const uint8_t *b,
+                           const float *b_scale, mp_f8_format fmt_b, int R, int K, int S);
+mp_status mp_cpu_f8_transpose(mp_kctx *kc, uint8_t *out, const uint8_t *in, int R, int C);
 
 /* C(M x N) += op(A)(M x K) * op(B)(K x N); op(A)[i][p] = transA ? A[p*lda + i] :
  * A[i*lda + p], likewise B. Blocked and packed, OpenMP over output tiles. Returns

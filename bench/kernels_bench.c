@@ -1,0 +1,284 @@
+/* Kernel benchmark (not a test): achieved TFLOP/s or GB/s of the CUDA kernels at the main
+ * shapes of a ~1B llama-style model (d_model 2048, 16 heads, 8 KV heads, head dim 128,
+ * d_ff 8192, vocab 32000, sequence 2048, micro-batch 4, so N = 8192 tokens), beside the
+ * device's measured peaks: a large (8192^3) bf16 cuBLASLt GEMM and a device-to-device
+ * copy. One table; each figure is the median of kReps timed runs (CUDA events on the op's
+ * stream) after kWarm untimed ones.
+ *
+ * GEMMs, attention and float8 run on kernels/cuda/gemm.h's standalone table; the other
+ * ops (norms, activations, cross-entropy, AdamW) on the full CUDA backend from
+ * kernels/cuda/cuda.h when it is built. FLOPs are the algorithmic ones (2NKM per GEMM,
+ * causal attention: half of 4 B nh T^2 hd forward and 2.5x that backward, as in the
+ * FlashAttention papers), so a kernel that recomputes reports less than it executes.
+ * Bytes for memory-bound ops are the minimum traffic (each input read once, each output
+ * written once). Inputs are zeros: timings of these kernels do not depend on values.
+ * Without CUDA or without a device it prints "no CUDA device" and exits 0. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/ops.h"
+
+#ifndef MP_HAVE_CUDA
+int main(void) {
+  printf("no CUDA device (built without CUDA)\n");
+  return 0;
+}
+#else
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/gemm.h"
+
+enum { kWarm = 2, kReps = 7 };
+
+/* Model shapes. */
+enum { D = 2048, NH = 16, NKV = 8, HD = 128, FF = 8192, VOCAB = 32000, SEQ = 2048, MB = 4 };
+enum { NTOK = SEQ * MB };
+
+typedef enum op_kind {
+  OP_FWD, OP_DGRAD, OP_WGRAD, OP_ATTN_FWD, OP_ATTN_BWD, OP_F8, OP_COPY, OP_RMSNORM,
+  OP_SWIGLU, OP_RESIDUAL, OP_CE, OP_ADAMW
+} op_kind;
+
+typedef struct bench_case {
+  const char *name;
+  op_kind kind;
+  int a, b, c; /* GEMM: N K M; F8: R K S; others: see run_op */
+} bench_case;
+
+/* Device buffers shared by all cases (sized for the largest). */
+typedef struct bufs {
+  void *x0, *x1, *x2, *x3, *x4, *x5;
+  float *f0, *f1, *f2, *f3;
+  float *scale; /* (1) = 1: the float8 scales */
+  int32_t *ids;
+} bufs;
+
+static mp_ctx g_err;
+static mp_kctx g_kc, g_full_kc;
+static const mp_backend *g_be, *g_full;
+
+#define BENCH_CHECK(expr)                                                        \
+  do {                                                                           \
+    mp_status bs_ = (expr);                                                      \
+    if (bs_ != MP_OK) {                                                          \
+      fprintf(stderr, "kernels_bench: %s failed: %s\n", #expr, mp_errmsg(&g_err)); \
+      return bs_;                                                                \
+    }                                                                            \
+  } while (0)
+
+static mp_status run_op(const bench_case *bc, const bufs *b) {
+  mp_kctx *kc = &g_kc, *fk = &g_full_kc;
+  switch (bc->kind) {
+    case OP_FWD:
+      return g_be->matmul_forward(kc, b->x2, b->x0, b->x1, NULL, bc->a, bc->b, bc->c);
+    case OP_DGRAD:
+      return g_be->matmul_backward(kc, b->x0, NULL, NULL, b->x2, b->x0, b->x1, bc->a, bc->b,
+                                   bc->c);
+    case OP_WGRAD:
+      return g_be->matmul_backward(kc, NULL, b->f0, NULL, b->x2, b->x0, b->x1, bc->a, bc->b,
+                                   bc->c);
+    case OP_ATTN_FWD:
+      return g_be->attention_forward(kc, b->x3, b->f1, b->x0, b->x1, b->x2, MB, SEQ, NH, NKV,
+                                     HD);
+    case OP_ATTN_BWD:
+      return g_be->attention_backward(kc, b->x4, b->x5,
+                                      (char *)b->x5 + (size_t)NTOK * NKV * HD * 2, b->x3, b->x0, b->x1, b->x2,
+                                      b->x3, b->f1, MB, SEQ, NH, NKV, HD);
+    case OP_F8:
+      return g_be->matmul_f8(kc, b->x2, NULL, (const uint8_t *)b->x0, b->scale, MP_F8_E4M3,
+                             (const uint8_t *)b->x1, b->scale, MP_F8_E4M3, bc->a, bc->b, bc->c);
+    case OP_COPY:
+      return g_be->memcpy_d2d(kc, b->x2, b->x0, (size_t)bc->a << 20);
+    case OP_RMSNORM:
+      return g_full->rmsnorm_forward(fk, b->x2, b->f1, b->x0, b->x1, bc->a, bc->b, 1e-5f);
+    case OP_SWIGLU:
+      return g_full->swiglu_forward(fk, b->x2, b->x0, b->x1, (size_t)bc->a * bc->b);
+    case OP_RESIDUAL:
+      return g_full->residual_forward(fk, b->x2, b->x0, b->x1, (size_t)bc->a * bc->b);
+    case OP_CE:
+      return g_full->cross_entropy_forward(fk, b->f1, b->f2, b->f3, b->x0, b->ids, bc->a, bc->b);
+    case OP_ADAMW:
+      return g_full->adamw_update(fk, b->f0, b->f1, b->f2, b->f3, (size_t)bc->a * bc->b, 1e-4f,
+                                  0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f);
+  }
+  return MP_ERR_INTERNAL;
+}
+
+static int cmp_float(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return (x > y) - (x < y);
+}
+
+/* Median milliseconds of one run of bc, or a negative value on failure. */
+static float time_case(const bench_case *bc, const bufs *b) {
+  int full = bc->kind >= OP_RMSNORM;
+  if (full && !g_full) return -1.0f;
+  cudaStream_t s = (cudaStream_t)mp_cuda_gemm_stream(full ? &g_full_kc : &g_kc);
+  cudaEvent_t e0, e1;
+  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) return -1.0f;
+  float ms[kReps];
+  float med = -1.0f;
+  for (int i = 0; i < kWarm; i++)
+    if (run_op(bc, b) != MP_OK) goto out;
+  for (int i = 0; i < kReps; i++) {
+    cudaEventRecord(e0, s);
+    if (run_op(bc, b) != MP_OK) goto out;
+    cudaEventRecord(e1, s);
+    if (cudaEventSynchronize(e1) != cudaSuccess) goto out;
+    cudaEventElapsedTime(&ms[i], e0, e1);
+  }
+  qsort(ms, kReps, sizeof(float), cmp_float);
+  med = ms[kReps / 2];
+out:
+  if (med < 0) fprintf(stderr, "kernels_bench: %s failed: %s\n", bc->name, mp_errmsg(&g_err));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return med;
+}
+
+/* Work of one run: FLOPs (compute-bound ops) or bytes (memory-bound ops). */
+static double work_of(const bench_case *bc, int *is_bytes) {
+  double attn = 4.0 * MB * NH * (double)SEQ * SEQ * HD / 2.0;
+  *is_bytes = 0;
+  switch (bc->kind) {
+    case OP_FWD: case OP_DGRAD: case OP_WGRAD: case OP_F8:
+      return 2.0 * bc->a * (double)bc->b * bc->c;
+    case OP_ATTN_FWD: return attn;
+    case OP_ATTN_BWD: return 2.5 * attn;
+    default: break;
+  }
+  *is_bytes = 1;
+  double n = (double)bc->a * bc->b;
+  switch (bc->kind) {
+    case OP_COPY: return 2.0 * ((double)bc->a * (1 << 20)); /* read + write */
+    case OP_RMSNORM: return 2.0 * n * 2 + 2.0 * bc->b + 4.0 * bc->a;
+    case OP_SWIGLU: case OP_RESIDUAL: return 3.0 * n * 2;
+    case OP_CE: return n * 2 + 3.0 * 4 * bc->a + 4.0 * bc->a;
+    case OP_ADAMW: return 7.0 * 4 * n;
+    default: return 0;
+  }
+}
+
+static int alloc_bufs(bufs *b) {
+  /* Largest needs: x: 8192^2 bf16 (peak GEMM, FF GEMMs), LM head out 8192 x 32000 bf16;
+   * f0: fp32 dweight up to 32000 x 2048 and AdamW state of 64M; copy 1 GiB. */
+  size_t xb = (size_t)NTOK * VOCAB * 2;
+  if (xb < ((size_t)1 << 30)) xb = (size_t)1 << 30;
+  size_t fb = (size_t)64 << 20 << 2;
+  void **xs[6] = {&b->x0, &b->x1, &b->x2, &b->x3, &b->x4, &b->x5};
+  float **fs[4] = {&b->f0, &b->f1, &b->f2, &b->f3};
+  for (int i = 0; i < 6; i++) {
+    size_t bytes = i < 3 ? xb : (size_t)NTOK * NH * HD * 2;
+    if (g_be->alloc(&g_kc, xs[i], bytes) != MP_OK ||
+        g_be->memset_zero(&g_kc, *xs[i], bytes) != MP_OK)
+      return -1;
+  }
+  for (int i = 0; i < 4; i++)
+    if (g_be->alloc(&g_kc, (void **)fs[i], fb) != MP_OK ||
+        g_be->memset_zero(&g_kc, fs[i][0], fb) != MP_OK)
+      return -1;
+  if (g_be->alloc(&g_kc, (void **)&b->ids, (size_t)NTOK * 4) != MP_OK ||
+      g_be->memset_zero(&g_kc, b->ids, (size_t)NTOK * 4) != MP_OK)
+    return -1;
+  /* Float8 scale 1 keeps the arithmetic finite. */
+  float one = 1.0f;
+  if (g_be->alloc(&g_kc, (void **)&b->scale, sizeof(float)) != MP_OK ||
+      g_be->memcpy_h2d(&g_kc, b->scale, &one, sizeof(one)) != MP_OK)
+    return -1;
+  return g_be->synchronize(&g_kc) == MP_OK ? 0 : -1;
+}
+
+int main(void) {
+  if (mp_cuda_gemm_device_count() == 0) {
+    printf("no CUDA device\n");
+    return 0;
+  }
+  mp_ctx_init(&g_err);
+  g_kc.err = &g_err;
+  g_full_kc.err = &g_err;
+  g_be = mp_cuda_gemm_backend();
+  BENCH_CHECK(g_be->init(&g_kc, 0));
+  g_full = mp_cuda_backend();
+  if (g_full && g_full->init(&g_full_kc, 0) != MP_OK) {
+    fprintf(stderr, "kernels_bench: full CUDA backend init failed (%s); skipping its ops\n",
+            mp_errmsg(&g_err));
+    g_full = NULL;
+  }
+  struct cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  bufs b;
+  memset(&b, 0, sizeof(b));
+  if (alloc_bufs(&b) != 0) {
+    fprintf(stderr, "kernels_bench: allocation failed: %s\n", mp_errmsg(&g_err));
+    return 1;
+  }
+
+  const bench_case peak_gemm = {"peak bf16 GEMM 8192^3", OP_FWD, 8192, 8192, 8192};
+  const bench_case peak_copy = {"peak d2d copy 1 GiB", OP_COPY, 1024, 0, 0};
+  float t_gemm = time_case(&peak_gemm, &b), t_copy = time_case(&peak_copy, &b);
+  int isb;
+  double peak_tflops = t_gemm > 0 ? work_of(&peak_gemm, &isb) / (t_gemm * 1e-3) / 1e12 : 0;
+  double peak_gbps = t_copy > 0 ? work_of(&peak_copy, &isb) / (t_copy * 1e-3) / 1e9 : 0;
+
+  const bench_case cases[] = {
+      {"qkv fwd", OP_FWD, NTOK, D, D + 2 * NKV * HD},
+      {"qkv dgrad", OP_DGRAD, NTOK, D, D + 2 * NKV * HD},
+      {"qkv wgrad", OP_WGRAD, NTOK, D, D + 2 * NKV * HD},
+      {"attn-out fwd", OP_FWD, NTOK, D, D},
+      {"attn-out dgrad", OP_DGRAD, NTOK, D, D},
+      {"attn-out wgrad", OP_WGRAD, NTOK, D, D},
+      {"mlp gate/up fwd", OP_FWD, NTOK, D, FF},
+      {"mlp gate/up dgrad", OP_DGRAD, NTOK, D, FF},
+      {"mlp gate/up wgrad", OP_WGRAD, NTOK, D, FF},
+      {"mlp down fwd", OP_FWD, NTOK, FF, D},
+      {"mlp down dgrad", OP_DGRAD, NTOK, FF, D},
+      {"mlp down wgrad", OP_WGRAD, NTOK, FF, D},
+      {"lm-head fwd", OP_FWD, NTOK, D, VOCAB},
+      {"lm-head dgrad", OP_DGRAD, NTOK, D, VOCAB},
+      {"lm-head wgrad", OP_WGRAD, NTOK, D, VOCAB},
+      {"attention fwd (flash)", OP_ATTN_FWD, 0, 0, 0},
+      {"attention bwd (flash)", OP_ATTN_BWD, 0, 0, 0},
+      {"fp8 e4m3 GEMM gate/up", OP_F8, NTOK, D, FF},
+      {"rmsnorm fwd", OP_RMSNORM, NTOK, D, 0},
+      {"swiglu fwd", OP_SWIGLU, NTOK, FF, 0},
+      {"residual fwd", OP_RESIDUAL, NTOK, D, 0},
+      {"cross-entropy fwd", OP_CE, NTOK, VOCAB, 0},
+      {"adamw 64M params", OP_ADAMW, 64, 1 << 20, 0},
+  };
+
+  printf("device: %s (cc %d.%d, %d SMs)\n", prop.name, prop.major, prop.minor,
+         prop.multiProcessorCount);
+  printf("measured peaks: bf16 GEMM %.1f TFLOP/s (%.3f ms), d2d copy %.0f GB/s (%.3f ms)\n",
+         peak_tflops, t_gemm, peak_gbps, t_copy);
+  printf("%-24s %-20s %10s %12s %8s\n", "kernel", "shape", "ms", "achieved", "% peak");
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    const bench_case *bc = &cases[i];
+    char shape[32];
+    if (bc->kind <= OP_WGRAD || bc->kind == OP_F8)
+      snprintf(shape, sizeof(shape), "%dx%dx%d", bc->a, bc->b, bc->c);
+    else if (bc->kind == OP_ATTN_FWD || bc->kind == OP_ATTN_BWD)
+      snprintf(shape, sizeof(shape), "B%d T%d h%d/%d d%d", MB, SEQ, NH, NKV, HD);
+    else
+      snprintf(shape, sizeof(shape), "%dx%d", bc->a, bc->b);
+    float t = time_case(bc, &b);
+    if (t < 0) {
+      printf("%-24s %-20s %10s %12s %8s\n", bc->name, shape, "-", "skipped", "-");
+      continue;
+    }
+    double w = work_of(bc, &isb);
+    double rate = w / (t * 1e-3) / (isb ? 1e9 : 1e12);
+    double peak = isb ? peak_gbps : peak_tflops;
+    char ach[24];
+    snprintf(ach, sizeof(ach), "%.1f %s", rate, isb ? "GB/s" : "TF/s");
+    printf("%-24s %-20s %10.3f %12s %7.0f%%\n", bc->name, shape, t, ach,
+           peak > 0 ? 100.0 * rate / peak : 0.0);
+  }
+  printf("fp8 %% is against the bf16 GEMM peak (float8 tensor cores peak at ~2x bf16).\n");
+  if (g_full) g_full->shutdown(&g_full_kc);
+  g_be->shutdown(&g_kc);
+  return 0;
+}
+#endif

@@ -1,0 +1,405 @@
+/* Causal grouped-query flash attention, forward and backward, bf16 storage and fp32
+ * arithmetic (kernels/ops.h attention_forward / attention_backward).
+ *
+ * Layout of the work. A "row group" of TPR adjacent lanes owns one query row (forward,
+ * dq) or one key row (dk/dv); lane `part` of the group owns head dimensions
+ * [32 part, 32 part + 32), zero-padded past hd, so one kernel serves every even hd <= 128
+ * (TPR = 2 for hd <= 64, 4 above). Dot products are summed per lane and then across the
+ * group with butterfly shuffles in a fixed order. Tiles of 64 rows of the other operand
+ * are staged in shared memory as bf16 (16-byte loads, broadcast across row groups).
+ * Arithmetic is scalar fp32 (CUDA cores, no tensor cores): simple and exact enough to be
+ * checked against the CPU reference; the benchmark reports how far that is from the
+ * tensor-core bound.
+ *
+ * Forward: one block per (64 query rows, head, batch); K/V tiles up to the block's last
+ * causal key; online softmax in base 2 (scores pre-multiplied by log2(e)/sqrt(hd)),
+ * rescaling the fp32 accumulator once per 16 keys. Saves lse in natural log units.
+ *
+ * Backward (FlashAttention-2 identities, no atomics, deterministic):
+ *   dq kernel:   one block per (64 query rows, head, batch): D_t = <dout_t, out_t>, then
+ *                for every causal key p = exp(s - lse), ds = p (<dout_t, v_j> - D_t),
+ *                dq_t += scale ds k_j. Writes D to a scratch buffer.
+ *   dk/dv kernel: one block per (64 key rows, kv head, batch): loops over the query heads
+ *                of its group (the GQA reduction) and the causal query tiles:
+ *                dv_j += p dout_t, dk_j += scale ds q_t.
+ * Each output row is owned by one row group, so the += into the bf16 gradients is a plain
+ * read-modify-write (one rounding). P is recomputed in both kernels, which costs one
+ * extra QK^T and dO V^T pass compared with atomics on dq but keeps results bitwise
+ * reproducible. Heavy causal tiles are scheduled first (forward, dq: reversed tile order;
+ * dk/dv: tile 0 has the most queries and goes first). */
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_internal.h"
+
+namespace {
+
+typedef __nv_bfloat16 bf16;
+
+constexpr int kRows = 64;  /* rows per tile, both operands */
+constexpr int kDpt = 32;   /* head dims per lane */
+constexpr int kChunk = 16; /* keys (queries) per online-softmax step */
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr unsigned kFull = 0xffffffffu;
+
+/* Sum over the TPR lanes of a row group (adjacent lanes). */
+template <int TPR>
+__device__ __forceinline__ float group_sum(float x) {
+  x += __shfl_xor_sync(kFull, x, 1);
+  if (TPR == 4) x += __shfl_xor_sync(kFull, x, 2);
+  return x;
+}
+
+/* sum_i x[i] * y[i] over 32 dims; y is 16-byte aligned bf16 in shared memory. */
+__device__ __forceinline__ float dot32(const float *x, const bf16 *y) {
+  const uint4 *y4 = reinterpret_cast<const uint4 *>(y);
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    uint4 u = y4[i];
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162 *>(&w[k]);
+      float2 f = __bfloat1622float2(h);
+      acc = fmaf(x[i * 8 + 2 * k], f.x, acc);
+      acc = fmaf(x[i * 8 + 2 * k + 1], f.y, acc);
+    }
+  }
+  return acc;
+}
+
+/* o[i] += a * y[i] over 32 dims (y as in dot32). */
+__device__ __forceinline__ void axpy32(float *o, float a, const bf16 *y) {
+  const uint4 *y4 = reinterpret_cast<const uint4 *>(y);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    uint4 u = y4[i];
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162 *>(&w[k]);
+      float2 f = __bfloat1622float2(h);
+      o[i * 8 + 2 * k] = fmaf(a, f.x, o[i * 8 + 2 * k]);
+      o[i * 8 + 2 * k + 1] = fmaf(a, f.y, o[i * 8 + 2 * k + 1]);
+    }
+  }
+}
+
+/* Element offset of (b, t, head, 0) in a (B, T, nheads, hd) tensor. */
+__device__ __forceinline__ size_t row_off(int b, int t, int T, int nheads, int head, int hd) {
+  return (((size_t)b * T + t) * nheads + head) * hd;
+}
+
+/* Stages rows [r0, r0 + kRows) of head `head` of X (B, T, nheads, hd) into sm
+ * (kRows x 32*TPR bf16), zeros past T and past hd. hd is even and X 4-byte aligned, so
+ * pairs are aligned. */
+template <int TPR>
+__device__ __forceinline__ void load_tile(bf16 *sm, const bf16 *X, int b, int T, int nheads,
+                                          int head, int hd, int r0) {
+  constexpr int HDP = kDpt * TPR, PAIRS = HDP / 2;
+  for (int i = threadIdx.x; i < kRows * PAIRS; i += blockDim.x) {
+    int r = i / PAIRS, d = (i % PAIRS) * 2, t = r0 + r;
+    __nv_bfloat162 v = __floats2bfloat162_rn(0.0f, 0.0f);
+    if (t < T && d < hd)
+      v = *reinterpret_cast<const __nv_bfloat162 *>(X + row_off(b, t, T, nheads, head, hd) + d);
+    *reinterpret_cast<__nv_bfloat162 *>(sm + r * HDP + d) = v;
+  }
+}
+
+/* Loads this lane's 32 dims of one row into registers, times mul; zeros past hd or when
+ * the row does not exist. */
+__device__ __forceinline__ void load_row(float *dst, const bf16 *X, bool valid, size_t off,
+                                         int d0, int hd, float mul) {
+#pragma unroll
+  for (int i = 0; i < kDpt; i += 2) {
+    float2 f = make_float2(0.0f, 0.0f);
+    if (valid && d0 + i < hd)
+      f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(X + off + d0 + i));
+    dst[i] = f.x * mul;
+    dst[i + 1] = f.y * mul;
+  }
+}
+
+/* X[off + d] = bf16(X[off + d] * keep + add[d] * mul) for this lane's dims < hd:
+ * keep = 0 writes, keep = 1 accumulates. */
+__device__ __forceinline__ void store_row(bf16 *X, size_t off, int d0, int hd, const float *add,
+                                          float mul, float keep) {
+#pragma unroll
+  for (int i = 0; i < kDpt; i += 2) {
+    if (d0 + i < hd) {
+      __nv_bfloat162 *p = reinterpret_cast<__nv_bfloat162 *>(X + off + d0 + i);
+      float2 old = keep != 0.0f ? __bfloat1622float2(*p) : make_float2(0.0f, 0.0f);
+      *p = __floats2bfloat162_rn(old.x + add[i] * mul, old.y + add[i + 1] * mul);
+    }
+  }
+}
+
+template <int TPR>
+__global__ void __launch_bounds__(kRows *TPR)
+    attn_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T,
+                    int nh, int nkv, int hd, float scale_log2) {
+  constexpr int HDP = kDpt * TPR;
+  __shared__ __align__(16) bf16 Ks[kRows * HDP];
+  __shared__ __align__(16) bf16 Vs[kRows * HDP];
+  const int n_tiles = (T + kRows - 1) / kRows;
+  const int qt = n_tiles - 1 - (int)blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z, g = h / (nh / nkv);
+  const int part = threadIdx.x % TPR, d0 = part * kDpt;
+  const int t = qt * kRows + (int)threadIdx.x / TPR;
+  const bool valid = t < T;
+  const size_t qoff = valid ? row_off(b, t, T, nh, h, hd) : 0;
+
+  float qr[kDpt], o[kDpt];
+  load_row(qr, q, valid, qoff, d0, hd, scale_log2);
+#pragma unroll
+  for (int i = 0; i < kDpt; i++) o[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+
+  const int kv_end = min(T, (qt + 1) * kRows);
+  for (int j0 = 0; j0 < kv_end; j0 += kRows) {
+    __syncthreads(); /* the previous tile is no longer read */
+    load_tile<TPR>(Ks, k, b, T, nkv, g, hd, j0);
+    load_tile<TPR>(Vs, v, b, T, nkv, g, hd, j0);
+    __syncthreads();
+    for (int jc = 0; jc < kRows && j0 + jc < kv_end; jc += kChunk) {
+      float s[kChunk];
+#pragma unroll
+      for (int jj = 0; jj < kChunk; jj++) s[jj] = group_sum<TPR>(dot32(qr, Ks + (jc + jj) * HDP + d0));
+      float mx = m;
+#pragma unroll
+      for (int jj = 0; jj < kChunk; jj++) {
+        int j = j0 + jc + jj;
+        if (j > t || j >= T) s[jj] = -INFINITY;
+        mx = fmaxf(mx, s[jj]);
+      }
+      if (mx == -INFINITY) continue; /* padding row, or keys all in the future */
+      float corr = exp2f(m - mx);    /* 0 on the first step (m = -inf) */
+      l *= corr;
+#pragma unroll
+      for (int i = 0; i < kDpt; i++) o[i] *= corr;
+#pragma unroll
+      for (int jj = 0; jj < kChunk; jj++) {
+        float p = exp2f(s[jj] - mx);
+        l += p;
+        axpy32(o, p, Vs + (jc + jj) * HDP + d0);
+      }
+      m = mx;
+    }
+  }
+  if (valid) {
+    store_row(out, qoff, d0, hd, o, 1.0f / l, 0.0f);
+    if (part == 0) lse[((size_t)b * nh + h) * T + t] = (m + log2f(l)) * kLn2;
+  }
+}
+
+template <int TPR>
+__global__ void __launch_bounds__(kRows *TPR)
+    attn_bwd_dq_kernel(bf16 *dq, float *Dbuf, const bf16 *dout, const bf16 *q, const bf16 *k,
+                       const bf16 *v, const bf16 *out, const float *lse, int T, int nh, int nkv,
+                       int hd, float scale_log2, float scale) {
+  constexpr int HDP = kDpt * TPR;
+  __shared__ __align__(16) bf16 Ks[kRows * HDP];
+  __shared__ __align__(16) bf16 Vs[kRows * HDP];
+  const int n_tiles = (T + kRows - 1) / kRows;
+  const int qt = n_tiles - 1 - (int)blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z, g = h / (nh / nkv);
+  const int part = threadIdx.x % TPR, d0 = part * kDpt;
+  const int t = qt * kRows + (int)threadIdx.x / TPR;
+  const bool valid = t < T;
+  const size_t qoff = valid ? row_off(b, t, T, nh, h, hd) : 0;
+
+  float qr[kDpt], dor[kDpt], acc[kDpt];
+  /* D = <dout_t, out_t>, reusing acc for out_t before it becomes the dq accumulator. */
+  load_row(dor, dout, valid, qoff, d0, hd, 1.0f);
+  load_row(acc, out, valid, qoff, d0, hd, 1.0f);
+  float D = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kDpt; i++) D = fmaf(dor[i], acc[i], D);
+  D = group_sum<TPR>(D);
+  load_row(qr, q, valid, qoff, d0, hd, scale_log2);
+#pragma unroll
+  for (int i = 0; i < kDpt; i++) acc[i] = 0.0f;
+  const float lse2 = valid ? lse[((size_t)b * nh + h) * T + t] * kLog2e : 0.0f;
+
+  const int kv_end = min(T, (qt + 1) * kRows);
+  for (int j0 = 0; j0 < kv_end; j0 += kRows) {
+    __syncthreads();
+    load_tile<TPR>(Ks, k, b, T, nkv, g, hd, j0);
+    load_tile<TPR>(Vs, v, b, T, nkv, g, hd, j0);
+    __syncthreads();
+    for (int jc = 0; jc < kRows && j0 + jc < kv_end; jc += kChunk) {
+      float s[kChunk], dp[kChunk];
+#pragma unroll
+      for (int jj = 0; jj < kChunk; jj++) {
+        s[jj] = group_sum<TPR>(dot32(qr, Ks + (jc + jj) * HDP + d0));
+        dp[jj] = group_sum<TPR>(dot32(dor, Vs + (jc + jj) * HDP + d0));
+      }
+#pragma unroll
+      for (int jj = 0; jj < kChunk; jj++) {
+        int j = j0 + jc + jj;
+        float p = (valid && j <= t) ? exp2f(s[jj] - lse2) : 0.0f;
+        axpy32(acc, p * (dp[jj] - D), Ks + (jc + jj) * HDP + d0);
+      }
+    }
+  }
+  if (valid) {
+    store_row(dq, qoff, d0, hd, acc, scale, 1.0f);
+    if (part == 0) Dbuf[((size_t)b * nh + h) * T + t] = D;
+  }
+}
+
+template <int TPR>
+__global__ void __launch_bounds__(kRows *TPR)
+    attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
+                         const bf16 *v, const float *lse, const float *Dbuf, int T, int nh,
+                         int nkv, int hd, float scale_log2, float scale) {
+  constexpr int HDP = kDpt * TPR;
+  __shared__ __align__(16) bf16 Qs[kRows * HDP];
+  __shared__ __align__(16) bf16 Os[kRows * HDP]; /* dout tile */
+  __shared__ float lse2s[kRows], Ds[kRows];
+  const int kt = blockIdx.x, g = blockIdx.y, b = blockIdx.z;
+  const int grp = nh / nkv;
+  const int part = threadIdx.x % TPR, d0 = part * kDpt;
+  const int j = kt * kRows + (int)threadIdx.x / TPR;
+  const bool valid = j < T;
+  const size_t koff = valid ? row_off(b, j, T, nkv, g, hd) : 0;
+
+  float kr[kDpt], vr[kDpt], dka[kDpt], dva[kDpt];
+  load_row(kr, k, valid, koff, d0, hd, scale_log2);
+  load_row(vr, v, valid, koff, d0, hd, 1.0f);
+#pragma unroll
+  for (int i = 0; i < kDpt; i++) dka[i] = dva[i] = 0.0f;
+
+  for (int h = g * grp; h < (g + 1) * grp; h++) {
+    const size_t lrow = ((size_t)b * nh + h) * T;
+    for (int q0 = kt * kRows; q0 < T; q0 += kRows) { /* queries t >= the tile's first key */
+      __syncthreads();
+      load_tile<TPR>(Qs, q, b, T, nh, h, hd, q0);
+      load_tile<TPR>(Os, dout, b, T, nh, h, hd, q0);
+      for (int i = threadIdx.x; i < kRows; i += blockDim.x) {
+        bool in = q0 + i < T;
+        lse2s[i] = in ? lse[lrow + q0 + i] * kLog2e : 0.0f;
+        Ds[i] = in ? Dbuf[lrow + q0 + i] : 0.0f;
+      }
+      __syncthreads();
+      for (int ic = 0; ic < kRows && q0 + ic < T; ic += kChunk) {
+        float s[kChunk], dp[kChunk];
+#pragma unroll
+        for (int ii = 0; ii < kChunk; ii++) {
+          s[ii] = group_sum<TPR>(dot32(kr, Qs + (ic + ii) * HDP + d0));
+          dp[ii] = group_sum<TPR>(dot32(vr, Os + (ic + ii) * HDP + d0));
+        }
+#pragma unroll
+        for (int ii = 0; ii < kChunk; ii++) {
+          int t = q0 + ic + ii;
+          float p = (valid && t >= j && t < T) ? exp2f(s[ii] - lse2s[ic + ii]) : 0.0f;
+          axpy32(dva, p, Os + (ic + ii) * HDP + d0);
+          axpy32(dka, p * (dp[ii] - Ds[ic + ii]), Qs + (ic + ii) * HDP + d0);
+        }
+      }
+    }
+  }
+  if (valid) {
+    store_row(dk, koff, d0, hd, dka, scale, 1.0f);
+    store_row(dv, koff, d0, hd, dva, 1.0f, 1.0f);
+  }
+}
+
+bool aligned4(const void *p) { return ((uintptr_t)p & 3u) == 0; }
+
+mp_status check_args(mp_kctx *kc, const char *op, int B, int T, int nh, int nkv, int hd) {
+  if (B < 0 || T < 0 || nh <= 0 || nkv <= 0 || nh % nkv != 0)
+    return mp_error(kc->err, MP_ERR_INVALID, "%s: invalid shape B=%d T=%d nh=%d nkv=%d; "
+                    "need B, T >= 0 and nkv dividing nh", op, B, T, nh, nkv);
+  if (hd <= 0 || hd % 2 != 0 || hd > 128)
+    return mp_error(kc->err, MP_ERR_UNSUPPORTED, "%s: head dim %d is not supported by the "
+                    "CUDA flash attention kernel; it needs an even head dim <= 128", op, hd);
+  if (B > 65535 || nh > 65535)
+    return mp_error(kc->err, MP_ERR_UNSUPPORTED, "%s: B=%d or nh=%d exceeds 65535 (grid "
+                    "limit); split the batch", op, B, nh);
+  if (!kc->impl)
+    return mp_error(kc->err, MP_ERR_INVALID, "%s: kc->impl is NULL; initialise the CUDA "
+                    "backend first", op);
+  return MP_OK;
+}
+
+}  // namespace
+
+mp_status mp_cuda_attention_forward(mp_kctx *kc, void *out, float *lse, const void *q,
+                                    const void *k, const void *v, int B, int T, int nh, int nkv,
+                                    int hd) {
+  MP_CHECK(check_args(kc, "attention_forward", B, T, nh, nkv, hd));
+  if (B == 0 || T == 0) return MP_OK;
+  if (!out || !lse || !q || !k || !v || !aligned4(out) || !aligned4(q) || !aligned4(k) ||
+      !aligned4(v))
+    return mp_error(kc->err, MP_ERR_INVALID, "attention_forward: NULL or misaligned tensor "
+                    "(bf16 tensors must be 4-byte aligned)");
+  cudaStream_t st = mp_cuda_impl_of(kc)->stream;
+  const float scale_log2 = kLog2e / sqrtf((float)hd);
+  dim3 grid((unsigned)((T + kRows - 1) / kRows), (unsigned)nh, (unsigned)B);
+  const bf16 *Q = (const bf16 *)q, *K = (const bf16 *)k, *V = (const bf16 *)v;
+  if (hd <= 64)
+    attn_fwd_kernel<2><<<grid, kRows * 2, 0, st>>>((bf16 *)out, lse, Q, K, V, T, nh, nkv, hd,
+                                                   scale_log2);
+  else
+    attn_fwd_kernel<4><<<grid, kRows * 4, 0, st>>>((bf16 *)out, lse, Q, K, V, T, nh, nkv, hd,
+                                                   scale_log2);
+  MP_CUDA_LAUNCH_CHECK(kc);
+  return MP_OK;
+}
+
+mp_status mp_cuda_attention_backward(mp_kctx *kc, void *dq, void *dk, void *dv, const void *dout,
+                                     const void *q, const void *k, const void *v, const void *out,
+                                     const float *lse, int B, int T, int nh, int nkv, int hd) {
+  MP_CHECK(check_args(kc, "attention_backward", B, T, nh, nkv, hd));
+  if (B == 0 || T == 0) return MP_OK;
+  const void *ptrs[8] = {dq, dk, dv, dout, q, k, v, out};
+  for (int i = 0; i < 8; i++)
+    if (!ptrs[i] || !aligned4(ptrs[i]))
+      return mp_error(kc->err, MP_ERR_INVALID, "attention_backward: NULL or misaligned tensor "
+                      "#%d (bf16 tensors must be 4-byte aligned; all gradients are required)",
+                      i);
+  if (!lse)
+    return mp_error(kc->err, MP_ERR_INVALID, "attention_backward: lse is NULL; pass the "
+                    "forward's saved lse");
+  cudaStream_t st = mp_cuda_impl_of(kc)->stream;
+  const float scale = 1.0f / sqrtf((float)hd), scale_log2 = kLog2e * scale;
+  /* D (B, nh, T): written by the dq kernel, read by the dk/dv kernel. Stream-ordered
+   * allocation, so the free waits for the kernels without a host synchronisation. */
+  float *Dbuf = NULL;
+  MP_CUDA_CHECK(kc, cudaMallocAsync((void **)&Dbuf, (size_t)B * nh * T * sizeof(float), st));
+  const int n_tiles = (T + kRows - 1) / kRows;
+  dim3 gq((unsigned)n_tiles, (unsigned)nh, (unsigned)B), gk((unsigned)n_tiles, (unsigned)nkv,
+                                                            (unsigned)B);
+  const bf16 *dO = (const bf16 *)dout, *Q = (const bf16 *)q, *K = (const bf16 *)k,
+             *V = (const bf16 *)v, *O = (const bf16 *)out;
+  cudaError_t launch;
+  if (hd <= 64) {
+    attn_bwd_dq_kernel<2><<<gq, kRows * 2, 0, st>>>((bf16 *)dq, Dbuf, dO, Q, K, V, O, lse, T, nh,
+                                                    nkv, hd, scale_log2, scale);
+    launch = cudaGetLastError();
+    if (launch == cudaSuccess) {
+      attn_bwd_dkdv_kernel<2><<<gk, kRows * 2, 0, st>>>((bf16 *)dk, (bf16 *)dv, dO, Q, K, V, lse,
+                                                        Dbuf, T, nh, nkv, hd, scale_log2, scale);
+      launch = cudaGetLastError();
+    }
+  } else {
+    attn_bwd_dq_kernel<4><<<gq, kRows * 4, 0, st>>>((bf16 *)dq, Dbuf, dO, Q, K, V, O, lse, T, nh,
+                                                    nkv, hd, scale_log2, scale);
+    launch = cudaGetLastError();
+    if (launch == cudaSuccess) {
+      attn_bwd_dkdv_kernel<4><<<gk, kRows * 4, 0, st>>>((bf16 *)dk, (bf16 *)dv, dO, Q, K, V, lse,
+                                                        Dbuf, T, nh, nkv, hd, scale_log2, scale);
+      launch = cudaGetLastError();
+    }
+  }
+  cudaError_t freed = cudaFreeAsync(Dbuf, st);
+  if (launch != cudaSuccess)
+    return mp_error(kc->err, MP_ERR_CUDA, "%s:%d: attention_backward kernel launch failed on "
+                    "cuda device %d: %s", __FILE__, __LINE__, kc->device,
+                    cudaGetErrorString(launch));
+  MP_CUDA_CHECK(kc, freed);
+  return MP_OK;
+}

@@ -1,0 +1,588 @@
+/* Linear layers on cuBLASLt: bf16 forward/backward with fp32 accumulation, float8 GEMMs on
+ * codes with tensorwise scales, and the float8 byte transpose (kernels/ops.h).
+ *
+ * Row-major to column-major. cuBLASLt is column-major; a row-major (r, c) matrix with
+ * leading dimension c is the column-major (c, r) matrix, its transpose. So each row-major
+ * product is written for the transposes (D^T = op(B)^T op(A)^T):
+ *   forward  out (N,M) = inp W^T      ->  out^T (M,N)  = W^T' inp^T   : A=W   T, B=inp  N
+ *   dgrad    dinp (N,K) += dout W     ->  dinp^T (K,N) = W^T dout^T   : A=W   N, B=dout N
+ *   wgrad    dW (M,K) += dout^T inp   ->  dW^T (K,M)   = inp^T dout   : A=inp N, B=dout T
+ *   float8   out (R,S) = A B^T        ->  out^T (S,R)  = B' A^T       : A=B   T, B=A    N
+ * (X' meaning the column-major view transposed by the op). The float8 line is the "TN"
+ * layout cuBLASLt's float8 kernels require.
+ *
+ * Accumulation. "+=" outputs use beta = 1 with C = D: cuBLASLt reads C before writing D
+ * element by element, so the update is in place; the weight gradient is an fp32 C/D with
+ * bf16 A/B (CUBLAS_COMPUTE_32F supports that mix). The bias gradient is a column sum of
+ * dout in two deterministic passes (per-chunk partial sums into the workspace, then a
+ * fixed-order sum added into dbias), since the BGRADB epilogue overwrites rather than adds.
+ *
+ * Float8 scales. ops.h stores the quantisation scale s (code = x * s); cuBLASLt's
+ * A/B_SCALE_POINTER take the dequantisation factor 1/s, so a one-thread kernel writes the
+ * two reciprocals into a device buffer owned by the GEMM state; the host never reads a
+ * scale (no synchronisation). The buffer is reused by every float8 GEMM of the context,
+ * which is safe because all of them run in stream order.
+ *
+ * Algorithm cache. cublasLtMatmulAlgoGetHeuristic costs tens of microseconds, comparable
+ * to a small GEMM, so its first answer is cached per problem: shape, ops, leading
+ * dimensions, dtypes, epilogue and the operands' pointer alignments (an algorithm chosen
+ * for 256-byte aligned pointers may not run on less aligned ones). Open addressing in a
+ * fixed table; when the table is 3/4 full new problems are solved without caching. One
+ * cache per context, so no locking (one mp_kctx per thread of work).
+ *
+ * Every cuBLASLt status and kernel launch is checked; descriptors are released on every
+ * path. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/gemm.h"
+
+namespace {
+
+/* 32 MiB: what NVIDIA recommends for Hopper cuBLASLt (and more than Ampere needs). */
+const size_t kWorkspaceBytes = (size_t)32 << 20;
+const int kCacheSlots = 512;
+
+/* All int32 fields, so the struct has no padding and memcmp / hashing of a
+ * zero-initialised key is well defined. */
+struct gemm_key {
+  int32_t m, n, k, lda, ldb, ldc;
+  int32_t transa, transb;
+  int32_t atype, btype, ctype, dtype;
+  int32_t epilogue, scaled;
+  int32_t align_a, align_b, align_c, align_d;
+};
+
+struct gemm_slot {
+  int used;
+  gemm_key key;
+  cublasLtMatmulAlgo_t algo;
+};
+
+struct gemm_state {
+  gemm_slot slots[kCacheSlots];
+  int n_used;
+  float *inv_scales; /* device (2): dequant factors of the float8 operands */
+};
+
+/* One cuBLASLt problem in column-major terms (see the file comment). */
+struct lt_call {
+  const char *what;
+  cublasOperation_t ta, tb;
+  int m, n, k;
+  cudaDataType_t atype, btype, ctype, dtype;
+  const void *A;
+  int lda;
+  const void *B;
+  int ldb;
+  const void *C;
+  void *D;
+  int ldc; /* C and D share it */
+  float alpha, beta;
+  cublasLtEpilogue_t epilogue;
+  const void *bias;
+  const float *a_scale, *b_scale; /* device dequant factors (float8) or NULL */
+};
+
+/* Largest power of two <= 256 dividing the address. */
+int32_t pointer_alignment(const void *p) {
+  uintptr_t u = (uintptr_t)p;
+  int32_t a = 256;
+  while (a > 1 && (u % (uintptr_t)a) != 0) a >>= 1;
+  return a;
+}
+
+uint32_t hash_key(const gemm_key *k) {
+  const unsigned char *p = (const unsigned char *)k;
+  uint32_t h = 2166136261u; /* FNV-1a */
+  for (size_t i = 0; i < sizeof(*k); i++) h = (h ^ p[i]) * 16777619u;
+  return h;
+}
+
+/* The slot holding key, or the empty slot where it would go, or NULL (table full). */
+gemm_slot *cache_find(gemm_state *gs, const gemm_key *key) {
+  uint32_t h = hash_key(key);
+  for (int probe = 0; probe < kCacheSlots; probe++) {
+    gemm_slot *s = &gs->slots[(h + (uint32_t)probe) % (uint32_t)kCacheSlots];
+    if (!s->used || memcmp(&s->key, key, sizeof(*key)) == 0) return s;
+  }
+  return NULL;
+}
+
+#define LT_TRY(stmt)                                                                        \
+  do {                                                                                      \
+    cublasStatus_t lt_cs_ = (stmt);                                                         \
+    if (lt_cs_ != CUBLAS_STATUS_SUCCESS) {                                                  \
+      st = mp_error(kc->err, MP_ERR_CUDA, "%s:%d: %s failed on cuda device %d (%s, m=%d "  \
+                    "n=%d k=%d): cublas status %d (%s)", __FILE__, __LINE__, #stmt,         \
+                    kc->device, c->what, c->m, c->n, c->k, (int)lt_cs_,                     \
+                    cublasLtGetStatusString(lt_cs_));                                       \
+      goto done;                                                                            \
+    }                                                                                       \
+  } while (0)
+
+mp_status lt_run(mp_kctx *kc, const lt_call *c) {
+  mp_cuda_impl *im = mp_cuda_impl_of(kc);
+  gemm_state *gs = (gemm_state *)im->gemm_cache;
+  mp_status st = MP_OK;
+  cublasLtMatmulDesc_t op = NULL;
+  cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL, ld = NULL;
+  cublasLtMatmulPreference_t pref = NULL;
+  cublasLtMatmulHeuristicResult_t res;
+  int n_res = 0;
+  gemm_key key;
+  gemm_slot *slot = NULL;
+  cublasLtMatmulAlgo_t algo;
+  int32_t ta = (int32_t)c->ta, tb = (int32_t)c->tb;
+  uint32_t epi = (uint32_t)c->epilogue;
+  uint64_t ws_bytes = (uint64_t)im->workspace_bytes;
+  memset(&res, 0, sizeof(res));
+  memset(&algo, 0, sizeof(algo));
+  memset(&key, 0, sizeof(key));
+
+  LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (c->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                          sizeof(epi)));
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c->bias,
+                                          sizeof(c->bias)));
+  }
+  if (c->a_scale)
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                          &c->a_scale, sizeof(c->a_scale)));
+  if (c->b_scale)
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                          &c->b_scale, sizeof(c->b_scale)));
+  /* Stored shapes: op(A) is (m, k), op(B) is (k, n), C and D are (m, n). */
+  LT_TRY(cublasLtMatrixLayoutCreate(&la, c->atype, c->ta == CUBLAS_OP_N ? c->m : c->k,
+                                    c->ta == CUBLAS_OP_N ? c->k : c->m, c->lda));
+  LT_TRY(cublasLtMatrixLayoutCreate(&lb, c->btype, c->tb == CUBLAS_OP_N ? c->k : c->n,
+                                    c->tb == CUBLAS_OP_N ? c->n : c->k, c->ldb));
+  LT_TRY(cublasLtMatrixLayoutCreate(&lc, c->ctype, c->m, c->n, c->ldc));
+  LT_TRY(cublasLtMatrixLayoutCreate(&ld, c->dtype, c->m, c->n, c->ldc));
+
+  key.m = c->m;
+  key.n = c->n;
+  key.k = c->k;
+  key.lda = c->lda;
+  key.ldb = c->ldb;
+  key.ldc = c->ldc;
+  key.transa = ta;
+  key.transb = tb;
+  key.atype = (int32_t)c->atype;
+  key.btype = (int32_t)c->btype;
+  key.ctype = (int32_t)c->ctype;
+  key.dtype = (int32_t)c->dtype;
+  key.epilogue = (int32_t)c->epilogue;
+  key.scaled = c->a_scale != NULL;
+  key.align_a = pointer_alignment(c->A);
+  key.align_b = pointer_alignment(c->B);
+  key.align_c = pointer_alignment(c->C);
+  key.align_d = pointer_alignment(c->D);
+  slot = cache_find(gs, &key);
+  if (slot && slot->used) {
+    algo = slot->algo;
+  } else {
+    uint32_t al[4] = {(uint32_t)key.align_a, (uint32_t)key.align_b, (uint32_t)key.align_c,
+                      (uint32_t)key.align_d};
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &ws_bytes, sizeof(ws_bytes)));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof(al[0])));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof(al[1])));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof(al[2])));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], sizeof(al[3])));
+    LT_TRY(cublasLtMatmulAlgoGetHeuristic(im->lt, op, la, lb, lc, ld, pref, 1, &res, &n_res));
+    if (n_res < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
+      st = mp_error(kc->err, MP_ERR_UNSUPPORTED, "%s: cuBLASLt has no algorithm for m=%d n=%d "
+                    "k=%d (types %d/%d->%d) on cuda device %d; check the dtypes and "
+                    "alignment of the operands", c->what, c->m, c->n, c->k, (int)c->atype,
+                    (int)c->btype, (int)c->dtype, kc->device);
+      goto done;
+    }
+    algo = res.algo;
+    if (slot && gs->n_used < kCacheSlots * 3 / 4) {
+      slot->used = 1;
+      slot->key = key;
+      slot->algo = algo;
+      gs->n_used++;
+    }
+  }
+  LT_TRY(cublasLtMatmul(im->lt, op, &c->alpha, c->A, la, c->B, lb, &c->beta, c->C, lc, c->D,
+                        ld, &algo, im->workspace, im->workspace_bytes, im->stream));
+done:
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (ld) cublasLtMatrixLayoutDestroy(ld);
+  if (lc) cublasLtMatrixLayoutDestroy(lc);
+  if (lb) cublasLtMatrixLayoutDestroy(lb);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (op) cublasLtMatmulDescDestroy(op);
+  return st;
+}
+
+#undef LT_TRY
+
+/* ---- small kernels ------------------------------------------------------------------ */
+
+/* out (N, M) = broadcast bias, or 0: the K == 0 forward (an empty sum). */
+__global__ void fill_rows_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *bias, size_t total,
+                                 int M) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+       i += (size_t)gridDim.x * blockDim.x)
+    out[i] = bias ? bias[i % (size_t)M] : __float2bfloat16(0.0f);
+}
+
+enum { kColsumRows = 8 }; /* blockDim (32, kColsumRows): 32 columns per block */
+
+/* Column sums of dout over the row chunk blockIdx.y: partial[chunk, c] = sum, or, with one
+ * chunk, dbias[c] += sum directly. Each thread sums a strided subset of rows, then one
+ * thread per column adds the kColsumRows partials in a fixed order: deterministic. */
+__global__ void colsum_kernel(float *dst, int direct, const __nv_bfloat16 *dout, int N, int M,
+                              int rows_per_chunk) {
+  __shared__ float sh[kColsumRows][33];
+  int c = blockIdx.x * 32 + threadIdx.x;
+  int r0 = blockIdx.y * rows_per_chunk;
+  int r1 = min(N, r0 + rows_per_chunk);
+  float s = 0.0f;
+  if (c < M)
+    for (int r = r0 + (int)threadIdx.y; r < r1; r += kColsumRows)
+      s += __bfloat162float(dout[(size_t)r * M + c]);
+  sh[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < M) {
+    float t = 0.0f;
+    for (int y = 0; y < kColsumRows; y++) t += sh[y][threadIdx.x];
+    if (direct)
+      dst[c] += t;
+    else
+      dst[(size_t)blockIdx.y * M + c] = t;
+  }
+}
+
+/* dbias[c] += sum over chunks of partial[chunk, c], chunks in order. */
+__global__ void colsum_finish_kernel(float *dbias, const float *partial, int chunks, int M) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= M) return;
+  float t = 0.0f;
+  for (int i = 0; i < chunks; i++) t += partial[(size_t)i * M + c];
+  dbias[c] += t;
+}
+
+__global__ void reciprocal2_kernel(float *inv, const float *s0, const float *s1) {
+  inv[0] = 1.0f / *s0;
+  inv[1] = 1.0f / *s1;
+}
+
+enum { kTransposeTile = 32, kTransposeRows = 8 };
+
+/* out (C, R) = in (R, C) for bytes, through a 32 x 32 shared tile so that both the reads
+ * and the writes are row-contiguous. Tile rows loop over blockIdx.y with a grid stride
+ * (gridDim.y is capped at 65535). */
+__global__ void f8_transpose_kernel(uint8_t *out, const uint8_t *in, int R, int C) {
+  __shared__ uint8_t tile[kTransposeTile][kTransposeTile + 1];
+  const int row_tiles = (R + kTransposeTile - 1) / kTransposeTile;
+  const int c0 = blockIdx.x * kTransposeTile;
+  for (int ty = blockIdx.y; ty < row_tiles; ty += gridDim.y) {
+    const int r0 = ty * kTransposeTile;
+    int c = c0 + threadIdx.x;
+    for (int j = threadIdx.y; j < kTransposeTile; j += kTransposeRows) {
+      int r = r0 + j;
+      if (r < R && c < C) tile[j][threadIdx.x] = in[(size_t)r * C + c];
+    }
+    __syncthreads();
+    int r = r0 + threadIdx.x;
+    for (int j = threadIdx.y; j < kTransposeTile; j += kTransposeRows) {
+      int cc = c0 + j;
+      if (cc < C && r < R) out[(size_t)cc * R + r] = tile[threadIdx.x][j];
+    }
+    __syncthreads(); /* the next tile overwrites the shared buffer */
+  }
+}
+
+mp_status dbias_accumulate(mp_kctx *kc, float *dbias, const __nv_bfloat16 *dout, int N, int M) {
+  mp_cuda_impl *im = mp_cuda_impl_of(kc);
+  /* Enough chunks of >= 128 rows to fill the device, at most 64, and no more partial
+   * sums than the workspace holds (it is free: cuBLASLt calls before us are finished in
+   * stream order before this kernel starts). */
+  int chunks = (N + 127) / 128;
+  if (chunks > 64) chunks = 64;
+  size_t fit = im->workspace_bytes / ((size_t)M * sizeof(float));
+  if ((size_t)chunks > fit) chunks = (int)fit;
+  if (chunks < 1) chunks = 1;
+  int rows_per_chunk = (N + chunks - 1) / chunks;
+  dim3 block(32, kColsumRows), grid((unsigned)((M + 31) / 32), (unsigned)chunks);
+  if (chunks == 1) {
+    colsum_kernel<<<grid, block, 0, im->stream>>>(dbias, 1, dout, N, M, rows_per_chunk);
+    MP_CUDA_LAUNCH_CHECK(kc);
+    return MP_OK;
+  }
+  float *partial = (float *)im->workspace;
+  colsum_kernel<<<grid, block, 0, im->stream>>>(partial, 0, dout, N, M, rows_per_chunk);
+  MP_CUDA_LAUNCH_CHECK(kc);
+  colsum_finish_kernel<<<(unsigned)((M + 255) / 256), 256, 0, im->stream>>>(dbias, partial,
+                                                                           chunks, M);
+  MP_CUDA_LAUNCH_CHECK(kc);
+  return MP_OK;
+}
+
+mp_status require_ready(mp_kctx *kc, const char *op) {
+  mp_cuda_impl *im = mp_cuda_impl_of(kc);
+  if (!im || !im->lt || !im->gemm_cache)
+    return mp_error(kc->err, MP_ERR_INVALID, "%s: the CUDA context has no cuBLASLt state; "
+                    "initialise it with the backend's init (mp_cuda_gemm_init)", op);
+  return MP_OK;
+}
+
+#define GEMM_REQUIRE(kc, cond, op)                                                      \
+  do {                                                                                  \
+    if (!(cond))                                                                        \
+      return mp_error((kc)->err, MP_ERR_INVALID, "%s: invalid argument (%s); check "   \
+                      "shapes and pointers", (op), #cond);                             \
+  } while (0)
+
+}  // namespace
+
+/* ---- lifecycle ----------------------------------------------------------------------- */
+
+mp_status mp_cuda_gemm_init(mp_kctx *kc) {
+  mp_cuda_impl *im = mp_cuda_impl_of(kc);
+  if (!im)
+    return mp_error(kc->err, MP_ERR_INVALID, "mp_cuda_gemm_init: kc->impl is NULL; the "
+                    "backend must create its mp_cuda_impl first");
+  mp_status st = MP_OK;
+  gemm_state *gs = NULL;
+  cublasStatus_t cs = cublasLtCreate(&im->lt);
+  if (cs != CUBLAS_STATUS_SUCCESS) {
+    im->lt = NULL;
+    return mp_error(kc->err, MP_ERR_CUDA, "cublasLtCreate failed on cuda device %d: cublas "
+                    "status %d (%s)", kc->device, (int)cs, cublasLtGetStatusString(cs));
+  }
+  cudaError_t ce = cudaMalloc(&im->workspace, kWorkspaceBytes);
+  if (ce != cudaSuccess) {
+    im->workspace = NULL;
+    st = mp_error(kc->err, MP_ERR_CUDA, "cudaMalloc of the %zu-byte cuBLASLt workspace failed "
+                  "on cuda device %d: %s", kWorkspaceBytes, kc->device, cudaGetErrorString(ce));
+    goto fail;
+  }
+  im->workspace_bytes = kWorkspaceBytes;
+  gs = (gemm_state *)calloc(1, sizeof(gemm_state));
+  if (!gs) {
+    st = mp_error(kc->err, MP_ERR_NOMEM, "mp_cuda_gemm_init: out of host memory for the "
+                  "GEMM algorithm cache (%zu bytes)", sizeof(gemm_state));
+    goto fail;
+  }
+  im->gemm_cache = gs;
+  ce = cudaMalloc(&gs->inv_scales, 2 * sizeof(float));
+  if (ce != cudaSuccess) {
+    gs->inv_scales = NULL;
+    st = mp_error(kc->err, MP_ERR_CUDA, "cudaMalloc of the float8 scale buffer failed on "
+                  "cuda device %d: %s", kc->device, cudaGetErrorString(ce));
+    goto fail;
+  }
+  return MP_OK;
+fail:
+  mp_cuda_gemm_shutdown(kc);
+  return st;
+}
+
+void mp_cuda_gemm_shutdown(mp_kctx *kc) {
+  mp_cuda_impl *im = mp_cuda_impl_of(kc);
+  if (!im) return;
+  gemm_state *gs = (gemm_state *)im->gemm_cache;
+  if (gs) {
+    if (gs->inv_scales) cudaFree(gs->inv_scales);
+    free(gs);
+    im->gemm_cache = NULL;
+  }
+  if (im->workspace) cudaFree(im->workspace);
+  im->workspace = NULL;
+  im->workspace_bytes = 0;
+  if (im->lt) cublasLtDestroy(im->lt);
+  im->lt = NULL;
+}
+
+/* ---- bf16 Linear ------------------------------------------------------------------- */
+
+mp_status mp_cuda_matmul_forward(mp_kctx *kc, void *out, const void *inp, const void *weight,
+                                 const void *bias, int N, int K, int M) {
+  GEMM_REQUIRE(kc, N >= 0 && K >= 0 && M >= 0, "matmul_forward");
+  if (N == 0 || M == 0) return MP_OK;
+  GEMM_REQUIRE(kc, out != NULL, "matmul_forward");
+  MP_CHECK(require_ready(kc, "matmul_forward"));
+  mp_cuda_impl *im = mp_cuda_impl_of(kc);
+  if (K == 0) {
+    size_t total = (size_t)N * M;
+    unsigned grid = (unsigned)((total + 255) / 256 < 65535 ? (total + 255) / 256 : 65535);
+    fill_rows_kernel<<<grid, 256, 0, im->stream>>>((__nv_bfloat16 *)out,
+                                                   (const __nv_bfloat16 *)bias, total, M);
+    MP_CUDA_LAUNCH_CHECK(kc);
+    return MP_OK;
+  }
+  GEMM_REQUIRE(kc, inp != NULL && weight != NULL, "matmul_forward");
+  lt_call c;
+  memset(&c, 0, sizeof(c));
+  c.what = "matmul_forward";
+  c.ta = CUBLAS_OP_T;
+  c.tb = CUBLAS_OP_N;
+  c.m = M;
+  c.n = N;
+  c.k = K;
+  c.atype = c.btype = c.ctype = c.dtype = CUDA_R_16BF;
+  c.A = weight;
+  c.lda = K;
+  c.B = inp;
+  c.ldb = K;
+  c.C = out;
+  c.D = out;
+  c.ldc = M;
+  c.alpha = 1.0f;
+  c.beta = 0.0f;
+  c.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  c.bias = bias;
+  return lt_run(kc, &c);
+}
+
+mp_status mp_cuda_matmul_backward(mp_kctx *kc, void *dinp, float *dweight, float *dbias,
+                                  const void *dout, const void *inp, const void *weight, int N,
+                                  int K, int M) {
+  GEMM_REQUIRE(kc, N >= 0 && K >= 0 && M >= 0, "matmul_backward");
+  if (N == 0 || M == 0) return MP_OK; /* every gradient gets += 0 */
+  GEMM_REQUIRE(kc, dout != NULL, "matmul_backward");
+  MP_CHECK(require_ready(kc, "matmul_backward"));
+  if (dinp && K > 0) {
+    GEMM_REQUIRE(kc, weight != NULL, "matmul_backward");
+    lt_call c;
+    memset(&c, 0, sizeof(c));
+    c.what = "matmul_backward (dinp)";
+    c.ta = CUBLAS_OP_N;
+    c.tb = CUBLAS_OP_N;
+    c.m = K;
+    c.n = N;
+    c.k = M;
+    c.atype = c.btype = c.ctype = c.dtype = CUDA_R_16BF;
+    c.A = weight;
+    c.lda = K;
+    c.B = dout;
+    c.ldb = M;
+    c.C = dinp;
+    c.D = dinp;
+    c.ldc = K;
+    c.alpha = 1.0f;
+    c.beta = 1.0f;
+    c.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    MP_CHECK(lt_run(kc, &c));
+  }
+  if (dweight && K > 0) {
+    GEMM_REQUIRE(kc, inp != NULL, "matmul_backward");
+    lt_call c;
+    memset(&c, 0, sizeof(c));
+    c.what = "matmul_backward (dweight)";
+    c.ta = CUBLAS_OP_N;
+    c.tb = CUBLAS_OP_T;
+    c.m = K;
+    c.n = M;
+    c.k = N;
+    c.atype = c.btype = CUDA_R_16BF;
+    c.ctype = c.dtype = CUDA_R_32F;
+    c.A = inp;
+    c.lda = K;
+    c.B = dout;
+    c.ldb = M;
+    c.C = dweight;
+    c.D = dweight;
+    c.ldc = K;
+    c.alpha = 1.0f;
+    c.beta = 1.0f;
+    c.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    MP_CHECK(lt_run(kc, &c));
+  }
+  if (dbias) MP_CHECK(dbias_accumulate(kc, dbias, (const __nv_bfloat16 *)dout, N, M));
+  return MP_OK;
+}
+
+/* ---- float8 ---------------------------------------------------------------------------- */
+
+mp_status mp_cuda_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint8_t *a,
+                            const float *a_scale, mp_f8_format fmt_a, const uint8_t *b,
+                            const float *b_scale, mp_f8_format fmt_b, int R, int K, int S) {
+  GEMM_REQUIRE(kc, R >= 0 && K >= 0 && S >= 0, "matmul_f8");
+  GEMM_REQUIRE(kc, (out_x == NULL) != (out_f32 == NULL), "matmul_f8");
+  GEMM_REQUIRE(kc, a && b && a_scale && b_scale, "matmul_f8");
+  MP_CHECK(require_ready(kc, "matmul_f8"));
+  mp_cuda_impl *im = mp_cuda_impl_of(kc);
+  if (im->cc_major * 10 + im->cc_minor < 89)
+    return mp_error(kc->err, MP_ERR_UNSUPPORTED, "matmul_f8: float8 GEMMs need compute "
+                    "capability >= 8.9 (Ada, Hopper); cuda device %d is %d.%d. Train this "
+                    "model in bf16, or emulate float8 with f8_fake_quantize + matmul",
+                    kc->device, im->cc_major, im->cc_minor);
+  if (R % 16 || K % 16 || S % 16)
+    return mp_error(kc->err, MP_ERR_UNSUPPORTED, "matmul_f8: R=%d, K=%d, S=%d must all be "
+                    "multiples of 16 for cuBLASLt float8 GEMMs; pad the layer widths and "
+                    "token count to multiples of 16 or run this layer in bf16", R, K, S);
+  if (fmt_a == MP_F8_E5M2 && fmt_b == MP_F8_E5M2)
+    return mp_error(kc->err, MP_ERR_UNSUPPORTED, "matmul_f8: E5M2 x E5M2 has no cuBLASLt "
+                    "kernel; quantise one operand (weights or activations) to E4M3");
+  const void *out = out_x ? out_x : (const void *)out_f32;
+  if (pointer_alignment(a) < 16 || pointer_alignment(b) < 16 || pointer_alignment(out) < 16)
+    return mp_error(kc->err, MP_ERR_UNSUPPORTED, "matmul_f8: operands must be 16-byte aligned "
+                    "for cuBLASLt float8 GEMMs (a=%p b=%p out=%p); allocate them separately "
+                    "or at aligned offsets", (const void *)a, (const void *)b, out);
+  if (R == 0 || S == 0) return MP_OK;
+  if (K == 0) { /* empty sum: written output is zero, accumulated output unchanged */
+    if (out_x)
+      MP_CUDA_CHECK(kc, cudaMemsetAsync(out_x, 0, (size_t)R * S * sizeof(__nv_bfloat16),
+                                        im->stream));
+    return MP_OK;
+  }
+  gemm_state *gs = (gemm_state *)im->gemm_cache;
+  /* cuBLASLt A is our B and cuBLASLt B is our A (TN, see the file comment). */
+  reciprocal2_kernel<<<1, 1, 0, im->stream>>>(gs->inv_scales, b_scale, a_scale);
+  MP_CUDA_LAUNCH_CHECK(kc);
+  lt_call c;
+  memset(&c, 0, sizeof(c));
+  c.what = "matmul_f8";
+  c.ta = CUBLAS_OP_T;
+  c.tb = CUBLAS_OP_N;
+  c.m = S;
+  c.n = R;
+  c.k = K;
+  c.atype = fmt_b == MP_F8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+  c.btype = fmt_a == MP_F8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+  c.ctype = c.dtype = out_x ? CUDA_R_16BF : CUDA_R_32F;
+  c.A = b;
+  c.lda = K;
+  c.B = a;
+  c.ldb = K;
+  c.C = out;
+  c.D = (void *)out;
+  c.ldc = S;
+  c.alpha = 1.0f;
+  c.beta = out_x ? 0.0f : 1.0f;
+  c.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  c.a_scale = gs->inv_scales;
+  c.b_scale = gs->inv_scales + 1;
+  return lt_run(kc, &c);
+}
+
+mp_status mp_cuda_f8_transpose(mp_kctx *kc, uint8_t *out, const uint8_t *in, int R, int C) {
+  GEMM_REQUIRE(kc, R >= 0 && C >= 0, "f8_transpose");
+  if (R == 0 || C == 0) return MP_OK;
+  GEMM_REQUIRE(kc, out && in && out != in, "f8_transpose");
+  mp_cuda_impl *im = mp_cuda_impl_of(kc);
+  GEMM_REQUIRE(kc, im != NULL, "f8_transpose");
+  int row_tiles = (R + kTransposeTile - 1) / kTransposeTile;
+  dim3 block(kTransposeTile, kTransposeRows);
+  dim3 grid((unsigned)((C + kTransposeTile - 1) / kTransposeTile),
+            (unsigned)(row_tiles < 65535 ? row_tiles : 65535));
+  f8_transpose_kernel<<<grid, block, 0, im->stream>>>(out, in, R, C);
+  MP_CUDA_LAUNCH_CHECK(kc);
+  return MP_OK;
+}

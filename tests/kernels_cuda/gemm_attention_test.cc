@@ -1,0 +1,377 @@
+// CUDA GEMMs (bf16 and float8 cuBLASLt), the float8 transpose and flash attention against
+// the CPU reference backend, through the standalone table of kernels/cuda/gemm.h (so the
+// test does not depend on backend.cu; a last test checks backend.cu's table points at the
+// same functions). Skips without CUDA or without a device.
+//
+// Inputs are drawn at random and rounded to bf16 on the host; the CPU reference runs in
+// fp32 on exactly those values, so differences come from the device's arithmetic and the
+// final rounding only. Every device output is poisoned with 0xFF bytes (NaN in bf16 and
+// fp32) before the op runs, and rel_l2 returns infinity if any NaN is left, so an
+// unwritten element fails. Bounds (relative L2 over the whole tensor):
+//   bf16 outputs: 1e-2 (bf16 has 8 mantissa bits: one rounding is <= 2^-9 ~ 2e-3
+//     relative per element; a wrong index or a missing term gives errors of order 1);
+//   fp32 outputs from bf16 or float8 inputs (weight and bias gradients, lse, float8
+//     GEMM into fp32): 1e-4 (products are exact, fp32 sums of a few hundred terms differ
+//     by ~1e-6 from the CPU's order);
+//   accumulating outputs start from a non-zero value comparable to the result, so an op
+//   that overwrote instead of adding would be off by ~30 %.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu.h"
+#include "kernels/cuda/cuda.h"
+#ifdef MP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/gemm.h"
+#endif
+
+namespace {
+
+using Vec = std::vector<float>;
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 2654435761u + 1) {}
+  uint32_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return (uint32_t)(s >> 11);
+  }
+  float uni(float lo, float hi) {
+    return lo + (hi - lo) * (float)(next() & 0xFFFFFF) / (float)0x1000000;
+  }
+};
+
+float bf(float x) { return mp_bf16_to_f32(mp_bf16_from_f32(x)); }
+
+Vec rand_bf16(Rng &r, size_t n, float lo = -1.0f, float hi = 1.0f) {
+  Vec v(n);
+  for (auto &x : v) x = bf(r.uni(lo, hi));
+  return v;
+}
+
+// Relative L2 error; infinity when a NaN/inf is present (poison left behind).
+double rel_l2(const Vec &got, const Vec &ref) {
+  double e = 0, n = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    e += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+    n += (double)ref[i] * ref[i];
+  }
+  return std::sqrt(e / (n > 0 ? n : 1));
+}
+
+class GemmAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    mp_ctx_init(&err);
+    kc = {&err, nullptr, 0};
+    cpu_kc = {&err, nullptr, 0};
+    cpu = mp_backend_cpu();
+    ASSERT_EQ(cpu->init(&cpu_kc, 0), MP_OK);
+#ifndef MP_HAVE_CUDA
+    GTEST_SKIP() << "not built with CUDA";
+#else
+    if (mp_cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    be = mp_cuda_gemm_backend();
+    ASSERT_EQ(be->init(&kc, 0), MP_OK) << mp_errmsg(&err);
+    ready = true;
+    int major = 0, minor = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+    cc = major * 10 + minor;
+#endif
+  }
+  void TearDown() override {
+    if (!ready) return;
+    for (void *p : allocs) be->free(&kc, p);
+    be->shutdown(&kc);
+  }
+  // Device buffer of `bytes` filled with 0xFF.
+  void *poisoned(size_t bytes) {
+    void *p = nullptr;
+    EXPECT_EQ(be->alloc(&kc, &p, bytes), MP_OK) << mp_errmsg(&err);
+    allocs.push_back(p);
+    std::vector<unsigned char> ff(bytes, 0xFF);
+    EXPECT_EQ(be->memcpy_h2d(&kc, p, ff.data(), bytes), MP_OK);
+    return p;
+  }
+  void *dev_x(const Vec &h) {
+    void *p = poisoned(h.size() * 2 + 2);
+    EXPECT_EQ(be->to_device_f32(&kc, p, h.data(), h.size()), MP_OK) << mp_errmsg(&err);
+    return p;
+  }
+  float *dev_f32(const Vec &h) {
+    float *p = (float *)poisoned(h.size() * 4 + 4);
+    EXPECT_EQ(be->memcpy_h2d(&kc, p, h.data(), h.size() * 4), MP_OK);
+    return p;
+  }
+  void *dev_bytes(const std::vector<uint8_t> &h) {
+    void *p = poisoned(h.size() + 16);
+    EXPECT_EQ(be->memcpy_h2d(&kc, p, h.data(), h.size()), MP_OK);
+    return p;
+  }
+  Vec get_x(const void *p, size_t n) {
+    Vec h(n);
+    EXPECT_EQ(be->synchronize(&kc), MP_OK) << mp_errmsg(&err);
+    EXPECT_EQ(be->from_device_f32(&kc, h.data(), p, n), MP_OK) << mp_errmsg(&err);
+    return h;
+  }
+  Vec get_f32(const float *p, size_t n) {
+    Vec h(n);
+    EXPECT_EQ(be->synchronize(&kc), MP_OK) << mp_errmsg(&err);
+    EXPECT_EQ(be->memcpy_d2h(&kc, h.data(), p, n * 4), MP_OK) << mp_errmsg(&err);
+    return h;
+  }
+
+  mp_ctx err;
+  mp_kctx kc, cpu_kc;
+  const mp_backend *cpu = nullptr, *be = nullptr;
+  bool ready = false;
+  int cc = 0;
+  std::vector<void *> allocs;
+};
+
+struct Shape3 {
+  int N, K, M;
+};
+const Shape3 kGemmShapes[] = {{1, 1, 1}, {1, 33, 257}, {33, 257, 1}, {257, 1, 33},
+                              {130, 257, 33}, {64, 128, 96}, {17, 64, 130}};
+
+TEST_F(GemmAttention, MatmulForwardMatchesCpu) {
+  for (const Shape3 &s : kGemmShapes)
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+      Rng r(s.N * 1000 + s.K * 10 + s.M + with_bias);
+      Vec inp = rand_bf16(r, (size_t)s.N * s.K), w = rand_bf16(r, (size_t)s.M * s.K),
+          bias = rand_bf16(r, (size_t)s.M);
+      Vec ref((size_t)s.N * s.M);
+      ASSERT_EQ(cpu->matmul_forward(&cpu_kc, ref.data(), inp.data(), w.data(),
+                                    with_bias ? bias.data() : nullptr, s.N, s.K, s.M), MP_OK);
+      void *d_out = poisoned(ref.size() * 2);
+      ASSERT_EQ(be->matmul_forward(&kc, d_out, dev_x(inp), dev_x(w),
+                                   with_bias ? dev_x(bias) : nullptr, s.N, s.K, s.M), MP_OK)
+          << mp_errmsg(&err);
+      EXPECT_LE(rel_l2(get_x(d_out, ref.size()), ref), 1e-2)
+          << "N=" << s.N << " K=" << s.K << " M=" << s.M << " bias=" << with_bias;
+    }
+}
+
+TEST_F(GemmAttention, MatmulBackwardAccumulatesLikeCpu) {
+  for (const Shape3 &s : kGemmShapes) {
+    Rng r(s.N * 7 + s.K * 3 + s.M);
+    const size_t nk = (size_t)s.N * s.K, mk = (size_t)s.M * s.K, nm = (size_t)s.N * s.M;
+    Vec inp = rand_bf16(r, nk), w = rand_bf16(r, mk), dout = rand_bf16(r, nm);
+    // Fresh gradients on the CPU, then start the device from half of them (bf16 or fp32
+    // as stored), so the expected result is start + fresh = ~1.5x fresh.
+    Vec g_inp(nk, 0.0f), g_w(mk, 0.0f), g_b((size_t)s.M, 0.0f);
+    ASSERT_EQ(cpu->matmul_backward(&cpu_kc, g_inp.data(), g_w.data(), g_b.data(), dout.data(),
+                                   inp.data(), w.data(), s.N, s.K, s.M), MP_OK);
+    Vec s_inp(nk), s_w(mk), s_b((size_t)s.M);
+    for (size_t i = 0; i < nk; i++) s_inp[i] = bf(0.5f * g_inp[i]);
+    for (size_t i = 0; i < mk; i++) s_w[i] = 0.5f * g_w[i];
+    for (int i = 0; i < s.M; i++) s_b[i] = 0.5f * g_b[i];
+    Vec e_inp(nk), e_w(mk), e_b((size_t)s.M);
+    for (size_t i = 0; i < nk; i++) e_inp[i] = s_inp[i] + g_inp[i];
+    for (size_t i = 0; i < mk; i++) e_w[i] = s_w[i] + g_w[i];
+    for (int i = 0; i < s.M; i++) e_b[i] = s_b[i] + g_b[i];
+
+    void *d_dinp = dev_x(s_inp);
+    float *d_dw = dev_f32(s_w), *d_db = dev_f32(s_b);
+    ASSERT_EQ(be->matmul_backward(&kc, d_dinp, d_dw, d_db, dev_x(dout), dev_x(inp), dev_x(w), s.N,
+                                  s.K, s.M), MP_OK) << mp_errmsg(&err);
+    std::string at = "N=" + std::to_string(s.N) + " K=" + std::to_string(s.K) +
+                     " M=" + std::to_string(s.M);
+    EXPECT_LE(rel_l2(get_x(d_dinp, nk), e_inp), 1e-2) << "dinp " << at;
+    EXPECT_LE(rel_l2(get_f32(d_dw, mk), e_w), 1e-4) << "dweight " << at;
+    EXPECT_LE(rel_l2(get_f32(d_db, (size_t)s.M), e_b), 1e-4) << "dbias " << at;
+
+    // NULL gradients are skipped; the others are still computed.
+    float *d_db2 = dev_f32(Vec((size_t)s.M, 0.0f));
+    ASSERT_EQ(be->matmul_backward(&kc, nullptr, nullptr, d_db2, dev_x(dout), dev_x(inp),
+                                  dev_x(w), s.N, s.K, s.M), MP_OK) << mp_errmsg(&err);
+    EXPECT_LE(rel_l2(get_f32(d_db2, (size_t)s.M), g_b), 1e-4) << "dbias only " << at;
+  }
+}
+
+TEST_F(GemmAttention, MatmulLargeBiasGradientUsesChunkedSum) {
+  // N > 128 rows takes the two-pass (partial sums + fixed-order finish) path.
+  const int N = 1000, K = 16, M = 70;
+  Rng r(42);
+  Vec inp = rand_bf16(r, (size_t)N * K), w = rand_bf16(r, (size_t)M * K),
+      dout = rand_bf16(r, (size_t)N * M);
+  Vec g_b((size_t)M, 0.0f);
+  ASSERT_EQ(cpu->matmul_backward(&cpu_kc, nullptr, nullptr, g_b.data(), dout.data(), inp.data(),
+                                 w.data(), N, K, M), MP_OK);
+  Vec start((size_t)M, 1.0f), expect((size_t)M);
+  for (int i = 0; i < M; i++) expect[i] = 1.0f + g_b[i];
+  float *d_db = dev_f32(start);
+  ASSERT_EQ(be->matmul_backward(&kc, nullptr, nullptr, d_db, dev_x(dout), dev_x(inp), dev_x(w),
+                                N, K, M), MP_OK) << mp_errmsg(&err);
+  EXPECT_LE(rel_l2(get_f32(d_db, (size_t)M), expect), 1e-5);
+}
+
+struct AttnShape {
+  int B, T, nh, nkv, hd;
+};
+const AttnShape kAttnShapes[] = {{1, 1, 4, 2, 64},   {2, 17, 4, 2, 64},  {1, 130, 4, 2, 128},
+                                 {1, 130, 4, 2, 64}, {2, 65, 2, 1, 34},  {1, 64, 4, 4, 128},
+                                 {1, 200, 4, 2, 96}};
+
+std::string attn_name(const AttnShape &s) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " nh=" +
+         std::to_string(s.nh) + " nkv=" + std::to_string(s.nkv) + " hd=" + std::to_string(s.hd);
+}
+
+TEST_F(GemmAttention, AttentionForwardMatchesCpu) {
+  for (const AttnShape &s : kAttnShapes) {
+    Rng r(s.T * 31 + s.hd + s.nh);
+    const size_t nq = (size_t)s.B * s.T * s.nh * s.hd, nkv = (size_t)s.B * s.T * s.nkv * s.hd;
+    const size_t nl = (size_t)s.B * s.nh * s.T;
+    // Spread 2: scores of order +-hd/3/sqrt(hd)*4, so softmax is peaked, not uniform.
+    Vec q = rand_bf16(r, nq, -2, 2), k = rand_bf16(r, nkv, -2, 2), v = rand_bf16(r, nkv);
+    Vec out(nq), lse(nl);
+    ASSERT_EQ(cpu->attention_forward(&cpu_kc, out.data(), lse.data(), q.data(), k.data(),
+                                     v.data(), s.B, s.T, s.nh, s.nkv, s.hd), MP_OK);
+    void *d_out = poisoned(nq * 2);
+    float *d_lse = (float *)poisoned(nl * 4);
+    ASSERT_EQ(be->attention_forward(&kc, d_out, d_lse, dev_x(q), dev_x(k), dev_x(v), s.B, s.T,
+                                    s.nh, s.nkv, s.hd), MP_OK) << mp_errmsg(&err);
+    EXPECT_LE(rel_l2(get_x(d_out, nq), out), 1e-2) << "out " << attn_name(s);
+    EXPECT_LE(rel_l2(get_f32(d_lse, nl), lse), 1e-4) << "lse " << attn_name(s);
+  }
+}
+
+TEST_F(GemmAttention, AttentionBackwardAccumulatesLikeCpu) {
+  for (const AttnShape &s : kAttnShapes) {
+    Rng r(s.T * 17 + s.hd * 3 + s.nh);
+    const size_t nq = (size_t)s.B * s.T * s.nh * s.hd, nkv = (size_t)s.B * s.T * s.nkv * s.hd;
+    const size_t nl = (size_t)s.B * s.nh * s.T;
+    Vec q = rand_bf16(r, nq, -2, 2), k = rand_bf16(r, nkv, -2, 2), v = rand_bf16(r, nkv),
+        dout = rand_bf16(r, nq);
+    Vec out(nq), lse(nl);
+    ASSERT_EQ(cpu->attention_forward(&cpu_kc, out.data(), lse.data(), q.data(), k.data(),
+                                     v.data(), s.B, s.T, s.nh, s.nkv, s.hd), MP_OK);
+    for (auto &x : out) x = bf(x);  // the device stores the forward output in bf16
+    Vec gq(nq, 0.0f), gk(nkv, 0.0f), gv(nkv, 0.0f);
+    ASSERT_EQ(cpu->attention_backward(&cpu_kc, gq.data(), gk.data(), gv.data(), dout.data(),
+                                      q.data(), k.data(), v.data(), out.data(), lse.data(), s.B,
+                                      s.T, s.nh, s.nkv, s.hd), MP_OK);
+    // Start from half the fresh gradient (bf16), expect start + fresh.
+    Vec sq(nq), sk(nkv), sv(nkv), eq(nq), ek(nkv), ev(nkv);
+    for (size_t i = 0; i < nq; i++) eq[i] = (sq[i] = bf(0.5f * gq[i])) + gq[i];
+    for (size_t i = 0; i < nkv; i++) ek[i] = (sk[i] = bf(0.5f * gk[i])) + gk[i];
+    for (size_t i = 0; i < nkv; i++) ev[i] = (sv[i] = bf(0.5f * gv[i])) + gv[i];
+    void *d_dq = dev_x(sq), *d_dk = dev_x(sk), *d_dv = dev_x(sv);
+    ASSERT_EQ(be->attention_backward(&kc, d_dq, d_dk, d_dv, dev_x(dout), dev_x(q), dev_x(k),
+                                     dev_x(v), dev_x(out), dev_f32(lse), s.B, s.T, s.nh, s.nkv,
+                                     s.hd), MP_OK) << mp_errmsg(&err);
+    EXPECT_LE(rel_l2(get_x(d_dq, nq), eq), 1e-2) << "dq " << attn_name(s);
+    EXPECT_LE(rel_l2(get_x(d_dk, nkv), ek), 1e-2) << "dk " << attn_name(s);
+    EXPECT_LE(rel_l2(get_x(d_dv, nkv), ev), 1e-2) << "dv " << attn_name(s);
+  }
+}
+
+TEST_F(GemmAttention, AttentionRefusesUnsupportedHeadDim) {
+  EXPECT_EQ(be->attention_forward(&kc, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2, 1,
+                                  130), MP_ERR_UNSUPPORTED);
+  EXPECT_NE(std::strstr(mp_errmsg(&err), "head dim"), nullptr);
+  EXPECT_EQ(be->attention_forward(&kc, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2, 1,
+                                  33), MP_ERR_UNSUPPORTED);
+}
+
+uint8_t finite_code(Rng &r, mp_f8_format fmt) {
+  for (;;) {
+    uint8_t c = (uint8_t)r.next();
+    if (std::isfinite(mp_f8_decode(c, fmt))) return c;
+  }
+}
+
+TEST_F(GemmAttention, Float8MatmulMatchesCpuOrIsRefused) {
+  struct Case {
+    int R, K, S;
+    mp_f8_format fa, fb;
+  };
+  const Case cases[] = {{16, 16, 16, MP_F8_E4M3, MP_F8_E4M3},
+                        {32, 64, 48, MP_F8_E5M2, MP_F8_E4M3},
+                        {64, 256, 128, MP_F8_E4M3, MP_F8_E5M2},
+                        {48, 512, 32, MP_F8_E5M2, MP_F8_E4M3}};
+  for (const Case &c : cases) {
+    Rng r(c.R + c.K + c.S);
+    std::vector<uint8_t> a((size_t)c.R * c.K), b((size_t)c.S * c.K);
+    for (auto &x : a) x = finite_code(r, c.fa);
+    for (auto &x : b) x = finite_code(r, c.fb);
+    // Scales as f8_scale_from_amax gives them: max / amax, here for amax 3 and 0.5.
+    const float sa = mp_f8_max(c.fa) / 3.0f, sb = mp_f8_max(c.fb) / 0.5f;
+    Vec ref((size_t)c.R * c.S), start((size_t)c.R * c.S), ref_acc;
+    ASSERT_EQ(cpu->matmul_f8(&cpu_kc, ref.data(), nullptr, a.data(), &sa, c.fa, b.data(), &sb,
+                             c.fb, c.R, c.K, c.S), MP_OK);
+    for (size_t i = 0; i < start.size(); i++) start[i] = 0.5f * ref[i];
+    ref_acc = start;
+    for (size_t i = 0; i < ref.size(); i++) ref_acc[i] += ref[i];
+    const uint8_t *d_a = (const uint8_t *)dev_bytes(a), *d_b = (const uint8_t *)dev_bytes(b);
+    float *d_sa = dev_f32(Vec{sa}), *d_sb = dev_f32(Vec{sb});
+    void *d_out = poisoned(ref.size() * 2);
+    float *d_acc = dev_f32(start);
+    mp_status st = be->matmul_f8(&kc, d_out, nullptr, d_a, d_sa, c.fa, d_b, d_sb, c.fb, c.R, c.K,
+                                 c.S);
+    std::string at = "R=" + std::to_string(c.R) + " K=" + std::to_string(c.K) +
+                     " S=" + std::to_string(c.S);
+    if (cc < 89) {
+      EXPECT_EQ(st, MP_ERR_UNSUPPORTED) << at;
+      EXPECT_NE(std::strstr(mp_errmsg(&err), "8.9"), nullptr) << mp_errmsg(&err);
+      continue;
+    }
+    ASSERT_EQ(st, MP_OK) << mp_errmsg(&err) << " " << at;
+    EXPECT_LE(rel_l2(get_x(d_out, ref.size()), ref), 1e-2) << "bf16 out " << at;
+    ASSERT_EQ(be->matmul_f8(&kc, nullptr, d_acc, d_a, d_sa, c.fa, d_b, d_sb, c.fb, c.R, c.K,
+                            c.S), MP_OK) << mp_errmsg(&err);
+    EXPECT_LE(rel_l2(get_f32(d_acc, ref.size()), ref_acc), 1e-4) << "fp32 += " << at;
+  }
+  // Dims that are not multiples of 16 are refused whatever the device.
+  float *d_one = dev_f32(Vec{1.0f});
+  void *d_codes = poisoned(64 * 64);
+  void *d_out = poisoned(64 * 64 * 2);
+  EXPECT_EQ(be->matmul_f8(&kc, d_out, nullptr, (const uint8_t *)d_codes, d_one, MP_F8_E4M3,
+                          (const uint8_t *)d_codes, d_one, MP_F8_E4M3, 17, 32, 16),
+            MP_ERR_UNSUPPORTED);
+}
+
+TEST_F(GemmAttention, Float8TransposeIsExact) {
+  const int shapes[][2] = {{1, 1}, {33, 70}, {257, 130}, {64, 4096}};
+  for (auto &sh : shapes) {
+    int R = sh[0], C = sh[1];
+    std::vector<uint8_t> in((size_t)R * C), out((size_t)R * C);
+    for (size_t i = 0; i < in.size(); i++) in[i] = (uint8_t)(i * 131 + 7);
+    void *d_in = dev_bytes(in);
+    void *d_out = poisoned(in.size());
+    ASSERT_EQ(be->f8_transpose(&kc, (uint8_t *)d_out, (const uint8_t *)d_in, R, C), MP_OK)
+        << mp_errmsg(&err);
+    ASSERT_EQ(be->synchronize(&kc), MP_OK);
+    ASSERT_EQ(be->memcpy_d2h(&kc, out.data(), d_out, out.size()), MP_OK);
+    for (int rr = 0; rr < R; rr++)
+      for (int cc2 = 0; cc2 < C; cc2++)
+        ASSERT_EQ(out[(size_t)cc2 * R + rr], in[(size_t)rr * C + cc2]) << R << "x" << C;
+  }
+}
+
+#ifdef MP_HAVE_CUDA
+// Needs no device: backend.cu's table must hold the same GEMM/attention entries.
+TEST(GemmAttentionWiring, BackendTableUsesTheseKernels) {
+  const mp_backend *full = mp_cuda_backend(), *mine = mp_cuda_gemm_backend();
+  if (!full) GTEST_SKIP() << "backend.cu not built";
+  EXPECT_EQ(full->matmul_forward, mine->matmul_forward);
+  EXPECT_EQ(full->matmul_backward, mine->matmul_backward);
+  EXPECT_EQ(full->attention_forward, mine->attention_forward);
+  EXPECT_EQ(full->attention_backward, mine->attention_backward);
+  EXPECT_EQ(full->matmul_f8, mine->matmul_f8);
+  EXPECT_EQ(full->f8_transpose, mine->f8_transpose);
+}
+#endif
+
+}  // namespace
