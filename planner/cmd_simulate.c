@@ -16,6 +16,8 @@
 #include "exec/model.h"
 #include "exec/plan.h"
 #include "exec/schedule.h"
+#include "planner/calib_store.h"
+#include "planner/calibrate.h"
 #include "planner/commands.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
@@ -39,6 +41,7 @@ static mp_opt k_opts[] = {
     {"--micro-batch", "B", "sequences per micro-batch per data-parallel rank (default 1)", NULL},
     {"--global-batch", "G", "sequences per step over all data-parallel ranks (default one micro-batch each)", NULL},
     {"--stack", "PROFILE", "stack profile (data/stacks stem or path; default torchtitan-compile on GPUs, meshplan-cpu on the CPU)", NULL},
+    {"--calibration", "DB", "apply the newest cpu calibration in DB (meshplan calibrate) to the CPU profile", NULL},
     {"--headroom", "F", "fraction of GPU memory kept free (default 0)", NULL},
     {"--trace", "PATH", "write the simulated timeline as Chrome trace JSON", NULL},
     {"--json", NULL, "print one JSON object", NULL},
@@ -49,7 +52,7 @@ static mp_cmd_spec k_spec = {
     "simulate", "Predict step time and memory of one plan.",
     "--model M (--cluster C | --gpus N [--gpu G] [--gpus-per-node N]) --mesh SPEC [--ep N] "
     "[--pp N --pp-schedule 1f1b|interleaved] [--cp N] [--ac none|selective|full] [--fp8] [--seq S] "
-    "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--trace out.json] [--json]",
+    "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] [--json]",
     k_opts, 0};
 
 /* Sets one mesh dim from an option, refusing a conflict with --mesh. */
@@ -168,6 +171,15 @@ int mp_cmd_simulate(int argc, char **argv) {
     MP_CHECK_GOTO(mp_cluster_load(&ctx, cl ? cl : "h100-8", &c), st, fail);
   }
   int world = mp_cluster_n_gpus(&c);
+  /* --calibration: measured rates replace the CPU profile's before anything is simulated */
+  char calib_line[512] = "";
+  const char *cal_db = mp_args_get(&k_spec, "--calibration");
+  if (cal_db) {
+    mp_calib cal;
+    MP_CHECK_GOTO(mp_calib_store_load(&ctx, cal_db, "cpu", &cal), st, fail);
+    MP_CHECK_GOTO(mp_calib_apply_checked(&ctx, &cal, NULL, &c), st, fail);
+    mp_calib_summary(&cal, calib_line, sizeof calib_line);
+  }
 
   /* mesh */
   const char *spec = mp_args_get(&k_spec, "--mesh");
@@ -252,6 +264,7 @@ int mp_cmd_simulate(int argc, char **argv) {
     rc = print_json(&r, &m, &c, &mesh, &o, &prof);
   else
     print_text(&r, &m, &c, &mesh, &o, &prof);
+  if (cal_db && !mp_args_has(&k_spec, "--json")) printf("calibration applied: %s from %s\n", calib_line, cal_db);
   if (tpath && !mp_args_has(&k_spec, "--json")) printf("trace   %s\n", tpath);
   mp_sim_trace_destroy(trace);
   mp_arena_destroy(arena);

@@ -1,0 +1,49 @@
+/* Calibrations in the planner's database (the file of planner/store.h).
+ *
+ * Table `calibrations`, one row per measured figure, created on first save (CREATE TABLE
+ * IF NOT EXISTS inside the saving transaction, so the planner's schema version does not
+ * change and older meshplans still open the file):
+ *   id          the calibration (every row of one calibration shares it; ids increase)
+ *   created_at  ISO 8601 UTC; device ("cpu"), host, threads (per rank), world (ranks)
+ *   key         what the row holds:
+ *                 gemm.fwd.NxKxM / gemm.bwd.NxKxM   FLOP/s
+ *                 copy                               GB/s (read + write)
+ *                 <coll>.time.<bytes>                s per call
+ *                 <coll>.busbw.<bytes>               GB/s
+ *                 <coll>.alpha                       s per ring step
+ *                 <coll>.beta                        GB/s
+ *               with <coll> = all_reduce | all_gather | reduce_scatter | all_to_all
+ *   group_size  ranks per group for collective rows, 1 otherwise
+ *   value, unit
+ * A calibration is one transaction: readers never see half of one.
+ *
+ * The file is opened and checked through mp_store_open first (created with the planner's
+ * schema when absent), so a corrupt or foreign file is MP_ERR_DB with the store's
+ * message, and a file made by `meshplan calibrate` is a valid planner database. Then this
+ * module opens its own connection with the store's settings (WAL, busy timeout
+ * MP_STORE_BUSY_TIMEOUT_MS, writes in BEGIN IMMEDIATE). */
+#ifndef MP_PLANNER_CALIB_STORE_H
+#define MP_PLANNER_CALIB_STORE_H
+
+#include "common/status.h"
+#include "planner/calibrate.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Opens the database as a save would (creating it when absent) and closes it: lets a
+ * caller refuse an unusable --db before spending time measuring. */
+mp_status mp_calib_store_check(mp_ctx *ctx, const char *db_path);
+
+/* Saves c as a new calibration and sets c->id. */
+mp_status mp_calib_store_save(mp_ctx *ctx, const char *db_path, mp_calib *c);
+
+/* The newest calibration (largest id) of device. MP_ERR_NOT_FOUND when the file does not
+ * exist or holds none for that device; MP_ERR_DB when it is not a meshplan database. */
+mp_status mp_calib_store_load(mp_ctx *ctx, const char *db_path, const char *device, mp_calib *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
