@@ -6,8 +6,10 @@
  *
  * World size 1 runs without mpirun (the MPI-free "single" communicator). Under mpirun the
  * MPI communicator checks that the mesh matches the world on every rank, so a mismatch is
- * one clear error on every rank and none hangs. Multi-rank execution covers pure
- * dp_replicate in this build; other meshes are refused by the runtime on every rank. */
+ * one clear error on every rank and none hangs. --auto runs the planner (executable plans,
+ * CPU profile) on every rank for the world size and trains its best plan; with --db the
+ * planner run and then every step's measurement are recorded, so `meshplan report` shows
+ * predicted beside measured. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,14 +24,18 @@
 #include "exec/runtime/runtime.h"
 #include "exec/runtime/weights.h"
 #include "kernels/cpu/cpu.h"
+#include "planner/calibrate.h"
 #include "planner/commands.h"
+#include "planner/evaluate.h"
+#include "planner/planner.h"
+#include "planner/search.h"
 #include "planner/store.h"
 
 static mp_opt k_opts[] = {
     {"--model", "M", "model name (data/models stem) or JSON path (default tiny-dense)", NULL},
     {"--mesh", "MESH", "device mesh, e.g. dp_shard=2,tp=2 (default: every dim 1)", NULL},
     {"--ac", "MODE", "activation checkpointing: none, selective or full (default none; bare --ac=full)", NULL},
-    {"--fp8", NULL, "float8 Linear layers (not in the CPU runtime yet)", NULL},
+    {"--fp8", NULL, "float8 Linear layers (E4M3 forward, E5M2 gradients, tensorwise scales; emulated exactly on the CPU)", NULL},
     {"--steps", "K", "training steps (default 20)", NULL},
     {"--seq", "S", "tokens per sequence (default: the model's max_seq)", NULL},
     {"--micro-batch", "B", "sequences per micro-batch per data-parallel rank (default 4)", NULL},
@@ -40,9 +46,11 @@ static mp_opt k_opts[] = {
     {"--data", "SRC", "synthetic (Markov chain of known entropy) or an llm.c token shard path (default synthetic)", NULL},
     {"--fanout", "K", "successors per state of the synthetic chain (default 4)", NULL},
     {"--device", "D", "cpu or cuda (default cpu)", NULL},
-    {"--db", "PATH", "record per-step measurements in this planner database (needs --plan-id)", NULL},
+    {"--db", "PATH", "record per-step measurements in this planner database, next to the plan's prediction "
+     "(without --plan-id the mesh is predicted and recorded as a one-plan run first)", NULL},
     {"--plan-id", "ID", "the plan (from meshplan plan --db) the measurements belong to", NULL},
-    {"--auto", NULL, "plan for the current world size and train the best plan (not in this build)", NULL},
+    {"--auto", NULL, "plan for the current world size on the CPU profile and train the best executable plan "
+     "(--ac, --fp8, --micro-batch given constrain it)", NULL},
     {"--seed", "N", "initialization and data seed (default 1234)", NULL},
     {"--dump-weights", "PATH", "write the initial full weights (weight file, exec/runtime/weights.h)", NULL},
     {"--dump-grads", "PATH", "write the full gradients of step 1 (before clipping)", NULL},
@@ -65,6 +73,117 @@ static int use_mpi(void) {
   return v != NULL;
 }
 
+static int env_int(const char *name, int dflt) {
+  const char *v = getenv(name);
+  return v && *v ? atoi(v) : dflt;
+}
+
+/* What the planner chose (or predicted) for this training run. */
+typedef struct train_pick {
+  int found;
+  mp_mesh mesh;
+  int64_t plan_id;          /* 0 without a database */
+  double step_time_s;       /* predicted */
+  int64_t peak_mem_bytes;   /* predicted */
+  int64_t n_candidates, n_feasible;
+  int calibrated;           /* the CPU profile carries a `meshplan calibrate` measurement */
+} train_pick;
+
+/* A planner run on the CPU profile for `world` ranks (cluster "cpu" with every rank on one
+ * node, stack meshplan-cpu, fp32 parameters as the CPU runtime keeps them), constrained by
+ * fix and to what the runtime executes. best = 1: the best feasible plan (--auto), whose
+ * options are written into po; best = 0: the one candidate fix pins, feasible or not (a
+ * prediction for the given mesh). db: record the run there (NULL: no record). */
+static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, mp_plan_options *po,
+                                const mp_search_fix *fix, int best, const char *db, train_pick *out) {
+  memset(out, 0, sizeof *out);
+  mp_cluster c;
+  MP_CHECK(mp_cluster_make(ctx, "cpu", world, world, &c));
+  if (db) { /* the newest `meshplan calibrate --device cpu` in the database, when there is one */
+    mp_ctx c2;
+    mp_ctx_init(&c2);
+    mp_status cs = mp_calib_load_apply(&c2, db, "cpu", &c.gpu, &c);
+    if (cs == MP_OK) {
+      out->calibrated = 1;
+    } else if (cs != MP_ERR_NOT_FOUND) {
+      return mp_error(ctx, cs, "%s", mp_errmsg(&c2));
+    }
+  }
+  mp_sim_evaluator *ev = calloc(1, sizeof *ev);
+  MP_CHECK_ALLOC(ctx, ev);
+  mp_store *store = NULL;
+  mp_planner_result res;
+  memset(&res, 0, sizeof res);
+  mp_status st = mp_sim_evaluator_init(ctx, ev, m, &c, po->seq, po->global_batch, 0.05, "meshplan-cpu");
+  if (st == MP_OK) {
+    ev->base.master_dtype = MP_DTYPE_FP32;
+    ev->base.fsdp.param_dtype = MP_DTYPE_FP32; /* the CPU runtime gathers fp32 */
+  }
+  mp_planner_request req;
+  memset(&req, 0, sizeof req);
+  mp_search_config_init(&req.search);
+  req.search.model = m;
+  req.search.cluster = &c;
+  req.search.seq = po->seq;
+  req.search.global_batch = po->global_batch;
+  req.search.executable_only = 1;
+  req.search.fix = *fix;
+  req.search.n_threads = 1;
+  req.search.mem_capacity_bytes = (int64_t)(c.gpu.mem_gib * 0.95 * 1073741824.0);
+  req.search.eval = mp_sim_evaluate;
+  req.search.eval_user = ev;
+  req.search.eval_thread_done = mp_sim_evaluator_thread_done;
+  req.objective = MP_OBJECTIVE_TIME;
+  req.info.model = m->name;
+  req.info.cluster = c.name;
+  req.info.gpu = c.gpu.name;
+  req.info.n_gpus = world;
+  req.info.gpus_per_node = world;
+  req.info.seq = po->seq;
+  req.info.global_batch = po->global_batch;
+  req.info.objective = mp_objective_name(MP_OBJECTIVE_TIME);
+  req.info.options_json = best ? "{\"source\": \"meshplan train --auto\"}" : "{\"source\": \"meshplan train --db\"}";
+  req.info.command = best ? "meshplan train --auto" : "meshplan train --db";
+  req.info.tool_version = MESHPLAN_VERSION;
+  if (st == MP_OK && db) st = mp_store_open(ctx, db, &store);
+  if (st == MP_OK) st = mp_planner_run(ctx, &req, store, &res);
+  if (st == MP_OK) {
+    const mp_candidate *pickc = NULL;
+    if (best && res.n_order > 0) pickc = &res.search->cands[res.order[0]];
+    if (!best)
+      for (int64_t i = 0; i < res.search->n && !pickc; i++)
+        if (res.search->cands[i].evaluated) pickc = &res.search->cands[i];
+    out->n_candidates = res.search->n;
+    out->n_feasible = res.search->n_feasible;
+    if (!pickc) {
+      st = best ? mp_error(ctx, MP_ERR_INVALID, "--auto: none of the %lld executable plans for %s on %d CPU "
+                           "rank%s fits (global batch %lld, seq %lld); lower --global-batch or --seq, or add ranks",
+                           (long long)res.search->n, m->name, world, world == 1 ? "" : "s",
+                           (long long)po->global_batch, (long long)po->seq)
+                : mp_error(ctx, MP_ERR_INVALID, "the planner could not evaluate this mesh for %s (global batch "
+                           "%lld, micro-batch %lld): see `meshplan simulate` for why", m->name,
+                           (long long)po->global_batch, (long long)po->micro_batch);
+    } else {
+      out->found = 1;
+      out->mesh = pickc->mesh;
+      out->plan_id = pickc->plan_id;
+      out->step_time_s = pickc->res.step_time_s;
+      out->peak_mem_bytes = pickc->res.peak_mem_bytes;
+      if (best) {
+        po->micro_batch = pickc->micro_batch;
+        po->ac = (mp_ac_mode)pickc->ac;
+        po->fp8 = pickc->fp8;
+        po->fsdp.reshard_after_forward = pickc->reshard;
+      }
+    }
+  }
+  mp_planner_result_free(&res);
+  mp_store_close(store);
+  mp_sim_evaluator_free(ev);
+  free(ev);
+  return st;
+}
+
 int mp_cmd_train(int argc, char **argv) {
   const char *pos[1];
   int n_pos, done;
@@ -83,6 +202,9 @@ int mp_cmd_train(int argc, char **argv) {
   int32_t *batch = NULL;
   double *losses = NULL;
   int mpi = 0, rank = 0;
+  double *step_s = NULL;
+  train_pick pick;
+  memset(&pick, 0, sizeof pick);
   mp_kctx kc = {&ctx, NULL, 0};
   const mp_backend *be = mp_backend_cpu();
   int be_up = 0;
@@ -97,28 +219,73 @@ int mp_cmd_train(int argc, char **argv) {
     }
     return mp_cmd_fail(&ctx, st);
   }
-  if (mp_args_has(&k_spec, "--auto")) {
-    st = mp_error(&ctx, MP_ERR_UNSUPPORTED, "--auto is not available in this build yet; give --mesh");
-    return mp_cmd_fail(&ctx, st);
-  }
   const char *db = mp_args_get(&k_spec, "--db");
   long long plan_id = 0;
   MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--plan-id", 1, &plan_id), st, out);
-  if (db && !plan_id) {
-    st = mp_error(&ctx, MP_ERR_USAGE, "--db needs --plan-id: the id of the plan (from `meshplan plan --db`) "
-                  "that the measurements belong to");
+  if (plan_id && !db) {
+    st = mp_error(&ctx, MP_ERR_USAGE, "--plan-id needs --db: the database the plan lives in");
+    goto out;
+  }
+  const int want_auto = mp_args_has(&k_spec, "--auto");
+  const char *mspec = mp_args_get(&k_spec, "--mesh");
+  if (want_auto && (mspec || plan_id)) {
+    st = mp_error(&ctx, MP_ERR_USAGE, "--auto chooses the mesh itself: drop --mesh / --plan-id, or drop --auto");
     goto out;
   }
 
   const char *mname = mp_args_get(&k_spec, "--model");
   MP_CHECK_GOTO(mp_model_load(&ctx, mname ? mname : "tiny-dense", &model), st, out);
-  const char *mspec = mp_args_get(&k_spec, "--mesh");
-  if (mspec) {
-    MP_CHECK_GOTO(mp_mesh_parse(&ctx, mspec, 0, &mesh), st, out);
+  const int world = env_int("OMPI_COMM_WORLD_SIZE", env_int("PMI_SIZE", 1));
+  const int env_rank = env_int("OMPI_COMM_WORLD_RANK", env_int("PMI_RANK", 0));
+
+  mp_plan_options po;
+  mp_plan_options_init(&po);
+  /* train's defaults: the model's whole context, 4 sequences per micro-batch, one
+   * micro-batch per data-parallel rank */
+  po.seq = model.max_seq;
+  po.micro_batch = 4;
+  MP_CHECK_GOTO(mp_cmd_plan_options(&ctx, &k_spec, &po), st, out);
+  const int user_mb = mp_args_has(&k_spec, "--micro-batch"), user_ac = mp_args_has(&k_spec, "--ac");
+  if (want_auto) {
+    /* The planner's best executable plan for this world on the CPU profile: every rank
+     * plans the same (the search is deterministic), rank 0 records the run. */
+    if (!po.global_batch) po.global_batch = po.micro_batch * world;
+    mp_search_fix fix;
+    mp_search_fix_init(&fix);
+    if (user_ac) fix.ac = po.ac;
+    if (po.fp8) fix.fp8 = 1;
+    if (user_mb) fix.micro_batch = po.micro_batch;
+    MP_CHECK_GOTO(plan_for_train(&ctx, &model, world, &po, &fix, 1, env_rank == 0 ? db : NULL, &pick), st, out);
+    mesh = pick.mesh;
+    plan_id = pick.plan_id;
   } else {
-    mp_mesh_init(&mesh);
+    if (mspec) {
+      MP_CHECK_GOTO(mp_mesh_parse(&ctx, mspec, 0, &mesh), st, out);
+    } else {
+      mp_mesh_init(&mesh);
+    }
+    MP_CHECK_GOTO(mp_mesh_validate(&ctx, &mesh), st, out);
+    if (!po.global_batch) po.global_batch = po.micro_batch * mp_mesh_group_size(&mesh, MP_GROUP_DP);
+    if (db && !plan_id && mp_mesh_world(&mesh) == world) {
+      /* No plan given: predict this one (a planner run pinned to it) so the measurements
+       * land next to a prediction. */
+      mp_search_fix fix;
+      mp_search_fix_init(&fix);
+      fix.pp = mesh.size[MP_DIM_PP];
+      fix.dp_replicate = mesh.size[MP_DIM_DP_REPLICATE];
+      fix.dp_shard = mesh.size[MP_DIM_DP_SHARD];
+      fix.cp = mesh.size[MP_DIM_CP];
+      fix.tp = mesh.size[MP_DIM_TP];
+      fix.ep = mesh.ep;
+      fix.ac = po.ac;
+      fix.fp8 = po.fp8;
+      /* the planner enumerates reshard only where there is an FSDP group to reshard over */
+      fix.reshard = mesh.size[MP_DIM_DP_SHARD] > 1 ? po.fsdp.reshard_after_forward : 0;
+      fix.micro_batch = po.micro_batch;
+      MP_CHECK_GOTO(plan_for_train(&ctx, &model, world, &po, &fix, 0, env_rank == 0 ? db : NULL, &pick), st, out);
+      plan_id = pick.plan_id;
+    }
   }
-  MP_CHECK_GOTO(mp_mesh_validate(&ctx, &mesh), st, out);
 
   /* Communicator first: a mesh that does not match the world fails on every rank. */
   mpi = use_mpi();
@@ -137,18 +304,10 @@ int mp_cmd_train(int argc, char **argv) {
   rank = mp_comm_world_rank(comm);
   const int dp = mp_comm_group_size(comm, MP_GROUP_DP), dp_index = mp_comm_group_index(comm, MP_GROUP_DP);
 
-  mp_plan_options po;
-  mp_plan_options_init(&po);
   long long steps = 20, seed = 1234, fanout = 4;
   MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--steps", 1, &steps), st, out);
   MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--seed", 0, &seed), st, out);
   MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--fanout", 1, &fanout), st, out);
-  /* train's defaults: the model's whole context, 4 sequences per micro-batch, one
-   * micro-batch per data-parallel rank */
-  po.seq = model.max_seq;
-  po.micro_batch = 4;
-  MP_CHECK_GOTO(mp_cmd_plan_options(&ctx, &k_spec, &po), st, out);
-  if (!po.global_batch) po.global_batch = po.micro_batch * dp;
   const long long seq = po.seq, mb = po.micro_batch, gb = po.global_batch;
   po.master_dtype = MP_DTYPE_FP32;
   po.fsdp.param_dtype = MP_DTYPE_FP32; /* the CPU runtime computes in fp32 */
@@ -216,10 +375,25 @@ int mp_cmd_train(int argc, char **argv) {
            mp_ac_mode_name(plan->ac), seq, mb, gb, (long long)mp_runtime_n_micro(rt), ro.lr,
            data ? data : "synthetic");
     if (corpus.entropy_nats >= 0) printf(" (entropy floor %.4f nats)", corpus.entropy_nats);
-    printf("\n");
+    printf(", float8 %s\n", plan->opts.fp8 ? "on" : "off");
   }
+  if (rank == 0 && pick.found)
+    printf("%s: %lld candidate%s for %d CPU rank%s, %lld feasible; predicted step %.2f ms, peak %.3f MiB per rank"
+           "%s%lld)\n",
+           want_auto ? "auto: best executable plan of" : "prediction (meshplan-cpu profile) from",
+           (long long)pick.n_candidates, pick.n_candidates == 1 ? "" : "s", world, world == 1 ? "" : "s",
+           (long long)pick.n_feasible, pick.step_time_s * 1e3, pick.peak_mem_bytes / 1048576.0,
+           pick.plan_id ? " (plan id " : " (not recorded", (long long)pick.plan_id);
+  if (rank == 0 && pick.found && !pick.calibrated)
+    printf("note: the CPU profile is uncalibrated (data/gpus/cpu.json placeholders); run `meshplan calibrate "
+           "--device cpu --db %s` first for predictions of this machine\n", db ? db : "DB");
   const char *dump_g = mp_args_get(&k_spec, "--dump-grads");
   double total_s = 0, tokens_all = 0;
+  step_s = calloc((size_t)steps, sizeof *step_s);
+  if (!step_s) {
+    st = mp_error(&ctx, MP_ERR_NOMEM, "train: out of memory");
+    goto out;
+  }
   int64_t peak = 0;
   for (long long s = 0; s < steps; s++) {
     MP_CHECK_GOTO(mp_corpus_batch(&ctx, &corpus, s, gb, seq, dp_index, dp, batch), st, out);
@@ -251,14 +425,38 @@ int mp_cmd_train(int argc, char **argv) {
     if (rank == 0 && !quiet)
       printf("step %4lld  loss %.6f  (ce %.6f aux %.6f)  grad_norm %.4f  %.1f ms  %.0f tokens/s  peak %.3f MiB\n",
              s + 1, r.loss, r.ce_loss, r.aux_loss, r.grad_norm, dt * 1e3, tok_s, r.peak_bytes / 1048576.0);
-    if (store && rank == 0) {
+    step_s[s] = dt;
+    if (store && rank == 0 && plan_id) {
       mp_measurement me = {plan_id, s + 1, dt, r.peak_bytes, r.loss, tok_s, "cpu"};
       MP_CHECK_GOTO(mp_store_add_measurement(&ctx, store, &me), st, out);
     }
   }
+  if (mp_comm_world_size(comm) > 1) { /* the largest rank's peak is what must fit */
+    int64_t pk = peak;
+    MP_CHECK_GOTO(mp_comm_all_reduce(&ctx, comm, MP_GROUP_WORLD, &pk, &pk, 1, MP_COMM_DTYPE_INT64, MP_COMM_OP_MAX),
+                  st, out);
+    peak = pk;
+  }
   if (rank == 0) {
     printf("done: %lld steps, final loss %.6f, %.0f tokens/s (steps 2..%lld), peak memory %lld bytes per rank\n",
            steps, losses[steps - 1], total_s > 0 ? tokens_all / total_s : 0.0, steps, (long long)peak);
+    if (pick.found) {
+      /* median step time over steps 2..K (step 1 carries first-touch page faults) */
+      int64_t n = steps > 1 ? steps - 1 : 1;
+      double *v = step_s + (steps > 1 ? 1 : 0);
+      for (int64_t i = 1; i < n; i++)
+        for (int64_t j = i; j > 0 && v[j] < v[j - 1]; j--) {
+          double t = v[j];
+          v[j] = v[j - 1];
+          v[j - 1] = t;
+        }
+      const double med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+      printf("predicted vs measured: step time %.2f ms vs %.2f ms (median, %+.1f%%), peak memory %.3f MiB vs "
+             "%.3f MiB (%+.1f%%)\n",
+             pick.step_time_s * 1e3, med * 1e3, 100.0 * (pick.step_time_s - med) / med,
+             pick.peak_mem_bytes / 1048576.0, peak / 1048576.0,
+             100.0 * (double)(pick.peak_mem_bytes - peak) / (double)peak);
+    }
   }
   const char *dump_l = mp_args_get(&k_spec, "--dump-losses");
   if (dump_l && rank == 0) {
@@ -277,6 +475,7 @@ int mp_cmd_train(int argc, char **argv) {
     if (st != MP_OK) goto out;
   }
 out:
+  free(step_s);
   mp_store_close(store);
   mp_runtime_destroy(rt);
   if (be_up) be->shutdown(&kc);

@@ -21,12 +21,22 @@
 #include "exec/runtime/init.h"
 
 typedef struct rt_param {
-  int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM], numel;
-  float *w, *g, *m, *v; /* master, gradient, AdamW state (numel each) */
+  int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM], numel; /* at-rest tile (global offsets), real elements */
+  int64_t numel_pad;  /* storage elements: chunk rows x row length when FSDP-sharded (FSDP2 pads
+                         every rank's shard to the same size), numel otherwise */
+  int64_t tp_numel;   /* elements of the compute tensor (tp/ep-local, unsharded by FSDP) */
+  int sharded;        /* FSDP-sharded over a group of more than one rank */
+  mp_group group;     /* its FSDP group (MP_GROUP_FSDP or MP_GROUP_EFSDP) */
+  int64_t unit_off;   /* offset of its gathered slot in the unit buffer (elements) */
+  float *w, *g, *m, *v; /* master shard, gradient shard, AdamW state (numel_pad each) */
+  float *cw, *cg;     /* compute weight and gradient: the unit's gathered / unsharded buffers
+                         while the unit is live, else w and g themselves (not sharded) */
   int decay;
+  int owner;          /* this rank counts the parameter once in the global norm and dumps */
 } rt_param;
 
-/* Offsets (in 4-byte elements) of the tensors carved from a block's allocations. */
+/* Offsets (in 4-byte elements) of the tensors carved from a block's allocations. Dims are
+ * the rank's local ones (heads, d_ff and vocab split over tp). */
 typedef struct rt_layout {
   size_t xn1, rstd1, q, k, v, xmid, xn2, rstd2, g, u, h;
   size_t rl, probs, tki, tkw, f, aux, perm, inv, counts, xp, eg, eu, eh, ey, sg, su, sh;
@@ -37,6 +47,15 @@ typedef struct rt_layout {
       dsu, ws_total;
 } rt_layout;
 
+typedef struct rt_unit {
+  int sharded;        /* group of more than one rank: gathered before use, reduce-scattered after */
+  mp_group group;
+  int64_t gather_numel; /* padded slots of every parameter: group x numel_pad each */
+  int64_t max_pad;    /* largest numel_pad (reduce-scatter staging) */
+  float *buf;         /* gathered parameters while live */
+  float *gbuf;        /* unsharded gradients during the unit's backward */
+} rt_unit;
+
 struct mp_runtime {
   const mp_plan *plan;
   mp_comm *comm;
@@ -45,11 +64,16 @@ struct mp_runtime {
   mp_runtime_options opts;
   mp_talloc *ta;
   int rank;
+  /* global dims */
   int B, T, N, C, nh, nkv, hd, F, V, L, E, K, Fe, Fs;
+  /* local dims: tp splits heads, d_ff, shared d_ff and vocab; ep splits experts */
+  int tp, tp_idx, ep, ep_idx, El, nhl, nkvl, Fl, Fsl, Vl, v0;
   float eps;
   int64_t local_batch, n_micro;
   int dp_size;
   rt_param *prm;
+  rt_unit *units;
+  int n_units;
   int *pidx;    /* [(L + 1) * MP_MOD_COUNT]: weight param index per (layer, module); row L: outside blocks */
   float *rope_cos, *rope_sin, *scalar;
   int32_t *tok_in, *tok_tgt;
@@ -57,6 +81,9 @@ struct mp_runtime {
   float **x;        /* [L + 1] */
   float **act;      /* [L] */
   float **core;     /* [L] */
+  float **epa;      /* [L] EP: expert-side saved tensors (rows received from every EP rank) */
+  int64_t *ep_R;    /* [L] rows received */
+  int64_t *ep_rc;   /* [L * ep * El] rows received from source s for local expert e */
   int32_t *counts_h; /* [L * E] host copies of expert row counts */
   int step;
 };
@@ -64,8 +91,10 @@ struct mp_runtime {
 #define ALIGN16(n) (((n) + 15) & ~(size_t)15)
 
 static void layout(rt_layout *l, const mp_runtime *rt, int moe) {
-  const size_t N = (size_t)rt->N, C = (size_t)rt->C, QD = (size_t)rt->nh * rt->hd, KD = (size_t)rt->nkv * rt->hd;
-  const size_t NK = N * (size_t)rt->K, E = (size_t)rt->E, F = (size_t)rt->F, Fe = (size_t)rt->Fe, Fs = (size_t)rt->Fs;
+  const size_t N = (size_t)rt->N, C = (size_t)rt->C, QD = (size_t)rt->nhl * rt->hd, KD = (size_t)rt->nkvl * rt->hd;
+  const size_t NK = N * (size_t)rt->K, E = (size_t)rt->E, F = (size_t)rt->Fl, Fe = (size_t)rt->Fe,
+               Fs = (size_t)rt->Fsl;
+  const int ep = rt->ep > 1; /* the expert-side tensors then live in epa (their row count varies) */
   size_t o = 0;
   memset(l, 0, sizeof *l);
 #define PUT(field, n) \
@@ -96,9 +125,11 @@ static void layout(rt_layout *l, const mp_runtime *rt, int moe) {
     PUT(inv, NK);
     PUT(counts, E);
     PUT(xp, NK * C);
-    PUT(eg, NK * Fe);
-    PUT(eu, NK * Fe);
-    PUT(eh, NK * Fe);
+    if (!ep) {
+      PUT(eg, NK * Fe);
+      PUT(eu, NK * Fe);
+      PUT(eh, NK * Fe);
+    }
     PUT(ey, NK * C);
     if (Fs) {
       PUT(sg, N * Fs);
@@ -109,7 +140,7 @@ static void layout(rt_layout *l, const mp_runtime *rt, int moe) {
   l->total = o;
   o = 0;
   PUT(att, N * QD);
-  PUT(lse, (size_t)rt->B * rt->nh * rt->T);
+  PUT(lse, (size_t)rt->B * rt->nhl * rt->T);
   l->core_total = o;
   o = 0;
   PUT(dxn, N * C);
@@ -128,9 +159,11 @@ static void layout(rt_layout *l, const mp_runtime *rt, int moe) {
     PUT(dprobs, N * E);
     PUT(dtkw, NK);
     PUT(dey, NK * C);
-    PUT(deh, NK * Fe);
-    PUT(deg, NK * Fe);
-    PUT(deu, NK * Fe);
+    if (!ep) {
+      PUT(deh, NK * Fe);
+      PUT(deg, NK * Fe);
+      PUT(deu, NK * Fe);
+    }
     PUT(dxp, NK * C);
     if (Fs) {
       PUT(dsh, N * Fs);
@@ -158,11 +191,15 @@ static int *pslot(const mp_runtime *rt, int layer, mp_module m) {
 }
 static float *W(const mp_runtime *rt, int layer, mp_module m) {
   int i = *pslot(rt, layer, m);
-  return i < 0 ? NULL : rt->prm[i].w;
+  return i < 0 ? NULL : rt->prm[i].cw;
 }
 static float *G(const mp_runtime *rt, int layer, mp_module m) {
   int i = *pslot(rt, layer, m);
-  return i < 0 ? NULL : rt->prm[i].g;
+  return i < 0 ? NULL : rt->prm[i].cg;
+}
+static int F8(const mp_runtime *rt, int layer, mp_module m) {
+  int i = *pslot(rt, layer, m);
+  return i >= 0 && rt->plan->params[i].float8;
 }
 
 #define BE(call)                                                                                       \
@@ -176,29 +213,45 @@ static float *G(const mp_runtime *rt, int layer, mp_module m) {
 static int is_moe_layer(const mp_runtime *rt, int l) { return mp_model_layer_is_moe(&rt->plan->model, l); }
 static const rt_layout *lay_of(const mp_runtime *rt, int l) { return is_moe_layer(rt, l) ? &rt->lay_moe : &rt->lay_dense; }
 
+/* TP all-reduce (sum) of a partial result in place; nothing when tp == 1. */
+static mp_status tp_sum(mp_ctx *ctx, mp_runtime *rt, float *x, size_t n) {
+  if (rt->tp == 1) return MP_OK;
+  return mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_TP, x, x, n, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM);
+}
+
 static mp_status check_supported(mp_ctx *ctx, const mp_plan *p, mp_comm *comm) {
   const mp_model *m = &p->model;
-  /* Pure replication (DDP over dp_replicate) is the one multi-rank layout in this build:
-   * every rank holds whole parameters and gradients are all-reduced. */
-  if (mp_mesh_world(&p->mesh) != mp_comm_world_size(comm) ||
-      mp_mesh_world(&p->mesh) != p->mesh.size[MP_DIM_DP_REPLICATE])
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "the CPU runtime trains with world size 1 or pure dp_replicate "
-                    "only in this build (mesh has %d ranks, dp_replicate=%d); FSDP/TP/EP/PP execution is not "
-                    "implemented yet", mp_mesh_world(&p->mesh), p->mesh.size[MP_DIM_DP_REPLICATE]);
+  const mp_mesh *mesh = &p->mesh;
+  char mb[128];
+  mp_mesh_format(mesh, mb, sizeof mb);
+  if (mp_mesh_world(mesh) != mp_comm_world_size(comm))
+    return mp_error(ctx, MP_ERR_INVALID, "mesh %s has %d ranks but the job has %d; launch with mpirun -np %d",
+                    mb, mp_mesh_world(mesh), mp_comm_world_size(comm), mp_mesh_world(mesh));
+  if (mesh->size[MP_DIM_PP] > 1 || mesh->size[MP_DIM_CP] > 1)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute pipeline (pp) or context "
+                    "(cp) parallelism yet; the planner models them, train with dp_replicate, dp_shard, tp and ep",
+                    mb);
+  if (mesh->size[MP_DIM_DP_SHARD] > 1 && !(p->applied & MP_PASS_FSDP))
+    return mp_error(ctx, MP_ERR_INTERNAL, "mesh %s has dp_shard > 1 but the plan has no FSDP pass", mb);
   if (m->family != MP_FAMILY_LLAMA)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: the runtime implements the llama family only "
                     "(RMSNorm, RoPE, SwiGLU); gpt models are not implemented yet", m->name);
   if (m->qkv_bias || m->qk_norm || m->bias)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: q/k/v biases and q/k norms (Qwen2/Qwen3) are not "
                     "implemented in the runtime yet", m->name);
-  if (p->opts.fp8)
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "float8 training is not implemented in the CPU runtime yet; "
-                    "drop --fp8");
+  if (mesh->size[MP_DIM_TP] > 1 && !p->opts.tp.shard_logits)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "tp=%d with logits gathered over tp (shard_logits=0) is not "
+                    "executed; the runtime computes the loss vocab-parallel (the default)", mesh->size[MP_DIM_TP]);
+  if (mesh->size[MP_DIM_TP] > 1 && m->tied_embeddings)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s ties its embeddings; with tp > 1 the runtime does not "
+                    "execute tied vocab-parallel embedding and head yet", m->name);
   if (m->head_dim % 2)
     return mp_error(ctx, MP_ERR_INVALID, "model %s: RoPE needs an even head_dim (got %lld)", m->name,
                     (long long)m->head_dim);
   return MP_OK;
 }
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, const mp_backend *be, mp_kctx *kc,
                             const mp_runtime_options *opts, mp_runtime **out) {
@@ -234,6 +287,17 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
   rt->Fe = (int)m->d_ff_expert;
   rt->Fs = m->n_shared_experts > 0 ? (int)m->d_ff_shared : 0;
   rt->eps = (float)m->norm_eps;
+  rt->tp = mp_comm_group_size(comm, MP_GROUP_TP);
+  rt->tp_idx = mp_comm_group_index(comm, MP_GROUP_TP);
+  rt->ep = (plan->applied & MP_PASS_EP) && plan->mesh.ep > 1 ? plan->mesh.ep : 1;
+  rt->ep_idx = rt->ep > 1 ? mp_comm_group_index(comm, MP_GROUP_EP) : 0;
+  rt->El = rt->E / rt->ep;
+  rt->nhl = rt->nh / rt->tp;
+  rt->nkvl = rt->nkv / rt->tp;
+  rt->Fl = rt->F / rt->tp;
+  rt->Fsl = rt->Fs / rt->tp;
+  rt->Vl = (int)(plan->vocab_padded / rt->tp);
+  rt->v0 = rt->tp_idx * rt->Vl;
   rt->local_batch = local_batch;
   rt->n_micro = n_micro;
   rt->dp_size = mp_comm_group_size(comm, MP_GROUP_DP);
@@ -241,43 +305,85 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
   layout(&rt->lay_moe, rt, 1);
 
   rt->prm = calloc((size_t)plan->n_params, sizeof *rt->prm);
+  rt->units = calloc((size_t)(plan->n_units ? plan->n_units : 1), sizeof *rt->units);
+  rt->n_units = plan->n_units;
   rt->pidx = malloc((size_t)(rt->L + 1) * MP_MOD_COUNT * sizeof *rt->pidx);
   rt->x = calloc((size_t)rt->L + 1, sizeof *rt->x);
   rt->act = calloc((size_t)rt->L, sizeof *rt->act);
   rt->core = calloc((size_t)rt->L, sizeof *rt->core);
+  rt->epa = calloc((size_t)rt->L, sizeof *rt->epa);
+  rt->ep_R = calloc((size_t)rt->L, sizeof *rt->ep_R);
+  rt->ep_rc = calloc((size_t)rt->L * rt->ep * (rt->El ? rt->El : 1), sizeof *rt->ep_rc);
   rt->counts_h = calloc((size_t)rt->L * (rt->E ? rt->E : 1), sizeof *rt->counts_h);
-  if (!rt->prm || !rt->pidx || !rt->x || !rt->act || !rt->core || !rt->counts_h) {
+  if (!rt->prm || !rt->units || !rt->pidx || !rt->x || !rt->act || !rt->core || !rt->epa || !rt->ep_R ||
+      !rt->ep_rc || !rt->counts_h) {
     st = mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory for bookkeeping");
     goto fail;
   }
   for (int i = 0; i < (rt->L + 1) * MP_MOD_COUNT; i++) rt->pidx[i] = -1;
   MP_CHECK_GOTO(mp_talloc_create(ctx, be, kc, &rt->ta), st, fail);
 
-  /* Materialize: the rank's tiles only, master + grad + m + v. */
+  /* Units: which are sharded, and each parameter's slot in the unit's gathered buffer. */
+  for (int u = 0; u < plan->n_units; u++) {
+    rt_unit *U = &rt->units[u];
+    U->group = plan->units[u].group;
+    U->sharded = mp_comm_group_size(comm, U->group) > 1;
+  }
+  const int dprep_idx = mp_comm_group_index(comm, MP_GROUP_DP_REPLICATE);
+
+  /* Materialize: the rank's shards only (padded to the group's chunk), master + grad + m + v. */
   float *host = NULL;
   for (int i = 0; i < plan->n_params; i++) {
     const mp_param *p = &plan->params[i];
     rt_param *r = &rt->prm[i];
     if (p->role == MP_ROLE_WEIGHT) *pslot(rt, p->layer, p->module) = i;
-    if (!mp_param_tile(plan, p, rt->rank, r->off, r->len)) continue;
-    r->numel = 1;
-    for (int d = 0; d < p->ndim; d++) r->numel *= r->len[d];
+    int has = mp_param_tile(plan, p, rt->rank, r->off, r->len);
+    r->numel = 0;
+    if (has) {
+      r->numel = 1;
+      for (int d = 0; d < p->ndim; d++) r->numel *= r->len[d];
+    }
+    r->tp_numel = mp_param_tp_numel(p);
+    r->group = p->fsdp_group;
+    r->sharded = p->fsdp_unit >= 0 && p->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD &&
+                 rt->units[p->fsdp_unit].sharded;
+    const int gsize = r->sharded ? mp_comm_group_size(comm, r->group) : 1;
+    const int64_t rows = p->tp_shape[0], rowlen = rows ? r->tp_numel / rows : 0;
+    r->numel_pad = r->sharded ? ceil_div(rows, gsize) * rowlen : r->numel;
+    if (r->sharded) {
+      rt_unit *U = &rt->units[p->fsdp_unit];
+      r->unit_off = U->gather_numel;
+      U->gather_numel += ALIGN16((size_t)(gsize * r->numel_pad));
+      if (r->numel_pad > U->max_pad) U->max_pad = r->numel_pad;
+    }
     r->decay = p->ndim >= 2;
-    size_t bytes = (size_t)r->numel * sizeof(float);
+    /* Owner: the one copy that counts in the global norm and in dumps. Replicas: over tp
+     * (norms, router, routed experts), over dp_replicate, and over an FSDP group that does
+     * not shard it. */
+    const int tp_sharded = p->place[MP_AXIS_TP].kind == MP_PLACEMENT_SHARD;
+    const int fsdp_g = p->fsdp_unit >= 0 ? mp_comm_group_size(comm, r->group) : 1;
+    const int fsdp_i = p->fsdp_unit >= 0 ? mp_comm_group_index(comm, r->group) : 0;
+    r->owner = (tp_sharded || rt->tp_idx == 0) && dprep_idx == 0 && (r->sharded || fsdp_g == 1 || fsdp_i == 0);
+    if (!has && !r->sharded) continue;
+    size_t bytes = (size_t)r->numel_pad * sizeof(float);
     MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_PARAMS, bytes, (void **)&r->w), st, fail);
     MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_GRADS, bytes, (void **)&r->g), st, fail);
     MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_OPTIMIZER, bytes, (void **)&r->m), st, fail);
     MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_OPTIMIZER, bytes, (void **)&r->v), st, fail);
-    host = malloc(bytes);
+    host = calloc((size_t)(r->numel_pad ? r->numel_pad : 1), sizeof(float));
     if (!host) {
       st = mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory initializing %s", p->fqn);
       goto fail;
     }
-    mp_init_fill_block(opts->seed, p, r->off, r->len, host);
+    if (has) mp_init_fill_block(opts->seed, p, r->off, r->len, host); /* the pad rows stay zero */
     st = be->memcpy_h2d(kc, r->w, host, bytes);
     free(host);
     host = NULL;
     if (st != MP_OK) goto fail;
+    if (!r->sharded) {
+      r->cw = r->w;
+      r->cg = r->g;
+    }
   }
   /* Every module the forward needs must be present. */
   static const mp_module need_attn[] = {MP_MOD_ATTN_NORM, MP_MOD_Q, MP_MOD_K, MP_MOD_V, MP_MOD_O, MP_MOD_FFN_NORM};
@@ -297,7 +403,7 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
   size_t rb = (size_t)rt->T * (rt->hd / 2) * sizeof(float);
   MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, rb, (void **)&rt->rope_cos), st, fail);
   MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, rb, (void **)&rt->rope_sin), st, fail);
-  MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, sizeof(float), (void **)&rt->scalar), st, fail);
+  MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, 4 * sizeof(float), (void **)&rt->scalar), st, fail);
   {
     float *c = malloc(rb), *s = malloc(rb);
     if (!c || !s) {
@@ -324,10 +430,14 @@ void mp_runtime_destroy(mp_runtime *rt) {
   if (!rt) return;
   mp_talloc_destroy(rt->ta);
   free(rt->prm);
+  free(rt->units);
   free(rt->pidx);
   free(rt->x);
   free(rt->act);
   free(rt->core);
+  free(rt->epa);
+  free(rt->ep_R);
+  free(rt->ep_rc);
   free(rt->counts_h);
   free(rt);
 }
@@ -336,13 +446,239 @@ const mp_talloc *mp_runtime_allocator(const mp_runtime *rt) { return rt->ta; }
 int64_t mp_runtime_local_batch(const mp_runtime *rt) { return rt->local_batch; }
 int64_t mp_runtime_n_micro(const mp_runtime *rt) { return rt->n_micro; }
 
+/* ---- FSDP units ------------------------------------------------------------------------
+ * Gather: every rank contributes its padded shard (numel_pad) and receives group x
+ * numel_pad; since shards are contiguous row chunks of the compute tensor in group order,
+ * the first tp_numel elements of the slot ARE the compute tensor. Gradients: the unit's
+ * backward accumulates into an unsharded, zeroed buffer with the same slots; the
+ * reduce-scatter (sum) hands each rank its chunk, which is added to the gradient shard. */
+
+static mp_status unit_gather(mp_ctx *ctx, mp_runtime *rt, int u) {
+  rt_unit *U = &rt->units[u];
+  if (!U->sharded || U->buf) return MP_OK;
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_GATHERED, (size_t)U->gather_numel * sizeof(float), (void **)&U->buf));
+  const mp_fsdp_unit *pu = &rt->plan->units[u];
+  for (int k = 0; k < pu->n_params; k++) {
+    rt_param *r = &rt->prm[pu->params[k]];
+    if (!r->sharded) continue;
+    MP_CHECK(mp_comm_all_gather(ctx, rt->comm, U->group, r->w, U->buf + r->unit_off, (size_t)r->numel_pad,
+                                MP_COMM_DTYPE_FP32));
+    r->cw = U->buf + r->unit_off;
+  }
+  return MP_OK;
+}
+
+static mp_status unit_release(mp_ctx *ctx, mp_runtime *rt, int u) {
+  rt_unit *U = &rt->units[u];
+  if (!U->buf) return MP_OK;
+  const mp_fsdp_unit *pu = &rt->plan->units[u];
+  for (int k = 0; k < pu->n_params; k++)
+    if (rt->prm[pu->params[k]].sharded) rt->prm[pu->params[k]].cw = NULL;
+  MP_CHECK(mp_talloc_free(ctx, rt->ta, U->buf));
+  U->buf = NULL;
+  return MP_OK;
+}
+
+static mp_status unit_grad_begin(mp_ctx *ctx, mp_runtime *rt, int u) {
+  rt_unit *U = &rt->units[u];
+  if (!U->sharded) return MP_OK;
+  const size_t bytes = (size_t)U->gather_numel * sizeof(float);
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, bytes, (void **)&U->gbuf));
+  BE(memset_zero(rt->kc, U->gbuf, bytes));
+  const mp_fsdp_unit *pu = &rt->plan->units[u];
+  for (int k = 0; k < pu->n_params; k++) {
+    rt_param *r = &rt->prm[pu->params[k]];
+    if (r->sharded) r->cg = U->gbuf + r->unit_off;
+  }
+  return MP_OK;
+}
+
+static mp_status unit_grad_end(mp_ctx *ctx, mp_runtime *rt, int u) {
+  rt_unit *U = &rt->units[u];
+  if (!U->sharded) return MP_OK;
+  float *tmp;
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (size_t)U->max_pad * sizeof(float), (void **)&tmp));
+  const mp_fsdp_unit *pu = &rt->plan->units[u];
+  mp_status st = MP_OK;
+  for (int k = 0; k < pu->n_params && st == MP_OK; k++) {
+    rt_param *r = &rt->prm[pu->params[k]];
+    if (!r->sharded) continue;
+    st = mp_comm_reduce_scatter(ctx, rt->comm, U->group, r->cg, tmp, (size_t)r->numel_pad, MP_COMM_DTYPE_FP32,
+                                MP_COMM_OP_SUM);
+    if (st == MP_OK && rt->be->accumulate_f32(rt->kc, r->g, tmp, (size_t)r->numel_pad) != MP_OK)
+      st = mp_error(ctx, MP_ERR_INTERNAL, "accumulating the gradient shard of %s: %s", rt->plan->params[pu->params[k]].fqn,
+                    mp_errmsg(rt->kc->err));
+    r->cg = NULL;
+  }
+  mp_status s2 = mp_talloc_free(ctx, rt->ta, tmp);
+  MP_CHECK(st);
+  MP_CHECK(s2);
+  MP_CHECK(mp_talloc_free(ctx, rt->ta, U->gbuf));
+  U->gbuf = NULL;
+  return MP_OK;
+}
+
+/* Apply f to every unit of `layer` (-1: the root units outside blocks), in unit order. */
+typedef mp_status (*unit_fn)(mp_ctx *, mp_runtime *, int);
+static mp_status for_units(mp_ctx *ctx, mp_runtime *rt, int layer, unit_fn f) {
+  for (int u = 0; u < rt->n_units; u++)
+    if (rt->plan->units[u].layer == layer) MP_CHECK(f(ctx, rt, u));
+  return MP_OK;
+}
+
+/* ---- Linear with optional float8 emulation --------------------------------------------
+ * torchao's Float8Linear with tensorwise dynamic scales: forward y = q4(x) q4(W)^T,
+ * backward dx = q5(dy) q4(W), dW = q5(dy)^T q4(x) (q4: E4M3, q5: E5M2 fake quantization).
+ * The amax is over the whole logical tensor: under tp the local pieces are reduced with
+ * an all-reduce MAX, so every plan quantizes exactly as the single-rank run does. */
+
+static mp_status f8_fake(mp_ctx *ctx, mp_runtime *rt, float *out, const float *x, size_t n, mp_f8_format fmt) {
+  float *amax = rt->scalar, *scale = rt->scalar + 1;
+  BE(f8_amax(rt->kc, amax, x, n));
+  if (rt->tp > 1) MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_TP, amax, amax, 1, MP_COMM_DTYPE_FP32, MP_COMM_OP_MAX));
+  BE(f8_scale_from_amax(rt->kc, scale, amax, fmt));
+  BE(f8_fake_quantize(rt->kc, out, x, scale, n, fmt));
+  return MP_OK;
+}
+
+static mp_status lin_fwd(mp_ctx *ctx, mp_runtime *rt, int f8, float *out, const float *inp, const float *w, int N,
+                         int K, int M) {
+  if (!f8) {
+    BE(matmul_forward(rt->kc, out, inp, w, NULL, N, K, M));
+    return MP_OK;
+  }
+  float *buf;
+  const size_t nx = ALIGN16((size_t)N * K), nw = (size_t)M * K;
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_FP8, (nx + nw) * sizeof(float), (void **)&buf));
+  mp_status st = f8_fake(ctx, rt, buf, inp, (size_t)N * K, MP_F8_E4M3);
+  if (st == MP_OK) st = f8_fake(ctx, rt, buf + nx, w, nw, MP_F8_E4M3);
+  if (st == MP_OK && rt->be->matmul_forward(rt->kc, out, buf, buf + nx, NULL, N, K, M) != MP_OK)
+    st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear forward: %s", mp_errmsg(rt->kc->err));
+  mp_status s2 = mp_talloc_free(ctx, rt->ta, buf);
+  MP_CHECK(st);
+  return s2;
+}
+
+static mp_status lin_bwd(mp_ctx *ctx, mp_runtime *rt, int f8, float *dinp, float *dw, const float *dout,
+                         const float *inp, const float *w, int N, int K, int M) {
+  if (!f8) {
+    BE(matmul_backward(rt->kc, dinp, dw, NULL, dout, inp, w, N, K, M));
+    return MP_OK;
+  }
+  float *buf;
+  const size_t nd = ALIGN16((size_t)N * M), nx = ALIGN16((size_t)N * K), nw = (size_t)M * K;
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_FP8, (nd + nx + nw) * sizeof(float), (void **)&buf));
+  mp_status st = f8_fake(ctx, rt, buf, dout, (size_t)N * M, MP_F8_E5M2);
+  if (st == MP_OK) st = f8_fake(ctx, rt, buf + nd, inp, (size_t)N * K, MP_F8_E4M3);
+  if (st == MP_OK) st = f8_fake(ctx, rt, buf + nd + nx, w, nw, MP_F8_E4M3);
+  if (st == MP_OK && rt->be->matmul_backward(rt->kc, dinp, dw, NULL, buf, buf + nd, buf + nd + nx, N, K, M) != MP_OK)
+    st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear backward: %s", mp_errmsg(rt->kc->err));
+  mp_status s2 = mp_talloc_free(ctx, rt->ta, buf);
+  MP_CHECK(st);
+  return s2;
+}
+
+/* ---- expert parallelism ----------------------------------------------------------------
+ * Permuted rows are grouped by expert, experts in order, so the rows bound for EP rank j
+ * (experts [j El, (j+1) El)) are contiguous. Counts go first (El per destination), then
+ * the rows; the received rows are laid out [source rank][local expert]. The combine is the
+ * same exchange reversed. */
+
+typedef struct ep_xfer {
+  int64_t sc[64], sd[64], rc[64], rd[64]; /* elements, per EP rank */
+} ep_xfer;
+
+static void ep_counts(const mp_runtime *rt, int l, int64_t width, ep_xfer *x) {
+  const int32_t *cnt = rt->counts_h + (size_t)l * rt->E;
+  const int64_t *rc = rt->ep_rc + (size_t)l * rt->ep * rt->El;
+  int64_t so = 0, ro = 0;
+  for (int j = 0; j < rt->ep; j++) {
+    int64_t s = 0, r = 0;
+    for (int e = 0; e < rt->El; e++) {
+      s += cnt[j * rt->El + e];
+      r += rc[j * rt->El + e];
+    }
+    x->sc[j] = s * width;
+    x->sd[j] = so;
+    so += s * width;
+    x->rc[j] = r * width;
+    x->rd[j] = ro;
+    ro += r * width;
+  }
+}
+
+/* dispatch (dir 0): send-side (N*k rows, permuted) -> expert side (R rows); combine (1): back. */
+static mp_status ep_exchange(mp_ctx *ctx, mp_runtime *rt, int l, int dir, const float *send, float *recv, int64_t width) {
+  ep_xfer x;
+  ep_counts(rt, l, width, &x);
+  if (dir == 0)
+    return mp_comm_all_to_all_v(ctx, rt->comm, MP_GROUP_EP, send, x.sc, x.sd, recv, x.rc, x.rd, MP_COMM_DTYPE_FP32);
+  return mp_comm_all_to_all_v(ctx, rt->comm, MP_GROUP_EP, send, x.rc, x.rd, recv, x.sc, x.sd, MP_COMM_DTYPE_FP32);
+}
+
+/* Exchange the per-expert counts and size the expert side. */
+static mp_status ep_plan(mp_ctx *ctx, mp_runtime *rt, int l) {
+  const int ep = rt->ep, El = rt->El;
+  const int32_t *cnt = rt->counts_h + (size_t)l * rt->E;
+  int64_t send[64 * 8], sc[64], sd[64], rc[64], rd[64];
+  int64_t *recv = rt->ep_rc + (size_t)l * ep * El;
+  if (rt->E > 64 * 8 || ep > 64)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "the runtime's EP exchange handles up to 512 experts and ep <= 64");
+  for (int e = 0; e < rt->E; e++) send[e] = cnt[e];
+  for (int j = 0; j < ep; j++) {
+    sc[j] = rc[j] = El;
+    sd[j] = rd[j] = (int64_t)j * El;
+  }
+  MP_CHECK(mp_comm_all_to_all_v(ctx, rt->comm, MP_GROUP_EP, send, sc, sd, recv, rc, rd, MP_COMM_DTYPE_INT64));
+  int64_t R = 0;
+  for (int i = 0; i < ep * El; i++) R += recv[i];
+  rt->ep_R[l] = R;
+  return MP_OK;
+}
+
+/* Offsets in epa[l]: xr (R,C), eg eu eh (R,Fe). */
+static size_t epa_eg(const mp_runtime *rt, int64_t R) { return ALIGN16((size_t)R * rt->C); }
+static size_t epa_total(const mp_runtime *rt, int64_t R) {
+  return ALIGN16((size_t)R * rt->C) + 3 * ALIGN16((size_t)R * rt->Fe);
+}
+
 /* ---- forward ------------------------------------------------------------------------- */
 
 static mp_status attn_core_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
   const rt_layout *y = lay_of(rt, l);
   float *a = rt->act[l], *c = rt->core[l];
-  BE(attention_forward(rt->kc, c + y->att, c + y->lse, a + y->q, a + y->k, a + y->v, rt->B, rt->T, rt->nh, rt->nkv,
+  BE(attention_forward(rt->kc, c + y->att, c + y->lse, a + y->q, a + y->k, a + y->v, rt->B, rt->T, rt->nhl, rt->nkvl,
                        rt->hd));
+  return MP_OK;
+}
+
+/* The routed experts' forward on the expert side: per (source, local expert) block under
+ * EP, per expert otherwise. in: rows (R, C); writes gate/up/hidden (R, Fe) and out (R, C). */
+static mp_status experts_forward(mp_ctx *ctx, mp_runtime *rt, int l, const float *in, float *eg, float *eu, float *eh,
+                                 float *out, int64_t R) {
+  const int C = rt->C, Fe = rt->Fe, El = rt->El;
+  const float *Wg = W(rt, l, MP_MOD_EXPERTS_GATE), *Wu = W(rt, l, MP_MOD_EXPERTS_UP), *Wd = W(rt, l, MP_MOD_EXPERTS_DOWN);
+  const int nsrc = rt->ep > 1 ? rt->ep : 1;
+  const int32_t *cnt = rt->counts_h + (size_t)l * rt->E;
+  const int64_t *rc = rt->ep_rc + (size_t)l * rt->ep * El;
+  int64_t r0 = 0;
+  for (int s = 0; s < nsrc; s++)
+    for (int e = 0; e < El; e++) {
+      const int n = rt->ep > 1 ? (int)rc[s * El + e] : cnt[e];
+      if (!n) continue;
+      BE(matmul_forward(rt->kc, eg + r0 * Fe, in + r0 * C, Wg + (size_t)e * Fe * C, NULL, n, C, Fe));
+      BE(matmul_forward(rt->kc, eu + r0 * Fe, in + r0 * C, Wu + (size_t)e * Fe * C, NULL, n, C, Fe));
+      r0 += n;
+    }
+  BE(swiglu_forward(rt->kc, eh, eg, eu, (size_t)R * Fe));
+  r0 = 0;
+  for (int s = 0; s < nsrc; s++)
+    for (int e = 0; e < El; e++) {
+      const int n = rt->ep > 1 ? (int)rc[s * El + e] : cnt[e];
+      if (!n) continue;
+      BE(matmul_forward(rt->kc, out + r0 * C, eh + r0 * Fe, Wd + (size_t)e * C * Fe, NULL, n, Fe, C));
+      r0 += n;
+    }
   return MP_OK;
 }
 
@@ -350,29 +686,32 @@ static mp_status attn_core_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
 static mp_status block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const float *x_in, float *x_out, float *moe_aux) {
   const rt_layout *y = lay_of(rt, l);
   float *a = rt->act[l], *c = rt->core[l];
-  const int N = rt->N, C = rt->C, QD = rt->nh * rt->hd, KD = rt->nkv * rt->hd;
+  const int N = rt->N, C = rt->C, QD = rt->nhl * rt->hd, KD = rt->nkvl * rt->hd;
   BE(rmsnorm_forward(rt->kc, a + y->xn1, a + y->rstd1, x_in, W(rt, l, MP_MOD_ATTN_NORM), N, C, rt->eps));
-  BE(matmul_forward(rt->kc, a + y->q, a + y->xn1, W(rt, l, MP_MOD_Q), NULL, N, C, QD));
-  BE(matmul_forward(rt->kc, a + y->k, a + y->xn1, W(rt, l, MP_MOD_K), NULL, N, C, KD));
-  BE(matmul_forward(rt->kc, a + y->v, a + y->xn1, W(rt, l, MP_MOD_V), NULL, N, C, KD));
-  BE(rope_forward(rt->kc, a + y->q, a + y->q, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nh, rt->hd));
-  BE(rope_forward(rt->kc, a + y->k, a + y->k, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nkv, rt->hd));
+  MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_Q), a + y->q, a + y->xn1, W(rt, l, MP_MOD_Q), N, C, QD));
+  MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_K), a + y->k, a + y->xn1, W(rt, l, MP_MOD_K), N, C, KD));
+  MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_V), a + y->v, a + y->xn1, W(rt, l, MP_MOD_V), N, C, KD));
+  BE(rope_forward(rt->kc, a + y->q, a + y->q, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nhl, rt->hd));
+  BE(rope_forward(rt->kc, a + y->k, a + y->k, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nkvl, rt->hd));
   MP_CHECK(attn_core_forward(ctx, rt, l));
-  BE(matmul_forward(rt->kc, a + y->xmid, c + y->att, W(rt, l, MP_MOD_O), NULL, N, QD, C));
+  /* o is rowwise under tp: partial sums, reduced before the residual */
+  MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_O), a + y->xmid, c + y->att, W(rt, l, MP_MOD_O), N, QD, C));
+  MP_CHECK(tp_sum(ctx, rt, a + y->xmid, (size_t)N * C));
   BE(accumulate(rt->kc, a + y->xmid, x_in, (size_t)N * C));
   BE(rmsnorm_forward(rt->kc, a + y->xn2, a + y->rstd2, a + y->xmid, W(rt, l, MP_MOD_FFN_NORM), N, C, rt->eps));
   if (!is_moe_layer(rt, l)) {
-    const int F = rt->F;
-    BE(matmul_forward(rt->kc, a + y->g, a + y->xn2, W(rt, l, MP_MOD_GATE), NULL, N, C, F));
-    BE(matmul_forward(rt->kc, a + y->u, a + y->xn2, W(rt, l, MP_MOD_UP), NULL, N, C, F));
+    const int F = rt->Fl;
+    MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_GATE), a + y->g, a + y->xn2, W(rt, l, MP_MOD_GATE), N, C, F));
+    MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_UP), a + y->u, a + y->xn2, W(rt, l, MP_MOD_UP), N, C, F));
     BE(swiglu_forward(rt->kc, a + y->h, a + y->g, a + y->u, (size_t)N * F));
     if (x_out) {
-      BE(matmul_forward(rt->kc, x_out, a + y->h, W(rt, l, MP_MOD_DOWN), NULL, N, F, C));
+      MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_DOWN), x_out, a + y->h, W(rt, l, MP_MOD_DOWN), N, F, C));
+      MP_CHECK(tp_sum(ctx, rt, x_out, (size_t)N * C));
       BE(accumulate(rt->kc, x_out, a + y->xmid, (size_t)N * C));
     }
     return MP_OK;
   }
-  const int E = rt->E, K = rt->K, Fe = rt->Fe, Fs = rt->Fs;
+  const int E = rt->E, K = rt->K, Fe = rt->Fe, Fs = rt->Fsl;
   const mp_model *m = &rt->plan->model;
   BE(matmul_forward(rt->kc, a + y->rl, a + y->xn2, W(rt, l, MP_MOD_ROUTER), NULL, N, C, E));
   BE(router_forward(rt->kc, a + y->probs, (int32_t *)(a + y->tki), a + y->tkw, a + y->rl, N, E, K,
@@ -384,19 +723,22 @@ static mp_status block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const float *
   int32_t *cnt = rt->counts_h + (size_t)l * E;
   BE(memcpy_d2h(rt->kc, cnt, a + y->counts, (size_t)E * sizeof(int32_t)));
   BE(permute_forward(rt->kc, a + y->xp, a + y->xn2, (const int32_t *)(a + y->perm), N, K, C));
-  const float *Wg = W(rt, l, MP_MOD_EXPERTS_GATE), *Wu = W(rt, l, MP_MOD_EXPERTS_UP), *Wd = W(rt, l, MP_MOD_EXPERTS_DOWN);
-  for (int e = 0, r0 = 0; e < E; r0 += cnt[e], e++) {
-    if (!cnt[e]) continue;
-    BE(matmul_forward(rt->kc, a + y->eg + (size_t)r0 * Fe, a + y->xp + (size_t)r0 * C, Wg + (size_t)e * Fe * C, NULL,
-                      cnt[e], C, Fe));
-    BE(matmul_forward(rt->kc, a + y->eu + (size_t)r0 * Fe, a + y->xp + (size_t)r0 * C, Wu + (size_t)e * Fe * C, NULL,
-                      cnt[e], C, Fe));
-  }
-  BE(swiglu_forward(rt->kc, a + y->eh, a + y->eg, a + y->eu, (size_t)N * K * Fe));
-  for (int e = 0, r0 = 0; e < E; r0 += cnt[e], e++) {
-    if (!cnt[e]) continue;
-    BE(matmul_forward(rt->kc, a + y->ey + (size_t)r0 * C, a + y->eh + (size_t)r0 * Fe, Wd + (size_t)e * C * Fe, NULL,
-                      cnt[e], Fe, C));
+  if (rt->ep == 1) {
+    MP_CHECK(experts_forward(ctx, rt, l, a + y->xp, a + y->eg, a + y->eu, a + y->eh, a + y->ey, (int64_t)N * K));
+  } else {
+    MP_CHECK(ep_plan(ctx, rt, l));
+    const int64_t R = rt->ep_R[l];
+    if (!rt->epa[l])
+      MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_ACTIVATIONS, epa_total(rt, R) * 4, (void **)&rt->epa[l]));
+    float *xr = rt->epa[l], *eg = xr + epa_eg(rt, R), *eu = eg + ALIGN16((size_t)R * Fe), *eh = eu + ALIGN16((size_t)R * Fe);
+    MP_CHECK(ep_exchange(ctx, rt, l, 0, a + y->xp, xr, C));
+    float *eyl;
+    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_COMM, (size_t)(R ? R : 1) * C * sizeof(float), (void **)&eyl));
+    mp_status st = experts_forward(ctx, rt, l, xr, eg, eu, eh, eyl, R);
+    if (st == MP_OK) st = ep_exchange(ctx, rt, l, 1, eyl, a + y->ey, C);
+    mp_status s2 = mp_talloc_free(ctx, rt->ta, eyl);
+    MP_CHECK(st);
+    MP_CHECK(s2);
   }
   if (Fs) {
     BE(matmul_forward(rt->kc, a + y->sg, a + y->xn2, W(rt, l, MP_MOD_SHARED_GATE), NULL, N, C, Fs));
@@ -405,13 +747,16 @@ static mp_status block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const float *
   }
   if (!x_out) return MP_OK;
   BE(unpermute_forward(rt->kc, x_out, a + y->ey, a + y->tkw, (const int32_t *)(a + y->inv), N, K, C));
-  if (Fs) {
+  if (Fs) { /* shared expert: rowwise down under tp, reduced before joining the routed output */
     float *tmp;
     MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (size_t)N * C * sizeof(float), (void **)&tmp));
     mp_status s = rt->be->matmul_forward(rt->kc, tmp, a + y->sh, W(rt, l, MP_MOD_SHARED_DOWN), NULL, N, Fs, C);
-    if (s == MP_OK) s = rt->be->accumulate(rt->kc, x_out, tmp, (size_t)N * C);
+    if (s != MP_OK) s = mp_error(ctx, s, "shared expert forward: %s", mp_errmsg(rt->kc->err));
+    if (s == MP_OK) s = tp_sum(ctx, rt, tmp, (size_t)N * C);
+    if (s == MP_OK && rt->be->accumulate(rt->kc, x_out, tmp, (size_t)N * C) != MP_OK)
+      s = mp_error(ctx, MP_ERR_INTERNAL, "shared expert forward: %s", mp_errmsg(rt->kc->err));
     mp_status s2 = mp_talloc_free(ctx, rt->ta, tmp);
-    if (s != MP_OK) return mp_error(ctx, s, "shared expert forward: %s", mp_errmsg(rt->kc->err));
+    MP_CHECK(s);
     MP_CHECK(s2);
   }
   BE(accumulate(rt->kc, x_out, a + y->xmid, (size_t)N * C));
@@ -427,31 +772,68 @@ static mp_status alloc_block(mp_ctx *ctx, mp_runtime *rt, int l) {
 static mp_status free_block(mp_ctx *ctx, mp_runtime *rt, int l) {
   MP_CHECK(mp_talloc_free(ctx, rt->ta, rt->core[l]));
   MP_CHECK(mp_talloc_free(ctx, rt->ta, rt->act[l]));
+  if (rt->epa[l]) MP_CHECK(mp_talloc_free(ctx, rt->ta, rt->epa[l]));
   rt->core[l] = NULL;
   rt->act[l] = NULL;
+  rt->epa[l] = NULL;
   return MP_OK;
 }
 
 /* ---- backward ------------------------------------------------------------------------ */
 
+/* Routed experts' backward on the expert side: dout (R, C) -> din (R, C) (+=), weight
+ * gradients of the local experts. */
+static mp_status experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *din, float *deg, float *deu, float *deh,
+                                  const float *dout, const float *in, const float *eg, const float *eu,
+                                  const float *eh, int64_t R) {
+  const int C = rt->C, Fe = rt->Fe, El = rt->El;
+  const float *Wg = W(rt, l, MP_MOD_EXPERTS_GATE), *Wu = W(rt, l, MP_MOD_EXPERTS_UP), *Wd = W(rt, l, MP_MOD_EXPERTS_DOWN);
+  float *dWg = G(rt, l, MP_MOD_EXPERTS_GATE), *dWu = G(rt, l, MP_MOD_EXPERTS_UP), *dWd = G(rt, l, MP_MOD_EXPERTS_DOWN);
+  const int nsrc = rt->ep > 1 ? rt->ep : 1;
+  const int32_t *cnt = rt->counts_h + (size_t)l * rt->E;
+  const int64_t *rc = rt->ep_rc + (size_t)l * rt->ep * El;
+  int64_t r0 = 0;
+  for (int s = 0; s < nsrc; s++)
+    for (int e = 0; e < El; e++) {
+      const int n = rt->ep > 1 ? (int)rc[s * El + e] : cnt[e];
+      if (!n) continue;
+      BE(matmul_backward(rt->kc, deh + r0 * Fe, dWd + (size_t)e * C * Fe, NULL, dout + r0 * C, eh + r0 * Fe,
+                         Wd + (size_t)e * C * Fe, n, Fe, C));
+      r0 += n;
+    }
+  BE(swiglu_backward(rt->kc, deg, deu, deh, eg, eu, (size_t)R * Fe));
+  r0 = 0;
+  for (int s = 0; s < nsrc; s++)
+    for (int e = 0; e < El; e++) {
+      const int n = rt->ep > 1 ? (int)rc[s * El + e] : cnt[e];
+      if (!n) continue;
+      BE(matmul_backward(rt->kc, din + r0 * C, dWg + (size_t)e * Fe * C, NULL, deg + r0 * Fe, in + r0 * C,
+                         Wg + (size_t)e * Fe * C, n, C, Fe));
+      BE(matmul_backward(rt->kc, din + r0 * C, dWu + (size_t)e * Fe * C, NULL, deu + r0 * Fe, in + r0 * C,
+                         Wu + (size_t)e * Fe * C, n, C, Fe));
+      r0 += n;
+    }
+  return MP_OK;
+}
+
 static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *dres, float *ws, float dloss_aux) {
   const rt_layout *y = lay_of(rt, l);
   float *a = rt->act[l], *c = rt->core[l];
   const float *x_in = rt->x[l];
-  const int N = rt->N, C = rt->C, QD = rt->nh * rt->hd, KD = rt->nkv * rt->hd;
+  const int N = rt->N, C = rt->C, QD = rt->nhl * rt->hd, KD = rt->nkvl * rt->hd;
   if (!is_moe_layer(rt, l)) {
-    const int F = rt->F;
-    BE(matmul_backward(rt->kc, ws + y->dh, G(rt, l, MP_MOD_DOWN), NULL, dres, a + y->h, W(rt, l, MP_MOD_DOWN), N, F,
-                       C));
+    const int F = rt->Fl;
+    MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_DOWN), ws + y->dh, G(rt, l, MP_MOD_DOWN), dres, a + y->h,
+                     W(rt, l, MP_MOD_DOWN), N, F, C));
     BE(swiglu_backward(rt->kc, ws + y->dg, ws + y->du, ws + y->dh, a + y->g, a + y->u, (size_t)N * F));
-    BE(matmul_backward(rt->kc, ws + y->dxn, G(rt, l, MP_MOD_GATE), NULL, ws + y->dg, a + y->xn2, W(rt, l, MP_MOD_GATE),
-                       N, C, F));
-    BE(matmul_backward(rt->kc, ws + y->dxn, G(rt, l, MP_MOD_UP), NULL, ws + y->du, a + y->xn2, W(rt, l, MP_MOD_UP), N,
-                       C, F));
+    MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_GATE), ws + y->dxn, G(rt, l, MP_MOD_GATE), ws + y->dg, a + y->xn2,
+                     W(rt, l, MP_MOD_GATE), N, C, F));
+    MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_UP), ws + y->dxn, G(rt, l, MP_MOD_UP), ws + y->du, a + y->xn2,
+                     W(rt, l, MP_MOD_UP), N, C, F));
+    MP_CHECK(tp_sum(ctx, rt, ws + y->dxn, (size_t)N * C)); /* colwise gate/up: partial input gradients */
   } else {
-    const int E = rt->E, K = rt->K, Fe = rt->Fe, Fs = rt->Fs;
+    const int E = rt->E, K = rt->K, Fe = rt->Fe, Fs = rt->Fsl;
     const mp_model *m = &rt->plan->model;
-    const int32_t *cnt = rt->counts_h + (size_t)l * E;
     if (Fs) {
       BE(matmul_backward(rt->kc, ws + y->dsh, G(rt, l, MP_MOD_SHARED_DOWN), NULL, dres, a + y->sh,
                          W(rt, l, MP_MOD_SHARED_DOWN), N, Fs, C));
@@ -460,27 +842,33 @@ static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *dres,
                          W(rt, l, MP_MOD_SHARED_GATE), N, C, Fs));
       BE(matmul_backward(rt->kc, ws + y->dxn, G(rt, l, MP_MOD_SHARED_UP), NULL, ws + y->dsu, a + y->xn2,
                          W(rt, l, MP_MOD_SHARED_UP), N, C, Fs));
+      /* only the shared expert is tp-sharded: reduce its partial sums before the routed
+       * experts and router (replicated over tp) add their whole contributions */
+      MP_CHECK(tp_sum(ctx, rt, ws + y->dxn, (size_t)N * C));
     }
     BE(unpermute_backward(rt->kc, ws + y->dey, ws + y->dtkw, dres, a + y->ey, a + y->tkw, (const int32_t *)(a + y->inv),
                           N, K, C));
-    const float *Wg = W(rt, l, MP_MOD_EXPERTS_GATE), *Wu = W(rt, l, MP_MOD_EXPERTS_UP),
-                *Wd = W(rt, l, MP_MOD_EXPERTS_DOWN);
-    float *dWg = G(rt, l, MP_MOD_EXPERTS_GATE), *dWu = G(rt, l, MP_MOD_EXPERTS_UP), *dWd = G(rt, l, MP_MOD_EXPERTS_DOWN);
-    for (int e = 0, r0 = 0; e < E; r0 += cnt[e], e++) {
-      if (!cnt[e]) continue;
-      BE(matmul_backward(rt->kc, ws + y->deh + (size_t)r0 * Fe, dWd + (size_t)e * C * Fe, NULL,
-                         ws + y->dey + (size_t)r0 * C, a + y->eh + (size_t)r0 * Fe, Wd + (size_t)e * C * Fe, cnt[e], Fe,
-                         C));
-    }
-    BE(swiglu_backward(rt->kc, ws + y->deg, ws + y->deu, ws + y->deh, a + y->eg, a + y->eu, (size_t)N * K * Fe));
-    for (int e = 0, r0 = 0; e < E; r0 += cnt[e], e++) {
-      if (!cnt[e]) continue;
-      BE(matmul_backward(rt->kc, ws + y->dxp + (size_t)r0 * C, dWg + (size_t)e * Fe * C, NULL,
-                         ws + y->deg + (size_t)r0 * Fe, a + y->xp + (size_t)r0 * C, Wg + (size_t)e * Fe * C, cnt[e], C,
-                         Fe));
-      BE(matmul_backward(rt->kc, ws + y->dxp + (size_t)r0 * C, dWu + (size_t)e * Fe * C, NULL,
-                         ws + y->deu + (size_t)r0 * Fe, a + y->xp + (size_t)r0 * C, Wu + (size_t)e * Fe * C, cnt[e], C,
-                         Fe));
+    if (rt->ep == 1) {
+      MP_CHECK(experts_backward(ctx, rt, l, ws + y->dxp, ws + y->deg, ws + y->deu, ws + y->deh, ws + y->dey, a + y->xp,
+                                a + y->eg, a + y->eu, a + y->eh, (int64_t)N * K));
+    } else {
+      const int64_t R = rt->ep_R[l];
+      const float *xr = rt->epa[l], *eg = xr + epa_eg(rt, R), *eu = eg + ALIGN16((size_t)R * Fe),
+                  *eh = eu + ALIGN16((size_t)R * Fe);
+      /* expert-side workspace: dey and dxr (R, C), deh deg deu (R, Fe) */
+      const size_t rc_ = ALIGN16((size_t)R * C), rf = ALIGN16((size_t)R * Fe);
+      float *w2;
+      MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (2 * rc_ + 3 * rf + 16) * sizeof(float), (void **)&w2));
+      float *deyl = w2, *dxr = w2 + rc_, *deh = dxr + rc_, *deg = deh + rf, *deu = deg + rf;
+      mp_status st = MP_OK;
+      if (rt->be->memset_zero(rt->kc, w2, (2 * rc_ + 3 * rf + 16) * sizeof(float)) != MP_OK)
+        st = mp_error(ctx, MP_ERR_INTERNAL, "EP backward: %s", mp_errmsg(rt->kc->err));
+      if (st == MP_OK) st = ep_exchange(ctx, rt, l, 0, ws + y->dey, deyl, C);
+      if (st == MP_OK) st = experts_backward(ctx, rt, l, dxr, deg, deu, deh, deyl, xr, eg, eu, eh, R);
+      if (st == MP_OK) st = ep_exchange(ctx, rt, l, 1, dxr, ws + y->dxp, C);
+      mp_status s2 = mp_talloc_free(ctx, rt->ta, w2);
+      MP_CHECK(st);
+      MP_CHECK(s2);
     }
     BE(permute_backward(rt->kc, ws + y->dxn, ws + y->dxp, (const int32_t *)(a + y->inv), N, K, C));
     BE(router_aux_loss_backward(rt->kc, ws + y->dprobs, a + y->f, dloss_aux, N, E));
@@ -493,17 +881,19 @@ static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *dres,
                       a + y->rstd2, N, C));
   /* attention: dres now holds dL/dxmid */
   BE(memset_zero(rt->kc, ws + y->dxn, (size_t)N * C * sizeof(float)));
-  BE(matmul_backward(rt->kc, ws + y->datt, G(rt, l, MP_MOD_O), NULL, dres, c + y->att, W(rt, l, MP_MOD_O), N, QD, C));
+  MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_O), ws + y->datt, G(rt, l, MP_MOD_O), dres, c + y->att, W(rt, l, MP_MOD_O),
+                   N, QD, C));
   BE(attention_backward(rt->kc, ws + y->dq, ws + y->dk, ws + y->dv, ws + y->datt, a + y->q, a + y->k, a + y->v,
-                        c + y->att, c + y->lse, rt->B, rt->T, rt->nh, rt->nkv, rt->hd));
-  BE(rope_backward(rt->kc, ws + y->dqp, ws + y->dq, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nh, rt->hd));
-  BE(rope_backward(rt->kc, ws + y->dkp, ws + y->dk, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nkv, rt->hd));
-  BE(matmul_backward(rt->kc, ws + y->dxn, G(rt, l, MP_MOD_Q), NULL, ws + y->dqp, a + y->xn1, W(rt, l, MP_MOD_Q), N, C,
-                     QD));
-  BE(matmul_backward(rt->kc, ws + y->dxn, G(rt, l, MP_MOD_K), NULL, ws + y->dkp, a + y->xn1, W(rt, l, MP_MOD_K), N, C,
-                     KD));
-  BE(matmul_backward(rt->kc, ws + y->dxn, G(rt, l, MP_MOD_V), NULL, ws + y->dv, a + y->xn1, W(rt, l, MP_MOD_V), N, C,
-                     KD));
+                        c + y->att, c + y->lse, rt->B, rt->T, rt->nhl, rt->nkvl, rt->hd));
+  BE(rope_backward(rt->kc, ws + y->dqp, ws + y->dq, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nhl, rt->hd));
+  BE(rope_backward(rt->kc, ws + y->dkp, ws + y->dk, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nkvl, rt->hd));
+  MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_Q), ws + y->dxn, G(rt, l, MP_MOD_Q), ws + y->dqp, a + y->xn1,
+                   W(rt, l, MP_MOD_Q), N, C, QD));
+  MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_K), ws + y->dxn, G(rt, l, MP_MOD_K), ws + y->dkp, a + y->xn1,
+                   W(rt, l, MP_MOD_K), N, C, KD));
+  MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_V), ws + y->dxn, G(rt, l, MP_MOD_V), ws + y->dv, a + y->xn1,
+                   W(rt, l, MP_MOD_V), N, C, KD));
+  MP_CHECK(tp_sum(ctx, rt, ws + y->dxn, (size_t)N * C)); /* colwise q/k/v: partial input gradients */
   BE(rmsnorm_backward(rt->kc, dres, G(rt, l, MP_MOD_ATTN_NORM), ws + y->dxn, x_in, W(rt, l, MP_MOD_ATTN_NORM),
                       a + y->rstd1, N, C));
   return MP_OK;
@@ -511,9 +901,10 @@ static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *dres,
 
 /* One micro-batch: forward, loss, backward. Adds this micro-batch's CE mean and aux sum. */
 static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, double *ce, double *aux) {
-  const int N = rt->N, C = rt->C, V = rt->V, L = rt->L, T = rt->T;
+  const int N = rt->N, C = rt->C, V = rt->V, L = rt->L, T = rt->T, Vl = rt->Vl, v0 = rt->v0;
   const mp_ac_mode ac = rt->plan->ac;
   const mp_model *m = &rt->plan->model;
+  const int reshard = rt->plan->opts.fsdp.reshard_after_forward;
   const double dscale = 1.0 / ((double)rt->n_micro * rt->dp_size);
   /* Token ids: inputs are the first T of each T + 1 window, targets the last T. */
   int32_t *hin = malloc((size_t)N * 2 * sizeof(int32_t));
@@ -539,11 +930,16 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
   rt->tok_tgt = tok + N;
   const size_t NC = (size_t)N * C * sizeof(float);
 
-  /* forward */
+  /* forward: the root units (embeddings, final norm, head) stay gathered for the whole
+   * micro-batch; a block's units are gathered before it and, with reshard_after_forward,
+   * freed after it and gathered again for its backward. */
+  MP_CHECK(for_units(ctx, rt, -1, unit_gather));
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_ACTIVATIONS, NC, (void **)&rt->x[0]));
-  BE(embedding_forward(rt->kc, rt->x[0], rt->tok_in, W(rt, -1, MP_MOD_TOK_EMBEDDINGS), N, C, 0, V));
+  BE(embedding_forward(rt->kc, rt->x[0], rt->tok_in, W(rt, -1, MP_MOD_TOK_EMBEDDINGS), N, C, v0, v0 + Vl));
+  MP_CHECK(tp_sum(ctx, rt, rt->x[0], (size_t)N * C)); /* vocab-parallel lookup */
   double aux_sum = 0;
   for (int l = 0; l < L; l++) {
+    MP_CHECK(for_units(ctx, rt, l, unit_gather));
     MP_CHECK(alloc_block(ctx, rt, l));
     MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_ACTIVATIONS, NC, (void **)&rt->x[l + 1]));
     float auxv = 0;
@@ -555,33 +951,53 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
       MP_CHECK(mp_talloc_free(ctx, rt->ta, rt->core[l]));
       rt->core[l] = NULL;
     }
+    if (reshard) MP_CHECK(for_units(ctx, rt, l, unit_release));
   }
-  /* head: final norm (saved xf, rstdf in one ACTIVATIONS block), logits, loss */
+  /* head: final norm (saved xf, rstdf in one ACTIVATIONS block), logits (the rank's
+   * vocabulary slice under tp), loss (vocab-parallel under tp) */
   float *hf, *lg;
   const size_t hf_n = ALIGN16((size_t)N * C) + ALIGN16((size_t)N);
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_ACTIVATIONS, hf_n * 4, (void **)&hf));
   float *xf = hf, *rstdf = hf + ALIGN16((size_t)N * C);
-  const size_t lg_logits = 0, lg_losses = ALIGN16((size_t)N * V), lg_lse = lg_losses + ALIGN16((size_t)N),
-               lg_mean = lg_lse + ALIGN16((size_t)N), lg_n = lg_mean + 16;
+  const size_t NA = ALIGN16((size_t)N);
+  const size_t lg_logits = 0, lg_losses = ALIGN16((size_t)N * Vl), lg_lse = lg_losses + NA, lg_mean = lg_lse + NA,
+               lg_gmax = lg_mean + 16, lg_gsum = lg_gmax + NA, lg_gtgt = lg_gsum + NA,
+               lg_n = rt->tp > 1 ? lg_gtgt + NA : lg_mean + 16;
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_LOGITS, lg_n * 4, (void **)&lg));
   const float *Wout = W(rt, -1, m->tied_embeddings ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT);
-  float *dWout = G(rt, -1, m->tied_embeddings ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT);
   if (!Wout) return mp_error(ctx, MP_ERR_INTERNAL, "runtime: plan has no output head");
   BE(rmsnorm_forward(rt->kc, xf, rstdf, rt->x[L], W(rt, -1, MP_MOD_FINAL_NORM), N, C, rt->eps));
-  BE(matmul_forward(rt->kc, lg + lg_logits, xf, Wout, NULL, N, C, V));
-  BE(cross_entropy_forward(rt->kc, lg + lg_losses, lg + lg_mean, lg + lg_lse, lg + lg_logits, rt->tok_tgt, N, V));
+  BE(matmul_forward(rt->kc, lg + lg_logits, xf, Wout, NULL, N, C, Vl));
+  if (rt->tp == 1) {
+    BE(cross_entropy_forward(rt->kc, lg + lg_losses, lg + lg_mean, lg + lg_lse, lg + lg_logits, rt->tok_tgt, N, V));
+  } else {
+    float *gmax = lg + lg_gmax, *gsum = lg + lg_gsum, *gtgt = lg + lg_gtgt;
+    BE(ce_local_max(rt->kc, gmax, lg + lg_logits, N, Vl));
+    MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_TP, gmax, gmax, (size_t)N, MP_COMM_DTYPE_FP32, MP_COMM_OP_MAX));
+    BE(ce_local_sumexp(rt->kc, gsum, lg + lg_logits, gmax, N, Vl));
+    BE(ce_local_target(rt->kc, gtgt, lg + lg_logits, rt->tok_tgt, N, Vl, v0));
+    MP_CHECK(tp_sum(ctx, rt, gsum, (size_t)N));
+    MP_CHECK(tp_sum(ctx, rt, gtgt, (size_t)N));
+    BE(ce_vp_combine(rt->kc, lg + lg_losses, lg + lg_mean, lg + lg_lse, gmax, gsum, gtgt, rt->tok_tgt, N));
+  }
   float ce_mean;
   BE(memcpy_d2h(rt->kc, &ce_mean, lg + lg_mean, sizeof ce_mean));
   *ce += ce_mean * dscale;
   *aux += m->aux_loss_coef * aux_sum * dscale;
 
   /* backward: head */
+  MP_CHECK(for_units(ctx, rt, -1, unit_grad_begin));
+  float *dWout = G(rt, -1, m->tied_embeddings ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT);
   float *dlg, *dres, *dxf;
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_LOGITS, (size_t)N * V * sizeof(float), (void **)&dlg));
-  BE(ce_backward(rt->kc, dlg, lg + lg_logits, lg + lg_lse, rt->tok_tgt, (float)(dscale / N), N, V, 0));
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_LOGITS, (size_t)N * Vl * sizeof(float), (void **)&dlg));
+  BE(memset_zero(rt->kc, dlg, (size_t)N * Vl * sizeof(float)));
+  BE(ce_backward(rt->kc, dlg, lg + lg_logits, lg + lg_lse, rt->tok_tgt, (float)(dscale / N), N, Vl, v0));
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, NC, (void **)&dres));
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, NC, (void **)&dxf));
-  BE(matmul_backward(rt->kc, dxf, dWout, NULL, dlg, xf, Wout, N, C, V));
+  BE(memset_zero(rt->kc, dres, NC));
+  BE(memset_zero(rt->kc, dxf, NC));
+  BE(matmul_backward(rt->kc, dxf, dWout, NULL, dlg, xf, Wout, N, C, Vl));
+  MP_CHECK(tp_sum(ctx, rt, dxf, (size_t)N * C)); /* colwise head: partial over the vocabulary */
   MP_CHECK(mp_talloc_free(ctx, rt->ta, dlg));
   MP_CHECK(mp_talloc_free(ctx, rt->ta, lg));
   BE(rmsnorm_backward(rt->kc, dres, G(rt, -1, MP_MOD_FINAL_NORM), dxf, rt->x[L], W(rt, -1, MP_MOD_FINAL_NORM), rstdf,
@@ -594,6 +1010,8 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
   /* backward: blocks, last first */
   const float dloss_aux = (float)(m->aux_loss_coef * dscale);
   for (int l = L - 1; l >= 0; l--) {
+    MP_CHECK(for_units(ctx, rt, l, unit_gather)); /* no-op without reshard_after_forward */
+    MP_CHECK(for_units(ctx, rt, l, unit_grad_begin));
     if (ac == MP_AC_FULL) { /* recompute the whole block from its saved input */
       MP_CHECK(alloc_block(ctx, rt, l));
       MP_CHECK(block_forward(ctx, rt, l, rt->x[l], NULL, NULL));
@@ -603,19 +1021,25 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
       MP_CHECK(attn_core_forward(ctx, rt, l));
     }
     float *ws;
-    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, lay_of(rt, l)->ws_total * 4, (void **)&ws));
+    const size_t wsb = lay_of(rt, l)->ws_total * 4;
+    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, wsb, (void **)&ws));
+    BE(memset_zero(rt->kc, ws, wsb));
     MP_CHECK(block_backward(ctx, rt, l, dres, ws, dloss_aux));
     MP_CHECK(mp_talloc_free(ctx, rt->ta, ws));
     MP_CHECK(free_block(ctx, rt, l));
+    MP_CHECK(for_units(ctx, rt, l, unit_grad_end));
+    MP_CHECK(for_units(ctx, rt, l, unit_release));
     if (l > 0) {
       MP_CHECK(mp_talloc_free(ctx, rt->ta, rt->x[l]));
       rt->x[l] = NULL;
     }
   }
-  BE(embedding_backward(rt->kc, G(rt, -1, MP_MOD_TOK_EMBEDDINGS), dres, rt->tok_in, N, C, 0, V));
+  BE(embedding_backward(rt->kc, G(rt, -1, MP_MOD_TOK_EMBEDDINGS), dres, rt->tok_in, N, C, v0, v0 + Vl));
   MP_CHECK(mp_talloc_free(ctx, rt->ta, dres));
   MP_CHECK(mp_talloc_free(ctx, rt->ta, rt->x[0]));
   rt->x[0] = NULL;
+  MP_CHECK(for_units(ctx, rt, -1, unit_grad_end));
+  MP_CHECK(for_units(ctx, rt, -1, unit_release));
   MP_CHECK(mp_talloc_free(ctx, rt->ta, tok));
   rt->tok_in = rt->tok_tgt = NULL;
   return MP_OK;
@@ -624,24 +1048,25 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
 mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens, mp_step_result *res) {
   memset(res, 0, sizeof *res);
   for (int i = 0; i < rt->plan->n_params; i++)
-    if (rt->prm[i].numel) BE(memset_zero(rt->kc, rt->prm[i].g, (size_t)rt->prm[i].numel * sizeof(float)));
+    if (rt->prm[i].g) BE(memset_zero(rt->kc, rt->prm[i].g, (size_t)rt->prm[i].numel_pad * sizeof(float)));
   double ce = 0, aux = 0;
   for (int64_t mb = 0; mb < rt->n_micro; mb++)
     MP_CHECK(micro_step(ctx, rt, tokens + (size_t)mb * rt->B * (rt->T + 1), &ce, &aux));
-  /* ce, aux and the gradients are already scaled by 1 / (n_micro * dp): summing them
-   * over the data-parallel replicas gives the global means (identity at world size 1). */
+  /* ce, aux and the gradients are already scaled by 1 / (n_micro * dp): the FSDP
+   * reduce-scatters summed the gradient shards over dp_shard; summing over the replicas
+   * gives the global means (identity at world size 1). */
   if (mp_comm_group_size(rt->comm, MP_GROUP_DP_REPLICATE) > 1) {
     for (int i = 0; i < rt->plan->n_params; i++) {
       rt_param *r = &rt->prm[i];
-      if (r->numel)
-        MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_DP_REPLICATE, r->g, r->g, (size_t)r->numel,
+      if (r->g)
+        MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_DP_REPLICATE, r->g, r->g, (size_t)r->numel_pad,
                                     MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM));
     }
-    /* Losses in double on the host: reduce as two fp32-exact halves is overkill here;
-     * fp32 sums of 2..8 values are well inside the 1e-5 parity tolerance. */
+  }
+  if (rt->dp_size > 1) {
+    /* fp32 sums of a few values: far inside the 1e-5 parity tolerance */
     float v[2] = {(float)ce, (float)aux};
-    MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_DP_REPLICATE, v, v, 2, MP_COMM_DTYPE_FP32,
-                                MP_COMM_OP_SUM));
+    MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_DP, v, v, 2, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM));
     ce = v[0];
     aux = v[1];
   }
@@ -653,27 +1078,31 @@ mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t
 }
 
 mp_status mp_runtime_optimizer_step(mp_ctx *ctx, mp_runtime *rt, mp_step_result *res) {
-  BE(memset_zero(rt->kc, rt->scalar, sizeof(float)));
-  /* sum_squares accumulates in double inside but returns fp32: accumulate per parameter
-   * on the host in double so the order (parameter order) is fixed. */
+  /* Global norm: each parameter counted once (its owner's shard; shards are disjoint),
+   * per-parameter sums in a fixed order, then one all-reduce over the world. */
   double sumsq = 0;
   for (int i = 0; i < rt->plan->n_params; i++) {
     const rt_param *r = &rt->prm[i];
-    if (!r->numel) continue;
+    if (!r->g || !r->owner) continue;
     float s = 0;
     BE(memset_zero(rt->kc, rt->scalar, sizeof(float)));
-    BE(sum_squares(rt->kc, rt->scalar, r->g, (size_t)r->numel));
+    BE(sum_squares(rt->kc, rt->scalar, r->g, (size_t)r->numel_pad));
     BE(memcpy_d2h(rt->kc, &s, rt->scalar, sizeof s));
     sumsq += s;
+  }
+  if (mp_comm_world_size(rt->comm) > 1) {
+    float v = (float)sumsq;
+    MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_WORLD, &v, &v, 1, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM));
+    sumsq = v;
   }
   const double norm = sqrt(sumsq);
   const float scale = rt->opts.max_grad_norm > 0 ? mp_clip_scale((float)norm, rt->opts.max_grad_norm) : 1.0f;
   rt->step++;
   for (int i = 0; i < rt->plan->n_params; i++) {
     rt_param *r = &rt->prm[i];
-    if (!r->numel) continue;
-    BE(adamw_update(rt->kc, r->w, r->g, r->m, r->v, (size_t)r->numel, rt->opts.lr, rt->opts.beta1, rt->opts.beta2,
-                    rt->opts.eps, r->decay ? rt->opts.weight_decay : 0.0f, rt->step, scale));
+    if (!r->g) continue;
+    BE(adamw_update(rt->kc, r->w, r->g, r->m, r->v, (size_t)r->numel_pad, rt->opts.lr, rt->opts.beta1,
+                    rt->opts.beta2, rt->opts.eps, r->decay ? rt->opts.weight_decay : 0.0f, rt->step, scale));
   }
   res->grad_norm = norm;
   return MP_OK;
@@ -705,19 +1134,33 @@ mp_status mp_runtime_read_grad(mp_ctx *ctx, const mp_runtime *rt, int i, float *
   return MP_OK;
 }
 
+/* Full tensors from the shards: each owner writes its tile into a zeroed full-size buffer
+ * and a world all-reduce (sum) assembles them; replicas contribute zeros, so the result
+ * is exact. Collective: every rank calls it; w is filled on every rank. */
 mp_status mp_runtime_dump(mp_ctx *ctx, const mp_runtime *rt, int grads, mp_wfile *w) {
-  for (int i = 0; i < rt->plan->n_params; i++)
-    if (rt->prm[i].numel != mp_param_numel(&rt->plan->params[i]))
-      return mp_error(ctx, MP_ERR_UNSUPPORTED, "dumping %s needs a gather of its shards, which this build "
-                      "does not do yet (whole tensors only: world size 1 or dp_replicate)",
-                      rt->plan->params[i].fqn);
   for (int i = 0; i < rt->plan->n_params; i++) {
     const mp_param *p = &rt->plan->params[i];
-    float *buf = malloc((size_t)(rt->prm[i].numel ? rt->prm[i].numel : 1) * sizeof(float));
-    MP_CHECK_ALLOC(ctx, buf);
-    mp_status st = grads ? mp_runtime_read_grad(ctx, rt, i, buf) : mp_runtime_read_param(ctx, rt, i, buf);
-    if (st == MP_OK) st = mp_wfile_add(ctx, w, p->fqn, p->ndim, p->shape, buf);
-    free(buf);
+    const rt_param *r = &rt->prm[i];
+    const int64_t n = mp_param_numel(p);
+    float *full = calloc((size_t)n, sizeof(float)), *tile = malloc((size_t)(r->numel ? r->numel : 1) * sizeof(float));
+    mp_status st = MP_OK;
+    if (!full || !tile) st = mp_error(ctx, MP_ERR_NOMEM, "dump: out of memory for %s", p->fqn);
+    if (st == MP_OK && r->owner && r->numel) {
+      st = grads ? mp_runtime_read_grad(ctx, rt, i, tile) : mp_runtime_read_param(ctx, rt, i, tile);
+      const int64_t d1 = p->ndim > 1 ? p->shape[1] : 1, d2 = p->ndim > 2 ? p->shape[2] : 1;
+      const int64_t l1 = p->ndim > 1 ? r->len[1] : 1, l2 = p->ndim > 2 ? r->len[2] : 1;
+      const int64_t o1 = p->ndim > 1 ? r->off[1] : 0, o2 = p->ndim > 2 ? r->off[2] : 0;
+      int64_t t = 0;
+      for (int64_t a = 0; a < r->len[0]; a++)
+        for (int64_t b = 0; b < l1; b++)
+          for (int64_t c = 0; c < l2; c++) full[((r->off[0] + a) * d1 + o1 + b) * d2 + o2 + c] = tile[t++];
+    }
+    if (st == MP_OK && mp_comm_world_size(rt->comm) > 1)
+      st = mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_WORLD, full, full, (size_t)n, MP_COMM_DTYPE_FP32,
+                              MP_COMM_OP_SUM);
+    if (st == MP_OK) st = mp_wfile_add(ctx, w, p->fqn, p->ndim, p->shape, full);
+    free(full);
+    free(tile);
     MP_CHECK(st);
   }
   return MP_OK;

@@ -27,15 +27,37 @@
  *               residual-stream gradient, forward temporaries
  *   LOGITS      logits, per-token losses and log-sum-exp, their gradient
  *
- * Status of this implementation: world size 1, or pure data replication over
- * dp_replicate (whole parameters on every rank, gradients all-reduced in place over
- * MP_GROUP_DP_REPLICATE, losses summed); llama family (RMSNorm, RoPE, GQA, SwiGLU, MoE
- * with shared experts and aux loss), AC none / selective (attention core recomputed) /
- * full (block recomputed), fp32. Meshes with dp_shard, tp, ep, cp or pp > 1 and --fp8 are
- * refused with MP_ERR_UNSUPPORTED. The op order is the model's, written out in
- * runtime.c; it is not yet driven by exec/schedule.c's mp_schedule, whose memory model
- * (bf16 activations, a gathered copy even at dp_shard=1) does not match this fp32 runtime
- * yet (tests/runtime:schedule_gap prints both). */
+ * Parallelism executed (every plan of the parity matrix matches the single-rank run):
+ *   dp_replicate  whole (or FSDP-sharded) parameters per replica; gradient shards
+ *                 all-reduced over MP_GROUP_DP_REPLICATE after the micro-batches (HSDP)
+ *   dp_shard      FSDP2: every parameter's tp-local tensor sharded on dim 0 over its FSDP
+ *                 group, shards padded to the group's chunk; a unit is all-gathered before
+ *                 its forward (and again before its backward with reshard_after_forward),
+ *                 its gradients accumulate unsharded and are reduce-scattered after its
+ *                 backward (GATHERED and TEMP categories); the root unit (embeddings,
+ *                 final norm, head) stays gathered for the whole micro-batch
+ *   tp            Megatron: q/k/v, gate/up, shared-expert gate/up colwise; o, down,
+ *                 shared down rowwise with an all-reduce of the partial sums; the input
+ *                 gradient of colwise layers all-reduced before the norm's backward;
+ *                 vocab-parallel embedding (all-reduce) and loss-parallel cross-entropy
+ *                 (max, sum-exp and target logit all-reduced); no sequence parallelism
+ *   ep            routed experts split over the EP group: counts, then rows exchanged
+ *                 with all-to-all (dispatch), local experts run per (source, expert)
+ *                 block, outputs returned by the reverse all-to-all (combine); the same in
+ *                 backward. Expert-side tensors are sized by the rows actually received.
+ *   float8        the plan's float8 Linears (dense q/k/v/o/gate/up/down) emulated as
+ *                 torchao's tensorwise dynamic recipe: E4M3 inputs and weights, E5M2
+ *                 output gradients, amax over the whole logical tensor (all-reduce MAX
+ *                 over tp) so a sharded plan quantizes as the single-rank run does
+ * Global gradient norm: each parameter counted once (its owner: tp rank 0 for tensors
+ * replicated over tp, dp_replicate index 0), one all-reduce over the world.
+ * Not executed (MP_ERR_UNSUPPORTED with the reason): pp, cp, gpt-family models, q/k/v
+ * biases and q/k norms, logits gathered over tp (shard_logits=0), tied embeddings with tp.
+ *
+ * The op order is the model's, written out in runtime.c (FSDP units follow the plan's
+ * units); exec/schedule.c's mp_schedule describes the same step for the simulator, but
+ * the runtime does not yet walk it op by op, and its memory model (bf16 activations) does
+ * not match this fp32 runtime yet (tests/runtime:schedule_gap prints both). */
 #ifndef MP_EXEC_RUNTIME_RUNTIME_H
 #define MP_EXEC_RUNTIME_RUNTIME_H
 
@@ -99,7 +121,8 @@ mp_status mp_runtime_read_param(mp_ctx *ctx, const mp_runtime *rt, int i, float 
 mp_status mp_runtime_read_grad(mp_ctx *ctx, const mp_runtime *rt, int i, float *dst);
 
 /* Adds every parameter's full tensor to w: the values (grads = 0) or the gradients
- * (grads = 1). World size 1 only for now (full tensors are the local tiles). */
+ * (grads = 1), assembled from every rank's shards (a world all-reduce per parameter):
+ * collective, every rank calls it and every rank's w gets the full tensors. */
 mp_status mp_runtime_dump(mp_ctx *ctx, const mp_runtime *rt, int grads, mp_wfile *w);
 
 /* Full initial weights straight from the initializer (no runtime, no communication): what

@@ -341,7 +341,7 @@ TEST(Train, PeakMemoryEqualsHandDerivedTimeline) {
   P += L * (C + QD * C + 2 * KD * C + C * QD + C + 3 * F * C);       // blocks
   P += C + V * C;                                                    // norm, output
   ASSERT_EQ(P, mp_model_param_count(&r.model));
-  const int64_t resident = 4 * P * 4 + 2 * T * (hd / 2) * 4 + 4;  // w g m v, rope cos/sin, scalar
+  const int64_t resident = 4 * P * 4 + 2 * T * (hd / 2) * 4 + 16;  // w g m v, rope cos/sin, 4 scalars
   const mp_talloc *ta = mp_runtime_allocator(r.rt);
   EXPECT_EQ(mp_talloc_current_total(ta), resident);
   const int64_t block = (N * C + N + N * QD + 2 * N * KD + N * C + N * C + N + 3 * N * F) * 4;
@@ -401,9 +401,6 @@ TEST(Train, CheckpointingKeepsGradientsAndLowersActivationPeak) {
 
 TEST(Train, RefusesWhatItCannotRun) {
   Ctx c;
-  mp_model m = Model("tiny-dense");
-  mp_plan *p = Plan(m, "dp_shard=2", 32, 1, 2);
-  ASSERT_NE(p, nullptr);
   mp_mesh one;
   mp_mesh_init(&one);
   mp_comm *comm;
@@ -412,10 +409,24 @@ TEST(Train, RefusesWhatItCannotRun) {
   mp_runtime_options o;
   mp_runtime_options_init(&o);
   mp_runtime *rt = nullptr;
-  EXPECT_EQ(mp_runtime_create(&c, p, comm, mp_backend_cpu(), &kc, &o, &rt), MP_ERR_UNSUPPORTED);
-  EXPECT_NE(std::string(c.msg()).find("world size 1"), std::string::npos) << c.msg();
+  {  // a mesh of 2 ranks in a job of 1
+    mp_model m = Model("tiny-dense");
+    mp_plan *p = Plan(m, "dp_shard=2", 32, 1, 2);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(mp_runtime_create(&c, p, comm, mp_backend_cpu(), &kc, &o, &rt), MP_ERR_INVALID);
+    EXPECT_NE(std::string(c.msg()).find("mpirun -np 2"), std::string::npos) << c.msg();
+    EXPECT_EQ(rt, nullptr);
+    mp_plan_destroy(p);
+  }
+  {  // a model family the runtime does not implement
+    mp_model m = Model("gpt2-124m");
+    mp_plan *p = Plan(m, "dp_replicate=1", 32, 1, 1);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(mp_runtime_create(&c, p, comm, mp_backend_cpu(), &kc, &o, &rt), MP_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(c.msg()).find("llama family"), std::string::npos) << c.msg();
+    mp_plan_destroy(p);
+  }
   mp_comm_destroy(comm);
-  mp_plan_destroy(p);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # meshplan train on one rank without mpirun: trains, writes its dump files in their
-# documented formats, and refuses what this build cannot do with a clear message.
+# documented formats, records measurements beside predictions (--db, --auto), and refuses
+# what this build cannot do with a clear message.
 set -u
 bin="$1"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -27,8 +28,27 @@ err=$("$bin" train --model tiny-dense --device cuda 2>&1); rc=$?
 check "cuda refused" "[ $rc -ne 0 ] && echo \"\$err\" | grep -q 'not available in this build'"
 err=$("$bin" train --model tiny-dense --mesh dp_shard=2 2>&1); rc=$?
 check "mesh larger than world refused" "[ $rc -ne 0 ] && echo \"\$err\" | grep -q 'mpirun -np 2'"
-err=$("$bin" train --model tiny-dense --db "$tmp/x.db" 2>&1); rc=$?
-check "--db without --plan-id refused" "[ $rc -ne 0 ] && echo \"\$err\" | grep -q 'plan-id'"
+err=$("$bin" train --model tiny-dense --plan-id 3 2>&1); rc=$?
+check "--plan-id without --db refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'needs --db'"
+err=$("$bin" train --model tiny-dense --auto --mesh tp=2 2>&1); rc=$?
+check "--auto with --mesh refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'auto chooses the mesh'"
+
+# --db without --plan-id: the mesh is predicted (a one-plan run) and every step is recorded
+# beside the prediction; --auto plans for the world (1 rank) and records its run too.
+out=$(OMP_NUM_THREADS=1 timeout 60 "$bin" train --model tiny-dense --steps 3 --seq 16 --micro-batch 2 \
+      --global-batch 4 --db "$tmp/m.db" 2>&1); rc=$?
+echo "$out" | tail -3
+check "train --db exits 0" "[ $rc -eq 0 ]"
+check "prediction printed" "echo \"\$out\" | grep -q '^predicted vs measured: step time'"
+rep=$("$bin" report --db "$tmp/m.db" --run 1 2>&1)
+echo "$rep" | head -5
+check "report shows 3 measured steps beside the prediction" "echo \"\$rep\" | grep -Eq '\\|  +3 +[0-9.]+ +[-+]?[0-9.]+'"
+out=$(OMP_NUM_THREADS=1 timeout 60 "$bin" train --model tiny-moe --auto --steps 2 --seq 16 --global-batch 4 \
+      --db "$tmp/m.db" 2>&1); rc=$?
+echo "$out" | grep -E '^(auto|train)'
+check "train --auto exits 0" "[ $rc -eq 0 ]"
+check "auto names its plan" "echo \"\$out\" | grep -q '^auto: best executable plan of: [0-9]* candidates for 1 CPU rank'"
+check "auto run recorded" "[ \"\$(\"$bin\" report --db \"$tmp/m.db\" | grep -c 'tiny-')\" -eq 2 ]"
 err=$("$bin" train --model tiny-dense --seq 65 --steps 1 2>&1); rc=$?
 check "seq beyond max_seq refused" "[ $rc -ne 0 ] && echo \"\$err\" | grep -q 'max_seq'"
 exit $fail
