@@ -12,6 +12,9 @@ np="$2"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 export TMPDIR="$tmp"
 export OMPI_MCA_btl="self,vader"
+# OpenMPI leaks at finalize inside modules it has already unloaded (no suppression can
+# name them): leak checking off for the ranks under mpirun, as tests/runtime/parity.sh.
+if [ "${2:-1}" -gt 1 ]; then export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"; fi
 db="$tmp/x.db"
 rm -f "$db" "$db-wal" "$db-shm"
 fail=0
