@@ -10,8 +10,9 @@
  *   att (N,nh*hd), lse (B,nh,T).
  * Backward of a block takes dres = dL/dx[l+1] and leaves dL/dx[l] in the same buffer: the
  * MLP branch reads dres, then the FFN norm's backward adds its input gradient into dres
- * (residual), and likewise for attention. Every kernel accumulates (ops.h), so the
- * per-block workspace is zeroed once when it is allocated. */
+ * (residual), and likewise for attention. Every backward kernel accumulates (ops.h) into
+ * buffers fresh from the tracked allocator, which zero-fills every block (alloc.h): the
+ * workspaces, dlogits, dres and the unit gradient buffers need no memset of their own. */
 #include "exec/runtime/runtime.h"
 
 #include <math.h>
@@ -483,8 +484,7 @@ static mp_status unit_grad_begin(mp_ctx *ctx, mp_runtime *rt, int u) {
   rt_unit *U = &rt->units[u];
   if (!U->sharded) return MP_OK;
   const size_t bytes = (size_t)U->gather_numel * sizeof(float);
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, bytes, (void **)&U->gbuf));
-  BE(memset_zero(rt->kc, U->gbuf, bytes));
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, bytes, (void **)&U->gbuf)); /* zero-filled */
   const mp_fsdp_unit *pu = &rt->plan->units[u];
   for (int k = 0; k < pu->n_params; k++) {
     rt_param *r = &rt->prm[pu->params[k]];
@@ -652,19 +652,22 @@ static mp_status attn_core_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
   return MP_OK;
 }
 
+/* Rows of block (s, e) on the expert side, blocks laid out [source][local expert]: rows
+ * EP rank s sent for local expert e, or expert e's rows without EP (one source). */
+static int expert_block_rows(const mp_runtime *rt, int l, int s, int e) {
+  return rt->ep > 1 ? (int)rt->ep_rc[((size_t)l * rt->ep + s) * rt->El + e] : rt->counts_h[(size_t)l * rt->E + e];
+}
+
 /* The routed experts' forward on the expert side: per (source, local expert) block under
  * EP, per expert otherwise. in: rows (R, C); writes gate/up/hidden (R, Fe) and out (R, C). */
 static mp_status experts_forward(mp_ctx *ctx, mp_runtime *rt, int l, const float *in, float *eg, float *eu, float *eh,
                                  float *out, int64_t R) {
   const int C = rt->C, Fe = rt->Fe, El = rt->El;
   const float *Wg = W(rt, l, MP_MOD_EXPERTS_GATE), *Wu = W(rt, l, MP_MOD_EXPERTS_UP), *Wd = W(rt, l, MP_MOD_EXPERTS_DOWN);
-  const int nsrc = rt->ep > 1 ? rt->ep : 1;
-  const int32_t *cnt = rt->counts_h + (size_t)l * rt->E;
-  const int64_t *rc = rt->ep_rc + (size_t)l * rt->ep * El;
   int64_t r0 = 0;
-  for (int s = 0; s < nsrc; s++)
+  for (int s = 0; s < rt->ep; s++)
     for (int e = 0; e < El; e++) {
-      const int n = rt->ep > 1 ? (int)rc[s * El + e] : cnt[e];
+      const int n = expert_block_rows(rt, l, s, e);
       if (!n) continue;
       BE(matmul_forward(rt->kc, eg + r0 * Fe, in + r0 * C, Wg + (size_t)e * Fe * C, NULL, n, C, Fe));
       BE(matmul_forward(rt->kc, eu + r0 * Fe, in + r0 * C, Wu + (size_t)e * Fe * C, NULL, n, C, Fe));
@@ -672,9 +675,9 @@ static mp_status experts_forward(mp_ctx *ctx, mp_runtime *rt, int l, const float
     }
   BE(swiglu_forward(rt->kc, eh, eg, eu, (size_t)R * Fe));
   r0 = 0;
-  for (int s = 0; s < nsrc; s++)
+  for (int s = 0; s < rt->ep; s++)
     for (int e = 0; e < El; e++) {
-      const int n = rt->ep > 1 ? (int)rc[s * El + e] : cnt[e];
+      const int n = expert_block_rows(rt, l, s, e);
       if (!n) continue;
       BE(matmul_forward(rt->kc, out + r0 * C, eh + r0 * Fe, Wd + (size_t)e * C * Fe, NULL, n, Fe, C));
       r0 += n;
@@ -789,13 +792,10 @@ static mp_status experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *din
   const int C = rt->C, Fe = rt->Fe, El = rt->El;
   const float *Wg = W(rt, l, MP_MOD_EXPERTS_GATE), *Wu = W(rt, l, MP_MOD_EXPERTS_UP), *Wd = W(rt, l, MP_MOD_EXPERTS_DOWN);
   float *dWg = G(rt, l, MP_MOD_EXPERTS_GATE), *dWu = G(rt, l, MP_MOD_EXPERTS_UP), *dWd = G(rt, l, MP_MOD_EXPERTS_DOWN);
-  const int nsrc = rt->ep > 1 ? rt->ep : 1;
-  const int32_t *cnt = rt->counts_h + (size_t)l * rt->E;
-  const int64_t *rc = rt->ep_rc + (size_t)l * rt->ep * El;
   int64_t r0 = 0;
-  for (int s = 0; s < nsrc; s++)
+  for (int s = 0; s < rt->ep; s++)
     for (int e = 0; e < El; e++) {
-      const int n = rt->ep > 1 ? (int)rc[s * El + e] : cnt[e];
+      const int n = expert_block_rows(rt, l, s, e);
       if (!n) continue;
       BE(matmul_backward(rt->kc, deh + r0 * Fe, dWd + (size_t)e * C * Fe, NULL, dout + r0 * C, eh + r0 * Fe,
                          Wd + (size_t)e * C * Fe, n, Fe, C));
@@ -803,9 +803,9 @@ static mp_status experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *din
     }
   BE(swiglu_backward(rt->kc, deg, deu, deh, eg, eu, (size_t)R * Fe));
   r0 = 0;
-  for (int s = 0; s < nsrc; s++)
+  for (int s = 0; s < rt->ep; s++)
     for (int e = 0; e < El; e++) {
-      const int n = rt->ep > 1 ? (int)rc[s * El + e] : cnt[e];
+      const int n = expert_block_rows(rt, l, s, e);
       if (!n) continue;
       BE(matmul_backward(rt->kc, din + r0 * C, dWg + (size_t)e * Fe * C, NULL, deg + r0 * Fe, in + r0 * C,
                          Wg + (size_t)e * Fe * C, n, C, Fe));
@@ -860,10 +860,7 @@ static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *dres,
       float *w2;
       MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (2 * rc_ + 3 * rf + 16) * sizeof(float), (void **)&w2));
       float *deyl = w2, *dxr = w2 + rc_, *deh = dxr + rc_, *deg = deh + rf, *deu = deg + rf;
-      mp_status st = MP_OK;
-      if (rt->be->memset_zero(rt->kc, w2, (2 * rc_ + 3 * rf + 16) * sizeof(float)) != MP_OK)
-        st = mp_error(ctx, MP_ERR_INTERNAL, "EP backward: %s", mp_errmsg(rt->kc->err));
-      if (st == MP_OK) st = ep_exchange(ctx, rt, l, 0, ws + y->dey, deyl, C);
+      mp_status st = ep_exchange(ctx, rt, l, 0, ws + y->dey, deyl, C); /* w2 came zero-filled */
       if (st == MP_OK) st = experts_backward(ctx, rt, l, dxr, deg, deu, deh, deyl, xr, eg, eu, eh, R);
       if (st == MP_OK) st = ep_exchange(ctx, rt, l, 1, dxr, ws + y->dxp, C);
       mp_status s2 = mp_talloc_free(ctx, rt->ta, w2);
@@ -990,12 +987,9 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
   float *dWout = G(rt, -1, m->tied_embeddings ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT);
   float *dlg, *dres, *dxf;
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_LOGITS, (size_t)N * Vl * sizeof(float), (void **)&dlg));
-  BE(memset_zero(rt->kc, dlg, (size_t)N * Vl * sizeof(float)));
   BE(ce_backward(rt->kc, dlg, lg + lg_logits, lg + lg_lse, rt->tok_tgt, (float)(dscale / N), N, Vl, v0));
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, NC, (void **)&dres));
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, NC, (void **)&dxf));
-  BE(memset_zero(rt->kc, dres, NC));
-  BE(memset_zero(rt->kc, dxf, NC));
   BE(matmul_backward(rt->kc, dxf, dWout, NULL, dlg, xf, Wout, N, C, Vl));
   MP_CHECK(tp_sum(ctx, rt, dxf, (size_t)N * C)); /* colwise head: partial over the vocabulary */
   MP_CHECK(mp_talloc_free(ctx, rt->ta, dlg));
@@ -1023,7 +1017,6 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
     float *ws;
     const size_t wsb = lay_of(rt, l)->ws_total * 4;
     MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, wsb, (void **)&ws));
-    BE(memset_zero(rt->kc, ws, wsb));
     MP_CHECK(block_backward(ctx, rt, l, dres, ws, dloss_aux));
     MP_CHECK(mp_talloc_free(ctx, rt->ta, ws));
     MP_CHECK(free_block(ctx, rt, l));
