@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common/progress.h"
+#include "common/stats.h"
 #include "exec/cluster.h"
 #include "exec/model.h"
 #include "planner/args.h"
@@ -39,16 +40,6 @@ static double cpu_s(void) {
   getrusage(RUSAGE_SELF, &ru);
   return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
          (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 int main(int argc, char **argv) {
@@ -154,11 +145,11 @@ int main(int argc, char **argv) {
            t - t_enum - t_eval);
     mp_planner_result_free(&res);
   }
-  double w = median(wall, (int)runs);
+  double w = mp_median(wall, (size_t)runs);
   printf("median of %lld: wall %.3f s; %.0f candidates/s enumerated+logged, %.0f simulated/s "
          "(%.0f per core); reference: Calculon ~80-100 configurations/s/core\n",
-         runs, w, median(cps, (int)runs), median(sps, (int)runs),
-         median(sps, (int)runs) / (double)(ncpu > 0 ? ncpu : 1));
+         runs, w, mp_median(cps, (size_t)runs), mp_median(sps, (size_t)runs),
+         mp_median(sps, (size_t)runs) / (double)(ncpu > 0 ? ncpu : 1));
   (void)lps;
   mp_sim_evaluator_free(&ev);
   return 0;

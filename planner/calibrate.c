@@ -18,6 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/progress.h"
+#include "common/stats.h"
 #include "planner/calib_store.h"
 
 const char *mp_calib_coll_name(mp_calib_coll c) {
@@ -61,22 +63,6 @@ void mp_calib_options_init(mp_calib_options *o) {
   o->n_sizes = (int)(sizeof sizes / sizeof sizes[0]);
   memcpy(o->sizes_bytes, sizes, sizeof sizes);
   o->copy_bytes = 64 << 20;
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* ---- per-rank figures combined over the world ---------------------------------------- */
@@ -125,18 +111,18 @@ static mp_status measure_gemm(mp_ctx *ctx, mp_comm *comm, const mp_backend *be, 
   /* Every rank starts together, so a multi-rank figure is the rate under full load. */
   MP_CHECK_GOTO(mp_comm_barrier(ctx, comm, MP_GROUP_WORLD), s, done);
   for (int r = -1; r < reps; r++) { /* r = -1: warm-up (page faults, thread start-up) */
-    double t0 = now_s();
+    double t0 = mp_now_s();
     if (backward)
       s = be->matmul_backward(kc, dinp, dw, NULL, out, inp, w, N, K, M);
     else
       s = be->matmul_forward(kc, out, inp, w, NULL, N, K, M);
     if (s != MP_OK) goto done;
     MP_CHECK_GOTO(be->synchronize(kc), s, done);
-    if (r >= 0) t[r] = now_s() - t0;
+    if (r >= 0) t[r] = mp_now_s() - t0;
   }
   {
     double flops = (backward ? 4.0 : 2.0) * N * (double)K * M;
-    double tm = median(t, reps);
+    double tm = mp_median(t, (size_t)reps);
     *flops_per_s = tm > 0 ? flops / tm : 0.0;
   }
   MP_CHECK_GOTO(world_mean(ctx, comm, flops_per_s), s, done);
@@ -164,7 +150,7 @@ static mp_status measure_copy(mp_ctx *ctx, mp_comm *comm, int reps, int64_t byte
   memset(b, 2, (size_t)bytes);
   MP_CHECK_GOTO(mp_comm_barrier(ctx, comm, MP_GROUP_WORLD), s, done);
   for (int r = -1; r < reps; r++) {
-    double t0 = now_s();
+    double t0 = mp_now_s();
     /* The team of the element-wise kernels copies in contiguous slices, one per thread. */
 #pragma omp parallel
     {
@@ -172,10 +158,10 @@ static mp_status measure_copy(mp_ctx *ctx, mp_comm *comm, int reps, int64_t byte
       int64_t lo = bytes * id / nt, hi = bytes * (id + 1) / nt;
       memcpy(b + lo, a + lo, (size_t)(hi - lo));
     }
-    if (r >= 0) t[r] = now_s() - t0;
+    if (r >= 0) t[r] = mp_now_s() - t0;
   }
   {
-    double tm = median(t, reps);
+    double tm = mp_median(t, (size_t)reps);
     *GBps = tm > 0 ? 2.0 * (double)bytes / tm : 0.0; /* bytes/s, read + write */
   }
   MP_CHECK_GOTO(world_mean(ctx, comm, GBps), s, done);
@@ -268,12 +254,12 @@ static mp_status measure_group(mp_ctx *ctx, mp_comm *world, int g, const mp_cali
       MP_CHECK_GOTO(run_coll(ctx, c, f->coll, g, n, send, recv, counts, displs), s, done); /* warm-up */
       for (int r = 0; r < o->reps; r++) {
         MP_CHECK_GOTO(mp_comm_barrier(ctx, c, MP_GROUP_WORLD), s, done);
-        double t0 = now_s();
+        double t0 = mp_now_s();
         for (int j = 0; j < calls; j++)
           MP_CHECK_GOTO(run_coll(ctx, c, f->coll, g, n, send, recv, counts, displs), s, done);
-        t[r] = (now_s() - t0) / calls;
+        t[r] = (mp_now_s() - t0) / calls;
       }
-      double tm = median(t, o->reps);
+      double tm = mp_median(t, (size_t)o->reps);
       MP_CHECK_GOTO(world_max_time(ctx, c, &tm), s, done);
       f->bytes[f->n_sizes] = bytes;
       f->time_s[f->n_sizes] = tm;

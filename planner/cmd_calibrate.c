@@ -35,12 +35,6 @@ static mp_cmd_spec k_spec = {
     "--device cpu [--db PATH] [--reps N] [--json]   (mpirun -np N meshplan calibrate ... for collectives)",
     k_opts, 0};
 
-static int use_mpi(void) {
-  const char *v = getenv("OMPI_COMM_WORLD_SIZE");
-  if (!v) v = getenv("PMI_SIZE");
-  return v != NULL;
-}
-
 static void size_label(double bytes, char *buf, size_t cap) {
   if (bytes >= 1048576.0)
     snprintf(buf, cap, "%g MiB", bytes / 1048576.0);
@@ -178,7 +172,9 @@ int mp_cmd_calibrate(int argc, char **argv) {
   const char *db = mp_args_get(&k_spec, "--db");
   if (!db) db = "meshplan.db";
 
-  mpi = use_mpi();
+  mp_launch launch;
+  mp_cmd_launch(&launch);
+  mpi = launch.under_mpi;
   mp_mesh mesh;
   mp_mesh_init(&mesh);
   if (mpi) {

@@ -1,5 +1,6 @@
 /* Shared plumbing of the subcommands: parsing with help and usage errors, failure output. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "planner/commands.h"
@@ -46,4 +47,17 @@ int mp_cmd_fail(const mp_ctx *ctx, mp_status st) {
   if (strncmp(msg, "meshplan ", 9) == 0) fprintf(stderr, "%s\n", msg);
   else fprintf(stderr, "meshplan: %s\n", msg);
   return mp_status_exit_code(st);
+}
+
+static const char *launch_env(const char *ompi, const char *pmi) {
+  const char *v = getenv(ompi);
+  return v && *v ? v : getenv(pmi);
+}
+
+void mp_cmd_launch(mp_launch *out) {
+  const char *size = launch_env("OMPI_COMM_WORLD_SIZE", "PMI_SIZE");
+  const char *rank = launch_env("OMPI_COMM_WORLD_RANK", "PMI_RANK");
+  out->under_mpi = size != NULL;
+  out->world = size && *size ? atoi(size) : 1;
+  out->rank = rank && *rank ? atoi(rank) : 0;
 }

@@ -16,6 +16,7 @@
 
 #include "common/json.h"
 #include "common/progress.h"
+#include "common/stats.h"
 #include "exec/comm/comm.h"
 #include "exec/mesh.h"
 #include "exec/model.h"
@@ -66,17 +67,6 @@ static mp_cmd_spec k_spec = {
     "[--lr LR] [--data synthetic|PATH] [--device cpu|cuda] [--db PATH --plan-id ID] [--seed N] "
     "[--dump-weights PATH]",
     k_opts, 0};
-
-static int use_mpi(void) {
-  const char *v = getenv("OMPI_COMM_WORLD_SIZE");
-  if (!v) v = getenv("PMI_SIZE");
-  return v != NULL;
-}
-
-static int env_int(const char *name, int dflt) {
-  const char *v = getenv(name);
-  return v && *v ? atoi(v) : dflt;
-}
 
 /* What the planner chose (or predicted) for this training run. */
 typedef struct train_pick {
@@ -235,8 +225,9 @@ int mp_cmd_train(int argc, char **argv) {
 
   const char *mname = mp_args_get(&k_spec, "--model");
   MP_CHECK_GOTO(mp_model_load(&ctx, mname ? mname : "tiny-dense", &model), st, out);
-  const int world = env_int("OMPI_COMM_WORLD_SIZE", env_int("PMI_SIZE", 1));
-  const int env_rank = env_int("OMPI_COMM_WORLD_RANK", env_int("PMI_RANK", 0));
+  mp_launch launch;
+  mp_cmd_launch(&launch);
+  const int world = launch.world, env_rank = launch.rank;
 
   mp_plan_options po;
   mp_plan_options_init(&po);
@@ -288,7 +279,7 @@ int mp_cmd_train(int argc, char **argv) {
   }
 
   /* Communicator first: a mesh that does not match the world fails on every rank. */
-  mpi = use_mpi();
+  mpi = launch.under_mpi;
   if (mpi) {
     MP_CHECK_GOTO(mp_comm_create_mpi(&ctx, &mesh, &comm), st, out);
   } else {
@@ -442,15 +433,7 @@ int mp_cmd_train(int argc, char **argv) {
            steps, losses[steps - 1], total_s > 0 ? tokens_all / total_s : 0.0, steps, (long long)peak);
     if (pick.found) {
       /* median step time over steps 2..K (step 1 carries first-touch page faults) */
-      int64_t n = steps > 1 ? steps - 1 : 1;
-      double *v = step_s + (steps > 1 ? 1 : 0);
-      for (int64_t i = 1; i < n; i++)
-        for (int64_t j = i; j > 0 && v[j] < v[j - 1]; j--) {
-          double t = v[j];
-          v[j] = v[j - 1];
-          v[j - 1] = t;
-        }
-      const double med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+      const double med = mp_median(step_s + (steps > 1 ? 1 : 0), (size_t)(steps > 1 ? steps - 1 : 1));
       printf("predicted vs measured: step time %.2f ms vs %.2f ms (median, %+.1f%%), peak memory %.3f MiB vs "
              "%.3f MiB (%+.1f%%)\n",
              pick.step_time_s * 1e3, med * 1e3, 100.0 * (pick.step_time_s - med) / med,

@@ -30,6 +30,13 @@ int mp_cmd_parse(mp_cmd_spec *spec, int argc, char **argv, const char **pos, int
  * what was given: --ac MODE, --fp8, --seq S, --micro-batch B, --global-batch G. The
  * caller sets its defaults first (mp_plan_options_init, or its own). */
 mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
+/* How this process was launched, read before MPI_Init from the launcher's environment
+ * (OpenMPI's OMPI_COMM_WORLD_SIZE/RANK, else PMI_SIZE/RANK as Slurm and MPICH set them):
+ * under_mpi 0 with world 1, rank 0 when it runs alone. */
+typedef struct mp_launch {
+  int under_mpi, world, rank;
+} mp_launch;
+void mp_cmd_launch(mp_launch *out);
 /* Prints "meshplan: <message>" and returns the exit code of st. */
 int mp_cmd_fail(const mp_ctx *ctx, mp_status st);
 
