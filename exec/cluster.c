@@ -150,4 +150,10 @@ mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int n_gpus, int gpus_per
 
 int mp_cluster_n_gpus(const mp_cluster *c) { return c->gpus_per_node * c->n_nodes; }
 
+int mp_gpu_is_cpu(const mp_gpu *g) { return g->compute_capability == 0; }
+
+int mp_gpu_has_float8(const mp_gpu *g) {
+  return g->peak_tflops[MP_DTYPE_FP8_E4M3] > 0 && (g->compute_capability >= 89 || mp_gpu_is_cpu(g));
+}
+
 double mp_cluster_inter_GBps(const mp_cluster *c) { return c->inter_node_Gbitps_per_gpu / 8.0; }

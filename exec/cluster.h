@@ -57,6 +57,11 @@ mp_status mp_cluster_load(mp_ctx *ctx, const char *name_or_path, mp_cluster *out
 mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int n_gpus, int gpus_per_node,
                           mp_cluster *out);
 int mp_cluster_n_gpus(const mp_cluster *c);
+/* The CPU profile (compute_capability 0): meshplan's CPU runtime, not a CUDA device. */
+int mp_gpu_is_cpu(const mp_gpu *g);
+/* Float8 GEMMs are available: an fp8 peak and compute capability >= 8.9, or the CPU
+ * profile, where the CPU runtime emulates float8 exactly (at its fp32 rate). */
+int mp_gpu_has_float8(const mp_gpu *g);
 /* Inter-node bandwidth in GB/s per GPU. */
 double mp_cluster_inter_GBps(const mp_cluster *c);
 

@@ -425,7 +425,7 @@ mp_status mp_calib_apply_checked(mp_ctx *ctx, const mp_calib *c, mp_gpu *gpu, mp
   const int cpu = strcmp(c->device, "cpu") == 0;
   const mp_gpu *targets[2] = {gpu, cluster ? &cluster->gpu : NULL};
   for (int i = 0; i < 2; i++)
-    if (targets[i] && cpu != (targets[i]->compute_capability == 0))
+    if (targets[i] && cpu != mp_gpu_is_cpu(targets[i]))
       return mp_error(ctx, MP_ERR_INVALID, "calibration #%lld was measured on %s but profile %s is %s; simulate "
                       "with a CPU profile (--cluster cpu-local or --gpu cpu) or drop --calibration",
                       (long long)c->id, c->device, targets[i]->name, cpu ? "a GPU" : "the CPU");

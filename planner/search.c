@@ -119,13 +119,6 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
   return MP_REJECT_NONE;
 }
 
-/* Float8 GEMMs need compute capability 8.9 (Ada, Hopper and later). Compute capability 0 is
- * the CPU profile: the CPU runtime emulates float8 exactly (at its fp32 rate), so plans
- * with float8 run there. */
-static int fp8_gpu_ok(const mp_gpu *g) {
-  return g->peak_tflops[MP_DTYPE_FP8_E4M3] > 0 && (g->compute_capability >= 89 || g->compute_capability == 0);
-}
-
 /* The float8 GEMM dims after TP: torchao's float8 GEMMs need multiples of 16. */
 static int fp8_dims_ok(const mp_model *m, int tp) {
   if (m->d_model % 16) return 0;
@@ -148,7 +141,7 @@ static mp_reject prune_options(const mp_search_config *cfg, const mp_candidate *
   const mp_mesh *mesh = &c->mesh;
   int64_t dp = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD];
   if (cfg->global_batch % (dp * c->micro_batch)) return MP_REJECT_BATCH;
-  if (c->fp8 && !fp8_gpu_ok(&cfg->cluster->gpu)) return MP_REJECT_FP8_GPU;
+  if (c->fp8 && !mp_gpu_has_float8(&cfg->cluster->gpu)) return MP_REJECT_FP8_GPU;
   if (c->fp8 && !fp8_dims_ok(cfg->model, mesh->size[MP_DIM_TP])) return MP_REJECT_FP8_DIMS;
   if (c->reshard && mesh->size[MP_DIM_DP_SHARD] == 1) return MP_REJECT_RESHARD_NOOP;
   if (cfg->mem_capacity_bytes > 0 && mem_lower_bound_bytes(cfg, mesh, n_params) > (double)cfg->mem_capacity_bytes)

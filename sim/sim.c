@@ -464,7 +464,7 @@ static mp_status resolve_stack(mp_ctx *ctx, const mp_sim_config *cfg,
     *out = cfg->stack;
     return MP_OK;
   }
-  int i = cfg->cluster->gpu.compute_capability > 0;
+  int i = !mp_gpu_is_cpu(&cfg->cluster->gpu);
   if (!g_default_loaded[i]) {
     MP_CHECK(mp_stack_default(ctx, &cfg->cluster->gpu, &g_default_stack[i]));
     g_default_loaded[i] = 1;

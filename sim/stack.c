@@ -94,6 +94,6 @@ mp_status mp_stack_load(mp_ctx *ctx, const char *name_or_path, mp_stack_profile 
  * measured, until `meshplan calibrate --device cuda` has run on real hardware, so it is
  * chosen only on request (--stack meshplan-cuda). */
 mp_status mp_stack_default(mp_ctx *ctx, const mp_gpu *gpu, mp_stack_profile *out) {
-  return mp_stack_load(ctx, gpu->compute_capability > 0 ? "torchtitan-compile" : "meshplan-cpu",
+  return mp_stack_load(ctx, mp_gpu_is_cpu(gpu) ? "meshplan-cpu" : "torchtitan-compile",
                        out);
 }
