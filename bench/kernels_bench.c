@@ -5,9 +5,8 @@
  * copy. One table; each figure is the median of kReps timed runs (CUDA events on the op's
  * stream) after kWarm untimed ones.
  *
- * GEMMs, attention and float8 run on kernels/cuda/gemm.h's standalone table; the other
- * ops (norms, activations, cross-entropy, AdamW) on the full CUDA backend from
- * kernels/cuda/cuda.h when it is built. FLOPs are the algorithmic ones (2NKM per GEMM,
+ * Every op runs through the CUDA backend (kernels/cuda/cuda.h) on one context, so all
+ * buffers and ops share its stream. FLOPs are the algorithmic ones (2NKM per GEMM,
  * causal attention: half of 4 B nh T^2 hd forward and 2.5x that backward, as in the
  * FlashAttention papers), so a kernel that recomputes reports less than it executes.
  * Bytes for memory-bound ops are the minimum traffic (each input read once, each output
@@ -29,7 +28,6 @@ int main(void) {
 #else
 #include <cuda_runtime_api.h>
 
-#include "kernels/cuda/gemm.h"
 
 enum { kWarm = 2, kReps = 7 };
 
@@ -57,8 +55,8 @@ typedef struct bufs {
 } bufs;
 
 static mp_ctx g_err;
-static mp_kctx g_kc, g_full_kc;
-static const mp_backend *g_be, *g_full;
+static mp_kctx g_kc;
+static const mp_backend *g_be;
 
 #define BENCH_CHECK(expr)                                                        \
   do {                                                                           \
@@ -70,7 +68,7 @@ static const mp_backend *g_be, *g_full;
   } while (0)
 
 static mp_status run_op(const bench_case *bc, const bufs *b) {
-  mp_kctx *kc = &g_kc, *fk = &g_full_kc;
+  mp_kctx *kc = &g_kc;
   switch (bc->kind) {
     case OP_FWD:
       return g_be->matmul_forward(kc, b->x2, b->x0, b->x1, NULL, bc->a, bc->b, bc->c);
@@ -93,16 +91,16 @@ static mp_status run_op(const bench_case *bc, const bufs *b) {
     case OP_COPY:
       return g_be->memcpy_d2d(kc, b->x2, b->x0, (size_t)bc->a << 20);
     case OP_RMSNORM:
-      return g_full->rmsnorm_forward(fk, b->x2, b->f1, b->x0, b->x1, bc->a, bc->b, 1e-5f);
+      return g_be->rmsnorm_forward(kc, b->x2, b->f1, b->x0, b->x1, bc->a, bc->b, 1e-5f);
     case OP_SWIGLU:
-      return g_full->swiglu_forward(fk, b->x2, b->x0, b->x1, (size_t)bc->a * bc->b);
+      return g_be->swiglu_forward(kc, b->x2, b->x0, b->x1, (size_t)bc->a * bc->b);
     case OP_RESIDUAL:
-      return g_full->residual_forward(fk, b->x2, b->x0, b->x1, (size_t)bc->a * bc->b);
+      return g_be->residual_forward(kc, b->x2, b->x0, b->x1, (size_t)bc->a * bc->b);
     case OP_CE:
-      return g_full->cross_entropy_forward(fk, b->f1, b->f2, b->f3, b->x0, b->ids, bc->a, bc->b);
+      return g_be->cross_entropy_forward(kc, b->f1, b->f2, b->f3, b->x0, b->ids, bc->a, bc->b);
     case OP_ADAMW:
-      return g_full->adamw_update(fk, b->f0, b->f1, b->f2, b->f3, (size_t)bc->a * bc->b, 1e-4f,
-                                  0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f);
+      return g_be->adamw_update(kc, b->f0, b->f1, b->f2, b->f3, (size_t)bc->a * bc->b, 1e-4f,
+                                0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f);
   }
   return MP_ERR_INTERNAL;
 }
@@ -114,9 +112,7 @@ static int cmp_float(const void *a, const void *b) {
 
 /* Median milliseconds of one run of bc, or a negative value on failure. */
 static float time_case(const bench_case *bc, const bufs *b) {
-  int full = bc->kind >= OP_RMSNORM;
-  if (full && !g_full) return -1.0f;
-  cudaStream_t s = (cudaStream_t)mp_cuda_gemm_stream(full ? &g_full_kc : &g_kc);
+  cudaStream_t s = (cudaStream_t)mp_cuda_stream(&g_kc);
   cudaEvent_t e0, e1;
   if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) return -1.0f;
   float ms[kReps];
@@ -192,21 +188,14 @@ static int alloc_bufs(bufs *b) {
 }
 
 int main(void) {
-  if (mp_cuda_gemm_device_count() == 0) {
+  if (mp_cuda_device_count() == 0) {
     printf("no CUDA device\n");
     return 0;
   }
   mp_ctx_init(&g_err);
   g_kc.err = &g_err;
-  g_full_kc.err = &g_err;
-  g_be = mp_cuda_gemm_backend();
+  g_be = mp_cuda_backend();
   BENCH_CHECK(g_be->init(&g_kc, 0));
-  g_full = mp_cuda_backend();
-  if (g_full && g_full->init(&g_full_kc, 0) != MP_OK) {
-    fprintf(stderr, "kernels_bench: full CUDA backend init failed (%s); skipping its ops\n",
-            mp_errmsg(&g_err));
-    g_full = NULL;
-  }
   struct cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   bufs b;
@@ -277,7 +266,6 @@ int main(void) {
            peak > 0 ? 100.0 * rate / peak : 0.0);
   }
   printf("fp8 %% is against the bf16 GEMM peak (float8 tensor cores peak at ~2x bf16).\n");
-  if (g_full) g_full->shutdown(&g_full_kc);
   g_be->shutdown(&g_kc);
   return 0;
 }

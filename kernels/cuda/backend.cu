@@ -237,6 +237,11 @@ extern "C" int mp_cuda_built(void) { return 1; }
 
 extern "C" const mp_backend *mp_cuda_backend(void) { return &cuda_backend; }
 
+extern "C" void *mp_cuda_stream(mp_kctx *kc) {
+  mp_cuda_impl *im = kc ? mp_cuda_impl_of(kc) : NULL;
+  return im ? (void *)im->stream : NULL;
+}
+
 extern "C" int mp_cuda_device_count(void) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;

@@ -25,6 +25,11 @@ const mp_backend *mp_cuda_backend(void);
  * Never fails and leaves no CUDA error pending. */
 int mp_cuda_device_count(void);
 
+/* The cudaStream_t (as void *) of a context the backend initialised, so C code can record
+ * CUDA events on it (the kernel benchmark); NULL for an uninitialised context or without
+ * CUDA. */
+void *mp_cuda_stream(mp_kctx *kc);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,6 +11,11 @@ int mp_cuda_built(void) { return 0; }
 const mp_backend *mp_cuda_backend(void) { return 0; }
 
 int mp_cuda_device_count(void) { return 0; }
+
+void *mp_cuda_stream(mp_kctx *kc) {
+  (void)kc;
+  return 0;
+}
 #else
 typedef int mp_cuda_stub_unused; /* ISO C forbids an empty translation unit */
 #endif

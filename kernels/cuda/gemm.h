@@ -1,13 +1,7 @@
-/* C-callable pieces of the CUDA GEMM and attention code (matmul.cu, attention.cu,
- * gemm_standalone.cu) that are not in cuda_internal.h, which is C++ and private to the .cu
- * files.
- *
- * - mp_cuda_matmul_f8 / mp_cuda_f8_transpose: the ops.h entries of the same names for the
- *   CUDA backend table (backend.cu includes this header to fill them in).
- * - A standalone op table (mp_cuda_gemm_backend) holding only the memory hooks and the ops
- *   implemented by matmul.cu and attention.cu, with its own stream and cuBLASLt state; the
- *   GPU tests and the kernel benchmark use it, so they do not depend on backend.cu. It is
- *   not the CUDA backend: every entry not listed in gemm_standalone.cu is NULL.
+/* C-callable pieces of the CUDA GEMM code (matmul.cu) that are not in cuda_internal.h,
+ * which is C++ and private to the .cu files: mp_cuda_matmul_f8 / mp_cuda_f8_transpose, the
+ * ops.h entries of the same names (backend.cu includes this header to fill them in; the
+ * GPU test checks the table holds them).
  * Without a CUDA build (MP_HAVE_CUDA undefined) nothing here is defined. */
 #ifndef MP_KERNELS_CUDA_GEMM_H
 #define MP_KERNELS_CUDA_GEMM_H
@@ -27,17 +21,6 @@ mp_status mp_cuda_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint
                             const float *b_scale, mp_f8_format fmt_b, int R, int K, int S);
 /* ops.h f8_transpose: out (C, R) = in (R, C), bytes. */
 mp_status mp_cuda_f8_transpose(mp_kctx *kc, uint8_t *out, const uint8_t *in, int R, int C);
-
-/* Number of CUDA devices visible (0 when there is no driver or no device; never fails). */
-int mp_cuda_gemm_device_count(void);
-
-/* The standalone table described above: name "cuda-gemm", x_dtype bf16; init creates a
- * stream, the cuBLASLt handle and workspace; shutdown releases them. */
-const mp_backend *mp_cuda_gemm_backend(void);
-
-/* The stream of a context initialised by mp_cuda_gemm_backend()->init (a cudaStream_t),
- * so a C benchmark can record CUDA events on it. */
-void *mp_cuda_gemm_stream(mp_kctx *kc);
 
 #ifdef __cplusplus
 }
