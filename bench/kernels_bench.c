@@ -10,7 +10,7 @@
  * causal attention: half of 4 B nh T^2 hd forward and 2.5x that backward, as in the
  * FlashAttention papers), so a kernel that recomputes reports less than it executes.
  * Bytes for memory-bound ops are the minimum traffic (each input read once, each output
- * written once). Inputs are zeros: timings of these kernels do not depend on values.
+ * written once). Inputs are pseudo-random in [-1, 1), never zeros (see fill_random).
  * Without CUDA or without a device it prints "no CUDA device" and exits 0. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,27 +158,59 @@ static double work_of(const bench_case *bc, int *is_bytes) {
   }
 }
 
+/* Fills n elements of an X buffer (dst_x != NULL) or of an fp32 buffer with values in
+ * [-1, 1) from a fixed pseudo-random block, repeated: timings on zeros can flatter a GEMM
+ * (METHOD.md: a bf16 GEMM ran 13 % faster on zeros on an H200), and every element is
+ * written. */
+enum { kFillBlock = 1 << 24 };
+static float *g_fill;
+static int fill_random(void *dst_x, float *dst_f, size_t n) {
+  for (size_t i = 0; i < n; i += kFillBlock) {
+    size_t m = n - i < kFillBlock ? n - i : kFillBlock;
+    mp_status st = dst_x ? g_be->to_device_f32(&g_kc, (char *)dst_x + i * mp_kdtype_bytes(g_be->x_dtype), g_fill, m)
+                         : g_be->memcpy_h2d(&g_kc, dst_f + i, g_fill, m * sizeof(float));
+    if (st != MP_OK) return -1;
+  }
+  return 0;
+}
+
 static int alloc_bufs(bufs *b) {
   /* Largest needs: x: 8192^2 bf16 (peak GEMM, FF GEMMs), LM head out 8192 x 32000 bf16;
    * f0: fp32 dweight up to 32000 x 2048 and AdamW state of 64M; copy 1 GiB. */
   size_t xb = (size_t)NTOK * VOCAB * 2;
   if (xb < ((size_t)1 << 30)) xb = (size_t)1 << 30;
   size_t fb = (size_t)64 << 20 << 2;
+  g_fill = malloc(kFillBlock * sizeof(float));
+  if (!g_fill) return -1;
+  uint64_t z = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < kFillBlock; i++) {
+    z = z * 6364136223846793005ull + 1442695040888963407ull;
+    g_fill[i] = (float)((z >> 40) & 0xFFFFFF) / (float)(1 << 23) - 1.0f;
+  }
   void **xs[6] = {&b->x0, &b->x1, &b->x2, &b->x3, &b->x4, &b->x5};
   float **fs[4] = {&b->f0, &b->f1, &b->f2, &b->f3};
   for (int i = 0; i < 6; i++) {
     size_t bytes = i < 3 ? xb : (size_t)NTOK * NH * HD * 2;
     if (g_be->alloc(&g_kc, xs[i], bytes) != MP_OK ||
-        g_be->memset_zero(&g_kc, *xs[i], bytes) != MP_OK)
+        fill_random(*xs[i], NULL, bytes / mp_kdtype_bytes(g_be->x_dtype)) != 0)
       return -1;
   }
-  for (int i = 0; i < 4; i++)
-    if (g_be->alloc(&g_kc, (void **)fs[i], fb) != MP_OK ||
-        g_be->memset_zero(&g_kc, fs[i][0], fb) != MP_OK)
+  for (int i = 0; i < 4; i++) {
+    if (i == 3) /* f3 is AdamW's second moment, which must be >= 0 */
+      for (size_t j = 0; j < kFillBlock; j++) g_fill[j] = g_fill[j] * g_fill[j];
+    if (g_be->alloc(&g_kc, (void **)fs[i], fb) != MP_OK || fill_random(NULL, *fs[i], fb / sizeof(float)) != 0)
       return -1;
-  if (g_be->alloc(&g_kc, (void **)&b->ids, (size_t)NTOK * 4) != MP_OK ||
-      g_be->memset_zero(&g_kc, b->ids, (size_t)NTOK * 4) != MP_OK)
-    return -1;
+  }
+  int32_t *ids = malloc((size_t)NTOK * sizeof(int32_t));
+  if (!ids) return -1;
+  for (int i = 0; i < NTOK; i++) {
+    z = z * 6364136223846793005ull + 1442695040888963407ull;
+    ids[i] = (int32_t)((z >> 33) % VOCAB);
+  }
+  int bad = g_be->alloc(&g_kc, (void **)&b->ids, (size_t)NTOK * 4) != MP_OK ||
+            g_be->memcpy_h2d(&g_kc, b->ids, ids, (size_t)NTOK * 4) != MP_OK;
+  free(ids);
+  if (bad) return -1;
   /* Float8 scale 1 keeps the arithmetic finite. */
   float one = 1.0f;
   if (g_be->alloc(&g_kc, (void **)&b->scale, sizeof(float)) != MP_OK ||

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Runs the GPU checks on a lent GPU machine, from the kit bench/gpu/kit.sh built here
+# (the machine has CUDA 13 and PyTorch but no Bazel, OpenMPI, SQLite or cJSON).
+#
+#   bench/gpu/device.sh KIT OUT STEP...
+#
+# Steps (each logs to OUT/<step>.log, and the script goes on after a failing step):
+#   probe     what the machine has: GPU, driver, CUDA/cuBLASLt/NCCL libraries, PyTorch
+#   kernels   the gpu-tagged test binaries (CUDA kernels against the CPU reference)
+#   kbench    bench/kernels_bench: kernel throughput beside measured peaks
+#   torch     bench/gpu/torch_llama.py: PyTorch eager and torch.compile on the 1B model
+#   mpi       mpirun works: 2 CPU ranks train tiny-dense with dp_shard=2
+#   gputrain  the tiny models on CUDA vs the CPU run; the 4-rank plan through MPI staging
+#   calib     meshplan calibrate --device cuda
+#   bench     meshplan bf16 and float8 on the 1B model, with simulate's predictions
+# The last lines of every log are printed at the end, so the reply's output tail holds them.
+set -uo pipefail
+kit=$(cd "$1" && pwd)
+out=$2
+shift 2
+mkdir -p "$out"
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+
+# CUDA's libraries from the machine (toolkit first, then PyTorch's wheels for NCCL).
+cudalib=/usr/local/cuda/lib64
+nccldir=$(dirname "$(find / -xdev -name 'libnccl.so.2' 2>/dev/null | head -n 1)" 2>/dev/null)
+libs="$kit/lib:$cudalib${nccldir:+:$nccldir}"
+# The machine's own OpenMPI 4.1 when it has one (same libmpi.so.40 ABI); else Debian's from
+# the kit, at its own paths, never overwriting anything.
+if ldconfig -p | grep -q 'libmpi\.so\.40 ' && command -v mpirun >/dev/null; then
+  mpi_from=machine
+else
+  mpi_from=kit
+  cp -an "$kit/root/." / 2>/dev/null
+  libs="$libs:$kit/mpilib"
+fi
+# Only our binaries see these (PyTorch brings its own cuDNN and NCCL).
+export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_mca_base_component_show_load_errors=0 OMPI_MCA_btl=self,vader
+export PATH="$kit/bin:$PATH"
+mp="$kit/bin/meshplan"
+
+step_probe() {
+  nvidia-smi
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit,memory.total --format=csv
+  grep PRETTY /etc/os-release; ldd --version | head -n 1; nproc
+  ls $cudalib | grep -E 'cudart|cublasLt|nccl|cudnn' | head -20
+  echo "nccl dir: $nccldir; OpenMPI from the $mpi_from"
+  mpirun --version | head -n 1
+  env -u LD_LIBRARY_PATH python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version())'
+  for b in mpirun bazel gnuplot sqlite3 nvcc; do printf '%s: %s\n' "$b" "$(command -v $b || echo none)"; done
+  ldd "$mp" | grep -E 'not found' || echo "meshplan: all libraries found"
+  "$mp" --version
+}
+step_kernels() {
+  local rc=0
+  for t in "$kit"/bin/*_test; do
+    echo "== $(basename "$t")"
+    timeout 300 "$t" --gtest_brief=1 || rc=1
+  done
+  return $rc
+}
+step_kbench() { timeout 300 "$kit/bin/kernels_bench"; }
+step_torch() { PYTHONUNBUFFERED=1 timeout 420 env -u LD_LIBRARY_PATH python3 bench/gpu/torch_llama.py --out "$out/torch.jsonl"; }
+step_mpi() {
+  timeout 120 mpirun -np 2 "$mp" train --model tiny-dense --mesh dp_shard=2 --steps 3 --seq 64 --micro-batch 2
+}
+
+rc=0
+for s in "$@"; do
+  echo "=== $s ($(date -u +%H:%M:%S))"
+  t0=$(date +%s)
+  "step_$s" >"$out/$s.log" 2>&1
+  r=$?
+  echo "=== $s: exit $r in $(($(date +%s) - t0)) s"
+  [ $r -ne 0 ] && rc=1
+done
+for s in "$@"; do
+  echo "----- $s (tail)"
+  tail -n 40 "$out/$s.log"
+done
+exit $rc

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds what the GPU checks run and packs it, with the shared libraries a bare CUDA
+# machine may lack, into one folder that travels to a lent GPU machine (the `device`
+# tool's `carry`): bench/gpu/device.sh then runs everything from it.
+#
+#   bench/gpu/kit.sh [DIR]        (default .devkit, which .git/info/exclude should ignore)
+#
+# DIR/bin      meshplan, the gpu-tagged test binaries and the benchmarks, linked with our
+#              own libraries static (--dynamic_mode=off), so only system libraries remain
+# DIR/lib      every non-glibc, non-CUDA, non-MPI shared library those need (cJSON,
+#              SQLite, ...), found with ldd; CUDA's own (cudart, cuBLASLt, NCCL) come from
+#              the machine, which has a CUDA 13 toolkit
+# DIR/mpilib   OpenMPI 4.1 (libmpi.so.40) and its dependencies, and DIR/root Debian's
+#              OpenMPI runtime at its absolute paths (mpirun/orted, the plugin folder, help
+#              texts, the MCA config): device.sh uses them only where the machine has no
+#              libmpi.so.40 of its own (an Ubuntu 24.04 image ships OpenMPI 4.1.6, whose
+#              plugins must not meet Debian's libpmix)
+# DIR/data     the model, GPU and cluster files the binaries read by path
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+out=${1:-.devkit}
+bazel build --dynamic_mode=off //planner:meshplan //bench:kernels_bench \
+  //tests/kernels_cuda:all //tests/runtime:all >/dev/null
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib" "$out/mpilib" "$out/root"
+cp -L bazel-bin/planner/meshplan bazel-bin/bench/kernels_bench "$out/bin/"
+for t in bazel-bin/tests/kernels_cuda/*_test bazel-bin/tests/runtime/*_gpu_test; do
+  [ -x "$t" ] && cp -L "$t" "$out/bin/"
+done
+cp -r data "$out/data"
+
+skip='^(linux-vdso|ld-linux|libstdc\+\+|libgcc_s|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libcuda\.so|libcudart|libcublas|libnccl|libcudnn|libnvidia)'
+mpi='^(libmpi|libopen-|libpmix|libhwloc|libevent|libmca_|liboshmem|libuc[mpst]|libfabric|libpsm|libibverbs|librdmacm|libefa|libnl-|libinfinipath|libnuma|libmunge|libudev)'
+collect() { # every shared library the given files need, but glibc's and CUDA's
+  ldd "$@" 2>/dev/null | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do
+    [[ $name =~ $skip ]] && continue
+    dir=lib
+    [[ $name =~ $mpi ]] && dir=mpilib
+    [ -e "$out/$dir/$name" ] || cp -L "$path" "$out/$dir/$name"
+  done
+}
+collect "$out"/bin/*
+# OpenMPI: the launcher, the daemon, the plugin folder and what they all link.
+ompi=/usr/lib/x86_64-linux-gnu/openmpi
+mkdir -p "$out/root/usr/bin" "$out/root$ompi" "$out/root/usr/share" "$out/root/etc"
+cp -L /usr/bin/orterun /usr/bin/orted "$out/root/usr/bin/"
+ln -sf orterun "$out/root/usr/bin/mpirun"
+cp -rL "$ompi/lib" "$out/root$ompi/"
+cp -rL /usr/share/openmpi "$out/root/usr/share/"
+cp -rL /etc/openmpi "$out/root/etc/"
+collect /usr/bin/orterun /usr/bin/orted "$ompi"/lib/*.so* "$ompi"/lib/openmpi3/*.so
+du -sh "$out"
