@@ -52,6 +52,60 @@ __device__ __forceinline__ void mp_stx(mp_bf16 *p, size_t i, float v) {
   p[i] = __float2bfloat16_rn(v);
 }
 
+/* ---- 16-byte vectors: 8 bf16 per load/store ------------------------------------------
+ * Memory-bound kernels move X tensors as uint4 (8 bf16, one 16-byte transaction per lane),
+ * which is what reaches HBM bandwidth; one bf16 per lane (2 bytes) leaves most of every
+ * memory transaction unused. A vector path needs every pointer it touches 16-byte aligned
+ * (mp_aligned16) and a row length (or n) divisible as the kernel says; kernels check on
+ * the host and fall back to scalar code otherwise, so any caller's layout stays valid. */
+#define MP_VEC 8 /* bf16 per 16-byte vector */
+
+static inline bool mp_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* f[0..7] = the 8 bf16 at p (16-byte aligned), widened to fp32. Read-only path (ld.nc). */
+__device__ __forceinline__ void mp_ld8(const mp_bf16 *p, float f[8]) {
+  uint4 u = __ldg((const uint4 *)p);
+  const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    float2 t = __bfloat1622float2(h[j]);
+    f[2 * j] = t.x;
+    f[2 * j + 1] = t.y;
+  }
+}
+
+/* The same for memory this kernel also writes (a += output): a coherent load. */
+__device__ __forceinline__ void mp_ld8_rw(const mp_bf16 *p, float f[8]) {
+  uint4 u = *(const uint4 *)p;
+  const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    float2 t = __bfloat1622float2(h[j]);
+    f[2 * j] = t.x;
+    f[2 * j + 1] = t.y;
+  }
+}
+
+/* Widens a loaded vector (the raw uint4 a kernel kept in registers). */
+__device__ __forceinline__ void mp_unpack8(uint4 u, float f[8]) {
+  const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    float2 t = __bfloat1622float2(h[j]);
+    f[2 * j] = t.x;
+    f[2 * j + 1] = t.y;
+  }
+}
+
+/* Stores f[0..7] at p (16-byte aligned), each rounded once to nearest even (as mp_stx). */
+__device__ __forceinline__ void mp_st8(mp_bf16 *p, const float f[8]) {
+  uint4 u;
+  __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+  for (int j = 0; j < 4; j++) h[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+  *(uint4 *)p = u;
+}
+
 template <typename T>
 __device__ __forceinline__ T mp_warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

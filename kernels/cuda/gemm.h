@@ -13,9 +13,11 @@
 extern "C" {
 #endif
 
-/* ops.h matmul_f8 on cuBLASLt float8 tensor cores. Refuses with MP_ERR_UNSUPPORTED on
- * compute capability < 8.9, on R, K or S not multiples of 16, on operands not 16-byte
- * aligned, and on E5M2 x E5M2 (no cuBLASLt kernel). */
+/* ops.h matmul_f8 on cuBLASLt float8 tensor cores ("TN": both operands K-contiguous, as
+ * ops.h lays them out). Refuses with MP_ERR_UNSUPPORTED on compute capability < 8.9, on R,
+ * K or S not multiples of 16, on operands not 16-byte aligned, on E5M2 x E5M2 (no cuBLASLt
+ * kernel), and when cuBLASLt runs neither the direct form (bf16 D, or fp32 D updated in
+ * place) nor its fallback (fp32 D into scratch, then a rounding or adding pass). */
 mp_status mp_cuda_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint8_t *a,
                             const float *a_scale, mp_f8_format fmt_a, const uint8_t *b,
                             const float *b_scale, mp_f8_format fmt_b, int R, int K, int S);

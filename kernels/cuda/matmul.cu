@@ -9,7 +9,28 @@
  *   wgrad    dW (M,K) += dout^T inp   ->  dW^T (K,M)   = inp^T dout   : A=inp N, B=dout T
  *   float8   out (R,S) = A B^T        ->  out^T (S,R)  = B' A^T       : A=B   T, B=A    N
  * (X' meaning the column-major view transposed by the op). The float8 line is the "TN"
- * layout cuBLASLt's float8 kernels require.
+ * layout cuBLASLt's float8 kernels require on Ada and Hopper ("A must be transposed and B
+ * non-transposed", cuBLAS docs, cublasLtMatmul, FP8 requirements): both operands of
+ * matmul_f8 are K-contiguous by contract (ops.h), so no transpose is needed here; the
+ * runtime makes W^T, dy^T and x^T K-contiguous with f8_transpose before calling.
+ *
+ * Float8 requirements (same doc section) and how they are met:
+ * - compute type CUBLAS_COMPUTE_32F, scale type CUDA_R_32F: every descriptor here;
+ * - 16-byte aligned pointers and leading dimensions: R, K, S multiples of 16 and
+ *   16-byte aligned operands, checked before any call;
+ * - A/B types E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3 (E5M2 x E5M2 has no kernel) with
+ *   C/D bf16/bf16 or fp32/fp32 (the type table of that section).
+ * The first H100 run (CUDA 13) got NOT_SUPPORTED from cublasLtMatmul, after the heuristic
+ * had answered, for the written (beta = 0) float8 GEMM, which passed C = D = out with two
+ * layout objects. Since CUDA 13 cuBLASLt checks that a C pointer equal to D comes with
+ * D's layout; XLA met this on its float8 path and fixed it by passing no C when beta = 0
+ * (openxla/xla#34912). So here C is NULL whenever beta = 0 (PyTorch's scaled_gemm passes
+ * NULL too), and an in-place update (C == D, beta = 1) passes one layout object for both.
+ * Two more guards, since float8 is cuBLASLt's least exercised path here: lt_run asks the
+ * heuristic for several algorithms and runs the first one cublasLtMatmul accepts (what
+ * NVIDIA's LtFp8Matmul sample advises when the first answer may not run), and if none
+ * accepts the direct form, matmul_f8 runs the plainest float8 form (fp32 D, no C) into
+ * scratch and rounds or adds it into the output with one elementwise kernel.
  *
  * Accumulation. "+=" outputs use beta = 1 with C = D: cuBLASLt reads C before writing D
  * element by element, so the update is in place; the weight gradient is an fp32 C/D with
@@ -21,14 +42,18 @@
  * A/B_SCALE_POINTER take the dequantisation factor 1/s, so a one-thread kernel writes the
  * two reciprocals into a device buffer owned by the GEMM state; the host never reads a
  * scale (no synchronisation). The buffer is reused by every float8 GEMM of the context,
- * which is safe because all of them run in stream order.
+ * which is safe because all of them run in stream order. Fast accumulation
+ * (CUBLASLT_MATMUL_DESC_FAST_ACCUM) stays off: Hopper then promotes the tensor-core partial
+ * sums to full fp32 periodically, which the fp32 weight gradients need.
  *
  * Algorithm cache. cublasLtMatmulAlgoGetHeuristic costs tens of microseconds, comparable
- * to a small GEMM, so its first answer is cached per problem: shape, ops, leading
- * dimensions, dtypes, epilogue and the operands' pointer alignments (an algorithm chosen
- * for 256-byte aligned pointers may not run on less aligned ones). Open addressing in a
- * fixed table; when the table is 3/4 full new problems are solved without caching. One
- * cache per context, so no locking (one mp_kctx per thread of work).
+ * to a small GEMM, so the first algorithm that runs is cached per problem: shape, ops,
+ * leading dimensions, dtypes, epilogue, whether C is read, and the operands' pointer
+ * alignments (an algorithm chosen for 256-byte aligned pointers may not run on less
+ * aligned ones). A problem no algorithm accepts is cached as refused, so the float8
+ * fallback does not ask again. Open addressing in a fixed table; when the table is 3/4
+ * full new problems are solved without caching. One cache per context, so no locking
+ * (one mp_kctx per thread of work).
  *
  * Every cuBLASLt status and kernel launch is checked; descriptors are released on every
  * path. */
@@ -36,7 +61,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/cuda_kernels.cuh" /* mp_cuda_scratch for the float8 fallback */
 #include "kernels/cuda/gemm.h"
 
 namespace {
@@ -44,6 +69,13 @@ namespace {
 /* 32 MiB: what NVIDIA recommends for Hopper cuBLASLt (and more than Ampere needs). */
 const size_t kWorkspaceBytes = (size_t)32 << 20;
 const int kCacheSlots = 512;
+/* Heuristic answers tried in order until cublasLtMatmul accepts one (NVIDIA's LtFp8Matmul
+ * sample suggests asking for several when the first may not run). */
+const int kMaxAlgos = 8;
+/* The two float8 scale factors sit 256 bytes apart, each as aligned as a separate
+ * cudaMalloc, the way every other cuBLASLt user passes them (cuBLASLt documents no
+ * alignment for scale pointers; this takes the question off the table). */
+const int kScaleStride = 64;
 
 /* All int32 fields, so the struct has no padding and memcmp / hashing of a
  * zero-initialised key is well defined. */
@@ -52,11 +84,13 @@ struct gemm_key {
   int32_t transa, transb;
   int32_t atype, btype, ctype, dtype;
   int32_t epilogue, scaled;
+  int32_t c_read; /* 1: C == D read in place (beta != 0); 0: C NULL (beta == 0) */
   int32_t align_a, align_b, align_c, align_d;
 };
 
 struct gemm_slot {
   int used;
+  int refused; /* no algorithm ran this problem: lt_run answers MP_ERR_UNSUPPORTED */
   gemm_key key;
   cublasLtMatmulAlgo_t algo;
 };
@@ -64,10 +98,13 @@ struct gemm_slot {
 struct gemm_state {
   gemm_slot slots[kCacheSlots];
   int n_used;
-  float *inv_scales; /* device (2): dequant factors of the float8 operands */
+  float *inv_scales; /* device (2 * kScaleStride): dequant factors of the float8 operands,
+                        at [0] (cuBLASLt A) and [kScaleStride] (cuBLASLt B) */
 };
 
-/* One cuBLASLt problem in column-major terms (see the file comment). */
+/* One cuBLASLt problem in column-major terms (see the file comment). C is either NULL
+ * (beta must be 0: nothing is read) or equal to D (an in-place update, same type and
+ * leading dimension); no call here reads a C distinct from D. */
 struct lt_call {
   const char *what;
   cublasOperation_t ta, tb;
@@ -123,6 +160,8 @@ gemm_slot *cache_find(gemm_state *gs, const gemm_key *key) {
     }                                                                                       \
   } while (0)
 
+/* Runs one problem. MP_ERR_UNSUPPORTED (message on kc->err) when cuBLASLt has no
+ * algorithm that accepts it, so a caller can fall back; any other failure is MP_ERR_CUDA. */
 mp_status lt_run(mp_kctx *kc, const lt_call *c) {
   mp_cuda_impl *im = mp_cuda_impl_of(kc);
   gemm_state *gs = (gemm_state *)im->gemm_cache;
@@ -130,17 +169,21 @@ mp_status lt_run(mp_kctx *kc, const lt_call *c) {
   cublasLtMatmulDesc_t op = NULL;
   cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL, ld = NULL;
   cublasLtMatmulPreference_t pref = NULL;
-  cublasLtMatmulHeuristicResult_t res;
+  cublasLtMatmulHeuristicResult_t res[kMaxAlgos];
   int n_res = 0;
   gemm_key key;
   gemm_slot *slot = NULL;
-  cublasLtMatmulAlgo_t algo;
   int32_t ta = (int32_t)c->ta, tb = (int32_t)c->tb;
   uint32_t epi = (uint32_t)c->epilogue;
   uint64_t ws_bytes = (uint64_t)im->workspace_bytes;
-  memset(&res, 0, sizeof(res));
-  memset(&algo, 0, sizeof(algo));
+  const int c_read = c->C != NULL;
+  cublasStatus_t last = CUBLAS_STATUS_NOT_SUPPORTED;
+  memset(res, 0, sizeof(res));
   memset(&key, 0, sizeof(key));
+  /* Invariants of every caller (see lt_call); a violation is a bug here, not bad input. */
+  if ((c_read && (c->C != c->D || c->ctype != c->dtype)) || (!c_read && c->beta != 0.0f))
+    return mp_error(kc->err, MP_ERR_INTERNAL, "%s: C must be NULL (beta 0) or equal to D "
+                    "with D's type", c->what);
 
   LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
@@ -151,6 +194,8 @@ mp_status lt_run(mp_kctx *kc, const lt_call *c) {
     LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c->bias,
                                           sizeof(c->bias)));
   }
+  /* Scales are set before the heuristic runs: it may pick a kernel that cannot apply
+   * them otherwise (openxla/xla#40747). */
   if (c->a_scale)
     LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                           &c->a_scale, sizeof(c->a_scale)));
@@ -162,8 +207,13 @@ mp_status lt_run(mp_kctx *kc, const lt_call *c) {
                                     c->ta == CUBLAS_OP_N ? c->k : c->m, c->lda));
   LT_TRY(cublasLtMatrixLayoutCreate(&lb, c->btype, c->tb == CUBLAS_OP_N ? c->k : c->n,
                                     c->tb == CUBLAS_OP_N ? c->n : c->k, c->ldb));
-  LT_TRY(cublasLtMatrixLayoutCreate(&lc, c->ctype, c->m, c->n, c->ldc));
   LT_TRY(cublasLtMatrixLayoutCreate(&ld, c->dtype, c->m, c->n, c->ldc));
+  /* In place: one layout object for C and D (CUDA 13 checks that C == D comes with D's
+   * layout). Not read: a layout of D's type still describes C, as cuBLASLt wants one. */
+  if (c_read)
+    lc = ld;
+  else
+    LT_TRY(cublasLtMatrixLayoutCreate(&lc, c->ctype, c->m, c->n, c->ldc));
 
   key.m = c->m;
   key.n = c->n;
@@ -179,14 +229,19 @@ mp_status lt_run(mp_kctx *kc, const lt_call *c) {
   key.dtype = (int32_t)c->dtype;
   key.epilogue = (int32_t)c->epilogue;
   key.scaled = c->a_scale != NULL;
+  key.c_read = c_read;
   key.align_a = pointer_alignment(c->A);
   key.align_b = pointer_alignment(c->B);
   key.align_c = pointer_alignment(c->C);
   key.align_d = pointer_alignment(c->D);
   slot = cache_find(gs, &key);
   if (slot && slot->used) {
-    algo = slot->algo;
-  } else {
+    if (slot->refused) goto refused;
+    LT_TRY(cublasLtMatmul(im->lt, op, &c->alpha, c->A, la, c->B, lb, &c->beta, c->C, lc, c->D,
+                          ld, &slot->algo, im->workspace, im->workspace_bytes, im->stream));
+    goto done;
+  }
+  {
     uint32_t al[4] = {(uint32_t)key.align_a, (uint32_t)key.align_b, (uint32_t)key.align_c,
                       (uint32_t)key.align_d};
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
@@ -200,28 +255,45 @@ mp_status lt_run(mp_kctx *kc, const lt_call *c) {
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof(al[2])));
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], sizeof(al[3])));
-    LT_TRY(cublasLtMatmulAlgoGetHeuristic(im->lt, op, la, lb, lc, ld, pref, 1, &res, &n_res));
-    if (n_res < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
-      st = mp_error(kc->err, MP_ERR_UNSUPPORTED, "%s: cuBLASLt has no algorithm for m=%d n=%d "
-                    "k=%d (types %d/%d->%d) on cuda device %d; check the dtypes and "
-                    "alignment of the operands", c->what, c->m, c->n, c->k, (int)c->atype,
-                    (int)c->btype, (int)c->dtype, kc->device);
-      goto done;
-    }
-    algo = res.algo;
+    /* NOT_SUPPORTED from the heuristic means "no algorithm", like n_res == 0. */
+    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(im->lt, op, la, lb, lc, ld, pref,
+                                                       kMaxAlgos, res, &n_res);
+    if (hs == CUBLAS_STATUS_NOT_SUPPORTED) n_res = 0;
+    else LT_TRY(hs);
+  }
+  /* The first answer that cublasLtMatmul accepts; NOT_SUPPORTED is decided on the host
+   * before anything is queued, so trying the next one is safe. */
+  for (int i = 0; i < n_res; i++) {
+    if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    last = cublasLtMatmul(im->lt, op, &c->alpha, c->A, la, c->B, lb, &c->beta, c->C, lc, c->D,
+                          ld, &res[i].algo, im->workspace, im->workspace_bytes, im->stream);
+    if (last == CUBLAS_STATUS_NOT_SUPPORTED) continue;
+    LT_TRY(last);
     if (slot && gs->n_used < kCacheSlots * 3 / 4) {
       slot->used = 1;
+      slot->refused = 0;
       slot->key = key;
-      slot->algo = algo;
+      slot->algo = res[i].algo;
       gs->n_used++;
     }
+    goto done;
   }
-  LT_TRY(cublasLtMatmul(im->lt, op, &c->alpha, c->A, la, c->B, lb, &c->beta, c->C, lc, c->D,
-                        ld, &algo, im->workspace, im->workspace_bytes, im->stream));
+  if (slot && gs->n_used < kCacheSlots * 3 / 4) {
+    slot->used = 1;
+    slot->refused = 1;
+    slot->key = key;
+    gs->n_used++;
+  }
+refused:
+  st = mp_error(kc->err, MP_ERR_UNSUPPORTED, "%s: cuBLASLt has no algorithm that runs m=%d "
+                "n=%d k=%d (A/B/D types %d/%d/%d, %d heuristic answers, last status %d: %s) "
+                "on cuda device %d; check the dtypes and alignment of the operands", c->what,
+                c->m, c->n, c->k, (int)c->atype, (int)c->btype, (int)c->dtype, n_res,
+                (int)last, cublasLtGetStatusString(last), kc->device);
 done:
   if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (lc && lc != ld) cublasLtMatrixLayoutDestroy(lc);
   if (ld) cublasLtMatrixLayoutDestroy(ld);
-  if (lc) cublasLtMatrixLayoutDestroy(lc);
   if (lb) cublasLtMatrixLayoutDestroy(lb);
   if (la) cublasLtMatrixLayoutDestroy(la);
   if (op) cublasLtMatmulDescDestroy(op);
@@ -278,7 +350,20 @@ __global__ void colsum_finish_kernel(float *dbias, const float *partial, int chu
 
 __global__ void reciprocal2_kernel(float *inv, const float *s0, const float *s1) {
   inv[0] = 1.0f / *s0;
-  inv[1] = 1.0f / *s1;
+  inv[kScaleStride] = 1.0f / *s1;
+}
+
+/* The float8 fallback's second half: out_x = round(tmp) (bf16, nearest even, as cuBLASLt's
+ * epilogue rounds), or out_f32 += tmp. Exactly one of out_x, out_f32 is non-NULL. */
+__global__ void f8_finish_kernel(__nv_bfloat16 *out_x, float *out_f32, const float *tmp,
+                                 size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    if (out_x)
+      out_x[i] = __float2bfloat16_rn(tmp[i]);
+    else
+      out_f32[i] += tmp[i];
+  }
 }
 
 enum { kTransposeTile = 32, kTransposeRows = 8 };
@@ -380,7 +465,7 @@ mp_status mp_cuda_gemm_init(mp_kctx *kc) {
     goto fail;
   }
   im->gemm_cache = gs;
-  ce = cudaMalloc(&gs->inv_scales, 2 * sizeof(float));
+  ce = cudaMalloc(&gs->inv_scales, 2 * kScaleStride * sizeof(float));
   if (ce != cudaSuccess) {
     gs->inv_scales = NULL;
     st = mp_error(kc->err, MP_ERR_CUDA, "cudaMalloc of the float8 scale buffer failed on "
@@ -556,20 +641,54 @@ mp_status mp_cuda_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint
   c.k = K;
   c.atype = fmt_b == MP_F8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
   c.btype = fmt_a == MP_F8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
-  c.ctype = c.dtype = out_x ? CUDA_R_16BF : CUDA_R_32F;
   c.A = b;
   c.lda = K;
   c.B = a;
   c.ldb = K;
-  c.C = out;
-  c.D = (void *)out;
   c.ldc = S;
   c.alpha = 1.0f;
-  c.beta = out_x ? 0.0f : 1.0f;
   c.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   c.a_scale = gs->inv_scales;
-  c.b_scale = gs->inv_scales + 1;
-  return lt_run(kc, &c);
+  c.b_scale = gs->inv_scales + kScaleStride;
+  /* Direct form: bf16 D written with no C (beta 0), or fp32 C = D updated in place. */
+  if (out_x) {
+    c.ctype = c.dtype = CUDA_R_16BF;
+    c.C = NULL;
+    c.D = out_x;
+    c.beta = 0.0f;
+  } else {
+    c.ctype = c.dtype = CUDA_R_32F;
+    c.C = out_f32;
+    c.D = out_f32;
+    c.beta = 1.0f;
+  }
+  mp_status st = lt_run(kc, &c);
+  if (st != MP_ERR_UNSUPPORTED) return st;
+  /* Fallback: the plainest float8 form, fp32 D with no C, into scratch, then one
+   * elementwise pass rounds it into out_x or adds it to out_f32. Costs R*S*4 bytes of
+   * scratch and one extra pass over the output. */
+  const size_t n = (size_t)R * S;
+  void *tmp = NULL;
+  MP_CHECK(mp_cuda_scratch(kc, n * sizeof(float), &tmp));
+  c.what = "matmul_f8 (fp32 fallback)";
+  c.ctype = c.dtype = CUDA_R_32F;
+  c.C = NULL;
+  c.D = tmp;
+  c.beta = 0.0f;
+  st = lt_run(kc, &c);
+  if (st != MP_OK) {
+    if (st == MP_ERR_UNSUPPORTED)
+      mp_error_prefix(kc->err, "matmul_f8: cuBLASLt refused both the %s output and the fp32 "
+                      "fallback (%s x %s, R=%d K=%d S=%d); ",
+                      out_x ? "bf16" : "accumulated fp32",
+                      fmt_a == MP_F8_E5M2 ? "E5M2" : "E4M3",
+                      fmt_b == MP_F8_E5M2 ? "E5M2" : "E4M3", R, K, S);
+    return st;
+  }
+  f8_finish_kernel<<<mp_cuda_grid(n, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0, im->stream>>>(
+      (__nv_bfloat16 *)out_x, out_f32, (const float *)tmp, n);
+  MP_CUDA_LAUNCH_CHECK(kc);
+  return MP_OK;
 }
 
 mp_status mp_cuda_f8_transpose(mp_kctx *kc, uint8_t *out, const uint8_t *in, int R, int C) {

@@ -16,10 +16,16 @@
 //   fp32 outputs   1e-5 unless stated: fp32 reductions in a different order than the
 //                  CPU's double ones; the error grows like eps * sqrt(terms) ~ 1e-6.
 //   copies, maxima, int32 outputs, float8 codes: exact.
+// Memory-bound kernels have a 16-byte vector path and a scalar path chosen by alignment and
+// shape; the *VectorPath* tests pick shapes and pointer offsets that take each of them
+// (offsets of 0 or 8 elements keep 16-byte alignment, 1 element breaks it), and lengths
+// that leave ragged tails, against the same CPU reference and bounds.
 // Without a CUDA device (or without a CUDA build) every test skips.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -163,6 +169,19 @@ class CudaOps : public ::testing::Test {
   void *PX(size_t n) { return Poison(n * 2); }
   float *PF(size_t n) { return (float *)Poison(n * 4); }
   int32_t *PI(size_t n) { return (int32_t *)Poison(n * 4); }
+  // An X tensor starting `off` elements into its allocation: off 0 or 8 keeps it 16-byte
+  // aligned (vector paths), off 1 makes it 2-byte aligned only (scalar paths).
+  void *XAt(const Vec &v, size_t off) {
+    char *p = (char *)Dev((v.size() + off) * 2) + off * 2;
+    Ok(g_->to_device_f32(&gk_, p, v.data(), v.size()));
+    return p;
+  }
+  void *PXAt(size_t n, size_t off) { return (char *)Poison((n + off) * 2) + off * 2; }
+  float *FAt(const Vec &v, size_t off) {
+    float *p = (float *)Dev((v.size() + off) * 4) + off;
+    Ok(g_->memcpy_h2d(&gk_, p, v.data(), v.size() * 4));
+    return p;
+  }
   Vec GetX(const void *p, size_t n) {
     Vec v(n);
     Ok(g_->from_device_f32(&gk_, v.data(), p, n));
@@ -317,6 +336,99 @@ TEST_F(CudaOps, RmsNormForwardBackward) {
   }
 }
 
+// Row lengths that take every vector-path variant: a warp per row holding 1..16 vectors
+// a lane (C 256..4096), a block per row (C 8192), the backward's grid-stride over more
+// rows than its 1024 blocks (N 1100) with several chunks of partial column sums; and the
+// scalar path through a 2-byte offset.
+TEST_F(CudaOps, NormVectorPathShapesAndOffsets) {
+  struct S { int N, C; size_t off; } shapes[] = {
+      {64, 2048, 0}, {3, 4096, 8}, {2, 8192, 0}, {1100, 256, 0}, {17, 2048, 1}, {9, 48, 8}};
+  uint64_t seed = 250;
+  for (auto s : shapes) {
+    for (int ln = 0; ln < 2; ln++) {
+      const std::string at = std::string(ln ? "layernorm " : "rmsnorm ") +
+                              std::to_string(s.N) + "x" + std::to_string(s.C) + " off " +
+                              std::to_string(s.off);
+      size_t nc = (size_t)s.N * s.C;
+      Vec x = rnd(nc, -1.5f, 2.5f, seed++), w = rnd(s.C, 0.5f, 1.5f, seed++);
+      Vec b = rnd(s.C, -0.5f, 0.5f, seed++);
+      const float eps = 1e-5f;
+      Vec out(nc), mean(s.N), rstd(s.N);
+      if (ln)
+        Ok(c_->layernorm_forward(&ck_, out.data(), mean.data(), rstd.data(), x.data(),
+                                 w.data(), b.data(), s.N, s.C, eps));
+      else
+        Ok(c_->rmsnorm_forward(&ck_, out.data(), rstd.data(), x.data(), w.data(), s.N, s.C,
+                               eps));
+      void *gx = XAt(x, s.off), *gw = XAt(w, s.off), *gb = XAt(b, s.off);
+      void *gout = PXAt(nc, s.off);
+      float *gmean = PF(s.N), *grstd = PF(s.N);
+      if (ln)
+        Gpu(g_->layernorm_forward(&gk_, gout, gmean, grstd, gx, gw, gb, s.N, s.C, eps));
+      else
+        Gpu(g_->rmsnorm_forward(&gk_, gout, grstd, gx, gw, s.N, s.C, eps));
+      EXPECT_TRUE(Close("out", GetX(gout, nc), out, 1e-2)) << at;
+      EXPECT_TRUE(Close("rstd", GetF(grstd, s.N), rstd, 1e-5)) << at;
+      if (ln) {
+        EXPECT_TRUE(Close("mean", GetF(gmean, s.N), mean, 1e-5)) << at;
+      }
+
+      Vec dout = rnd(nc, -1, 1, seed++);
+      Vec zdx(nc, 0.0f), zdw(s.C, 0.0f), zdb(s.C, 0.0f);
+      if (ln)
+        Ok(c_->layernorm_backward(&ck_, zdx.data(), zdw.data(), zdb.data(), dout.data(),
+                                  x.data(), w.data(), mean.data(), rstd.data(), s.N, s.C));
+      else
+        Ok(c_->rmsnorm_backward(&ck_, zdx.data(), zdw.data(), dout.data(), x.data(), w.data(),
+                                rstd.data(), s.N, s.C));
+      Vec dx0 = prior_like(zdx, seed++), dw0 = prior_like(zdw, seed++),
+          db0 = prior_like(zdb, seed++);
+      Vec rdx = dx0, rdw = dw0, rdb = db0;
+      if (ln)
+        Ok(c_->layernorm_backward(&ck_, rdx.data(), rdw.data(), rdb.data(), dout.data(),
+                                  x.data(), w.data(), mean.data(), rstd.data(), s.N, s.C));
+      else
+        Ok(c_->rmsnorm_backward(&ck_, rdx.data(), rdw.data(), dout.data(), x.data(), w.data(),
+                                rstd.data(), s.N, s.C));
+      void *gdx = XAt(dx0, s.off), *gdout = XAt(dout, s.off);
+      float *gdw = F(dw0), *gdb = F(db0);
+      if (ln)
+        Gpu(g_->layernorm_backward(&gk_, gdx, gdw, gdb, gdout, gx, gw, F(mean), F(rstd), s.N,
+                                   s.C));
+      else
+        Gpu(g_->rmsnorm_backward(&gk_, gdx, gdw, gdout, gx, gw, F(rstd), s.N, s.C));
+      EXPECT_TRUE(Close("dx", GetX(gdx, nc), rdx, 1e-2)) << at;
+      EXPECT_TRUE(Close("dw", GetF(gdw, s.C), rdw, 1e-5)) << at;
+      if (ln) {
+        EXPECT_TRUE(Close("db", GetF(gdb, s.C), rdb, 1e-5)) << at;
+      }
+
+      // Parameter gradients alone (dx NULL), and dx alone (dw NULL): each output is still
+      // right and the other is not touched.
+      Vec rdw2 = dw0;
+      if (ln) {
+        Vec rdb2 = db0;
+        Ok(c_->layernorm_backward(&ck_, nullptr, rdw2.data(), rdb2.data(), dout.data(),
+                                  x.data(), w.data(), mean.data(), rstd.data(), s.N, s.C));
+        float *gdw2 = F(dw0), *gdb2 = F(db0);
+        Gpu(g_->layernorm_backward(&gk_, nullptr, gdw2, gdb2, gdout, gx, gw, F(mean),
+                                   F(rstd), s.N, s.C));
+        EXPECT_TRUE(Close("dw only", GetF(gdw2, s.C), rdw2, 1e-5)) << at;
+        EXPECT_TRUE(Close("db only", GetF(gdb2, s.C), rdb2, 1e-5)) << at;
+      } else {
+        Ok(c_->rmsnorm_backward(&ck_, nullptr, rdw2.data(), dout.data(), x.data(), w.data(),
+                                rstd.data(), s.N, s.C));
+        float *gdw2 = F(dw0);
+        Gpu(g_->rmsnorm_backward(&gk_, nullptr, gdw2, gdout, gx, gw, F(rstd), s.N, s.C));
+        EXPECT_TRUE(Close("dw only", GetF(gdw2, s.C), rdw2, 1e-5)) << at;
+        void *gdx2 = XAt(dx0, s.off);
+        Gpu(g_->rmsnorm_backward(&gk_, gdx2, nullptr, gdout, gx, gw, F(rstd), s.N, s.C));
+        EXPECT_TRUE(Close("dx only", GetX(gdx2, nc), rdx, 1e-2)) << at;
+      }
+    }
+  }
+}
+
 // ---- RoPE ---------------------------------------------------------------------------------
 
 TEST_F(CudaOps, RopeForwardInPlaceAndBackward) {
@@ -414,6 +526,66 @@ TEST_F(CudaOps, ResidualAccumulateAndScale) {
     Ok(c_->scale_f32(&ck_, fy.data(), n, 0.37f));
     Gpu(g_->scale_f32(&gk_, gfa, n, 0.37f));
     EXPECT_TRUE(Close("scale_f32", GetF(gfa, n), fy, 0.0)) << n;  // one fp32 multiply
+  }
+}
+
+// The vector paths of the activation, residual and accumulation ops (16-byte aligned
+// operands; n = 100003 leaves a tail of 3) and their scalar fallbacks (one operand 2 bytes
+// off), against the CPU with the bounds above.
+TEST_F(CudaOps, ElementwiseVectorPathAndOffsets) {
+  const size_t n = 100003;
+  uint64_t seed = 450;
+  struct O { size_t in, out; } offs[] = {{0, 0}, {8, 0}, {0, 8}, {1, 0}, {0, 1}};
+  for (auto o : offs) {
+    const std::string at = "offsets in " + std::to_string(o.in) + " out " +
+                           std::to_string(o.out);
+    Vec x = rnd(n, -5, 5, seed++), up = rnd(n, -2, 2, seed++), dout = rnd(n, -1, 1, seed++);
+    void *gx = XAt(x, o.in), *gup = XAt(up, o.in), *gdout = XAt(dout, o.in);
+    Vec ref(n);
+    Ok(c_->swiglu_forward(&ck_, ref.data(), x.data(), up.data(), n));
+    void *gout = PXAt(n, o.out);
+    Gpu(g_->swiglu_forward(&gk_, gout, gx, gup, n));
+    EXPECT_TRUE(Close("swiglu out", GetX(gout, n), ref, 1e-2)) << at;
+
+    Vec zg(n, 0.0f), zu(n, 0.0f);
+    Ok(c_->swiglu_backward(&ck_, zg.data(), zu.data(), dout.data(), x.data(), up.data(), n));
+    Vec dg0 = prior_like(zg, seed++), du0 = prior_like(zu, seed++), rdg = dg0, rdu = du0;
+    Ok(c_->swiglu_backward(&ck_, rdg.data(), rdu.data(), dout.data(), x.data(), up.data(), n));
+    void *gdg = XAt(dg0, o.out), *gdu = XAt(du0, o.out);
+    Gpu(g_->swiglu_backward(&gk_, gdg, gdu, gdout, gx, gup, n));
+    EXPECT_TRUE(Close("swiglu dgate", GetX(gdg, n), rdg, 1e-2)) << at;
+    EXPECT_TRUE(Close("swiglu dup", GetX(gdu, n), rdu, 1e-2)) << at;
+    void *gdu2 = XAt(du0, o.out);
+    Gpu(g_->swiglu_backward(&gk_, nullptr, gdu2, gdout, gx, gup, n));
+    EXPECT_TRUE(Close("swiglu dup only", GetX(gdu2, n), rdu, 1e-2)) << at;
+
+    Ok(c_->gelu_forward(&ck_, ref.data(), x.data(), n));
+    gout = PXAt(n, o.out);
+    Gpu(g_->gelu_forward(&gk_, gout, gx, n));
+    EXPECT_TRUE(Close("gelu out", GetX(gout, n), ref, 1e-2)) << at;
+    Vec z(n, 0.0f);
+    Ok(c_->gelu_backward(&ck_, z.data(), dout.data(), x.data(), n));
+    Vec dx0 = prior_like(z, seed++), rdx = dx0;
+    Ok(c_->gelu_backward(&ck_, rdx.data(), dout.data(), x.data(), n));
+    void *gdx = XAt(dx0, o.out);
+    Gpu(g_->gelu_backward(&gk_, gdx, gdout, gx, n));
+    EXPECT_TRUE(Close("gelu dx", GetX(gdx, n), rdx, 1e-2)) << at;
+
+    Ok(c_->residual_forward(&ck_, ref.data(), x.data(), up.data(), n));
+    gout = PXAt(n, o.out);
+    Gpu(g_->residual_forward(&gk_, gout, gx, gup, n));
+    EXPECT_TRUE(Close("residual", GetX(gout, n), ref, 1e-2)) << at;
+    Vec y = dout;
+    Ok(c_->accumulate(&ck_, y.data(), up.data(), n));
+    void *gy = XAt(dout, o.out);
+    Gpu(g_->accumulate(&gk_, gy, gup, n));
+    EXPECT_TRUE(Close("accumulate", GetX(gy, n), y, 1e-2)) << at;
+
+    Vec fa = rnd(n, -1, 1, seed++), fb = rnd(n, -1e-3f, 1e-3f, seed++), fy = fa;
+    Ok(c_->accumulate_f32(&ck_, fy.data(), fb.data(), n));
+    float *gfa = FAt(fa, o.out);
+    Gpu(g_->accumulate_f32(&gk_, gfa, FAt(fb, o.in), n));
+    EXPECT_TRUE(Close("accumulate_f32", GetF(gfa, n), fy, 0.0)) << at;  // one add: exact
   }
 }
 
@@ -600,6 +772,61 @@ TEST_F(CudaOps, CrossEntropyFusedVocabParallelAndBackward) {
       void *gd = X(d0);
       Gpu(g_->ce_backward(&gk_, gd, b.gl, dlse, gt, dloss, s.N, b.Vl, b.vs));
       EXPECT_TRUE(Close("ce dlogits", GetX(gd, m), rd, 1e-2)) << s.V << " vs " << b.vs;
+    }
+  }
+}
+
+// Large vocabularies through the one-pass forward (16-byte aligned rows at V = 32000, rows
+// of every alignment at V = 50257), with rows built to stress the running max: ascending
+// (a new max in every vector, so the sum is rescaled each time), descending, one huge
+// logit, and constant. The backward runs on the vector rows and, with dlogits 2 bytes off
+// the logits' alignment, on the elementwise fallback.
+TEST_F(CudaOps, CrossEntropyVectorPathLargeVocab) {
+  struct S { int N, V; } shapes[] = {{16, 32000}, {6, 50257}};
+  uint64_t seed = 850;
+  for (auto s : shapes) {
+    size_t nv = (size_t)s.N * s.V;
+    Vec logits = rnd(nv, -8, 8, seed++);
+    std::sort(logits.begin(), logits.begin() + s.V);                          // row 0 ascending
+    std::sort(logits.begin() + s.V, logits.begin() + 2 * (size_t)s.V, std::greater<float>());
+    logits[2 * (size_t)s.V + s.V / 2] = 60.0f;                                 // row 2: one spike
+    for (int v = 0; v < s.V; v++) logits[3 * (size_t)s.V + v] = -3.0f;         // row 3: flat
+    IVec tgt = rnd_int(s.N, 0, s.V, seed++);
+    tgt[1] = -1;  // ignored row
+    tgt[2] = s.V / 2;
+    Vec losses(s.N), lse(s.N);
+    float mean = 0.0f;
+    Ok(c_->cross_entropy_forward(&ck_, losses.data(), &mean, lse.data(), logits.data(),
+                                 tgt.data(), s.N, s.V));
+    void *gl = X(logits);
+    int32_t *gt = I(tgt);
+    float *glosses = PF(s.N), *gmean = PF(1), *glse = PF(s.N);
+    Gpu(g_->cross_entropy_forward(&gk_, glosses, gmean, glse, gl, gt, s.N, s.V));
+    EXPECT_TRUE(Close("ce losses", GetF(glosses, s.N), losses, 1e-5)) << s.V;
+    EXPECT_TRUE(Close("ce loss_mean", GetF(gmean, 1), Vec{mean}, 1e-5)) << s.V;
+    EXPECT_TRUE(Close("ce lse", GetF(glse, s.N), lse, 1e-5)) << s.V;
+
+    Vec lmax(s.N), lsum(s.N);
+    Ok(c_->ce_local_max(&ck_, lmax.data(), logits.data(), s.N, s.V));
+    float *glmax = PF(s.N);
+    Gpu(g_->ce_local_max(&gk_, glmax, gl, s.N, s.V));
+    EXPECT_TRUE(Close("ce_local_max", GetF(glmax, s.N), lmax, 0.0)) << s.V;
+    Ok(c_->ce_local_sumexp(&ck_, lsum.data(), logits.data(), lmax.data(), s.N, s.V));
+    float *glsum = PF(s.N);
+    Gpu(g_->ce_local_sumexp(&gk_, glsum, gl, F(lmax), s.N, s.V));
+    EXPECT_TRUE(Close("ce_local_sumexp", GetF(glsum, s.N), lsum, 1e-5)) << s.V;
+
+    float dloss = 1.0f / s.N;
+    Vec zd(nv, 0.0f);
+    Ok(c_->ce_backward(&ck_, zd.data(), logits.data(), lse.data(), tgt.data(), dloss, s.N, s.V,
+                       0));
+    Vec d0 = prior_like(zd, seed++), rd = d0;
+    Ok(c_->ce_backward(&ck_, rd.data(), logits.data(), lse.data(), tgt.data(), dloss, s.N, s.V,
+                       0));
+    for (size_t off : {size_t(0), size_t(1)}) {
+      void *gd = XAt(d0, off);
+      Gpu(g_->ce_backward(&gk_, gd, gl, F(lse), gt, dloss, s.N, s.V, 0));
+      EXPECT_TRUE(Close("ce dlogits", GetX(gd, nv), rd, 1e-2)) << s.V << " off " << off;
     }
   }
 }

@@ -10,9 +10,15 @@
 // unwritten element fails. Bounds (relative L2 over the whole tensor):
 //   bf16 outputs: 1e-2 (bf16 has 8 mantissa bits: one rounding is <= 2^-9 ~ 2e-3
 //     relative per element; a wrong index or a missing term gives errors of order 1);
-//   fp32 outputs from bf16 or float8 inputs (weight and bias gradients, lse, float8
-//     GEMM into fp32): 1e-4 (products are exact, fp32 sums of a few hundred terms differ
-//     by ~1e-6 from the CPU's order);
+//   fp32 outputs from bf16 inputs (weight and bias gradients, lse): 1e-4 (products are
+//     exact, fp32 sums of a few hundred terms differ by ~1e-6 from the CPU's order);
+//   fp32 outputs of float8 GEMMs: kF8F32Bound = 2e-3. Hopper's float8 tensor-core MMA
+//     aligns its addends to the largest exponent and keeps about 14 bits while it
+//     accumulates (DeepSeek-V3 technical report, sec. 3.3.2); cuBLASLt's default (no
+//     fast accumulation) promotes the partial sums to fp32 every few MMAs, which bounds
+//     the error at roughly sqrt(terms per chunk) * 2^-15 ~ 1e-4..5e-4 relative for the
+//     wide-range random codes used here. A wrong scale, a missing K block or an overwrite
+//     instead of an add is off by 1e-1 or more;
 //   accumulating outputs start from a non-zero value comparable to the result, so an op
 //   that overwrote instead of adding would be off by ~30 %.
 #include <gtest/gtest.h>
@@ -286,6 +292,8 @@ TEST_F(GemmAttention, AttentionRefusesUnsupportedHeadDim) {
                                   33), MP_ERR_UNSUPPORTED);
 }
 
+const double kF8F32Bound = 2e-3; // see the file comment
+
 uint8_t finite_code(Rng &r, mp_f8_format fmt) {
   for (;;) {
     uint8_t c = (uint8_t)r.next();
@@ -298,10 +306,17 @@ TEST_F(GemmAttention, Float8MatmulMatchesCpuOrIsRefused) {
     int R, K, S;
     mp_f8_format fa, fb;
   };
+  // Every supported format pair (E5M2 x E4M3 is the gradient pairing of ops.h), shapes
+  // from the smallest the op accepts to ones that take cuBLASLt's tiled kernels
+  // (256 x 512 x 384 spans several 128-wide tiles in every dimension).
   const Case cases[] = {{16, 16, 16, MP_F8_E4M3, MP_F8_E4M3},
                         {32, 64, 48, MP_F8_E5M2, MP_F8_E4M3},
                         {64, 256, 128, MP_F8_E4M3, MP_F8_E5M2},
-                        {48, 512, 32, MP_F8_E5M2, MP_F8_E4M3}};
+                        {48, 512, 32, MP_F8_E5M2, MP_F8_E4M3},
+                        {256, 512, 384, MP_F8_E4M3, MP_F8_E4M3},
+                        {256, 512, 384, MP_F8_E5M2, MP_F8_E4M3},
+                        {384, 256, 512, MP_F8_E4M3, MP_F8_E5M2},
+                        {1024, 128, 256, MP_F8_E4M3, MP_F8_E4M3}};
   for (const Case &c : cases) {
     Rng r(c.R + c.K + c.S);
     std::vector<uint8_t> a((size_t)c.R * c.K), b((size_t)c.S * c.K);
@@ -332,7 +347,18 @@ TEST_F(GemmAttention, Float8MatmulMatchesCpuOrIsRefused) {
     EXPECT_LE(rel_l2(get_x(d_out, ref.size()), ref), 1e-2) << "bf16 out " << at;
     ASSERT_EQ(be->matmul_f8(&kc, nullptr, d_acc, d_a, d_sa, c.fa, d_b, d_sb, c.fb, c.R, c.K,
                             c.S), MP_OK) << mp_errmsg(&err);
-    EXPECT_LE(rel_l2(get_f32(d_acc, ref.size()), ref_acc), 1e-4) << "fp32 += " << at;
+    EXPECT_LE(rel_l2(get_f32(d_acc, ref.size()), ref_acc), kF8F32Bound) << "fp32 += " << at;
+    // Second calls take the cached algorithm: the written output is rewritten (the
+    // poison is back first, so a call that wrote nothing fails) and the accumulated one
+    // gains another ref (start + 2 ref).
+    void *d_out2 = poisoned(ref.size() * 2);
+    ASSERT_EQ(be->matmul_f8(&kc, d_out2, nullptr, d_a, d_sa, c.fa, d_b, d_sb, c.fb, c.R, c.K,
+                            c.S), MP_OK) << mp_errmsg(&err);
+    EXPECT_LE(rel_l2(get_x(d_out2, ref.size()), ref), 1e-2) << "bf16 out, cached " << at;
+    ASSERT_EQ(be->matmul_f8(&kc, nullptr, d_acc, d_a, d_sa, c.fa, d_b, d_sb, c.fb, c.R, c.K,
+                            c.S), MP_OK) << mp_errmsg(&err);
+    for (size_t i = 0; i < ref.size(); i++) ref_acc[i] += ref[i];
+    EXPECT_LE(rel_l2(get_f32(d_acc, ref.size()), ref_acc), kF8F32Bound) << "fp32 += twice " << at;
   }
   // Dims that are not multiples of 16 are refused whatever the device.
   float *d_one = dev_f32(Vec{1.0f});
@@ -341,6 +367,61 @@ TEST_F(GemmAttention, Float8MatmulMatchesCpuOrIsRefused) {
   EXPECT_EQ(be->matmul_f8(&kc, d_out, nullptr, (const uint8_t *)d_codes, d_one, MP_F8_E4M3,
                           (const uint8_t *)d_codes, d_one, MP_F8_E4M3, 17, 32, 16),
             MP_ERR_UNSUPPORTED);
+}
+
+// The runtime's float8 Linear backward, as ops.h describes it: dgrad dx (N, K) = dy W is
+// A = dy (N, M) in E5M2 and B = W^T (K, M) in E4M3, made K-contiguous with f8_transpose
+// from W (M, K); wgrad dW (M, K) += dy^T x is A = dy^T (M, N), B = x^T (K, N), both
+// transposed on the device, accumulated into fp32. The CPU reference multiplies the same
+// codes (transposed on the host), so both sides see identical operands.
+TEST_F(GemmAttention, Float8LinearBackwardThroughTranspose) {
+  const int N = 128, K = 256, M = 384;
+  Rng r(77);
+  std::vector<uint8_t> dy((size_t)N * M), w((size_t)M * K), x((size_t)N * K);
+  for (auto &v : dy) v = finite_code(r, MP_F8_E5M2);
+  for (auto &v : w) v = finite_code(r, MP_F8_E4M3);
+  for (auto &v : x) v = finite_code(r, MP_F8_E4M3);
+  auto transpose = [](const std::vector<uint8_t> &in, int R, int C) {
+    std::vector<uint8_t> out(in.size());
+    for (int i = 0; i < R; i++)
+      for (int j = 0; j < C; j++) out[(size_t)j * R + i] = in[(size_t)i * C + j];
+    return out;
+  };
+  const std::vector<uint8_t> wt = transpose(w, M, K), dyt = transpose(dy, N, M),
+                             xt = transpose(x, N, K);
+  const float s_dy = mp_f8_max(MP_F8_E5M2) / 2.0f, s_w = mp_f8_max(MP_F8_E4M3) / 0.25f,
+              s_x = mp_f8_max(MP_F8_E4M3) / 4.0f;
+  Vec ref_dx((size_t)N * K), fresh_dw((size_t)M * K, 0.0f);
+  ASSERT_EQ(cpu->matmul_f8(&cpu_kc, ref_dx.data(), nullptr, dy.data(), &s_dy, MP_F8_E5M2,
+                           wt.data(), &s_w, MP_F8_E4M3, N, M, K), MP_OK);
+  ASSERT_EQ(cpu->matmul_f8(&cpu_kc, nullptr, fresh_dw.data(), dyt.data(), &s_dy, MP_F8_E5M2,
+                           xt.data(), &s_x, MP_F8_E4M3, M, N, K), MP_OK);
+  Vec start_dw((size_t)M * K), ref_dw((size_t)M * K);
+  for (size_t i = 0; i < start_dw.size(); i++) {
+    start_dw[i] = 0.5f * fresh_dw[i];
+    ref_dw[i] = start_dw[i] + fresh_dw[i];
+  }
+  const uint8_t *d_dy = (const uint8_t *)dev_bytes(dy), *d_w = (const uint8_t *)dev_bytes(w),
+                *d_x = (const uint8_t *)dev_bytes(x);
+  uint8_t *d_wt = (uint8_t *)poisoned(wt.size()), *d_dyt = (uint8_t *)poisoned(dyt.size()),
+          *d_xt = (uint8_t *)poisoned(xt.size());
+  ASSERT_EQ(be->f8_transpose(&kc, d_wt, d_w, M, K), MP_OK) << mp_errmsg(&err);
+  ASSERT_EQ(be->f8_transpose(&kc, d_dyt, d_dy, N, M), MP_OK) << mp_errmsg(&err);
+  ASSERT_EQ(be->f8_transpose(&kc, d_xt, d_x, N, K), MP_OK) << mp_errmsg(&err);
+  float *d_sdy = dev_f32(Vec{s_dy}), *d_sw = dev_f32(Vec{s_w}), *d_sx = dev_f32(Vec{s_x});
+  void *d_dx = poisoned(ref_dx.size() * 2);
+  float *d_dw = dev_f32(start_dw);
+  mp_status st = be->matmul_f8(&kc, d_dx, nullptr, d_dy, d_sdy, MP_F8_E5M2, d_wt, d_sw,
+                               MP_F8_E4M3, N, M, K);
+  if (cc < 89) {
+    EXPECT_EQ(st, MP_ERR_UNSUPPORTED);
+    return;
+  }
+  ASSERT_EQ(st, MP_OK) << mp_errmsg(&err);
+  ASSERT_EQ(be->matmul_f8(&kc, nullptr, d_dw, d_dyt, d_sdy, MP_F8_E5M2, d_xt, d_sx, MP_F8_E4M3,
+                          M, N, K), MP_OK) << mp_errmsg(&err);
+  EXPECT_LE(rel_l2(get_x(d_dx, ref_dx.size()), ref_dx), 1e-2) << "dgrad";
+  EXPECT_LE(rel_l2(get_f32(d_dw, ref_dw.size()), ref_dw), kF8F32Bound) << "wgrad +=";
 }
 
 TEST_F(GemmAttention, Float8TransposeIsExact) {
