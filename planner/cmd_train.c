@@ -1,5 +1,6 @@
 /* meshplan train: builds the plan for --model on --mesh and trains it with the runtime
- * (exec/runtime/) on the CPU backend, printing per step loss, step time, tokens/s and
+ * (exec/runtime/) on the CPU backend or, with --device cuda, on one GPU per rank (the
+ * CUDA backend: bf16 compute, fp32 master weights; step time from CUDA events), printing per step loss, step time, tokens/s and
  * peak memory; optionally writes the initial weights, the step-1 gradients, the losses
  * and the data used (for tests/reference/model_ref.py), and records measurements in the
  * planner's database.
@@ -25,6 +26,7 @@
 #include "exec/runtime/runtime.h"
 #include "exec/runtime/weights.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cuda/cuda.h"
 #include "planner/calibrate.h"
 #include "planner/commands.h"
 #include "planner/evaluate.h"
@@ -46,12 +48,13 @@ static mp_opt k_opts[] = {
     {"--clip", "NORM", "clip the global gradient norm to NORM; 0 disables (default 1.0)", NULL},
     {"--data", "SRC", "synthetic (Markov chain of known entropy) or an llm.c token shard path (default synthetic)", NULL},
     {"--fanout", "K", "successors per state of the synthetic chain (default 4)", NULL},
-    {"--device", "D", "cpu or cuda (default cpu)", NULL},
+    {"--device", "D", "cpu or cuda (default cpu); cuda: one GPU per rank (the node-local rank's), bf16 "
+     "compute with fp32 master weights and optimizer state", NULL},
     {"--db", "PATH", "record per-step measurements in this planner database, next to the plan's prediction "
      "(without --plan-id the mesh is predicted and recorded as a one-plan run first)", NULL},
     {"--plan-id", "ID", "the plan (from meshplan plan --db) the measurements belong to", NULL},
-    {"--auto", NULL, "plan for the current world size on the CPU profile and train the best executable plan "
-     "(--ac, --fp8, --micro-batch given constrain it)", NULL},
+    {"--auto", NULL, "plan for the current world size on this device's profile (CPU, or the GPU's) and train "
+     "the best executable plan (--ac, --fp8, --micro-batch given constrain it)", NULL},
     {"--seed", "N", "initialization and data seed (default 1234)", NULL},
     {"--dump-weights", "PATH", "write the initial full weights (weight file, exec/runtime/weights.h)", NULL},
     {"--dump-grads", "PATH", "write the full gradients of step 1 (before clipping)", NULL},
@@ -62,7 +65,7 @@ static mp_opt k_opts[] = {
 };
 
 static mp_cmd_spec k_spec = {
-    "train", "Train a model with a plan on CPUs (world size 1 without mpirun; mpirun for more ranks).",
+    "train", "Train a model with a plan on CPUs or GPUs (world size 1 without mpirun; mpirun for more ranks).",
     "--model M [--mesh MESH] [--ac MODE] [--steps K] [--seq S] [--micro-batch B] [--global-batch G] "
     "[--lr LR] [--data synthetic|PATH] [--device cpu|cuda] [--db PATH --plan-id ID] [--seed N] "
     "[--dump-weights PATH]",
@@ -76,23 +79,43 @@ typedef struct train_pick {
   double step_time_s;       /* predicted */
   int64_t peak_mem_bytes;   /* predicted */
   int64_t n_candidates, n_feasible;
-  int calibrated;           /* the CPU profile carries a `meshplan calibrate` measurement */
+  int calibrated;           /* the profile carries a `meshplan calibrate` measurement */
 } train_pick;
 
-/* A planner run on the CPU profile for `world` ranks (cluster "cpu" with every rank on one
- * node, stack meshplan-cpu, fp32 parameters as the CPU runtime keeps them), constrained by
- * fix and to what the runtime executes. best = 1: the best feasible plan (--auto), whose
- * options are written into po; best = 0: the one candidate fix pins, feasible or not (a
- * prediction for the given mesh). db: record the run there (NULL: no record). */
-static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, mp_plan_options *po,
-                                const mp_search_fix *fix, int best, const char *db, train_pick *out) {
+/* Where train runs: the CPU, or a GPU of the profile named gpu (data/gpus). */
+typedef struct train_device {
+  int cuda;
+  int index;         /* CUDA device of this rank */
+  char name[128];    /* the device's own name (CUDA) */
+  const char *gpu;   /* GPU profile: "cpu", "h100-sxm", ... */
+  const char *stack; /* stack profile of the runtime on it */
+} train_device;
+
+/* The GPU profile (data/gpus) for a CUDA device's name, or NULL. */
+static const char *gpu_profile_of(const char *name) {
+  if (strstr(name, "H200")) return "h200";
+  if (strstr(name, "H100")) return strstr(name, "NVL") || strstr(name, "96GB") ? "h100-96gb-500w" : "h100-sxm";
+  if (strstr(name, "A100")) return "a100-80gb-sxm";
+  if (strstr(name, "B200")) return "b200";
+  return NULL;
+}
+
+/* A planner run on the device's profile for `world` ranks on one node (the CPU: cluster
+ * "cpu", stack meshplan-cpu, fp32 parameters as the CPU runtime keeps them; a GPU: its
+ * profile, stack meshplan-cuda, fp32 masters gathered in bf16), constrained by fix and to
+ * what the runtime executes. best = 1: the best feasible plan (--auto), whose options are
+ * written into po; best = 0: the one candidate fix pins, feasible or not (a prediction
+ * for the given mesh). db: record the run there (NULL: no record). */
+static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, const train_device *dev,
+                                mp_plan_options *po, const mp_search_fix *fix, int best, const char *db,
+                                train_pick *out) {
   memset(out, 0, sizeof *out);
   mp_cluster c;
-  MP_CHECK(mp_cluster_make(ctx, "cpu", world, world, &c));
-  if (db) { /* the newest `meshplan calibrate --device cpu` in the database, when there is one */
+  MP_CHECK(mp_cluster_make(ctx, dev->gpu, world, world, &c));
+  if (db) { /* the newest `meshplan calibrate --device D` in the database, when there is one */
     mp_ctx c2;
     mp_ctx_init(&c2);
-    mp_status cs = mp_calib_load_apply(&c2, db, "cpu", &c.gpu, &c);
+    mp_status cs = mp_calib_load_apply(&c2, db, dev->cuda ? "cuda" : "cpu", &c.gpu, &c);
     if (cs == MP_OK) {
       out->calibrated = 1;
     } else if (cs != MP_ERR_NOT_FOUND) {
@@ -104,10 +127,10 @@ static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, mp_pl
   mp_store *store = NULL;
   mp_planner_result res;
   memset(&res, 0, sizeof res);
-  mp_status st = mp_sim_evaluator_init(ctx, ev, m, &c, po->seq, po->global_batch, 0.05, "meshplan-cpu");
+  mp_status st = mp_sim_evaluator_init(ctx, ev, m, &c, po->seq, po->global_batch, 0.05, dev->stack);
   if (st == MP_OK) {
     ev->base.master_dtype = MP_DTYPE_FP32;
-    ev->base.fsdp.param_dtype = MP_DTYPE_FP32; /* the CPU runtime gathers fp32 */
+    ev->base.fsdp.param_dtype = dev->cuda ? MP_DTYPE_BF16 : MP_DTYPE_FP32; /* what the runtime gathers */
   }
   mp_planner_request req;
   memset(&req, 0, sizeof req);
@@ -146,9 +169,9 @@ static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, mp_pl
     out->n_candidates = res.search->n;
     out->n_feasible = res.search->n_feasible;
     if (!pickc) {
-      st = best ? mp_error(ctx, MP_ERR_INVALID, "--auto: none of the %lld executable plans for %s on %d CPU "
+      st = best ? mp_error(ctx, MP_ERR_INVALID, "--auto: none of the %lld executable plans for %s on %d %s "
                            "rank%s fits (global batch %lld, seq %lld); lower --global-batch or --seq, or add ranks",
-                           (long long)res.search->n, m->name, world, world == 1 ? "" : "s",
+                           (long long)res.search->n, m->name, world, dev->cuda ? "GPU" : "CPU", world == 1 ? "" : "s",
                            (long long)po->global_batch, (long long)po->seq)
                 : mp_error(ctx, MP_ERR_INVALID, "the planner could not evaluate this mesh for %s (global batch "
                            "%lld, micro-batch %lld): see `meshplan simulate` for why", m->name,
@@ -198,16 +221,33 @@ int mp_cmd_train(int argc, char **argv) {
   mp_kctx kc = {&ctx, NULL, 0};
   const mp_backend *be = mp_backend_cpu();
   int be_up = 0;
+  mp_cuda_timer *timer = NULL;
+  train_device dev = {0, 0, "cpu", "cpu", "meshplan-cpu"};
 
   const char *device = mp_args_get(&k_spec, "--device");
   if (device && strcmp(device, "cpu") != 0) {
-    if (strcmp(device, "cuda") == 0) {
-      st = mp_error(&ctx, MP_ERR_UNSUPPORTED, "--device cuda is not available in this build (the CUDA runtime "
-                    "comes with the GPU issue); use --device cpu");
-    } else {
-      st = mp_error(&ctx, MP_ERR_USAGE, "--device %s: choose cpu or cuda", device);
-    }
-    return mp_cmd_fail(&ctx, st);
+    if (strcmp(device, "cuda") != 0)
+      return mp_cmd_fail(&ctx, mp_error(&ctx, MP_ERR_USAGE, "--device %s: choose cpu or cuda", device));
+    const int n_gpus = mp_cuda_device_count();
+    if (!mp_cuda_built() || n_gpus == 0)
+      return mp_cmd_fail(&ctx, mp_error(&ctx, MP_ERR_UNSUPPORTED, "--device cuda: %s; use --device cpu",
+                                        mp_cuda_built() ? "no CUDA device is visible (check the driver and "
+                                                          "CUDA_VISIBLE_DEVICES)"
+                                                        : "this meshplan was built without CUDA"));
+    /* one GPU per rank: the node-local rank's, shared round-robin when ranks outnumber GPUs
+     * (the comm then stages through host memory; see exec/comm) */
+    const int lr = mp_comm_local_rank_from_env();
+    dev.cuda = 1;
+    dev.index = (lr < 0 ? 0 : lr) % n_gpus;
+    dev.stack = "meshplan-cuda";
+    be = mp_cuda_backend();
+    mp_status ds = mp_cuda_device_name(&kc, dev.index, dev.name, sizeof dev.name);
+    if (ds != MP_OK) return mp_cmd_fail(&ctx, ds);
+    dev.gpu = gpu_profile_of(dev.name);
+    if (!dev.gpu)
+      return mp_cmd_fail(&ctx, mp_error(&ctx, MP_ERR_UNSUPPORTED, "--device cuda: no GPU profile in data/gpus "
+                                        "matches \"%s\"; add one (peak FLOP/s, memory, bandwidth) to predict it",
+                                        dev.name));
   }
   const char *db = mp_args_get(&k_spec, "--db");
   long long plan_id = 0;
@@ -246,7 +286,7 @@ int mp_cmd_train(int argc, char **argv) {
     if (user_ac) fix.ac = po.ac;
     if (po.fp8) fix.fp8 = 1;
     if (user_mb) fix.micro_batch = po.micro_batch;
-    MP_CHECK_GOTO(plan_for_train(&ctx, &model, world, &po, &fix, 1, env_rank == 0 ? db : NULL, &pick), st, out);
+    MP_CHECK_GOTO(plan_for_train(&ctx, &model, world, &dev, &po, &fix, 1, env_rank == 0 ? db : NULL, &pick), st, out);
     mesh = pick.mesh;
     plan_id = pick.plan_id;
   } else {
@@ -273,12 +313,15 @@ int mp_cmd_train(int argc, char **argv) {
       /* the planner enumerates reshard only where there is an FSDP group to reshard over */
       fix.reshard = mesh.size[MP_DIM_DP_SHARD] > 1 ? po.fsdp.reshard_after_forward : 0;
       fix.micro_batch = po.micro_batch;
-      MP_CHECK_GOTO(plan_for_train(&ctx, &model, world, &po, &fix, 0, env_rank == 0 ? db : NULL, &pick), st, out);
+      MP_CHECK_GOTO(plan_for_train(&ctx, &model, world, &dev, &po, &fix, 0, env_rank == 0 ? db : NULL, &pick), st, out);
       plan_id = pick.plan_id;
     }
   }
 
-  /* Communicator first: a mesh that does not match the world fails on every rank. */
+  /* The device, then the communicator: a mesh that does not match the world fails on
+   * every rank. */
+  MP_CHECK_GOTO(be->init(&kc, dev.index), st, out);
+  be_up = 1;
   mpi = launch.under_mpi;
   if (mpi) {
     MP_CHECK_GOTO(mp_comm_create_mpi(&ctx, &mesh, &comm), st, out);
@@ -301,7 +344,8 @@ int mp_cmd_train(int argc, char **argv) {
   MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--fanout", 1, &fanout), st, out);
   const long long seq = po.seq, mb = po.micro_batch, gb = po.global_batch;
   po.master_dtype = MP_DTYPE_FP32;
-  po.fsdp.param_dtype = MP_DTYPE_FP32; /* the CPU runtime computes in fp32 */
+  /* the CPU runtime computes and gathers in fp32; the CUDA one gathers bf16 */
+  po.fsdp.param_dtype = dev.cuda ? MP_DTYPE_BF16 : MP_DTYPE_FP32;
   MP_CHECK_GOTO(mp_build_plan(&ctx, &model, &mesh, &po, &plan), st, out);
 
   mp_runtime_options ro;
@@ -344,9 +388,8 @@ int mp_cmd_train(int argc, char **argv) {
     if (st != MP_OK) goto out;
   }
 
-  MP_CHECK_GOTO(be->init(&kc, 0), st, out);
-  be_up = 1;
   MP_CHECK_GOTO(mp_runtime_create(&ctx, plan, comm, be, &kc, &ro, &rt), st, out);
+  if (dev.cuda) MP_CHECK_GOTO(mp_cuda_timer_create(&kc, &timer), st, out);
   if (db) MP_CHECK_GOTO(mp_store_open(&ctx, db, &store), st, out);
 
   const int quiet = mp_args_has(&k_spec, "--quiet");
@@ -367,17 +410,20 @@ int mp_cmd_train(int argc, char **argv) {
            data ? data : "synthetic");
     if (corpus.entropy_nats >= 0) printf(" (entropy floor %.4f nats)", corpus.entropy_nats);
     printf(", float8 %s\n", plan->opts.fp8 ? "on" : "off");
+    if (dev.cuda) printf("device: cuda %d (%s, profile %s), bf16 compute\n", dev.index, dev.name, dev.gpu);
   }
   if (rank == 0 && pick.found)
-    printf("%s: %lld candidate%s for %d CPU rank%s, %lld feasible; predicted step %.2f ms, peak %.3f MiB per rank"
-           "%s%lld)\n",
-           want_auto ? "auto: best executable plan of" : "prediction (meshplan-cpu profile) from",
-           (long long)pick.n_candidates, pick.n_candidates == 1 ? "" : "s", world, world == 1 ? "" : "s",
+    printf("%s%s profile) from %lld candidate%s for %d %s rank%s, %lld feasible; predicted step %.2f ms, peak "
+           "%.3f MiB per rank%s%lld)\n",
+           want_auto ? "auto: best executable plan (" : "prediction (", dev.stack,
+           (long long)pick.n_candidates, pick.n_candidates == 1 ? "" : "s", world, dev.cuda ? "GPU" : "CPU",
+           world == 1 ? "" : "s",
            (long long)pick.n_feasible, pick.step_time_s * 1e3, pick.peak_mem_bytes / 1048576.0,
            pick.plan_id ? " (plan id " : " (not recorded", (long long)pick.plan_id);
   if (rank == 0 && pick.found && !pick.calibrated)
-    printf("note: the CPU profile is uncalibrated (data/gpus/cpu.json placeholders); run `meshplan calibrate "
-           "--device cpu --db %s` first for predictions of this machine\n", db ? db : "DB");
+    printf("note: the %s profile is uncalibrated (data/gpus/%s.json, data/stacks/%s.json); run `meshplan "
+           "calibrate --device %s --db %s` first for predictions of this machine\n",
+           dev.cuda ? "GPU" : "CPU", dev.gpu, dev.stack, dev.cuda ? "cuda" : "cpu", db ? db : "DB");
   const char *dump_g = mp_args_get(&k_spec, "--dump-grads");
   double total_s = 0, tokens_all = 0;
   step_s = calloc((size_t)steps, sizeof *step_s);
@@ -389,6 +435,7 @@ int mp_cmd_train(int argc, char **argv) {
   for (long long s = 0; s < steps; s++) {
     MP_CHECK_GOTO(mp_corpus_batch(&ctx, &corpus, s, gb, seq, dp_index, dp, batch), st, out);
     mp_step_result r;
+    if (timer) MP_CHECK_GOTO(mp_cuda_timer_start(&kc, timer), st, out);
     double t0 = mp_now_s();
     if (s == 0 && dump_g) {
       mp_talloc_reset_peak((mp_talloc *)mp_runtime_allocator(rt));
@@ -400,12 +447,15 @@ int mp_cmd_train(int argc, char **argv) {
       mp_wfile_free(&w);
       if (st != MP_OK) goto out;
       t0 = mp_now_s(); /* the dump is not part of the step's time */
+      if (timer) MP_CHECK_GOTO(mp_cuda_timer_start(&kc, timer), st, out);
       MP_CHECK_GOTO(mp_runtime_optimizer_step(&ctx, rt, &r), st, out);
+      MP_CHECK_GOTO(mp_runtime_synchronize(&ctx, rt), st, out);
       r.peak_bytes = mp_talloc_peak_total(mp_runtime_allocator(rt));
     } else {
       MP_CHECK_GOTO(mp_runtime_step(&ctx, rt, batch, &r), st, out);
     }
     double dt = mp_now_s() - t0;
+    if (timer) MP_CHECK_GOTO(mp_cuda_timer_stop(&kc, timer, &dt), st, out); /* device time of the step */
     double tok_s = (double)r.tokens * dp / dt;
     losses[s] = r.loss;
     if (s > 0) { /* step 1 carries first-touch page faults */
@@ -418,13 +468,13 @@ int mp_cmd_train(int argc, char **argv) {
              s + 1, r.loss, r.ce_loss, r.aux_loss, r.grad_norm, dt * 1e3, tok_s, r.peak_bytes / 1048576.0);
     step_s[s] = dt;
     if (store && rank == 0 && plan_id) {
-      mp_measurement me = {plan_id, s + 1, dt, r.peak_bytes, r.loss, tok_s, "cpu"};
+      mp_measurement me = {plan_id, s + 1, dt, r.peak_bytes, r.loss, tok_s, dev.cuda ? "cuda" : "cpu"};
       MP_CHECK_GOTO(mp_store_add_measurement(&ctx, store, &me), st, out);
     }
   }
   if (mp_comm_world_size(comm) > 1) { /* the largest rank's peak is what must fit */
     int64_t pk = peak;
-    MP_CHECK_GOTO(mp_comm_all_reduce(&ctx, comm, MP_GROUP_WORLD, &pk, &pk, 1, MP_COMM_DTYPE_INT64, MP_COMM_OP_MAX),
+    MP_CHECK_GOTO(mp_runtime_host_all_reduce(&ctx, rt, MP_GROUP_WORLD, &pk, 1, MP_COMM_DTYPE_INT64, MP_COMM_OP_MAX),
                   st, out);
     peak = pk;
   }
@@ -460,6 +510,7 @@ int mp_cmd_train(int argc, char **argv) {
 out:
   free(step_s);
   mp_store_close(store);
+  mp_cuda_timer_destroy(timer);
   mp_runtime_destroy(rt);
   if (be_up) be->shutdown(&kc);
   mp_comm_destroy(comm);

@@ -10,9 +10,12 @@
 #   kbench    bench/kernels_bench: kernel throughput beside measured peaks
 #   torch     bench/gpu/torch_llama.py: PyTorch eager and torch.compile on the 1B model
 #   mpi       mpirun works: 2 CPU ranks train tiny-dense with dp_shard=2
-#   gputrain  the tiny models on CUDA vs the CPU run; the 4-rank plan through MPI staging
-#   calib     meshplan calibrate --device cuda
-#   bench     meshplan bf16 and float8 on the 1B model, with simulate's predictions
+#   gputrain  tests/runtime/gpu_parity.py: the tiny models on CUDA vs the CPU run; the
+#             4-rank plan on the one GPU through MPI staging vs the single-rank GPU run
+#   calib     meshplan calibrate --device cuda into OUT/calib.db
+#   bench     bench/gpu/bench.py: meshplan bf16 and float8 and PyTorch eager/compile on the
+#             1B model, with the predictions (calibrated when calib ran first); the table
+#             goes to OUT/bench.md
 # The last lines of every log are printed at the end, so the reply's output tail holds them.
 set -uo pipefail
 kit=$(cd "$1" && pwd)
@@ -64,6 +67,13 @@ step_kernels() {
 }
 step_kbench() { timeout 300 "$kit/bin/kernels_bench"; }
 step_torch() { PYTHONUNBUFFERED=1 timeout 420 env -u LD_LIBRARY_PATH python3 bench/gpu/torch_llama.py --out "$out/torch.jsonl"; }
+step_gputrain() { timeout 900 python3 tests/runtime/gpu_parity.py "$mp"; }
+step_calib() { rm -f "$out/calib.db"; timeout 300 "$mp" calibrate --device cuda --db "$out/calib.db"; }
+step_bench() {
+  local db=/tmp/bench.db
+  rm -f $db; [ -f "$out/calib.db" ] && cp "$out/calib.db" $db
+  PYTHONUNBUFFERED=1 timeout 900 python3 bench/gpu/bench.py --meshplan "$mp" --db $db --out "$out/bench.md"
+}
 step_mpi() {
   timeout 120 mpirun -np 2 "$mp" train --model tiny-dense --mesh dp_shard=2 --steps 3 --seq 64 --micro-batch 2
 }

@@ -20,15 +20,17 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 out=${1:-.devkit}
-bazel build --dynamic_mode=off //planner:meshplan //bench:kernels_bench \
-  //tests/kernels_cuda:all //tests/runtime:all >/dev/null
+# every GoogleTest target tagged gpu (sh_tests run their scripts from the tree instead)
+gpu_tests=$(bazel query 'kind(cc_test, attr(tags, "\bgpu\b", tests(//...)))' 2>/dev/null)
+bazel build --dynamic_mode=off //planner:meshplan //bench:kernels_bench $gpu_tests >/dev/null
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/mpilib" "$out/root"
 cp -L bazel-bin/planner/meshplan bazel-bin/bench/kernels_bench "$out/bin/"
-for t in bazel-bin/tests/kernels_cuda/*_test bazel-bin/tests/runtime/*_gpu_test; do
-  [ -x "$t" ] && cp -L "$t" "$out/bin/"
+for t in $gpu_tests; do # //tests/x:y -> bazel-bin/tests/x/y
+  p=${t#//}
+  cp -L "bazel-bin/${p%%:*}/${p##*:}" "$out/bin/"
 done
-cp -r data "$out/data"
+(cd data && find . -name "*.json" | cpio -pdm --quiet "$out/data")
 
 skip='^(linux-vdso|ld-linux|libstdc\+\+|libgcc_s|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libcuda\.so|libcudart|libcublas|libnccl|libcudnn|libnvidia)'
 mpi='^(libmpi|libopen-|libpmix|libhwloc|libevent|libmca_|liboshmem|libuc[mpst]|libfabric|libpsm|libibverbs|librdmacm|libefa|libnl-|libinfinipath|libnuma|libmunge|libudev)'

@@ -1,5 +1,12 @@
 /* The training runtime (see runtime.h for the step's semantics and memory categories).
  *
+ * Dtypes (kernels/ops.h): "X" tensors (activations, their gradients, compute copies of
+ * parameters) are stored in the backend's x_dtype, xs bytes each (CPU: fp32, CUDA: bf16);
+ * master parameters, their gradients, AdamW state and every statistic (rstd, lse, router
+ * probabilities, losses, float8 scales) are fp32; ids and permutations int32. Carved
+ * allocations are laid out in BYTES (rt_layout), so one layout serves both backends; on
+ * the CPU (xs = 4) it is byte for byte the fp32 layout of before.
+ *
  * Tensor naming follows the model: x[l] is the residual stream entering block l (x[L]
  * enters the final norm); a block saves, in one carved ACTIVATIONS allocation,
  *   xn1 (N,C) rstd1 (N) q (N,nh*hd, after RoPE) k v (N,nkv*hd) xmid (N,C) xn2 (N,C)
@@ -11,8 +18,10 @@
  * Backward of a block takes dres = dL/dx[l+1] and leaves dL/dx[l] in the same buffer: the
  * MLP branch reads dres, then the FFN norm's backward adds its input gradient into dres
  * (residual), and likewise for attention. Every backward kernel accumulates (ops.h) into
- * buffers fresh from the tracked allocator, which zero-fills every block (alloc.h): the
- * workspaces, dlogits, dres and the unit gradient buffers need no memset of their own. */
+ * buffers fresh from the tracked allocator, which zero-fills (alloc.h): the workspaces,
+ * dlogits, dres and the unit gradient buffers need no memset of their own. Buffers that
+ * are written whole before any read (saved activations, the residual stream, logits,
+ * gathered parameters, float8 codes) come from mp_talloc_alloc_uninit: no fill. */
 #include "exec/runtime/runtime.h"
 
 #include <math.h>
@@ -30,14 +39,16 @@ typedef struct rt_param {
   mp_group group;     /* its FSDP group (MP_GROUP_FSDP or MP_GROUP_EFSDP) */
   int64_t unit_off;   /* offset of its gathered slot in the unit buffer (elements) */
   float *w, *g, *m, *v; /* master shard, gradient shard, AdamW state (numel_pad each) */
-  float *cw, *cg;     /* compute weight and gradient: the unit's gathered / unsharded buffers
-                         while the unit is live, else w and g themselves (not sharded) */
+  void *cw;           /* compute weight (X): the unit's gathered slot while the unit is live;
+                         not sharded: w itself when X is fp32, else a resident X copy of w
+                         refreshed after every optimizer step */
+  float *cg;          /* gradient: the unit's unsharded buffer while live, else g */
   int decay;
   int owner;          /* this rank counts the parameter once in the global norm and dumps */
 } rt_param;
 
-/* Offsets (in 4-byte elements) of the tensors carved from a block's allocations. Dims are
- * the rank's local ones (heads, d_ff and vocab split over tp). */
+/* Byte offsets of the tensors carved from a block's allocations (64-byte aligned). Dims
+ * are the rank's local ones (heads, d_ff and vocab split over tp). */
 typedef struct rt_layout {
   size_t xn1, rstd1, q, k, v, xmid, xn2, rstd2, g, u, h;
   size_t rl, probs, tki, tkw, f, aux, perm, inv, counts, xp, eg, eu, eh, ey, sg, su, sh;
@@ -53,7 +64,7 @@ typedef struct rt_unit {
   mp_group group;
   int64_t gather_numel; /* padded slots of every parameter: group x numel_pad each */
   int64_t max_pad;    /* largest numel_pad (reduce-scatter staging) */
-  float *buf;         /* gathered parameters while live */
+  char *buf;          /* gathered parameters (X) while live */
   float *gbuf;        /* unsharded gradients during the unit's backward */
 } rt_unit;
 
@@ -79,10 +90,14 @@ struct mp_runtime {
   float *rope_cos, *rope_sin, *scalar;
   int32_t *tok_in, *tok_tgt;
   rt_layout lay_dense, lay_moe;
-  float **x;        /* [L + 1] */
-  float **act;      /* [L] */
-  float **core;     /* [L] */
-  float **epa;      /* [L] EP: expert-side saved tensors (rows received from every EP rank) */
+  size_t xs;          /* bytes of an X element */
+  mp_comm_dtype xdt;  /* comm dtype of X tensors */
+  int host_mem;       /* the backend's memory is host memory (CPU): host buffers may go to comm */
+  float *stage;       /* device staging for collectives on host values (not host_mem), STAGE_FLOATS */
+  char **x;         /* [L + 1] (N, C) X */
+  char **act;       /* [L] */
+  char **core;      /* [L] */
+  char **epa;       /* [L] EP: expert-side saved tensors (rows received from every EP rank) */
   int64_t *ep_R;    /* [L] rows received */
   int64_t *ep_rc;   /* [L * ep * El] rows received from source s for local expert e */
   int32_t *counts_h; /* [L * E] host copies of expert row counts */
@@ -90,86 +105,93 @@ struct mp_runtime {
 };
 
 #define ALIGN16(n) (((n) + 15) & ~(size_t)15)
+#define ALIGN64(n) (((n) + 63) & ~(size_t)63)
+enum { STAGE_FLOATS = 4096 }; /* host-value collectives: EP counts (<= 512 int64), scalars */
+
+/* p advanced by n X elements. */
+static void *xoff(const mp_runtime *rt, const void *p, size_t n) { return (char *)p + n * rt->xs; }
+#define F32(p) ((float *)(void *)(p))
 
 static void layout(rt_layout *l, const mp_runtime *rt, int moe) {
   const size_t N = (size_t)rt->N, C = (size_t)rt->C, QD = (size_t)rt->nhl * rt->hd, KD = (size_t)rt->nkvl * rt->hd;
   const size_t NK = N * (size_t)rt->K, E = (size_t)rt->E, F = (size_t)rt->Fl, Fe = (size_t)rt->Fe,
                Fs = (size_t)rt->Fsl;
   const int ep = rt->ep > 1; /* the expert-side tensors then live in epa (their row count varies) */
+  const size_t X = rt->xs, F4 = 4; /* element bytes: X tensors, fp32 / int32 */
   size_t o = 0;
   memset(l, 0, sizeof *l);
-#define PUT(field, n) \
-  do {                \
-    l->field = o;     \
-    o += ALIGN16(n);  \
+#define PUT(field, n, eb)     \
+  do {                        \
+    l->field = o;             \
+    o += ALIGN64((n) * (eb)); \
   } while (0)
-  PUT(xn1, N * C);
-  PUT(rstd1, N);
-  PUT(q, N * QD);
-  PUT(k, N * KD);
-  PUT(v, N * KD);
-  PUT(xmid, N * C);
-  PUT(xn2, N * C);
-  PUT(rstd2, N);
+  PUT(xn1, N * C, X);
+  PUT(rstd1, N, F4);
+  PUT(q, N * QD, X);
+  PUT(k, N * KD, X);
+  PUT(v, N * KD, X);
+  PUT(xmid, N * C, X);
+  PUT(xn2, N * C, X);
+  PUT(rstd2, N, F4);
   if (!moe) {
-    PUT(g, N * F);
-    PUT(u, N * F);
-    PUT(h, N * F);
+    PUT(g, N * F, X);
+    PUT(u, N * F, X);
+    PUT(h, N * F, X);
   } else {
-    PUT(rl, N * E);
-    PUT(probs, N * E);
-    PUT(tki, NK);
-    PUT(tkw, NK);
-    PUT(f, E);
-    PUT(aux, 1);
-    PUT(perm, NK);
-    PUT(inv, NK);
-    PUT(counts, E);
-    PUT(xp, NK * C);
+    PUT(rl, N * E, X);
+    PUT(probs, N * E, F4);
+    PUT(tki, NK, F4);
+    PUT(tkw, NK, F4);
+    PUT(f, E, F4);
+    PUT(aux, 1, F4);
+    PUT(perm, NK, F4);
+    PUT(inv, NK, F4);
+    PUT(counts, E, F4);
+    PUT(xp, NK * C, X);
     if (!ep) {
-      PUT(eg, NK * Fe);
-      PUT(eu, NK * Fe);
-      PUT(eh, NK * Fe);
+      PUT(eg, NK * Fe, X);
+      PUT(eu, NK * Fe, X);
+      PUT(eh, NK * Fe, X);
     }
-    PUT(ey, NK * C);
+    PUT(ey, NK * C, X);
     if (Fs) {
-      PUT(sg, N * Fs);
-      PUT(su, N * Fs);
-      PUT(sh, N * Fs);
+      PUT(sg, N * Fs, X);
+      PUT(su, N * Fs, X);
+      PUT(sh, N * Fs, X);
     }
   }
   l->total = o;
   o = 0;
-  PUT(att, N * QD);
-  PUT(lse, (size_t)rt->B * rt->nhl * rt->T);
+  PUT(att, N * QD, X);
+  PUT(lse, (size_t)rt->B * rt->nhl * rt->T, F4);
   l->core_total = o;
   o = 0;
-  PUT(dxn, N * C);
-  PUT(datt, N * QD);
-  PUT(dq, N * QD);
-  PUT(dk, N * KD);
-  PUT(dv, N * KD);
-  PUT(dqp, N * QD);
-  PUT(dkp, N * KD);
+  PUT(dxn, N * C, X);
+  PUT(datt, N * QD, X);
+  PUT(dq, N * QD, X);
+  PUT(dk, N * KD, X);
+  PUT(dv, N * KD, X);
+  PUT(dqp, N * QD, X);
+  PUT(dkp, N * KD, X);
   if (!moe) {
-    PUT(dh, N * F);
-    PUT(dg, N * F);
-    PUT(du, N * F);
+    PUT(dh, N * F, X);
+    PUT(dg, N * F, X);
+    PUT(du, N * F, X);
   } else {
-    PUT(drl, N * E);
-    PUT(dprobs, N * E);
-    PUT(dtkw, NK);
-    PUT(dey, NK * C);
+    PUT(drl, N * E, X);
+    PUT(dprobs, N * E, F4);
+    PUT(dtkw, NK, F4);
+    PUT(dey, NK * C, X);
     if (!ep) {
-      PUT(deh, NK * Fe);
-      PUT(deg, NK * Fe);
-      PUT(deu, NK * Fe);
+      PUT(deh, NK * Fe, X);
+      PUT(deg, NK * Fe, X);
+      PUT(deu, NK * Fe, X);
     }
-    PUT(dxp, NK * C);
+    PUT(dxp, NK * C, X);
     if (Fs) {
-      PUT(dsh, N * Fs);
-      PUT(dsg, N * Fs);
-      PUT(dsu, N * Fs);
+      PUT(dsh, N * Fs, X);
+      PUT(dsg, N * Fs, X);
+      PUT(dsu, N * Fs, X);
     }
   }
   l->ws_total = o;
@@ -190,7 +212,7 @@ void mp_runtime_options_init(mp_runtime_options *o) {
 static int *pslot(const mp_runtime *rt, int layer, mp_module m) {
   return &rt->pidx[(layer < 0 ? rt->L : layer) * MP_MOD_COUNT + m];
 }
-static float *W(const mp_runtime *rt, int layer, mp_module m) {
+static void *W(const mp_runtime *rt, int layer, mp_module m) {
   int i = *pslot(rt, layer, m);
   return i < 0 ? NULL : rt->prm[i].cw;
 }
@@ -214,10 +236,53 @@ static int F8(const mp_runtime *rt, int layer, mp_module m) {
 static int is_moe_layer(const mp_runtime *rt, int l) { return mp_model_layer_is_moe(&rt->plan->model, l); }
 static const rt_layout *lay_of(const mp_runtime *rt, int l) { return is_moe_layer(rt, l) ? &rt->lay_moe : &rt->lay_dense; }
 
-/* TP all-reduce (sum) of a partial result in place; nothing when tp == 1. */
-static mp_status tp_sum(mp_ctx *ctx, mp_runtime *rt, float *x, size_t n) {
+/* TP all-reduce (sum) of a partial result in place, an X tensor (tp_sum) or fp32
+ * statistics (tp_sum_f32); nothing when tp == 1. */
+static mp_status tp_sum(mp_ctx *ctx, mp_runtime *rt, void *x, size_t n) {
+  if (rt->tp == 1) return MP_OK;
+  return mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_TP, x, x, n, rt->xdt, MP_COMM_OP_SUM);
+}
+static mp_status tp_sum_f32(mp_ctx *ctx, mp_runtime *rt, float *x, size_t n) {
   if (rt->tp == 1) return MP_OK;
   return mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_TP, x, x, n, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM);
+}
+
+/* A collective on host values (loss sums, norms, EP counts, dumps): straight to comm when
+ * the backend's memory is host memory, else through device staging (a GPU comm takes
+ * device buffers only). dev: a device buffer of at least count elements, or NULL for
+ * rt->stage. op < 0: an all-to-all of `count` elements to every group rank instead
+ * (send = buf, recv = rbuf, count per rank). */
+static mp_status host_coll(mp_ctx *ctx, mp_runtime *rt, mp_group g, void *buf, void *rbuf, size_t count,
+                           mp_comm_dtype t, int op, void *dev) {
+  const int gs = mp_comm_group_size(rt->comm, g);
+  const size_t eb = mp_comm_dtype_bytes(t), total = op < 0 ? count * (size_t)gs : count;
+  int64_t cnt[64], dsp[64];
+  if (op < 0) {
+    if (gs > 64) return mp_error(ctx, MP_ERR_UNSUPPORTED, "runtime: host all-to-all over more than 64 ranks");
+    for (int j = 0; j < gs; j++) {
+      cnt[j] = (int64_t)count;
+      dsp[j] = (int64_t)count * j;
+    }
+  }
+  if (rt->host_mem) {
+    if (op < 0) return mp_comm_all_to_all_v(ctx, rt->comm, g, buf, cnt, dsp, rbuf, cnt, dsp, t);
+    return mp_comm_all_reduce(ctx, rt->comm, g, buf, buf, count, t, (mp_comm_op)op);
+  }
+  char *d = dev ? dev : (char *)rt->stage;
+  if (!dev && 2 * total * eb > STAGE_FLOATS * sizeof(float))
+    return mp_error(ctx, MP_ERR_INTERNAL, "runtime: %zu bytes exceed the staging buffer", 2 * total * eb);
+  char *d2 = d + ALIGN64(total * eb);
+  BE(memcpy_h2d(rt->kc, d, buf, total * eb));
+  if (op < 0) {
+    MP_CHECK(mp_comm_all_to_all_v(ctx, rt->comm, g, d, cnt, dsp, d2, cnt, dsp, t));
+    MP_CHECK(mp_comm_synchronize(ctx, rt->comm));
+    BE(memcpy_d2h(rt->kc, rbuf, d2, total * eb));
+    return MP_OK;
+  }
+  MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, g, d, d, count, t, (mp_comm_op)op));
+  MP_CHECK(mp_comm_synchronize(ctx, rt->comm));
+  BE(memcpy_d2h(rt->kc, buf, d, total * eb));
+  return MP_OK;
 }
 
 static mp_status check_supported(mp_ctx *ctx, const mp_plan *p, mp_comm *comm) {
@@ -302,6 +367,9 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
   rt->local_batch = local_batch;
   rt->n_micro = n_micro;
   rt->dp_size = mp_comm_group_size(comm, MP_GROUP_DP);
+  rt->xs = mp_kdtype_bytes(be->x_dtype);
+  rt->xdt = be->x_dtype == MP_KDTYPE_BF16 ? MP_COMM_DTYPE_BF16 : MP_COMM_DTYPE_FP32;
+  rt->host_mem = strcmp(be->name, "cpu") == 0;
   layout(&rt->lay_dense, rt, 0);
   layout(&rt->lay_moe, rt, 1);
 
@@ -354,7 +422,7 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
     if (r->sharded) {
       rt_unit *U = &rt->units[p->fsdp_unit];
       r->unit_off = U->gather_numel;
-      U->gather_numel += ALIGN16((size_t)(gsize * r->numel_pad));
+      U->gather_numel += (int64_t)(ALIGN64((size_t)(gsize * r->numel_pad) * rt->xs) / rt->xs);
       if (r->numel_pad > U->max_pad) U->max_pad = r->numel_pad;
     }
     r->decay = p->ndim >= 2;
@@ -382,8 +450,15 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
     host = NULL;
     if (st != MP_OK) goto fail;
     if (!r->sharded) {
-      r->cw = r->w;
       r->cg = r->g;
+      r->cw = r->w;
+      if (be->x_dtype != MP_KDTYPE_F32) { /* the resident compute copy (X) of w */
+        MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_PARAMS, (size_t)r->numel_pad * rt->xs, &r->cw), st, fail);
+        if (be->x_from_f32(kc, r->cw, r->w, (size_t)r->numel_pad) != MP_OK) {
+          st = mp_error(ctx, MP_ERR_INTERNAL, "runtime: compute copy of %s: %s", p->fqn, mp_errmsg(kc->err));
+          goto fail;
+        }
+      }
     }
   }
   /* Every module the forward needs must be present. */
@@ -404,7 +479,11 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
   size_t rb = (size_t)rt->T * (rt->hd / 2) * sizeof(float);
   MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, rb, (void **)&rt->rope_cos), st, fail);
   MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, rb, (void **)&rt->rope_sin), st, fail);
-  MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, 4 * sizeof(float), (void **)&rt->scalar), st, fail);
+  /* scalar: [0..7] float8 amax and scale pairs, [8 + i] parameter i's sum of squares */
+  MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (8 + (size_t)plan->n_params) * sizeof(float),
+                                (void **)&rt->scalar), st, fail);
+  if (!rt->host_mem)
+    MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, STAGE_FLOATS * sizeof(float), (void **)&rt->stage), st, fail);
   {
     float *c = malloc(rb), *s = malloc(rb);
     if (!c || !s) {
@@ -457,14 +536,18 @@ int64_t mp_runtime_n_micro(const mp_runtime *rt) { return rt->n_micro; }
 static mp_status unit_gather(mp_ctx *ctx, mp_runtime *rt, int u) {
   rt_unit *U = &rt->units[u];
   if (!U->sharded || U->buf) return MP_OK;
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_GATHERED, (size_t)U->gather_numel * sizeof(float), (void **)&U->buf));
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_GATHERED, (size_t)U->gather_numel * rt->xs, (void **)&U->buf));
   const mp_fsdp_unit *pu = &rt->plan->units[u];
   for (int k = 0; k < pu->n_params; k++) {
     rt_param *r = &rt->prm[pu->params[k]];
     if (!r->sharded) continue;
-    MP_CHECK(mp_comm_all_gather(ctx, rt->comm, U->group, r->w, U->buf + r->unit_off, (size_t)r->numel_pad,
-                                MP_COMM_DTYPE_FP32));
-    r->cw = U->buf + r->unit_off;
+    /* FSDP2 mixed precision: the fp32 shard is cast to X into its own chunk of the slot,
+     * then gathered in place (X: bf16 on the GPU, so half the bytes travel) */
+    void *slot = xoff(rt, U->buf, (size_t)r->unit_off);
+    void *mine = xoff(rt, slot, (size_t)mp_comm_group_index(rt->comm, U->group) * (size_t)r->numel_pad);
+    BE(x_from_f32(rt->kc, mine, r->w, (size_t)r->numel_pad));
+    MP_CHECK(mp_comm_all_gather(ctx, rt->comm, U->group, mine, slot, (size_t)r->numel_pad, rt->xdt));
+    r->cw = slot;
   }
   return MP_OK;
 }
@@ -532,48 +615,115 @@ static mp_status for_units(mp_ctx *ctx, mp_runtime *rt, int layer, unit_fn f) {
  * The amax is over the whole logical tensor: under tp the local pieces are reduced with
  * an all-reduce MAX, so every plan quantizes exactly as the single-rank run does. */
 
-static mp_status f8_fake(mp_ctx *ctx, mp_runtime *rt, float *out, const float *x, size_t n, mp_f8_format fmt) {
-  float *amax = rt->scalar, *scale = rt->scalar + 1;
+/* amax of x (n elements, X) into amax, all-reduced (MAX) over tp, and the scale from it:
+ * the tensor's dynamic tensorwise scale as the single-rank run would compute it. */
+static mp_status f8_scale(mp_ctx *ctx, mp_runtime *rt, float *amax, float *scale, const void *x, size_t n,
+                          mp_f8_format fmt) {
   BE(f8_amax(rt->kc, amax, x, n));
   if (rt->tp > 1) MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_TP, amax, amax, 1, MP_COMM_DTYPE_FP32, MP_COMM_OP_MAX));
   BE(f8_scale_from_amax(rt->kc, scale, amax, fmt));
+  return MP_OK;
+}
+
+/* CPU: fake quantization (dequantize(quantize(x))) into out, the exact emulation. */
+static mp_status f8_fake(mp_ctx *ctx, mp_runtime *rt, void *out, const void *x, size_t n, mp_f8_format fmt) {
+  float *amax = rt->scalar, *scale = rt->scalar + 1;
+  MP_CHECK(f8_scale(ctx, rt, amax, scale, x, n, fmt));
   BE(f8_fake_quantize(rt->kc, out, x, scale, n, fmt));
   return MP_OK;
 }
 
-static mp_status lin_fwd(mp_ctx *ctx, mp_runtime *rt, int f8, float *out, const float *inp, const float *w, int N,
+/* GPU: codes of x (n elements) with their scale in scalar[2 slot], [2 slot + 1]. */
+static mp_status f8_codes(mp_ctx *ctx, mp_runtime *rt, uint8_t *codes, int slot, const void *x, size_t n,
+                          mp_f8_format fmt) {
+  float *amax = rt->scalar + 2 * slot, *scale = amax + 1;
+  MP_CHECK(f8_scale(ctx, rt, amax, scale, x, n, fmt));
+  BE(f8_quantize(rt->kc, codes, x, scale, n, fmt));
+  return MP_OK;
+}
+#define F8_SCALE(slot) (rt->scalar + 2 * (slot) + 1)
+
+/* The backend emulates float8 (fake quantization + its matmul) when its X tensors are
+ * fp32 (the CPU reference), and runs float8 GEMMs on codes otherwise (cuBLASLt). */
+static int f8_emulated(const mp_runtime *rt) { return rt->be->x_dtype == MP_KDTYPE_F32; }
+
+static mp_status lin_fwd(mp_ctx *ctx, mp_runtime *rt, int f8, void *out, const void *inp, const void *w, int N,
                          int K, int M) {
   if (!f8) {
     BE(matmul_forward(rt->kc, out, inp, w, NULL, N, K, M));
     return MP_OK;
   }
-  float *buf;
-  const size_t nx = ALIGN16((size_t)N * K), nw = (size_t)M * K;
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_FP8, (nx + nw) * sizeof(float), (void **)&buf));
-  mp_status st = f8_fake(ctx, rt, buf, inp, (size_t)N * K, MP_F8_E4M3);
-  if (st == MP_OK) st = f8_fake(ctx, rt, buf + nx, w, nw, MP_F8_E4M3);
-  if (st == MP_OK && rt->be->matmul_forward(rt->kc, out, buf, buf + nx, NULL, N, K, M) != MP_OK)
+  const size_t nx = (size_t)N * K, nw = (size_t)M * K;
+  mp_status st;
+  if (f8_emulated(rt)) {
+    float *buf;
+    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_FP8, (ALIGN16(nx) + nw) * sizeof(float), (void **)&buf));
+    st = f8_fake(ctx, rt, buf, inp, nx, MP_F8_E4M3);
+    if (st == MP_OK) st = f8_fake(ctx, rt, buf + ALIGN16(nx), w, nw, MP_F8_E4M3);
+    if (st == MP_OK && rt->be->matmul_forward(rt->kc, out, buf, buf + ALIGN16(nx), NULL, N, K, M) != MP_OK)
+      st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear forward: %s", mp_errmsg(rt->kc->err));
+    mp_status s2 = mp_talloc_free(ctx, rt->ta, buf);
+    MP_CHECK(st);
+    return s2;
+  }
+  uint8_t *q; /* x codes (N, K), W codes (M, K) */
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, ALIGN64(nx) + nw, (void **)&q));
+  st = f8_codes(ctx, rt, q, 0, inp, nx, MP_F8_E4M3);
+  if (st == MP_OK) st = f8_codes(ctx, rt, q + ALIGN64(nx), 1, w, nw, MP_F8_E4M3);
+  if (st == MP_OK && rt->be->matmul_f8(rt->kc, out, NULL, q, F8_SCALE(0), MP_F8_E4M3, q + ALIGN64(nx), F8_SCALE(1),
+                                       MP_F8_E4M3, N, K, M) != MP_OK)
     st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear forward: %s", mp_errmsg(rt->kc->err));
-  mp_status s2 = mp_talloc_free(ctx, rt->ta, buf);
+  mp_status s2 = mp_talloc_free(ctx, rt->ta, q);
   MP_CHECK(st);
   return s2;
 }
 
-static mp_status lin_bwd(mp_ctx *ctx, mp_runtime *rt, int f8, float *dinp, float *dw, const float *dout,
-                         const float *inp, const float *w, int N, int K, int M) {
+/* dinp (N, K) += dout (N, M) W (M, K); dw (M, K) += dout^T inp; either may be NULL. */
+static mp_status lin_bwd(mp_ctx *ctx, mp_runtime *rt, int f8, void *dinp, float *dw, const void *dout,
+                         const void *inp, const void *w, int N, int K, int M) {
   if (!f8) {
     BE(matmul_backward(rt->kc, dinp, dw, NULL, dout, inp, w, N, K, M));
     return MP_OK;
   }
-  float *buf;
-  const size_t nd = ALIGN16((size_t)N * M), nx = ALIGN16((size_t)N * K), nw = (size_t)M * K;
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_FP8, (nd + nx + nw) * sizeof(float), (void **)&buf));
-  mp_status st = f8_fake(ctx, rt, buf, dout, (size_t)N * M, MP_F8_E5M2);
-  if (st == MP_OK) st = f8_fake(ctx, rt, buf + nd, inp, (size_t)N * K, MP_F8_E4M3);
-  if (st == MP_OK) st = f8_fake(ctx, rt, buf + nd + nx, w, nw, MP_F8_E4M3);
-  if (st == MP_OK && rt->be->matmul_backward(rt->kc, dinp, dw, NULL, buf, buf + nd, buf + nd + nx, N, K, M) != MP_OK)
-    st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear backward: %s", mp_errmsg(rt->kc->err));
-  mp_status s2 = mp_talloc_free(ctx, rt->ta, buf);
+  const size_t nd = (size_t)N * M, nx = (size_t)N * K, nw = (size_t)M * K;
+  mp_status st;
+  if (f8_emulated(rt)) {
+    float *buf;
+    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_FP8, (ALIGN16(nd) + ALIGN16(nx) + nw) * sizeof(float), (void **)&buf));
+    float *qd = buf, *qx = buf + ALIGN16(nd), *qw = qx + ALIGN16(nx);
+    st = f8_fake(ctx, rt, qd, dout, nd, MP_F8_E5M2);
+    if (st == MP_OK) st = f8_fake(ctx, rt, qx, inp, nx, MP_F8_E4M3);
+    if (st == MP_OK) st = f8_fake(ctx, rt, qw, w, nw, MP_F8_E4M3);
+    if (st == MP_OK && rt->be->matmul_backward(rt->kc, dinp, dw, NULL, qd, qx, qw, N, K, M) != MP_OK)
+      st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear backward: %s", mp_errmsg(rt->kc->err));
+    mp_status s2 = mp_talloc_free(ctx, rt->ta, buf);
+    MP_CHECK(st);
+    return s2;
+  }
+  /* codes: dy (N, M) and dy^T (M, N) E5M2; W (M, K) and W^T (K, M), x (N, K) and x^T (K, N)
+   * E4M3; then dx as an X temporary (matmul_f8 writes it; the contract here adds). */
+  const size_t o_dyt = ALIGN64(nd), o_w = o_dyt + ALIGN64(nd), o_wt = o_w + ALIGN64(nw), o_x = o_wt + ALIGN64(nw),
+               o_xt = o_x + ALIGN64(nx), o_dx = o_xt + ALIGN64(nx), bytes = o_dx + (dinp ? nx * rt->xs : 0);
+  uint8_t *q;
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, bytes, (void **)&q));
+  st = f8_codes(ctx, rt, q, 0, dout, nd, MP_F8_E5M2);
+  if (st == MP_OK && dinp) {
+    st = f8_codes(ctx, rt, q + o_w, 1, w, nw, MP_F8_E4M3);
+    if (st == MP_OK && (rt->be->f8_transpose(rt->kc, q + o_wt, q + o_w, M, K) != MP_OK ||
+                        rt->be->matmul_f8(rt->kc, q + o_dx, NULL, q, F8_SCALE(0), MP_F8_E5M2, q + o_wt, F8_SCALE(1),
+                                          MP_F8_E4M3, N, M, K) != MP_OK ||
+                        rt->be->accumulate(rt->kc, dinp, q + o_dx, nx) != MP_OK))
+      st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear backward (input gradient): %s", mp_errmsg(rt->kc->err));
+  }
+  if (st == MP_OK && dw) {
+    st = f8_codes(ctx, rt, q + o_x, 2, inp, nx, MP_F8_E4M3);
+    if (st == MP_OK && (rt->be->f8_transpose(rt->kc, q + o_dyt, q, N, M) != MP_OK ||
+                        rt->be->f8_transpose(rt->kc, q + o_xt, q + o_x, N, K) != MP_OK ||
+                        rt->be->matmul_f8(rt->kc, NULL, dw, q + o_dyt, F8_SCALE(0), MP_F8_E5M2, q + o_xt, F8_SCALE(2),
+                                          MP_F8_E4M3, M, N, K) != MP_OK))
+      st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear backward (weight gradient): %s", mp_errmsg(rt->kc->err));
+  }
+  mp_status s2 = mp_talloc_free(ctx, rt->ta, q);
   MP_CHECK(st);
   return s2;
 }
@@ -608,47 +758,42 @@ static void ep_counts(const mp_runtime *rt, int l, int64_t width, ep_xfer *x) {
 }
 
 /* dispatch (dir 0): send-side (N*k rows, permuted) -> expert side (R rows); combine (1): back. */
-static mp_status ep_exchange(mp_ctx *ctx, mp_runtime *rt, int l, int dir, const float *send, float *recv, int64_t width) {
+static mp_status ep_exchange(mp_ctx *ctx, mp_runtime *rt, int l, int dir, const void *send, void *recv, int64_t width) {
   ep_xfer x;
   ep_counts(rt, l, width, &x);
   if (dir == 0)
-    return mp_comm_all_to_all_v(ctx, rt->comm, MP_GROUP_EP, send, x.sc, x.sd, recv, x.rc, x.rd, MP_COMM_DTYPE_FP32);
-  return mp_comm_all_to_all_v(ctx, rt->comm, MP_GROUP_EP, send, x.rc, x.rd, recv, x.sc, x.sd, MP_COMM_DTYPE_FP32);
+    return mp_comm_all_to_all_v(ctx, rt->comm, MP_GROUP_EP, send, x.sc, x.sd, recv, x.rc, x.rd, rt->xdt);
+  return mp_comm_all_to_all_v(ctx, rt->comm, MP_GROUP_EP, send, x.rc, x.rd, recv, x.sc, x.sd, rt->xdt);
 }
 
 /* Exchange the per-expert counts and size the expert side. */
 static mp_status ep_plan(mp_ctx *ctx, mp_runtime *rt, int l) {
   const int ep = rt->ep, El = rt->El;
   const int32_t *cnt = rt->counts_h + (size_t)l * rt->E;
-  int64_t send[64 * 8], sc[64], sd[64], rc[64], rd[64];
+  int64_t send[64 * 8];
   int64_t *recv = rt->ep_rc + (size_t)l * ep * El;
   if (rt->E > 64 * 8 || ep > 64)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "the runtime's EP exchange handles up to 512 experts and ep <= 64");
   for (int e = 0; e < rt->E; e++) send[e] = cnt[e];
-  for (int j = 0; j < ep; j++) {
-    sc[j] = rc[j] = El;
-    sd[j] = rd[j] = (int64_t)j * El;
-  }
-  MP_CHECK(mp_comm_all_to_all_v(ctx, rt->comm, MP_GROUP_EP, send, sc, sd, recv, rc, rd, MP_COMM_DTYPE_INT64));
+  MP_CHECK(host_coll(ctx, rt, MP_GROUP_EP, send, recv, (size_t)El, MP_COMM_DTYPE_INT64, -1, NULL));
   int64_t R = 0;
   for (int i = 0; i < ep * El; i++) R += recv[i];
   rt->ep_R[l] = R;
   return MP_OK;
 }
 
-/* Offsets in epa[l]: xr (R,C), eg eu eh (R,Fe). */
-static size_t epa_eg(const mp_runtime *rt, int64_t R) { return ALIGN16((size_t)R * rt->C); }
-static size_t epa_total(const mp_runtime *rt, int64_t R) {
-  return ALIGN16((size_t)R * rt->C) + 3 * ALIGN16((size_t)R * rt->Fe);
-}
+/* Byte offsets in epa[l]: xr (R,C), eg eu eh (R,Fe), all X. */
+static size_t epa_xr_bytes(const mp_runtime *rt, int64_t R) { return ALIGN64((size_t)R * rt->C * rt->xs); }
+static size_t epa_fe_bytes(const mp_runtime *rt, int64_t R) { return ALIGN64((size_t)R * rt->Fe * rt->xs); }
+static size_t epa_total(const mp_runtime *rt, int64_t R) { return epa_xr_bytes(rt, R) + 3 * epa_fe_bytes(rt, R); }
 
 /* ---- forward ------------------------------------------------------------------------- */
 
 static mp_status attn_core_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
   const rt_layout *y = lay_of(rt, l);
-  float *a = rt->act[l], *c = rt->core[l];
-  BE(attention_forward(rt->kc, c + y->att, c + y->lse, a + y->q, a + y->k, a + y->v, rt->B, rt->T, rt->nhl, rt->nkvl,
-                       rt->hd));
+  char *a = rt->act[l], *c = rt->core[l];
+  BE(attention_forward(rt->kc, c + y->att, F32(c + y->lse), a + y->q, a + y->k, a + y->v, rt->B, rt->T, rt->nhl,
+                       rt->nkvl, rt->hd));
   return MP_OK;
 }
 
@@ -660,18 +805,21 @@ static int expert_block_rows(const mp_runtime *rt, int l, int s, int e) {
 
 /* The routed experts' forward on the expert side: per (source, local expert) block under
  * EP, per expert otherwise. in: rows (R, C); writes gate/up/hidden (R, Fe) and out (R, C). */
-static mp_status experts_forward(mp_ctx *ctx, mp_runtime *rt, int l, const float *in, float *eg, float *eu, float *eh,
-                                 float *out, int64_t R) {
-  const int C = rt->C, Fe = rt->Fe, El = rt->El;
-  const float *Wg = W(rt, l, MP_MOD_EXPERTS_GATE), *Wu = W(rt, l, MP_MOD_EXPERTS_UP), *Wd = W(rt, l, MP_MOD_EXPERTS_DOWN);
-  int64_t r0 = 0;
+static mp_status experts_forward(mp_ctx *ctx, mp_runtime *rt, int l, const void *in, void *eg, void *eu, void *eh,
+                                 void *out, int64_t R) {
+  const size_t C = (size_t)rt->C, Fe = (size_t)rt->Fe;
+  const int El = rt->El;
+  const void *Wg = W(rt, l, MP_MOD_EXPERTS_GATE), *Wu = W(rt, l, MP_MOD_EXPERTS_UP), *Wd = W(rt, l, MP_MOD_EXPERTS_DOWN);
+  size_t r0 = 0;
   for (int s = 0; s < rt->ep; s++)
     for (int e = 0; e < El; e++) {
       const int n = expert_block_rows(rt, l, s, e);
       if (!n) continue;
-      BE(matmul_forward(rt->kc, eg + r0 * Fe, in + r0 * C, Wg + (size_t)e * Fe * C, NULL, n, C, Fe));
-      BE(matmul_forward(rt->kc, eu + r0 * Fe, in + r0 * C, Wu + (size_t)e * Fe * C, NULL, n, C, Fe));
-      r0 += n;
+      BE(matmul_forward(rt->kc, xoff(rt, eg, r0 * Fe), xoff(rt, in, r0 * C), xoff(rt, Wg, (size_t)e * Fe * C), NULL,
+                        n, (int)C, (int)Fe));
+      BE(matmul_forward(rt->kc, xoff(rt, eu, r0 * Fe), xoff(rt, in, r0 * C), xoff(rt, Wu, (size_t)e * Fe * C), NULL,
+                        n, (int)C, (int)Fe));
+      r0 += (size_t)n;
     }
   BE(swiglu_forward(rt->kc, eh, eg, eu, (size_t)R * Fe));
   r0 = 0;
@@ -679,18 +827,19 @@ static mp_status experts_forward(mp_ctx *ctx, mp_runtime *rt, int l, const float
     for (int e = 0; e < El; e++) {
       const int n = expert_block_rows(rt, l, s, e);
       if (!n) continue;
-      BE(matmul_forward(rt->kc, out + r0 * C, eh + r0 * Fe, Wd + (size_t)e * C * Fe, NULL, n, Fe, C));
-      r0 += n;
+      BE(matmul_forward(rt->kc, xoff(rt, out, r0 * C), xoff(rt, eh, r0 * Fe), xoff(rt, Wd, (size_t)e * C * Fe), NULL,
+                        n, (int)Fe, (int)C));
+      r0 += (size_t)n;
     }
   return MP_OK;
 }
 
 /* Block l from x_in into the saved tensors; writes x_out unless it is NULL (recompute). */
-static mp_status block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const float *x_in, float *x_out, float *moe_aux) {
+static mp_status block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const void *x_in, void *x_out, float *moe_aux) {
   const rt_layout *y = lay_of(rt, l);
-  float *a = rt->act[l], *c = rt->core[l];
+  char *a = rt->act[l], *c = rt->core[l];
   const int N = rt->N, C = rt->C, QD = rt->nhl * rt->hd, KD = rt->nkvl * rt->hd;
-  BE(rmsnorm_forward(rt->kc, a + y->xn1, a + y->rstd1, x_in, W(rt, l, MP_MOD_ATTN_NORM), N, C, rt->eps));
+  BE(rmsnorm_forward(rt->kc, a + y->xn1, F32(a + y->rstd1), x_in, W(rt, l, MP_MOD_ATTN_NORM), N, C, rt->eps));
   MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_Q), a + y->q, a + y->xn1, W(rt, l, MP_MOD_Q), N, C, QD));
   MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_K), a + y->k, a + y->xn1, W(rt, l, MP_MOD_K), N, C, KD));
   MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_V), a + y->v, a + y->xn1, W(rt, l, MP_MOD_V), N, C, KD));
@@ -701,7 +850,7 @@ static mp_status block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const float *
   MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_O), a + y->xmid, c + y->att, W(rt, l, MP_MOD_O), N, QD, C));
   MP_CHECK(tp_sum(ctx, rt, a + y->xmid, (size_t)N * C));
   BE(accumulate(rt->kc, a + y->xmid, x_in, (size_t)N * C));
-  BE(rmsnorm_forward(rt->kc, a + y->xn2, a + y->rstd2, a + y->xmid, W(rt, l, MP_MOD_FFN_NORM), N, C, rt->eps));
+  BE(rmsnorm_forward(rt->kc, a + y->xn2, F32(a + y->rstd2), a + y->xmid, W(rt, l, MP_MOD_FFN_NORM), N, C, rt->eps));
   if (!is_moe_layer(rt, l)) {
     const int F = rt->Fl;
     MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_GATE), a + y->g, a + y->xn2, W(rt, l, MP_MOD_GATE), N, C, F));
@@ -714,12 +863,13 @@ static mp_status block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const float *
     }
     return MP_OK;
   }
-  const int E = rt->E, K = rt->K, Fe = rt->Fe, Fs = rt->Fsl;
+  const int E = rt->E, K = rt->K, Fs = rt->Fsl;
   const mp_model *m = &rt->plan->model;
   BE(matmul_forward(rt->kc, a + y->rl, a + y->xn2, W(rt, l, MP_MOD_ROUTER), NULL, N, C, E));
-  BE(router_forward(rt->kc, a + y->probs, (int32_t *)(a + y->tki), a + y->tkw, a + y->rl, N, E, K,
+  BE(router_forward(rt->kc, F32(a + y->probs), (int32_t *)(a + y->tki), F32(a + y->tkw), a + y->rl, N, E, K,
                     m->norm_topk_prob));
-  BE(router_aux_loss_forward(rt->kc, a + y->aux, a + y->f, a + y->probs, (const int32_t *)(a + y->tki), N, E, K));
+  BE(router_aux_loss_forward(rt->kc, F32(a + y->aux), F32(a + y->f), F32(a + y->probs), (const int32_t *)(a + y->tki),
+                             N, E, K));
   if (moe_aux) BE(memcpy_d2h(rt->kc, moe_aux, a + y->aux, sizeof(float)));
   BE(moe_plan(rt->kc, (int32_t *)(a + y->perm), (int32_t *)(a + y->inv), (int32_t *)(a + y->counts),
               (const int32_t *)(a + y->tki), N, E, K));
@@ -732,11 +882,11 @@ static mp_status block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const float *
     MP_CHECK(ep_plan(ctx, rt, l));
     const int64_t R = rt->ep_R[l];
     if (!rt->epa[l])
-      MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_ACTIVATIONS, epa_total(rt, R) * 4, (void **)&rt->epa[l]));
-    float *xr = rt->epa[l], *eg = xr + epa_eg(rt, R), *eu = eg + ALIGN16((size_t)R * Fe), *eh = eu + ALIGN16((size_t)R * Fe);
+      MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, epa_total(rt, R), (void **)&rt->epa[l]));
+    char *xr = rt->epa[l], *eg = xr + epa_xr_bytes(rt, R), *eu = eg + epa_fe_bytes(rt, R), *eh = eu + epa_fe_bytes(rt, R);
     MP_CHECK(ep_exchange(ctx, rt, l, 0, a + y->xp, xr, C));
-    float *eyl;
-    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_COMM, (size_t)(R ? R : 1) * C * sizeof(float), (void **)&eyl));
+    void *eyl;
+    MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_COMM, (size_t)(R ? R : 1) * C * rt->xs, &eyl));
     mp_status st = experts_forward(ctx, rt, l, xr, eg, eu, eh, eyl, R);
     if (st == MP_OK) st = ep_exchange(ctx, rt, l, 1, eyl, a + y->ey, C);
     mp_status s2 = mp_talloc_free(ctx, rt->ta, eyl);
@@ -749,10 +899,10 @@ static mp_status block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const float *
     BE(swiglu_forward(rt->kc, a + y->sh, a + y->sg, a + y->su, (size_t)N * Fs));
   }
   if (!x_out) return MP_OK;
-  BE(unpermute_forward(rt->kc, x_out, a + y->ey, a + y->tkw, (const int32_t *)(a + y->inv), N, K, C));
+  BE(unpermute_forward(rt->kc, x_out, a + y->ey, F32(a + y->tkw), (const int32_t *)(a + y->inv), N, K, C));
   if (Fs) { /* shared expert: rowwise down under tp, reduced before joining the routed output */
-    float *tmp;
-    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (size_t)N * C * sizeof(float), (void **)&tmp));
+    void *tmp;
+    MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_TEMP, (size_t)N * C * rt->xs, &tmp));
     mp_status s = rt->be->matmul_forward(rt->kc, tmp, a + y->sh, W(rt, l, MP_MOD_SHARED_DOWN), NULL, N, Fs, C);
     if (s != MP_OK) s = mp_error(ctx, s, "shared expert forward: %s", mp_errmsg(rt->kc->err));
     if (s == MP_OK) s = tp_sum(ctx, rt, tmp, (size_t)N * C);
@@ -768,8 +918,8 @@ static mp_status block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const float *
 
 static mp_status alloc_block(mp_ctx *ctx, mp_runtime *rt, int l) {
   const rt_layout *y = lay_of(rt, l);
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_ACTIVATIONS, y->total * 4, (void **)&rt->act[l]));
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_ACTIVATIONS, y->core_total * 4, (void **)&rt->core[l]));
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, y->total, (void **)&rt->act[l]));
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, y->core_total, (void **)&rt->core[l]));
   return MP_OK;
 }
 static mp_status free_block(mp_ctx *ctx, mp_runtime *rt, int l) {
@@ -786,20 +936,21 @@ static mp_status free_block(mp_ctx *ctx, mp_runtime *rt, int l) {
 
 /* Routed experts' backward on the expert side: dout (R, C) -> din (R, C) (+=), weight
  * gradients of the local experts. */
-static mp_status experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *din, float *deg, float *deu, float *deh,
-                                  const float *dout, const float *in, const float *eg, const float *eu,
-                                  const float *eh, int64_t R) {
-  const int C = rt->C, Fe = rt->Fe, El = rt->El;
-  const float *Wg = W(rt, l, MP_MOD_EXPERTS_GATE), *Wu = W(rt, l, MP_MOD_EXPERTS_UP), *Wd = W(rt, l, MP_MOD_EXPERTS_DOWN);
+static mp_status experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *din, void *deg, void *deu, void *deh,
+                                  const void *dout, const void *in, const void *eg, const void *eu,
+                                  const void *eh, int64_t R) {
+  const size_t C = (size_t)rt->C, Fe = (size_t)rt->Fe;
+  const int El = rt->El;
+  const void *Wg = W(rt, l, MP_MOD_EXPERTS_GATE), *Wu = W(rt, l, MP_MOD_EXPERTS_UP), *Wd = W(rt, l, MP_MOD_EXPERTS_DOWN);
   float *dWg = G(rt, l, MP_MOD_EXPERTS_GATE), *dWu = G(rt, l, MP_MOD_EXPERTS_UP), *dWd = G(rt, l, MP_MOD_EXPERTS_DOWN);
-  int64_t r0 = 0;
+  size_t r0 = 0;
   for (int s = 0; s < rt->ep; s++)
     for (int e = 0; e < El; e++) {
       const int n = expert_block_rows(rt, l, s, e);
       if (!n) continue;
-      BE(matmul_backward(rt->kc, deh + r0 * Fe, dWd + (size_t)e * C * Fe, NULL, dout + r0 * C, eh + r0 * Fe,
-                         Wd + (size_t)e * C * Fe, n, Fe, C));
-      r0 += n;
+      BE(matmul_backward(rt->kc, xoff(rt, deh, r0 * Fe), dWd + (size_t)e * C * Fe, NULL, xoff(rt, dout, r0 * C),
+                         xoff(rt, eh, r0 * Fe), xoff(rt, Wd, (size_t)e * C * Fe), n, (int)Fe, (int)C));
+      r0 += (size_t)n;
     }
   BE(swiglu_backward(rt->kc, deg, deu, deh, eg, eu, (size_t)R * Fe));
   r0 = 0;
@@ -807,19 +958,19 @@ static mp_status experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *din
     for (int e = 0; e < El; e++) {
       const int n = expert_block_rows(rt, l, s, e);
       if (!n) continue;
-      BE(matmul_backward(rt->kc, din + r0 * C, dWg + (size_t)e * Fe * C, NULL, deg + r0 * Fe, in + r0 * C,
-                         Wg + (size_t)e * Fe * C, n, C, Fe));
-      BE(matmul_backward(rt->kc, din + r0 * C, dWu + (size_t)e * Fe * C, NULL, deu + r0 * Fe, in + r0 * C,
-                         Wu + (size_t)e * Fe * C, n, C, Fe));
-      r0 += n;
+      BE(matmul_backward(rt->kc, xoff(rt, din, r0 * C), dWg + (size_t)e * Fe * C, NULL, xoff(rt, deg, r0 * Fe),
+                         xoff(rt, in, r0 * C), xoff(rt, Wg, (size_t)e * Fe * C), n, (int)C, (int)Fe));
+      BE(matmul_backward(rt->kc, xoff(rt, din, r0 * C), dWu + (size_t)e * Fe * C, NULL, xoff(rt, deu, r0 * Fe),
+                         xoff(rt, in, r0 * C), xoff(rt, Wu, (size_t)e * Fe * C), n, (int)C, (int)Fe));
+      r0 += (size_t)n;
     }
   return MP_OK;
 }
 
-static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *dres, float *ws, float dloss_aux) {
+static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws, float dloss_aux) {
   const rt_layout *y = lay_of(rt, l);
-  float *a = rt->act[l], *c = rt->core[l];
-  const float *x_in = rt->x[l];
+  char *a = rt->act[l], *c = rt->core[l];
+  const void *x_in = rt->x[l];
   const int N = rt->N, C = rt->C, QD = rt->nhl * rt->hd, KD = rt->nkvl * rt->hd;
   if (!is_moe_layer(rt, l)) {
     const int F = rt->Fl;
@@ -832,7 +983,7 @@ static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *dres,
                      W(rt, l, MP_MOD_UP), N, C, F));
     MP_CHECK(tp_sum(ctx, rt, ws + y->dxn, (size_t)N * C)); /* colwise gate/up: partial input gradients */
   } else {
-    const int E = rt->E, K = rt->K, Fe = rt->Fe, Fs = rt->Fsl;
+    const int E = rt->E, K = rt->K, Fs = rt->Fsl;
     const mp_model *m = &rt->plan->model;
     if (Fs) {
       BE(matmul_backward(rt->kc, ws + y->dsh, G(rt, l, MP_MOD_SHARED_DOWN), NULL, dres, a + y->sh,
@@ -846,20 +997,20 @@ static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *dres,
        * experts and router (replicated over tp) add their whole contributions */
       MP_CHECK(tp_sum(ctx, rt, ws + y->dxn, (size_t)N * C));
     }
-    BE(unpermute_backward(rt->kc, ws + y->dey, ws + y->dtkw, dres, a + y->ey, a + y->tkw, (const int32_t *)(a + y->inv),
-                          N, K, C));
+    BE(unpermute_backward(rt->kc, ws + y->dey, F32(ws + y->dtkw), dres, a + y->ey, F32(a + y->tkw),
+                          (const int32_t *)(a + y->inv), N, K, C));
     if (rt->ep == 1) {
       MP_CHECK(experts_backward(ctx, rt, l, ws + y->dxp, ws + y->deg, ws + y->deu, ws + y->deh, ws + y->dey, a + y->xp,
                                 a + y->eg, a + y->eu, a + y->eh, (int64_t)N * K));
     } else {
       const int64_t R = rt->ep_R[l];
-      const float *xr = rt->epa[l], *eg = xr + epa_eg(rt, R), *eu = eg + ALIGN16((size_t)R * Fe),
-                  *eh = eu + ALIGN16((size_t)R * Fe);
+      const char *xr = rt->epa[l], *eg = xr + epa_xr_bytes(rt, R), *eu = eg + epa_fe_bytes(rt, R),
+                 *eh = eu + epa_fe_bytes(rt, R);
       /* expert-side workspace: dey and dxr (R, C), deh deg deu (R, Fe) */
-      const size_t rc_ = ALIGN16((size_t)R * C), rf = ALIGN16((size_t)R * Fe);
-      float *w2;
-      MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (2 * rc_ + 3 * rf + 16) * sizeof(float), (void **)&w2));
-      float *deyl = w2, *dxr = w2 + rc_, *deh = dxr + rc_, *deg = deh + rf, *deu = deg + rf;
+      const size_t rc_ = epa_xr_bytes(rt, R), rf = epa_fe_bytes(rt, R);
+      char *w2;
+      MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, 2 * rc_ + 3 * rf + 64, (void **)&w2));
+      char *deyl = w2, *dxr = w2 + rc_, *deh = dxr + rc_, *deg = deh + rf, *deu = deg + rf;
       mp_status st = ep_exchange(ctx, rt, l, 0, ws + y->dey, deyl, C); /* w2 came zero-filled */
       if (st == MP_OK) st = experts_backward(ctx, rt, l, dxr, deg, deu, deh, deyl, xr, eg, eu, eh, R);
       if (st == MP_OK) st = ep_exchange(ctx, rt, l, 1, dxr, ws + y->dxp, C);
@@ -868,20 +1019,20 @@ static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *dres,
       MP_CHECK(s2);
     }
     BE(permute_backward(rt->kc, ws + y->dxn, ws + y->dxp, (const int32_t *)(a + y->inv), N, K, C));
-    BE(router_aux_loss_backward(rt->kc, ws + y->dprobs, a + y->f, dloss_aux, N, E));
-    BE(router_backward(rt->kc, ws + y->drl, ws + y->dtkw, ws + y->dprobs, a + y->probs, (const int32_t *)(a + y->tki),
-                       N, E, K, m->norm_topk_prob));
+    BE(router_aux_loss_backward(rt->kc, F32(ws + y->dprobs), F32(a + y->f), dloss_aux, N, E));
+    BE(router_backward(rt->kc, ws + y->drl, F32(ws + y->dtkw), F32(ws + y->dprobs), F32(a + y->probs),
+                       (const int32_t *)(a + y->tki), N, E, K, m->norm_topk_prob));
     BE(matmul_backward(rt->kc, ws + y->dxn, G(rt, l, MP_MOD_ROUTER), NULL, ws + y->drl, a + y->xn2,
                        W(rt, l, MP_MOD_ROUTER), N, C, E));
   }
   BE(rmsnorm_backward(rt->kc, dres, G(rt, l, MP_MOD_FFN_NORM), ws + y->dxn, a + y->xmid, W(rt, l, MP_MOD_FFN_NORM),
-                      a + y->rstd2, N, C));
+                      F32(a + y->rstd2), N, C));
   /* attention: dres now holds dL/dxmid */
-  BE(memset_zero(rt->kc, ws + y->dxn, (size_t)N * C * sizeof(float)));
+  BE(memset_zero(rt->kc, ws + y->dxn, (size_t)N * C * rt->xs));
   MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_O), ws + y->datt, G(rt, l, MP_MOD_O), dres, c + y->att, W(rt, l, MP_MOD_O),
                    N, QD, C));
   BE(attention_backward(rt->kc, ws + y->dq, ws + y->dk, ws + y->dv, ws + y->datt, a + y->q, a + y->k, a + y->v,
-                        c + y->att, c + y->lse, rt->B, rt->T, rt->nhl, rt->nkvl, rt->hd));
+                        c + y->att, F32(c + y->lse), rt->B, rt->T, rt->nhl, rt->nkvl, rt->hd));
   BE(rope_backward(rt->kc, ws + y->dqp, ws + y->dq, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nhl, rt->hd));
   BE(rope_backward(rt->kc, ws + y->dkp, ws + y->dk, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nkvl, rt->hd));
   MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_Q), ws + y->dxn, G(rt, l, MP_MOD_Q), ws + y->dqp, a + y->xn1,
@@ -892,7 +1043,7 @@ static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, float *dres,
                    W(rt, l, MP_MOD_V), N, C, KD));
   MP_CHECK(tp_sum(ctx, rt, ws + y->dxn, (size_t)N * C)); /* colwise q/k/v: partial input gradients */
   BE(rmsnorm_backward(rt->kc, dres, G(rt, l, MP_MOD_ATTN_NORM), ws + y->dxn, x_in, W(rt, l, MP_MOD_ATTN_NORM),
-                      a + y->rstd1, N, C));
+                      F32(a + y->rstd1), N, C));
   return MP_OK;
 }
 
@@ -925,20 +1076,20 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
   MP_CHECK(st);
   rt->tok_in = tok;
   rt->tok_tgt = tok + N;
-  const size_t NC = (size_t)N * C * sizeof(float);
+  const size_t NC = (size_t)N * C * rt->xs;
 
   /* forward: the root units (embeddings, final norm, head) stay gathered for the whole
    * micro-batch; a block's units are gathered before it and, with reshard_after_forward,
    * freed after it and gathered again for its backward. */
   MP_CHECK(for_units(ctx, rt, -1, unit_gather));
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_ACTIVATIONS, NC, (void **)&rt->x[0]));
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, NC, (void **)&rt->x[0]));
   BE(embedding_forward(rt->kc, rt->x[0], rt->tok_in, W(rt, -1, MP_MOD_TOK_EMBEDDINGS), N, C, v0, v0 + Vl));
   MP_CHECK(tp_sum(ctx, rt, rt->x[0], (size_t)N * C)); /* vocab-parallel lookup */
   double aux_sum = 0;
   for (int l = 0; l < L; l++) {
     MP_CHECK(for_units(ctx, rt, l, unit_gather));
     MP_CHECK(alloc_block(ctx, rt, l));
-    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_ACTIVATIONS, NC, (void **)&rt->x[l + 1]));
+    MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, NC, (void **)&rt->x[l + 1]));
     float auxv = 0;
     MP_CHECK(block_forward(ctx, rt, l, rt->x[l], rt->x[l + 1], &auxv));
     if (is_moe_layer(rt, l)) aux_sum += auxv;
@@ -952,44 +1103,48 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
   }
   /* head: final norm (saved xf, rstdf in one ACTIVATIONS block), logits (the rank's
    * vocabulary slice under tp), loss (vocab-parallel under tp) */
-  float *hf, *lg;
-  const size_t hf_n = ALIGN16((size_t)N * C) + ALIGN16((size_t)N);
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_ACTIVATIONS, hf_n * 4, (void **)&hf));
-  float *xf = hf, *rstdf = hf + ALIGN16((size_t)N * C);
-  const size_t NA = ALIGN16((size_t)N);
-  const size_t lg_logits = 0, lg_losses = ALIGN16((size_t)N * Vl), lg_lse = lg_losses + NA, lg_mean = lg_lse + NA,
-               lg_gmax = lg_mean + 16, lg_gsum = lg_gmax + NA, lg_gtgt = lg_gsum + NA,
-               lg_n = rt->tp > 1 ? lg_gtgt + NA : lg_mean + 16;
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_LOGITS, lg_n * 4, (void **)&lg));
-  const float *Wout = W(rt, -1, m->tied_embeddings ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT);
+  /* hf: xf (N, C) X and rstdf (N) fp32; lg: logits (N, Vl) X, then fp32 losses, lse, the
+   * mean and (tp > 1) the vocab-parallel max, sum-exp and target logit; byte offsets */
+  char *hf, *lg;
+  const size_t NA = ALIGN64((size_t)N * 4);
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, ALIGN64(NC) + NA, (void **)&hf));
+  void *xf = hf;
+  float *rstdf = F32(hf + ALIGN64(NC));
+  const size_t lg_losses = ALIGN64((size_t)N * Vl * rt->xs), lg_lse = lg_losses + NA, lg_mean = lg_lse + NA,
+               lg_gmax = lg_mean + 64, lg_gsum = lg_gmax + NA, lg_gtgt = lg_gsum + NA,
+               lg_n = rt->tp > 1 ? lg_gtgt + NA : lg_mean + 64;
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_LOGITS, lg_n, (void **)&lg));
+  void *logits = lg;
+  float *losses = F32(lg + lg_losses), *lse = F32(lg + lg_lse), *mean = F32(lg + lg_mean);
+  const void *Wout = W(rt, -1, m->tied_embeddings ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT);
   if (!Wout) return mp_error(ctx, MP_ERR_INTERNAL, "runtime: plan has no output head");
   BE(rmsnorm_forward(rt->kc, xf, rstdf, rt->x[L], W(rt, -1, MP_MOD_FINAL_NORM), N, C, rt->eps));
-  BE(matmul_forward(rt->kc, lg + lg_logits, xf, Wout, NULL, N, C, Vl));
+  BE(matmul_forward(rt->kc, logits, xf, Wout, NULL, N, C, Vl));
   if (rt->tp == 1) {
-    BE(cross_entropy_forward(rt->kc, lg + lg_losses, lg + lg_mean, lg + lg_lse, lg + lg_logits, rt->tok_tgt, N, V));
+    BE(cross_entropy_forward(rt->kc, losses, mean, lse, logits, rt->tok_tgt, N, V));
   } else {
-    float *gmax = lg + lg_gmax, *gsum = lg + lg_gsum, *gtgt = lg + lg_gtgt;
-    BE(ce_local_max(rt->kc, gmax, lg + lg_logits, N, Vl));
+    float *gmax = F32(lg + lg_gmax), *gsum = F32(lg + lg_gsum), *gtgt = F32(lg + lg_gtgt);
+    BE(ce_local_max(rt->kc, gmax, logits, N, Vl));
     MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_TP, gmax, gmax, (size_t)N, MP_COMM_DTYPE_FP32, MP_COMM_OP_MAX));
-    BE(ce_local_sumexp(rt->kc, gsum, lg + lg_logits, gmax, N, Vl));
-    BE(ce_local_target(rt->kc, gtgt, lg + lg_logits, rt->tok_tgt, N, Vl, v0));
-    MP_CHECK(tp_sum(ctx, rt, gsum, (size_t)N));
-    MP_CHECK(tp_sum(ctx, rt, gtgt, (size_t)N));
-    BE(ce_vp_combine(rt->kc, lg + lg_losses, lg + lg_mean, lg + lg_lse, gmax, gsum, gtgt, rt->tok_tgt, N));
+    BE(ce_local_sumexp(rt->kc, gsum, logits, gmax, N, Vl));
+    BE(ce_local_target(rt->kc, gtgt, logits, rt->tok_tgt, N, Vl, v0));
+    MP_CHECK(tp_sum_f32(ctx, rt, gsum, (size_t)N));
+    MP_CHECK(tp_sum_f32(ctx, rt, gtgt, (size_t)N));
+    BE(ce_vp_combine(rt->kc, losses, mean, lse, gmax, gsum, gtgt, rt->tok_tgt, N));
   }
   float ce_mean;
-  BE(memcpy_d2h(rt->kc, &ce_mean, lg + lg_mean, sizeof ce_mean));
+  BE(memcpy_d2h(rt->kc, &ce_mean, mean, sizeof ce_mean));
   *ce += ce_mean * dscale;
   *aux += m->aux_loss_coef * aux_sum * dscale;
 
   /* backward: head */
   MP_CHECK(for_units(ctx, rt, -1, unit_grad_begin));
   float *dWout = G(rt, -1, m->tied_embeddings ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT);
-  float *dlg, *dres, *dxf;
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_LOGITS, (size_t)N * Vl * sizeof(float), (void **)&dlg));
-  BE(ce_backward(rt->kc, dlg, lg + lg_logits, lg + lg_lse, rt->tok_tgt, (float)(dscale / N), N, Vl, v0));
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, NC, (void **)&dres));
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, NC, (void **)&dxf));
+  void *dlg, *dres, *dxf;
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_LOGITS, (size_t)N * Vl * rt->xs, &dlg));
+  BE(ce_backward(rt->kc, dlg, logits, lse, rt->tok_tgt, (float)(dscale / N), N, Vl, v0));
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, NC, &dres));
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, NC, &dxf));
   BE(matmul_backward(rt->kc, dxf, dWout, NULL, dlg, xf, Wout, N, C, Vl));
   MP_CHECK(tp_sum(ctx, rt, dxf, (size_t)N * C)); /* colwise head: partial over the vocabulary */
   MP_CHECK(mp_talloc_free(ctx, rt->ta, dlg));
@@ -1010,12 +1165,11 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
       MP_CHECK(alloc_block(ctx, rt, l));
       MP_CHECK(block_forward(ctx, rt, l, rt->x[l], NULL, NULL));
     } else if (ac == MP_AC_SELECTIVE) { /* recompute the attention core from saved q, k, v */
-      MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_ACTIVATIONS, lay_of(rt, l)->core_total * 4,
-                               (void **)&rt->core[l]));
+      MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, lay_of(rt, l)->core_total, (void **)&rt->core[l]));
       MP_CHECK(attn_core_forward(ctx, rt, l));
     }
-    float *ws;
-    const size_t wsb = lay_of(rt, l)->ws_total * 4;
+    char *ws;
+    const size_t wsb = lay_of(rt, l)->ws_total;
     MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, wsb, (void **)&ws));
     MP_CHECK(block_backward(ctx, rt, l, dres, ws, dloss_aux));
     MP_CHECK(mp_talloc_free(ctx, rt->ta, ws));
@@ -1059,7 +1213,7 @@ mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t
   if (rt->dp_size > 1) {
     /* fp32 sums of a few values: far inside the 1e-5 parity tolerance */
     float v[2] = {(float)ce, (float)aux};
-    MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_DP, v, v, 2, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM));
+    MP_CHECK(host_coll(ctx, rt, MP_GROUP_DP, v, NULL, 2, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM, NULL));
     ce = v[0];
     aux = v[1];
   }
@@ -1072,20 +1226,25 @@ mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t
 
 mp_status mp_runtime_optimizer_step(mp_ctx *ctx, mp_runtime *rt, mp_step_result *res) {
   /* Global norm: each parameter counted once (its owner's shard; shards are disjoint),
-   * per-parameter sums in a fixed order, then one all-reduce over the world. */
-  double sumsq = 0;
-  for (int i = 0; i < rt->plan->n_params; i++) {
+   * per-parameter sums (each into its own device slot, read back in one copy) added in a
+   * fixed order, then one all-reduce over the world. */
+  const int np = rt->plan->n_params;
+  float *sq = rt->scalar + 8, *hsq = malloc((size_t)(np ? np : 1) * sizeof(float));
+  MP_CHECK_ALLOC(ctx, hsq);
+  mp_status st = rt->be->memset_zero(rt->kc, sq, (size_t)np * sizeof(float));
+  for (int i = 0; i < np && st == MP_OK; i++) {
     const rt_param *r = &rt->prm[i];
-    if (!r->g || !r->owner) continue;
-    float s = 0;
-    BE(memset_zero(rt->kc, rt->scalar, sizeof(float)));
-    BE(sum_squares(rt->kc, rt->scalar, r->g, (size_t)r->numel_pad));
-    BE(memcpy_d2h(rt->kc, &s, rt->scalar, sizeof s));
-    sumsq += s;
+    if (r->g && r->owner) st = rt->be->sum_squares(rt->kc, sq + i, r->g, (size_t)r->numel_pad);
   }
+  if (st == MP_OK) st = rt->be->memcpy_d2h(rt->kc, hsq, sq, (size_t)np * sizeof(float));
+  double sumsq = 0;
+  for (int i = 0; i < np; i++)
+    if (rt->prm[i].g && rt->prm[i].owner) sumsq += hsq[i];
+  free(hsq);
+  if (st != MP_OK) return mp_error(ctx, st, "gradient norm: %s", mp_errmsg(rt->kc->err));
   if (mp_comm_world_size(rt->comm) > 1) {
     float v = (float)sumsq;
-    MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_WORLD, &v, &v, 1, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM));
+    MP_CHECK(host_coll(ctx, rt, MP_GROUP_WORLD, &v, NULL, 1, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM, NULL));
     sumsq = v;
   }
   const double norm = sqrt(sumsq);
@@ -1096,6 +1255,8 @@ mp_status mp_runtime_optimizer_step(mp_ctx *ctx, mp_runtime *rt, mp_step_result 
     if (!r->g) continue;
     BE(adamw_update(rt->kc, r->w, r->g, r->m, r->v, (size_t)r->numel_pad, rt->opts.lr, rt->opts.beta1,
                     rt->opts.beta2, rt->opts.eps, r->decay ? rt->opts.weight_decay : 0.0f, rt->step, scale));
+    /* a resident compute copy follows its master (sharded ones are cast at each gather) */
+    if (r->cw && r->cw != (void *)r->w && !r->sharded) BE(x_from_f32(rt->kc, r->cw, r->w, (size_t)r->numel_pad));
   }
   res->grad_norm = norm;
   return MP_OK;
@@ -1105,8 +1266,22 @@ mp_status mp_runtime_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens, mp
   mp_talloc_reset_peak(rt->ta);
   MP_CHECK(mp_runtime_forward_backward(ctx, rt, tokens, res));
   MP_CHECK(mp_runtime_optimizer_step(ctx, rt, res));
+  MP_CHECK(mp_runtime_synchronize(ctx, rt));
   res->peak_bytes = mp_talloc_peak_total(rt->ta);
   return MP_OK;
+}
+
+mp_status mp_runtime_synchronize(mp_ctx *ctx, mp_runtime *rt) {
+  MP_CHECK(mp_comm_synchronize(ctx, rt->comm));
+  BE(synchronize(rt->kc));
+  return MP_OK;
+}
+
+mp_status mp_runtime_host_all_reduce(mp_ctx *ctx, mp_runtime *rt, mp_group g, void *buf, size_t count, mp_comm_dtype t,
+                                     mp_comm_op op) {
+  if (count * mp_comm_dtype_bytes(t) > STAGE_FLOATS * sizeof(float) / 2)
+    return mp_error(ctx, MP_ERR_INVALID, "runtime: host all-reduce of %zu elements is larger than its staging", count);
+  return host_coll(ctx, rt, g, buf, NULL, count, t, (int)op, NULL);
 }
 
 /* ---- inspection and dumps ------------------------------------------------------------ */
@@ -1148,9 +1323,17 @@ mp_status mp_runtime_dump(mp_ctx *ctx, const mp_runtime *rt, int grads, mp_wfile
         for (int64_t b = 0; b < l1; b++)
           for (int64_t c = 0; c < l2; c++) full[((r->off[0] + a) * d1 + o1 + b) * d2 + o2 + c] = tile[t++];
     }
-    if (st == MP_OK && mp_comm_world_size(rt->comm) > 1)
-      st = mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_WORLD, full, full, (size_t)n, MP_COMM_DTYPE_FP32,
-                              MP_COMM_OP_SUM);
+    if (st == MP_OK && mp_comm_world_size(rt->comm) > 1) {
+      void *dev = NULL; /* a GPU comm needs the tensor in device memory */
+      if (!rt->host_mem) st = mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, 2 * ALIGN64((size_t)n * sizeof(float)), &dev);
+      if (st == MP_OK)
+        st = host_coll(ctx, (mp_runtime *)rt, MP_GROUP_WORLD, full, NULL, (size_t)n, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM,
+                       dev);
+      if (dev) {
+        mp_status s2 = mp_talloc_free(ctx, rt->ta, dev);
+        if (st == MP_OK) st = s2;
+      }
+    }
     if (st == MP_OK) st = mp_wfile_add(ctx, w, p->fqn, p->ndim, p->shape, full);
     free(full);
     free(tile);

@@ -17,8 +17,16 @@
  *   decay, bias-corrected) with weight decay on every parameter of 2 or more dims
  *   (Linear, experts, router, embeddings, head); norms and biases (1-D) do not decay.
  *
+ * Dtypes: master parameters, their gradients, AdamW state and statistics are fp32 on
+ * every backend; activations, their gradients and the compute copies of parameters are
+ * the backend's X dtype (kernels/ops.h: fp32 on the CPU, bf16 on CUDA). On a bf16 backend
+ * an FSDP unit casts each fp32 shard to bf16 and all-gathers bf16 (FSDP2's mixed
+ * precision, param_dtype bf16, reduce_dtype fp32); a parameter that is not sharded keeps
+ * a resident bf16 copy, refreshed after each optimizer step. Float8 Linears run as real
+ * float8 GEMMs on codes (matmul_f8) there, and as the exact emulation on the CPU.
+ *
  * Memory categories (exec/schedule.h's mp_mem_cat), as this runtime allocates them:
- *   PARAMS      master shards (fp32), resident
+ *   PARAMS      master shards (fp32), resident; bf16 compute copies (CUDA, not sharded)
  *   OPTIMIZER   AdamW m and v, resident
  *   GRADS       gradient shards (fp32), resident from creation
  *   ACTIVATIONS the residual stream x[0..L] and, per block, one block carved into the
@@ -107,8 +115,15 @@ mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t
                                       mp_step_result *res);
 /* Clipping and AdamW with the gradients of the last forward_backward; fills grad_norm. */
 mp_status mp_runtime_optimizer_step(mp_ctx *ctx, mp_runtime *rt, mp_step_result *res);
-/* Both, and the step's peak memory. */
+/* Both, and the step's peak memory; returns when the step's device work is complete
+ * (mp_runtime_synchronize), so a host clock around it times the step. */
 mp_status mp_runtime_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens, mp_step_result *res);
+/* Waits for every queued kernel and collective of the rank (no-op on the CPU). */
+mp_status mp_runtime_synchronize(mp_ctx *ctx, mp_runtime *rt);
+/* An all-reduce of a few host values (count * element size <= 8 KiB) over group g,
+ * staged through device memory when the comm takes device buffers only (NCCL). */
+mp_status mp_runtime_host_all_reduce(mp_ctx *ctx, mp_runtime *rt, mp_group g, void *buf, size_t count,
+                                     mp_comm_dtype t, mp_comm_op op);
 
 const mp_talloc *mp_runtime_allocator(const mp_runtime *rt);
 int64_t mp_runtime_local_batch(const mp_runtime *rt);

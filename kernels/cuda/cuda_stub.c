@@ -16,6 +16,30 @@ void *mp_cuda_stream(mp_kctx *kc) {
   (void)kc;
   return 0;
 }
+
+mp_status mp_cuda_device_name(mp_kctx *kc, int device, char *buf, size_t len) {
+  (void)buf;
+  (void)len;
+  return mp_error(kc->err, MP_ERR_UNSUPPORTED, "cuda device %d: this meshplan was built without CUDA", device);
+}
+
+mp_status mp_cuda_timer_create(mp_kctx *kc, mp_cuda_timer **out) {
+  *out = 0;
+  return mp_error(kc->err, MP_ERR_UNSUPPORTED, "cuda timer: this meshplan was built without CUDA");
+}
+
+mp_status mp_cuda_timer_start(mp_kctx *kc, mp_cuda_timer *t) {
+  (void)t;
+  return mp_error(kc->err, MP_ERR_UNSUPPORTED, "cuda timer: built without CUDA");
+}
+
+mp_status mp_cuda_timer_stop(mp_kctx *kc, mp_cuda_timer *t, double *seconds) {
+  (void)t;
+  *seconds = 0;
+  return mp_error(kc->err, MP_ERR_UNSUPPORTED, "cuda timer: built without CUDA");
+}
+
+void mp_cuda_timer_destroy(mp_cuda_timer *t) { (void)t; }
 #else
 typedef int mp_cuda_stub_unused; /* ISO C forbids an empty translation unit */
 #endif

@@ -341,7 +341,10 @@ TEST(Train, PeakMemoryEqualsHandDerivedTimeline) {
   P += L * (C + QD * C + 2 * KD * C + C * QD + C + 3 * F * C);       // blocks
   P += C + V * C;                                                    // norm, output
   ASSERT_EQ(P, mp_model_param_count(&r.model));
-  const int64_t resident = 4 * P * 4 + 2 * T * (hd / 2) * 4 + 16;  // w g m v, rope cos/sin, 4 scalars
+  // scalars: 8 float8 amax/scale slots + one sum-of-squares slot per parameter tensor
+  // (embedding, 9 per block, final norm, head)
+  const int64_t n_tensors = 1 + 9 * L + 2;
+  const int64_t resident = 4 * P * 4 + 2 * T * (hd / 2) * 4 + (8 + n_tensors) * 4;  // w g m v, rope, scalars
   const mp_talloc *ta = mp_runtime_allocator(r.rt);
   EXPECT_EQ(mp_talloc_current_total(ta), resident);
   const int64_t block = (N * C + N + N * QD + 2 * N * KD + N * C + N * C + N + 3 * N * F) * 4;

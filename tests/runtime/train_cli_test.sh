@@ -24,8 +24,13 @@ OMP_NUM_THREADS=1 timeout 60 "$bin" train --model tiny-dense --steps 3 --seq 16 
   --data "$tmp/d.bin" --dump-losses "$tmp/l2.json" --quiet >/dev/null 2>&1
 check "same losses from the shard" "cmp -s $tmp/l.json $tmp/l2.json"
 
-err=$("$bin" train --model tiny-dense --device cuda 2>&1); rc=$?
-check "cuda refused" "[ $rc -ne 0 ] && echo \"\$err\" | grep -q 'not available in this build'"
+# Without a visible GPU (this machine, CI), --device cuda is one clear line naming why.
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  err=$("$bin" train --model tiny-dense --device cuda 2>&1); rc=$?
+  check "cuda refused without a device" "[ $rc -ne 0 ] && [ \$(echo \"\$err\" | wc -l) -eq 1 ] && echo \"\$err\" | grep -qE 'no CUDA device is visible|built without CUDA'"
+fi
+err=$("$bin" train --model tiny-dense --device tpu 2>&1); rc=$?
+check "unknown device is a usage error" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'choose cpu or cuda'"
 err=$("$bin" train --model tiny-dense --mesh dp_shard=2 2>&1); rc=$?
 check "mesh larger than world refused" "[ $rc -ne 0 ] && echo \"\$err\" | grep -q 'mpirun -np 2'"
 err=$("$bin" train --model tiny-dense --plan-id 3 2>&1); rc=$?
@@ -47,7 +52,7 @@ out=$(OMP_NUM_THREADS=1 timeout 60 "$bin" train --model tiny-moe --auto --steps 
       --db "$tmp/m.db" 2>&1); rc=$?
 echo "$out" | grep -E '^(auto|train)'
 check "train --auto exits 0" "[ $rc -eq 0 ]"
-check "auto names its plan" "echo \"\$out\" | grep -q '^auto: best executable plan of: [0-9]* candidates for 1 CPU rank'"
+check "auto names its plan" "echo \"\$out\" | grep -q '^auto: best executable plan (meshplan-cpu profile) from [0-9]* candidates for 1 CPU rank'"
 check "auto run recorded" "[ \"\$(\"$bin\" report --db \"$tmp/m.db\" | grep -c 'tiny-')\" -eq 2 ]"
 err=$("$bin" train --model tiny-dense --seq 65 --steps 1 2>&1); rc=$?
 check "seq beyond max_seq refused" "[ $rc -ne 0 ] && echo \"\$err\" | grep -q 'max_seq'"
