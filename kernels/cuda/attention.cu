@@ -1,5 +1,11 @@
 /* Causal grouped-query flash attention, forward and backward, bf16 storage and fp32
- * arithmetic (kernels/ops.h attention_forward / attention_backward).
+ * arithmetic (kernels/ops.h attention_forward / attention_backward): the entry points,
+ * which dispatch, and the scalar kernels.
+ *
+ * Dispatch. Head dims 32, 64, 96 and 128 with 16-byte aligned inputs go to the tensor-core
+ * FlashAttention-2 kernels (attention_fa2.cu); every other even head dim <= 128 (or
+ * MP_ATTENTION_KERNEL=scalar in the environment, read at the first call, for A/B checks)
+ * runs the scalar kernels below, which are the fallback and the on-device reference.
  *
  * Layout of the work. A "row group" of TPR adjacent lanes owns one query row (forward,
  * dq) or one key row (dk/dv); lane `part` of the group owns head dimensions
@@ -29,6 +35,10 @@
  * dk/dv: tile 0 has the most queries and goes first). */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
 
 #include "kernels/cuda/cuda_internal.h"
 
@@ -308,6 +318,38 @@ __global__ void __launch_bounds__(kRows *TPR)
 }
 
 bool aligned4(const void *p) { return ((uintptr_t)p & 3u) == 0; }
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* MP_ATTENTION_KERNEL, read once: 0 unset, empty or "auto" (tensor cores where they
+ * apply), 1 "scalar", -1 anything else (an error at every call, so a typo in an A/B run
+ * is not silently the default). */
+int env_kernel_choice() {
+  static const int choice = [] {
+    const char *e = getenv("MP_ATTENTION_KERNEL");
+    if (!e || !*e || strcmp(e, "auto") == 0) return 0;
+    return strcmp(e, "scalar") == 0 ? 1 : -1;
+  }();
+  return choice;
+}
+
+std::atomic<int> g_force_scalar{0}; /* mp_cuda_attention_force_scalar (tests) */
+
+/* Sets *fa2 to whether the tensor-core kernels take this call: a supported head dim, the
+ * cp.async inputs 16-byte aligned, and not forced to the scalar kernels. */
+mp_status choose_kernel(mp_kctx *kc, const char *op, int hd, const void *const *inputs,
+                        int n_inputs, bool *fa2) {
+  *fa2 = false;
+  const int choice = env_kernel_choice();
+  if (choice < 0)
+    return mp_error(kc->err, MP_ERR_INVALID, "%s: MP_ATTENTION_KERNEL=%s is not understood; "
+                    "set it to auto (tensor cores where supported) or scalar, or unset it",
+                    op, getenv("MP_ATTENTION_KERNEL"));
+  if (choice == 1 || g_force_scalar.load() || !mp_cuda_attention_fa2_supports(hd)) return MP_OK;
+  for (int i = 0; i < n_inputs; i++)
+    if (!aligned16(inputs[i])) return MP_OK;
+  *fa2 = true;
+  return MP_OK;
+}
 
 mp_status check_args(mp_kctx *kc, const char *op, int B, int T, int nh, int nkv, int hd) {
   if (B < 0 || T < 0 || nh <= 0 || nkv <= 0 || nh % nkv != 0)
@@ -336,6 +378,10 @@ mp_status mp_cuda_attention_forward(mp_kctx *kc, void *out, float *lse, const vo
       !aligned4(v))
     return mp_error(kc->err, MP_ERR_INVALID, "attention_forward: NULL or misaligned tensor "
                     "(bf16 tensors must be 4-byte aligned)");
+  const void *inputs[3] = {q, k, v};
+  bool fa2 = false;
+  MP_CHECK(choose_kernel(kc, "attention_forward", hd, inputs, 3, &fa2));
+  if (fa2) return mp_cuda_attention_fa2_forward(kc, out, lse, q, k, v, B, T, nh, nkv, hd);
   cudaStream_t st = mp_cuda_impl_of(kc)->stream;
   const float scale_log2 = kLog2e / sqrtf((float)hd);
   dim3 grid((unsigned)((T + kRows - 1) / kRows), (unsigned)nh, (unsigned)B);
@@ -364,6 +410,12 @@ mp_status mp_cuda_attention_backward(mp_kctx *kc, void *dq, void *dk, void *dv, 
   if (!lse)
     return mp_error(kc->err, MP_ERR_INVALID, "attention_backward: lse is NULL; pass the "
                     "forward's saved lse");
+  const void *inputs[4] = {dout, q, k, v};
+  bool fa2 = false;
+  MP_CHECK(choose_kernel(kc, "attention_backward", hd, inputs, 4, &fa2));
+  if (fa2)
+    return mp_cuda_attention_fa2_backward(kc, dq, dk, dv, dout, q, k, v, out, lse, B, T, nh,
+                                          nkv, hd);
   cudaStream_t st = mp_cuda_impl_of(kc)->stream;
   const float scale = 1.0f / sqrtf((float)hd), scale_log2 = kLog2e * scale;
   /* D (B, nh, T): written by the dq kernel, read by the dk/dv kernel. Stream-ordered
@@ -403,3 +455,5 @@ mp_status mp_cuda_attention_backward(mp_kctx *kc, void *dq, void *dk, void *dv, 
   MP_CUDA_CHECK(kc, freed);
   return MP_OK;
 }
+
+void mp_cuda_attention_force_scalar(int on) { g_force_scalar.store(on ? 1 : 0); }

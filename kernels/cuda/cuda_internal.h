@@ -74,6 +74,19 @@ mp_status mp_cuda_attention_forward(mp_kctx *kc, void *out, float *lse, const vo
 mp_status mp_cuda_attention_backward(mp_kctx *kc, void *dq, void *dk, void *dv, const void *dout,
                                      const void *q, const void *k, const void *v, const void *out,
                                      const float *lse, int B, int T, int nh, int nkv, int hd);
+/* Tensor-core (FlashAttention-2) attention for the head dims where supports() is 1
+ * (attention_fa2.cu); attention.cu dispatches to it and keeps its scalar kernels for the
+ * rest. Test hook: force_scalar(1) routes attention through the scalar kernels, (0)
+ * returns to the default (MP_ATTENTION_KERNEL=scalar in the environment, read once). */
+int mp_cuda_attention_fa2_supports(int hd);
+mp_status mp_cuda_attention_fa2_forward(mp_kctx *kc, void *out, float *lse, const void *q,
+                                        const void *k, const void *v, int B, int T, int nh,
+                                        int nkv, int hd);
+mp_status mp_cuda_attention_fa2_backward(mp_kctx *kc, void *dq, void *dk, void *dv,
+                                         const void *dout, const void *q, const void *k,
+                                         const void *v, const void *out, const float *lse,
+                                         int B, int T, int nh, int nkv, int hd);
+void mp_cuda_attention_force_scalar(int on);
 /* cuBLASLt lifecycle: called from backend init/shutdown (creates lt, workspace, cache). */
 mp_status mp_cuda_gemm_init(mp_kctx *kc);
 void mp_cuda_gemm_shutdown(mp_kctx *kc);

@@ -1,0 +1,344 @@
+// CUDA attention (kernels/cuda/attention.cu and attention_fa2.cu) against the CPU
+// reference backend, through the CUDA backend table: the tensor-core (FlashAttention-2)
+// kernels for head dims 32, 64, 96 and 128, the scalar fallback, and the two against each
+// other on the device. Skips without CUDA or without a device.
+//
+// Inputs are drawn at random and rounded to bf16 on the host; the CPU reference runs in
+// fp32 on exactly those values. Forward outputs are poisoned with 0xFF bytes (NaN in bf16
+// and fp32) before the op runs, and every error measure returns infinity on a NaN or inf,
+// so an unwritten element fails. Bounds (relative L2 over the whole tensor):
+//   out: 1e-2. The kernel rounds the probabilities to bf16 before P V and the result once
+//     more; each rounding is <= 2^-9 ~ 2e-3 relative per element, independent across
+//     elements, so ~3e-3 is expected; a wrong index, a missed tile or a wrong mask gives
+//     errors of order 1.
+//   lse: 1e-4. fp32 scores from exact bf16 products, fp32 sums of <= 1024 terms
+//     (~1e-6 relative) and a 2-ulp exp2.
+//   dq, dk, dv: 1e-2 of the norm of the fresh gradient (not of the total, so the prior
+//     cannot hide an error). P and dS are rounded to bf16 as GEMM operands and the sum
+//     prior + fresh once more: three roundings of ~2e-3 each.
+//   Backward outputs start from a random non-zero prior of the fresh gradient's RMS, so
+//   a kernel that overwrote instead of adding (+=) is off by ~100 % of the fresh norm.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu.h"
+#include "kernels/cuda/cuda.h"
+
+#ifdef MP_HAVE_CUDA
+// attention.cu's test hook, declared in kernels/cuda/cuda_internal.h (the CUDA side's
+// internal header, not exported to tests): 1 routes attention through the scalar kernels,
+// 0 back to the default choice.
+void mp_cuda_attention_force_scalar(int on);
+#endif
+
+namespace {
+
+using Vec = std::vector<float>;
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 2654435761u + 1) {}
+  uint32_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return (uint32_t)(s >> 11);
+  }
+  float uni(float lo, float hi) {
+    return lo + (hi - lo) * (float)(next() & 0xFFFFFF) / (float)0x1000000;
+  }
+};
+
+float bf(float x) { return mp_bf16_to_f32(mp_bf16_from_f32(x)); }
+
+Vec rand_bf16(Rng &r, size_t n, float lo, float hi) {
+  Vec v(n);
+  for (auto &x : v) x = bf(r.uni(lo, hi));
+  return v;
+}
+
+// ||got - want|| / ||norm_of||; infinity when got holds a NaN/inf (poison left behind).
+double rel_err(const Vec &got, const Vec &want, const Vec &norm_of) {
+  double e = 0, n = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    e += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+    n += (double)norm_of[i] * norm_of[i];
+  }
+  return std::sqrt(e / (n > 0 ? n : 1));
+}
+double rel_l2(const Vec &got, const Vec &ref) { return rel_err(got, ref, ref); }
+
+struct Shape {
+  int B, T, nh, nkv, hd;
+};
+
+std::string name_of(const Shape &s) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " nh=" +
+         std::to_string(s.nh) + " nkv=" + std::to_string(s.nkv) + " hd=" + std::to_string(s.hd);
+}
+
+// Every T of interest (1, a ragged 7, one tile, one tile + 1, two tiles, ragged 300, many
+// tiles) for both main head dims, batch 1 and 3, GQA ratios nh/nkv of 1, 2 and 4; then
+// the other tensor-core head dims, 32 and 96.
+const Shape kShapes[] = {
+    {1, 1, 4, 4, 64},     {3, 7, 4, 2, 64},    {1, 64, 8, 2, 64},    {3, 65, 4, 1, 64},
+    {3, 128, 4, 4, 64},   {3, 300, 4, 2, 64},  {1, 1024, 4, 1, 64},  {1, 1, 4, 4, 128},
+    {3, 7, 4, 2, 128},    {1, 64, 8, 2, 128},  {3, 65, 4, 1, 128},   {3, 128, 4, 4, 128},
+    {3, 300, 4, 2, 128},  {1, 1024, 4, 1, 128}, {1, 1024, 2, 2, 128}, {2, 200, 4, 2, 96},
+    {2, 77, 2, 1, 32}};
+
+// One problem: bf16-rounded inputs and the CPU's results (forward, then backward on the
+// bf16-rounded forward output, as the device stores it).
+struct Problem {
+  Shape s;
+  size_t nq, nkv, nl;
+  Vec q, k, v, dout, out, lse, gq, gk, gv;
+};
+
+Problem make_problem(const Shape &s, uint64_t seed, float spread, const mp_backend *cpu,
+                     mp_kctx *cpu_kc, bool backward) {
+  Problem p;
+  p.s = s;
+  p.nq = (size_t)s.B * s.T * s.nh * s.hd;
+  p.nkv = (size_t)s.B * s.T * s.nkv * s.hd;
+  p.nl = (size_t)s.B * s.nh * s.T;
+  Rng r(seed);
+  // Spread 2: scores ~ N(0, 1.3^2), a peaked but not one-hot softmax.
+  p.q = rand_bf16(r, p.nq, -spread, spread);
+  p.k = rand_bf16(r, p.nkv, -spread, spread);
+  p.v = rand_bf16(r, p.nkv, -1, 1);
+  p.dout = rand_bf16(r, p.nq, -1, 1);
+  p.out.assign(p.nq, 0.0f);
+  p.lse.assign(p.nl, 0.0f);
+  EXPECT_EQ(cpu->attention_forward(cpu_kc, p.out.data(), p.lse.data(), p.q.data(), p.k.data(),
+                                   p.v.data(), s.B, s.T, s.nh, s.nkv, s.hd), MP_OK);
+  if (!backward) return p;
+  for (auto &x : p.out) x = bf(x);
+  p.gq.assign(p.nq, 0.0f);
+  p.gk.assign(p.nkv, 0.0f);
+  p.gv.assign(p.nkv, 0.0f);
+  EXPECT_EQ(cpu->attention_backward(cpu_kc, p.gq.data(), p.gk.data(), p.gv.data(),
+                                    p.dout.data(), p.q.data(), p.k.data(), p.v.data(),
+                                    p.out.data(), p.lse.data(), s.B, s.T, s.nh, s.nkv, s.hd),
+            MP_OK);
+  return p;
+}
+
+// A random bf16 prior with the RMS of g.
+Vec prior_like(Rng &r, const Vec &g) {
+  double ss = 0;
+  for (float x : g) ss += (double)x * x;
+  const float rms = (float)std::sqrt(ss / (g.empty() ? 1 : g.size()));
+  Vec p(g.size());
+  // Uniform on [-a, a] has RMS a / sqrt(3).
+  for (auto &x : p) x = bf(r.uni(-1.7320508f * rms, 1.7320508f * rms));
+  return p;
+}
+
+Vec sum(const Vec &a, const Vec &b) {
+  Vec s(a.size());
+  for (size_t i = 0; i < a.size(); i++) s[i] = a[i] + b[i];
+  return s;
+}
+
+class CudaAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    mp_ctx_init(&err);
+    kc = {&err, nullptr, 0};
+    cpu_kc = {&err, nullptr, 0};
+    cpu = mp_backend_cpu();
+    ASSERT_EQ(cpu->init(&cpu_kc, 0), MP_OK);
+#ifndef MP_HAVE_CUDA
+    GTEST_SKIP() << "not built with CUDA";
+#else
+    if (mp_cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    be = mp_cuda_backend();
+    ASSERT_EQ(be->init(&kc, 0), MP_OK) << mp_errmsg(&err);
+    ready = true;
+#endif
+  }
+  void TearDown() override {
+    if (!ready) return;
+#ifdef MP_HAVE_CUDA
+    mp_cuda_attention_force_scalar(0);
+#endif
+    for (void *p : allocs) be->free(&kc, p);
+    be->shutdown(&kc);
+  }
+  // Device buffer of `bytes` filled with 0xFF.
+  void *poisoned(size_t bytes) {
+    void *p = nullptr;
+    EXPECT_EQ(be->alloc(&kc, &p, bytes), MP_OK) << mp_errmsg(&err);
+    allocs.push_back(p);
+    std::vector<unsigned char> ff(bytes, 0xFF);
+    EXPECT_EQ(be->memcpy_h2d(&kc, p, ff.data(), bytes), MP_OK);
+    return p;
+  }
+  // bf16 copy of h, `skew` bytes past a 256-byte aligned allocation.
+  void *dev_x(const Vec &h, size_t skew = 0) {
+    char *p = (char *)poisoned(h.size() * 2 + 16 + skew);
+    EXPECT_EQ(be->to_device_f32(&kc, p + skew, h.data(), h.size()), MP_OK) << mp_errmsg(&err);
+    return p + skew;
+  }
+  float *dev_f32(const Vec &h) {
+    float *p = (float *)poisoned(h.size() * 4 + 4);
+    EXPECT_EQ(be->memcpy_h2d(&kc, p, h.data(), h.size() * 4), MP_OK);
+    return p;
+  }
+  Vec get_x(const void *p, size_t n) {
+    Vec h(n);
+    EXPECT_EQ(be->synchronize(&kc), MP_OK) << mp_errmsg(&err);
+    EXPECT_EQ(be->from_device_f32(&kc, h.data(), p, n), MP_OK) << mp_errmsg(&err);
+    return h;
+  }
+  Vec get_f32(const float *p, size_t n) {
+    Vec h(n);
+    EXPECT_EQ(be->synchronize(&kc), MP_OK) << mp_errmsg(&err);
+    EXPECT_EQ(be->memcpy_d2h(&kc, h.data(), p, n * 4), MP_OK) << mp_errmsg(&err);
+    return h;
+  }
+  std::vector<unsigned char> get_bytes(const void *p, size_t n) {
+    std::vector<unsigned char> h(n);
+    EXPECT_EQ(be->synchronize(&kc), MP_OK) << mp_errmsg(&err);
+    EXPECT_EQ(be->memcpy_d2h(&kc, h.data(), p, n), MP_OK) << mp_errmsg(&err);
+    return h;
+  }
+
+  // Runs the device forward on p's inputs (q skewed by `skew` bytes) into poisoned
+  // outputs; returns out and lse.
+  void forward(const Problem &p, Vec *out, Vec *lse, size_t skew = 0) {
+    const Shape &s = p.s;
+    void *d_out = poisoned(p.nq * 2);
+    float *d_lse = (float *)poisoned(p.nl * 4);
+    ASSERT_EQ(be->attention_forward(&kc, d_out, d_lse, dev_x(p.q, skew), dev_x(p.k),
+                                    dev_x(p.v), s.B, s.T, s.nh, s.nkv, s.hd), MP_OK)
+        << mp_errmsg(&err) << " " << name_of(s);
+    *out = get_x(d_out, p.nq);
+    *lse = get_f32(d_lse, p.nl);
+  }
+
+  // Runs the device backward on p's inputs (the CPU's lse and bf16 out) from the given
+  // priors; returns the accumulated dq, dk, dv.
+  void backward(const Problem &p, const Vec &sq, const Vec &sk, const Vec &sv, Vec *dq, Vec *dk,
+                Vec *dv, void **raw = nullptr) {
+    const Shape &s = p.s;
+    void *d_dq = dev_x(sq), *d_dk = dev_x(sk), *d_dv = dev_x(sv);
+    ASSERT_EQ(be->attention_backward(&kc, d_dq, d_dk, d_dv, dev_x(p.dout), dev_x(p.q),
+                                     dev_x(p.k), dev_x(p.v), dev_x(p.out), dev_f32(p.lse), s.B,
+                                     s.T, s.nh, s.nkv, s.hd), MP_OK)
+        << mp_errmsg(&err) << " " << name_of(s);
+    *dq = get_x(d_dq, p.nq);
+    *dk = get_x(d_dk, p.nkv);
+    *dv = get_x(d_dv, p.nkv);
+    if (raw) {
+      raw[0] = d_dq;
+      raw[1] = d_dk;
+      raw[2] = d_dv;
+    }
+  }
+
+  void check_forward(const Shape &s, uint64_t seed, float spread) {
+    Problem p = make_problem(s, seed, spread, cpu, &cpu_kc, false);
+    Vec out, lse;
+    forward(p, &out, &lse);
+    EXPECT_LE(rel_l2(out, p.out), 1e-2) << "out " << name_of(s);
+    EXPECT_LE(rel_l2(lse, p.lse), 1e-4) << "lse " << name_of(s);
+  }
+
+  void check_backward(const Shape &s, uint64_t seed, float spread) {
+    Problem p = make_problem(s, seed, spread, cpu, &cpu_kc, true);
+    Rng r(seed + 99);
+    Vec sq = prior_like(r, p.gq), sk = prior_like(r, p.gk), sv = prior_like(r, p.gv);
+    Vec dq, dk, dv;
+    backward(p, sq, sk, sv, &dq, &dk, &dv);
+    EXPECT_LE(rel_err(dq, sum(sq, p.gq), p.gq), 1e-2) << "dq " << name_of(s);
+    EXPECT_LE(rel_err(dk, sum(sk, p.gk), p.gk), 1e-2) << "dk " << name_of(s);
+    EXPECT_LE(rel_err(dv, sum(sv, p.gv), p.gv), 1e-2) << "dv " << name_of(s);
+  }
+
+  mp_ctx err;
+  mp_kctx kc, cpu_kc;
+  const mp_backend *cpu = nullptr, *be = nullptr;
+  bool ready = false;
+  std::vector<void *> allocs;
+};
+
+TEST_F(CudaAttention, ForwardMatchesCpu) {
+  for (const Shape &s : kShapes) check_forward(s, (uint64_t)s.T * 31 + s.hd + s.nh * 7 + s.B, 2);
+}
+
+TEST_F(CudaAttention, BackwardAccumulatesLikeCpu) {
+  for (const Shape &s : kShapes)
+    check_backward(s, (uint64_t)s.T * 17 + s.hd * 3 + s.nh * 5 + s.B, 2);
+}
+
+// Spread 5: scores ~ N(0, 8^2), so the running maximum jumps between key tiles and the
+// online softmax rescales the accumulator by factors far from 1 (and underflows some
+// probabilities to 0) on most rows.
+TEST_F(CudaAttention, PeakedScoresMatchCpu) {
+  const Shape shapes[] = {{2, 300, 4, 2, 128}, {1, 257, 4, 1, 64}};
+  for (const Shape &s : shapes) {
+    check_forward(s, 7 + s.hd, 5);
+    check_backward(s, 11 + s.hd, 5);
+  }
+}
+
+#ifdef MP_HAVE_CUDA
+// The tensor-core kernels against the scalar ones on the same device, same inputs.
+TEST_F(CudaAttention, TensorCoreMatchesScalarKernel) {
+  const Shape shapes[] = {{2, 200, 8, 2, 128}, {1, 130, 4, 4, 64}};
+  for (const Shape &s : shapes) {
+    Problem p = make_problem(s, 5 + s.hd, 2, cpu, &cpu_kc, true);
+    Vec out_tc, lse_tc, out_sc, lse_sc;
+    forward(p, &out_tc, &lse_tc);
+    mp_cuda_attention_force_scalar(1);
+    forward(p, &out_sc, &lse_sc);
+    mp_cuda_attention_force_scalar(0);
+    EXPECT_LE(rel_l2(out_tc, out_sc), 1e-2) << "out " << name_of(s);
+    EXPECT_LE(rel_l2(lse_tc, lse_sc), 1e-4) << "lse " << name_of(s);
+
+    Rng r(3);
+    Vec sq = prior_like(r, p.gq), sk = prior_like(r, p.gk), sv = prior_like(r, p.gv);
+    Vec tq, tk, tv, cq, ck, cv;
+    backward(p, sq, sk, sv, &tq, &tk, &tv);
+    mp_cuda_attention_force_scalar(1);
+    backward(p, sq, sk, sv, &cq, &ck, &cv);
+    mp_cuda_attention_force_scalar(0);
+    EXPECT_LE(rel_err(tq, cq, p.gq), 1e-2) << "dq " << name_of(s);
+    EXPECT_LE(rel_err(tk, ck, p.gk), 1e-2) << "dk " << name_of(s);
+    EXPECT_LE(rel_err(tv, cv, p.gv), 1e-2) << "dv " << name_of(s);
+  }
+}
+#endif
+
+// No atomics: two runs give the same bits.
+TEST_F(CudaAttention, BackwardIsBitwiseReproducible) {
+  const Shape s = {2, 300, 8, 2, 128};
+  Problem p = make_problem(s, 21, 2, cpu, &cpu_kc, true);
+  Vec zq(p.nq, 0.0f), zkv(p.nkv, 0.0f), dq, dk, dv;
+  void *a[3], *b[3];
+  backward(p, zq, zkv, zkv, &dq, &dk, &dv, a);
+  backward(p, zq, zkv, zkv, &dq, &dk, &dv, b);
+  const size_t bytes[3] = {p.nq * 2, p.nkv * 2, p.nkv * 2};
+  for (int i = 0; i < 3; i++)
+    EXPECT_TRUE(get_bytes(a[i], bytes[i]) == get_bytes(b[i], bytes[i])) << "gradient " << i;
+}
+
+// q 4 bytes off 16-byte alignment: the tensor-core kernels (cp.async of 16 bytes) cannot
+// take it, the scalar kernels do, and the result is the same.
+TEST_F(CudaAttention, MisalignedInputUsesFallback) {
+  const Shape s = {1, 70, 4, 2, 64};
+  Problem p = make_problem(s, 13, 2, cpu, &cpu_kc, false);
+  Vec out, lse;
+  forward(p, &out, &lse, 4);
+  EXPECT_LE(rel_l2(out, p.out), 1e-2);
+  EXPECT_LE(rel_l2(lse, p.lse), 1e-4);
+}
+
+}  // namespace
