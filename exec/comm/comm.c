@@ -237,3 +237,44 @@ mp_status mp_comm_synchronize(mp_ctx *ctx, mp_comm *c) {
   MP_CHECK(check_common(ctx, c, "synchronize", MP_GROUP_WORLD, MP_COMM_DTYPE_FP32));
   return c->backend->synchronize ? c->backend->synchronize(ctx, c) : MP_OK;
 }
+
+/* ---- overlap ---- */
+
+mp_status mp_comm_async_begin(mp_ctx *ctx, mp_comm *c) {
+  MP_CHECK(check_common(ctx, c, "async_begin", MP_GROUP_WORLD, MP_COMM_DTYPE_FP32));
+  if (c->async_open)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "async_begin: a batch is already open on this communicator; batches do not "
+                    "nest (call mp_comm_async_end first)");
+  if (c->backend->async_begin) MP_CHECK(c->backend->async_begin(ctx, c));
+  c->async_open = 1;
+  return MP_OK;
+}
+
+mp_status mp_comm_async_end(mp_ctx *ctx, mp_comm *c, mp_comm_req *req) {
+  if (req) req->seq = 0;
+  MP_CHECK(check_common(ctx, c, "async_end", MP_GROUP_WORLD, MP_COMM_DTYPE_FP32));
+  if (req == NULL)
+    return mp_error(ctx, MP_ERR_INVALID, "async_end: no request to fill (pass &req)");
+  if (!c->async_open)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "async_end: no batch is open on this communicator (call "
+                    "mp_comm_async_begin first)");
+  c->async_open = 0; /* closed even if the backend fails: the caller may go on to destroy */
+  return c->backend->async_end ? c->backend->async_end(ctx, c, req) : MP_OK;
+}
+
+mp_status mp_comm_wait(mp_ctx *ctx, mp_comm *c, mp_comm_req *req) {
+  MP_CHECK(check_common(ctx, c, "wait", MP_GROUP_WORLD, MP_COMM_DTYPE_FP32));
+  if (req == NULL) return mp_error(ctx, MP_ERR_INVALID, "wait: no request (pass &req)");
+  if (req->seq == 0 || c->backend->wait == NULL) {
+    req->seq = 0;
+    return MP_OK;
+  }
+  /* req stays set: waiting again is harmless, and the backend knows when it is complete */
+  return c->backend->wait(ctx, c, req);
+}
+
+void mp_comm_set_stream(mp_comm *c, void *cuda_stream) {
+  if (c && c->backend && c->backend->set_stream) c->backend->set_stream(c, cuda_stream);
+}

@@ -6,11 +6,16 @@
  * it runs on; the group is the caller's own group of that kind.
  *
  * Backends (ggml style: a table of function pointers, exec/comm/comm_backend.h):
- *   "mpi"     OpenMPI; one MPI_Comm_split per group kind (comm_mpi.c). Host buffers.
- *   "single"  world size 1 with no MPI at all (comm_single.c): every group has one rank.
- *   "nccl"    (GPU issue) ncclCommSplit per group kind, device buffers, own streams.
- * This header does not change between them; the calls below validate their arguments
- * once (comm.c) and dispatch to the backend.
+ *   "mpi"            OpenMPI; one MPI_Comm_split per group kind (comm_mpi.c). Host buffers.
+ *   "single"         world size 1 with no MPI at all (comm_single.c): every group has one
+ *                    rank. Host buffers.
+ *   "nccl"           ncclCommSplit per group kind (comm_nccl.c). Device buffers; the
+ *                    collectives run on the comm's own CUDA stream.
+ *   "mpi-staged"     device buffers through host staging and the "mpi" backend
+ *                    (comm_staged.c): several ranks on one GPU, or no NCCL in the build.
+ *   "single-staged"  world size 1 with device buffers: device-to-device copies.
+ * mp_comm_create_for_device picks one for the CLI. This header does not change between
+ * them; the calls below validate their arguments once (comm.c) and dispatch to the backend.
  *
  * Invariants a caller may rely on:
  *   - A rank's position in a group communicator is its mesh group index
@@ -19,9 +24,14 @@
  *   - The mesh's rank numbering is the MPI world numbering (checked at creation, which
  *     also checks that the mesh's world size equals the MPI world size on every rank).
  *   - An all-reduce leaves bitwise identical results on every rank of the group.
- *   - Collectives are blocking for "mpi" and "single": when a call returns, the output is
- *     complete. A backend that queues work (NCCL) completes it by mp_comm_synchronize, so
- *     portable callers synchronize before reading outputs on the host.
+ *   - Ordering. For "mpi", "single" and the staged backends a collective is complete when
+ *     the call returns (the staged ones copy with the kernel backend's memcpy, which is
+ *     ordered after the work already queued on its context). For "nccl" a collective is
+ *     ordered on the device: it starts after the work queued so far on the compute stream
+ *     (mp_comm_set_stream) and work queued on that stream after the call sees its result;
+ *     the host does not wait. Host code that reads a result (a memcpy_d2h, a stream
+ *     synchronize) calls mp_comm_synchronize first: that is where a dead peer is noticed
+ *     and reported instead of hanging.
  *   - All ranks of a group must make the same calls in the same order with the same
  *     counts (as with MPI and NCCL). Argument errors that every rank detects identically
  *     (bad group, counts that do not add up) come back on every rank, so all exit together.
@@ -29,7 +39,9 @@
  *
  * Errors: every call returns mp_status; MPI failures are MP_ERR_MPI with the call, its
  * file:line and MPI_Error_string on ctx (MPI_ERRORS_RETURN is set on every communicator
- * so MPI does not abort the process). */
+ * so MPI does not abort the process). NCCL failures are MP_ERR_NCCL with NCCL's own
+ * message; after an NCCL failure or timeout the communicators are aborted and every later
+ * call on that mp_comm fails at once with the same message (destroy it and exit). */
 #ifndef MP_EXEC_COMM_COMM_H
 #define MP_EXEC_COMM_COMM_H
 
@@ -44,6 +56,11 @@ extern "C" {
 #endif
 
 typedef struct mp_comm mp_comm;
+/* kernels/ops.h: the kernel backend whose memory device buffers live in (staged backends
+ * copy with its memcpy entries) and its per-context state. Declared here so that comm.h
+ * does not pull in the op table. */
+struct mp_backend;
+struct mp_kctx;
 
 /* Element types that travel. BF16 is raw 16-bit storage (GPU staging); its reductions
  * convert to fp32, combine, and round to nearest even. INT64 is for all-to-all metadata
@@ -92,8 +109,59 @@ int mp_comm_local_rank_from_env(void);
  * and tests that must not depend on MPI start-up. */
 mp_status mp_comm_create_mpi(mp_ctx *ctx, const mp_mesh *mesh, mp_comm **out);
 mp_status mp_comm_create_single(mp_ctx *ctx, const mp_mesh *mesh, mp_comm **out);
+
+/* ---- creation for device buffers ----
+ * mp_comm_create_nccl: collectives on CUDA device memory of `cuda_device` (made current),
+ * ordered against `cuda_stream` (a cudaStream_t; NULL is the legacy default stream; see
+ * mp_comm_set_stream). With a launcher (mpirun, srun) or a mesh of more than one rank it
+ * is collective over MPI_COMM_WORLD like mp_comm_create_mpi (initializes MPI, agrees on the
+ * mesh, then rank 0's ncclUniqueId goes out with MPI_Bcast); at world size 1 without a
+ * launcher it makes the id locally and never starts MPI. Every rank must use its own GPU:
+ * two ranks of a node on one GPU are refused on every rank (MP_ERR_UNSUPPORTED) before
+ * NCCL is called. Then one ncclCommInitRankConfig for the world (non-blocking mode) and one
+ * ncclCommSplit per group kind (color = mp_mesh_group_id, key = mp_mesh_group_index);
+ * kinds whose groups hold the same ranks share one communicator. Reads
+ * MESHPLAN_COMM_TIMEOUT_S (seconds > 0, default 600): the bound on every wait. Without
+ * NCCL in the build: MP_ERR_UNSUPPORTED "built without NCCL".
+ * mp_comm_nccl_built: 1 when this build has the NCCL backend. */
+mp_status mp_comm_create_nccl(mp_ctx *ctx, const mp_mesh *mesh, int cuda_device, void *cuda_stream,
+                              mp_comm **out);
+int mp_comm_nccl_built(void);
+/* mp_comm_create_mpi_staged: as mp_comm_create_mpi (collective, same checks), for buffers
+ * in the memory of kernel backend `be`: each collective copies its device input to a host
+ * staging buffer with be->memcpy_d2h(kc, ...), runs the "mpi" collective on the host copy,
+ * and copies the output back with be->memcpy_h2d: bitwise the results of "mpi". exec/comm
+ * links no CUDA for it; be and kc (initialized, kept alive until destroy) do the copies.
+ * mp_comm_create_single_staged: as mp_comm_create_single (world size 1, no MPI), for
+ * buffers in be's memory: each collective is be->memcpy_d2d(kc, ...) (or nothing in place). */
+mp_status mp_comm_create_mpi_staged(mp_ctx *ctx, const mp_mesh *mesh,
+                                    const struct mp_backend *be, struct mp_kctx *kc,
+                                    mp_comm **out);
+mp_status mp_comm_create_single_staged(mp_ctx *ctx, const mp_mesh *mesh,
+                                       const struct mp_backend *be, struct mp_kctx *kc,
+                                       mp_comm **out);
+/* The one call the CLI makes: the backend for where the buffers live.
+ *   CPU (device_is_cuda 0): "mpi" under a launcher, else "single" (mesh of world size 1;
+ *     a bigger mesh is MP_ERR_INVALID "launch it with mpirun -np N"). be, kc may be NULL.
+ *   CUDA: "nccl" on kc->device, ordered against cuda_stream (mp_cuda_stream(kc)), when NCCL
+ *     is built in and every rank has its own GPU (checked by PCI bus id over MPI on each
+ *     node, and agreed over the world); else "mpi-staged" under a launcher or
+ *     "single-staged" without one, through be and kc. MESHPLAN_NO_NCCL=1 forces the staged
+ *     backends.
+ * notice (may be NULL) gets "" for the expected choices and one line saying why for a
+ * fallback ("4 ranks share 1 GPU on this node; NCCL refuses two ranks of one communicator
+ * on one GPU, so collectives go through MPI with host staging"); the caller prints it
+ * (rank 0 is enough: every rank makes the same choice). Collective over MPI_COMM_WORLD
+ * under a launcher. */
+mp_status mp_comm_create_for_device(mp_ctx *ctx, const mp_mesh *mesh, int device_is_cuda,
+                                    const struct mp_backend *be, struct mp_kctx *kc,
+                                    void *cuda_stream, mp_comm **out, char *notice,
+                                    size_t notice_len);
 /* Frees the communicators (not MPI itself). NULL is a no-op. Not collective for "single";
- * for "mpi" it calls MPI_Comm_free, which every rank of each group must call. */
+ * for "mpi" it calls MPI_Comm_free, which every rank of each group must call. For "nccl" it
+ * first completes the issued collectives, then finalizes each NCCL communicator (which
+ * the other ranks must do too); a wait longer than the timeout aborts instead. Destroy a
+ * comm before the kernel backend context (kc) and the CUDA stream it uses. */
 void mp_comm_destroy(mp_comm *c);
 
 /* ---- queries (no communication) ---- */
@@ -111,7 +179,7 @@ int mp_comm_group_index(const mp_comm *c, mp_group g);
 
 /* ---- collectives on the caller's group of kind g ----
  * Counts are in elements. Buffers are host memory for "mpi"/"single" and device memory
- * for "nccl". Unless stated, send and recv must not overlap. */
+ * for "nccl" and the staged backends. Unless stated, send and recv must not overlap. */
 
 /* recv[i] = op over the group of send[i], i < count. send == recv is in place. */
 mp_status mp_comm_all_reduce(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send, void *recv,
@@ -146,9 +214,61 @@ mp_status mp_comm_recv(mp_ctx *ctx, mp_comm *c, void *buf, size_t count, mp_comm
                        int peer);
 mp_status mp_comm_sendrecv(mp_ctx *ctx, mp_comm *c, const void *send, size_t send_count, int dst,
                            void *recv, size_t recv_count, int src, mp_comm_dtype t);
+/* Every rank of the group has reached the barrier when it returns. "nccl": an all-reduce of
+ * one element on the group, waited for on the host (bounded by the timeout), so it also
+ * waits for this rank's queued collectives and the compute queued before it. */
 mp_status mp_comm_barrier(mp_ctx *ctx, mp_comm *c, mp_group g);
-/* Waits until every collective issued on c has completed (no-op for blocking backends). */
+/* Waits on the host until every collective issued on c has completed (no-op for blocking
+ * backends). "nccl": polls the completion events and ncclCommGetAsyncError; a collective
+ * that makes no progress for MESHPLAN_COMM_TIMEOUT_S seconds (default 600) aborts the
+ * communicators and returns MP_ERR_NCCL naming this rank, the collective, the group and
+ * its world ranks ("rank 3: all_gather of 4096 bf16 elements on group dp_shard (world
+ * ranks 0 1 2 3) did not complete within 600 s: a peer rank died or is stuck; ..."). An
+ * NCCL error reported by any of c's communicators does the same at once. */
 mp_status mp_comm_synchronize(mp_ctx *ctx, mp_comm *c);
+
+/* ---- overlap: issue now, wait later (every backend) ----
+ * The runtime prefetches the next FSDP unit's all-gather while the current unit computes,
+ * and lets gradient reduce-scatters run under the backward:
+ *
+ *   mp_comm_req req = {0};
+ *   mp_comm_async_begin(ctx, c);                 // inputs are ready on the compute stream
+ *   mp_comm_all_gather(ctx, c, MP_GROUP_FSDP, shard, full, n, MP_COMM_DTYPE_BF16);
+ *   mp_comm_async_end(ctx, c, &req);             // one completion for the batch
+ *   ... queue compute that does not touch shard or full ...
+ *   mp_comm_wait(ctx, c, &req);                  // compute queued after this sees full
+ *
+ * Contract:
+ *   - mp_comm_async_begin opens a batch: the collectives called until mp_comm_async_end
+ *     start after the work queued on the compute stream before async_begin and run in call
+ *     order on the comm's stream, but the compute stream does not wait for them. So issue
+ *     a prefetch before queuing the compute it should hide behind (unit i+1's all-gather,
+ *     then unit i's forward), and a reduce-scatter after the backward that produced its
+ *     input. Collectives inside a batch may use each other's outputs. Batches do not nest.
+ *     All collectives of a comm share its one stream, in call order on every rank.
+ *   - mp_comm_async_end closes it and sets *req; mp_comm_wait(req) makes work queued on the
+ *     compute stream afterwards wait for every collective of the batch (on the device: the
+ *     host does not block for "nccl"). Until then the batch's buffers must not be written
+ *     (inputs) or read (outputs) by compute. A request may be waited once or more, or never
+ *     (mp_comm_synchronize and mp_comm_destroy complete everything); a zero-initialized
+ *     request is complete.
+ *   - Blocking backends ("mpi", "single", staged): the collectives complete inside their
+ *     calls, begin/end/wait only check their use, and every request is complete at once.
+ *   - "nccl": wait also reports an NCCL error already known and a collective pending for
+ *     longer than the timeout (see mp_comm_synchronize), without blocking.
+ *   - Collectives outside a batch behave as before (compute waits for each at once).
+ * Errors: async_begin while a batch is open and async_end without one are MP_ERR_INVALID;
+ * after an error inside a batch, async_end still closes it (and reports the error again
+ * for "nccl", whose communicators are then aborted). */
+typedef struct mp_comm_req {
+  uint64_t seq; /* backend's completion ticket; 0: complete */
+} mp_comm_req;
+mp_status mp_comm_async_begin(mp_ctx *ctx, mp_comm *c);
+mp_status mp_comm_async_end(mp_ctx *ctx, mp_comm *c, mp_comm_req *req);
+mp_status mp_comm_wait(mp_ctx *ctx, mp_comm *c, mp_comm_req *req);
+/* Names the compute stream (a cudaStream_t) that collectives are ordered against; host
+ * backends ignore it. Call it between collectives, not inside a batch. NULL c: no-op. */
+void mp_comm_set_stream(mp_comm *c, void *cuda_stream);
 
 #ifdef __cplusplus
 }

@@ -1,19 +1,26 @@
 /* The backend table behind comm.h: what a collectives implementation provides.
  *
- * For implementers only (comm_mpi.c, comm_single.c, and the NCCL backend of the GPU issue);
- * the runtime includes comm.h. The front end (comm.c) has already checked every argument
- * a backend receives: the group kind is valid, buffers are non-NULL where count > 0,
- * counts and displacements are >= 0, the op/dtype pair is supported, peers are in range.
- * A backend checks only its own limits (MPI's int counts) and reports its library's errors.
+ * For implementers only (comm_mpi.c, comm_single.c, comm_staged.c, comm_nccl.c) and for
+ * the tests of their internals; the runtime includes comm.h. The front end (comm.c) has
+ * already checked every argument a backend receives: the group kind is valid, buffers are
+ * non-NULL where count > 0, counts and displacements are >= 0, the op/dtype pair is
+ * supported, peers are in range, async regions are not nested. A backend checks only its
+ * own limits (MPI's int counts) and reports its library's errors.
  *
- * Plan for NCCL (GPU issue, same table): create bootstraps one ncclUniqueId over MPI
- * (MPI_Bcast on the world from rank 0), ncclCommInitRank for the world, ncclCommSplit per
- * group kind with the same color (mp_mesh_group_id) and key (mp_mesh_group_index) as MPI;
- * collectives are enqueued on the comm's own streams ordered against compute with CUDA
- * events; `synchronize` waits for them. NCCL 2.28 refuses two ranks of one communicator
- * on one GPU, so a multi-rank run on a single GPU uses the "mpi" backend with device
- * buffers staged through host memory (a wrapper backend that copies in, calls the MPI
- * table, copies out). */
+ * Backends:
+ *   "mpi"            comm_mpi.c: MPI_Comm_split per group kind, host buffers, blocking.
+ *   "single"         comm_single.c: world size 1, no MPI, host buffers (memmove).
+ *   "mpi-staged"     comm_staged.c: device buffers copied to host staging with the kernel
+ *                    backend's memcpy_d2h, the "mpi" table on the host copies, memcpy_h2d
+ *                    back. For several ranks on one GPU (NCCL 2.28 refuses two ranks of one
+ *                    communicator on one GPU) and for builds without NCCL.
+ *   "single-staged"  comm_staged.c: world size 1, device buffers, memcpy_d2d.
+ *   "nccl"           comm_nccl.c: ncclCommSplit per group kind (kinds with the same ranks
+ *                    share one communicator), non-blocking NCCL on the comm's own stream,
+ *                    ordered against the caller's compute stream with CUDA events, every
+ *                    wait bounded by MESHPLAN_COMM_TIMEOUT_S.
+ * Blocking backends leave async_begin/async_end/wait/set_stream NULL: the front end then
+ * treats a request as complete at once. */
 #ifndef MP_EXEC_COMM_COMM_BACKEND_H
 #define MP_EXEC_COMM_COMM_BACKEND_H
 
@@ -45,6 +52,12 @@ typedef struct mp_comm_backend {
                         void *recv, size_t recv_count, int src, mp_comm_dtype t);
   mp_status (*barrier)(mp_ctx *ctx, mp_comm *c, mp_group g);
   mp_status (*synchronize)(mp_ctx *ctx, mp_comm *c);
+  /* Overlap (comm.h): NULL for blocking backends. async_end sets req (seq 0: nothing to
+   * wait for); wait is called only with a non-zero req->seq. */
+  mp_status (*async_begin)(mp_ctx *ctx, mp_comm *c);
+  mp_status (*async_end)(mp_ctx *ctx, mp_comm *c, mp_comm_req *req);
+  mp_status (*wait)(mp_ctx *ctx, mp_comm *c, const mp_comm_req *req);
+  void (*set_stream)(mp_comm *c, void *cuda_stream);
   /* Frees impl (not the mp_comm itself). */
   void (*destroy)(mp_comm *c);
 } mp_comm_backend;
@@ -57,11 +70,66 @@ struct mp_comm {
   int local_rank, local_size;
   int group_size[MP_GROUP_COUNT];
   int group_index[MP_GROUP_COUNT];
+  int async_open; /* between mp_comm_async_begin and mp_comm_async_end (front end's) */
   void *impl;
 };
 
 /* Fills the shared fields from the mesh for world rank `rank` (backend and impl left NULL). */
 void mp_comm_init_common(mp_comm *c, const mp_mesh *mesh, int rank);
+
+/* ---- shared by the MPI-bootstrapped backends (defined in comm_mpi.c) ---- */
+
+/* 1 when a launcher's environment names this process one rank of a job
+ * (OMPI_COMM_WORLD_SIZE, PMI_SIZE, as planner/cmd_common.c's mp_cmd_launch reads them). */
+int mp_comm_env_launched(void);
+/* Collective over MPI_COMM_WORLD (MPI initialized): every rank agrees that all were given
+ * the same mesh and that it has `world` ranks, or all return the same MP_ERR_INVALID. */
+mp_status mp_comm_mpi_agree_on_mesh(mp_ctx *ctx, const mp_mesh *mesh, int world);
+/* Collective: this rank's position among the ranks of its node and their count. */
+mp_status mp_comm_mpi_node(mp_ctx *ctx, int *local_rank, int *local_size);
+
+/* ---- backend selection (comm_select.c), exposed for its unit test ---- */
+
+typedef enum mp_comm_kind {
+  MP_COMM_KIND_SINGLE = 0,
+  MP_COMM_KIND_MPI,
+  MP_COMM_KIND_NCCL,
+  MP_COMM_KIND_MPI_STAGED,
+  MP_COMM_KIND_SINGLE_STAGED
+} mp_comm_kind;
+
+/* What mp_comm_create_for_device knows when it chooses. */
+typedef struct mp_comm_facts {
+  int device_is_cuda;
+  int launched;        /* mp_comm_env_launched() */
+  int nccl_built;      /* mp_comm_nccl_built() */
+  int no_nccl_env;     /* MESHPLAN_NO_NCCL=1 */
+  int node_ranks;      /* ranks on this node (1 without a launcher) */
+  int node_gpus;       /* distinct GPUs they use */
+  int shared_anywhere; /* on some node two ranks use one GPU (same on every rank) */
+} mp_comm_facts;
+
+/* The backend for these facts and a one-line notice when the choice is a fallback ("" for
+ * the expected ones: mpi/single on the CPU, nccl on CUDA). MP_ERR_INVALID when the mesh
+ * needs more ranks than a process started without a launcher has. Pure: no MPI, no CUDA. */
+mp_status mp_comm_choose(mp_ctx *ctx, const mp_mesh *mesh, const mp_comm_facts *f,
+                         mp_comm_kind *kind, char *notice, size_t notice_len);
+
+/* ---- NCCL internals (comm_nccl.c; comm_nccl_stub.c without NCCL) ---- */
+
+/* Collective over MPI_COMM_WORLD (MPI initialized; the caller's CUDA device `device`):
+ * which GPUs the ranks of this node use, by PCI bus id. Every rank returns the same status:
+ * a rank whose device cannot be queried fails them all. */
+typedef struct mp_comm_node_gpus {
+  int local_rank, local_size; /* this rank among the node's ranks */
+  int node_gpus;              /* distinct GPUs the node's ranks use */
+  int shared_here;            /* two ranks of this node use one GPU */
+  int shared_anywhere;        /* the same on some node */
+} mp_comm_node_gpus;
+mp_status mp_comm_nccl_node_gpus(mp_ctx *ctx, int device, mp_comm_node_gpus *out);
+/* Number of distinct NCCL communicators behind c (group kinds with the same ranks share
+ * one); 0 for another backend. For tests. */
+int mp_comm_nccl_comm_count(const mp_comm *c);
 
 #ifdef __cplusplus
 }

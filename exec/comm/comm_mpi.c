@@ -296,10 +296,16 @@ static int launched_by_mpirun(int world) {
          getenv("SLURM_NTASKS");
 }
 
+int mp_comm_env_launched(void) {
+  const char *v = getenv("OMPI_COMM_WORLD_SIZE");
+  if (v == NULL || v[0] == '\0') v = getenv("PMI_SIZE");
+  return v != NULL && v[0] != '\0';
+}
+
 /* Every rank learns whether all ranks were given the same mesh and whether the mesh fits
  * the MPI world, from one all-reduce: each decision below is then the same on every rank,
  * so either all ranks go on to split or all return the same error. */
-static mp_status agree_on_mesh(mp_ctx *ctx, const mp_mesh *mesh, int world) {
+mp_status mp_comm_mpi_agree_on_mesh(mp_ctx *ctx, const mp_mesh *mesh, int world) {
   enum { N = MP_MESH_NDIMS + 1 };
   long long v[2 * N]; /* max of each dim, then max of its negation (= -min) */
   for (int i = 0; i < N; i++) {
@@ -333,6 +339,21 @@ static mp_status agree_on_mesh(mp_ctx *ctx, const mp_mesh *mesh, int world) {
   return MP_OK;
 }
 
+mp_status mp_comm_mpi_node(mp_ctx *ctx, int *local_rank, int *local_size) {
+  int rank = 0;
+  MPI_Comm node = MPI_COMM_NULL;
+  MP_MPI_CHECK(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MP_MPI_CHECK(ctx, MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank,
+                                        MPI_INFO_NULL, &node));
+  int lr = 0, ls = 1, r1 = MPI_Comm_rank(node, &lr), r2 = MPI_Comm_size(node, &ls);
+  MPI_Comm_free(&node);
+  MP_MPI_CHECK(ctx, r1);
+  MP_MPI_CHECK(ctx, r2);
+  *local_rank = lr;
+  *local_size = ls;
+  return MP_OK;
+}
+
 mp_status mp_comm_create_mpi(mp_ctx *ctx, const mp_mesh *mesh, mp_comm **out) {
   mp_status st = MP_OK;
   int rank = 0, world = 0;
@@ -341,7 +362,7 @@ mp_status mp_comm_create_mpi(mp_ctx *ctx, const mp_mesh *mesh, mp_comm **out) {
   MP_CHECK(mp_comm_mpi_init(ctx, NULL, NULL));
   MP_MPI_CHECK(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   MP_MPI_CHECK(ctx, MPI_Comm_size(MPI_COMM_WORLD, &world));
-  MP_CHECK(agree_on_mesh(ctx, mesh, world));
+  MP_CHECK(mp_comm_mpi_agree_on_mesh(ctx, mesh, world));
 
   mp_comm *c = (mp_comm *)calloc(1, sizeof *c);
   MP_CHECK_ALLOC(ctx, c);
@@ -377,15 +398,7 @@ mp_status mp_comm_create_mpi(mp_ctx *ctx, const mp_mesh *mesh, mp_comm **out) {
     }
   }
 
-  MPI_Comm node = MPI_COMM_NULL;
-  MP_MPI_CHECK_GOTO(ctx, MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank,
-                                             MPI_INFO_NULL, &node), st, fail);
-  int lr = 0, ls = 1, r1 = MPI_Comm_rank(node, &lr), r2 = MPI_Comm_size(node, &ls);
-  MPI_Comm_free(&node);
-  MP_MPI_CHECK_GOTO(ctx, r1, st, fail);
-  MP_MPI_CHECK_GOTO(ctx, r2, st, fail);
-  c->local_rank = lr;
-  c->local_size = ls;
+  MP_CHECK_GOTO(mp_comm_mpi_node(ctx, &c->local_rank, &c->local_size), st, fail);
 
   MP_MPI_CHECK_GOTO(ctx, MPI_Op_create(bf16_sum_fn, 1, &m->bf16_sum), st, fail);
   MP_MPI_CHECK_GOTO(ctx, MPI_Op_create(bf16_max_fn, 1, &m->bf16_max), st, fail);

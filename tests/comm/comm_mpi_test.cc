@@ -8,6 +8,11 @@
 // adds them in; one test uses inexact values to check that every rank of a group gets a
 // bitwise identical all-reduce.
 //
+// The staged backend ("mpi-staged": device buffers through host staging) runs the same
+// collectives with the CPU backend's memcpy standing in for a device (fake_device.h) and
+// must give bitwise what "mpi" gives on host buffers. The overlap API and the backend
+// selection are checked here too, since both depend on how the process was launched.
+//
 // Cross-rank failures: a listener all-reduces each test's verdict over the world, so a
 // failure on any rank fails the test on every rank and every rank exits non-zero (mpirun
 // then exits non-zero). Collective calls are never skipped by an early ASSERT return on
@@ -27,6 +32,7 @@
 #include "exec/comm/comm.h"
 #include "exec/comm/mpi_check.h"
 #include "exec/mesh.h"
+#include "tests/comm/fake_device.h"
 
 namespace {
 
@@ -514,6 +520,300 @@ TEST(CommMpi, BarrierOnEveryGroup) {
     mp_ctx_init(&ctx);
     EXPECT_EQ(mp_comm_synchronize(&ctx, c), MP_OK);
   });
+}
+
+
+// ---- staged backend: bitwise the results of "mpi" ----
+
+// Every collective on every group kind and dtype, on buffers from dev (host memory either
+// way; for a staged comm it plays device memory). Returns each output buffer as bytes, in
+// call order, so two communicators' runs compare bitwise. Inputs are inexact (fp32
+// fractions, bf16 rounded from them, int64 beyond 32 bits), so reduction order shows.
+std::vector<std::vector<uint8_t>> RunEverything(mp_comm *c, const mp_mesh &m, FakeDevice &dev) {
+  std::vector<std::vector<uint8_t>> out;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  auto keep = [&](const void *p, size_t bytes) {
+    const uint8_t *b = static_cast<const uint8_t *>(p);
+    out.emplace_back(b, b + bytes);
+  };
+  const mp_comm_dtype types[] = {MP_COMM_DTYPE_FP32, MP_COMM_DTYPE_BF16, MP_COMM_DTYPE_INT64};
+  for (mp_group g : kAllGroups) {
+    const int n = mp_mesh_group_size(&m, g), me = mp_mesh_group_index(&m, g, g_rank);
+    for (mp_comm_dtype t : types) {
+      SCOPED_TRACE(Where(m, g) + " " + mp_comm_dtype_name(t));
+      const size_t eb = mp_comm_dtype_bytes(t);
+      // element i of a buffer that rank q fills, as raw bytes of dtype t
+      auto fill = [&](std::vector<uint8_t> &b, size_t count, int q, int salt) {
+        b.assign(count * eb, 0);
+        for (size_t i = 0; i < count; i++) {
+          float f = 1.0f / (float)(3 + q * 7 + (int)i + salt) + 1e-3f * (float)i - 0.01f * salt;
+          if (t == MP_COMM_DTYPE_FP32) std::memcpy(&b[i * eb], &f, 4);
+          if (t == MP_COMM_DTYPE_BF16) {
+            uint16_t h = mp_bf16_from_f32(f * 100.0f);
+            std::memcpy(&b[i * eb], &h, 2);
+          }
+          if (t == MP_COMM_DTYPE_INT64) {
+            int64_t v = ((int64_t)(q + 1) << 40) - (int64_t)i * 12345 * (salt + 1);
+            std::memcpy(&b[i * eb], &v, 8);
+          }
+        }
+      };
+      std::vector<uint8_t> h;
+      const size_t count = 37, chunk = 6, gcount = 5;
+
+      // all_reduce sum, out of place; max, in place
+      fill(h, count, g_rank, 0);
+      void *s = dev.Upload(h), *r = dev.Alloc(count * eb);
+      EXPECT_EQ(mp_comm_all_reduce(&ctx, c, g, s, r, count, t, MP_COMM_OP_SUM), MP_OK)
+          << mp_errmsg(&ctx);
+      keep(r, count * eb);
+      EXPECT_EQ(mp_comm_all_reduce(&ctx, c, g, s, s, count, t, MP_COMM_OP_MAX), MP_OK)
+          << mp_errmsg(&ctx);
+      keep(s, count * eb);
+
+      // all_gather, out of place and in place
+      fill(h, gcount, g_rank, 1);
+      void *gs = dev.Upload(h), *gr = dev.Alloc(gcount * n * eb);
+      EXPECT_EQ(mp_comm_all_gather(&ctx, c, g, gs, gr, gcount, t), MP_OK) << mp_errmsg(&ctx);
+      keep(gr, gcount * n * eb);
+      std::vector<uint8_t> big(gcount * n * eb, 0xAB);
+      std::memcpy(&big[gcount * me * eb], h.data(), gcount * eb);
+      uint8_t *ip = static_cast<uint8_t *>(dev.Upload(big));
+      EXPECT_EQ(mp_comm_all_gather(&ctx, c, g, ip + gcount * me * eb, ip, gcount, t), MP_OK)
+          << mp_errmsg(&ctx);
+      keep(ip, gcount * n * eb);
+
+      // reduce_scatter sum and max
+      fill(h, chunk * n, g_rank, 2);
+      void *rs = dev.Upload(h), *rr = dev.Alloc(chunk * eb);
+      EXPECT_EQ(mp_comm_reduce_scatter(&ctx, c, g, rs, rr, chunk, t, MP_COMM_OP_SUM), MP_OK)
+          << mp_errmsg(&ctx);
+      keep(rr, chunk * eb);
+      EXPECT_EQ(mp_comm_reduce_scatter(&ctx, c, g, rs, rr, chunk, t, MP_COMM_OP_MAX), MP_OK)
+          << mp_errmsg(&ctx);
+      keep(rr, chunk * eb);
+
+      // all_to_all_v: uneven counts, a gap after every send segment, receive segments in
+      // reverse order with a gap between them (the gaps' bytes must survive)
+      auto cnt = [](int i, int j) { return (int64_t)((i * 2 + j * 3 + 1) % 4); };
+      std::vector<int64_t> sc(n), sd(n), rc(n), rd(n);
+      int64_t off = 0;
+      for (int j = 0; j < n; j++) sc[j] = cnt(me, j), sd[j] = off, off += sc[j] + 1;
+      fill(h, (size_t)off + 1, g_rank, 3);
+      void *as = dev.Upload(h);
+      int64_t roff = 1;
+      for (int j = n - 1; j >= 0; j--) rc[j] = cnt(j, me), rd[j] = roff, roff += rc[j] + 1;
+      std::vector<uint8_t> sentinel((size_t)(roff + 1) * eb, 0x5C);
+      void *ar = dev.Upload(sentinel);
+      EXPECT_EQ(mp_comm_all_to_all_v(&ctx, c, g, as, sc.data(), sd.data(), ar, rc.data(),
+                                     rd.data(), t),
+                MP_OK)
+          << mp_errmsg(&ctx);
+      keep(ar, (size_t)(roff + 1) * eb);
+
+      // broadcast from the last group index
+      fill(h, count, g_rank, 4);
+      void *bb = dev.Upload(h);
+      EXPECT_EQ(mp_comm_broadcast(&ctx, c, g, bb, count, t, n - 1), MP_OK) << mp_errmsg(&ctx);
+      keep(bb, count * eb);
+    }
+  }
+  // point-to-point along pp: a chain of sends, then a backward sendrecv ring
+  int co[MP_MESH_NDIMS];
+  mp_mesh_coords(&m, g_rank, co);
+  const int pp = m.size[MP_DIM_PP], st = co[MP_DIM_PP];
+  auto peer = [&](int stage) {
+    int x[MP_MESH_NDIMS];
+    std::memcpy(x, co, sizeof x);
+    x[MP_DIM_PP] = (stage + pp) % pp;
+    return mp_mesh_rank_of(&m, x);
+  };
+  std::vector<float> v(9);
+  for (int i = 0; i < 9; i++) v[i] = Val(g_rank, i) / 7.0f;
+  float *pb = dev.Upload(v);
+  if (st > 0) {
+    EXPECT_EQ(mp_comm_recv(&ctx, c, pb, 9, MP_COMM_DTYPE_FP32, peer(st - 1)), MP_OK);
+  }
+  if (st < pp - 1) {
+    EXPECT_EQ(mp_comm_send(&ctx, c, pb, 9, MP_COMM_DTYPE_FP32, peer(st + 1)), MP_OK);
+  }
+  keep(pb, 9 * sizeof(float));
+  std::vector<int64_t> o(4);
+  for (int i = 0; i < 4; i++) o[i] = (int64_t)g_rank * 1000003 + i;
+  int64_t *so = dev.Upload(o), *ri = static_cast<int64_t *>(dev.Alloc(4 * sizeof(int64_t)));
+  EXPECT_EQ(mp_comm_sendrecv(&ctx, c, so, 4, peer(st - 1), ri, 4, peer(st + 1),
+                             MP_COMM_DTYPE_INT64),
+            MP_OK)
+      << mp_errmsg(&ctx);
+  keep(ri, 4 * sizeof(int64_t));
+  EXPECT_EQ(mp_comm_barrier(&ctx, c, MP_GROUP_WORLD), MP_OK);
+  EXPECT_EQ(mp_comm_synchronize(&ctx, c), MP_OK);
+  return out;
+}
+
+TEST(CommStaged, GivesBitwiseTheResultsOfMpi) {
+  for (const std::string &spec : MeshesFor(g_world)) {
+    SCOPED_TRACE("mesh " + spec);
+    mp_mesh m = Parse(spec);
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    FakeDevice host_side;  // plain "mpi" gets the same kind of buffers, used as host memory
+    mp_comm *c = nullptr;
+    ASSERT_EQ(mp_comm_create_mpi(&ctx, &m, &c), MP_OK) << mp_errmsg(&ctx);
+    std::vector<std::vector<uint8_t>> want = RunEverything(c, m, host_side);
+    mp_comm_destroy(c);
+    EXPECT_EQ(host_side.h2d + host_side.d2h + host_side.d2d, 0);
+
+    FakeDevice dev;
+    mp_comm *sc = nullptr;
+    ASSERT_EQ(mp_comm_create_mpi_staged(&ctx, &m, dev.backend(), dev.kc(), &sc), MP_OK)
+        << mp_errmsg(&ctx);
+    EXPECT_STREQ(mp_comm_backend_name(sc), "mpi-staged");
+    EXPECT_EQ(mp_comm_world_rank(sc), g_rank);
+    EXPECT_EQ(mp_comm_local_size(sc), g_world);
+    std::vector<std::vector<uint8_t>> got = RunEverything(sc, m, dev);
+    mp_comm_destroy(sc);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t k = 0; k < got.size(); k++) EXPECT_EQ(got[k], want[k]) << "output " << k;
+    EXPECT_EQ(dev.bad, 0) << "a copy had a host pointer where a device pointer belongs";
+    EXPECT_GT(dev.d2h, 0);
+    EXPECT_GT(dev.h2d, 0);
+  }
+}
+
+// The hand-computed values of the "mpi" tests hold for staged too (a sanity check that
+// "bitwise the same as mpi" is not "the same wrong answer").
+TEST(CommStaged, AllReduceSumIsTheGroupSum) {
+  for (const std::string &spec : MeshesFor(g_world)) {
+    mp_mesh m = Parse(spec);
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    FakeDevice dev;
+    mp_comm *c = nullptr;
+    ASSERT_EQ(mp_comm_create_mpi_staged(&ctx, &m, dev.backend(), dev.kc(), &c), MP_OK);
+    for (mp_group g : kAllGroups) {
+      std::vector<float> s(11);
+      for (int i = 0; i < 11; i++) s[i] = Val(g_rank, i);
+      float *d = dev.Upload(s);
+      ASSERT_EQ(mp_comm_all_reduce(&ctx, c, g, d, d, 11, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM),
+                MP_OK);
+      std::vector<float> r = dev.Download(d, 11);
+      for (int i = 0; i < 11; i++) {
+        float want = 0;
+        for (int q : GroupRanks(m, g, g_rank)) want += Val(q, i);
+        EXPECT_EQ(r[i], want) << Where(m, g);
+      }
+    }
+    mp_comm_destroy(c);
+  }
+}
+
+TEST(CommStaged, NeedsTheMemoryFunctions) {
+  mp_mesh m = Parse("dp_shard=" + std::to_string(g_world));
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_comm *c = reinterpret_cast<mp_comm *>(&m);
+  EXPECT_EQ(mp_comm_create_mpi_staged(&ctx, &m, nullptr, nullptr, &c), MP_ERR_INVALID);
+  EXPECT_EQ(c, nullptr);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("kernel backend"), std::string::npos);
+}
+
+// ---- overlap API on blocking backends: requests are complete at once ----
+
+TEST(CommAsync, BlockingBackendsCompleteAtOnce) {
+  mp_mesh m = Parse("dp_shard=" + std::to_string(g_world));
+  FakeDevice dev;
+  for (int staged = 0; staged < 2; staged++) {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_comm *c = nullptr;
+    ASSERT_EQ(staged ? mp_comm_create_mpi_staged(&ctx, &m, dev.backend(), dev.kc(), &c)
+                     : mp_comm_create_mpi(&ctx, &m, &c),
+              MP_OK)
+        << mp_errmsg(&ctx);
+    mp_comm_set_stream(c, nullptr);  // ignored by host backends
+    std::vector<float> s = {Val(g_rank, 0), Val(g_rank, 1)};
+    float *ds = dev.Upload(s), *dr = static_cast<float *>(dev.Alloc(2 * g_world * sizeof(float)));
+    mp_comm_req req = {0};
+    ASSERT_EQ(mp_comm_async_begin(&ctx, c), MP_OK);
+    EXPECT_EQ(mp_comm_async_begin(&ctx, c), MP_ERR_INVALID);  // batches do not nest
+    EXPECT_NE(std::string(mp_errmsg(&ctx)).find("do not nest"), std::string::npos);
+    ASSERT_EQ(mp_comm_all_gather(&ctx, c, MP_GROUP_DP_SHARD, ds, dr, 2, MP_COMM_DTYPE_FP32),
+              MP_OK);
+    // blocking: the output is there before the batch even ends
+    std::vector<float> r = dev.Download(dr, 2 * g_world);
+    for (int q = 0; q < g_world; q++) EXPECT_EQ(r[2 * q + 1], Val(q, 1));
+    req.seq = 77;  // async_end overwrites whatever was there
+    ASSERT_EQ(mp_comm_async_end(&ctx, c, &req), MP_OK);
+    EXPECT_EQ(req.seq, 0u);
+    EXPECT_EQ(mp_comm_wait(&ctx, c, &req), MP_OK);
+    EXPECT_EQ(mp_comm_wait(&ctx, c, &req), MP_OK);  // twice is fine
+    EXPECT_EQ(mp_comm_async_end(&ctx, c, &req), MP_ERR_INVALID);  // no batch open
+    EXPECT_NE(std::string(mp_errmsg(&ctx)).find("no batch is open"), std::string::npos);
+    EXPECT_EQ(mp_comm_wait(&ctx, c, nullptr), MP_ERR_INVALID);
+    mp_comm_req zero = {0};
+    EXPECT_EQ(mp_comm_wait(&ctx, c, &zero), MP_OK);
+    // an empty batch
+    ASSERT_EQ(mp_comm_async_begin(&ctx, c), MP_OK);
+    ASSERT_EQ(mp_comm_async_end(&ctx, c, &req), MP_OK);
+    EXPECT_EQ(mp_comm_wait(&ctx, c, &req), MP_OK);
+    mp_comm_destroy(c);
+  }
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  EXPECT_EQ(mp_comm_async_begin(&ctx, nullptr), MP_ERR_INVALID);
+  mp_comm_set_stream(nullptr, nullptr);  // no-op
+}
+
+// ---- selection ----
+
+TEST(CommSelect, ChoosesByLauncherAndDevice) {
+  const bool launched = getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  mp_mesh m = Parse("dp_shard=" + std::to_string(g_world));
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  char notice[256] = "x";
+  mp_comm *c = nullptr;
+  // CPU: "mpi" under mpirun, "single" for the singleton run without a launcher
+  ASSERT_EQ(mp_comm_create_for_device(&ctx, &m, 0, nullptr, nullptr, nullptr, &c, notice,
+                                      sizeof notice),
+            MP_OK)
+      << mp_errmsg(&ctx);
+  EXPECT_STREQ(mp_comm_backend_name(c), launched ? "mpi" : "single");
+  EXPECT_STREQ(notice, "");
+  mp_comm_destroy(c);
+
+  // CUDA without NCCL (forced with MESHPLAN_NO_NCCL where this build has it): the staged
+  // backends, with a notice saying why; collectives then work on "device" buffers
+  FakeDevice dev;
+  setenv("MESHPLAN_NO_NCCL", "1", 1);
+  ASSERT_EQ(mp_comm_create_for_device(&ctx, &m, 1, dev.backend(), dev.kc(), nullptr, &c, notice,
+                                      sizeof notice),
+            MP_OK)
+      << mp_errmsg(&ctx);
+  unsetenv("MESHPLAN_NO_NCCL");
+  EXPECT_STREQ(mp_comm_backend_name(c), launched ? "mpi-staged" : "single-staged");
+  std::string why = notice;
+  EXPECT_NE(why.find(mp_comm_nccl_built() ? "MESHPLAN_NO_NCCL=1" : "this build has no NCCL"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find(launched ? "through MPI with host staging" : "device-to-device copies"),
+            std::string::npos)
+      << why;
+  std::vector<int64_t> one = {(int64_t)g_rank + 1};
+  int64_t *d = dev.Upload(one);
+  ASSERT_EQ(mp_comm_all_reduce(&ctx, c, MP_GROUP_WORLD, d, d, 1, MP_COMM_DTYPE_INT64,
+                               MP_COMM_OP_SUM),
+            MP_OK);
+  EXPECT_EQ(dev.Download(d, 1)[0], (int64_t)g_world * (g_world + 1) / 2);
+  EXPECT_EQ(dev.bad, 0);
+  mp_comm_destroy(c);
+
+  // device buffers need the backend that owns them
+  EXPECT_EQ(mp_comm_create_for_device(&ctx, &m, 1, nullptr, nullptr, nullptr, &c, notice,
+                                      sizeof notice),
+            MP_ERR_INVALID);
 }
 
 // Fault injection for tests/comm/expect_failure.sh (skipped otherwise): a failure on one
