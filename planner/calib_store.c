@@ -8,6 +8,7 @@
 #include "planner/calib_store.h"
 
 #include <sqlite3.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,13 @@ static const char k_schema[] =
     "  created_at TEXT NOT NULL, device TEXT NOT NULL, host TEXT NOT NULL,"
     "  threads INTEGER NOT NULL, world INTEGER NOT NULL,"
     "  key TEXT NOT NULL, group_size INTEGER NOT NULL, value REAL NOT NULL, unit TEXT NOT NULL);"
-    "CREATE INDEX IF NOT EXISTS calibrations_device_id ON calibrations(device, id);";
+    "CREATE INDEX IF NOT EXISTS calibrations_device_id ON calibrations(device, id);"
+    /* added with the cuda calibration: its text (device name, profile, why a figure is
+     * missing); a table of its own so that `calibrations` keeps one number per row and
+     * older meshplans, which never look here, read the file as before */
+    "CREATE TABLE IF NOT EXISTS calibration_notes ("
+    "  id INTEGER NOT NULL, key TEXT NOT NULL, text TEXT NOT NULL);"
+    "CREATE INDEX IF NOT EXISTS calibration_notes_id ON calibration_notes(id);";
 
 static mp_status db_fail(mp_ctx *ctx, sqlite3 *db, const char *path, int rc, const char *what) {
   if (rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT)
@@ -67,7 +74,7 @@ mp_status mp_calib_store_check(mp_ctx *ctx, const char *db_path) {
 
 typedef struct writer {
   sqlite3 *db;
-  sqlite3_stmt *ins;
+  sqlite3_stmt *ins, *note;
   const char *path;
   const mp_calib *c;
 } writer;
@@ -90,15 +97,68 @@ static mp_status put(mp_ctx *ctx, writer *w, const char *key, int group_size, do
   return rc == SQLITE_DONE ? MP_OK : db_fail(ctx, w->db, w->path, rc, "inserting a calibration row");
 }
 
+static mp_status put_note(mp_ctx *ctx, writer *w, const char *key, const char *text) {
+  if (text == NULL || text[0] == '\0') return MP_OK;
+  sqlite3_stmt *q = w->note;
+  sqlite3_reset(q);
+  sqlite3_bind_int64(q, 1, w->c->id);
+  sqlite3_bind_text(q, 2, key, -1, SQLITE_STATIC);
+  sqlite3_bind_text(q, 3, text, -1, SQLITE_TRANSIENT);
+  int rc = sqlite3_step(q);
+  return rc == SQLITE_DONE ? MP_OK : db_fail(ctx, w->db, w->path, rc, "inserting a calibration note");
+}
+
+/* The rows only a cuda calibration has (see calib_store.h for the keys). */
+static mp_status write_cuda_rows(mp_ctx *ctx, writer *w) {
+  const mp_calib *c = w->c;
+  char key[96];
+  MP_CHECK(put_note(ctx, w, "gpu.name", c->gpu_name));
+  MP_CHECK(put_note(ctx, w, "gpu.profile", c->gpu_profile));
+  MP_CHECK(put_note(ctx, w, "attn.unavailable", c->attn_unavailable));
+  MP_CHECK(put_note(ctx, w, "f8.unavailable", c->f8_unavailable));
+  MP_CHECK(put(ctx, w, "gpu.cc", 1, c->compute_capability, "sm"));
+  MP_CHECK(put(ctx, w, "ref.bf16_tflops", 1, c->ref_bf16_tflops, "TFLOP/s"));
+  MP_CHECK(put(ctx, w, "ref.fp8_tflops", 1, c->ref_fp8_tflops, "TFLOP/s"));
+  MP_CHECK(put(ctx, w, "ref.hbm_GBps", 1, c->ref_hbm_GBps, "GB/s"));
+  MP_CHECK(put(ctx, w, "launch", 1, c->launch_s, "s"));
+  for (int i = 0; i < c->n_attn; i++) {
+    const mp_calib_attn *a = &c->attn[i];
+    snprintf(key, sizeof key, "attn.%s.%dx%dx%dx%dx%d", a->backward ? "bwd" : "fwd", a->B, a->T, a->nh, a->nkv,
+             a->hd);
+    MP_CHECK(put(ctx, w, key, 1, a->flops_per_s, "FLOP/s"));
+  }
+  for (int i = 0; i < c->n_bw; i++) {
+    snprintf(key, sizeof key, "bw.%s.%.0f", mp_calib_bw_name(c->bw[i].kernel), c->bw[i].elems);
+    MP_CHECK(put(ctx, w, key, 1, c->bw[i].GBps, "GB/s"));
+  }
+  for (int i = 0; i < c->n_f8; i++) {
+    const mp_calib_gemm *g = &c->f8[i];
+    snprintf(key, sizeof key, "f8gemm.fwd.%dx%dx%d", g->N, g->K, g->M);
+    MP_CHECK(put(ctx, w, key, 1, g->flops_per_s, "FLOP/s"));
+  }
+  const mp_calib_stack_fit *f = &c->fit;
+  MP_CHECK(put(ctx, w, "fit.gemm_eff_max", 1, f->gemm_eff_max, "1"));
+  MP_CHECK(put(ctx, w, "fit.gemm_eff_half_mnk", 1, f->gemm_eff_half_mnk, "mnk"));
+  MP_CHECK(put(ctx, w, "fit.gemm_curve_rms", 1, f->gemm_curve_rms, "1"));
+  MP_CHECK(put(ctx, w, "fit.gemm_table_rms", 1, f->gemm_table_rms, "1"));
+  MP_CHECK(put(ctx, w, "fit.gemm_table", 1, f->gemm_table, "bool"));
+  MP_CHECK(put(ctx, w, "fit.fp8_gemm_eff_max", 1, f->fp8_gemm_eff_max, "1"));
+  MP_CHECK(put(ctx, w, "fit.attention_eff", 1, f->attention_eff, "1"));
+  MP_CHECK(put(ctx, w, "fit.hbm_eff", 1, f->hbm_eff, "1"));
+  MP_CHECK(put(ctx, w, "fit.kernel_overhead_us", 1, f->kernel_overhead_us, "us"));
+  return MP_OK;
+}
+
 static mp_status write_rows(mp_ctx *ctx, writer *w) {
   const mp_calib *c = w->c;
   char key[96];
   for (int i = 0; i < c->n_gemm; i++) {
     const mp_calib_gemm *g = &c->gemm[i];
-    snprintf(key, sizeof key, "gemm.%s.%dx%dx%d", g->backward ? "bwd" : "fwd", g->N, g->K, g->M);
+    snprintf(key, sizeof key, "gemm.%s.%dx%dx%d", mp_calib_gemm_pass_name(g->pass), g->N, g->K, g->M);
     MP_CHECK(put(ctx, w, key, 1, g->flops_per_s, "FLOP/s"));
   }
   if (c->copy_GBps > 0) MP_CHECK(put(ctx, w, "copy", 1, c->copy_GBps, "GB/s"));
+  if (strcmp(c->device, "cuda") == 0) MP_CHECK(write_cuda_rows(ctx, w));
   for (int i = 0; i < c->n_coll; i++) {
     const mp_calib_coll_fit *f = &c->coll[i];
     const char *name = mp_calib_coll_name(f->coll);
@@ -119,7 +179,7 @@ static mp_status write_rows(mp_ctx *ctx, writer *w) {
 mp_status mp_calib_store_save(mp_ctx *ctx, const char *db_path, mp_calib *c) {
   sqlite3 *db = NULL;
   MP_CHECK(open_db(ctx, db_path, &db));
-  writer w = {db, NULL, db_path, c};
+  writer w = {db, NULL, NULL, db_path, c};
   mp_status s = MP_OK;
   sqlite3_stmt *q = NULL;
   int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
@@ -145,6 +205,8 @@ mp_status mp_calib_store_save(mp_ctx *ctx, const char *db_path, mp_calib *c) {
                           "INSERT INTO calibrations (id, created_at, device, host, threads, world, key,"
                           " group_size, value, unit) VALUES (?,?,?,?,?,?,?,?,?,?)",
                           -1, &w.ins, NULL);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_prepare_v2(db, "INSERT INTO calibration_notes (id, key, text) VALUES (?,?,?)", -1, &w.note, NULL);
   if (rc != SQLITE_OK) {
     s = db_fail(ctx, db, db_path, rc, "preparing the calibration insert");
     goto done;
@@ -160,6 +222,7 @@ mp_status mp_calib_store_save(mp_ctx *ctx, const char *db_path, mp_calib *c) {
 done:
   sqlite3_finalize(q);
   sqlite3_finalize(w.ins);
+  sqlite3_finalize(w.note);
   if (s != MP_OK) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
   sqlite3_close(db);
   return s;
@@ -187,16 +250,92 @@ static mp_calib_coll_fit *fit_for(mp_calib *c, int coll, int g) {
 
 /* One row into *c; a key this build does not know is an error (a newer meshplan wrote it
  * or the row is damaged), never silently dropped. */
+static int pass_from_name(const char *s) {
+  for (int p = 0; p < MP_CALIB_GEMM_PASS_COUNT; p++)
+    if (strcmp(s, mp_calib_gemm_pass_name(p)) == 0) return p;
+  return -1;
+}
+
+/* The scalar rows of a cuda calibration; 1 when key is one of them. */
+static int read_scalar(mp_calib *c, const char *key, double v) {
+  static const struct {
+    const char *key;
+    size_t off;
+  } k[] = {
+      {"ref.bf16_tflops", offsetof(mp_calib, ref_bf16_tflops)},
+      {"ref.fp8_tflops", offsetof(mp_calib, ref_fp8_tflops)},
+      {"ref.hbm_GBps", offsetof(mp_calib, ref_hbm_GBps)},
+      {"launch", offsetof(mp_calib, launch_s)},
+      {"fit.gemm_eff_max", offsetof(mp_calib, fit.gemm_eff_max)},
+      {"fit.gemm_eff_half_mnk", offsetof(mp_calib, fit.gemm_eff_half_mnk)},
+      {"fit.gemm_curve_rms", offsetof(mp_calib, fit.gemm_curve_rms)},
+      {"fit.gemm_table_rms", offsetof(mp_calib, fit.gemm_table_rms)},
+      {"fit.fp8_gemm_eff_max", offsetof(mp_calib, fit.fp8_gemm_eff_max)},
+      {"fit.attention_eff", offsetof(mp_calib, fit.attention_eff)},
+      {"fit.hbm_eff", offsetof(mp_calib, fit.hbm_eff)},
+      {"fit.kernel_overhead_us", offsetof(mp_calib, fit.kernel_overhead_us)},
+  };
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+    if (strcmp(key, k[i].key) == 0) {
+      *(double *)((char *)c + k[i].off) = v;
+      return 1;
+    }
+  if (strcmp(key, "gpu.cc") == 0) {
+    c->compute_capability = (int)v;
+    return 1;
+  }
+  if (strcmp(key, "fit.gemm_table") == 0) {
+    c->fit.gemm_table = v != 0;
+    return 1;
+  }
+  return 0;
+}
+
+/* The point rows of a cuda calibration (attention, bandwidth, float8); 1 when key is one
+ * of them, -1 when it is one but does not fit in c. */
+static int read_point(mp_calib *c, const char *key, double v) {
+  int B, T, nh, nkv, hd, N, K, M, used = 0;
+  char name[24];
+  if (sscanf(key, "attn.%3[a-z].%dx%dx%dx%dx%d%n", name, &B, &T, &nh, &nkv, &hd, &used) == 6 && key[used] == '\0' &&
+      (strcmp(name, "fwd") == 0 || strcmp(name, "bwd") == 0)) {
+    if (c->n_attn >= MP_CALIB_MAX_ATTN) return -1;
+    mp_calib_attn *a = &c->attn[c->n_attn++];
+    a->backward = strcmp(name, "bwd") == 0;
+    a->B = B, a->T = T, a->nh = nh, a->nkv = nkv, a->hd = hd;
+    a->flops_per_s = v;
+    return 1;
+  }
+  double elems;
+  if (sscanf(key, "bw.%23[a-z_].%lf%n", name, &elems, &used) == 2 && key[used] == '\0') {
+    int k = 0;
+    while (k < MP_CALIB_BW_COUNT && strcmp(name, mp_calib_bw_name(k)) != 0) k++;
+    if (k == MP_CALIB_BW_COUNT || c->n_bw >= MP_CALIB_BW_COUNT) return -1;
+    mp_calib_bw *b = &c->bw[c->n_bw++];
+    b->kernel = k;
+    b->elems = elems;
+    b->GBps = v;
+    return 1;
+  }
+  if (sscanf(key, "f8gemm.fwd.%dx%dx%d%n", &N, &K, &M, &used) == 3 && key[used] == '\0') {
+    if (c->n_f8 >= MP_CALIB_MAX_F8) return -1;
+    mp_calib_gemm *g = &c->f8[c->n_f8++];
+    g->pass = MP_CALIB_GEMM_FWD;
+    g->N = N, g->K = K, g->M = M;
+    g->flops_per_s = v;
+    return 1;
+  }
+  return 0;
+}
+
 static mp_status read_row(mp_ctx *ctx, const char *path, mp_calib *c, const char *key, int g,
                           double v) {
-  int bwd, N, K, M, used = 0;
-  char pass[4];
-  if (sscanf(key, "gemm.%3[a-z].%dx%dx%d%n", pass, &N, &K, &M, &used) == 4 && key[used] == '\0' &&
-      (strcmp(pass, "fwd") == 0 || strcmp(pass, "bwd") == 0)) {
-    bwd = strcmp(pass, "bwd") == 0;
+  int N, K, M, used = 0;
+  char pass[8];
+  if (sscanf(key, "gemm.%7[a-z].%dx%dx%d%n", pass, &N, &K, &M, &used) == 4 && key[used] == '\0' &&
+      pass_from_name(pass) >= 0) {
     if (c->n_gemm >= MP_CALIB_MAX_GEMM) goto bad;
     mp_calib_gemm *e = &c->gemm[c->n_gemm++];
-    e->backward = bwd;
+    e->pass = pass_from_name(pass);
     e->N = N;
     e->K = K;
     e->M = M;
@@ -207,6 +346,10 @@ static mp_status read_row(mp_ctx *ctx, const char *path, mp_calib *c, const char
     c->copy_GBps = v;
     return MP_OK;
   }
+  if (read_scalar(c, key, v)) return MP_OK;
+  int pt = read_point(c, key, v);
+  if (pt > 0) return MP_OK;
+  if (pt < 0) goto bad;
   const char *dot = strchr(key, '.');
   if (dot == NULL) goto bad;
   int coll = coll_from_name(key, (size_t)(dot - key));
@@ -241,6 +384,50 @@ static mp_status read_row(mp_ctx *ctx, const char *path, mp_calib *c, const char
 bad:
   return mp_error(ctx, MP_ERR_DB, "%s: calibration %lld has a row this meshplan cannot read (key '%s', group %d); "
                   "recalibrate with meshplan calibrate", path, (long long)c->id, key, g);
+}
+
+/* The notes of calibration out->id (none when the table is absent: a file whose
+ * calibrations all predate it). Its rows were committed with the figures' rows, so
+ * reading them after those needs no shared snapshot. */
+static mp_status read_notes(mp_ctx *ctx, sqlite3 *db, const char *path, mp_calib *out) {
+  sqlite3_stmt *q = NULL;
+  mp_status s = MP_OK;
+  int rc = sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='calibration_notes'",
+                              -1, &q, NULL);
+  if (rc == SQLITE_OK) rc = sqlite3_step(q);
+  if (rc != SQLITE_ROW) {
+    s = db_fail(ctx, db, path, rc, "looking for calibration notes");
+    goto done;
+  }
+  int64_t has = sqlite3_column_int64(q, 0);
+  sqlite3_finalize(q);
+  q = NULL;
+  if (!has) goto done;
+  rc = sqlite3_prepare_v2(db, "SELECT key, text FROM calibration_notes WHERE id = ?1 ORDER BY rowid", -1, &q, NULL);
+  if (rc != SQLITE_OK) {
+    s = db_fail(ctx, db, path, rc, "reading calibration notes");
+    goto done;
+  }
+  sqlite3_bind_int64(q, 1, out->id);
+  while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+    const char *key = (const char *)sqlite3_column_text(q, 0), *text = (const char *)sqlite3_column_text(q, 1);
+    char *dst = NULL;
+    size_t cap = 0;
+    if (key && strcmp(key, "gpu.name") == 0) dst = out->gpu_name, cap = sizeof out->gpu_name;
+    else if (key && strcmp(key, "gpu.profile") == 0) dst = out->gpu_profile, cap = sizeof out->gpu_profile;
+    else if (key && strcmp(key, "attn.unavailable") == 0) dst = out->attn_unavailable, cap = sizeof out->attn_unavailable;
+    else if (key && strcmp(key, "f8.unavailable") == 0) dst = out->f8_unavailable, cap = sizeof out->f8_unavailable;
+    if (dst == NULL) {
+      s = mp_error(ctx, MP_ERR_DB, "%s: calibration %lld has a note this meshplan cannot read (key '%s'); "
+                   "recalibrate with meshplan calibrate", path, (long long)out->id, key ? key : "(null)");
+      goto done;
+    }
+    snprintf(dst, cap, "%s", text ? text : "");
+  }
+  if (rc != SQLITE_DONE) s = db_fail(ctx, db, path, rc, "reading calibration notes");
+done:
+  sqlite3_finalize(q);
+  return s;
 }
 
 mp_status mp_calib_store_load(mp_ctx *ctx, const char *db_path, const char *device, mp_calib *out) {
@@ -294,9 +481,14 @@ mp_status mp_calib_store_load(mp_ctx *ctx, const char *db_path, const char *devi
       goto done;
     }
   }
-  if (out->id == 0)
+  if (out->id == 0) {
     s = mp_error(ctx, MP_ERR_NOT_FOUND, "%s holds no %s calibration; run `meshplan calibrate --device %s --db %s`",
                  db_path, device, device, db_path);
+    goto done;
+  }
+  sqlite3_finalize(q);
+  q = NULL;
+  s = read_notes(ctx, db, db_path, out);
 done:
   sqlite3_finalize(q);
   sqlite3_close(db);

@@ -1,8 +1,12 @@
-/* Calibration of the CPU profile: measured GEMM rates, memory copy bandwidth and MPI
- * collective bandwidth per group size, and how they replace the figures of a GPU profile
- * and a cluster (exec/cluster.h) so that the simulator predicts this machine.
+/* Calibration: measured rates of this machine and how they reach the simulator.
  *
- * What is measured (mp_calib_measure):
+ * Two devices. "cpu": GEMM rates, memory copy bandwidth and MPI collective bandwidth per
+ * group size, which replace the figures of the CPU profile and a cluster (exec/cluster.h).
+ * "cuda": GEMM, attention, element-wise and launch figures of meshplan's CUDA kernels on
+ * one GPU, fitted into the efficiencies of the meshplan-cuda stack profile (sim/sim.h)
+ * relative to the GPU profile's datasheet peaks (see "CUDA" below).
+ *
+ * What is measured on the CPU (mp_calib_measure with the cpu backend):
  *   - GEMM: the CPU backend's matmul_forward (2NKM FLOP) and matmul_backward with both
  *     dinp and dweight (4NKM FLOP) at each shape, median of `reps` timed calls after one
  *     warm-up, with the OpenMP team the runtime uses (every thread).
@@ -26,6 +30,51 @@
  * squares on relative error (each size weighs the same, so the small sizes fix alpha and
  * the large ones beta); a negative intercept is clamped to alpha = 0.
  *
+ * CUDA (mp_calib_measure with the cuda backend, one GPU, no collectives). Every figure
+ * is the median over `reps` timed repetitions after two untimed warm-up calls; one
+ * repetition is a loop of back-to-back calls between two CUDA events on the backend's
+ * stream (mp_cuda_stream), as many as make it last about 1 ms (at most 256), and the
+ * figure is per call, so it is what an op costs inside a busy stream. Inputs are
+ * pseudo-random in [-1, 1), never zeros (a GEMM on zeros runs faster).
+ *   - launch: scale_f32 on one element, 256 calls per repetition: the per-op cost of a
+ *     kernel that does no work (kernel_overhead_us).
+ *   - GEMM (bf16): at each shape N x K x M (Linear out (N, M) = inp (N, K) W (M, K)^T)
+ *     the forward, dgrad (dinp += dout W) and wgrad (dW += dout^T inp, fp32) GEMMs,
+ *     2NKM FLOP each. Defaults: N in {512, 2048, 8192} tokens, (K, M) the Linear shapes
+ *     of Llama models (1024^2, 2048^2, 2048x8192, 8192x2048, 4096^2, 4096x14336,
+ *     14336x4096, 4096x32000, 8192^2): 81 points.
+ *   - attention: attention_forward and attention_backward (causal, GQA) at (B, T, nh,
+ *     nkv, hd) points with FLOPs as the simulator counts them (exec/schedule.c): forward
+ *     2 B T^2 nh hd (the causal half of 4 B T^2 nh hd), backward twice that.
+ *   - bandwidth: a device-to-device copy (GB/s counting read + write, the reference),
+ *     and rmsnorm forward/backward, swiglu forward/backward and AdamW, with bytes as the
+ *     simulator counts them (exec/schedule.c: 4, 6, 6, 10 and 28 bytes per element).
+ *   - float8: matmul_f8 E4M3 x E4M3 forward GEMMs, when compute capability >= 8.9; an
+ *     error there (or an older GPU) is recorded in f8_unavailable, not a failure.
+ *     Attention errors likewise (attn_unavailable): both kernels are optional figures.
+ *
+ * The fit (mp_calib_fit_stack), against the GPU profile's datasheet peaks (gpu_profile;
+ * the stack profile's efficiencies are defined relative to them, so a stack efficiency
+ * of 0.75 means 75 % of the datasheet's dense bf16 TFLOP/s). The simulator costs an op
+ * as compute + kernel_overhead, so every fit works on the measured time less the launch
+ * figure (at least half the measured time is kept, so noise cannot leave nothing):
+ *   - GEMM curve: eff(x) = gemm_eff_max x / (x + gemm_eff_half_mnk), x = N K M, means
+ *     t = flops / (peak E) + 2 h / (peak E): a time per FLOP and a constant, linear in
+ *     (1/E, h/E). Least squares on the relative error of the time (each point weighs
+ *     the same), closed form; a negative h is clamped to 0, an E above 1 to 1 (the
+ *     datasheet is the ceiling) with h refitted.
+ *   - fp8_gemm_eff_max: the float8 points against the fp8 peak with the bf16 curve's h,
+ *     least squares on relative time error.
+ *   - attention_eff: sum of FLOPs / (bf16 peak x sum of times), forward and backward
+ *     together (what the simulator's one figure must reproduce for a layer).
+ *   - hbm_eff: sum of bytes / (datasheet HBM GB/s x sum of times) over the element-wise
+ *     kernels (not the copy, which is the reference they are compared with).
+ *   - by shape: log2(measured / curve efficiency) per bf16 point (sim/gemm_table.h).
+ *     The simulator uses this correction only when it predicts held-out shapes clearly
+ *     better than the curve (each point predicted from its nearest other point, leave
+ *     one out; rms time error lower by a tenth and by a percentage point at least);
+ *     fit.gemm_table says which one the simulator uses.
+ *
  * Invariants: every figure is > 0 when present; gemm[] and coll[] are in measurement
  * order (load returns them in the order saved). */
 #ifndef MP_PLANNER_CALIBRATE_H
@@ -38,14 +87,18 @@
 #include "exec/cluster.h"
 #include "exec/comm/comm.h"
 #include "kernels/ops.h"
+#include "sim/gemm_table.h"
+#include "sim/sim.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define MP_CALIB_MAX_GEMM 16
+#define MP_CALIB_MAX_GEMM 128
 #define MP_CALIB_MAX_SIZES 8
 #define MP_CALIB_MAX_GROUPS 8
+#define MP_CALIB_MAX_ATTN 16
+#define MP_CALIB_MAX_F8 16
 
 /* The collectives calibrated (the simulator's ring model covers these four). */
 typedef enum mp_calib_coll {
@@ -61,11 +114,66 @@ const char *mp_calib_coll_name(mp_calib_coll c); /* "all_reduce", ... */
 double mp_calib_bw_factor(mp_calib_coll c, int n);
 double mp_calib_lat_steps(mp_calib_coll c, int n);
 
+/* Which GEMM of a Linear layer a point times. */
+typedef enum mp_calib_gemm_pass {
+  MP_CALIB_GEMM_FWD = 0, /* matmul_forward: out = inp W^T, 2NKM FLOP */
+  MP_CALIB_GEMM_BWD,     /* matmul_backward with dinp and dweight (the CPU's), 4NKM */
+  MP_CALIB_GEMM_DGRAD,   /* matmul_backward, dinp only: dinp += dout W, 2NKM */
+  MP_CALIB_GEMM_WGRAD,   /* matmul_backward, dweight only: dW += dout^T inp (fp32), 2NKM */
+  MP_CALIB_GEMM_PASS_COUNT
+} mp_calib_gemm_pass;
+
+const char *mp_calib_gemm_pass_name(int pass); /* "fwd", "bwd", "dgrad", "wgrad"; "?" */
+double mp_calib_gemm_flops(int pass, int N, int K, int M); /* 2NKM, 4NKM for bwd */
+
 typedef struct mp_calib_gemm {
-  int backward; /* 0: matmul_forward (2NKM FLOP); 1: matmul_backward, dinp + dweight (4NKM) */
+  int pass;     /* mp_calib_gemm_pass */
   int N, K, M;  /* out (N, M) = inp (N, K) weight (M, K)^T */
   double flops_per_s;
 } mp_calib_gemm;
+
+typedef struct mp_calib_attn {
+  int backward;             /* 0: attention_forward; 1: attention_backward */
+  int B, T, nh, nkv, hd;
+  double flops_per_s;       /* simulator FLOPs (mp_calib_attn_flops) per second */
+} mp_calib_attn;
+
+/* Forward 2 B T^2 nh hd, backward twice that (exec/schedule.c's causal counts). */
+double mp_calib_attn_flops(int backward, int B, int T, int nh, int hd);
+
+/* Memory-bound kernels timed for the HBM efficiency (copy is the reference). */
+typedef enum mp_calib_bw_kernel {
+  MP_CALIB_BW_RMSNORM_FWD = 0, /* (rows, cols) bf16: 4 bytes per element */
+  MP_CALIB_BW_RMSNORM_BWD,     /* 6 bytes per element */
+  MP_CALIB_BW_SWIGLU_FWD,      /* 6 bytes per element of the output */
+  MP_CALIB_BW_SWIGLU_BWD,      /* 10 bytes per element */
+  MP_CALIB_BW_ADAMW,           /* 28 bytes per parameter (7 fp32 tensors) */
+  MP_CALIB_BW_COUNT
+} mp_calib_bw_kernel;
+
+const char *mp_calib_bw_name(int k); /* "rmsnorm_fwd", ...; "?" */
+/* Bytes the simulator counts for kernel k over `elems` elements (exec/schedule.c). */
+double mp_calib_bw_bytes(int k, double elems);
+
+typedef struct mp_calib_bw {
+  int kernel;   /* mp_calib_bw_kernel */
+  double elems; /* elements per call */
+  double GBps;  /* mp_calib_bw_bytes / time / 1e9 */
+} mp_calib_bw;
+
+/* What the simulator takes from a "cuda" calibration: the meshplan-cuda stack profile's
+ * figures (sim/sim.h), relative to the datasheet figures ref_* of the calibration. A
+ * figure that was not measured is 0 (the stack keeps its stated one). */
+typedef struct mp_calib_stack_fit {
+  double gemm_eff_max, gemm_eff_half_mnk;
+  double gemm_curve_rms;  /* rms relative time error of the curve over the bf16 points */
+  double gemm_table_rms;  /* the same, curve x nearest-shape correction, leave one out */
+  int gemm_table;         /* 1: the simulator applies the by-shape correction */
+  double fp8_gemm_eff_max;
+  double attention_eff;
+  double hbm_eff;
+  double kernel_overhead_us;
+} mp_calib_stack_fit;
 
 typedef struct mp_calib_coll_fit {
   mp_calib_coll coll;
@@ -81,38 +189,126 @@ typedef struct mp_calib_coll_fit {
 typedef struct mp_calib {
   int64_t id;          /* database row group id (0: not stored) */
   char created_at[32]; /* ISO 8601 UTC */
-  char device[16];     /* "cpu" */
+  char device[16];     /* "cpu" or "cuda" */
   char host[64];
-  int threads; /* OpenMP threads per rank */
-  int world;   /* MPI ranks that ran the calibration */
+  int threads; /* OpenMP threads per rank (cuda: 1) */
+  int world;   /* MPI ranks that ran the calibration (cuda: 1) */
   int n_gemm;
   mp_calib_gemm gemm[MP_CALIB_MAX_GEMM];
   double copy_GBps; /* read + write bytes per second / 1e9 */
   int n_coll;
   mp_calib_coll_fit coll[MP_CALIB_MAX_GROUPS * MP_CALIB_COLL_COUNT];
+
+  /* ---- cuda only (zero / empty on the CPU) ---- */
+  char gpu_name[96];      /* the device's own name ("NVIDIA H100 80GB HBM3") */
+  char gpu_profile[64];   /* data/gpus profile the efficiencies are relative to */
+  int compute_capability; /* 90 for sm_90 */
+  double ref_bf16_tflops, ref_fp8_tflops, ref_hbm_GBps; /* that profile's datasheet figures */
+  double launch_s;        /* per call of a kernel doing no work */
+  int n_attn;
+  mp_calib_attn attn[MP_CALIB_MAX_ATTN];
+  int n_bw;
+  mp_calib_bw bw[MP_CALIB_BW_COUNT];
+  int n_f8;
+  mp_calib_gemm f8[MP_CALIB_MAX_F8]; /* E4M3 x E4M3 forward GEMMs (pass FWD) */
+  char f8_unavailable[256];   /* why float8 was not measured; "" when it was */
+  char attn_unavailable[256]; /* why attention was not measured; "" when it was */
+  mp_calib_stack_fit fit;     /* mp_calib_fit_stack; stored with the points */
 } mp_calib;
 
 typedef struct mp_calib_options {
   int reps;   /* timed repetitions per figure (median); >= 1 */
-  int n_gemm; /* shapes below; 0: the defaults */
+  int n_gemm; /* shapes below; 0: the device's defaults */
   struct {
-    int backward, N, K, M;
+    int pass, N, K, M; /* pass: mp_calib_gemm_pass (cpu: FWD or BWD; cuda: FWD, DGRAD, WGRAD) */
   } gemm[MP_CALIB_MAX_GEMM];
   int n_sizes; /* collective payload sizes in bytes; 0: the defaults */
   double sizes_bytes[MP_CALIB_MAX_SIZES];
-  int64_t copy_bytes; /* copy buffer size; 0: the default (64 MiB) */
+  int64_t copy_bytes; /* copy buffer size; 0: the device's default */
+  /* cuda only; 0 / "": the defaults */
+  int device;       /* CUDA device ordinal */
+  char gpu_profile[128]; /* data/gpus stem or path; "": the one matching the device's name */
+  int n_attn;
+  struct {
+    int B, T, nh, nkv, hd;
+  } attn[MP_CALIB_MAX_ATTN];
+  int n_f8;
+  struct {
+    int N, K, M; /* multiples of 16 */
+  } f8[MP_CALIB_MAX_F8];
+  int norm_rows, norm_cols; /* rmsnorm (N, C) */
+  int64_t swiglu_elems, adamw_elems;
 } mp_calib_options;
 
-/* Defaults: reps 5; GEMMs forward and backward at the tiny-dense model's shapes (256
+/* CPU defaults: reps 5; GEMMs forward and backward at the tiny-dense model's shapes (256
  * tokens: 256x64x192, 256x192x64, 256x64x256) and at 512^3 and 1024^3; payloads 4 KiB,
  * 64 KiB, 1 MiB, 8 MiB; copy 64 MiB. */
 void mp_calib_options_init(mp_calib_options *o);
+/* CUDA defaults: reps 7; the 81 GEMM points of the header comment; attention (B, T) in
+ * {(16, 1024), (8, 2048), (4, 4096), (2, 8192)} with nh 16, nkv 8, hd 128, and (8, 2048)
+ * with nh 32, nkv 8, hd 64; float8 N in {2048, 8192} x (K, M) in {4096^2, 4096x14336,
+ * 14336x4096}; rmsnorm 8192 x 4096, swiglu 8192 x 14336, AdamW 2^26 parameters, copy
+ * 256 MiB. quick: one token count (2048), (K, M) in {2048^2, 4096^2, 4096x14336}, two
+ * attention points, two float8 shapes, reps 3: a check in seconds, a rougher fit. */
+void mp_calib_options_init_cuda(mp_calib_options *o, int quick);
 
 /* Measures on every rank of comm (collective over comm's world when its backend is
- * "mpi": every rank must call it). be is the CPU backend (its kc initialised). Sub-group
- * communicators are created from MPI_COMM_WORLD and freed before returning. */
+ * "mpi": every rank must call it). be is the CPU backend, or the CUDA backend with a
+ * world of 1 (kc initialised either way). Sub-group communicators are created from
+ * MPI_COMM_WORLD and freed before returning. A cuda measurement ends with
+ * mp_calib_fit_stack; opts NULL: the device's defaults. */
 mp_status mp_calib_measure(mp_ctx *ctx, mp_comm *comm, const mp_backend *be, mp_kctx *kc,
                            const mp_calib_options *opts, mp_calib *out);
+
+/* ---- CUDA ---------------------------------------------------------------------------- */
+
+/* What the CUDA runtime says of one device. */
+typedef struct mp_calib_device {
+  char name[96];
+  int compute_capability; /* major * 10 + minor */
+  double mem_bytes;
+  int n_sms;
+} mp_calib_device;
+
+/* Checks that CUDA device `device` can be calibrated and describes it. Without one:
+ * MP_ERR_UNSUPPORTED with one line naming what is missing ("no CUDA device visible
+ * (cudaGetDeviceCount: ...); run on a machine with an NVIDIA GPU", or a build without
+ * CUDA). Touches nothing else (no file, no database). */
+mp_status mp_calib_cuda_probe(mp_ctx *ctx, int device, mp_calib_device *out);
+
+/* The data/gpus profile whose datasheet describes a device, from its name, compute
+ * capability and memory: "h100-sxm", "h100-96gb-500w", "h200", "a100-80gb-sxm", "b200";
+ * NULL when none does for sure (PCIe and NVL parts, GH200, 40 GB A100s, others): the
+ * caller then asks for --gpu. */
+const char *mp_calib_gpu_profile_for(const char *device_name, int compute_capability,
+                                     double mem_bytes);
+
+/* The GPU profile a calibration of dev is fitted against: `requested` (a data/gpus stem
+ * or a JSON path; NULL or "": mp_calib_gpu_profile_for). MP_ERR_USAGE when none matches
+ * the device's name (pass --gpu), MP_ERR_INVALID when the profile's compute capability
+ * is not the device's (its datasheet would be another GPU's). */
+mp_status mp_calib_cuda_profile(mp_ctx *ctx, const mp_calib_device *dev, const char *requested, mp_gpu *out);
+
+/* The measurement on the GPU (mp_calib_measure's cuda half; kc initialised on
+ * opts->device). Fills everything but id and fit; fp8 and attention errors are recorded,
+ * not returned. */
+mp_status mp_calib_measure_cuda(mp_ctx *ctx, const mp_backend *be, mp_kctx *kc,
+                                const mp_calib_options *opts, mp_calib *out);
+
+/* ---- the fit (see the header comment) -------------------------------------------------- */
+
+/* The GEMM curve over n points against peak_flops, each point's time less overhead_s.
+ * rms_rel (may be NULL): rms of (predicted - measured) / measured time, overhead
+ * included in both. MP_ERR_INVALID for n < 1 or a rate that is not positive. */
+mp_status mp_calib_fit_gemm_curve(mp_ctx *ctx, const mp_calib_gemm *g, int n, double peak_flops,
+                                  double overhead_s, double *eff_max, double *half_mnk,
+                                  double *rms_rel);
+/* Fills c->fit from c's cuda points and ref_* (bf16 GEMM points are required; attention,
+ * bandwidth and float8 figures stay 0 when not measured). MP_ERR_INVALID when c holds no
+ * bf16 GEMM point of pass FWD, DGRAD or WGRAD or no reference peak. */
+mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c);
+/* The by-shape correction of c's bf16 points (sim/gemm_table.h), from c->fit's curve. */
+void mp_calib_gemm_table(const mp_calib *c, mp_gemm_table *t);
 
 /* Fits alpha and beta of f->bytes/time_s (n_sizes >= 1) into f->alpha_s, f->beta_GBps and
  * fills f->busbw_GBps. MP_ERR_INVALID when a time or size is not positive. */
@@ -134,19 +330,40 @@ const mp_calib_coll_fit *mp_calib_link_fit(const mp_calib *c);
 void mp_calib_apply(const mp_calib *c, mp_gpu *gpu, mp_cluster *cluster);
 
 /* mp_calib_apply after checking that the profile can take this calibration: a "cpu"
- * calibration goes only onto a CPU profile (compute_capability 0), else MP_ERR_INVALID
- * naming the profile. */
+ * calibration goes only onto a CPU profile (compute_capability 0), a "cuda" one only
+ * onto the GPU profile it was fitted against (same name), else MP_ERR_INVALID naming the
+ * profile. A cuda calibration changes nothing in the GPU profile: its datasheet peaks
+ * are what the stack efficiencies are relative to (mp_calib_apply_stack carries them). */
 mp_status mp_calib_apply_checked(mp_ctx *ctx, const mp_calib *c, mp_gpu *gpu, mp_cluster *cluster);
+
+/* A cuda calibration's fit into the meshplan-cuda stack profile (the kernels it
+ * measured): gemm_eff_max, gemm_eff_half_mnk, hbm_eff, kernel_overhead, and
+ * fp8_gemm_eff_max and attention_eff where measured; source names the calibration.
+ * table (may be NULL): filled with the by-shape correction and pointed at by
+ * stack->gemm_table when fit.gemm_table says the simulator uses it (it must outlive the
+ * stack's use); otherwise stack->gemm_table = NULL. Link, comm and memory figures stay.
+ * A cpu calibration leaves the stack alone (its rates went into the CPU profile).
+ * MP_ERR_INVALID: a cuda calibration and a stack other than meshplan-cuda. */
+mp_status mp_calib_apply_stack(mp_ctx *ctx, const mp_calib *c, mp_stack_profile *stack,
+                               mp_gemm_table *table);
 
 /* Loads the newest calibration of `device` from the database at db_path
  * (planner/calib_store.h) and applies it with mp_calib_apply_checked (gpu and cluster may
  * be NULL). Errors: MP_ERR_NOT_FOUND (no file, or no calibration of that device in it),
- * MP_ERR_DB (not a meshplan database), MP_ERR_INVALID (not a CPU profile). */
+ * MP_ERR_DB (not a meshplan database), MP_ERR_INVALID (a profile of the wrong kind). */
 mp_status mp_calib_load_apply(mp_ctx *ctx, const char *db_path, const char *device, mp_gpu *gpu,
                               mp_cluster *cluster);
+/* mp_calib_load_apply, then mp_calib_apply_stack onto stack (may be NULL) with table;
+ * out (may be NULL) receives the calibration applied. */
+mp_status mp_calib_load_apply_stack(mp_ctx *ctx, const char *db_path, const char *device, mp_gpu *gpu,
+                                    mp_cluster *cluster, mp_stack_profile *stack, mp_gemm_table *table,
+                                    mp_calib *out);
 
 /* One line naming the calibration: "#3 cpu on host, 2 threads x 1 rank, 2026-11-02T10:00:00Z:
- * GEMM 41.2 GFLOP/s, copy 9.8 GB/s, link 3.10 GB/s 4.2 us (all_reduce, 2 ranks)". */
+ * GEMM 41.2 GFLOP/s, copy 9.8 GB/s, link 3.10 GB/s 4.2 us (all_reduce, 2 ranks)"; for
+ * cuda "#4 cuda on host, NVIDIA H100 80GB HBM3 (h100-sxm, sm_90), <time>: gemm_eff_max
+ * 0.780 half_mnk 1.9e+09, attention_eff 0.520, hbm_eff 0.850, fp8_gemm_eff_max 0.610,
+ * kernel_overhead 2.9 us". */
 void mp_calib_summary(const mp_calib *c, char *buf, size_t cap);
 
 #ifdef __cplusplus

@@ -1,12 +1,17 @@
-/* meshplan calibrate: measures this machine's CPU profile (planner/calibrate.h) and saves
- * it in the planner database, where `meshplan simulate --calibration DB` (and the trainer)
- * picks the newest one up.
+/* meshplan calibrate: measures this machine (planner/calibrate.h) and saves the figures in
+ * the planner database, where `meshplan simulate --calibration DB` (and the trainer) picks
+ * the newest one of the device up.
  *
- * World size 1 runs without mpirun (no MPI at all: the "single" communicator), which
- * measures GEMM and copy rates only. Under `mpirun -np N` every rank measures together
- * and the collectives are timed per group size; rank 0 prints and writes the database.
- * As in `meshplan train`, the checks that need no measurement (device, options) happen on
- * every rank before any communication, so a bad command line ends every rank at once. */
+ * --device cpu: world size 1 runs without mpirun (no MPI at all: the "single"
+ * communicator), which measures GEMM and copy rates only. Under `mpirun -np N` every rank
+ * measures together and the collectives are timed per group size; rank 0 prints and
+ * writes the database. As in `meshplan train`, the checks that need no measurement
+ * (device, options) happen on every rank before any communication, so a bad command line
+ * ends every rank at once.
+ *
+ * --device cuda: one process, one GPU, no MPI. The device and the GPU profile the fit is
+ * relative to are checked before the database is touched, so a machine without a GPU
+ * gets one line and exit status 2, and no file is created or written. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,19 +25,26 @@
 #include "kernels/cpu/cpu.h"
 #include "planner/calib_store.h"
 #include "planner/calibrate.h"
+#include "kernels/cuda/cuda.h"
 #include "planner/commands.h"
+#include "sim/stack.h"
 
 static mp_opt k_opts[] = {
-    {"--device", "D", "cpu (cuda comes with the GPU runtime issue) (default cpu)", NULL},
+    {"--device", "D", "cpu, or cuda / cuda:N for GPU N (default cpu)", NULL},
     {"--db", "PATH", "planner database that stores the calibration (default meshplan.db)", NULL},
-    {"--reps", "N", "timed repetitions per figure, median taken (default 5)", NULL},
+    {"--reps", "N", "timed repetitions per figure, median taken (default 5 on cpu, 7 on cuda)", NULL},
+    {"--gpu", "PROFILE", "cuda: GPU profile (data/gpus stem or path) the efficiencies are relative to "
+                         "(default: the one matching the device's name)", NULL},
+    {"--quick", NULL, "cuda: a reduced set of shapes (seconds, a rougher fit)", NULL},
     {"--json", NULL, "print one JSON object instead of the table", NULL},
     {NULL, NULL, NULL, NULL},
 };
 
 static mp_cmd_spec k_spec = {
-    "calibrate", "Measure GEMM rates, memory and collective bandwidths of this machine for the simulator.",
-    "--device cpu [--db PATH] [--reps N] [--json]   (mpirun -np N meshplan calibrate ... for collectives)",
+    "calibrate", "Measure this machine for the simulator: CPU GEMM, memory and collective rates, or the "
+    "efficiencies of meshplan's CUDA kernels on a GPU.",
+    "--device cpu|cuda[:N] [--db PATH] [--reps N] [--gpu PROFILE] [--quick] [--json]   "
+    "(mpirun -np N meshplan calibrate --device cpu ... for collectives)",
     k_opts, 0};
 
 static void size_label(double bytes, char *buf, size_t cap) {
@@ -58,8 +70,8 @@ static void print_table(const mp_calib *c, const char *db, int local_ranks) {
   printf("  %-16s %6s %6s %6s %10s\n", "op", "N", "K", "M", "GFLOP/s");
   for (int i = 0; i < c->n_gemm; i++) {
     const mp_calib_gemm *g = &c->gemm[i];
-    printf("  %-16s %6d %6d %6d %10.2f\n", g->backward ? "matmul_backward" : "matmul_forward", g->N, g->K, g->M,
-           g->flops_per_s * 1e-9);
+    printf("  %-16s %6d %6d %6d %10.2f\n", g->pass == MP_CALIB_GEMM_BWD ? "matmul_backward" : "matmul_forward",
+           g->N, g->K, g->M, g->flops_per_s * 1e-9);
   }
   printf("  peak (every dtype's peak_tflops under --calibration): %.2f GFLOP/s\n\n",
          mp_calib_gemm_peak_flops(c) * 1e-9);
@@ -90,6 +102,155 @@ static void print_table(const mp_calib *c, const char *db, int local_ranks) {
            "%.2f us\n", l->group_size, l->beta_GBps, l->alpha_s * 1e6);
 }
 
+/* The GEMM curve's prediction of a point, launch included, as the simulator makes it. */
+static double curve_pred_s(const mp_calib *c, int pass, int N, int K, int M, double peak, double eff_max,
+                           double half) {
+  const double flops = mp_calib_gemm_flops(pass, N, K, M), x = (double)N * K * M;
+  return flops / (peak * eff_max) * (1.0 + half / x) + c->launch_s;
+}
+
+static void print_table_cuda(const mp_calib *c, const char *db) {
+  char line[768];
+  const mp_calib_stack_fit *f = &c->fit;
+  mp_calib_summary(c, line, sizeof line);
+  printf("calibration %s\n", line);
+  printf("saved to %s (meshplan simulate --gpu %s --stack meshplan-cuda --calibration %s applies it)\n\n", db,
+         c->gpu_profile, db);
+  printf("efficiencies are relative to the %s profile's datasheet figures: bf16 %.1f TFLOP/s, fp8 %.1f TFLOP/s, "
+         "HBM %.0f GB/s\n", c->gpu_profile, c->ref_bf16_tflops, c->ref_fp8_tflops, c->ref_hbm_GBps);
+  printf("every figure: median of the repetitions, per call in a loop of back-to-back calls (CUDA events)\n\n");
+  printf("kernel launch: %.2f us per call of an empty kernel (kernel_overhead_us)\n\n", c->launch_s * 1e6);
+
+  const double peak = c->ref_bf16_tflops * 1e12;
+  printf("GEMM, bf16 (eff = rate / datasheet; curve = the fit's efficiency there; err = the curve's time error)\n");
+  printf("  %-6s %6s %6s %6s %9s %7s %7s %7s\n", "pass", "N", "K", "M", "TFLOP/s", "eff", "curve", "err %");
+  for (int i = 0; i < c->n_gemm; i++) {
+    const mp_calib_gemm *g = &c->gemm[i];
+    const double flops = mp_calib_gemm_flops(g->pass, g->N, g->K, g->M), t = flops / g->flops_per_s;
+    const double x = (double)g->N * g->K * g->M;
+    const double pred = curve_pred_s(c, g->pass, g->N, g->K, g->M, peak, f->gemm_eff_max, f->gemm_eff_half_mnk);
+    printf("  %-6s %6d %6d %6d %9.1f %7.3f %7.3f %+7.1f\n", mp_calib_gemm_pass_name(g->pass), g->N, g->K, g->M,
+           g->flops_per_s * 1e-12, g->flops_per_s / peak, f->gemm_eff_max * x / (x + f->gemm_eff_half_mnk),
+           100.0 * (pred - t) / t);
+  }
+  printf("  curve: gemm_eff_max %.3f, gemm_eff_half_mnk %.3g (rms time error %.1f %%)\n", f->gemm_eff_max,
+         f->gemm_eff_half_mnk, 100.0 * f->gemm_curve_rms);
+  printf("  by shape, leave one out (nearest measured shape within 4x): rms time error %.1f %%: the simulator "
+         "uses %s\n\n", 100.0 * f->gemm_table_rms, f->gemm_table ? "the curve with the by-shape correction"
+                                                                  : "the curve alone");
+
+  printf("attention, causal (FLOPs as the simulator counts them: forward 2 B T^2 nh hd, backward twice)\n");
+  if (c->n_attn == 0) {
+    printf("  not measured: %s (attention_eff stays the stack's)\n\n",
+           c->attn_unavailable[0] ? c->attn_unavailable : "no points");
+  } else {
+    printf("  %-4s %4s %6s %4s %4s %4s %9s %7s\n", "pass", "B", "T", "nh", "nkv", "hd", "TFLOP/s", "eff");
+    for (int i = 0; i < c->n_attn; i++) {
+      const mp_calib_attn *a = &c->attn[i];
+      printf("  %-4s %4d %6d %4d %4d %4d %9.1f %7.3f\n", a->backward ? "bwd" : "fwd", a->B, a->T, a->nh, a->nkv,
+             a->hd, a->flops_per_s * 1e-12, a->flops_per_s / peak);
+    }
+    printf("  attention_eff %.3f (FLOP total over time total)\n\n", f->attention_eff);
+  }
+
+  printf("memory bandwidth (bytes as the simulator counts them)\n");
+  printf("  %-12s %12s %9s %8s %10s\n", "kernel", "elements", "GB/s", "of copy", "of HBM");
+  printf("  %-12s %12s %9.0f %8.2f %10.3f\n", "copy (d2d)", "-", c->copy_GBps, 1.0, c->copy_GBps / c->ref_hbm_GBps);
+  for (int i = 0; i < c->n_bw; i++) {
+    const mp_calib_bw *b = &c->bw[i];
+    printf("  %-12s %12.0f %9.0f %8.2f %10.3f\n", mp_calib_bw_name(b->kernel), b->elems, b->GBps,
+           c->copy_GBps > 0 ? b->GBps / c->copy_GBps : 0.0, b->GBps / c->ref_hbm_GBps);
+  }
+  printf("  hbm_eff %.3f (the kernels' bytes over their time, against the datasheet; the copy is the reference)\n\n",
+         f->hbm_eff);
+
+  printf("float8 GEMM, E4M3 x E4M3 forward (eff against the fp8 datasheet peak)\n");
+  if (c->n_f8 == 0) {
+    printf("  not measured: %s (fp8_gemm_eff_max stays the stack's)\n\n",
+           c->f8_unavailable[0] ? c->f8_unavailable : "no points");
+  } else {
+    printf("  %6s %6s %6s %9s %7s\n", "N", "K", "M", "TFLOP/s", "eff");
+    for (int i = 0; i < c->n_f8; i++)
+      printf("  %6d %6d %6d %9.1f %7.3f\n", c->f8[i].N, c->f8[i].K, c->f8[i].M, c->f8[i].flops_per_s * 1e-12,
+             c->f8[i].flops_per_s / (c->ref_fp8_tflops * 1e12));
+    printf("  fp8_gemm_eff_max %.3f (with the bf16 curve's half_mnk)\n\n", f->fp8_gemm_eff_max);
+  }
+
+  /* what --calibration changes, beside what the stack states without it */
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_stack_profile st;
+  if (mp_stack_load(&ctx, "meshplan-cuda", &st) == MP_OK) {
+    printf("meshplan-cuda under --calibration (stated without it):\n");
+    printf("  gemm_eff_max %.3f (%.3f), gemm_eff_half_mnk %.3g (%.3g), attention_eff ", f->gemm_eff_max,
+           st.gemm_eff_max, f->gemm_eff_half_mnk, st.gemm_eff_half_mnk);
+    if (f->attention_eff > 0) printf("%.3f", f->attention_eff);
+    else printf("kept");
+    printf(" (%.3f), hbm_eff %.3f (%.3f), fp8_gemm_eff_max ", st.attention_eff, f->hbm_eff, st.hbm_eff);
+    if (f->fp8_gemm_eff_max > 0) printf("%.3f", f->fp8_gemm_eff_max);
+    else printf("kept");
+    printf(" (%.3f), kernel_overhead_us %.2f (%.2f)\n", st.fp8_gemm_eff_max, f->kernel_overhead_us,
+           st.kernel_overhead_s * 1e6);
+  }
+}
+
+static void json_cuda(cJSON *j, const mp_calib *c) {
+  cJSON_AddStringToObject(j, "gpu_name", c->gpu_name);
+  cJSON_AddStringToObject(j, "gpu_profile", c->gpu_profile);
+  cJSON_AddNumberToObject(j, "compute_capability", c->compute_capability);
+  cJSON_AddNumberToObject(j, "ref_bf16_tflops", c->ref_bf16_tflops);
+  cJSON_AddNumberToObject(j, "ref_fp8_tflops", c->ref_fp8_tflops);
+  cJSON_AddNumberToObject(j, "ref_hbm_GBps", c->ref_hbm_GBps);
+  cJSON_AddNumberToObject(j, "launch_s", c->launch_s);
+  cJSON *as = cJSON_AddArrayToObject(j, "attention");
+  for (int i = 0; as && i < c->n_attn; i++) {
+    const mp_calib_attn *a = &c->attn[i];
+    cJSON *o = cJSON_CreateObject();
+    if (!o) break;
+    cJSON_AddStringToObject(o, "pass", a->backward ? "bwd" : "fwd");
+    cJSON_AddNumberToObject(o, "B", a->B);
+    cJSON_AddNumberToObject(o, "T", a->T);
+    cJSON_AddNumberToObject(o, "nh", a->nh);
+    cJSON_AddNumberToObject(o, "nkv", a->nkv);
+    cJSON_AddNumberToObject(o, "hd", a->hd);
+    cJSON_AddNumberToObject(o, "flops_per_s", a->flops_per_s);
+    cJSON_AddItemToArray(as, o);
+  }
+  if (c->attn_unavailable[0]) cJSON_AddStringToObject(j, "attention_unavailable", c->attn_unavailable);
+  cJSON *bs = cJSON_AddArrayToObject(j, "bandwidth");
+  for (int i = 0; bs && i < c->n_bw; i++) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) break;
+    cJSON_AddStringToObject(o, "kernel", mp_calib_bw_name(c->bw[i].kernel));
+    cJSON_AddNumberToObject(o, "elements", c->bw[i].elems);
+    cJSON_AddNumberToObject(o, "GBps", c->bw[i].GBps);
+    cJSON_AddItemToArray(bs, o);
+  }
+  cJSON *fs = cJSON_AddArrayToObject(j, "f8_gemm");
+  for (int i = 0; fs && i < c->n_f8; i++) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) break;
+    cJSON_AddNumberToObject(o, "N", c->f8[i].N);
+    cJSON_AddNumberToObject(o, "K", c->f8[i].K);
+    cJSON_AddNumberToObject(o, "M", c->f8[i].M);
+    cJSON_AddNumberToObject(o, "flops_per_s", c->f8[i].flops_per_s);
+    cJSON_AddItemToArray(fs, o);
+  }
+  if (c->f8_unavailable[0]) cJSON_AddStringToObject(j, "f8_unavailable", c->f8_unavailable);
+  cJSON *f = cJSON_AddObjectToObject(j, "fit");
+  if (f) {
+    cJSON_AddNumberToObject(f, "gemm_eff_max", c->fit.gemm_eff_max);
+    cJSON_AddNumberToObject(f, "gemm_eff_half_mnk", c->fit.gemm_eff_half_mnk);
+    cJSON_AddNumberToObject(f, "gemm_curve_rms", c->fit.gemm_curve_rms);
+    cJSON_AddNumberToObject(f, "gemm_table_rms", c->fit.gemm_table_rms);
+    cJSON_AddBoolToObject(f, "gemm_table", c->fit.gemm_table);
+    cJSON_AddNumberToObject(f, "fp8_gemm_eff_max", c->fit.fp8_gemm_eff_max);
+    cJSON_AddNumberToObject(f, "attention_eff", c->fit.attention_eff);
+    cJSON_AddNumberToObject(f, "hbm_eff", c->fit.hbm_eff);
+    cJSON_AddNumberToObject(f, "kernel_overhead_us", c->fit.kernel_overhead_us);
+  }
+}
+
 static int print_json(const mp_calib *c, const char *db) {
   cJSON *j = cJSON_CreateObject();
   if (j == NULL) return 1;
@@ -104,7 +265,8 @@ static int print_json(const mp_calib *c, const char *db) {
   for (int i = 0; gs && i < c->n_gemm; i++) {
     cJSON *g = cJSON_CreateObject();
     if (!g) break;
-    cJSON_AddStringToObject(g, "op", c->gemm[i].backward ? "matmul_backward" : "matmul_forward");
+    cJSON_AddStringToObject(g, "op", c->gemm[i].pass == MP_CALIB_GEMM_FWD ? "matmul_forward" : "matmul_backward");
+    cJSON_AddStringToObject(g, "pass", mp_calib_gemm_pass_name(c->gemm[i].pass));
     cJSON_AddNumberToObject(g, "N", c->gemm[i].N);
     cJSON_AddNumberToObject(g, "K", c->gemm[i].K);
     cJSON_AddNumberToObject(g, "M", c->gemm[i].M);
@@ -133,12 +295,82 @@ static int print_json(const mp_calib *c, const char *db) {
     cJSON_AddNumberToObject(o, "beta_GBps", f->beta_GBps);
     cJSON_AddItemToArray(cs, o);
   }
+  if (strcmp(c->device, "cuda") == 0) json_cuda(j, c);
   char *text = cJSON_Print(j);
   cJSON_Delete(j);
   if (text == NULL) return 1;
   printf("%s\n", text);
   free(text);
   return 0;
+}
+
+/* --device cuda[:N]: one GPU, no MPI. */
+static int calibrate_cuda(int device) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_status st = MP_OK;
+  mp_comm *comm = NULL;
+  mp_kctx kc = {&ctx, NULL, 0};
+  const mp_backend *be = NULL;
+  int be_up = 0;
+  mp_calib *cal = NULL;
+  mp_calib_options o;
+  mp_calib_options_init_cuda(&o, mp_args_has(&k_spec, "--quick"));
+  o.device = device;
+  long long reps = o.reps;
+  MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--reps", 1, &reps), st, out);
+  o.reps = (int)reps;
+  const char *gpu = mp_args_get(&k_spec, "--gpu");
+  if (gpu) snprintf(o.gpu_profile, sizeof o.gpu_profile, "%s", gpu);
+  const char *db = mp_args_get(&k_spec, "--db");
+  if (!db) db = "meshplan.db";
+  mp_launch launch;
+  mp_cmd_launch(&launch);
+  if (launch.world > 1) {
+    st = mp_error(&ctx, MP_ERR_USAGE, "meshplan calibrate: --device cuda measures one GPU; run it as one process "
+                  "(without mpirun), once per GPU type");
+    goto out;
+  }
+  /* The device and the profile before the database: a machine without a GPU gets one
+   * line, and no file is created. */
+  mp_calib_device dev;
+  mp_gpu prof;
+  MP_CHECK_GOTO(mp_calib_cuda_probe(&ctx, device, &dev), st, out);
+  MP_CHECK_GOTO(mp_calib_cuda_profile(&ctx, &dev, o.gpu_profile, &prof), st, out);
+  snprintf(o.gpu_profile, sizeof o.gpu_profile, "%s", gpu ? gpu : prof.name);
+  be = mp_cuda_backend();
+  if (be == NULL) {
+    st = mp_error(&ctx, MP_ERR_UNSUPPORTED, "this meshplan was built without CUDA; rebuild with the CUDA toolkit");
+    goto out;
+  }
+  MP_CHECK_GOTO(mp_calib_store_check(&ctx, db), st, out);
+  mp_mesh mesh;
+  mp_mesh_init(&mesh);
+  MP_CHECK_GOTO(mp_comm_create_single(&ctx, &mesh, &comm), st, out);
+  MP_CHECK_GOTO(be->init(&kc, device), st, out);
+  be_up = 1;
+  cal = malloc(sizeof *cal);
+  if (cal == NULL) {
+    st = mp_error(&ctx, MP_ERR_NOMEM, "calibrate: out of memory");
+    goto out;
+  }
+  fprintf(stderr, "calibrating %s against the %s datasheet: %d GEMM, %d attention, %d float8 points, %d reps\n",
+          dev.name, prof.name, o.n_gemm, 2 * o.n_attn, o.n_f8, o.reps);
+  MP_CHECK_GOTO(mp_calib_measure(&ctx, comm, be, &kc, &o, cal), st, out);
+  MP_CHECK_GOTO(mp_calib_store_save(&ctx, db, cal), st, out);
+  if (mp_args_has(&k_spec, "--json")) {
+    if (print_json(cal, db) != 0) st = mp_error(&ctx, MP_ERR_NOMEM, "calibrate: out of memory printing JSON");
+  } else {
+    print_table_cuda(cal, db);
+  }
+out:
+  if (be_up) be->shutdown(&kc);
+  mp_comm_destroy(comm);
+  free(cal);
+  if (st == MP_OK) return 0;
+  mp_cmd_fail(&ctx, st);
+  /* No device, a build without CUDA or an unusable database: fixed by the user, exit 2 */
+  return st == MP_ERR_DB || st == MP_ERR_UNSUPPORTED ? 2 : mp_status_exit_code(st);
 }
 
 int mp_cmd_calibrate(int argc, char **argv) {
@@ -156,12 +388,18 @@ int mp_cmd_calibrate(int argc, char **argv) {
   mp_calib cal;
 
   const char *device = mp_args_get(&k_spec, "--device");
+  if (device && strncmp(device, "cuda", 4) == 0) {
+    char *end = NULL;
+    long n = device[4] == ':' ? strtol(device + 5, &end, 10) : 0;
+    if (device[4] == '\0' || (device[4] == ':' && end != device + 5 && *end == '\0' && n >= 0 && n < 1024))
+      return calibrate_cuda((int)n);
+  }
   if (device && strcmp(device, "cpu") != 0) {
-    if (strcmp(device, "cuda") == 0)
-      st = mp_error(&ctx, MP_ERR_UNSUPPORTED, "calibrate --device cuda is not available in this build: it comes "
-                    "with the GPU runtime issue; use --device cpu");
-    else
-      st = mp_error(&ctx, MP_ERR_USAGE, "meshplan calibrate: --device %s: choose cpu or cuda", device);
+    st = mp_error(&ctx, MP_ERR_USAGE, "meshplan calibrate: --device %s: choose cpu, cuda or cuda:N", device);
+    goto out;
+  }
+  if (mp_args_has(&k_spec, "--gpu") || mp_args_has(&k_spec, "--quick")) {
+    st = mp_error(&ctx, MP_ERR_USAGE, "meshplan calibrate: --gpu and --quick are for --device cuda");
     goto out;
   }
   mp_calib_options o;

@@ -41,7 +41,8 @@ static mp_opt k_opts[] = {
     {"--micro-batch", "B", "sequences per micro-batch per data-parallel rank (default 1)", NULL},
     {"--global-batch", "G", "sequences per step over all data-parallel ranks (default one micro-batch each)", NULL},
     {"--stack", "PROFILE", "stack profile (data/stacks stem or path; default torchtitan-compile on GPUs, meshplan-cpu on the CPU)", NULL},
-    {"--calibration", "DB", "apply the newest cpu calibration in DB (meshplan calibrate) to the CPU profile", NULL},
+    {"--calibration", "DB", "apply the newest calibration in DB (meshplan calibrate): a cpu one to the CPU profile, "
+                            "a cuda one to the meshplan-cuda stack (then the default) on its GPU profile", NULL},
     {"--headroom", "F", "fraction of GPU memory kept free (default 0)", NULL},
     {"--trace", "PATH", "write the simulated timeline as Chrome trace JSON", NULL},
     {"--json", NULL, "print one JSON object", NULL},
@@ -148,6 +149,7 @@ int mp_cmd_simulate(int argc, char **argv) {
   mp_plan *plan = NULL;
   mp_arena *arena = NULL;
   mp_sim_trace *trace = NULL;
+  mp_calib *cal = NULL; /* --calibration's, applied to the cluster and the stack */
 
   const char *model = mp_args_get(&k_spec, "--model");
   MP_CHECK_GOTO(mp_model_load(&ctx, model ? model : "llama3.1-8b", &m), st, fail);
@@ -171,14 +173,20 @@ int mp_cmd_simulate(int argc, char **argv) {
     MP_CHECK_GOTO(mp_cluster_load(&ctx, cl ? cl : "h100-8", &c), st, fail);
   }
   int world = mp_cluster_n_gpus(&c);
-  /* --calibration: measured rates replace the CPU profile's before anything is simulated */
-  char calib_line[512] = "";
+  /* --calibration: measured rates replace the CPU profile's before anything is simulated;
+   * on a GPU profile, the newest cuda calibration (the stack takes it below) */
+  char calib_line[768] = "";
   const char *cal_db = mp_args_get(&k_spec, "--calibration");
+  mp_gemm_table gemm_table; /* the calibrated stack points here: lives to the end */
   if (cal_db) {
-    mp_calib cal;
-    MP_CHECK_GOTO(mp_calib_store_load(&ctx, cal_db, "cpu", &cal), st, fail);
-    MP_CHECK_GOTO(mp_calib_apply_checked(&ctx, &cal, NULL, &c), st, fail);
-    mp_calib_summary(&cal, calib_line, sizeof calib_line);
+    cal = malloc(sizeof *cal);
+    if (cal == NULL) {
+      st = mp_error(&ctx, MP_ERR_NOMEM, "out of memory loading a calibration");
+      goto fail;
+    }
+    MP_CHECK_GOTO(mp_calib_store_load(&ctx, cal_db, mp_gpu_is_cpu(&c.gpu) ? "cpu" : "cuda", cal), st, fail);
+    MP_CHECK_GOTO(mp_calib_apply_checked(&ctx, cal, NULL, &c), st, fail);
+    mp_calib_summary(cal, calib_line, sizeof calib_line);
   }
 
   /* mesh */
@@ -228,10 +236,14 @@ int mp_cmd_simulate(int argc, char **argv) {
 
   /* stack */
   const char *stack = mp_args_get(&k_spec, "--stack");
+  const int cuda_cal = cal && strcmp(cal->device, "cuda") == 0;
   if (stack)
     MP_CHECK_GOTO(mp_stack_load(&ctx, stack, &prof), st, fail);
+  else if (cuda_cal) /* what the calibration measured: meshplan's own CUDA kernels */
+    MP_CHECK_GOTO(mp_stack_load(&ctx, "meshplan-cuda", &prof), st, fail);
   else
     MP_CHECK_GOTO(mp_stack_default(&ctx, &c.gpu, &prof), st, fail);
+  if (cal) MP_CHECK_GOTO(mp_calib_apply_stack(&ctx, cal, &prof, &gemm_table), st, fail);
   mp_sim_config cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.cluster = &c;
@@ -269,11 +281,13 @@ int mp_cmd_simulate(int argc, char **argv) {
   mp_sim_trace_destroy(trace);
   mp_arena_destroy(arena);
   mp_plan_destroy(plan);
+  free(cal);
   return rc;
 
 fail:
   mp_sim_trace_destroy(trace);
   mp_arena_destroy(arena);
   mp_plan_destroy(plan);
+  free(cal);
   return mp_cmd_fail(&ctx, st);
 }

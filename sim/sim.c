@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sim/gemm_table.h"
 #include "sim/sim.h"
 #include "sim/sim_internal.h"
 #include "sim/stack.h"
@@ -445,6 +446,9 @@ double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_prof
                  (size + p->gemm_eff_half_mnk);
     if (fp8 && g->peak_tflops[op->dtype] <= 0) /* no fp8 units: runs as bf16 */
       eff = p->gemm_eff_max * size / (size + p->gemm_eff_half_mnk);
+    else if (p->gemm_table && !fp8 && op->batch <= 1) /* measured by shape: bf16 only */
+      eff *= mp_gemm_table_factor(p->gemm_table, op->variant, (double)op->m, (double)op->n,
+                                  (double)op->k);
     t_flops = eff > 0 ? op->flops / (peak_flops(g, op->dtype) * eff) : 0.0;
   } else if (op->kernel == MP_KERNEL_ATTENTION) {
     t_flops = op->flops / (peak_flops(g, MP_DTYPE_BF16) * p->attention_eff);

@@ -50,6 +50,10 @@ typedef struct mp_stack_profile {
    * tensor the schedule saves; torch.compile's min-cut partitioner recomputes cheap
    * element-wise outputs in backward instead of saving them). JSON key optional. */
   double saved_act_factor;
+  /* added: GEMM efficiency by shape (sim/gemm_table.h), a correction on the curve above
+   * from a `meshplan calibrate --device cuda` measurement; NULL (every loaded profile):
+   * the curve alone. Not owned: the table must outlive the profile's use. */
+  const struct mp_gemm_table *gemm_table;
 } mp_stack_profile;
 
 typedef struct mp_sim_config {
