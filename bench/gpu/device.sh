@@ -51,7 +51,7 @@ step_probe() {
   grep PRETTY /etc/os-release; ldd --version | head -n 1; nproc
   ls $cudalib | grep -E 'cudart|cublasLt|nccl|cudnn' | head -20
   echo "nccl dir: $nccldir; OpenMPI from the $mpi_from"
-  mpirun --version | head -n 1
+  mpirun --version | head -n 1; ls -la "$(command -v mpirun)"; ldconfig -p | grep -E 'libmpi\.so|libpmix' 
   env -u LD_LIBRARY_PATH python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version())'
   for b in mpirun bazel gnuplot sqlite3 nvcc; do printf '%s: %s\n' "$b" "$(command -v $b || echo none)"; done
   ldd "$mp" | grep -E 'not found' || echo "meshplan: all libraries found"
@@ -61,18 +61,21 @@ step_kernels() {
   local rc=0
   for t in "$kit"/bin/*_test; do
     echo "== $(basename "$t")"
-    timeout 300 "$t" --gtest_brief=1 || rc=1
+    timeout 120 "$t" --gtest_brief=1 || rc=1
   done
   return $rc
 }
 step_kbench() { timeout 300 "$kit/bin/kernels_bench"; }
-step_torch() { PYTHONUNBUFFERED=1 timeout 420 env -u LD_LIBRARY_PATH python3 bench/gpu/torch_llama.py --out "$out/torch.jsonl"; }
+step_torch() { PYTHONUNBUFFERED=1 timeout 300 env -u LD_LIBRARY_PATH python3 bench/gpu/torch_llama.py --out "$out/torch.jsonl"; }
 step_gputrain() { timeout 900 python3 tests/runtime/gpu_parity.py "$mp"; }
+step_gpusingle() { MP_GPU_PARITY_SINGLE_ONLY=1 timeout 900 python3 tests/runtime/gpu_parity.py "$mp"; }
 step_calib() { rm -f "$out/calib.db"; timeout 300 "$mp" calibrate --device cuda --db "$out/calib.db"; }
 step_bench() {
   local db=/tmp/bench.db
   rm -f $db; [ -f "$out/calib.db" ] && cp "$out/calib.db" $db
-  PYTHONUNBUFFERED=1 timeout 900 python3 bench/gpu/bench.py --meshplan "$mp" --db $db --out "$out/bench.md"
+  local reuse=()
+  [ -s "$out/torch.jsonl" ] && reuse=(--torch-json "$out/torch.jsonl") # the torch step ran in this call
+  PYTHONUNBUFFERED=1 timeout 900 python3 bench/gpu/bench.py --meshplan "$mp" --db $db --out "$out/bench.md" "${reuse[@]}"
 }
 step_mpi() {
   timeout 120 mpirun -np 2 "$mp" train --model tiny-dense --mesh dp_shard=2 --steps 3 --seq 64 --micro-batch 2

@@ -30,7 +30,9 @@ for t in $gpu_tests; do # //tests/x:y -> bazel-bin/tests/x/y
   p=${t#//}
   cp -L "bazel-bin/${p%%:*}/${p##*:}" "$out/bin/"
 done
-(cd data && find . -name "*.json" | cpio -pdm --quiet "$out/data")
+chmod u+w "$out"/bin/*
+strip --strip-debug "$out"/bin/* # the working tree that travels is capped at 64 MiB
+for f in $(cd data && find . -name "*.json"); do mkdir -p "$out/data/$(dirname "$f")"; cp "data/$f" "$out/data/$f"; done
 
 skip='^(linux-vdso|ld-linux|libstdc\+\+|libgcc_s|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libcuda\.so|libcudart|libcublas|libnccl|libcudnn|libnvidia)'
 mpi='^(libmpi|libopen-|libpmix|libhwloc|libevent|libmca_|liboshmem|libuc[mpst]|libfabric|libpsm|libibverbs|librdmacm|libefa|libnl-|libinfinipath|libnuma|libmunge|libudev)'
