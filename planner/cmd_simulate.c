@@ -232,6 +232,7 @@ int mp_cmd_simulate(int argc, char **argv) {
     MP_CHECK_GOTO(mp_stack_load(&ctx, stack, &prof), st, fail);
   else
     MP_CHECK_GOTO(mp_stack_default(&ctx, &c.gpu, &prof), st, fail);
+  mp_stack_plan_options(&prof, &o); /* the memory model (and dtypes) of the stack's runtime */
   mp_sim_config cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.cluster = &c;

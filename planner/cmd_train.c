@@ -104,11 +104,10 @@ static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, mp_pl
   mp_store *store = NULL;
   mp_planner_result res;
   memset(&res, 0, sizeof res);
+  /* the meshplan-cpu stack also sets the plans' memory model (the CPU runtime's fp32
+   * layout) and fp32 parameters (mp_stack_plan_options), so the predicted peak is the one
+   * the runtime's tracked allocator measures */
   mp_status st = mp_sim_evaluator_init(ctx, ev, m, &c, po->seq, po->global_batch, 0.05, "meshplan-cpu");
-  if (st == MP_OK) {
-    ev->base.master_dtype = MP_DTYPE_FP32;
-    ev->base.fsdp.param_dtype = MP_DTYPE_FP32; /* the CPU runtime gathers fp32 */
-  }
   mp_planner_request req;
   memset(&req, 0, sizeof req);
   mp_search_config_init(&req.search);

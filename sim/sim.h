@@ -50,6 +50,11 @@ typedef struct mp_stack_profile {
    * tensor the schedule saves; torch.compile's min-cut partitioner recomputes cheap
    * element-wise outputs in backward instead of saving them). JSON key optional. */
   double saved_act_factor;
+  /* added: whose memory layout the stack's runtime has (exec/plan.h, mp_mem_model); JSON
+   * key "memory_model", optional: "torchtitan" (the default) or "meshplan-cpu". The
+   * planner and `meshplan simulate` copy it into the plan options (mp_stack_plan_options)
+   * so the schedule's memory events describe that runtime. */
+  mp_mem_model mem_model;
 } mp_stack_profile;
 
 typedef struct mp_sim_config {
