@@ -56,8 +56,10 @@
  *
  * The op order is the model's, written out in runtime.c (FSDP units follow the plan's
  * units); exec/schedule.c's mp_schedule describes the same step for the simulator, but
- * the runtime does not yet walk it op by op, and its memory model (bf16 activations) does
- * not match this fp32 runtime yet (tests/runtime:schedule_gap prints both). */
+ * the runtime does not yet walk it op by op. Its memory model MP_MEM_MODEL_MESHPLAN_CPU
+ * repeats this runtime's allocations event for event (sizes, order, categories): change
+ * one, change the other (tests/runtime:schedule_memory_test and parity_matrix.py compare
+ * the predicted peak with the tracked allocator's, per plan). */
 #ifndef MP_EXEC_RUNTIME_RUNTIME_H
 #define MP_EXEC_RUNTIME_RUNTIME_H
 
