@@ -115,6 +115,10 @@ mp_status mp_runtime_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens, mp
 const mp_talloc *mp_runtime_allocator(const mp_runtime *rt);
 int64_t mp_runtime_local_batch(const mp_runtime *rt);
 int64_t mp_runtime_n_micro(const mp_runtime *rt);
+/* Under EP, the most expert-side rows this rank has received in one MoE layer of one
+ * micro-batch since creation (0 without EP): routing decides it, and the expert-side
+ * buffers are sized by it, so it explains the measured peak beside a prediction. */
+int64_t mp_runtime_ep_rows_max(const mp_runtime *rt);
 
 /* The rank's tile of parameter i (mp_param_tile) and its fp32 master values / gradient
  * (host copies written into dst, capacity numel of the tile). Returns the tile's numel. */
