@@ -155,6 +155,7 @@ void mp_plan_options_init(mp_plan_options *o) {
   o->micro_batch = 1;
   o->global_batch = 0; /* resolved by mp_plan_create */
   o->master_dtype = MP_DTYPE_FP32;
+  o->mem_model = MP_MEM_MODEL_TORCHTITAN;
 }
 
 /* Builds the module tree into `params` (capacity cap). Everything mp_plan_create sets but
@@ -550,7 +551,8 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->fp8 != b->fp8 || (opts->fp8 && opts->fp8_opts.all_gather != b->fp8_opts.all_gather) ||
       opts->fsdp.per_block != b->fsdp.per_block || opts->fsdp.param_dtype != b->fsdp.param_dtype ||
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
-      opts->pp_virtual != b->pp_virtual || seq != b->seq || opts->master_dtype != b->master_dtype)
+      opts->pp_virtual != b->pp_virtual || seq != b->seq || opts->master_dtype != b->master_dtype ||
+      opts->mem_model != b->mem_model)
     return mp_error(ctx, MP_ERR_INVALID,
                     "mp_plan_derive: options differ from the base plan's in more than "
                     "micro_batch, ac, reshard_after_forward and global_batch; build the plan "

@@ -145,6 +145,18 @@ typedef struct mp_fsdp_options {
 
 typedef enum mp_pp_schedule { MP_PP_1F1B = 0, MP_PP_INTERLEAVED, MP_PP_GPIPE } mp_pp_schedule;
 
+/* Whose memory the schedule's ALLOC/FREE events describe: a property of the runtime that
+ * executes the plan, named by its stack profile (sim/stack.h, key "memory_model"). It
+ * changes no parameter, unit or collective, only the memory events (and, where the
+ * runtime runs fewer ops, what it recomputes); exec/schedule.c documents both.
+ *   TORCHTITAN    PyTorch FSDP2 as torchtitan runs it: bf16 activations, the tensors
+ *                 autograd saves, one block of all-gather prefetch, a one-rank FSDP group
+ *                 still cast into a gathered buffer (the GPU stacks; the default)
+ *   MESHPLAN_CPU  exec/runtime/runtime.c on the CPU backend: fp32 tensors carved from one
+ *                 allocation per block (64-byte aligned), blocking MPI collectives (no
+ *                 prefetch), parameters of a one-rank FSDP group used in place */
+typedef enum mp_mem_model { MP_MEM_MODEL_TORCHTITAN = 0, MP_MEM_MODEL_MESHPLAN_CPU } mp_mem_model;
+
 /* What mp_build_plan needs besides the model and mesh. Defaults: mp_plan_options_init. */
 typedef struct mp_plan_options {
   mp_tp_options tp;
@@ -159,6 +171,7 @@ typedef struct mp_plan_options {
   int64_t global_batch;  /* sequences per step over all data-parallel ranks (0: one
                             micro-batch per data-parallel rank, set by mp_plan_create) */
   mp_dtype master_dtype; /* fp32 master weights and optimizer state */
+  mp_mem_model mem_model; /* whose memory layout the schedule describes (default TORCHTITAN) */
 } mp_plan_options;
 
 /* Pass bits, in the canonical order. */

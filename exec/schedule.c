@@ -97,7 +97,39 @@
  * Head and loss memory (LOGITS): bf16 logits [T, V_l] from the head GEMM, an fp32 copy for
  * the cross-entropy (log-softmax saved for backward); the bf16 logits are freed after the
  * loss's forward. Backward: fp32 gradient of the logits, then its bf16 cast for the head's
- * GEMMs; the saved fp32 is freed. V_l = V/tp with sharded logits, V after the all-gather. */
+ * GEMMs; the saved fp32 is freed. V_l = V/tp with sharded logits, V after the all-gather.
+ *
+ * Memory models (p->opts.mem_model, named by the stack profile): what the ALLOC/FREE events
+ * describe is the memory of the runtime that executes the plan. Everything above is
+ * MP_MEM_MODEL_TORCHTITAN (PyTorch FSDP2 under torchtitan; the GPU stacks, validated
+ * against published figures). MP_MEM_MODEL_MESHPLAN_CPU is exec/runtime/runtime.c on the
+ * CPU, event for event, so the replayed peak is the tracked allocator's peak (checked per
+ * plan by tests/runtime/parity_matrix.py and schedule_memory_test). Its differences:
+ *   - every tensor fp32; resident: the padded FSDP shards (FSDP2's equal chunks) x 4 (master,
+ *     gradient, AdamW m and v), plus RoPE cos/sin tables and 8 + n_params scalars (TEMP);
+ *   - per micro-batch: token ids (TEMP); x[0] (the stage input) and each block's output
+ *     x[l + 1] (ACTIVATIONS), x[l + 1] freed as block l's backward starts;
+ *   - a block: one carved allocation of its saved tensors (xn1 rstd1 q k v xmid xn2 rstd2,
+ *     then gate/up/hidden, or the router's, permutation and expert tensors, and the shared
+ *     expert's), one of the attention core (att, lse), each tensor 16-float aligned;
+ *     selective frees the core after forward and recomputes only it (from the saved q, k,
+ *     v), full frees both and refills them without the block's output projections;
+ *   - backward: one workspace per block (runtime.c's ws layout), dres and dxf from the head;
+ *     logits, losses, log-sum-exp (and the vocab-parallel reductions) in one LOGITS block
+ *     kept to the head's backward, with the fp32 gradient of the logits;
+ *   - FSDP: no prefetch (blocking MPI collectives): a block's units are gathered as it
+ *     starts; a one-rank group is used in place (no gathered or unsharded buffer); gathered
+ *     and unsharded-gradient buffers hold gsize x padded shard per parameter, 16-float
+ *     aligned; the reduce-scatter stages one padded shard, all of a block's units are
+ *     reduced after its whole backward, then resharded;
+ *   - float8: fake-quantized fp32 copies of input and weight (and output gradient in
+ *     backward) around each float8 GEMM (FP8);
+ *   - EP: the expert side (received rows, gate/up/hidden) is saved apart, the expert outputs
+ *     wait in a COMM buffer for the combine, backward has an expert-side workspace. Their
+ *     size is the rows a rank receives, which routing decides at run time; the model uses
+ *     the balanced count N x top_k (the mean over the EP group, exactly: every row sent
+ *     is received), so the busiest rank measures more (tests/runtime/parity_matrix.py
+ *     bounds the excess by the rows the run really received). */
 #include <math.h>
 #include <string.h>
 
@@ -138,6 +170,19 @@ enum {
   BUF_LOGITS_F32,
   BUF_DLOGITS_F32,
   BUF_DLOGITS,
+  /* the meshplan-cpu memory model's own buffers (runtime.c's names) */
+  BUF_RT_RESIDENT, /* RoPE tables and the reduction scalars (TEMP, resident) */
+  BUF_RT_TOKENS,   /* token ids and targets of the micro-batch (TEMP) */
+  BUF_RT_X,        /* residual stream: x[0] at layer -1, x[l + 1] at layer l */
+  BUF_RT_BLOCK,    /* a block's saved tensors, one carved allocation */
+  BUF_RT_CORE,     /* attention core: att, lse */
+  BUF_RT_EPA,      /* EP: expert-side rows and gate/up/hidden */
+  BUF_RT_EP_OUT,   /* EP: expert outputs before the combine (COMM) */
+  BUF_RT_EP_WS,    /* EP: expert-side backward workspace (TEMP) */
+  BUF_RT_SHARED,   /* shared expert's partial output before its all-reduce (TEMP) */
+  BUF_RT_HEAD,     /* xf, rstdf */
+  BUF_RT_DRES,     /* residual-stream gradient (TEMP) */
+  BUF_RT_DXF,      /* final norm's input gradient (TEMP) */
 };
 
 enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };
@@ -151,6 +196,10 @@ typedef struct unit_info {
   int gsize;           /* FSDP group size */
   uint8_t group;
   uint8_t gather_dtype;
+  /* meshplan-cpu: the runtime's gathered buffer (also the unsharded gradients' size), in
+   * fp32 elements: per parameter a gsize x padded-shard slot, 16-float aligned; and the
+   * largest padded shard (its reduce-scatter staging buffer). 0 for a one-rank group. */
+  int64_t rt_gather_numel, rt_max_pad;
 } unit_info;
 
 /* Per-kind local shapes and flags, read from the plan's parameters. */
@@ -198,6 +247,13 @@ typedef struct gen {
   int32_t root_unit;       /* -1 when this stage holds no root parameter */
   int reshard;
   mp_dtype pdt, rdt;
+  /* memory model (p->opts.mem_model; see the file comment) */
+  int cpu;                 /* MP_MEM_MODEL_MESHPLAN_CPU */
+  int prefetch;            /* FSDP gathers one block ahead (torchtitan), or at use (cpu) */
+  struct rt_sizes {        /* meshplan-cpu buffer sizes in bytes, from runtime.c's layout */
+    int64_t resident, tok, x, block[2], core, ws[2], head, logits, dlogits, nc;
+    int64_t epa, ep_out, ep_ws; /* EP, balanced routing: N x top_k rows per rank */
+  } rs;
 } gen;
 
 /* ---- emission primitives ---------------------------------------------------------- */
@@ -369,6 +425,10 @@ static void cast(gen *g, int module, int64_t elems, mp_variant v) {
           5.0 * (double)elems, MP_DTYPE_BF16);
 }
 
+/* runtime.c's carving: every tensor of a carved allocation starts on a 16-float (64-byte)
+ * boundary. */
+static int64_t a16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
 /* y[T, out] = x[T, in] W^T (batch > 1: grouped expert GEMMs, m tokens per expert). */
 static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, int64_t batch) {
   const int f8 = g->sh.fp8[module];
@@ -380,7 +440,9 @@ static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, in
   const int64_t w = out * in * batch, x = mi * in;
   if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_FWD);
   cast(g, module, x, MP_VAR_FWD);
-  const int64_t fb = (g->sh.fp8_ag ? 0 : w) + x;
+  /* meshplan-cpu emulates float8 in fp32: one buffer of the quantized input (aligned) and
+   * weight; it never all-gathers float8 */
+  const int64_t fb = g->cpu ? (a16(x) + w) * 4 : (g->sh.fp8_ag ? 0 : w) + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
   gemm(g, MP_VAR_FWD, module, m, out, in, batch, MP_DTYPE_FP8_E4M3);
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 0);
@@ -398,7 +460,7 @@ static void linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, in
   cast(g, module, dy, MP_VAR_BWD);
   if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_BWD);
   cast(g, module, x, MP_VAR_BWD);
-  const int64_t fb = dy + (g->sh.fp8_ag ? 0 : w) + x;
+  const int64_t fb = g->cpu ? (a16(dy) + a16(x) + w) * 4 : dy + (g->sh.fp8_ag ? 0 : w) + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
   gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_FP8_E5M2);
   /* WGRAD's FLOPs with the exact token count: dW[out, in] = dy^T x, k = m x batch tokens
@@ -491,6 +553,14 @@ static double attn_fwd_flops(const shapes *sh) {
   return 2.0 * (double)sh->T * (double)sh->seq * (double)sh->nh * (double)sh->hd;
 }
 
+static void attention_core_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T;
+  compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq, sh->hd, sh->nh, attn_fwd_flops(sh),
+          2.0 * (double)(T * (2 * sh->q + 2 * sh->kv)) + 4.0 * (double)(T * sh->nh),
+          MP_DTYPE_BF16);
+}
+
 static void attention_fwd(gen *g, const part_deps *pd) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->T, H = sh->H;
@@ -507,9 +577,7 @@ static void attention_fwd(gen *g, const part_deps *pd) {
     const int64_t e = T * (sh->q + sh->kv);
     elementwise(g, MP_KERNEL_ROPE, MP_VAR_FWD, -1, e, FLOPS_ROPE, 4.0 * (double)e);
   }
-  compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq, sh->hd, sh->nh, attn_fwd_flops(sh),
-          2.0 * (double)(T * (2 * sh->q + 2 * sh->kv)) + 4.0 * (double)(T * sh->nh),
-          MP_DTYPE_BF16);
+  attention_core_fwd(g);
 }
 
 static void attention_out_fwd(gen *g) {
@@ -529,6 +597,10 @@ static void swiglu(gen *g, mp_variant v, int module, int64_t elems) {
 static void mlp_fwd(gen *g, int kind, const part_deps *pd) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->T, H = sh->H;
+  /* meshplan-cpu's full-AC recompute refills the block's saved tensors and stops there: no
+   * down projection, unpermute or shared-expert output (runtime.c, block_forward without
+   * x_out) */
+  const int out = !(g->cpu && g->phase == MP_PHASE_RECOMPUTE);
   attach(g, pd, PART_MOE);
   norm_fwd(g, MP_MOD_FFN_NORM, T, H);
   if (kind == KIND_DENSE) {
@@ -541,6 +613,7 @@ static void mlp_fwd(gen *g, int kind, const part_deps *pd) {
       linear_fwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
       swiglu(g, MP_VAR_FWD, MP_MOD_GATE, T * sh->f);
     }
+    if (!out) return;
     linear_fwd(g, MP_MOD_DOWN, (double)T, H, sh->f, 1);
     tp_allreduce(g, sh->ar_down, MP_MOD_DOWN);
   } else {
@@ -550,23 +623,34 @@ static void mlp_fwd(gen *g, int kind, const part_deps *pd) {
                 6.0 * (double)(T * sh->E) + 12.0 * (double)Tk);
     elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_FWD, -1, Tk * H, 0.0,
                 2.0 * (double)(T * H) + 2.0 * (double)(Tk * H));
+    /* meshplan-cpu under EP: the expert side (sized by the rows received) is saved for
+     * backward; the expert outputs wait in a COMM buffer for the combine */
+    const int ep_mem = g->cpu && sh->ep > 1;
+    if (ep_mem) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_EPA, g->rs.epa, 1);
     ep_alltoall(g, MP_MOD_EXPERTS_GATE);
+    if (ep_mem) pair(g, MP_MEM_COMM, BUF_RT_EP_OUT, g->rs.ep_out, 1);
     attach(g, pd, PART_EXPERTS);
     linear_fwd(g, MP_MOD_EXPERTS_GATE, sh->m_exp, sh->fe, H, sh->E_l);
     linear_fwd(g, MP_MOD_EXPERTS_UP, sh->m_exp, sh->fe, H, sh->E_l);
     swiglu(g, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
     linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->m_exp, H, sh->fe, sh->E_l);
     ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
-    elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_FWD, -1, Tk * H, 2.0,
-                2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
+    if (ep_mem) pair(g, MP_MEM_COMM, BUF_RT_EP_OUT, g->rs.ep_out, 0);
+    if (out)
+      elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_FWD, -1, Tk * H, 2.0,
+                  2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
     if (sh->has_shared) {
       linear_fwd(g, MP_MOD_SHARED_GATE, (double)T, sh->fs, H, 1);
       linear_fwd(g, MP_MOD_SHARED_UP, (double)T, sh->fs, H, 1);
       swiglu(g, MP_VAR_FWD, MP_MOD_SHARED_GATE, T * sh->fs);
+      if (!out) return;
+      if (g->cpu) pair(g, MP_MEM_TEMP, BUF_RT_SHARED, g->rs.nc, 1);
       linear_fwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->fs, 1);
       tp_allreduce(g, sh->ar_sdown, MP_MOD_SHARED_DOWN);
       residual(g, MP_VAR_FWD, T * H); /* routed + shared */
+      if (g->cpu) pair(g, MP_MEM_TEMP, BUF_RT_SHARED, g->rs.nc, 0);
     }
+    if (!out) return;
   }
   residual(g, MP_VAR_FWD, T * H);
 }
@@ -598,6 +682,8 @@ static void mlp_bwd(gen *g, int kind, const part_deps *pd) {
     }
     elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_BWD, -1, Tk * H, 2.0,
                 2.0 * (double)(T * H) + 4.0 * (double)(Tk * H));
+    const int ep_mem = g->cpu && sh->ep > 1; /* the expert side's gradients, as in forward */
+    if (ep_mem) pair(g, MP_MEM_TEMP, BUF_RT_EP_WS, g->rs.ep_ws, 1);
     ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
     const int32_t first = g->n_ops;
     attach(g, pd, PART_EXPERTS);
@@ -607,6 +693,7 @@ static void mlp_bwd(gen *g, int kind, const part_deps *pd) {
     linear_bwd(g, MP_MOD_EXPERTS_UP, sh->m_exp, sh->fe, H, sh->E_l);
     if (!g->nomem) fix_wgrad_flops(g, first, sh->m_exp);
     ep_alltoall(g, MP_MOD_EXPERTS_GATE);
+    if (ep_mem) pair(g, MP_MEM_TEMP, BUF_RT_EP_WS, g->rs.ep_ws, 0);
     elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_BWD, -1, Tk * H, 1.0,
                 2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
     elementwise(g, MP_KERNEL_ROUTER, MP_VAR_BWD, MP_MOD_ROUTER, T * sh->E, FLOPS_ROUTER,
@@ -654,7 +741,9 @@ static void gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t gi
     const int32_t u = unit0 + k;
     const unit_info *ui = &g->ui[u];
     if (ui->numel_tp == 0) continue;
-    const int64_t gb = (int64_t)ui->gather_bytes;
+    /* meshplan-cpu uses a one-rank group's parameters in place: nothing to gather */
+    if (g->cpu && ui->gsize <= 1) continue;
+    const int64_t gb = g->cpu ? ui->rt_gather_numel * 4 : (int64_t)ui->gather_bytes;
     mem(g, MP_OP_ALLOC, MP_MEM_GATHERED, BUF_GATHERED, gb, layer, u, MP_STREAM_GATHER);
     int32_t i;
     if (ui->gsize > 1) {
@@ -680,7 +769,9 @@ static void free_units(gen *g, int32_t layer, int32_t unit0, int n, int part_lo,
   for (int k = part_lo; k < n && k <= part_hi; k++) {
     const int32_t u = unit0 + k;
     if (g->ui[u].numel_tp == 0) continue;
-    mem(g, MP_OP_FREE, MP_MEM_GATHERED, BUF_GATHERED, (int64_t)g->ui[u].gather_bytes, layer, u,
+    if (g->cpu && g->ui[u].gsize <= 1) continue;
+    mem(g, MP_OP_FREE, MP_MEM_GATHERED, BUF_GATHERED,
+        g->cpu ? g->ui[u].rt_gather_numel * 4 : (int64_t)g->ui[u].gather_bytes, layer, u,
         MP_STREAM_COMPUTE);
   }
 }
@@ -689,7 +780,10 @@ static void grads_alloc(gen *g, int32_t layer, int32_t unit0, int n) {
   if (!g->has_fsdp) return;
   for (int k = 0; k < n; k++) {
     const int32_t u = unit0 + k;
-    const int64_t b = g->ui[u].numel_tp * mp_dtype_bytes(g->pdt);
+    /* meshplan-cpu: gradients accumulate into the unit's slots (the gathered layout);
+     * a one-rank group accumulates into its resident gradients */
+    const int64_t b = g->cpu ? (g->ui[u].gsize > 1 ? g->ui[u].rt_gather_numel * 4 : 0)
+                             : g->ui[u].numel_tp * mp_dtype_bytes(g->pdt);
     if (b > 0) mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, b, layer, u, MP_STREAM_COMPUTE);
   }
 }
@@ -718,8 +812,14 @@ static void reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, in
     }
     const int64_t gb = ui->numel_tp * mp_dtype_bytes(g->pdt);
     const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->rdt);
-    mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_COMPUTE);
-    mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, gb, layer, u, MP_STREAM_COMPUTE);
+    /* meshplan-cpu reduce-scatters parameter by parameter in place from the unsharded
+     * buffer into one staging shard (the largest padded shard), freed before the buffer */
+    const int cpu_mem = g->cpu && ui->gsize > 1;
+    const int64_t sb = cpu_mem ? ui->rt_max_pad * 4 : rb;
+    if (!g->cpu || cpu_mem)
+      mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, sb, layer, u, MP_STREAM_COMPUTE);
+    if (!g->cpu)
+      mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, gb, layer, u, MP_STREAM_COMPUTE);
     int32_t last = -1;
     if (ui->gsize > 1) {
       last = comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, MP_STREAM_REDUCE, (double)rb,
@@ -740,8 +840,12 @@ static void reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, in
       add_dep(g, i, last >= 0 ? last : after, 0);
       last = i;
     }
-    int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
+    if (g->cpu && !cpu_mem) continue;
+    int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, sb, layer, u, MP_STREAM_REDUCE);
     add_dep(g, f, last >= 0 ? last : after, 0);
+    if (cpu_mem)
+      mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, ui->rt_gather_numel * 4, layer, u,
+          MP_STREAM_REDUCE);
   }
 }
 
@@ -774,7 +878,8 @@ static int same_block(const gen *g, int32_t a, int32_t b, const stage_info *st) 
     for (int k = 0; k < g->n_units[la]; k++) {
       const unit_info *x = &g->ui[g->first_unit[la] + k], *y = &g->ui[g->first_unit[lb] + k];
       if (x->numel_tp != y->numel_tp || x->numel_shard != y->numel_shard ||
-          x->gather_bytes != y->gather_bytes || x->group != y->group)
+          x->gather_bytes != y->gather_bytes || x->group != y->group ||
+          x->rt_gather_numel != y->rt_gather_numel || x->rt_max_pad != y->rt_max_pad)
         return 0;
     }
   }
@@ -795,29 +900,46 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   const int32_t u0 = g->first_unit[l];
   seg_open(g, MP_PHASE_FORWARD, l, 1);
   const int32_t prev_last = g->last_c;
-  /* prefetch the next block's units */
+  /* prefetch the next block's units, or (no prefetch) gather this block's own */
   int32_t patch[N_PARTS], n_patch = 0;
-  int32_t next_g[N_PARTS] = {-1, -1, -1};
-  if (kind_of(g, l + 1, st) != KIND_NONE)
+  int32_t next_g[N_PARTS] = {-1, -1, -1}, own_g[N_PARTS] = {-1, -1, -1};
+  if (g->prefetch && kind_of(g, l + 1, st) != KIND_NONE)
     gather_units(g, l + 1, g->first_unit[l + 1], g->n_units[l + 1], next_g, prev_last, patch,
                  &n_patch);
+  if (!g->prefetch) gather_units(g, l, u0, nu, own_g, prev_last, patch, &n_patch);
   part_deps pd;
   for (int k = 0; k < N_PARTS; k++) {
     /* part k's unit: a single-unit block has everything in its unit 0 */
     const int src = nu == 1 ? (k == 0 ? 0 : -1) : k;
-    pd.dep[k][0] = src >= 0 ? c->gather[src] : -1;
+    pd.dep[k][0] = src >= 0 ? (g->prefetch ? c->gather[src] : own_g[src]) : -1;
     pd.flags[k][0] = 0;
-    pd.dep[k][1] = src >= 0 && repeat > 1 ? next_g[src] : -1;
+    pd.dep[k][1] = g->prefetch && src >= 0 && repeat > 1 ? next_g[src] : -1;
     pd.flags[k][1] = MP_DEP_PREV_REP;
   }
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_X, act_x(sh), 1);
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_ATTN, act_attn(sh), 1);
-  attention_fwd(g, &pd);
-  attention_out_fwd(g);
-  if (o->ac != MP_AC_NONE) pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_ATTN, act_attn(sh), 0);
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MLP, act_mlp(sh, kind), 1);
-  mlp_fwd(g, kind, &pd);
-  if (o->ac == MP_AC_FULL) pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MLP, act_mlp(sh, kind), 0);
+  if (g->cpu) {
+    /* runtime.c: the block's saved tensors, its attention core, its output x[l + 1] */
+    pair(g, MP_MEM_ACTIVATIONS, BUF_RT_BLOCK, g->rs.block[kind], 1);
+    pair(g, MP_MEM_ACTIVATIONS, BUF_RT_CORE, g->rs.core, 1);
+    pair(g, MP_MEM_ACTIVATIONS, BUF_RT_X, g->rs.x, 1);
+    attention_fwd(g, &pd);
+    attention_out_fwd(g);
+    mlp_fwd(g, kind, &pd);
+    /* full AC keeps only x[l]; selective drops the attention core */
+    if (o->ac != MP_AC_NONE) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_CORE, g->rs.core, 0);
+    if (o->ac == MP_AC_FULL) {
+      pair(g, MP_MEM_ACTIVATIONS, BUF_RT_BLOCK, g->rs.block[kind], 0);
+      if (kind == KIND_MOE && sh->ep > 1) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_EPA, g->rs.epa, 0);
+    }
+  } else {
+    pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_X, act_x(sh), 1);
+    pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_ATTN, act_attn(sh), 1);
+    attention_fwd(g, &pd);
+    attention_out_fwd(g);
+    if (o->ac != MP_AC_NONE) pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_ATTN, act_attn(sh), 0);
+    pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MLP, act_mlp(sh, kind), 1);
+    mlp_fwd(g, kind, &pd);
+    if (o->ac == MP_AC_FULL) pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MLP, act_mlp(sh, kind), 0);
+  }
   if (g->reshard) free_units(g, l, u0, nu, 0, N_PARTS - 1);
   /* the segment's last compute-stream op: what the next segment's gathers wait for */
   const int32_t block_last = g->last_c;
@@ -825,6 +947,37 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   for (int i = 0; i < n_patch; i++) add_dep(g, patch[i], block_last, MP_DEP_PREV_REP);
   seg_close(g, MP_PHASE_FORWARD, repeat, 1, nu);
   for (int k = 0; k < N_PARTS; k++) c->gather[k] = next_g[k];
+}
+
+/* A block's backward as meshplan-cpu runs it (runtime.c, the backward loop): recompute
+ * (full: the block's saved tensors; selective: only the attention core, from the saved
+ * q, k, v), the workspace, MLP then attention backward, then the block's buffers go. */
+static void block_bwd_cpu(gen *g, int kind, const part_deps *pd) {
+  const mp_ac_mode ac = g->p->opts.ac;
+  if (ac == MP_AC_FULL) {
+    g->phase = MP_PHASE_RECOMPUTE;
+    pair(g, MP_MEM_ACTIVATIONS, BUF_RT_BLOCK, g->rs.block[kind], 1);
+    pair(g, MP_MEM_ACTIVATIONS, BUF_RT_CORE, g->rs.core, 1);
+    attention_fwd(g, pd);
+    attention_out_fwd(g);
+    mlp_fwd(g, kind, pd);
+    g->phase = MP_PHASE_BACKWARD;
+  } else {
+    attach(g, pd, PART_ATTN); /* the first op waits for the gathered attention part */
+    if (ac == MP_AC_SELECTIVE) {
+      g->phase = MP_PHASE_RECOMPUTE;
+      pair(g, MP_MEM_ACTIVATIONS, BUF_RT_CORE, g->rs.core, 1);
+      attention_core_fwd(g);
+      g->phase = MP_PHASE_BACKWARD;
+    }
+  }
+  pair(g, MP_MEM_TEMP, BUF_BWD_WS, g->rs.ws[kind], 1);
+  mlp_bwd(g, kind, ac == MP_AC_FULL ? NULL : pd);
+  attention_bwd(g, NULL);
+  pair(g, MP_MEM_TEMP, BUF_BWD_WS, g->rs.ws[kind], 0);
+  pair(g, MP_MEM_ACTIVATIONS, BUF_RT_CORE, g->rs.core, 0);
+  pair(g, MP_MEM_ACTIVATIONS, BUF_RT_BLOCK, g->rs.block[kind], 0);
+  if (kind == KIND_MOE && g->sh.ep > 1) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_EPA, g->rs.epa, 0);
 }
 
 static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t repeat,
@@ -836,22 +989,36 @@ static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   const int32_t u0 = g->first_unit[l];
   seg_open(g, MP_PHASE_BACKWARD, l, -1);
   const int32_t prev_last = g->last_c;
+  /* meshplan-cpu: x[l + 1] goes as the block above (or the head) finishes its backward */
+  if (g->cpu) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_X, g->rs.x, 0);
   int32_t patch[N_PARTS], n_patch = 0;
-  int32_t next_g[N_PARTS] = {-1, -1, -1};
-  if (g->reshard && kind_of(g, l - 1, st) != KIND_NONE)
+  int32_t next_g[N_PARTS] = {-1, -1, -1}, own_g[N_PARTS] = {-1, -1, -1};
+  if (g->prefetch && g->reshard && kind_of(g, l - 1, st) != KIND_NONE)
     gather_units(g, l - 1, g->first_unit[l - 1], g->n_units[l - 1], next_g, prev_last, patch,
                  &n_patch);
+  if (!g->prefetch && g->reshard) gather_units(g, l, u0, nu, own_g, prev_last, patch, &n_patch);
   /* resharded: each part's first use waits for its gather, issued by the block above
-   * (the previous segment, or the previous repetition of this one) */
+   * (the previous segment, or the previous repetition of this one), or by this block
+   * without prefetch */
   part_deps pd;
   for (int k = 0; k < N_PARTS; k++) {
     const int src = nu == 1 ? (k == 0 ? 0 : -1) : k;
-    pd.dep[k][0] = g->reshard && src >= 0 ? c->gather[src] : -1;
+    pd.dep[k][0] = g->reshard && src >= 0 ? (g->prefetch ? c->gather[src] : own_g[src]) : -1;
     pd.flags[k][0] = 0;
-    pd.dep[k][1] = g->reshard && src >= 0 && repeat > 1 ? next_g[src] : -1;
+    pd.dep[k][1] = g->prefetch && g->reshard && src >= 0 && repeat > 1 ? next_g[src] : -1;
     pd.flags[k][1] = MP_DEP_PREV_REP;
   }
   grads_alloc(g, l, u0, nu);
+  if (g->cpu) {
+    block_bwd_cpu(g, kind, &pd);
+    reduce_units(g, l, u0, nu, 0, N_PARTS - 1);
+    free_units(g, l, u0, nu, 0, N_PARTS - 1);
+    const int32_t last = g->last_c;
+    for (int i = 0; i < n_patch; i++) add_dep(g, patch[i], last, MP_DEP_PREV_REP);
+    seg_close(g, MP_PHASE_BACKWARD, repeat, -1, -nu);
+    for (int k = 0; k < N_PARTS; k++) c->gather[k] = next_g[k];
+    return;
+  }
   pair(g, MP_MEM_TEMP, BUF_BWD_WS, bwd_workspace(sh, kind), 1);
   if (ac == MP_AC_FULL) {
     g->phase = MP_PHASE_RECOMPUTE;
@@ -919,21 +1086,44 @@ static int64_t head_act_bytes(const shapes *sh) {
 static void head_fwd(gen *g) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->T, H = sh->H;
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 1);
+  /* meshplan-cpu: xf and rstdf in one block; one LOGITS block of the fp32 logits, the
+   * per-token losses and log-sum-exp (and the vocab-parallel reductions), kept for the
+   * backward */
+  if (g->cpu) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_HEAD, g->rs.head, 1);
+  else pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 1);
   norm_fwd(g, MP_MOD_FINAL_NORM, T, H);
-  pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * sh->V_loss, 1);
+  pair(g, MP_MEM_LOGITS, BUF_LOGITS, g->cpu ? g->rs.logits : 2 * T * sh->V_loss, 1);
   linear_fwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
   if (sh->logits_gather)
     comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, 2.0 * (double)(T * sh->V_loss),
          MP_DTYPE_BF16, head_module(sh));
-  pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * T * sh->V_loss, 1);
+  if (!g->cpu) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * T * sh->V_loss, 1);
   elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), T * sh->V_loss, FLOPS_LOSS,
               10.0 * (double)(T * sh->V_loss));
   if (sh->loss_parallel)
     for (int i = 0; i < 3; i++)
       comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)T, MP_DTYPE_FP32,
            head_module(sh));
-  pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * sh->V_loss, 0);
+  if (!g->cpu) pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * sh->V_loss, 0);
+}
+
+/* meshplan-cpu's head backward (runtime.c): dlogits (fp32), the residual-stream gradient
+ * dres (kept through the blocks' backward) and dxf; the logits go after the head's GEMMs. */
+static void head_bwd_cpu(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T, H = sh->H;
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, g->rs.dlogits, 1);
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_BWD, head_module(sh), T * sh->V_loss, 2.0,
+              8.0 * (double)(T * sh->V_loss));
+  pair(g, MP_MEM_TEMP, BUF_RT_DRES, g->rs.nc, 1);
+  pair(g, MP_MEM_TEMP, BUF_RT_DXF, g->rs.nc, 1);
+  linear_bwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
+  tp_allreduce(g, sh->ar_head_in, head_module(sh));
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, g->rs.dlogits, 0);
+  pair(g, MP_MEM_LOGITS, BUF_LOGITS, g->rs.logits, 0);
+  norm_bwd(g, MP_MOD_FINAL_NORM, T, H);
+  pair(g, MP_MEM_TEMP, BUF_RT_DXF, g->rs.nc, 0);
+  pair(g, MP_MEM_ACTIVATIONS, BUF_RT_HEAD, g->rs.head, 0);
 }
 
 static void head_bwd(gen *g) {
@@ -962,6 +1152,52 @@ static void shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch) 
   sh->seq = p->opts.seq;
   sh->T = micro_batch * p->opts.seq / cp;
   sh->m_exp = sh->E > 0 ? (double)sh->T * (double)sh->topk * (double)sh->ep / (double)sh->E : 0.0;
+}
+
+/* meshplan-cpu's buffer sizes for one micro-batch (bytes), as exec/runtime/runtime.c's
+ * layout() carves them: fp32 tensors, each 16-float aligned inside its allocation.
+ * N = T tokens, C = H, heads and d_ff tp-local, experts' d_ff whole (experts are not split
+ * over tp), K = top_k. Under EP the expert side is sized by the rows a rank receives,
+ * which routing decides at run time: the balanced count N x K is used (each rank sends
+ * N x K rows; with uniform routing it receives as many). */
+static void rt_sizes_fill(gen *g, int64_t micro_batch) {
+  const shapes *sh = &g->sh;
+  struct rt_sizes *r = &g->rs;
+  const int64_t N = sh->T, C = sh->H, QD = sh->q, KD = sh->kv, F = sh->f, E = sh->E,
+                NK = sh->T * sh->topk, Fe = sh->fe, Fs = sh->has_shared ? sh->fs : 0;
+  const int ep = sh->ep > 1;
+  memset(r, 0, sizeof *r);
+  /* RoPE cos and sin; scalars: 8 float8 amax/scale slots and one sum of squares per
+   * parameter tensor (runtime.c's rt->scalar) */
+  r->resident = 2 * sh->seq * (sh->hd / 2) * 4 + (8 + (int64_t)g->p->n_params) * 4;
+  r->tok = 2 * N * 4;
+  r->nc = N * C * 4;
+  r->x = r->nc;
+  /* saved: xn1 rstd1 q k v xmid xn2 rstd2, then the MLP's */
+  const int64_t attn = 3 * a16(N * C) + 2 * a16(N) + a16(N * QD) + 2 * a16(N * KD);
+  r->block[KIND_DENSE] = (attn + 3 * a16(N * F)) * 4;
+  /* rl probs (N,E), top-k idx and weights, f, aux, perm, inv, counts, xp, [eg eu eh], ey,
+   * [shared gate up hidden] */
+  r->block[KIND_MOE] = (attn + 2 * a16(N * E) + 4 * a16(NK) + 2 * a16(E) + a16(1) +
+                        2 * a16(NK * C) + (ep ? 0 : 3 * a16(NK * Fe)) + 3 * a16(N * Fs)) *
+                       4;
+  r->core = (a16(N * QD) + a16(micro_batch * sh->nh * sh->seq)) * 4; /* att, lse */
+  /* workspace: dxn datt dq dk dv dqp dkp, then the MLP's */
+  const int64_t wattn = a16(N * C) + 3 * a16(N * QD) + 3 * a16(N * KD);
+  r->ws[KIND_DENSE] = (wattn + 3 * a16(N * F)) * 4;
+  r->ws[KIND_MOE] = (wattn + 2 * a16(N * E) + a16(NK) + 2 * a16(NK * C) +
+                     (ep ? 0 : 3 * a16(NK * Fe)) + 3 * a16(N * Fs)) *
+                    4;
+  r->head = (a16(N * C) + a16(N)) * 4; /* xf, rstdf */
+  /* logits, losses, lse, mean (16), and under tp the max, sum-exp and target logit */
+  r->logits = (a16(N * sh->V_l) + 2 * a16(N) + 16 + (sh->tp > 1 ? 3 * a16(N) : 0)) * 4;
+  r->dlogits = N * sh->V_l * 4;
+  if (ep) {
+    const int64_t R = NK;
+    r->epa = (a16(R * C) + 3 * a16(R * Fe)) * 4;         /* xr, eg eu eh */
+    r->ep_out = (R > 0 ? R : 1) * C * 4;                  /* expert outputs */
+    r->ep_ws = (2 * a16(R * C) + 3 * a16(R * Fe) + 16) * 4; /* dey dxr, deh deg deu */
+  }
 }
 
 /* Everything else: from the model and the plan's parameters (mp_schedule_prep keeps it). */
@@ -1027,7 +1263,8 @@ static void read_shapes(gen *g) {
 /* Units as this rank's stage sees them, and the rank's elements at rest (the same sums as
  * mp_plan_rank_totals, which is too slow for the planner's loop: it asks the mesh per
  * parameter; here the group sizes and indices are asked once per group kind). */
-static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel) {
+static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
+                            int64_t *params_numel_pad) {
   const mp_plan *p = g->p;
   const int L = (int)p->model.n_layers;
   g->has_fsdp = (p->applied & MP_PASS_FSDP) && p->n_units > 0;
@@ -1043,6 +1280,7 @@ static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel) 
   for (int l = 0; l < L; l++) g->first_unit[l] = -1;
   g->root_unit = -1;
   *params_numel = 0;
+  *params_numel_pad = 0;
   for (int i = 0; i < p->n_params; i++) {
     const mp_param *prm = &p->params[i];
     if (prm->pp_stage != stage) continue;
@@ -1072,6 +1310,15 @@ static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel) 
     *params_numel += local;
     ui->numel_tp += n;
     ui->numel_shard += rows > 0 ? (rows + gs - 1) / gs * (n / rows) : 0;
+    /* meshplan-cpu (runtime.c, materialization): a sharded parameter keeps the padded
+     * chunk on every rank of its group (FSDP2's equal shards), whatever its own tile;
+     * the gathered buffer holds gs such chunks per parameter, each slot 16-float aligned */
+    const int64_t pad = gs > 1 && rows > 0 ? (rows + gs - 1) / gs * (n / rows) : local;
+    *params_numel_pad += pad;
+    if (gs > 1) {
+      ui->rt_gather_numel += a16(gs * pad);
+      if (pad > ui->rt_max_pad) ui->rt_max_pad = pad;
+    }
     const int f8 = g->sh.fp8_ag && prm->float8;
     ui->gather_bytes += (double)n * (f8 ? 1 : pb);
     ui->gsize = gs;
@@ -1130,6 +1377,7 @@ struct mp_schedule_prep {
   int8_t *n_units;
   int32_t root_unit;
   int64_t params_numel;
+  int64_t params_numel_pad; /* meshplan-cpu: FSDP shards padded to the group's chunk */
   int32_t *run_len;
   double flops_per_token;
 };
@@ -1145,6 +1393,9 @@ static mp_status check_plan_rank(mp_ctx *ctx, const mp_plan *p, int rank) {
                     "its parameter shard; apply FSDP (mp_apply_fsdp) before building the "
                     "schedule",
                     mesh->size[MP_DIM_DP_SHARD]);
+  if ((unsigned)p->opts.mem_model > MP_MEM_MODEL_MESHPLAN_CPU)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown memory model %d; choose torchtitan or "
+                    "meshplan-cpu", (int)p->opts.mem_model);
   if ((p->applied & MP_PASS_TP) == 0 && mesh->size[MP_DIM_TP] > 1)
     return mp_error(ctx, MP_ERR_ORDER,
                     "the mesh has tp=%d but TP was not applied; apply the passes in order "
@@ -1180,8 +1431,8 @@ static mp_status prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_
   stage_info st = {stage * lps, (stage + 1) * lps < L ? (stage + 1) * lps : L, stage == 0,
                    stage == pp - 1};
   read_shapes(&g);
-  int64_t params_numel = 0;
-  MP_CHECK(read_units(&g, stage, rank, &params_numel));
+  int64_t params_numel = 0, params_numel_pad = 0;
+  MP_CHECK(read_units(&g, stage, rank, &params_numel, &params_numel_pad));
   int32_t *run_len = mp_arena_alloc(arena, sizeof(int32_t) * (size_t)(L + 1));
   MP_CHECK_ALLOC(ctx, run_len);
   find_runs(&g, &st, mode, run_len);
@@ -1207,6 +1458,7 @@ static mp_status prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_
   pr->n_units = g.n_units;
   pr->root_unit = g.root_unit;
   pr->params_numel = params_numel;
+  pr->params_numel_pad = params_numel_pad;
   pr->run_len = run_len;
   pr->flops_per_token = mp_model_flops_per_token(&p->model, p->opts.seq);
   *out = pr;
@@ -1282,6 +1534,9 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   g.first_unit = pr->first_unit;
   g.n_units = pr->n_units;
   g.root_unit = pr->root_unit;
+  g.cpu = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CPU;
+  g.prefetch = !g.cpu;
+  if (g.cpu) rt_sizes_fill(&g, p->opts.micro_batch);
   const int32_t *run_len = pr->run_len;
   const stage_info st = pr->st;
   const int rank = pr->rank, stage = pr->stage, pp = mesh->size[MP_DIM_PP];
@@ -1304,6 +1559,11 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   struct {
     int64_t params_numel, param_bytes, grad_bytes, optimizer_bytes;
   } tot = {params_numel, params_numel * mb, params_numel * mb, 2 * params_numel * mb};
+  if (g.cpu) { /* fp32 master, gradient and AdamW m, v of the padded shards */
+    const int64_t n = pr->params_numel_pad;
+    tot.param_bytes = tot.grad_bytes = 4 * n;
+    tot.optimizer_bytes = 8 * n;
+  }
   seg_open(&g, MP_PHASE_PROLOGUE, -1, 0);
   s->resident_bytes[MP_MEM_PARAMS] = tot.param_bytes;
   s->resident_bytes[MP_MEM_OPTIMIZER] = tot.optimizer_bytes;
@@ -1312,6 +1572,10 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   mem(&g, MP_OP_ALLOC, MP_MEM_OPTIMIZER, BUF_OPTIMIZER, tot.optimizer_bytes, -1, -1,
       MP_STREAM_COMPUTE);
   mem(&g, MP_OP_ALLOC, MP_MEM_GRADS, BUF_GRADS, tot.grad_bytes, -1, -1, MP_STREAM_COMPUTE);
+  if (g.cpu) {
+    s->resident_bytes[MP_MEM_TEMP] = g.rs.resident;
+    mem(&g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_RT_RESIDENT, g.rs.resident, -1, -1, MP_STREAM_COMPUTE);
+  }
   seg_close(&g, MP_PHASE_PROLOGUE, 1, 0, 0);
 
   /* forward: stage input, root gather, first block's gathers, embedding */
@@ -1319,13 +1583,15 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   int32_t gdummy[N_PARTS] = {-1, -1, -1}; /* stays -1 on a stage without root parameters */
   seg_open(&g, MP_PHASE_FORWARD, -1, 0);
   int32_t recv = -1;
+  if (g.cpu) pair(&g, MP_MEM_TEMP, BUF_RT_TOKENS, g.rs.tok, 1);
   if (!st.first)
     recv = comm(&g, MP_COLL_RECV, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g.sh.T * g.sh.H),
                 MP_DTYPE_BF16, -1);
   if (g.root_unit >= 0) gather_units(&g, -1, g.root_unit, 1, gdummy, -1, NULL, NULL);
   const int32_t root_gather = gdummy[0];
-  if (st.l1 > st.l0)
+  if (g.prefetch && st.l1 > st.l0)
     gather_units(&g, st.l0, g.first_unit[st.l0], g.n_units[st.l0], c.gather, -1, NULL, NULL);
+  if (g.cpu) pair(&g, MP_MEM_ACTIVATIONS, BUF_RT_X, g.rs.x, 1); /* x[0], the stage's input */
   if (st.first) {
     pend_dep(&g, root_gather, 0);
     embedding_fwd(&g);
@@ -1357,10 +1623,12 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
     brecv = comm(&g, MP_COLL_RECV, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g.sh.T * g.sh.H),
                  MP_DTYPE_BF16, -1);
   for (int k = 0; k < N_PARTS; k++) c.gather[k] = -1;
-  if (g.reshard && st.l1 > st.l0)
+  if (g.prefetch && g.reshard && st.l1 > st.l0)
     gather_units(&g, st.l1 - 1, g.first_unit[st.l1 - 1], g.n_units[st.l1 - 1], c.gather,
                  g.last_c, NULL, NULL);
-  if (st.last) head_bwd(&g);
+  if (st.last && g.cpu) head_bwd_cpu(&g);
+  else if (st.last) head_bwd(&g);
+  else if (g.cpu) pair(&g, MP_MEM_TEMP, BUF_RT_DRES, g.rs.nc, 1); /* the received gradient */
   seg_close(&g, MP_PHASE_BACKWARD, 1, 0, 0);
   if (brecv >= 0) pend_dep(&g, brecv, 0);
 
@@ -1382,7 +1650,17 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
                        2.0 * (double)(g.sh.T * g.sh.H), MP_DTYPE_BF16, -1);
     add_dep(&g, snd, g.last_c, 0);
   }
-  if (g.root_unit >= 0) {
+  if (g.cpu) {
+    /* runtime.c's end of the micro-batch: dres, x[0], the root's reduce-scatter, its
+     * gathered parameters, the token ids */
+    pair(&g, MP_MEM_TEMP, BUF_RT_DRES, g.rs.nc, 0);
+    pair(&g, MP_MEM_ACTIVATIONS, BUF_RT_X, g.rs.x, 0);
+    if (g.root_unit >= 0) {
+      reduce_units(&g, -1, g.root_unit, 1, 0, 0);
+      free_units(&g, -1, g.root_unit, 1, 0, 0);
+    }
+    pair(&g, MP_MEM_TEMP, BUF_RT_TOKENS, g.rs.tok, 0);
+  } else if (g.root_unit >= 0) {
     free_units(&g, -1, g.root_unit, 1, 0, 0);
     reduce_units(&g, -1, g.root_unit, 1, 0, 0);
   }

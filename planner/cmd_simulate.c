@@ -244,6 +244,7 @@ int mp_cmd_simulate(int argc, char **argv) {
   else
     MP_CHECK_GOTO(mp_stack_default(&ctx, &c.gpu, &prof), st, fail);
   if (cal) MP_CHECK_GOTO(mp_calib_apply_stack(&ctx, cal, &prof, &gemm_table), st, fail);
+  mp_stack_plan_options(&prof, &o); /* the memory model (and dtypes) of the stack's runtime */
   mp_sim_config cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.cluster = &c;

@@ -127,10 +127,13 @@ static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, const
   mp_store *store = NULL;
   mp_planner_result res;
   memset(&res, 0, sizeof res);
+  /* the stack sets the plans' memory model and dtypes (mp_stack_plan_options): meshplan-cpu
+   * is the CPU runtime's fp32 layout, so the predicted peak is what its tracked allocator
+   * measures; on CUDA the runtime keeps fp32 masters and gathers bf16 */
   mp_status st = mp_sim_evaluator_init(ctx, ev, m, &c, po->seq, po->global_batch, 0.05, dev->stack);
-  if (st == MP_OK) {
+  if (st == MP_OK && dev->cuda) {
     ev->base.master_dtype = MP_DTYPE_FP32;
-    ev->base.fsdp.param_dtype = dev->cuda ? MP_DTYPE_BF16 : MP_DTYPE_FP32; /* what the runtime gathers */
+    ev->base.fsdp.param_dtype = MP_DTYPE_BF16;
   }
   mp_planner_request req;
   memset(&req, 0, sizeof req);
@@ -472,15 +475,22 @@ int mp_cmd_train(int argc, char **argv) {
       MP_CHECK_GOTO(mp_store_add_measurement(&ctx, store, &me), st, out);
     }
   }
+  /* Under EP the expert-side buffers follow routing: the most rows any rank received in one
+   * layer, beside the balanced count the prediction assumes (N x top_k per rank). */
+  int64_t ep_rows = mp_runtime_ep_rows_max(rt);
   if (mp_comm_world_size(comm) > 1) { /* the largest rank's peak is what must fit */
-    int64_t pk = peak;
-    MP_CHECK_GOTO(mp_runtime_host_all_reduce(&ctx, rt, MP_GROUP_WORLD, &pk, 1, MP_COMM_DTYPE_INT64, MP_COMM_OP_MAX),
+    int64_t pk[2] = {peak, ep_rows};
+    MP_CHECK_GOTO(mp_runtime_host_all_reduce(&ctx, rt, MP_GROUP_WORLD, pk, 2, MP_COMM_DTYPE_INT64, MP_COMM_OP_MAX),
                   st, out);
-    peak = pk;
+    peak = pk[0];
+    ep_rows = pk[1];
   }
   if (rank == 0) {
     printf("done: %lld steps, final loss %.6f, %.0f tokens/s (steps 2..%lld), peak memory %lld bytes per rank\n",
            steps, losses[steps - 1], total_s > 0 ? tokens_all / total_s : 0.0, steps, (long long)peak);
+    if (ep_rows > 0)
+      printf("expert rows: at most %lld received by one rank in one MoE layer (balanced routing: %lld)\n",
+             (long long)ep_rows, (long long)(mb * seq * model.top_k));
     if (pick.found) {
       /* median step time over steps 2..K (step 1 carries first-touch page faults) */
       const double med = mp_median(step_s + (steps > 1 ? 1 : 0), (size_t)(steps > 1 ? steps - 1 : 1));

@@ -44,6 +44,8 @@ mp_status mp_sim_evaluator_init(mp_ctx *ctx, mp_sim_evaluator *ev, const mp_mode
     MP_CHECK(mp_stack_load(ctx, stack_name, &ev->stack));
   else
     MP_CHECK(mp_stack_default(ctx, &c->gpu, &ev->stack));
+  /* the stack's runtime decides the memory the schedule describes (and its dtypes) */
+  mp_stack_plan_options(&ev->stack, &ev->base);
   ev->sim.cluster = c;
   ev->sim.stack = &ev->stack;
   ev->sim.mem_headroom = headroom;

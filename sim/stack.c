@@ -59,12 +59,32 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
                   p.saved_act_factor);
     goto done;
   }
+  char mm[32] = "torchtitan";
+  MP_CHECK_GOTO(mp_json_get_str(ctx, j, origin, "memory_model", 0, mm, sizeof mm), st, done);
+  if (strcmp(mm, "torchtitan") == 0) {
+    p.mem_model = MP_MEM_MODEL_TORCHTITAN;
+  } else if (strcmp(mm, "meshplan-cpu") == 0) {
+    p.mem_model = MP_MEM_MODEL_MESHPLAN_CPU;
+  } else {
+    st = mp_error(ctx, MP_ERR_INVALID,
+                  "%s: memory_model '%s' is unknown; choose torchtitan or meshplan-cpu", origin,
+                  mm);
+    goto done;
+  }
   p.kernel_overhead_s = kern_us * 1e-6;
   p.comm_overhead_s = comm_us * 1e-6;
   *out = p;
 done:
   cJSON_Delete(j);
   return st;
+}
+
+void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o) {
+  o->mem_model = p->mem_model;
+  if (p->mem_model == MP_MEM_MODEL_MESHPLAN_CPU) {
+    o->fsdp.param_dtype = MP_DTYPE_FP32;
+    o->master_dtype = MP_DTYPE_FP32;
+  }
 }
 
 mp_status mp_stack_load(mp_ctx *ctx, const char *name_or_path, mp_stack_profile *out) {

@@ -5,7 +5,8 @@
  *
  * JSON keys (all required except where noted): name, gemm_eff_max, gemm_eff_half_mnk,
  * fp8_gemm_eff_max, attention_eff, hbm_eff, link_eff, kernel_overhead_us,
- * comm_overhead_us, frag_factor, source. Efficiencies lie in (0, 1]; frag_factor >= 1. */
+ * comm_overhead_us, frag_factor, source. Efficiencies lie in (0, 1]; frag_factor >= 1.
+ * Optional: saved_act_factor, memory_model ("torchtitan" or "meshplan-cpu"). */
 #ifndef MP_SIM_STACK_H
 #define MP_SIM_STACK_H
 
@@ -16,6 +17,11 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The plan options the stack's runtime implies (added): its memory model, and for
+ * meshplan-cpu, which keeps and gathers every tensor in fp32, fp32 gathered parameters
+ * and master weights. Other options are left as they are. */
+void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o);
 
 /* By name (data/stacks stem, e.g. "torchtitan-eager") or path to a JSON file. */
 mp_status mp_stack_load(mp_ctx *ctx, const char *name_or_path, mp_stack_profile *out);

@@ -99,6 +99,7 @@ struct mp_runtime {
   char **core;      /* [L] */
   char **epa;       /* [L] EP: expert-side saved tensors (rows received from every EP rank) */
   int64_t *ep_R;    /* [L] rows received */
+  int64_t ep_R_max; /* most rows received in one layer since creation (routing-dependent memory) */
   int64_t *ep_rc;   /* [L * ep * El] rows received from source s for local expert e */
   int32_t *counts_h; /* [L * E] host copies of expert row counts */
   int step;
@@ -525,6 +526,7 @@ void mp_runtime_destroy(mp_runtime *rt) {
 const mp_talloc *mp_runtime_allocator(const mp_runtime *rt) { return rt->ta; }
 int64_t mp_runtime_local_batch(const mp_runtime *rt) { return rt->local_batch; }
 int64_t mp_runtime_n_micro(const mp_runtime *rt) { return rt->n_micro; }
+int64_t mp_runtime_ep_rows_max(const mp_runtime *rt) { return rt->ep_R_max; }
 
 /* ---- FSDP units ------------------------------------------------------------------------
  * Gather: every rank contributes its padded shard (numel_pad) and receives group x
@@ -779,6 +781,7 @@ static mp_status ep_plan(mp_ctx *ctx, mp_runtime *rt, int l) {
   int64_t R = 0;
   for (int i = 0; i < ep * El; i++) R += recv[i];
   rt->ep_R[l] = R;
+  if (R > rt->ep_R_max) rt->ep_R_max = R;
   return MP_OK;
 }
 

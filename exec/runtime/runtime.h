@@ -64,8 +64,10 @@
  *
  * The op order is the model's, written out in runtime.c (FSDP units follow the plan's
  * units); exec/schedule.c's mp_schedule describes the same step for the simulator, but
- * the runtime does not yet walk it op by op, and its memory model (bf16 activations) does
- * not match this fp32 runtime yet (tests/runtime:schedule_gap prints both). */
+ * the runtime does not yet walk it op by op. Its memory model MP_MEM_MODEL_MESHPLAN_CPU
+ * repeats this runtime's allocations event for event (sizes, order, categories): change
+ * one, change the other (tests/runtime:schedule_memory_test and parity_matrix.py compare
+ * the predicted peak with the tracked allocator's, per plan). */
 #ifndef MP_EXEC_RUNTIME_RUNTIME_H
 #define MP_EXEC_RUNTIME_RUNTIME_H
 
@@ -128,6 +130,10 @@ mp_status mp_runtime_host_all_reduce(mp_ctx *ctx, mp_runtime *rt, mp_group g, vo
 const mp_talloc *mp_runtime_allocator(const mp_runtime *rt);
 int64_t mp_runtime_local_batch(const mp_runtime *rt);
 int64_t mp_runtime_n_micro(const mp_runtime *rt);
+/* Under EP, the most expert-side rows this rank has received in one MoE layer of one
+ * micro-batch since creation (0 without EP): routing decides it, and the expert-side
+ * buffers are sized by it, so it explains the measured peak beside a prediction. */
+int64_t mp_runtime_ep_rows_max(const mp_runtime *rt);
 
 /* The rank's tile of parameter i (mp_param_tile) and its fp32 master values / gradient
  * (host copies written into dst, capacity numel of the tile). Returns the tile's numel. */

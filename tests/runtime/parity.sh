@@ -2,7 +2,8 @@
 # Multi-rank parity: per-step losses of `mpirun -np N meshplan train --mesh MESH` equal the
 # single-rank run's (same model, seed, global batch and micro-batch) within 1e-5 relative.
 # parity_matrix.py runs the matrix (dp_shard, dp_replicate x dp_shard, tp, dp_shard x tp,
-# ep; every AC mode; float8) and compares losses and step-1 gradients; this script adds
+# ep; every AC mode; float8) and compares losses and step-1 gradients, and each run's
+# measured peak memory with its prediction (meshplan-cpu memory model); this script adds
 # the refusals (pipeline parallelism, a mesh that does not match the world: exit non-zero
 # on every rank, no hang). Never hangs:
 # `timeout`. MPI flags as tests/comm/run_mpi.sh explains (shared memory only, private

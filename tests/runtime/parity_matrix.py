@@ -13,11 +13,20 @@ dp_shard=2 x tp=2; for the MoE model also ep=2 (dp_shard=2) and ep=4 (dp_shard=4
 with AC none, selective and full; float8 on for dp_shard=2 x tp=2 (dense) against the
 single-rank float8 run. Every run is under `timeout`: a hang fails the test.
 
+Memory (issue 6: "measured peak memory per rank equals the simulator's prediction for the
+CPU profile within 2 %"): every run, the single-rank references included, also records the
+plan's prediction (train --db: the planner on the meshplan-cpu stack, whose memory model is
+exec/runtime/runtime.c's layout) and prints its measured peak (the largest rank's, over
+the 20 steps). Non-EP plans: |predicted - measured| <= MEM_TOL of measured (they agree to
+the byte: both count the same allocations). EP plans: see ep_mem_bound.
+
 Usage: parity_matrix.py MESHPLAN [--quick]
 """
 import itertools
 import json
 import os
+import re
+import sqlite3
 import struct
 import subprocess
 import sys
@@ -35,6 +44,32 @@ TOL = 1e-5
 # apart at 1e-4 to 1e-3 over 20 steps: bounded, not a wrong gradient (a wrong gradient shows at
 # step 1, which is held to 1e-5).
 FP8_LOSS_TOL = 5e-3
+
+MEM_TOL = 0.02
+# EP plans: the expert side of a MoE layer (received rows; their gate, up and hidden; the
+# outputs before the combine; the backward workspace) is sized by the rows routing sends to
+# a rank, known only at run time. The prediction assumes balanced routing, R = N x top_k rows
+# per rank and layer (N = micro-batch x seq tokens): the mean over the EP group, exactly,
+# since every row sent is received. Hence, with sizes linear in R (tiny-moe's d_model and
+# expert d_ff are multiples of 16, so the runtime's 16-float alignment adds nothing):
+#   - lower bound: at the predicted peak's point of the step every rank holds the same
+#     buffers, and their mean size over the EP group is the balanced one, so the busiest
+#     rank holds at least the prediction: measured >= predicted;
+#   - upper bound: with R_max the most rows any rank received in one layer (train prints it),
+#     no live buffer grows by more than (R_max - N x top_k) rows; at most every MoE layer's
+#     saved expert side (d_model + 3 d_ff_expert floats a row) and one transient (outputs,
+#     d_model, or the backward workspace, 2 d_model + 3 d_ff_expert) are live at once.
+# tiny-moe (data/models/tiny-moe.json): d_model 64, d_ff_expert 32, top_k 2, 2 MoE layers.
+MOE_DIMS = {"tiny-moe": dict(C=64, Fe=32, K=2, L_moe=2)}
+SEQ, MICRO_BATCH = 32, 2
+
+
+def ep_mem_bound(model, rows_max):
+    """Largest excess (bytes) of the measured peak over the balanced prediction."""
+    d = MOE_DIMS[model]
+    assert d["C"] % 16 == 0 and d["Fe"] % 16 == 0, "sizes not linear in the rows: extend the bound"
+    per_row = 4 * (d["L_moe"] * (d["C"] + 3 * d["Fe"]) + max(d["C"], 2 * d["C"] + 3 * d["Fe"]))
+    return max(0, rows_max - MICRO_BATCH * SEQ * d["K"]) * per_row
 
 
 def read_wfile(path):
@@ -65,12 +100,14 @@ def main():
               "--mca", "btl", "self,vader", "--mca", "btl_vader_backing_directory", tmp]
     if os.getuid() == 0:
         mpirun.insert(5, "--allow-run-as-root")
-    common = ["train", "--steps", str(STEPS), "--seq", "32", "--micro-batch", "2", "--global-batch", "8",
-              "--lr", "3e-3", "--quiet"]
+    common = ["train", "--steps", str(STEPS), "--seq", str(SEQ), "--micro-batch", str(MICRO_BATCH),
+              "--global-batch", "8", "--lr", "3e-3", "--quiet"]
 
     def run(model, mesh, ac, fp8, tag):
         losses, grads = os.path.join(tmp, tag + ".losses.json"), os.path.join(tmp, tag + ".grads.bin")
-        args = common + ["--model", model, "--ac", ac, "--dump-losses", losses, "--dump-grads", grads]
+        db = os.path.join(tmp, tag + ".db")
+        args = common + ["--model", model, "--ac", ac, "--dump-losses", losses, "--dump-grads", grads,
+                         "--db", db]
         if fp8:
             args.append("--fp8")
         np_ = 1
@@ -88,7 +125,35 @@ def main():
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if p.returncode != 0:
             return None, "exit %d: %s" % (p.returncode, (p.stderr or p.stdout).strip().splitlines()[-1:])
-        return (json.load(open(losses))["losses"], read_wfile(grads)), None
+        mem = memory(model, mesh or "1 rank", ac, fp8, db, p.stdout)
+        return (json.load(open(losses))["losses"], read_wfile(grads), mem), None
+
+    def memory(model, mesh, ac, fp8, db, out):
+        """(ok, line): the run's predicted vs measured peak."""
+        name = "%-10s %-26s ac=%-9s fp8=%d" % (model, mesh, ac, fp8)
+        m = re.search(r"peak memory (\d+) bytes per rank", out)
+        try:
+            con = sqlite3.connect(db)
+            row = con.execute("SELECT peak_mem_bytes FROM predictions").fetchall()
+            con.close()
+        except sqlite3.Error as e:
+            row = [str(e)]
+        if not m or len(row) != 1:
+            return False, "FAIL mem  %s: no measured peak or not one prediction (%s)" % (name, row)
+        meas, pred = int(m.group(1)), int(row[0][0])
+        err = (pred - meas) / meas
+        r = re.search(r"expert rows: at most (\d+) received", out)
+        if r:
+            rows = int(r.group(1))
+            bound = ep_mem_bound(model, rows)
+            ok = pred <= meas <= pred + bound
+            why = "balanced routing; busiest rank got %d rows vs %d: measured within [predicted, +%d]" % (
+                rows, MICRO_BATCH * SEQ * MOE_DIMS[model]["K"], bound)
+        else:
+            ok = abs(err) <= MEM_TOL
+            why = "within %.0f%%" % (100 * MEM_TOL)
+        return ok, "%s mem  %s: predicted %d measured %d bytes (%+.3f%%; %s)" % (
+            "ok  " if ok else "FAIL", name, pred, meas, 100 * err, why)
 
     dense_meshes = ["dp_shard=4", "dp_replicate=2,dp_shard=2", "tp=2", "tp=4", "dp_shard=2,tp=2"]
     moe_meshes = dense_meshes + ["dp_shard=2,ep=2", "dp_shard=4,ep=4"]
@@ -105,6 +170,7 @@ def main():
         cases = [c for c in cases if c[3]]
 
     refs, fails, n_ok = {}, 0, 0
+    mem_n = {True: 0, False: 0}  # memory predictions within their bound, and off
     for model, mesh, ac, fp8 in cases:
         key = (model, ac, fp8)
         if key not in refs:
@@ -113,6 +179,9 @@ def main():
                 print("FAIL reference %s ac=%s fp8=%d: %s" % (model, ac, fp8, err))
                 fails += 1
                 continue
+            mem_ok, mem_line = refs[key][2]
+            print(mem_line)
+            mem_n[mem_ok] += 1
         ref = refs[key]
         if ref is None:
             continue
@@ -123,7 +192,9 @@ def main():
             print("FAIL %s: %s" % (name, err))
             fails += 1
             continue
-        (la, ga), (lb, gb) = ref, got
+        (la, ga, _), (lb, gb, (mem_ok, mem_line)) = ref, got
+        print(mem_line)
+        mem_n[mem_ok] += 1
         ltol = FP8_LOSS_TOL if fp8 else TOL
         worst_l = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
         bad = [(i + 1, x, y) for i, (x, y) in enumerate(zip(la, lb)) if abs(x - y) > ltol * abs(x)]
@@ -146,8 +217,9 @@ def main():
             n_ok += 1
             print("ok   %s: %d losses within %.0e (worst %.1e; %.6f..%.6f), step-1 gradients worst rel %.1e (%s)"
                   % (name, len(lb), ltol, worst_l, lb[0], lb[-1], worst_g, worst_name))
-    print("%d plans match, %d fail" % (n_ok, fails))
-    sys.exit(1 if fails else 0)
+    print("%d plans match, %d fail; peak memory: %d predictions within their bound, %d off"
+          % (n_ok, fails, mem_n[True], mem_n[False]))
+    sys.exit(1 if fails or mem_n[False] else 0)
 
 
 if __name__ == "__main__":

@@ -577,8 +577,21 @@ TEST(Stacks, RequiredProfilesLoadWithSources) {
     EXPECT_STREQ(p.name, n);
     EXPECT_GT(strlen(p.source), 40u) << n;
     EXPECT_GE(p.frag_factor, 1.0);
+    // only the CPU runtime's profile names its own memory layout; the GPU stacks keep
+    // the torchtitan model their figures were validated with
+    EXPECT_EQ(p.mem_model, strcmp(n, "meshplan-cpu") == 0 ? MP_MEM_MODEL_MESHPLAN_CPU
+                                                             : MP_MEM_MODEL_TORCHTITAN)
+        << n;
   }
   mp_stack_profile p;
+  EXPECT_EQ(mp_stack_from_text(&ctx,
+                               "{\"name\":\"x\",\"gemm_eff_max\":0.5,\"gemm_eff_half_mnk\":0,"
+                               "\"fp8_gemm_eff_max\":0.5,\"attention_eff\":0.5,\"hbm_eff\":0.5,"
+                               "\"link_eff\":0.5,\"kernel_overhead_us\":0,\"comm_overhead_us\":0,"
+                               "\"frag_factor\":1,\"source\":\"s\",\"memory_model\":\"tpu\"}",
+                               "x.json", &p),
+            MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "memory_model 'tpu'"), nullptr) << mp_errmsg(&ctx);
   EXPECT_EQ(mp_stack_load(&ctx, "no-such-stack", &p), MP_ERR_NOT_FOUND);
   EXPECT_NE(strstr(mp_errmsg(&ctx), "torchtitan-eager"), nullptr);
   EXPECT_EQ(mp_stack_from_text(&ctx,
