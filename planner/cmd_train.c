@@ -50,6 +50,8 @@ static mp_opt k_opts[] = {
     {"--fanout", "K", "successors per state of the synthetic chain (default 4)", NULL},
     {"--device", "D", "cpu or cuda (default cpu); cuda: one GPU per rank (the node-local rank's), bf16 "
      "compute with fp32 master weights and optimizer state", NULL},
+    {"--gpu", "PROFILE", "cuda: the GPU profile (data/gpus stem or JSON) for the prediction, when the device's "
+     "name does not identify one", NULL},
     {"--db", "PATH", "record per-step measurements in this planner database, next to the plan's prediction "
      "(without --plan-id the mesh is predicted and recorded as a one-plan run first)", NULL},
     {"--plan-id", "ID", "the plan (from meshplan plan --db) the measurements belong to", NULL},
@@ -91,14 +93,7 @@ typedef struct train_device {
   const char *stack; /* stack profile of the runtime on it */
 } train_device;
 
-/* The GPU profile (data/gpus) for a CUDA device's name, or NULL. */
-static const char *gpu_profile_of(const char *name) {
-  if (strstr(name, "H200")) return "h200";
-  if (strstr(name, "H100")) return strstr(name, "NVL") || strstr(name, "96GB") ? "h100-96gb-500w" : "h100-sxm";
-  if (strstr(name, "A100")) return "a100-80gb-sxm";
-  if (strstr(name, "B200")) return "b200";
-  return NULL;
-}
+
 
 /* A planner run on the device's profile for `world` ranks on one node (the CPU: cluster
  * "cpu", stack meshplan-cpu, fp32 parameters as the CPU runtime keeps them; a GPU: its
@@ -135,6 +130,11 @@ static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, const
     ev->base.master_dtype = MP_DTYPE_FP32;
     ev->base.fsdp.param_dtype = MP_DTYPE_BF16;
   }
+  /* a cuda calibration's efficiencies live in the stack (the by-shape GEMM table must
+   * outlive the evaluator: static, one per process) */
+  static mp_gemm_table gemm_table;
+  if (st == MP_OK && db && dev->cuda && out->calibrated)
+    st = mp_calib_load_apply_stack(ctx, db, "cuda", NULL, NULL, &ev->stack, &gemm_table, NULL);
   mp_planner_request req;
   memset(&req, 0, sizeof req);
   mp_search_config_init(&req.search);
@@ -244,13 +244,16 @@ int mp_cmd_train(int argc, char **argv) {
     dev.index = (lr < 0 ? 0 : lr) % n_gpus;
     dev.stack = "meshplan-cuda";
     be = mp_cuda_backend();
-    mp_status ds = mp_cuda_device_name(&kc, dev.index, dev.name, sizeof dev.name);
+    mp_calib_device cd;
+    mp_status ds = mp_calib_cuda_probe(&ctx, dev.index, &cd);
     if (ds != MP_OK) return mp_cmd_fail(&ctx, ds);
-    dev.gpu = gpu_profile_of(dev.name);
+    snprintf(dev.name, sizeof dev.name, "%s", cd.name);
+    dev.gpu = mp_args_get(&k_spec, "--gpu");
+    if (!dev.gpu) dev.gpu = mp_calib_gpu_profile_for(cd.name, cd.compute_capability, cd.mem_bytes);
     if (!dev.gpu)
-      return mp_cmd_fail(&ctx, mp_error(&ctx, MP_ERR_UNSUPPORTED, "--device cuda: no GPU profile in data/gpus "
-                                        "matches \"%s\"; add one (peak FLOP/s, memory, bandwidth) to predict it",
-                                        dev.name));
+      return mp_cmd_fail(&ctx, mp_error(&ctx, MP_ERR_USAGE, "--device cuda: no GPU profile in data/gpus is "
+                                        "known to describe \"%s\"; name one with --gpu (peak FLOP/s, memory "
+                                        "and bandwidth for the prediction)", cd.name));
   }
   const char *db = mp_args_get(&k_spec, "--db");
   long long plan_id = 0;
@@ -326,19 +329,13 @@ int mp_cmd_train(int argc, char **argv) {
   MP_CHECK_GOTO(be->init(&kc, dev.index), st, out);
   be_up = 1;
   mpi = launch.under_mpi;
-  if (mpi) {
-    MP_CHECK_GOTO(mp_comm_create_mpi(&ctx, &mesh, &comm), st, out);
-  } else {
-    if (mp_mesh_world(&mesh) != 1) {
-      char mb[128];
-      mp_mesh_format(&mesh, mb, sizeof mb);
-      st = mp_error(&ctx, MP_ERR_INVALID, "mesh %s has %d ranks but this process runs alone; launch it with "
-                    "mpirun -np %d meshplan train ...", mb, mp_mesh_world(&mesh), mp_mesh_world(&mesh));
-      goto out;
-    }
-    MP_CHECK_GOTO(mp_comm_create_single(&ctx, &mesh, &comm), st, out);
-  }
+  char notice[256] = "";
+  /* CPU: mpi or single; CUDA: NCCL, or MPI with host staging where ranks share a GPU */
+  MP_CHECK_GOTO(mp_comm_create_for_device(&ctx, &mesh, dev.cuda, be, &kc, dev.cuda ? mp_cuda_stream(&kc) : NULL,
+                                          &comm, notice, sizeof notice),
+                st, out);
   rank = mp_comm_world_rank(comm);
+  if (rank == 0 && notice[0]) printf("note: %s\n", notice);
   const int dp = mp_comm_group_size(comm, MP_GROUP_DP), dp_index = mp_comm_group_index(comm, MP_GROUP_DP);
 
   long long steps = 20, seed = 1234, fanout = 4;
@@ -522,8 +519,8 @@ out:
   mp_store_close(store);
   mp_cuda_timer_destroy(timer);
   mp_runtime_destroy(rt);
+  mp_comm_destroy(comm); /* before the kernel context whose stream it orders against */
   if (be_up) be->shutdown(&kc);
-  mp_comm_destroy(comm);
   if (mpi) {
     mp_ctx c2;
     mp_ctx_init(&c2);

@@ -66,6 +66,11 @@ typedef struct rt_unit {
   int64_t max_pad;    /* largest numel_pad (reduce-scatter staging) */
   char *buf;          /* gathered parameters (X) while live */
   float *gbuf;        /* unsharded gradients during the unit's backward */
+  /* overlap (rt->overlap): the gather's request, and the unit's reduce-scatter in flight
+   * (its input gbuf and output rs stay allocated until finish) */
+  mp_comm_req gather_req, rs_req;
+  float *rs;          /* reduce-scattered chunks, one numel_pad slot per sharded parameter */
+  int rs_pending;
 } rt_unit;
 
 struct mp_runtime {
@@ -93,6 +98,8 @@ struct mp_runtime {
   size_t xs;          /* bytes of an X element */
   mp_comm_dtype xdt;  /* comm dtype of X tensors */
   int host_mem;       /* the backend's memory is host memory (CPU): host buffers may go to comm */
+  int overlap;        /* the comm queues collectives (NCCL): prefetch the next unit's gather,
+                         let reduce-scatters run under the next unit's backward */
   float *stage;       /* device staging for collectives on host values (not host_mem), STAGE_FLOATS */
   char **x;         /* [L + 1] (N, C) X */
   char **act;       /* [L] */
@@ -371,6 +378,7 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
   rt->xs = mp_kdtype_bytes(be->x_dtype);
   rt->xdt = be->x_dtype == MP_KDTYPE_BF16 ? MP_COMM_DTYPE_BF16 : MP_COMM_DTYPE_FP32;
   rt->host_mem = strcmp(be->name, "cpu") == 0;
+  rt->overlap = strcmp(mp_comm_backend_name(comm), "nccl") == 0;
   layout(&rt->lay_dense, rt, 0);
   layout(&rt->lay_moe, rt, 1);
 
@@ -578,9 +586,67 @@ static mp_status unit_grad_begin(mp_ctx *ctx, mp_runtime *rt, int u) {
   return MP_OK;
 }
 
+/* Overlap: the unit's reduce-scatters go out as one async batch into U->rs; unit_rs_finish
+ * (at the next unit's grad_end, or the end of the micro-batch) waits for them, adds each
+ * chunk into its gradient shard and frees the buffers. */
+static mp_status unit_rs_issue(mp_ctx *ctx, mp_runtime *rt, int u) {
+  rt_unit *U = &rt->units[u];
+  const mp_fsdp_unit *pu = &rt->plan->units[u];
+  size_t total = 0;
+  for (int k = 0; k < pu->n_params; k++)
+    if (rt->prm[pu->params[k]].sharded) total += ALIGN16((size_t)rt->prm[pu->params[k]].numel_pad);
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_TEMP, total * sizeof(float), (void **)&U->rs));
+  MP_CHECK(mp_comm_async_begin(ctx, rt->comm));
+  mp_status st = MP_OK;
+  size_t o = 0;
+  for (int k = 0; k < pu->n_params && st == MP_OK; k++) {
+    rt_param *r = &rt->prm[pu->params[k]];
+    if (!r->sharded) continue;
+    st = mp_comm_reduce_scatter(ctx, rt->comm, U->group, r->cg, U->rs + o, (size_t)r->numel_pad, MP_COMM_DTYPE_FP32,
+                                MP_COMM_OP_SUM);
+    o += ALIGN16((size_t)r->numel_pad);
+    r->cg = NULL;
+  }
+  mp_status s2 = mp_comm_async_end(ctx, rt->comm, &U->rs_req);
+  MP_CHECK(st);
+  MP_CHECK(s2);
+  U->rs_pending = 1;
+  return MP_OK;
+}
+
+static mp_status unit_rs_finish(mp_ctx *ctx, mp_runtime *rt, int u) {
+  rt_unit *U = &rt->units[u];
+  if (!U->rs_pending) return MP_OK;
+  U->rs_pending = 0;
+  MP_CHECK(mp_comm_wait(ctx, rt->comm, &U->rs_req));
+  const mp_fsdp_unit *pu = &rt->plan->units[u];
+  size_t o = 0;
+  for (int k = 0; k < pu->n_params; k++) {
+    rt_param *r = &rt->prm[pu->params[k]];
+    if (!r->sharded) continue;
+    BE(accumulate_f32(rt->kc, r->g, U->rs + o, (size_t)r->numel_pad));
+    o += ALIGN16((size_t)r->numel_pad);
+  }
+  MP_CHECK(mp_talloc_free(ctx, rt->ta, U->rs));
+  MP_CHECK(mp_talloc_free(ctx, rt->ta, U->gbuf));
+  U->rs = NULL;
+  U->gbuf = NULL;
+  return MP_OK;
+}
+
+/* Every reduce-scatter still in flight (overlap), in unit order. */
+static mp_status rs_finish_all(mp_ctx *ctx, mp_runtime *rt) {
+  for (int u = 0; u < rt->n_units; u++) MP_CHECK(unit_rs_finish(ctx, rt, u));
+  return MP_OK;
+}
+
 static mp_status unit_grad_end(mp_ctx *ctx, mp_runtime *rt, int u) {
   rt_unit *U = &rt->units[u];
   if (!U->sharded) return MP_OK;
+  if (rt->overlap) { /* the previous unit's reduce-scatter has had this unit's backward to run */
+    MP_CHECK(rs_finish_all(ctx, rt));
+    return unit_rs_issue(ctx, rt, u);
+  }
   float *tmp;
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (size_t)U->max_pad * sizeof(float), (void **)&tmp));
   const mp_fsdp_unit *pu = &rt->plan->units[u];
@@ -608,6 +674,34 @@ typedef mp_status (*unit_fn)(mp_ctx *, mp_runtime *, int);
 static mp_status for_units(mp_ctx *ctx, mp_runtime *rt, int layer, unit_fn f) {
   for (int u = 0; u < rt->n_units; u++)
     if (rt->plan->units[u].layer == layer) MP_CHECK(f(ctx, rt, u));
+  return MP_OK;
+}
+
+/* Overlap: the gathers of `layer`'s units as one async batch, issued before the compute
+ * they should hide behind; gather_wait makes compute queued afterwards see them. Without
+ * overlap gather_prefetch does nothing and gather_wait gathers (blocking), as before. */
+static mp_status gather_prefetch(mp_ctx *ctx, mp_runtime *rt, int layer) {
+  if (!rt->overlap || layer < 0 || layer >= rt->L) return MP_OK;
+  for (int u = 0; u < rt->n_units; u++) {
+    rt_unit *U = &rt->units[u];
+    if (rt->plan->units[u].layer != layer || !U->sharded || U->buf) continue;
+    MP_CHECK(mp_comm_async_begin(ctx, rt->comm));
+    mp_status st = unit_gather(ctx, rt, u);
+    mp_status s2 = mp_comm_async_end(ctx, rt->comm, &U->gather_req);
+    MP_CHECK(st);
+    MP_CHECK(s2);
+  }
+  return MP_OK;
+}
+static mp_status gather_wait(mp_ctx *ctx, mp_runtime *rt, int layer) {
+  MP_CHECK(for_units(ctx, rt, layer, unit_gather)); /* no-op for a prefetched unit */
+  for (int u = 0; u < rt->n_units; u++) {
+    rt_unit *U = &rt->units[u];
+    if (rt->plan->units[u].layer == layer && U->sharded) {
+      MP_CHECK(mp_comm_wait(ctx, rt->comm, &U->gather_req));
+      memset(&U->gather_req, 0, sizeof U->gather_req);
+    }
+  }
   return MP_OK;
 }
 
@@ -1090,7 +1184,8 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
   MP_CHECK(tp_sum(ctx, rt, rt->x[0], (size_t)N * C)); /* vocab-parallel lookup */
   double aux_sum = 0;
   for (int l = 0; l < L; l++) {
-    MP_CHECK(for_units(ctx, rt, l, unit_gather));
+    MP_CHECK(gather_wait(ctx, rt, l));
+    MP_CHECK(gather_prefetch(ctx, rt, l + 1)); /* hidden behind block l's forward */
     MP_CHECK(alloc_block(ctx, rt, l));
     MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, NC, (void **)&rt->x[l + 1]));
     float auxv = 0;
@@ -1162,7 +1257,8 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
   /* backward: blocks, last first */
   const float dloss_aux = (float)(m->aux_loss_coef * dscale);
   for (int l = L - 1; l >= 0; l--) {
-    MP_CHECK(for_units(ctx, rt, l, unit_gather)); /* no-op without reshard_after_forward */
+    MP_CHECK(gather_wait(ctx, rt, l)); /* no-op without reshard_after_forward */
+    if (reshard) MP_CHECK(gather_prefetch(ctx, rt, l - 1)); /* hidden behind block l's backward */
     MP_CHECK(for_units(ctx, rt, l, unit_grad_begin));
     if (ac == MP_AC_FULL) { /* recompute the whole block from its saved input */
       MP_CHECK(alloc_block(ctx, rt, l));
@@ -1189,6 +1285,7 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
   MP_CHECK(mp_talloc_free(ctx, rt->ta, rt->x[0]));
   rt->x[0] = NULL;
   MP_CHECK(for_units(ctx, rt, -1, unit_grad_end));
+  MP_CHECK(rs_finish_all(ctx, rt));
   MP_CHECK(for_units(ctx, rt, -1, unit_release));
   MP_CHECK(mp_talloc_free(ctx, rt->ta, tok));
   rt->tok_in = rt->tok_tgt = NULL;

@@ -30,9 +30,6 @@ int mp_cuda_device_count(void);
  * CUDA. */
 void *mp_cuda_stream(mp_kctx *kc);
 
-/* The device's marketing name ("NVIDIA H100 80GB HBM3"), for picking its GPU profile. */
-mp_status mp_cuda_device_name(mp_kctx *kc, int device, char *buf, size_t len);
-
 /* Device time of the work queued on an initialised context's stream between start and
  * stop (CUDA events); stop waits for that work. Without CUDA, create fails. */
 typedef struct mp_cuda_timer mp_cuda_timer;

@@ -17,12 +17,6 @@ void *mp_cuda_stream(mp_kctx *kc) {
   return 0;
 }
 
-mp_status mp_cuda_device_name(mp_kctx *kc, int device, char *buf, size_t len) {
-  (void)buf;
-  (void)len;
-  return mp_error(kc->err, MP_ERR_UNSUPPORTED, "cuda device %d: this meshplan was built without CUDA", device);
-}
-
 mp_status mp_cuda_timer_create(mp_kctx *kc, mp_cuda_timer **out) {
   *out = 0;
   return mp_error(kc->err, MP_ERR_UNSUPPORTED, "cuda timer: this meshplan was built without CUDA");

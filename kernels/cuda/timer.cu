@@ -1,10 +1,8 @@
-/* Device facts and step timing for the CLI: the device's name (to pick its GPU profile)
- * and a CUDA-event timer on a context's stream (kernels/cuda/cuda.h).
+/* Step timing for the CLI: a CUDA-event timer on a context's stream (kernels/cuda/cuda.h).
  *
  * The timer brackets work queued on the context's stream with two events; stop waits for
  * the second, so the figure is the device time of everything queued in between,
  * excluding host time before the first kernel was queued. */
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "kernels/cuda/cuda.h"
@@ -13,13 +11,6 @@
 struct mp_cuda_timer {
   cudaEvent_t start, stop;
 };
-
-mp_status mp_cuda_device_name(mp_kctx *kc, int device, char *buf, size_t len) {
-  cudaDeviceProp prop;
-  MP_CUDA_CHECK(kc, cudaGetDeviceProperties(&prop, device));
-  snprintf(buf, len, "%s", prop.name);
-  return MP_OK;
-}
 
 mp_status mp_cuda_timer_create(mp_kctx *kc, mp_cuda_timer **out) {
   *out = NULL;
