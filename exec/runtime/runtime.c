@@ -45,7 +45,21 @@ typedef struct rt_param {
   float *cg;          /* gradient: the unit's unsharded buffer while live, else g */
   int decay;
   int owner;          /* this rank counts the parameter once in the global norm and dumps */
+  uint8_t *f8w;       /* float8 GEMMs (not emulated), not FSDP-sharded: codes of cw (M, K) and
+                         of its transpose, amax and scale; valid until the next optimizer step */
+  int f8w_valid;
 } rt_param;
+
+/* A float8 operand: codes of a tensor (R, C) and/or of its transpose, with its tensorwise
+ * amax and scale, in one FP8 allocation (mem; NULL when not owned). */
+typedef struct f8_operand {
+  const void *src;
+  int R, C, fmt;
+  uint8_t *q, *qt;
+  float *amax; /* [0] amax, [1] scale (device) */
+  void *mem;
+} f8_operand;
+enum { F8_SCOPE_MAX = 8 };
 
 /* Byte offsets of the tensors carved from a block's allocations (64-byte aligned). Dims
  * are the rank's local ones (heads, d_ff and vocab split over tp). */
@@ -100,6 +114,10 @@ struct mp_runtime {
   int host_mem;       /* the backend's memory is host memory (CPU): host buffers may go to comm */
   int overlap;        /* the comm queues collectives (NCCL): prefetch the next unit's gather,
                          let reduce-scatters run under the next unit's backward */
+  /* float8 activations quantized once per block and shared by the Linears that read them
+   * (q, k, v read xn1; gate and up read xn2): open between f8_scope_begin and _end */
+  f8_operand f8s[F8_SCOPE_MAX];
+  int f8_n, f8_scope;
   float *stage;       /* device staging for collectives on host values (not host_mem), STAGE_FLOATS */
   char **x;         /* [L + 1] (N, C) X */
   char **act;       /* [L] */
@@ -729,23 +747,129 @@ static mp_status f8_fake(mp_ctx *ctx, mp_runtime *rt, void *out, const void *x, 
   return MP_OK;
 }
 
-/* GPU: codes of x (n elements) with their scale in scalar[2 slot], [2 slot + 1]. */
-static mp_status f8_codes(mp_ctx *ctx, mp_runtime *rt, uint8_t *codes, int slot, const void *x, size_t n,
-                          mp_f8_format fmt) {
-  float *amax = rt->scalar + 2 * slot, *scale = amax + 1;
-  MP_CHECK(f8_scale(ctx, rt, amax, scale, x, n, fmt));
-  BE(f8_quantize(rt->kc, codes, x, scale, n, fmt));
-  return MP_OK;
-}
-#define F8_SCALE(slot) (rt->scalar + 2 * (slot) + 1)
-
 /* The backend emulates float8 (fake quantization + its matmul) when its X tensors are
  * fp32 (the CPU reference), and runs float8 GEMMs on codes otherwise (cuBLASLt). */
 static int f8_emulated(const mp_runtime *rt) { return rt->be->x_dtype == MP_KDTYPE_F32; }
 
-static mp_status lin_fwd(mp_ctx *ctx, mp_runtime *rt, int f8, void *out, const void *inp, const void *w, int N,
-                         int K, int M) {
-  if (!f8) {
+/* ---- float8 GEMMs on codes (a backend whose X is not fp32) ----------------------------
+ * torchao's tensorwise dynamic recipe as real float8 GEMMs: forward y = q4(x) q4(W)^T;
+ * backward dx = q5(dy) q4(W) (B = W^T codes), dW = q5(dy)^T q4(x) (A = dy^T, B = x^T
+ * codes: cuBLASLt's float8 GEMM wants both operands K-contiguous). A tensor is read once
+ * for its amax and once for its codes (f8_quantize_t writes both orientations in that
+ * pass); an activation read by several Linears of a block is quantized once inside the
+ * block's scope; a weight that is not FSDP-sharded keeps its codes until the next
+ * optimizer step changes it. */
+
+/* Quantizes x (R, C) into o: codes (want_q) and/or transposed codes (want_qt). */
+static mp_status f8_quant(mp_ctx *ctx, mp_runtime *rt, f8_operand *o, const void *x, int R, int C, mp_f8_format fmt,
+                          int want_q, int want_qt, void *mem) {
+  const size_t n = (size_t)R * C;
+  const int owned = mem == NULL;
+  if (owned) MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, 2 * ALIGN64(n) + 64, &mem));
+  uint8_t *base = mem;
+  memset(o, 0, sizeof *o);
+  o->mem = owned ? mem : NULL;
+  o->src = x;
+  o->R = R;
+  o->C = C;
+  o->fmt = (int)fmt;
+  o->q = want_q ? base : NULL;
+  o->qt = want_qt ? base + ALIGN64(n) : NULL;
+  o->amax = F32(base + 2 * ALIGN64(n));
+  MP_CHECK(f8_scale(ctx, rt, o->amax, o->amax + 1, x, n, fmt));
+  if (o->q) BE(f8_quantize(rt->kc, o->q, x, o->amax + 1, n, fmt));
+  if (o->qt) { /* transposed codes: through the row-major ones when those are not kept */
+    uint8_t *rm = o->q;
+    void *tmp = NULL;
+    if (!rm) {
+      MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, n, &tmp));
+      rm = tmp;
+      BE(f8_quantize(rt->kc, rm, x, o->amax + 1, n, fmt));
+    }
+    mp_status st = rt->be->f8_transpose(rt->kc, o->qt, rm, R, C);
+    if (st != MP_OK) st = mp_error(ctx, st, "float8 transpose: %s", mp_errmsg(rt->kc->err));
+    mp_status s2 = mp_talloc_free(ctx, rt->ta, tmp);
+    MP_CHECK(st);
+    MP_CHECK(s2);
+  }
+  return MP_OK;
+}
+
+static void f8_scope_begin(mp_runtime *rt) {
+  rt->f8_scope = 1;
+  rt->f8_n = 0;
+}
+static mp_status f8_scope_end(mp_ctx *ctx, mp_runtime *rt) {
+  mp_status st = MP_OK;
+  for (int i = 0; i < rt->f8_n; i++) {
+    mp_status s2 = mp_talloc_free(ctx, rt->ta, rt->f8s[i].mem);
+    if (st == MP_OK) st = s2;
+  }
+  rt->f8_n = 0;
+  rt->f8_scope = 0;
+  return st;
+}
+
+/* The operand of activation x (R, C) in fmt with the orientations asked for: from the open
+ * scope when x was quantized there already (E4M3 activations only: output gradients are
+ * read once), else quantized now; *tmp says whether the caller frees it (f8_release). */
+static mp_status f8_act(mp_ctx *ctx, mp_runtime *rt, const void *x, int R, int C, mp_f8_format fmt, int want_q,
+                        int want_qt, f8_operand *tmpbuf, f8_operand **out) {
+  const int share = rt->f8_scope && fmt == MP_F8_E4M3;
+  if (share)
+    for (int i = 0; i < rt->f8_n; i++) {
+      f8_operand *o = &rt->f8s[i];
+      if (o->src == x && o->R == R && o->C == C && o->fmt == (int)fmt && (!want_q || o->q) && (!want_qt || o->qt)) {
+        *out = o;
+        return MP_OK;
+      }
+    }
+  f8_operand *o = share && rt->f8_n < F8_SCOPE_MAX ? &rt->f8s[rt->f8_n] : tmpbuf;
+  MP_CHECK(f8_quant(ctx, rt, o, x, R, C, fmt, want_q, want_qt, NULL));
+  if (o != tmpbuf) rt->f8_n++;
+  *out = o;
+  return MP_OK;
+}
+static mp_status f8_release(mp_ctx *ctx, mp_runtime *rt, f8_operand *o, const f8_operand *tmpbuf) {
+  if (o != tmpbuf || !o->mem) return MP_OK;
+  mp_status st = mp_talloc_free(ctx, rt->ta, o->mem);
+  o->mem = NULL;
+  return st;
+}
+
+/* The codes of parameter (layer, m)'s compute weight (M, K), both orientations: cached in
+ * the parameter when it is not FSDP-sharded (its cw is then stable until the optimizer
+ * step), else quantized into tmpbuf (the gathered weight changes at every gather). */
+static mp_status f8_weight(mp_ctx *ctx, mp_runtime *rt, int layer, mp_module m, int M, int K, f8_operand *tmpbuf,
+                           f8_operand **out) {
+  rt_param *r = &rt->prm[*pslot(rt, layer, m)];
+  if (r->sharded) {
+    MP_CHECK(f8_quant(ctx, rt, tmpbuf, r->cw, M, K, MP_F8_E4M3, 1, 1, NULL));
+    *out = tmpbuf;
+    return MP_OK;
+  }
+  const size_t n = (size_t)M * K;
+  if (!r->f8w) MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, 2 * ALIGN64(n) + 64, (void **)&r->f8w));
+  memset(tmpbuf, 0, sizeof *tmpbuf);
+  if (!r->f8w_valid) {
+    MP_CHECK(f8_quant(ctx, rt, tmpbuf, r->cw, M, K, MP_F8_E4M3, 1, 1, r->f8w));
+    r->f8w_valid = 1;
+  }
+  tmpbuf->src = r->cw;
+  tmpbuf->R = M;
+  tmpbuf->C = K;
+  tmpbuf->q = r->f8w;
+  tmpbuf->qt = r->f8w + ALIGN64(n);
+  tmpbuf->amax = F32(r->f8w + 2 * ALIGN64(n));
+  tmpbuf->mem = NULL; /* the parameter's: not the caller's to free */
+  *out = tmpbuf;
+  return MP_OK;
+}
+
+static mp_status lin_fwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void *out, const void *inp, int N, int K,
+                         int M) {
+  const void *w = W(rt, l, mod);
+  if (!F8(rt, l, mod)) {
     BE(matmul_forward(rt->kc, out, inp, w, NULL, N, K, M));
     return MP_OK;
   }
@@ -762,22 +886,27 @@ static mp_status lin_fwd(mp_ctx *ctx, mp_runtime *rt, int f8, void *out, const v
     MP_CHECK(st);
     return s2;
   }
-  uint8_t *q; /* x codes (N, K), W codes (M, K) */
-  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, ALIGN64(nx) + nw, (void **)&q));
-  st = f8_codes(ctx, rt, q, 0, inp, nx, MP_F8_E4M3);
-  if (st == MP_OK) st = f8_codes(ctx, rt, q + ALIGN64(nx), 1, w, nw, MP_F8_E4M3);
-  if (st == MP_OK && rt->be->matmul_f8(rt->kc, out, NULL, q, F8_SCALE(0), MP_F8_E4M3, q + ALIGN64(nx), F8_SCALE(1),
+  f8_operand xb, wb, *xo = NULL, *wo = NULL;
+  memset(&xb, 0, sizeof xb);
+  st = f8_act(ctx, rt, inp, N, K, MP_F8_E4M3, 1, 0, &xb, &xo);
+  if (st == MP_OK) st = f8_weight(ctx, rt, l, mod, M, K, &wb, &wo);
+  if (st == MP_OK && rt->be->matmul_f8(rt->kc, out, NULL, xo->q, xo->amax + 1, MP_F8_E4M3, wo->q, wo->amax + 1,
                                        MP_F8_E4M3, N, K, M) != MP_OK)
     st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear forward: %s", mp_errmsg(rt->kc->err));
-  mp_status s2 = mp_talloc_free(ctx, rt->ta, q);
+  mp_status s2 = wo ? f8_release(ctx, rt, wo, &wb) : MP_OK;
+  mp_status s3 = xo ? f8_release(ctx, rt, xo, &xb) : MP_OK;
   MP_CHECK(st);
-  return s2;
+  MP_CHECK(s2);
+  return s3;
 }
 
-/* dinp (N, K) += dout (N, M) W (M, K); dw (M, K) += dout^T inp; either may be NULL. */
-static mp_status lin_bwd(mp_ctx *ctx, mp_runtime *rt, int f8, void *dinp, float *dw, const void *dout,
-                         const void *inp, const void *w, int N, int K, int M) {
-  if (!f8) {
+/* dinp (N, K) += dout (N, M) W (M, K); the weight's gradient (M, K) += dout^T inp; dinp
+ * may be NULL. */
+static mp_status lin_bwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void *dinp, const void *dout,
+                         const void *inp, int N, int K, int M) {
+  const void *w = W(rt, l, mod);
+  float *dw = G(rt, l, mod);
+  if (!F8(rt, l, mod)) {
     BE(matmul_backward(rt->kc, dinp, dw, NULL, dout, inp, w, N, K, M));
     return MP_OK;
   }
@@ -796,32 +925,30 @@ static mp_status lin_bwd(mp_ctx *ctx, mp_runtime *rt, int f8, void *dinp, float 
     MP_CHECK(st);
     return s2;
   }
-  /* codes: dy (N, M) and dy^T (M, N) E5M2; W (M, K) and W^T (K, M), x (N, K) and x^T (K, N)
-   * E4M3; then dx as an X temporary (matmul_f8 writes it; the contract here adds). */
-  const size_t o_dyt = ALIGN64(nd), o_w = o_dyt + ALIGN64(nd), o_wt = o_w + ALIGN64(nw), o_x = o_wt + ALIGN64(nw),
-               o_xt = o_x + ALIGN64(nx), o_dx = o_xt + ALIGN64(nx), bytes = o_dx + (dinp ? nx * rt->xs : 0);
-  uint8_t *q;
-  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, bytes, (void **)&q));
-  st = f8_codes(ctx, rt, q, 0, dout, nd, MP_F8_E5M2);
-  if (st == MP_OK && dinp) {
-    st = f8_codes(ctx, rt, q + o_w, 1, w, nw, MP_F8_E4M3);
-    if (st == MP_OK && (rt->be->f8_transpose(rt->kc, q + o_wt, q + o_w, M, K) != MP_OK ||
-                        rt->be->matmul_f8(rt->kc, q + o_dx, NULL, q, F8_SCALE(0), MP_F8_E5M2, q + o_wt, F8_SCALE(1),
+  f8_operand db, wb, xb, *dyo = NULL, *wo = NULL, *xo = NULL;
+  memset(&db, 0, sizeof db);
+  memset(&xb, 0, sizeof xb);
+  void *tmp = NULL;
+  st = f8_act(ctx, rt, dout, N, M, MP_F8_E5M2, dinp != NULL, dw != NULL, &db, &dyo);
+  if (st == MP_OK && dinp) { /* matmul_f8 writes (=): an X temporary, then added (the contract here is +=) */
+    st = f8_weight(ctx, rt, l, mod, M, K, &wb, &wo);
+    if (st == MP_OK) st = mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, nx * rt->xs, &tmp);
+    if (st == MP_OK && (rt->be->matmul_f8(rt->kc, tmp, NULL, dyo->q, dyo->amax + 1, MP_F8_E5M2, wo->qt, wo->amax + 1,
                                           MP_F8_E4M3, N, M, K) != MP_OK ||
-                        rt->be->accumulate(rt->kc, dinp, q + o_dx, nx) != MP_OK))
+                        rt->be->accumulate(rt->kc, dinp, tmp, nx) != MP_OK))
       st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear backward (input gradient): %s", mp_errmsg(rt->kc->err));
   }
   if (st == MP_OK && dw) {
-    st = f8_codes(ctx, rt, q + o_x, 2, inp, nx, MP_F8_E4M3);
-    if (st == MP_OK && (rt->be->f8_transpose(rt->kc, q + o_dyt, q, N, M) != MP_OK ||
-                        rt->be->f8_transpose(rt->kc, q + o_xt, q + o_x, N, K) != MP_OK ||
-                        rt->be->matmul_f8(rt->kc, NULL, dw, q + o_dyt, F8_SCALE(0), MP_F8_E5M2, q + o_xt, F8_SCALE(2),
-                                          MP_F8_E4M3, M, N, K) != MP_OK))
+    st = f8_act(ctx, rt, inp, N, K, MP_F8_E4M3, 0, 1, &xb, &xo);
+    if (st == MP_OK && rt->be->matmul_f8(rt->kc, NULL, dw, dyo->qt, dyo->amax + 1, MP_F8_E5M2, xo->qt, xo->amax + 1,
+                                         MP_F8_E4M3, M, N, K) != MP_OK)
       st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear backward (weight gradient): %s", mp_errmsg(rt->kc->err));
   }
-  mp_status s2 = mp_talloc_free(ctx, rt->ta, q);
+  mp_status s[4] = {tmp ? mp_talloc_free(ctx, rt->ta, tmp) : MP_OK, wo ? f8_release(ctx, rt, wo, &wb) : MP_OK,
+                    xo ? f8_release(ctx, rt, xo, &xb) : MP_OK, dyo ? f8_release(ctx, rt, dyo, &db) : MP_OK};
   MP_CHECK(st);
-  return s2;
+  for (int i = 0; i < 4; i++) MP_CHECK(s[i]);
+  return MP_OK;
 }
 
 /* ---- expert parallelism ----------------------------------------------------------------
@@ -932,29 +1059,30 @@ static mp_status experts_forward(mp_ctx *ctx, mp_runtime *rt, int l, const void 
 }
 
 /* Block l from x_in into the saved tensors; writes x_out unless it is NULL (recompute). */
-static mp_status block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const void *x_in, void *x_out, float *moe_aux) {
+static mp_status block_forward_body(mp_ctx *ctx, mp_runtime *rt, int l, const void *x_in, void *x_out,
+                                    float *moe_aux) {
   const rt_layout *y = lay_of(rt, l);
   char *a = rt->act[l], *c = rt->core[l];
   const int N = rt->N, C = rt->C, QD = rt->nhl * rt->hd, KD = rt->nkvl * rt->hd;
   BE(rmsnorm_forward(rt->kc, a + y->xn1, F32(a + y->rstd1), x_in, W(rt, l, MP_MOD_ATTN_NORM), N, C, rt->eps));
-  MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_Q), a + y->q, a + y->xn1, W(rt, l, MP_MOD_Q), N, C, QD));
-  MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_K), a + y->k, a + y->xn1, W(rt, l, MP_MOD_K), N, C, KD));
-  MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_V), a + y->v, a + y->xn1, W(rt, l, MP_MOD_V), N, C, KD));
+  MP_CHECK(lin_fwd(ctx, rt, l, MP_MOD_Q, a + y->q, a + y->xn1, N, C, QD));
+  MP_CHECK(lin_fwd(ctx, rt, l, MP_MOD_K, a + y->k, a + y->xn1, N, C, KD));
+  MP_CHECK(lin_fwd(ctx, rt, l, MP_MOD_V, a + y->v, a + y->xn1, N, C, KD));
   BE(rope_forward(rt->kc, a + y->q, a + y->q, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nhl, rt->hd));
   BE(rope_forward(rt->kc, a + y->k, a + y->k, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nkvl, rt->hd));
   MP_CHECK(attn_core_forward(ctx, rt, l));
   /* o is rowwise under tp: partial sums, reduced before the residual */
-  MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_O), a + y->xmid, c + y->att, W(rt, l, MP_MOD_O), N, QD, C));
+  MP_CHECK(lin_fwd(ctx, rt, l, MP_MOD_O, a + y->xmid, c + y->att, N, QD, C));
   MP_CHECK(tp_sum(ctx, rt, a + y->xmid, (size_t)N * C));
   BE(accumulate(rt->kc, a + y->xmid, x_in, (size_t)N * C));
   BE(rmsnorm_forward(rt->kc, a + y->xn2, F32(a + y->rstd2), a + y->xmid, W(rt, l, MP_MOD_FFN_NORM), N, C, rt->eps));
   if (!is_moe_layer(rt, l)) {
     const int F = rt->Fl;
-    MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_GATE), a + y->g, a + y->xn2, W(rt, l, MP_MOD_GATE), N, C, F));
-    MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_UP), a + y->u, a + y->xn2, W(rt, l, MP_MOD_UP), N, C, F));
+    MP_CHECK(lin_fwd(ctx, rt, l, MP_MOD_GATE, a + y->g, a + y->xn2, N, C, F));
+    MP_CHECK(lin_fwd(ctx, rt, l, MP_MOD_UP, a + y->u, a + y->xn2, N, C, F));
     BE(swiglu_forward(rt->kc, a + y->h, a + y->g, a + y->u, (size_t)N * F));
     if (x_out) {
-      MP_CHECK(lin_fwd(ctx, rt, F8(rt, l, MP_MOD_DOWN), x_out, a + y->h, W(rt, l, MP_MOD_DOWN), N, F, C));
+      MP_CHECK(lin_fwd(ctx, rt, l, MP_MOD_DOWN, x_out, a + y->h, N, F, C));
       MP_CHECK(tp_sum(ctx, rt, x_out, (size_t)N * C));
       BE(accumulate(rt->kc, x_out, a + y->xmid, (size_t)N * C));
     }
@@ -1013,6 +1141,15 @@ static mp_status block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const void *x
   return MP_OK;
 }
 
+/* A block's float8 activations are shared by its Linears (f8_scope_begin) and freed with it. */
+static mp_status block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const void *x_in, void *x_out, float *moe_aux) {
+  f8_scope_begin(rt);
+  mp_status st = block_forward_body(ctx, rt, l, x_in, x_out, moe_aux);
+  mp_status s2 = f8_scope_end(ctx, rt);
+  MP_CHECK(st);
+  return s2;
+}
+
 static mp_status alloc_block(mp_ctx *ctx, mp_runtime *rt, int l) {
   const rt_layout *y = lay_of(rt, l);
   MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, y->total, (void **)&rt->act[l]));
@@ -1064,20 +1201,17 @@ static mp_status experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *din,
   return MP_OK;
 }
 
-static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws, float dloss_aux) {
+static mp_status block_backward_body(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws, float dloss_aux) {
   const rt_layout *y = lay_of(rt, l);
   char *a = rt->act[l], *c = rt->core[l];
   const void *x_in = rt->x[l];
   const int N = rt->N, C = rt->C, QD = rt->nhl * rt->hd, KD = rt->nkvl * rt->hd;
   if (!is_moe_layer(rt, l)) {
     const int F = rt->Fl;
-    MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_DOWN), ws + y->dh, G(rt, l, MP_MOD_DOWN), dres, a + y->h,
-                     W(rt, l, MP_MOD_DOWN), N, F, C));
+    MP_CHECK(lin_bwd(ctx, rt, l, MP_MOD_DOWN, ws + y->dh, dres, a + y->h, N, F, C));
     BE(swiglu_backward(rt->kc, ws + y->dg, ws + y->du, ws + y->dh, a + y->g, a + y->u, (size_t)N * F));
-    MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_GATE), ws + y->dxn, G(rt, l, MP_MOD_GATE), ws + y->dg, a + y->xn2,
-                     W(rt, l, MP_MOD_GATE), N, C, F));
-    MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_UP), ws + y->dxn, G(rt, l, MP_MOD_UP), ws + y->du, a + y->xn2,
-                     W(rt, l, MP_MOD_UP), N, C, F));
+    MP_CHECK(lin_bwd(ctx, rt, l, MP_MOD_GATE, ws + y->dxn, ws + y->dg, a + y->xn2, N, C, F));
+    MP_CHECK(lin_bwd(ctx, rt, l, MP_MOD_UP, ws + y->dxn, ws + y->du, a + y->xn2, N, C, F));
     MP_CHECK(tp_sum(ctx, rt, ws + y->dxn, (size_t)N * C)); /* colwise gate/up: partial input gradients */
   } else {
     const int E = rt->E, K = rt->K, Fs = rt->Fsl;
@@ -1126,22 +1260,26 @@ static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, 
                       F32(a + y->rstd2), N, C));
   /* attention: dres now holds dL/dxmid */
   BE(memset_zero(rt->kc, ws + y->dxn, (size_t)N * C * rt->xs));
-  MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_O), ws + y->datt, G(rt, l, MP_MOD_O), dres, c + y->att, W(rt, l, MP_MOD_O),
-                   N, QD, C));
+  MP_CHECK(lin_bwd(ctx, rt, l, MP_MOD_O, ws + y->datt, dres, c + y->att, N, QD, C));
   BE(attention_backward(rt->kc, ws + y->dq, ws + y->dk, ws + y->dv, ws + y->datt, a + y->q, a + y->k, a + y->v,
                         c + y->att, F32(c + y->lse), rt->B, rt->T, rt->nhl, rt->nkvl, rt->hd));
   BE(rope_backward(rt->kc, ws + y->dqp, ws + y->dq, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nhl, rt->hd));
   BE(rope_backward(rt->kc, ws + y->dkp, ws + y->dk, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nkvl, rt->hd));
-  MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_Q), ws + y->dxn, G(rt, l, MP_MOD_Q), ws + y->dqp, a + y->xn1,
-                   W(rt, l, MP_MOD_Q), N, C, QD));
-  MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_K), ws + y->dxn, G(rt, l, MP_MOD_K), ws + y->dkp, a + y->xn1,
-                   W(rt, l, MP_MOD_K), N, C, KD));
-  MP_CHECK(lin_bwd(ctx, rt, F8(rt, l, MP_MOD_V), ws + y->dxn, G(rt, l, MP_MOD_V), ws + y->dv, a + y->xn1,
-                   W(rt, l, MP_MOD_V), N, C, KD));
+  MP_CHECK(lin_bwd(ctx, rt, l, MP_MOD_Q, ws + y->dxn, ws + y->dqp, a + y->xn1, N, C, QD));
+  MP_CHECK(lin_bwd(ctx, rt, l, MP_MOD_K, ws + y->dxn, ws + y->dkp, a + y->xn1, N, C, KD));
+  MP_CHECK(lin_bwd(ctx, rt, l, MP_MOD_V, ws + y->dxn, ws + y->dv, a + y->xn1, N, C, KD));
   MP_CHECK(tp_sum(ctx, rt, ws + y->dxn, (size_t)N * C)); /* colwise q/k/v: partial input gradients */
   BE(rmsnorm_backward(rt->kc, dres, G(rt, l, MP_MOD_ATTN_NORM), ws + y->dxn, x_in, W(rt, l, MP_MOD_ATTN_NORM),
                       F32(a + y->rstd1), N, C));
   return MP_OK;
+}
+
+static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws, float dloss_aux) {
+  f8_scope_begin(rt);
+  mp_status st = block_backward_body(ctx, rt, l, dres, ws, dloss_aux);
+  mp_status s2 = f8_scope_end(ctx, rt);
+  MP_CHECK(st);
+  return s2;
 }
 
 /* One micro-batch: forward, loss, backward. Adds this micro-batch's CE mean and aux sum. */
@@ -1355,8 +1493,10 @@ mp_status mp_runtime_optimizer_step(mp_ctx *ctx, mp_runtime *rt, mp_step_result 
     if (!r->g) continue;
     BE(adamw_update(rt->kc, r->w, r->g, r->m, r->v, (size_t)r->numel_pad, rt->opts.lr, rt->opts.beta1,
                     rt->opts.beta2, rt->opts.eps, r->decay ? rt->opts.weight_decay : 0.0f, rt->step, scale));
-    /* a resident compute copy follows its master (sharded ones are cast at each gather) */
+    /* a resident compute copy follows its master (sharded ones are cast at each gather),
+     * and so do its cached float8 codes */
     if (r->cw && r->cw != (void *)r->w && !r->sharded) BE(x_from_f32(rt->kc, r->cw, r->w, (size_t)r->numel_pad));
+    r->f8w_valid = 0;
   }
   res->grad_norm = norm;
   return MP_OK;
