@@ -6,6 +6,8 @@
  * FlashAttention-2 kernels (attention_fa2.cu); every other even head dim <= 128 (or
  * MP_ATTENTION_KERNEL=scalar in the environment, read at the first call, for A/B checks)
  * runs the scalar kernels below, which are the fallback and the on-device reference.
+ * The tensor-core kernels' tile configuration is theirs to choose (MP_ATTENTION_FWD_CFG,
+ * MP_ATTENTION_DKDV_CFG, MP_ATTENTION_DQ_CFG; attention_fa2.cu, bench/attention_bench.c).
  *
  * Layout of the work. A "row group" of TPR adjacent lanes owns one query row (forward,
  * dq) or one key row (dk/dv); lane `part` of the group owns head dimensions

@@ -87,6 +87,37 @@ mp_status mp_cuda_attention_fa2_backward(mp_kctx *kc, void *dq, void *dk, void *
                                          const void *v, const void *out, const float *lse,
                                          int B, int T, int nh, int nkv, int hd);
 void mp_cuda_attention_force_scalar(int on);
+/* Tile configurations of the tensor-core attention kernels (attention_fa2.cu), for
+ * tests/kernels_cuda/attention_test.cc and bench/attention_bench.c (C linkage: the bench
+ * is C and declares these itself). Kernels: MP_FA2_FWD, MP_FA2_DKDV, MP_FA2_DQ have
+ * n_configs(kernel) configurations each; the environment (MP_ATTENTION_FWD_CFG,
+ * MP_ATTENTION_DKDV_CFG, MP_ATTENTION_DQ_CFG, read once) selects one for head dims 64 and
+ * 128 (unset: the tuned default measured on an H100; 32 and 96 always run 0).
+ * force_config(kernel, cfg) overrides the environment (cfg -1: back to it); config(kernel)
+ * is the one in effect (-2: unset, the tuned default; -1: the environment names no
+ * configuration, an error at the next call).
+ * bwd_kernels(mask) makes attention_backward launch only the kernels whose bit
+ * (1u << MP_FA2_DKDV, 1u << MP_FA2_DQ, 1u << MP_FA2_DOT for D = rowsum(dout * out)) is
+ * set, 0 = all: leaving the dot kernel out reuses the D left in the context's scratch by
+ * the previous backward, so it is for timing one kernel right after a full backward.
+ * config_info describes configuration cfg at head dim 64 or 128 ("BM128 BN64 8w Qreg
+ * 1st") and reports its registers, shared memory, local (spill) bytes and resident
+ * blocks per SM on kc's device (0 where it does not fit). */
+#ifdef __cplusplus
+extern "C" {
+#endif
+enum { MP_FA2_FWD = 0, MP_FA2_DKDV = 1, MP_FA2_DQ = 2, MP_FA2_DOT = 3 };
+int mp_cuda_attention_fa2_n_configs(int kernel);
+int mp_cuda_attention_fa2_config(int kernel);
+void mp_cuda_attention_fa2_force_config(int kernel, int cfg);
+void mp_cuda_attention_fa2_bwd_kernels(unsigned mask);
+mp_status mp_cuda_attention_fa2_config_info(mp_kctx *kc, int kernel, int cfg, int hd,
+                                            char *desc, size_t desc_bytes, int *regs,
+                                            int *smem_bytes, int *local_bytes,
+                                            int *blocks_per_sm);
+#ifdef __cplusplus
+}
+#endif
 /* cuBLASLt lifecycle: called from backend init/shutdown (creates lt, workspace, cache). */
 mp_status mp_cuda_gemm_init(mp_kctx *kc);
 void mp_cuda_gemm_shutdown(mp_kctx *kc);

@@ -29,10 +29,18 @@
 #include "kernels/cuda/cuda.h"
 
 #ifdef MP_HAVE_CUDA
-// attention.cu's test hook, declared in kernels/cuda/cuda_internal.h (the CUDA side's
-// internal header, not exported to tests): 1 routes attention through the scalar kernels,
-// 0 back to the default choice.
+// attention.cu's and attention_fa2.cu's test hooks, declared in kernels/cuda/cuda_internal.h
+// (the CUDA side's internal header, not exported to tests). force_scalar: 1 routes
+// attention through the scalar kernels, 0 back to the default choice. force_config: runs
+// configuration cfg of a tensor-core kernel (as MP_ATTENTION_FWD_CFG, _DKDV_CFG, _DQ_CFG
+// would select it), -1 back to the environment's choice; n_configs: how many are compiled.
 void mp_cuda_attention_force_scalar(int on);
+extern "C" {
+int mp_cuda_attention_fa2_n_configs(int kernel);
+void mp_cuda_attention_fa2_force_config(int kernel, int cfg);
+}
+// The hooks' kernel numbers (MP_FA2_FWD, MP_FA2_DKDV, MP_FA2_DQ there).
+enum { kFa2Fwd = 0, kFa2Dkdv = 1, kFa2Dq = 2 };
 #endif
 
 namespace {
@@ -167,6 +175,7 @@ class CudaAttention : public ::testing::Test {
     if (!ready) return;
 #ifdef MP_HAVE_CUDA
     mp_cuda_attention_force_scalar(0);
+    for (int k : {kFa2Fwd, kFa2Dkdv, kFa2Dq}) mp_cuda_attention_fa2_force_config(k, -1);
 #endif
     for (void *p : allocs) be->free(&kc, p);
     be->shutdown(&kc);
@@ -290,29 +299,55 @@ TEST_F(CudaAttention, PeakedScoresMatchCpu) {
 }
 
 #ifdef MP_HAVE_CUDA
-// The tensor-core kernels against the scalar ones on the same device, same inputs.
+// The tensor-core kernels against the scalar ones on the same device, same inputs, in
+// every compiled tile configuration of each kernel (attention_fa2.cu's tables, selected by
+// the hook as MP_ATTENTION_*_CFG would; the other kernels at configuration 0). Shapes:
+// ragged T, both tuned head dims, GQA ratios 1, 4 and 4 with 8 query tiles, so every
+// configuration meets partial tiles, the diagonal and its pipeline's steady state. The
+// backward configurations differ only in how many 16-row chunks a block or tile holds and
+// sum them in the same order, so they must also reproduce configuration 0's bits.
 TEST_F(CudaAttention, TensorCoreMatchesScalarKernel) {
-  const Shape shapes[] = {{2, 200, 8, 2, 128}, {1, 130, 4, 4, 64}};
+  const Shape shapes[] = {{2, 200, 8, 2, 128}, {1, 130, 4, 4, 64}, {1, 1024, 4, 1, 128}};
   for (const Shape &s : shapes) {
     Problem p = make_problem(s, 5 + s.hd, 2, cpu, &cpu_kc, true);
-    Vec out_tc, lse_tc, out_sc, lse_sc;
-    forward(p, &out_tc, &lse_tc);
-    mp_cuda_attention_force_scalar(1);
-    forward(p, &out_sc, &lse_sc);
-    mp_cuda_attention_force_scalar(0);
-    EXPECT_LE(rel_l2(out_tc, out_sc), 1e-2) << "out " << name_of(s);
-    EXPECT_LE(rel_l2(lse_tc, lse_sc), 1e-4) << "lse " << name_of(s);
-
     Rng r(3);
     Vec sq = prior_like(r, p.gq), sk = prior_like(r, p.gk), sv = prior_like(r, p.gv);
-    Vec tq, tk, tv, cq, ck, cv;
-    backward(p, sq, sk, sv, &tq, &tk, &tv);
+    Vec out_sc, lse_sc, cq, ck, cv;
     mp_cuda_attention_force_scalar(1);
+    forward(p, &out_sc, &lse_sc);
     backward(p, sq, sk, sv, &cq, &ck, &cv);
     mp_cuda_attention_force_scalar(0);
-    EXPECT_LE(rel_err(tq, cq, p.gq), 1e-2) << "dq " << name_of(s);
-    EXPECT_LE(rel_err(tk, ck, p.gk), 1e-2) << "dk " << name_of(s);
-    EXPECT_LE(rel_err(tv, cv, p.gv), 1e-2) << "dv " << name_of(s);
+
+    for (int c = 0; c < mp_cuda_attention_fa2_n_configs(kFa2Fwd); c++) {
+      const std::string what = " fwd cfg " + std::to_string(c) + " " + name_of(s);
+      mp_cuda_attention_fa2_force_config(kFa2Fwd, c);
+      Vec out_tc, lse_tc;
+      forward(p, &out_tc, &lse_tc);
+      EXPECT_LE(rel_l2(out_tc, out_sc), 1e-2) << "out" << what;
+      EXPECT_LE(rel_l2(lse_tc, lse_sc), 1e-4) << "lse" << what;
+    }
+    mp_cuda_attention_fa2_force_config(kFa2Fwd, -1);
+
+    Vec q0, k0, v0; // configuration 0's gradients
+    for (int kern : {kFa2Dkdv, kFa2Dq})
+      for (int c = kern == kFa2Dq ? 1 : 0; c < mp_cuda_attention_fa2_n_configs(kern); c++) {
+        const std::string what =
+            (kern == kFa2Dkdv ? " dkdv cfg " : " dq cfg ") + std::to_string(c) + " " + name_of(s);
+        mp_cuda_attention_fa2_force_config(kern, c);
+        Vec tq, tk, tv;
+        backward(p, sq, sk, sv, &tq, &tk, &tv);
+        mp_cuda_attention_fa2_force_config(kern, -1);
+        EXPECT_LE(rel_err(tq, cq, p.gq), 1e-2) << "dq" << what;
+        EXPECT_LE(rel_err(tk, ck, p.gk), 1e-2) << "dk" << what;
+        EXPECT_LE(rel_err(tv, cv, p.gv), 1e-2) << "dv" << what;
+        if (q0.empty()) {
+          q0 = tq;
+          k0 = tk;
+          v0 = tv;
+        } else {
+          EXPECT_TRUE(tq == q0 && tk == k0 && tv == v0) << "not configuration 0's bits:" << what;
+        }
+      }
   }
 }
 #endif

@@ -1,0 +1,438 @@
+/* Attention tuning sweep (not a test): times every compiled tile configuration of the
+ * tensor-core attention kernels (kernels/cuda/attention_fa2.cu: forward, dK/dV, dQ) on one
+ * GPU, checks each against configuration 0 on the same inputs, and prints one table and
+ * the environment that selects the fastest: "best: MP_ATTENTION_FWD_CFG=a
+ * MP_ATTENTION_DKDV_CFG=b MP_ATTENTION_DQ_CFG=c" for the benchmark shape of kernels_bench
+ * (B4 T2048 nh16 nkv8 hd128; the last line), after one "best for <shape>:" line per shape
+ * (that one and a head-dim 64 shape, B8 T2048 nh32 nkv8 hd64).
+ *
+ * Method. Inputs q, k, v, dout are pseudo-random in [-1, 1), never zeros (timings on zeros
+ * can flatter tensor-core kernels, see kernels_bench.c). Each figure is the median of
+ * kReps runs timed with CUDA events on the backend's stream after kWarm untimed ones. The
+ * backward's inputs are configuration 0's forward outputs (out, lse). dK/dV and dQ are
+ * timed alone: the hook mp_cuda_attention_fa2_bwd_kernels makes attention_backward launch
+ * one kernel, which reads the D = rowsum(dout * out) that the dot kernel (its own row)
+ * left in the backend's scratch; nothing between uses that scratch. The "bwd" rows time
+ * the whole backward (dot + dK/dV + dQ) with configurations 0 and with the fastest.
+ *
+ * Columns: regs, spill (local bytes), smem (dynamic shared bytes per block) and blk/SM
+ * (resident blocks per SM) come from the CUDA runtime for the compiled kernel. TF/s counts
+ * the GEMMs each kernel executes over the causal half, G = B nh T^2 hd FLOPs per GEMM:
+ * fwd 2G (S, PV), dK/dV 4G (S, dV, dP, dK), dQ 3G (S, dP, dQ); the "bwd" rows count 5G,
+ * the algorithmic backward of kernels_bench ("2.5x forward"), so they compare with it
+ * and with PyTorch. "diff" is max |x - x0| / max |x0| over the kernel's outputs (forward:
+ * out and lse; dK/dV: dk, dv; dQ: dq) against configuration 0; the backward
+ * configurations do the same sums in the same order and should give 0, the forward ones
+ * a few bf16 ulps at most where the key tile (and so the softmax rescaling) differs. A
+ * configuration whose diff exceeds kTolDiff is marked MISMATCH and never chosen.
+ *
+ * Run on the device (no arguments): bazel-bin/bench/attention_bench. Without CUDA or
+ * without a device it prints "no CUDA device" and exits 0. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/ops.h"
+
+#ifndef MP_HAVE_CUDA
+int main(void) {
+  printf("no CUDA device (built without CUDA)\n");
+  return 0;
+}
+#else
+#include <cuda_runtime_api.h>
+
+/* attention_fa2.cu's tuning hooks, declared in kernels/cuda/cuda_internal.h with C
+ * linkage (that header is C++ and internal to the CUDA library, so they are repeated
+ * here; the kernel numbers are its MP_FA2_FWD, MP_FA2_DKDV, MP_FA2_DQ, MP_FA2_DOT). */
+enum { K_FWD = 0, K_DKDV = 1, K_DQ = 2, K_DOT = 3 };
+int mp_cuda_attention_fa2_n_configs(int kernel);
+void mp_cuda_attention_fa2_force_config(int kernel, int cfg);
+void mp_cuda_attention_fa2_bwd_kernels(unsigned mask);
+mp_status mp_cuda_attention_fa2_config_info(mp_kctx *kc, int kernel, int cfg, int hd,
+                                            char *desc, size_t desc_bytes, int *regs,
+                                            int *smem_bytes, int *local_bytes,
+                                            int *blocks_per_sm);
+
+enum { kWarm = 2, kReps = 7, kMaxCfgs = 16 };
+/* 4 bf16 ulps at the largest magnitude (one ulp is 2^-8 of [1, 2)). */
+static const double kTolDiff = 4.0 / 256.0;
+
+typedef struct shape {
+  int B, T, nh, nkv, hd;
+} shape;
+
+/* Device buffers of one shape; q, k, v, dout inputs; out0, lse0 configuration 0's
+ * forward (the backward's inputs); out, lse the forward of the configuration under test. */
+typedef struct bufs {
+  void *q, *k, *v, *dout, *out0, *out, *dq, *dk, *dv;
+  float *lse0, *lse;
+  size_t nq, nkv, nl; /* elements of (B, T, nh, hd), (B, T, nkv, hd), (B, nh, T) */
+} bufs;
+
+static mp_ctx g_err;
+static mp_kctx g_kc;
+static const mp_backend *g_be;
+static const char *const kKernelName[] = {"fwd", "dkdv", "dq", "dot"};
+static const char *const kEnv[] = {"MP_ATTENTION_FWD_CFG", "MP_ATTENTION_DKDV_CFG",
+                                   "MP_ATTENTION_DQ_CFG"};
+
+#define BENCH_CHECK(expr)                                                              \
+  do {                                                                                 \
+    mp_status bs_ = (expr);                                                            \
+    if (bs_ != MP_OK) {                                                                \
+      fprintf(stderr, "attention_bench: %s failed: %s\n", #expr, mp_errmsg(&g_err));   \
+      return bs_;                                                                      \
+    }                                                                                  \
+  } while (0)
+
+/* One run of the op under test. */
+typedef enum op_kind { OP_FWD, OP_BWD } op_kind;
+typedef struct op {
+  op_kind kind;
+  const shape *s;
+  const bufs *b;
+  void *out;  /* OP_FWD: where the forward writes */
+  float *lse;
+} op;
+
+static mp_status run_op(const op *o) {
+  const shape *s = o->s;
+  const bufs *b = o->b;
+  if (o->kind == OP_FWD)
+    return g_be->attention_forward(&g_kc, o->out, o->lse, b->q, b->k, b->v, s->B, s->T, s->nh,
+                                   s->nkv, s->hd);
+  return g_be->attention_backward(&g_kc, b->dq, b->dk, b->dv, b->dout, b->q, b->k, b->v,
+                                  b->out0, b->lse0, s->B, s->T, s->nh, s->nkv, s->hd);
+}
+
+static int cmp_float(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return (x > y) - (x < y);
+}
+
+/* Median milliseconds of one run of o, or a negative value on failure (the message is
+ * then on g_err). */
+static float time_op(const op *o) {
+  cudaStream_t st = (cudaStream_t)mp_cuda_stream(&g_kc);
+  cudaEvent_t e0, e1;
+  if (cudaEventCreate(&e0) != cudaSuccess) return -1.0f;
+  if (cudaEventCreate(&e1) != cudaSuccess) {
+    cudaEventDestroy(e0);
+    return -1.0f;
+  }
+  float ms[kReps], med = -1.0f;
+  for (int i = 0; i < kWarm; i++)
+    if (run_op(o) != MP_OK) goto out;
+  for (int i = 0; i < kReps; i++) {
+    cudaEventRecord(e0, st);
+    if (run_op(o) != MP_OK) goto out;
+    cudaEventRecord(e1, st);
+    if (cudaEventSynchronize(e1) != cudaSuccess) {
+      mp_error(&g_err, MP_ERR_CUDA, "event synchronize: %s",
+               cudaGetErrorString(cudaGetLastError()));
+      goto out;
+    }
+    cudaEventElapsedTime(&ms[i], e0, e1);
+  }
+  qsort(ms, kReps, sizeof(float), cmp_float);
+  med = ms[kReps / 2];
+out:
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return med;
+}
+
+/* Host copies for the comparisons: raw bf16 (or fp32) bytes, so no conversion kernel runs
+ * (from_device_f32 would stage through the scratch that holds D). */
+static mp_status fetch(void *host, const void *dev, size_t bytes) {
+  BENCH_CHECK(g_be->synchronize(&g_kc));
+  BENCH_CHECK(g_be->memcpy_d2h(&g_kc, host, dev, bytes));
+  return MP_OK;
+}
+
+/* Running max |x - x0| and max |x0| over n elements (bf16 when f32 == 0); a NaN or inf in
+ * x makes the difference infinite. */
+typedef struct diff {
+  double num, den;
+} diff;
+static void diff_add(diff *d, const void *x, const void *x0, size_t n, int f32) {
+  for (size_t i = 0; i < n; i++) {
+    double a = f32 ? ((const float *)x)[i] : mp_bf16_to_f32(((const uint16_t *)x)[i]);
+    double b = f32 ? ((const float *)x0)[i] : mp_bf16_to_f32(((const uint16_t *)x0)[i]);
+    if (!isfinite(a)) a = INFINITY;
+    double e = fabs(a - b);
+    if (!(e <= d->num)) d->num = e; /* also takes inf and NaN */
+    if (fabs(b) > d->den) d->den = fabs(b);
+  }
+}
+static double diff_of(const diff *d) { return d->num / (d->den > 0 ? d->den : 1.0); }
+
+/* Fills n bf16 elements with values in [-1, 1) from a fixed pseudo-random sequence. */
+static mp_status fill_random(void *dst, size_t n, uint64_t seed, float *stage, size_t chunk) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; i += chunk) {
+    size_t m = n - i < chunk ? n - i : chunk;
+    for (size_t j = 0; j < m; j++) {
+      z = z * 6364136223846793005ull + 1442695040888963407ull;
+      stage[j] = (float)((z >> 40) & 0xFFFFFF) / (float)(1 << 23) - 1.0f;
+    }
+    BENCH_CHECK(g_be->to_device_f32(&g_kc, (char *)dst + i * 2, stage, m));
+  }
+  return MP_OK;
+}
+
+static void free_bufs(bufs *b) {
+  void *p[] = {b->q, b->k, b->v, b->dout, b->out0, b->out, b->dq, b->dk, b->dv, b->lse0, b->lse};
+  for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++) g_be->free(&g_kc, p[i]);
+  memset(b, 0, sizeof(*b));
+}
+
+static mp_status alloc_bufs(const shape *s, bufs *b) {
+  memset(b, 0, sizeof(*b));
+  b->nq = (size_t)s->B * s->T * s->nh * s->hd;
+  b->nkv = (size_t)s->B * s->T * s->nkv * s->hd;
+  b->nl = (size_t)s->B * s->nh * s->T;
+  void **x[] = {&b->q, &b->dout, &b->out0, &b->out, &b->dq, &b->k, &b->v, &b->dk, &b->dv};
+  for (int i = 0; i < 9; i++) BENCH_CHECK(g_be->alloc(&g_kc, x[i], (i < 5 ? b->nq : b->nkv) * 2));
+  BENCH_CHECK(g_be->alloc(&g_kc, (void **)&b->lse0, b->nl * sizeof(float)));
+  BENCH_CHECK(g_be->alloc(&g_kc, (void **)&b->lse, b->nl * sizeof(float)));
+  enum { kChunk = 1 << 22 };
+  float *stage = malloc(kChunk * sizeof(float));
+  if (!stage) return mp_error(&g_err, MP_ERR_NOMEM, "attention_bench: out of host memory");
+  mp_status st = MP_OK;
+  void *in[] = {b->q, b->k, b->v, b->dout};
+  size_t n[] = {b->nq, b->nkv, b->nkv, b->nq};
+  for (int i = 0; i < 4 && st == MP_OK; i++) st = fill_random(in[i], n[i], 17 + i, stage, kChunk);
+  /* The gradients start non-zero too (the += is part of the work). */
+  void *g[] = {b->dq, b->dk, b->dv};
+  size_t ng[] = {b->nq, b->nkv, b->nkv};
+  for (int i = 0; i < 3 && st == MP_OK; i++) st = fill_random(g[i], ng[i], 31 + i, stage, kChunk);
+  free(stage);
+  return st;
+}
+
+/* One row of the table. */
+typedef struct row {
+  int kernel, cfg;
+  float ms;      /* < 0: failed (msg) */
+  double diff;   /* vs configuration 0 */
+  int ok;        /* ran and diff <= kTolDiff */
+} row;
+
+static void print_header(void) {
+  printf("%-22s %-5s %-3s %-26s %4s %5s %7s %6s %8s %7s %9s\n", "shape", "kern", "cfg",
+         "description", "regs", "spill", "smem", "blk/SM", "ms", "TF/s", "diff");
+}
+
+static void print_row(const shape *s, const char *kern, int cfg, const char *desc, int regs,
+                      int spill, int smem, int blocks, float ms, double flops, double diff,
+                      int show_diff, const char *note) {
+  char sh[32], c[8], r[8], sp[8], sm[12], bl[8], t[12], tf[12], df[16];
+  snprintf(sh, sizeof(sh), "B%d T%d h%d/%d d%d", s->B, s->T, s->nh, s->nkv, s->hd);
+  snprintf(c, sizeof(c), cfg >= 0 ? "%d" : "-", cfg);
+  snprintf(r, sizeof(r), regs > 0 ? "%d" : "-", regs);
+  snprintf(sp, sizeof(sp), regs > 0 ? "%d" : "-", spill);
+  snprintf(sm, sizeof(sm), smem > 0 ? "%.1fK" : "-", smem / 1024.0);
+  snprintf(bl, sizeof(bl), regs > 0 ? "%d" : "-", blocks);
+  snprintf(t, sizeof(t), ms >= 0 ? "%.3f" : "-", ms);
+  snprintf(tf, sizeof(tf), ms > 0 && flops > 0 ? "%.1f" : "-", flops / (ms * 1e-3) / 1e12);
+  if (show_diff)
+    snprintf(df, sizeof(df), "%.2e", diff);
+  else
+    snprintf(df, sizeof(df), "-");
+  printf("%-22s %-5s %-3s %-26s %4s %5s %7s %6s %8s %7s %9s%s%s\n", sh, kern, c, desc, r, sp, sm,
+         bl, t, tf, df, note && *note ? "  " : "", note ? note : "");
+}
+
+/* Sweeps one kernel's configurations; rows[c] gets each result. The forward writes cfg
+ * 0's outputs into out0 / lse0 (the backward's inputs), the others into out / lse. */
+static mp_status sweep(const shape *s, bufs *b, int kernel, double G, row *rows, int *n_rows) {
+  const int n = mp_cuda_attention_fa2_n_configs(kernel);
+  const double flops = (kernel == K_FWD ? 2 : kernel == K_DKDV ? 4 : 3) * G;
+  const unsigned mask = 1u << kernel;
+  /* Host copies of configuration 0's outputs and of the current one's. */
+  const size_t n_main = kernel == K_DKDV ? b->nkv : b->nq;
+  uint16_t *ref0 = malloc(n_main * 2), *ref1 = malloc(n_main * 2), *cur0 = malloc(n_main * 2),
+           *cur1 = malloc(n_main * 2);
+  float *lref = malloc(b->nl * 4), *lcur = malloc(b->nl * 4);
+  mp_status st = MP_OK;
+  if (!ref0 || !ref1 || !cur0 || !cur1 || !lref || !lcur) {
+    st = mp_error(&g_err, MP_ERR_NOMEM, "attention_bench: out of host memory");
+    goto done;
+  }
+  *n_rows = n;
+  for (int c = 0; c < n; c++) {
+    row *r = &rows[c];
+    r->kernel = kernel;
+    r->cfg = c;
+    r->ms = -1.0f;
+    r->diff = INFINITY;
+    r->ok = 0;
+    char desc[64] = "", note[200] = "";
+    int regs = 0, smem = 0, local = 0, blocks = 0;
+    if (mp_cuda_attention_fa2_config_info(&g_kc, kernel, c, s->hd, desc, sizeof(desc), &regs,
+                                          &smem, &local, &blocks) != MP_OK)
+      snprintf(note, sizeof(note), "info: %s", mp_errmsg(&g_err));
+    mp_cuda_attention_fa2_force_config(kernel, c);
+    op o = {kernel == K_FWD ? OP_FWD : OP_BWD, s, b, c == 0 ? b->out0 : b->out,
+            c == 0 ? b->lse0 : b->lse};
+    diff d = {0, 0};
+    mp_status rs = MP_OK;
+    /* One checked run from a known state. */
+    if (kernel == K_FWD) {
+      rs = run_op(&o);
+      if (rs == MP_OK) rs = fetch(c == 0 ? ref0 : cur0, o.out, b->nq * 2);
+      if (rs == MP_OK) rs = fetch(c == 0 ? lref : lcur, o.lse, b->nl * 4);
+      if (rs == MP_OK && c > 0) {
+        diff_add(&d, cur0, ref0, b->nq, 0);
+        diff_add(&d, lcur, lref, b->nl, 1);
+      }
+    } else {
+      void *g0 = kernel == K_DKDV ? b->dk : b->dq, *g1 = kernel == K_DKDV ? b->dv : NULL;
+      mp_cuda_attention_fa2_bwd_kernels(1u << K_DOT); /* D into the scratch */
+      rs = run_op(&o);
+      if (rs == MP_OK) rs = g_be->memset_zero(&g_kc, g0, n_main * 2);
+      if (rs == MP_OK && g1) rs = g_be->memset_zero(&g_kc, g1, n_main * 2);
+      mp_cuda_attention_fa2_bwd_kernels(mask);
+      if (rs == MP_OK) rs = run_op(&o);
+      if (rs == MP_OK) rs = fetch(c == 0 ? ref0 : cur0, g0, n_main * 2);
+      if (rs == MP_OK && g1) rs = fetch(c == 0 ? ref1 : cur1, g1, n_main * 2);
+      if (rs == MP_OK && c > 0) {
+        diff_add(&d, cur0, ref0, n_main, 0);
+        if (g1) diff_add(&d, cur1, ref1, n_main, 0);
+      }
+    }
+    if (rs == MP_OK) {
+      r->diff = c > 0 ? diff_of(&d) : 0.0;
+      r->ms = time_op(&o);
+      if (r->ms < 0) rs = MP_ERR_CUDA;
+    }
+    if (rs != MP_OK) {
+      snprintf(note, sizeof(note), "skipped: %s", mp_errmsg(&g_err));
+      r->ms = -1.0f;
+      if (c == 0) { /* nothing to compare with: give up on this kernel */
+        print_row(s, kKernelName[kernel], c, desc, regs, local, smem, blocks, -1, flops, 0, 0,
+                  note);
+        st = rs;
+        goto done;
+      }
+    } else {
+      r->ok = r->diff <= kTolDiff;
+      if (!r->ok) snprintf(note, sizeof(note), "MISMATCH");
+    }
+    print_row(s, kKernelName[kernel], c, desc, regs, local, smem, blocks, r->ms, flops,
+              r->diff, rs == MP_OK, note);
+    fflush(stdout);
+  }
+done:
+  mp_cuda_attention_fa2_force_config(kernel, -1);
+  mp_cuda_attention_fa2_bwd_kernels(0);
+  free(ref0);
+  free(ref1);
+  free(cur0);
+  free(cur1);
+  free(lref);
+  free(lcur);
+  return st;
+}
+
+/* Index of the fastest row that ran and matched; 0 when none did. */
+static int best_of(const row *rows, int n) {
+  int best = 0;
+  for (int c = 0; c < n; c++)
+    if (rows[c].ok && rows[c].ms >= 0 &&
+        (!rows[best].ok || rows[best].ms < 0 || rows[c].ms < rows[best].ms))
+      best = c;
+  return best;
+}
+
+/* Sweeps one shape; best[3] gets the fastest configuration of each kernel. */
+static mp_status bench_shape(const shape *s, int best[3]) {
+  bufs b;
+  mp_status st = alloc_bufs(s, &b);
+  if (st != MP_OK) {
+    fprintf(stderr, "attention_bench: allocation failed: %s\n", mp_errmsg(&g_err));
+    free_bufs(&b);
+    return st;
+  }
+  const double G = (double)s->B * s->nh * (double)s->T * s->T * s->hd; /* one causal GEMM */
+  row rows[3][kMaxCfgs];
+  int n[3] = {0, 0, 0};
+  best[0] = best[1] = best[2] = 0;
+  st = sweep(s, &b, K_FWD, G, rows[K_FWD], &n[K_FWD]);
+  if (st == MP_OK) {
+    /* D alone (every backward pays it once). */
+    op o = {OP_BWD, s, &b, NULL, NULL};
+    mp_cuda_attention_fa2_bwd_kernels(1u << K_DOT);
+    float t = time_op(&o);
+    mp_cuda_attention_fa2_bwd_kernels(0);
+    char note[200];
+    if (t > 0) /* reads dout and out, writes D */
+      snprintf(note, sizeof(note), "%.0f GB/s", (4.0 * b.nq + 4.0 * b.nl) / (t * 1e-3) / 1e9);
+    else
+      snprintf(note, sizeof(note), "%s", mp_errmsg(&g_err));
+    print_row(s, "dot", -1, "D = rowsum(dout*out)", 0, 0, 0, 0, t, 0.0, 0, 0, note);
+    st = sweep(s, &b, K_DKDV, G, rows[K_DKDV], &n[K_DKDV]);
+  }
+  if (st == MP_OK) st = sweep(s, &b, K_DQ, G, rows[K_DQ], &n[K_DQ]);
+  if (st == MP_OK) {
+    for (int k = 0; k < 3; k++) best[k] = best_of(rows[k], n[k]);
+    /* The whole backward, default and best, as attention_backward runs it. */
+    for (int pass = 0; pass < 2; pass++) {
+      const int kv = pass ? best[K_DKDV] : 0, q = pass ? best[K_DQ] : 0;
+      char desc[64];
+      snprintf(desc, sizeof(desc), "dot+dkdv %d+dq %d%s", kv, q, pass ? " (best)" : "");
+      mp_cuda_attention_fa2_force_config(K_DKDV, kv);
+      mp_cuda_attention_fa2_force_config(K_DQ, q);
+      op o = {OP_BWD, s, &b, NULL, NULL};
+      float t = time_op(&o);
+      print_row(s, "bwd", -1, desc, 0, 0, 0, 0, t, 5 * G, 0, 0, t < 0 ? mp_errmsg(&g_err) : "");
+    }
+    mp_cuda_attention_fa2_force_config(K_DKDV, -1);
+    mp_cuda_attention_fa2_force_config(K_DQ, -1);
+  }
+  free_bufs(&b);
+  return st;
+}
+
+int main(void) {
+  if (mp_cuda_device_count() == 0) {
+    printf("no CUDA device\n");
+    return 0;
+  }
+  mp_ctx_init(&g_err);
+  g_kc.err = &g_err;
+  g_be = mp_cuda_backend();
+  BENCH_CHECK(g_be->init(&g_kc, 0));
+  struct cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+    printf("device: %s (cc %d.%d, %d SMs)\n", prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount);
+  /* The 1B model's attention (kernels_bench's shape), then a head-dim 64 shape. */
+  const shape shapes[] = {{4, 2048, 16, 8, 128}, {8, 2048, 32, 8, 64}};
+  const int n_shapes = (int)(sizeof(shapes) / sizeof(shapes[0]));
+  int best[2][3], failed = 0;
+  print_header();
+  for (int i = 0; i < n_shapes; i++)
+    if (bench_shape(&shapes[i], best[i]) != MP_OK) {
+      failed = 1;
+      best[i][0] = best[i][1] = best[i][2] = -1;
+    }
+  for (int i = n_shapes - 1; i >= 0; i--) {
+    const shape *s = &shapes[i];
+    if (best[i][0] >= 0)
+      printf("best for B%d T%d nh%d nkv%d hd%d: %s=%d %s=%d %s=%d\n", s->B, s->T, s->nh, s->nkv,
+             s->hd, kEnv[0], best[i][0], kEnv[1], best[i][1], kEnv[2], best[i][2]);
+  }
+  /* The last line: the benchmark shape's choice (shapes[0]). */
+  if (best[0][0] >= 0)
+    printf("best: %s=%d %s=%d %s=%d\n", kEnv[0], best[0][0], kEnv[1], best[0][1], kEnv[2],
+           best[0][2]);
+  g_be->shutdown(&g_kc);
+  return failed;
+}
+#endif
