@@ -37,7 +37,8 @@ enum { NTOK = SEQ * MB };
 
 typedef enum op_kind {
   OP_FWD, OP_DGRAD, OP_WGRAD, OP_ATTN_FWD, OP_ATTN_BWD, OP_F8, OP_COPY, OP_RMSNORM,
-  OP_SWIGLU, OP_RESIDUAL, OP_CE, OP_ADAMW
+  OP_SWIGLU, OP_RESIDUAL, OP_CE, OP_ADAMW, OP_F8_AMAX, OP_F8_QUANT, OP_F8_QUANT_T,
+  OP_F8_TRANSPOSE, OP_F8_CAST
 } op_kind;
 
 typedef struct bench_case {
@@ -101,6 +102,26 @@ static mp_status run_op(const bench_case *bc, const bufs *b) {
     case OP_ADAMW:
       return g_be->adamw_update(kc, b->f0, b->f1, b->f2, b->f3, (size_t)bc->a * bc->b, 1e-4f,
                                 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f);
+    /* Float8 casts of x0 (a, b) bf16: codes into x1, transposed codes into x2, amax and
+     * scale into f1[0], f1[1]; the transpose moves x1's bytes into x2. */
+    case OP_F8_AMAX:
+      return g_be->f8_amax(kc, b->f1, b->x0, (size_t)bc->a * bc->b);
+    case OP_F8_QUANT:
+      return g_be->f8_quantize(kc, (uint8_t *)b->x1, b->x0, b->scale, (size_t)bc->a * bc->b,
+                               MP_F8_E4M3);
+    case OP_F8_QUANT_T:
+      return g_be->f8_quantize_t(kc, (uint8_t *)b->x1, (uint8_t *)b->x2, b->x0, b->scale, bc->a,
+                                 bc->b, MP_F8_E5M2);
+    case OP_F8_TRANSPOSE:
+      return g_be->f8_transpose(kc, (uint8_t *)b->x2, (const uint8_t *)b->x1, bc->a, bc->b);
+    case OP_F8_CAST: { /* what the runtime runs per float8 GEMM operand in backward */
+      mp_status st = g_be->f8_amax(kc, b->f1, b->x0, (size_t)bc->a * bc->b);
+      if (st == MP_OK) st = g_be->f8_scale_from_amax(kc, b->f1 + 1, b->f1, MP_F8_E5M2);
+      if (st == MP_OK)
+        st = g_be->f8_quantize_t(kc, (uint8_t *)b->x1, (uint8_t *)b->x2, b->x0, b->f1 + 1,
+                                 bc->a, bc->b, MP_F8_E5M2);
+      return st;
+    }
   }
   return MP_ERR_INTERNAL;
 }
@@ -154,6 +175,13 @@ static double work_of(const bench_case *bc, int *is_bytes) {
     case OP_SWIGLU: case OP_RESIDUAL: return 3.0 * n * 2;
     case OP_CE: return n * 2 + 3.0 * 4 * bc->a + 4.0 * bc->a;
     case OP_ADAMW: return 7.0 * 4 * n;
+    /* Float8 casts: the bf16 read plus the code writes, the least any cast can move (the
+     * transpose: codes read and written). The cast chain reads x twice (amax, then
+     * quantize_t) but counts one read, so its % is how close it comes to the ideal. */
+    case OP_F8_AMAX: return 2.0 * n;
+    case OP_F8_QUANT: return 2.0 * n + n;
+    case OP_F8_QUANT_T: case OP_F8_CAST: return 2.0 * n + 2.0 * n;
+    case OP_F8_TRANSPOSE: return 2.0 * n;
     default: return 0;
   }
 }
@@ -268,6 +296,11 @@ int main(void) {
       {"residual fwd", OP_RESIDUAL, NTOK, D, 0},
       {"cross-entropy fwd", OP_CE, NTOK, VOCAB, 0},
       {"adamw 64M params", OP_ADAMW, 64, 1 << 20, 0},
+      {"f8 amax", OP_F8_AMAX, 8192, 8192, 0},
+      {"f8 quantize e4m3", OP_F8_QUANT, 8192, 8192, 0},
+      {"f8 quantize_t e5m2", OP_F8_QUANT_T, 8192, 8192, 0},
+      {"f8 transpose", OP_F8_TRANSPOSE, 8192, 8192, 0},
+      {"f8 cast amax+scale+q_t", OP_F8_CAST, 8192, 8192, 0},
   };
 
   printf("device: %s (cc %d.%d, %d SMs)\n", prop.name, prop.major, prop.minor,
@@ -298,6 +331,8 @@ int main(void) {
            peak > 0 ? 100.0 * rate / peak : 0.0);
   }
   printf("fp8 %% is against the bf16 GEMM peak (float8 tensor cores peak at ~2x bf16).\n");
+  printf("f8 cast rows: bytes = bf16 read + code writes (transpose: codes read + written), "
+         "%% against the copy peak.\n");
   g_be->shutdown(&g_kc);
   return 0;
 }

@@ -422,6 +422,14 @@ struct mp_backend {
                          int R, int K, int S);
   /* out (C, R) = in (R, C) transposed, float8 codes. */
   mp_status (*f8_transpose)(mp_kctx *kc, uint8_t *out, const uint8_t *in, int R, int C);
+  /* f8_quantize and f8_transpose in one pass over x: codes (R, C) = f8_quantize(x) and
+   * codes_t (C, R) = its transpose, bit for bit what the two ops give. The float8 backward
+   * GEMMs need dy and x in both orientations (matmul_f8 wants both operands
+   * K-contiguous); this reads the X tensor once for both. Either output may be NULL (not
+   * both), and they must not overlap. */
+  mp_status (*f8_quantize_t)(mp_kctx *kc, uint8_t *codes /* (R, C) or NULL */,
+                             uint8_t *codes_t /* (C, R) or NULL */, const void *x /* (R, C) X */,
+                             const float *scale /* (1) */, int R, int C, mp_f8_format fmt);
 };
 
 /* ---- host utilities (plain C, no device; implemented with the CPU backend) ---------- */

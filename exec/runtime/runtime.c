@@ -777,21 +777,7 @@ static mp_status f8_quant(mp_ctx *ctx, mp_runtime *rt, f8_operand *o, const void
   o->qt = want_qt ? base + ALIGN64(n) : NULL;
   o->amax = F32(base + 2 * ALIGN64(n));
   MP_CHECK(f8_scale(ctx, rt, o->amax, o->amax + 1, x, n, fmt));
-  if (o->q) BE(f8_quantize(rt->kc, o->q, x, o->amax + 1, n, fmt));
-  if (o->qt) { /* transposed codes: through the row-major ones when those are not kept */
-    uint8_t *rm = o->q;
-    void *tmp = NULL;
-    if (!rm) {
-      MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, n, &tmp));
-      rm = tmp;
-      BE(f8_quantize(rt->kc, rm, x, o->amax + 1, n, fmt));
-    }
-    mp_status st = rt->be->f8_transpose(rt->kc, o->qt, rm, R, C);
-    if (st != MP_OK) st = mp_error(ctx, st, "float8 transpose: %s", mp_errmsg(rt->kc->err));
-    mp_status s2 = mp_talloc_free(ctx, rt->ta, tmp);
-    MP_CHECK(st);
-    MP_CHECK(s2);
-  }
+  BE(f8_quantize_t(rt->kc, o->q, o->qt, x, o->amax + 1, R, C, fmt)); /* one pass, both orientations */
   return MP_OK;
 }
 

@@ -137,6 +137,7 @@ static const mp_backend cpu_backend = {
     .f8_fake_quantize = mp_cpu_f8_fake_quantize,
     .matmul_f8 = mp_cpu_matmul_f8,
     .f8_transpose = mp_cpu_f8_transpose,
+    .f8_quantize_t = mp_cpu_f8_quantize_t,
 };
 
 const mp_backend *mp_backend_cpu(void) { return &cpu_backend; }

@@ -1,5 +1,6 @@
 /* Float8 emulation: E4M3 ("fn": no inf, max 448) and E5M2 (max 57344) casts with
- * round-to-nearest-even and saturation, tensorwise amax and scale (kernels/ops.h).
+ * round-to-nearest-even and saturation, tensorwise amax and scale, and quantization with
+ * the transposed codes written in the same pass (kernels/ops.h).
  *
  * Encoding works on the value grid, in double: below the smallest normal the quantum is
  * the subnormal step 2^(emin - mbits); above it, 2^(floor(log2|x|) - mbits). rint() in
@@ -110,5 +111,36 @@ mp_status mp_cpu_f8_fake_quantize(mp_kctx *kc, void *out_, const void *x_,
   float s = *scale;
 #pragma omp parallel for if (n > 65536)
   for (size_t i = 0; i < n; i++) out[i] = mp_f8_decode(mp_f8_encode(x[i] * s, fmt), fmt) / s;
+  return MP_OK;
+}
+
+/* f8_quantize and f8_transpose in one pass: 64 x 64 tiles of x encoded into a local
+ * buffer, then copied out row-major (codes) and column-major (codes_t). Each code is
+ * mp_f8_encode(x * scale), as in mp_cpu_f8_quantize, so the results are those of the two
+ * ops bit for bit; each tile is owned by one thread. */
+mp_status mp_cpu_f8_quantize_t(mp_kctx *kc, uint8_t *codes, uint8_t *codes_t, const void *x_,
+                               const float *scale, int R, int C, mp_f8_format fmt) {
+  MP_CPU_REQUIRE(kc, R >= 0 && C >= 0, "f8_quantize_t");
+  MP_CPU_REQUIRE(kc, codes || codes_t, "f8_quantize_t");
+  if (R == 0 || C == 0) return MP_OK;
+  MP_CPU_REQUIRE(kc, x_ && scale && codes != codes_t, "f8_quantize_t");
+  if (!codes_t) return mp_cpu_f8_quantize(kc, codes, x_, scale, (size_t)R * C, fmt);
+  const float *x = (const float *)x_;
+  const float s = *scale;
+  enum { TB = 64 };
+#pragma omp parallel for collapse(2) if ((size_t)R * C > 65536)
+  for (int r0 = 0; r0 < R; r0 += TB)
+    for (int c0 = 0; c0 < C; c0 += TB) {
+      uint8_t tile[TB][TB];
+      int nr = R - r0 < TB ? R - r0 : TB, nc = C - c0 < TB ? C - c0 : TB;
+      for (int i = 0; i < nr; i++)
+        for (int j = 0; j < nc; j++)
+          tile[i][j] = mp_f8_encode(x[(size_t)(r0 + i) * C + c0 + j] * s, fmt);
+      if (codes)
+        for (int i = 0; i < nr; i++)
+          for (int j = 0; j < nc; j++) codes[(size_t)(r0 + i) * C + c0 + j] = tile[i][j];
+      for (int j = 0; j < nc; j++)
+        for (int i = 0; i < nr; i++) codes_t[(size_t)(c0 + j) * R + r0 + i] = tile[i][j];
+    }
   return MP_OK;
 }

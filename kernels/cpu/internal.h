@@ -106,6 +106,8 @@ mp_status mp_cpu_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint8
                            const float *a_scale, mp_f8_format fmt_a, const uint8_t *b,
                            const float *b_scale, mp_f8_format fmt_b, int R, int K, int S);
 mp_status mp_cpu_f8_transpose(mp_kctx *kc, uint8_t *out, const uint8_t *in, int R, int C);
+mp_status mp_cpu_f8_quantize_t(mp_kctx *kc, uint8_t *codes, uint8_t *codes_t, const void *x,
+                               const float *scale, int R, int C, mp_f8_format fmt);
 
 /* C(M x N) += op(A)(M x K) * op(B)(K x N); op(A)[i][p] = transA ? A[p*lda + i] :
  * A[i*lda + p], likewise B. Blocked and packed, OpenMP over output tiles. Returns

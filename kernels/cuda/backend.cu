@@ -231,6 +231,7 @@ static const mp_backend cuda_backend = {
     .f8_fake_quantize = mp_cuda_f8_fake_quantize,
     .matmul_f8 = mp_cuda_matmul_f8,
     .f8_transpose = mp_cuda_f8_transpose,
+    .f8_quantize_t = mp_cuda_f8_quantize_t,
 };
 
 extern "C" int mp_cuda_built(void) { return 1; }

@@ -106,6 +106,26 @@ __device__ __forceinline__ void mp_st8(mp_bf16 *p, const float f[8]) {
   *(uint4 *)p = u;
 }
 
+/* ---- bytes in words: float8 codes ------------------------------------------------------
+ * Word j (0..3) of a 16-byte vector, j a compile-time constant after unrolling (no
+ * local-memory indexing). */
+__device__ __forceinline__ uint32_t mp_u4_word(uint4 v, int j) {
+  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+/* The 4 x 4 byte block a[0..3] (row i in a[i], column k in byte k, little-endian memory
+ * order) transposed into t[0..3] (column k in t[k], row i in its byte i): eight byte
+ * permutes, no memory. The tiled float8 transposes (fp8.cu, matmul.cu) use it so that
+ * every global access is a whole word or vector. */
+__device__ __forceinline__ void mp_transpose4x4_u8(const uint32_t a[4], uint32_t t[4]) {
+  uint32_t lo01 = __byte_perm(a[0], a[1], 0x5140), hi01 = __byte_perm(a[0], a[1], 0x7362);
+  uint32_t lo23 = __byte_perm(a[2], a[3], 0x5140), hi23 = __byte_perm(a[2], a[3], 0x7362);
+  t[0] = __byte_perm(lo01, lo23, 0x5410); /* bytes 0 of rows 0, 1, 2, 3 */
+  t[1] = __byte_perm(lo01, lo23, 0x7632);
+  t[2] = __byte_perm(hi01, hi23, 0x5410);
+  t[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
 template <typename T>
 __device__ __forceinline__ T mp_warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -236,5 +256,7 @@ mp_status mp_cuda_f8_dequantize(mp_kctx *kc, void *x, const uint8_t *codes,
                                 const float *scale, size_t n, mp_f8_format fmt);
 mp_status mp_cuda_f8_fake_quantize(mp_kctx *kc, void *out, const void *x,
                                    const float *scale, size_t n, mp_f8_format fmt);
+mp_status mp_cuda_f8_quantize_t(mp_kctx *kc, uint8_t *codes, uint8_t *codes_t, const void *x,
+                                const float *scale, int R, int C, mp_f8_format fmt);
 
 #endif

@@ -368,9 +368,9 @@ __global__ void f8_finish_kernel(__nv_bfloat16 *out_x, float *out_f32, const flo
 
 enum { kTransposeTile = 32, kTransposeRows = 8 };
 
-/* out (C, R) = in (R, C) for bytes, through a 32 x 32 shared tile so that both the reads
- * and the writes are row-contiguous. Tile rows loop over blockIdx.y with a grid stride
- * (gridDim.y is capped at 65535). */
+/* out (C, R) = in (R, C) for bytes, any shape and alignment, through a 32 x 32 shared tile
+ * so that both the reads and the writes are row-contiguous. Tile rows loop over blockIdx.y
+ * with a grid stride (gridDim.y is capped at 65535). */
 __global__ void f8_transpose_kernel(uint8_t *out, const uint8_t *in, int R, int C) {
   __shared__ uint8_t tile[kTransposeTile][kTransposeTile + 1];
   const int row_tiles = (R + kTransposeTile - 1) / kTransposeTile;
@@ -389,6 +389,60 @@ __global__ void f8_transpose_kernel(uint8_t *out, const uint8_t *in, int R, int 
       if (cc < C && r < R) out[(size_t)cc * R + r] = tile[threadIdx.x][j];
     }
     __syncthreads(); /* the next tile overwrites the shared buffer */
+  }
+}
+
+/* The vector transpose: 64 x 128 byte tiles (rows x columns), 128 threads, 16-byte loads
+ * and stores only. Thread (rg, cg) = (threadIdx.x / 8, threadIdx.x % 8) loads rows
+ * 4 rg .. 4 rg + 3, columns 16 cg .. 16 cg + 15 of the tile (four 16-byte loads; a warp
+ * reads 4 rows x 128 contiguous bytes per load), transposes its four 4 x 4 byte blocks in
+ * registers (mp_transpose4x4_u8) and stores the 16 column words into a shared tile of
+ * the output, (128 rows, 64 bytes); the block then writes that tile as 16-byte stores (a
+ * warp writes 8 output rows x 64 contiguous bytes). In the shared tile, output row cc is
+ * four 16-byte chunks (input rows 16q .. 16q + 15) and chunk q sits at position
+ * q ^ ((cc / 16) & 3): a warp's word stores (8 column groups at one offset) then hit
+ * 2-way instead of 8-way bank conflicts, and every chunk is still one aligned vector for
+ * the conflict-free read-out. Needs in 16-byte aligned with C % 16 == 0 and out 16-byte
+ * aligned with R % 16 == 0, so every row segment a thread touches is whole. */
+enum { kTransposeVecRows = 64, kTransposeVecCols = 128, kTransposeVecThreads = 128 };
+
+__global__ void __launch_bounds__(kTransposeVecThreads)
+    f8_transpose_vec_kernel(uint8_t *out, const uint8_t *in, int R, int C) {
+  __shared__ uint4 tile[kTransposeVecCols * 4];
+  uint32_t *tw = (uint32_t *)tile;
+  const int rg = threadIdx.x >> 3, cg = threadIdx.x & 7;
+  const int c0 = blockIdx.x * kTransposeVecCols, c = c0 + cg * 16;
+  const int row_tiles = (R + kTransposeVecRows - 1) / kTransposeVecRows;
+  for (int ty = blockIdx.y; ty < row_tiles; ty += gridDim.y) {
+    const int r0 = ty * kTransposeVecRows;
+    uint4 u[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      int r = r0 + rg * 4 + i;
+      u[i] = (r < R && c < C) ? __ldg((const uint4 *)(in + (size_t)r * C + c))
+                              : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) { /* columns 4j .. 4j + 3 of the thread's 16 */
+      uint32_t a[4], t[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) a[i] = mp_u4_word(u[i], j);
+      mp_transpose4x4_u8(a, t);
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        int cc = cg * 16 + j * 4 + k;
+        tw[cc * 16 + (((rg >> 2) ^ ((cc >> 4) & 3)) << 2) + (rg & 3)] = t[k];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int it = 0; it < kTransposeVecCols * 4 / kTransposeVecThreads; it++) {
+      int v = threadIdx.x + it * kTransposeVecThreads, cc = v >> 2, q = v & 3;
+      int col = c0 + cc, row = r0 + q * 16;
+      if (col < C && row < R)
+        *(uint4 *)(out + (size_t)col * R + row) = tile[cc * 4 + (q ^ ((cc >> 4) & 3))];
+    }
+    __syncthreads(); /* the next row tile overwrites the shared buffer */
   }
 }
 
@@ -691,12 +745,22 @@ mp_status mp_cuda_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint
   return MP_OK;
 }
 
+/* The vector kernel for aligned operands with R and C multiples of 16 (every matmul_f8
+ * operand), the byte-wise kernel for anything else. */
 mp_status mp_cuda_f8_transpose(mp_kctx *kc, uint8_t *out, const uint8_t *in, int R, int C) {
   GEMM_REQUIRE(kc, R >= 0 && C >= 0, "f8_transpose");
   if (R == 0 || C == 0) return MP_OK;
   GEMM_REQUIRE(kc, out && in && out != in, "f8_transpose");
   mp_cuda_impl *im = mp_cuda_impl_of(kc);
   GEMM_REQUIRE(kc, im != NULL, "f8_transpose");
+  if (mp_aligned16(in) && mp_aligned16(out) && R % 16 == 0 && C % 16 == 0) {
+    int row_tiles = (R + kTransposeVecRows - 1) / kTransposeVecRows;
+    dim3 grid((unsigned)((C + kTransposeVecCols - 1) / kTransposeVecCols),
+              (unsigned)(row_tiles < 65535 ? row_tiles : 65535));
+    f8_transpose_vec_kernel<<<grid, kTransposeVecThreads, 0, im->stream>>>(out, in, R, C);
+    MP_CUDA_LAUNCH_CHECK(kc);
+    return MP_OK;
+  }
   int row_tiles = (R + kTransposeTile - 1) / kTransposeTile;
   dim3 block(kTransposeTile, kTransposeRows);
   dim3 grid((unsigned)((C + kTransposeTile - 1) / kTransposeTile),

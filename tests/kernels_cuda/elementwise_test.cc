@@ -1,5 +1,6 @@
-// The non-GEMM CUDA kernels (kernels/cuda/{elementwise,norm,rope,moe,loss,optim,fp8}.cu
-// and the conversions in backend.cu) against the CPU reference backend.
+// The non-GEMM CUDA kernels (kernels/cuda/{elementwise,norm,rope,moe,loss,optim,fp8}.cu,
+// the float8 transpose of matmul.cu and the conversions in backend.cu) against the CPU
+// reference backend.
 //
 // Method, for every op: fresh random inputs at several shapes, ragged ones included
 // (N = 1, 7, 333; C not a multiple of 32), rounded through bf16 first so both backends see
@@ -959,6 +960,171 @@ TEST_F(CudaOps, Float8SpecialValues) {
     Gpu(g_->f8_amax(&gk_, ga, X(x), n));
     amax = GetF(ga, 1)[0];
     EXPECT_TRUE(std::isnan(amax)) << "NaN anywhere must make amax NaN";
+  }
+}
+
+// ---- float8 vector paths ------------------------------------------------------------------
+// amax, quantize, quantize_t and transpose have 16-byte vector paths chosen by alignment and
+// shape (kernels/cuda/fp8.cu, matmul.cu) and scalar paths for the rest; each case below
+// names the path its offsets and shape take. Codes are compared with the CPU backend bit
+// for bit. Code outputs are poisoned with 0xFF, which no cast produces (E4M3 -NaN and E5M2
+// -NaN: the casts give the positive canonical NaN and saturate infinities), so an
+// unwritten code fails; the transpose, which moves arbitrary bytes, runs from two poisons.
+
+// n values over many binades, rounded to bf16; with `specials`, about 1 in 23 is NaN,
+// +-inf or +-1e6 (beyond both formats' max at any scale >= 1).
+Vec f8_values(size_t n, uint64_t seed, bool specials) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-20, 4);
+  Vec x(n);
+  for (size_t i = 0; i < n; i++) {
+    x[i] = bf(std::ldexp(mant(g), ex(g)));
+    if (!specials) continue;
+    switch (g() % 23) {
+      case 0: x[i] = i % 2 ? NAN : -NAN; break;
+      case 1: x[i] = i % 2 ? INFINITY : -INFINITY; break;
+      case 2: x[i] = i % 2 ? 1e6f : -1e6f; break;
+      default: break;
+    }
+  }
+  return x;
+}
+
+TEST_F(CudaOps, Float8AmaxVectorPathOffsetsAndNan) {
+  // Offsets 0 and 8 keep x 16-byte aligned; 1, 3 and 7 leave a scalar head of 7, 5 and 1
+  // elements. Lengths: shorter than a vector, around it, ragged tails, and 2^22 + 5, whose
+  // grid is capped at 8 blocks per SM so every thread runs the unrolled loop and its
+  // remainder.
+  uint64_t seed = 1200;
+  for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(9), size_t(333), size_t(100003),
+                   (size_t(1) << 22) + 5}) {
+    Vec x = f8_values(n, seed++, false);
+    float ref = 0.0f;
+    Ok(c_->f8_amax(&ck_, &ref, x.data(), n));
+    for (size_t off : {0, 1, 3, 7, 8}) {
+      const std::string at = "n " + std::to_string(n) + " offset " + std::to_string(off);
+      char *gx = (char *)XAt(x, off);
+      float *ga = PF(1);
+      Gpu(g_->f8_amax(&gk_, ga, gx, n));
+      EXPECT_EQ(GetF(ga, 1)[0], ref) << at;  // a max of bf16 values: exact
+      // The maximum, then a NaN, at the first element (the head when off is odd), the
+      // middle (a vector) and the last (the tail unless (n - head) % 8 == 0): each part
+      // of the kernel must carry them. -2 * ref is a bf16 value (ref is).
+      for (size_t pos : {size_t(0), n / 2, n - 1}) {
+        float big = ref > 0.0f ? -2.0f * ref : -1.0f, nan = NAN;
+        Ok(g_->to_device_f32(&gk_, gx + pos * 2, &big, 1));
+        Gpu(g_->f8_amax(&gk_, ga, gx, n));
+        EXPECT_EQ(GetF(ga, 1)[0], std::fabs(big)) << at << " max at " << pos;
+        Ok(g_->to_device_f32(&gk_, gx + pos * 2, &nan, 1));
+        Gpu(g_->f8_amax(&gk_, ga, gx, n));
+        EXPECT_TRUE(std::isnan(GetF(ga, 1)[0])) << at << " NaN at " << pos;
+        Ok(g_->to_device_f32(&gk_, gx + pos * 2, &x[pos], 1));
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, Float8QuantizeVectorPathOffsets) {
+  // (x, codes) offsets in elements: (0,0) (8,0) (0,8) vector path; (1,1) (3,3) vector
+  // after a scalar head of 7 / 5 elements; (1,0) (0,4) scalar (codes after the head not
+  // 8-byte aligned). Scale fmt_max / 4: values up to 16 in magnitude reach 4x the max.
+  struct O { size_t in, out; } offs[] = {{0, 0}, {8, 0}, {0, 8}, {1, 1}, {3, 3}, {1, 0}, {0, 4}};
+  uint64_t seed = 1300;
+  for (mp_f8_format fmt : {MP_F8_E4M3, MP_F8_E5M2}) {
+    const float s = mp_f8_max(fmt) / 4.0f;
+    float *ds = F(Vec{s});
+    for (size_t n : {size_t(1), size_t(7), size_t(9), size_t(333), size_t(100003)}) {
+      Vec x = f8_values(n, seed++, true);
+      std::vector<uint8_t> ref(n), got(n);
+      Ok(c_->f8_quantize(&ck_, ref.data(), x.data(), &s, n, fmt));
+      for (auto o : offs) {
+        uint8_t *gc = (uint8_t *)Poison(n + o.out) + o.out;
+        Gpu(g_->f8_quantize(&gk_, gc, XAt(x, o.in), ds, n, fmt));
+        Ok(g_->memcpy_d2h(&gk_, got.data(), gc, n));
+        EXPECT_TRUE(Same("f8_quantize codes", got, ref))
+            << "n " << n << " fmt " << fmt << " offsets " << o.in << "," << o.out;
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, Float8QuantizeTMatchesCpu) {
+  // Shapes: R % 16 == 0 and C % 8 == 0 take the tiled vector kernel (full and partial
+  // 64 x 64 tiles: 48 x 200, 1040 x 72); the rest the scalar tiled kernel. Offsets
+  // (x elements, codes bytes, codes_t bytes): (0,0,0) as the shape says; (1,0,0) x not
+  // 16-byte aligned, (0,0,8) codes_t only 8-byte aligned, (0,4,0) codes only 4-byte
+  // aligned: scalar. Each with both outputs, codes only (the f8_quantize path) and
+  // codes_t only.
+  const int shapes[][2] = {{1, 1},  {7, 33},   {16, 16},   {33, 130}, {64, 64},
+                           {130, 7}, {16, 8},  {48, 200},  {1040, 72}, {130, 64}};
+  struct O { size_t x, q, qt; } offs[] = {{0, 0, 0}, {1, 0, 0}, {0, 0, 8}, {0, 4, 0}};
+  uint64_t seed = 1400;
+  for (mp_f8_format fmt : {MP_F8_E4M3, MP_F8_E5M2}) {
+    const float s = mp_f8_max(fmt) / 4.0f;
+    float *ds = F(Vec{s});
+    for (auto &sh : shapes) {
+      const int R = sh[0], C = sh[1];
+      const size_t n = (size_t)R * C;
+      Vec x = f8_values(n, seed++, true);
+      std::vector<uint8_t> ref(n), ref_t(n), got(n);
+      Ok(c_->f8_quantize_t(&ck_, ref.data(), ref_t.data(), x.data(), &s, R, C, fmt));
+      for (auto o : offs) {
+        void *gx = XAt(x, o.x);
+        for (int outputs = 0; outputs < 3; outputs++) {  // both, codes only, codes_t only
+          const std::string at = std::to_string(R) + "x" + std::to_string(C) + " fmt " +
+                                 std::to_string(fmt) + " offsets " + std::to_string(o.x) +
+                                 "," + std::to_string(o.q) + "," + std::to_string(o.qt) +
+                                 " outputs " + std::to_string(outputs);
+          uint8_t *gq = outputs == 2 ? nullptr : (uint8_t *)Poison(n + o.q) + o.q;
+          uint8_t *gqt = outputs == 1 ? nullptr : (uint8_t *)Poison(n + o.qt) + o.qt;
+          Gpu(g_->f8_quantize_t(&gk_, gq, gqt, gx, ds, R, C, fmt));
+          if (gq) {
+            Ok(g_->memcpy_d2h(&gk_, got.data(), gq, n));
+            EXPECT_TRUE(Same("f8_quantize_t codes", got, ref)) << at;
+          }
+          if (gqt) {
+            Ok(g_->memcpy_d2h(&gk_, got.data(), gqt, n));
+            EXPECT_TRUE(Same("f8_quantize_t codes_t", got, ref_t)) << at;
+          }
+        }
+      }
+    }
+  }
+  uint8_t *q = (uint8_t *)Dev(16);
+  EXPECT_EQ(g_->f8_quantize_t(&gk_, nullptr, nullptr, q, F(Vec{1.0f}), 2, 2, MP_F8_E4M3),
+            MP_ERR_INVALID);
+  EXPECT_EQ(g_->f8_quantize_t(&gk_, q, q, q, F(Vec{1.0f}), 2, 2, MP_F8_E4M3), MP_ERR_INVALID);
+}
+
+TEST_F(CudaOps, Float8TransposeVectorAndScalarPaths) {
+  // R and C multiples of 16 with 16-byte aligned operands take the vector kernel (64 x 128
+  // tiles: 48 x 208 and 80 x 144 leave partial ones); other shapes, or an operand offset
+  // by 8, 4 or 1 bytes, the byte-wise kernel. Random bytes (every value is a code here).
+  const int shapes[][2] = {{16, 16}, {48, 208}, {64, 128}, {80, 144}, {1024, 2064},
+                           {7, 33},  {130, 70}, {16, 24},  {24, 16}};
+  struct O { size_t in, out; } offs[] = {{0, 0}, {16, 0}, {0, 16}, {8, 0}, {0, 4}, {1, 1}};
+  std::mt19937_64 g(1500);
+  for (auto &sh : shapes) {
+    const int R = sh[0], C = sh[1];
+    const size_t n = (size_t)R * C;
+    std::vector<uint8_t> in(n), ref(n), got(n);
+    for (auto &b : in) b = (uint8_t)g();
+    Ok(c_->f8_transpose(&ck_, ref.data(), in.data(), R, C));
+    for (auto o : offs) {
+      uint8_t *gin = (uint8_t *)Dev(n + o.in) + o.in;
+      Ok(g_->memcpy_h2d(&gk_, gin, in.data(), n));
+      for (uint8_t poison : {uint8_t(0x00), uint8_t(0xFF)}) {
+        uint8_t *gout = (uint8_t *)Dev(n + o.out) + o.out;
+        std::vector<uint8_t> fill(n, poison);
+        Ok(g_->memcpy_h2d(&gk_, gout, fill.data(), n));
+        Gpu(g_->f8_transpose(&gk_, gout, gin, R, C));
+        Ok(g_->memcpy_d2h(&gk_, got.data(), gout, n));
+        EXPECT_TRUE(Same("f8_transpose", got, ref))
+            << R << "x" << C << " offsets " << o.in << "," << o.out << " poison "
+            << (int)poison;
+      }
+    }
   }
 }
 
