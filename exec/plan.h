@@ -154,8 +154,17 @@ typedef enum mp_pp_schedule { MP_PP_1F1B = 0, MP_PP_INTERLEAVED, MP_PP_GPIPE } m
  *                 still cast into a gathered buffer (the GPU stacks; the default)
  *   MESHPLAN_CPU  exec/runtime/runtime.c on the CPU backend: fp32 tensors carved from one
  *                 allocation per block (64-byte aligned), blocking MPI collectives (no
- *                 prefetch), parameters of a one-rank FSDP group used in place */
-typedef enum mp_mem_model { MP_MEM_MODEL_TORCHTITAN = 0, MP_MEM_MODEL_MESHPLAN_CPU } mp_mem_model;
+ *                 prefetch), parameters of a one-rank FSDP group used in place
+ *   MESHPLAN_CUDA the same runtime on the CUDA backend: the same layout with bf16 X
+ *                 tensors, a resident bf16 compute copy of every parameter that is not
+ *                 FSDP-sharded, units gathered in bf16, float8 GEMMs on real codes, and
+ *                 NCCL's overlap (the next unit's gather prefetched, reduce-scatters
+ *                 finished one unit later) */
+typedef enum mp_mem_model {
+  MP_MEM_MODEL_TORCHTITAN = 0,
+  MP_MEM_MODEL_MESHPLAN_CPU,
+  MP_MEM_MODEL_MESHPLAN_CUDA
+} mp_mem_model;
 
 /* What mp_build_plan needs besides the model and mesh. Defaults: mp_plan_options_init. */
 typedef struct mp_plan_options {

@@ -129,7 +129,38 @@
  *     size is the rows a rank receives, which routing decides at run time; the model uses
  *     the balanced count N x top_k (the mean over the EP group, exactly: every row sent
  *     is received), so the busiest rank measures more (tests/runtime/parity_matrix.py
- *     bounds the excess by the rows the run really received). */
+ *     bounds the excess by the rows the run really received).
+ * MP_MEM_MODEL_MESHPLAN_CUDA is the same runtime on the CUDA backend (bf16 X tensors), also
+ * event for event: the model above with the backend's properties (gen.rt, .xs, .host_mem,
+ * .overlap), not a copy of it (checked byte for byte, per category, against an accounting
+ * backend with bf16 X tensors by tests/runtime/schedule_memory_test). Its differences:
+ *   - X tensors (activations, their gradients, logits, compute copies) are bf16, 2 bytes;
+ *     statistics (rstd, lse, router probabilities, losses) stay fp32 and ids int32; every
+ *     carved tensor still starts on a 64-byte boundary (runtime.c's PUT and ALIGN64), so
+ *     the CPU model is the case X = 4;
+ *   - resident besides the fp32 state: a bf16 compute copy (PARAMS) of every parameter
+ *     that is not FSDP-sharded; the staging buffer of host-value collectives (4096 floats,
+ *     TEMP: the backend's memory is not host memory); the float8 codes of every float8
+ *     weight that is not FSDP-sharded (FP8; made at its first use in the first step and
+ *     kept, so the schedule holds them from the prologue: a later step's memory);
+ *   - FSDP units gathered in bf16, one ALIGN64(gsize x padded shard x 2 bytes) slot per
+ *     parameter; the unsharded gradients have as many fp32 elements as the slots have bf16;
+ *   - float8 as real codes: an operand is one FP8 allocation of its codes in both
+ *     orientations, amax and scale (2 ALIGN64(n) + 64 bytes). A block's E4M3 activations
+ *     (xn1 for q/k/v, the attention output for o, xn2 for gate/up, the SwiGLU output for
+ *     down) are quantized once in its forward (and once in its backward) and freed when it
+ *     ends (backward's want transposed codes only, made through a temporary of row-major
+ *     codes, one byte an element); an FSDP-sharded weight is quantized around each GEMM;
+ *     backward adds the output gradient's operand (E5M2) and an X temporary of the input
+ *     gradient around each GEMM;
+ *   - NCCL when ranks > 1 (the model assumes a GPU per rank; ranks sharing a GPU stage
+ *     through MPI, which has neither of these two and is the CPU model's order): forward
+ *     gathers the next block's units as a block starts (torchtitan's one block of
+ *     prefetch), backward prefetches the block below when resharded (the top block
+ *     gathers its own once the head is done); a unit's reduce-scatter goes out into a
+ *     buffer of one 16-float-aligned slot per sharded parameter and is finished at the
+ *     next sharded unit's turn or the end of the micro-batch, so that buffer and the
+ *     unit's unsharded gradients live through the next unit's backward. */
 #include <math.h>
 #include <string.h>
 
@@ -170,7 +201,7 @@ enum {
   BUF_LOGITS_F32,
   BUF_DLOGITS_F32,
   BUF_DLOGITS,
-  /* the meshplan-cpu memory model's own buffers (runtime.c's names) */
+  /* the runtime memory models' own buffers (runtime.c's names) */
   BUF_RT_RESIDENT, /* RoPE tables and the reduction scalars (TEMP, resident) */
   BUF_RT_TOKENS,   /* token ids and targets of the micro-batch (TEMP) */
   BUF_RT_X,        /* residual stream: x[0] at layer -1, x[l + 1] at layer l */
@@ -183,6 +214,13 @@ enum {
   BUF_RT_HEAD,     /* xf, rstdf */
   BUF_RT_DRES,     /* residual-stream gradient (TEMP) */
   BUF_RT_DXF,      /* final norm's input gradient (TEMP) */
+  /* meshplan-cuda's own */
+  BUF_RT_F8W,      /* float8 codes of the weights that are not FSDP-sharded (FP8, resident) */
+  BUF_RT_RS,       /* NCCL: a unit's reduce-scatter output, in flight (TEMP) */
+  BUF_F8_DY,       /* float8 on codes: the output gradient's operand (E5M2) */
+  BUF_F8_W,        /* an FSDP-sharded weight's operand (E4M3) */
+  BUF_F8_DX,       /* the input gradient's X temporary */
+  BUF_F8_ACT,      /* + source (f8_source): a block's activation operand (E4M3) */
 };
 
 enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };
@@ -196,10 +234,13 @@ typedef struct unit_info {
   int gsize;           /* FSDP group size */
   uint8_t group;
   uint8_t gather_dtype;
-  /* meshplan-cpu: the runtime's gathered buffer (also the unsharded gradients' size), in
-   * fp32 elements: per parameter a gsize x padded-shard slot, 16-float aligned; and the
-   * largest padded shard (its reduce-scatter staging buffer). 0 for a one-rank group. */
-  int64_t rt_gather_numel, rt_max_pad;
+  /* runtime models: the runtime's gathered buffer in bytes, per parameter a gsize x
+   * padded-shard slot of X elements, 64-byte aligned, for X of 4 bytes (meshplan-cpu) and
+   * of 2 (meshplan-cuda; the unsharded gradients have the slots' element count in fp32);
+   * the sum of the padded shards, each 16-float aligned (NCCL's reduce-scatter output);
+   * the largest padded shard (the blocking reduce-scatter's staging). 0 for a one-rank
+   * group. */
+  int64_t rt_gather_x4, rt_gather_x2, rt_rs_numel, rt_max_pad;
 } unit_info;
 
 /* Per-kind local shapes and flags, read from the plan's parameters. */
@@ -248,9 +289,20 @@ typedef struct gen {
   int reshard;
   mp_dtype pdt, rdt;
   /* memory model (p->opts.mem_model; see the file comment) */
-  int cpu;                 /* MP_MEM_MODEL_MESHPLAN_CPU */
-  int prefetch;            /* FSDP gathers one block ahead (torchtitan), or at use (cpu) */
-  struct rt_sizes {        /* meshplan-cpu buffer sizes in bytes, from runtime.c's layout */
+  int rt;                  /* a meshplan runtime's: MESHPLAN_CPU or MESHPLAN_CUDA */
+  int xs;                  /* rt: bytes of an X element (the backend's x_dtype: 4 CPU, 2 CUDA) */
+  int host_mem;            /* rt: the backend's memory is host memory (no staging buffer) */
+  int overlap;             /* rt: NCCL's prefetched gathers and deferred reduce-scatters */
+  int prefetch;            /* FSDP gathers one block ahead (torchtitan, NCCL), or at use */
+  int f8w_sharded;         /* rt, float8 on codes: block weights FSDP-sharded (per-GEMM codes) */
+  unsigned f8_scope;       /* rt, float8 on codes: the open block's quantized activations */
+  int64_t f8_scope_bytes[4];
+  struct {                 /* overlap: the reduce-scatter in flight (one unit at most) */
+    int on;
+    int32_t layer, unit;
+    int64_t rs, gbuf;
+  } rs_fl;
+  struct rt_sizes {        /* runtime models' buffer sizes in bytes, from runtime.c's layout */
     int64_t resident, tok, x, block[2], core, ws[2], head, logits, dlogits, nc;
     int64_t epa, ep_out, ep_ws; /* EP, balanced routing: N x top_k rows per rank */
   } rs;
@@ -425,9 +477,50 @@ static void cast(gen *g, int module, int64_t elems, mp_variant v) {
           5.0 * (double)elems, MP_DTYPE_BF16);
 }
 
-/* runtime.c's carving: every tensor of a carved allocation starts on a 16-float (64-byte)
- * boundary. */
+/* runtime.c's carving: every tensor of a carved allocation starts on a 64-byte boundary
+ * (ALIGN64 of its bytes; a16: of an fp32 tensor's elements, ALIGN16). */
+static int64_t al64(int64_t bytes) { return (bytes + 63) & ~(int64_t)63; }
 static int64_t a16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+/* ---- float8 on codes (meshplan-cuda; runtime.c, lin_fwd / lin_bwd not emulated) -------- */
+
+/* An operand (runtime.c, f8_quant): the codes of an n-element tensor in both orientations,
+ * then its amax and scale, in one FP8 allocation. */
+static int64_t rt_f8_operand(int64_t n) { return 2 * al64(n) + 64; }
+
+/* The activation a block's float8 Linear reads: q/k/v xn1, o the attention output, gate/up
+ * xn2, down the SwiGLU output. Linears reading the same one share its operand. */
+static int f8_source(int module) {
+  switch (module) {
+    case MP_MOD_Q:
+    case MP_MOD_K:
+    case MP_MOD_V: return 0;
+    case MP_MOD_O: return 1;
+    case MP_MOD_GATE:
+    case MP_MOD_UP: return 2;
+    default: return 3;
+  }
+}
+
+/* The E4M3 operand of that activation: quantized by the first Linear of the block's
+ * forward (or backward) that reads it, kept to the block's end (runtime.c's f8 scope).
+ * Backward wants only its transposed codes, which f8_quantize_t writes directly (no
+ * temporary). */
+static void rt_f8_act(gen *g, int module, int64_t elems, int transposed_only) {
+  const int src = f8_source(module);
+  if (g->f8_scope & (1u << src)) return;
+  g->f8_scope |= 1u << src;
+  g->f8_scope_bytes[src] = rt_f8_operand(elems);
+  pair(g, MP_MEM_FP8, BUF_F8_ACT + src, g->f8_scope_bytes[src], 1);
+  (void)transposed_only; /* f8_quantize_t writes the transposed codes directly */
+}
+
+/* The end of a block's forward or backward: its activation operands go. */
+static void rt_f8_scope_close(gen *g) {
+  for (int src = 0; src < 4; src++)
+    if (g->f8_scope & (1u << src)) pair(g, MP_MEM_FP8, BUF_F8_ACT + src, g->f8_scope_bytes[src], 0);
+  g->f8_scope = 0;
+}
 
 /* y[T, out] = x[T, in] W^T (batch > 1: grouped expert GEMMs, m tokens per expert). */
 static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, int64_t batch) {
@@ -440,9 +533,17 @@ static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, in
   const int64_t w = out * in * batch, x = mi * in;
   if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_FWD);
   cast(g, module, x, MP_VAR_FWD);
+  if (g->rt && g->xs != 4) { /* codes: the input's (shared in the block), the weight's */
+    const int64_t wb = g->f8w_sharded ? rt_f8_operand(w) : 0; /* else resident codes */
+    rt_f8_act(g, module, x, 0);
+    pair(g, MP_MEM_FP8, BUF_F8_W, wb, 1);
+    gemm(g, MP_VAR_FWD, module, m, out, in, batch, MP_DTYPE_FP8_E4M3);
+    pair(g, MP_MEM_FP8, BUF_F8_W, wb, 0);
+    return;
+  }
   /* meshplan-cpu emulates float8 in fp32: one buffer of the quantized input (aligned) and
-   * weight; it never all-gathers float8 */
-  const int64_t fb = g->cpu ? (a16(x) + w) * 4 : (g->sh.fp8_ag ? 0 : w) + x;
+   * weight; the runtimes never all-gather float8 */
+  const int64_t fb = g->rt ? (a16(x) + w) * 4 : (g->sh.fp8_ag ? 0 : w) + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
   gemm(g, MP_VAR_FWD, module, m, out, in, batch, MP_DTYPE_FP8_E4M3);
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 0);
@@ -460,7 +561,24 @@ static void linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, in
   cast(g, module, dy, MP_VAR_BWD);
   if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_BWD);
   cast(g, module, x, MP_VAR_BWD);
-  const int64_t fb = g->cpu ? (a16(dy) + a16(x) + w) * 4 : dy + (g->sh.fp8_ag ? 0 : w) + x;
+  if (g->rt && g->xs != 4) {
+    /* codes: dy's (E5M2, both orientations), the weight's when sharded, an X temporary
+     * for DGRAD's output (the GEMM writes, the contract adds), then the input's
+     * transposed codes (shared in the block) */
+    const int64_t db = rt_f8_operand(dy), wb = g->f8w_sharded ? rt_f8_operand(w) : 0,
+                  xb = x * g->xs;
+    pair(g, MP_MEM_FP8, BUF_F8_DY, db, 1);
+    pair(g, MP_MEM_FP8, BUF_F8_W, wb, 1);
+    pair(g, MP_MEM_FP8, BUF_F8_DX, xb, 1);
+    gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_FP8_E5M2);
+    rt_f8_act(g, module, x, 1);
+    gemm(g, MP_VAR_WGRAD, module, out, in, (int64_t)ceil(m), batch, MP_DTYPE_FP8_E5M2);
+    pair(g, MP_MEM_FP8, BUF_F8_DX, xb, 0);
+    pair(g, MP_MEM_FP8, BUF_F8_W, wb, 0);
+    pair(g, MP_MEM_FP8, BUF_F8_DY, db, 0);
+    return;
+  }
+  const int64_t fb = g->rt ? (a16(dy) + a16(x) + w) * 4 : dy + (g->sh.fp8_ag ? 0 : w) + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
   gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_FP8_E5M2);
   /* WGRAD's FLOPs with the exact token count: dW[out, in] = dy^T x, k = m x batch tokens
@@ -597,10 +715,10 @@ static void swiglu(gen *g, mp_variant v, int module, int64_t elems) {
 static void mlp_fwd(gen *g, int kind, const part_deps *pd) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->T, H = sh->H;
-  /* meshplan-cpu's full-AC recompute refills the block's saved tensors and stops there: no
+  /* the runtimes' full-AC recompute refills the block's saved tensors and stops there: no
    * down projection, unpermute or shared-expert output (runtime.c, block_forward without
    * x_out) */
-  const int out = !(g->cpu && g->phase == MP_PHASE_RECOMPUTE);
+  const int out = !(g->rt && g->phase == MP_PHASE_RECOMPUTE);
   attach(g, pd, PART_MOE);
   norm_fwd(g, MP_MOD_FFN_NORM, T, H);
   if (kind == KIND_DENSE) {
@@ -623,9 +741,9 @@ static void mlp_fwd(gen *g, int kind, const part_deps *pd) {
                 6.0 * (double)(T * sh->E) + 12.0 * (double)Tk);
     elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_FWD, -1, Tk * H, 0.0,
                 2.0 * (double)(T * H) + 2.0 * (double)(Tk * H));
-    /* meshplan-cpu under EP: the expert side (sized by the rows received) is saved for
+    /* the runtimes under EP: the expert side (sized by the rows received) is saved for
      * backward; the expert outputs wait in a COMM buffer for the combine */
-    const int ep_mem = g->cpu && sh->ep > 1;
+    const int ep_mem = g->rt && sh->ep > 1;
     if (ep_mem) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_EPA, g->rs.epa, 1);
     ep_alltoall(g, MP_MOD_EXPERTS_GATE);
     if (ep_mem) pair(g, MP_MEM_COMM, BUF_RT_EP_OUT, g->rs.ep_out, 1);
@@ -644,11 +762,11 @@ static void mlp_fwd(gen *g, int kind, const part_deps *pd) {
       linear_fwd(g, MP_MOD_SHARED_UP, (double)T, sh->fs, H, 1);
       swiglu(g, MP_VAR_FWD, MP_MOD_SHARED_GATE, T * sh->fs);
       if (!out) return;
-      if (g->cpu) pair(g, MP_MEM_TEMP, BUF_RT_SHARED, g->rs.nc, 1);
+      if (g->rt) pair(g, MP_MEM_TEMP, BUF_RT_SHARED, g->rs.nc, 1);
       linear_fwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->fs, 1);
       tp_allreduce(g, sh->ar_sdown, MP_MOD_SHARED_DOWN);
       residual(g, MP_VAR_FWD, T * H); /* routed + shared */
-      if (g->cpu) pair(g, MP_MEM_TEMP, BUF_RT_SHARED, g->rs.nc, 0);
+      if (g->rt) pair(g, MP_MEM_TEMP, BUF_RT_SHARED, g->rs.nc, 0);
     }
     if (!out) return;
   }
@@ -682,7 +800,7 @@ static void mlp_bwd(gen *g, int kind, const part_deps *pd) {
     }
     elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_BWD, -1, Tk * H, 2.0,
                 2.0 * (double)(T * H) + 4.0 * (double)(Tk * H));
-    const int ep_mem = g->cpu && sh->ep > 1; /* the expert side's gradients, as in forward */
+    const int ep_mem = g->rt && sh->ep > 1; /* the expert side's gradients, as in forward */
     if (ep_mem) pair(g, MP_MEM_TEMP, BUF_RT_EP_WS, g->rs.ep_ws, 1);
     ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
     const int32_t first = g->n_ops;
@@ -721,15 +839,30 @@ static void attention_bwd(gen *g, const part_deps *pd) {
     norm_bwd(g, MP_MOD_K_NORM, T * sh->nkv, sh->hd);
     norm_bwd(g, MP_MOD_Q_NORM, T * sh->nh, sh->hd);
   }
-  linear_bwd(g, MP_MOD_V, (double)T, sh->kv, H, 1);
-  linear_bwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
-  linear_bwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
+  if (g->rt) { /* runtime.c's order (its float8 operand of xn1 comes with q) */
+    linear_bwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
+    linear_bwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
+    linear_bwd(g, MP_MOD_V, (double)T, sh->kv, H, 1);
+  } else {
+    linear_bwd(g, MP_MOD_V, (double)T, sh->kv, H, 1);
+    linear_bwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
+    linear_bwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
+  }
   tp_allreduce(g, sh->ar_qkv, MP_MOD_Q);
   norm_bwd(g, MP_MOD_ATTN_NORM, T, H);
   residual(g, MP_VAR_BWD, T * H);
 }
 
 /* ---- FSDP pieces ----------------------------------------------------------------- */
+
+/* Runtime models: a unit's gathered buffer (X) and its unsharded gradients (fp32, as many
+ * elements as the gathered buffer's slots hold), in bytes. */
+static int64_t rt_gathered(const gen *g, const unit_info *ui) {
+  return g->xs == 2 ? ui->rt_gather_x2 : ui->rt_gather_x4;
+}
+static int64_t rt_unsharded_grads(const gen *g, const unit_info *ui) {
+  return rt_gathered(g, ui) / g->xs * 4;
+}
 
 /* Issues the all-gathers of block `layer`'s units (or the root unit when layer < 0 and
  * unit >= 0) on the gather stream. gidx receives per part the gather's op index. */
@@ -741,9 +874,9 @@ static void gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t gi
     const int32_t u = unit0 + k;
     const unit_info *ui = &g->ui[u];
     if (ui->numel_tp == 0) continue;
-    /* meshplan-cpu uses a one-rank group's parameters in place: nothing to gather */
-    if (g->cpu && ui->gsize <= 1) continue;
-    const int64_t gb = g->cpu ? ui->rt_gather_numel * 4 : (int64_t)ui->gather_bytes;
+    /* the runtimes use a one-rank group's parameters in place: nothing to gather */
+    if (g->rt && ui->gsize <= 1) continue;
+    const int64_t gb = g->rt ? rt_gathered(g, ui) : (int64_t)ui->gather_bytes;
     mem(g, MP_OP_ALLOC, MP_MEM_GATHERED, BUF_GATHERED, gb, layer, u, MP_STREAM_GATHER);
     int32_t i;
     if (ui->gsize > 1) {
@@ -769,9 +902,9 @@ static void free_units(gen *g, int32_t layer, int32_t unit0, int n, int part_lo,
   for (int k = part_lo; k < n && k <= part_hi; k++) {
     const int32_t u = unit0 + k;
     if (g->ui[u].numel_tp == 0) continue;
-    if (g->cpu && g->ui[u].gsize <= 1) continue;
+    if (g->rt && g->ui[u].gsize <= 1) continue;
     mem(g, MP_OP_FREE, MP_MEM_GATHERED, BUF_GATHERED,
-        g->cpu ? g->ui[u].rt_gather_numel * 4 : (int64_t)g->ui[u].gather_bytes, layer, u,
+        g->rt ? rt_gathered(g, &g->ui[u]) : (int64_t)g->ui[u].gather_bytes, layer, u,
         MP_STREAM_COMPUTE);
   }
 }
@@ -780,12 +913,76 @@ static void grads_alloc(gen *g, int32_t layer, int32_t unit0, int n) {
   if (!g->has_fsdp) return;
   for (int k = 0; k < n; k++) {
     const int32_t u = unit0 + k;
-    /* meshplan-cpu: gradients accumulate into the unit's slots (the gathered layout);
-     * a one-rank group accumulates into its resident gradients */
-    const int64_t b = g->cpu ? (g->ui[u].gsize > 1 ? g->ui[u].rt_gather_numel * 4 : 0)
-                             : g->ui[u].numel_tp * mp_dtype_bytes(g->pdt);
+    /* the runtimes: gradients accumulate into the unit's slots (the gathered layout, in
+     * fp32); a one-rank group accumulates into its resident gradients */
+    const int64_t b = g->rt ? (g->ui[u].gsize > 1 ? rt_unsharded_grads(g, &g->ui[u]) : 0)
+                            : g->ui[u].numel_tp * mp_dtype_bytes(g->pdt);
     if (b > 0) mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, b, layer, u, MP_STREAM_COMPUTE);
   }
+}
+
+/* NCCL: the reduce-scatter in flight is finished (runtime.c, unit_rs_finish): its output
+ * and the unit's unsharded gradients go. */
+static void rt_rs_finish(gen *g) {
+  if (!g->rs_fl.on) return;
+  mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_RT_RS, g->rs_fl.rs, g->rs_fl.layer, g->rs_fl.unit,
+      MP_STREAM_COMPUTE);
+  mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, g->rs_fl.gbuf, g->rs_fl.layer, g->rs_fl.unit,
+      MP_STREAM_COMPUTE);
+  g->rs_fl.on = 0;
+}
+
+/* Runtime models: unit u's gradients after its backward (runtime.c, unit_grad_end).
+ * Blocking comm (MPI; the CPU): per parameter an in-place reduce-scatter from the unsharded
+ * buffer into one staging shard (the largest padded shard), added into the gradient shard;
+ * the staging, then the buffer, freed. NCCL (overlap): the reduce-scatter in flight is
+ * finished first, then this unit's goes out into an output buffer of one 16-float-aligned
+ * slot per sharded parameter and stays in flight (rt_rs_finish). A one-rank group
+ * accumulated into its resident gradients: nothing. */
+static void rt_reduce_unit(gen *g, int32_t layer, int32_t u, int rep, int32_t after) {
+  const unit_info *ui = &g->ui[u];
+  const int sharded = ui->gsize > 1;
+  const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->rdt), stage = ui->rt_max_pad * 4,
+                out = ui->rt_rs_numel * 4;
+  if (sharded && g->overlap) {
+    rt_rs_finish(g);
+    mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_RT_RS, out, layer, u, MP_STREAM_COMPUTE);
+  } else if (sharded) {
+    mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, stage, layer, u, MP_STREAM_COMPUTE);
+  }
+  int32_t last = -1;
+  if (sharded) {
+    last = comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, MP_STREAM_REDUCE, (double)rb,
+                g->rdt, -1);
+    if (last >= 0) {
+      g->ops[last].layer = layer;
+      g->ops[last].unit = u;
+    }
+    add_dep(g, last, after, 0);
+  }
+  if (rep > 1) {
+    int32_t i = comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, MP_STREAM_REDUCE,
+                     (double)(ui->numel_shard * mp_dtype_bytes(g->rdt)), g->rdt, -1);
+    if (i >= 0) {
+      g->ops[i].layer = layer;
+      g->ops[i].unit = u;
+    }
+    add_dep(g, i, last >= 0 ? last : after, 0);
+    last = i;
+  }
+  if (!sharded) return;
+  if (g->overlap) {
+    g->rs_fl.on = 1;
+    g->rs_fl.layer = layer;
+    g->rs_fl.unit = u;
+    g->rs_fl.rs = out;
+    g->rs_fl.gbuf = rt_unsharded_grads(g, ui);
+    return;
+  }
+  int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, stage, layer, u, MP_STREAM_REDUCE);
+  add_dep(g, f, last >= 0 ? last : after, 0);
+  mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, rt_unsharded_grads(g, ui), layer, u,
+      MP_STREAM_REDUCE);
 }
 
 /* After the backward of units [lo, hi] of a block: copy to the reduce buffer,
@@ -810,16 +1007,14 @@ static void reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, in
       }
       continue;
     }
+    if (g->rt) {
+      rt_reduce_unit(g, layer, u, rep, after);
+      continue;
+    }
     const int64_t gb = ui->numel_tp * mp_dtype_bytes(g->pdt);
     const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->rdt);
-    /* meshplan-cpu reduce-scatters parameter by parameter in place from the unsharded
-     * buffer into one staging shard (the largest padded shard), freed before the buffer */
-    const int cpu_mem = g->cpu && ui->gsize > 1;
-    const int64_t sb = cpu_mem ? ui->rt_max_pad * 4 : rb;
-    if (!g->cpu || cpu_mem)
-      mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, sb, layer, u, MP_STREAM_COMPUTE);
-    if (!g->cpu)
-      mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, gb, layer, u, MP_STREAM_COMPUTE);
+    mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_COMPUTE);
+    mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, gb, layer, u, MP_STREAM_COMPUTE);
     int32_t last = -1;
     if (ui->gsize > 1) {
       last = comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, MP_STREAM_REDUCE, (double)rb,
@@ -840,12 +1035,8 @@ static void reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, in
       add_dep(g, i, last >= 0 ? last : after, 0);
       last = i;
     }
-    if (g->cpu && !cpu_mem) continue;
-    int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, sb, layer, u, MP_STREAM_REDUCE);
+    int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
     add_dep(g, f, last >= 0 ? last : after, 0);
-    if (cpu_mem)
-      mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, ui->rt_gather_numel * 4, layer, u,
-          MP_STREAM_REDUCE);
   }
 }
 
@@ -879,7 +1070,8 @@ static int same_block(const gen *g, int32_t a, int32_t b, const stage_info *st) 
       const unit_info *x = &g->ui[g->first_unit[la] + k], *y = &g->ui[g->first_unit[lb] + k];
       if (x->numel_tp != y->numel_tp || x->numel_shard != y->numel_shard ||
           x->gather_bytes != y->gather_bytes || x->group != y->group ||
-          x->rt_gather_numel != y->rt_gather_numel || x->rt_max_pad != y->rt_max_pad)
+          x->rt_gather_x4 != y->rt_gather_x4 || x->rt_gather_x2 != y->rt_gather_x2 ||
+          x->rt_rs_numel != y->rt_rs_numel || x->rt_max_pad != y->rt_max_pad)
         return 0;
     }
   }
@@ -916,7 +1108,7 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
     pd.dep[k][1] = g->prefetch && src >= 0 && repeat > 1 ? next_g[src] : -1;
     pd.flags[k][1] = MP_DEP_PREV_REP;
   }
-  if (g->cpu) {
+  if (g->rt) {
     /* runtime.c: the block's saved tensors, its attention core, its output x[l + 1] */
     pair(g, MP_MEM_ACTIVATIONS, BUF_RT_BLOCK, g->rs.block[kind], 1);
     pair(g, MP_MEM_ACTIVATIONS, BUF_RT_CORE, g->rs.core, 1);
@@ -924,6 +1116,7 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
     attention_fwd(g, &pd);
     attention_out_fwd(g);
     mlp_fwd(g, kind, &pd);
+    rt_f8_scope_close(g); /* the block's float8 activation codes go with its forward */
     /* full AC keeps only x[l]; selective drops the attention core */
     if (o->ac != MP_AC_NONE) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_CORE, g->rs.core, 0);
     if (o->ac == MP_AC_FULL) {
@@ -949,10 +1142,10 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   for (int k = 0; k < N_PARTS; k++) c->gather[k] = next_g[k];
 }
 
-/* A block's backward as meshplan-cpu runs it (runtime.c, the backward loop): recompute
- * (full: the block's saved tensors; selective: only the attention core, from the saved
- * q, k, v), the workspace, MLP then attention backward, then the block's buffers go. */
-static void block_bwd_cpu(gen *g, int kind, const part_deps *pd) {
+/* A block's backward as the meshplan runtimes run it (runtime.c, the backward loop):
+ * recompute (full: the block's saved tensors; selective: only the attention core, from the
+ * saved q, k, v), the workspace, MLP then attention backward, then the block's buffers go. */
+static void block_bwd_rt(gen *g, int kind, const part_deps *pd) {
   const mp_ac_mode ac = g->p->opts.ac;
   if (ac == MP_AC_FULL) {
     g->phase = MP_PHASE_RECOMPUTE;
@@ -961,6 +1154,7 @@ static void block_bwd_cpu(gen *g, int kind, const part_deps *pd) {
     attention_fwd(g, pd);
     attention_out_fwd(g);
     mlp_fwd(g, kind, pd);
+    rt_f8_scope_close(g);
     g->phase = MP_PHASE_BACKWARD;
   } else {
     attach(g, pd, PART_ATTN); /* the first op waits for the gathered attention part */
@@ -974,6 +1168,7 @@ static void block_bwd_cpu(gen *g, int kind, const part_deps *pd) {
   pair(g, MP_MEM_TEMP, BUF_BWD_WS, g->rs.ws[kind], 1);
   mlp_bwd(g, kind, ac == MP_AC_FULL ? NULL : pd);
   attention_bwd(g, NULL);
+  rt_f8_scope_close(g);
   pair(g, MP_MEM_TEMP, BUF_BWD_WS, g->rs.ws[kind], 0);
   pair(g, MP_MEM_ACTIVATIONS, BUF_RT_CORE, g->rs.core, 0);
   pair(g, MP_MEM_ACTIVATIONS, BUF_RT_BLOCK, g->rs.block[kind], 0);
@@ -989,34 +1184,41 @@ static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   const int32_t u0 = g->first_unit[l];
   seg_open(g, MP_PHASE_BACKWARD, l, -1);
   const int32_t prev_last = g->last_c;
-  /* meshplan-cpu: x[l + 1] goes as the block above (or the head) finishes its backward */
-  if (g->cpu) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_X, g->rs.x, 0);
+  /* the runtimes: x[l + 1] goes as the block above (or the head) finishes its backward */
+  if (g->rt) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_X, g->rs.x, 0);
   int32_t patch[N_PARTS], n_patch = 0;
   int32_t next_g[N_PARTS] = {-1, -1, -1}, own_g[N_PARTS] = {-1, -1, -1};
+  /* resharded, a block gathers its own units without prefetch; with it, the block above
+   * prefetched them, but the runtime's top block gathers its own once the head is done */
+  const int own = g->reshard && (!g->prefetch || (g->rt && l == st->l1 - 1));
+  if (own) gather_units(g, l, u0, nu, own_g, prev_last, patch, &n_patch);
   if (g->prefetch && g->reshard && kind_of(g, l - 1, st) != KIND_NONE)
     gather_units(g, l - 1, g->first_unit[l - 1], g->n_units[l - 1], next_g, prev_last, patch,
                  &n_patch);
-  if (!g->prefetch && g->reshard) gather_units(g, l, u0, nu, own_g, prev_last, patch, &n_patch);
   /* resharded: each part's first use waits for its gather, issued by the block above
-   * (the previous segment, or the previous repetition of this one), or by this block
-   * without prefetch */
+   * (the previous segment, or the previous repetition of this one), or by this block */
   part_deps pd;
   for (int k = 0; k < N_PARTS; k++) {
     const int src = nu == 1 ? (k == 0 ? 0 : -1) : k;
-    pd.dep[k][0] = g->reshard && src >= 0 ? (g->prefetch ? c->gather[src] : own_g[src]) : -1;
+    pd.dep[k][0] = g->reshard && src >= 0 ? (own ? own_g[src] : c->gather[src]) : -1;
     pd.flags[k][0] = 0;
     pd.dep[k][1] = g->prefetch && g->reshard && src >= 0 && repeat > 1 ? next_g[src] : -1;
     pd.flags[k][1] = MP_DEP_PREV_REP;
   }
   grads_alloc(g, l, u0, nu);
-  if (g->cpu) {
-    block_bwd_cpu(g, kind, &pd);
+  if (g->rt) {
+    block_bwd_rt(g, kind, &pd);
     reduce_units(g, l, u0, nu, 0, N_PARTS - 1);
     free_units(g, l, u0, nu, 0, N_PARTS - 1);
     const int32_t last = g->last_c;
     for (int i = 0; i < n_patch; i++) add_dep(g, patch[i], last, MP_DEP_PREV_REP);
     seg_close(g, MP_PHASE_BACKWARD, repeat, -1, -nu);
     for (int k = 0; k < N_PARTS; k++) c->gather[k] = next_g[k];
+    /* NCCL: the reduce-scatter in flight after the segment is the last repetition's */
+    if (g->rs_fl.on && g->rs_fl.layer == l) {
+      g->rs_fl.layer -= repeat - 1;
+      g->rs_fl.unit -= (repeat - 1) * nu;
+    }
     return;
   }
   pair(g, MP_MEM_TEMP, BUF_BWD_WS, bwd_workspace(sh, kind), 1);
@@ -1086,30 +1288,30 @@ static int64_t head_act_bytes(const shapes *sh) {
 static void head_fwd(gen *g) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->T, H = sh->H;
-  /* meshplan-cpu: xf and rstdf in one block; one LOGITS block of the fp32 logits, the
+  /* the runtimes: xf and rstdf in one block; one LOGITS block of the X logits, the
    * per-token losses and log-sum-exp (and the vocab-parallel reductions), kept for the
    * backward */
-  if (g->cpu) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_HEAD, g->rs.head, 1);
+  if (g->rt) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_HEAD, g->rs.head, 1);
   else pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 1);
   norm_fwd(g, MP_MOD_FINAL_NORM, T, H);
-  pair(g, MP_MEM_LOGITS, BUF_LOGITS, g->cpu ? g->rs.logits : 2 * T * sh->V_loss, 1);
+  pair(g, MP_MEM_LOGITS, BUF_LOGITS, g->rt ? g->rs.logits : 2 * T * sh->V_loss, 1);
   linear_fwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
   if (sh->logits_gather)
     comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, 2.0 * (double)(T * sh->V_loss),
          MP_DTYPE_BF16, head_module(sh));
-  if (!g->cpu) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * T * sh->V_loss, 1);
+  if (!g->rt) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * T * sh->V_loss, 1);
   elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), T * sh->V_loss, FLOPS_LOSS,
               10.0 * (double)(T * sh->V_loss));
   if (sh->loss_parallel)
     for (int i = 0; i < 3; i++)
       comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)T, MP_DTYPE_FP32,
            head_module(sh));
-  if (!g->cpu) pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * sh->V_loss, 0);
+  if (!g->rt) pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * sh->V_loss, 0);
 }
 
-/* meshplan-cpu's head backward (runtime.c): dlogits (fp32), the residual-stream gradient
- * dres (kept through the blocks' backward) and dxf; the logits go after the head's GEMMs. */
-static void head_bwd_cpu(gen *g) {
+/* The runtimes' head backward (runtime.c): dlogits (X), the residual-stream gradient dres
+ * (kept through the blocks' backward) and dxf; the logits go after the head's GEMMs. */
+static void head_bwd_rt(gen *g) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->T, H = sh->H;
   pair(g, MP_MEM_LOGITS, BUF_DLOGITS, g->rs.dlogits, 1);
@@ -1154,49 +1356,58 @@ static void shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch) 
   sh->m_exp = sh->E > 0 ? (double)sh->T * (double)sh->topk * (double)sh->ep / (double)sh->E : 0.0;
 }
 
-/* meshplan-cpu's buffer sizes for one micro-batch (bytes), as exec/runtime/runtime.c's
- * layout() carves them: fp32 tensors, each 16-float aligned inside its allocation.
- * N = T tokens, C = H, heads and d_ff tp-local, experts' d_ff whole (experts are not split
- * over tp), K = top_k. Under EP the expert side is sized by the rows a rank receives,
- * which routing decides at run time: the balanced count N x K is used (each rank sends
- * N x K rows; with uniform routing it receives as many). */
+/* The runtimes' buffer sizes for one micro-batch (bytes), as exec/runtime/runtime.c's
+ * layout() carves them: X tensors of g->xs bytes an element (fp32 on the CPU, bf16 on
+ * CUDA), statistics fp32 and ids int32, each tensor starting on a 64-byte boundary of its
+ * allocation (PUT: ALIGN64 of its bytes). N = T tokens, C = H, heads and d_ff tp-local,
+ * experts' d_ff whole (experts are not split over tp), K = top_k. Under EP the expert side
+ * is sized by the rows a rank receives, which routing decides at run time: the balanced
+ * count N x K is used (each rank sends N x K rows; with uniform routing it receives as
+ * many). */
+enum { RT_STAGE_BYTES = 4096 * 4 }; /* runtime.c's STAGE_FLOATS fp32 staging */
 static void rt_sizes_fill(gen *g, int64_t micro_batch) {
   const shapes *sh = &g->sh;
   struct rt_sizes *r = &g->rs;
   const int64_t N = sh->T, C = sh->H, QD = sh->q, KD = sh->kv, F = sh->f, E = sh->E,
                 NK = sh->T * sh->topk, Fe = sh->fe, Fs = sh->has_shared ? sh->fs : 0;
+  const int64_t X = g->xs, F4 = 4; /* element bytes: X tensors; fp32 / int32 */
   const int ep = sh->ep > 1;
   memset(r, 0, sizeof *r);
   /* RoPE cos and sin; scalars: 8 float8 amax/scale slots and one sum of squares per
-   * parameter tensor (runtime.c's rt->scalar) */
-  r->resident = 2 * sh->seq * (sh->hd / 2) * 4 + (8 + (int64_t)g->p->n_params) * 4;
+   * parameter tensor (runtime.c's rt->scalar); the staging of host-value collectives when
+   * the backend's memory is not host memory */
+  r->resident = 2 * sh->seq * (sh->hd / 2) * 4 + (8 + (int64_t)g->p->n_params) * 4 +
+                (g->host_mem ? 0 : RT_STAGE_BYTES);
   r->tok = 2 * N * 4;
-  r->nc = N * C * 4;
+  r->nc = N * C * X;
   r->x = r->nc;
   /* saved: xn1 rstd1 q k v xmid xn2 rstd2, then the MLP's */
-  const int64_t attn = 3 * a16(N * C) + 2 * a16(N) + a16(N * QD) + 2 * a16(N * KD);
-  r->block[KIND_DENSE] = (attn + 3 * a16(N * F)) * 4;
-  /* rl probs (N,E), top-k idx and weights, f, aux, perm, inv, counts, xp, [eg eu eh], ey,
-   * [shared gate up hidden] */
-  r->block[KIND_MOE] = (attn + 2 * a16(N * E) + 4 * a16(NK) + 2 * a16(E) + a16(1) +
-                        2 * a16(NK * C) + (ep ? 0 : 3 * a16(NK * Fe)) + 3 * a16(N * Fs)) *
-                       4;
-  r->core = (a16(N * QD) + a16(micro_batch * sh->nh * sh->seq)) * 4; /* att, lse */
+  const int64_t attn = 3 * al64(N * C * X) + 2 * al64(N * F4) + al64(N * QD * X) +
+                       2 * al64(N * KD * X);
+  r->block[KIND_DENSE] = attn + 3 * al64(N * F * X);
+  /* rl (X) probs (N,E), top-k idx and weights, f, aux, perm, inv, counts, xp, [eg eu eh],
+   * ey, [shared gate up hidden] */
+  r->block[KIND_MOE] = attn + al64(N * E * X) + al64(N * E * F4) + 4 * al64(NK * F4) +
+                       2 * al64(E * F4) + al64(F4) + 2 * al64(NK * C * X) +
+                       (ep ? 0 : 3 * al64(NK * Fe * X)) + 3 * al64(N * Fs * X);
+  r->core = al64(N * QD * X) + al64(micro_batch * sh->nh * sh->seq * F4); /* att, lse */
   /* workspace: dxn datt dq dk dv dqp dkp, then the MLP's */
-  const int64_t wattn = a16(N * C) + 3 * a16(N * QD) + 3 * a16(N * KD);
-  r->ws[KIND_DENSE] = (wattn + 3 * a16(N * F)) * 4;
-  r->ws[KIND_MOE] = (wattn + 2 * a16(N * E) + a16(NK) + 2 * a16(NK * C) +
-                     (ep ? 0 : 3 * a16(NK * Fe)) + 3 * a16(N * Fs)) *
-                    4;
-  r->head = (a16(N * C) + a16(N)) * 4; /* xf, rstdf */
-  /* logits, losses, lse, mean (16), and under tp the max, sum-exp and target logit */
-  r->logits = (a16(N * sh->V_l) + 2 * a16(N) + 16 + (sh->tp > 1 ? 3 * a16(N) : 0)) * 4;
-  r->dlogits = N * sh->V_l * 4;
+  const int64_t wattn = al64(N * C * X) + 3 * al64(N * QD * X) + 3 * al64(N * KD * X);
+  r->ws[KIND_DENSE] = wattn + 3 * al64(N * F * X);
+  /* drl (X) dprobs dtkw, dey, [deh deg deu], dxp, [dsh dsg dsu] */
+  r->ws[KIND_MOE] = wattn + al64(N * E * X) + al64(N * E * F4) + al64(NK * F4) +
+                    2 * al64(NK * C * X) + (ep ? 0 : 3 * al64(NK * Fe * X)) +
+                    3 * al64(N * Fs * X);
+  r->head = al64(N * C * X) + al64(N * F4); /* xf, rstdf */
+  /* logits (X), losses, lse, mean (64 bytes), and under tp the max, sum-exp and target
+   * logit (fp32) */
+  r->logits = al64(N * sh->V_l * X) + 2 * al64(N * F4) + 64 + (sh->tp > 1 ? 3 * al64(N * F4) : 0);
+  r->dlogits = N * sh->V_l * X;
   if (ep) {
     const int64_t R = NK;
-    r->epa = (a16(R * C) + 3 * a16(R * Fe)) * 4;         /* xr, eg eu eh */
-    r->ep_out = (R > 0 ? R : 1) * C * 4;                  /* expert outputs */
-    r->ep_ws = (2 * a16(R * C) + 3 * a16(R * Fe) + 16) * 4; /* dey dxr, deh deg deu */
+    r->epa = al64(R * C * X) + 3 * al64(R * Fe * X);          /* xr, eg eu eh */
+    r->ep_out = (R > 0 ? R : 1) * C * X;                       /* expert outputs */
+    r->ep_ws = 2 * al64(R * C * X) + 3 * al64(R * Fe * X) + 64; /* dey dxr, deh deg deu */
   }
 }
 
@@ -1260,11 +1471,18 @@ static void read_shapes(gen *g) {
   sh->V_loss = sh->logits_gather ? p->vocab_padded : sh->V_l;
 }
 
+/* What the runtime models hold at rest besides the torchtitan model's sums. */
+typedef struct rt_rest {
+  int64_t numel_pad; /* FSDP shards padded to the group's chunk: fp32 master, grad, m, v */
+  int64_t numel_rep; /* parameters not FSDP-sharded: meshplan-cuda's bf16 compute copies */
+  int64_t f8w_bytes; /* meshplan-cuda: codes of the float8 weights not FSDP-sharded */
+} rt_rest;
+
 /* Units as this rank's stage sees them, and the rank's elements at rest (the same sums as
  * mp_plan_rank_totals, which is too slow for the planner's loop: it asks the mesh per
  * parameter; here the group sizes and indices are asked once per group kind). */
 static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
-                            int64_t *params_numel_pad) {
+                            rt_rest *rest) {
   const mp_plan *p = g->p;
   const int L = (int)p->model.n_layers;
   g->has_fsdp = (p->applied & MP_PASS_FSDP) && p->n_units > 0;
@@ -1280,7 +1498,7 @@ static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
   for (int l = 0; l < L; l++) g->first_unit[l] = -1;
   g->root_unit = -1;
   *params_numel = 0;
-  *params_numel_pad = 0;
+  memset(rest, 0, sizeof *rest);
   for (int i = 0; i < p->n_params; i++) {
     const mp_param *prm = &p->params[i];
     if (prm->pp_stage != stage) continue;
@@ -1310,14 +1528,21 @@ static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
     *params_numel += local;
     ui->numel_tp += n;
     ui->numel_shard += rows > 0 ? (rows + gs - 1) / gs * (n / rows) : 0;
-    /* meshplan-cpu (runtime.c, materialization): a sharded parameter keeps the padded
-     * chunk on every rank of its group (FSDP2's equal shards), whatever its own tile;
-     * the gathered buffer holds gs such chunks per parameter, each slot 16-float aligned */
+    /* the runtimes (runtime.c, materialization): a sharded parameter keeps the padded
+     * chunk on every rank of its group (FSDP2's equal shards), whatever its own tile; the
+     * gathered buffer holds gs such chunks per parameter, each slot 64-byte aligned. One
+     * not sharded has a resident compute copy when X is not fp32 (CUDA), and, float8,
+     * the codes of that copy from its first GEMM on (runtime.c, f8_weight) */
     const int64_t pad = gs > 1 && rows > 0 ? (rows + gs - 1) / gs * (n / rows) : local;
-    *params_numel_pad += pad;
+    rest->numel_pad += pad;
     if (gs > 1) {
-      ui->rt_gather_numel += a16(gs * pad);
+      ui->rt_gather_x4 += al64(gs * pad * 4);
+      ui->rt_gather_x2 += al64(gs * pad * 2);
+      ui->rt_rs_numel += a16(pad);
       if (pad > ui->rt_max_pad) ui->rt_max_pad = pad;
+    } else {
+      rest->numel_rep += pad;
+      if (prm->float8) rest->f8w_bytes += rt_f8_operand(n);
     }
     const int f8 = g->sh.fp8_ag && prm->float8;
     ui->gather_bytes += (double)n * (f8 ? 1 : pb);
@@ -1377,7 +1602,7 @@ struct mp_schedule_prep {
   int8_t *n_units;
   int32_t root_unit;
   int64_t params_numel;
-  int64_t params_numel_pad; /* meshplan-cpu: FSDP shards padded to the group's chunk */
+  rt_rest rest;             /* the runtime models' resident sums */
   int32_t *run_len;
   double flops_per_token;
 };
@@ -1393,9 +1618,9 @@ static mp_status check_plan_rank(mp_ctx *ctx, const mp_plan *p, int rank) {
                     "its parameter shard; apply FSDP (mp_apply_fsdp) before building the "
                     "schedule",
                     mesh->size[MP_DIM_DP_SHARD]);
-  if ((unsigned)p->opts.mem_model > MP_MEM_MODEL_MESHPLAN_CPU)
-    return mp_error(ctx, MP_ERR_INVALID, "unknown memory model %d; choose torchtitan or "
-                    "meshplan-cpu", (int)p->opts.mem_model);
+  if ((unsigned)p->opts.mem_model > MP_MEM_MODEL_MESHPLAN_CUDA)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown memory model %d; choose torchtitan, "
+                    "meshplan-cpu or meshplan-cuda", (int)p->opts.mem_model);
   if ((p->applied & MP_PASS_TP) == 0 && mesh->size[MP_DIM_TP] > 1)
     return mp_error(ctx, MP_ERR_ORDER,
                     "the mesh has tp=%d but TP was not applied; apply the passes in order "
@@ -1431,8 +1656,9 @@ static mp_status prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_
   stage_info st = {stage * lps, (stage + 1) * lps < L ? (stage + 1) * lps : L, stage == 0,
                    stage == pp - 1};
   read_shapes(&g);
-  int64_t params_numel = 0, params_numel_pad = 0;
-  MP_CHECK(read_units(&g, stage, rank, &params_numel, &params_numel_pad));
+  int64_t params_numel = 0;
+  rt_rest rest;
+  MP_CHECK(read_units(&g, stage, rank, &params_numel, &rest));
   int32_t *run_len = mp_arena_alloc(arena, sizeof(int32_t) * (size_t)(L + 1));
   MP_CHECK_ALLOC(ctx, run_len);
   find_runs(&g, &st, mode, run_len);
@@ -1458,7 +1684,7 @@ static mp_status prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_
   pr->n_units = g.n_units;
   pr->root_unit = g.root_unit;
   pr->params_numel = params_numel;
-  pr->params_numel_pad = params_numel_pad;
+  pr->rest = rest;
   pr->run_len = run_len;
   pr->flops_per_token = mp_model_flops_per_token(&p->model, p->opts.seq);
   *out = pr;
@@ -1534,9 +1760,16 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   g.first_unit = pr->first_unit;
   g.n_units = pr->n_units;
   g.root_unit = pr->root_unit;
-  g.cpu = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CPU;
-  g.prefetch = !g.cpu;
-  if (g.cpu) rt_sizes_fill(&g, p->opts.micro_batch);
+  /* the runtime models differ in the backend's X dtype and memory, and in the comm: the
+   * CPU's blocking MPI collectives, or (CUDA, a GPU per rank) NCCL's overlap */
+  const int cuda = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CUDA;
+  g.rt = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CPU || cuda;
+  g.xs = cuda ? 2 : 4;
+  g.host_mem = !cuda;
+  g.overlap = cuda;
+  g.prefetch = !g.rt || g.overlap;
+  g.f8w_sharded = g.has_fsdp && mp_mesh_group_size(mesh, MP_GROUP_FSDP) > 1;
+  if (g.rt) rt_sizes_fill(&g, p->opts.micro_batch);
   const int32_t *run_len = pr->run_len;
   const stage_info st = pr->st;
   const int rank = pr->rank, stage = pr->stage, pp = mesh->size[MP_DIM_PP];
@@ -1559,10 +1792,12 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   struct {
     int64_t params_numel, param_bytes, grad_bytes, optimizer_bytes;
   } tot = {params_numel, params_numel * mb, params_numel * mb, 2 * params_numel * mb};
-  if (g.cpu) { /* fp32 master, gradient and AdamW m, v of the padded shards */
-    const int64_t n = pr->params_numel_pad;
+  if (g.rt) { /* fp32 master, gradient and AdamW m, v of the padded shards; X compute
+                 copies of the parameters not sharded when X is not fp32 */
+    const int64_t n = pr->rest.numel_pad;
     tot.param_bytes = tot.grad_bytes = 4 * n;
     tot.optimizer_bytes = 8 * n;
+    if (g.xs != 4) tot.param_bytes += g.xs * pr->rest.numel_rep;
   }
   seg_open(&g, MP_PHASE_PROLOGUE, -1, 0);
   s->resident_bytes[MP_MEM_PARAMS] = tot.param_bytes;
@@ -1572,9 +1807,13 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   mem(&g, MP_OP_ALLOC, MP_MEM_OPTIMIZER, BUF_OPTIMIZER, tot.optimizer_bytes, -1, -1,
       MP_STREAM_COMPUTE);
   mem(&g, MP_OP_ALLOC, MP_MEM_GRADS, BUF_GRADS, tot.grad_bytes, -1, -1, MP_STREAM_COMPUTE);
-  if (g.cpu) {
+  if (g.rt) {
     s->resident_bytes[MP_MEM_TEMP] = g.rs.resident;
     mem(&g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_RT_RESIDENT, g.rs.resident, -1, -1, MP_STREAM_COMPUTE);
+  }
+  if (g.rt && g.xs != 4 && pr->rest.f8w_bytes > 0) { /* float8 codes of unsharded weights */
+    s->resident_bytes[MP_MEM_FP8] = pr->rest.f8w_bytes;
+    mem(&g, MP_OP_ALLOC, MP_MEM_FP8, BUF_RT_F8W, pr->rest.f8w_bytes, -1, -1, MP_STREAM_COMPUTE);
   }
   seg_close(&g, MP_PHASE_PROLOGUE, 1, 0, 0);
 
@@ -1583,7 +1822,7 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   int32_t gdummy[N_PARTS] = {-1, -1, -1}; /* stays -1 on a stage without root parameters */
   seg_open(&g, MP_PHASE_FORWARD, -1, 0);
   int32_t recv = -1;
-  if (g.cpu) pair(&g, MP_MEM_TEMP, BUF_RT_TOKENS, g.rs.tok, 1);
+  if (g.rt) pair(&g, MP_MEM_TEMP, BUF_RT_TOKENS, g.rs.tok, 1);
   if (!st.first)
     recv = comm(&g, MP_COLL_RECV, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g.sh.T * g.sh.H),
                 MP_DTYPE_BF16, -1);
@@ -1591,7 +1830,7 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   const int32_t root_gather = gdummy[0];
   if (g.prefetch && st.l1 > st.l0)
     gather_units(&g, st.l0, g.first_unit[st.l0], g.n_units[st.l0], c.gather, -1, NULL, NULL);
-  if (g.cpu) pair(&g, MP_MEM_ACTIVATIONS, BUF_RT_X, g.rs.x, 1); /* x[0], the stage's input */
+  if (g.rt) pair(&g, MP_MEM_ACTIVATIONS, BUF_RT_X, g.rs.x, 1); /* x[0], the stage's input */
   if (st.first) {
     pend_dep(&g, root_gather, 0);
     embedding_fwd(&g);
@@ -1623,12 +1862,12 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
     brecv = comm(&g, MP_COLL_RECV, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g.sh.T * g.sh.H),
                  MP_DTYPE_BF16, -1);
   for (int k = 0; k < N_PARTS; k++) c.gather[k] = -1;
-  if (g.prefetch && g.reshard && st.l1 > st.l0)
+  if (g.prefetch && g.reshard && st.l1 > st.l0 && !g.rt) /* the runtime: its top block's */
     gather_units(&g, st.l1 - 1, g.first_unit[st.l1 - 1], g.n_units[st.l1 - 1], c.gather,
                  g.last_c, NULL, NULL);
-  if (st.last && g.cpu) head_bwd_cpu(&g);
+  if (st.last && g.rt) head_bwd_rt(&g);
   else if (st.last) head_bwd(&g);
-  else if (g.cpu) pair(&g, MP_MEM_TEMP, BUF_RT_DRES, g.rs.nc, 1); /* the received gradient */
+  else if (g.rt) pair(&g, MP_MEM_TEMP, BUF_RT_DRES, g.rs.nc, 1); /* the received gradient */
   seg_close(&g, MP_PHASE_BACKWARD, 1, 0, 0);
   if (brecv >= 0) pend_dep(&g, brecv, 0);
 
@@ -1650,15 +1889,14 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
                        2.0 * (double)(g.sh.T * g.sh.H), MP_DTYPE_BF16, -1);
     add_dep(&g, snd, g.last_c, 0);
   }
-  if (g.cpu) {
-    /* runtime.c's end of the micro-batch: dres, x[0], the root's reduce-scatter, its
-     * gathered parameters, the token ids */
+  if (g.rt) {
+    /* runtime.c's end of the micro-batch: dres, x[0], the root's reduce-scatter (and
+     * every one still in flight), its gathered parameters, the token ids */
     pair(&g, MP_MEM_TEMP, BUF_RT_DRES, g.rs.nc, 0);
     pair(&g, MP_MEM_ACTIVATIONS, BUF_RT_X, g.rs.x, 0);
-    if (g.root_unit >= 0) {
-      reduce_units(&g, -1, g.root_unit, 1, 0, 0);
-      free_units(&g, -1, g.root_unit, 1, 0, 0);
-    }
+    if (g.root_unit >= 0) reduce_units(&g, -1, g.root_unit, 1, 0, 0);
+    rt_rs_finish(&g);
+    if (g.root_unit >= 0) free_units(&g, -1, g.root_unit, 1, 0, 0);
     pair(&g, MP_MEM_TEMP, BUF_RT_TOKENS, g.rs.tok, 0);
   } else if (g.root_unit >= 0) {
     free_units(&g, -1, g.root_unit, 1, 0, 0);

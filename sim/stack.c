@@ -65,10 +65,13 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
     p.mem_model = MP_MEM_MODEL_TORCHTITAN;
   } else if (strcmp(mm, "meshplan-cpu") == 0) {
     p.mem_model = MP_MEM_MODEL_MESHPLAN_CPU;
+  } else if (strcmp(mm, "meshplan-cuda") == 0) {
+    p.mem_model = MP_MEM_MODEL_MESHPLAN_CUDA;
   } else {
     st = mp_error(ctx, MP_ERR_INVALID,
-                  "%s: memory_model '%s' is unknown; choose torchtitan or meshplan-cpu", origin,
-                  mm);
+                  "%s: memory_model '%s' is unknown; choose torchtitan, meshplan-cpu or "
+                  "meshplan-cuda",
+                  origin, mm);
     goto done;
   }
   p.kernel_overhead_s = kern_us * 1e-6;
@@ -83,6 +86,9 @@ void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o) {
   o->mem_model = p->mem_model;
   if (p->mem_model == MP_MEM_MODEL_MESHPLAN_CPU) {
     o->fsdp.param_dtype = MP_DTYPE_FP32;
+    o->master_dtype = MP_DTYPE_FP32;
+  } else if (p->mem_model == MP_MEM_MODEL_MESHPLAN_CUDA) {
+    o->fsdp.param_dtype = MP_DTYPE_BF16;
     o->master_dtype = MP_DTYPE_FP32;
   }
 }

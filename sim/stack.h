@@ -6,7 +6,8 @@
  * JSON keys (all required except where noted): name, gemm_eff_max, gemm_eff_half_mnk,
  * fp8_gemm_eff_max, attention_eff, hbm_eff, link_eff, kernel_overhead_us,
  * comm_overhead_us, frag_factor, source. Efficiencies lie in (0, 1]; frag_factor >= 1.
- * Optional: saved_act_factor, memory_model ("torchtitan" or "meshplan-cpu"). */
+ * Optional: saved_act_factor, memory_model ("torchtitan", "meshplan-cpu" or
+ * "meshplan-cuda"). */
 #ifndef MP_SIM_STACK_H
 #define MP_SIM_STACK_H
 
@@ -18,9 +19,10 @@
 extern "C" {
 #endif
 
-/* The plan options the stack's runtime implies (added): its memory model, and for
- * meshplan-cpu, which keeps and gathers every tensor in fp32, fp32 gathered parameters
- * and master weights. Other options are left as they are. */
+/* The plan options the stack's runtime implies (added): its memory model, and the dtypes
+ * it keeps: meshplan-cpu keeps and gathers every tensor in fp32 (fp32 gathered parameters
+ * and master weights), meshplan-cuda keeps fp32 masters and gathers bf16. Other options
+ * are left as they are. */
 void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o);
 
 /* By name (data/stacks stem, e.g. "torchtitan-eager") or path to a JSON file. */

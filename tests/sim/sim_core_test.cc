@@ -577,9 +577,10 @@ TEST(Stacks, RequiredProfilesLoadWithSources) {
     EXPECT_STREQ(p.name, n);
     EXPECT_GT(strlen(p.source), 40u) << n;
     EXPECT_GE(p.frag_factor, 1.0);
-    // only the CPU runtime's profile names its own memory layout; the GPU stacks keep
-    // the torchtitan model their figures were validated with
-    EXPECT_EQ(p.mem_model, strcmp(n, "meshplan-cpu") == 0 ? MP_MEM_MODEL_MESHPLAN_CPU
+    // meshplan's runtimes name their own memory layouts; the other GPU stacks keep the
+    // torchtitan model their figures were validated with
+    EXPECT_EQ(p.mem_model, strcmp(n, "meshplan-cpu") == 0    ? MP_MEM_MODEL_MESHPLAN_CPU
+                           : strcmp(n, "meshplan-cuda") == 0 ? MP_MEM_MODEL_MESHPLAN_CUDA
                                                              : MP_MEM_MODEL_TORCHTITAN)
         << n;
   }

@@ -1,0 +1,214 @@
+// The CUDA runtime's memory model (MP_MEM_MODEL_MESHPLAN_CUDA) on several ranks, where FSDP
+// shards, gathers and reduce-scatters: every rank's predicted peak (its own schedule,
+// replayed) equals its tracked allocator's, per category, on the accounting backend
+// (acct_backend.h: bf16 X tensors, no-op kernels) under mpirun. The GPU runtime runs NCCL
+// (overlap: the next unit's gather prefetched, reduce-scatters finished one unit later),
+// which needs GPUs; here the "mpi" backend's blocking table runs under the name "nccl", so
+// runtime.c takes its overlap path with every collective complete at once. Allocation is
+// on the host in issue order either way, so the allocator sees what it sees on NCCL.
+//
+// One binary, run by run_mpi_test.sh under mpirun; its main initializes MPI and all-reduces
+// the verdict so that a failure on any rank fails every rank.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "exec/comm/comm_backend.h"
+#include "exec/runtime/runtime.h"
+#include "exec/schedule.h"
+#include "sim/stack.h"
+#include "tests/runtime/acct_backend.h"
+
+namespace {
+
+int g_rank = 0, g_world = 1;
+
+struct Case {
+  const char *model, *mesh;
+  mp_ac_mode ac;
+  int fp8, reshard;
+};
+
+std::string Name(const Case &k) {
+  const char *base = strrchr(k.model, '/');
+  return std::string(base ? base + 1 : k.model) + " " + k.mesh + " ac=" + mp_ac_mode_name(k.ac) +
+         (k.fp8 ? " fp8" : "") +
+         (k.reshard ? "" : " no-reshard");
+}
+
+// The rank's schedule replayed in issue order: the whole peak and each category's.
+void Replay(const mp_schedule *s, int64_t *peak, int64_t cat_max[MP_MEM_COUNT]) {
+  int64_t cur = 0, cat[MP_MEM_COUNT] = {0};
+  *peak = 0;
+  for (int c = 0; c < MP_MEM_COUNT; c++) cat_max[c] = 0;
+  mp_schedule_iter it;
+  mp_schedule_iter_begin(s, &it);
+  while (mp_schedule_iter_next(&it)) {
+    const int64_t d = it.op->type == MP_OP_ALLOC ? it.op->mem_bytes : it.op->type == MP_OP_FREE ? -it.op->mem_bytes : 0;
+    if (!d) continue;
+    cur += d;
+    cat[it.op->mem_cat] += d;
+    if (cur > *peak) *peak = cur;
+    if (cat[it.op->mem_cat] > cat_max[it.op->mem_cat]) cat_max[it.op->mem_cat] = cat[it.op->mem_cat];
+  }
+}
+
+// The "mpi" backend's table under NCCL's name: runtime.c's overlap path, blocking.
+mp_comm_backend g_as_nccl;
+
+void CheckCase(const Case &k) {
+  SCOPED_TRACE(Name(k));
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  ASSERT_EQ(mp_model_load(&ctx, k.model, &m), MP_OK) << mp_errmsg(&ctx);
+  mp_mesh mesh;
+  ASSERT_EQ(mp_mesh_parse(&ctx, k.mesh, 0, &mesh), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_mesh_world(&mesh), g_world) << "run with mpirun -np " << mp_mesh_world(&mesh);
+  mp_stack_profile prof;
+  ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cuda", &prof), MP_OK) << mp_errmsg(&ctx);
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.seq = 32;
+  o.micro_batch = 2;
+  o.ac = k.ac;
+  o.fp8 = k.fp8;
+  o.fsdp.reshard_after_forward = k.reshard;
+  mp_stack_plan_options(&prof, &o);
+  mp_plan *p = nullptr;
+  ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_OK) << mp_errmsg(&ctx);
+  int64_t local_batch = 0, n_micro = 0;
+  ASSERT_EQ(mp_plan_batch(&ctx, p, &local_batch, &n_micro), MP_OK) << mp_errmsg(&ctx);
+
+  mp_arena *a = mp_arena_create();
+  mp_schedule *se = nullptr, *sc = nullptr;
+  ASSERT_EQ(mp_schedule_build(&ctx, p, g_rank, MP_SCHEDULE_EXPANDED, a, &se), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_schedule_build(&ctx, p, g_rank, MP_SCHEDULE_COMPACT, a, &sc), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_schedule_check(&ctx, se), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_schedule_check(&ctx, sc), MP_OK) << mp_errmsg(&ctx);
+  int64_t peak = 0, peak_c = 0, cat_max[MP_MEM_COUNT], cat_max_c[MP_MEM_COUNT];
+  Replay(se, &peak, cat_max);
+  Replay(sc, &peak_c, cat_max_c);
+  EXPECT_EQ(peak, peak_c) << "expanded and compact schedules disagree";
+
+  mp_comm *comm = nullptr;
+  ASSERT_EQ(mp_comm_create_mpi(&ctx, &mesh, &comm), MP_OK) << mp_errmsg(&ctx);
+  g_as_nccl = *comm->backend;
+  g_as_nccl.name = "nccl";
+  comm->backend = &g_as_nccl;
+  const mp_backend *be = mp_backend_acct();
+  mp_kctx kc{};
+  kc.err = &ctx;
+  ASSERT_EQ(be->init(&kc, 0), MP_OK) << mp_errmsg(&ctx);
+  mp_runtime_options ro;
+  mp_runtime_options_init(&ro);
+  mp_runtime *rt = nullptr;
+  ASSERT_EQ(mp_runtime_create(&ctx, p, comm, be, &kc, &ro, &rt), MP_OK) << mp_errmsg(&ctx);
+  const mp_talloc *ta = mp_runtime_allocator(rt);
+  std::vector<int32_t> batch((size_t)(local_batch * (o.seq + 1)));
+  for (size_t i = 0; i < batch.size(); i++) batch[i] = (int32_t)((i * 97 + 11 + 7 * g_rank) % m.vocab);
+  mp_step_result res;
+  ASSERT_EQ(mp_runtime_step(&ctx, rt, batch.data(), &res), MP_OK) << mp_errmsg(&ctx);
+  for (int c = 0; c < MP_MEM_COUNT; c++)
+    EXPECT_EQ(se->resident_bytes[c], mp_talloc_current_bytes(ta, (mp_mem_cat)c))
+        << "rank " << g_rank << " resident " << mp_mem_cat_name((mp_mem_cat)c);
+  ASSERT_EQ(mp_runtime_step(&ctx, rt, batch.data(), &res), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(peak, res.peak_bytes) << "rank " << g_rank;
+  for (int c = 0; c < MP_MEM_COUNT; c++)
+    EXPECT_EQ(cat_max[c], mp_talloc_peak_bytes(ta, (mp_mem_cat)c))
+        << "rank " << g_rank << " category " << mp_mem_cat_name((mp_mem_cat)c);
+  if (g_rank == 0)
+    printf("  %-52s rank 0 predicted %9lld measured %9lld bytes\n", Name(k).c_str(), (long long)peak,
+           (long long)res.peak_bytes);
+
+  mp_runtime_destroy(rt);
+  be->shutdown(&kc);
+  mp_comm_destroy(comm);
+  mp_arena_destroy(a);
+  mp_plan_destroy(p);
+}
+
+// tiny-dense with 5 layers: the compact schedule writes blocks 1..3 as one repeated
+// segment, so the reduce-scatter in flight crosses repetitions of a segment too.
+std::string FiveLayerModel() {
+  const char *dir = getenv("TEST_TMPDIR");
+  std::string path = std::string(dir ? dir : "/tmp") + "/tiny-dense-5-rank" + std::to_string(g_rank) + ".json";
+  FILE *f = fopen(path.c_str(), "w");
+  if (f) {
+    fputs("{\"name\": \"tiny-dense-5\", \"family\": \"llama\", \"vocab\": 256, \"d_model\": 64, "
+          "\"n_layers\": 5, \"n_heads\": 8, \"n_kv_heads\": 4, \"head_dim\": 8, \"d_ff\": 192, "
+          "\"max_seq\": 64, \"tied_embeddings\": false, \"norm_eps\": 1e-5, \"rope_theta\": 10000.0, "
+          "\"source\": \"tiny-dense with five layers (schedule_memory_mpi_test)\"}\n",
+          f);
+    fclose(f);
+  }
+  return path;
+}
+
+// Meshes of the world this binary runs in (4 ranks).
+TEST(ScheduleMemoryMpi, CudaModelOnFsdpMeshes) {
+  const mp_ac_mode modes[] = {MP_AC_NONE, MP_AC_SELECTIVE, MP_AC_FULL};
+  const char *dense[] = {"dp_shard=4", "dp_shard=2,tp=2", "dp_replicate=2,dp_shard=2", "tp=4"};
+  const std::string five = FiveLayerModel();
+  for (const char *mesh : dense)
+    for (mp_ac_mode ac : modes)
+      for (int fp8 = 0; fp8 <= 1; fp8++) {
+        CheckCase({"tiny-dense", mesh, ac, fp8, 1});
+        CheckCase({five.c_str(), mesh, ac, fp8, 1});
+      }
+  for (mp_ac_mode ac : modes) {
+    CheckCase({"tiny-dense", "dp_shard=4", ac, 1, 0});
+    CheckCase({five.c_str(), "dp_shard=4", ac, 1, 0});
+  }
+  for (mp_ac_mode ac : modes)
+    for (int fp8 = 0; fp8 <= 1; fp8++) {
+      CheckCase({"tiny-moe", "dp_shard=4", ac, fp8, 1});
+      CheckCase({"tiny-moe", "dp_shard=2,tp=2", ac, fp8, 1});
+    }
+  CheckCase({"tiny-moe", "dp_shard=4", MP_AC_NONE, 0, 0});
+}
+
+class WorldVerdict : public ::testing::EmptyTestEventListener {
+ public:
+  void OnTestPartResult(const ::testing::TestPartResult &r) override {
+    if (r.failed() && g_rank != 0)  // rank 0's default printer shows its own failures
+      fprintf(stderr, "[rank %d] %s:%d: %s\n", g_rank, r.file_name() ? r.file_name() : "?", r.line_number(),
+              r.summary());
+  }
+  void OnTestEnd(const ::testing::TestInfo &t) override {
+    int mine = t.result()->Failed() ? 1 : 0, any = 0;
+    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    failed_ |= any;
+  }
+  int failed_ = 0;
+};
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  if (mp_comm_mpi_init(&ctx, &argc, &argv) != MP_OK) {
+    fprintf(stderr, "MPI init failed: %s\n", mp_errmsg(&ctx));
+    return 1;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  ::testing::TestEventListeners &ls = ::testing::UnitTest::GetInstance()->listeners();
+  if (g_rank != 0) delete ls.Release(ls.default_result_printer());
+  WorldVerdict *verdict = new WorldVerdict;
+  ls.Append(verdict);
+  int rc = RUN_ALL_TESTS();
+  int mine = rc != 0 || verdict->failed_, any = 0;
+  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (g_rank == 0)
+    printf("schedule_memory_mpi_test: world %d: %s\n", g_world, any ? "FAILED on some rank" : "all passed");
+  mp_comm_mpi_finalize(&ctx);
+  return any ? 1 : 0;
+}
