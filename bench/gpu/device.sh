@@ -8,6 +8,8 @@
 #   probe     what the machine has: GPU, driver, CUDA/cuBLASLt/NCCL libraries, PyTorch
 #   kernels   the gpu-tagged test binaries (CUDA kernels against the CPU reference)
 #   kbench    bench/kernels_bench: kernel throughput beside measured peaks
+#   attnsweep bench/attention_bench: every flash-attention configuration; the fastest
+#             (OUT/attn_best.env) is exported to the steps after it
 #   torch     bench/gpu/torch_llama.py: PyTorch eager and torch.compile on the 1B model
 #   mpi       mpirun works: 2 CPU ranks train tiny-dense with dp_shard=2
 #   gputrain  tests/runtime/gpu_parity.py: the tiny models on CUDA vs the CPU run; the
@@ -33,6 +35,9 @@ libs="$kit/lib:$cudalib${nccldir:+:$nccldir}"
 # the kit, at its own paths, never overwriting anything.
 if ldconfig -p | grep -q 'libmpi\.so\.40 ' && command -v mpirun >/dev/null; then
   mpi_from=machine
+elif [ ! -d "$kit/mpilib" ]; then
+  mpi_from=none
+  echo "device.sh: no OpenMPI 4.1 on this machine and none in the kit (bench/gpu/kit.sh without --no-mpi)"
 else
   mpi_from=kit
   cp -an "$kit/root/." / 2>/dev/null
@@ -66,6 +71,12 @@ step_kernels() {
   return $rc
 }
 step_kbench() { timeout 300 "$kit/bin/kernels_bench"; }
+step_attnsweep() {
+  timeout 400 "$kit/bin/attention_bench" | tee "$out/attn_sweep.txt"
+  local best
+  best=$(grep '^best: ' "$out/attn_sweep.txt" | tail -n 1 | sed 's/^best: //')
+  [ -n "$best" ] && printf 'export %s\n' "$best" >"$out/attn_best.env"
+}
 step_torch() { PYTHONUNBUFFERED=1 timeout 300 env -u LD_LIBRARY_PATH python3 bench/gpu/torch_llama.py --out "$out/torch.jsonl"; }
 step_gputrain() { timeout 900 python3 tests/runtime/gpu_parity.py "$mp"; }
 step_gpusingle() { MP_GPU_PARITY_SINGLE_ONLY=1 timeout 900 python3 tests/runtime/gpu_parity.py "$mp"; }
@@ -75,6 +86,7 @@ step_bench() {
   rm -f $db; [ -f "$out/calib.db" ] && cp "$out/calib.db" $db
   local reuse=()
   [ -s "$out/torch.jsonl" ] && reuse=(--torch-json "$out/torch.jsonl") # the torch step ran in this call
+  [ ${#reuse[@]} -eq 0 ] && [ -s "$kit/torch.jsonl" ] && reuse=(--torch-json "$kit/torch.jsonl") # an earlier call's
   PYTHONUNBUFFERED=1 timeout 900 python3 bench/gpu/bench.py --meshplan "$mp" --db $db --out "$out/bench.md" "${reuse[@]}"
 }
 step_mpi() {
@@ -85,6 +97,7 @@ rc=0
 for s in "$@"; do
   echo "=== $s ($(date -u +%H:%M:%S))"
   t0=$(date +%s)
+  [ -f "$out/attn_best.env" ] && . "$out/attn_best.env"
   "step_$s" >"$out/$s.log" 2>&1
   r=$?
   echo "=== $s: exit $r in $(($(date +%s) - t0)) s"

@@ -3,7 +3,11 @@
 # machine may lack, into one folder that travels to a lent GPU machine (the `device`
 # tool's `carry`): bench/gpu/device.sh then runs everything from it.
 #
-#   bench/gpu/kit.sh [DIR]        (default .devkit, which .git/info/exclude should ignore)
+#   bench/gpu/kit.sh [--no-mpi] [DIR]   (default .devkit, which .git/info/exclude should ignore)
+#
+# --no-mpi leaves OpenMPI out (DIR/mpilib, DIR/root: 24 MB of the 64 MiB the device tool
+# carries) for a machine known to have its own OpenMPI 4.1 (the lent H100/H200 image
+# has 4.1.6); device.sh says so when neither is there.
 #
 # DIR/bin      meshplan, the gpu-tagged test binaries and the benchmarks, linked with our
 #              own libraries static (--dynamic_mode=off), so only system libraries remain
@@ -19,13 +23,15 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
+with_mpi=1
+if [ "${1:-}" = "--no-mpi" ]; then with_mpi=0; shift; fi
 out=${1:-.devkit}
 # every GoogleTest target tagged gpu (sh_tests run their scripts from the tree instead)
 gpu_tests=$(bazel query 'kind(cc_test, attr(tags, "\bgpu\b", tests(//...)))' 2>/dev/null)
-bazel build --dynamic_mode=off //planner:meshplan //bench:kernels_bench $gpu_tests >/dev/null
+bazel build --dynamic_mode=off //planner:meshplan //bench:kernels_bench //bench:attention_bench $gpu_tests >/dev/null
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/mpilib" "$out/root"
-cp -L bazel-bin/planner/meshplan bazel-bin/bench/kernels_bench "$out/bin/"
+cp -L bazel-bin/planner/meshplan bazel-bin/bench/kernels_bench bazel-bin/bench/attention_bench "$out/bin/"
 for t in $gpu_tests; do # //tests/x:y -> bazel-bin/tests/x/y
   p=${t#//}
   cp -L "bazel-bin/${p%%:*}/${p##*:}" "$out/bin/"
@@ -45,6 +51,11 @@ collect() { # every shared library the given files need, but glibc's and CUDA's
   done
 }
 collect "$out"/bin/*
+if [ $with_mpi -eq 0 ]; then
+  rm -rf "$out/mpilib" "$out/root"
+  du -sh "$out"
+  exit 0
+fi
 # OpenMPI: the launcher, the daemon, the plugin folder and what they all link.
 ompi=/usr/lib/x86_64-linux-gnu/openmpi
 mkdir -p "$out/root/usr/bin" "$out/root$ompi" "$out/root/usr/share" "$out/root/etc"
