@@ -503,7 +503,7 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
       " pl.ep, pl.ac, pl.fp8, pl.reshard, pl.evaluated, pl.feasible, pl.micro_batch,"
       " coalesce(pl.reject_rule,''), coalesce(pl.reject_reason,''), pr.step_time_s,"
       " pr.tokens_per_s_per_gpu, pr.mfu, pr.compute_s, pr.exposed_comm_s, pr.bubble_s,"
-      " pr.peak_mem_bytes, pr.capacity_bytes"
+      " pr.peak_mem_bytes, pr.capacity_bytes, pr.peak_mem_bytes - coalesce(pr.mem_overhead_bytes, 0)"
       " FROM plans pl JOIN predictions pr ON pr.plan_id = pl.id"
       " WHERE pl.run_id=? AND pl.rank IS NOT NULL ORDER BY pl.rank LIMIT ?",
       -1, &q, NULL);
@@ -550,6 +550,7 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
     r->bubble_s = sqlite3_column_double(q, c++);
     r->peak_mem_bytes = sqlite3_column_int64(q, c++);
     r->capacity_bytes = sqlite3_column_int64(q, c++);
+    r->alloc_peak_bytes = sqlite3_column_int64(q, c++);
     /* measurements */
     sqlite3_reset(mq);
     sqlite3_bind_int64(mq, 1, r->id);

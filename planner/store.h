@@ -114,6 +114,8 @@ typedef struct mp_plan_row {
   char reject_rule[32], reject_reason[256];
   double step_time_s, tokens_per_s_per_gpu, mfu, compute_s, exposed_comm_s, bubble_s;
   int64_t peak_mem_bytes, capacity_bytes;
+  int64_t alloc_peak_bytes; /* peak_mem_bytes less the stack's runtime overhead and
+                               fragmentation: what a run's tracked allocator measures */
   /* measurements (n_measured == 0: none): median step time over the steps, largest peak */
   int64_t n_measured;
   double measured_step_time_s;

@@ -57,7 +57,7 @@ def run_meshplan(args, fp8, cfg, peak):
         return row
     m = re.search(r"done: \d+ steps, final loss ([0-9.eE+-]+|nan), ([0-9.]+) tokens/s .*peak memory (\d+) bytes", out)
     pv = re.search(r"predicted vs measured: step time ([0-9.]+) ms vs ([0-9.]+) ms \(median, ([+-]?[0-9.]+)%\), "
-                   r"peak memory ([0-9.]+) MiB vs ([0-9.]+) MiB \(([+-]?[0-9.]+)%\)", out)
+                   r"peak memory ([0-9.]+) MiB vs ([0-9.]+) MiB \(([+-]?[0-9.]+)%", out)
     if not m:
         row["ok"] = False
         return row
@@ -142,7 +142,7 @@ def main():
     table = "\n".join(lines)
     head = ("%s, %s, model %s (seq %d, micro-batch %d), %s UTC\n" % (
         gpu_name, args.gpu, args.model, args.seq, args.batch,
-        datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M")))
+        datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")))
     text = head + "\n" + table + "\n\n" + "\n".join(ratios) + "\n"
     print(text)
     if args.out:

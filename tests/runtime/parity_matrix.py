@@ -134,7 +134,7 @@ def main():
         m = re.search(r"peak memory (\d+) bytes per rank", out)
         try:
             con = sqlite3.connect(db)
-            row = con.execute("SELECT peak_mem_bytes FROM predictions").fetchall()
+            row = con.execute("SELECT peak_mem_bytes - coalesce(mem_overhead_bytes, 0) FROM predictions").fetchall()
             con.close()
         except sqlite3.Error as e:
             row = [str(e)]
