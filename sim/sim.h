@@ -51,11 +51,12 @@ typedef struct mp_stack_profile {
    * element-wise outputs in backward instead of saving them). JSON key optional. */
   double saved_act_factor;
   /* added: GEMM efficiency by shape (sim/gemm_table.h), a correction on the curve above
-   * from a `meshplan calibrate --device cuda` measurement; NULL (every loaded profile):
+   * from a `meshplan calibrate` measurement; NULL (every loaded profile):
    * the curve alone. Not owned: the table must outlive the profile's use. */
   const struct mp_gemm_table *gemm_table;
   /* added: whose memory layout the stack's runtime has (exec/plan.h, mp_mem_model); JSON
-   * key "memory_model", optional: "torchtitan" (the default) or "meshplan-cpu". The
+   * key "memory_model", optional: "torchtitan" (the default), "meshplan-cpu" or
+   * "meshplan-cuda". The
    * planner and `meshplan simulate` copy it into the plan options (mp_stack_plan_options)
    * so the schedule's memory events describe that runtime. */
   mp_mem_model mem_model;

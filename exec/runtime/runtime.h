@@ -64,10 +64,12 @@
  *
  * The op order is the model's, written out in runtime.c (FSDP units follow the plan's
  * units); exec/schedule.c's mp_schedule describes the same step for the simulator, but
- * the runtime does not yet walk it op by op. Its memory model MP_MEM_MODEL_MESHPLAN_CPU
- * repeats this runtime's allocations event for event (sizes, order, categories): change
- * one, change the other (tests/runtime:schedule_memory_test and parity_matrix.py compare
- * the predicted peak with the tracked allocator's, per plan). */
+ * the runtime does not yet walk it op by op. Its memory models MP_MEM_MODEL_MESHPLAN_CPU
+ * and MP_MEM_MODEL_MESHPLAN_CUDA (the same allocations at the CUDA backend's byte layouts)
+ * repeat this runtime's allocations event for event (sizes, order, categories): change
+ * one, change the other (tests/runtime:schedule_memory_test, its MPI variant for sharded
+ * plans, and parity_matrix.py compare the predicted peak with the tracked allocator's,
+ * per plan). */
 #ifndef MP_EXEC_RUNTIME_RUNTIME_H
 #define MP_EXEC_RUNTIME_RUNTIME_H
 
