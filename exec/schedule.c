@@ -598,18 +598,24 @@ static void fix_wgrad_flops(gen *g, int32_t first, double m_tokens) {
   }
 }
 
+/* Activations travel in bf16; the runtimes send their X tensors (fp32 on the CPU). */
+static double act_comm_bytes(const gen *g) { return g->rt ? (double)g->xs : 2.0; }
+static mp_dtype act_comm_dtype(const gen *g) {
+  return g->rt && g->xs == 4 ? MP_DTYPE_FP32 : MP_DTYPE_BF16;
+}
+
 static void tp_allreduce(gen *g, int on, int module) {
   if (!on) return;
   const shapes *sh = &g->sh;
-  comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 2.0 * (double)(sh->T * sh->H),
-       MP_DTYPE_BF16, module);
+  comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE,
+       act_comm_bytes(g) * (double)(sh->T * sh->H), act_comm_dtype(g), module);
 }
 
 static void ep_alltoall(gen *g, int module) {
   const shapes *sh = &g->sh;
   if (sh->ep <= 1) return;
   comm(g, MP_COLL_ALL_TO_ALL, MP_GROUP_EP, MP_STREAM_COMPUTE,
-       2.0 * (double)(sh->T * sh->topk * sh->H), MP_DTYPE_BF16, module);
+       act_comm_bytes(g) * (double)(sh->T * sh->topk * sh->H), act_comm_dtype(g), module);
 }
 
 /* ---- activation sizes (see the file comment) ---------------------------------------- */
