@@ -409,6 +409,19 @@ static int32_t comm(gen *g, mp_coll c, mp_group grp, mp_stream stream, double by
   return i;
 }
 
+/* A gradient collective of FSDP unit u on the reduce stream (the unit's reduce-scatter,
+ * or the all-reduce over dp_replicate), tagged with its layer and unit, after `after`. */
+static int32_t grad_comm(gen *g, mp_coll c, mp_group grp, int64_t bytes, int32_t layer,
+                         int32_t u, int32_t after) {
+  int32_t i = comm(g, c, grp, MP_STREAM_REDUCE, (double)bytes, g->rdt, -1);
+  if (i >= 0) {
+    g->ops[i].layer = layer;
+    g->ops[i].unit = u;
+  }
+  add_dep(g, i, after, 0);
+  return i;
+}
+
 static int32_t mem(gen *g, mp_op_type type, mp_mem_cat cat, int buf, int64_t bytes,
                    int32_t layer, int32_t unit, mp_stream stream) {
   int32_t i;
@@ -957,25 +970,11 @@ static void rt_reduce_unit(gen *g, int32_t layer, int32_t u, int rep, int32_t af
     mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, stage, layer, u, MP_STREAM_COMPUTE);
   }
   int32_t last = -1;
-  if (sharded) {
-    last = comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, MP_STREAM_REDUCE, (double)rb,
-                g->rdt, -1);
-    if (last >= 0) {
-      g->ops[last].layer = layer;
-      g->ops[last].unit = u;
-    }
-    add_dep(g, last, after, 0);
-  }
-  if (rep > 1) {
-    int32_t i = comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, MP_STREAM_REDUCE,
-                     (double)(ui->numel_shard * mp_dtype_bytes(g->rdt)), g->rdt, -1);
-    if (i >= 0) {
-      g->ops[i].layer = layer;
-      g->ops[i].unit = u;
-    }
-    add_dep(g, i, last >= 0 ? last : after, 0);
-    last = i;
-  }
+  if (sharded)
+    last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, layer, u, after);
+  if (rep > 1)
+    last = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE,
+                     ui->numel_shard * mp_dtype_bytes(g->rdt), layer, u, last >= 0 ? last : after);
   if (!sharded) return;
   if (g->overlap) {
     g->rs_fl.on = 1;
@@ -1002,15 +1001,9 @@ static void reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, in
     if (ui->numel_tp == 0) continue;
     if (!g->has_fsdp) {
       /* DDP-style: all-reduce the block's gradients over dp_replicate */
-      if (rep > 1) {
-        int32_t i = comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, MP_STREAM_REDUCE,
-                         (double)(ui->numel_tp * mp_dtype_bytes(g->rdt)), g->rdt, -1);
-        if (i >= 0) {
-          g->ops[i].layer = layer;
-          g->ops[i].unit = u;
-        }
-        add_dep(g, i, after, 0);
-      }
+      if (rep > 1)
+        grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE,
+                  ui->numel_tp * mp_dtype_bytes(g->rdt), layer, u, after);
       continue;
     }
     if (g->rt) {
@@ -1022,25 +1015,11 @@ static void reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, in
     mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_COMPUTE);
     mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, gb, layer, u, MP_STREAM_COMPUTE);
     int32_t last = -1;
-    if (ui->gsize > 1) {
-      last = comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, MP_STREAM_REDUCE, (double)rb,
-                  g->rdt, -1);
-      if (last >= 0) {
-        g->ops[last].layer = layer;
-        g->ops[last].unit = u;
-      }
-      add_dep(g, last, after, 0);
-    }
-    if (rep > 1) {
-      int32_t i = comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, MP_STREAM_REDUCE,
-                       (double)(ui->numel_shard * mp_dtype_bytes(g->rdt)), g->rdt, -1);
-      if (i >= 0) {
-        g->ops[i].layer = layer;
-        g->ops[i].unit = u;
-      }
-      add_dep(g, i, last >= 0 ? last : after, 0);
-      last = i;
-    }
+    if (ui->gsize > 1)
+      last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, layer, u, after);
+    if (rep > 1)
+      last = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE,
+                       ui->numel_shard * mp_dtype_bytes(g->rdt), layer, u, last >= 0 ? last : after);
     int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
     add_dep(g, f, last >= 0 ? last : after, 0);
   }
