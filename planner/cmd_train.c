@@ -23,6 +23,7 @@
 #include "exec/model.h"
 #include "exec/plan.h"
 #include "exec/runtime/data.h"
+#include "exec/runtime/kprof.h"
 #include "exec/runtime/runtime.h"
 #include "exec/runtime/weights.h"
 #include "kernels/cpu/cpu.h"
@@ -63,14 +64,17 @@ static mp_opt k_opts[] = {
     {"--dump-losses", "PATH", "write per-step losses as JSON", NULL},
     {"--dump-data", "PATH", "write the token corpus used, as an llm.c shard", NULL},
     {"--quiet", NULL, "print only the summary line", NULL},
+    {"--profile", NULL, "time each kernel and collective of rank 0 (the device synchronized around every "
+     "kernel, so the steps run slower) and print them per step by class beside the simulator's prediction "
+     "of the same plan", NULL},
     {NULL, NULL, NULL, NULL},
 };
 
 static mp_cmd_spec k_spec = {
     "train", "Train a model with a plan on CPUs or GPUs (world size 1 without mpirun; mpirun for more ranks).",
     "--model M [--mesh MESH] [--ac MODE] [--steps K] [--seq S] [--micro-batch B] [--global-batch G] "
-    "[--lr LR] [--data synthetic|PATH] [--device cpu|cuda] [--db PATH --plan-id ID] [--seed N] "
-    "[--dump-weights PATH]",
+    "[--fp8] [--lr LR] [--data synthetic|PATH] [--device cpu|cuda] [--db PATH [--plan-id ID]] [--auto] "
+    "[--seed N] [--profile] [--dump-weights PATH]",
     k_opts, 0};
 
 /* What the planner chose (or predicted) for this training run. */
@@ -84,6 +88,9 @@ typedef struct train_pick {
                                allocator measures */
   int64_t n_candidates, n_feasible;
   int calibrated;           /* the profile carries a `meshplan calibrate` measurement */
+  int have_busy;            /* --profile: the plan's rank 0 simulated with its trace */
+  mp_sim_busy busy;         /* its busy time per kernel class and collective group */
+  mp_sim_result busy_res;
 } train_pick;
 
 /* Where train runs: the CPU, or a GPU of the profile named gpu (data/gpus). */
@@ -102,10 +109,12 @@ typedef struct train_device {
  * profile, stack meshplan-cuda, fp32 masters gathered in bf16), constrained by fix and to
  * what the runtime executes. best = 1: the best feasible plan (--auto), whose options are
  * written into po; best = 0: the one candidate fix pins, feasible or not (a prediction
- * for the given mesh). db: record the run there (NULL: no record). */
+ * for the given mesh). db: its newest calibration of the device is applied, and with record
+ * the run is recorded there (NULL: neither). want_busy: also simulate the pick with its
+ * trace (out->busy, for --profile). */
 static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, const train_device *dev,
                                 mp_plan_options *po, const mp_search_fix *fix, int best, const char *db,
-                                train_pick *out) {
+                                int record, int want_busy, train_pick *out) {
   memset(out, 0, sizeof *out);
   mp_cluster c;
   MP_CHECK(mp_cluster_make(ctx, dev->gpu, world, world, &c));
@@ -163,7 +172,7 @@ static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, const
   req.info.options_json = best ? "{\"source\": \"meshplan train --auto\"}" : "{\"source\": \"meshplan train --db\"}";
   req.info.command = best ? "meshplan train --auto" : "meshplan train --db";
   req.info.tool_version = MESHPLAN_VERSION;
-  if (st == MP_OK && db) st = mp_store_open(ctx, db, &store);
+  if (st == MP_OK && db && record) st = mp_store_open(ctx, db, &store);
   if (st == MP_OK) st = mp_planner_run(ctx, &req, store, &res);
   if (st == MP_OK) {
     const mp_candidate *pickc = NULL;
@@ -188,6 +197,10 @@ static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, const
       out->step_time_s = pickc->res.step_time_s;
       out->peak_mem_bytes = pickc->res.peak_mem_bytes;
       out->alloc_peak_bytes = pickc->res.peak_mem_bytes - pickc->res.overhead_bytes;
+      if (want_busy) {
+        st = mp_sim_evaluator_busy(ctx, ev, pickc, &out->busy, &out->busy_res);
+        out->have_busy = st == MP_OK;
+      }
       if (best) {
         po->micro_batch = pickc->micro_batch;
         po->ac = (mp_ac_mode)pickc->ac;
@@ -201,6 +214,67 @@ static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, const
   mp_sim_evaluator_free(ev);
   free(ev);
   return st;
+}
+
+/* One row of --profile's table: measured and predicted per step, the error where both
+ * are there. */
+static void profile_row(const char *name, double m_s, double m_calls, double p_s, double p_calls, int has_pred) {
+  char mc[16] = "", pc[16] = ""; /* calls, left blank on the total rows (< 0) */
+  if (m_calls >= 0) snprintf(mc, sizeof mc, "%.1f", m_calls);
+  if (p_calls >= 0) snprintf(pc, sizeof pc, "%.1f", p_calls);
+  printf("  %-24s %9s %12.3f", name, mc, m_s * 1e3);
+  if (has_pred)
+    printf(" %9s %12.3f", pc, p_s * 1e3);
+  else
+    printf(" %9s %12s", "-", "-");
+  if (has_pred && m_s > 0 && p_s > 0)
+    printf(" %+7.1f%%", 100.0 * (p_s - m_s) / m_s);
+  printf("\n");
+}
+
+/* --profile's table: rank 0's time per step by kernel class and collective group, beside
+ * the simulator's busy time of the same plan's rank 0 (both per step, kernel launch
+ * overhead included). Collectives are busy time, overlapped or not. */
+static void print_profile(const mp_kprof *kp, const mp_comm_prof *cp, long long steps, const train_pick *pick,
+                          int cuda) {
+  const int pred = pick->have_busy;
+  const double n = (double)steps;
+  printf("profile of rank 0, per step (mean of %lld step%s%s): each kernel timed alone%s; collectives timed on the "
+         "host%s; predicted: the simulator's busy time for the same plan%s\n",
+         steps, steps == 1 ? "" : "s", steps > 1 ? " after the first" : "",
+         cuda ? " with the device synchronized around it (the profiled steps run slower)" : "",
+         cuda ? " (NCCL: the time to enqueue them)" : "", pred ? "" : " (none: no prediction for this run)");
+  printf("  %-24s %9s %12s %9s %12s %8s\n", "class", "calls", "measured ms", "calls", "predicted ms", "error");
+  double mk = 0, pk = 0;
+  for (int k = 0; k < MP_KPROF_COUNT; k++) {
+    const int costed = k < MP_KERNEL_COUNT;
+    const double ms = kp->seconds[k] / n, mc = (double)kp->calls[k] / n;
+    const double ps = costed && pred ? pick->busy.kernel_s[k] : 0.0;
+    const double pc = costed && pred ? (double)pick->busy.kernel_n[k] : 0.0;
+    if (mc == 0 && pc == 0) continue;
+    char name[48];
+    snprintf(name, sizeof name, "%s%s", mp_kprof_class_name(k), costed ? "" : " (not costed)");
+    profile_row(name, ms, mc, ps, pc, pred && costed);
+    mk += ms;
+    pk += ps;
+  }
+  profile_row("kernels", mk, -1, pk, -1, pred);
+  double mc_all = 0, pc_all = 0;
+  for (int g = 0; g < MP_GROUP_COUNT; g++) {
+    const double ms = cp->seconds[g] / n, mc = (double)cp->calls[g] / n;
+    const double ps = pred ? pick->busy.comm_s[g] : 0.0, pc = pred ? (double)pick->busy.comm_n[g] : 0.0;
+    if (mc == 0 && pc == 0) continue;
+    char name[48];
+    snprintf(name, sizeof name, "collectives %s", mp_group_name((mp_group)g));
+    profile_row(name, ms, mc, ps, pc, pred);
+    mc_all += ms;
+    pc_all += ps;
+  }
+  if (mc_all > 0 || pc_all > 0) profile_row("collectives", mc_all, -1, pc_all, -1, pred);
+  if (pred)
+    printf("  (predicted step %.3f ms: compute %.3f, optimizer %.3f, exposed communication %.3f)\n",
+           pick->busy_res.step_time_s * 1e3, pick->busy_res.compute_s * 1e3, pick->busy_res.optimizer_s * 1e3,
+           pick->busy_res.exposed_comm_s * 1e3);
 }
 
 int mp_cmd_train(int argc, char **argv) {
@@ -224,6 +298,12 @@ int mp_cmd_train(int argc, char **argv) {
   double *step_s = NULL;
   train_pick pick;
   memset(&pick, 0, sizeof pick);
+  mp_kprof kprof; /* --profile */
+  mp_comm_prof cprof;
+  mp_backend be_prof;
+  int kprof_on = 0;
+  memset(&kprof, 0, sizeof kprof);
+  memset(&cprof, 0, sizeof cprof);
   mp_kctx kc = {&ctx, NULL, 0};
   const mp_backend *be = mp_backend_cpu();
   int be_up = 0;
@@ -259,6 +339,7 @@ int mp_cmd_train(int argc, char **argv) {
                                         "and bandwidth for the prediction)", cd.name));
   }
   const char *db = mp_args_get(&k_spec, "--db");
+  const int profile = mp_args_has(&k_spec, "--profile");
   long long plan_id = 0;
   MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--plan-id", 1, &plan_id), st, out);
   if (plan_id && !db) {
@@ -295,7 +376,9 @@ int mp_cmd_train(int argc, char **argv) {
     if (user_ac) fix.ac = po.ac;
     if (po.fp8) fix.fp8 = 1;
     if (user_mb) fix.micro_batch = po.micro_batch;
-    MP_CHECK_GOTO(plan_for_train(&ctx, &model, world, &dev, &po, &fix, 1, env_rank == 0 ? db : NULL, &pick), st, out);
+    MP_CHECK_GOTO(plan_for_train(&ctx, &model, world, &dev, &po, &fix, 1, env_rank == 0 ? db : NULL, 1,
+                                 profile && env_rank == 0, &pick),
+                  st, out);
     mesh = pick.mesh;
     plan_id = pick.plan_id;
   } else {
@@ -306,9 +389,11 @@ int mp_cmd_train(int argc, char **argv) {
     }
     MP_CHECK_GOTO(mp_mesh_validate(&ctx, &mesh), st, out);
     if (!po.global_batch) po.global_batch = po.micro_batch * mp_mesh_group_size(&mesh, MP_GROUP_DP);
-    if (db && !plan_id && mp_mesh_world(&mesh) == world) {
+    if (((db && !plan_id) || profile) && mp_mesh_world(&mesh) == world) {
       /* No plan given: predict this one (a planner run pinned to it) so the measurements
-       * land next to a prediction. */
+       * land next to a prediction; --profile predicts it too (recorded only when the
+       * measurements have no plan of their own). */
+      const int record = db && !plan_id;
       mp_search_fix fix;
       mp_search_fix_init(&fix);
       fix.pp = mesh.size[MP_DIM_PP];
@@ -322,8 +407,10 @@ int mp_cmd_train(int argc, char **argv) {
       /* the planner enumerates reshard only where there is an FSDP group to reshard over */
       fix.reshard = mesh.size[MP_DIM_DP_SHARD] > 1 ? po.fsdp.reshard_after_forward : 0;
       fix.micro_batch = po.micro_batch;
-      MP_CHECK_GOTO(plan_for_train(&ctx, &model, world, &dev, &po, &fix, 0, env_rank == 0 ? db : NULL, &pick), st, out);
-      plan_id = pick.plan_id;
+      MP_CHECK_GOTO(plan_for_train(&ctx, &model, world, &dev, &po, &fix, 0, env_rank == 0 ? db : NULL, record,
+                                   profile && env_rank == 0, &pick),
+                    st, out);
+      if (record) plan_id = pick.plan_id;
     }
   }
 
@@ -391,7 +478,16 @@ int mp_cmd_train(int argc, char **argv) {
     if (st != MP_OK) goto out;
   }
 
-  MP_CHECK_GOTO(mp_runtime_create(&ctx, plan, comm, be, &kc, &ro, &rt), st, out);
+  /* --profile: rank 0's kernels through the timing table, its collectives timed by the
+   * front end; both counted from step 2 on */
+  const mp_backend *be_run = be;
+  if (profile && rank == 0) {
+    MP_CHECK_GOTO(mp_kprof_backend(&ctx, be, &kprof, dev.cuda, &be_prof), st, out);
+    kprof_on = 1;
+    be_run = &be_prof;
+    mp_comm_profile(comm, &cprof);
+  }
+  MP_CHECK_GOTO(mp_runtime_create(&ctx, plan, comm, be_run, &kc, &ro, &rt), st, out);
   if (dev.cuda) MP_CHECK_GOTO(mp_cuda_timer_create(&kc, &timer), st, out);
   if (db) MP_CHECK_GOTO(mp_store_open(&ctx, db, &store), st, out);
 
@@ -415,14 +511,16 @@ int mp_cmd_train(int argc, char **argv) {
     printf(", float8 %s\n", plan->opts.fp8 ? "on" : "off");
     if (dev.cuda) printf("device: cuda %d (%s, profile %s), bf16 compute\n", dev.index, dev.name, dev.gpu);
   }
-  if (rank == 0 && pick.found)
+  if (rank == 0 && pick.found) {
+    char rec[48] = " (not recorded)";
+    if (pick.plan_id) snprintf(rec, sizeof rec, " (plan id %lld)", (long long)pick.plan_id);
     printf("%s%s profile) from %lld candidate%s for %d %s rank%s, %lld feasible; predicted step %.2f ms, peak "
-           "%.3f MiB per rank%s%lld)\n",
+           "%.3f MiB per rank%s\n",
            want_auto ? "auto: best executable plan (" : "prediction (", dev.stack,
            (long long)pick.n_candidates, pick.n_candidates == 1 ? "" : "s", world, dev.cuda ? "GPU" : "CPU",
-           world == 1 ? "" : "s",
-           (long long)pick.n_feasible, pick.step_time_s * 1e3, pick.peak_mem_bytes / 1048576.0,
-           pick.plan_id ? " (plan id " : " (not recorded", (long long)pick.plan_id);
+           world == 1 ? "" : "s", (long long)pick.n_feasible, pick.step_time_s * 1e3,
+           pick.peak_mem_bytes / 1048576.0, rec);
+  }
   if (rank == 0 && pick.found && !pick.calibrated)
     printf("note: the %s profile is uncalibrated (data/gpus/%s.json, data/stacks/%s.json); run `meshplan "
            "calibrate --device %s --db %s` first for predictions of this machine\n",
@@ -464,6 +562,9 @@ int mp_cmd_train(int argc, char **argv) {
     if (s > 0) { /* step 1 carries first-touch page faults */
       total_s += dt;
       tokens_all += (double)r.tokens * dp;
+    } else if (steps > 1) { /* the profile, likewise */
+      memset(&kprof, 0, sizeof kprof);
+      memset(&cprof, 0, sizeof cprof);
     }
     if (r.peak_bytes > peak) peak = r.peak_bytes;
     if (rank == 0 && !quiet)
@@ -503,6 +604,7 @@ int mp_cmd_train(int argc, char **argv) {
              pick.alloc_peak_bytes / 1048576.0, peak / 1048576.0,
              100.0 * (double)(pick.alloc_peak_bytes - peak) / (double)peak, pick.peak_mem_bytes / 1048576.0);
     }
+    if (kprof_on) print_profile(&kprof, &cprof, steps > 1 ? steps - 1 : 1, &pick, dev.cuda);
   }
   const char *dump_l = mp_args_get(&k_spec, "--dump-losses");
   if (dump_l && rank == 0) {
@@ -525,6 +627,7 @@ out:
   mp_store_close(store);
   mp_cuda_timer_destroy(timer);
   mp_runtime_destroy(rt);
+  if (kprof_on) mp_kprof_stop();
   mp_comm_destroy(comm); /* before the kernel context whose stream it orders against */
   if (be_up) be->shutdown(&kc);
   if (mpi) {

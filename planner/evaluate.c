@@ -126,8 +126,10 @@ mp_status mp_sim_evaluate(void *user, mp_ctx *ctx, mp_arena *scratch, const mp_c
   return mp_simulate_prepped(ctx, p, e->prep, &ev->sim, scratch, out);
 }
 
-mp_status mp_sim_evaluator_trace(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
-                                 const char *path) {
+/* Rank 0 of the candidate simulated with its trace: writes it to path (if any) and sums
+ * it into *busy (if any). */
+static mp_status traced(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
+                        const char *path, mp_sim_busy *busy, mp_sim_result *res) {
   mp_plan_options o;
   mp_sim_evaluator_options(ev, c, &o);
   mp_plan *p = NULL;
@@ -144,11 +146,23 @@ mp_status mp_sim_evaluator_trace(mp_ctx *ctx, const mp_sim_evaluator *ev, const 
   mp_status st = a ? MP_OK : mp_error(ctx, MP_ERR_NOMEM, "out of memory creating an arena");
   if (st == MP_OK) st = mp_schedule_build(ctx, p, 0, MP_SCHEDULE_COMPACT, a, &s);
   if (st == MP_OK) st = mp_simulate(ctx, s, &cfg, &r, &t);
-  if (st == MP_OK) st = mp_sim_trace_write(ctx, t, path);
+  if (st == MP_OK && path) st = mp_sim_trace_write(ctx, t, path);
+  if (st == MP_OK && busy) mp_sim_trace_busy(t, busy);
+  if (st == MP_OK && res) *res = r;
   mp_sim_trace_destroy(t);
   mp_arena_destroy(a);
   mp_plan_destroy(p);
   return st;
+}
+
+mp_status mp_sim_evaluator_trace(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
+                                 const char *path) {
+  return traced(ctx, ev, c, path, NULL, NULL);
+}
+
+mp_status mp_sim_evaluator_busy(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
+                                mp_sim_busy *busy, mp_sim_result *res) {
+  return traced(ctx, ev, c, NULL, busy, res);
 }
 
 void mp_sim_evaluator_thread_done(void *user) {

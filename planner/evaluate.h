@@ -56,6 +56,11 @@ void mp_sim_evaluator_thread_done(void *user);
 /* Simulates rank 0 of the candidate with record_trace and writes the Chrome trace to path. */
 mp_status mp_sim_evaluator_trace(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
                                  const char *path);
+/* Simulates rank 0 of the candidate with record_trace; fills *busy with its busy time by
+ * kernel class and collective group (mp_sim_trace_busy) and *res with its result (the
+ * same as the search's for that candidate). For `meshplan train --profile`. */
+mp_status mp_sim_evaluator_busy(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
+                                mp_sim_busy *busy, mp_sim_result *res);
 
 #ifdef __cplusplus
 }

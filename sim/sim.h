@@ -103,6 +103,18 @@ void mp_sim_thread_release(void);
 mp_status mp_sim_trace_write(mp_ctx *ctx, const mp_sim_trace *t, const char *path);
 void mp_sim_trace_destroy(mp_sim_trace *t);
 
+/* Busy time of a traced step by class, the simulator's side of `meshplan train
+ * --profile`: the durations (kernel overhead included) of its compute op instances summed
+ * by kernel (MP_KERNEL_*), of its collectives by group (MP_GROUP_*), with their counts.
+ * Busy, not exposed: overlapped communication counts in full. */
+typedef struct mp_sim_busy {
+  double kernel_s[MP_KERNEL_COUNT];
+  int64_t kernel_n[MP_KERNEL_COUNT];
+  double comm_s[MP_GROUP_COUNT];
+  int64_t comm_n[MP_GROUP_COUNT];
+} mp_sim_busy;
+void mp_sim_trace_busy(const mp_sim_trace *t, mp_sim_busy *out);
+
 /* Convenience: build the plan, the compact schedule of rank 0 (or the worst pipeline
  * stage), and simulate. */
 mp_status mp_simulate_plan(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,

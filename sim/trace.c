@@ -80,3 +80,18 @@ mp_status mp_sim_trace_write(mp_ctx *ctx, const mp_sim_trace *t, const char *pat
   free(text);
   return st;
 }
+
+void mp_sim_trace_busy(const mp_sim_trace *t, mp_sim_busy *out) {
+  memset(out, 0, sizeof *out);
+  if (t == NULL || t->s == NULL) return;
+  for (size_t i = 0; i < t->n; i++) {
+    const mp_op *op = &t->s->ops[t->ev[i].op];
+    if (op->type == MP_OP_COMPUTE && op->kernel < MP_KERNEL_COUNT) {
+      out->kernel_s[op->kernel] += t->ev[i].dur_s;
+      out->kernel_n[op->kernel]++;
+    } else if (op->type == MP_OP_COMM && op->group < MP_GROUP_COUNT) {
+      out->comm_s[op->group] += t->ev[i].dur_s;
+      out->comm_n[op->group]++;
+    }
+  }
+}

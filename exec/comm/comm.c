@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/progress.h"
+
 size_t mp_comm_dtype_bytes(mp_comm_dtype t) {
   switch (t) {
     case MP_COMM_DTYPE_FP32: return 4;
@@ -130,6 +132,21 @@ static mp_status check_peer(mp_ctx *ctx, const mp_comm *c, const char *what, int
 
 /* ---- collectives ---- */
 
+void mp_comm_profile(mp_comm *c, mp_comm_prof *p) {
+  if (c) c->prof = p;
+}
+
+/* Returns the backend call's status, its host time added to c->prof when profiling. */
+#define PROFILED(c, g, call)                              \
+  do {                                                    \
+    if ((c)->prof == NULL) return (call);                 \
+    const double t0_ = mp_now_s();                        \
+    const mp_status s_ = (call);                          \
+    (c)->prof->seconds[(g)] += mp_now_s() - t0_;          \
+    (c)->prof->calls[(g)]++;                              \
+    return s_;                                            \
+  } while (0)
+
 mp_status mp_comm_all_reduce(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send, void *recv,
                              size_t count, mp_comm_dtype t, mp_comm_op op) {
   const char *w = "all_reduce";
@@ -137,7 +154,7 @@ mp_status mp_comm_all_reduce(mp_ctx *ctx, mp_comm *c, mp_group g, const void *se
   MP_CHECK(check_op(ctx, w, op));
   MP_CHECK(check_buf(ctx, w, "send", send, count));
   MP_CHECK(check_buf(ctx, w, "recv", recv, count));
-  return c->backend->all_reduce(ctx, c, g, send, recv, count, t, op);
+  PROFILED(c, g, c->backend->all_reduce(ctx, c, g, send, recv, count, t, op));
 }
 
 mp_status mp_comm_all_gather(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send, void *recv,
@@ -147,7 +164,7 @@ mp_status mp_comm_all_gather(mp_ctx *ctx, mp_comm *c, mp_group g, const void *se
   MP_CHECK(check_size(ctx, w, count, (size_t)c->group_size[g], t));
   MP_CHECK(check_buf(ctx, w, "send", send, count));
   MP_CHECK(check_buf(ctx, w, "recv", recv, count));
-  return c->backend->all_gather(ctx, c, g, send, recv, count, t);
+  PROFILED(c, g, c->backend->all_gather(ctx, c, g, send, recv, count, t));
 }
 
 mp_status mp_comm_reduce_scatter(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send,
@@ -158,7 +175,7 @@ mp_status mp_comm_reduce_scatter(mp_ctx *ctx, mp_comm *c, mp_group g, const void
   MP_CHECK(check_size(ctx, w, recv_count, (size_t)c->group_size[g], t));
   MP_CHECK(check_buf(ctx, w, "send", send, recv_count));
   MP_CHECK(check_buf(ctx, w, "recv", recv, recv_count));
-  return c->backend->reduce_scatter(ctx, c, g, send, recv, recv_count, t, op);
+  PROFILED(c, g, c->backend->reduce_scatter(ctx, c, g, send, recv, recv_count, t, op));
 }
 
 mp_status mp_comm_all_to_all_v(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send,
@@ -183,8 +200,8 @@ mp_status mp_comm_all_to_all_v(mp_ctx *ctx, mp_comm *c, mp_group g, const void *
   }
   MP_CHECK(check_buf(ctx, w, "send", send, (size_t)send_total));
   MP_CHECK(check_buf(ctx, w, "recv", recv, (size_t)recv_total));
-  return c->backend->all_to_all_v(ctx, c, g, send, send_counts, send_displs, recv, recv_counts,
-                                  recv_displs, t);
+  PROFILED(c, g, c->backend->all_to_all_v(ctx, c, g, send, send_counts, send_displs, recv,
+                                          recv_counts, recv_displs, t));
 }
 
 mp_status mp_comm_broadcast(mp_ctx *ctx, mp_comm *c, mp_group g, void *buf, size_t count,
@@ -196,7 +213,7 @@ mp_status mp_comm_broadcast(mp_ctx *ctx, mp_comm *c, mp_group g, void *buf, size
                     "%s: root %d is not a group index of the %s group (size %d)", w, root,
                     mp_group_name(g), c->group_size[g]);
   MP_CHECK(check_buf(ctx, w, "buf", buf, count));
-  return c->backend->broadcast(ctx, c, g, buf, count, t, root);
+  PROFILED(c, g, c->backend->broadcast(ctx, c, g, buf, count, t, root));
 }
 
 mp_status mp_comm_send(mp_ctx *ctx, mp_comm *c, const void *buf, size_t count, mp_comm_dtype t,

@@ -270,6 +270,18 @@ mp_status mp_comm_wait(mp_ctx *ctx, mp_comm *c, mp_comm_req *req);
  * backends ignore it. Call it between collectives, not inside a batch. NULL c: no-op. */
 void mp_comm_set_stream(mp_comm *c, void *cuda_stream);
 
+/* Profiling (meshplan train --profile): with p set, every all-reduce, all-gather,
+ * reduce-scatter, all-to-all and broadcast through the front end adds its host time to
+ * p->seconds[group] and one to p->calls[group]. The host time is the whole collective on
+ * the blocking backends ("mpi", "single", the staged ones); on "nccl" it is the time to
+ * enqueue it (the collectives run on their own stream, overlapping compute by design).
+ * p NULL stops it; p is the caller's and must outlive its use. */
+typedef struct mp_comm_prof {
+  double seconds[MP_GROUP_COUNT];
+  int64_t calls[MP_GROUP_COUNT];
+} mp_comm_prof;
+void mp_comm_profile(mp_comm *c, mp_comm_prof *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -71,6 +71,7 @@ struct mp_comm {
   int group_size[MP_GROUP_COUNT];
   int group_index[MP_GROUP_COUNT];
   int async_open; /* between mp_comm_async_begin and mp_comm_async_end (front end's) */
+  mp_comm_prof *prof; /* mp_comm_profile's accumulator, or NULL */
   void *impl;
 };
 

@@ -54,6 +54,16 @@ echo "$out" | grep -E '^(auto|train)'
 check "train --auto exits 0" "[ $rc -eq 0 ]"
 check "auto names its plan" "echo \"\$out\" | grep -q '^auto: best executable plan (meshplan-cpu profile) from [0-9]* candidates for 1 CPU rank'"
 check "auto run recorded" "[ \"\$(\"$bin\" report --db \"$tmp/m.db\" | grep -c 'tiny-')\" -eq 2 ]"
+# --profile: the kernel classes of rank 0 beside the simulator's, per step (2 layers: 30
+# GEMM calls per micro-batch as runtime.c issues them, 45 GEMM products in the schedule;
+# kprof_test derives both), and no record in a database it was not given.
+out=$(OMP_NUM_THREADS=1 timeout 60 "$bin" train --model tiny-dense --steps 3 --seq 16 --micro-batch 2 \
+      --global-batch 2 --profile --quiet 2>&1); rc=$?
+echo "$out" | grep -A3 '^profile'
+check "train --profile exits 0" "[ $rc -eq 0 ]"
+check "profile gemm row: 30 calls measured, 45 predicted" \
+  "echo \"\$out\" | grep -Eq '^  gemm +30\\.0 +[0-9.]+ +45\\.0 +[0-9.]+ +[-+][0-9.]+%'"
+check "profile totals" "echo \"\$out\" | grep -Eq '^  kernels +[0-9.]+ +[0-9.]+'"
 err=$("$bin" train --model tiny-dense --seq 65 --steps 1 2>&1); rc=$?
 check "seq beyond max_seq refused" "[ $rc -ne 0 ] && echo \"\$err\" | grep -q 'max_seq'"
 exit $fail
