@@ -685,6 +685,25 @@ static void residual(gen *g, mp_variant v, int64_t elems) {
   elementwise(g, MP_KERNEL_RESIDUAL, v, -1, elems, 1.0, 6.0 * (double)elems);
 }
 
+/* RoPE on q and k: one op, or (the runtimes: runtime.c calls it for q, then k) two. */
+static void rope(gen *g, mp_variant v) {
+  const shapes *sh = &g->sh;
+  if (sh->gpt) return;
+  const int64_t eq = sh->T * sh->q, ek = sh->T * sh->kv;
+  if (g->rt) {
+    elementwise(g, MP_KERNEL_ROPE, v, -1, eq, FLOPS_ROPE, 4.0 * (double)eq);
+    elementwise(g, MP_KERNEL_ROPE, v, -1, ek, FLOPS_ROPE, 4.0 * (double)ek);
+  } else {
+    elementwise(g, MP_KERNEL_ROPE, v, -1, eq + ek, FLOPS_ROPE, 4.0 * (double)(eq + ek));
+  }
+}
+
+/* The residual stream's gradient: an add of its own in autograd; the runtimes' backward
+ * kernels accumulate into it (ops.h: gradients accumulate), so nothing. */
+static void residual_bwd(gen *g, int64_t elems) {
+  if (!g->rt) residual(g, MP_VAR_BWD, elems);
+}
+
 static double attn_fwd_flops(const shapes *sh) {
   /* causal half of 4 x T x seq x heads x hd */
   return 2.0 * (double)sh->T * (double)sh->seq * (double)sh->nh * (double)sh->hd;
@@ -710,10 +729,7 @@ static void attention_fwd(gen *g, const part_deps *pd) {
     norm_fwd(g, MP_MOD_Q_NORM, T * sh->nh, sh->hd);
     norm_fwd(g, MP_MOD_K_NORM, T * sh->nkv, sh->hd);
   }
-  if (!sh->gpt) {
-    const int64_t e = T * (sh->q + sh->kv);
-    elementwise(g, MP_KERNEL_ROPE, MP_VAR_FWD, -1, e, FLOPS_ROPE, 4.0 * (double)e);
-  }
+  rope(g, MP_VAR_FWD);
   attention_core_fwd(g);
 }
 
@@ -838,7 +854,7 @@ static void mlp_bwd(gen *g, int kind, const part_deps *pd) {
     linear_bwd(g, MP_MOD_ROUTER, (double)T, sh->E, H, 1);
   }
   norm_bwd(g, MP_MOD_FFN_NORM, T, H);
-  residual(g, MP_VAR_BWD, T * H);
+  residual_bwd(g, T * H);
 }
 
 static void attention_bwd(gen *g, const part_deps *pd) {
@@ -850,10 +866,7 @@ static void attention_bwd(gen *g, const part_deps *pd) {
           2.0 * attn_fwd_flops(sh),
           2.0 * (double)(T * (4 * sh->q + 4 * sh->kv)) + 4.0 * (double)(T * sh->nh),
           MP_DTYPE_BF16);
-  if (!sh->gpt) {
-    const int64_t e = T * (sh->q + sh->kv);
-    elementwise(g, MP_KERNEL_ROPE, MP_VAR_BWD, -1, e, FLOPS_ROPE, 4.0 * (double)e);
-  }
+  rope(g, MP_VAR_BWD);
   if (sh->qk_norm) {
     norm_bwd(g, MP_MOD_K_NORM, T * sh->nkv, sh->hd);
     norm_bwd(g, MP_MOD_Q_NORM, T * sh->nh, sh->hd);
@@ -869,7 +882,7 @@ static void attention_bwd(gen *g, const part_deps *pd) {
   }
   tp_allreduce(g, sh->ar_qkv, MP_MOD_Q);
   norm_bwd(g, MP_MOD_ATTN_NORM, T, H);
-  residual(g, MP_VAR_BWD, T * H);
+  residual_bwd(g, T * H);
 }
 
 /* ---- FSDP pieces ----------------------------------------------------------------- */
@@ -1461,6 +1474,11 @@ typedef struct rt_rest {
   int64_t numel_pad; /* FSDP shards padded to the group's chunk: fp32 master, grad, m, v */
   int64_t numel_rep; /* parameters not FSDP-sharded: meshplan-cuda's bf16 compute copies */
   int64_t f8w_bytes; /* meshplan-cuda: codes of the float8 weights not FSDP-sharded */
+  /* per parameter tensor of the stage (the runtime's optimizer works tensor by tensor):
+   * its padded shard's elements, and whether it is not sharded (a resident compute copy) */
+  int32_t n_t;
+  int64_t *t_pad;
+  uint8_t *t_rep;
 } rt_rest;
 
 /* Units as this rank's stage sees them, and the rank's elements at rest (the same sums as
@@ -1484,6 +1502,10 @@ static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
   g->root_unit = -1;
   *params_numel = 0;
   memset(rest, 0, sizeof *rest);
+  rest->t_pad = mp_arena_alloc(g->arena, sizeof(int64_t) * (size_t)(p->n_params > 0 ? p->n_params : 1));
+  rest->t_rep = mp_arena_alloc(g->arena, (size_t)(p->n_params > 0 ? p->n_params : 1));
+  if (rest->t_pad == NULL || rest->t_rep == NULL)
+    return mp_error(g->ctx, MP_ERR_NOMEM, "out of memory building the step schedule");
   for (int i = 0; i < p->n_params; i++) {
     const mp_param *prm = &p->params[i];
     if (prm->pp_stage != stage) continue;
@@ -1520,6 +1542,8 @@ static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
      * the codes of that copy from its first GEMM on (runtime.c, f8_weight) */
     const int64_t pad = gs > 1 && rows > 0 ? (rows + gs - 1) / gs * (n / rows) : local;
     rest->numel_pad += pad;
+    rest->t_pad[rest->n_t] = pad;
+    rest->t_rep[rest->n_t++] = gs <= 1;
     if (gs > 1) {
       ui->rt_gather_x4 += al64(gs * pad * 4);
       ui->rt_gather_x2 += al64(gs * pad * 2);
@@ -1550,6 +1574,38 @@ static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
                       layer, N_PARTS);
   }
   return MP_OK;
+}
+
+/* The runtimes' optimizer step (runtime.c, mp_runtime_optimizer_step), tensor by tensor
+ * as it runs: per parameter tensor a sum of squares of its gradient shard (4 bytes an
+ * element read), the norm's all-reduce over the world, then per tensor AdamW (7 fp32
+ * tensors) and, for a resident compute copy (not sharded, X not fp32: CUDA), its refresh
+ * from the master (fp32 read, X written). Then the gradients' zero fill, which the runtime
+ * makes at the start of the next step (mp_runtime_forward_backward): costed here, where
+ * nothing overlaps it either. One op per tensor, so each pays the kernel overhead the
+ * runtime's launches do. (The runtime sums squares only of the tensors this rank owns
+ * once over tp and dp_replicate; every local tensor is counted here, a few norm weights
+ * more under tp.) */
+static void rt_optimizer(gen *g, const rt_rest *r, int world_reduce) {
+  for (int32_t t = 0; t < r->n_t; t++) {
+    const int64_t n = r->t_pad[t];
+    int32_t i = compute(g, MP_KERNEL_GRAD_NORM, MP_VAR_FWD, -1, n, 0, 0, 1, 2.0 * (double)n,
+                        4.0 * (double)n, MP_DTYPE_FP32);
+    if (t == 0) add_dep(g, i, g->last_reduce, 0);
+  }
+  if (world_reduce)
+    comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_WORLD, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, -1);
+  for (int32_t t = 0; t < r->n_t; t++) {
+    const int64_t n = r->t_pad[t];
+    compute(g, MP_KERNEL_OPTIMIZER, MP_VAR_FWD, -1, n, 0, 0, 1, FLOPS_ADAMW * (double)n,
+            BYTES_ADAMW * (double)n, MP_DTYPE_FP32);
+    if (r->t_rep[t] && g->xs != 4)
+      compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, n, 0, 0, 1, 0.0, (4.0 + g->xs) * (double)n,
+              MP_DTYPE_FP32);
+  }
+  for (int32_t t = 0; t < r->n_t; t++)
+    compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, r->t_pad[t], 0, 0, 1, 0.0, 4.0 * (double)r->t_pad[t],
+            MP_DTYPE_FP32);
 }
 
 /* Runs of identical blocks in [l0, l1): run_len[l] for run starts, 0 inside runs. */
@@ -1891,14 +1947,18 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
 
   /* optimizer: global gradient norm (clipping), AdamW on the shard */
   seg_open(&g, MP_PHASE_OPTIMIZER, -1, 0);
-  const double shard = (double)tot.params_numel;
-  int32_t gn = compute(&g, MP_KERNEL_GRAD_NORM, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1,
-                       2.0 * shard, 4.0 * shard, MP_DTYPE_FP32);
-  add_dep(&g, gn, g.last_reduce, 0);
-  if (mp_mesh_world(mesh) > 1)
-    comm(&g, MP_COLL_ALL_REDUCE, MP_GROUP_WORLD, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, -1);
-  compute(&g, MP_KERNEL_OPTIMIZER, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, FLOPS_ADAMW * shard,
-          BYTES_ADAMW * shard, MP_DTYPE_FP32);
+  if (g.rt) {
+    rt_optimizer(&g, &pr->rest, mp_mesh_world(mesh) > 1);
+  } else {
+    const double shard = (double)tot.params_numel;
+    int32_t gn = compute(&g, MP_KERNEL_GRAD_NORM, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1,
+                         2.0 * shard, 4.0 * shard, MP_DTYPE_FP32);
+    add_dep(&g, gn, g.last_reduce, 0);
+    if (mp_mesh_world(mesh) > 1)
+      comm(&g, MP_COLL_ALL_REDUCE, MP_GROUP_WORLD, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, -1);
+    compute(&g, MP_KERNEL_OPTIMIZER, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, FLOPS_ADAMW * shard,
+            BYTES_ADAMW * shard, MP_DTYPE_FP32);
+  }
   seg_close(&g, MP_PHASE_OPTIMIZER, 1, 0, 0);
 
   if (g.nomem == 2)

@@ -92,6 +92,9 @@ typedef enum mp_kernel {
   MP_KERNEL_FP8_CAST,      /* amax, scale, saturating cast */
   MP_KERNEL_GRAD_NORM,     /* global gradient norm (sum of squares of the shard) */
   MP_KERNEL_OPTIMIZER,     /* AdamW on the rank's shard */
+  MP_KERNEL_COPY,          /* the runtimes' device copies, conversions and zero-fills: the
+                              gradients zeroed each step, compute copies refreshed from their
+                              fp32 masters (bandwidth only) */
   MP_KERNEL_COUNT
 } mp_kernel;
 

@@ -97,7 +97,8 @@ void mp_schedule_totals_compute(const mp_schedule *s, mp_schedule_totals *out) {
 const char *mp_kernel_name(mp_kernel k) {
   static const char *n[MP_KERNEL_COUNT] = {
       "embedding", "norm",     "rope",      "attention", "gemm",      "activation", "residual",
-      "router",    "permute",  "unpermute", "loss",      "fp8_cast",  "grad_norm",  "optimizer"};
+      "router",    "permute",  "unpermute", "loss",      "fp8_cast",  "grad_norm",  "optimizer",
+      "copy"};
   return (unsigned)k < MP_KERNEL_COUNT ? n[k] : "?";
 }
 

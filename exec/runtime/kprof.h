@@ -1,11 +1,11 @@
 /* Kernel profiling for `meshplan train --profile`: a backend table that forwards every op
  * to an inner backend (kernels/ops.h) and adds each call's time to the op's class, the
  * classes the simulator costs compute ops by (exec/schedule.h's mp_kernel: GEMM,
- * attention, norm, ...), plus MP_KPROF_OTHER for what the schedule does not cost as a
- * kernel: copies between host and device, conversions between fp32 and the X dtype (the
- * compute copies of parameters refreshed after the optimizer, gradient staging),
- * zero-fills and the fp32 gradient accumulation after a reduce-scatter. The memory hooks
- * (init, shutdown, alloc, free) and synchronize are the inner backend's own, untimed.
+ * attention, norm, ...; device copies, conversions between fp32 and the X dtype,
+ * zero-fills and the fp32 gradient accumulation after a reduce-scatter are "copy"), plus
+ * MP_KPROF_OTHER for what the schedule does not cost: transfers between host and device.
+ * The memory hooks (init, shutdown, alloc, free) and synchronize are the inner backend's
+ * own, untimed.
  *
  * With sync, the device is synchronized before and after every timed op, so the time is
  * that op's alone, launch included, on a GPU whose queue would otherwise hide it; the

@@ -11,7 +11,8 @@
 // per parameter tensor (9 per layer, embeddings, final norm, head: 21).
 //
 // The schedule (meshplan-cpu model) counts each GEMM product as one op: per micro-batch
-// 2 x (7 + 7 + 7) + 3 = 45, and the other classes as the runtime calls them.
+// 2 x (7 + 7 + 7) + 3 = 45, and the other classes as the runtime calls them (RoPE on q
+// and on k, 4 per layer; the residual adds of the forward, 2 per layer).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -165,6 +166,14 @@ TEST(Kprof, SimulatorBusyTimeCountsTheSameStep) {
   EXPECT_EQ(b.kernel_n[MP_KERNEL_ACTIVATION], micro * 4);
   EXPECT_EQ(b.kernel_n[MP_KERNEL_EMBEDDING], micro * 2);
   EXPECT_EQ(b.kernel_n[MP_KERNEL_LOSS], micro * 2);
+  EXPECT_EQ(b.kernel_n[MP_KERNEL_ROPE], micro * 8);      // q and k, forward and backward, per layer
+  EXPECT_EQ(b.kernel_n[MP_KERNEL_RESIDUAL], micro * 4);  // two adds per layer, forward only
+  // the optimizer tensor by tensor, as the runtime runs it: a sum of squares and an AdamW
+  // update per parameter tensor, and its gradient's zero fill (no compute copies on the
+  // CPU: X is fp32)
+  EXPECT_EQ(b.kernel_n[MP_KERNEL_GRAD_NORM], 21);
+  EXPECT_EQ(b.kernel_n[MP_KERNEL_OPTIMIZER], 21);
+  EXPECT_EQ(b.kernel_n[MP_KERNEL_COPY], 21);
   // one rank: every op runs on the compute stream, back to back, and nothing communicates
   double sum = 0;
   for (int k = 0; k < MP_KERNEL_COUNT; k++) sum += b.kernel_s[k];
