@@ -251,6 +251,49 @@ int mp_schedule_iter_next(mp_schedule_iter *it);
  * has none (MP_DEP_PREV_REP in a first repetition). Added. */
 int64_t mp_schedule_iter_dep(const mp_schedule_iter *it, int i);
 
+/* The step program (added with the walking runtime): one micro-batch of a schedule built
+ * with a runtime memory model (MP_MEM_MODEL_MESHPLAN_CPU or _CUDA), read as the actions
+ * exec/runtime/runtime.c executes, in the schedule's order. The schedule decides what
+ * happens and when: where each unit's all-gather is issued (prefetched a block ahead with
+ * overlap, before the block without), which blocks drop saved tensors after their
+ * forward and what their backward recomputes (AC), where gathered parameters are
+ * released (reshard_after_forward), where each unit's gradients are reduced; the runtime
+ * does each action with its kernels and collectives. Read from the ops' memory events and
+ * collectives (their buffers, phases, layers and units), so the runtime and the memory
+ * model cannot drift apart in order. */
+typedef enum mp_step_act {
+  MP_ACT_TOKENS = 0, /* the micro-batch's token ids and targets are staged */
+  MP_ACT_GATHER,     /* a: layer (-1: the root units): its sharded units' all-gathers go out */
+  MP_ACT_EMBED_FWD,  /* x[0] and the embedding lookup */
+  MP_ACT_BLOCK_FWD,  /* a: layer: its gathers complete, its tensors, its forward */
+  MP_ACT_FREE_CORE,  /* a: layer: the attention core goes after the forward (AC) */
+  MP_ACT_FREE_BLOCK, /* a: layer: every saved tensor of the block goes (full AC) */
+  MP_ACT_RELEASE,    /* a: unit: its gathered parameters go */
+  MP_ACT_HEAD_FWD,   /* final norm, logits, loss */
+  MP_ACT_GRAD_BEGIN, /* a: unit: its unsharded gradient buffer */
+  MP_ACT_HEAD_BWD,   /* loss and head backward; the residual-stream gradient */
+  MP_ACT_RECOMPUTE,  /* a: layer; b: 1 the whole block (full AC), 0 the attention core */
+  MP_ACT_BLOCK_BWD,  /* a: layer: its backward (its gathers complete first) */
+  MP_ACT_GRAD_END,   /* a: unit: its gradients reduce-scattered into the shards */
+  MP_ACT_FREE_X,     /* the highest residual-stream tensor still held goes */
+  MP_ACT_EMBED_BWD,  /* embedding backward; the residual-stream gradient goes */
+  MP_ACT_FREE_TOKENS,
+  MP_ACT_RS_FINISH,  /* the reduce-scatters in flight complete (overlap) */
+  MP_ACT_COUNT
+} mp_step_act;
+
+typedef struct mp_step_action {
+  uint8_t kind; /* mp_step_act */
+  int32_t a, b;
+} mp_step_action;
+
+/* The program of s (its micro-batch phases; prologue and optimizer are the runtime's
+ * own), in arena. MP_ERR_INVALID for a schedule without a runtime memory model, of a
+ * pipeline stage, or with an op that runs only in some micro-batches. */
+mp_status mp_schedule_step_program(mp_ctx *ctx, const mp_schedule *s, mp_arena *arena,
+                                   mp_step_action **out, int32_t *n_out);
+const char *mp_step_act_name(int kind); /* "gather", "block_fwd", ... */
+
 /* Self-check (added): dependencies point backwards, every FREE matches an earlier ALLOC
  * of the same buf, layer, unit, category and size, no category goes negative, and one
  * micro-batch's memory events return to the resident bytes. MP_ERR_INTERNAL with the

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "exec/runtime/init.h"
+#include "exec/schedule.h"
 
 typedef struct rt_param {
   int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM], numel; /* at-rest tile (global offsets), real elements */
@@ -128,6 +129,8 @@ struct mp_runtime {
   int64_t *ep_rc;   /* [L * ep * El] rows received from source s for local expert e */
   int32_t *counts_h; /* [L * E] host copies of expert row counts */
   int step;
+  mp_step_action *prog; /* one micro-batch: this rank's schedule's step program */
+  int32_t n_prog;
 };
 
 #define ALIGN16(n) (((n) + 15) & ~(size_t)15)
@@ -345,6 +348,33 @@ static mp_status check_supported(mp_ctx *ctx, const mp_plan *p, mp_comm *comm) {
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* This rank's step program: its schedule under the memory model of this backend's layout
+ * (fp32 X: the CPU's; bf16 X: CUDA's, whose NCCL overlap the program then follows where
+ * the comm has it), read as actions (mp_schedule_step_program). The plan is the caller's
+ * with only that option changed; the schedule is dropped once read. */
+static mp_status build_program(mp_ctx *ctx, mp_runtime *rt) {
+  mp_plan q = *rt->plan; /* shallow: the schedule only reads it, here */
+  q.opts.mem_model = rt->xs == 4 ? MP_MEM_MODEL_MESHPLAN_CPU : MP_MEM_MODEL_MESHPLAN_CUDA;
+  mp_arena *a = mp_arena_create();
+  MP_CHECK_ALLOC(ctx, a);
+  mp_schedule *s = NULL;
+  mp_step_action *prog = NULL;
+  int32_t n = 0;
+  mp_status st = mp_schedule_build(ctx, &q, rt->rank, MP_SCHEDULE_EXPANDED, a, &s);
+  if (st == MP_OK) st = mp_schedule_step_program(ctx, s, a, &prog, &n);
+  if (st == MP_OK) {
+    rt->prog = malloc(sizeof *rt->prog * (size_t)(n > 0 ? n : 1));
+    if (rt->prog == NULL) st = mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory for the step program");
+  }
+  if (st == MP_OK) {
+    memcpy(rt->prog, prog, sizeof *prog * (size_t)n);
+    rt->n_prog = n;
+  }
+  mp_arena_destroy(a);
+  if (st != MP_OK) mp_error_prefix(ctx, "runtime: the step program of rank %d", rt->rank);
+  return st;
+}
+
 mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, const mp_backend *be, mp_kctx *kc,
                             const mp_runtime_options *opts, mp_runtime **out) {
   *out = NULL;
@@ -526,6 +556,7 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
     free(s);
     if (st != MP_OK) goto fail;
   }
+  MP_CHECK_GOTO(build_program(ctx, rt), st, fail);
   *out = rt;
   return MP_OK;
 fail:
@@ -546,6 +577,7 @@ void mp_runtime_destroy(mp_runtime *rt) {
   free(rt->ep_R);
   free(rt->ep_rc);
   free(rt->counts_h);
+  free(rt->prog);
   free(rt);
 }
 
@@ -1269,19 +1301,33 @@ static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, 
 }
 
 /* One micro-batch: forward, loss, backward. Adds this micro-batch's CE mean and aux sum. */
-static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, double *ce, double *aux) {
-  const int N = rt->N, C = rt->C, V = rt->V, L = rt->L, T = rt->T, Vl = rt->Vl, v0 = rt->v0;
-  const mp_ac_mode ac = rt->plan->ac;
-  const mp_model *m = &rt->plan->model;
-  const int reshard = rt->plan->opts.fsdp.reshard_after_forward;
-  const double dscale = 1.0 / ((double)rt->n_micro * rt->dp_size);
+/* ---- the step program, walked -------------------------------------------------------
+ * One micro-batch is the schedule's step program (exec/schedule.h, mp_schedule_step_program,
+ * built at creation from this rank's schedule under the memory model of this backend):
+ * the schedule decides the order, where gathers are issued and released, what AC drops
+ * and recomputes, where gradients are reduced; each action below is this runtime's
+ * kernels and collectives for it. */
+
+/* What the actions of one micro-batch hand each other. */
+typedef struct micro_state {
+  const int32_t *seqs;
+  int32_t *tok;       /* token ids then targets (TEMP) */
+  char *hf, *lg;      /* head: xf + rstdf (ACTIVATIONS); logits and loss scratch (LOGITS) */
+  void *dres;         /* residual-stream gradient (TEMP) */
+  int x_top;          /* highest x[i] held */
+  double aux_sum, dscale;
+  double *ce, *aux;
+} micro_state;
+
+static mp_status act_tokens(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
+  const int N = rt->N, V = rt->V, T = rt->T;
   /* Token ids: inputs are the first T of each T + 1 window, targets the last T. */
   int32_t *hin = malloc((size_t)N * 2 * sizeof(int32_t));
   MP_CHECK_ALLOC(ctx, hin);
   for (int b = 0; b < rt->B; b++)
     for (int t = 0; t < T; t++) {
-      hin[b * T + t] = seqs[(size_t)b * (T + 1) + t];
-      hin[N + b * T + t] = seqs[(size_t)b * (T + 1) + t + 1];
+      hin[b * T + t] = ms->seqs[(size_t)b * (T + 1) + t];
+      hin[N + b * T + t] = ms->seqs[(size_t)b * (T + 1) + t + 1];
     }
   for (int i = 0; i < N; i++)
     if (hin[i] < 0 || hin[i] >= V || hin[N + i] < 0 || hin[N + i] >= V) {
@@ -1290,129 +1336,205 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
       return mp_error(ctx, MP_ERR_INVALID, "token id %d is outside the model's vocabulary of %d; the data does not "
                       "match --model", bad, V);
     }
-  int32_t *tok;
-  mp_status st = mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (size_t)N * 2 * sizeof(int32_t), (void **)&tok);
-  if (st == MP_OK) st = rt->be->memcpy_h2d(rt->kc, tok, hin, (size_t)N * 2 * sizeof(int32_t));
+  mp_status st = mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (size_t)N * 2 * sizeof(int32_t), (void **)&ms->tok);
+  if (st == MP_OK) st = rt->be->memcpy_h2d(rt->kc, ms->tok, hin, (size_t)N * 2 * sizeof(int32_t));
   free(hin);
   MP_CHECK(st);
-  rt->tok_in = tok;
-  rt->tok_tgt = tok + N;
-  const size_t NC = (size_t)N * C * rt->xs;
+  rt->tok_in = ms->tok;
+  rt->tok_tgt = ms->tok + N;
+  return MP_OK;
+}
 
-  /* forward: the root units (embeddings, final norm, head) stay gathered for the whole
-   * micro-batch; a block's units are gathered before it and, with reshard_after_forward,
-   * freed after it and gathered again for its backward. */
-  MP_CHECK(for_units(ctx, rt, -1, unit_gather));
+/* A layer's units (-1: the root units) gathered: issued as one async batch with overlap
+ * (the block waits for it, gather_wait), blocking without. */
+static mp_status act_gather(mp_ctx *ctx, mp_runtime *rt, int layer) {
+  if (layer >= 0 && rt->overlap) return gather_prefetch(ctx, rt, layer);
+  return for_units(ctx, rt, layer, unit_gather);
+}
+
+static mp_status act_embed_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
+  const size_t NC = (size_t)rt->N * rt->C * rt->xs;
   MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, NC, (void **)&rt->x[0]));
-  BE(embedding_forward(rt->kc, rt->x[0], rt->tok_in, W(rt, -1, MP_MOD_TOK_EMBEDDINGS), N, C, v0, v0 + Vl));
-  MP_CHECK(tp_sum(ctx, rt, rt->x[0], (size_t)N * C)); /* vocab-parallel lookup */
-  double aux_sum = 0;
-  for (int l = 0; l < L; l++) {
-    MP_CHECK(gather_wait(ctx, rt, l));
-    MP_CHECK(gather_prefetch(ctx, rt, l + 1)); /* hidden behind block l's forward */
-    MP_CHECK(alloc_block(ctx, rt, l));
-    MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, NC, (void **)&rt->x[l + 1]));
-    float auxv = 0;
-    MP_CHECK(block_forward(ctx, rt, l, rt->x[l], rt->x[l + 1], &auxv));
-    if (is_moe_layer(rt, l)) aux_sum += auxv;
-    if (ac == MP_AC_FULL) {
-      MP_CHECK(free_block(ctx, rt, l));
-    } else if (ac == MP_AC_SELECTIVE) {
-      MP_CHECK(mp_talloc_free(ctx, rt->ta, rt->core[l]));
-      rt->core[l] = NULL;
-    }
-    if (reshard) MP_CHECK(for_units(ctx, rt, l, unit_release));
-  }
-  /* head: final norm (saved xf, rstdf in one ACTIVATIONS block), logits (the rank's
-   * vocabulary slice under tp), loss (vocab-parallel under tp) */
-  /* hf: xf (N, C) X and rstdf (N) fp32; lg: logits (N, Vl) X, then fp32 losses, lse, the
-   * mean and (tp > 1) the vocab-parallel max, sum-exp and target logit; byte offsets */
-  char *hf, *lg;
-  const size_t NA = ALIGN64((size_t)N * 4);
-  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, ALIGN64(NC) + NA, (void **)&hf));
-  void *xf = hf;
-  float *rstdf = F32(hf + ALIGN64(NC));
-  const size_t lg_losses = ALIGN64((size_t)N * Vl * rt->xs), lg_lse = lg_losses + NA, lg_mean = lg_lse + NA,
-               lg_gmax = lg_mean + 64, lg_gsum = lg_gmax + NA, lg_gtgt = lg_gsum + NA,
-               lg_n = rt->tp > 1 ? lg_gtgt + NA : lg_mean + 64;
-  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_LOGITS, lg_n, (void **)&lg));
+  BE(embedding_forward(rt->kc, rt->x[0], rt->tok_in, W(rt, -1, MP_MOD_TOK_EMBEDDINGS), rt->N, rt->C, rt->v0,
+                       rt->v0 + rt->Vl));
+  MP_CHECK(tp_sum(ctx, rt, rt->x[0], (size_t)rt->N * rt->C)); /* vocab-parallel lookup */
+  ms->x_top = 0;
+  return MP_OK;
+}
+
+static mp_status act_block_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, int l) {
+  const size_t NC = (size_t)rt->N * rt->C * rt->xs;
+  MP_CHECK(gather_wait(ctx, rt, l));
+  MP_CHECK(alloc_block(ctx, rt, l));
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, NC, (void **)&rt->x[l + 1]));
+  float auxv = 0;
+  MP_CHECK(block_forward(ctx, rt, l, rt->x[l], rt->x[l + 1], &auxv));
+  if (is_moe_layer(rt, l)) ms->aux_sum += auxv;
+  ms->x_top = l + 1;
+  return MP_OK;
+}
+
+/* head: final norm (saved xf, rstdf in one ACTIVATIONS block), logits (the rank's
+ * vocabulary slice under tp), loss (vocab-parallel under tp) */
+/* hf: xf (N, C) X and rstdf (N) fp32; lg: logits (N, Vl) X, then fp32 losses, lse, the
+ * mean and (tp > 1) the vocab-parallel max, sum-exp and target logit; byte offsets */
+typedef struct head_off {
+  size_t NC, NA, losses, lse, mean, gmax, gsum, gtgt, n;
+} head_off;
+static head_off head_offsets(const mp_runtime *rt) {
+  head_off o;
+  o.NC = (size_t)rt->N * rt->C * rt->xs;
+  o.NA = ALIGN64((size_t)rt->N * 4);
+  o.losses = ALIGN64((size_t)rt->N * rt->Vl * rt->xs);
+  o.lse = o.losses + o.NA;
+  o.mean = o.lse + o.NA;
+  o.gmax = o.mean + 64;
+  o.gsum = o.gmax + o.NA;
+  o.gtgt = o.gsum + o.NA;
+  o.n = rt->tp > 1 ? o.gtgt + o.NA : o.mean + 64;
+  return o;
+}
+
+static const void *head_weight(const mp_runtime *rt) {
+  return W(rt, -1, rt->plan->model.tied_embeddings ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT);
+}
+
+static mp_status act_head_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
+  const int N = rt->N, C = rt->C, V = rt->V, L = rt->L, Vl = rt->Vl;
+  const head_off o = head_offsets(rt);
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, ALIGN64(o.NC) + o.NA, (void **)&ms->hf));
+  void *xf = ms->hf;
+  float *rstdf = F32(ms->hf + ALIGN64(o.NC));
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_LOGITS, o.n, (void **)&ms->lg));
+  char *lg = ms->lg;
   void *logits = lg;
-  float *losses = F32(lg + lg_losses), *lse = F32(lg + lg_lse), *mean = F32(lg + lg_mean);
-  const void *Wout = W(rt, -1, m->tied_embeddings ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT);
+  float *losses = F32(lg + o.losses), *lse = F32(lg + o.lse), *mean = F32(lg + o.mean);
+  const void *Wout = head_weight(rt);
   if (!Wout) return mp_error(ctx, MP_ERR_INTERNAL, "runtime: plan has no output head");
   BE(rmsnorm_forward(rt->kc, xf, rstdf, rt->x[L], W(rt, -1, MP_MOD_FINAL_NORM), N, C, rt->eps));
   BE(matmul_forward(rt->kc, logits, xf, Wout, NULL, N, C, Vl));
   if (rt->tp == 1) {
     BE(cross_entropy_forward(rt->kc, losses, mean, lse, logits, rt->tok_tgt, N, V));
   } else {
-    float *gmax = F32(lg + lg_gmax), *gsum = F32(lg + lg_gsum), *gtgt = F32(lg + lg_gtgt);
+    float *gmax = F32(lg + o.gmax), *gsum = F32(lg + o.gsum), *gtgt = F32(lg + o.gtgt);
     BE(ce_local_max(rt->kc, gmax, logits, N, Vl));
     MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_TP, gmax, gmax, (size_t)N, MP_COMM_DTYPE_FP32, MP_COMM_OP_MAX));
     BE(ce_local_sumexp(rt->kc, gsum, logits, gmax, N, Vl));
-    BE(ce_local_target(rt->kc, gtgt, logits, rt->tok_tgt, N, Vl, v0));
+    BE(ce_local_target(rt->kc, gtgt, logits, rt->tok_tgt, N, Vl, rt->v0));
     MP_CHECK(tp_sum_f32(ctx, rt, gsum, (size_t)N));
     MP_CHECK(tp_sum_f32(ctx, rt, gtgt, (size_t)N));
     BE(ce_vp_combine(rt->kc, losses, mean, lse, gmax, gsum, gtgt, rt->tok_tgt, N));
   }
   float ce_mean;
   BE(memcpy_d2h(rt->kc, &ce_mean, mean, sizeof ce_mean));
-  *ce += ce_mean * dscale;
-  *aux += m->aux_loss_coef * aux_sum * dscale;
+  *ms->ce += ce_mean * ms->dscale;
+  *ms->aux += rt->plan->model.aux_loss_coef * ms->aux_sum * ms->dscale;
+  return MP_OK;
+}
 
-  /* backward: head */
-  MP_CHECK(for_units(ctx, rt, -1, unit_grad_begin));
+static mp_status act_head_bwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
+  const int N = rt->N, C = rt->C, L = rt->L, Vl = rt->Vl;
+  const head_off o = head_offsets(rt);
+  const size_t NC = o.NC;
+  const mp_model *m = &rt->plan->model;
+  void *xf = ms->hf, *logits = ms->lg;
+  float *rstdf = F32(ms->hf + ALIGN64(NC)), *lse = F32(ms->lg + o.lse);
+  const void *Wout = head_weight(rt);
   float *dWout = G(rt, -1, m->tied_embeddings ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT);
-  void *dlg, *dres, *dxf;
+  void *dlg, *dxf;
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_LOGITS, (size_t)N * Vl * rt->xs, &dlg));
-  BE(ce_backward(rt->kc, dlg, logits, lse, rt->tok_tgt, (float)(dscale / N), N, Vl, v0));
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, NC, &dres));
+  BE(ce_backward(rt->kc, dlg, logits, lse, rt->tok_tgt, (float)(ms->dscale / N), N, Vl, rt->v0));
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, NC, &ms->dres));
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, NC, &dxf));
   BE(matmul_backward(rt->kc, dxf, dWout, NULL, dlg, xf, Wout, N, C, Vl));
   MP_CHECK(tp_sum(ctx, rt, dxf, (size_t)N * C)); /* colwise head: partial over the vocabulary */
   MP_CHECK(mp_talloc_free(ctx, rt->ta, dlg));
-  MP_CHECK(mp_talloc_free(ctx, rt->ta, lg));
-  BE(rmsnorm_backward(rt->kc, dres, G(rt, -1, MP_MOD_FINAL_NORM), dxf, rt->x[L], W(rt, -1, MP_MOD_FINAL_NORM), rstdf,
-                      N, C));
+  MP_CHECK(mp_talloc_free(ctx, rt->ta, ms->lg));
+  ms->lg = NULL;
+  BE(rmsnorm_backward(rt->kc, ms->dres, G(rt, -1, MP_MOD_FINAL_NORM), dxf, rt->x[L], W(rt, -1, MP_MOD_FINAL_NORM),
+                      rstdf, N, C));
   MP_CHECK(mp_talloc_free(ctx, rt->ta, dxf));
-  MP_CHECK(mp_talloc_free(ctx, rt->ta, hf));
-  MP_CHECK(mp_talloc_free(ctx, rt->ta, rt->x[L]));
-  rt->x[L] = NULL;
+  MP_CHECK(mp_talloc_free(ctx, rt->ta, ms->hf));
+  ms->hf = NULL;
+  return MP_OK;
+}
 
-  /* backward: blocks, last first */
-  const float dloss_aux = (float)(m->aux_loss_coef * dscale);
-  for (int l = L - 1; l >= 0; l--) {
-    MP_CHECK(gather_wait(ctx, rt, l)); /* no-op without reshard_after_forward */
-    if (reshard) MP_CHECK(gather_prefetch(ctx, rt, l - 1)); /* hidden behind block l's backward */
-    MP_CHECK(for_units(ctx, rt, l, unit_grad_begin));
-    if (ac == MP_AC_FULL) { /* recompute the whole block from its saved input */
-      MP_CHECK(alloc_block(ctx, rt, l));
-      MP_CHECK(block_forward(ctx, rt, l, rt->x[l], NULL, NULL));
-    } else if (ac == MP_AC_SELECTIVE) { /* recompute the attention core from saved q, k, v */
-      MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, lay_of(rt, l)->core_total, (void **)&rt->core[l]));
-      MP_CHECK(attn_core_forward(ctx, rt, l));
-    }
-    char *ws;
-    const size_t wsb = lay_of(rt, l)->ws_total;
-    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, wsb, (void **)&ws));
-    MP_CHECK(block_backward(ctx, rt, l, dres, ws, dloss_aux));
-    MP_CHECK(mp_talloc_free(ctx, rt->ta, ws));
-    MP_CHECK(free_block(ctx, rt, l));
-    MP_CHECK(for_units(ctx, rt, l, unit_grad_end));
-    MP_CHECK(for_units(ctx, rt, l, unit_release));
-    if (l > 0) {
-      MP_CHECK(mp_talloc_free(ctx, rt->ta, rt->x[l]));
-      rt->x[l] = NULL;
-    }
+static mp_status act_recompute(mp_ctx *ctx, mp_runtime *rt, int l, int full) {
+  MP_CHECK(gather_wait(ctx, rt, l));
+  if (full) { /* the whole block from its saved input */
+    MP_CHECK(alloc_block(ctx, rt, l));
+    return block_forward(ctx, rt, l, rt->x[l], NULL, NULL);
   }
-  BE(embedding_backward(rt->kc, G(rt, -1, MP_MOD_TOK_EMBEDDINGS), dres, rt->tok_in, N, C, v0, v0 + Vl));
-  MP_CHECK(mp_talloc_free(ctx, rt->ta, dres));
-  MP_CHECK(mp_talloc_free(ctx, rt->ta, rt->x[0]));
-  rt->x[0] = NULL;
-  MP_CHECK(for_units(ctx, rt, -1, unit_grad_end));
-  MP_CHECK(rs_finish_all(ctx, rt));
-  MP_CHECK(for_units(ctx, rt, -1, unit_release));
-  MP_CHECK(mp_talloc_free(ctx, rt->ta, tok));
-  rt->tok_in = rt->tok_tgt = NULL;
+  /* the attention core from the saved q, k, v */
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, lay_of(rt, l)->core_total, (void **)&rt->core[l]));
+  return attn_core_forward(ctx, rt, l);
+}
+
+static mp_status act_block_bwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, int l) {
+  MP_CHECK(gather_wait(ctx, rt, l)); /* no-op when already gathered */
+  char *ws;
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, lay_of(rt, l)->ws_total, (void **)&ws));
+  MP_CHECK(block_backward(ctx, rt, l, ms->dres, ws, (float)(rt->plan->model.aux_loss_coef * ms->dscale)));
+  MP_CHECK(mp_talloc_free(ctx, rt->ta, ws));
+  return free_block(ctx, rt, l);
+}
+
+static mp_status act_free_x(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
+  if (ms->x_top < 0) return mp_error(ctx, MP_ERR_INTERNAL, "step program: frees a residual-stream tensor too many");
+  MP_CHECK(mp_talloc_free(ctx, rt->ta, rt->x[ms->x_top]));
+  rt->x[ms->x_top--] = NULL;
+  return MP_OK;
+}
+
+static mp_status act_embed_bwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
+  BE(embedding_backward(rt->kc, G(rt, -1, MP_MOD_TOK_EMBEDDINGS), ms->dres, rt->tok_in, rt->N, rt->C, rt->v0,
+                        rt->v0 + rt->Vl));
+  MP_CHECK(mp_talloc_free(ctx, rt->ta, ms->dres));
+  ms->dres = NULL;
+  return MP_OK;
+}
+
+static mp_status act_run(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, const mp_step_action *a) {
+  switch ((mp_step_act)a->kind) {
+    case MP_ACT_TOKENS: return act_tokens(ctx, rt, ms);
+    case MP_ACT_GATHER: return act_gather(ctx, rt, a->a);
+    case MP_ACT_EMBED_FWD: return act_embed_fwd(ctx, rt, ms);
+    case MP_ACT_BLOCK_FWD: return act_block_fwd(ctx, rt, ms, a->a);
+    case MP_ACT_FREE_CORE: {
+      MP_CHECK(mp_talloc_free(ctx, rt->ta, rt->core[a->a]));
+      rt->core[a->a] = NULL;
+      return MP_OK;
+    }
+    case MP_ACT_FREE_BLOCK: return free_block(ctx, rt, a->a);
+    case MP_ACT_RELEASE: return unit_release(ctx, rt, a->a);
+    case MP_ACT_HEAD_FWD: return act_head_fwd(ctx, rt, ms);
+    case MP_ACT_GRAD_BEGIN: return unit_grad_begin(ctx, rt, a->a);
+    case MP_ACT_HEAD_BWD: return act_head_bwd(ctx, rt, ms);
+    case MP_ACT_RECOMPUTE: return act_recompute(ctx, rt, a->a, a->b);
+    case MP_ACT_BLOCK_BWD: return act_block_bwd(ctx, rt, ms, a->a);
+    case MP_ACT_GRAD_END: return unit_grad_end(ctx, rt, a->a);
+    case MP_ACT_FREE_X: return act_free_x(ctx, rt, ms);
+    case MP_ACT_EMBED_BWD: return act_embed_bwd(ctx, rt, ms);
+    case MP_ACT_FREE_TOKENS: {
+      MP_CHECK(mp_talloc_free(ctx, rt->ta, ms->tok));
+      ms->tok = NULL;
+      rt->tok_in = rt->tok_tgt = NULL;
+      return MP_OK;
+    }
+    case MP_ACT_RS_FINISH: return rs_finish_all(ctx, rt);
+    default: return mp_error(ctx, MP_ERR_INTERNAL, "step program: unknown action %d", a->kind);
+  }
+}
+
+static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, double *ce, double *aux) {
+  micro_state ms = {seqs, NULL, NULL, NULL, NULL, -1, 0.0, 1.0 / ((double)rt->n_micro * rt->dp_size), ce, aux};
+  for (int32_t i = 0; i < rt->n_prog; i++) {
+    MP_CHECK(act_run(ctx, rt, &ms, &rt->prog[i]));
+  }
+  if (ms.tok || ms.hf || ms.lg || ms.dres || ms.x_top >= 0)
+    return mp_error(ctx, MP_ERR_INTERNAL, "step program: the micro-batch ended holding its %s",
+                    ms.tok ? "tokens" : ms.hf || ms.lg ? "head tensors" : ms.dres ? "residual gradient"
+                                                                                : "residual stream");
   return MP_OK;
 }
 
