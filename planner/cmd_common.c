@@ -61,3 +61,13 @@ void mp_cmd_launch(mp_launch *out) {
   out->world = size && *size ? atoi(size) : 1;
   out->rank = rank && *rank ? atoi(rank) : 0;
 }
+
+mp_status mp_cmd_mesh_ep(mp_ctx *ctx, const mp_cmd_spec *spec, mp_mesh *mesh) {
+  long long ep = 0;
+  MP_CHECK(mp_args_int(ctx, spec, "--ep", 1, &ep));
+  if (ep == 0) return MP_OK;
+  if (mesh->ep > 1 && mesh->ep != ep)
+    return mp_error(ctx, MP_ERR_USAGE, "--ep %lld contradicts ep=%d in --mesh; give it once", ep, mesh->ep);
+  mesh->ep = (int)ep;
+  return mp_mesh_validate(ctx, mesh);
+}

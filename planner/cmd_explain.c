@@ -636,15 +636,7 @@ static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_
   MP_CHECK(mp_model_load(ctx, model ? model : "llama3.1-8b", m));
   const char *ms = mp_args_get(&k_spec, "--mesh");
   MP_CHECK(mp_mesh_parse(ctx, ms ? ms : "dp_shard=8", 0, mesh));
-  long long ep = 0;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--ep", 1, &ep));
-  if (ep > 0) {
-    if (mesh->ep > 1 && mesh->ep != ep)
-      return mp_error(ctx, MP_ERR_USAGE, "--ep %lld contradicts ep=%d in --mesh",
-                      ep, mesh->ep);
-    mesh->ep = (int)ep;
-    MP_CHECK(mp_mesh_validate(ctx, mesh));
-  }
+  MP_CHECK(mp_cmd_mesh_ep(ctx, &k_spec, mesh));
   mp_plan_options_init(o);
   MP_CHECK(mp_cmd_plan_options(ctx, &k_spec, o));
   o->tp.pad_vocab = mp_args_has(&k_spec, "--pad-vocab");

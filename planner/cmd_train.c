@@ -37,6 +37,8 @@
 
 static mp_opt k_opts[] = {
     {"--model", "M", "model name (data/models stem) or JSON path (default tiny-dense)", NULL},
+    {"--ep", "N", "expert-parallel degree, carved out of dp_shard (the same as ep=N in --mesh; with --auto, "
+     "the planner keeps it)", NULL},
     {"--mesh", "MESH", "device mesh, e.g. dp_shard=2,tp=2 (default: every dim 1)", NULL},
     {"--ac", "MODE", "activation checkpointing: none, selective or full (default none; bare --ac=full)", NULL},
     {"--fp8", NULL, "float8 Linear layers (E4M3 forward, E5M2 gradients, tensorwise scales; emulated exactly on the CPU)", NULL},
@@ -72,7 +74,7 @@ static mp_opt k_opts[] = {
 
 static mp_cmd_spec k_spec = {
     "train", "Train a model with a plan on CPUs or GPUs (world size 1 without mpirun; mpirun for more ranks).",
-    "--model M [--mesh MESH] [--ac MODE] [--steps K] [--seq S] [--micro-batch B] [--global-batch G] "
+    "--model M [--mesh MESH] [--ep N] [--ac MODE] [--steps K] [--seq S] [--micro-batch B] [--global-batch G] "
     "[--fp8] [--lr LR] [--data synthetic|PATH] [--device cpu|cuda] [--db PATH [--plan-id ID]] [--auto] "
     "[--seed N] [--profile] [--dump-weights PATH]",
     k_opts, 0};
@@ -376,6 +378,9 @@ int mp_cmd_train(int argc, char **argv) {
     if (user_ac) fix.ac = po.ac;
     if (po.fp8) fix.fp8 = 1;
     if (user_mb) fix.micro_batch = po.micro_batch;
+    long long ep = 0;
+    MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--ep", 1, &ep), st, out);
+    if (ep > 0) fix.ep = (int)ep;
     MP_CHECK_GOTO(plan_for_train(&ctx, &model, world, &dev, &po, &fix, 1, env_rank == 0 ? db : NULL, 1,
                                  profile && env_rank == 0, &pick),
                   st, out);
@@ -387,6 +392,7 @@ int mp_cmd_train(int argc, char **argv) {
     } else {
       mp_mesh_init(&mesh);
     }
+    MP_CHECK_GOTO(mp_cmd_mesh_ep(&ctx, &k_spec, &mesh), st, out);
     MP_CHECK_GOTO(mp_mesh_validate(&ctx, &mesh), st, out);
     if (!po.global_batch) po.global_batch = po.micro_batch * mp_mesh_group_size(&mesh, MP_GROUP_DP);
     if (((db && !plan_id) || profile) && mp_mesh_world(&mesh) == world) {

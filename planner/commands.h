@@ -5,6 +5,7 @@
 #define MP_PLANNER_COMMANDS_H
 
 #include "common/status.h"
+#include "exec/mesh.h"
 #include "exec/plan.h"
 #include "planner/args.h"
 
@@ -30,6 +31,10 @@ int mp_cmd_parse(mp_cmd_spec *spec, int argc, char **argv, const char **pos, int
  * what was given: --ac MODE, --fp8, --seq S, --micro-batch B, --global-batch G. The
  * caller sets its defaults first (mp_plan_options_init, or its own). */
 mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
+/* --ep N (explain, train): expert parallelism of degree N carved out of dp_shard, the same
+ * as ep=N in --mesh; merged into *mesh (a different ep there is a usage error) and the
+ * mesh validated. Nothing when --ep was not given. */
+mp_status mp_cmd_mesh_ep(mp_ctx *ctx, const mp_cmd_spec *spec, mp_mesh *mesh);
 /* How this process was launched, read before MPI_Init from the launcher's environment
  * (OpenMPI's OMPI_COMM_WORLD_SIZE/RANK, else PMI_SIZE/RANK as Slurm and MPICH set them):
  * under_mpi 0 with world 1, rank 0 when it runs alone. */

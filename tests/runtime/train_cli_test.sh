@@ -35,6 +35,8 @@ err=$("$bin" train --model tiny-dense --mesh dp_shard=2 2>&1); rc=$?
 check "mesh larger than world refused" "[ $rc -ne 0 ] && echo \"\$err\" | grep -q 'mpirun -np 2'"
 err=$("$bin" train --model tiny-dense --plan-id 3 2>&1); rc=$?
 check "--plan-id without --db refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'needs --db'"
+err=$("$bin" train --model tiny-moe --mesh dp_shard=2,ep=2 --ep 4 2>&1); rc=$?
+check "--ep contradicting --mesh refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'contradicts ep=2 in --mesh'"
 err=$("$bin" train --model tiny-dense --auto --mesh tp=2 2>&1); rc=$?
 check "--auto with --mesh refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'auto chooses the mesh'"
 
