@@ -108,19 +108,26 @@ static mp_status put_note(mp_ctx *ctx, writer *w, const char *key, const char *t
   return rc == SQLITE_DONE ? MP_OK : db_fail(ctx, w->db, w->path, rc, "inserting a calibration note");
 }
 
-/* The rows only a cuda calibration has (see calib_store.h for the keys). */
-static mp_status write_cuda_rows(mp_ctx *ctx, writer *w) {
+/* The kernel rows (see calib_store.h for the keys): every one for cuda, as before; for
+ * cpu those it holds (a calibration of the old kind, GEMM and copy only, writes none of
+ * them, and loads back the same). */
+static mp_status write_kernel_rows(mp_ctx *ctx, writer *w) {
   const mp_calib *c = w->c;
+  const int cuda = strcmp(c->device, "cuda") == 0;
   char key[96];
-  MP_CHECK(put_note(ctx, w, "gpu.name", c->gpu_name));
-  MP_CHECK(put_note(ctx, w, "gpu.profile", c->gpu_profile));
-  MP_CHECK(put_note(ctx, w, "attn.unavailable", c->attn_unavailable));
-  MP_CHECK(put_note(ctx, w, "f8.unavailable", c->f8_unavailable));
-  MP_CHECK(put(ctx, w, "gpu.cc", 1, c->compute_capability, "sm"));
-  MP_CHECK(put(ctx, w, "ref.bf16_tflops", 1, c->ref_bf16_tflops, "TFLOP/s"));
-  MP_CHECK(put(ctx, w, "ref.fp8_tflops", 1, c->ref_fp8_tflops, "TFLOP/s"));
-  MP_CHECK(put(ctx, w, "ref.hbm_GBps", 1, c->ref_hbm_GBps, "GB/s"));
-  MP_CHECK(put(ctx, w, "launch", 1, c->launch_s, "s"));
+  if (cuda) {
+    MP_CHECK(put_note(ctx, w, "gpu.name", c->gpu_name));
+    MP_CHECK(put_note(ctx, w, "gpu.profile", c->gpu_profile));
+    MP_CHECK(put_note(ctx, w, "attn.unavailable", c->attn_unavailable));
+    MP_CHECK(put_note(ctx, w, "f8.unavailable", c->f8_unavailable));
+    MP_CHECK(put(ctx, w, "gpu.cc", 1, c->compute_capability, "sm"));
+  }
+  if (cuda || c->ref_bf16_tflops > 0) {
+    MP_CHECK(put(ctx, w, "ref.bf16_tflops", 1, c->ref_bf16_tflops, "TFLOP/s"));
+    MP_CHECK(put(ctx, w, "ref.fp8_tflops", 1, c->ref_fp8_tflops, "TFLOP/s"));
+    MP_CHECK(put(ctx, w, "ref.hbm_GBps", 1, c->ref_hbm_GBps, "GB/s"));
+  }
+  if (cuda || c->launch_s > 0) MP_CHECK(put(ctx, w, "launch", 1, c->launch_s, "s"));
   for (int i = 0; i < c->n_attn; i++) {
     const mp_calib_attn *a = &c->attn[i];
     snprintf(key, sizeof key, "attn.%s.%dx%dx%dx%dx%d", a->backward ? "bwd" : "fwd", a->B, a->T, a->nh, a->nkv,
@@ -137,6 +144,7 @@ static mp_status write_cuda_rows(mp_ctx *ctx, writer *w) {
     MP_CHECK(put(ctx, w, key, 1, g->flops_per_s, "FLOP/s"));
   }
   const mp_calib_stack_fit *f = &c->fit;
+  if (!cuda && !(f->gemm_eff_max > 0)) return MP_OK;
   MP_CHECK(put(ctx, w, "fit.gemm_eff_max", 1, f->gemm_eff_max, "1"));
   MP_CHECK(put(ctx, w, "fit.gemm_eff_half_mnk", 1, f->gemm_eff_half_mnk, "mnk"));
   MP_CHECK(put(ctx, w, "fit.gemm_curve_rms", 1, f->gemm_curve_rms, "1"));
@@ -158,7 +166,7 @@ static mp_status write_rows(mp_ctx *ctx, writer *w) {
     MP_CHECK(put(ctx, w, key, 1, g->flops_per_s, "FLOP/s"));
   }
   if (c->copy_GBps > 0) MP_CHECK(put(ctx, w, "copy", 1, c->copy_GBps, "GB/s"));
-  if (strcmp(c->device, "cuda") == 0) MP_CHECK(write_cuda_rows(ctx, w));
+  MP_CHECK(write_kernel_rows(ctx, w));
   for (int i = 0; i < c->n_coll; i++) {
     const mp_calib_coll_fit *f = &c->coll[i];
     const char *name = mp_calib_coll_name(f->coll);
@@ -256,7 +264,7 @@ static int pass_from_name(const char *s) {
   return -1;
 }
 
-/* The scalar rows of a cuda calibration; 1 when key is one of them. */
+/* The scalar rows of the kernels and their fit; 1 when key is one of them. */
 static int read_scalar(mp_calib *c, const char *key, double v) {
   static const struct {
     const char *key;
@@ -291,8 +299,8 @@ static int read_scalar(mp_calib *c, const char *key, double v) {
   return 0;
 }
 
-/* The point rows of a cuda calibration (attention, bandwidth, float8); 1 when key is one
- * of them, -1 when it is one but does not fit in c. */
+/* The kernel point rows (attention, bandwidth, float8); 1 when key is one of them, -1
+ * when it is one but does not fit in c. */
 static int read_point(mp_calib *c, const char *key, double v) {
   int B, T, nh, nkv, hd, N, K, M, used = 0;
   char name[24];
@@ -309,7 +317,7 @@ static int read_point(mp_calib *c, const char *key, double v) {
   if (sscanf(key, "bw.%23[a-z_].%lf%n", name, &elems, &used) == 2 && key[used] == '\0') {
     int k = 0;
     while (k < MP_CALIB_BW_COUNT && strcmp(name, mp_calib_bw_name(k)) != 0) k++;
-    if (k == MP_CALIB_BW_COUNT || c->n_bw >= MP_CALIB_BW_COUNT) return -1;
+    if (k == MP_CALIB_BW_COUNT || c->n_bw >= MP_CALIB_MAX_BW) return -1;
     mp_calib_bw *b = &c->bw[c->n_bw++];
     b->kernel = k;
     b->elems = elems;

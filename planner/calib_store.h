@@ -6,23 +6,29 @@
  *   id          the calibration (every row of one calibration shares it; ids increase)
  *   created_at  ISO 8601 UTC; device ("cpu"), host, threads (per rank), world (ranks)
  *   key         what the row holds:
- *                 gemm.<pass>.NxKxM                  FLOP/s, <pass> = fwd | bwd (cpu) or
- *                                                    fwd | dgrad | wgrad (cuda)
+ *                 gemm.<pass>.NxKxM                  FLOP/s, <pass> = fwd | dgrad | wgrad
+ *                                                    (bwd: older cpu calibrations)
  *                 copy                               GB/s (read + write)
  *                 <coll>.time.<bytes>                s per call
  *                 <coll>.busbw.<bytes>               GB/s
  *                 <coll>.alpha                       s per ring step
  *                 <coll>.beta                        GB/s
  *               with <coll> = all_reduce | all_gather | reduce_scatter | all_to_all;
- *               cuda only (planner/calibrate.h, "CUDA"):
+ *               the kernels: cuda (planner/calibrate.h, "CUDA"), and cpu calibrations since
+ *               the cpu kernels are fitted (older cpu ones have none of these rows):
  *                 attn.fwd|bwd.BxTxNHxNKVxHD         FLOP/s (the simulator's count)
  *                 bw.<kernel>.<elements>             GB/s, <kernel> = rmsnorm_fwd |
- *                                                    rmsnorm_bwd | swiglu_fwd | swiglu_bwd | adamw
+ *                                                    rmsnorm_bwd | swiglu_fwd | swiglu_bwd |
+ *                                                    adamw, and on the cpu also rope_fwd |
+ *                                                    rope_bwd | ce_fwd | ce_bwd | residual
+ *                 launch                             s per call of a kernel doing no work
+ *                 ref.bf16_tflops, ref.fp8_tflops, ref.hbm_GBps   the figures the
+ *                                                    efficiencies are relative to (cuda: the
+ *                                                    datasheet's; cpu: the GEMM peak and the
+ *                                                    copy that the CPU profile takes)
+ *               cuda only:
  *                 f8gemm.fwd.NxKxM                   FLOP/s (E4M3 x E4M3)
- *                 launch                             s per call of an empty kernel
  *                 gpu.cc                             compute capability (90: sm_90)
- *                 ref.bf16_tflops, ref.fp8_tflops, ref.hbm_GBps   the datasheet figures the
- *                                                    efficiencies are relative to
  *                 fit.gemm_eff_max, fit.gemm_eff_half_mnk, fit.gemm_curve_rms,
  *                 fit.gemm_table_rms, fit.gemm_table (0/1), fit.fp8_gemm_eff_max,
  *                 fit.attention_eff, fit.hbm_eff, fit.kernel_overhead_us
@@ -33,8 +39,11 @@
  * Table `calibration_notes` (added with the cuda calibration, created the same way): the
  * text of a calibration, one row per note: id, key (gpu.name, gpu.profile,
  * attn.unavailable, f8.unavailable), text. No schema version change: both tables are
- * additive, the cpu rows keep their keys, so older meshplans read cpu calibrations from a
- * newer file as before (and have no use for cuda ones).
+ * additive and every key keeps its meaning, so a file written before the cpu kernels were
+ * fitted loads here as it is (its cpu calibrations without a fit). An older meshplan
+ * refuses a newer cpu calibration with "a row this meshplan cannot read; recalibrate"
+ * (its element-wise rows are more, and of more kernels, than it knows) rather than
+ * reading half of it; it has no use for cuda ones.
  * A calibration is one transaction: readers never see half of one.
  *
  * The file is opened and checked through mp_store_open first (created with the planner's

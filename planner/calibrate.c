@@ -1,14 +1,16 @@
-/* Calibration: the CPU measurement, the alpha-beta fit, the CUDA fits (the GEMM curve,
+/* Calibration: the CPU measurement (the kernels through the CPU backend, the copy, the
+ * collectives), the alpha-beta fit, the stack fit shared by both devices (the GEMM curve,
  * the by-shape correction, attention, HBM, float8), and the application to a profile
  * and a stack (see calibrate.h for what is measured and the models). The measurement on
  * the GPU is calibrate_cuda.c.
  *
  * Invariants: every rank of an "mpi" comm makes the same collective calls in the same
  * order (the shapes, sizes, reps and loop counts depend only on the options and the world
- * size, never on a rank's timings), so no rank can wait on a call another skips. Figures
- * that differ per rank are combined with one all-reduce each (mean for rates, max for
- * times), as int64 (comm.h has no fp64): FLOP/s and bytes/s rounded to integers,
- * times in picoseconds. */
+ * size, never on a rank's timings: a kernel's loop count is agreed on with an all-reduce
+ * MAX before it is timed), so no rank can wait on a call another skips. Figures that
+ * differ per rank are combined with one all-reduce each (mean for rates and kernel
+ * times, max for collective times), as int64 (comm.h has no fp64): FLOP/s and bytes/s
+ * rounded to integers, times in picoseconds. */
 #define _GNU_SOURCE
 #include "planner/calibrate.h"
 
@@ -72,37 +74,109 @@ const char *mp_calib_bw_name(int k) {
     case MP_CALIB_BW_SWIGLU_FWD: return "swiglu_fwd";
     case MP_CALIB_BW_SWIGLU_BWD: return "swiglu_bwd";
     case MP_CALIB_BW_ADAMW: return "adamw";
+    case MP_CALIB_BW_ROPE_FWD: return "rope_fwd";
+    case MP_CALIB_BW_ROPE_BWD: return "rope_bwd";
+    case MP_CALIB_BW_CE_FWD: return "ce_fwd";
+    case MP_CALIB_BW_CE_BWD: return "ce_bwd";
+    case MP_CALIB_BW_RESIDUAL: return "residual";
     default: return "?";
   }
 }
 
 double mp_calib_bw_bytes(int k, double elems) {
-  /* exec/schedule.c: norm_fwd 4e, norm_bwd 6e, swiglu 6e / 10e, BYTES_ADAMW 28 */
-  static const double per[MP_CALIB_BW_COUNT] = {4.0, 6.0, 6.0, 10.0, 28.0};
+  /* exec/schedule.c: norm_fwd 4e, norm_bwd 6e, swiglu 6e / 10e, BYTES_ADAMW 28, rope 4e
+   * both ways, loss 10 (forward) and 8 (backward) per logit, residual 6e */
+  static const double per[MP_CALIB_BW_COUNT] = {4.0, 6.0, 6.0, 10.0, 28.0, 4.0, 4.0, 10.0, 8.0, 6.0};
   return k >= 0 && k < MP_CALIB_BW_COUNT ? per[k] * elems : 0.0;
 }
 
-void mp_calib_options_init(mp_calib_options *o) {
+/* n attention points (B, T, nh, nkv, hd) into o. */
+static void set_attn(mp_calib_options *o, const int (*a)[5], int n) {
+  o->n_attn = n;
+  for (int i = 0; i < n; i++) {
+    o->attn[i].B = a[i][0];
+    o->attn[i].T = a[i][1];
+    o->attn[i].nh = a[i][2];
+    o->attn[i].nkv = a[i][3];
+    o->attn[i].hd = a[i][4];
+  }
+}
+
+void mp_calib_options_init_cpu(mp_calib_options *o, int quick) {
   memset(o, 0, sizeof *o);
-  o->reps = 5;
-  /* tiny-dense at 4 sequences of 64 tokens: qkv-sized, MLP up, MLP down, LM head */
-  static const int shapes[][3] = {{256, 64, 192}, {256, 192, 64}, {256, 64, 256},
-                                  {512, 512, 512}, {1024, 1024, 1024}};
+  o->reps = quick ? 3 : 5;
+  /* the tiny models at 4 sequences of 64 tokens: q/o, k/v, gate/up, down, the LM head,
+   * the router; their experts at 64 rows (256 x top-2 / 8); then training-sized shapes
+   * (a CPU's GEMM rate rises with the size, then its caches run out) */
+  static const int shapes[][3] = {{256, 64, 64},     {256, 64, 32},      {256, 64, 192},   {256, 192, 64},
+                                  {256, 64, 256},    {256, 64, 8},       {64, 64, 32},     {64, 32, 64},
+                                  {512, 256, 256},   {512, 256, 1024},   {512, 1024, 256}, {1024, 512, 512},
+                                  {1024, 1024, 1024}, {1024, 1024, 4096}, {1024, 4096, 1024}};
+  static const int quick_shapes[][3] = {{256, 64, 192}, {256, 192, 64}, {256, 64, 256}, {1024, 1024, 1024}};
+  static const int passes[] = {MP_CALIB_GEMM_FWD, MP_CALIB_GEMM_DGRAD, MP_CALIB_GEMM_WGRAD};
+  const int (*sh)[3] = quick ? quick_shapes : shapes;
+  const int n_sh = quick ? 4 : (int)(sizeof shapes / sizeof shapes[0]);
   int n = 0;
-  for (int b = 0; b < 2; b++)
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-      o->gemm[n].pass = b ? MP_CALIB_GEMM_BWD : MP_CALIB_GEMM_FWD;
-      o->gemm[n].N = shapes[i][0];
-      o->gemm[n].K = shapes[i][1];
-      o->gemm[n].M = shapes[i][2];
+  for (int i = 0; i < n_sh; i++)
+    for (int p = 0; p < 3; p++) {
+      o->gemm[n].pass = passes[p];
+      o->gemm[n].N = sh[i][0];
+      o->gemm[n].K = sh[i][1];
+      o->gemm[n].M = sh[i][2];
       n++;
     }
   o->n_gemm = n;
+  /* the tiny models' attention (hd 8) at 64 to 256 tokens, then wider heads */
+  static const int attn[][5] = {{4, 64, 8, 4, 8}, {4, 128, 8, 4, 8}, {4, 256, 8, 4, 16}, {2, 256, 8, 4, 64},
+                                {1, 512, 8, 4, 64}};
+  static const int attn_quick[][5] = {{4, 64, 8, 4, 8}, {2, 256, 8, 4, 64}};
+  set_attn(o, quick ? attn_quick : attn, quick ? 2 : 5);
+  /* Element-wise: the tiny models' tensor (256 tokens, d_model 64, d_ff 192, 8 heads of
+   * 8, vocabulary 256; AdamW on the gate's 64 x 192), 2^18 elements (cache-resident; the
+   * kernels go parallel above 2^14 to 2^16 elements) and 2^22 (16 MiB in fp32: DRAM).
+   * Forward before backward at each size: the backward reads what the forward saved. */
+  static const int bw[][4][3] = {
+      /* kernel pair: tiny, 2^18, 2^22 as (rows, cols) (hd for RoPE below) */
+      {{256, 64}, {1024, 256}, {4096, 1024}},  /* rmsnorm */
+      {{256, 192}, {1024, 256}, {4096, 1024}}, /* swiglu */
+      {{256, 64}, {1024, 256}, {4096, 1024}},  /* rope: tokens x (heads x hd) */
+      {{256, 256}, {512, 512}, {1024, 4096}},  /* cross-entropy: tokens x vocab */
+  };
+  static const int pairs[][2] = {{MP_CALIB_BW_RMSNORM_FWD, MP_CALIB_BW_RMSNORM_BWD},
+                                 {MP_CALIB_BW_SWIGLU_FWD, MP_CALIB_BW_SWIGLU_BWD},
+                                 {MP_CALIB_BW_ROPE_FWD, MP_CALIB_BW_ROPE_BWD},
+                                 {MP_CALIB_BW_CE_FWD, MP_CALIB_BW_CE_BWD}};
+  static const int singles[][3][2] = {
+      {{64, 192}, {512, 512}, {2048, 2048}}, /* adamw */
+      {{256, 64}, {1024, 256}, {4096, 1024}}, /* residual */
+  };
+  static const int single_kernel[] = {MP_CALIB_BW_ADAMW, MP_CALIB_BW_RESIDUAL};
+  const int n_sizes = quick ? 1 : 3;
+  n = 0;
+  for (int z = 0; z < n_sizes; z++) {
+    for (int k = 0; k < 4; k++)
+      for (int d = 0; d < 2; d++) {
+        o->bw[n].kernel = pairs[k][d];
+        o->bw[n].rows = bw[k][z][0];
+        o->bw[n].cols = bw[k][z][1];
+        o->bw[n].hd = k == 2 ? (z == 0 ? 8 : 64) : 0;
+        n++;
+      }
+    for (int k = 0; k < 2; k++) {
+      o->bw[n].kernel = single_kernel[k];
+      o->bw[n].rows = singles[k][z][0];
+      o->bw[n].cols = singles[k][z][1];
+      n++;
+    }
+  }
+  o->n_bw = n;
   static const double sizes[] = {256, 4096, 65536, 1048576, 8388608};
   o->n_sizes = (int)(sizeof sizes / sizeof sizes[0]);
   memcpy(o->sizes_bytes, sizes, sizeof sizes);
-  o->copy_bytes = 64 << 20;
+  o->copy_bytes = quick ? (int64_t)16 << 20 : (int64_t)64 << 20;
 }
+
+void mp_calib_options_init(mp_calib_options *o) { mp_calib_options_init_cpu(o, 0); }
 
 void mp_calib_options_init_cuda(mp_calib_options *o, int quick) {
   memset(o, 0, sizeof *o);
@@ -133,15 +207,7 @@ void mp_calib_options_init_cuda(mp_calib_options *o, int quick) {
   static const int attn[][5] = {{16, 1024, 16, 8, 128}, {8, 2048, 16, 8, 128}, {4, 4096, 16, 8, 128},
                                 {2, 8192, 16, 8, 128},  {8, 2048, 32, 8, 64}};
   static const int attn_quick[][5] = {{8, 2048, 16, 8, 128}, {2, 8192, 16, 8, 128}};
-  o->n_attn = quick ? 2 : 5;
-  for (int i = 0; i < o->n_attn; i++) {
-    const int *a = quick ? attn_quick[i] : attn[i];
-    o->attn[i].B = a[0];
-    o->attn[i].T = a[1];
-    o->attn[i].nh = a[2];
-    o->attn[i].nkv = a[3];
-    o->attn[i].hd = a[4];
-  }
+  set_attn(o, quick ? attn_quick : attn, quick ? 2 : 5);
   static const int f8_km[][2] = {{4096, 4096}, {4096, 14336}, {14336, 4096}};
   static const int f8_tok[] = {2048, 8192};
   n = 0;
@@ -185,55 +251,363 @@ static void fill(float *p, size_t n, unsigned seed) {
   for (size_t i = 0; i < n; i++) p[i] = 0.01f * (float)((int)((i * 2654435761u + seed) % 13u) - 6) + 0.003f;
 }
 
-static mp_status measure_gemm(mp_ctx *ctx, mp_comm *comm, const mp_backend *be, mp_kctx *kc, int reps,
-                              int pass, int N, int K, int M, double *flops_per_s) {
-  const int backward = pass == MP_CALIB_GEMM_BWD;
-  if (pass != MP_CALIB_GEMM_FWD && !backward)
-    return mp_error(ctx, MP_ERR_INVALID, "calibrate: GEMM pass %s; the cpu calibration times fwd and bwd",
-                    mp_calib_gemm_pass_name(pass));
-  mp_status s = MP_OK;
-  float *inp = NULL, *w = NULL, *out = NULL, *dinp = NULL, *dw = NULL;
-  double *t = calloc((size_t)reps, sizeof *t);
-  const size_t nk = (size_t)N * K, mk = (size_t)M * K, nm = (size_t)N * M;
-  if (t == NULL) return mp_error(ctx, MP_ERR_NOMEM, "calibrate: out of memory");
-  MP_CHECK_GOTO(be->alloc(kc, (void **)&inp, nk * sizeof(float)), s, done);
-  MP_CHECK_GOTO(be->alloc(kc, (void **)&w, mk * sizeof(float)), s, done);
-  MP_CHECK_GOTO(be->alloc(kc, (void **)&out, nm * sizeof(float)), s, done);
-  if (backward) {
-    MP_CHECK_GOTO(be->alloc(kc, (void **)&dinp, nk * sizeof(float)), s, done);
-    MP_CHECK_GOTO(be->alloc(kc, (void **)&dw, mk * sizeof(float)), s, done);
-    MP_CHECK_GOTO(be->memset_zero(kc, dinp, nk * sizeof(float)), s, done);
-    MP_CHECK_GOTO(be->memset_zero(kc, dw, mk * sizeof(float)), s, done);
+/* ---- the CPU kernels ------------------------------------------------------------------
+ * Each figure is one op of the backend table called in a timed loop (see calibrate.h).
+ * Buffers are the backend's (host memory on the CPU), allocated per group (GEMM,
+ * attention, element-wise) at the largest size any of its points needs and filled once.
+ * Every point is set up first, then timed in rounds (cpu_time_rounds). */
+
+enum { CPU_WARM_CALLS = 1, CPU_MAX_LOOP_CALLS = 1000, CPU_MAX_BUFS = 32 };
+#define CPU_LOOP_TARGET_S 2e-3 /* a repetition lasts about this long */
+#define CPU_MAX_OPS (1 + MP_CALIB_MAX_GEMM + 2 * MP_CALIB_MAX_ATTN + MP_CALIB_MAX_BW)
+
+typedef enum cpu_kind {
+  CK_LAUNCH, CK_GEMM_FWD, CK_GEMM_DGRAD, CK_GEMM_WGRAD, CK_GEMM_BWD, CK_ATTN_FWD, CK_ATTN_BWD, CK_RMS_FWD,
+  CK_RMS_BWD, CK_SWI_FWD, CK_SWI_BWD, CK_ROPE_FWD, CK_ROPE_BWD, CK_CE_FWD, CK_CE_BWD, CK_ADAMW, CK_RESIDUAL
+} cpu_kind;
+
+/* One call of one backend entry: which, its buffers and its sizes (see cpu_run). */
+typedef struct cpu_op {
+  cpu_kind kind;
+  float *f[8];
+  int32_t *tgt;
+  int a, b, c, d, e;
+  size_t n;
+} cpu_op;
+
+typedef struct cpu_cal {
+  mp_ctx *ctx;
+  mp_comm *comm;
+  const mp_backend *be;
+  mp_kctx *kc;
+  int reps;
+  void *buf[CPU_MAX_BUFS]; /* every buffer of the measurement, freed together */
+  int n_buf;
+  cpu_op ops[CPU_MAX_OPS]; /* in measurement order */
+  int n_ops;
+} cpu_cal;
+
+static mp_status cpu_run(cpu_cal *C, const cpu_op *o) {
+  const mp_backend *be = C->be;
+  mp_kctx *kc = C->kc;
+  float *const *f = o->f;
+  mp_status s;
+  switch (o->kind) {
+    case CK_LAUNCH: s = be->scale_f32(kc, f[0], 1, 1.0f); break;
+    /* a = N, b = K, c = M: f0 inp (N, K), f1 W (M, K), f2 out / dout (N, M), f3 dinp, f4 dW */
+    case CK_GEMM_FWD: s = be->matmul_forward(kc, f[2], f[0], f[1], NULL, o->a, o->b, o->c); break;
+    case CK_GEMM_DGRAD: s = be->matmul_backward(kc, f[3], NULL, NULL, f[2], f[0], f[1], o->a, o->b, o->c); break;
+    case CK_GEMM_WGRAD: s = be->matmul_backward(kc, NULL, f[4], NULL, f[2], f[0], f[1], o->a, o->b, o->c); break;
+    case CK_GEMM_BWD: s = be->matmul_backward(kc, f[3], f[4], NULL, f[2], f[0], f[1], o->a, o->b, o->c); break;
+    /* a = B, b = T, c = nh, d = nkv, e = hd: f0 q, f1 k, f2 v, f3 out / dout, f4 dq, f5 dk,
+     * f7 dv, f6 lse */
+    case CK_ATTN_FWD: s = be->attention_forward(kc, f[3], f[6], f[0], f[1], f[2], o->a, o->b, o->c, o->d, o->e); break;
+    case CK_ATTN_BWD:
+      s = be->attention_backward(kc, f[4], f[5], f[7], f[3], f[0], f[1], f[2], f[3], f[6], o->a, o->b, o->c, o->d,
+                                 o->e);
+      break;
+    /* a = rows, b = cols: f0 x, f1 w, f2 out / dout, f3 dx, f4 rstd, f5 dw */
+    case CK_RMS_FWD: s = be->rmsnorm_forward(kc, f[2], f[4], f[0], f[1], o->a, o->b, 1e-5f); break;
+    case CK_RMS_BWD: s = be->rmsnorm_backward(kc, f[3], f[5], f[2], f[0], f[1], f[4], o->a, o->b); break;
+    /* n elements: f0 gate, f1 up, f2 out / dout, f3 dgate, f4 dup */
+    case CK_SWI_FWD: s = be->swiglu_forward(kc, f[2], f[0], f[1], o->n); break;
+    case CK_SWI_BWD: s = be->swiglu_backward(kc, f[3], f[4], f[2], f[0], f[1], o->n); break;
+    /* a = tokens, b = heads, c = hd: f0 x / dout, f1 out / dx, f2 cos, f3 sin */
+    case CK_ROPE_FWD: s = be->rope_forward(kc, f[1], f[0], f[2], f[3], 1, o->a, o->b, o->c); break;
+    case CK_ROPE_BWD: s = be->rope_backward(kc, f[1], f[0], f[2], f[3], 1, o->a, o->b, o->c); break;
+    /* a = tokens, b = vocab: f0 logits, f1 losses, f2 mean, f3 lse, f4 dlogits */
+    case CK_CE_FWD: s = be->cross_entropy_forward(kc, f[1], f[2], f[3], f[0], o->tgt, o->a, o->b); break;
+    case CK_CE_BWD: s = be->ce_backward(kc, f[4], f[0], f[3], o->tgt, 1.0f / (float)o->a, o->a, o->b, 0); break;
+    /* n elements: f0 param, f1 grad, f2 m, f3 v (>= 0) */
+    case CK_ADAMW:
+      s = be->adamw_update(kc, f[0], f[1], f[2], f[3], o->n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f);
+      break;
+    /* n elements: f0 x, f1 y += x (the runtime's residual add) */
+    case CK_RESIDUAL: s = be->accumulate(kc, f[1], f[0], o->n); break;
+    default: return mp_error(C->ctx, MP_ERR_INTERNAL, "calibrate: unknown cpu op %d", (int)o->kind);
   }
-  fill(inp, nk, 1);
-  fill(w, mk, 2);
-  fill(out, nm, 3); /* backward reads it as dout */
-  /* Every rank starts together, so a multi-rank figure is the rate under full load. */
-  MP_CHECK_GOTO(mp_comm_barrier(ctx, comm, MP_GROUP_WORLD), s, done);
-  for (int r = -1; r < reps; r++) { /* r = -1: warm-up (page faults, thread start-up) */
-    double t0 = mp_now_s();
-    if (backward)
-      s = be->matmul_backward(kc, dinp, dw, NULL, out, inp, w, N, K, M);
-    else
-      s = be->matmul_forward(kc, out, inp, w, NULL, N, K, M);
-    if (s != MP_OK) goto done;
-    MP_CHECK_GOTO(be->synchronize(kc), s, done);
-    if (r >= 0) t[r] = mp_now_s() - t0;
-  }
-  {
-    double flops = mp_calib_gemm_flops(pass, N, K, M);
-    double tm = mp_median(t, (size_t)reps);
-    *flops_per_s = tm > 0 ? flops / tm : 0.0;
-  }
-  MP_CHECK_GOTO(world_mean(ctx, comm, flops_per_s), s, done);
-done:
-  be->free(kc, inp);
-  be->free(kc, w);
-  be->free(kc, out);
-  be->free(kc, dinp);
-  be->free(kc, dw);
-  free(t);
+  if (s != MP_OK && kc->err != C->ctx) mp_error(C->ctx, s, "%s", mp_errmsg(kc->err));
   return s;
+}
+
+/* Seconds per call of every op of C (see calibrate.h) into per_call_s: each op's warm-up
+ * and one timed call to size its loop; the loop counts agreed on over the world (the
+ * largest asked for, one all-reduce); then `reps` rounds, each timing one loop of every
+ * op in order, the ranks starting each round together. The repetitions of an op lie a
+ * round apart, so a burst of other load on the machine spoils one repetition of many
+ * points rather than every repetition of a few, and the median drops it. Per op, the
+ * median over rounds, averaged over ranks (one all-reduce). Ops that read what another
+ * wrote (a backward after its forward) follow it in the list. */
+static mp_status cpu_time_rounds(cpu_cal *C, double *per_call_s) {
+  const int n = C->n_ops, reps = C->reps;
+  mp_status st = MP_OK;
+  int64_t *calls = calloc((size_t)n, sizeof *calls), *ps = calloc((size_t)n, sizeof *ps);
+  double *t = calloc((size_t)n * (size_t)reps, sizeof *t);
+  mp_progress prog;
+  memset(&prog, 0, sizeof prog);
+  if (!calls || !ps || !t) {
+    st = mp_error(C->ctx, MP_ERR_NOMEM, "calibrate: out of memory for %d timings", n * reps);
+    goto done;
+  }
+  /* the bar on rank 0 only (a terminal shared by the ranks would get one line each) */
+  if (mp_comm_world_rank(C->comm) == 0) mp_progress_begin(&prog, "calibrating the cpu kernels", (int64_t)n * (reps + 1));
+  for (int i = 0; i < n; i++) {
+    for (int w = 0; w < CPU_WARM_CALLS; w++) MP_CHECK_GOTO(cpu_run(C, &C->ops[i]), st, done); /* page faults, threads */
+    const double t0 = mp_now_s();
+    MP_CHECK_GOTO(cpu_run(C, &C->ops[i]), st, done);
+    const double t1 = mp_now_s() - t0;
+    const double k = t1 > 0 ? ceil(CPU_LOOP_TARGET_S / t1) : CPU_MAX_LOOP_CALLS;
+    calls[i] = k < 1 ? 1 : k > CPU_MAX_LOOP_CALLS ? CPU_MAX_LOOP_CALLS : (int64_t)k;
+    mp_progress_update(&prog, i + 1);
+  }
+  MP_CHECK_GOTO(mp_comm_all_reduce(C->ctx, C->comm, MP_GROUP_WORLD, calls, calls, (size_t)n, MP_COMM_DTYPE_INT64,
+                                   MP_COMM_OP_MAX), st, done);
+  for (int r = 0; r < reps; r++) {
+    /* every rank starts together, so a multi-rank figure is the rate under full load */
+    MP_CHECK_GOTO(mp_comm_barrier(C->ctx, C->comm, MP_GROUP_WORLD), st, done);
+    for (int i = 0; i < n; i++) {
+      const double t0 = mp_now_s();
+      for (int64_t j = 0; j < calls[i]; j++) MP_CHECK_GOTO(cpu_run(C, &C->ops[i]), st, done);
+      t[(size_t)i * reps + r] = (mp_now_s() - t0) / (double)calls[i];
+      mp_progress_update(&prog, (int64_t)n * (r + 1) + i + 1);
+    }
+  }
+  for (int i = 0; i < n; i++) ps[i] = llround(mp_median(t + (size_t)i * reps, (size_t)reps) * 1e12);
+  MP_CHECK_GOTO(mp_comm_all_reduce(C->ctx, C->comm, MP_GROUP_WORLD, ps, ps, (size_t)n, MP_COMM_DTYPE_INT64,
+                                   MP_COMM_OP_SUM), st, done);
+  for (int i = 0; i < n; i++) {
+    per_call_s[i] = (double)ps[i] * 1e-12 / (double)mp_comm_world_size(C->comm);
+    if (!(per_call_s[i] > 0)) {
+      st = mp_error(C->ctx, MP_ERR_INTERNAL, "calibrate: cpu op %d timed at %g s per call; the clock gave no time",
+                    (int)C->ops[i].kind, per_call_s[i]);
+      goto done;
+    }
+  }
+done:
+  mp_progress_end(&prog);
+  free(calls);
+  free(ps);
+  free(t);
+  return st;
+}
+
+/* n floats (at least one) filled with small values of both signs (pos: in (0, 0.1]). */
+static mp_status cpu_buf(cpu_cal *C, size_t n, int pos, unsigned seed, float **out) {
+  *out = NULL;
+  if (C->n_buf >= CPU_MAX_BUFS) return mp_error(C->ctx, MP_ERR_INTERNAL, "calibrate: too many cpu buffers");
+  if (n == 0) n = 1;
+  mp_status st = C->be->alloc(C->kc, (void **)out, n * sizeof(float));
+  if (st != MP_OK) {
+    if (C->kc->err != C->ctx) mp_error(C->ctx, st, "%s", mp_errmsg(C->kc->err));
+    return st;
+  }
+  C->buf[C->n_buf++] = *out;
+  fill(*out, n, seed);
+  if (pos)
+    for (size_t i = 0; i < n; i++) (*out)[i] = fabsf((*out)[i]) + 0.001f;
+  return MP_OK;
+}
+
+static void cpu_free(cpu_cal *C) {
+  for (int i = 0; i < C->n_buf; i++) C->be->free(C->kc, C->buf[i]);
+  C->n_buf = 0;
+}
+
+static mp_status cpu_add(cpu_cal *C, const cpu_op *o) {
+  if (C->n_ops >= CPU_MAX_OPS) return mp_error(C->ctx, MP_ERR_INTERNAL, "calibrate: too many cpu points");
+  C->ops[C->n_ops++] = *o;
+  return MP_OK;
+}
+
+static mp_status cpu_setup_launch(cpu_cal *C) {
+  cpu_op o = {.kind = CK_LAUNCH};
+  MP_CHECK(cpu_buf(C, 16, 1, 5, &o.f[0]));
+  return cpu_add(C, &o);
+}
+
+static mp_status cpu_setup_gemm(cpu_cal *C, const mp_calib_options *o) {
+  size_t nk = 1, mk = 1, nm = 1;
+  for (int i = 0; i < o->n_gemm; i++) {
+    const size_t N = (size_t)o->gemm[i].N, K = (size_t)o->gemm[i].K, M = (size_t)o->gemm[i].M;
+    if (N * K > nk) nk = N * K;
+    if (M * K > mk) mk = M * K;
+    if (N * M > nm) nm = N * M;
+  }
+  cpu_op b = {.kind = CK_GEMM_FWD};
+  /* the gradients accumulate (+=): they start from data, as a second micro-batch does */
+  MP_CHECK(cpu_buf(C, nk, 0, 1, &b.f[0]));
+  MP_CHECK(cpu_buf(C, mk, 0, 2, &b.f[1]));
+  MP_CHECK(cpu_buf(C, nm, 0, 3, &b.f[2]));
+  MP_CHECK(cpu_buf(C, nk, 0, 4, &b.f[3]));
+  MP_CHECK(cpu_buf(C, mk, 0, 5, &b.f[4]));
+  for (int i = 0; i < o->n_gemm; i++) {
+    const int pass = o->gemm[i].pass;
+    b.kind = pass == MP_CALIB_GEMM_DGRAD ? CK_GEMM_DGRAD
+             : pass == MP_CALIB_GEMM_WGRAD ? CK_GEMM_WGRAD
+             : pass == MP_CALIB_GEMM_BWD  ? CK_GEMM_BWD
+                                          : CK_GEMM_FWD;
+    b.a = o->gemm[i].N;
+    b.b = o->gemm[i].K;
+    b.c = o->gemm[i].M;
+    MP_CHECK(cpu_add(C, &b));
+  }
+  return MP_OK;
+}
+
+static mp_status cpu_setup_attention(cpu_cal *C, const mp_calib_options *o) {
+  size_t q = 1, kv = 1, rows = 1;
+  for (int i = 0; i < o->n_attn; i++) {
+    const size_t B = (size_t)o->attn[i].B, T = (size_t)o->attn[i].T;
+    if (B * T * o->attn[i].nh * o->attn[i].hd > q) q = B * T * o->attn[i].nh * o->attn[i].hd;
+    if (B * T * o->attn[i].nkv * o->attn[i].hd > kv) kv = B * T * o->attn[i].nkv * o->attn[i].hd;
+    if (B * T * o->attn[i].nh > rows) rows = B * T * o->attn[i].nh;
+  }
+  cpu_op a = {.kind = CK_ATTN_FWD};
+  MP_CHECK(cpu_buf(C, q, 0, 1, &a.f[0]));
+  MP_CHECK(cpu_buf(C, kv, 0, 2, &a.f[1]));
+  MP_CHECK(cpu_buf(C, kv, 0, 3, &a.f[2]));
+  MP_CHECK(cpu_buf(C, q, 0, 4, &a.f[3]));
+  MP_CHECK(cpu_buf(C, q, 0, 5, &a.f[4]));
+  MP_CHECK(cpu_buf(C, kv, 0, 6, &a.f[5]));
+  MP_CHECK(cpu_buf(C, rows, 1, 7, &a.f[6]));
+  MP_CHECK(cpu_buf(C, kv, 0, 8, &a.f[7]));
+  for (int i = 0; i < o->n_attn; i++) {
+    a.a = o->attn[i].B;
+    a.b = o->attn[i].T;
+    a.c = o->attn[i].nh;
+    a.d = o->attn[i].nkv;
+    a.e = o->attn[i].hd;
+    /* the forward first: it leaves the lse and output the backward reads (f3 then serves
+     * as both the forward output and dout, as the CUDA calibration does) */
+    a.kind = CK_ATTN_FWD;
+    MP_CHECK(cpu_add(C, &a));
+    a.kind = CK_ATTN_BWD;
+    MP_CHECK(cpu_add(C, &a));
+  }
+  return MP_OK;
+}
+
+static cpu_kind bw_kind(int k) {
+  static const cpu_kind m[MP_CALIB_BW_COUNT] = {CK_RMS_FWD, CK_RMS_BWD,  CK_SWI_FWD, CK_SWI_BWD, CK_ADAMW,
+                                                CK_ROPE_FWD, CK_ROPE_BWD, CK_CE_FWD,  CK_CE_BWD,  CK_RESIDUAL};
+  return m[k];
+}
+
+static mp_status cpu_setup_bandwidth(cpu_cal *C, const mp_calib_options *o) {
+  size_t e = 1, rows = 1, cols = 1, rope = 1;
+  int vocab = 0; /* the smallest cross-entropy vocabulary: the targets must lie in every one */
+  for (int i = 0; i < o->n_bw; i++) {
+    const size_t R = (size_t)o->bw[i].rows, Cc = (size_t)o->bw[i].cols;
+    const int k = o->bw[i].kernel;
+    if (R * Cc > e) e = R * Cc;
+    if (R > rows) rows = R;
+    if (Cc > cols) cols = Cc;
+    if (k == MP_CALIB_BW_ROPE_FWD || k == MP_CALIB_BW_ROPE_BWD)
+      if (R * (size_t)o->bw[i].hd / 2 > rope) rope = R * (size_t)o->bw[i].hd / 2;
+    if ((k == MP_CALIB_BW_CE_FWD || k == MP_CALIB_BW_CE_BWD) && (vocab == 0 || o->bw[i].cols < vocab))
+      vocab = o->bw[i].cols;
+  }
+  float *x[6], *w, *row[3], *tab[2];
+  int32_t *tgt = NULL;
+  for (int i = 0; i < 6; i++) MP_CHECK(cpu_buf(C, e, i == 3 || i == 5, 10 + i, &x[i]));
+  MP_CHECK(cpu_buf(C, cols, 1, 20, &w));
+  for (int i = 0; i < 3; i++) MP_CHECK(cpu_buf(C, rows, 1, 21 + i, &row[i]));
+  for (int i = 0; i < 2; i++) MP_CHECK(cpu_buf(C, rope, 0, 24 + i, &tab[i]));
+  MP_CHECK(cpu_buf(C, rows, 0, 26, (float **)&tgt));
+  for (size_t r = 0; r < rows; r++) tgt[r] = vocab > 0 ? (int32_t)(((int64_t)r * 7919) % vocab) : 0;
+  for (int i = 0; i < o->n_bw; i++) {
+    const int k = o->bw[i].kernel, R = o->bw[i].rows, Cc = o->bw[i].cols;
+    cpu_op b = {.kind = bw_kind(k), .a = R, .b = Cc, .n = (size_t)R * Cc};
+    switch (b.kind) {
+      case CK_RMS_FWD:
+      case CK_RMS_BWD: /* x, w, out / dout, dx, rstd (> 0), dw */
+        b.f[0] = x[0], b.f[1] = w, b.f[2] = x[1], b.f[3] = x[2], b.f[4] = row[0], b.f[5] = x[3];
+        break;
+      case CK_ROPE_FWD:
+      case CK_ROPE_BWD: /* tokens R, heads C / hd */
+        b.b = Cc / o->bw[i].hd;
+        b.c = o->bw[i].hd;
+        b.f[0] = x[0], b.f[1] = x[1], b.f[2] = tab[0], b.f[3] = tab[1];
+        break;
+      case CK_CE_FWD:
+      case CK_CE_BWD: /* targets spread over the vocabulary; lse (> 0) before a forward */
+        b.tgt = tgt;
+        b.f[0] = x[0], b.f[1] = row[1], b.f[2] = row[2], b.f[3] = row[0], b.f[4] = x[1];
+        break;
+      case CK_ADAMW: /* v >= 0 */
+        b.f[0] = x[0], b.f[1] = x[1], b.f[2] = x[2], b.f[3] = x[3];
+        break;
+      default: /* swiglu: gate, up, out / dout, dgate, dup; residual: x, y */
+        for (int j = 0; j < 5; j++) b.f[j] = x[j];
+        break;
+    }
+    MP_CHECK(cpu_add(C, &b));
+  }
+  return MP_OK;
+}
+
+/* Every kernel point of o on C's backend into out (launch_s, gemm, attn, bw). */
+static mp_status cpu_measure_kernels(mp_ctx *ctx, mp_comm *comm, const mp_backend *be, mp_kctx *kc,
+                                     const mp_calib_options *o, mp_calib *out) {
+  cpu_cal *C = calloc(1, sizeof *C);
+  double *ts = calloc(CPU_MAX_OPS, sizeof *ts);
+  mp_status st = MP_OK;
+  if (!C || !ts) {
+    free(C);
+    free(ts);
+    return mp_error(ctx, MP_ERR_NOMEM, "calibrate: out of memory");
+  }
+  C->ctx = ctx;
+  C->comm = comm;
+  C->be = be;
+  C->kc = kc;
+  C->reps = o->reps;
+  MP_CHECK_GOTO(cpu_setup_launch(C), st, done);
+  const int g0 = C->n_ops;
+  st = cpu_setup_gemm(C, o);
+  if (st != MP_OK) {
+    mp_error_prefix(ctx, "calibrate: GEMMs");
+    goto done;
+  }
+  const int a0 = C->n_ops;
+  st = cpu_setup_attention(C, o);
+  if (st != MP_OK) {
+    mp_error_prefix(ctx, "calibrate: attention");
+    goto done;
+  }
+  const int b0 = C->n_ops;
+  st = cpu_setup_bandwidth(C, o);
+  if (st != MP_OK) {
+    mp_error_prefix(ctx, "calibrate: element-wise kernels");
+    goto done;
+  }
+  MP_CHECK_GOTO(cpu_time_rounds(C, ts), st, done);
+  out->launch_s = ts[0];
+  for (int i = g0; i < a0; i++) {
+    const cpu_op *op = &C->ops[i];
+    mp_calib_gemm *g = &out->gemm[out->n_gemm++];
+    g->pass = o->gemm[i - g0].pass;
+    g->N = op->a, g->K = op->b, g->M = op->c;
+    g->flops_per_s = mp_calib_gemm_flops(g->pass, g->N, g->K, g->M) / ts[i];
+  }
+  for (int i = a0; i < b0; i++) {
+    const cpu_op *op = &C->ops[i];
+    mp_calib_attn *e = &out->attn[out->n_attn++];
+    e->backward = op->kind == CK_ATTN_BWD;
+    e->B = op->a, e->T = op->b, e->nh = op->c, e->nkv = op->d, e->hd = op->e;
+    e->flops_per_s = mp_calib_attn_flops(e->backward, e->B, e->T, e->nh, e->hd) / ts[i];
+  }
+  for (int i = b0; i < C->n_ops; i++) {
+    mp_calib_bw *r = &out->bw[out->n_bw++];
+    r->kernel = o->bw[i - b0].kernel;
+    r->elems = (double)o->bw[i - b0].rows * o->bw[i - b0].cols;
+    r->GBps = mp_calib_bw_bytes(r->kernel, r->elems) / ts[i] * 1e-9;
+  }
+done:
+  cpu_free(C);
+  free(C);
+  free(ts);
+  return st;
 }
 
 /* ---- memory copy --------------------------------------------------------------------- */
@@ -421,6 +795,39 @@ static void now_iso(char *buf, size_t cap) {
   strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
+/* The cpu points are sane before anything is measured (every rank checks the same
+ * options, so all refuse together, before any collective). */
+static mp_status check_cpu_options(mp_ctx *ctx, const mp_calib_options *o) {
+  if (o->n_gemm > MP_CALIB_MAX_GEMM || o->n_attn > MP_CALIB_MAX_ATTN || o->n_bw > MP_CALIB_MAX_BW ||
+      o->n_sizes > MP_CALIB_MAX_SIZES)
+    return mp_error(ctx, MP_ERR_INVALID, "calibrate: %d GEMM, %d attention, %d element-wise points, %d sizes; at most "
+                    "%d, %d, %d, %d", o->n_gemm, o->n_attn, o->n_bw, o->n_sizes, MP_CALIB_MAX_GEMM,
+                    MP_CALIB_MAX_ATTN, MP_CALIB_MAX_BW, MP_CALIB_MAX_SIZES);
+  for (int i = 0; i < o->n_gemm; i++) {
+    const int p = o->gemm[i].pass, N = o->gemm[i].N, K = o->gemm[i].K, M = o->gemm[i].M;
+    if (N < 1 || K < 1 || M < 1)
+      return mp_error(ctx, MP_ERR_INVALID, "calibrate: GEMM shape %dx%dx%d; every size must be >= 1", N, K, M);
+    if (p < 0 || p >= MP_CALIB_GEMM_PASS_COUNT)
+      return mp_error(ctx, MP_ERR_INVALID, "calibrate: GEMM pass %d; choose fwd, bwd, dgrad or wgrad", p);
+  }
+  for (int i = 0; i < o->n_attn; i++) {
+    const int B = o->attn[i].B, T = o->attn[i].T, nh = o->attn[i].nh, nkv = o->attn[i].nkv, hd = o->attn[i].hd;
+    if (B < 1 || T < 1 || nh < 1 || nkv < 1 || hd < 1 || nh % nkv != 0)
+      return mp_error(ctx, MP_ERR_INVALID, "calibrate: attention (B %d, T %d, nh %d, nkv %d, hd %d); every size "
+                      "must be >= 1 and nkv must divide nh", B, T, nh, nkv, hd);
+  }
+  for (int i = 0; i < o->n_bw; i++) {
+    const int k = o->bw[i].kernel, R = o->bw[i].rows, Cc = o->bw[i].cols, hd = o->bw[i].hd;
+    if (k < 0 || k >= MP_CALIB_BW_COUNT || R < 1 || Cc < 1)
+      return mp_error(ctx, MP_ERR_INVALID, "calibrate: element-wise point %d (kernel %d, %d x %d); the kernel must "
+                      "be one of mp_calib_bw_kernel and the sizes >= 1", i, k, R, Cc);
+    if ((k == MP_CALIB_BW_ROPE_FWD || k == MP_CALIB_BW_ROPE_BWD) && (hd < 2 || hd % 2 != 0 || Cc % hd != 0))
+      return mp_error(ctx, MP_ERR_INVALID, "calibrate: RoPE point %d x %d with head dimension %d; hd must be even "
+                      "and divide the columns", R, Cc, hd);
+  }
+  return MP_OK;
+}
+
 mp_status mp_calib_measure(mp_ctx *ctx, mp_comm *comm, const mp_backend *be, mp_kctx *kc,
                            const mp_calib_options *opts, mp_calib *out) {
   if (strcmp(be->name, "cuda") == 0) {
@@ -441,7 +848,28 @@ mp_status mp_calib_measure(mp_ctx *ctx, mp_comm *comm, const mp_backend *be, mp_
   if (strcmp(be->name, "cpu") != 0)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "calibrate: backend %s; choose the cpu or cuda backend", be->name);
   mp_calib_options dflt;
-  mp_calib_options_init(&dflt);
+  mp_calib_options_init_cpu(&dflt, 0);
+  /* opts' points where it gives some, the defaults for a group it leaves empty */
+  mp_calib_options o = *opts;
+  if (o.n_gemm <= 0) {
+    o.n_gemm = dflt.n_gemm;
+    memcpy(o.gemm, dflt.gemm, sizeof o.gemm);
+  }
+  if (o.n_attn <= 0) {
+    o.n_attn = dflt.n_attn;
+    memcpy(o.attn, dflt.attn, sizeof o.attn);
+  }
+  if (o.n_bw <= 0) {
+    o.n_bw = dflt.n_bw;
+    memcpy(o.bw, dflt.bw, sizeof o.bw);
+  }
+  if (o.n_sizes <= 0) {
+    o.n_sizes = dflt.n_sizes;
+    memcpy(o.sizes_bytes, dflt.sizes_bytes, sizeof o.sizes_bytes);
+  }
+  if (o.copy_bytes <= 0) o.copy_bytes = dflt.copy_bytes;
+  MP_CHECK(check_cpu_options(ctx, &o));
+
   memset(out, 0, sizeof *out);
   now_iso(out->created_at, sizeof out->created_at);
   snprintf(out->device, sizeof out->device, "%s", be->name);
@@ -450,40 +878,18 @@ mp_status mp_calib_measure(mp_ctx *ctx, mp_comm *comm, const mp_backend *be, mp_
   out->threads = omp_get_max_threads();
   out->world = mp_comm_world_size(comm);
 
-  int n_gemm = opts->n_gemm > 0 ? opts->n_gemm : dflt.n_gemm;
-  if (n_gemm > MP_CALIB_MAX_GEMM) n_gemm = MP_CALIB_MAX_GEMM;
-  for (int i = 0; i < n_gemm; i++) {
-    const int bwd = opts->n_gemm > 0 ? opts->gemm[i].pass : dflt.gemm[i].pass;
-    const int N = opts->n_gemm > 0 ? opts->gemm[i].N : dflt.gemm[i].N;
-    const int K = opts->n_gemm > 0 ? opts->gemm[i].K : dflt.gemm[i].K;
-    const int M = opts->n_gemm > 0 ? opts->gemm[i].M : dflt.gemm[i].M;
-    if (N < 1 || K < 1 || M < 1)
-      return mp_error(ctx, MP_ERR_INVALID, "calibrate: GEMM shape %dx%dx%d; every size must be >= 1", N, K, M);
-    mp_calib_gemm *e = &out->gemm[out->n_gemm];
-    e->pass = bwd;
-    e->N = N;
-    e->K = K;
-    e->M = M;
-    MP_CHECK(measure_gemm(ctx, comm, be, kc, opts->reps, bwd, N, K, M, &e->flops_per_s));
-    out->n_gemm++;
-  }
-  MP_CHECK(measure_copy(ctx, comm, opts->reps, opts->copy_bytes > 0 ? opts->copy_bytes : dflt.copy_bytes,
-                        &out->copy_GBps));
+  MP_CHECK(cpu_measure_kernels(ctx, comm, be, kc, &o, out));
+  MP_CHECK(measure_copy(ctx, comm, o.reps, o.copy_bytes, &out->copy_GBps));
 
   const int W = out->world;
   if (W > 1 && strcmp(mp_comm_backend_name(comm), "mpi") == 0) {
-    mp_calib_options o = *opts;
-    if (o.n_sizes <= 0) {
-      o.n_sizes = dflt.n_sizes;
-      memcpy(o.sizes_bytes, dflt.sizes_bytes, sizeof o.sizes_bytes);
-    }
     int groups[MP_CALIB_MAX_GROUPS], n_groups = 0;
     for (int g = 2; g < W && n_groups < MP_CALIB_MAX_GROUPS - 1; g *= 2)
       if (W % g == 0) groups[n_groups++] = g;
     groups[n_groups++] = W;
     for (int i = 0; i < n_groups; i++) MP_CHECK(measure_group(ctx, comm, groups[i], &o, out));
   }
-  return MP_OK;
+  return mp_calib_fit_stack(ctx, out);
 }
 
 /* ---- the CUDA fits -------------------------------------------------------------------- */
@@ -505,15 +911,22 @@ static double curve_time(double flops, double x, double peak, double eff_max, do
   return flops / (peak * eff_max) * (1.0 + half / x);
 }
 
-mp_status mp_calib_fit_gemm_curve(mp_ctx *ctx, const mp_calib_gemm *g, int n, double peak_flops,
-                                  double overhead_s, double *eff_max, double *half_mnk, double *rms_rel) {
+/* The curve's least squares without the ceiling: E and h of eff(x) = E x / (x + h)
+ * against peak_flops (h >= 0; E may exceed 1). sp, spq, ... are returned for the refit
+ * at E = 1. */
+typedef struct curve_sums {
+  double spp, spq, sqq, sp, sq;
+} curve_sums;
+
+static mp_status curve_lsq(mp_ctx *ctx, const mp_calib_gemm *g, int n, double peak_flops, double overhead_s,
+                           double *E, double *h, curve_sums *out) {
   if (n < 1 || !(peak_flops > 0))
     return mp_error(ctx, MP_ERR_INVALID, "calibrate: the GEMM curve needs >= 1 point and a peak (got %d, %g)", n,
                     peak_flops);
   /* pred/meas of point i = a p_i + b q_i with a = 1/E, b = h/E, y_i = tc_i peak / flops_i
    * (the inverse of its efficiency), p_i = 1/y_i, q_i = 1/(x_i y_i): minimise
    * sum (a p_i + b q_i - 1)^2, the relative error of the compute time. */
-  double spp = 0, spq = 0, sqq = 0, sp = 0, sq = 0;
+  curve_sums z = {0, 0, 0, 0, 0};
   for (int i = 0; i < n; i++) {
     const double flops = mp_calib_gemm_flops(g[i].pass, g[i].N, g[i].K, g[i].M);
     const double x = (double)g[i].N * g[i].K * g[i].M;
@@ -522,26 +935,36 @@ mp_status mp_calib_fit_gemm_curve(mp_ctx *ctx, const mp_calib_gemm *g, int n, do
                       mp_calib_gemm_pass_name(g[i].pass), g[i].N, g[i].K, g[i].M, g[i].flops_per_s);
     const double tc = compute_time(flops / g[i].flops_per_s, overhead_s);
     const double y = tc * peak_flops / flops, p = 1.0 / y, q = 1.0 / (x * y);
-    spp += p * p;
-    spq += p * q;
-    sqq += q * q;
-    sp += p;
-    sq += q;
+    z.spp += p * p;
+    z.spq += p * q;
+    z.sqq += q * q;
+    z.sp += p;
+    z.sq += q;
   }
-  double det = spp * sqq - spq * spq, a = 0, b = 0;
-  if (n >= 2 && det > 1e-12 * spp * sqq) {
-    a = (sp * sqq - sq * spq) / det;
-    b = (spp * sq - spq * sp) / det;
+  double det = z.spp * z.sqq - z.spq * z.spq, a = 0, b = 0;
+  if (n >= 2 && det > 1e-12 * z.spp * z.sqq) {
+    a = (z.sp * z.sqq - z.sq * z.spq) / det;
+    b = (z.spp * z.sq - z.spq * z.sp) / det;
   }
   if (!(a > 0) || !(b > 0)) { /* one point, one size, or small GEMMs faster than the line: no knee */
     b = 0;
-    a = sp / spp;
+    a = z.sp / z.spp;
   }
-  double E = 1.0 / a, h = b / a;
+  *E = 1.0 / a;
+  *h = b / a;
+  if (out) *out = z;
+  return MP_OK;
+}
+
+mp_status mp_calib_fit_gemm_curve(mp_ctx *ctx, const mp_calib_gemm *g, int n, double peak_flops,
+                                  double overhead_s, double *eff_max, double *half_mnk, double *rms_rel) {
+  double E, h;
+  curve_sums z;
+  MP_CHECK(curve_lsq(ctx, g, n, peak_flops, overhead_s, &E, &h, &z));
   if (E > 1.0) {
     /* The datasheet peak is the ceiling: E = 1 (a = 1), h refitted alone. */
     E = 1.0;
-    h = sqq > 0 ? (sq - spq) / sqq : 0.0; /* argmin_b sum (p + b q - 1)^2 */
+    h = z.sqq > 0 ? (z.sq - z.spq) / z.sqq : 0.0; /* argmin_b sum (p + b q - 1)^2 */
     if (!(h > 0)) h = 0;
   }
   *eff_max = E;
@@ -633,17 +1056,192 @@ static double table_loo_rms(const mp_calib *c) {
   return n > 0 ? sqrt(se / n) : 0.0;
 }
 
+/* 1/c minimising sum_i (c w_i - 1)^2, c = sum w / sum w^2: the efficiency E that makes
+ * the relative time errors of points of efficiencies w_i (each measured against E = 1)
+ * smallest, every point weighing the same. 0 when there is no point. */
+static double eff_lsq(double sw, double sww) { return sw > 0 ? sww / sw : 0.0; }
+
+/* The cpu fits of one figure E (attention_eff, hbm_eff) minimise the weighted squared
+ * log ratio of predicted to measured time, sum_i v_i log^2(pred_i / t_i): an over- and an
+ * under-prediction by the same factor cost the same. (The relative error (pred - t) / t
+ * caps an under-prediction's cost at 1 and not an over-prediction's, so with the CPU
+ * kernels' tenfold spread of rates it fits the fastest kernels and under-predicts the
+ * rest: on tiny-dense, 0.46 ms of element-wise time against 1.34 ms measured.) With
+ * pred_i = x_i / E, log E is the weighted mean of log(x_i / t_i), the weighted geometric
+ * mean of the points' efficiencies.
+ *
+ * hbm_eff: the simulator costs an element-wise op as max(flops / peak, bytes / (hbm E))
+ * (sim/sim.c), so the fit predicts each point the same way: pred_i = max(F_i, B_i c),
+ * c = 1/E, F_i the flops term and B_i the bytes term at E = 1. Between two breakpoints
+ * F_i / B_i the points in the bytes regime are fixed and the sum is a quadratic in
+ * log c; its minimum, clamped to the interval, is a candidate, and the best candidate
+ * over the intervals is the exact minimum. A point whose flops term exceeds its time at
+ * any E says nothing of E. Returns 0 when no point weighs anything. */
+static double hbm_fit_log(const double *F, const double *B, const double *t, const double *v, int n) {
+  double cuts[MP_CALIB_MAX_BW + 2];
+  int nc = 0;
+  cuts[nc++] = 0.0;
+  for (int i = 0; i < n; i++)
+    if (v[i] > 0 && F[i] > 0 && B[i] > 0) cuts[nc++] = F[i] / B[i];
+  cuts[nc++] = INFINITY;
+  for (int i = 1; i < nc; i++) /* n <= MP_CALIB_MAX_BW: insertion sort */
+    for (int j = i; j > 0 && cuts[j] < cuts[j - 1]; j--) {
+      double x = cuts[j];
+      cuts[j] = cuts[j - 1];
+      cuts[j - 1] = x;
+    }
+  double best_c = 0, best = INFINITY;
+  for (int k = 0; k + 1 < nc; k++) {
+    const double lo = cuts[k], hi = cuts[k + 1];
+    if (!(hi > lo)) continue;
+    const double mid = isinf(hi) ? (lo > 0 ? 2 * lo : 1.0) : 0.5 * (lo + hi);
+    double sv = 0, svl = 0; /* log c = -sum v log(B / t) / sum v over the bytes regime */
+    for (int i = 0; i < n; i++)
+      if (v[i] > 0 && B[i] * mid >= F[i]) {
+        sv += v[i];
+        svl += v[i] * log(B[i] / t[i]);
+      }
+    double c = sv > 0 ? exp(-svl / sv) : hi;
+    if (c < lo) c = lo;
+    if (c > hi) c = hi;
+    if (!(c > 0) || isinf(c)) continue;
+    double se = 0;
+    for (int i = 0; i < n; i++) {
+      if (!(v[i] > 0)) continue;
+      const double e = log((B[i] * c > F[i] ? B[i] * c : F[i]) / t[i]);
+      se += v[i] * e * e;
+    }
+    if (se < best) {
+      best = se;
+      best_c = c;
+    }
+  }
+  return best_c > 0 ? 1.0 / best_c : 0.0;
+}
+
+/* Weight of a point at log2 distance d from the run's size: 1 at the run's size, fading
+ * to 0 at MP_CALIB_RUN_REACH octaves (as the by-shape GEMM correction fades). */
+static double run_weight(double d) {
+  d = fabs(d);
+  return d < MP_CALIB_RUN_REACH ? 1.0 - d / MP_CALIB_RUN_REACH : 0.0;
+}
+
+/* Elements of kernel k's tensor in a step of run (see mp_calib_run). */
+static double run_elems(const mp_calib_run *r, int k) {
+  const double tp = r->tp > 1 ? r->tp : 1;
+  switch (k) {
+    case MP_CALIB_BW_SWIGLU_FWD:
+    case MP_CALIB_BW_SWIGLU_BWD: return r->tokens * (double)r->d_ff / tp;
+    case MP_CALIB_BW_ROPE_FWD:
+    case MP_CALIB_BW_ROPE_BWD: return r->tokens * (double)(r->n_heads * r->head_dim) / tp;
+    case MP_CALIB_BW_CE_FWD:
+    case MP_CALIB_BW_CE_BWD: return r->tokens * (double)r->vocab;
+    case MP_CALIB_BW_ADAMW: return (double)r->d_model * (double)r->d_ff / tp;
+    default: return r->tokens * (double)r->d_model; /* rmsnorm, residual */
+  }
+}
+
+/* attention_eff and hbm_eff of a cpu calibration against its ref_*, every point weighing
+ * the same (run NULL) or by its distance from the run's sizes; a figure keeps 0 when no
+ * point weighs anything. */
+static void cpu_kernel_fit(const mp_calib *c, const mp_calib_run *run, double *attention_eff, double *hbm_eff) {
+  const double peak = c->ref_bf16_tflops * 1e12, hbm = c->ref_hbm_GBps * 1e9;
+  const double ovh = c->launch_s > 0 ? c->launch_s : 0.0;
+  *attention_eff = *hbm_eff = 0;
+  if (!(peak > 0)) return;
+  double sv = 0, svl = 0;
+  for (int i = 0; i < c->n_attn; i++) {
+    const mp_calib_attn *a = &c->attn[i];
+    if (!(a->flops_per_s > 0)) continue;
+    double v = 1.0;
+    if (run)
+      v = run_weight(fmax(fabs(log2((double)a->T / (double)run->seq)),
+                          fabs(log2((double)a->hd / (double)run->head_dim))));
+    const double flops = mp_calib_attn_flops(a->backward, a->B, a->T, a->nh, a->hd);
+    sv += v;
+    svl += v * log(flops / (peak * compute_time(flops / a->flops_per_s, ovh)));
+  }
+  if (sv > 0) *attention_eff = fmin(exp(svl / sv), 1.0);
+  if (!(hbm > 0)) return;
+  double F[MP_CALIB_MAX_BW], B[MP_CALIB_MAX_BW], T[MP_CALIB_MAX_BW], V[MP_CALIB_MAX_BW];
+  int n = 0;
+  for (int i = 0; i < c->n_bw && n < MP_CALIB_MAX_BW; i++) {
+    const mp_calib_bw *b = &c->bw[i];
+    if (!(b->GBps > 0) || !(b->elems > 0)) continue;
+    const double bytes = mp_calib_bw_bytes(b->kernel, b->elems);
+    F[n] = mp_calib_bw_flops(b->kernel, b->elems) / peak; /* element-wise ops at the fp32 peak */
+    B[n] = bytes / hbm;
+    T[n] = compute_time(bytes / (b->GBps * 1e9), ovh);
+    V[n] = run ? run_weight(log2(b->elems / run_elems(run, b->kernel))) : 1.0;
+    n++;
+  }
+  *hbm_eff = hbm_fit_log(F, B, T, V, n);
+}
+
+/* The references of a cpu fit (see calibrate.h, "The fit"): the GEMM peak is the fastest
+ * curve point, or the curve's asymptote when that is higher (the curve then has E = 1
+ * exactly, never clamped); every dtype has it (the CPU computes in fp32); HBM is the
+ * copy. */
+static mp_status cpu_refs(mp_ctx *ctx, mp_calib *c, const mp_calib_gemm *pts, int n, double ovh) {
+  double p0 = 0;
+  for (int i = 0; i < n; i++)
+    if (pts[i].flops_per_s > p0) p0 = pts[i].flops_per_s;
+  double E = 0, h = 0;
+  MP_CHECK(curve_lsq(ctx, pts, n, p0, ovh, &E, &h, NULL));
+  const double peak = E > 1.0 ? p0 * E : p0;
+  c->ref_bf16_tflops = c->ref_fp8_tflops = peak * 1e-12;
+  c->ref_hbm_GBps = c->copy_GBps;
+  return MP_OK;
+}
+
+double mp_calib_bw_flops(int k, double elems) {
+  /* exec/schedule.c: FLOPS_NORM_FWD 4, _BWD 8, SWIGLU 5 / 8, ADAMW 16, ROPE 3 both ways,
+   * LOSS 5 forward and 2 backward per logit, residual 1 */
+  static const double per[MP_CALIB_BW_COUNT] = {4.0, 8.0, 5.0, 8.0, 16.0, 3.0, 3.0, 5.0, 2.0, 1.0};
+  return k >= 0 && k < MP_CALIB_BW_COUNT ? per[k] * elems : 0.0;
+}
+
+void mp_calib_run_init(mp_calib_run *r, const mp_model *m, int64_t micro_batch, int64_t seq, int tp) {
+  memset(r, 0, sizeof *r);
+  r->tokens = (double)micro_batch * (double)seq;
+  r->seq = seq;
+  r->d_model = m->d_model;
+  r->d_ff = m->d_ff;
+  r->vocab = m->vocab;
+  r->n_heads = m->n_heads;
+  r->head_dim = m->head_dim;
+  r->tp = tp > 1 ? tp : 1;
+}
+
+void mp_calib_fit_run(const mp_calib *c, const mp_calib_run *run, mp_calib_stack_fit *out) {
+  *out = c->fit;
+  if (run == NULL || strcmp(c->device, "cpu") != 0 || !(c->fit.gemm_eff_max > 0)) return;
+  if (!(run->tokens > 0) || run->seq < 1 || run->head_dim < 1 || run->d_model < 1) return;
+  double attn = 0, hbm = 0;
+  cpu_kernel_fit(c, run, &attn, &hbm);
+  if (attn > 0) out->attention_eff = attn;
+  if (hbm > 0) out->hbm_eff = hbm;
+}
+
 mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c) {
   mp_calib_stack_fit *f = &c->fit;
   memset(f, 0, sizeof *f);
-  const double peak = c->ref_bf16_tflops * 1e12, ovh = c->launch_s > 0 ? c->launch_s : 0.0;
-  if (!(peak > 0))
-    return mp_error(ctx, MP_ERR_INVALID, "calibrate: calibration of %s has no reference bf16 peak; it needs "
-                    "the GPU profile it is relative to", c->gpu_name[0] ? c->gpu_name : c->device);
+  const int cpu = strcmp(c->device, "cpu") == 0;
+  const double ovh = c->launch_s > 0 ? c->launch_s : 0.0;
   mp_calib_gemm pts[MP_CALIB_MAX_GEMM];
   int n = 0;
   for (int i = 0; i < c->n_gemm; i++)
     if (is_bf16_pass(c->gemm[i].pass)) pts[n++] = c->gemm[i];
+  if (cpu) {
+    /* an older cpu calibration (or one of BWD points only): no curve, no fit; the CPU
+     * profile takes its largest rate and the stack keeps its stated figures */
+    if (n == 0) return MP_OK;
+    MP_CHECK(cpu_refs(ctx, c, pts, n, ovh));
+  }
+  const double peak = c->ref_bf16_tflops * 1e12;
+  if (!(peak > 0))
+    return mp_error(ctx, MP_ERR_INVALID, "calibrate: calibration of %s has no reference bf16 peak; it needs "
+                    "the GPU profile it is relative to", c->gpu_name[0] ? c->gpu_name : c->device);
   if (n == 0)
     return mp_error(ctx, MP_ERR_INVALID, "calibrate: no bf16 GEMM point (fwd, dgrad or wgrad) to fit the "
                     "efficiency curve to");
@@ -658,9 +1256,12 @@ mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c) {
 
   /* float8: the bf16 curve's knee, the fp8 peak; minimise sum (w_i / E - 1)^2 with w_i =
    * the curve's time at E = 1 over the measured compute time (w_i is the point's
-   * efficiency as the curve's shape sees it). */
+   * efficiency as the curve's shape sees it). The CPU emulates float8 through its fp32
+   * GEMM: the curve's own efficiency. */
   const double peak8 = c->ref_fp8_tflops * 1e12;
-  if (c->n_f8 > 0 && peak8 > 0) {
+  if (cpu) {
+    f->fp8_gemm_eff_max = f->gemm_eff_max;
+  } else if (c->n_f8 > 0 && peak8 > 0) {
     double sw = 0, sww = 0;
     for (int i = 0; i < c->n_f8; i++) {
       const mp_calib_gemm *g = &c->f8[i];
@@ -671,12 +1272,15 @@ mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c) {
       sw += w;
       sww += w * w;
     }
-    if (sw > 0) {
-      f->fp8_gemm_eff_max = sww / sw; /* 1 / argmin_c sum (c w_i - 1)^2, argmin = sum w / sum w^2 */
-      if (f->fp8_gemm_eff_max > 1.0) f->fp8_gemm_eff_max = 1.0;
-    }
+    f->fp8_gemm_eff_max = eff_lsq(sw, sww);
+    if (f->fp8_gemm_eff_max > 1.0) f->fp8_gemm_eff_max = 1.0;
   }
-  /* attention: the FLOP total over the time total, forward and backward together */
+  if (cpu) { /* the log-ratio fits, every point weighing the same (cpu_kernel_fit) */
+    cpu_kernel_fit(c, NULL, &f->attention_eff, &f->hbm_eff);
+    return MP_OK;
+  }
+  /* cuda: attention, the FLOP total over the time total, forward and backward together
+   * (the large GPU shapes run at one rate) */
   double fl = 0, ts = 0;
   for (int i = 0; i < c->n_attn; i++) {
     const mp_calib_attn *a = &c->attn[i];
@@ -689,7 +1293,7 @@ mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c) {
     f->attention_eff = fl / (peak * ts);
     if (f->attention_eff > 1.0) f->attention_eff = 1.0;
   }
-  /* HBM: the element-wise kernels' bytes over their time, against the datasheet */
+  /* cuda: HBM, the element-wise kernels' bytes over their time, against the datasheet */
   double by = 0;
   ts = 0;
   for (int i = 0; i < c->n_bw; i++) {
@@ -747,6 +1351,13 @@ double mp_calib_gemm_peak_flops(const mp_calib *c) {
   return p;
 }
 
+double mp_calib_cpu_peak_flops(const mp_calib *c) {
+  /* with a fit, the curve's efficiencies are relative to ref_bf16: the profile must hold
+   * the same figure or every GEMM would be off by their ratio */
+  if (c->fit.gemm_eff_max > 0 && c->ref_bf16_tflops > 0) return c->ref_bf16_tflops * 1e12;
+  return mp_calib_gemm_peak_flops(c);
+}
+
 const mp_calib_coll_fit *mp_calib_link_fit(const mp_calib *c) {
   const mp_calib_coll_fit *best = NULL;
   for (int i = 0; i < c->n_coll; i++)
@@ -757,9 +1368,10 @@ const mp_calib_coll_fit *mp_calib_link_fit(const mp_calib *c) {
 }
 
 static void apply_gpu(const mp_calib *c, mp_gpu *g, const mp_calib_coll_fit *link) {
-  double peak = mp_calib_gemm_peak_flops(c);
+  double peak = mp_calib_cpu_peak_flops(c);
   if (peak > 0)
     for (int d = 0; d < MP_DTYPE_COUNT; d++) g->peak_tflops[d] = peak * 1e-12;
+  /* the fit's hbm_eff is relative to ref_hbm, which is this copy figure */
   if (c->copy_GBps > 0) g->hbm_GBps = c->copy_GBps;
   if (link) g->nvlink_GBps_per_dir = link->beta_GBps;
   snprintf(g->source, sizeof g->source, "calibration #%lld of %s (%d threads x %d ranks) on %s at %s",
@@ -808,12 +1420,26 @@ mp_status mp_calib_apply_checked(mp_ctx *ctx, const mp_calib *c, mp_gpu *gpu, mp
 }
 
 mp_status mp_calib_apply_stack(mp_ctx *ctx, const mp_calib *c, mp_stack_profile *stack, mp_gemm_table *table) {
-  if (strcmp(c->device, "cuda") != 0) return MP_OK;
-  if (strcmp(stack->name, "meshplan-cuda") != 0)
+  return mp_calib_apply_stack_run(ctx, c, NULL, stack, table);
+}
+
+mp_status mp_calib_apply_stack_run(mp_ctx *ctx, const mp_calib *c, const mp_calib_run *run,
+                                   mp_stack_profile *stack, mp_gemm_table *table) {
+  const int cpu = strcmp(c->device, "cpu") == 0;
+  mp_calib_stack_fit fit;
+  mp_calib_fit_run(c, run, &fit);
+  const mp_calib_stack_fit *f = &fit;
+  if (cpu) {
+    /* the fit describes meshplan's CPU kernels; another stack's figures are its own, and
+     * an older calibration (no fit) leaves the stated meshplan-cpu figures */
+    if (strcmp(stack->name, "meshplan-cpu") != 0 || !(f->gemm_eff_max > 0)) return MP_OK;
+  } else if (strcmp(c->device, "cuda") != 0) {
+    return MP_OK;
+  } else if (strcmp(stack->name, "meshplan-cuda") != 0) {
     return mp_error(ctx, MP_ERR_INVALID, "calibration #%lld measured meshplan's CUDA kernels: it applies to the "
                     "meshplan-cuda stack, not %s; pass --stack meshplan-cuda or drop --calibration",
                     (long long)c->id, stack->name);
-  const mp_calib_stack_fit *f = &c->fit;
+  }
   if (!(f->gemm_eff_max > 0))
     return mp_error(ctx, MP_ERR_INVALID, "calibration #%lld holds no GEMM fit; run meshplan calibrate --device "
                     "cuda again", (long long)c->id);
@@ -829,10 +1455,17 @@ mp_status mp_calib_apply_stack(mp_ctx *ctx, const mp_calib *c, mp_stack_profile 
     mp_calib_gemm_table(c, table);
     stack->gemm_table = table;
   }
-  snprintf(stack->source, sizeof stack->source,
-           "calibration #%lld of cuda on %s (%s datasheet peaks) on %s at %s; GEMM %s", (long long)c->id,
-           c->gpu_name, c->gpu_profile, c->host, c->created_at,
-           stack->gemm_table ? "curve with the by-shape correction" : "curve");
+  if (cpu)
+    snprintf(stack->source, sizeof stack->source,
+             "calibration #%lld of cpu (%d threads x %d ranks) on %s at %s; GEMM %s; attention and element-wise %s",
+             (long long)c->id, c->threads, c->world, c->host, c->created_at,
+             stack->gemm_table ? "curve with the by-shape correction" : "curve",
+             run ? "at the run's sizes" : "over every size");
+  else
+    snprintf(stack->source, sizeof stack->source,
+             "calibration #%lld of cuda on %s (%s datasheet peaks) on %s at %s; GEMM %s", (long long)c->id,
+             c->gpu_name, c->gpu_profile, c->host, c->created_at,
+             stack->gemm_table ? "curve with the by-shape correction" : "curve");
   return MP_OK;
 }
 
@@ -871,8 +1504,17 @@ void mp_calib_summary(const mp_calib *c, char *buf, size_t cap) {
   const mp_calib_coll_fit *link = mp_calib_link_fit(c);
   int n = snprintf(buf, cap, "#%lld %s on %s, %d thread%s x %d rank%s, %s: GEMM %.2f GFLOP/s, copy %.2f GB/s",
                    (long long)c->id, c->device, c->host, c->threads, c->threads == 1 ? "" : "s", c->world,
-                   c->world == 1 ? "" : "s", c->created_at, mp_calib_gemm_peak_flops(c) * 1e-9, c->copy_GBps);
+                   c->world == 1 ? "" : "s", c->created_at, mp_calib_cpu_peak_flops(c) * 1e-9, c->copy_GBps);
   if (n < 0 || (size_t)n >= cap) return;
+  if (c->fit.gemm_eff_max > 0) {
+    const mp_calib_stack_fit *f = &c->fit;
+    int m = snprintf(buf + n, cap - (size_t)n,
+                     ", gemm_eff_max %.2f half_mnk %.2g%s, attention_eff %.3f, hbm_eff %.3f, kernel_overhead %.2f us",
+                     f->gemm_eff_max, f->gemm_eff_half_mnk, f->gemm_table ? " (+ by shape)" : "", f->attention_eff,
+                     f->hbm_eff, f->kernel_overhead_us);
+    if (m < 0 || (size_t)m >= cap - (size_t)n) return;
+    n += m;
+  }
   if (link)
     snprintf(buf + n, cap - (size_t)n, ", link %.3f GB/s %.2f us (all_reduce, %d ranks)", link->beta_GBps,
              link->alpha_s * 1e6, link->group_size);

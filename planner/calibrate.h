@@ -1,26 +1,51 @@
 /* Calibration: measured rates of this machine and how they reach the simulator.
  *
- * Two devices. "cpu": GEMM rates, memory copy bandwidth and MPI collective bandwidth per
- * group size, which replace the figures of the CPU profile and a cluster (exec/cluster.h).
+ * Two devices. "cpu": meshplan's C kernels (kernels/cpu through mp_backend_cpu(), fp32,
+ * with the OpenMP team the run will use: OMP_NUM_THREADS), memory copy bandwidth and MPI
+ * collective bandwidth per group size; the rates replace the figures of the CPU profile
+ * and a cluster (exec/cluster.h), and a fit of the kernels (GEMM curve, attention,
+ * element-wise, per-op overhead) goes into the meshplan-cpu stack profile (sim/sim.h).
  * "cuda": GEMM, attention, element-wise and launch figures of meshplan's CUDA kernels on
- * one GPU, fitted into the efficiencies of the meshplan-cuda stack profile (sim/sim.h)
- * relative to the GPU profile's datasheet peaks (see "CUDA" below).
+ * one GPU, fitted into the efficiencies of the meshplan-cuda stack profile relative to
+ * the GPU profile's datasheet peaks (see "CUDA" below). Both fits are one code
+ * (mp_calib_fit_stack); the references and the weighting of a few figures differ, as said
+ * under "The fit".
  *
- * What is measured on the CPU (mp_calib_measure with the cpu backend):
- *   - GEMM: the CPU backend's matmul_forward (2NKM FLOP) and matmul_backward with both
- *     dinp and dweight (4NKM FLOP) at each shape, median of `reps` timed calls after one
- *     warm-up, with the OpenMP team the runtime uses (every thread).
- *   - Copy: memcpy of a buffer far larger than the caches, split over the OpenMP team;
- *     GB/s counts bytes read plus bytes written (STREAM's convention, and the simulator's:
- *     an op's `bytes` is what it reads and writes).
+ * What is measured on the CPU (mp_calib_measure with the cpu backend). Every kernel
+ * figure is the median over `reps` timed repetitions after one untimed warm-up call; one
+ * repetition is a loop of back-to-back calls (as many as make it last about 2 ms, at
+ * most 1000; the same count on every rank: the largest any rank asks for) and the figure
+ * is per call, as the runtime calls kernels one after another on warm caches. The
+ * repetitions are taken in rounds over every point (one loop of each, in order, per
+ * round), so a burst of other work on the machine spoils one repetition of many points,
+ * which the median drops, rather than every repetition of a few. Inputs are small values
+ * of both signs, never zeros.
+ *   - launch: scale_f32 on one element: the per-op cost of a kernel that does no work
+ *     (kernel_overhead_us).
+ *   - GEMM: at each shape N x K x M (Linear out (N, M) = inp (N, K) W (M, K)^T) the
+ *     forward, dgrad (dinp += dout W) and wgrad (dW += dout^T inp) GEMMs, 2NKM FLOP
+ *     each (the schedule's three GEMM variants). Defaults: the tiny models' Linears at
+ *     256 tokens (and their experts' at 64 rows) up to 1024 x 1024 x 4096: 45 points.
+ *     A point of pass BWD (matmul_backward with both outputs, 4NKM) is still measured
+ *     when asked for (and read from older calibrations), but stays out of the curve.
+ *   - attention: attention_forward and attention_backward at (B, T, nh, nkv, hd) points
+ *     with the simulator's FLOPs (as for CUDA below), from the tiny models' shape up.
+ *   - bandwidth: memcpy of a buffer far larger than the caches, split over the OpenMP
+ *     team (the reference; GB/s counts bytes read plus bytes written, STREAM's convention
+ *     and the simulator's), and the element-wise kernels rmsnorm, swiglu and RoPE forward
+ *     and backward, cross-entropy forward and backward, AdamW and the residual add, each
+ *     at the tiny models' size, a cache-sized one and a large one, with bytes as the
+ *     simulator counts them (mp_calib_bw_bytes: the schedule's bf16 bytes, so the fp32 CPU
+ *     kernels move twice what is counted, which the fitted efficiency absorbs).
  *   - Collectives (world > 1 only): for each group size g in {2, 4, 8, ...} dividing the
  *     world, plus the world itself, the world is cut into world/g groups of g consecutive
  *     ranks (mesh dp_replicate = world/g, dp_shard = g) and every group runs all-reduce,
  *     all-gather, reduce-scatter and all-to-all at once, as they do in training. Each
  *     message size is timed over a loop of calls between barriers; the per-call median
  *     over `reps` loops, the slowest rank's, is the figure.
- *   With several ranks, GEMM and copy run on every rank at once (the per-rank rates of a
- *   training job on this machine) and the figures are the mean over ranks.
+ *   With several ranks, every kernel figure and the copy run on every rank at once (the
+ *   per-rank rates of a training job on this machine) and the figures are the mean over
+ *   ranks.
  *
  * Bus bandwidth follows nccl-tests and sim/network.c: with `bytes` the payload as the
  * simulator defines it (the full tensor for all-reduce, all-gather and reduce-scatter;
@@ -53,23 +78,43 @@
  *     error there (or an older GPU) is recorded in f8_unavailable, not a failure.
  *     Attention errors likewise (attn_unavailable): both kernels are optional figures.
  *
- * The fit (mp_calib_fit_stack), against the GPU profile's datasheet peaks (gpu_profile;
- * the stack profile's efficiencies are defined relative to them, so a stack efficiency
- * of 0.75 means 75 % of the datasheet's dense bf16 TFLOP/s). The simulator costs an op
- * as compute + kernel_overhead, so every fit works on the measured time less the launch
- * figure (at least half the measured time is kept, so noise cannot leave nothing):
+ * The fit (mp_calib_fit_stack). The stack profile's efficiencies are relative to the
+ * profile's peaks (sim/sim.c), so the fit is made against the figures the profile will
+ * hold, ref_*: for cuda the GPU profile's datasheet (a stack efficiency of 0.75 means 75 %
+ * of the datasheet's dense bf16 TFLOP/s); for cpu what mp_calib_apply writes into the CPU
+ * profile: the GEMM peak (the fastest GEMM point, or the curve's asymptote when that is
+ * higher, so the curve is never clamped) for every dtype, and the copy bandwidth as HBM.
+ * The simulator costs an op as compute + kernel_overhead, so every fit works on the
+ * measured time less the launch figure (at least half the measured time is kept, so
+ * noise cannot leave nothing):
  *   - GEMM curve: eff(x) = gemm_eff_max x / (x + gemm_eff_half_mnk), x = N K M, means
  *     t = flops / (peak E) + 2 h / (peak E): a time per FLOP and a constant, linear in
  *     (1/E, h/E). Least squares on the relative error of the time (each point weighs
  *     the same), closed form; a negative h is clamped to 0, an E above 1 to 1 (the
  *     datasheet is the ceiling) with h refitted.
- *   - fp8_gemm_eff_max: the float8 points against the fp8 peak with the bf16 curve's h,
- *     least squares on relative time error.
- *   - attention_eff: sum of FLOPs / (bf16 peak x sum of times), forward and backward
- *     together (what the simulator's one figure must reproduce for a layer).
- *   - hbm_eff: sum of bytes / (datasheet HBM GB/s x sum of times) over the element-wise
- *     kernels (not the copy, which is the reference they are compared with).
- *   - by shape: log2(measured / curve efficiency) per bf16 point (sim/gemm_table.h).
+ *   - fp8_gemm_eff_max: cuda: the float8 points against the fp8 peak with the bf16
+ *     curve's h, least squares on relative time error. cpu: gemm_eff_max (float8 is
+ *     emulated: fake-quantized operands through the fp32 GEMM).
+ *   - attention_eff: cuda: sum of FLOPs / (bf16 peak x sum of times), forward and
+ *     backward together (the large GPU shapes run at one rate). cpu: least squares on
+ *     the log of predicted over measured time, each point weighing the same: the
+ *     geometric mean of the points' efficiencies (a FLOP total would be the largest
+ *     shape's rate alone; the relative error, which caps an under-prediction's cost at 1
+ *     and not an over-prediction's, fits the fastest points of the CPU kernels' tenfold
+ *     spread and under-predicts the others).
+ *   - hbm_eff: the element-wise kernels' bytes against the reference bandwidth (not the
+ *     copy, which is the reference they are compared with). cuda: bytes total over time
+ *     total. cpu: the log-ratio least squares as attention, each point predicted as the
+ *     simulator does, max(flops at the fp32 peak, bytes at hbm_eff x copy) (a point bound
+ *     by its flops says nothing of the bandwidth), and not capped at 1: small tensors
+ *     stay in cache, faster than the DRAM copy.
+ *   The CPU kernels' rates vary with the size more than one figure can say (element-wise
+ *   kernels run on one thread up to 2^14..2^16 elements; attention with 8-wide heads
+ *   reaches half the rate of 64-wide ones), so a run refits attention_eff and hbm_eff at
+ *   its own sizes (mp_calib_run, mp_calib_fit_run): the points near them weigh most, as
+ *   the by-shape GEMM correction takes the nearest measured shape. The stored fit weighs
+ *   every point the same (what `calibrate` prints, and what applies without a run).
+ *   - by shape: log2(measured / curve efficiency) per GEMM point (sim/gemm_table.h).
  *     The simulator uses this correction only when it predicts held-out shapes clearly
  *     better than the curve (each point predicted from its nearest other point, leave
  *     one out; rms time error lower by a tenth and by a percentage point at least);
@@ -86,6 +131,7 @@
 #include "common/status.h"
 #include "exec/cluster.h"
 #include "exec/comm/comm.h"
+#include "exec/model.h"
 #include "kernels/ops.h"
 #include "sim/gemm_table.h"
 #include "sim/sim.h"
@@ -99,6 +145,7 @@ extern "C" {
 #define MP_CALIB_MAX_GROUPS 8
 #define MP_CALIB_MAX_ATTN 16
 #define MP_CALIB_MAX_F8 16
+#define MP_CALIB_MAX_BW 48
 
 /* The collectives calibrated (the simulator's ring model covers these four). */
 typedef enum mp_calib_coll {
@@ -141,19 +188,29 @@ typedef struct mp_calib_attn {
 /* Forward 2 B T^2 nh hd, backward twice that (exec/schedule.c's causal counts). */
 double mp_calib_attn_flops(int backward, int B, int T, int nh, int hd);
 
-/* Memory-bound kernels timed for the HBM efficiency (copy is the reference). */
+/* Memory-bound kernels timed for the HBM efficiency (copy is the reference). cuda times
+ * the first five; cpu every one. Stored by name: the values may grow, never reorder. */
 typedef enum mp_calib_bw_kernel {
   MP_CALIB_BW_RMSNORM_FWD = 0, /* (rows, cols) bf16: 4 bytes per element */
   MP_CALIB_BW_RMSNORM_BWD,     /* 6 bytes per element */
   MP_CALIB_BW_SWIGLU_FWD,      /* 6 bytes per element of the output */
   MP_CALIB_BW_SWIGLU_BWD,      /* 10 bytes per element */
   MP_CALIB_BW_ADAMW,           /* 28 bytes per parameter (7 fp32 tensors) */
+  MP_CALIB_BW_ROPE_FWD,        /* (tokens, heads x hd): 4 bytes per element */
+  MP_CALIB_BW_ROPE_BWD,        /* 4 bytes per element */
+  MP_CALIB_BW_CE_FWD,          /* cross-entropy (tokens, vocab): 10 bytes per logit */
+  MP_CALIB_BW_CE_BWD,          /* 8 bytes per logit */
+  MP_CALIB_BW_RESIDUAL,        /* residual add (accumulate): 6 bytes per element */
   MP_CALIB_BW_COUNT
 } mp_calib_bw_kernel;
+#define MP_CALIB_BW_CUDA_COUNT 5 /* rmsnorm_fwd .. adamw */
 
 const char *mp_calib_bw_name(int k); /* "rmsnorm_fwd", ...; "?" */
 /* Bytes the simulator counts for kernel k over `elems` elements (exec/schedule.c). */
 double mp_calib_bw_bytes(int k, double elems);
+/* FLOPs the simulator counts for kernel k over `elems` elements (exec/schedule.c): its
+ * element-wise time is max(flops / fp32 peak, bytes / (hbm x hbm_eff)). */
+double mp_calib_bw_flops(int k, double elems);
 
 typedef struct mp_calib_bw {
   int kernel;   /* mp_calib_bw_kernel */
@@ -161,9 +218,9 @@ typedef struct mp_calib_bw {
   double GBps;  /* mp_calib_bw_bytes / time / 1e9 */
 } mp_calib_bw;
 
-/* What the simulator takes from a "cuda" calibration: the meshplan-cuda stack profile's
- * figures (sim/sim.h), relative to the datasheet figures ref_* of the calibration. A
- * figure that was not measured is 0 (the stack keeps its stated one). */
+/* What the simulator takes from a calibration's kernels: the meshplan-cuda or meshplan-cpu
+ * stack profile's figures (sim/sim.h), relative to the figures ref_* of the calibration.
+ * A figure that was not measured is 0 (the stack keeps its stated one). */
 typedef struct mp_calib_stack_fit {
   double gemm_eff_max, gemm_eff_half_mnk;
   double gemm_curve_rms;  /* rms relative time error of the curve over the bf16 points */
@@ -203,12 +260,18 @@ typedef struct mp_calib {
   char gpu_name[96];      /* the device's own name ("NVIDIA H100 80GB HBM3") */
   char gpu_profile[64];   /* data/gpus profile the efficiencies are relative to */
   int compute_capability; /* 90 for sm_90 */
-  double ref_bf16_tflops, ref_fp8_tflops, ref_hbm_GBps; /* that profile's datasheet figures */
+  /* ---- the kernels and their fit: cuda, and cpu calibrations since the cpu fit (older
+   * cpu ones hold none of these: all zero, the stack is left alone) ---- */
+  /* what the efficiencies are relative to: cuda, that profile's datasheet figures; cpu,
+   * the GEMM peak (every dtype) and the copy bandwidth that mp_calib_apply writes into
+   * the CPU profile */
+  double ref_bf16_tflops, ref_fp8_tflops, ref_hbm_GBps;
   double launch_s;        /* per call of a kernel doing no work */
   int n_attn;
   mp_calib_attn attn[MP_CALIB_MAX_ATTN];
   int n_bw;
-  mp_calib_bw bw[MP_CALIB_BW_COUNT];
+  mp_calib_bw bw[MP_CALIB_MAX_BW];
+  /* ---- cuda only ---- */
   int n_f8;
   mp_calib_gemm f8[MP_CALIB_MAX_F8]; /* E4M3 x E4M3 forward GEMMs (pass FWD) */
   char f8_unavailable[256];   /* why float8 was not measured; "" when it was */
@@ -220,7 +283,7 @@ typedef struct mp_calib_options {
   int reps;   /* timed repetitions per figure (median); >= 1 */
   int n_gemm; /* shapes below; 0: the device's defaults */
   struct {
-    int pass, N, K, M; /* pass: mp_calib_gemm_pass (cpu: FWD or BWD; cuda: FWD, DGRAD, WGRAD) */
+    int pass, N, K, M; /* pass: mp_calib_gemm_pass (cpu: any; cuda: FWD, DGRAD, WGRAD) */
   } gemm[MP_CALIB_MAX_GEMM];
   int n_sizes; /* collective payload sizes in bytes; 0: the defaults */
   double sizes_bytes[MP_CALIB_MAX_SIZES];
@@ -238,11 +301,27 @@ typedef struct mp_calib_options {
   } f8[MP_CALIB_MAX_F8];
   int norm_rows, norm_cols; /* rmsnorm (N, C) */
   int64_t swiglu_elems, adamw_elems;
+  /* cpu only; 0: the defaults. Element-wise points: kernel (mp_calib_bw_kernel) on rows x
+   * cols elements: rmsnorm (N, C), swiglu (N, F), RoPE (tokens, heads x hd) with head
+   * dimension hd, cross-entropy (tokens, vocab), AdamW and residual rows x cols. */
+  int n_bw;
+  struct {
+    int kernel, rows, cols, hd;
+  } bw[MP_CALIB_MAX_BW];
 } mp_calib_options;
 
-/* CPU defaults: reps 5; GEMMs forward and backward at the tiny-dense model's shapes (256
- * tokens: 256x64x192, 256x192x64, 256x64x256) and at 512^3 and 1024^3; payloads 4 KiB,
- * 64 KiB, 1 MiB, 8 MiB; copy 64 MiB. */
+/* CPU defaults (mp_calib_options_init_cpu(o, 0)): reps 5; GEMMs fwd, dgrad and wgrad at
+ * the tiny models' Linears (256 tokens: 256x64x64, 256x64x32, 256x64x192, 256x192x64,
+ * 256x64x256, 256x64x8; the experts' 64x64x32 and 64x32x64), and 512x256x256,
+ * 512x256x1024, 512x1024x256, 1024x512x512, 1024x1024x1024, 1024x1024x4096, 1024x4096x1024;
+ * attention (B, T, nh, nkv, hd) (4, 64, 8, 4, 8), (4, 128, 8, 4, 8), (4, 256, 8, 4, 16),
+ * (2, 256, 8, 4, 64), (1, 512, 8, 4, 64); every element-wise kernel at the tiny models'
+ * size, 2^18 and 2^22 elements; payloads 256 B, 4 KiB, 64 KiB, 1 MiB, 8 MiB; copy 64 MiB.
+ * quick: reps 3, the GEMMs 256x64x192, 256x192x64, 256x64x256, 1024x1024x1024, attention
+ * (4, 64, 8, 4, 8) and (2, 256, 8, 4, 64), the element-wise kernels at the tiny size
+ * only, copy 16 MiB: a check in a second or two, a rougher fit. */
+void mp_calib_options_init_cpu(mp_calib_options *o, int quick);
+/* mp_calib_options_init_cpu(o, 0). */
 void mp_calib_options_init(mp_calib_options *o);
 /* CUDA defaults: reps 7; the 81 GEMM points of the header comment; attention (B, T) in
  * {(16, 1024), (8, 2048), (4, 4096), (2, 8192)} with nh 16, nkv 8, hd 128, and (8, 2048)
@@ -255,8 +334,9 @@ void mp_calib_options_init_cuda(mp_calib_options *o, int quick);
 /* Measures on every rank of comm (collective over comm's world when its backend is
  * "mpi": every rank must call it). be is the CPU backend, or the CUDA backend with a
  * world of 1 (kc initialised either way). Sub-group communicators are created from
- * MPI_COMM_WORLD and freed before returning. A cuda measurement ends with
- * mp_calib_fit_stack; opts NULL: the device's defaults. */
+ * MPI_COMM_WORLD and freed before returning. Ends with mp_calib_fit_stack. opts NULL: the
+ * device's defaults; a group of opts with no points (n_gemm, n_attn, n_bw 0): that
+ * group's defaults. */
 mp_status mp_calib_measure(mp_ctx *ctx, mp_comm *comm, const mp_backend *be, mp_kctx *kc,
                            const mp_calib_options *opts, mp_calib *out);
 
@@ -303,26 +383,55 @@ mp_status mp_calib_measure_cuda(mp_ctx *ctx, const mp_backend *be, mp_kctx *kc,
 mp_status mp_calib_fit_gemm_curve(mp_ctx *ctx, const mp_calib_gemm *g, int n, double peak_flops,
                                   double overhead_s, double *eff_max, double *half_mnk,
                                   double *rms_rel);
-/* Fills c->fit from c's cuda points and ref_* (bf16 GEMM points are required; attention,
- * bandwidth and float8 figures stay 0 when not measured). MP_ERR_INVALID when c holds no
- * bf16 GEMM point of pass FWD, DGRAD or WGRAD or no reference peak. */
+/* The sizes of the run a cpu calibration is applied to (mp_calib_apply_stack_run): the
+ * CPU kernels' rates change with the size more than one figure can hold (an element-wise
+ * kernel runs on one thread up to 2^14..2^16 elements and on the team above; attention
+ * with 8-wide heads reaches half the rate of 64-wide ones), so attention_eff and hbm_eff
+ * are refitted with the points near the run's sizes weighing most. */
+typedef struct mp_calib_run {
+  double tokens; /* per micro-batch on one rank: micro-batch x seq */
+  int64_t seq, d_model, d_ff, vocab, n_heads, head_dim;
+  int tp; /* the run's tensor-parallel degree (its shards are 1/tp wide); 1 when unknown */
+} mp_calib_run;
+#define MP_CALIB_RUN_REACH 2.0 /* octaves at which a point stops weighing: a factor of 4, as sim/gemm_table.h */
+
+/* The run of m at micro_batch x seq tokens per rank and tensor parallelism tp (<= 1: 1). */
+void mp_calib_run_init(mp_calib_run *r, const mp_model *m, int64_t micro_batch, int64_t seq, int tp);
+
+/* c->fit, with a cpu calibration's attention_eff and hbm_eff refitted for run (see
+ * "The fit"): each point weighs 1 - d / MP_CALIB_RUN_REACH (0 beyond), d the largest
+ * log2 distance from the run's size (attention: T from seq and hd from head_dim;
+ * element-wise: the elements from the run's tensor of that kernel: tokens x d_model for
+ * rmsnorm and the residual, x d_ff / tp for swiglu, x n_heads hd / tp for RoPE, x vocab
+ * for cross-entropy, d_model x d_ff / tp parameters for AdamW). A figure no point weighs
+ * keeps the stored fit's. run NULL, or a cuda calibration: c->fit as stored. */
+void mp_calib_fit_run(const mp_calib *c, const mp_calib_run *run, mp_calib_stack_fit *out);
+
+/* Fills c->fit from c's points and ref_* (attention, bandwidth and float8 figures stay 0
+ * when not measured). cuda: GEMM points of pass FWD, DGRAD or WGRAD are required, and
+ * the reference peaks (MP_ERR_INVALID otherwise). cpu: sets ref_* first (see "The fit");
+ * a calibration without such GEMM points (older ones, or BWD points only) gets no fit
+ * (all zero: the stack keeps its stated figures), which is not an error. */
 mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c);
-/* The by-shape correction of c's bf16 points (sim/gemm_table.h), from c->fit's curve. */
+/* The by-shape correction of c's GEMM points (sim/gemm_table.h), from c->fit's curve. */
 void mp_calib_gemm_table(const mp_calib *c, mp_gemm_table *t);
 
 /* Fits alpha and beta of f->bytes/time_s (n_sizes >= 1) into f->alpha_s, f->beta_GBps and
  * fills f->busbw_GBps. MP_ERR_INVALID when a time or size is not positive. */
 mp_status mp_calib_fit(mp_ctx *ctx, mp_calib_coll_fit *f);
 
-/* The GEMM rate the simulator takes as the peak: the largest measured (the simulator's
- * stack profile scales small GEMMs down itself). 0 when none was measured. */
+/* The largest GEMM rate measured (any pass). 0 when none was measured. */
 double mp_calib_gemm_peak_flops(const mp_calib *c);
+/* The GEMM rate a cpu calibration writes into the CPU profile as its peak: ref_bf16 when
+ * the calibration holds a fit (the curve's efficiencies are relative to it), else the
+ * largest measured (older calibrations: the stated stack scales small GEMMs down). */
+double mp_calib_cpu_peak_flops(const mp_calib *c);
 /* The fit the cluster's single intra-node link takes: all-reduce (the collective
  * nccl-tests quote) at the largest group measured; NULL when world was 1. */
 const mp_calib_coll_fit *mp_calib_link_fit(const mp_calib *c);
 
 /* Writes the measured figures into a CPU profile. gpu (may be NULL): peak_tflops of every
- * dtype = the GEMM peak (the CPU computes everything in fp32), hbm_GBps = copy_GBps,
+ * dtype = mp_calib_cpu_peak_flops (the CPU computes everything in fp32), hbm_GBps = copy_GBps,
  * source notes the calibration; and, when a link fit exists, nvlink_GBps_per_dir = its
  * beta. cluster (may be NULL): its embedded gpu the same way, and, with a link fit,
  * intra_node_GBps_per_gpu = beta and intra_node_latency_us = alpha. Nothing else
@@ -336,16 +445,21 @@ void mp_calib_apply(const mp_calib *c, mp_gpu *gpu, mp_cluster *cluster);
  * are what the stack efficiencies are relative to (mp_calib_apply_stack carries them). */
 mp_status mp_calib_apply_checked(mp_ctx *ctx, const mp_calib *c, mp_gpu *gpu, mp_cluster *cluster);
 
-/* A cuda calibration's fit into the meshplan-cuda stack profile (the kernels it
- * measured): gemm_eff_max, gemm_eff_half_mnk, hbm_eff, kernel_overhead, and
- * fp8_gemm_eff_max and attention_eff where measured; source names the calibration.
- * table (may be NULL): filled with the by-shape correction and pointed at by
- * stack->gemm_table when fit.gemm_table says the simulator uses it (it must outlive the
- * stack's use); otherwise stack->gemm_table = NULL. Link, comm and memory figures stay.
- * A cpu calibration leaves the stack alone (its rates went into the CPU profile).
- * MP_ERR_INVALID: a cuda calibration and a stack other than meshplan-cuda. */
+/* A calibration's fit into the stack profile of the kernels it measured (cuda:
+ * meshplan-cuda; cpu: meshplan-cpu): gemm_eff_max, gemm_eff_half_mnk, hbm_eff,
+ * kernel_overhead, and fp8_gemm_eff_max and attention_eff where measured; source names
+ * the calibration. table (may be NULL): filled with the by-shape correction and pointed
+ * at by stack->gemm_table when fit.gemm_table says the simulator uses it (it must outlive
+ * the stack's use); otherwise stack->gemm_table = NULL. Link, comm and memory figures
+ * stay. A cpu calibration leaves any other stack alone (its rates went into the CPU
+ * profile; that stack's efficiencies are its own), and so does a cpu calibration without
+ * a fit (older ones). MP_ERR_INVALID: a cuda calibration and a stack other than
+ * meshplan-cuda, or a fit without a GEMM curve. */
 mp_status mp_calib_apply_stack(mp_ctx *ctx, const mp_calib *c, mp_stack_profile *stack,
                                mp_gemm_table *table);
+/* mp_calib_apply_stack with the fit of mp_calib_fit_run(c, run) (run may be NULL). */
+mp_status mp_calib_apply_stack_run(mp_ctx *ctx, const mp_calib *c, const mp_calib_run *run,
+                                   mp_stack_profile *stack, mp_gemm_table *table);
 
 /* Loads the newest calibration of `device` from the database at db_path
  * (planner/calib_store.h) and applies it with mp_calib_apply_checked (gpu and cluster may
@@ -360,7 +474,9 @@ mp_status mp_calib_load_apply_stack(mp_ctx *ctx, const char *db_path, const char
                                     mp_calib *out);
 
 /* One line naming the calibration: "#3 cpu on host, 2 threads x 1 rank, 2026-11-02T10:00:00Z:
- * GEMM 41.2 GFLOP/s, copy 9.8 GB/s, link 3.10 GB/s 4.2 us (all_reduce, 2 ranks)"; for
+ * GEMM 41.2 GFLOP/s, copy 9.8 GB/s, link 3.10 GB/s 4.2 us (all_reduce, 2 ranks)" (with a
+ * fit: ", gemm_eff_max 0.91 half_mnk 2.1e+05, attention_eff 0.120, hbm_eff 0.640,
+ * kernel_overhead 0.03 us" after the copy); for
  * cuda "#4 cuda on host, NVIDIA H100 80GB HBM3 (h100-sxm, sm_90), <time>: gemm_eff_max
  * 0.780 half_mnk 1.9e+09, attention_eff 0.520, hbm_eff 0.850, fp8_gemm_eff_max 0.610,
  * kernel_overhead 2.9 us". */

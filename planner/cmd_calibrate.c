@@ -3,9 +3,10 @@
  * the newest one of the device up.
  *
  * --device cpu: world size 1 runs without mpirun (no MPI at all: the "single"
- * communicator), which measures GEMM and copy rates only. Under `mpirun -np N` every rank
- * measures together and the collectives are timed per group size; rank 0 prints and
- * writes the database. As in `meshplan train`, the checks that need no measurement
+ * communicator), which measures the CPU backend's kernels (launch, GEMM, attention,
+ * element-wise) and the copy, and fits the meshplan-cpu stack to them. Under `mpirun -np
+ * N` every rank measures together and the collectives are timed per group size too;
+ * rank 0 prints and writes the database. As in `meshplan train`, the checks that need no measurement
  * (device, options) happen on every rank before any communication, so a bad command line
  * ends every rank at once.
  *
@@ -32,17 +33,17 @@
 static mp_opt k_opts[] = {
     {"--device", "D", "cpu, or cuda / cuda:N for GPU N (default cpu)", NULL},
     {"--db", "PATH", "planner database that stores the calibration (default meshplan.db)", NULL},
-    {"--reps", "N", "timed repetitions per figure, median taken (default 5 on cpu, 7 on cuda)", NULL},
+    {"--reps", "N", "timed repetitions per figure, median taken (default 5 on cpu, 7 on cuda; 3 with --quick)", NULL},
     {"--gpu", "PROFILE", "cuda: GPU profile (data/gpus stem or path) the efficiencies are relative to "
                          "(default: the one matching the device's name)", NULL},
-    {"--quick", NULL, "cuda: a reduced set of shapes (seconds, a rougher fit)", NULL},
+    {"--quick", NULL, "a reduced set of shapes (seconds, a rougher fit)", NULL},
     {"--json", NULL, "print one JSON object instead of the table", NULL},
     {NULL, NULL, NULL, NULL},
 };
 
 static mp_cmd_spec k_spec = {
-    "calibrate", "Measure this machine for the simulator: CPU GEMM, memory and collective rates, or the "
-    "efficiencies of meshplan's CUDA kernels on a GPU.",
+    "calibrate", "Measure this machine for the simulator: the CPU kernels (fitted into the meshplan-cpu stack), "
+    "memory and collective rates, or the efficiencies of meshplan's CUDA kernels on a GPU.",
     "--device cpu|cuda[:N] [--db PATH] [--reps N] [--gpu PROFILE] [--quick] [--json]   "
     "(mpirun -np N meshplan calibrate --device cpu ... for collectives)",
     k_opts, 0};
@@ -56,8 +57,72 @@ static void size_label(double bytes, char *buf, size_t cap) {
     snprintf(buf, cap, "%g B", bytes);
 }
 
+/* The GEMM curve's prediction of a point, launch included, as the simulator makes it. */
+static double curve_pred_s(const mp_calib *c, int pass, int N, int K, int M, double peak, double eff_max,
+                           double half) {
+  const double flops = mp_calib_gemm_flops(pass, N, K, M), x = (double)N * K * M;
+  return flops / (peak * eff_max) * (1.0 + half / x) + c->launch_s;
+}
+
+/* The GEMM points beside the fit's curve (rate x scale in unit, efficiency against peak,
+ * the curve's efficiency there and its time error), then the curve and the by-shape
+ * correction's verdict. */
+static void print_gemm_rows(const mp_calib *c, double peak, double scale, const char *unit) {
+  const mp_calib_stack_fit *f = &c->fit;
+  printf("  %-6s %6s %6s %6s %9s %7s %7s %7s\n", "pass", "N", "K", "M", unit, "eff", "curve", "err %");
+  for (int i = 0; i < c->n_gemm; i++) {
+    const mp_calib_gemm *g = &c->gemm[i];
+    const double flops = mp_calib_gemm_flops(g->pass, g->N, g->K, g->M), t = flops / g->flops_per_s;
+    const double x = (double)g->N * g->K * g->M;
+    const double pred = curve_pred_s(c, g->pass, g->N, g->K, g->M, peak, f->gemm_eff_max, f->gemm_eff_half_mnk);
+    printf("  %-6s %6d %6d %6d %9.2f %7.3f %7.3f %+7.1f\n", mp_calib_gemm_pass_name(g->pass), g->N, g->K, g->M,
+           g->flops_per_s * scale, g->flops_per_s / peak, f->gemm_eff_max * x / (x + f->gemm_eff_half_mnk),
+           100.0 * (pred - t) / t);
+  }
+  printf("  curve: gemm_eff_max %.3f, gemm_eff_half_mnk %.3g (rms time error %.1f %%)\n", f->gemm_eff_max,
+         f->gemm_eff_half_mnk, 100.0 * f->gemm_curve_rms);
+  printf("  by shape, leave one out (nearest measured shape within 4x): rms time error %.1f %%: the simulator "
+         "uses %s\n\n", 100.0 * f->gemm_table_rms, f->gemm_table ? "the curve with the by-shape correction"
+                                                                  : "the curve alone");
+}
+
+/* The cpu kernels and their fit (a calibration with a fit; an older one has neither). */
+static void print_cpu_kernels(const mp_calib *c) {
+  const mp_calib_stack_fit *f = &c->fit;
+  const double peak = c->ref_bf16_tflops * 1e12, hbm = c->ref_hbm_GBps;
+  printf("every kernel figure: median of the repetitions, per call in a loop of back-to-back calls\n");
+  printf("kernel call: %.3f us per call of a kernel doing no work (kernel_overhead_us)\n\n", c->launch_s * 1e6);
+  printf("GEMM, fp32 CPU backend (eff = rate / peak; curve = the fit's efficiency there; err = the curve's time "
+         "error)\n");
+  printf("  peak (every dtype's peak_tflops under --calibration): %.2f GFLOP/s\n", peak * 1e-9);
+  print_gemm_rows(c, peak, 1e-9, "GFLOP/s");
+  printf("attention, causal (FLOPs as the simulator counts them: forward 2 B T^2 nh hd, backward twice)\n");
+  printf("  %-4s %4s %6s %4s %4s %4s %9s %7s %7s\n", "pass", "B", "T", "nh", "nkv", "hd", "GFLOP/s", "eff", "err %");
+  for (int i = 0; i < c->n_attn; i++) {
+    const mp_calib_attn *a = &c->attn[i];
+    const double flops = mp_calib_attn_flops(a->backward, a->B, a->T, a->nh, a->hd), t = flops / a->flops_per_s;
+    const double pred = f->attention_eff > 0 ? flops / (peak * f->attention_eff) + c->launch_s : 0.0;
+    printf("  %-4s %4d %6d %4d %4d %4d %9.2f %7.3f %+7.1f\n", a->backward ? "bwd" : "fwd", a->B, a->T, a->nh, a->nkv,
+           a->hd, a->flops_per_s * 1e-9, a->flops_per_s / peak, 100.0 * (pred - t) / t);
+  }
+  printf("  attention_eff %.3f (every point weighing the same; a run refits it at its sizes)\n\n", f->attention_eff);
+  printf("element-wise kernels (bytes as the simulator counts them; err = the fit's time error, max(flops at the "
+         "peak, bytes at hbm_eff x copy) + the call)\n");
+  printf("  %-12s %10s %9s %8s %7s\n", "kernel", "elements", "GB/s", "of copy", "err %");
+  for (int i = 0; i < c->n_bw; i++) {
+    const mp_calib_bw *b = &c->bw[i];
+    const double bytes = mp_calib_bw_bytes(b->kernel, b->elems), t = bytes / (b->GBps * 1e9);
+    const double tb = f->hbm_eff > 0 && hbm > 0 ? bytes / (hbm * 1e9 * f->hbm_eff) : 0.0;
+    const double tf = mp_calib_bw_flops(b->kernel, b->elems) / peak;
+    const double pred = (tb > tf ? tb : tf) + c->launch_s;
+    printf("  %-12s %10.0f %9.2f %8.2f %+7.1f\n", mp_calib_bw_name(b->kernel), b->elems, b->GBps,
+           hbm > 0 ? b->GBps / hbm : 0.0, 100.0 * (pred - t) / t);
+  }
+  printf("  hbm_eff %.3f (relative to the copy, every point weighing the same; a run refits it at its sizes)\n\n", f->hbm_eff);
+}
+
 static void print_table(const mp_calib *c, const char *db, int local_ranks) {
-  char line[512];
+  char line[768];
   mp_calib_summary(c, line, sizeof line);
   printf("calibration %s\n", line);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -66,16 +131,33 @@ static void print_table(const mp_calib *c, const char *db, int local_ranks) {
            "calibrate with the OMP_NUM_THREADS that training uses (e.g. %ld)\n",
            local_ranks, c->threads, cores, cores / local_ranks > 0 ? cores / local_ranks : 1);
   printf("saved to %s (meshplan simulate ... --calibration %s applies it)\n\n", db, db);
-  printf("GEMM, fp32 CPU backend (median of reps, %d thread%s per rank)\n", c->threads, c->threads == 1 ? "" : "s");
-  printf("  %-16s %6s %6s %6s %10s\n", "op", "N", "K", "M", "GFLOP/s");
-  for (int i = 0; i < c->n_gemm; i++) {
-    const mp_calib_gemm *g = &c->gemm[i];
-    printf("  %-16s %6d %6d %6d %10.2f\n", g->pass == MP_CALIB_GEMM_BWD ? "matmul_backward" : "matmul_forward",
-           g->N, g->K, g->M, g->flops_per_s * 1e-9);
+  if (c->fit.gemm_eff_max > 0) {
+    print_cpu_kernels(c);
+  } else {
+    printf("GEMM, fp32 CPU backend (median of reps, %d thread%s per rank)\n", c->threads, c->threads == 1 ? "" : "s");
+    printf("  %-6s %6s %6s %6s %10s\n", "pass", "N", "K", "M", "GFLOP/s");
+    for (int i = 0; i < c->n_gemm; i++) {
+      const mp_calib_gemm *g = &c->gemm[i];
+      printf("  %-6s %6d %6d %6d %10.2f\n", mp_calib_gemm_pass_name(g->pass), g->N, g->K, g->M, g->flops_per_s * 1e-9);
+    }
+    printf("  peak (every dtype's peak_tflops under --calibration): %.2f GFLOP/s\n\n",
+           mp_calib_cpu_peak_flops(c) * 1e-9);
   }
-  printf("  peak (every dtype's peak_tflops under --calibration): %.2f GFLOP/s\n\n",
-         mp_calib_gemm_peak_flops(c) * 1e-9);
   printf("memory copy: %.2f GB/s (bytes read + written; hbm_GBps under --calibration)\n", c->copy_GBps);
+  if (c->fit.gemm_eff_max > 0) {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_stack_profile st;
+    if (mp_stack_load(&ctx, "meshplan-cpu", &st) == MP_OK) {
+      const mp_calib_stack_fit *f = &c->fit;
+      printf("\nmeshplan-cpu under --calibration (stated without it):\n");
+      printf("  gemm_eff_max %.3f (%.3f), gemm_eff_half_mnk %.3g (%.3g), attention_eff %.3f (%.3f), hbm_eff %.3f "
+             "(%.3f), fp8_gemm_eff_max %.3f (%.3f), kernel_overhead_us %.3f (%.3f)\n", f->gemm_eff_max,
+             st.gemm_eff_max, f->gemm_eff_half_mnk, st.gemm_eff_half_mnk, f->attention_eff, st.attention_eff,
+             f->hbm_eff, st.hbm_eff, f->fp8_gemm_eff_max, st.fp8_gemm_eff_max, f->kernel_overhead_us,
+             st.kernel_overhead_s * 1e6);
+    }
+  }
   if (c->n_coll == 0) {
     printf("\ncollectives: not measured with 1 rank (mpirun -np N meshplan calibrate ... measures them)\n");
     return;
@@ -102,13 +184,6 @@ static void print_table(const mp_calib *c, const char *db, int local_ranks) {
            "%.2f us\n", l->group_size, l->beta_GBps, l->alpha_s * 1e6);
 }
 
-/* The GEMM curve's prediction of a point, launch included, as the simulator makes it. */
-static double curve_pred_s(const mp_calib *c, int pass, int N, int K, int M, double peak, double eff_max,
-                           double half) {
-  const double flops = mp_calib_gemm_flops(pass, N, K, M), x = (double)N * K * M;
-  return flops / (peak * eff_max) * (1.0 + half / x) + c->launch_s;
-}
-
 static void print_table_cuda(const mp_calib *c, const char *db) {
   char line[768];
   const mp_calib_stack_fit *f = &c->fit;
@@ -123,21 +198,7 @@ static void print_table_cuda(const mp_calib *c, const char *db) {
 
   const double peak = c->ref_bf16_tflops * 1e12;
   printf("GEMM, bf16 (eff = rate / datasheet; curve = the fit's efficiency there; err = the curve's time error)\n");
-  printf("  %-6s %6s %6s %6s %9s %7s %7s %7s\n", "pass", "N", "K", "M", "TFLOP/s", "eff", "curve", "err %");
-  for (int i = 0; i < c->n_gemm; i++) {
-    const mp_calib_gemm *g = &c->gemm[i];
-    const double flops = mp_calib_gemm_flops(g->pass, g->N, g->K, g->M), t = flops / g->flops_per_s;
-    const double x = (double)g->N * g->K * g->M;
-    const double pred = curve_pred_s(c, g->pass, g->N, g->K, g->M, peak, f->gemm_eff_max, f->gemm_eff_half_mnk);
-    printf("  %-6s %6d %6d %6d %9.1f %7.3f %7.3f %+7.1f\n", mp_calib_gemm_pass_name(g->pass), g->N, g->K, g->M,
-           g->flops_per_s * 1e-12, g->flops_per_s / peak, f->gemm_eff_max * x / (x + f->gemm_eff_half_mnk),
-           100.0 * (pred - t) / t);
-  }
-  printf("  curve: gemm_eff_max %.3f, gemm_eff_half_mnk %.3g (rms time error %.1f %%)\n", f->gemm_eff_max,
-         f->gemm_eff_half_mnk, 100.0 * f->gemm_curve_rms);
-  printf("  by shape, leave one out (nearest measured shape within 4x): rms time error %.1f %%: the simulator "
-         "uses %s\n\n", 100.0 * f->gemm_table_rms, f->gemm_table ? "the curve with the by-shape correction"
-                                                                  : "the curve alone");
+  print_gemm_rows(c, peak, 1e-12, "TFLOP/s");
 
   printf("attention, causal (FLOPs as the simulator counts them: forward 2 B T^2 nh hd, backward twice)\n");
   if (c->n_attn == 0) {
@@ -194,10 +255,14 @@ static void print_table_cuda(const mp_calib *c, const char *db) {
   }
 }
 
-static void json_cuda(cJSON *j, const mp_calib *c) {
-  cJSON_AddStringToObject(j, "gpu_name", c->gpu_name);
-  cJSON_AddStringToObject(j, "gpu_profile", c->gpu_profile);
-  cJSON_AddNumberToObject(j, "compute_capability", c->compute_capability);
+/* The kernels and the fit (cuda; cpu with a fit), and what only cuda has. */
+static void json_kernels(cJSON *j, const mp_calib *c) {
+  const int cuda = strcmp(c->device, "cuda") == 0;
+  if (cuda) {
+    cJSON_AddStringToObject(j, "gpu_name", c->gpu_name);
+    cJSON_AddStringToObject(j, "gpu_profile", c->gpu_profile);
+    cJSON_AddNumberToObject(j, "compute_capability", c->compute_capability);
+  }
   cJSON_AddNumberToObject(j, "ref_bf16_tflops", c->ref_bf16_tflops);
   cJSON_AddNumberToObject(j, "ref_fp8_tflops", c->ref_fp8_tflops);
   cJSON_AddNumberToObject(j, "ref_hbm_GBps", c->ref_hbm_GBps);
@@ -226,7 +291,7 @@ static void json_cuda(cJSON *j, const mp_calib *c) {
     cJSON_AddNumberToObject(o, "GBps", c->bw[i].GBps);
     cJSON_AddItemToArray(bs, o);
   }
-  cJSON *fs = cJSON_AddArrayToObject(j, "f8_gemm");
+  cJSON *fs = cuda ? cJSON_AddArrayToObject(j, "f8_gemm") : NULL;
   for (int i = 0; fs && i < c->n_f8; i++) {
     cJSON *o = cJSON_CreateObject();
     if (!o) break;
@@ -273,7 +338,8 @@ static int print_json(const mp_calib *c, const char *db) {
     cJSON_AddNumberToObject(g, "flops_per_s", c->gemm[i].flops_per_s);
     cJSON_AddItemToArray(gs, g);
   }
-  cJSON_AddNumberToObject(j, "gemm_peak_flops_per_s", mp_calib_gemm_peak_flops(c));
+  cJSON_AddNumberToObject(j, "gemm_peak_flops_per_s", strcmp(c->device, "cpu") == 0 ? mp_calib_cpu_peak_flops(c)
+                                                                                  : mp_calib_gemm_peak_flops(c));
   cJSON_AddNumberToObject(j, "copy_GBps", c->copy_GBps);
   cJSON *cs = cJSON_AddArrayToObject(j, "collectives");
   for (int i = 0; cs && i < c->n_coll; i++) {
@@ -295,7 +361,7 @@ static int print_json(const mp_calib *c, const char *db) {
     cJSON_AddNumberToObject(o, "beta_GBps", f->beta_GBps);
     cJSON_AddItemToArray(cs, o);
   }
-  if (strcmp(c->device, "cuda") == 0) json_cuda(j, c);
+  if (strcmp(c->device, "cuda") == 0 || c->fit.gemm_eff_max > 0) json_kernels(j, c);
   char *text = cJSON_Print(j);
   cJSON_Delete(j);
   if (text == NULL) return 1;
@@ -398,12 +464,12 @@ int mp_cmd_calibrate(int argc, char **argv) {
     st = mp_error(&ctx, MP_ERR_USAGE, "meshplan calibrate: --device %s: choose cpu, cuda or cuda:N", device);
     goto out;
   }
-  if (mp_args_has(&k_spec, "--gpu") || mp_args_has(&k_spec, "--quick")) {
-    st = mp_error(&ctx, MP_ERR_USAGE, "meshplan calibrate: --gpu and --quick are for --device cuda");
+  if (mp_args_has(&k_spec, "--gpu")) {
+    st = mp_error(&ctx, MP_ERR_USAGE, "meshplan calibrate: --gpu is for --device cuda");
     goto out;
   }
   mp_calib_options o;
-  mp_calib_options_init(&o);
+  mp_calib_options_init_cpu(&o, mp_args_has(&k_spec, "--quick"));
   long long reps = o.reps;
   MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--reps", 1, &reps), st, out);
   o.reps = (int)reps;

@@ -41,8 +41,9 @@ static mp_opt k_opts[] = {
     {"--micro-batch", "B", "sequences per micro-batch per data-parallel rank (default 1)", NULL},
     {"--global-batch", "G", "sequences per step over all data-parallel ranks (default one micro-batch each)", NULL},
     {"--stack", "PROFILE", "stack profile (data/stacks stem or path; default torchtitan-compile on GPUs, meshplan-cpu on the CPU)", NULL},
-    {"--calibration", "DB", "apply the newest calibration in DB (meshplan calibrate): a cpu one to the CPU profile, "
-                            "a cuda one to the meshplan-cuda stack (then the default) on its GPU profile", NULL},
+    {"--calibration", "DB", "apply the newest calibration in DB (meshplan calibrate): a cpu one to the CPU profile "
+                            "and the meshplan-cpu stack, a cuda one to the meshplan-cuda stack (then the default) "
+                            "on its GPU profile", NULL},
     {"--headroom", "F", "fraction of GPU memory kept free (default 0)", NULL},
     {"--trace", "PATH", "write the simulated timeline as Chrome trace JSON", NULL},
     {"--json", NULL, "print one JSON object", NULL},
@@ -243,7 +244,11 @@ int mp_cmd_simulate(int argc, char **argv) {
     MP_CHECK_GOTO(mp_stack_load(&ctx, "meshplan-cuda", &prof), st, fail);
   else
     MP_CHECK_GOTO(mp_stack_default(&ctx, &c.gpu, &prof), st, fail);
-  if (cal) MP_CHECK_GOTO(mp_calib_apply_stack(&ctx, cal, &prof, &gemm_table), st, fail);
+  if (cal) { /* a cpu calibration's kernel figures are refitted at this run's sizes */
+    mp_calib_run run;
+    mp_calib_run_init(&run, &m, o.micro_batch, o.seq > 0 ? o.seq : m.max_seq, mesh.size[MP_DIM_TP]);
+    MP_CHECK_GOTO(mp_calib_apply_stack_run(&ctx, cal, &run, &prof, &gemm_table), st, fail);
+  }
   mp_stack_plan_options(&prof, &o); /* the memory model (and dtypes) of the stack's runtime */
   mp_sim_config cfg;
   memset(&cfg, 0, sizeof cfg);

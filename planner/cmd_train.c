@@ -28,6 +28,7 @@
 #include "exec/runtime/weights.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cuda/cuda.h"
+#include "planner/calib_store.h"
 #include "planner/calibrate.h"
 #include "planner/commands.h"
 #include "planner/evaluate.h"
@@ -120,17 +121,26 @@ static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, const
   memset(out, 0, sizeof *out);
   mp_cluster c;
   MP_CHECK(mp_cluster_make(ctx, dev->gpu, world, world, &c));
-  if (db) { /* the newest `meshplan calibrate --device D` in the database, when there is one */
+  /* the newest `meshplan calibrate --device D` in the database, when there is one, read
+   * once: its rates go into the profile here and its kernel fit into the stack below,
+   * both from the same calibration */
+  mp_calib *cal = NULL;
+  if (db) {
+    cal = malloc(sizeof *cal);
+    MP_CHECK_ALLOC(ctx, cal);
     mp_ctx c2;
     mp_ctx_init(&c2);
-    mp_status cs = mp_calib_load_apply(&c2, db, dev->cuda ? "cuda" : "cpu", &c.gpu, &c);
+    mp_status cs = mp_calib_store_load(&c2, db, dev->cuda ? "cuda" : "cpu", cal);
+    if (cs == MP_OK) cs = mp_calib_apply_checked(&c2, cal, &c.gpu, &c);
     if (cs == MP_OK) {
       out->calibrated = 1;
     } else if (cs != MP_ERR_NOT_FOUND) {
+      free(cal);
       return mp_error(ctx, cs, "%s", mp_errmsg(&c2));
     }
   }
   mp_sim_evaluator *ev = calloc(1, sizeof *ev);
+  if (ev == NULL) free(cal);
   MP_CHECK_ALLOC(ctx, ev);
   mp_store *store = NULL;
   mp_planner_result res;
@@ -143,11 +153,17 @@ static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, const
     ev->base.master_dtype = MP_DTYPE_FP32;
     ev->base.fsdp.param_dtype = MP_DTYPE_BF16;
   }
-  /* a cuda calibration's efficiencies live in the stack (the by-shape GEMM table must
+  /* the calibration's kernel fit lives in the stack (meshplan-cuda or meshplan-cpu; a cpu
+   * calibration without one leaves the stated figures), relative to the peaks
+   * mp_calib_load_apply wrote into the profile above (the by-shape GEMM table must
    * outlive the evaluator: static, one per process) */
   static mp_gemm_table gemm_table;
-  if (st == MP_OK && db && dev->cuda && out->calibrated)
-    st = mp_calib_load_apply_stack(ctx, db, "cuda", NULL, NULL, &ev->stack, &gemm_table, NULL);
+  if (st == MP_OK && out->calibrated) { /* a cpu one's kernel figures at this run's sizes */
+    mp_calib_run run;
+    mp_calib_run_init(&run, m, fix->micro_batch > 0 ? fix->micro_batch : po->micro_batch, po->seq, fix->tp);
+    st = mp_calib_apply_stack_run(ctx, cal, &run, &ev->stack, &gemm_table);
+  }
+  free(cal);
   mp_planner_request req;
   memset(&req, 0, sizeof req);
   mp_search_config_init(&req.search);

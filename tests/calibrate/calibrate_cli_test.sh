@@ -33,13 +33,24 @@ calibrate() {
   fi
 }
 
-out=$(calibrate --device cpu --reps 2 --db "$db" 2>&1)
+# --quick: 4 GEMM shapes x fwd, dgrad, wgrad, 2 attention shapes, every element-wise
+# kernel once (the full default set is minutes of test time on 2 cores under mpirun).
+out=$(calibrate --device cpu --quick --reps 2 --db "$db" 2>&1)
 rc=$?
 echo "$out"
 check "calibrate exits 0" "[ $rc -eq 0 ]"
-check "names calibration #1 with $np rank(s)" "echo \"\$out\" | grep -qE '^calibration #1 cpu on .* x $np rank'"
-check "five forward GEMM rows" "[ \$(echo \"\$out\" | grep -cE '^  matmul_forward +[0-9]+ +[0-9]+ +[0-9]+ +[0-9.]+$') -eq 5 ]"
-check "five backward GEMM rows" "[ \$(echo \"\$out\" | grep -cE '^  matmul_backward +[0-9]+ +[0-9]+ +[0-9]+ +[0-9.]+$') -eq 5 ]"
+check "names calibration #1 with $np rank(s) and its fit" \
+  "echo \"\$out\" | grep -qE '^calibration #1 cpu on .* x $np rank.*gemm_eff_max [0-9.]+ .*kernel_overhead [0-9.]+ us'"
+gemm_row='^  (fwd|dgrad|wgrad) +[0-9]+ +[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[-+][0-9.]+$'
+for p in fwd dgrad wgrad; do
+  check "four $p GEMM rows" "[ \$(echo \"\$out\" | grep -E '$gemm_row' | grep -cE '^  $p ') -eq 4 ]"
+done
+check "four attention rows" \
+  "[ \$(echo \"\$out\" | grep -cE '^  (fwd|bwd) +([0-9]+ +){5}[0-9.]+ +[0-9.]+ +[-+][0-9.]+$') -eq 4 ]"
+check "ten element-wise rows" "[ \$(echo \"\$out\" | grep -cE \
+  '^  (rmsnorm|swiglu|rope|ce)_(fwd|bwd) +[0-9]+ +[0-9.]+ +[0-9.]+ +[-+][0-9.]+$|^  (adamw|residual) +[0-9]+ +[0-9.]+ +[0-9.]+ +[-+][0-9.]+$') -eq 10 ]"
+check "kernel call figure" "echo \"\$out\" | grep -qE '^kernel call: [0-9.]+ us per call'"
+check "the stack it fits" "echo \"\$out\" | grep -q '^meshplan-cpu under --calibration'"
 check "copy bandwidth" "echo \"\$out\" | grep -qE '^memory copy: [0-9.]+ GB/s'"
 if [ "$np" = 1 ]; then
   check "no collectives on one rank" "echo \"\$out\" | grep -q 'not measured with 1 rank'"
@@ -52,11 +63,13 @@ else
 fi
 
 # A second calibration (JSON) is #2 and is the one simulate applies.
-out=$(calibrate --device cpu --reps 1 --db "$db" --json 2>&1)
+out=$(calibrate --device cpu --quick --reps 1 --db "$db" --json 2>&1)
 rc=$?
 check "json calibrate exits 0" "[ $rc -eq 0 ]"
 check "json names id 2" "echo \"\$out\" | grep -qE '\"id\":[[:space:]]*2,'"
 check "json world" "echo \"\$out\" | grep -qE '\"world\":[[:space:]]*$np,'"
+check "json fit" "echo \"\$out\" | grep -qE '\"hbm_eff\":[[:space:]]*[0-9]'"
+check "json element-wise points" "echo \"\$out\" | grep -qE '\"kernel\":[[:space:]]*\"residual\"'"
 
 sim=(simulate --model tiny-dense --gpus 2 --gpu cpu --mesh dp_shard=2 --seq 64 --micro-batch 4)
 out=$("$bin" "${sim[@]}" --calibration "$db" 2>&1)
@@ -64,11 +77,14 @@ rc=$?
 echo "$out"
 check "simulate --calibration exits 0" "[ $rc -eq 0 ]"
 check "applied line names the newest" "echo \"\$out\" | grep -qE '^calibration applied: #2 cpu on .* from $db$'"
+check "applied to the meshplan-cpu stack" "echo \"\$out\" | grep -qE '^stack +meshplan-cpu$'"
+applied=$(echo "$out" | grep '^step')
 if [ "$np" != 1 ]; then
   check "applied link" "echo \"\$out\" | grep -qE 'link [0-9.]+ GB/s [0-9.]+ us \(all_reduce, $np ranks\)'"
 fi
 out=$("$bin" "${sim[@]}" 2>&1)
 check "no applied line without --calibration" "! echo \"\$out\" | grep -q 'calibration applied'"
+check "the calibration changes the prediction" "[ -n \"$applied\" ] && ! echo \"\$out\" | grep -qF \"$applied\""
 
 # The file stays a planner database that report opens.
 out=$("$bin" report --db "$db" 2>&1)
@@ -125,18 +141,18 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 err=$("$bin" calibrate --device tpu 2>&1); rc=$?
 check "unknown device is a usage error" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'choose cpu, cuda or cuda:N'"
-err=$("$bin" calibrate --device cpu --quick 2>&1); rc=$?
-check "cuda options refused on cpu" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'are for --device cuda'"
+err=$("$bin" calibrate --device cpu --gpu h100-sxm 2>&1); rc=$?
+check "cuda options refused on cpu" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'is for --device cuda'"
 printf 'this is not a database, just text that goes on for a while....' > "$tmp/bad.db"
 err=$("$bin" calibrate --device cpu --db "$tmp/bad.db" 2>&1); rc=$?
 check "corrupt db refused (exit 2)" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'not a meshplan database'"
-check "refused before measuring (no table)" "! echo \"\$err\" | grep -q matmul"
+check "refused before measuring (no table)" "! echo \"\$err\" | grep -q 'GEMM, fp32'"
 err=$("$bin" "${sim[@]}" --calibration "$tmp/bad.db" 2>&1); rc=$?
 check "simulate with corrupt calibration db fails" "[ $rc -ne 0 ] && echo \"\$err\" | grep -q 'not a meshplan database'"
 err=$("$bin" "${sim[@]}" --calibration "$tmp/none.db" 2>&1); rc=$?
 check "simulate with missing db fails" "[ $rc -ne 0 ] && echo \"\$err\" | grep -q 'meshplan calibrate --device cpu'"
 # A GPU profile takes the newest cuda calibration, and this file holds only cpu ones.
-"$bin" calibrate --device cpu --reps 1 --db "$tmp/cpu_only.db" >/dev/null 2>&1
+"$bin" calibrate --device cpu --quick --reps 1 --db "$tmp/cpu_only.db" >/dev/null 2>&1
 err=$("$bin" simulate --model tiny-dense --cluster h100-8 --calibration "$tmp/cpu_only.db" 2>&1); rc=$?
 check "cpu calibration not applied to a GPU profile" \
   "[ $rc -ne 0 ] && echo \"\$err\" | grep -q 'holds no cuda calibration; run .meshplan calibrate --device cuda'"

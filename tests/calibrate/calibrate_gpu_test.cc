@@ -86,7 +86,7 @@ TEST(CalibrateGpu, ReducedCalibrationIsSane) {
   EXPECT_GT(c->launch_s, 1e-7);
   EXPECT_LT(c->launch_s, 1e-3);
   EXPECT_PRED1(sane_eff, c->copy_GBps / c->ref_hbm_GBps) << c->copy_GBps << " GB/s";
-  ASSERT_EQ(c->n_bw, MP_CALIB_BW_COUNT);
+  ASSERT_EQ(c->n_bw, MP_CALIB_BW_CUDA_COUNT);
   for (int i = 0; i < c->n_bw; i++)
     EXPECT_PRED1(sane_eff, c->bw[i].GBps / c->ref_hbm_GBps) << mp_calib_bw_name(c->bw[i].kernel) << ": "
                                                              << c->bw[i].GBps << " GB/s";

@@ -88,9 +88,9 @@ mp_calib synthetic(const Truth &tr) {
       const double f = mp_calib_attn_flops(b, a.B, a.T, a.nh, a.hd);
       a.flops_per_s = f / (f / (kPeak * tr.att) + tr.ovh);
     }
-  const double elems[MP_CALIB_BW_COUNT] = {8192.0 * 4096, 8192.0 * 4096, 8192.0 * 14336, 8192.0 * 14336,
+  const double elems[MP_CALIB_BW_CUDA_COUNT] = {8192.0 * 4096, 8192.0 * 4096, 8192.0 * 14336, 8192.0 * 14336,
                                            67108864.0};
-  for (int k = 0; k < MP_CALIB_BW_COUNT; k++) {
+  for (int k = 0; k < MP_CALIB_BW_CUDA_COUNT; k++) {
     mp_calib_bw &b = c.bw[c.n_bw++];
     b.kernel = k;
     b.elems = elems[k];
