@@ -747,6 +747,63 @@ static void swiglu(gen *g, mp_variant v, int module, int64_t elems) {
     elementwise(g, MP_KERNEL_ACTIVATION, v, module, elems, FLOPS_SWIGLU_BWD, 10.0 * (double)elems);
 }
 
+/* The routed experts' GEMMs: one grouped op per Linear (batch = the local experts, m_exp
+ * rows each), or, in the runtimes (runtime.c, experts_forward / experts_backward), one
+ * GEMM per (source EP rank, local expert) block of m_exp / ep rows under balanced routing,
+ * each a launch of its own and as efficient as its size: the forward's gate and up block
+ * by block, then down; the backward's down, then gate and up block by block. Float8
+ * experts keep the grouped op (the runtimes run their experts without float8). */
+static int expert_blocks(const gen *g) {
+  const shapes *sh = &g->sh;
+  return g->rt && !sh->fp8[MP_MOD_EXPERTS_GATE] && !sh->fp8[MP_MOD_EXPERTS_UP] &&
+                 !sh->fp8[MP_MOD_EXPERTS_DOWN]
+             ? sh->ep * sh->E_l
+             : 0;
+}
+
+static void experts_gate_up_fwd(gen *g, int64_t H) {
+  const shapes *sh = &g->sh;
+  const int nb = expert_blocks(g);
+  if (nb == 0) {
+    linear_fwd(g, MP_MOD_EXPERTS_GATE, sh->m_exp, sh->fe, H, sh->E_l);
+    linear_fwd(g, MP_MOD_EXPERTS_UP, sh->m_exp, sh->fe, H, sh->E_l);
+  }
+  for (int b = 0; b < nb; b++) {
+    linear_fwd(g, MP_MOD_EXPERTS_GATE, sh->m_exp / sh->ep, sh->fe, H, 1);
+    linear_fwd(g, MP_MOD_EXPERTS_UP, sh->m_exp / sh->ep, sh->fe, H, 1);
+  }
+}
+
+static void experts_down_fwd(gen *g, int64_t H) {
+  const shapes *sh = &g->sh;
+  const int nb = expert_blocks(g);
+  if (nb == 0) linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->m_exp, H, sh->fe, sh->E_l);
+  for (int b = 0; b < nb; b++) linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->m_exp / sh->ep, H, sh->fe, 1);
+}
+
+/* The routed experts' backward, their SwiGLU's between down and gate/up; WGRAD FLOPs with
+ * the exact (fractional) rows per GEMM. */
+static void experts_bwd(gen *g, int64_t H, int64_t Tk) {
+  const shapes *sh = &g->sh;
+  const int nb = expert_blocks(g);
+  const int32_t first = g->n_ops;
+  if (nb == 0) {
+    linear_bwd(g, MP_MOD_EXPERTS_DOWN, sh->m_exp, H, sh->fe, sh->E_l);
+    swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
+    linear_bwd(g, MP_MOD_EXPERTS_GATE, sh->m_exp, sh->fe, H, sh->E_l);
+    linear_bwd(g, MP_MOD_EXPERTS_UP, sh->m_exp, sh->fe, H, sh->E_l);
+  } else {
+    const double m = sh->m_exp / sh->ep;
+    for (int b = 0; b < nb; b++) linear_bwd(g, MP_MOD_EXPERTS_DOWN, m, H, sh->fe, 1);
+    swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
+    for (int b = 0; b < nb; b++) {
+      linear_bwd(g, MP_MOD_EXPERTS_GATE, m, sh->fe, H, 1);
+      linear_bwd(g, MP_MOD_EXPERTS_UP, m, sh->fe, H, 1);
+    }
+  }
+  if (!g->nomem) fix_wgrad_flops(g, first, nb == 0 ? sh->m_exp : sh->m_exp / sh->ep);
+}
+
 static void mlp_fwd(gen *g, int kind, const part_deps *pd) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->T, H = sh->H;
@@ -783,10 +840,9 @@ static void mlp_fwd(gen *g, int kind, const part_deps *pd) {
     ep_alltoall(g, MP_MOD_EXPERTS_GATE);
     if (ep_mem) pair(g, MP_MEM_COMM, BUF_RT_EP_OUT, g->rs.ep_out, 1);
     attach(g, pd, PART_EXPERTS);
-    linear_fwd(g, MP_MOD_EXPERTS_GATE, sh->m_exp, sh->fe, H, sh->E_l);
-    linear_fwd(g, MP_MOD_EXPERTS_UP, sh->m_exp, sh->fe, H, sh->E_l);
+    experts_gate_up_fwd(g, H);
     swiglu(g, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
-    linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->m_exp, H, sh->fe, sh->E_l);
+    experts_down_fwd(g, H);
     ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
     if (ep_mem) pair(g, MP_MEM_COMM, BUF_RT_EP_OUT, g->rs.ep_out, 0);
     if (out)
@@ -838,13 +894,8 @@ static void mlp_bwd(gen *g, int kind, const part_deps *pd) {
     const int ep_mem = g->rt && sh->ep > 1; /* the expert side's gradients, as in forward */
     if (ep_mem) pair(g, MP_MEM_TEMP, BUF_RT_EP_WS, g->rs.ep_ws, 1);
     ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
-    const int32_t first = g->n_ops;
     attach(g, pd, PART_EXPERTS);
-    linear_bwd(g, MP_MOD_EXPERTS_DOWN, sh->m_exp, H, sh->fe, sh->E_l);
-    swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
-    linear_bwd(g, MP_MOD_EXPERTS_GATE, sh->m_exp, sh->fe, H, sh->E_l);
-    linear_bwd(g, MP_MOD_EXPERTS_UP, sh->m_exp, sh->fe, H, sh->E_l);
-    if (!g->nomem) fix_wgrad_flops(g, first, sh->m_exp);
+    experts_bwd(g, H, Tk);
     ep_alltoall(g, MP_MOD_EXPERTS_GATE);
     if (ep_mem) pair(g, MP_MEM_TEMP, BUF_RT_EP_WS, g->rs.ep_ws, 0);
     elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_BWD, -1, Tk * H, 1.0,
