@@ -1521,3 +1521,5 @@ void mp_calib_summary(const mp_calib *c, char *buf, size_t cap) {
   else
     snprintf(buf + n, cap - (size_t)n, ", link not measured (1 rank)");
 }
+
+int mp_calib_threads_now(void) { return omp_get_max_threads(); }

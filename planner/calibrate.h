@@ -481,6 +481,9 @@ mp_status mp_calib_load_apply_stack(mp_ctx *ctx, const char *db_path, const char
  * 0.780 half_mnk 1.9e+09, attention_eff 0.520, hbm_eff 0.850, fp8_gemm_eff_max 0.610,
  * kernel_overhead 2.9 us". */
 void mp_calib_summary(const mp_calib *c, char *buf, size_t cap);
+/* The OpenMP threads this process's kernels run with (what a cpu calibration records as
+ * threads): a run with another count is predicted from rates it did not measure. */
+int mp_calib_threads_now(void);
 
 #ifdef __cplusplus
 }

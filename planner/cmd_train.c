@@ -91,6 +91,7 @@ typedef struct train_pick {
                                allocator measures */
   int64_t n_candidates, n_feasible;
   int calibrated;           /* the profile carries a `meshplan calibrate` measurement */
+  int calib_threads, calib_world; /* a cpu calibration's OpenMP threads and ranks */
   int have_busy;            /* --profile: the plan's rank 0 simulated with its trace */
   mp_sim_busy busy;         /* its busy time per kernel class and collective group */
   mp_sim_result busy_res;
@@ -134,6 +135,8 @@ static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, const
     if (cs == MP_OK) cs = mp_calib_apply_checked(&c2, cal, &c.gpu, &c);
     if (cs == MP_OK) {
       out->calibrated = 1;
+      out->calib_threads = cal->threads;
+      out->calib_world = cal->world;
     } else if (cs != MP_ERR_NOT_FOUND) {
       free(cal);
       return mp_error(ctx, cs, "%s", mp_errmsg(&c2));
@@ -543,6 +546,13 @@ int mp_cmd_train(int argc, char **argv) {
            world == 1 ? "" : "s", (long long)pick.n_feasible, pick.step_time_s * 1e3,
            pick.peak_mem_bytes / 1048576.0, rec);
   }
+  if (rank == 0 && pick.found && pick.calibrated && !dev.cuda &&
+      (pick.calib_threads != mp_calib_threads_now() || pick.calib_world != mp_comm_world_size(comm)))
+    printf("note: the calibration in %s ran %d rank%s x %d thread%s, this run %d x %d: its kernel rates and "
+           "collective figures are per thread count and per ranks sharing the machine; calibrate with the "
+           "same mpirun -np and OMP_NUM_THREADS for a prediction of this run\n",
+           db, pick.calib_world, pick.calib_world == 1 ? "" : "s", pick.calib_threads,
+           pick.calib_threads == 1 ? "" : "s", mp_comm_world_size(comm), mp_calib_threads_now());
   if (rank == 0 && pick.found && !pick.calibrated)
     printf("note: the %s profile is uncalibrated (data/gpus/%s.json, data/stacks/%s.json); run `meshplan "
            "calibrate --device %s --db %s` first for predictions of this machine\n",
