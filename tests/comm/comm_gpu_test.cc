@@ -32,6 +32,7 @@
 #include "exec/mesh.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/ops.h"
+#include "tests/mpi_gtest.h"
 
 namespace {
 
@@ -565,53 +566,8 @@ TEST_F(Gpu, SelectionForCuda) {
   mp_comm_destroy(c);
 }
 
-// A failure on any rank fails the test everywhere (see comm_mpi_test.cc).
-class WorldVerdict : public ::testing::EmptyTestEventListener {
- public:
-  void OnTestPartResult(const ::testing::TestPartResult &r) override {
-    if (r.failed() && g_rank != 0)
-      fprintf(stderr, "[rank %d] %s:%d: %s\n", g_rank, r.file_name() ? r.file_name() : "?",
-              r.line_number(), r.summary());
-  }
-  void OnTestEnd(const ::testing::TestInfo &t) override {
-    int mine = t.result()->Failed() ? 1 : 0, any = 0;
-    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (any && !mine)
-      fprintf(stderr, "[rank %d] %s.%s passed here but failed on another rank\n", g_rank,
-              t.test_suite_name(), t.name());
-    failed_ |= any;
-  }
-  int failed_ = 0;
-};
-
 }  // namespace
 
 int main(int argc, char **argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  g_launched = getenv("OMPI_COMM_WORLD_SIZE") != nullptr || getenv("PMI_SIZE") != nullptr;
-  WorldVerdict *verdict = nullptr;
-  if (g_launched) {  // without a launcher MPI starts later, only in the tests that use it
-    if (mp_comm_mpi_init(&ctx, &argc, &argv) != MP_OK) {
-      fprintf(stderr, "MPI init failed: %s\n", mp_errmsg(&ctx));
-      return 1;
-    }
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_world);
-    ::testing::TestEventListeners &ls = ::testing::UnitTest::GetInstance()->listeners();
-    if (g_rank != 0) delete ls.Release(ls.default_result_printer());
-    verdict = new WorldVerdict;
-    ls.Append(verdict);
-  }
-  int rc = RUN_ALL_TESTS();
-  int any = rc != 0 || (verdict && verdict->failed_);
-  if (g_launched) {
-    int mine = any;
-    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  }
-  if (g_rank == 0)
-    printf("comm_gpu_test: world %d: %s\n", g_world, any ? "FAILED on some rank" : "all passed");
-  mp_comm_mpi_finalize(&ctx);
-  return any ? 1 : 0;
+  return mp_test::MpiMain(&argc, &argv, "comm_gpu_test", true, &g_rank, &g_world, &g_launched);
 }

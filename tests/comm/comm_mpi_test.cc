@@ -33,6 +33,7 @@
 #include "exec/comm/mpi_check.h"
 #include "exec/mesh.h"
 #include "tests/comm/fake_device.h"
+#include "tests/mpi_gtest.h"
 
 namespace {
 
@@ -826,47 +827,8 @@ TEST(CommMpi, FaultInjection) {
     for (;;) sleep(1);  // the others wait in the next collective
 }
 
-// A failure on any rank fails the test everywhere (and says where), so every rank exits
-// non-zero and no rank reports success for a collective that broke elsewhere.
-class WorldVerdict : public ::testing::EmptyTestEventListener {
- public:
-  void OnTestPartResult(const ::testing::TestPartResult &r) override {
-    if (r.failed() && g_rank != 0)  // rank 0's default printer shows its own failures
-      fprintf(stderr, "[rank %d] %s:%d: %s\n", g_rank, r.file_name() ? r.file_name() : "?",
-              r.line_number(), r.summary());
-  }
-  void OnTestEnd(const ::testing::TestInfo &t) override {
-    int mine = t.result()->Failed() ? 1 : 0, any = 0;
-    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (any && !mine)
-      fprintf(stderr, "[rank %d] %s.%s passed here but failed on another rank\n", g_rank,
-              t.test_suite_name(), t.name());
-    failed_ |= any;
-  }
-  int failed_ = 0;
-};
-
 }  // namespace
 
 int main(int argc, char **argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  if (mp_comm_mpi_init(&ctx, &argc, &argv) != MP_OK) {
-    fprintf(stderr, "MPI init failed: %s\n", mp_errmsg(&ctx));
-    return 1;
-  }
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
-  ::testing::TestEventListeners &ls = ::testing::UnitTest::GetInstance()->listeners();
-  if (g_rank != 0) delete ls.Release(ls.default_result_printer());
-  WorldVerdict *verdict = new WorldVerdict;
-  ls.Append(verdict);
-  int rc = RUN_ALL_TESTS();
-  int mine = rc != 0 || verdict->failed_, any = 0;
-  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (g_rank == 0)
-    printf("comm_mpi_test: world %d: %s\n", g_world, any ? "FAILED on some rank" : "all passed");
-  mp_comm_mpi_finalize(&ctx);
-  return any ? 1 : 0;
+  return mp_test::MpiMain(&argc, &argv, "comm_mpi_test", false, &g_rank, &g_world);
 }

@@ -22,6 +22,7 @@
 #include "exec/runtime/runtime.h"
 #include "exec/schedule.h"
 #include "sim/stack.h"
+#include "tests/mpi_gtest.h"
 #include "tests/runtime/acct_backend.h"
 
 namespace {
@@ -173,42 +174,8 @@ TEST(ScheduleMemoryMpi, CudaModelOnFsdpMeshes) {
   CheckCase({"tiny-moe", "dp_shard=4", MP_AC_NONE, 0, 0});
 }
 
-class WorldVerdict : public ::testing::EmptyTestEventListener {
- public:
-  void OnTestPartResult(const ::testing::TestPartResult &r) override {
-    if (r.failed() && g_rank != 0)  // rank 0's default printer shows its own failures
-      fprintf(stderr, "[rank %d] %s:%d: %s\n", g_rank, r.file_name() ? r.file_name() : "?", r.line_number(),
-              r.summary());
-  }
-  void OnTestEnd(const ::testing::TestInfo &t) override {
-    int mine = t.result()->Failed() ? 1 : 0, any = 0;
-    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    failed_ |= any;
-  }
-  int failed_ = 0;
-};
-
 }  // namespace
 
 int main(int argc, char **argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  if (mp_comm_mpi_init(&ctx, &argc, &argv) != MP_OK) {
-    fprintf(stderr, "MPI init failed: %s\n", mp_errmsg(&ctx));
-    return 1;
-  }
-  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
-  ::testing::TestEventListeners &ls = ::testing::UnitTest::GetInstance()->listeners();
-  if (g_rank != 0) delete ls.Release(ls.default_result_printer());
-  WorldVerdict *verdict = new WorldVerdict;
-  ls.Append(verdict);
-  int rc = RUN_ALL_TESTS();
-  int mine = rc != 0 || verdict->failed_, any = 0;
-  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (g_rank == 0)
-    printf("schedule_memory_mpi_test: world %d: %s\n", g_world, any ? "FAILED on some rank" : "all passed");
-  mp_comm_mpi_finalize(&ctx);
-  return any ? 1 : 0;
+  return mp_test::MpiMain(&argc, &argv, "schedule_memory_mpi_test", false, &g_rank, &g_world);
 }
