@@ -17,29 +17,13 @@
 #include <vector>
 
 #include "kernels/cpu/cpu.h"
+#include "tests/test_rng.h"
 
 namespace {
 
 using Vec = std::vector<float>;
 
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 2654435761u + 1) {}
-  uint32_t next() {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return (uint32_t)(s >> 11);
-  }
-  float uni(float lo = -1.0f, float hi = 1.0f) {
-    return lo + (hi - lo) * (float)(next() & 0xFFFFFF) / (float)0x1000000;
-  }
-  Vec vec(size_t n, float lo = -1.0f, float hi = 1.0f) {
-    Vec v(n);
-    for (auto &x : v) x = uni(lo, hi);
-    return v;
-  }
-};
+using mp_test::Rng;
 
 class Kernels : public ::testing::Test {
  protected:

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu.h"
+#include "tests/test_rng.h"
 
 namespace {
 
@@ -88,16 +89,7 @@ TEST_F(MatmulF8, AccumulatesIntoF32Output) {
   EXPECT_EQ(acc[1], 669.0f + 672.0f);
 }
 
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 2654435761u + 1) {}
-  uint32_t next() {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return (uint32_t)(s >> 11);
-  }
-};
+using mp_test::Rng;
 
 // A random finite code (no NaN / inf).
 uint8_t random_code(Rng &r, mp_f8_format fmt) {

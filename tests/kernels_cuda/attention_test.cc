@@ -27,6 +27,7 @@
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/cuda/cuda.h"
+#include "tests/test_rng.h"
 
 #ifdef MP_HAVE_CUDA
 // attention.cu's and attention_fa2.cu's test hooks, declared in kernels/cuda/cuda_internal.h
@@ -47,27 +48,9 @@ namespace {
 
 using Vec = std::vector<float>;
 
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 2654435761u + 1) {}
-  uint32_t next() {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return (uint32_t)(s >> 11);
-  }
-  float uni(float lo, float hi) {
-    return lo + (hi - lo) * (float)(next() & 0xFFFFFF) / (float)0x1000000;
-  }
-};
-
-float bf(float x) { return mp_bf16_to_f32(mp_bf16_from_f32(x)); }
-
-Vec rand_bf16(Rng &r, size_t n, float lo, float hi) {
-  Vec v(n);
-  for (auto &x : v) x = bf(r.uni(lo, hi));
-  return v;
-}
+using mp_test::Rng;
+using mp_test::bf;
+using mp_test::rand_bf16;
 
 // ||got - want|| / ||norm_of||; infinity when got holds a NaN/inf (poison left behind).
 double rel_err(const Vec &got, const Vec &want, const Vec &norm_of) {
