@@ -1144,7 +1144,25 @@ static double run_elems(const mp_calib_run *r, int k) {
 /* attention_eff and hbm_eff of a cpu calibration against its ref_*, every point weighing
  * the same (run NULL) or by its distance from the run's sizes; a figure keeps 0 when no
  * point weighs anything. */
-static void cpu_kernel_fit(const mp_calib *c, const mp_calib_run *run, double *attention_eff, double *hbm_eff) {
+/* The schedule's kernel class of an element-wise calibration kernel. */
+static int bw_kernel_class(int k) {
+  switch (k) {
+    case MP_CALIB_BW_RMSNORM_FWD:
+    case MP_CALIB_BW_RMSNORM_BWD: return MP_KERNEL_NORM;
+    case MP_CALIB_BW_SWIGLU_FWD:
+    case MP_CALIB_BW_SWIGLU_BWD: return MP_KERNEL_ACTIVATION;
+    case MP_CALIB_BW_ADAMW: return MP_KERNEL_OPTIMIZER;
+    case MP_CALIB_BW_ROPE_FWD:
+    case MP_CALIB_BW_ROPE_BWD: return MP_KERNEL_ROPE;
+    case MP_CALIB_BW_CE_FWD:
+    case MP_CALIB_BW_CE_BWD: return MP_KERNEL_LOSS;
+    case MP_CALIB_BW_RESIDUAL: return MP_KERNEL_RESIDUAL;
+    default: return -1;
+  }
+}
+
+static void cpu_kernel_fit(const mp_calib *c, const mp_calib_run *run, double *attention_eff, double *hbm_eff,
+                           double *hbm_eff_kernel) {
   const double peak = c->ref_bf16_tflops * 1e12, hbm = c->ref_hbm_GBps * 1e9;
   const double ovh = c->launch_s > 0 ? c->launch_s : 0.0;
   *attention_eff = *hbm_eff = 0;
@@ -1164,6 +1182,7 @@ static void cpu_kernel_fit(const mp_calib *c, const mp_calib_run *run, double *a
   if (sv > 0) *attention_eff = fmin(exp(svl / sv), 1.0);
   if (!(hbm > 0)) return;
   double F[MP_CALIB_MAX_BW], B[MP_CALIB_MAX_BW], T[MP_CALIB_MAX_BW], V[MP_CALIB_MAX_BW];
+  int K[MP_CALIB_MAX_BW];
   int n = 0;
   for (int i = 0; i < c->n_bw && n < MP_CALIB_MAX_BW; i++) {
     const mp_calib_bw *b = &c->bw[i];
@@ -1173,9 +1192,21 @@ static void cpu_kernel_fit(const mp_calib *c, const mp_calib_run *run, double *a
     B[n] = bytes / hbm;
     T[n] = compute_time(bytes / (b->GBps * 1e9), ovh);
     V[n] = run ? run_weight(log2(b->elems / run_elems(run, b->kernel))) : 1.0;
+    K[n] = bw_kernel_class(b->kernel);
     n++;
   }
   *hbm_eff = hbm_fit_log(F, B, T, V, n);
+  if (hbm_eff_kernel == NULL) return;
+  /* each class alone: its points keep their weights, the others weigh nothing */
+  for (int k = 0; k < MP_KERNEL_COUNT; k++) {
+    double Vk[MP_CALIB_MAX_BW];
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+      Vk[i] = K[i] == k ? V[i] : 0.0;
+      any |= Vk[i] > 0;
+    }
+    hbm_eff_kernel[k] = any ? hbm_fit_log(F, B, T, Vk, n) : 0.0;
+  }
 }
 
 /* The references of a cpu fit (see calibrate.h, "The fit"): the GEMM peak is the fastest
@@ -1218,7 +1249,7 @@ void mp_calib_fit_run(const mp_calib *c, const mp_calib_run *run, mp_calib_stack
   if (run == NULL || strcmp(c->device, "cpu") != 0 || !(c->fit.gemm_eff_max > 0)) return;
   if (!(run->tokens > 0) || run->seq < 1 || run->head_dim < 1 || run->d_model < 1) return;
   double attn = 0, hbm = 0;
-  cpu_kernel_fit(c, run, &attn, &hbm);
+  cpu_kernel_fit(c, run, &attn, &hbm, out->hbm_eff_kernel);
   if (attn > 0) out->attention_eff = attn;
   if (hbm > 0) out->hbm_eff = hbm;
 }
@@ -1276,7 +1307,7 @@ mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c) {
     if (f->fp8_gemm_eff_max > 1.0) f->fp8_gemm_eff_max = 1.0;
   }
   if (cpu) { /* the log-ratio fits, every point weighing the same (cpu_kernel_fit) */
-    cpu_kernel_fit(c, NULL, &f->attention_eff, &f->hbm_eff);
+    cpu_kernel_fit(c, NULL, &f->attention_eff, &f->hbm_eff, NULL);
     return MP_OK;
   }
   /* cuda: attention, the FLOP total over the time total, forward and backward together
@@ -1449,6 +1480,7 @@ mp_status mp_calib_apply_stack_run(mp_ctx *ctx, const mp_calib *c, const mp_cali
   if (f->fp8_gemm_eff_max > 0) stack->fp8_gemm_eff_max = f->fp8_gemm_eff_max;
   if (f->attention_eff > 0) stack->attention_eff = f->attention_eff;
   if (f->hbm_eff > 0) stack->hbm_eff = f->hbm_eff;
+  for (int k = 0; k < MP_KERNEL_COUNT; k++) stack->hbm_eff_kernel[k] = f->hbm_eff_kernel[k];
   if (f->kernel_overhead_us > 0) stack->kernel_overhead_s = f->kernel_overhead_us * 1e-6;
   stack->gemm_table = NULL;
   if (table && f->gemm_table) {

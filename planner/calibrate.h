@@ -230,6 +230,11 @@ typedef struct mp_calib_stack_fit {
   double attention_eff;
   double hbm_eff;
   double kernel_overhead_us;
+  /* cpu, for a run only (mp_calib_fit_run; not stored): each element-wise kernel class's
+   * own efficiency from its points (norm: RMSNorm; activation: SwiGLU; rope; loss:
+   * cross-entropy; optimizer: AdamW; residual), 0 where its points say nothing at the run's
+   * sizes (the class then takes hbm_eff) */
+  double hbm_eff_kernel[MP_KERNEL_COUNT];
 } mp_calib_stack_fit;
 
 typedef struct mp_calib_coll_fit {

@@ -620,6 +620,7 @@ typedef struct op_costs {
   double attn_rate;              /* bf16 peak x attention_eff */
   double gemm_eff_max, fp8_gemm_eff_max, half_mnk, kernel_overhead_s;
   const mp_gemm_table *gemm_table; /* the stack's by-shape correction, or NULL */
+  double hbm_k[MP_KERNEL_COUNT];   /* per kernel class: hbm, or its own efficiency's */
 } op_costs;
 
 static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *p) {
@@ -634,10 +635,13 @@ static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *
   k->half_mnk = p->gemm_eff_half_mnk;
   k->kernel_overhead_s = p->kernel_overhead_s;
   k->gemm_table = p->gemm_table;
+  for (int c = 0; c < MP_KERNEL_COUNT; c++)
+    k->hbm_k[c] = g->hbm_GBps * 1e9 * (p->hbm_eff_kernel[c] > 0 ? p->hbm_eff_kernel[c] : p->hbm_eff);
 }
 
 static inline double op_compute_s(const mp_op *op, const op_costs *k) {
-  double t_bytes = k->hbm > 0 ? op->bytes / k->hbm : 0.0, t_flops;
+  const double hbm = op->kernel < MP_KERNEL_COUNT ? k->hbm_k[op->kernel] : k->hbm;
+  double t_bytes = hbm > 0 ? op->bytes / hbm : 0.0, t_flops;
   const int dt = op->dtype < MP_DTYPE_COUNT ? op->dtype : MP_DTYPE_BF16;
   int fp8 = op->dtype == MP_DTYPE_FP8_E4M3 || op->dtype == MP_DTYPE_FP8_E5M2;
   if (op->kernel == MP_KERNEL_GEMM) {

@@ -54,6 +54,11 @@ typedef struct mp_stack_profile {
    * from a `meshplan calibrate` measurement; NULL (every loaded profile):
    * the curve alone. Not owned: the table must outlive the profile's use. */
   const struct mp_gemm_table *gemm_table;
+  /* added: the achieved fraction of HBM bandwidth per kernel class (MP_KERNEL_*), where a
+   * calibration fitted one from that class's own kernels (meshplan calibrate --device
+   * cpu, refitted at a run's sizes: a CPU's norms and SwiGLU run well below its AdamW);
+   * 0: hbm_eff. Never read from JSON. */
+  double hbm_eff_kernel[MP_KERNEL_COUNT];
   /* added: whose memory layout the stack's runtime has (exec/plan.h, mp_mem_model); JSON
    * key "memory_model", optional: "torchtitan" (the default), "meshplan-cpu" or
    * "meshplan-cuda". The

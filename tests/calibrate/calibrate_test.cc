@@ -681,6 +681,66 @@ TEST(CpuApply, SimulatorReproducesTheMeasuredKernels) {
   EXPECT_EQ(memcmp(&tt, &tt0, sizeof tt), 0);
 }
 
+TEST(CpuApply, EachElementWiseClassKeepsItsOwnRate) {
+  // The tiny-size points of SwiGLU run at 5 % of the copy, AdamW's at 30 %, the rest at
+  // 10 %: applied for tiny-dense, each class's simulated op takes its own kernel's time,
+  // and a class the calibration has no kernel of (the gradient norm) takes the pooled
+  // figure.
+  const CpuTruth tr;
+  mp_calib c = cpu_synthetic(tr);
+  c.n_bw = 0;
+  const double tiny[MP_CALIB_BW_COUNT] = {16384, 16384, 49152, 49152, 12288, 16384, 16384, 65536, 65536, 16384};
+  for (int k = 0; k < MP_CALIB_BW_COUNT; k++) {
+    const bool swiglu = k == MP_CALIB_BW_SWIGLU_FWD || k == MP_CALIB_BW_SWIGLU_BWD;
+    add_bw(c, tr, k, tiny[k], swiglu ? 0.05 : k == MP_CALIB_BW_ADAMW ? 0.3 : 0.1);
+  }
+  for (int k = 0; k < MP_CALIB_BW_COUNT; k++) add_bw(c, tr, k, 4194304.0, 0.6);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  ASSERT_EQ(mp_calib_fit_stack(&ctx, &c), MP_OK);
+  mp_gpu g;
+  ASSERT_EQ(mp_gpu_load(&ctx, "cpu", &g), MP_OK);
+  ASSERT_EQ(mp_calib_apply_checked(&ctx, &c, &g, nullptr), MP_OK);
+  mp_stack_profile st;
+  ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cpu", &st), MP_OK);
+  const mp_calib_run run = tiny_run();
+  mp_gemm_table table;
+  ASSERT_EQ(mp_calib_apply_stack_run(&ctx, &c, &run, &st, &table), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_NEAR(st.hbm_eff_kernel[MP_KERNEL_ACTIVATION], 0.05, 1e-9);
+  EXPECT_NEAR(st.hbm_eff_kernel[MP_KERNEL_OPTIMIZER], 0.3, 1e-9);
+  EXPECT_NEAR(st.hbm_eff_kernel[MP_KERNEL_NORM], 0.1, 1e-9);
+  EXPECT_EQ(st.hbm_eff_kernel[MP_KERNEL_GRAD_NORM], 0.0);
+  EXPECT_EQ(st.hbm_eff_kernel[MP_KERNEL_GEMM], 0.0);
+
+  struct Case {
+    int kernel, bw;
+    double elems, eff;
+  } cases[] = {{MP_KERNEL_ACTIVATION, MP_CALIB_BW_SWIGLU_FWD, 49152, 0.05},
+               {MP_KERNEL_OPTIMIZER, MP_CALIB_BW_ADAMW, 12288, 0.3},
+               {MP_KERNEL_NORM, MP_CALIB_BW_RMSNORM_FWD, 16384, 0.1}};
+  for (const Case &k : cases) {
+    mp_op op;
+    memset(&op, 0, sizeof op);
+    op.type = MP_OP_COMPUTE;
+    op.kernel = (uint8_t)k.kernel;
+    op.dtype = MP_DTYPE_FP32;
+    op.bytes = mp_calib_bw_bytes(k.bw, k.elems);
+    const double want = op.bytes / (tr.copy * 1e9 * k.eff) + tr.ovh;
+    EXPECT_NEAR(mp_sim_compute_op_s(&op, &g, &st), want, 1e-9 * want) << mp_kernel_name((mp_kernel)k.kernel);
+  }
+  // the gradient norm: the pooled fit over every class's points
+  mp_op op;
+  memset(&op, 0, sizeof op);
+  op.type = MP_OP_COMPUTE;
+  op.kernel = MP_KERNEL_GRAD_NORM;
+  op.dtype = MP_DTYPE_FP32;
+  op.bytes = 4.0 * 16384;
+  const double want = op.bytes / (tr.copy * 1e9 * st.hbm_eff) + tr.ovh;
+  EXPECT_NEAR(mp_sim_compute_op_s(&op, &g, &st), want, 1e-9 * want);
+  EXPECT_GT(st.hbm_eff, 0.05);
+  EXPECT_LT(st.hbm_eff, 0.3);
+}
+
 // ---- the database: a cpu calibration with its kernels, and an older one ------------------
 
 TEST(CpuStore, RoundTripKeepsKernelsRefsAndFit) {
