@@ -28,6 +28,7 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/cuda/cuda.h"
 #include "tests/test_rng.h"
+#include "tests/kernels_cuda/cuda_fixture.h"
 
 #ifdef MP_HAVE_CUDA
 // attention.cu's and attention_fa2.cu's test hooks, declared in kernels/cuda/cuda_internal.h
@@ -137,69 +138,16 @@ Vec sum(const Vec &a, const Vec &b) {
   return s;
 }
 
-class CudaAttention : public ::testing::Test {
+class CudaAttention : public mp_test::CudaVsCpu {
  protected:
-  void SetUp() override {
-    mp_ctx_init(&err);
-    kc = {&err, nullptr, 0};
-    cpu_kc = {&err, nullptr, 0};
-    cpu = mp_backend_cpu();
-    ASSERT_EQ(cpu->init(&cpu_kc, 0), MP_OK);
-#ifndef MP_HAVE_CUDA
-    GTEST_SKIP() << "not built with CUDA";
-#else
-    if (mp_cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    be = mp_cuda_backend();
-    ASSERT_EQ(be->init(&kc, 0), MP_OK) << mp_errmsg(&err);
-    ready = true;
-#endif
-  }
   void TearDown() override {
-    if (!ready) return;
 #ifdef MP_HAVE_CUDA
-    mp_cuda_attention_force_scalar(0);
-    for (int k : {kFa2Fwd, kFa2Dkdv, kFa2Dq}) mp_cuda_attention_fa2_force_config(k, -1);
+    if (ready) {
+      mp_cuda_attention_force_scalar(0);
+      for (int k : {kFa2Fwd, kFa2Dkdv, kFa2Dq}) mp_cuda_attention_fa2_force_config(k, -1);
+    }
 #endif
-    for (void *p : allocs) be->free(&kc, p);
-    be->shutdown(&kc);
-  }
-  // Device buffer of `bytes` filled with 0xFF.
-  void *poisoned(size_t bytes) {
-    void *p = nullptr;
-    EXPECT_EQ(be->alloc(&kc, &p, bytes), MP_OK) << mp_errmsg(&err);
-    allocs.push_back(p);
-    std::vector<unsigned char> ff(bytes, 0xFF);
-    EXPECT_EQ(be->memcpy_h2d(&kc, p, ff.data(), bytes), MP_OK);
-    return p;
-  }
-  // bf16 copy of h, `skew` bytes past a 256-byte aligned allocation.
-  void *dev_x(const Vec &h, size_t skew = 0) {
-    char *p = (char *)poisoned(h.size() * 2 + 16 + skew);
-    EXPECT_EQ(be->to_device_f32(&kc, p + skew, h.data(), h.size()), MP_OK) << mp_errmsg(&err);
-    return p + skew;
-  }
-  float *dev_f32(const Vec &h) {
-    float *p = (float *)poisoned(h.size() * 4 + 4);
-    EXPECT_EQ(be->memcpy_h2d(&kc, p, h.data(), h.size() * 4), MP_OK);
-    return p;
-  }
-  Vec get_x(const void *p, size_t n) {
-    Vec h(n);
-    EXPECT_EQ(be->synchronize(&kc), MP_OK) << mp_errmsg(&err);
-    EXPECT_EQ(be->from_device_f32(&kc, h.data(), p, n), MP_OK) << mp_errmsg(&err);
-    return h;
-  }
-  Vec get_f32(const float *p, size_t n) {
-    Vec h(n);
-    EXPECT_EQ(be->synchronize(&kc), MP_OK) << mp_errmsg(&err);
-    EXPECT_EQ(be->memcpy_d2h(&kc, h.data(), p, n * 4), MP_OK) << mp_errmsg(&err);
-    return h;
-  }
-  std::vector<unsigned char> get_bytes(const void *p, size_t n) {
-    std::vector<unsigned char> h(n);
-    EXPECT_EQ(be->synchronize(&kc), MP_OK) << mp_errmsg(&err);
-    EXPECT_EQ(be->memcpy_d2h(&kc, h.data(), p, n), MP_OK) << mp_errmsg(&err);
-    return h;
+    CudaVsCpu::TearDown();
   }
 
   // Runs the device forward on p's inputs (q skewed by `skew` bytes) into poisoned
@@ -253,12 +201,6 @@ class CudaAttention : public ::testing::Test {
     EXPECT_LE(rel_err(dk, sum(sk, p.gk), p.gk), 1e-2) << "dk " << name_of(s);
     EXPECT_LE(rel_err(dv, sum(sv, p.gv), p.gv), 1e-2) << "dv " << name_of(s);
   }
-
-  mp_ctx err;
-  mp_kctx kc, cpu_kc;
-  const mp_backend *cpu = nullptr, *be = nullptr;
-  bool ready = false;
-  std::vector<void *> allocs;
 };
 
 TEST_F(CudaAttention, ForwardMatchesCpu) {

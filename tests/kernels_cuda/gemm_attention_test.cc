@@ -31,6 +31,7 @@
 
 #include "kernels/cpu/cpu.h"
 #include "kernels/cuda/cuda.h"
+#include "tests/kernels_cuda/cuda_fixture.h"
 #include "tests/test_rng.h"
 #ifdef MP_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -57,76 +58,7 @@ double rel_l2(const Vec &got, const Vec &ref) {
   return std::sqrt(e / (n > 0 ? n : 1));
 }
 
-class GemmAttention : public ::testing::Test {
- protected:
-  void SetUp() override {
-    mp_ctx_init(&err);
-    kc = {&err, nullptr, 0};
-    cpu_kc = {&err, nullptr, 0};
-    cpu = mp_backend_cpu();
-    ASSERT_EQ(cpu->init(&cpu_kc, 0), MP_OK);
-#ifndef MP_HAVE_CUDA
-    GTEST_SKIP() << "not built with CUDA";
-#else
-    if (mp_cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    be = mp_cuda_backend();
-    ASSERT_EQ(be->init(&kc, 0), MP_OK) << mp_errmsg(&err);
-    ready = true;
-    int major = 0, minor = 0;
-    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-    ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
-    cc = major * 10 + minor;
-#endif
-  }
-  void TearDown() override {
-    if (!ready) return;
-    for (void *p : allocs) be->free(&kc, p);
-    be->shutdown(&kc);
-  }
-  // Device buffer of `bytes` filled with 0xFF.
-  void *poisoned(size_t bytes) {
-    void *p = nullptr;
-    EXPECT_EQ(be->alloc(&kc, &p, bytes), MP_OK) << mp_errmsg(&err);
-    allocs.push_back(p);
-    std::vector<unsigned char> ff(bytes, 0xFF);
-    EXPECT_EQ(be->memcpy_h2d(&kc, p, ff.data(), bytes), MP_OK);
-    return p;
-  }
-  void *dev_x(const Vec &h) {
-    void *p = poisoned(h.size() * 2 + 2);
-    EXPECT_EQ(be->to_device_f32(&kc, p, h.data(), h.size()), MP_OK) << mp_errmsg(&err);
-    return p;
-  }
-  float *dev_f32(const Vec &h) {
-    float *p = (float *)poisoned(h.size() * 4 + 4);
-    EXPECT_EQ(be->memcpy_h2d(&kc, p, h.data(), h.size() * 4), MP_OK);
-    return p;
-  }
-  void *dev_bytes(const std::vector<uint8_t> &h) {
-    void *p = poisoned(h.size() + 16);
-    EXPECT_EQ(be->memcpy_h2d(&kc, p, h.data(), h.size()), MP_OK);
-    return p;
-  }
-  Vec get_x(const void *p, size_t n) {
-    Vec h(n);
-    EXPECT_EQ(be->synchronize(&kc), MP_OK) << mp_errmsg(&err);
-    EXPECT_EQ(be->from_device_f32(&kc, h.data(), p, n), MP_OK) << mp_errmsg(&err);
-    return h;
-  }
-  Vec get_f32(const float *p, size_t n) {
-    Vec h(n);
-    EXPECT_EQ(be->synchronize(&kc), MP_OK) << mp_errmsg(&err);
-    EXPECT_EQ(be->memcpy_d2h(&kc, h.data(), p, n * 4), MP_OK) << mp_errmsg(&err);
-    return h;
-  }
-
-  mp_ctx err;
-  mp_kctx kc, cpu_kc;
-  const mp_backend *cpu = nullptr, *be = nullptr;
-  bool ready = false;
-  int cc = 0;
-  std::vector<void *> allocs;
-};
+class GemmAttention : public mp_test::CudaVsCpu {};
 
 struct Shape3 {
   int N, K, M;
