@@ -61,6 +61,11 @@ double mp_calib_gemm_flops(int pass, int N, int K, int M) {
   return (pass == MP_CALIB_GEMM_BWD ? 4.0 : 2.0) * (double)N * (double)K * (double)M;
 }
 
+mp_calib_gemm mp_calib_gemm_point(int pass, int N, int K, int M, double time_s) {
+  mp_calib_gemm g = {pass, N, K, M, mp_calib_gemm_flops(pass, N, K, M) / time_s};
+  return g;
+}
+
 double mp_calib_attn_flops(int backward, int B, int T, int nh, int hd) {
   /* exec/schedule.c attn_fwd_flops: 2 x tokens x seq x heads x hd, tokens = B T */
   double f = 2.0 * (double)B * (double)T * (double)T * (double)nh * (double)hd;
@@ -585,10 +590,7 @@ static mp_status cpu_measure_kernels(mp_ctx *ctx, mp_comm *comm, const mp_backen
   out->launch_s = ts[0];
   for (int i = g0; i < a0; i++) {
     const cpu_op *op = &C->ops[i];
-    mp_calib_gemm *g = &out->gemm[out->n_gemm++];
-    g->pass = o->gemm[i - g0].pass;
-    g->N = op->a, g->K = op->b, g->M = op->c;
-    g->flops_per_s = mp_calib_gemm_flops(g->pass, g->N, g->K, g->M) / ts[i];
+    out->gemm[out->n_gemm++] = mp_calib_gemm_point(o->gemm[i - g0].pass, op->a, op->b, op->c, ts[i]);
   }
   for (int i = a0; i < b0; i++) {
     const cpu_op *op = &C->ops[i];

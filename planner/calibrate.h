@@ -179,6 +179,9 @@ typedef struct mp_calib_gemm {
   double flops_per_s;
 } mp_calib_gemm;
 
+/* The point of a GEMM of pass at N x K x M that took time_s per call. */
+mp_calib_gemm mp_calib_gemm_point(int pass, int N, int K, int M, double time_s);
+
 typedef struct mp_calib_attn {
   int backward;             /* 0: attention_forward; 1: attention_backward */
   int B, T, nh, nkv, hd;

@@ -289,12 +289,7 @@ static mp_status phase_gemm(cal *C, const mp_calib_options *o, mp_calib *out) {
     g.c = o->gemm[i].M;
     double t = 0;
     MP_CHECK_GOTO(time_op(C, &g, 0, &t), st, done);
-    mp_calib_gemm *e = &out->gemm[out->n_gemm++];
-    e->pass = pass;
-    e->N = g.a;
-    e->K = g.b;
-    e->M = g.c;
-    e->flops_per_s = mp_calib_gemm_flops(pass, g.a, g.b, g.c) / t;
+    out->gemm[out->n_gemm++] = mp_calib_gemm_point(pass, g.a, g.b, g.c, t);
   }
 done:
   bfree(C, &s);
@@ -451,12 +446,7 @@ static mp_status phase_f8(cal *C, const mp_calib_options *o, mp_calib *out) {
     f.c = o->f8[i].M;
     double t = 0;
     MP_CHECK_GOTO(time_op(C, &f, 0, &t), st, done);
-    mp_calib_gemm *e = &out->f8[out->n_f8++];
-    e->pass = MP_CALIB_GEMM_FWD;
-    e->N = f.a;
-    e->K = f.b;
-    e->M = f.c;
-    e->flops_per_s = mp_calib_gemm_flops(MP_CALIB_GEMM_FWD, f.a, f.b, f.c) / t;
+    out->f8[out->n_f8++] = mp_calib_gemm_point(MP_CALIB_GEMM_FWD, f.a, f.b, f.c, t);
   }
 done:
   bfree(C, &s);
