@@ -24,6 +24,7 @@
 #include "sim/stack.h"
 #include "tests/mpi_gtest.h"
 #include "tests/runtime/acct_backend.h"
+#include "tests/runtime/schedule_replay.h"
 
 namespace {
 
@@ -43,21 +44,7 @@ std::string Name(const Case &k) {
 }
 
 // The rank's schedule replayed in issue order: the whole peak and each category's.
-void Replay(const mp_schedule *s, int64_t *peak, int64_t cat_max[MP_MEM_COUNT]) {
-  int64_t cur = 0, cat[MP_MEM_COUNT] = {0};
-  *peak = 0;
-  for (int c = 0; c < MP_MEM_COUNT; c++) cat_max[c] = 0;
-  mp_schedule_iter it;
-  mp_schedule_iter_begin(s, &it);
-  while (mp_schedule_iter_next(&it)) {
-    const int64_t d = it.op->type == MP_OP_ALLOC ? it.op->mem_bytes : it.op->type == MP_OP_FREE ? -it.op->mem_bytes : 0;
-    if (!d) continue;
-    cur += d;
-    cat[it.op->mem_cat] += d;
-    if (cur > *peak) *peak = cur;
-    if (cat[it.op->mem_cat] > cat_max[it.op->mem_cat]) cat_max[it.op->mem_cat] = cat[it.op->mem_cat];
-  }
-}
+using mp_test::Replay;
 
 // The "mpi" backend's table under NCCL's name: runtime.c's overlap path, blocking.
 mp_comm_backend g_as_nccl;

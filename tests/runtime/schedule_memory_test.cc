@@ -26,6 +26,7 @@
 #include "sim/sim.h"
 #include "sim/stack.h"
 #include "tests/runtime/acct_backend.h"
+#include "tests/runtime/schedule_replay.h"
 
 namespace {
 
@@ -133,17 +134,7 @@ std::string CudaName(const CudaCase &k) {
 
 // Peak of a schedule's memory events replayed in issue order over one micro-batch (with the
 // prologue): the expanded and compact forms must agree with each other and the simulator.
-int64_t ReplayPeak(const mp_schedule *s) {
-  int64_t cur = 0, peak = 0;
-  mp_schedule_iter it;
-  mp_schedule_iter_begin(s, &it);
-  while (mp_schedule_iter_next(&it)) {
-    if (it.op->type == MP_OP_ALLOC) cur += it.op->mem_bytes;
-    if (it.op->type == MP_OP_FREE) cur -= it.op->mem_bytes;
-    if (cur > peak) peak = cur;
-  }
-  return peak;
-}
+using mp_test::ReplayPeak;
 
 void CheckCudaCase(const CudaCase &k, const mp_backend *be) {
   SCOPED_TRACE(CudaName(k));
