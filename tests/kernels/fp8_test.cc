@@ -17,23 +17,11 @@
 #include <vector>
 
 #include "kernels/cpu/cpu.h"
+#include "tests/kernels/cpu_fixture.h"
 
 namespace {
 
-class Fp8 : public ::testing::Test {
- protected:
-  void SetUp() override {
-    mp_ctx_init(&err);
-    kc.err = &err;
-    kc.impl = nullptr;
-    kc.device = 0;
-    be = mp_backend_cpu();
-    ASSERT_EQ(be->init(&kc, 0), MP_OK);
-  }
-  mp_ctx err;
-  mp_kctx kc;
-  const mp_backend *be;
-};
+class Fp8 : public mp_test::CpuKernels {};
 
 // R * C values: sign * mantissa in [0.5, 1) * 2^[-20, 4], with NaN, +-inf and +-1e6 at
 // scattered positions (about 1 in 23 elements).

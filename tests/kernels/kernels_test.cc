@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu.h"
+#include "tests/kernels/cpu_fixture.h"
 #include "tests/test_rng.h"
 
 namespace {
@@ -25,20 +26,7 @@ using Vec = std::vector<float>;
 
 using mp_test::Rng;
 
-class Kernels : public ::testing::Test {
- protected:
-  void SetUp() override {
-    mp_ctx_init(&err);
-    kc.err = &err;
-    kc.impl = nullptr;
-    kc.device = 0;
-    be = mp_backend_cpu();
-    ASSERT_EQ(be->init(&kc, 0), MP_OK);
-  }
-  mp_ctx err;
-  mp_kctx kc;
-  const mp_backend *be;
-};
+class Kernels : public mp_test::CpuKernels {};
 
 double dot(const Vec &a, const Vec &b) {
   double s = 0;

@@ -13,24 +13,12 @@
 #include <vector>
 
 #include "kernels/cpu/cpu.h"
+#include "tests/kernels/cpu_fixture.h"
 #include "tests/test_rng.h"
 
 namespace {
 
-class MatmulF8 : public ::testing::Test {
- protected:
-  void SetUp() override {
-    mp_ctx_init(&err);
-    kc.err = &err;
-    kc.impl = nullptr;
-    kc.device = 0;
-    be = mp_backend_cpu();
-    ASSERT_EQ(be->init(&kc, 0), MP_OK);
-  }
-  mp_ctx err;
-  mp_kctx kc;
-  const mp_backend *be;
-};
+class MatmulF8 : public mp_test::CpuKernels {};
 
 // Well-known codes (OCP FP8 tables): E4M3 1.0 = 0 0111 000, 448 = 0 1111 110;
 // E5M2 1.0 = 0 01111 00, 57344 = 0 11110 11.
