@@ -88,7 +88,7 @@ static mp_status run_op(const bench_case *bc, const bufs *b) {
                                       b->x3, b->f1, MB, SEQ, NH, NKV, HD);
     case OP_F8:
       return g_be->matmul_f8(kc, b->x2, NULL, (const uint8_t *)b->x0, b->scale, MP_F8_E4M3,
-                             (const uint8_t *)b->x1, b->scale, MP_F8_E4M3, bc->a, bc->b, bc->c);
+                             (const uint8_t *)b->x1, b->scale, MP_F8_E4M3, bc->a, bc->b, bc->c, 0);
     case OP_COPY:
       return g_be->memcpy_d2d(kc, b->x2, b->x0, (size_t)bc->a << 20);
     case OP_RMSNORM:

@@ -47,6 +47,19 @@ static const char *const k_module_names[MP_MOD_COUNT] = {
     [MP_MOD_OUTPUT] = "output",
 };
 
+int mp_module_f8_source(mp_module m) {
+  switch (m) {
+    case MP_MOD_Q:
+    case MP_MOD_K:
+    case MP_MOD_V: return 0;
+    case MP_MOD_O: return 1;
+    case MP_MOD_GATE:
+    case MP_MOD_UP: return 2;
+    case MP_MOD_DOWN: return 3;
+    default: return -1;
+  }
+}
+
 const char *mp_module_name(mp_module m) {
   return (unsigned)m < MP_MOD_COUNT ? k_module_names[m] : "?";
 }

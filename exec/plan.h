@@ -181,6 +181,8 @@ typedef struct mp_plan_options {
                             micro-batch per data-parallel rank, set by mp_plan_create) */
   mp_dtype master_dtype; /* fp32 master weights and optimizer state */
   mp_mem_model mem_model; /* whose memory layout the schedule describes (default TORCHTITAN) */
+  int f8_codes;           /* MESHPLAN_CPU: the runtime runs float8 Linears on codes
+                             (mp_runtime_options.f8_codes); MESHPLAN_CUDA always does */
 } mp_plan_options;
 
 /* Pass bits, in the canonical order. */
@@ -321,6 +323,10 @@ const char *mp_ac_mode_name(mp_ac_mode m);
 mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out);
 const char *mp_tp_style_name(mp_tp_style s);
 const char *mp_module_name(mp_module m); /* "attention.q_proj" */
+/* The block activation a dense block's Linear reads, as the float8 runtimes share and keep
+ * its operand: 0 xn1 (q, k, v), 1 the attention output (o), 2 xn2 (gate, up), 3 the SwiGLU
+ * output (down); -1 for every other module. */
+int mp_module_f8_source(mp_module m);
 
 #ifdef __cplusplus
 }

@@ -219,7 +219,6 @@ enum {
   BUF_RT_RS,       /* NCCL: a unit's reduce-scatter output, in flight (TEMP) */
   BUF_F8_DY,       /* float8 on codes: the output gradient's operand (E5M2) */
   BUF_F8_W,        /* an FSDP-sharded weight's operand (E4M3) */
-  BUF_F8_DX,       /* the input gradient's X temporary */
   BUF_F8_ACT,      /* + source (f8_source): a block's activation operand (E4M3) */
 };
 
@@ -294,7 +293,10 @@ typedef struct gen {
   int host_mem;            /* rt: the backend's memory is host memory (no staging buffer) */
   int overlap;             /* rt: NCCL's prefetched gathers and deferred reduce-scatters */
   int prefetch;            /* FSDP gathers one block ahead (torchtitan, NCCL), or at use */
+  int f8c;                 /* rt: float8 Linears on codes (meshplan-cuda; meshplan-cpu with the
+                              plan's f8_codes), else the CPU's fp32 emulation */
   int f8w_sharded;         /* rt, float8 on codes: block weights FSDP-sharded (per-GEMM codes) */
+  unsigned f8_fwd_amax;    /* rt, float8 on codes, backward: activations whose amax the forward kept */
   unsigned f8_scope;       /* rt, float8 on codes: the open block's quantized activations */
   int64_t f8_scope_bytes[4];
   struct {                 /* overlap: the reduce-scatter in flight (one unit at most) */
@@ -501,18 +503,12 @@ static int64_t a16(int64_t n) { return (n + 15) & ~(int64_t)15; }
  * then its amax and scale, in one FP8 allocation. */
 static int64_t rt_f8_operand(int64_t n) { return 2 * al64(n) + 64; }
 
-/* The activation a block's float8 Linear reads: q/k/v xn1, o the attention output, gate/up
- * xn2, down the SwiGLU output. Linears reading the same one share its operand. */
+/* The activation a block's float8 Linear reads (mp_module_f8_source; the runtimes run no
+ * other module's Linear in float8, so the rest share slot 3). Linears reading the same one
+ * share its operand. */
 static int f8_source(int module) {
-  switch (module) {
-    case MP_MOD_Q:
-    case MP_MOD_K:
-    case MP_MOD_V: return 0;
-    case MP_MOD_O: return 1;
-    case MP_MOD_GATE:
-    case MP_MOD_UP: return 2;
-    default: return 3;
-  }
+  const int src = mp_module_f8_source((mp_module)module);
+  return src >= 0 ? src : 3;
 }
 
 /* The E4M3 operand of that activation: quantized by the first Linear of the block's
@@ -526,6 +522,19 @@ static void rt_f8_act(gen *g, int module, int64_t elems, int transposed_only) {
   g->f8_scope_bytes[src] = rt_f8_operand(elems);
   pair(g, MP_MEM_FP8, BUF_F8_ACT + src, g->f8_scope_bytes[src], 1);
   (void)transposed_only; /* f8_quantize_t writes the transposed codes directly */
+}
+
+/* runtime.c's float8 cast on codes (f8_quant), kernel by kernel: f8_amax over the X
+ * tensor unless its amax is known (computed by the kernel that produced the tensor, or
+ * kept from the forward), f8_scale_from_amax, and f8_quantize_t reading the tensor once
+ * and writing `orient` orientations of one-byte codes. */
+static void rt_f8_cast(gen *g, int module, int64_t elems, int amax, int orient, mp_variant v) {
+  if (amax)
+    compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, 2.0 * (double)elems,
+            (double)g->xs * (double)elems, MP_DTYPE_BF16);
+  compute(g, MP_KERNEL_FP8_CAST, v, module, 1, 0, 0, 1, 1.0, 8.0, MP_DTYPE_FP32);
+  compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, FLOPS_CAST * (double)elems,
+          (double)(g->xs + orient) * (double)elems, MP_DTYPE_BF16);
 }
 
 /* The end of a block's forward or backward: its activation operands go. */
@@ -544,16 +553,22 @@ static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, in
   }
   const int64_t mi = (int64_t)ceil(m) * batch;
   const int64_t w = out * in * batch, x = mi * in;
-  if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_FWD);
-  cast(g, module, x, MP_VAR_FWD);
-  if (g->rt && g->xs != 4) { /* codes: the input's (shared in the block), the weight's */
-    const int64_t wb = g->f8w_sharded ? rt_f8_operand(w) : 0; /* else resident codes */
+  if (g->f8c) {
+    /* codes: the input's (shared in the block; its amax from RMSNorm's or SwiGLU's kernel,
+     * the attention output's read for it), then the weight's when FSDP-sharded (else the
+     * resident codes, quantized once per step: rt_optimizer) */
+    const int64_t wb = g->f8w_sharded ? rt_f8_operand(w) : 0;
+    const int src = f8_source(module);
+    if (!(g->f8_scope & (1u << src))) rt_f8_cast(g, module, x, src == 1, 1, MP_VAR_FWD);
     rt_f8_act(g, module, x, 0);
     pair(g, MP_MEM_FP8, BUF_F8_W, wb, 1);
+    if (wb) rt_f8_cast(g, module, w, 1, 2, MP_VAR_FWD);
     gemm(g, MP_VAR_FWD, module, m, out, in, batch, MP_DTYPE_FP8_E4M3);
     pair(g, MP_MEM_FP8, BUF_F8_W, wb, 0);
     return;
   }
+  if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_FWD);
+  cast(g, module, x, MP_VAR_FWD);
   /* meshplan-cpu emulates float8 in fp32: one buffer of the quantized input (aligned) and
    * weight; the runtimes never all-gather float8 */
   const int64_t fb = g->rt ? (a16(x) + w) * 4 : (g->sh.fp8_ag ? 0 : w) + x;
@@ -571,26 +586,29 @@ static void linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, in
   }
   const int64_t mi = (int64_t)ceil(m) * batch;
   const int64_t w = out * in * batch, x = mi * in, dy = mi * out;
-  cast(g, module, dy, MP_VAR_BWD);
-  if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_BWD);
-  cast(g, module, x, MP_VAR_BWD);
-  if (g->rt && g->xs != 4) {
-    /* codes: dy's (E5M2, both orientations), the weight's when sharded, an X temporary
-     * for DGRAD's output (the GEMM writes, the contract adds), then the input's
-     * transposed codes (shared in the block) */
-    const int64_t db = rt_f8_operand(dy), wb = g->f8w_sharded ? rt_f8_operand(w) : 0,
-                  xb = x * g->xs;
+  if (g->f8c) {
+    /* codes: dy's (E5M2, both orientations; gate's and up's amax from SwiGLU's backward
+     * kernel), the weight's when sharded, DGRAD adding into the input gradient, then the
+     * input's transposed codes (shared in the block; the amax its forward kept) */
+    const int64_t db = rt_f8_operand(dy), wb = g->f8w_sharded ? rt_f8_operand(w) : 0;
+    const int dy_known = (module == MP_MOD_GATE || module == MP_MOD_UP) && !g->sh.gpt &&
+                         g->sh.fp8[MP_MOD_GATE] && g->sh.fp8[MP_MOD_UP];
+    const int src = f8_source(module);
     pair(g, MP_MEM_FP8, BUF_F8_DY, db, 1);
+    rt_f8_cast(g, module, dy, !dy_known, 2, MP_VAR_BWD);
     pair(g, MP_MEM_FP8, BUF_F8_W, wb, 1);
-    pair(g, MP_MEM_FP8, BUF_F8_DX, xb, 1);
+    if (wb) rt_f8_cast(g, module, w, 1, 2, MP_VAR_BWD);
     gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_FP8_E5M2);
+    if (!(g->f8_scope & (1u << src))) rt_f8_cast(g, module, x, 0, 1, MP_VAR_BWD);
     rt_f8_act(g, module, x, 1);
     gemm(g, MP_VAR_WGRAD, module, out, in, (int64_t)ceil(m), batch, MP_DTYPE_FP8_E5M2);
-    pair(g, MP_MEM_FP8, BUF_F8_DX, xb, 0);
     pair(g, MP_MEM_FP8, BUF_F8_W, wb, 0);
     pair(g, MP_MEM_FP8, BUF_F8_DY, db, 0);
     return;
   }
+  cast(g, module, dy, MP_VAR_BWD);
+  if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_BWD);
+  cast(g, module, x, MP_VAR_BWD);
   const int64_t fb = g->rt ? (a16(dy) + a16(x) + w) * 4 : dy + (g->sh.fp8_ag ? 0 : w) + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
   gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_FP8_E5M2);
@@ -1422,10 +1440,11 @@ static void rt_sizes_fill(gen *g, int64_t micro_batch) {
   const int64_t X = g->xs, F4 = 4; /* element bytes: X tensors; fp32 / int32 */
   const int ep = sh->ep > 1;
   memset(r, 0, sizeof *r);
-  /* RoPE cos and sin; scalars: 8 float8 amax/scale slots and one sum of squares per
-   * parameter tensor (runtime.c's rt->scalar); the staging of host-value collectives when
-   * the backend's memory is not host memory */
-  r->resident = 2 * sh->seq * (sh->hd / 2) * 4 + (8 + (int64_t)g->p->n_params) * 4 +
+  /* RoPE cos and sin; scalars: 8 float8 amax/scale slots, one sum of squares per parameter
+   * tensor and 4 forward float8 amax per layer (runtime.c's rt->scalar); the staging of
+   * host-value collectives when the backend's memory is not host memory */
+  r->resident = 2 * sh->seq * (sh->hd / 2) * 4 +
+                (8 + (int64_t)g->p->n_params + 4 * g->p->model.n_layers) * 4 +
                 (g->host_mem ? 0 : RT_STAGE_BYTES);
   r->tok = 2 * N * 4;
   r->nc = N * C * X;
@@ -1530,6 +1549,7 @@ typedef struct rt_rest {
   int32_t n_t;
   int64_t *t_pad;
   uint8_t *t_rep;
+  uint8_t *t_f8;     /* not sharded and float8: resident codes, re-quantized once per step */
 } rt_rest;
 
 /* Units as this rank's stage sees them, and the rank's elements at rest (the same sums as
@@ -1555,7 +1575,8 @@ static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
   memset(rest, 0, sizeof *rest);
   rest->t_pad = mp_arena_alloc(g->arena, sizeof(int64_t) * (size_t)(p->n_params > 0 ? p->n_params : 1));
   rest->t_rep = mp_arena_alloc(g->arena, (size_t)(p->n_params > 0 ? p->n_params : 1));
-  if (rest->t_pad == NULL || rest->t_rep == NULL)
+  rest->t_f8 = mp_arena_alloc(g->arena, (size_t)(p->n_params > 0 ? p->n_params : 1));
+  if (rest->t_pad == NULL || rest->t_rep == NULL || rest->t_f8 == NULL)
     return mp_error(g->ctx, MP_ERR_NOMEM, "out of memory building the step schedule");
   for (int i = 0; i < p->n_params; i++) {
     const mp_param *prm = &p->params[i];
@@ -1594,6 +1615,7 @@ static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
     const int64_t pad = gs > 1 && rows > 0 ? (rows + gs - 1) / gs * (n / rows) : local;
     rest->numel_pad += pad;
     rest->t_pad[rest->n_t] = pad;
+    rest->t_f8[rest->n_t] = gs <= 1 && prm->float8;
     rest->t_rep[rest->n_t++] = gs <= 1;
     if (gs > 1) {
       ui->rt_gather_x4 += al64(gs * pad * 4);
@@ -1653,6 +1675,9 @@ static void rt_optimizer(gen *g, const rt_rest *r, int world_reduce) {
     if (r->t_rep[t] && g->xs != 4)
       compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, n, 0, 0, 1, 0.0, (4.0 + g->xs) * (double)n,
               MP_DTYPE_FP32);
+    /* the resident codes of an updated float8 weight: the runtime quantizes them again at
+     * their first GEMM of the next step (f8_weight), costed here, once per step */
+    if (g->f8c && r->t_f8[t]) rt_f8_cast(g, -1, n, 1, 2, MP_VAR_FWD);
   }
   for (int32_t t = 0; t < r->n_t; t++)
     compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, r->t_pad[t], 0, 0, 1, 0.0, 4.0 * (double)r->t_pad[t],
@@ -1857,6 +1882,7 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   const int cuda = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CUDA;
   g.rt = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CPU || cuda;
   g.xs = cuda ? 2 : 4;
+  g.f8c = cuda || (g.rt && p->opts.f8_codes);
   g.host_mem = !cuda;
   g.overlap = cuda;
   g.prefetch = !g.rt || g.overlap;
@@ -1903,7 +1929,7 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
     s->resident_bytes[MP_MEM_TEMP] = g.rs.resident;
     mem(&g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_RT_RESIDENT, g.rs.resident, -1, -1, MP_STREAM_COMPUTE);
   }
-  if (g.rt && g.xs != 4 && pr->rest.f8w_bytes > 0) { /* float8 codes of unsharded weights */
+  if (g.f8c && pr->rest.f8w_bytes > 0) { /* float8 codes of unsharded weights */
     s->resident_bytes[MP_MEM_FP8] = pr->rest.f8w_bytes;
     mem(&g, MP_OP_ALLOC, MP_MEM_FP8, BUF_RT_F8W, pr->rest.f8w_bytes, -1, -1, MP_STREAM_COMPUTE);
   }

@@ -68,6 +68,10 @@ typedef enum mp_f8_format {
   MP_F8_E5M2
 } mp_f8_format;
 
+/* matmul_f8 flags */
+#define MP_F8_GEMM_ADD 1u        /* out_x += A B^T (else out_x = A B^T); out_f32 always += */
+#define MP_F8_GEMM_FAST_ACCUM 2u /* the device's fast float8 accumulation may be used */
+
 #define MP_F8_E4M3_MAX 448.0f
 #define MP_F8_E5M2_MAX 57344.0f
 
@@ -415,11 +419,33 @@ struct mp_backend {
    * A = x (E4M3), B = W (E4M3); dgrad dx = dy W is A = dy (E5M2), B = W^T (E4M3, via
    * f8_transpose); wgrad dW = dy^T x is A = dy^T (E5M2), B = x^T (E4M3). The CUDA backend
    * needs K, R and S multiples of 16 and compute capability >= 8.9 (it refuses otherwise
-   * with MP_ERR_UNSUPPORTED); the CPU backend decodes and multiplies (the reference). */
+   * with MP_ERR_UNSUPPORTED); the CPU backend decodes and multiplies (the reference).
+   * flags: MP_F8_GEMM_ADD accumulates into out_x (+=, the dgrad contract: one pass over
+   * the output instead of a temporary and an accumulate); MP_F8_GEMM_FAST_ACCUM allows
+   * the device's fast float8 accumulation (Hopper's tensor cores then skip the periodic
+   * promotion of partial sums to fp32: torchao's default for the forward GEMM only, whose
+   * K is a layer width; never for weight gradients, whose K is the token count). The CPU
+   * reference accumulates in fp32 either way. */
   mp_status (*matmul_f8)(mp_kctx *kc, void *out_x, float *out_f32,
                          const uint8_t *a, const float *a_scale, mp_f8_format fmt_a,
                          const uint8_t *b, const float *b_scale, mp_f8_format fmt_b,
-                         int R, int K, int S);
+                         int R, int K, int S, unsigned flags /* MP_F8_GEMM_* */);
+  /* Fused amax (optional: NULL where a backend has none; the runtime then calls f8_amax
+   * after the plain op). Each does exactly what its plain op does and also writes the
+   * amax (max |v|, written, not max-accumulated) of each output as stored, i.e. after
+   * rounding to X and, for swiglu_backward, after the += update: bit for bit what f8_amax
+   * of that output would return. A float8 Linear's dynamic scale then costs no extra read
+   * of its input (RMSNorm feeds q/k/v and gate/up, SwiGLU feeds down) or of its output
+   * gradient (SwiGLU's backward feeds gate's and up's). NaN in an output gives a NaN
+   * amax, as f8_amax does. */
+  mp_status (*rmsnorm_forward_amax)(mp_kctx *kc, void *out /* (N, C) */, float *rstd /* (N) */,
+                                    const void *x /* (N, C) */, const void *w /* (C) */,
+                                    int N, int C, float eps, float *amax /* (1) */);
+  mp_status (*swiglu_forward_amax)(mp_kctx *kc, void *out /* (n) */, const void *gate,
+                                   const void *up, size_t n, float *amax /* (1) */);
+  mp_status (*swiglu_backward_amax)(mp_kctx *kc, void *dgate /* (n) += */, void *dup /* (n) += */,
+                                    const void *dout, const void *gate, const void *up, size_t n,
+                                    float *amax_dgate /* (1) */, float *amax_dup /* (1) */);
   /* out (C, R) = in (R, C) transposed, float8 codes. */
   mp_status (*f8_transpose)(mp_kctx *kc, uint8_t *out, const uint8_t *in, int R, int C);
   /* f8_quantize and f8_transpose in one pass over x: codes (R, C) = f8_quantize(x) and

@@ -158,7 +158,7 @@ static mp_status run(cal *C, const op *o) {
      * f0 the two scales */
     case OP_F8:
       return be->matmul_f8(kc, o->x[0], NULL, o->u[0], o->f[0], MP_F8_E4M3, o->u[1], o->f[0] + 1, MP_F8_E4M3,
-                           o->a, o->b, o->c);
+                           o->a, o->b, o->c, 0);
   }
   return mp_error(C->ctx, MP_ERR_INTERNAL, "calibrate: unknown op %d", (int)o->kind);
 }

@@ -36,6 +36,10 @@ struct Timed {
 };
 
 #define KP(op, cls) b.op = &Timed<&mp_backend::op, cls>::Call, n++;
+// An optional op (kernels/ops.h: NULL where the backend has none) stays NULL.
+#define KPO(op, cls)                                    \
+  if (b.op) b.op = &Timed<&mp_backend::op, cls>::Call; \
+  n++;
 
 // Returns how many slots it wrapped.
 size_t Wrap(mp_backend &b) {
@@ -67,9 +71,13 @@ size_t Wrap(mp_backend &b) {
   KP(f8_quantize, MP_KERNEL_FP8_CAST) KP(f8_dequantize, MP_KERNEL_FP8_CAST)
   KP(f8_fake_quantize, MP_KERNEL_FP8_CAST) KP(f8_transpose, MP_KERNEL_FP8_CAST)
   KP(f8_quantize_t, MP_KERNEL_FP8_CAST)
+  // the fused amax rides in its producer's class: the schedule costs it as that kernel
+  KPO(rmsnorm_forward_amax, MP_KERNEL_NORM) KPO(swiglu_forward_amax, MP_KERNEL_ACTIVATION)
+  KPO(swiglu_backward_amax, MP_KERNEL_ACTIVATION)
   return n;
 }
 #undef KP
+#undef KPO
 
 // The slots Wrap leaves to the inner backend; with Wrap's they are the whole table
 // (checked in mp_kprof_backend, so an op added to ops.h cannot go untimed unnoticed).

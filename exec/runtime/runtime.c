@@ -60,7 +60,19 @@ typedef struct f8_operand {
   float *amax; /* [0] amax, [1] scale (device) */
   void *mem;
 } f8_operand;
-enum { F8_SCOPE_MAX = 8 };
+enum { F8_SCOPE_MAX = 8, F8_KNOWN_MAX = 8 };
+
+/* A tensor whose amax is already on the device (float8 on codes): written by the kernel
+ * that produced it (rmsnorm_forward_amax, swiglu_*_amax), or kept from the forward that
+ * quantized the same saved activation (its backward reads the same bytes: saved, or
+ * recomputed bit for bit). reduced: already all-reduced (MAX) over tp. Valid inside one
+ * block's f8 scope: the scope's end forgets them. */
+typedef struct f8_known {
+  const void *x;
+  size_t n;
+  float *amax;
+  int reduced;
+} f8_known;
 
 /* Byte offsets of the tensors carved from a block's allocations (64-byte aligned). Dims
  * are the rank's local ones (heads, d_ff and vocab split over tp). */
@@ -119,6 +131,12 @@ struct mp_runtime {
    * (q, k, v read xn1; gate and up read xn2): open between f8_scope_begin and _end */
   f8_operand f8s[F8_SCOPE_MAX];
   int f8_n, f8_scope;
+  int f8_codes;        /* float8 Linears as GEMMs on codes (else the fp32 emulation) */
+  f8_known f8k[F8_KNOWN_MAX];
+  int f8k_n;
+  float *f8_fwd;       /* [L * 4] device: the reduced amax of each block's float8 activations
+                          (xn1, attention output, xn2, SwiGLU output) from its forward */
+  unsigned char *f8_fwd_valid; /* [L] host: bit s set once this micro-batch's forward wrote it */
   float *stage;       /* device staging for collectives on host values (not host_mem), STAGE_FLOATS */
   char **x;         /* [L + 1] (N, C) X */
   char **act;       /* [L] */
@@ -355,6 +373,7 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static mp_status build_program(mp_ctx *ctx, mp_runtime *rt) {
   mp_plan q = *rt->plan; /* shallow: the schedule only reads it, here */
   q.opts.mem_model = rt->xs == 4 ? MP_MEM_MODEL_MESHPLAN_CPU : MP_MEM_MODEL_MESHPLAN_CUDA;
+  q.opts.f8_codes = rt->f8_codes;
   mp_arena *a = mp_arena_create();
   MP_CHECK_ALLOC(ctx, a);
   mp_schedule *s = NULL;
@@ -427,6 +446,12 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
   rt->xdt = be->x_dtype == MP_KDTYPE_BF16 ? MP_COMM_DTYPE_BF16 : MP_COMM_DTYPE_FP32;
   rt->host_mem = strcmp(be->name, "cpu") == 0;
   rt->overlap = strcmp(mp_comm_backend_name(comm), "nccl") == 0;
+  rt->f8_codes = be->x_dtype != MP_KDTYPE_F32 || opts->f8_codes;
+  if (rt->f8_codes && (!be->matmul_f8 || !be->f8_quantize_t)) {
+    free(rt);
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "runtime: backend %s has no float8 GEMM on codes (matmul_f8, "
+                    "f8_quantize_t); run its float8 Linears emulated (f8_codes = 0)", be->name);
+  }
   layout(&rt->lay_dense, rt, 0);
   layout(&rt->lay_moe, rt, 1);
 
@@ -441,8 +466,9 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
   rt->ep_R = calloc((size_t)rt->L, sizeof *rt->ep_R);
   rt->ep_rc = calloc((size_t)rt->L * rt->ep * (rt->El ? rt->El : 1), sizeof *rt->ep_rc);
   rt->counts_h = calloc((size_t)rt->L * (rt->E ? rt->E : 1), sizeof *rt->counts_h);
+  rt->f8_fwd_valid = calloc((size_t)rt->L + 1, 1);
   if (!rt->prm || !rt->units || !rt->pidx || !rt->x || !rt->act || !rt->core || !rt->epa || !rt->ep_R ||
-      !rt->ep_rc || !rt->counts_h) {
+      !rt->ep_rc || !rt->counts_h || !rt->f8_fwd_valid) {
     st = mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory for bookkeeping");
     goto fail;
   }
@@ -536,9 +562,11 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
   size_t rb = (size_t)rt->T * (rt->hd / 2) * sizeof(float);
   MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, rb, (void **)&rt->rope_cos), st, fail);
   MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, rb, (void **)&rt->rope_sin), st, fail);
-  /* scalar: [0..7] float8 amax and scale pairs, [8 + i] parameter i's sum of squares */
-  MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (8 + (size_t)plan->n_params) * sizeof(float),
+  /* scalar: [0..1] the emulation's float8 amax and scale, [2..3] the fused amax of SwiGLU's
+   * input gradients, [8 + i] parameter i's sum of squares, then rt->f8_fwd (4 per layer) */
+  MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (8 + (size_t)plan->n_params + 4 * (size_t)rt->L) * sizeof(float),
                                 (void **)&rt->scalar), st, fail);
+  rt->f8_fwd = rt->scalar + 8 + plan->n_params;
   if (!rt->host_mem)
     MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, STAGE_FLOATS * sizeof(float), (void **)&rt->stage), st, fail);
   {
@@ -577,6 +605,7 @@ void mp_runtime_destroy(mp_runtime *rt) {
   free(rt->ep_R);
   free(rt->ep_rc);
   free(rt->counts_h);
+  free(rt->f8_fwd_valid);
   free(rt->prog);
   free(rt);
 }
@@ -761,12 +790,34 @@ static mp_status gather_wait(mp_ctx *ctx, mp_runtime *rt, int layer) {
  * The amax is over the whole logical tensor: under tp the local pieces are reduced with
  * an all-reduce MAX, so every plan quantizes exactly as the single-rank run does. */
 
-/* amax of x (n elements, X) into amax, all-reduced (MAX) over tp, and the scale from it:
- * the tensor's dynamic tensorwise scale as the single-rank run would compute it. */
+/* The known amax of x (n elements), or NULL (codes path only; see f8_known). */
+static f8_known *f8_known_of(mp_runtime *rt, const void *x, size_t n) {
+  for (int i = 0; i < rt->f8k_n; i++)
+    if (rt->f8k[i].x == x && rt->f8k[i].n == n) return &rt->f8k[i];
+  return NULL;
+}
+/* Records that *amax holds x's amax (reduced over tp or not). Forgotten at the scope's end;
+ * a full table just means the consumer reads x for its amax again. */
+static void f8_known_set(mp_runtime *rt, const void *x, size_t n, float *amax, int reduced) {
+  f8_known *k = f8_known_of(rt, x, n);
+  if (!k && rt->f8k_n < F8_KNOWN_MAX) k = &rt->f8k[rt->f8k_n++];
+  if (k) *k = (f8_known){x, n, amax, reduced};
+}
+
+/* The scale of x (n elements, X) into scale: its amax all-reduced (MAX) over tp, the
+ * tensor's dynamic tensorwise scale as the single-rank run would compute it. The amax is
+ * read from a known one (f8_known) when there is one, else computed into amax. */
 static mp_status f8_scale(mp_ctx *ctx, mp_runtime *rt, float *amax, float *scale, const void *x, size_t n,
                           mp_f8_format fmt) {
-  BE(f8_amax(rt->kc, amax, x, n));
-  if (rt->tp > 1) MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_TP, amax, amax, 1, MP_COMM_DTYPE_FP32, MP_COMM_OP_MAX));
+  f8_known *k = f8_known_of(rt, x, n);
+  if (k) {
+    amax = k->amax;
+  } else {
+    BE(f8_amax(rt->kc, amax, x, n));
+  }
+  if (rt->tp > 1 && !(k && k->reduced))
+    MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_TP, amax, amax, 1, MP_COMM_DTYPE_FP32, MP_COMM_OP_MAX));
+  if (k) k->reduced = 1;
   BE(f8_scale_from_amax(rt->kc, scale, amax, fmt));
   return MP_OK;
 }
@@ -780,8 +831,9 @@ static mp_status f8_fake(mp_ctx *ctx, mp_runtime *rt, void *out, const void *x, 
 }
 
 /* The backend emulates float8 (fake quantization + its matmul) when its X tensors are
- * fp32 (the CPU reference), and runs float8 GEMMs on codes otherwise (cuBLASLt). */
-static int f8_emulated(const mp_runtime *rt) { return rt->be->x_dtype == MP_KDTYPE_F32; }
+ * fp32 (the CPU reference), and runs float8 GEMMs on codes otherwise (cuBLASLt); the
+ * option f8_codes runs the codes path on fp32 X too (the CPU check of the CUDA path). */
+static int f8_emulated(const mp_runtime *rt) { return !rt->f8_codes; }
 
 /* ---- float8 GEMMs on codes (a backend whose X is not fp32) ----------------------------
  * torchao's tensorwise dynamic recipe as real float8 GEMMs: forward y = q4(x) q4(W)^T;
@@ -792,9 +844,10 @@ static int f8_emulated(const mp_runtime *rt) { return rt->be->x_dtype == MP_KDTY
  * block's scope; a weight that is not FSDP-sharded keeps its codes until the next
  * optimizer step changes it. */
 
-/* Quantizes x (R, C) into o: codes (want_q) and/or transposed codes (want_qt). */
+/* Quantizes x (R, C) into o: codes (want_q) and/or transposed codes (want_qt). amax_to:
+ * where a computed amax goes (NULL: the operand's own slot). */
 static mp_status f8_quant(mp_ctx *ctx, mp_runtime *rt, f8_operand *o, const void *x, int R, int C, mp_f8_format fmt,
-                          int want_q, int want_qt, void *mem) {
+                          int want_q, int want_qt, void *mem, float *amax_to) {
   const size_t n = (size_t)R * C;
   const int owned = mem == NULL;
   if (owned) MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, 2 * ALIGN64(n) + 64, &mem));
@@ -808,7 +861,7 @@ static mp_status f8_quant(mp_ctx *ctx, mp_runtime *rt, f8_operand *o, const void
   o->q = want_q ? base : NULL;
   o->qt = want_qt ? base + ALIGN64(n) : NULL;
   o->amax = F32(base + 2 * ALIGN64(n));
-  MP_CHECK(f8_scale(ctx, rt, o->amax, o->amax + 1, x, n, fmt));
+  MP_CHECK(f8_scale(ctx, rt, amax_to ? amax_to : o->amax, o->amax + 1, x, n, fmt));
   BE(f8_quantize_t(rt->kc, o->q, o->qt, x, o->amax + 1, R, C, fmt)); /* one pass, both orientations */
   return MP_OK;
 }
@@ -816,6 +869,7 @@ static mp_status f8_quant(mp_ctx *ctx, mp_runtime *rt, f8_operand *o, const void
 static void f8_scope_begin(mp_runtime *rt) {
   rt->f8_scope = 1;
   rt->f8_n = 0;
+  rt->f8k_n = 0;
 }
 static mp_status f8_scope_end(mp_ctx *ctx, mp_runtime *rt) {
   mp_status st = MP_OK;
@@ -825,6 +879,7 @@ static mp_status f8_scope_end(mp_ctx *ctx, mp_runtime *rt) {
   }
   rt->f8_n = 0;
   rt->f8_scope = 0;
+  rt->f8k_n = 0;
   return st;
 }
 
@@ -832,7 +887,7 @@ static mp_status f8_scope_end(mp_ctx *ctx, mp_runtime *rt) {
  * scope when x was quantized there already (E4M3 activations only: output gradients are
  * read once), else quantized now; *tmp says whether the caller frees it (f8_release). */
 static mp_status f8_act(mp_ctx *ctx, mp_runtime *rt, const void *x, int R, int C, mp_f8_format fmt, int want_q,
-                        int want_qt, f8_operand *tmpbuf, f8_operand **out) {
+                        int want_qt, f8_operand *tmpbuf, float *amax_to, f8_operand **out) {
   const int share = rt->f8_scope && fmt == MP_F8_E4M3;
   if (share)
     for (int i = 0; i < rt->f8_n; i++) {
@@ -843,7 +898,7 @@ static mp_status f8_act(mp_ctx *ctx, mp_runtime *rt, const void *x, int R, int C
       }
     }
   f8_operand *o = share && rt->f8_n < F8_SCOPE_MAX ? &rt->f8s[rt->f8_n] : tmpbuf;
-  MP_CHECK(f8_quant(ctx, rt, o, x, R, C, fmt, want_q, want_qt, NULL));
+  MP_CHECK(f8_quant(ctx, rt, o, x, R, C, fmt, want_q, want_qt, NULL, amax_to));
   if (o != tmpbuf) rt->f8_n++;
   *out = o;
   return MP_OK;
@@ -862,7 +917,7 @@ static mp_status f8_weight(mp_ctx *ctx, mp_runtime *rt, int layer, mp_module m, 
                            f8_operand **out) {
   rt_param *r = &rt->prm[*pslot(rt, layer, m)];
   if (r->sharded) {
-    MP_CHECK(f8_quant(ctx, rt, tmpbuf, r->cw, M, K, MP_F8_E4M3, 1, 1, NULL));
+    MP_CHECK(f8_quant(ctx, rt, tmpbuf, r->cw, M, K, MP_F8_E4M3, 1, 1, NULL, NULL));
     *out = tmpbuf;
     return MP_OK;
   }
@@ -870,7 +925,7 @@ static mp_status f8_weight(mp_ctx *ctx, mp_runtime *rt, int layer, mp_module m, 
   if (!r->f8w) MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, 2 * ALIGN64(n) + 64, (void **)&r->f8w));
   memset(tmpbuf, 0, sizeof *tmpbuf);
   if (!r->f8w_valid) {
-    MP_CHECK(f8_quant(ctx, rt, tmpbuf, r->cw, M, K, MP_F8_E4M3, 1, 1, r->f8w));
+    MP_CHECK(f8_quant(ctx, rt, tmpbuf, r->cw, M, K, MP_F8_E4M3, 1, 1, r->f8w, NULL));
     r->f8w_valid = 1;
   }
   tmpbuf->src = r->cw;
@@ -882,6 +937,23 @@ static mp_status f8_weight(mp_ctx *ctx, mp_runtime *rt, int layer, mp_module m, 
   tmpbuf->mem = NULL; /* the parameter's: not the caller's to free */
   *out = tmpbuf;
   return MP_OK;
+}
+
+/* The reduced amax of activation src (mp_module_f8_source) of block l from its forward,
+ * kept for the block's backward. */
+static float *f8_fwd_slot(const mp_runtime *rt, int l, int src) { return rt->f8_fwd + 4 * (size_t)l + src; }
+
+/* Where the producer of activation src of block l (RMSNorm, SwiGLU) writes its output's
+ * amax in the same kernel, or NULL: the codes path with a backend that fuses it, and a
+ * float8 Linear reading that activation. The caller then calls f8_produced. */
+static float *f8_fused_amax(const mp_runtime *rt, int l, int src, mp_module reader) {
+  if (!rt->f8_codes || !F8(rt, l, reader)) return NULL;
+  const mp_backend *be = rt->be;
+  if (src == 3 ? !be->swiglu_forward_amax : !be->rmsnorm_forward_amax) return NULL;
+  return f8_fwd_slot(rt, l, src);
+}
+static void f8_produced(mp_runtime *rt, int l, int src, const void *x, size_t n) {
+  f8_known_set(rt, x, n, f8_fwd_slot(rt, l, src), 0);
 }
 
 static mp_status lin_fwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void *out, const void *inp, int N, int K,
@@ -906,10 +978,12 @@ static mp_status lin_fwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void
   }
   f8_operand xb, wb, *xo = NULL, *wo = NULL;
   memset(&xb, 0, sizeof xb);
-  st = f8_act(ctx, rt, inp, N, K, MP_F8_E4M3, 1, 0, &xb, &xo);
+  const int src = l >= 0 ? mp_module_f8_source(mod) : -1;
+  st = f8_act(ctx, rt, inp, N, K, MP_F8_E4M3, 1, 0, &xb, src >= 0 ? f8_fwd_slot(rt, l, src) : NULL, &xo);
+  if (st == MP_OK && src >= 0) rt->f8_fwd_valid[l] |= (unsigned char)(1u << src);
   if (st == MP_OK) st = f8_weight(ctx, rt, l, mod, M, K, &wb, &wo);
   if (st == MP_OK && rt->be->matmul_f8(rt->kc, out, NULL, xo->q, xo->amax + 1, MP_F8_E4M3, wo->q, wo->amax + 1,
-                                       MP_F8_E4M3, N, K, M) != MP_OK)
+                                       MP_F8_E4M3, N, K, M, MP_F8_GEMM_FAST_ACCUM) != MP_OK)
     st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear forward: %s", mp_errmsg(rt->kc->err));
   mp_status s2 = wo ? f8_release(ctx, rt, wo, &wb) : MP_OK;
   mp_status s3 = xo ? f8_release(ctx, rt, xo, &xb) : MP_OK;
@@ -946,26 +1020,23 @@ static mp_status lin_bwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void
   f8_operand db, wb, xb, *dyo = NULL, *wo = NULL, *xo = NULL;
   memset(&db, 0, sizeof db);
   memset(&xb, 0, sizeof xb);
-  void *tmp = NULL;
-  st = f8_act(ctx, rt, dout, N, M, MP_F8_E5M2, dinp != NULL, dw != NULL, &db, &dyo);
-  if (st == MP_OK && dinp) { /* matmul_f8 writes (=): an X temporary, then added (the contract here is +=) */
+  st = f8_act(ctx, rt, dout, N, M, MP_F8_E5M2, dinp != NULL, dw != NULL, &db, NULL, &dyo);
+  if (st == MP_OK && dinp) { /* the GEMM adds into dinp (the contract here is +=) */
     st = f8_weight(ctx, rt, l, mod, M, K, &wb, &wo);
-    if (st == MP_OK) st = mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, nx * rt->xs, &tmp);
-    if (st == MP_OK && (rt->be->matmul_f8(rt->kc, tmp, NULL, dyo->q, dyo->amax + 1, MP_F8_E5M2, wo->qt, wo->amax + 1,
-                                          MP_F8_E4M3, N, M, K) != MP_OK ||
-                        rt->be->accumulate(rt->kc, dinp, tmp, nx) != MP_OK))
+    if (st == MP_OK && rt->be->matmul_f8(rt->kc, dinp, NULL, dyo->q, dyo->amax + 1, MP_F8_E5M2, wo->qt, wo->amax + 1,
+                                         MP_F8_E4M3, N, M, K, MP_F8_GEMM_ADD) != MP_OK)
       st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear backward (input gradient): %s", mp_errmsg(rt->kc->err));
   }
-  if (st == MP_OK && dw) {
-    st = f8_act(ctx, rt, inp, N, K, MP_F8_E4M3, 0, 1, &xb, &xo);
+  if (st == MP_OK && dw) { /* x's amax: known from its forward (block_backward) */
+    st = f8_act(ctx, rt, inp, N, K, MP_F8_E4M3, 0, 1, &xb, NULL, &xo);
     if (st == MP_OK && rt->be->matmul_f8(rt->kc, NULL, dw, dyo->qt, dyo->amax + 1, MP_F8_E5M2, xo->qt, xo->amax + 1,
-                                         MP_F8_E4M3, M, N, K) != MP_OK)
+                                         MP_F8_E4M3, M, N, K, 0) != MP_OK)
       st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear backward (weight gradient): %s", mp_errmsg(rt->kc->err));
   }
-  mp_status s[4] = {tmp ? mp_talloc_free(ctx, rt->ta, tmp) : MP_OK, wo ? f8_release(ctx, rt, wo, &wb) : MP_OK,
-                    xo ? f8_release(ctx, rt, xo, &xb) : MP_OK, dyo ? f8_release(ctx, rt, dyo, &db) : MP_OK};
+  mp_status s[3] = {wo ? f8_release(ctx, rt, wo, &wb) : MP_OK, xo ? f8_release(ctx, rt, xo, &xb) : MP_OK,
+                    dyo ? f8_release(ctx, rt, dyo, &db) : MP_OK};
   MP_CHECK(st);
-  for (int i = 0; i < 4; i++) MP_CHECK(s[i]);
+  for (int i = 0; i < 3; i++) MP_CHECK(s[i]);
   return MP_OK;
 }
 
@@ -1076,13 +1147,28 @@ static mp_status experts_forward(mp_ctx *ctx, mp_runtime *rt, int l, const void 
   return MP_OK;
 }
 
+/* A block's RMSNorm into xn1 (src 0) or xn2 (src 2), with its amax in the same kernel when
+ * a float8 Linear on codes reads it (f8_fused_amax). */
+static mp_status norm_fwd(mp_ctx *ctx, mp_runtime *rt, int l, int src, void *out, float *rstd, const void *x,
+                          const void *w) {
+  const int N = rt->N, C = rt->C;
+  float *am = f8_fused_amax(rt, l, src, src == 0 ? MP_MOD_Q : MP_MOD_GATE);
+  if (!am) {
+    BE(rmsnorm_forward(rt->kc, out, rstd, x, w, N, C, rt->eps));
+    return MP_OK;
+  }
+  BE(rmsnorm_forward_amax(rt->kc, out, rstd, x, w, N, C, rt->eps, am));
+  f8_produced(rt, l, src, out, (size_t)N * C);
+  return MP_OK;
+}
+
 /* Block l from x_in into the saved tensors; writes x_out unless it is NULL (recompute). */
 static mp_status block_forward_body(mp_ctx *ctx, mp_runtime *rt, int l, const void *x_in, void *x_out,
                                     float *moe_aux) {
   const rt_layout *y = lay_of(rt, l);
   char *a = rt->act[l], *c = rt->core[l];
   const int N = rt->N, C = rt->C, QD = rt->nhl * rt->hd, KD = rt->nkvl * rt->hd;
-  BE(rmsnorm_forward(rt->kc, a + y->xn1, F32(a + y->rstd1), x_in, W(rt, l, MP_MOD_ATTN_NORM), N, C, rt->eps));
+  MP_CHECK(norm_fwd(ctx, rt, l, 0, a + y->xn1, F32(a + y->rstd1), x_in, W(rt, l, MP_MOD_ATTN_NORM)));
   MP_CHECK(lin_fwd(ctx, rt, l, MP_MOD_Q, a + y->q, a + y->xn1, N, C, QD));
   MP_CHECK(lin_fwd(ctx, rt, l, MP_MOD_K, a + y->k, a + y->xn1, N, C, KD));
   MP_CHECK(lin_fwd(ctx, rt, l, MP_MOD_V, a + y->v, a + y->xn1, N, C, KD));
@@ -1093,12 +1179,18 @@ static mp_status block_forward_body(mp_ctx *ctx, mp_runtime *rt, int l, const vo
   MP_CHECK(lin_fwd(ctx, rt, l, MP_MOD_O, a + y->xmid, c + y->att, N, QD, C));
   MP_CHECK(tp_sum(ctx, rt, a + y->xmid, (size_t)N * C));
   BE(accumulate(rt->kc, a + y->xmid, x_in, (size_t)N * C));
-  BE(rmsnorm_forward(rt->kc, a + y->xn2, F32(a + y->rstd2), a + y->xmid, W(rt, l, MP_MOD_FFN_NORM), N, C, rt->eps));
+  MP_CHECK(norm_fwd(ctx, rt, l, 2, a + y->xn2, F32(a + y->rstd2), a + y->xmid, W(rt, l, MP_MOD_FFN_NORM)));
   if (!is_moe_layer(rt, l)) {
     const int F = rt->Fl;
     MP_CHECK(lin_fwd(ctx, rt, l, MP_MOD_GATE, a + y->g, a + y->xn2, N, C, F));
     MP_CHECK(lin_fwd(ctx, rt, l, MP_MOD_UP, a + y->u, a + y->xn2, N, C, F));
-    BE(swiglu_forward(rt->kc, a + y->h, a + y->g, a + y->u, (size_t)N * F));
+    float *am = f8_fused_amax(rt, l, 3, MP_MOD_DOWN);
+    if (am) {
+      BE(swiglu_forward_amax(rt->kc, a + y->h, a + y->g, a + y->u, (size_t)N * F, am));
+      f8_produced(rt, l, 3, a + y->h, (size_t)N * F);
+    } else {
+      BE(swiglu_forward(rt->kc, a + y->h, a + y->g, a + y->u, (size_t)N * F));
+    }
     if (x_out) {
       MP_CHECK(lin_fwd(ctx, rt, l, MP_MOD_DOWN, x_out, a + y->h, N, F, C));
       MP_CHECK(tp_sum(ctx, rt, x_out, (size_t)N * C));
@@ -1227,7 +1319,15 @@ static mp_status block_backward_body(mp_ctx *ctx, mp_runtime *rt, int l, void *d
   if (!is_moe_layer(rt, l)) {
     const int F = rt->Fl;
     MP_CHECK(lin_bwd(ctx, rt, l, MP_MOD_DOWN, ws + y->dh, dres, a + y->h, N, F, C));
-    BE(swiglu_backward(rt->kc, ws + y->dg, ws + y->du, ws + y->dh, a + y->g, a + y->u, (size_t)N * F));
+    if (rt->f8_codes && F8(rt, l, MP_MOD_GATE) && F8(rt, l, MP_MOD_UP) && rt->be->swiglu_backward_amax) {
+      /* gate's and up's output gradients, each with its amax (rt->scalar[2], [3]) */
+      BE(swiglu_backward_amax(rt->kc, ws + y->dg, ws + y->du, ws + y->dh, a + y->g, a + y->u, (size_t)N * F,
+                              rt->scalar + 2, rt->scalar + 3));
+      f8_known_set(rt, ws + y->dg, (size_t)N * F, rt->scalar + 2, 0);
+      f8_known_set(rt, ws + y->du, (size_t)N * F, rt->scalar + 3, 0);
+    } else {
+      BE(swiglu_backward(rt->kc, ws + y->dg, ws + y->du, ws + y->dh, a + y->g, a + y->u, (size_t)N * F));
+    }
     MP_CHECK(lin_bwd(ctx, rt, l, MP_MOD_GATE, ws + y->dxn, ws + y->dg, a + y->xn2, N, C, F));
     MP_CHECK(lin_bwd(ctx, rt, l, MP_MOD_UP, ws + y->dxn, ws + y->du, a + y->xn2, N, C, F));
     MP_CHECK(tp_sum(ctx, rt, ws + y->dxn, (size_t)N * C)); /* colwise gate/up: partial input gradients */
@@ -1294,6 +1394,15 @@ static mp_status block_backward_body(mp_ctx *ctx, mp_runtime *rt, int l, void *d
 
 static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws, float dloss_aux) {
   f8_scope_begin(rt);
+  if (rt->f8_codes) { /* the weight gradients' inputs: their amax from this micro-batch's forward */
+    const rt_layout *y = lay_of(rt, l);
+    char *a = rt->act[l], *c = rt->core[l];
+    const size_t N = (size_t)rt->N;
+    const void *x[4] = {a + y->xn1, c + y->att, a + y->xn2, a + y->h};
+    const size_t n[4] = {N * rt->C, N * rt->nhl * rt->hd, N * rt->C, N * rt->Fl};
+    for (int src = 0; src < 4; src++)
+      if (rt->f8_fwd_valid[l] & (1u << src)) f8_known_set(rt, x[src], n[src], f8_fwd_slot(rt, l, src), 1);
+  }
   mp_status st = block_backward_body(ctx, rt, l, dres, ws, dloss_aux);
   mp_status s2 = f8_scope_end(ctx, rt);
   MP_CHECK(st);
@@ -1528,6 +1637,7 @@ static mp_status act_run(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, const mp_
 
 static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, double *ce, double *aux) {
   micro_state ms = {seqs, NULL, NULL, NULL, NULL, -1, 0.0, 1.0 / ((double)rt->n_micro * rt->dp_size), ce, aux};
+  memset(rt->f8_fwd_valid, 0, (size_t)rt->L); /* this micro-batch's forward writes them again */
   for (int32_t i = 0; i < rt->n_prog; i++) {
     MP_CHECK(act_run(ctx, rt, &ms, &rt->prog[i]));
   }

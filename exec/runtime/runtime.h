@@ -56,7 +56,11 @@
  *   float8        the plan's float8 Linears (dense q/k/v/o/gate/up/down) emulated as
  *                 torchao's tensorwise dynamic recipe: E4M3 inputs and weights, E5M2
  *                 output gradients, amax over the whole logical tensor (all-reduce MAX
- *                 over tp) so a sharded plan quantizes as the single-rank run does
+ *                 over tp) so a sharded plan quantizes as the single-rank run does; on
+ *                 codes (CUDA, or opts.f8_codes) each activation is quantized once per
+ *                 block, amaxes come from the producing kernel (RMSNorm, SwiGLU) or are
+ *                 kept from the forward for the weight gradients, and dgrad GEMMs add
+ *                 into the input gradient (docs/gpu.md, "Float8")
  * Global gradient norm: each parameter counted once (its owner: tp rank 0 for tensors
  * replicated over tp, dp_replicate index 0), one all-reduce over the world.
  * Not executed (MP_ERR_UNSUPPORTED with the reason): pp, cp, gpt-family models, q/k/v
@@ -99,6 +103,9 @@ typedef struct mp_runtime_options {
   float lr;            /* AdamW learning rate (constant) */
   float beta1, beta2, eps, weight_decay;
   float max_grad_norm; /* <= 0: no clipping */
+  int f8_codes;        /* 1: float8 Linears as GEMMs on codes (matmul_f8) even where X is fp32,
+                          the CUDA path's algorithm checked on the CPU; 0: the backend's way
+                          (codes where X is not fp32, the exact fp32 emulation where it is) */
 } mp_runtime_options;
 
 /* lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, clip 1.0, seed 1234. */

@@ -93,6 +93,13 @@ mp_status mp_cpu_residual_forward(mp_kctx *kc, void *out, const void *a, const v
                                   size_t n);
 mp_status mp_cpu_accumulate(mp_kctx *kc, void *y, const void *x, size_t n);
 mp_status mp_cpu_accumulate_f32(mp_kctx *kc, float *y, const float *x, size_t n);
+mp_status mp_cpu_rmsnorm_forward_amax(mp_kctx *kc, void *out, float *rstd, const void *x,
+                                      const void *w, int N, int C, float eps, float *amax);
+mp_status mp_cpu_swiglu_forward_amax(mp_kctx *kc, void *out, const void *gate, const void *up,
+                                     size_t n, float *amax);
+mp_status mp_cpu_swiglu_backward_amax(mp_kctx *kc, void *dgate, void *dup, const void *dout,
+                                      const void *gate, const void *up, size_t n,
+                                      float *amax_dgate, float *amax_dup);
 mp_status mp_cpu_f8_amax(mp_kctx *kc, float *amax, const void *x, size_t n);
 mp_status mp_cpu_f8_scale_from_amax(mp_kctx *kc, float *scale, const float *amax,
                                     mp_f8_format fmt);
@@ -104,7 +111,8 @@ mp_status mp_cpu_f8_fake_quantize(mp_kctx *kc, void *out, const void *x,
                                   const float *scale, size_t n, mp_f8_format fmt);
 mp_status mp_cpu_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint8_t *a,
                            const float *a_scale, mp_f8_format fmt_a, const uint8_t *b,
-                           const float *b_scale, mp_f8_format fmt_b, int R, int K, int S);
+                           const float *b_scale, mp_f8_format fmt_b, int R, int K, int S,
+                           unsigned flags);
 mp_status mp_cpu_f8_transpose(mp_kctx *kc, uint8_t *out, const uint8_t *in, int R, int C);
 mp_status mp_cpu_f8_quantize_t(mp_kctx *kc, uint8_t *codes, uint8_t *codes_t, const void *x,
                                const float *scale, int R, int C, mp_f8_format fmt);

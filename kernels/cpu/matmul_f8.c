@@ -7,7 +7,8 @@
  * are exact in fp32, and cuBLASLt multiplies the product of the two dequant scales in at
  * the end, where we divide each operand first; the two differ only by fp32 rounding.
  *
- * Invariants: exactly one of out_x (written) and out_f32 (accumulated) is non-NULL; a NaN
+ * Invariants: exactly one of out_x (written, or accumulated with MP_F8_GEMM_ADD) and out_f32
+ * (accumulated) is non-NULL; a NaN
  * code decodes to NaN and propagates, as on the device. Each output element is summed by
  * one thread in k order (mp_cpu_sgemm), so results do not depend on the thread count. */
 #include <stdlib.h>
@@ -27,13 +28,17 @@ static void decode_scaled(float *dst, const uint8_t *codes, size_t n, float scal
 
 mp_status mp_cpu_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint8_t *a,
                            const float *a_scale, mp_f8_format fmt_a, const uint8_t *b,
-                           const float *b_scale, mp_f8_format fmt_b, int R, int K, int S) {
+                           const float *b_scale, mp_f8_format fmt_b, int R, int K, int S,
+                           unsigned flags) {
   MP_CPU_REQUIRE(kc, R >= 0 && K >= 0 && S >= 0, "matmul_f8");
   MP_CPU_REQUIRE(kc, (out_x == NULL) != (out_f32 == NULL), "matmul_f8");
   MP_CPU_REQUIRE(kc, a_scale && b_scale, "matmul_f8");
   MP_CPU_REQUIRE(kc, (a && b) || (size_t)R * S * K == 0, "matmul_f8");
+  MP_CPU_REQUIRE(kc, (flags & ~(MP_F8_GEMM_ADD | MP_F8_GEMM_FAST_ACCUM)) == 0, "matmul_f8");
   float *out = out_x ? (float *)out_x : out_f32;
-  if (out_x) memset(out, 0, sizeof(float) * (size_t)R * (size_t)S);
+  /* written unless MP_F8_GEMM_ADD; fp32 accumulation regardless of FAST_ACCUM (the
+   * reference) */
+  if (out_x && !(flags & MP_F8_GEMM_ADD)) memset(out, 0, sizeof(float) * (size_t)R * (size_t)S);
   if (R == 0 || S == 0 || K == 0) return MP_OK;
   size_t na = (size_t)R * K, nb = (size_t)S * K;
   float *fa = (float *)malloc(sizeof(float) * na);

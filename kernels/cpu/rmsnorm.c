@@ -59,3 +59,12 @@ mp_status mp_cpu_rmsnorm_backward(mp_kctx *kc, void *dx_, float *dw, const void 
   }
   return MP_OK;
 }
+
+/* ops.h rmsnorm_forward_amax. The CPU backend is the reference, so the fusion is the
+ * composition itself: the same output and the amax f8_amax reads from it. */
+mp_status mp_cpu_rmsnorm_forward_amax(mp_kctx *kc, void *out, float *rstd, const void *x,
+                                      const void *w, int N, int C, float eps, float *amax) {
+  MP_CPU_REQUIRE(kc, amax != NULL, "rmsnorm_forward_amax");
+  MP_CHECK(mp_cpu_rmsnorm_forward(kc, out, rstd, x, w, N, C, eps));
+  return mp_cpu_f8_amax(kc, amax, out, (size_t)N * C);
+}

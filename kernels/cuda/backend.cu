@@ -230,6 +230,9 @@ static const mp_backend cuda_backend = {
     .f8_dequantize = mp_cuda_f8_dequantize,
     .f8_fake_quantize = mp_cuda_f8_fake_quantize,
     .matmul_f8 = mp_cuda_matmul_f8,
+    .rmsnorm_forward_amax = mp_cuda_rmsnorm_forward_amax,
+    .swiglu_forward_amax = mp_cuda_swiglu_forward_amax,
+    .swiglu_backward_amax = mp_cuda_swiglu_backward_amax,
     .f8_transpose = mp_cuda_f8_transpose,
     .f8_quantize_t = mp_cuda_f8_quantize_t,
 };

@@ -97,13 +97,19 @@ __device__ __forceinline__ void mp_unpack8(uint4 u, float f[8]) {
   }
 }
 
-/* Stores f[0..7] at p (16-byte aligned), each rounded once to nearest even (as mp_stx). */
-__device__ __forceinline__ void mp_st8(mp_bf16 *p, const float f[8]) {
+/* f[0..7] rounded once each to nearest even (as mp_stx) and packed as a 16-byte vector in
+ * memory order: what mp_st8 stores, for kernels that also look at the stored bits. */
+__device__ __forceinline__ uint4 mp_pack8(const float f[8]) {
   uint4 u;
   __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
 #pragma unroll
   for (int j = 0; j < 4; j++) h[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
-  *(uint4 *)p = u;
+  return u;
+}
+
+/* Stores f[0..7] at p (16-byte aligned), each rounded once to nearest even (as mp_stx). */
+__device__ __forceinline__ void mp_st8(mp_bf16 *p, const float f[8]) {
+  *(uint4 *)p = mp_pack8(f);
 }
 
 /* ---- bytes in words: float8 codes ------------------------------------------------------
@@ -163,6 +169,57 @@ __device__ __forceinline__ float mp_block_max(float v, float *sh) {
   return r;
 }
 
+/* ---- fused amax of stored bf16 values (rmsnorm_forward_amax, swiglu_*_amax) ------------
+ * The same order f8_amax uses (fp8.cu): the bf16 pattern with its sign cleared orders like
+ * |x| for every non-NaN value, and every NaN pattern (exponent all ones, mantissa non-zero,
+ * above +inf's 0x7F80) orders above +inf. A kernel keeps, per thread, the max of the
+ * patterns it stores, as two 16-bit halves (mp_amax_fold8: __vmaxu2 over a stored vector;
+ * mp_amax_fold1: one stored value, in the low half); at its end every thread of the block
+ * calls mp_amax_commit, which reduces the block and does one atomicMax per block on the
+ * amax slot viewed as uint32, with the pattern m moved to the top: m << 16 is the fp32
+ * bits of the bf16 value |x| (exact), and for non-negative fp32 bit patterns the unsigned
+ * order is the float order, so the slot ends as the float max, or as a NaN pattern when
+ * any stored value is NaN (m > 0x7F80 gives exponent all ones, mantissa non-zero). The
+ * host zeroes the slot on the stream first (cudaMemsetAsync), so the result is written,
+ * not max-accumulated, and an empty tensor gives 0, as f8_amax does. Max is exact in any
+ * order, so the result is deterministic and equals f8_amax of the output bit for bit
+ * (NaN: both NaN, payloads may differ). */
+__device__ __forceinline__ uint32_t mp_amax_fold8(uint32_t m, uint4 u) {
+  const uint32_t abs2 = 0x7FFF7FFFu;
+  m = __vmaxu2(m, u.x & abs2);
+  m = __vmaxu2(m, u.y & abs2);
+  m = __vmaxu2(m, u.z & abs2);
+  return __vmaxu2(m, u.w & abs2);
+}
+
+__device__ __forceinline__ uint32_t mp_amax_fold1(uint32_t m, mp_bf16 h) {
+  return __vmaxu2(m, (uint32_t)(__bfloat16_as_ushort(h) & 0x7FFFu));
+}
+
+/* Commits K (1 or 2) per-thread maxima m[k] (fold representation) into slots[k]. Every
+ * thread of the block must call it, once per kernel (it has a barrier and its own shared
+ * buffer); blockDim.x a multiple of 32, blockDim.y == blockDim.z == 1. A block whose max
+ * is 0 skips its atomic (the slot already holds >= 0). */
+template <int K>
+__device__ __forceinline__ void mp_amax_commit(float *const *slots, const uint32_t *m) {
+  __shared__ uint32_t sh[K][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    uint32_t v = (m[k] >> 16) > (m[k] & 0xFFFFu) ? (m[k] >> 16) : (m[k] & 0xFFFFu);
+    v = __reduce_max_sync(0xffffffffu, v);
+    if (lane == 0) sh[k][warp] = v;
+  }
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+      uint32_t v = __reduce_max_sync(0xffffffffu, lane < nw ? sh[k][lane] : 0u);
+      if (lane == 0 && v != 0u) atomicMax((unsigned int *)slots[k], v << 16);
+    }
+  }
+}
+
 /* ---- ops defined in this folder's kernel files (signatures as in kernels/ops.h) ---- */
 /* elementwise.cu */
 mp_status mp_cuda_x_from_f32(mp_kctx *kc, void *dst_x, const float *src, size_t n);
@@ -178,6 +235,11 @@ mp_status mp_cuda_swiglu_forward(mp_kctx *kc, void *out, const void *gate, const
                                  size_t n);
 mp_status mp_cuda_swiglu_backward(mp_kctx *kc, void *dgate, void *dup, const void *dout,
                                   const void *gate, const void *up, size_t n);
+mp_status mp_cuda_swiglu_forward_amax(mp_kctx *kc, void *out, const void *gate,
+                                      const void *up, size_t n, float *amax);
+mp_status mp_cuda_swiglu_backward_amax(mp_kctx *kc, void *dgate, void *dup, const void *dout,
+                                       const void *gate, const void *up, size_t n,
+                                       float *amax_dgate, float *amax_dup);
 mp_status mp_cuda_residual_forward(mp_kctx *kc, void *out, const void *a, const void *b,
                                    size_t n);
 mp_status mp_cuda_accumulate(mp_kctx *kc, void *y, const void *x, size_t n);
@@ -191,6 +253,8 @@ mp_status mp_cuda_layernorm_backward(mp_kctx *kc, void *dx, float *dw, float *db
                                      const float *mean, const float *rstd, int N, int C);
 mp_status mp_cuda_rmsnorm_forward(mp_kctx *kc, void *out, float *rstd, const void *x,
                                   const void *w, int N, int C, float eps);
+mp_status mp_cuda_rmsnorm_forward_amax(mp_kctx *kc, void *out, float *rstd, const void *x,
+                                       const void *w, int N, int C, float eps, float *amax);
 mp_status mp_cuda_rmsnorm_backward(mp_kctx *kc, void *dx, float *dw, const void *dout,
                                    const void *x, const void *w, const float *rstd, int N,
                                    int C);

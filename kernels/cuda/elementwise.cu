@@ -14,7 +14,14 @@
  * is 16-byte aligned, with the last n % 8 elements done by the first threads of block 0;
  * and the original grid-stride scalar path for any other alignment. The vector grid has
  * one thread per vector (up to the 65535-block cap, then a grid-stride loop), which keeps
- * 2048 threads x 16-48 bytes in flight per SM: enough to cover HBM latency on H100. */
+ * 2048 threads x 16-48 bytes in flight per SM: enough to cover HBM latency on H100.
+ *
+ * Fused amax (swiglu_forward_amax, swiglu_backward_amax; ops.h). The SwiGLU kernels are
+ * templates on kAmax: the plain instantiation is the op as it was; the fused one runs the
+ * same paths (vector with its scalar tail, or scalar) and also keeps the max of the bf16
+ * patterns each thread stores, reduced per block and combined into the zeroed amax slot
+ * with one atomicMax per block (cuda_kernels.cuh, fused amax). So a float8 scale costs no
+ * extra pass over the output, and the result is f8_amax's bit for bit. */
 #include <math.h>
 
 #include "kernels/cuda/cuda_kernels.cuh"
@@ -180,25 +187,46 @@ __global__ void k_gelu_backward_vec(mp_bf16 *dx, const mp_bf16 *dout, const mp_b
 
 __device__ __forceinline__ float swiglu_f(float g, float u) { return g * sigmoid_f(g) * u; }
 
+/* SwiGLU kernels are templated on kAmax: false is the plain op (no amax code at all);
+ * true also folds every stored bf16 pattern into a per-thread max and commits it to
+ * amax[] at the end (cuda_kernels.cuh, mp_amax_commit), which is why the fused variants
+ * keep every thread alive to the end of the kernel (no early exit; the grid-stride and
+ * tail guards already do). The stored values are the same expressions in both, so the
+ * fused op's outputs are the plain op's bit for bit. */
+template <bool kAmax>
 __global__ void k_swiglu_forward(mp_bf16 *out, const mp_bf16 *gate, const mp_bf16 *up,
-                                 size_t n) {
+                                 size_t n, float *amax) {
+  uint32_t am = 0;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x)
-    mp_stx(out, i, swiglu_f(mp_ldx(gate, i), mp_ldx(up, i)));
+       i += (size_t)gridDim.x * blockDim.x) {
+    const mp_bf16 h = __float2bfloat16_rn(swiglu_f(mp_ldx(gate, i), mp_ldx(up, i)));
+    out[i] = h;
+    if constexpr (kAmax) am = mp_amax_fold1(am, h);
+  }
+  if constexpr (kAmax) mp_amax_commit<1>(&amax, &am);
 }
 
+template <bool kAmax>
 __global__ void k_swiglu_forward_vec(mp_bf16 *out, const mp_bf16 *gate, const mp_bf16 *up,
-                                     size_t n) {
+                                     size_t n, float *amax) {
   const vec_split sp = split_vec(n);
+  uint32_t am = 0;
   VEC_LOOP(v, sp.nvec) {
     float g[8], u[8];
     mp_ld8(gate + v * MP_VEC, g);
     mp_ld8(up + v * MP_VEC, u);
 #pragma unroll
     for (int j = 0; j < 8; j++) g[j] = swiglu_f(g[j], u[j]);
-    mp_st8(out + v * MP_VEC, g);
+    const uint4 o = mp_pack8(g);
+    *(uint4 *)(out + v * MP_VEC) = o;
+    if constexpr (kAmax) am = mp_amax_fold8(am, o);
   }
-  TAIL_INDEX(sp.tail0, n, i) mp_stx(out, i, swiglu_f(mp_ldx(gate, i), mp_ldx(up, i)));
+  TAIL_INDEX(sp.tail0, n, i) {
+    const mp_bf16 h = __float2bfloat16_rn(swiglu_f(mp_ldx(gate, i), mp_ldx(up, i)));
+    out[i] = h;
+    if constexpr (kAmax) am = mp_amax_fold1(am, h);
+  }
+  if constexpr (kAmax) mp_amax_commit<1>(&amax, &am);
 }
 
 /* dgate += d u sg (1 + g (1 - sg)); dup += d g sg (either may be NULL). */
@@ -209,20 +237,49 @@ __device__ __forceinline__ void swiglu_grads_f(float g, float u, float d, float 
   *du = d * g * sg;
 }
 
-__global__ void k_swiglu_backward(mp_bf16 *dgate, mp_bf16 *dup, const mp_bf16 *dout,
-                                  const mp_bf16 *gate, const mp_bf16 *up, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x) {
-    float dg, du;
-    swiglu_grads_f(mp_ldx(gate, i), mp_ldx(up, i), mp_ldx(dout, i), &dg, &du);
-    if (dgate) mp_stx(dgate, i, mp_ldx(dgate, i) + dg);
-    if (dup) mp_stx(dup, i, mp_ldx(dup, i) + du);
+/* amax (kAmax): [0] of dgate, [1] of dup, both non-NULL then. */
+/* Element i of swiglu_backward: dgate[i] += .., dup[i] += .. (either may be NULL), and with
+ * kAmax the stored bf16 values folded into am[0] and am[1]. The scalar kernel's body and the
+ * vector kernel's tail. */
+template <bool kAmax>
+__device__ __forceinline__ void swiglu_backward_one(mp_bf16 *dgate, mp_bf16 *dup, const mp_bf16 *dout,
+                                                    const mp_bf16 *gate, const mp_bf16 *up, size_t i,
+                                                    uint32_t am[2]) {
+  float dg, du;
+  swiglu_grads_f(mp_ldx(gate, i), mp_ldx(up, i), mp_ldx(dout, i), &dg, &du);
+  if (dgate) {
+    const mp_bf16 h = __float2bfloat16_rn(mp_ldx(dgate, i) + dg);
+    dgate[i] = h;
+    if constexpr (kAmax) am[0] = mp_amax_fold1(am[0], h);
+  }
+  if (dup) {
+    const mp_bf16 h = __float2bfloat16_rn(mp_ldx(dup, i) + du);
+    dup[i] = h;
+    if constexpr (kAmax) am[1] = mp_amax_fold1(am[1], h);
   }
 }
 
+template <bool kAmax>
+__global__ void k_swiglu_backward(mp_bf16 *dgate, mp_bf16 *dup, const mp_bf16 *dout,
+                                  const mp_bf16 *gate, const mp_bf16 *up, size_t n,
+                                  float *amax_dgate, float *amax_dup) {
+  uint32_t am[2] = {0, 0};
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    swiglu_backward_one<kAmax>(dgate, dup, dout, gate, up, i, am);
+  }
+  if constexpr (kAmax) {
+    float *slots[2] = {amax_dgate, amax_dup};
+    mp_amax_commit<2>(slots, am);
+  }
+}
+
+template <bool kAmax>
 __global__ void k_swiglu_backward_vec(mp_bf16 *dgate, mp_bf16 *dup, const mp_bf16 *dout,
-                                      const mp_bf16 *gate, const mp_bf16 *up, size_t n) {
+                                      const mp_bf16 *gate, const mp_bf16 *up, size_t n,
+                                      float *amax_dgate, float *amax_dup) {
   const vec_split sp = split_vec(n);
+  uint32_t am[2] = {0, 0};
   VEC_LOOP(v, sp.nvec) {
     const size_t o = v * MP_VEC;
     float g[8], u[8], d[8], ag[8] = {}, au[8] = {};
@@ -238,14 +295,23 @@ __global__ void k_swiglu_backward_vec(mp_bf16 *dgate, mp_bf16 *dup, const mp_bf1
       ag[j] += dg;
       au[j] += du;
     }
-    if (dgate) mp_st8(dgate + o, ag);
-    if (dup) mp_st8(dup + o, au);
+    if (dgate) {
+      const uint4 pg = mp_pack8(ag);
+      *(uint4 *)(dgate + o) = pg;
+      if constexpr (kAmax) am[0] = mp_amax_fold8(am[0], pg);
+    }
+    if (dup) {
+      const uint4 pu = mp_pack8(au);
+      *(uint4 *)(dup + o) = pu;
+      if constexpr (kAmax) am[1] = mp_amax_fold8(am[1], pu);
+    }
   }
   TAIL_INDEX(sp.tail0, n, i) {
-    float dg, du;
-    swiglu_grads_f(mp_ldx(gate, i), mp_ldx(up, i), mp_ldx(dout, i), &dg, &du);
-    if (dgate) mp_stx(dgate, i, mp_ldx(dgate, i) + dg);
-    if (dup) mp_stx(dup, i, mp_ldx(dup, i) + du);
+    swiglu_backward_one<kAmax>(dgate, dup, dout, gate, up, i, am);
+  }
+  if constexpr (kAmax) {
+    float *slots[2] = {amax_dgate, amax_dup};
+    mp_amax_commit<2>(slots, am);
   }
 }
 
@@ -275,37 +341,74 @@ mp_status mp_cuda_gelu_backward(mp_kctx *kc, void *dx, const void *dout, const v
   return MP_OK;
 }
 
+/* The SwiGLU launches: the vector kernel when every operand is 16-byte aligned, the
+ * scalar one otherwise, in both the plain (kAmax false, amax NULL) and fused forms. */
+template <bool kAmax>
+static mp_status swiglu_forward_launch(mp_kctx *kc, void *out, const void *gate,
+                                       const void *up, size_t n, float *amax) {
+  if (all_aligned16(out, gate, up))
+    k_swiglu_forward_vec<kAmax><<<mp_cuda_grid(n / MP_VEC, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0,
+                                  MP_CUDA_STREAM(kc)>>>((mp_bf16 *)out, (const mp_bf16 *)gate,
+                                                        (const mp_bf16 *)up, n, amax);
+  else
+    k_swiglu_forward<kAmax><<<mp_cuda_grid(n, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0,
+                              MP_CUDA_STREAM(kc)>>>((mp_bf16 *)out, (const mp_bf16 *)gate,
+                                                    (const mp_bf16 *)up, n, amax);
+  MP_CUDA_LAUNCH_CHECK(kc);
+  return MP_OK;
+}
+
+template <bool kAmax>
+static mp_status swiglu_backward_launch(mp_kctx *kc, void *dgate, void *dup, const void *dout,
+                                        const void *gate, const void *up, size_t n,
+                                        float *amax_dgate, float *amax_dup) {
+  if (all_aligned16(dgate, dup, dout, gate, up))
+    k_swiglu_backward_vec<kAmax><<<mp_cuda_grid(n / MP_VEC, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0,
+                                   MP_CUDA_STREAM(kc)>>>(
+        (mp_bf16 *)dgate, (mp_bf16 *)dup, (const mp_bf16 *)dout, (const mp_bf16 *)gate,
+        (const mp_bf16 *)up, n, amax_dgate, amax_dup);
+  else
+    k_swiglu_backward<kAmax><<<mp_cuda_grid(n, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0,
+                               MP_CUDA_STREAM(kc)>>>(
+        (mp_bf16 *)dgate, (mp_bf16 *)dup, (const mp_bf16 *)dout, (const mp_bf16 *)gate,
+        (const mp_bf16 *)up, n, amax_dgate, amax_dup);
+  MP_CUDA_LAUNCH_CHECK(kc);
+  return MP_OK;
+}
+
 mp_status mp_cuda_swiglu_forward(mp_kctx *kc, void *out, const void *gate, const void *up,
                                  size_t n) {
   if (n == 0) return MP_OK;
-  if (all_aligned16(out, gate, up))
-    k_swiglu_forward_vec<<<mp_cuda_grid(n / MP_VEC, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0,
-                           MP_CUDA_STREAM(kc)>>>((mp_bf16 *)out, (const mp_bf16 *)gate,
-                                                 (const mp_bf16 *)up, n);
-  else
-    k_swiglu_forward<<<mp_cuda_grid(n, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0,
-                       MP_CUDA_STREAM(kc)>>>((mp_bf16 *)out, (const mp_bf16 *)gate,
-                                             (const mp_bf16 *)up, n);
-  MP_CUDA_LAUNCH_CHECK(kc);
-  return MP_OK;
+  return swiglu_forward_launch<false>(kc, out, gate, up, n, NULL);
 }
 
 mp_status mp_cuda_swiglu_backward(mp_kctx *kc, void *dgate, void *dup, const void *dout,
                                   const void *gate, const void *up, size_t n) {
   if (n == 0 || (!dgate && !dup)) return MP_OK;
-  if (all_aligned16(dgate, dup, dout, gate, up))
-    k_swiglu_backward_vec<<<mp_cuda_grid(n / MP_VEC, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0,
-                            MP_CUDA_STREAM(kc)>>>((mp_bf16 *)dgate, (mp_bf16 *)dup,
-                                                  (const mp_bf16 *)dout,
-                                                  (const mp_bf16 *)gate, (const mp_bf16 *)up,
-                                                  n);
-  else
-    k_swiglu_backward<<<mp_cuda_grid(n, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0,
-                        MP_CUDA_STREAM(kc)>>>((mp_bf16 *)dgate, (mp_bf16 *)dup,
-                                              (const mp_bf16 *)dout, (const mp_bf16 *)gate,
-                                              (const mp_bf16 *)up, n);
-  MP_CUDA_LAUNCH_CHECK(kc);
-  return MP_OK;
+  return swiglu_backward_launch<false>(kc, dgate, dup, dout, gate, up, n, NULL, NULL);
+}
+
+/* The fused amax ops (ops.h): the slots are zeroed on the stream, then the kernels
+ * max-combine into them (cuda_kernels.cuh, fused amax), so n == 0 gives amax 0. */
+mp_status mp_cuda_swiglu_forward_amax(mp_kctx *kc, void *out, const void *gate,
+                                      const void *up, size_t n, float *amax) {
+  MP_CUDA_REQUIRE(kc, amax != NULL && (n == 0 || (out && gate && up)), "swiglu_forward_amax");
+  MP_CUDA_CHECK(kc, cudaMemsetAsync(amax, 0, sizeof(float), MP_CUDA_STREAM(kc)));
+  if (n == 0) return MP_OK;
+  return swiglu_forward_launch<true>(kc, out, gate, up, n, amax);
+}
+
+mp_status mp_cuda_swiglu_backward_amax(mp_kctx *kc, void *dgate, void *dup, const void *dout,
+                                       const void *gate, const void *up, size_t n,
+                                       float *amax_dgate, float *amax_dup) {
+  MP_CUDA_REQUIRE(kc, dgate && dup && amax_dgate && amax_dup && amax_dgate != amax_dup,
+                  "swiglu_backward_amax");
+  MP_CUDA_REQUIRE(kc, n == 0 || (dout && gate && up), "swiglu_backward_amax");
+  cudaStream_t st = MP_CUDA_STREAM(kc);
+  MP_CUDA_CHECK(kc, cudaMemsetAsync(amax_dgate, 0, sizeof(float), st));
+  MP_CUDA_CHECK(kc, cudaMemsetAsync(amax_dup, 0, sizeof(float), st));
+  if (n == 0) return MP_OK;
+  return swiglu_backward_launch<true>(kc, dgate, dup, dout, gate, up, n, amax_dgate, amax_dup);
 }
 
 /* ---- residual and accumulation ----------------------------------------------------- */

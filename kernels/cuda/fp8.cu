@@ -107,14 +107,6 @@ __device__ __forceinline__ uint32_t block_max_u32(uint32_t v, uint32_t *sh) {
   return v;
 }
 
-/* Folds a 16-byte vector (8 bf16) into m, a pair of 16-bit maxima of |x| patterns. */
-__device__ __forceinline__ uint32_t amax_fold(uint32_t m, uint4 u) {
-  const uint32_t abs2 = 0x7FFF7FFFu;
-  m = __vmaxu2(m, u.x & abs2);
-  m = __vmaxu2(m, u.y & abs2);
-  m = __vmaxu2(m, u.z & abs2);
-  return __vmaxu2(m, u.w & abs2);
-}
 
 /* part[block] = max |x| pattern over the block's share: the head [0, h) and the tail
  * [h + 8 nvec, n) element by element in block 0, vectors [0, nvec) of x + h grid-stride. */
@@ -131,9 +123,9 @@ __global__ void k_amax_partials(uint32_t *part, const mp_bf16 *x, size_t n, size
 #pragma unroll
     for (int k = 0; k < AMAX_UNROLL; k++) u[k] = __ldg(xv + v + k * stride);
 #pragma unroll
-    for (int k = 0; k < AMAX_UNROLL; k++) m = amax_fold(m, u[k]);
+    for (int k = 0; k < AMAX_UNROLL; k++) m = mp_amax_fold8(m, u[k]);
   }
-  for (; v < nvec; v += stride) m = amax_fold(m, __ldg(xv + v));
+  for (; v < nvec; v += stride) m = mp_amax_fold8(m, __ldg(xv + v));
   if (blockIdx.x == 0) {
     size_t t0 = h + nvec * MP_VEC;
     if (threadIdx.x < h) m = __vmaxu2(m, xs[threadIdx.x] & 0x7FFFu);

@@ -26,11 +26,17 @@
  * D's layout; XLA met this on its float8 path and fixed it by passing no C when beta = 0
  * (openxla/xla#34912). So here C is NULL whenever beta = 0 (PyTorch's scaled_gemm passes
  * NULL too), and an in-place update (C == D, beta = 1) passes one layout object for both.
+ * That covers the three float8 outputs: bf16 written (beta 0, no C), bf16 accumulated
+ * (MP_F8_GEMM_ADD, the dgrad dx += dy W: C = D = out_x, beta 1; the type table allows
+ * bf16 C/D with beta != 0, and TransformerEngine's float8 GEMM accumulates into its bf16
+ * D the same way) and fp32 accumulated (C = D = out_f32, beta 1).
  * Two more guards, since float8 is cuBLASLt's least exercised path here: lt_run asks the
  * heuristic for several algorithms and runs the first one cublasLtMatmul accepts (what
  * NVIDIA's LtFp8Matmul sample advises when the first answer may not run), and if none
- * accepts the direct form, matmul_f8 runs the plainest float8 form (fp32 D, no C) into
- * scratch and rounds or adds it into the output with one elementwise kernel.
+ * accepts the direct form, matmul_f8 runs the plainest float8 form (fp32 D, no C, no
+ * fast accumulation) into scratch and rounds it into the output, or adds it to the output
+ * (bf16: rounding once, out = bf16(out + tmp); fp32: out += tmp), with one elementwise
+ * kernel.
  *
  * Accumulation. "+=" outputs use beta = 1 with C = D: cuBLASLt reads C before writing D
  * element by element, so the update is in place; the weight gradient is an fp32 C/D with
@@ -42,14 +48,21 @@
  * A/B_SCALE_POINTER take the dequantisation factor 1/s, so a one-thread kernel writes the
  * two reciprocals into a device buffer owned by the GEMM state; the host never reads a
  * scale (no synchronisation). The buffer is reused by every float8 GEMM of the context,
- * which is safe because all of them run in stream order. Fast accumulation
- * (CUBLASLT_MATMUL_DESC_FAST_ACCUM) stays off: Hopper then promotes the tensor-core partial
- * sums to full fp32 periodically, which the fp32 weight gradients need.
+ * which is safe because all of them run in stream order.
+ *
+ * Fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t 1) is the caller's choice,
+ * MP_F8_GEMM_FAST_ACCUM: without it Hopper promotes the tensor-core partial sums to full
+ * fp32 periodically; with it the MMA keeps accumulating in its own narrower format. The
+ * runtime asks for it on the forward GEMM only (torchao's default: K is a layer width);
+ * dgrad and wgrad keep full promotion (the weight gradient's K is the token count, and
+ * fp32 weight gradients need the precision). The attribute is set before the heuristic
+ * runs (it may choose other kernels with it) and is part of the cache key.
  *
  * Algorithm cache. cublasLtMatmulAlgoGetHeuristic costs tens of microseconds, comparable
  * to a small GEMM, so the first algorithm that runs is cached per problem: shape, ops,
- * leading dimensions, dtypes, epilogue, whether C is read, and the operands' pointer
- * alignments (an algorithm chosen for 256-byte aligned pointers may not run on less
+ * leading dimensions, dtypes, epilogue, whether C is read, fast accumulation (an algorithm
+ * chosen with it is never reused without it, or the other way round), and the operands'
+ * pointer alignments (an algorithm chosen for 256-byte aligned pointers may not run on less
  * aligned ones). A problem no algorithm accepts is cached as refused, so the float8
  * fallback does not ask again. Open addressing in a fixed table; when the table is 3/4
  * full new problems are solved without caching. One cache per context, so no locking
@@ -85,6 +98,7 @@ struct gemm_key {
   int32_t atype, btype, ctype, dtype;
   int32_t epilogue, scaled;
   int32_t c_read; /* 1: C == D read in place (beta != 0); 0: C NULL (beta == 0) */
+  int32_t fast_accum; /* 1: CUBLASLT_MATMUL_DESC_FAST_ACCUM set (float8 only) */
   int32_t align_a, align_b, align_c, align_d;
 };
 
@@ -121,6 +135,7 @@ struct lt_call {
   cublasLtEpilogue_t epilogue;
   const void *bias;
   const float *a_scale, *b_scale; /* device dequant factors (float8) or NULL */
+  int fast_accum;                 /* float8: allow fast accumulation (the caller's flag) */
 };
 
 /* Largest power of two <= 256 dividing the address. */
@@ -202,6 +217,12 @@ mp_status lt_run(mp_kctx *kc, const lt_call *c) {
   if (c->b_scale)
     LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                           &c->b_scale, sizeof(c->b_scale)));
+  /* Likewise fast accumulation; left unset (cuBLASLt's default 0) when not asked for. */
+  if (c->fast_accum) {
+    const int8_t fast = 1;
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                          sizeof(fast)));
+  }
   /* Stored shapes: op(A) is (m, k), op(B) is (k, n), C and D are (m, n). */
   LT_TRY(cublasLtMatrixLayoutCreate(&la, c->atype, c->ta == CUBLAS_OP_N ? c->m : c->k,
                                     c->ta == CUBLAS_OP_N ? c->k : c->m, c->lda));
@@ -230,6 +251,7 @@ mp_status lt_run(mp_kctx *kc, const lt_call *c) {
   key.epilogue = (int32_t)c->epilogue;
   key.scaled = c->a_scale != NULL;
   key.c_read = c_read;
+  key.fast_accum = c->fast_accum ? 1 : 0;
   key.align_a = pointer_alignment(c->A);
   key.align_b = pointer_alignment(c->B);
   key.align_c = pointer_alignment(c->C);
@@ -353,14 +375,15 @@ __global__ void reciprocal2_kernel(float *inv, const float *s0, const float *s1)
   inv[kScaleStride] = 1.0f / *s1;
 }
 
-/* The float8 fallback's second half: out_x = round(tmp) (bf16, nearest even, as cuBLASLt's
- * epilogue rounds), or out_f32 += tmp. Exactly one of out_x, out_f32 is non-NULL. */
+/* The float8 fallback's second half: out_x = round(tmp), or with add out_x = round(out_x +
+ * tmp) (bf16, the sum in fp32, rounded once to nearest even, as cuBLASLt's epilogue rounds
+ * alpha AB + beta C), or out_f32 += tmp. Exactly one of out_x, out_f32 is non-NULL. */
 __global__ void f8_finish_kernel(__nv_bfloat16 *out_x, float *out_f32, const float *tmp,
-                                 size_t n) {
+                                 size_t n, int add) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     if (out_x)
-      out_x[i] = __float2bfloat16_rn(tmp[i]);
+      out_x[i] = __float2bfloat16_rn(add ? __bfloat162float(out_x[i]) + tmp[i] : tmp[i]);
     else
       out_f32[i] += tmp[i];
   }
@@ -651,11 +674,22 @@ mp_status mp_cuda_matmul_backward(mp_kctx *kc, void *dinp, float *dweight, float
 
 mp_status mp_cuda_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint8_t *a,
                             const float *a_scale, mp_f8_format fmt_a, const uint8_t *b,
-                            const float *b_scale, mp_f8_format fmt_b, int R, int K, int S) {
+                            const float *b_scale, mp_f8_format fmt_b, int R, int K, int S,
+                            unsigned flags) {
+  /* Unknown bits are refused like any other bad argument (MP_ERR_INVALID), on every
+   * device, before anything is queued: a flag this build does not know must not be
+   * silently dropped. */
+  const unsigned known = MP_F8_GEMM_ADD | MP_F8_GEMM_FAST_ACCUM;
+  if (flags & ~known)
+    return mp_error(kc->err, MP_ERR_INVALID, "matmul_f8: unknown flags 0x%x in 0x%x; the "
+                    "known ones are MP_F8_GEMM_ADD (0x%x) and MP_F8_GEMM_FAST_ACCUM (0x%x)",
+                    flags & ~known, flags, MP_F8_GEMM_ADD, MP_F8_GEMM_FAST_ACCUM);
   GEMM_REQUIRE(kc, R >= 0 && K >= 0 && S >= 0, "matmul_f8");
   GEMM_REQUIRE(kc, (out_x == NULL) != (out_f32 == NULL), "matmul_f8");
   GEMM_REQUIRE(kc, a && b && a_scale && b_scale, "matmul_f8");
   MP_CHECK(require_ready(kc, "matmul_f8"));
+  /* out_f32 is accumulated whatever the flags; ADD only changes the bf16 output. */
+  const int add_x = out_x != NULL && (flags & MP_F8_GEMM_ADD) != 0;
   mp_cuda_impl *im = mp_cuda_impl_of(kc);
   if (im->cc_major * 10 + im->cc_minor < 89)
     return mp_error(kc->err, MP_ERR_UNSUPPORTED, "matmul_f8: float8 GEMMs need compute "
@@ -675,8 +709,8 @@ mp_status mp_cuda_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint
                     "for cuBLASLt float8 GEMMs (a=%p b=%p out=%p); allocate them separately "
                     "or at aligned offsets", (const void *)a, (const void *)b, out);
   if (R == 0 || S == 0) return MP_OK;
-  if (K == 0) { /* empty sum: written output is zero, accumulated output unchanged */
-    if (out_x)
+  if (K == 0) { /* empty sum: written output is zero, accumulated outputs unchanged */
+    if (out_x && !add_x)
       MP_CUDA_CHECK(kc, cudaMemsetAsync(out_x, 0, (size_t)R * S * sizeof(__nv_bfloat16),
                                         im->stream));
     return MP_OK;
@@ -704,12 +738,14 @@ mp_status mp_cuda_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint
   c.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   c.a_scale = gs->inv_scales;
   c.b_scale = gs->inv_scales + kScaleStride;
-  /* Direct form: bf16 D written with no C (beta 0), or fp32 C = D updated in place. */
+  c.fast_accum = (flags & MP_F8_GEMM_FAST_ACCUM) != 0;
+  /* Direct form: bf16 D written with no C (beta 0), bf16 C = D updated in place (ADD,
+   * beta 1), or fp32 C = D updated in place. C == D shares D's layout (lt_run). */
   if (out_x) {
     c.ctype = c.dtype = CUDA_R_16BF;
-    c.C = NULL;
+    c.C = add_x ? out_x : NULL;
     c.D = out_x;
-    c.beta = 0.0f;
+    c.beta = add_x ? 1.0f : 0.0f;
   } else {
     c.ctype = c.dtype = CUDA_R_32F;
     c.C = out_f32;
@@ -718,13 +754,16 @@ mp_status mp_cuda_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint
   }
   mp_status st = lt_run(kc, &c);
   if (st != MP_ERR_UNSUPPORTED) return st;
-  /* Fallback: the plainest float8 form, fp32 D with no C, into scratch, then one
-   * elementwise pass rounds it into out_x or adds it to out_f32. Costs R*S*4 bytes of
+  /* Fallback: the plainest float8 form, fp32 D with no C and full promotion (FAST_ACCUM
+   * only allows fast accumulation, so dropping it is within the contract and can only
+   * gain precision), into scratch, then one elementwise pass rounds it into out_x (with
+   * ADD: adds it to out_x, rounding once) or adds it to out_f32. Costs R*S*4 bytes of
    * scratch and one extra pass over the output. */
   const size_t n = (size_t)R * S;
   void *tmp = NULL;
   MP_CHECK(mp_cuda_scratch(kc, n * sizeof(float), &tmp));
   c.what = "matmul_f8 (fp32 fallback)";
+  c.fast_accum = 0;
   c.ctype = c.dtype = CUDA_R_32F;
   c.C = NULL;
   c.D = tmp;
@@ -734,13 +773,13 @@ mp_status mp_cuda_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint
     if (st == MP_ERR_UNSUPPORTED)
       mp_error_prefix(kc->err, "matmul_f8: cuBLASLt refused both the %s output and the fp32 "
                       "fallback (%s x %s, R=%d K=%d S=%d); ",
-                      out_x ? "bf16" : "accumulated fp32",
+                      out_x ? (add_x ? "accumulated bf16" : "bf16") : "accumulated fp32",
                       fmt_a == MP_F8_E5M2 ? "E5M2" : "E4M3",
                       fmt_b == MP_F8_E5M2 ? "E5M2" : "E4M3", R, K, S);
     return st;
   }
   f8_finish_kernel<<<mp_cuda_grid(n, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0, im->stream>>>(
-      (__nv_bfloat16 *)out_x, out_f32, (const float *)tmp, n);
+      (__nv_bfloat16 *)out_x, out_f32, (const float *)tmp, n, add_x);
   MP_CUDA_LAUNCH_CHECK(kc);
   return MP_OK;
 }

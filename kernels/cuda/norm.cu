@@ -25,7 +25,14 @@
  * - Scalar path (anything else): one warp per row, lanes stride over the C channels one
  *   bf16 at a time; parameter gradients take a second pass (blocks of 32 columns x 8 row
  *   lanes sum fixed slices of rows into partials, then one thread per column adds them in
- *   slice order). */
+ *   slice order).
+ *
+ * Fused amax (rmsnorm_forward_amax, ops.h): the RMSNorm forward kernels of both paths are
+ * templates on kAmax; the fused instantiation computes and stores exactly what the plain
+ * one does, and also folds the stored bf16 patterns into a per-thread max that each block
+ * reduces and combines into the zeroed amax slot with one atomicMax (cuda_kernels.cuh,
+ * fused amax). In that form a warp without a row stays (idle) to the block reduction
+ * instead of leaving, since every thread must reach its barrier. */
 #include <math.h>
 
 #include "kernels/cuda/cuda_kernels.cuh"
@@ -79,20 +86,32 @@ __global__ void k_layernorm_backward_dx(mp_bf16 *dx, const mp_bf16 *dout, const 
   }
 }
 
+/* kAmax: also the amax of the stored output into *amax (cuda_kernels.cuh, fused amax). The
+ * plain form lets a warp without a row leave at once; the fused form keeps it (idle) to
+ * the block's amax reduction at the end, which every thread must reach. */
+template <bool kAmax>
 __global__ void k_rmsnorm_forward(mp_bf16 *out, float *rstd, const mp_bf16 *x,
-                                  const mp_bf16 *w, int N, int C, float eps) {
+                                  const mp_bf16 *w, int N, int C, float eps, float *amax) {
   int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  if (row >= N) return;
-  const mp_bf16 *xr = x + (size_t)row * C;
-  float ss = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    float v = mp_ldx(xr, c);
-    ss += v * v;
+  if (!kAmax && row >= N) return;
+  uint32_t am = 0;
+  if (row < N) { /* whole warps: row is uniform over the warp */
+    const mp_bf16 *xr = x + (size_t)row * C;
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+      float v = mp_ldx(xr, c);
+      ss += v * v;
+    }
+    float r = 1.0f / sqrtf(mp_warp_sum(ss) / C + eps);
+    mp_bf16 *o = out + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) {
+      const mp_bf16 h = __float2bfloat16_rn(mp_ldx(xr, c) * r * mp_ldx(w, c));
+      o[c] = h;
+      if constexpr (kAmax) am = mp_amax_fold1(am, h);
+    }
+    if (lane == 0) rstd[row] = r;
   }
-  float r = 1.0f / sqrtf(mp_warp_sum(ss) / C + eps);
-  mp_bf16 *o = out + (size_t)row * C;
-  for (int c = lane; c < C; c += 32) mp_stx(o, c, mp_ldx(xr, c) * r * mp_ldx(w, c));
-  if (lane == 0) rstd[row] = r;
+  if constexpr (kAmax) mp_amax_commit<1>(&amax, &am);
 }
 
 __global__ void k_rmsnorm_backward_dx(mp_bf16 *dx, const mp_bf16 *dout, const mp_bf16 *x,
@@ -190,68 +209,78 @@ __device__ __forceinline__ float group_sum(float v, float *sh) {
 }
 
 /* Forward. kGroup threads own a row (rows_per_block = blockDim.x / kGroup), thread t of
- * the group holds vectors t, t + kGroup, ... (NV of them) of the row in registers. */
-template <int NV, int kGroup, bool kLN>
+ * the group holds vectors t, t + kGroup, ... (NV of them) of the row in registers.
+ * kAmax (RMSNorm's rmsnorm_forward_amax): also the amax of the stored output into *amax
+ * (cuda_kernels.cuh, fused amax); every thread then stays to the block's reduction at the
+ * end, a warp group without a row idle. */
+template <int NV, int kGroup, bool kLN, bool kAmax>
 __global__ void __launch_bounds__(VEC_THREADS)
     k_norm_forward_vec(mp_bf16 *out, float *mean, float *rstd, const mp_bf16 *x,
-                       const mp_bf16 *w, const mp_bf16 *b, int N, int C, float eps) {
+                       const mp_bf16 *w, const mp_bf16 *b, int N, int C, float eps,
+                       float *amax) {
   __shared__ float sh[32];
   const int t = threadIdx.x % kGroup;
   const int row = blockIdx.x * (blockDim.x / kGroup) + threadIdx.x / kGroup;
   /* A warp group leaves as a whole (no barrier follows); a block group always has a row
    * (the grid is exactly N blocks then). */
-  if (row >= N) return;
-  const int nv = C / MP_VEC;
-  const uint4 *xr = (const uint4 *)(x + (size_t)row * C);
-  uint4 xv[NV];
+  if (!kAmax && row >= N) return;
+  uint32_t am = 0;
+  if (row < N) { /* uniform over the group: always true in the plain form, see above */
+    const int nv = C / MP_VEC;
+    const uint4 *xr = (const uint4 *)(x + (size_t)row * C);
+    uint4 xv[NV];
 #pragma unroll
-  for (int j = 0; j < NV; j++)
-    if (t + j * kGroup < nv) xv[j] = __ldg(xr + t + j * kGroup);
-  float m = 0.0f;
-  if (kLN) {
-    float s = 0.0f;
+    for (int j = 0; j < NV; j++)
+      if (t + j * kGroup < nv) xv[j] = __ldg(xr + t + j * kGroup);
+    float m = 0.0f;
+    if (kLN) {
+      float s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < NV; j++)
+        if (t + j * kGroup < nv) {
+          float f[8];
+          mp_unpack8(xv[j], f);
+#pragma unroll
+          for (int k = 0; k < 8; k++) s += f[k];
+        }
+      m = group_sum<kGroup>(s, sh) / C;
+    }
+    float v = 0.0f;
 #pragma unroll
     for (int j = 0; j < NV; j++)
       if (t + j * kGroup < nv) {
         float f[8];
         mp_unpack8(xv[j], f);
 #pragma unroll
-        for (int k = 0; k < 8; k++) s += f[k];
+        for (int k = 0; k < 8; k++) {
+          float d = kLN ? f[k] - m : f[k];
+          v += d * d;
+        }
       }
-    m = group_sum<kGroup>(s, sh) / C;
-  }
-  float v = 0.0f;
+    const float r = 1.0f / sqrtf(group_sum<kGroup>(v, sh) / C + eps);
+    mp_bf16 *o = out + (size_t)row * C;
 #pragma unroll
-  for (int j = 0; j < NV; j++)
-    if (t + j * kGroup < nv) {
-      float f[8];
-      mp_unpack8(xv[j], f);
+    for (int j = 0; j < NV; j++) {
+      const int vi = t + j * kGroup;
+      if (vi < nv) {
+        float f[8], fw[8], fb[8];
+        mp_unpack8(xv[j], f);
+        mp_ld8(w + (size_t)vi * MP_VEC, fw);
+        if (kLN && b) mp_ld8(b + (size_t)vi * MP_VEC, fb);
 #pragma unroll
-      for (int k = 0; k < 8; k++) {
-        float d = kLN ? f[k] - m : f[k];
-        v += d * d;
+        for (int k = 0; k < 8; k++)
+          f[k] = kLN ? (f[k] - m) * r * fw[k] + (b ? fb[k] : 0.0f) : f[k] * r * fw[k];
+        const uint4 ov = mp_pack8(f);
+        *(uint4 *)(o + (size_t)vi * MP_VEC) = ov;
+        if constexpr (kAmax) am = mp_amax_fold8(am, ov);
       }
     }
-  const float r = 1.0f / sqrtf(group_sum<kGroup>(v, sh) / C + eps);
-  mp_bf16 *o = out + (size_t)row * C;
-#pragma unroll
-  for (int j = 0; j < NV; j++) {
-    const int vi = t + j * kGroup;
-    if (vi < nv) {
-      float f[8], fw[8], fb[8];
-      mp_unpack8(xv[j], f);
-      mp_ld8(w + (size_t)vi * MP_VEC, fw);
-      if (kLN && b) mp_ld8(b + (size_t)vi * MP_VEC, fb);
-#pragma unroll
-      for (int k = 0; k < 8; k++)
-        f[k] = kLN ? (f[k] - m) * r * fw[k] + (b ? fb[k] : 0.0f) : f[k] * r * fw[k];
-      mp_st8(o + (size_t)vi * MP_VEC, f);
+    if (t == 0) {
+      if (kLN && mean) mean[row] = m;
+      rstd[row] = r;
     }
   }
-  if (t == 0) {
-    if (kLN && mean) mean[row] = m;
-    rstd[row] = r;
-  }
+  if constexpr (kAmax) mp_amax_commit<1>(&amax, &am);
 }
 
 /* Backward, one block per row (grid-stride), thread t owns vectors t, t + blockDim.x, ...
@@ -377,10 +406,12 @@ static int pick_nv(int nvec, int per_nv, int max_nv) {
   return 0;
 }
 
-/* Launches the forward vector path; false when the shape or alignment does not fit it. */
-template <bool kLN>
+/* Launches the forward vector path; false when the shape or alignment does not fit it.
+ * kAmax: the fused-amax form (amax non-NULL, zeroed by the caller). */
+template <bool kLN, bool kAmax>
 static bool norm_forward_vec(mp_kctx *kc, void *out, float *mean, float *rstd, const void *x,
-                             const void *w, const void *b, int N, int C, float eps) {
+                             const void *w, const void *b, int N, int C, float eps,
+                             float *amax) {
   if (C % MP_VEC || !mp_aligned16(out) || !mp_aligned16(x) || !mp_aligned16(w) ||
       !mp_aligned16(b))
     return false;
@@ -390,8 +421,8 @@ static bool norm_forward_vec(mp_kctx *kc, void *out, float *mean, float *rstd, c
   const mp_bf16 *xx = (const mp_bf16 *)x, *ww = (const mp_bf16 *)w, *bb = (const mp_bf16 *)b;
   const unsigned warp_grid = (unsigned)((N + VEC_THREADS / 32 - 1) / (VEC_THREADS / 32));
 #define NORM_FWD(NV, G, GRID)                                                             \
-  k_norm_forward_vec<NV, G, kLN><<<(GRID), VEC_THREADS, 0, st>>>(o, mean, rstd, xx, ww, bb, \
-                                                                 N, C, eps)
+  k_norm_forward_vec<NV, G, kLN, kAmax><<<(GRID), VEC_THREADS, 0, st>>>(o, mean, rstd, xx, ww, \
+                                                                        bb, N, C, eps, amax)
   switch (pick_nv(nvec, 32, 16)) {
     case 1: NORM_FWD(1, 32, warp_grid); return true;
     case 2: NORM_FWD(2, 32, warp_grid); return true;
@@ -477,7 +508,7 @@ mp_status mp_cuda_layernorm_forward(mp_kctx *kc, void *out, float *mean, float *
                                     int C, float eps) {
   MP_CUDA_REQUIRE(kc, N >= 0 && C > 0 && rstd, "layernorm_forward");
   if (N == 0) return MP_OK;
-  if (norm_forward_vec<true>(kc, out, mean, rstd, x, w, b, N, C, eps)) {
+  if (norm_forward_vec<true, false>(kc, out, mean, rstd, x, w, b, N, C, eps, NULL)) {
     MP_CUDA_LAUNCH_CHECK(kc);
     return MP_OK;
   }
@@ -505,18 +536,35 @@ mp_status mp_cuda_layernorm_backward(mp_kctx *kc, void *dx, float *dw, float *db
   return norm_param_grads(kc, dw, db, dout, x, mean, rstd, N, C);
 }
 
+/* The RMSNorm forward launches, plain (kAmax false, amax NULL) or fused. */
+template <bool kAmax>
+static mp_status rmsnorm_forward_launch(mp_kctx *kc, void *out, float *rstd, const void *x,
+                                        const void *w, int N, int C, float eps, float *amax) {
+  if (norm_forward_vec<false, kAmax>(kc, out, NULL, rstd, x, w, NULL, N, C, eps, amax)) {
+    MP_CUDA_LAUNCH_CHECK(kc);
+    return MP_OK;
+  }
+  k_rmsnorm_forward<kAmax><<<row_blocks(N), ROWS_PER_BLOCK * 32, 0, MP_CUDA_STREAM(kc)>>>(
+      (mp_bf16 *)out, rstd, (const mp_bf16 *)x, (const mp_bf16 *)w, N, C, eps, amax);
+  MP_CUDA_LAUNCH_CHECK(kc);
+  return MP_OK;
+}
+
 mp_status mp_cuda_rmsnorm_forward(mp_kctx *kc, void *out, float *rstd, const void *x,
                                   const void *w, int N, int C, float eps) {
   MP_CUDA_REQUIRE(kc, N >= 0 && C > 0 && rstd, "rmsnorm_forward");
   if (N == 0) return MP_OK;
-  if (norm_forward_vec<false>(kc, out, NULL, rstd, x, w, NULL, N, C, eps)) {
-    MP_CUDA_LAUNCH_CHECK(kc);
-    return MP_OK;
-  }
-  k_rmsnorm_forward<<<row_blocks(N), ROWS_PER_BLOCK * 32, 0, MP_CUDA_STREAM(kc)>>>(
-      (mp_bf16 *)out, rstd, (const mp_bf16 *)x, (const mp_bf16 *)w, N, C, eps);
-  MP_CUDA_LAUNCH_CHECK(kc);
-  return MP_OK;
+  return rmsnorm_forward_launch<false>(kc, out, rstd, x, w, N, C, eps, NULL);
+}
+
+/* ops.h rmsnorm_forward_amax: the slot is zeroed on the stream, then the same kernels as
+ * rmsnorm_forward (their kAmax form) max-combine the stored output into it. */
+mp_status mp_cuda_rmsnorm_forward_amax(mp_kctx *kc, void *out, float *rstd, const void *x,
+                                       const void *w, int N, int C, float eps, float *amax) {
+  MP_CUDA_REQUIRE(kc, N >= 0 && C > 0 && rstd && amax, "rmsnorm_forward_amax");
+  MP_CUDA_CHECK(kc, cudaMemsetAsync(amax, 0, sizeof(float), MP_CUDA_STREAM(kc)));
+  if (N == 0) return MP_OK;
+  return rmsnorm_forward_launch<true>(kc, out, rstd, x, w, N, C, eps, amax);
 }
 
 mp_status mp_cuda_rmsnorm_backward(mp_kctx *kc, void *dx, float *dw, const void *dout,

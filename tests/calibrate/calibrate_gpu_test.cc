@@ -167,7 +167,7 @@ TEST(CalibrateGpu, FloatEightErrorIsRecordedNotFatal) {
   static mp_backend wrapped;
   wrapped = *mp_cuda_backend();
   wrapped.matmul_f8 = [](mp_kctx *kc, void *, float *, const uint8_t *, const float *, mp_f8_format, const uint8_t *,
-                         const float *, mp_f8_format, int, int, int) -> mp_status {
+                         const float *, mp_f8_format, int, int, int, unsigned) -> mp_status {
     return mp_error(kc->err, MP_ERR_UNSUPPORTED, "matmul_f8: refused for the test");
   };
   mp_kctx kc = {&ctx, nullptr, 0};

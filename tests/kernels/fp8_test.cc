@@ -122,4 +122,72 @@ TEST_F(Fp8, QuantizeTArguments) {
   EXPECT_EQ(be->f8_quantize_t(&kc, nullptr, q, nullptr, nullptr, 5, 0, MP_F8_E5M2), MP_OK);
 }
 
+// The fused amax ops (rmsnorm_forward_amax, swiglu_forward_amax, swiglu_backward_amax) are
+// their plain op plus f8_amax of each output as stored: outputs bit for bit, amax equal.
+// Plain and fused run on separate copies of the same inputs; the += outputs start from the
+// same non-zero values, so an amax of the increment alone (not the updated output) differs.
+class FusedAmax : public mp_test::CpuKernels {};
+
+std::vector<float> normal(size_t n, uint64_t seed, float sd) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> x(n);
+  for (float &v : x) v = d(g);
+  return x;
+}
+
+TEST_F(FusedAmax, RmsNormForward) {
+  for (int N : {1, 5, 64}) {
+    const int C = 48;
+    std::vector<float> x = normal((size_t)N * C, 7 + N, 2.0f), w = normal(C, 3, 1.0f);
+    std::vector<float> o1((size_t)N * C, NAN), o2((size_t)N * C, NAN), r1(N), r2(N);
+    float a1 = -1.0f, a2 = -2.0f;
+    ASSERT_EQ(be->rmsnorm_forward(&kc, o1.data(), r1.data(), x.data(), w.data(), N, C, 1e-5f), MP_OK);
+    ASSERT_EQ(be->f8_amax(&kc, &a1, o1.data(), o1.size()), MP_OK);
+    ASSERT_EQ(be->rmsnorm_forward_amax(&kc, o2.data(), r2.data(), x.data(), w.data(), N, C, 1e-5f, &a2), MP_OK)
+        << mp_errmsg(&err);
+    EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(r1.data(), r2.data(), r1.size() * sizeof(float)));
+    EXPECT_EQ(a1, a2);
+    EXPECT_GT(a2, 0.0f);
+  }
+  float o, r, one = 1.0f, x = NAN;
+  float am = 0.0f;
+  ASSERT_EQ(be->rmsnorm_forward_amax(&kc, &o, &r, &x, &one, 1, 1, 1e-5f, &am), MP_OK);
+  EXPECT_TRUE(std::isnan(am));
+  EXPECT_EQ(be->rmsnorm_forward_amax(&kc, &o, &r, &one, &one, 1, 1, 1e-5f, nullptr), MP_ERR_INVALID);
+}
+
+TEST_F(FusedAmax, SwigluForwardAndBackward) {
+  const size_t n = 70001;  // above the OpenMP threshold, odd
+  std::vector<float> g = normal(n, 11, 3.0f), u = normal(n, 12, 1.0f), d = normal(n, 13, 0.1f);
+  std::vector<float> h1(n, NAN), h2(n, NAN);
+  float a1 = -1.0f, a2 = -2.0f;
+  ASSERT_EQ(be->swiglu_forward(&kc, h1.data(), g.data(), u.data(), n), MP_OK);
+  ASSERT_EQ(be->f8_amax(&kc, &a1, h1.data(), n), MP_OK);
+  ASSERT_EQ(be->swiglu_forward_amax(&kc, h2.data(), g.data(), u.data(), n, &a2), MP_OK) << mp_errmsg(&err);
+  EXPECT_EQ(0, std::memcmp(h1.data(), h2.data(), n * sizeof(float)));
+  EXPECT_EQ(a1, a2);
+
+  // backward accumulates: both start from the same large values, so the amax of the
+  // updated outputs (what the contract says) differs from that of the increments
+  std::vector<float> dg1 = normal(n, 14, 5.0f), du1 = normal(n, 15, 5.0f), dg2 = dg1, du2 = du1;
+  float ag1 = -1, au1 = -1, ag2 = -2, au2 = -2, inc = -3;
+  std::vector<float> zero(n, 0.0f), dgi = zero, dui = zero;
+  ASSERT_EQ(be->swiglu_backward(&kc, dgi.data(), dui.data(), d.data(), g.data(), u.data(), n), MP_OK);
+  ASSERT_EQ(be->f8_amax(&kc, &inc, dgi.data(), n), MP_OK);
+  ASSERT_EQ(be->swiglu_backward(&kc, dg1.data(), du1.data(), d.data(), g.data(), u.data(), n), MP_OK);
+  ASSERT_EQ(be->f8_amax(&kc, &ag1, dg1.data(), n), MP_OK);
+  ASSERT_EQ(be->f8_amax(&kc, &au1, du1.data(), n), MP_OK);
+  ASSERT_EQ(be->swiglu_backward_amax(&kc, dg2.data(), du2.data(), d.data(), g.data(), u.data(), n, &ag2, &au2),
+            MP_OK) << mp_errmsg(&err);
+  EXPECT_EQ(0, std::memcmp(dg1.data(), dg2.data(), n * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(du1.data(), du2.data(), n * sizeof(float)));
+  EXPECT_EQ(ag1, ag2);
+  EXPECT_EQ(au1, au2);
+  EXPECT_NE(ag2, inc);
+  EXPECT_EQ(be->swiglu_backward_amax(&kc, dg2.data(), du2.data(), d.data(), g.data(), u.data(), n, &ag2, nullptr),
+            MP_ERR_INVALID);
+}
+
 }  // namespace

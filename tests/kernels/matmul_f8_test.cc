@@ -49,7 +49,7 @@ TEST_F(MatmulF8, HandComputedE4M3TimesE5M2WithScales) {
   float out[4];
   for (float &x : out) x = NAN;  // written, so the poison must disappear
   ASSERT_EQ(be->matmul_f8(&kc, out, nullptr, a, &sa, MP_F8_E4M3, b, &sb, MP_F8_E5M2, 2, 3,
-                          2), MP_OK) << mp_errmsg(&err);
+                          2, 0), MP_OK) << mp_errmsg(&err);
   // Row 0: [1,2,.5].[1,3,1] = 7.5; [1,2,.5].[57344,1,-3] = 57344 + 2 - 1.5 = 57344.5.
   // Row 1: [448,-2,0].[1,3,1] = 442; [448,-2,0].[57344,1,-3] = 25690112 - 2 = 25690110.
   // Times 2: 15, 114689, 884, 51380220 (a multiple of 4, the fp32 spacing at 2^25, so
@@ -66,13 +66,13 @@ TEST_F(MatmulF8, AccumulatesIntoF32Output) {
   const float one = 1.0f;
   float acc[2] = {10.0f, -3.0f};
   ASSERT_EQ(be->matmul_f8(&kc, nullptr, acc, a, &one, MP_F8_E4M3, b, &one, MP_F8_E4M3, 1, 2,
-                          2), MP_OK) << mp_errmsg(&err);
+                          2, 0), MP_OK) << mp_errmsg(&err);
   // 10 + 448*448 + 448*2 = 201610; -3 + 448*0.5 + 448 = 669.
   EXPECT_EQ(acc[0], 201610.0f);
   EXPECT_EQ(acc[1], 669.0f);
   // A second call adds again: gradients accumulate.
   ASSERT_EQ(be->matmul_f8(&kc, nullptr, acc, a, &one, MP_F8_E4M3, b, &one, MP_F8_E4M3, 1, 2,
-                          2), MP_OK);
+                          2, 0), MP_OK);
   EXPECT_EQ(acc[0], 201610.0f + 201600.0f);
   EXPECT_EQ(acc[1], 669.0f + 672.0f);
 }
@@ -99,7 +99,7 @@ void check_random(mp_kctx *kc, const mp_backend *be, mp_f8_format fa, mp_f8_form
   out = init;
   mp_status st = be->matmul_f8(kc, accumulate ? nullptr : out.data(),
                                accumulate ? out.data() : nullptr, a.data(), &sa, fa, b.data(),
-                               &sb, fb, R, K, S);
+                               &sb, fb, R, K, S, 0);
   ASSERT_EQ(st, MP_OK) << mp_errmsg(kc->err);
   double err2 = 0, ref2 = 0;
   for (int r = 0; r < R; r++)
@@ -131,19 +131,46 @@ TEST_F(MatmulF8, NanCodePropagates) {
   const float one = 1.0f;
   float out = 0.0f;
   ASSERT_EQ(be->matmul_f8(&kc, &out, nullptr, a, &one, MP_F8_E4M3, b, &one, MP_F8_E4M3, 1, 2,
-                          1), MP_OK);
+                          1, 0), MP_OK);
   EXPECT_TRUE(std::isnan(out));
+}
+
+TEST_F(MatmulF8, AddFlagAccumulatesIntoXOutput) {
+  // The dgrad contract: out_x += A B^T with MP_F8_GEMM_ADD, out_x = A B^T without.
+  const uint8_t a[2] = {kE4Max, kE4Max};                   // A (1, 2) = [448, 448]
+  const uint8_t b[4] = {kE4Max, kE4Two, kE4Half, kE4One};  // B (2, 2)
+  const float one = 1.0f;
+  float out[2] = {10.0f, -3.0f};
+  ASSERT_EQ(be->matmul_f8(&kc, out, nullptr, a, &one, MP_F8_E4M3, b, &one, MP_F8_E4M3, 1, 2, 2,
+                          MP_F8_GEMM_ADD), MP_OK) << mp_errmsg(&err);
+  EXPECT_EQ(out[0], 10.0f + 201600.0f);  // 448*448 + 448*2
+  EXPECT_EQ(out[1], -3.0f + 672.0f);     // 448*0.5 + 448
+  // FAST_ACCUM changes nothing on the reference (fp32 accumulation either way), and the
+  // written form overwrites.
+  ASSERT_EQ(be->matmul_f8(&kc, out, nullptr, a, &one, MP_F8_E4M3, b, &one, MP_F8_E4M3, 1, 2, 2,
+                          MP_F8_GEMM_FAST_ACCUM), MP_OK) << mp_errmsg(&err);
+  EXPECT_EQ(out[0], 201600.0f);
+  EXPECT_EQ(out[1], 672.0f);
+}
+
+TEST_F(MatmulF8, RejectsUnknownFlags) {
+  const uint8_t a[1] = {kE4One}, b[1] = {kE4One};
+  const float one = 1.0f;
+  float o = 0;
+  EXPECT_EQ(be->matmul_f8(&kc, &o, nullptr, a, &one, MP_F8_E4M3, b, &one, MP_F8_E4M3, 1, 1, 1, 4u),
+            MP_ERR_INVALID);
+  EXPECT_NE(std::strstr(mp_errmsg(&err), "matmul_f8"), nullptr);
 }
 
 TEST_F(MatmulF8, RejectsZeroOrTwoOutputs) {
   const uint8_t a[1] = {kE4One}, b[1] = {kE4One};
   const float one = 1.0f;
   float o1 = 0, o2 = 0;
-  EXPECT_EQ(be->matmul_f8(&kc, &o1, &o2, a, &one, MP_F8_E4M3, b, &one, MP_F8_E4M3, 1, 1, 1),
+  EXPECT_EQ(be->matmul_f8(&kc, &o1, &o2, a, &one, MP_F8_E4M3, b, &one, MP_F8_E4M3, 1, 1, 1, 0),
             MP_ERR_INVALID);
   EXPECT_NE(std::strstr(mp_errmsg(&err), "matmul_f8"), nullptr);
   EXPECT_EQ(be->matmul_f8(&kc, nullptr, nullptr, a, &one, MP_F8_E4M3, b, &one, MP_F8_E4M3, 1,
-                          1, 1), MP_ERR_INVALID);
+                          1, 1, 0), MP_ERR_INVALID);
 }
 
 TEST_F(MatmulF8, TransposeRaggedShapes) {
@@ -170,7 +197,7 @@ TEST_F(MatmulF8, TransposedOperandGivesDgrad) {
   const float one = 1.0f;
   std::vector<float> dx((size_t)N * K);
   ASSERT_EQ(be->matmul_f8(&kc, dx.data(), nullptr, dy.data(), &one, MP_F8_E5M2, wt.data(),
-                          &one, MP_F8_E4M3, N, M, K), MP_OK);
+                          &one, MP_F8_E4M3, N, M, K, 0), MP_OK);
   for (int n = 0; n < N; n++)
     for (int k = 0; k < K; k++) {
       double ref = 0;

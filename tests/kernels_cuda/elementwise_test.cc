@@ -21,6 +21,8 @@
 // shape; the *VectorPath* tests pick shapes and pointer offsets that take each of them
 // (offsets of 0 or 8 elements keep 16-byte alignment, 1 element breaks it), and lengths
 // that leave ragged tails, against the same CPU reference and bounds.
+// The fused amax ops are checked against their plain op plus f8_amax bit for bit (see the
+// section "fused amax").
 // Without a CUDA device (or without a CUDA build) every test skips.
 #include <gtest/gtest.h>
 
@@ -31,6 +33,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -961,6 +964,267 @@ TEST_F(CudaOps, Float8SpecialValues) {
     amax = GetF(ga, 1)[0];
     EXPECT_TRUE(std::isnan(amax)) << "NaN anywhere must make amax NaN";
   }
+}
+
+// ---- fused amax (rmsnorm_forward_amax, swiglu_forward_amax, swiglu_backward_amax) ---------
+// Each fused op must be its plain op plus f8_amax of the output as stored, bit for bit: the
+// outputs (and rstd) are compared as raw bf16 / fp32 bits with a plain run on the same
+// device and inputs, and the amax with f8_amax of the plain output and with the max of the
+// stored bits computed on the host (NaN: both NaN). Paths: offsets 0 and 8 elements keep
+// every operand 16-byte aligned (vector kernels, with a scalar tail of n % 8 for the
+// elementwise ops), offset 1 takes the scalar kernels. A value injected at the first, a
+// middle and the last element (the tail on the vector path when n % 8 != 0, the last
+// block's last warp for the norms) is made the strict maximum, so a kernel that leaves a
+// region or a block out of its amax fails; then a NaN there must give a NaN amax. The amax
+// slots start poisoned (0xFF: an unsigned pattern above every float), so a fused op that
+// max-combined into the slot without zeroing it first would leave NaN. Against the CPU
+// backend's fused ops: outputs within the bf16 bound, the amax within 1e-2 relative (the
+// max of bf16-rounded values against the max of the CPU's fp32 ones).
+
+// The raw bits of n bf16 values.
+std::vector<uint16_t> BitsOf(const mp_backend *g, mp_kctx *k, const void *p, size_t n) {
+  std::vector<uint16_t> b(n);
+  EXPECT_EQ(g->synchronize(k), MP_OK);
+  EXPECT_EQ(g->memcpy_d2h(k, b.data(), p, n * 2), MP_OK);
+  return b;
+}
+
+float FloatOfBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// |v| of a stored bf16 pattern, exactly.
+float AbsOfBf16(uint16_t b) { return FloatOfBits((uint32_t)(b & 0x7FFFu) << 16); }
+
+// max |v| over stored bf16 patterns, computed on the host: NaN when any is NaN.
+float HostAmax(const std::vector<uint16_t> &b) {
+  uint32_t m = 0;
+  for (uint16_t v : b) m = std::max<uint32_t>(m, v & 0x7FFFu);
+  return m > 0x7F80u ? NAN : FloatOfBits(m << 16);
+}
+
+// Both NaN, or the same bits.
+::testing::AssertionResult SameAmax(const std::string &what, float got, float ref) {
+  if (std::isnan(ref) && std::isnan(got)) return ::testing::AssertionSuccess();
+  if (std::memcmp(&got, &ref, 4) == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": amax " << got << " vs " << ref;
+}
+
+// A value written into an X tensor on the device at element pos.
+void PokeX(const mp_backend *g, mp_kctx *k, void *x, size_t pos, float v) {
+  EXPECT_EQ(g->to_device_f32(k, (char *)x + pos * 2, &v, 1), MP_OK);
+}
+
+TEST_F(CudaOps, SwigluForwardAmaxIsPlainOpPlusF8Amax) {
+  ASSERT_NE(g_->swiglu_forward_amax, nullptr);
+  ASSERT_NE(c_->swiglu_forward_amax, nullptr);
+  uint64_t seed = 1600;
+  for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(9), size_t(333), size_t(100003),
+                   (size_t(1) << 21) + 13}) {
+    // |out| <= 5 sigmoid(5) 2 < 10 for these; the injected 8, 4 gives ~32.
+    Vec gate = rnd(n, -5, 5, seed++), up = rnd(n, -2, 2, seed++);
+    Vec ref(n);
+    float ref_amax = -1.0f;
+    Ok(c_->swiglu_forward_amax(&ck_, ref.data(), gate.data(), up.data(), n, &ref_amax));
+    for (size_t off : {size_t(0), size_t(8), size_t(1)}) {
+      void *gg = XAt(gate, off), *gu = XAt(up, off);
+      // One plain and one fused run on the current inputs; returns the fused results.
+      auto run = [&](const std::string &at, std::vector<uint16_t> *bits, float *amax) {
+        void *o1 = PXAt(n, off), *o2 = PXAt(n, off);
+        float *a1 = PF(1), *a2 = PF(1);
+        Gpu(g_->swiglu_forward(&gk_, o1, gg, gu, n));
+        Gpu(g_->f8_amax(&gk_, a1, o1, n));
+        Gpu(g_->swiglu_forward_amax(&gk_, o2, gg, gu, n, a2));
+        std::vector<uint16_t> b1 = BitsOf(g_, &gk_, o1, n), b2 = BitsOf(g_, &gk_, o2, n);
+        EXPECT_TRUE(Same("swiglu_forward_amax out bits", b2, b1)) << at;
+        *amax = GetF(a2, 1)[0];
+        EXPECT_TRUE(SameAmax("vs f8_amax", *amax, GetF(a1, 1)[0])) << at;
+        EXPECT_TRUE(SameAmax("vs host max of the stored out", *amax, HostAmax(b2))) << at;
+        *bits = b2;
+        return o2;
+      };
+      const std::string at = "n " + std::to_string(n) + " offset " + std::to_string(off);
+      std::vector<uint16_t> bits;
+      float amax = 0.0f;
+      void *o2 = run(at, &bits, &amax);
+      EXPECT_TRUE(Close("swiglu_forward_amax out vs cpu", GetX(o2, n), ref, 1e-2)) << at;
+      EXPECT_TRUE(Close("swiglu_forward_amax amax vs cpu", Vec{amax}, Vec{ref_amax}, 1e-2)) << at;
+      for (size_t pos : {size_t(0), n / 2, n - 1}) {
+        const std::string ap = at + " injected at " + std::to_string(pos);
+        PokeX(g_, &gk_, gg, pos, 8.0f);
+        PokeX(g_, &gk_, gu, pos, 4.0f);
+        run(ap, &bits, &amax);
+        EXPECT_GT(amax, 20.0f) << ap;
+        EXPECT_EQ(amax, AbsOfBf16(bits[pos])) << ap << ": the injected maximum is missed";
+        PokeX(g_, &gk_, gg, pos, NAN);
+        run(ap + " (NaN)", &bits, &amax);
+        EXPECT_TRUE(std::isnan(amax)) << ap << ": NaN in the output must make amax NaN";
+        PokeX(g_, &gk_, gg, pos, gate[pos]);
+        PokeX(g_, &gk_, gu, pos, up[pos]);
+      }
+    }
+  }
+  // n == 0: amax is still written, 0 (a max over nothing, as f8_amax gives).
+  float *a0 = PF(1);
+  Gpu(g_->swiglu_forward_amax(&gk_, nullptr, nullptr, nullptr, 0, a0));
+  EXPECT_EQ(GetF(a0, 1)[0], 0.0f);
+  EXPECT_EQ(g_->swiglu_forward_amax(&gk_, PX(8), X(Vec(8, 1.0f)), X(Vec(8, 1.0f)), 8, nullptr),
+            MP_ERR_INVALID);
+}
+
+TEST_F(CudaOps, SwigluBackwardAmaxIsPlainOpPlusF8Amax) {
+  ASSERT_NE(g_->swiglu_backward_amax, nullptr);
+  ASSERT_NE(c_->swiglu_backward_amax, nullptr);
+  uint64_t seed = 1700;
+  for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(9), size_t(333), size_t(100003),
+                   (size_t(1) << 21) + 13}) {
+    Vec gate = rnd(n, -5, 5, seed++), up = rnd(n, -2, 2, seed++), dout = rnd(n, -1, 1, seed++);
+    Vec zg(n, 0.0f), zu(n, 0.0f);
+    Ok(c_->swiglu_backward(&ck_, zg.data(), zu.data(), dout.data(), gate.data(), up.data(), n));
+    // Priors on the scale of the update (|update| < 2 here): +-64 and +-96 injected into
+    // them are the strict maxima of the updated gradients.
+    const Vec dg0 = prior_like(zg, seed++), du0 = prior_like(zu, seed++);
+    Vec rdg = dg0, rdu = du0;
+    float ref_ag = -1.0f, ref_au = -1.0f;
+    Ok(c_->swiglu_backward_amax(&ck_, rdg.data(), rdu.data(), dout.data(), gate.data(),
+                                up.data(), n, &ref_ag, &ref_au));
+    for (size_t off : {size_t(0), size_t(8), size_t(1)}) {
+      void *gg = XAt(gate, off), *gu = XAt(up, off), *gd = XAt(dout, off);
+      // Plain and fused runs from the priors pg, pu; returns the fused outputs.
+      auto run = [&](const std::string &at, const Vec &pg, const Vec &pu,
+                     std::vector<uint16_t> *bg, std::vector<uint16_t> *bu, float *ag,
+                     float *au) {
+        void *g1 = XAt(pg, off), *u1 = XAt(pu, off), *g2 = XAt(pg, off), *u2 = XAt(pu, off);
+        float *ag1 = PF(1), *au1 = PF(1), *ag2 = PF(1), *au2 = PF(1);
+        Gpu(g_->swiglu_backward(&gk_, g1, u1, gd, gg, gu, n));
+        Gpu(g_->f8_amax(&gk_, ag1, g1, n));
+        Gpu(g_->f8_amax(&gk_, au1, u1, n));
+        Gpu(g_->swiglu_backward_amax(&gk_, g2, u2, gd, gg, gu, n, ag2, au2));
+        std::vector<uint16_t> bg1 = BitsOf(g_, &gk_, g1, n), bu1 = BitsOf(g_, &gk_, u1, n);
+        *bg = BitsOf(g_, &gk_, g2, n);
+        *bu = BitsOf(g_, &gk_, u2, n);
+        EXPECT_TRUE(Same("swiglu_backward_amax dgate bits", *bg, bg1)) << at;
+        EXPECT_TRUE(Same("swiglu_backward_amax dup bits", *bu, bu1)) << at;
+        *ag = GetF(ag2, 1)[0];
+        *au = GetF(au2, 1)[0];
+        EXPECT_TRUE(SameAmax("dgate vs f8_amax", *ag, GetF(ag1, 1)[0])) << at;
+        EXPECT_TRUE(SameAmax("dup vs f8_amax", *au, GetF(au1, 1)[0])) << at;
+        EXPECT_TRUE(SameAmax("dgate vs host max", *ag, HostAmax(*bg))) << at;
+        EXPECT_TRUE(SameAmax("dup vs host max", *au, HostAmax(*bu))) << at;
+        return std::make_pair(g2, u2);
+      };
+      const std::string at = "n " + std::to_string(n) + " offset " + std::to_string(off);
+      std::vector<uint16_t> bg, bu;
+      float ag = 0.0f, au = 0.0f;
+      auto outs = run(at, dg0, du0, &bg, &bu, &ag, &au);
+      EXPECT_TRUE(Close("dgate vs cpu", GetX(outs.first, n), rdg, 1e-2)) << at;
+      EXPECT_TRUE(Close("dup vs cpu", GetX(outs.second, n), rdu, 1e-2)) << at;
+      EXPECT_TRUE(Close("amax dgate vs cpu", Vec{ag}, Vec{ref_ag}, 1e-2)) << at;
+      EXPECT_TRUE(Close("amax dup vs cpu", Vec{au}, Vec{ref_au}, 1e-2)) << at;
+      for (size_t pos : {size_t(0), n / 2, n - 1}) {
+        const std::string ap = at + " injected at " + std::to_string(pos);
+        Vec pg = dg0, pu = du0;
+        pg[pos] = 64.0f;
+        pu[pos] = -96.0f;
+        run(ap, pg, pu, &bg, &bu, &ag, &au);
+        EXPECT_GT(ag, 60.0f) << ap;
+        EXPECT_GT(au, 90.0f) << ap;
+        EXPECT_EQ(ag, AbsOfBf16(bg[pos])) << ap << ": dgate's injected maximum is missed";
+        EXPECT_EQ(au, AbsOfBf16(bu[pos])) << ap << ": dup's injected maximum is missed";
+        // NaN in dgate only: its amax is NaN, dup's stays finite (the slots are separate).
+        pg[pos] = NAN;
+        run(ap + " (NaN in dgate)", pg, pu, &bg, &bu, &ag, &au);
+        EXPECT_TRUE(std::isnan(ag)) << ap;
+        EXPECT_FALSE(std::isnan(au)) << ap;
+        EXPECT_EQ(au, AbsOfBf16(bu[pos])) << ap;
+      }
+    }
+  }
+  float *a0 = PF(1), *a1 = PF(1);
+  Gpu(g_->swiglu_backward_amax(&gk_, PX(8), PX(8), nullptr, nullptr, nullptr, 0, a0, a1));
+  EXPECT_EQ(GetF(a0, 1)[0], 0.0f);
+  EXPECT_EQ(GetF(a1, 1)[0], 0.0f);
+  void *x = X(Vec(8, 1.0f));
+  EXPECT_EQ(g_->swiglu_backward_amax(&gk_, PX(8), nullptr, x, x, x, 8, a0, a1), MP_ERR_INVALID);
+  EXPECT_EQ(g_->swiglu_backward_amax(&gk_, PX(8), PX(8), x, x, x, 8, a0, nullptr),
+            MP_ERR_INVALID);
+}
+
+TEST_F(CudaOps, RmsNormForwardAmaxIsPlainOpPlusF8Amax) {
+  ASSERT_NE(g_->rmsnorm_forward_amax, nullptr);
+  ASSERT_NE(c_->rmsnorm_forward_amax, nullptr);
+  // Scalar path (C % 8 != 0, offset 1, C > 16384), the vector path with a warp per row
+  // (N % 8 != 0 leaves idle warps in the last block, which must still reach the block's
+  // amax reduction), with a block per row (C 8192), and grids of many blocks (N 1100).
+  struct S { int N, C; size_t off; } shapes[] = {
+      {1, 7, 0},     {7, 45, 0},   {333, 200, 0}, {5, 1031, 0},   {1, 8, 0},
+      {13, 96, 0},   {64, 2048, 0}, {3, 4096, 8}, {2, 8192, 0},   {1100, 256, 0},
+      {17, 2048, 1}, {9, 48, 8},    {4, 20000, 0}};
+  uint64_t seed = 1800;
+  const float eps = 1e-6f;
+  for (auto s : shapes) {
+    const size_t nc = (size_t)s.N * s.C;
+    const Vec x = rnd(nc, -2, 2, seed++), w = rnd(s.C, 0.5f, 1.5f, seed++);
+    Vec ref(nc), ref_rstd(s.N);
+    float ref_amax = -1.0f;
+    Ok(c_->rmsnorm_forward_amax(&ck_, ref.data(), ref_rstd.data(), x.data(), w.data(), s.N, s.C,
+                                eps, &ref_amax));
+    const std::string at = std::to_string(s.N) + "x" + std::to_string(s.C) + " offset " +
+                           std::to_string(s.off);
+    // Plain and fused runs on inputs xi, wi; returns the fused out.
+    auto run = [&](const std::string &ap, const Vec &xi, const Vec &wi,
+                   std::vector<uint16_t> *bits, float *amax, float **rstd) {
+      void *gx = XAt(xi, s.off), *gw = XAt(wi, s.off);
+      void *o1 = PXAt(nc, s.off), *o2 = PXAt(nc, s.off);
+      float *r1 = PF(s.N), *r2 = PF(s.N), *a1 = PF(1), *a2 = PF(1);
+      Gpu(g_->rmsnorm_forward(&gk_, o1, r1, gx, gw, s.N, s.C, eps));
+      Gpu(g_->f8_amax(&gk_, a1, o1, nc));
+      Gpu(g_->rmsnorm_forward_amax(&gk_, o2, r2, gx, gw, s.N, s.C, eps, a2));
+      *bits = BitsOf(g_, &gk_, o2, nc);
+      EXPECT_TRUE(Same("rmsnorm_forward_amax out bits", *bits, BitsOf(g_, &gk_, o1, nc))) << ap;
+      Vec h1 = GetF(r1, s.N), h2 = GetF(r2, s.N);
+      EXPECT_EQ(std::memcmp(h1.data(), h2.data(), h1.size() * 4), 0) << ap << ": rstd bits";
+      *amax = GetF(a2, 1)[0];
+      EXPECT_TRUE(SameAmax("vs f8_amax", *amax, GetF(a1, 1)[0])) << ap;
+      EXPECT_TRUE(SameAmax("vs host max of the stored out", *amax, HostAmax(*bits))) << ap;
+      *rstd = r2;
+      return o2;
+    };
+    std::vector<uint16_t> bits;
+    float amax = 0.0f, *grstd = nullptr;
+    void *o2 = run(at, x, w, &bits, &amax, &grstd);
+    EXPECT_TRUE(Close("rmsnorm_forward_amax out vs cpu", GetX(o2, nc), ref, 1e-2)) << at;
+    EXPECT_TRUE(Close("rmsnorm_forward_amax rstd vs cpu", GetF(grstd, s.N), ref_rstd, 1e-5)) << at;
+    EXPECT_TRUE(Close("rmsnorm_forward_amax amax vs cpu", Vec{amax}, Vec{ref_amax}, 1e-2)) << at;
+    // The strict maximum at (r, c): row r a single spike (|x| rstd = sqrt(C), which no
+    // other row reaches) in the column of the largest weight (2 > 1.5).
+    const int rows[] = {0, s.N / 2, s.N - 1}, cols[] = {0, s.C / 2, s.C - 1};
+    for (int i = 0; i < 3; i++) {
+      const int r = rows[i], c = cols[i];
+      const size_t pos = (size_t)r * s.C + c;
+      const std::string ap = at + " injected at (" + std::to_string(r) + ", " +
+                             std::to_string(c) + ")";
+      Vec xi = x, wi = w;
+      for (int j = 0; j < s.C; j++) xi[(size_t)r * s.C + j] = 0.0f;
+      xi[pos] = 1.5f;
+      wi[c] = 2.0f;
+      run(ap, xi, wi, &bits, &amax, &grstd);
+      EXPECT_GT(amax, 1.9f * std::sqrt((float)s.C)) << ap;
+      EXPECT_EQ(amax, AbsOfBf16(bits[pos])) << ap << ": the injected maximum is missed";
+      xi = x;
+      xi[pos] = NAN;  // the whole row becomes NaN
+      run(ap + " (NaN)", xi, w, &bits, &amax, &grstd);
+      EXPECT_TRUE(std::isnan(amax)) << ap << ": NaN in the output must make amax NaN";
+    }
+  }
+  float *a0 = PF(1), *r0 = PF(1);
+  Gpu(g_->rmsnorm_forward_amax(&gk_, nullptr, r0, nullptr, nullptr, 0, 8, eps, a0));
+  EXPECT_EQ(GetF(a0, 1)[0], 0.0f);
+  EXPECT_EQ(g_->rmsnorm_forward_amax(&gk_, PX(8), r0, X(Vec(8, 1.0f)), X(Vec(8, 1.0f)), 1, 8,
+                                     eps, nullptr),
+            MP_ERR_INVALID);
 }
 
 // ---- float8 vector paths ------------------------------------------------------------------

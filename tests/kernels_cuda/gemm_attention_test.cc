@@ -19,8 +19,15 @@
 //     the error at roughly sqrt(terms per chunk) * 2^-15 ~ 1e-4..5e-4 relative for the
 //     wide-range random codes used here. A wrong scale, a missing K block or an overwrite
 //     instead of an add is off by 1e-1 or more;
+//   float8 GEMMs with MP_F8_GEMM_FAST_ACCUM: kF8FastBound = 1e-2, for bf16 and fp32
+//     outputs alike. Without the periodic promotion the MMA keeps accumulating in its
+//     ~14-bit format over all of K; DeepSeek-V3 (sec. 3.3.2) measured a maximum relative
+//     error near 2 % at K = 4096, and the error grows with K, so at K <= 512 here it is a
+//     few 1e-3 at most. The errors this bound exists to catch (a wrong scale, a missing K
+//     block, an overwrite instead of an add) are 1e-1 or more;
 //   accumulating outputs start from a non-zero value comparable to the result, so an op
-//   that overwrote instead of adding would be off by ~30 %.
+//   that overwrote instead of adding would be off by ~30 % (the float8 bf16 += starts from
+//   independent random values of the result's rms: an overwrite is off by ~70 %).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -241,7 +248,7 @@ TEST_F(GemmAttention, Float8MatmulMatchesCpuOrIsRefused) {
     const float sa = mp_f8_max(c.fa) / 3.0f, sb = mp_f8_max(c.fb) / 0.5f;
     Vec ref((size_t)c.R * c.S), start((size_t)c.R * c.S), ref_acc;
     ASSERT_EQ(cpu->matmul_f8(&cpu_kc, ref.data(), nullptr, a.data(), &sa, c.fa, b.data(), &sb,
-                             c.fb, c.R, c.K, c.S), MP_OK);
+                             c.fb, c.R, c.K, c.S, 0), MP_OK);
     for (size_t i = 0; i < start.size(); i++) start[i] = 0.5f * ref[i];
     ref_acc = start;
     for (size_t i = 0; i < ref.size(); i++) ref_acc[i] += ref[i];
@@ -250,7 +257,7 @@ TEST_F(GemmAttention, Float8MatmulMatchesCpuOrIsRefused) {
     void *d_out = poisoned(ref.size() * 2);
     float *d_acc = dev_f32(start);
     mp_status st = be->matmul_f8(&kc, d_out, nullptr, d_a, d_sa, c.fa, d_b, d_sb, c.fb, c.R, c.K,
-                                 c.S);
+                                 c.S, 0);
     std::string at = "R=" + std::to_string(c.R) + " K=" + std::to_string(c.K) +
                      " S=" + std::to_string(c.S);
     if (cc < 89) {
@@ -261,17 +268,17 @@ TEST_F(GemmAttention, Float8MatmulMatchesCpuOrIsRefused) {
     ASSERT_EQ(st, MP_OK) << mp_errmsg(&err) << " " << at;
     EXPECT_LE(rel_l2(get_x(d_out, ref.size()), ref), 1e-2) << "bf16 out " << at;
     ASSERT_EQ(be->matmul_f8(&kc, nullptr, d_acc, d_a, d_sa, c.fa, d_b, d_sb, c.fb, c.R, c.K,
-                            c.S), MP_OK) << mp_errmsg(&err);
+                            c.S, 0), MP_OK) << mp_errmsg(&err);
     EXPECT_LE(rel_l2(get_f32(d_acc, ref.size()), ref_acc), kF8F32Bound) << "fp32 += " << at;
     // Second calls take the cached algorithm: the written output is rewritten (the
     // poison is back first, so a call that wrote nothing fails) and the accumulated one
     // gains another ref (start + 2 ref).
     void *d_out2 = poisoned(ref.size() * 2);
     ASSERT_EQ(be->matmul_f8(&kc, d_out2, nullptr, d_a, d_sa, c.fa, d_b, d_sb, c.fb, c.R, c.K,
-                            c.S), MP_OK) << mp_errmsg(&err);
+                            c.S, 0), MP_OK) << mp_errmsg(&err);
     EXPECT_LE(rel_l2(get_x(d_out2, ref.size()), ref), 1e-2) << "bf16 out, cached " << at;
     ASSERT_EQ(be->matmul_f8(&kc, nullptr, d_acc, d_a, d_sa, c.fa, d_b, d_sb, c.fb, c.R, c.K,
-                            c.S), MP_OK) << mp_errmsg(&err);
+                            c.S, 0), MP_OK) << mp_errmsg(&err);
     for (size_t i = 0; i < ref.size(); i++) ref_acc[i] += ref[i];
     EXPECT_LE(rel_l2(get_f32(d_acc, ref.size()), ref_acc), kF8F32Bound) << "fp32 += twice " << at;
   }
@@ -280,8 +287,141 @@ TEST_F(GemmAttention, Float8MatmulMatchesCpuOrIsRefused) {
   void *d_codes = poisoned(64 * 64);
   void *d_out = poisoned(64 * 64 * 2);
   EXPECT_EQ(be->matmul_f8(&kc, d_out, nullptr, (const uint8_t *)d_codes, d_one, MP_F8_E4M3,
-                          (const uint8_t *)d_codes, d_one, MP_F8_E4M3, 17, 32, 16),
+                          (const uint8_t *)d_codes, d_one, MP_F8_E4M3, 17, 32, 16, 0),
             MP_ERR_UNSUPPORTED);
+}
+
+const double kF8FastBound = 1e-2;  // see the file comment
+
+double rms_of(const Vec &v) {
+  double s = 0;
+  for (float x : v) s += (double)x * x;
+  return v.empty() ? 0.0 : std::sqrt(s / v.size());
+}
+
+// matmul_f8 flags (ops.h): MP_F8_GEMM_ADD makes the bf16 output an accumulation
+// (out_x += A B^T, the dgrad contract), MP_F8_GEMM_FAST_ACCUM lets cuBLASLt skip the
+// periodic fp32 promotion (the runtime's forward). Both against the CPU reference run with
+// the same flags (it accumulates in fp32 either way). ADD starts from bf16 values drawn
+// independently of the result, so an overwrite, a double add or a dropped C are all far
+// off; each call is made twice, the second from the algorithm cache.
+TEST_F(GemmAttention, Float8MatmulAddAndFastAccumulation) {
+  struct Case {
+    int R, K, S;
+    mp_f8_format fa, fb;
+  };
+  const Case cases[] = {{16, 16, 16, MP_F8_E4M3, MP_F8_E4M3},
+                        {64, 256, 128, MP_F8_E5M2, MP_F8_E4M3},
+                        {256, 512, 384, MP_F8_E5M2, MP_F8_E4M3},
+                        {384, 256, 512, MP_F8_E4M3, MP_F8_E5M2},
+                        {1024, 128, 256, MP_F8_E4M3, MP_F8_E4M3}};
+  for (const Case &c : cases) {
+    Rng r(3 * c.R + 5 * c.K + 7 * c.S);
+    const size_t n = (size_t)c.R * c.S;
+    std::vector<uint8_t> a((size_t)c.R * c.K), b((size_t)c.S * c.K);
+    for (auto &x : a) x = finite_code(r, c.fa);
+    for (auto &x : b) x = finite_code(r, c.fb);
+    const float sa = mp_f8_max(c.fa) / 3.0f, sb = mp_f8_max(c.fb) / 0.5f;
+    Vec ref(n);
+    ASSERT_EQ(cpu->matmul_f8(&cpu_kc, ref.data(), nullptr, a.data(), &sa, c.fa, b.data(), &sb,
+                             c.fb, c.R, c.K, c.S, 0), MP_OK);
+    // Uniform on +-sqrt(3) rms(ref): the same rms as the result, independent of it.
+    const float amp = 1.7320508f * (float)rms_of(ref);
+    const Vec start = rand_bf16(r, n, -amp, amp);
+    Vec want_add = start, want_add2(n), sum(n);
+    ASSERT_EQ(cpu->matmul_f8(&cpu_kc, want_add.data(), nullptr, a.data(), &sa, c.fa, b.data(),
+                             &sb, c.fb, c.R, c.K, c.S, MP_F8_GEMM_ADD), MP_OK);
+    for (size_t i = 0; i < n; i++) {
+      sum[i] = start[i] + ref[i];
+      want_add2[i] = want_add[i] + ref[i];
+    }
+    // The reference itself adds (start + ref up to fp32 summation order).
+    ASSERT_LE(rel_l2(want_add, sum), 1e-5) << "CPU reference matmul_f8 with ADD";
+    const uint8_t *d_a = (const uint8_t *)dev_bytes(a), *d_b = (const uint8_t *)dev_bytes(b);
+    float *d_sa = dev_f32(Vec{sa}), *d_sb = dev_f32(Vec{sb});
+    const std::string at = "R=" + std::to_string(c.R) + " K=" + std::to_string(c.K) +
+                           " S=" + std::to_string(c.S);
+    auto f8 = [&](void *out_x, float *out_f32, unsigned flags) {
+      return be->matmul_f8(&kc, out_x, out_f32, d_a, d_sa, c.fa, d_b, d_sb, c.fb, c.R, c.K,
+                           c.S, flags);
+    };
+
+    // bf16 += (C = D = out, beta 1), twice: start + ref, then start + 2 ref.
+    void *d_out = dev_x(start);
+    mp_status st = f8(d_out, nullptr, MP_F8_GEMM_ADD);
+    if (cc < 89) {
+      EXPECT_EQ(st, MP_ERR_UNSUPPORTED) << at;
+      continue;
+    }
+    ASSERT_EQ(st, MP_OK) << mp_errmsg(&err) << " " << at;
+    EXPECT_LE(rel_l2(get_x(d_out, n), want_add), 1e-2) << "bf16 += " << at;
+    ASSERT_EQ(f8(d_out, nullptr, MP_F8_GEMM_ADD), MP_OK) << mp_errmsg(&err);
+    EXPECT_LE(rel_l2(get_x(d_out, n), want_add2), 1e-2) << "bf16 += twice (cached) " << at;
+    // Written again without ADD on the same buffer: the old contents are ignored.
+    ASSERT_EQ(f8(d_out, nullptr, 0), MP_OK) << mp_errmsg(&err);
+    EXPECT_LE(rel_l2(get_x(d_out, n), ref), 1e-2) << "bf16 = after += " << at;
+
+    // Fast accumulation: written bf16 (the runtime's forward) from poison, twice.
+    for (int call = 0; call < 2; call++) {
+      void *d_fast = poisoned(n * 2);
+      ASSERT_EQ(f8(d_fast, nullptr, MP_F8_GEMM_FAST_ACCUM), MP_OK) << mp_errmsg(&err);
+      EXPECT_LE(rel_l2(get_x(d_fast, n), ref), kF8FastBound) << "fast bf16 = " << at << " call "
+                                                             << call;
+    }
+    // Fast accumulation with ADD into bf16, and into an fp32 +=.
+    void *d_fast_add = dev_x(start);
+    ASSERT_EQ(f8(d_fast_add, nullptr, MP_F8_GEMM_FAST_ACCUM | MP_F8_GEMM_ADD), MP_OK)
+        << mp_errmsg(&err);
+    EXPECT_LE(rel_l2(get_x(d_fast_add, n), want_add), kF8FastBound) << "fast bf16 += " << at;
+    float *d_fast_acc = dev_f32(start);
+    ASSERT_EQ(f8(nullptr, d_fast_acc, MP_F8_GEMM_FAST_ACCUM), MP_OK) << mp_errmsg(&err);
+    EXPECT_LE(rel_l2(get_f32(d_fast_acc, n), want_add), kF8FastBound) << "fast fp32 += " << at;
+    // The same fp32 problem without fast accumulation after it (its own cache entry) keeps
+    // the full-promotion bound; ADD on an fp32 output changes nothing (always +=).
+    float *d_acc = dev_f32(start);
+    ASSERT_EQ(f8(nullptr, d_acc, 0), MP_OK) << mp_errmsg(&err);
+    EXPECT_LE(rel_l2(get_f32(d_acc, n), want_add), kF8F32Bound) << "fp32 += after fast " << at;
+    ASSERT_EQ(f8(nullptr, d_acc, MP_F8_GEMM_ADD), MP_OK) << mp_errmsg(&err);
+    EXPECT_LE(rel_l2(get_f32(d_acc, n), want_add2), kF8F32Bound) << "fp32 += with ADD " << at;
+  }
+}
+
+// K == 0 is an empty sum: a written bf16 output becomes 0, an accumulated one (ADD) keeps
+// its values exactly.
+TEST_F(GemmAttention, Float8MatmulEmptySumWithAndWithoutAdd) {
+  const int R = 16, S = 32;
+  Rng r(5);
+  const Vec start = rand_bf16(r, (size_t)R * S, 0.5f, 2.0f);  // no zeros
+  float *d_one = dev_f32(Vec{1.0f});
+  const uint8_t *d_codes = (const uint8_t *)poisoned(64);
+  void *d_add = dev_x(start), *d_set = dev_x(start);
+  mp_status st = be->matmul_f8(&kc, d_add, nullptr, d_codes, d_one, MP_F8_E4M3, d_codes, d_one,
+                               MP_F8_E4M3, R, 0, S, MP_F8_GEMM_ADD);
+  if (cc < 89) {
+    EXPECT_EQ(st, MP_ERR_UNSUPPORTED);
+    return;
+  }
+  ASSERT_EQ(st, MP_OK) << mp_errmsg(&err);
+  ASSERT_EQ(be->matmul_f8(&kc, d_set, nullptr, d_codes, d_one, MP_F8_E4M3, d_codes, d_one,
+                          MP_F8_E4M3, R, 0, S, 0), MP_OK) << mp_errmsg(&err);
+  EXPECT_EQ(get_x(d_add, start.size()), start) << "ADD with K = 0 must leave out unchanged";
+  EXPECT_EQ(get_x(d_set, start.size()), Vec(start.size(), 0.0f)) << "K = 0 writes zeros";
+}
+
+// Flag bits ops.h does not define are refused with MP_ERR_INVALID on every device (before
+// the compute-capability check), and nothing is queued: the output keeps its poison.
+TEST_F(GemmAttention, Float8MatmulRefusesUnknownFlags) {
+  float *d_one = dev_f32(Vec{1.0f});
+  const uint8_t *d_codes = (const uint8_t *)poisoned(16 * 16);
+  void *d_out = poisoned(16 * 16 * 2);
+  for (unsigned flags : {4u, 8u, 0x80000000u, MP_F8_GEMM_ADD | MP_F8_GEMM_FAST_ACCUM | 16u}) {
+    EXPECT_EQ(be->matmul_f8(&kc, d_out, nullptr, d_codes, d_one, MP_F8_E4M3, d_codes, d_one,
+                            MP_F8_E4M3, 16, 16, 16, flags),
+              MP_ERR_INVALID)
+        << "flags " << flags;
+    EXPECT_NE(std::strstr(mp_errmsg(&err), "unknown flags"), nullptr) << mp_errmsg(&err);
+  }
+  EXPECT_EQ(get_bytes(d_out, 16 * 16 * 2), std::vector<unsigned char>(16 * 16 * 2, 0xFF));
 }
 
 // The runtime's float8 Linear backward, as ops.h describes it: dgrad dx (N, K) = dy W is
@@ -308,9 +448,9 @@ TEST_F(GemmAttention, Float8LinearBackwardThroughTranspose) {
               s_x = mp_f8_max(MP_F8_E4M3) / 4.0f;
   Vec ref_dx((size_t)N * K), fresh_dw((size_t)M * K, 0.0f);
   ASSERT_EQ(cpu->matmul_f8(&cpu_kc, ref_dx.data(), nullptr, dy.data(), &s_dy, MP_F8_E5M2,
-                           wt.data(), &s_w, MP_F8_E4M3, N, M, K), MP_OK);
+                           wt.data(), &s_w, MP_F8_E4M3, N, M, K, 0), MP_OK);
   ASSERT_EQ(cpu->matmul_f8(&cpu_kc, nullptr, fresh_dw.data(), dyt.data(), &s_dy, MP_F8_E5M2,
-                           xt.data(), &s_x, MP_F8_E4M3, M, N, K), MP_OK);
+                           xt.data(), &s_x, MP_F8_E4M3, M, N, K, 0), MP_OK);
   Vec start_dw((size_t)M * K), ref_dw((size_t)M * K);
   for (size_t i = 0; i < start_dw.size(); i++) {
     start_dw[i] = 0.5f * fresh_dw[i];
@@ -327,14 +467,14 @@ TEST_F(GemmAttention, Float8LinearBackwardThroughTranspose) {
   void *d_dx = poisoned(ref_dx.size() * 2);
   float *d_dw = dev_f32(start_dw);
   mp_status st = be->matmul_f8(&kc, d_dx, nullptr, d_dy, d_sdy, MP_F8_E5M2, d_wt, d_sw,
-                               MP_F8_E4M3, N, M, K);
+                               MP_F8_E4M3, N, M, K, 0);
   if (cc < 89) {
     EXPECT_EQ(st, MP_ERR_UNSUPPORTED);
     return;
   }
   ASSERT_EQ(st, MP_OK) << mp_errmsg(&err);
   ASSERT_EQ(be->matmul_f8(&kc, nullptr, d_dw, d_dyt, d_sdy, MP_F8_E5M2, d_xt, d_sx, MP_F8_E4M3,
-                          M, N, K), MP_OK) << mp_errmsg(&err);
+                          M, N, K, 0), MP_OK) << mp_errmsg(&err);
   EXPECT_LE(rel_l2(get_x(d_dx, ref_dx.size()), ref_dx), 1e-2) << "dgrad";
   EXPECT_LE(rel_l2(get_f32(d_dw, ref_dw.size()), ref_dw), kF8F32Bound) << "wgrad +=";
 }

@@ -39,7 +39,7 @@ struct StepRun {
   mp_status st = MP_OK;
 
   // One training step of the plan on be (the CPU backend or a table over it).
-  StepRun(const mp_backend *be, const mp_plan_options &o, mp_comm_prof *cprof) {
+  StepRun(const mp_backend *be, const mp_plan_options &o, mp_comm_prof *cprof, int f8_codes = 0) {
     mp_ctx_init(&ctx);
     if ((st = mp_model_load(&ctx, "tiny-dense", &m)) != MP_OK) return;
     mp_mesh mesh;
@@ -52,6 +52,7 @@ struct StepRun {
     mp_runtime_options ro;
     mp_runtime_options_init(&ro);
     ro.max_grad_norm = 0;  // no clipping: the optimizer's calls are the AdamW updates alone
+    ro.f8_codes = f8_codes;
     if ((st = mp_runtime_create(&ctx, p, comm, be, &kc, &ro, &rt)) != MP_OK) return;
     std::vector<int32_t> batch(4 * 33);
     for (size_t i = 0; i < batch.size(); i++) batch[i] = (int32_t)((i * 97 + 11) % m.vocab);
@@ -72,6 +73,40 @@ mp_plan_options Options() {
   o.micro_batch = 2;
   o.global_batch = 4;
   return o;
+}
+
+// The simulator's busy time by class for one step of tiny-dense under o (meshplan-cpu
+// stack, one CPU rank): *b, and the simulation's result *r.
+void SimBusy(mp_plan_options o, mp_sim_busy *b, mp_sim_result *r) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  ASSERT_EQ(mp_model_load(&ctx, "tiny-dense", &m), MP_OK) << mp_errmsg(&ctx);
+  mp_stack_profile stack;
+  ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cpu", &stack), MP_OK) << mp_errmsg(&ctx);
+  const int f8_codes = o.f8_codes;
+  mp_stack_plan_options(&stack, &o);
+  o.f8_codes = f8_codes;
+  mp_mesh mesh;
+  mp_mesh_init(&mesh);
+  mp_plan *p = nullptr;
+  ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_OK) << mp_errmsg(&ctx);
+  mp_cluster c;
+  ASSERT_EQ(mp_cluster_make(&ctx, "cpu", 1, 1, &c), MP_OK) << mp_errmsg(&ctx);
+  mp_arena *a = mp_arena_create();
+  mp_schedule *s = nullptr;
+  ASSERT_EQ(mp_schedule_build(&ctx, p, 0, MP_SCHEDULE_COMPACT, a, &s), MP_OK) << mp_errmsg(&ctx);
+  mp_sim_config cfg = {};
+  cfg.cluster = &c;
+  cfg.stack = &stack;
+  cfg.record_trace = 1;
+  mp_sim_trace *t = nullptr;
+  ASSERT_EQ(mp_simulate(&ctx, s, &cfg, r, &t), MP_OK) << mp_errmsg(&ctx);
+  mp_sim_trace_busy(t, b);
+  mp_sim_trace_destroy(t);
+  mp_arena_destroy(a);
+  mp_plan_destroy(p);
+  mp_sim_thread_release();
 }
 
 }  // namespace
@@ -133,32 +168,10 @@ TEST(Kprof, CountsEveryKernelByClassAndChangesNoResult) {
 }
 
 TEST(Kprof, SimulatorBusyTimeCountsTheSameStep) {
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  mp_model m;
-  ASSERT_EQ(mp_model_load(&ctx, "tiny-dense", &m), MP_OK) << mp_errmsg(&ctx);
-  mp_stack_profile stack;
-  ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cpu", &stack), MP_OK) << mp_errmsg(&ctx);
-  mp_plan_options o = Options();
-  mp_stack_plan_options(&stack, &o);
-  mp_mesh mesh;
-  mp_mesh_init(&mesh);
-  mp_plan *p = nullptr;
-  ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_OK) << mp_errmsg(&ctx);
-  mp_cluster c;
-  ASSERT_EQ(mp_cluster_make(&ctx, "cpu", 1, 1, &c), MP_OK) << mp_errmsg(&ctx);
-  mp_arena *a = mp_arena_create();
-  mp_schedule *s = nullptr;
-  ASSERT_EQ(mp_schedule_build(&ctx, p, 0, MP_SCHEDULE_COMPACT, a, &s), MP_OK) << mp_errmsg(&ctx);
-  mp_sim_config cfg = {};
-  cfg.cluster = &c;
-  cfg.stack = &stack;
-  cfg.record_trace = 1;
-  mp_sim_result r;
-  mp_sim_trace *t = nullptr;
-  ASSERT_EQ(mp_simulate(&ctx, s, &cfg, &r, &t), MP_OK) << mp_errmsg(&ctx);
   mp_sim_busy b;
-  mp_sim_trace_busy(t, &b);
+  mp_sim_result r;
+  SimBusy(Options(), &b, &r);
+  if (HasFatalFailure()) return;
   const int micro = 2;
   EXPECT_EQ(b.kernel_n[MP_KERNEL_GEMM], micro * 45);
   EXPECT_EQ(b.kernel_n[MP_KERNEL_ATTENTION], micro * 4);
@@ -182,8 +195,44 @@ TEST(Kprof, SimulatorBusyTimeCountsTheSameStep) {
   for (int g = 0; g < MP_GROUP_COUNT; g++) EXPECT_EQ(b.comm_n[g], 0) << mp_group_name((mp_group)g);
   mp_sim_trace_busy(nullptr, &b);  // no trace: all zero
   EXPECT_EQ(b.kernel_n[MP_KERNEL_GEMM], 0);
-  mp_sim_trace_destroy(t);
-  mp_arena_destroy(a);
-  mp_plan_destroy(p);
-  mp_sim_thread_release();
+}
+
+// Float8 on codes (the CUDA path's kernels, run on the CPU with f8_codes): the runtime's
+// float8 casts and GEMMs, counted by the profile, against the schedule's ops of the same
+// plan (f8_codes) and against a hand count. Per block and micro-batch (runtime.c, lin_fwd
+// and lin_bwd): each cast is f8_amax (unless the amax is known), f8_scale_from_amax and
+// f8_quantize_t.
+//   forward: xn1 and xn2 have their amax from RMSNorm's kernel and the SwiGLU output from
+//     SwiGLU's: 2 calls each; the attention output 3: 9;
+//   backward: the output gradients of down, o, q, k, v: 3 each; of gate and up (amax from
+//     SwiGLU's backward kernel): 2 each; the inputs' transposed codes (xn1, the attention
+//     output, xn2, the SwiGLU output; amax kept from the forward): 2 each: 27;
+//   per step: the 7 resident weights of each block quantized once (3 calls each): 42.
+// GEMMs: 7 forward and 14 backward matmul_f8 per block, the head's 2 matmul calls.
+TEST(Kprof, Float8OnCodesCastsAsTheScheduleCountsThem) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_kprof kp;
+  std::memset(&kp, 0, sizeof kp);
+  mp_backend prof;
+  ASSERT_EQ(mp_kprof_backend(&ctx, mp_backend_cpu(), &kp, 0, &prof), MP_OK) << mp_errmsg(&ctx);
+  mp_plan_options o = Options();
+  o.fp8 = 1;
+  o.f8_codes = 1;
+  {
+    StepRun run{&prof, o, nullptr, 1};
+    ASSERT_EQ(run.st, MP_OK) << mp_errmsg(&run.ctx);
+  }
+  mp_kprof_stop();
+  const int micro = 2, L = 2;
+  EXPECT_EQ(kp.calls[MP_KERNEL_FP8_CAST], micro * L * (9 + 27) + L * 21);
+  EXPECT_EQ(kp.calls[MP_KERNEL_GEMM], micro * (L * 21 + 2));
+
+  mp_sim_busy b;
+  mp_sim_result r;
+  SimBusy(o, &b, &r);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(b.kernel_n[MP_KERNEL_FP8_CAST], kp.calls[MP_KERNEL_FP8_CAST]);
+  // the schedule counts each product of a matmul_backward as one op: the same as matmul_f8
+  EXPECT_EQ(b.kernel_n[MP_KERNEL_GEMM], micro * (L * 21 + 3));
 }

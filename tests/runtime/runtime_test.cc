@@ -4,6 +4,7 @@
 // memory equals the hand-derived allocation timeline).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -37,7 +38,7 @@ mp_model Model(const char *name) {
 }
 
 mp_plan *Plan(const mp_model &m, const char *mesh, int64_t seq, int64_t mb, int64_t gb,
-              mp_ac_mode ac = MP_AC_NONE) {
+              mp_ac_mode ac = MP_AC_NONE, int fp8 = 0) {
   Ctx c;
   mp_mesh me;
   EXPECT_EQ(mp_mesh_parse(&c, mesh, 0, &me), MP_OK) << c.msg();
@@ -47,6 +48,7 @@ mp_plan *Plan(const mp_model &m, const char *mesh, int64_t seq, int64_t mb, int6
   o.micro_batch = mb;
   o.global_batch = gb;
   o.ac = ac;
+  o.fp8 = fp8;
   mp_plan *p = nullptr;
   EXPECT_EQ(mp_build_plan(&c, &m, &me, &o, &p), MP_OK) << mesh << ": " << c.msg();
   return p;
@@ -61,9 +63,9 @@ struct Rt {
   mp_kctx kc{};
   mp_runtime *rt = nullptr;
   Rt(const char *model_name, int64_t seq, int64_t mb, int64_t gb, mp_ac_mode ac = MP_AC_NONE,
-     float lr = 1e-3f) {
+     float lr = 1e-3f, int fp8 = 0, int f8_codes = 0) {
     model = Model(model_name);
-    plan = Plan(model, "dp_shard=1", seq, mb, gb, ac);
+    plan = Plan(model, "dp_shard=1", seq, mb, gb, ac, fp8);
     mp_mesh one;
     mp_mesh_init(&one);
     EXPECT_EQ(mp_comm_create_single(&c, &one, &comm), MP_OK) << c.msg();
@@ -72,6 +74,7 @@ struct Rt {
     mp_runtime_options o;
     mp_runtime_options_init(&o);
     o.lr = lr;
+    o.f8_codes = f8_codes;
     EXPECT_EQ(mp_runtime_create(&c, plan, comm, mp_backend_cpu(), &kc, &o, &rt), MP_OK) << c.msg();
   }
   ~Rt() {
@@ -342,9 +345,9 @@ TEST(Train, PeakMemoryEqualsHandDerivedTimeline) {
   P += C + V * C;                                                    // norm, output
   ASSERT_EQ(P, mp_model_param_count(&r.model));
   // scalars: 8 float8 amax/scale slots + one sum-of-squares slot per parameter tensor
-  // (embedding, 9 per block, final norm, head)
+  // (embedding, 9 per block, final norm, head) + 4 forward float8 amax per block
   const int64_t n_tensors = 1 + 9 * L + 2;
-  const int64_t resident = 4 * P * 4 + 2 * T * (hd / 2) * 4 + (8 + n_tensors) * 4;  // w g m v, rope, scalars
+  const int64_t resident = 4 * P * 4 + 2 * T * (hd / 2) * 4 + (8 + n_tensors + 4 * L) * 4;  // w g m v, rope, scalars
   const mp_talloc *ta = mp_runtime_allocator(r.rt);
   EXPECT_EQ(mp_talloc_current_total(ta), resident);
   const int64_t block = (N * C + N + N * QD + 2 * N * KD + N * C + N * C + N + 3 * N * F) * 4;
@@ -400,6 +403,71 @@ TEST(Train, CheckpointingKeepsGradientsAndLowersActivationPeak) {
   }
   EXPECT_LT(act_peak[1], act_peak[0]);
   EXPECT_LT(act_peak[2], act_peak[1]);
+}
+
+// Float8 Linears as GEMMs on codes (the CUDA path's algorithm: shared activation operands,
+// the amax from RMSNorm's and SwiGLU's kernels and kept from the forward for the weight
+// gradients, input gradients added by the GEMM) against the fp32 emulation, which computes
+// every amax afresh from the tensor and fake-quantizes: the same quantized values and the
+// same sums, so the same gradients and losses. A stale or wrong amax changes a scale, hence
+// most codes, by far more than the tolerance.
+TEST(Train, Float8OnCodesMatchesTheEmulation) {
+  for (mp_ac_mode ac : {MP_AC_NONE, MP_AC_FULL}) {
+    SCOPED_TRACE(mp_ac_mode_name(ac));
+    Rt emu("tiny-dense", 32, 2, 4, ac, 1e-3f, 1, 0), codes("tiny-dense", 32, 2, 4, ac, 1e-3f, 1, 1);
+    ASSERT_NE(emu.rt, nullptr);
+    ASSERT_NE(codes.rt, nullptr);
+    int n8 = 0;
+    for (int i = 0; i < codes.plan->n_params; i++) n8 += codes.plan->params[i].float8;
+    ASSERT_EQ(n8, 2 * 7);  // q k v o gate up down in each of the two blocks
+    std::vector<int32_t> batch(4 * 33);
+    for (size_t i = 0; i < batch.size(); i++) batch[i] = (int32_t)((i * 97 + 11) % 256);
+    for (int step = 0; step < 3; step++) {
+      mp_step_result re, rc;
+      ASSERT_EQ(mp_runtime_forward_backward(&emu.c, emu.rt, batch.data(), &re), MP_OK) << emu.c.msg();
+      ASSERT_EQ(mp_runtime_forward_backward(&codes.c, codes.rt, batch.data(), &rc), MP_OK) << codes.c.msg();
+      EXPECT_NEAR(rc.loss, re.loss, 1e-6 * std::fabs(re.loss)) << "step " << step;
+      double worst = 0.0, scale = 0.0;
+      for (int i = 0; i < codes.plan->n_params; i++) {
+        std::vector<float> ge(mp_param_numel(&emu.plan->params[i])), gc(ge.size());
+        ASSERT_EQ(mp_runtime_read_grad(&emu.c, emu.rt, i, ge.data()), MP_OK);
+        ASSERT_EQ(mp_runtime_read_grad(&codes.c, codes.rt, i, gc.data()), MP_OK);
+        for (size_t j = 0; j < ge.size(); j++) {
+          worst = std::max(worst, (double)std::fabs(gc[j] - ge[j]));
+          scale = std::max(scale, (double)std::fabs(ge[j]));
+        }
+      }
+      ASSERT_GT(scale, 0.0);
+      EXPECT_LE(worst, 1e-5 * scale) << "step " << step;
+      ASSERT_EQ(mp_runtime_optimizer_step(&emu.c, emu.rt, &re), MP_OK) << emu.c.msg();
+      ASSERT_EQ(mp_runtime_optimizer_step(&codes.c, codes.rt, &rc), MP_OK) << codes.c.msg();
+    }
+  }
+}
+
+// f8_codes on a backend without float8 GEMMs on codes is refused at creation, by name.
+TEST(Train, Float8OnCodesNeedsTheGemmOnCodes) {
+  Ctx c;
+  mp_model m = Model("tiny-dense");
+  mp_plan *p = Plan(m, "dp_shard=1", 32, 2, 4, MP_AC_NONE, 1);
+  mp_mesh one;
+  mp_mesh_init(&one);
+  mp_comm *comm = nullptr;
+  ASSERT_EQ(mp_comm_create_single(&c, &one, &comm), MP_OK) << c.msg();
+  mp_kctx kc{};
+  kc.err = &c;
+  ASSERT_EQ(mp_backend_cpu()->init(&kc, 0), MP_OK);
+  mp_backend no_f8 = *mp_backend_cpu();
+  no_f8.matmul_f8 = nullptr;
+  mp_runtime_options o;
+  mp_runtime_options_init(&o);
+  o.f8_codes = 1;
+  mp_runtime *rt = nullptr;
+  EXPECT_EQ(mp_runtime_create(&c, p, comm, &no_f8, &kc, &o, &rt), MP_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(c.msg()).find("matmul_f8"), std::string::npos) << c.msg();
+  EXPECT_EQ(rt, nullptr);
+  mp_comm_destroy(comm);
+  mp_plan_destroy(p);
 }
 
 TEST(Train, RefusesWhatItCannotRun) {

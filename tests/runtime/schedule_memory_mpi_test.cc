@@ -7,6 +7,11 @@
 // runtime.c takes its overlap path with every collective complete at once. Allocation is
 // on the host in issue order either way, so the allocator sees what it sees on NCCL.
 //
+// Also here, since it needs the same 4 ranks: float8 on codes (the CUDA path's algorithm,
+// mp_runtime_options.f8_codes) on the CPU backend under tp, against the fp32 emulation of
+// the same plan: the amax all-reduced over tp once, whether it came from a fused kernel, the
+// forward, or an f8_amax pass.
+//
 // One binary, run by run_mpi_test.sh under mpirun; its main initializes MPI and all-reduces
 // the verdict so that a failure on any rank fails every rank.
 #include <gtest/gtest.h>
@@ -21,6 +26,7 @@
 #include "exec/comm/comm_backend.h"
 #include "exec/runtime/runtime.h"
 #include "exec/schedule.h"
+#include "kernels/cpu/cpu.h"
 #include "sim/stack.h"
 #include "tests/mpi_gtest.h"
 #include "tests/runtime/acct_backend.h"
@@ -159,6 +165,66 @@ TEST(ScheduleMemoryMpi, CudaModelOnFsdpMeshes) {
       CheckCase({"tiny-moe", "dp_shard=2,tp=2", ac, fp8, 1});
     }
   CheckCase({"tiny-moe", "dp_shard=4", MP_AC_NONE, 0, 0});
+}
+
+// Losses and gradient norms of 3 steps of mesh's float8 plan on the CPU backend, with the
+// float8 Linears on codes (f8_codes) or emulated.
+void Float8Steps(const char *mesh_spec, int f8_codes, double loss[3], double gnorm[3]) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  ASSERT_EQ(mp_model_load(&ctx, "tiny-dense", &m), MP_OK) << mp_errmsg(&ctx);
+  mp_mesh mesh;
+  ASSERT_EQ(mp_mesh_parse(&ctx, mesh_spec, 0, &mesh), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_mesh_world(&mesh), g_world);
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.seq = 32;
+  o.micro_batch = 2;
+  o.fp8 = 1;
+  mp_plan *p = nullptr;
+  ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_OK) << mp_errmsg(&ctx);
+  int64_t local_batch = 0, n_micro = 0;
+  ASSERT_EQ(mp_plan_batch(&ctx, p, &local_batch, &n_micro), MP_OK) << mp_errmsg(&ctx);
+  mp_comm *comm = nullptr;
+  ASSERT_EQ(mp_comm_create_mpi(&ctx, &mesh, &comm), MP_OK) << mp_errmsg(&ctx);
+  mp_kctx kc{};
+  kc.err = &ctx;
+  ASSERT_EQ(mp_backend_cpu()->init(&kc, 0), MP_OK);
+  mp_runtime_options ro;
+  mp_runtime_options_init(&ro);
+  ro.f8_codes = f8_codes;
+  mp_runtime *rt = nullptr;
+  ASSERT_EQ(mp_runtime_create(&ctx, p, comm, mp_backend_cpu(), &kc, &ro, &rt), MP_OK) << mp_errmsg(&ctx);
+  const int dp_idx = mp_comm_group_index(comm, MP_GROUP_DP);
+  std::vector<int32_t> batch((size_t)(local_batch * (o.seq + 1)));
+  for (size_t i = 0; i < batch.size(); i++) batch[i] = (int32_t)((i * 97 + 11 + 7 * dp_idx) % m.vocab);
+  for (int step = 0; step < 3; step++) {
+    mp_step_result res;
+    ASSERT_EQ(mp_runtime_step(&ctx, rt, batch.data(), &res), MP_OK) << mp_errmsg(&ctx);
+    loss[step] = res.loss;
+    gnorm[step] = res.grad_norm;
+  }
+  mp_runtime_destroy(rt);
+  mp_comm_destroy(comm);
+  mp_plan_destroy(p);
+}
+
+TEST(Float8OnCodesMpi, MatchesTheEmulationUnderTp) {
+  for (const char *mesh : {"dp_shard=2,tp=2", "tp=4"}) {
+    SCOPED_TRACE(mesh);
+    double le[3], ge[3], lc[3], gc[3];
+    Float8Steps(mesh, 0, le, ge);
+    if (HasFatalFailure()) return;
+    Float8Steps(mesh, 1, lc, gc);
+    if (HasFatalFailure()) return;
+    for (int s = 0; s < 3; s++) {
+      EXPECT_NEAR(lc[s], le[s], 1e-6 * le[s]) << "step " << s;
+      EXPECT_NEAR(gc[s], ge[s], 1e-5 * ge[s]) << "step " << s;
+    }
+    if (g_rank == 0)
+      printf("  %-18s float8 loss step 3: emulated %.9f, on codes %.9f\n", mesh, le[2], lc[2]);
+  }
 }
 
 }  // namespace
