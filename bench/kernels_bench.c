@@ -38,7 +38,8 @@ enum { NTOK = SEQ * MB };
 typedef enum op_kind {
   OP_FWD, OP_DGRAD, OP_WGRAD, OP_ATTN_FWD, OP_ATTN_BWD, OP_F8, OP_COPY, OP_RMSNORM,
   OP_SWIGLU, OP_RESIDUAL, OP_CE, OP_ADAMW, OP_F8_AMAX, OP_F8_QUANT, OP_F8_QUANT_T,
-  OP_F8_TRANSPOSE, OP_F8_CAST
+  OP_F8_TRANSPOSE, OP_F8_CAST, OP_F8_FAST, OP_F8_DGRAD, OP_F8_WGRAD, OP_RMSNORM_AMAX,
+  OP_SWIGLU_AMAX, OP_SWIGLU_BWD, OP_SWIGLU_BWD_AMAX
 } op_kind;
 
 typedef struct bench_case {
@@ -89,6 +90,33 @@ static mp_status run_op(const bench_case *bc, const bufs *b) {
     case OP_F8:
       return g_be->matmul_f8(kc, b->x2, NULL, (const uint8_t *)b->x0, b->scale, MP_F8_E4M3,
                              (const uint8_t *)b->x1, b->scale, MP_F8_E4M3, bc->a, bc->b, bc->c, 0);
+    /* The float8 GEMMs as runtime.c runs them (a, b, c = N, K, M of the Linear): forward
+     * with fast accumulation; dgrad dx (N, K) += dy (N, M, E5M2) W (M, K), B = W^T codes;
+     * wgrad dW (M, K) += dy^T (M, N, E5M2) x (N, K), B = x^T codes, into fp32. */
+    case OP_F8_FAST:
+      return g_be->matmul_f8(kc, b->x2, NULL, (const uint8_t *)b->x0, b->scale, MP_F8_E4M3,
+                             (const uint8_t *)b->x1, b->scale, MP_F8_E4M3, bc->a, bc->b, bc->c,
+                             MP_F8_GEMM_FAST_ACCUM);
+    case OP_F8_DGRAD:
+      return g_be->matmul_f8(kc, b->x2, NULL, (const uint8_t *)b->x0, b->scale, MP_F8_E5M2,
+                             (const uint8_t *)b->x1, b->scale, MP_F8_E4M3, bc->a, bc->c, bc->b,
+                             MP_F8_GEMM_ADD);
+    case OP_F8_WGRAD:
+      return g_be->matmul_f8(kc, NULL, b->f0, (const uint8_t *)b->x0, b->scale, MP_F8_E5M2,
+                             (const uint8_t *)b->x1, b->scale, MP_F8_E4M3, bc->c, bc->a, bc->b, 0);
+    case OP_RMSNORM_AMAX:
+      return g_be->rmsnorm_forward_amax(kc, b->x2, b->f1, b->x0, b->x1, bc->a, bc->b, 1e-5f,
+                                        b->f2);
+    case OP_SWIGLU_AMAX:
+      return g_be->swiglu_forward_amax(kc, b->x2, b->x0, b->x1, (size_t)bc->a * bc->b, b->f2);
+    /* SwiGLU backward: gate x0, up x1, dout x2; dgate and dup carved from x2 after dout */
+    case OP_SWIGLU_BWD:
+    case OP_SWIGLU_BWD_AMAX: {
+      const size_t n = (size_t)bc->a * bc->b;
+      char *dg = (char *)b->x2 + n * 2, *du = dg + n * 2;
+      if (bc->kind == OP_SWIGLU_BWD) return g_be->swiglu_backward(kc, dg, du, b->x2, b->x0, b->x1, n);
+      return g_be->swiglu_backward_amax(kc, dg, du, b->x2, b->x0, b->x1, n, b->f2, b->f2 + 1);
+    }
     case OP_COPY:
       return g_be->memcpy_d2d(kc, b->x2, b->x0, (size_t)bc->a << 20);
     case OP_RMSNORM:
@@ -161,7 +189,8 @@ static double work_of(const bench_case *bc, int *is_bytes) {
   double attn = 4.0 * MB * NH * (double)SEQ * SEQ * HD / 2.0;
   *is_bytes = 0;
   switch (bc->kind) {
-    case OP_FWD: case OP_DGRAD: case OP_WGRAD: case OP_F8:
+    case OP_FWD: case OP_DGRAD: case OP_WGRAD: case OP_F8: case OP_F8_FAST: case OP_F8_DGRAD:
+    case OP_F8_WGRAD:
       return 2.0 * bc->a * (double)bc->b * bc->c;
     case OP_ATTN_FWD: return attn;
     case OP_ATTN_BWD: return 2.5 * attn;
@@ -171,8 +200,9 @@ static double work_of(const bench_case *bc, int *is_bytes) {
   double n = (double)bc->a * bc->b;
   switch (bc->kind) {
     case OP_COPY: return 2.0 * ((double)bc->a * (1 << 20)); /* read + write */
-    case OP_RMSNORM: return 2.0 * n * 2 + 2.0 * bc->b + 4.0 * bc->a;
-    case OP_SWIGLU: case OP_RESIDUAL: return 3.0 * n * 2;
+    case OP_RMSNORM: case OP_RMSNORM_AMAX: return 2.0 * n * 2 + 2.0 * bc->b + 4.0 * bc->a;
+    case OP_SWIGLU: case OP_SWIGLU_AMAX: case OP_RESIDUAL: return 3.0 * n * 2;
+    case OP_SWIGLU_BWD: case OP_SWIGLU_BWD_AMAX: return 7.0 * n * 2; /* dout g u dg du; dg du */
     case OP_CE: return n * 2 + 3.0 * 4 * bc->a + 4.0 * bc->a;
     case OP_ADAMW: return 7.0 * 4 * n;
     /* Float8 casts: the bf16 read plus the code writes, the least any cast can move (the
@@ -291,8 +321,25 @@ int main(void) {
       {"attention fwd (flash)", OP_ATTN_FWD, 0, 0, 0},
       {"attention bwd (flash)", OP_ATTN_BWD, 0, 0, 0},
       {"fp8 e4m3 GEMM gate/up", OP_F8, NTOK, D, FF},
+      {"fp8 qkv fwd fast", OP_F8_FAST, NTOK, D, D + 2 * NKV * HD},
+      {"fp8 qkv dgrad add", OP_F8_DGRAD, NTOK, D, D + 2 * NKV * HD},
+      {"fp8 qkv wgrad", OP_F8_WGRAD, NTOK, D, D + 2 * NKV * HD},
+      {"fp8 attn-out fwd fast", OP_F8_FAST, NTOK, D, D},
+      {"fp8 attn-out dgrad add", OP_F8_DGRAD, NTOK, D, D},
+      {"fp8 attn-out wgrad", OP_F8_WGRAD, NTOK, D, D},
+      {"fp8 gate/up fwd fast", OP_F8_FAST, NTOK, D, FF},
+      {"fp8 gate/up dgrad add", OP_F8_DGRAD, NTOK, D, FF},
+      {"fp8 gate/up wgrad", OP_F8_WGRAD, NTOK, D, FF},
+      {"fp8 down fwd", OP_F8, NTOK, FF, D},
+      {"fp8 down fwd fast", OP_F8_FAST, NTOK, FF, D},
+      {"fp8 down dgrad add", OP_F8_DGRAD, NTOK, FF, D},
+      {"fp8 down wgrad", OP_F8_WGRAD, NTOK, FF, D},
       {"rmsnorm fwd", OP_RMSNORM, NTOK, D, 0},
+      {"rmsnorm fwd + amax", OP_RMSNORM_AMAX, NTOK, D, 0},
       {"swiglu fwd", OP_SWIGLU, NTOK, FF, 0},
+      {"swiglu fwd + amax", OP_SWIGLU_AMAX, NTOK, FF, 0},
+      {"swiglu bwd", OP_SWIGLU_BWD, NTOK, FF, 0},
+      {"swiglu bwd + 2 amax", OP_SWIGLU_BWD_AMAX, NTOK, FF, 0},
       {"residual fwd", OP_RESIDUAL, NTOK, D, 0},
       {"cross-entropy fwd", OP_CE, NTOK, VOCAB, 0},
       {"adamw 64M params", OP_ADAMW, 64, 1 << 20, 0},
@@ -311,7 +358,8 @@ int main(void) {
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     const bench_case *bc = &cases[i];
     char shape[32];
-    if (bc->kind <= OP_WGRAD || bc->kind == OP_F8)
+    if (bc->kind <= OP_WGRAD || bc->kind == OP_F8 || bc->kind == OP_F8_FAST ||
+        bc->kind == OP_F8_DGRAD || bc->kind == OP_F8_WGRAD)
       snprintf(shape, sizeof(shape), "%dx%dx%d", bc->a, bc->b, bc->c);
     else if (bc->kind == OP_ATTN_FWD || bc->kind == OP_ATTN_BWD)
       snprintf(shape, sizeof(shape), "B%d T%d h%d/%d d%d", MB, SEQ, NH, NKV, HD);
