@@ -140,7 +140,7 @@ static mp_status write_kernel_rows(mp_ctx *ctx, writer *w) {
   }
   for (int i = 0; i < c->n_f8; i++) {
     const mp_calib_gemm *g = &c->f8[i];
-    snprintf(key, sizeof key, "f8gemm.fwd.%dx%dx%d", g->N, g->K, g->M);
+    snprintf(key, sizeof key, "f8gemm.%s.%dx%dx%d", mp_calib_gemm_pass_name(g->pass), g->N, g->K, g->M);
     MP_CHECK(put(ctx, w, key, 1, g->flops_per_s, "FLOP/s"));
   }
   const mp_calib_stack_fit *f = &c->fit;
@@ -154,6 +154,10 @@ static mp_status write_kernel_rows(mp_ctx *ctx, writer *w) {
   MP_CHECK(put(ctx, w, "fit.attention_eff", 1, f->attention_eff, "1"));
   MP_CHECK(put(ctx, w, "fit.hbm_eff", 1, f->hbm_eff, "1"));
   MP_CHECK(put(ctx, w, "fit.kernel_overhead_us", 1, f->kernel_overhead_us, "us"));
+  if (!cuda) return MP_OK; /* cpu: no float8 points, so no float8 table (rows as before) */
+  MP_CHECK(put(ctx, w, "fit.fp8_gemm_curve_rms", 1, f->fp8_gemm_curve_rms, "1"));
+  MP_CHECK(put(ctx, w, "fit.fp8_gemm_table_rms", 1, f->fp8_gemm_table_rms, "1"));
+  MP_CHECK(put(ctx, w, "fit.fp8_gemm_table", 1, f->fp8_gemm_table, "bool"));
   return MP_OK;
 }
 
@@ -279,6 +283,8 @@ static int read_scalar(mp_calib *c, const char *key, double v) {
       {"fit.gemm_curve_rms", offsetof(mp_calib, fit.gemm_curve_rms)},
       {"fit.gemm_table_rms", offsetof(mp_calib, fit.gemm_table_rms)},
       {"fit.fp8_gemm_eff_max", offsetof(mp_calib, fit.fp8_gemm_eff_max)},
+      {"fit.fp8_gemm_curve_rms", offsetof(mp_calib, fit.fp8_gemm_curve_rms)},
+      {"fit.fp8_gemm_table_rms", offsetof(mp_calib, fit.fp8_gemm_table_rms)},
       {"fit.attention_eff", offsetof(mp_calib, fit.attention_eff)},
       {"fit.hbm_eff", offsetof(mp_calib, fit.hbm_eff)},
       {"fit.kernel_overhead_us", offsetof(mp_calib, fit.kernel_overhead_us)},
@@ -294,6 +300,10 @@ static int read_scalar(mp_calib *c, const char *key, double v) {
   }
   if (strcmp(key, "fit.gemm_table") == 0) {
     c->fit.gemm_table = v != 0;
+    return 1;
+  }
+  if (strcmp(key, "fit.fp8_gemm_table") == 0) {
+    c->fit.fp8_gemm_table = v != 0;
     return 1;
   }
   return 0;
@@ -324,10 +334,14 @@ static int read_point(mp_calib *c, const char *key, double v) {
     b->GBps = v;
     return 1;
   }
-  if (sscanf(key, "f8gemm.fwd.%dx%dx%d%n", &N, &K, &M, &used) == 3 && key[used] == '\0') {
+  /* f8gemm.<pass>: fwd (every calibration with float8), dgrad and wgrad (since float8
+   * is measured as the runtime runs it); never bwd */
+  if (sscanf(key, "f8gemm.%7[a-z].%dx%dx%d%n", name, &N, &K, &M, &used) == 4 && key[used] == '\0') {
+    const int pass = pass_from_name(name);
+    if (pass != MP_CALIB_GEMM_FWD && pass != MP_CALIB_GEMM_DGRAD && pass != MP_CALIB_GEMM_WGRAD) return -1;
     if (c->n_f8 >= MP_CALIB_MAX_F8) return -1;
     mp_calib_gemm *g = &c->f8[c->n_f8++];
-    g->pass = MP_CALIB_GEMM_FWD;
+    g->pass = pass;
     g->N = N, g->K = K, g->M = M;
     g->flops_per_s = v;
     return 1;

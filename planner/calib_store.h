@@ -27,13 +27,21 @@
  *                                                    datasheet's; cpu: the GEMM peak and the
  *                                                    copy that the CPU profile takes)
  *               cuda only:
- *                 f8gemm.fwd.NxKxM                   FLOP/s (E4M3 x E4M3)
+ *                 f8gemm.<pass>.NxKxM                FLOP/s of matmul_f8 as the runtime
+ *                                                    calls it, <pass> = fwd (E4M3 x E4M3)
+ *                                                    | dgrad | wgrad (E5M2 x E4M3); older
+ *                                                    calibrations hold fwd rows only
  *                 gpu.cc                             compute capability (90: sm_90)
  *                 fit.gemm_eff_max, fit.gemm_eff_half_mnk, fit.gemm_curve_rms,
  *                 fit.gemm_table_rms, fit.gemm_table (0/1), fit.fp8_gemm_eff_max,
  *                 fit.attention_eff, fit.hbm_eff, fit.kernel_overhead_us
  *                                                    the fit, as mp_calib_fit_stack left it
- *                                                    (0: not measured)
+ *                                                    (0: not measured); cpu calibrations
+ *                                                    with a fit hold these rows too
+ *                 fit.fp8_gemm_curve_rms, fit.fp8_gemm_table_rms, fit.fp8_gemm_table (0/1)
+ *                                                    the float8 by-shape check (absent in
+ *                                                    older calibrations: read as 0, the
+ *                                                    float8 curve alone)
  *   group_size  ranks per group for collective rows, 1 otherwise
  *   value, unit
  * Table `calibration_notes` (added with the cuda calibration, created the same way): the
@@ -43,7 +51,10 @@
  * fitted loads here as it is (its cpu calibrations without a fit). An older meshplan
  * refuses a newer cpu calibration with "a row this meshplan cannot read; recalibrate"
  * (its element-wise rows are more, and of more kernels, than it knows) rather than
- * reading half of it; it has no use for cuda ones.
+ * reading half of it; it has no use for cuda ones. In the same way a meshplan from before
+ * float8 was measured by pass refuses a newer cuda calibration (its f8gemm.dgrad and
+ * f8gemm.wgrad rows), while this one reads the older ones as they are (f8gemm.fwd rows,
+ * no fit.fp8_gemm_* rows).
  * A calibration is one transaction: readers never see half of one.
  *
  * The file is opened and checked through mp_store_open first (created with the planner's

@@ -213,17 +213,17 @@ void mp_calib_options_init_cuda(mp_calib_options *o, int quick) {
                                 {2, 8192, 16, 8, 128},  {8, 2048, 32, 8, 64}};
   static const int attn_quick[][5] = {{8, 2048, 16, 8, 128}, {2, 8192, 16, 8, 128}};
   set_attn(o, quick ? attn_quick : attn, quick ? 2 : 5);
-  static const int f8_km[][2] = {{4096, 4096}, {4096, 14336}, {14336, 4096}};
-  static const int f8_tok[] = {2048, 8192};
-  n = 0;
-  for (int t = 0; t < (quick ? 1 : 2); t++)
-    for (int i = 0; i < (quick ? 2 : 3); i++) {
-      o->f8[n].N = f8_tok[quick ? 1 : t];
-      o->f8[n].K = f8_km[i][0];
-      o->f8[n].M = f8_km[i][1];
-      n++;
-    }
-  o->n_f8 = n;
+  /* float8: the same shapes and passes, as the runtime calls matmul_f8 for a Linear
+   * (every size above is a multiple of 16, as the kernel needs). A float8 point costs
+   * less than its bf16 one (the loop is as long, the calls shorter): about 1 to 2 s more
+   * on an H100. */
+  o->n_f8 = o->n_gemm;
+  for (int i = 0; i < o->n_gemm; i++) {
+    o->f8[i].pass = o->gemm[i].pass;
+    o->f8[i].N = o->gemm[i].N;
+    o->f8[i].K = o->gemm[i].K;
+    o->f8[i].M = o->gemm[i].M;
+  }
   /* training-sized tensors, each far beyond the 50 MB L2 of an H100 */
   o->norm_rows = 8192;
   o->norm_cols = 4096;
@@ -896,7 +896,7 @@ mp_status mp_calib_measure(mp_ctx *ctx, mp_comm *comm, const mp_backend *be, mp_
 
 /* ---- the CUDA fits -------------------------------------------------------------------- */
 
-static int is_bf16_pass(int pass) {
+static int is_linear_pass(int pass) {
   return pass == MP_CALIB_GEMM_FWD || pass == MP_CALIB_GEMM_DGRAD || pass == MP_CALIB_GEMM_WGRAD;
 }
 
@@ -911,6 +911,42 @@ static double compute_time(double t_s, double overhead_s) {
 /* The curve's compute time for a GEMM of `flops` and size x = N K M. */
 static double curve_time(double flops, double x, double peak, double eff_max, double half) {
   return flops / (peak * eff_max) * (1.0 + half / x);
+}
+
+/* A fitted curve and what it is relative to: the bf16 one (ref_bf16, gemm_eff_max) or the
+ * float8 one (ref_fp8, fp8_gemm_eff_max), with the one knee and the launch figure the
+ * simulator adds to every op. */
+typedef struct gemm_curve {
+  double peak, eff_max, half, ovh;
+} gemm_curve;
+
+static gemm_curve bf16_curve(const mp_calib *c) {
+  gemm_curve cv = {c->ref_bf16_tflops * 1e12, c->fit.gemm_eff_max, c->fit.gemm_eff_half_mnk, c->launch_s};
+  return cv;
+}
+
+static gemm_curve fp8_curve(const mp_calib *c) {
+  gemm_curve cv = {c->ref_fp8_tflops * 1e12, c->fit.fp8_gemm_eff_max, c->fit.gemm_eff_half_mnk, c->launch_s};
+  return cv;
+}
+
+/* A point a by-shape table takes: one of the schedule's three GEMMs, with a rate. */
+static int table_takes(const mp_calib_gemm *g) { return is_linear_pass(g->pass) && g->flops_per_s > 0; }
+
+/* rms of (curve + launch - measured) / measured over the points of g with a rate (0
+ * without one). */
+static double curve_rms(const mp_calib_gemm *g, int n, const gemm_curve *cv) {
+  double se = 0;
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    if (!(g[i].flops_per_s > 0)) continue;
+    const double flops = mp_calib_gemm_flops(g[i].pass, g[i].N, g[i].K, g[i].M);
+    const double x = (double)g[i].N * g[i].K * g[i].M, t = flops / g[i].flops_per_s;
+    const double e = (curve_time(flops, x, cv->peak, cv->eff_max, cv->half) + cv->ovh - t) / t;
+    se += e * e;
+    k++;
+  }
+  return k > 0 ? sqrt(se / k) : 0.0;
 }
 
 /* The curve's least squares without the ceiling: E and h of eff(x) = E x / (x + h)
@@ -972,14 +1008,8 @@ mp_status mp_calib_fit_gemm_curve(mp_ctx *ctx, const mp_calib_gemm *g, int n, do
   *eff_max = E;
   *half_mnk = h;
   if (rms_rel) {
-    double se = 0;
-    for (int i = 0; i < n; i++) {
-      const double flops = mp_calib_gemm_flops(g[i].pass, g[i].N, g[i].K, g[i].M);
-      const double x = (double)g[i].N * g[i].K * g[i].M, t = flops / g[i].flops_per_s;
-      const double e = (curve_time(flops, x, peak_flops, E, h) + overhead_s - t) / t;
-      se += e * e;
-    }
-    *rms_rel = sqrt(se / n);
+    const gemm_curve cv = {peak_flops, E, h, overhead_s};
+    *rms_rel = curve_rms(g, n, &cv);
   }
   return MP_OK;
 }
@@ -1000,12 +1030,12 @@ static void sched_shape(int pass, int N, int K, int M, int *variant, double *m, 
   }
 }
 
-/* Point i of the table (bf16 point gi of c): log2(measured / curve efficiency). */
-static void table_point(const mp_calib *c, const mp_calib_gemm *g, double peak, mp_gemm_table_point *pt) {
+/* One point of a table: log2(measured / curve efficiency), at the schedule's shape. */
+static void table_point(const mp_calib_gemm *g, const gemm_curve *cv, mp_gemm_table_point *pt) {
   const double flops = mp_calib_gemm_flops(g->pass, g->N, g->K, g->M);
   const double x = (double)g->N * g->K * g->M;
-  const double tc = compute_time(flops / g->flops_per_s, c->launch_s);
-  const double tcurve = curve_time(flops, x, peak, c->fit.gemm_eff_max, c->fit.gemm_eff_half_mnk);
+  const double tc = compute_time(flops / g->flops_per_s, cv->ovh);
+  const double tcurve = curve_time(flops, x, cv->peak, cv->eff_max, cv->half);
   int variant;
   double m, n, k;
   sched_shape(g->pass, g->N, g->K, g->M, &variant, &m, &n, &k);
@@ -1016,46 +1046,68 @@ static void table_point(const mp_calib *c, const mp_calib_gemm *g, double peak, 
   pt->log2_ratio = log2(tcurve / tc);
 }
 
-void mp_calib_gemm_table(const mp_calib *c, mp_gemm_table *t) {
+_Static_assert(MP_CALIB_MAX_GEMM <= MP_GEMM_TABLE_MAX && MP_CALIB_MAX_F8 <= MP_GEMM_TABLE_MAX,
+               "a table holds every GEMM point of a calibration");
+
+/* Every point of g a table takes, in order, against cv (empty without a curve). */
+static void table_build(const mp_calib_gemm *g, int n, const gemm_curve *cv, mp_gemm_table *t) {
   memset(t, 0, sizeof *t);
-  const double peak = c->ref_bf16_tflops * 1e12;
-  if (!(peak > 0) || !(c->fit.gemm_eff_max > 0)) return;
-  for (int i = 0; i < c->n_gemm && t->n < MP_GEMM_TABLE_MAX; i++)
-    if (is_bf16_pass(c->gemm[i].pass) && c->gemm[i].flops_per_s > 0) table_point(c, &c->gemm[i], peak, &t->pt[t->n++]);
+  if (!(cv->peak > 0) || !(cv->eff_max > 0)) return;
+  for (int i = 0; i < n && t->n < MP_GEMM_TABLE_MAX; i++)
+    if (table_takes(&g[i])) table_point(&g[i], cv, &t->pt[t->n++]);
 }
 
-/* Leave-one-out check of the by-shape correction: each bf16 point predicted by the curve
- * times the correction of the other points, against its measurement (overhead included).
- * Returns the rms relative error; a point with no neighbour is predicted by the curve. */
-static double table_loo_rms(const mp_calib *c) {
+void mp_calib_gemm_table(const mp_calib *c, mp_gemm_table *t) {
+  const gemm_curve cv = bf16_curve(c);
+  table_build(c->gemm, c->n_gemm, &cv, t);
+}
+
+void mp_calib_fp8_gemm_table(const mp_calib *c, mp_gemm_table *t) {
+  const gemm_curve cv = fp8_curve(c);
+  table_build(c->f8, c->n_f8, &cv, t);
+}
+
+/* Leave-one-out check of a by-shape correction: each point of g the table takes,
+ * predicted by the curve times the correction of the other points, against its
+ * measurement (launch included), into *rms (the rms relative error; a point with no
+ * neighbour is predicted by the curve). */
+static mp_status table_loo_rms(mp_ctx *ctx, const mp_calib_gemm *g, int n, const gemm_curve *cv, double *rms) {
   mp_gemm_table *all = malloc(sizeof *all), *rest = malloc(sizeof *rest);
+  if (!all || !rest) {
+    free(all);
+    free(rest);
+    return mp_error(ctx, MP_ERR_NOMEM, "calibrate: out of memory for the by-shape GEMM check");
+  }
+  table_build(g, n, cv, all);
   double se = 0;
-  int n = 0;
-  if (all && rest) {
-    mp_calib_gemm_table(c, all);
-    const double peak = c->ref_bf16_tflops * 1e12;
-    int j = 0; /* index of the current point in `all` (same order as the bf16 points) */
-    for (int i = 0; i < c->n_gemm; i++) {
-      const mp_calib_gemm *g = &c->gemm[i];
-      if (!is_bf16_pass(g->pass) || !(g->flops_per_s > 0)) continue;
-      rest->n = 0;
-      for (int q = 0; q < all->n; q++)
-        if (q != j) rest->pt[rest->n++] = all->pt[q];
-      const double flops = mp_calib_gemm_flops(g->pass, g->N, g->K, g->M);
-      const double x = (double)g->N * g->K * g->M, t = flops / g->flops_per_s;
-      int variant;
-      double m, nn, k;
-      sched_shape(g->pass, g->N, g->K, g->M, &variant, &m, &nn, &k);
-      const double f = mp_gemm_table_factor(rest, variant, m, nn, k);
-      const double pred = curve_time(flops, x, peak, c->fit.gemm_eff_max, c->fit.gemm_eff_half_mnk) / f + c->launch_s;
-      se += (pred - t) / t * ((pred - t) / t);
-      n++;
-      j++;
-    }
+  int j = 0; /* index of the current point in `all` (the same order) */
+  for (int i = 0; i < n && j < all->n; i++) {
+    if (!table_takes(&g[i])) continue;
+    rest->n = 0;
+    for (int q = 0; q < all->n; q++)
+      if (q != j) rest->pt[rest->n++] = all->pt[q];
+    const double flops = mp_calib_gemm_flops(g[i].pass, g[i].N, g[i].K, g[i].M);
+    const double x = (double)g[i].N * g[i].K * g[i].M, t = flops / g[i].flops_per_s;
+    int variant;
+    double m, nn, k;
+    sched_shape(g[i].pass, g[i].N, g[i].K, g[i].M, &variant, &m, &nn, &k);
+    const double f = mp_gemm_table_factor(rest, variant, m, nn, k);
+    const double pred = curve_time(flops, x, cv->peak, cv->eff_max, cv->half) / f + cv->ovh;
+    se += (pred - t) / t * ((pred - t) / t);
+    j++;
   }
   free(all);
   free(rest);
-  return n > 0 ? sqrt(se / n) : 0.0;
+  *rms = j > 0 ? sqrt(se / j) : 0.0;
+  return MP_OK;
+}
+
+/* Whether a by-shape correction is worth using: it predicts shapes it did not see
+ * clearly better than its curve, by a tenth and by a percentage point of time at least
+ * (less is timing noise, and a table the curve would do as well is a complication for
+ * nothing). */
+static int table_pays(double curve_rms_rel, double table_rms_rel) {
+  return table_rms_rel < 0.9 * curve_rms_rel && curve_rms_rel - table_rms_rel > 0.01;
 }
 
 /* 1/c minimising sum_i (c w_i - 1)^2, c = sum w / sum w^2: the efficiency E that makes
@@ -1264,7 +1316,7 @@ mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c) {
   mp_calib_gemm pts[MP_CALIB_MAX_GEMM];
   int n = 0;
   for (int i = 0; i < c->n_gemm; i++)
-    if (is_bf16_pass(c->gemm[i].pass)) pts[n++] = c->gemm[i];
+    if (is_linear_pass(c->gemm[i].pass)) pts[n++] = c->gemm[i];
   if (cpu) {
     /* an older cpu calibration (or one of BWD points only): no curve, no fit; the CPU
      * profile takes its largest rate and the stack keeps its stated figures */
@@ -1281,16 +1333,18 @@ mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c) {
   MP_CHECK(mp_calib_fit_gemm_curve(ctx, pts, n, peak, ovh, &f->gemm_eff_max, &f->gemm_eff_half_mnk,
                                    &f->gemm_curve_rms));
   f->kernel_overhead_us = ovh * 1e6;
-  f->gemm_table_rms = table_loo_rms(c);
-  /* Only when it predicts shapes it did not see clearly better than the curve does: by
-   * a tenth and by a percentage point of time at least (less is timing noise, and a
-   * table the curve would do as well is a complication for nothing). */
-  f->gemm_table = f->gemm_table_rms < 0.9 * f->gemm_curve_rms && f->gemm_curve_rms - f->gemm_table_rms > 0.01;
+  const gemm_curve cv = bf16_curve(c);
+  MP_CHECK(table_loo_rms(ctx, c->gemm, c->n_gemm, &cv, &f->gemm_table_rms));
+  f->gemm_table = table_pays(f->gemm_curve_rms, f->gemm_table_rms);
 
-  /* float8: the bf16 curve's knee, the fp8 peak; minimise sum (w_i / E - 1)^2 with w_i =
-   * the curve's time at E = 1 over the measured compute time (w_i is the point's
-   * efficiency as the curve's shape sees it). The CPU emulates float8 through its fp32
-   * GEMM: the curve's own efficiency. */
+  /* float8, every point (forward, dgrad, wgrad): the bf16 curve's knee (the stack has one
+   * knee), the fp8 peak; minimise sum (w_i / E - 1)^2 with w_i = the curve's time at E = 1
+   * over the measured compute time (w_i is the point's efficiency as the curve's shape
+   * sees it). Then the float8 by-shape correction against that curve, kept on the same
+   * terms as the bf16 one: what one number cannot say (the passes differ: fast
+   * accumulation in the forward only, an fp32 output for wgrad) the points of each pass
+   * say by shape. The CPU emulates float8 through its fp32 GEMM: the curve's own
+   * efficiency, no points. */
   const double peak8 = c->ref_fp8_tflops * 1e12;
   if (cpu) {
     f->fp8_gemm_eff_max = f->gemm_eff_max;
@@ -1299,7 +1353,7 @@ mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c) {
     for (int i = 0; i < c->n_f8; i++) {
       const mp_calib_gemm *g = &c->f8[i];
       if (!(g->flops_per_s > 0)) continue;
-      const double flops = mp_calib_gemm_flops(MP_CALIB_GEMM_FWD, g->N, g->K, g->M);
+      const double flops = mp_calib_gemm_flops(g->pass, g->N, g->K, g->M);
       const double x = (double)g->N * g->K * g->M;
       const double w = curve_time(flops, x, peak8, 1.0, f->gemm_eff_half_mnk) / compute_time(flops / g->flops_per_s, ovh);
       sw += w;
@@ -1307,6 +1361,12 @@ mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c) {
     }
     f->fp8_gemm_eff_max = eff_lsq(sw, sww);
     if (f->fp8_gemm_eff_max > 1.0) f->fp8_gemm_eff_max = 1.0;
+    if (f->fp8_gemm_eff_max > 0) {
+      const gemm_curve cv8 = fp8_curve(c);
+      f->fp8_gemm_curve_rms = curve_rms(c->f8, c->n_f8, &cv8);
+      MP_CHECK(table_loo_rms(ctx, c->f8, c->n_f8, &cv8, &f->fp8_gemm_table_rms));
+      f->fp8_gemm_table = table_pays(f->fp8_gemm_curve_rms, f->fp8_gemm_table_rms);
+    }
   }
   if (cpu) { /* the log-ratio fits, every point weighing the same (cpu_kernel_fit) */
     cpu_kernel_fit(c, NULL, &f->attention_eff, &f->hbm_eff, NULL);
@@ -1452,12 +1512,12 @@ mp_status mp_calib_apply_checked(mp_ctx *ctx, const mp_calib *c, mp_gpu *gpu, mp
   return MP_OK;
 }
 
-mp_status mp_calib_apply_stack(mp_ctx *ctx, const mp_calib *c, mp_stack_profile *stack, mp_gemm_table *table) {
-  return mp_calib_apply_stack_run(ctx, c, NULL, stack, table);
+mp_status mp_calib_apply_stack(mp_ctx *ctx, const mp_calib *c, mp_stack_profile *stack, mp_calib_tables *tables) {
+  return mp_calib_apply_stack_run(ctx, c, NULL, stack, tables);
 }
 
 mp_status mp_calib_apply_stack_run(mp_ctx *ctx, const mp_calib *c, const mp_calib_run *run,
-                                   mp_stack_profile *stack, mp_gemm_table *table) {
+                                   mp_stack_profile *stack, mp_calib_tables *tables) {
   const int cpu = strcmp(c->device, "cpu") == 0;
   mp_calib_stack_fit fit;
   mp_calib_fit_run(c, run, &fit);
@@ -1484,10 +1544,17 @@ mp_status mp_calib_apply_stack_run(mp_ctx *ctx, const mp_calib *c, const mp_cali
   if (f->hbm_eff > 0) stack->hbm_eff = f->hbm_eff;
   for (int k = 0; k < MP_KERNEL_COUNT; k++) stack->hbm_eff_kernel[k] = f->hbm_eff_kernel[k];
   if (f->kernel_overhead_us > 0) stack->kernel_overhead_s = f->kernel_overhead_us * 1e-6;
+  /* the tables are made from c's points and stored fit (f's GEMM figures are c->fit's:
+   * mp_calib_fit_run refits only attention and the element-wise kernels) */
   stack->gemm_table = NULL;
-  if (table && f->gemm_table) {
-    mp_calib_gemm_table(c, table);
-    stack->gemm_table = table;
+  stack->fp8_gemm_table = NULL;
+  if (tables && f->gemm_table) {
+    mp_calib_gemm_table(c, &tables->bf16);
+    stack->gemm_table = &tables->bf16;
+  }
+  if (tables && f->fp8_gemm_table && f->fp8_gemm_eff_max > 0) {
+    mp_calib_fp8_gemm_table(c, &tables->fp8);
+    stack->fp8_gemm_table = &tables->fp8;
   }
   if (cpu)
     snprintf(stack->source, sizeof stack->source,
@@ -1497,9 +1564,12 @@ mp_status mp_calib_apply_stack_run(mp_ctx *ctx, const mp_calib *c, const mp_cali
              run ? "at the run's sizes" : "over every size");
   else
     snprintf(stack->source, sizeof stack->source,
-             "calibration #%lld of cuda on %s (%s datasheet peaks) on %s at %s; GEMM %s", (long long)c->id,
-             c->gpu_name, c->gpu_profile, c->host, c->created_at,
-             stack->gemm_table ? "curve with the by-shape correction" : "curve");
+             "calibration #%lld of cuda on %s (%s datasheet peaks) on %s at %s; GEMM %s; float8 GEMM %s",
+             (long long)c->id, c->gpu_name, c->gpu_profile, c->host, c->created_at,
+             stack->gemm_table ? "curve with the by-shape correction" : "curve",
+             !(f->fp8_gemm_eff_max > 0) ? "as stated (not measured)"
+             : stack->fp8_gemm_table   ? "curve with the by-shape correction"
+                                       : "curve");
   return MP_OK;
 }
 
@@ -1509,13 +1579,13 @@ mp_status mp_calib_load_apply(mp_ctx *ctx, const char *db_path, const char *devi
 }
 
 mp_status mp_calib_load_apply_stack(mp_ctx *ctx, const char *db_path, const char *device, mp_gpu *gpu,
-                                    mp_cluster *cluster, mp_stack_profile *stack, mp_gemm_table *table,
+                                    mp_cluster *cluster, mp_stack_profile *stack, mp_calib_tables *tables,
                                     mp_calib *out) {
   mp_calib *c = malloc(sizeof *c);
   MP_CHECK_ALLOC(ctx, c);
   mp_status s = mp_calib_store_load(ctx, db_path, device, c);
   if (s == MP_OK) s = mp_calib_apply_checked(ctx, c, gpu, cluster);
-  if (s == MP_OK && stack) s = mp_calib_apply_stack(ctx, c, stack, table);
+  if (s == MP_OK && stack) s = mp_calib_apply_stack(ctx, c, stack, tables);
   if (s == MP_OK && out) *out = *c;
   free(c);
   return s;
@@ -1531,8 +1601,9 @@ void mp_calib_summary(const mp_calib *c, char *buf, size_t cap) {
     char a[32] = "not measured", f8[32] = "not measured";
     if (f->attention_eff > 0) snprintf(a, sizeof a, "%.3f", f->attention_eff);
     if (f->fp8_gemm_eff_max > 0) snprintf(f8, sizeof f8, "%.3f", f->fp8_gemm_eff_max);
-    snprintf(buf + n, cap - (size_t)n, ", attention_eff %s, hbm_eff %.3f, fp8_gemm_eff_max %s, kernel_overhead %.2f us",
-             a, f->hbm_eff, f8, f->kernel_overhead_us);
+    snprintf(buf + n, cap - (size_t)n,
+             ", attention_eff %s, hbm_eff %.3f, fp8_gemm_eff_max %s%s, kernel_overhead %.2f us", a, f->hbm_eff, f8,
+             f->fp8_gemm_eff_max > 0 && f->fp8_gemm_table ? " (+ by shape)" : "", f->kernel_overhead_us);
     return;
   }
   const mp_calib_coll_fit *link = mp_calib_link_fit(c);

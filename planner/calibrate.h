@@ -74,9 +74,16 @@
  *   - bandwidth: a device-to-device copy (GB/s counting read + write, the reference),
  *     and rmsnorm forward/backward, swiglu forward/backward and AdamW, with bytes as the
  *     simulator counts them (exec/schedule.c: 4, 6, 6, 10 and 28 bytes per element).
- *   - float8: matmul_f8 E4M3 x E4M3 forward GEMMs, when compute capability >= 8.9; an
- *     error there (or an older GPU) is recorded in f8_unavailable, not a failure.
- *     Attention errors likewise (attn_unavailable): both kernels are optional figures.
+ *   - GEMM (float8): matmul_f8 at each shape and pass as the runtime calls it
+ *     (exec/runtime/runtime.c lin_fwd, lin_bwd), 2NKM FLOP each: forward out (N, M) bf16
+ *     = x (N, K) E4M3 W (M, K)^T E4M3 with fast accumulation; dgrad dinp (N, K) bf16 +=
+ *     dy (N, M) E5M2 (W^T) (K, M)^T E4M3 (MP_F8_GEMM_ADD); wgrad dW (M, K) fp32 += (dy^T)
+ *     (M, N) E5M2 (x^T) (K, N)^T E4M3. Codes are random bytes with bit 6 cleared, the top
+ *     bit of the exponent in both formats: |x| < 2, never NaN (E4M3 S.1111.111) or
+ *     inf/NaN (E5M2 S.11111.xx); scales 1. Defaults: the bf16 GEMMs' 81 shapes and
+ *     passes. Only when compute capability >= 8.9; an error there (or an older GPU) is
+ *     recorded in f8_unavailable, not a failure. Attention errors likewise
+ *     (attn_unavailable): both kernels are optional figures.
  *
  * The fit (mp_calib_fit_stack). The stack profile's efficiencies are relative to the
  * profile's peaks (sim/sim.c), so the fit is made against the figures the profile will
@@ -92,9 +99,11 @@
  *     (1/E, h/E). Least squares on the relative error of the time (each point weighs
  *     the same), closed form; a negative h is clamped to 0, an E above 1 to 1 (the
  *     datasheet is the ceiling) with h refitted.
- *   - fp8_gemm_eff_max: cuda: the float8 points against the fp8 peak with the bf16
- *     curve's h, least squares on relative time error. cpu: gemm_eff_max (float8 is
- *     emulated: fake-quantized operands through the fp32 GEMM).
+ *   - fp8_gemm_eff_max: cuda: every float8 point (forward, dgrad and wgrad) against the
+ *     fp8 peak with the bf16 curve's h (the stack has one knee), least squares on
+ *     relative time error; fp8_gemm_curve_rms is that curve's rms time error. cpu:
+ *     gemm_eff_max (float8 is emulated: fake-quantized operands through the fp32 GEMM;
+ *     no float8 points, no float8 table).
  *   - attention_eff: cuda: sum of FLOPs / (bf16 peak x sum of times), forward and
  *     backward together (the large GPU shapes run at one rate). cpu: least squares on
  *     the log of predicted over measured time, each point weighing the same: the
@@ -114,14 +123,18 @@
  *   its own sizes (mp_calib_run, mp_calib_fit_run): the points near them weigh most, as
  *   the by-shape GEMM correction takes the nearest measured shape. The stored fit weighs
  *   every point the same (what `calibrate` prints, and what applies without a run).
- *   - by shape: log2(measured / curve efficiency) per GEMM point (sim/gemm_table.h).
- *     The simulator uses this correction only when it predicts held-out shapes clearly
- *     better than the curve (each point predicted from its nearest other point, leave
- *     one out; rms time error lower by a tenth and by a percentage point at least);
- *     fit.gemm_table says which one the simulator uses.
+ *   - by shape: log2(measured / curve efficiency) per GEMM point (sim/gemm_table.h),
+ *     for the bf16 points against the bf16 curve and, separately, for the float8 points
+ *     against the float8 curve (fp8_gemm_eff_max, h, the fp8 peak). The simulator uses
+ *     either correction only when it predicts held-out shapes clearly better than its
+ *     curve (each point predicted from its nearest other point of its pass, leave one
+ *     out; rms time error lower by a tenth and by a percentage point at least);
+ *     fit.gemm_table and fit.fp8_gemm_table say which ones the simulator uses. A
+ *     calibration made before float8 was measured by pass (forward points only, no
+ *     fit.fp8_gemm_table row) loads with fp8_gemm_table 0: the float8 curve alone.
  *
- * Invariants: every figure is > 0 when present; gemm[] and coll[] are in measurement
- * order (load returns them in the order saved). */
+ * Invariants: every figure is > 0 when present; gemm[], f8[] and coll[] are in
+ * measurement order (load returns them in the order saved). */
 #ifndef MP_PLANNER_CALIBRATE_H
 #define MP_PLANNER_CALIBRATE_H
 
@@ -144,7 +157,7 @@ extern "C" {
 #define MP_CALIB_MAX_SIZES 8
 #define MP_CALIB_MAX_GROUPS 8
 #define MP_CALIB_MAX_ATTN 16
-#define MP_CALIB_MAX_F8 16
+#define MP_CALIB_MAX_F8 MP_CALIB_MAX_GEMM /* the bf16 grid again, in float8 */
 #define MP_CALIB_MAX_BW 48
 
 /* The collectives calibrated (the simulator's ring model covers these four). */
@@ -230,6 +243,9 @@ typedef struct mp_calib_stack_fit {
   double gemm_table_rms;  /* the same, curve x nearest-shape correction, leave one out */
   int gemm_table;         /* 1: the simulator applies the by-shape correction */
   double fp8_gemm_eff_max;
+  double fp8_gemm_curve_rms; /* rms relative time error of the float8 curve over the f8 points */
+  double fp8_gemm_table_rms; /* the same with the float8 by-shape correction, leave one out */
+  int fp8_gemm_table;        /* 1: the simulator applies the float8 by-shape correction */
   double attention_eff;
   double hbm_eff;
   double kernel_overhead_us;
@@ -281,7 +297,8 @@ typedef struct mp_calib {
   mp_calib_bw bw[MP_CALIB_MAX_BW];
   /* ---- cuda only ---- */
   int n_f8;
-  mp_calib_gemm f8[MP_CALIB_MAX_F8]; /* E4M3 x E4M3 forward GEMMs (pass FWD) */
+  mp_calib_gemm f8[MP_CALIB_MAX_F8]; /* float8 GEMMs of pass FWD, DGRAD or WGRAD (older
+                                        calibrations: FWD only) */
   char f8_unavailable[256];   /* why float8 was not measured; "" when it was */
   char attn_unavailable[256]; /* why attention was not measured; "" when it was */
   mp_calib_stack_fit fit;     /* mp_calib_fit_stack; stored with the points */
@@ -305,7 +322,7 @@ typedef struct mp_calib_options {
   } attn[MP_CALIB_MAX_ATTN];
   int n_f8;
   struct {
-    int N, K, M; /* multiples of 16 */
+    int pass, N, K, M; /* pass: FWD, DGRAD or WGRAD; sizes multiples of 16 */
   } f8[MP_CALIB_MAX_F8];
   int norm_rows, norm_cols; /* rmsnorm (N, C) */
   int64_t swiglu_elems, adamw_elems;
@@ -333,10 +350,12 @@ void mp_calib_options_init_cpu(mp_calib_options *o, int quick);
 void mp_calib_options_init(mp_calib_options *o);
 /* CUDA defaults: reps 7; the 81 GEMM points of the header comment; attention (B, T) in
  * {(16, 1024), (8, 2048), (4, 4096), (2, 8192)} with nh 16, nkv 8, hd 128, and (8, 2048)
- * with nh 32, nkv 8, hd 64; float8 N in {2048, 8192} x (K, M) in {4096^2, 4096x14336,
- * 14336x4096}; rmsnorm 8192 x 4096, swiglu 8192 x 14336, AdamW 2^26 parameters, copy
- * 256 MiB. quick: one token count (2048), (K, M) in {2048^2, 4096^2, 4096x14336}, two
- * attention points, two float8 shapes, reps 3: a check in seconds, a rougher fit. */
+ * with nh 32, nkv 8, hd 64; float8 the same 81 shapes and passes as bf16 (every size a
+ * multiple of 16; about 1 to 2 s on an H100: a float8 point costs less than its bf16
+ * one); rmsnorm 8192 x 4096, swiglu 8192 x 14336, AdamW 2^26 parameters, copy 256 MiB.
+ * quick: one token count (2048), (K, M) in {2048^2, 4096^2, 4096x14336} for bf16 and
+ * float8 alike (9 points each), two attention points, reps 3: a check in seconds, a
+ * rougher fit. */
 void mp_calib_options_init_cuda(mp_calib_options *o, int quick);
 
 /* Measures on every rank of comm (collective over comm's world when its backend is
@@ -421,8 +440,12 @@ void mp_calib_fit_run(const mp_calib *c, const mp_calib_run *run, mp_calib_stack
  * a calibration without such GEMM points (older ones, or BWD points only) gets no fit
  * (all zero: the stack keeps its stated figures), which is not an error. */
 mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c);
-/* The by-shape correction of c's GEMM points (sim/gemm_table.h), from c->fit's curve. */
+/* The by-shape correction of c's bf16 GEMM points (sim/gemm_table.h), from c->fit's
+ * curve against ref_bf16. */
 void mp_calib_gemm_table(const mp_calib *c, mp_gemm_table *t);
+/* The same for c's float8 points (c->f8), from c->fit's float8 curve (fp8_gemm_eff_max,
+ * gemm_eff_half_mnk) against ref_fp8; empty without float8 points or that curve. */
+void mp_calib_fp8_gemm_table(const mp_calib *c, mp_gemm_table *t);
 
 /* Fits alpha and beta of f->bytes/time_s (n_sizes >= 1) into f->alpha_s, f->beta_GBps and
  * fills f->busbw_GBps. MP_ERR_INVALID when a time or size is not positive. */
@@ -453,21 +476,30 @@ void mp_calib_apply(const mp_calib *c, mp_gpu *gpu, mp_cluster *cluster);
  * are what the stack efficiencies are relative to (mp_calib_apply_stack carries them). */
 mp_status mp_calib_apply_checked(mp_ctx *ctx, const mp_calib *c, mp_gpu *gpu, mp_cluster *cluster);
 
+/* Storage for a calibration's by-shape corrections, which a stack profile points into
+ * (mp_calib_apply_stack): it must outlive every use of that profile. Plain data; a copy
+ * of the profile still points at the original. */
+typedef struct mp_calib_tables {
+  mp_gemm_table bf16; /* stack->gemm_table */
+  mp_gemm_table fp8;  /* stack->fp8_gemm_table */
+} mp_calib_tables;
+
 /* A calibration's fit into the stack profile of the kernels it measured (cuda:
  * meshplan-cuda; cpu: meshplan-cpu): gemm_eff_max, gemm_eff_half_mnk, hbm_eff,
  * kernel_overhead, and fp8_gemm_eff_max and attention_eff where measured; source names
- * the calibration. table (may be NULL): filled with the by-shape correction and pointed
- * at by stack->gemm_table when fit.gemm_table says the simulator uses it (it must outlive
- * the stack's use); otherwise stack->gemm_table = NULL. Link, comm and memory figures
- * stay. A cpu calibration leaves any other stack alone (its rates went into the CPU
- * profile; that stack's efficiencies are its own), and so does a cpu calibration without
- * a fit (older ones). MP_ERR_INVALID: a cuda calibration and a stack other than
- * meshplan-cuda, or a fit without a GEMM curve. */
+ * the calibration. tables (may be NULL): tables->bf16 filled with the bf16 by-shape
+ * correction and pointed at by stack->gemm_table when fit.gemm_table says the simulator
+ * uses it, tables->fp8 with the float8 one and stack->fp8_gemm_table when
+ * fit.fp8_gemm_table says so (and float8 was measured); a pointer not set is NULL (tables
+ * NULL: both). Link, comm and memory figures stay. A cpu calibration leaves any other
+ * stack alone (its rates went into the CPU profile; that stack's efficiencies are its
+ * own), and so does a cpu calibration without a fit (older ones). MP_ERR_INVALID: a cuda
+ * calibration and a stack other than meshplan-cuda, or a fit without a GEMM curve. */
 mp_status mp_calib_apply_stack(mp_ctx *ctx, const mp_calib *c, mp_stack_profile *stack,
-                               mp_gemm_table *table);
+                               mp_calib_tables *tables);
 /* mp_calib_apply_stack with the fit of mp_calib_fit_run(c, run) (run may be NULL). */
 mp_status mp_calib_apply_stack_run(mp_ctx *ctx, const mp_calib *c, const mp_calib_run *run,
-                                   mp_stack_profile *stack, mp_gemm_table *table);
+                                   mp_stack_profile *stack, mp_calib_tables *tables);
 
 /* Loads the newest calibration of `device` from the database at db_path
  * (planner/calib_store.h) and applies it with mp_calib_apply_checked (gpu and cluster may
@@ -475,10 +507,10 @@ mp_status mp_calib_apply_stack_run(mp_ctx *ctx, const mp_calib *c, const mp_cali
  * MP_ERR_DB (not a meshplan database), MP_ERR_INVALID (a profile of the wrong kind). */
 mp_status mp_calib_load_apply(mp_ctx *ctx, const char *db_path, const char *device, mp_gpu *gpu,
                               mp_cluster *cluster);
-/* mp_calib_load_apply, then mp_calib_apply_stack onto stack (may be NULL) with table;
+/* mp_calib_load_apply, then mp_calib_apply_stack onto stack (may be NULL) with tables;
  * out (may be NULL) receives the calibration applied. */
 mp_status mp_calib_load_apply_stack(mp_ctx *ctx, const char *db_path, const char *device, mp_gpu *gpu,
-                                    mp_cluster *cluster, mp_stack_profile *stack, mp_gemm_table *table,
+                                    mp_cluster *cluster, mp_stack_profile *stack, mp_calib_tables *tables,
                                     mp_calib *out);
 
 /* One line naming the calibration: "#3 cpu on host, 2 threads x 1 rank, 2026-11-02T10:00:00Z:
@@ -487,7 +519,8 @@ mp_status mp_calib_load_apply_stack(mp_ctx *ctx, const char *db_path, const char
  * kernel_overhead 0.03 us" after the copy); for
  * cuda "#4 cuda on host, NVIDIA H100 80GB HBM3 (h100-sxm, sm_90), <time>: gemm_eff_max
  * 0.780 half_mnk 1.9e+09, attention_eff 0.520, hbm_eff 0.850, fp8_gemm_eff_max 0.610,
- * kernel_overhead 2.9 us". */
+ * kernel_overhead 2.9 us", each of gemm_eff_max and fp8_gemm_eff_max followed by
+ * " (+ by shape)" when the simulator applies that by-shape correction. */
 void mp_calib_summary(const mp_calib *c, char *buf, size_t cap);
 /* The OpenMP threads this process's kernels run with (what a cpu calibration records as
  * threads): a run with another count is predicted from rates it did not measure. */

@@ -95,7 +95,7 @@ enum {
 
 typedef enum op_kind {
   OP_LAUNCH, OP_GEMM_FWD, OP_GEMM_DGRAD, OP_GEMM_WGRAD, OP_COPY, OP_RMS_FWD, OP_RMS_BWD, OP_SWI_FWD,
-  OP_SWI_BWD, OP_ADAMW, OP_ATTN_FWD, OP_ATTN_BWD, OP_F8
+  OP_SWI_BWD, OP_ADAMW, OP_ATTN_FWD, OP_ATTN_BWD, OP_F8_FWD, OP_F8_DGRAD, OP_F8_WGRAD
 } op_kind;
 
 /* One call of one backend entry: which, its buffers and its sizes. */
@@ -118,7 +118,7 @@ typedef struct cal {
   double *t;     /* reps */
   float *rnd;    /* FILL_BLOCK values in [-1, 1) */
   float *pos;    /* FILL_BLOCK values in [0, 1) (AdamW's second moment must be >= 0) */
-  uint8_t *f8b;  /* FILL_BLOCK E4M3 codes of magnitude < 2, no NaN */
+  uint8_t *f8b;  /* FILL_BLOCK float8 codes of magnitude < 2, valid E4M3 and E5M2 alike */
   mp_progress prog;
   int64_t done;
 } cal;
@@ -154,11 +154,20 @@ static mp_status run(cal *C, const op *o) {
       return be->attention_backward(kc, o->x[4], o->x[5], dv, o->x[3], o->x[0], o->x[1], o->x[2], o->x[3], o->f[0],
                                     o->a, o->b, o->c, o->d, o->e);
     }
-    /* a = N (R), b = K, c = M (S): u0 x codes (N, K), u1 W codes (M, K), x0 out (N, M),
-     * f0 the two scales */
-    case OP_F8:
+    /* The Linear's three GEMMs as exec/runtime/runtime.c calls them (lin_fwd, lin_bwd),
+     * a = N, b = K, c = M: u0 the A codes, u1 the B codes, f0 the two scales, x0 the bf16
+     * output, f1 the fp32 one. forward: out (N, M) = x (N, K) E4M3 . W (M, K)^T E4M3,
+     * fast accumulation; dgrad: dinp (N, K) += dy (N, M) E5M2 . (W^T) (K, M)^T E4M3;
+     * wgrad: dW (M, K) += (dy^T) (M, N) E5M2 . (x^T) (K, N)^T E4M3, fp32. */
+    case OP_F8_FWD:
       return be->matmul_f8(kc, o->x[0], NULL, o->u[0], o->f[0], MP_F8_E4M3, o->u[1], o->f[0] + 1, MP_F8_E4M3,
-                           o->a, o->b, o->c, 0);
+                           o->a, o->b, o->c, MP_F8_GEMM_FAST_ACCUM);
+    case OP_F8_DGRAD:
+      return be->matmul_f8(kc, o->x[0], NULL, o->u[0], o->f[0], MP_F8_E5M2, o->u[1], o->f[0] + 1, MP_F8_E4M3,
+                           o->a, o->c, o->b, MP_F8_GEMM_ADD);
+    case OP_F8_WGRAD:
+      return be->matmul_f8(kc, NULL, o->f[1], o->u[0], o->f[0], MP_F8_E5M2, o->u[1], o->f[0] + 1, MP_F8_E4M3,
+                           o->c, o->a, o->b, 0);
   }
   return mp_error(C->ctx, MP_ERR_INTERNAL, "calibrate: unknown op %d", (int)o->kind);
 }
@@ -417,36 +426,48 @@ done:
   return st;
 }
 
-/* Optional, as attention. */
+/* Optional, as attention. One A buffer, one B buffer and one output of each kind, at
+ * the largest size any point needs; the codes are valid in both formats (see the fill),
+ * so a buffer serves as E4M3 or E5M2 as the pass reads it. */
 static mp_status phase_f8(cal *C, const mp_calib_options *o, mp_calib *out) {
-  size_t nk = 16, mk = 16, nm = 16;
+  size_t na = 16, nb = 16, nx = 16, nf = 16; /* A and B codes, bf16 and fp32 outputs (elements) */
   for (int i = 0; i < o->n_f8; i++) {
     const size_t N = (size_t)o->f8[i].N, K = (size_t)o->f8[i].K, M = (size_t)o->f8[i].M;
-    if (N * K > nk) nk = N * K;
-    if (M * K > mk) mk = M * K;
-    if (N * M > nm) nm = N * M;
+    size_t a = N * K, b = M * K, x = N * M, f = 0; /* forward */
+    if (o->f8[i].pass == MP_CALIB_GEMM_DGRAD) a = N * M, b = K * M, x = N * K;
+    if (o->f8[i].pass == MP_CALIB_GEMM_WGRAD) a = M * N, b = K * N, x = 0, f = M * K;
+    if (a > na) na = a;
+    if (b > nb) nb = b;
+    if (x > nx) nx = x;
+    if (f > nf) nf = f;
   }
   bufset s = {{0}, 0};
-  op f = {.kind = OP_F8};
+  op f = {.kind = OP_F8_FWD};
   mp_status st = MP_OK;
   uint8_t *a = NULL, *b = NULL;
   const float ones[2] = {1.0f, 1.0f};
-  MP_CHECK_GOTO(balloc(C, &s, nk, (void **)&a), st, done);
-  MP_CHECK_GOTO(balloc(C, &s, mk, (void **)&b), st, done);
-  MP_CHECK_GOTO(balloc(C, &s, nm * mp_kdtype_bytes(C->be->x_dtype), &f.x[0]), st, done);
+  MP_CHECK_GOTO(balloc(C, &s, na, (void **)&a), st, done);
+  MP_CHECK_GOTO(balloc(C, &s, nb, (void **)&b), st, done);
+  MP_CHECK_GOTO(balloc(C, &s, nx * mp_kdtype_bytes(C->be->x_dtype), &f.x[0]), st, done);
+  MP_CHECK_GOTO(balloc(C, &s, nf * sizeof(float), (void **)&f.f[1]), st, done);
   MP_CHECK_GOTO(balloc(C, &s, sizeof ones, (void **)&f.f[0]), st, done);
-  MP_CHECK_GOTO(fill_u8(C, a, nk), st, done);
-  MP_CHECK_GOTO(fill_u8(C, b, mk), st, done);
+  MP_CHECK_GOTO(fill_u8(C, a, na), st, done);
+  MP_CHECK_GOTO(fill_u8(C, b, nb), st, done);
+  /* dgrad and wgrad accumulate (+=): start from data, as the bf16 gradients do */
+  MP_CHECK_GOTO(fill_x(C, f.x[0], nx), st, done);
+  MP_CHECK_GOTO(fill_f32(C, f.f[1], nf, C->rnd), st, done);
   MP_CHECK_GOTO(C->be->memcpy_h2d(C->kc, f.f[0], ones, sizeof ones), st, done);
   f.u[0] = a;
   f.u[1] = b;
   for (int i = 0; i < o->n_f8; i++) {
+    const int pass = o->f8[i].pass;
+    f.kind = pass == MP_CALIB_GEMM_DGRAD ? OP_F8_DGRAD : pass == MP_CALIB_GEMM_WGRAD ? OP_F8_WGRAD : OP_F8_FWD;
     f.a = o->f8[i].N;
     f.b = o->f8[i].K;
     f.c = o->f8[i].M;
     double t = 0;
     MP_CHECK_GOTO(time_op(C, &f, 0, &t), st, done);
-    out->f8[out->n_f8++] = mp_calib_gemm_point(MP_CALIB_GEMM_FWD, f.a, f.b, f.c, t);
+    out->f8[out->n_f8++] = mp_calib_gemm_point(pass, f.a, f.b, f.c, t);
   }
 done:
   bfree(C, &s);
@@ -492,11 +513,14 @@ static mp_status check_options(mp_ctx *ctx, const mp_calib_options *o) {
         o->attn[i].nh % o->attn[i].nkv != 0 || o->attn[i].nh < 1)
       return mp_error(ctx, MP_ERR_INVALID, "calibrate: attention point B=%d T=%d nh=%d nkv=%d hd=%d; sizes >= 1, "
                       "nkv dividing nh", o->attn[i].B, o->attn[i].T, o->attn[i].nh, o->attn[i].nkv, o->attn[i].hd);
-  for (int i = 0; i < o->n_f8; i++)
+  for (int i = 0; i < o->n_f8; i++) {
+    const int p = o->f8[i].pass;
     if (o->f8[i].N < 16 || o->f8[i].K < 16 || o->f8[i].M < 16 || o->f8[i].N % 16 || o->f8[i].K % 16 ||
-        o->f8[i].M % 16)
-      return mp_error(ctx, MP_ERR_INVALID, "calibrate: float8 GEMM %dx%dx%d; every size must be a multiple of 16",
-                      o->f8[i].N, o->f8[i].K, o->f8[i].M);
+        o->f8[i].M % 16 || (p != MP_CALIB_GEMM_FWD && p != MP_CALIB_GEMM_DGRAD && p != MP_CALIB_GEMM_WGRAD))
+      return mp_error(ctx, MP_ERR_INVALID, "calibrate: float8 GEMM %s %dx%dx%d; every size must be a multiple of "
+                      "16 and the pass fwd, dgrad or wgrad", mp_calib_gemm_pass_name(p), o->f8[i].N, o->f8[i].K,
+                      o->f8[i].M);
+  }
   if (o->norm_rows < 1 || o->norm_cols < 1 || o->swiglu_elems < 1 || o->adamw_elems < 1 || o->copy_bytes < 256)
     return mp_error(ctx, MP_ERR_INVALID, "calibrate: bandwidth sizes must be >= 1 (copy >= 256 bytes)");
   return MP_OK;
@@ -576,8 +600,12 @@ mp_status mp_calib_measure_cuda(mp_ctx *ctx, const mp_backend *be, mp_kctx *kc, 
       z = z * 6364136223846793005ull + 1442695040888963407ull;
       C.rnd[i] = (float)((z >> 40) & 0xFFFFFF) / (float)(1 << 23) - 1.0f;
       C.pos[i] = C.rnd[i] * C.rnd[i];
-      /* E4M3: bit 6 is the exponent's top bit; clearing it keeps |x| < 2 and never
-       * forms the NaN pattern (exponent 1111, mantissa 111) */
+      /* Bit 6 is the exponent's top bit in both float8 formats (E4M3: S EEEE MMM, bias
+       * 7; E5M2: S EEEEE MM, bias 15). Clearing it caps the exponent field at 0111
+       * (E4M3) or 01111 (E5M2), i.e. 2^0 unbiased: |x| < 2 in either reading, and never
+       * the specials, which need the field all ones (E4M3 NaN S.1111.111; E5M2 inf
+       * S.11111.00 and NaN S.11111.xx). So one block serves as x and W codes (E4M3) and
+       * as dy codes (E5M2). */
       C.f8b[i] = (uint8_t)((z >> 24) & 0xBF);
     }
   }

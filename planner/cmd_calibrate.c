@@ -64,26 +64,36 @@ static double curve_pred_s(const mp_calib *c, int pass, int N, int K, int M, dou
   return flops / (peak * eff_max) * (1.0 + half / x) + c->launch_s;
 }
 
-/* The GEMM points beside the fit's curve (rate x scale in unit, efficiency against peak,
- * the curve's efficiency there and its time error), then the curve and the by-shape
+/* The GEMM points g[n] beside a curve of the fit (eff_max and the knee; rate x scale in
+ * unit, efficiency against peak, the curve's efficiency there and its time error). */
+static void print_gemm_points(const mp_calib *c, const mp_calib_gemm *g, int n, double peak, double eff_max,
+                              double scale, const char *unit) {
+  const double half = c->fit.gemm_eff_half_mnk;
+  printf("  %-6s %6s %6s %6s %9s %7s %7s %7s\n", "pass", "N", "K", "M", unit, "eff", "curve", "err %");
+  for (int i = 0; i < n; i++) {
+    const double flops = mp_calib_gemm_flops(g[i].pass, g[i].N, g[i].K, g[i].M), t = flops / g[i].flops_per_s;
+    const double x = (double)g[i].N * g[i].K * g[i].M;
+    const double pred = curve_pred_s(c, g[i].pass, g[i].N, g[i].K, g[i].M, peak, eff_max, half);
+    printf("  %-6s %6d %6d %6d %9.2f %7.3f %7.3f %+7.1f\n", mp_calib_gemm_pass_name(g[i].pass), g[i].N, g[i].K,
+           g[i].M, g[i].flops_per_s * scale, g[i].flops_per_s / peak, eff_max * x / (x + half), 100.0 * (pred - t) / t);
+  }
+}
+
+/* A by-shape correction's verdict (the leave-one-out check). */
+static void print_table_verdict(double table_rms, int used) {
+  printf("  by shape, leave one out (nearest measured shape of the pass within 4x): rms time error %.1f %%: the "
+         "simulator uses %s\n\n", 100.0 * table_rms, used ? "the curve with the by-shape correction"
+                                                            : "the curve alone");
+}
+
+/* The bf16 GEMM points beside the fit's curve, then the curve and the by-shape
  * correction's verdict. */
 static void print_gemm_rows(const mp_calib *c, double peak, double scale, const char *unit) {
   const mp_calib_stack_fit *f = &c->fit;
-  printf("  %-6s %6s %6s %6s %9s %7s %7s %7s\n", "pass", "N", "K", "M", unit, "eff", "curve", "err %");
-  for (int i = 0; i < c->n_gemm; i++) {
-    const mp_calib_gemm *g = &c->gemm[i];
-    const double flops = mp_calib_gemm_flops(g->pass, g->N, g->K, g->M), t = flops / g->flops_per_s;
-    const double x = (double)g->N * g->K * g->M;
-    const double pred = curve_pred_s(c, g->pass, g->N, g->K, g->M, peak, f->gemm_eff_max, f->gemm_eff_half_mnk);
-    printf("  %-6s %6d %6d %6d %9.2f %7.3f %7.3f %+7.1f\n", mp_calib_gemm_pass_name(g->pass), g->N, g->K, g->M,
-           g->flops_per_s * scale, g->flops_per_s / peak, f->gemm_eff_max * x / (x + f->gemm_eff_half_mnk),
-           100.0 * (pred - t) / t);
-  }
+  print_gemm_points(c, c->gemm, c->n_gemm, peak, f->gemm_eff_max, scale, unit);
   printf("  curve: gemm_eff_max %.3f, gemm_eff_half_mnk %.3g (rms time error %.1f %%)\n", f->gemm_eff_max,
          f->gemm_eff_half_mnk, 100.0 * f->gemm_curve_rms);
-  printf("  by shape, leave one out (nearest measured shape within 4x): rms time error %.1f %%: the simulator "
-         "uses %s\n\n", 100.0 * f->gemm_table_rms, f->gemm_table ? "the curve with the by-shape correction"
-                                                                  : "the curve alone");
+  print_table_verdict(f->gemm_table_rms, f->gemm_table);
 }
 
 /* The cpu kernels and their fit (a calibration with a fit; an older one has neither). */
@@ -225,16 +235,16 @@ static void print_table_cuda(const mp_calib *c, const char *db) {
   printf("  hbm_eff %.3f (the kernels' bytes over their time, against the datasheet; the copy is the reference)\n\n",
          f->hbm_eff);
 
-  printf("float8 GEMM, E4M3 x E4M3 forward (eff against the fp8 datasheet peak)\n");
+  printf("float8 GEMM as the runtime runs it: fwd E4M3 x E4M3 (fast accumulation), dgrad and wgrad E5M2 x E4M3 "
+         "(eff against the fp8 datasheet peak; curve and err as for bf16)\n");
   if (c->n_f8 == 0) {
     printf("  not measured: %s (fp8_gemm_eff_max stays the stack's)\n\n",
            c->f8_unavailable[0] ? c->f8_unavailable : "no points");
   } else {
-    printf("  %6s %6s %6s %9s %7s\n", "N", "K", "M", "TFLOP/s", "eff");
-    for (int i = 0; i < c->n_f8; i++)
-      printf("  %6d %6d %6d %9.1f %7.3f\n", c->f8[i].N, c->f8[i].K, c->f8[i].M, c->f8[i].flops_per_s * 1e-12,
-             c->f8[i].flops_per_s / (c->ref_fp8_tflops * 1e12));
-    printf("  fp8_gemm_eff_max %.3f (with the bf16 curve's half_mnk)\n\n", f->fp8_gemm_eff_max);
+    print_gemm_points(c, c->f8, c->n_f8, c->ref_fp8_tflops * 1e12, f->fp8_gemm_eff_max, 1e-12, "TFLOP/s");
+    printf("  curve: fp8_gemm_eff_max %.3f with the bf16 curve's half_mnk (rms time error %.1f %%)\n",
+           f->fp8_gemm_eff_max, 100.0 * f->fp8_gemm_curve_rms);
+    print_table_verdict(f->fp8_gemm_table_rms, f->fp8_gemm_table);
   }
 
   /* what --calibration changes, beside what the stack states without it */
@@ -295,6 +305,7 @@ static void json_kernels(cJSON *j, const mp_calib *c) {
   for (int i = 0; fs && i < c->n_f8; i++) {
     cJSON *o = cJSON_CreateObject();
     if (!o) break;
+    cJSON_AddStringToObject(o, "pass", mp_calib_gemm_pass_name(c->f8[i].pass));
     cJSON_AddNumberToObject(o, "N", c->f8[i].N);
     cJSON_AddNumberToObject(o, "K", c->f8[i].K);
     cJSON_AddNumberToObject(o, "M", c->f8[i].M);
@@ -310,6 +321,11 @@ static void json_kernels(cJSON *j, const mp_calib *c) {
     cJSON_AddNumberToObject(f, "gemm_table_rms", c->fit.gemm_table_rms);
     cJSON_AddBoolToObject(f, "gemm_table", c->fit.gemm_table);
     cJSON_AddNumberToObject(f, "fp8_gemm_eff_max", c->fit.fp8_gemm_eff_max);
+    if (cuda) {
+      cJSON_AddNumberToObject(f, "fp8_gemm_curve_rms", c->fit.fp8_gemm_curve_rms);
+      cJSON_AddNumberToObject(f, "fp8_gemm_table_rms", c->fit.fp8_gemm_table_rms);
+      cJSON_AddBoolToObject(f, "fp8_gemm_table", c->fit.fp8_gemm_table);
+    }
     cJSON_AddNumberToObject(f, "attention_eff", c->fit.attention_eff);
     cJSON_AddNumberToObject(f, "hbm_eff", c->fit.hbm_eff);
     cJSON_AddNumberToObject(f, "kernel_overhead_us", c->fit.kernel_overhead_us);

@@ -178,7 +178,7 @@ int mp_cmd_simulate(int argc, char **argv) {
    * on a GPU profile, the newest cuda calibration (the stack takes it below) */
   char calib_line[768] = "";
   const char *cal_db = mp_args_get(&k_spec, "--calibration");
-  mp_gemm_table gemm_table; /* the calibrated stack points here: lives to the end */
+  mp_calib_tables gemm_tables; /* the calibrated stack points here (bf16, float8): lives to the end */
   if (cal_db) {
     cal = malloc(sizeof *cal);
     if (cal == NULL) {
@@ -247,7 +247,7 @@ int mp_cmd_simulate(int argc, char **argv) {
   if (cal) { /* a cpu calibration's kernel figures are refitted at this run's sizes */
     mp_calib_run run;
     mp_calib_run_init(&run, &m, o.micro_batch, o.seq > 0 ? o.seq : m.max_seq, mesh.size[MP_DIM_TP]);
-    MP_CHECK_GOTO(mp_calib_apply_stack_run(&ctx, cal, &run, &prof, &gemm_table), st, fail);
+    MP_CHECK_GOTO(mp_calib_apply_stack_run(&ctx, cal, &run, &prof, &gemm_tables), st, fail);
   }
   mp_stack_plan_options(&prof, &o); /* the memory model (and dtypes) of the stack's runtime */
   mp_sim_config cfg;

@@ -158,13 +158,13 @@ static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, const
   }
   /* the calibration's kernel fit lives in the stack (meshplan-cuda or meshplan-cpu; a cpu
    * calibration without one leaves the stated figures), relative to the peaks
-   * mp_calib_load_apply wrote into the profile above (the by-shape GEMM table must
-   * outlive the evaluator: static, one per process) */
-  static mp_gemm_table gemm_table;
+   * mp_calib_load_apply wrote into the profile above (the by-shape GEMM tables, bf16 and
+   * float8, must outlive the evaluator: static, one per process) */
+  static mp_calib_tables gemm_tables;
   if (st == MP_OK && out->calibrated) { /* a cpu one's kernel figures at this run's sizes */
     mp_calib_run run;
     mp_calib_run_init(&run, m, fix->micro_batch > 0 ? fix->micro_batch : po->micro_batch, po->seq, fix->tp);
-    st = mp_calib_apply_stack_run(ctx, cal, &run, &ev->stack, &gemm_table);
+    st = mp_calib_apply_stack_run(ctx, cal, &run, &ev->stack, &gemm_tables);
   }
   free(cal);
   mp_planner_request req;

@@ -14,10 +14,14 @@
  * speaks. The fade keeps predictions continuous as shapes change, which the planner's
  * ranking needs.
  *
- * Shapes use the schedule's GEMM convention (exec/schedule.h: [m, k] x [k, n]). Only
- * bf16 GEMMs of batch 1 are corrected (float8 and grouped expert GEMMs were not measured
- * by shape). The table is plain data owned by whoever fills it (planner/calibrate.c);
- * a stack profile points at it, so it must outlive every use of that profile. */
+ * Shapes use the schedule's GEMM convention (exec/schedule.h: [m, k] x [k, n]). A stack
+ * profile holds two tables: gemm_table for bf16 GEMMs against the bf16 curve, and
+ * fp8_gemm_table for float8 GEMMs (E4M3 forward, E5M2 dgrad and wgrad, as the runtime
+ * runs them) against the float8 curve (fp8_gemm_eff_max, the same knee, the fp8 peak);
+ * both are measured by pass and shape. Only GEMMs of batch 1 are corrected (grouped
+ * expert GEMMs were not measured by shape). A table is plain data owned by whoever fills
+ * it (planner/calibrate.c); a stack profile points at it, so it must outlive every use of
+ * that profile. */
 #ifndef MP_SIM_GEMM_TABLE_H
 #define MP_SIM_GEMM_TABLE_H
 

@@ -619,7 +619,8 @@ typedef struct op_costs {
   int has_peak[MP_DTYPE_COUNT];  /* the GPU states a positive peak for the dtype */
   double attn_rate;              /* bf16 peak x attention_eff */
   double gemm_eff_max, fp8_gemm_eff_max, half_mnk, kernel_overhead_s;
-  const mp_gemm_table *gemm_table; /* the stack's by-shape correction, or NULL */
+  const mp_gemm_table *gemm_table;     /* the stack's by-shape correction (bf16), or NULL */
+  const mp_gemm_table *fp8_gemm_table; /* the same for float8 GEMMs, or NULL */
   double hbm_k[MP_KERNEL_COUNT];   /* per kernel class: hbm, or its own efficiency's */
 } op_costs;
 
@@ -635,6 +636,7 @@ static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *
   k->half_mnk = p->gemm_eff_half_mnk;
   k->kernel_overhead_s = p->kernel_overhead_s;
   k->gemm_table = p->gemm_table;
+  k->fp8_gemm_table = p->fp8_gemm_table;
   for (int c = 0; c < MP_KERNEL_COUNT; c++)
     k->hbm_k[c] = g->hbm_GBps * 1e9 * (p->hbm_eff_kernel[c] > 0 ? p->hbm_eff_kernel[c] : p->hbm_eff);
 }
@@ -648,10 +650,11 @@ static inline double op_compute_s(const mp_op *op, const op_costs *k) {
     double size = (double)op->m * (double)op->n * (double)op->k *
                   (double)(op->batch > 0 ? op->batch : 1);
     double eff = (fp8 ? k->fp8_gemm_eff_max : k->gemm_eff_max) * size / (size + k->half_mnk);
-    if (fp8 && !k->has_peak[op->dtype]) /* no fp8 units: runs as bf16 */
+    const mp_gemm_table *table = fp8 ? k->fp8_gemm_table : k->gemm_table;
+    if (fp8 && !k->has_peak[op->dtype]) /* no fp8 units: runs as bf16 (not measured so) */
       eff = k->gemm_eff_max * size / (size + k->half_mnk);
-    else if (k->gemm_table && !fp8 && op->batch <= 1) /* measured by shape: bf16 only */
-      eff *= mp_gemm_table_factor(k->gemm_table, op->variant, (double)op->m, (double)op->n,
+    else if (table && op->batch <= 1) /* measured by shape: batch-1 GEMMs of that dtype */
+      eff *= mp_gemm_table_factor(table, op->variant, (double)op->m, (double)op->n,
                                   (double)op->k);
     /* peak_flops of an unknown dtype is the bf16 one (dt) */
     t_flops = eff > 0 ? op->flops / (k->peak[dt] * eff) : 0.0;

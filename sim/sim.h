@@ -54,6 +54,10 @@ typedef struct mp_stack_profile {
    * from a `meshplan calibrate` measurement; NULL (every loaded profile):
    * the curve alone. Not owned: the table must outlive the profile's use. */
   const struct mp_gemm_table *gemm_table;
+  /* added: the same for float8 GEMMs (E4M3 forward, E5M2 dgrad and wgrad), a correction
+   * on the float8 curve (fp8_gemm_eff_max with gemm_eff_half_mnk, against the fp8 peak);
+   * NULL: that curve alone. Not owned, as gemm_table. */
+  const struct mp_gemm_table *fp8_gemm_table;
   /* added: the achieved fraction of HBM bandwidth per kernel class (MP_KERNEL_*), where a
    * calibration fitted one from that class's own kernels (meshplan calibrate --device
    * cpu, refitted at a run's sizes: a CPU's norms and SwiGLU run well below its AdamW);
@@ -180,8 +184,11 @@ double mp_sim_pp_inflight(const mp_plan *p, int stage, int64_t n_micro);
 /* Duration of one COMPUTE op (added; exposed for tests): the roofline max of
  * FLOPs / (peak of its dtype x efficiency) and bytes / (HBM x hbm_eff), plus the stack's
  * kernel overhead. GEMM efficiency follows gemm_eff_max x m n k batch / (m n k batch +
- * gemm_eff_half_mnk) (fp8 dtypes: fp8_gemm_eff_max against the fp8 peak); attention runs
- * at attention_eff of the bf16 peak; other kernels at the fp32 (CUDA-core) peak. */
+ * gemm_eff_half_mnk) (fp8 dtypes: fp8_gemm_eff_max against the fp8 peak; a GPU without
+ * an fp8 peak runs them as bf16), times the stack's by-shape factor for GEMMs of batch 1
+ * (gemm_table for bf16, fp8_gemm_table for fp8; none for grouped expert GEMMs);
+ * attention runs at attention_eff of the bf16 peak; other kernels at the fp32 (CUDA-core)
+ * peak. */
 double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p);
 
 #ifdef __cplusplus

@@ -28,7 +28,7 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
   cJSON *j = NULL;
   MP_CHECK(mp_json_parse(ctx, text, origin, &j));
   mp_stack_profile p;
-  memset(&p, 0, sizeof p);
+  memset(&p, 0, sizeof p); /* gemm_table, fp8_gemm_table NULL: only a calibration sets them */
   mp_status st;
   double kern_us = 0, comm_us = 0;
   MP_CHECK_GOTO(mp_json_get_str(ctx, j, origin, "name", 1, p.name, sizeof p.name), st, done);

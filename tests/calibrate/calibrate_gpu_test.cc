@@ -1,5 +1,6 @@
 // `meshplan calibrate --device cuda` on a real GPU, reduced: a few GEMM shapes of each
-// pass, one attention point, small bandwidth kernels and one float8 shape, then the fit,
+// pass, one attention point, small bandwidth kernels and the float8 GEMMs (forward, dgrad,
+// wgrad) at two shapes, then the fit,
 // the database round trip and a simulation with the calibrated stack. The figures are
 // checked for sanity only (no timing assertions): every efficiency against the datasheet
 // lies in (0, 1.05] (a little above 1 stays possible where a part boosts beyond the
@@ -62,10 +63,17 @@ TEST(CalibrateGpu, ReducedCalibrationIsSane) {
   o.attn[0].nh = 16;
   o.attn[0].nkv = 8;
   o.attn[0].hd = 128;
-  o.n_f8 = 1;
-  o.f8[0].N = 4096;
-  o.f8[0].K = 4096;
-  o.f8[0].M = 4096;
+  // float8 as the runtime runs it: every pass at two shapes
+  const int f8_shapes[2][3] = {{4096, 4096, 4096}, {2048, 2048, 8192}};
+  o.n_f8 = 0;
+  for (auto &s : f8_shapes)
+    for (int p : {MP_CALIB_GEMM_FWD, MP_CALIB_GEMM_DGRAD, MP_CALIB_GEMM_WGRAD}) {
+      o.f8[o.n_f8].pass = p;
+      o.f8[o.n_f8].N = s[0];
+      o.f8[o.n_f8].K = s[1];
+      o.f8[o.n_f8].M = s[2];
+      o.n_f8++;
+    }
   o.norm_rows = 4096;
   o.norm_cols = 4096;
   o.swiglu_elems = (int64_t)4096 * 8192;
@@ -101,8 +109,19 @@ TEST(CalibrateGpu, ReducedCalibrationIsSane) {
     // float8 may fail while its kernel is being reworked: recorded, never a failure of
     // the calibration; when it ran, its figure is sane
     if (c->n_f8 > 0) {
-      EXPECT_PRED1(sane_eff, c->f8[0].flops_per_s / (c->ref_fp8_tflops * 1e12));
+      ASSERT_EQ(c->n_f8, 6);
+      int per_pass[MP_CALIB_GEMM_PASS_COUNT] = {0};
+      for (int i = 0; i < c->n_f8; i++) {
+        per_pass[c->f8[i].pass]++;
+        EXPECT_PRED1(sane_eff, c->f8[i].flops_per_s / (c->ref_fp8_tflops * 1e12))
+            << mp_calib_gemm_pass_name(c->f8[i].pass) << " " << c->f8[i].N << "x" << c->f8[i].K << "x"
+            << c->f8[i].M << ": " << c->f8[i].flops_per_s * 1e-12 << " TFLOP/s";
+      }
+      EXPECT_EQ(per_pass[MP_CALIB_GEMM_FWD], 2);
+      EXPECT_EQ(per_pass[MP_CALIB_GEMM_DGRAD], 2);
+      EXPECT_EQ(per_pass[MP_CALIB_GEMM_WGRAD], 2);
       EXPECT_PRED1(sane_eff, c->fit.fp8_gemm_eff_max);
+      EXPECT_GE(c->fit.fp8_gemm_curve_rms, 0.0);
     } else {
       EXPECT_NE(c->f8_unavailable[0], '\0');
       printf("float8 not measured: %s\n", c->f8_unavailable);
@@ -126,12 +145,13 @@ TEST(CalibrateGpu, ReducedCalibrationIsSane) {
   ASSERT_EQ(mp_calib_store_save(&ctx, db.c_str(), c), MP_OK) << mp_errmsg(&ctx);
   mp_stack_profile st;
   ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cuda", &st), MP_OK);
-  mp_gemm_table table;
+  mp_calib_tables tables;
   mp_cluster cl;
   ASSERT_EQ(mp_cluster_make(&ctx, prof.name, 1, 1, &cl), MP_OK) << mp_errmsg(&ctx);
-  ASSERT_EQ(mp_calib_load_apply_stack(&ctx, db.c_str(), "cuda", nullptr, &cl, &st, &table, nullptr), MP_OK)
+  ASSERT_EQ(mp_calib_load_apply_stack(&ctx, db.c_str(), "cuda", nullptr, &cl, &st, &tables, nullptr), MP_OK)
       << mp_errmsg(&ctx);
   EXPECT_EQ(st.gemm_eff_max, c->fit.gemm_eff_max);
+  EXPECT_EQ(st.fp8_gemm_table != nullptr, c->n_f8 > 0 && c->fit.fp8_gemm_table);
   mp_model m;
   ASSERT_EQ(mp_model_load(&ctx, "llama3.1-8b", &m), MP_OK);
   mp_plan_options po;
@@ -147,6 +167,12 @@ TEST(CalibrateGpu, ReducedCalibrationIsSane) {
   EXPECT_GT(r.step_time_s, 0);
   EXPECT_GT(r.mfu, 0);
   EXPECT_LT(r.mfu, 1.0);
+  if (c->n_f8 > 0) {  // a float8 step: its GEMMs on the float8 curve (and table)
+    po.fp8 = 1;
+    mp_sim_result r8;
+    ASSERT_EQ(mp_simulate_plan(&ctx, &m, &mesh, &po, &cfg, &r8), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_GT(r8.step_time_s, 0);
+  }
 
   be->shutdown(&kc);
   mp_comm_destroy(comm);

@@ -614,8 +614,8 @@ TEST(CpuFit, OlderCalibrationGetsNoFitAndNoError) {
   mp_stack_profile st, st0;
   ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cpu", &st), MP_OK);
   st0 = st;
-  mp_gemm_table table;
-  ASSERT_EQ(mp_calib_apply_stack(&ctx, &c, &st, &table), MP_OK);
+  mp_calib_tables tables;
+  ASSERT_EQ(mp_calib_apply_stack(&ctx, &c, &st, &tables), MP_OK);
   EXPECT_EQ(memcmp(&st, &st0, sizeof st), 0);
 }
 
@@ -639,13 +639,14 @@ TEST(CpuApply, SimulatorReproducesTheMeasuredKernels) {
   ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cpu", &st), MP_OK);
   st0 = st;
   const mp_calib_run run = tiny_run();
-  mp_gemm_table table;
-  ASSERT_EQ(mp_calib_apply_stack_run(&ctx, &c, &run, &st, &table), MP_OK) << mp_errmsg(&ctx);
+  mp_calib_tables tables;
+  ASSERT_EQ(mp_calib_apply_stack_run(&ctx, &c, &run, &st, &tables), MP_OK) << mp_errmsg(&ctx);
   EXPECT_NEAR(st.gemm_eff_max, 1.0, 1e-9);
   EXPECT_NEAR(st.attention_eff, 0.06, 1e-9);
   EXPECT_NEAR(st.hbm_eff, 0.1, 1e-9);
   EXPECT_NEAR(st.kernel_overhead_s, tr.ovh, 1e-18);
   EXPECT_EQ(st.fp8_gemm_eff_max, st.gemm_eff_max);
+  EXPECT_EQ(st.fp8_gemm_table, nullptr);  // float8 is emulated on the CPU: no float8 points
   EXPECT_EQ(st.link_eff, st0.link_eff);
   EXPECT_EQ(st.comm_overhead_s, st0.comm_overhead_s);
   EXPECT_EQ(st.mem_model, st0.mem_model);
@@ -677,7 +678,7 @@ TEST(CpuApply, SimulatorReproducesTheMeasuredKernels) {
   mp_stack_profile tt, tt0;
   ASSERT_EQ(mp_stack_load(&ctx, "torchtitan-compile", &tt), MP_OK);
   tt0 = tt;
-  ASSERT_EQ(mp_calib_apply_stack_run(&ctx, &c, &run, &tt, &table), MP_OK);
+  ASSERT_EQ(mp_calib_apply_stack_run(&ctx, &c, &run, &tt, &tables), MP_OK);
   EXPECT_EQ(memcmp(&tt, &tt0, sizeof tt), 0);
 }
 
@@ -704,8 +705,8 @@ TEST(CpuApply, EachElementWiseClassKeepsItsOwnRate) {
   mp_stack_profile st;
   ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cpu", &st), MP_OK);
   const mp_calib_run run = tiny_run();
-  mp_gemm_table table;
-  ASSERT_EQ(mp_calib_apply_stack_run(&ctx, &c, &run, &st, &table), MP_OK) << mp_errmsg(&ctx);
+  mp_calib_tables tables;
+  ASSERT_EQ(mp_calib_apply_stack_run(&ctx, &c, &run, &st, &tables), MP_OK) << mp_errmsg(&ctx);
   EXPECT_NEAR(st.hbm_eff_kernel[MP_KERNEL_ACTIVATION], 0.05, 1e-9);
   EXPECT_NEAR(st.hbm_eff_kernel[MP_KERNEL_OPTIMIZER], 0.3, 1e-9);
   EXPECT_NEAR(st.hbm_eff_kernel[MP_KERNEL_NORM], 0.1, 1e-9);

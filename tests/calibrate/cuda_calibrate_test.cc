@@ -100,7 +100,7 @@ mp_calib synthetic(const Truth &tr) {
   c.copy_GBps = 0.9 * kHbm;
   for (int i = 0; i < o.n_f8; i++) {
     mp_calib_gemm &g = c.f8[c.n_f8++];
-    g.pass = MP_CALIB_GEMM_FWD;
+    g.pass = o.f8[i].pass;
     g.N = o.f8[i].N;
     g.K = o.f8[i].K;
     g.M = o.f8[i].M;
@@ -272,9 +272,10 @@ TEST(GemmTable, UsedWhenItPredictsHeldOutShapesBetter) {
   // K 4096, M 14336 is, in the schedule's terms, [m=14336, k=2048] x [k, n=4096].
   mp_stack_profile st;
   ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cuda", &st), MP_OK);
-  mp_gemm_table table;
-  ASSERT_EQ(mp_calib_apply_stack(&ctx, &c, &st, &table), MP_OK) << mp_errmsg(&ctx);
-  ASSERT_EQ(st.gemm_table, &table);
+  mp_calib_tables tables;
+  ASSERT_EQ(mp_calib_apply_stack(&ctx, &c, &st, &tables), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(st.gemm_table, &tables.bf16);
+  EXPECT_EQ(st.fp8_gemm_table, nullptr);  // every float8 point on its curve
   mp_gpu g;
   ASSERT_EQ(mp_gpu_load(&ctx, "h100-sxm", &g), MP_OK);
   int found = 0;
@@ -298,6 +299,329 @@ TEST(GemmTable, UsedWhenItPredictsHeldOutShapesBetter) {
     EXPECT_NEAR(mp_sim_compute_op_s(&op, &g, &st), measured, 1e-9 * measured);
   }
   EXPECT_TRUE(found);
+}
+
+// ---- float8 GEMMs by pass and shape ------------------------------------------------------
+
+// Float8 "hardware": each pass at its own efficiency of the fp8 peak, with a knee of its
+// own (a real float8 forward uses fast accumulation, wgrad an fp32 output: one number
+// cannot say both). The bf16 GEMMs stay those of Truth.
+struct F8Truth {
+  double E[MP_CALIB_GEMM_PASS_COUNT] = {0.70, 0.0, 0.55, 0.50};  // fwd, (bwd), dgrad, wgrad
+  double h = 2.5e9;
+};
+
+double f8_time(const Truth &tr, const F8Truth &f8, int pass, int N, int K, int M) {
+  const double flops = mp_calib_gemm_flops(pass, N, K, M), x = (double)N * K * M;
+  return flops / (kPeak8 * f8.E[pass] * x / (x + f8.h)) + tr.ovh;
+}
+
+// c's float8 points (the default shapes and passes) measured on f8.
+void set_f8(mp_calib &c, const Truth &tr, const F8Truth &f8) {
+  for (int i = 0; i < c.n_f8; i++) {
+    mp_calib_gemm &g = c.f8[i];
+    g.flops_per_s = mp_calib_gemm_flops(g.pass, g.N, g.K, g.M) / f8_time(tr, f8, g.pass, g.N, g.K, g.M);
+  }
+}
+
+// The schedule's op for pass at the Linear N x K x M (exec/schedule.c linear_fwd and
+// linear_bwd: forward [N, K] x [K, M], dgrad [N, M] x [M, K], wgrad [M, N] x [N, K]), in
+// dtype dt, with no bytes (compute-bound).
+mp_op linear_op(int pass, int N, int K, int M, mp_dtype dt) {
+  mp_op op;
+  memset(&op, 0, sizeof op);
+  op.type = MP_OP_COMPUTE;
+  op.kernel = MP_KERNEL_GEMM;
+  op.dtype = dt;
+  op.batch = 1;
+  op.flops = mp_calib_gemm_flops(pass, N, K, M);
+  if (pass == MP_CALIB_GEMM_DGRAD)
+    op.variant = MP_VAR_DGRAD, op.m = N, op.n = K, op.k = M;
+  else if (pass == MP_CALIB_GEMM_WGRAD)
+    op.variant = MP_VAR_WGRAD, op.m = M, op.n = K, op.k = N;
+  else
+    op.variant = MP_VAR_FWD, op.m = N, op.n = M, op.k = K;
+  return op;
+}
+
+// The schedule's dtype of a float8 GEMM: E4M3 forward, E5M2 backward (exec/schedule.c).
+mp_dtype f8_dtype(int pass) { return pass == MP_CALIB_GEMM_FWD ? MP_DTYPE_FP8_E4M3 : MP_DTYPE_FP8_E5M2; }
+
+TEST(Float8ByPass, DefaultsMeasureEveryBf16ShapeAndPass) {
+  for (int quick = 0; quick < 2; quick++) {
+    mp_calib_options o;
+    mp_calib_options_init_cuda(&o, quick);
+    ASSERT_EQ(o.n_f8, o.n_gemm) << quick;
+    int per_pass[MP_CALIB_GEMM_PASS_COUNT] = {0};
+    for (int i = 0; i < o.n_f8; i++) {
+      EXPECT_EQ(o.f8[i].pass, o.gemm[i].pass);
+      EXPECT_EQ(o.f8[i].N, o.gemm[i].N);
+      EXPECT_EQ(o.f8[i].K, o.gemm[i].K);
+      EXPECT_EQ(o.f8[i].M, o.gemm[i].M);
+      EXPECT_EQ(o.f8[i].N % 16 + o.f8[i].K % 16 + o.f8[i].M % 16, 0) << i;  // matmul_f8's rule
+      per_pass[o.f8[i].pass]++;
+    }
+    EXPECT_EQ(per_pass[MP_CALIB_GEMM_FWD], quick ? 3 : 27);
+    EXPECT_EQ(per_pass[MP_CALIB_GEMM_DGRAD], quick ? 3 : 27);
+    EXPECT_EQ(per_pass[MP_CALIB_GEMM_WGRAD], quick ? 3 : 27);
+    EXPECT_EQ(per_pass[MP_CALIB_GEMM_BWD], 0);
+  }
+}
+
+TEST(Float8ByPass, OperandFillIsFiniteInBothFormats) {
+  // planner/calibrate_cuda.c fills every float8 operand with random bytes & 0xBF (bit 6,
+  // the exponent's top bit in E4M3 and in E5M2, cleared): read as either format, every
+  // such code is finite and below 2 in magnitude, so the E5M2 dy operands of dgrad and
+  // wgrad never hold inf or NaN, as the E4M3 ones never hold NaN.
+  for (int b = 0; b < 256; b++) {
+    const uint8_t code = (uint8_t)(b & 0xBF);
+    for (mp_f8_format fmt : {MP_F8_E4M3, MP_F8_E5M2}) {
+      const float v = mp_f8_decode(code, fmt);
+      EXPECT_TRUE(std::isfinite(v)) << b << " " << fmt;
+      EXPECT_LT(std::fabs(v), 2.0f) << b << " " << fmt;
+    }
+  }
+  // and the bit matters: with it set, both formats reach their specials
+  EXPECT_TRUE(std::isnan(mp_f8_decode(0x7F, MP_F8_E4M3)));
+  EXPECT_TRUE(std::isinf(mp_f8_decode(0x7C, MP_F8_E5M2)));
+}
+
+TEST(Float8ByPass, FitReproducesEveryMeasuredPoint) {
+  // Forward, dgrad and wgrad float8 GEMMs at 0.70, 0.55 and 0.50 of the fp8 peak: one
+  // fp8_gemm_eff_max lies between them and misses each pass; the float8 by-shape table
+  // predicts held-out shapes better, so the simulator uses it, and then reproduces every
+  // measured float8 point from its op as the schedule makes it.
+  const Truth tr;
+  const F8Truth f8;
+  mp_calib c = synthetic(tr);
+  set_f8(c, tr, f8);
+  c.id = 7;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  ASSERT_EQ(mp_calib_fit_stack(&ctx, &c), MP_OK) << mp_errmsg(&ctx);
+  const mp_calib_stack_fit &f = c.fit;
+  EXPECT_GT(f.fp8_gemm_eff_max, 0.45);
+  EXPECT_LT(f.fp8_gemm_eff_max, 0.75);
+  EXPECT_GT(f.fp8_gemm_curve_rms, 0.05);
+  EXPECT_LT(f.fp8_gemm_table_rms, 0.9 * f.fp8_gemm_curve_rms);
+  EXPECT_EQ(f.fp8_gemm_table, 1);
+  EXPECT_EQ(f.gemm_table, 0);  // the bf16 points lie on their curve
+  char line[768];
+  mp_calib_summary(&c, line, sizeof line);
+  EXPECT_NE(strstr(line, "fp8_gemm_eff_max 0."), nullptr) << line;
+  EXPECT_NE(strstr(line, " (+ by shape), kernel_overhead"), nullptr) << line;
+
+  mp_stack_profile st;
+  ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cuda", &st), MP_OK);
+  mp_stack_profile curve_only = st;
+  mp_calib_tables tables;
+  ASSERT_EQ(mp_calib_apply_stack(&ctx, &c, &st, &tables), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(st.gemm_table, nullptr);
+  ASSERT_EQ(st.fp8_gemm_table, &tables.fp8);
+  EXPECT_EQ(tables.fp8.n, c.n_f8);
+  EXPECT_NE(strstr(st.source, "float8 GEMM curve with the by-shape correction"), nullptr) << st.source;
+  ASSERT_EQ(mp_calib_apply_stack(&ctx, &c, &curve_only, nullptr), MP_OK);
+  EXPECT_EQ(curve_only.fp8_gemm_table, nullptr);
+  mp_gpu g;
+  ASSERT_EQ(mp_gpu_load(&ctx, "h100-sxm", &g), MP_OK);
+  ASSERT_EQ(g.peak_tflops[MP_DTYPE_FP8_E5M2], g.peak_tflops[MP_DTYPE_FP8_E4M3]);
+  double worst_curve = 0;
+  for (int i = 0; i < c.n_f8; i++) {
+    const mp_calib_gemm &p = c.f8[i];
+    const mp_op op = linear_op(p.pass, p.N, p.K, p.M, f8_dtype(p.pass));
+    const double measured = op.flops / p.flops_per_s;
+    EXPECT_NEAR(mp_sim_compute_op_s(&op, &g, &st), measured, 1e-9 * measured)
+        << mp_calib_gemm_pass_name(p.pass) << " " << p.N << "x" << p.K << "x" << p.M;
+    const double e = std::fabs(mp_sim_compute_op_s(&op, &g, &curve_only) - measured) / measured;
+    if (e > worst_curve) worst_curve = e;
+  }
+  EXPECT_GT(worst_curve, 0.1);  // the curve alone misses some pass by more than 10 %
+
+  // The passes keep their order at a shape the calibration did not measure (tp=2 shards
+  // of the 8B model's MLP: every dimension within 4x of a measured one): forward fastest.
+  const mp_op fwd = linear_op(MP_CALIB_GEMM_FWD, 4096, 4096, 7168, MP_DTYPE_FP8_E4M3);
+  const mp_op wgrad = linear_op(MP_CALIB_GEMM_WGRAD, 4096, 4096, 7168, MP_DTYPE_FP8_E5M2);
+  EXPECT_LT(mp_sim_compute_op_s(&fwd, &g, &st), 0.9 * mp_sim_compute_op_s(&wgrad, &g, &st));
+}
+
+TEST(Float8ByPass, Bf16PredictionsUnchangedByFloat8Points) {
+  // The same bf16 points (weight gradients at 0.7 x the curve, so the bf16 table is in
+  // use) with and without float8 points: the bf16 fit, its table and every bf16 op time
+  // are the same to the bit; and the bf16 table never reaches a float8 op.
+  Truth tr;
+  mp_calib with = synthetic(tr);
+  for (int i = 0; i < with.n_gemm; i++) {
+    mp_calib_gemm &g = with.gemm[i];
+    if (g.pass != MP_CALIB_GEMM_WGRAD) continue;
+    const double tc = gemm_time(tr, g.pass, g.N, g.K, g.M, kPeak, tr.E) - tr.ovh;
+    g.flops_per_s = mp_calib_gemm_flops(g.pass, g.N, g.K, g.M) / (tc / 0.7 + tr.ovh);
+  }
+  set_f8(with, tr, F8Truth());
+  mp_calib without = with;
+  without.n_f8 = 0;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  ASSERT_EQ(mp_calib_fit_stack(&ctx, &with), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_calib_fit_stack(&ctx, &without), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(with.fit.gemm_eff_max, without.fit.gemm_eff_max);
+  EXPECT_EQ(with.fit.gemm_eff_half_mnk, without.fit.gemm_eff_half_mnk);
+  EXPECT_EQ(with.fit.gemm_curve_rms, without.fit.gemm_curve_rms);
+  EXPECT_EQ(with.fit.gemm_table_rms, without.fit.gemm_table_rms);
+  EXPECT_EQ(with.fit.gemm_table, 1);
+  EXPECT_EQ(without.fit.gemm_table, 1);
+  EXPECT_EQ(with.fit.fp8_gemm_table, 1);
+  EXPECT_EQ(without.fit.fp8_gemm_eff_max, 0.0);  // not measured: the stack's stays
+  EXPECT_EQ(without.fit.fp8_gemm_table, 0);
+
+  mp_stack_profile a, b;
+  ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cuda", &a), MP_OK);
+  b = a;
+  mp_calib_tables ta, tb;
+  ASSERT_EQ(mp_calib_apply_stack(&ctx, &with, &a, &ta), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_calib_apply_stack(&ctx, &without, &b, &tb), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(a.gemm_table, &ta.bf16);
+  ASSERT_EQ(b.gemm_table, &tb.bf16);
+  EXPECT_EQ(a.fp8_gemm_table, &ta.fp8);
+  EXPECT_EQ(b.fp8_gemm_table, nullptr);
+  ASSERT_EQ(ta.bf16.n, tb.bf16.n);
+  EXPECT_EQ(memcmp(ta.bf16.pt, tb.bf16.pt, sizeof ta.bf16.pt[0] * ta.bf16.n), 0);
+  mp_gpu g;
+  ASSERT_EQ(mp_gpu_load(&ctx, "h100-sxm", &g), MP_OK);
+  for (int i = 0; i < with.n_gemm; i++) {
+    const mp_calib_gemm &p = with.gemm[i];
+    const mp_op op = linear_op(p.pass, p.N, p.K, p.M, MP_DTYPE_BF16);
+    EXPECT_EQ(mp_sim_compute_op_s(&op, &g, &a), mp_sim_compute_op_s(&op, &g, &b)) << i;
+    const double measured = op.flops / p.flops_per_s;
+    EXPECT_NEAR(mp_sim_compute_op_s(&op, &g, &a), measured, 1e-9 * measured) << i;
+  }
+  for (int pass : {MP_CALIB_GEMM_FWD, MP_CALIB_GEMM_DGRAD, MP_CALIB_GEMM_WGRAD}) {  // unmeasured shapes
+    const mp_op op = linear_op(pass, 4096, 4096, 11008, MP_DTYPE_BF16);
+    EXPECT_EQ(mp_sim_compute_op_s(&op, &g, &a), mp_sim_compute_op_s(&op, &g, &b)) << pass;
+  }
+  // a float8 op takes the float8 table alone: without it, the float8 curve (the bf16
+  // table, 0.7 on this very wgrad shape, stays out)
+  mp_stack_profile a_no8 = a;
+  a_no8.fp8_gemm_table = nullptr;
+  const mp_op op8 = linear_op(MP_CALIB_GEMM_WGRAD, 2048, 4096, 14336, MP_DTYPE_FP8_E5M2);
+  const double x = 2048.0 * 4096 * 14336;
+  EXPECT_NEAR(mp_sim_compute_op_s(&op8, &g, &a_no8),
+              op8.flops / (kPeak8 * a.fp8_gemm_eff_max * x / (x + a.gemm_eff_half_mnk)) + tr.ovh, 1e-15);
+}
+
+TEST(Float8ByPass, PlanUsesTheFloat8TableForFloat8PlansOnly) {
+  // A 1-GPU step of the 1B bench model through the simulator, with the calibrated stack
+  // and with the same stack less its float8 table: a float8 plan's compute time changes
+  // (its Linears are float8 GEMMs of every pass), a bf16 plan's does not (to the bit).
+  const Truth tr;
+  mp_calib c = synthetic(tr);
+  set_f8(c, tr, F8Truth());
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  ASSERT_EQ(mp_calib_fit_stack(&ctx, &c), MP_OK);
+  mp_stack_profile st;
+  ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cuda", &st), MP_OK);
+  mp_calib_tables tables;
+  ASSERT_EQ(mp_calib_apply_stack(&ctx, &c, &st, &tables), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_NE(st.fp8_gemm_table, nullptr);
+  mp_stack_profile no8 = st;
+  no8.fp8_gemm_table = nullptr;
+  mp_model m;
+  ASSERT_EQ(mp_model_load(&ctx, "llama-1b-bench", &m), MP_OK) << mp_errmsg(&ctx);
+  mp_cluster cl;
+  ASSERT_EQ(mp_cluster_make(&ctx, "h100-sxm", 1, 1, &cl), MP_OK) << mp_errmsg(&ctx);
+  mp_mesh mesh;
+  mp_mesh_init(&mesh);
+  for (int fp8 = 0; fp8 < 2; fp8++) {
+    mp_plan_options o;
+    mp_plan_options_init(&o);
+    o.seq = 2048;
+    o.micro_batch = 4;
+    o.global_batch = 4;
+    o.fp8 = fp8;
+    mp_stack_plan_options(&st, &o);
+    double compute[2];
+    for (int k = 0; k < 2; k++) {
+      mp_sim_config cfg;
+      memset(&cfg, 0, sizeof cfg);
+      cfg.cluster = &cl;
+      cfg.stack = k ? &no8 : &st;
+      mp_sim_result r;
+      ASSERT_EQ(mp_simulate_plan(&ctx, &m, &mesh, &o, &cfg, &r), MP_OK) << mp_errmsg(&ctx);
+      compute[k] = r.compute_s;
+    }
+    if (fp8)
+      EXPECT_GT(std::fabs(compute[0] - compute[1]), 1e-3 * compute[1]) << compute[0] << " vs " << compute[1];
+    else
+      EXPECT_EQ(compute[0], compute[1]);
+  }
+}
+
+TEST(Float8ByPass, OlderCalibrationWithForwardPointsOnlyKeepsTheCurve) {
+  // A calibration made before float8 was measured by pass: six forward points
+  // (f8gemm.fwd rows at d_model 4096 shapes) and no fit.fp8_gemm_* rows beyond the eff.
+  // It loads, applies, and the simulator costs every float8 GEMM, forward or backward,
+  // on the float8 curve alone, as before.
+  const std::string db = tmp_path("cuda_old_f8.db");
+  Truth tr;
+  mp_calib c = synthetic(tr);
+  const int old_km[3][2] = {{4096, 4096}, {4096, 14336}, {14336, 4096}};
+  c.n_f8 = 0;
+  for (int N : {2048, 8192})
+    for (auto &km : old_km) {
+      mp_calib_gemm &g = c.f8[c.n_f8++];
+      g = {MP_CALIB_GEMM_FWD, N, km[0], km[1], 0.0};
+      // the 14336-wide ones at 0.5, the others at 0.65: not on one curve
+      const double E = km[0] == 14336 || km[1] == 14336 ? 0.5 : 0.65;
+      const double x = (double)N * km[0] * km[1], flops = mp_calib_gemm_flops(g.pass, N, km[0], km[1]);
+      g.flops_per_s = flops / (flops / (kPeak8 * E * x / (x + tr.h)) + tr.ovh);
+    }
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  ASSERT_EQ(mp_calib_fit_stack(&ctx, &c), MP_OK) << mp_errmsg(&ctx);
+  // the forward-only fit is the old one: sum w^2 / sum w with w the points' efficiencies
+  // on the bf16 curve's knee (here that knee is the truth's, so w = 0.5 four times and
+  // 0.65 twice)
+  EXPECT_NEAR(c.fit.fp8_gemm_eff_max, (4 * 0.25 + 2 * 0.4225) / (4 * 0.5 + 2 * 0.65), 1e-9);
+  ASSERT_EQ(mp_calib_store_save(&ctx, db.c_str(), &c), MP_OK) << mp_errmsg(&ctx);
+  sqlite3 *h = nullptr;
+  ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(h, "DELETE FROM calibrations WHERE key IN ('fit.fp8_gemm_curve_rms', "
+                            "'fit.fp8_gemm_table_rms', 'fit.fp8_gemm_table')",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_stmt *q = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(h, "SELECT count(*) FROM calibrations WHERE key LIKE 'f8gemm.fwd.%'", -1, &q, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(q), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(q, 0), 6);
+  sqlite3_finalize(q);
+  sqlite3_close(h);
+
+  mp_calib *got = new mp_calib;
+  mp_stack_profile st;
+  ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cuda", &st), MP_OK);
+  mp_gpu g;
+  ASSERT_EQ(mp_gpu_load(&ctx, "h100-sxm", &g), MP_OK);
+  mp_calib_tables tables;
+  ASSERT_EQ(mp_calib_load_apply_stack(&ctx, db.c_str(), "cuda", &g, nullptr, &st, &tables, got), MP_OK)
+      << mp_errmsg(&ctx);
+  ASSERT_EQ(got->n_f8, 6);
+  for (int i = 0; i < got->n_f8; i++) EXPECT_EQ(got->f8[i].pass, MP_CALIB_GEMM_FWD);
+  EXPECT_EQ(got->fit.fp8_gemm_table, 0);
+  EXPECT_EQ(got->fit.fp8_gemm_eff_max, c.fit.fp8_gemm_eff_max);
+  EXPECT_EQ(st.fp8_gemm_eff_max, c.fit.fp8_gemm_eff_max);
+  EXPECT_EQ(st.fp8_gemm_table, nullptr);
+  char line[768], want[64];
+  mp_calib_summary(got, line, sizeof line);
+  snprintf(want, sizeof want, "fp8_gemm_eff_max %.3f, kernel_overhead", c.fit.fp8_gemm_eff_max);
+  EXPECT_NE(strstr(line, want), nullptr) << line;  // no "(+ by shape)" 
+  const double E8 = c.fit.fp8_gemm_eff_max, h8 = c.fit.gemm_eff_half_mnk;
+  for (int pass : {MP_CALIB_GEMM_FWD, MP_CALIB_GEMM_DGRAD, MP_CALIB_GEMM_WGRAD}) {
+    const mp_op op = linear_op(pass, 8192, 4096, 14336, f8_dtype(pass));
+    const double x = 8192.0 * 4096 * 14336;
+    EXPECT_NEAR(mp_sim_compute_op_s(&op, &g, &st), op.flops / (kPeak8 * E8 * x / (x + h8)) + tr.ovh, 1e-15) << pass;
+  }
+  delete got;
 }
 
 // ---- the database ---------------------------------------------------------------------
@@ -342,6 +666,7 @@ void expect_same_cuda(const mp_calib &a, const mp_calib &b) {
   }
   ASSERT_EQ(a.n_f8, b.n_f8);
   for (int i = 0; i < a.n_f8; i++) {
+    EXPECT_EQ(a.f8[i].pass, b.f8[i].pass);
     EXPECT_EQ(a.f8[i].N, b.f8[i].N);
     EXPECT_EQ(a.f8[i].K, b.f8[i].K);
     EXPECT_EQ(a.f8[i].M, b.f8[i].M);
@@ -368,12 +693,13 @@ TEST(CudaStore, RoundTripKeepsPointsFitAndNotes) {
   EXPECT_EQ(mp_calib_store_load(&ctx, db.c_str(), "cpu", got), MP_ERR_NOT_FOUND);
 
   // Rows: 81 GEMMs + copy + gpu.cc + 3 ref + launch + 10 attention + 5 bandwidth + 9 fit
-  // = 111; notes: gpu.name, gpu.profile, f8.unavailable (attention was measured) = 3.
+  // + 3 float8 fit (curve rms, table rms, table) = 114; notes: gpu.name, gpu.profile,
+  // f8.unavailable (attention was measured) = 3.
   mp_store *st = nullptr;
   ASSERT_EQ(mp_store_open(&ctx, db.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
   int64_t n = 0;
   ASSERT_EQ(mp_store_query_i64(&ctx, st, "SELECT count(*) FROM calibrations WHERE id = 1", &n), MP_OK);
-  EXPECT_EQ(n, 111);
+  EXPECT_EQ(n, 114);
   ASSERT_EQ(mp_store_query_i64(&ctx, st, "SELECT count(*) FROM calibration_notes WHERE id = 1", &n), MP_OK);
   EXPECT_EQ(n, 3);
   ASSERT_EQ(mp_store_query_i64(&ctx, st, "SELECT count(*) FROM calibrations WHERE key = 'gemm.wgrad.8192x4096x32000'",
@@ -381,6 +707,44 @@ TEST(CudaStore, RoundTripKeepsPointsFitAndNotes) {
             MP_OK);
   EXPECT_EQ(n, 1);
   mp_store_close(st);
+  delete got;
+}
+
+TEST(CudaStore, Float8PointsRoundTripByPass) {
+  // Every float8 point keeps its pass (f8gemm.fwd|dgrad|wgrad rows), and the float8 fit
+  // its table verdict; a float8 row of another pass is a row this meshplan cannot read.
+  const std::string db = tmp_path("cuda_f8_calib.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_calib c = synthetic(Truth());
+  set_f8(c, Truth(), F8Truth());
+  ASSERT_EQ(mp_calib_fit_stack(&ctx, &c), MP_OK);
+  ASSERT_EQ(c.fit.fp8_gemm_table, 1);
+  ASSERT_EQ(mp_calib_store_save(&ctx, db.c_str(), &c), MP_OK) << mp_errmsg(&ctx);
+  mp_calib *got = new mp_calib;
+  ASSERT_EQ(mp_calib_store_load(&ctx, db.c_str(), "cuda", got), MP_OK) << mp_errmsg(&ctx);
+  expect_same_cuda(c, *got);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, db.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  int64_t n = 0;
+  for (const char *pass : {"fwd", "dgrad", "wgrad"}) {
+    const std::string q = std::string("SELECT count(*) FROM calibrations WHERE key LIKE 'f8gemm.") + pass + ".%'";
+    ASSERT_EQ(mp_store_query_i64(&ctx, st, q.c_str(), &n), MP_OK);
+    EXPECT_EQ(n, 27) << pass;
+  }
+  ASSERT_EQ(mp_store_query_i64(&ctx, st, "SELECT value FROM calibrations WHERE key = 'fit.fp8_gemm_table'", &n),
+            MP_OK);
+  EXPECT_EQ(n, 1);
+  mp_store_close(st);
+  sqlite3 *h = nullptr;
+  ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(h, "INSERT INTO calibrations VALUES (1, '2026-11-02T10:00:00Z', 'cuda', 'gpuhost', 1, 1, "
+                            "'f8gemm.bwd.512x1024x1024', 1, 1e14, 'FLOP/s')",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(h);
+  EXPECT_EQ(mp_calib_store_load(&ctx, db.c_str(), "cuda", got), MP_ERR_DB);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "f8gemm.bwd.512x1024x1024"), nullptr) << mp_errmsg(&ctx);
   delete got;
 }
 
@@ -414,15 +778,16 @@ TEST(CudaApply, StackTakesTheFitProfileStays) {
   mp_stack_profile st, before;
   ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cuda", &st), MP_OK);
   before = st;
-  mp_gemm_table table;
-  ASSERT_EQ(mp_calib_apply_stack(&ctx, &c, &st, &table), MP_OK) << mp_errmsg(&ctx);
+  mp_calib_tables tables;
+  ASSERT_EQ(mp_calib_apply_stack(&ctx, &c, &st, &tables), MP_OK) << mp_errmsg(&ctx);
   EXPECT_NEAR(st.gemm_eff_max, 0.78, 1e-9);
   EXPECT_NEAR(st.gemm_eff_half_mnk, 1.9e9, 1e-6 * 1.9e9);
   EXPECT_NEAR(st.attention_eff, 0.5, 1e-9);
   EXPECT_NEAR(st.hbm_eff, 0.8, 1e-9);
   EXPECT_NEAR(st.fp8_gemm_eff_max, 0.6, 1e-9);
   EXPECT_NEAR(st.kernel_overhead_s, 3e-6, 1e-15);
-  EXPECT_EQ(st.gemm_table, nullptr);  // the curve explains the points
+  EXPECT_EQ(st.gemm_table, nullptr);      // the curve explains the points
+  EXPECT_EQ(st.fp8_gemm_table, nullptr);  // and the float8 curve the float8 ones
   EXPECT_NE(strstr(st.source, "calibration #5"), nullptr) << st.source;
   // unmeasured figures stay: link, comm, memory
   EXPECT_EQ(st.link_eff, before.link_eff);
@@ -586,9 +951,9 @@ TEST(CudaApply, LoadApplyStackUsesTheNewestCuda) {
   ASSERT_EQ(mp_gpu_load(&ctx, "h100-sxm", &g), MP_OK);
   mp_stack_profile st;
   ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cuda", &st), MP_OK);
-  mp_gemm_table table;
+  mp_calib_tables tables;
   mp_calib *got = new mp_calib;
-  ASSERT_EQ(mp_calib_load_apply_stack(&ctx, db.c_str(), "cuda", &g, nullptr, &st, &table, got), MP_OK)
+  ASSERT_EQ(mp_calib_load_apply_stack(&ctx, db.c_str(), "cuda", &g, nullptr, &st, &tables, got), MP_OK)
       << mp_errmsg(&ctx);
   EXPECT_EQ(got->id, 2);
   EXPECT_EQ(st.hbm_eff, 0.9);

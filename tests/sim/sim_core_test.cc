@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "sim/gemm_table.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
 
@@ -249,6 +250,63 @@ TEST(Compute, GemmAtKnownEfficiency) {
   o.flops = 4e12;
   o.bytes = 1e6;
   EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), 4e12 / 4e14 + 3e-6, 1e-12);
+}
+
+TEST(Compute, GemmTablesByDtype) {
+  // Two by-shape tables on the round-number profile: the bf16 one halves the forward
+  // efficiency at (8192, 4096, 4096), the float8 one takes a quarter off it (forward) and
+  // lifts dgrad at the same shape by a fifth. Each GEMM takes the table of its dtype
+  // (E4M3 and E5M2 alike), batch-1 GEMMs only; a float8 GEMM on a GPU without an fp8 peak
+  // runs on the bf16 curve, neither table.
+  mp_cluster c = Cluster();
+  mp_stack_profile p = Profile();
+  mp_gemm_table bf16, fp8;
+  memset(&bf16, 0, sizeof bf16);
+  memset(&fp8, 0, sizeof fp8);
+  bf16.n = 1;
+  bf16.pt[0] = {MP_VAR_FWD, 13, 12, 12, std::log2(0.5)};
+  fp8.n = 2;
+  fp8.pt[0] = {MP_VAR_FWD, 13, 12, 12, std::log2(0.75)};
+  fp8.pt[1] = {MP_VAR_DGRAD, 13, 12, 12, std::log2(1.2)};
+  p.gemm_table = &bf16;
+  p.fp8_gemm_table = &fp8;
+  mp_op o;
+  memset(&o, 0, sizeof o);
+  o.type = MP_OP_COMPUTE;
+  o.kernel = MP_KERNEL_GEMM;
+  o.variant = MP_VAR_FWD;
+  o.m = 8192, o.n = 4096, o.k = 4096, o.batch = 1;
+  o.flops = 2.0 * 8192 * 4096 * 4096;
+  o.dtype = MP_DTYPE_BF16;  // bf16 peak 1e15 x 0.5 x 0.5
+  EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), o.flops / (1e15 * 0.5 * 0.5), 1e-15);
+  o.dtype = MP_DTYPE_FP8_E4M3;  // fp8 peak 2e15 x 0.25 x 0.75
+  EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), o.flops / (2e15 * 0.25 * 0.75), 1e-15);
+  o.variant = MP_VAR_DGRAD;
+  o.dtype = MP_DTYPE_FP8_E5M2;  // x 1.2
+  EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), o.flops / (2e15 * 0.25 * 1.2), 1e-15);
+  o.dtype = MP_DTYPE_BF16;  // no bf16 dgrad point: the curve
+  EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), o.flops / (1e15 * 0.5), 1e-15);
+  o.variant = MP_VAR_WGRAD;  // no float8 wgrad point: the float8 curve
+  o.dtype = MP_DTYPE_FP8_E5M2;
+  EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), o.flops / (2e15 * 0.25), 1e-15);
+  // grouped (expert) GEMMs: neither table
+  o.variant = MP_VAR_FWD;
+  o.batch = 2;
+  o.flops *= 2;
+  EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), o.flops / (2e15 * 0.25), 1e-15);
+  o.dtype = MP_DTYPE_BF16;
+  EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), o.flops / (1e15 * 0.5), 1e-15);
+  // no float8 units: a float8 GEMM runs as bf16 at the bf16 curve, no table
+  o.batch = 1;
+  o.flops /= 2;
+  o.dtype = MP_DTYPE_FP8_E4M3;
+  c.gpu.peak_tflops[MP_DTYPE_FP8_E4M3] = 0;
+  EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), o.flops / (1e15 * 0.5), 1e-15);
+  // without tables: the curves
+  c = Cluster();
+  p.gemm_table = nullptr;
+  p.fp8_gemm_table = nullptr;
+  EXPECT_NEAR(mp_sim_compute_op_s(&o, &c.gpu, &p), o.flops / (2e15 * 0.25), 1e-15);
 }
 
 // ---- event simulation -------------------------------------------------------------------
