@@ -304,12 +304,15 @@ typedef struct mp_calib {
   mp_calib_stack_fit fit;     /* mp_calib_fit_stack; stored with the points */
 } mp_calib;
 
+/* A GEMM to time: pass (mp_calib_gemm_pass) and the Linear's N, K, M. */
+typedef struct mp_calib_gemm_shape {
+  int pass, N, K, M;
+} mp_calib_gemm_shape;
+
 typedef struct mp_calib_options {
   int reps;   /* timed repetitions per figure (median); >= 1 */
   int n_gemm; /* shapes below; 0: the device's defaults */
-  struct {
-    int pass, N, K, M; /* pass: mp_calib_gemm_pass (cpu: any; cuda: FWD, DGRAD, WGRAD) */
-  } gemm[MP_CALIB_MAX_GEMM];
+  mp_calib_gemm_shape gemm[MP_CALIB_MAX_GEMM]; /* pass: cpu any; cuda FWD, DGRAD, WGRAD */
   int n_sizes; /* collective payload sizes in bytes; 0: the defaults */
   double sizes_bytes[MP_CALIB_MAX_SIZES];
   int64_t copy_bytes; /* copy buffer size; 0: the device's default */
@@ -321,9 +324,7 @@ typedef struct mp_calib_options {
     int B, T, nh, nkv, hd;
   } attn[MP_CALIB_MAX_ATTN];
   int n_f8;
-  struct {
-    int pass, N, K, M; /* pass: FWD, DGRAD or WGRAD; sizes multiples of 16 */
-  } f8[MP_CALIB_MAX_F8];
+  mp_calib_gemm_shape f8[MP_CALIB_MAX_F8]; /* pass FWD, DGRAD or WGRAD; sizes multiples of 16 */
   int norm_rows, norm_cols; /* rmsnorm (N, C) */
   int64_t swiglu_elems, adamw_elems;
   /* cpu only; 0: the defaults. Element-wise points: kernel (mp_calib_bw_kernel) on rows x

@@ -266,6 +266,24 @@ static mp_status phase_launch(cal *C, mp_calib *out) {
   return st;
 }
 
+/* Times each shape's GEMM with tmpl's buffers: kinds[] is the op of the pass FWD, DGRAD,
+ * WGRAD; the points are appended to pts (*n_pts of them). */
+static mp_status time_gemms(cal *C, const op *tmpl, const op_kind kinds[3], const mp_calib_gemm_shape *shape,
+                            int n, mp_calib_gemm *pts, int *n_pts) {
+  for (int i = 0; i < n; i++) {
+    op g = *tmpl;
+    const int pass = shape[i].pass;
+    g.kind = kinds[pass == MP_CALIB_GEMM_DGRAD ? 1 : pass == MP_CALIB_GEMM_WGRAD ? 2 : 0];
+    g.a = shape[i].N;
+    g.b = shape[i].K;
+    g.c = shape[i].M;
+    double t = 0;
+    MP_CHECK(time_op(C, &g, 0, &t));
+    pts[(*n_pts)++] = mp_calib_gemm_point(pass, g.a, g.b, g.c, t);
+  }
+  return MP_OK;
+}
+
 static mp_status phase_gemm(cal *C, const mp_calib_options *o, mp_calib *out) {
   size_t nk = 1, mk = 1, nm = 1;
   for (int i = 0; i < o->n_gemm; i++) {
@@ -289,16 +307,9 @@ static mp_status phase_gemm(cal *C, const mp_calib_options *o, mp_calib *out) {
   /* the gradients accumulate (+=): start from data, as a second micro-batch does */
   MP_CHECK_GOTO(fill_x(C, b.x[3], nk), st, done);
   MP_CHECK_GOTO(fill_f32(C, b.f[0], mk, C->rnd), st, done);
-  for (int i = 0; i < o->n_gemm; i++) {
-    op g = b;
-    const int pass = o->gemm[i].pass;
-    g.kind = pass == MP_CALIB_GEMM_DGRAD ? OP_GEMM_DGRAD : pass == MP_CALIB_GEMM_WGRAD ? OP_GEMM_WGRAD : OP_GEMM_FWD;
-    g.a = o->gemm[i].N;
-    g.b = o->gemm[i].K;
-    g.c = o->gemm[i].M;
-    double t = 0;
-    MP_CHECK_GOTO(time_op(C, &g, 0, &t), st, done);
-    out->gemm[out->n_gemm++] = mp_calib_gemm_point(pass, g.a, g.b, g.c, t);
+  {
+    const op_kind kinds[3] = {OP_GEMM_FWD, OP_GEMM_DGRAD, OP_GEMM_WGRAD};
+    MP_CHECK_GOTO(time_gemms(C, &b, kinds, o->gemm, o->n_gemm, out->gemm, &out->n_gemm), st, done);
   }
 done:
   bfree(C, &s);
@@ -459,15 +470,9 @@ static mp_status phase_f8(cal *C, const mp_calib_options *o, mp_calib *out) {
   MP_CHECK_GOTO(C->be->memcpy_h2d(C->kc, f.f[0], ones, sizeof ones), st, done);
   f.u[0] = a;
   f.u[1] = b;
-  for (int i = 0; i < o->n_f8; i++) {
-    const int pass = o->f8[i].pass;
-    f.kind = pass == MP_CALIB_GEMM_DGRAD ? OP_F8_DGRAD : pass == MP_CALIB_GEMM_WGRAD ? OP_F8_WGRAD : OP_F8_FWD;
-    f.a = o->f8[i].N;
-    f.b = o->f8[i].K;
-    f.c = o->f8[i].M;
-    double t = 0;
-    MP_CHECK_GOTO(time_op(C, &f, 0, &t), st, done);
-    out->f8[out->n_f8++] = mp_calib_gemm_point(pass, f.a, f.b, f.c, t);
+  {
+    const op_kind kinds[3] = {OP_F8_FWD, OP_F8_DGRAD, OP_F8_WGRAD};
+    MP_CHECK_GOTO(time_gemms(C, &f, kinds, o->f8, o->n_f8, out->f8, &out->n_f8), st, done);
   }
 done:
   bfree(C, &s);
