@@ -296,7 +296,6 @@ typedef struct gen {
   int f8c;                 /* rt: float8 Linears on codes (meshplan-cuda; meshplan-cpu with the
                               plan's f8_codes), else the CPU's fp32 emulation */
   int f8w_sharded;         /* rt, float8 on codes: block weights FSDP-sharded (per-GEMM codes) */
-  unsigned f8_fwd_amax;    /* rt, float8 on codes, backward: activations whose amax the forward kept */
   unsigned f8_scope;       /* rt, float8 on codes: the open block's quantized activations */
   int64_t f8_scope_bytes[4];
   struct {                 /* overlap: the reduce-scatter in flight (one unit at most) */

@@ -136,7 +136,6 @@ struct mp_runtime {
   int f8k_n;
   float *f8_fwd;       /* [L * 4] device: the reduced amax of each block's float8 activations
                           (xn1, attention output, xn2, SwiGLU output) from its forward */
-  unsigned char *f8_fwd_valid; /* [L] host: bit s set once this micro-batch's forward wrote it */
   float *stage;       /* device staging for collectives on host values (not host_mem), STAGE_FLOATS */
   char **x;         /* [L + 1] (N, C) X */
   char **act;       /* [L] */
@@ -466,9 +465,8 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
   rt->ep_R = calloc((size_t)rt->L, sizeof *rt->ep_R);
   rt->ep_rc = calloc((size_t)rt->L * rt->ep * (rt->El ? rt->El : 1), sizeof *rt->ep_rc);
   rt->counts_h = calloc((size_t)rt->L * (rt->E ? rt->E : 1), sizeof *rt->counts_h);
-  rt->f8_fwd_valid = calloc((size_t)rt->L + 1, 1);
   if (!rt->prm || !rt->units || !rt->pidx || !rt->x || !rt->act || !rt->core || !rt->epa || !rt->ep_R ||
-      !rt->ep_rc || !rt->counts_h || !rt->f8_fwd_valid) {
+      !rt->ep_rc || !rt->counts_h) {
     st = mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory for bookkeeping");
     goto fail;
   }
@@ -605,7 +603,6 @@ void mp_runtime_destroy(mp_runtime *rt) {
   free(rt->ep_R);
   free(rt->ep_rc);
   free(rt->counts_h);
-  free(rt->f8_fwd_valid);
   free(rt->prog);
   free(rt);
 }
@@ -980,7 +977,6 @@ static mp_status lin_fwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void
   memset(&xb, 0, sizeof xb);
   const int src = l >= 0 ? mp_module_f8_source(mod) : -1;
   st = f8_act(ctx, rt, inp, N, K, MP_F8_E4M3, 1, 0, &xb, src >= 0 ? f8_fwd_slot(rt, l, src) : NULL, &xo);
-  if (st == MP_OK && src >= 0) rt->f8_fwd_valid[l] |= (unsigned char)(1u << src);
   if (st == MP_OK) st = f8_weight(ctx, rt, l, mod, M, K, &wb, &wo);
   if (st == MP_OK && rt->be->matmul_f8(rt->kc, out, NULL, xo->q, xo->amax + 1, MP_F8_E4M3, wo->q, wo->amax + 1,
                                        MP_F8_E4M3, N, K, M, MP_F8_GEMM_FAST_ACCUM) != MP_OK)
@@ -1400,8 +1396,12 @@ static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, 
     const size_t N = (size_t)rt->N;
     const void *x[4] = {a + y->xn1, c + y->att, a + y->xn2, a + y->h};
     const size_t n[4] = {N * rt->C, N * rt->nhl * rt->hd, N * rt->C, N * rt->Fl};
+    /* every float8 Linear's forward wrote its activation's slot in this micro-batch */
+    unsigned kept = 0;
+    for (int m = 0; m < MP_MOD_COUNT; m++)
+      if (mp_module_f8_source((mp_module)m) >= 0 && F8(rt, l, (mp_module)m)) kept |= 1u << mp_module_f8_source((mp_module)m);
     for (int src = 0; src < 4; src++)
-      if (rt->f8_fwd_valid[l] & (1u << src)) f8_known_set(rt, x[src], n[src], f8_fwd_slot(rt, l, src), 1);
+      if (kept & (1u << src)) f8_known_set(rt, x[src], n[src], f8_fwd_slot(rt, l, src), 1);
   }
   mp_status st = block_backward_body(ctx, rt, l, dres, ws, dloss_aux);
   mp_status s2 = f8_scope_end(ctx, rt);
@@ -1637,7 +1637,6 @@ static mp_status act_run(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, const mp_
 
 static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, double *ce, double *aux) {
   micro_state ms = {seqs, NULL, NULL, NULL, NULL, -1, 0.0, 1.0 / ((double)rt->n_micro * rt->dp_size), ce, aux};
-  memset(rt->f8_fwd_valid, 0, (size_t)rt->L); /* this micro-batch's forward writes them again */
   for (int32_t i = 0; i < rt->n_prog; i++) {
     MP_CHECK(act_run(ctx, rt, &ms, &rt->prog[i]));
   }

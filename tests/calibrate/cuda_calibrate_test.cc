@@ -249,18 +249,23 @@ TEST(GemmTable, FactorFadesWithDistance) {
   EXPECT_EQ(mp_gemm_table_factor(nullptr, MP_VAR_FWD, 2048, 4096, 4096), 1.0);
 }
 
+// The bf16 weight-gradient points of c at 0.7 x the curve's compute time rate (a real
+// library's wgrad reduces over tokens): what the curve cannot say and the table can.
+void slow_wgrad(mp_calib &c, const Truth &tr) {
+  for (int i = 0; i < c.n_gemm; i++) {
+    mp_calib_gemm &g = c.gemm[i];
+    if (g.pass != MP_CALIB_GEMM_WGRAD) continue;
+    const double tc = gemm_time(tr, g.pass, g.N, g.K, g.M, kPeak, tr.E) - tr.ovh;
+    g.flops_per_s = mp_calib_gemm_flops(g.pass, g.N, g.K, g.M) / (tc / 0.7 + tr.ovh);
+  }
+}
+
 TEST(GemmTable, UsedWhenItPredictsHeldOutShapesBetter) {
   // The "hardware" runs every weight-gradient GEMM at 0.7 x the curve (a real library's
   // wgrad reduces over tokens): the curve cannot say so, neighbours can.
   Truth tr;
   mp_calib c = synthetic(tr);
-  for (int i = 0; i < c.n_gemm; i++) {
-    mp_calib_gemm &g = c.gemm[i];
-    if (g.pass != MP_CALIB_GEMM_WGRAD) continue;
-    const double flops = mp_calib_gemm_flops(g.pass, g.N, g.K, g.M);
-    const double tc = gemm_time(tr, g.pass, g.N, g.K, g.M, kPeak, tr.E) - tr.ovh;
-    g.flops_per_s = flops / (tc / 0.7 + tr.ovh);
-  }
+  slow_wgrad(c, tr);
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   ASSERT_EQ(mp_calib_fit_stack(&ctx, &c), MP_OK);
@@ -450,12 +455,7 @@ TEST(Float8ByPass, Bf16PredictionsUnchangedByFloat8Points) {
   // are the same to the bit; and the bf16 table never reaches a float8 op.
   Truth tr;
   mp_calib with = synthetic(tr);
-  for (int i = 0; i < with.n_gemm; i++) {
-    mp_calib_gemm &g = with.gemm[i];
-    if (g.pass != MP_CALIB_GEMM_WGRAD) continue;
-    const double tc = gemm_time(tr, g.pass, g.N, g.K, g.M, kPeak, tr.E) - tr.ovh;
-    g.flops_per_s = mp_calib_gemm_flops(g.pass, g.N, g.K, g.M) / (tc / 0.7 + tr.ovh);
-  }
+  slow_wgrad(with, tr);
   set_f8(with, tr, F8Truth());
   mp_calib without = with;
   without.n_f8 = 0;
