@@ -13,7 +13,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "common/progress.h"
+#include "common/timeutil.h"
 #include "common/stats.h"
 #include "exec/cluster.h"
 #include "exec/model.h"

@@ -2,14 +2,7 @@
 #include "common/progress.h"
 
 #include <stdio.h>
-#include <time.h>
 #include <unistd.h>
-
-double mp_now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 void mp_progress_begin(mp_progress *p, const char *label, int64_t total) {
   p->label = label;

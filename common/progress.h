@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 
+#include "common/timeutil.h" /* mp_now_s, the clock the bar reads */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -19,8 +21,6 @@ typedef struct mp_progress {
 void mp_progress_begin(mp_progress *p, const char *label, int64_t total);
 void mp_progress_update(mp_progress *p, int64_t done);
 void mp_progress_end(mp_progress *p);
-/* Monotonic wall clock in seconds. */
-double mp_now_s(void);
 
 #ifdef __cplusplus
 }

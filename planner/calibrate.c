@@ -19,10 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/progress.h"
+#include "common/timeutil.h"
 #include "common/stats.h"
 #include "planner/calib_store.h"
 
@@ -790,13 +790,6 @@ mp_status mp_calib_fit(mp_ctx *ctx, mp_calib_coll_fit *f) {
   return MP_OK;
 }
 
-static void now_iso(char *buf, size_t cap) {
-  time_t t = time(NULL);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
-}
-
 /* The cpu points are sane before anything is measured (every rank checks the same
  * options, so all refuse together, before any collective). */
 static mp_status check_cpu_options(mp_ctx *ctx, const mp_calib_options *o) {
@@ -873,7 +866,7 @@ mp_status mp_calib_measure(mp_ctx *ctx, mp_comm *comm, const mp_backend *be, mp_
   MP_CHECK(check_cpu_options(ctx, &o));
 
   memset(out, 0, sizeof *out);
-  now_iso(out->created_at, sizeof out->created_at);
+  mp_now_iso(out->created_at, sizeof out->created_at);
   snprintf(out->device, sizeof out->device, "%s", be->name);
   if (gethostname(out->host, sizeof out->host) != 0) snprintf(out->host, sizeof out->host, "unknown");
   out->host[sizeof out->host - 1] = '\0';

@@ -16,10 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/progress.h"
+#include "common/timeutil.h"
 #include "common/stats.h"
 #include "kernels/cuda/cuda.h"
 #include "planner/calibrate.h"
@@ -494,13 +494,6 @@ static void record_unavailable(cal *C, char *why, size_t cap) {
 
 /* ---- entry point ----------------------------------------------------------------------- */
 
-static void now_iso(char *buf, size_t cap) {
-  time_t t = time(NULL);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
-}
-
 static mp_status check_options(mp_ctx *ctx, const mp_calib_options *o) {
   if (o->n_gemm < 1 || o->n_gemm > MP_CALIB_MAX_GEMM || o->n_attn > MP_CALIB_MAX_ATTN || o->n_f8 > MP_CALIB_MAX_F8)
     return mp_error(ctx, MP_ERR_INVALID, "calibrate: %d GEMM, %d attention, %d float8 points; at most %d, %d, %d "
@@ -569,7 +562,7 @@ mp_status mp_calib_measure_cuda(mp_ctx *ctx, const mp_backend *be, mp_kctx *kc, 
   MP_CHECK(mp_calib_cuda_profile(ctx, &dev, o.gpu_profile, &prof));
 
   memset(out, 0, sizeof *out);
-  now_iso(out->created_at, sizeof out->created_at);
+  mp_now_iso(out->created_at, sizeof out->created_at);
   snprintf(out->device, sizeof out->device, "cuda");
   if (gethostname(out->host, sizeof out->host) != 0) snprintf(out->host, sizeof out->host, "unknown");
   out->host[sizeof out->host - 1] = '\0';

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "common/json.h"
-#include "common/progress.h"
+#include "common/timeutil.h"
 #include "common/stats.h"
 #include "exec/comm/comm.h"
 #include "exec/mesh.h"

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/progress.h"
+#include "common/timeutil.h"
 
 typedef struct sink_state {
   const mp_search_config *cfg;

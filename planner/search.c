@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/progress.h"
+#include "common/timeutil.h"
 
 /* Mirrors mp_ac_mode (exec/plan.h): the search library links nothing from exec:plan. */
 static const char *const k_ac_names[3] = {"none", "selective", "full"};

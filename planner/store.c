@@ -11,9 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "common/timeutil.h"
 
 struct mp_store {
   sqlite3 *db;
@@ -81,13 +81,6 @@ static mp_status db_err(mp_ctx *ctx, mp_store *st, int rc, const char *what) {
 static mp_status exec_sql(mp_ctx *ctx, mp_store *st, const char *sql, const char *what) {
   int rc = sqlite3_exec(st->db, sql, NULL, NULL, NULL);
   return rc == SQLITE_OK ? MP_OK : db_err(ctx, st, rc, what);
-}
-
-static void now_iso(char *buf, size_t cap) {
-  time_t t = time(NULL);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
 mp_status mp_store_query_i64(mp_ctx *ctx, mp_store *st, const char *sql, int64_t *out) {
@@ -240,7 +233,7 @@ mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
                               -1, &q, NULL);
   if (rc == SQLITE_OK) {
     char when[32];
-    now_iso(when, sizeof when);
+    mp_now_iso(when, sizeof when);
     bind_text(q, 1, when);
     bind_text(q, 2, info->tool_version);
     bind_text(q, 3, info->model);
@@ -379,7 +372,7 @@ mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measureme
                               -1, &q, NULL);
   if (rc == SQLITE_OK) {
     char when[32];
-    now_iso(when, sizeof when);
+    mp_now_iso(when, sizeof when);
     sqlite3_bind_int64(q, 1, m->step);
     sqlite3_bind_double(q, 2, m->step_time_s);
     sqlite3_bind_int64(q, 3, m->peak_mem_bytes);
