@@ -13,11 +13,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "common/timeutil.h"
 #include "common/stats.h"
+#include "common/timeutil.h"
 #include "exec/cluster.h"
 #include "exec/model.h"
-#include "planner/args.h"
+#include "planner/cli/args.h"
 #include "planner/evaluate.h"
 #include "planner/planner.h"
 

@@ -20,7 +20,7 @@
  * runs them) against the float8 curve (fp8_gemm_eff_max, the same knee, the fp8 peak);
  * both are measured by pass and shape. Only GEMMs of batch 1 are corrected (grouped
  * expert GEMMs were not measured by shape). A table is plain data owned by whoever fills
- * it (planner/calibrate.c); a stack profile points at it, so it must outlive every use of
+ * it (calib/fit.c); a stack profile points at it, so it must outlive every use of
  * that profile. */
 #ifndef MP_SIM_GEMM_TABLE_H
 #define MP_SIM_GEMM_TABLE_H

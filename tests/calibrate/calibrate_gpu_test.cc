@@ -16,8 +16,8 @@
 
 #include "exec/comm/comm.h"
 #include "kernels/cuda/cuda.h"
-#include "planner/calib_store.h"
-#include "planner/calibrate.h"
+#include "calib/store.h"
+#include "calib/calibrate.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
 

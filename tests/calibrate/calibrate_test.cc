@@ -1,4 +1,4 @@
-// Tests of the CPU calibration (planner/calibrate.h, planner/calib_store.h): the
+// Tests of the CPU calibration (calib/calibrate.h, calib/store.h): the
 // alpha-beta fit against hand-built timings, the database round trip (equal values,
 // newest wins, per device, corrupt and foreign files), which profile fields
 // mp_calib_apply changes, the fit of the cpu kernels into the meshplan-cpu stack on
@@ -17,8 +17,8 @@
 
 #include "exec/comm/comm.h"
 #include "kernels/cpu/cpu.h"
-#include "planner/calib_store.h"
-#include "planner/calibrate.h"
+#include "calib/store.h"
+#include "calib/calibrate.h"
 #include "planner/store.h"
 #include "sim/sim.h"
 #include "sim/stack.h"

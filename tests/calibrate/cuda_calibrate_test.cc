@@ -1,4 +1,4 @@
-// The CUDA calibration without a GPU (planner/calibrate.h "CUDA", sim/gemm_table.h): the
+// The CUDA calibration without a GPU (calib/calibrate.h "CUDA", sim/gemm_table.h): the
 // fits recover the parameters of synthetic measurements made from known curves, the
 // by-shape correction, the database round trip of a cuda calibration, its application to
 // the meshplan-cuda stack (and the refusals), the simulator's op times with a calibrated
@@ -17,8 +17,8 @@
 
 #include "exec/plan.h"
 #include "kernels/cuda/cuda.h"
-#include "planner/calib_store.h"
-#include "planner/calibrate.h"
+#include "calib/store.h"
+#include "calib/calibrate.h"
 #include "planner/store.h"
 #include "sim/gemm_table.h"
 #include "sim/sim.h"
@@ -374,7 +374,7 @@ TEST(Float8ByPass, DefaultsMeasureEveryBf16ShapeAndPass) {
 }
 
 TEST(Float8ByPass, OperandFillIsFiniteInBothFormats) {
-  // planner/calibrate_cuda.c fills every float8 operand with random bytes & 0xBF (bit 6,
+  // calib/measure_cuda.c fills every float8 operand with random bytes & 0xBF (bit 6,
   // the exponent's top bit in E4M3 and in E5M2, cleared): read as either format, every
   // such code is finite and below 2 in magnitude, so the E5M2 dy operands of dgrad and
   // wgrad never hold inf or NaN, as the E4M3 ones never hold NaN.

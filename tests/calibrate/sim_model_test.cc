@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "planner/calibrate.h"
+#include "calib/calibrate.h"
 #include "sim/sim.h"
 
 namespace {

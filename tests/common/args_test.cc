@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "planner/args.h"
+#include "planner/cli/args.h"
 
 namespace {
 

@@ -1,142 +1,20 @@
 /* Calibration: measured rates of this machine and how they reach the simulator.
  *
- * Two devices. "cpu": meshplan's C kernels (kernels/cpu through mp_backend_cpu(), fp32,
- * with the OpenMP team the run will use: OMP_NUM_THREADS), memory copy bandwidth and MPI
- * collective bandwidth per group size; the rates replace the figures of the CPU profile
- * and a cluster (exec/cluster.h), and a fit of the kernels (GEMM curve, attention,
- * element-wise, per-op overhead) goes into the meshplan-cpu stack profile (sim/sim.h).
- * "cuda": GEMM, attention, element-wise and launch figures of meshplan's CUDA kernels on
- * one GPU, fitted into the efficiencies of the meshplan-cuda stack profile relative to
- * the GPU profile's datasheet peaks (see "CUDA" below). Both fits are one code
- * (mp_calib_fit_stack); the references and the weighting of a few figures differ, as said
- * under "The fit".
+ * Offers: the default points of each device and their FLOP and byte counts
+ * (mp_calib_options_init_*, mp_calib_*_flops); the measurement, on the CPU (kernels, copy,
+ * MPI collectives) or one CUDA GPU (mp_calib_measure); the fits of what was measured
+ * (mp_calib_fit for the collectives' alpha-beta model, mp_calib_fit_stack for the kernels'
+ * efficiencies, mp_calib_fit_run at a run's sizes); and their application to a GPU
+ * profile, a cluster and a stack profile (mp_calib_apply*). calib/store.h keeps
+ * calibrations in the planner database.
  *
- * What is measured on the CPU (mp_calib_measure with the cpu backend). Every kernel
- * figure is the median over `reps` timed repetitions after one untimed warm-up call; one
- * repetition is a loop of back-to-back calls (as many as make it last about 2 ms, at
- * most 1000; the same count on every rank: the largest any rank asks for) and the figure
- * is per call, as the runtime calls kernels one after another on warm caches. The
- * repetitions are taken in rounds over every point (one loop of each, in order, per
- * round), so a burst of other work on the machine spoils one repetition of many points,
- * which the median drops, rather than every repetition of a few. Inputs are small values
- * of both signs, never zeros.
- *   - launch: scale_f32 on one element: the per-op cost of a kernel that does no work
- *     (kernel_overhead_us).
- *   - GEMM: at each shape N x K x M (Linear out (N, M) = inp (N, K) W (M, K)^T) the
- *     forward, dgrad (dinp += dout W) and wgrad (dW += dout^T inp) GEMMs, 2NKM FLOP
- *     each (the schedule's three GEMM variants). Defaults: the tiny models' Linears at
- *     256 tokens (and their experts' at 64 rows) up to 1024 x 1024 x 4096: 45 points.
- *     A point of pass BWD (matmul_backward with both outputs, 4NKM) is still measured
- *     when asked for (and read from older calibrations), but stays out of the curve.
- *   - attention: attention_forward and attention_backward at (B, T, nh, nkv, hd) points
- *     with the simulator's FLOPs (as for CUDA below), from the tiny models' shape up.
- *   - bandwidth: memcpy of a buffer far larger than the caches, split over the OpenMP
- *     team (the reference; GB/s counts bytes read plus bytes written, STREAM's convention
- *     and the simulator's), and the element-wise kernels rmsnorm, swiglu and RoPE forward
- *     and backward, cross-entropy forward and backward, AdamW and the residual add, each
- *     at the tiny models' size, a cache-sized one and a large one, with bytes as the
- *     simulator counts them (mp_calib_bw_bytes: the schedule's bf16 bytes, so the fp32 CPU
- *     kernels move twice what is counted, which the fitted efficiency absorbs).
- *   - Collectives (world > 1 only): for each group size g in {2, 4, 8, ...} dividing the
- *     world, plus the world itself, the world is cut into world/g groups of g consecutive
- *     ranks (mesh dp_replicate = world/g, dp_shard = g) and every group runs all-reduce,
- *     all-gather, reduce-scatter and all-to-all at once, as they do in training. Each
- *     message size is timed over a loop of calls between barriers; the per-call median
- *     over `reps` loops, the slowest rank's, is the figure.
- *   With several ranks, every kernel figure and the copy run on every rank at once (the
- *   per-rank rates of a training job on this machine) and the figures are the mean over
- *   ranks.
- *
- * Bus bandwidth follows nccl-tests and sim/network.c: with `bytes` the payload as the
- * simulator defines it (the full tensor for all-reduce, all-gather and reduce-scatter;
- * what one rank sends for all-to-all) and f = 2(g-1)/g for all-reduce, (g-1)/g otherwise,
- *   busbw = f x bytes / t,   and the alpha-beta model   t = f x bytes / beta + c x alpha,
- * c = 2(g-1) for all-reduce and (g-1) otherwise. alpha and beta are fitted by least
- * squares on relative error (each size weighs the same, so the small sizes fix alpha and
- * the large ones beta); a negative intercept is clamped to alpha = 0.
- *
- * CUDA (mp_calib_measure with the cuda backend, one GPU, no collectives). Every figure
- * is the median over `reps` timed repetitions after two untimed warm-up calls; one
- * repetition is a loop of back-to-back calls between two CUDA events on the backend's
- * stream (mp_cuda_stream), as many as make it last about 1 ms (at most 256), and the
- * figure is per call, so it is what an op costs inside a busy stream. Inputs are
- * pseudo-random in [-1, 1), never zeros (a GEMM on zeros runs faster).
- *   - launch: scale_f32 on one element, 256 calls per repetition: the per-op cost of a
- *     kernel that does no work (kernel_overhead_us).
- *   - GEMM (bf16): at each shape N x K x M (Linear out (N, M) = inp (N, K) W (M, K)^T)
- *     the forward, dgrad (dinp += dout W) and wgrad (dW += dout^T inp, fp32) GEMMs,
- *     2NKM FLOP each. Defaults: N in {512, 2048, 8192} tokens, (K, M) the Linear shapes
- *     of Llama models (1024^2, 2048^2, 2048x8192, 8192x2048, 4096^2, 4096x14336,
- *     14336x4096, 4096x32000, 8192^2): 81 points.
- *   - attention: attention_forward and attention_backward (causal, GQA) at (B, T, nh,
- *     nkv, hd) points with FLOPs as the simulator counts them (exec/schedule.c): forward
- *     2 B T^2 nh hd (the causal half of 4 B T^2 nh hd), backward twice that.
- *   - bandwidth: a device-to-device copy (GB/s counting read + write, the reference),
- *     and rmsnorm forward/backward, swiglu forward/backward and AdamW, with bytes as the
- *     simulator counts them (exec/schedule.c: 4, 6, 6, 10 and 28 bytes per element).
- *   - GEMM (float8): matmul_f8 at each shape and pass as the runtime calls it
- *     (exec/runtime/runtime.c lin_fwd, lin_bwd), 2NKM FLOP each: forward out (N, M) bf16
- *     = x (N, K) E4M3 W (M, K)^T E4M3 with fast accumulation; dgrad dinp (N, K) bf16 +=
- *     dy (N, M) E5M2 (W^T) (K, M)^T E4M3 (MP_F8_GEMM_ADD); wgrad dW (M, K) fp32 += (dy^T)
- *     (M, N) E5M2 (x^T) (K, N)^T E4M3. Codes are random bytes with bit 6 cleared, the top
- *     bit of the exponent in both formats: |x| < 2, never NaN (E4M3 S.1111.111) or
- *     inf/NaN (E5M2 S.11111.xx); scales 1. Defaults: the bf16 GEMMs' 81 shapes and
- *     passes. Only when compute capability >= 8.9; an error there (or an older GPU) is
- *     recorded in f8_unavailable, not a failure. Attention errors likewise
- *     (attn_unavailable): both kernels are optional figures.
- *
- * The fit (mp_calib_fit_stack). The stack profile's efficiencies are relative to the
- * profile's peaks (sim/sim.c), so the fit is made against the figures the profile will
- * hold, ref_*: for cuda the GPU profile's datasheet (a stack efficiency of 0.75 means 75 %
- * of the datasheet's dense bf16 TFLOP/s); for cpu what mp_calib_apply writes into the CPU
- * profile: the GEMM peak (the fastest GEMM point, or the curve's asymptote when that is
- * higher, so the curve is never clamped) for every dtype, and the copy bandwidth as HBM.
- * The simulator costs an op as compute + kernel_overhead, so every fit works on the
- * measured time less the launch figure (at least half the measured time is kept, so
- * noise cannot leave nothing):
- *   - GEMM curve: eff(x) = gemm_eff_max x / (x + gemm_eff_half_mnk), x = N K M, means
- *     t = flops / (peak E) + 2 h / (peak E): a time per FLOP and a constant, linear in
- *     (1/E, h/E). Least squares on the relative error of the time (each point weighs
- *     the same), closed form; a negative h is clamped to 0, an E above 1 to 1 (the
- *     datasheet is the ceiling) with h refitted.
- *   - fp8_gemm_eff_max: cuda: every float8 point (forward, dgrad and wgrad) against the
- *     fp8 peak with the bf16 curve's h (the stack has one knee), least squares on
- *     relative time error; fp8_gemm_curve_rms is that curve's rms time error. cpu:
- *     gemm_eff_max (float8 is emulated: fake-quantized operands through the fp32 GEMM;
- *     no float8 points, no float8 table).
- *   - attention_eff: cuda: sum of FLOPs / (bf16 peak x sum of times), forward and
- *     backward together (the large GPU shapes run at one rate). cpu: least squares on
- *     the log of predicted over measured time, each point weighing the same: the
- *     geometric mean of the points' efficiencies (a FLOP total would be the largest
- *     shape's rate alone; the relative error, which caps an under-prediction's cost at 1
- *     and not an over-prediction's, fits the fastest points of the CPU kernels' tenfold
- *     spread and under-predicts the others).
- *   - hbm_eff: the element-wise kernels' bytes against the reference bandwidth (not the
- *     copy, which is the reference they are compared with). cuda: bytes total over time
- *     total. cpu: the log-ratio least squares as attention, each point predicted as the
- *     simulator does, max(flops at the fp32 peak, bytes at hbm_eff x copy) (a point bound
- *     by its flops says nothing of the bandwidth), and not capped at 1: small tensors
- *     stay in cache, faster than the DRAM copy.
- *   The CPU kernels' rates vary with the size more than one figure can say (element-wise
- *   kernels run on one thread up to 2^14..2^16 elements; attention with 8-wide heads
- *   reaches half the rate of 64-wide ones), so a run refits attention_eff and hbm_eff at
- *   its own sizes (mp_calib_run, mp_calib_fit_run): the points near them weigh most, as
- *   the by-shape GEMM correction takes the nearest measured shape. The stored fit weighs
- *   every point the same (what `calibrate` prints, and what applies without a run).
- *   - by shape: log2(measured / curve efficiency) per GEMM point (sim/gemm_table.h),
- *     for the bf16 points against the bf16 curve and, separately, for the float8 points
- *     against the float8 curve (fp8_gemm_eff_max, h, the fp8 peak). The simulator uses
- *     either correction only when it predicts held-out shapes clearly better than its
- *     curve (each point predicted from its nearest other point of its pass, leave one
- *     out; rms time error lower by a tenth and by a percentage point at least);
- *     fit.gemm_table and fit.fp8_gemm_table say which ones the simulator uses. A
- *     calibration made before float8 was measured by pass (forward points only, no
- *     fit.fp8_gemm_table row) loads with fp8_gemm_table 0: the float8 curve alone.
+ * docs/calibration.md says what is measured on each device, how, and the models of the
+ * fits; its section names ("CUDA", "The fit") are cited below.
  *
  * Invariants: every figure is > 0 when present; gemm[], f8[] and coll[] are in
  * measurement order (load returns them in the order saved). */
-#ifndef MP_PLANNER_CALIBRATE_H
-#define MP_PLANNER_CALIBRATE_H
+#ifndef MP_CALIB_CALIBRATE_H
+#define MP_CALIB_CALIBRATE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -284,8 +162,8 @@ typedef struct mp_calib {
   char gpu_name[96];      /* the device's own name ("NVIDIA H100 80GB HBM3") */
   char gpu_profile[64];   /* data/gpus profile the efficiencies are relative to */
   int compute_capability; /* 90 for sm_90 */
-  /* ---- the kernels and their fit: cuda, and cpu calibrations since the cpu fit (older
-   * cpu ones hold none of these: all zero, the stack is left alone) ---- */
+  /* ---- the kernels and their fit: cuda, and cpu calibrations with a kernel fit (a cpu
+   * one of GEMM and copy only holds none of these: all zero, the stack is left alone) ---- */
   /* what the efficiencies are relative to: cuda, that profile's datasheet figures; cpu,
    * the GEMM peak (every dtype) and the copy bandwidth that mp_calib_apply writes into
    * the CPU profile */
@@ -297,8 +175,8 @@ typedef struct mp_calib {
   mp_calib_bw bw[MP_CALIB_MAX_BW];
   /* ---- cuda only ---- */
   int n_f8;
-  mp_calib_gemm f8[MP_CALIB_MAX_F8]; /* float8 GEMMs of pass FWD, DGRAD or WGRAD (older
-                                        calibrations: FWD only) */
+  mp_calib_gemm f8[MP_CALIB_MAX_F8]; /* float8 GEMMs of pass FWD, DGRAD or WGRAD (a
+                                        calibration may hold FWD only) */
   char f8_unavailable[256];   /* why float8 was not measured; "" when it was */
   char attn_unavailable[256]; /* why attention was not measured; "" when it was */
   mp_calib_stack_fit fit;     /* mp_calib_fit_stack; stored with the points */
@@ -349,9 +227,9 @@ typedef struct mp_calib_options {
 void mp_calib_options_init_cpu(mp_calib_options *o, int quick);
 /* mp_calib_options_init_cpu(o, 0). */
 void mp_calib_options_init(mp_calib_options *o);
-/* CUDA defaults: reps 7; the 81 GEMM points of the header comment; attention (B, T) in
- * {(16, 1024), (8, 2048), (4, 4096), (2, 8192)} with nh 16, nkv 8, hd 128, and (8, 2048)
- * with nh 32, nkv 8, hd 64; float8 the same 81 shapes and passes as bf16 (every size a
+/* CUDA defaults: reps 7; the 81 GEMM points of docs/calibration.md, "CUDA"; attention
+ * (B, T) in {(16, 1024), (8, 2048), (4, 4096), (2, 8192)} with nh 16, nkv 8, hd 128, and
+ * (8, 2048) with nh 32, nkv 8, hd 64; float8 the same 81 shapes and passes as bf16 (every size a
  * multiple of 16; about 1 to 2 s on an H100: a float8 point costs less than its bf16
  * one); rmsnorm 8192 x 4096, swiglu 8192 x 14336, AdamW 2^26 parameters, copy 256 MiB.
  * quick: one token count (2048), (K, M) in {2048^2, 4096^2, 4096x14336} for bf16 and
@@ -403,7 +281,7 @@ mp_status mp_calib_cuda_profile(mp_ctx *ctx, const mp_calib_device *dev, const c
 mp_status mp_calib_measure_cuda(mp_ctx *ctx, const mp_backend *be, mp_kctx *kc,
                                 const mp_calib_options *opts, mp_calib *out);
 
-/* ---- the fit (see the header comment) -------------------------------------------------- */
+/* ---- the fit (docs/calibration.md, "The fit") ------------------------------------------ */
 
 /* The GEMM curve over n points against peak_flops, each point's time less overhead_s.
  * rms_rel (may be NULL): rms of (predicted - measured) / measured time, overhead
@@ -438,7 +316,7 @@ void mp_calib_fit_run(const mp_calib *c, const mp_calib_run *run, mp_calib_stack
 /* Fills c->fit from c's points and ref_* (attention, bandwidth and float8 figures stay 0
  * when not measured). cuda: GEMM points of pass FWD, DGRAD or WGRAD are required, and
  * the reference peaks (MP_ERR_INVALID otherwise). cpu: sets ref_* first (see "The fit");
- * a calibration without such GEMM points (older ones, or BWD points only) gets no fit
+ * a calibration without such GEMM points (GEMM and copy only, or BWD points only) gets no fit
  * (all zero: the stack keeps its stated figures), which is not an error. */
 mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c);
 /* The by-shape correction of c's bf16 GEMM points (sim/gemm_table.h), from c->fit's
@@ -456,7 +334,7 @@ mp_status mp_calib_fit(mp_ctx *ctx, mp_calib_coll_fit *f);
 double mp_calib_gemm_peak_flops(const mp_calib *c);
 /* The GEMM rate a cpu calibration writes into the CPU profile as its peak: ref_bf16 when
  * the calibration holds a fit (the curve's efficiencies are relative to it), else the
- * largest measured (older calibrations: the stated stack scales small GEMMs down). */
+ * largest measured (a calibration without a fit: the stated stack scales small GEMMs down). */
 double mp_calib_cpu_peak_flops(const mp_calib *c);
 /* The fit the cluster's single intra-node link takes: all-reduce (the collective
  * nccl-tests quote) at the largest group measured; NULL when world was 1. */
@@ -494,7 +372,7 @@ typedef struct mp_calib_tables {
  * fit.fp8_gemm_table says so (and float8 was measured); a pointer not set is NULL (tables
  * NULL: both). Link, comm and memory figures stay. A cpu calibration leaves any other
  * stack alone (its rates went into the CPU profile; that stack's efficiencies are its
- * own), and so does a cpu calibration without a fit (older ones). MP_ERR_INVALID: a cuda
+ * own), and so does a cpu calibration without a fit. MP_ERR_INVALID: a cuda
  * calibration and a stack other than meshplan-cuda, or a fit without a GEMM curve. */
 mp_status mp_calib_apply_stack(mp_ctx *ctx, const mp_calib *c, mp_stack_profile *stack,
                                mp_calib_tables *tables);
@@ -503,7 +381,7 @@ mp_status mp_calib_apply_stack_run(mp_ctx *ctx, const mp_calib *c, const mp_cali
                                    mp_stack_profile *stack, mp_calib_tables *tables);
 
 /* Loads the newest calibration of `device` from the database at db_path
- * (planner/calib_store.h) and applies it with mp_calib_apply_checked (gpu and cluster may
+ * (calib/store.h) and applies it with mp_calib_apply_checked (gpu and cluster may
  * be NULL). Errors: MP_ERR_NOT_FOUND (no file, or no calibration of that device in it),
  * MP_ERR_DB (not a meshplan database), MP_ERR_INVALID (a profile of the wrong kind). */
 mp_status mp_calib_load_apply(mp_ctx *ctx, const char *db_path, const char *device, mp_gpu *gpu,

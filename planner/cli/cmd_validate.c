@@ -29,7 +29,7 @@
 #include "exec/mesh.h"
 #include "exec/model.h"
 #include "exec/plan.h"
-#include "planner/commands.h"
+#include "planner/cli/commands.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
 

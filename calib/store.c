@@ -1,11 +1,11 @@
-/* Calibrations in the planner's database (see calib_store.h).
+/* Calibrations in the planner's database (see store.h).
  *
  * Invariants: a save is one BEGIN IMMEDIATE transaction (table creation, id allocation
  * and every row), rolled back on any failure; a load reads one calibration id's rows in
  * rowid order, which is the order they were saved in, so gemm[] and coll[] come back in
  * measurement order. */
 #define _GNU_SOURCE
-#include "planner/calib_store.h"
+#include "calib/store.h"
 
 #include <sqlite3.h>
 #include <stddef.h>
@@ -23,9 +23,8 @@ static const char k_schema[] =
     "  threads INTEGER NOT NULL, world INTEGER NOT NULL,"
     "  key TEXT NOT NULL, group_size INTEGER NOT NULL, value REAL NOT NULL, unit TEXT NOT NULL);"
     "CREATE INDEX IF NOT EXISTS calibrations_device_id ON calibrations(device, id);"
-    /* added with the cuda calibration: its text (device name, profile, why a figure is
-     * missing); a table of its own so that `calibrations` keeps one number per row and
-     * older meshplans, which never look here, read the file as before */
+    /* a cuda calibration's text (device name, profile, why a figure is missing); a table
+     * of its own so that `calibrations` keeps one number per row */
     "CREATE TABLE IF NOT EXISTS calibration_notes ("
     "  id INTEGER NOT NULL, key TEXT NOT NULL, text TEXT NOT NULL);"
     "CREATE INDEX IF NOT EXISTS calibration_notes_id ON calibration_notes(id);";
@@ -108,9 +107,8 @@ static mp_status put_note(mp_ctx *ctx, writer *w, const char *key, const char *t
   return rc == SQLITE_DONE ? MP_OK : db_fail(ctx, w->db, w->path, rc, "inserting a calibration note");
 }
 
-/* The kernel rows (see calib_store.h for the keys): every one for cuda, as before; for
- * cpu those it holds (a calibration of the old kind, GEMM and copy only, writes none of
- * them, and loads back the same). */
+/* The kernel rows (see store.h for the keys): every one for cuda; for cpu those it holds
+ * (a calibration of GEMM and copy only writes none of them, and loads back the same). */
 static mp_status write_kernel_rows(mp_ctx *ctx, writer *w) {
   const mp_calib *c = w->c;
   const int cuda = strcmp(c->device, "cuda") == 0;
@@ -154,7 +152,7 @@ static mp_status write_kernel_rows(mp_ctx *ctx, writer *w) {
   MP_CHECK(put(ctx, w, "fit.attention_eff", 1, f->attention_eff, "1"));
   MP_CHECK(put(ctx, w, "fit.hbm_eff", 1, f->hbm_eff, "1"));
   MP_CHECK(put(ctx, w, "fit.kernel_overhead_us", 1, f->kernel_overhead_us, "us"));
-  if (!cuda) return MP_OK; /* cpu: no float8 points, so no float8 table (rows as before) */
+  if (!cuda) return MP_OK; /* cpu: no float8 points, so no float8 table */
   MP_CHECK(put(ctx, w, "fit.fp8_gemm_curve_rms", 1, f->fp8_gemm_curve_rms, "1"));
   MP_CHECK(put(ctx, w, "fit.fp8_gemm_table_rms", 1, f->fp8_gemm_table_rms, "1"));
   MP_CHECK(put(ctx, w, "fit.fp8_gemm_table", 1, f->fp8_gemm_table, "bool"));
@@ -260,7 +258,7 @@ static mp_calib_coll_fit *fit_for(mp_calib *c, int coll, int g) {
   return f;
 }
 
-/* One row into *c; a key this build does not know is an error (a newer meshplan wrote it
+/* One row into *c; a key this build does not know is an error (another meshplan wrote it
  * or the row is damaged), never silently dropped. */
 static int pass_from_name(const char *s) {
   for (int p = 0; p < MP_CALIB_GEMM_PASS_COUNT; p++)
@@ -334,8 +332,8 @@ static int read_point(mp_calib *c, const char *key, double v) {
     b->GBps = v;
     return 1;
   }
-  /* f8gemm.<pass>: fwd (every calibration with float8), dgrad and wgrad (since float8
-   * is measured as the runtime runs it); never bwd */
+  /* f8gemm.<pass>: fwd (every calibration with float8), dgrad and wgrad (where float8
+   * was measured by pass); never bwd */
   if (sscanf(key, "f8gemm.%7[a-z].%dx%dx%d%n", name, &N, &K, &M, &used) == 4 && key[used] == '\0') {
     const int pass = pass_from_name(name);
     if (pass != MP_CALIB_GEMM_FWD && pass != MP_CALIB_GEMM_DGRAD && pass != MP_CALIB_GEMM_WGRAD) return -1;

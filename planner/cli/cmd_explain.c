@@ -21,7 +21,7 @@
 #include "exec/model.h"
 #include "exec/plan.h"
 #include "exec/schedule.h"
-#include "planner/commands.h"
+#include "planner/cli/commands.h"
 
 static mp_opt k_opts[] = {
     {"--model", "M", "model name (data/models stem) or path to a JSON file (default llama3.1-8b)", NULL},

@@ -2,20 +2,21 @@
  *
  * Table `calibrations`, one row per measured figure, created on first save (CREATE TABLE
  * IF NOT EXISTS inside the saving transaction, so the planner's schema version does not
- * change and older meshplans still open the file):
+ * change and a planner that never reads calibrations opens the file as it is):
  *   id          the calibration (every row of one calibration shares it; ids increase)
  *   created_at  ISO 8601 UTC; device ("cpu"), host, threads (per rank), world (ranks)
  *   key         what the row holds:
  *                 gemm.<pass>.NxKxM                  FLOP/s, <pass> = fwd | dgrad | wgrad
- *                                                    (bwd: older cpu calibrations)
+ *                                                    | bwd (cpu: matmul_backward whole)
  *                 copy                               GB/s (read + write)
  *                 <coll>.time.<bytes>                s per call
  *                 <coll>.busbw.<bytes>               GB/s
  *                 <coll>.alpha                       s per ring step
  *                 <coll>.beta                        GB/s
  *               with <coll> = all_reduce | all_gather | reduce_scatter | all_to_all;
- *               the kernels: cuda (planner/calibrate.h, "CUDA"), and cpu calibrations since
- *               the cpu kernels are fitted (older cpu ones have none of these rows):
+ *               the kernels (docs/calibration.md, "CUDA"): every cuda calibration, and a
+ *               cpu one with a kernel fit (a cpu calibration of GEMM and copy only has
+ *               none of these rows):
  *                 attn.fwd|bwd.BxTxNHxNKVxHD         FLOP/s (the simulator's count)
  *                 bw.<kernel>.<elements>             GB/s, <kernel> = rmsnorm_fwd |
  *                                                    rmsnorm_bwd | swiglu_fwd | swiglu_bwd |
@@ -29,8 +30,8 @@
  *               cuda only:
  *                 f8gemm.<pass>.NxKxM                FLOP/s of matmul_f8 as the runtime
  *                                                    calls it, <pass> = fwd (E4M3 x E4M3)
- *                                                    | dgrad | wgrad (E5M2 x E4M3); older
- *                                                    calibrations hold fwd rows only
+ *                                                    | dgrad | wgrad (E5M2 x E4M3); a
+ *                                                    calibration may hold fwd rows only
  *                 gpu.cc                             compute capability (90: sm_90)
  *                 fit.gemm_eff_max, fit.gemm_eff_half_mnk, fit.gemm_curve_rms,
  *                 fit.gemm_table_rms, fit.gemm_table (0/1), fit.fp8_gemm_eff_max,
@@ -39,34 +40,31 @@
  *                                                    (0: not measured); cpu calibrations
  *                                                    with a fit hold these rows too
  *                 fit.fp8_gemm_curve_rms, fit.fp8_gemm_table_rms, fit.fp8_gemm_table (0/1)
- *                                                    the float8 by-shape check (absent in
- *                                                    older calibrations: read as 0, the
- *                                                    float8 curve alone)
+ *                                                    the float8 by-shape check (absent: read
+ *                                                    as 0, the float8 curve alone)
  *   group_size  ranks per group for collective rows, 1 otherwise
  *   value, unit
- * Table `calibration_notes` (added with the cuda calibration, created the same way): the
- * text of a calibration, one row per note: id, key (gpu.name, gpu.profile,
- * attn.unavailable, f8.unavailable), text. No schema version change: both tables are
- * additive and every key keeps its meaning, so a file written before the cpu kernels were
- * fitted loads here as it is (its cpu calibrations without a fit). An older meshplan
- * refuses a newer cpu calibration with "a row this meshplan cannot read; recalibrate"
- * (its element-wise rows are more, and of more kernels, than it knows) rather than
- * reading half of it; it has no use for cuda ones. In the same way a meshplan from before
- * float8 was measured by pass refuses a newer cuda calibration (its f8gemm.dgrad and
- * f8gemm.wgrad rows), while this one reads the older ones as they are (f8gemm.fwd rows,
- * no fit.fp8_gemm_* rows).
- * A calibration is one transaction: readers never see half of one.
+ * Table `calibration_notes`, created the same way: the text of a cuda calibration, one row
+ * per note: id, key (gpu.name, gpu.profile, attn.unavailable, f8.unavailable), text.
+ *
+ * Compatibility: both tables are additive and every key keeps its meaning, so the schema
+ * version never changes for them. A calibration lacking optional rows loads as what it
+ * holds: a cpu one without kernel rows has no fit (the stack keeps its stated figures), a
+ * cuda one with f8gemm.fwd rows only and no fit.fp8_gemm_* rows has the float8 curve
+ * alone. A row or note whose key this build does not know makes the load refuse the whole
+ * calibration ("a row this meshplan cannot read; recalibrate") rather than read half of
+ * it. A calibration is one transaction: readers never see half of one.
  *
  * The file is opened and checked through mp_store_open first (created with the planner's
  * schema when absent), so a corrupt or foreign file is MP_ERR_DB with the store's
  * message, and a file made by `meshplan calibrate` is a valid planner database. Then this
  * module opens its own connection with the store's settings (WAL, busy timeout
  * MP_STORE_BUSY_TIMEOUT_MS, writes in BEGIN IMMEDIATE). */
-#ifndef MP_PLANNER_CALIB_STORE_H
-#define MP_PLANNER_CALIB_STORE_H
+#ifndef MP_CALIB_STORE_H
+#define MP_CALIB_STORE_H
 
 #include "common/status.h"
-#include "planner/calibrate.h"
+#include "calib/calibrate.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "planner/commands.h"
+#include "planner/cli/commands.h"
 
 int mp_cmd_parse(mp_cmd_spec *spec, int argc, char **argv, const char **pos, int *n_pos,
                  int *done) {

@@ -1,4 +1,4 @@
-/* meshplan calibrate: measures this machine (planner/calibrate.h) and saves the figures in
+/* meshplan calibrate: measures this machine (calib/calibrate.h) and saves the figures in
  * the planner database, where `meshplan simulate --calibration DB` (and the trainer) picks
  * the newest one of the device up.
  *
@@ -24,10 +24,10 @@
 #include "exec/comm/comm.h"
 #include "exec/mesh.h"
 #include "kernels/cpu/cpu.h"
-#include "planner/calib_store.h"
-#include "planner/calibrate.h"
+#include "calib/store.h"
+#include "calib/calibrate.h"
 #include "kernels/cuda/cuda.h"
-#include "planner/commands.h"
+#include "planner/cli/commands.h"
 #include "sim/stack.h"
 
 static mp_opt k_opts[] = {

@@ -12,7 +12,7 @@
 
 #include "exec/cluster.h"
 #include "exec/model.h"
-#include "planner/commands.h"
+#include "planner/cli/commands.h"
 #include "planner/evaluate.h"
 #include "planner/planner.h"
 #include "planner/plot.h"

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "planner/commands.h"
+#include "planner/cli/commands.h"
 
 typedef struct {
   const char *name;

@@ -1,13 +1,13 @@
 /* The meshplan subcommands. Each takes the arguments after its name and returns the
  * process exit code (0 ok, 2 usage or input error, 1 other failure); only these and
  * main() print errors to the user. One file per subcommand: planner/cmd_<name>.c. */
-#ifndef MP_PLANNER_COMMANDS_H
-#define MP_PLANNER_COMMANDS_H
+#ifndef MP_PLANNER_CLI_COMMANDS_H
+#define MP_PLANNER_CLI_COMMANDS_H
 
 #include "common/status.h"
 #include "exec/mesh.h"
 #include "exec/plan.h"
-#include "planner/args.h"
+#include "planner/cli/args.h"
 
 #ifdef __cplusplus
 extern "C" {

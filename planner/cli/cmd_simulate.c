@@ -16,9 +16,9 @@
 #include "exec/model.h"
 #include "exec/plan.h"
 #include "exec/schedule.h"
-#include "planner/calib_store.h"
-#include "planner/calibrate.h"
-#include "planner/commands.h"
+#include "calib/store.h"
+#include "calib/calibrate.h"
+#include "planner/cli/commands.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
 

@@ -1,5 +1,6 @@
-/* Calibration on one CUDA GPU: the measurement half of `meshplan calibrate --device cuda`
- * (calibrate.h, "CUDA", says what is timed and why; calibrate.c fits it).
+/* Calibration on one CUDA GPU: which GPU profile's datasheet a device is measured
+ * against, and the measurement half of `meshplan calibrate --device cuda`
+ * (docs/calibration.md, "CUDA", says what is timed and why; fit.c fits it).
  *
  * Every op runs through the CUDA backend table (kernels/ops.h, mp_cuda_backend()), never a
  * kernel directly, so the figures are those of the kernels the runtime trains with, and
@@ -11,7 +12,8 @@
  * largest phase, not the sum, bounds device memory (about 2 GiB with the defaults); an
  * optional phase (attention, float8) that fails records its message and frees what it
  * took. Without CUDA at build time the two entry points report it and do nothing. */
-#define _GNU_SOURCE
+#include "calib/calibrate.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,10 +21,43 @@
 #include <unistd.h>
 
 #include "common/progress.h"
-#include "common/timeutil.h"
 #include "common/stats.h"
+#include "common/timeutil.h"
 #include "kernels/cuda/cuda.h"
-#include "planner/calibrate.h"
+
+/* ---- the GPU profile ------------------------------------------------------------------- */
+
+const char *mp_calib_gpu_profile_for(const char *name, int cc, double mem_bytes) {
+  if (name == NULL) return NULL;
+  const double gib = mem_bytes / 1073741824.0;
+  /* The datasheet peaks differ between SXM, PCIe and NVL parts of one GPU, and a
+   * Grace-Hopper GH200 is not an H200: only names that say which part it is match. */
+  if (strstr(name, "PCIe") || strstr(name, "NVL") || strstr(name, "GH200")) return NULL;
+  if (strstr(name, "H200") && cc == 90) return "h200";
+  if (strstr(name, "H100") && cc == 90) return gib > 88.0 ? "h100-96gb-500w" : "h100-sxm";
+  if (strstr(name, "A100") && cc == 80) return gib > 60.0 ? "a100-80gb-sxm" : NULL;
+  if (strstr(name, "B200") && cc == 100) return "b200";
+  return NULL;
+}
+
+mp_status mp_calib_cuda_profile(mp_ctx *ctx, const mp_calib_device *dev, const char *requested, mp_gpu *out) {
+  const char *name = requested && *requested ? requested
+                                             : mp_calib_gpu_profile_for(dev->name, dev->compute_capability,
+                                                                        dev->mem_bytes);
+  if (name == NULL)
+    return mp_error(ctx, MP_ERR_USAGE, "no GPU profile in data/gpus is known to match '%s' (sm_%d, %.1f GiB); pass "
+                    "--gpu PROFILE (a data/gpus stem or a JSON file with this GPU's datasheet peaks)",
+                    dev->name, dev->compute_capability, dev->mem_bytes / 1073741824.0);
+  MP_CHECK(mp_gpu_load(ctx, name, out));
+  if (out->compute_capability != dev->compute_capability)
+    return mp_error(ctx, MP_ERR_INVALID, "GPU profile %s is compute capability %d but the device %s is %d: its "
+                    "datasheet peaks are another GPU's; pass the --gpu profile of this GPU",
+                    out->name, out->compute_capability, dev->name, dev->compute_capability);
+  if (!(out->peak_tflops[MP_DTYPE_BF16] > 0) || !(out->hbm_GBps > 0))
+    return mp_error(ctx, MP_ERR_INVALID, "GPU profile %s has no bf16 peak or HBM bandwidth to fit against",
+                    out->name);
+  return MP_OK;
+}
 
 #ifndef MP_HAVE_CUDA
 

@@ -1,5 +1,5 @@
 /* Command-line parsing (see args.h). Accepts "--flag value" and "--flag=value". */
-#include "planner/args.h"
+#include "planner/cli/args.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "planner/commands.h"
+#include "planner/cli/commands.h"
 #include "planner/search.h"
 #include "planner/store.h"
 
