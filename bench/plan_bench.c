@@ -18,18 +18,19 @@
 #include "exec/cluster.h"
 #include "exec/model.h"
 #include "planner/cli/args.h"
+#include "planner/cli/options.h"
 #include "planner/evaluate.h"
 #include "planner/planner.h"
 
 static mp_opt k_opts[] = {
-    {"--model", "M", "model (default llama3.1-405b)", NULL},
-    {"--cluster", "C", "cluster (default h100-16k)", NULL},
-    {"--seq", "S", "tokens per sequence (default 8192)", NULL},
-    {"--global-batch", "G", "sequences per step (default 2048)", NULL},
+    MP_OPT_MODEL("llama3.1-405b"),
+    MP_OPT_CLUSTER("h100-16k"),
+    MP_OPT_SEQ("8192"),
+    MP_OPT_GLOBAL_BATCH("2048"),
     {"--runs", "N", "runs; the median is reported (default 5)", NULL},
-    {"--threads", "N", "worker threads (default: every CPU)", NULL},
+    MP_OPT_THREADS,
     {"--db", "DIR", "directory for the benchmark databases (default $TMPDIR or /tmp)", NULL},
-    {NULL, NULL, NULL, NULL},
+    MP_OPT_END,
 };
 static mp_cmd_spec k_spec = {"plan_bench", "Time the full planner search (enumerate, simulate, log).",
                              "[--model M] [--cluster C] [--seq S] [--global-batch G] [--runs N]",
@@ -81,16 +82,8 @@ int main(int argc, char **argv) {
   }
   mp_planner_request req;
   memset(&req, 0, sizeof req);
-  mp_search_config_init(&req.search);
-  req.search.model = &m;
-  req.search.cluster = &c;
-  req.search.seq = seq;
-  req.search.global_batch = gb;
+  mp_sim_search_config(&req.search, &ev, &c, headroom);
   req.search.n_threads = (int)threads;
-  req.search.mem_capacity_bytes = (int64_t)(c.gpu.mem_gib * (1.0 - headroom) * 1073741824.0);
-  req.search.eval = mp_sim_evaluate;
-  req.search.eval_user = &ev;
-  req.search.eval_thread_done = mp_sim_evaluator_thread_done;
   req.objective = MP_OBJECTIVE_TIME;
   req.info = (mp_run_info){m.name, c.name, c.gpu.name, mp_cluster_n_gpus(&c), c.gpus_per_node, seq, gb,
                            "time", "{}", "plan_bench", "bench"};

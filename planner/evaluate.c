@@ -56,6 +56,18 @@ mp_status mp_sim_evaluator_init(mp_ctx *ctx, mp_sim_evaluator *ev, const mp_mode
   return MP_OK;
 }
 
+void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_cluster *c, double headroom) {
+  mp_search_config_init(cfg);
+  cfg->model = ev->model;
+  cfg->cluster = c;
+  cfg->seq = ev->base.seq;
+  cfg->global_batch = ev->base.global_batch;
+  cfg->mem_capacity_bytes = (int64_t)(c->gpu.mem_gib * (1.0 - headroom) * 1073741824.0);
+  cfg->eval = mp_sim_evaluate;
+  cfg->eval_user = ev;
+  cfg->eval_thread_done = mp_sim_evaluator_thread_done;
+}
+
 void mp_sim_evaluator_free(mp_sim_evaluator *ev) {
   if (ev == NULL) return;
   mp_plan_template_destroy(ev->tmpl);

@@ -32,7 +32,7 @@ typedef struct mp_sim_evaluator {
   mp_sim_config sim;    /* sim.stack points at stack */
   mp_plan_template *tmpl; /* the model's module tree, built once by init, read-only after:
                              the workers build their plans from it (mp_build_plan_from) */
-  uint64_t id;            /* added: unique per init, keys the workers' per-thread caches */
+  uint64_t id;            /* unique per init, keys the workers' per-thread caches */
 } mp_sim_evaluator;
 
 /* stack_name NULL: the default profile for the cluster's GPU. headroom: fraction of GPU
@@ -44,6 +44,11 @@ mp_status mp_sim_evaluator_init(mp_ctx *ctx, mp_sim_evaluator *ev, const mp_mode
 /* Frees what init allocated (the template); the evaluator may be zeroed or never
  * initialised. */
 void mp_sim_evaluator_free(mp_sim_evaluator *ev);
+/* The search of ev's model on cluster c at ev's seq and global batch, with ev as the
+ * evaluator (mp_sim_evaluate, mp_sim_evaluator_thread_done) and a capacity of the GPU's
+ * memory less the fraction headroom: what meshplan plan, train and plan_bench search.
+ * The rest of *cfg is mp_search_config_init's; the caller adds its constraints. */
+void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_cluster *c, double headroom);
 /* The plan options of a candidate: micro-batch, AC, float8 (float8 all-gather only
  * without TP), reshard_after_forward, vocab padded when tp does not divide it. */
 void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,

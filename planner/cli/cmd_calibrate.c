@@ -6,9 +6,9 @@
  * communicator), which measures the CPU backend's kernels (launch, GEMM, attention,
  * element-wise) and the copy, and fits the meshplan-cpu stack to them. Under `mpirun -np
  * N` every rank measures together and the collectives are timed per group size too;
- * rank 0 prints and writes the database. As in `meshplan train`, the checks that need no measurement
- * (device, options) happen on every rank before any communication, so a bad command line
- * ends every rank at once.
+ * rank 0 prints and writes the database. As in `meshplan train`, the checks that need no
+ * measurement (device, options) happen on every rank before any communication, so a bad
+ * command line ends every rank at once.
  *
  * --device cuda: one process, one GPU, no MPI. The device and the GPU profile the fit is
  * relative to are checked before the database is touched, so a machine without a GPU
@@ -21,24 +21,23 @@
 
 #include <cjson/cJSON.h>
 
+#include "calib/calibrate.h"
+#include "calib/store.h"
 #include "exec/comm/comm.h"
 #include "exec/mesh.h"
 #include "kernels/cpu/cpu.h"
-#include "calib/store.h"
-#include "calib/calibrate.h"
 #include "kernels/cuda/cuda.h"
 #include "planner/cli/commands.h"
 #include "sim/stack.h"
 
 static mp_opt k_opts[] = {
     {"--device", "D", "cpu, or cuda / cuda:N for GPU N (default cpu)", NULL},
-    {"--db", "PATH", "planner database that stores the calibration (default meshplan.db)", NULL},
+    MP_OPT_DB("that stores the calibration (default meshplan.db)"),
     {"--reps", "N", "timed repetitions per figure, median taken (default 5 on cpu, 7 on cuda; 3 with --quick)", NULL},
-    {"--gpu", "PROFILE", "cuda: GPU profile (data/gpus stem or path) the efficiencies are relative to "
-                         "(default: the one matching the device's name)", NULL},
+    MP_OPT_GPU_OF_DEVICE("the efficiencies are relative to"),
     {"--quick", NULL, "a reduced set of shapes (seconds, a rougher fit)", NULL},
-    {"--json", NULL, "print one JSON object instead of the table", NULL},
-    {NULL, NULL, NULL, NULL},
+    MP_OPT_JSON("the calibration"),
+    MP_OPT_END,
 };
 
 static mp_cmd_spec k_spec = {
@@ -386,158 +385,145 @@ static int print_json(const mp_calib *c, const char *db) {
   return 0;
 }
 
-/* --device cuda[:N]: one GPU, no MPI. */
-static int calibrate_cuda(int device) {
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
+/* Saves cal in db and prints it (table or --json). */
+static mp_status save_and_print(mp_ctx *ctx, const char *db, mp_calib *cal, int local_ranks) {
+  MP_CHECK(mp_calib_store_save(ctx, db, cal));
+  if (mp_args_has(&k_spec, "--json")) {
+    if (print_json(cal, db) != 0) return mp_error(ctx, MP_ERR_NOMEM, "calibrate: out of memory printing JSON");
+  } else if (strcmp(cal->device, "cuda") == 0) {
+    print_table_cuda(cal, db);
+  } else {
+    print_table(cal, db, local_ranks);
+  }
+  return MP_OK;
+}
+
+/* --reps over the device's default, into o. */
+static mp_status read_reps(mp_ctx *ctx, mp_calib_options *o) {
+  long long reps = o->reps;
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--reps", 1, &reps));
+  o->reps = (int)reps;
+  return MP_OK;
+}
+
+/* The exit code of a failed calibration: a database that cannot be used or a device this
+ * build lacks is fixed on the command line. quiet: another rank reports it. */
+static int fail(const mp_ctx *ctx, mp_status st, int quiet) {
+  if (!quiet) mp_cmd_fail(ctx, st);
+  return mp_cmd_db_exit_code(st);
+}
+
+/* --device cuda[:N]: one GPU, no MPI. The device and the profile are checked before the
+ * database: a machine without a GPU gets one line, and no file is created. */
+static int calibrate_cuda(mp_ctx *ctx, int device) {
   mp_status st = MP_OK;
   mp_comm *comm = NULL;
-  mp_kctx kc = {&ctx, NULL, 0};
+  mp_kctx kc = {ctx, NULL, 0};
   const mp_backend *be = NULL;
   int be_up = 0;
   mp_calib *cal = NULL;
   mp_calib_options o;
   mp_calib_options_init_cuda(&o, mp_args_has(&k_spec, "--quick"));
   o.device = device;
-  long long reps = o.reps;
-  MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--reps", 1, &reps), st, out);
-  o.reps = (int)reps;
+  MP_CHECK_GOTO(read_reps(ctx, &o), st, out);
   const char *gpu = mp_args_get(&k_spec, "--gpu");
   if (gpu) snprintf(o.gpu_profile, sizeof o.gpu_profile, "%s", gpu);
-  const char *db = mp_args_get(&k_spec, "--db");
-  if (!db) db = "meshplan.db";
+  const char *db = mp_cmd_db_path(&k_spec);
   mp_launch launch;
   mp_cmd_launch(&launch);
   if (launch.world > 1) {
-    st = mp_error(&ctx, MP_ERR_USAGE, "meshplan calibrate: --device cuda measures one GPU; run it as one process "
+    st = mp_error(ctx, MP_ERR_USAGE, "meshplan calibrate: --device cuda measures one GPU; run it as one process "
                   "(without mpirun), once per GPU type");
     goto out;
   }
-  /* The device and the profile before the database: a machine without a GPU gets one
-   * line, and no file is created. */
   mp_calib_device dev;
   mp_gpu prof;
-  MP_CHECK_GOTO(mp_calib_cuda_probe(&ctx, device, &dev), st, out);
-  MP_CHECK_GOTO(mp_calib_cuda_profile(&ctx, &dev, o.gpu_profile, &prof), st, out);
+  MP_CHECK_GOTO(mp_calib_cuda_probe(ctx, device, &dev), st, out);
+  MP_CHECK_GOTO(mp_calib_cuda_profile(ctx, &dev, o.gpu_profile, &prof), st, out);
   snprintf(o.gpu_profile, sizeof o.gpu_profile, "%s", gpu ? gpu : prof.name);
   be = mp_cuda_backend();
   if (be == NULL) {
-    st = mp_error(&ctx, MP_ERR_UNSUPPORTED, "this meshplan was built without CUDA; rebuild with the CUDA toolkit");
+    st = mp_error(ctx, MP_ERR_UNSUPPORTED, "this meshplan was built without CUDA; rebuild with the CUDA toolkit");
     goto out;
   }
-  MP_CHECK_GOTO(mp_calib_store_check(&ctx, db), st, out);
+  MP_CHECK_GOTO(mp_calib_store_check(ctx, db), st, out);
   mp_mesh mesh;
   mp_mesh_init(&mesh);
-  MP_CHECK_GOTO(mp_comm_create_single(&ctx, &mesh, &comm), st, out);
+  MP_CHECK_GOTO(mp_comm_create_single(ctx, &mesh, &comm), st, out);
   MP_CHECK_GOTO(be->init(&kc, device), st, out);
   be_up = 1;
   cal = malloc(sizeof *cal);
   if (cal == NULL) {
-    st = mp_error(&ctx, MP_ERR_NOMEM, "calibrate: out of memory");
+    st = mp_error(ctx, MP_ERR_NOMEM, "calibrate: out of memory");
     goto out;
   }
   fprintf(stderr, "calibrating %s against the %s datasheet: %d GEMM, %d attention, %d float8 points, %d reps\n",
           dev.name, prof.name, o.n_gemm, 2 * o.n_attn, o.n_f8, o.reps);
-  MP_CHECK_GOTO(mp_calib_measure(&ctx, comm, be, &kc, &o, cal), st, out);
-  MP_CHECK_GOTO(mp_calib_store_save(&ctx, db, cal), st, out);
-  if (mp_args_has(&k_spec, "--json")) {
-    if (print_json(cal, db) != 0) st = mp_error(&ctx, MP_ERR_NOMEM, "calibrate: out of memory printing JSON");
-  } else {
-    print_table_cuda(cal, db);
-  }
+  MP_CHECK_GOTO(mp_calib_measure(ctx, comm, be, &kc, &o, cal), st, out);
+  st = save_and_print(ctx, db, cal, 1);
 out:
   if (be_up) be->shutdown(&kc);
   mp_comm_destroy(comm);
   free(cal);
-  if (st == MP_OK) return 0;
-  mp_cmd_fail(&ctx, st);
-  /* No device, a build without CUDA or an unusable database: fixed by the user, exit 2 */
-  return st == MP_ERR_DB || st == MP_ERR_UNSUPPORTED ? 2 : mp_status_exit_code(st);
+  return st == MP_OK ? 0 : fail(ctx, st, 0);
 }
 
-int mp_cmd_calibrate(int argc, char **argv) {
-  const char *pos[1];
-  int n_pos, done;
-  int rc = mp_cmd_parse(&k_spec, argc, argv, pos, &n_pos, &done);
-  if (done) return rc;
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
+/* The communicator of a cpu calibration: MPI over the ranks mpirun started (one dp_shard
+ * group of them all), or "single" when the process runs alone. */
+static mp_status open_comm(mp_ctx *ctx, int under_mpi, mp_comm **comm) {
+  mp_mesh mesh;
+  mp_mesh_init(&mesh);
+  if (!under_mpi) return mp_comm_create_single(ctx, &mesh, comm);
+  /* The mesh must match the world: ask MPI how many ranks it started. */
+  MP_CHECK(mp_comm_mpi_init(ctx, NULL, NULL));
+  int world = 1;
+  if (MPI_Comm_size(MPI_COMM_WORLD, &world) != MPI_SUCCESS)
+    return mp_error(ctx, MP_ERR_MPI, "calibrate: MPI_Comm_size failed");
+  mesh.size[MP_DIM_DP_SHARD] = world;
+  return mp_comm_create_mpi(ctx, &mesh, comm);
+}
+
+/* Rank 0 checks the database before minutes of measuring; every rank learns the verdict
+ * from one all-reduce, so all stop together and none waits on another. */
+static mp_status check_db_everywhere(mp_ctx *ctx, mp_comm *comm, const char *db) {
+  const int rank = mp_comm_world_rank(comm);
+  int64_t bad = 0;
+  mp_status st0 = MP_OK;
+  if (rank == 0) {
+    st0 = mp_calib_store_check(ctx, db);
+    bad = st0 != MP_OK;
+  }
+  MP_CHECK(mp_comm_all_reduce(ctx, comm, MP_GROUP_WORLD, &bad, &bad, 1, MP_COMM_DTYPE_INT64, MP_COMM_OP_MAX));
+  if (!bad) return MP_OK;
+  return rank == 0 ? st0 : mp_error(ctx, MP_ERR_INVALID, "calibrate: rank 0 could not use the database");
+}
+
+/* --device cpu: every rank measures; rank 0 saves and prints. */
+static int calibrate_cpu(mp_ctx *ctx) {
   mp_status st = MP_OK;
   mp_comm *comm = NULL;
   int mpi = 0, rank = 0, be_up = 0;
-  mp_kctx kc = {&ctx, NULL, 0};
+  mp_kctx kc = {ctx, NULL, 0};
   const mp_backend *be = mp_backend_cpu();
   mp_calib cal;
-
-  const char *device = mp_args_get(&k_spec, "--device");
-  if (device && strncmp(device, "cuda", 4) == 0) {
-    char *end = NULL;
-    long n = device[4] == ':' ? strtol(device + 5, &end, 10) : 0;
-    if (device[4] == '\0' || (device[4] == ':' && end != device + 5 && *end == '\0' && n >= 0 && n < 1024))
-      return calibrate_cuda((int)n);
-  }
-  if (device && strcmp(device, "cpu") != 0) {
-    st = mp_error(&ctx, MP_ERR_USAGE, "meshplan calibrate: --device %s: choose cpu, cuda or cuda:N", device);
-    goto out;
-  }
   if (mp_args_has(&k_spec, "--gpu")) {
-    st = mp_error(&ctx, MP_ERR_USAGE, "meshplan calibrate: --gpu is for --device cuda");
+    st = mp_error(ctx, MP_ERR_USAGE, "meshplan calibrate: --gpu is for --device cuda");
     goto out;
   }
   mp_calib_options o;
   mp_calib_options_init_cpu(&o, mp_args_has(&k_spec, "--quick"));
-  long long reps = o.reps;
-  MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--reps", 1, &reps), st, out);
-  o.reps = (int)reps;
-  const char *db = mp_args_get(&k_spec, "--db");
-  if (!db) db = "meshplan.db";
-
+  MP_CHECK_GOTO(read_reps(ctx, &o), st, out);
+  const char *db = mp_cmd_db_path(&k_spec);
   mp_launch launch;
   mp_cmd_launch(&launch);
   mpi = launch.under_mpi;
-  mp_mesh mesh;
-  mp_mesh_init(&mesh);
-  if (mpi) {
-    /* The mesh must match the world: ask MPI how many ranks it started. */
-    MP_CHECK_GOTO(mp_comm_mpi_init(&ctx, NULL, NULL), st, out);
-    int world = 1;
-    if (MPI_Comm_size(MPI_COMM_WORLD, &world) != MPI_SUCCESS) {
-      st = mp_error(&ctx, MP_ERR_MPI, "calibrate: MPI_Comm_size failed");
-      goto out;
-    }
-    mesh.size[MP_DIM_DP_SHARD] = world;
-    MP_CHECK_GOTO(mp_comm_create_mpi(&ctx, &mesh, &comm), st, out);
-  } else {
-    MP_CHECK_GOTO(mp_comm_create_single(&ctx, &mesh, &comm), st, out);
-  }
+  MP_CHECK_GOTO(open_comm(ctx, mpi, &comm), st, out);
   rank = mp_comm_world_rank(comm);
-  {
-    /* Rank 0 checks the database before minutes of measuring; every rank learns the
-     * verdict from one all-reduce, so all stop together and none waits on another. */
-    int64_t bad = 0;
-    mp_status st0 = MP_OK;
-    if (rank == 0) {
-      st0 = mp_calib_store_check(&ctx, db);
-      bad = st0 != MP_OK;
-    }
-    MP_CHECK_GOTO(mp_comm_all_reduce(&ctx, comm, MP_GROUP_WORLD, &bad, &bad, 1, MP_COMM_DTYPE_INT64,
-                                     MP_COMM_OP_MAX), st, out);
-    if (bad) {
-      st = rank == 0 ? st0 : mp_error(&ctx, MP_ERR_INVALID, "calibrate: rank 0 could not use the database");
-      goto out;
-    }
-  }
+  MP_CHECK_GOTO(check_db_everywhere(ctx, comm, db), st, out);
   MP_CHECK_GOTO(be->init(&kc, 0), st, out);
   be_up = 1;
-  MP_CHECK_GOTO(mp_calib_measure(&ctx, comm, be, &kc, &o, &cal), st, out);
-  if (rank == 0) {
-    MP_CHECK_GOTO(mp_calib_store_save(&ctx, db, &cal), st, out);
-    if (mp_args_has(&k_spec, "--json")) {
-      if (print_json(&cal, db) != 0) st = mp_error(&ctx, MP_ERR_NOMEM, "calibrate: out of memory printing JSON");
-    } else {
-      print_table(&cal, db, mp_comm_local_size(comm));
-    }
-  }
+  MP_CHECK_GOTO(mp_calib_measure(ctx, comm, be, &kc, &o, &cal), st, out);
+  if (rank == 0) st = save_and_print(ctx, db, &cal, mp_comm_local_size(comm));
 out:
   if (be_up) be->shutdown(&kc);
   mp_comm_destroy(comm);
@@ -546,10 +532,24 @@ out:
     mp_ctx_init(&c2);
     mp_comm_mpi_finalize(&c2);
   }
-  if (st == MP_OK) return 0;
   /* Other ranks stay quiet unless their error is their own (rank 0 reports the shared one). */
-  if (rank == 0 || st != MP_ERR_INVALID) mp_cmd_fail(&ctx, st);
-  /* As meshplan plan: a database that cannot be used or a device this build lacks is
-   * something the user fixes on the command line. */
-  return st == MP_ERR_DB || st == MP_ERR_UNSUPPORTED ? 2 : mp_status_exit_code(st);
+  return st == MP_OK ? 0 : fail(ctx, st, rank != 0 && st == MP_ERR_INVALID);
 }
+
+static int run_calibrate(mp_ctx *ctx, const mp_cmd_call *call) {
+  (void)call;
+  const char *device = mp_args_get(&k_spec, "--device");
+  if (device && strncmp(device, "cuda", 4) == 0) {
+    char *end = NULL;
+    long n = device[4] == ':' ? strtol(device + 5, &end, 10) : 0;
+    if (device[4] == '\0' || (device[4] == ':' && end != device + 5 && *end == '\0' && n >= 0 && n < 1024))
+      return calibrate_cuda(ctx, (int)n);
+  }
+  if (device && strcmp(device, "cpu") != 0)
+    return fail(ctx, mp_error(ctx, MP_ERR_USAGE, "meshplan calibrate: --device %s: choose cpu, cuda or cuda:N", device),
+                0);
+  return calibrate_cpu(ctx);
+}
+
+const mp_command mp_command_calibrate = {&k_spec, "measure GEMM rates and collective bandwidths for the simulator",
+                                         run_calibrate};

@@ -1,28 +1,33 @@
-/* Shared plumbing of the subcommands: parsing with help and usage errors, failure output. */
+/* Shared plumbing of the subcommands (commands.h): the prologue that parses, prints help
+ * and usage errors, the readers of shared options, failure output. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "planner/cli/commands.h"
 
-int mp_cmd_parse(mp_cmd_spec *spec, int argc, char **argv, const char **pos, int *n_pos,
-                 int *done) {
+int mp_command_main(const mp_command *cmd, int argc, char **argv) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
+  mp_cmd_call call;
+  memset(&call, 0, sizeof call);
+  call.argc = argc;
+  call.argv = argv;
   int help = 0;
-  *done = 0;
-  mp_status st = mp_args_parse(&ctx, spec, argc, argv, pos, n_pos, &help);
-  if (st != MP_OK) {
-    *done = 1;
+  if (cmd->spec->max_positional > MP_CMD_MAX_POSITIONAL) {
+    fprintf(stderr, "meshplan %s: internal error: %d positional arguments, at most %d\n", cmd->spec->name,
+            cmd->spec->max_positional, MP_CMD_MAX_POSITIONAL);
+    return 1;
+  }
+  if (mp_args_parse(&ctx, cmd->spec, argc, argv, call.pos, &call.n_pos, &help) != MP_OK) {
     fprintf(stderr, "%s\n", mp_errmsg(&ctx));
     return 2;
   }
   if (help) {
-    *done = 1;
-    mp_args_print_help(spec, stdout);
+    mp_args_print_help(cmd->spec, stdout);
     return 0;
   }
-  return 0;
+  return cmd->run(&ctx, &call);
 }
 
 mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
@@ -41,12 +46,26 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
   return MP_OK;
 }
 
+const char *mp_cmd_db_path(const mp_cmd_spec *spec) {
+  const char *db = mp_args_get(spec, "--db");
+  return db ? db : "meshplan.db";
+}
+
 int mp_cmd_fail(const mp_ctx *ctx, mp_status st) {
   const char *msg = mp_errmsg(ctx);
   /* Usage errors from the argument parser already name "meshplan <command>". */
   if (strncmp(msg, "meshplan ", 9) == 0) fprintf(stderr, "%s\n", msg);
   else fprintf(stderr, "meshplan: %s\n", msg);
   return mp_status_exit_code(st);
+}
+
+int mp_cmd_db_exit_code(mp_status st) {
+  return st == MP_ERR_DB || st == MP_ERR_UNSUPPORTED ? 2 : mp_status_exit_code(st);
+}
+
+int mp_cmd_fail_named(const mp_ctx *ctx, mp_status st, const char *name) {
+  fprintf(stderr, "meshplan %s: %s\n", name, mp_errmsg(ctx));
+  return mp_cmd_db_exit_code(st);
 }
 
 static const char *launch_env(const char *ompi, const char *pmi) {

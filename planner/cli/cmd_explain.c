@@ -24,20 +24,20 @@
 #include "planner/cli/commands.h"
 
 static mp_opt k_opts[] = {
-    {"--model", "M", "model name (data/models stem) or path to a JSON file (default llama3.1-8b)", NULL},
-    {"--mesh", "SPEC", "device mesh, e.g. dp_shard=4,tp=2 (dims pp, dp_replicate, dp_shard, cp, tp, ep; default dp_shard=8)", NULL},
-    {"--ep", "N", "expert-parallel degree (carved out of dp_shard; same as ep=N in --mesh)", NULL},
-    {"--ac", "MODE", "activation checkpointing: none, selective or full (default none)", NULL},
-    {"--fp8", NULL, "float8 Linear layers (E4M3 forward, E5M2 backward)", NULL},
+    MP_OPT_MODEL("llama3.1-8b"),
+    MP_OPT_MESH("default dp_shard=8"),
+    MP_OPT_EP(""),
+    MP_OPT_AC(""),
+    MP_OPT_FP8(""),
     {"--pad-vocab", NULL, "pad the vocabulary to a multiple of tp instead of refusing", NULL},
     {"--param", "FQN", "tile diagram of one parameter, e.g. layers.0.mlp.up_proj.weight", NULL},
     {"--rank", "R", "rank whose at-rest shapes and totals are shown (default 0)", NULL},
-    {"--seq", "S", "tokens per sequence (default min(max_seq, 8192))", NULL},
-    {"--micro-batch", "B", "sequences per micro-batch per data-parallel rank (default 1)", NULL},
-    {"--global-batch", "G", "sequences per step over all data-parallel ranks (default: one micro-batch per rank)", NULL},
+    MP_OPT_SEQ("min(8192, the model's max_seq)"),
+    MP_OPT_MICRO_BATCH("1"),
+    MP_OPT_GLOBAL_BATCH_ONE_MICRO,
     {"--schedule", NULL, "print the rank's step schedule", NULL},
-    {"--json", NULL, "print everything as JSON", NULL},
-    {NULL, NULL, NULL, NULL},
+    MP_OPT_JSON("everything"),
+    MP_OPT_END,
 };
 
 static mp_cmd_spec k_spec = {
@@ -653,79 +653,82 @@ static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_
   return MP_OK;
 }
 
-int mp_cmd_explain(int argc, char **argv) {
-  const char *pos[1];
-  int n_pos, done;
-  int rc = mp_cmd_parse(&k_spec, argc, argv, pos, &n_pos, &done);
-  if (done) return rc;
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
+/* The plan's notes that no pass line above already shows. */
+static void print_other_notes(const mp_plan *p) {
+  for (int k = 0; k < p->n_notes; k++) {
+    const char *n = p->notes[k];
+    int pass_note = 0;
+    for (unsigned b = MP_PASS_TP; b <= MP_PASS_FSDP; b <<= 1) {
+      size_t nl = strlen(mp_pass_name(b));
+      pass_note |= strncmp(n, mp_pass_name(b), nl) == 0 && n[nl] == ':';
+    }
+    if (!pass_note) printf("  note: %s\n", n);
+  }
+}
+
+static void print_json(const explain *e, const mp_param *prm, const mp_schedule *sched) {
+  cJSON *root = plan_json(e);
+  if (prm) cJSON_AddItemToObject(root, "param", tiles_json(e, prm));
+  if (sched) cJSON_AddItemToObject(root, "schedule", schedule_json(sched));
+  char *text = cJSON_Print(root);
+  if (text) {
+    printf("%s\n", text);
+    free(text);
+  }
+  cJSON_Delete(root);
+}
+
+static void print_text(const explain *e, const mp_param *prm, const mp_schedule *sched) {
+  print_header(e);
+  print_passes(e->plan);
+  print_other_notes(e->plan);
+  print_params(e);
+  print_units(e);
+  print_totals(e);
+  if (prm) print_tiles(e, prm);
+  if (sched) print_schedule(sched);
+}
+
+/* --param's parameter into *out (NULL without --param). */
+static mp_status find_param(mp_ctx *ctx, const explain *e, const mp_model *m, const mp_param **out) {
+  *out = NULL;
+  if (!e->param_fqn) return MP_OK;
+  int i = mp_plan_find_param(e->plan, e->param_fqn);
+  if (i < 0)
+    return mp_error(ctx, MP_ERR_NOT_FOUND,
+                    "no parameter '%s' in %s; names look like layers.0.mlp.up_proj.weight (see "
+                    "the table of meshplan explain without --param)",
+                    e->param_fqn, m->name);
+  *out = &e->plan->params[i];
+  return MP_OK;
+}
+
+static int run_explain(mp_ctx *ctx, const mp_cmd_call *call) {
+  (void)call;
   mp_model m;
   mp_mesh mesh;
   mp_plan_options o;
   explain e;
   memset(&e, 0, sizeof e);
-  mp_status st = parse_options(&ctx, &m, &mesh, &o, &e);
-  if (st != MP_OK) return mp_cmd_fail(&ctx, st);
-  st = mp_build_plan(&ctx, &m, &mesh, &o, &e.plan);
-  if (st != MP_OK) return mp_cmd_fail(&ctx, st);
   const mp_param *prm = NULL;
-  if (e.param_fqn) {
-    int i = mp_plan_find_param(e.plan, e.param_fqn);
-    if (i < 0) {
-      st = mp_error(&ctx, MP_ERR_NOT_FOUND,
-                    "no parameter '%s' in %s; names look like layers.0.mlp.up_proj.weight (see "
-                    "the table of meshplan explain without --param)",
-                    e.param_fqn, m.name);
-      mp_plan_destroy(e.plan);
-      return mp_cmd_fail(&ctx, st);
-    }
-    prm = &e.plan->params[i];
-  }
   mp_arena *sarena = NULL;
   mp_schedule *sched = NULL;
-  st = mp_plan_batch(&ctx, e.plan, &e.local_batch, &e.n_micro);
-  if (st != MP_OK) {
-    mp_plan_destroy(e.plan);
-    return mp_cmd_fail(&ctx, st);
-  }
-  if (e.schedule) {
-    st = build_schedule(&ctx, &e, &sarena, &sched);
-    if (st != MP_OK) {
-      mp_arena_destroy(sarena);
-      mp_plan_destroy(e.plan);
-      return mp_cmd_fail(&ctx, st);
-    }
-  }
-  if (e.json) {
-    cJSON *root = plan_json(&e);
-    if (prm) cJSON_AddItemToObject(root, "param", tiles_json(&e, prm));
-    if (sched) cJSON_AddItemToObject(root, "schedule", schedule_json(sched));
-    char *text = cJSON_Print(root);
-    if (text) {
-      printf("%s\n", text);
-      free(text);
-    }
-    cJSON_Delete(root);
-  } else {
-    print_header(&e);
-    print_passes(e.plan);
-    for (int k = 0; k < e.plan->n_notes; k++) {
-      const char *n = e.plan->notes[k];
-      int pass_note = 0;
-      for (unsigned b = MP_PASS_TP; b <= MP_PASS_FSDP; b <<= 1) {
-        size_t nl = strlen(mp_pass_name(b));
-        pass_note |= strncmp(n, mp_pass_name(b), nl) == 0 && n[nl] == ':';
-      }
-      if (!pass_note) printf("  note: %s\n", n);
-    }
-    print_params(&e);
-    print_units(&e);
-    print_totals(&e);
-    if (prm) print_tiles(&e, prm);
-    if (sched) print_schedule(sched);
-  }
+  mp_status st = parse_options(ctx, &m, &mesh, &o, &e);
+  if (st != MP_OK) return mp_cmd_fail(ctx, st);
+  st = mp_build_plan(ctx, &m, &mesh, &o, &e.plan);
+  if (st != MP_OK) return mp_cmd_fail(ctx, st);
+  MP_CHECK_GOTO(find_param(ctx, &e, &m, &prm), st, out);
+  MP_CHECK_GOTO(mp_plan_batch(ctx, e.plan, &e.local_batch, &e.n_micro), st, out);
+  if (e.schedule) MP_CHECK_GOTO(build_schedule(ctx, &e, &sarena, &sched), st, out);
+  if (e.json)
+    print_json(&e, prm, sched);
+  else
+    print_text(&e, prm, sched);
+out:
   mp_arena_destroy(sarena);
   mp_plan_destroy(e.plan);
-  return 0;
+  return st != MP_OK ? mp_cmd_fail(ctx, st) : 0;
 }
+
+const mp_command mp_command_explain = {&k_spec, "show the sharding passes, parameter shapes and schedule of one plan",
+                                       run_explain};

@@ -3,8 +3,8 @@
  * every candidate to SQLite, ranks the feasible plans and prints them (table, --json or
  * --csv), optionally drawing gnuplot plots (--plot DIR).
  *
- * --executable-only keeps the plans exec/runtime can run today: no pipeline (pp == 1) and
- * no context parallelism (cp == 1); the simulator models both, the runtime does not yet. */
+ * --executable-only keeps the plans exec/runtime executes: no pipeline (pp == 1) and no
+ * context parallelism (cp == 1); the simulator models both, the runtime neither. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,31 +19,32 @@
 #include "planner/search.h"
 #include "planner/store.h"
 
+/* The rows' order is the order of the options in the runs table's options column. */
 static mp_opt k_opts[] = {
-    {"--model", "M", "model name (data/models stem) or path to a JSON file (default llama3.1-8b)", NULL},
-    {"--hf-config", "PATH", "a Hugging Face config.json instead of --model", NULL},
-    {"--cluster", "C", "cluster name (data/clusters stem) or path (default h100-8)", NULL},
-    {"--gpus", "N", "instead of --cluster: N GPUs of --gpu TYPE, --gpus-per-node K per node", NULL},
-    {"--gpu", "TYPE", "GPU profile for --gpus (data/gpus stem, e.g. h100-sxm)", NULL},
-    {"--gpus-per-node", "K", "GPUs per node for --gpus (default 8, or N when N < 8)", NULL},
-    {"--seq", "S", "tokens per sequence (default min(8192, the model's max_seq))", NULL},
-    {"--global-batch", "G", "sequences per step over all data-parallel ranks (default 32)", NULL},
+    MP_OPT_MODEL("llama3.1-8b"),
+    MP_OPT_HF_CONFIG,
+    MP_OPT_CLUSTER("h100-8"),
+    MP_OPT_GPUS,
+    MP_OPT_GPU_OF_GPUS("required with --gpus, e.g. h100-sxm"),
+    MP_OPT_GPUS_PER_NODE("8, or N when N < 8"),
+    MP_OPT_SEQ("min(8192, the model's max_seq)"),
+    MP_OPT_GLOBAL_BATCH("32"),
     {"--global-batch-tokens", "T", "tokens per step instead of --global-batch (a multiple of --seq)", NULL},
-    {"--top", "K", "plans to print (default 10; 0 prints all)", NULL},
+    MP_OPT_TOP(""),
     {"--objective", "O", "time (default), memory, or tokens-per-dollar (needs a price)", NULL},
     {"--price", "USD", "price per GPU-hour for tokens-per-dollar (default: the cluster's)", NULL},
     {"--fix", "K=V,...", "constrain the search, e.g. tp=8,pp=1,ac=full,fp8=0,mb=2,reshard=1", NULL},
-    {"--executable-only", NULL, "only plans the runtime runs today (pp=1 and cp=1)", NULL},
+    {"--executable-only", NULL, "only plans the runtime executes (pp=1 and cp=1)", NULL},
     {"--allow-cross-node-tp", NULL, "allow tensor-parallel groups that span nodes", NULL},
-    {"--headroom", "F", "fraction of GPU memory kept free (default 0.05)", NULL},
-    {"--stack", "PROFILE", "software stack profile (data/stacks stem or JSON path; default meshplan's)", NULL},
-    {"--threads", "N", "worker threads (default: every CPU)", NULL},
-    {"--db", "PATH", "SQLite database that logs every candidate (default meshplan.db)", NULL},
+    MP_OPT_HEADROOM("0.05"),
+    MP_OPT_STACK("torchtitan-compile on GPUs, meshplan-cpu on the CPU"),
+    MP_OPT_THREADS,
+    MP_OPT_DB("that logs every candidate (default meshplan.db)"),
     {"--no-db", NULL, "do not write a database", NULL},
     {"--plot", "DIR", "write gnuplot plots (PNG, data, scripts) into DIR (needs gnuplot)", NULL},
-    {"--json", NULL, "print the ranked plans as JSON", NULL},
+    MP_OPT_JSON("the ranked plans"),
     {"--csv", NULL, "print the ranked plans as CSV", NULL},
-    {NULL, NULL, NULL, NULL},
+    MP_OPT_END,
 };
 
 static mp_cmd_spec k_spec = {
@@ -80,13 +81,6 @@ static char *command_line(int argc, char **argv) {
     strcat(s, argv[i]);
   }
   return s;
-}
-
-static int exit_for(const mp_ctx *ctx, mp_status st) {
-  fprintf(stderr, "meshplan plan: %s\n", mp_errmsg(ctx));
-  /* A database that cannot be opened is an input problem the user fixes (--db). */
-  if (st == MP_ERR_DB || st == MP_ERR_UNSUPPORTED) return 2;
-  return mp_status_exit_code(st);
 }
 
 static cJSON *plan_json(const mp_candidate *c, int64_t rank, double price) {
@@ -141,293 +135,309 @@ static void print_reject_summary(FILE *f, const mp_search *s) {
   fprintf(f, "%s\n", any ? "" : " none");
 }
 
-int mp_cmd_plan(int argc, char **argv) {
-  const char *pos[1];
-  int n_pos, done;
-  int rc = mp_cmd_parse(&k_spec, argc, argv, pos, &n_pos, &done);
-  if (done) return rc;
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  mp_status st;
+/* What the command line asks for, read and checked before the search. */
+typedef struct plan_args {
   mp_model m;
   mp_cluster c;
+  long long seq, gb, top, threads;
+  double headroom, price;
+  int as_json, as_csv;
+  mp_objective obj;
+  const char *plot_dir; /* NULL: no plots */
+  const char *db;       /* NULL: --no-db */
+} plan_args;
 
-  /* ---- what to plan for ---- */
+/* --model or --hf-config (default llama3.1-8b). */
+static mp_status load_model(mp_ctx *ctx, mp_model *m) {
   const char *hf = mp_args_get(&k_spec, "--hf-config");
   const char *model = mp_args_get(&k_spec, "--model");
-  if (hf && model) {
-    fprintf(stderr, "meshplan plan: give --model or --hf-config, not both\n");
-    return 2;
-  }
-  st = mp_model_load(&ctx, hf ? hf : (model ? model : "llama3.1-8b"), &m);
-  if (st != MP_OK) return exit_for(&ctx, st);
+  if (hf && model) return mp_error(ctx, MP_ERR_USAGE, "give --model or --hf-config, not both");
+  return mp_model_load(ctx, hf ? hf : (model ? model : "llama3.1-8b"), m);
+}
+
+/* --cluster (default h100-8), or --gpus N of --gpu TYPE with --gpus-per-node (default
+ * min(8, N)); any of the three selects the second. */
+static mp_status load_cluster(mp_ctx *ctx, mp_cluster *c) {
   const char *cl = mp_args_get(&k_spec, "--cluster");
   int by_gpus = mp_args_has(&k_spec, "--gpus") || mp_args_has(&k_spec, "--gpu") ||
                 mp_args_has(&k_spec, "--gpus-per-node");
-  if (cl && by_gpus) {
-    fprintf(stderr, "meshplan plan: give --cluster or --gpus/--gpu/--gpus-per-node, not both\n");
-    return 2;
-  }
-  if (by_gpus) {
-    long long n = 0, per = 0;
-    const char *gpu = mp_args_get(&k_spec, "--gpu");
-    if (!mp_args_has(&k_spec, "--gpus") || !gpu) {
-      fprintf(stderr, "meshplan plan: --gpus N needs --gpu TYPE (e.g. --gpus 64 --gpu h100-sxm)\n");
-      return 2;
-    }
-    if ((st = mp_args_int(&ctx, &k_spec, "--gpus", 1, &n)) != MP_OK) return exit_for(&ctx, st);
-    per = n < 8 ? n : 8;
-    if ((st = mp_args_int(&ctx, &k_spec, "--gpus-per-node", 1, &per)) != MP_OK) return exit_for(&ctx, st);
-    if (n > MP_MESH_MAX_WORLD) {
-      fprintf(stderr, "meshplan plan: --gpus %lld is more than %d\n", n, MP_MESH_MAX_WORLD);
-      return 2;
-    }
-    st = mp_cluster_make(&ctx, gpu, (int)n, (int)per, &c);
-  } else {
-    st = mp_cluster_load(&ctx, cl ? cl : "h100-8", &c);
-  }
-  if (st != MP_OK) return exit_for(&ctx, st);
+  if (cl && by_gpus)
+    return mp_error(ctx, MP_ERR_USAGE, "give --cluster or --gpus/--gpu/--gpus-per-node, not both");
+  if (!by_gpus) return mp_cluster_load(ctx, cl ? cl : "h100-8", c);
+  long long n = 0, per = 0;
+  const char *gpu = mp_args_get(&k_spec, "--gpu");
+  if (!mp_args_has(&k_spec, "--gpus") || !gpu)
+    return mp_error(ctx, MP_ERR_USAGE, "--gpus N needs --gpu TYPE (e.g. --gpus 64 --gpu h100-sxm)");
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus", 1, &n));
+  per = n < 8 ? n : 8;
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus-per-node", 1, &per));
+  if (n > MP_MESH_MAX_WORLD) return mp_error(ctx, MP_ERR_USAGE, "--gpus %lld is more than %d", n, MP_MESH_MAX_WORLD);
+  return mp_cluster_make(ctx, gpu, (int)n, (int)per, c);
+}
 
-  long long seq = m.max_seq < 8192 ? m.max_seq : 8192, gb = 32, top = 10, threads = 0;
-  double headroom = 0.05, price = c.price_per_gpu_hour;
-  if ((st = mp_args_int(&ctx, &k_spec, "--seq", 1, &seq)) != MP_OK ||
-      (st = mp_args_int(&ctx, &k_spec, "--global-batch", 1, &gb)) != MP_OK ||
-      (st = mp_args_int(&ctx, &k_spec, "--top", 0, &top)) != MP_OK ||
-      (st = mp_args_int(&ctx, &k_spec, "--threads", 1, &threads)) != MP_OK ||
-      (st = mp_args_double(&ctx, &k_spec, "--headroom", 0, &headroom)) != MP_OK ||
-      (st = mp_args_double(&ctx, &k_spec, "--price", 0, &price)) != MP_OK)
-    return exit_for(&ctx, st);
-  if (mp_args_has(&k_spec, "--global-batch-tokens")) {
-    long long tokens = 0;
-    if (mp_args_has(&k_spec, "--global-batch")) {
-      fprintf(stderr, "meshplan plan: give --global-batch or --global-batch-tokens, not both\n");
-      return 2;
-    }
-    if ((st = mp_args_int(&ctx, &k_spec, "--global-batch-tokens", 1, &tokens)) != MP_OK)
-      return exit_for(&ctx, st);
-    if (tokens % seq) {
-      fprintf(stderr, "meshplan plan: --global-batch-tokens %lld is not a multiple of seq %lld; "
-                      "use %lld or %lld\n", tokens, seq, tokens / seq * seq, (tokens / seq + 1) * seq);
-      return 2;
-    }
-    gb = tokens / seq;
-  }
-  if (seq > m.max_seq)
-    fprintf(stderr, "meshplan plan: note: seq %lld is longer than %s's max_seq %lld\n", seq, m.name,
-            (long long)m.max_seq);
-  int as_json = mp_args_has(&k_spec, "--json"), as_csv = mp_args_has(&k_spec, "--csv");
-  if (as_json && as_csv) {
-    fprintf(stderr, "meshplan plan: give --json or --csv, not both\n");
-    return 2;
-  }
-  mp_objective obj = MP_OBJECTIVE_TIME;
+/* The step's size: --seq, and --global-batch or --global-batch-tokens (a whole number
+ * of sequences). */
+static mp_status read_batch(mp_ctx *ctx, plan_args *a) {
+  if (!mp_args_has(&k_spec, "--global-batch-tokens")) return MP_OK;
+  long long tokens = 0;
+  if (mp_args_has(&k_spec, "--global-batch"))
+    return mp_error(ctx, MP_ERR_USAGE, "give --global-batch or --global-batch-tokens, not both");
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--global-batch-tokens", 1, &tokens));
+  if (tokens % a->seq)
+    return mp_error(ctx, MP_ERR_USAGE, "--global-batch-tokens %lld is not a multiple of seq %lld; use %lld or %lld",
+                    tokens, a->seq, tokens / a->seq * a->seq, (tokens / a->seq + 1) * a->seq);
+  a->gb = tokens / a->seq;
+  return MP_OK;
+}
+
+/* Everything but the search's own options, with the checks that need no search: the
+ * model, the cluster, the numbers, the output form, the objective and its price, and
+ * gnuplot and the plot directory (a search is not wasted on a plot that cannot be made). */
+static mp_status read_args(mp_ctx *ctx, plan_args *a) {
+  MP_CHECK(load_model(ctx, &a->m));
+  MP_CHECK(load_cluster(ctx, &a->c));
+  a->seq = a->m.max_seq < 8192 ? a->m.max_seq : 8192;
+  a->gb = 32;
+  a->top = 10;
+  a->threads = 0;
+  a->headroom = 0.05;
+  a->price = a->c.price_per_gpu_hour;
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--seq", 1, &a->seq));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--global-batch", 1, &a->gb));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--top", 0, &a->top));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--threads", 1, &a->threads));
+  MP_CHECK(mp_args_double(ctx, &k_spec, "--headroom", 0, &a->headroom));
+  MP_CHECK(mp_args_double(ctx, &k_spec, "--price", 0, &a->price));
+  MP_CHECK(read_batch(ctx, a));
+  if (a->seq > a->m.max_seq)
+    fprintf(stderr, "meshplan plan: note: seq %lld is longer than %s's max_seq %lld\n", a->seq, a->m.name,
+            (long long)a->m.max_seq);
+  a->as_json = mp_args_has(&k_spec, "--json");
+  a->as_csv = mp_args_has(&k_spec, "--csv");
+  if (a->as_json && a->as_csv) return mp_error(ctx, MP_ERR_USAGE, "give --json or --csv, not both");
+  a->obj = MP_OBJECTIVE_TIME;
   const char *objs = mp_args_get(&k_spec, "--objective");
-  if (objs && (st = mp_objective_parse(&ctx, objs, &obj)) != MP_OK) return exit_for(&ctx, st);
-  if (obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR && !(price > 0)) {
-    fprintf(stderr, "meshplan plan: --objective tokens-per-dollar needs a price: cluster %s has no "
-                    "price_per_gpu_hour; pass --price USD_PER_GPU_HOUR\n", c.name);
-    return 2;
+  if (objs) MP_CHECK(mp_objective_parse(ctx, objs, &a->obj));
+  if (a->obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR && !(a->price > 0))
+    return mp_error(ctx, MP_ERR_USAGE, "--objective tokens-per-dollar needs a price: cluster %s has no "
+                    "price_per_gpu_hour; pass --price USD_PER_GPU_HOUR", a->c.name);
+  a->plot_dir = mp_args_get(&k_spec, "--plot");
+  if (a->plot_dir) {
+    MP_CHECK(mp_plot_check_gnuplot(ctx));
+    MP_CHECK(mp_plot_make_dir(ctx, a->plot_dir));
   }
-  const char *plot_dir = mp_args_get(&k_spec, "--plot");
-  if (plot_dir) {
-    /* Fail before the search, not after it. */
-    if ((st = mp_plot_check_gnuplot(&ctx)) != MP_OK) return exit_for(&ctx, st);
-    if ((st = mp_plot_make_dir(&ctx, plot_dir)) != MP_OK) return exit_for(&ctx, st);
-  }
+  a->db = mp_args_has(&k_spec, "--no-db") ? NULL : mp_cmd_db_path(&k_spec);
+  return MP_OK;
+}
 
-  /* ---- the evaluator and the request ---- */
-  mp_sim_evaluator *ev = calloc(1, sizeof *ev);
-  if (!ev) return exit_for(&ctx, mp_error(&ctx, MP_ERR_NOMEM, "out of memory"));
-  st = mp_sim_evaluator_init(&ctx, ev, &m, &c, seq, gb, headroom, mp_args_get(&k_spec, "--stack"));
-  if (st != MP_OK) {
-    mp_sim_evaluator_free(ev);
-    free(ev);
-    return exit_for(&ctx, st);
-  }
-  mp_planner_request req;
-  memset(&req, 0, sizeof req);
-  mp_search_config_init(&req.search);
-  req.search.model = &m;
-  req.search.cluster = &c;
-  req.search.seq = seq;
-  req.search.global_batch = gb;
-  req.search.allow_cross_node_tp = mp_args_has(&k_spec, "--allow-cross-node-tp");
-  req.search.executable_only = mp_args_has(&k_spec, "--executable-only");
-  req.search.n_threads = (int)threads;
-  req.search.mem_capacity_bytes = (int64_t)(c.gpu.mem_gib * (1.0 - headroom) * kGiB);
-  req.search.eval = mp_sim_evaluate;
-  req.search.eval_user = ev;
-  req.search.eval_thread_done = mp_sim_evaluator_thread_done;
+/* The planner request for a: the search with the simulator ev (initialised for a) as its
+ * evaluator, and what the runs table records (opts_json and cmdline stay the caller's). */
+static mp_status make_request(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator *ev, const char *opts_json,
+                              const char *cmdline, mp_planner_request *req) {
+  memset(req, 0, sizeof *req);
+  mp_sim_search_config(&req->search, ev, &a->c, a->headroom);
+  req->search.allow_cross_node_tp = mp_args_has(&k_spec, "--allow-cross-node-tp");
+  req->search.executable_only = mp_args_has(&k_spec, "--executable-only");
+  req->search.n_threads = (int)a->threads;
   const char *fix = mp_args_get(&k_spec, "--fix");
-  if (fix && (st = mp_search_fix_parse(&ctx, fix, &req.search.fix)) != MP_OK) {
-    mp_sim_evaluator_free(ev);
-    free(ev);
-    return exit_for(&ctx, st);
-  }
-  req.objective = obj;
-  req.price_per_gpu_hour = price;
-  req.show_progress = 1;
-  char *opts_json = options_json(), *cmdline = command_line(argc, argv);
-  req.info.model = m.name;
-  req.info.cluster = c.name;
-  req.info.gpu = c.gpu.name;
-  req.info.n_gpus = mp_cluster_n_gpus(&c);
-  req.info.gpus_per_node = c.gpus_per_node;
-  req.info.seq = seq;
-  req.info.global_batch = gb;
-  req.info.objective = mp_objective_name(obj);
-  req.info.options_json = opts_json;
-  req.info.command = cmdline;
-  req.info.tool_version = MESHPLAN_VERSION;
+  if (fix) MP_CHECK(mp_search_fix_parse(ctx, fix, &req->search.fix));
+  req->objective = a->obj;
+  req->price_per_gpu_hour = a->price;
+  req->show_progress = 1;
+  req->info.model = a->m.name;
+  req->info.cluster = a->c.name;
+  req->info.gpu = a->c.gpu.name;
+  req->info.n_gpus = mp_cluster_n_gpus(&a->c);
+  req->info.gpus_per_node = a->c.gpus_per_node;
+  req->info.seq = a->seq;
+  req->info.global_batch = a->gb;
+  req->info.objective = mp_objective_name(a->obj);
+  req->info.options_json = opts_json;
+  req->info.command = cmdline;
+  req->info.tool_version = MESHPLAN_VERSION;
+  return MP_OK;
+}
 
-  mp_store *store = NULL;
-  const char *db = mp_args_get(&k_spec, "--db");
-  if (!db) db = "meshplan.db";
-  int no_db = mp_args_has(&k_spec, "--no-db");
-  rc = 0;
+static void print_json(const plan_args *a, const mp_planner_result *res, int64_t n_show, double show_price,
+                       int stored) {
+  const mp_search *s = res->search;
+  cJSON *root = cJSON_CreateObject(), *plans = cJSON_CreateArray();
+  if (root && plans) {
+    cJSON_AddStringToObject(root, "model", a->m.name);
+    cJSON_AddStringToObject(root, "cluster", a->c.name);
+    cJSON_AddStringToObject(root, "gpu", a->c.gpu.name);
+    cJSON_AddNumberToObject(root, "n_gpus", mp_cluster_n_gpus(&a->c));
+    cJSON_AddNumberToObject(root, "seq", (double)a->seq);
+    cJSON_AddNumberToObject(root, "global_batch", (double)a->gb);
+    cJSON_AddStringToObject(root, "objective", mp_objective_name(a->obj));
+    cJSON_AddNumberToObject(root, "candidates", (double)s->n);
+    cJSON_AddNumberToObject(root, "pruned", (double)s->n_pruned);
+    cJSON_AddNumberToObject(root, "simulated", (double)s->n_evaluated);
+    cJSON_AddNumberToObject(root, "feasible", (double)s->n_feasible);
+    cJSON_AddNumberToObject(root, "failed", (double)s->n_failed);
+    cJSON_AddNumberToObject(root, "wall_s", res->wall_s);
+    if (stored) {
+      cJSON_AddStringToObject(root, "db", a->db);
+      cJSON_AddNumberToObject(root, "run_id", (double)res->run_id);
+    }
+    for (int64_t r = 0; r < n_show; r++) {
+      cJSON *pj = plan_json(&s->cands[res->order[r]], r + 1, show_price);
+      if (pj) cJSON_AddItemToArray(plans, pj);
+    }
+    cJSON_AddItemToObject(root, "plans", plans);
+    plans = NULL;
+    char *text = cJSON_Print(root);
+    if (text) printf("%s\n", text);
+    free(text);
+  }
+  cJSON_Delete(root);
+  cJSON_Delete(plans);
+}
+
+static void print_csv(const mp_planner_result *res, int64_t n_show) {
+  const mp_search *s = res->search;
+  printf("rank,dp_replicate,dp_shard,tp,ep,pp,cp,ac,fp8,micro_batch,reshard_after_forward,"
+         "step_time_s,tokens_per_s_per_gpu,mfu,peak_mem_bytes,fits,compute_s,exposed_comm_s,"
+         "bubble_s,plan_id\n");
+  for (int64_t r = 0; r < n_show; r++) {
+    const mp_candidate *x = &s->cands[res->order[r]];
+    printf("%lld,%d,%d,%d,%d,%d,%d,%s,%d,%lld,%d,%.9g,%.9g,%.6g,%lld,%d,%.9g,%.9g,%.9g,%lld\n",
+           (long long)(r + 1), x->mesh.size[MP_DIM_DP_REPLICATE], x->mesh.size[MP_DIM_DP_SHARD],
+           x->mesh.size[MP_DIM_TP], x->mesh.ep, x->mesh.size[MP_DIM_PP], x->mesh.size[MP_DIM_CP],
+           mp_search_ac_name(x->ac), x->fp8, (long long)x->micro_batch, x->reshard,
+           x->res.step_time_s, x->res.tokens_per_s_per_gpu, x->res.mfu,
+           (long long)x->res.peak_mem_bytes, x->res.fits, x->res.compute_s, x->res.exposed_comm_s,
+           x->res.bubble_s, (long long)x->plan_id);
+  }
+}
+
+/* The ranked plans as a table (with tokens/$ when that is the objective). */
+static void print_ranking(const plan_args *a, const mp_planner_result *res, int64_t n_show, double show_price) {
+  const mp_search *s = res->search;
+  printf("\n%4s %6s %8s %3s %3s %3s %3s  %-9s %3s %3s %7s %10s %10s %6s %8s %4s%s\n", "rank",
+         "dp_rep", "dp_shard", "tp", "ep", "pp", "cp", "AC", "fp8", "mb", "reshard",
+         "step (s)", "tok/s/GPU", "MFU", "peak GiB", "fits",
+         show_price > 0 ? "   tokens/$" : "");
+  for (int64_t r = 0; r < n_show; r++) {
+    const mp_candidate *x = &s->cands[res->order[r]];
+    printf("%4lld %6d %8d %3d %3d %3d %3d  %-9s %3s %3lld %7s %10.4f %10.0f %5.1f%% %8.2f %4s",
+           (long long)(r + 1), x->mesh.size[MP_DIM_DP_REPLICATE], x->mesh.size[MP_DIM_DP_SHARD],
+           x->mesh.size[MP_DIM_TP], x->mesh.ep, x->mesh.size[MP_DIM_PP], x->mesh.size[MP_DIM_CP],
+           mp_search_ac_name(x->ac), x->fp8 ? "yes" : "no", (long long)x->micro_batch,
+           x->reshard ? "yes" : "no", x->res.step_time_s, x->res.tokens_per_s_per_gpu,
+           100.0 * x->res.mfu, (double)x->res.peak_mem_bytes / kGiB, x->res.fits ? "yes" : "no");
+    if (show_price > 0) printf(" %11.4g", mp_tokens_per_dollar(x, show_price));
+    printf("\n");
+  }
+  const mp_candidate *best = &s->cands[res->order[0]];
+  if (best->pads_vocab)
+    printf("note: the best plan pads the vocabulary (%lld) to a multiple of tp=%d\n",
+           (long long)a->m.vocab, best->mesh.size[MP_DIM_TP]);
+}
+
+static void print_text(const plan_args *a, const mp_planner_result *res, int64_t n_show, double show_price,
+                       int stored) {
+  const mp_search *s = res->search;
+  printf("%s on %s (%d x %s, %d per node), seq %lld, global batch %lld sequences (%lld tokens), "
+         "objective %s\n",
+         a->m.name, a->c.name, mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, a->seq, a->gb,
+         a->gb * a->seq, mp_objective_name(a->obj));
+  if (n_show > 0)
+    print_ranking(a, res, n_show, show_price);
+  else
+    printf("\nno plan fits: every candidate was pruned or runs out of memory; try more GPUs, "
+           "--headroom 0, a smaller --seq or --global-batch\n");
+  printf("\ncandidates: %lld enumerated, %lld pruned, %lld simulated (%lld fit, %lld failed) in "
+         "%.2f s\n",
+         (long long)s->n, (long long)s->n_pruned, (long long)s->n_evaluated,
+         (long long)s->n_feasible, (long long)s->n_failed, res->wall_s);
+  print_reject_summary(stdout, s);
+  if (stored)
+    printf("database: %s (run %lld; meshplan report --db %s --run %lld)\n", a->db,
+           (long long)res->run_id, a->db, (long long)res->run_id);
+  else
+    printf("database: none (--no-db)\n");
+}
+
+/* --plot: the candidates, the memory of the top plans and the simulated timeline of the
+ * best plan (rank 0), against the usable memory of the GPU. */
+static mp_status plot(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator *ev, const mp_planner_result *res,
+                      int64_t n_show) {
+  const mp_search *s = res->search;
+  char title[512];
+  snprintf(title, sizeof title, "%s on %s (%d x %s), seq %lld, global batch %lld", a->m.name, a->c.name,
+           mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->seq, a->gb);
+  double cap_gib = a->c.gpu.mem_gib * (1.0 - a->headroom);
+  for (int64_t i = 0; i < s->n; i++)
+    if (s->cands[i].evaluated && s->cands[i].res.capacity_bytes > 0) {
+      cap_gib = (double)s->cands[i].res.capacity_bytes / kGiB;
+      break;
+    }
+  MP_CHECK(mp_plot_candidates(ctx, a->plot_dir, s, res->order, res->n_order, cap_gib, title));
+  MP_CHECK(mp_plot_memory(ctx, a->plot_dir, s, res->order, res->n_order,
+                          (int)(n_show > 0 && n_show < 10 ? n_show : 10), cap_gib, title));
+  if (res->n_order > 0) {
+    const mp_candidate *best = &s->cands[res->order[0]];
+    char trace[1024], mesh[128], ttl[800];
+    snprintf(trace, sizeof trace, "%s/timeline_trace.json", a->plot_dir);
+    mp_status st = mp_sim_evaluator_trace(ctx, ev, best, trace);
+    mp_candidate_mesh_str(best, mesh, sizeof mesh);
+    snprintf(ttl, sizeof ttl, "simulated step of the chosen plan, rank 0: %s, ac=%s%s, micro-batch %lld (%s)",
+             mesh, mp_search_ac_name(best->ac), best->fp8 ? ", fp8" : "", (long long)best->micro_batch,
+             a->m.name);
+    MP_CHECK(st);
+    MP_CHECK(mp_plot_timeline(ctx, a->plot_dir, trace, ttl));
+  }
+  if (!a->as_json && !a->as_csv)
+    printf("plots: %s/candidates.png, %s/memory.png%s%s%s (with .dat data and .gp scripts)\n", a->plot_dir,
+           a->plot_dir, res->n_order > 0 ? ", " : "", res->n_order > 0 ? a->plot_dir : "",
+           res->n_order > 0 ? "/timeline.png" : "");
+  return MP_OK;
+}
+
+/* The search with the simulator as evaluator, logged to the database (unless --no-db),
+ * then the output and the plots. */
+static mp_status search_and_report(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator *ev, int argc,
+                                   char **argv) {
+  mp_planner_request req;
   mp_planner_result res;
   memset(&res, 0, sizeof res);
-  if (!no_db && (st = mp_store_open(&ctx, db, &store)) != MP_OK) {
-    rc = exit_for(&ctx, st);
-    goto out;
-  }
-  if ((st = mp_planner_run(&ctx, &req, store, &res)) != MP_OK) {
-    rc = exit_for(&ctx, st);
-    goto out;
-  }
-
-  /* ---- output ---- */
-  const mp_search *s = res.search;
-  int64_t n_show = top == 0 || top > res.n_order ? res.n_order : top;
-  double show_price = obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR ? price : 0;
-  if (as_json) {
-    cJSON *root = cJSON_CreateObject(), *plans = cJSON_CreateArray();
-    if (root && plans) {
-      cJSON_AddStringToObject(root, "model", m.name);
-      cJSON_AddStringToObject(root, "cluster", c.name);
-      cJSON_AddStringToObject(root, "gpu", c.gpu.name);
-      cJSON_AddNumberToObject(root, "n_gpus", mp_cluster_n_gpus(&c));
-      cJSON_AddNumberToObject(root, "seq", (double)seq);
-      cJSON_AddNumberToObject(root, "global_batch", (double)gb);
-      cJSON_AddStringToObject(root, "objective", mp_objective_name(obj));
-      cJSON_AddNumberToObject(root, "candidates", (double)s->n);
-      cJSON_AddNumberToObject(root, "pruned", (double)s->n_pruned);
-      cJSON_AddNumberToObject(root, "simulated", (double)s->n_evaluated);
-      cJSON_AddNumberToObject(root, "feasible", (double)s->n_feasible);
-      cJSON_AddNumberToObject(root, "failed", (double)s->n_failed);
-      cJSON_AddNumberToObject(root, "wall_s", res.wall_s);
-      if (store) {
-        cJSON_AddStringToObject(root, "db", db);
-        cJSON_AddNumberToObject(root, "run_id", (double)res.run_id);
-      }
-      for (int64_t r = 0; r < n_show; r++) {
-        cJSON *pj = plan_json(&s->cands[res.order[r]], r + 1, show_price);
-        if (pj) cJSON_AddItemToArray(plans, pj);
-      }
-      cJSON_AddItemToObject(root, "plans", plans);
-      plans = NULL;
-      char *text = cJSON_Print(root);
-      if (text) printf("%s\n", text);
-      free(text);
-    }
-    cJSON_Delete(root);
-    cJSON_Delete(plans);
-  } else if (as_csv) {
-    printf("rank,dp_replicate,dp_shard,tp,ep,pp,cp,ac,fp8,micro_batch,reshard_after_forward,"
-           "step_time_s,tokens_per_s_per_gpu,mfu,peak_mem_bytes,fits,compute_s,exposed_comm_s,"
-           "bubble_s,plan_id\n");
-    for (int64_t r = 0; r < n_show; r++) {
-      const mp_candidate *x = &s->cands[res.order[r]];
-      printf("%lld,%d,%d,%d,%d,%d,%d,%s,%d,%lld,%d,%.9g,%.9g,%.6g,%lld,%d,%.9g,%.9g,%.9g,%lld\n",
-             (long long)(r + 1), x->mesh.size[MP_DIM_DP_REPLICATE], x->mesh.size[MP_DIM_DP_SHARD],
-             x->mesh.size[MP_DIM_TP], x->mesh.ep, x->mesh.size[MP_DIM_PP], x->mesh.size[MP_DIM_CP],
-             mp_search_ac_name(x->ac), x->fp8, (long long)x->micro_batch, x->reshard,
-             x->res.step_time_s, x->res.tokens_per_s_per_gpu, x->res.mfu,
-             (long long)x->res.peak_mem_bytes, x->res.fits, x->res.compute_s, x->res.exposed_comm_s,
-             x->res.bubble_s, (long long)x->plan_id);
-    }
-  } else {
-    printf("%s on %s (%d x %s, %d per node), seq %lld, global batch %lld sequences (%lld tokens), "
-           "objective %s\n",
-           m.name, c.name, mp_cluster_n_gpus(&c), c.gpu.name, c.gpus_per_node, seq, gb, gb * seq,
-           mp_objective_name(obj));
-    if (n_show > 0) {
-      printf("\n%4s %6s %8s %3s %3s %3s %3s  %-9s %3s %3s %7s %10s %10s %6s %8s %4s%s\n", "rank",
-             "dp_rep", "dp_shard", "tp", "ep", "pp", "cp", "AC", "fp8", "mb", "reshard",
-             "step (s)", "tok/s/GPU", "MFU", "peak GiB", "fits",
-             show_price > 0 ? "   tokens/$" : "");
-      for (int64_t r = 0; r < n_show; r++) {
-        const mp_candidate *x = &s->cands[res.order[r]];
-        printf("%4lld %6d %8d %3d %3d %3d %3d  %-9s %3s %3lld %7s %10.4f %10.0f %5.1f%% %8.2f %4s",
-               (long long)(r + 1), x->mesh.size[MP_DIM_DP_REPLICATE], x->mesh.size[MP_DIM_DP_SHARD],
-               x->mesh.size[MP_DIM_TP], x->mesh.ep, x->mesh.size[MP_DIM_PP], x->mesh.size[MP_DIM_CP],
-               mp_search_ac_name(x->ac), x->fp8 ? "yes" : "no", (long long)x->micro_batch,
-               x->reshard ? "yes" : "no", x->res.step_time_s, x->res.tokens_per_s_per_gpu,
-               100.0 * x->res.mfu, (double)x->res.peak_mem_bytes / kGiB, x->res.fits ? "yes" : "no");
-        if (show_price > 0) printf(" %11.4g", mp_tokens_per_dollar(x, show_price));
-        printf("\n");
-      }
-      const mp_candidate *best = &s->cands[res.order[0]];
-      if (best->pads_vocab)
-        printf("note: the best plan pads the vocabulary (%lld) to a multiple of tp=%d\n",
-               (long long)m.vocab, best->mesh.size[MP_DIM_TP]);
-    } else {
-      printf("\nno plan fits: every candidate was pruned or runs out of memory; try more GPUs, "
-             "--headroom 0, a smaller --seq or --global-batch\n");
-    }
-    printf("\ncandidates: %lld enumerated, %lld pruned, %lld simulated (%lld fit, %lld failed) in "
-           "%.2f s\n",
-           (long long)s->n, (long long)s->n_pruned, (long long)s->n_evaluated,
-           (long long)s->n_feasible, (long long)s->n_failed, res.wall_s);
-    print_reject_summary(stdout, s);
-    if (store)
-      printf("database: %s (run %lld; meshplan report --db %s --run %lld)\n", db,
-             (long long)res.run_id, db, (long long)res.run_id);
+  mp_store *store = NULL;
+  char *opts_json = options_json(), *cmdline = command_line(argc, argv);
+  mp_status st = make_request(ctx, a, ev, opts_json, cmdline, &req);
+  if (st == MP_OK && a->db) st = mp_store_open(ctx, a->db, &store);
+  if (st == MP_OK) st = mp_planner_run(ctx, &req, store, &res);
+  if (st == MP_OK) {
+    int64_t n_show = a->top == 0 || a->top > res.n_order ? res.n_order : a->top;
+    double show_price = a->obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR ? a->price : 0;
+    if (a->as_json)
+      print_json(a, &res, n_show, show_price, store != NULL);
+    else if (a->as_csv)
+      print_csv(&res, n_show);
     else
-      printf("database: none (--no-db)\n");
+      print_text(a, &res, n_show, show_price, store != NULL);
+    if (a->plot_dir) st = plot(ctx, a, ev, &res, n_show);
   }
-
-  /* ---- plots ---- */
-  if (plot_dir) {
-    char title[512];
-    snprintf(title, sizeof title, "%s on %s (%d x %s), seq %lld, global batch %lld", m.name, c.name,
-             mp_cluster_n_gpus(&c), c.gpu.name, seq, gb);
-    double cap_gib = c.gpu.mem_gib * (1.0 - headroom);
-    for (int64_t i = 0; i < s->n; i++)
-      if (s->cands[i].evaluated && s->cands[i].res.capacity_bytes > 0) {
-        cap_gib = (double)s->cands[i].res.capacity_bytes / kGiB;
-        break;
-      }
-    st = mp_plot_candidates(&ctx, plot_dir, s, res.order, res.n_order, cap_gib, title);
-    if (st == MP_OK)
-      st = mp_plot_memory(&ctx, plot_dir, s, res.order, res.n_order,
-                          (int)(n_show > 0 && n_show < 10 ? n_show : 10), cap_gib, title);
-    if (st == MP_OK && res.n_order > 0) {
-      const mp_candidate *best = &s->cands[res.order[0]];
-      char trace[1024], mesh[128], ttl[800];
-      snprintf(trace, sizeof trace, "%s/timeline_trace.json", plot_dir);
-      st = mp_sim_evaluator_trace(&ctx, ev, best, trace);
-      mp_candidate_mesh_str(best, mesh, sizeof mesh);
-      snprintf(ttl, sizeof ttl, "simulated step of the chosen plan, rank 0: %s, ac=%s%s, micro-batch %lld (%s)",
-               mesh, mp_search_ac_name(best->ac), best->fp8 ? ", fp8" : "",
-               (long long)best->micro_batch, m.name);
-      if (st == MP_OK) st = mp_plot_timeline(&ctx, plot_dir, trace, ttl);
-    }
-    if (st != MP_OK) {
-      rc = exit_for(&ctx, st);
-      goto out;
-    }
-    if (!as_json && !as_csv)
-      printf("plots: %s/candidates.png, %s/memory.png%s%s%s (with .dat data and .gp scripts)\n",
-             plot_dir, plot_dir, res.n_order > 0 ? ", " : "", res.n_order > 0 ? plot_dir : "",
-             res.n_order > 0 ? "/timeline.png" : "");
-  }
-out:
   mp_planner_result_free(&res);
   mp_store_close(store);
-  mp_sim_evaluator_free(ev);
-  free(ev);
   free(opts_json);
   free(cmdline);
-  return rc;
+  return st;
 }
+
+static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
+  plan_args *a = calloc(1, sizeof *a);
+  mp_sim_evaluator *ev = calloc(1, sizeof *ev);
+  mp_status st = a && ev ? MP_OK : mp_error(ctx, MP_ERR_NOMEM, "out of memory");
+  if (st == MP_OK) st = read_args(ctx, a);
+  if (st == MP_OK)
+    st = mp_sim_evaluator_init(ctx, ev, &a->m, &a->c, a->seq, a->gb, a->headroom, mp_args_get(&k_spec, "--stack"));
+  if (st == MP_OK) st = search_and_report(ctx, a, ev, call->argc, call->argv);
+  mp_sim_evaluator_free(ev);
+  free(ev);
+  free(a);
+  return st != MP_OK ? mp_cmd_fail_named(ctx, st, "plan") : 0;
+}
+
+const mp_command mp_command_plan = {
+    &k_spec, "enumerate device meshes, predict each, rank them (default: llama3.1-8b on 8xH100)", run_plan};

@@ -14,11 +14,11 @@
 #include "planner/store.h"
 
 static mp_opt k_opts[] = {
-    {"--db", "PATH", "SQLite database written by meshplan plan (default meshplan.db)", NULL},
+    MP_OPT_DB("to read, as meshplan plan wrote it (default meshplan.db)"),
     {"--run", "ID", "show this run's top plans (default: list the runs)", NULL},
-    {"--top", "K", "plans to show for --run (default 10; 0 shows all ranked plans)", NULL},
-    {"--json", NULL, "print JSON", NULL},
-    {NULL, NULL, NULL, NULL},
+    MP_OPT_TOP(" for --run"),
+    MP_OPT_JSON("the runs, or the run's plans,"),
+    MP_OPT_END,
 };
 
 static mp_cmd_spec k_spec = {"report",
@@ -27,11 +27,7 @@ static mp_cmd_spec k_spec = {"report",
 
 static const double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-static int fail(const mp_ctx *ctx, mp_status st) {
-  fprintf(stderr, "meshplan report: %s\n", mp_errmsg(ctx));
-  if (st == MP_ERR_DB) return 2;
-  return mp_status_exit_code(st);
-}
+static int fail(const mp_ctx *ctx, mp_status st) { return mp_cmd_fail_named(ctx, st, "report"); }
 
 static double pct_err(double predicted, double measured) {
   return measured != 0 ? 100.0 * (predicted - measured) / measured : 0;
@@ -178,34 +174,31 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
   return 0;
 }
 
-int mp_cmd_report(int argc, char **argv) {
-  const char *pos[1];
-  int n_pos, done;
-  int rc = mp_cmd_parse(&k_spec, argc, argv, pos, &n_pos, &done);
-  if (done) return rc;
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
+static int run_report(mp_ctx *ctx, const mp_cmd_call *call) {
+  (void)call;
   mp_status s;
   long long run_id = 0, top = 10;
-  if ((s = mp_args_int(&ctx, &k_spec, "--run", 1, &run_id)) != MP_OK ||
-      (s = mp_args_int(&ctx, &k_spec, "--top", 0, &top)) != MP_OK)
-    return fail(&ctx, s);
-  const char *db = mp_args_get(&k_spec, "--db");
-  if (!db) db = "meshplan.db";
+  if ((s = mp_args_int(ctx, &k_spec, "--run", 1, &run_id)) != MP_OK ||
+      (s = mp_args_int(ctx, &k_spec, "--top", 0, &top)) != MP_OK)
+    return fail(ctx, s);
+  const char *db = mp_cmd_db_path(&k_spec);
   if (access(db, F_OK) != 0) {
     fprintf(stderr, "meshplan report: no database at %s; run meshplan plan first or pass --db PATH\n", db);
     return 2;
   }
   mp_store *st = NULL;
-  if ((s = mp_store_open(&ctx, db, &st)) != MP_OK) return fail(&ctx, s);
+  if ((s = mp_store_open(ctx, db, &st)) != MP_OK) return fail(ctx, s);
   mp_arena *a = mp_arena_create();
   if (!a) {
     mp_store_close(st);
-    return fail(&ctx, mp_error(&ctx, MP_ERR_NOMEM, "out of memory"));
+    return fail(ctx, mp_error(ctx, MP_ERR_NOMEM, "out of memory"));
   }
   int as_json = mp_args_has(&k_spec, "--json");
-  rc = mp_args_has(&k_spec, "--run") ? show_run(st, a, run_id, top, as_json) : list_runs(st, a, as_json);
+  int rc = mp_args_has(&k_spec, "--run") ? show_run(st, a, run_id, top, as_json) : list_runs(st, a, as_json);
   mp_arena_destroy(a);
   mp_store_close(st);
   return rc;
 }
+
+const mp_command mp_command_report = {&k_spec, "list planner runs and predicted vs measured figures from the database",
+                                      run_report};

@@ -11,43 +11,43 @@
 
 #include <cjson/cJSON.h>
 
+#include "calib/calibrate.h"
+#include "calib/store.h"
 #include "exec/cluster.h"
 #include "exec/mesh.h"
 #include "exec/model.h"
 #include "exec/plan.h"
 #include "exec/schedule.h"
-#include "calib/store.h"
-#include "calib/calibrate.h"
 #include "planner/cli/commands.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
 
 static mp_opt k_opts[] = {
-    {"--model", "M", "model name (data/models stem) or path to a JSON file (default llama3.1-8b)", NULL},
-    {"--cluster", "C", "cluster name (data/clusters stem) or path (default h100-8 unless --gpus)", NULL},
-    {"--gpus", "N", "instead of --cluster: N GPUs of type --gpu", NULL},
-    {"--gpu", "G", "GPU profile for --gpus (data/gpus stem, default h100-sxm)", NULL},
-    {"--gpus-per-node", "N", "GPUs per node for --gpus (default 8)", NULL},
+    MP_OPT_MODEL("llama3.1-8b"),
+    MP_OPT_CLUSTER("h100-8"),
+    MP_OPT_GPUS,
+    MP_OPT_GPU_OF_GPUS("default h100-sxm"),
+    MP_OPT_GPUS_PER_NODE("8"),
     {"--inter-gbps", "X", "inter-node Gbit/s per GPU for --gpus (default 400)", NULL},
-    {"--mesh", "SPEC", "mesh, e.g. dp_shard=8,tp=1 (-1 for one dim: the rest of the GPUs)", NULL},
-    {"--ep", "N", "expert parallel degree (carved out of dp_shard)", NULL},
+    MP_OPT_MESH("-1 for one dim: the rest of the GPUs; default dp_shard over the GPUs --pp and --cp leave"),
+    MP_OPT_EP(""),
     {"--pp", "N", "pipeline stages", NULL},
     {"--pp-schedule", "S", "1f1b | interleaved | gpipe (default 1f1b)", NULL},
     {"--pp-virtual", "N", "virtual stages per rank for interleaved (default 2)", NULL},
     {"--cp", "N", "context parallel degree", NULL},
-    {"--ac", "MODE", "activation checkpointing: none | selective | full (default none)", NULL},
-    {"--fp8", NULL, "float8 Linear layers", NULL},
-    {"--seq", "S", "tokens per sequence (default min(max_seq, 8192))", NULL},
-    {"--micro-batch", "B", "sequences per micro-batch per data-parallel rank (default 1)", NULL},
-    {"--global-batch", "G", "sequences per step over all data-parallel ranks (default one micro-batch each)", NULL},
-    {"--stack", "PROFILE", "stack profile (data/stacks stem or path; default torchtitan-compile on GPUs, meshplan-cpu on the CPU)", NULL},
+    MP_OPT_AC(""),
+    MP_OPT_FP8(""),
+    MP_OPT_SEQ("min(8192, the model's max_seq)"),
+    MP_OPT_MICRO_BATCH("1"),
+    MP_OPT_GLOBAL_BATCH_ONE_MICRO,
+    MP_OPT_STACK("torchtitan-compile on GPUs, meshplan-cpu on the CPU, meshplan-cuda with a cuda --calibration"),
     {"--calibration", "DB", "apply the newest calibration in DB (meshplan calibrate): a cpu one to the CPU profile "
                             "and the meshplan-cpu stack, a cuda one to the meshplan-cuda stack (then the default) "
                             "on its GPU profile", NULL},
-    {"--headroom", "F", "fraction of GPU memory kept free (default 0)", NULL},
+    MP_OPT_HEADROOM("0"),
     {"--trace", "PATH", "write the simulated timeline as Chrome trace JSON", NULL},
-    {"--json", NULL, "print one JSON object", NULL},
-    {NULL, NULL, NULL, NULL},
+    MP_OPT_JSON("the prediction"),
+    MP_OPT_END,
 };
 
 static mp_cmd_spec k_spec = {
@@ -134,166 +134,178 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   return 0;
 }
 
-int mp_cmd_simulate(int argc, char **argv) {
-  const char *pos[1];
-  int n_pos, done;
-  int rc = mp_cmd_parse(&k_spec, argc, argv, pos, &n_pos, &done);
-  if (done) return rc;
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  mp_status st;
+/* One simulation: what the command line names, and what it owns until the end. */
+typedef struct sim_job {
   mp_model m;
   mp_cluster c;
   mp_mesh mesh;
   mp_plan_options o;
   mp_stack_profile prof;
-  mp_plan *plan = NULL;
-  mp_arena *arena = NULL;
-  mp_sim_trace *trace = NULL;
-  mp_calib *cal = NULL; /* --calibration's, applied to the cluster and the stack */
+  mp_sim_config cfg;
+  mp_calib *cal;               /* --calibration's, applied to the cluster and the stack */
+  char calib_line[768];        /* its summary */
+  mp_calib_tables gemm_tables; /* the calibrated stack points here (bf16, float8) */
+  mp_plan *plan;               /* the plan simulated, with its defaults resolved */
+  mp_arena *arena;             /* --trace: the schedule's */
+  mp_sim_trace *trace;
+} sim_job;
 
-  const char *model = mp_args_get(&k_spec, "--model");
-  MP_CHECK_GOTO(mp_model_load(&ctx, model ? model : "llama3.1-8b", &m), st, fail);
-
-  /* cluster */
+/* --cluster, or --gpus N of --gpu (default h100-sxm), --gpus-per-node (default 8) and
+ * --inter-gbps (default 400). */
+static mp_status load_cluster(mp_ctx *ctx, mp_cluster *c) {
   const char *cl = mp_args_get(&k_spec, "--cluster");
-  if (cl && mp_args_has(&k_spec, "--gpus")) {
-    st = mp_error(&ctx, MP_ERR_USAGE, "meshplan simulate: give --cluster or --gpus, not both");
-    goto fail;
-  }
-  if (mp_args_has(&k_spec, "--gpus")) {
-    long long n = 0, per = 8;
-    double inter = 400.0;
-    MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--gpus", 1, &n), st, fail);
-    MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--gpus-per-node", 1, &per), st, fail);
-    MP_CHECK_GOTO(mp_args_double(&ctx, &k_spec, "--inter-gbps", 0.001, &inter), st, fail);
-    const char *gpu = mp_args_get(&k_spec, "--gpu");
-    MP_CHECK_GOTO(mp_cluster_make(&ctx, gpu ? gpu : "h100-sxm", (int)n, (int)per, &c), st, fail);
-    c.inter_node_Gbitps_per_gpu = inter;
-  } else {
-    MP_CHECK_GOTO(mp_cluster_load(&ctx, cl ? cl : "h100-8", &c), st, fail);
-  }
-  int world = mp_cluster_n_gpus(&c);
-  /* --calibration: measured rates replace the CPU profile's before anything is simulated;
-   * on a GPU profile, the newest cuda calibration (the stack takes it below) */
-  char calib_line[768] = "";
+  if (cl && mp_args_has(&k_spec, "--gpus"))
+    return mp_error(ctx, MP_ERR_USAGE, "meshplan simulate: give --cluster or --gpus, not both");
+  if (!mp_args_has(&k_spec, "--gpus")) return mp_cluster_load(ctx, cl ? cl : "h100-8", c);
+  long long n = 0, per = 8;
+  double inter = 400.0;
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus", 1, &n));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus-per-node", 1, &per));
+  MP_CHECK(mp_args_double(ctx, &k_spec, "--inter-gbps", 0.001, &inter));
+  const char *gpu = mp_args_get(&k_spec, "--gpu");
+  MP_CHECK(mp_cluster_make(ctx, gpu ? gpu : "h100-sxm", (int)n, (int)per, c));
+  c->inter_node_Gbitps_per_gpu = inter;
+  return MP_OK;
+}
+
+/* --calibration: measured rates replace the CPU profile's before anything is simulated;
+ * on a GPU profile, the newest cuda calibration (load_stack applies its fit). */
+static mp_status load_calibration(mp_ctx *ctx, sim_job *j) {
   const char *cal_db = mp_args_get(&k_spec, "--calibration");
-  mp_calib_tables gemm_tables; /* the calibrated stack points here (bf16, float8): lives to the end */
-  if (cal_db) {
-    cal = malloc(sizeof *cal);
-    if (cal == NULL) {
-      st = mp_error(&ctx, MP_ERR_NOMEM, "out of memory loading a calibration");
-      goto fail;
-    }
-    MP_CHECK_GOTO(mp_calib_store_load(&ctx, cal_db, mp_gpu_is_cpu(&c.gpu) ? "cpu" : "cuda", cal), st, fail);
-    MP_CHECK_GOTO(mp_calib_apply_checked(&ctx, cal, NULL, &c), st, fail);
-    mp_calib_summary(cal, calib_line, sizeof calib_line);
-  }
+  if (!cal_db) return MP_OK;
+  j->cal = malloc(sizeof *j->cal);
+  if (j->cal == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory loading a calibration");
+  MP_CHECK(mp_calib_store_load(ctx, cal_db, mp_gpu_is_cpu(&j->c.gpu) ? "cpu" : "cuda", j->cal));
+  MP_CHECK(mp_calib_apply_checked(ctx, j->cal, NULL, &j->c));
+  mp_calib_summary(j->cal, j->calib_line, sizeof j->calib_line);
+  return MP_OK;
+}
 
-  /* mesh */
+/* --mesh with --ep, --pp and --cp on top (without --mesh, dp_shard takes the GPUs the
+ * others leave), checked against the cluster's world; --pp-virtual into *pp_virtual. */
+static mp_status read_mesh(mp_ctx *ctx, const mp_cluster *c, mp_mesh *mesh, long long *pp_virtual) {
+  const int world = mp_cluster_n_gpus(c);
   const char *spec = mp_args_get(&k_spec, "--mesh");
-  if (spec) {
-    MP_CHECK_GOTO(mp_mesh_parse(&ctx, spec, world, &mesh), st, fail);
-  } else {
-    mp_mesh_init(&mesh);
-  }
-  long long ep = 0, pp = 0, cp = 0, pv = 2;
-  MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--ep", 1, &ep), st, fail);
-  MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--pp", 1, &pp), st, fail);
-  MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--cp", 1, &cp), st, fail);
-  MP_CHECK_GOTO(mp_args_int(&ctx, &k_spec, "--pp-virtual", 1, &pv), st, fail);
-  MP_CHECK_GOTO(set_dim(&ctx, "--pp", pp, &mesh.size[MP_DIM_PP]), st, fail);
-  MP_CHECK_GOTO(set_dim(&ctx, "--cp", cp, &mesh.size[MP_DIM_CP]), st, fail);
-  MP_CHECK_GOTO(set_dim(&ctx, "--ep", ep, &mesh.ep), st, fail);
+  if (spec)
+    MP_CHECK(mp_mesh_parse(ctx, spec, world, mesh));
+  else
+    mp_mesh_init(mesh);
+  long long ep = 0, pp = 0, cp = 0;
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--ep", 1, &ep));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--pp", 1, &pp));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--cp", 1, &cp));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--pp-virtual", 1, pp_virtual));
+  MP_CHECK(set_dim(ctx, "--pp", pp, &mesh->size[MP_DIM_PP]));
+  MP_CHECK(set_dim(ctx, "--cp", cp, &mesh->size[MP_DIM_CP]));
+  MP_CHECK(set_dim(ctx, "--ep", ep, &mesh->ep));
   if (!spec) {
-    /* no --mesh: the GPUs left over by pp, cp go to dp_shard */
-    int rest = world / (mesh.size[MP_DIM_PP] * mesh.size[MP_DIM_CP]);
-    mesh.size[MP_DIM_DP_SHARD] = rest > 0 ? rest : 1;
+    int rest = world / (mesh->size[MP_DIM_PP] * mesh->size[MP_DIM_CP]);
+    mesh->size[MP_DIM_DP_SHARD] = rest > 0 ? rest : 1;
   }
-  MP_CHECK_GOTO(mp_mesh_validate(&ctx, &mesh), st, fail);
-  if (mp_mesh_world(&mesh) > world) {
+  MP_CHECK(mp_mesh_validate(ctx, mesh));
+  if (mp_mesh_world(mesh) > world) {
     char ms[128];
-    mp_mesh_format(&mesh, ms, sizeof ms);
-    st = mp_error(&ctx, MP_ERR_USAGE, "meshplan simulate: mesh %s needs %d GPUs, cluster %s has %d",
-                  ms, mp_mesh_world(&mesh), c.name, world);
-    goto fail;
+    mp_mesh_format(mesh, ms, sizeof ms);
+    return mp_error(ctx, MP_ERR_USAGE, "meshplan simulate: mesh %s needs %d GPUs, cluster %s has %d", ms,
+                    mp_mesh_world(mesh), c->name, world);
   }
+  return MP_OK;
+}
 
-  /* options */
-  mp_plan_options_init(&o);
-  MP_CHECK_GOTO(mp_cmd_plan_options(&ctx, &k_spec, &o), st, fail);
+/* The shared plan options, with --pp-schedule and its virtual stages pv. */
+static mp_status read_options(mp_ctx *ctx, long long pv, mp_plan_options *o) {
+  mp_plan_options_init(o);
+  MP_CHECK(mp_cmd_plan_options(ctx, &k_spec, o));
   const char *ps = mp_args_get(&k_spec, "--pp-schedule");
   if (ps) {
-    if (strcmp(ps, "1f1b") == 0) o.pp_schedule = MP_PP_1F1B;
-    else if (strcmp(ps, "interleaved") == 0) o.pp_schedule = MP_PP_INTERLEAVED;
-    else if (strcmp(ps, "gpipe") == 0) o.pp_schedule = MP_PP_GPIPE;
-    else {
-      st = mp_error(&ctx, MP_ERR_USAGE,
-                    "meshplan simulate: --pp-schedule '%s': choose 1f1b, interleaved or gpipe", ps);
-      goto fail;
-    }
+    if (strcmp(ps, "1f1b") == 0) o->pp_schedule = MP_PP_1F1B;
+    else if (strcmp(ps, "interleaved") == 0) o->pp_schedule = MP_PP_INTERLEAVED;
+    else if (strcmp(ps, "gpipe") == 0) o->pp_schedule = MP_PP_GPIPE;
+    else
+      return mp_error(ctx, MP_ERR_USAGE, "meshplan simulate: --pp-schedule '%s': choose 1f1b, interleaved or gpipe",
+                      ps);
   }
-  o.pp_virtual = o.pp_schedule == MP_PP_INTERLEAVED ? (int)pv : 1;
-
-  /* stack */
-  const char *stack = mp_args_get(&k_spec, "--stack");
-  const int cuda_cal = cal && strcmp(cal->device, "cuda") == 0;
-  if (stack)
-    MP_CHECK_GOTO(mp_stack_load(&ctx, stack, &prof), st, fail);
-  else if (cuda_cal) /* what the calibration measured: meshplan's own CUDA kernels */
-    MP_CHECK_GOTO(mp_stack_load(&ctx, "meshplan-cuda", &prof), st, fail);
-  else
-    MP_CHECK_GOTO(mp_stack_default(&ctx, &c.gpu, &prof), st, fail);
-  if (cal) { /* a cpu calibration's kernel figures are refitted at this run's sizes */
-    mp_calib_run run;
-    mp_calib_run_init(&run, &m, o.micro_batch, o.seq > 0 ? o.seq : m.max_seq, mesh.size[MP_DIM_TP]);
-    MP_CHECK_GOTO(mp_calib_apply_stack_run(&ctx, cal, &run, &prof, &gemm_tables), st, fail);
-  }
-  mp_stack_plan_options(&prof, &o); /* the memory model (and dtypes) of the stack's runtime */
-  mp_sim_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.cluster = &c;
-  cfg.stack = &prof;
-  MP_CHECK_GOTO(mp_args_double(&ctx, &k_spec, "--headroom", 0.0, &cfg.mem_headroom), st, fail);
-
-  mp_sim_result r;
-  MP_CHECK_GOTO(mp_simulate_plan(&ctx, &m, &mesh, &o, &cfg, &r), st, fail);
-
-  /* the plan resolves defaults (seq, global batch): show the resolved ones */
-  MP_CHECK_GOTO(mp_build_plan(&ctx, &m, &mesh, &o, &plan), st, fail);
-  o = plan->opts;
-
-  const char *tpath = mp_args_get(&k_spec, "--trace");
-  if (tpath) {
-    arena = mp_arena_create();
-    if (arena == NULL) {
-      st = mp_error(&ctx, MP_ERR_NOMEM, "out of memory creating an arena");
-      goto fail;
-    }
-    mp_schedule *s = NULL;
-    mp_sim_result tr;
-    cfg.record_trace = 1;
-    MP_CHECK_GOTO(mp_schedule_build(&ctx, plan, 0, MP_SCHEDULE_COMPACT, arena, &s), st, fail);
-    MP_CHECK_GOTO(mp_simulate(&ctx, s, &cfg, &tr, &trace), st, fail);
-    MP_CHECK_GOTO(mp_sim_trace_write(&ctx, trace, tpath), st, fail);
-  }
-
-  if (mp_args_has(&k_spec, "--json"))
-    rc = print_json(&r, &m, &c, &mesh, &o, &prof);
-  else
-    print_text(&r, &m, &c, &mesh, &o, &prof);
-  if (cal_db && !mp_args_has(&k_spec, "--json")) printf("calibration applied: %s from %s\n", calib_line, cal_db);
-  if (tpath && !mp_args_has(&k_spec, "--json")) printf("trace   %s\n", tpath);
-  mp_sim_trace_destroy(trace);
-  mp_arena_destroy(arena);
-  mp_plan_destroy(plan);
-  free(cal);
-  return rc;
-
-fail:
-  mp_sim_trace_destroy(trace);
-  mp_arena_destroy(arena);
-  mp_plan_destroy(plan);
-  free(cal);
-  return mp_cmd_fail(&ctx, st);
+  o->pp_virtual = o->pp_schedule == MP_PP_INTERLEAVED ? (int)pv : 1;
+  return MP_OK;
 }
+
+/* --stack, else meshplan-cuda under a cuda calibration, else the GPU's default; a
+ * calibration's fit on top (a cpu one's kernel figures refitted at this run's sizes);
+ * then the stack's memory model and dtypes into the options, and the simulator's config. */
+static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
+  const char *stack = mp_args_get(&k_spec, "--stack");
+  if (stack)
+    MP_CHECK(mp_stack_load(ctx, stack, &j->prof));
+  else if (j->cal && strcmp(j->cal->device, "cuda") == 0) /* what it measured: meshplan's CUDA kernels */
+    MP_CHECK(mp_stack_load(ctx, "meshplan-cuda", &j->prof));
+  else
+    MP_CHECK(mp_stack_default(ctx, &j->c.gpu, &j->prof));
+  if (j->cal) {
+    mp_calib_run run;
+    mp_calib_run_init(&run, &j->m, j->o.micro_batch, j->o.seq > 0 ? j->o.seq : j->m.max_seq,
+                      j->mesh.size[MP_DIM_TP]);
+    MP_CHECK(mp_calib_apply_stack_run(ctx, j->cal, &run, &j->prof, &j->gemm_tables));
+  }
+  mp_stack_plan_options(&j->prof, &j->o);
+  memset(&j->cfg, 0, sizeof j->cfg);
+  j->cfg.cluster = &j->c;
+  j->cfg.stack = &j->prof;
+  return mp_args_double(ctx, &k_spec, "--headroom", 0.0, &j->cfg.mem_headroom);
+}
+
+/* --trace: rank 0's compact schedule simulated again with its timeline, written out. */
+static mp_status write_trace(mp_ctx *ctx, sim_job *j, const char *path) {
+  j->arena = mp_arena_create();
+  if (j->arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating an arena");
+  mp_schedule *s = NULL;
+  mp_sim_result tr;
+  j->cfg.record_trace = 1;
+  MP_CHECK(mp_schedule_build(ctx, j->plan, 0, MP_SCHEDULE_COMPACT, j->arena, &s));
+  MP_CHECK(mp_simulate(ctx, s, &j->cfg, &tr, &j->trace));
+  return mp_sim_trace_write(ctx, j->trace, path);
+}
+
+/* Everything up to the figures of *r; the plan's resolved options into j->o. */
+static mp_status simulate_job(mp_ctx *ctx, sim_job *j, mp_sim_result *r) {
+  const char *model = mp_args_get(&k_spec, "--model");
+  MP_CHECK(mp_model_load(ctx, model ? model : "llama3.1-8b", &j->m));
+  MP_CHECK(load_cluster(ctx, &j->c));
+  MP_CHECK(load_calibration(ctx, j));
+  long long pp_virtual = 2;
+  MP_CHECK(read_mesh(ctx, &j->c, &j->mesh, &pp_virtual));
+  MP_CHECK(read_options(ctx, pp_virtual, &j->o));
+  MP_CHECK(load_stack(ctx, j));
+  MP_CHECK(mp_simulate_plan(ctx, &j->m, &j->mesh, &j->o, &j->cfg, r));
+  /* the plan resolves defaults (seq, global batch): show the resolved ones */
+  MP_CHECK(mp_build_plan(ctx, &j->m, &j->mesh, &j->o, &j->plan));
+  j->o = j->plan->opts;
+  const char *tpath = mp_args_get(&k_spec, "--trace");
+  return tpath ? write_trace(ctx, j, tpath) : MP_OK;
+}
+
+static int run_simulate(mp_ctx *ctx, const mp_cmd_call *call) {
+  (void)call;
+  sim_job *j = calloc(1, sizeof *j);
+  if (j == NULL) return mp_cmd_fail(ctx, mp_error(ctx, MP_ERR_NOMEM, "out of memory"));
+  mp_sim_result r;
+  mp_status st = simulate_job(ctx, j, &r);
+  int rc = 0;
+  if (st != MP_OK) {
+    rc = mp_cmd_fail(ctx, st);
+  } else if (mp_args_has(&k_spec, "--json")) {
+    rc = print_json(&r, &j->m, &j->c, &j->mesh, &j->o, &j->prof);
+  } else {
+    print_text(&r, &j->m, &j->c, &j->mesh, &j->o, &j->prof);
+    const char *cal_db = mp_args_get(&k_spec, "--calibration"), *tpath = mp_args_get(&k_spec, "--trace");
+    if (cal_db) printf("calibration applied: %s from %s\n", j->calib_line, cal_db);
+    if (tpath) printf("trace   %s\n", tpath);
+  }
+  mp_sim_trace_destroy(j->trace);
+  mp_arena_destroy(j->arena);
+  mp_plan_destroy(j->plan);
+  free(j->cal);
+  free(j);
+  return rc;
+}
+
+const mp_command mp_command_simulate = {&k_spec, "predict step time and memory of one plan", run_simulate};

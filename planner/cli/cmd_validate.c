@@ -34,7 +34,7 @@
 #include "sim/stack.h"
 
 static mp_opt k_opts[] = {
-    {NULL, NULL, NULL, NULL},
+    MP_OPT_END,
 };
 
 static mp_cmd_spec k_spec = {"validate",
@@ -210,27 +210,9 @@ static double kendall_tau(const double *x, const double *y, int n) {
   return d > 0 ? (conc - disc) / d : NAN;
 }
 
-int mp_cmd_validate(int argc, char **argv) {
-  const char *pos[1];
-  int n_pos, done;
-  int rc = mp_cmd_parse(&k_spec, argc, argv, pos, &n_pos, &done);
-  if (done) return rc;
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  if (n_pos != 1) {
-    fprintf(stderr, "meshplan validate: give one CSV file (see meshplan validate --help)\n");
-    return 2;
-  }
-  char *text = NULL;
-  size_t len = 0;
-  mp_status st = mp_read_file(&ctx, pos[0], &text, &len);
-  if (st != MP_OK) return mp_cmd_fail(&ctx, st);
-  row *rows = (row *)calloc(MAX_ROWS, sizeof *rows);
-  if (rows == NULL) {
-    free(text);
-    fprintf(stderr, "meshplan validate: out of memory\n");
-    return 1;
-  }
+/* Reads the CSV text (split in place) into rows[0..*n) with each row simulated; the first
+ * bad row is an error naming it (path, line and case). */
+static mp_status read_rows(mp_ctx *ctx, const char *path, char *text, row *rows, int *n_out) {
   cols h;
   h.n = 0;
   int n = 0, line_no = 0;
@@ -243,29 +225,27 @@ int mp_cmd_validate(int argc, char **argv) {
       h.n = split_csv(line, h.hdr, MAX_COLS);
       continue;
     }
-    if (n == MAX_ROWS) {
-      st = mp_error(&ctx, MP_ERR_INVALID, "%s: more than %d rows", pos[0], MAX_ROWS);
-      goto out;
-    }
+    if (n == MAX_ROWS) return mp_error(ctx, MP_ERR_INVALID, "%s: more than %d rows", path, MAX_ROWS);
     char *f[MAX_COLS];
     int nf = split_csv(line, f, MAX_COLS);
     const char *name = field(&h, f, nf, "case");
     snprintf(rows[n].name, sizeof rows[n].name, "%s", name && name[0] ? name : "?");
     char where[256];
-    snprintf(where, sizeof where, "%s line %d (row '%s')", pos[0], line_no, rows[n].name);
-    st = run_row(&ctx, where, &h, f, nf, &rows[n]);
+    snprintf(where, sizeof where, "%s line %d (row '%s')", path, line_no, rows[n].name);
+    mp_status st = run_row(ctx, where, &h, f, nf, &rows[n]);
     if (st != MP_OK) {
-      if (strncmp(mp_errmsg(&ctx), where, strlen(where)) != 0) mp_error_prefix(&ctx, "%s", where);
-      if (st != MP_ERR_NOMEM && st != MP_ERR_INTERNAL) st = MP_ERR_INVALID;
-      goto out;
+      if (strncmp(mp_errmsg(ctx), where, strlen(where)) != 0) mp_error_prefix(ctx, "%s", where);
+      return st != MP_ERR_NOMEM && st != MP_ERR_INTERNAL ? MP_ERR_INVALID : st;
     }
     n++;
   }
-  if (n == 0) {
-    st = mp_error(&ctx, MP_ERR_INVALID, "%s: no data rows", pos[0]);
-    goto out;
-  }
+  if (n == 0) return mp_error(ctx, MP_ERR_INVALID, "%s: no data rows", path);
+  *n_out = n;
+  return MP_OK;
+}
 
+/* Every row's predicted vs published figure, then per metric the MAPE and Kendall's tau. */
+static mp_status print_results(mp_ctx *ctx, const row *rows, int n) {
   printf("%-30s %-22s %12s %12s %8s\n", "case", "metric", "predicted", "published", "error");
   for (int i = 0; i < n; i++)
     printf("%-30s %-22s %12.4g %12.4g %+7.1f%%\n", rows[i].name, rows[i].metric,
@@ -277,8 +257,7 @@ int mp_cmd_validate(int argc, char **argv) {
   if (x == NULL || y == NULL) {
     free(x);
     free(y);
-    st = mp_error(&ctx, MP_ERR_NOMEM, "out of memory");
-    goto out;
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory");
   }
   for (int k = 0; k < 3; k++) {
     int cnt = 0;
@@ -299,10 +278,32 @@ int mp_cmd_validate(int argc, char **argv) {
   }
   free(x);
   free(y);
-  st = MP_OK;
-out:
+  return MP_OK;
+}
+
+static int run_validate(mp_ctx *ctx, const mp_cmd_call *call) {
+  if (call->n_pos != 1) {
+    fprintf(stderr, "meshplan validate: give one CSV file (see meshplan validate --help)\n");
+    return 2;
+  }
+  const char *path = call->pos[0];
+  char *text = NULL;
+  size_t len = 0;
+  mp_status st = mp_read_file(ctx, path, &text, &len);
+  if (st != MP_OK) return mp_cmd_fail(ctx, st);
+  row *rows = (row *)calloc(MAX_ROWS, sizeof *rows);
+  if (rows == NULL) {
+    free(text);
+    fprintf(stderr, "meshplan validate: out of memory\n");
+    return 1;
+  }
+  int n = 0;
+  st = read_rows(ctx, path, text, rows, &n);
+  if (st == MP_OK) st = print_results(ctx, rows, n);
   free(rows);
   free(text);
-  if (st != MP_OK) return mp_cmd_fail(&ctx, st);
-  return 0;
+  return st != MP_OK ? mp_cmd_fail(ctx, st) : 0;
 }
+
+const mp_command mp_command_validate = {&k_spec, "compare predictions with published measurements (CSV)",
+                                        run_validate};

@@ -1,6 +1,12 @@
-/* The meshplan subcommands. Each takes the arguments after its name and returns the
- * process exit code (0 ok, 2 usage or input error, 1 other failure); only these and
- * main() print errors to the user. One file per subcommand: planner/cmd_<name>.c. */
+/* The meshplan subcommands and the plumbing they share.
+ *
+ * A subcommand is an mp_command: its option table (args.h, shared rows from options.h)
+ * and the function that runs it. mp_command_main is the one prologue every command goes
+ * through: it parses the command line against the table, prints --help (exit 0) or a
+ * usage error (one line, exit 2), and otherwise runs the command with a fresh context.
+ * A command returns the process exit code (0 ok, 2 usage or input error, 1 other
+ * failure); only the commands and main() print errors to the user. One file per
+ * subcommand: planner/cli/cmd_<name>.c. */
 #ifndef MP_PLANNER_CLI_COMMANDS_H
 #define MP_PLANNER_CLI_COMMANDS_H
 
@@ -8,25 +14,39 @@
 #include "exec/mesh.h"
 #include "exec/plan.h"
 #include "planner/cli/args.h"
+#include "planner/cli/options.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define MESHPLAN_VERSION "0.1.0"
+#define MP_CMD_MAX_POSITIONAL 4 /* the most any spec's max_positional may be */
 
-int mp_cmd_plan(int argc, char **argv);
-int mp_cmd_simulate(int argc, char **argv);
-int mp_cmd_explain(int argc, char **argv);
-int mp_cmd_train(int argc, char **argv);
-int mp_cmd_calibrate(int argc, char **argv);
-int mp_cmd_report(int argc, char **argv);
-int mp_cmd_validate(int argc, char **argv);
+/* A parsed command line, as the command's run function receives it. */
+typedef struct mp_cmd_call {
+  int argc;    /* the arguments after the command's name */
+  char **argv;
+  const char *pos[MP_CMD_MAX_POSITIONAL]; /* the positional ones, in order */
+  int n_pos;
+} mp_cmd_call;
 
-/* Parses argv against spec; on --help prints help and returns 0 through *done=1; on a
- * usage error prints the one-line message and returns 2 through *done=1. */
-int mp_cmd_parse(mp_cmd_spec *spec, int argc, char **argv, const char **pos, int *n_pos,
-                 int *done);
+typedef struct mp_command {
+  mp_cmd_spec *spec; /* name, usage, summary and options; the parse fills their values */
+  const char *brief; /* the command's line in `meshplan --help` */
+  /* Runs the command once spec holds the values given; ctx is fresh. Returns the exit
+   * code, having printed any error. */
+  int (*run)(mp_ctx *ctx, const mp_cmd_call *call);
+} mp_command;
+
+extern const mp_command mp_command_plan, mp_command_simulate, mp_command_explain, mp_command_train,
+    mp_command_calibrate, mp_command_report, mp_command_validate;
+
+/* The prologue of every command: parses argv (after the command's name) against
+ * cmd->spec; --help or -h prints the help to stdout and returns 0; a usage error prints
+ * its one line to stderr and returns 2; otherwise returns cmd->run's exit code. */
+int mp_command_main(const mp_command *cmd, int argc, char **argv);
+
 /* Reads the plan options shared by explain, simulate and train into *o, changing only
  * what was given: --ac MODE, --fp8, --seq S, --micro-batch B, --global-batch G. The
  * caller sets its defaults first (mp_plan_options_init, or its own). */
@@ -35,6 +55,8 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
  * as ep=N in --mesh; merged into *mesh (a different ep there is a usage error) and the
  * mesh validated. Nothing when --ep was not given. */
 mp_status mp_cmd_mesh_ep(mp_ctx *ctx, const mp_cmd_spec *spec, mp_mesh *mesh);
+/* --db's value, or "meshplan.db" when it was not given (plan, report, calibrate). */
+const char *mp_cmd_db_path(const mp_cmd_spec *spec);
 /* How this process was launched, read before MPI_Init from the launcher's environment
  * (OpenMPI's OMPI_COMM_WORLD_SIZE/RANK, else PMI_SIZE/RANK as Slurm and MPICH set them):
  * under_mpi 0 with world 1, rank 0 when it runs alone. */
@@ -42,8 +64,16 @@ typedef struct mp_launch {
   int under_mpi, world, rank;
 } mp_launch;
 void mp_cmd_launch(mp_launch *out);
-/* Prints "meshplan: <message>" and returns the exit code of st. */
+/* Prints "meshplan: <message>" (the message alone when it already names "meshplan
+ * <command>", as the parser's do) and returns the exit code of st. */
 int mp_cmd_fail(const mp_ctx *ctx, mp_status st);
+/* The exit code of st for the commands that open the planner database on the user's
+ * word (plan, report, calibrate): a database that cannot be used (MP_ERR_DB) and a
+ * request this build or machine cannot do (MP_ERR_UNSUPPORTED) are fixed on the command
+ * line, exit 2; otherwise mp_status_exit_code. */
+int mp_cmd_db_exit_code(mp_status st);
+/* Prints "meshplan <name>: <message>" and returns mp_cmd_db_exit_code(st) (plan, report). */
+int mp_cmd_fail_named(const mp_ctx *ctx, mp_status st, const char *name);
 
 #ifdef __cplusplus
 }

@@ -1,31 +1,22 @@
 /* meshplan: plans, predicts and runs parallel training of transformers.
- * The only place that decides the process's exit code. */
+ * The only place that decides the process's exit code: it picks the subcommand and
+ * returns what mp_command_main returns for it. */
 #include <stdio.h>
 #include <string.h>
 
 #include "planner/cli/commands.h"
 
-typedef struct {
-  const char *name;
-  int (*fn)(int, char **);
-  const char *summary;
-} command;
-
-static const command k_commands[] = {
-    {"plan", mp_cmd_plan, "enumerate device meshes, predict each, rank them (default: llama3.1-8b on 8xH100)"},
-    {"simulate", mp_cmd_simulate, "predict step time and memory of one plan"},
-    {"explain", mp_cmd_explain, "show the sharding passes, parameter shapes and schedule of one plan"},
-    {"train", mp_cmd_train, "train with a plan on CPUs (MPI) or GPUs (NCCL)"},
-    {"calibrate", mp_cmd_calibrate, "measure GEMM rates and collective bandwidths for the simulator"},
-    {"report", mp_cmd_report, "list planner runs and predicted vs measured figures from the database"},
-    {"validate", mp_cmd_validate, "compare predictions with published measurements (CSV)"},
+/* In the order `meshplan --help` lists them. */
+static const mp_command *const k_commands[] = {
+    &mp_command_plan,      &mp_command_simulate, &mp_command_explain,  &mp_command_train,
+    &mp_command_calibrate, &mp_command_report,   &mp_command_validate,
 };
+enum { N_COMMANDS = sizeof k_commands / sizeof k_commands[0] };
 
 static void usage(FILE *f) {
   fprintf(f, "usage: meshplan <command> [options]   (meshplan <command> --help for its options)\n\n"
              "commands:\n");
-  for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
-    fprintf(f, "  %-10s %s\n", k_commands[i].name, k_commands[i].summary);
+  for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-10s %s\n", k_commands[i]->spec->name, k_commands[i]->brief);
   fprintf(f, "\n  --version  print the version\n");
 }
 
@@ -42,9 +33,10 @@ int main(int argc, char **argv) {
     printf("meshplan %s\n", MESHPLAN_VERSION);
     return 0;
   }
-  for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
-    if (strcmp(argv[1], k_commands[i].name) == 0) return k_commands[i].fn(argc - 2, argv + 2);
-  fprintf(stderr, "meshplan: unknown command '%s'; commands: plan, simulate, explain, train, "
-                  "calibrate, report, validate\n", argv[1]);
+  for (int i = 0; i < N_COMMANDS; i++)
+    if (strcmp(argv[1], k_commands[i]->spec->name) == 0) return mp_command_main(k_commands[i], argc - 2, argv + 2);
+  fprintf(stderr, "meshplan: unknown command '%s'; commands:", argv[1]);
+  for (int i = 0; i < N_COMMANDS; i++) fprintf(stderr, "%s %s", i ? "," : "", k_commands[i]->spec->name);
+  fprintf(stderr, "\n");
   return 2;
 }

@@ -1,6 +1,6 @@
 #!/bin/bash
-# CLI error contract of meshplan (issue 2): bad input and bad usage give exactly one line on
-# stderr and exit 2; --version and every subcommand's --help exit 0.
+# CLI error contract of meshplan: bad input and bad usage give exactly one line on stderr
+# and exit 2; --version and every subcommand's --help exit 0.
 # Runs from the runfiles root, where planner/meshplan and tests/data/ are.
 set -u
 
@@ -90,15 +90,8 @@ done
 run plan
 [ "$rc" -eq 0 ] && [ -s "$out" ] || fail "meshplan plan (embedded default): exit $rc"
 
-# An unknown mesh dim through `meshplan explain --mesh`. While explain is the stub that
-# says "not available", there is nothing to check; once it is real, the error must be one
-# line, exit 2, naming 'foo'.
-run explain --model tiny-dense --mesh foo=2
-if grep -qF "not available" "$err"; then
-  echo "note: explain is not in this build yet; unknown-mesh-dim check skipped" >&2
-else
-  expect_error "'foo'" explain --model tiny-dense --mesh foo=2
-fi
+# An unknown mesh dim through `meshplan explain --mesh`: one line, exit 2, naming 'foo'.
+expect_error "'foo'" explain --model tiny-dense --mesh foo=2
 
 echo "$((n)) invocations, $fails failures"
 [ "$fails" -eq 0 ]

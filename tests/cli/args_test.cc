@@ -1,4 +1,4 @@
-// planner/args.h: flags with values, switches, --flag=value, positionals, usage errors that
+// planner/cli/args.h: flags with values, switches, --flag=value, positionals, usage errors that
 // name the flag, and integer/number conversion.
 #include <gtest/gtest.h>
 

@@ -1,0 +1,74 @@
+/* The option rows the meshplan subcommands share, each declared once.
+ *
+ * A row expands to one mp_opt initializer (args.h); a subcommand lists the rows it takes
+ * in its option table, in the order its --help shows them, beside rows of its own. The
+ * flag, its metavar and its help text are the same in every command that takes it. Where
+ * a default (or a word of the help) differs between commands, the row takes that text as
+ * an argument, so each command's --help states its own default; the command's code, not
+ * the row, applies it.
+ *
+ * Invariant: a command reads a shared option with the same parser wherever it is read
+ * (mp_cmd_plan_options for --ac, --fp8, --seq, --micro-batch and --global-batch;
+ * mp_cmd_mesh_ep for --ep), so the same flag means the same everywhere. */
+#ifndef MP_PLANNER_CLI_OPTIONS_H
+#define MP_PLANNER_CLI_OPTIONS_H
+
+#include "planner/cli/args.h"
+
+/* ---- what to plan for -------------------------------------------------------------------- */
+
+#define MP_OPT_MODEL(dflt)                                                                         \
+  { "--model", "M", "model name (data/models stem) or path to a JSON file (default " dflt ")", NULL }
+#define MP_OPT_HF_CONFIG                                                                           \
+  { "--hf-config", "PATH", "a Hugging Face config.json instead of --model", NULL }
+#define MP_OPT_CLUSTER(dflt)                                                                       \
+  { "--cluster", "C", "cluster name (data/clusters stem) or path to a JSON file (default " dflt ")", NULL }
+#define MP_OPT_GPUS                                                                                \
+  { "--gpus", "N", "instead of --cluster: N GPUs of --gpu TYPE, --gpus-per-node K per node", NULL }
+/* --gpu with --gpus; `dflt`: "default h100-sxm", or "required" */
+#define MP_OPT_GPU_OF_GPUS(dflt)                                                                   \
+  { "--gpu", "TYPE", "GPU profile of --gpus (data/gpus stem or path to a JSON file; " dflt ")", NULL }
+#define MP_OPT_GPUS_PER_NODE(dflt)                                                                 \
+  { "--gpus-per-node", "K", "GPUs per node for --gpus (default " dflt ")", NULL }
+/* --gpu with --device cuda; `role`: what the profile is for */
+#define MP_OPT_GPU_OF_DEVICE(role)                                                                 \
+  { "--gpu", "PROFILE", "--device cuda: the GPU profile (data/gpus stem or path to a JSON file) " role \
+    " (default: the one matching the device's name)", NULL }
+#define MP_OPT_STACK(dflt)                                                                         \
+  { "--stack", "PROFILE", "software stack profile (data/stacks stem or path to a JSON file; default " dflt ")", \
+    NULL }
+#define MP_OPT_HEADROOM(dflt)                                                                      \
+  { "--headroom", "F", "fraction of GPU memory kept free (default " dflt ")", NULL }
+
+/* ---- the plan ---------------------------------------------------------------------------- */
+
+/* `more`: what else the command's --mesh takes or defaults to */
+#define MP_OPT_MESH(more)                                                                          \
+  { "--mesh", "SPEC", "device mesh, e.g. dp_shard=4,tp=2 (dims pp, dp_replicate, dp_shard, cp, tp, ep; " more ")", \
+    NULL }
+#define MP_OPT_EP(more)                                                                            \
+  { "--ep", "N", "expert-parallel degree, carved out of dp_shard (the same as ep=N in --mesh" more ")", NULL }
+#define MP_OPT_AC(more)                                                                            \
+  { "--ac", "MODE", "activation checkpointing: none, selective or full (default none" more ")", NULL }
+#define MP_OPT_FP8(more)                                                                           \
+  { "--fp8", NULL, "float8 Linear layers (E4M3 forward, E5M2 gradients, tensorwise scales" more ")", NULL }
+#define MP_OPT_SEQ(dflt) { "--seq", "S", "tokens per sequence (default " dflt ")", NULL }
+#define MP_OPT_MICRO_BATCH(dflt)                                                                   \
+  { "--micro-batch", "B", "sequences per micro-batch per data-parallel rank (default " dflt ")", NULL }
+#define MP_OPT_GLOBAL_BATCH(dflt)                                                                  \
+  { "--global-batch", "G", "sequences per step over all data-parallel ranks (default " dflt ")", NULL }
+/* The defaults of explain, simulate and train: one micro-batch per data-parallel rank. */
+#define MP_OPT_GLOBAL_BATCH_ONE_MICRO MP_OPT_GLOBAL_BATCH("micro-batch x data-parallel ranks")
+
+/* ---- the run and its output -------------------------------------------------------------- */
+
+#define MP_OPT_THREADS { "--threads", "N", "worker threads (default: every CPU)", NULL }
+/* `role`: what the command does with the database */
+#define MP_OPT_DB(role) { "--db", "PATH", "planner database (SQLite) " role, NULL }
+/* `more`: when the command shows them */
+#define MP_OPT_TOP(more) { "--top", "K", "ranked plans to show" more " (default 10; 0: all)", NULL }
+/* `what`: what the JSON holds */
+#define MP_OPT_JSON(what) { "--json", NULL, "print " what " as JSON", NULL }
+#define MP_OPT_END { NULL, NULL, NULL, NULL }
+
+#endif
