@@ -94,6 +94,13 @@ mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mes
   return MP_OK;
 }
 
+mp_status mp_sim_link_of(mp_ctx *ctx, const mp_sim_link *links, const mp_cluster *c, const mp_mesh *mesh,
+                         mp_group g, int rank, mp_sim_link *out) {
+  if (links == NULL) return mp_sim_group_link(ctx, c, mesh, g, rank, out);
+  *out = links[g];
+  return MP_OK;
+}
+
 static mp_status group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
                             int rank, mp_sim_link *out) {
   int n = mp_mesh_group_size(mesh, g);

@@ -28,6 +28,11 @@ mp_status mp_simulate_with_links(mp_ctx *ctx, const mp_schedule *s, const mp_sim
                                  const mp_sim_link *links, mp_sim_result *out,
                                  mp_sim_trace **trace);
 
+/* The link of group g for `rank`: links[g] when the caller looked the links up
+ * beforehand (links not NULL), else mp_sim_group_link. */
+mp_status mp_sim_link_of(mp_ctx *ctx, const mp_sim_link *links, const mp_cluster *c, const mp_mesh *mesh,
+                         mp_group g, int rank, mp_sim_link *out);
+
 /* Per-file parts of mp_sim_thread_release. */
 void mp_sim_network_release(void);
 void mp_sim_plan_release(void);

@@ -1,0 +1,305 @@
+/* What each op of a schedule costs, and the schedule compiled into the engine's form
+ * (engine.h) with those costs.
+ *
+ * Compute ops: a roofline with the stack's efficiencies, max(flops / (peak x efficiency),
+ * bytes / (HBM x hbm_eff)) + the stack's kernel overhead. A GEMM's efficiency follows the
+ * curve eff_max x / (x + half_mnk) of its size x = m n k, times the stack's by-shape
+ * correction where it has one (sim/gemm_table.h); attention runs at the bf16 peak x
+ * attention_eff; element-wise ops, norms and the optimizer at the fp32 peak (CUDA cores).
+ * Communication ops: the alpha-beta model of sim/network.c on the link of the op's
+ * group, with the stack's link efficiency and per-collective overhead.
+ *
+ * Invariant: every cost is computed with the same operations in the same order wherever
+ * it is needed (op_costs holds per-GPU, per-stack products worked out once), so the
+ * planner's results are identical to the bit across runs and threads. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim/engine.h"
+#include "sim/gemm_table.h"
+#include "sim/stack.h"
+
+/* ---- compute ------------------------------------------------------------------------ */
+
+double mp_sim_peak_flops(const mp_gpu *g, int dtype) {
+  double p = dtype < MP_DTYPE_COUNT ? g->peak_tflops[dtype] : 0.0;
+  if (p <= 0) p = g->peak_tflops[MP_DTYPE_BF16];
+  return p * 1e12;
+}
+
+/* The per-GPU, per-stack constants of mp_sim_compute_op_s, worked out once per schedule:
+ * the same products of the same operands, so the same values to the bit. */
+typedef struct op_costs {
+  double hbm;                    /* achieved HBM bytes/s */
+  double peak[MP_DTYPE_COUNT];   /* peak_flops of each dtype */
+  int has_peak[MP_DTYPE_COUNT];  /* the GPU states a positive peak for the dtype */
+  double attn_rate;              /* bf16 peak x attention_eff */
+  double gemm_eff_max, fp8_gemm_eff_max, half_mnk, kernel_overhead_s;
+  const mp_gemm_table *gemm_table;     /* the stack's by-shape correction (bf16), or NULL */
+  const mp_gemm_table *fp8_gemm_table; /* the same for float8 GEMMs, or NULL */
+  double hbm_k[MP_KERNEL_COUNT];   /* per kernel class: hbm, or its own efficiency's */
+} op_costs;
+
+static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *p) {
+  k->hbm = g->hbm_GBps * 1e9 * p->hbm_eff;
+  for (int d = 0; d < MP_DTYPE_COUNT; d++) {
+    k->peak[d] = mp_sim_peak_flops(g, d);
+    k->has_peak[d] = !(g->peak_tflops[d] <= 0);
+  }
+  k->attn_rate = mp_sim_peak_flops(g, MP_DTYPE_BF16) * p->attention_eff;
+  k->gemm_eff_max = p->gemm_eff_max;
+  k->fp8_gemm_eff_max = p->fp8_gemm_eff_max;
+  k->half_mnk = p->gemm_eff_half_mnk;
+  k->kernel_overhead_s = p->kernel_overhead_s;
+  k->gemm_table = p->gemm_table;
+  k->fp8_gemm_table = p->fp8_gemm_table;
+  for (int c = 0; c < MP_KERNEL_COUNT; c++)
+    k->hbm_k[c] = g->hbm_GBps * 1e9 * (p->hbm_eff_kernel[c] > 0 ? p->hbm_eff_kernel[c] : p->hbm_eff);
+}
+
+static inline double op_compute_s(const mp_op *op, const op_costs *k) {
+  const double hbm = op->kernel < MP_KERNEL_COUNT ? k->hbm_k[op->kernel] : k->hbm;
+  double t_bytes = hbm > 0 ? op->bytes / hbm : 0.0, t_flops;
+  const int dt = op->dtype < MP_DTYPE_COUNT ? op->dtype : MP_DTYPE_BF16;
+  int fp8 = op->dtype == MP_DTYPE_FP8_E4M3 || op->dtype == MP_DTYPE_FP8_E5M2;
+  if (op->kernel == MP_KERNEL_GEMM) {
+    double size = (double)op->m * (double)op->n * (double)op->k *
+                  (double)(op->batch > 0 ? op->batch : 1);
+    double eff = (fp8 ? k->fp8_gemm_eff_max : k->gemm_eff_max) * size / (size + k->half_mnk);
+    const mp_gemm_table *table = fp8 ? k->fp8_gemm_table : k->gemm_table;
+    if (fp8 && !k->has_peak[op->dtype]) /* no fp8 units: runs as bf16 (not measured so) */
+      eff = k->gemm_eff_max * size / (size + k->half_mnk);
+    else if (table && op->batch <= 1) /* measured by shape: batch-1 GEMMs of that dtype */
+      eff *= mp_gemm_table_factor(table, op->variant, (double)op->m, (double)op->n,
+                                  (double)op->k);
+    /* peak_flops of an unknown dtype is the bf16 one (dt) */
+    t_flops = eff > 0 ? op->flops / (k->peak[dt] * eff) : 0.0;
+  } else if (op->kernel == MP_KERNEL_ATTENTION) {
+    t_flops = op->flops / k->attn_rate;
+  } else {
+    /* element-wise, norms, optimizer: CUDA cores, no tensor cores */
+    t_flops = op->flops / k->peak[MP_DTYPE_FP32];
+  }
+  return (t_flops > t_bytes ? t_flops : t_bytes) + k->kernel_overhead_s;
+}
+
+double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p) {
+  op_costs k;
+  op_costs_init(&k, g, p);
+  return op_compute_s(op, &k);
+}
+
+static _Thread_local mp_stack_profile g_default_stack[2];
+static _Thread_local int g_default_loaded[2];
+
+mp_status mp_sim_resolve_stack(mp_ctx *ctx, const mp_sim_config *cfg, const mp_stack_profile **out) {
+  if (cfg->stack) {
+    *out = cfg->stack;
+    return MP_OK;
+  }
+  int i = !mp_gpu_is_cpu(&cfg->cluster->gpu);
+  if (!g_default_loaded[i]) {
+    MP_CHECK(mp_stack_default(ctx, &cfg->cluster->gpu, &g_default_stack[i]));
+    g_default_loaded[i] = 1;
+  }
+  *out = &g_default_stack[i];
+  return MP_OK;
+}
+
+double mp_sim_pp_inflight(const mp_plan *p, int stage, int64_t n_micro) {
+  int pp = p->mesh.size[MP_DIM_PP];
+  if (pp <= 1) return 1.0;
+  double f;
+  if (p->opts.pp_schedule == MP_PP_GPIPE) {
+    f = (double)n_micro;
+  } else if (p->opts.pp_schedule == MP_PP_INTERLEAVED && p->opts.pp_virtual > 1) {
+    /* Megatron's interleaved 1F1B: rank `stage` runs (pp - stage - 1) x 2 + (v - 1) x pp
+     * warm-up forward chunks before its first backward; each chunk is 1/v of the
+     * rank's layers. */
+    int v = p->opts.pp_virtual;
+    f = ((double)(pp - stage - 1) * 2.0 + (double)(v - 1) * pp + 1.0) / v;
+  } else {
+    f = (double)(pp - stage);
+  }
+  if (f > (double)n_micro) f = (double)n_micro;
+  return f < 1.0 ? 1.0 : f;
+}
+
+/* ---- the schedule compiled ---------------------------------------------------------- */
+
+/* The scaled delta of a memory event (ACTIVATIONS by the stack's saved_act_factor): the
+ * same rounding for an ALLOC and its FREE, so levels stay balanced. */
+static int64_t mem_scaled(int cat, int64_t delta, double act_factor) {
+  if (cat == MP_MEM_ACTIVATIONS && act_factor != 1.0)
+    delta = delta > 0 ? (int64_t)((double)delta * act_factor)
+                      : -(int64_t)((double)-delta * act_factor);
+  return delta;
+}
+
+/* The links of the groups a schedule's collectives run on, each looked up once. */
+typedef struct link_set {
+  const mp_sim_link *given; /* the caller's, or NULL: looked up */
+  const mp_cluster *cl;
+  const mp_mesh *mesh;
+  int rank;
+  mp_sim_link link[MP_GROUP_COUNT];
+  unsigned have;
+  int has_cp_comm, has_p2p; /* a collective of the CP group, a send or recv was seen */
+} link_set;
+
+/* A memory event: its category and scaled delta (ALLOC raises, FREE lowers; outside the
+ * categories it has no effect). */
+static inline void compile_mem(const mp_op *op, double act_factor, cop *c) {
+  c->kind = COP_NOMEM;
+  if (op->mem_cat >= MP_MEM_COUNT) return;
+  c->mem_cat = (int8_t)op->mem_cat;
+  c->mem_delta = mem_scaled(op->mem_cat, op->type == MP_OP_ALLOC ? op->mem_bytes : -op->mem_bytes, act_factor);
+  c->kind = c->mem_delta > 0 ? COP_ALLOC : COP_FREE;
+}
+
+/* A timed op's kind and its cross-stream dependencies; seg_of_first is the first op of
+ * its segment (a MP_DEP_PREV_REP dependency on an earlier op of the same segment reads
+ * that op's previous instance). Returns 1 when a dependency names a later op. */
+static inline int compile_deps(const mp_schedule *s, int32_t i, int32_t seg_of_first, cop *cops) {
+  const mp_op *op = &s->ops[i];
+  cop *c = &cops[i];
+  int fwd_dep = 0;
+  c->kind = op->type == MP_OP_COMPUTE
+                ? (c->stream != MP_STREAM_COMPUTE ? COP_OTHER
+                   : op->phase == MP_PHASE_OPTIMIZER ? COP_OPT : COP_COMPUTE)
+                : COP_COMM;
+  for (int d = 0; d < op->n_dep && d < MP_OP_MAX_DEPS; d++) {
+    const int32_t j = op->dep[d];
+    if (j < 0 || j >= s->n_ops) continue;
+    /* An op on the same stream ended (any instance of it) no later than the stream's
+     * free time, which the op waits for anyway: end times never exceed their stream's
+     * free time (both start equal, an op ends at start + dur >= the free time it
+     * sets, skips add the same shift to both, and rounding is monotone), so such a
+     * dependency never moves a start; dropping it leaves every result unchanged. */
+    const int js = s->ops[j].stream < MP_STREAM_COUNT ? s->ops[j].stream : MP_STREAM_COMPUTE;
+    if (js == c->stream) continue;
+    const unsigned bit = 1u << c->n_dep;
+    if (op->dep_flags[d] & MP_DEP_PREV_REP) {
+      c->dep_skip0 |= (uint8_t)bit;
+      if (j >= seg_of_first && j < i) c->dep_prev |= (uint8_t)bit;
+    }
+    c->dep[c->n_dep++] = j;
+    /* the ops some dependency reads keep their end times */
+    if (j < i)
+      cops[j].keep_end = 1;
+    else
+      fwd_dep = 1;
+  }
+  return fwd_dep;
+}
+
+/* A collective's duration on its group's link (none for a collective of one rank). */
+static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op, const mp_stack_profile *prof,
+                                      double *dur) {
+  int g = op->group < MP_GROUP_COUNT ? op->group : MP_GROUP_WORLD;
+  if (!(ls->have & (1u << g))) {
+    MP_CHECK(mp_sim_link_of(ctx, ls->given, ls->cl, ls->mesh, (mp_group)g, ls->rank, &ls->link[g]));
+    ls->have |= 1u << g;
+  }
+  int p2p = op->coll == MP_COLL_SEND || op->coll == MP_COLL_RECV;
+  ls->has_cp_comm |= g == MP_GROUP_CP;
+  ls->has_p2p |= p2p;
+  const mp_sim_link *l = &ls->link[g];
+  if (l->n <= 1 && !p2p)
+    *dur = 0.0;
+  else
+    *dur = mp_sim_collective_s((mp_coll)op->coll, op->bytes, l->n, l->GBps * prof->link_eff, l->lat_s) +
+           prof->comm_overhead_s;
+  return MP_OK;
+}
+
+/* Context parallelism without explicit ring ops in the schedule: ring attention passes
+ * the K/V block of each of the cp ranks around the ring (backward passes K/V and their
+ * gradients, twice the bytes); each of the cp - 1 transfers overlaps the attention on
+ * the block already held, so attention takes t/cp + (cp-1) x max(t/cp, block). attn:
+ * the n_attn attention ops. */
+static mp_status ring_attention(mp_ctx *ctx, const mp_schedule *s, const link_set *ls, const mp_stack_profile *prof,
+                                const int32_t *attn, int32_t n_attn, sim_bufs *b) {
+  const mp_plan *plan = s->plan;
+  const mp_mesh *mesh = &plan->mesh;
+  const int cp = mesh->size[MP_DIM_CP];
+  mp_sim_link l;
+  MP_CHECK(mp_sim_link_of(ctx, ls->given, ls->cl, mesh, MP_GROUP_CP, s->rank, &l));
+  int tp = mesh->size[MP_DIM_TP];
+  double kv_heads = (double)plan->model.n_kv_heads / (tp > 0 ? tp : 1);
+  if (kv_heads < 1) kv_heads = 1;
+  double kv_bytes = (double)s->micro_batch * (double)s->seq / cp * kv_heads *
+                    (double)plan->model.head_dim * 2.0 /* K and V */ * 2.0 /* bf16 */;
+  for (int32_t a = 0; a < n_attn; a++) {
+    const int32_t i = attn[a];
+    const mp_op *op = &s->ops[i];
+    double bytes = op->phase == MP_PHASE_BACKWARD ? 2.0 * kv_bytes : kv_bytes;
+    double blk = mp_sim_collective_s(MP_COLL_SEND, bytes, 2, l.GBps * prof->link_eff, l.lat_s);
+    double t = (b->dur[i] - prof->kernel_overhead_s) / cp;
+    b->dur[i] = t + (cp - 1) * (t > blk ? t : blk) + prof->kernel_overhead_s;
+    b->cops[i].dur = b->dur[i];
+  }
+  return MP_OK;
+}
+
+mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster *cl, const mp_stack_profile *prof,
+                             const mp_sim_link *links, sim_bufs *b, int *has_p2p) {
+  const mp_mesh *mesh = &s->plan->mesh;
+  link_set ls;
+  memset(&ls, 0, sizeof ls);
+  ls.given = links;
+  ls.cl = cl;
+  ls.mesh = mesh;
+  ls.rank = s->rank;
+  const double act_factor = prof->saved_act_factor > 0 ? prof->saved_act_factor : 1.0;
+  op_costs kc;
+  op_costs_init(&kc, &cl->gpu, prof);
+  cop *cops = b->cops;
+  double *dur = b->dur;
+  uint8_t *seg_plain = b->prog->seg_plain;
+  int32_t *attn = b->prog->attn, n_attn = 0; /* for the context-parallel adjustment */
+  const int cp = mesh->size[MP_DIM_CP];
+  int fwd_dep = 0;
+  /* The segment each op belongs to decides which instance a MP_DEP_PREV_REP dependency
+   * reads: the previous repetition's for ops earlier in the same segment. */
+  int32_t seg_of_first = 0, seg_end = 0, si = 0;
+  for (int32_t i = 0; i < s->n_ops; i++) {
+    const mp_op *op = &s->ops[i];
+    while (i >= seg_end && si < s->n_segs) {
+      seg_of_first = s->segs[si].first_op;
+      seg_end = s->segs[si].first_op + s->segs[si].n_ops;
+      si++;
+    }
+    if (i >= seg_end) seg_of_first = i; /* an op outside every segment never runs */
+    else if (op->when != MP_WHEN_EVERY_MICRO) seg_plain[si - 1] = 0;
+    cop *c = &cops[i];
+    c->stream = op->stream < MP_STREAM_COUNT ? op->stream : MP_STREAM_COMPUTE;
+    c->when = op->when;
+    c->mem_cat = -1;
+    c->mem_delta = 0;
+    c->n_dep = 0;
+    c->dep_skip0 = c->dep_prev = 0;
+    c->keep_end = 0;
+    if (op->type == MP_OP_ALLOC || op->type == MP_OP_FREE)
+      compile_mem(op, act_factor, c);
+    else
+      fwd_dep |= compile_deps(s, i, seg_of_first, cops);
+    double d = 0.0;
+    if (op->type == MP_OP_COMPUTE) {
+      d = op_compute_s(op, &kc);
+      if (op->kernel == MP_KERNEL_ATTENTION && cp > 1) attn[n_attn++] = i;
+    } else if (op->type == MP_OP_COMM) {
+      MP_CHECK(comm_duration(ctx, &ls, op, prof, &d));
+    }
+    dur[i] = d;
+    c->dur = d;
+  }
+  /* a malformed forward dependency still reads a kept end */
+  if (fwd_dep)
+    for (int32_t i = 0; i < s->n_ops; i++)
+      for (int d = 0; d < cops[i].n_dep; d++) cops[cops[i].dep[d]].keep_end = 1;
+  if (cp > 1 && !ls.has_cp_comm) MP_CHECK(ring_attention(ctx, s, &ls, prof, attn, n_attn, b));
+  *has_p2p = ls.has_p2p;
+  return MP_OK;
+}

@@ -1,0 +1,608 @@
+/* The simulator's event engine: runs one rank's compiled schedule (engine.h) through the
+ * step, op instance by op instance, keeping the streams' free times, the busy sums and
+ * the memory levels and peaks (sim.c's opening comment gives the model).
+ *
+ * Periodicity (the planner's hot path). A segment repeated R > 4 times is simulated rep by
+ * rep until two consecutive repetitions advance every stream by the same amount (steady
+ * state of the max-plus recurrence); the repetitions up to the last are then skipped by
+ * shifting stream times, accumulators and the segment's op end times by k x that advance,
+ * and the memory levels by k x the net change per repetition (the in-repetition peak is
+ * linear in the repetition index, so its maximum is at the first or the last skipped one).
+ * The last repetition is simulated again so the next segment sees exact end times.
+ * Micro-batches are treated the same way: the first and the last are simulated, the
+ * middle ones until steady, then extrapolated. With a trace nothing is extrapolated (the
+ * trace shows every instance).
+ *
+ * Hot loop. The schedule's ops are compiled once per simulation into `cop`s (cost.c:
+ * durations, scaled memory deltas, cross-stream dependencies only) and each segment into
+ * a program of steps (see `step`): runs of dependency-free compute-stream ops and memory
+ * events are executed as separate ordered chains (time, busy sums, memory), every other
+ * op one by one; only ops some dependency reads keep end times. Every shortcut performs
+ * the same floating-point operations in the same order as op by op, so results are
+ * identical to the bit (the trace path, which runs op by op, is the reference).
+ *
+ * No allocation per op: per-op arrays live in per-thread scratch buffers that grow to
+ * the largest schedule seen and are reused. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim/engine.h"
+
+/* ---- per-thread buffers ------------------------------------------------------------- */
+
+static _Thread_local double *g_scratch;
+static _Thread_local size_t g_scratch_cap;
+
+static _Thread_local cop *g_cops;
+static _Thread_local size_t g_cops_cap;
+
+static cop *cop_buf(size_t n) {
+  if (n > g_cops_cap) {
+    cop *p = (cop *)realloc(g_cops, n * sizeof *p);
+    if (p == NULL) return NULL;
+    g_cops = p;
+    g_cops_cap = n;
+  }
+  return g_cops;
+}
+
+static _Thread_local prog_buf g_prog;
+
+static int grow(void **p, size_t *cap, size_t n, size_t elem) {
+  if (n <= *cap) return 1;
+  void *q = realloc(*p, n * elem);
+  if (q == NULL) return 0;
+  *p = q;
+  *cap = n;
+  return 1;
+}
+
+static void prog_release(prog_buf *b) {
+  free(b->keep);
+  free(b->seg_plain);
+  free(b->seg_step);
+  free(b->steps);
+  free(b->t);
+  free(b->c);
+  free(b->k);
+  free(b->m);
+  free(b->attn);
+  memset(b, 0, sizeof *b);
+}
+
+/* Room for a schedule of n_ops ops in n_segs segments. */
+static int prog_reserve(prog_buf *b, size_t n_ops, size_t n_segs) {
+  n_ops = n_ops > 0 ? n_ops : 1;
+  return grow((void **)&b->keep, &b->keep_cap, n_ops, sizeof *b->keep) &&
+         grow((void **)&b->seg_plain, &b->seg_plain_cap, n_segs + 1, 1) &&
+         grow((void **)&b->seg_step, &b->seg_step_cap, n_segs + 1, sizeof *b->seg_step) &&
+         grow((void **)&b->steps, &b->steps_cap, n_ops + n_segs, sizeof *b->steps) &&
+         grow((void **)&b->t, &b->t_cap, n_ops, sizeof *b->t) &&
+         grow((void **)&b->c, &b->c_cap, n_ops, sizeof *b->c) &&
+         grow((void **)&b->k, &b->k_cap, n_ops, sizeof *b->k) &&
+         grow((void **)&b->m, &b->m_cap, n_ops, sizeof *b->m) &&
+         grow((void **)&b->attn, &b->attn_cap, n_ops, sizeof *b->attn);
+}
+
+static double *scratch(size_t n) {
+  if (n > g_scratch_cap) {
+    double *p = (double *)realloc(g_scratch, n * sizeof *p);
+    if (p == NULL) return NULL;
+    g_scratch = p;
+    g_scratch_cap = n;
+  }
+  return g_scratch;
+}
+
+void mp_sim_thread_release(void) {
+  free(g_scratch);
+  g_scratch = NULL;
+  g_scratch_cap = 0;
+  free(g_cops);
+  g_cops = NULL;
+  g_cops_cap = 0;
+  prog_release(&g_prog);
+  mp_sim_network_release();
+  mp_sim_plan_release();
+}
+
+mp_status mp_sim_bufs_get(mp_ctx *ctx, const mp_schedule *s, sim_bufs *out) {
+  double *buf = scratch((size_t)(s->n_ops > 0 ? s->n_ops : 1) * 3);
+  cop *cops = cop_buf((size_t)(s->n_ops > 0 ? s->n_ops : 1));
+  if (buf == NULL || cops == NULL)
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory simulating %d ops", s->n_ops);
+  prog_buf *pb = &g_prog;
+  if (!prog_reserve(pb, (size_t)s->n_ops, (size_t)s->n_segs))
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory simulating %d ops", s->n_ops);
+  out->dur = buf;
+  out->end_cur = buf + s->n_ops;
+  out->end_prev = buf + 2 * (size_t)s->n_ops;
+  out->cops = cops;
+  out->prog = pb;
+  memset(out->end_cur, 0, 2 * (size_t)s->n_ops * sizeof *out->end_cur);
+  memset(pb->seg_plain, 1, (size_t)s->n_segs);
+  return MP_OK;
+}
+
+/* ---- the state and its steps -------------------------------------------------------- */
+
+/* A memory state worth checking for peaks: the levels after an allocation, or a skipped
+ * window's extreme. tot is the sum of bd. */
+static void mem_candidate_tot(sim *x, const int64_t bd[MP_MEM_COUNT], int64_t tot) {
+  if (tot > x->peak_tot) {
+    x->peak_tot = tot;
+    memcpy(x->at_peak, bd, sizeof x->at_peak);
+  }
+  if (x->rep_trk.on && tot > x->rep_trk.peak_tot) {
+    x->rep_trk.peak_tot = tot;
+    memcpy(x->rep_trk.peak_bd, bd, sizeof x->rep_trk.peak_bd);
+  }
+  if (x->micro_trk.on && tot > x->micro_trk.peak_tot) {
+    x->micro_trk.peak_tot = tot;
+    memcpy(x->micro_trk.peak_bd, bd, sizeof x->micro_trk.peak_bd);
+  }
+  if (bd[MP_MEM_ACTIVATIONS] - x->act_base > x->act_rise)
+    x->act_rise = bd[MP_MEM_ACTIVATIONS] - x->act_base;
+}
+
+static void cat_max_all(sim *x, const int64_t bd[MP_MEM_COUNT]) {
+  for (int c = 0; c < MP_MEM_COUNT; c++)
+    if (bd[c] > x->cat_max[c]) x->cat_max[c] = bd[c];
+}
+
+static void mem_candidate(sim *x, const int64_t bd[MP_MEM_COUNT]) {
+  int64_t tot = 0;
+  for (int c = 0; c < MP_MEM_COUNT; c++) tot += bd[c];
+  cat_max_all(x, bd);
+  mem_candidate_tot(x, bd, tot);
+}
+
+/* The memory effect of a positive (already scaled) delta of category cat; *tot is the sum
+ * of the levels (x->level_tot, or run_rep's register copy of it). A non-positive delta
+ * only moves the levels (mem_release). */
+static inline __attribute__((always_inline)) void mem_raise(sim *x, int cat, int64_t delta,
+                                                            int64_t *tot) {
+  x->level[cat] += delta;
+  *tot += delta;
+  /* the total is the exact sum of the levels (integers, kept in step). Every category's
+   * high-water mark already covers its level unless a skip moved the levels: then all
+   * are checked, as a candidate of the full state would be. */
+  if (x->cat_max_stale) {
+    cat_max_all(x, x->level);
+    x->cat_max_stale = 0;
+  } else if (x->level[cat] > x->cat_max[cat]) {
+    x->cat_max[cat] = x->level[cat];
+  }
+  mem_candidate_tot(x, x->level, *tot);
+}
+
+static inline __attribute__((always_inline)) void mem_release(sim *x, int cat, int64_t delta,
+                                                              int64_t *tot) {
+  x->level[cat] += delta;
+  *tot += delta;
+}
+
+static void trk_start(sim *x, tracker *t) {
+  t->on = 1;
+  memcpy(t->start, x->level, sizeof t->start);
+  memcpy(t->peak_bd, x->level, sizeof t->peak_bd);
+  t->peak_tot = x->level_tot;
+}
+
+static void trace_push(sim *x, int32_t op, int32_t layer, int32_t micro, double start,
+                       double dur) {
+  mp_sim_trace *t = x->trace;
+  if (t->n == t->cap) {
+    size_t cap = t->cap ? 2 * t->cap : 1024;
+    mp_sim_event *e = (mp_sim_event *)realloc(t->ev, cap * sizeof *e);
+    if (e == NULL) {
+      x->trace_failed = 1;
+      return;
+    }
+    t->ev = e;
+    t->cap = cap;
+  }
+  mp_sim_event *e = &t->ev[t->n++];
+  e->start_s = start;
+  e->dur_s = dur;
+  e->op = op;
+  e->layer = layer;
+  e->micro = micro;
+}
+
+/* Runs one op instance; returns 1 with its start time when a timed op ran (for the
+ * trace), 0 for a memory event or an op its `when` skips. The trace's path: every end
+ * time is kept. */
+static inline int run_op(sim *x, int32_t idx, int32_t rep, int32_t micro, double *t_start) {
+  const cop *op = &x->ops[idx];
+  if (micro >= 0) {
+    if ((op->when == MP_WHEN_FIRST_MICRO || op->when == MP_WHEN_ONCE) && micro != 0) return 0;
+    if (op->when == MP_WHEN_LAST_MICRO && micro != x->n_micro - 1) return 0;
+  }
+  const int st = op->stream;
+  double *end_cur = x->end_cur, *end_prev = x->end_prev;
+  if (op->kind >= COP_ALLOC) {
+    if (op->kind == COP_ALLOC)
+      mem_raise(x, op->mem_cat, op->mem_delta, &x->level_tot);
+    else if (op->kind == COP_FREE)
+      mem_release(x, op->mem_cat, op->mem_delta, &x->level_tot);
+    end_prev[idx] = end_cur[idx];
+    end_cur[idx] = x->a.free_t[st];
+    return 0;
+  }
+  double t0 = x->a.free_t[st], ready = 0.0;
+  for (int d = 0; d < op->n_dep; d++) {
+    const unsigned bit = 1u << d;
+    if ((op->dep_skip0 & bit) && rep == 0) continue;
+    const double e = (op->dep_prev & bit) ? end_prev[op->dep[d]] : end_cur[op->dep[d]];
+    if (e > ready) ready = e;
+  }
+  double start = t0 > ready ? t0 : ready, d = op->dur;
+  if (st == MP_STREAM_COMPUTE) x->a.wait += start - t0;
+  if (op->kind == COP_COMPUTE)
+    x->a.compute += d;
+  else if (op->kind == COP_OPT)
+    x->a.opt += d;
+  else if (op->kind == COP_COMM)
+    x->a.comm_busy[st] += d;
+  end_prev[idx] = end_cur[idx];
+  end_cur[idx] = start + d;
+  x->a.free_t[st] = start + d;
+  *t_start = start;
+  return 1;
+}
+
+/* The simulation state run_rep keeps in registers (see run_rep). */
+typedef struct regs {
+  double compute, opt, wait, fc;
+  int64_t level_tot;
+} regs;
+
+/* One op as run_op runs it, without the trace: the same additions in the same order, so
+ * the same results to the bit, with two shortcuts that change no result:
+ *   - only ops some dependency reads (keep_end) store their end times; nothing else
+ *     reads them (skip_time shifts only those too);
+ *   - an op without dependencies starts when its stream is free: ready stays 0.0 and the
+ *     stream's free time is >= 0, so start = t0 and the wait grows by +0.0, which leaves
+ *     it unchanged (it is >= +0.0).
+ * mem_raise and mem_release only touch the memory levels, never the times. */
+static inline __attribute__((always_inline)) void run_one(sim *x, regs *r, int32_t idx,
+                                                          int32_t rep) {
+  const cop *op = &x->ops[idx];
+  double *restrict free_t = x->a.free_t;
+  double *restrict end_cur = x->end_cur, *restrict end_prev = x->end_prev;
+  const int st = op->stream;
+  const int on_c = st == MP_STREAM_COMPUTE;
+  const unsigned kind = op->kind;
+  if (kind >= COP_ALLOC) {
+    if (kind == COP_ALLOC)
+      mem_raise(x, op->mem_cat, op->mem_delta, &r->level_tot);
+    else if (kind == COP_FREE)
+      mem_release(x, op->mem_cat, op->mem_delta, &r->level_tot);
+    if (op->keep_end) {
+      end_prev[idx] = end_cur[idx];
+      end_cur[idx] = on_c ? r->fc : free_t[st];
+    }
+    return;
+  }
+  const double d = op->dur;
+  if (kind == COP_COMPUTE)
+    r->compute += d;
+  else if (kind == COP_OPT)
+    r->opt += d;
+  else if (kind == COP_COMM)
+    x->a.comm_busy[st] += d;
+  double end;
+  if (op->n_dep == 0) {
+    end = (on_c ? r->fc : free_t[st]) + d;
+  } else {
+    const double t0 = on_c ? r->fc : free_t[st];
+    double ready = 0.0;
+    const unsigned skip = rep == 0 ? op->dep_skip0 : 0u;
+    for (int k = 0; k < op->n_dep; k++) {
+      const unsigned bit = 1u << k;
+      if (skip & bit) continue;
+      const double e = (op->dep_prev & bit) ? end_prev[op->dep[k]] : end_cur[op->dep[k]];
+      if (e > ready) ready = e;
+    }
+    const double start = t0 > ready ? t0 : ready;
+    if (on_c) r->wait += start - t0;
+    end = start + d;
+  }
+  if (op->keep_end) {
+    end_prev[idx] = end_cur[idx];
+    end_cur[idx] = end;
+  }
+  if (on_c)
+    r->fc = end;
+  else
+    free_t[st] = end;
+}
+
+static void run_rep(sim *x, const mp_segment *g, int32_t rep, int32_t micro) {
+  const int32_t first = g->first_op, last = g->first_op + g->n_ops;
+  double t;
+  if (x->trace != NULL) {
+    for (int32_t idx = first; idx < last; idx++) {
+      if (!run_op(x, idx, rep, micro, &t)) continue;
+      int32_t l = x->s->ops[idx].layer;
+      int32_t layer = l >= 0 ? l + rep * g->layer_step : l;
+      trace_push(x, idx, layer, micro, t, x->ops[idx].dur);
+    }
+    return;
+  }
+  /* The accumulators in locals: end_cur and end_prev are doubles too, so through x the
+   * compiler would store and reload them at every op. */
+  regs r = {x->a.compute, x->a.opt, x->a.wait, x->a.free_t[MP_STREAM_COMPUTE], x->level_tot};
+  const int32_t si = (int32_t)(g - x->s->segs);
+  if (micro >= 0 && !x->seg_plain[si] && (micro != 0 || micro != x->n_micro - 1)) {
+    /* a segment with ops some micro-batches skip: op by op, `when` tested */
+    const int not_first = micro != 0, not_last = micro != x->n_micro - 1;
+    for (int32_t idx = first; idx < last; idx++) {
+      const cop *op = &x->ops[idx];
+      if (not_first && (op->when == MP_WHEN_FIRST_MICRO || op->when == MP_WHEN_ONCE)) continue;
+      if (not_last && op->when == MP_WHEN_LAST_MICRO) continue;
+      run_one(x, &r, idx, rep);
+    }
+  } else {
+    const step *restrict sp = x->steps;
+    const double *restrict pt = x->prog_t, *restrict pc = x->prog_c, *restrict pk = x->prog_k;
+    const mev *restrict pm = x->prog_m;
+    for (int32_t j = x->seg_step[si], e = x->seg_step[si + 1]; j < e; j++) {
+      const step *q = &sp[j];
+      if (q->op >= 0) {
+        run_one(x, &r, q->op, rep);
+        continue;
+      }
+      double fc = r.fc, compute = r.compute;
+      for (int32_t i = q->t_lo; i < q->t_hi; i++) fc += pt[i];
+      for (int32_t i = q->c_lo; i < q->c_hi; i++) compute += pc[i];
+      r.fc = fc;
+      r.compute = compute;
+      if (q->k_hi > q->k_lo) {
+        double kb = x->a.comm_busy[MP_STREAM_COMPUTE];
+        for (int32_t i = q->k_lo; i < q->k_hi; i++) kb += pk[i];
+        x->a.comm_busy[MP_STREAM_COMPUTE] = kb;
+      }
+      for (int32_t i = q->m_lo; i < q->m_hi; i++) {
+        if (pm[i].delta > 0)
+          mem_raise(x, pm[i].cat, pm[i].delta, &r.level_tot);
+        else
+          mem_release(x, pm[i].cat, pm[i].delta, &r.level_tot);
+      }
+    }
+  }
+  x->level_tot = r.level_tot;
+  x->a.free_t[MP_STREAM_COMPUTE] = r.fc;
+  x->a.compute = r.compute;
+  x->a.opt = r.opt;
+  x->a.wait = r.wait;
+}
+
+static void accum_sub(const accum *a, const accum *b, accum *out) {
+  for (int s = 0; s < MP_STREAM_COUNT; s++) {
+    out->free_t[s] = a->free_t[s] - b->free_t[s];
+    out->comm_busy[s] = a->comm_busy[s] - b->comm_busy[s];
+  }
+  out->compute = a->compute - b->compute;
+  out->opt = a->opt - b->opt;
+  out->wait = a->wait - b->wait;
+}
+
+static int close_enough(double u, double v) {
+  double m = fabs(u) > fabs(v) ? fabs(u) : fabs(v);
+  return fabs(u - v) <= 1e-9 * m + 1e-15;
+}
+
+static int same_advance(const accum *d1, const accum *d2) {
+  for (int s = 0; s < MP_STREAM_COUNT; s++)
+    if (!close_enough(d1->free_t[s], d2->free_t[s]) ||
+        !close_enough(d1->comm_busy[s], d2->comm_busy[s]))
+      return 0;
+  return close_enough(d1->compute, d2->compute) && close_enough(d1->wait, d2->wait) &&
+         close_enough(d1->opt, d2->opt);
+}
+
+/* Skips k windows that each advance time by d: shifts the state and the end times of
+ * the ops in [first, first + n) that keep one (the others are never read). */
+static void skip_time(sim *x, int64_t k, const accum *d, int32_t first, int32_t n) {
+  double kk = (double)k;
+  for (int s = 0; s < MP_STREAM_COUNT; s++) {
+    x->a.free_t[s] += kk * d->free_t[s];
+    x->a.comm_busy[s] += kk * d->comm_busy[s];
+  }
+  x->a.compute += kk * d->compute;
+  x->a.opt += kk * d->opt;
+  x->a.wait += kk * d->wait;
+  /* the kept ops are listed ascending: find the first at or after `first` */
+  int32_t lo = 0, hi = x->n_keep;
+  while (lo < hi) {
+    int32_t mid = (lo + hi) / 2;
+    if (x->keep[mid] < first) lo = mid + 1;
+    else hi = mid;
+  }
+  for (int32_t j = lo; j < x->n_keep && x->keep[j] < first + n; j++) {
+    const int32_t i = x->keep[j];
+    int st = x->ops[i].stream;
+    x->end_cur[i] += kk * d->free_t[st];
+    x->end_prev[i] += kk * d->free_t[st];
+  }
+}
+
+/* Skips k windows with the memory pattern of the window just simulated (tracked by t,
+ * which started at t->start and ends at the current level). */
+static void skip_mem(sim *x, int64_t k, const tracker *t) {
+  int64_t D[MP_MEM_COUNT], cand[MP_MEM_COUNT];
+  for (int c = 0; c < MP_MEM_COUNT; c++) D[c] = x->level[c] - t->start[c];
+  int64_t is[2] = {1, k};
+  for (int j = 0; j < 2; j++) {
+    for (int c = 0; c < MP_MEM_COUNT; c++) cand[c] = t->peak_bd[c] + is[j] * D[c];
+    mem_candidate(x, cand);
+  }
+  for (int c = 0; c < MP_MEM_COUNT; c++) {
+    x->level[c] += k * D[c];
+    x->level_tot += k * D[c];
+  }
+  x->cat_max_stale = 1;
+}
+
+static void run_segment(sim *x, const mp_segment *g, int32_t micro) {
+  int32_t R = g->repeat < 1 ? 1 : g->repeat;
+  if (!x->extrapolate || R <= 4) {
+    for (int32_t r = 0; r < R; r++) run_rep(x, g, r, micro);
+    return;
+  }
+  accum before, delta, prev;
+  int have_prev = 0;
+  for (int32_t r = 0; r < R; r++) {
+    before = x->a;
+    trk_start(x, &x->rep_trk);
+    run_rep(x, g, r, micro);
+    accum_sub(&x->a, &before, &delta);
+    if (have_prev && r < R - 2 && same_advance(&delta, &prev)) {
+      int32_t k = R - 2 - r; /* repetitions r+1 .. R-2; R-1 is simulated */
+      skip_time(x, k, &delta, g->first_op, g->n_ops);
+      skip_mem(x, k, &x->rep_trk);
+      r = R - 2;
+      have_prev = 0;
+      continue;
+    }
+    prev = delta;
+    have_prev = 1;
+  }
+  x->rep_trk.on = 0;
+}
+
+static int seg_is_step(const mp_segment *g) {
+  return g->phase == MP_PHASE_PROLOGUE || g->phase == MP_PHASE_OPTIMIZER;
+}
+
+static void run_micro(sim *x, int32_t micro) {
+  x->act_base = x->level[MP_MEM_ACTIVATIONS];
+  for (int32_t i = 0; i < x->s->n_segs; i++)
+    if (!seg_is_step(&x->s->segs[i])) run_segment(x, &x->s->segs[i], micro);
+}
+
+/* ---- compiling the segments' programs ---------------------------------------------- */
+
+/* Compiles every segment's ops into steps (see `step`) and lists the segment ops that keep
+ * their end time (ascending: segments cover ops in order); returns how many. */
+static int32_t prog_compile(prog_buf *b, const mp_schedule *s, const cop *cops) {
+  int32_t n_steps = 0, nt = 0, nc = 0, nk = 0, nm = 0, n_keep = 0;
+  for (int32_t si = 0; si < s->n_segs; si++) {
+    const mp_segment *g = &s->segs[si];
+    b->seg_step[si] = n_steps;
+    step *run = NULL;
+    for (int32_t i = g->first_op; i < g->first_op + g->n_ops; i++) {
+      const cop *c = &cops[i];
+      if (c->keep_end) b->keep[n_keep++] = i;
+      const int mem = c->kind >= COP_ALLOC;
+      const int plain =
+          !c->keep_end &&
+          (mem || (c->stream == MP_STREAM_COMPUTE && c->n_dep == 0 &&
+                   (c->kind == COP_COMPUTE || c->kind == COP_COMM)));
+      if (!plain) {
+        b->steps[n_steps++] = (step){i, 0, 0, 0, 0, 0, 0, 0, 0};
+        run = NULL;
+        continue;
+      }
+      if (c->kind == COP_NOMEM) continue; /* no memory effect, no time, no end time */
+      if (run == NULL) {
+        run = &b->steps[n_steps++];
+        *run = (step){-1, nt, nt, nc, nk, nm, nc, nk, nm};
+      }
+      if (mem) {
+        b->m[nm++] = (mev){c->mem_delta, c->mem_cat};
+        run->m_hi = nm;
+      } else {
+        b->t[nt++] = c->dur;
+        run->t_hi = nt;
+        if (c->kind == COP_COMPUTE) {
+          b->c[nc++] = c->dur;
+          run->c_hi = nc;
+        } else {
+          b->k[nk++] = c->dur;
+          run->k_hi = nk;
+        }
+      }
+    }
+  }
+  b->seg_step[s->n_segs] = n_steps;
+  return n_keep;
+}
+
+/* ---- the step ----------------------------------------------------------------------- */
+
+void mp_sim_engine_init(sim *x, const mp_schedule *s, const sim_bufs *b, int extrapolate) {
+  prog_buf *pb = b->prog;
+  const int32_t n_keep = prog_compile(pb, s, b->cops);
+  memset(x, 0, sizeof *x);
+  x->s = s;
+  x->ops = b->cops;
+  x->dur = b->dur;
+  x->end_cur = b->end_cur;
+  x->end_prev = b->end_prev;
+  x->n_micro = s->n_micro > 0 ? s->n_micro : 1;
+  x->extrapolate = extrapolate;
+  x->keep = pb->keep;
+  x->n_keep = n_keep;
+  x->seg_plain = pb->seg_plain;
+  x->seg_step = pb->seg_step;
+  x->steps = pb->steps;
+  x->prog_t = pb->t;
+  x->prog_c = pb->c;
+  x->prog_k = pb->k;
+  x->prog_m = pb->m;
+}
+
+void mp_sim_run_step(sim *x, int64_t *act_rise_max_out, double *t_micro) {
+  const mp_schedule *s = x->s;
+  /* prologue */
+  for (int32_t i = 0; i < s->n_segs; i++)
+    if (s->segs[i].phase == MP_PHASE_PROLOGUE) run_segment(x, &s->segs[i], -1);
+  /* micro-batches: first, middle ones until steady, last */
+  double micro_t0 = x->a.free_t[MP_STREAM_COMPUTE];
+  int64_t act_rise_max = 0, n = x->n_micro;
+  x->act_rise = 0;
+  run_micro(x, 0);
+  if (x->act_rise > act_rise_max) act_rise_max = x->act_rise;
+  accum before, delta, prev;
+  int have_prev = 0;
+  int32_t first_micro_op = s->n_ops, last_micro_op = 0;
+  for (int32_t i = 0; i < s->n_segs; i++)
+    if (!seg_is_step(&s->segs[i])) {
+      if (s->segs[i].first_op < first_micro_op) first_micro_op = s->segs[i].first_op;
+      if (s->segs[i].first_op + s->segs[i].n_ops > last_micro_op)
+        last_micro_op = s->segs[i].first_op + s->segs[i].n_ops;
+    }
+  for (int64_t m = 1; m <= n - 2; m++) {
+    before = x->a;
+    trk_start(x, &x->micro_trk);
+    x->act_rise = 0;
+    run_micro(x, (int32_t)m);
+    if (x->act_rise > act_rise_max) act_rise_max = x->act_rise;
+    accum_sub(&x->a, &before, &delta);
+    if (x->extrapolate && have_prev && m < n - 2 && same_advance(&delta, &prev)) {
+      int64_t k = n - 2 - m;
+      if (last_micro_op > first_micro_op)
+        skip_time(x, k, &delta, first_micro_op, last_micro_op - first_micro_op);
+      skip_mem(x, k, &x->micro_trk);
+      m = n - 2;
+      continue;
+    }
+    prev = delta;
+    have_prev = 1;
+  }
+  x->micro_trk.on = 0;
+  if (n >= 2) {
+    x->act_rise = 0;
+    run_micro(x, (int32_t)(n - 1));
+    if (x->act_rise > act_rise_max) act_rise_max = x->act_rise;
+  }
+  *t_micro = (x->a.free_t[MP_STREAM_COMPUTE] - micro_t0) / (double)n;
+  /* optimizer */
+  for (int32_t i = 0; i < s->n_segs; i++)
+    if (s->segs[i].phase == MP_PHASE_OPTIMIZER) run_segment(x, &s->segs[i], -1);
+  *act_rise_max_out = act_rise_max;
+}

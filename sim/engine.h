@@ -1,0 +1,151 @@
+/* The simulator's event engine, as its files share it (not an interface for other
+ * modules): the compiled form of a schedule's ops (cost.c fills it), the programs the
+ * segments compile to, and the state of one simulation (engine.c runs it; sim.c reads
+ * the result). sim.c's opening comment describes the model; engine.c's the engine. */
+#ifndef MP_SIM_ENGINE_H
+#define MP_SIM_ENGINE_H
+
+#include <stdint.h>
+
+#include "sim/sim.h"
+#include "sim/sim_internal.h"
+
+/* The hot loop's view of an op: the schedule's op compiled by cost.c (its duration, its
+ * scaled memory delta, its cross-stream dependencies only). */
+typedef struct cop {
+  double dur;         /* seconds */
+  int64_t mem_delta;  /* ALLOC: +bytes, FREE: -bytes; ACTIVATIONS already scaled by the
+                         stack's saved_act_factor */
+  int32_t dep[MP_OP_MAX_DEPS]; /* valid op indices only */
+  uint8_t n_dep;
+  uint8_t dep_skip0;  /* bit d: MP_DEP_PREV_REP, ignored in a first repetition */
+  uint8_t dep_prev;   /* bit d: read the previous instance's end (end_prev) */
+  uint8_t stream;     /* resolved (an out-of-range stream runs on compute) */
+  uint8_t kind;       /* COP_* */
+  uint8_t when;
+  int8_t mem_cat;     /* -1: outside the categories (no memory effect) */
+  uint8_t keep_end;   /* some dependency reads its end time: only these ops keep one */
+} cop;
+
+/* Timed kinds first, then the memory events: `kind >= COP_ALLOC` is one test in the hot
+ * loop. COP_ALLOC is an event whose (scaled) delta is positive, the only ones that can
+ * raise a peak; COP_FREE a non-positive one; COP_NOMEM one outside the categories. */
+enum { COP_COMPUTE = 0, COP_OPT, COP_COMM, COP_OTHER, COP_ALLOC, COP_FREE, COP_NOMEM };
+
+/* Segment programs (run_rep's fast path). A segment's ops compile to steps: a step is
+ * either one op run as in run_op (`op` >= 0), or a run of consecutive "plain" ops
+ * (`op` < 0): memory events whose end time nobody reads, and dependency-free compute
+ * stream ops (compute kernels or collectives) whose end time nobody reads. Such an op
+ * starts when the compute stream is free, so within a run the time chain is
+ * fc = fc + d op after op, the compute and collective busy sums add their ops' durations
+ * in order, and the memory events apply in order; none of the three reads another, so the
+ * run does each as its own loop over contiguous arrays: the same additions in the same
+ * order as op by op, so the same results to the bit. */
+typedef struct step {
+  int32_t op;         /* >= 0: this op alone; < 0: a run */
+  int32_t t_lo, t_hi; /* run: every timed op's duration, in order (prog_t) */
+  int32_t c_hi;       /* compute kernels' durations prog_c[c_lo, c_hi), c_lo = previous c_hi */
+  int32_t k_hi;       /* compute-stream collectives' durations prog_k[k_lo, k_hi) */
+  int32_t m_hi;       /* memory events prog_m[m_lo, m_hi) */
+  int32_t c_lo, k_lo, m_lo;
+} step;
+
+typedef struct mev {
+  int64_t delta; /* scaled; > 0 can raise a peak */
+  int32_t cat;
+} mev;
+
+/* Per-thread buffers of the compiled schedule, grown to the largest schedule seen: the
+ * ops whose end time is kept (ascending), per segment whether every op runs in every
+ * micro-batch (no `when` filtering) and its first step, the steps and the runs' arrays. */
+typedef struct prog_buf {
+  int32_t *keep;
+  size_t keep_cap;
+  uint8_t *seg_plain;
+  size_t seg_plain_cap;
+  int32_t *seg_step;
+  size_t seg_step_cap;
+  step *steps;
+  size_t steps_cap;
+  double *t, *c, *k;
+  size_t t_cap, c_cap, k_cap;
+  mev *m;
+  size_t m_cap;
+  int32_t *attn; /* attention ops (context parallelism's adjustment) */
+  size_t attn_cap;
+} prog_buf;
+
+/* What the time simulation accumulates; snapshots of it give per-repetition advances. */
+typedef struct accum {
+  double free_t[MP_STREAM_COUNT];
+  double comm_busy[MP_STREAM_COUNT];
+  double compute, opt, wait;
+} accum;
+
+/* Peak of a window (a repetition or a micro-batch). */
+typedef struct tracker {
+  int on;
+  int64_t start[MP_MEM_COUNT];
+  int64_t peak_tot;
+  int64_t peak_bd[MP_MEM_COUNT];
+} tracker;
+
+typedef struct sim {
+  const mp_schedule *s;
+  const cop *ops;     /* the schedule's ops compiled for the loop */
+  const double *dur;
+  double *end_cur, *end_prev;
+  accum a;
+  int64_t level[MP_MEM_COUNT], level_tot, peak_tot, at_peak[MP_MEM_COUNT], cat_max[MP_MEM_COUNT];
+  tracker rep_trk, micro_trk;
+  int64_t act_base, act_rise;
+  const int32_t *keep; /* ops that keep an end time, ascending */
+  int32_t n_keep;
+  const uint8_t *seg_plain; /* per segment: every op runs in every micro-batch */
+  const int32_t *seg_step;  /* per segment: its steps are steps[seg_step[i], seg_step[i+1]) */
+  const step *steps;
+  const double *prog_t, *prog_c, *prog_k;
+  const mev *prog_m;
+  int64_t n_micro;
+  int extrapolate;
+  int cat_max_stale; /* some level[c] may exceed cat_max[c] (after skip_mem) */
+  mp_sim_trace *trace;
+  int trace_failed;
+} sim;
+
+/* The per-thread buffers of one simulation, sized for its schedule (engine.c owns them;
+ * mp_sim_thread_release frees them). */
+typedef struct sim_bufs {
+  double *dur, *end_cur, *end_prev; /* per op: duration, end of the current and the
+                                       previous instance */
+  cop *cops;                        /* per op */
+  prog_buf *prog;                   /* the segments' programs; per segment seg_plain */
+} sim_bufs;
+
+/* ---- engine.c ---- */
+
+/* Buffers for s: end times zeroed, every segment plain (cost.c clears seg_plain where an
+ * op's `when` filters). MP_ERR_NOMEM when they cannot grow. */
+mp_status mp_sim_bufs_get(mp_ctx *ctx, const mp_schedule *s, sim_bufs *out);
+/* x ready to run s from the compiled ops in b (their programs compiled here);
+ * extrapolate 0 runs every instance (with a trace). */
+void mp_sim_engine_init(sim *x, const mp_schedule *s, const sim_bufs *b, int extrapolate);
+/* Runs the step: the prologue, the micro-batches (first, middle ones until steady, last),
+ * the optimizer. *act_rise_max: the largest activation rise of one micro-batch;
+ * *t_micro: the compute stream's time per micro-batch. */
+void mp_sim_run_step(sim *x, int64_t *act_rise_max, double *t_micro);
+
+/* ---- cost.c ---- */
+
+/* Peak FLOP/s of a dtype on g (the bf16 one where g states none for it). */
+double mp_sim_peak_flops(const mp_gpu *g, int dtype);
+/* cfg's stack, or the default one of its cluster's GPU (loaded once per thread). */
+mp_status mp_sim_resolve_stack(mp_ctx *ctx, const mp_sim_config *cfg, const mp_stack_profile **out);
+/* Compiles s's ops into b->cops and b->dur with the costs of cluster cl and stack prof
+ * (links: the groups' links, or NULL to look them up), and clears b->prog->seg_plain of
+ * the segments whose ops some micro-batches skip. *has_p2p: the schedule carries its own
+ * send/recv ops. */
+mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster *cl, const mp_stack_profile *prof,
+                             const mp_sim_link *links, sim_bufs *b, int *has_p2p);
+
+#endif
