@@ -17,8 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "calib/calib_internal.h"
 #include "common/progress.h"
 #include "common/stats.h"
 #include "common/timeutil.h"
@@ -622,13 +622,7 @@ mp_status mp_calib_measure(mp_ctx *ctx, mp_comm *comm, const mp_backend *be, mp_
   if (o.copy_bytes <= 0) o.copy_bytes = dflt.copy_bytes;
   MP_CHECK(check_cpu_options(ctx, &o));
 
-  memset(out, 0, sizeof *out);
-  mp_now_iso(out->created_at, sizeof out->created_at);
-  snprintf(out->device, sizeof out->device, "%s", be->name);
-  if (gethostname(out->host, sizeof out->host) != 0) snprintf(out->host, sizeof out->host, "unknown");
-  out->host[sizeof out->host - 1] = '\0';
-  out->threads = omp_get_max_threads();
-  out->world = mp_comm_world_size(comm);
+  mp_calib_begin(out, be->name, omp_get_max_threads(), mp_comm_world_size(comm));
 
   MP_CHECK(cpu_measure_kernels(ctx, comm, be, kc, &o, out));
   MP_CHECK(measure_copy(ctx, comm, o.reps, o.copy_bytes, &out->copy_GBps));

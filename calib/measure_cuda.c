@@ -18,11 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "calib/calib_internal.h"
 #include "common/progress.h"
 #include "common/stats.h"
-#include "common/timeutil.h"
 #include "kernels/cuda/cuda.h"
 
 /* ---- the GPU profile ------------------------------------------------------------------- */
@@ -149,6 +148,7 @@ typedef struct cal {
   mp_kctx *kc;
   cudaStream_t stream;
   cudaEvent_t e0, e1;
+  int events;    /* e0 and e1 exist */
   int reps;
   double *t;     /* reps */
   float *rnd;    /* FILL_BLOCK values in [-1, 1) */
@@ -559,33 +559,102 @@ static mp_status check_options(mp_ctx *ctx, const mp_calib_options *o) {
   return MP_OK;
 }
 
+/* The defaults, with the caller's sets in place of them one group at a time (a group
+ * with no points, or a size 0: the default). */
+static void merge_options(const mp_calib_options *opts, mp_calib_options *o) {
+  mp_calib_options_init_cuda(o, 0);
+  if (!opts) return;
+  o->reps = opts->reps;
+  o->device = opts->device;
+  snprintf(o->gpu_profile, sizeof o->gpu_profile, "%s", opts->gpu_profile);
+  if (opts->n_gemm > 0) {
+    o->n_gemm = opts->n_gemm;
+    memcpy(o->gemm, opts->gemm, sizeof o->gemm);
+  }
+  if (opts->n_attn > 0) {
+    o->n_attn = opts->n_attn;
+    memcpy(o->attn, opts->attn, sizeof o->attn);
+  }
+  if (opts->n_f8 > 0) {
+    o->n_f8 = opts->n_f8;
+    memcpy(o->f8, opts->f8, sizeof o->f8);
+  }
+  if (opts->norm_rows > 0) o->norm_rows = opts->norm_rows;
+  if (opts->norm_cols > 0) o->norm_cols = opts->norm_cols;
+  if (opts->swiglu_elems > 0) o->swiglu_elems = opts->swiglu_elems;
+  if (opts->adamw_elems > 0) o->adamw_elems = opts->adamw_elems;
+  if (opts->copy_bytes > 0) o->copy_bytes = opts->copy_bytes;
+}
+
+/* The host blocks every device buffer is filled from, and the timing events. */
+static mp_status host_inputs(cal *C) {
+  C->t = calloc((size_t)C->reps, sizeof *C->t);
+  C->rnd = malloc(FILL_BLOCK * sizeof *C->rnd);
+  C->pos = malloc(FILL_BLOCK * sizeof *C->pos);
+  C->f8b = malloc(FILL_BLOCK);
+  if (!C->t || !C->rnd || !C->pos || !C->f8b) return mp_error(C->ctx, MP_ERR_NOMEM, "calibrate: out of host memory");
+  uint64_t z = 0x9E3779B97F4A7C15ull; /* a fixed LCG: the same data on every run */
+  for (size_t i = 0; i < FILL_BLOCK; i++) {
+    z = z * 6364136223846793005ull + 1442695040888963407ull;
+    C->rnd[i] = (float)((z >> 40) & 0xFFFFFF) / (float)(1 << 23) - 1.0f;
+    C->pos[i] = C->rnd[i] * C->rnd[i];
+    /* Bit 6 is the exponent's top bit in both float8 formats (E4M3: S EEEE MMM, bias
+     * 7; E5M2: S EEEEE MM, bias 15). Clearing it caps the exponent field at 0111
+     * (E4M3) or 01111 (E5M2), i.e. 2^0 unbiased: |x| < 2 in either reading, and never
+     * the specials, which need the field all ones (E4M3 NaN S.1111.111; E5M2 inf
+     * S.11111.00 and NaN S.11111.xx). So one block serves as x and W codes (E4M3) and
+     * as dy codes (E5M2). */
+    C->f8b[i] = (uint8_t)((z >> 24) & 0xBF);
+  }
+  if (cudaEventCreate(&C->e0) != cudaSuccess || cudaEventCreate(&C->e1) != cudaSuccess)
+    return mp_error(C->ctx, MP_ERR_CUDA, "calibrate: cudaEventCreate failed: %s",
+                    cudaGetErrorString(cudaGetLastError()));
+  C->events = 1;
+  return MP_OK;
+}
+
+static void release(cal *C) {
+  if (C->events) {
+    cudaEventDestroy(C->e0);
+    cudaEventDestroy(C->e1);
+  }
+  free(C->t);
+  free(C->rnd);
+  free(C->pos);
+  free(C->f8b);
+}
+
+/* The phases: the required figures first (without them there is no fit), then the
+ * optional ones, whose failure is recorded, not returned; float8 last: a kernel fault is
+ * sticky in a CUDA context, and these are the kernels being rewritten. */
+static mp_status run_phases(cal *C, const mp_calib_options *o, mp_calib *out) {
+  MP_CHECK(phase_launch(C, out));
+  MP_CHECK(phase_gemm(C, o, out));
+  MP_CHECK(phase_bandwidth(C, o, out));
+  if (phase_attention(C, o, out) != MP_OK) {
+    out->n_attn = 0;
+    record_unavailable(C, out->attn_unavailable, sizeof out->attn_unavailable);
+  }
+  if (out->compute_capability < 89) {
+    snprintf(out->f8_unavailable, sizeof out->f8_unavailable,
+             "compute capability %d.%d < 8.9: no float8 tensor cores", out->compute_capability / 10,
+             out->compute_capability % 10);
+  } else if (C->be->matmul_f8 == NULL) {
+    snprintf(out->f8_unavailable, sizeof out->f8_unavailable, "the CUDA backend has no matmul_f8");
+  } else if (out->attn_unavailable[0] && strstr(out->attn_unavailable, "context is now unusable")) {
+    snprintf(out->f8_unavailable, sizeof out->f8_unavailable, "not tried: the attention fault left the CUDA "
+             "context unusable");
+  } else if (phase_f8(C, o, out) != MP_OK) {
+    out->n_f8 = 0;
+    record_unavailable(C, out->f8_unavailable, sizeof out->f8_unavailable);
+  }
+  return MP_OK;
+}
+
 mp_status mp_calib_measure_cuda(mp_ctx *ctx, const mp_backend *be, mp_kctx *kc, const mp_calib_options *opts,
                                 mp_calib *out) {
   mp_calib_options o;
-  mp_calib_options_init_cuda(&o, 0);
-  /* the caller's sets replace the defaults one group at a time (0: keep the default) */
-  if (opts) {
-    o.reps = opts->reps;
-    o.device = opts->device;
-    snprintf(o.gpu_profile, sizeof o.gpu_profile, "%s", opts->gpu_profile);
-    if (opts->n_gemm > 0) {
-      o.n_gemm = opts->n_gemm;
-      memcpy(o.gemm, opts->gemm, sizeof o.gemm);
-    }
-    if (opts->n_attn > 0) {
-      o.n_attn = opts->n_attn;
-      memcpy(o.attn, opts->attn, sizeof o.attn);
-    }
-    if (opts->n_f8 > 0) {
-      o.n_f8 = opts->n_f8;
-      memcpy(o.f8, opts->f8, sizeof o.f8);
-    }
-    if (opts->norm_rows > 0) o.norm_rows = opts->norm_rows;
-    if (opts->norm_cols > 0) o.norm_cols = opts->norm_cols;
-    if (opts->swiglu_elems > 0) o.swiglu_elems = opts->swiglu_elems;
-    if (opts->adamw_elems > 0) o.adamw_elems = opts->adamw_elems;
-    if (opts->copy_bytes > 0) o.copy_bytes = opts->copy_bytes;
-  }
+  merge_options(opts, &o);
   if (o.reps < 1) return mp_error(ctx, MP_ERR_INVALID, "calibrate: reps %d; give at least 1", o.reps);
   MP_CHECK(check_options(ctx, &o));
   if (strcmp(be->name, "cuda") != 0 || mp_cuda_stream(kc) == NULL)
@@ -595,14 +664,7 @@ mp_status mp_calib_measure_cuda(mp_ctx *ctx, const mp_backend *be, mp_kctx *kc, 
   mp_gpu prof;
   MP_CHECK(mp_calib_cuda_probe(ctx, kc->device, &dev));
   MP_CHECK(mp_calib_cuda_profile(ctx, &dev, o.gpu_profile, &prof));
-
-  memset(out, 0, sizeof *out);
-  mp_now_iso(out->created_at, sizeof out->created_at);
-  snprintf(out->device, sizeof out->device, "cuda");
-  if (gethostname(out->host, sizeof out->host) != 0) snprintf(out->host, sizeof out->host, "unknown");
-  out->host[sizeof out->host - 1] = '\0';
-  out->threads = 1;
-  out->world = 1;
+  mp_calib_begin(out, "cuda", 1, 1);
   snprintf(out->gpu_name, sizeof out->gpu_name, "%s", dev.name);
   snprintf(out->gpu_profile, sizeof out->gpu_profile, "%s", prof.name);
   out->compute_capability = dev.compute_capability;
@@ -617,74 +679,15 @@ mp_status mp_calib_measure_cuda(mp_ctx *ctx, const mp_backend *be, mp_kctx *kc, 
   C.kc = kc;
   C.stream = (cudaStream_t)mp_cuda_stream(kc);
   C.reps = o.reps;
-  mp_status st = MP_OK;
-  int ev = 0;
-  C.t = calloc((size_t)o.reps, sizeof *C.t);
-  C.rnd = malloc(FILL_BLOCK * sizeof *C.rnd);
-  C.pos = malloc(FILL_BLOCK * sizeof *C.pos);
-  C.f8b = malloc(FILL_BLOCK);
-  if (!C.t || !C.rnd || !C.pos || !C.f8b) {
-    st = mp_error(C.ctx, MP_ERR_NOMEM, "calibrate: out of host memory");
-    goto done;
+  mp_status st = host_inputs(&C);
+  if (st == MP_OK) {
+    mp_progress_begin(&C.prog, "calibrate cuda", 1 + o.n_gemm + 6 + 2 * o.n_attn + o.n_f8);
+    st = run_phases(&C, &o, out);
+    mp_progress_end(&C.prog);
   }
-  {
-    uint64_t z = 0x9E3779B97F4A7C15ull; /* a fixed LCG: the same data on every run */
-    for (size_t i = 0; i < FILL_BLOCK; i++) {
-      z = z * 6364136223846793005ull + 1442695040888963407ull;
-      C.rnd[i] = (float)((z >> 40) & 0xFFFFFF) / (float)(1 << 23) - 1.0f;
-      C.pos[i] = C.rnd[i] * C.rnd[i];
-      /* Bit 6 is the exponent's top bit in both float8 formats (E4M3: S EEEE MMM, bias
-       * 7; E5M2: S EEEEE MM, bias 15). Clearing it caps the exponent field at 0111
-       * (E4M3) or 01111 (E5M2), i.e. 2^0 unbiased: |x| < 2 in either reading, and never
-       * the specials, which need the field all ones (E4M3 NaN S.1111.111; E5M2 inf
-       * S.11111.00 and NaN S.11111.xx). So one block serves as x and W codes (E4M3) and
-       * as dy codes (E5M2). */
-      C.f8b[i] = (uint8_t)((z >> 24) & 0xBF);
-    }
-  }
-  if (cudaEventCreate(&C.e0) != cudaSuccess || cudaEventCreate(&C.e1) != cudaSuccess) {
-    st = mp_error(C.ctx, MP_ERR_CUDA, "calibrate: cudaEventCreate failed: %s",
-                  cudaGetErrorString(cudaGetLastError()));
-    goto done;
-  }
-  ev = 1;
-  mp_progress_begin(&C.prog, "calibrate cuda", 1 + o.n_gemm + 6 + 2 * o.n_attn + o.n_f8);
-
-  /* Required figures first: without them there is no fit. */
-  MP_CHECK_GOTO(phase_launch(&C, out), st, done);
-  MP_CHECK_GOTO(phase_gemm(&C, &o, out), st, done);
-  MP_CHECK_GOTO(phase_bandwidth(&C, &o, out), st, done);
-  /* Then the optional ones, float8 last: a kernel fault is sticky in a CUDA context, and
-   * these are the kernels being rewritten. */
-  if (phase_attention(&C, &o, out) != MP_OK) {
-    out->n_attn = 0;
-    record_unavailable(&C, out->attn_unavailable, sizeof out->attn_unavailable);
-  }
-  if (out->compute_capability < 89) {
-    snprintf(out->f8_unavailable, sizeof out->f8_unavailable,
-             "compute capability %d.%d < 8.9: no float8 tensor cores", out->compute_capability / 10,
-             out->compute_capability % 10);
-  } else if (be->matmul_f8 == NULL) {
-    snprintf(out->f8_unavailable, sizeof out->f8_unavailable, "the CUDA backend has no matmul_f8");
-  } else if (out->attn_unavailable[0] && strstr(out->attn_unavailable, "context is now unusable")) {
-    snprintf(out->f8_unavailable, sizeof out->f8_unavailable, "not tried: the attention fault left the CUDA "
-             "context unusable");
-  } else if (phase_f8(&C, &o, out) != MP_OK) {
-    out->n_f8 = 0;
-    record_unavailable(&C, out->f8_unavailable, sizeof out->f8_unavailable);
-  }
-done:
   /* The backend leaves its messages on kc->err, which every phase shares (C.ctx). */
   if (st != MP_OK && C.ctx != ctx) mp_error(ctx, st, "%s", mp_errmsg(C.ctx));
-  mp_progress_end(&C.prog);
-  if (ev) {
-    cudaEventDestroy(C.e0);
-    cudaEventDestroy(C.e1);
-  }
-  free(C.t);
-  free(C.rnd);
-  free(C.pos);
-  free(C.f8b);
+  release(&C);
   return st;
 }
 

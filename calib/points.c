@@ -1,9 +1,15 @@
 /* What a calibration measures: the names and the FLOP and byte counts of its points, as
  * the simulator counts them (exec/schedule.c), and each device's default points
- * (calibrate.h lists them; docs/calibration.md says why these). */
+ * (calibrate.h lists them; docs/calibration.md says why these), and the header every
+ * measurement starts a calibration with. */
 #include "calib/calibrate.h"
 
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "calib/calib_internal.h"
+#include "common/timeutil.h"
 
 const char *mp_calib_coll_name(mp_calib_coll c) {
   switch (c) {
@@ -216,4 +222,14 @@ double mp_calib_bw_flops(int k, double elems) {
    * LOSS 5 forward and 2 backward per logit, residual 1 */
   static const double per[MP_CALIB_BW_COUNT] = {4.0, 8.0, 5.0, 8.0, 16.0, 3.0, 3.0, 5.0, 2.0, 1.0};
   return k >= 0 && k < MP_CALIB_BW_COUNT ? per[k] * elems : 0.0;
+}
+
+void mp_calib_begin(mp_calib *out, const char *device, int threads, int world) {
+  memset(out, 0, sizeof *out);
+  mp_now_iso(out->created_at, sizeof out->created_at);
+  snprintf(out->device, sizeof out->device, "%s", device);
+  if (gethostname(out->host, sizeof out->host) != 0) snprintf(out->host, sizeof out->host, "unknown");
+  out->host[sizeof out->host - 1] = '\0';
+  out->threads = threads;
+  out->world = world;
 }

@@ -327,41 +327,38 @@ static int phase_index(const cJSON *ev) {
   return 0;
 }
 
-mp_status mp_plot_timeline(mp_ctx *ctx, const char *dir, const char *trace_path,
-                           const char *title) {
-  MP_CHECK(mp_plot_check_gnuplot(ctx));
-  cJSON *root = NULL;
-  MP_CHECK(mp_json_parse_file(ctx, trace_path, &root));
-  const cJSON *evs = cJSON_IsArray(root) ? root : cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
-  if (!cJSON_IsArray(evs)) {
-    cJSON_Delete(root);
-    return mp_error(ctx, MP_ERR_INVALID, "%s: not a Chrome trace (no traceEvents array)", trace_path);
-  }
-  /* Rows: tids in increasing order, named by thread_name metadata. */
-  enum { MAX_ROWS = 32 };
-  int tids[MAX_ROWS], n_rows = 0;
-  char names[MAX_ROWS][64];
+/* The rows of a timeline: the trace's tids in increasing order, each named by its
+ * thread_name metadata ("stream <tid>" without one). */
+enum { TIMELINE_MAX_ROWS = 32 };
+typedef struct timeline_rows {
+  int tids[TIMELINE_MAX_ROWS];
+  char names[TIMELINE_MAX_ROWS][64];
+  int n;
+} timeline_rows;
+
+static void timeline_rows_of(const cJSON *evs, timeline_rows *rw) {
+  rw->n = 0;
   const cJSON *ev;
   cJSON_ArrayForEach(ev, evs) {
     const cJSON *tid = cJSON_GetObjectItemCaseSensitive(ev, "tid");
     if (!cJSON_IsNumber(tid)) continue;
     int t = (int)tid->valuedouble, found = 0;
-    for (int r = 0; r < n_rows; r++) found |= tids[r] == t;
-    if (!found && n_rows < MAX_ROWS) {
-      tids[n_rows] = t;
-      snprintf(names[n_rows], sizeof names[n_rows], "stream %d", t);
-      n_rows++;
+    for (int r = 0; r < rw->n; r++) found |= rw->tids[r] == t;
+    if (!found && rw->n < TIMELINE_MAX_ROWS) {
+      rw->tids[rw->n] = t;
+      snprintf(rw->names[rw->n], sizeof rw->names[rw->n], "stream %d", t);
+      rw->n++;
     }
   }
-  for (int a = 1; a < n_rows; a++) /* insertion sort, names follow */
-    for (int b = a; b > 0 && tids[b - 1] > tids[b]; b--) {
-      int t = tids[b];
-      tids[b] = tids[b - 1];
-      tids[b - 1] = t;
+  for (int a = 1; a < rw->n; a++) /* insertion sort, names follow */
+    for (int b = a; b > 0 && rw->tids[b - 1] > rw->tids[b]; b--) {
+      int t = rw->tids[b];
+      rw->tids[b] = rw->tids[b - 1];
+      rw->tids[b - 1] = t;
       char tmp[64];
-      memcpy(tmp, names[b], 64);
-      memcpy(names[b], names[b - 1], 64);
-      memcpy(names[b - 1], tmp, 64);
+      memcpy(tmp, rw->names[b], 64);
+      memcpy(rw->names[b], rw->names[b - 1], 64);
+      memcpy(rw->names[b - 1], tmp, 64);
     }
   cJSON_ArrayForEach(ev, evs) {
     const cJSON *ph = cJSON_GetObjectItemCaseSensitive(ev, "ph");
@@ -373,20 +370,24 @@ mp_status mp_plot_timeline(mp_ctx *ctx, const char *dir, const char *trace_path,
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(ev, "args");
     const cJSON *an = args ? cJSON_GetObjectItemCaseSensitive(args, "name") : NULL;
     if (!cJSON_IsNumber(tid) || !cJSON_IsString(an)) continue;
-    for (int r = 0; r < n_rows; r++)
-      if (tids[r] == (int)tid->valuedouble) snprintf(names[r], sizeof names[r], "%s", an->valuestring);
+    for (int r = 0; r < rw->n; r++)
+      if (rw->tids[r] == (int)tid->valuedouble) snprintf(rw->names[r], sizeof rw->names[r], "%s", an->valuestring);
   }
+}
+
+/* timeline.dat: one line per complete ("X") event of a row, in ms, with its phase;
+ * *t_end the last end. */
+static mp_status timeline_data(mp_ctx *ctx, const char *dir, const char *trace_path, const cJSON *evs,
+                               const timeline_rows *rw, double *t_end) {
   mp_status st;
   FILE *f = open_in(ctx, dir, "timeline.dat", &st);
-  if (!f) {
-    cJSON_Delete(root);
-    return st;
-  }
+  if (!f) return st;
   fprintf(f, "# simulated step of the chosen plan (from %s)\n"
              "# start_ms end_ms row phase(0 prologue,1 forward,2 recompute,3 backward,4 optimizer)\n",
           trace_path);
-  double t_end = 0;
+  *t_end = 0;
   int64_t n_ev = 0;
+  const cJSON *ev;
   cJSON_ArrayForEach(ev, evs) {
     const cJSON *ph = cJSON_GetObjectItemCaseSensitive(ev, "ph");
     if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X")) continue;
@@ -395,18 +396,24 @@ mp_status mp_plot_timeline(mp_ctx *ctx, const char *dir, const char *trace_path,
     const cJSON *dur = cJSON_GetObjectItemCaseSensitive(ev, "dur");
     if (!cJSON_IsNumber(tid) || !cJSON_IsNumber(ts) || !cJSON_IsNumber(dur)) continue;
     int row = -1;
-    for (int r = 0; r < n_rows; r++)
-      if (tids[r] == (int)tid->valuedouble) row = r;
+    for (int r = 0; r < rw->n; r++)
+      if (rw->tids[r] == (int)tid->valuedouble) row = r;
     if (row < 0) continue;
     double a = ts->valuedouble / 1000.0, b = (ts->valuedouble + dur->valuedouble) / 1000.0;
-    if (b > t_end) t_end = b;
+    if (b > *t_end) *t_end = b;
     fprintf(f, "%.6f %.6f %d %d\n", a, b, row, phase_index(ev));
     n_ev++;
   }
-  cJSON_Delete(root);
   if (n_ev == 0) fprintf(f, "NaN NaN 0 0\n");
-  MP_CHECK(close_checked(ctx, f, dir, "timeline.dat"));
-  f = open_in(ctx, dir, "timeline.gp", &st);
+  return close_checked(ctx, f, dir, "timeline.dat");
+}
+
+/* timeline.gp: one row per stream, ops coloured by phase, one plot element per phase so
+ * the key names the colours. */
+static mp_status timeline_script(mp_ctx *ctx, const char *dir, const char *title, const timeline_rows *rw,
+                                 double t_end) {
+  mp_status st;
+  FILE *f = open_in(ctx, dir, "timeline.gp", &st);
   if (!f) return st;
   char qt[600];
   gp_quote(title, qt, sizeof qt);
@@ -423,17 +430,34 @@ mp_status mp_plot_timeline(mp_ctx *ctx, const char *dir, const char *trace_path,
           "set key outside top center horizontal\n"
           "set style fill solid 1.0 noborder\n"
           "set ytics (",
-          220 + 70 * (n_rows > 0 ? n_rows : 1), qt, t_end > 0 ? t_end * 1.01 : 1.0,
-          n_rows > 0 ? n_rows - 1 : 0);
-  for (int r = 0; r < n_rows; r++) fprintf(f, "%s'%s' %d", r ? ", " : "", names[r], r);
+          220 + 70 * (rw->n > 0 ? rw->n : 1), qt, t_end > 0 ? t_end * 1.01 : 1.0, rw->n > 0 ? rw->n - 1 : 0);
+  for (int r = 0; r < rw->n; r++) fprintf(f, "%s'%s' %d", r ? ", " : "", rw->names[r], r);
   fprintf(f, ")\nplot ");
-  /* One plot element per phase so the key names the colours. */
   for (int p = 0; p < N_PHASES; p++)
     fprintf(f,
             "%s'timeline.dat' using (($1+$2)/2):($4==%d ? $3 : NaN):(($2-$1)/2):(0.35) "
             "with boxxyerror lc rgb '%s' title '%s'",
             p ? ", \\\n     " : "", p, k_phase_colors[p], k_phases[p]);
   fprintf(f, "\n");
-  MP_CHECK(close_checked(ctx, f, dir, "timeline.gp"));
+  return close_checked(ctx, f, dir, "timeline.gp");
+}
+
+mp_status mp_plot_timeline(mp_ctx *ctx, const char *dir, const char *trace_path,
+                           const char *title) {
+  MP_CHECK(mp_plot_check_gnuplot(ctx));
+  cJSON *root = NULL;
+  MP_CHECK(mp_json_parse_file(ctx, trace_path, &root));
+  const cJSON *evs = cJSON_IsArray(root) ? root : cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
+  if (!cJSON_IsArray(evs)) {
+    cJSON_Delete(root);
+    return mp_error(ctx, MP_ERR_INVALID, "%s: not a Chrome trace (no traceEvents array)", trace_path);
+  }
+  timeline_rows rw;
+  timeline_rows_of(evs, &rw);
+  double t_end = 0;
+  mp_status st = timeline_data(ctx, dir, trace_path, evs, &rw, &t_end);
+  cJSON_Delete(root);
+  MP_CHECK(st);
+  MP_CHECK(timeline_script(ctx, dir, title, &rw, t_end));
   return mp_plot_run_gnuplot(ctx, dir, "timeline.gp");
 }

@@ -1,0 +1,11 @@
+/* Internals shared by the calibration's files (not an interface for other modules). */
+#ifndef MP_CALIB_CALIB_INTERNAL_H
+#define MP_CALIB_CALIB_INTERNAL_H
+
+#include "calib/calibrate.h"
+
+/* Starts a calibration of `device` in *out: everything zeroed, then created_at (now),
+ * device, host (this machine's name, "unknown" when it has none), threads and world. */
+void mp_calib_begin(mp_calib *out, const char *device, int threads, int world);
+
+#endif
