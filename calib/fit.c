@@ -280,7 +280,7 @@ static double eff_lsq(double sw, double sww) { return sw > 0 ? sww / sw : 0.0; }
  * mean of the points' efficiencies.
  *
  * hbm_eff: the simulator costs an element-wise op as max(flops / peak, bytes / (hbm E))
- * (sim/sim.c), so the fit predicts each point the same way: pred_i = max(F_i, B_i c),
+ * (sim/cost.c), so the fit predicts each point the same way: pred_i = max(F_i, B_i c),
  * c = 1/E, F_i the flops term and B_i the bytes term at E = 1. Between two breakpoints
  * F_i / B_i the points in the bytes regime are fixed and the sum is a quadratic in
  * log c; its minimum, clamped to the interval, is a candidate, and the best candidate

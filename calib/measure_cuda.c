@@ -626,7 +626,8 @@ static void release(cal *C) {
 
 /* The phases: the required figures first (without them there is no fit), then the
  * optional ones, whose failure is recorded, not returned; float8 last: a kernel fault is
- * sticky in a CUDA context, and these are the kernels being rewritten. */
+ * sticky in a CUDA context, so the kernels likeliest to fault run once every other figure
+ * is in. */
 static mp_status run_phases(cal *C, const mp_calib_options *o, mp_calib *out) {
   MP_CHECK(phase_launch(C, out));
   MP_CHECK(phase_gemm(C, o, out));

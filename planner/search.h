@@ -118,7 +118,7 @@ typedef struct mp_search_config {
   int64_t seq;          /* tokens per sequence */
   int64_t global_batch; /* sequences per step */
   int allow_cross_node_tp;
-  int executable_only;  /* pp == 1 and cp == 1: what exec/runtime runs today */
+  int executable_only;  /* pp == 1 and cp == 1: what exec/runtime executes */
   mp_search_fix fix;
   int n_threads;        /* workers; <= 0: the number of online CPUs */
   int64_t mem_capacity_bytes; /* GPU memory less headroom, for the lower-bound prune; 0: off */

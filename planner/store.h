@@ -1,11 +1,10 @@
 /* The planner's SQLite store: every run, every candidate with its reason, every
  * prediction, and the executor's measurements, in one database file (default meshplan.db).
  *
- * Tables (schema version 2; `schema_version` holds the version, migrations run in order
- * inside one transaction when the file is older than this build; version 2 makes the
- * plans(run_id, rank) index partial, WHERE rank IS NOT NULL: only ranked plans are looked
- * up by rank, and a run's hundreds of thousands of unranked rows no longer pay an index
- * insert each):
+ * Tables (schema version 2; `schema_version` holds the version, and opening a file of a
+ * lower version migrates it in order inside one transaction; the plans(run_id, rank)
+ * index is partial, WHERE rank IS NOT NULL: only ranked plans are looked up by rank, so a
+ * run's hundreds of thousands of unranked rows pay no index insert):
  *   runs          what was asked (model, cluster, GPUs, seq, batch, objective, options as
  *                 JSON, command line), when, tool version, and the run's counts
  *   plans         one row per candidate: every mesh dim, ep, ac, fp8, micro_batch,

@@ -46,28 +46,27 @@ typedef struct mp_stack_profile {
   double comm_overhead_s;    /* per collective, on top of link latency */
   double frag_factor;        /* allocator fragmentation: reserved = allocated x factor */
   char source[256];
-  /* added: fraction of the schedule's ACTIVATIONS bytes the stack really keeps (1: every
+  /* fraction of the schedule's ACTIVATIONS bytes the stack really keeps (1: every
    * tensor the schedule saves; torch.compile's min-cut partitioner recomputes cheap
    * element-wise outputs in backward instead of saving them). JSON key optional. */
   double saved_act_factor;
-  /* added: GEMM efficiency by shape (sim/gemm_table.h), a correction on the curve above
+  /* GEMM efficiency by shape (sim/gemm_table.h), a correction on the curve above
    * from a `meshplan calibrate` measurement; NULL (every loaded profile):
    * the curve alone. Not owned: the table must outlive the profile's use. */
   const struct mp_gemm_table *gemm_table;
-  /* added: the same for float8 GEMMs (E4M3 forward, E5M2 dgrad and wgrad), a correction
+  /* the same for float8 GEMMs (E4M3 forward, E5M2 dgrad and wgrad), a correction
    * on the float8 curve (fp8_gemm_eff_max with gemm_eff_half_mnk, against the fp8 peak);
    * NULL: that curve alone. Not owned, as gemm_table. */
   const struct mp_gemm_table *fp8_gemm_table;
-  /* added: the achieved fraction of HBM bandwidth per kernel class (MP_KERNEL_*), where a
+  /* the achieved fraction of HBM bandwidth per kernel class (MP_KERNEL_*), where a
    * calibration fitted one from that class's own kernels (meshplan calibrate --device
    * cpu, refitted at a run's sizes: a CPU's norms and SwiGLU run well below its AdamW);
    * 0: hbm_eff. Never read from JSON. */
   double hbm_eff_kernel[MP_KERNEL_COUNT];
-  /* added: whose memory layout the stack's runtime has (exec/plan.h, mp_mem_model); JSON
-   * key "memory_model", optional: "torchtitan" (the default), "meshplan-cpu" or
-   * "meshplan-cuda". The
-   * planner and `meshplan simulate` copy it into the plan options (mp_stack_plan_options)
-   * so the schedule's memory events describe that runtime. */
+  /* whose memory layout the stack's runtime has (exec/plan.h, mp_mem_model); JSON key
+   * "memory_model", optional: "torchtitan" (the default), "meshplan-cpu" or
+   * "meshplan-cuda". The planner and `meshplan simulate` copy it into the plan options
+   * (mp_stack_plan_options) so the schedule's memory events describe that runtime. */
   mp_mem_model mem_model;
 } mp_stack_profile;
 
@@ -89,7 +88,7 @@ typedef struct mp_sim_result {
   double comm_s[MP_STREAM_COUNT]; /* busy time per stream */
   int64_t peak_mem_bytes;   /* including runtime overhead and fragmentation */
   int64_t mem_at_peak[MP_MEM_COUNT]; /* breakdown at the peak (allocated bytes) */
-  int64_t mem_max[MP_MEM_COUNT];     /* added: each category's own high-water mark over the
+  int64_t mem_max[MP_MEM_COUNT];     /* each category's own high-water mark over the
                                         step (allocated bytes; e.g. all gradients once the
                                         last reduce-scatter has allocated its shard) */
   int64_t overhead_bytes;   /* runtime overhead + fragmentation part of the peak */
@@ -166,7 +165,7 @@ mp_status mp_simulate_prepped(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_p
  * slowest link has bw_GBps per direction and lat_s per step (exposed for tests). */
 double mp_sim_collective_s(mp_coll c, double bytes, int n, double bw_GBps, double lat_s);
 
-/* The link a mesh group runs on, seen from `rank` (added for the network model, see
+/* The link a mesh group runs on, seen from `rank` (the network model of
  * sim/network.c): n members, nodes spanned, members per node, bandwidth per direction
  * before the stack's link efficiency, latency per ring step. */
 typedef struct mp_sim_link {
@@ -177,11 +176,11 @@ typedef struct mp_sim_link {
 mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
                             int rank, mp_sim_link *out);
 
-/* Pipeline in-flight micro-batches (added): how many micro-batches' activations stage
+/* Pipeline in-flight micro-batches: how many micro-batches' activations stage
  * `stage` holds at once under the plan's pp schedule (1 without pipeline). */
 double mp_sim_pp_inflight(const mp_plan *p, int stage, int64_t n_micro);
 
-/* Duration of one COMPUTE op (added; exposed for tests): the roofline max of
+/* Duration of one COMPUTE op (exposed for tests): the roofline max of
  * FLOPs / (peak of its dtype x efficiency) and bytes / (HBM x hbm_eff), plus the stack's
  * kernel overhead. GEMM efficiency follows gemm_eff_max x m n k batch / (m n k batch +
  * gemm_eff_half_mnk) (fp8 dtypes: fp8_gemm_eff_max against the fp8 peak; a GPU without

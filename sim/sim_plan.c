@@ -148,7 +148,7 @@ static mp_status pick_stages(const mp_plan *p, const mp_sim_config *cfg, int *se
     const mp_param *q = &p->params[i];
     if (q->layer >= 0 && q->pp_stage >= 0 && q->pp_stage < pp) idx[start[q->pp_stage + 1]++] = i;
   }
-  /* now start[k] .. start[k + 1] are stage k's block parameters, in parameter order */
+  /* from here start[k] .. start[k + 1] are stage k's block parameters, in parameter order */
   g_idx = idx;
   sel[n++] = 0;
   int first_mid = n;

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-/* The plan options the stack's runtime implies (added): its memory model, and the dtypes
+/* The plan options the stack's runtime implies: its memory model, and the dtypes
  * it keeps: meshplan-cpu keeps and gathers every tensor in fp32 (fp32 gathered parameters
  * and master weights), meshplan-cuda keeps fp32 masters and gathers bf16. Other options
  * are left as they are. */

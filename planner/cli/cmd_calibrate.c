@@ -95,7 +95,7 @@ static void print_gemm_rows(const mp_calib *c, double peak, double scale, const 
   print_table_verdict(f->gemm_table_rms, f->gemm_table);
 }
 
-/* The cpu kernels and their fit (a calibration with a fit; an older one has neither). */
+/* The cpu kernels and their fit (a calibration of GEMM and copy only has neither). */
 static void print_cpu_kernels(const mp_calib *c) {
   const mp_calib_stack_fit *f = &c->fit;
   const double peak = c->ref_bf16_tflops * 1e12, hbm = c->ref_hbm_GBps;

@@ -3,8 +3,8 @@
 // newest wins, per device, corrupt and foreign files), which profile fields
 // mp_calib_apply changes, the fit of the cpu kernels into the meshplan-cpu stack on
 // synthetic measurements with hand-derived answers (and the simulator's op times with it),
-// the round trip of a calibration with its kernels and the loading of an older one, and a
-// small single-rank measurement.
+// the round trip of a calibration with its kernels and the loading of one of GEMM and copy
+// only, and a small single-rank measurement.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <unistd.h>
@@ -313,7 +313,7 @@ TEST(CalibApply, ChangesExactlyTheMeasuredFields) {
 
 TEST(CalibApply, LargestAllReduceGroupIsTheLink) {
   mp_calib c = sample(1.0);
-  c.coll[1].coll = MP_CALIB_ALL_REDUCE;  // now all_reduce at 2 and at 4 ranks
+  c.coll[1].coll = MP_CALIB_ALL_REDUCE;  // so all_reduce at 2 and at 4 ranks
   const mp_calib_coll_fit *l = mp_calib_link_fit(&c);
   ASSERT_NE(l, nullptr);
   EXPECT_EQ(l->group_size, 4);
@@ -597,9 +597,9 @@ TEST(CpuFit, RunWeighsThePointsNearItsSizes) {
   EXPECT_EQ(memcmp(&f, &c.fit, sizeof f), 0);
 }
 
-TEST(CpuFit, OlderCalibrationGetsNoFitAndNoError) {
+TEST(CpuFit, BwdPointsOnlyGetNoFitAndNoError) {
   // GEMM points of pass BWD only (matmul_backward with both outputs): no curve, no fit,
-  // no reference; the profile takes the largest rate as before.
+  // no reference; the profile takes the largest rate.
   mp_calib c = sample(1.0);
   c.n_gemm = 1;
   c.gemm[0] = {MP_CALIB_GEMM_BWD, 256, 64, 192, 1.5e10};
@@ -742,7 +742,7 @@ TEST(CpuApply, EachElementWiseClassKeepsItsOwnRate) {
   EXPECT_LT(st.hbm_eff, 0.3);
 }
 
-// ---- the database: a cpu calibration with its kernels, and an older one ------------------
+// ---- the database: a cpu calibration with its kernels, and one of GEMM and copy only -----
 
 TEST(CpuStore, RoundTripKeepsKernelsRefsAndFit) {
   const std::string db = tmp_path("cpu_kernels.db");
@@ -787,11 +787,10 @@ TEST(CpuStore, RoundTripKeepsKernelsRefsAndFit) {
   delete got;
 }
 
-TEST(CpuStore, OlderCalibrationLoadsWithoutAFit) {
-  // Rows as meshplan wrote them before the cpu kernels were fitted: GEMM fwd and bwd,
-  // copy, collectives. The table is the same (no schema change): it loads with no
-  // kernels and no fit, and applies as before (the largest GEMM rate as the peak, the
-  // stated meshplan-cpu stack).
+TEST(CpuStore, GemmAndCopyOnlyLoadsWithoutAFit) {
+  // The rows of a cpu calibration without kernel rows: GEMM fwd and bwd, copy,
+  // collectives. It loads with no kernels and no fit, and applies with the largest GEMM
+  // rate as the peak and the stated meshplan-cpu stack.
   const std::string db = tmp_path("cpu_old.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);

@@ -556,11 +556,11 @@ TEST(Float8ByPass, PlanUsesTheFloat8TableForFloat8PlansOnly) {
   }
 }
 
-TEST(Float8ByPass, OlderCalibrationWithForwardPointsOnlyKeepsTheCurve) {
-  // A calibration made before float8 was measured by pass: six forward points
-  // (f8gemm.fwd rows at d_model 4096 shapes) and no fit.fp8_gemm_* rows beyond the eff.
-  // It loads, applies, and the simulator costs every float8 GEMM, forward or backward,
-  // on the float8 curve alone, as before.
+TEST(Float8ByPass, ForwardPointsOnlyKeepTheCurve) {
+  // A calibration with float8 forward points only: six of them (f8gemm.fwd rows at
+  // d_model 4096 shapes) and no fit.fp8_gemm_* rows beyond the eff. It loads, applies,
+  // and the simulator costs every float8 GEMM, forward or backward, on the float8 curve
+  // alone.
   const std::string db = tmp_path("cuda_old_f8.db");
   Truth tr;
   mp_calib c = synthetic(tr);
@@ -578,7 +578,7 @@ TEST(Float8ByPass, OlderCalibrationWithForwardPointsOnlyKeepsTheCurve) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   ASSERT_EQ(mp_calib_fit_stack(&ctx, &c), MP_OK) << mp_errmsg(&ctx);
-  // the forward-only fit is the old one: sum w^2 / sum w with w the points' efficiencies
+  // the forward-only fit: sum w^2 / sum w with w the points' efficiencies
   // on the bf16 curve's knee (here that knee is the truth's, so w = 0.5 four times and
   // 0.65 twice)
   EXPECT_NEAR(c.fit.fp8_gemm_eff_max, (4 * 0.25 + 2 * 0.4225) / (4 * 0.5 + 2 * 0.65), 1e-9);

@@ -555,7 +555,7 @@ TEST(Memory, PeakBreakdownFragmentationOverheadAndFit) {
   r = Simulate(b, c, p);
   EXPECT_EQ(r.mem_at_peak[MP_MEM_ACTIVATIONS], 15 * (int64_t)kGiB);
   p.saved_act_factor = 1.0;
-  // With 10 % headroom capacity is 72 GiB: no longer fits.
+  // With 10 % headroom capacity is 72 GiB: it does not fit.
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_sim_config cfg;
