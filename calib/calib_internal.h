@@ -8,4 +8,8 @@
  * device, host (this machine's name, "unknown" when it has none), threads and world. */
 void mp_calib_begin(mp_calib *out, const char *device, int threads, int world);
 
+/* The largest N x K (input), M x K (weight) and N x M (output) elements of n GEMM shapes,
+ * at least 1 each: buffers of these sizes serve every shape's forward, dgrad and wgrad. */
+void mp_calib_gemm_extents(const mp_calib_gemm_shape *g, int n, size_t *nk, size_t *mk, size_t *nm);
+
 #endif

@@ -222,13 +222,8 @@ static mp_status cpu_setup_launch(cpu_cal *C) {
 }
 
 static mp_status cpu_setup_gemm(cpu_cal *C, const mp_calib_options *o) {
-  size_t nk = 1, mk = 1, nm = 1;
-  for (int i = 0; i < o->n_gemm; i++) {
-    const size_t N = (size_t)o->gemm[i].N, K = (size_t)o->gemm[i].K, M = (size_t)o->gemm[i].M;
-    if (N * K > nk) nk = N * K;
-    if (M * K > mk) mk = M * K;
-    if (N * M > nm) nm = N * M;
-  }
+  size_t nk, mk, nm;
+  mp_calib_gemm_extents(o->gemm, o->n_gemm, &nk, &mk, &nm);
   cpu_op b = {.kind = CK_GEMM_FWD};
   /* the gradients accumulate (+=): they start from data, as a second micro-batch does */
   MP_CHECK(cpu_buf(C, nk, 0, 1, &b.f[0]));

@@ -320,13 +320,8 @@ static mp_status time_gemms(cal *C, const op *tmpl, const op_kind kinds[3], cons
 }
 
 static mp_status phase_gemm(cal *C, const mp_calib_options *o, mp_calib *out) {
-  size_t nk = 1, mk = 1, nm = 1;
-  for (int i = 0; i < o->n_gemm; i++) {
-    const size_t N = (size_t)o->gemm[i].N, K = (size_t)o->gemm[i].K, M = (size_t)o->gemm[i].M;
-    if (N * K > nk) nk = N * K;
-    if (M * K > mk) mk = M * K;
-    if (N * M > nm) nm = N * M;
-  }
+  size_t nk, mk, nm;
+  mp_calib_gemm_extents(o->gemm, o->n_gemm, &nk, &mk, &nm);
   const size_t eb = mp_kdtype_bytes(C->be->x_dtype);
   bufset s = {{0}, 0};
   op b = {.kind = OP_GEMM_FWD};

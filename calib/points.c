@@ -1,7 +1,7 @@
 /* What a calibration measures: the names and the FLOP and byte counts of its points, as
  * the simulator counts them (exec/schedule.c), and each device's default points
- * (calibrate.h lists them; docs/calibration.md says why these), and the header every
- * measurement starts a calibration with. */
+ * (calibrate.h lists them; docs/calibration.md says why these), the header every
+ * measurement starts a calibration with, and the buffer sizes its GEMM points need. */
 #include "calib/calibrate.h"
 
 #include <stdio.h>
@@ -232,4 +232,14 @@ void mp_calib_begin(mp_calib *out, const char *device, int threads, int world) {
   out->host[sizeof out->host - 1] = '\0';
   out->threads = threads;
   out->world = world;
+}
+
+void mp_calib_gemm_extents(const mp_calib_gemm_shape *g, int n, size_t *nk, size_t *mk, size_t *nm) {
+  *nk = *mk = *nm = 1;
+  for (int i = 0; i < n; i++) {
+    const size_t N = (size_t)g[i].N, K = (size_t)g[i].K, M = (size_t)g[i].M;
+    if (N * K > *nk) *nk = N * K;
+    if (M * K > *mk) *mk = M * K;
+    if (N * M > *nm) *nm = N * M;
+  }
 }

@@ -377,12 +377,7 @@ static int print_json(const mp_calib *c, const char *db) {
     cJSON_AddItemToArray(cs, o);
   }
   if (strcmp(c->device, "cuda") == 0 || c->fit.gemm_eff_max > 0) json_kernels(j, c);
-  char *text = cJSON_Print(j);
-  cJSON_Delete(j);
-  if (text == NULL) return 1;
-  printf("%s\n", text);
-  free(text);
-  return 0;
+  return mp_cmd_print_json(j);
 }
 
 /* Saves cal in db and prints it (table or --json). */

@@ -1,5 +1,6 @@
 /* Shared plumbing of the subcommands (commands.h): the prologue that parses, prints help
  * and usage errors, the readers of shared options, failure output. */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,15 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
   MP_CHECK(mp_args_int(ctx, spec, "--global-batch", 1, &v));
   if (v > 0) o->global_batch = v;
   return MP_OK;
+}
+
+int mp_cmd_print_json(cJSON *root) {
+  char *text = root ? cJSON_Print(root) : NULL;
+  cJSON_Delete(root);
+  if (text == NULL) return 1;
+  printf("%s\n", text);
+  free(text);
+  return 0;
 }
 
 const char *mp_cmd_db_path(const mp_cmd_spec *spec) {

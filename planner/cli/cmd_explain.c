@@ -670,12 +670,7 @@ static void print_json(const explain *e, const mp_param *prm, const mp_schedule 
   cJSON *root = plan_json(e);
   if (prm) cJSON_AddItemToObject(root, "param", tiles_json(e, prm));
   if (sched) cJSON_AddItemToObject(root, "schedule", schedule_json(sched));
-  char *text = cJSON_Print(root);
-  if (text) {
-    printf("%s\n", text);
-    free(text);
-  }
-  cJSON_Delete(root);
+  mp_cmd_print_json(root);
 }
 
 static void print_text(const explain *e, const mp_param *prm, const mp_schedule *sched) {

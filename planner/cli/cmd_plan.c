@@ -262,36 +262,34 @@ static void print_json(const plan_args *a, const mp_planner_result *res, int64_t
                        int stored) {
   const mp_search *s = res->search;
   cJSON *root = cJSON_CreateObject(), *plans = cJSON_CreateArray();
-  if (root && plans) {
-    cJSON_AddStringToObject(root, "model", a->m.name);
-    cJSON_AddStringToObject(root, "cluster", a->c.name);
-    cJSON_AddStringToObject(root, "gpu", a->c.gpu.name);
-    cJSON_AddNumberToObject(root, "n_gpus", mp_cluster_n_gpus(&a->c));
-    cJSON_AddNumberToObject(root, "seq", (double)a->seq);
-    cJSON_AddNumberToObject(root, "global_batch", (double)a->gb);
-    cJSON_AddStringToObject(root, "objective", mp_objective_name(a->obj));
-    cJSON_AddNumberToObject(root, "candidates", (double)s->n);
-    cJSON_AddNumberToObject(root, "pruned", (double)s->n_pruned);
-    cJSON_AddNumberToObject(root, "simulated", (double)s->n_evaluated);
-    cJSON_AddNumberToObject(root, "feasible", (double)s->n_feasible);
-    cJSON_AddNumberToObject(root, "failed", (double)s->n_failed);
-    cJSON_AddNumberToObject(root, "wall_s", res->wall_s);
-    if (stored) {
-      cJSON_AddStringToObject(root, "db", a->db);
-      cJSON_AddNumberToObject(root, "run_id", (double)res->run_id);
-    }
-    for (int64_t r = 0; r < n_show; r++) {
-      cJSON *pj = plan_json(&s->cands[res->order[r]], r + 1, show_price);
-      if (pj) cJSON_AddItemToArray(plans, pj);
-    }
-    cJSON_AddItemToObject(root, "plans", plans);
-    plans = NULL;
-    char *text = cJSON_Print(root);
-    if (text) printf("%s\n", text);
-    free(text);
+  if (!root || !plans) {
+    cJSON_Delete(root);
+    cJSON_Delete(plans);
+    return;
   }
-  cJSON_Delete(root);
-  cJSON_Delete(plans);
+  cJSON_AddStringToObject(root, "model", a->m.name);
+  cJSON_AddStringToObject(root, "cluster", a->c.name);
+  cJSON_AddStringToObject(root, "gpu", a->c.gpu.name);
+  cJSON_AddNumberToObject(root, "n_gpus", mp_cluster_n_gpus(&a->c));
+  cJSON_AddNumberToObject(root, "seq", (double)a->seq);
+  cJSON_AddNumberToObject(root, "global_batch", (double)a->gb);
+  cJSON_AddStringToObject(root, "objective", mp_objective_name(a->obj));
+  cJSON_AddNumberToObject(root, "candidates", (double)s->n);
+  cJSON_AddNumberToObject(root, "pruned", (double)s->n_pruned);
+  cJSON_AddNumberToObject(root, "simulated", (double)s->n_evaluated);
+  cJSON_AddNumberToObject(root, "feasible", (double)s->n_feasible);
+  cJSON_AddNumberToObject(root, "failed", (double)s->n_failed);
+  cJSON_AddNumberToObject(root, "wall_s", res->wall_s);
+  if (stored) {
+    cJSON_AddStringToObject(root, "db", a->db);
+    cJSON_AddNumberToObject(root, "run_id", (double)res->run_id);
+  }
+  for (int64_t r = 0; r < n_show; r++) {
+    cJSON *pj = plan_json(&s->cands[res->order[r]], r + 1, show_price);
+    if (pj) cJSON_AddItemToArray(plans, pj);
+  }
+  cJSON_AddItemToObject(root, "plans", plans);
+  mp_cmd_print_json(root);
 }
 
 static void print_csv(const mp_planner_result *res, int64_t n_show) {

@@ -60,10 +60,7 @@ static int list_runs(mp_store *st, mp_arena *a, int as_json) {
       if (r->best_plan_id) cJSON_AddNumberToObject(j, "best_step_time_s", r->best_step_time_s);
       cJSON_AddItemToArray(arr, j);
     }
-    char *t = arr ? cJSON_Print(arr) : NULL;
-    if (t) printf("%s\n", t);
-    free(t);
-    cJSON_Delete(arr);
+    mp_cmd_print_json(arr);
     return 0;
   }
   if (n == 0) {
@@ -85,6 +82,48 @@ static int list_runs(mp_store *st, mp_arena *a, int as_json) {
   return 0;
 }
 
+/* One run's plans (p[0..n)) as JSON, with the measured figures where there are some. */
+static void print_run_json(const mp_run_row *run, const mp_plan_row *p, int64_t n) {
+  cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
+  if (!root || !arr) {
+    cJSON_Delete(root);
+    cJSON_Delete(arr);
+    return;
+  }
+  cJSON_AddNumberToObject(root, "run", (double)run->id);
+  cJSON_AddStringToObject(root, "model", run->model);
+  cJSON_AddStringToObject(root, "cluster", run->cluster);
+  for (int64_t i = 0; i < n; i++) {
+    cJSON *j = cJSON_CreateObject();
+    if (!j) break;
+    cJSON_AddNumberToObject(j, "rank", (double)p[i].rank);
+    cJSON_AddNumberToObject(j, "plan_id", (double)p[i].id);
+    cJSON_AddNumberToObject(j, "dp_replicate", p[i].dp_replicate);
+    cJSON_AddNumberToObject(j, "dp_shard", p[i].dp_shard);
+    cJSON_AddNumberToObject(j, "tp", p[i].tp);
+    cJSON_AddNumberToObject(j, "ep", p[i].ep);
+    cJSON_AddNumberToObject(j, "pp", p[i].pp);
+    cJSON_AddNumberToObject(j, "cp", p[i].cp);
+    cJSON_AddStringToObject(j, "ac", mp_search_ac_name(p[i].ac));
+    cJSON_AddBoolToObject(j, "fp8", p[i].fp8);
+    cJSON_AddNumberToObject(j, "micro_batch", (double)p[i].micro_batch);
+    cJSON_AddNumberToObject(j, "step_time_s", p[i].step_time_s);
+    cJSON_AddNumberToObject(j, "peak_mem_bytes", (double)p[i].peak_mem_bytes);
+    if (p[i].n_measured) {
+      cJSON_AddNumberToObject(j, "measured_steps", (double)p[i].n_measured);
+      cJSON_AddNumberToObject(j, "measured_step_time_s", p[i].measured_step_time_s);
+      cJSON_AddNumberToObject(j, "step_time_error_pct", pct_err(p[i].step_time_s, p[i].measured_step_time_s));
+      cJSON_AddNumberToObject(j, "predicted_alloc_peak_bytes", (double)p[i].alloc_peak_bytes);
+      cJSON_AddNumberToObject(j, "measured_peak_mem_bytes", (double)p[i].measured_peak_mem_bytes);
+      cJSON_AddNumberToObject(j, "peak_mem_error_pct",
+                              pct_err((double)p[i].alloc_peak_bytes, (double)p[i].measured_peak_mem_bytes));
+    }
+    cJSON_AddItemToArray(arr, j);
+  }
+  cJSON_AddItemToObject(root, "plans", arr);
+  mp_cmd_print_json(root);
+}
+
 static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int as_json) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -95,46 +134,7 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
   int64_t n = 0;
   if ((s = mp_store_top_plans(&ctx, st, run_id, top, a, &p, &n)) != MP_OK) return fail(&ctx, s);
   if (as_json) {
-    cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
-    if (root && arr) {
-      cJSON_AddNumberToObject(root, "run", (double)run.id);
-      cJSON_AddStringToObject(root, "model", run.model);
-      cJSON_AddStringToObject(root, "cluster", run.cluster);
-      for (int64_t i = 0; i < n; i++) {
-        cJSON *j = cJSON_CreateObject();
-        if (!j) break;
-        cJSON_AddNumberToObject(j, "rank", (double)p[i].rank);
-        cJSON_AddNumberToObject(j, "plan_id", (double)p[i].id);
-        cJSON_AddNumberToObject(j, "dp_replicate", p[i].dp_replicate);
-        cJSON_AddNumberToObject(j, "dp_shard", p[i].dp_shard);
-        cJSON_AddNumberToObject(j, "tp", p[i].tp);
-        cJSON_AddNumberToObject(j, "ep", p[i].ep);
-        cJSON_AddNumberToObject(j, "pp", p[i].pp);
-        cJSON_AddNumberToObject(j, "cp", p[i].cp);
-        cJSON_AddStringToObject(j, "ac", mp_search_ac_name(p[i].ac));
-        cJSON_AddBoolToObject(j, "fp8", p[i].fp8);
-        cJSON_AddNumberToObject(j, "micro_batch", (double)p[i].micro_batch);
-        cJSON_AddNumberToObject(j, "step_time_s", p[i].step_time_s);
-        cJSON_AddNumberToObject(j, "peak_mem_bytes", (double)p[i].peak_mem_bytes);
-        if (p[i].n_measured) {
-          cJSON_AddNumberToObject(j, "measured_steps", (double)p[i].n_measured);
-          cJSON_AddNumberToObject(j, "measured_step_time_s", p[i].measured_step_time_s);
-          cJSON_AddNumberToObject(j, "step_time_error_pct", pct_err(p[i].step_time_s, p[i].measured_step_time_s));
-          cJSON_AddNumberToObject(j, "predicted_alloc_peak_bytes", (double)p[i].alloc_peak_bytes);
-          cJSON_AddNumberToObject(j, "measured_peak_mem_bytes", (double)p[i].measured_peak_mem_bytes);
-          cJSON_AddNumberToObject(j, "peak_mem_error_pct",
-                                  pct_err((double)p[i].alloc_peak_bytes, (double)p[i].measured_peak_mem_bytes));
-        }
-        cJSON_AddItemToArray(arr, j);
-      }
-      cJSON_AddItemToObject(root, "plans", arr);
-      arr = NULL;
-      char *t = cJSON_Print(root);
-      if (t) printf("%s\n", t);
-      free(t);
-    }
-    cJSON_Delete(root);
-    cJSON_Delete(arr);
+    print_run_json(&run, p, n);
     return 0;
   }
   printf("run %lld (%s): %s on %s (%d GPUs), seq %lld, global batch %lld, objective %s\n",

@@ -126,12 +126,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   cJSON_AddNumberToObject(j, "overhead_bytes", (double)r->overhead_bytes);
   cJSON_AddNumberToObject(j, "capacity_bytes", (double)r->capacity_bytes);
   cJSON_AddBoolToObject(j, "fits", r->fits);
-  char *text = cJSON_Print(j);
-  cJSON_Delete(j);
-  if (text == NULL) return 1;
-  printf("%s\n", text);
-  free(text);
-  return 0;
+  return mp_cmd_print_json(j);
 }
 
 /* One simulation: what the command line names, and what it owns until the end. */

@@ -57,6 +57,10 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
 mp_status mp_cmd_mesh_ep(mp_ctx *ctx, const mp_cmd_spec *spec, mp_mesh *mesh);
 /* --db's value, or "meshplan.db" when it was not given (plan, report, calibrate). */
 const char *mp_cmd_db_path(const mp_cmd_spec *spec);
+/* Prints root as formatted JSON and a newline on stdout, then deletes it. Returns 0, or
+ * 1 when root is NULL or cannot be printed (out of memory). */
+struct cJSON;
+int mp_cmd_print_json(struct cJSON *root);
 /* How this process was launched, read before MPI_Init from the launcher's environment
  * (OpenMPI's OMPI_COMM_WORLD_SIZE/RANK, else PMI_SIZE/RANK as Slurm and MPICH set them):
  * under_mpi 0 with world 1, rank 0 when it runs alone. */
