@@ -246,13 +246,8 @@ static mp_status cpu_setup_gemm(cpu_cal *C, const mp_calib_options *o) {
 }
 
 static mp_status cpu_setup_attention(cpu_cal *C, const mp_calib_options *o) {
-  size_t q = 1, kv = 1, rows = 1;
-  for (int i = 0; i < o->n_attn; i++) {
-    const size_t B = (size_t)o->attn[i].B, T = (size_t)o->attn[i].T;
-    if (B * T * o->attn[i].nh * o->attn[i].hd > q) q = B * T * o->attn[i].nh * o->attn[i].hd;
-    if (B * T * o->attn[i].nkv * o->attn[i].hd > kv) kv = B * T * o->attn[i].nkv * o->attn[i].hd;
-    if (B * T * o->attn[i].nh > rows) rows = B * T * o->attn[i].nh;
-  }
+  size_t q, kv, rows;
+  mp_calib_attn_extents(o, &q, &kv, &rows);
   cpu_op a = {.kind = CK_ATTN_FWD};
   MP_CHECK(cpu_buf(C, q, 0, 1, &a.f[0]));
   MP_CHECK(cpu_buf(C, kv, 0, 2, &a.f[1]));

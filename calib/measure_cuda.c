@@ -419,13 +419,8 @@ done:
 
 /* Optional: an error is returned to the caller, which records it. */
 static mp_status phase_attention(cal *C, const mp_calib_options *o, mp_calib *out) {
-  size_t q = 1, kv = 1, rows = 1;
-  for (int i = 0; i < o->n_attn; i++) {
-    const size_t B = (size_t)o->attn[i].B, T = (size_t)o->attn[i].T;
-    if (B * T * o->attn[i].nh * o->attn[i].hd > q) q = B * T * o->attn[i].nh * o->attn[i].hd;
-    if (B * T * o->attn[i].nkv * o->attn[i].hd > kv) kv = B * T * o->attn[i].nkv * o->attn[i].hd;
-    if (B * T * o->attn[i].nh > rows) rows = B * T * o->attn[i].nh;
-  }
+  size_t q, kv, rows;
+  mp_calib_attn_extents(o, &q, &kv, &rows);
   const size_t eb = mp_kdtype_bytes(C->be->x_dtype);
   bufset s = {{0}, 0};
   op a = {.kind = OP_ATTN_FWD};

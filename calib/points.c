@@ -1,7 +1,8 @@
 /* What a calibration measures: the names and the FLOP and byte counts of its points, as
  * the simulator counts them (exec/schedule.c), and each device's default points
  * (calibrate.h lists them; docs/calibration.md says why these), the header every
- * measurement starts a calibration with, and the buffer sizes its GEMM points need. */
+ * measurement starts a calibration with, and the buffer sizes its GEMM and attention
+ * points need. */
 #include "calib/calibrate.h"
 
 #include <stdio.h>
@@ -241,5 +242,15 @@ void mp_calib_gemm_extents(const mp_calib_gemm_shape *g, int n, size_t *nk, size
     if (N * K > *nk) *nk = N * K;
     if (M * K > *mk) *mk = M * K;
     if (N * M > *nm) *nm = N * M;
+  }
+}
+
+void mp_calib_attn_extents(const mp_calib_options *o, size_t *q, size_t *kv, size_t *rows) {
+  *q = *kv = *rows = 1;
+  for (int i = 0; i < o->n_attn; i++) {
+    const size_t B = (size_t)o->attn[i].B, T = (size_t)o->attn[i].T;
+    if (B * T * o->attn[i].nh * o->attn[i].hd > *q) *q = B * T * o->attn[i].nh * o->attn[i].hd;
+    if (B * T * o->attn[i].nkv * o->attn[i].hd > *kv) *kv = B * T * o->attn[i].nkv * o->attn[i].hd;
+    if (B * T * o->attn[i].nh > *rows) *rows = B * T * o->attn[i].nh;
   }
 }

@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/arena.h"
+#include "common/intmath.h"
 #include "exec/model.h"
 #include "exec/plan.h"
 #include "exec/schedule.h"
@@ -311,15 +312,6 @@ static void print_totals(const explain *e) {
   printf("  largest unit gathered  %s (%s)\n", d, mp_dtype_name(e->plan->opts.fsdp.param_dtype));
 }
 
-static int64_t gcd64(int64_t a, int64_t b) {
-  while (b) {
-    int64_t t = a % b;
-    a = b;
-    b = t;
-  }
-  return a;
-}
-
 /* Cell size along one dim of length n: the gcd of n and every tile boundary on that dim
  * (so cells line up with the blocks), grown to keep at most max_cells cells, or split
  * (by a divisor, keeping the alignment) to show at least min_cells where n allows. */
@@ -329,8 +321,8 @@ static int64_t grid_step(const explain *e, const mp_param *prm, int dim, int64_t
   for (int r = 0; r < e->world && dim < prm->ndim; r++) {
     int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
     if (!mp_param_tile(e->plan, prm, r, off, len)) continue;
-    g = gcd64(g, off[dim]);
-    g = gcd64(g, off[dim] + len[dim]);
+    g = mp_gcd64(g, off[dim]);
+    g = mp_gcd64(g, off[dim] + len[dim]);
   }
   if (g < 1) g = 1;
   int64_t cells = n / g;
