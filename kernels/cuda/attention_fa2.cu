@@ -875,7 +875,7 @@ __global__ void __launch_bounds__(kDqCfgs[CFG].warps * 32, kDqCfgs[CFG].min_bloc
 
 /* ---- configuration choice ------------------------------------------------------------- */
 
-constexpr int kNumKernels = 3; /* MP_FA2_FWD, MP_FA2_DKDV, MP_FA2_DQ (cuda_internal.h) */
+constexpr int kNumKernels = 3; /* MP_FA2_FWD, MP_FA2_DKDV, MP_FA2_DQ (attention_hooks.h) */
 constexpr int kNumCfgs[kNumKernels] = {kNumFwdCfgs, kNumDkdvCfgs, kNumDqCfgs};
 const char *const kCfgEnv[kNumKernels] = {"MP_ATTENTION_FWD_CFG", "MP_ATTENTION_DKDV_CFG",
                                           "MP_ATTENTION_DQ_CFG"};
