@@ -13,7 +13,6 @@
  * --device cuda: one process, one GPU, no MPI. The device and the GPU profile the fit is
  * relative to are checked before the database is touched, so a machine without a GPU
  * gets one line and exit status 2, and no file is created or written. */
-#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -499,12 +498,8 @@ int mp_cmd_calibrate(int argc, char **argv) {
   mp_mesh_init(&mesh);
   if (mpi) {
     /* The mesh must match the world: ask MPI how many ranks it started. */
-    MP_CHECK_GOTO(mp_comm_mpi_init(&ctx, NULL, NULL), st, out);
     int world = 1;
-    if (MPI_Comm_size(MPI_COMM_WORLD, &world) != MPI_SUCCESS) {
-      st = mp_error(&ctx, MP_ERR_MPI, "calibrate: MPI_Comm_size failed");
-      goto out;
-    }
+    MP_CHECK_GOTO(mp_comm_mpi_world(&ctx, NULL, &world), st, out);
     mesh.size[MP_DIM_DP_SHARD] = world;
     MP_CHECK_GOTO(mp_comm_create_mpi(&ctx, &mesh, &comm), st, out);
   } else {
