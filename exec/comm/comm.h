@@ -9,7 +9,7 @@
  *   "mpi"            OpenMPI; one MPI_Comm_split per group kind (comm_mpi.c). Host buffers.
  *   "single"         world size 1 with no MPI at all (comm_single.c): every group has one
  *                    rank. Host buffers.
- *   "nccl"           ncclCommSplit per group kind (comm_nccl.c). Device buffers; the
+ *   "nccl"           ncclCommSplit per group kind (comm_nccl*.c). Device buffers; the
  *                    collectives run on the comm's own CUDA stream.
  *   "mpi-staged"     device buffers through host staging and the "mpi" backend
  *                    (comm_staged.c): several ranks on one GPU, or no NCCL in the build.

@@ -1,6 +1,6 @@
 /* The backend table behind comm.h: what a collectives implementation provides.
  *
- * For implementers only (comm_mpi.c, comm_single.c, comm_staged.c, comm_nccl.c) and for
+ * For implementers only (comm_mpi.c, comm_single.c, comm_staged.c, comm_nccl*.c) and for
  * the tests of their internals; the runtime includes comm.h. The front end (comm.c) has
  * already checked every argument a backend receives: the group kind is valid, buffers are
  * non-NULL where count > 0, counts and displacements are >= 0, the op/dtype pair is
@@ -15,7 +15,7 @@
  *                    back. For several ranks on one GPU (NCCL 2.28 refuses two ranks of one
  *                    communicator on one GPU) and for builds without NCCL.
  *   "single-staged"  comm_staged.c: world size 1, device buffers, memcpy_d2d.
- *   "nccl"           comm_nccl.c: ncclCommSplit per group kind (kinds with the same ranks
+ *   "nccl"           comm_nccl*.c: ncclCommSplit per group kind (kinds with the same ranks
  *                    share one communicator), non-blocking NCCL on the comm's own stream,
  *                    ordered against the caller's compute stream with CUDA events, every
  *                    wait bounded by MESHPLAN_COMM_TIMEOUT_S.

@@ -12,12 +12,12 @@
  * function (so both give the same bits): a vector path, one thread per 8 consecutive
  * elements moved as 16-byte loads and stores (mp_ld8 / mp_st8), taken when every pointer
  * is 16-byte aligned, with the last n % 8 elements done by the first threads of block 0;
- * and the original grid-stride scalar path for any other alignment. The vector grid has
+ * and a grid-stride scalar path for any other alignment. The vector grid has
  * one thread per vector (up to the 65535-block cap, then a grid-stride loop), which keeps
  * 2048 threads x 16-48 bytes in flight per SM: enough to cover HBM latency on H100.
  *
  * Fused amax (swiglu_forward_amax, swiglu_backward_amax; ops.h). The SwiGLU kernels are
- * templates on kAmax: the plain instantiation is the op as it was; the fused one runs the
+ * templates on kAmax: the plain instantiation is the op of ops.h; the fused one runs the
  * same paths (vector with its scalar tail, or scalar) and also keeps the max of the bf16
  * patterns each thread stores, reduced per block and combined into the zeroed amax slot
  * with one atomicMax per block (cuda_kernels.cuh, fused amax). So a float8 scale costs no
