@@ -104,24 +104,26 @@ static mp_status nccl_broadcast(mp_ctx *ctx, mp_comm *c, mp_group g, void *buf, 
   return MP_NCCL_OP_END(ctx, c, &d, m->comm[g], rc, "ncclBroadcast");
 }
 
-static mp_status nccl_send(mp_ctx *ctx, mp_comm *c, const void *buf, size_t count,
-                           mp_comm_dtype t, int peer) {
+/* Point-to-point over the world communicator: ncclSend (send 1) or ncclRecv (send 0). */
+static mp_status nccl_p2p(mp_ctx *ctx, mp_comm *c, void *buf, size_t count, mp_comm_dtype t,
+                          int peer, int send) {
   nccl_impl *m = IMPL(c);
-  op_desc d = {"send", MP_GROUP_WORLD, peer, count, t};
+  op_desc d = {send ? "send" : "recv", MP_GROUP_WORLD, peer, count, t};
   MP_CHECK(mp_nccl_op_begin(ctx, c, &d));
   ncclComm_t w = m->comm[MP_GROUP_WORLD];
-  ncclResult_t rc = ncclSend(buf, count, nccl_type(t), peer, w, m->stream);
-  return MP_NCCL_OP_END(ctx, c, &d, w, rc, "ncclSend");
+  ncclResult_t rc = send ? ncclSend(buf, count, nccl_type(t), peer, w, m->stream)
+                         : ncclRecv(buf, count, nccl_type(t), peer, w, m->stream);
+  return MP_NCCL_OP_END(ctx, c, &d, w, rc, send ? "ncclSend" : "ncclRecv");
+}
+
+static mp_status nccl_send(mp_ctx *ctx, mp_comm *c, const void *buf, size_t count,
+                           mp_comm_dtype t, int peer) {
+  return nccl_p2p(ctx, c, (void *)buf, count, t, peer, 1); /* ncclSend only reads it */
 }
 
 static mp_status nccl_recv(mp_ctx *ctx, mp_comm *c, void *buf, size_t count, mp_comm_dtype t,
                            int peer) {
-  nccl_impl *m = IMPL(c);
-  op_desc d = {"recv", MP_GROUP_WORLD, peer, count, t};
-  MP_CHECK(mp_nccl_op_begin(ctx, c, &d));
-  ncclComm_t w = m->comm[MP_GROUP_WORLD];
-  ncclResult_t rc = ncclRecv(buf, count, nccl_type(t), peer, w, m->stream);
-  return MP_NCCL_OP_END(ctx, c, &d, w, rc, "ncclRecv");
+  return nccl_p2p(ctx, c, buf, count, t, peer, 0);
 }
 
 static mp_status nccl_sendrecv(mp_ctx *ctx, mp_comm *c, const void *send, size_t send_count,
