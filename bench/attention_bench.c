@@ -45,17 +45,7 @@ int main(void) {
 #else
 #include <cuda_runtime_api.h>
 
-/* attention_fa2.cu's tuning hooks, declared in kernels/cuda/cuda_internal.h with C
- * linkage (that header is C++ and internal to the CUDA library, so they are repeated
- * here; the kernel numbers are its MP_FA2_FWD, MP_FA2_DKDV, MP_FA2_DQ, MP_FA2_DOT). */
-enum { K_FWD = 0, K_DKDV = 1, K_DQ = 2, K_DOT = 3 };
-int mp_cuda_attention_fa2_n_configs(int kernel);
-void mp_cuda_attention_fa2_force_config(int kernel, int cfg);
-void mp_cuda_attention_fa2_bwd_kernels(unsigned mask);
-mp_status mp_cuda_attention_fa2_config_info(mp_kctx *kc, int kernel, int cfg, int hd,
-                                            char *desc, size_t desc_bytes, int *regs,
-                                            int *smem_bytes, int *local_bytes,
-                                            int *blocks_per_sm);
+#include "kernels/cuda/attention_hooks.h"
 
 enum { kWarm = 2, kReps = 7, kMaxCfgs = 16 };
 /* 4 bf16 ulps at the largest magnitude (one ulp is 2^-8 of [1, 2)). */
@@ -252,10 +242,10 @@ static void print_row(const shape *s, const char *kern, int cfg, const char *des
  * 0's outputs into out0 / lse0 (the backward's inputs), the others into out / lse. */
 static mp_status sweep(const shape *s, bufs *b, int kernel, double G, row *rows, int *n_rows) {
   const int n = mp_cuda_attention_fa2_n_configs(kernel);
-  const double flops = (kernel == K_FWD ? 2 : kernel == K_DKDV ? 4 : 3) * G;
+  const double flops = (kernel == MP_FA2_FWD ? 2 : kernel == MP_FA2_DKDV ? 4 : 3) * G;
   const unsigned mask = 1u << kernel;
   /* Host copies of configuration 0's outputs and of the current one's. */
-  const size_t n_main = kernel == K_DKDV ? b->nkv : b->nq;
+  const size_t n_main = kernel == MP_FA2_DKDV ? b->nkv : b->nq;
   uint16_t *ref0 = malloc(n_main * 2), *ref1 = malloc(n_main * 2), *cur0 = malloc(n_main * 2),
            *cur1 = malloc(n_main * 2);
   float *lref = malloc(b->nl * 4), *lcur = malloc(b->nl * 4);
@@ -278,12 +268,12 @@ static mp_status sweep(const shape *s, bufs *b, int kernel, double G, row *rows,
                                           &smem, &local, &blocks) != MP_OK)
       snprintf(note, sizeof(note), "info: %s", mp_errmsg(&g_err));
     mp_cuda_attention_fa2_force_config(kernel, c);
-    op o = {kernel == K_FWD ? OP_FWD : OP_BWD, s, b, c == 0 ? b->out0 : b->out,
+    op o = {kernel == MP_FA2_FWD ? OP_FWD : OP_BWD, s, b, c == 0 ? b->out0 : b->out,
             c == 0 ? b->lse0 : b->lse};
     diff d = {0, 0};
     mp_status rs = MP_OK;
     /* One checked run from a known state. */
-    if (kernel == K_FWD) {
+    if (kernel == MP_FA2_FWD) {
       rs = run_op(&o);
       if (rs == MP_OK) rs = fetch(c == 0 ? ref0 : cur0, o.out, b->nq * 2);
       if (rs == MP_OK) rs = fetch(c == 0 ? lref : lcur, o.lse, b->nl * 4);
@@ -292,8 +282,8 @@ static mp_status sweep(const shape *s, bufs *b, int kernel, double G, row *rows,
         diff_add(&d, lcur, lref, b->nl, 1);
       }
     } else {
-      void *g0 = kernel == K_DKDV ? b->dk : b->dq, *g1 = kernel == K_DKDV ? b->dv : NULL;
-      mp_cuda_attention_fa2_bwd_kernels(1u << K_DOT); /* D into the scratch */
+      void *g0 = kernel == MP_FA2_DKDV ? b->dk : b->dq, *g1 = kernel == MP_FA2_DKDV ? b->dv : NULL;
+      mp_cuda_attention_fa2_bwd_kernels(1u << MP_FA2_DOT); /* D into the scratch */
       rs = run_op(&o);
       if (rs == MP_OK) rs = g_be->memset_zero(&g_kc, g0, n_main * 2);
       if (rs == MP_OK && g1) rs = g_be->memset_zero(&g_kc, g1, n_main * 2);
@@ -363,11 +353,11 @@ static mp_status bench_shape(const shape *s, int best[3]) {
   row rows[3][kMaxCfgs];
   int n[3] = {0, 0, 0};
   best[0] = best[1] = best[2] = 0;
-  st = sweep(s, &b, K_FWD, G, rows[K_FWD], &n[K_FWD]);
+  st = sweep(s, &b, MP_FA2_FWD, G, rows[MP_FA2_FWD], &n[MP_FA2_FWD]);
   if (st == MP_OK) {
     /* D alone (every backward pays it once). */
     op o = {OP_BWD, s, &b, NULL, NULL};
-    mp_cuda_attention_fa2_bwd_kernels(1u << K_DOT);
+    mp_cuda_attention_fa2_bwd_kernels(1u << MP_FA2_DOT);
     float t = time_op(&o);
     mp_cuda_attention_fa2_bwd_kernels(0);
     char note[200];
@@ -376,24 +366,24 @@ static mp_status bench_shape(const shape *s, int best[3]) {
     else
       snprintf(note, sizeof(note), "%s", mp_errmsg(&g_err));
     print_row(s, "dot", -1, "D = rowsum(dout*out)", 0, 0, 0, 0, t, 0.0, 0, 0, note);
-    st = sweep(s, &b, K_DKDV, G, rows[K_DKDV], &n[K_DKDV]);
+    st = sweep(s, &b, MP_FA2_DKDV, G, rows[MP_FA2_DKDV], &n[MP_FA2_DKDV]);
   }
-  if (st == MP_OK) st = sweep(s, &b, K_DQ, G, rows[K_DQ], &n[K_DQ]);
+  if (st == MP_OK) st = sweep(s, &b, MP_FA2_DQ, G, rows[MP_FA2_DQ], &n[MP_FA2_DQ]);
   if (st == MP_OK) {
     for (int k = 0; k < 3; k++) best[k] = best_of(rows[k], n[k]);
     /* The whole backward, default and best, as attention_backward runs it. */
     for (int pass = 0; pass < 2; pass++) {
-      const int kv = pass ? best[K_DKDV] : 0, q = pass ? best[K_DQ] : 0;
+      const int kv = pass ? best[MP_FA2_DKDV] : 0, q = pass ? best[MP_FA2_DQ] : 0;
       char desc[64];
       snprintf(desc, sizeof(desc), "dot+dkdv %d+dq %d%s", kv, q, pass ? " (best)" : "");
-      mp_cuda_attention_fa2_force_config(K_DKDV, kv);
-      mp_cuda_attention_fa2_force_config(K_DQ, q);
+      mp_cuda_attention_fa2_force_config(MP_FA2_DKDV, kv);
+      mp_cuda_attention_fa2_force_config(MP_FA2_DQ, q);
       op o = {OP_BWD, s, &b, NULL, NULL};
       float t = time_op(&o);
       print_row(s, "bwd", -1, desc, 0, 0, 0, 0, t, 5 * G, 0, 0, t < 0 ? mp_errmsg(&g_err) : "");
     }
-    mp_cuda_attention_fa2_force_config(K_DKDV, -1);
-    mp_cuda_attention_fa2_force_config(K_DQ, -1);
+    mp_cuda_attention_fa2_force_config(MP_FA2_DKDV, -1);
+    mp_cuda_attention_fa2_force_config(MP_FA2_DQ, -1);
   }
   free_bufs(&b);
   return st;

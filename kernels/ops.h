@@ -1,4 +1,4 @@
-/* The op interface: one table of function pointers per backend (CPU now, CUDA later).
+/* The op interface: one table of function pointers per backend (kernels/cpu, kernels/cuda).
  *
  * The runtime's schedule walker calls ops only through an mp_backend, so switching device
  * never changes the walker. Style: ggml's backend tables filled with designated
@@ -12,8 +12,8 @@
  * - Storage dtypes. Two kinds of tensor pointer appear in signatures:
  *     void *   "X" tensors, stored in the backend's compute dtype `be->x_dtype`:
  *              activations, their gradients, and the compute copies of parameters
- *              (the weights passed to a forward/backward). CPU: fp32. CUDA: bf16
- *              (issue 7), with fp32 accumulation inside every kernel.
+ *              (the weights passed to a forward/backward). CPU: fp32. CUDA: bf16,
+ *              with fp32 accumulation inside every kernel.
  *     float *  always fp32, on every backend: parameter gradients (accumulated in fp32,
  *              so micro-batch accumulation and the fp32 gradient reduce-scatter lose
  *              nothing), master parameters and AdamW state, normalisation statistics,

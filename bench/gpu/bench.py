@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GPU benchmark of issue 8, in one run on one GPU: meshplan's runtime and PyTorch on
+"""The GPU benchmark, in one run on one GPU: meshplan's runtime and PyTorch on
 the same llama-style model (data/models/llama-1b-bench.json: d_model 2048, 16 layers, 16
 heads, 8 KV heads, d_ff 8192, vocab 32000), seq 2048, micro-batch 4 (8192 tokens a step),
 bf16, one GPU. Rows:

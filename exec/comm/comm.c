@@ -49,6 +49,12 @@ int mp_comm_local_rank_from_env(void) {
   return -1;
 }
 
+int mp_comm_env_launched(void) {
+  const char *v = getenv("OMPI_COMM_WORLD_SIZE");
+  if (v == NULL || v[0] == '\0') v = getenv("PMI_SIZE");
+  return v != NULL && v[0] != '\0';
+}
+
 void mp_comm_init_common(mp_comm *c, const mp_mesh *mesh, int rank) {
   memset(c, 0, sizeof *c);
   c->mesh = *mesh;

@@ -9,7 +9,7 @@
  *   "mpi"            OpenMPI; one MPI_Comm_split per group kind (comm_mpi.c). Host buffers.
  *   "single"         world size 1 with no MPI at all (comm_single.c): every group has one
  *                    rank. Host buffers.
- *   "nccl"           ncclCommSplit per group kind (comm_nccl.c). Device buffers; the
+ *   "nccl"           ncclCommSplit per group kind (comm_nccl*.c). Device buffers; the
  *                    collectives run on the comm's own CUDA stream.
  *   "mpi-staged"     device buffers through host staging and the "mpi" backend
  *                    (comm_staged.c): several ranks on one GPU, or no NCCL in the build.
@@ -36,6 +36,12 @@
  *     counts (as with MPI and NCCL). Argument errors that every rank detects identically
  *     (bad group, counts that do not add up) come back on every rank, so all exit together.
  *   - One thread uses an mp_comm (MPI is initialized with MPI_THREAD_FUNNELED).
+ *
+ * Builds without MPI (no mpicc when it was built, or MESHPLAN_NO_MPI=1: see
+ * third_party/mpi): "single", "single-staged" and "nccl" at world size 1 without a
+ * launcher work unchanged; "mpi", "mpi-staged" and every MPI entry point below return
+ * MP_ERR_UNSUPPORTED saying the build has no MPI (mp_comm_mpi_finalize is a no-op), so a
+ * launched multi-rank run fails at creation with that message.
  *
  * Errors: every call returns mp_status; MPI failures are MP_ERR_MPI with the call, its
  * file:line and MPI_Error_string on ctx (MPI_ERRORS_RETURN is set on every communicator
@@ -89,9 +95,15 @@ const char *mp_comm_op_name(mp_comm_op op);
  * daemon that listens on 127.0.0.1, which works in Bazel's sandbox). Where even that is
  * unwanted (no MPI installed at run time, tools, unit tests), use mp_comm_create_single.
  * mp_comm_mpi_finalize: MPI_Finalize if initialized and not yet finalized. Destroy every
- * "mpi" mp_comm first. */
+ * "mpi" mp_comm first.
+ * mp_comm_mpi_world: initializes MPI as mp_comm_mpi_init (argc, argv NULL) and gives this
+ * process's rank in MPI_COMM_WORLD and the world's size (either pointer may be NULL).
+ * mp_comm_mpi_built: 1 when this build has MPI; 0 when every call above but finalize
+ * returns MP_ERR_UNSUPPORTED. */
 mp_status mp_comm_mpi_init(mp_ctx *ctx, int *argc, char ***argv);
 mp_status mp_comm_mpi_finalize(mp_ctx *ctx);
+mp_status mp_comm_mpi_world(mp_ctx *ctx, int *rank, int *size);
+int mp_comm_mpi_built(void);
 
 /* The node-local rank from the launcher's environment (OMPI_COMM_WORLD_LOCAL_RANK,
  * MPI_LOCALRANKID, SLURM_LOCALID), usable before MPI_Init (to pick a GPU first); -1 when
@@ -256,7 +268,8 @@ mp_status mp_comm_synchronize(mp_ctx *ctx, mp_comm *c);
  *     calls, begin/end/wait only check their use, and every request is complete at once.
  *   - "nccl": wait also reports an NCCL error already known and a collective pending for
  *     longer than the timeout (see mp_comm_synchronize), without blocking.
- *   - Collectives outside a batch behave as before (compute waits for each at once).
+ *   - Collectives outside a batch are ordered as described above (compute waits for each
+ *     at once).
  * Errors: async_begin while a batch is open and async_end without one are MP_ERR_INVALID;
  * after an error inside a batch, async_end still closes it (and reports the error again
  * for "nccl", whose communicators are then aborted). */

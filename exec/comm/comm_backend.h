@@ -1,6 +1,6 @@
 /* The backend table behind comm.h: what a collectives implementation provides.
  *
- * For implementers only (comm_mpi.c, comm_single.c, comm_staged.c, comm_nccl.c) and for
+ * For implementers only (comm_mpi.c, comm_single.c, comm_staged.c, comm_nccl*.c) and for
  * the tests of their internals; the runtime includes comm.h. The front end (comm.c) has
  * already checked every argument a backend receives: the group kind is valid, buffers are
  * non-NULL where count > 0, counts and displacements are >= 0, the op/dtype pair is
@@ -15,7 +15,7 @@
  *                    back. For several ranks on one GPU (NCCL 2.28 refuses two ranks of one
  *                    communicator on one GPU) and for builds without NCCL.
  *   "single-staged"  comm_staged.c: world size 1, device buffers, memcpy_d2d.
- *   "nccl"           comm_nccl.c: ncclCommSplit per group kind (kinds with the same ranks
+ *   "nccl"           comm_nccl*.c: ncclCommSplit per group kind (kinds with the same ranks
  *                    share one communicator), non-blocking NCCL on the comm's own stream,
  *                    ordered against the caller's compute stream with CUDA events, every
  *                    wait bounded by MESHPLAN_COMM_TIMEOUT_S.
@@ -78,16 +78,32 @@ struct mp_comm {
 /* Fills the shared fields from the mesh for world rank `rank` (backend and impl left NULL). */
 void mp_comm_init_common(mp_comm *c, const mp_mesh *mesh, int rank);
 
-/* ---- shared by the MPI-bootstrapped backends (defined in comm_mpi.c) ---- */
+/* ---- the launcher (comm.c; no MPI) ---- */
 
 /* 1 when a launcher's environment names this process one rank of a job
- * (OMPI_COMM_WORLD_SIZE, PMI_SIZE, as planner/cmd_common.c's mp_cmd_launch reads them). */
+ * (OMPI_COMM_WORLD_SIZE, PMI_SIZE, as planner/cli/cmd_common.c's mp_cmd_launch reads them). */
 int mp_comm_env_launched(void);
-/* Collective over MPI_COMM_WORLD (MPI initialized): every rank agrees that all were given
- * the same mesh and that it has `world` ranks, or all return the same MP_ERR_INVALID. */
+
+/* ---- MPI bootstrap, shared by the MPI-based backends ("mpi", "mpi-staged") and the NCCL
+ * backend's creation ----
+ * comm_mpi.c defines these; in a build without MPI comm_mpi_stub.c does, and every one
+ * returns MP_ERR_UNSUPPORTED ("built without MPI ..."). All are collective over
+ * MPI_COMM_WORLD and need MPI initialized (mp_comm_mpi_init or mp_comm_mpi_world). */
+
+/* Every rank agrees that all were given the same mesh and that it has `world` ranks, or
+ * all return the same MP_ERR_INVALID. */
 mp_status mp_comm_mpi_agree_on_mesh(mp_ctx *ctx, const mp_mesh *mesh, int world);
-/* Collective: this rank's position among the ranks of its node and their count. */
+/* This rank's position among the ranks of its node and their count. */
 mp_status mp_comm_mpi_node(mp_ctx *ctx, int *local_rank, int *local_size);
+/* As mp_comm_mpi_node, and gathers `bytes` bytes from `mine` on every rank of the node, in
+ * node-rank order, into *all (malloc'd, local_size * bytes; the caller frees it). bytes 0:
+ * nothing is gathered and *all is NULL. */
+mp_status mp_comm_mpi_node_allgather(mp_ctx *ctx, const void *mine, size_t bytes, void **all,
+                                     int *local_rank, int *local_size);
+/* out[i] = the maximum over the world of in[i], i < n (in and out may be the same). */
+mp_status mp_comm_mpi_world_max(mp_ctx *ctx, const int *in, int *out, int n);
+/* The `bytes` bytes at buf on every rank become those of world rank root. */
+mp_status mp_comm_mpi_world_bcast(mp_ctx *ctx, void *buf, size_t bytes, int root);
 
 /* ---- backend selection (comm_select.c), exposed for its unit test ---- */
 

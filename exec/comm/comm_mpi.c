@@ -10,7 +10,13 @@
  * INT_MAX is MP_ERR_UNSUPPORTED rather than silently truncated.
  *
  * BF16 is carried as MPI_UINT16_T; its SUM and MAX are user ops (fp32 arithmetic, round to
- * nearest even), created per comm and freed with it. */
+ * nearest even), created per comm and freed with it.
+ *
+ * Also here: MPI's lifetime for the process (comm.h: mp_comm_mpi_init, _finalize, _world)
+ * and the bootstrap calls of comm_backend.h (agree on the mesh, the node's ranks, a world
+ * maximum and broadcast) that "mpi-staged" and the NCCL backend's creation use, so that
+ * they include no MPI header. exec/comm/BUILD compiles this file only where
+ * @local_mpi found MPI; comm_mpi_stub.c stands in for it elsewhere. */
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -52,6 +58,18 @@ mp_status mp_comm_mpi_init(mp_ctx *ctx, int *argc, char ***argv) {
     MP_MPI_CHECK(ctx, MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
   }
   MP_MPI_CHECK(ctx, MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  return MP_OK;
+}
+
+int mp_comm_mpi_built(void) { return 1; }
+
+mp_status mp_comm_mpi_world(mp_ctx *ctx, int *rank, int *size) {
+  int r = 0, n = 0;
+  MP_CHECK(mp_comm_mpi_init(ctx, NULL, NULL));
+  MP_MPI_CHECK(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &r));
+  MP_MPI_CHECK(ctx, MPI_Comm_size(MPI_COMM_WORLD, &n));
+  if (rank) *rank = r;
+  if (size) *size = n;
   return MP_OK;
 }
 
@@ -296,12 +314,6 @@ static int launched_by_mpirun(int world) {
          getenv("SLURM_NTASKS");
 }
 
-int mp_comm_env_launched(void) {
-  const char *v = getenv("OMPI_COMM_WORLD_SIZE");
-  if (v == NULL || v[0] == '\0') v = getenv("PMI_SIZE");
-  return v != NULL && v[0] != '\0';
-}
-
 /* Every rank learns whether all ranks were given the same mesh and whether the mesh fits
  * the MPI world, from one all-reduce: each decision below is then the same on every rank,
  * so either all ranks go on to split or all return the same error. */
@@ -339,18 +351,58 @@ mp_status mp_comm_mpi_agree_on_mesh(mp_ctx *ctx, const mp_mesh *mesh, int world)
   return MP_OK;
 }
 
-mp_status mp_comm_mpi_node(mp_ctx *ctx, int *local_rank, int *local_size) {
-  int rank = 0;
+mp_status mp_comm_mpi_node_allgather(mp_ctx *ctx, const void *mine, size_t bytes, void **all,
+                                     int *local_rank, int *local_size) {
+  int rank = 0, n = 0;
+  if (all) *all = NULL;
+  MP_CHECK(to_int(ctx, "node allgather", bytes, &n));
   MPI_Comm node = MPI_COMM_NULL;
   MP_MPI_CHECK(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   MP_MPI_CHECK(ctx, MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank,
                                         MPI_INFO_NULL, &node));
-  int lr = 0, ls = 1, r1 = MPI_Comm_rank(node, &lr), r2 = MPI_Comm_size(node, &ls);
+  int lr = 0, ls = 1, rc = MPI_Comm_rank(node, &lr);
+  const char *call = "MPI_Comm_rank(node, &lr)";
+  if (rc == MPI_SUCCESS) {
+    rc = MPI_Comm_size(node, &ls);
+    call = "MPI_Comm_size(node, &ls)";
+  }
+  char *buf = NULL;
+  if (rc == MPI_SUCCESS && n > 0) {
+    buf = (char *)calloc((size_t)ls, bytes);
+    if (buf == NULL) {
+      MPI_Comm_free(&node);
+      return mp_error(ctx, MP_ERR_NOMEM, "out of memory gathering %zu bytes from each of %d ranks",
+                      bytes, ls);
+    }
+    rc = MPI_Allgather(mine, n, MPI_BYTE, buf, n, MPI_BYTE, node);
+    call = "MPI_Allgather(mine, n, MPI_BYTE, buf, n, MPI_BYTE, node)";
+  }
   MPI_Comm_free(&node);
-  MP_MPI_CHECK(ctx, r1);
-  MP_MPI_CHECK(ctx, r2);
+  if (rc != MPI_SUCCESS) {
+    free(buf);
+    return mp_mpi_error(ctx, rc, __FILE__, __LINE__, call);
+  }
   *local_rank = lr;
   *local_size = ls;
+  if (all) *all = buf;
+  else free(buf);
+  return MP_OK;
+}
+
+mp_status mp_comm_mpi_node(mp_ctx *ctx, int *local_rank, int *local_size) {
+  return mp_comm_mpi_node_allgather(ctx, NULL, 0, NULL, local_rank, local_size);
+}
+
+mp_status mp_comm_mpi_world_max(mp_ctx *ctx, const int *in, int *out, int n) {
+  const void *send = in == out ? MPI_IN_PLACE : (const void *)in;
+  MP_MPI_CHECK(ctx, MPI_Allreduce(send, out, n, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  return MP_OK;
+}
+
+mp_status mp_comm_mpi_world_bcast(mp_ctx *ctx, void *buf, size_t bytes, int root) {
+  int n = 0;
+  MP_CHECK(to_int(ctx, "broadcast", bytes, &n));
+  MP_MPI_CHECK(ctx, MPI_Bcast(buf, n, MPI_BYTE, root, MPI_COMM_WORLD));
   return MP_OK;
 }
 
@@ -359,9 +411,7 @@ mp_status mp_comm_create_mpi(mp_ctx *ctx, const mp_mesh *mesh, mp_comm **out) {
   int rank = 0, world = 0;
   *out = NULL;
   if (mesh == NULL) return mp_error(ctx, MP_ERR_INVALID, "mp_comm_create_mpi: no mesh");
-  MP_CHECK(mp_comm_mpi_init(ctx, NULL, NULL));
-  MP_MPI_CHECK(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  MP_MPI_CHECK(ctx, MPI_Comm_size(MPI_COMM_WORLD, &world));
+  MP_CHECK(mp_comm_mpi_world(ctx, &rank, &world));
   MP_CHECK(mp_comm_mpi_agree_on_mesh(ctx, mesh, world));
 
   mp_comm *c = (mp_comm *)calloc(1, sizeof *c);

@@ -16,7 +16,7 @@
 mp_status mp_cpu_attention_forward(mp_kctx *kc, void *out_, float *lse, const void *q_,
                                    const void *k_, const void *v_, int B, int T, int nh,
                                    int nkv, int hd) {
-  MP_CPU_REQUIRE(kc, B >= 0 && T >= 0 && nh > 0 && nkv > 0 && hd > 0 && nh % nkv == 0,
+  MP_KREQUIRE(kc, B >= 0 && T >= 0 && nh > 0 && nkv > 0 && hd > 0 && nh % nkv == 0,
                  "attention_forward");
   float *out = (float *)out_;
   const float *q = (const float *)q_, *k = (const float *)k_, *v = (const float *)v_;
@@ -71,7 +71,7 @@ mp_status mp_cpu_attention_backward(mp_kctx *kc, void *dq_, void *dk_, void *dv_
                                     const void *dout_, const void *q_, const void *k_,
                                     const void *v_, const void *out_, const float *lse,
                                     int B, int T, int nh, int nkv, int hd) {
-  MP_CPU_REQUIRE(kc, B >= 0 && T >= 0 && nh > 0 && nkv > 0 && hd > 0 && nh % nkv == 0,
+  MP_KREQUIRE(kc, B >= 0 && T >= 0 && nh > 0 && nkv > 0 && hd > 0 && nh % nkv == 0,
                  "attention_backward");
   float *dq = (float *)dq_, *dk = (float *)dk_, *dv = (float *)dv_;
   const float *dout = (const float *)dout_, *q = (const float *)q_, *k = (const float *)k_,

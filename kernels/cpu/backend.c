@@ -1,7 +1,8 @@
 /* The CPU backend table: memory hooks on host memory and the fp32 kernels of this folder
- * (one op per file), assembled with designated initializers so a missing entry is NULL,
- * never a wrong function. X tensors are fp32 here, so the X<->fp32 conversions are
- * copies; the bf16 helpers below are what a bf16 backend's conversions must match. */
+ * (one op per file), assembled with designated initializers; every compute entry op is
+ * mp_cpu_<op>, filled from the list in kernels/op_impl.h. X tensors are fp32 here, so the
+ * X<->fp32 conversions are copies; the bf16 helpers below are what a bf16 backend's
+ * conversions must match. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,6 +78,7 @@ static mp_status cpu_from_x(mp_kctx *kc, float *dst, const void *src, size_t n) 
   return cpu_memcpy(kc, dst, src, n * sizeof(float));
 }
 
+#define MP_CPU_ENTRY(op) .op = mp_cpu_##op,
 static const mp_backend cpu_backend = {
     .name = "cpu",
     .x_dtype = MP_KDTYPE_F32,
@@ -93,54 +95,9 @@ static const mp_backend cpu_backend = {
     .from_device_f32 = cpu_from_x,
     .x_from_f32 = cpu_to_x,
     .x_to_f32 = cpu_from_x,
-    .embedding_forward = mp_cpu_embedding_forward,
-    .embedding_backward = mp_cpu_embedding_backward,
-    .layernorm_forward = mp_cpu_layernorm_forward,
-    .layernorm_backward = mp_cpu_layernorm_backward,
-    .rmsnorm_forward = mp_cpu_rmsnorm_forward,
-    .rmsnorm_backward = mp_cpu_rmsnorm_backward,
-    .rope_forward = mp_cpu_rope_forward,
-    .rope_backward = mp_cpu_rope_backward,
-    .attention_forward = mp_cpu_attention_forward,
-    .attention_backward = mp_cpu_attention_backward,
-    .gelu_forward = mp_cpu_gelu_forward,
-    .gelu_backward = mp_cpu_gelu_backward,
-    .swiglu_forward = mp_cpu_swiglu_forward,
-    .swiglu_backward = mp_cpu_swiglu_backward,
-    .matmul_forward = mp_cpu_matmul_forward,
-    .matmul_backward = mp_cpu_matmul_backward,
-    .router_forward = mp_cpu_router_forward,
-    .router_backward = mp_cpu_router_backward,
-    .router_aux_loss_forward = mp_cpu_router_aux_loss_forward,
-    .router_aux_loss_backward = mp_cpu_router_aux_loss_backward,
-    .moe_plan = mp_cpu_moe_plan,
-    .permute_forward = mp_cpu_permute_forward,
-    .permute_backward = mp_cpu_permute_backward,
-    .unpermute_forward = mp_cpu_unpermute_forward,
-    .unpermute_backward = mp_cpu_unpermute_backward,
-    .cross_entropy_forward = mp_cpu_cross_entropy_forward,
-    .ce_local_max = mp_cpu_ce_local_max,
-    .ce_local_sumexp = mp_cpu_ce_local_sumexp,
-    .ce_local_target = mp_cpu_ce_local_target,
-    .ce_vp_combine = mp_cpu_ce_vp_combine,
-    .ce_backward = mp_cpu_ce_backward,
-    .adamw_update = mp_cpu_adamw_update,
-    .sum_squares = mp_cpu_sum_squares,
-    .scale_f32 = mp_cpu_scale_f32,
-    .residual_forward = mp_cpu_residual_forward,
-    .accumulate = mp_cpu_accumulate,
-    .accumulate_f32 = mp_cpu_accumulate_f32,
-    .f8_amax = mp_cpu_f8_amax,
-    .rmsnorm_forward_amax = mp_cpu_rmsnorm_forward_amax,
-    .swiglu_forward_amax = mp_cpu_swiglu_forward_amax,
-    .swiglu_backward_amax = mp_cpu_swiglu_backward_amax,
-    .f8_scale_from_amax = mp_cpu_f8_scale_from_amax,
-    .f8_quantize = mp_cpu_f8_quantize,
-    .f8_dequantize = mp_cpu_f8_dequantize,
-    .f8_fake_quantize = mp_cpu_f8_fake_quantize,
-    .matmul_f8 = mp_cpu_matmul_f8,
-    .f8_transpose = mp_cpu_f8_transpose,
-    .f8_quantize_t = mp_cpu_f8_quantize_t,
+    MP_KERNEL_OPS(MP_CPU_ENTRY)
 };
+
+#undef MP_CPU_ENTRY
 
 const mp_backend *mp_backend_cpu(void) { return &cpu_backend; }

@@ -11,7 +11,7 @@
 #include "kernels/cpu/internal.h"
 
 mp_status mp_cpu_ce_local_max(mp_kctx *kc, float *lmax, const void *logits_, int N, int Vl) {
-  MP_CPU_REQUIRE(kc, N >= 0 && Vl >= 0, "ce_local_max");
+  MP_KREQUIRE(kc, N >= 0 && Vl >= 0, "ce_local_max");
   const float *logits = (const float *)logits_;
 #pragma omp parallel for if ((long)N * Vl > 65536)
   for (int n = 0; n < N; n++) {
@@ -25,7 +25,7 @@ mp_status mp_cpu_ce_local_max(mp_kctx *kc, float *lmax, const void *logits_, int
 
 mp_status mp_cpu_ce_local_sumexp(mp_kctx *kc, float *lsum, const void *logits_,
                                  const float *gmax, int N, int Vl) {
-  MP_CPU_REQUIRE(kc, N >= 0 && Vl >= 0, "ce_local_sumexp");
+  MP_KREQUIRE(kc, N >= 0 && Vl >= 0, "ce_local_sumexp");
   const float *logits = (const float *)logits_;
 #pragma omp parallel for if ((long)N * Vl > 65536)
   for (int n = 0; n < N; n++) {
@@ -39,7 +39,7 @@ mp_status mp_cpu_ce_local_sumexp(mp_kctx *kc, float *lsum, const void *logits_,
 
 mp_status mp_cpu_ce_local_target(mp_kctx *kc, float *ltgt, const void *logits_,
                                  const int32_t *targets, int N, int Vl, int vocab_start) {
-  MP_CPU_REQUIRE(kc, N >= 0 && Vl >= 0 && vocab_start >= 0, "ce_local_target");
+  MP_KREQUIRE(kc, N >= 0 && Vl >= 0 && vocab_start >= 0, "ce_local_target");
   const float *logits = (const float *)logits_;
   for (int n = 0; n < N; n++) {
     int t = targets[n] - vocab_start;
@@ -51,7 +51,7 @@ mp_status mp_cpu_ce_local_target(mp_kctx *kc, float *ltgt, const void *logits_,
 mp_status mp_cpu_ce_vp_combine(mp_kctx *kc, float *losses, float *loss_mean, float *lse,
                                const float *gmax, const float *gsum, const float *gtgt,
                                const int32_t *targets, int N) {
-  MP_CPU_REQUIRE(kc, N >= 0, "ce_vp_combine");
+  MP_KREQUIRE(kc, N >= 0, "ce_vp_combine");
   double total = 0.0;
   long valid = 0;
   for (int n = 0; n < N; n++) {
@@ -69,7 +69,7 @@ mp_status mp_cpu_ce_vp_combine(mp_kctx *kc, float *losses, float *loss_mean, flo
 mp_status mp_cpu_cross_entropy_forward(mp_kctx *kc, float *losses, float *loss_mean,
                                        float *lse, const void *logits,
                                        const int32_t *targets, int N, int V) {
-  MP_CPU_REQUIRE(kc, N >= 0 && V > 0, "cross_entropy_forward");
+  MP_KREQUIRE(kc, N >= 0 && V > 0, "cross_entropy_forward");
   for (int n = 0; n < N; n++)
     if (targets[n] >= V)
       return mp_error(kc->err, MP_ERR_INVALID, "cross_entropy_forward: target %d at row %d "
@@ -90,7 +90,7 @@ mp_status mp_cpu_cross_entropy_forward(mp_kctx *kc, float *losses, float *loss_m
 mp_status mp_cpu_ce_backward(mp_kctx *kc, void *dlogits_, const void *logits_,
                              const float *lse, const int32_t *targets, float dloss, int N,
                              int Vl, int vocab_start) {
-  MP_CPU_REQUIRE(kc, N >= 0 && Vl >= 0 && vocab_start >= 0, "ce_backward");
+  MP_KREQUIRE(kc, N >= 0 && Vl >= 0 && vocab_start >= 0, "ce_backward");
   float *dlogits = (float *)dlogits_;
   const float *logits = (const float *)logits_;
 #pragma omp parallel for if ((long)N * Vl > 65536)

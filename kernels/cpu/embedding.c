@@ -10,7 +10,7 @@
 
 mp_status mp_cpu_embedding_forward(mp_kctx *kc, void *out_, const int32_t *tokens,
                                    const void *wte_, int N, int C, int vs, int ve) {
-  MP_CPU_REQUIRE(kc, N >= 0 && C >= 0 && 0 <= vs && vs <= ve, "embedding_forward");
+  MP_KREQUIRE(kc, N >= 0 && C >= 0 && 0 <= vs && vs <= ve, "embedding_forward");
   float *out = (float *)out_;
   const float *wte = (const float *)wte_;
 #pragma omp parallel for if ((long)N * C > 32768)
@@ -27,7 +27,7 @@ mp_status mp_cpu_embedding_forward(mp_kctx *kc, void *out_, const int32_t *token
 
 mp_status mp_cpu_embedding_backward(mp_kctx *kc, float *dwte, const void *dout_,
                                     const int32_t *tokens, int N, int C, int vs, int ve) {
-  MP_CPU_REQUIRE(kc, N >= 0 && C >= 0 && 0 <= vs && vs <= ve, "embedding_backward");
+  MP_KREQUIRE(kc, N >= 0 && C >= 0 && 0 <= vs && vs <= ve, "embedding_backward");
   const float *dout = (const float *)dout_;
   enum { CB = 64 }; /* channels per task: a cache line multiple, enough tasks for C >= 128 */
   int nblk = (C + CB - 1) / CB;

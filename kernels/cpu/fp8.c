@@ -120,10 +120,10 @@ mp_status mp_cpu_f8_fake_quantize(mp_kctx *kc, void *out_, const void *x_,
  * ops bit for bit; each tile is owned by one thread. */
 mp_status mp_cpu_f8_quantize_t(mp_kctx *kc, uint8_t *codes, uint8_t *codes_t, const void *x_,
                                const float *scale, int R, int C, mp_f8_format fmt) {
-  MP_CPU_REQUIRE(kc, R >= 0 && C >= 0, "f8_quantize_t");
-  MP_CPU_REQUIRE(kc, codes || codes_t, "f8_quantize_t");
+  MP_KREQUIRE(kc, R >= 0 && C >= 0, "f8_quantize_t");
+  MP_KREQUIRE(kc, codes || codes_t, "f8_quantize_t");
   if (R == 0 || C == 0) return MP_OK;
-  MP_CPU_REQUIRE(kc, x_ && scale && codes != codes_t, "f8_quantize_t");
+  MP_KREQUIRE(kc, x_ && scale && codes != codes_t, "f8_quantize_t");
   if (!codes_t) return mp_cpu_f8_quantize(kc, codes, x_, scale, (size_t)R * C, fmt);
   const float *x = (const float *)x_;
   const float s = *scale;

@@ -12,7 +12,7 @@
 mp_status mp_cpu_layernorm_forward(mp_kctx *kc, void *out_, float *mean, float *rstd,
                                    const void *x_, const void *w_, const void *b_, int N,
                                    int C, float eps) {
-  MP_CPU_REQUIRE(kc, N >= 0 && C > 0, "layernorm_forward");
+  MP_KREQUIRE(kc, N >= 0 && C > 0, "layernorm_forward");
   float *out = (float *)out_;
   const float *x = (const float *)x_, *w = (const float *)w_, *b = (const float *)b_;
 #pragma omp parallel for if ((long)N * C > 16384)
@@ -36,7 +36,7 @@ mp_status mp_cpu_layernorm_forward(mp_kctx *kc, void *out_, float *mean, float *
 mp_status mp_cpu_layernorm_backward(mp_kctx *kc, void *dx_, float *dw, float *db,
                                     const void *dout_, const void *x_, const void *w_,
                                     const float *mean, const float *rstd, int N, int C) {
-  MP_CPU_REQUIRE(kc, N >= 0 && C > 0, "layernorm_backward");
+  MP_KREQUIRE(kc, N >= 0 && C > 0, "layernorm_backward");
   float *dx = (float *)dx_;
   const float *dout = (const float *)dout_, *x = (const float *)x_, *w = (const float *)w_;
   if (dx) {

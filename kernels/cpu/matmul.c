@@ -75,7 +75,7 @@ static inline float op_at(const float *X, int trans, int ld, int r, int c) {
 
 mp_status mp_cpu_sgemm(mp_kctx *kc_, int transA, int transB, int M, int N, int K,
                        const float *A, int lda, const float *B, int ldb, float *C, int ldc) {
-  MP_CPU_REQUIRE(kc_, M >= 0 && N >= 0 && K >= 0, "sgemm");
+  MP_KREQUIRE(kc_, M >= 0 && N >= 0 && K >= 0, "sgemm");
   if (M == 0 || N == 0 || K == 0) return MP_OK;
   const int mt = (M + MC - 1) / MC, nt = (N + NC - 1) / NC;
   int failed = 0;
@@ -129,7 +129,7 @@ mp_status mp_cpu_sgemm(mp_kctx *kc_, int transA, int transB, int M, int N, int K
 
 mp_status mp_cpu_matmul_forward(mp_kctx *kc, void *out_, const void *inp,
                                 const void *weight, const void *bias_, int N, int K, int M) {
-  MP_CPU_REQUIRE(kc, N >= 0 && K >= 0 && M >= 0, "matmul_forward");
+  MP_KREQUIRE(kc, N >= 0 && K >= 0 && M >= 0, "matmul_forward");
   float *out = (float *)out_;
   const float *bias = (const float *)bias_;
   for (int n = 0; n < N; n++) {
@@ -146,7 +146,7 @@ mp_status mp_cpu_matmul_forward(mp_kctx *kc, void *out_, const void *inp,
 mp_status mp_cpu_matmul_backward(mp_kctx *kc, void *dinp, float *dweight, float *dbias,
                                  const void *dout_, const void *inp, const void *weight,
                                  int N, int K, int M) {
-  MP_CPU_REQUIRE(kc, N >= 0 && K >= 0 && M >= 0, "matmul_backward");
+  MP_KREQUIRE(kc, N >= 0 && K >= 0 && M >= 0, "matmul_backward");
   const float *dout = (const float *)dout_;
   if (dinp)
     MP_CHECK(mp_cpu_sgemm(kc, 0, 0, N, K, M, dout, M, (const float *)weight, K,

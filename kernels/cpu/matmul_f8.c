@@ -30,11 +30,11 @@ mp_status mp_cpu_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint8
                            const float *a_scale, mp_f8_format fmt_a, const uint8_t *b,
                            const float *b_scale, mp_f8_format fmt_b, int R, int K, int S,
                            unsigned flags) {
-  MP_CPU_REQUIRE(kc, R >= 0 && K >= 0 && S >= 0, "matmul_f8");
-  MP_CPU_REQUIRE(kc, (out_x == NULL) != (out_f32 == NULL), "matmul_f8");
-  MP_CPU_REQUIRE(kc, a_scale && b_scale, "matmul_f8");
-  MP_CPU_REQUIRE(kc, (a && b) || (size_t)R * S * K == 0, "matmul_f8");
-  MP_CPU_REQUIRE(kc, (flags & ~(MP_F8_GEMM_ADD | MP_F8_GEMM_FAST_ACCUM)) == 0, "matmul_f8");
+  MP_KREQUIRE(kc, R >= 0 && K >= 0 && S >= 0, "matmul_f8");
+  MP_KREQUIRE(kc, (out_x == NULL) != (out_f32 == NULL), "matmul_f8");
+  MP_KREQUIRE(kc, a_scale && b_scale, "matmul_f8");
+  MP_KREQUIRE(kc, (a && b) || (size_t)R * S * K == 0, "matmul_f8");
+  MP_KREQUIRE(kc, (flags & ~(MP_F8_GEMM_ADD | MP_F8_GEMM_FAST_ACCUM)) == 0, "matmul_f8");
   float *out = out_x ? (float *)out_x : out_f32;
   /* written unless MP_F8_GEMM_ADD; fp32 accumulation regardless of FAST_ACCUM (the
    * reference) */
@@ -59,9 +59,9 @@ mp_status mp_cpu_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint8
 }
 
 mp_status mp_cpu_f8_transpose(mp_kctx *kc, uint8_t *out, const uint8_t *in, int R, int C) {
-  MP_CPU_REQUIRE(kc, R >= 0 && C >= 0, "f8_transpose");
-  MP_CPU_REQUIRE(kc, (out && in) || (size_t)R * C == 0, "f8_transpose");
-  MP_CPU_REQUIRE(kc, out != in || (size_t)R * C == 0, "f8_transpose");
+  MP_KREQUIRE(kc, R >= 0 && C >= 0, "f8_transpose");
+  MP_KREQUIRE(kc, (out && in) || (size_t)R * C == 0, "f8_transpose");
+  MP_KREQUIRE(kc, out != in || (size_t)R * C == 0, "f8_transpose");
   enum { TB = 64 }; /* 64 x 64 byte tiles: both sides stay in L1 */
 #pragma omp parallel for collapse(2) if ((size_t)R * C > 1 << 20)
   for (int r0 = 0; r0 < R; r0 += TB)

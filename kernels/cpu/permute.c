@@ -12,7 +12,7 @@
 
 mp_status mp_cpu_moe_plan(mp_kctx *kc, int32_t *perm, int32_t *inv, int32_t *counts,
                           const int32_t *topk_idx, int N, int E, int k) {
-  MP_CPU_REQUIRE(kc, N >= 0 && E > 0 && k > 0, "moe_plan");
+  MP_KREQUIRE(kc, N >= 0 && E > 0 && k > 0, "moe_plan");
   memset(counts, 0, sizeof(int32_t) * (size_t)E);
   long nk = (long)N * k;
   for (long r = 0; r < nk; r++) {
@@ -41,7 +41,7 @@ mp_status mp_cpu_moe_plan(mp_kctx *kc, int32_t *perm, int32_t *inv, int32_t *cou
 
 mp_status mp_cpu_permute_forward(mp_kctx *kc, void *out_, const void *x_,
                                  const int32_t *perm, int N, int k, int C) {
-  MP_CPU_REQUIRE(kc, N >= 0 && k > 0 && C >= 0, "permute_forward");
+  MP_KREQUIRE(kc, N >= 0 && k > 0 && C >= 0, "permute_forward");
   float *out = (float *)out_;
   const float *x = (const float *)x_;
   long rows = (long)N * k;
@@ -53,7 +53,7 @@ mp_status mp_cpu_permute_forward(mp_kctx *kc, void *out_, const void *x_,
 
 mp_status mp_cpu_permute_backward(mp_kctx *kc, void *dx_, const void *dout_,
                                   const int32_t *inv, int N, int k, int C) {
-  MP_CPU_REQUIRE(kc, N >= 0 && k > 0 && C >= 0, "permute_backward");
+  MP_KREQUIRE(kc, N >= 0 && k > 0 && C >= 0, "permute_backward");
   float *dx = (float *)dx_;
   const float *dout = (const float *)dout_;
 #pragma omp parallel for if ((long)N * k * C > 65536)
@@ -70,7 +70,7 @@ mp_status mp_cpu_permute_backward(mp_kctx *kc, void *dx_, const void *dout_,
 mp_status mp_cpu_unpermute_forward(mp_kctx *kc, void *out_, const void *y_,
                                    const float *topk_w, const int32_t *inv, int N, int k,
                                    int C) {
-  MP_CPU_REQUIRE(kc, N >= 0 && k > 0 && C >= 0, "unpermute_forward");
+  MP_KREQUIRE(kc, N >= 0 && k > 0 && C >= 0, "unpermute_forward");
   float *out = (float *)out_;
   const float *y = (const float *)y_;
 #pragma omp parallel for if ((long)N * k * C > 65536)
@@ -89,7 +89,7 @@ mp_status mp_cpu_unpermute_forward(mp_kctx *kc, void *out_, const void *y_,
 mp_status mp_cpu_unpermute_backward(mp_kctx *kc, void *dy_, float *dtopk_w,
                                     const void *dout_, const void *y_, const float *topk_w,
                                     const int32_t *inv, int N, int k, int C) {
-  MP_CPU_REQUIRE(kc, N >= 0 && k > 0 && C >= 0, "unpermute_backward");
+  MP_KREQUIRE(kc, N >= 0 && k > 0 && C >= 0, "unpermute_backward");
   float *dy = (float *)dy_;
   const float *dout = (const float *)dout_, *y = (const float *)y_;
 #pragma omp parallel for if ((long)N * k * C > 65536)

@@ -9,7 +9,7 @@
 
 mp_status mp_cpu_rmsnorm_forward(mp_kctx *kc, void *out_, float *rstd, const void *x_,
                                  const void *w_, int N, int C, float eps) {
-  MP_CPU_REQUIRE(kc, N >= 0 && C > 0, "rmsnorm_forward");
+  MP_KREQUIRE(kc, N >= 0 && C > 0, "rmsnorm_forward");
   float *out = (float *)out_;
   const float *x = (const float *)x_, *w = (const float *)w_;
 #pragma omp parallel for if ((long)N * C > 16384)
@@ -28,7 +28,7 @@ mp_status mp_cpu_rmsnorm_forward(mp_kctx *kc, void *out_, float *rstd, const voi
 mp_status mp_cpu_rmsnorm_backward(mp_kctx *kc, void *dx_, float *dw, const void *dout_,
                                   const void *x_, const void *w_, const float *rstd, int N,
                                   int C) {
-  MP_CPU_REQUIRE(kc, N >= 0 && C > 0, "rmsnorm_backward");
+  MP_KREQUIRE(kc, N >= 0 && C > 0, "rmsnorm_backward");
   float *dx = (float *)dx_;
   const float *dout = (const float *)dout_, *x = (const float *)x_, *w = (const float *)w_;
   if (dx) {
@@ -64,7 +64,7 @@ mp_status mp_cpu_rmsnorm_backward(mp_kctx *kc, void *dx_, float *dw, const void 
  * composition itself: the same output and the amax f8_amax reads from it. */
 mp_status mp_cpu_rmsnorm_forward_amax(mp_kctx *kc, void *out, float *rstd, const void *x,
                                       const void *w, int N, int C, float eps, float *amax) {
-  MP_CPU_REQUIRE(kc, amax != NULL, "rmsnorm_forward_amax");
+  MP_KREQUIRE(kc, amax != NULL, "rmsnorm_forward_amax");
   MP_CHECK(mp_cpu_rmsnorm_forward(kc, out, rstd, x, w, N, C, eps));
   return mp_cpu_f8_amax(kc, amax, out, (size_t)N * C);
 }

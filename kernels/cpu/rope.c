@@ -49,7 +49,7 @@ static void rope_apply(float *out, const float *x, const float *cos_t, const flo
 
 mp_status mp_cpu_rope_forward(mp_kctx *kc, void *out, const void *x, const float *cos_t,
                               const float *sin_t, int B, int T, int nh, int hd) {
-  MP_CPU_REQUIRE(kc, B >= 0 && T >= 0 && nh >= 0 && hd > 0 && hd % 2 == 0, "rope_forward");
+  MP_KREQUIRE(kc, B >= 0 && T >= 0 && nh >= 0 && hd > 0 && hd % 2 == 0, "rope_forward");
   rope_apply((float *)out, (const float *)x, cos_t, sin_t, B, T, nh, hd, 1.0f, 0);
   return MP_OK;
 }
@@ -57,7 +57,7 @@ mp_status mp_cpu_rope_forward(mp_kctx *kc, void *out, const void *x, const float
 mp_status mp_cpu_rope_backward(mp_kctx *kc, void *dx, const void *dout,
                                const float *cos_t, const float *sin_t, int B, int T,
                                int nh, int hd) {
-  MP_CPU_REQUIRE(kc, B >= 0 && T >= 0 && nh >= 0 && hd > 0 && hd % 2 == 0 && dx != dout,
+  MP_KREQUIRE(kc, B >= 0 && T >= 0 && nh >= 0 && hd > 0 && hd % 2 == 0 && dx != dout,
                  "rope_backward");
   rope_apply((float *)dx, (const float *)dout, cos_t, sin_t, B, T, nh, hd, -1.0f, 1);
   return MP_OK;

@@ -15,7 +15,7 @@
 mp_status mp_cpu_router_forward(mp_kctx *kc, float *probs, int32_t *topk_idx,
                                 float *topk_w, const void *logits_, int N, int E, int k,
                                 int norm_topk_prob) {
-  MP_CPU_REQUIRE(kc, N >= 0 && E > 0 && k > 0 && k <= E, "router_forward");
+  MP_KREQUIRE(kc, N >= 0 && E > 0 && k > 0 && k <= E, "router_forward");
   const float *logits = (const float *)logits_;
 #pragma omp parallel for if ((long)N * E > 16384)
   for (int n = 0; n < N; n++) {
@@ -53,7 +53,7 @@ mp_status mp_cpu_router_backward(mp_kctx *kc, void *dlogits_, const float *dtopk
                                  const float *dprobs, const float *probs,
                                  const int32_t *topk_idx, int N, int E, int k,
                                  int norm_topk_prob) {
-  MP_CPU_REQUIRE(kc, N >= 0 && E > 0 && k > 0 && k <= E, "router_backward");
+  MP_KREQUIRE(kc, N >= 0 && E > 0 && k > 0 && k <= E, "router_backward");
   float *dlogits = (float *)dlogits_;
   int failed = 0;
 #pragma omp parallel
@@ -94,7 +94,7 @@ mp_status mp_cpu_router_backward(mp_kctx *kc, void *dlogits_, const float *dtopk
 mp_status mp_cpu_router_aux_loss_forward(mp_kctx *kc, float *aux, float *f,
                                          const float *probs, const int32_t *topk_idx,
                                          int N, int E, int k) {
-  MP_CPU_REQUIRE(kc, N > 0 && E > 0 && k > 0 && k <= E, "router_aux_loss_forward");
+  MP_KREQUIRE(kc, N > 0 && E > 0 && k > 0 && k <= E, "router_aux_loss_forward");
   double total = 0.0;
   for (int e = 0; e < E; e++) {
     long count = 0;
@@ -112,7 +112,7 @@ mp_status mp_cpu_router_aux_loss_forward(mp_kctx *kc, float *aux, float *f,
 
 mp_status mp_cpu_router_aux_loss_backward(mp_kctx *kc, float *dprobs, const float *f,
                                           float dloss, int N, int E) {
-  MP_CPU_REQUIRE(kc, N > 0 && E > 0, "router_aux_loss_backward");
+  MP_KREQUIRE(kc, N > 0 && E > 0, "router_aux_loss_backward");
   for (int n = 0; n < N; n++)
     for (int e = 0; e < E; e++)
       dprobs[(size_t)n * E + e] += (float)((double)dloss * E * f[e] / N);

@@ -37,7 +37,7 @@ mp_status mp_cpu_swiglu_backward(mp_kctx *kc, void *dgate_, void *dup_, const vo
  * reference is the composition (the plain op, then f8_amax of each output as updated). */
 mp_status mp_cpu_swiglu_forward_amax(mp_kctx *kc, void *out, const void *gate, const void *up,
                                      size_t n, float *amax) {
-  MP_CPU_REQUIRE(kc, amax != NULL, "swiglu_forward_amax");
+  MP_KREQUIRE(kc, amax != NULL, "swiglu_forward_amax");
   MP_CHECK(mp_cpu_swiglu_forward(kc, out, gate, up, n));
   return mp_cpu_f8_amax(kc, amax, out, n);
 }
@@ -45,7 +45,7 @@ mp_status mp_cpu_swiglu_forward_amax(mp_kctx *kc, void *out, const void *gate, c
 mp_status mp_cpu_swiglu_backward_amax(mp_kctx *kc, void *dgate, void *dup, const void *dout,
                                       const void *gate, const void *up, size_t n,
                                       float *amax_dgate, float *amax_dup) {
-  MP_CPU_REQUIRE(kc, dgate && dup && amax_dgate && amax_dup, "swiglu_backward_amax");
+  MP_KREQUIRE(kc, dgate && dup && amax_dgate && amax_dup, "swiglu_backward_amax");
   MP_CHECK(mp_cpu_swiglu_backward(kc, dgate, dup, dout, gate, up, n));
   MP_CHECK(mp_cpu_f8_amax(kc, amax_dgate, dgate, n));
   return mp_cpu_f8_amax(kc, amax_dup, dup, n);

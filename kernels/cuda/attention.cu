@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kRows *TPR)
 
   const int kv_end = min(T, (qt + 1) * kRows);
   for (int j0 = 0; j0 < kv_end; j0 += kRows) {
-    __syncthreads(); /* the previous tile is no longer read */
+    __syncthreads(); /* the previous tile is not read again */
     load_tile<TPR>(Ks, k, b, T, nkv, g, hd, j0);
     load_tile<TPR>(Vs, v, b, T, nkv, g, hd, j0);
     __syncthreads();

@@ -37,8 +37,8 @@
  * which sees every query, first).
  *
  * Configurations change only how many 16-row blocks, 16-key chunks and buffers a block
- * (or warp) has: every fragment is loaded, multiplied and masked by the same code, and
- * configuration 0 compiles to the same PTX as before the tables existed. The backward sums
+ * (or warp) has: every fragment is loaded, multiplied and masked by the same code in every
+ * configuration. The backward sums
  * run over 16-row chunks aligned to multiples of 16 in the same order whatever the tile
  * sizes, and an all-masked chunk adds exact zeros, so every dK / dV / dQ configuration
  * gives the same bits as configuration 0. The forward's online softmax rescales once per
@@ -728,7 +728,7 @@ __global__ void __launch_bounds__(kDkdvCfgs[CFG].warps * 32, kDkdvCfgs[CFG].min_
       gemm_pv<LD, NQ, DT>(dka, dp, qa + off_bkn<LD>(lane));
     }
     cp_async_wait<ST - 2>(); /* the next tile has landed */
-    __syncthreads();         /* ... for every thread, and this buffer is no longer read */
+    __syncthreads();         /* ... for every thread, and this buffer is not read again */
   }
 
   if (!warp_live) return;
@@ -857,7 +857,7 @@ __global__ void __launch_bounds__(kDqCfgs[CFG].warps * 32, kDqCfgs[CFG].min_bloc
       gemm_pv<LD, NT, DT>(dqa, s, kt + off_bkn<LD>(lane));
     }
     cp_async_wait<ST - 2>(); /* the next K, V tiles have landed */
-    __syncthreads();         /* ... for every thread, and this buffer is no longer read */
+    __syncthreads();         /* ... for every thread, and this buffer is not read again */
   }
 
   if (!warp_live) return;
@@ -875,7 +875,7 @@ __global__ void __launch_bounds__(kDqCfgs[CFG].warps * 32, kDqCfgs[CFG].min_bloc
 
 /* ---- configuration choice ------------------------------------------------------------- */
 
-constexpr int kNumKernels = 3; /* MP_FA2_FWD, MP_FA2_DKDV, MP_FA2_DQ (cuda_internal.h) */
+constexpr int kNumKernels = 3; /* MP_FA2_FWD, MP_FA2_DKDV, MP_FA2_DQ (attention_hooks.h) */
 constexpr int kNumCfgs[kNumKernels] = {kNumFwdCfgs, kNumDkdvCfgs, kNumDqCfgs};
 const char *const kCfgEnv[kNumKernels] = {"MP_ATTENTION_FWD_CFG", "MP_ATTENTION_DKDV_CFG",
                                           "MP_ATTENTION_DQ_CFG"};

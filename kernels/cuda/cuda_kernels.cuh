@@ -1,5 +1,5 @@
 /* Device helpers shared by the non-GEMM CUDA kernels (elementwise.cu, norm.cu, rope.cu,
- * moe.cu, loss.cu, optim.cu, fp8.cu) and the declarations backend.cu puts in its table.
+ * moe.cu, loss.cu, optim.cu, fp8.cu); their ops are declared in cuda_internal.h.
  *
  * Invariants:
  * - X tensors are __nv_bfloat16; every load widens to fp32 (mp_ldx) and every store
@@ -30,14 +30,6 @@ static inline unsigned mp_cuda_grid(size_t n, int block) {
   if (g > 65535) g = 65535;
   return g ? (unsigned)g : 1u;
 }
-
-/* Rejects bad sizes and NULL required pointers (CUDA side of MP_CPU_REQUIRE). */
-#define MP_CUDA_REQUIRE(kc, cond, op)                                                   \
-  do {                                                                                  \
-    if (!(cond))                                                                        \
-      return mp_error((kc)->err, MP_ERR_INVALID, "%s: invalid argument (%s); check "   \
-                      "shapes and pointers", (op), #cond);                             \
-  } while (0)
 
 #define MP_CUDA_STREAM(kc) (mp_cuda_impl_of(kc)->stream)
 
@@ -219,108 +211,5 @@ __device__ __forceinline__ void mp_amax_commit(float *const *slots, const uint32
     }
   }
 }
-
-/* ---- ops defined in this folder's kernel files (signatures as in kernels/ops.h) ---- */
-/* elementwise.cu */
-mp_status mp_cuda_x_from_f32(mp_kctx *kc, void *dst_x, const float *src, size_t n);
-mp_status mp_cuda_x_to_f32(mp_kctx *kc, float *dst, const void *src_x, size_t n);
-mp_status mp_cuda_embedding_forward(mp_kctx *kc, void *out, const int32_t *tokens,
-                                    const void *wte, int N, int C, int vs, int ve);
-mp_status mp_cuda_embedding_backward(mp_kctx *kc, float *dwte, const void *dout,
-                                     const int32_t *tokens, int N, int C, int vs, int ve);
-mp_status mp_cuda_gelu_forward(mp_kctx *kc, void *out, const void *x, size_t n);
-mp_status mp_cuda_gelu_backward(mp_kctx *kc, void *dx, const void *dout, const void *x,
-                                size_t n);
-mp_status mp_cuda_swiglu_forward(mp_kctx *kc, void *out, const void *gate, const void *up,
-                                 size_t n);
-mp_status mp_cuda_swiglu_backward(mp_kctx *kc, void *dgate, void *dup, const void *dout,
-                                  const void *gate, const void *up, size_t n);
-mp_status mp_cuda_swiglu_forward_amax(mp_kctx *kc, void *out, const void *gate,
-                                      const void *up, size_t n, float *amax);
-mp_status mp_cuda_swiglu_backward_amax(mp_kctx *kc, void *dgate, void *dup, const void *dout,
-                                       const void *gate, const void *up, size_t n,
-                                       float *amax_dgate, float *amax_dup);
-mp_status mp_cuda_residual_forward(mp_kctx *kc, void *out, const void *a, const void *b,
-                                   size_t n);
-mp_status mp_cuda_accumulate(mp_kctx *kc, void *y, const void *x, size_t n);
-mp_status mp_cuda_accumulate_f32(mp_kctx *kc, float *y, const float *x, size_t n);
-/* norm.cu */
-mp_status mp_cuda_layernorm_forward(mp_kctx *kc, void *out, float *mean, float *rstd,
-                                    const void *x, const void *w, const void *b, int N,
-                                    int C, float eps);
-mp_status mp_cuda_layernorm_backward(mp_kctx *kc, void *dx, float *dw, float *db,
-                                     const void *dout, const void *x, const void *w,
-                                     const float *mean, const float *rstd, int N, int C);
-mp_status mp_cuda_rmsnorm_forward(mp_kctx *kc, void *out, float *rstd, const void *x,
-                                  const void *w, int N, int C, float eps);
-mp_status mp_cuda_rmsnorm_forward_amax(mp_kctx *kc, void *out, float *rstd, const void *x,
-                                       const void *w, int N, int C, float eps, float *amax);
-mp_status mp_cuda_rmsnorm_backward(mp_kctx *kc, void *dx, float *dw, const void *dout,
-                                   const void *x, const void *w, const float *rstd, int N,
-                                   int C);
-/* rope.cu */
-mp_status mp_cuda_rope_forward(mp_kctx *kc, void *out, const void *x, const float *cos_t,
-                               const float *sin_t, int B, int T, int nh, int hd);
-mp_status mp_cuda_rope_backward(mp_kctx *kc, void *dx, const void *dout,
-                                const float *cos_t, const float *sin_t, int B, int T,
-                                int nh, int hd);
-/* moe.cu */
-mp_status mp_cuda_router_forward(mp_kctx *kc, float *probs, int32_t *topk_idx,
-                                 float *topk_w, const void *logits, int N, int E, int k,
-                                 int norm_topk_prob);
-mp_status mp_cuda_router_backward(mp_kctx *kc, void *dlogits, const float *dtopk_w,
-                                  const float *dprobs, const float *probs,
-                                  const int32_t *topk_idx, int N, int E, int k,
-                                  int norm_topk_prob);
-mp_status mp_cuda_router_aux_loss_forward(mp_kctx *kc, float *aux, float *f,
-                                          const float *probs, const int32_t *topk_idx,
-                                          int N, int E, int k);
-mp_status mp_cuda_router_aux_loss_backward(mp_kctx *kc, float *dprobs, const float *f,
-                                           float dloss, int N, int E);
-mp_status mp_cuda_moe_plan(mp_kctx *kc, int32_t *perm, int32_t *inv, int32_t *counts,
-                           const int32_t *topk_idx, int N, int E, int k);
-mp_status mp_cuda_permute_forward(mp_kctx *kc, void *out, const void *x,
-                                  const int32_t *perm, int N, int k, int C);
-mp_status mp_cuda_permute_backward(mp_kctx *kc, void *dx, const void *dout,
-                                   const int32_t *inv, int N, int k, int C);
-mp_status mp_cuda_unpermute_forward(mp_kctx *kc, void *out, const void *y,
-                                    const float *topk_w, const int32_t *inv, int N, int k,
-                                    int C);
-mp_status mp_cuda_unpermute_backward(mp_kctx *kc, void *dy, float *dtopk_w,
-                                     const void *dout, const void *y, const float *topk_w,
-                                     const int32_t *inv, int N, int k, int C);
-/* loss.cu */
-mp_status mp_cuda_cross_entropy_forward(mp_kctx *kc, float *losses, float *loss_mean,
-                                        float *lse, const void *logits,
-                                        const int32_t *targets, int N, int V);
-mp_status mp_cuda_ce_local_max(mp_kctx *kc, float *lmax, const void *logits, int N, int Vl);
-mp_status mp_cuda_ce_local_sumexp(mp_kctx *kc, float *lsum, const void *logits,
-                                  const float *gmax, int N, int Vl);
-mp_status mp_cuda_ce_local_target(mp_kctx *kc, float *ltgt, const void *logits,
-                                  const int32_t *targets, int N, int Vl, int vocab_start);
-mp_status mp_cuda_ce_vp_combine(mp_kctx *kc, float *losses, float *loss_mean, float *lse,
-                                const float *gmax, const float *gsum, const float *gtgt,
-                                const int32_t *targets, int N);
-mp_status mp_cuda_ce_backward(mp_kctx *kc, void *dlogits, const void *logits,
-                              const float *lse, const int32_t *targets, float dloss, int N,
-                              int Vl, int vocab_start);
-/* optim.cu */
-mp_status mp_cuda_adamw_update(mp_kctx *kc, float *param, const float *grad, float *m,
-                               float *v, size_t n, float lr, float beta1, float beta2,
-                               float eps, float weight_decay, int step, float grad_scale);
-mp_status mp_cuda_sum_squares(mp_kctx *kc, float *sumsq, const float *x, size_t n);
-mp_status mp_cuda_scale_f32(mp_kctx *kc, float *x, size_t n, float s);
-/* fp8.cu */
-mp_status mp_cuda_f8_amax(mp_kctx *kc, float *amax, const void *x, size_t n);
-mp_status mp_cuda_f8_scale_from_amax(mp_kctx *kc, float *scale, const float *amax,
-                                     mp_f8_format fmt);
-mp_status mp_cuda_f8_quantize(mp_kctx *kc, uint8_t *codes, const void *x,
-                              const float *scale, size_t n, mp_f8_format fmt);
-mp_status mp_cuda_f8_dequantize(mp_kctx *kc, void *x, const uint8_t *codes,
-                                const float *scale, size_t n, mp_f8_format fmt);
-mp_status mp_cuda_f8_fake_quantize(mp_kctx *kc, void *out, const void *x,
-                                   const float *scale, size_t n, mp_f8_format fmt);
-mp_status mp_cuda_f8_quantize_t(mp_kctx *kc, uint8_t *codes, uint8_t *codes_t, const void *x,
-                                const float *scale, int R, int C, mp_f8_format fmt);
 
 #endif

@@ -12,12 +12,12 @@
  * function (so both give the same bits): a vector path, one thread per 8 consecutive
  * elements moved as 16-byte loads and stores (mp_ld8 / mp_st8), taken when every pointer
  * is 16-byte aligned, with the last n % 8 elements done by the first threads of block 0;
- * and the original grid-stride scalar path for any other alignment. The vector grid has
+ * and a grid-stride scalar path for any other alignment. The vector grid has
  * one thread per vector (up to the 65535-block cap, then a grid-stride loop), which keeps
  * 2048 threads x 16-48 bytes in flight per SM: enough to cover HBM latency on H100.
  *
  * Fused amax (swiglu_forward_amax, swiglu_backward_amax; ops.h). The SwiGLU kernels are
- * templates on kAmax: the plain instantiation is the op as it was; the fused one runs the
+ * templates on kAmax: the plain instantiation is the op of ops.h; the fused one runs the
  * same paths (vector with its scalar tail, or scalar) and also keeps the max of the bf16
  * patterns each thread stores, reduced per block and combined into the zeroed amax slot
  * with one atomicMax per block (cuda_kernels.cuh, fused amax). So a float8 scale costs no
@@ -83,7 +83,7 @@ __global__ void k_embedding_backward(float *dwte, const mp_bf16 *dout, const int
 
 mp_status mp_cuda_embedding_forward(mp_kctx *kc, void *out, const int32_t *tokens,
                                     const void *wte, int N, int C, int vs, int ve) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && C >= 0 && 0 <= vs && vs <= ve, "embedding_forward");
+  MP_KREQUIRE(kc, N >= 0 && C >= 0 && 0 <= vs && vs <= ve, "embedding_forward");
   size_t n = (size_t)N * C;
   if (n == 0) return MP_OK;
   k_embedding_forward<<<mp_cuda_grid(n, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0,
@@ -95,7 +95,7 @@ mp_status mp_cuda_embedding_forward(mp_kctx *kc, void *out, const int32_t *token
 
 mp_status mp_cuda_embedding_backward(mp_kctx *kc, float *dwte, const void *dout,
                                      const int32_t *tokens, int N, int C, int vs, int ve) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && C >= 0 && 0 <= vs && vs <= ve, "embedding_backward");
+  MP_KREQUIRE(kc, N >= 0 && C >= 0 && 0 <= vs && vs <= ve, "embedding_backward");
   size_t n = (size_t)N * C;
   if (n == 0) return MP_OK;
   k_embedding_backward<<<mp_cuda_grid(n, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0,
@@ -392,7 +392,7 @@ mp_status mp_cuda_swiglu_backward(mp_kctx *kc, void *dgate, void *dup, const voi
  * max-combine into them (cuda_kernels.cuh, fused amax), so n == 0 gives amax 0. */
 mp_status mp_cuda_swiglu_forward_amax(mp_kctx *kc, void *out, const void *gate,
                                       const void *up, size_t n, float *amax) {
-  MP_CUDA_REQUIRE(kc, amax != NULL && (n == 0 || (out && gate && up)), "swiglu_forward_amax");
+  MP_KREQUIRE(kc, amax != NULL && (n == 0 || (out && gate && up)), "swiglu_forward_amax");
   MP_CUDA_CHECK(kc, cudaMemsetAsync(amax, 0, sizeof(float), MP_CUDA_STREAM(kc)));
   if (n == 0) return MP_OK;
   return swiglu_forward_launch<true>(kc, out, gate, up, n, amax);
@@ -401,9 +401,9 @@ mp_status mp_cuda_swiglu_forward_amax(mp_kctx *kc, void *out, const void *gate,
 mp_status mp_cuda_swiglu_backward_amax(mp_kctx *kc, void *dgate, void *dup, const void *dout,
                                        const void *gate, const void *up, size_t n,
                                        float *amax_dgate, float *amax_dup) {
-  MP_CUDA_REQUIRE(kc, dgate && dup && amax_dgate && amax_dup && amax_dgate != amax_dup,
+  MP_KREQUIRE(kc, dgate && dup && amax_dgate && amax_dup && amax_dgate != amax_dup,
                   "swiglu_backward_amax");
-  MP_CUDA_REQUIRE(kc, n == 0 || (dout && gate && up), "swiglu_backward_amax");
+  MP_KREQUIRE(kc, n == 0 || (dout && gate && up), "swiglu_backward_amax");
   cudaStream_t st = MP_CUDA_STREAM(kc);
   MP_CUDA_CHECK(kc, cudaMemsetAsync(amax_dgate, 0, sizeof(float), st));
   MP_CUDA_CHECK(kc, cudaMemsetAsync(amax_dup, 0, sizeof(float), st));

@@ -295,8 +295,8 @@ __global__ void k_f8_fake_quantize(mp_bf16 *out, const mp_bf16 *x, const float *
 /* ---- host entry points ------------------------------------------------------------------- */
 
 mp_status mp_cuda_f8_amax(mp_kctx *kc, float *amax, const void *x, size_t n) {
-  MP_CUDA_REQUIRE(kc, amax && (x || n == 0), "f8_amax");
-  MP_CUDA_REQUIRE(kc, ((uintptr_t)x & 1u) == 0, "f8_amax");
+  MP_KREQUIRE(kc, amax && (x || n == 0), "f8_amax");
+  MP_KREQUIRE(kc, ((uintptr_t)x & 1u) == 0, "f8_amax");
   size_t h = head_to_align16(x, n), nvec = (n - h) / MP_VEC;
   size_t want = (nvec + MP_CUDA_BLOCK - 1) / MP_CUDA_BLOCK;
   size_t cap = (size_t)mp_cuda_impl_of(kc)->n_sms * AMAX_BLOCKS_PER_SM;
@@ -352,11 +352,11 @@ mp_status mp_cuda_f8_quantize(mp_kctx *kc, uint8_t *codes, const void *x,
  * tiled kernel otherwise. */
 mp_status mp_cuda_f8_quantize_t(mp_kctx *kc, uint8_t *codes, uint8_t *codes_t, const void *x,
                                 const float *scale, int R, int C, mp_f8_format fmt) {
-  MP_CUDA_REQUIRE(kc, R >= 0 && C >= 0, "f8_quantize_t");
-  MP_CUDA_REQUIRE(kc, codes || codes_t, "f8_quantize_t");
+  MP_KREQUIRE(kc, R >= 0 && C >= 0, "f8_quantize_t");
+  MP_KREQUIRE(kc, codes || codes_t, "f8_quantize_t");
   if (R == 0 || C == 0) return MP_OK;
-  MP_CUDA_REQUIRE(kc, x && scale, "f8_quantize_t");
-  MP_CUDA_REQUIRE(kc, codes_t != codes, "f8_quantize_t");
+  MP_KREQUIRE(kc, x && scale, "f8_quantize_t");
+  MP_KREQUIRE(kc, codes_t != codes, "f8_quantize_t");
   if (!codes_t) return mp_cuda_f8_quantize(kc, codes, x, scale, (size_t)R * C, fmt);
   const int e5m2 = fmt == MP_F8_E5M2;
   const int row_tiles = (R + QT_TILE - 1) / QT_TILE;

@@ -267,7 +267,7 @@ __global__ void k_ce_backward_rows(mp_bf16 *dlogits, const mp_bf16 *logits, cons
 mp_status mp_cuda_cross_entropy_forward(mp_kctx *kc, float *losses, float *loss_mean,
                                         float *lse, const void *logits,
                                         const int32_t *targets, int N, int V) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && V > 0, "cross_entropy_forward");
+  MP_KREQUIRE(kc, N >= 0 && V > 0, "cross_entropy_forward");
   if (N > 0) {
     k_ce_fused<<<N, CE_BLOCK, 0, MP_CUDA_STREAM(kc)>>>(losses, lse, (const mp_bf16 *)logits,
                                                        targets, V);
@@ -281,7 +281,7 @@ mp_status mp_cuda_cross_entropy_forward(mp_kctx *kc, float *losses, float *loss_
 }
 
 mp_status mp_cuda_ce_local_max(mp_kctx *kc, float *lmax, const void *logits, int N, int Vl) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && Vl >= 0, "ce_local_max");
+  MP_KREQUIRE(kc, N >= 0 && Vl >= 0, "ce_local_max");
   if (N == 0) return MP_OK;
   k_ce_max<<<N, CE_BLOCK, 0, MP_CUDA_STREAM(kc)>>>(lmax, (const mp_bf16 *)logits, Vl);
   MP_CUDA_LAUNCH_CHECK(kc);
@@ -290,7 +290,7 @@ mp_status mp_cuda_ce_local_max(mp_kctx *kc, float *lmax, const void *logits, int
 
 mp_status mp_cuda_ce_local_sumexp(mp_kctx *kc, float *lsum, const void *logits,
                                   const float *gmax, int N, int Vl) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && Vl >= 0, "ce_local_sumexp");
+  MP_KREQUIRE(kc, N >= 0 && Vl >= 0, "ce_local_sumexp");
   if (N == 0) return MP_OK;
   k_ce_sumexp<<<N, CE_BLOCK, 0, MP_CUDA_STREAM(kc)>>>(lsum, (const mp_bf16 *)logits, gmax,
                                                        Vl);
@@ -300,7 +300,7 @@ mp_status mp_cuda_ce_local_sumexp(mp_kctx *kc, float *lsum, const void *logits,
 
 mp_status mp_cuda_ce_local_target(mp_kctx *kc, float *ltgt, const void *logits,
                                   const int32_t *targets, int N, int Vl, int vocab_start) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && Vl >= 0 && vocab_start >= 0, "ce_local_target");
+  MP_KREQUIRE(kc, N >= 0 && Vl >= 0 && vocab_start >= 0, "ce_local_target");
   if (N == 0) return MP_OK;
   k_ce_target<<<mp_cuda_grid((size_t)N, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0,
                 MP_CUDA_STREAM(kc)>>>(ltgt, (const mp_bf16 *)logits, targets, N, Vl,
@@ -312,7 +312,7 @@ mp_status mp_cuda_ce_local_target(mp_kctx *kc, float *ltgt, const void *logits,
 mp_status mp_cuda_ce_vp_combine(mp_kctx *kc, float *losses, float *loss_mean, float *lse,
                                 const float *gmax, const float *gsum, const float *gtgt,
                                 const int32_t *targets, int N) {
-  MP_CUDA_REQUIRE(kc, N >= 0, "ce_vp_combine");
+  MP_KREQUIRE(kc, N >= 0, "ce_vp_combine");
   k_ce_combine<<<1, MEAN_BLOCK, 0, MP_CUDA_STREAM(kc)>>>(losses, loss_mean, lse, gmax, gsum,
                                                          gtgt, targets, N);
   MP_CUDA_LAUNCH_CHECK(kc);
@@ -322,7 +322,7 @@ mp_status mp_cuda_ce_vp_combine(mp_kctx *kc, float *losses, float *loss_mean, fl
 mp_status mp_cuda_ce_backward(mp_kctx *kc, void *dlogits, const void *logits,
                               const float *lse, const int32_t *targets, float dloss, int N,
                               int Vl, int vocab_start) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && Vl >= 0 && vocab_start >= 0, "ce_backward");
+  MP_KREQUIRE(kc, N >= 0 && Vl >= 0 && vocab_start >= 0, "ce_backward");
   size_t n = (size_t)N * Vl;
   if (n == 0) return MP_OK;
   if (((uintptr_t)dlogits & 15u) == ((uintptr_t)logits & 15u)) {

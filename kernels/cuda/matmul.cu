@@ -503,13 +503,6 @@ mp_status require_ready(mp_kctx *kc, const char *op) {
   return MP_OK;
 }
 
-#define GEMM_REQUIRE(kc, cond, op)                                                      \
-  do {                                                                                  \
-    if (!(cond))                                                                        \
-      return mp_error((kc)->err, MP_ERR_INVALID, "%s: invalid argument (%s); check "   \
-                      "shapes and pointers", (op), #cond);                             \
-  } while (0)
-
 }  // namespace
 
 /* ---- lifecycle ----------------------------------------------------------------------- */
@@ -575,9 +568,9 @@ void mp_cuda_gemm_shutdown(mp_kctx *kc) {
 
 mp_status mp_cuda_matmul_forward(mp_kctx *kc, void *out, const void *inp, const void *weight,
                                  const void *bias, int N, int K, int M) {
-  GEMM_REQUIRE(kc, N >= 0 && K >= 0 && M >= 0, "matmul_forward");
+  MP_KREQUIRE(kc, N >= 0 && K >= 0 && M >= 0, "matmul_forward");
   if (N == 0 || M == 0) return MP_OK;
-  GEMM_REQUIRE(kc, out != NULL, "matmul_forward");
+  MP_KREQUIRE(kc, out != NULL, "matmul_forward");
   MP_CHECK(require_ready(kc, "matmul_forward"));
   mp_cuda_impl *im = mp_cuda_impl_of(kc);
   if (K == 0) {
@@ -588,7 +581,7 @@ mp_status mp_cuda_matmul_forward(mp_kctx *kc, void *out, const void *inp, const 
     MP_CUDA_LAUNCH_CHECK(kc);
     return MP_OK;
   }
-  GEMM_REQUIRE(kc, inp != NULL && weight != NULL, "matmul_forward");
+  MP_KREQUIRE(kc, inp != NULL && weight != NULL, "matmul_forward");
   lt_call c;
   memset(&c, 0, sizeof(c));
   c.what = "matmul_forward";
@@ -615,12 +608,12 @@ mp_status mp_cuda_matmul_forward(mp_kctx *kc, void *out, const void *inp, const 
 mp_status mp_cuda_matmul_backward(mp_kctx *kc, void *dinp, float *dweight, float *dbias,
                                   const void *dout, const void *inp, const void *weight, int N,
                                   int K, int M) {
-  GEMM_REQUIRE(kc, N >= 0 && K >= 0 && M >= 0, "matmul_backward");
+  MP_KREQUIRE(kc, N >= 0 && K >= 0 && M >= 0, "matmul_backward");
   if (N == 0 || M == 0) return MP_OK; /* every gradient gets += 0 */
-  GEMM_REQUIRE(kc, dout != NULL, "matmul_backward");
+  MP_KREQUIRE(kc, dout != NULL, "matmul_backward");
   MP_CHECK(require_ready(kc, "matmul_backward"));
   if (dinp && K > 0) {
-    GEMM_REQUIRE(kc, weight != NULL, "matmul_backward");
+    MP_KREQUIRE(kc, weight != NULL, "matmul_backward");
     lt_call c;
     memset(&c, 0, sizeof(c));
     c.what = "matmul_backward (dinp)";
@@ -643,7 +636,7 @@ mp_status mp_cuda_matmul_backward(mp_kctx *kc, void *dinp, float *dweight, float
     MP_CHECK(lt_run(kc, &c));
   }
   if (dweight && K > 0) {
-    GEMM_REQUIRE(kc, inp != NULL, "matmul_backward");
+    MP_KREQUIRE(kc, inp != NULL, "matmul_backward");
     lt_call c;
     memset(&c, 0, sizeof(c));
     c.what = "matmul_backward (dweight)";
@@ -684,9 +677,9 @@ mp_status mp_cuda_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint
     return mp_error(kc->err, MP_ERR_INVALID, "matmul_f8: unknown flags 0x%x in 0x%x; the "
                     "known ones are MP_F8_GEMM_ADD (0x%x) and MP_F8_GEMM_FAST_ACCUM (0x%x)",
                     flags & ~known, flags, MP_F8_GEMM_ADD, MP_F8_GEMM_FAST_ACCUM);
-  GEMM_REQUIRE(kc, R >= 0 && K >= 0 && S >= 0, "matmul_f8");
-  GEMM_REQUIRE(kc, (out_x == NULL) != (out_f32 == NULL), "matmul_f8");
-  GEMM_REQUIRE(kc, a && b && a_scale && b_scale, "matmul_f8");
+  MP_KREQUIRE(kc, R >= 0 && K >= 0 && S >= 0, "matmul_f8");
+  MP_KREQUIRE(kc, (out_x == NULL) != (out_f32 == NULL), "matmul_f8");
+  MP_KREQUIRE(kc, a && b && a_scale && b_scale, "matmul_f8");
   MP_CHECK(require_ready(kc, "matmul_f8"));
   /* out_f32 is accumulated whatever the flags; ADD only changes the bf16 output. */
   const int add_x = out_x != NULL && (flags & MP_F8_GEMM_ADD) != 0;
@@ -787,11 +780,11 @@ mp_status mp_cuda_matmul_f8(mp_kctx *kc, void *out_x, float *out_f32, const uint
 /* The vector kernel for aligned operands with R and C multiples of 16 (every matmul_f8
  * operand), the byte-wise kernel for anything else. */
 mp_status mp_cuda_f8_transpose(mp_kctx *kc, uint8_t *out, const uint8_t *in, int R, int C) {
-  GEMM_REQUIRE(kc, R >= 0 && C >= 0, "f8_transpose");
+  MP_KREQUIRE(kc, R >= 0 && C >= 0, "f8_transpose");
   if (R == 0 || C == 0) return MP_OK;
-  GEMM_REQUIRE(kc, out && in && out != in, "f8_transpose");
+  MP_KREQUIRE(kc, out && in && out != in, "f8_transpose");
   mp_cuda_impl *im = mp_cuda_impl_of(kc);
-  GEMM_REQUIRE(kc, im != NULL, "f8_transpose");
+  MP_KREQUIRE(kc, im != NULL, "f8_transpose");
   if (mp_aligned16(in) && mp_aligned16(out) && R % 16 == 0 && C % 16 == 0) {
     int row_tiles = (R + kTransposeVecRows - 1) / kTransposeVecRows;
     dim3 grid((unsigned)((C + kTransposeVecCols - 1) / kTransposeVecCols),

@@ -230,7 +230,7 @@ __global__ void k_unpermute_backward(mp_bf16 *dy, float *dtopk_w, const mp_bf16 
 mp_status mp_cuda_router_forward(mp_kctx *kc, float *probs, int32_t *topk_idx,
                                  float *topk_w, const void *logits, int N, int E, int k,
                                  int norm_topk_prob) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && E > 0 && k > 0 && k <= E, "router_forward");
+  MP_KREQUIRE(kc, N >= 0 && E > 0 && k > 0 && k <= E, "router_forward");
   if (N == 0) return MP_OK;
   k_router_forward<<<(N + WARPS - 1) / WARPS, WARPS * 32, 0, MP_CUDA_STREAM(kc)>>>(
       probs, topk_idx, topk_w, (const mp_bf16 *)logits, N, E, k, norm_topk_prob);
@@ -242,7 +242,7 @@ mp_status mp_cuda_router_backward(mp_kctx *kc, void *dlogits, const float *dtopk
                                   const float *dprobs, const float *probs,
                                   const int32_t *topk_idx, int N, int E, int k,
                                   int norm_topk_prob) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && E > 0 && k > 0 && k <= E, "router_backward");
+  MP_KREQUIRE(kc, N >= 0 && E > 0 && k > 0 && k <= E, "router_backward");
   if (N == 0) return MP_OK;
   k_router_backward<<<(N + WARPS - 1) / WARPS, WARPS * 32, 0, MP_CUDA_STREAM(kc)>>>(
       (mp_bf16 *)dlogits, dtopk_w, dprobs, probs, topk_idx, N, E, k, norm_topk_prob);
@@ -253,7 +253,7 @@ mp_status mp_cuda_router_backward(mp_kctx *kc, void *dlogits, const float *dtopk
 mp_status mp_cuda_router_aux_loss_forward(mp_kctx *kc, float *aux, float *f,
                                           const float *probs, const int32_t *topk_idx,
                                           int N, int E, int k) {
-  MP_CUDA_REQUIRE(kc, N > 0 && E > 0 && k > 0 && k <= E, "router_aux_loss_forward");
+  MP_KREQUIRE(kc, N > 0 && E > 0 && k > 0 && k <= E, "router_aux_loss_forward");
   void *scratch = NULL;
   MP_CHECK(mp_cuda_scratch(kc, sizeof(double) * (size_t)E, &scratch));
   k_aux_loss_partials<<<E, MP_CUDA_BLOCK, 0, MP_CUDA_STREAM(kc)>>>(
@@ -266,7 +266,7 @@ mp_status mp_cuda_router_aux_loss_forward(mp_kctx *kc, float *aux, float *f,
 
 mp_status mp_cuda_router_aux_loss_backward(mp_kctx *kc, float *dprobs, const float *f,
                                            float dloss, int N, int E) {
-  MP_CUDA_REQUIRE(kc, N > 0 && E > 0, "router_aux_loss_backward");
+  MP_KREQUIRE(kc, N > 0 && E > 0, "router_aux_loss_backward");
   size_t n = (size_t)N * E;
   /* dprobs[n, e] += dloss * E * f_e / N, the CPU's (double)dloss * E * f[e] / N. */
   double coef = (double)dloss * E;
@@ -278,7 +278,7 @@ mp_status mp_cuda_router_aux_loss_backward(mp_kctx *kc, float *dprobs, const flo
 
 mp_status mp_cuda_moe_plan(mp_kctx *kc, int32_t *perm, int32_t *inv, int32_t *counts,
                            const int32_t *topk_idx, int N, int E, int k) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && E > 0 && k > 0 && (long long)N * k <= INT_MAX, "moe_plan");
+  MP_KREQUIRE(kc, N >= 0 && E > 0 && k > 0 && (long long)N * k <= INT_MAX, "moe_plan");
   k_moe_plan<<<E, MP_CUDA_BLOCK, 0, MP_CUDA_STREAM(kc)>>>(perm, inv, counts, topk_idx, E,
                                                           N * k);
   MP_CUDA_LAUNCH_CHECK(kc);
@@ -287,7 +287,7 @@ mp_status mp_cuda_moe_plan(mp_kctx *kc, int32_t *perm, int32_t *inv, int32_t *co
 
 mp_status mp_cuda_permute_forward(mp_kctx *kc, void *out, const void *x,
                                   const int32_t *perm, int N, int k, int C) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && k > 0 && C >= 0, "permute_forward");
+  MP_KREQUIRE(kc, N >= 0 && k > 0 && C >= 0, "permute_forward");
   size_t n = (size_t)N * k * C;
   if (n == 0) return MP_OK;
   k_permute_forward<<<mp_cuda_grid(n, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0,
@@ -299,7 +299,7 @@ mp_status mp_cuda_permute_forward(mp_kctx *kc, void *out, const void *x,
 
 mp_status mp_cuda_permute_backward(mp_kctx *kc, void *dx, const void *dout,
                                    const int32_t *inv, int N, int k, int C) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && k > 0 && C >= 0, "permute_backward");
+  MP_KREQUIRE(kc, N >= 0 && k > 0 && C >= 0, "permute_backward");
   size_t n = (size_t)N * C;
   if (n == 0) return MP_OK;
   k_permute_backward<<<mp_cuda_grid(n, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0,
@@ -312,7 +312,7 @@ mp_status mp_cuda_permute_backward(mp_kctx *kc, void *dx, const void *dout,
 mp_status mp_cuda_unpermute_forward(mp_kctx *kc, void *out, const void *y,
                                     const float *topk_w, const int32_t *inv, int N, int k,
                                     int C) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && k > 0 && C >= 0, "unpermute_forward");
+  MP_KREQUIRE(kc, N >= 0 && k > 0 && C >= 0, "unpermute_forward");
   size_t n = (size_t)N * C;
   if (n == 0) return MP_OK;
   k_unpermute_forward<<<mp_cuda_grid(n, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0,
@@ -325,11 +325,11 @@ mp_status mp_cuda_unpermute_forward(mp_kctx *kc, void *out, const void *y,
 mp_status mp_cuda_unpermute_backward(mp_kctx *kc, void *dy, float *dtopk_w,
                                      const void *dout, const void *y, const float *topk_w,
                                      const int32_t *inv, int N, int k, int C) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && k > 0 && C >= 0, "unpermute_backward");
+  MP_KREQUIRE(kc, N >= 0 && k > 0 && C >= 0, "unpermute_backward");
   size_t npairs = (size_t)N * k;
   if (npairs == 0 || (!dy && !dtopk_w)) return MP_OK;
   size_t blocks = (npairs + WARPS - 1) / WARPS;
-  MP_CUDA_REQUIRE(kc, blocks <= 0x7fffffffu, "unpermute_backward");
+  MP_KREQUIRE(kc, blocks <= 0x7fffffffu, "unpermute_backward");
   k_unpermute_backward<<<(unsigned)blocks, WARPS * 32, 0, MP_CUDA_STREAM(kc)>>>(
       (mp_bf16 *)dy, dtopk_w, (const mp_bf16 *)dout, (const mp_bf16 *)y, topk_w, inv, k, C,
       npairs);

@@ -506,7 +506,7 @@ static unsigned row_blocks(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) /
 mp_status mp_cuda_layernorm_forward(mp_kctx *kc, void *out, float *mean, float *rstd,
                                     const void *x, const void *w, const void *b, int N,
                                     int C, float eps) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && C > 0 && rstd, "layernorm_forward");
+  MP_KREQUIRE(kc, N >= 0 && C > 0 && rstd, "layernorm_forward");
   if (N == 0) return MP_OK;
   if (norm_forward_vec<true, false>(kc, out, mean, rstd, x, w, b, N, C, eps, NULL)) {
     MP_CUDA_LAUNCH_CHECK(kc);
@@ -522,7 +522,7 @@ mp_status mp_cuda_layernorm_forward(mp_kctx *kc, void *out, float *mean, float *
 mp_status mp_cuda_layernorm_backward(mp_kctx *kc, void *dx, float *dw, float *db,
                                      const void *dout, const void *x, const void *w,
                                      const float *mean, const float *rstd, int N, int C) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && C > 0 && mean && rstd, "layernorm_backward");
+  MP_KREQUIRE(kc, N >= 0 && C > 0 && mean && rstd, "layernorm_backward");
   if (N == 0 || (!dx && !dw && !db)) return MP_OK;
   bool done = false;
   MP_CHECK(norm_backward_vec<true>(kc, &done, dx, dw, db, dout, x, w, mean, rstd, N, C));
@@ -552,7 +552,7 @@ static mp_status rmsnorm_forward_launch(mp_kctx *kc, void *out, float *rstd, con
 
 mp_status mp_cuda_rmsnorm_forward(mp_kctx *kc, void *out, float *rstd, const void *x,
                                   const void *w, int N, int C, float eps) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && C > 0 && rstd, "rmsnorm_forward");
+  MP_KREQUIRE(kc, N >= 0 && C > 0 && rstd, "rmsnorm_forward");
   if (N == 0) return MP_OK;
   return rmsnorm_forward_launch<false>(kc, out, rstd, x, w, N, C, eps, NULL);
 }
@@ -561,7 +561,7 @@ mp_status mp_cuda_rmsnorm_forward(mp_kctx *kc, void *out, float *rstd, const voi
  * rmsnorm_forward (their kAmax form) max-combine the stored output into it. */
 mp_status mp_cuda_rmsnorm_forward_amax(mp_kctx *kc, void *out, float *rstd, const void *x,
                                        const void *w, int N, int C, float eps, float *amax) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && C > 0 && rstd && amax, "rmsnorm_forward_amax");
+  MP_KREQUIRE(kc, N >= 0 && C > 0 && rstd && amax, "rmsnorm_forward_amax");
   MP_CUDA_CHECK(kc, cudaMemsetAsync(amax, 0, sizeof(float), MP_CUDA_STREAM(kc)));
   if (N == 0) return MP_OK;
   return rmsnorm_forward_launch<true>(kc, out, rstd, x, w, N, C, eps, amax);
@@ -570,7 +570,7 @@ mp_status mp_cuda_rmsnorm_forward_amax(mp_kctx *kc, void *out, float *rstd, cons
 mp_status mp_cuda_rmsnorm_backward(mp_kctx *kc, void *dx, float *dw, const void *dout,
                                    const void *x, const void *w, const float *rstd, int N,
                                    int C) {
-  MP_CUDA_REQUIRE(kc, N >= 0 && C > 0 && rstd, "rmsnorm_backward");
+  MP_KREQUIRE(kc, N >= 0 && C > 0 && rstd, "rmsnorm_backward");
   if (N == 0 || (!dx && !dw)) return MP_OK;
   bool done = false;
   MP_CHECK(norm_backward_vec<false>(kc, &done, dx, dw, NULL, dout, x, w, NULL, rstd, N, C));

@@ -58,7 +58,7 @@ __global__ void k_scale(float *x, size_t n, float s) {
 mp_status mp_cuda_adamw_update(mp_kctx *kc, float *param, const float *grad, float *m,
                                float *v, size_t n, float lr, float beta1, float beta2,
                                float eps, float weight_decay, int step, float grad_scale) {
-  MP_CUDA_REQUIRE(kc, step >= 1, "adamw_update");
+  MP_KREQUIRE(kc, step >= 1, "adamw_update");
   if (n == 0) return MP_OK;
   double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
   float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);

@@ -42,14 +42,14 @@ static mp_status rope_launch(mp_kctx *kc, void *out, const void *x, const float 
 
 mp_status mp_cuda_rope_forward(mp_kctx *kc, void *out, const void *x, const float *cos_t,
                                const float *sin_t, int B, int T, int nh, int hd) {
-  MP_CUDA_REQUIRE(kc, B >= 0 && T >= 0 && nh >= 0 && hd > 0 && hd % 2 == 0, "rope_forward");
+  MP_KREQUIRE(kc, B >= 0 && T >= 0 && nh >= 0 && hd > 0 && hd % 2 == 0, "rope_forward");
   return rope_launch(kc, out, x, cos_t, sin_t, B, T, nh, hd, 1.0f, 0);
 }
 
 mp_status mp_cuda_rope_backward(mp_kctx *kc, void *dx, const void *dout,
                                 const float *cos_t, const float *sin_t, int B, int T,
                                 int nh, int hd) {
-  MP_CUDA_REQUIRE(kc, B >= 0 && T >= 0 && nh >= 0 && hd > 0 && hd % 2 == 0 && dx != dout,
+  MP_KREQUIRE(kc, B >= 0 && T >= 0 && nh >= 0 && hd > 0 && hd % 2 == 0 && dx != dout,
                   "rope_backward");
   return rope_launch(kc, dx, dout, cos_t, sin_t, B, T, nh, hd, -1.0f, 1);
 }

@@ -13,7 +13,6 @@
  * --device cuda: one process, one GPU, no MPI. The device and the GPU profile the fit is
  * relative to are checked before the database is touched, so a machine without a GPU
  * gets one line and exit status 2, and no file is created or written. */
-#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -470,10 +469,8 @@ static mp_status open_comm(mp_ctx *ctx, int under_mpi, mp_comm **comm) {
   mp_mesh_init(&mesh);
   if (!under_mpi) return mp_comm_create_single(ctx, &mesh, comm);
   /* The mesh must match the world: ask MPI how many ranks it started. */
-  MP_CHECK(mp_comm_mpi_init(ctx, NULL, NULL));
   int world = 1;
-  if (MPI_Comm_size(MPI_COMM_WORLD, &world) != MPI_SUCCESS)
-    return mp_error(ctx, MP_ERR_MPI, "calibrate: MPI_Comm_size failed");
+  MP_CHECK(mp_comm_mpi_world(ctx, NULL, &world));
   mesh.size[MP_DIM_DP_SHARD] = world;
   return mp_comm_create_mpi(ctx, &mesh, comm);
 }

@@ -1,11 +1,14 @@
 // Tests of exec/comm's "single" backend (world size 1 with no MPI): every collective is the
 // identity on one rank, argument errors are caught by the front end, and MPI is never
-// started (checked with MPI_Initialized at the end of each test). Also here, because none
-// of them needs MPI either: the "single-staged" backend on the CPU backend standing in for
+// started (checked with MPI_Initialized at the end of each test where the build has MPI).
+// Also here, because none of them needs MPI either: the "single-staged" backend on the CPU backend standing in for
 // a device (fake_device.h), the overlap API on blocking backends, the backend choice
-// (mp_comm_choose) for every combination of facts, and the NCCL entry points without NCCL.
+// (mp_comm_choose) for every combination of facts, and the NCCL and MPI entry points of a
+// build without them. Builds and runs with or without MPI (MP_HAVE_MPI, tests/comm/BUILD).
 #include <gtest/gtest.h>
+#ifdef MP_HAVE_MPI
 #include <mpi.h>
+#endif
 
 #include <cstring>
 #include <string>
@@ -17,6 +20,17 @@
 
 namespace {
 
+// Whether this process started MPI (never, in a build without it).
+int MpiStarted() {
+#ifdef MP_HAVE_MPI
+  int inited = 1;
+  MPI_Initialized(&inited);
+  return inited;
+#else
+  return 0;
+#endif
+}
+
 class CommSingle : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -26,9 +40,7 @@ class CommSingle : public ::testing::Test {
   }
   void TearDown() override {
     mp_comm_destroy(c);
-    int inited = 1;
-    MPI_Initialized(&inited);
-    EXPECT_EQ(inited, 0) << "the single backend must not start MPI";
+    EXPECT_EQ(MpiStarted(), 0) << "the single backend must not start MPI";
   }
   mp_ctx ctx;
   mp_mesh mesh;
@@ -157,9 +169,7 @@ class CommSingleStaged : public ::testing::Test {
     mp_comm_destroy(c);
     EXPECT_EQ(dev.bad, 0) << "a copy touched memory outside the device allocations";
     EXPECT_EQ(dev.h2d + dev.d2h, 0) << "world size 1 must stay on the device";
-    int inited = 1;
-    MPI_Initialized(&inited);
-    EXPECT_EQ(inited, 0) << "single-staged must not start MPI";
+    EXPECT_EQ(MpiStarted(), 0) << "single-staged must not start MPI";
   }
   mp_ctx ctx;
   mp_mesh mesh;
@@ -398,22 +408,52 @@ TEST(CommSelectSingle, CpuWithoutLauncherIsSingle) {
                                       sizeof notice),
             MP_ERR_INVALID);
   EXPECT_NE(std::string(mp_errmsg(&ctx)).find("launch it with mpirun -np 2"), std::string::npos);
-  int inited = 1;
-  MPI_Initialized(&inited);
-  EXPECT_EQ(inited, 0);
+  EXPECT_EQ(MpiStarted(), 0);
 }
 
-TEST(CommNccl, WithoutNcclCreateSaysSo) {
-  if (mp_comm_nccl_built()) GTEST_SKIP() << "this build has NCCL (tests/comm/comm_gpu_test.cc)";
+// The entry points of a library the build left out: a world-size-1 mesh, and a comm
+// pointer that a refusing create must set to NULL.
+class CommWithout : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    mp_ctx_init(&ctx);
+    mp_mesh_init(&m);
+    c = reinterpret_cast<mp_comm *>(&m);
+  }
   mp_ctx ctx;
-  mp_ctx_init(&ctx);
   mp_mesh m;
-  mp_mesh_init(&m);
-  mp_comm *c = reinterpret_cast<mp_comm *>(&m);
+  mp_comm *c = nullptr;
+};
+
+TEST_F(CommWithout, NcclCreateSaysSo) {
+  if (mp_comm_nccl_built()) GTEST_SKIP() << "this build has NCCL (tests/comm/comm_gpu_test.cc)";
   EXPECT_EQ(mp_comm_create_nccl(&ctx, &m, 0, nullptr, &c), MP_ERR_UNSUPPORTED);
   EXPECT_EQ(c, nullptr);
   EXPECT_NE(std::string(mp_errmsg(&ctx)).find("built without NCCL"), std::string::npos);
   EXPECT_EQ(mp_comm_nccl_comm_count(nullptr), 0);
+}
+
+// A build without MPI (MESHPLAN_NO_MPI=1, or no mpicc): the MPI backends refuse with one
+// message that says what to install; finalize has nothing to do; one rank still runs.
+TEST_F(CommWithout, MpiCreateSaysSo) {
+  if (mp_comm_mpi_built()) GTEST_SKIP() << "this build has MPI (tests/comm/comm_mpi_test.cc)";
+  EXPECT_EQ(mp_comm_create_mpi(&ctx, &m, &c), MP_ERR_UNSUPPORTED);
+  EXPECT_EQ(c, nullptr);
+  const std::string msg = mp_errmsg(&ctx);
+  EXPECT_NE(msg.find("built without MPI"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("install libopenmpi-dev"), std::string::npos) << msg;
+  FakeDevice dev;
+  c = reinterpret_cast<mp_comm *>(&m);
+  EXPECT_EQ(mp_comm_create_mpi_staged(&ctx, &m, dev.backend(), dev.kc(), &c),
+            MP_ERR_UNSUPPORTED);
+  EXPECT_EQ(c, nullptr);
+  int world = -1;
+  EXPECT_EQ(mp_comm_mpi_world(&ctx, nullptr, &world), MP_ERR_UNSUPPORTED);
+  EXPECT_EQ(mp_comm_mpi_init(&ctx, nullptr, nullptr), MP_ERR_UNSUPPORTED);
+  EXPECT_EQ(mp_comm_mpi_finalize(&ctx), MP_OK);
+  ASSERT_EQ(mp_comm_create_single(&ctx, &m, &c), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_STREQ(mp_comm_backend_name(c), "single");
+  mp_comm_destroy(c);
 }
 
 }  // namespace

@@ -26,24 +26,10 @@
 #include <vector>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/cuda/attention_hooks.h"  // force_scalar, tile configurations (CUDA builds)
 #include "kernels/cuda/cuda.h"
 #include "tests/test_rng.h"
 #include "tests/kernels_cuda/cuda_fixture.h"
-
-#ifdef MP_HAVE_CUDA
-// attention.cu's and attention_fa2.cu's test hooks, declared in kernels/cuda/cuda_internal.h
-// (the CUDA side's internal header, not exported to tests). force_scalar: 1 routes
-// attention through the scalar kernels, 0 back to the default choice. force_config: runs
-// configuration cfg of a tensor-core kernel (as MP_ATTENTION_FWD_CFG, _DKDV_CFG, _DQ_CFG
-// would select it), -1 back to the environment's choice; n_configs: how many are compiled.
-void mp_cuda_attention_force_scalar(int on);
-extern "C" {
-int mp_cuda_attention_fa2_n_configs(int kernel);
-void mp_cuda_attention_fa2_force_config(int kernel, int cfg);
-}
-// The hooks' kernel numbers (MP_FA2_FWD, MP_FA2_DKDV, MP_FA2_DQ there).
-enum { kFa2Fwd = 0, kFa2Dkdv = 1, kFa2Dq = 2 };
-#endif
 
 namespace {
 
@@ -144,7 +130,7 @@ class CudaAttention : public mp_test::CudaVsCpu {
 #ifdef MP_HAVE_CUDA
     if (ready) {
       mp_cuda_attention_force_scalar(0);
-      for (int k : {kFa2Fwd, kFa2Dkdv, kFa2Dq}) mp_cuda_attention_fa2_force_config(k, -1);
+      for (int k : {MP_FA2_FWD, MP_FA2_DKDV, MP_FA2_DQ}) mp_cuda_attention_fa2_force_config(k, -1);
     }
 #endif
     CudaVsCpu::TearDown();
@@ -243,21 +229,21 @@ TEST_F(CudaAttention, TensorCoreMatchesScalarKernel) {
     backward(p, sq, sk, sv, &cq, &ck, &cv);
     mp_cuda_attention_force_scalar(0);
 
-    for (int c = 0; c < mp_cuda_attention_fa2_n_configs(kFa2Fwd); c++) {
+    for (int c = 0; c < mp_cuda_attention_fa2_n_configs(MP_FA2_FWD); c++) {
       const std::string what = " fwd cfg " + std::to_string(c) + " " + name_of(s);
-      mp_cuda_attention_fa2_force_config(kFa2Fwd, c);
+      mp_cuda_attention_fa2_force_config(MP_FA2_FWD, c);
       Vec out_tc, lse_tc;
       forward(p, &out_tc, &lse_tc);
       EXPECT_LE(rel_l2(out_tc, out_sc), 1e-2) << "out" << what;
       EXPECT_LE(rel_l2(lse_tc, lse_sc), 1e-4) << "lse" << what;
     }
-    mp_cuda_attention_fa2_force_config(kFa2Fwd, -1);
+    mp_cuda_attention_fa2_force_config(MP_FA2_FWD, -1);
 
     Vec q0, k0, v0; // configuration 0's gradients
-    for (int kern : {kFa2Dkdv, kFa2Dq})
-      for (int c = kern == kFa2Dq ? 1 : 0; c < mp_cuda_attention_fa2_n_configs(kern); c++) {
+    for (int kern : {MP_FA2_DKDV, MP_FA2_DQ})
+      for (int c = kern == MP_FA2_DQ ? 1 : 0; c < mp_cuda_attention_fa2_n_configs(kern); c++) {
         const std::string what =
-            (kern == kFa2Dkdv ? " dkdv cfg " : " dq cfg ") + std::to_string(c) + " " + name_of(s);
+            (kern == MP_FA2_DKDV ? " dkdv cfg " : " dq cfg ") + std::to_string(c) + " " + name_of(s);
         mp_cuda_attention_fa2_force_config(kern, c);
         Vec tq, tk, tv;
         backward(p, sq, sk, sv, &tq, &tk, &tv);
