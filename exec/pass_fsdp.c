@@ -106,11 +106,8 @@ mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
     mp_fsdp_unit *u = &p->units[unit];
     u->n_params++;
     const int g = prm->fsdp_group == MP_GROUP_EFSDP ? g_expert : g_dense;
-    const int64_t rows = prm->tp_shape[0], chunk = (rows + g - 1) / g;
-    int64_t row_numel = 1; /* elements per row of dim 0: tp_numel / rows, without dividing */
-    for (int d = 1; d < prm->ndim; d++) row_numel *= prm->tp_shape[d];
-    u->numel_tp += rows * row_numel;
-    u->numel_shard += chunk * row_numel;
+    u->numel_tp += mp_param_tp_numel(prm);
+    u->numel_shard += mp_param_padded_shard_numel(prm, g);
   }
   /* One block for every unit's index list. */
   int *lists = mp_arena_alloc(p->arena, sizeof(int) * (size_t)(p->n_params + n_units));

@@ -282,6 +282,14 @@ void mp_param_tp_tile(const mp_plan *p, const mp_param *prm, int rank, int64_t o
                       int64_t len[MP_MAX_NDIM]);
 int64_t mp_param_numel(const mp_param *prm);    /* global */
 int64_t mp_param_tp_numel(const mp_param *prm); /* tp-local */
+/* FSDP2's sharding of dim 0 (torch.chunk): a group of gsize ranks splits the tp-local
+ * tensor's rows into chunks of ceil(rows / gsize), group index i holding rows
+ * [i chunk, min(rows, (i + 1) chunk)), so the last ranks' chunks may be short or empty. */
+int64_t mp_fsdp_chunk_rows(int64_t rows, int gsize);
+/* A parameter's padded FSDP shard over a group of gsize ranks: chunk rows x the tp-local
+ * row length, what every rank of the group stores and contributes to the all-gather
+ * (FSDP2 pads each rank's shard to the chunk). gsize 1: the whole tp-local tensor. */
+int64_t mp_param_padded_shard_numel(const mp_param *prm, int gsize);
 /* Elements stored at rest on rank (0 when another stage or an FSDP tail). */
 int64_t mp_param_local_numel(const mp_plan *p, const mp_param *prm, int rank);
 /* Looks a parameter up by FQN; -1 when absent. */

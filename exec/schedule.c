@@ -164,6 +164,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "exec/act_layout.h"
 #include "exec/schedule.h"
 
 /* Nominal FLOPs per element of the element-wise kernels (see above). */
@@ -303,10 +304,9 @@ typedef struct gen {
     int32_t layer, unit;
     int64_t rs, gbuf;
   } rs_fl;
-  struct rt_sizes {        /* runtime models' buffer sizes in bytes, from runtime.c's layout */
-    int64_t resident, tok, x, block[2], core, ws[2], head, logits, dlogits, nc;
-    int64_t epa, ep_out, ep_ws; /* EP, balanced routing: N x top_k rows per rank */
-  } rs;
+  mp_act_layout lay[2];    /* rt: the activation layout (exec/act_layout.h) of a dense and of
+                              an MoE block; under EP with balanced routing, N x top_k rows on
+                              the expert side */
 } gen;
 
 /* ---- emission primitives ---------------------------------------------------------- */
@@ -491,16 +491,36 @@ static void cast(gen *g, int module, int64_t elems, mp_variant v) {
           5.0 * (double)elems, MP_DTYPE_BF16);
 }
 
-/* runtime.c's carving: every tensor of a carved allocation starts on a 64-byte boundary
- * (ALIGN64 of its bytes; a16: of an fp32 tensor's elements, ALIGN16). */
-static int64_t al64(int64_t bytes) { return (bytes + 63) & ~(int64_t)63; }
-static int64_t a16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+/* Runtime models: the memory event of an allocation of the activation layout
+ * (exec/act_layout.h) for a block of `kind` (outside blocks both kinds agree), with the
+ * category the runtime allocates it in. */
+static void rt_mem(gen *g, mp_act_alloc a, int kind, int alloc) {
+  static const struct {
+    uint8_t cat, buf;
+  } k_ev[MP_ACT_ALLOC_COUNT] = {
+      [MP_ACT_ALLOC_BLOCK] = {MP_MEM_ACTIVATIONS, BUF_RT_BLOCK},
+      [MP_ACT_ALLOC_CORE] = {MP_MEM_ACTIVATIONS, BUF_RT_CORE},
+      [MP_ACT_ALLOC_WS] = {MP_MEM_TEMP, BUF_BWD_WS},
+      [MP_ACT_ALLOC_EPA] = {MP_MEM_ACTIVATIONS, BUF_RT_EPA},
+      [MP_ACT_ALLOC_EP_WS] = {MP_MEM_TEMP, BUF_RT_EP_WS},
+      [MP_ACT_ALLOC_HEAD] = {MP_MEM_ACTIVATIONS, BUF_RT_HEAD},
+      [MP_ACT_ALLOC_LOGITS] = {MP_MEM_LOGITS, BUF_LOGITS},
+      [MP_ACT_ALLOC_DLOGITS] = {MP_MEM_LOGITS, BUF_DLOGITS},
+      [MP_ACT_ALLOC_X] = {MP_MEM_ACTIVATIONS, BUF_RT_X},
+      [MP_ACT_ALLOC_DRES] = {MP_MEM_TEMP, BUF_RT_DRES},
+      [MP_ACT_ALLOC_DXF] = {MP_MEM_TEMP, BUF_RT_DXF},
+      [MP_ACT_ALLOC_SHARED_OUT] = {MP_MEM_TEMP, BUF_RT_SHARED},
+      [MP_ACT_ALLOC_EP_OUT] = {MP_MEM_COMM, BUF_RT_EP_OUT},
+      [MP_ACT_ALLOC_TOKENS] = {MP_MEM_TEMP, BUF_RT_TOKENS},
+  };
+  pair(g, (mp_mem_cat)k_ev[a].cat, k_ev[a].buf, (int64_t)g->lay[kind].bytes[a], alloc);
+}
 
 /* ---- float8 on codes (meshplan-cuda; runtime.c, lin_fwd / lin_bwd not emulated) -------- */
 
 /* An operand (runtime.c, f8_quant): the codes of an n-element tensor in both orientations,
  * then its amax and scale, in one FP8 allocation. */
-static int64_t rt_f8_operand(int64_t n) { return 2 * al64(n) + 64; }
+static int64_t rt_f8_operand(int64_t n) { return mp_act_f8_operand_bytes(n); }
 
 /* The activation a block's float8 Linear reads (mp_module_f8_source; the runtimes run no
  * other module's Linear in float8, so the rest share slot 3). Linears reading the same one
@@ -570,7 +590,7 @@ static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, in
   cast(g, module, x, MP_VAR_FWD);
   /* meshplan-cpu emulates float8 in fp32: one buffer of the quantized input (aligned) and
    * weight; the runtimes never all-gather float8 */
-  const int64_t fb = g->rt ? (a16(x) + w) * 4 : (g->sh.fp8_ag ? 0 : w) + x;
+  const int64_t fb = g->rt ? mp_act_f8_emul_fwd_floats(x, w) * 4 : (g->sh.fp8_ag ? 0 : w) + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
   gemm(g, MP_VAR_FWD, module, m, out, in, batch, MP_DTYPE_FP8_E4M3);
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 0);
@@ -608,7 +628,7 @@ static void linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, in
   cast(g, module, dy, MP_VAR_BWD);
   if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_BWD);
   cast(g, module, x, MP_VAR_BWD);
-  const int64_t fb = g->rt ? (a16(dy) + a16(x) + w) * 4 : dy + (g->sh.fp8_ag ? 0 : w) + x;
+  const int64_t fb = g->rt ? mp_act_f8_emul_bwd_floats(dy, x, w) * 4 : dy + (g->sh.fp8_ag ? 0 : w) + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
   gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_FP8_E5M2);
   /* WGRAD's FLOPs with the exact token count: dW[out, in] = dy^T x, k = m x batch tokens
@@ -853,15 +873,15 @@ static void mlp_fwd(gen *g, int kind, const part_deps *pd) {
     /* the runtimes under EP: the expert side (sized by the rows received) is saved for
      * backward; the expert outputs wait in a COMM buffer for the combine */
     const int ep_mem = g->rt && sh->ep > 1;
-    if (ep_mem) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_EPA, g->rs.epa, 1);
+    if (ep_mem) rt_mem(g, MP_ACT_ALLOC_EPA, kind, 1);
     ep_alltoall(g, MP_MOD_EXPERTS_GATE);
-    if (ep_mem) pair(g, MP_MEM_COMM, BUF_RT_EP_OUT, g->rs.ep_out, 1);
+    if (ep_mem) rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 1);
     attach(g, pd, PART_EXPERTS);
     experts_gate_up_fwd(g, H);
     swiglu(g, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
     experts_down_fwd(g, H);
     ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
-    if (ep_mem) pair(g, MP_MEM_COMM, BUF_RT_EP_OUT, g->rs.ep_out, 0);
+    if (ep_mem) rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 0);
     if (out)
       elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_FWD, -1, Tk * H, 2.0,
                   2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
@@ -870,11 +890,11 @@ static void mlp_fwd(gen *g, int kind, const part_deps *pd) {
       linear_fwd(g, MP_MOD_SHARED_UP, (double)T, sh->fs, H, 1);
       swiglu(g, MP_VAR_FWD, MP_MOD_SHARED_GATE, T * sh->fs);
       if (!out) return;
-      if (g->rt) pair(g, MP_MEM_TEMP, BUF_RT_SHARED, g->rs.nc, 1);
+      if (g->rt) rt_mem(g, MP_ACT_ALLOC_SHARED_OUT, kind, 1);
       linear_fwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->fs, 1);
       tp_allreduce(g, sh->ar_sdown, MP_MOD_SHARED_DOWN);
       residual(g, MP_VAR_FWD, T * H); /* routed + shared */
-      if (g->rt) pair(g, MP_MEM_TEMP, BUF_RT_SHARED, g->rs.nc, 0);
+      if (g->rt) rt_mem(g, MP_ACT_ALLOC_SHARED_OUT, kind, 0);
     }
     if (!out) return;
   }
@@ -909,12 +929,12 @@ static void mlp_bwd(gen *g, int kind, const part_deps *pd) {
     elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_BWD, -1, Tk * H, 2.0,
                 2.0 * (double)(T * H) + 4.0 * (double)(Tk * H));
     const int ep_mem = g->rt && sh->ep > 1; /* the expert side's gradients, as in forward */
-    if (ep_mem) pair(g, MP_MEM_TEMP, BUF_RT_EP_WS, g->rs.ep_ws, 1);
+    if (ep_mem) rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 1);
     ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
     attach(g, pd, PART_EXPERTS);
     experts_bwd(g, H, Tk);
     ep_alltoall(g, MP_MOD_EXPERTS_GATE);
-    if (ep_mem) pair(g, MP_MEM_TEMP, BUF_RT_EP_WS, g->rs.ep_ws, 0);
+    if (ep_mem) rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 0);
     elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_BWD, -1, Tk * H, 1.0,
                 2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
     elementwise(g, MP_KERNEL_ROUTER, MP_VAR_BWD, MP_MOD_ROUTER, T * sh->E, FLOPS_ROUTER,
@@ -1176,18 +1196,18 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   }
   if (g->rt) {
     /* runtime.c: the block's saved tensors, its attention core, its output x[l + 1] */
-    pair(g, MP_MEM_ACTIVATIONS, BUF_RT_BLOCK, g->rs.block[kind], 1);
-    pair(g, MP_MEM_ACTIVATIONS, BUF_RT_CORE, g->rs.core, 1);
-    pair(g, MP_MEM_ACTIVATIONS, BUF_RT_X, g->rs.x, 1);
+    rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 1);
+    rt_mem(g, MP_ACT_ALLOC_CORE, kind, 1);
+    rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 1);
     attention_fwd(g, &pd);
     attention_out_fwd(g);
     mlp_fwd(g, kind, &pd);
     rt_f8_scope_close(g); /* the block's float8 activation codes go with its forward */
     /* full AC keeps only x[l]; selective drops the attention core */
-    if (o->ac != MP_AC_NONE) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_CORE, g->rs.core, 0);
+    if (o->ac != MP_AC_NONE) rt_mem(g, MP_ACT_ALLOC_CORE, kind, 0);
     if (o->ac == MP_AC_FULL) {
-      pair(g, MP_MEM_ACTIVATIONS, BUF_RT_BLOCK, g->rs.block[kind], 0);
-      if (kind == KIND_MOE && sh->ep > 1) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_EPA, g->rs.epa, 0);
+      rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 0);
+      if (kind == KIND_MOE && sh->ep > 1) rt_mem(g, MP_ACT_ALLOC_EPA, kind, 0);
     }
   } else {
     pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_X, act_x(sh), 1);
@@ -1215,8 +1235,8 @@ static void block_bwd_rt(gen *g, int kind, const part_deps *pd) {
   const mp_ac_mode ac = g->p->opts.ac;
   if (ac == MP_AC_FULL) {
     g->phase = MP_PHASE_RECOMPUTE;
-    pair(g, MP_MEM_ACTIVATIONS, BUF_RT_BLOCK, g->rs.block[kind], 1);
-    pair(g, MP_MEM_ACTIVATIONS, BUF_RT_CORE, g->rs.core, 1);
+    rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 1);
+    rt_mem(g, MP_ACT_ALLOC_CORE, kind, 1);
     attention_fwd(g, pd);
     attention_out_fwd(g);
     mlp_fwd(g, kind, pd);
@@ -1226,19 +1246,19 @@ static void block_bwd_rt(gen *g, int kind, const part_deps *pd) {
     attach(g, pd, PART_ATTN); /* the first op waits for the gathered attention part */
     if (ac == MP_AC_SELECTIVE) {
       g->phase = MP_PHASE_RECOMPUTE;
-      pair(g, MP_MEM_ACTIVATIONS, BUF_RT_CORE, g->rs.core, 1);
+      rt_mem(g, MP_ACT_ALLOC_CORE, kind, 1);
       attention_core_fwd(g);
       g->phase = MP_PHASE_BACKWARD;
     }
   }
-  pair(g, MP_MEM_TEMP, BUF_BWD_WS, g->rs.ws[kind], 1);
+  rt_mem(g, MP_ACT_ALLOC_WS, kind, 1);
   mlp_bwd(g, kind, ac == MP_AC_FULL ? NULL : pd);
   attention_bwd(g, NULL);
   rt_f8_scope_close(g);
-  pair(g, MP_MEM_TEMP, BUF_BWD_WS, g->rs.ws[kind], 0);
-  pair(g, MP_MEM_ACTIVATIONS, BUF_RT_CORE, g->rs.core, 0);
-  pair(g, MP_MEM_ACTIVATIONS, BUF_RT_BLOCK, g->rs.block[kind], 0);
-  if (kind == KIND_MOE && g->sh.ep > 1) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_EPA, g->rs.epa, 0);
+  rt_mem(g, MP_ACT_ALLOC_WS, kind, 0);
+  rt_mem(g, MP_ACT_ALLOC_CORE, kind, 0);
+  rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 0);
+  if (kind == KIND_MOE && g->sh.ep > 1) rt_mem(g, MP_ACT_ALLOC_EPA, kind, 0);
 }
 
 static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t repeat,
@@ -1251,7 +1271,7 @@ static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   seg_open(g, MP_PHASE_BACKWARD, l, -1);
   const int32_t prev_last = g->last_c;
   /* the runtimes: x[l + 1] goes as the block above (or the head) finishes its backward */
-  if (g->rt) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_X, g->rs.x, 0);
+  if (g->rt) rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 0);
   int32_t patch[N_PARTS], n_patch = 0;
   int32_t next_g[N_PARTS] = {-1, -1, -1}, own_g[N_PARTS] = {-1, -1, -1};
   /* resharded, a block gathers its own units without prefetch; with it, the block above
@@ -1357,10 +1377,11 @@ static void head_fwd(gen *g) {
   /* the runtimes: xf and rstdf in one block; one LOGITS block of the X logits, the
    * per-token losses and log-sum-exp (and the vocab-parallel reductions), kept for the
    * backward */
-  if (g->rt) pair(g, MP_MEM_ACTIVATIONS, BUF_RT_HEAD, g->rs.head, 1);
+  if (g->rt) rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 1);
   else pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 1);
   norm_fwd(g, MP_MOD_FINAL_NORM, T, H);
-  pair(g, MP_MEM_LOGITS, BUF_LOGITS, g->rt ? g->rs.logits : 2 * T * sh->V_loss, 1);
+  if (g->rt) rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 1);
+  else pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * sh->V_loss, 1);
   linear_fwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
   if (sh->logits_gather)
     comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, 2.0 * (double)(T * sh->V_loss),
@@ -1380,18 +1401,18 @@ static void head_fwd(gen *g) {
 static void head_bwd_rt(gen *g) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->T, H = sh->H;
-  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, g->rs.dlogits, 1);
+  rt_mem(g, MP_ACT_ALLOC_DLOGITS, KIND_DENSE, 1);
   elementwise(g, MP_KERNEL_LOSS, MP_VAR_BWD, head_module(sh), T * sh->V_loss, 2.0,
               8.0 * (double)(T * sh->V_loss));
-  pair(g, MP_MEM_TEMP, BUF_RT_DRES, g->rs.nc, 1);
-  pair(g, MP_MEM_TEMP, BUF_RT_DXF, g->rs.nc, 1);
+  rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 1);
+  rt_mem(g, MP_ACT_ALLOC_DXF, KIND_DENSE, 1);
   linear_bwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
   tp_allreduce(g, sh->ar_head_in, head_module(sh));
-  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, g->rs.dlogits, 0);
-  pair(g, MP_MEM_LOGITS, BUF_LOGITS, g->rs.logits, 0);
+  rt_mem(g, MP_ACT_ALLOC_DLOGITS, KIND_DENSE, 0);
+  rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 0);
   norm_bwd(g, MP_MOD_FINAL_NORM, T, H);
-  pair(g, MP_MEM_TEMP, BUF_RT_DXF, g->rs.nc, 0);
-  pair(g, MP_MEM_ACTIVATIONS, BUF_RT_HEAD, g->rs.head, 0);
+  rt_mem(g, MP_ACT_ALLOC_DXF, KIND_DENSE, 0);
+  rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 0);
 }
 
 static void head_bwd(gen *g) {
@@ -1422,60 +1443,21 @@ static void shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch) 
   sh->m_exp = sh->E > 0 ? (double)sh->T * (double)sh->topk * (double)sh->ep / (double)sh->E : 0.0;
 }
 
-/* The runtimes' buffer sizes for one micro-batch (bytes), as exec/runtime/runtime.c's
- * layout() carves them: X tensors of g->xs bytes an element (fp32 on the CPU, bf16 on
- * CUDA), statistics fp32 and ids int32, each tensor starting on a 64-byte boundary of its
- * allocation (PUT: ALIGN64 of its bytes). N = T tokens, C = H, heads and d_ff tp-local,
- * experts' d_ff whole (experts are not split over tp), K = top_k. Under EP the expert side
- * is sized by the rows a rank receives, which routing decides at run time: the balanced
- * count N x K is used (each rank sends N x K rows; with uniform routing it receives as
- * many). */
-enum { RT_STAGE_BYTES = 4096 * 4 }; /* runtime.c's STAGE_FLOATS fp32 staging */
-static void rt_sizes_fill(gen *g, int64_t micro_batch) {
+/* Runtime models: the activation layout (exec/act_layout.h) for one micro-batch of this
+ * rank, from its local shapes. X elements are g->xs bytes (fp32 on the CPU, bf16 on CUDA).
+ * Under EP the expert side is sized by the rows a rank receives, which routing decides at
+ * run time: the balanced count N x top_k is used (each rank sends N x top_k rows; with
+ * uniform routing it receives as many). */
+static void rt_layout_fill(gen *g, int64_t micro_batch) {
   const shapes *sh = &g->sh;
-  struct rt_sizes *r = &g->rs;
-  const int64_t N = sh->T, C = sh->H, QD = sh->q, KD = sh->kv, F = sh->f, E = sh->E,
-                NK = sh->T * sh->topk, Fe = sh->fe, Fs = sh->has_shared ? sh->fs : 0;
-  const int64_t X = g->xs, F4 = 4; /* element bytes: X tensors; fp32 / int32 */
-  const int ep = sh->ep > 1;
-  memset(r, 0, sizeof *r);
-  /* RoPE cos and sin; scalars: 8 float8 amax/scale slots, one sum of squares per parameter
-   * tensor and 4 forward float8 amax per layer (runtime.c's rt->scalar); the staging of
-   * host-value collectives when the backend's memory is not host memory */
-  r->resident = 2 * sh->seq * (sh->hd / 2) * 4 +
-                (8 + (int64_t)g->p->n_params + 4 * g->p->model.n_layers) * 4 +
-                (g->host_mem ? 0 : RT_STAGE_BYTES);
-  r->tok = 2 * N * 4;
-  r->nc = N * C * X;
-  r->x = r->nc;
-  /* saved: xn1 rstd1 q k v xmid xn2 rstd2, then the MLP's */
-  const int64_t attn = 3 * al64(N * C * X) + 2 * al64(N * F4) + al64(N * QD * X) +
-                       2 * al64(N * KD * X);
-  r->block[KIND_DENSE] = attn + 3 * al64(N * F * X);
-  /* rl (X) probs (N,E), top-k idx and weights, f, aux, perm, inv, counts, xp, [eg eu eh],
-   * ey, [shared gate up hidden] */
-  r->block[KIND_MOE] = attn + al64(N * E * X) + al64(N * E * F4) + 4 * al64(NK * F4) +
-                       2 * al64(E * F4) + al64(F4) + 2 * al64(NK * C * X) +
-                       (ep ? 0 : 3 * al64(NK * Fe * X)) + 3 * al64(N * Fs * X);
-  r->core = al64(N * QD * X) + al64(micro_batch * sh->nh * sh->seq * F4); /* att, lse */
-  /* workspace: dxn datt dq dk dv dqp dkp, then the MLP's */
-  const int64_t wattn = al64(N * C * X) + 3 * al64(N * QD * X) + 3 * al64(N * KD * X);
-  r->ws[KIND_DENSE] = wattn + 3 * al64(N * F * X);
-  /* drl (X) dprobs dtkw, dey, [deh deg deu], dxp, [dsh dsg dsu] */
-  r->ws[KIND_MOE] = wattn + al64(N * E * X) + al64(N * E * F4) + al64(NK * F4) +
-                    2 * al64(NK * C * X) + (ep ? 0 : 3 * al64(NK * Fe * X)) +
-                    3 * al64(N * Fs * X);
-  r->head = al64(N * C * X) + al64(N * F4); /* xf, rstdf */
-  /* logits (X), losses, lse, mean (64 bytes), and under tp the max, sum-exp and target
-   * logit (fp32) */
-  r->logits = al64(N * sh->V_l * X) + 2 * al64(N * F4) + 64 + (sh->tp > 1 ? 3 * al64(N * F4) : 0);
-  r->dlogits = N * sh->V_l * X;
-  if (ep) {
-    const int64_t R = NK;
-    r->epa = al64(R * C * X) + 3 * al64(R * Fe * X);          /* xr, eg eu eh */
-    r->ep_out = (R > 0 ? R : 1) * C * X;                       /* expert outputs */
-    r->ep_ws = 2 * al64(R * C * X) + 3 * al64(R * Fe * X) + 64; /* dey dxr, deh deg deu */
-  }
+  const mp_act_dims d = {.B = micro_batch, .S = sh->seq, .N = sh->T, .C = sh->H, .HD = sh->hd,
+                         .NH = sh->nh, .NKV = sh->nkv, .F = sh->f, .E = sh->E, .K = sh->topk,
+                         .Fe = sh->fe, .Fs = sh->has_shared ? sh->fs : 0, .Vl = sh->V_l,
+                         .R = sh->T * sh->topk, .L = g->p->model.n_layers,
+                         .NP = g->p->n_params, .xs = g->xs, .tp = sh->tp, .ep = sh->ep,
+                         .host_mem = g->host_mem};
+  mp_act_layout_fill(&g->lay[KIND_DENSE], &d, 0);
+  mp_act_layout_fill(&g->lay[KIND_MOE], &d, 1);
 }
 
 /* Everything else: from the model and the plan's parameters (mp_schedule_prep keeps it). */
@@ -1598,28 +1580,28 @@ static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
       }
       gs = gsize[grp];
       if (prm->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD && rows > 0) {
-        const int64_t chunk = (rows + gs - 1) / gs, start = (int64_t)gidx[grp] * chunk;
+        const int64_t chunk = mp_fsdp_chunk_rows(rows, gs), start = (int64_t)gidx[grp] * chunk;
         const int64_t end = start + chunk < rows ? start + chunk : rows;
         local = end > start ? (end - start) * (n / rows) : 0;
       }
     }
     *params_numel += local;
     ui->numel_tp += n;
-    ui->numel_shard += rows > 0 ? (rows + gs - 1) / gs * (n / rows) : 0;
+    ui->numel_shard += mp_param_padded_shard_numel(prm, gs);
     /* the runtimes (runtime.c, materialization): a sharded parameter keeps the padded
      * chunk on every rank of its group (FSDP2's equal shards), whatever its own tile; the
      * gathered buffer holds gs such chunks per parameter, each slot 64-byte aligned. One
      * not sharded has a resident compute copy when X is not fp32 (CUDA), and, float8,
      * the codes of that copy from its first GEMM on (runtime.c, f8_weight) */
-    const int64_t pad = gs > 1 && rows > 0 ? (rows + gs - 1) / gs * (n / rows) : local;
+    const int64_t pad = gs > 1 ? mp_param_padded_shard_numel(prm, gs) : local;
     rest->numel_pad += pad;
     rest->t_pad[rest->n_t] = pad;
     rest->t_f8[rest->n_t] = gs <= 1 && prm->float8;
     rest->t_rep[rest->n_t++] = gs <= 1;
     if (gs > 1) {
-      ui->rt_gather_x4 += al64(gs * pad * 4);
-      ui->rt_gather_x2 += al64(gs * pad * 2);
-      ui->rt_rs_numel += a16(pad);
+      ui->rt_gather_x4 += mp_act_gather_slot_bytes(gs, pad, 4);
+      ui->rt_gather_x2 += mp_act_gather_slot_bytes(gs, pad, 2);
+      ui->rt_rs_numel += mp_act_rs_slot_floats(pad);
       if (pad > ui->rt_max_pad) ui->rt_max_pad = pad;
     } else {
       rest->numel_rep += pad;
@@ -1886,7 +1868,7 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   g.overlap = cuda;
   g.prefetch = !g.rt || g.overlap;
   g.f8w_sharded = g.has_fsdp && mp_mesh_group_size(mesh, MP_GROUP_FSDP) > 1;
-  if (g.rt) rt_sizes_fill(&g, p->opts.micro_batch);
+  if (g.rt) rt_layout_fill(&g, p->opts.micro_batch);
   const int32_t *run_len = pr->run_len;
   const stage_info st = pr->st;
   const int rank = pr->rank, stage = pr->stage, pp = mesh->size[MP_DIM_PP];
@@ -1925,8 +1907,9 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
       MP_STREAM_COMPUTE);
   mem(&g, MP_OP_ALLOC, MP_MEM_GRADS, BUF_GRADS, tot.grad_bytes, -1, -1, MP_STREAM_COMPUTE);
   if (g.rt) {
-    s->resident_bytes[MP_MEM_TEMP] = g.rs.resident;
-    mem(&g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_RT_RESIDENT, g.rs.resident, -1, -1, MP_STREAM_COMPUTE);
+    const int64_t rb = mp_act_resident_bytes(&g.lay[KIND_DENSE]);
+    s->resident_bytes[MP_MEM_TEMP] = rb;
+    mem(&g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_RT_RESIDENT, rb, -1, -1, MP_STREAM_COMPUTE);
   }
   if (g.f8c && pr->rest.f8w_bytes > 0) { /* float8 codes of unsharded weights */
     s->resident_bytes[MP_MEM_FP8] = pr->rest.f8w_bytes;
@@ -1939,7 +1922,7 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   int32_t gdummy[N_PARTS] = {-1, -1, -1}; /* stays -1 on a stage without root parameters */
   seg_open(&g, MP_PHASE_FORWARD, -1, 0);
   int32_t recv = -1;
-  if (g.rt) pair(&g, MP_MEM_TEMP, BUF_RT_TOKENS, g.rs.tok, 1);
+  if (g.rt) rt_mem(&g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 1);
   if (!st.first)
     recv = comm(&g, MP_COLL_RECV, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g.sh.T * g.sh.H),
                 MP_DTYPE_BF16, -1);
@@ -1947,7 +1930,7 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   const int32_t root_gather = gdummy[0];
   if (g.prefetch && st.l1 > st.l0)
     gather_units(&g, st.l0, g.first_unit[st.l0], g.n_units[st.l0], c.gather, -1, NULL, NULL);
-  if (g.rt) pair(&g, MP_MEM_ACTIVATIONS, BUF_RT_X, g.rs.x, 1); /* x[0], the stage's input */
+  if (g.rt) rt_mem(&g, MP_ACT_ALLOC_X, KIND_DENSE, 1); /* x[0], the stage's input */
   if (st.first) {
     pend_dep(&g, root_gather, 0);
     embedding_fwd(&g);
@@ -1984,7 +1967,7 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
                  g.last_c, NULL, NULL);
   if (st.last && g.rt) head_bwd_rt(&g);
   else if (st.last) head_bwd(&g);
-  else if (g.rt) pair(&g, MP_MEM_TEMP, BUF_RT_DRES, g.rs.nc, 1); /* the received gradient */
+  else if (g.rt) rt_mem(&g, MP_ACT_ALLOC_DRES, KIND_DENSE, 1); /* the received gradient */
   seg_close(&g, MP_PHASE_BACKWARD, 1, 0, 0);
   if (brecv >= 0) pend_dep(&g, brecv, 0);
 
@@ -2009,12 +1992,12 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   if (g.rt) {
     /* runtime.c's end of the micro-batch: dres, x[0], the root's reduce-scatter (and
      * every one still in flight), its gathered parameters, the token ids */
-    pair(&g, MP_MEM_TEMP, BUF_RT_DRES, g.rs.nc, 0);
-    pair(&g, MP_MEM_ACTIVATIONS, BUF_RT_X, g.rs.x, 0);
+    rt_mem(&g, MP_ACT_ALLOC_DRES, KIND_DENSE, 0);
+    rt_mem(&g, MP_ACT_ALLOC_X, KIND_DENSE, 0);
     if (g.root_unit >= 0) reduce_units(&g, -1, g.root_unit, 1, 0, 0);
     rt_rs_finish(&g);
     if (g.root_unit >= 0) free_units(&g, -1, g.root_unit, 1, 0, 0);
-    pair(&g, MP_MEM_TEMP, BUF_RT_TOKENS, g.rs.tok, 0);
+    rt_mem(&g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 0);
   } else if (g.root_unit >= 0) {
     free_units(&g, -1, g.root_unit, 1, 0, 0);
     reduce_units(&g, -1, g.root_unit, 1, 0, 0);

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "exec/act_layout.h"
 #include "exec/runtime/init.h"
 #include "exec/schedule.h"
 
@@ -74,18 +75,6 @@ typedef struct f8_known {
   int reduced;
 } f8_known;
 
-/* Byte offsets of the tensors carved from a block's allocations (64-byte aligned). Dims
- * are the rank's local ones (heads, d_ff and vocab split over tp). */
-typedef struct rt_layout {
-  size_t xn1, rstd1, q, k, v, xmid, xn2, rstd2, g, u, h;
-  size_t rl, probs, tki, tkw, f, aux, perm, inv, counts, xp, eg, eu, eh, ey, sg, su, sh;
-  size_t total;
-  size_t att, lse, core_total;
-  /* backward workspace */
-  size_t dxn, dh, dg, du, datt, dq, dk, dv, dqp, dkp, drl, dprobs, dtkw, dey, deh, deg, deu, dxp, dsh, dsg,
-      dsu, ws_total;
-} rt_layout;
-
 typedef struct rt_unit {
   int sharded;        /* group of more than one rank: gathered before use, reduce-scattered after */
   mp_group group;
@@ -121,7 +110,8 @@ struct mp_runtime {
   int *pidx;    /* [(L + 1) * MP_MOD_COUNT]: weight param index per (layer, module); row L: outside blocks */
   float *rope_cos, *rope_sin, *scalar;
   int32_t *tok_in, *tok_tgt;
-  rt_layout lay_dense, lay_moe;
+  mp_act_dims dims;   /* the local dims of the activation layout (R: the balanced N x K) */
+  mp_act_layout lay_dense, lay_moe; /* exec/act_layout.h laid out for a dense and an MoE block */
   size_t xs;          /* bytes of an X element */
   mp_comm_dtype xdt;  /* comm dtype of X tensors */
   int host_mem;       /* the backend's memory is host memory (CPU): host buffers may go to comm */
@@ -150,99 +140,11 @@ struct mp_runtime {
   int32_t n_prog;
 };
 
-#define ALIGN16(n) (((n) + 15) & ~(size_t)15)
-#define ALIGN64(n) (((n) + 63) & ~(size_t)63)
-enum { STAGE_FLOATS = 4096 }; /* host-value collectives: EP counts (<= 512 int64), scalars */
+enum { STAGE_FLOATS = MP_ACT_STAGE_FLOATS }; /* host-value collectives */
 
 /* p advanced by n X elements. */
 static void *xoff(const mp_runtime *rt, const void *p, size_t n) { return (char *)p + n * rt->xs; }
 #define F32(p) ((float *)(void *)(p))
-
-static void layout(rt_layout *l, const mp_runtime *rt, int moe) {
-  const size_t N = (size_t)rt->N, C = (size_t)rt->C, QD = (size_t)rt->nhl * rt->hd, KD = (size_t)rt->nkvl * rt->hd;
-  const size_t NK = N * (size_t)rt->K, E = (size_t)rt->E, F = (size_t)rt->Fl, Fe = (size_t)rt->Fe,
-               Fs = (size_t)rt->Fsl;
-  const int ep = rt->ep > 1; /* the expert-side tensors then live in epa (their row count varies) */
-  const size_t X = rt->xs, F4 = 4; /* element bytes: X tensors, fp32 / int32 */
-  size_t o = 0;
-  memset(l, 0, sizeof *l);
-#define PUT(field, n, eb)     \
-  do {                        \
-    l->field = o;             \
-    o += ALIGN64((n) * (eb)); \
-  } while (0)
-  PUT(xn1, N * C, X);
-  PUT(rstd1, N, F4);
-  PUT(q, N * QD, X);
-  PUT(k, N * KD, X);
-  PUT(v, N * KD, X);
-  PUT(xmid, N * C, X);
-  PUT(xn2, N * C, X);
-  PUT(rstd2, N, F4);
-  if (!moe) {
-    PUT(g, N * F, X);
-    PUT(u, N * F, X);
-    PUT(h, N * F, X);
-  } else {
-    PUT(rl, N * E, X);
-    PUT(probs, N * E, F4);
-    PUT(tki, NK, F4);
-    PUT(tkw, NK, F4);
-    PUT(f, E, F4);
-    PUT(aux, 1, F4);
-    PUT(perm, NK, F4);
-    PUT(inv, NK, F4);
-    PUT(counts, E, F4);
-    PUT(xp, NK * C, X);
-    if (!ep) {
-      PUT(eg, NK * Fe, X);
-      PUT(eu, NK * Fe, X);
-      PUT(eh, NK * Fe, X);
-    }
-    PUT(ey, NK * C, X);
-    if (Fs) {
-      PUT(sg, N * Fs, X);
-      PUT(su, N * Fs, X);
-      PUT(sh, N * Fs, X);
-    }
-  }
-  l->total = o;
-  o = 0;
-  PUT(att, N * QD, X);
-  PUT(lse, (size_t)rt->B * rt->nhl * rt->T, F4);
-  l->core_total = o;
-  o = 0;
-  PUT(dxn, N * C, X);
-  PUT(datt, N * QD, X);
-  PUT(dq, N * QD, X);
-  PUT(dk, N * KD, X);
-  PUT(dv, N * KD, X);
-  PUT(dqp, N * QD, X);
-  PUT(dkp, N * KD, X);
-  if (!moe) {
-    PUT(dh, N * F, X);
-    PUT(dg, N * F, X);
-    PUT(du, N * F, X);
-  } else {
-    PUT(drl, N * E, X);
-    PUT(dprobs, N * E, F4);
-    PUT(dtkw, NK, F4);
-    PUT(dey, NK * C, X);
-    if (!ep) {
-      PUT(deh, NK * Fe, X);
-      PUT(deg, NK * Fe, X);
-      PUT(deu, NK * Fe, X);
-    }
-    PUT(dxp, NK * C, X);
-    if (Fs) {
-      PUT(dsh, N * Fs, X);
-      PUT(dsg, N * Fs, X);
-      PUT(dsu, N * Fs, X);
-    }
-  }
-  l->ws_total = o;
-#undef PUT
-}
 
 void mp_runtime_options_init(mp_runtime_options *o) {
   memset(o, 0, sizeof *o);
@@ -280,7 +182,7 @@ static int F8(const mp_runtime *rt, int layer, mp_module m) {
   } while (0)
 
 static int is_moe_layer(const mp_runtime *rt, int l) { return mp_model_layer_is_moe(&rt->plan->model, l); }
-static const rt_layout *lay_of(const mp_runtime *rt, int l) { return is_moe_layer(rt, l) ? &rt->lay_moe : &rt->lay_dense; }
+static const mp_act_layout *lay_of(const mp_runtime *rt, int l) { return is_moe_layer(rt, l) ? &rt->lay_moe : &rt->lay_dense; }
 
 /* TP all-reduce (sum) of a partial result in place, an X tensor (tp_sum) or fp32
  * statistics (tp_sum_f32); nothing when tp == 1. */
@@ -317,7 +219,7 @@ static mp_status host_coll(mp_ctx *ctx, mp_runtime *rt, mp_group g, void *buf, v
   char *d = dev ? dev : (char *)rt->stage;
   if (!dev && 2 * total * eb > STAGE_FLOATS * sizeof(float))
     return mp_error(ctx, MP_ERR_INTERNAL, "runtime: %zu bytes exceed the staging buffer", 2 * total * eb);
-  char *d2 = d + ALIGN64(total * eb);
+  char *d2 = d + mp_act_align64((int64_t)(total * eb));
   BE(memcpy_h2d(rt->kc, d, buf, total * eb));
   if (op < 0) {
     MP_CHECK(mp_comm_all_to_all_v(ctx, rt->comm, g, d, cnt, dsp, d2, cnt, dsp, t));
@@ -362,8 +264,6 @@ static mp_status check_supported(mp_ctx *ctx, const mp_plan *p, mp_comm *comm) {
                     (long long)m->head_dim);
   return MP_OK;
 }
-
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* This rank's step program: its schedule under the memory model of this backend's layout
  * (fp32 X: the CPU's; bf16 X: CUDA's, whose NCCL overlap the program then follows where
@@ -451,8 +351,12 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "runtime: backend %s has no float8 GEMM on codes (matmul_f8, "
                     "f8_quantize_t); run its float8 Linears emulated (f8_codes = 0)", be->name);
   }
-  layout(&rt->lay_dense, rt, 0);
-  layout(&rt->lay_moe, rt, 1);
+  rt->dims = (mp_act_dims){.B = rt->B, .S = rt->T, .N = rt->N, .C = rt->C, .HD = rt->hd, .NH = rt->nhl,
+                           .NKV = rt->nkvl, .F = rt->Fl, .E = rt->E, .K = rt->K, .Fe = rt->Fe, .Fs = rt->Fsl,
+                           .Vl = rt->Vl, .R = (int64_t)rt->N * rt->K, .L = rt->L, .NP = plan->n_params,
+                           .xs = (int)rt->xs, .tp = rt->tp, .ep = rt->ep, .host_mem = rt->host_mem};
+  mp_act_layout_fill(&rt->lay_dense, &rt->dims, 0);
+  mp_act_layout_fill(&rt->lay_moe, &rt->dims, 1);
 
   rt->prm = calloc((size_t)plan->n_params, sizeof *rt->prm);
   rt->units = calloc((size_t)(plan->n_units ? plan->n_units : 1), sizeof *rt->units);
@@ -498,12 +402,11 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
     r->sharded = p->fsdp_unit >= 0 && p->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD &&
                  rt->units[p->fsdp_unit].sharded;
     const int gsize = r->sharded ? mp_comm_group_size(comm, r->group) : 1;
-    const int64_t rows = p->tp_shape[0], rowlen = rows ? r->tp_numel / rows : 0;
-    r->numel_pad = r->sharded ? ceil_div(rows, gsize) * rowlen : r->numel;
+    r->numel_pad = r->sharded ? mp_param_padded_shard_numel(p, gsize) : r->numel;
     if (r->sharded) {
       rt_unit *U = &rt->units[p->fsdp_unit];
       r->unit_off = U->gather_numel;
-      U->gather_numel += (int64_t)(ALIGN64((size_t)(gsize * r->numel_pad) * rt->xs) / rt->xs);
+      U->gather_numel += mp_act_gather_slot_bytes(gsize, r->numel_pad, (int)rt->xs) / (int64_t)rt->xs;
       if (r->numel_pad > U->max_pad) U->max_pad = r->numel_pad;
     }
     r->decay = p->ndim >= 2;
@@ -557,16 +460,15 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
   }
 
   /* RoPE tables (resident workspace) and a device scalar for reductions. */
-  size_t rb = (size_t)rt->T * (rt->hd / 2) * sizeof(float);
+  const size_t *ab = rt->lay_dense.bytes, rb = ab[MP_ACT_ALLOC_ROPE_COS];
   MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, rb, (void **)&rt->rope_cos), st, fail);
-  MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, rb, (void **)&rt->rope_sin), st, fail);
+  MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, ab[MP_ACT_ALLOC_ROPE_SIN], (void **)&rt->rope_sin), st, fail);
   /* scalar: [0..1] the emulation's float8 amax and scale, [2..3] the fused amax of SwiGLU's
    * input gradients, [8 + i] parameter i's sum of squares, then rt->f8_fwd (4 per layer) */
-  MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (8 + (size_t)plan->n_params + 4 * (size_t)rt->L) * sizeof(float),
-                                (void **)&rt->scalar), st, fail);
+  MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, ab[MP_ACT_ALLOC_SCALARS], (void **)&rt->scalar), st, fail);
   rt->f8_fwd = rt->scalar + 8 + plan->n_params;
   if (!rt->host_mem)
-    MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, STAGE_FLOATS * sizeof(float), (void **)&rt->stage), st, fail);
+    MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, ab[MP_ACT_ALLOC_STAGE], (void **)&rt->stage), st, fail);
   {
     float *c = malloc(rb), *s = malloc(rb);
     if (!c || !s) {
@@ -670,7 +572,7 @@ static mp_status unit_rs_issue(mp_ctx *ctx, mp_runtime *rt, int u) {
   const mp_fsdp_unit *pu = &rt->plan->units[u];
   size_t total = 0;
   for (int k = 0; k < pu->n_params; k++)
-    if (rt->prm[pu->params[k]].sharded) total += ALIGN16((size_t)rt->prm[pu->params[k]].numel_pad);
+    if (rt->prm[pu->params[k]].sharded) total += (size_t)mp_act_rs_slot_floats(rt->prm[pu->params[k]].numel_pad);
   MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_TEMP, total * sizeof(float), (void **)&U->rs));
   MP_CHECK(mp_comm_async_begin(ctx, rt->comm));
   mp_status st = MP_OK;
@@ -680,7 +582,7 @@ static mp_status unit_rs_issue(mp_ctx *ctx, mp_runtime *rt, int u) {
     if (!r->sharded) continue;
     st = mp_comm_reduce_scatter(ctx, rt->comm, U->group, r->cg, U->rs + o, (size_t)r->numel_pad, MP_COMM_DTYPE_FP32,
                                 MP_COMM_OP_SUM);
-    o += ALIGN16((size_t)r->numel_pad);
+    o += (size_t)mp_act_rs_slot_floats(r->numel_pad);
     r->cg = NULL;
   }
   mp_status s2 = mp_comm_async_end(ctx, rt->comm, &U->rs_req);
@@ -701,7 +603,7 @@ static mp_status unit_rs_finish(mp_ctx *ctx, mp_runtime *rt, int u) {
     rt_param *r = &rt->prm[pu->params[k]];
     if (!r->sharded) continue;
     BE(accumulate_f32(rt->kc, r->g, U->rs + o, (size_t)r->numel_pad));
-    o += ALIGN16((size_t)r->numel_pad);
+    o += (size_t)mp_act_rs_slot_floats(r->numel_pad);
   }
   MP_CHECK(mp_talloc_free(ctx, rt->ta, U->rs));
   MP_CHECK(mp_talloc_free(ctx, rt->ta, U->gbuf));
@@ -847,7 +749,7 @@ static mp_status f8_quant(mp_ctx *ctx, mp_runtime *rt, f8_operand *o, const void
                           int want_q, int want_qt, void *mem, float *amax_to) {
   const size_t n = (size_t)R * C;
   const int owned = mem == NULL;
-  if (owned) MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, 2 * ALIGN64(n) + 64, &mem));
+  if (owned) MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, (size_t)mp_act_f8_operand_bytes((int64_t)n), &mem));
   uint8_t *base = mem;
   memset(o, 0, sizeof *o);
   o->mem = owned ? mem : NULL;
@@ -856,8 +758,8 @@ static mp_status f8_quant(mp_ctx *ctx, mp_runtime *rt, f8_operand *o, const void
   o->C = C;
   o->fmt = (int)fmt;
   o->q = want_q ? base : NULL;
-  o->qt = want_qt ? base + ALIGN64(n) : NULL;
-  o->amax = F32(base + 2 * ALIGN64(n));
+  o->qt = want_qt ? base + mp_act_f8_qt_offset((int64_t)n) : NULL;
+  o->amax = F32(base + mp_act_f8_amax_offset((int64_t)n));
   MP_CHECK(f8_scale(ctx, rt, amax_to ? amax_to : o->amax, o->amax + 1, x, n, fmt));
   BE(f8_quantize_t(rt->kc, o->q, o->qt, x, o->amax + 1, R, C, fmt)); /* one pass, both orientations */
   return MP_OK;
@@ -919,7 +821,8 @@ static mp_status f8_weight(mp_ctx *ctx, mp_runtime *rt, int layer, mp_module m, 
     return MP_OK;
   }
   const size_t n = (size_t)M * K;
-  if (!r->f8w) MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, 2 * ALIGN64(n) + 64, (void **)&r->f8w));
+  if (!r->f8w)
+    MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, (size_t)mp_act_f8_operand_bytes((int64_t)n), (void **)&r->f8w));
   memset(tmpbuf, 0, sizeof *tmpbuf);
   if (!r->f8w_valid) {
     MP_CHECK(f8_quant(ctx, rt, tmpbuf, r->cw, M, K, MP_F8_E4M3, 1, 1, r->f8w, NULL));
@@ -929,8 +832,8 @@ static mp_status f8_weight(mp_ctx *ctx, mp_runtime *rt, int layer, mp_module m, 
   tmpbuf->R = M;
   tmpbuf->C = K;
   tmpbuf->q = r->f8w;
-  tmpbuf->qt = r->f8w + ALIGN64(n);
-  tmpbuf->amax = F32(r->f8w + 2 * ALIGN64(n));
+  tmpbuf->qt = r->f8w + mp_act_f8_qt_offset((int64_t)n);
+  tmpbuf->amax = F32(r->f8w + mp_act_f8_amax_offset((int64_t)n));
   tmpbuf->mem = NULL; /* the parameter's: not the caller's to free */
   *out = tmpbuf;
   return MP_OK;
@@ -964,10 +867,12 @@ static mp_status lin_fwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void
   mp_status st;
   if (f8_emulated(rt)) {
     float *buf;
-    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_FP8, (ALIGN16(nx) + nw) * sizeof(float), (void **)&buf));
+    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_FP8, (size_t)mp_act_f8_emul_fwd_floats((int64_t)nx, (int64_t)nw) * sizeof(float),
+                             (void **)&buf));
+    float *qw = buf + mp_act_align16((int64_t)nx);
     st = f8_fake(ctx, rt, buf, inp, nx, MP_F8_E4M3);
-    if (st == MP_OK) st = f8_fake(ctx, rt, buf + ALIGN16(nx), w, nw, MP_F8_E4M3);
-    if (st == MP_OK && rt->be->matmul_forward(rt->kc, out, buf, buf + ALIGN16(nx), NULL, N, K, M) != MP_OK)
+    if (st == MP_OK) st = f8_fake(ctx, rt, qw, w, nw, MP_F8_E4M3);
+    if (st == MP_OK && rt->be->matmul_forward(rt->kc, out, buf, qw, NULL, N, K, M) != MP_OK)
       st = mp_error(ctx, MP_ERR_INTERNAL, "float8 linear forward: %s", mp_errmsg(rt->kc->err));
     mp_status s2 = mp_talloc_free(ctx, rt->ta, buf);
     MP_CHECK(st);
@@ -1002,8 +907,10 @@ static mp_status lin_bwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void
   mp_status st;
   if (f8_emulated(rt)) {
     float *buf;
-    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_FP8, (ALIGN16(nd) + ALIGN16(nx) + nw) * sizeof(float), (void **)&buf));
-    float *qd = buf, *qx = buf + ALIGN16(nd), *qw = qx + ALIGN16(nx);
+    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_FP8,
+                             (size_t)mp_act_f8_emul_bwd_floats((int64_t)nd, (int64_t)nx, (int64_t)nw) * sizeof(float),
+                             (void **)&buf));
+    float *qd = buf, *qx = buf + mp_act_align16((int64_t)nd), *qw = qx + mp_act_align16((int64_t)nx);
     st = f8_fake(ctx, rt, qd, dout, nd, MP_F8_E5M2);
     if (st == MP_OK) st = f8_fake(ctx, rt, qx, inp, nx, MP_F8_E4M3);
     if (st == MP_OK) st = f8_fake(ctx, rt, qw, w, nw, MP_F8_E4M3);
@@ -1091,15 +998,17 @@ static mp_status ep_plan(mp_ctx *ctx, mp_runtime *rt, int l) {
   return MP_OK;
 }
 
-/* Byte offsets in epa[l]: xr (R,C), eg eu eh (R,Fe), all X. */
-static size_t epa_xr_bytes(const mp_runtime *rt, int64_t R) { return ALIGN64((size_t)R * rt->C * rt->xs); }
-static size_t epa_fe_bytes(const mp_runtime *rt, int64_t R) { return ALIGN64((size_t)R * rt->Fe * rt->xs); }
-static size_t epa_total(const mp_runtime *rt, int64_t R) { return epa_xr_bytes(rt, R) + 3 * epa_fe_bytes(rt, R); }
+/* The expert side's layout (EPA, EP_OUT, EP_WS) for R rows received. */
+static void ep_layout(const mp_runtime *rt, int64_t R, mp_act_layout *y) {
+  mp_act_dims d = rt->dims;
+  d.R = R;
+  mp_act_layout_fill(y, &d, 1);
+}
 
 /* ---- forward ------------------------------------------------------------------------- */
 
 static mp_status attn_core_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
-  const rt_layout *y = lay_of(rt, l);
+  const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l], *c = rt->core[l];
   BE(attention_forward(rt->kc, c + y->att, F32(c + y->lse), a + y->q, a + y->k, a + y->v, rt->B, rt->T, rt->nhl,
                        rt->nkvl, rt->hd));
@@ -1161,7 +1070,7 @@ static mp_status norm_fwd(mp_ctx *ctx, mp_runtime *rt, int l, int src, void *out
 /* Block l from x_in into the saved tensors; writes x_out unless it is NULL (recompute). */
 static mp_status block_forward_body(mp_ctx *ctx, mp_runtime *rt, int l, const void *x_in, void *x_out,
                                     float *moe_aux) {
-  const rt_layout *y = lay_of(rt, l);
+  const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l], *c = rt->core[l];
   const int N = rt->N, C = rt->C, QD = rt->nhl * rt->hd, KD = rt->nkvl * rt->hd;
   MP_CHECK(norm_fwd(ctx, rt, l, 0, a + y->xn1, F32(a + y->rstd1), x_in, W(rt, l, MP_MOD_ATTN_NORM)));
@@ -1212,12 +1121,15 @@ static mp_status block_forward_body(mp_ctx *ctx, mp_runtime *rt, int l, const vo
   } else {
     MP_CHECK(ep_plan(ctx, rt, l));
     const int64_t R = rt->ep_R[l];
+    mp_act_layout ey;
+    ep_layout(rt, R, &ey);
     if (!rt->epa[l])
-      MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, epa_total(rt, R), (void **)&rt->epa[l]));
-    char *xr = rt->epa[l], *eg = xr + epa_xr_bytes(rt, R), *eu = eg + epa_fe_bytes(rt, R), *eh = eu + epa_fe_bytes(rt, R);
+      MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, ey.bytes[MP_ACT_ALLOC_EPA], (void **)&rt->epa[l]));
+    char *xr = rt->epa[l] + ey.ep_xr, *eg = rt->epa[l] + ey.ep_eg, *eu = rt->epa[l] + ey.ep_eu,
+         *eh = rt->epa[l] + ey.ep_eh;
     MP_CHECK(ep_exchange(ctx, rt, l, 0, a + y->xp, xr, C));
     void *eyl;
-    MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_COMM, (size_t)(R ? R : 1) * C * rt->xs, &eyl));
+    MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_COMM, ey.bytes[MP_ACT_ALLOC_EP_OUT], &eyl));
     mp_status st = experts_forward(ctx, rt, l, xr, eg, eu, eh, eyl, R);
     if (st == MP_OK) st = ep_exchange(ctx, rt, l, 1, eyl, a + y->ey, C);
     mp_status s2 = mp_talloc_free(ctx, rt->ta, eyl);
@@ -1233,7 +1145,7 @@ static mp_status block_forward_body(mp_ctx *ctx, mp_runtime *rt, int l, const vo
   BE(unpermute_forward(rt->kc, x_out, a + y->ey, F32(a + y->tkw), (const int32_t *)(a + y->inv), N, K, C));
   if (Fs) { /* shared expert: rowwise down under tp, reduced before joining the routed output */
     void *tmp;
-    MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_TEMP, (size_t)N * C * rt->xs, &tmp));
+    MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_TEMP, y->bytes[MP_ACT_ALLOC_SHARED_OUT], &tmp));
     mp_status s = rt->be->matmul_forward(rt->kc, tmp, a + y->sh, W(rt, l, MP_MOD_SHARED_DOWN), NULL, N, Fs, C);
     if (s != MP_OK) s = mp_error(ctx, s, "shared expert forward: %s", mp_errmsg(rt->kc->err));
     if (s == MP_OK) s = tp_sum(ctx, rt, tmp, (size_t)N * C);
@@ -1257,9 +1169,9 @@ static mp_status block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const void *x
 }
 
 static mp_status alloc_block(mp_ctx *ctx, mp_runtime *rt, int l) {
-  const rt_layout *y = lay_of(rt, l);
-  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, y->total, (void **)&rt->act[l]));
-  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, y->core_total, (void **)&rt->core[l]));
+  const mp_act_layout *y = lay_of(rt, l);
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, y->bytes[MP_ACT_ALLOC_BLOCK], (void **)&rt->act[l]));
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, y->bytes[MP_ACT_ALLOC_CORE], (void **)&rt->core[l]));
   return MP_OK;
 }
 static mp_status free_block(mp_ctx *ctx, mp_runtime *rt, int l) {
@@ -1308,7 +1220,7 @@ static mp_status experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *din,
 }
 
 static mp_status block_backward_body(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws, float dloss_aux) {
-  const rt_layout *y = lay_of(rt, l);
+  const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l], *c = rt->core[l];
   const void *x_in = rt->x[l];
   const int N = rt->N, C = rt->C, QD = rt->nhl * rt->hd, KD = rt->nkvl * rt->hd;
@@ -1349,13 +1261,14 @@ static mp_status block_backward_body(mp_ctx *ctx, mp_runtime *rt, int l, void *d
                                 a + y->eg, a + y->eu, a + y->eh, (int64_t)N * K));
     } else {
       const int64_t R = rt->ep_R[l];
-      const char *xr = rt->epa[l], *eg = xr + epa_xr_bytes(rt, R), *eu = eg + epa_fe_bytes(rt, R),
-                 *eh = eu + epa_fe_bytes(rt, R);
-      /* expert-side workspace: dey and dxr (R, C), deh deg deu (R, Fe) */
-      const size_t rc_ = epa_xr_bytes(rt, R), rf = epa_fe_bytes(rt, R);
-      char *w2;
-      MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, 2 * rc_ + 3 * rf + 64, (void **)&w2));
-      char *deyl = w2, *dxr = w2 + rc_, *deh = dxr + rc_, *deg = deh + rf, *deu = deg + rf;
+      mp_act_layout ey;
+      ep_layout(rt, R, &ey);
+      const char *xr = rt->epa[l] + ey.ep_xr, *eg = rt->epa[l] + ey.ep_eg, *eu = rt->epa[l] + ey.ep_eu,
+                 *eh = rt->epa[l] + ey.ep_eh;
+      char *w2; /* the expert side's workspace */
+      MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, ey.bytes[MP_ACT_ALLOC_EP_WS], (void **)&w2));
+      char *deyl = w2 + ey.ep_dey, *dxr = w2 + ey.ep_dxr, *deh = w2 + ey.ep_deh, *deg = w2 + ey.ep_deg,
+           *deu = w2 + ey.ep_deu;
       mp_status st = ep_exchange(ctx, rt, l, 0, ws + y->dey, deyl, C); /* w2 came zero-filled */
       if (st == MP_OK) st = experts_backward(ctx, rt, l, dxr, deg, deu, deh, deyl, xr, eg, eu, eh, R);
       if (st == MP_OK) st = ep_exchange(ctx, rt, l, 1, dxr, ws + y->dxp, C);
@@ -1391,7 +1304,7 @@ static mp_status block_backward_body(mp_ctx *ctx, mp_runtime *rt, int l, void *d
 static mp_status block_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws, float dloss_aux) {
   f8_scope_begin(rt);
   if (rt->f8_codes) { /* the weight gradients' inputs: their amax from this micro-batch's forward */
-    const rt_layout *y = lay_of(rt, l);
+    const mp_act_layout *y = lay_of(rt, l);
     char *a = rt->act[l], *c = rt->core[l];
     const size_t N = (size_t)rt->N;
     const void *x[4] = {a + y->xn1, c + y->att, a + y->xn2, a + y->h};
@@ -1445,8 +1358,9 @@ static mp_status act_tokens(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
       return mp_error(ctx, MP_ERR_INVALID, "token id %d is outside the model's vocabulary of %d; the data does not "
                       "match --model", bad, V);
     }
-  mp_status st = mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (size_t)N * 2 * sizeof(int32_t), (void **)&ms->tok);
-  if (st == MP_OK) st = rt->be->memcpy_h2d(rt->kc, ms->tok, hin, (size_t)N * 2 * sizeof(int32_t));
+  const size_t tb = rt->lay_dense.bytes[MP_ACT_ALLOC_TOKENS]; /* ids, then targets */
+  mp_status st = mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, tb, (void **)&ms->tok);
+  if (st == MP_OK) st = rt->be->memcpy_h2d(rt->kc, ms->tok, hin, tb);
   free(hin);
   MP_CHECK(st);
   rt->tok_in = ms->tok;
@@ -1462,8 +1376,7 @@ static mp_status act_gather(mp_ctx *ctx, mp_runtime *rt, int layer) {
 }
 
 static mp_status act_embed_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
-  const size_t NC = (size_t)rt->N * rt->C * rt->xs;
-  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, NC, (void **)&rt->x[0]));
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, rt->lay_dense.bytes[MP_ACT_ALLOC_X], (void **)&rt->x[0]));
   BE(embedding_forward(rt->kc, rt->x[0], rt->tok_in, W(rt, -1, MP_MOD_TOK_EMBEDDINGS), rt->N, rt->C, rt->v0,
                        rt->v0 + rt->Vl));
   MP_CHECK(tp_sum(ctx, rt, rt->x[0], (size_t)rt->N * rt->C)); /* vocab-parallel lookup */
@@ -1472,10 +1385,9 @@ static mp_status act_embed_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
 }
 
 static mp_status act_block_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, int l) {
-  const size_t NC = (size_t)rt->N * rt->C * rt->xs;
   MP_CHECK(gather_wait(ctx, rt, l));
   MP_CHECK(alloc_block(ctx, rt, l));
-  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, NC, (void **)&rt->x[l + 1]));
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, rt->lay_dense.bytes[MP_ACT_ALLOC_X], (void **)&rt->x[l + 1]));
   float auxv = 0;
   MP_CHECK(block_forward(ctx, rt, l, rt->x[l], rt->x[l + 1], &auxv));
   if (is_moe_layer(rt, l)) ms->aux_sum += auxv;
@@ -1483,41 +1395,22 @@ static mp_status act_block_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, int
   return MP_OK;
 }
 
-/* head: final norm (saved xf, rstdf in one ACTIVATIONS block), logits (the rank's
- * vocabulary slice under tp), loss (vocab-parallel under tp) */
-/* hf: xf (N, C) X and rstdf (N) fp32; lg: logits (N, Vl) X, then fp32 losses, lse, the
- * mean and (tp > 1) the vocab-parallel max, sum-exp and target logit; byte offsets */
-typedef struct head_off {
-  size_t NC, NA, losses, lse, mean, gmax, gsum, gtgt, n;
-} head_off;
-static head_off head_offsets(const mp_runtime *rt) {
-  head_off o;
-  o.NC = (size_t)rt->N * rt->C * rt->xs;
-  o.NA = ALIGN64((size_t)rt->N * 4);
-  o.losses = ALIGN64((size_t)rt->N * rt->Vl * rt->xs);
-  o.lse = o.losses + o.NA;
-  o.mean = o.lse + o.NA;
-  o.gmax = o.mean + 64;
-  o.gsum = o.gmax + o.NA;
-  o.gtgt = o.gsum + o.NA;
-  o.n = rt->tp > 1 ? o.gtgt + o.NA : o.mean + 64;
-  return o;
-}
-
+/* head: final norm (its saved tensors in one HEAD block), logits (the rank's vocabulary
+ * slice under tp) and loss (vocab-parallel under tp) in one LOGITS block */
 static const void *head_weight(const mp_runtime *rt) {
   return W(rt, -1, rt->plan->model.tied_embeddings ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT);
 }
 
 static mp_status act_head_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
   const int N = rt->N, C = rt->C, V = rt->V, L = rt->L, Vl = rt->Vl;
-  const head_off o = head_offsets(rt);
-  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, ALIGN64(o.NC) + o.NA, (void **)&ms->hf));
-  void *xf = ms->hf;
-  float *rstdf = F32(ms->hf + ALIGN64(o.NC));
-  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_LOGITS, o.n, (void **)&ms->lg));
+  const mp_act_layout *y = &rt->lay_dense;
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, y->bytes[MP_ACT_ALLOC_HEAD], (void **)&ms->hf));
+  void *xf = ms->hf + y->xf;
+  float *rstdf = F32(ms->hf + y->rstdf);
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_LOGITS, y->bytes[MP_ACT_ALLOC_LOGITS], (void **)&ms->lg));
   char *lg = ms->lg;
-  void *logits = lg;
-  float *losses = F32(lg + o.losses), *lse = F32(lg + o.lse), *mean = F32(lg + o.mean);
+  void *logits = lg + y->logits;
+  float *losses = F32(lg + y->losses), *lse = F32(lg + y->ce_lse), *mean = F32(lg + y->ce_mean);
   const void *Wout = head_weight(rt);
   if (!Wout) return mp_error(ctx, MP_ERR_INTERNAL, "runtime: plan has no output head");
   BE(rmsnorm_forward(rt->kc, xf, rstdf, rt->x[L], W(rt, -1, MP_MOD_FINAL_NORM), N, C, rt->eps));
@@ -1525,7 +1418,7 @@ static mp_status act_head_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
   if (rt->tp == 1) {
     BE(cross_entropy_forward(rt->kc, losses, mean, lse, logits, rt->tok_tgt, N, V));
   } else {
-    float *gmax = F32(lg + o.gmax), *gsum = F32(lg + o.gsum), *gtgt = F32(lg + o.gtgt);
+    float *gmax = F32(lg + y->vp_max), *gsum = F32(lg + y->vp_sumexp), *gtgt = F32(lg + y->vp_target);
     BE(ce_local_max(rt->kc, gmax, logits, N, Vl));
     MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_TP, gmax, gmax, (size_t)N, MP_COMM_DTYPE_FP32, MP_COMM_OP_MAX));
     BE(ce_local_sumexp(rt->kc, gsum, logits, gmax, N, Vl));
@@ -1543,18 +1436,17 @@ static mp_status act_head_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
 
 static mp_status act_head_bwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
   const int N = rt->N, C = rt->C, L = rt->L, Vl = rt->Vl;
-  const head_off o = head_offsets(rt);
-  const size_t NC = o.NC;
+  const mp_act_layout *y = &rt->lay_dense;
   const mp_model *m = &rt->plan->model;
-  void *xf = ms->hf, *logits = ms->lg;
-  float *rstdf = F32(ms->hf + ALIGN64(NC)), *lse = F32(ms->lg + o.lse);
+  void *xf = ms->hf + y->xf, *logits = ms->lg + y->logits;
+  float *rstdf = F32(ms->hf + y->rstdf), *lse = F32(ms->lg + y->ce_lse);
   const void *Wout = head_weight(rt);
   float *dWout = G(rt, -1, m->tied_embeddings ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT);
   void *dlg, *dxf;
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_LOGITS, (size_t)N * Vl * rt->xs, &dlg));
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_LOGITS, y->bytes[MP_ACT_ALLOC_DLOGITS], &dlg));
   BE(ce_backward(rt->kc, dlg, logits, lse, rt->tok_tgt, (float)(ms->dscale / N), N, Vl, rt->v0));
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, NC, &ms->dres));
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, NC, &dxf));
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, y->bytes[MP_ACT_ALLOC_DRES], &ms->dres));
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, y->bytes[MP_ACT_ALLOC_DXF], &dxf));
   BE(matmul_backward(rt->kc, dxf, dWout, NULL, dlg, xf, Wout, N, C, Vl));
   MP_CHECK(tp_sum(ctx, rt, dxf, (size_t)N * C)); /* colwise head: partial over the vocabulary */
   MP_CHECK(mp_talloc_free(ctx, rt->ta, dlg));
@@ -1575,14 +1467,14 @@ static mp_status act_recompute(mp_ctx *ctx, mp_runtime *rt, int l, int full) {
     return block_forward(ctx, rt, l, rt->x[l], NULL, NULL);
   }
   /* the attention core from the saved q, k, v */
-  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, lay_of(rt, l)->core_total, (void **)&rt->core[l]));
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, lay_of(rt, l)->bytes[MP_ACT_ALLOC_CORE], (void **)&rt->core[l]));
   return attn_core_forward(ctx, rt, l);
 }
 
 static mp_status act_block_bwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, int l) {
   MP_CHECK(gather_wait(ctx, rt, l)); /* no-op when already gathered */
   char *ws;
-  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, lay_of(rt, l)->ws_total, (void **)&ws));
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, lay_of(rt, l)->bytes[MP_ACT_ALLOC_WS], (void **)&ws));
   MP_CHECK(block_backward(ctx, rt, l, ms->dres, ws, (float)(rt->plan->model.aux_loss_coef * ms->dscale)));
   MP_CHECK(mp_talloc_free(ctx, rt->ta, ws));
   return free_block(ctx, rt, l);
@@ -1782,7 +1674,7 @@ mp_status mp_runtime_dump(mp_ctx *ctx, const mp_runtime *rt, int grads, mp_wfile
     }
     if (st == MP_OK && mp_comm_world_size(rt->comm) > 1) {
       void *dev = NULL; /* a GPU comm needs the tensor in device memory */
-      if (!rt->host_mem) st = mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, 2 * ALIGN64((size_t)n * sizeof(float)), &dev);
+      if (!rt->host_mem) st = mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, 2 * (size_t)mp_act_align64(n * (int64_t)sizeof(float)), &dev);
       if (st == MP_OK)
         st = host_coll(ctx, (mp_runtime *)rt, MP_GROUP_WORLD, full, NULL, (size_t)n, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM,
                        dev);
