@@ -162,6 +162,7 @@
  *     next sharded unit's turn or the end of the micro-batch, so that buffer and the
  *     unit's unsharded gradients live through the next unit's backward. */
 #include <math.h>
+#include <stdarg.h>
 #include <string.h>
 
 #include "exec/act_layout.h"
@@ -267,7 +268,8 @@ typedef struct gen {
   int32_t n_ops, cap_ops;
   mp_segment *segs;
   int32_t n_segs, cap_segs;
-  int nomem;
+  mp_status st;            /* sticky: the first failure (its message on ctx); from then on
+                              every emission is a no-op writing into `dummy` */
   mp_op dummy;
   /* current emission state */
   uint8_t phase, when;
@@ -316,16 +318,30 @@ typedef struct gen {
  * allocation size: it never changes a schedule. */
 static _Thread_local int32_t g_ops_hint;
 
+/* Records the builder's first failure; later ones keep the first message. */
+static void gen_fail(gen *g, mp_status code, const char *fmt, ...) {
+  if (g->st != MP_OK) return;
+  va_list ap;
+  va_start(ap, fmt);
+  g->st = mp_verror(g->ctx, code, fmt, ap);
+  va_end(ap);
+}
+
+static mp_op *no_op(gen *g, int32_t *idx) {
+  memset(&g->dummy, 0, sizeof g->dummy);
+  if (idx) *idx = -1;
+  return &g->dummy;
+}
+
 static mp_op *new_op(gen *g, mp_op_type type, mp_stream stream, int32_t *idx) {
+  if (g->st != MP_OK) return no_op(g, idx);
   if (g->n_ops == g->cap_ops) {
     int32_t cap = g->cap_ops ? 2 * g->cap_ops : (g_ops_hint > 192 ? g_ops_hint + 64 : 256);
     /* not zeroed: ops are copied in or cleared one by one below */
     mp_op *n = mp_arena_alloc_raw(g->arena, sizeof(mp_op) * (size_t)cap);
     if (n == NULL) {
-      g->nomem = 1;
-      memset(&g->dummy, 0, sizeof g->dummy);
-      if (idx) *idx = -1;
-      return &g->dummy;
+      gen_fail(g, MP_ERR_NOMEM, "out of memory building the step schedule");
+      return no_op(g, idx);
     }
     if (g->n_ops) memcpy(n, g->ops, sizeof(mp_op) * (size_t)g->n_ops);
     g->ops = n;
@@ -353,12 +369,13 @@ static mp_op *new_op(gen *g, mp_op_type type, mp_stream stream, int32_t *idx) {
 }
 
 static void add_dep(gen *g, int32_t op, int32_t dep, uint8_t flags) {
-  if (op < 0 || dep < 0) return;
+  if (op < 0 || dep < 0 || g->st != MP_OK) return;
   mp_op *o = &g->ops[op];
   for (int i = 0; i < o->n_dep; i++)
     if (o->dep[i] == dep && o->dep_flags[i] == flags) return;
-  if (o->n_dep >= MP_OP_MAX_DEPS) {
-    g->nomem = 2; /* a builder bug, reported as internal */
+  if (o->n_dep >= MP_OP_MAX_DEPS) { /* a builder bug */
+    gen_fail(g, MP_ERR_INTERNAL, "schedule builder gave an op more than %d dependencies",
+             MP_OP_MAX_DEPS);
     return;
   }
   o->dep[o->n_dep] = dep;
@@ -451,12 +468,13 @@ static void seg_open(gen *g, mp_phase phase, int32_t layer, int32_t layer_step) 
 
 static void seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_step,
                       int32_t unit_step) {
+  if (g->st != MP_OK) return;
   if (g->n_ops == g->seg_first) return; /* nothing emitted (e.g. a middle stage's head) */
   if (g->n_segs == g->cap_segs) {
     int32_t cap = g->cap_segs ? 2 * g->cap_segs : 32;
     mp_segment *n = mp_arena_alloc(g->arena, sizeof(mp_segment) * (size_t)cap);
     if (n == NULL) {
-      g->nomem = 1;
+      gen_fail(g, MP_ERR_NOMEM, "out of memory building the step schedule");
       return;
     }
     if (g->n_segs) memcpy(n, g->segs, sizeof(mp_segment) * (size_t)g->n_segs);
@@ -838,7 +856,7 @@ static void experts_bwd(gen *g, int64_t H, int64_t Tk) {
       linear_bwd(g, MP_MOD_EXPERTS_UP, m, sh->fe, H, 1);
     }
   }
-  if (!g->nomem) fix_wgrad_flops(g, first, nb == 0 ? sh->m_exp : sh->m_exp / sh->ep);
+  if (g->st == MP_OK) fix_wgrad_flops(g, first, nb == 0 ? sh->m_exp : sh->m_exp / sh->ep);
 }
 
 static void mlp_fwd(gen *g, int kind, const part_deps *pd) {
@@ -997,16 +1015,12 @@ static void gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t gi
     /* the runtimes use a one-rank group's parameters in place: nothing to gather */
     if (g->rt && ui->gsize <= 1) continue;
     const int64_t gb = g->rt ? rt_gathered(g, ui) : (int64_t)ui->gather_bytes;
-    mem(g, MP_OP_ALLOC, MP_MEM_GATHERED, BUF_GATHERED, gb, layer, u, MP_STREAM_GATHER);
-    int32_t i;
-    if (ui->gsize > 1) {
+    int32_t i = mem(g, MP_OP_ALLOC, MP_MEM_GATHERED, BUF_GATHERED, gb, layer, u, MP_STREAM_GATHER);
+    /* one-rank group: the cast to the param dtype is local; the dependency anchor stays the
+     * ALLOC, so users still wait for "the gathered parameters" */
+    if (ui->gsize > 1)
       i = comm(g, MP_COLL_ALL_GATHER, (mp_group)ui->group, MP_STREAM_GATHER, ui->gather_bytes,
                (mp_dtype)ui->gather_dtype, -1);
-    } else {
-      /* one-rank group: the cast to the param dtype is local; keep the dependency anchor
-       * as the ALLOC so users still wait for "the gathered parameters" */
-      i = g->n_ops - 1;
-    }
     if (i >= 0) {
       g->ops[i].layer = layer;
       g->ops[i].unit = u;
@@ -2020,10 +2034,7 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   }
   seg_close(&g, MP_PHASE_OPTIMIZER, 1, 0, 0);
 
-  if (g.nomem == 2)
-    return mp_error(ctx, MP_ERR_INTERNAL, "schedule builder gave an op more than %d dependencies",
-                    MP_OP_MAX_DEPS);
-  if (g.nomem) return mp_error(ctx, MP_ERR_NOMEM, "out of memory building the step schedule");
+  if (g.st != MP_OK) return g.st; /* its message is on ctx */
   s->ops = g.ops;
   s->n_ops = g.n_ops;
   g_ops_hint = g.n_ops;
