@@ -536,9 +536,6 @@ static void rt_mem(gen *g, mp_act_alloc a, int kind, int alloc) {
 
 /* ---- float8 on codes (meshplan-cuda; runtime.c, lin_fwd / lin_bwd not emulated) -------- */
 
-/* An operand (runtime.c, f8_quant): the codes of an n-element tensor in both orientations,
- * then its amax and scale, in one FP8 allocation. */
-static int64_t rt_f8_operand(int64_t n) { return mp_act_f8_operand_bytes(n); }
 
 /* The activation a block's float8 Linear reads (mp_module_f8_source; the runtimes run no
  * other module's Linear in float8, so the rest share slot 3). Linears reading the same one
@@ -556,7 +553,7 @@ static void rt_f8_act(gen *g, int module, int64_t elems, int transposed_only) {
   const int src = f8_source(module);
   if (g->f8_scope & (1u << src)) return;
   g->f8_scope |= 1u << src;
-  g->f8_scope_bytes[src] = rt_f8_operand(elems);
+  g->f8_scope_bytes[src] = mp_act_f8_operand_bytes(elems);
   pair(g, MP_MEM_FP8, BUF_F8_ACT + src, g->f8_scope_bytes[src], 1);
   (void)transposed_only; /* f8_quantize_t writes the transposed codes directly */
 }
@@ -594,7 +591,7 @@ static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, in
     /* codes: the input's (shared in the block; its amax from RMSNorm's or SwiGLU's kernel,
      * the attention output's read for it), then the weight's when FSDP-sharded (else the
      * resident codes, quantized once per step: rt_optimizer) */
-    const int64_t wb = g->f8w_sharded ? rt_f8_operand(w) : 0;
+    const int64_t wb = g->f8w_sharded ? mp_act_f8_operand_bytes(w) : 0;
     const int src = f8_source(module);
     if (!(g->f8_scope & (1u << src))) rt_f8_cast(g, module, x, src == 1, 1, MP_VAR_FWD);
     rt_f8_act(g, module, x, 0);
@@ -627,7 +624,7 @@ static void linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, in
     /* codes: dy's (E5M2, both orientations; gate's and up's amax from SwiGLU's backward
      * kernel), the weight's when sharded, DGRAD adding into the input gradient, then the
      * input's transposed codes (shared in the block; the amax its forward kept) */
-    const int64_t db = rt_f8_operand(dy), wb = g->f8w_sharded ? rt_f8_operand(w) : 0;
+    const int64_t db = mp_act_f8_operand_bytes(dy), wb = g->f8w_sharded ? mp_act_f8_operand_bytes(w) : 0;
     const int dy_known = (module == MP_MOD_GATE || module == MP_MOD_UP) && !g->sh.gpt &&
                          g->sh.fp8[MP_MOD_GATE] && g->sh.fp8[MP_MOD_UP];
     const int src = f8_source(module);
@@ -1183,10 +1180,42 @@ typedef struct carry {
   int32_t gather[N_PARTS];
 } carry;
 
+/* A block's forward under the torchtitan model: what autograd saves (see the sizes above)
+ * allocated as its ops run; AC frees what it will recompute. */
+static void block_fwd_tt(gen *g, int kind, const part_deps *pd) {
+  const shapes *sh = &g->sh;
+  const mp_ac_mode ac = g->p->opts.ac;
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_X, act_x(sh), 1);
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_ATTN, act_attn(sh), 1);
+  attention_fwd(g, pd);
+  attention_out_fwd(g);
+  if (ac != MP_AC_NONE) pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_ATTN, act_attn(sh), 0);
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MLP, act_mlp(sh, kind), 1);
+  mlp_fwd(g, kind, pd);
+  if (ac == MP_AC_FULL) pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MLP, act_mlp(sh, kind), 0);
+}
+
+/* A block's forward as the meshplan runtimes run it: the block's saved tensors, its
+ * attention core and its output x[l + 1] allocated at its start; the float8 activation
+ * codes go with its forward; full AC then keeps only x[l], selective drops the core. */
+static void rt_block_fwd(gen *g, int kind, const part_deps *pd) {
+  const mp_ac_mode ac = g->p->opts.ac;
+  rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 1);
+  rt_mem(g, MP_ACT_ALLOC_CORE, kind, 1);
+  rt_mem(g, MP_ACT_ALLOC_X, kind, 1);
+  attention_fwd(g, pd);
+  attention_out_fwd(g);
+  mlp_fwd(g, kind, pd);
+  rt_f8_scope_close(g);
+  if (ac != MP_AC_NONE) rt_mem(g, MP_ACT_ALLOC_CORE, kind, 0);
+  if (ac == MP_AC_FULL) {
+    rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 0);
+    if (kind == KIND_MOE && g->sh.ep > 1) rt_mem(g, MP_ACT_ALLOC_EPA, kind, 0);
+  }
+}
+
 static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t repeat,
                               carry *c) {
-  const shapes *sh = &g->sh;
-  const mp_plan_options *o = &g->p->opts;
   const int kind = kind_of(g, l, st);
   const int nu = g->n_units[l];
   const int32_t u0 = g->first_unit[l];
@@ -1208,31 +1237,8 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
     pd.dep[k][1] = g->prefetch && src >= 0 && repeat > 1 ? next_g[src] : -1;
     pd.flags[k][1] = MP_DEP_PREV_REP;
   }
-  if (g->rt) {
-    /* runtime.c: the block's saved tensors, its attention core, its output x[l + 1] */
-    rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 1);
-    rt_mem(g, MP_ACT_ALLOC_CORE, kind, 1);
-    rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 1);
-    attention_fwd(g, &pd);
-    attention_out_fwd(g);
-    mlp_fwd(g, kind, &pd);
-    rt_f8_scope_close(g); /* the block's float8 activation codes go with its forward */
-    /* full AC keeps only x[l]; selective drops the attention core */
-    if (o->ac != MP_AC_NONE) rt_mem(g, MP_ACT_ALLOC_CORE, kind, 0);
-    if (o->ac == MP_AC_FULL) {
-      rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 0);
-      if (kind == KIND_MOE && sh->ep > 1) rt_mem(g, MP_ACT_ALLOC_EPA, kind, 0);
-    }
-  } else {
-    pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_X, act_x(sh), 1);
-    pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_ATTN, act_attn(sh), 1);
-    attention_fwd(g, &pd);
-    attention_out_fwd(g);
-    if (o->ac != MP_AC_NONE) pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_ATTN, act_attn(sh), 0);
-    pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MLP, act_mlp(sh, kind), 1);
-    mlp_fwd(g, kind, &pd);
-    if (o->ac == MP_AC_FULL) pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MLP, act_mlp(sh, kind), 0);
-  }
+  if (g->rt) rt_block_fwd(g, kind, &pd);
+  else block_fwd_tt(g, kind, &pd);
   if (g->reshard) free_units(g, l, u0, nu, 0, N_PARTS - 1);
   /* the segment's last compute-stream op: what the next segment's gathers wait for */
   const int32_t block_last = g->last_c;
@@ -1242,10 +1248,11 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   for (int k = 0; k < N_PARTS; k++) c->gather[k] = next_g[k];
 }
 
-/* A block's backward as the meshplan runtimes run it (runtime.c, the backward loop):
- * recompute (full: the block's saved tensors; selective: only the attention core, from the
- * saved q, k, v), the workspace, MLP then attention backward, then the block's buffers go. */
-static void block_bwd_rt(gen *g, int kind, const part_deps *pd) {
+/* A block's backward as the meshplan runtimes run it: recompute (full: the block's saved
+ * tensors; selective: only the attention core, from the saved q, k, v), the workspace, MLP
+ * then attention backward, then the block's buffers go and its units are reduced and
+ * released. */
+static void rt_block_bwd(gen *g, int32_t l, int kind, const part_deps *pd) {
   const mp_ac_mode ac = g->p->opts.ac;
   if (ac == MP_AC_FULL) {
     g->phase = MP_PHASE_RECOMPUTE;
@@ -1273,19 +1280,59 @@ static void block_bwd_rt(gen *g, int kind, const part_deps *pd) {
   rt_mem(g, MP_ACT_ALLOC_CORE, kind, 0);
   rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 0);
   if (kind == KIND_MOE && g->sh.ep > 1) rt_mem(g, MP_ACT_ALLOC_EPA, kind, 0);
+  /* all of the block's units are reduced after its whole backward, then resharded */
+  reduce_units(g, l, g->first_unit[l], g->n_units[l], 0, N_PARTS - 1);
+  free_units(g, l, g->first_unit[l], g->n_units[l], 0, N_PARTS - 1);
+}
+
+/* A block's backward under the torchtitan model: the workspace, the recompute (full: the
+ * whole block before the MLP's backward; selective: attention before its own), the MoE
+ * and experts units resharded and reduced once the MLP's backward is done, the attention
+ * unit (or the block's one unit) after attention's. */
+static void block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
+  const shapes *sh = &g->sh;
+  const mp_ac_mode ac = g->p->opts.ac;
+  const int nu = g->n_units[l];
+  const int32_t u0 = g->first_unit[l];
+  pair(g, MP_MEM_TEMP, BUF_BWD_WS, bwd_workspace(sh, kind), 1);
+  if (ac == MP_AC_FULL) {
+    g->phase = MP_PHASE_RECOMPUTE;
+    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_ATTN, act_attn(sh), 1);
+    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_MLP, act_mlp(sh, kind), 1);
+    attention_fwd(g, pd);
+    attention_out_fwd(g);
+    mlp_fwd(g, kind, pd);
+    g->phase = MP_PHASE_BACKWARD;
+  }
+  mlp_bwd(g, kind, ac == MP_AC_FULL ? NULL : pd);
+  pair(g, MP_MEM_ACTIVATIONS, ac == MP_AC_FULL ? BUF_RC_MLP : BUF_ACT_MLP, act_mlp(sh, kind), 0);
+  if (nu > 1) {
+    free_units(g, l, u0, nu, PART_MOE, PART_EXPERTS);
+    reduce_units(g, l, u0, nu, PART_MOE, PART_EXPERTS);
+  }
+  if (ac == MP_AC_SELECTIVE) {
+    g->phase = MP_PHASE_RECOMPUTE;
+    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_ATTN, act_attn(sh), 1);
+    attention_fwd(g, pd);
+    g->phase = MP_PHASE_BACKWARD;
+  }
+  attention_bwd(g, ac == MP_AC_NONE ? pd : NULL);
+  pair(g, MP_MEM_ACTIVATIONS, ac == MP_AC_NONE ? BUF_ACT_ATTN : BUF_RC_ATTN, act_attn(sh), 0);
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_X, act_x(sh), 0);
+  pair(g, MP_MEM_TEMP, BUF_BWD_WS, bwd_workspace(sh, kind), 0);
+  free_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
+  reduce_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
 }
 
 static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t repeat,
                               carry *c) {
-  const shapes *sh = &g->sh;
-  const mp_ac_mode ac = g->p->opts.ac;
   const int kind = kind_of(g, l, st);
   const int nu = g->n_units[l];
   const int32_t u0 = g->first_unit[l];
   seg_open(g, MP_PHASE_BACKWARD, l, -1);
   const int32_t prev_last = g->last_c;
   /* the runtimes: x[l + 1] goes as the block above (or the head) finishes its backward */
-  if (g->rt) rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 0);
+  if (g->rt) rt_mem(g, MP_ACT_ALLOC_X, kind, 0);
   int32_t patch[N_PARTS], n_patch = 0;
   int32_t next_g[N_PARTS] = {-1, -1, -1}, own_g[N_PARTS] = {-1, -1, -1};
   /* resharded, a block gathers its own units without prefetch; with it, the block above
@@ -1306,54 +1353,17 @@ static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
     pd.flags[k][1] = MP_DEP_PREV_REP;
   }
   grads_alloc(g, l, u0, nu);
-  if (g->rt) {
-    block_bwd_rt(g, kind, &pd);
-    reduce_units(g, l, u0, nu, 0, N_PARTS - 1);
-    free_units(g, l, u0, nu, 0, N_PARTS - 1);
-    const int32_t last = g->last_c;
-    for (int i = 0; i < n_patch; i++) add_dep(g, patch[i], last, MP_DEP_PREV_REP);
-    seg_close(g, MP_PHASE_BACKWARD, repeat, -1, -nu);
-    for (int k = 0; k < N_PARTS; k++) c->gather[k] = next_g[k];
-    /* NCCL: the reduce-scatter in flight after the segment is the last repetition's */
-    if (g->rs_fl.on && g->rs_fl.layer == l) {
-      g->rs_fl.layer -= repeat - 1;
-      g->rs_fl.unit -= (repeat - 1) * nu;
-    }
-    return;
-  }
-  pair(g, MP_MEM_TEMP, BUF_BWD_WS, bwd_workspace(sh, kind), 1);
-  if (ac == MP_AC_FULL) {
-    g->phase = MP_PHASE_RECOMPUTE;
-    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_ATTN, act_attn(sh), 1);
-    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_MLP, act_mlp(sh, kind), 1);
-    attention_fwd(g, &pd);
-    attention_out_fwd(g);
-    mlp_fwd(g, kind, &pd);
-    g->phase = MP_PHASE_BACKWARD;
-  }
-  mlp_bwd(g, kind, ac == MP_AC_FULL ? NULL : &pd);
-  pair(g, MP_MEM_ACTIVATIONS, ac == MP_AC_FULL ? BUF_RC_MLP : BUF_ACT_MLP, act_mlp(sh, kind), 0);
-  if (nu > 1) {
-    /* MoE and experts units are done: reshard and reduce them before attention's backward */
-    free_units(g, l, u0, nu, PART_MOE, PART_EXPERTS);
-    reduce_units(g, l, u0, nu, PART_MOE, PART_EXPERTS);
-  }
-  if (ac == MP_AC_SELECTIVE) {
-    g->phase = MP_PHASE_RECOMPUTE;
-    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_ATTN, act_attn(sh), 1);
-    attention_fwd(g, &pd);
-    g->phase = MP_PHASE_BACKWARD;
-  }
-  attention_bwd(g, ac == MP_AC_NONE ? &pd : NULL);
-  pair(g, MP_MEM_ACTIVATIONS, ac == MP_AC_NONE ? BUF_ACT_ATTN : BUF_RC_ATTN, act_attn(sh), 0);
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_X, act_x(sh), 0);
-  pair(g, MP_MEM_TEMP, BUF_BWD_WS, bwd_workspace(sh, kind), 0);
-  free_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
-  reduce_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
+  if (g->rt) rt_block_bwd(g, l, kind, &pd);
+  else block_bwd_tt(g, l, kind, &pd);
   const int32_t block_last = g->last_c;
   for (int i = 0; i < n_patch; i++) add_dep(g, patch[i], block_last, MP_DEP_PREV_REP);
   seg_close(g, MP_PHASE_BACKWARD, repeat, -1, -nu);
   for (int k = 0; k < N_PARTS; k++) c->gather[k] = next_g[k];
+  /* NCCL: the reduce-scatter in flight after the segment is the last repetition's */
+  if (g->rs_fl.on && g->rs_fl.layer == l) {
+    g->rs_fl.layer -= repeat - 1;
+    g->rs_fl.unit -= (repeat - 1) * nu;
+  }
 }
 
 /* ---- embedding, head, loss, optimizer -------------------------------------------- */
@@ -1547,88 +1557,81 @@ typedef struct rt_rest {
   uint8_t *t_f8;     /* not sharded and float8: resident codes, re-quantized once per step */
 } rt_rest;
 
-/* Units as this rank's stage sees them, and the rank's elements at rest (the same sums as
- * mp_plan_rank_totals, which is too slow for the planner's loop: it asks the mesh per
- * parameter; here the group sizes and indices are asked once per group kind). */
-static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
-                            rt_rest *rest) {
+/* The builder's unit tables (per plan unit, or per pseudo unit without FSDP) and the
+ * runtime models' per-tensor arrays, in the arena, zeroed. */
+static mp_status units_alloc(gen *g, rt_rest *rest) {
   const mp_plan *p = g->p;
   const int L = (int)p->model.n_layers;
+  const size_t np = (size_t)(p->n_params > 0 ? p->n_params : 1);
   g->has_fsdp = (p->applied & MP_PASS_FSDP) && p->n_units > 0;
   g->first_unit = mp_arena_alloc(g->arena, sizeof(int32_t) * (size_t)(L + 1));
   g->n_units = mp_arena_alloc(g->arena, (size_t)(L + 1));
   g->n_ui = g->has_fsdp ? p->n_units : L + 1;
   g->ui = mp_arena_alloc(g->arena, sizeof(unit_info) * (size_t)g->n_ui);
-  if (g->first_unit == NULL || g->n_units == NULL || g->ui == NULL)
+  memset(rest, 0, sizeof *rest);
+  rest->t_pad = mp_arena_alloc(g->arena, sizeof(int64_t) * np);
+  rest->t_rep = mp_arena_alloc(g->arena, np);
+  rest->t_f8 = mp_arena_alloc(g->arena, np);
+  if (g->first_unit == NULL || g->n_units == NULL || g->ui == NULL || rest->t_pad == NULL ||
+      rest->t_rep == NULL || rest->t_f8 == NULL)
     return mp_error(g->ctx, MP_ERR_NOMEM, "out of memory building the step schedule");
-  const int pb = mp_dtype_bytes(g->pdt);
-  int gsize[MP_GROUP_COUNT], gidx[MP_GROUP_COUNT];
-  for (int k = 0; k < MP_GROUP_COUNT; k++) gsize[k] = gidx[k] = -1;
   for (int l = 0; l < L; l++) g->first_unit[l] = -1;
   g->root_unit = -1;
-  *params_numel = 0;
-  memset(rest, 0, sizeof *rest);
-  rest->t_pad = mp_arena_alloc(g->arena, sizeof(int64_t) * (size_t)(p->n_params > 0 ? p->n_params : 1));
-  rest->t_rep = mp_arena_alloc(g->arena, (size_t)(p->n_params > 0 ? p->n_params : 1));
-  rest->t_f8 = mp_arena_alloc(g->arena, (size_t)(p->n_params > 0 ? p->n_params : 1));
-  if (rest->t_pad == NULL || rest->t_rep == NULL || rest->t_f8 == NULL)
-    return mp_error(g->ctx, MP_ERR_NOMEM, "out of memory building the step schedule");
-  for (int i = 0; i < p->n_params; i++) {
-    const mp_param *prm = &p->params[i];
-    if (prm->pp_stage != stage) continue;
-    /* without FSDP: pseudo unit 0 = root, 1 + l = block l (gradient all-reduce buckets) */
-    const int u = g->has_fsdp ? prm->fsdp_unit : (prm->layer < 0 ? 0 : 1 + prm->layer);
-    if (u < 0 || u >= g->n_ui)
-      return mp_error(g->ctx, MP_ERR_INTERNAL, "parameter %s has FSDP unit %d of %d", prm->fqn,
-                      u, g->n_ui);
-    unit_info *ui = &g->ui[u];
-    const int64_t n = mp_param_tp_numel(prm);
-    const int64_t rows = prm->tp_shape[0];
-    int gs = 1;
-    int64_t local = n;
-    if (g->has_fsdp) {
-      const int grp = prm->fsdp_group;
-      if (gsize[grp] < 0) {
-        gsize[grp] = mp_mesh_group_size(&p->mesh, (mp_group)grp);
-        gidx[grp] = mp_mesh_group_index(&p->mesh, (mp_group)grp, rank);
-      }
-      gs = gsize[grp];
-      if (prm->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD && rows > 0) {
-        const int64_t chunk = mp_fsdp_chunk_rows(rows, gs), start = (int64_t)gidx[grp] * chunk;
-        const int64_t end = start + chunk < rows ? start + chunk : rows;
-        local = end > start ? (end - start) * (n / rows) : 0;
-      }
-    }
-    *params_numel += local;
-    ui->numel_tp += n;
-    ui->numel_shard += mp_param_padded_shard_numel(prm, gs);
-    /* the runtimes (runtime.c, materialization): a sharded parameter keeps the padded
-     * chunk on every rank of its group (FSDP2's equal shards), whatever its own tile; the
-     * gathered buffer holds gs such chunks per parameter, each slot 64-byte aligned. One
-     * not sharded has a resident compute copy when X is not fp32 (CUDA), and, float8,
-     * the codes of that copy from its first GEMM on (runtime.c, f8_weight) */
-    const int64_t pad = gs > 1 ? mp_param_padded_shard_numel(prm, gs) : local;
-    rest->numel_pad += pad;
-    rest->t_pad[rest->n_t] = pad;
-    rest->t_f8[rest->n_t] = gs <= 1 && prm->float8;
-    rest->t_rep[rest->n_t++] = gs <= 1;
-    if (gs > 1) {
-      ui->rt_gather_x4 += mp_act_gather_slot_bytes(gs, pad, 4);
-      ui->rt_gather_x2 += mp_act_gather_slot_bytes(gs, pad, 2);
-      ui->rt_rs_numel += mp_act_rs_slot_floats(pad);
-      if (pad > ui->rt_max_pad) ui->rt_max_pad = pad;
-    } else {
-      rest->numel_rep += pad;
-      if (prm->float8) rest->f8w_bytes += rt_f8_operand(n);
-    }
-    const int f8 = g->sh.fp8_ag && prm->float8;
-    ui->gather_bytes += (double)n * (f8 ? 1 : pb);
-    ui->gsize = gs;
-    ui->group = (uint8_t)(g->has_fsdp ? prm->fsdp_group : MP_GROUP_DP_REPLICATE);
-    ui->gather_dtype = (uint8_t)g->pdt;
+  return MP_OK;
+}
+
+/* What the runtime models hold of one parameter of the stage (sharded over a group of
+ * gs, its tile `local` elements of n tp-local ones). A sharded parameter keeps the padded
+ * chunk on every rank of its group (FSDP2's equal shards), whatever its own tile; the
+ * gathered buffer holds gs such chunks per parameter, each slot 64-byte aligned. One not
+ * sharded has a resident compute copy when X is not fp32 (CUDA), and, float8, the codes
+ * of that copy from its first GEMM on. */
+static void rt_add_param(rt_rest *rest, unit_info *ui, const mp_param *prm, int gs,
+                         int64_t local, int64_t n) {
+  const int64_t pad = gs > 1 ? mp_param_padded_shard_numel(prm, gs) : local;
+  rest->numel_pad += pad;
+  rest->t_pad[rest->n_t] = pad;
+  rest->t_f8[rest->n_t] = gs <= 1 && prm->float8;
+  rest->t_rep[rest->n_t++] = gs <= 1;
+  if (gs > 1) {
+    ui->rt_gather_x4 += mp_act_gather_slot_bytes(gs, pad, 4);
+    ui->rt_gather_x2 += mp_act_gather_slot_bytes(gs, pad, 2);
+    ui->rt_rs_numel += mp_act_rs_slot_floats(pad);
+    if (pad > ui->rt_max_pad) ui->rt_max_pad = pad;
+  } else {
+    rest->numel_rep += pad;
+    if (prm->float8) rest->f8w_bytes += mp_act_f8_operand_bytes(n);
   }
+}
+
+/* Parameter prm of the stage into its unit: its tp-local elements, its padded shard, the
+ * gather's bytes, and the rank's elements at rest (its tile: gi is the rank's index in
+ * the group of gs). */
+static void add_param(gen *g, const mp_param *prm, unit_info *ui, int gs, int gi,
+                      int64_t *params_numel, rt_rest *rest) {
+  const int64_t n = mp_param_tp_numel(prm), rows = prm->tp_shape[0];
+  int64_t local = n;
+  if (g->has_fsdp && prm->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD && rows > 0) {
+    const int64_t chunk = mp_fsdp_chunk_rows(rows, gs), start = (int64_t)gi * chunk;
+    const int64_t end = start + chunk < rows ? start + chunk : rows;
+    local = end > start ? (end - start) * (n / rows) : 0;
+  }
+  *params_numel += local;
+  ui->numel_tp += n;
+  ui->numel_shard += mp_param_padded_shard_numel(prm, gs);
+  rt_add_param(rest, ui, prm, gs, local, n);
+  const int f8 = g->sh.fp8_ag && prm->float8;
+  ui->gather_bytes += (double)n * (f8 ? 1 : mp_dtype_bytes(g->pdt));
+  ui->gsize = gs;
+  ui->group = (uint8_t)(g->has_fsdp ? prm->fsdp_group : MP_GROUP_DP_REPLICATE);
+  ui->gather_dtype = (uint8_t)g->pdt;
+}
+
+/* Each layer's first unit and unit count, and the root unit; a block's units must be
+ * consecutive, at most N_PARTS (exec/pass_fsdp.c's layout). */
+static mp_status units_by_layer(gen *g) {
   for (int u = 0; u < g->n_ui; u++) {
-    const int layer = g->has_fsdp ? p->units[u].layer : u - 1;
+    const int layer = g->has_fsdp ? g->p->units[u].layer : u - 1;
     if (layer < 0) {
       if (g->ui[u].numel_tp > 0) g->root_unit = u;
       continue;
@@ -1642,6 +1645,35 @@ static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
                       layer, N_PARTS);
   }
   return MP_OK;
+}
+
+/* Units as this rank's stage sees them, and the rank's elements at rest (the same sums as
+ * mp_plan_rank_totals, which is too slow for the planner's loop: it asks the mesh per
+ * parameter; here the group sizes and indices are asked once per group kind). */
+static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
+                            rt_rest *rest) {
+  const mp_plan *p = g->p;
+  MP_CHECK(units_alloc(g, rest));
+  int gsize[MP_GROUP_COUNT], gidx[MP_GROUP_COUNT];
+  for (int k = 0; k < MP_GROUP_COUNT; k++) gsize[k] = gidx[k] = -1;
+  *params_numel = 0;
+  for (int i = 0; i < p->n_params; i++) {
+    const mp_param *prm = &p->params[i];
+    if (prm->pp_stage != stage) continue;
+    /* without FSDP: pseudo unit 0 = root, 1 + l = block l (gradient all-reduce buckets) */
+    const int u = g->has_fsdp ? prm->fsdp_unit : (prm->layer < 0 ? 0 : 1 + prm->layer);
+    if (u < 0 || u >= g->n_ui)
+      return mp_error(g->ctx, MP_ERR_INTERNAL, "parameter %s has FSDP unit %d of %d", prm->fqn,
+                      u, g->n_ui);
+    const int grp = prm->fsdp_group;
+    if (g->has_fsdp && gsize[grp] < 0) {
+      gsize[grp] = mp_mesh_group_size(&p->mesh, (mp_group)grp);
+      gidx[grp] = mp_mesh_group_index(&p->mesh, (mp_group)grp, rank);
+    }
+    add_param(g, prm, &g->ui[u], g->has_fsdp ? gsize[grp] : 1, g->has_fsdp ? gidx[grp] : 0,
+              params_numel, rest);
+  }
+  return units_by_layer(g);
 }
 
 /* The runtimes' optimizer step (runtime.c, mp_runtime_optimizer_step), tensor by tensor
@@ -1846,206 +1878,243 @@ mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule
   return build_prepped(ctx, p, pr, arena, out);
 }
 
-static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_prep *pr,
-                               mp_arena *arena, mp_schedule **out) {
-  const mp_mesh *mesh = &p->mesh;
-  int64_t local_batch = 0, n_micro = 0;
-  MP_CHECK(mp_plan_batch(ctx, p, &local_batch, &n_micro));
-  mp_schedule *s = mp_arena_alloc(arena, sizeof *s);
-  MP_CHECK_ALLOC(ctx, s);
-  gen g;
-  memset(&g, 0, sizeof g);
-  g.ctx = ctx;
-  g.arena = arena;
-  g.p = p;
-  g.s = s;
-  g.last_c = g.last_reduce = -1;
-  g.reshard = p->opts.fsdp.reshard_after_forward;
-  g.pdt = pr->pdt;
-  g.rdt = pr->rdt;
-  /* the prep's tables are only read from here on */
-  g.sh = pr->sh;
-  shapes_for_batch(&g.sh, p, p->opts.micro_batch);
-  g.has_fsdp = pr->has_fsdp;
-  g.ui = pr->ui;
-  g.n_ui = pr->n_ui;
-  g.first_unit = pr->first_unit;
-  g.n_units = pr->n_units;
-  g.root_unit = pr->root_unit;
+/* The builder's state for plan p from its prep: the prep's tables (read only from here
+ * on), the micro-batch's shapes, and the memory model's properties. */
+static void gen_init(gen *g, mp_ctx *ctx, const mp_plan *p, const mp_schedule_prep *pr,
+                     mp_arena *arena, mp_schedule *s) {
+  memset(g, 0, sizeof *g);
+  g->ctx = ctx;
+  g->arena = arena;
+  g->p = p;
+  g->s = s;
+  g->last_c = g->last_reduce = -1;
+  g->reshard = p->opts.fsdp.reshard_after_forward;
+  g->pdt = pr->pdt;
+  g->rdt = pr->rdt;
+  g->sh = pr->sh;
+  shapes_for_batch(&g->sh, p, p->opts.micro_batch);
+  g->has_fsdp = pr->has_fsdp;
+  g->ui = pr->ui;
+  g->n_ui = pr->n_ui;
+  g->first_unit = pr->first_unit;
+  g->n_units = pr->n_units;
+  g->root_unit = pr->root_unit;
   /* the runtime models differ in the backend's X dtype and memory, and in the comm: the
    * CPU's blocking MPI collectives, or (CUDA, a GPU per rank) NCCL's overlap */
   const int cuda = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CUDA;
-  g.rt = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CPU || cuda;
-  g.xs = cuda ? 2 : 4;
-  g.f8c = cuda || (g.rt && p->opts.f8_codes);
-  g.host_mem = !cuda;
-  g.overlap = cuda;
-  g.prefetch = !g.rt || g.overlap;
-  g.f8w_sharded = g.has_fsdp && mp_mesh_group_size(mesh, MP_GROUP_FSDP) > 1;
-  if (g.rt) rt_layout_fill(&g, p->opts.micro_batch);
-  const int32_t *run_len = pr->run_len;
-  const stage_info st = pr->st;
-  const int rank = pr->rank, stage = pr->stage, pp = mesh->size[MP_DIM_PP];
+  g->rt = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CPU || cuda;
+  g->xs = cuda ? 2 : 4;
+  g->f8c = cuda || (g->rt && p->opts.f8_codes);
+  g->host_mem = !cuda;
+  g->overlap = cuda;
+  g->prefetch = !g->rt || g->overlap;
+  g->f8w_sharded = g->has_fsdp && mp_mesh_group_size(&p->mesh, MP_GROUP_FSDP) > 1;
+  if (g->rt) rt_layout_fill(g, p->opts.micro_batch);
+}
 
+/* The schedule's header: who, how many micro-batches, and the model FLOPs for MFU. */
+static void schedule_header(mp_schedule *s, const mp_plan *p, const mp_schedule_prep *pr,
+                            int64_t local_batch, int64_t n_micro) {
+  const mp_mesh *mesh = &p->mesh;
   s->plan = p;
-  s->rank = rank;
-  s->pp_stage = stage;
+  s->rank = pr->rank;
+  s->pp_stage = pr->stage;
   s->mode = pr->mode;
   s->n_micro = n_micro;
   s->micro_batch = p->opts.micro_batch;
   s->seq = p->opts.seq;
   s->tokens_per_step_per_rank = local_batch * p->opts.seq;
-  const int cp = mesh->size[MP_DIM_CP], tp = mesh->size[MP_DIM_TP];
+  const int cp = mesh->size[MP_DIM_CP], tp = mesh->size[MP_DIM_TP], pp = mesh->size[MP_DIM_PP];
   s->model_flops_per_step =
       pr->flops_per_token * (double)s->tokens_per_step_per_rank / ((double)tp * pp * cp);
-  const int64_t params_numel = pr->params_numel;
+}
 
-  /* prologue: resident state */
-  const int64_t mb = mp_dtype_bytes(p->opts.master_dtype);
-  struct {
-    int64_t params_numel, param_bytes, grad_bytes, optimizer_bytes;
-  } tot = {params_numel, params_numel * mb, params_numel * mb, 2 * params_numel * mb};
-  if (g.rt) { /* fp32 master, gradient and AdamW m, v of the padded shards; X compute
-                 copies of the parameters not sharded when X is not fp32 */
-    const int64_t n = pr->rest.numel_pad;
-    tot.param_bytes = tot.grad_bytes = 4 * n;
-    tot.optimizer_bytes = 8 * n;
-    if (g.xs != 4) tot.param_bytes += g.xs * pr->rest.numel_rep;
-  }
-  seg_open(&g, MP_PHASE_PROLOGUE, -1, 0);
-  s->resident_bytes[MP_MEM_PARAMS] = tot.param_bytes;
-  s->resident_bytes[MP_MEM_OPTIMIZER] = tot.optimizer_bytes;
-  s->resident_bytes[MP_MEM_GRADS] = tot.grad_bytes;
-  mem(&g, MP_OP_ALLOC, MP_MEM_PARAMS, BUF_PARAMS, tot.param_bytes, -1, -1, MP_STREAM_COMPUTE);
-  mem(&g, MP_OP_ALLOC, MP_MEM_OPTIMIZER, BUF_OPTIMIZER, tot.optimizer_bytes, -1, -1,
-      MP_STREAM_COMPUTE);
-  mem(&g, MP_OP_ALLOC, MP_MEM_GRADS, BUF_GRADS, tot.grad_bytes, -1, -1, MP_STREAM_COMPUTE);
-  if (g.rt) {
-    const int64_t rb = mp_act_resident_bytes(&g.lay[KIND_DENSE]);
-    s->resident_bytes[MP_MEM_TEMP] = rb;
-    mem(&g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_RT_RESIDENT, rb, -1, -1, MP_STREAM_COMPUTE);
-  }
-  if (g.f8c && pr->rest.f8w_bytes > 0) { /* float8 codes of unsharded weights */
-    s->resident_bytes[MP_MEM_FP8] = pr->rest.f8w_bytes;
-    mem(&g, MP_OP_ALLOC, MP_MEM_FP8, BUF_RT_F8W, pr->rest.f8w_bytes, -1, -1, MP_STREAM_COMPUTE);
-  }
-  seg_close(&g, MP_PHASE_PROLOGUE, 1, 0, 0);
+/* A resident allocation of the prologue. */
+static void resident(gen *g, mp_mem_cat cat, int buf, int64_t bytes) {
+  g->s->resident_bytes[cat] = bytes;
+  mem(g, MP_OP_ALLOC, cat, buf, bytes, -1, -1, MP_STREAM_COMPUTE);
+}
 
-  /* forward: stage input, root gather, first block's gathers, embedding */
-  carry c = {{-1, -1, -1}};
-  int32_t gdummy[N_PARTS] = {-1, -1, -1}; /* stays -1 on a stage without root parameters */
-  seg_open(&g, MP_PHASE_FORWARD, -1, 0);
+/* Prologue: the resident state. The torchtitan model: the rank's shards in the master
+ * dtype, as many gradients and two AdamW states. The runtime models: fp32 master,
+ * gradient and AdamW m, v of the padded shards; X compute copies of the parameters not
+ * sharded when X is not fp32; the resident tensors of the activation layout; the float8
+ * codes of unsharded weights. */
+static void emit_prologue(gen *g, const mp_schedule_prep *pr) {
+  const int64_t mb = mp_dtype_bytes(g->p->opts.master_dtype), n = pr->params_numel;
+  int64_t param_bytes = n * mb, grad_bytes = n * mb, optimizer_bytes = 2 * n * mb;
+  if (g->rt) {
+    param_bytes = grad_bytes = 4 * pr->rest.numel_pad;
+    optimizer_bytes = 8 * pr->rest.numel_pad;
+    if (g->xs != 4) param_bytes += g->xs * pr->rest.numel_rep;
+  }
+  seg_open(g, MP_PHASE_PROLOGUE, -1, 0);
+  resident(g, MP_MEM_PARAMS, BUF_PARAMS, param_bytes);
+  resident(g, MP_MEM_OPTIMIZER, BUF_OPTIMIZER, optimizer_bytes);
+  resident(g, MP_MEM_GRADS, BUF_GRADS, grad_bytes);
+  if (g->rt) resident(g, MP_MEM_TEMP, BUF_RT_RESIDENT, mp_act_resident_bytes(&g->lay[KIND_DENSE]));
+  if (g->f8c && pr->rest.f8w_bytes > 0) resident(g, MP_MEM_FP8, BUF_RT_F8W, pr->rest.f8w_bytes);
+  seg_close(g, MP_PHASE_PROLOGUE, 1, 0, 0);
+}
+
+/* Activations crossing a pipeline stage boundary: [T, H] bf16. */
+static int32_t stage_p2p(gen *g, mp_coll c) {
+  return comm(g, c, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g->sh.T * g->sh.H), MP_DTYPE_BF16,
+              -1);
+}
+
+/* Forward head: the stage's input, the root unit's gather and the first block's, the
+ * embedding. Returns the root gather (-1 on a stage without root parameters). */
+static int32_t emit_forward_head(gen *g, const stage_info *st, carry *c) {
+  int32_t root_g[N_PARTS] = {-1, -1, -1};
+  seg_open(g, MP_PHASE_FORWARD, -1, 0);
   int32_t recv = -1;
-  if (g.rt) rt_mem(&g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 1);
-  if (!st.first)
-    recv = comm(&g, MP_COLL_RECV, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g.sh.T * g.sh.H),
-                MP_DTYPE_BF16, -1);
-  if (g.root_unit >= 0) gather_units(&g, -1, g.root_unit, 1, gdummy, -1, NULL, NULL);
-  const int32_t root_gather = gdummy[0];
-  if (g.prefetch && st.l1 > st.l0)
-    gather_units(&g, st.l0, g.first_unit[st.l0], g.n_units[st.l0], c.gather, -1, NULL, NULL);
-  if (g.rt) rt_mem(&g, MP_ACT_ALLOC_X, KIND_DENSE, 1); /* x[0], the stage's input */
-  if (st.first) {
-    pend_dep(&g, root_gather, 0);
-    embedding_fwd(&g);
+  if (g->rt) rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 1);
+  if (!st->first) recv = stage_p2p(g, MP_COLL_RECV);
+  if (g->root_unit >= 0) gather_units(g, -1, g->root_unit, 1, root_g, -1, NULL, NULL);
+  if (g->prefetch && st->l1 > st->l0)
+    gather_units(g, st->l0, g->first_unit[st->l0], g->n_units[st->l0], c->gather, -1, NULL, NULL);
+  if (g->rt) rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 1); /* x[0], the stage's input */
+  if (st->first) {
+    pend_dep(g, root_g[0], 0);
+    embedding_fwd(g);
   }
-  seg_close(&g, MP_PHASE_FORWARD, 1, 0, 0);
-  if (recv >= 0) pend_dep(&g, recv, 0); /* the stage's first block waits for its input */
+  seg_close(g, MP_PHASE_FORWARD, 1, 0, 0);
+  if (recv >= 0) pend_dep(g, recv, 0); /* the stage's first block waits for its input */
+  return root_g[0];
+}
 
-  for (int32_t l = st.l0; l < st.l1; l++)
-    if (run_len[l] > 0) block_fwd_segment(&g, &st, l, run_len[l], &c);
-
-  /* forward tail: head and loss, or send to the next stage */
-  seg_open(&g, MP_PHASE_FORWARD, -1, 0);
-  if (st.last) {
-    pend_dep(&g, root_gather, 0);
-    head_fwd(&g);
+/* Forward tail: head and loss, or the send to the next stage. */
+static void emit_forward_tail(gen *g, const stage_info *st, int32_t root_gather) {
+  seg_open(g, MP_PHASE_FORWARD, -1, 0);
+  if (st->last) {
+    pend_dep(g, root_gather, 0);
+    head_fwd(g);
   } else {
-    int32_t snd = comm(&g, MP_COLL_SEND, MP_GROUP_PP, MP_STREAM_P2P,
-                       2.0 * (double)(g.sh.T * g.sh.H), MP_DTYPE_BF16, -1);
-    add_dep(&g, snd, g.last_c, 0);
+    const int32_t send = stage_p2p(g, MP_COLL_SEND);
+    add_dep(g, send, g->last_c, 0);
   }
-  seg_close(&g, MP_PHASE_FORWARD, 1, 0, 0);
+  seg_close(g, MP_PHASE_FORWARD, 1, 0, 0);
+}
 
-  /* backward head: loss and head backward, or the gradient from the next stage; prefetch
-   * the last block's units when they were resharded */
-  seg_open(&g, MP_PHASE_BACKWARD, -1, 0);
-  if (g.root_unit >= 0) grads_alloc(&g, -1, g.root_unit, 1);
-  int32_t brecv = -1;
-  if (!st.last)
-    brecv = comm(&g, MP_COLL_RECV, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g.sh.T * g.sh.H),
-                 MP_DTYPE_BF16, -1);
-  for (int k = 0; k < N_PARTS; k++) c.gather[k] = -1;
-  if (g.prefetch && g.reshard && st.l1 > st.l0 && !g.rt) /* the runtime: its top block's */
-    gather_units(&g, st.l1 - 1, g.first_unit[st.l1 - 1], g.n_units[st.l1 - 1], c.gather,
-                 g.last_c, NULL, NULL);
-  if (st.last && g.rt) head_bwd_rt(&g);
-  else if (st.last) head_bwd(&g);
-  else if (g.rt) rt_mem(&g, MP_ACT_ALLOC_DRES, KIND_DENSE, 1); /* the received gradient */
-  seg_close(&g, MP_PHASE_BACKWARD, 1, 0, 0);
-  if (brecv >= 0) pend_dep(&g, brecv, 0);
+/* Backward head: loss and head backward, or the gradient from the next stage; the last
+ * block's units prefetched when they were resharded (the runtime's top block gathers its
+ * own). */
+static void emit_backward_head(gen *g, const stage_info *st, carry *c) {
+  seg_open(g, MP_PHASE_BACKWARD, -1, 0);
+  if (g->root_unit >= 0) grads_alloc(g, -1, g->root_unit, 1);
+  const int32_t recv = st->last ? -1 : stage_p2p(g, MP_COLL_RECV);
+  for (int k = 0; k < N_PARTS; k++) c->gather[k] = -1;
+  if (g->prefetch && g->reshard && st->l1 > st->l0 && !g->rt)
+    gather_units(g, st->l1 - 1, g->first_unit[st->l1 - 1], g->n_units[st->l1 - 1], c->gather,
+                 g->last_c, NULL, NULL);
+  if (st->last && g->rt) head_bwd_rt(g);
+  else if (st->last) head_bwd(g);
+  else if (g->rt) rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 1); /* the received gradient */
+  seg_close(g, MP_PHASE_BACKWARD, 1, 0, 0);
+  if (recv >= 0) pend_dep(g, recv, 0);
+}
 
-  for (int32_t l = st.l1 - 1; l >= st.l0; l--) {
+/* Backward tail: the embedding's backward, or the gradient sent to the previous stage; the
+ * root unit's reduction. */
+static void emit_backward_tail(gen *g, const stage_info *st) {
+  seg_open(g, MP_PHASE_BACKWARD, -1, 0);
+  if (st->first) {
+    embedding_bwd(g);
+  } else {
+    const int32_t send = stage_p2p(g, MP_COLL_SEND);
+    add_dep(g, send, g->last_c, 0);
+  }
+  if (g->rt) {
+    /* the runtime's end of the micro-batch: dres, x[0], the root's reduce-scatter (and
+     * every one still in flight), its gathered parameters, the token ids */
+    rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 0);
+    rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 0);
+    if (g->root_unit >= 0) reduce_units(g, -1, g->root_unit, 1, 0, 0);
+    rt_rs_finish(g);
+    if (g->root_unit >= 0) free_units(g, -1, g->root_unit, 1, 0, 0);
+    rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 0);
+  } else if (g->root_unit >= 0) {
+    free_units(g, -1, g->root_unit, 1, 0, 0);
+    reduce_units(g, -1, g->root_unit, 1, 0, 0);
+  }
+  seg_close(g, MP_PHASE_BACKWARD, 1, 0, 0);
+}
+
+/* Optimizer: global gradient norm (clipping), AdamW on the shard. */
+static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
+  const int world_reduce = mp_mesh_world(&g->p->mesh) > 1;
+  seg_open(g, MP_PHASE_OPTIMIZER, -1, 0);
+  if (g->rt) {
+    rt_optimizer(g, &pr->rest, world_reduce);
+  } else {
+    const double shard = (double)pr->params_numel;
+    int32_t gn = compute(g, MP_KERNEL_GRAD_NORM, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1,
+                         2.0 * shard, 4.0 * shard, MP_DTYPE_FP32);
+    add_dep(g, gn, g->last_reduce, 0);
+    if (world_reduce)
+      comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_WORLD, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, -1);
+    compute(g, MP_KERNEL_OPTIMIZER, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, FLOPS_ADAMW * shard,
+            BYTES_ADAMW * shard, MP_DTYPE_FP32);
+  }
+  seg_close(g, MP_PHASE_OPTIMIZER, 1, 0, 0);
+}
+
+/* The blocks, forward in order, then backward from the top: one segment per run of
+ * identical blocks (pr->run_len). */
+static void emit_blocks(gen *g, const mp_schedule_prep *pr, int backward, carry *c) {
+  const stage_info *st = &pr->st;
+  const int32_t *run_len = pr->run_len;
+  if (!backward) {
+    for (int32_t l = st->l0; l < st->l1; l++)
+      if (run_len[l] > 0) block_fwd_segment(g, st, l, run_len[l], c);
+    return;
+  }
+  for (int32_t l = st->l1 - 1; l >= st->l0; l--) {
     /* a run [a, a + r) is written backward starting at its top layer */
     int32_t a = l;
     while (run_len[a] == 0) a--;
     const int32_t r = run_len[a];
-    block_bwd_segment(&g, &st, a + r - 1, r, &c);
+    block_bwd_segment(g, st, a + r - 1, r, c);
     l = a;
   }
+}
 
-  /* backward tail: embedding, root reduction, or send the gradient to the previous stage */
-  seg_open(&g, MP_PHASE_BACKWARD, -1, 0);
-  if (st.first) {
-    embedding_bwd(&g);
-  } else {
-    int32_t snd = comm(&g, MP_COLL_SEND, MP_GROUP_PP, MP_STREAM_P2P,
-                       2.0 * (double)(g.sh.T * g.sh.H), MP_DTYPE_BF16, -1);
-    add_dep(&g, snd, g.last_c, 0);
-  }
-  if (g.rt) {
-    /* runtime.c's end of the micro-batch: dres, x[0], the root's reduce-scatter (and
-     * every one still in flight), its gathered parameters, the token ids */
-    rt_mem(&g, MP_ACT_ALLOC_DRES, KIND_DENSE, 0);
-    rt_mem(&g, MP_ACT_ALLOC_X, KIND_DENSE, 0);
-    if (g.root_unit >= 0) reduce_units(&g, -1, g.root_unit, 1, 0, 0);
-    rt_rs_finish(&g);
-    if (g.root_unit >= 0) free_units(&g, -1, g.root_unit, 1, 0, 0);
-    rt_mem(&g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 0);
-  } else if (g.root_unit >= 0) {
-    free_units(&g, -1, g.root_unit, 1, 0, 0);
-    reduce_units(&g, -1, g.root_unit, 1, 0, 0);
-  }
-  seg_close(&g, MP_PHASE_BACKWARD, 1, 0, 0);
-
-  /* optimizer: global gradient norm (clipping), AdamW on the shard */
-  seg_open(&g, MP_PHASE_OPTIMIZER, -1, 0);
-  if (g.rt) {
-    rt_optimizer(&g, &pr->rest, mp_mesh_world(mesh) > 1);
-  } else {
-    const double shard = (double)tot.params_numel;
-    int32_t gn = compute(&g, MP_KERNEL_GRAD_NORM, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1,
-                         2.0 * shard, 4.0 * shard, MP_DTYPE_FP32);
-    add_dep(&g, gn, g.last_reduce, 0);
-    if (mp_mesh_world(mesh) > 1)
-      comm(&g, MP_COLL_ALL_REDUCE, MP_GROUP_WORLD, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, -1);
-    compute(&g, MP_KERNEL_OPTIMIZER, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, FLOPS_ADAMW * shard,
-            BYTES_ADAMW * shard, MP_DTYPE_FP32);
-  }
-  seg_close(&g, MP_PHASE_OPTIMIZER, 1, 0, 0);
-
-  if (g.st != MP_OK) return g.st; /* its message is on ctx */
-  s->ops = g.ops;
-  s->n_ops = g.n_ops;
-  g_ops_hint = g.n_ops;
-  s->segs = g.segs;
-  s->n_segs = g.n_segs;
+/* The ops and segments into s, with each segment's first instance index. */
+static void schedule_finish(mp_schedule *s, const gen *g) {
+  s->ops = g->ops;
+  s->n_ops = g->n_ops;
+  g_ops_hint = g->n_ops;
+  s->segs = g->segs;
+  s->n_segs = g->n_segs;
   int64_t idx = 0;
   for (int32_t i = 0; i < s->n_segs; i++) {
     s->segs[i].first_index = idx;
     idx += (int64_t)s->segs[i].n_ops * s->segs[i].repeat;
   }
   s->n_instances = idx;
+}
+
+static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_prep *pr,
+                               mp_arena *arena, mp_schedule **out) {
+  int64_t local_batch = 0, n_micro = 0;
+  MP_CHECK(mp_plan_batch(ctx, p, &local_batch, &n_micro));
+  mp_schedule *s = mp_arena_alloc(arena, sizeof *s);
+  MP_CHECK_ALLOC(ctx, s);
+  gen g;
+  gen_init(&g, ctx, p, pr, arena, s);
+  schedule_header(s, p, pr, local_batch, n_micro);
+  emit_prologue(&g, pr);
+  carry c = {{-1, -1, -1}};
+  const int32_t root_gather = emit_forward_head(&g, &pr->st, &c);
+  emit_blocks(&g, pr, 0, &c);
+  emit_forward_tail(&g, &pr->st, root_gather);
+  emit_backward_head(&g, &pr->st, &c);
+  emit_blocks(&g, pr, 1, &c);
+  emit_backward_tail(&g, &pr->st);
+  emit_optimizer(&g, pr);
+  if (g.st != MP_OK) return g.st; /* its message is on ctx */
+  schedule_finish(s, &g);
   *out = s;
   return MP_OK;
 }
