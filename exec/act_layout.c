@@ -5,8 +5,9 @@
 
 /* Allocations carved into several tensors; the others hold one tensor each. */
 static const unsigned char k_carved[MP_ACT_ALLOC_COUNT] = {
-    [MP_ACT_ALLOC_BLOCK] = 1, [MP_ACT_ALLOC_CORE] = 1, [MP_ACT_ALLOC_WS] = 1,   [MP_ACT_ALLOC_EPA] = 1,
-    [MP_ACT_ALLOC_EP_WS] = 1, [MP_ACT_ALLOC_HEAD] = 1, [MP_ACT_ALLOC_LOGITS] = 1,
+    [MP_ACT_ALLOC_BLOCK] = 1, [MP_ACT_ALLOC_CORE] = 1,  [MP_ACT_ALLOC_WS] = 1,
+    [MP_ACT_ALLOC_EPA] = 1,   [MP_ACT_ALLOC_EP_WS] = 1, [MP_ACT_ALLOC_HEAD] = 1,
+    [MP_ACT_ALLOC_LOGITS] = 1,
 };
 
 static int exists(const mp_act_dims *d, int moe, mp_act_when w) {
@@ -23,7 +24,9 @@ static int exists(const mp_act_dims *d, int moe, mp_act_when w) {
   return 0;
 }
 
-static int64_t elt_bytes(const mp_act_dims *d, mp_act_elt e) { return e == MP_ACT_ELT_X ? d->xs : 4; }
+static int64_t elt_bytes(const mp_act_dims *d, mp_act_elt e) {
+  return e == MP_ACT_ELT_X ? d->xs : 4;
+}
 
 /* Appends a tensor of `bytes` to allocation a; *off receives its offset. */
 static void place(mp_act_layout *l, size_t *off, mp_act_alloc a, int64_t bytes) {

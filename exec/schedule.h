@@ -253,7 +253,7 @@ int64_t mp_schedule_iter_dep(const mp_schedule_iter *it, int i);
 
 /* The step program (added with the walking runtime): one micro-batch of a schedule built
  * with a runtime memory model (MP_MEM_MODEL_MESHPLAN_CPU or _CUDA), read as the actions
- * exec/runtime/runtime.c executes, in the schedule's order. The schedule decides what
+ * the runtime (exec/runtime/) executes, in the schedule's order. The schedule decides what
  * happens and when: where each unit's all-gather is issued (prefetched a block ahead with
  * overlap, before the block without), which blocks drop saved tensors after their
  * forward and what their backward recomputes (AC), where gathered parameters are

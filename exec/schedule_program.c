@@ -1,0 +1,85 @@
+/* The step program (schedule.h, mp_schedule_step_program): one micro-batch of a schedule
+ * built with a runtime memory model, read as the actions the runtime executes. Each action
+ * is recognised from the ops' memory events and collectives (their buffers, phases, layers
+ * and units), so the runtime follows the schedule's order and cannot drift from the memory
+ * model. */
+#include "exec/schedule_internal.h"
+
+const char *mp_step_act_name(int kind) {
+  static const char *n[MP_ACT_COUNT] = {
+      "tokens",     "gather",   "embed_fwd", "block_fwd", "free_core", "free_block",
+      "release",    "head_fwd", "grad_begin", "head_bwd", "recompute", "block_bwd",
+      "grad_end",   "free_x",   "embed_bwd", "free_tokens", "rs_finish"};
+  return kind >= 0 && kind < MP_ACT_COUNT ? n[kind] : "?";
+}
+
+mp_status mp_schedule_step_program(mp_ctx *ctx, const mp_schedule *s, mp_arena *arena,
+                                   mp_step_action **out, int32_t *n_out) {
+  *out = NULL;
+  *n_out = 0;
+  const mp_plan *p = s->plan;
+  if (p->opts.mem_model != MP_MEM_MODEL_MESHPLAN_CPU && p->opts.mem_model != MP_MEM_MODEL_MESHPLAN_CUDA)
+    return mp_error(ctx, MP_ERR_INVALID, "step program: the schedule has no runtime memory model (build the "
+                    "plan with the meshplan-cpu or meshplan-cuda stack's options)");
+  if (p->mesh.size[MP_DIM_PP] > 1)
+    return mp_error(ctx, MP_ERR_INVALID, "step program: pipeline stages are not executed");
+  /* at most one action per op instance */
+  mp_step_action *a = mp_arena_alloc(arena, sizeof *a * (size_t)(s->n_instances > 0 ? s->n_instances : 1));
+  if (a == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the step program");
+  int32_t n = 0;
+  mp_schedule_iter it;
+  mp_schedule_iter_begin(s, &it);
+  while (mp_schedule_iter_next(&it)) {
+    const mp_op *op = it.op;
+    if (op->phase == MP_PHASE_PROLOGUE || op->phase == MP_PHASE_OPTIMIZER) continue;
+    if (op->when != MP_WHEN_EVERY_MICRO)
+      return mp_error(ctx, MP_ERR_INVALID, "step program: op %lld runs only in some micro-batches; the "
+                      "runtime runs every micro-batch alike", (long long)it.index);
+    const int fwd = op->phase == MP_PHASE_FORWARD, bwd = op->phase == MP_PHASE_BACKWARD;
+    const int alloc = op->type == MP_OP_ALLOC, freed = op->type == MP_OP_FREE;
+    mp_step_action x = {MP_ACT_COUNT, it.layer, 0};
+    if (op->type == MP_OP_COMM && op->coll == MP_COLL_ALL_GATHER && it.unit >= 0) {
+      x.kind = MP_ACT_GATHER; /* one per layer: the layer's units go out together */
+      if (n > 0 && a[n - 1].kind == MP_ACT_GATHER && a[n - 1].a == it.layer) continue;
+    } else if (op->type == MP_OP_COMM && op->coll == MP_COLL_REDUCE_SCATTER && it.unit >= 0) {
+      x.kind = MP_ACT_GRAD_END;
+      x.a = it.unit;
+    } else if (op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_EMBEDDING &&
+               op->module == MP_MOD_TOK_EMBEDDINGS) {
+      x.kind = fwd ? MP_ACT_EMBED_FWD : MP_ACT_EMBED_BWD;
+    } else if (alloc || freed) {
+      switch (op->buf) {
+        case BUF_RT_TOKENS: x.kind = alloc ? MP_ACT_TOKENS : MP_ACT_FREE_TOKENS; break;
+        case BUF_RT_BLOCK:
+          if (alloc && fwd) x.kind = MP_ACT_BLOCK_FWD;
+          else if (alloc && op->phase == MP_PHASE_RECOMPUTE) x.kind = MP_ACT_RECOMPUTE, x.b = 1;
+          else if (freed && fwd) x.kind = MP_ACT_FREE_BLOCK;
+          break;
+        case BUF_RT_CORE:
+          if (freed && fwd) {
+            x.kind = MP_ACT_FREE_CORE;
+          } else if (alloc && op->phase == MP_PHASE_RECOMPUTE &&
+                     !(n > 0 && a[n - 1].kind == MP_ACT_RECOMPUTE && a[n - 1].a == it.layer)) {
+            x.kind = MP_ACT_RECOMPUTE; /* the core alone: selective */
+            x.b = 0;
+          }
+          break;
+        case BUF_RT_X: if (freed && bwd) x.kind = MP_ACT_FREE_X; break;
+        case BUF_RT_HEAD: if (alloc) x.kind = MP_ACT_HEAD_FWD; break;
+        case BUF_DLOGITS: if (alloc) x.kind = MP_ACT_HEAD_BWD; break;
+        case BUF_BWD_WS: if (alloc) x.kind = MP_ACT_BLOCK_BWD; break;
+        case BUF_GRAD_UNSHARDED: if (alloc) x.kind = MP_ACT_GRAD_BEGIN, x.a = it.unit; break;
+        case BUF_GATHERED: if (freed) x.kind = MP_ACT_RELEASE, x.a = it.unit; break;
+        case BUF_RT_RS:
+          /* the one in flight completes before the next unit's goes out, and at the end */
+          if (freed && !(n > 0 && a[n - 1].kind == MP_ACT_RS_FINISH)) x.kind = MP_ACT_RS_FINISH;
+          break;
+        default: break;
+      }
+    }
+    if (x.kind != MP_ACT_COUNT) a[n++] = x;
+  }
+  *out = a;
+  *n_out = n;
+  return MP_OK;
+}
