@@ -293,24 +293,13 @@ static mp_status build_program(mp_ctx *ctx, mp_runtime *rt) {
   return st;
 }
 
-mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, const mp_backend *be, mp_kctx *kc,
-                            const mp_runtime_options *opts, mp_runtime **out) {
-  *out = NULL;
-  MP_CHECK(check_supported(ctx, plan, comm));
-  int64_t local_batch, n_micro;
-  MP_CHECK(mp_plan_batch(ctx, plan, &local_batch, &n_micro));
+/* The dims of the plan on this rank (tp splits heads, d_ff, shared d_ff and vocab; ep
+ * splits the experts), the backend's and the comm's properties, and the activation
+ * layout for them. */
+static void runtime_dims(mp_runtime *rt, const mp_plan *plan, int64_t local_batch, int64_t n_micro) {
   const mp_model *m = &plan->model;
-  if (plan->opts.seq > m->max_seq)
-    return mp_error(ctx, MP_ERR_INVALID, "seq %lld exceeds model %s's max_seq %lld; use --seq <= %lld",
-                    (long long)plan->opts.seq, m->name, (long long)m->max_seq, (long long)m->max_seq);
-  mp_runtime *rt = calloc(1, sizeof *rt);
-  MP_CHECK_ALLOC(ctx, rt);
-  mp_status st = MP_OK;
-  rt->plan = plan;
-  rt->comm = comm;
-  rt->be = be;
-  rt->kc = kc;
-  rt->opts = *opts;
+  mp_comm *comm = rt->comm;
+  const mp_backend *be = rt->be;
   rt->rank = mp_comm_world_rank(comm);
   rt->B = (int)plan->opts.micro_batch;
   rt->T = (int)plan->opts.seq;
@@ -345,19 +334,19 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
   rt->xdt = be->x_dtype == MP_KDTYPE_BF16 ? MP_COMM_DTYPE_BF16 : MP_COMM_DTYPE_FP32;
   rt->host_mem = strcmp(be->name, "cpu") == 0;
   rt->overlap = strcmp(mp_comm_backend_name(comm), "nccl") == 0;
-  rt->f8_codes = be->x_dtype != MP_KDTYPE_F32 || opts->f8_codes;
-  if (rt->f8_codes && (!be->matmul_f8 || !be->f8_quantize_t)) {
-    free(rt);
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "runtime: backend %s has no float8 GEMM on codes (matmul_f8, "
-                    "f8_quantize_t); run its float8 Linears emulated (f8_codes = 0)", be->name);
-  }
+  rt->f8_codes = be->x_dtype != MP_KDTYPE_F32 || rt->opts.f8_codes;
   rt->dims = (mp_act_dims){.B = rt->B, .S = rt->T, .N = rt->N, .C = rt->C, .HD = rt->hd, .NH = rt->nhl,
                            .NKV = rt->nkvl, .F = rt->Fl, .E = rt->E, .K = rt->K, .Fe = rt->Fe, .Fs = rt->Fsl,
                            .Vl = rt->Vl, .R = (int64_t)rt->N * rt->K, .L = rt->L, .NP = plan->n_params,
                            .xs = (int)rt->xs, .tp = rt->tp, .ep = rt->ep, .host_mem = rt->host_mem};
   mp_act_layout_fill(&rt->lay_dense, &rt->dims, 0);
   mp_act_layout_fill(&rt->lay_moe, &rt->dims, 1);
+}
 
+/* The host-side tables: parameters, units, the (layer, module) index, per-layer buffers
+ * and EP row counts. */
+static mp_status alloc_tables(mp_ctx *ctx, mp_runtime *rt) {
+  const mp_plan *plan = rt->plan;
   rt->prm = calloc((size_t)plan->n_params, sizeof *rt->prm);
   rt->units = calloc((size_t)(plan->n_units ? plan->n_units : 1), sizeof *rt->units);
   rt->n_units = plan->n_units;
@@ -370,126 +359,162 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
   rt->ep_rc = calloc((size_t)rt->L * rt->ep * (rt->El ? rt->El : 1), sizeof *rt->ep_rc);
   rt->counts_h = calloc((size_t)rt->L * (rt->E ? rt->E : 1), sizeof *rt->counts_h);
   if (!rt->prm || !rt->units || !rt->pidx || !rt->x || !rt->act || !rt->core || !rt->epa || !rt->ep_R ||
-      !rt->ep_rc || !rt->counts_h) {
-    st = mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory for bookkeeping");
-    goto fail;
-  }
+      !rt->ep_rc || !rt->counts_h)
+    return mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory for bookkeeping");
   for (int i = 0; i < (rt->L + 1) * MP_MOD_COUNT; i++) rt->pidx[i] = -1;
-  MP_CHECK_GOTO(mp_talloc_create(ctx, be, kc, &rt->ta), st, fail);
-
-  /* Units: which are sharded, and each parameter's slot in the unit's gathered buffer. */
+  /* which units are sharded */
   for (int u = 0; u < plan->n_units; u++) {
     rt_unit *U = &rt->units[u];
     U->group = plan->units[u].group;
-    U->sharded = mp_comm_group_size(comm, U->group) > 1;
+    U->sharded = mp_comm_group_size(rt->comm, U->group) > 1;
   }
-  const int dprep_idx = mp_comm_group_index(comm, MP_GROUP_DP_REPLICATE);
+  return MP_OK;
+}
 
-  /* Materialize: the rank's shards only (padded to the group's chunk), master + grad + m + v. */
-  float *host = NULL;
-  for (int i = 0; i < plan->n_params; i++) {
-    const mp_param *p = &plan->params[i];
-    rt_param *r = &rt->prm[i];
-    if (p->role == MP_ROLE_WEIGHT) *pslot(rt, p->layer, p->module) = i;
-    int has = mp_param_tile(plan, p, rt->rank, r->off, r->len);
-    r->numel = 0;
-    if (has) {
-      r->numel = 1;
-      for (int d = 0; d < p->ndim; d++) r->numel *= r->len[d];
-    }
-    r->tp_numel = mp_param_tp_numel(p);
-    r->group = p->fsdp_group;
-    r->sharded = p->fsdp_unit >= 0 && p->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD &&
-                 rt->units[p->fsdp_unit].sharded;
-    const int gsize = r->sharded ? mp_comm_group_size(comm, r->group) : 1;
-    r->numel_pad = r->sharded ? mp_param_padded_shard_numel(p, gsize) : r->numel;
-    if (r->sharded) {
-      rt_unit *U = &rt->units[p->fsdp_unit];
-      r->unit_off = U->gather_numel;
-      U->gather_numel += mp_act_gather_slot_bytes(gsize, r->numel_pad, (int)rt->xs) / (int64_t)rt->xs;
-      if (r->numel_pad > U->max_pad) U->max_pad = r->numel_pad;
-    }
-    r->decay = p->ndim >= 2;
-    /* Owner: the one copy that counts in the global norm and in dumps. Replicas: over tp
-     * (norms, router, routed experts), over dp_replicate, and over an FSDP group that does
-     * not shard it. */
-    const int tp_sharded = p->place[MP_AXIS_TP].kind == MP_PLACEMENT_SHARD;
-    const int fsdp_g = p->fsdp_unit >= 0 ? mp_comm_group_size(comm, r->group) : 1;
-    const int fsdp_i = p->fsdp_unit >= 0 ? mp_comm_group_index(comm, r->group) : 0;
-    r->owner = (tp_sharded || rt->tp_idx == 0) && dprep_idx == 0 && (r->sharded || fsdp_g == 1 || fsdp_i == 0);
-    if (!has && !r->sharded) continue;
-    size_t bytes = (size_t)r->numel_pad * sizeof(float);
-    MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_PARAMS, bytes, (void **)&r->w), st, fail);
-    MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_GRADS, bytes, (void **)&r->g), st, fail);
-    MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_OPTIMIZER, bytes, (void **)&r->m), st, fail);
-    MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_OPTIMIZER, bytes, (void **)&r->v), st, fail);
-    host = calloc((size_t)(r->numel_pad ? r->numel_pad : 1), sizeof(float));
-    if (!host) {
-      st = mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory initializing %s", p->fqn);
-      goto fail;
-    }
-    if (has) mp_init_fill_block(opts->seed, p, r->off, r->len, host); /* the pad rows stay zero */
-    st = be->memcpy_h2d(kc, r->w, host, bytes);
-    free(host);
-    host = NULL;
-    if (st != MP_OK) goto fail;
-    if (!r->sharded) {
-      r->cg = r->g;
-      r->cw = r->w;
-      if (be->x_dtype != MP_KDTYPE_F32) { /* the resident compute copy (X) of w */
-        MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_PARAMS, (size_t)r->numel_pad * rt->xs, &r->cw), st, fail);
-        if (be->x_from_f32(kc, r->cw, r->w, (size_t)r->numel_pad) != MP_OK) {
-          st = mp_error(ctx, MP_ERR_INTERNAL, "runtime: compute copy of %s: %s", p->fqn, mp_errmsg(kc->err));
-          goto fail;
-        }
-      }
-    }
+/* Parameter i's place: its tile, its padded shard, its slot in its unit's gathered buffer,
+ * whether this rank owns it (the one copy that counts in the global norm and in dumps:
+ * replicas over tp (norms, router, routed experts), over dp_replicate, and over an FSDP
+ * group that does not shard it). Returns whether the rank stores any of it. */
+static int param_place(mp_runtime *rt, int i, int dprep_idx) {
+  const mp_param *p = &rt->plan->params[i];
+  mp_comm *comm = rt->comm;
+  rt_param *r = &rt->prm[i];
+  if (p->role == MP_ROLE_WEIGHT) *pslot(rt, p->layer, p->module) = i;
+  const int has = mp_param_tile(rt->plan, p, rt->rank, r->off, r->len);
+  r->numel = 0;
+  if (has) {
+    r->numel = 1;
+    for (int d = 0; d < p->ndim; d++) r->numel *= r->len[d];
   }
-  /* Every module the forward needs must be present. */
-  static const mp_module need_attn[] = {MP_MOD_ATTN_NORM, MP_MOD_Q, MP_MOD_K, MP_MOD_V, MP_MOD_O, MP_MOD_FFN_NORM};
-  for (int l = 0; l < rt->L; l++) {
-    for (size_t j = 0; j < sizeof need_attn / sizeof need_attn[0]; j++)
-      if (*pslot(rt, l, need_attn[j]) < 0) {
-        st = mp_error(ctx, MP_ERR_INTERNAL, "runtime: plan has no %s in layer %d", mp_module_name(need_attn[j]), l);
-        goto fail;
-      }
+  r->tp_numel = mp_param_tp_numel(p);
+  r->group = p->fsdp_group;
+  r->sharded = p->fsdp_unit >= 0 && p->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD &&
+               rt->units[p->fsdp_unit].sharded;
+  const int gsize = r->sharded ? mp_comm_group_size(comm, r->group) : 1;
+  r->numel_pad = r->sharded ? mp_param_padded_shard_numel(p, gsize) : r->numel;
+  if (r->sharded) {
+    rt_unit *U = &rt->units[p->fsdp_unit];
+    r->unit_off = U->gather_numel;
+    U->gather_numel += mp_act_gather_slot_bytes(gsize, r->numel_pad, (int)rt->xs) / (int64_t)rt->xs;
+    if (r->numel_pad > U->max_pad) U->max_pad = r->numel_pad;
   }
-  if (*pslot(rt, -1, MP_MOD_TOK_EMBEDDINGS) < 0 || *pslot(rt, -1, MP_MOD_FINAL_NORM) < 0) {
-    st = mp_error(ctx, MP_ERR_INTERNAL, "runtime: plan lacks the embedding or final norm");
-    goto fail;
-  }
+  r->decay = p->ndim >= 2;
+  const int tp_sharded = p->place[MP_AXIS_TP].kind == MP_PLACEMENT_SHARD;
+  const int fsdp_g = p->fsdp_unit >= 0 ? mp_comm_group_size(comm, r->group) : 1;
+  const int fsdp_i = p->fsdp_unit >= 0 ? mp_comm_group_index(comm, r->group) : 0;
+  r->owner = (tp_sharded || rt->tp_idx == 0) && dprep_idx == 0 && (r->sharded || fsdp_g == 1 || fsdp_i == 0);
+  return has;
+}
 
-  /* RoPE tables (resident workspace) and a device scalar for reductions. */
+/* Materializes parameter i: the rank's shard only (padded to the group's chunk; the pad
+ * rows stay zero), master + grad + m + v, filled by the plan-independent initializer; one
+ * that is not sharded also gets its compute copy (X: w itself when X is fp32). */
+static mp_status param_materialize(mp_ctx *ctx, mp_runtime *rt, int i, int has) {
+  const mp_param *p = &rt->plan->params[i];
+  const mp_backend *be = rt->be;
+  rt_param *r = &rt->prm[i];
+  const size_t bytes = (size_t)r->numel_pad * sizeof(float);
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_PARAMS, bytes, (void **)&r->w));
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_GRADS, bytes, (void **)&r->g));
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_OPTIMIZER, bytes, (void **)&r->m));
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_OPTIMIZER, bytes, (void **)&r->v));
+  float *host = calloc((size_t)(r->numel_pad ? r->numel_pad : 1), sizeof(float));
+  if (!host) return mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory initializing %s", p->fqn);
+  if (has) mp_init_fill_block(rt->opts.seed, p, r->off, r->len, host);
+  mp_status st = be->memcpy_h2d(rt->kc, r->w, host, bytes);
+  free(host);
+  MP_CHECK(st);
+  if (r->sharded) return MP_OK;
+  r->cg = r->g;
+  r->cw = r->w;
+  if (be->x_dtype == MP_KDTYPE_F32) return MP_OK;
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_PARAMS, (size_t)r->numel_pad * rt->xs, &r->cw));
+  if (be->x_from_f32(rt->kc, r->cw, r->w, (size_t)r->numel_pad) != MP_OK)
+    return mp_error(ctx, MP_ERR_INTERNAL, "runtime: compute copy of %s: %s", p->fqn, mp_errmsg(rt->kc->err));
+  return MP_OK;
+}
+
+/* Every module the forward needs must be present. */
+static mp_status check_modules(mp_ctx *ctx, const mp_runtime *rt) {
+  static const mp_module need[] = {MP_MOD_ATTN_NORM, MP_MOD_Q, MP_MOD_K, MP_MOD_V, MP_MOD_O, MP_MOD_FFN_NORM};
+  for (int l = 0; l < rt->L; l++)
+    for (size_t j = 0; j < sizeof need / sizeof need[0]; j++)
+      if (*pslot(rt, l, need[j]) < 0)
+        return mp_error(ctx, MP_ERR_INTERNAL, "runtime: plan has no %s in layer %d", mp_module_name(need[j]), l);
+  if (*pslot(rt, -1, MP_MOD_TOK_EMBEDDINGS) < 0 || *pslot(rt, -1, MP_MOD_FINAL_NORM) < 0)
+    return mp_error(ctx, MP_ERR_INTERNAL, "runtime: plan lacks the embedding or final norm");
+  return MP_OK;
+}
+
+/* The resident allocations of the activation layout: RoPE tables, the device scalars
+ * ([0..1] the emulation's float8 amax and scale, [2..3] the fused amax of SwiGLU's input
+ * gradients, [8 + i] parameter i's sum of squares, then rt->f8_fwd, 4 per layer), and the
+ * staging of host-value collectives when the backend's memory is not host memory. */
+static mp_status alloc_resident(mp_ctx *ctx, mp_runtime *rt) {
   const size_t *ab = rt->lay_dense.bytes, rb = ab[MP_ACT_ALLOC_ROPE_COS];
-  MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, rb, (void **)&rt->rope_cos), st, fail);
-  MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, ab[MP_ACT_ALLOC_ROPE_SIN], (void **)&rt->rope_sin), st, fail);
-  /* scalar: [0..1] the emulation's float8 amax and scale, [2..3] the fused amax of SwiGLU's
-   * input gradients, [8 + i] parameter i's sum of squares, then rt->f8_fwd (4 per layer) */
-  MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, ab[MP_ACT_ALLOC_SCALARS], (void **)&rt->scalar), st, fail);
-  rt->f8_fwd = rt->scalar + 8 + plan->n_params;
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, rb, (void **)&rt->rope_cos));
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, ab[MP_ACT_ALLOC_ROPE_SIN], (void **)&rt->rope_sin));
+  MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, ab[MP_ACT_ALLOC_SCALARS], (void **)&rt->scalar));
+  rt->f8_fwd = rt->scalar + 8 + rt->plan->n_params;
   if (!rt->host_mem)
-    MP_CHECK_GOTO(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, ab[MP_ACT_ALLOC_STAGE], (void **)&rt->stage), st, fail);
-  {
-    float *c = malloc(rb), *s = malloc(rb);
-    if (!c || !s) {
-      free(c);
-      free(s);
-      st = mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory for RoPE tables");
-      goto fail;
-    }
-    mp_rope_tables(c, s, rt->T, rt->hd, (float)m->rope_theta, 0);
-    st = be->memcpy_h2d(kc, rt->rope_cos, c, rb);
-    if (st == MP_OK) st = be->memcpy_h2d(kc, rt->rope_sin, s, rb);
+    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, ab[MP_ACT_ALLOC_STAGE], (void **)&rt->stage));
+  float *c = malloc(rb), *s = malloc(rb);
+  if (!c || !s) {
     free(c);
     free(s);
-    if (st != MP_OK) goto fail;
+    return mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory for RoPE tables");
   }
-  MP_CHECK_GOTO(build_program(ctx, rt), st, fail);
+  mp_rope_tables(c, s, rt->T, rt->hd, (float)rt->plan->model.rope_theta, 0);
+  mp_status st = rt->be->memcpy_h2d(rt->kc, rt->rope_cos, c, rb);
+  if (st == MP_OK) st = rt->be->memcpy_h2d(rt->kc, rt->rope_sin, s, rb);
+  free(c);
+  free(s);
+  return st;
+}
+
+/* The parameters: the tables, then each one placed and (when the rank stores it)
+ * materialized, then the check that the forward finds every module. */
+static mp_status materialize(mp_ctx *ctx, mp_runtime *rt) {
+  MP_CHECK(alloc_tables(ctx, rt));
+  MP_CHECK(mp_talloc_create(ctx, rt->be, rt->kc, &rt->ta));
+  const int dprep_idx = mp_comm_group_index(rt->comm, MP_GROUP_DP_REPLICATE);
+  for (int i = 0; i < rt->plan->n_params; i++) {
+    const int has = param_place(rt, i, dprep_idx);
+    if (has || rt->prm[i].sharded) MP_CHECK(param_materialize(ctx, rt, i, has));
+  }
+  return check_modules(ctx, rt);
+}
+
+mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, const mp_backend *be, mp_kctx *kc,
+                            const mp_runtime_options *opts, mp_runtime **out) {
+  *out = NULL;
+  MP_CHECK(check_supported(ctx, plan, comm));
+  int64_t local_batch, n_micro;
+  MP_CHECK(mp_plan_batch(ctx, plan, &local_batch, &n_micro));
+  const mp_model *m = &plan->model;
+  if (plan->opts.seq > m->max_seq)
+    return mp_error(ctx, MP_ERR_INVALID, "seq %lld exceeds model %s's max_seq %lld; use --seq <= %lld",
+                    (long long)plan->opts.seq, m->name, (long long)m->max_seq, (long long)m->max_seq);
+  if ((be->x_dtype != MP_KDTYPE_F32 || opts->f8_codes) && (!be->matmul_f8 || !be->f8_quantize_t))
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "runtime: backend %s has no float8 GEMM on codes (matmul_f8, "
+                    "f8_quantize_t); run its float8 Linears emulated (f8_codes = 0)", be->name);
+  mp_runtime *rt = calloc(1, sizeof *rt);
+  MP_CHECK_ALLOC(ctx, rt);
+  rt->plan = plan;
+  rt->comm = comm;
+  rt->be = be;
+  rt->kc = kc;
+  rt->opts = *opts;
+  runtime_dims(rt, plan, local_batch, n_micro);
+  mp_status st = materialize(ctx, rt);
+  if (st == MP_OK) st = alloc_resident(ctx, rt);
+  if (st == MP_OK) st = build_program(ctx, rt);
+  if (st != MP_OK) {
+    mp_runtime_destroy(rt);
+    return st;
+  }
   *out = rt;
   return MP_OK;
-fail:
-  mp_runtime_destroy(rt);
-  return st;
 }
 
 void mp_runtime_destroy(mp_runtime *rt) {
