@@ -148,13 +148,15 @@ typedef enum mp_pp_schedule { MP_PP_1F1B = 0, MP_PP_INTERLEAVED, MP_PP_GPIPE } m
 /* Whose memory the schedule's ALLOC/FREE events describe: a property of the runtime that
  * executes the plan, named by its stack profile (sim/stack.h, key "memory_model"). It
  * changes no parameter, unit or collective, only the memory events (and, where the
- * runtime runs fewer ops, what it recomputes); exec/schedule.c documents both.
+ * runtime runs fewer ops, what it recomputes); exec/schedule.c and exec/schedule_rt.c
+ * document them.
  *   TORCHTITAN    PyTorch FSDP2 as torchtitan runs it: bf16 activations, the tensors
  *                 autograd saves, one block of all-gather prefetch, a one-rank FSDP group
  *                 still cast into a gathered buffer (the GPU stacks; the default)
- *   MESHPLAN_CPU  exec/runtime/runtime.c on the CPU backend: fp32 tensors carved from one
- *                 allocation per block (64-byte aligned), blocking MPI collectives (no
- *                 prefetch), parameters of a one-rank FSDP group used in place
+ *   MESHPLAN_CPU  the runtime (exec/runtime/) on the CPU backend: fp32 tensors carved
+ *                 from one allocation per block (exec/act_layout.h, 64-byte aligned),
+ *                 blocking MPI collectives (no prefetch), parameters of a one-rank FSDP
+ *                 group used in place
  *   MESHPLAN_CUDA the same runtime on the CUDA backend: the same layout with bf16 X
  *                 tensors, a resident bf16 compute copy of every parameter that is not
  *                 FSDP-sharded, units gathered in bf16, float8 GEMMs on real codes, and
