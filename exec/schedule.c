@@ -246,7 +246,7 @@ static void gen_init(gen *g, mp_ctx *ctx, const mp_plan *p, const mp_schedule_pr
    * CPU's blocking MPI collectives, or (CUDA, a GPU per rank) NCCL's overlap */
   const int cuda = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CUDA;
   g->rt = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CPU || cuda;
-  g->xs = cuda ? 2 : 4;
+  g->xs = g->rt && !cuda ? 4 : 2;
   g->f8c = cuda || (g->rt && p->opts.f8_codes);
   g->host_mem = !cuda;
   g->overlap = cuda;

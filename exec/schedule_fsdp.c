@@ -33,14 +33,21 @@ static int64_t shard_bytes(const gen *g, const unit_info *ui) {
   return ui->numel_shard * mp_dtype_bytes(g->rdt);
 }
 
-/* Runtime models: a unit's gathered buffer (X) and its unsharded gradients (fp32, as many
- * elements as the gathered buffer's slots hold), in bytes. */
-static int64_t rt_gathered(const gen *g, const unit_info *ui) {
-  return g->xs == 2 ? ui->rt_gather_x2 : ui->rt_gather_x4;
+/* A unit's gathered parameters in bytes: in the param dtype (torchtitan; float8 weights
+ * in one byte with float8 all-gather), or the runtime's slots of X elements. 0 for a unit
+ * with nothing on this stage, and for one the runtimes use in place (a one-rank group). */
+static int64_t gathered_bytes(const gen *g, const unit_info *ui) {
+  if (ui->numel_tp == 0) return 0;
+  if (!g->rt) return (int64_t)ui->gather_bytes;
+  return ui->gsize > 1 ? (g->xs == 2 ? ui->rt_gather_x2 : ui->rt_gather_x4) : 0;
 }
 
-static int64_t rt_unsharded_grads(const gen *g, const unit_info *ui) {
-  return rt_gathered(g, ui) / g->xs * 4;
+/* A unit's unsharded gradients in bytes: in the param dtype (torchtitan), or fp32 slots of
+ * the runtime's gathered layout (as many elements as the gathered slots hold); 0 where the
+ * runtimes accumulate into the resident gradients (a one-rank group). */
+static int64_t unsharded_grad_bytes(const gen *g, const unit_info *ui) {
+  if (!g->rt) return ui->numel_tp * mp_dtype_bytes(g->pdt);
+  return gathered_bytes(g, ui) / g->xs * 4;
 }
 
 /* Issues the all-gathers of block `layer`'s units (or the root unit when layer < 0 and
@@ -52,10 +59,8 @@ void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t 
   for (int k = 0; k < n; k++) {
     const int32_t u = unit0 + k;
     const unit_info *ui = &g->ui[u];
-    if (ui->numel_tp == 0) continue;
-    /* the runtimes use a one-rank group's parameters in place: nothing to gather */
-    if (g->rt && ui->gsize <= 1) continue;
-    const int64_t gb = g->rt ? rt_gathered(g, ui) : (int64_t)ui->gather_bytes;
+    const int64_t gb = gathered_bytes(g, ui);
+    if (gb == 0) continue;
     int32_t i = mem(g, MP_OP_ALLOC, MP_MEM_GATHERED, BUF_GATHERED, gb, layer, u, MP_STREAM_GATHER);
     /* one-rank group: the cast to the param dtype is local; the dependency anchor stays the
      * ALLOC, so users still wait for "the gathered parameters" */
@@ -82,11 +87,8 @@ void mp_sched_free_units(gen *g, int32_t layer, int32_t unit0, int n, int part_l
   if (!g->has_fsdp) return;
   for (int k = part_lo; k < n && k <= part_hi; k++) {
     const int32_t u = unit0 + k;
-    if (g->ui[u].numel_tp == 0) continue;
-    if (g->rt && g->ui[u].gsize <= 1) continue;
-    mem(g, MP_OP_FREE, MP_MEM_GATHERED, BUF_GATHERED,
-        g->rt ? rt_gathered(g, &g->ui[u]) : (int64_t)g->ui[u].gather_bytes, layer, u,
-        MP_STREAM_COMPUTE);
+    const int64_t gb = gathered_bytes(g, &g->ui[u]);
+    if (gb > 0) mem(g, MP_OP_FREE, MP_MEM_GATHERED, BUF_GATHERED, gb, layer, u, MP_STREAM_COMPUTE);
   }
 }
 
@@ -94,10 +96,7 @@ void mp_sched_grads_alloc(gen *g, int32_t layer, int32_t unit0, int n) {
   if (!g->has_fsdp) return;
   for (int k = 0; k < n; k++) {
     const int32_t u = unit0 + k;
-    /* the runtimes: gradients accumulate into the unit's slots (the gathered layout, in
-     * fp32); a one-rank group accumulates into its resident gradients */
-    const int64_t b = g->rt ? (g->ui[u].gsize > 1 ? rt_unsharded_grads(g, &g->ui[u]) : 0)
-                            : g->ui[u].numel_tp * mp_dtype_bytes(g->pdt);
+    const int64_t b = unsharded_grad_bytes(g, &g->ui[u]);
     if (b > 0) mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, b, layer, u, MP_STREAM_COMPUTE);
   }
 }
@@ -143,12 +142,12 @@ static void rt_reduce_unit(gen *g, int32_t layer, int32_t u, int rep, int32_t af
     g->rs_fl.layer = layer;
     g->rs_fl.unit = u;
     g->rs_fl.rs = out;
-    g->rs_fl.gbuf = rt_unsharded_grads(g, ui);
+    g->rs_fl.gbuf = unsharded_grad_bytes(g, ui);
     return;
   }
   int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, stage, layer, u, MP_STREAM_REDUCE);
   add_dep(g, f, last >= 0 ? last : after, 0);
-  mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, rt_unsharded_grads(g, ui), layer, u,
+  mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, unsharded_grad_bytes(g, ui), layer, u,
       MP_STREAM_REDUCE);
 }
 

@@ -139,7 +139,8 @@ typedef struct gen {
   mp_dtype pdt, rdt;
   /* memory model (p->opts.mem_model; see the file comment) */
   int rt;                  /* a meshplan runtime's: MESHPLAN_CPU or MESHPLAN_CUDA */
-  int xs;                  /* rt: bytes of an X element (the backend's x_dtype: 4 CPU, 2 CUDA) */
+  int xs;                  /* bytes of an activation (X) element: bf16 under torchtitan, the
+                              backend's x_dtype in the runtimes (4 CPU, 2 CUDA) */
   int host_mem;            /* rt: the backend's memory is host memory (no staging buffer) */
   int overlap;             /* rt: NCCL's prefetched gathers and deferred reduce-scatters */
   int prefetch;            /* FSDP gathers one block ahead (torchtitan, NCCL), or at use */

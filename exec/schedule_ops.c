@@ -208,12 +208,10 @@ static void fix_wgrad_flops(gen *g, int32_t first, double m_tokens) {
 
 /* ---- tensor- and expert-parallel collectives ------------------------------------------ */
 
-/* Activations travel in bf16; the runtimes send their X tensors (fp32 on the CPU). */
-static double act_comm_bytes(const gen *g) { return g->rt ? (double)g->xs : 2.0; }
+/* Activations travel as X elements: bf16 under torchtitan, the runtimes' X (fp32 on the CPU). */
+static double act_comm_bytes(const gen *g) { return (double)g->xs; }
 
-static mp_dtype act_comm_dtype(const gen *g) {
-  return g->rt && g->xs == 4 ? MP_DTYPE_FP32 : MP_DTYPE_BF16;
-}
+static mp_dtype act_comm_dtype(const gen *g) { return g->xs == 4 ? MP_DTYPE_FP32 : MP_DTYPE_BF16; }
 
 static void tp_allreduce(gen *g, int on, int module) {
   if (!on) return;
