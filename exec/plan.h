@@ -10,8 +10,8 @@
  *   mp_build_plan         all five in order, from options
  *
  * Each pass checks the plan's state and refuses a wrong order or combination with
- * MP_ERR_ORDER and a message that names the rule and its consequence (the seeds' "what
- * goes wrong where" table). A pass applied twice is refused too.
+ * MP_ERR_ORDER and a message that names the rule and its consequence (tests/plan/
+ * passes_test.cc holds one case per refusal). A pass applied twice is refused too.
  *
  * Shapes: a Linear weight is stored [out, in] as in PyTorch; routed experts are one 3-D
  * parameter per projection, [n_experts, out, in]; embeddings are [vocab, d_model].
@@ -214,7 +214,7 @@ typedef struct mp_plan {
   int64_t vocab_padded;  /* vocab after padding for tp (== model.vocab when none) */
   mp_ac_mode ac;
   int layers_per_stage;  /* n_layers / pp (last stage may hold fewer) */
-  /* Added for the planner's speed (mp_build_plan_from): */
+  /* For the planner's speed (mp_build_plan_from): */
   const struct mp_plan_template *tmpl; /* the template it was built from, or NULL; when set,
                                           params[i].fqn / module_fqn and unit names point
                                           into the template, which must outlive the plan */
@@ -264,7 +264,7 @@ void mp_plan_template_destroy(mp_plan_template *t); /* NULL is a no-op */
 mp_status mp_build_plan_from(mp_ctx *ctx, const mp_plan_template *t, const mp_mesh *mesh,
                              const mp_plan_options *opts, mp_arena *arena, mp_plan **out);
 
-/* Added (the planner's speed): the plan mp_build_plan_from / mp_build_plan would give for
+/* For the planner's speed: the plan mp_build_plan_from / mp_build_plan would give for
  * base's model and mesh and `opts`, where opts differs from base->opts at most in
  * micro_batch, ac and fsdp.reshard_after_forward, without running the passes again: none
  * of the three changes a parameter or a unit, so the new plan's header (options, AC
@@ -312,7 +312,7 @@ void mp_plan_rank_totals(const mp_plan *p, int rank, mp_plan_totals *out);
  * divide, naming the numbers. */
 mp_status mp_plan_batch(mp_ctx *ctx, const mp_plan *p, int64_t *local_batch, int64_t *n_micro);
 
-/* Shared by the pass files (added for them; usable by callers too). */
+/* Shared by the pass files (usable by callers too). */
 /* "TP", "EP", "Float8", "AC", "FSDP" for an MP_PASS_* bit. */
 const char *mp_pass_name(unsigned bit);
 /* Generic order check for pass `bit`: refuses (MP_ERR_ORDER) a pass applied twice and a
@@ -323,7 +323,7 @@ void mp_plan_mark_applied(mp_plan *p, unsigned bit);
 /* Appends a note (copied into the arena); notes beyond the 16th are dropped, the last
  * slot then saying so. */
 void mp_plan_note(mp_plan *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* The notes mp_apply_ac and mp_apply_fsdp record (added for mp_plan_derive). */
+/* The notes mp_apply_ac and mp_apply_fsdp record (mp_plan_derive writes them too). */
 void mp_plan_note_ac(mp_plan *p, mp_ac_mode mode);
 void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o);
 /* Pipeline stage of a rank (its pp coordinate). */

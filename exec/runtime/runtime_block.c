@@ -401,7 +401,7 @@ static mp_status block_backward_body(mp_ctx *ctx, mp_runtime *rt, int l, void *d
   else MP_CHECK(moe_backward(ctx, rt, l, dres, ws, dloss_aux));
   BE(rmsnorm_backward(rt->kc, dres, G(rt, l, MP_MOD_FFN_NORM), ws + y->dxn, a + y->xmid, W(rt, l, MP_MOD_FFN_NORM),
                       F32(a + y->rstd2), N, C));
-  /* attention: dres now holds dL/dxmid */
+  /* attention: dres holds dL/dxmid */
   BE(memset_zero(rt->kc, ws + y->dxn, (size_t)N * C * rt->xs));
   MP_CHECK(mp_rt_lin_bwd(ctx, rt, l, MP_MOD_O, ws + y->datt, dres, c + y->att, N, QD, C));
   BE(attention_backward(rt->kc, ws + y->dq, ws + y->dk, ws + y->dv, ws + y->datt, a + y->q, a + y->k, a + y->v,

@@ -105,7 +105,7 @@ mp_status mp_rt_f8_scope_end(mp_ctx *ctx, mp_runtime *rt) {
 
 /* The operand of activation x (R, C) in fmt with the orientations asked for: from the open
  * scope when x was quantized there already (E4M3 activations only: output gradients are
- * read once), else quantized now; *tmp says whether the caller frees it (f8_release). */
+ * read once), else quantized here; *tmp says whether the caller frees it (f8_release). */
 static mp_status f8_act(mp_ctx *ctx, mp_runtime *rt, const void *x, int R, int C, mp_f8_format fmt, int want_q,
                         int want_qt, f8_operand *tmpbuf, float *amax_to, f8_operand **out) {
   const int share = rt->f8_scope && fmt == MP_F8_E4M3;

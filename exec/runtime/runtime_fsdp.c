@@ -148,7 +148,7 @@ static mp_status for_units(mp_ctx *ctx, mp_runtime *rt, int layer, unit_fn f) {
 
 /* Overlap: the gathers of `layer`'s units as one async batch, issued before the compute
  * they should hide behind; gather_wait makes compute queued afterwards see them. Without
- * overlap gather_prefetch does nothing and gather_wait gathers (blocking), as before. */
+ * overlap gather_prefetch does nothing and gather_wait gathers (blocking). */
 static mp_status gather_prefetch(mp_ctx *ctx, mp_runtime *rt, int layer) {
   if (!rt->overlap || layer < 0 || layer >= rt->L) return MP_OK;
   for (int u = 0; u < rt->n_units; u++) {
