@@ -148,18 +148,24 @@ void mp_sched_rt_f8_scope_close(gen *g) {
 
 /* ---- a block, the resident state, the optimizer --------------------------------------- */
 
+/* A block's forward ops as the runtimes run them, into its allocated tensors; its float8
+ * activation codes go at the end. */
+static void rt_forward_ops(gen *g, int kind, const part_deps *pd) {
+  mp_sched_attention_fwd(g, pd);
+  mp_sched_attention_out_fwd(g);
+  mp_sched_mlp_fwd(g, kind, pd);
+  mp_sched_rt_f8_scope_close(g);
+}
+
 /* A block's forward as the meshplan runtimes run it: the block's saved tensors, its
- * attention core and its output x[l + 1] allocated at its start; the float8 activation
- * codes go with its forward; full AC then keeps only x[l], selective drops the core. */
+ * attention core and its output x[l + 1] allocated at its start; full AC then keeps only
+ * x[l], selective drops the core. */
 void mp_sched_rt_block_fwd(gen *g, int kind, const part_deps *pd) {
   const mp_ac_mode ac = g->p->opts.ac;
   mp_sched_rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 1);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_CORE, kind, 1);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_X, kind, 1);
-  mp_sched_attention_fwd(g, pd);
-  mp_sched_attention_out_fwd(g);
-  mp_sched_mlp_fwd(g, kind, pd);
-  mp_sched_rt_f8_scope_close(g);
+  rt_forward_ops(g, kind, pd);
   if (ac != MP_AC_NONE) mp_sched_rt_mem(g, MP_ACT_ALLOC_CORE, kind, 0);
   if (ac == MP_AC_FULL) {
     mp_sched_rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 0);
@@ -177,10 +183,7 @@ void mp_sched_rt_block_bwd(gen *g, int32_t l, int kind, const part_deps *pd) {
     g->phase = MP_PHASE_RECOMPUTE;
     mp_sched_rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 1);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_CORE, kind, 1);
-    mp_sched_attention_fwd(g, pd);
-    mp_sched_attention_out_fwd(g);
-    mp_sched_mlp_fwd(g, kind, pd);
-    mp_sched_rt_f8_scope_close(g);
+    rt_forward_ops(g, kind, pd);
     g->phase = MP_PHASE_BACKWARD;
   } else {
     attach(g, pd, PART_ATTN); /* the first op waits for the gathered attention part */
