@@ -41,10 +41,11 @@ mp_status mp_runtime_dump(mp_ctx *ctx, const mp_runtime *rt, int grads, mp_wfile
     }
     if (st == MP_OK && mp_comm_world_size(rt->comm) > 1) {
       void *dev = NULL; /* a GPU comm needs the tensor in device memory */
-      if (!rt->host_mem) st = mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, 2 * (size_t)mp_act_align64(n * (int64_t)sizeof(float)), &dev);
+      const size_t db = 2 * (size_t)mp_act_align64(n * (int64_t)sizeof(float));
+      if (!rt->host_mem) st = mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, db, &dev);
       if (st == MP_OK)
-        st = mp_rt_host_coll(ctx, (mp_runtime *)rt, MP_GROUP_WORLD, full, NULL, (size_t)n, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM,
-                             dev);
+        st = mp_rt_host_coll(ctx, (mp_runtime *)rt, MP_GROUP_WORLD, full, NULL, (size_t)n, MP_COMM_DTYPE_FP32,
+                             MP_COMM_OP_SUM, dev);
       if (dev) {
         mp_status s2 = mp_talloc_free(ctx, rt->ta, dev);
         if (st == MP_OK) st = s2;

@@ -69,7 +69,8 @@ static mp_status f8_quant(mp_ctx *ctx, mp_runtime *rt, f8_operand *o, const void
                           int want_q, int want_qt, void *mem, float *amax_to) {
   const size_t n = (size_t)R * C;
   const int owned = mem == NULL;
-  if (owned) MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, (size_t)mp_act_f8_operand_bytes((int64_t)n), &mem));
+  const size_t ob = (size_t)mp_act_f8_operand_bytes((int64_t)n);
+  if (owned) MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, ob, &mem));
   uint8_t *base = mem;
   memset(o, 0, sizeof *o);
   o->mem = owned ? mem : NULL;
@@ -143,8 +144,8 @@ static mp_status f8_weight(mp_ctx *ctx, mp_runtime *rt, int layer, mp_module m, 
     return MP_OK;
   }
   const size_t n = (size_t)M * K;
-  if (!r->f8w)
-    MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, (size_t)mp_act_f8_operand_bytes((int64_t)n), (void **)&r->f8w));
+  const size_t ob = (size_t)mp_act_f8_operand_bytes((int64_t)n);
+  if (!r->f8w) MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_FP8, ob, (void **)&r->f8w));
   memset(tmpbuf, 0, sizeof *tmpbuf);
   if (!r->f8w_valid) {
     MP_CHECK(f8_quant(ctx, rt, tmpbuf, r->cw, M, K, MP_F8_E4M3, 1, 1, r->f8w, NULL));
@@ -190,8 +191,8 @@ mp_status mp_rt_lin_fwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void 
   mp_status st;
   if (f8_emulated(rt)) {
     float *buf;
-    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_FP8, (size_t)mp_act_f8_emul_fwd_floats((int64_t)nx, (int64_t)nw) * sizeof(float),
-                             (void **)&buf));
+    const size_t fb = (size_t)mp_act_f8_emul_fwd_floats((int64_t)nx, (int64_t)nw) * sizeof(float);
+    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_FP8, fb, (void **)&buf));
     float *qw = buf + mp_act_align16((int64_t)nx);
     st = f8_fake(ctx, rt, buf, inp, nx, MP_F8_E4M3);
     if (st == MP_OK) st = f8_fake(ctx, rt, qw, w, nw, MP_F8_E4M3);
@@ -230,9 +231,8 @@ mp_status mp_rt_lin_bwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void 
   mp_status st;
   if (f8_emulated(rt)) {
     float *buf;
-    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_FP8,
-                             (size_t)mp_act_f8_emul_bwd_floats((int64_t)nd, (int64_t)nx, (int64_t)nw) * sizeof(float),
-                             (void **)&buf));
+    const size_t fb = (size_t)mp_act_f8_emul_bwd_floats((int64_t)nd, (int64_t)nx, (int64_t)nw) * sizeof(float);
+    MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_FP8, fb, (void **)&buf));
     float *qd = buf, *qx = buf + mp_act_align16((int64_t)nd), *qw = qx + mp_act_align16((int64_t)nx);
     st = f8_fake(ctx, rt, qd, dout, nd, MP_F8_E5M2);
     if (st == MP_OK) st = f8_fake(ctx, rt, qx, inp, nx, MP_F8_E4M3);

@@ -181,7 +181,13 @@ static inline int F8(const mp_runtime *rt, int layer, mp_module m) {
 }
 
 static inline int is_moe_layer(const mp_runtime *rt, int l) { return mp_model_layer_is_moe(&rt->plan->model, l); }
-static inline const mp_act_layout *lay_of(const mp_runtime *rt, int l) { return is_moe_layer(rt, l) ? &rt->lay_moe : &rt->lay_dense; }
+/* The activation layout of block l's kind. */
+static inline const mp_act_layout *lay_of(const mp_runtime *rt, int l) {
+  return is_moe_layer(rt, l) ? &rt->lay_moe : &rt->lay_dense;
+}
+
+/* The bytes of an allocation outside the blocks (the same for both kinds). */
+static inline size_t act_bytes(const mp_runtime *rt, mp_act_alloc a) { return rt->lay_dense.bytes[a]; }
 
 /* TP all-reduce (sum) of a partial result in place, an X tensor (tp_sum) or fp32
  * statistics (tp_sum_f32); nothing when tp == 1. */

@@ -40,7 +40,7 @@ static mp_status act_tokens(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
       return mp_error(ctx, MP_ERR_INVALID, "token id %d is outside the model's vocabulary of %d; the data does not "
                       "match --model", bad, V);
     }
-  const size_t tb = rt->lay_dense.bytes[MP_ACT_ALLOC_TOKENS]; /* ids, then targets */
+  const size_t tb = act_bytes(rt, MP_ACT_ALLOC_TOKENS); /* ids, then targets */
   mp_status st = mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, tb, (void **)&ms->tok);
   if (st == MP_OK) st = rt->be->memcpy_h2d(rt->kc, ms->tok, hin, tb);
   free(hin);
@@ -51,7 +51,7 @@ static mp_status act_tokens(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
 }
 
 static mp_status act_embed_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
-  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, rt->lay_dense.bytes[MP_ACT_ALLOC_X], (void **)&rt->x[0]));
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, act_bytes(rt, MP_ACT_ALLOC_X), (void **)&rt->x[0]));
   BE(embedding_forward(rt->kc, rt->x[0], rt->tok_in, W(rt, -1, MP_MOD_TOK_EMBEDDINGS), rt->N, rt->C, rt->v0,
                        rt->v0 + rt->Vl));
   MP_CHECK(tp_sum(ctx, rt, rt->x[0], (size_t)rt->N * rt->C)); /* vocab-parallel lookup */
@@ -62,7 +62,8 @@ static mp_status act_embed_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
 static mp_status act_block_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, int l) {
   MP_CHECK(mp_rt_gather_wait(ctx, rt, l));
   MP_CHECK(mp_rt_alloc_block(ctx, rt, l));
-  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, rt->lay_dense.bytes[MP_ACT_ALLOC_X], (void **)&rt->x[l + 1]));
+  MP_CHECK(
+      mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, act_bytes(rt, MP_ACT_ALLOC_X), (void **)&rt->x[l + 1]));
   float auxv = 0;
   MP_CHECK(mp_rt_block_forward(ctx, rt, l, rt->x[l], rt->x[l + 1], &auxv));
   if (is_moe_layer(rt, l)) ms->aux_sum += auxv;
@@ -142,7 +143,8 @@ static mp_status act_recompute(mp_ctx *ctx, mp_runtime *rt, int l, int full) {
     return mp_rt_block_forward(ctx, rt, l, rt->x[l], NULL, NULL);
   }
   /* the attention core from the saved q, k, v */
-  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, lay_of(rt, l)->bytes[MP_ACT_ALLOC_CORE], (void **)&rt->core[l]));
+  const size_t cb = lay_of(rt, l)->bytes[MP_ACT_ALLOC_CORE];
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, cb, (void **)&rt->core[l]));
   return mp_rt_attn_core_forward(ctx, rt, l);
 }
 
