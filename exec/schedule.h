@@ -34,7 +34,7 @@
  * pp, the pp schedule and n_micro from the plan).
  *
  * Memory categories and what the builder allocates (for the default memory model; the plan's
- * mem_model, exec/plan.h, can name another runtime's layout, described in schedule.c):
+ * mem_model, exec/plan.h, can name another runtime's layout, described in schedule_rt.c):
  *   PARAMS       sharded master parameters at rest (fp32), resident (prologue)
  *   OPTIMIZER    AdamW m and v (fp32), resident
  *   GRADS        sharded gradients (fp32), resident: the builder allocates them in the
