@@ -17,7 +17,7 @@ static int exists(const mp_act_dims *d, int moe, mp_act_when w) {
     case MP_ACT_WHEN_MOE: return moe;
     case MP_ACT_WHEN_MOE_LOCAL: return moe && d->ep <= 1;
     case MP_ACT_WHEN_SHARED: return moe && d->Fs > 0;
-    case MP_ACT_WHEN_EP: return d->ep > 1;
+    case MP_ACT_WHEN_MOE_EP: return moe && d->ep > 1;
     case MP_ACT_WHEN_TP: return d->tp > 1;
     case MP_ACT_WHEN_DEVMEM: return !d->host_mem;
   }

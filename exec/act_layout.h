@@ -76,7 +76,7 @@ typedef enum mp_act_when {
   MP_ACT_WHEN_MOE_LOCAL, /* an MoE block's when its experts run on the rank (ep == 1); under
                             EP they live on the expert side (EPA, EP_WS) */
   MP_ACT_WHEN_SHARED,    /* an MoE block's with a shared expert (Fs > 0) */
-  MP_ACT_WHEN_EP,        /* ep > 1 */
+  MP_ACT_WHEN_MOE_EP,    /* an MoE block's under EP (ep > 1): the expert side */
   MP_ACT_WHEN_TP,        /* tp > 1: the vocab-parallel loss's reductions */
   MP_ACT_WHEN_DEVMEM     /* the backend's memory is not host memory */
 } mp_act_when;
@@ -142,17 +142,17 @@ typedef enum mp_act_when {
   T(dsg,        WS,          N * Fs,                       X,    SHARED)                  \
   T(dsu,        WS,          N * Fs,                       X,    SHARED)                  \
   /* EP: the expert side, R rows received (routing decides R at run time) */              \
-  T(ep_xr,      EPA,         R * C,                        X,    EP)                      \
-  T(ep_eg,      EPA,         R * Fe,                       X,    EP)                      \
-  T(ep_eu,      EPA,         R * Fe,                       X,    EP)                      \
-  T(ep_eh,      EPA,         R * Fe,                       X,    EP)                      \
-  T(ep_dey,     EP_WS,       R * C,                        X,    EP)                      \
-  T(ep_dxr,     EP_WS,       R * C,                        X,    EP)                      \
-  T(ep_deh,     EP_WS,       R * Fe,                       X,    EP)                      \
-  T(ep_deg,     EP_WS,       R * Fe,                       X,    EP)                      \
-  T(ep_deu,     EP_WS,       R * Fe,                       X,    EP)                      \
-  T(ep_pad,     EP_WS,       16,                           F32,  EP) /* never empty */    \
-  T(ep_out,     EP_OUT,      (R > 0 ? R : 1) * C,          X,    EP)                      \
+  T(ep_xr,      EPA,         R * C,                        X,    MOE_EP)                  \
+  T(ep_eg,      EPA,         R * Fe,                       X,    MOE_EP)                  \
+  T(ep_eu,      EPA,         R * Fe,                       X,    MOE_EP)                  \
+  T(ep_eh,      EPA,         R * Fe,                       X,    MOE_EP)                  \
+  T(ep_dey,     EP_WS,       R * C,                        X,    MOE_EP)                  \
+  T(ep_dxr,     EP_WS,       R * C,                        X,    MOE_EP)                  \
+  T(ep_deh,     EP_WS,       R * Fe,                       X,    MOE_EP)                  \
+  T(ep_deg,     EP_WS,       R * Fe,                       X,    MOE_EP)                  \
+  T(ep_deu,     EP_WS,       R * Fe,                       X,    MOE_EP)                  \
+  T(ep_pad,     EP_WS,       16,                           F32,  MOE_EP) /* never empty */\
+  T(ep_out,     EP_OUT,      (R > 0 ? R : 1) * C,          X,    MOE_EP)                  \
   /* head and loss */                                                                     \
   T(xf,         HEAD,        N * C,                        X,    ALWAYS)                  \
   T(rstdf,      HEAD,        N,                            F32,  ALWAYS)                  \

@@ -186,7 +186,7 @@ static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   mp_sched_seg_open(g, MP_PHASE_BACKWARD, l, -1);
   const int32_t prev_last = g->last_c;
   /* the runtimes: x[l + 1] goes as the block above (or the head) finishes its backward */
-  if (g->rt) mp_sched_rt_mem(g, MP_ACT_ALLOC_X, kind, 0);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_X, kind, 0);
   int32_t patch[N_PARTS], n_patch = 0;
   int32_t next_g[N_PARTS] = {-1, -1, -1}, own_g[N_PARTS] = {-1, -1, -1};
   /* resharded, a block gathers its own units without prefetch; with it, the block above
@@ -312,12 +312,12 @@ static int32_t emit_forward_head(gen *g, const stage_info *st, carry *c) {
   int32_t root_g[N_PARTS] = {-1, -1, -1};
   mp_sched_seg_open(g, MP_PHASE_FORWARD, -1, 0);
   int32_t recv = -1;
-  if (g->rt) mp_sched_rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 1);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 1);
   if (!st->first) recv = stage_p2p(g, MP_COLL_RECV);
   if (g->root_unit >= 0) mp_sched_gather_units(g, -1, g->root_unit, 1, root_g, -1, NULL, NULL);
   if (g->prefetch && st->l1 > st->l0)
     mp_sched_gather_block(g, st->l0, c->gather, -1, NULL, NULL);
-  if (g->rt) mp_sched_rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 1); /* x[0], the stage's input */
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 1); /* the runtimes: x[0], the stage's input */
   if (st->first) {
     pend_dep(g, root_g[0], 0);
     mp_sched_embedding_fwd(g);
@@ -352,7 +352,7 @@ static void emit_backward_head(gen *g, const stage_info *st, carry *c) {
     mp_sched_gather_block(g, st->l1 - 1, c->gather, g->last_c, NULL, NULL);
   if (st->last && g->rt) mp_sched_head_bwd_rt(g);
   else if (st->last) mp_sched_head_bwd(g);
-  else if (g->rt) mp_sched_rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 1); /* the received gradient */
+  else mp_sched_rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 1); /* the runtimes: the gradient in */
   mp_sched_seg_close(g, MP_PHASE_BACKWARD, 1, 0, 0);
   if (recv >= 0) pend_dep(g, recv, 0);
 }

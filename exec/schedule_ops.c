@@ -393,16 +393,15 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
                 2.0 * (double)(T * H) + 2.0 * (double)(Tk * H));
     /* the runtimes under EP: the expert side (sized by the rows received) is saved for
      * backward; the expert outputs wait in a COMM buffer for the combine */
-    const int ep_mem = g->rt && sh->ep > 1;
-    if (ep_mem) mp_sched_rt_mem(g, MP_ACT_ALLOC_EPA, kind, 1);
+    mp_sched_rt_mem(g, MP_ACT_ALLOC_EPA, kind, 1);
     ep_alltoall(g, MP_MOD_EXPERTS_GATE);
-    if (ep_mem) mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 1);
+    mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 1);
     attach(g, pd, PART_EXPERTS);
     experts_gate_up_fwd(g, H);
     swiglu(g, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
     experts_down_fwd(g, H);
     ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
-    if (ep_mem) mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 0);
+    mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 0);
     if (out)
       elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_FWD, -1, Tk * H, 2.0,
                   2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
@@ -411,11 +410,11 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
       linear_fwd(g, MP_MOD_SHARED_UP, (double)T, sh->fs, H, 1);
       swiglu(g, MP_VAR_FWD, MP_MOD_SHARED_GATE, T * sh->fs);
       if (!out) return;
-      if (g->rt) mp_sched_rt_mem(g, MP_ACT_ALLOC_SHARED_OUT, kind, 1);
+      mp_sched_rt_mem(g, MP_ACT_ALLOC_SHARED_OUT, kind, 1); /* the runtimes' partial sum */
       linear_fwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->fs, 1);
       tp_allreduce(g, sh->ar_sdown, MP_MOD_SHARED_DOWN);
       residual(g, MP_VAR_FWD, T * H); /* routed + shared */
-      if (g->rt) mp_sched_rt_mem(g, MP_ACT_ALLOC_SHARED_OUT, kind, 0);
+      mp_sched_rt_mem(g, MP_ACT_ALLOC_SHARED_OUT, kind, 0);
     }
     if (!out) return;
   }
@@ -449,13 +448,12 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
     }
     elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_BWD, -1, Tk * H, 2.0,
                 2.0 * (double)(T * H) + 4.0 * (double)(Tk * H));
-    const int ep_mem = g->rt && sh->ep > 1; /* the expert side's gradients, as in forward */
-    if (ep_mem) mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 1);
+    mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 1); /* the expert side's gradients (EP) */
     ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
     attach(g, pd, PART_EXPERTS);
     experts_bwd(g, H, Tk);
     ep_alltoall(g, MP_MOD_EXPERTS_GATE);
-    if (ep_mem) mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 0);
+    mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 0);
     elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_BWD, -1, Tk * H, 1.0,
                 2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
     elementwise(g, MP_KERNEL_ROUTER, MP_VAR_BWD, MP_MOD_ROUTER, T * sh->E, FLOPS_ROUTER,

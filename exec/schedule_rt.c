@@ -62,10 +62,13 @@
  *     unit's unsharded gradients live through the next unit's backward. */
 #include "exec/schedule_internal.h"
 
-/* Runtime models: the memory event of an allocation of the activation layout
- * (exec/act_layout.h) for a block of `kind` (outside blocks both kinds agree), with the
- * category the runtime allocates it in. */
+/* The memory event of an allocation of the runtime's activation layout (exec/act_layout.h)
+ * for a block of `kind` (outside blocks both kinds agree), with the category the runtime
+ * allocates it in. Nothing where the allocation does not exist (the table's condition
+ * gives it no bytes: the expert side without EP, say) and nothing under the torchtitan
+ * model, whose memory has events of its own. */
 void mp_sched_rt_mem(gen *g, mp_act_alloc a, int kind, int alloc) {
+  if (!g->rt) return;
   static const struct {
     uint8_t cat, buf;
   } k_ev[MP_ACT_ALLOC_COUNT] = {
@@ -169,7 +172,7 @@ void mp_sched_rt_block_fwd(gen *g, int kind, const part_deps *pd) {
   if (ac != MP_AC_NONE) mp_sched_rt_mem(g, MP_ACT_ALLOC_CORE, kind, 0);
   if (ac == MP_AC_FULL) {
     mp_sched_rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 0);
-    if (kind == KIND_MOE && g->sh.ep > 1) mp_sched_rt_mem(g, MP_ACT_ALLOC_EPA, kind, 0);
+    mp_sched_rt_mem(g, MP_ACT_ALLOC_EPA, kind, 0);
   }
 }
 
@@ -201,7 +204,7 @@ void mp_sched_rt_block_bwd(gen *g, int32_t l, int kind, const part_deps *pd) {
   mp_sched_rt_mem(g, MP_ACT_ALLOC_WS, kind, 0);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_CORE, kind, 0);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 0);
-  if (kind == KIND_MOE && g->sh.ep > 1) mp_sched_rt_mem(g, MP_ACT_ALLOC_EPA, kind, 0);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_EPA, kind, 0);
   /* all of the block's units are reduced after its whole backward, then resharded */
   mp_sched_reduce_units(g, l, g->first_unit[l], g->n_units[l], 0, N_PARTS - 1);
   mp_sched_free_units(g, l, g->first_unit[l], g->n_units[l], 0, N_PARTS - 1);
