@@ -206,8 +206,9 @@ typedef struct mp_act_layout {
   size_t bytes[MP_ACT_ALLOC_COUNT];
 } mp_act_layout;
 
-/* Lays the table out for dims d and a dense (moe = 0) or MoE (moe = 1) block: the blocks'
- * allocations (BLOCK, WS) differ by kind, every other one is the same for both. */
+/* Lays the table out for dims d and a dense (moe = 0) or MoE (moe = 1) block: a block's
+ * allocations (BLOCK, WS) differ by kind and only an MoE block has an expert side (EPA,
+ * EP_WS, EP_OUT); every other allocation is the same for both. */
 void mp_act_layout_fill(mp_act_layout *l, const mp_act_dims *d, int moe);
 
 /* Bytes of the resident allocations (RoPE tables, scalars, staging) together. */
