@@ -141,6 +141,101 @@ static int hf_type_supported(const char *type, const char *arch) {
   return 1; /* neither named: read the llama field names and let the required keys decide */
 }
 
+/* GPT-2's config (model_type gpt2): LayerNorm with biases, tied embeddings, d_ff 4 x d_model
+ * unless n_inner says otherwise. */
+static mp_status hf_gpt2(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m) {
+  m->family = MP_FAMILY_GPT;
+  m->bias = 1;
+  m->tied_embeddings = 1;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m->vocab));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "n_embd", 1, &m->d_model));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "n_layer", 1, &m->n_layers));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "n_head", 1, &m->n_heads));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "n_positions", 1, &m->max_seq));
+  m->d_ff = 4 * m->d_model;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "n_inner", 0, &m->d_ff));
+  m->n_kv_heads = m->n_heads;
+  /* n_head <= 0 is reported by mp_model_validate; do not divide by it first. */
+  m->head_dim = m->n_heads > 0 ? m->d_model / m->n_heads : 0;
+  m->norm_eps = 1e-5;
+  MP_CHECK(mp_json_get_f64(ctx, j, where, "layer_norm_epsilon", 0, &m->norm_eps));
+  return mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m->tied_embeddings);
+}
+
+/* Mixtral's experts: every layer MoE, experts as wide as the dense d_ff. */
+static mp_status hf_mixtral_moe(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m) {
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_local_experts", 1, &m->n_experts));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_experts_per_tok", 1, &m->top_k));
+  m->d_ff_expert = m->d_ff;
+  m->aux_loss_coef = 0.02;
+  MP_CHECK(mp_json_get_f64(ctx, j, where, "router_aux_loss_coef", 0, &m->aux_loss_coef));
+  m->norm_topk_prob = 1;
+  set_moe_layers(m, 0, 1);
+  return MP_OK;
+}
+
+/* Qwen2-MoE's and Qwen3-MoE's experts: every decoder_sparse_step-th layer MoE except the
+ * mlp_only_layers, an optional shared expert. */
+static mp_status hf_qwen_moe(mp_ctx *ctx, const cJSON *j, const char *where, const char *type,
+                             mp_model *m) {
+  int64_t step = 1;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_experts", 1, &m->n_experts));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_experts_per_tok", 1, &m->top_k));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "moe_intermediate_size", 1, &m->d_ff_expert));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "decoder_sparse_step", 0, &step));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "shared_expert_intermediate_size", 0, &m->d_ff_shared));
+  if (m->d_ff_shared > 0) m->n_shared_experts = 1;
+  m->aux_loss_coef = 0.001;
+  MP_CHECK(mp_json_get_f64(ctx, j, where, "router_aux_loss_coef", 0, &m->aux_loss_coef));
+  m->norm_topk_prob = strcmp(type, "qwen3_moe") == 0;
+  MP_CHECK(mp_json_get_bool(ctx, j, where, "norm_topk_prob", 0, &m->norm_topk_prob));
+  if (m->n_layers > MP_MAX_LAYERS) return mp_model_validate(ctx, m, where);
+  set_moe_layers(m, 0, step);
+  const cJSON *only = cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers");
+  if (cJSON_IsArray(only)) {
+    const cJSON *it;
+    cJSON_ArrayForEach(it, only) {
+      if (cJSON_IsNumber(it) && it->valueint >= 0 && it->valueint < MP_MAX_LAYERS)
+        m->moe_layer[it->valueint] = 0;
+    }
+  }
+  return MP_OK;
+}
+
+/* The llama family's configs (llama, mistral, qwen2, qwen3, and their MoE variants):
+ * RMSNorm, RoPE, SwiGLU; Qwen2's q/k/v biases and Qwen3's q/k norms by default. */
+static mp_status hf_llama(mp_ctx *ctx, const cJSON *j, const char *where, const char *type,
+                          const char *arch, mp_model *m) {
+  m->family = MP_FAMILY_LLAMA;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m->vocab));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "hidden_size", 1, &m->d_model));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_hidden_layers", 1, &m->n_layers));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_attention_heads", 1, &m->n_heads));
+  m->n_kv_heads = m->n_heads;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_key_value_heads", 0, &m->n_kv_heads));
+  m->head_dim = m->n_heads > 0 ? m->d_model / m->n_heads : 0;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "head_dim", 0, &m->head_dim));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "intermediate_size", 1, &m->d_ff));
+  m->max_seq = 4096;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "max_position_embeddings", 0, &m->max_seq));
+  MP_CHECK(mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m->tied_embeddings));
+  m->norm_eps = 1e-6;
+  MP_CHECK(mp_json_get_f64(ctx, j, where, "rms_norm_eps", 0, &m->norm_eps));
+  m->rope_theta = 10000.0;
+  MP_CHECK(mp_json_get_f64(ctx, j, where, "rope_theta", 0, &m->rope_theta));
+  int is_qwen2 = strncmp(type, "qwen2", 5) == 0 || strncmp(arch, "Qwen2", 5) == 0;
+  int is_qwen3 = strncmp(type, "qwen3", 5) == 0 || strncmp(arch, "Qwen3", 5) == 0;
+  m->qkv_bias = is_qwen2;
+  MP_CHECK(mp_json_get_bool(ctx, j, where, "attention_bias", 0, &m->qkv_bias));
+  m->qk_norm = is_qwen3;
+  int is_mixtral = strcmp(type, "mixtral") == 0 || strncmp(arch, "Mixtral", 7) == 0;
+  int is_qwen_moe = strcmp(type, "qwen3_moe") == 0 || strcmp(type, "qwen2_moe") == 0 ||
+                    strstr(arch, "Moe") != NULL;
+  if (is_mixtral) return hf_mixtral_moe(ctx, j, where, m);
+  if (is_qwen_moe) return hf_qwen_moe(ctx, j, where, type, m);
+  return MP_OK;
+}
+
 mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origin,
                                 mp_model *out) {
   cJSON *j = NULL;
@@ -168,93 +263,8 @@ mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origi
     goto done;
   }
   snprintf(m.name, sizeof m.name, "%s", arch[0] ? arch : type);
-  if (is_gpt2) {
-    m.family = MP_FAMILY_GPT;
-    m.bias = 1;
-    m.tied_embeddings = 1;
-    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m.vocab), st, done);
-    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "n_embd", 1, &m.d_model), st, done);
-    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "n_layer", 1, &m.n_layers), st, done);
-    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "n_head", 1, &m.n_heads), st, done);
-    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "n_positions", 1, &m.max_seq), st, done);
-    m.d_ff = 4 * m.d_model;
-    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "n_inner", 0, &m.d_ff), st, done);
-    m.n_kv_heads = m.n_heads;
-    /* n_head <= 0 is reported by mp_model_validate; do not divide by it first. */
-    m.head_dim = m.n_heads > 0 ? m.d_model / m.n_heads : 0;
-    m.norm_eps = 1e-5;
-    MP_CHECK_GOTO(mp_json_get_f64(ctx, j, where, "layer_norm_epsilon", 0, &m.norm_eps), st, done);
-    MP_CHECK_GOTO(mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m.tied_embeddings),
-                  st, done);
-  } else {
-    m.family = MP_FAMILY_LLAMA;
-    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m.vocab), st, done);
-    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "hidden_size", 1, &m.d_model), st, done);
-    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_hidden_layers", 1, &m.n_layers), st, done);
-    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_attention_heads", 1, &m.n_heads), st, done);
-    m.n_kv_heads = m.n_heads;
-    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_key_value_heads", 0, &m.n_kv_heads), st,
-                  done);
-    m.head_dim = m.n_heads > 0 ? m.d_model / m.n_heads : 0;
-    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "head_dim", 0, &m.head_dim), st, done);
-    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "intermediate_size", 1, &m.d_ff), st, done);
-    m.max_seq = 4096;
-    MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "max_position_embeddings", 0, &m.max_seq), st,
-                  done);
-    MP_CHECK_GOTO(mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m.tied_embeddings),
-                  st, done);
-    m.norm_eps = 1e-6;
-    MP_CHECK_GOTO(mp_json_get_f64(ctx, j, where, "rms_norm_eps", 0, &m.norm_eps), st, done);
-    m.rope_theta = 10000.0;
-    MP_CHECK_GOTO(mp_json_get_f64(ctx, j, where, "rope_theta", 0, &m.rope_theta), st, done);
-    int is_qwen2 = strncmp(type, "qwen2", 5) == 0 || strncmp(arch, "Qwen2", 5) == 0;
-    int is_qwen3 = strncmp(type, "qwen3", 5) == 0 || strncmp(arch, "Qwen3", 5) == 0;
-    m.qkv_bias = is_qwen2;
-    MP_CHECK_GOTO(mp_json_get_bool(ctx, j, where, "attention_bias", 0, &m.qkv_bias), st, done);
-    m.qk_norm = is_qwen3;
-    int is_mixtral = strcmp(type, "mixtral") == 0 || strncmp(arch, "Mixtral", 7) == 0;
-    int is_qwen_moe = strcmp(type, "qwen3_moe") == 0 || strcmp(type, "qwen2_moe") == 0 ||
-                      strstr(arch, "Moe") != NULL;
-    if (is_mixtral) {
-      MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_local_experts", 1, &m.n_experts), st, done);
-      MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_experts_per_tok", 1, &m.top_k), st, done);
-      m.d_ff_expert = m.d_ff;
-      m.aux_loss_coef = 0.02;
-      MP_CHECK_GOTO(mp_json_get_f64(ctx, j, where, "router_aux_loss_coef", 0, &m.aux_loss_coef),
-                    st, done);
-      m.norm_topk_prob = 1;
-      set_moe_layers(&m, 0, 1);
-    } else if (is_qwen_moe) {
-      int64_t step = 1;
-      MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_experts", 1, &m.n_experts), st, done);
-      MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "num_experts_per_tok", 1, &m.top_k), st, done);
-      MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "moe_intermediate_size", 1, &m.d_ff_expert), st,
-                    done);
-      MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "decoder_sparse_step", 0, &step), st, done);
-      MP_CHECK_GOTO(mp_json_get_i64(ctx, j, where, "shared_expert_intermediate_size", 0,
-                                    &m.d_ff_shared), st, done);
-      if (m.d_ff_shared > 0) m.n_shared_experts = 1;
-      m.aux_loss_coef = 0.001;
-      MP_CHECK_GOTO(mp_json_get_f64(ctx, j, where, "router_aux_loss_coef", 0, &m.aux_loss_coef),
-                    st, done);
-      m.norm_topk_prob = strcmp(type, "qwen3_moe") == 0;
-      MP_CHECK_GOTO(mp_json_get_bool(ctx, j, where, "norm_topk_prob", 0, &m.norm_topk_prob), st,
-                    done);
-      if (m.n_layers > MP_MAX_LAYERS) {
-        st = mp_model_validate(ctx, &m, where);
-        goto done;
-      }
-      set_moe_layers(&m, 0, step);
-      const cJSON *only = cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers");
-      if (cJSON_IsArray(only)) {
-        const cJSON *it;
-        cJSON_ArrayForEach(it, only) {
-          if (cJSON_IsNumber(it) && it->valueint >= 0 && it->valueint < MP_MAX_LAYERS)
-            m.moe_layer[it->valueint] = 0;
-        }
-      }
-    }
-  }
+  if (is_gpt2) MP_CHECK_GOTO(hf_gpt2(ctx, j, where, &m), st, done);
+  else MP_CHECK_GOTO(hf_llama(ctx, j, where, type, arch, &m), st, done);
   MP_CHECK_GOTO(mp_model_validate(ctx, &m, where), st, done);
   *out = m;
 done:

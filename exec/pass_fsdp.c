@@ -25,10 +25,10 @@ static int is_attention(mp_module m) {
          m == MP_MOD_Q_NORM || m == MP_MOD_K_NORM || m == MP_MOD_O;
 }
 
-mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
+/* The orders and combinations FSDP refuses: before TP, before EP, per-block units with EP. */
+static mp_status check_order(mp_ctx *ctx, const mp_plan *p, const mp_fsdp_options *o, int ep_on) {
   const mp_mesh *mesh = &p->mesh;
   const mp_model *m = &p->model;
-  const int ep_on = (p->applied & MP_PASS_EP) && mesh->ep > 1;
   if (!(p->applied & MP_PASS_FSDP) && mesh->size[MP_DIM_TP] > 1 && !(p->applied & MP_PASS_TP))
     return mp_error(ctx, MP_ERR_ORDER,
                     "FSDP before TP: with tp=%d and TP not applied, FSDP would wrap the plain "
@@ -42,15 +42,18 @@ mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
                     "experts would be sharded over the whole FSDP group and every rank would "
                     "gather all %lld experts; apply EP before FSDP",
                     mesh->ep, (long long)m->n_experts);
-  mp_fsdp_options def = {1, 0, MP_DTYPE_BF16, MP_DTYPE_FP32};
-  if (o == NULL) o = &def;
   if (o->per_block && ep_on && mp_model_n_moe_layers(m) > 0)
     return mp_error(ctx, MP_ERR_ORDER,
                     "EP with per-block FSDP deadlocks between EP's two all-to-alls: a unit "
                     "holding a whole MoE block all-gathers the experts between dispatch and "
                     "combine; keep per_block=0 (attention, MoE and experts units) or set ep=1");
+  return MP_OK;
+}
 
-  /* Unit layout: root, then per block one unit, or three for a MoE block under EP. */
+/* Unit layout: root, then per block one unit, or three for a MoE block under EP; base[l]
+ * receives block l's first unit. */
+static mp_status layout_units(mp_ctx *ctx, mp_plan *p, int ep_on, int **base_out) {
+  const mp_model *m = &p->model;
   const int L = (int)m->n_layers;
   int *base = mp_arena_alloc(p->arena, sizeof(int) * (size_t)(L + 1));
   if (base == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory building FSDP units");
@@ -86,11 +89,16 @@ mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
       u->group = MP_GROUP_FSDP;
     }
   }
+  *base_out = base;
+  return MP_OK;
+}
 
-  /* Assign each parameter to its unit, shard it and add it to the unit's sizes (one walk
-   * over the parameters; a second one only lists them per unit). */
-  const int g_dense = mp_mesh_group_size(mesh, MP_GROUP_FSDP);
-  const int g_expert = mp_mesh_group_size(mesh, MP_GROUP_EFSDP);
+/* Assigns each parameter to its unit, shards it and adds it to the unit's sizes (one walk
+ * over the parameters), then lists the parameters per unit (in one block of indices). */
+static mp_status assign_params(mp_ctx *ctx, mp_plan *p, int ep_on, const int *base) {
+  const mp_model *m = &p->model;
+  const int g_dense = mp_mesh_group_size(&p->mesh, MP_GROUP_FSDP);
+  const int g_expert = mp_mesh_group_size(&p->mesh, MP_GROUP_EFSDP);
   for (int i = 0; i < p->n_params; i++) {
     mp_param *prm = &p->params[i];
     int unit = 0;
@@ -106,16 +114,12 @@ mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
     mp_fsdp_unit *u = &p->units[unit];
     u->n_params++;
     const int g = prm->fsdp_group == MP_GROUP_EFSDP ? g_expert : g_dense;
-    const int64_t rows = prm->tp_shape[0], chunk = (rows + g - 1) / g;
-    int64_t row_numel = 1; /* elements per row of dim 0: tp_numel / rows, without dividing */
-    for (int d = 1; d < prm->ndim; d++) row_numel *= prm->tp_shape[d];
-    u->numel_tp += rows * row_numel;
-    u->numel_shard += chunk * row_numel;
+    u->numel_tp += mp_param_tp_numel(prm);
+    u->numel_shard += mp_param_padded_shard_numel(prm, g);
   }
-  /* One block for every unit's index list. */
-  int *lists = mp_arena_alloc(p->arena, sizeof(int) * (size_t)(p->n_params + n_units));
+  int *lists = mp_arena_alloc(p->arena, sizeof(int) * (size_t)(p->n_params + p->n_units));
   if (lists == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory building FSDP units");
-  for (int u = 0; u < n_units; u++) {
+  for (int u = 0; u < p->n_units; u++) {
     p->units[u].params = lists;
     lists += p->units[u].n_params + 1;
     p->units[u].n_params = 0;
@@ -124,7 +128,17 @@ mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
     mp_fsdp_unit *u = &p->units[p->params[i].fsdp_unit];
     u->params[u->n_params++] = i;
   }
+  return MP_OK;
+}
 
+mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
+  const int ep_on = (p->applied & MP_PASS_EP) && p->mesh.ep > 1;
+  mp_fsdp_options def = {1, 0, MP_DTYPE_BF16, MP_DTYPE_FP32};
+  if (o == NULL) o = &def;
+  MP_CHECK(check_order(ctx, p, o, ep_on));
+  int *base = NULL;
+  MP_CHECK(layout_units(ctx, p, ep_on, &base));
+  MP_CHECK(assign_params(ctx, p, ep_on, base));
   p->opts.fsdp = *o;
   mp_plan_note_fsdp(p, o);
   mp_plan_mark_applied(p, MP_PASS_FSDP);

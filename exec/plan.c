@@ -627,6 +627,14 @@ int64_t mp_param_tp_numel(const mp_param *prm) {
   return n;
 }
 
+int64_t mp_fsdp_chunk_rows(int64_t rows, int gsize) { return (rows + gsize - 1) / gsize; }
+
+int64_t mp_param_padded_shard_numel(const mp_param *prm, int gsize) {
+  int64_t row_numel = 1; /* elements per row of dim 0, without dividing */
+  for (int d = 1; d < prm->ndim; d++) row_numel *= prm->tp_shape[d];
+  return mp_fsdp_chunk_rows(prm->tp_shape[0], gsize) * row_numel;
+}
+
 /* A rank's place in the mesh as the tile math needs it, computed once per rank (the
  * totals ask it for every parameter). */
 typedef struct rank_pos {
@@ -670,7 +678,7 @@ static int tile_at(const mp_param *prm, const rank_pos *r, int64_t off[MP_MAX_ND
     const int efsdp = prm->fsdp_group == MP_GROUP_EFSDP;
     int g = efsdp ? r->efsdp_g : r->fsdp_g;
     int i = efsdp ? r->efsdp_i : r->fsdp_i;
-    int64_t rows = prm->tp_shape[0], chunk = (rows + g - 1) / g;
+    int64_t rows = prm->tp_shape[0], chunk = mp_fsdp_chunk_rows(rows, g);
     int64_t start = (int64_t)i * chunk, end = start + chunk;
     if (end > rows) end = rows;
     if (start >= end) {

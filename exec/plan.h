@@ -10,8 +10,8 @@
  *   mp_build_plan         all five in order, from options
  *
  * Each pass checks the plan's state and refuses a wrong order or combination with
- * MP_ERR_ORDER and a message that names the rule and its consequence (the seeds' "what
- * goes wrong where" table). A pass applied twice is refused too.
+ * MP_ERR_ORDER and a message that names the rule and its consequence (tests/plan/
+ * passes_test.cc holds one case per refusal). A pass applied twice is refused too.
  *
  * Shapes: a Linear weight is stored [out, in] as in PyTorch; routed experts are one 3-D
  * parameter per projection, [n_experts, out, in]; embeddings are [vocab, d_model].
@@ -148,13 +148,15 @@ typedef enum mp_pp_schedule { MP_PP_1F1B = 0, MP_PP_INTERLEAVED, MP_PP_GPIPE } m
 /* Whose memory the schedule's ALLOC/FREE events describe: a property of the runtime that
  * executes the plan, named by its stack profile (sim/stack.h, key "memory_model"). It
  * changes no parameter, unit or collective, only the memory events (and, where the
- * runtime runs fewer ops, what it recomputes); exec/schedule.c documents both.
+ * runtime runs fewer ops, what it recomputes); exec/schedule.c and exec/schedule_rt.c
+ * document them.
  *   TORCHTITAN    PyTorch FSDP2 as torchtitan runs it: bf16 activations, the tensors
  *                 autograd saves, one block of all-gather prefetch, a one-rank FSDP group
  *                 still cast into a gathered buffer (the GPU stacks; the default)
- *   MESHPLAN_CPU  exec/runtime/runtime.c on the CPU backend: fp32 tensors carved from one
- *                 allocation per block (64-byte aligned), blocking MPI collectives (no
- *                 prefetch), parameters of a one-rank FSDP group used in place
+ *   MESHPLAN_CPU  the runtime (exec/runtime/) on the CPU backend: fp32 tensors carved
+ *                 from one allocation per block (exec/act_layout.h, 64-byte aligned),
+ *                 blocking MPI collectives (no prefetch), parameters of a one-rank FSDP
+ *                 group used in place
  *   MESHPLAN_CUDA the same runtime on the CUDA backend: the same layout with bf16 X
  *                 tensors, a resident bf16 compute copy of every parameter that is not
  *                 FSDP-sharded, units gathered in bf16, float8 GEMMs on real codes, and
@@ -212,7 +214,7 @@ typedef struct mp_plan {
   int64_t vocab_padded;  /* vocab after padding for tp (== model.vocab when none) */
   mp_ac_mode ac;
   int layers_per_stage;  /* n_layers / pp (last stage may hold fewer) */
-  /* Added for the planner's speed (mp_build_plan_from): */
+  /* For the planner's speed (mp_build_plan_from): */
   const struct mp_plan_template *tmpl; /* the template it was built from, or NULL; when set,
                                           params[i].fqn / module_fqn and unit names point
                                           into the template, which must outlive the plan */
@@ -262,7 +264,7 @@ void mp_plan_template_destroy(mp_plan_template *t); /* NULL is a no-op */
 mp_status mp_build_plan_from(mp_ctx *ctx, const mp_plan_template *t, const mp_mesh *mesh,
                              const mp_plan_options *opts, mp_arena *arena, mp_plan **out);
 
-/* Added (the planner's speed): the plan mp_build_plan_from / mp_build_plan would give for
+/* For the planner's speed: the plan mp_build_plan_from / mp_build_plan would give for
  * base's model and mesh and `opts`, where opts differs from base->opts at most in
  * micro_batch, ac and fsdp.reshard_after_forward, without running the passes again: none
  * of the three changes a parameter or a unit, so the new plan's header (options, AC
@@ -282,6 +284,14 @@ void mp_param_tp_tile(const mp_plan *p, const mp_param *prm, int rank, int64_t o
                       int64_t len[MP_MAX_NDIM]);
 int64_t mp_param_numel(const mp_param *prm);    /* global */
 int64_t mp_param_tp_numel(const mp_param *prm); /* tp-local */
+/* FSDP2's sharding of dim 0 (torch.chunk): a group of gsize ranks splits the tp-local
+ * tensor's rows into chunks of ceil(rows / gsize), group index i holding rows
+ * [i chunk, min(rows, (i + 1) chunk)), so the last ranks' chunks may be short or empty. */
+int64_t mp_fsdp_chunk_rows(int64_t rows, int gsize);
+/* A parameter's padded FSDP shard over a group of gsize ranks: chunk rows x the tp-local
+ * row length, what every rank of the group stores and contributes to the all-gather
+ * (FSDP2 pads each rank's shard to the chunk). gsize 1: the whole tp-local tensor. */
+int64_t mp_param_padded_shard_numel(const mp_param *prm, int gsize);
 /* Elements stored at rest on rank (0 when another stage or an FSDP tail). */
 int64_t mp_param_local_numel(const mp_plan *p, const mp_param *prm, int rank);
 /* Looks a parameter up by FQN; -1 when absent. */
@@ -302,7 +312,7 @@ void mp_plan_rank_totals(const mp_plan *p, int rank, mp_plan_totals *out);
  * divide, naming the numbers. */
 mp_status mp_plan_batch(mp_ctx *ctx, const mp_plan *p, int64_t *local_batch, int64_t *n_micro);
 
-/* Shared by the pass files (added for them; usable by callers too). */
+/* Shared by the pass files (usable by callers too). */
 /* "TP", "EP", "Float8", "AC", "FSDP" for an MP_PASS_* bit. */
 const char *mp_pass_name(unsigned bit);
 /* Generic order check for pass `bit`: refuses (MP_ERR_ORDER) a pass applied twice and a
@@ -313,7 +323,7 @@ void mp_plan_mark_applied(mp_plan *p, unsigned bit);
 /* Appends a note (copied into the arena); notes beyond the 16th are dropped, the last
  * slot then saying so. */
 void mp_plan_note(mp_plan *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* The notes mp_apply_ac and mp_apply_fsdp record (added for mp_plan_derive). */
+/* The notes mp_apply_ac and mp_apply_fsdp record (mp_plan_derive writes them too). */
 void mp_plan_note_ac(mp_plan *p, mp_ac_mode mode);
 void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o);
 /* Pipeline stage of a rank (its pp coordinate). */

@@ -34,7 +34,7 @@
  * pp, the pp schedule and n_micro from the plan).
  *
  * Memory categories and what the builder allocates (for the default memory model; the plan's
- * mem_model, exec/plan.h, can name another runtime's layout, described in schedule.c):
+ * mem_model, exec/plan.h, can name another runtime's layout, described in schedule_rt.c):
  *   PARAMS       sharded master parameters at rest (fp32), resident (prologue)
  *   OPTIMIZER    AdamW m and v (fp32), resident
  *   GRADS        sharded gradients (fp32), resident: the builder allocates them in the
@@ -136,7 +136,7 @@ typedef enum mp_when {
 #define MP_OP_MAX_DEPS 4
 #define MP_DEP_PREV_REP 0x1
 
-/* Dependencies, precisely (added with the builder). dep[i] is an index into ops[]:
+/* Dependencies, precisely. dep[i] is an index into ops[]:
  *   - same segment, no flag: the instance of that op in the same repetition (it is
  *     listed earlier in the segment);
  *   - same segment, MP_DEP_PREV_REP: its instance in the previous repetition (none for
@@ -183,7 +183,6 @@ typedef struct mp_segment {
   int32_t repeat;          /* >= 1 */
   int32_t layer_step;      /* +1 forward, -1 backward, 0 outside blocks */
   uint8_t phase;
-  /* Added with the builder: */
   int32_t unit_step;       /* op.unit advances by this per repetition (units per block) */
   int64_t first_index;     /* instance index (mp_schedule_iter.index) of its first op */
 } mp_segment;
@@ -208,7 +207,7 @@ typedef struct mp_schedule {
                                        tokens_per_step_per_rank / (tp x pp x cp) */
   int64_t resident_bytes[MP_MEM_COUNT]; /* what the prologue allocates, by category */
   int64_t n_instances;    /* op instances per micro-batch incl. prologue and optimizer (the
-                             expanded op count; added with the builder) */
+                             expanded op count) */
 } mp_schedule;
 
 /* Builds rank's schedule in the arena (which owns it). The plan must have had FSDP
@@ -216,7 +215,7 @@ typedef struct mp_schedule {
 mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_mode mode,
                             mp_arena *arena, mp_schedule **out);
 
-/* Added (the planner's speed). What mp_schedule_build reads from a plan's parameters for
+/* For the planner's speed: what mp_schedule_build reads from a plan's parameters for
  * one rank (the FSDP units as the rank's stage sees them, the tp-local shapes, the runs of
  * identical blocks), computed once: the planner builds one plan per mesh and derives the
  * plans of the other micro-batch sizes, AC modes and reshard settings from it
@@ -243,17 +242,17 @@ typedef struct mp_schedule_iter {
   const mp_op *op;
   int32_t layer; /* op->layer + rep * layer_step */
   int64_t index;
-  int32_t unit;  /* op->unit + rep * unit_step (-1 when op->unit is -1); added */
+  int32_t unit;  /* op->unit + rep * unit_step (-1 when op->unit is -1) */
 } mp_schedule_iter;
 void mp_schedule_iter_begin(const mp_schedule *s, mp_schedule_iter *it);
 int mp_schedule_iter_next(mp_schedule_iter *it);
 /* Instance index (it->index numbering) of the current op's dependency i, or -1 when it
- * has none (MP_DEP_PREV_REP in a first repetition). Added. */
+ * has none (MP_DEP_PREV_REP in a first repetition). */
 int64_t mp_schedule_iter_dep(const mp_schedule_iter *it, int i);
 
-/* The step program (added with the walking runtime): one micro-batch of a schedule built
+/* The step program: one micro-batch of a schedule built
  * with a runtime memory model (MP_MEM_MODEL_MESHPLAN_CPU or _CUDA), read as the actions
- * exec/runtime/runtime.c executes, in the schedule's order. The schedule decides what
+ * the runtime (exec/runtime/) executes, in the schedule's order. The schedule decides what
  * happens and when: where each unit's all-gather is issued (prefetched a block ahead with
  * overlap, before the block without), which blocks drop saved tensors after their
  * forward and what their backward recomputes (AC), where gathered parameters are
@@ -294,7 +293,7 @@ mp_status mp_schedule_step_program(mp_ctx *ctx, const mp_schedule *s, mp_arena *
                                    mp_step_action **out, int32_t *n_out);
 const char *mp_step_act_name(int kind); /* "gather", "block_fwd", ... */
 
-/* Self-check (added): dependencies point backwards, every FREE matches an earlier ALLOC
+/* Self-check: dependencies point backwards, every FREE matches an earlier ALLOC
  * of the same buf, layer, unit, category and size, no category goes negative, and one
  * micro-batch's memory events return to the resident bytes. MP_ERR_INTERNAL with the
  * first violation otherwise. */

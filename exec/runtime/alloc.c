@@ -6,7 +6,7 @@
  * class (the executor asks for the same sizes every micro-batch), so a training step makes
  * no device allocations after the first: cudaMalloc/cudaFree cost tens of microseconds
  * to milliseconds each and cudaFree waits for the whole device. The accounting (current,
- * peak) counts requested bytes only, as before; the cache's bytes are reported apart
+ * peak) counts requested bytes only, cache or not; the cache's bytes are reported apart
  * (mp_talloc_reserved_peak). When the backend cannot allocate, the cache is released and
  * the request tried once more. */
 #include "exec/runtime/alloc.h"

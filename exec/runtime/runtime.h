@@ -67,17 +67,18 @@
  * biases and q/k norms, logits gathered over tp (shard_logits=0), tied embeddings with tp.
  *
  * The step is walked from the schedule: at creation the runtime builds this rank's
- * mp_schedule (exec/schedule.c) under the memory model of its backend's layout
+ * mp_schedule (exec/schedule.h) under the memory model of its backend's layout
  * (MP_MEM_MODEL_MESHPLAN_CPU for fp32 X, MP_MEM_MODEL_MESHPLAN_CUDA for bf16) and reads it
  * as a step program (mp_schedule_step_program): tokens, unit gathers, block forwards, AC's
  * drops and recomputes, releases, the head, block backwards, gradient reductions. Each
  * micro-batch runs that program; the schedule decides the order (where a gather is issued
  * and waited for, what is recomputed, when gathered parameters go, when a reduce-scatter
- * completes), runtime.c does each action with its kernels and collectives. Inside an
- * action (a block's forward, say) the kernels run in runtime.c's order, which the
+ * completes), the runtime does each action with its kernels and collectives. Inside an
+ * action (a block's forward, say) the kernels run in the runtime's order, which the
  * schedule's ops for that block mirror. The same schedule's memory events repeat this
- * runtime's allocations event for event (sizes, order, categories): change one, change
- * the other (tests/runtime:schedule_memory_test, its MPI variant for sharded plans, and
+ * runtime's allocations event for event (sizes, order, categories): both read the
+ * activation layout (exec/act_layout.h) for the tensors outside the parameters, and the
+ * order is kept in step by tests (tests/runtime:schedule_memory_test, its MPI variant for sharded plans, and
  * parity_matrix.py compare the predicted peak with the tracked allocator's, per plan;
  * tests/schedule:step_program_test holds the programs to the runtime's order by hand). */
 #ifndef MP_EXEC_RUNTIME_RUNTIME_H

@@ -113,7 +113,7 @@ mp_status mp_wfile_read(mp_ctx *ctx, const char *path, mp_wtensor **tensors, int
       t[i].numel *= t[i].shape[d];
     }
     if (pos + (size_t)t[i].numel * 4 > len) goto trunc;
-    t[i].data = (const float *)(uintptr_t)pos; /* offset for now: see below */
+    t[i].data = (const float *)(uintptr_t)pos; /* the file offset until copied below */
     pos += (size_t)t[i].numel * 4;
   }
   if (pos != len) goto trunc;

@@ -16,7 +16,7 @@ static std::vector<int> Group(const mp_mesh &m, mp_group g, int rank) {
   return r;
 }
 
-// The seeds' example: 8 ranks as [dp_shard=2, tp=4].
+// A worked example: 8 ranks as [dp_shard=2, tp=4].
 TEST(Mesh, SeedExampleTpAndFsdpGroups) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);

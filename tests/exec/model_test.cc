@@ -192,7 +192,7 @@ TEST_F(ModelTest, EveryDataModelLoads) {
     EXPECT_EQ(sum, mp_model_param_count(&m));
     for (int64_t l = m.n_layers; l < MP_MAX_LAYERS; l++) ASSERT_FALSE(m.moe_layer[l]) << l;
   }
-  // The list: 11 named models and the two tiny ones.
+  // The embedded models: 11 named ones and the two tiny ones.
   EXPECT_GE(models, 13);
   for (const char *want : {"gpt2-124m", "gpt-22b", "gpt3-175b", "turing-530b", "megatron-1t",
                            "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "qwen3-8b",

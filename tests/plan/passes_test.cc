@@ -69,7 +69,7 @@ TEST(Passes, SubsetInOrderSucceeds) {
   EXPECT_EQ(f.p->n_units, 3); // dense: n_layers + 1
 }
 
-// ---- the seeds' table ----------------------------------------------------------------
+// ---- the refusals: one case per wrong order or combination ---------------------------
 
 TEST(Passes, FsdpBeforeTpRefused) {
   Fixture f(SeedModel(), "dp_shard=4,tp=2");

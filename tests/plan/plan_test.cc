@@ -1,11 +1,11 @@
-// Plan IR: the seeds' worked example, exact cover of every weight by its shards, local
+// Plan IR: the worked example of exec/plan.h, exact cover of every weight by its shards, local
 // shapes of llama3.1-8b and qwen3-30b-a3b on several meshes, per-rank totals and FSDP
 // units, all against numbers derived by hand in the comments.
 #include "tests/plan/plan_testutil.h"
 
 typedef std::vector<int64_t> V;
 
-// ---- the seeds' worked example ---------------------------------------------------------
+// ---- the worked example of exec/plan.h -------------------------------------------------
 
 // d_model=8, d_ff=24, dp_shard=4 x tp=2 (rank = dp_shard_index * 2 + tp_index):
 //   up   [24, 8] colwise -> [12, 8] after TP -> 12 rows / 4 = [3, 8] at rest

@@ -10,7 +10,7 @@
 
 #include "exec/plan.h"
 
-// The seeds' worked example model: llama family, d_model 8, d_ff 24, 2 heads of 4,
+// The worked example's model (exec/plan.h): llama family, d_model 8, d_ff 24, 2 heads of 4,
 // 2 KV heads, vocab 16, one layer.
 inline mp_model SeedModel() {
   mp_model m;

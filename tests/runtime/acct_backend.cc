@@ -4,7 +4,6 @@
 #include "tests/runtime/acct_backend.h"
 
 #include <cstddef>
-#include <type_traits>
 
 #include "kernels/cpu/cpu.h"
 
@@ -28,22 +27,11 @@ mp_status Noop(mp_kctx *, A...) {
   X(cross_entropy_forward) X(ce_local_max) X(ce_local_sumexp) X(ce_local_target) X(ce_vp_combine)           \
   X(ce_backward) X(adamw_update) X(sum_squares) X(scale_f32) X(residual_forward) X(accumulate)               \
   X(accumulate_f32) X(f8_amax) X(f8_scale_from_amax) X(f8_quantize) X(f8_dequantize) X(f8_fake_quantize)    \
-  X(matmul_f8) X(f8_transpose) X(rmsnorm_forward_amax) X(swiglu_forward_amax) X(swiglu_backward_amax)
+  X(matmul_f8) X(f8_transpose) X(rmsnorm_forward_amax) X(swiglu_forward_amax) X(swiglu_backward_amax)       \
+  X(f8_quantize_t)
 #define ACCT_COUNT(op) +1
 
-// f8_quantize_t (codes of a tensor and of its transpose in one pass) is what runtime.c's
-// float8 path calls; kernels/ops.h gains it with the kernels that implement it. Until then
-// the table has no such slot: set it (and count it) only where it exists.
-template <typename B, typename = void>
-struct HasQuantizeT : std::false_type {};
-template <typename B>
-struct HasQuantizeT<B, std::void_t<decltype(&B::f8_quantize_t)>> : std::true_type {};
-template <typename B>
-void SetQuantizeT(B &b) {
-  if constexpr (HasQuantizeT<B>::value) b.f8_quantize_t = Noop;
-}
-
-constexpr size_t kOps = 0 ACCT_KEPT(ACCT_COUNT) ACCT_NOOPS(ACCT_COUNT) + (HasQuantizeT<mp_backend>::value ? 1 : 0);
+constexpr size_t kOps = 0 ACCT_KEPT(ACCT_COUNT) ACCT_NOOPS(ACCT_COUNT);
 // The table's function pointers follow name and x_dtype, one pointer each.
 constexpr size_t kTableOps = (sizeof(mp_backend) - offsetof(mp_backend, init)) / sizeof(void (*)(void));
 
@@ -74,7 +62,6 @@ mp_backend Make(bool touch) {
 #define ACCT_SET(op) b.op = Noop;
   ACCT_NOOPS(ACCT_SET)
 #undef ACCT_SET
-  SetQuantizeT(b);
   b.moe_plan = MoePlan;
   if (!touch) {
     b.memset_zero = ZeroSkipped;

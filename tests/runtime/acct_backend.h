@@ -1,7 +1,7 @@
 /* A test-only kernel backend that counts memory and computes nothing: the "acct"
  * (accounting) backend. It is the CPU backend's table (host memory, the same allocation,
  * copy and zero-fill hooks) with X tensors in bf16, as on CUDA, and every compute op and
- * dtype conversion a no-op returning MP_OK. The runtime (exec/runtime/runtime.c) runs on
+ * dtype conversion a no-op returning MP_OK. The runtime (exec/runtime/) runs on
  * it as it runs on the GPU: its name is not "cpu", so the runtime treats its memory as
  * device memory (the staging buffer of host-value collectives is allocated), X tensors
  * are 2 bytes, compute copies of the fp32 masters are made, and float8 runs its GEMMs on

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU parity for the runtime (issue 8): the tiny models trained on CUDA (bf16 compute,
+"""GPU parity for the runtime: the tiny models trained on CUDA (bf16 compute,
 fp32 master weights) against the CPU run (fp32), and a 4-rank plan on the one GPU (MPI
 with host staging) against the single-rank GPU run.
 

@@ -2,7 +2,7 @@
 // simulator's busy time by class (mp_sim_trace_busy) on the same step: tiny-dense (2
 // layers), one rank, seq 32, 2 micro-batches of 2, AC none, clipping off.
 //
-// Hand-derived kernel calls of the runtime per micro-batch (runtime.c): per layer 7 forward
+// Hand-derived kernel calls of the runtime per micro-batch (exec/runtime/): per layer 7 forward
 // GEMMs (q, k, v, o, gate, up, down) and 7 matmul_backward calls (each computes dgrad and
 // wgrad), plus the head's forward and backward: 2 x 14 + 2 = 30; attention forward and
 // backward per layer: 4; RMSNorm forward and backward, 2 per layer and the final one: 10;
@@ -199,7 +199,7 @@ TEST(Kprof, SimulatorBusyTimeCountsTheSameStep) {
 
 // Float8 on codes (the CUDA path's kernels, run on the CPU with f8_codes): the runtime's
 // float8 casts and GEMMs, counted by the profile, against the schedule's ops of the same
-// plan (f8_codes) and against a hand count. Per block and micro-batch (runtime.c, lin_fwd
+// plan (f8_codes) and against a hand count. Per block and micro-batch (runtime_f8.c, lin_fwd
 // and lin_bwd): each cast is f8_amax (unless the amax is known), f8_scale_from_amax and
 // f8_quantize_t.
 //   forward: xn1 and xn2 have their amax from RMSNorm's kernel and the SwiGLU output from

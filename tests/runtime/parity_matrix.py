@@ -1,5 +1,5 @@
-"""Multi-rank parity matrix for the CPU runtime (issue: "wrong order gives wrong gradients
-silently").
+"""Multi-rank parity matrix for the CPU runtime: a wrong order or sharding must not give
+wrong gradients silently.
 
 For tiny-dense and tiny-moe, every plan of the matrix is trained with
 `mpirun -np N meshplan train --mesh ...` and compared with the single-rank run of the same
@@ -13,10 +13,10 @@ dp_shard=2 x tp=2; for the MoE model also ep=2 (dp_shard=2) and ep=4 (dp_shard=4
 with AC none, selective and full; float8 on for dp_shard=2 x tp=2 (dense) against the
 single-rank float8 run. Every run is under `timeout`: a hang fails the test.
 
-Memory (issue 6: "measured peak memory per rank equals the simulator's prediction for the
-CPU profile within 2 %"): every run, the single-rank references included, also records the
+Memory (the measured peak memory per rank equals the simulator's prediction for the CPU
+profile within 2 %, DESIGN's "Numbers that matter"): every run, the single-rank references included, also records the
 plan's prediction (train --db: the planner on the meshplan-cpu stack, whose memory model is
-exec/runtime/runtime.c's layout) and prints its measured peak (the largest rank's, over
+the runtime's layout, exec/act_layout.h) and prints its measured peak (the largest rank's, over
 the 20 steps). Non-EP plans: |predicted - measured| <= MEM_TOL of measured (they agree to
 the byte: both count the same allocations). EP plans: see ep_mem_bound.
 

@@ -330,7 +330,7 @@ TEST(Train, LossFallsTowardEntropyFloor) {
 
 // Hand-derived allocation timeline of one step of tiny-dense, B=2, T=32 (N=64 tokens; every
 // tensor size is a multiple of 16 floats, so the 64-byte carving adds no padding), AC none.
-// The runtime documents its order (runtime.c): the peak is the larger of
+// The runtime documents its order (exec/runtime/runtime_step.c): the peak is the larger of
 //   (a) the head's backward: every forward tensor + dlogits + dres + dxf
 //   (b) the last block's backward: blocks + x[0..L-1] + dres + the block workspace
 // on top of the resident state.

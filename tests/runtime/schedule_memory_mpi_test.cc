@@ -4,7 +4,7 @@
 // (acct_backend.h: bf16 X tensors, no-op kernels) under mpirun. The GPU runtime runs NCCL
 // (overlap: the next unit's gather prefetched, reduce-scatters finished one unit later),
 // which needs GPUs; here the "mpi" backend's blocking table runs under the name "nccl", so
-// runtime.c takes its overlap path with every collective complete at once. Allocation is
+// the runtime takes its overlap path with every collective complete at once. Allocation is
 // on the host in issue order either way, so the allocator sees what it sees on NCCL.
 //
 // Also here, since it needs the same 4 ranks: float8 on codes (the CUDA path's algorithm,
@@ -52,7 +52,7 @@ std::string Name(const Case &k) {
 // The rank's schedule replayed in issue order: the whole peak and each category's.
 using mp_test::Replay;
 
-// The "mpi" backend's table under NCCL's name: runtime.c's overlap path, blocking.
+// The "mpi" backend's table under NCCL's name: the runtime's overlap path, blocking.
 mp_comm_backend g_as_nccl;
 
 void CheckCase(const Case &k) {

@@ -1,7 +1,7 @@
 // The schedule's models of the runtime's memory (described in exec/schedule.c) against the
 // runtime's tracked allocator, at world size 1 (no MPI; the multi-rank plans of the parity
 // matrix are checked by parity_matrix.py). The allocator is the independent reference: it
-// counts the bytes runtime.c asks for, whatever the schedule says.
+// counts the bytes the runtime asks for, whatever the schedule says.
 //   MP_MEM_MODEL_MESHPLAN_CPU on the CPU backend: for tiny-dense and tiny-moe, every AC
 //   mode, float8 on and off (dense), two micro-batches per step, the simulator's predicted
 //   peak (meshplan-cpu stack on the cpu profile: no runtime overhead, no fragmentation
@@ -253,7 +253,7 @@ TEST(ScheduleMemory, CudaModelEqualsTrackedAllocatorLlama1b) {
 }
 
 // By hand (--gtest_also_run_disabled_tests --gtest_filter='*Llama1bMore*'): the other
-// cases at seq 256, and the benchmark plan of issue 8 (one H100: seq 2048, micro-batch 4,
+// cases at seq 256, and the GPU benchmark plan (one H100: seq 2048, micro-batch 4,
 // about 32 GB of allocations, AC none, bf16 and float8).
 TEST(ScheduleMemory, DISABLED_CudaModelLlama1bMore) {
   const mp_backend *be = mp_backend_acct_untouched();

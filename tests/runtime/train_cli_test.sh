@@ -57,7 +57,7 @@ check "train --auto exits 0" "[ $rc -eq 0 ]"
 check "auto names its plan" "echo \"\$out\" | grep -q '^auto: best executable plan (meshplan-cpu profile) from [0-9]* candidates for 1 CPU rank'"
 check "auto run recorded" "[ \"\$(\"$bin\" report --db \"$tmp/m.db\" | grep -c 'tiny-')\" -eq 2 ]"
 # --profile: the kernel classes of rank 0 beside the simulator's, per step (2 layers: 30
-# GEMM calls per micro-batch as runtime.c issues them, 45 GEMM products in the schedule;
+# GEMM calls per micro-batch as the runtime issues them, 45 GEMM products in the schedule;
 # kprof_test derives both), and no record in a database it was not given.
 out=$(OMP_NUM_THREADS=1 timeout 60 "$bin" train --model tiny-dense --steps 3 --seq 16 --micro-batch 2 \
       --global-batch 2 --profile --quiet 2>&1); rc=$?

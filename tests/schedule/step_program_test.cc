@@ -1,7 +1,7 @@
-// The step program (exec/schedule.h, mp_schedule_step_program): what runtime.c executes
+// The step program (exec/schedule.h, mp_schedule_step_program): what the runtime executes
 // for one micro-batch, read from the schedule. tiny-dense has 2 layers; with FSDP its
 // units are 0 = the root (embeddings, final norm, head), 1 = layer 0, 2 = layer 1.
-// Expected programs, by hand from the runtime's order (runtime.c, the actions):
+// Expected programs, by hand from the runtime's order (runtime_step.c, the actions):
 //   - the residual stream x[0..2] is freed top down: x[2] after the head's backward, x[l]
 //     after block l's backward, x[0] after the embedding's;
 //   - AC selective drops each block's attention core after its forward and recomputes it

@@ -1,0 +1,58 @@
+/* The activation layout table laid out (act_layout.h): offsets by the carving rule. */
+#include "exec/act_layout.h"
+
+#include <string.h>
+
+/* Allocations carved into several tensors; the others hold one tensor each. */
+static const unsigned char k_carved[MP_ACT_ALLOC_COUNT] = {
+    [MP_ACT_ALLOC_BLOCK] = 1, [MP_ACT_ALLOC_CORE] = 1,  [MP_ACT_ALLOC_WS] = 1,
+    [MP_ACT_ALLOC_EPA] = 1,   [MP_ACT_ALLOC_EP_WS] = 1, [MP_ACT_ALLOC_HEAD] = 1,
+    [MP_ACT_ALLOC_LOGITS] = 1,
+};
+
+static int exists(const mp_act_dims *d, int moe, mp_act_when w) {
+  switch (w) {
+    case MP_ACT_WHEN_ALWAYS: return 1;
+    case MP_ACT_WHEN_DENSE: return !moe;
+    case MP_ACT_WHEN_MOE: return moe;
+    case MP_ACT_WHEN_MOE_LOCAL: return moe && d->ep <= 1;
+    case MP_ACT_WHEN_SHARED: return moe && d->Fs > 0;
+    case MP_ACT_WHEN_MOE_EP: return moe && d->ep > 1;
+    case MP_ACT_WHEN_TP: return d->tp > 1;
+    case MP_ACT_WHEN_DEVMEM: return !d->host_mem;
+  }
+  return 0;
+}
+
+static int64_t elt_bytes(const mp_act_dims *d, mp_act_elt e) {
+  return e == MP_ACT_ELT_X ? d->xs : 4;
+}
+
+/* Appends a tensor of `bytes` to allocation a; *off receives its offset. */
+static void place(mp_act_layout *l, size_t *off, mp_act_alloc a, int64_t bytes) {
+  if (k_carved[a]) {
+    *off = l->bytes[a];
+    l->bytes[a] += (size_t)mp_act_align64(bytes);
+  } else {
+    *off = 0;
+    l->bytes[a] += (size_t)bytes;
+  }
+}
+
+void mp_act_layout_fill(mp_act_layout *l, const mp_act_dims *d, int moe) {
+  /* the names the table's counts use */
+  const int64_t B = d->B, S = d->S, N = d->N, C = d->C, HD = d->HD, NH = d->NH, F = d->F,
+                E = d->E, K = d->K, Fe = d->Fe, Fs = d->Fs, Vl = d->Vl, R = d->R, L = d->L,
+                NP = d->NP, QD = d->NH * d->HD, KD = d->NKV * d->HD;
+  memset(l, 0, sizeof *l);
+#define MP_ACT_PLACE_(name, alloc, count, elt, when)                                     \
+  if (exists(d, moe, MP_ACT_WHEN_##when))                                                \
+    place(l, &l->name, MP_ACT_ALLOC_##alloc, (int64_t)(count) * elt_bytes(d, MP_ACT_ELT_##elt));
+  MP_ACT_TENSORS(MP_ACT_PLACE_)
+#undef MP_ACT_PLACE_
+}
+
+int64_t mp_act_resident_bytes(const mp_act_layout *l) {
+  return (int64_t)(l->bytes[MP_ACT_ALLOC_ROPE_COS] + l->bytes[MP_ACT_ALLOC_ROPE_SIN] +
+                   l->bytes[MP_ACT_ALLOC_SCALARS] + l->bytes[MP_ACT_ALLOC_STAGE]);
+}

@@ -1,0 +1,235 @@
+/* The training runtime's internals, shared by its files (not an interface for other
+ * modules; runtime.h is). The files:
+ *   runtime.c        creation (dims, the activation layout, materialization, the step
+ *                    program), destruction, host-value collectives
+ *   runtime_fsdp.c   FSDP units: gathers, releases, gradient buffers and reduce-scatters
+ *   runtime_f8.c     Linear layers, with float8 emulated or as GEMMs on codes
+ *   runtime_block.c  a block's forward and backward, the routed experts and EP's exchange
+ *   runtime_step.c   the step program walked for each micro-batch, the optimizer step
+ *   runtime_dump.c   inspection and weight dumps
+ *
+ * Dtypes (kernels/ops.h): "X" tensors (activations, their gradients, compute copies of
+ * parameters) are stored in the backend's x_dtype, xs bytes each (CPU: fp32, CUDA: bf16);
+ * master parameters, their gradients, AdamW state and every statistic (rstd, lse, router
+ * probabilities, losses, float8 scales) are fp32; ids and permutations int32. Every tensor
+ * outside the parameters is a row of the activation layout (exec/act_layout.h): its
+ * allocation, its elements and its element type, with byte offsets in its carved
+ * allocation, so one layout serves both backends.
+ *
+ * Tensor naming follows the model and the layout's rows: x[l] is the residual stream
+ * entering block l (x[L] enters the final norm); a block saves its BLOCK tensors (xn1,
+ * rstd1, q and k after RoPE, v, xmid, xn2, rstd2, then the dense MLP's or the MoE's) and,
+ * in a second allocation so selective AC can drop it, its attention CORE (att, lse).
+ * Backward of a block takes dres = dL/dx[l+1] and leaves dL/dx[l] in the same buffer: the
+ * MLP branch reads dres, then the FFN norm's backward adds its input gradient into dres
+ * (residual), and likewise for attention. Every backward kernel accumulates (ops.h) into
+ * buffers fresh from the tracked allocator, which zero-fills (alloc.h): the workspaces,
+ * dlogits, dres and the unit gradient buffers need no memset of their own. Buffers that
+ * are written whole before any read (saved activations, the residual stream, logits,
+ * gathered parameters, float8 codes) come from mp_talloc_alloc_uninit: no fill. */
+#ifndef MP_EXEC_RUNTIME_RUNTIME_INTERNAL_H
+#define MP_EXEC_RUNTIME_RUNTIME_INTERNAL_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec/act_layout.h"
+#include "exec/runtime/init.h"
+#include "exec/runtime/runtime.h"
+#include "exec/schedule.h"
+
+typedef struct rt_param {
+  int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM], numel; /* at-rest tile (global offsets), real elements */
+  int64_t numel_pad;  /* storage elements: chunk rows x row length when FSDP-sharded (FSDP2 pads
+                         every rank's shard to the same size), numel otherwise */
+  int64_t tp_numel;   /* elements of the compute tensor (tp/ep-local, unsharded by FSDP) */
+  int sharded;        /* FSDP-sharded over a group of more than one rank */
+  mp_group group;     /* its FSDP group (MP_GROUP_FSDP or MP_GROUP_EFSDP) */
+  int64_t unit_off;   /* offset of its gathered slot in the unit buffer (elements) */
+  float *w, *g, *m, *v; /* master shard, gradient shard, AdamW state (numel_pad each) */
+  void *cw;           /* compute weight (X): the unit's gathered slot while the unit is live;
+                         not sharded: w itself when X is fp32, else a resident X copy of w
+                         refreshed after every optimizer step */
+  float *cg;          /* gradient: the unit's unsharded buffer while live, else g */
+  int decay;
+  int owner;          /* this rank counts the parameter once in the global norm and dumps */
+  uint8_t *f8w;       /* float8 GEMMs (not emulated), not FSDP-sharded: codes of cw (M, K) and
+                         of its transpose, amax and scale; valid until the next optimizer step */
+  int f8w_valid;
+} rt_param;
+
+/* A float8 operand: codes of a tensor (R, C) and/or of its transpose, with its tensorwise
+ * amax and scale, in one FP8 allocation (mem; NULL when not owned). */
+typedef struct f8_operand {
+  const void *src;
+  int R, C, fmt;
+  uint8_t *q, *qt;
+  float *amax; /* [0] amax, [1] scale (device) */
+  void *mem;
+} f8_operand;
+enum { F8_SCOPE_MAX = 8, F8_KNOWN_MAX = 8 };
+
+/* A tensor whose amax is already on the device (float8 on codes): written by the kernel
+ * that produced it (rmsnorm_forward_amax, swiglu_*_amax), or kept from the forward that
+ * quantized the same saved activation (its backward reads the same bytes: saved, or
+ * recomputed bit for bit). reduced: already all-reduced (MAX) over tp. Valid inside one
+ * block's f8 scope: the scope's end forgets them. */
+typedef struct f8_known {
+  const void *x;
+  size_t n;
+  float *amax;
+  int reduced;
+} f8_known;
+
+typedef struct rt_unit {
+  int sharded;        /* group of more than one rank: gathered before use, reduce-scattered after */
+  mp_group group;
+  int64_t gather_numel; /* padded slots of every parameter: group x numel_pad each */
+  int64_t max_pad;    /* largest numel_pad (reduce-scatter staging) */
+  char *buf;          /* gathered parameters (X) while live */
+  float *gbuf;        /* unsharded gradients during the unit's backward */
+  /* overlap (rt->overlap): the gather's request, and the unit's reduce-scatter in flight
+   * (its input gbuf and output rs stay allocated until finish) */
+  mp_comm_req gather_req, rs_req;
+  float *rs;          /* reduce-scattered chunks, one numel_pad slot per sharded parameter */
+  int rs_pending;
+} rt_unit;
+
+struct mp_runtime {
+  const mp_plan *plan;
+  mp_comm *comm;
+  const mp_backend *be;
+  mp_kctx *kc;
+  mp_runtime_options opts;
+  mp_talloc *ta;
+  int rank;
+  /* global dims */
+  int B, T, N, C, nh, nkv, hd, F, V, L, E, K, Fe, Fs;
+  /* local dims: tp splits heads, d_ff, shared d_ff and vocab; ep splits experts */
+  int tp, tp_idx, ep, ep_idx, El, nhl, nkvl, Fl, Fsl, Vl, v0;
+  float eps;
+  int64_t local_batch, n_micro;
+  int dp_size;
+  rt_param *prm;
+  rt_unit *units;
+  int n_units;
+  int *pidx;    /* [(L + 1) * MP_MOD_COUNT]: weight param index per (layer, module); row L: outside blocks */
+  float *rope_cos, *rope_sin, *scalar;
+  int32_t *tok_in, *tok_tgt;
+  mp_act_dims dims;   /* the local dims of the activation layout (R: the balanced N x K) */
+  mp_act_layout lay_dense, lay_moe; /* exec/act_layout.h laid out for a dense and an MoE block */
+  size_t xs;          /* bytes of an X element */
+  mp_comm_dtype xdt;  /* comm dtype of X tensors */
+  int host_mem;       /* the backend's memory is host memory (CPU): host buffers may go to comm */
+  int overlap;        /* the comm queues collectives (NCCL): prefetch the next unit's gather,
+                         let reduce-scatters run under the next unit's backward */
+  /* float8 activations quantized once per block and shared by the Linears that read them
+   * (q, k, v read xn1; gate and up read xn2): open between f8_scope_begin and _end */
+  f8_operand f8s[F8_SCOPE_MAX];
+  int f8_n, f8_scope;
+  int f8_codes;        /* float8 Linears as GEMMs on codes (else the fp32 emulation) */
+  f8_known f8k[F8_KNOWN_MAX];
+  int f8k_n;
+  float *f8_fwd;       /* [L * 4] device: the reduced amax of each block's float8 activations
+                          (xn1, attention output, xn2, SwiGLU output) from its forward */
+  float *stage;       /* device staging for collectives on host values (not host_mem), STAGE_FLOATS */
+  char **x;         /* [L + 1] (N, C) X */
+  char **act;       /* [L] */
+  char **core;      /* [L] */
+  char **epa;       /* [L] EP: expert-side saved tensors (rows received from every EP rank) */
+  int64_t *ep_R;    /* [L] rows received */
+  int64_t ep_R_max; /* most rows received in one layer since creation (routing-dependent memory) */
+  int64_t *ep_rc;   /* [L * ep * El] rows received from source s for local expert e */
+  int32_t *counts_h; /* [L * E] host copies of expert row counts */
+  int step;
+  mp_step_action *prog; /* one micro-batch: this rank's schedule's step program */
+  int32_t n_prog;
+};
+
+enum { STAGE_FLOATS = MP_ACT_STAGE_FLOATS }; /* host-value collectives */
+
+#define BE(call)                                                                                       \
+  do {                                                                                                 \
+    mp_status be_s_ = rt->be->call;                                                                    \
+    if (be_s_ != MP_OK)                                                                                \
+      return mp_error(ctx, be_s_, "%s:%d: kernel %s failed: %s", __FILE__, __LINE__, #call,            \
+                      mp_errmsg(rt->kc->err));                                                         \
+  } while (0)
+
+#define F32(p) ((float *)(void *)(p))
+
+/* p advanced by n X elements. */
+static inline void *xoff(const mp_runtime *rt, const void *p, size_t n) { return (char *)p + n * rt->xs; }
+
+static inline int *pslot(const mp_runtime *rt, int layer, mp_module m) {
+  return &rt->pidx[(layer < 0 ? rt->L : layer) * MP_MOD_COUNT + m];
+}
+
+static inline void *W(const mp_runtime *rt, int layer, mp_module m) {
+  int i = *pslot(rt, layer, m);
+  return i < 0 ? NULL : rt->prm[i].cw;
+}
+
+static inline float *G(const mp_runtime *rt, int layer, mp_module m) {
+  int i = *pslot(rt, layer, m);
+  return i < 0 ? NULL : rt->prm[i].cg;
+}
+
+static inline int F8(const mp_runtime *rt, int layer, mp_module m) {
+  int i = *pslot(rt, layer, m);
+  return i >= 0 && rt->plan->params[i].float8;
+}
+
+static inline int is_moe_layer(const mp_runtime *rt, int l) { return mp_model_layer_is_moe(&rt->plan->model, l); }
+/* The activation layout of block l's kind. */
+static inline const mp_act_layout *lay_of(const mp_runtime *rt, int l) {
+  return is_moe_layer(rt, l) ? &rt->lay_moe : &rt->lay_dense;
+}
+
+/* The bytes of an allocation outside the blocks (the same for both kinds). */
+static inline size_t act_bytes(const mp_runtime *rt, mp_act_alloc a) { return rt->lay_dense.bytes[a]; }
+
+/* TP all-reduce (sum) of a partial result in place, an X tensor (tp_sum) or fp32
+ * statistics (tp_sum_f32); nothing when tp == 1. */
+static inline mp_status tp_sum(mp_ctx *ctx, mp_runtime *rt, void *x, size_t n) {
+  if (rt->tp == 1) return MP_OK;
+  return mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_TP, x, x, n, rt->xdt, MP_COMM_OP_SUM);
+}
+
+static inline mp_status tp_sum_f32(mp_ctx *ctx, mp_runtime *rt, float *x, size_t n) {
+  if (rt->tp == 1) return MP_OK;
+  return mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_TP, x, x, n, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM);
+}
+
+/* runtime.c */
+mp_status mp_rt_host_coll(mp_ctx *ctx, mp_runtime *rt, mp_group g, void *buf, void *rbuf, size_t count,
+                          mp_comm_dtype t, int op, void *dev);
+
+/* runtime_fsdp.c */
+mp_status mp_rt_gather_layer(mp_ctx *ctx, mp_runtime *rt, int layer);
+mp_status mp_rt_gather_wait(mp_ctx *ctx, mp_runtime *rt, int layer);
+mp_status mp_rt_rs_finish_all(mp_ctx *ctx, mp_runtime *rt);
+mp_status mp_rt_unit_grad_begin(mp_ctx *ctx, mp_runtime *rt, int u);
+mp_status mp_rt_unit_grad_end(mp_ctx *ctx, mp_runtime *rt, int u);
+mp_status mp_rt_unit_release(mp_ctx *ctx, mp_runtime *rt, int u);
+
+/* runtime_f8.c */
+float *mp_rt_f8_fused_amax(const mp_runtime *rt, int l, int src, mp_module reader);
+float *mp_rt_f8_fwd_slot(const mp_runtime *rt, int l, int src);
+void mp_rt_f8_known_set(mp_runtime *rt, const void *x, size_t n, float *amax, int reduced);
+void mp_rt_f8_produced(mp_runtime *rt, int l, int src, const void *x, size_t n);
+void mp_rt_f8_scope_begin(mp_runtime *rt);
+mp_status mp_rt_f8_scope_end(mp_ctx *ctx, mp_runtime *rt);
+mp_status mp_rt_lin_bwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void *dinp, const void *dout,
+                        const void *inp, int N, int K, int M);
+mp_status mp_rt_lin_fwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void *out, const void *inp, int N, int K,
+                        int M);
+
+/* runtime_block.c */
+mp_status mp_rt_alloc_block(mp_ctx *ctx, mp_runtime *rt, int l);
+mp_status mp_rt_attn_core_forward(mp_ctx *ctx, mp_runtime *rt, int l);
+mp_status mp_rt_block_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws, float dloss_aux);
+mp_status mp_rt_block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const void *x_in, void *x_out, float *moe_aux);
+mp_status mp_rt_free_block(mp_ctx *ctx, mp_runtime *rt, int l);
+
+#endif

@@ -1,0 +1,187 @@
+/* Step schedule builder: FSDP's collectives and buffers (the builder's overview:
+ * schedule.c).
+ *
+ * FSDP2 defaults as torchtitan runs them (MP_MEM_MODEL_TORCHTITAN):
+ *   - The root unit (embedding, final norm, head) is gathered at the start of forward and
+ *     kept until the end of backward (FSDP2 does not reshard the root after forward).
+ *   - Prefetch granularity is one block: at the start of block l's forward the all-gathers
+ *     of all of block l+1's units are issued on MP_STREAM_GATHER (one unit for a dense
+ *     block, attention + MoE + experts for an EP block), each waiting for block l-1's
+ *     compute to finish (that is when FSDP2 issues it); the first op that uses a unit waits
+ *     for its gather. With reshard_after_forward the gathered parameters are freed at the
+ *     end of the block's forward and gathered again in backward, prefetched one block
+ *     ahead the same way; otherwise they are freed after the block's backward.
+ *   - Gradient accumulation (n_micro > 1): FSDP2 reshards after backward and
+ *     reduce-scatters in every micro-batch by default (torchtitan does not turn gradient
+ *     sync off), so gathers and reduce-scatters are EVERY_MICRO; only the prologue and the
+ *     optimizer are ONCE.
+ *   - Backward of a unit: its unsharded gradients (param dtype) are TEMP from the block's
+ *     backward start; at the reduce-scatter they are copied to a reduce-dtype buffer (TEMP,
+ *     FSDP2's reduce-scatter input), reduce-scattered on MP_STREAM_REDUCE into the resident
+ *     GRADS, then all-reduced over dp_replicate (HSDP) and freed. A unit whose FSDP group
+ *     has one rank keeps the local cast (GATHERED memory) but has no collective.
+ *   - Without FSDP applied (dp_shard == 1): parameters are used in place; gradients are
+ *     all-reduced per block over dp_replicate when it is > 1 (DDP-style).
+ * The meshplan runtimes' FSDP (schedule_rt.c describes their memory): a one-rank group is
+ * used in place; a unit's gathered buffer and unsharded gradients are the runtime's slots
+ * (exec/act_layout.h, mp_act_gather_slot_bytes); blocking comm (MPI) reduce-scatters
+ * through one staging shard, overlapped comm (NCCL) keeps one reduce-scatter in flight. */
+#include "exec/schedule_internal.h"
+
+/* A unit's shard in the reduce dtype: what the dp_replicate all-reduce carries. */
+static int64_t shard_bytes(const gen *g, const unit_info *ui) {
+  return ui->numel_shard * mp_dtype_bytes(g->rdt);
+}
+
+/* A unit's gathered parameters in bytes: in the param dtype (torchtitan; float8 weights
+ * in one byte with float8 all-gather), or the runtime's slots of X elements. 0 for a unit
+ * with nothing on this stage, and for one the runtimes use in place (a one-rank group). */
+static int64_t gathered_bytes(const gen *g, const unit_info *ui) {
+  if (ui->numel_tp == 0) return 0;
+  if (!g->rt) return (int64_t)ui->gather_bytes;
+  return ui->gsize > 1 ? (g->xs == 2 ? ui->rt_gather_x2 : ui->rt_gather_x4) : 0;
+}
+
+/* A unit's unsharded gradients in bytes: in the param dtype (torchtitan), or fp32 slots of
+ * the runtime's gathered layout (as many elements as the gathered slots hold); 0 where the
+ * runtimes accumulate into the resident gradients (a one-rank group). */
+static int64_t unsharded_grad_bytes(const gen *g, const unit_info *ui) {
+  if (!g->rt) return ui->numel_tp * mp_dtype_bytes(g->pdt);
+  return gathered_bytes(g, ui) / g->xs * 4;
+}
+
+/* Issues the all-gathers of block `layer`'s units (or the root unit when layer < 0 and
+ * unit >= 0) on the gather stream. gidx receives per part the gather's op index. */
+void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t gidx[N_PARTS],
+                           int32_t dep_prev, int32_t *patch, int *n_patch) {
+  for (int k = 0; k < N_PARTS; k++) gidx[k] = -1;
+  if (!g->has_fsdp) return;
+  for (int k = 0; k < n; k++) {
+    const int32_t u = unit0 + k;
+    const unit_info *ui = &g->ui[u];
+    const int64_t gb = gathered_bytes(g, ui);
+    if (gb == 0) continue;
+    int32_t i = mem(g, MP_OP_ALLOC, MP_MEM_GATHERED, BUF_GATHERED, gb, layer, u, MP_STREAM_GATHER);
+    /* one-rank group: the cast to the param dtype is local; the dependency anchor stays the
+     * ALLOC, so users still wait for "the gathered parameters" */
+    if (ui->gsize > 1)
+      i = comm(g, MP_COLL_ALL_GATHER, (mp_group)ui->group, MP_STREAM_GATHER, ui->gather_bytes,
+               (mp_dtype)ui->gather_dtype, -1);
+    if (i >= 0) {
+      g->ops[i].layer = layer;
+      g->ops[i].unit = u;
+      add_dep(g, i, dep_prev, 0);
+      if (patch) patch[(*n_patch)++] = i;
+    }
+    gidx[k] = i;
+  }
+}
+
+/* The all-gathers of every unit of block l (see mp_sched_gather_units). */
+void mp_sched_gather_block(gen *g, int32_t l, int32_t gidx[N_PARTS], int32_t dep_prev,
+                           int32_t *patch, int *n_patch) {
+  mp_sched_gather_units(g, l, g->first_unit[l], g->n_units[l], gidx, dep_prev, patch, n_patch);
+}
+
+void mp_sched_free_units(gen *g, int32_t layer, int32_t unit0, int n, int part_lo, int part_hi) {
+  if (!g->has_fsdp) return;
+  for (int k = part_lo; k < n && k <= part_hi; k++) {
+    const int32_t u = unit0 + k;
+    const int64_t gb = gathered_bytes(g, &g->ui[u]);
+    if (gb > 0) mem(g, MP_OP_FREE, MP_MEM_GATHERED, BUF_GATHERED, gb, layer, u, MP_STREAM_COMPUTE);
+  }
+}
+
+void mp_sched_grads_alloc(gen *g, int32_t layer, int32_t unit0, int n) {
+  if (!g->has_fsdp) return;
+  for (int k = 0; k < n; k++) {
+    const int32_t u = unit0 + k;
+    const int64_t b = unsharded_grad_bytes(g, &g->ui[u]);
+    if (b > 0) mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, b, layer, u, MP_STREAM_COMPUTE);
+  }
+}
+
+/* NCCL: the reduce-scatter in flight is finished (the runtime's unit_rs_finish): its output
+ * and the unit's unsharded gradients go. */
+void mp_sched_rt_rs_finish(gen *g) {
+  if (!g->rs_fl.on) return;
+  mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_RT_RS, g->rs_fl.rs, g->rs_fl.layer, g->rs_fl.unit,
+      MP_STREAM_COMPUTE);
+  mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, g->rs_fl.gbuf, g->rs_fl.layer, g->rs_fl.unit,
+      MP_STREAM_COMPUTE);
+  g->rs_fl.on = 0;
+}
+
+/* Runtime models: unit u's gradients after its backward (the runtime's unit_grad_end).
+ * Blocking comm (MPI; the CPU): per parameter an in-place reduce-scatter from the unsharded
+ * buffer into one staging shard (the largest padded shard), added into the gradient shard;
+ * the staging, then the buffer, freed. NCCL (overlap): the reduce-scatter in flight is
+ * finished first, then this unit's goes out into an output buffer of one 16-float-aligned
+ * slot per sharded parameter and stays in flight (rt_rs_finish). A one-rank group
+ * accumulated into its resident gradients: nothing. */
+static void rt_reduce_unit(gen *g, int32_t layer, int32_t u, int rep, int32_t after) {
+  const unit_info *ui = &g->ui[u];
+  const int sharded = ui->gsize > 1;
+  const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->rdt), stage = ui->rt_max_pad * 4,
+                out = ui->rt_rs_numel * 4;
+  if (sharded && g->overlap) {
+    mp_sched_rt_rs_finish(g);
+    mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_RT_RS, out, layer, u, MP_STREAM_COMPUTE);
+  } else if (sharded) {
+    mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, stage, layer, u, MP_STREAM_COMPUTE);
+  }
+  int32_t last = -1;
+  if (sharded)
+    last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, layer, u, after);
+  if (rep > 1)
+    last = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, shard_bytes(g, ui), layer, u,
+                     last >= 0 ? last : after);
+  if (!sharded) return;
+  if (g->overlap) {
+    g->rs_fl.on = 1;
+    g->rs_fl.layer = layer;
+    g->rs_fl.unit = u;
+    g->rs_fl.rs = out;
+    g->rs_fl.gbuf = unsharded_grad_bytes(g, ui);
+    return;
+  }
+  int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, stage, layer, u, MP_STREAM_REDUCE);
+  add_dep(g, f, last >= 0 ? last : after, 0);
+  mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, unsharded_grad_bytes(g, ui), layer, u,
+      MP_STREAM_REDUCE);
+}
+
+/* After the backward of units [lo, hi] of a block: copy to the reduce buffer,
+ * reduce-scatter, all-reduce over dp_replicate, free. */
+void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, int hi) {
+  const int rep = g->p->mesh.size[MP_DIM_DP_REPLICATE];
+  const int32_t after = g->last_c;
+  for (int k = lo; k < n && k <= hi; k++) {
+    const int32_t u = unit0 + k;
+    const unit_info *ui = &g->ui[u];
+    if (ui->numel_tp == 0) continue;
+    if (!g->has_fsdp) {
+      /* DDP-style: all-reduce the block's gradients over dp_replicate */
+      if (rep > 1)
+        grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE,
+                  ui->numel_tp * mp_dtype_bytes(g->rdt), layer, u, after);
+      continue;
+    }
+    if (g->rt) {
+      rt_reduce_unit(g, layer, u, rep, after);
+      continue;
+    }
+    const int64_t gb = ui->numel_tp * mp_dtype_bytes(g->pdt);
+    const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->rdt);
+    mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_COMPUTE);
+    mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, gb, layer, u, MP_STREAM_COMPUTE);
+    int32_t last = -1;
+    if (ui->gsize > 1)
+      last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, layer, u, after);
+    if (rep > 1)
+      last = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, shard_bytes(g, ui), layer, u,
+                       last >= 0 ? last : after);
+    int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
+    add_dep(g, f, last >= 0 ? last : after, 0);
+  }
+}

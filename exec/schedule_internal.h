@@ -1,0 +1,415 @@
+/* The schedule builder's internals, shared by its files (schedule.c lists them); not an
+ * interface for other modules.
+ *
+ * Invariants: gen is the only state of one build; ops are emitted into the open segment
+ * (seg_open / seg_close) in issue order; a dependency never points forward; once gen.st is
+ * a failure every emission is a no-op (new_op hands out the dummy op, index -1). The
+ * emission primitives are inline here: they run for every op of every schedule the planner
+ * builds. */
+#ifndef MP_EXEC_SCHEDULE_INTERNAL_H
+#define MP_EXEC_SCHEDULE_INTERNAL_H
+
+#include <math.h>
+#include <string.h>
+
+#include "exec/act_layout.h"
+#include "exec/schedule.h"
+
+/* Nominal FLOPs per element of the element-wise kernels (schedule_ops.c). */
+#define FLOPS_NORM_FWD 4.0 /* RMSNorm: square, sum, scale, weight; LayerNorm adds the mean */
+#define FLOPS_NORM_BWD 8.0
+#define FLOPS_ROPE 3.0     /* x cos + rotate(x) sin */
+#define FLOPS_SWIGLU_FWD 5.0
+#define FLOPS_SWIGLU_BWD 8.0
+#define FLOPS_GELU_FWD 8.0 /* tanh approximation */
+#define FLOPS_GELU_BWD 12.0
+#define FLOPS_ROUTER 5.0   /* softmax + top-k per logit */
+#define FLOPS_LOSS 5.0     /* max, subtract, exp, sum, log per logit */
+#define FLOPS_CAST 3.0     /* abs, max, scale (+ saturate) */
+#define FLOPS_ADAMW 16.0   /* m, v updates, bias correction, sqrt, divide, weight decay */
+#define BYTES_ADAMW 28.0   /* read param, grad, m, v; write param, m, v: 7 fp32 tensors */
+
+/* Buffer identities (mp_op.buf); an ALLOC pairs with the next FREE of the same buf,
+ * layer and unit. */
+enum {
+  BUF_PARAMS = 1,
+  BUF_OPTIMIZER,
+  BUF_GRADS,
+  BUF_GATHERED,   /* + unit: per unit */
+  BUF_ACT_X,
+  BUF_ACT_ATTN,
+  BUF_ACT_MLP,
+  BUF_RC_ATTN,    /* recomputed in backward */
+  BUF_RC_MLP,
+  BUF_BWD_WS,     /* activation-gradient workspace */
+  BUF_GRAD_UNSHARDED,
+  BUF_GRAD_RS_IN,
+  BUF_FP8,
+  BUF_ACT_HEAD,
+  BUF_LOGITS,
+  BUF_LOGITS_F32,
+  BUF_DLOGITS_F32,
+  BUF_DLOGITS,
+  /* the runtime memory models' own buffers (the runtime's names) */
+  BUF_RT_RESIDENT, /* RoPE tables and the reduction scalars (TEMP, resident) */
+  BUF_RT_TOKENS,   /* token ids and targets of the micro-batch (TEMP) */
+  BUF_RT_X,        /* residual stream: x[0] at layer -1, x[l + 1] at layer l */
+  BUF_RT_BLOCK,    /* a block's saved tensors, one carved allocation */
+  BUF_RT_CORE,     /* attention core: att, lse */
+  BUF_RT_EPA,      /* EP: expert-side rows and gate/up/hidden */
+  BUF_RT_EP_OUT,   /* EP: expert outputs before the combine (COMM) */
+  BUF_RT_EP_WS,    /* EP: expert-side backward workspace (TEMP) */
+  BUF_RT_SHARED,   /* shared expert's partial output before its all-reduce (TEMP) */
+  BUF_RT_HEAD,     /* xf, rstdf */
+  BUF_RT_DRES,     /* residual-stream gradient (TEMP) */
+  BUF_RT_DXF,      /* final norm's input gradient (TEMP) */
+  /* meshplan-cuda's own */
+  BUF_RT_F8W,      /* float8 codes of the weights that are not FSDP-sharded (FP8, resident) */
+  BUF_RT_RS,       /* NCCL: a unit's reduce-scatter output, in flight (TEMP) */
+  BUF_F8_DY,       /* float8 on codes: the output gradient's operand (E5M2) */
+  BUF_F8_W,        /* an FSDP-sharded weight's operand (E4M3) */
+  BUF_F8_ACT,      /* + source (f8_source): a block's activation operand (E4M3) */
+};
+
+enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };
+enum { KIND_DENSE = 0, KIND_MOE = 1, KIND_NONE = 2 };
+
+/* One FSDP unit as this rank's stage sees it. */
+typedef struct unit_info {
+  int64_t numel_tp;    /* this stage's tp-local elements: what the all-gather produces */
+  int64_t numel_shard; /* what the rank keeps at rest */
+  double gather_bytes; /* numel_tp in the gather dtype (float8 all-gather: 1 byte) */
+  int gsize;           /* FSDP group size */
+  uint8_t group;
+  uint8_t gather_dtype;
+  /* runtime models: the runtime's gathered buffer in bytes, per parameter a gsize x
+   * padded-shard slot of X elements, 64-byte aligned, for X of 4 bytes (meshplan-cpu) and
+   * of 2 (meshplan-cuda; the unsharded gradients have the slots' element count in fp32);
+   * the sum of the padded shards, each 16-float aligned (NCCL's reduce-scatter output);
+   * the largest padded shard (the blocking reduce-scatter's staging). 0 for a one-rank
+   * group. */
+  int64_t rt_gather_x4, rt_gather_x2, rt_rs_numel, rt_max_pad;
+} unit_info;
+
+/* Per-kind local shapes and flags, read from the plan's parameters. */
+typedef struct shapes {
+  int64_t T, seq, H, hd, q, kv, nh, nkv, f;          /* f: dense d_ff, tp-local */
+  int64_t E, E_l, topk, fe, fs;                      /* MoE; fs: shared, tp-local */
+  double m_exp;                                      /* tokens per local expert */
+  int64_t V_l, V_loss;                               /* head rows on the rank; loss width */
+  int gpt, qk_norm, has_shared, tied;
+  int tp, ep;
+  int ar_o, ar_down, ar_qkv, ar_gateup, ar_sdown, ar_sgateup, ar_head_in, ar_emb;
+  int loss_parallel, logits_gather;
+  int fp8[MP_MOD_COUNT];
+  int fp8_ag;
+} shapes;
+
+typedef struct gen {
+  mp_ctx *ctx;
+  mp_arena *arena;
+  const mp_plan *p;
+  mp_schedule *s;
+  shapes sh;
+  mp_op *ops;
+  int32_t n_ops, cap_ops;
+  mp_segment *segs;
+  int32_t n_segs, cap_segs;
+  mp_status st;            /* sticky: the first failure (its message on ctx); from then on
+                              every emission is a no-op writing into `dummy` */
+  mp_op dummy;
+  /* current emission state */
+  uint8_t phase, when;
+  int32_t layer;           /* layer of the block being written (first repetition) */
+  int32_t seg_first;       /* first op of the open segment */
+  int32_t last_c;          /* last op on the compute stream */
+  int32_t last_reduce;     /* last op on the reduce stream */
+  /* deps for the next compute op */
+  int32_t pend[MP_OP_MAX_DEPS];
+  uint8_t pend_flags[MP_OP_MAX_DEPS];
+  int n_pend;
+  /* units */
+  int has_fsdp;
+  unit_info *ui;           /* per plan unit (or per pseudo unit without FSDP) */
+  int n_ui;
+  int32_t *first_unit;     /* per layer: its first unit; units of a block are consecutive */
+  int8_t *n_units;         /* per layer */
+  int32_t root_unit;       /* -1 when this stage holds no root parameter */
+  int reshard;
+  mp_dtype pdt, rdt;
+  /* memory model (p->opts.mem_model; see the file comment) */
+  int rt;                  /* a meshplan runtime's: MESHPLAN_CPU or MESHPLAN_CUDA */
+  int xs;                  /* bytes of an activation (X) element: bf16 under torchtitan, the
+                              backend's x_dtype in the runtimes (4 CPU, 2 CUDA) */
+  int host_mem;            /* rt: the backend's memory is host memory (no staging buffer) */
+  int overlap;             /* rt: NCCL's prefetched gathers and deferred reduce-scatters */
+  int prefetch;            /* FSDP gathers one block ahead (torchtitan, NCCL), or at use */
+  int f8c;                 /* rt: float8 Linears on codes (meshplan-cuda; meshplan-cpu with the
+                              plan's f8_codes), else the CPU's fp32 emulation */
+  int f8w_sharded;         /* rt, float8 on codes: block weights FSDP-sharded (per-GEMM codes) */
+  unsigned f8_scope;       /* rt, float8 on codes: the open block's quantized activations */
+  int64_t f8_scope_bytes[4];
+  struct {                 /* overlap: the reduce-scatter in flight (one unit at most) */
+    int on;
+    int32_t layer, unit;
+    int64_t rs, gbuf;
+  } rs_fl;
+  mp_act_layout lay[2];    /* rt: the activation layout (exec/act_layout.h) of a dense and of
+                              an MoE block; under EP with balanced routing, N x top_k rows on
+                              the expert side */
+} gen;
+
+typedef struct part_deps {
+  int32_t dep[N_PARTS][2];
+  uint8_t flags[N_PARTS][2];
+} part_deps;
+
+typedef struct stage_info {
+  int32_t l0, l1; /* layers [l0, l1) */
+  int first, last;
+} stage_info;
+
+/* Gather ops of the block the next block segment consumes (in earlier segments). */
+typedef struct carry {
+  int32_t gather[N_PARTS];
+} carry;
+
+/* What the runtime models hold at rest besides the torchtitan model's sums. */
+typedef struct rt_rest {
+  int64_t numel_pad; /* FSDP shards padded to the group's chunk: fp32 master, grad, m, v */
+  int64_t numel_rep; /* parameters not FSDP-sharded: meshplan-cuda's bf16 compute copies */
+  int64_t f8w_bytes; /* meshplan-cuda: codes of the float8 weights not FSDP-sharded */
+  /* per parameter tensor of the stage (the runtime's optimizer works tensor by tensor):
+   * its padded shard's elements, and whether it is not sharded (a resident compute copy) */
+  int32_t n_t;
+  int64_t *t_pad;
+  uint8_t *t_rep;
+  uint8_t *t_f8;     /* not sharded and float8: resident codes, re-quantized once per step */
+} rt_rest;
+
+/* What the builder reads from the plan's parameters for one rank (see schedule.h). */
+struct mp_schedule_prep {
+  /* identity: the plan family it serves */
+  const mp_param *params;
+  const mp_fsdp_unit *units;
+  int n_params, n_plan_units;
+  unsigned applied;
+  mp_mesh mesh;
+  int64_t seq;
+  int fp8_all_gather;
+  mp_dtype pdt, rdt;
+  /* what it holds */
+  int rank, stage;
+  mp_schedule_mode mode;
+  stage_info st;
+  shapes sh; /* all but the micro-batch's part */
+  int has_fsdp;
+  unit_info *ui;
+  int n_ui;
+  int32_t *first_unit;
+  int8_t *n_units;
+  int32_t root_unit;
+  int64_t params_numel;
+  rt_rest rest;             /* the runtime models' resident sums */
+  int32_t *run_len;
+  double flops_per_token;
+};
+
+/* ---- emission primitives (schedule_ops.c holds their slow paths) ------------------------ */
+
+/* Records the builder's first failure (its message on ctx); later ones are dropped. */
+void mp_sched_fail(gen *g, mp_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Doubles the op array; 0 (and the failure recorded) when the arena is out of memory. */
+int mp_sched_grow_ops(gen *g);
+/* The op count of the last schedule built on this thread: the next one's initial capacity. */
+void mp_sched_ops_hint_set(int32_t n_ops);
+
+static inline mp_op *no_op(gen *g, int32_t *idx) {
+  memset(&g->dummy, 0, sizeof g->dummy);
+  if (idx) *idx = -1;
+  return &g->dummy;
+}
+
+/* A new op of the open segment, initialised from the emission state; the dummy op (index
+ * -1) once the builder has failed. */
+static inline mp_op *new_op(gen *g, mp_op_type type, mp_stream stream, int32_t *idx) {
+  if (g->st != MP_OK || (g->n_ops == g->cap_ops && !mp_sched_grow_ops(g))) return no_op(g, idx);
+  int32_t i = g->n_ops++;
+  mp_op *op = &g->ops[i];
+  /* a copy of an all-zero op, not memset: gcc turns a small memset into `rep stos`, slow
+   * to start for 104 bytes, and this runs for every op of every schedule */
+  static const mp_op k_zero;
+  *op = k_zero;
+  op->type = (uint8_t)type;
+  op->phase = g->phase;
+  op->stream = (uint8_t)stream;
+  op->when = g->when;
+  op->module = -1;
+  op->layer = g->layer;
+  op->unit = -1;
+  op->batch = 1;
+  op->dtype = MP_DTYPE_BF16;
+  if (stream == MP_STREAM_COMPUTE) g->last_c = i;
+  if (stream == MP_STREAM_REDUCE) g->last_reduce = i;
+  if (idx) *idx = i;
+  return op;
+}
+
+static inline void add_dep(gen *g, int32_t op, int32_t dep, uint8_t flags) {
+  if (op < 0 || dep < 0 || g->st != MP_OK) return;
+  mp_op *o = &g->ops[op];
+  for (int i = 0; i < o->n_dep; i++)
+    if (o->dep[i] == dep && o->dep_flags[i] == flags) return;
+  if (o->n_dep >= MP_OP_MAX_DEPS) { /* a builder bug */
+    mp_sched_fail(g, MP_ERR_INTERNAL, "schedule builder gave an op more than %d dependencies",
+                  MP_OP_MAX_DEPS);
+    return;
+  }
+  o->dep[o->n_dep] = dep;
+  o->dep_flags[o->n_dep] = flags;
+  o->n_dep++;
+}
+
+static inline void pend_dep(gen *g, int32_t dep, uint8_t flags) {
+  if (dep < 0 || g->n_pend >= MP_OP_MAX_DEPS) return;
+  g->pend[g->n_pend] = dep;
+  g->pend_flags[g->n_pend] = flags;
+  g->n_pend++;
+}
+
+static inline int32_t compute(gen *g, mp_kernel k, mp_variant v, int module, int64_t m, int64_t n,
+                              int64_t kk, int64_t batch, double flops, double bytes, mp_dtype dt) {
+  int32_t i;
+  mp_op *op = new_op(g, MP_OP_COMPUTE, MP_STREAM_COMPUTE, &i);
+  op->kernel = (uint8_t)k;
+  op->variant = (uint8_t)v;
+  op->module = (int16_t)module;
+  op->m = m;
+  op->n = n;
+  op->k = kk;
+  op->batch = batch;
+  op->flops = flops;
+  op->bytes = bytes;
+  op->dtype = (uint8_t)dt;
+  for (int d = 0; d < g->n_pend; d++) add_dep(g, i, g->pend[d], g->pend_flags[d]);
+  g->n_pend = 0;
+  return i;
+}
+
+static inline int32_t elementwise(gen *g, mp_kernel k, mp_variant v, int module, int64_t elems,
+                                  double flops_per, double bytes) {
+  return compute(g, k, v, module, elems, 0, 0, 1, flops_per * (double)elems, bytes,
+                 MP_DTYPE_BF16);
+}
+
+static inline int32_t comm(gen *g, mp_coll c, mp_group grp, mp_stream stream, double bytes,
+                           mp_dtype dt, int module) {
+  int32_t i;
+  mp_op *op = new_op(g, MP_OP_COMM, stream, &i);
+  op->coll = (uint8_t)c;
+  op->group = (uint8_t)grp;
+  op->bytes = bytes;
+  op->dtype = (uint8_t)dt;
+  op->module = (int16_t)module;
+  return i;
+}
+
+/* A gradient collective of FSDP unit u on the reduce stream (the unit's reduce-scatter,
+ * or the all-reduce over dp_replicate), tagged with its layer and unit, after `after`. */
+static inline int32_t grad_comm(gen *g, mp_coll c, mp_group grp, int64_t bytes, int32_t layer,
+                                int32_t u, int32_t after) {
+  int32_t i = comm(g, c, grp, MP_STREAM_REDUCE, (double)bytes, g->rdt, -1);
+  if (i >= 0) {
+    g->ops[i].layer = layer;
+    g->ops[i].unit = u;
+  }
+  add_dep(g, i, after, 0);
+  return i;
+}
+
+static inline int32_t mem(gen *g, mp_op_type type, mp_mem_cat cat, int buf, int64_t bytes,
+                          int32_t layer, int32_t unit, mp_stream stream) {
+  int32_t i;
+  mp_op *op = new_op(g, type, stream, &i);
+  op->mem_cat = (uint8_t)cat;
+  op->buf = buf;
+  op->mem_bytes = bytes;
+  op->layer = layer;
+  op->unit = unit;
+  return i;
+}
+
+static inline void pair(gen *g, mp_mem_cat cat, int buf, int64_t bytes, int alloc) {
+  if (bytes <= 0) return;
+  mem(g, alloc ? MP_OP_ALLOC : MP_OP_FREE, cat, buf, bytes, g->layer, -1, MP_STREAM_COMPUTE);
+}
+
+/* ---- GEMMs -------------------------------------------------------------------------- */
+
+static inline double gemm_bytes(double m, double n, double k, double batch, int in_b) {
+  return batch * ((m * k + k * n) * in_b + m * n * 2.0);
+}
+
+static inline int32_t gemm(gen *g, mp_variant v, int module, double m, int64_t n, int64_t k,
+                           int64_t batch, mp_dtype dt) {
+  const int in_b = mp_dtype_bytes(dt);
+  return compute(g, MP_KERNEL_GEMM, v, module, (int64_t)ceil(m), n, k, batch,
+                 2.0 * m * (double)n * (double)k * (double)batch,
+                 gemm_bytes(m, (double)n, (double)k, (double)batch, in_b), dt);
+}
+
+/* The pending dependencies of a block part's first op (the gathers it waits for). */
+static inline void attach(gen *g, const part_deps *pd, int part) {
+  if (pd == NULL) return;
+  for (int i = 0; i < 2; i++) pend_dep(g, pd->dep[part][i], pd->flags[part][i]);
+}
+
+/* schedule_ops.c */
+void mp_sched_attention_bwd(gen *g, const part_deps *pd);
+void mp_sched_attention_core_fwd(gen *g);
+void mp_sched_attention_fwd(gen *g, const part_deps *pd);
+void mp_sched_attention_out_fwd(gen *g);
+void mp_sched_embedding_bwd(gen *g);
+void mp_sched_embedding_fwd(gen *g);
+void mp_sched_head_bwd(gen *g);
+void mp_sched_head_bwd_rt(gen *g);
+void mp_sched_head_fwd(gen *g);
+void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd);
+void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd);
+void mp_sched_seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_step,
+                        int32_t unit_step);
+void mp_sched_seg_open(gen *g, mp_phase phase, int32_t layer, int32_t layer_step);
+
+/* schedule_rt.c */
+int mp_sched_f8_source(int module);
+void mp_sched_rt_add_param(rt_rest *rest, unit_info *ui, const mp_param *prm, int gs,
+                           int64_t local, int64_t n);
+void mp_sched_rt_block_bwd(gen *g, int32_t l, int kind, const part_deps *pd);
+void mp_sched_rt_block_fwd(gen *g, int kind, const part_deps *pd);
+void mp_sched_rt_f8_act(gen *g, int module, int64_t elems);
+void mp_sched_rt_f8_cast(gen *g, int module, int64_t elems, int amax, int orient, mp_variant v);
+void mp_sched_rt_f8_scope_close(gen *g);
+void mp_sched_rt_layout_fill(gen *g, int64_t micro_batch);
+void mp_sched_rt_mem(gen *g, mp_act_alloc a, int kind, int alloc);
+void mp_sched_rt_optimizer(gen *g, const rt_rest *r, int world_reduce);
+
+/* schedule_fsdp.c */
+void mp_sched_free_units(gen *g, int32_t layer, int32_t unit0, int n, int part_lo, int part_hi);
+void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t gidx[N_PARTS],
+                           int32_t dep_prev, int32_t *patch, int *n_patch);
+void mp_sched_gather_block(gen *g, int32_t l, int32_t gidx[N_PARTS], int32_t dep_prev,
+                           int32_t *patch, int *n_patch);
+void mp_sched_grads_alloc(gen *g, int32_t layer, int32_t unit0, int n);
+void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, int hi);
+void mp_sched_rt_rs_finish(gen *g);
+
+/* schedule_prep.c */
+mp_status mp_sched_check_plan_rank(mp_ctx *ctx, const mp_plan *p, int rank);
+int mp_sched_kind_of(const gen *g, int32_t l, const stage_info *st);
+mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_mode mode,
+                             mp_arena *arena, mp_schedule_prep **out);
+int mp_sched_prep_serves(const mp_schedule_prep *pr, const mp_plan *p);
+void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch);
+
+#endif

@@ -1,0 +1,585 @@
+/* Step schedule builder: emission primitives and the compute and communication ops of a
+ * block, the embedding and the head (the builder's overview: schedule.c).
+ *
+ * Conventions (units: elements, bytes, FLOPs; T = tokens of one micro-batch on this rank =
+ * micro_batch x seq / cp; e = 2 bytes, bf16 activations):
+ *   GEMM C[m,n] = A[m,k] B[k,n]: FLOPs 2mnk x batch; bytes = batch (mk + kn) x input bytes
+ *     + mn x 2 (bf16 output). A Linear [out, in] on T tokens: forward m=T, n=out, k=in;
+ *     DGRAD dx = dy W: m=T, n=in, k=out; WGRAD dW = dy^T x: m=out, n=in, k=T. Biases are
+ *     folded into the GEMM epilogue (their out x T adds are not counted).
+ *   Attention (flash, causal): forward 4 x T x seq x heads_local x hd / 2, the causal half
+ *     of QK^T and PV (a query attends to seq/2 keys on average); backward twice the forward
+ *     (dQ, dK, dV, dP: the algorithmic count; flash's recomputation of QK^T in backward is
+ *     left to the simulator's attention efficiency). mp_model_flops_per_token counts
+ *     12 L heads hd seq per token, i.e. non-causal forward + backward, so a schedule's
+ *     FLOPs are the model FLOPs less 6 L heads hd seq per token (tested), plus the small
+ *     element-wise FLOPs, less 6 x (norm parameters) which the model counts.
+ *   Element-wise kernels carry a nominal FLOP count per element (FLOPS_*,
+ *     schedule_internal.h); they are memory-bound, so their bytes (read + written) are what
+ *     the simulator uses.
+ *   Float8 Linear (torchao tensorwise, as torchtitan uses it): forward casts the weight and
+ *     the input to E4M3 (amax pass + scaled cast: 2+2+1 bytes per element) and runs the GEMM
+ *     in E4M3; backward casts dy to E5M2 and re-casts the weight and the input (torchao saves
+ *     the high-precision tensors), DGRAD and WGRAD in E5M2 (op dtype E5M2: one operand is
+ *     E5M2, the other E4M3). With float8 all-gather the gathered weight already is float8
+ *     and its casts are dropped (the cast of the shard happens before the all-gather). The
+ *     runtimes' float8 (emulated, or on codes) is schedule_rt.c's.
+ *   MoE: balanced routing assumed: each local expert receives T x top_k x ep / E tokens
+ *     (m of the grouped GEMMs, rounded up; FLOPs use the exact value), batch = E / ep.
+ *   Collective payloads (schedule.h): TP all-reduce of [T, H] bf16: 2TH bytes. All-to-all:
+ *     the rank's whole send buffer, T x top_k x H x 2 bytes, of which (ep-1)/ep crosses
+ *     the network (the simulator's (n-1)/n factor, as nccl-tests count all-to-all). FSDP
+ *     (schedule_fsdp.c): all-gather of the unit's tp-local elements (this stage's) x param
+ *     dtype; reduce-scatter of the same elements x reduce dtype; dp_replicate all-reduce of
+ *     the unit's shard x reduce dtype. Send/recv: [T, H] bf16.
+ *   No sequence parallelism: TP's activations are replicated [T, H] (all-reduce, not
+ *     reduce-scatter + all-gather). Vocab-parallel embedding: masked lookup + all-reduce
+ *     forward, no communication backward. Loss: with vocab-sharded logits three TP
+ *     all-reduces of T fp32 values (max, sum of exp, target logit); with replicated
+ *     logits an all-gather of [T, V] bf16 before the loss.
+ *
+ * Head and loss memory under torchtitan (LOGITS): bf16 logits [T, V_l] from the head GEMM,
+ * an fp32 copy for the cross-entropy (log-softmax saved for backward); the bf16 logits are
+ * freed after the loss's forward. Backward: fp32 gradient of the logits, then its bf16 cast
+ * for the head's GEMMs; the saved fp32 is freed. V_l = V/tp with sharded logits, V after
+ * the all-gather. The runtimes keep the head's tensors in the activation layout's HEAD,
+ * LOGITS and DLOGITS allocations (exec/act_layout.h). */
+#include <stdarg.h>
+
+#include "exec/schedule_internal.h"
+
+/* ---- emission primitives -------------------------------------------------------------- */
+
+/* Initial capacity of the op array: the last schedule's op count on this thread (the
+ * planner builds schedules of one size over and over), so the array rarely grows. Only an
+ * allocation size: it never changes a schedule. */
+static _Thread_local int32_t g_ops_hint;
+
+void mp_sched_ops_hint_set(int32_t n_ops) { g_ops_hint = n_ops; }
+
+void mp_sched_fail(gen *g, mp_status code, const char *fmt, ...) {
+  if (g->st != MP_OK) return;
+  va_list ap;
+  va_start(ap, fmt);
+  g->st = mp_verror(g->ctx, code, fmt, ap);
+  va_end(ap);
+}
+
+int mp_sched_grow_ops(gen *g) {
+  int32_t cap = g->cap_ops ? 2 * g->cap_ops : (g_ops_hint > 192 ? g_ops_hint + 64 : 256);
+  /* not zeroed: ops are copied in or cleared one by one (new_op) */
+  mp_op *n = mp_arena_alloc_raw(g->arena, sizeof(mp_op) * (size_t)cap);
+  if (n == NULL) {
+    mp_sched_fail(g, MP_ERR_NOMEM, "out of memory building the step schedule");
+    return 0;
+  }
+  if (g->n_ops) memcpy(n, g->ops, sizeof(mp_op) * (size_t)g->n_ops);
+  g->ops = n;
+  g->cap_ops = cap;
+  return 1;
+}
+
+void mp_sched_seg_open(gen *g, mp_phase phase, int32_t layer, int32_t layer_step) {
+  (void)layer_step;
+  g->phase = (uint8_t)phase;
+  g->when = phase == MP_PHASE_PROLOGUE || phase == MP_PHASE_OPTIMIZER ? MP_WHEN_ONCE
+                                                                      : MP_WHEN_EVERY_MICRO;
+  g->layer = layer;
+  g->seg_first = g->n_ops;
+}
+
+void mp_sched_seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_step,
+                        int32_t unit_step) {
+  if (g->st != MP_OK) return;
+  if (g->n_ops == g->seg_first) return; /* nothing emitted (e.g. a middle stage's head) */
+  if (g->n_segs == g->cap_segs) {
+    int32_t cap = g->cap_segs ? 2 * g->cap_segs : 32;
+    mp_segment *n = mp_arena_alloc(g->arena, sizeof(mp_segment) * (size_t)cap);
+    if (n == NULL) {
+      mp_sched_fail(g, MP_ERR_NOMEM, "out of memory building the step schedule");
+      return;
+    }
+    if (g->n_segs) memcpy(n, g->segs, sizeof(mp_segment) * (size_t)g->n_segs);
+    g->segs = n;
+    g->cap_segs = cap;
+  }
+  mp_segment *sg = &g->segs[g->n_segs++];
+  sg->first_op = g->seg_first;
+  sg->n_ops = g->n_ops - g->seg_first;
+  sg->repeat = repeat;
+  sg->layer_step = layer_step;
+  sg->unit_step = unit_step;
+  sg->phase = (uint8_t)phase;
+}
+
+/* ---- GEMMs and Linears ---------------------------------------------------------------- */
+
+static void cast(gen *g, int module, int64_t elems, mp_variant v) {
+  compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, FLOPS_CAST * (double)elems,
+          5.0 * (double)elems, MP_DTYPE_BF16);
+}
+
+/* y[T, out] = x[T, in] W^T (batch > 1: grouped expert GEMMs, m tokens per expert). */
+static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, int64_t batch) {
+  const int f8 = g->sh.fp8[module];
+  if (!f8) {
+    gemm(g, MP_VAR_FWD, module, m, out, in, batch, MP_DTYPE_BF16);
+    return;
+  }
+  const int64_t mi = (int64_t)ceil(m) * batch;
+  const int64_t w = out * in * batch, x = mi * in;
+  if (g->f8c) {
+    /* codes: the input's (shared in the block; its amax from RMSNorm's or SwiGLU's kernel,
+     * the attention output's read for it), then the weight's when FSDP-sharded (else the
+     * resident codes, quantized once per step: rt_optimizer) */
+    const int64_t wb = g->f8w_sharded ? mp_act_f8_operand_bytes(w) : 0;
+    const int src = mp_sched_f8_source(module);
+    if (!(g->f8_scope & (1u << src))) mp_sched_rt_f8_cast(g, module, x, src == 1, 1, MP_VAR_FWD);
+    mp_sched_rt_f8_act(g, module, x);
+    pair(g, MP_MEM_FP8, BUF_F8_W, wb, 1);
+    if (wb) mp_sched_rt_f8_cast(g, module, w, 1, 2, MP_VAR_FWD);
+    gemm(g, MP_VAR_FWD, module, m, out, in, batch, MP_DTYPE_FP8_E4M3);
+    pair(g, MP_MEM_FP8, BUF_F8_W, wb, 0);
+    return;
+  }
+  if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_FWD);
+  cast(g, module, x, MP_VAR_FWD);
+  /* meshplan-cpu emulates float8 in fp32: one buffer of the quantized input (aligned) and
+   * weight; the runtimes never all-gather float8 */
+  const int64_t fb = g->rt ? mp_act_f8_emul_fwd_floats(x, w) * 4 : (g->sh.fp8_ag ? 0 : w) + x;
+  pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
+  gemm(g, MP_VAR_FWD, module, m, out, in, batch, MP_DTYPE_FP8_E4M3);
+  pair(g, MP_MEM_FP8, BUF_FP8, fb, 0);
+}
+
+static void linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, int64_t batch) {
+  const int f8 = g->sh.fp8[module];
+  if (!f8) {
+    gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_BF16);
+    gemm(g, MP_VAR_WGRAD, module, out, in, (int64_t)ceil(m), batch, MP_DTYPE_BF16);
+    return;
+  }
+  const int64_t mi = (int64_t)ceil(m) * batch;
+  const int64_t w = out * in * batch, x = mi * in, dy = mi * out;
+  if (g->f8c) {
+    /* codes: dy's (E5M2, both orientations; gate's and up's amax from SwiGLU's backward
+     * kernel), the weight's when sharded, DGRAD adding into the input gradient, then the
+     * input's transposed codes (shared in the block; the amax its forward kept) */
+    const int64_t db = mp_act_f8_operand_bytes(dy);
+    const int64_t wb = g->f8w_sharded ? mp_act_f8_operand_bytes(w) : 0;
+    const int dy_known = (module == MP_MOD_GATE || module == MP_MOD_UP) && !g->sh.gpt &&
+                         g->sh.fp8[MP_MOD_GATE] && g->sh.fp8[MP_MOD_UP];
+    const int src = mp_sched_f8_source(module);
+    pair(g, MP_MEM_FP8, BUF_F8_DY, db, 1);
+    mp_sched_rt_f8_cast(g, module, dy, !dy_known, 2, MP_VAR_BWD);
+    pair(g, MP_MEM_FP8, BUF_F8_W, wb, 1);
+    if (wb) mp_sched_rt_f8_cast(g, module, w, 1, 2, MP_VAR_BWD);
+    gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_FP8_E5M2);
+    if (!(g->f8_scope & (1u << src))) mp_sched_rt_f8_cast(g, module, x, 0, 1, MP_VAR_BWD);
+    mp_sched_rt_f8_act(g, module, x);
+    gemm(g, MP_VAR_WGRAD, module, out, in, (int64_t)ceil(m), batch, MP_DTYPE_FP8_E5M2);
+    pair(g, MP_MEM_FP8, BUF_F8_W, wb, 0);
+    pair(g, MP_MEM_FP8, BUF_F8_DY, db, 0);
+    return;
+  }
+  cast(g, module, dy, MP_VAR_BWD);
+  if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_BWD);
+  cast(g, module, x, MP_VAR_BWD);
+  const int64_t fb =
+      g->rt ? mp_act_f8_emul_bwd_floats(dy, x, w) * 4 : dy + (g->sh.fp8_ag ? 0 : w) + x;
+  pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
+  gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_FP8_E5M2);
+  /* WGRAD's FLOPs with the exact token count: dW[out, in] = dy^T x, k = m x batch tokens
+   * spread over the batch of experts. */
+  gemm(g, MP_VAR_WGRAD, module, out, in, (int64_t)ceil(m), batch, MP_DTYPE_FP8_E5M2);
+  pair(g, MP_MEM_FP8, BUF_FP8, fb, 0);
+}
+
+/* WGRAD with k = m tokens: 2 x out x in x m x batch, the same as the forward. The gemm()
+ * above takes m as the first size; for WGRAD m=out, k=tokens, so the FLOPs are exact
+ * only when m is integral: fix them up for fractional expert token counts. */
+static void fix_wgrad_flops(gen *g, int32_t first, double m_tokens) {
+  for (int32_t i = first; i < g->n_ops; i++) {
+    mp_op *op = &g->ops[i];
+    if (op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_GEMM && op->variant == MP_VAR_WGRAD)
+      op->flops = 2.0 * (double)op->m * (double)op->n * m_tokens * (double)op->batch;
+  }
+}
+
+/* ---- tensor- and expert-parallel collectives ------------------------------------------ */
+
+/* Activations travel as X elements: bf16 under torchtitan, the runtimes' X (fp32 on the CPU). */
+static double act_comm_bytes(const gen *g) { return (double)g->xs; }
+
+static mp_dtype act_comm_dtype(const gen *g) { return g->xs == 4 ? MP_DTYPE_FP32 : MP_DTYPE_BF16; }
+
+static void tp_allreduce(gen *g, int on, int module) {
+  if (!on) return;
+  const shapes *sh = &g->sh;
+  comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE,
+       act_comm_bytes(g) * (double)(sh->T * sh->H), act_comm_dtype(g), module);
+}
+
+static void ep_alltoall(gen *g, int module) {
+  const shapes *sh = &g->sh;
+  if (sh->ep <= 1) return;
+  comm(g, MP_COLL_ALL_TO_ALL, MP_GROUP_EP, MP_STREAM_COMPUTE,
+       act_comm_bytes(g) * (double)(sh->T * sh->topk * sh->H), act_comm_dtype(g), module);
+}
+
+/* ---- one block ------------------------------------------------------------------------ */
+
+static void norm_fwd(gen *g, int module, int64_t rows, int64_t width) {
+  const int64_t e = rows * width;
+  elementwise(g, MP_KERNEL_NORM, MP_VAR_FWD, module, e, FLOPS_NORM_FWD, 4.0 * (double)e);
+}
+
+static void norm_bwd(gen *g, int module, int64_t rows, int64_t width) {
+  const int64_t e = rows * width;
+  elementwise(g, MP_KERNEL_NORM, MP_VAR_BWD, module, e, FLOPS_NORM_BWD, 6.0 * (double)e);
+}
+
+static void residual(gen *g, mp_variant v, int64_t elems) {
+  elementwise(g, MP_KERNEL_RESIDUAL, v, -1, elems, 1.0, 6.0 * (double)elems);
+}
+
+/* RoPE on q and k: one op, or (the runtimes call it for q, then for k) two. */
+static void rope(gen *g, mp_variant v) {
+  const shapes *sh = &g->sh;
+  if (sh->gpt) return;
+  const int64_t eq = sh->T * sh->q, ek = sh->T * sh->kv;
+  if (g->rt) {
+    elementwise(g, MP_KERNEL_ROPE, v, -1, eq, FLOPS_ROPE, 4.0 * (double)eq);
+    elementwise(g, MP_KERNEL_ROPE, v, -1, ek, FLOPS_ROPE, 4.0 * (double)ek);
+  } else {
+    elementwise(g, MP_KERNEL_ROPE, v, -1, eq + ek, FLOPS_ROPE, 4.0 * (double)(eq + ek));
+  }
+}
+
+/* The residual stream's gradient: an add of its own in autograd; the runtimes' backward
+ * kernels accumulate into it (ops.h: gradients accumulate), so nothing. */
+static void residual_bwd(gen *g, int64_t elems) {
+  if (!g->rt) residual(g, MP_VAR_BWD, elems);
+}
+
+static double attn_fwd_flops(const shapes *sh) {
+  /* causal half of 4 x T x seq x heads x hd */
+  return 2.0 * (double)sh->T * (double)sh->seq * (double)sh->nh * (double)sh->hd;
+}
+
+void mp_sched_attention_core_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T;
+  compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq, sh->hd, sh->nh, attn_fwd_flops(sh),
+          2.0 * (double)(T * (2 * sh->q + 2 * sh->kv)) + 4.0 * (double)(T * sh->nh),
+          MP_DTYPE_BF16);
+}
+
+void mp_sched_attention_fwd(gen *g, const part_deps *pd) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T, H = sh->H;
+  attach(g, pd, PART_ATTN);
+  norm_fwd(g, MP_MOD_ATTN_NORM, T, H);
+  linear_fwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
+  linear_fwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
+  linear_fwd(g, MP_MOD_V, (double)T, sh->kv, H, 1);
+  if (sh->qk_norm) {
+    norm_fwd(g, MP_MOD_Q_NORM, T * sh->nh, sh->hd);
+    norm_fwd(g, MP_MOD_K_NORM, T * sh->nkv, sh->hd);
+  }
+  rope(g, MP_VAR_FWD);
+  mp_sched_attention_core_fwd(g);
+}
+
+void mp_sched_attention_out_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  linear_fwd(g, MP_MOD_O, (double)sh->T, sh->H, sh->q, 1);
+  tp_allreduce(g, sh->ar_o, MP_MOD_O);
+  residual(g, MP_VAR_FWD, sh->T * sh->H);
+}
+
+static void swiglu(gen *g, mp_variant v, int module, int64_t elems) {
+  if (v == MP_VAR_FWD)
+    elementwise(g, MP_KERNEL_ACTIVATION, v, module, elems, FLOPS_SWIGLU_FWD, 6.0 * (double)elems);
+  else
+    elementwise(g, MP_KERNEL_ACTIVATION, v, module, elems, FLOPS_SWIGLU_BWD, 10.0 * (double)elems);
+}
+
+/* The routed experts' GEMMs: one grouped op per Linear (batch = the local experts, m_exp
+ * rows each), or, in the runtimes (the runtime's experts_forward / experts_backward), one
+ * GEMM per (source EP rank, local expert) block of m_exp / ep rows under balanced routing,
+ * each a launch of its own and as efficient as its size: the forward's gate and up block
+ * by block, then down; the backward's down, then gate and up block by block. Float8
+ * experts keep the grouped op (the runtimes run their experts without float8). */
+static int expert_blocks(const gen *g) {
+  const shapes *sh = &g->sh;
+  return g->rt && !sh->fp8[MP_MOD_EXPERTS_GATE] && !sh->fp8[MP_MOD_EXPERTS_UP] &&
+                 !sh->fp8[MP_MOD_EXPERTS_DOWN]
+             ? sh->ep * sh->E_l
+             : 0;
+}
+
+static void experts_gate_up_fwd(gen *g, int64_t H) {
+  const shapes *sh = &g->sh;
+  const int nb = expert_blocks(g);
+  if (nb == 0) {
+    linear_fwd(g, MP_MOD_EXPERTS_GATE, sh->m_exp, sh->fe, H, sh->E_l);
+    linear_fwd(g, MP_MOD_EXPERTS_UP, sh->m_exp, sh->fe, H, sh->E_l);
+  }
+  for (int b = 0; b < nb; b++) {
+    linear_fwd(g, MP_MOD_EXPERTS_GATE, sh->m_exp / sh->ep, sh->fe, H, 1);
+    linear_fwd(g, MP_MOD_EXPERTS_UP, sh->m_exp / sh->ep, sh->fe, H, 1);
+  }
+}
+
+static void experts_down_fwd(gen *g, int64_t H) {
+  const shapes *sh = &g->sh;
+  const int nb = expert_blocks(g);
+  if (nb == 0) linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->m_exp, H, sh->fe, sh->E_l);
+  for (int b = 0; b < nb; b++) linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->m_exp / sh->ep, H, sh->fe, 1);
+}
+
+/* The routed experts' backward, their SwiGLU's between down and gate/up; WGRAD FLOPs with
+ * the exact (fractional) rows per GEMM. */
+static void experts_bwd(gen *g, int64_t H, int64_t Tk) {
+  const shapes *sh = &g->sh;
+  const int nb = expert_blocks(g);
+  const int32_t first = g->n_ops;
+  if (nb == 0) {
+    linear_bwd(g, MP_MOD_EXPERTS_DOWN, sh->m_exp, H, sh->fe, sh->E_l);
+    swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
+    linear_bwd(g, MP_MOD_EXPERTS_GATE, sh->m_exp, sh->fe, H, sh->E_l);
+    linear_bwd(g, MP_MOD_EXPERTS_UP, sh->m_exp, sh->fe, H, sh->E_l);
+  } else {
+    const double m = sh->m_exp / sh->ep;
+    for (int b = 0; b < nb; b++) linear_bwd(g, MP_MOD_EXPERTS_DOWN, m, H, sh->fe, 1);
+    swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
+    for (int b = 0; b < nb; b++) {
+      linear_bwd(g, MP_MOD_EXPERTS_GATE, m, sh->fe, H, 1);
+      linear_bwd(g, MP_MOD_EXPERTS_UP, m, sh->fe, H, 1);
+    }
+  }
+  if (g->st == MP_OK) fix_wgrad_flops(g, first, nb == 0 ? sh->m_exp : sh->m_exp / sh->ep);
+}
+
+void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T, H = sh->H;
+  /* the runtimes' full-AC recompute refills the block's saved tensors and stops there: no
+   * down projection, unpermute or shared-expert output (the runtime's block_forward without
+   * x_out) */
+  const int out = !(g->rt && g->phase == MP_PHASE_RECOMPUTE);
+  attach(g, pd, PART_MOE);
+  norm_fwd(g, MP_MOD_FFN_NORM, T, H);
+  if (kind == KIND_DENSE) {
+    if (sh->gpt) {
+      linear_fwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
+      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, MP_MOD_UP, T * sh->f, FLOPS_GELU_FWD,
+                  4.0 * (double)(T * sh->f));
+    } else {
+      linear_fwd(g, MP_MOD_GATE, (double)T, sh->f, H, 1);
+      linear_fwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
+      swiglu(g, MP_VAR_FWD, MP_MOD_GATE, T * sh->f);
+    }
+    if (!out) return;
+    linear_fwd(g, MP_MOD_DOWN, (double)T, H, sh->f, 1);
+    tp_allreduce(g, sh->ar_down, MP_MOD_DOWN);
+  } else {
+    const int64_t Tk = T * sh->topk;
+    linear_fwd(g, MP_MOD_ROUTER, (double)T, sh->E, H, 1);
+    elementwise(g, MP_KERNEL_ROUTER, MP_VAR_FWD, MP_MOD_ROUTER, T * sh->E, FLOPS_ROUTER,
+                6.0 * (double)(T * sh->E) + 12.0 * (double)Tk);
+    elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_FWD, -1, Tk * H, 0.0,
+                2.0 * (double)(T * H) + 2.0 * (double)(Tk * H));
+    /* the runtimes under EP: the expert side (sized by the rows received) is saved for
+     * backward; the expert outputs wait in a COMM buffer for the combine */
+    mp_sched_rt_mem(g, MP_ACT_ALLOC_EPA, kind, 1);
+    ep_alltoall(g, MP_MOD_EXPERTS_GATE);
+    mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 1);
+    attach(g, pd, PART_EXPERTS);
+    experts_gate_up_fwd(g, H);
+    swiglu(g, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
+    experts_down_fwd(g, H);
+    ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
+    mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 0);
+    if (out)
+      elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_FWD, -1, Tk * H, 2.0,
+                  2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
+    if (sh->has_shared) {
+      linear_fwd(g, MP_MOD_SHARED_GATE, (double)T, sh->fs, H, 1);
+      linear_fwd(g, MP_MOD_SHARED_UP, (double)T, sh->fs, H, 1);
+      swiglu(g, MP_VAR_FWD, MP_MOD_SHARED_GATE, T * sh->fs);
+      if (!out) return;
+      mp_sched_rt_mem(g, MP_ACT_ALLOC_SHARED_OUT, kind, 1); /* the runtimes' partial sum */
+      linear_fwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->fs, 1);
+      tp_allreduce(g, sh->ar_sdown, MP_MOD_SHARED_DOWN);
+      residual(g, MP_VAR_FWD, T * H); /* routed + shared */
+      mp_sched_rt_mem(g, MP_ACT_ALLOC_SHARED_OUT, kind, 0);
+    }
+    if (!out) return;
+  }
+  residual(g, MP_VAR_FWD, T * H);
+}
+
+void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T, H = sh->H;
+  attach(g, pd, PART_MOE);
+  if (kind == KIND_DENSE) {
+    linear_bwd(g, MP_MOD_DOWN, (double)T, H, sh->f, 1);
+    if (sh->gpt) {
+      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, MP_MOD_UP, T * sh->f, FLOPS_GELU_BWD,
+                  6.0 * (double)(T * sh->f));
+      linear_bwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
+    } else {
+      swiglu(g, MP_VAR_BWD, MP_MOD_GATE, T * sh->f);
+      linear_bwd(g, MP_MOD_GATE, (double)T, sh->f, H, 1);
+      linear_bwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
+    }
+    tp_allreduce(g, sh->ar_gateup, MP_MOD_UP);
+  } else {
+    const int64_t Tk = T * sh->topk;
+    if (sh->has_shared) {
+      linear_bwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->fs, 1);
+      swiglu(g, MP_VAR_BWD, MP_MOD_SHARED_GATE, T * sh->fs);
+      linear_bwd(g, MP_MOD_SHARED_GATE, (double)T, sh->fs, H, 1);
+      linear_bwd(g, MP_MOD_SHARED_UP, (double)T, sh->fs, H, 1);
+      tp_allreduce(g, sh->ar_sgateup, MP_MOD_SHARED_UP);
+    }
+    elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_BWD, -1, Tk * H, 2.0,
+                2.0 * (double)(T * H) + 4.0 * (double)(Tk * H));
+    mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 1); /* the expert side's gradients (EP) */
+    ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
+    attach(g, pd, PART_EXPERTS);
+    experts_bwd(g, H, Tk);
+    ep_alltoall(g, MP_MOD_EXPERTS_GATE);
+    mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 0);
+    elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_BWD, -1, Tk * H, 1.0,
+                2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
+    elementwise(g, MP_KERNEL_ROUTER, MP_VAR_BWD, MP_MOD_ROUTER, T * sh->E, FLOPS_ROUTER,
+                10.0 * (double)(T * sh->E));
+    linear_bwd(g, MP_MOD_ROUTER, (double)T, sh->E, H, 1);
+  }
+  norm_bwd(g, MP_MOD_FFN_NORM, T, H);
+  residual_bwd(g, T * H);
+}
+
+void mp_sched_attention_bwd(gen *g, const part_deps *pd) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T, H = sh->H;
+  attach(g, pd, PART_ATTN);
+  linear_bwd(g, MP_MOD_O, (double)T, H, sh->q, 1);
+  compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq, sh->hd, sh->nh,
+          2.0 * attn_fwd_flops(sh),
+          2.0 * (double)(T * (4 * sh->q + 4 * sh->kv)) + 4.0 * (double)(T * sh->nh),
+          MP_DTYPE_BF16);
+  rope(g, MP_VAR_BWD);
+  if (sh->qk_norm) {
+    norm_bwd(g, MP_MOD_K_NORM, T * sh->nkv, sh->hd);
+    norm_bwd(g, MP_MOD_Q_NORM, T * sh->nh, sh->hd);
+  }
+  if (g->rt) { /* the runtime's order (its float8 operand of xn1 comes with q) */
+    linear_bwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
+    linear_bwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
+    linear_bwd(g, MP_MOD_V, (double)T, sh->kv, H, 1);
+  } else {
+    linear_bwd(g, MP_MOD_V, (double)T, sh->kv, H, 1);
+    linear_bwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
+    linear_bwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
+  }
+  tp_allreduce(g, sh->ar_qkv, MP_MOD_Q);
+  norm_bwd(g, MP_MOD_ATTN_NORM, T, H);
+  residual_bwd(g, T * H);
+}
+
+/* ---- embedding, head and loss --------------------------------------------------------- */
+
+void mp_sched_embedding_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t e = sh->T * sh->H;
+  elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_FWD, MP_MOD_TOK_EMBEDDINGS, e, 0.0,
+              4.0 * (double)e + 8.0 * (double)sh->T);
+  tp_allreduce(g, sh->ar_emb, MP_MOD_TOK_EMBEDDINGS);
+  if (sh->gpt) {
+    elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_FWD, MP_MOD_POS_EMBEDDINGS, e, 0.0, 4.0 * (double)e);
+    residual(g, MP_VAR_FWD, e);
+  }
+}
+
+void mp_sched_embedding_bwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t e = sh->T * sh->H;
+  if (sh->gpt)
+    elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_BWD, MP_MOD_POS_EMBEDDINGS, e, 1.0, 6.0 * (double)e);
+  elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_BWD, MP_MOD_TOK_EMBEDDINGS, e, 1.0,
+              6.0 * (double)e + 8.0 * (double)sh->T);
+}
+
+static int head_module(const shapes *sh) {
+  return sh->tied ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT;
+}
+
+static int64_t head_act_bytes(const shapes *sh) {
+  return 2 * (2 * sh->T * sh->H) + (sh->gpt ? 8 : 4) * sh->T;
+}
+
+void mp_sched_head_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T, H = sh->H;
+  /* the runtimes: xf and rstdf in one block; one LOGITS block of the X logits, the
+   * per-token losses and log-sum-exp (and the vocab-parallel reductions), kept for the
+   * backward */
+  if (g->rt) mp_sched_rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 1);
+  else pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 1);
+  norm_fwd(g, MP_MOD_FINAL_NORM, T, H);
+  if (g->rt) mp_sched_rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 1);
+  else pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * sh->V_loss, 1);
+  linear_fwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
+  if (sh->logits_gather)
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, 2.0 * (double)(T * sh->V_loss),
+         MP_DTYPE_BF16, head_module(sh));
+  if (!g->rt) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * T * sh->V_loss, 1);
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), T * sh->V_loss, FLOPS_LOSS,
+              10.0 * (double)(T * sh->V_loss));
+  if (sh->loss_parallel)
+    for (int i = 0; i < 3; i++)
+      comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)T, MP_DTYPE_FP32,
+           head_module(sh));
+  if (!g->rt) pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * sh->V_loss, 0);
+}
+
+/* The runtimes' head backward: dlogits (X), the residual-stream gradient dres
+ * (kept through the blocks' backward) and dxf; the logits go after the head's GEMMs. */
+void mp_sched_head_bwd_rt(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T, H = sh->H;
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_DLOGITS, KIND_DENSE, 1);
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_BWD, head_module(sh), T * sh->V_loss, 2.0,
+              8.0 * (double)(T * sh->V_loss));
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 1);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_DXF, KIND_DENSE, 1);
+  linear_bwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
+  tp_allreduce(g, sh->ar_head_in, head_module(sh));
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_DLOGITS, KIND_DENSE, 0);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 0);
+  norm_bwd(g, MP_MOD_FINAL_NORM, T, H);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_DXF, KIND_DENSE, 0);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 0);
+}
+
+void mp_sched_head_bwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->T, H = sh->H;
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * T * sh->V_loss, 1);
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_BWD, head_module(sh), T * sh->V_loss, 2.0,
+              8.0 * (double)(T * sh->V_loss));
+  pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * T * sh->V_loss, 0);
+  /* the head's GEMMs use this rank's V_l columns of the gradient (a slice when gathered) */
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, 2 * T * sh->V_l, 1);
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * T * sh->V_loss, 0);
+  linear_bwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, 2 * T * sh->V_l, 0);
+  tp_allreduce(g, sh->ar_head_in, head_module(sh));
+  norm_bwd(g, MP_MOD_FINAL_NORM, T, H);
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 0);
+}

@@ -1,0 +1,324 @@
+/* Step schedule builder: what it reads from a plan for one rank, computed once
+ * (mp_schedule_prep, schedule.h): the model's and the plan's local shapes, the FSDP units as
+ * the rank's stage sees them, the rank's elements at rest, and the runs of identical blocks
+ * COMPACT mode collapses. The builder's overview: schedule.c.
+ *
+ * Invariants: the prep is read-only once made; it serves exactly the plans with its plan's
+ * parameter and unit tables, mesh, seq, float8 all-gather and FSDP dtypes (prep_serves), so
+ * a derived plan (mp_plan_derive: another micro-batch, AC mode or reshard setting) builds
+ * from it the schedule mp_schedule_build gives. */
+#include "exec/schedule_internal.h"
+
+/* The micro-batch's part of the shapes: tokens per micro-batch on the rank and per local
+ * expert. */
+void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch) {
+  const int cp = p->mesh.size[MP_DIM_CP];
+  sh->seq = p->opts.seq;
+  sh->T = micro_batch * p->opts.seq / cp;
+  sh->m_exp = sh->E > 0 ? (double)sh->T * (double)sh->topk * (double)sh->ep / (double)sh->E : 0.0;
+}
+
+/* Everything else: from the model and the plan's parameters (mp_schedule_prep keeps it). */
+static void read_shapes(gen *g) {
+  const mp_plan *p = g->p;
+  const mp_model *m = &p->model;
+  shapes *sh = &g->sh;
+  memset(sh, 0, sizeof *sh);
+  sh->tp = p->mesh.size[MP_DIM_TP];
+  sh->ep = p->mesh.ep > 1 && (p->applied & MP_PASS_EP) ? p->mesh.ep : 1;
+  sh->H = m->d_model;
+  sh->hd = m->head_dim;
+  sh->gpt = m->family == MP_FAMILY_GPT;
+  sh->qk_norm = m->qk_norm;
+  sh->tied = m->tied_embeddings;
+  sh->E = m->n_experts;
+  sh->topk = m->top_k;
+  sh->has_shared = m->n_shared_experts > 0;
+  sh->fp8_ag = p->opts.fp8_opts.all_gather && (p->applied & MP_PASS_FLOAT8) && sh->tp == 1;
+  /* defaults before TP */
+  sh->q = m->n_heads * m->head_dim;
+  sh->kv = m->n_kv_heads * m->head_dim;
+  sh->f = m->d_ff;
+  sh->fe = m->d_ff_expert;
+  sh->fs = m->d_ff_shared;
+  sh->E_l = m->n_experts;
+  sh->V_l = p->vocab_padded;
+  int seen[MP_MOD_COUNT] = {0};
+  for (int i = 0; i < p->n_params; i++) {
+    const mp_param *prm = &p->params[i];
+    if (prm->role != MP_ROLE_WEIGHT || seen[prm->module]) continue;
+    seen[prm->module] = 1;
+    sh->fp8[prm->module] = prm->float8;
+    const int col = prm->tp_style == MP_TP_COLWISE, row = prm->tp_style == MP_TP_ROWWISE;
+    switch (prm->module) {
+      case MP_MOD_TOK_EMBEDDINGS:
+        sh->ar_emb = prm->tp_style == MP_TP_VOCAB;
+        if (sh->tied) sh->V_l = prm->tp_shape[0];
+        break;
+      case MP_MOD_Q: sh->q = prm->tp_shape[0]; sh->ar_qkv = col; break;
+      case MP_MOD_K: sh->kv = prm->tp_shape[0]; break;
+      case MP_MOD_O: sh->ar_o = row; break;
+      case MP_MOD_UP: sh->f = prm->tp_shape[0]; sh->ar_gateup = col; break;
+      case MP_MOD_DOWN: sh->ar_down = row; break;
+      case MP_MOD_EXPERTS_GATE: sh->E_l = prm->tp_shape[0]; break;
+      case MP_MOD_SHARED_UP: sh->fs = prm->tp_shape[0]; sh->ar_sgateup = col; break;
+      case MP_MOD_SHARED_DOWN: sh->ar_sdown = row; break;
+      case MP_MOD_OUTPUT: sh->V_l = prm->tp_shape[0]; break;
+      default: break;
+    }
+  }
+  if (sh->tied && seen[MP_MOD_TOK_EMBEDDINGS]) sh->fp8[MP_MOD_TOK_EMBEDDINGS] = 0;
+  sh->nh = sh->q / sh->hd;
+  sh->nkv = sh->kv / sh->hd;
+  /* the head is colwise whenever its rows are split; its input gradient is partial */
+  const int head_split = sh->V_l != p->vocab_padded;
+  sh->ar_head_in = head_split;
+  sh->loss_parallel = head_split && p->opts.tp.shard_logits;
+  sh->logits_gather = head_split && !p->opts.tp.shard_logits;
+  sh->V_loss = sh->logits_gather ? p->vocab_padded : sh->V_l;
+}
+
+/* The builder's unit tables (per plan unit, or per pseudo unit without FSDP) and the
+ * runtime models' per-tensor arrays, in the arena, zeroed. */
+static mp_status units_alloc(gen *g, rt_rest *rest) {
+  const mp_plan *p = g->p;
+  const int L = (int)p->model.n_layers;
+  const size_t np = (size_t)(p->n_params > 0 ? p->n_params : 1);
+  g->has_fsdp = (p->applied & MP_PASS_FSDP) && p->n_units > 0;
+  g->first_unit = mp_arena_alloc(g->arena, sizeof(int32_t) * (size_t)(L + 1));
+  g->n_units = mp_arena_alloc(g->arena, (size_t)(L + 1));
+  g->n_ui = g->has_fsdp ? p->n_units : L + 1;
+  g->ui = mp_arena_alloc(g->arena, sizeof(unit_info) * (size_t)g->n_ui);
+  memset(rest, 0, sizeof *rest);
+  rest->t_pad = mp_arena_alloc(g->arena, sizeof(int64_t) * np);
+  rest->t_rep = mp_arena_alloc(g->arena, np);
+  rest->t_f8 = mp_arena_alloc(g->arena, np);
+  if (g->first_unit == NULL || g->n_units == NULL || g->ui == NULL || rest->t_pad == NULL ||
+      rest->t_rep == NULL || rest->t_f8 == NULL)
+    return mp_error(g->ctx, MP_ERR_NOMEM, "out of memory building the step schedule");
+  for (int l = 0; l < L; l++) g->first_unit[l] = -1;
+  g->root_unit = -1;
+  return MP_OK;
+}
+
+/* Parameter prm of the stage into its unit: its tp-local elements, its padded shard, the
+ * gather's bytes, and the rank's elements at rest (its tile: gi is the rank's index in
+ * the group of gs). */
+static void add_param(gen *g, const mp_param *prm, unit_info *ui, int gs, int gi,
+                      int64_t *params_numel, rt_rest *rest) {
+  const int64_t n = mp_param_tp_numel(prm), rows = prm->tp_shape[0];
+  int64_t local = n;
+  if (g->has_fsdp && prm->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD && rows > 0) {
+    const int64_t chunk = mp_fsdp_chunk_rows(rows, gs), start = (int64_t)gi * chunk;
+    const int64_t end = start + chunk < rows ? start + chunk : rows;
+    local = end > start ? (end - start) * (n / rows) : 0;
+  }
+  *params_numel += local;
+  ui->numel_tp += n;
+  ui->numel_shard += mp_param_padded_shard_numel(prm, gs);
+  mp_sched_rt_add_param(rest, ui, prm, gs, local, n);
+  const int f8 = g->sh.fp8_ag && prm->float8;
+  ui->gather_bytes += (double)n * (f8 ? 1 : mp_dtype_bytes(g->pdt));
+  ui->gsize = gs;
+  ui->group = (uint8_t)(g->has_fsdp ? prm->fsdp_group : MP_GROUP_DP_REPLICATE);
+  ui->gather_dtype = (uint8_t)g->pdt;
+}
+
+/* Each layer's first unit and unit count, and the root unit; a block's units must be
+ * consecutive, at most N_PARTS (exec/pass_fsdp.c's layout). */
+static mp_status units_by_layer(gen *g) {
+  for (int u = 0; u < g->n_ui; u++) {
+    const int layer = g->has_fsdp ? g->p->units[u].layer : u - 1;
+    if (layer < 0) {
+      if (g->ui[u].numel_tp > 0) g->root_unit = u;
+      continue;
+    }
+    if (g->first_unit[layer] < 0) g->first_unit[layer] = u;
+    g->n_units[layer]++;
+    if (g->n_units[layer] > N_PARTS || g->first_unit[layer] + g->n_units[layer] - 1 != u)
+      return mp_error(g->ctx, MP_ERR_INTERNAL,
+                      "FSDP units of layer %d are not consecutive or more than %d; the "
+                      "schedule expects the layout of exec/pass_fsdp.c",
+                      layer, N_PARTS);
+  }
+  return MP_OK;
+}
+
+/* Units as this rank's stage sees them, and the rank's elements at rest (the same sums as
+ * mp_plan_rank_totals, which is too slow for the planner's loop: it asks the mesh per
+ * parameter; here the group sizes and indices are asked once per group kind). */
+static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
+                            rt_rest *rest) {
+  const mp_plan *p = g->p;
+  MP_CHECK(units_alloc(g, rest));
+  int gsize[MP_GROUP_COUNT], gidx[MP_GROUP_COUNT];
+  for (int k = 0; k < MP_GROUP_COUNT; k++) gsize[k] = gidx[k] = -1;
+  *params_numel = 0;
+  for (int i = 0; i < p->n_params; i++) {
+    const mp_param *prm = &p->params[i];
+    if (prm->pp_stage != stage) continue;
+    /* without FSDP: pseudo unit 0 = root, 1 + l = block l (gradient all-reduce buckets) */
+    const int u = g->has_fsdp ? prm->fsdp_unit : (prm->layer < 0 ? 0 : 1 + prm->layer);
+    if (u < 0 || u >= g->n_ui)
+      return mp_error(g->ctx, MP_ERR_INTERNAL, "parameter %s has FSDP unit %d of %d", prm->fqn,
+                      u, g->n_ui);
+    const int grp = prm->fsdp_group;
+    if (g->has_fsdp && gsize[grp] < 0) {
+      gsize[grp] = mp_mesh_group_size(&p->mesh, (mp_group)grp);
+      gidx[grp] = mp_mesh_group_index(&p->mesh, (mp_group)grp, rank);
+    }
+    add_param(g, prm, &g->ui[u], g->has_fsdp ? gsize[grp] : 1, g->has_fsdp ? gidx[grp] : 0,
+              params_numel, rest);
+  }
+  return units_by_layer(g);
+}
+
+/* ---- runs of identical blocks --------------------------------------------------------- */
+
+int mp_sched_kind_of(const gen *g, int32_t l, const stage_info *st) {
+  if (l < st->l0 || l >= st->l1) return KIND_NONE;
+  return mp_model_layer_is_moe(&g->p->model, l) ? KIND_MOE : KIND_DENSE;
+}
+
+/* Can layer b be a later repetition of the run that layer a starts (b = a + r)? */
+static int same_block(const gen *g, int32_t a, int32_t b, const stage_info *st) {
+  if (mp_sched_kind_of(g, a, st) != mp_sched_kind_of(g, b, st)) return 0;
+  if (mp_sched_kind_of(g, a - 1, st) != mp_sched_kind_of(g, b - 1, st)) return 0;
+  if (mp_sched_kind_of(g, a + 1, st) != mp_sched_kind_of(g, b + 1, st)) return 0;
+  const int n = g->n_units[a];
+  if (g->n_units[b] != n) return 0;
+  const int32_t r = b - a, step = n;
+  /* unit indices advance regularly, sizes match, for the block and its neighbours */
+  for (int d = -1; d <= 1; d++) {
+    const int32_t la = a + d, lb = b + d;
+    if (mp_sched_kind_of(g, la, st) == KIND_NONE) continue;
+    if (g->n_units[la] != g->n_units[lb]) return 0;
+    if (g->first_unit[lb] - g->first_unit[la] != r * step) return 0;
+    for (int k = 0; k < g->n_units[la]; k++) {
+      const unit_info *x = &g->ui[g->first_unit[la] + k], *y = &g->ui[g->first_unit[lb] + k];
+      if (x->numel_tp != y->numel_tp || x->numel_shard != y->numel_shard ||
+          x->gather_bytes != y->gather_bytes || x->group != y->group ||
+          x->rt_gather_x4 != y->rt_gather_x4 || x->rt_gather_x2 != y->rt_gather_x2 ||
+          x->rt_rs_numel != y->rt_rs_numel || x->rt_max_pad != y->rt_max_pad)
+        return 0;
+    }
+  }
+  return 1;
+}
+
+/* Runs of identical blocks in [l0, l1): run_len[l] for run starts, 0 inside runs. */
+static void find_runs(gen *g, const stage_info *st, mp_schedule_mode mode, int32_t *run_len) {
+  for (int32_t l = st->l0; l < st->l1;) {
+    int32_t r = 1;
+    if (mode == MP_SCHEDULE_COMPACT)
+      while (l + r < st->l1 && same_block(g, l, l + r, st)) r++;
+    run_len[l] = r;
+    for (int32_t k = 1; k < r; k++) run_len[l + k] = 0;
+    l += r;
+  }
+}
+
+/* ---- the prep ------------------------------------------------------------------------- */
+
+mp_status mp_sched_check_plan_rank(mp_ctx *ctx, const mp_plan *p, int rank) {
+  const mp_mesh *mesh = &p->mesh;
+  if (rank < 0 || rank >= mp_mesh_world(mesh))
+    return mp_error(ctx, MP_ERR_INVALID, "rank %d is outside the mesh's %d ranks", rank,
+                    mp_mesh_world(mesh));
+  if (!(p->applied & MP_PASS_FSDP) && mesh->size[MP_DIM_DP_SHARD] > 1)
+    return mp_error(ctx, MP_ERR_ORDER,
+                    "the plan has dp_shard=%d but FSDP was not applied, so no rank would hold "
+                    "its parameter shard; apply FSDP (mp_apply_fsdp) before building the "
+                    "schedule",
+                    mesh->size[MP_DIM_DP_SHARD]);
+  if ((unsigned)p->opts.mem_model > MP_MEM_MODEL_MESHPLAN_CUDA)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown memory model %d; choose torchtitan, "
+                    "meshplan-cpu or meshplan-cuda", (int)p->opts.mem_model);
+  if ((p->applied & MP_PASS_TP) == 0 && mesh->size[MP_DIM_TP] > 1)
+    return mp_error(ctx, MP_ERR_ORDER,
+                    "the mesh has tp=%d but TP was not applied; apply the passes in order "
+                    "(mp_build_plan) before building the schedule",
+                    mesh->size[MP_DIM_TP]);
+  return MP_OK;
+}
+
+static void gen_dtypes(const mp_plan *p, mp_dtype *pdt, mp_dtype *rdt) {
+  *pdt = p->opts.fsdp.param_dtype;
+  *rdt = p->opts.fsdp.reduce_dtype;
+  if (mp_dtype_bytes(*pdt) <= 0) *pdt = MP_DTYPE_BF16;
+  if (mp_dtype_bytes(*rdt) <= 0) *rdt = MP_DTYPE_FP32;
+}
+
+mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_mode mode,
+                             mp_arena *arena, mp_schedule_prep **out) {
+  *out = NULL;
+  mp_schedule_prep *pr = mp_arena_alloc(arena, sizeof *pr);
+  MP_CHECK_ALLOC(ctx, pr);
+  gen g;
+  memset(&g, 0, sizeof g);
+  g.ctx = ctx;
+  g.arena = arena;
+  g.p = p;
+  gen_dtypes(p, &g.pdt, &g.rdt);
+  const mp_mesh *mesh = &p->mesh;
+  int coords[MP_MESH_NDIMS];
+  mp_mesh_coords(mesh, rank, coords);
+  const int stage = coords[MP_DIM_PP], pp = mesh->size[MP_DIM_PP];
+  const int L = (int)p->model.n_layers;
+  int lps = p->layers_per_stage > 0 ? p->layers_per_stage : (L + pp - 1) / pp;
+  stage_info st = {stage * lps, (stage + 1) * lps < L ? (stage + 1) * lps : L, stage == 0,
+                   stage == pp - 1};
+  read_shapes(&g);
+  int64_t params_numel = 0;
+  rt_rest rest;
+  MP_CHECK(read_units(&g, stage, rank, &params_numel, &rest));
+  int32_t *run_len = mp_arena_alloc(arena, sizeof(int32_t) * (size_t)(L + 1));
+  MP_CHECK_ALLOC(ctx, run_len);
+  find_runs(&g, &st, mode, run_len);
+  pr->params = p->params;
+  pr->units = p->units;
+  pr->n_params = p->n_params;
+  pr->n_plan_units = p->n_units;
+  pr->applied = p->applied;
+  pr->mesh = *mesh;
+  pr->seq = p->opts.seq;
+  pr->fp8_all_gather = p->opts.fp8_opts.all_gather;
+  pr->pdt = g.pdt;
+  pr->rdt = g.rdt;
+  pr->rank = rank;
+  pr->stage = stage;
+  pr->mode = mode;
+  pr->st = st;
+  pr->sh = g.sh;
+  pr->has_fsdp = g.has_fsdp;
+  pr->ui = g.ui;
+  pr->n_ui = g.n_ui;
+  pr->first_unit = g.first_unit;
+  pr->n_units = g.n_units;
+  pr->root_unit = g.root_unit;
+  pr->params_numel = params_numel;
+  pr->rest = rest;
+  pr->run_len = run_len;
+  pr->flops_per_token = mp_model_flops_per_token(&p->model, p->opts.seq);
+  *out = pr;
+  return MP_OK;
+}
+
+mp_status mp_schedule_prep_create(mp_ctx *ctx, const mp_plan *p, int rank,
+                                  mp_schedule_mode mode, mp_arena *arena,
+                                  mp_schedule_prep **out) {
+  *out = NULL;
+  MP_CHECK(mp_sched_check_plan_rank(ctx, p, rank));
+  return mp_sched_prep_fill(ctx, p, rank, mode, arena, out);
+}
+
+/* The prep serves p: same parameters and units (the same tables), mesh and the options
+ * that shape what it read. */
+int mp_sched_prep_serves(const mp_schedule_prep *pr, const mp_plan *p) {
+  mp_dtype pdt, rdt;
+  gen_dtypes(p, &pdt, &rdt);
+  return pr->params == p->params && pr->units == p->units && pr->n_params == p->n_params &&
+         pr->n_plan_units == p->n_units && pr->applied == p->applied &&
+         memcmp(&pr->mesh, &p->mesh, sizeof pr->mesh) == 0 && pr->seq == p->opts.seq &&
+         pr->fp8_all_gather == p->opts.fp8_opts.all_gather && pr->pdt == pdt && pr->rdt == rdt;
+}
