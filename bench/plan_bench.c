@@ -1,4 +1,4 @@
-/* plan_bench: the planner's speed on the full search (DESIGN "Numbers that matter"):
+/* plan_bench: the planner's speed on the full search (docs/design.md, "Numbers that matter"):
  * every mesh x ep x micro-batch x AC x float8 x reshard of a model on a cluster, each
  * unpruned candidate simulated by the schedule simulator and every candidate logged to
  * SQLite in one transaction, exactly as `meshplan plan` does (mp_planner_run).

@@ -19,7 +19,7 @@ mp_arena *mp_arena_create(void);
 void mp_arena_destroy(mp_arena *a); /* NULL is a no-op */
 /* Zeroed, 16-byte aligned; NULL when out of memory. */
 void *mp_arena_alloc(mp_arena *a, size_t bytes);
-/* Added: as mp_arena_alloc but the memory is NOT zeroed: for tables the caller writes in
+/* As mp_arena_alloc but the memory is NOT zeroed: for tables the caller writes in
  * full right away (copies, arrays filled element by element). */
 void *mp_arena_alloc_raw(mp_arena *a, size_t bytes);
 char *mp_arena_strdup(mp_arena *a, const char *s);

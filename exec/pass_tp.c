@@ -19,16 +19,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/intmath.h"
 #include "exec/plan.h"
-
-static int64_t gcd64(int64_t a, int64_t b) {
-  while (b) {
-    int64_t t = a % b;
-    a = b;
-    b = t;
-  }
-  return a;
-}
 
 /* "{1,2,4,8}": the tp sizes that satisfy every constraint (divisors of their gcd). */
 static void valid_choices(int64_t g, char *buf, size_t cap) {
@@ -65,7 +57,7 @@ static mp_status check_divisible(mp_ctx *ctx, const mp_plan *p, int tp, int pad_
   const int n = (int)(sizeof c / sizeof c[0]);
   int64_t g = 0;
   for (int i = 0; i < n; i++)
-    if (c[i].used) g = gcd64(g, c[i].v);
+    if (c[i].used) g = mp_gcd64(g, c[i].v);
   for (int i = 0; i < n; i++) {
     if (!c[i].used || c[i].v % tp == 0) continue;
     char choices[160];

@@ -80,7 +80,8 @@ void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
   o->micro_batch = c->micro_batch;
   o->ac = (mp_ac_mode)c->ac;
   o->fp8 = c->fp8;
-  /* DESIGN: float8 all-gather only without TP. */
+  /* Float8 all-gather only without TP: with TP the scales would be per shard, not per
+   * tensor (docs/design.md, the sharding passes). */
   if (c->mesh.size[MP_DIM_TP] > 1) o->fp8_opts.all_gather = 0;
   o->fsdp.reshard_after_forward = c->reshard;
   o->tp.pad_vocab = c->pads_vocab;

@@ -129,26 +129,26 @@ mp_status mp_simulate_plan(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                            const mp_plan_options *opts, const mp_sim_config *cfg,
                            mp_sim_result *out);
 
-/* Added (the planner's hot path, see sim/sim_plan.c). mp_simulate_plan with the caller's
+/* The planner's hot path (sim/sim_plan.c): mp_simulate_plan with the caller's
  * scratch arena for the schedules instead of the per-thread one: scratch is only
  * allocated from, never reset here (the caller resets it after the call, e.g. the search
  * after each candidate); NULL uses the per-thread arena. */
 mp_status mp_simulate_plan_scratch(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                                    const mp_plan_options *opts, const mp_sim_config *cfg,
                                    mp_arena *scratch, mp_sim_result *out);
-/* Added: the same on a plan already built (e.g. by mp_build_plan_from in scratch). With
+/* The same on a plan already built (e.g. by mp_build_plan_from in scratch). With
  * pp > 1 only the distinct stages are simulated (first, last, the earliest of each class
  * of alike middle stages); the result equals mp_simulate_built_plan_all_stages field for
  * field. */
 mp_status mp_simulate_built_plan(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                  mp_arena *scratch, mp_sim_result *out);
-/* Added: the reference (slow: every one of the pp stages is built and simulated); the
+/* The reference (slow: every one of the pp stages is built and simulated); the
  * tests compare mp_simulate_built_plan against it. */
 mp_status mp_simulate_built_plan_all_stages(mp_ctx *ctx, const mp_plan *p,
                                             const mp_sim_config *cfg, mp_arena *scratch,
                                             mp_sim_result *out);
 
-/* Added (the planner's hot path): what mp_simulate_built_plan works out from a plan's
+/* The planner's hot path: what mp_simulate_built_plan works out from a plan's
  * parameters alone, once per plan family: the stages to simulate and, per stage, the
  * schedule builder's reading of the parameters (exec/schedule.h, mp_schedule_prep). It
  * serves every plan mp_plan_derive makes from p (other micro-batch, AC, reshard) and p

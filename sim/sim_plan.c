@@ -80,7 +80,7 @@ static mp_status sim_stage(mp_ctx *ctx, const mp_plan *p, int stage, const mp_si
   return mp_simulate(ctx, s, cfg, r, NULL);
 }
 
-/* Layers [l0, l1) of a stage, as exec/schedule.c assigns them. */
+/* Layers [l0, l1) of a stage, as the schedule assigns them (exec/schedule_prep.c). */
 static void stage_layers(const mp_plan *p, int stage, int *l0, int *l1) {
   const int L = (int)p->model.n_layers, pp = p->mesh.size[MP_DIM_PP];
   const int lps = p->layers_per_stage > 0 ? p->layers_per_stage : (L + pp - 1) / pp;

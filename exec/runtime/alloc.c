@@ -45,7 +45,7 @@ static void release_cache(mp_talloc *a) {
   a->nc = 0;
 }
 
-/* Own copy of the category names: the runtime must not need exec/schedule.c to link. */
+/* Own copy of the category names: the runtime must not need the schedule library to link. */
 const char *mp_talloc_cat_name(mp_mem_cat c) {
   static const char *k[MP_MEM_COUNT] = {"params", "optimizer", "grads", "gathered", "activations",
                                         "temp", "comm", "fp8", "logits"};

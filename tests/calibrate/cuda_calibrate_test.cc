@@ -329,7 +329,7 @@ void set_f8(mp_calib &c, const Truth &tr, const F8Truth &f8) {
   }
 }
 
-// The schedule's op for pass at the Linear N x K x M (exec/schedule.c linear_fwd and
+// The schedule's op for pass at the Linear N x K x M (exec/schedule_ops.c linear_fwd and
 // linear_bwd: forward [N, K] x [K, M], dgrad [N, M] x [M, K], wgrad [M, N] x [N, K]), in
 // dtype dt, with no bytes (compute-bound).
 mp_op linear_op(int pass, int N, int K, int M, mp_dtype dt) {
@@ -349,7 +349,7 @@ mp_op linear_op(int pass, int N, int K, int M, mp_dtype dt) {
   return op;
 }
 
-// The schedule's dtype of a float8 GEMM: E4M3 forward, E5M2 backward (exec/schedule.c).
+// The schedule's dtype of a float8 GEMM: E4M3 forward, E5M2 backward (exec/schedule_ops.c).
 mp_dtype f8_dtype(int pass) { return pass == MP_CALIB_GEMM_FWD ? MP_DTYPE_FP8_E4M3 : MP_DTYPE_FP8_E5M2; }
 
 TEST(Float8ByPass, DefaultsMeasureEveryBf16ShapeAndPass) {

@@ -345,7 +345,7 @@ TEST_F(ModelTest, HfErrorsPerArchitecture) {
   }
 }
 
-// Zero heads must be a clear error (it used to divide by zero computing head_dim).
+// Zero heads must be a clear error, not a division by zero computing head_dim.
 TEST_F(ModelTest, HfZeroHeadsIsAnErrorNotACrash) {
   const char *llama =
       "{\"model_type\": \"llama\", \"vocab_size\": 100, \"hidden_size\": 64,"

@@ -14,7 +14,7 @@ with AC none, selective and full; float8 on for dp_shard=2 x tp=2 (dense) agains
 single-rank float8 run. Every run is under `timeout`: a hang fails the test.
 
 Memory (the measured peak memory per rank equals the simulator's prediction for the CPU
-profile within 2 %, DESIGN's "Numbers that matter"): every run, the single-rank references included, also records the
+profile within 2 %, docs/design.md, "Numbers that matter"): every run, the single-rank references included, also records the
 plan's prediction (train --db: the planner on the meshplan-cpu stack, whose memory model is
 the runtime's layout, exec/act_layout.h) and prints its measured peak (the largest rank's, over
 the 20 steps). Non-EP plans: |predicted - measured| <= MEM_TOL of measured (they agree to

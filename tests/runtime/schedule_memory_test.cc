@@ -1,4 +1,4 @@
-// The schedule's models of the runtime's memory (described in exec/schedule.c) against the
+// The schedule's models of the runtime's memory (described in exec/schedule_rt.c) against the
 // runtime's tracked allocator, at world size 1 (no MPI; the multi-rank plans of the parity
 // matrix are checked by parity_matrix.py). The allocator is the independent reference: it
 // counts the bytes the runtime asks for, whatever the schedule says.
@@ -133,7 +133,7 @@ TEST(ScheduleMemory, CpuModelEqualsTrackedAllocator) {
 
 // The CUDA runtime's model against the accounting backend. One rank: the comm is "single",
 // so the runtime's NCCL overlap (prefetch, deferred reduce-scatters) has no sharded unit
-// to act on, as on one GPU; multi-rank plans are reasoned in exec/schedule.c.
+// to act on, as on one GPU; multi-rank plans are reasoned in exec/schedule_rt.c.
 struct CudaCase {
   const char *model;
   int64_t seq, micro_batch, global_batch;
