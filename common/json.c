@@ -1,13 +1,10 @@
 /* JSON loading with precise messages (see json.h). */
 #include "common/json.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 static const char *type_name(const cJSON *v) {
   if (cJSON_IsNumber(v)) return "a number";
@@ -50,43 +47,9 @@ mp_status mp_json_parse(mp_ctx *ctx, const char *text, const char *origin, cJSON
   return MP_OK;
 }
 
-mp_status mp_read_file(mp_ctx *ctx, const char *path, char **out, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (f == NULL)
-    return mp_error(ctx, errno == ENOENT ? MP_ERR_NOT_FOUND : MP_ERR_IO, "%s: cannot open: %s",
-                    path, strerror(errno));
-  /* fopen succeeds on a directory and ftell then reports a meaningless size; say what it is. */
-  struct stat sb;
-  if (fstat(fileno(f), &sb) != 0) goto io;
-  if (!S_ISREG(sb.st_mode)) {
-    fclose(f);
-    return mp_error(ctx, MP_ERR_IO, "%s: not a regular file; give the path of a file", path);
-  }
-  if (fseek(f, 0, SEEK_END) != 0) goto io;
-  long n = ftell(f);
-  if (n < 0 || fseek(f, 0, SEEK_SET) != 0) goto io;
-  char *buf = malloc((size_t)n + 1);
-  if (buf == NULL) {
-    fclose(f);
-    return mp_error(ctx, MP_ERR_NOMEM, "%s: out of memory reading %ld bytes", path, n);
-  }
-  if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-    free(buf);
-    goto io;
-  }
-  buf[n] = '\0';
-  fclose(f);
-  *out = buf;
-  if (len) *len = (size_t)n;
-  return MP_OK;
-io:
-  fclose(f);
-  return mp_error(ctx, MP_ERR_IO, "%s: read failed: %s", path, strerror(errno));
-}
-
 mp_status mp_json_parse_file(mp_ctx *ctx, const char *path, cJSON **out) {
   char *text = NULL;
-  MP_CHECK(mp_read_file(ctx, path, &text, NULL));
+  MP_CHECK(mp_read_file_max(ctx, path, MP_FILE_MAX_CONFIG_BYTES, &text, NULL));
   mp_status st = mp_json_parse(ctx, text, path, out);
   free(text);
   return st;
@@ -103,6 +66,10 @@ mp_status mp_json_get_f64(mp_ctx *ctx, const cJSON *obj, const char *origin, con
   if (!cJSON_IsNumber(v))
     return mp_error(ctx, MP_ERR_INVALID, "%s: key '%s': expected a number, got %s", origin, key,
                     type_name(v));
+  /* cJSON reads 1e999 as infinity: no field of ours means that. */
+  if (!isfinite(v->valuedouble))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: key '%s': expected a finite number, got %g", origin,
+                    key, v->valuedouble);
   *out = v->valuedouble;
   return MP_OK;
 }
@@ -153,28 +120,5 @@ mp_status mp_json_get_str(mp_ctx *ctx, const cJSON *obj, const char *origin, con
     return mp_error(ctx, MP_ERR_INVALID, "%s: key '%s': string longer than %zu characters",
                     origin, key, cap - 1);
   memcpy(out, v->valuestring, n + 1);
-  return MP_OK;
-}
-
-mp_status mp_write_file_atomic(mp_ctx *ctx, const char *path, const void *data, size_t len) {
-  char tmp[4096];
-  int n = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-  if (n < 0 || (size_t)n >= sizeof tmp)
-    return mp_error(ctx, MP_ERR_INVALID, "%s: path too long", path);
-  FILE *f = fopen(tmp, "wb");
-  if (f == NULL) return mp_error(ctx, MP_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-  int ok = fwrite(data, 1, len, f) == len;
-  ok = (fflush(f) == 0) && ok;
-  ok = (fclose(f) == 0) && ok;
-  if (!ok) {
-    int e = errno;
-    unlink(tmp);
-    return mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", path, strerror(e));
-  }
-  if (rename(tmp, path) != 0) {
-    int e = errno;
-    unlink(tmp);
-    return mp_error(ctx, MP_ERR_IO, "%s: rename from %s failed: %s", path, tmp, strerror(e));
-  }
   return MP_OK;
 }

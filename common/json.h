@@ -7,6 +7,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/file.h" /* mp_read_file, mp_write_file_atomic */
 #include "common/status.h"
 
 #ifdef __cplusplus
@@ -31,10 +32,6 @@ mp_status mp_json_get_bool(mp_ctx *ctx, const cJSON *obj, const char *origin, co
 mp_status mp_json_get_str(mp_ctx *ctx, const cJSON *obj, const char *origin, const char *key,
                           int required, char *out, size_t cap);
 
-/* Reads a whole file into a malloc'd NUL-terminated buffer. */
-mp_status mp_read_file(mp_ctx *ctx, const char *path, char **out, size_t *len);
-/* Writes to path.tmp.<pid> then renames, so readers never see a half-written file. */
-mp_status mp_write_file_atomic(mp_ctx *ctx, const char *path, const void *data, size_t len);
 
 #ifdef __cplusplus
 }

@@ -51,6 +51,7 @@ const char *mp_status_name(mp_status s) {
     case MP_ERR_CUDA: return "cuda";
     case MP_ERR_NCCL: return "nccl";
     case MP_ERR_MPI: return "mpi";
+    case MP_ERR_TIMEOUT: return "timeout";
     case MP_ERR_INTERNAL: return "internal";
   }
   return "unknown";
@@ -63,6 +64,9 @@ int mp_status_exit_code(mp_status s) {
     case MP_ERR_USAGE:
     case MP_ERR_NOT_FOUND:
     case MP_ERR_ORDER:
+    case MP_ERR_IO:
+    case MP_ERR_DB:
+    case MP_ERR_UNSUPPORTED:
       return 2;
     default:
       return 1;

@@ -28,6 +28,8 @@ typedef enum mp_status {
   MP_ERR_CUDA,
   MP_ERR_NCCL,
   MP_ERR_MPI,
+  MP_ERR_TIMEOUT,     /* a collective did not complete within the deadline: a peer rank is
+                         stuck or dead (exec/comm); the job must end (MPI_Abort) */
   MP_ERR_INTERNAL     /* a broken invariant: a bug in meshplan */
 } mp_status;
 
@@ -49,7 +51,11 @@ const char *mp_errmsg(const mp_ctx *ctx);
 /* Prefixes the current message with more context: "reading x.json: <old message>". */
 void mp_error_prefix(mp_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const char *mp_status_name(mp_status s);
-/* Process exit code for a status: 2 for usage and input errors, 1 otherwise. */
+/* Process exit code for a status. 2: the user must change something they gave: the
+ * command line, a file's contents, a path that cannot be opened, read or written
+ * (MP_ERR_IO), a database that cannot be used (MP_ERR_DB), a request this build or machine
+ * cannot do (MP_ERR_UNSUPPORTED). 1: the work that was accepted failed: out of memory,
+ * CUDA, NCCL or MPI errors, a collective's timeout, a bug. */
 int mp_status_exit_code(mp_status s);
 
 #define MP_CHECK(expr)                      \

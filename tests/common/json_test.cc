@@ -210,9 +210,9 @@ TEST(JsonFile, ReadParseAndErrors) {
   std::string missing = dir + "/nope.json";
   EXPECT_EQ(mp_json_parse_file(&ctx, missing.c_str(), &j), MP_ERR_NOT_FOUND);
   EXPECT_TRUE(Contains(mp_errmsg(&ctx), missing + ": cannot open"));
-  // A directory is not a file: a clear I/O error, not a bogus size or allocation.
-  EXPECT_EQ(mp_read_file(&ctx, dir.c_str(), &text, &len), MP_ERR_IO);
-  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "not a regular file")) << mp_errmsg(&ctx);
+  // A directory is not a file: an input error naming what it is, not a bogus size.
+  EXPECT_EQ(mp_read_file(&ctx, dir.c_str(), &text, &len), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "is a directory, not a regular file")) << mp_errmsg(&ctx);
 }
 
 TEST(JsonFile, MalformedFileNamesThePath) {
@@ -287,10 +287,12 @@ TEST(WriteAtomic, TargetIsADirectoryFailsAndCleansUp) {
   mkdir(target.c_str(), 0700);
   std::string inner = target + "/keep";
   { std::ofstream f(inner); f << "k"; }
-  // rename(file, non-empty dir) fails: the directory stays, the temp file is removed.
+  // A directory is refused before anything is written: it stays, no temp file is left.
   EXPECT_EQ(mp_write_file_atomic(&ctx, target.c_str(), "x", 1), MP_ERR_IO);
-  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "rename")) << mp_errmsg(&ctx);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), target + ": cannot write: it is a directory"))
+      << mp_errmsg(&ctx);
   EXPECT_EQ(CountEntries(dir), 1);
+  EXPECT_EQ(CountEntries(target), 1);
 }
 
 }  // namespace

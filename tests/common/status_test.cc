@@ -64,20 +64,22 @@ TEST(Status, PrefixOfAFullMessageStaysBounded) {
   EXPECT_EQ(m.substr(0, 5), "pre: ");
 }
 
-// status.h: "2 for usage and input errors, 1 otherwise".
+// status.h: 2 when the user must change what they gave (command line, file contents, a
+// path, a database, a request this build cannot do); 1 when accepted work failed.
 TEST(Status, ExitCodes) {
   EXPECT_EQ(mp_status_exit_code(MP_OK), 0);
   EXPECT_EQ(mp_status_exit_code(MP_ERR_USAGE), 2);
   EXPECT_EQ(mp_status_exit_code(MP_ERR_INVALID), 2);
   EXPECT_EQ(mp_status_exit_code(MP_ERR_NOT_FOUND), 2);  // a misspelt model name is input
   EXPECT_EQ(mp_status_exit_code(MP_ERR_ORDER), 2);      // passes in a wrong order: user input
-  EXPECT_EQ(mp_status_exit_code(MP_ERR_IO), 1);
+  EXPECT_EQ(mp_status_exit_code(MP_ERR_IO), 2);         // cannot open/write a path given
+  EXPECT_EQ(mp_status_exit_code(MP_ERR_DB), 2);         // a --db that cannot be used
+  EXPECT_EQ(mp_status_exit_code(MP_ERR_UNSUPPORTED), 2);  // --device cuda without a GPU
   EXPECT_EQ(mp_status_exit_code(MP_ERR_NOMEM), 1);
-  EXPECT_EQ(mp_status_exit_code(MP_ERR_UNSUPPORTED), 1);
-  EXPECT_EQ(mp_status_exit_code(MP_ERR_DB), 1);
   EXPECT_EQ(mp_status_exit_code(MP_ERR_CUDA), 1);
   EXPECT_EQ(mp_status_exit_code(MP_ERR_NCCL), 1);
   EXPECT_EQ(mp_status_exit_code(MP_ERR_MPI), 1);
+  EXPECT_EQ(mp_status_exit_code(MP_ERR_TIMEOUT), 1);
   EXPECT_EQ(mp_status_exit_code(MP_ERR_INTERNAL), 1);
 }
 
