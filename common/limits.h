@@ -77,6 +77,10 @@
 #define MP_LIM_GLOBAL_BATCH (1LL << 24)
 /* Tokens per step (sequences x seq): 2^32 = 4.3e9, 256x the Llama 3 batch. */
 #define MP_LIM_STEP_TOKENS (1LL << 32)
+/* Elements of one tensor of one micro-batch (tokens x the widest per-token row): 2^40 fp32
+ * elements are 4 TiB, 20x the memory of the largest GPU; with 512 layers and the dozen
+ * tensors a layer saves, activation bytes stay below 2^56. */
+#define MP_LIM_MICRO_ELEMS (1LL << 40)
 /* Training steps of one run: Llama 3 pre-training took about 1.2M steps; 2^24 = 16.8M. */
 #define MP_LIM_STEPS (1LL << 24)
 /* AdamW learning rate and weight decay: published recipes use lr <= 1e-2 and decay

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/json.h"
+#include "common/validate.h"
 #include "data/embedded.h"
 
 int mp_dtype_bytes(mp_dtype t) {
@@ -73,10 +74,59 @@ static mp_status gpu_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, 
   MP_CHECK(mp_json_get_int(ctx, j, origin, "compute_capability", 0, &g->compute_capability));
   const cJSON *src = cJSON_GetObjectItemCaseSensitive(j, "source");
   if (cJSON_IsString(src)) snprintf(g->source, sizeof g->source, "%s", src->valuestring);
-  if (g->peak_tflops[MP_DTYPE_BF16] <= 0 || g->mem_gib <= 0 || g->hbm_GBps <= 0)
+  return mp_gpu_validate(ctx, g, origin);
+}
+
+mp_status mp_gpu_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin) {
+  static const struct {
+    mp_dtype t;
+    const char *key;
+  } peaks[] = {{MP_DTYPE_BF16, "peak_tflops.bf16"}, {MP_DTYPE_FP16, "peak_tflops.fp16"},
+               {MP_DTYPE_FP32, "peak_tflops.fp32"}, {MP_DTYPE_TF32, "peak_tflops.tf32"}};
+  for (size_t i = 0; i < sizeof peaks / sizeof peaks[0]; i++)
+    MP_CHECK(mp_check_f64(ctx, origin, peaks[i].key, g->peak_tflops[peaks[i].t], 0, MP_LIM_TFLOPS,
+                          MP_RANGE_OPEN_LO));
+  /* 0: no float8 units */
+  MP_CHECK(mp_check_f64(ctx, origin, "peak_tflops.fp8", g->peak_tflops[MP_DTYPE_FP8_E4M3], 0,
+                        MP_LIM_TFLOPS, MP_RANGE_CLOSED));
+  MP_CHECK(mp_check_f64(ctx, origin, "mem_gib", g->mem_gib, 0, MP_LIM_MEM_GIB, MP_RANGE_OPEN_LO));
+  MP_CHECK(mp_check_f64(ctx, origin, "hbm_GBps", g->hbm_GBps, 0, MP_LIM_MEM_GBPS, MP_RANGE_OPEN_LO));
+  MP_CHECK(mp_check_f64(ctx, origin, "nvlink_GBps_per_dir", g->nvlink_GBps_per_dir, 0,
+                        MP_LIM_LINK_GBPS, MP_RANGE_OPEN_LO));
+  /* the overhead must leave memory to plan with */
+  MP_CHECK(mp_check_f64(ctx, origin, "runtime_overhead_gib", g->runtime_overhead_gib, 0, g->mem_gib,
+                        MP_RANGE_OPEN_HI));
+  return mp_check_i64(ctx, origin, "compute_capability", g->compute_capability, 0,
+                      MP_LIM_COMPUTE_CAPABILITY);
+}
+
+mp_status mp_cluster_validate(mp_ctx *ctx, const mp_cluster *c, const char *origin) {
+  MP_CHECK(mp_check_i64(ctx, origin, "gpus_per_node", c->gpus_per_node, 1, MP_LIM_GPUS_PER_NODE));
+  MP_CHECK(mp_check_i64(ctx, origin, "n_nodes", c->n_nodes, 1, MP_LIM_GPUS));
+  if ((int64_t)c->gpus_per_node * c->n_nodes > MP_LIM_GPUS)
     return mp_error(ctx, MP_ERR_INVALID,
-                    "%s: peak_tflops.bf16, mem_gib and hbm_GBps must be positive", origin);
-  return MP_OK;
+                    "%s: gpus_per_node x n_nodes = %lld GPUs is out of range; accepted 1..%lld",
+                    origin, (long long)c->gpus_per_node * c->n_nodes, (long long)MP_LIM_GPUS);
+  /* a link of no bandwidth would make its collectives free, a negative latency a negative
+   * step time */
+  MP_CHECK(mp_check_f64(ctx, origin, "intra_node_GBps_per_gpu", c->intra_node_GBps_per_gpu, 0,
+                        MP_LIM_LINK_GBPS, MP_RANGE_OPEN_LO));
+  MP_CHECK(mp_check_f64(ctx, origin, "inter_node_Gbitps_per_gpu", c->inter_node_Gbitps_per_gpu, 0,
+                        MP_LIM_LINK_GBPS, MP_RANGE_OPEN_LO));
+  MP_CHECK(mp_check_f64(ctx, origin, "intra_node_latency_us", c->intra_node_latency_us, 0,
+                        MP_LIM_LATENCY_US, MP_RANGE_CLOSED));
+  MP_CHECK(mp_check_f64(ctx, origin, "inter_node_latency_us", c->inter_node_latency_us, 0,
+                        MP_LIM_LATENCY_US, MP_RANGE_CLOSED));
+  return mp_check_f64(ctx, origin, "price_per_gpu_hour", c->price_per_gpu_hour, 0, MP_LIM_PRICE,
+                      MP_RANGE_CLOSED);
+}
+
+mp_status mp_gpu_from_text(mp_ctx *ctx, const char *text, const char *origin, mp_gpu *out) {
+  cJSON *j = NULL;
+  MP_CHECK(mp_json_parse(ctx, text, origin, &j));
+  mp_status st = gpu_from_json(ctx, j, origin, out);
+  cJSON_Delete(j);
+  return st;
 }
 
 mp_status mp_gpu_load(mp_ctx *ctx, const char *name_or_path, mp_gpu *out) {
@@ -88,10 +138,9 @@ mp_status mp_gpu_load(mp_ctx *ctx, const char *name_or_path, mp_gpu *out) {
   return st;
 }
 
-mp_status mp_cluster_load(mp_ctx *ctx, const char *name_or_path, mp_cluster *out) {
-  cJSON *j = NULL;
-  char origin[512], gpu[64];
-  MP_CHECK(load_json(ctx, "clusters", "cluster", name_or_path, &j, origin, sizeof origin));
+/* The cluster described by j; its "gpu" is loaded by name or path (mp_gpu_load). */
+static mp_status cluster_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, mp_cluster *out) {
+  char gpu[64];
   mp_cluster c;
   memset(&c, 0, sizeof c);
   mp_status st;
@@ -111,10 +160,7 @@ mp_status mp_cluster_load(mp_ctx *ctx, const char *name_or_path, mp_cluster *out
                                 &c.inter_node_latency_us), st, done);
   MP_CHECK_GOTO(mp_json_get_f64(ctx, j, origin, "price_per_gpu_hour", 0, &c.price_per_gpu_hour),
                 st, done);
-  if (c.gpus_per_node <= 0 || c.n_nodes <= 0) {
-    st = mp_error(ctx, MP_ERR_INVALID, "%s: gpus_per_node and n_nodes must be positive", origin);
-    goto done;
-  }
+  MP_CHECK_GOTO(mp_cluster_validate(ctx, &c, origin), st, done);
   st = mp_gpu_load(ctx, gpu, &c.gpu);
   if (st != MP_OK) {
     mp_error_prefix(ctx, "%s: key 'gpu'", origin);
@@ -122,28 +168,44 @@ mp_status mp_cluster_load(mp_ctx *ctx, const char *name_or_path, mp_cluster *out
   }
   *out = c;
 done:
+  return st;
+}
+
+mp_status mp_cluster_from_text(mp_ctx *ctx, const char *text, const char *origin, mp_cluster *out) {
+  cJSON *j = NULL;
+  MP_CHECK(mp_json_parse(ctx, text, origin, &j));
+  mp_status st = cluster_from_json(ctx, j, origin, out);
   cJSON_Delete(j);
   return st;
 }
 
-mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int n_gpus, int gpus_per_node,
+mp_status mp_cluster_load(mp_ctx *ctx, const char *name_or_path, mp_cluster *out) {
+  cJSON *j = NULL;
+  char origin[512];
+  MP_CHECK(load_json(ctx, "clusters", "cluster", name_or_path, &j, origin, sizeof origin));
+  mp_status st = cluster_from_json(ctx, j, origin, out);
+  cJSON_Delete(j);
+  return st;
+}
+
+mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int64_t n_gpus, int64_t gpus_per_node,
                           mp_cluster *out) {
-  if (n_gpus <= 0 || gpus_per_node <= 0)
-    return mp_error(ctx, MP_ERR_INVALID, "--gpus and --gpus-per-node must be positive");
+  MP_CHECK(mp_check_i64(ctx, NULL, "--gpus", n_gpus, 1, MP_LIM_GPUS));
+  MP_CHECK(mp_check_i64(ctx, NULL, "--gpus-per-node", gpus_per_node, 1, MP_LIM_GPUS_PER_NODE));
   if (n_gpus > gpus_per_node && n_gpus % gpus_per_node != 0)
     return mp_error(ctx, MP_ERR_INVALID,
-                    "--gpus=%d is not a multiple of --gpus-per-node=%d; give whole nodes", n_gpus,
-                    gpus_per_node);
+                    "--gpus=%lld is not a multiple of --gpus-per-node=%lld; give whole nodes",
+                    (long long)n_gpus, (long long)gpus_per_node);
   mp_cluster c;
   memset(&c, 0, sizeof c);
   MP_CHECK(mp_gpu_load(ctx, gpu, &c.gpu));
-  c.gpus_per_node = n_gpus < gpus_per_node ? n_gpus : gpus_per_node;
-  c.n_nodes = n_gpus / c.gpus_per_node;
+  c.gpus_per_node = (int)(n_gpus < gpus_per_node ? n_gpus : gpus_per_node);
+  c.n_nodes = (int)(n_gpus / c.gpus_per_node);
   c.intra_node_GBps_per_gpu = c.gpu.nvlink_GBps_per_dir;
   c.inter_node_Gbitps_per_gpu = 400.0;
   c.intra_node_latency_us = 3.0;
   c.inter_node_latency_us = 10.0;
-  snprintf(c.name, sizeof c.name, "%dx%s", n_gpus, c.gpu.name);
+  snprintf(c.name, sizeof c.name, "%lldx%s", (long long)n_gpus, c.gpu.name);
   *out = c;
   return MP_OK;
 }

@@ -5,6 +5,8 @@
 #ifndef MP_EXEC_CLUSTER_H
 #define MP_EXEC_CLUSTER_H
 
+#include <stdint.h>
+
 #include "common/status.h"
 
 #ifdef __cplusplus
@@ -50,12 +52,27 @@ typedef struct mp_cluster {
 
 /* By name (data/gpus stem) or path to a JSON file. */
 mp_status mp_gpu_load(mp_ctx *ctx, const char *name_or_path, mp_gpu *out);
+/* Parses a GPU profile from JSON text; origin names it in messages. */
+mp_status mp_gpu_from_text(mp_ctx *ctx, const char *text, const char *origin, mp_gpu *out);
 /* By name (data/clusters stem) or path. */
 mp_status mp_cluster_load(mp_ctx *ctx, const char *name_or_path, mp_cluster *out);
-/* A cluster of n_gpus GPUs of the named type, gpus_per_node per node, with the GPU's
- * NVLink inside a node and 400 Gbit/s per GPU between nodes unless told otherwise. */
-mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int n_gpus, int gpus_per_node,
+/* Parses a cluster from JSON text; its "gpu" is loaded by name or path (mp_gpu_load). */
+mp_status mp_cluster_from_text(mp_ctx *ctx, const char *text, const char *origin,
+                               mp_cluster *out);
+/* A cluster of n_gpus (1..2^20) GPUs of the named type, gpus_per_node (1..4096) per node,
+ * with the GPU's NVLink inside a node and 400 Gbit/s per GPU between nodes unless told
+ * otherwise. */
+mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int64_t n_gpus, int64_t gpus_per_node,
                           mp_cluster *out);
+/* The ranges of common/limits.h, each failure naming the field, its value and the range:
+ * peaks (TFLOP/s) in (0, 1e5] (fp8: [0, 1e5], 0 when there is none), mem_gib in
+ * (0, 65536], hbm_GBps in (0, 1e6], nvlink_GBps_per_dir in (0, 1e5], runtime_overhead_gib
+ * in [0, mem_gib), compute_capability in 0..200; a cluster's gpus_per_node in 1..4096 and
+ * at most 2^20 GPUs, link bandwidths in (0, 1e5] (a link without bandwidth is refused, not
+ * costed as free), latencies in [0, 1e6] us, price in [0, 1e4]. The loaders call them; so
+ * must code that changes a loaded profile from user input. */
+mp_status mp_gpu_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin);
+mp_status mp_cluster_validate(mp_ctx *ctx, const mp_cluster *c, const char *origin);
 int mp_cluster_n_gpus(const mp_cluster *c);
 /* The CPU profile (compute_capability 0): meshplan's CPU runtime, not a CUDA device. */
 int mp_gpu_is_cpu(const mp_gpu *g);

@@ -97,8 +97,8 @@ mp_status mp_mesh_parse(mp_ctx *ctx, const char *spec, int world_size, mp_mesh *
     long v = strtol(val, &end, 10);
     if (end == val || *end != '\0' || (v < 1 && v != -1) || v > MP_MESH_MAX_WORLD)
       return mp_error(ctx, MP_ERR_INVALID,
-                      "mesh dim %s='%s': expected a positive integer (or -1 for the rest)", key,
-                      val);
+                      "mesh dim %s='%s': expected an integer in 1..%d (or -1 for the rest)", key,
+                      val, MP_MESH_MAX_WORLD);
     if (v == -1) {
       if (infer >= 0)
         return mp_error(ctx, MP_ERR_INVALID, "only one mesh dim may be -1 (the rest of the world)");

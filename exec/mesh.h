@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 
+#include "common/limits.h"
 #include "common/status.h"
 
 #ifdef __cplusplus
@@ -46,7 +47,8 @@ typedef struct mp_mesh {
   int ep;                  /* >= 1, divides size[MP_DIM_DP_SHARD] */
 } mp_mesh;
 
-#define MP_MESH_MAX_WORLD (1 << 24)
+/* The most ranks a mesh may have: common/limits.h's bound on GPUs in one job. */
+#define MP_MESH_MAX_WORLD ((int)MP_LIM_GPUS)
 
 const char *mp_mesh_dim_name(mp_mesh_dim d);
 const char *mp_group_name(mp_group g);
@@ -55,8 +57,9 @@ const char *mp_group_name(mp_group g);
 void mp_mesh_init(mp_mesh *m);
 /* Parses "dp_shard=4,tp=2,ep=2" (dims: pp, dp_replicate, dp_shard, cp, tp, ep; dp_rep is
  * accepted for dp_replicate). A size of -1 for one dim means "the rest of world_size"
- * (world_size > 0 required then). Unknown dims, repeated dims and non-positive sizes are
- * MP_ERR_INVALID with a message naming them. */
+ * (world_size > 0 required then). Unknown dims, repeated dims, sizes outside
+ * 1..MP_MESH_MAX_WORLD and meshes of more than MP_MESH_MAX_WORLD ranks are MP_ERR_INVALID
+ * with a message naming them. */
 mp_status mp_mesh_parse(mp_ctx *ctx, const char *spec, int world_size, mp_mesh *out);
 /* ep divides dp_shard; world fits. */
 mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m);

@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/checked.h"
 #include "common/json.h"
+#include "common/validate.h"
 #include "data/embedded.h"
 
 static void set_moe_layers(mp_model *m, int64_t first_dense, int64_t freq) {
@@ -16,29 +18,52 @@ static void set_moe_layers(mp_model *m, int64_t first_dense, int64_t freq) {
     m->moe_layer[l] = (l >= first_dense && ((l + 1) % freq == 0 || freq == 1)) ? 1 : 0;
 }
 
+/* Parameters in double: the sum over layers of a model at the per-field bounds leaves int64
+ * (512 layers x 2^14 experts x 3 x 2^20 x 2^22), so the total is bounded before the int64
+ * counters below are trusted. */
+static double param_count_f64(const mp_model *m) {
+  double H = (double)m->d_model, q = (double)m->n_heads * (double)m->head_dim,
+         kv = (double)m->n_kv_heads * (double)m->head_dim;
+  double attn = 2 * H * q + 2 * H * kv + q + 2 * kv + H + 2 * (double)m->head_dim;
+  double dense = 3 * H * (double)m->d_ff + (double)m->d_ff + H;
+  double moe = (double)m->n_experts * (3 * H * (double)m->d_ff_expert + H) +
+               3 * H * (double)m->d_ff_shared;
+  double p = 2 * (double)m->vocab * H + (double)m->max_seq * H + 2 * H;
+  for (int64_t l = 0; l < m->n_layers && l < MP_MAX_LAYERS; l++)
+    p += attn + 4 * H + (m->n_experts > 0 && m->moe_layer[l] ? moe : dense);
+  return p;
+}
+
 mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) {
-  struct {
-    const char *key;
-    int64_t v;
-  } pos[] = {{"vocab", m->vocab},       {"d_model", m->d_model},   {"n_layers", m->n_layers},
-             {"n_heads", m->n_heads},   {"n_kv_heads", m->n_kv_heads},
-             {"head_dim", m->head_dim}, {"max_seq", m->max_seq}};
-  for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
-    if (pos[i].v <= 0)
-      return mp_error(ctx, MP_ERR_INVALID, "%s: '%s' must be positive, got %lld", origin,
-                      pos[i].key, (long long)pos[i].v);
-  if (m->n_layers > MP_MAX_LAYERS)
-    return mp_error(ctx, MP_ERR_INVALID, "%s: n_layers=%lld exceeds meshplan's limit of %d",
-                    origin, (long long)m->n_layers, MP_MAX_LAYERS);
+  MP_CHECK(mp_check_i64(ctx, origin, "vocab", m->vocab, 1, MP_LIM_VOCAB));
+  MP_CHECK(mp_check_i64(ctx, origin, "d_model", m->d_model, 1, MP_LIM_D_MODEL));
+  MP_CHECK(mp_check_i64(ctx, origin, "n_layers", m->n_layers, 1, MP_MAX_LAYERS));
+  MP_CHECK(mp_check_i64(ctx, origin, "n_heads", m->n_heads, 1, MP_LIM_HEADS));
+  MP_CHECK(mp_check_i64(ctx, origin, "n_kv_heads", m->n_kv_heads, 1, m->n_heads));
+  MP_CHECK(mp_check_i64(ctx, origin, "head_dim", m->head_dim, 1, MP_LIM_HEAD_DIM));
+  MP_CHECK(mp_check_i64(ctx, origin, "max_seq", m->max_seq, 1, MP_LIM_SEQ));
   if (m->n_heads % m->n_kv_heads != 0)
     return mp_error(ctx, MP_ERR_INVALID,
                     "%s: n_kv_heads=%lld does not divide n_heads=%lld (grouped-query attention "
                     "needs whole groups)",
                     origin, (long long)m->n_kv_heads, (long long)m->n_heads);
+  /* the attention's projected width is a hidden size too */
+  if (m->n_heads * m->head_dim > MP_LIM_D_MODEL)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: n_heads x head_dim = %lld x %lld = %lld is out of range; accepted "
+                    "1..%lld (the bound of d_model)",
+                    origin, (long long)m->n_heads, (long long)m->head_dim,
+                    (long long)(m->n_heads * m->head_dim), (long long)MP_LIM_D_MODEL);
+  MP_CHECK(mp_check_i64(ctx, origin, "d_ff", m->d_ff, 0, MP_LIM_D_FF));
   int all_moe = m->n_experts > 0;
   for (int64_t l = 0; l < m->n_layers && all_moe; l++) all_moe = m->moe_layer[l];
   if (m->d_ff <= 0 && !all_moe)
     return mp_error(ctx, MP_ERR_INVALID, "%s: 'd_ff' must be positive for dense layers", origin);
+  MP_CHECK(mp_check_f64(ctx, origin, "norm_eps", m->norm_eps, 0, 1, MP_RANGE_OPEN_LO));
+  if (m->family == MP_FAMILY_LLAMA) /* gpt has learned positions, no RoPE */
+    MP_CHECK(mp_check_f64(ctx, origin, "rope_theta", m->rope_theta, 0, MP_LIM_ROPE_THETA,
+                          MP_RANGE_OPEN_LO));
+  MP_CHECK(mp_check_i64(ctx, origin, "n_experts", m->n_experts, 0, MP_LIM_EXPERTS));
   if (m->n_experts > 0) {
     if (m->family != MP_FAMILY_LLAMA)
       return mp_error(ctx, MP_ERR_INVALID,
@@ -49,10 +74,68 @@ mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) 
     if (m->d_ff_expert <= 0)
       return mp_error(ctx, MP_ERR_INVALID, "%s: 'd_ff_expert' must be positive for a MoE model",
                       origin);
+    MP_CHECK(mp_check_i64(ctx, origin, "d_ff_expert", m->d_ff_expert, 1, MP_LIM_D_FF));
+    MP_CHECK(mp_check_i64(ctx, origin, "n_shared_experts", m->n_shared_experts, 0,
+                          MP_LIM_SHARED_EXPERTS));
+    MP_CHECK(mp_check_i64(ctx, origin, "d_ff_shared", m->d_ff_shared, 0, MP_LIM_D_FF));
     if (m->n_shared_experts > 0 && m->d_ff_shared <= 0)
       return mp_error(ctx, MP_ERR_INVALID,
                       "%s: 'd_ff_shared' must be positive when n_shared_experts > 0", origin);
+    MP_CHECK(mp_check_f64(ctx, origin, "aux_loss_coef", m->aux_loss_coef, 0, 1, MP_RANGE_CLOSED));
   }
+  const double params = param_count_f64(m);
+  if (params > (double)MP_LIM_PARAMS)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: %.3g parameters is out of range; accepted up to %lld (2^50, 500x the "
+                    "largest trained model)",
+                    origin, params, (long long)MP_LIM_PARAMS);
+  return MP_OK;
+}
+
+mp_status mp_model_check_step(mp_ctx *ctx, const mp_model *m, int64_t seq, int64_t micro_batch,
+                              int64_t global_batch) {
+  MP_CHECK(mp_check_i64(ctx, NULL, "seq", seq, 1, MP_LIM_SEQ));
+  MP_CHECK(mp_check_i64(ctx, NULL, "micro-batch", micro_batch, 1, MP_LIM_GLOBAL_BATCH));
+  if (global_batch != 0) {
+    MP_CHECK(mp_check_i64(ctx, NULL, "global batch", global_batch, 1, MP_LIM_GLOBAL_BATCH));
+    int64_t tokens = 0;
+    if (mp_mul_i64_max(global_batch, seq, MP_LIM_STEP_TOKENS, &tokens))
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "a step of %lld sequences of %lld tokens is more than %lld tokens (256x "
+                      "the Llama 3 batch); lower the global batch or seq",
+                      (long long)global_batch, (long long)seq, (long long)MP_LIM_STEP_TOKENS);
+  }
+  /* The widest tensor of one micro-batch: tokens x the widest per-token row (logits,
+   * an MLP's hidden, a MoE layer's top_k routed rows, attention's projection). */
+  int64_t width = m->vocab, w = m->d_ff;
+  const char *what = "vocab";
+  if (w > width) width = w, what = "d_ff";
+  if (m->n_experts > 0 && (w = m->top_k * m->d_ff_expert) > width) width = w, what = "top_k x d_ff_expert";
+  if ((w = m->n_heads * m->head_dim) > width) width = w, what = "n_heads x head_dim";
+  if (m->d_model > width) width = m->d_model, what = "d_model";
+  int64_t tokens = 0, elems = 0;
+  if (mp_mul_i64(micro_batch, seq, &tokens) ||
+      mp_mul_i64_max(tokens, width, MP_LIM_MICRO_ELEMS, &elems))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "a micro-batch of %lld sequences of %lld tokens x %lld (%s) is more than "
+                    "%lld elements in one tensor; lower the micro-batch or seq",
+                    (long long)micro_batch, (long long)seq, (long long)width, what,
+                    (long long)MP_LIM_MICRO_ELEMS);
+  return MP_OK;
+}
+
+/* head_dim when the file does not give it: d_model / n_heads, which must be whole. A
+ * remainder is refused rather than rounded: the file then describes no real attention.
+ * Non-positive sizes are left for mp_model_validate to report. */
+static mp_status default_head_dim(mp_ctx *ctx, const cJSON *j, const char *origin,
+                                  const char *key, mp_model *m) {
+  if (cJSON_GetObjectItemCaseSensitive(j, key) != NULL) return MP_OK;
+  m->head_dim = m->n_heads > 0 ? m->d_model / m->n_heads : 0;
+  if (m->n_heads > 0 && m->d_model > 0 && m->d_model % m->n_heads != 0)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: n_heads = %lld does not divide d_model = %lld and '%s' is not given; "
+                    "give %s or choose n_heads among the divisors of d_model",
+                    origin, (long long)m->n_heads, (long long)m->d_model, key, key);
   return MP_OK;
 }
 
@@ -74,7 +157,7 @@ static mp_status from_ours(mp_ctx *ctx, const cJSON *j, const char *origin, mp_m
   MP_CHECK(mp_json_get_i64(ctx, j, origin, "n_heads", 1, &m->n_heads));
   m->n_kv_heads = m->n_heads;
   MP_CHECK(mp_json_get_i64(ctx, j, origin, "n_kv_heads", 0, &m->n_kv_heads));
-  m->head_dim = m->n_heads > 0 ? m->d_model / m->n_heads : 0;
+  MP_CHECK(default_head_dim(ctx, j, origin, "head_dim", m));
   MP_CHECK(mp_json_get_i64(ctx, j, origin, "head_dim", 0, &m->head_dim));
   m->d_ff = 0;
   MP_CHECK(mp_json_get_i64(ctx, j, origin, "d_ff", 0, &m->d_ff));
@@ -109,6 +192,9 @@ static mp_status from_ours(mp_ctx *ctx, const cJSON *j, const char *origin, mp_m
     m->norm_topk_prob = 1;
     MP_CHECK(mp_json_get_bool(ctx, moe, sub, "norm_topk_prob", 0, &m->norm_topk_prob));
     if (m->n_layers > MP_MAX_LAYERS) return mp_model_validate(ctx, m, origin);
+    const int64_t nl = m->n_layers > 0 ? m->n_layers : 1;
+    MP_CHECK(mp_check_i64(ctx, sub, "first_dense_layers", first_dense, 0, nl));
+    MP_CHECK(mp_check_i64(ctx, sub, "layer_freq", freq, 1, nl));
     set_moe_layers(m, first_dense, freq);
   }
   (void)family_name;
@@ -155,8 +241,7 @@ static mp_status hf_gpt2(mp_ctx *ctx, const cJSON *j, const char *where, mp_mode
   m->d_ff = 4 * m->d_model;
   MP_CHECK(mp_json_get_i64(ctx, j, where, "n_inner", 0, &m->d_ff));
   m->n_kv_heads = m->n_heads;
-  /* n_head <= 0 is reported by mp_model_validate; do not divide by it first. */
-  m->head_dim = m->n_heads > 0 ? m->d_model / m->n_heads : 0;
+  MP_CHECK(default_head_dim(ctx, j, where, "head_dim", m));
   m->norm_eps = 1e-5;
   MP_CHECK(mp_json_get_f64(ctx, j, where, "layer_norm_epsilon", 0, &m->norm_eps));
   return mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m->tied_embeddings);
@@ -190,14 +275,22 @@ static mp_status hf_qwen_moe(mp_ctx *ctx, const cJSON *j, const char *where, con
   m->norm_topk_prob = strcmp(type, "qwen3_moe") == 0;
   MP_CHECK(mp_json_get_bool(ctx, j, where, "norm_topk_prob", 0, &m->norm_topk_prob));
   if (m->n_layers > MP_MAX_LAYERS) return mp_model_validate(ctx, m, where);
+  const int64_t nl = m->n_layers > 0 ? m->n_layers : 1;
+  MP_CHECK(mp_check_i64(ctx, where, "decoder_sparse_step", step, 1, nl));
   set_moe_layers(m, 0, step);
   const cJSON *only = cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers");
-  if (cJSON_IsArray(only)) {
-    const cJSON *it;
-    cJSON_ArrayForEach(it, only) {
-      if (cJSON_IsNumber(it) && it->valueint >= 0 && it->valueint < MP_MAX_LAYERS)
-        m->moe_layer[it->valueint] = 0;
-    }
+  if (only == NULL || cJSON_IsNull(only)) return MP_OK;
+  if (!cJSON_IsArray(only))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: key 'mlp_only_layers': expected an array of layer indices",
+                    where);
+  const cJSON *it;
+  cJSON_ArrayForEach(it, only) {
+    const double l = cJSON_IsNumber(it) ? it->valuedouble : -1.0;
+    if (!(l >= 0 && l < (double)nl && l == (double)(int64_t)l))
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "%s: key 'mlp_only_layers': every entry must be a layer index in 0..%lld",
+                      where, (long long)(nl - 1));
+    m->moe_layer[(int64_t)l] = 0;
   }
   return MP_OK;
 }
@@ -213,7 +306,7 @@ static mp_status hf_llama(mp_ctx *ctx, const cJSON *j, const char *where, const 
   MP_CHECK(mp_json_get_i64(ctx, j, where, "num_attention_heads", 1, &m->n_heads));
   m->n_kv_heads = m->n_heads;
   MP_CHECK(mp_json_get_i64(ctx, j, where, "num_key_value_heads", 0, &m->n_kv_heads));
-  m->head_dim = m->n_heads > 0 ? m->d_model / m->n_heads : 0;
+  MP_CHECK(default_head_dim(ctx, j, where, "head_dim", m));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "head_dim", 0, &m->head_dim));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "intermediate_size", 1, &m->d_ff));
   m->max_seq = 4096;
@@ -304,7 +397,7 @@ static int is_path(const char *s) {
 mp_status mp_model_load(mp_ctx *ctx, const char *name_or_path, mp_model *out) {
   if (is_path(name_or_path)) {
     char *text = NULL;
-    MP_CHECK(mp_read_file(ctx, name_or_path, &text, NULL));
+    MP_CHECK(mp_read_file_max(ctx, name_or_path, MP_FILE_MAX_CONFIG_BYTES, &text, NULL));
     mp_status st = mp_model_from_text(ctx, text, name_or_path, out);
     free(text);
     if (st == MP_OK && out->name[0] == '\0') {

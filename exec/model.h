@@ -9,8 +9,9 @@
  * Mixture-of-experts is built on the llama family: routed experts of size d_ff_expert,
  * optional shared experts, a router Linear [n_experts, d_model], top-k softmax routing.
  *
- * Invariant after a successful load: every size is positive, n_kv_heads divides n_heads,
- * and moe_layer[l] is set exactly for the layers whose MLP is a MoE. */
+ * Invariant after a successful load: every size is positive and within the bounds of
+ * common/limits.h, n_kv_heads divides n_heads, and moe_layer[l] is set exactly for the
+ * layers whose MLP is a MoE. */
 #ifndef MP_EXEC_MODEL_H
 #define MP_EXEC_MODEL_H
 
@@ -64,8 +65,19 @@ mp_status mp_model_from_text(mp_ctx *ctx, const char *text, const char *origin, 
 /* Parses a Hugging Face config.json text explicitly (LlamaForCausalLM, Qwen2, Qwen3,
  * Qwen3MoE, Qwen2MoE, Mixtral, GPT2). */
 mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origin, mp_model *out);
-/* Checks the invariants above; used by the loaders and by code that builds specs. */
+/* Checks the invariants above and every field's range (common/limits.h: d_model <= 2^20,
+ * vocab <= 2^22, max_seq <= 2^24, fewer than 2^50 parameters, finite positive norm_eps and
+ * rope_theta, ...); a failure names the field, its value and the accepted range. Used by
+ * the loaders and by code that builds specs. A head_dim the file leaves out must come out
+ * whole: n_heads that do not divide d_model are refused by the loaders, not rounded. */
 mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin);
+/* The step's sizes for m: seq in 1..2^24, micro_batch >= 1, global_batch in 1..2^24 (0: not
+ * resolved yet, not checked), at most 2^32 tokens per step, and at most 2^40 elements in
+ * one tensor of a micro-batch (micro_batch x seq x the widest per-token row: vocab, d_ff,
+ * top_k x d_ff_expert, n_heads x head_dim, d_model). Within these, every size the plan,
+ * the schedule and the simulator form fits in int64. MP_ERR_INVALID naming the limit. */
+mp_status mp_model_check_step(mp_ctx *ctx, const mp_model *m, int64_t seq, int64_t micro_batch,
+                              int64_t global_batch);
 
 int mp_model_is_moe(const mp_model *m);
 int mp_model_layer_is_moe(const mp_model *m, int64_t layer);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/json.h"
+#include "common/validate.h"
 #include "data/embedded.h"
 
 static int is_path(const char *s) {
@@ -17,10 +18,7 @@ static int is_path(const char *s) {
 static mp_status get_eff(mp_ctx *ctx, const cJSON *j, const char *origin, const char *key,
                          double *out) {
   MP_CHECK(mp_json_get_f64(ctx, j, origin, key, 1, out));
-  if (!(*out > 0.0 && *out <= 1.0))
-    return mp_error(ctx, MP_ERR_INVALID, "%s: key '%s' = %g must lie in (0, 1]", origin, key,
-                    *out);
-  return MP_OK;
+  return mp_check_f64(ctx, origin, key, *out, 0, 1, MP_RANGE_OPEN_LO);
 }
 
 mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
@@ -44,21 +42,19 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
   MP_CHECK_GOTO(mp_json_get_f64(ctx, j, origin, "frag_factor", 1, &p.frag_factor), st, done);
   MP_CHECK_GOTO(mp_json_get_str(ctx, j, origin, "source", 1, p.source, sizeof p.source), st,
                 done);
-  if (p.gemm_eff_half_mnk < 0 || kern_us < 0 || comm_us < 0 || p.frag_factor < 1.0) {
-    st = mp_error(ctx, MP_ERR_INVALID,
-                  "%s: gemm_eff_half_mnk, kernel_overhead_us and comm_overhead_us must be >= 0 "
-                  "and frag_factor >= 1",
-                  origin);
-    goto done;
-  }
+  MP_CHECK_GOTO(mp_check_f64(ctx, origin, "gemm_eff_half_mnk", p.gemm_eff_half_mnk, 0,
+                             MP_LIM_HALF_MNK, MP_RANGE_CLOSED), st, done);
+  MP_CHECK_GOTO(mp_check_f64(ctx, origin, "kernel_overhead_us", kern_us, 0, MP_LIM_OVERHEAD_US,
+                             MP_RANGE_CLOSED), st, done);
+  MP_CHECK_GOTO(mp_check_f64(ctx, origin, "comm_overhead_us", comm_us, 0, MP_LIM_OVERHEAD_US,
+                             MP_RANGE_CLOSED), st, done);
+  MP_CHECK_GOTO(mp_check_f64(ctx, origin, "frag_factor", p.frag_factor, 1, MP_LIM_FRAG,
+                             MP_RANGE_CLOSED), st, done);
   p.saved_act_factor = 1.0;
   MP_CHECK_GOTO(mp_json_get_f64(ctx, j, origin, "saved_act_factor", 0, &p.saved_act_factor), st,
                 done);
-  if (!(p.saved_act_factor > 0.0 && p.saved_act_factor <= 1.0)) {
-    st = mp_error(ctx, MP_ERR_INVALID, "%s: saved_act_factor %g must lie in (0, 1]", origin,
-                  p.saved_act_factor);
-    goto done;
-  }
+  MP_CHECK_GOTO(mp_check_f64(ctx, origin, "saved_act_factor", p.saved_act_factor, 0, 1,
+                             MP_RANGE_OPEN_LO), st, done);
   char mm[32] = "torchtitan";
   MP_CHECK_GOTO(mp_json_get_str(ctx, j, origin, "memory_model", 0, mm, sizeof mm), st, done);
   if (strcmp(mm, "torchtitan") == 0) {
@@ -97,7 +93,7 @@ mp_status mp_stack_load(mp_ctx *ctx, const char *name_or_path, mp_stack_profile 
   if (is_path(name_or_path)) {
     char *text = NULL;
     size_t len = 0;
-    MP_CHECK(mp_read_file(ctx, name_or_path, &text, &len));
+    MP_CHECK(mp_read_file_max(ctx, name_or_path, MP_FILE_MAX_CONFIG_BYTES, &text, &len));
     mp_status st = mp_stack_from_text(ctx, text, name_or_path, out);
     free(text);
     return st;

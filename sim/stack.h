@@ -5,7 +5,8 @@
  *
  * JSON keys (all required except where noted): name, gemm_eff_max, gemm_eff_half_mnk,
  * fp8_gemm_eff_max, attention_eff, hbm_eff, link_eff, kernel_overhead_us,
- * comm_overhead_us, frag_factor, source. Efficiencies lie in (0, 1]; frag_factor >= 1.
+ * comm_overhead_us, frag_factor, source. Efficiencies lie in (0, 1]; frag_factor in
+ * [1, 16]; overheads in [0, 1e6] us; gemm_eff_half_mnk in [0, 1e18] (common/limits.h).
  * Optional: saved_act_factor, memory_model ("torchtitan", "meshplan-cpu" or
  * "meshplan-cuda"). */
 #ifndef MP_SIM_STACK_H

@@ -155,4 +155,73 @@ TEST(Cluster, UnknownNamesListTheKnownOnes) {
   EXPECT_TRUE(Contains(mp_errmsg(&ctx), "/no/such/gpu.json")) << mp_errmsg(&ctx);
 }
 
+// Hostile profiles: each field outside its range is refused with one line naming it, its
+// value and the range (exec/cluster.h). The zero link bandwidth (communication
+// costed as free) and negative latency (a negative step time ranked first) among them.
+TEST(Cluster, OutOfRangeClusterFieldsAreRefused) {
+  const std::string head = "{\"name\": \"x\", \"gpu\": \"h100-sxm\", ";
+  struct { std::string body, want; } cases[] = {
+      {"\"gpus_per_node\": 8, \"n_nodes\": 1, \"intra_node_GBps_per_gpu\": 0, \"inter_node_Gbitps_per_gpu\": 400}",
+       "c.json: intra_node_GBps_per_gpu = 0 is out of range; accepted (0, 100000]"},
+      {"\"gpus_per_node\": 8, \"n_nodes\": 2, \"intra_node_GBps_per_gpu\": 450, \"inter_node_Gbitps_per_gpu\": 0}",
+       "c.json: inter_node_Gbitps_per_gpu = 0 is out of range; accepted (0, 100000]"},
+      {"\"gpus_per_node\": 8, \"n_nodes\": 2, \"intra_node_GBps_per_gpu\": 450, \"inter_node_Gbitps_per_gpu\": 400,"
+       " \"inter_node_latency_us\": -5}",
+       "c.json: inter_node_latency_us = -5 is out of range; accepted [0, 1e+06]"},
+      {"\"gpus_per_node\": 8, \"n_nodes\": 2, \"intra_node_GBps_per_gpu\": 450, \"inter_node_Gbitps_per_gpu\": 1e999}",
+       "c.json: key 'inter_node_Gbitps_per_gpu': expected a finite number, got inf"},
+      {"\"gpus_per_node\": 4096, \"n_nodes\": 1048576, \"intra_node_GBps_per_gpu\": 450, \"inter_node_Gbitps_per_gpu\": 400}",
+       "c.json: gpus_per_node x n_nodes = 4294967296 GPUs is out of range; accepted 1..1048576"},
+      {"\"gpus_per_node\": 0, \"n_nodes\": 1, \"intra_node_GBps_per_gpu\": 450, \"inter_node_Gbitps_per_gpu\": 400}",
+       "c.json: gpus_per_node = 0 is out of range; accepted 1..4096"},
+      {"\"gpus_per_node\": 8, \"n_nodes\": 1, \"intra_node_GBps_per_gpu\": 450, \"inter_node_Gbitps_per_gpu\": 400,"
+       " \"price_per_gpu_hour\": -1}",
+       "c.json: price_per_gpu_hour = -1 is out of range; accepted [0, 10000]"},
+  };
+  for (auto &c : cases) {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_cluster cl;
+    std::string text = head + c.body;
+    EXPECT_EQ(mp_cluster_from_text(&ctx, text.c_str(), "c.json", &cl), MP_ERR_INVALID) << c.want;
+    EXPECT_EQ(std::string(mp_errmsg(&ctx)).find(c.want), 0u) << mp_errmsg(&ctx);
+  }
+}
+
+TEST(Cluster, OutOfRangeGpuFieldsAreRefused) {
+  const std::string ok_peaks = "\"peak_tflops\": {\"bf16\": 989, \"fp32\": 67}, ";
+  struct { std::string text, want; } cases[] = {
+      {"{\"name\": \"g\", \"peak_tflops\": {\"bf16\": -1, \"fp32\": 67}, \"mem_gib\": 80,"
+       " \"hbm_GBps\": 3350, \"nvlink_GBps_per_dir\": 450}",
+       "g.json: peak_tflops.bf16 = -1 is out of range; accepted (0, 100000]"},
+      {"{\"name\": \"g\", " + ok_peaks + "\"mem_gib\": 80, \"hbm_GBps\": 3350, \"nvlink_GBps_per_dir\": 0}",
+       "g.json: nvlink_GBps_per_dir = 0 is out of range; accepted (0, 100000]"},
+      {"{\"name\": \"g\", " + ok_peaks + "\"mem_gib\": 80, \"hbm_GBps\": 3350, \"nvlink_GBps_per_dir\": 450,"
+       " \"runtime_overhead_gib\": 80}",
+       "g.json: runtime_overhead_gib = 80 is out of range; accepted [0, 80)"},
+      {"{\"name\": \"g\", " + ok_peaks + "\"mem_gib\": 1e6, \"hbm_GBps\": 3350, \"nvlink_GBps_per_dir\": 450}",
+       "g.json: mem_gib = 1e+06 is out of range; accepted (0, 65536]"},
+      {"{\"name\": \"g\", " + ok_peaks + "\"mem_gib\": 80, \"hbm_GBps\": 3350, \"nvlink_GBps_per_dir\": 450,"
+       " \"compute_capability\": 9000}",
+       "g.json: compute_capability = 9000 is out of range; accepted 0..200"},
+  };
+  for (auto &c : cases) {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_gpu g;
+    EXPECT_EQ(mp_gpu_from_text(&ctx, c.text.c_str(), "g.json", &g), MP_ERR_INVALID) << c.want;
+    EXPECT_EQ(std::string(mp_errmsg(&ctx)), c.want);
+  }
+}
+
+TEST(Cluster, MakeBoundsTheGpuCount) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_cluster c;
+  EXPECT_EQ(mp_cluster_make(&ctx, "h100-sxm", int64_t(1) << 21, 8, &c), MP_ERR_INVALID);
+  EXPECT_STREQ(mp_errmsg(&ctx), "--gpus = 2097152 is out of range; accepted 1..1048576");
+  EXPECT_EQ(mp_cluster_make(&ctx, "h100-sxm", 1 << 20, 8, &c), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_cluster_n_gpus(&c), 1 << 20);
+}
+
 }  // namespace

@@ -200,8 +200,9 @@ TEST(Mesh, ParseErrorsNameTheProblem) {
       {"foo=2", 0, "unknown mesh dim 'foo'; known dims: pp, dp_replicate, dp_shard, cp, tp, ep"},
       {"tp=2,tp=2", 0, "mesh dim 'tp' given twice"},
       {"dp_rep=2,dp_replicate=2", 0, "given twice"},
-      {"tp=0", 0, "mesh dim tp='0': expected a positive integer"},
-      {"tp=-2", 0, "mesh dim tp='-2': expected a positive integer"},
+      {"tp=0", 0, "mesh dim tp='0': expected an integer in 1..1048576 (or -1 for the rest)"},
+      {"tp=-2", 0, "mesh dim tp='-2': expected an integer in 1..1048576"},
+      {"tp=2097152", 0, "mesh dim tp='2097152': expected an integer in 1..1048576"},
       {"tp=abc", 0, "mesh dim tp='abc'"},
       {"tp=2x", 0, "mesh dim tp='2x'"},
       {"tp=", 0, "mesh dim tp=''"},
@@ -216,8 +217,8 @@ TEST(Mesh, ParseErrorsNameTheProblem) {
       {"dp_shard=4,ep=-1", 0, "ep cannot be -1"},
       {"tp=99999999999", 0, "mesh dim tp='99999999999'"},
       // each dim is allowed, their product is not (and must not overflow computing it)
-      {"pp=16777216,dp_replicate=16777216,dp_shard=16777216,cp=16777216,tp=16777216", 0,
-       "more than 16777216 ranks"},
+      {"pp=1048576,dp_replicate=1048576,dp_shard=1048576,cp=1048576,tp=1048576", 0,
+       "more than 1048576 ranks"},
   };
   for (auto &c : cases) {
     mp_ctx ctx;

@@ -410,7 +410,7 @@ TEST_F(ModelTest, OwnFormatErrors) {
        "mixture-of-experts is supported on the llama family only"},
       {"{\"family\": \"llama\", \"vocab\": 1, \"d_model\": 8, \"n_layers\": 9999, \"n_heads\": 2,"
        " \"d_ff\": 8}",
-       "n_layers=9999 exceeds meshplan's limit of 512"},
+       "m.json: n_layers = 9999 is out of range; accepted 1..512"},
   };
   for (auto &c : cases) {
     EXPECT_EQ(mp_model_from_text(&ctx, c.text, "m.json", &m), MP_ERR_INVALID) << c.want;
@@ -438,6 +438,97 @@ TEST_F(ModelTest, OwnFormatMoeLayerPlacement) {
   // dense 256 + 16 + 3*8*16 = 656; MoE 256 + 16 + router 32 + 4*3*8*4 = 688.
   EXPECT_EQ(mp_model_block_params(&m, 0), 656);
   EXPECT_EQ(mp_model_block_params(&m, 1), 688);
+}
+
+// Hostile fields: each is refused with one line naming the field, its value and the
+// accepted range (common/limits.h), never rounded or let through to a negative count.
+TEST_F(ModelTest, OutOfRangeFieldsNameTheirRange) {
+  const std::string base =
+      "{\"family\": \"llama\", \"vocab\": 100, \"n_layers\": 2, \"d_ff\": 128, ";
+  struct { std::string text, want; } cases[] = {
+      // the "fits yes at a negative peak": 3e9 > 2^20
+      {base + "\"d_model\": 3000000000, \"n_heads\": 8}",
+       "m.json: d_model = 3000000000 is out of range; accepted 1..1048576"},
+      // n_heads 7 with d_model 64 and no head_dim: refused, not rounded to 9
+      {base + "\"d_model\": 64, \"n_heads\": 7}",
+       "m.json: n_heads = 7 does not divide d_model = 64 and 'head_dim' is not given; give "
+       "head_dim or choose n_heads among the divisors of d_model"},
+      {base + "\"d_model\": 64, \"n_heads\": 8, \"norm_eps\": 1e999}",
+       "m.json: key 'norm_eps': expected a finite number, got inf"},
+      {base + "\"d_model\": 64, \"n_heads\": 8, \"norm_eps\": -1}",
+       "m.json: norm_eps = -1 is out of range; accepted (0, 1]"},
+      {base + "\"d_model\": 64, \"n_heads\": 8, \"rope_theta\": 0}",
+       "m.json: rope_theta = 0 is out of range; accepted (0, 1e+12]"},
+      {base + "\"d_model\": 64, \"n_heads\": 8, \"max_seq\": 33554432}",
+       "m.json: max_seq = 33554432 is out of range; accepted 1..16777216"},
+      {base + "\"d_model\": 64, \"n_heads\": 8, \"n_kv_heads\": 16}",
+       "m.json: n_kv_heads = 16 is out of range; accepted 1..8"},
+      {base + "\"d_model\": 64, \"n_heads\": 8, \"head_dim\": 8192}",
+       "m.json: head_dim = 8192 is out of range; accepted 1..4096"},
+      {"{\"family\": \"llama\", \"vocab\": 8388608, \"n_layers\": 2, \"d_ff\": 128, "
+       "\"d_model\": 64, \"n_heads\": 8}",
+       "m.json: vocab = 8388608 is out of range; accepted 1..4194304"},
+      {base + "\"d_model\": 64, \"n_heads\": 8, \"moe\": {\"n_experts\": 100000, \"top_k\": 2, "
+       "\"d_ff_expert\": 8}}",
+       "m.json: n_experts = 100000 is out of range; accepted 0..16384"},
+      {base + "\"d_model\": 64, \"n_heads\": 8, \"moe\": {\"n_experts\": 4, \"top_k\": 2, "
+       "\"d_ff_expert\": 8, \"layer_freq\": 0}}",
+       "m.json: moe: layer_freq = 0 is out of range; accepted 1..2"},
+      // every field within its bound, the whole beyond 2^50 parameters: 512 layers of
+      // 3 x 2^20 x 2^22 MLP weights are 3 x 2^51
+      {"{\"family\": \"llama\", \"vocab\": 100, \"n_layers\": 512, \"d_ff\": 4194304, "
+       "\"d_model\": 1048576, \"n_heads\": 256}",
+       "parameters is out of range; accepted up to 1125899906842624"},
+  };
+  for (auto &c : cases) {
+    EXPECT_EQ(mp_model_from_text(&ctx, c.text.c_str(), "m.json", &m), MP_ERR_INVALID) << c.want;
+    EXPECT_TRUE(Contains(msg(), c.want)) << msg();
+    EXPECT_EQ(msg().find('\n'), std::string::npos);
+  }
+  // head_dim given: any n_heads is fine (Qwen3's q width differs from d_model too)
+  ASSERT_EQ(mp_model_from_text(&ctx, (base + "\"d_model\": 64, \"n_heads\": 7, \"head_dim\": 8}").c_str(),
+                               "m.json", &m), MP_OK) << msg();
+  EXPECT_EQ(m.head_dim, 8);
+}
+
+TEST_F(ModelTest, HfHeadsThatDoNotDivideAreRefused) {
+  const char *cfg =
+      "{\"model_type\": \"llama\", \"vocab_size\": 100, \"hidden_size\": 64,"
+      " \"num_hidden_layers\": 2, \"num_attention_heads\": 7, \"intermediate_size\": 128}";
+  EXPECT_EQ(mp_model_from_text(&ctx, cfg, "h.json", &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "n_heads = 7 does not divide d_model = 64 and 'head_dim' is not given"))
+      << msg();
+  const char *gpt2 =
+      "{\"model_type\": \"gpt2\", \"vocab_size\": 100, \"n_embd\": 64, \"n_layer\": 2,"
+      " \"n_head\": 7, \"n_positions\": 64}";
+  EXPECT_EQ(mp_model_from_text(&ctx, gpt2, "g.json", &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "n_heads = 7 does not divide d_model = 64")) << msg();
+  const char *only =
+      "{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"model_type\": \"qwen2_moe\","
+      " \"vocab_size\": 1000, \"hidden_size\": 64, \"num_hidden_layers\": 4,"
+      " \"num_attention_heads\": 4, \"intermediate_size\": 128, \"moe_intermediate_size\": 32,"
+      " \"num_experts\": 4, \"num_experts_per_tok\": 2, \"mlp_only_layers\": [9]}";
+  EXPECT_EQ(mp_model_from_text(&ctx, only, "q.json", &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "'mlp_only_layers': every entry must be a layer index in 0..3")) << msg();
+}
+
+// The step's sizes: within the bounds every product fits; beyond them a refusal naming the
+// limit instead of a wrapped size (the issue's --seq 9223372036854775807 gave -32 tokens).
+TEST_F(ModelTest, StepSizesAreBounded) {
+  Load("llama3.1-8b");
+  EXPECT_EQ(mp_model_check_step(&ctx, &m, 8192, 1, 2048), MP_OK) << msg();
+  EXPECT_EQ(mp_model_check_step(&ctx, &m, 8192, 2, 0), MP_OK) << msg();  // batch not resolved
+  EXPECT_EQ(mp_model_check_step(&ctx, &m, 0, 1, 8), MP_ERR_INVALID);
+  EXPECT_EQ(msg(), "seq = 0 is out of range; accepted 1..16777216");
+  EXPECT_EQ(mp_model_check_step(&ctx, &m, INT64_MAX, 1, 8), MP_ERR_INVALID);
+  EXPECT_EQ(mp_model_check_step(&ctx, &m, 8192, 1, int64_t(1) << 62), MP_ERR_INVALID);
+  EXPECT_EQ(msg(), "global batch = 4611686018427387904 is out of range; accepted 1..16777216");
+  // 2^20 sequences of 2^13 tokens = 2^33 tokens > 2^32
+  EXPECT_EQ(mp_model_check_step(&ctx, &m, 8192, 1, 1 << 20), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "more than 4294967296 tokens")) << msg();
+  // one micro-batch of 2^14 x 2^13 tokens x the vocabulary 128256 > 2^40 elements
+  EXPECT_EQ(mp_model_check_step(&ctx, &m, 8192, 1 << 14, 1 << 14), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "x 128256 (vocab) is more than 1099511627776 elements")) << msg();
 }
 
 }  // namespace
