@@ -382,9 +382,13 @@ static mp_status plan_init(mp_ctx *ctx, mp_arena *arena, const mp_model *m, cons
                     "multiple of %d",
                     mesh->size[MP_DIM_CP], (long long)p->opts.seq, m->name,
                     mesh->size[MP_DIM_CP]);
-  if (p->opts.global_batch == 0)
+  /* the step's sizes within common/limits.h, so every size formed from them fits */
+  MP_CHECK(mp_model_check_step(ctx, m, p->opts.seq, p->opts.micro_batch, p->opts.global_batch));
+  if (p->opts.global_batch == 0) {
     p->opts.global_batch = p->opts.micro_batch * mesh->size[MP_DIM_DP_REPLICATE] *
                            mesh->size[MP_DIM_DP_SHARD];
+    MP_CHECK(mp_model_check_step(ctx, m, p->opts.seq, p->opts.micro_batch, p->opts.global_batch));
+  }
   p->vocab_padded = m->vocab;
   p->ac = MP_AC_NONE;
   int pp = mesh->size[MP_DIM_PP];

@@ -9,12 +9,14 @@
 #define _GNU_SOURCE
 #include "planner/search.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "common/limits.h"
 #include "common/timeutil.h"
 
 /* Mirrors mp_ac_mode (exec/plan.h): the search library links nothing from exec:plan. */
@@ -58,8 +60,9 @@ mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
       continue;
     }
     char *end = NULL;
+    errno = 0;
     long long v = strtoll(val, &end, 10);
-    if (*end || v < 0)
+    if (*end || v < 0 || errno != 0)
       return mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s is not a non-negative integer", key, val);
     int *slot = NULL;
     if (strcmp(key, "pp") == 0) slot = &f->pp;
@@ -72,7 +75,9 @@ mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
     else if (strcmp(key, "reshard") == 0) slot = &f->reshard;
     if (strcmp(key, "micro_batch") == 0 || strcmp(key, "mb") == 0) {
       if (f->micro_batch >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: %s given twice", key);
-      if (v < 1) return mp_error(ctx, MP_ERR_USAGE, "--fix: %s must be >= 1", key);
+      if (v < 1 || v > MP_LIM_GLOBAL_BATCH)
+        return mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s out of range (1..%lld)", key, val,
+                        (long long)MP_LIM_GLOBAL_BATCH);
       f->micro_batch = v;
       continue;
     }
@@ -83,8 +88,9 @@ mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
     if (*slot >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: %s given twice", key);
     int is_bool = slot == &f->fp8 || slot == &f->reshard;
     if (is_bool ? v > 1 : (v < 1 || v > MP_MESH_MAX_WORLD))
-      return mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s out of range (%s)", key, val,
-                      is_bool ? "0 or 1" : ">= 1");
+      return is_bool ? mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s out of range (0 or 1)", key, val)
+                     : mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s out of range (1..%d)", key, val,
+                                MP_MESH_MAX_WORLD);
     *slot = (int)v;
   }
   return MP_OK;
@@ -270,7 +276,9 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
   int64_t per_rank = cfg->global_batch / dp; /* floor; < 1 when dp > batch */
   if (per_rank < 1) per_rank = 1;
   int pads_vocab = cfg->model->vocab % mesh->size[MP_DIM_TP] != 0;
-  for (int64_t mb = 1; mb <= per_rank; mb *= 2) {
+  /* powers of two up to per_rank; the loop stops before the doubling that would pass it
+   * (per_rank near 2^62 must not wrap mb around and loop forever) */
+  for (int64_t mb = 1; mb <= per_rank; mb = mb > per_rank / 2 ? per_rank + 1 : 2 * mb) {
     if (fx->micro_batch > 0 && fx->micro_batch != mb) continue;
     for (int ac = 0; ac < 3; ac++) {
       if (!fixed_ok(fx->ac, ac)) continue;
@@ -303,6 +311,8 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
   if (cfg->seq < 1 || cfg->global_batch < 1)
     return mp_error(ctx, MP_ERR_USAGE, "seq (%lld) and global batch (%lld) must be >= 1",
                     (long long)cfg->seq, (long long)cfg->global_batch);
+  /* the step's sizes bounded so that the plans' sizes fit (exec/model.h) */
+  MP_CHECK(mp_model_check_step(ctx, cfg->model, cfg->seq, 1, cfg->global_batch));
   int n = mp_cluster_n_gpus(cfg->cluster);
   if (n < 1 || n > MP_MESH_MAX_WORLD)
     return mp_error(ctx, MP_ERR_INVALID, "cluster %s has %d GPUs; need 1 .. %d", cfg->cluster->name,

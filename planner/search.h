@@ -34,8 +34,8 @@
  * Threads. mp_search_run splits the candidates into chunks that worker threads claim in
  * order; each worker has its own mp_ctx and arenas, so the evaluator needs no locking as
  * long as it only reads the user data it shares. The calling thread receives candidates
- * in enumeration order through the sink (that is where the SQLite store writes, so all
- * database writes come from one thread). */
+ * in enumeration order through the sink, a consumer of candidates as they complete
+ * (the planner writes its store after the search instead: planner.h). */
 #ifndef MP_PLANNER_SEARCH_H
 #define MP_PLANNER_SEARCH_H
 

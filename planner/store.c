@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/file.h"
 #include "common/timeutil.h"
 
 struct mp_store {
@@ -83,6 +84,27 @@ static mp_status exec_sql(mp_ctx *ctx, mp_store *st, const char *sql, const char
   return rc == SQLITE_OK ? MP_OK : db_err(ctx, st, rc, what);
 }
 
+/* BEGIN IMMEDIATE: takes the write lock now, so a transaction never fails half-way for
+ * want of it. The busy handler waits MP_STORE_BUSY_TIMEOUT_MS for another writer; when that
+ * runs out (or SQLite answers busy without waiting, as during another connection's WAL
+ * recovery) the attempt is repeated, for MP_STORE_WRITE_WAIT_S in all. Writers hold the
+ * lock for one short transaction (a run is computed before it is written), so a queue of
+ * them drains in seconds. */
+static mp_status begin_write(mp_ctx *ctx, mp_store *st, const char *what) {
+  const double t0 = mp_now_s();
+  for (;;) {
+    int rc = sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (rc == SQLITE_OK) return MP_OK;
+    if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED) return db_err(ctx, st, rc, what);
+    if (mp_now_s() - t0 > MP_STORE_WRITE_WAIT_S)
+      return mp_error(ctx, MP_ERR_DB,
+                      "%s: %s: the database stayed locked by other writers for %d s; try again or "
+                      "pass another --db",
+                      st->path, what, MP_STORE_WRITE_WAIT_S);
+    usleep(50000);
+  }
+}
+
 mp_status mp_store_query_i64(mp_ctx *ctx, mp_store *st, const char *sql, int64_t *out) {
   sqlite3_stmt *q = NULL;
   int rc = sqlite3_prepare_v2(st->db, sql, -1, &q, NULL);
@@ -99,43 +121,152 @@ mp_status mp_store_query_i64(mp_ctx *ctx, mp_store *st, const char *sql, int64_t
   return rc == SQLITE_OK ? MP_OK : db_err(ctx, st, rc, "query");
 }
 
-static mp_status migrate(mp_ctx *ctx, mp_store *st) {
-  int64_t n_tables = 0, has_version = 0, version = 0;
-  /* The first read of the file: SQLITE_NOTADB / SQLITE_CORRUPT surface here. */
-  MP_CHECK(mp_store_query_i64(ctx, st, "SELECT count(*) FROM sqlite_master WHERE type='table'", &n_tables));
-  MP_CHECK(mp_store_query_i64(
-      ctx, st, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='schema_version'",
-      &has_version));
-  if (n_tables > 0 && !has_version) return corrupt(ctx, st);
-  if (has_version) {
-    MP_CHECK(mp_store_query_i64(ctx, st, "SELECT max(version) FROM schema_version", &version));
-    if (version == MP_STORE_SCHEMA_VERSION) return MP_OK;
-    if (version > MP_STORE_SCHEMA_VERSION)
-      return mp_error(ctx, MP_ERR_DB,
-                      "%s has schema version %lld, newer than this meshplan (%d); upgrade meshplan "
-                      "or pass --db", st->path, (long long)version, MP_STORE_SCHEMA_VERSION);
+/* ---- identity: is this file meshplan's, and of which version? ----------------------------
+ *
+ * A meshplan database carries MP_STORE_APPLICATION_ID in its header (PRAGMA application_id)
+ * and its schema version twice: in the schema_version table (what migrations maintain) and
+ * in the header's user_version (readable without trusting any table). Files made before the
+ * header was stamped carry application_id 0 and are recognised by their tables. A file is
+ * meshplan's at version v when
+ *   - application_id is ours (or 0 and the file has tables: a file from before the stamp),
+ *   - schema_version holds one integer v in 1..MP_STORE_SCHEMA_VERSION (a newer v is
+ *     refused with "upgrade meshplan"), equal to user_version when the stamp is there,
+ *   - and every table the migrations create up to version v exists with exactly their
+ *     columns, in order (the reference is built by running k_migrations on an in-memory
+ *     database, so it follows any migration added later). Other tables (calibrations,
+ *     calib/store.c) may exist beside them.
+ * Anything else is not meshplan's and is never written: the checks only read, and every
+ * write (the creation, a migration, the WAL switch) comes after them. An empty file (no
+ * tables, no stamp) is a new database. */
+
+typedef enum db_kind { DB_EMPTY, DB_OURS, DB_FOREIGN, DB_NEWER } db_kind;
+
+/* Column names of table `t` in db, "a,b,c" (empty when there is no such table). */
+static int table_columns(sqlite3 *db, const char *t, char *out, size_t cap) {
+  char sql[256];
+  snprintf(sql, sizeof sql, "SELECT name FROM pragma_table_info('%s') ORDER BY cid", t);
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(db, sql, -1, &q, NULL);
+  size_t used = 0;
+  out[0] = '\0';
+  while (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+    const unsigned char *n = sqlite3_column_text(q, 0);
+    int w = snprintf(out + used, cap - used, "%s%s", used ? "," : "", n ? (const char *)n : "");
+    if (w < 0 || (size_t)w >= cap - used) break;
+    used += (size_t)w;
+    rc = SQLITE_OK;
   }
-  /* Another planner may be migrating at the same moment: take the write lock, then
-   * look again. */
-  MP_CHECK(exec_sql(ctx, st, "BEGIN IMMEDIATE", "locking for migration"));
-  mp_status s = MP_OK;
-  has_version = 0;
-  version = 0;
-  s = mp_store_query_i64(ctx, st,
-                         "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='schema_version'",
-                         &has_version);
-  if (s == MP_OK && has_version)
-    s = mp_store_query_i64(ctx, st, "SELECT max(version) FROM schema_version", &version);
-  if (s == MP_OK && !has_version)
+  sqlite3_finalize(q);
+  return rc == SQLITE_DONE || rc == SQLITE_OK ? SQLITE_OK : rc;
+}
+
+/* The tables of schema version v (k_migrations[0..v) on an in-memory database) are in db
+ * with the same columns: *match 1. */
+static mp_status schema_matches(mp_ctx *ctx, mp_store *st, int64_t v, int *match) {
+  *match = 0;
+  sqlite3 *ref = NULL;
+  int rc = sqlite3_open_v2(":memory:", &ref, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+  for (int64_t i = 0; rc == SQLITE_OK && i < v; i++) rc = sqlite3_exec(ref, k_migrations[i], NULL, NULL, NULL);
+  sqlite3_stmt *q = NULL;
+  if (rc == SQLITE_OK)
+    rc = sqlite3_prepare_v2(ref, "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name", -1, &q,
+                            NULL);
+  int ok = 1;
+  char want[2048], got[2048];
+  while (rc == SQLITE_OK && ok && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+    const char *t = (const char *)sqlite3_column_text(q, 0);
+    rc = table_columns(ref, t, want, sizeof want);
+    if (rc == SQLITE_OK) rc = table_columns(st->db, t, got, sizeof got);
+    if (rc == SQLITE_OK) ok = strcmp(want, got) == 0;
+  }
+  sqlite3_finalize(q);
+  if (rc != SQLITE_DONE && rc != SQLITE_OK) {
+    mp_status s = rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT
+                      ? corrupt(ctx, st)
+                      : mp_error(ctx, MP_ERR_DB, "%s: checking the schema: %s", st->path, sqlite3_errstr(rc));
+    sqlite3_close(ref);
+    return s;
+  }
+  sqlite3_close(ref);
+  *match = ok;
+  return MP_OK;
+}
+
+/* What the file is (see above); *version its schema version when DB_OURS or DB_NEWER. */
+static mp_status identify(mp_ctx *ctx, mp_store *st, db_kind *kind, int64_t *version, int *stamped) {
+  int64_t app = 0, user = 0, n_tables = 0, has_version = 0, n_versions = 0, n_int = 0;
+  *version = 0;
+  *stamped = 0;
+  /* the first reads of the file: SQLITE_NOTADB / SQLITE_CORRUPT surface here */
+  MP_CHECK(mp_store_query_i64(ctx, st, "PRAGMA application_id", &app));
+  MP_CHECK(mp_store_query_i64(ctx, st, "PRAGMA user_version", &user));
+  *stamped = app == MP_STORE_APPLICATION_ID;
+  MP_CHECK(mp_store_query_i64(ctx, st, "SELECT count(*) FROM sqlite_master", &n_tables));
+  if (app == 0 && user == 0 && n_tables == 0) {
+    *kind = DB_EMPTY;
+    return MP_OK;
+  }
+  *kind = DB_FOREIGN;
+  if (app != 0 && app != MP_STORE_APPLICATION_ID) return MP_OK;
+  MP_CHECK(mp_store_query_i64(
+      ctx, st, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='schema_version'", &has_version));
+  if (!has_version) return MP_OK;
+  /* one row holding an integer: a text, real or blob version is someone else's table */
+  MP_CHECK(mp_store_query_i64(ctx, st, "SELECT count(*) FROM schema_version", &n_versions));
+  MP_CHECK(mp_store_query_i64(ctx, st, "SELECT count(*) FROM schema_version WHERE typeof(version)='integer'",
+                              &n_int));
+  if (n_versions != 1 || n_int != 1) return MP_OK;
+  MP_CHECK(mp_store_query_i64(ctx, st, "SELECT version FROM schema_version", version));
+  if (*version < 1) return MP_OK;
+  if (app == MP_STORE_APPLICATION_ID && user != *version) return MP_OK;
+  if (*version > MP_STORE_SCHEMA_VERSION) {
+    *kind = DB_NEWER;
+    return MP_OK;
+  }
+  int match = 0;
+  MP_CHECK(schema_matches(ctx, st, *version, &match));
+  if (match) *kind = DB_OURS;
+  return MP_OK;
+}
+
+static mp_status refuse(mp_ctx *ctx, mp_store *st, db_kind kind, int64_t version) {
+  if (kind == DB_NEWER)
+    return mp_error(ctx, MP_ERR_DB,
+                    "%s has schema version %lld, newer than this meshplan (%d); upgrade meshplan "
+                    "or pass --db", st->path, (long long)version, MP_STORE_SCHEMA_VERSION);
+  return corrupt(ctx, st);
+}
+
+/* Brings the file to MP_STORE_SCHEMA_VERSION: nothing for a current meshplan database; for
+ * an empty file or an older version, the migrations in one transaction, the header stamped
+ * (application_id, user_version) in the same one. Another planner may be doing the same at
+ * the same moment: the file is identified again once the write lock is held. */
+static mp_status migrate(mp_ctx *ctx, mp_store *st) {
+  db_kind kind;
+  int64_t version = 0;
+  int stamped = 0;
+  MP_CHECK(identify(ctx, st, &kind, &version, &stamped));
+  if (kind == DB_FOREIGN || kind == DB_NEWER) return refuse(ctx, st, kind, version);
+  if (kind == DB_OURS && version == MP_STORE_SCHEMA_VERSION && stamped) return MP_OK;
+  MP_CHECK(begin_write(ctx, st, "locking for migration"));
+  mp_status s = identify(ctx, st, &kind, &version, &stamped);
+  if (s == MP_OK && (kind == DB_FOREIGN || kind == DB_NEWER)) s = refuse(ctx, st, kind, version);
+  if (s == MP_OK && kind == DB_EMPTY)
     s = exec_sql(ctx, st, "CREATE TABLE schema_version (version INTEGER NOT NULL)", "creating schema");
   for (int64_t v = version; s == MP_OK && v < MP_STORE_SCHEMA_VERSION; v++) {
     s = exec_sql(ctx, st, k_migrations[v], "migrating schema");
     if (s == MP_OK) {
-      char sql[96];
+      char sql[160];
       snprintf(sql, sizeof sql, "DELETE FROM schema_version; INSERT INTO schema_version VALUES (%lld)",
                (long long)(v + 1));
       s = exec_sql(ctx, st, sql, "recording schema version");
     }
+  }
+  if (s == MP_OK) {
+    char sql[96];
+    snprintf(sql, sizeof sql, "PRAGMA application_id=%d; PRAGMA user_version=%d", MP_STORE_APPLICATION_ID,
+             MP_STORE_SCHEMA_VERSION);
+    s = exec_sql(ctx, st, sql, "stamping the file as meshplan's");
   }
   if (s == MP_OK) s = exec_sql(ctx, st, "COMMIT", "committing migration");
   if (s != MP_OK) sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
@@ -154,6 +285,9 @@ mp_status mp_store_open(mp_ctx *ctx, const char *path, mp_store **out) {
   snprintf(st->path, sizeof st->path, "%s", path);
   st->fault_after = -1;
   mp_status s = MP_OK;
+  /* a directory, FIFO or device is not a database file (SQLite would report "disk I/O
+   * error" for some of them) */
+  MP_CHECK_GOTO(mp_file_check_regular_or_absent(ctx, path), s, fail);
   int rc = sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
                            NULL);
   if (rc != SQLITE_OK) {
@@ -223,7 +357,7 @@ static void bind_text(sqlite3_stmt *q, int i, const char *s) {
 mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
                              int64_t *run_id) {
   if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is already open on %s", st->path);
-  MP_CHECK(exec_sql(ctx, st, "BEGIN IMMEDIATE", "starting the run"));
+  MP_CHECK(begin_write(ctx, st, "starting the run"));
   st->in_run = 1;
   sqlite3_stmt *q = NULL;
   int rc = sqlite3_prepare_v2(st->db,
@@ -362,7 +496,7 @@ void mp_store_run_abort(mp_store *st) {
 
 mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measurement *m) {
   if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is open on %s", st->path);
-  MP_CHECK(exec_sql(ctx, st, "BEGIN IMMEDIATE", "starting a measurement"));
+  MP_CHECK(begin_write(ctx, st, "starting a measurement"));
   sqlite3_stmt *q = NULL;
   mp_status s = MP_OK;
   int rc = sqlite3_prepare_v2(st->db,

@@ -15,15 +15,24 @@
  *                 compute / exposed communication / bubble / optimizer seconds
  *   measurements  filled by the executor (mp_store_add_measurement): per plan and step
  *
- * Concurrency: WAL mode and a busy timeout (MP_STORE_BUSY_TIMEOUT_MS), and every write
- * transaction starts with BEGIN IMMEDIATE, so a second planner waits for the first
- * instead of failing. Atomicity: a run (its runs row, plans, predictions) is one
- * transaction; mp_store_run_abort or any failure rolls it back, leaving earlier runs
- * intact and no partial run.
+ * Concurrency: WAL mode, a busy timeout (MP_STORE_BUSY_TIMEOUT_MS), and every write
+ * transaction starts with BEGIN IMMEDIATE, repeated while other writers hold the lock for
+ * up to MP_STORE_WRITE_WAIT_S, so a second planner waits for the first instead of failing.
+ * Writers hold the lock briefly: the planner computes a whole search before it opens the
+ * run's transaction (planner.h), so the lock covers the writing, not the search.
+ * Atomicity: a run (its runs row, plans, predictions) is one transaction;
+ * mp_store_run_abort or any failure rolls it back, leaving earlier runs intact and no
+ * partial run.
  *
- * A file that is not SQLite, is corrupt, or is SQLite without meshplan's tables is
- * MP_ERR_DB with "<path> is not a meshplan database or is corrupt; move it aside or pass
- * --db". */
+ * Identity: the file's header carries MP_STORE_APPLICATION_ID and the schema version
+ * (PRAGMA application_id, user_version), and its tables must be exactly those of its
+ * version (the migrations, replayed in memory, are the reference); a meshplan file from
+ * before the header was stamped is recognised by its tables and stamped on its next
+ * migration. A file that is not SQLite, is corrupt, or is any other program's database
+ * (another application_id, another schema, a schema_version table that does not hold one
+ * integer) is MP_ERR_DB with "<path> is not a meshplan database or is corrupt; move it
+ * aside or pass --db", and nothing is written into it. A path that is a directory, FIFO
+ * or device is MP_ERR_INVALID. */
 #ifndef MP_PLANNER_STORE_H
 #define MP_PLANNER_STORE_H
 
@@ -38,7 +47,11 @@ extern "C" {
 #endif
 
 #define MP_STORE_SCHEMA_VERSION 2
+/* PRAGMA application_id of a meshplan database: "MPLN" in ASCII. */
+#define MP_STORE_APPLICATION_ID 0x4D504C4E
 #define MP_STORE_BUSY_TIMEOUT_MS 60000
+/* How long a writer keeps asking for the write lock before giving up, seconds. */
+#define MP_STORE_WRITE_WAIT_S 600
 
 typedef struct mp_store mp_store;
 

@@ -193,11 +193,17 @@ static void trk_start(sim *x, tracker *t) {
 static void trace_push(sim *x, int32_t op, int32_t layer, int32_t micro, double start,
                        double dur) {
   mp_sim_trace *t = x->trace;
+  if (x->trace_failed) return;
   if (t->n == t->cap) {
+    if (t->n >= MP_SIM_TRACE_MAX_EVENTS) {
+      x->trace_failed = MP_SIM_TRACE_FAILED_TOO_LONG;
+      return;
+    }
     size_t cap = t->cap ? 2 * t->cap : 1024;
+    if (cap > MP_SIM_TRACE_MAX_EVENTS) cap = MP_SIM_TRACE_MAX_EVENTS;
     mp_sim_event *e = (mp_sim_event *)realloc(t->ev, cap * sizeof *e);
     if (e == NULL) {
-      x->trace_failed = 1;
+      x->trace_failed = MP_SIM_TRACE_FAILED_NOMEM;
       return;
     }
     t->ev = e;
@@ -576,7 +582,8 @@ void mp_sim_run_step(sim *x, int64_t *act_rise_max_out, double *t_micro) {
       if (s->segs[i].first_op + s->segs[i].n_ops > last_micro_op)
         last_micro_op = s->segs[i].first_op + s->segs[i].n_ops;
     }
-  for (int64_t m = 1; m <= n - 2; m++) {
+  /* a trace that could not grow ends the step: what is left would be simulated for nothing */
+  for (int64_t m = 1; m <= n - 2 && !x->trace_failed; m++) {
     before = x->a;
     trk_start(x, &x->micro_trk);
     x->act_rise = 0;
@@ -595,6 +602,7 @@ void mp_sim_run_step(sim *x, int64_t *act_rise_max_out, double *t_micro) {
     have_prev = 1;
   }
   x->micro_trk.on = 0;
+  if (x->trace_failed) return;
   if (n >= 2) {
     x->act_rise = 0;
     run_micro(x, (int32_t)(n - 1));

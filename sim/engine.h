@@ -110,8 +110,15 @@ typedef struct sim {
   int extrapolate;
   int cat_max_stale; /* some level[c] may exceed cat_max[c] (after skip_mem) */
   mp_sim_trace *trace;
-  int trace_failed;
+  int trace_failed; /* 0, or why the trace stopped: MP_SIM_TRACE_FAILED_* (the step then
+                       ends early and its figures are not used) */
 } sim;
+
+/* The most events a trace holds: the JSON of 2^20 events is about 150 MB, what the Chrome
+ * trace viewer and Perfetto's UI still load; the cJSON tree built to write it is several
+ * times that. */
+#define MP_SIM_TRACE_MAX_EVENTS ((size_t)1 << 20)
+enum { MP_SIM_TRACE_FAILED_NOMEM = 1, MP_SIM_TRACE_FAILED_TOO_LONG = 2 };
 
 /* The per-thread buffers of one simulation, sized for its schedule (engine.c owns them;
  * mp_sim_thread_release frees them). */

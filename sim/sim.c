@@ -153,6 +153,11 @@ mp_status mp_simulate_with_links(mp_ctx *ctx, const mp_schedule *s, const mp_sim
   mp_sim_run_step(&x, &act_rise_max, &t_micro);
   if (x.trace_failed) {
     mp_sim_trace_destroy(x.trace);
+    if (x.trace_failed == MP_SIM_TRACE_FAILED_TOO_LONG)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "the trace of %lld micro-batches would hold more than %zu events; trace a step "
+                      "of fewer micro-batches (a smaller global batch or a larger micro-batch)",
+                      (long long)x.n_micro, MP_SIM_TRACE_MAX_EVENTS);
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory recording the trace");
   }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/checked.h"
 #include "common/json.h"
 #include "exec/runtime/init.h"
 
@@ -132,42 +133,43 @@ done:
   return st;
 }
 
-mp_status mp_corpus_read_shard(mp_ctx *ctx, const char *path, mp_corpus *out) {
+mp_status mp_corpus_from_shard_bytes(mp_ctx *ctx, const void *bytes, size_t len, const char *origin,
+                                     mp_corpus *out) {
   memset(out, 0, sizeof *out);
   out->entropy_nats = -1;
-  char *b = NULL;
-  size_t len = 0;
-  MP_CHECK(mp_read_file(ctx, path, &b, &len));
   int32_t hdr[MP_SHARD_HEADER_INTS];
-  if (len < sizeof hdr) {
-    free(b);
-    return mp_error(ctx, MP_ERR_INVALID, "%s: too short for a token shard (header of 256 int32)", path);
-  }
-  memcpy(hdr, b, sizeof hdr);
-  if (hdr[0] != MP_SHARD_MAGIC || hdr[1] != MP_SHARD_VERSION) {
-    free(b);
+  if (len < sizeof hdr)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: too short for a token shard (header of 256 int32)", origin);
+  memcpy(hdr, bytes, sizeof hdr);
+  if (hdr[0] != MP_SHARD_MAGIC || hdr[1] != MP_SHARD_VERSION)
     return mp_error(ctx, MP_ERR_INVALID, "%s: not an llm.c token shard (magic %d version %d; want %d and %d)",
-                    path, hdr[0], hdr[1], MP_SHARD_MAGIC, MP_SHARD_VERSION);
-  }
-  int64_t n = hdr[2];
-  if (n < 2 || sizeof hdr + (size_t)n * 2 != len) {
-    free(b);
+                    origin, hdr[0], hdr[1], MP_SHARD_MAGIC, MP_SHARD_VERSION);
+  /* n is an int32 from the file: compared with the bytes there in 64 bits, so a negative
+   * or huge count cannot wrap the size */
+  const int64_t n = hdr[2];
+  if (n < 2 || (int64_t)(len - sizeof hdr) != n * 2)
     return mp_error(ctx, MP_ERR_INVALID, "%s: header says %lld tokens but the file holds %zu bytes of tokens",
-                    path, (long long)n, len - sizeof hdr);
-  }
+                    origin, (long long)n, len - sizeof hdr);
   out->tokens = malloc((size_t)n * 2);
-  if (!out->tokens) {
-    free(b);
-    return mp_error(ctx, MP_ERR_NOMEM, "%s: out of memory", path);
-  }
-  memcpy(out->tokens, b + sizeof hdr, (size_t)n * 2);
-  free(b);
+  if (!out->tokens) return mp_error(ctx, MP_ERR_NOMEM, "%s: out of memory", origin);
+  memcpy(out->tokens, (const char *)bytes + sizeof hdr, (size_t)n * 2);
   out->n_tokens = n;
   int64_t mx = 0;
   for (int64_t i = 0; i < n; i++)
     if (out->tokens[i] > mx) mx = out->tokens[i];
   out->vocab = mx + 1;
   return MP_OK;
+}
+
+mp_status mp_corpus_read_shard(mp_ctx *ctx, const char *path, mp_corpus *out) {
+  memset(out, 0, sizeof *out);
+  out->entropy_nats = -1;
+  char *b = NULL;
+  size_t len = 0;
+  MP_CHECK(mp_read_file(ctx, path, &b, &len));
+  mp_status st = mp_corpus_from_shard_bytes(ctx, b, len, path, out);
+  free(b);
+  return st;
 }
 
 mp_status mp_corpus_write_shard(mp_ctx *ctx, const mp_corpus *c, const char *path) {
@@ -192,13 +194,20 @@ void mp_corpus_free(mp_corpus *c) {
 
 mp_status mp_corpus_batch(mp_ctx *ctx, const mp_corpus *c, int64_t step, int64_t global_batch, int64_t seq,
                           int dp_index, int dp_size, int32_t *out) {
-  if (c->n_tokens < seq + 1)
+  if (seq < 1 || c->n_tokens < seq + 1)
     return mp_error(ctx, MP_ERR_INVALID, "data has %lld tokens, fewer than one sequence of %lld + 1; "
                     "use a longer corpus or a shorter --seq", (long long)c->n_tokens, (long long)seq);
-  if (dp_size < 1 || global_batch % dp_size != 0)
+  if (dp_size < 1 || global_batch < 1 || global_batch % dp_size != 0 || dp_index < 0 || dp_index >= dp_size)
     return mp_error(ctx, MP_ERR_INVALID, "global batch %lld does not divide over %d data-parallel ranks",
                     (long long)global_batch, dp_size);
   const int64_t local = global_batch / dp_size, span = c->n_tokens - seq;
+  /* every index below fits: the first sequence number of the step and the rank's last
+   * output element */
+  int64_t first = 0, elems = 0;
+  if (step < 0 || mp_mul_i64(step, global_batch, &first) || mp_add_i64(first, global_batch, &first) ||
+      mp_mul_i64(local, seq + 1, &elems))
+    return mp_error(ctx, MP_ERR_INVALID, "step %lld of %lld sequences of %lld tokens: the sequence numbers do "
+                    "not fit in 64 bits", (long long)step, (long long)global_batch, (long long)seq);
   for (int64_t j = 0; j < local; j++) {
     int64_t g = step * global_batch + (int64_t)dp_index * local + j;
     int64_t start = (int64_t)(((unsigned __int128)g * (unsigned __int128)seq) % (unsigned __int128)span);

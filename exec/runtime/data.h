@@ -49,10 +49,16 @@ mp_status mp_corpus_synthetic(mp_ctx *ctx, int64_t vocab, int fanout, int64_t n_
 /* The chain's entropy rate alone (nats per token). */
 mp_status mp_markov_entropy(mp_ctx *ctx, int64_t vocab, int fanout, uint64_t seed, double *out);
 mp_status mp_corpus_read_shard(mp_ctx *ctx, const char *path, mp_corpus *out);
+/* The same from the shard's bytes (len of them; origin names them in messages): the header
+ * is checked against len before any token is read. */
+mp_status mp_corpus_from_shard_bytes(mp_ctx *ctx, const void *bytes, size_t len, const char *origin,
+                                     mp_corpus *out);
 mp_status mp_corpus_write_shard(mp_ctx *ctx, const mp_corpus *c, const char *path);
 void mp_corpus_free(mp_corpus *c);
 
-/* Writes the rank's local_batch sequences of T + 1 tokens (int32) for `step`: see above. */
+/* Writes the rank's local_batch sequences of T + 1 tokens (int32) for `step`: see above.
+ * out holds local_batch x (seq + 1) elements; sizes whose sequence numbers or element
+ * count would not fit in 64 bits are MP_ERR_INVALID. */
 mp_status mp_corpus_batch(mp_ctx *ctx, const mp_corpus *c, int64_t step, int64_t global_batch,
                           int64_t seq, int dp_index, int dp_size, int32_t *out);
 

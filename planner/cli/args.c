@@ -2,6 +2,7 @@
 #include "planner/cli/args.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,29 +28,28 @@ mp_status mp_args_parse(mp_ctx *ctx, mp_cmd_spec *spec, int argc, char **argv, c
       size_t len = eq ? (size_t)(eq - a) : strlen(a);
       mp_opt *o = find(spec, a, len);
       if (o == NULL)
-        return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: unknown flag '%.*s'; see 'meshplan %s --help'",
-                        spec->name, (int)len, a, spec->name);
+        return mp_error(ctx, MP_ERR_USAGE, "unknown flag '%.*s'; see 'meshplan %s --help'",
+                        (int)len, a, spec->name);
       if (o->metavar == NULL) {
         if (eq)
-          return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: %s takes no value", spec->name,
-                          o->name);
+          return mp_error(ctx, MP_ERR_USAGE, "%s takes no value", o->name);
         o->value = "1";
       } else if (eq) {
         if (eq[1] == '\0')
-          return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: %s needs a value (%s): %s", spec->name,
-                          o->name, o->metavar, o->help);
+          return mp_error(ctx, MP_ERR_USAGE, "%s needs a value (%s): %s", o->name, o->metavar,
+                          o->help);
         o->value = eq + 1;
       } else {
         if (i + 1 >= argc || (argv[i + 1][0] == '-' && argv[i + 1][1] == '-'))
-          return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: %s needs a value (%s): %s", spec->name,
-                          o->name, o->metavar, o->help);
+          return mp_error(ctx, MP_ERR_USAGE, "%s needs a value (%s): %s", o->name, o->metavar,
+                          o->help);
         o->value = argv[++i];
       }
       continue;
     }
     if (*n_pos >= spec->max_positional)
-      return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: unexpected argument '%s'; see 'meshplan %s --help'",
-                      spec->name, a, spec->name);
+      return mp_error(ctx, MP_ERR_USAGE, "unexpected argument '%s'; see 'meshplan %s --help'", a,
+                      spec->name);
     pos[(*n_pos)++] = a;
   }
   return MP_OK;
@@ -80,29 +80,34 @@ const char *mp_args_get(const mp_cmd_spec *spec, const char *name) {
 int mp_args_has(const mp_cmd_spec *spec, const char *name) { return mp_args_get(spec, name) != NULL; }
 
 mp_status mp_args_int(mp_ctx *ctx, const mp_cmd_spec *spec, const char *name, long long min,
-                      long long *out) {
+                      long long max, long long *out) {
   const char *v = mp_args_get(spec, name);
   if (v == NULL) return MP_OK;
   char *end = NULL;
   errno = 0;
   long long x = strtoll(v, &end, 10);
-  if (end == v || *end != '\0' || errno != 0 || x < min)
-    return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: %s '%s': expected an integer >= %lld",
-                    spec->name, name, v, min);
+  if (end == v || *end != '\0' || errno != 0 || x < min || x > max)
+    return mp_error(ctx, MP_ERR_USAGE, "%s '%s': expected an integer in %lld..%lld", name, v, min,
+                    max);
   *out = x;
   return MP_OK;
 }
 
-mp_status mp_args_double(mp_ctx *ctx, const mp_cmd_spec *spec, const char *name, double min,
-                         double *out) {
+mp_status mp_args_double(mp_ctx *ctx, const mp_cmd_spec *spec, const char *name, double lo,
+                         double hi, mp_range_ends ends, double *out) {
   const char *v = mp_args_get(spec, name);
   if (v == NULL) return MP_OK;
   char *end = NULL;
   errno = 0;
   double x = strtod(v, &end);
-  if (end == v || *end != '\0' || errno != 0 || !(x >= min))
-    return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: %s '%s': expected a number >= %g", spec->name,
-                    name, v, min);
+  /* strtod reads "nan", "inf" and hex floats: only a finite value within the range counts */
+  int ok = end != v && *end == '\0' && errno == 0 && isfinite(x) &&
+           (ends == MP_RANGE_OPEN_LO ? x > lo : x >= lo) && (ends == MP_RANGE_OPEN_HI ? x < hi : x <= hi);
+  if (!ok) {
+    char r[96];
+    mp_range_f64_str(lo, hi, ends, r, sizeof r);
+    return mp_error(ctx, MP_ERR_USAGE, "%s '%s': expected a number in %s", name, v, r);
+  }
   *out = x;
   return MP_OK;
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "common/status.h"
+#include "common/validate.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,17 +33,21 @@ typedef struct mp_cmd_spec {
 
 /* Parses argv (after the subcommand name). Positional arguments go to pos (up to
  * max_positional). Returns MP_ERR_USAGE with a one-line message on ctx for an unknown
- * flag, a missing value or too many positionals. Sets *help when --help/-h was given. */
+ * flag, a missing value or too many positionals. Sets *help when --help/-h was given.
+ * Messages carry no "meshplan <command>:" prefix: the command's failure path adds it, once. */
 mp_status mp_args_parse(mp_ctx *ctx, mp_cmd_spec *spec, int argc, char **argv, const char **pos,
                         int *n_pos, int *help);
 void mp_args_print_help(const mp_cmd_spec *spec, FILE *f);
 const char *mp_args_get(const mp_cmd_spec *spec, const char *name);
 int mp_args_has(const mp_cmd_spec *spec, const char *name);
-/* Integer value of an option; absent: *out unchanged. Not an integer or below min: usage error. */
+/* Integer value of an option in min..max (the ranges of common/limits.h); absent: *out
+ * unchanged. Not an integer, or outside the range: a usage error naming the flag, the value
+ * and the range ("--seq '0': expected an integer in 1..16777216"). */
 mp_status mp_args_int(mp_ctx *ctx, const mp_cmd_spec *spec, const char *name, long long min,
-                      long long *out);
-mp_status mp_args_double(mp_ctx *ctx, const mp_cmd_spec *spec, const char *name, double min,
-                         double *out);
+                      long long max, long long *out);
+/* A finite number in the range (ends: which ends are excluded); nan and inf are refused. */
+mp_status mp_args_double(mp_ctx *ctx, const mp_cmd_spec *spec, const char *name, double lo,
+                         double hi, mp_range_ends ends, double *out);
 
 #ifdef __cplusplus
 }

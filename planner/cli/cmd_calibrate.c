@@ -383,7 +383,7 @@ static int print_json(const mp_calib *c, const char *db) {
 static mp_status save_and_print(mp_ctx *ctx, const char *db, mp_calib *cal, int local_ranks) {
   MP_CHECK(mp_calib_store_save(ctx, db, cal));
   if (mp_args_has(&k_spec, "--json")) {
-    if (print_json(cal, db) != 0) return mp_error(ctx, MP_ERR_NOMEM, "calibrate: out of memory printing JSON");
+    if (print_json(cal, db) != 0) return mp_error(ctx, MP_ERR_NOMEM, "out of memory printing JSON");
   } else if (strcmp(cal->device, "cuda") == 0) {
     print_table_cuda(cal, db);
   } else {
@@ -395,16 +395,16 @@ static mp_status save_and_print(mp_ctx *ctx, const char *db, mp_calib *cal, int 
 /* --reps over the device's default, into o. */
 static mp_status read_reps(mp_ctx *ctx, mp_calib_options *o) {
   long long reps = o->reps;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--reps", 1, &reps));
+  /* each rep is a timed call; 10^4 of the slowest point take minutes already */
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--reps", 1, 10000, &reps));
   o->reps = (int)reps;
   return MP_OK;
 }
 
-/* The exit code of a failed calibration: a database that cannot be used or a device this
- * build lacks is fixed on the command line. quiet: another rank reports it. */
+/* The exit code of a failed calibration (mp_status_exit_code). quiet: another rank reports
+ * it. */
 static int fail(const mp_ctx *ctx, mp_status st, int quiet) {
-  if (!quiet) mp_cmd_fail(ctx, st);
-  return mp_cmd_db_exit_code(st);
+  return quiet ? mp_status_exit_code(st) : mp_cmd_fail(ctx, st);
 }
 
 /* --device cuda[:N]: one GPU, no MPI. The device and the profile are checked before the
@@ -426,7 +426,7 @@ static int calibrate_cuda(mp_ctx *ctx, int device) {
   mp_launch launch;
   mp_cmd_launch(&launch);
   if (launch.world > 1) {
-    st = mp_error(ctx, MP_ERR_USAGE, "meshplan calibrate: --device cuda measures one GPU; run it as one process "
+    st = mp_error(ctx, MP_ERR_USAGE, "--device cuda measures one GPU; run it as one process "
                   "(without mpirun), once per GPU type");
     goto out;
   }
@@ -448,7 +448,7 @@ static int calibrate_cuda(mp_ctx *ctx, int device) {
   be_up = 1;
   cal = malloc(sizeof *cal);
   if (cal == NULL) {
-    st = mp_error(ctx, MP_ERR_NOMEM, "calibrate: out of memory");
+    st = mp_error(ctx, MP_ERR_NOMEM, "out of memory");
     goto out;
   }
   fprintf(stderr, "calibrating %s against the %s datasheet: %d GEMM, %d attention, %d float8 points, %d reps\n",
@@ -487,7 +487,7 @@ static mp_status check_db_everywhere(mp_ctx *ctx, mp_comm *comm, const char *db)
   }
   MP_CHECK(mp_comm_all_reduce(ctx, comm, MP_GROUP_WORLD, &bad, &bad, 1, MP_COMM_DTYPE_INT64, MP_COMM_OP_MAX));
   if (!bad) return MP_OK;
-  return rank == 0 ? st0 : mp_error(ctx, MP_ERR_INVALID, "calibrate: rank 0 could not use the database");
+  return rank == 0 ? st0 : mp_error(ctx, MP_ERR_INVALID, "rank 0 could not use the database");
 }
 
 /* --device cpu: every rank measures; rank 0 saves and prints. */
@@ -499,7 +499,7 @@ static int calibrate_cpu(mp_ctx *ctx) {
   const mp_backend *be = mp_backend_cpu();
   mp_calib cal;
   if (mp_args_has(&k_spec, "--gpu")) {
-    st = mp_error(ctx, MP_ERR_USAGE, "meshplan calibrate: --gpu is for --device cuda");
+    st = mp_error(ctx, MP_ERR_USAGE, "--gpu is for --device cuda");
     goto out;
   }
   mp_calib_options o;
@@ -538,8 +538,7 @@ static int run_calibrate(mp_ctx *ctx, const mp_cmd_call *call) {
       return calibrate_cuda(ctx, (int)n);
   }
   if (device && strcmp(device, "cpu") != 0)
-    return fail(ctx, mp_error(ctx, MP_ERR_USAGE, "meshplan calibrate: --device %s: choose cpu, cuda or cuda:N", device),
-                0);
+    return fail(ctx, mp_error(ctx, MP_ERR_USAGE, "--device %s: choose cpu, cuda or cuda:N (N in 0..1023)", device), 0);
   return calibrate_cpu(ctx);
 }
 

@@ -5,9 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/limits.h"
 #include "planner/cli/commands.h"
 
+/* The running command's name, for the prefix of its messages (one command per process). */
+static const char *g_command = NULL;
+
 int mp_command_main(const mp_command *cmd, int argc, char **argv) {
+  g_command = cmd->spec->name;
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_cmd_call call;
@@ -20,10 +25,8 @@ int mp_command_main(const mp_command *cmd, int argc, char **argv) {
             cmd->spec->max_positional, MP_CMD_MAX_POSITIONAL);
     return 1;
   }
-  if (mp_args_parse(&ctx, cmd->spec, argc, argv, call.pos, &call.n_pos, &help) != MP_OK) {
-    fprintf(stderr, "%s\n", mp_errmsg(&ctx));
-    return 2;
-  }
+  mp_status st = mp_args_parse(&ctx, cmd->spec, argc, argv, call.pos, &call.n_pos, &help);
+  if (st != MP_OK) return mp_cmd_fail(&ctx, st);
   if (help) {
     mp_args_print_help(cmd->spec, stdout);
     return 0;
@@ -36,13 +39,13 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
   if (ac) MP_CHECK(mp_ac_mode_parse(ctx, ac, &o->ac));
   if (mp_args_has(spec, "--fp8")) o->fp8 = 1;
   long long v = 0;
-  MP_CHECK(mp_args_int(ctx, spec, "--seq", 1, &v));
+  MP_CHECK(mp_args_int(ctx, spec, "--seq", 1, MP_LIM_SEQ, &v));
   if (v > 0) o->seq = v;
   v = 0;
-  MP_CHECK(mp_args_int(ctx, spec, "--micro-batch", 1, &v));
+  MP_CHECK(mp_args_int(ctx, spec, "--micro-batch", 1, MP_LIM_GLOBAL_BATCH, &v));
   if (v > 0) o->micro_batch = v;
   v = 0;
-  MP_CHECK(mp_args_int(ctx, spec, "--global-batch", 1, &v));
+  MP_CHECK(mp_args_int(ctx, spec, "--global-batch", 1, MP_LIM_GLOBAL_BATCH, &v));
   if (v > 0) o->global_batch = v;
   return MP_OK;
 }
@@ -61,21 +64,38 @@ const char *mp_cmd_db_path(const mp_cmd_spec *spec) {
   return db ? db : "meshplan.db";
 }
 
+/* Skips what would repeat the prefix: "meshplan <command>: ", "meshplan: " and
+ * "<command>: " at the start of a message (the commands add the prefix, never the library;
+ * this keeps a stray one from doubling it). */
+static const char *unprefixed(const char *msg, const char *cmd) {
+  for (int again = 1; again;) {
+    again = 0;
+    size_t cl = strlen(cmd);
+    if (strncmp(msg, "meshplan: ", 10) == 0) {
+      msg += 10;
+      again = 1;
+    } else if (strncmp(msg, "meshplan ", 9) == 0 && strncmp(msg + 9, cmd, cl) == 0 &&
+               strncmp(msg + 9 + cl, ": ", 2) == 0) {
+      msg += 9 + cl + 2;
+      again = 1;
+    } else if (cl > 0 && strncmp(msg, cmd, cl) == 0 && strncmp(msg + cl, ": ", 2) == 0) {
+      msg += cl + 2;
+      again = 1;
+    }
+  }
+  return msg;
+}
+
 int mp_cmd_fail(const mp_ctx *ctx, mp_status st) {
-  const char *msg = mp_errmsg(ctx);
-  /* Usage errors from the argument parser already name "meshplan <command>". */
-  if (strncmp(msg, "meshplan ", 9) == 0) fprintf(stderr, "%s\n", msg);
-  else fprintf(stderr, "meshplan: %s\n", msg);
+  const char *cmd = g_command ? g_command : "";
+  const char *msg = unprefixed(mp_errmsg(ctx), cmd);
+  if (msg[0] == '\0') msg = mp_status_name(st);
+  /* one line, whatever the message holds */
+  fprintf(stderr, "meshplan%s%s: ", cmd[0] ? " " : "", cmd);
+  for (const char *p = msg; *p; p++) fputc(*p == '\n' || *p == '\r' ? ' ' : *p, stderr);
+  fputc('\n', stderr);
+  fflush(stderr);
   return mp_status_exit_code(st);
-}
-
-int mp_cmd_db_exit_code(mp_status st) {
-  return st == MP_ERR_DB || st == MP_ERR_UNSUPPORTED ? 2 : mp_status_exit_code(st);
-}
-
-int mp_cmd_fail_named(const mp_ctx *ctx, mp_status st, const char *name) {
-  fprintf(stderr, "meshplan %s: %s\n", name, mp_errmsg(ctx));
-  return mp_cmd_db_exit_code(st);
 }
 
 static const char *launch_env(const char *ompi, const char *pmi) {
@@ -93,7 +113,7 @@ void mp_cmd_launch(mp_launch *out) {
 
 mp_status mp_cmd_mesh_ep(mp_ctx *ctx, const mp_cmd_spec *spec, mp_mesh *mesh) {
   long long ep = 0;
-  MP_CHECK(mp_args_int(ctx, spec, "--ep", 1, &ep));
+  MP_CHECK(mp_args_int(ctx, spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
   if (ep == 0) return MP_OK;
   if (mesh->ep > 1 && mesh->ep != ep)
     return mp_error(ctx, MP_ERR_USAGE, "--ep %lld contradicts ep=%d in --mesh; give it once", ep, mesh->ep);

@@ -633,7 +633,7 @@ static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_
   MP_CHECK(mp_cmd_plan_options(ctx, &k_spec, o));
   o->tp.pad_vocab = mp_args_has(&k_spec, "--pad-vocab");
   long long rank = 0;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--rank", 0, &rank));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--rank", 0, MP_MESH_MAX_WORLD - 1, &rank));
   e->world = mp_mesh_world(mesh);
   if (rank >= e->world)
     return mp_error(ctx, MP_ERR_USAGE, "--rank %lld is outside the mesh's %d ranks "

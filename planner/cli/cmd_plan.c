@@ -6,10 +6,12 @@
  * --executable-only keeps the plans exec/runtime executes: no pipeline (pp == 1) and no
  * context parallelism (cp == 1); the simulator models both, the runtime neither. */
 #include <cjson/cJSON.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/limits.h"
 #include "exec/cluster.h"
 #include "exec/model.h"
 #include "planner/cli/commands.h"
@@ -168,11 +170,10 @@ static mp_status load_cluster(mp_ctx *ctx, mp_cluster *c) {
   const char *gpu = mp_args_get(&k_spec, "--gpu");
   if (!mp_args_has(&k_spec, "--gpus") || !gpu)
     return mp_error(ctx, MP_ERR_USAGE, "--gpus N needs --gpu TYPE (e.g. --gpus 64 --gpu h100-sxm)");
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus", 1, &n));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus", 1, MP_LIM_GPUS, &n));
   per = n < 8 ? n : 8;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus-per-node", 1, &per));
-  if (n > MP_MESH_MAX_WORLD) return mp_error(ctx, MP_ERR_USAGE, "--gpus %lld is more than %d", n, MP_MESH_MAX_WORLD);
-  return mp_cluster_make(ctx, gpu, (int)n, (int)per, c);
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus-per-node", 1, MP_LIM_GPUS_PER_NODE, &per));
+  return mp_cluster_make(ctx, gpu, n, per, c);
 }
 
 /* The step's size: --seq, and --global-batch or --global-batch-tokens (a whole number
@@ -182,7 +183,7 @@ static mp_status read_batch(mp_ctx *ctx, plan_args *a) {
   long long tokens = 0;
   if (mp_args_has(&k_spec, "--global-batch"))
     return mp_error(ctx, MP_ERR_USAGE, "give --global-batch or --global-batch-tokens, not both");
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--global-batch-tokens", 1, &tokens));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--global-batch-tokens", 1, MP_LIM_STEP_TOKENS, &tokens));
   if (tokens % a->seq)
     return mp_error(ctx, MP_ERR_USAGE, "--global-batch-tokens %lld is not a multiple of seq %lld; use %lld or %lld",
                     tokens, a->seq, tokens / a->seq * a->seq, (tokens / a->seq + 1) * a->seq);
@@ -202,13 +203,14 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   a->threads = 0;
   a->headroom = 0.05;
   a->price = a->c.price_per_gpu_hour;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--seq", 1, &a->seq));
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--global-batch", 1, &a->gb));
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--top", 0, &a->top));
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--threads", 1, &a->threads));
-  MP_CHECK(mp_args_double(ctx, &k_spec, "--headroom", 0, &a->headroom));
-  MP_CHECK(mp_args_double(ctx, &k_spec, "--price", 0, &a->price));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--seq", 1, MP_LIM_SEQ, &a->seq));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--global-batch", 1, MP_LIM_GLOBAL_BATCH, &a->gb));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--top", 0, INT32_MAX, &a->top));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--threads", 1, MP_LIM_THREADS, &a->threads));
+  MP_CHECK(mp_args_double(ctx, &k_spec, "--headroom", 0, 1, MP_RANGE_OPEN_HI, &a->headroom));
+  MP_CHECK(mp_args_double(ctx, &k_spec, "--price", 0, MP_LIM_PRICE, MP_RANGE_CLOSED, &a->price));
   MP_CHECK(read_batch(ctx, a));
+  MP_CHECK(mp_model_check_step(ctx, &a->m, a->seq, 1, a->gb));
   if (a->seq > a->m.max_seq)
     fprintf(stderr, "meshplan plan: note: seq %lld is longer than %s's max_seq %lld\n", a->seq, a->m.name,
             (long long)a->m.max_seq);
@@ -434,7 +436,7 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
   mp_sim_evaluator_free(ev);
   free(ev);
   free(a);
-  return st != MP_OK ? mp_cmd_fail_named(ctx, st, "plan") : 0;
+  return st != MP_OK ? mp_cmd_fail(ctx, st) : 0;
 }
 
 const mp_command mp_command_plan = {

@@ -4,6 +4,7 @@
  * error (predicted - measured) / measured. The database is opened, never created: a
  * missing file is an error naming it. */
 #include <cjson/cJSON.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +28,7 @@ static mp_cmd_spec k_spec = {"report",
 
 static const double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-static int fail(const mp_ctx *ctx, mp_status st) { return mp_cmd_fail_named(ctx, st, "report"); }
+static int fail(const mp_ctx *ctx, mp_status st) { return mp_cmd_fail(ctx, st); }
 
 static double pct_err(double predicted, double measured) {
   return measured != 0 ? 100.0 * (predicted - measured) / measured : 0;
@@ -178,14 +179,13 @@ static int run_report(mp_ctx *ctx, const mp_cmd_call *call) {
   (void)call;
   mp_status s;
   long long run_id = 0, top = 10;
-  if ((s = mp_args_int(ctx, &k_spec, "--run", 1, &run_id)) != MP_OK ||
-      (s = mp_args_int(ctx, &k_spec, "--top", 0, &top)) != MP_OK)
+  if ((s = mp_args_int(ctx, &k_spec, "--run", 1, INT64_MAX, &run_id)) != MP_OK ||
+      (s = mp_args_int(ctx, &k_spec, "--top", 0, INT32_MAX, &top)) != MP_OK)
     return fail(ctx, s);
   const char *db = mp_cmd_db_path(&k_spec);
-  if (access(db, F_OK) != 0) {
-    fprintf(stderr, "meshplan report: no database at %s; run meshplan plan first or pass --db PATH\n", db);
-    return 2;
-  }
+  if (access(db, F_OK) != 0)
+    return fail(ctx, mp_error(ctx, MP_ERR_NOT_FOUND, "no database at %s; run meshplan plan first or pass --db PATH",
+                              db));
   mp_store *st = NULL;
   if ((s = mp_store_open(ctx, db, &st)) != MP_OK) return fail(ctx, s);
   mp_arena *a = mp_arena_create();

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "calib/calibrate.h"
+#include "common/limits.h"
 #include "calib/store.h"
 #include "exec/cluster.h"
 #include "exec/mesh.h"
@@ -61,8 +62,7 @@ static mp_cmd_spec k_spec = {
 static mp_status set_dim(mp_ctx *ctx, const char *opt, long long v, int *dim) {
   if (v < 1) return MP_OK;
   if (*dim != 1 && *dim != (int)v)
-    return mp_error(ctx, MP_ERR_USAGE, "meshplan simulate: %s %lld conflicts with --mesh (%d)", opt,
-                    v, *dim);
+    return mp_error(ctx, MP_ERR_USAGE, "%s %lld conflicts with --mesh (%d)", opt, v, *dim);
   *dim = (int)v;
   return MP_OK;
 }
@@ -150,15 +150,15 @@ typedef struct sim_job {
 static mp_status load_cluster(mp_ctx *ctx, mp_cluster *c) {
   const char *cl = mp_args_get(&k_spec, "--cluster");
   if (cl && mp_args_has(&k_spec, "--gpus"))
-    return mp_error(ctx, MP_ERR_USAGE, "meshplan simulate: give --cluster or --gpus, not both");
+    return mp_error(ctx, MP_ERR_USAGE, "give --cluster or --gpus, not both");
   if (!mp_args_has(&k_spec, "--gpus")) return mp_cluster_load(ctx, cl ? cl : "h100-8", c);
   long long n = 0, per = 8;
   double inter = 400.0;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus", 1, &n));
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus-per-node", 1, &per));
-  MP_CHECK(mp_args_double(ctx, &k_spec, "--inter-gbps", 0.001, &inter));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus", 1, MP_LIM_GPUS, &n));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus-per-node", 1, MP_LIM_GPUS_PER_NODE, &per));
+  MP_CHECK(mp_args_double(ctx, &k_spec, "--inter-gbps", 0, MP_LIM_LINK_GBPS, MP_RANGE_OPEN_LO, &inter));
   const char *gpu = mp_args_get(&k_spec, "--gpu");
-  MP_CHECK(mp_cluster_make(ctx, gpu ? gpu : "h100-sxm", (int)n, (int)per, c));
+  MP_CHECK(mp_cluster_make(ctx, gpu ? gpu : "h100-sxm", n, per, c));
   c->inter_node_Gbitps_per_gpu = inter;
   return MP_OK;
 }
@@ -186,10 +186,11 @@ static mp_status read_mesh(mp_ctx *ctx, const mp_cluster *c, mp_mesh *mesh, long
   else
     mp_mesh_init(mesh);
   long long ep = 0, pp = 0, cp = 0;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--ep", 1, &ep));
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--pp", 1, &pp));
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--cp", 1, &cp));
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--pp-virtual", 1, pp_virtual));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--pp", 1, MP_MESH_MAX_WORLD, &pp));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--cp", 1, MP_MESH_MAX_WORLD, &cp));
+  /* a virtual stage holds at least one layer */
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--pp-virtual", 1, MP_MAX_LAYERS, pp_virtual));
   MP_CHECK(set_dim(ctx, "--pp", pp, &mesh->size[MP_DIM_PP]));
   MP_CHECK(set_dim(ctx, "--cp", cp, &mesh->size[MP_DIM_CP]));
   MP_CHECK(set_dim(ctx, "--ep", ep, &mesh->ep));
@@ -201,8 +202,8 @@ static mp_status read_mesh(mp_ctx *ctx, const mp_cluster *c, mp_mesh *mesh, long
   if (mp_mesh_world(mesh) > world) {
     char ms[128];
     mp_mesh_format(mesh, ms, sizeof ms);
-    return mp_error(ctx, MP_ERR_USAGE, "meshplan simulate: mesh %s needs %d GPUs, cluster %s has %d", ms,
-                    mp_mesh_world(mesh), c->name, world);
+    return mp_error(ctx, MP_ERR_USAGE, "mesh %s needs %d GPUs, cluster %s has %d", ms, mp_mesh_world(mesh),
+                    c->name, world);
   }
   return MP_OK;
 }
@@ -217,8 +218,7 @@ static mp_status read_options(mp_ctx *ctx, long long pv, mp_plan_options *o) {
     else if (strcmp(ps, "interleaved") == 0) o->pp_schedule = MP_PP_INTERLEAVED;
     else if (strcmp(ps, "gpipe") == 0) o->pp_schedule = MP_PP_GPIPE;
     else
-      return mp_error(ctx, MP_ERR_USAGE, "meshplan simulate: --pp-schedule '%s': choose 1f1b, interleaved or gpipe",
-                      ps);
+      return mp_error(ctx, MP_ERR_USAGE, "--pp-schedule '%s': choose 1f1b, interleaved or gpipe", ps);
   }
   o->pp_virtual = o->pp_schedule == MP_PP_INTERLEAVED ? (int)pv : 1;
   return MP_OK;
@@ -245,7 +245,7 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
   memset(&j->cfg, 0, sizeof j->cfg);
   j->cfg.cluster = &j->c;
   j->cfg.stack = &j->prof;
-  return mp_args_double(ctx, &k_spec, "--headroom", 0.0, &j->cfg.mem_headroom);
+  return mp_args_double(ctx, &k_spec, "--headroom", 0.0, 1.0, MP_RANGE_OPEN_HI, &j->cfg.mem_headroom);
 }
 
 /* --trace: rank 0's compact schedule simulated again with its timeline, written out. */

@@ -22,7 +22,9 @@
 
 #include "calib/calibrate.h"
 #include "calib/store.h"
+#include "common/checked.h"
 #include "common/json.h"
+#include "common/limits.h"
 #include "common/stats.h"
 #include "common/timeutil.h"
 #include "exec/comm/comm.h"
@@ -112,6 +114,8 @@ typedef struct train_device {
 /* ---- the planner's pick or prediction ---------------------------------------------------- */
 
 #define TRAIN_HEADROOM 0.05 /* of the GPU's memory kept free: meshplan plan's default */
+/* The synthetic corpus's largest size, tokens (uint16: 256 MiB). */
+#define MAX_SYNTHETIC_TOKENS (1LL << 27)
 
 /* The newest `meshplan calibrate --device D` in db, read once and applied to the cluster's
  * profile (its rates); *out the calibration (malloc'd; the caller frees it) for the
@@ -389,7 +393,7 @@ static mp_status read_request(train_job *j) {
   mp_ctx *ctx = j->ctx;
   j->db = mp_args_get(&k_spec, "--db");
   j->profile = mp_args_has(&k_spec, "--profile");
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--plan-id", 1, &j->plan_id));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--plan-id", 1, INT64_MAX, &j->plan_id));
   if (j->plan_id && !j->db) return mp_error(ctx, MP_ERR_USAGE, "--plan-id needs --db: the database the plan lives in");
   j->want_auto = mp_args_has(&k_spec, "--auto");
   if (j->want_auto && (mp_args_has(&k_spec, "--mesh") || j->plan_id))
@@ -400,7 +404,8 @@ static mp_status read_request(train_job *j) {
   mp_plan_options_init(&j->po);
   j->po.seq = j->model.max_seq;
   j->po.micro_batch = 4;
-  return mp_cmd_plan_options(ctx, &k_spec, &j->po);
+  MP_CHECK(mp_cmd_plan_options(ctx, &k_spec, &j->po));
+  return mp_model_check_step(ctx, &j->model, j->po.seq, j->po.micro_batch, j->po.global_batch);
 }
 
 /* --auto: the planner's best executable plan for this world on the device's profile,
@@ -415,7 +420,7 @@ static mp_status plan_auto(train_job *j) {
   if (j->po.fp8) fix.fp8 = 1;
   if (mp_args_has(&k_spec, "--micro-batch")) fix.micro_batch = j->po.micro_batch;
   long long ep = 0;
-  MP_CHECK(mp_args_int(j->ctx, &k_spec, "--ep", 1, &ep));
+  MP_CHECK(mp_args_int(j->ctx, &k_spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
   if (ep > 0) fix.ep = (int)ep;
   const int rank0 = j->launch.rank == 0;
   MP_CHECK(plan_for_train(j->ctx, &j->model, world, &j->dev, &j->po, &fix, 1, rank0 ? j->db : NULL, 1,
@@ -483,22 +488,22 @@ static mp_status build_plan(train_job *j) {
   j->steps = 20;
   j->seed = 1234;
   j->fanout = 4;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--steps", 1, &j->steps));
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--seed", 0, &j->seed));
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--fanout", 1, &j->fanout));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--steps", 1, MP_LIM_STEPS, &j->steps));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--seed", 0, INT64_MAX, &j->seed));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--fanout", 1, 65536, &j->fanout)); /* successors <= vocab <= 2^16 */
   j->po.master_dtype = MP_DTYPE_FP32;
   j->po.fsdp.param_dtype = j->dev.cuda ? MP_DTYPE_BF16 : MP_DTYPE_FP32;
   MP_CHECK(mp_build_plan(ctx, &j->model, &j->mesh, &j->po, &j->plan));
   mp_runtime_options_init(&j->ro);
   j->ro.seed = (uint64_t)j->seed;
   double d = j->ro.lr;
-  MP_CHECK(mp_args_double(ctx, &k_spec, "--lr", 0, &d));
+  MP_CHECK(mp_args_double(ctx, &k_spec, "--lr", 0, MP_LIM_LR, MP_RANGE_CLOSED, &d));
   j->ro.lr = (float)d;
   d = j->ro.weight_decay;
-  MP_CHECK(mp_args_double(ctx, &k_spec, "--weight-decay", 0, &d));
+  MP_CHECK(mp_args_double(ctx, &k_spec, "--weight-decay", 0, MP_LIM_WEIGHT_DECAY, MP_RANGE_CLOSED, &d));
   j->ro.weight_decay = (float)d;
   d = j->ro.max_grad_norm;
-  MP_CHECK(mp_args_double(ctx, &k_spec, "--clip", 0, &d));
+  MP_CHECK(mp_args_double(ctx, &k_spec, "--clip", 0, MP_LIM_CLIP, MP_RANGE_CLOSED, &d));
   j->ro.max_grad_norm = (float)d;
   return MP_OK;
 }
@@ -509,7 +514,13 @@ static mp_status load_data(train_job *j) {
   mp_ctx *ctx = j->ctx;
   j->data = mp_args_get(&k_spec, "--data");
   if (!j->data || strcmp(j->data, "synthetic") == 0) {
-    int64_t need = (j->steps * j->po.global_batch + 1) * j->po.seq + 1;
+    /* every step's sequences without reuse, up to MAX_SYNTHETIC_TOKENS; beyond that the
+     * batches wrap around the corpus (mp_corpus_batch) */
+    int64_t need = 0;
+    if (mp_mul_i64(j->steps, j->po.global_batch, &need) || mp_add_i64(need, 1, &need) ||
+        mp_mul_i64(need, j->po.seq, &need) || need > MAX_SYNTHETIC_TOKENS)
+      need = MAX_SYNTHETIC_TOKENS;
+    need += 1;
     if (need < (1 << 16)) need = 1 << 16;
     MP_CHECK(mp_corpus_synthetic(ctx, j->model.vocab, (int)j->fanout, need, (uint64_t)j->seed, &j->corpus));
   } else {
@@ -547,9 +558,13 @@ static mp_status create_runtime(train_job *j) {
   if (j->dev.cuda) MP_CHECK(mp_cuda_timer_create(&j->kc, &j->timer));
   if (j->db) MP_CHECK(mp_store_open(ctx, j->db, &j->store));
   const int64_t lb = mp_runtime_local_batch(j->rt);
-  j->batch = malloc((size_t)lb * (j->po.seq + 1) * sizeof *j->batch);
+  int64_t batch_elems = 0;
+  if (mp_mul_i64(lb, j->po.seq + 1, &batch_elems) || batch_elems > MP_LIM_STEP_TOKENS * 2)
+    return mp_error(ctx, MP_ERR_INVALID, "a local batch of %lld sequences of %lld tokens is too large to hold",
+                    (long long)lb, (long long)j->po.seq);
+  j->batch = malloc((size_t)batch_elems * sizeof *j->batch);
   j->losses = calloc((size_t)j->steps, sizeof *j->losses);
-  if (!j->batch || !j->losses) return mp_error(ctx, MP_ERR_NOMEM, "train: out of memory for the batch");
+  if (!j->batch || !j->losses) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the batch");
   return MP_OK;
 }
 
@@ -621,7 +636,7 @@ static mp_status train_steps(train_job *j, int quiet) {
   const int dp = mp_comm_group_size(j->comm, MP_GROUP_DP), dp_index = mp_comm_group_index(j->comm, MP_GROUP_DP);
   const char *dump_g = mp_args_get(&k_spec, "--dump-grads");
   j->step_s = calloc((size_t)j->steps, sizeof *j->step_s);
-  if (!j->step_s) return mp_error(ctx, MP_ERR_NOMEM, "train: out of memory");
+  if (!j->step_s) return mp_error(ctx, MP_ERR_NOMEM, "out of memory");
   for (long long s = 0; s < j->steps; s++) {
     MP_CHECK(mp_corpus_batch(ctx, &j->corpus, s, j->po.global_batch, j->po.seq, dp_index, dp, j->batch));
     mp_step_result r;
@@ -697,7 +712,7 @@ static mp_status dump_losses(train_job *j) {
   if (!dump_l || j->rank != 0) return MP_OK;
   size_t cap = 64 + (size_t)j->steps * 32, n = 0;
   char *js = malloc(cap);
-  if (!js) return mp_error(j->ctx, MP_ERR_NOMEM, "train: out of memory");
+  if (!js) return mp_error(j->ctx, MP_ERR_NOMEM, "out of memory");
   n += (size_t)snprintf(js + n, cap - n, "{\"losses\": [");
   for (long long s = 0; s < j->steps; s++) n += (size_t)snprintf(js + n, cap - n, "%s%.9g", s ? ", " : "", j->losses[s]);
   n += (size_t)snprintf(js + n, cap - n, "]}\n");
@@ -744,7 +759,7 @@ static mp_status train(train_job *j) {
 static int run_train(mp_ctx *ctx, const mp_cmd_call *call) {
   (void)call;
   train_job *j = calloc(1, sizeof *j);
-  if (j == NULL) return mp_cmd_fail(ctx, mp_error(ctx, MP_ERR_NOMEM, "train: out of memory"));
+  if (j == NULL) return mp_cmd_fail(ctx, mp_error(ctx, MP_ERR_NOMEM, "out of memory"));
   j->ctx = ctx;
   j->kc = (mp_kctx){ctx, NULL, 0};
   j->be = mp_backend_cpu();

@@ -44,7 +44,8 @@ extern const mp_command mp_command_plan, mp_command_simulate, mp_command_explain
 
 /* The prologue of every command: parses argv (after the command's name) against
  * cmd->spec; --help or -h prints the help to stdout and returns 0; a usage error prints
- * its one line to stderr and returns 2; otherwise returns cmd->run's exit code. */
+ * its one line to stderr (mp_cmd_fail) and returns 2; otherwise returns cmd->run's exit
+ * code. */
 int mp_command_main(const mp_command *cmd, int argc, char **argv);
 
 /* Reads the plan options shared by explain, simulate and train into *o, changing only
@@ -68,16 +69,11 @@ typedef struct mp_launch {
   int under_mpi, world, rank;
 } mp_launch;
 void mp_cmd_launch(mp_launch *out);
-/* Prints "meshplan: <message>" (the message alone when it already names "meshplan
- * <command>", as the parser's do) and returns the exit code of st. */
+/* Prints "meshplan <command>: <message>" on one line of stderr (any newline in the
+ * message becomes a space; a prefix the message already carries is not repeated) and
+ * returns the exit code of st (mp_status_exit_code: 2 for usage and input errors, 1 for
+ * failures of accepted work). The one way a command reports a failure. */
 int mp_cmd_fail(const mp_ctx *ctx, mp_status st);
-/* The exit code of st for the commands that open the planner database on the user's
- * word (plan, report, calibrate): a database that cannot be used (MP_ERR_DB) and a
- * request this build or machine cannot do (MP_ERR_UNSUPPORTED) are fixed on the command
- * line, exit 2; otherwise mp_status_exit_code. */
-int mp_cmd_db_exit_code(mp_status st);
-/* Prints "meshplan <name>: <message>" and returns mp_cmd_db_exit_code(st) (plan, report). */
-int mp_cmd_fail_named(const mp_ctx *ctx, mp_status st, const char *name);
 
 #ifdef __cplusplus
 }

@@ -85,10 +85,10 @@ TEST_F(ArgsTest, HelpFlag) {
 
 TEST_F(ArgsTest, UnknownFlagIsAUsageErrorNamingIt) {
   EXPECT_EQ(Parse({"--bogus"}), MP_ERR_USAGE);
-  EXPECT_EQ(msg(), "meshplan plan: unknown flag '--bogus'; see 'meshplan plan --help'");
+  EXPECT_EQ(msg(), "unknown flag '--bogus'; see 'meshplan plan --help'");
   // The =value part is not part of the flag's name.
   EXPECT_EQ(Parse({"--bogus=3"}), MP_ERR_USAGE);
-  EXPECT_EQ(msg(), "meshplan plan: unknown flag '--bogus'; see 'meshplan plan --help'");
+  EXPECT_EQ(msg(), "unknown flag '--bogus'; see 'meshplan plan --help'");
   // A prefix of a real flag is not that flag.
   EXPECT_EQ(Parse({"--mod", "x"}), MP_ERR_USAGE);
   EXPECT_NE(msg().find("'--mod'"), std::string::npos);
@@ -97,59 +97,65 @@ TEST_F(ArgsTest, UnknownFlagIsAUsageErrorNamingIt) {
 
 TEST_F(ArgsTest, MissingValueNamesFlagAndWhatItTakes) {
   EXPECT_EQ(Parse({"--model"}), MP_ERR_USAGE);
-  EXPECT_EQ(msg(), "meshplan plan: --model needs a value (M): model name or path");
+  EXPECT_EQ(msg(), "--model needs a value (M): model name or path");
   // Followed by another flag: still missing.
   EXPECT_EQ(Parse({"--model", "--verbose"}), MP_ERR_USAGE);
-  EXPECT_EQ(msg(), "meshplan plan: --model needs a value (M): model name or path");
+  EXPECT_EQ(msg(), "--model needs a value (M): model name or path");
   EXPECT_EQ(Parse({"--gpus="}), MP_ERR_USAGE);
-  EXPECT_EQ(msg(), "meshplan plan: --gpus needs a value (N): number of GPUs");
+  EXPECT_EQ(msg(), "--gpus needs a value (N): number of GPUs");
 }
 
 TEST_F(ArgsTest, SwitchTakesNoValue) {
   EXPECT_EQ(Parse({"--verbose=1"}), MP_ERR_USAGE);
-  EXPECT_EQ(msg(), "meshplan plan: --verbose takes no value");
+  EXPECT_EQ(msg(), "--verbose takes no value");
 }
 
 TEST_F(ArgsTest, TooManyPositionals) {
   EXPECT_EQ(Parse({"a", "b"}), MP_ERR_USAGE);
-  EXPECT_EQ(msg(), "meshplan plan: unexpected argument 'b'; see 'meshplan plan --help'");
+  EXPECT_EQ(msg(), "unexpected argument 'b'; see 'meshplan plan --help'");
   spec.max_positional = 0;
   EXPECT_EQ(Parse({"a"}), MP_ERR_USAGE);
-  EXPECT_EQ(msg(), "meshplan plan: unexpected argument 'a'; see 'meshplan plan --help'");
+  EXPECT_EQ(msg(), "unexpected argument 'a'; see 'meshplan plan --help'");
 }
 
+// Messages carry no prefix: the command's failure path adds "meshplan plan: " once.
 TEST_F(ArgsTest, IntParsing) {
   long long v = 7;
   ASSERT_EQ(Parse({}), MP_OK);
-  EXPECT_EQ(mp_args_int(&ctx, &spec, "--gpus", 1, &v), MP_OK);  // absent: unchanged
+  EXPECT_EQ(mp_args_int(&ctx, &spec, "--gpus", 1, 1 << 20, &v), MP_OK);  // absent: unchanged
   EXPECT_EQ(v, 7);
   ASSERT_EQ(Parse({"--gpus", "16384"}), MP_OK);
-  EXPECT_EQ(mp_args_int(&ctx, &spec, "--gpus", 1, &v), MP_OK);
+  EXPECT_EQ(mp_args_int(&ctx, &spec, "--gpus", 1, 1 << 20, &v), MP_OK);
   EXPECT_EQ(v, 16384);
-  for (const char *bad : {"12x", "", "1.5", "abc", "99999999999999999999", "0", "-3"}) {
+  for (const char *bad : {"12x", "", "1.5", "abc", "99999999999999999999", "0", "-3", "1048577",
+                          "9223372036854775807"}) {
     v = 7;
     ASSERT_EQ(Parse({"--gpus", bad}), MP_OK) << bad;  // the parser keeps text; conversion judges
-    EXPECT_EQ(mp_args_int(&ctx, &spec, "--gpus", 1, &v), MP_ERR_USAGE) << bad;
+    EXPECT_EQ(mp_args_int(&ctx, &spec, "--gpus", 1, 1 << 20, &v), MP_ERR_USAGE) << bad;
     EXPECT_EQ(v, 7) << bad;
-    EXPECT_EQ(msg(), std::string("meshplan plan: --gpus '") + bad + "': expected an integer >= 1");
+    EXPECT_EQ(msg(), std::string("--gpus '") + bad + "': expected an integer in 1..1048576");
   }
   ASSERT_EQ(Parse({"--gpus", "-3"}), MP_OK);
-  EXPECT_EQ(mp_args_int(&ctx, &spec, "--gpus", -5, &v), MP_OK);
+  EXPECT_EQ(mp_args_int(&ctx, &spec, "--gpus", -5, 5, &v), MP_OK);
   EXPECT_EQ(v, -3);
 }
 
 TEST_F(ArgsTest, DoubleParsing) {
   double x = 0.5;
   ASSERT_EQ(Parse({"--lr", "3e-4"}), MP_OK);
-  EXPECT_EQ(mp_args_double(&ctx, &spec, "--lr", 0.0, &x), MP_OK);
+  EXPECT_EQ(mp_args_double(&ctx, &spec, "--lr", 0.0, 1.0, MP_RANGE_CLOSED, &x), MP_OK);
   EXPECT_DOUBLE_EQ(x, 3e-4);
-  for (const char *bad : {"fast", "1e-4x", "nan", "-1"}) {
+  // strtod reads nan, inf and 1e999 (as inf): none is a finite number in the range
+  for (const char *bad : {"fast", "1e-4x", "nan", "-nan", "inf", "1e999", "-1", "1000", "0x1p+4"}) {
     x = 0.5;
     ASSERT_EQ(Parse({"--lr", bad}), MP_OK) << bad;
-    EXPECT_EQ(mp_args_double(&ctx, &spec, "--lr", 0.0, &x), MP_ERR_USAGE) << bad;
+    EXPECT_EQ(mp_args_double(&ctx, &spec, "--lr", 0.0, 1.0, MP_RANGE_CLOSED, &x), MP_ERR_USAGE) << bad;
     EXPECT_EQ(x, 0.5) << bad;
-    EXPECT_NE(msg().find("--lr"), std::string::npos);
+    EXPECT_EQ(msg(), std::string("--lr '") + bad + "': expected a number in [0, 1]");
   }
+  ASSERT_EQ(Parse({"--lr", "0"}), MP_OK);
+  EXPECT_EQ(mp_args_double(&ctx, &spec, "--lr", 0.0, 1.0, MP_RANGE_OPEN_LO, &x), MP_ERR_USAGE);
+  EXPECT_EQ(msg(), "--lr '0': expected a number in (0, 1]");
 }
 
 TEST_F(ArgsTest, HelpListsEveryOptionFromTheTable) {

@@ -12,6 +12,7 @@
 #define MP_TESTS_PLANNER_FAKE_H
 
 #include <string.h>
+#include <unistd.h>
 
 #include "planner/search.h"
 
@@ -19,6 +20,7 @@ static const int64_t kGiB = 1024LL * 1024 * 1024;
 
 struct FakeEval {
   int fail_tp2_full = 0;
+  int delay_us = 0; /* each evaluation sleeps this long: a search that takes its time */
 };
 
 static inline mp_status fake_eval(void *user, mp_ctx *ctx, mp_arena *scratch,
@@ -27,6 +29,7 @@ static inline mp_status fake_eval(void *user, mp_ctx *ctx, mp_arena *scratch,
   // The scratch arena is usable and reset between calls.
   if (!mp_arena_alloc(scratch, 4096)) return mp_error(ctx, MP_ERR_NOMEM, "scratch");
   const mp_mesh &m = c->mesh;
+  if (fe && fe->delay_us > 0) usleep((useconds_t)fe->delay_us);
   if (fe && fe->fail_tp2_full && m.size[MP_DIM_TP] == 2 && c->ac == 2)
     return mp_error(ctx, MP_ERR_ORDER, "fake refusal tp=2 full");
   int64_t act = c->ac == 0 ? 8 : c->ac == 1 ? 4 : 1;

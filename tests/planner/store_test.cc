@@ -4,8 +4,10 @@
 // file, schema versions, WAL mode and measurements.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -247,7 +249,9 @@ TEST(Store, SchemaVersionWalAndNewerVersionRefused) {
   ASSERT_EQ(sqlite3_step(stmt), SQLITE_ROW);
   EXPECT_STREQ((const char *)sqlite3_column_text(stmt, 0), "wal");
   sqlite3_finalize(stmt);
-  ASSERT_EQ(sqlite3_exec(db, "UPDATE schema_version SET version=99", nullptr, nullptr, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE schema_version SET version=99; PRAGMA user_version=99", nullptr, nullptr,
+                         nullptr),
+            SQLITE_OK);
   sqlite3_close(db);
   EXPECT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_ERR_DB);
   EXPECT_NE(std::string(mp_errmsg(&ctx)).find("schema version 99, newer than this meshplan"), std::string::npos);
@@ -304,6 +308,190 @@ TEST(Store, NoStoreRunStillRanks) {
   r.req.objective = MP_OBJECTIVE_TOKENS_PER_DOLLAR;
   r.req.price_per_gpu_hour = 0;
   EXPECT_EQ(mp_planner_run(&ctx, &r.req, nullptr, &res), MP_ERR_USAGE);
+}
+
+std::string slurp(const std::string &path) {
+  std::string out;
+  FILE *f = fopen(path.c_str(), "rb");
+  if (!f) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  fclose(f);
+  return out;
+}
+
+void exec_on(const std::string &path, const char *sql) {
+  sqlite3 *db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char *err = nullptr;
+  EXPECT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "") << " in " << sql;
+  sqlite3_free(err);
+  sqlite3_close(db);
+}
+
+// A current meshplan database, made by the store, closed: its path.
+std::string made_db(const std::string &name) {
+  std::string path = tmp_path(name);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  EXPECT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  mp_store_close(st);
+  return path;
+}
+
+TEST(StoreIdentity, NewFileIsStampedWithApplicationIdAndVersion) {
+  std::string path = made_db("stamp.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK);
+  EXPECT_EQ(q(st, "PRAGMA application_id"), MP_STORE_APPLICATION_ID);
+  EXPECT_EQ(q(st, "PRAGMA user_version"), MP_STORE_SCHEMA_VERSION);
+  mp_store_close(st);
+  // an empty file (touch x.db) is a new database too
+  std::string empty = tmp_path("empty.db");
+  fclose(fopen(empty.c_str(), "wb"));
+  ASSERT_EQ(mp_store_open(&ctx, empty.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(q(st, "PRAGMA application_id"), MP_STORE_APPLICATION_ID);
+  mp_store_close(st);
+}
+
+// Other programs' SQLite files are refused and left byte for byte as they were (the issue:
+// a file whose schema_version holds text was "migrated" and written into).
+TEST(StoreIdentity, ForeignDatabasesAreRefusedAndNeverWritten) {
+  struct { const char *name, *sql; } cases[] = {
+      {"text_version.db",
+       "CREATE TABLE schema_version(version TEXT); INSERT INTO schema_version VALUES ('abc');"
+       " CREATE TABLE songs(x)"},
+      {"old_version_only.db", "CREATE TABLE schema_version(version INTEGER); INSERT INTO schema_version VALUES (1)"},
+      {"two_versions.db",
+       "CREATE TABLE schema_version(version INTEGER); INSERT INTO schema_version VALUES (1), (2)"},
+      {"other_app.db", "PRAGMA application_id=1234; CREATE TABLE t(x)"},
+      {"stamped_empty_tables.db", "PRAGMA user_version=7"},
+  };
+  for (auto &c : cases) {
+    std::string path = tmp_path(c.name);
+    exec_on(path, c.sql);
+    std::string before = slurp(path);
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_store *st = nullptr;
+    EXPECT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_ERR_DB) << c.name;
+    EXPECT_EQ(std::string(mp_errmsg(&ctx)),
+              path + " is not a meshplan database or is corrupt; move it aside or pass --db");
+    EXPECT_EQ(slurp(path), before) << c.name << ": the file was written";
+    EXPECT_NE(access((path + "-wal").c_str(), F_OK), 0) << c.name << ": switched to WAL";
+  }
+}
+
+// Our tables with another application_id, a renamed column, or a header that disagrees
+// with schema_version: not ours either.
+TEST(StoreIdentity, TamperedMeshplanFilesAreRefused) {
+  struct { const char *name, *sql; } cases[] = {
+      {"app.db", "PRAGMA application_id=42"},
+      {"column.db", "ALTER TABLE runs RENAME COLUMN model TO song"},
+      {"missing.db", "DROP TABLE measurements"},
+      {"header.db", "PRAGMA user_version=1"},
+  };
+  for (auto &c : cases) {
+    std::string path = made_db(c.name);
+    exec_on(path, c.sql);
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_store *st = nullptr;
+    EXPECT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_ERR_DB) << c.name;
+    EXPECT_NE(std::string(mp_errmsg(&ctx)).find("is not a meshplan database"), std::string::npos) << c.name;
+  }
+}
+
+// A database of an older version (here: version 1, whose plans(run_id, rank) index is not
+// partial) and one from before the header was stamped (application_id and user_version 0)
+// are meshplan's: migrated and stamped, their runs kept.
+TEST(StoreIdentity, OlderAndUnstampedDatabasesMigrate) {
+  std::string path = tmp_path("v1.db");
+  {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_store *st = nullptr;
+    ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK);
+    PlannerRun r(1, 8, 32);
+    mp_planner_result res;
+    ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK);
+    mp_planner_result_free(&res);
+    mp_store_close(st);
+  }
+  exec_on(path,
+          "DROP INDEX plans_run_rank; CREATE INDEX plans_run_rank ON plans(run_id, rank);"
+          " UPDATE schema_version SET version=1; PRAGMA user_version=0; PRAGMA application_id=0");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(q(st, "SELECT version FROM schema_version"), MP_STORE_SCHEMA_VERSION);
+  EXPECT_EQ(q(st, "PRAGMA user_version"), MP_STORE_SCHEMA_VERSION);
+  EXPECT_EQ(q(st, "PRAGMA application_id"), MP_STORE_APPLICATION_ID);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM sqlite_master WHERE name='plans_run_rank' AND sql LIKE '%WHERE%'"), 1);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM runs"), 1);
+  mp_store_close(st);
+}
+
+TEST(StoreIdentity, PathThatIsNotAFileIsRefused) {
+  std::string dir = tmp_path("adir");
+  mkdir(dir.c_str(), 0700);
+  std::string fifo = tmp_path("afifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  EXPECT_EQ(mp_store_open(&ctx, dir.c_str(), &st), MP_ERR_INVALID);
+  EXPECT_EQ(std::string(mp_errmsg(&ctx)), dir + ": is a directory, not a regular file; give the path of a file");
+  EXPECT_EQ(mp_store_open(&ctx, fifo.c_str(), &st), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("is a named pipe (FIFO)"), std::string::npos);
+}
+
+// The write lock is not held while a run searches: another connection takes it at once
+// (busy timeout 0) in the middle of a search that takes about two seconds, and the run
+// still commits whole afterwards.
+TEST(Store, WriteLockIsFreeDuringTheSearch) {
+  std::string path = made_db("search_lock.db");
+  mp_status run_st = MP_ERR_INTERNAL;
+  std::string run_msg;
+  std::atomic<int> started{0}, done{0};
+  std::thread planner([&] {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_store *st = nullptr;
+    run_st = mp_store_open(&ctx, path.c_str(), &st);
+    PlannerRun r(1, 8, 32);
+    r.fe.delay_us = 2000;  // x about 1000 candidates evaluated
+    r.req.search.n_threads = 1;
+    mp_planner_result res;
+    started = 1;
+    if (run_st == MP_OK) run_st = mp_planner_run(&ctx, &r.req, st, &res);
+    if (run_st == MP_OK) mp_planner_result_free(&res);
+    run_msg = mp_errmsg(&ctx);
+    mp_store_close(st);
+    done = 1;
+  });
+  while (!started) usleep(1000);
+  usleep(300000);
+  sqlite3 *db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_busy_timeout(db, 0);
+  EXPECT_EQ(done.load(), 0) << "the search ended too soon to test the lock";
+  EXPECT_EQ(sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK) << sqlite3_errmsg(db);
+  sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+  sqlite3_close(db);
+  planner.join();
+  ASSERT_EQ(run_st, MP_OK) << run_msg;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM runs WHERE n_candidates IS NOT NULL"), 1);
+  mp_store_close(st);
 }
 
 }  // namespace

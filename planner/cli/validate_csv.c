@@ -1,0 +1,193 @@
+/* validate's CSV rows (see validate_csv.h). */
+#include "planner/cli/validate_csv.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/limits.h"
+#include "common/validate.h"
+
+/* Splits line in place at commas (double-quoted fields may hold commas). */
+static int split_csv(char *line, char **f, int cap) {
+  int n = 0;
+  char *p = line;
+  while (n < cap) {
+    if (*p == '"') {
+      f[n++] = ++p;
+      while (*p && *p != '"') p++;
+      if (*p == '"') *p++ = '\0';
+      while (*p && *p != ',') p++;
+    } else {
+      f[n++] = p;
+      while (*p && *p != ',') p++;
+    }
+    if (*p != ',') break;
+    *p++ = '\0';
+  }
+  return n;
+}
+
+static void strip(char *s) {
+  size_t n = strlen(s);
+  while (n && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' ')) s[--n] = '\0';
+}
+
+/* One row being read: the header's names, the row's fields, where it is. */
+typedef struct reader {
+  mp_ctx *ctx;
+  char *const *hdr;
+  int n_hdr;
+  char **f;
+  int nf;
+  const char *where; /* "path line N (row 'case')" */
+} reader;
+
+static const char *field(const reader *r, const char *name) {
+  for (int i = 0; i < r->n_hdr && i < r->nf; i++)
+    if (strcmp(r->hdr[i], name) == 0) return r->f[i];
+  return NULL;
+}
+
+static mp_status need(const reader *r, const char *name, const char **out) {
+  *out = field(r, name);
+  if (*out == NULL)
+    return mp_error(r->ctx, MP_ERR_INVALID, "%s: no column '%s'; the header must name it", r->where, name);
+  return MP_OK;
+}
+
+static mp_status need_str(const reader *r, const char *name, int may_be_empty, char *out, size_t cap) {
+  const char *v;
+  MP_CHECK(need(r, name, &v));
+  if (!may_be_empty && v[0] == '\0')
+    return mp_error(r->ctx, MP_ERR_INVALID, "%s: column '%s' is empty", r->where, name);
+  if (strlen(v) >= cap)
+    return mp_error(r->ctx, MP_ERR_INVALID, "%s: column '%s' is longer than %zu characters", r->where, name,
+                    cap - 1);
+  memcpy(out, v, strlen(v) + 1);
+  return MP_OK;
+}
+
+/* An integer in lo..hi. */
+static mp_status int_in(const reader *r, const char *name, const char *v, int64_t lo, int64_t hi,
+                        int64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (end == v || *end != '\0' || errno != 0 || x < lo || x > hi)
+    return mp_error(r->ctx, MP_ERR_INVALID, "%s: column '%s' = '%s': expected an integer in %lld..%lld", r->where,
+                    name, v, (long long)lo, (long long)hi);
+  *out = x;
+  return MP_OK;
+}
+
+static mp_status need_int(const reader *r, const char *name, int64_t lo, int64_t hi, int64_t *out) {
+  const char *v;
+  MP_CHECK(need(r, name, &v));
+  return int_in(r, name, v, lo, hi, out);
+}
+
+/* A finite number in (lo, hi]: strtod reads "nan" and "inf", and 1e999 as inf. */
+static mp_status positive_in(const reader *r, const char *name, const char *v, double lo, double hi,
+                             double *out) {
+  char *end = NULL;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (end == v || *end != '\0' || errno != 0 || !isfinite(x) || !(x > lo && x <= hi)) {
+    char range[96];
+    mp_range_f64_str(lo, hi, MP_RANGE_OPEN_LO, range, sizeof range);
+    return mp_error(r->ctx, MP_ERR_INVALID, "%s: column '%s' = '%s': expected a finite number in %s", r->where,
+                    name, v, range);
+  }
+  *out = x;
+  return MP_OK;
+}
+
+static mp_status read_row(const reader *r, mp_vrow *row) {
+  const char *v;
+  MP_CHECK(need_str(r, "model", 0, row->model, sizeof row->model));
+  MP_CHECK(need_str(r, "gpu", 0, row->gpu, sizeof row->gpu));
+  MP_CHECK(need_str(r, "stack", 0, row->stack, sizeof row->stack));
+  MP_CHECK(need_str(r, "metric", 0, row->metric, sizeof row->metric));
+  if (strcmp(row->metric, "tokens_per_s_per_gpu") != 0 && strcmp(row->metric, "peak_mem_gib") != 0 &&
+      strcmp(row->metric, "step_time_s") != 0)
+    return mp_error(r->ctx, MP_ERR_INVALID,
+                    "%s: metric '%s': expected tokens_per_s_per_gpu, peak_mem_gib or step_time_s", r->where,
+                    row->metric);
+  MP_CHECK(need(r, "value", &v));
+  /* published figures: tokens/s per GPU below 1e7, memory below 1e5 GiB, step times below
+   * a day; 1e15 bounds them all */
+  MP_CHECK(positive_in(r, "value", v, 0, 1e15, &row->value));
+  MP_CHECK(need_str(r, "ac", 0, row->ac, sizeof row->ac));
+  MP_CHECK(need_str(r, "pp_schedule", 1, row->pp_schedule, sizeof row->pp_schedule));
+  MP_CHECK(need(r, "inter_node_gbps_per_gpu", &v));
+  row->inter_node_gbps = 0;
+  if (v[0]) MP_CHECK(positive_in(r, "inter_node_gbps_per_gpu", v, 0, MP_LIM_LINK_GBPS, &row->inter_node_gbps));
+  MP_CHECK(need_int(r, "gpus", 1, MP_LIM_GPUS, &row->gpus));
+  MP_CHECK(need_int(r, "gpus_per_node", 1, MP_LIM_GPUS_PER_NODE, &row->gpus_per_node));
+  MP_CHECK(need_int(r, "dp_replicate", 1, MP_LIM_GPUS, &row->dp_replicate));
+  MP_CHECK(need_int(r, "dp_shard", 1, MP_LIM_GPUS, &row->dp_shard));
+  MP_CHECK(need_int(r, "tp", 1, MP_LIM_GPUS, &row->tp));
+  MP_CHECK(need_int(r, "pp", 1, MP_LIM_GPUS, &row->pp));
+  MP_CHECK(need_int(r, "cp", 1, MP_LIM_GPUS, &row->cp));
+  MP_CHECK(need_int(r, "ep", 1, MP_LIM_GPUS, &row->ep));
+  MP_CHECK(need_int(r, "seq", 1, MP_LIM_SEQ, &row->seq));
+  MP_CHECK(need_int(r, "local_batch", 1, MP_LIM_GLOBAL_BATCH, &row->local_batch));
+  MP_CHECK(need_int(r, "global_batch", 1, MP_LIM_GLOBAL_BATCH, &row->global_batch));
+  int64_t fp8 = 0;
+  MP_CHECK(need_int(r, "fp8", 0, 1, &fp8));
+  row->fp8 = (int)fp8;
+  row->micro_batch = row->local_batch;
+  const char *mbs = field(r, "micro_batch");
+  if (mbs && mbs[0]) MP_CHECK(int_in(r, "micro_batch", mbs, 1, row->local_batch, &row->micro_batch));
+  return MP_OK;
+}
+
+mp_status mp_vcsv_read(mp_ctx *ctx, char *text, const char *origin, mp_vrow **rows_out, int *n_out) {
+  *rows_out = NULL;
+  *n_out = 0;
+  char *hdr[MP_VCSV_MAX_COLS];
+  int n_hdr = 0, n = 0, line_no = 0;
+  mp_vrow *rows = NULL;
+  mp_status st = MP_OK;
+  /* lines by hand, not strtok: an empty line still counts for the line numbers */
+  for (char *line = text, *next; line && st == MP_OK; line = next) {
+    next = strchr(line, '\n');
+    if (next) *next++ = '\0';
+    line_no++;
+    strip(line);
+    if (line[0] == '#' || line[0] == '\0') continue;
+    if (n_hdr == 0) {
+      n_hdr = split_csv(line, hdr, MP_VCSV_MAX_COLS);
+      continue;
+    }
+    if (n == MP_VCSV_MAX_ROWS) {
+      st = mp_error(ctx, MP_ERR_INVALID, "%s: more than %d rows", origin, MP_VCSV_MAX_ROWS);
+      break;
+    }
+    if (rows == NULL && (rows = calloc(MP_VCSV_MAX_ROWS, sizeof *rows)) == NULL)
+      return mp_error(ctx, MP_ERR_NOMEM, "%s: out of memory", origin);
+    char *f[MP_VCSV_MAX_COLS];
+    reader r = {ctx, hdr, n_hdr, f, split_csv(line, f, MP_VCSV_MAX_COLS), NULL};
+    mp_vrow *row = &rows[n];
+    memset(row, 0, sizeof *row);
+    row->line = line_no;
+    const char *name = field(&r, "case");
+    snprintf(row->name, sizeof row->name, "%s", name && name[0] ? name : "?");
+    char where[512];
+    snprintf(where, sizeof where, "%s line %d (row '%s')", origin, line_no, row->name);
+    r.where = where;
+    st = read_row(&r, row);
+    n++;
+  }
+  if (st == MP_OK && n == 0) st = mp_error(ctx, MP_ERR_INVALID, "%s: no data rows", origin);
+  if (st != MP_OK) {
+    free(rows);
+    return st;
+  }
+  *rows_out = rows;
+  *n_out = n;
+  return MP_OK;
+}

@@ -1,0 +1,55 @@
+/* The rows `meshplan validate` reads: published measurements as CSV, in the format of
+ * shared/validation/published_dev.csv. '#' lines are comments, the first other line is the
+ * header, columns are found by name (their order is free, unknown columns are ignored), a
+ * field may be double-quoted to hold commas.
+ *
+ * Each row is read into an mp_vrow with every value checked against its range (common/
+ * limits.h): counts are integers within their bounds, the measured value and the
+ * inter-node rate are finite and positive ("nan", "inf" and "1e999" are refused), the
+ * metric is one of three names. The first bad row is one MP_ERR_INVALID line naming the
+ * file, the line, the row's case and the column. Nothing here loads a model or simulates:
+ * the command does that with the rows (and the fuzz harness reads rows without it). */
+#ifndef MP_PLANNER_CLI_VALIDATE_CSV_H
+#define MP_PLANNER_CLI_VALIDATE_CSV_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MP_VCSV_MAX_ROWS 4096
+#define MP_VCSV_MAX_COLS 64
+
+typedef struct mp_vrow {
+  int line;         /* in the file, from 1 */
+  char name[96];    /* the case column ("?" when absent or empty) */
+  char model[256];  /* data/models stem or path */
+  char gpu[256];    /* data/gpus stem or path */
+  char stack[256];  /* data/stacks stem or path */
+  char metric[32];  /* tokens_per_s_per_gpu | peak_mem_gib | step_time_s */
+  char ac[32];      /* as written; the command parses it (exec/plan.h) */
+  char pp_schedule[32]; /* "" (1f1b), 1f1b, interleaved or gpipe */
+  int64_t gpus;          /* 1..2^20 */
+  int64_t gpus_per_node; /* 1..4096 */
+  int64_t dp_replicate, dp_shard, tp, pp, cp, ep; /* each 1..2^20 */
+  int64_t seq;          /* 1..2^24 */
+  int64_t local_batch;  /* sequences per data-parallel rank per step, 1..2^24 */
+  int64_t global_batch; /* 1..2^24 */
+  int64_t micro_batch;  /* 1..local_batch; local_batch when the column is absent or empty */
+  int fp8;              /* 0 or 1 */
+  double inter_node_gbps; /* Gbit/s per GPU in (0, 1e5]; 0 when the field is empty */
+  double value;           /* the published figure, finite and > 0 */
+} mp_vrow;
+
+/* Reads every row of the CSV text (modified in place: fields are split there) into *rows
+ * (malloc'd, the caller frees; at most MP_VCSV_MAX_ROWS) and their count into *n (>= 1).
+ * origin names the text in messages (the file's path). */
+mp_status mp_vcsv_read(mp_ctx *ctx, char *text, const char *origin, mp_vrow **rows, int *n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
