@@ -6,6 +6,7 @@
  * rejected call is rejected on every rank before any communication starts. */
 #include "exec/comm/comm_backend.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +54,72 @@ int mp_comm_env_launched(void) {
   const char *v = getenv("OMPI_COMM_WORLD_SIZE");
   if (v == NULL || v[0] == '\0') v = getenv("PMI_SIZE");
   return v != NULL && v[0] != '\0';
+}
+
+mp_status mp_comm_read_timeout(mp_ctx *ctx, double *out) {
+  const char *v = getenv("MESHPLAN_COMM_TIMEOUT_S");
+  *out = MP_COMM_DEFAULT_TIMEOUT_S;
+  if (v == NULL || v[0] == '\0') return MP_OK;
+  char *end = NULL;
+  double t = strtod(v, &end);
+  if (end == v || *end != '\0' || !(t > 0) || t > 1e9)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "MESHPLAN_COMM_TIMEOUT_S=%s: expected a number of seconds > 0 (default "
+                    "%.0f)",
+                    v, MP_COMM_DEFAULT_TIMEOUT_S);
+  *out = t;
+  return MP_OK;
+}
+
+/* "dp_shard (world ranks 0 1 2 3)"; a long group shows its first and last ranks. */
+static void group_words(const mp_comm *c, int world_rank, int g, char *buf, size_t cap) {
+  if (c == NULL || g < 0) {
+    snprintf(buf, cap, "the world, creating the communicators");
+    return;
+  }
+  const int n = c->group_size[g];
+  int *r = (int *)malloc((size_t)n * sizeof(int));
+  int used = snprintf(buf, cap, "%s", mp_group_name((mp_group)g));
+  if (r == NULL || used < 0 || (size_t)used >= cap) {
+    free(r);
+    return;
+  }
+  mp_mesh_group_ranks(&c->mesh, (mp_group)g, world_rank, r);
+  used += snprintf(buf + used, cap - (size_t)used, " (world rank%s", n == 1 ? "" : "s");
+  for (int i = 0; i < n && (size_t)used < cap; i++) {
+    if (n > 16 && i == 8) {
+      used += snprintf(buf + used, cap - (size_t)used, " ...");
+      i = n - 4;
+    }
+    used += snprintf(buf + used, cap - (size_t)used, " %d", r[i]);
+  }
+  if ((size_t)used < cap) snprintf(buf + used, cap - (size_t)used, ")");
+  free(r);
+}
+
+void mp_comm_describe(const mp_comm *c, int world_rank, const char *what, int group, int peer,
+                      size_t count, mp_comm_dtype t, char *buf, size_t cap) {
+  if (peer >= 0) {
+    const char *dir = strcmp(what, "send") == 0 ? "to" : strcmp(what, "recv") == 0 ? "from" : "with";
+    snprintf(buf, cap, "rank %d: %s of %zu %s elements %s rank %d", world_rank, what, count,
+             mp_comm_dtype_name(t), dir, peer);
+    return;
+  }
+  char gw[256];
+  group_words(c, world_rank, group, gw, sizeof gw);
+  snprintf(buf, cap, "rank %d: %s of %zu %s elements on group %s", world_rank, what, count,
+           mp_comm_dtype_name(t), gw);
+}
+
+mp_status mp_comm_timeout_error(mp_ctx *ctx, mp_status code, const char *description, double timeout_s,
+                                int point_to_point) {
+  const char *who = point_to_point ? "the peer rank died, is stuck, or never made the matching call"
+                                   : "a peer rank died or is stuck";
+  return mp_error(ctx, code,
+                  "%s did not complete within %g s: %s; every rank of a group must make the "
+                  "same collective calls in the same order (MESHPLAN_COMM_TIMEOUT_S sets the "
+                  "limit in seconds)",
+                  description, timeout_s, who);
 }
 
 void mp_comm_init_common(mp_comm *c, const mp_mesh *mesh, int rank) {

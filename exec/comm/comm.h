@@ -45,7 +45,12 @@
  *
  * Errors: every call returns mp_status; MPI failures are MP_ERR_MPI with the call, its
  * file:line and MPI_Error_string on ctx (MPI_ERRORS_RETURN is set on every communicator
- * so MPI does not abort the process). NCCL failures are MP_ERR_NCCL with NCCL's own
+ * so MPI does not abort the process). "mpi" bounds every wait by MESHPLAN_COMM_TIMEOUT_S
+ * (seconds > 0, default 600, as "nccl"): a collective or point-to-point call that does not
+ * complete in time returns MP_ERR_TIMEOUT naming this rank, the call, its size and the
+ * mesh group with its world ranks ("rank 3: all_reduce of 4096 fp32 elements on group dp
+ * (world ranks 0 1 2 3) did not complete within 600 s: a peer rank died or is stuck; ..."),
+ * and every later call on that comm fails at once; end the job then (mp_comm_mpi_abort). NCCL failures are MP_ERR_NCCL with NCCL's own
  * message; after an NCCL failure or timeout the communicators are aborted and every later
  * call on that mp_comm fails at once with the same message (destroy it and exit). */
 #ifndef MP_EXEC_COMM_COMM_H
@@ -101,6 +106,14 @@ const char *mp_comm_op_name(mp_comm_op op);
  * mp_comm_mpi_built: 1 when this build has MPI; 0 when every call above but finalize
  * returns MP_ERR_UNSUPPORTED. */
 mp_status mp_comm_mpi_init(mp_ctx *ctx, int *argc, char ***argv);
+/* Ends the whole job after a failure that leaves MPI unusable (MP_ERR_TIMEOUT: a peer is
+ * stuck; MP_ERR_MPI, MP_ERR_NCCL: a peer died): waits grace_s seconds, so that the other
+ * live ranks, whose deadlines fall within about a step of this one's, print what they
+ * waited on too, then MPI_Abort(MPI_COMM_WORLD, code), which under mpirun ends every
+ * process of the job (a stopped one included). For the CLI's main only: library code
+ * returns a status and never ends the process. Returns only when MPI is not initialized
+ * (or already finalized) or the build has no MPI; the caller then exits as usual. */
+void mp_comm_mpi_abort(int code, double grace_s);
 mp_status mp_comm_mpi_finalize(mp_ctx *ctx);
 mp_status mp_comm_mpi_world(mp_ctx *ctx, int *rank, int *size);
 int mp_comm_mpi_built(void);

@@ -78,6 +78,29 @@ struct mp_comm {
 /* Fills the shared fields from the mesh for world rank `rank` (backend and impl left NULL). */
 void mp_comm_init_common(mp_comm *c, const mp_mesh *mesh, int rank);
 
+/* ---- deadlines and their messages (comm.c), shared by the "mpi" and "nccl" backends ----
+ *
+ * Every wait of a backend that talks to other processes is bounded: MESHPLAN_COMM_TIMEOUT_S
+ * seconds (default MP_COMM_DEFAULT_TIMEOUT_S, NCCL's watchdog default in this project)
+ * without completion is a failure that names this rank, the collective, its element count
+ * and type, and the mesh group with its world ranks (or the peer of a point-to-point op). */
+
+#define MP_COMM_DEFAULT_TIMEOUT_S 600.0
+
+/* MESHPLAN_COMM_TIMEOUT_S in seconds (> 0, finite, at most 1e9); unset or empty: the
+ * default. Anything else is MP_ERR_INVALID naming the variable. */
+mp_status mp_comm_read_timeout(mp_ctx *ctx, double *out);
+/* "rank 3: all_gather of 4096 bf16 elements on group dp_shard (world ranks 0 1 2 3)", or
+ * for a point-to-point op (peer >= 0) "rank 3: send of 8 fp32 elements to rank 2"; a long
+ * group shows its first and last ranks. group is an mp_group, or -1 for MPI_COMM_WORLD
+ * before the mesh groups exist ("on the world, creating the communicators"). */
+void mp_comm_describe(const mp_comm *c, int world_rank, const char *what, int group, int peer,
+                      size_t count, mp_comm_dtype t, char *buf, size_t cap);
+/* Records "<description> did not complete within T s: a peer rank died or is stuck; ..."
+ * with code and returns it. */
+mp_status mp_comm_timeout_error(mp_ctx *ctx, mp_status code, const char *description, double timeout_s,
+                                int point_to_point);
+
 /* ---- the launcher (comm.c; no MPI) ---- */
 
 /* 1 when a launcher's environment names this process one rank of a job

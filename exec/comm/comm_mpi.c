@@ -9,6 +9,15 @@
  * MPI counts are int: a call whose counts (or, for gathers, count x group size) exceed
  * INT_MAX is MP_ERR_UNSUPPORTED rather than silently truncated.
  *
+ * Deadline: every collective and point-to-point call is issued non-blocking (MPI_I*) and
+ * tested against MESHPLAN_COMM_TIMEOUT_S (default 600 s, NCCL's in this project); a wait
+ * that runs out returns MP_ERR_TIMEOUT naming this rank, the call, its size and the mesh
+ * group with its world ranks, and every later call on the comm fails at once. The library
+ * does not end the job: the CLI does (mp_comm_mpi_abort), since MPI_Finalize would wait
+ * for the stuck rank. The bootstrap's world collectives (agreeing on the mesh, the NCCL id)
+ * are bounded the same way; MPI_Comm_split and MPI_Comm_split_type have no non-blocking
+ * form and are not.
+ *
  * BF16 is carried as MPI_UINT16_T; its SUM and MAX are user ops (fp32 arithmetic, round to
  * nearest even), created per comm and freed with it.
  *
@@ -19,8 +28,10 @@
  * @local_mpi found MPI; comm_mpi_stub.c stands in for it elsewhere. */
 #include <limits.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "exec/comm/comm_backend.h"
 #include "exec/comm/mpi_check.h"
@@ -30,7 +41,70 @@ typedef struct mpi_impl {
   MPI_Op bf16_sum, bf16_max;
   /* all_to_all_v scratch: int counts/displacements, world_size entries each */
   int *a2a;
+  double timeout_s; /* MESHPLAN_COMM_TIMEOUT_S */
+  /* After a timeout the pending request still refers to its buffers and its peers are in
+   * an unknown state: every later call fails at once with this message. */
+  int timed_out;
+  char timeout_msg[MP_ERRMSG_MAX];
 } mpi_impl;
+
+/* Every MPI wait is bounded like NCCL's (comm_backend.h). The first second of a wait
+ * spins on MPI_Test as a blocking MPI call would (OpenMPI's progress engine busy-polls):
+ * a collective that completes within it costs what the blocking call did. Later tests
+ * are 1 ms apart, so a long wait on a stuck peer costs no core. */
+#define SPIN_S 1.0
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Waits for the n requests rq of `what` (on group g, or with peer >= 0) until all complete
+ * or timeout_s passes: MP_ERR_TIMEOUT naming this rank, the operation and the group. The
+ * statuses go to sts when it is not NULL. c may be NULL (creation: the world). */
+static mp_status wait_all(mp_ctx *ctx, mp_comm *c, int world_rank, double timeout_s, int n, MPI_Request *rq,
+                          MPI_Status *sts, const char *what, int g, int peer, size_t count, mp_comm_dtype t) {
+  const double t0 = now_s();
+  for (;;) {
+    int done = 0;
+    int rc = MPI_Testall(n, rq, &done, sts ? sts : MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) return mp_mpi_error(ctx, rc, __FILE__, __LINE__, "MPI_Testall(n, rq, &done, sts)");
+    if (done) return MP_OK;
+    const double waited = now_s() - t0;
+    if (waited > timeout_s) {
+      char d[512];
+      mp_comm_describe(c, world_rank, what, g, peer, count, t, d, sizeof d);
+      return mp_comm_timeout_error(ctx, MP_ERR_TIMEOUT, d, timeout_s, peer >= 0);
+    }
+    if (waited > SPIN_S) {
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
+#define IMPL(c) ((mpi_impl *)(c)->impl)
+
+/* A collective's wait on c: bounded, and a timeout makes c unusable (see mpi_impl). */
+static mp_status wait_op(mp_ctx *ctx, mp_comm *c, int n, MPI_Request *rq, MPI_Status *sts, const char *what,
+                         int g, int peer, size_t count, mp_comm_dtype t) {
+  mpi_impl *m = IMPL(c);
+  mp_status st = wait_all(ctx, c, c->world_rank, m->timeout_s, n, rq, sts, what, g, peer, count, t);
+  if (st == MP_ERR_TIMEOUT) {
+    m->timed_out = 1;
+    snprintf(m->timeout_msg, sizeof m->timeout_msg, "%s", mp_errmsg(ctx));
+  }
+  return st;
+}
+
+/* Before a call: fail at once after a timeout. */
+static mp_status usable(mp_ctx *ctx, const mp_comm *c, const char *what) {
+  const mpi_impl *m = IMPL(c);
+  if (!m->timed_out) return MP_OK;
+  return mp_error(ctx, MP_ERR_TIMEOUT, "rank %d: %s refused: an earlier collective timed out: %s", c->world_rank,
+                  what, m->timeout_msg);
+}
 
 mp_status mp_mpi_error(mp_ctx *ctx, int mpi_rc, const char *file, int line, const char *call) {
   char s[MPI_MAX_ERROR_STRING + 1];
@@ -62,6 +136,17 @@ mp_status mp_comm_mpi_init(mp_ctx *ctx, int *argc, char ***argv) {
 }
 
 int mp_comm_mpi_built(void) { return 1; }
+
+void mp_comm_mpi_abort(int code, double grace_s) {
+  int inited = 0, finalized = 0;
+  if (MPI_Initialized(&inited) != MPI_SUCCESS || !inited) return;
+  if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
+  if (grace_s > 0) {
+    struct timespec ts = {(time_t)grace_s, (long)((grace_s - (double)(time_t)grace_s) * 1e9)};
+    nanosleep(&ts, NULL);
+  }
+  MPI_Abort(MPI_COMM_WORLD, code);
+}
 
 mp_status mp_comm_mpi_world(mp_ctx *ctx, int *rank, int *size) {
   int r = 0, n = 0;
@@ -137,30 +222,31 @@ static mp_status to_int(mp_ctx *ctx, const char *what, size_t n, int *out) {
   return MP_OK;
 }
 
-#define IMPL(c) ((mpi_impl *)(c)->impl)
-
 /* ---- collectives ---- */
 
 static mp_status mpi_all_reduce(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send,
                                 void *recv, size_t count, mp_comm_dtype t, mp_comm_op op) {
   int n = 0;
+  MP_CHECK(usable(ctx, c, "all_reduce"));
   MP_CHECK(to_int(ctx, "all_reduce", count, &n));
   const void *s = send == recv ? MPI_IN_PLACE : send;
-  MP_MPI_CHECK(ctx, MPI_Allreduce(s, recv, n, mpi_type(t), mpi_op(IMPL(c), t, op),
-                                  IMPL(c)->comm[g]));
-  return MP_OK;
+  MPI_Request rq;
+  MP_MPI_CHECK(ctx, MPI_Iallreduce(s, recv, n, mpi_type(t), mpi_op(IMPL(c), t, op), IMPL(c)->comm[g], &rq));
+  return wait_op(ctx, c, 1, &rq, NULL, "all_reduce", g, -1, count, t);
 }
 
 static mp_status mpi_all_gather(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send,
                                 void *recv, size_t count, mp_comm_dtype t) {
   int n = 0, total = 0;
+  MP_CHECK(usable(ctx, c, "all_gather"));
   MP_CHECK(to_int(ctx, "all_gather", count, &n));
   MP_CHECK(to_int(ctx, "all_gather (count x group size)", count * (size_t)c->group_size[g],
                   &total));
   size_t off = count * (size_t)c->group_index[g] * mp_comm_dtype_bytes(t);
   const void *s = send == (const char *)recv + off ? MPI_IN_PLACE : send;
-  MP_MPI_CHECK(ctx, MPI_Allgather(s, n, mpi_type(t), recv, n, mpi_type(t), IMPL(c)->comm[g]));
-  return MP_OK;
+  MPI_Request rq;
+  MP_MPI_CHECK(ctx, MPI_Iallgather(s, n, mpi_type(t), recv, n, mpi_type(t), IMPL(c)->comm[g], &rq));
+  return wait_op(ctx, c, 1, &rq, NULL, "all_gather", g, -1, count, t);
 }
 
 /* fp32 sums (the FSDP gradient reduce-scatter) go through an all-to-all of the chunks and
@@ -173,6 +259,7 @@ static mp_status mpi_reduce_scatter(mp_ctx *ctx, mp_comm *c, mp_group g, const v
                                     mp_comm_op op) {
   int n = 0, total = 0;
   const int gs = c->group_size[g];
+  MP_CHECK(usable(ctx, c, "reduce_scatter"));
   MP_CHECK(to_int(ctx, "reduce_scatter", recv_count, &n));
   MP_CHECK(to_int(ctx, "reduce_scatter (count x group size)", recv_count * (size_t)gs, &total));
   if (t == MP_COMM_DTYPE_FP32 && op == MP_COMM_OP_SUM && gs > 1) {
@@ -180,11 +267,14 @@ static mp_status mpi_reduce_scatter(mp_ctx *ctx, mp_comm *c, mp_group g, const v
     if (!tmp)
       return mp_error(ctx, MP_ERR_NOMEM, "reduce_scatter: out of memory staging %zu floats",
                       (size_t)total);
-    int rc = MPI_Alltoall(send, n, MPI_FLOAT, tmp, n, MPI_FLOAT, IMPL(c)->comm[g]);
+    MPI_Request rq;
+    int rc = MPI_Ialltoall(send, n, MPI_FLOAT, tmp, n, MPI_FLOAT, IMPL(c)->comm[g], &rq);
     if (rc != MPI_SUCCESS) {
       free(tmp);
       MP_MPI_CHECK(ctx, rc);
     }
+    /* after a timeout MPI may still write into tmp: it is left allocated (the job ends) */
+    MP_CHECK(wait_op(ctx, c, 1, &rq, NULL, "reduce_scatter", g, -1, recv_count, t));
     float *out = recv;
     for (int i = 0; i < n; i++) {
       float acc = tmp[i];
@@ -194,9 +284,10 @@ static mp_status mpi_reduce_scatter(mp_ctx *ctx, mp_comm *c, mp_group g, const v
     free(tmp);
     return MP_OK;
   }
-  MP_MPI_CHECK(ctx, MPI_Reduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(IMPL(c), t, op),
-                                             IMPL(c)->comm[g]));
-  return MP_OK;
+  MPI_Request rq;
+  MP_MPI_CHECK(ctx, MPI_Ireduce_scatter_block(send, recv, n, mpi_type(t), mpi_op(IMPL(c), t, op),
+                                              IMPL(c)->comm[g], &rq));
+  return wait_op(ctx, c, 1, &rq, NULL, "reduce_scatter", g, -1, recv_count, t);
 }
 
 static mp_status mpi_all_to_all_v(mp_ctx *ctx, mp_comm *c, mp_group g, const void *send,
@@ -204,7 +295,9 @@ static mp_status mpi_all_to_all_v(mp_ctx *ctx, mp_comm *c, mp_group g, const voi
                                   void *recv, const int64_t *recv_counts,
                                   const int64_t *recv_displs, mp_comm_dtype t) {
   int n = c->group_size[g];
+  MP_CHECK(usable(ctx, c, "all_to_all_v"));
   int *sc = IMPL(c)->a2a, *sd = sc + n, *rc = sd + n, *rd = rc + n;
+  size_t total = 0;
   for (int j = 0; j < n; j++) {
     /* the end of each segment must fit too: MPI addresses elements with int offsets */
     MP_CHECK(to_int(ctx, "all_to_all_v send", (size_t)(send_displs[j] + send_counts[j]), &sc[j]));
@@ -213,18 +306,21 @@ static mp_status mpi_all_to_all_v(mp_ctx *ctx, mp_comm *c, mp_group g, const voi
     sd[j] = (int)send_displs[j];
     rc[j] = (int)recv_counts[j];
     rd[j] = (int)recv_displs[j];
+    total += (size_t)recv_counts[j];
   }
-  MP_MPI_CHECK(ctx, MPI_Alltoallv(send, sc, sd, mpi_type(t), recv, rc, rd, mpi_type(t),
-                                  IMPL(c)->comm[g]));
-  return MP_OK;
+  MPI_Request rq;
+  MP_MPI_CHECK(ctx, MPI_Ialltoallv(send, sc, sd, mpi_type(t), recv, rc, rd, mpi_type(t), IMPL(c)->comm[g], &rq));
+  return wait_op(ctx, c, 1, &rq, NULL, "all_to_all_v", g, -1, total, t);
 }
 
 static mp_status mpi_broadcast(mp_ctx *ctx, mp_comm *c, mp_group g, void *buf, size_t count,
                                mp_comm_dtype t, int root) {
   int n = 0;
+  MP_CHECK(usable(ctx, c, "broadcast"));
   MP_CHECK(to_int(ctx, "broadcast", count, &n));
-  MP_MPI_CHECK(ctx, MPI_Bcast(buf, n, mpi_type(t), root, IMPL(c)->comm[g]));
-  return MP_OK;
+  MPI_Request rq;
+  MP_MPI_CHECK(ctx, MPI_Ibcast(buf, n, mpi_type(t), root, IMPL(c)->comm[g], &rq));
+  return wait_op(ctx, c, 1, &rq, NULL, "broadcast", g, -1, count, t);
 }
 
 /* A receive that gets fewer elements than asked is an error: the two sides disagree on
@@ -244,34 +340,49 @@ static mp_status check_received(mp_ctx *ctx, const char *what, MPI_Status *st, i
 static mp_status mpi_send(mp_ctx *ctx, mp_comm *c, const void *buf, size_t count,
                           mp_comm_dtype t, int peer) {
   int n = 0;
+  MP_CHECK(usable(ctx, c, "send"));
   MP_CHECK(to_int(ctx, "send", count, &n));
-  MP_MPI_CHECK(ctx, MPI_Send(buf, n, mpi_type(t), peer, 0, IMPL(c)->comm[MP_GROUP_WORLD]));
-  return MP_OK;
+  MPI_Request rq;
+  MP_MPI_CHECK(ctx, MPI_Isend(buf, n, mpi_type(t), peer, 0, IMPL(c)->comm[MP_GROUP_WORLD], &rq));
+  return wait_op(ctx, c, 1, &rq, NULL, "send", MP_GROUP_WORLD, peer, count, t);
 }
 
 static mp_status mpi_recv(mp_ctx *ctx, mp_comm *c, void *buf, size_t count, mp_comm_dtype t,
                           int peer) {
   int n = 0;
   MPI_Status st;
+  MP_CHECK(usable(ctx, c, "recv"));
   MP_CHECK(to_int(ctx, "recv", count, &n));
-  MP_MPI_CHECK(ctx, MPI_Recv(buf, n, mpi_type(t), peer, 0, IMPL(c)->comm[MP_GROUP_WORLD], &st));
+  MPI_Request rq;
+  MP_MPI_CHECK(ctx, MPI_Irecv(buf, n, mpi_type(t), peer, 0, IMPL(c)->comm[MP_GROUP_WORLD], &rq));
+  MP_CHECK(wait_op(ctx, c, 1, &rq, &st, "recv", MP_GROUP_WORLD, peer, count, t));
   return check_received(ctx, "recv", &st, n, t, peer);
 }
 
 static mp_status mpi_sendrecv(mp_ctx *ctx, mp_comm *c, const void *send, size_t send_count,
                               int dst, void *recv, size_t recv_count, int src, mp_comm_dtype t) {
   int ns = 0, nr = 0;
-  MPI_Status st;
+  MPI_Status st[2];
+  MP_CHECK(usable(ctx, c, "sendrecv"));
   MP_CHECK(to_int(ctx, "sendrecv", send_count, &ns));
   MP_CHECK(to_int(ctx, "sendrecv", recv_count, &nr));
-  MP_MPI_CHECK(ctx, MPI_Sendrecv(send, ns, mpi_type(t), dst, 0, recv, nr, mpi_type(t), src, 0,
-                                 IMPL(c)->comm[MP_GROUP_WORLD], &st));
-  return check_received(ctx, "sendrecv", &st, nr, t, src);
+  MPI_Request rq[2];
+  MP_MPI_CHECK(ctx, MPI_Irecv(recv, nr, mpi_type(t), src, 0, IMPL(c)->comm[MP_GROUP_WORLD], &rq[0]));
+  int rc = MPI_Isend(send, ns, mpi_type(t), dst, 0, IMPL(c)->comm[MP_GROUP_WORLD], &rq[1]);
+  if (rc != MPI_SUCCESS) {
+    MPI_Cancel(&rq[0]);
+    MPI_Request_free(&rq[0]);
+    MP_MPI_CHECK(ctx, rc);
+  }
+  MP_CHECK(wait_op(ctx, c, 2, rq, st, "sendrecv", MP_GROUP_WORLD, src, recv_count, t));
+  return check_received(ctx, "sendrecv", &st[0], nr, t, src);
 }
 
 static mp_status mpi_barrier(mp_ctx *ctx, mp_comm *c, mp_group g) {
-  MP_MPI_CHECK(ctx, MPI_Barrier(IMPL(c)->comm[g]));
-  return MP_OK;
+  MP_CHECK(usable(ctx, c, "barrier"));
+  MPI_Request rq;
+  MP_MPI_CHECK(ctx, MPI_Ibarrier(IMPL(c)->comm[g], &rq));
+  return wait_op(ctx, c, 1, &rq, NULL, "barrier", g, -1, 0, MP_COMM_DTYPE_FP32);
 }
 
 static void mpi_destroy(mp_comm *c) {
@@ -314,6 +425,18 @@ static int launched_by_mpirun(int world) {
          getenv("SLURM_NTASKS");
 }
 
+/* An all-reduce (max) of long longs over MPI_COMM_WORLD, bounded by the deadline. */
+static mp_status world_all_reduce_max_ll(mp_ctx *ctx, long long *v, int n) {
+  double timeout_s = 0;
+  int rank = 0;
+  MP_CHECK(mp_comm_read_timeout(ctx, &timeout_s));
+  MP_MPI_CHECK(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MPI_Request rq;
+  MP_MPI_CHECK(ctx, MPI_Iallreduce(MPI_IN_PLACE, v, n, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD, &rq));
+  return wait_all(ctx, NULL, rank, timeout_s, 1, &rq, NULL, "all_reduce", -1, -1, (size_t)n,
+                  MP_COMM_DTYPE_INT64);
+}
+
 /* Every rank learns whether all ranks were given the same mesh and whether the mesh fits
  * the MPI world, from one all-reduce: each decision below is then the same on every rank,
  * so either all ranks go on to split or all return the same error. */
@@ -325,7 +448,7 @@ mp_status mp_comm_mpi_agree_on_mesh(mp_ctx *ctx, const mp_mesh *mesh, int world)
     v[i] = x;
     v[N + i] = -x;
   }
-  MP_MPI_CHECK(ctx, MPI_Allreduce(MPI_IN_PLACE, v, 2 * N, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD));
+  MP_CHECK(world_all_reduce_max_ll(ctx, v, 2 * N));
   for (int i = 0; i < N; i++)
     if (v[i] != -v[N + i])
       return mp_error(ctx, MP_ERR_INVALID,
@@ -374,8 +497,14 @@ mp_status mp_comm_mpi_node_allgather(mp_ctx *ctx, const void *mine, size_t bytes
       return mp_error(ctx, MP_ERR_NOMEM, "out of memory gathering %zu bytes from each of %d ranks",
                       bytes, ls);
     }
-    rc = MPI_Allgather(mine, n, MPI_BYTE, buf, n, MPI_BYTE, node);
-    call = "MPI_Allgather(mine, n, MPI_BYTE, buf, n, MPI_BYTE, node)";
+    MPI_Request rq;
+    rc = MPI_Iallgather(mine, n, MPI_BYTE, buf, n, MPI_BYTE, node, &rq);
+    call = "MPI_Iallgather(mine, n, MPI_BYTE, buf, n, MPI_BYTE, node, &rq)";
+    double timeout_s = 0;
+    mp_status ws = rc == MPI_SUCCESS ? mp_comm_read_timeout(ctx, &timeout_s) : MP_OK;
+    if (rc == MPI_SUCCESS && ws == MP_OK)
+      ws = wait_all(ctx, NULL, rank, timeout_s, 1, &rq, NULL, "all_gather", -1, -1, bytes, MP_COMM_DTYPE_FP32);
+    if (ws != MP_OK) return ws; /* the job ends: buf and node stay as the request left them */
   }
   MPI_Comm_free(&node);
   if (rc != MPI_SUCCESS) {
@@ -395,22 +524,34 @@ mp_status mp_comm_mpi_node(mp_ctx *ctx, int *local_rank, int *local_size) {
 
 mp_status mp_comm_mpi_world_max(mp_ctx *ctx, const int *in, int *out, int n) {
   const void *send = in == out ? MPI_IN_PLACE : (const void *)in;
-  MP_MPI_CHECK(ctx, MPI_Allreduce(send, out, n, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-  return MP_OK;
+  double timeout_s = 0;
+  int rank = 0;
+  MP_CHECK(mp_comm_read_timeout(ctx, &timeout_s));
+  MP_MPI_CHECK(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MPI_Request rq;
+  MP_MPI_CHECK(ctx, MPI_Iallreduce(send, out, n, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &rq));
+  return wait_all(ctx, NULL, rank, timeout_s, 1, &rq, NULL, "all_reduce", -1, -1, (size_t)n,
+                  MP_COMM_DTYPE_INT64);
 }
 
 mp_status mp_comm_mpi_world_bcast(mp_ctx *ctx, void *buf, size_t bytes, int root) {
-  int n = 0;
+  int n = 0, rank = 0;
+  double timeout_s = 0;
   MP_CHECK(to_int(ctx, "broadcast", bytes, &n));
-  MP_MPI_CHECK(ctx, MPI_Bcast(buf, n, MPI_BYTE, root, MPI_COMM_WORLD));
-  return MP_OK;
+  MP_CHECK(mp_comm_read_timeout(ctx, &timeout_s));
+  MP_MPI_CHECK(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MPI_Request rq;
+  MP_MPI_CHECK(ctx, MPI_Ibcast(buf, n, MPI_BYTE, root, MPI_COMM_WORLD, &rq));
+  return wait_all(ctx, NULL, rank, timeout_s, 1, &rq, NULL, "broadcast", -1, -1, bytes, MP_COMM_DTYPE_FP32);
 }
 
 mp_status mp_comm_create_mpi(mp_ctx *ctx, const mp_mesh *mesh, mp_comm **out) {
   mp_status st = MP_OK;
   int rank = 0, world = 0;
+  double timeout_s = 0;
   *out = NULL;
   if (mesh == NULL) return mp_error(ctx, MP_ERR_INVALID, "mp_comm_create_mpi: no mesh");
+  MP_CHECK(mp_comm_read_timeout(ctx, &timeout_s));
   MP_CHECK(mp_comm_mpi_world(ctx, &rank, &world));
   MP_CHECK(mp_comm_mpi_agree_on_mesh(ctx, mesh, world));
 
@@ -424,6 +565,7 @@ mp_status mp_comm_create_mpi(mp_ctx *ctx, const mp_mesh *mesh, mp_comm **out) {
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating an MPI communicator");
   }
   c->impl = m;
+  m->timeout_s = timeout_s;
   for (int g = 0; g < MP_GROUP_COUNT; g++) m->comm[g] = MPI_COMM_NULL;
   m->bf16_sum = m->bf16_max = MPI_OP_NULL;
   m->a2a = (int *)malloc(4 * (size_t)world * sizeof(int));

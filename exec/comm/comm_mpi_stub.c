@@ -4,8 +4,8 @@
  * (no mpicc on the PATH when the build ran, or MESHPLAN_NO_MPI=1): the "single" and
  * "single-staged" backends and the NCCL backend at world size 1 need none of it, and every
  * caller links in every build. Each entry returns MP_ERR_UNSUPPORTED with one message
- * that says what to install, except mp_comm_mpi_finalize (nothing was started, so there
- * is nothing to finalize). */
+ * that says what to install, except mp_comm_mpi_finalize and mp_comm_mpi_abort (nothing
+ * was started, so there is nothing to finalize or end). */
 #include <stddef.h>
 
 #include "exec/comm/comm_backend.h"
@@ -29,6 +29,8 @@ mp_status mp_comm_mpi_finalize(mp_ctx *ctx) {
   (void)ctx;
   return MP_OK;
 }
+
+void mp_comm_mpi_abort(int code, double grace_s) { (void)code, (void)grace_s; }
 
 mp_status mp_comm_mpi_world(mp_ctx *ctx, int *rank, int *size) {
   (void)rank, (void)size;

@@ -42,7 +42,6 @@
 #include "exec/comm/comm_nccl_internal.h"
 
 enum { SCRATCH_BYTES = 256 };
-#define DEFAULT_TIMEOUT_S 600.0
 
 /* ---- lifetime ---- */
 
@@ -134,22 +133,6 @@ mp_status mp_comm_nccl_node_gpus(mp_ctx *ctx, int device, mp_comm_node_gpus *out
 }
 
 /* ---- creation ---- */
-
-/* MESHPLAN_COMM_TIMEOUT_S: the bound on every wait, in seconds. */
-static mp_status read_timeout(mp_ctx *ctx, double *out) {
-  const char *v = getenv("MESHPLAN_COMM_TIMEOUT_S");
-  *out = DEFAULT_TIMEOUT_S;
-  if (v == NULL || v[0] == '\0') return MP_OK;
-  char *end = NULL;
-  double t = strtod(v, &end);
-  if (end == v || *end != '\0' || !(t > 0) || t > 1e9)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "MESHPLAN_COMM_TIMEOUT_S=%s: expected a number of seconds > 0 (default "
-                    "%.0f)",
-                    v, DEFAULT_TIMEOUT_S);
-  *out = t;
-  return MP_OK;
-}
 
 /* Group kinds whose groups hold the same ranks share a communicator; lists[g] holds this
  * rank's group of kind g. */
@@ -322,8 +305,8 @@ mp_status mp_comm_create_nccl(mp_ctx *ctx, const mp_mesh *mesh, int cuda_device,
   *out = NULL;
   if (mesh == NULL) return mp_error(ctx, MP_ERR_INVALID, "mp_comm_create_nccl: no mesh");
   MP_CHECK(mp_mesh_validate(ctx, mesh));
-  double timeout_s = DEFAULT_TIMEOUT_S;
-  MP_CHECK(read_timeout(ctx, &timeout_s));
+  double timeout_s = MP_COMM_DEFAULT_TIMEOUT_S;
+  MP_CHECK(mp_comm_read_timeout(ctx, &timeout_s));
   boot_place place;
   MP_CHECK(boot_locate(ctx, mesh, cuda_device, &place));
   boot_msg boot;

@@ -40,42 +40,9 @@ static void backoff(int *spins) {
 
 /* ---- messages ---- */
 
-/* "dp_shard (world ranks 0 1 2 3)"; a long group shows its first and last ranks. */
-static void group_words(const mp_comm *c, int g, char *buf, size_t cap) {
-  const int n = c->group_size[g];
-  int *r = (int *)malloc((size_t)n * sizeof(int));
-  int used = snprintf(buf, cap, "%s", mp_group_name((mp_group)g));
-  if (r == NULL || used < 0 || (size_t)used >= cap) {
-    free(r);
-    return;
-  }
-  mp_mesh_group_ranks(&c->mesh, (mp_group)g, c->world_rank, r);
-  used += snprintf(buf + used, cap - (size_t)used, " (world rank%s", n == 1 ? "" : "s");
-  for (int i = 0; i < n && (size_t)used < cap; i++) {
-    if (n > 16 && i == 8) {
-      used += snprintf(buf + used, cap - (size_t)used, " ...");
-      i = n - 4;
-    }
-    used += snprintf(buf + used, cap - (size_t)used, " %d", r[i]);
-  }
-  if ((size_t)used < cap) snprintf(buf + used, cap - (size_t)used, ")");
-  free(r);
-}
-
 /* "rank 3: all_gather of 4096 bf16 elements on group dp_shard (world ranks 0 1 2 3)" */
 static void describe(const mp_comm *c, const op_desc *d, char *buf, size_t cap) {
-  char gw[256];
-  if (d->peer >= 0) {
-    const char *dir = strcmp(d->what, "send") == 0   ? "to"
-                      : strcmp(d->what, "recv") == 0 ? "from"
-                                                     : "with";
-    snprintf(buf, cap, "rank %d: %s of %zu %s elements %s rank %d", c->world_rank, d->what,
-             d->count, mp_comm_dtype_name(d->dtype), dir, d->peer);
-    return;
-  }
-  group_words(c, d->group, gw, sizeof gw);
-  snprintf(buf, cap, "rank %d: %s of %zu %s elements on group %s", c->world_rank, d->what,
-           d->count, mp_comm_dtype_name(d->dtype), gw);
+  mp_comm_describe(c, c->world_rank, d->what, d->group, d->peer, d->count, d->dtype, buf, cap);
 }
 
 /* waited >= the timeout; the message names the limit, which is what the user set. */
@@ -83,14 +50,7 @@ static mp_status timeout_error(mp_ctx *ctx, const mp_comm *c, const op_desc *d, 
   (void)waited;
   char what[512];
   describe(c, d, what, sizeof what);
-  const char *who = d->peer >= 0 ? "the peer rank died, is stuck, or never made the matching "
-                                   "call"
-                                 : "a peer rank died or is stuck";
-  return mp_error(ctx, MP_ERR_NCCL,
-                  "%s did not complete within %g s: %s; every rank of a group must make the "
-                  "same collective calls in the same order (MESHPLAN_COMM_TIMEOUT_S sets the "
-                  "limit in seconds)",
-                  what, IMPL(c)->timeout_s, who);
+  return mp_comm_timeout_error(ctx, MP_ERR_NCCL, what, IMPL(c)->timeout_s, d->peer >= 0);
 }
 
 static mp_status async_error(mp_ctx *ctx, const mp_comm *c, const op_desc *d,
@@ -107,11 +67,11 @@ static mp_status async_error(mp_ctx *ctx, const mp_comm *c, const op_desc *d,
 static mp_status comm_error(mp_ctx *ctx, const mp_comm *c, ncclComm_t comm, const char *doing,
                             ncclResult_t st) {
   const nccl_impl *m = IMPL(c);
-  char names[160] = "", gw[256] = "";
+  char names[160] = "", gw[512] = "";
   size_t used = 0;
   for (int g = 0; g < MP_GROUP_COUNT && used < sizeof names; g++)
     if (m->comm[g] == comm) {
-      if (gw[0] == '\0') group_words(c, g, gw, sizeof gw);
+      if (gw[0] == '\0') mp_comm_describe(c, c->world_rank, "", g, -1, 0, MP_COMM_DTYPE_FP32, gw, sizeof gw);
       used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", used ? "/" : "",
                                mp_group_name((mp_group)g));
     }

@@ -493,6 +493,7 @@ static mp_status check_db_everywhere(mp_ctx *ctx, mp_comm *comm, const char *db)
 /* --device cpu: every rank measures; rank 0 saves and prints. */
 static int calibrate_cpu(mp_ctx *ctx) {
   mp_status st = MP_OK;
+  int reported = 0, code = 0;
   mp_comm *comm = NULL;
   int mpi = 0, rank = 0, be_up = 0;
   mp_kctx kc = {ctx, NULL, 0};
@@ -517,6 +518,11 @@ static int calibrate_cpu(mp_ctx *ctx) {
   MP_CHECK_GOTO(mp_calib_measure(ctx, comm, be, &kc, &o, &cal), st, out);
   if (rank == 0) st = save_and_print(ctx, db, &cal, mp_comm_local_size(comm));
 out:
+  /* a stuck or dead peer: the job ends here (MPI_Finalize below would wait for it) */
+  if (mpi && (st == MP_ERR_TIMEOUT || st == MP_ERR_MPI)) {
+    code = mp_cmd_fail_job(ctx, st, 1);
+    reported = 1;
+  }
   if (be_up) be->shutdown(&kc);
   mp_comm_destroy(comm);
   if (mpi) {
@@ -525,6 +531,7 @@ out:
     mp_comm_mpi_finalize(&c2);
   }
   /* Other ranks stay quiet unless their error is their own (rank 0 reports the shared one). */
+  if (reported) return code;
   return st == MP_OK ? 0 : fail(ctx, st, rank != 0 && st == MP_ERR_INVALID);
 }
 

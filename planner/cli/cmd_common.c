@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/limits.h"
+#include "exec/comm/comm.h"
 #include "planner/cli/commands.h"
 
 /* The running command's name, for the prefix of its messages (one command per process). */
@@ -90,12 +91,27 @@ int mp_cmd_fail(const mp_ctx *ctx, mp_status st) {
   const char *cmd = g_command ? g_command : "";
   const char *msg = unprefixed(mp_errmsg(ctx), cmd);
   if (msg[0] == '\0') msg = mp_status_name(st);
-  /* one line, whatever the message holds */
-  fprintf(stderr, "meshplan%s%s: ", cmd[0] ? " " : "", cmd);
-  for (const char *p = msg; *p; p++) fputc(*p == '\n' || *p == '\r' ? ' ' : *p, stderr);
-  fputc('\n', stderr);
+  /* One line, whatever the message holds, written by one write: ranks of an MPI job share
+   * mpirun's stderr, and a line written in pieces interleaves with theirs. */
+  char line[MP_ERRMSG_MAX + 64];
+  int n = snprintf(line, sizeof line, "meshplan%s%s: %s", cmd[0] ? " " : "", cmd, msg);
+  if (n < 0) n = 0;
+  if ((size_t)n > sizeof line - 2) n = (int)sizeof line - 2;
+  for (int i = 0; i < n; i++)
+    if (line[i] == '\n' || line[i] == '\r') line[i] = ' ';
+  line[n++] = '\n';
+  fwrite(line, 1, (size_t)n, stderr);
   fflush(stderr);
   return mp_status_exit_code(st);
+}
+
+int mp_cmd_fail_job(const mp_ctx *ctx, mp_status st, int under_mpi) {
+  const int code = mp_cmd_fail(ctx, st);
+  if (under_mpi && (st == MP_ERR_TIMEOUT || st == MP_ERR_MPI || st == MP_ERR_NCCL)) {
+    fflush(stdout);
+    mp_comm_mpi_abort(code, MP_CMD_ABORT_GRACE_S);
+  }
+  return code;
 }
 
 static const char *launch_env(const char *ompi, const char *pmi) {

@@ -765,6 +765,13 @@ static int run_train(mp_ctx *ctx, const mp_cmd_call *call) {
   j->be = mp_backend_cpu();
   j->dev = (train_device){0, 0, "cpu", "cpu", "meshplan-cpu"};
   mp_status st = train(j);
+  /* a stuck or dead peer: the job ends here (MPI_Finalize in release would wait for it) */
+  if (j->launch.under_mpi && (st == MP_ERR_TIMEOUT || st == MP_ERR_MPI || st == MP_ERR_NCCL)) {
+    const int code = mp_cmd_fail_job(ctx, st, 1);
+    release(j);
+    free(j);
+    return code;
+  }
   release(j);
   const int rank = j->rank;
   free(j);

@@ -74,6 +74,16 @@ void mp_cmd_launch(mp_launch *out);
  * returns the exit code of st (mp_status_exit_code: 2 for usage and input errors, 1 for
  * failures of accepted work). The one way a command reports a failure. */
 int mp_cmd_fail(const mp_ctx *ctx, mp_status st);
+/* How long a rank that gives up on a collective waits before it ends the job, seconds: the
+ * other live ranks, blocked within about a step of it, reach their own deadlines and print
+ * what they waited on meanwhile. */
+#define MP_CMD_ABORT_GRACE_S 3.0
+/* mp_cmd_fail for a process that may be one rank of an MPI job (under_mpi: launched by
+ * mpirun or srun). A failure that leaves MPI unusable (a collective's timeout: a peer is
+ * stuck; an MPI or NCCL error: a peer died) cannot end in MPI_Finalize, which would wait for
+ * that peer: the message is printed, and after MP_CMD_ABORT_GRACE_S the whole job is ended
+ * with MPI_Abort (mp_comm_mpi_abort; this does not return). Otherwise as mp_cmd_fail. */
+int mp_cmd_fail_job(const mp_ctx *ctx, mp_status st, int under_mpi);
 
 #ifdef __cplusplus
 }

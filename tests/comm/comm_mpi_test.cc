@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -508,6 +509,58 @@ TEST(CommMpi, ShortMessageIsAnError) {
         << mp_errmsg(&ctx);
   }
   mp_comm_destroy(c);
+}
+
+// The deadline (MESHPLAN_COMM_TIMEOUT_S, read when the comm is created): a receive that
+// nobody sends and an all-reduce that one rank has not joined come back as MP_ERR_TIMEOUT
+// naming the rank, the call, its size and the group or peer, instead of waiting forever;
+// the comm then refuses every call. The late partners then make their calls, so every
+// request MPI still holds completes before the comms are freed.
+TEST(CommMpi, WaitsAreBoundedByTheDeadline) {
+  if (g_world < 2) GTEST_SKIP() << "needs two ranks";
+  setenv("MESHPLAN_COMM_TIMEOUT_S", "0.5", 1);
+  mp_mesh m;
+  mp_mesh_init(&m);
+  m.size[MP_DIM_DP_SHARD] = g_world;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_comm *c = nullptr, *c2 = nullptr;
+  ASSERT_EQ(mp_comm_create_mpi(&ctx, &m, &c), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_comm_create_mpi(&ctx, &m, &c2), MP_OK) << mp_errmsg(&ctx);
+  unsetenv("MESHPLAN_COMM_TIMEOUT_S");
+  static float rbuf[5], ar[2];
+  const float sbuf[5] = {1, 2, 3, 4, 5};
+  if (g_rank == 1) {
+    EXPECT_EQ(mp_comm_recv(&ctx, c, rbuf, 5, MP_COMM_DTYPE_FP32, 0), MP_ERR_TIMEOUT);
+    EXPECT_EQ(std::string(mp_errmsg(&ctx)),
+              "rank 1: recv of 5 fp32 elements from rank 0 did not complete within 0.5 s: the peer "
+              "rank died, is stuck, or never made the matching call; every rank of a group must make "
+              "the same collective calls in the same order (MESHPLAN_COMM_TIMEOUT_S sets the limit in "
+              "seconds)");
+    EXPECT_EQ(mp_comm_barrier(&ctx, c, MP_GROUP_WORLD), MP_ERR_TIMEOUT);
+    EXPECT_NE(std::string(mp_errmsg(&ctx)).find("rank 1: barrier refused: an earlier collective timed out"),
+              std::string::npos)
+        << mp_errmsg(&ctx);
+  }
+  // every rank but 0 waits for rank 0's all-reduce on c2 and gives up
+  if (g_rank != 0) {
+    EXPECT_EQ(mp_comm_all_reduce(&ctx, c2, MP_GROUP_DP_SHARD, ar, ar, 2, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM),
+              MP_ERR_TIMEOUT);
+    std::string want = "rank " + std::to_string(g_rank) + ": all_reduce of 2 fp32 elements on group dp_shard "
+                       "(world ranks 0 1";
+    EXPECT_EQ(std::string(mp_errmsg(&ctx)).rfind(want, 0), 0u) << mp_errmsg(&ctx);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // the late partners: rank 0's send and all-reduce complete the requests the others left
+  if (g_rank == 0) {
+    EXPECT_EQ(mp_comm_send(&ctx, c, sbuf, 5, MP_COMM_DTYPE_FP32, 1), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(mp_comm_all_reduce(&ctx, c2, MP_GROUP_DP_SHARD, ar, ar, 2, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM),
+              MP_OK)
+        << mp_errmsg(&ctx);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  mp_comm_destroy(c);
+  mp_comm_destroy(c2);
 }
 
 TEST(CommMpi, BarrierOnEveryGroup) {

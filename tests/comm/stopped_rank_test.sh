@@ -1,0 +1,67 @@
+#!/bin/bash
+# A stopped rank does not hang the job: 4 CPU ranks train (dp_shard=2, tp=2) under mpirun
+# with MESHPLAN_COMM_TIMEOUT_S=5; one rank gets SIGSTOP. Every other rank must print the
+# collective and the mesh group it waited on, and the job must end (MPI_Abort, non-zero
+# exit) within the timeout + 10 s. Run twice: rank 3 stopped, then rank 0 (the one that
+# prints the steps).
+# Usage: stopped_rank_test.sh MESHPLAN
+set -u
+bin="$1"
+export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
+unset TEST_PREMATURE_EXIT_FILE XML_OUTPUT_FILE GTEST_OUTPUT
+root=()
+if [ "$(id -u)" = "0" ]; then root=(--allow-run-as-root); fi
+timeout_s=5
+fails=0
+
+descendants() { for c in $(pgrep -P "$1"); do echo "$c"; descendants "$c"; done; }
+rank_of() { tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p'; }
+
+run_case() {
+  local victim=$1 out="$TMPDIR/stop$1.out" err="$TMPDIR/stop$1.err"
+  MESHPLAN_COMM_TIMEOUT_S=$timeout_s OMP_NUM_THREADS=1 timeout -k 5 120 \
+    mpirun "${root[@]}" -np 4 --oversubscribe --bind-to none --mca btl self,vader \
+    --mca btl_vader_backing_directory "$TMPDIR" \
+    "$bin" train --model tiny-dense --mesh dp_shard=2,tp=2 --steps 1000000 --seq 16 --micro-batch 2 \
+    >"$out" 2>"$err" &
+  local job=$!
+  # training is under way once rank 0 has printed a few steps
+  for _ in $(seq 1 600); do
+    [ "$(grep -c '^step ' "$out" 2>/dev/null)" -ge 5 ] && break
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.1
+  done
+  local pid="" p
+  for p in $(descendants "$job"); do
+    [ "$(rank_of "$p")" = "$victim" ] && pid=$p
+  done
+  if [ -z "$pid" ]; then
+    echo "FAIL: rank $victim not found (did training start?)"; cat "$err"; kill "$job" 2>/dev/null; wait "$job"
+    fails=$((fails + 1)); return
+  fi
+  local start; start=$(date +%s.%N)
+  kill -STOP "$pid"
+  wait "$job"
+  local rc=$? took; took=$(echo "$(date +%s.%N) - $start" | bc)
+  kill -CONT "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null
+  echo "rank $victim stopped: the job ended after ${took} s with exit $rc (limit $((timeout_s + 10)) s)"
+  grep 'did not complete within' "$err" | sed 's/^/  /'
+  if [ "$rc" = 0 ] || [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    echo "FAIL: exit $rc: want the non-zero exit of MPI_Abort, not 0 nor the harness's timeout"; fails=$((fails + 1))
+  fi
+  if [ "$(echo "$took > $timeout_s + 10" | bc)" = 1 ]; then
+    echo "FAIL: took ${took} s, more than the timeout + 10 s"; fails=$((fails + 1))
+  fi
+  local r
+  for r in 0 1 2 3; do
+    [ "$r" = "$victim" ] && continue
+    if ! grep -Eq "^meshplan train: rank $r: [a-z_]+ of [0-9]+ [a-z0-9]+ elements on group [a-z_]+ \(world ranks?( [0-9]+)+\) did not complete within $timeout_s s" "$err"; then
+      echo "FAIL: rank $r did not name what it waited on"; fails=$((fails + 1))
+    fi
+  done
+  if [ "$fails" != 0 ]; then echo "--- stderr ---"; cat "$err"; fi
+}
+
+run_case 3
+run_case 0
+exit $fails
