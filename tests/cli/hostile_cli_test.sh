@@ -1,0 +1,184 @@
+#!/bin/bash
+# Hostile input, through the binary: a table of bad inputs across every command, each with
+# the exit code it must give and the words its one-line message must hold. For every row:
+# the exit code matches, stderr is exactly one line, that line starts with
+# "meshplan <command>: " and carries that prefix once (never "meshplan plan: meshplan plan:"),
+# and no run hangs (a FIFO given as an input used to block forever). The issue's cases are
+# here by name; so are the refusals that exited 1 and the messages that doubled their prefix.
+# Runs from the runfiles root. Usage: hostile_cli_test.sh MESHPLAN
+set -u
+bin="$1"
+d="${TEST_TMPDIR:-$(mktemp -d)}/hostile"
+rm -rf "$d"
+mkdir -p "$d/adir"
+fails=0
+rows=0
+
+# ---- fixtures -----------------------------------------------------------------------------
+mkfifo "$d/fifo.json" "$d/fifo.db" "$d/fifo.csv" "$d/fifo.bin"
+model() { printf '{"name": "x", "family": "llama", "vocab": 256, "n_layers": 2, "d_ff": 128, %s}' "$1" >"$d/$2"; }
+model '"d_model": 3000000000, "n_heads": 8' big_d_model.json
+model '"d_model": 64, "n_heads": 7' heads7.json
+model '"d_model": 64, "n_heads": 8, "norm_eps": 1e999' inf_eps.json
+printf '{"name": "x", "family": "llama", "vocab": -5, "n_layers": 2, "d_ff": 128, "d_model": 64, "n_heads": 8}' >"$d/neg_vocab.json"
+printf '{"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 7, "intermediate_size": 128}' >"$d/hf_heads7.json"
+cluster() { printf '{"name": "c", "gpu": "h100-sxm", "gpus_per_node": 8, "n_nodes": 2, %s}' "$1" >"$d/$2"; }
+cluster '"intra_node_GBps_per_gpu": 0, "inter_node_Gbitps_per_gpu": 400' zero_bw.json
+cluster '"intra_node_GBps_per_gpu": 450, "inter_node_Gbitps_per_gpu": 400, "inter_node_latency_us": -3' neg_lat.json
+cluster '"intra_node_GBps_per_gpu": 450, "inter_node_Gbitps_per_gpu": 1e999' inf_bw.json
+printf '{"name": "s", "gemm_eff_max": 0.8, "gemm_eff_half_mnk": 1e9, "fp8_gemm_eff_max": 0.8, "attention_eff": 0.5, "hbm_eff": 0.8, "link_eff": 0.8, "kernel_overhead_us": -4, "comm_overhead_us": 5, "frag_factor": 1.1, "source": "t"}' >"$d/neg_stack.json"
+hdr="case,model,gpu,gpus,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,cp,ep,seq,local_batch,global_batch,ac,fp8,stack,metric,value"
+csv() { printf '%s\n%s\n' "$hdr" "$1" >"$d/$2"; }
+csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,nan' nan.csv
+csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,inf' inf.csv
+csv 'a,tiny-dense,h100-sxm,8,8,inf,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,1' inf_bw.csv
+csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,9223372036854775807,1,8,none,0,torchtitan-eager,step_time_s,1' seq.csv
+csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,flops,1' metric.csv
+# another program's SQLite files: a schema_version holding text; an application_id of its own
+sqlite3 "$d/foreign.db" "CREATE TABLE schema_version(version TEXT); INSERT INTO schema_version VALUES ('abc'); CREATE TABLE songs(x);"
+sqlite3 "$d/other_app.db" "PRAGMA application_id=1234; CREATE TABLE t(x);"
+printf 'not a database, not at all' >"$d/garbage.db"
+foreign_sum=$(cksum <"$d/foreign.db")
+printf '%s' "short" >"$d/short.bin"
+
+# ---- the check ---------------------------------------------------------------------------
+# row WANT_RC 'WANT_TEXT' ARGS...
+row() {
+  local want_rc=$1 want=$2
+  shift 2
+  rows=$((rows + 1))
+  local cmd=$1
+  timeout 30 "$bin" "$@" >"$d/out" 2>"$d/err"
+  local rc=$? lines prefix
+  lines=$(wc -l <"$d/err")
+  prefix="meshplan $cmd: "
+  local line; line=$(head -n 1 "$d/err")
+  if [ "$rc" = 124 ]; then
+    echo "FAIL: meshplan $*: hung (killed after 30 s)"; fails=$((fails + 1)); return
+  fi
+  if [ "$rc" != "$want_rc" ]; then
+    echo "FAIL: meshplan $*: exit $rc, want $want_rc: $line"; fails=$((fails + 1)); return
+  fi
+  if [ "$lines" != 1 ]; then
+    echo "FAIL: meshplan $*: $lines lines on stderr, want 1:"; sed 's/^/    /' "$d/err"; fails=$((fails + 1)); return
+  fi
+  if [ "${line#"$prefix"}" = "$line" ]; then
+    echo "FAIL: meshplan $*: the line does not start with '$prefix': $line"; fails=$((fails + 1)); return
+  fi
+  local rest=${line#"$prefix"}
+  case "$rest" in
+    "meshplan "* | "$cmd: "*) echo "FAIL: meshplan $*: doubled prefix: $line"; fails=$((fails + 1)); return ;;
+  esac
+  if ! grep -qF -- "$want" <<<"$line"; then
+    echo "FAIL: meshplan $*: the line lacks '$want': $line"; fails=$((fails + 1)); return
+  fi
+}
+
+# ---- the issue's cases -------------------------------------------------------------------
+# crash (heap overflow in mp_corpus_batch)
+row 2 "--global-batch '4611686018427387904': expected an integer in 1..16777216" train --global-batch 4611686018427387904
+# hangs: the micro-batch loop, a trace that could not grow, a FIFO as an input
+row 2 "--global-batch '4611686018427387904': expected an integer in 1..16777216" plan --no-db --model tiny-dense --global-batch 4611686018427387904
+row 2 "--global-batch '8589934592': expected an integer in 1..16777216" simulate --model tiny-dense --global-batch 8589934592 --trace "$d/t.json"
+row 2 "the trace of 2097152 micro-batches would hold more than 1048576 events" simulate --model tiny-dense --global-batch 16777216 --trace "$d/t.json"
+row 2 "$d/fifo.json: is a named pipe (FIFO), not a regular file" plan --no-db --model "$d/fifo.json"
+row 2 "$d/fifo.json: is a named pipe (FIFO), not a regular file" plan --no-db --hf-config "$d/fifo.json"
+row 2 "$d/fifo.json: is a named pipe (FIFO), not a regular file" simulate --model tiny-dense --cluster "$d/fifo.json"
+row 2 "$d/fifo.json: is a named pipe (FIFO), not a regular file" simulate --model tiny-dense --stack "$d/fifo.json"
+row 2 "$d/fifo.json: is a named pipe (FIFO), not a regular file" simulate --model tiny-dense --gpus 8 --gpu "$d/fifo.json"
+row 2 "$d/fifo.csv: is a named pipe (FIFO), not a regular file" validate "$d/fifo.csv"
+row 2 "$d/fifo.bin: is a named pipe (FIFO), not a regular file" train --model tiny-dense --data "$d/fifo.bin" --steps 1
+row 2 "$d/fifo.db: is a named pipe (FIFO), not a regular file" plan --model tiny-dense --db "$d/fifo.db"
+row 2 "$d/fifo.db: is a named pipe (FIFO), not a regular file" report --db "$d/fifo.db"
+row 2 "$d/fifo.db: is a named pipe (FIFO), not a regular file" train --model tiny-dense --db "$d/fifo.db" --steps 1
+# wrong answers with exit 0
+row 2 "--lr '1000': expected a number in [0, 1]" train --model tiny-dense --lr 1000 --clip 0
+row 2 "d_model = 3000000000 is out of range; accepted 1..1048576" plan --no-db --model "$d/big_d_model.json"
+row 2 "--seq '9223372036854775807': expected an integer in 1..16777216" plan --no-db --model tiny-dense --seq 9223372036854775807
+row 2 "intra_node_GBps_per_gpu = 0 is out of range; accepted (0, 100000]" plan --no-db --model tiny-dense --cluster "$d/zero_bw.json"
+row 2 "inter_node_latency_us = -3 is out of range; accepted [0, 1e+06]" plan --no-db --model tiny-dense --cluster "$d/neg_lat.json"
+row 2 "column 'value' = 'nan': expected a finite number in (0, 1e+15]" validate "$d/nan.csv"
+row 2 "column 'value' = 'inf': expected a finite number in (0, 1e+15]" validate "$d/inf.csv"
+row 2 "--pp-virtual '2147483647': expected an integer in 1..512" simulate --model tiny-dense --pp-virtual 2147483647
+row 2 "n_heads = 7 does not divide d_model = 64 and 'head_dim' is not given" plan --no-db --model "$d/heads7.json"
+row 2 "n_heads = 7 does not divide d_model = 64 and 'head_dim' is not given" plan --no-db --hf-config "$d/hf_heads7.json"
+row 2 "$d/foreign.db is not a meshplan database or is corrupt; move it aside or pass --db" plan --model tiny-dense --db "$d/foreign.db"
+row 2 "$d/foreign.db is not a meshplan database or is corrupt" report --db "$d/foreign.db"
+row 2 "$d/other_app.db is not a meshplan database or is corrupt" train --model tiny-dense --db "$d/other_app.db" --steps 1
+# doubled prefixes ("meshplan plan: meshplan plan: --seq '0' ...")
+row 2 "--seq '0': expected an integer in 1..16777216" plan --no-db --seq 0
+row 2 "--top '-1': expected an integer in 0..2147483647" report --top -1
+row 2 "--steps '0': expected an integer in 1..16777216" train --steps 0
+row 2 "--rank '-1': expected an integer in 0..1048575" explain --rank -1
+row 2 "--reps '0': expected an integer in 1..10000" calibrate --reps 0 --db "$d/cal.db"
+row 2 "give --cluster or --gpus, not both" simulate --cluster h100-8 --gpus 8
+row 2 "--pp-schedule 'x': choose 1f1b, interleaved or gpipe" simulate --model tiny-dense --pp-schedule x
+row 2 "--device tpu: choose cpu, cuda or cuda:N (N in 0..1023)" calibrate --device tpu
+row 2 "--gpu is for --device cuda" calibrate --gpu h100-sxm --db "$d/cal.db"
+row 2 "give one CSV file" validate
+row 2 "unknown flag '--bogus'; see 'meshplan report --help'" report --bogus
+row 2 "--model needs a value (M)" explain --model
+
+# ---- refusals that exited 1: cannot open / write, databases, requests this machine cannot do
+row 2 "$d/adir: is a directory, not a regular file" plan --no-db --model "$d/adir"
+row 2 "$d/adir: is a directory, not a regular file" plan --model tiny-dense --db "$d/adir"
+row 2 "$d/adir: is a directory, not a regular file" simulate --model tiny-dense --stack "$d/adir"
+row 2 "$d/adir: is a directory, not a regular file" validate "$d/adir"
+row 2 "$d/adir: cannot write: it is a directory, not a regular file" simulate --model tiny-dense --trace "$d/adir"
+row 2 "$d/adir: cannot write: it is a directory, not a regular file" train --model tiny-dense --steps 1 --dump-losses "$d/adir"
+row 2 "$d/no/such/dir/l.json: cannot create" train --model tiny-dense --steps 1 --dump-losses "$d/no/such/dir/l.json"
+row 2 "$d/no/such/dir/w.bin: cannot create" train --model tiny-dense --steps 1 --dump-weights "$d/no/such/dir/w.bin"
+row 2 "/dev/null: is a character device, not a regular file" plan --no-db --model /dev/null
+row 2 "/dev/zero: is a character device, not a regular file" train --model tiny-dense --data /dev/zero --steps 1
+row 2 "$d/none.json: cannot open: No such file or directory" plan --no-db --model "$d/none.json"
+row 2 "$d/garbage.db is not a meshplan database or is corrupt" plan --model tiny-dense --db "$d/garbage.db"
+row 2 "$d/garbage.db is not a meshplan database or is corrupt" simulate --model tiny-dense --calibration "$d/garbage.db"
+row 2 "$d/garbage.db is not a meshplan database or is corrupt" calibrate --quick --db "$d/garbage.db"
+row 2 "no database at $d/none.db" report --db "$d/none.db"
+row 2 "$d/short.bin: too short for a token shard" train --model tiny-dense --data "$d/short.bin" --steps 1
+row 2 "--plot $d/nan.csv exists and is not a directory" plan --no-db --model tiny-dense --plot "$d/nan.csv"
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  row 2 "--device cuda:" train --model tiny-dense --device cuda
+fi
+
+# ---- more hostile numbers and files --------------------------------------------------------
+row 2 "key 'norm_eps': expected a finite number, got inf" plan --no-db --model "$d/inf_eps.json"
+row 2 "vocab = -5 is out of range; accepted 1..4194304" plan --no-db --model "$d/neg_vocab.json"
+row 2 "key 'inter_node_Gbitps_per_gpu': expected a finite number, got inf" plan --no-db --model tiny-dense --cluster "$d/inf_bw.json"
+row 2 "kernel_overhead_us = -4 is out of range; accepted [0, 1e+06]" simulate --model tiny-dense --stack "$d/neg_stack.json"
+row 2 "column 'inter_node_gbps_per_gpu' = 'inf': expected a finite number in (0, 100000]" validate "$d/inf_bw.csv"
+row 2 "column 'seq' = '9223372036854775807': expected an integer in 1..16777216" validate "$d/seq.csv"
+row 2 "metric 'flops': expected tokens_per_s_per_gpu, peak_mem_gib or step_time_s" validate "$d/metric.csv"
+row 2 "--gpus '2097152': expected an integer in 1..1048576" plan --no-db --model tiny-dense --gpus 2097152 --gpu h100-sxm
+row 2 "--gpus-per-node '0': expected an integer in 1..4096" simulate --model tiny-dense --gpus 8 --gpus-per-node 0
+row 2 "--inter-gbps 'nan': expected a number in (0, 100000]" simulate --model tiny-dense --gpus 16 --inter-gbps nan
+row 2 "--headroom '1': expected a number in [0, 1)" plan --no-db --model tiny-dense --headroom 1
+row 2 "--headroom 'inf': expected a number in [0, 1)" simulate --model tiny-dense --headroom inf
+row 2 "--price '-1': expected a number in [0, 10000]" plan --no-db --model tiny-dense --price -1
+row 2 "--threads '0': expected an integer in 1..4096" plan --no-db --model tiny-dense --threads 0
+row 2 "--global-batch-tokens '0': expected an integer in 1..4294967296" plan --no-db --model tiny-dense --global-batch-tokens 0
+row 2 "--micro-batch '0': expected an integer in 1..16777216" explain --model tiny-dense --micro-batch 0
+row 2 "--ep '0': expected an integer in 1..1048576" explain --model tiny-moe --ep 0
+row 2 "--weight-decay '-0.1': expected a number in [0, 1]" train --model tiny-dense --weight-decay -0.1
+row 2 "--clip 'nan': expected a number in [0, 1e+09]" train --model tiny-dense --clip nan
+row 2 "--lr '1e999': expected a number in [0, 1]" train --model tiny-dense --lr 1e999
+row 2 "--fanout '0': expected an integer in 1..65536" train --model tiny-dense --fanout 0
+row 2 "--plan-id '0': expected an integer in 1..9223372036854775807" train --model tiny-dense --plan-id 0
+row 2 "--run '99999999999999999999': expected an integer in 1..9223372036854775807" report --run 99999999999999999999
+row 2 "a step of 1000 sequences of 16777216 tokens is more than 4294967296 tokens" plan --no-db --model tiny-dense --seq 16777216 --global-batch 1000
+row 2 "mesh dim tp='0': expected an integer in 1..1048576" explain --model tiny-dense --mesh tp=0
+row 2 "--fix: tp=0 out of range (1..1048576)" plan --no-db --model tiny-dense --fix tp=0
+row 2 "--fix: mb=99999999999 out of range (1..16777216)" plan --no-db --model tiny-dense --fix mb=99999999999
+
+# The foreign database was never written, nor switched to WAL.
+rows=$((rows + 1))
+if [ "$(cksum <"$d/foreign.db")" != "$foreign_sum" ] || [ -e "$d/foreign.db-wal" ]; then
+  echo "FAIL: $d/foreign.db was written into"; fails=$((fails + 1))
+fi
+# A valid command still exits 0 (the table cannot pass by refusing everything).
+rows=$((rows + 1))
+if ! "$bin" plan --no-db --model tiny-dense --top 1 >/dev/null 2>"$d/err"; then
+  echo "FAIL: a valid plan failed: $(cat "$d/err")"; fails=$((fails + 1))
+fi
+echo "$rows rows, $fails failed"
+exit $((fails > 0))
