@@ -27,8 +27,12 @@ static mp_status not_regular(mp_ctx *ctx, const char *path, mode_t m) {
 
 mp_status mp_file_open_input(mp_ctx *ctx, const char *path, int *fd_out, int64_t *size) {
   *fd_out = -1;
-  /* O_NONBLOCK: open() of a FIFO with no writer returns at once instead of blocking, and the
-   * fstat below refuses it; regular files ignore the flag. */
+  /* stat first: a device is never opened (opening some has effects of its own, a hardware
+   * watchdog's for one). Then the open itself with O_NONBLOCK, so that a path replaced by a
+   * FIFO in between returns at once instead of waiting for a writer, and fstat on the
+   * descriptor decides; regular files ignore the flag. */
+  struct stat pre;
+  if (stat(path, &pre) == 0 && !S_ISREG(pre.st_mode)) return not_regular(ctx, path, pre.st_mode);
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd < 0)
     return mp_error(ctx, errno == ENOENT ? MP_ERR_NOT_FOUND : MP_ERR_IO, "%s: cannot open: %s", path,

@@ -1,9 +1,10 @@
 /* Files a user names, opened safely.
  *
- * Inputs are regular files only: a path is opened with O_NONBLOCK (opening a FIFO for
- * reading would otherwise wait for a writer forever) and checked with fstat on the open
- * descriptor (no window between a check and the open); a directory, FIFO, device or socket
- * is refused with MP_ERR_INVALID naming what it is. Every "cannot open / read / write" is
+ * Inputs are regular files only: a path that stat shows is not one is refused without
+ * being opened (a device is never opened), and the open itself uses O_NONBLOCK (opening a
+ * FIFO for reading would otherwise wait for a writer forever) and is checked again with
+ * fstat on the descriptor, which closes the window between the two; a directory, FIFO,
+ * device or socket is refused with MP_ERR_INVALID naming what it is. Every "cannot open / read / write" is
  * an error naming the path and the system's reason (strerror); a missing input is
  * MP_ERR_NOT_FOUND, any other failure MP_ERR_IO; all of them exit 2 (status.h).
  *

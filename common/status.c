@@ -9,10 +9,21 @@ void mp_ctx_init(mp_ctx *ctx) {
   ctx->msg[0] = '\0';
 }
 
+/* A message is one line of text whatever it quotes: a file's key or value, a flag, a path
+ * may hold newlines or terminal escapes, which would split the line or drive the
+ * terminal. Line breaks and tabs become spaces, other control bytes '?'; UTF-8 is kept. */
+static void one_line(char *s) {
+  for (unsigned char *p = (unsigned char *)s; *p; p++) {
+    if (*p == '\n' || *p == '\r' || *p == '\t') *p = ' ';
+    else if (*p < 0x20 || *p == 0x7f) *p = '?';
+  }
+}
+
 mp_status mp_verror(mp_ctx *ctx, mp_status code, const char *fmt, va_list ap) {
   if (ctx == NULL) return code;
   ctx->last = code;
   vsnprintf(ctx->msg, sizeof ctx->msg, fmt, ap);
+  one_line(ctx->msg);
   return code;
 }
 
@@ -35,6 +46,7 @@ void mp_error_prefix(mp_ctx *ctx, const char *fmt, ...) {
   va_end(ap);
   memcpy(old, ctx->msg, sizeof old);
   snprintf(ctx->msg, sizeof ctx->msg, "%s: %s", prefix, old);
+  one_line(ctx->msg);
 }
 
 const char *mp_status_name(mp_status s) {

@@ -42,7 +42,9 @@ typedef struct mp_ctx {
 } mp_ctx;
 
 void mp_ctx_init(mp_ctx *ctx);
-/* Records code and a printf-style message on ctx and returns code. */
+/* Records code and a printf-style message on ctx and returns code. The message is kept to
+ * one line of text: line breaks and tabs in what it quotes become spaces, other control
+ * characters '?' (input can hold anything; the message goes to a terminal). */
 mp_status mp_error(mp_ctx *ctx, mp_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 mp_status mp_verror(mp_ctx *ctx, mp_status code, const char *fmt, va_list ap);

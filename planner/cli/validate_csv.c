@@ -149,7 +149,7 @@ mp_status mp_vcsv_read(mp_ctx *ctx, char *text, const char *origin, mp_vrow **ro
   *rows_out = NULL;
   *n_out = 0;
   char *hdr[MP_VCSV_MAX_COLS];
-  int n_hdr = 0, n = 0, line_no = 0;
+  int n_hdr = 0, n = 0, cap = 0, line_no = 0;
   mp_vrow *rows = NULL;
   mp_status st = MP_OK;
   /* lines by hand, not strtok: an empty line still counts for the line numbers */
@@ -167,8 +167,16 @@ mp_status mp_vcsv_read(mp_ctx *ctx, char *text, const char *origin, mp_vrow **ro
       st = mp_error(ctx, MP_ERR_INVALID, "%s: more than %d rows", origin, MP_VCSV_MAX_ROWS);
       break;
     }
-    if (rows == NULL && (rows = calloc(MP_VCSV_MAX_ROWS, sizeof *rows)) == NULL)
-      return mp_error(ctx, MP_ERR_NOMEM, "%s: out of memory", origin);
+    if (n == cap) {
+      int ncap = cap ? 2 * cap : 16;
+      mp_vrow *nr = realloc(rows, (size_t)ncap * sizeof *rows);
+      if (nr == NULL) {
+        free(rows);
+        return mp_error(ctx, MP_ERR_NOMEM, "%s: out of memory", origin);
+      }
+      rows = nr;
+      cap = ncap;
+    }
     char *f[MP_VCSV_MAX_COLS];
     reader r = {ctx, hdr, n_hdr, f, split_csv(line, f, MP_VCSV_MAX_COLS), NULL};
     mp_vrow *row = &rows[n];

@@ -152,4 +152,16 @@ TEST(Status, CheckAllocTurnsNullIntoNomem) {
   EXPECT_NE(std::string(mp_errmsg(&ctx)).find("out of memory"), std::string::npos);
 }
 
+// Hostile text quoted in a message (a JSON value, a flag, a path) cannot split the line or
+// send escapes to the terminal: breaks become spaces, other control bytes '?', UTF-8 stays.
+TEST(Status, MessagesAreOneLineOfText) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_error(&ctx, MP_ERR_INVALID, "key 'family': got \"%s\"", "g\n12\r\t\x1b[31mred\x7f \xc3\xa9");
+  EXPECT_STREQ(mp_errmsg(&ctx), "key 'family': got \"g 12  ?[31mred? \xc3\xa9\"");
+  mp_error_prefix(&ctx, "path\nwith break");
+  EXPECT_EQ(std::string(mp_errmsg(&ctx)).find('\n'), std::string::npos);
+  EXPECT_EQ(std::string(mp_errmsg(&ctx)).rfind("path with break: ", 0), 0u);
+}
+
 }  // namespace
