@@ -121,21 +121,36 @@ mp_status mp_cluster_validate(mp_ctx *ctx, const mp_cluster *c, const char *orig
                       MP_RANGE_CLOSED);
 }
 
-mp_status mp_gpu_from_text(mp_ctx *ctx, const char *text, const char *origin, mp_gpu *out) {
+/* A profile's JSON to its struct (gpu_from_json, cluster_from_json). */
+typedef mp_status (*from_json_fn)(mp_ctx *ctx, const cJSON *j, const char *origin, void *out);
+
+/* The JSON of text (origin names it) or, when text is NULL, of kind/name loaded by name
+ * or path, converted into out by fn. */
+static mp_status load_with(mp_ctx *ctx, const char *kind, const char *what, const char *name,
+                           const char *text, from_json_fn fn, void *out) {
   cJSON *j = NULL;
-  MP_CHECK(mp_json_parse(ctx, text, origin, &j));
-  mp_status st = gpu_from_json(ctx, j, origin, out);
+  char origin[512];
+  if (text) {
+    snprintf(origin, sizeof origin, "%s", name);
+    MP_CHECK(mp_json_parse(ctx, text, origin, &j));
+  } else {
+    MP_CHECK(load_json(ctx, kind, what, name, &j, origin, sizeof origin));
+  }
+  mp_status st = fn(ctx, j, origin, out);
   cJSON_Delete(j);
   return st;
 }
 
+static mp_status gpu_fn(mp_ctx *ctx, const cJSON *j, const char *origin, void *out) {
+  return gpu_from_json(ctx, j, origin, (mp_gpu *)out);
+}
+
+mp_status mp_gpu_from_text(mp_ctx *ctx, const char *text, const char *origin, mp_gpu *out) {
+  return load_with(ctx, "gpus", "GPU", origin, text, gpu_fn, out);
+}
+
 mp_status mp_gpu_load(mp_ctx *ctx, const char *name_or_path, mp_gpu *out) {
-  cJSON *j = NULL;
-  char origin[512];
-  MP_CHECK(load_json(ctx, "gpus", "GPU", name_or_path, &j, origin, sizeof origin));
-  mp_status st = gpu_from_json(ctx, j, origin, out);
-  cJSON_Delete(j);
-  return st;
+  return load_with(ctx, "gpus", "GPU", name_or_path, NULL, gpu_fn, out);
 }
 
 /* The cluster described by j; its "gpu" is loaded by name or path (mp_gpu_load). */
@@ -171,21 +186,16 @@ done:
   return st;
 }
 
+static mp_status cluster_fn(mp_ctx *ctx, const cJSON *j, const char *origin, void *out) {
+  return cluster_from_json(ctx, j, origin, (mp_cluster *)out);
+}
+
 mp_status mp_cluster_from_text(mp_ctx *ctx, const char *text, const char *origin, mp_cluster *out) {
-  cJSON *j = NULL;
-  MP_CHECK(mp_json_parse(ctx, text, origin, &j));
-  mp_status st = cluster_from_json(ctx, j, origin, out);
-  cJSON_Delete(j);
-  return st;
+  return load_with(ctx, "clusters", "cluster", origin, text, cluster_fn, out);
 }
 
 mp_status mp_cluster_load(mp_ctx *ctx, const char *name_or_path, mp_cluster *out) {
-  cJSON *j = NULL;
-  char origin[512];
-  MP_CHECK(load_json(ctx, "clusters", "cluster", name_or_path, &j, origin, sizeof origin));
-  mp_status st = cluster_from_json(ctx, j, origin, out);
-  cJSON_Delete(j);
-  return st;
+  return load_with(ctx, "clusters", "cluster", name_or_path, NULL, cluster_fn, out);
 }
 
 mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int64_t n_gpus, int64_t gpus_per_node,

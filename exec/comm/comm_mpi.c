@@ -425,16 +425,21 @@ static int launched_by_mpirun(int world) {
          getenv("SLURM_NTASKS");
 }
 
-/* An all-reduce (max) of long longs over MPI_COMM_WORLD, bounded by the deadline. */
-static mp_status world_all_reduce_max_ll(mp_ctx *ctx, long long *v, int n) {
+/* Waits for rq, a collective `what` of count elements over MPI_COMM_WORLD while the
+ * communicators are made, bounded by the deadline. */
+static mp_status world_wait(mp_ctx *ctx, MPI_Request *rq, const char *what, size_t count) {
   double timeout_s = 0;
   int rank = 0;
   MP_CHECK(mp_comm_read_timeout(ctx, &timeout_s));
   MP_MPI_CHECK(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  return wait_all(ctx, NULL, rank, timeout_s, 1, rq, NULL, what, -1, -1, count, MP_COMM_DTYPE_INT64);
+}
+
+/* An all-reduce (max) over MPI_COMM_WORLD of n values of type t, bounded by the deadline. */
+static mp_status world_all_reduce_max(mp_ctx *ctx, const void *send, void *recv, int n, MPI_Datatype t) {
   MPI_Request rq;
-  MP_MPI_CHECK(ctx, MPI_Iallreduce(MPI_IN_PLACE, v, n, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD, &rq));
-  return wait_all(ctx, NULL, rank, timeout_s, 1, &rq, NULL, "all_reduce", -1, -1, (size_t)n,
-                  MP_COMM_DTYPE_INT64);
+  MP_MPI_CHECK(ctx, MPI_Iallreduce(send, recv, n, t, MPI_MAX, MPI_COMM_WORLD, &rq));
+  return world_wait(ctx, &rq, "all_reduce", (size_t)n);
 }
 
 /* Every rank learns whether all ranks were given the same mesh and whether the mesh fits
@@ -448,7 +453,7 @@ mp_status mp_comm_mpi_agree_on_mesh(mp_ctx *ctx, const mp_mesh *mesh, int world)
     v[i] = x;
     v[N + i] = -x;
   }
-  MP_CHECK(world_all_reduce_max_ll(ctx, v, 2 * N));
+  MP_CHECK(world_all_reduce_max(ctx, MPI_IN_PLACE, v, 2 * N, MPI_LONG_LONG));
   for (int i = 0; i < N; i++)
     if (v[i] != -v[N + i])
       return mp_error(ctx, MP_ERR_INVALID,
@@ -500,10 +505,7 @@ mp_status mp_comm_mpi_node_allgather(mp_ctx *ctx, const void *mine, size_t bytes
     MPI_Request rq;
     rc = MPI_Iallgather(mine, n, MPI_BYTE, buf, n, MPI_BYTE, node, &rq);
     call = "MPI_Iallgather(mine, n, MPI_BYTE, buf, n, MPI_BYTE, node, &rq)";
-    double timeout_s = 0;
-    mp_status ws = rc == MPI_SUCCESS ? mp_comm_read_timeout(ctx, &timeout_s) : MP_OK;
-    if (rc == MPI_SUCCESS && ws == MP_OK)
-      ws = wait_all(ctx, NULL, rank, timeout_s, 1, &rq, NULL, "all_gather", -1, -1, bytes, MP_COMM_DTYPE_FP32);
+    mp_status ws = rc == MPI_SUCCESS ? world_wait(ctx, &rq, "all_gather", bytes) : MP_OK;
     if (ws != MP_OK) return ws; /* the job ends: buf and node stay as the request left them */
   }
   MPI_Comm_free(&node);
@@ -523,26 +525,15 @@ mp_status mp_comm_mpi_node(mp_ctx *ctx, int *local_rank, int *local_size) {
 }
 
 mp_status mp_comm_mpi_world_max(mp_ctx *ctx, const int *in, int *out, int n) {
-  const void *send = in == out ? MPI_IN_PLACE : (const void *)in;
-  double timeout_s = 0;
-  int rank = 0;
-  MP_CHECK(mp_comm_read_timeout(ctx, &timeout_s));
-  MP_MPI_CHECK(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  MPI_Request rq;
-  MP_MPI_CHECK(ctx, MPI_Iallreduce(send, out, n, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &rq));
-  return wait_all(ctx, NULL, rank, timeout_s, 1, &rq, NULL, "all_reduce", -1, -1, (size_t)n,
-                  MP_COMM_DTYPE_INT64);
+  return world_all_reduce_max(ctx, in == out ? MPI_IN_PLACE : (const void *)in, out, n, MPI_INT);
 }
 
 mp_status mp_comm_mpi_world_bcast(mp_ctx *ctx, void *buf, size_t bytes, int root) {
-  int n = 0, rank = 0;
-  double timeout_s = 0;
+  int n = 0;
   MP_CHECK(to_int(ctx, "broadcast", bytes, &n));
-  MP_CHECK(mp_comm_read_timeout(ctx, &timeout_s));
-  MP_MPI_CHECK(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   MPI_Request rq;
   MP_MPI_CHECK(ctx, MPI_Ibcast(buf, n, MPI_BYTE, root, MPI_COMM_WORLD, &rq));
-  return wait_all(ctx, NULL, rank, timeout_s, 1, &rq, NULL, "broadcast", -1, -1, bytes, MP_COMM_DTYPE_FP32);
+  return world_wait(ctx, &rq, "broadcast", (size_t)n);
 }
 
 mp_status mp_comm_create_mpi(mp_ctx *ctx, const mp_mesh *mesh, mp_comm **out) {

@@ -330,13 +330,20 @@ void exec_on(const std::string &path, const char *sql) {
   sqlite3_close(db);
 }
 
-// A current meshplan database, made by the store, closed: its path.
-std::string made_db(const std::string &name) {
+// A current meshplan database made by the store, with `runs` planner runs in it, closed:
+// its path.
+std::string made_db(const std::string &name, int runs = 0) {
   std::string path = tmp_path(name);
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_store *st = nullptr;
   EXPECT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  for (int i = 0; i < runs && st; i++) {
+    PlannerRun r(1, 8, 32);
+    mp_planner_result res;
+    EXPECT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK) << mp_errmsg(&ctx);
+    mp_planner_result_free(&res);
+  }
   mp_store_close(st);
   return path;
 }
@@ -410,18 +417,7 @@ TEST(StoreIdentity, TamperedMeshplanFilesAreRefused) {
 // partial) and one from before the header was stamped (application_id and user_version 0)
 // are meshplan's: migrated and stamped, their runs kept.
 TEST(StoreIdentity, OlderAndUnstampedDatabasesMigrate) {
-  std::string path = tmp_path("v1.db");
-  {
-    mp_ctx ctx;
-    mp_ctx_init(&ctx);
-    mp_store *st = nullptr;
-    ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK);
-    PlannerRun r(1, 8, 32);
-    mp_planner_result res;
-    ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK);
-    mp_planner_result_free(&res);
-    mp_store_close(st);
-  }
+  std::string path = made_db("v1.db", 1);
   exec_on(path,
           "DROP INDEX plans_run_rank; CREATE INDEX plans_run_rank ON plans(run_id, rank);"
           " UPDATE schema_version SET version=1; PRAGMA user_version=0; PRAGMA application_id=0");
