@@ -17,7 +17,7 @@ search=(plan --model llama3.1-405b --cluster h100-16k --top 1)
 # 1. eight writers at once
 db="$tmp/writers.db"
 rm -f "$db" "$db-wal" "$db-shm"
-start=$(date +%s.%N)
+start=$(date +%s%N)
 pids=()
 for i in 1 2 3 4 5 6 7 8; do
   timeout 300 "$bin" "${search[@]}" --db "$db" >"$tmp/w$i.out" 2>"$tmp/w$i.err" &
@@ -27,7 +27,8 @@ ok=0
 for i in "${!pids[@]}"; do
   if wait "${pids[$i]}"; then ok=$((ok + 1)); else echo "writer $((i + 1)) failed:"; cat "$tmp/w$((i + 1)).err"; fi
 done
-took=$(echo "$(date +%s.%N) - $start" | bc)
+ms=$((($(date +%s%N) - start) / 1000000))
+took=$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))
 echo "8 concurrent writers: $ok exited 0 in ${took} s"
 check "all 8 writers exit 0" "[ $ok -eq 8 ]"
 check "8 runs recorded" "[ \"\$(sql $db 'SELECT count(*) FROM runs')\" = 8 ]"
