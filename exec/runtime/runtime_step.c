@@ -276,26 +276,33 @@ mp_status mp_runtime_optimizer_step(mp_ctx *ctx, mp_runtime *rt, mp_step_result 
     sumsq = v;
   }
   const double norm = sqrt(sumsq);
+  res->grad_norm = norm;
+  res->skipped = !isfinite(norm);
+  if (res->skipped) return MP_OK; /* a diverged step changes nothing (runtime.h) */
   const float scale = rt->opts.max_grad_norm > 0 ? mp_clip_scale((float)norm, rt->opts.max_grad_norm) : 1.0f;
   rt->step++;
   for (int i = 0; i < rt->plan->n_params; i++) {
     rt_param *r = &rt->prm[i];
     if (!r->g) continue;
     BE(adamw_update(rt->kc, r->w, r->g, r->m, r->v, (size_t)r->numel_pad, rt->opts.lr, rt->opts.beta1,
-                    rt->opts.beta2, rt->opts.eps, r->decay ? rt->opts.weight_decay : 0.0f, rt->step, scale));
+                    rt->opts.beta2, rt->opts.eps, r->decay ? rt->opts.weight_decay : 0.0f, (int)rt->step, scale));
     /* a resident compute copy follows its master (sharded ones are cast at each gather),
      * and so do its cached float8 codes */
     if (r->cw && r->cw != (void *)r->w && !r->sharded) BE(x_from_f32(rt->kc, r->cw, r->w, (size_t)r->numel_pad));
     r->f8w_valid = 0;
   }
-  res->grad_norm = norm;
   return MP_OK;
 }
 
 mp_status mp_runtime_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens, mp_step_result *res) {
   mp_talloc_reset_peak(rt->ta);
   MP_CHECK(mp_runtime_forward_backward(ctx, rt, tokens, res));
-  MP_CHECK(mp_runtime_optimizer_step(ctx, rt, res));
+  if (!isfinite(res->loss)) { /* a diverged step changes nothing (runtime.h) */
+    res->skipped = 1;
+    res->grad_norm = NAN;
+  } else {
+    MP_CHECK(mp_runtime_optimizer_step(ctx, rt, res));
+  }
   MP_CHECK(mp_runtime_synchronize(ctx, rt));
   res->peak_bytes = mp_talloc_peak_total(rt->ta);
   return MP_OK;
