@@ -140,6 +140,11 @@ void mp_runtime_destroy(mp_runtime *rt);
  * int32 tokens (mp_corpus_batch); gradients are left in place (zeroed at the start). */
 mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens,
                                       mp_step_result *res);
+/* The logits of the following forward_backward calls, copied into dst (host, fp32): per
+ * micro-batch (B, T, vocab) one after another (local_batch * T * vocab floats for one
+ * step); NULL stops. For checking the forward against a reference (the Hugging Face round
+ * trip); an fp32 backend with tp 1 only (MP_ERR_UNSUPPORTED otherwise). */
+mp_status mp_runtime_capture_logits(mp_ctx *ctx, mp_runtime *rt, float *dst);
 /* Clipping and AdamW with the gradients of the last forward_backward; fills grad_norm.
  * A gradient norm that is NaN or infinite leaves the parameters, the moments and the step
  * count as they were and sets res->skipped (the caller stops a diverged run with the

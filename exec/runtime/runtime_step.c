@@ -103,6 +103,10 @@ static mp_status act_head_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
     MP_CHECK(tp_sum_f32(ctx, rt, gtgt, (size_t)N));
     BE(ce_vp_combine(rt->kc, losses, mean, lse, gmax, gsum, gtgt, rt->tok_tgt, N));
   }
+  if (rt->logits_out) { /* mp_runtime_capture_logits: fp32 X, tp 1 (checked there) */
+    BE(memcpy_d2h(rt->kc, rt->logits_out + rt->logits_at, logits, (size_t)N * Vl * sizeof(float)));
+    rt->logits_at += (int64_t)N * Vl;
+  }
   float ce_mean;
   BE(memcpy_d2h(rt->kc, &ce_mean, mean, sizeof ce_mean));
   *ms->ce += ce_mean * ms->dscale;
@@ -219,6 +223,15 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
 }
 
 /* ---- the step -------------------------------------------------------------------------- */
+
+mp_status mp_runtime_capture_logits(mp_ctx *ctx, mp_runtime *rt, float *dst) {
+  if (dst && (rt->xs != sizeof(float) || rt->tp != 1 || rt->Vl != rt->V))
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "logits are captured from an fp32 backend with tp 1 and an unpadded "
+                    "vocabulary; this run has %s X, tp %d", rt->xs == sizeof(float) ? "fp32" : "bf16", rt->tp);
+  rt->logits_out = dst;
+  rt->logits_at = 0;
+  return MP_OK;
+}
 
 mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens, mp_step_result *res) {
   memset(res, 0, sizeof *res);

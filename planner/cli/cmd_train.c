@@ -51,8 +51,8 @@ static mp_opt k_opts[] = {
     MP_OPT_MESH("default: every dim 1"),
     MP_OPT_AC(""),
     MP_OPT_FP8("; emulated exactly on the CPU"),
-    {"--steps", "K", "the run's last step: training steps from 0, or up to K from a resumed checkpoint (default 20)",
-     NULL},
+    {"--steps", "K", "the run's last step: training steps from 0, or up to K from a resumed checkpoint; 0 runs "
+     "none (with --checkpoint-dir: a checkpoint of the starting weights) (default 20)", NULL},
     MP_OPT_SEQ("the model's max_seq"),
     MP_OPT_MICRO_BATCH("4"),
     MP_OPT_GLOBAL_BATCH_ONE_MICRO,
@@ -96,6 +96,8 @@ static mp_opt k_opts[] = {
     {"--dump-grads", "PATH", "write the full gradients of step 1 (before clipping)", NULL},
     {"--dump-losses", "PATH", "write per-step losses as JSON", NULL},
     {"--dump-data", "PATH", "write the token corpus used, as an llm.c shard", NULL},
+    {"--dump-logits", "PATH", "write the logits of the starting weights on the run's first batch (weight file, "
+     "tensor \"logits\" [sequences, seq, vocab]; one rank, CPU)", NULL},
     {"--quiet", NULL, "print only the summary line", NULL},
     {"--profile", NULL, "time each kernel and collective of rank 0 (the device synchronized around every "
      "kernel, so the steps run slower) and print them per step by class beside the simulator's prediction "
@@ -468,7 +470,7 @@ static mp_status build_plan(train_job *j) {
   j->steps = 20;
   j->seed = 1234;
   j->fanout = 4;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--steps", 1, &j->steps));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--steps", 0, &j->steps));
   MP_CHECK(mp_args_int(ctx, &k_spec, "--seed", 0, &j->seed));
   MP_CHECK(mp_args_int(ctx, &k_spec, "--fanout", 1, &j->fanout));
   j->po.master_dtype = MP_DTYPE_FP32;

@@ -88,7 +88,7 @@ mp_status mp_train_read_loop_options(train_job *j) {
   mp_cmd_spec *sp = j->spec;
   double peak = 1e-3; /* --lr as given: the float the optimizer takes is rounded from lr(s) */
   MP_CHECK(mp_args_double(ctx, sp, "--lr", 0, &peak));
-  j->lr = (mp_lr_schedule){MP_LR_CONSTANT, peak, 0.0, 0, j->steps, 0.2};
+  j->lr = (mp_lr_schedule){MP_LR_CONSTANT, peak, 0.0, 0, j->steps > 0 ? j->steps : 1, 0.2};
   const char *kind = mp_args_get(sp, "--lr-schedule");
   if (kind) MP_CHECK(mp_lr_kind_parse(ctx, kind, &j->lr.kind));
   long long w = 0;
@@ -414,8 +414,36 @@ static mp_status run_step(train_job *j, long long s, int first, step_rec *sr) {
   return MP_OK;
 }
 
+/* --dump-logits: the starting weights' logits on the run's first batch (a forward and
+ * backward without the optimizer), as a weight file. */
+static mp_status dump_logits(train_job *j, const char *path) {
+  mp_ctx *ctx = j->ctx;
+  if (mp_comm_world_size(j->comm) != 1)
+    return mp_error(ctx, MP_ERR_USAGE, "--dump-logits runs on one rank (the full vocabulary on one device)");
+  const int64_t lb = mp_runtime_local_batch(j->rt), T = j->po.seq, V = j->model.vocab;
+  float *lg = malloc((size_t)(lb * T * V) * sizeof(float));
+  MP_CHECK_ALLOC(ctx, lg);
+  mp_step_result r;
+  mp_status st = mp_dataset_batch(ctx, j->train_data, j->position, j->po.global_batch, 0, 1, j->batch);
+  if (st == MP_OK) st = mp_runtime_capture_logits(ctx, j->rt, lg);
+  if (st == MP_OK) st = mp_runtime_forward_backward(ctx, j->rt, j->batch, &r);
+  mp_runtime_capture_logits(ctx, j->rt, NULL);
+  mp_wfile w;
+  mp_wfile_init(&w);
+  const int64_t shape[3] = {lb, T, V};
+  if (st == MP_OK) st = mp_wfile_add(ctx, &w, "logits", 3, shape, lg);
+  if (st == MP_OK) st = mp_wfile_write(ctx, &w, path);
+  mp_wfile_free(&w);
+  free(lg);
+  return st;
+}
+
 mp_status mp_train_steps(train_job *j, int quiet) {
   const int dp = mp_comm_group_size(j->comm, MP_GROUP_DP);
+  const char *dl = mp_args_get(j->spec, "--dump-logits");
+  if (dl) MP_CHECK(dump_logits(j, dl));
+  if (j->steps <= j->start_step && j->ckpt_dir && !j->resumed) /* --steps 0: the starting weights */
+    MP_CHECK(save(j, j->start_step, NAN));
   for (long long s = j->start_step; s < j->steps; s++) {
     if (g_kill.on && !g_kill.point[0] && s + 1 == g_kill.step && j->rank == g_kill.rank) kill_now();
     const long long i = s - j->start_step; /* this process's index */
