@@ -623,7 +623,8 @@ mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena
   int rc = sqlite3_prepare_v2(st->db,
                               "SELECT plan_id, step, coalesce(loss, 0), coalesce(tokens_per_s, 0),"
                               " coalesce(step_time_s, 0), coalesce(lr, 0), coalesce(grad_norm, 0), eval_loss"
-                              " FROM measurements WHERE run_id=? ORDER BY plan_id, id",
+                              " FROM measurements m WHERE run_id=? AND id = (SELECT max(id) FROM measurements"
+                              " WHERE plan_id = m.plan_id AND step = m.step) ORDER BY plan_id, step",
                               -1, &q, NULL);
   if (rc == SQLITE_OK) sqlite3_bind_int64(q, 1, run_id);
   int64_t i = 0;

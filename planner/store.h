@@ -151,7 +151,8 @@ typedef struct mp_step_row {
   int has_eval;
   double eval_loss;
 } mp_step_row;
-/* Every measured step of the run (arena-owned array), by plan and then in recorded order. */
+/* The run's measured steps (arena-owned array), by plan and step; a step measured twice
+ * (a resumed training run repeats the steps after its checkpoint) is its last record. */
 mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_step_row **rows,
                              int64_t *n);
 

@@ -18,6 +18,11 @@ static inline void ckpt_tensor_name(char *out, size_t cap, const char *fqn, mp_s
 
 /* The model's dims as the manifest's "model" object records them (ckpt.c). */
 cJSON *mp_ckpt_model_json(const mp_model *m);
+/* fn(ctx, rt, i, buf, arg) for every parameter i, buf a host buffer of at least the
+ * rank's tile of it (numel of mp_runtime_param_tile; 1 when empty); stops at the first
+ * failure. (ckpt_read.c) */
+typedef mp_status (*mp_ckpt_tile_fn)(mp_ctx *ctx, mp_runtime *rt, int i, float *buf, void *arg);
+mp_status mp_ckpt_each_tile(mp_ctx *ctx, mp_runtime *rt, mp_ckpt_tile_fn fn, void *arg);
 /* Every failure of any rank fails every rank: an all-reduce (MAX) of the local status.
  * A rank whose own step passed gets a message saying another rank failed. */
 mp_status mp_ckpt_agree(mp_ctx *ctx, mp_runtime *rt, mp_status local, const char *what);

@@ -355,10 +355,8 @@ static mp_status load_param(mp_ctx *ctx, mp_runtime *rt, const mp_ckpt_manifest 
   return MP_OK;
 }
 
-static mp_status load_local(mp_ctx *ctx, mp_runtime *rt, const mp_ckpt_manifest *m) {
+mp_status mp_ckpt_each_tile(mp_ctx *ctx, mp_runtime *rt, mp_ckpt_tile_fn fn, void *arg) {
   const mp_plan *plan = mp_runtime_plan(rt);
-  MP_CHECK(check_model(ctx, m, &plan->model));
-  MP_CHECK(check_names(ctx, m, plan));
   mp_status st = MP_OK;
   float *buf = NULL;
   for (int i = 0; i < plan->n_params && st == MP_OK; i++) {
@@ -366,14 +364,25 @@ static mp_status load_local(mp_ctx *ctx, mp_runtime *rt, const mp_ckpt_manifest 
     const int64_t n = mp_runtime_param_tile(rt, i, off, len);
     float *nb = realloc(buf, (size_t)(n ? n : 1) * sizeof(float));
     if (!nb) {
-      st = mp_error(ctx, MP_ERR_NOMEM, "checkpoint: out of memory loading %s", plan->params[i].fqn);
+      st = mp_error(ctx, MP_ERR_NOMEM, "out of memory for the tile of %s", plan->params[i].fqn);
       break;
     }
     buf = nb;
-    st = load_param(ctx, rt, m, i, buf);
+    st = fn(ctx, rt, i, buf, arg);
   }
   free(buf);
   return st;
+}
+
+static mp_status load_tile(mp_ctx *ctx, mp_runtime *rt, int i, float *buf, void *arg) {
+  return load_param(ctx, rt, (const mp_ckpt_manifest *)arg, i, buf);
+}
+
+static mp_status load_local(mp_ctx *ctx, mp_runtime *rt, const mp_ckpt_manifest *m) {
+  const mp_plan *plan = mp_runtime_plan(rt);
+  MP_CHECK(check_model(ctx, m, &plan->model));
+  MP_CHECK(check_names(ctx, m, plan));
+  return mp_ckpt_each_tile(ctx, rt, load_tile, (void *)m);
 }
 
 mp_status mp_ckpt_load(mp_ctx *ctx, mp_runtime *rt, const char *step_dir, mp_ckpt_manifest *man,

@@ -192,24 +192,22 @@ static mp_status check_unused(mp_ctx *ctx, const mp_runtime *rt, const mp_st_set
   return MP_OK;
 }
 
+typedef struct hf_src {
+  const mp_st_set *s;
+  const char *path;
+} hf_src;
+
+static mp_status load_tile(mp_ctx *ctx, mp_runtime *rt, int i, float *buf, void *arg) {
+  const hf_src *src = arg;
+  return load_param(ctx, rt, src->s, src->path, i, buf);
+}
+
 static mp_status load_local(mp_ctx *ctx, mp_runtime *rt, const char *path) {
   mp_st_set *s = NULL;
   MP_CHECK(mp_st_open(ctx, path, &s));
-  const mp_plan *plan = mp_runtime_plan(rt);
+  hf_src src = {s, path};
   mp_status st = check_unused(ctx, rt, s, path);
-  float *buf = NULL;
-  for (int i = 0; i < plan->n_params && st == MP_OK; i++) {
-    int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
-    const int64_t n = mp_runtime_param_tile(rt, i, off, len);
-    float *nb = realloc(buf, (size_t)(n ? n : 1) * sizeof(float));
-    if (!nb) {
-      st = mp_error(ctx, MP_ERR_NOMEM, "out of memory reading %s", path);
-      break;
-    }
-    buf = nb;
-    st = load_param(ctx, rt, s, path, i, buf);
-  }
-  free(buf);
+  if (st == MP_OK) st = mp_ckpt_each_tile(ctx, rt, load_tile, &src);
   mp_st_close(s);
   return st;
 }

@@ -427,6 +427,8 @@ static mp_status plan_given(train_job *j) {
   mp_plan_options *po = &j->po;
   if (!po->global_batch) po->global_batch = po->micro_batch * mp_mesh_group_size(&j->mesh, MP_GROUP_DP);
   const int world = j->launch.world, rank0 = j->launch.rank == 0;
+  /* a resumed run on its checkpoint's mesh goes on recording into the checkpoint's run */
+  if (j->db && !j->plan_id && rank0) j->plan_id = mp_train_resumed_plan_id(j);
   if (!((j->db && !j->plan_id) || j->profile) || mp_mesh_world(&j->mesh) != world) return MP_OK;
   const int record = j->db && !j->plan_id;
   mp_search_fix fix;

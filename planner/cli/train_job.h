@@ -103,6 +103,10 @@ typedef struct train_job {
 } train_job;
 
 /* train_loop.c */
+/* The database plan a --resume'd checkpoint recorded its steps under, when it was saved on
+ * this run's mesh and the plan is in --db: the resumed run records into the same run
+ * (rank 0). 0 otherwise. */
+long long mp_train_resumed_plan_id(train_job *j);
 /* --threads under MPI (threads.h), before the runtime; a line on rank 0. */
 void mp_train_threads(train_job *j);
 /* The LR schedule, weight-decay rule, checkpoint options and eval options. */

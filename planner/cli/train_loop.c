@@ -139,6 +139,34 @@ mp_status mp_train_load_data(train_job *j) {
 
 /* ---- restore ------------------------------------------------------------------------------ */
 
+long long mp_train_resumed_plan_id(train_job *j) {
+  const char *res = mp_args_get(j->spec, "--resume");
+  const char *path = res && strcmp(res, "latest") == 0 ? mp_args_get(j->spec, "--checkpoint-dir") : res;
+  char dir[MP_CKPT_PATH_MAX], mesh[128];
+  mp_ctx c2;
+  mp_ctx_init(&c2);
+  if (!path || mp_ckpt_resolve(&c2, path, dir, sizeof dir) != MP_OK) return 0;
+  mp_ckpt_manifest man;
+  long long id = 0;
+  if (mp_ckpt_manifest_read(&c2, dir, &man) == MP_OK) {
+    const cJSON *pid = cJSON_GetObjectItem(man.meta.train, "db_plan_id");
+    const char *saved = cJSON_GetStringValue(cJSON_GetObjectItem(man.root, "saved_by_mesh"));
+    mp_mesh_format(&j->mesh, mesh, sizeof mesh);
+    if (cJSON_IsNumber(pid) && saved && strcmp(saved, mesh) == 0) id = (long long)pid->valuedouble;
+  }
+  mp_ckpt_manifest_free(&man);
+  mp_store *st = NULL;
+  char sql[96];
+  int64_t n = 0;
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM plans WHERE id=%lld", id);
+  if (id > 0 && mp_store_open(&c2, j->db, &st) == MP_OK && mp_store_query_i64(&c2, st, sql, &n) == MP_OK && n == 1) {
+    mp_store_close(st);
+    return id;
+  }
+  mp_store_close(st);
+  return 0;
+}
+
 /* The checkpoint's training state against this run's: the seed must match (it orders the
  * data); a different data source or schedule is said, not refused. */
 static mp_status check_resumed_state(train_job *j, const mp_ckpt_meta *meta) {
@@ -271,6 +299,7 @@ static cJSON *train_state(const train_job *j, double loss) {
   cJSON_AddNumberToObject(t, "total_steps", (double)j->lr.total);
   cJSON_AddNumberToObject(t, "decay_frac", j->lr.decay_frac);
   cJSON_AddNumberToObject(t, "loss", loss);
+  if (j->db && j->plan_id) cJSON_AddNumberToObject(t, "db_plan_id", (double)j->plan_id);
   return t;
 }
 
