@@ -69,7 +69,8 @@ static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
     "ALTER TABLE runs ADD COLUMN train_status TEXT;"
     "ALTER TABLE measurements ADD COLUMN eval_loss REAL;"
     "ALTER TABLE measurements ADD COLUMN lr REAL;"
-    "ALTER TABLE measurements ADD COLUMN grad_norm REAL;",
+    "ALTER TABLE measurements ADD COLUMN grad_norm REAL;"
+    "CREATE INDEX measurements_plan_step ON measurements(plan_id, step);",
 };
 
 static mp_status corrupt(mp_ctx *ctx, const mp_store *st) {
@@ -537,8 +538,9 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
       -1, &q, NULL);
   if (rc == SQLITE_OK)
     rc = sqlite3_prepare_v2(st->db,
-                            "SELECT step_time_s, peak_mem_bytes, tokens_per_s FROM measurements"
-                            " WHERE plan_id=? ORDER BY step_time_s",
+                            "SELECT step_time_s, peak_mem_bytes, tokens_per_s FROM measurements m"
+                            " WHERE plan_id=? AND id = (SELECT max(id) FROM measurements"
+                            " WHERE plan_id = m.plan_id AND step = m.step) ORDER BY step_time_s",
                             -1, &mq, NULL);
   int64_t i = 0;
   if (rc == SQLITE_OK) {

@@ -551,7 +551,7 @@ static void print_start(const train_job *j, int quiet) {
            j->model.name, mesh_s, ranks, ranks == 1 ? "" : "s", mp_ac_mode_name(j->plan->ac),
            (long long)j->po.seq, (long long)j->po.micro_batch, (long long)j->po.global_batch,
            (long long)mp_runtime_n_micro(j->rt), j->ro.lr, j->data ? j->data : "synthetic");
-    if (j->corpus.entropy_nats >= 0) printf(" (entropy floor %.4f nats)", j->corpus.entropy_nats);
+    if (j->corpus.tokens && j->corpus.entropy_nats >= 0) printf(" (entropy floor %.4f nats)", j->corpus.entropy_nats);
     printf(", float8 %s\n", j->plan->opts.fp8 ? "on" : "off");
     if (dev->cuda) printf("device: cuda %d (%s, profile %s), bf16 compute\n", dev->index, dev->name, dev->gpu);
   }
