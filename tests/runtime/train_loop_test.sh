@@ -181,7 +181,7 @@ done
 out=$("$bin" export --checkpoint "$d/a" --out "$tmp/hf" 2>&1); rc=$?
 check "export writes model.safetensors and config.json" "[ $rc -eq 0 ] && [ -s $tmp/hf/model.safetensors ] && grep -q LlamaForCausalLM $tmp/hf/config.json"
 out=$("$bin" train --init-from "$tmp/hf" --steps 1 --seq 16 --micro-batch 2 --global-batch 4 2>&1); rc=$?
-check "--init-from an exported folder: its config.json is the model" "[ $rc -eq 0 ] && echo \"\$out\" | grep -q '^train tiny-dense' && echo \"\$out\" | grep -q 'initialized from $tmp/hf'"
+check "--init-from an exported folder: its config.json is the model" "[ $rc -eq 0 ] && echo \"\$out\" | grep -q '^train LlamaForCausalLM on mesh' && echo \"\$out\" | grep -q 'initialized from $tmp/hf'"
 err=$("$bin" train --model tiny-text --init-from "$tmp/hf" --steps 1 2>&1); rc=$?
 check "--init-from a folder whose config.json disagrees with --model: refused naming the field" \
   "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'config.json: vocab_size is 256 but model tiny-text has 1024'"
