@@ -208,22 +208,6 @@ static mp_status prune(mp_ctx *ctx, const char *dir, int keep) {
   return st;
 }
 
-/* ---- agreement over the world ------------------------------------------------------------ */
-
-mp_status mp_ckpt_agree(mp_ctx *ctx, mp_runtime *rt, mp_status local, const char *what) {
-  mp_comm *comm = mp_runtime_comm(rt);
-  if (mp_comm_world_size(comm) == 1) return local;
-  int64_t v = (int64_t)local;
-  mp_ctx c2;
-  mp_ctx_init(&c2);
-  mp_status st = mp_runtime_host_all_reduce(&c2, rt, MP_GROUP_WORLD, &v, 1, MP_COMM_DTYPE_INT64, MP_COMM_OP_MAX);
-  if (st != MP_OK) return local != MP_OK ? local : mp_error(ctx, st, "%s", mp_errmsg(&c2));
-  if (local != MP_OK) return local;
-  if (v != MP_OK)
-    return mp_error(ctx, (mp_status)v, "%s failed on another rank (its message names the cause)", what);
-  return MP_OK;
-}
-
 /* ---- the save ------------------------------------------------------------------------------ */
 
 /* In meshplan's model format (data/models/README.md), so mp_model_from_text reads it back. */
@@ -459,13 +443,13 @@ mp_status mp_ckpt_save(mp_ctx *ctx, mp_runtime *rt, const char *dir, int keep, c
     if (st == MP_OK && mkdir(sj.tmp, 0777) != 0)
       st = mp_error(ctx, MP_ERR_IO, "cannot create %s: %s", sj.tmp, strerror(errno));
   }
-  MP_CHECK(mp_ckpt_agree(ctx, rt, st, "creating the checkpoint folder"));
+  MP_CHECK(mp_runtime_agree(ctx, rt, st, "creating the checkpoint folder"));
   hook("begin", sj.rank, sj.step);
   st = write_rank_files(ctx, &sj);
   if (st == MP_OK) hook("shards_written", sj.rank, sj.step);
-  MP_CHECK(mp_ckpt_agree(ctx, rt, st, "writing the checkpoint's shards"));
+  MP_CHECK(mp_runtime_agree(ctx, rt, st, "writing the checkpoint's shards"));
   st = sj.rank == 0 ? publish(ctx, &sj, keep, meta) : MP_OK;
-  MP_CHECK(mp_ckpt_agree(ctx, rt, st, "publishing the checkpoint"));
+  MP_CHECK(mp_runtime_agree(ctx, rt, st, "publishing the checkpoint"));
   if (saved) snprintf(saved, cap, "%s", sj.final);
   return MP_OK;
 }

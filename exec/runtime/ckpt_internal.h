@@ -23,8 +23,5 @@ cJSON *mp_ckpt_model_json(const mp_model *m);
  * failure. (ckpt_read.c) */
 typedef mp_status (*mp_ckpt_tile_fn)(mp_ctx *ctx, mp_runtime *rt, int i, float *buf, void *arg);
 mp_status mp_ckpt_each_tile(mp_ctx *ctx, mp_runtime *rt, mp_ckpt_tile_fn fn, void *arg);
-/* Every failure of any rank fails every rank: an all-reduce (MAX) of the local status.
- * A rank whose own step passed gets a message saying another rank failed. */
-mp_status mp_ckpt_agree(mp_ctx *ctx, mp_runtime *rt, mp_status local, const char *what);
 
 #endif

@@ -389,7 +389,7 @@ mp_status mp_ckpt_load(mp_ctx *ctx, mp_runtime *rt, const char *step_dir, mp_ckp
                        mp_ckpt_meta *meta) {
   mp_status st = mp_ckpt_manifest_read(ctx, step_dir, man);
   if (st == MP_OK) st = load_local(ctx, rt, man);
-  MP_CHECK(mp_ckpt_agree(ctx, rt, st, "loading the checkpoint"));
+  MP_CHECK(mp_runtime_agree(ctx, rt, st, "loading the checkpoint"));
   mp_runtime_set_steps_done(rt, man->meta.step);
   *meta = man->meta;
   return MP_OK;

@@ -213,7 +213,7 @@ static mp_status load_local(mp_ctx *ctx, mp_runtime *rt, const char *path) {
 }
 
 mp_status mp_hf_load(mp_ctx *ctx, mp_runtime *rt, const char *path) {
-  return mp_ckpt_agree(ctx, rt, load_local(ctx, rt, path), "reading the --init-from weights");
+  return mp_runtime_agree(ctx, rt, load_local(ctx, rt, path), "reading the --init-from weights");
 }
 
 /* ---- export ------------------------------------------------------------------------------- */

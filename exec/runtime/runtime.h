@@ -145,14 +145,14 @@ mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t
  * step); NULL stops. For checking the forward against a reference (the Hugging Face round
  * trip); an fp32 backend with tp 1 only (MP_ERR_UNSUPPORTED otherwise). */
 mp_status mp_runtime_capture_logits(mp_ctx *ctx, mp_runtime *rt, float *dst);
-/* Clipping and AdamW with the gradients of the last forward_backward; fills grad_norm.
- * A gradient norm that is NaN or infinite leaves the parameters, the moments and the step
- * count as they were and sets res->skipped (the caller stops a diverged run with the
- * state of the last good step intact). */
+/* Clipping and AdamW with the gradients of the last forward_backward (res holds its loss);
+ * fills grad_norm. A gradient norm that is NaN or infinite, or a loss that is (on any
+ * rank: the loss poisons the norm before its all-reduce), leaves the parameters, the
+ * moments and the step count as they were and sets res->skipped, on every rank alike (the
+ * caller stops a diverged run with the state of the last good step intact). */
 mp_status mp_runtime_optimizer_step(mp_ctx *ctx, mp_runtime *rt, mp_step_result *res);
 /* Both, and the step's peak memory; returns when the step's device work is complete
- * (mp_runtime_synchronize), so a host clock around it times the step. A loss that is NaN
- * or infinite skips the optimizer (res->skipped, grad_norm NaN): nothing changes. */
+ * (mp_runtime_synchronize), so a host clock around it times the step. */
 mp_status mp_runtime_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens, mp_step_result *res);
 /* Waits for every queued kernel and collective of the rank (no-op on the CPU). */
 mp_status mp_runtime_synchronize(mp_ctx *ctx, mp_runtime *rt);
@@ -185,6 +185,12 @@ mp_status mp_runtime_write_state(mp_ctx *ctx, mp_runtime *rt, int i, mp_state_ki
 int mp_runtime_param_owner(const mp_runtime *rt, int i);
 const mp_plan *mp_runtime_plan(const mp_runtime *rt);
 mp_comm *mp_runtime_comm(const mp_runtime *rt);
+
+/* Every rank's local status agreed over the world (an all-reduce of the worst): a step
+ * only some ranks fail (a file only rank 0 writes) fails on every rank, so none waits in a
+ * collective the failed one never joins. A rank whose own step passed gets a message
+ * saying `what` failed on another rank. Collective. */
+mp_status mp_runtime_agree(mp_ctx *ctx, mp_runtime *rt, mp_status local, const char *what);
 
 const mp_talloc *mp_runtime_allocator(const mp_runtime *rt);
 int64_t mp_runtime_local_batch(const mp_runtime *rt);

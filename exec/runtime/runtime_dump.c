@@ -42,6 +42,18 @@ mp_comm *mp_runtime_comm(const mp_runtime *rt) { return rt->comm; }
 
 void mp_runtime_set_lr(mp_runtime *rt, float lr) { rt->opts.lr = lr; }
 
+mp_status mp_runtime_agree(mp_ctx *ctx, mp_runtime *rt, mp_status local, const char *what) {
+  if (mp_comm_world_size(rt->comm) == 1) return local;
+  int64_t v = (int64_t)local;
+  mp_ctx c2;
+  mp_ctx_init(&c2);
+  mp_status st = mp_runtime_host_all_reduce(&c2, rt, MP_GROUP_WORLD, &v, 1, MP_COMM_DTYPE_INT64, MP_COMM_OP_MAX);
+  if (st != MP_OK) return local != MP_OK ? local : mp_error(ctx, st, "%s", mp_errmsg(&c2));
+  if (local != MP_OK) return local;
+  if (v != MP_OK) return mp_error(ctx, (mp_status)v, "%s failed on another rank (its message names the cause)", what);
+  return MP_OK;
+}
+
 int64_t mp_runtime_steps_done(const mp_runtime *rt) { return rt->step; }
 
 void mp_runtime_set_steps_done(mp_runtime *rt, int64_t steps) { rt->step = steps; }

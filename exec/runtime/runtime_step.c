@@ -282,6 +282,10 @@ mp_status mp_runtime_optimizer_step(mp_ctx *ctx, mp_runtime *rt, mp_step_result 
   for (int i = 0; i < np; i++)
     if (rt->prm[i].g && rt->prm[i].owner) sumsq += hsq[i];
   free(hsq);
+  /* A loss that is not finite poisons the norm before its all-reduce, so every rank sees
+   * a NaN norm and skips the update alike: whether a rank takes the optimizer's
+   * collectives must never depend on a value only some ranks hold. */
+  if (!isfinite(res->loss)) sumsq = NAN;
   if (st != MP_OK) return mp_error(ctx, st, "gradient norm: %s", mp_errmsg(rt->kc->err));
   if (mp_comm_world_size(rt->comm) > 1) {
     float v = (float)sumsq;
@@ -310,12 +314,7 @@ mp_status mp_runtime_optimizer_step(mp_ctx *ctx, mp_runtime *rt, mp_step_result 
 mp_status mp_runtime_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens, mp_step_result *res) {
   mp_talloc_reset_peak(rt->ta);
   MP_CHECK(mp_runtime_forward_backward(ctx, rt, tokens, res));
-  if (!isfinite(res->loss)) { /* a diverged step changes nothing (runtime.h) */
-    res->skipped = 1;
-    res->grad_norm = NAN;
-  } else {
-    MP_CHECK(mp_runtime_optimizer_step(ctx, rt, res));
-  }
+  MP_CHECK(mp_runtime_optimizer_step(ctx, rt, res));
   MP_CHECK(mp_runtime_synchronize(ctx, rt));
   res->peak_bytes = mp_talloc_peak_total(rt->ta);
   return MP_OK;

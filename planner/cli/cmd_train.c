@@ -93,12 +93,12 @@ static mp_opt k_opts[] = {
      "the best executable plan (--ac, --fp8, --micro-batch given constrain it)", NULL},
     {"--seed", "N", "initialization and data seed (default 1234)", NULL},
     {"--dump-weights", "PATH", "write the initial full weights (weight file, exec/runtime/weights.h)", NULL},
-    {"--dump-grads", "PATH", "write the full gradients of step 1 (before clipping)", NULL},
+    {"--dump-grads", "PATH", "write the full gradients of the run's first step (before clipping)", NULL},
     {"--dump-losses", "PATH", "write per-step losses as JSON", NULL},
     {"--dump-data", "PATH", "write the token corpus used, as an llm.c shard", NULL},
     {"--dump-logits", "PATH", "write the logits of the starting weights on the run's first batch (weight file, "
      "tensor \"logits\" [sequences, seq, vocab]; one rank, CPU)", NULL},
-    {"--quiet", NULL, "print only the summary line", NULL},
+    {"--quiet", NULL, "leave out the per-step lines (the summary, checkpoints and notes stay)", NULL},
     {"--profile", NULL, "time each kernel and collective of rank 0 (the device synchronized around every "
      "kernel, so the steps run slower) and print them per step by class beside the simulator's prediction "
      "of the same plan", NULL},

@@ -272,12 +272,14 @@ mp_status mp_train_restore(train_job *j) {
     MP_CHECK(mp_hf_load(j->ctx, j->rt, init));
     if (j->rank == 0) printf("initialized from %s\n", init);
   }
-  MP_CHECK(metrics_open(j));
-  mfu_figures(j);
-  if (j->store && j->rank == 0 && j->plan_id) {
-    MP_CHECK(mp_store_set_train_status(j->ctx, j->store, j->plan_id, "running"));
-    j->status_set = 1;
+  /* rank 0's files: every rank agrees, so none trains on while rank 0 has stopped */
+  mp_status st = metrics_open(j);
+  if (st == MP_OK && j->store && j->rank == 0 && j->plan_id) {
+    st = mp_store_set_train_status(j->ctx, j->store, j->plan_id, "running");
+    j->status_set = st == MP_OK;
   }
+  MP_CHECK(mp_runtime_agree(j->ctx, j->rt, st, "opening --metrics or --db"));
+  mfu_figures(j);
   return MP_OK;
 }
 
@@ -496,7 +498,9 @@ mp_status mp_train_steps(train_job *j, int quiet) {
     }
     if (sr.r.peak_bytes > j->peak) j->peak = sr.r.peak_bytes;
     if (!quiet) print_step(j, &sr);
-    MP_CHECK(record(j, &sr));
+    /* rank 0 records; with something to record (the same on every rank) the ranks agree */
+    if (j->db || mp_args_has(j->spec, "--metrics"))
+      MP_CHECK(mp_runtime_agree(j->ctx, j->rt, record(j, &sr), "recording the step (--metrics, --db)"));
     if (j->ckpt_dir && ((j->ckpt_every > 0 && sr.step % j->ckpt_every == 0) || last))
       MP_CHECK(save(j, sr.step, sr.r.loss));
   }
