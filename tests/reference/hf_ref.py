@@ -16,7 +16,9 @@
      (fp32 on both sides; the two forwards sum in different orders, so equality is to
      rounding, far below 1e-5 of the logits' scale).
 The RoPE check is in the logits: transformers rotates dim i with dim i + head_dim/2
-(rotate_half), as meshplan's kernel does, so q_proj/k_proj need no permutation.
+(rotate_half), as meshplan's kernel does, so q_proj/k_proj need no permutation. The same
+round trip then runs for an MoE with transformers' MixtralForCausalLM (experts one by one
+as w1/w3/w2, the router as block_sparse_moe.gate).
 
 The logits are also checked against the independent float64 Llama forward below, run on
 the exported safetensors; when transformers does not import (scripts/setup installs
@@ -192,8 +194,40 @@ def main():
                                                                                                  RTOL))
             if not err <= RTOL * scale:
                 ok = False
+        ok = mixtral_round_trip(meshplan, d) and ok
     print("hf_ref: %s" % ("round trip matches" if ok else "MISMATCH"))
     return 0 if ok else 1
+
+
+def mixtral_round_trip(meshplan, d):
+    """The same for an MoE: transformers' MixtralForCausalLM (8 experts, top 2, every layer
+    MoE), whose experts are meshplan's [E, F, C] tensors one expert at a time (w1 gate, w3
+    up, w2 down) and whose router is block_sparse_moe.gate."""
+    if not HAVE_TF:
+        print("  Mixtral: transformers does not import; the MoE round trip needs its MixtralForCausalLM")
+        return False
+    from transformers import MixtralConfig, MixtralForCausalLM
+    torch.manual_seed(1)
+    cfg = MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                        num_attention_heads=8, num_key_value_heads=4, head_dim=8, max_position_embeddings=64,
+                        rms_norm_eps=1e-5, rope_theta=10000.0, num_local_experts=8, num_experts_per_tok=2,
+                        tie_word_embeddings=False, attn_implementation="eager")
+    hf, ck, out = (os.path.join(d, n) for n in ("mix_hf", "mix_ck", "mix_out"))
+    MixtralForCausalLM(cfg).float().eval().save_pretrained(hf, safe_serialization=True)
+    lpath, dpath = os.path.join(d, "mix_logits.bin"), os.path.join(d, "mix_data.bin")
+    run([meshplan, "train", "--init-from", hf, "--steps", "0", "--seq", str(SEQ), "--micro-batch", str(BATCH),
+         "--global-batch", str(BATCH), "--checkpoint-dir", ck, "--dump-logits", lpath, "--dump-data", dpath, "--quiet"])
+    run([meshplan, "export", "--checkpoint", ck, "--out", out])
+    ours = read_wfile(lpath)["logits"]
+    toks = read_shard(dpath)
+    ids = torch.from_numpy(np.stack([toks[i * SEQ:i * SEQ + SEQ] for i in range(BATCH)]))
+    m = MixtralForCausalLM.from_pretrained(out, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        ref = m(ids).logits.double()
+    scale, err = ref.abs().max().item(), (ours - ref).abs().max().item()
+    print("  Mixtral logits vs transformers %s MixtralForCausalLM: max |diff| %.3g, max |logit| %.3g" %
+          (transformers.__version__, err, scale))
+    return err <= RTOL * scale
 
 
 if __name__ == "__main__":
