@@ -84,8 +84,10 @@
 /* Training steps of one run: Llama 3 pre-training took about 1.2M steps; 2^24 = 16.8M. */
 #define MP_LIM_STEPS (1LL << 24)
 /* AdamW learning rate and weight decay: published recipes use lr <= 1e-2 and decay
- * <= 0.1; 1 bounds both, 100x and 10x. */
-#define MP_LIM_LR 1.0
+ * <= 0.1. The learning rate is bounded far above any useful value (1e4): a rate that
+ * makes training diverge is the training loop's to detect and report (a NaN or Inf loss
+ * stops the run naming the step), not a malformed input; decay is bounded at 1 (10x). */
+#define MP_LIM_LR 1e4
 #define MP_LIM_WEIGHT_DECAY 1.0
 /* Gradient-norm clip (published: 1.0). */
 #define MP_LIM_CLIP 1e9

@@ -461,3 +461,62 @@ mp_status mp_plot_timeline(mp_ctx *ctx, const char *dir, const char *trace_path,
   MP_CHECK(timeline_script(ctx, dir, title, &rw, t_end));
   return mp_plot_run_gnuplot(ctx, dir, "timeline.gp");
 }
+
+/* ---- a training run ---------------------------------------------------------------------- */
+
+/* NAME.gp opened with its common lines: a quantity against the step, read from training.dat. */
+static FILE *training_script(mp_ctx *ctx, const char *dir, const char *name, const char *what, const char *ylabel,
+                             const char *title, mp_status *st) {
+  char file[64], qt[600];
+  snprintf(file, sizeof file, "%s.gp", name);
+  FILE *f = open_in(ctx, dir, file, st);
+  if (!f) return NULL;
+  gp_quote(title, qt, sizeof qt);
+  fprintf(f,
+          "# %s against the step. Redraw: gnuplot %s.gp (reads training.dat)\n"
+          "set terminal pngcairo noenhanced size 1000,640 font 'DejaVu Sans,11'\n"
+          "set output '%s.png'\n"
+          "set title %s\n"
+          "set xlabel 'step'\n"
+          "set ylabel '%s'\n"
+          "set grid lc rgb '#dddddd'\n",
+          what, name, name, qt, ylabel);
+  return f;
+}
+
+mp_status mp_plot_training(mp_ctx *ctx, const char *dir, const mp_plot_step *steps, int64_t n, const char *title) {
+  MP_CHECK(mp_plot_check_gnuplot(ctx));
+  mp_status st;
+  FILE *f = open_in(ctx, dir, "training.dat", &st);
+  if (!f) return st;
+  /* block 0: every step; block 1: the steps with a validation loss */
+  fprintf(f, "# measured steps: step, training loss, tokens/s\n");
+  int64_t n_eval = 0;
+  for (int64_t i = 0; i < n; i++) {
+    fprintf(f, "%lld %.9g %.6g\n", (long long)steps[i].step, steps[i].loss, steps[i].tokens_per_s);
+    n_eval += steps[i].has_eval;
+  }
+  fprintf(f, "\n\n# steps with a validation loss: step, eval loss\n");
+  for (int64_t i = 0; i < n; i++)
+    if (steps[i].has_eval) fprintf(f, "%lld %.9g\n", (long long)steps[i].step, steps[i].eval_loss);
+  if (n_eval == 0) fprintf(f, "NaN NaN\n");
+  MP_CHECK(close_checked(ctx, f, dir, "training.dat"));
+  f = training_script(ctx, dir, "loss", "Training and validation loss", "loss (nats per token)", title, &st);
+  if (!f) return st;
+  fprintf(f, "set key top right box opaque\n"
+             "plot 'training.dat' index 0 using 1:2 with lines lw 2 lc rgb '#1f77b4' title 'training loss'");
+  if (n_eval > 0)
+    fprintf(f, ", \\\n     'training.dat' index 1 using 1:2 with linespoints pt 7 ps 1 lw 2 lc rgb '#d62728' "
+               "title 'validation loss'");
+  fprintf(f, "\n");
+  MP_CHECK(close_checked(ctx, f, dir, "loss.gp"));
+  MP_CHECK(mp_plot_run_gnuplot(ctx, dir, "loss.gp"));
+  f = training_script(ctx, dir, "throughput", "Tokens per second", "tokens per second (all ranks)", title, &st);
+  if (!f) return st;
+  fprintf(f, "set yrange [0:*]\n"
+             "set key bottom right box opaque\n"
+             "plot 'training.dat' index 0 using 1:3 with linespoints pt 7 ps 0.6 lw 2 lc rgb '#2ca02c' "
+             "title 'measured tokens/s'\n");
+  MP_CHECK(close_checked(ctx, f, dir, "throughput.gp"));
+  return mp_plot_run_gnuplot(ctx, dir, "throughput.gp");
+}

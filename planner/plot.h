@@ -9,7 +9,11 @@
  *               vertical line, the chosen plan marked and labelled
  *   memory      stacked bars of the memory breakdown at the peak of the top plans
  *   timeline    the simulated step of the chosen plan, one row per stream, ops coloured
- *               by phase, read back from a Chrome trace JSON (sim's mp_sim_trace_write) */
+ *               by phase, read back from a Chrome trace JSON (sim's mp_sim_trace_write)
+ *   loss, throughput
+ *               a training run's measured steps: training loss and validation loss
+ *               against the step (loss.png), tokens per second against the step
+ *               (throughput.png) */
 #ifndef MP_PLANNER_PLOT_H
 #define MP_PLANNER_PLOT_H
 
@@ -39,6 +43,16 @@ mp_status mp_plot_memory(mp_ctx *ctx, const char *dir, const mp_search *s, const
 /* timeline.{dat,gp,png} from the Chrome trace JSON at trace_path. */
 mp_status mp_plot_timeline(mp_ctx *ctx, const char *dir, const char *trace_path,
                            const char *title);
+
+/* One measured training step (meshplan report reads them from the database). */
+typedef struct mp_plot_step {
+  int64_t step;
+  double loss, tokens_per_s;
+  int has_eval;
+  double eval_loss;
+} mp_plot_step;
+/* loss.{dat,gp,png} and throughput.{dat,gp,png} of n steps (n >= 1). */
+mp_status mp_plot_training(mp_ctx *ctx, const char *dir, const mp_plot_step *steps, int64_t n, const char *title);
 
 #ifdef __cplusplus
 }

@@ -66,6 +66,12 @@ static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
     /* 1 -> 2: the rank index holds ranked plans only (see store.h) */
     "DROP INDEX plans_run_rank;"
     "CREATE INDEX plans_run_rank ON plans(run_id, rank) WHERE rank IS NOT NULL;",
+    /* 2 -> 3: training runs' state and per-step training figures (see store.h) */
+    "ALTER TABLE runs ADD COLUMN train_status TEXT;"
+    "ALTER TABLE measurements ADD COLUMN eval_loss REAL;"
+    "ALTER TABLE measurements ADD COLUMN lr REAL;"
+    "ALTER TABLE measurements ADD COLUMN grad_norm REAL;"
+    "CREATE INDEX measurements_plan_step ON measurements(plan_id, step);",
 };
 
 static mp_status corrupt(mp_ctx *ctx, const mp_store *st) {
@@ -501,8 +507,8 @@ mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measureme
   mp_status s = MP_OK;
   int rc = sqlite3_prepare_v2(st->db,
                               "INSERT INTO measurements (run_id, plan_id, step, step_time_s,"
-                              " peak_mem_bytes, loss, tokens_per_s, device, measured_at)"
-                              " SELECT run_id, id, ?, ?, ?, ?, ?, ?, ? FROM plans WHERE id=?",
+                              " peak_mem_bytes, loss, tokens_per_s, device, measured_at, eval_loss, lr,"
+                              " grad_norm) SELECT run_id, id, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? FROM plans WHERE id=?",
                               -1, &q, NULL);
   if (rc == SQLITE_OK) {
     char when[32];
@@ -514,7 +520,13 @@ mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measureme
     sqlite3_bind_double(q, 5, m->tokens_per_s);
     bind_text(q, 6, m->device);
     bind_text(q, 7, when);
-    sqlite3_bind_int64(q, 8, m->plan_id);
+    if (m->has_eval)
+      sqlite3_bind_double(q, 8, m->eval_loss);
+    else
+      sqlite3_bind_null(q, 8);
+    sqlite3_bind_double(q, 9, m->lr);
+    sqlite3_bind_double(q, 10, m->grad_norm);
+    sqlite3_bind_int64(q, 11, m->plan_id);
     rc = sqlite3_step(q);
     if (rc == SQLITE_DONE) rc = SQLITE_OK;
   }
@@ -528,6 +540,26 @@ mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measureme
   return s;
 }
 
+mp_status mp_store_set_train_status(mp_ctx *ctx, mp_store *st, int64_t plan_id, const char *status) {
+  if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is open on %s", st->path);
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(st->db,
+                              "UPDATE runs SET train_status=? WHERE id=(SELECT run_id FROM plans WHERE id=?)", -1,
+                              &q, NULL);
+  if (rc == SQLITE_OK) {
+    bind_text(q, 1, status);
+    sqlite3_bind_int64(q, 2, plan_id);
+    rc = sqlite3_step(q);
+    if (rc == SQLITE_DONE) rc = SQLITE_OK;
+  }
+  sqlite3_finalize(q);
+  if (rc != SQLITE_OK) return db_err(ctx, st, rc, "recording the training run's status");
+  if (sqlite3_changes(st->db) != 1)
+    return mp_error(ctx, MP_ERR_NOT_FOUND, "%s: no plan with id %lld; see meshplan report", st->path,
+                    (long long)plan_id);
+  return MP_OK;
+}
+
 /* ---- reading ---------------------------------------------------------------------------- */
 
 static void col_text(sqlite3_stmt *q, int i, char *out, size_t cap) {
@@ -539,7 +571,7 @@ static void col_text(sqlite3_stmt *q, int i, char *out, size_t cap) {
   "r.id, r.created_at, r.model, r.cluster, r.gpu, r.objective, r.tool_version, r.n_gpus,"     \
   " r.seq, r.global_batch, coalesce(r.n_candidates,0), coalesce(r.n_pruned,0),"              \
   " coalesce(r.n_evaluated,0), coalesce(r.n_feasible,0), coalesce(r.best_plan_id,0),"        \
-  " coalesce(r.wall_s,0), coalesce(p.step_time_s,0)"                                         \
+  " coalesce(r.wall_s,0), coalesce(p.step_time_s,0), r.train_status"                         \
   " FROM runs r LEFT JOIN predictions p ON p.plan_id = r.best_plan_id"
 
 static void read_run(sqlite3_stmt *q, mp_run_row *r) {
@@ -561,6 +593,10 @@ static void read_run(sqlite3_stmt *q, mp_run_row *r) {
   r->best_plan_id = sqlite3_column_int64(q, 14);
   r->wall_s = sqlite3_column_double(q, 15);
   r->best_step_time_s = sqlite3_column_double(q, 16);
+  /* NULL: a planner run, committed whole; 'running' left behind: the process died */
+  const unsigned char *ts = sqlite3_column_text(q, 17);
+  const char *s = ts ? (const char *)ts : "complete";
+  snprintf(r->status, sizeof r->status, "%s", strcmp(s, "running") == 0 ? "incomplete" : s);
 }
 
 mp_status mp_store_list_runs(mp_ctx *ctx, mp_store *st, mp_arena *a, mp_run_row **rows,
@@ -636,8 +672,9 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
       -1, &q, NULL);
   if (rc == SQLITE_OK)
     rc = sqlite3_prepare_v2(st->db,
-                            "SELECT step_time_s, peak_mem_bytes, tokens_per_s FROM measurements"
-                            " WHERE plan_id=? ORDER BY step_time_s",
+                            "SELECT step_time_s, peak_mem_bytes, tokens_per_s FROM measurements m"
+                            " WHERE plan_id=? AND id = (SELECT max(id) FROM measurements"
+                            " WHERE plan_id = m.plan_id AND step = m.step) ORDER BY step_time_s",
                             -1, &mq, NULL);
   int64_t i = 0;
   if (rc == SQLITE_OK) {
@@ -706,6 +743,43 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
   sqlite3_finalize(q);
   sqlite3_finalize(mq);
   if (rc != SQLITE_DONE && rc != SQLITE_OK) return db_err(ctx, st, rc, "reading plans");
+  *n = i;
+  return MP_OK;
+}
+
+mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_step_row **rows,
+                             int64_t *n) {
+  char sql[128];
+  int64_t count = 0;
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM measurements WHERE run_id=%lld", (long long)run_id);
+  MP_CHECK(mp_store_query_i64(ctx, st, sql, &count));
+  *rows = mp_arena_alloc(a, (size_t)(count > 0 ? count : 1) * sizeof **rows);
+  MP_CHECK_ALLOC(ctx, *rows);
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(st->db,
+                              "SELECT plan_id, step, coalesce(loss, 0), coalesce(tokens_per_s, 0),"
+                              " coalesce(step_time_s, 0), coalesce(lr, 0), coalesce(grad_norm, 0), eval_loss"
+                              " FROM measurements m WHERE run_id=? AND id = (SELECT max(id) FROM measurements"
+                              " WHERE plan_id = m.plan_id AND step = m.step) ORDER BY plan_id, step",
+                              -1, &q, NULL);
+  if (rc == SQLITE_OK) sqlite3_bind_int64(q, 1, run_id);
+  int64_t i = 0;
+  while (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+    rc = SQLITE_OK;
+    if (i >= count) continue;
+    mp_step_row *r = &(*rows)[i++];
+    r->plan_id = sqlite3_column_int64(q, 0);
+    r->step = sqlite3_column_int64(q, 1);
+    r->loss = sqlite3_column_double(q, 2);
+    r->tokens_per_s = sqlite3_column_double(q, 3);
+    r->step_time_s = sqlite3_column_double(q, 4);
+    r->lr = sqlite3_column_double(q, 5);
+    r->grad_norm = sqlite3_column_double(q, 6);
+    r->has_eval = sqlite3_column_type(q, 7) != SQLITE_NULL;
+    r->eval_loss = r->has_eval ? sqlite3_column_double(q, 7) : 0;
+  }
+  sqlite3_finalize(q);
+  if (rc != SQLITE_DONE && rc != SQLITE_OK) return db_err(ctx, st, rc, "reading measurements");
   *n = i;
   return MP_OK;
 }

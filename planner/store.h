@@ -13,7 +13,12 @@
  *   predictions   one row per evaluated candidate (plan_id = plans.id): step time,
  *                 tokens/s/GPU, MFU, peak memory, capacity and the breakdown at the peak,
  *                 compute / exposed communication / bubble / optimizer seconds
- *   measurements  filled by the executor (mp_store_add_measurement): per plan and step
+ *   measurements  filled by the executor (mp_store_add_measurement): per plan and step,
+ *                 with the step's learning rate, gradient norm and eval loss (version 3)
+ * Version 3 adds runs.train_status: NULL for a planner run (complete once committed: a run
+ * is one transaction); for a run that `meshplan train --db` measures, 'running' from its
+ * start, then 'complete' or 'diverged' (a NaN or Inf loss or gradient norm stopped it) or
+ * 'failed'; a process killed on the way leaves 'running', which reads as incomplete.
  *
  * Concurrency: WAL mode, a busy timeout (MP_STORE_BUSY_TIMEOUT_MS), and every write
  * transaction starts with BEGIN IMMEDIATE, repeated while other writers hold the lock for
@@ -46,7 +51,7 @@
 extern "C" {
 #endif
 
-#define MP_STORE_SCHEMA_VERSION 2
+#define MP_STORE_SCHEMA_VERSION 3
 /* PRAGMA application_id of a meshplan database: "MPLN" in ASCII. */
 #define MP_STORE_APPLICATION_ID 0x4D504C4E
 #define MP_STORE_BUSY_TIMEOUT_MS 60000
@@ -104,9 +109,17 @@ typedef struct mp_measurement {
   double loss;
   double tokens_per_s;
   const char *device; /* "NVIDIA H100 80GB HBM3", "cpu" */
+  int has_eval;       /* eval_loss holds this step's validation loss */
+  double eval_loss;
+  double lr;          /* the step's learning rate */
+  double grad_norm;   /* its global gradient norm before clipping */
 } mp_measurement;
 /* Inserts a measurement (its own transaction); the plan must exist. */
 mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measurement *m);
+
+/* A training run's state (see the tables above): 'running', 'complete', 'diverged' or
+ * 'failed', set on the run that holds plan_id (its own transaction). */
+mp_status mp_store_set_train_status(mp_ctx *ctx, mp_store *st, int64_t plan_id, const char *status);
 
 /* ---- reading (for `meshplan report` and tests) ---- */
 typedef struct mp_run_row {
@@ -117,6 +130,7 @@ typedef struct mp_run_row {
   int64_t n_candidates, n_pruned, n_evaluated, n_feasible, best_plan_id;
   double wall_s;
   double best_step_time_s; /* 0 when no feasible plan */
+  char status[16];         /* complete, diverged, incomplete (killed or still running), failed */
 } mp_run_row;
 
 typedef struct mp_plan_row {
@@ -143,6 +157,18 @@ mp_status mp_store_get_run(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_run_row
 /* A run's ranked plans, rank order, at most k (k <= 0: all). */
 mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t k, mp_arena *a,
                              mp_plan_row **rows, int64_t *n);
+/* One measured step of a run, in the order recorded. */
+typedef struct mp_step_row {
+  int64_t plan_id, step;
+  double loss, tokens_per_s, step_time_s, lr, grad_norm;
+  int has_eval;
+  double eval_loss;
+} mp_step_row;
+/* The run's measured steps (arena-owned array), by plan and step; a step measured twice
+ * (a resumed training run repeats the steps after its checkpoint) is its last record. */
+mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_step_row **rows,
+                             int64_t *n);
+
 /* The integer result of a one-value query ("SELECT count(*) FROM plans WHERE run_id=2");
  * for tests and counts. */
 mp_status mp_store_query_i64(mp_ctx *ctx, mp_store *st, const char *sql, int64_t *out);

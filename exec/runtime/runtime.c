@@ -19,6 +19,7 @@ void mp_runtime_options_init(mp_runtime_options *o) {
   o->eps = 1e-8f;
   o->weight_decay = 0.1f;
   o->max_grad_norm = 1.0f;
+  o->decay_embeddings = 1;
 }
 
 /* A collective on host values (loss sums, norms, EP counts, dumps): straight to comm when
@@ -224,7 +225,11 @@ static int param_place(mp_runtime *rt, int i, int dprep_idx) {
     U->gather_numel += mp_act_gather_slot_bytes(gsize, r->numel_pad, (int)rt->xs) / (int64_t)rt->xs;
     if (r->numel_pad > U->max_pad) U->max_pad = r->numel_pad;
   }
-  r->decay = p->ndim >= 2;
+  /* weight decay (runtime.h): >= 2-D weights, the embedding and head among them unless
+   * decay_embeddings is off; every parameter with decay_all */
+  const int embed = p->module == MP_MOD_TOK_EMBEDDINGS || p->module == MP_MOD_POS_EMBEDDINGS ||
+                    p->module == MP_MOD_OUTPUT;
+  r->decay = rt->opts.decay_all || (p->ndim >= 2 && (rt->opts.decay_embeddings || !embed));
   const int tp_sharded = p->place[MP_AXIS_TP].kind == MP_PLACEMENT_SHARD;
   const int fsdp_g = p->fsdp_unit >= 0 ? mp_comm_group_size(comm, r->group) : 1;
   const int fsdp_i = p->fsdp_unit >= 0 ? mp_comm_group_index(comm, r->group) : 0;

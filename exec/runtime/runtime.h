@@ -14,8 +14,13 @@
  *            layer's load-balancing loss on that micro-batch)
  *   gradients accumulate over micro-batches; the global gradient norm over every
  *   parameter is clipped to max_grad_norm (PyTorch clip_grad_norm_); AdamW (decoupled
- *   decay, bias-corrected) with weight decay on every parameter of 2 or more dims
- *   (Linear, experts, router, embeddings, head); norms and biases (1-D) do not decay.
+ *   decay, bias-corrected) with weight decay on the parameters of 2 or more dims (Linear,
+ *   experts, router, embeddings, head); norms and biases (1-D) do not decay. That is
+ *   nanoGPT's and llm.c's rule (configure_optimizers: "all weight tensors in matmuls +
+ *   embeddings decay, all biases and layernorms don't") and Megatron-LM's (no decay on
+ *   biases and norms). Options change it where practice differs: decay_embeddings = 0
+ *   leaves the embedding and head out too (OLMo 2), decay_all decays every parameter
+ *   (torchtitan's AdamW on model.parameters()).
  *
  * Dtypes: master parameters, their gradients, AdamW state and statistics are fp32 on
  * every backend; activations, their gradients and the compute copies of parameters are
@@ -101,9 +106,12 @@ typedef struct mp_runtime mp_runtime;
 
 typedef struct mp_runtime_options {
   uint64_t seed;       /* parameter initialization (init.h) */
-  float lr;            /* AdamW learning rate (constant) */
+  float lr;            /* AdamW learning rate of the next step (mp_runtime_set_lr changes it: schedules) */
   float beta1, beta2, eps, weight_decay;
   float max_grad_norm; /* <= 0: no clipping */
+  int decay_embeddings; /* 1: weight decay on the embedding and output head too (nanoGPT, llm.c,
+                           Megatron-LM); 0: on the other >= 2-D weights only (OLMo 2) */
+  int decay_all;       /* 1: weight decay on every parameter, norms included (torchtitan) */
   int f8_codes;        /* 1: float8 Linears as GEMMs on codes (matmul_f8) even where X is fp32,
                           the CUDA path's algorithm checked on the CPU; 0: the backend's way
                           (codes where X is not fp32, the exact fp32 emulation where it is) */
@@ -117,6 +125,7 @@ typedef struct mp_step_result {
   double ce_loss;   /* mean cross-entropy over the step's tokens */
   double aux_loss;  /* aux_loss_coef * mean over micro-batches of sum over MoE layers */
   double grad_norm; /* global norm before clipping */
+  int skipped;      /* the norm was not finite: no parameter, moment or step count changed */
   int64_t peak_bytes;   /* tracked allocator peak over the step */
   int64_t tokens;       /* tokens this rank processed */
 } mp_step_result;
@@ -131,7 +140,16 @@ void mp_runtime_destroy(mp_runtime *rt);
  * int32 tokens (mp_corpus_batch); gradients are left in place (zeroed at the start). */
 mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens,
                                       mp_step_result *res);
-/* Clipping and AdamW with the gradients of the last forward_backward; fills grad_norm. */
+/* The logits of the following forward_backward calls, copied into dst (host, fp32): per
+ * micro-batch (B, T, vocab) one after another (local_batch * T * vocab floats for one
+ * step); NULL stops. For checking the forward against a reference (the Hugging Face round
+ * trip); an fp32 backend with tp 1 only (MP_ERR_UNSUPPORTED otherwise). */
+mp_status mp_runtime_capture_logits(mp_ctx *ctx, mp_runtime *rt, float *dst);
+/* Clipping and AdamW with the gradients of the last forward_backward (res holds its loss);
+ * fills grad_norm. A gradient norm that is NaN or infinite, or a loss that is (on any
+ * rank: the loss poisons the norm before its all-reduce), leaves the parameters, the
+ * moments and the step count as they were and sets res->skipped, on every rank alike (the
+ * caller stops a diverged run with the state of the last good step intact). */
 mp_status mp_runtime_optimizer_step(mp_ctx *ctx, mp_runtime *rt, mp_step_result *res);
 /* Both, and the step's peak memory; returns when the step's device work is complete
  * (mp_runtime_synchronize), so a host clock around it times the step. */
@@ -142,6 +160,37 @@ mp_status mp_runtime_synchronize(mp_ctx *ctx, mp_runtime *rt);
  * staged through device memory when the comm takes device buffers only (NCCL). */
 mp_status mp_runtime_host_all_reduce(mp_ctx *ctx, mp_runtime *rt, mp_group g, void *buf, size_t count,
                                      mp_comm_dtype t, mp_comm_op op);
+
+/* The learning rate of the following optimizer steps (LR schedules, exec/runtime/lr.h). */
+void mp_runtime_set_lr(mp_runtime *rt, float lr);
+/* Optimizer steps taken (AdamW's t for its bias correction); set by a checkpoint's load. */
+int64_t mp_runtime_steps_done(const mp_runtime *rt);
+void mp_runtime_set_steps_done(mp_runtime *rt, int64_t steps);
+
+/* The tensors a rank keeps per parameter, as a checkpoint saves them. */
+typedef enum mp_state_kind {
+  MP_STATE_PARAM = 0, /* fp32 master */
+  MP_STATE_EXP_AVG,   /* AdamW first moment m */
+  MP_STATE_EXP_AVG_SQ,/* AdamW second moment v */
+  MP_STATE_COUNT
+} mp_state_kind;
+/* Host copies of the real elements of parameter i's tile (numel of mp_runtime_param_tile,
+ * row-major over the tile): read, or written (a parameter's compute copy and float8 codes
+ * follow). Pad rows of an FSDP shard are neither read nor written. */
+mp_status mp_runtime_read_state(mp_ctx *ctx, const mp_runtime *rt, int i, mp_state_kind k, float *dst);
+mp_status mp_runtime_write_state(mp_ctx *ctx, mp_runtime *rt, int i, mp_state_kind k, const float *src);
+/* This rank writes parameter i's tile in a checkpoint: it holds elements of it and is the
+ * one copy of them (not a replica over tp, dp_replicate or an FSDP group that does not
+ * shard it). */
+int mp_runtime_param_owner(const mp_runtime *rt, int i);
+const mp_plan *mp_runtime_plan(const mp_runtime *rt);
+mp_comm *mp_runtime_comm(const mp_runtime *rt);
+
+/* Every rank's local status agreed over the world (an all-reduce of the worst): a step
+ * only some ranks fail (a file only rank 0 writes) fails on every rank, so none waits in a
+ * collective the failed one never joins. A rank whose own step passed gets a message
+ * saying `what` failed on another rank. Collective. */
+mp_status mp_runtime_agree(mp_ctx *ctx, mp_runtime *rt, mp_status local, const char *what);
 
 const mp_talloc *mp_runtime_allocator(const mp_runtime *rt);
 int64_t mp_runtime_local_batch(const mp_runtime *rt);

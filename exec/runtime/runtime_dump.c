@@ -13,6 +13,51 @@ mp_status mp_runtime_read_param(mp_ctx *ctx, const mp_runtime *rt, int i, float 
   return MP_OK;
 }
 
+static float *state_ptr(const rt_param *r, mp_state_kind k) {
+  return k == MP_STATE_PARAM ? r->w : k == MP_STATE_EXP_AVG ? r->m : r->v;
+}
+
+mp_status mp_runtime_read_state(mp_ctx *ctx, const mp_runtime *rt, int i, mp_state_kind k, float *dst) {
+  const rt_param *r = &rt->prm[i];
+  if (r->numel) BE(memcpy_d2h(rt->kc, dst, state_ptr(r, k), (size_t)r->numel * sizeof(float)));
+  return MP_OK;
+}
+
+mp_status mp_runtime_write_state(mp_ctx *ctx, mp_runtime *rt, int i, mp_state_kind k, const float *src) {
+  rt_param *r = &rt->prm[i];
+  if (!r->numel) return MP_OK;
+  BE(memcpy_h2d(rt->kc, state_ptr(r, k), src, (size_t)r->numel * sizeof(float)));
+  if (k != MP_STATE_PARAM) return MP_OK;
+  /* a resident compute copy follows its master, as after an optimizer step */
+  if (r->cw && r->cw != (void *)r->w && !r->sharded) BE(x_from_f32(rt->kc, r->cw, r->w, (size_t)r->numel_pad));
+  r->f8w_valid = 0;
+  return MP_OK;
+}
+
+int mp_runtime_param_owner(const mp_runtime *rt, int i) { return rt->prm[i].owner && rt->prm[i].numel > 0; }
+
+const mp_plan *mp_runtime_plan(const mp_runtime *rt) { return rt->plan; }
+
+mp_comm *mp_runtime_comm(const mp_runtime *rt) { return rt->comm; }
+
+void mp_runtime_set_lr(mp_runtime *rt, float lr) { rt->opts.lr = lr; }
+
+mp_status mp_runtime_agree(mp_ctx *ctx, mp_runtime *rt, mp_status local, const char *what) {
+  if (mp_comm_world_size(rt->comm) == 1) return local;
+  int64_t v = (int64_t)local;
+  mp_ctx c2;
+  mp_ctx_init(&c2);
+  mp_status st = mp_runtime_host_all_reduce(&c2, rt, MP_GROUP_WORLD, &v, 1, MP_COMM_DTYPE_INT64, MP_COMM_OP_MAX);
+  if (st != MP_OK) return local != MP_OK ? local : mp_error(ctx, st, "%s", mp_errmsg(&c2));
+  if (local != MP_OK) return local;
+  if (v != MP_OK) return mp_error(ctx, (mp_status)v, "%s failed on another rank (its message names the cause)", what);
+  return MP_OK;
+}
+
+int64_t mp_runtime_steps_done(const mp_runtime *rt) { return rt->step; }
+
+void mp_runtime_set_steps_done(mp_runtime *rt, int64_t steps) { rt->step = steps; }
+
 mp_status mp_runtime_read_grad(mp_ctx *ctx, const mp_runtime *rt, int i, float *dst) {
   if (rt->prm[i].numel) BE(memcpy_d2h(rt->kc, dst, rt->prm[i].g, (size_t)rt->prm[i].numel * sizeof(float)));
   return MP_OK;

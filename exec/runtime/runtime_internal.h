@@ -141,7 +141,9 @@ struct mp_runtime {
   int64_t ep_R_max; /* most rows received in one layer since creation (routing-dependent memory) */
   int64_t *ep_rc;   /* [L * ep * El] rows received from source s for local expert e */
   int32_t *counts_h; /* [L * E] host copies of expert row counts */
-  int step;
+  int64_t step;       /* optimizer steps taken (AdamW's t) */
+  float *logits_out;  /* mp_runtime_capture_logits: the next forward's logits go here (host) */
+  int64_t logits_at;  /* floats written so far */
   mp_step_action *prog; /* one micro-batch: this rank's schedule's step program */
   int32_t n_prog;
 };

@@ -103,6 +103,10 @@ static mp_status act_head_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
     MP_CHECK(tp_sum_f32(ctx, rt, gtgt, (size_t)N));
     BE(ce_vp_combine(rt->kc, losses, mean, lse, gmax, gsum, gtgt, rt->tok_tgt, N));
   }
+  if (rt->logits_out) { /* mp_runtime_capture_logits: fp32 X, tp 1 (checked there) */
+    BE(memcpy_d2h(rt->kc, rt->logits_out + rt->logits_at, logits, (size_t)N * Vl * sizeof(float)));
+    rt->logits_at += (int64_t)N * Vl;
+  }
   float ce_mean;
   BE(memcpy_d2h(rt->kc, &ce_mean, mean, sizeof ce_mean));
   *ms->ce += ce_mean * ms->dscale;
@@ -220,6 +224,15 @@ static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, do
 
 /* ---- the step -------------------------------------------------------------------------- */
 
+mp_status mp_runtime_capture_logits(mp_ctx *ctx, mp_runtime *rt, float *dst) {
+  if (dst && (rt->xs != sizeof(float) || rt->tp != 1 || rt->Vl != rt->V))
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "logits are captured from an fp32 backend with tp 1 and an unpadded "
+                    "vocabulary; this run has %s X, tp %d", rt->xs == sizeof(float) ? "fp32" : "bf16", rt->tp);
+  rt->logits_out = dst;
+  rt->logits_at = 0;
+  return MP_OK;
+}
+
 mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens, mp_step_result *res) {
   memset(res, 0, sizeof *res);
   for (int i = 0; i < rt->plan->n_params; i++)
@@ -269,6 +282,10 @@ mp_status mp_runtime_optimizer_step(mp_ctx *ctx, mp_runtime *rt, mp_step_result 
   for (int i = 0; i < np; i++)
     if (rt->prm[i].g && rt->prm[i].owner) sumsq += hsq[i];
   free(hsq);
+  /* A loss that is not finite poisons the norm before its all-reduce, so every rank sees
+   * a NaN norm and skips the update alike: whether a rank takes the optimizer's
+   * collectives must never depend on a value only some ranks hold. */
+  if (!isfinite(res->loss)) sumsq = NAN;
   if (st != MP_OK) return mp_error(ctx, st, "gradient norm: %s", mp_errmsg(rt->kc->err));
   if (mp_comm_world_size(rt->comm) > 1) {
     float v = (float)sumsq;
@@ -276,19 +293,21 @@ mp_status mp_runtime_optimizer_step(mp_ctx *ctx, mp_runtime *rt, mp_step_result 
     sumsq = v;
   }
   const double norm = sqrt(sumsq);
+  res->grad_norm = norm;
+  res->skipped = !isfinite(norm);
+  if (res->skipped) return MP_OK; /* a diverged step changes nothing (runtime.h) */
   const float scale = rt->opts.max_grad_norm > 0 ? mp_clip_scale((float)norm, rt->opts.max_grad_norm) : 1.0f;
   rt->step++;
   for (int i = 0; i < rt->plan->n_params; i++) {
     rt_param *r = &rt->prm[i];
     if (!r->g) continue;
     BE(adamw_update(rt->kc, r->w, r->g, r->m, r->v, (size_t)r->numel_pad, rt->opts.lr, rt->opts.beta1,
-                    rt->opts.beta2, rt->opts.eps, r->decay ? rt->opts.weight_decay : 0.0f, rt->step, scale));
+                    rt->opts.beta2, rt->opts.eps, r->decay ? rt->opts.weight_decay : 0.0f, (int)rt->step, scale));
     /* a resident compute copy follows its master (sharded ones are cast at each gather),
      * and so do its cached float8 codes */
     if (r->cw && r->cw != (void *)r->w && !r->sharded) BE(x_from_f32(rt->kc, r->cw, r->w, (size_t)r->numel_pad));
     r->f8w_valid = 0;
   }
-  res->grad_norm = norm;
   return MP_OK;
 }
 

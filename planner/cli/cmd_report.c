@@ -1,7 +1,10 @@
 /* meshplan report: reads the planner's database. Without --run it lists the runs (newest
- * first); with --run ID it prints that run's top plans with their predictions and, for
- * plans the executor has measured, the measured figures beside the predicted ones with the
- * error (predicted - measured) / measured. The database is opened, never created: a
+ * first) with each run's status (complete; for training runs also diverged or incomplete:
+ * killed or still running; failed); with --run ID it prints that run's top plans with
+ * their predictions and, for plans the executor has measured, the measured figures beside
+ * the predicted ones with the error (predicted - measured) / measured, and the training
+ * curve's ends; --plot DIR draws the run's measured loss (training and validation) and
+ * throughput against the step with gnuplot. The database is opened, never created: a
  * missing file is an error naming it. */
 #include <cjson/cJSON.h>
 #include <stdint.h>
@@ -11,6 +14,7 @@
 #include <unistd.h>
 
 #include "planner/cli/commands.h"
+#include "planner/plot.h"
 #include "planner/search.h"
 #include "planner/store.h"
 
@@ -18,13 +22,15 @@ static mp_opt k_opts[] = {
     MP_OPT_DB("to read, as meshplan plan wrote it (default meshplan.db)"),
     {"--run", "ID", "show this run's top plans (default: list the runs)", NULL},
     MP_OPT_TOP(" for --run"),
+    {"--plot", "DIR", "with --run: draw the measured loss (training, validation) and tokens/s against the step "
+     "into DIR/loss.png and DIR/throughput.png (gnuplot)", NULL},
     MP_OPT_JSON("the runs, or the run's plans,"),
     MP_OPT_END,
 };
 
 static mp_cmd_spec k_spec = {"report",
                              "List planner runs, or one run's top plans with predicted vs measured figures.",
-                             "[--db PATH] [--run ID] [--top K] [--json]", k_opts, 0};
+                             "[--db PATH] [--run ID [--plot DIR]] [--top K] [--json]", k_opts, 0};
 
 static const double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -55,6 +61,7 @@ static int list_runs(mp_store *st, mp_arena *a, int as_json) {
       cJSON_AddNumberToObject(j, "seq", (double)r->seq);
       cJSON_AddNumberToObject(j, "global_batch", (double)r->global_batch);
       cJSON_AddStringToObject(j, "objective", r->objective);
+      cJSON_AddStringToObject(j, "status", r->status);
       cJSON_AddNumberToObject(j, "candidates", (double)r->n_candidates);
       cJSON_AddNumberToObject(j, "simulated", (double)r->n_evaluated);
       cJSON_AddNumberToObject(j, "feasible", (double)r->n_feasible);
@@ -68,16 +75,16 @@ static int list_runs(mp_store *st, mp_arena *a, int as_json) {
     printf("%s holds no runs yet; run meshplan plan --db %s\n", mp_store_path(st), mp_store_path(st));
     return 0;
   }
-  printf("%4s  %-20s  %-18s  %-12s %6s %6s %6s %10s %9s %8s %10s\n", "run", "when (UTC)", "model",
-         "cluster", "GPUs", "seq", "batch", "candidates", "simulated", "feasible", "best (s)");
+  printf("%4s  %-20s  %-18s  %-12s %6s %6s %6s %10s %9s %8s %10s  %s\n", "run", "when (UTC)", "model",
+         "cluster", "GPUs", "seq", "batch", "candidates", "simulated", "feasible", "best (s)", "status");
   for (int64_t i = 0; i < n; i++) {
     const mp_run_row *r = &runs[i];
     char best[32] = "-";
     if (r->best_plan_id) snprintf(best, sizeof best, "%.4f", r->best_step_time_s);
-    printf("%4lld  %-20s  %-18s  %-12s %6d %6lld %6lld %10lld %9lld %8lld %10s\n", (long long)r->id,
+    printf("%4lld  %-20s  %-18s  %-12s %6d %6lld %6lld %10lld %9lld %8lld %10s  %s\n", (long long)r->id,
            r->created_at, r->model, r->cluster, r->n_gpus, (long long)r->seq,
            (long long)r->global_batch, (long long)r->n_candidates, (long long)r->n_evaluated,
-           (long long)r->n_feasible, best);
+           (long long)r->n_feasible, best, r->status);
   }
   printf("\nmeshplan report --db %s --run ID shows a run's top plans\n", mp_store_path(st));
   return 0;
@@ -94,6 +101,7 @@ static void print_run_json(const mp_run_row *run, const mp_plan_row *p, int64_t 
   cJSON_AddNumberToObject(root, "run", (double)run->id);
   cJSON_AddStringToObject(root, "model", run->model);
   cJSON_AddStringToObject(root, "cluster", run->cluster);
+  cJSON_AddStringToObject(root, "status", run->status);
   for (int64_t i = 0; i < n; i++) {
     cJSON *j = cJSON_CreateObject();
     if (!j) break;
@@ -138,9 +146,9 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
     print_run_json(&run, p, n);
     return 0;
   }
-  printf("run %lld (%s): %s on %s (%d GPUs), seq %lld, global batch %lld, objective %s\n",
+  printf("run %lld (%s): %s on %s (%d GPUs), seq %lld, global batch %lld, objective %s, %s\n",
          (long long)run.id, run.created_at, run.model, run.cluster, run.n_gpus, (long long)run.seq,
-         (long long)run.global_batch, run.objective);
+         (long long)run.global_batch, run.objective, run.status);
   printf("%lld candidates, %lld pruned, %lld simulated, %lld feasible\n\n", (long long)run.n_candidates,
          (long long)run.n_pruned, (long long)run.n_evaluated, (long long)run.n_feasible);
   if (n == 0) {
@@ -175,6 +183,39 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
   return 0;
 }
 
+/* The run's measured steps: the curve's ends on stdout, and with dir its plots. */
+static int show_training(mp_store *st, mp_arena *a, const mp_run_row *run, const char *dir) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_step_row *rows = NULL;
+  int64_t n = 0;
+  mp_status s = mp_store_run_steps(&ctx, st, run->id, a, &rows, &n);
+  if (s != MP_OK) return fail(&ctx, s);
+  if (n == 0) {
+    if (!dir) return 0;
+    return fail(&ctx, mp_error(&ctx, MP_ERR_NOT_FOUND, "run %lld has no measured steps to plot; train with "
+                               "meshplan train --db %s", (long long)run->id, mp_store_path(st)));
+  }
+  const mp_step_row *last_eval = NULL;
+  for (int64_t i = 0; i < n; i++)
+    if (rows[i].has_eval) last_eval = &rows[i];
+  printf("\ntraining: %lld measured steps, loss %.4f at step %lld -> %.4f at step %lld", (long long)n, rows[0].loss,
+         (long long)rows[0].step, rows[n - 1].loss, (long long)rows[n - 1].step);
+  if (last_eval) printf(", validation loss %.4f at step %lld", last_eval->eval_loss, (long long)last_eval->step);
+  printf(" (%s)\n", run->status);
+  if (!dir) return 0;
+  mp_plot_step *ps = mp_arena_alloc(a, (size_t)n * sizeof *ps);
+  if (!ps) return fail(&ctx, mp_error(&ctx, MP_ERR_NOMEM, "out of memory"));
+  for (int64_t i = 0; i < n; i++)
+    ps[i] = (mp_plot_step){rows[i].step, rows[i].loss, rows[i].tokens_per_s, rows[i].has_eval, rows[i].eval_loss};
+  char title[256];
+  snprintf(title, sizeof title, "run %lld: %s, %s", (long long)run->id, run->model, run->status);
+  if ((s = mp_plot_make_dir(&ctx, dir)) != MP_OK || (s = mp_plot_training(&ctx, dir, ps, n, title)) != MP_OK)
+    return fail(&ctx, s);
+  printf("plots: %s/loss.png, %s/throughput.png\n", dir, dir);
+  return 0;
+}
+
 static int run_report(mp_ctx *ctx, const mp_cmd_call *call) {
   (void)call;
   mp_status s;
@@ -194,7 +235,22 @@ static int run_report(mp_ctx *ctx, const mp_cmd_call *call) {
     return fail(ctx, mp_error(ctx, MP_ERR_NOMEM, "out of memory"));
   }
   int as_json = mp_args_has(&k_spec, "--json");
-  int rc = mp_args_has(&k_spec, "--run") ? show_run(st, a, run_id, top, as_json) : list_runs(st, a, as_json);
+  const char *plot = mp_args_get(&k_spec, "--plot");
+  int rc;
+  if (plot && !mp_args_has(&k_spec, "--run")) {
+    fprintf(stderr, "meshplan report: --plot draws one run's curves; add --run ID (meshplan report lists them)\n");
+    rc = 2;
+  } else if (mp_args_has(&k_spec, "--run")) {
+    rc = show_run(st, a, run_id, top, as_json);
+    if (rc == 0 && !as_json) {
+      mp_run_row run;
+      mp_ctx c2;
+      mp_ctx_init(&c2);
+      rc = mp_store_get_run(&c2, st, run_id, &run) == MP_OK ? show_training(st, a, &run, plot) : fail(&c2, c2.last);
+    }
+  } else {
+    rc = list_runs(st, a, as_json);
+  }
   mp_arena_destroy(a);
   mp_store_close(st);
   return rc;

@@ -12,13 +12,15 @@
  * --db the planner run and then every step's measurement are recorded, so `meshplan
  * report` shows predicted beside measured.
  *
- * The command runs as a sequence of steps over one train_job (run_train): the device, the
- * plan (given, or the planner's), the device and communicator, the runtime and its data,
- * the steps, the summary. Every step leaves what it made in the job, and one cleanup frees
- * it all whichever step failed. */
+ * The command runs as a sequence of steps over one train_job (run_train, train_job.h): the
+ * device, the plan (given, or the planner's), the device and communicator, the runtime
+ * and its data, the restore (--resume, --init-from), the steps (train_loop.c: LR
+ * schedule, eval, checkpoints, metrics, divergence), the summary. Every step leaves what
+ * it made in the job, and one cleanup frees it all whichever step failed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "calib/calibrate.h"
 #include "calib/store.h"
@@ -32,6 +34,7 @@
 #include "exec/model.h"
 #include "exec/plan.h"
 #include "exec/runtime/data.h"
+#include "exec/runtime/hf.h"
 #include "exec/runtime/kprof.h"
 #include "exec/runtime/runtime.h"
 #include "exec/runtime/weights.h"
@@ -41,6 +44,7 @@
 #include "planner/evaluate.h"
 #include "planner/planner.h"
 #include "planner/search.h"
+#include "planner/cli/train_job.h"
 #include "planner/store.h"
 
 static mp_opt k_opts[] = {
@@ -49,15 +53,38 @@ static mp_opt k_opts[] = {
     MP_OPT_MESH("default: every dim 1"),
     MP_OPT_AC(""),
     MP_OPT_FP8("; emulated exactly on the CPU"),
-    {"--steps", "K", "training steps (default 20)", NULL},
+    {"--steps", "K", "the run's last step: training steps from 0, or up to K from a resumed checkpoint; 0 runs "
+     "none (with --checkpoint-dir: a checkpoint of the starting weights) (default 20)", NULL},
     MP_OPT_SEQ("the model's max_seq"),
     MP_OPT_MICRO_BATCH("4"),
     MP_OPT_GLOBAL_BATCH_ONE_MICRO,
-    {"--lr", "LR", "AdamW learning rate (default 1e-3)", NULL},
-    {"--weight-decay", "WD", "AdamW weight decay on >= 2-D weights (default 0.1)", NULL},
+    {"--lr", "LR", "AdamW peak learning rate (default 1e-3)", NULL},
+    {"--lr-schedule", "S", "constant, cosine, linear or wsd (warmup-stable-decay; formulas in docs/runtime.md; "
+     "default constant)", NULL},
+    {"--warmup", "N", "linear warmup over the first N steps (default 0)", NULL},
+    {"--min-lr", "LR", "the learning rate cosine, linear and wsd decay to (default 0)", NULL},
+    {"--decay-frac", "F", "wsd: the share of the post-warmup steps spent decaying (default 0.2)", NULL},
+    {"--weight-decay", "WD", "AdamW weight decay (default 0.1) on the parameters --decay names", NULL},
+    {"--decay", "RULE", "which parameters decay: 2d (every >= 2-D weight: nanoGPT, llm.c, Megatron-LM), "
+     "2d-no-embed (not the embedding and head: OLMo 2) or all (torchtitan) (default 2d)", NULL},
     {"--clip", "NORM", "clip the global gradient norm to NORM; 0 disables (default 1.0)", NULL},
-    {"--data", "SRC", "synthetic (Markov chain of known entropy) or an llm.c token shard path (default synthetic)", NULL},
+    {"--data", "SRC", "synthetic (Markov chain of known entropy), or token shards: a path or a glob of llm.c "
+     "uint16 / uint32 .bin files (default synthetic)", NULL},
+    {"--shuffle", NULL, "visit the training sequences in an order shuffled by --seed, a new order each epoch", NULL},
     {"--fanout", "K", "successors per state of the synthetic chain (default 4)", NULL},
+    {"--val-data", "GLOB", "validation token shards: an eval loss every --eval-every steps and at the end", NULL},
+    {"--eval-every", "N", "steps between eval losses (default 0: at the last step only)", NULL},
+    {"--eval-batches", "K", "global batches of --val-data averaged per eval (default 4)", NULL},
+    {"--checkpoint-dir", "D", "write checkpoints to D/step_N (sharded, mesh-independent, atomic)", NULL},
+    {"--checkpoint-every", "N", "steps between checkpoints; the last step is always saved (default 0: the last "
+     "step only)", NULL},
+    {"--checkpoint-keep", "K", "keep the newest K checkpoints (default 3; 0: all)", NULL},
+    {"--resume", "WHAT", "latest (the newest checkpoint in --checkpoint-dir; none: start at step 0), a "
+     "checkpoint folder or a step folder; any mesh loads any checkpoint", NULL},
+    {"--init-from", "PATH", "initial weights: a .safetensors file or a Hugging Face folder (config.json checked "
+     "against --model, or the model when --model is not given)", NULL},
+    {"--metrics", "PATH", "one JSON object per step (step, loss, eval_loss, lr, grad_norm, tokens_per_s, mfu, "
+     "peak_mem_bytes, predicted_step_s); a resumed run keeps the lines up to its checkpoint", NULL},
     {"--device", "D", "cpu or cuda (default cpu); cuda: one GPU per rank (the node-local rank's), bf16 "
      "compute with fp32 master weights and optimizer state", NULL},
     MP_OPT_GPU_OF_DEVICE("the prediction is made for"),
@@ -68,10 +95,12 @@ static mp_opt k_opts[] = {
      "the best executable plan (--ac, --fp8, --micro-batch given constrain it)", NULL},
     {"--seed", "N", "initialization and data seed (default 1234)", NULL},
     {"--dump-weights", "PATH", "write the initial full weights (weight file, exec/runtime/weights.h)", NULL},
-    {"--dump-grads", "PATH", "write the full gradients of step 1 (before clipping)", NULL},
+    {"--dump-grads", "PATH", "write the full gradients of the run's first step (before clipping)", NULL},
     {"--dump-losses", "PATH", "write per-step losses as JSON", NULL},
     {"--dump-data", "PATH", "write the token corpus used, as an llm.c shard", NULL},
-    {"--quiet", NULL, "print only the summary line", NULL},
+    {"--dump-logits", "PATH", "write the logits of the starting weights on the run's first batch (weight file, "
+     "tensor \"logits\" [sequences, seq, vocab]; one rank, CPU)", NULL},
+    {"--quiet", NULL, "leave out the per-step lines (the summary, checkpoints and notes stay)", NULL},
     {"--profile", NULL, "time each kernel and collective of rank 0 (the device synchronized around every "
      "kernel, so the steps run slower) and print them per step by class beside the simulator's prediction "
      "of the same plan", NULL},
@@ -81,41 +110,14 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "train", "Train a model with a plan on CPUs or GPUs (world size 1 without mpirun; mpirun for more ranks).",
     "--model M [--mesh MESH] [--ep N] [--ac MODE] [--steps K] [--seq S] [--micro-batch B] [--global-batch G] "
-    "[--fp8] [--lr LR] [--data synthetic|PATH] [--device cpu|cuda] [--db PATH [--plan-id ID]] [--auto] "
-    "[--seed N] [--profile] [--dump-weights PATH]",
+    "[--fp8] [--lr LR [--lr-schedule S --warmup N --min-lr LR]] [--data synthetic|GLOB [--val-data GLOB]] "
+    "[--checkpoint-dir D [--checkpoint-every N] [--resume latest]] [--init-from PATH] [--metrics PATH] "
+    "[--device cpu|cuda] [--db PATH [--plan-id ID]] [--auto] [--seed N] [--profile] [--dump-weights PATH]",
     k_opts, 0};
-
-/* What the planner chose (or predicted) for this training run. */
-typedef struct train_pick {
-  int found;
-  mp_mesh mesh;
-  int64_t plan_id;          /* 0 without a database */
-  double step_time_s;       /* predicted */
-  int64_t peak_mem_bytes;   /* predicted, with the stack's runtime overhead and fragmentation */
-  int64_t alloc_peak_bytes; /* predicted peak of the allocations alone: what the tracked
-                               allocator measures */
-  int64_t n_candidates, n_feasible;
-  int calibrated;           /* the profile carries a `meshplan calibrate` measurement */
-  int calib_threads, calib_world; /* a cpu calibration's OpenMP threads and ranks */
-  int have_busy;            /* --profile: the plan's rank 0 simulated with its trace */
-  mp_sim_busy busy;         /* its busy time per kernel class and collective group */
-  mp_sim_result busy_res;
-} train_pick;
-
-/* Where train runs: the CPU, or a GPU of the profile named gpu (data/gpus). */
-typedef struct train_device {
-  int cuda;
-  int index;         /* CUDA device of this rank */
-  char name[128];    /* the device's own name (CUDA) */
-  const char *gpu;   /* GPU profile: "cpu", "h100-sxm", ... */
-  const char *stack; /* stack profile of the runtime on it */
-} train_device;
 
 /* ---- the planner's pick or prediction ---------------------------------------------------- */
 
 #define TRAIN_HEADROOM 0.05 /* of the GPU's memory kept free: meshplan plan's default */
-/* The synthetic corpus's largest size, tokens (uint16: 256 MiB). */
-#define MAX_SYNTHETIC_TOKENS (1LL << 27)
 
 /* The newest `meshplan calibrate --device D` in db, read once and applied to the cluster's
  * profile (its rates); *out the calibration (malloc'd; the caller frees it) for the
@@ -321,41 +323,6 @@ static void print_profile(const mp_kprof *kp, const mp_comm_prof *cp, long long 
 
 /* ---- the run ------------------------------------------------------------------------------ */
 
-/* One training run: what the command line asks for and everything it holds until the end. */
-typedef struct train_job {
-  mp_ctx *ctx;
-  train_device dev;
-  const mp_backend *be; /* the device's backend */
-  mp_kctx kc;
-  int be_up;
-  mp_launch launch; /* from the environment, before MPI starts */
-  const char *db;   /* --db, or NULL */
-  long long plan_id;
-  int profile, want_auto;
-  mp_model model;
-  mp_mesh mesh;
-  mp_plan_options po;
-  train_pick pick; /* the planner's plan or prediction; found 0 without one */
-  int mpi, rank;   /* MPI was started (it is finalized at the end); this rank */
-  mp_comm *comm;
-  long long steps, seed, fanout;
-  mp_plan *plan;
-  mp_runtime_options ro;
-  mp_corpus corpus;
-  const char *data; /* --data, or NULL for synthetic */
-  mp_kprof kprof;   /* --profile, rank 0: kernels and collectives */
-  mp_comm_prof cprof;
-  mp_backend be_prof;
-  int kprof_on;
-  mp_runtime *rt;
-  mp_cuda_timer *timer;
-  mp_store *store;
-  int32_t *batch;
-  double *losses, *step_s;
-  int64_t peak, ep_rows; /* the largest rank's peak memory and expert rows received */
-  double total_s, tokens_all; /* steps 2.. */
-} train_job;
-
 /* --device: the CPU, or the node-local rank's GPU and the GPU profile of the prediction
  * (--gpu, else the one its name identifies). */
 static mp_status pick_device(train_job *j) {
@@ -386,6 +353,23 @@ static mp_status pick_device(train_job *j) {
   return MP_OK;
 }
 
+/* --init-from a Hugging Face folder: its config.json is the model when --model is not
+ * given, else it must agree with --model. */
+static mp_status init_from_config(train_job *j, int model_given) {
+  const char *init = mp_args_get(&k_spec, "--init-from");
+  char cfg[4096];
+  if (!init) return MP_OK;
+  snprintf(cfg, sizeof cfg, "%s/config.json", init);
+  if (access(cfg, R_OK) != 0) return MP_OK; /* a .safetensors file, or a folder without one */
+  mp_model hf;
+  MP_CHECK(mp_model_load(j->ctx, cfg, &hf));
+  if (!model_given) {
+    j->model = hf;
+    return MP_OK;
+  }
+  return mp_hf_check_config(j->ctx, &hf, &j->model, cfg);
+}
+
 /* The run's request: --db and --plan-id, --profile, --auto (which excludes --mesh and
  * --plan-id), the model, and the plan options over train's defaults (the model's whole
  * context, 4 sequences per micro-batch, one micro-batch per data-parallel rank). */
@@ -400,6 +384,7 @@ static mp_status read_request(train_job *j) {
     return mp_error(ctx, MP_ERR_USAGE, "--auto chooses the mesh itself: drop --mesh / --plan-id, or drop --auto");
   const char *mname = mp_args_get(&k_spec, "--model");
   MP_CHECK(mp_model_load(ctx, mname ? mname : "tiny-dense", &j->model));
+  MP_CHECK(init_from_config(j, mname != NULL));
   mp_cmd_launch(&j->launch);
   mp_plan_options_init(&j->po);
   j->po.seq = j->model.max_seq;
@@ -445,6 +430,8 @@ static mp_status plan_given(train_job *j) {
   mp_plan_options *po = &j->po;
   if (!po->global_batch) po->global_batch = po->micro_batch * mp_mesh_group_size(&j->mesh, MP_GROUP_DP);
   const int world = j->launch.world, rank0 = j->launch.rank == 0;
+  /* a resumed run on its checkpoint's mesh goes on recording into the checkpoint's run */
+  if (j->db && !j->plan_id && rank0) j->plan_id = mp_train_resumed_plan_id(j);
   if (!((j->db && !j->plan_id) || j->profile) || mp_mesh_world(&j->mesh) != world) return MP_OK;
   const int record = j->db && !j->plan_id;
   mp_search_fix fix;
@@ -488,7 +475,7 @@ static mp_status build_plan(train_job *j) {
   j->steps = 20;
   j->seed = 1234;
   j->fanout = 4;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--steps", 1, MP_LIM_STEPS, &j->steps));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--steps", 0, MP_LIM_STEPS, &j->steps));
   MP_CHECK(mp_args_int(ctx, &k_spec, "--seed", 0, INT64_MAX, &j->seed));
   MP_CHECK(mp_args_int(ctx, &k_spec, "--fanout", 1, 65536, &j->fanout)); /* successors <= vocab <= 2^16 */
   j->po.master_dtype = MP_DTYPE_FP32;
@@ -505,32 +492,19 @@ static mp_status build_plan(train_job *j) {
   d = j->ro.max_grad_norm;
   MP_CHECK(mp_args_double(ctx, &k_spec, "--clip", 0, MP_LIM_CLIP, MP_RANGE_CLOSED, &d));
   j->ro.max_grad_norm = (float)d;
-  return MP_OK;
+  return mp_train_read_loop_options(j);
 }
 
-/* The corpus (every rank builds or reads the same one and takes its slice per step), and
- * on rank 0 --dump-data and --dump-weights. */
+/* The data (train_loop.c), and on rank 0 --dump-data (the synthetic corpus as a shard) and
+ * --dump-weights. */
 static mp_status load_data(train_job *j) {
   mp_ctx *ctx = j->ctx;
-  j->data = mp_args_get(&k_spec, "--data");
-  if (!j->data || strcmp(j->data, "synthetic") == 0) {
-    /* every step's sequences without reuse, up to MAX_SYNTHETIC_TOKENS; beyond that the
-     * batches wrap around the corpus (mp_corpus_batch) */
-    int64_t need = 0;
-    if (mp_mul_i64(j->steps, j->po.global_batch, &need) || mp_add_i64(need, 1, &need) ||
-        mp_mul_i64(need, j->po.seq, &need) || need > MAX_SYNTHETIC_TOKENS)
-      need = MAX_SYNTHETIC_TOKENS;
-    need += 1;
-    if (need < (1 << 16)) need = 1 << 16;
-    MP_CHECK(mp_corpus_synthetic(ctx, j->model.vocab, (int)j->fanout, need, (uint64_t)j->seed, &j->corpus));
-  } else {
-    MP_CHECK(mp_corpus_read_shard(ctx, j->data, &j->corpus));
-    if (j->corpus.vocab > j->model.vocab)
-      return mp_error(ctx, MP_ERR_INVALID, "%s holds token ids up to %lld but model %s has a vocabulary of %lld",
-                      j->data, (long long)j->corpus.vocab - 1, j->model.name, (long long)j->model.vocab);
-  }
+  MP_CHECK(mp_train_load_data(j));
   if (j->rank != 0) return MP_OK;
   const char *dump_data = mp_args_get(&k_spec, "--dump-data");
+  if (dump_data && j->train_data && !j->corpus.tokens)
+    return mp_error(ctx, MP_ERR_USAGE, "--dump-data writes the synthetic corpus; the data of --data %s is already in "
+                    "shards", j->data);
   if (dump_data) MP_CHECK(mp_corpus_write_shard(ctx, &j->corpus, dump_data));
   const char *dump_w = mp_args_get(&k_spec, "--dump-weights");
   if (!dump_w) return MP_OK;
@@ -563,8 +537,9 @@ static mp_status create_runtime(train_job *j) {
     return mp_error(ctx, MP_ERR_INVALID, "a local batch of %lld sequences of %lld tokens is too large to hold",
                     (long long)lb, (long long)j->po.seq);
   j->batch = malloc((size_t)batch_elems * sizeof *j->batch);
-  j->losses = calloc((size_t)j->steps, sizeof *j->losses);
-  if (!j->batch || !j->losses) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the batch");
+  j->losses = calloc((size_t)j->steps + 1, sizeof *j->losses);
+  j->step_s = calloc((size_t)j->steps + 1, sizeof *j->step_s);
+  if (!j->batch || !j->losses || !j->step_s) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the batch");
   return MP_OK;
 }
 
@@ -583,7 +558,7 @@ static void print_start(const train_job *j, int quiet) {
            j->model.name, mesh_s, ranks, ranks == 1 ? "" : "s", mp_ac_mode_name(j->plan->ac),
            (long long)j->po.seq, (long long)j->po.micro_batch, (long long)j->po.global_batch,
            (long long)mp_runtime_n_micro(j->rt), j->ro.lr, j->data ? j->data : "synthetic");
-    if (j->corpus.entropy_nats >= 0) printf(" (entropy floor %.4f nats)", j->corpus.entropy_nats);
+    if (j->corpus.tokens && j->corpus.entropy_nats >= 0) printf(" (entropy floor %.4f nats)", j->corpus.entropy_nats);
     printf(", float8 %s\n", j->plan->opts.fp8 ? "on" : "off");
     if (dev->cuda) printf("device: cuda %d (%s, profile %s), bf16 compute\n", dev->index, dev->name, dev->gpu);
   }
@@ -608,68 +583,6 @@ static void print_start(const train_job *j, int quiet) {
            dev->cuda ? "GPU" : "CPU", dev->gpu, dev->stack, dev->cuda ? "cuda" : "cpu", j->db ? j->db : "DB");
 }
 
-/* Step 1 with --dump-grads: forward and backward, the gradients written (rank 0), then
- * the optimizer; the dump is not part of the step's time (t0 restarts after it). */
-static mp_status step_dumping_grads(train_job *j, const char *dump_g, mp_step_result *r, double *t0) {
-  mp_ctx *ctx = j->ctx;
-  mp_talloc_reset_peak((mp_talloc *)mp_runtime_allocator(j->rt));
-  MP_CHECK(mp_runtime_forward_backward(ctx, j->rt, j->batch, r));
-  mp_wfile w;
-  mp_wfile_init(&w);
-  mp_status st = mp_runtime_dump(ctx, j->rt, 1, &w);
-  if (st == MP_OK && j->rank == 0) st = mp_wfile_write(ctx, &w, dump_g);
-  mp_wfile_free(&w);
-  MP_CHECK(st);
-  *t0 = mp_now_s();
-  if (j->timer) MP_CHECK(mp_cuda_timer_start(&j->kc, j->timer));
-  MP_CHECK(mp_runtime_optimizer_step(ctx, j->rt, r));
-  MP_CHECK(mp_runtime_synchronize(ctx, j->rt));
-  r->peak_bytes = mp_talloc_peak_total(mp_runtime_allocator(j->rt));
-  return MP_OK;
-}
-
-/* Every step: its batch, the step timed (device time on CUDA), its line on rank 0 and its
- * measurement in the database. Step 1 carries first-touch page faults: the throughput
- * and the profile count from step 2 on. */
-static mp_status train_steps(train_job *j, int quiet) {
-  mp_ctx *ctx = j->ctx;
-  const int dp = mp_comm_group_size(j->comm, MP_GROUP_DP), dp_index = mp_comm_group_index(j->comm, MP_GROUP_DP);
-  const char *dump_g = mp_args_get(&k_spec, "--dump-grads");
-  j->step_s = calloc((size_t)j->steps, sizeof *j->step_s);
-  if (!j->step_s) return mp_error(ctx, MP_ERR_NOMEM, "out of memory");
-  for (long long s = 0; s < j->steps; s++) {
-    MP_CHECK(mp_corpus_batch(ctx, &j->corpus, s, j->po.global_batch, j->po.seq, dp_index, dp, j->batch));
-    mp_step_result r;
-    if (j->timer) MP_CHECK(mp_cuda_timer_start(&j->kc, j->timer));
-    double t0 = mp_now_s();
-    if (s == 0 && dump_g)
-      MP_CHECK(step_dumping_grads(j, dump_g, &r, &t0));
-    else
-      MP_CHECK(mp_runtime_step(ctx, j->rt, j->batch, &r));
-    double dt = mp_now_s() - t0;
-    if (j->timer) MP_CHECK(mp_cuda_timer_stop(&j->kc, j->timer, &dt)); /* device time of the step */
-    double tok_s = (double)r.tokens * dp / dt;
-    j->losses[s] = r.loss;
-    if (s > 0) {
-      j->total_s += dt;
-      j->tokens_all += (double)r.tokens * dp;
-    } else if (j->steps > 1) {
-      memset(&j->kprof, 0, sizeof j->kprof);
-      memset(&j->cprof, 0, sizeof j->cprof);
-    }
-    if (r.peak_bytes > j->peak) j->peak = r.peak_bytes;
-    if (j->rank == 0 && !quiet)
-      printf("step %4lld  loss %.6f  (ce %.6f aux %.6f)  grad_norm %.4f  %.1f ms  %.0f tokens/s  peak %.3f MiB\n",
-             s + 1, r.loss, r.ce_loss, r.aux_loss, r.grad_norm, dt * 1e3, tok_s, r.peak_bytes / 1048576.0);
-    j->step_s[s] = dt;
-    if (j->store && j->rank == 0 && j->plan_id) {
-      mp_measurement me = {j->plan_id, s + 1, dt, r.peak_bytes, r.loss, tok_s, j->dev.cuda ? "cuda" : "cpu"};
-      MP_CHECK(mp_store_add_measurement(ctx, j->store, &me));
-    }
-  }
-  return MP_OK;
-}
-
 /* The summary: the largest rank's peak (what must fit) and, under EP, the most expert rows
  * any rank received in one layer beside the balanced count the prediction assumes (N x
  * top_k per rank); on rank 0 the done line, predicted beside measured, --profile's table. */
@@ -682,10 +595,15 @@ static mp_status print_summary(train_job *j) {
     j->ep_rows = pk[1];
   }
   if (j->rank != 0) return MP_OK;
-  const long long steps = j->steps;
+  const long long steps = j->steps - j->start_step; /* run by this process */
   const int64_t peak = j->peak;
-  printf("done: %lld steps, final loss %.6f, %.0f tokens/s (steps 2..%lld), peak memory %lld bytes per rank\n",
-         steps, j->losses[steps - 1], j->total_s > 0 ? j->tokens_all / j->total_s : 0.0, steps, (long long)peak);
+  if (steps <= 0) {
+    printf("done: the checkpoint is at step %lld, --steps %lld: no step to run\n", j->start_step, j->steps);
+    return MP_OK;
+  }
+  printf("done: %lld steps (%lld..%lld), final loss %.6f, %.0f tokens/s (from the second), peak memory %lld bytes "
+         "per rank\n", steps, j->start_step + 1, j->steps, j->losses[steps - 1],
+         j->total_s > 0 ? j->tokens_all / j->total_s : 0.0, (long long)peak);
   if (j->ep_rows > 0)
     printf("expert rows: at most %lld received by one rank in one MoE layer (balanced routing: %lld)\n",
            (long long)j->ep_rows, (long long)(j->po.micro_batch * j->po.seq * j->model.top_k));
@@ -710,11 +628,12 @@ static mp_status print_summary(train_job *j) {
 static mp_status dump_losses(train_job *j) {
   const char *dump_l = mp_args_get(&k_spec, "--dump-losses");
   if (!dump_l || j->rank != 0) return MP_OK;
-  size_t cap = 64 + (size_t)j->steps * 32, n = 0;
+  const long long steps = j->steps > j->start_step ? j->steps - j->start_step : 0;
+  size_t cap = 64 + (size_t)steps * 32, n = 0;
   char *js = malloc(cap);
   if (!js) return mp_error(j->ctx, MP_ERR_NOMEM, "out of memory");
   n += (size_t)snprintf(js + n, cap - n, "{\"losses\": [");
-  for (long long s = 0; s < j->steps; s++) n += (size_t)snprintf(js + n, cap - n, "%s%.9g", s ? ", " : "", j->losses[s]);
+  for (long long s = 0; s < steps; s++) n += (size_t)snprintf(js + n, cap - n, "%s%.9g", s ? ", " : "", j->losses[s]);
   n += (size_t)snprintf(js + n, cap - n, "]}\n");
   mp_status st = mp_write_file_atomic(j->ctx, dump_l, js, n);
   free(js);
@@ -724,6 +643,7 @@ static mp_status dump_losses(train_job *j) {
 /* Everything the steps of run_train made, in reverse. */
 static void release(train_job *j) {
   free(j->step_s);
+  mp_train_loop_release(j);
   mp_store_close(j->store);
   mp_cuda_timer_destroy(j->timer);
   mp_runtime_destroy(j->rt);
@@ -748,10 +668,12 @@ static mp_status train(train_job *j) {
   MP_CHECK(open_device(j));
   MP_CHECK(build_plan(j));
   MP_CHECK(load_data(j));
+  if (!j->dev.cuda) mp_train_threads(j);
   MP_CHECK(create_runtime(j));
   const int quiet = mp_args_has(&k_spec, "--quiet");
   print_start(j, quiet);
-  MP_CHECK(train_steps(j, quiet));
+  MP_CHECK(mp_train_restore(j));
+  MP_CHECK(mp_train_steps(j, quiet));
   MP_CHECK(print_summary(j));
   return dump_losses(j);
 }
@@ -761,10 +683,12 @@ static int run_train(mp_ctx *ctx, const mp_cmd_call *call) {
   train_job *j = calloc(1, sizeof *j);
   if (j == NULL) return mp_cmd_fail(ctx, mp_error(ctx, MP_ERR_NOMEM, "out of memory"));
   j->ctx = ctx;
+  j->spec = &k_spec;
   j->kc = (mp_kctx){ctx, NULL, 0};
   j->be = mp_backend_cpu();
   j->dev = (train_device){0, 0, "cpu", "cpu", "meshplan-cpu"};
   mp_status st = train(j);
+  mp_train_finish(j, st);
   /* a stuck or dead peer: the job ends here (MPI_Finalize in release would wait for it) */
   if (j->launch.under_mpi && (st == MP_ERR_TIMEOUT || st == MP_ERR_MPI || st == MP_ERR_NCCL)) {
     const int code = mp_cmd_fail_job(ctx, st, 1);
@@ -773,9 +697,13 @@ static int run_train(mp_ctx *ctx, const mp_cmd_call *call) {
     return code;
   }
   release(j);
-  const int rank = j->rank;
+  const int rank = j->rank, diverged = j->diverged;
   free(j);
   if (st == MP_OK) return 0;
+  if (diverged) { /* every rank saw the same loss: rank 0 says it, exit 1 (not an input error) */
+    if (rank == 0) mp_cmd_fail(ctx, st);
+    return 1;
+  }
   /* an unsupported request is every rank's: rank 0 says it once */
   return rank == 0 || st != MP_ERR_UNSUPPORTED ? mp_cmd_fail(ctx, st) : mp_status_exit_code(st);
 }

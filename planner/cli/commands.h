@@ -40,7 +40,7 @@ typedef struct mp_command {
 } mp_command;
 
 extern const mp_command mp_command_plan, mp_command_simulate, mp_command_explain, mp_command_train,
-    mp_command_calibrate, mp_command_report, mp_command_validate;
+    mp_command_export, mp_command_calibrate, mp_command_report, mp_command_validate;
 
 /* The prologue of every command: parses argv (after the command's name) against
  * cmd->spec; --help or -h prints the help to stdout and returns 0; a usage error prints

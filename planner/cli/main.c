@@ -9,7 +9,7 @@
 /* In the order `meshplan --help` lists them. */
 static const mp_command *const k_commands[] = {
     &mp_command_plan,      &mp_command_simulate, &mp_command_explain,  &mp_command_train,
-    &mp_command_calibrate, &mp_command_report,   &mp_command_validate,
+    &mp_command_export,    &mp_command_calibrate, &mp_command_report,  &mp_command_validate,
 };
 enum { N_COMMANDS = sizeof k_commands / sizeof k_commands[0] };
 

@@ -26,8 +26,9 @@ The model (llama family, as exec/model.h and kernels/ops.h define it):
   term is per micro-batch), clips the global grad norm to 1.0 (clip_grad_norm_), then
   torch.optim.AdamW(lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1 on tensors of >= 2
   dims, 0 on norms).
-Batches (exec/runtime/data.h): sequence g of the run is the seq+1 tokens starting at
-(g * seq) mod (n_tokens - seq); step s uses sequences s*G .. s*G+G-1.
+Batches (exec/runtime/dataset.h): the corpus holds S = (n_tokens - 1) // seq sequences,
+sequence i the seq+1 tokens from i * seq; sequence g of the run is sequence g mod S (no
+shuffle); step s uses sequences s*G .. s*G+G-1.
 
 Tolerances (fp32 runtime vs float64 reference): losses |got - want| <= 1e-5 * |want| (the
 design's target) on every step compared; gradients: per tensor, the norm of the difference
@@ -175,11 +176,11 @@ def forward(P, cfg, tokens):
 
 
 def batch(tokens, step, G, T):
-    span = len(tokens) - T
+    S = (len(tokens) - 1) // T
     rows = []
     for j in range(G):
         g = step * G + j
-        start = (g * T) % span
+        start = (g % S) * T
         rows.append(tokens[start:start + T + 1])
     return torch.from_numpy(np.stack(rows))
 

@@ -1,0 +1,396 @@
+/* Distributed checkpoints: the manifest, reading a box of a saved tensor by byte ranges,
+ * and the load into a runtime of any mesh (ckpt.h states the format).
+ *
+ * A box is read shard by shard: its intersection with the shard is a set of runs, one per
+ * index of the leading dims, each contiguous in the shard (row-major). A run is copied
+ * from the checksum chunks that hold it; a chunk is read with one pread and verified
+ * before any of its bytes is used, and the last chunk read is kept, so runs that share a
+ * chunk read it once. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/json.h"
+#include "exec/runtime/ckpt_internal.h"
+
+/* ---- the manifest ------------------------------------------------------------------------- */
+
+static mp_status bad(mp_ctx *ctx, const char *dir, const char *what) {
+  return mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: %s; the checkpoint is damaged: resume from another step",
+                  dir, what);
+}
+
+static int get_i64(const cJSON *o, const char *key, int64_t *out) {
+  const cJSON *v = cJSON_GetObjectItem(o, key);
+  if (!cJSON_IsNumber(v) || v->valuedouble < 0) return 0;
+  *out = (int64_t)v->valuedouble;
+  return 1;
+}
+
+static int get_dims(const cJSON *o, const char *key, int64_t *out, int *ndim) {
+  const cJSON *a = cJSON_GetObjectItem(o, key);
+  const int n = cJSON_GetArraySize(a);
+  if (!cJSON_IsArray(a) || n < 1 || n > 3) return 0;
+  for (int d = 0; d < 3; d++) out[d] = d < n ? (int64_t)cJSON_GetArrayItem(a, d)->valuedouble : 1;
+  if (*ndim && *ndim != n) return 0;
+  *ndim = n;
+  return 1;
+}
+
+static mp_status parse_shard(mp_ctx *ctx, mp_ckpt_manifest *m, const mp_ckpt_tensor *t, const cJSON *js,
+                             mp_ckpt_shard *s) {
+  int nd = t->ndim;
+  int64_t file = -1;
+  char what[600];
+  snprintf(what, sizeof what, "a shard of tensor %s is malformed", t->name);
+  if (!get_i64(js, "file", &file) || file >= m->n_files || !get_dims(js, "offset", s->off, &nd) ||
+      !get_dims(js, "len", s->len, &nd) || !get_i64(js, "byte_offset", &s->byte_offset))
+    return bad(ctx, m->dir, what);
+  s->file = (int)file;
+  if (nd < 3) s->off[2] = 0;
+  if (nd < 2) s->off[1] = 0;
+  int64_t numel = 1;
+  for (int d = 0; d < 3; d++) {
+    if (s->off[d] < 0 || s->len[d] < 1 || s->off[d] + s->len[d] > t->shape[d]) return bad(ctx, m->dir, what);
+    numel *= s->len[d];
+  }
+  const int64_t bytes = numel * 4;
+  if (s->byte_offset + bytes > m->file_bytes[s->file]) {
+    snprintf(what, sizeof what, "tensor %s's shard ends at byte %lld of %s, which holds %lld bytes: the file is "
+             "truncated", t->name, (long long)(s->byte_offset + bytes), m->files[s->file],
+             (long long)m->file_bytes[s->file]);
+    return mp_error(ctx, MP_ERR_INVALID, "%s/%s: %s; resume from another step", m->dir, m->files[s->file], what);
+  }
+  const cJSON *ch = cJSON_GetObjectItem(js, "xxh64");
+  s->n_chunks = cJSON_GetArraySize(ch);
+  if (s->n_chunks != (int)((bytes + m->chunk_bytes - 1) / m->chunk_bytes)) return bad(ctx, m->dir, what);
+  s->chunks = mp_arena_alloc(m->arena, (size_t)s->n_chunks * sizeof *s->chunks);
+  MP_CHECK_ALLOC(ctx, s->chunks);
+  for (int k = 0; k < s->n_chunks; k++) {
+    const char *hex = cJSON_GetStringValue(cJSON_GetArrayItem(ch, k));
+    char *end = NULL;
+    s->chunks[k] = hex ? strtoull(hex, &end, 16) : 0;
+    if (!hex || !end || *end || strlen(hex) != 16) return bad(ctx, m->dir, what);
+  }
+  return MP_OK;
+}
+
+static mp_status parse_files(mp_ctx *ctx, mp_ckpt_manifest *m) {
+  const cJSON *files = cJSON_GetObjectItem(m->root, "files");
+  m->n_files = cJSON_GetArraySize(files);
+  m->files = mp_arena_alloc(m->arena, (size_t)(m->n_files + 1) * sizeof *m->files);
+  m->file_bytes = mp_arena_alloc(m->arena, (size_t)(m->n_files + 1) * sizeof *m->file_bytes);
+  MP_CHECK_ALLOC(ctx, m->files);
+  MP_CHECK_ALLOC(ctx, m->file_bytes);
+  for (int f = 0; f < m->n_files; f++) {
+    const cJSON *fo = cJSON_GetArrayItem(files, f);
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(fo, "name"));
+    int64_t want = 0;
+    if (!name || strchr(name, '/') || !get_i64(fo, "bytes", &want)) return bad(ctx, m->dir, "a file entry is malformed");
+    m->files[f] = mp_arena_strdup(m->arena, name);
+    char p[MP_CKPT_PATH_MAX + 300];
+    snprintf(p, sizeof p, "%s/%s", m->dir, name);
+    struct stat sb;
+    if (stat(p, &sb) != 0) return mp_error(ctx, MP_ERR_INVALID, "%s: missing (%s); the checkpoint is incomplete: "
+                                           "resume from another step", p, strerror(errno));
+    m->file_bytes[f] = (int64_t)sb.st_size;
+    if (m->file_bytes[f] > want)
+      return mp_error(ctx, MP_ERR_INVALID, "%s: %lld bytes, but the manifest says %lld; the checkpoint is damaged",
+                      p, (long long)m->file_bytes[f], (long long)want);
+  }
+  return MP_OK;
+}
+
+static mp_status parse_tensors(mp_ctx *ctx, mp_ckpt_manifest *m) {
+  const cJSON *ts = cJSON_GetObjectItem(m->root, "tensors");
+  m->n_tensors = cJSON_GetArraySize(ts);
+  m->tensors = mp_arena_alloc(m->arena, (size_t)(m->n_tensors + 1) * sizeof *m->tensors);
+  MP_CHECK_ALLOC(ctx, m->tensors);
+  for (int i = 0; i < m->n_tensors; i++) {
+    const cJSON *tj = cJSON_GetArrayItem(ts, i);
+    mp_ckpt_tensor *t = &m->tensors[i];
+    t->name = cJSON_GetStringValue(cJSON_GetObjectItem(tj, "name"));
+    const char *dtype = cJSON_GetStringValue(cJSON_GetObjectItem(tj, "dtype"));
+    t->ndim = 0;
+    if (!t->name || !dtype || strcmp(dtype, "F32") != 0 || !get_dims(tj, "shape", t->shape, &t->ndim))
+      return bad(ctx, m->dir, "a tensor entry is malformed (name, dtype F32, shape)");
+    const cJSON *sh = cJSON_GetObjectItem(tj, "shards");
+    t->n_shards = cJSON_GetArraySize(sh);
+    t->shards = mp_arena_alloc(m->arena, (size_t)(t->n_shards + 1) * sizeof *t->shards);
+    MP_CHECK_ALLOC(ctx, t->shards);
+    for (int s = 0; s < t->n_shards; s++) MP_CHECK(parse_shard(ctx, m, t, cJSON_GetArrayItem(sh, s), &t->shards[s]));
+  }
+  return MP_OK;
+}
+
+mp_status mp_ckpt_manifest_read(mp_ctx *ctx, const char *step_dir, mp_ckpt_manifest *m) {
+  memset(m, 0, sizeof *m);
+  snprintf(m->dir, sizeof m->dir, "%s", step_dir);
+  char p[MP_CKPT_PATH_MAX + 32];
+  snprintf(p, sizeof p, "%s/manifest.json", step_dir);
+  m->arena = mp_arena_create();
+  MP_CHECK_ALLOC(ctx, m->arena);
+  mp_status st = mp_json_parse_file(ctx, p, &m->root);
+  if (st != MP_OK) return st;
+  const char *fmt = cJSON_GetStringValue(cJSON_GetObjectItem(m->root, "format"));
+  int64_t ver = 0;
+  if (!fmt || strcmp(fmt, MP_CKPT_FORMAT) != 0 || !get_i64(m->root, "version", &ver))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: not a meshplan checkpoint manifest (format \"%s\")", p,
+                    MP_CKPT_FORMAT);
+  if (ver != MP_CKPT_VERSION)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: checkpoint version %lld; this meshplan reads version %d", p,
+                    (long long)ver, MP_CKPT_VERSION);
+  const char *seed = cJSON_GetStringValue(cJSON_GetObjectItem(m->root, "seed"));
+  if (!get_i64(m->root, "step", &m->meta.step) || !get_i64(m->root, "data_consumed", &m->meta.data_consumed) ||
+      !seed || !get_i64(m->root, "chunk_bytes", &m->chunk_bytes) || m->chunk_bytes < 4 || m->chunk_bytes % 4)
+    return bad(ctx, step_dir, "step, data_consumed, seed or chunk_bytes is missing or malformed");
+  m->meta.seed = strtoull(seed, NULL, 10);
+  m->meta.train = cJSON_GetObjectItem(m->root, "train");
+  MP_CHECK(parse_files(ctx, m));
+  return parse_tensors(ctx, m);
+}
+
+void mp_ckpt_manifest_free(mp_ckpt_manifest *m) {
+  if (!m) return;
+  cJSON_Delete(m->root);
+  mp_arena_destroy(m->arena);
+  memset(m, 0, sizeof *m);
+}
+
+const mp_ckpt_tensor *mp_ckpt_find(const mp_ckpt_manifest *m, const char *name) {
+  for (int i = 0; i < m->n_tensors; i++)
+    if (strcmp(m->tensors[i].name, name) == 0) return &m->tensors[i];
+  return NULL;
+}
+
+/* ---- reading boxes ------------------------------------------------------------------------ */
+
+/* The open files and the last chunk read and verified. */
+typedef struct box_reader {
+  const mp_ckpt_manifest *m;
+  int *fds;
+  char *chunk;
+  int c_file, c_shard_idx;
+  int64_t c_byte_offset, c_k; /* which chunk the buffer holds (c_k < 0: none) */
+} box_reader;
+
+static mp_status chunk_load(mp_ctx *ctx, box_reader *br, const mp_ckpt_tensor *t, const mp_ckpt_shard *s,
+                            int64_t k, int64_t shard_bytes) {
+  if (br->c_k == k && br->c_file == s->file && br->c_byte_offset == s->byte_offset) return MP_OK;
+  const mp_ckpt_manifest *m = br->m;
+  if (br->fds[s->file] < 0) {
+    char p[MP_CKPT_PATH_MAX + 300];
+    snprintf(p, sizeof p, "%s/%s", m->dir, m->files[s->file]);
+    br->fds[s->file] = open(p, O_RDONLY | O_CLOEXEC);
+    if (br->fds[s->file] < 0) return mp_error(ctx, MP_ERR_IO, "%s: cannot open: %s", p, strerror(errno));
+  }
+  const int64_t o = k * m->chunk_bytes, n = shard_bytes - o < m->chunk_bytes ? shard_bytes - o : m->chunk_bytes;
+  int64_t got = 0;
+  while (got < n) {
+    ssize_t r = pread(br->fds[s->file], br->chunk + got, (size_t)(n - got), (off_t)(s->byte_offset + o + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      return mp_error(ctx, MP_ERR_INVALID, "%s/%s: tensor %s: cannot read bytes %lld..%lld (%s); the file is "
+                      "truncated: resume from another step", m->dir, m->files[s->file], t->name,
+                      (long long)(s->byte_offset + o), (long long)(s->byte_offset + o + n),
+                      r < 0 ? strerror(errno) : "end of file");
+    got += r;
+  }
+  if (mp_ckpt_hash64(br->chunk, (size_t)n) != s->chunks[k])
+    return mp_error(ctx, MP_ERR_INVALID, "%s/%s: tensor %s: checksum mismatch in bytes %lld..%lld; the checkpoint "
+                    "is corrupt: resume from another step", m->dir, m->files[s->file], t->name,
+                    (long long)(s->byte_offset + o), (long long)(s->byte_offset + o + n));
+  br->c_file = s->file;
+  br->c_byte_offset = s->byte_offset;
+  br->c_k = k;
+  return MP_OK;
+}
+
+/* n floats from element e of shard s into dst, through the verified chunks. */
+static mp_status copy_run(mp_ctx *ctx, box_reader *br, const mp_ckpt_tensor *t, const mp_ckpt_shard *s, int64_t e,
+                          int64_t n, float *dst) {
+  const int64_t shard_bytes = s->len[0] * s->len[1] * s->len[2] * 4, cb = br->m->chunk_bytes;
+  int64_t b = e * 4, end = (e + n) * 4;
+  char *out = (char *)dst;
+  while (b < end) {
+    const int64_t k = b / cb, in_chunk = b - k * cb, take = (k + 1) * cb < end ? (k + 1) * cb - b : end - b;
+    MP_CHECK(chunk_load(ctx, br, t, s, k, shard_bytes));
+    memcpy(out, br->chunk + in_chunk, (size_t)take);
+    out += take;
+    b += take;
+  }
+  return MP_OK;
+}
+
+/* The intersection of the box with shard s, copied run by run; *covered += its elements. */
+static mp_status read_shard_part(mp_ctx *ctx, box_reader *br, const mp_ckpt_tensor *t, const mp_ckpt_shard *s,
+                                 const int64_t off[3], const int64_t len[3], float *dst, int64_t *covered) {
+  int64_t lo[3], hi[3];
+  for (int d = 0; d < 3; d++) {
+    lo[d] = off[d] > s->off[d] ? off[d] : s->off[d];
+    hi[d] = off[d] + len[d] < s->off[d] + s->len[d] ? off[d] + len[d] : s->off[d] + s->len[d];
+    if (lo[d] >= hi[d]) return MP_OK;
+  }
+  const int64_t run = hi[2] - lo[2];
+  for (int64_t a = lo[0]; a < hi[0]; a++)
+    for (int64_t b = lo[1]; b < hi[1]; b++) {
+      const int64_t src = ((a - s->off[0]) * s->len[1] + (b - s->off[1])) * s->len[2] + (lo[2] - s->off[2]);
+      const int64_t dsti = ((a - off[0]) * len[1] + (b - off[1])) * len[2] + (lo[2] - off[2]);
+      MP_CHECK(copy_run(ctx, br, t, s, src, run, dst + dsti));
+      *covered += run;
+    }
+  return MP_OK;
+}
+
+mp_status mp_ckpt_read_box(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_ckpt_tensor *t, const int64_t off[3],
+                           const int64_t len[3], float *dst) {
+  int64_t o3[3] = {0, 0, 0}, l3[3] = {1, 1, 1}, want = 1;
+  for (int d = 0; d < t->ndim; d++) {
+    o3[d] = off[d];
+    l3[d] = len[d];
+    want *= len[d];
+  }
+  box_reader br = {m, calloc((size_t)(m->n_files + 1), sizeof(int)), malloc((size_t)m->chunk_bytes), -1, -1, -1, -1};
+  if (!br.fds || !br.chunk) {
+    free(br.fds);
+    free(br.chunk);
+    return mp_error(ctx, MP_ERR_NOMEM, "checkpoint: out of memory reading %s", t->name);
+  }
+  for (int f = 0; f < m->n_files; f++) br.fds[f] = -1;
+  int64_t covered = 0;
+  mp_status st = MP_OK;
+  for (int s = 0; s < t->n_shards && st == MP_OK; s++) st = read_shard_part(ctx, &br, t, &t->shards[s], o3, l3, dst, &covered);
+  for (int f = 0; f < m->n_files; f++)
+    if (br.fds[f] >= 0) close(br.fds[f]);
+  free(br.fds);
+  free(br.chunk);
+  MP_CHECK(st);
+  if (covered != want)
+    return mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: tensor %s: the shards hold %lld of the %lld elements "
+                    "needed (overlapping or missing shards); the checkpoint is damaged", m->dir, t->name,
+                    (long long)covered, (long long)want);
+  return MP_OK;
+}
+
+/* ---- the load ------------------------------------------------------------------------------ */
+
+mp_status mp_ckpt_model(mp_ctx *ctx, const mp_ckpt_manifest *man, mp_model *out) {
+  char origin[MP_CKPT_PATH_MAX + 48];
+  snprintf(origin, sizeof origin, "%s/manifest.json: model", man->dir);
+  char *text = cJSON_PrintUnformatted(cJSON_GetObjectItem(man->root, "model"));
+  if (!text) return mp_error(ctx, MP_ERR_INVALID, "%s is missing", origin);
+  mp_status st = mp_model_from_text(ctx, text, origin, out);
+  free(text);
+  return st;
+}
+
+/* The manifest's model against the plan's: names and shapes are checked per tensor; the
+ * dims that change the forward without changing a shape are checked here. */
+static mp_status check_model(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_model *model) {
+  mp_model saved;
+  MP_CHECK(mp_ckpt_model(ctx, m, &saved));
+  const struct {
+    const char *k;
+    double a, b;
+  } f[] = {{"rope_theta", saved.rope_theta, model->rope_theta},
+           {"norm_eps", saved.norm_eps, model->norm_eps},
+           {"n_heads", (double)saved.n_heads, (double)model->n_heads},
+           {"n_kv_heads", (double)saved.n_kv_heads, (double)model->n_kv_heads},
+           {"top_k", (double)saved.top_k, (double)model->top_k},
+           {"norm_topk_prob", saved.norm_topk_prob, model->norm_topk_prob},
+           {"tied_embeddings", saved.tied_embeddings, model->tied_embeddings}};
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+    if (f[i].a != f[i].b)
+      return mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: the checkpoint's model %s has %s = %g, model %s has %g; "
+                      "resume with the model it was saved with", m->dir, saved.name, f[i].k, f[i].a, model->name,
+                      f[i].b);
+  return MP_OK;
+}
+
+/* Every tensor of the manifest is one the plan has (no tensor left behind unloaded). */
+static mp_status check_names(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_plan *plan) {
+  char name[512];
+  for (int t = 0; t < m->n_tensors; t++) {
+    int found = 0;
+    for (int i = 0; i < plan->n_params && !found; i++)
+      for (int k = 0; k < MP_STATE_COUNT && !found; k++) {
+        ckpt_tensor_name(name, sizeof name, plan->params[i].fqn, (mp_state_kind)k);
+        found = strcmp(name, m->tensors[t].name) == 0;
+      }
+    if (!found)
+      return mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: tensor %s is not a parameter of model %s; the "
+                      "checkpoint is another model's", m->dir, m->tensors[t].name, plan->model.name);
+  }
+  return MP_OK;
+}
+
+/* Parameter i's tile of every state, from the checkpoint into the runtime. */
+static mp_status load_param(mp_ctx *ctx, mp_runtime *rt, const mp_ckpt_manifest *m, int i, float *buf) {
+  const mp_param *p = &mp_runtime_plan(rt)->params[i];
+  int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
+  if (mp_runtime_param_tile(rt, i, off, len) == 0) return MP_OK;
+  char name[512];
+  for (int k = 0; k < MP_STATE_COUNT; k++) {
+    ckpt_tensor_name(name, sizeof name, p->fqn, (mp_state_kind)k);
+    const mp_ckpt_tensor *t = mp_ckpt_find(m, name);
+    if (!t)
+      return mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: tensor %s is missing; the checkpoint is another "
+                      "model's or incomplete", m->dir, name);
+    int same = t->ndim == p->ndim;
+    for (int d = 0; d < p->ndim && same; d++) same = t->shape[d] == p->shape[d];
+    if (!same)
+      return mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: tensor %s has shape [%lld, %lld, %lld] (%d dims) "
+                      "in the checkpoint but [%lld, %lld, %lld] (%d dims) in model %s; resume with the model "
+                      "(and vocabulary) it was saved with", m->dir, name, (long long)t->shape[0],
+                      (long long)t->shape[1], (long long)t->shape[2], t->ndim, (long long)p->shape[0],
+                      (long long)(p->ndim > 1 ? p->shape[1] : 1), (long long)(p->ndim > 2 ? p->shape[2] : 1),
+                      p->ndim, mp_runtime_plan(rt)->model.name);
+    MP_CHECK(mp_ckpt_read_box(ctx, m, t, off, len, buf));
+    MP_CHECK(mp_runtime_write_state(ctx, rt, i, (mp_state_kind)k, buf));
+  }
+  return MP_OK;
+}
+
+mp_status mp_ckpt_each_tile(mp_ctx *ctx, mp_runtime *rt, mp_ckpt_tile_fn fn, void *arg) {
+  const mp_plan *plan = mp_runtime_plan(rt);
+  mp_status st = MP_OK;
+  float *buf = NULL;
+  for (int i = 0; i < plan->n_params && st == MP_OK; i++) {
+    int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
+    const int64_t n = mp_runtime_param_tile(rt, i, off, len);
+    float *nb = realloc(buf, (size_t)(n ? n : 1) * sizeof(float));
+    if (!nb) {
+      st = mp_error(ctx, MP_ERR_NOMEM, "out of memory for the tile of %s", plan->params[i].fqn);
+      break;
+    }
+    buf = nb;
+    st = fn(ctx, rt, i, buf, arg);
+  }
+  free(buf);
+  return st;
+}
+
+static mp_status load_tile(mp_ctx *ctx, mp_runtime *rt, int i, float *buf, void *arg) {
+  return load_param(ctx, rt, (const mp_ckpt_manifest *)arg, i, buf);
+}
+
+static mp_status load_local(mp_ctx *ctx, mp_runtime *rt, const mp_ckpt_manifest *m) {
+  const mp_plan *plan = mp_runtime_plan(rt);
+  MP_CHECK(check_model(ctx, m, &plan->model));
+  MP_CHECK(check_names(ctx, m, plan));
+  return mp_ckpt_each_tile(ctx, rt, load_tile, (void *)m);
+}
+
+mp_status mp_ckpt_load(mp_ctx *ctx, mp_runtime *rt, const char *step_dir, mp_ckpt_manifest *man,
+                       mp_ckpt_meta *meta) {
+  mp_status st = mp_ckpt_manifest_read(ctx, step_dir, man);
+  if (st == MP_OK) st = load_local(ctx, rt, man);
+  MP_CHECK(mp_runtime_agree(ctx, rt, st, "loading the checkpoint"));
+  mp_runtime_set_steps_done(rt, man->meta.step);
+  *meta = man->meta;
+  return MP_OK;
+}

@@ -1,0 +1,335 @@
+/* Hugging Face names, config.json, initialization from safetensors and export of a
+ * checkpoint (see hf.h). */
+#define _GNU_SOURCE
+#include "exec/runtime/hf.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/json.h"
+#include "exec/runtime/ckpt_internal.h"
+#include "exec/runtime/safetensors.h"
+
+/* ---- names ----------------------------------------------------------------------------- */
+
+/* Our module path inside a block -> transformers'. */
+static const struct {
+  const char *ours, *hf;
+} k_block[] = {
+    {"attention_norm", "input_layernorm"},
+    {"attention.q_proj", "self_attn.q_proj"},
+    {"attention.k_proj", "self_attn.k_proj"},
+    {"attention.v_proj", "self_attn.v_proj"},
+    {"attention.o_proj", "self_attn.o_proj"},
+    {"attention.q_norm", "self_attn.q_norm"},
+    {"attention.k_norm", "self_attn.k_norm"},
+    {"ffn_norm", "post_attention_layernorm"},
+    {"mlp.gate_proj", "mlp.gate_proj"},
+    {"mlp.up_proj", "mlp.up_proj"},
+    {"mlp.down_proj", "mlp.down_proj"},
+    {"moe.router", "block_sparse_moe.gate"},
+};
+/* Mixtral's expert weights: w1 gate, w3 up, w2 down. */
+static const struct {
+  const char *ours, *hf;
+} k_experts[] = {
+    {"moe.experts.gate_proj", "w1"},
+    {"moe.experts.up_proj", "w3"},
+    {"moe.experts.down_proj", "w2"},
+};
+
+int mp_hf_is_experts(const char *fqn) { return strstr(fqn, ".moe.experts.") != NULL; }
+
+int mp_hf_name(const char *fqn, int expert, char *out, size_t cap) {
+  if (strcmp(fqn, "tok_embeddings.weight") == 0) return snprintf(out, cap, "model.embed_tokens.weight") > 0;
+  if (strcmp(fqn, "norm.weight") == 0) return snprintf(out, cap, "model.norm.weight") > 0;
+  if (strcmp(fqn, "output.weight") == 0) return snprintf(out, cap, "lm_head.weight") > 0;
+  int layer, n = 0;
+  if (sscanf(fqn, "layers.%d.%n", &layer, &n) != 1 || n == 0) return 0;
+  const char *rest = fqn + n, *dot = strrchr(rest, '.');
+  if (!dot || strcmp(dot, ".weight") != 0) return 0;
+  const size_t mlen = (size_t)(dot - rest);
+  for (size_t i = 0; i < sizeof k_block / sizeof k_block[0]; i++)
+    if (strlen(k_block[i].ours) == mlen && strncmp(rest, k_block[i].ours, mlen) == 0)
+      return snprintf(out, cap, "model.layers.%d.%s.weight", layer, k_block[i].hf) > 0;
+  for (size_t i = 0; i < sizeof k_experts / sizeof k_experts[0]; i++)
+    if (strlen(k_experts[i].ours) == mlen && strncmp(rest, k_experts[i].ours, mlen) == 0)
+      return snprintf(out, cap, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", layer, expert,
+                      k_experts[i].hf) > 0;
+  return 0;
+}
+
+/* ---- config.json ---------------------------------------------------------------------------- */
+
+mp_status mp_hf_config(mp_ctx *ctx, const mp_model *m, cJSON **out) {
+  *out = NULL;
+  if (m->family != MP_FAMILY_LLAMA || m->bias || m->qkv_bias || m->qk_norm)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: export writes Llama and Mixtral configs; this model has "
+                    "biases or q/k norms", m->name);
+  const int moe = mp_model_is_moe(m);
+  if (moe && (m->n_shared_experts > 0 || mp_model_n_moe_layers(m) != m->n_layers || !m->norm_topk_prob))
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: an MoE exports as Mixtral, which has every layer MoE, "
+                    "renormalised top-k and no shared expert; this model differs (transformers has no "
+                    "architecture for it)", m->name);
+  cJSON *c = cJSON_CreateObject();
+  MP_CHECK_ALLOC(ctx, c);
+  cJSON *arch = cJSON_AddArrayToObject(c, "architectures");
+  cJSON_AddItemToArray(arch, cJSON_CreateString(moe ? "MixtralForCausalLM" : "LlamaForCausalLM"));
+  cJSON_AddStringToObject(c, "model_type", moe ? "mixtral" : "llama");
+  cJSON_AddNumberToObject(c, "vocab_size", (double)m->vocab);
+  cJSON_AddNumberToObject(c, "hidden_size", (double)m->d_model);
+  cJSON_AddNumberToObject(c, "intermediate_size", (double)(moe ? m->d_ff_expert : m->d_ff));
+  cJSON_AddNumberToObject(c, "num_hidden_layers", (double)m->n_layers);
+  cJSON_AddNumberToObject(c, "num_attention_heads", (double)m->n_heads);
+  cJSON_AddNumberToObject(c, "num_key_value_heads", (double)m->n_kv_heads);
+  cJSON_AddNumberToObject(c, "head_dim", (double)m->head_dim);
+  cJSON_AddNumberToObject(c, "max_position_embeddings", (double)m->max_seq);
+  cJSON_AddNumberToObject(c, "rms_norm_eps", m->norm_eps);
+  cJSON_AddNumberToObject(c, "rope_theta", m->rope_theta);
+  cJSON_AddBoolToObject(c, "tie_word_embeddings", m->tied_embeddings);
+  cJSON_AddStringToObject(c, "hidden_act", "silu");
+  cJSON_AddBoolToObject(c, "attention_bias", 0);
+  cJSON_AddStringToObject(c, "torch_dtype", "float32");
+  if (moe) {
+    cJSON_AddNumberToObject(c, "num_local_experts", (double)m->n_experts);
+    cJSON_AddNumberToObject(c, "num_experts_per_tok", (double)m->top_k);
+    cJSON_AddNumberToObject(c, "router_aux_loss_coef", m->aux_loss_coef);
+  } else {
+    cJSON_AddBoolToObject(c, "mlp_bias", 0);
+  }
+  *out = c;
+  return MP_OK;
+}
+
+mp_status mp_hf_check_config(mp_ctx *ctx, const mp_model *hf, const mp_model *m, const char *origin) {
+  const struct {
+    const char *k;
+    double a, b;
+  } f[] = {{"vocab_size", (double)hf->vocab, (double)m->vocab},
+           {"hidden_size", (double)hf->d_model, (double)m->d_model},
+           {"num_hidden_layers", (double)hf->n_layers, (double)m->n_layers},
+           {"num_attention_heads", (double)hf->n_heads, (double)m->n_heads},
+           {"num_key_value_heads", (double)hf->n_kv_heads, (double)m->n_kv_heads},
+           {"head_dim", (double)hf->head_dim, (double)m->head_dim},
+           {"intermediate_size", (double)hf->d_ff, (double)m->d_ff},
+           {"tie_word_embeddings", hf->tied_embeddings, m->tied_embeddings},
+           {"rms_norm_eps", hf->norm_eps, m->norm_eps},
+           {"rope_theta", hf->rope_theta, m->rope_theta},
+           {"num_local_experts", (double)hf->n_experts, (double)m->n_experts},
+           {"num_experts_per_tok", (double)hf->top_k, (double)m->top_k},
+           {"expert intermediate_size", (double)hf->d_ff_expert, (double)m->d_ff_expert}};
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+    if (f[i].a != f[i].b)
+      return mp_error(ctx, MP_ERR_INVALID, "%s: %s is %g but model %s has %g; drop --model to train the config's "
+                      "model, or init from a checkpoint of %s", origin, f[i].k, f[i].a, m->name, f[i].b, m->name);
+  return MP_OK;
+}
+
+/* ---- initialization from safetensors --------------------------------------------------------- */
+
+/* Tensor hf_name of the set, checked to have shape (ndim, shape). */
+static mp_status find_tensor(mp_ctx *ctx, const mp_st_set *s, const char *path, const char *hf_name, const char *fqn,
+                             int ndim, const int64_t *shape, const mp_st_tensor **out) {
+  const mp_st_tensor *t = mp_st_find(s, hf_name);
+  if (!t)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: no tensor %s (our %s); the file is not a Llama-style checkpoint of "
+                    "this model", path, hf_name, fqn);
+  int same = t->ndim == ndim;
+  for (int d = 0; d < ndim && same; d++) same = t->shape[d] == shape[d];
+  if (!same)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s has shape [%lld, %lld] (%d dims) but the model needs "
+                    "[%lld, %lld] (%d dims); the file is another model's or vocabulary's", mp_st_file_of(s, t),
+                    hf_name, (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0), t->ndim,
+                    (long long)shape[0], (long long)(ndim > 1 ? shape[1] : 0), ndim);
+  *out = t;
+  return MP_OK;
+}
+
+/* Parameter i's tile: read straight (a 1-D or 2-D tensor), or expert by expert (3-D). */
+static mp_status load_param(mp_ctx *ctx, mp_runtime *rt, const mp_st_set *s, const char *path, int i, float *buf) {
+  const mp_param *p = &mp_runtime_plan(rt)->params[i];
+  int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
+  if (mp_runtime_param_tile(rt, i, off, len) == 0) return MP_OK;
+  char name[512];
+  const mp_st_tensor *t;
+  if (!mp_hf_is_experts(p->fqn)) {
+    if (!mp_hf_name(p->fqn, 0, name, sizeof name))
+      return mp_error(ctx, MP_ERR_UNSUPPORTED, "%s has no Hugging Face name (shared experts); init such a model from "
+                      "a meshplan checkpoint (--resume)", p->fqn);
+    MP_CHECK(find_tensor(ctx, s, path, name, p->fqn, p->ndim, p->shape, &t));
+    MP_CHECK(mp_st_read_box(ctx, s, t, off, len, buf));
+  } else {
+    const int64_t per = len[1] * len[2];
+    for (int64_t e = 0; e < len[0]; e++) {
+      mp_hf_name(p->fqn, (int)(off[0] + e), name, sizeof name);
+      MP_CHECK(find_tensor(ctx, s, path, name, p->fqn, 2, p->shape + 1, &t));
+      MP_CHECK(mp_st_read_box(ctx, s, t, off + 1, len + 1, buf + e * per));
+    }
+  }
+  return mp_runtime_write_state(ctx, rt, i, MP_STATE_PARAM, buf);
+}
+
+/* Every tensor of the file is the model's (a rotary inv_freq buffer excepted). */
+static mp_status check_unused(mp_ctx *ctx, const mp_runtime *rt, const mp_st_set *s, const char *path) {
+  const mp_plan *plan = mp_runtime_plan(rt);
+  char name[512];
+  for (int k = 0; k < mp_st_count(s); k++) {
+    const char *tn = mp_st_tensor_at(s, k)->name;
+    if (strstr(tn, "rotary_emb.inv_freq")) continue;
+    int found = 0;
+    for (int i = 0; i < plan->n_params && !found; i++) {
+      const mp_param *p = &plan->params[i];
+      const int ne = mp_hf_is_experts(p->fqn) ? (int)p->shape[0] : 1;
+      for (int e = 0; e < ne && !found; e++) found = mp_hf_name(p->fqn, e, name, sizeof name) && !strcmp(name, tn);
+    }
+    if (!found)
+      return mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s is not a parameter of model %s; the file is another "
+                      "model's", path, tn, plan->model.name);
+  }
+  return MP_OK;
+}
+
+typedef struct hf_src {
+  const mp_st_set *s;
+  const char *path;
+} hf_src;
+
+static mp_status load_tile(mp_ctx *ctx, mp_runtime *rt, int i, float *buf, void *arg) {
+  const hf_src *src = arg;
+  return load_param(ctx, rt, src->s, src->path, i, buf);
+}
+
+static mp_status load_local(mp_ctx *ctx, mp_runtime *rt, const char *path) {
+  mp_st_set *s = NULL;
+  MP_CHECK(mp_st_open(ctx, path, &s));
+  hf_src src = {s, path};
+  mp_status st = check_unused(ctx, rt, s, path);
+  if (st == MP_OK) st = mp_ckpt_each_tile(ctx, rt, load_tile, &src);
+  mp_st_close(s);
+  return st;
+}
+
+mp_status mp_hf_load(mp_ctx *ctx, mp_runtime *rt, const char *path) {
+  return mp_runtime_agree(ctx, rt, load_local(ctx, rt, path), "reading the --init-from weights");
+}
+
+/* ---- export ------------------------------------------------------------------------------- */
+
+/* The exported tensors: every master weight of the checkpoint (experts one per expert). */
+typedef struct export_list {
+  int n;
+  char **names;
+  int *ndims;
+  int64_t (*shapes)[MP_ST_MAX_NDIM];
+  const mp_ckpt_tensor **src;
+  int *expert; /* -1: the whole tensor */
+} export_list;
+
+static void export_list_free(export_list *l) {
+  for (int i = 0; i < l->n; i++) free(l->names[i]);
+  free(l->names);
+  free(l->ndims);
+  free(l->shapes);
+  free(l->src);
+  free(l->expert);
+}
+
+static mp_status export_add(mp_ctx *ctx, export_list *l, int cap, const mp_ckpt_tensor *t, int e) {
+  char name[512];
+  if (l->n >= cap) return mp_error(ctx, MP_ERR_INTERNAL, "export: more tensors than counted");
+  if (!mp_hf_name(t->name, e < 0 ? 0 : e, name, sizeof name))
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "checkpoint tensor %s has no Hugging Face name", t->name);
+  const int i = l->n++;
+  l->names[i] = strdup(name);
+  MP_CHECK_ALLOC(ctx, l->names[i]);
+  l->src[i] = t;
+  l->expert[i] = e;
+  l->ndims[i] = e < 0 ? t->ndim : t->ndim - 1;
+  for (int d = 0; d < l->ndims[i]; d++) l->shapes[i][d] = t->shape[e < 0 ? d : d + 1];
+  return MP_OK;
+}
+
+static mp_status export_collect(mp_ctx *ctx, const mp_ckpt_manifest *man, export_list *l) {
+  int cap = 0;
+  for (int i = 0; i < man->n_tensors; i++)
+    if (strncmp(man->tensors[i].name, "optim.", 6) != 0)
+      cap += mp_hf_is_experts(man->tensors[i].name) ? (int)man->tensors[i].shape[0] : 1;
+  l->names = calloc((size_t)cap + 1, sizeof *l->names);
+  l->ndims = calloc((size_t)cap + 1, sizeof *l->ndims);
+  l->shapes = calloc((size_t)cap + 1, sizeof *l->shapes);
+  l->src = calloc((size_t)cap + 1, sizeof *l->src);
+  l->expert = calloc((size_t)cap + 1, sizeof *l->expert);
+  if (!l->names || !l->ndims || !l->shapes || !l->src || !l->expert)
+    return mp_error(ctx, MP_ERR_NOMEM, "export: out of memory");
+  for (int i = 0; i < man->n_tensors; i++) {
+    const mp_ckpt_tensor *t = &man->tensors[i];
+    if (strncmp(t->name, "optim.", 6) == 0) continue;
+    if (!mp_hf_is_experts(t->name)) {
+      MP_CHECK(export_add(ctx, l, cap, t, -1));
+      continue;
+    }
+    for (int e = 0; e < (int)t->shape[0]; e++) MP_CHECK(export_add(ctx, l, cap, t, e));
+  }
+  return MP_OK;
+}
+
+static mp_status export_weights(mp_ctx *ctx, const mp_ckpt_manifest *man, const char *path) {
+  export_list l;
+  memset(&l, 0, sizeof l);
+  mp_status st = export_collect(ctx, man, &l);
+  mp_st_writer *w = NULL;
+  cJSON *meta = cJSON_CreateObject();
+  char step[32];
+  snprintf(step, sizeof step, "%lld", (long long)man->meta.step);
+  cJSON_AddStringToObject(meta, "format", "pt");
+  cJSON_AddStringToObject(meta, "meshplan_step", step);
+  if (st == MP_OK)
+    st = mp_st_writer_open(ctx, path, l.n, (const char *const *)l.names, l.ndims,
+                           (const int64_t(*)[MP_ST_MAX_NDIM])l.shapes, meta, &w);
+  cJSON_Delete(meta);
+  float *buf = NULL;
+  for (int i = 0; i < l.n && st == MP_OK; i++) {
+    const mp_ckpt_tensor *t = l.src[i];
+    int64_t off[3] = {0, 0, 0}, len[3] = {t->shape[0], t->shape[1], t->shape[2]}, n = 1;
+    if (l.expert[i] >= 0) {
+      off[0] = l.expert[i];
+      len[0] = 1;
+    }
+    for (int d = 0; d < t->ndim; d++) n *= len[d];
+    float *nb = realloc(buf, (size_t)n * sizeof(float));
+    if (!nb) {
+      st = mp_error(ctx, MP_ERR_NOMEM, "export: out of memory for %s", t->name);
+      break;
+    }
+    buf = nb;
+    st = mp_ckpt_read_box(ctx, man, t, off, len, buf);
+    if (st == MP_OK) st = mp_st_writer_put(ctx, w, buf);
+  }
+  free(buf);
+  mp_status s2 = mp_st_writer_close(ctx, w, st == MP_OK);
+  export_list_free(&l);
+  return st != MP_OK ? st : s2;
+}
+
+mp_status mp_hf_export(mp_ctx *ctx, const mp_ckpt_manifest *man, const char *out_dir) {
+  mp_model m;
+  MP_CHECK(mp_ckpt_model(ctx, man, &m));
+  cJSON *cfg = NULL;
+  MP_CHECK(mp_hf_config(ctx, &m, &cfg));
+  mp_status st = MP_OK;
+  if (mkdir(out_dir, 0777) != 0 && errno != EEXIST)
+    st = mp_error(ctx, MP_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno));
+  char path[4096];
+  snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
+  if (st == MP_OK) st = export_weights(ctx, man, path);
+  char *text = st == MP_OK ? cJSON_Print(cfg) : NULL;
+  cJSON_Delete(cfg);
+  if (st == MP_OK && !text) st = mp_error(ctx, MP_ERR_NOMEM, "export: out of memory");
+  snprintf(path, sizeof path, "%s/config.json", out_dir);
+  if (st == MP_OK) st = mp_write_file_atomic(ctx, path, text, strlen(text));
+  free(text);
+  return st;
+}

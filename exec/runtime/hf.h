@@ -1,0 +1,67 @@
+/* Weights in and out with Hugging Face names: initializing a runtime of any mesh from a
+ * safetensors checkpoint, and exporting a meshplan checkpoint as a folder that
+ * transformers loads (model.safetensors + config.json).
+ *
+ * Names (transformers' modeling_llama.py and modeling_mixtral.py state dicts):
+ *   tok_embeddings.weight                 model.embed_tokens.weight
+ *   layers.N.attention_norm.weight        model.layers.N.input_layernorm.weight
+ *   layers.N.attention.{q,k,v,o}_proj.weight  model.layers.N.self_attn.{q,k,v,o}_proj.weight
+ *   layers.N.attention.{q,k}_norm.weight  model.layers.N.self_attn.{q,k}_norm.weight (Qwen3)
+ *   layers.N.ffn_norm.weight              model.layers.N.post_attention_layernorm.weight
+ *   layers.N.mlp.{gate,up,down}_proj.weight   model.layers.N.mlp.{gate,up,down}_proj.weight
+ *   layers.N.moe.router.weight            model.layers.N.block_sparse_moe.gate.weight
+ *   layers.N.moe.experts.gate_proj [E, F, C]  model.layers.N.block_sparse_moe.experts.e.w1.weight [F, C]
+ *   layers.N.moe.experts.up_proj   [E, F, C]  ... .experts.e.w3.weight [F, C]
+ *   layers.N.moe.experts.down_proj [E, C, F]  ... .experts.e.w2.weight [C, F]
+ *   norm.weight                           model.norm.weight
+ *   output.weight                         lm_head.weight (absent when tied)
+ * Shared experts have no name here: no transformers architecture has a shared expert
+ * without Qwen2-MoE's sigmoid gate, which this model does not have.
+ *
+ * RoPE: the runtime rotates dim i with dim i + head_dim/2 (kernels/ops.h, "rotate_half"),
+ * which is transformers' convention for Llama's q_proj and k_proj weights (their
+ * conversion script permutes Meta's interleaved checkpoints into it), so the weights are
+ * copied as they are, with no permutation (tests/reference/hf_ref.py checks the logits). */
+#ifndef MP_EXEC_RUNTIME_HF_H
+#define MP_EXEC_RUNTIME_HF_H
+
+#include <stddef.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/status.h"
+#include "exec/model.h"
+#include "exec/runtime/ckpt.h"
+#include "exec/runtime/runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The Hugging Face name of our FQN; for routed experts (is_experts) the name of expert e.
+ * Returns 0 when the FQN has none (shared experts). */
+int mp_hf_name(const char *fqn, int expert, char *out, size_t cap);
+int mp_hf_is_experts(const char *fqn);
+
+/* The model as a transformers config.json (LlamaForCausalLM; MixtralForCausalLM for an
+ * MoE whose every layer is MoE, with renormalised top-k and no shared experts);
+ * MP_ERR_UNSUPPORTED saying why for any other. */
+mp_status mp_hf_config(mp_ctx *ctx, const mp_model *m, cJSON **out);
+/* A config.json's model (hf) against the one the run trains: every dim that shapes or
+ * changes the forward must agree; the message names the first that does not. */
+mp_status mp_hf_check_config(mp_ctx *ctx, const mp_model *hf, const mp_model *m, const char *origin);
+
+/* Every parameter's tile of rt from the safetensors file or folder at path (collective:
+ * the ranks agree on failure). Moments stay zero and the step count 0. Every parameter
+ * must be there with its shape; a tensor the model lacks is refused (rotary inv_freq
+ * buffers excepted). */
+mp_status mp_hf_load(mp_ctx *ctx, mp_runtime *rt, const char *path);
+
+/* out_dir/model.safetensors (fp32 masters, Hugging Face names) and out_dir/config.json
+ * from a checkpoint. */
+mp_status mp_hf_export(mp_ctx *ctx, const mp_ckpt_manifest *man, const char *out_dir);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,367 @@
+/* safetensors reader and writer (see safetensors.h). The host is little-endian (x86-64,
+ * aarch64), as the format's data. */
+#define _GNU_SOURCE
+#include "exec/runtime/safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/json.h"
+
+typedef struct st_file {
+  char *path;
+  const unsigned char *map;
+  size_t len;
+  size_t data; /* offset of the data: 8 + N */
+} st_file;
+
+struct mp_st_set {
+  st_file *files;
+  int n_files;
+  mp_st_tensor *t;
+  int n, cap;
+};
+
+static const char *const k_dtypes[] = {"F32", "BF16", "F16"};
+static const int k_dtype_bytes[] = {4, 2, 2};
+
+/* ---- reading ------------------------------------------------------------------------------ */
+
+static mp_status map_file(mp_ctx *ctx, const char *path, st_file *f) {
+  f->path = strdup(path);
+  MP_CHECK_ALLOC(ctx, f->path);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return mp_error(ctx, MP_ERR_NOT_FOUND, "%s: cannot open: %s", path, strerror(errno));
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || sb.st_size < 8) {
+    close(fd);
+    return mp_error(ctx, MP_ERR_INVALID, "%s: too short for a safetensors file (an 8-byte header length)", path);
+  }
+  f->len = (size_t)sb.st_size;
+  void *m = mmap(NULL, f->len, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) return mp_error(ctx, MP_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
+  f->map = m;
+  return MP_OK;
+}
+
+static mp_status add_entry(mp_ctx *ctx, mp_st_set *s, int file, const cJSON *e) {
+  const st_file *f = &s->files[file];
+  const char *dt = cJSON_GetStringValue(cJSON_GetObjectItem(e, "dtype"));
+  const cJSON *shape = cJSON_GetObjectItem(e, "shape"), *offs = cJSON_GetObjectItem(e, "data_offsets");
+  if (s->n == s->cap) {
+    s->cap = s->cap ? 2 * s->cap : 64;
+    mp_st_tensor *nt = realloc(s->t, (size_t)s->cap * sizeof *nt);
+    MP_CHECK_ALLOC(ctx, nt);
+    s->t = nt;
+  }
+  mp_st_tensor *t = &s->t[s->n];
+  memset(t, 0, sizeof *t);
+  t->file = file;
+  int dtype = -1;
+  for (int k = 0; dt && k < 3; k++)
+    if (strcmp(dt, k_dtypes[k]) == 0) dtype = k;
+  if (dtype < 0)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s; meshplan reads F32, BF16 and F16", f->path,
+                    e->string, dt ? dt : "(none)");
+  t->dtype = (mp_st_dtype)dtype;
+  t->ndim = cJSON_GetArraySize(shape);
+  if (!cJSON_IsArray(shape) || t->ndim > MP_ST_MAX_NDIM || !cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s: malformed shape or data_offsets", f->path, e->string);
+  int64_t numel = 1;
+  for (int d = 0; d < t->ndim; d++) {
+    const cJSON *v = cJSON_GetArrayItem(shape, d);
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0)
+      return mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s: shape entry %d is not a size", f->path, e->string, d);
+    t->shape[d] = (int64_t)v->valuedouble;
+    numel *= t->shape[d];
+  }
+  t->begin = (int64_t)cJSON_GetArrayItem(offs, 0)->valuedouble;
+  t->end = (int64_t)cJSON_GetArrayItem(offs, 1)->valuedouble;
+  if (t->begin < 0 || t->end < t->begin || (size_t)t->end > f->len - f->data ||
+      t->end - t->begin != numel * k_dtype_bytes[dtype])
+    return mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s: data_offsets [%lld, %lld] do not hold its %lld elements "
+                    "inside the file's %zu data bytes; the file is truncated or corrupt", f->path, e->string,
+                    (long long)t->begin, (long long)t->end, (long long)numel, f->len - f->data);
+  t->name = strdup(e->string);
+  MP_CHECK_ALLOC(ctx, t->name);
+  s->n++;
+  return MP_OK;
+}
+
+static int by_begin(const void *a, const void *b) {
+  const mp_st_tensor *x = a, *y = b;
+  if (x->file != y->file) return x->file - y->file;
+  return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* One file's header, its tensors appended to s (only those in `only` when given: a
+ * sharded folder's index assigns each tensor one file). */
+static mp_status read_file(mp_ctx *ctx, mp_st_set *s, const char *path) {
+  const int fi = s->n_files;
+  st_file *nf = realloc(s->files, (size_t)(fi + 1) * sizeof *nf);
+  MP_CHECK_ALLOC(ctx, nf);
+  s->files = nf;
+  memset(&s->files[fi], 0, sizeof *nf);
+  s->n_files++;
+  st_file *f = &s->files[fi];
+  MP_CHECK(map_file(ctx, path, f));
+  uint64_t n;
+  memcpy(&n, f->map, 8);
+  if (n > MP_ST_HEADER_MAX || n > f->len - 8)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: header length %llu does not fit the file (%zu bytes); not a safetensors "
+                    "file, or truncated", path, (unsigned long long)n, f->len);
+  f->data = 8 + (size_t)n;
+  cJSON *h = cJSON_ParseWithLength((const char *)f->map + 8, (size_t)n);
+  if (!cJSON_IsObject(h)) {
+    cJSON_Delete(h);
+    return mp_error(ctx, MP_ERR_INVALID, "%s: the header is not a JSON object; not a safetensors file", path);
+  }
+  const int first = s->n;
+  mp_status st = MP_OK;
+  const cJSON *e;
+  cJSON_ArrayForEach(e, h) {
+    if (st != MP_OK) break;
+    if (strcmp(e->string, "__metadata__") != 0) st = add_entry(ctx, s, fi, e);
+  }
+  cJSON_Delete(h);
+  MP_CHECK(st);
+  /* no holes, no overlaps: sorted by offset, each begins where the last ended */
+  qsort(s->t + first, (size_t)(s->n - first), sizeof *s->t, by_begin);
+  int64_t at = 0;
+  for (int i = first; i < s->n; i++) {
+    if (s->t[i].begin != at)
+      return mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s starts at data byte %lld but the previous one ends at %lld "
+                      "(a hole or an overlap); the file is corrupt", path, s->t[i].name, (long long)s->t[i].begin,
+                      (long long)at);
+    at = s->t[i].end;
+  }
+  return MP_OK;
+}
+
+static mp_status read_index(mp_ctx *ctx, mp_st_set *s, const char *folder, const char *index) {
+  cJSON *root = NULL;
+  MP_CHECK(mp_json_parse_file(ctx, index, &root));
+  const cJSON *wm = cJSON_GetObjectItem(root, "weight_map");
+  mp_status st = cJSON_IsObject(wm) ? MP_OK : mp_error(ctx, MP_ERR_INVALID, "%s: no \"weight_map\" object", index);
+  /* each file once, in the order the map first names it */
+  const cJSON *e;
+  cJSON_ArrayForEach(e, wm) {
+    if (st != MP_OK) break;
+    const char *fn = cJSON_GetStringValue(e);
+    if (!fn || strchr(fn, '/')) {
+      st = mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s maps to a bad file name", index, e->string);
+      break;
+    }
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", folder, fn);
+    int seen = 0;
+    for (int f = 0; f < s->n_files && !seen; f++) seen = strcmp(s->files[f].path, p) == 0;
+    if (!seen) st = read_file(ctx, s, p);
+  }
+  cJSON_Delete(root);
+  return st;
+}
+
+mp_status mp_st_open(mp_ctx *ctx, const char *path, mp_st_set **out) {
+  *out = NULL;
+  mp_st_set *s = calloc(1, sizeof *s);
+  MP_CHECK_ALLOC(ctx, s);
+  struct stat sb;
+  mp_status st;
+  if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    char idx[4096], one[4096];
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", path);
+    snprintf(one, sizeof one, "%s/model.safetensors", path);
+    if (access(idx, R_OK) == 0)
+      st = read_index(ctx, s, path, idx);
+    else if (access(one, R_OK) == 0)
+      st = read_file(ctx, s, one);
+    else
+      st = mp_error(ctx, MP_ERR_NOT_FOUND, "%s holds neither model.safetensors nor model.safetensors.index.json",
+                    path);
+  } else {
+    st = read_file(ctx, s, path);
+  }
+  for (int i = 0; st == MP_OK && i < s->n; i++) /* a name in two files */
+    for (int j = i + 1; j < s->n; j++)
+      if (strcmp(s->t[i].name, s->t[j].name) == 0) {
+        st = mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s appears twice", path, s->t[i].name);
+        break;
+      }
+  if (st != MP_OK) {
+    mp_st_close(s);
+    return st;
+  }
+  *out = s;
+  return MP_OK;
+}
+
+void mp_st_close(mp_st_set *s) {
+  if (!s) return;
+  for (int f = 0; f < s->n_files; f++) {
+    if (s->files[f].map) munmap((void *)s->files[f].map, s->files[f].len);
+    free(s->files[f].path);
+  }
+  for (int i = 0; i < s->n; i++) free(s->t[i].name);
+  free(s->files);
+  free(s->t);
+  free(s);
+}
+
+int mp_st_count(const mp_st_set *s) { return s->n; }
+const mp_st_tensor *mp_st_tensor_at(const mp_st_set *s, int i) { return &s->t[i]; }
+const char *mp_st_file_of(const mp_st_set *s, const mp_st_tensor *t) { return s->files[t->file].path; }
+
+const mp_st_tensor *mp_st_find(const mp_st_set *s, const char *name) {
+  for (int i = 0; i < s->n; i++)
+    if (strcmp(s->t[i].name, name) == 0) return &s->t[i];
+  return NULL;
+}
+
+static float half_to_f32(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  uint32_t bits;
+  if (e == 0 && m == 0) {
+    bits = sign;
+  } else if (e == 0) { /* subnormal: m * 2^-24 */
+    float v = (float)m * (1.0f / 16777216.0f);
+    return sign ? -v : v;
+  } else if (e == 31) {
+    bits = sign | 0x7f800000u | (m << 13);
+  } else {
+    bits = sign | ((e + 112) << 23) | (m << 13);
+  }
+  float v;
+  memcpy(&v, &bits, 4);
+  return v;
+}
+
+static void convert(const unsigned char *src, mp_st_dtype dt, int64_t n, float *dst) {
+  if (dt == MP_ST_F32) {
+    memcpy(dst, src, (size_t)n * 4);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    uint16_t h;
+    memcpy(&h, src + 2 * i, 2);
+    if (dt == MP_ST_BF16) {
+      const uint32_t bits = (uint32_t)h << 16;
+      memcpy(&dst[i], &bits, 4);
+    } else {
+      dst[i] = half_to_f32(h);
+    }
+  }
+}
+
+mp_status mp_st_read_box(mp_ctx *ctx, const mp_st_set *s, const mp_st_tensor *t, const int64_t *off,
+                         const int64_t *len, float *dst) {
+  int64_t o[3] = {0, 0, 0}, l[3] = {1, 1, 1}, sh[3] = {1, 1, 1};
+  if (t->ndim > 3) return mp_error(ctx, MP_ERR_UNSUPPORTED, "tensor %s has %d dims (at most 3 read)", t->name, t->ndim);
+  const int lead = 3 - t->ndim; /* right-align: a 2-D tensor is [1, R, C] */
+  for (int d = 0; d < t->ndim; d++) {
+    o[lead + d] = off[d];
+    l[lead + d] = len[d];
+    sh[lead + d] = t->shape[d];
+    if (off[d] < 0 || len[d] < 0 || off[d] + len[d] > t->shape[d])
+      return mp_error(ctx, MP_ERR_INTERNAL, "tensor %s: box outside the tensor", t->name);
+  }
+  const unsigned char *base = s->files[t->file].map + s->files[t->file].data + t->begin;
+  const int eb = k_dtype_bytes[t->dtype];
+  for (int64_t a = 0; a < l[0]; a++)
+    for (int64_t b = 0; b < l[1]; b++) {
+      const int64_t src = ((o[0] + a) * sh[1] + o[1] + b) * sh[2] + o[2];
+      convert(base + src * eb, t->dtype, l[2], dst + (a * l[1] + b) * l[2]);
+    }
+  return MP_OK;
+}
+
+/* ---- writing ------------------------------------------------------------------------------ */
+
+struct mp_st_writer {
+  char path[4096], tmp[4200];
+  FILE *f;
+  int n, next;
+  int64_t *numel;
+};
+
+mp_status mp_st_writer_open(mp_ctx *ctx, const char *path, int n, const char *const *names, const int *ndims,
+                            const int64_t (*shapes)[MP_ST_MAX_NDIM], const cJSON *metadata, mp_st_writer **out) {
+  *out = NULL;
+  cJSON *h = cJSON_CreateObject();
+  MP_CHECK_ALLOC(ctx, h);
+  if (metadata) cJSON_AddItemToObject(h, "__metadata__", cJSON_Duplicate(metadata, 1));
+  mp_st_writer *w = calloc(1, sizeof *w);
+  int64_t *numel = calloc((size_t)(n > 0 ? n : 1), sizeof *numel);
+  int64_t at = 0;
+  for (int i = 0; w && numel && i < n; i++) {
+    cJSON *e = cJSON_AddObjectToObject(h, names[i]);
+    cJSON_AddStringToObject(e, "dtype", "F32");
+    cJSON *sh = cJSON_AddArrayToObject(e, "shape"), *of = cJSON_AddArrayToObject(e, "data_offsets");
+    numel[i] = 1;
+    for (int d = 0; d < ndims[i]; d++) {
+      cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)shapes[i][d]));
+      numel[i] *= shapes[i][d];
+    }
+    cJSON_AddItemToArray(of, cJSON_CreateNumber((double)at));
+    at += numel[i] * 4;
+    cJSON_AddItemToArray(of, cJSON_CreateNumber((double)at));
+  }
+  char *text = w && numel ? cJSON_PrintUnformatted(h) : NULL;
+  cJSON_Delete(h);
+  if (!text) {
+    free(w);
+    free(numel);
+    return mp_error(ctx, MP_ERR_NOMEM, "safetensors: out of memory for the header of %s", path);
+  }
+  w->numel = numel;
+  w->n = n;
+  snprintf(w->path, sizeof w->path, "%s", path);
+  snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path);
+  size_t hl = strlen(text), padded = (hl + 7) / 8 * 8; /* the data starts 8-byte aligned */
+  w->f = fopen(w->tmp, "wb");
+  mp_status st = w->f ? MP_OK : mp_error(ctx, MP_ERR_IO, "%s: cannot create: %s", w->tmp, strerror(errno));
+  const uint64_t n64 = padded;
+  if (st == MP_OK && (fwrite(&n64, 8, 1, w->f) != 1 || fwrite(text, 1, hl, w->f) != hl))
+    st = mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+  for (size_t i = hl; st == MP_OK && i < padded; i++)
+    if (fputc(' ', w->f) == EOF) st = mp_error(ctx, MP_ERR_IO, "%s: write failed", w->tmp);
+  free(text);
+  if (st != MP_OK) {
+    mp_st_writer_close(ctx, w, 0);
+    return st;
+  }
+  *out = w;
+  return MP_OK;
+}
+
+mp_status mp_st_writer_put(mp_ctx *ctx, mp_st_writer *w, const float *data) {
+  if (w->next >= w->n) return mp_error(ctx, MP_ERR_INTERNAL, "safetensors: more tensors than declared");
+  const size_t n = (size_t)w->numel[w->next++];
+  if (fwrite(data, 4, n, w->f) != n) return mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+  return MP_OK;
+}
+
+mp_status mp_st_writer_close(mp_ctx *ctx, mp_st_writer *w, int commit) {
+  if (!w) return MP_OK;
+  mp_status st = MP_OK;
+  if (commit && w->next != w->n)
+    st = mp_error(ctx, MP_ERR_INTERNAL, "safetensors: %d of %d tensors written", w->next, w->n);
+  if (w->f) {
+    if (st == MP_OK && commit && (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0))
+      st = mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+    if (fclose(w->f) != 0 && st == MP_OK && commit) st = mp_error(ctx, MP_ERR_IO, "%s: close failed", w->tmp);
+  }
+  if (st == MP_OK && commit && rename(w->tmp, w->path) != 0)
+    st = mp_error(ctx, MP_ERR_IO, "%s: rename failed: %s", w->path, strerror(errno));
+  if (st != MP_OK || !commit) unlink(w->tmp);
+  free(w->numel);
+  free(w);
+  return st;
+}

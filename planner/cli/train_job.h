@@ -1,0 +1,130 @@
+/* meshplan train's run state, shared by its two files:
+ *   cmd_train.c   the options, the device, the plan (given or the planner's), the
+ *                 runtime, the start and summary lines, --profile
+ *   train_loop.c  what a run reads and writes around the steps: the data (training and
+ *                 validation), --init-from and --resume, checkpoints, the LR schedule,
+ *                 the steps with eval, metrics (JSONL and the database), divergence,
+ *                 the OpenMP threads of a rank */
+#ifndef MP_PLANNER_CLI_TRAIN_JOB_H
+#define MP_PLANNER_CLI_TRAIN_JOB_H
+
+#include <stdio.h>
+
+#include "exec/comm/comm.h"
+#include "exec/mesh.h"
+#include "exec/model.h"
+#include "exec/plan.h"
+#include "exec/runtime/ckpt.h"
+#include "exec/runtime/data.h"
+#include "exec/runtime/dataset.h"
+#include "exec/runtime/kprof.h"
+#include "exec/runtime/lr.h"
+#include "exec/runtime/runtime.h"
+#include "kernels/cuda/cuda.h"
+#include "planner/cli/commands.h"
+#include "planner/store.h"
+#include "sim/sim.h"
+
+/* The synthetic corpus's largest size, tokens (uint16: 256 MiB); a longer run wraps into
+ * later epochs of it. */
+#define MP_TRAIN_MAX_SYNTHETIC_TOKENS (1LL << 27)
+
+/* What the planner chose (or predicted) for this training run. */
+typedef struct train_pick {
+  int found;
+  mp_mesh mesh;
+  int64_t plan_id;          /* 0 without a database */
+  double step_time_s;       /* predicted */
+  int64_t peak_mem_bytes;   /* predicted, with the stack's runtime overhead and fragmentation */
+  int64_t alloc_peak_bytes; /* predicted peak of the allocations alone: what the tracked
+                               allocator measures */
+  int64_t n_candidates, n_feasible;
+  int calibrated;           /* the profile carries a `meshplan calibrate` measurement */
+  int calib_threads, calib_world; /* a cpu calibration's OpenMP threads and ranks */
+  int have_busy;            /* --profile: the plan's rank 0 simulated with its trace */
+  mp_sim_busy busy;         /* its busy time per kernel class and collective group */
+  mp_sim_result busy_res;
+} train_pick;
+
+/* Where train runs: the CPU, or a GPU of the profile named gpu (data/gpus). */
+typedef struct train_device {
+  int cuda;
+  int index;         /* CUDA device of this rank */
+  char name[128];    /* the device's own name (CUDA) */
+  const char *gpu;   /* GPU profile: "cpu", "h100-sxm", ... */
+  const char *stack; /* stack profile of the runtime on it */
+} train_device;
+
+/* One training run: what the command line asks for and everything it holds until the end. */
+typedef struct train_job {
+  mp_ctx *ctx;
+  mp_cmd_spec *spec; /* train's options, parsed */
+  train_device dev;
+  const mp_backend *be; /* the device's backend */
+  mp_kctx kc;
+  int be_up;
+  mp_launch launch; /* from the environment, before MPI starts */
+  const char *db;   /* --db, or NULL */
+  long long plan_id;
+  int profile, want_auto;
+  mp_model model;
+  mp_mesh mesh;
+  mp_plan_options po;
+  train_pick pick; /* the planner's plan or prediction; found 0 without one */
+  int mpi, rank;   /* MPI was started (it is finalized at the end); this rank */
+  mp_comm *comm;
+  long long steps, seed, fanout; /* steps: the run's last step (a resumed run continues to it) */
+  mp_plan *plan;
+  mp_runtime_options ro;
+  mp_lr_schedule lr;
+  mp_corpus corpus;     /* synthetic data */
+  mp_dataset *train_data, *val_data;
+  const char *data;     /* --data, or NULL for synthetic */
+  long long eval_every, eval_batches;
+  int64_t position;     /* training sequences consumed */
+  long long start_step; /* steps already taken (a resumed checkpoint's) */
+  int resumed;
+  mp_ckpt_manifest resume_man; /* the checkpoint resumed from (its "train" state) */
+  const char *ckpt_dir;
+  long long ckpt_every, ckpt_keep;
+  char last_ckpt[MP_CKPT_PATH_MAX]; /* the newest good checkpoint ("" none) */
+  FILE *metrics;        /* --metrics, rank 0 */
+  double flops_per_token, peak_flops; /* MFU: model FLOPs per token, the device's peak */
+  int diverged;         /* a NaN or Inf loss or gradient norm stopped the run */
+  long long diverged_step;
+  mp_kprof kprof;   /* --profile, rank 0: kernels and collectives */
+  mp_comm_prof cprof;
+  mp_backend be_prof;
+  int kprof_on;
+  mp_runtime *rt;
+  mp_cuda_timer *timer;
+  mp_store *store;
+  int status_set;       /* the database's run status was set to 'running' */
+  int32_t *batch;
+  double *losses, *step_s; /* per step of this process (index: step - start_step - 1) */
+  int64_t peak, ep_rows; /* the largest rank's peak memory and expert rows received */
+  double total_s, tokens_all; /* steps 2.. */
+} train_job;
+
+/* train_loop.c */
+/* The database plan a --resume'd checkpoint recorded its steps under, when it was saved on
+ * this run's mesh and the plan is in --db: the resumed run records into the same run
+ * (rank 0). 0 otherwise. */
+long long mp_train_resumed_plan_id(train_job *j);
+/* --threads under MPI (threads.h), before the runtime; a line on rank 0. */
+void mp_train_threads(train_job *j);
+/* The LR schedule, weight-decay rule, checkpoint options and eval options. */
+mp_status mp_train_read_loop_options(train_job *j);
+/* The training data (synthetic, or shards by glob) and --val-data. */
+mp_status mp_train_load_data(train_job *j);
+/* After the runtime exists: --resume (a checkpoint, any mesh) or else --init-from, and
+ * --metrics opened. */
+mp_status mp_train_restore(train_job *j);
+/* The steps from start_step + 1 to steps, with eval, checkpoints, metrics, divergence. */
+mp_status mp_train_steps(train_job *j, int quiet);
+/* The database's run status at the end (rank 0), and the metrics file closed. */
+void mp_train_finish(train_job *j, mp_status st);
+/* Frees what train_loop.c made. */
+void mp_train_loop_release(train_job *j);
+
+#endif

@@ -1,0 +1,535 @@
+/* meshplan train: the loop around the steps (train_job.h lists train's files).
+ *
+ * Restore: --resume loads a checkpoint saved under any mesh (exec/runtime/ckpt.h) with the
+ * optimizer's step count and moments, the data position and the seed; else --init-from
+ * loads safetensors weights (exec/runtime/hf.h). Step s (1-based) then runs with the LR
+ * schedule's lr(s) (exec/runtime/lr.h) on the batch at the data position, which advances
+ * by the global batch; so a run resumed from step k computes steps k+1.. exactly as the
+ * straight run did. A NaN or infinite loss or gradient norm stops the run at that step
+ * (the runtime leaves the state untouched) with the last good checkpoint on disk.
+ *
+ * Test hook: MESHPLAN_TEST_KILL makes a rank kill itself with SIGKILL, as a crash or a
+ * scheduler's kill -9 would: "step:N[:RANK]" before step N, "save:POINT:STEP[:RANK]" at a
+ * named point of the save of STEP (ckpt.h's hook points). RANK defaults to 0. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/checked.h"
+#include "common/json.h"
+#include "common/limits.h"
+#include "common/timeutil.h"
+#include "exec/cluster.h"
+#include "exec/runtime/hf.h"
+#include "exec/runtime/threads.h"
+#include "exec/runtime/weights.h"
+#include "planner/cli/train_job.h"
+
+/* ---- the test hook ---------------------------------------------------------------------- */
+
+static struct {
+  int on, rank;
+  long long step;   /* step:N */
+  char point[32];   /* save:POINT:STEP */
+} g_kill;
+
+static void kill_now(void) { raise(SIGKILL); }
+
+static void kill_hook(const char *point, int rank, int64_t step, void *arg) {
+  (void)arg;
+  if (g_kill.point[0] && rank == g_kill.rank && step == g_kill.step && strcmp(point, g_kill.point) == 0) kill_now();
+}
+
+static void read_kill_hook(void) {
+  const char *v = getenv("MESHPLAN_TEST_KILL");
+  memset(&g_kill, 0, sizeof g_kill);
+  if (!v || !*v) return;
+  if (sscanf(v, "step:%lld:%d", &g_kill.step, &g_kill.rank) >= 1) {
+    g_kill.on = 1;
+  } else if (sscanf(v, "save:%31[a-z_]:%lld:%d", g_kill.point, &g_kill.step, &g_kill.rank) >= 2) {
+    g_kill.on = 1;
+    mp_ckpt_set_hook(kill_hook, NULL);
+  }
+}
+
+/* ---- options ------------------------------------------------------------------------------ */
+
+void mp_train_threads(train_job *j) {
+  if (!j->launch.under_mpi) return;
+  mp_threads_choice c;
+  mp_threads_configure(&c);
+  if (j->rank != 0) return;
+  if (c.from_env)
+    printf("threads: %d OpenMP thread%s per rank (OMP_NUM_THREADS)\n", c.threads, c.threads == 1 ? "" : "s");
+  else
+    printf("threads: %d OpenMP thread%s per rank: %d core%s, %d rank%s on this node%s (OMP_NUM_THREADS overrides)\n",
+           c.threads, c.threads == 1 ? "" : "s", c.cores_total, c.cores_total == 1 ? "" : "s", c.local_ranks,
+           c.local_ranks == 1 ? "" : "s", c.cores_bound && c.cores_bound < c.cores_total ? ", bound to fewer" : "");
+}
+
+static mp_status read_decay(train_job *j) {
+  const char *rule = mp_args_get(j->spec, "--decay");
+  if (!rule || strcmp(rule, "2d") == 0) return MP_OK;
+  if (strcmp(rule, "2d-no-embed") == 0) {
+    j->ro.decay_embeddings = 0;
+    return MP_OK;
+  }
+  if (strcmp(rule, "all") == 0) {
+    j->ro.decay_all = 1;
+    return MP_OK;
+  }
+  return mp_error(j->ctx, MP_ERR_USAGE, "--decay %s: choose 2d, 2d-no-embed or all", rule);
+}
+
+mp_status mp_train_read_loop_options(train_job *j) {
+  mp_ctx *ctx = j->ctx;
+  mp_cmd_spec *sp = j->spec;
+  double peak = 1e-3; /* --lr as given: the float the optimizer takes is rounded from lr(s) */
+  MP_CHECK(mp_args_double(ctx, sp, "--lr", 0, MP_LIM_LR, MP_RANGE_CLOSED, &peak));
+  j->lr = (mp_lr_schedule){MP_LR_CONSTANT, peak, 0.0, 0, j->steps > 0 ? j->steps : 1, 0.2};
+  const char *kind = mp_args_get(sp, "--lr-schedule");
+  if (kind) MP_CHECK(mp_lr_kind_parse(ctx, kind, &j->lr.kind));
+  long long w = 0;
+  MP_CHECK(mp_args_int(ctx, sp, "--warmup", 0, MP_LIM_STEPS, &w));
+  j->lr.warmup = w;
+  MP_CHECK(mp_args_double(ctx, sp, "--min-lr", 0, MP_LIM_LR, MP_RANGE_CLOSED, &j->lr.min_lr));
+  MP_CHECK(mp_args_double(ctx, sp, "--decay-frac", 0, 1, MP_RANGE_CLOSED, &j->lr.decay_frac));
+  MP_CHECK(mp_lr_validate(ctx, &j->lr));
+  MP_CHECK(read_decay(j));
+  j->ckpt_dir = mp_args_get(sp, "--checkpoint-dir");
+  j->ckpt_keep = 3;
+  MP_CHECK(mp_args_int(ctx, sp, "--checkpoint-every", 1, MP_LIM_STEPS, &j->ckpt_every));
+  MP_CHECK(mp_args_int(ctx, sp, "--checkpoint-keep", 0, MP_LIM_STEPS, &j->ckpt_keep));
+  if (!j->ckpt_dir && (mp_args_has(sp, "--checkpoint-every") || mp_args_has(sp, "--checkpoint-keep")))
+    return mp_error(ctx, MP_ERR_USAGE, "--checkpoint-every and --checkpoint-keep need --checkpoint-dir D");
+  const char *res = mp_args_get(sp, "--resume");
+  if (res && strcmp(res, "latest") == 0 && !j->ckpt_dir)
+    return mp_error(ctx, MP_ERR_USAGE, "--resume latest needs --checkpoint-dir D (or give the checkpoint's folder)");
+  j->eval_batches = 4;
+  MP_CHECK(mp_args_int(ctx, sp, "--eval-every", 1, MP_LIM_STEPS, &j->eval_every));
+  MP_CHECK(mp_args_int(ctx, sp, "--eval-batches", 1, MP_LIM_STEPS, &j->eval_batches));
+  if (!mp_args_get(sp, "--val-data") && (mp_args_has(sp, "--eval-every") || mp_args_has(sp, "--eval-batches")))
+    return mp_error(ctx, MP_ERR_USAGE, "--eval-every and --eval-batches need --val-data GLOB");
+  return MP_OK;
+}
+
+/* ---- data ------------------------------------------------------------------------------- */
+
+mp_status mp_train_load_data(train_job *j) {
+  mp_ctx *ctx = j->ctx;
+  const int shuffle = mp_args_has(j->spec, "--shuffle");
+  j->data = mp_args_get(j->spec, "--data");
+  if (!j->data || strcmp(j->data, "synthetic") == 0) {
+    j->data = NULL;
+    /* enough for every step without a wrap, up to MP_TRAIN_MAX_SYNTHETIC_TOKENS (beyond it
+     * the data wraps into later epochs): the chain's prefix is the same whatever its
+     * length, so a resumed run with the same --steps sees the same tokens */
+    int64_t need = 0;
+    if (mp_mul_i64(j->steps, j->po.global_batch, &need) || mp_add_i64(need, 1, &need) ||
+        mp_mul_i64(need, j->po.seq, &need) || need > MP_TRAIN_MAX_SYNTHETIC_TOKENS)
+      need = MP_TRAIN_MAX_SYNTHETIC_TOKENS;
+    need += 1;
+    if (need < (1 << 16)) need = 1 << 16;
+    MP_CHECK(mp_corpus_synthetic(ctx, j->model.vocab, (int)j->fanout, need, (uint64_t)j->seed, &j->corpus));
+    MP_CHECK(mp_dataset_from_corpus(ctx, &j->corpus, j->po.seq, shuffle, (uint64_t)j->seed, &j->train_data));
+  } else {
+    MP_CHECK(mp_dataset_open(ctx, j->data, j->po.seq, j->model.vocab, shuffle, (uint64_t)j->seed, &j->train_data));
+  }
+  const char *val = mp_args_get(j->spec, "--val-data");
+  if (val) MP_CHECK(mp_dataset_open(ctx, val, j->po.seq, j->model.vocab, 0, (uint64_t)j->seed, &j->val_data));
+  return MP_OK;
+}
+
+/* ---- restore ------------------------------------------------------------------------------ */
+
+long long mp_train_resumed_plan_id(train_job *j) {
+  const char *res = mp_args_get(j->spec, "--resume");
+  const char *path = res && strcmp(res, "latest") == 0 ? mp_args_get(j->spec, "--checkpoint-dir") : res;
+  char dir[MP_CKPT_PATH_MAX], mesh[128];
+  mp_ctx c2;
+  mp_ctx_init(&c2);
+  if (!path || mp_ckpt_resolve(&c2, path, dir, sizeof dir) != MP_OK) return 0;
+  mp_ckpt_manifest man;
+  long long id = 0;
+  if (mp_ckpt_manifest_read(&c2, dir, &man) == MP_OK) {
+    const cJSON *pid = cJSON_GetObjectItem(man.meta.train, "db_plan_id");
+    const char *saved = cJSON_GetStringValue(cJSON_GetObjectItem(man.root, "saved_by_mesh"));
+    mp_mesh_format(&j->mesh, mesh, sizeof mesh);
+    if (cJSON_IsNumber(pid) && saved && strcmp(saved, mesh) == 0) id = (long long)pid->valuedouble;
+  }
+  mp_ckpt_manifest_free(&man);
+  mp_store *st = NULL;
+  char sql[96];
+  int64_t n = 0;
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM plans WHERE id=%lld", id);
+  if (id > 0 && mp_store_open(&c2, j->db, &st) == MP_OK && mp_store_query_i64(&c2, st, sql, &n) == MP_OK && n == 1) {
+    mp_store_close(st);
+    return id;
+  }
+  mp_store_close(st);
+  return 0;
+}
+
+/* The checkpoint's training state against this run's: the seed must match (it orders the
+ * data); a different data source or schedule is said, not refused. */
+static mp_status check_resumed_state(train_job *j, const mp_ckpt_meta *meta) {
+  if (meta->seed != (uint64_t)j->seed)
+    return mp_error(j->ctx, MP_ERR_USAGE, "%s was trained with --seed %llu (it orders the data); resume with "
+                    "--seed %llu", j->resume_man.dir, (unsigned long long)meta->seed,
+                    (unsigned long long)meta->seed);
+  if (j->rank != 0) return MP_OK;
+  const cJSON *t = meta->train;
+  const char *src = cJSON_GetStringValue(cJSON_GetObjectItem(t, "data"));
+  const char *now = j->data ? j->data : "synthetic";
+  if (src && strcmp(src, now) != 0)
+    printf("note: the checkpoint trained on --data %s, this run reads %s from sequence %lld\n", src, now,
+           (long long)meta->data_consumed);
+  const char *sched = cJSON_GetStringValue(cJSON_GetObjectItem(t, "lr_schedule"));
+  const cJSON *lr = cJSON_GetObjectItem(t, "lr"), *total = cJSON_GetObjectItem(t, "total_steps");
+  if ((sched && strcmp(sched, mp_lr_kind_name(j->lr.kind)) != 0) || (cJSON_IsNumber(lr) && lr->valuedouble != j->lr.lr) ||
+      (cJSON_IsNumber(total) && (long long)total->valuedouble != j->steps))
+    printf("note: the checkpoint's schedule was %s, lr %g over %lld steps; this run's (%s, lr %g over %lld) "
+           "applies from step %lld\n", sched ? sched : "?", cJSON_IsNumber(lr) ? lr->valuedouble : 0.0,
+           cJSON_IsNumber(total) ? (long long)total->valuedouble : 0LL, mp_lr_kind_name(j->lr.kind), j->lr.lr,
+           j->steps, (long long)meta->step + 1);
+  return MP_OK;
+}
+
+static mp_status resume(train_job *j, int *done) {
+  mp_ctx *ctx = j->ctx;
+  *done = 0;
+  const char *res = mp_args_get(j->spec, "--resume");
+  if (!res) return MP_OK;
+  const int latest = strcmp(res, "latest") == 0;
+  char dir[MP_CKPT_PATH_MAX];
+  mp_status st = mp_ckpt_resolve(ctx, latest ? j->ckpt_dir : res, dir, sizeof dir);
+  if (st == MP_ERR_NOT_FOUND && latest) {
+    if (j->rank == 0) printf("resume: no checkpoint in %s yet; starting at step 0\n", j->ckpt_dir);
+    return MP_OK;
+  }
+  MP_CHECK(st);
+  mp_ckpt_meta meta;
+  MP_CHECK(mp_ckpt_load(ctx, j->rt, dir, &j->resume_man, &meta));
+  MP_CHECK(check_resumed_state(j, &meta));
+  j->resumed = 1;
+  j->start_step = meta.step;
+  j->position = meta.data_consumed;
+  snprintf(j->last_ckpt, sizeof j->last_ckpt, "%s", dir);
+  *done = 1;
+  if (j->rank == 0)
+    printf("resumed from %s: step %lld (saved by mesh %s), data position %lld sequences\n", dir,
+           (long long)meta.step, cJSON_GetStringValue(cJSON_GetObjectItem(j->resume_man.root, "saved_by_mesh")),
+           (long long)meta.data_consumed);
+  return MP_OK;
+}
+
+/* A resumed run's metrics file keeps its lines up to the checkpoint's step (the steps
+ * after it run again); a line cut by a kill is dropped with them. */
+static mp_status metrics_open(train_job *j) {
+  const char *path = mp_args_get(j->spec, "--metrics");
+  if (!path || j->rank != 0) return MP_OK;
+  if (j->resumed && access(path, R_OK) == 0) {
+    char *text = NULL;
+    size_t len = 0;
+    MP_CHECK(mp_read_file(j->ctx, path, &text, &len));
+    size_t keep = 0;
+    for (char *line = text; line < text + len;) {
+      char *nl = memchr(line, '\n', (size_t)(text + len - line));
+      if (!nl) break; /* a line without its newline was cut */
+      cJSON *o = cJSON_ParseWithLength(line, (size_t)(nl - line));
+      const cJSON *st = cJSON_GetObjectItem(o, "step");
+      const int ok = cJSON_IsNumber(st) && (long long)st->valuedouble <= j->start_step;
+      cJSON_Delete(o);
+      if (!ok) break;
+      keep = (size_t)(nl + 1 - text);
+      line = nl + 1;
+    }
+    mp_status s = mp_write_file_atomic(j->ctx, path, text, keep);
+    free(text);
+    MP_CHECK(s);
+  }
+  j->metrics = fopen(path, j->resumed ? "a" : "w");
+  if (!j->metrics) return mp_error(j->ctx, MP_ERR_IO, "--metrics %s: cannot write: %s", path, strerror(errno));
+  return MP_OK;
+}
+
+/* MFU's figures: the model's FLOPs per token (6N plus attention, mp_model_flops_per_token)
+ * and the device's dense peak for the dtype it computes in, times the ranks. */
+static void mfu_figures(train_job *j) {
+  j->flops_per_token = mp_model_flops_per_token(&j->model, j->po.seq);
+  mp_gpu g;
+  mp_ctx c2;
+  mp_ctx_init(&c2);
+  if (mp_gpu_load(&c2, j->dev.gpu, &g) != MP_OK) return;
+  const double tf = g.peak_tflops[j->dev.cuda ? MP_DTYPE_BF16 : MP_DTYPE_FP32];
+  j->peak_flops = tf * 1e12 * mp_comm_world_size(j->comm);
+}
+
+mp_status mp_train_restore(train_job *j) {
+  read_kill_hook();
+  int resumed = 0;
+  MP_CHECK(resume(j, &resumed));
+  const char *init = mp_args_get(j->spec, "--init-from");
+  if (init && resumed && j->rank == 0) printf("note: resuming, so --init-from %s is not read\n", init);
+  if (init && !resumed) {
+    MP_CHECK(mp_hf_load(j->ctx, j->rt, init));
+    if (j->rank == 0) printf("initialized from %s\n", init);
+  }
+  /* rank 0's files: every rank agrees, so none trains on while rank 0 has stopped */
+  mp_status st = metrics_open(j);
+  if (st == MP_OK && j->store && j->rank == 0 && j->plan_id) {
+    st = mp_store_set_train_status(j->ctx, j->store, j->plan_id, "running");
+    j->status_set = st == MP_OK;
+  }
+  MP_CHECK(mp_runtime_agree(j->ctx, j->rt, st, "opening --metrics or --db"));
+  mfu_figures(j);
+  return MP_OK;
+}
+
+/* ---- the steps ------------------------------------------------------------------------------ */
+
+/* The checkpoint's "train" state: what a resumed run checks and says. */
+static cJSON *train_state(const train_job *j, double loss) {
+  cJSON *t = cJSON_CreateObject();
+  if (!t) return NULL;
+  cJSON_AddStringToObject(t, "data", j->data ? j->data : "synthetic");
+  cJSON_AddBoolToObject(t, "shuffle", mp_args_has(j->spec, "--shuffle"));
+  cJSON_AddNumberToObject(t, "seq", (double)j->po.seq);
+  cJSON_AddNumberToObject(t, "global_batch", (double)j->po.global_batch);
+  cJSON_AddNumberToObject(t, "sequences_per_epoch", (double)mp_dataset_sequences(j->train_data));
+  cJSON_AddStringToObject(t, "lr_schedule", mp_lr_kind_name(j->lr.kind));
+  cJSON_AddNumberToObject(t, "lr", j->lr.lr);
+  cJSON_AddNumberToObject(t, "min_lr", j->lr.min_lr);
+  cJSON_AddNumberToObject(t, "warmup_steps", (double)j->lr.warmup);
+  cJSON_AddNumberToObject(t, "total_steps", (double)j->lr.total);
+  cJSON_AddNumberToObject(t, "decay_frac", j->lr.decay_frac);
+  cJSON_AddNumberToObject(t, "loss", loss);
+  if (j->db && j->plan_id) cJSON_AddNumberToObject(t, "db_plan_id", (double)j->plan_id);
+  return t;
+}
+
+static mp_status save(train_job *j, long long step, double loss) {
+  mp_ckpt_meta meta = {step, j->position, (uint64_t)j->seed, train_state(j, loss)};
+  double t0 = mp_now_s();
+  mp_status st = meta.train ? mp_ckpt_save(j->ctx, j->rt, j->ckpt_dir, (int)j->ckpt_keep, &meta, j->last_ckpt,
+                                           sizeof j->last_ckpt)
+                            : mp_error(j->ctx, MP_ERR_NOMEM, "out of memory for the checkpoint's state");
+  cJSON_Delete(meta.train);
+  if (st == MP_OK && j->rank == 0) printf("checkpoint: %s (%.1f ms)\n", j->last_ckpt, (mp_now_s() - t0) * 1e3);
+  return st;
+}
+
+/* The mean cross-entropy of eval_batches global batches of --val-data from its start (the
+ * same batches every time): the step's forward and backward without the optimizer. */
+static mp_status eval_loss(train_job *j, double *out) {
+  const int dp = mp_comm_group_size(j->comm, MP_GROUP_DP), di = mp_comm_group_index(j->comm, MP_GROUP_DP);
+  double sum = 0;
+  for (long long k = 0; k < j->eval_batches; k++) {
+    MP_CHECK(mp_dataset_batch(j->ctx, j->val_data, k * j->po.global_batch, j->po.global_batch, di, dp, j->batch));
+    mp_step_result r;
+    MP_CHECK(mp_runtime_forward_backward(j->ctx, j->rt, j->batch, &r));
+    sum += r.ce_loss;
+  }
+  *out = sum / (double)j->eval_batches;
+  return MP_OK;
+}
+
+/* Step 1 of the process with --dump-grads: forward and backward, the gradients written
+ * (rank 0), then the optimizer; the dump is not part of the step's time (t0 restarts). */
+static mp_status step_dumping_grads(train_job *j, const char *dump_g, mp_step_result *r, double *t0) {
+  mp_ctx *ctx = j->ctx;
+  mp_talloc_reset_peak((mp_talloc *)mp_runtime_allocator(j->rt));
+  MP_CHECK(mp_runtime_forward_backward(ctx, j->rt, j->batch, r));
+  mp_wfile w;
+  mp_wfile_init(&w);
+  mp_status st = mp_runtime_dump(ctx, j->rt, 1, &w);
+  if (st == MP_OK && j->rank == 0) st = mp_wfile_write(ctx, &w, dump_g);
+  mp_wfile_free(&w);
+  MP_CHECK(st);
+  *t0 = mp_now_s();
+  if (j->timer) MP_CHECK(mp_cuda_timer_start(&j->kc, j->timer));
+  MP_CHECK(mp_runtime_optimizer_step(ctx, j->rt, r));
+  MP_CHECK(mp_runtime_synchronize(ctx, j->rt));
+  r->peak_bytes = mp_talloc_peak_total(mp_runtime_allocator(j->rt));
+  return MP_OK;
+}
+
+/* One step's record: --metrics (rank 0, one JSON line) and the database. */
+typedef struct step_rec {
+  long long step;
+  mp_step_result r;
+  double lr, dt, tok_s, eval;
+  int has_eval;
+} step_rec;
+
+static mp_status record(train_job *j, const step_rec *sr) {
+  if (j->rank != 0) return MP_OK;
+  if (j->metrics) {
+    cJSON *o = cJSON_CreateObject();
+    MP_CHECK_ALLOC(j->ctx, o);
+    cJSON_AddNumberToObject(o, "step", (double)sr->step);
+    cJSON_AddNumberToObject(o, "loss", sr->r.loss);
+    cJSON_AddNumberToObject(o, "ce_loss", sr->r.ce_loss);
+    cJSON_AddNumberToObject(o, "aux_loss", sr->r.aux_loss);
+    if (sr->has_eval)
+      cJSON_AddNumberToObject(o, "eval_loss", sr->eval);
+    else
+      cJSON_AddNullToObject(o, "eval_loss");
+    cJSON_AddNumberToObject(o, "lr", sr->lr);
+    cJSON_AddNumberToObject(o, "grad_norm", sr->r.grad_norm);
+    cJSON_AddNumberToObject(o, "step_time_s", sr->dt);
+    cJSON_AddNumberToObject(o, "tokens_per_s", sr->tok_s);
+    if (j->peak_flops > 0)
+      cJSON_AddNumberToObject(o, "mfu", sr->tok_s * j->flops_per_token / j->peak_flops);
+    else
+      cJSON_AddNullToObject(o, "mfu");
+    cJSON_AddNumberToObject(o, "peak_mem_bytes", (double)sr->r.peak_bytes);
+    if (j->pick.found)
+      cJSON_AddNumberToObject(o, "predicted_step_s", j->pick.step_time_s);
+    else
+      cJSON_AddNullToObject(o, "predicted_step_s");
+    char *line = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    MP_CHECK_ALLOC(j->ctx, line);
+    const int bad = fprintf(j->metrics, "%s\n", line) < 0 || fflush(j->metrics) != 0;
+    free(line);
+    if (bad) return mp_error(j->ctx, MP_ERR_IO, "--metrics: write failed: %s", strerror(errno));
+  }
+  if (j->store && j->plan_id) {
+    mp_measurement me = {j->plan_id,    sr->step,    sr->dt,  sr->r.peak_bytes, sr->r.loss,       sr->tok_s,
+                         j->dev.cuda ? "cuda" : "cpu", sr->has_eval, sr->eval, sr->lr, sr->r.grad_norm};
+    MP_CHECK(mp_store_add_measurement(j->ctx, j->store, &me));
+  }
+  return MP_OK;
+}
+
+static mp_status diverged(train_job *j, const step_rec *sr) {
+  j->diverged = 1;
+  j->diverged_step = sr->step;
+  char where[MP_CKPT_PATH_MAX + 64];
+  if (j->last_ckpt[0])
+    snprintf(where, sizeof where, "the last good checkpoint is %s", j->last_ckpt);
+  else
+    snprintf(where, sizeof where, "no checkpoint was written (--checkpoint-dir D keeps one)");
+  return mp_error(j->ctx, MP_ERR_INVALID, "step %lld: the loss is %g and the gradient norm %g: training diverged "
+                  "and stopped; %s; resume from it with a lower --lr or with --clip", sr->step, sr->r.loss,
+                  sr->r.grad_norm, where);
+}
+
+/* The step's line on rank 0. */
+static void print_step(const train_job *j, const step_rec *sr) {
+  if (j->rank != 0) return;
+  printf("step %4lld  loss %.6f  (ce %.6f aux %.6f)  grad_norm %.4f  lr %.3g  %.1f ms  %.0f tokens/s  peak %.3f MiB",
+         sr->step, sr->r.loss, sr->r.ce_loss, sr->r.aux_loss, sr->r.grad_norm, sr->lr, sr->dt * 1e3, sr->tok_s,
+         sr->r.peak_bytes / 1048576.0);
+  if (sr->has_eval) printf("  eval %.6f", sr->eval);
+  printf("\n");
+}
+
+/* Step s + 1: its lr and batch, the step timed (device time on CUDA). */
+static mp_status run_step(train_job *j, long long s, int first, step_rec *sr) {
+  mp_ctx *ctx = j->ctx;
+  const int dp = mp_comm_group_size(j->comm, MP_GROUP_DP), di = mp_comm_group_index(j->comm, MP_GROUP_DP);
+  const char *dump_g = mp_args_get(j->spec, "--dump-grads");
+  sr->step = s + 1;
+  sr->lr = mp_lr_at(&j->lr, sr->step);
+  mp_runtime_set_lr(j->rt, (float)sr->lr);
+  MP_CHECK(mp_dataset_batch(ctx, j->train_data, j->position, j->po.global_batch, di, dp, j->batch));
+  if (j->timer) MP_CHECK(mp_cuda_timer_start(&j->kc, j->timer));
+  double t0 = mp_now_s();
+  if (first && dump_g)
+    MP_CHECK(step_dumping_grads(j, dump_g, &sr->r, &t0));
+  else
+    MP_CHECK(mp_runtime_step(ctx, j->rt, j->batch, &sr->r));
+  sr->dt = mp_now_s() - t0;
+  if (j->timer) MP_CHECK(mp_cuda_timer_stop(&j->kc, j->timer, &sr->dt));
+  sr->tok_s = (double)sr->r.tokens * dp / sr->dt;
+  j->position += j->po.global_batch;
+  return MP_OK;
+}
+
+/* --dump-logits: the starting weights' logits on the run's first batch (a forward and
+ * backward without the optimizer), as a weight file. */
+static mp_status dump_logits(train_job *j, const char *path) {
+  mp_ctx *ctx = j->ctx;
+  if (mp_comm_world_size(j->comm) != 1)
+    return mp_error(ctx, MP_ERR_USAGE, "--dump-logits runs on one rank (the full vocabulary on one device)");
+  const int64_t lb = mp_runtime_local_batch(j->rt), T = j->po.seq, V = j->model.vocab;
+  float *lg = malloc((size_t)(lb * T * V) * sizeof(float));
+  MP_CHECK_ALLOC(ctx, lg);
+  mp_step_result r;
+  mp_status st = mp_dataset_batch(ctx, j->train_data, j->position, j->po.global_batch, 0, 1, j->batch);
+  if (st == MP_OK) st = mp_runtime_capture_logits(ctx, j->rt, lg);
+  if (st == MP_OK) st = mp_runtime_forward_backward(ctx, j->rt, j->batch, &r);
+  mp_runtime_capture_logits(ctx, j->rt, NULL);
+  mp_wfile w;
+  mp_wfile_init(&w);
+  const int64_t shape[3] = {lb, T, V};
+  if (st == MP_OK) st = mp_wfile_add(ctx, &w, "logits", 3, shape, lg);
+  if (st == MP_OK) st = mp_wfile_write(ctx, &w, path);
+  mp_wfile_free(&w);
+  free(lg);
+  return st;
+}
+
+mp_status mp_train_steps(train_job *j, int quiet) {
+  const int dp = mp_comm_group_size(j->comm, MP_GROUP_DP);
+  const char *dl = mp_args_get(j->spec, "--dump-logits");
+  if (dl) MP_CHECK(dump_logits(j, dl));
+  if (j->steps <= j->start_step && j->ckpt_dir && !j->resumed) /* --steps 0: the starting weights */
+    MP_CHECK(save(j, j->start_step, NAN));
+  for (long long s = j->start_step; s < j->steps; s++) {
+    if (g_kill.on && !g_kill.point[0] && s + 1 == g_kill.step && j->rank == g_kill.rank) kill_now();
+    const long long i = s - j->start_step; /* this process's index */
+    step_rec sr;
+    memset(&sr, 0, sizeof sr);
+    MP_CHECK(run_step(j, s, i == 0, &sr));
+    if (sr.r.skipped || !isfinite(sr.r.loss) || !isfinite(sr.r.grad_norm)) return diverged(j, &sr);
+    const int last = s + 1 == j->steps;
+    if (j->val_data && ((j->eval_every > 0 && sr.step % j->eval_every == 0) || last)) {
+      MP_CHECK(eval_loss(j, &sr.eval));
+      sr.has_eval = 1;
+    }
+    j->losses[i] = sr.r.loss;
+    j->step_s[i] = sr.dt;
+    if (i > 0) {
+      j->total_s += sr.dt;
+      j->tokens_all += (double)sr.r.tokens * dp;
+    } else if (j->steps - j->start_step > 1) {
+      memset(&j->kprof, 0, sizeof j->kprof);
+      memset(&j->cprof, 0, sizeof j->cprof);
+    }
+    if (sr.r.peak_bytes > j->peak) j->peak = sr.r.peak_bytes;
+    if (!quiet) print_step(j, &sr);
+    /* rank 0 records; with something to record (the same on every rank) the ranks agree */
+    if (j->db || mp_args_has(j->spec, "--metrics"))
+      MP_CHECK(mp_runtime_agree(j->ctx, j->rt, record(j, &sr), "recording the step (--metrics, --db)"));
+    if (j->ckpt_dir && ((j->ckpt_every > 0 && sr.step % j->ckpt_every == 0) || last))
+      MP_CHECK(save(j, sr.step, sr.r.loss));
+  }
+  return MP_OK;
+}
+
+/* ---- the end --------------------------------------------------------------------------- */
+
+void mp_train_finish(train_job *j, mp_status st) {
+  if (j->metrics) fclose(j->metrics);
+  j->metrics = NULL;
+  if (!j->status_set) return;
+  mp_ctx c2;
+  mp_ctx_init(&c2);
+  const char *status = st == MP_OK ? "complete" : j->diverged ? "diverged" : "failed";
+  if (mp_store_set_train_status(&c2, j->store, j->plan_id, status) != MP_OK)
+    fprintf(stderr, "meshplan: warning: the run's status was not recorded: %s\n", mp_errmsg(&c2));
+}
+
+void mp_train_loop_release(train_job *j) {
+  mp_dataset_destroy(j->train_data);
+  mp_dataset_destroy(j->val_data);
+  mp_ckpt_manifest_free(&j->resume_man);
+  j->train_data = j->val_data = NULL;
+}

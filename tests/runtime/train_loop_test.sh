@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# meshplan train's loop on one rank (no mpirun), end to end:
+#   - resume is bit-identical: 20 steps straight == 10 steps, kill -9 (SIGKILL) at step 13,
+#     --resume latest to 20: every loss (metrics JSONL, printed exactly by cJSON) and the
+#     final checkpoint's shard bytes equal; dense, MoE, float8 (emulated) and float8 on
+#     codes; with an LR schedule and shuffled data, so the schedule's and the loader's
+#     positions are restored too
+#   - kill -9 during a save, at each of its named points: the newest complete checkpoint
+#     loads and the resumed run still ends bit-identical to the straight one
+#   - corruption of a shard byte (first, middle, last), a truncated shard, a checkpoint of
+#     another model or vocabulary: refused in one line naming the file and the tensor
+#   - keep-K; divergence (--lr 1000 --clip 0) stops with exit 1 naming the step and keeps
+#     the last good checkpoint, and the database says diverged / incomplete / complete;
+#   - LR schedules in the metrics equal the formulas; token shards (uint16 and uint32, by
+#     glob) train as the synthetic corpus does; ids beyond the vocabulary are refused;
+#     export and report --plot run
+set -u
+bin="$1"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+export OMP_NUM_THREADS=1
+PY=/usr/bin/python3
+fail=0
+check() { if ! eval "$2"; then echo "FAIL: $1"; fail=1; else echo "ok   $1"; fi; }
+common=(train --steps 20 --seq 16 --micro-batch 2 --global-batch 4 --quiet --lr 3e-3 --lr-schedule cosine
+        --warmup 3 --min-lr 3e-4 --shuffle)
+
+# same_losses A.jsonl B.jsonl: the steps of B are steps of A with the same loss, bit for bit,
+# and B ends at A's last step
+same_losses() {
+  $PY - "$1" "$2" <<'EOF'
+import json, sys
+a = {}
+for l in open(sys.argv[1]):
+    o = json.loads(l); a[o["step"]] = (o["loss"], o["grad_norm"], o["lr"])
+b = [json.loads(l) for l in open(sys.argv[2])]
+bad = [o["step"] for o in b if a.get(o["step"]) != (o["loss"], o["grad_norm"], o["lr"])]
+steps = [o["step"] for o in b]
+ok = not bad and steps == sorted(set(steps)) and steps[-1] == max(a)
+if not ok: print("  differing steps %s, steps %s" % (bad, steps))
+sys.exit(0 if ok else 1)
+EOF
+}
+
+# resume_case NAME ARGS...: straight 20 vs 10 + kill -9 at step 13 + resume
+resume_case() {
+  local name="$1"; shift
+  local d="$tmp/$name"
+  rm -rf "$d"; mkdir -p "$d"
+  "$bin" "${common[@]}" "$@" --checkpoint-dir "$d/a" --checkpoint-every 10 --metrics "$d/a.jsonl" >/dev/null 2>&1
+  MESHPLAN_TEST_KILL=step:13 "$bin" "${common[@]}" "$@" --checkpoint-dir "$d/b" --checkpoint-every 10 \
+    --metrics "$d/b.jsonl" >/dev/null 2>&1
+  local rc=$?
+  check "$name: killed at step 13 (SIGKILL, rc 137)" "[ $rc -eq 137 ] && [ -d $d/b/step_00000010 ] && [ ! -d $d/b/step_00000020 ]"
+  "$bin" "${common[@]}" "$@" --checkpoint-dir "$d/b" --checkpoint-every 10 --metrics "$d/b.jsonl" \
+    --resume latest >"$d/resume.out" 2>&1
+  check "$name: resumed from step 10" "grep -q 'resumed from $d/b/step_00000010: step 10' $d/resume.out"
+  check "$name: losses, grad norms and lr bit-identical, metrics steps 1..20 once" "same_losses $d/a.jsonl $d/b.jsonl"
+  check "$name: final weights and moments bit-identical" "cmp -s $d/a/step_00000020/rank_00000.bin $d/b/step_00000020/rank_00000.bin"
+}
+resume_case dense --model tiny-dense
+resume_case moe --model tiny-moe
+resume_case fp8 --model tiny-dense --fp8
+resume_case moe_ac --model tiny-moe --ac full
+
+# kill -9 during the save of step 20 at each point: step 10 (or, after the rename, 20)
+# stays loadable and the resumed run ends as the straight one
+d="$tmp/dense"
+for point in begin shard_half shards_written manifest_written renamed; do
+  k="$tmp/kill_$point"
+  rm -rf "$k"; mkdir -p "$k"
+  MESHPLAN_TEST_KILL="save:$point:20" "$bin" "${common[@]}" --model tiny-dense --checkpoint-dir "$k/c" \
+    --checkpoint-every 10 --metrics "$k/m.jsonl" >/dev/null 2>&1
+  rc=$?
+  latest=$(ls "$k/c" | grep '^step_' | tail -1)
+  want=step_00000010; [ "$point" = renamed ] && want=step_00000020
+  check "save killed at $point: rc 137, newest complete step is $want" "[ $rc -eq 137 ] && [ '$latest' = $want ]"
+  "$bin" "${common[@]}" --model tiny-dense --checkpoint-dir "$k/c" --checkpoint-every 10 --metrics "$k/m.jsonl" \
+    --resume latest >"$k/out" 2>&1
+  check "save killed at $point: resumes and ends bit-identical" \
+    "same_losses $d/a.jsonl $k/m.jsonl && cmp -s $d/a/step_00000020/rank_00000.bin $k/c/step_00000020/rank_00000.bin && [ ! -e $k/c/.tmp_step_00000020 ]"
+done
+
+# corruption: one flipped byte anywhere in a shard is found; the error names file and tensor
+c="$tmp/corrupt"
+size=$(stat -c %s "$d/a/step_00000020/rank_00000.bin")
+for off in 0 $((size / 2)) $((size - 1)); do
+  rm -rf "$c"; cp -r "$d/a/step_00000020" "$c"
+  b=$(od -An -tu1 -j "$off" -N1 "$c/rank_00000.bin" | tr -d ' ')
+  printf "$(printf '\\%03o' $(( (b + 1) % 256 )))" | dd of="$c/rank_00000.bin" bs=1 seek="$off" conv=notrunc status=none
+  err=$("$bin" "${common[@]}" --model tiny-dense --resume "$c" 2>&1 >/dev/null); rc=$?
+  check "byte $off flipped: refused in one line naming the file and tensor (exit 2)" \
+    "[ $rc -eq 2 ] && [ \$(echo \"\$err\" | wc -l) -eq 1 ] && echo \"\$err\" | grep -q 'rank_00000.bin: tensor .*checksum mismatch'"
+done
+rm -rf "$c"; cp -r "$d/a/step_00000020" "$c"
+truncate -s $((size - 100)) "$c/rank_00000.bin"
+err=$("$bin" "${common[@]}" --model tiny-dense --resume "$c" 2>&1 >/dev/null); rc=$?
+check "truncated shard refused naming file and tensor" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'rank_00000.bin: tensor .* truncated'"
+err=$("$bin" "${common[@]}" --model tiny-moe --resume "$d/a" 2>&1 >/dev/null); rc=$?
+check "another model's checkpoint refused naming it" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q \"manifest.json: the checkpoint's model tiny-dense has top_k = 0, model tiny-moe has 2\""
+echo '{"name": "v512", "family": "llama", "vocab": 512, "d_model": 64, "n_layers": 2, "n_heads": 8,
+ "n_kv_heads": 4, "head_dim": 8, "d_ff": 192, "max_seq": 64}' >"$tmp/v512.json"
+err=$("$bin" "${common[@]}" --model "$tmp/v512.json" --resume "$d/a" 2>&1 >/dev/null); rc=$?
+check "another vocabulary refused naming the tensor and both shapes" \
+  "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'tensor tok_embeddings.weight has shape \[256, 64, 1\].*\[512, 64, 1\]'"
+
+# keep-K: every 2 steps, keep 2
+"$bin" "${common[@]}" --model tiny-dense --steps 10 --checkpoint-dir "$tmp/keep" --checkpoint-every 2 \
+  --checkpoint-keep 2 >/dev/null 2>&1
+check "keep 2: only steps 8 and 10 remain" "[ \"\$(ls $tmp/keep | tr '\n' ' ')\" = 'step_00000008 step_00000010 ' ]"
+
+# divergence: exit 1, the step named, the last good checkpoint kept, the database's status
+db="$tmp/runs.db"
+"$bin" "${common[@]}" --model tiny-dense --steps 6 --db "$db" >/dev/null 2>&1
+out=$("$bin" train --model tiny-dense --steps 30 --seq 16 --micro-batch 2 --global-batch 4 --lr 1000 --clip 0 \
+      --checkpoint-dir "$tmp/div" --checkpoint-every 1 --db "$db" --quiet 2>&1); rc=$?
+step=$(echo "$out" | sed -n 's/^meshplan train: step \([0-9]*\): .*diverged.*/\1/p')
+check "--lr 1000 --clip 0 diverges: exit 1 and names the step" "[ $rc -eq 1 ] && [ -n '$step' ] && ! echo \"\$out\" | grep -q '^done'"
+check "diverged: the last good checkpoint is the step before and is named" \
+  "[ -d $tmp/div/step_\$(printf %08d \$((step - 1))) ] && echo \"\$out\" | grep -q \"last good checkpoint is $tmp/div/step_\$(printf %08d \$((step - 1)))\""
+MESHPLAN_TEST_KILL=step:3 "$bin" "${common[@]}" --model tiny-dense --steps 6 --db "$db" >/dev/null 2>&1
+rep=$("$bin" report --db "$db")
+check "report: complete, diverged, incomplete" \
+  "echo \"\$rep\" | grep -E '^ +1 .* complete\$' >/dev/null && echo \"\$rep\" | grep -E '^ +2 .* diverged\$' >/dev/null && echo \"\$rep\" | grep -E '^ +3 .* incomplete\$' >/dev/null"
+
+# the LR schedule as the metrics record it, against the formulas (lr.h)
+"$bin" train --model tiny-dense --steps 20 --seq 16 --micro-batch 2 --global-batch 4 --quiet --lr 1e-2 \
+  --lr-schedule wsd --warmup 4 --min-lr 1e-3 --decay-frac 0.25 --metrics "$tmp/wsd.jsonl" >/dev/null 2>&1
+check "wsd lr per step equals the formula" "$PY - $tmp/wsd.jsonl <<'EOF'
+import json, math, sys
+lr, mn, W, S = 1e-2, 1e-3, 4, 20
+D = S - round(0.25 * (S - W))          # 16: stable through step 16
+def want(s):
+    if s <= W: return lr * s / W
+    if s <= D: return lr
+    return mn + (lr - mn) * (1 - math.sqrt((s - D) / (S - D)))
+got = [(o['step'], o['lr']) for o in map(json.loads, open(sys.argv[1]))]
+sys.exit(0 if len(got) == 20 and all(abs(l - want(s)) <= 1e-7 * want(s) for s, l in got) else 1)
+EOF"
+
+# token shards: uint16 and uint32 of the same tokens train alike (by glob, two files each);
+# an id beyond the vocabulary is refused naming the file and position
+"$bin" train --model tiny-dense --steps 2 --seq 16 --micro-batch 2 --global-batch 4 --quiet \
+  --dump-data "$tmp/corpus.bin" >/dev/null 2>&1
+mkdir -p "$tmp/u16" "$tmp/u32"
+$PY - "$tmp/corpus.bin" "$tmp" <<'EOF'
+import struct, sys, array
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack_from("<i", b, 8)[0]
+toks = array.array("H"); toks.frombytes(b[1024:1024 + 2 * n])
+def write(path, magic, ver, typ, t):
+    h = array.array("i", [0] * 256); h[0], h[1], h[2] = magic, ver, len(t)
+    with open(path, "wb") as f: h.tofile(f); array.array(typ, t).tofile(f)
+half = 40000
+for name, magic, ver, typ in (("u16", 20240520, 1, "H"), ("u32", 20240801, 7, "I")):
+    write("%s/%s/part_0.bin" % (sys.argv[2], name), magic, ver, typ, toks[:half])
+    write("%s/%s/part_1.bin" % (sys.argv[2], name), magic, ver, typ, toks[half:])
+write(sys.argv[2] + "/big.bin", 20240801, 7, "I", [1, 2, 300, 4] * 100)
+EOF
+run_shards() { "$bin" train --model tiny-dense --steps 4 --seq 16 --micro-batch 2 --global-batch 4 --quiet --data "$1" --metrics "$2" >/dev/null 2>&1; }
+run_shards "$tmp/u16/part_*.bin" "$tmp/u16.jsonl"
+run_shards "$tmp/u32/part_*.bin" "$tmp/u32.jsonl"
+check "uint16 and uint32 shards by glob train alike" "$PY -c \"
+import json, sys
+a = [json.loads(l)['loss'] for l in open('$tmp/u16.jsonl')]
+b = [json.loads(l)['loss'] for l in open('$tmp/u32.jsonl')]
+sys.exit(0 if a == b and len(a) == 4 else 1)\""
+err=$("$bin" train --model tiny-dense --steps 1 --seq 16 --quiet --data "$tmp/big.bin" 2>&1); rc=$?
+check "token id beyond the vocabulary refused naming file and position" \
+  "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'big.bin: token id 300 at position 2 is outside the model.s vocabulary of 256'"
+err=$("$bin" train --model tiny-dense --steps 1 --data "$tmp/none_*.bin" 2>&1); rc=$?
+check "a glob matching nothing is refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'no token shard matches'"
+
+# usage errors are one line, exit 2
+for args in "--resume latest" "--checkpoint-every 5" "--eval-every 5" "--lr-schedule step" "--decay most" \
+            "--warmup 30 --steps 20" "--min-lr 1 --lr 0.1"; do
+  err=$("$bin" train --model tiny-dense $args 2>&1); rc=$?
+  check "usage error: $args" "[ $rc -eq 2 ] && [ \$(echo \"\$err\" | wc -l) -eq 1 ]"
+done
+
+# export and the report's plots
+out=$("$bin" export --checkpoint "$d/a" --out "$tmp/hf" 2>&1); rc=$?
+check "export writes model.safetensors and config.json" "[ $rc -eq 0 ] && [ -s $tmp/hf/model.safetensors ] && grep -q LlamaForCausalLM $tmp/hf/config.json"
+out=$("$bin" train --init-from "$tmp/hf" --steps 1 --seq 16 --micro-batch 2 --global-batch 4 2>&1); rc=$?
+check "--init-from an exported folder: its config.json is the model" "[ $rc -eq 0 ] && echo \"\$out\" | grep -q '^train LlamaForCausalLM on mesh' && echo \"\$out\" | grep -q 'initialized from $tmp/hf'"
+err=$("$bin" train --model tiny-text --init-from "$tmp/hf" --steps 1 2>&1); rc=$?
+check "--init-from a folder whose config.json disagrees with --model: refused naming the field" \
+  "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'config.json: vocab_size is 256 but model tiny-text has 1024'"
+err=$("$bin" train --model tiny-text --init-from "$tmp/hf/model.safetensors" --steps 1 2>&1); rc=$?
+check "--init-from a file of another vocabulary: refused naming the tensor" \
+  "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'tensor model.embed_tokens.weight has shape \[256, 64\]'"
+err=$("$bin" export --checkpoint "$tmp/nothing" --out "$tmp/hf2" 2>&1); rc=$?
+check "export of a missing checkpoint refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'does not exist'"
+if command -v gnuplot >/dev/null; then
+  out=$("$bin" report --db "$db" --run 1 --plot "$tmp/plots" 2>&1); rc=$?
+  check "report --plot draws loss.png and throughput.png" "[ $rc -eq 0 ] && [ -s $tmp/plots/loss.png ] && [ -s $tmp/plots/throughput.png ]"
+fi
+exit $fail

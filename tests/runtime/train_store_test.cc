@@ -1,0 +1,127 @@
+// The store's training-run additions (planner/store.h, schema version 3): a version-2
+// database migrates with its rows kept, a training run's status reads complete /
+// incomplete / diverged, and per-step figures (eval loss, lr, grad norm) come back with a
+// step measured twice (a resumed run) read as its last record.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "planner/store.h"
+
+namespace {
+
+std::string TmpPath(const std::string &name) {
+  const char *d = getenv("TEST_TMPDIR");
+  std::string p = std::string(d ? d : "/tmp") + "/" + name;
+  unlink(p.c_str());
+  unlink((p + "-wal").c_str());
+  unlink((p + "-shm").c_str());
+  return p;
+}
+
+int64_t Q(mp_store *st, const char *sql) {
+  mp_ctx c;
+  mp_ctx_init(&c);
+  int64_t v = -1;
+  EXPECT_EQ(mp_store_query_i64(&c, st, sql, &v), MP_OK) << mp_errmsg(&c);
+  return v;
+}
+
+// A one-plan run, as `meshplan train --db` records one; returns the plan's id.
+int64_t OnePlanRun(mp_store *st) {
+  mp_ctx c;
+  mp_ctx_init(&c);
+  mp_run_info info = {"tiny-dense", "1xcpu", "cpu", 1, 1, 16, 4, "time", "{}", "test", "test"};
+  int64_t run = 0;
+  EXPECT_EQ(mp_store_run_begin(&c, st, &info, &run), MP_OK) << mp_errmsg(&c);
+  mp_candidate cand;
+  memset(&cand, 0, sizeof cand);
+  mp_mesh_init(&cand.mesh);
+  cand.micro_batch = 2;
+  EXPECT_EQ(mp_store_add_candidate(&c, st, run, 0, &cand, ""), MP_OK) << mp_errmsg(&c);
+  mp_run_summary sum = {1, 0, 0, 0, 0, 0.0};
+  EXPECT_EQ(mp_store_run_commit(&c, st, run, &sum), MP_OK) << mp_errmsg(&c);
+  return cand.plan_id;
+}
+
+TEST(TrainStore, Version2MigratesWithItsRows) {
+  const std::string path = TmpPath("v2.db");
+  mp_ctx c;
+  mp_ctx_init(&c);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&c, path.c_str(), &st), MP_OK) << mp_errmsg(&c);
+  const int64_t plan = OnePlanRun(st);
+  mp_measurement m = {plan, 1, 0.5, 1000, 5.5, 100.0, "cpu", 0, 0, 0, 0};
+  ASSERT_EQ(mp_store_add_measurement(&c, st, &m), MP_OK) << mp_errmsg(&c);
+  mp_store_close(st);
+  // back to version 2: the columns and index version 3 added, gone
+  sqlite3 *db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "DROP INDEX measurements_plan_step; ALTER TABLE runs DROP COLUMN train_status;"
+                         "ALTER TABLE measurements DROP COLUMN eval_loss; ALTER TABLE measurements DROP COLUMN lr;"
+                         "ALTER TABLE measurements DROP COLUMN grad_norm; UPDATE schema_version SET version=2",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK)
+      << sqlite3_errmsg(db);
+  sqlite3_close(db);
+  ASSERT_EQ(mp_store_open(&c, path.c_str(), &st), MP_OK) << mp_errmsg(&c);
+  EXPECT_EQ(Q(st, "SELECT version FROM schema_version"), 3);
+  EXPECT_EQ(Q(st, "SELECT count(*) FROM measurements"), 1);
+  EXPECT_EQ(Q(st, "SELECT count(*) FROM measurements WHERE eval_loss IS NULL AND lr IS NULL"), 1);
+  mp_run_row run;
+  ASSERT_EQ(mp_store_get_run(&c, st, 1, &run), MP_OK);
+  EXPECT_STREQ(run.status, "complete");  // a planner run: committed whole
+  mp_store_close(st);
+}
+
+TEST(TrainStore, StatusAndStepsOfATrainingRun) {
+  const std::string path = TmpPath("train.db");
+  mp_ctx c;
+  mp_ctx_init(&c);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&c, path.c_str(), &st), MP_OK) << mp_errmsg(&c);
+  const int64_t plan = OnePlanRun(st);
+  mp_run_row run;
+  ASSERT_EQ(mp_store_set_train_status(&c, st, plan, "running"), MP_OK) << mp_errmsg(&c);
+  ASSERT_EQ(mp_store_get_run(&c, st, 1, &run), MP_OK);
+  EXPECT_STREQ(run.status, "incomplete");  // running, or killed: nothing tells them apart
+  // steps 1..3, then a resumed process runs steps 2..3 again (other losses)
+  const struct {
+    int64_t step;
+    double loss;
+    int has_eval;
+  } rec[] = {{1, 5.0, 0}, {2, 4.0, 1}, {3, 3.0, 0}, {2, 4.5, 1}, {3, 3.5, 0}};
+  for (const auto &r : rec) {
+    mp_measurement m = {plan, r.step, 0.1 * (double)r.step, 1000, r.loss, 100.0, "cpu", r.has_eval,
+                        r.loss + 0.25, 1e-3 * (double)r.step, 2.0};
+    ASSERT_EQ(mp_store_add_measurement(&c, st, &m), MP_OK) << mp_errmsg(&c);
+  }
+  ASSERT_EQ(mp_store_set_train_status(&c, st, plan, "diverged"), MP_OK);
+  ASSERT_EQ(mp_store_get_run(&c, st, 1, &run), MP_OK);
+  EXPECT_STREQ(run.status, "diverged");
+  EXPECT_EQ(mp_store_set_train_status(&c, st, 999, "complete"), MP_ERR_NOT_FOUND);
+  mp_arena *a = mp_arena_create();
+  mp_step_row *rows = nullptr;
+  int64_t n = 0;
+  ASSERT_EQ(mp_store_run_steps(&c, st, 1, a, &rows, &n), MP_OK) << mp_errmsg(&c);
+  ASSERT_EQ(n, 3);
+  EXPECT_EQ(rows[0].step, 1);
+  EXPECT_EQ(rows[0].loss, 5.0);
+  EXPECT_FALSE(rows[0].has_eval);
+  EXPECT_EQ(rows[1].step, 2);
+  EXPECT_EQ(rows[1].loss, 4.5);  // the resumed process's record
+  EXPECT_TRUE(rows[1].has_eval);
+  EXPECT_EQ(rows[1].eval_loss, 4.75);
+  EXPECT_DOUBLE_EQ(rows[1].lr, 2e-3);
+  EXPECT_EQ(rows[1].grad_norm, 2.0);
+  EXPECT_EQ(rows[2].loss, 3.5);
+  mp_arena_destroy(a);
+  mp_store_close(st);
+}
+
+}  // namespace
