@@ -1,4 +1,9 @@
-/* Attention tuning sweep (not a test): times every compiled tile configuration of the
+/* Attention benchmark (not a test), in two modes:
+ *   attention_bench        the tuning sweep of the tensor-core kernels on one GPU (below);
+ *   attention_bench --cpu  the CPU backend's attention (kernels/cpu/attention.c; cpu_main
+ *                          says what it times), built with or without CUDA.
+ *
+ * The sweep times every compiled tile configuration of the
  * tensor-core attention kernels (kernels/cuda/attention_fa2.cu: forward, dK/dV, dQ) on one
  * GPU, checks each against configuration 0 on the same inputs, and prints one table and
  * the environment that selects the fastest: "best: MP_ATTENTION_FWD_CFG=a
@@ -33,16 +38,147 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+#include <time.h>
+
 #include "common/status.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/ops.h"
 
-#ifndef MP_HAVE_CUDA
-int main(void) {
-  printf("no CUDA device (built without CUDA)\n");
-  return 0;
+/* ---- CPU -------------------------------------------------------------------------------
+ * cpu_main times the CPU backend's attention_forward and attention_backward at two shapes:
+ * B2 T512 nh8 nkv4 hd64 (long rows: the score loops dominate) and B8 T64 nh8 nkv4 hd8
+ * (tiny-dense's attention, where the per-call costs show). Inputs are pseudo-random in
+ * [-1, 1). One sample is the mean wall time of enough back-to-back calls to fill
+ * kCpuSampleS (at least one); each figure is the median of kCpuSamples samples after one
+ * untimed call. GFLOP/s counts the causal half as the sweep does (forward 2G, backward 5G,
+ * G = B nh T^2 hd). The thread count is OpenMP's (OMP_NUM_THREADS). */
+enum { kCpuSamples = 9 };
+static const double kCpuSampleS = 0.05;
+
+typedef struct cpu_shape {
+  int B, T, nh, nkv, hd;
+} cpu_shape;
+
+typedef struct cpu_bufs {
+  float *q, *k, *v, *dout, *out, *lse, *dq, *dk, *dv;
+} cpu_bufs;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-#else
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+typedef mp_status (*cpu_op_fn)(mp_kctx *kc, const cpu_shape *s, cpu_bufs *b);
+
+static mp_status cpu_fwd(mp_kctx *kc, const cpu_shape *s, cpu_bufs *b) {
+  return mp_backend_cpu()->attention_forward(kc, b->out, b->lse, b->q, b->k, b->v, s->B, s->T,
+                                             s->nh, s->nkv, s->hd);
+}
+
+static mp_status cpu_bwd(mp_kctx *kc, const cpu_shape *s, cpu_bufs *b) {
+  return mp_backend_cpu()->attention_backward(kc, b->dq, b->dk, b->dv, b->dout, b->q, b->k,
+                                              b->v, b->out, b->lse, s->B, s->T, s->nh, s->nkv,
+                                              s->hd);
+}
+
+/* Median seconds per call of fn, or a negative value on failure (message on kc->err). */
+static double cpu_time(mp_kctx *kc, const cpu_shape *s, cpu_bufs *b, cpu_op_fn fn) {
+  if (fn(kc, s, b) != MP_OK) return -1.0;
+  double t0 = now_s();
+  if (fn(kc, s, b) != MP_OK) return -1.0;
+  const double one = now_s() - t0;
+  const int inner = one >= kCpuSampleS ? 1 : (int)(kCpuSampleS / (one > 1e-7 ? one : 1e-7)) + 1;
+  double samples[kCpuSamples];
+  for (int i = 0; i < kCpuSamples; i++) {
+    t0 = now_s();
+    for (int j = 0; j < inner; j++)
+      if (fn(kc, s, b) != MP_OK) return -1.0;
+    samples[i] = (now_s() - t0) / inner;
+  }
+  qsort(samples, kCpuSamples, sizeof(double), cmp_double);
+  return samples[kCpuSamples / 2];
+}
+
+static float *cpu_random(size_t n, uint64_t seed) {
+  float *x = malloc((n ? n : 1) * sizeof(float));
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; x && i < n; i++) {
+    z = z * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = (float)((z >> 40) & 0xFFFFFF) / (float)(1 << 23) - 1.0f;
+  }
+  return x;
+}
+
+static void cpu_free_bufs(cpu_bufs *b) {
+  float *p[] = {b->q, b->k, b->v, b->dout, b->out, b->lse, b->dq, b->dk, b->dv};
+  for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++) free(p[i]);
+  memset(b, 0, sizeof(*b));
+}
+
+static int cpu_alloc_bufs(const cpu_shape *s, cpu_bufs *b) {
+  const size_t nq = (size_t)s->B * s->T * s->nh * s->hd, nk = (size_t)s->B * s->T * s->nkv * s->hd;
+  b->q = cpu_random(nq, 1);
+  b->k = cpu_random(nk, 2);
+  b->v = cpu_random(nk, 3);
+  b->dout = cpu_random(nq, 4);
+  b->out = cpu_random(nq, 5);
+  b->lse = cpu_random((size_t)s->B * s->nh * s->T, 6);
+  b->dq = cpu_random(nq, 7);
+  b->dk = cpu_random(nk, 8);
+  b->dv = cpu_random(nk, 9);
+  return b->q && b->k && b->v && b->dout && b->out && b->lse && b->dq && b->dk && b->dv;
+}
+
+static void cpu_row(const cpu_shape *s, const char *op, const char *path, double t, double flops,
+                    double base) {
+  char sh[48], ratio[16] = "-";
+  snprintf(sh, sizeof(sh), "B%d T%d h%d/%d d%d", s->B, s->T, s->nh, s->nkv, s->hd);
+  if (base > 0 && t > 0) snprintf(ratio, sizeof(ratio), "%.3f", t / base);
+  printf("%-22s %-4s %-12s %11.3f %9.2f %8s\n", sh, op, path, t * 1e3, flops / t / 1e9, ratio);
+  fflush(stdout);
+}
+
+static int cpu_main(void) {
+  mp_ctx err;
+  mp_ctx_init(&err);
+  mp_kctx kc = {&err, NULL, 0};
+  const cpu_shape shapes[] = {{2, 512, 8, 4, 64}, {8, 64, 8, 4, 8}};
+  printf("cpu attention, %d OpenMP threads; median of %d samples\n", omp_get_max_threads(),
+         kCpuSamples);
+  printf("%-22s %-4s %-12s %11s %9s %8s\n", "shape", "op", "path", "ms", "GFLOP/s", "ratio");
+  int failed = 0;
+  for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+    const cpu_shape *s = &shapes[i];
+    const double G = (double)s->B * s->nh * (double)s->T * s->T * s->hd;
+    cpu_bufs b;
+    memset(&b, 0, sizeof(b));
+    if (!cpu_alloc_bufs(s, &b)) {
+      fprintf(stderr, "attention_bench: out of host memory\n");
+      cpu_free_bufs(&b);
+      return 1;
+    }
+    const double tf = cpu_time(&kc, s, &b, cpu_fwd), tb = tf > 0 ? cpu_time(&kc, s, &b, cpu_bwd) : -1;
+    if (tf < 0 || tb < 0) {
+      fprintf(stderr, "attention_bench: %s\n", mp_errmsg(&err));
+      failed = 1;
+    } else {
+      cpu_row(s, "fwd", "monolithic", tf, 2 * G, 0);
+      cpu_row(s, "bwd", "monolithic", tb, 5 * G, 0);
+    }
+    cpu_free_bufs(&b);
+  }
+  return failed;
+}
+
+#ifdef MP_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/attention_hooks.h"
@@ -389,7 +525,7 @@ static mp_status bench_shape(const shape *s, int best[3]) {
   return st;
 }
 
-int main(void) {
+static int cuda_main(void) {
   if (mp_cuda_device_count() == 0) {
     printf("no CUDA device\n");
     return 0;
@@ -426,3 +562,18 @@ int main(void) {
   return failed;
 }
 #endif
+
+int main(int argc, char **argv) {
+  if (argc == 2 && strcmp(argv[1], "--cpu") == 0) return cpu_main();
+  if (argc > 1) {
+    fprintf(stderr, "usage: attention_bench [--cpu]: no argument times the CUDA kernels, "
+            "--cpu the CPU backend\n");
+    return 2;
+  }
+#ifdef MP_HAVE_CUDA
+  return cuda_main();
+#else
+  printf("no CUDA device (built without CUDA)\n");
+  return 0;
+#endif
+}
