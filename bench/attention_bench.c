@@ -52,7 +52,8 @@
  * (tiny-dense's attention, where the per-call costs show). Inputs are pseudo-random in
  * [-1, 1). One sample is the mean wall time of enough back-to-back calls to fill
  * kCpuSampleS (at least one); each figure is the median of kCpuSamples samples after one
- * untimed call. GFLOP/s counts the causal half as the sweep does (forward 2G, backward 5G,
+ * untimed call, in wall time and in the process's CPU time (on a shared machine the CPU
+ * time is what compares two builds of a kernel). GFLOP/s counts the causal half as the sweep does (forward 2G, backward 5G,
  * G = B nh T^2 hd). The thread count is OpenMP's (OMP_NUM_THREADS). */
 enum { kCpuSamples = 9 };
 static const double kCpuSampleS = 0.05;
@@ -65,11 +66,12 @@ typedef struct cpu_bufs {
   float *q, *k, *v, *dout, *out, *lse, *dq, *dk, *dv;
 } cpu_bufs;
 
-static double now_s(void) {
+static double clock_s(clockid_t id) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(id, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+static double now_s(void) { return clock_s(CLOCK_MONOTONIC); }
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -89,22 +91,30 @@ static mp_status cpu_bwd(mp_kctx *kc, const cpu_shape *s, cpu_bufs *b) {
                                               s->hd);
 }
 
-/* Median seconds per call of fn, or a negative value on failure (message on kc->err). */
-static double cpu_time(mp_kctx *kc, const cpu_shape *s, cpu_bufs *b, cpu_op_fn fn) {
+/* Median seconds per call of fn, wall clock (return value) and CPU time of the process
+ * (*cpu_s: every thread's, so on a shared machine it stays near the work done while the
+ * wall clock also counts time the threads waited for a core); negative on failure
+ * (message on kc->err). */
+static double cpu_time(mp_kctx *kc, const cpu_shape *s, cpu_bufs *b, cpu_op_fn fn,
+                       double *cpu_s) {
   if (fn(kc, s, b) != MP_OK) return -1.0;
   double t0 = now_s();
   if (fn(kc, s, b) != MP_OK) return -1.0;
   const double one = now_s() - t0;
   const int inner = one >= kCpuSampleS ? 1 : (int)(kCpuSampleS / (one > 1e-7 ? one : 1e-7)) + 1;
-  double samples[kCpuSamples];
+  double wall[kCpuSamples], cpu[kCpuSamples];
   for (int i = 0; i < kCpuSamples; i++) {
     t0 = now_s();
+    const double c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
     for (int j = 0; j < inner; j++)
       if (fn(kc, s, b) != MP_OK) return -1.0;
-    samples[i] = (now_s() - t0) / inner;
+    cpu[i] = (clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0) / inner;
+    wall[i] = (now_s() - t0) / inner;
   }
-  qsort(samples, kCpuSamples, sizeof(double), cmp_double);
-  return samples[kCpuSamples / 2];
+  qsort(wall, kCpuSamples, sizeof(double), cmp_double);
+  qsort(cpu, kCpuSamples, sizeof(double), cmp_double);
+  *cpu_s = cpu[kCpuSamples / 2];
+  return wall[kCpuSamples / 2];
 }
 
 static float *cpu_random(size_t n, uint64_t seed) {
@@ -137,12 +147,15 @@ static int cpu_alloc_bufs(const cpu_shape *s, cpu_bufs *b) {
   return b->q && b->k && b->v && b->dout && b->out && b->lse && b->dq && b->dk && b->dv;
 }
 
-static void cpu_row(const cpu_shape *s, const char *op, const char *path, double t, double flops,
-                    double base) {
+/* One row: wall and CPU milliseconds per call, GFLOP/s on the wall clock, and the CPU
+ * time as a ratio to `base` (the monolithic op's; <= 0: none). */
+static void cpu_row(const cpu_shape *s, const char *op, const char *path, double t, double c,
+                    double flops, double base) {
   char sh[48], ratio[16] = "-";
   snprintf(sh, sizeof(sh), "B%d T%d h%d/%d d%d", s->B, s->T, s->nh, s->nkv, s->hd);
-  if (base > 0 && t > 0) snprintf(ratio, sizeof(ratio), "%.3f", t / base);
-  printf("%-22s %-4s %-12s %11.3f %9.2f %8s\n", sh, op, path, t * 1e3, flops / t / 1e9, ratio);
+  if (base > 0 && c > 0) snprintf(ratio, sizeof(ratio), "%.3f", c / base);
+  printf("%-22s %-4s %-12s %10.3f %10.3f %9.2f %8s\n", sh, op, path, t * 1e3, c * 1e3,
+         flops / t / 1e9, ratio);
   fflush(stdout);
 }
 
@@ -153,7 +166,8 @@ static int cpu_main(void) {
   const cpu_shape shapes[] = {{2, 512, 8, 4, 64}, {8, 64, 8, 4, 8}};
   printf("cpu attention, %d OpenMP threads; median of %d samples\n", omp_get_max_threads(),
          kCpuSamples);
-  printf("%-22s %-4s %-12s %11s %9s %8s\n", "shape", "op", "path", "ms", "GFLOP/s", "ratio");
+  printf("%-22s %-4s %-12s %10s %10s %9s %8s\n", "shape", "op", "path", "wall ms", "cpu ms",
+         "GFLOP/s", "cpu ratio");
   int failed = 0;
   for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
     const cpu_shape *s = &shapes[i];
@@ -165,13 +179,15 @@ static int cpu_main(void) {
       cpu_free_bufs(&b);
       return 1;
     }
-    const double tf = cpu_time(&kc, s, &b, cpu_fwd), tb = tf > 0 ? cpu_time(&kc, s, &b, cpu_bwd) : -1;
+    double cf = 0, cb = 0;
+    const double tf = cpu_time(&kc, s, &b, cpu_fwd, &cf);
+    const double tb = tf > 0 ? cpu_time(&kc, s, &b, cpu_bwd, &cb) : -1;
     if (tf < 0 || tb < 0) {
       fprintf(stderr, "attention_bench: %s\n", mp_errmsg(&err));
       failed = 1;
     } else {
-      cpu_row(s, "fwd", "monolithic", tf, 2 * G, 0);
-      cpu_row(s, "bwd", "monolithic", tb, 5 * G, 0);
+      cpu_row(s, "fwd", "monolithic", tf, cf, 2 * G, 0);
+      cpu_row(s, "bwd", "monolithic", tb, cb, 5 * G, 0);
     }
     cpu_free_bufs(&b);
   }
