@@ -47,15 +47,24 @@
 #include "kernels/ops.h"
 
 /* ---- CPU -------------------------------------------------------------------------------
- * cpu_main times the CPU backend's attention_forward and attention_backward at two shapes:
- * B2 T512 nh8 nkv4 hd64 (long rows: the score loops dominate) and B8 T64 nh8 nkv4 hd8
- * (tiny-dense's attention, where the per-call costs show). Inputs are pseudo-random in
- * [-1, 1). One sample is the mean wall time of enough back-to-back calls to fill
- * kCpuSampleS (at least one); each figure is the median of kCpuSamples samples after one
- * untimed call, in wall time and in the process's CPU time (on a shared machine the CPU
- * time is what compares two builds of a kernel). GFLOP/s counts the causal half as the sweep does (forward 2G, backward 5G,
- * G = B nh T^2 hd). The thread count is OpenMP's (OMP_NUM_THREADS). */
-enum { kCpuSamples = 9 };
+ * cpu_main times the CPU backend's attention at two shapes: B2 T512 nh8 nkv4 hd64 (long
+ * rows: the score loops dominate) and B8 T64 nh8 nkv4 hd8 (tiny-dense's attention, where
+ * the per-call costs show). Rows:
+ *   monolithic   attention_forward, attention_backward on the whole sequence;
+ *   ring cp=N    the same attention from the span ops as context parallelism runs it
+ *                (tests/kernels/ring_attention.h): 2N chunks, rank r holding chunks r and
+ *                2N-1-r, every rank's pairs over N ring steps; forward = span_init, the
+ *                pairs, span_finalize; backward = span_dot, the pairs. "all ranks" is the
+ *                sum over the N ranks (the work, to compare with monolithic: the ratio is
+ *                what splitting costs), "max rank" the busiest rank's share (what a step
+ *                takes on N devices without communication; ideal: monolithic / N).
+ * Inputs are pseudo-random in [-1, 1). One sample is the mean time of enough back-to-back
+ * calls to fill kCpuSampleS (at least one); each figure is the median of kCpuSamples
+ * samples after one untimed call, in wall time and in the process's CPU time (on a shared
+ * machine the CPU time is what compares two builds of a kernel). GFLOP/s counts the
+ * causal half as the sweep does (forward 2G, backward 5G, G = B nh T^2 hd) on the wall
+ * time. The thread count is OpenMP's (OMP_NUM_THREADS). */
+enum { kCpuSamples = 9, kCpuMaxCp = 4 };
 static const double kCpuSampleS = 0.05;
 
 typedef struct cpu_shape {
@@ -65,6 +74,27 @@ typedef struct cpu_shape {
 typedef struct cpu_bufs {
   float *q, *k, *v, *dout, *out, *lse, *dq, *dk, *dv;
 } cpu_bufs;
+
+/* One simulated rank of a ring: its two chunks, laid out as its local sequence. */
+typedef struct cpu_rank {
+  int chunk[2], row[2], L; /* global chunk ids, their first local rows, local length */
+  float *q, *k, *v, *dout, *acc, *lse, *out, *D, *dq, *dk, *dv;
+} cpu_rank;
+
+typedef struct cpu_ring {
+  int cp;
+  int bounds[2 * kCpuMaxCp + 1];
+  cpu_rank rank[kCpuMaxCp];
+} cpu_ring;
+
+/* What one timed call runs: the op on the shape's buffers, or one rank's share of a ring. */
+typedef struct cpu_job {
+  mp_kctx *kc;
+  const cpu_shape *s;
+  cpu_bufs *b;
+  cpu_ring *ring;
+  int rank;
+} cpu_job;
 
 static double clock_s(clockid_t id) {
   struct timespec ts;
@@ -78,36 +108,86 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-typedef mp_status (*cpu_op_fn)(mp_kctx *kc, const cpu_shape *s, cpu_bufs *b);
+typedef mp_status (*cpu_op_fn)(const cpu_job *j);
 
-static mp_status cpu_fwd(mp_kctx *kc, const cpu_shape *s, cpu_bufs *b) {
-  return mp_backend_cpu()->attention_forward(kc, b->out, b->lse, b->q, b->k, b->v, s->B, s->T,
+static mp_status cpu_fwd(const cpu_job *j) {
+  const cpu_shape *s = j->s;
+  cpu_bufs *b = j->b;
+  return mp_backend_cpu()->attention_forward(j->kc, b->out, b->lse, b->q, b->k, b->v, s->B, s->T,
                                              s->nh, s->nkv, s->hd);
 }
 
-static mp_status cpu_bwd(mp_kctx *kc, const cpu_shape *s, cpu_bufs *b) {
-  return mp_backend_cpu()->attention_backward(kc, b->dq, b->dk, b->dv, b->dout, b->q, b->k,
+static mp_status cpu_bwd(const cpu_job *j) {
+  const cpu_shape *s = j->s;
+  cpu_bufs *b = j->b;
+  return mp_backend_cpu()->attention_backward(j->kc, b->dq, b->dk, b->dv, b->dout, b->q, b->k,
                                               b->v, b->out, b->lse, s->B, s->T, s->nh, s->nkv,
                                               s->hd);
+}
+
+/* The pair (query chunk a of rank me, kv chunk c of rank kv). */
+static mp_attn_span ring_span(const cpu_shape *s, const cpu_ring *rg, const cpu_rank *me, int a,
+                              const cpu_rank *kv, int c) {
+  const int qa = me->chunk[a], kc = kv->chunk[c];
+  mp_attn_span sp = {s->B, s->nh, s->nkv, s->hd,
+                     me->L, me->row[a], rg->bounds[qa + 1] - rg->bounds[qa], rg->bounds[qa],
+                     kv->L, kv->row[c], rg->bounds[kc + 1] - rg->bounds[kc], rg->bounds[kc]};
+  return sp;
+}
+
+/* Rank j->rank's forward: its state from empty, its pairs at every ring step, finalize. */
+static mp_status ring_fwd(const cpu_job *j) {
+  const mp_backend *be = mp_backend_cpu();
+  const cpu_shape *s = j->s;
+  const cpu_ring *rg = j->ring;
+  const cpu_rank *me = &rg->rank[j->rank];
+  MP_CHECK(be->attention_span_init(j->kc, me->lse, (size_t)s->B * s->nh * me->L));
+  for (int st = 0; st < rg->cp; st++) {
+    const cpu_rank *kv = &rg->rank[(j->rank - st + rg->cp) % rg->cp];
+    for (int a = 0; a < 2; a++)
+      for (int c = 0; c < 2; c++) {
+        const mp_attn_span sp = ring_span(s, rg, me, a, kv, c);
+        MP_CHECK(be->attention_span_forward(j->kc, me->acc, me->lse, me->q, kv->k, kv->v, &sp));
+      }
+  }
+  return be->attention_span_finalize(j->kc, me->out, me->acc, me->lse, s->B, me->L, s->nh, s->hd);
+}
+
+/* Rank j->rank's backward: D, then its pairs, dk and dv into the kv owner's buffers. */
+static mp_status ring_bwd(const cpu_job *j) {
+  const mp_backend *be = mp_backend_cpu();
+  const cpu_shape *s = j->s;
+  const cpu_ring *rg = j->ring;
+  const cpu_rank *me = &rg->rank[j->rank];
+  MP_CHECK(be->attention_span_dot(j->kc, me->D, me->dout, me->out, s->B, me->L, s->nh, s->hd));
+  for (int st = 0; st < rg->cp; st++) {
+    const cpu_rank *kv = &rg->rank[(j->rank - st + rg->cp) % rg->cp];
+    for (int a = 0; a < 2; a++)
+      for (int c = 0; c < 2; c++) {
+        const mp_attn_span sp = ring_span(s, rg, me, a, kv, c);
+        MP_CHECK(be->attention_span_backward(j->kc, me->dq, kv->dk, kv->dv, me->dout, me->q,
+                                             kv->k, kv->v, me->lse, me->D, &sp));
+      }
+  }
+  return MP_OK;
 }
 
 /* Median seconds per call of fn, wall clock (return value) and CPU time of the process
  * (*cpu_s: every thread's, so on a shared machine it stays near the work done while the
  * wall clock also counts time the threads waited for a core); negative on failure
  * (message on kc->err). */
-static double cpu_time(mp_kctx *kc, const cpu_shape *s, cpu_bufs *b, cpu_op_fn fn,
-                       double *cpu_s) {
-  if (fn(kc, s, b) != MP_OK) return -1.0;
+static double cpu_time(const cpu_job *j, cpu_op_fn fn, double *cpu_s) {
+  if (fn(j) != MP_OK) return -1.0;
   double t0 = now_s();
-  if (fn(kc, s, b) != MP_OK) return -1.0;
+  if (fn(j) != MP_OK) return -1.0;
   const double one = now_s() - t0;
   const int inner = one >= kCpuSampleS ? 1 : (int)(kCpuSampleS / (one > 1e-7 ? one : 1e-7)) + 1;
   double wall[kCpuSamples], cpu[kCpuSamples];
   for (int i = 0; i < kCpuSamples; i++) {
     t0 = now_s();
     const double c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
-    for (int j = 0; j < inner; j++)
-      if (fn(kc, s, b) != MP_OK) return -1.0;
+    for (int k = 0; k < inner; k++)
+      if (fn(j) != MP_OK) return -1.0;
     cpu[i] = (clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0) / inner;
     wall[i] = (now_s() - t0) / inner;
   }
@@ -147,6 +227,64 @@ static int cpu_alloc_bufs(const cpu_shape *s, cpu_bufs *b) {
   return b->q && b->k && b->v && b->dout && b->out && b->lse && b->dq && b->dk && b->dv;
 }
 
+static void cpu_free_ring(cpu_ring *rg) {
+  for (int r = 0; r < rg->cp; r++) {
+    cpu_rank *k = &rg->rank[r];
+    float *p[] = {k->q, k->k, k->v, k->dout, k->acc, k->lse, k->out, k->D, k->dq, k->dk, k->dv};
+    for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++) free(p[i]);
+  }
+  memset(rg, 0, sizeof(*rg));
+}
+
+/* Rows of chunk c of a (B, T, w) global tensor copied into rank k's local (B, L, w). */
+static void cpu_local_rows(const cpu_shape *s, const cpu_ring *rg, const cpu_rank *k, float *dst,
+                           const float *src, size_t w) {
+  for (int b = 0; b < s->B; b++)
+    for (int c = 0; c < 2; c++) {
+      const int ch = k->chunk[c];
+      memcpy(dst + ((size_t)b * k->L + k->row[c]) * w, src + ((size_t)b * s->T + rg->bounds[ch]) * w,
+             (size_t)(rg->bounds[ch + 1] - rg->bounds[ch]) * w * sizeof(float));
+    }
+}
+
+/* cp ranks, 2cp chunks as even as possible, each rank's inputs copied from b. */
+static int cpu_alloc_ring(const cpu_shape *s, const cpu_bufs *b, int cp, cpu_ring *rg) {
+  memset(rg, 0, sizeof(*rg));
+  rg->cp = cp;
+  for (int c = 0; c < 2 * cp; c++)
+    rg->bounds[c + 1] = rg->bounds[c] + s->T / (2 * cp) + (c < s->T % (2 * cp) ? 1 : 0);
+  const size_t qw = (size_t)s->nh * s->hd, kw = (size_t)s->nkv * s->hd;
+  for (int r = 0; r < cp; r++) {
+    cpu_rank *k = &rg->rank[r];
+    k->chunk[0] = r;
+    k->chunk[1] = 2 * cp - 1 - r;
+    k->row[0] = 0;
+    k->row[1] = rg->bounds[r + 1] - rg->bounds[r];
+    k->L = k->row[1] + rg->bounds[2 * cp - r] - rg->bounds[2 * cp - 1 - r];
+    const size_t nq = (size_t)s->B * k->L * qw, nk = (size_t)s->B * k->L * kw;
+    const size_t nl = (size_t)s->B * s->nh * k->L;
+    k->q = cpu_random(nq, 0);
+    k->dout = cpu_random(nq, 0);
+    k->k = cpu_random(nk, 0);
+    k->v = cpu_random(nk, 0);
+    k->acc = cpu_random(nq, 11);
+    k->out = cpu_random(nq, 12);
+    k->dq = cpu_random(nq, 13);
+    k->dk = cpu_random(nk, 14);
+    k->dv = cpu_random(nk, 15);
+    k->lse = cpu_random(nl, 16);
+    k->D = cpu_random(nl, 17);
+    if (!k->q || !k->dout || !k->k || !k->v || !k->acc || !k->out || !k->dq || !k->dk || !k->dv ||
+        !k->lse || !k->D)
+      return 0;
+    cpu_local_rows(s, rg, k, k->q, b->q, qw);
+    cpu_local_rows(s, rg, k, k->dout, b->dout, qw);
+    cpu_local_rows(s, rg, k, k->k, b->k, kw);
+    cpu_local_rows(s, rg, k, k->v, b->v, kw);
+  }
+  return 1;
+}
+
 /* One row: wall and CPU milliseconds per call, GFLOP/s on the wall clock, and the CPU
  * time as a ratio to `base` (the monolithic op's; <= 0: none). */
 static void cpu_row(const cpu_shape *s, const char *op, const char *path, double t, double c,
@@ -154,9 +292,52 @@ static void cpu_row(const cpu_shape *s, const char *op, const char *path, double
   char sh[48], ratio[16] = "-";
   snprintf(sh, sizeof(sh), "B%d T%d h%d/%d d%d", s->B, s->T, s->nh, s->nkv, s->hd);
   if (base > 0 && c > 0) snprintf(ratio, sizeof(ratio), "%.3f", c / base);
-  printf("%-22s %-4s %-12s %10.3f %10.3f %9.2f %8s\n", sh, op, path, t * 1e3, c * 1e3,
+  printf("%-22s %-4s %-22s %10.3f %10.3f %9.2f %9s\n", sh, op, path, t * 1e3, c * 1e3,
          flops / t / 1e9, ratio);
   fflush(stdout);
+}
+
+/* The ring rows of one shape at cp ranks (ratios to the monolithic CPU times cf, cb). */
+static int cpu_ring_rows(mp_kctx *kc, const cpu_shape *s, cpu_bufs *b, int cp, double G,
+                         double cf, double cb) {
+  cpu_ring rg;
+  if (!cpu_alloc_ring(s, b, cp, &rg)) {
+    cpu_free_ring(&rg);
+    fprintf(stderr, "attention_bench: out of host memory\n");
+    return 1;
+  }
+  double sum_t[2] = {0, 0}, sum_c[2] = {0, 0}, max_t[2] = {0, 0}, max_c[2] = {0, 0};
+  int failed = 0;
+  for (int r = 0; r < cp && !failed; r++) {
+    cpu_job j = {kc, s, b, &rg, r};
+    for (int d = 0; d < 2; d++) {
+      double c = 0;
+      const double t = cpu_time(&j, d ? ring_bwd : ring_fwd, &c);
+      if (t < 0) {
+        fprintf(stderr, "attention_bench: %s\n", mp_errmsg(kc->err));
+        failed = 1;
+        break;
+      }
+      sum_t[d] += t;
+      sum_c[d] += c;
+      if (c > max_c[d]) {
+        max_c[d] = c;
+        max_t[d] = t;
+      }
+    }
+  }
+  if (!failed) {
+    char path[32];
+    for (int d = 0; d < 2; d++) {
+      const double flops = (d ? 5 : 2) * G, base = d ? cb : cf;
+      snprintf(path, sizeof(path), "ring cp=%d all ranks", cp);
+      cpu_row(s, d ? "bwd" : "fwd", path, sum_t[d], sum_c[d], flops, base);
+      snprintf(path, sizeof(path), "ring cp=%d max rank", cp);
+      cpu_row(s, d ? "bwd" : "fwd", path, max_t[d], max_c[d], flops, base);
+    }
+  }
+  cpu_free_ring(&rg);
+  return failed;
 }
 
 static int cpu_main(void) {
@@ -166,10 +347,10 @@ static int cpu_main(void) {
   const cpu_shape shapes[] = {{2, 512, 8, 4, 64}, {8, 64, 8, 4, 8}};
   printf("cpu attention, %d OpenMP threads; median of %d samples\n", omp_get_max_threads(),
          kCpuSamples);
-  printf("%-22s %-4s %-12s %10s %10s %9s %8s\n", "shape", "op", "path", "wall ms", "cpu ms",
+  printf("%-22s %-4s %-22s %10s %10s %9s %9s\n", "shape", "op", "path", "wall ms", "cpu ms",
          "GFLOP/s", "cpu ratio");
   int failed = 0;
-  for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+  for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]) && !failed; i++) {
     const cpu_shape *s = &shapes[i];
     const double G = (double)s->B * s->nh * (double)s->T * s->T * s->hd;
     cpu_bufs b;
@@ -179,15 +360,18 @@ static int cpu_main(void) {
       cpu_free_bufs(&b);
       return 1;
     }
+    cpu_job j = {&kc, s, &b, NULL, 0};
     double cf = 0, cb = 0;
-    const double tf = cpu_time(&kc, s, &b, cpu_fwd, &cf);
-    const double tb = tf > 0 ? cpu_time(&kc, s, &b, cpu_bwd, &cb) : -1;
+    const double tf = cpu_time(&j, cpu_fwd, &cf);
+    const double tb = tf > 0 ? cpu_time(&j, cpu_bwd, &cb) : -1;
     if (tf < 0 || tb < 0) {
       fprintf(stderr, "attention_bench: %s\n", mp_errmsg(&err));
       failed = 1;
     } else {
       cpu_row(s, "fwd", "monolithic", tf, cf, 2 * G, 0);
       cpu_row(s, "bwd", "monolithic", tb, cb, 5 * G, 0);
+      for (int cp = 2; cp <= kCpuMaxCp && !failed; cp *= 2)
+        failed = cpu_ring_rows(&kc, s, &b, cp, G, cf, cb);
     }
     cpu_free_bufs(&b);
   }

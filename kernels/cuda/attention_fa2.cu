@@ -55,6 +55,17 @@
  * is applied only to tiles that cross the diagonal or T; warps whose rows are all masked
  * for a tile skip its math (they still take part in loads and barriers).
  *
+ * Span attention (kernels/ops.h attention_span_*). Each kernel has a SPAN variant (template
+ * argument) for one (query chunk, key/value chunk) pair: Tq query rows, Tk key rows, and
+ * key j visible from query i iff j <= i + delta, delta = q_pos - kv_pos (the diagonal
+ * shifted), keys past Tk masked as well; a block whose keys all lie after its queries
+ * (or, dkdv, whose queries all lie before its keys) returns before loading anything. The
+ * forward's SPAN epilogue merges the pair into the fp32 running state instead of writing
+ * out and lse (fwd_merge); the backward's reads the final lse and the D of span_dot, a row
+ * with lse -inf (empty) contributing nothing. SPAN false is the code above unchanged: the
+ * span fields sit behind SPAN or add a delta that is 0 there, so the monolithic kernels
+ * compile to what they compiled to without the variant. Configurations apply to both.
+ *
  * Fragment layout relied on (PTX ISA, "mma.m16n8k16" and "ldmatrix"); lane = 0..31,
  * g = lane / 4 (row group), c = lane % 4; each .b32 register holds two bf16, the lower
  * column (or k) index in the low half:
