@@ -53,7 +53,7 @@
 
 #include <atomic>
 
-#include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/cuda_kernels.cuh"
 
 namespace {
 
@@ -173,13 +173,8 @@ __device__ __forceinline__ void store_row(bf16 *X, size_t off, int d0, int hd, c
 __device__ __forceinline__ void merge_row(float *acc, float *lse_out, int d0, int hd,
                                           const float *o, float l, float lp, float old,
                                           bool write_lse) {
-  float nl = lp, wa = 0.0f, wb = 1.0f;
-  if (old != -INFINITY) {
-    const float mx = fmaxf(old, lp);
-    nl = mx + logf(expf(old - mx) + expf(lp - mx));
-    wa = expf(old - nl);
-    wb = expf(lp - nl);
-  }
+  float nl, wa, wb;
+  mp_attn_merge_weights(old, lp, &nl, &wa, &wb);
   const float inv = (1.0f / l) * wb;
 #pragma unroll
   for (int i = 0; i < kDpt; i += 2) {
@@ -450,33 +445,36 @@ mp_status launch_scalar_fwd(mp_kctx *kc, bf16 *out, float *acc, float *lse, cons
   return MP_OK;
 }
 
-/* The scalar backward: the dq kernel (SPAN false: writes D into Dbuf; true: reads it), then
- * the dk/dv kernel. Returns the first launch error. */
+/* The scalar backward at TPR lanes per row: the dq kernel (SPAN false: writes D into Dbuf;
+ * true: reads it), then the dk/dv kernel. Returns the first launch error. */
+template <int TPR, bool SPAN>
+cudaError_t launch_scalar_bwd_tpr(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, float *Dbuf,
+                                  const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                                  const bf16 *out, const float *lse, Rows rw, int B, int nh,
+                                  int nkv, int hd) {
+  const float scale = 1.0f / sqrtf((float)hd), scale_log2 = kLog2e * scale;
+  dim3 gq((unsigned)((rw.tq + kRows - 1) / kRows), (unsigned)nh, (unsigned)B);
+  dim3 gk((unsigned)((rw.tk + kRows - 1) / kRows), (unsigned)nkv, (unsigned)B);
+  attn_bwd_dq_kernel<TPR, SPAN><<<gq, kRows * TPR, 0, st>>>(dq, Dbuf, dout, q, k, v, out, lse,
+                                                            rw, nh, nkv, hd, scale_log2, scale);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  attn_bwd_dkdv_kernel<TPR><<<gk, kRows * TPR, 0, st>>>(dk, dv, dout, q, k, v, lse, Dbuf, rw, nh,
+                                                        nkv, hd, scale_log2, scale);
+  return cudaGetLastError();
+}
+
+/* The scalar backward at TPR 2 (hd <= 64) or 4. */
 template <bool SPAN>
 cudaError_t launch_scalar_bwd(mp_kctx *kc, bf16 *dq, bf16 *dk, bf16 *dv, float *Dbuf,
                               const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                               const bf16 *out, const float *lse, Rows rw, int B, int nh,
                               int nkv, int hd) {
   cudaStream_t st = mp_cuda_impl_of(kc)->stream;
-  const float scale = 1.0f / sqrtf((float)hd), scale_log2 = kLog2e * scale;
-  dim3 gq((unsigned)((rw.tq + kRows - 1) / kRows), (unsigned)nh, (unsigned)B);
-  dim3 gk((unsigned)((rw.tk + kRows - 1) / kRows), (unsigned)nkv, (unsigned)B);
-  if (hd <= 64) {
-    attn_bwd_dq_kernel<2, SPAN><<<gq, kRows * 2, 0, st>>>(dq, Dbuf, dout, q, k, v, out, lse, rw,
-                                                          nh, nkv, hd, scale_log2, scale);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    attn_bwd_dkdv_kernel<2><<<gk, kRows * 2, 0, st>>>(dk, dv, dout, q, k, v, lse, Dbuf, rw, nh,
-                                                      nkv, hd, scale_log2, scale);
-  } else {
-    attn_bwd_dq_kernel<4, SPAN><<<gq, kRows * 4, 0, st>>>(dq, Dbuf, dout, q, k, v, out, lse, rw,
-                                                          nh, nkv, hd, scale_log2, scale);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-    attn_bwd_dkdv_kernel<4><<<gk, kRows * 4, 0, st>>>(dk, dv, dout, q, k, v, lse, Dbuf, rw, nh,
-                                                      nkv, hd, scale_log2, scale);
-  }
-  return cudaGetLastError();
+  return hd <= 64 ? launch_scalar_bwd_tpr<2, SPAN>(st, dq, dk, dv, Dbuf, dout, q, k, v, out,
+                                                    lse, rw, B, nh, nkv, hd)
+                  : launch_scalar_bwd_tpr<4, SPAN>(st, dq, dk, dv, Dbuf, dout, q, k, v, out,
+                                                    lse, rw, B, nh, nkv, hd);
 }
 
 }  // namespace

@@ -456,13 +456,8 @@ __device__ __forceinline__ void fwd_merge(float *acc, float *lse, float (&o)[MT]
       const float lr = l[mt][r], a_lse = old[mt][r];
       if (row >= tq || !(lr > 0.0f)) continue;
       const float lp = (m[mt][r] * sl2 + log2f(lr)) * kLn2;
-      float nl = lp, wa = 0.0f, wb = 1.0f;
-      if (a_lse != -INFINITY) {
-        const float mx = fmaxf(a_lse, lp);
-        nl = mx + logf(expf(a_lse - mx) + expf(lp - mx));
-        wa = expf(a_lse - nl);
-        wb = expf(lp - nl);
-      }
+      float nl, wa, wb;
+      mp_attn_merge_weights(a_lse, lp, &nl, &wa, &wb);
       const float inv = (1.0f / lr) * wb;
       float *arow = acc + ((size_t)b * sq + row) * nh * HD + (size_t)h * HD + 2 * ci;
 #pragma unroll

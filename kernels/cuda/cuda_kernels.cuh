@@ -212,4 +212,21 @@ __device__ __forceinline__ void mp_amax_commit(float *const *slots, const uint32
   }
 }
 
+/* The online-softmax merge of attention's running state (kernels/ops.h, attention_span_*):
+ * a row's old lse and a pair's lse lp (natural units) give the new lse *nl and the weights
+ * of the old mean (*wa) and of the pair's mean (*wb). An empty old state (lse -inf) gives
+ * lp, 0 and 1 exactly, so a first pair is written as it is. */
+__device__ __forceinline__ void mp_attn_merge_weights(float old, float lp, float *nl, float *wa,
+                                                      float *wb) {
+  *nl = lp;
+  *wa = 0.0f;
+  *wb = 1.0f;
+  if (old != -INFINITY) {
+    const float mx = fmaxf(old, lp);
+    *nl = mx + logf(expf(old - mx) + expf(lp - mx));
+    *wa = expf(old - *nl);
+    *wb = expf(lp - *nl);
+  }
+}
+
 #endif

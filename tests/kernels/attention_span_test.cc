@@ -39,17 +39,7 @@ class AttentionSpan : public mp_test::CpuKernels {
   // The monolithic forward and backward on p's whole sequence.
   RingResult monolithic(const RingProblem &p) {
     RingResult r;
-    const size_t nq = p.q.size(), nk = p.k.size();
-    r.out.assign(nq, 0.0f);
-    r.lse.assign((size_t)p.B * p.nh * p.T, 0.0f);
-    r.dq.assign(nq, 0.0f);
-    r.dk.assign(nk, 0.0f);
-    r.dv.assign(nk, 0.0f);
-    EXPECT_EQ(be->attention_forward(&kc, r.out.data(), r.lse.data(), p.q.data(), p.k.data(),
-                                    p.v.data(), p.B, p.T, p.nh, p.nkv, p.hd), MP_OK);
-    EXPECT_EQ(be->attention_backward(&kc, r.dq.data(), r.dk.data(), r.dv.data(), p.dout.data(),
-                                     p.q.data(), p.k.data(), p.v.data(), r.out.data(),
-                                     r.lse.data(), p.B, p.T, p.nh, p.nkv, p.hd), MP_OK);
+    EXPECT_EQ(mp_test::monolithic_attention(be, &kc, p, false, &r), MP_OK) << mp_errmsg(&err);
     return r;
   }
 

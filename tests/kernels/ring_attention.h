@@ -42,6 +42,28 @@ inline std::vector<int> even_bounds(int T, int cp) {
   return b;
 }
 
+// The monolithic forward and backward of p's whole sequence on a host backend (the CPU's):
+// the reference the ring is held to. With out_bf16 the backward runs on the forward output
+// rounded to bf16, as a bf16 device stores it.
+inline mp_status monolithic_attention(const mp_backend *be, mp_kctx *kc, const RingProblem &p,
+                                      bool out_bf16, RingResult *r) {
+  const size_t nq = p.q.size(), nk = p.k.size();
+  r->out.assign(nq, 0.0f);
+  r->lse.assign((size_t)p.B * p.nh * p.T, 0.0f);
+  r->dq.assign(nq, 0.0f);
+  r->dk.assign(nk, 0.0f);
+  r->dv.assign(nk, 0.0f);
+  mp_status st = be->attention_forward(kc, r->out.data(), r->lse.data(), p.q.data(), p.k.data(),
+                                       p.v.data(), p.B, p.T, p.nh, p.nkv, p.hd);
+  if (st) return st;
+  std::vector<float> out = r->out;
+  if (out_bf16)
+    for (float &x : out) x = mp_bf16_to_f32(mp_bf16_from_f32(x));
+  return be->attention_backward(kc, r->dq.data(), r->dk.data(), r->dv.data(), p.dout.data(),
+                                p.q.data(), p.k.data(), p.v.data(), out.data(), r->lse.data(), p.B,
+                                p.T, p.nh, p.nkv, p.hd);
+}
+
 class RingAttention {
  public:
   RingAttention(const mp_backend *be, mp_kctx *kc) : be_(be), kc_(kc) {}
@@ -75,17 +97,11 @@ class RingAttention {
         return st;
       if ((st = be_->attention_span_init(kc_, (float *)k.lse, nl))) return st;
     }
-    for (int s = 0; s < cp; s++)
-      for (int r = 0; r < cp; r++) {
-        const Rank &me = ranks[r], &kv = ranks[(r - s + cp) % cp];
-        for (int a = 0; a < 2; a++)
-          for (int b = 0; b < 2; b++) {
-            const mp_attn_span sp = span(p, me, a, kv, b);
-            mp_status st = be_->attention_span_forward(kc_, (float *)me.acc, (float *)me.lse,
-                                                       me.q, kv.k, kv.v, &sp);
-            if (st) return st;
-          }
-      }
+    mp_status st = each_pair(p, ranks, [&](const Rank &me, const Rank &kv, const mp_attn_span &sp) {
+      return be_->attention_span_forward(kc_, (float *)me.acc, (float *)me.lse, me.q, kv.k, kv.v,
+                                         &sp);
+    });
+    if (st) return st;
     for (const Rank &me : ranks) {
       mp_status st = be_->attention_span_finalize(kc_, me.out, (const float *)me.acc,
                                                   (const float *)me.lse, p.B, me.L, p.nh, p.hd);
@@ -93,18 +109,11 @@ class RingAttention {
                                             p.hd);
       if (st) return st;
     }
-    for (int s = 0; s < cp; s++)
-      for (int r = 0; r < cp; r++) {
-        const Rank &me = ranks[r], &kv = ranks[(r - s + cp) % cp];
-        for (int a = 0; a < 2; a++)
-          for (int b = 0; b < 2; b++) {
-            const mp_attn_span sp = span(p, me, a, kv, b);
-            mp_status st = be_->attention_span_backward(
-                kc_, me.dq, kv.dk, kv.dv, me.dout, me.q, kv.k, kv.v, (const float *)me.lse,
-                (const float *)me.D, &sp);
-            if (st) return st;
-          }
-      }
+    st = each_pair(p, ranks, [&](const Rank &me, const Rank &kv, const mp_attn_span &sp) {
+      return be_->attention_span_backward(kc_, me.dq, kv.dk, kv.dv, me.dout, me.q, kv.k, kv.v,
+                                          (const float *)me.lse, (const float *)me.D, &sp);
+    });
+    if (st) return st;
     res->out.assign((size_t)p.B * p.T * qw, 0.0f);
     res->lse.assign((size_t)p.B * p.nh * p.T, 0.0f);
     res->dq.assign((size_t)p.B * p.T * qw, 0.0f);
@@ -113,7 +122,6 @@ class RingAttention {
     for (const Rank &me : ranks) {
       const size_t nq = (size_t)p.B * me.L * qw, nk = (size_t)p.B * me.L * kw;
       std::vector<float> h;
-      mp_status st;
       if ((st = get_x(me.out, nq, &h))) return st;
       global(p, me, h, qw, &res->out);
       if ((st = get_x(me.dq, nq, &h))) return st;
@@ -143,6 +151,24 @@ class RingAttention {
   };
 
   static int len(const RingProblem &p, int c) { return p.bounds[c + 1] - p.bounds[c]; }
+
+  // Calls f(me, kv, span) for every pair in ring order: step s, rank r holding the kv of
+  // rank (r - s) mod cp, its two query chunks against those two kv chunks; stops at the
+  // first status that is not MP_OK.
+  template <class F>
+  static mp_status each_pair(const RingProblem &p, const std::vector<Rank> &ranks, F f) {
+    const int cp = (int)ranks.size();
+    for (int s = 0; s < cp; s++)
+      for (int r = 0; r < cp; r++) {
+        const Rank &me = ranks[r], &kv = ranks[(r - s + cp) % cp];
+        for (int a = 0; a < 2; a++)
+          for (int b = 0; b < 2; b++) {
+            mp_status st = f(me, kv, span(p, me, a, kv, b));
+            if (st) return st;
+          }
+      }
+    return MP_OK;
+  }
 
   // The pair (query chunk a of `me`, kv chunk b of `kv`).
   static mp_attn_span span(const RingProblem &p, const Rank &me, int a, const Rank &kv, int b) {

@@ -37,24 +37,13 @@ namespace {
 
 using Vec = std::vector<float>;
 
-using mp_test::bf;
 using mp_test::rand_bf16;
+using mp_test::rel_l2;
 using mp_test::RingAttention;
 using mp_test::RingProblem;
 using mp_test::RingResult;
 using mp_test::Rng;
 
-// ||got - want|| / ||want||; infinity when got holds a NaN/inf.
-double rel_l2(const Vec &got, const Vec &want) {
-  if (got.size() != want.size()) return INFINITY;
-  double e = 0, n = 0;
-  for (size_t i = 0; i < got.size(); i++) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    e += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
-    n += (double)want[i] * want[i];
-  }
-  return std::sqrt(e / (n > 0 ? n : 1));
-}
 
 struct Case {
   int B, T, nh, nkv, hd, cp;
@@ -88,19 +77,7 @@ class CudaAttentionSpan : public mp_test::CudaVsCpu {
   // The CPU monolithic reference: forward, then backward on the bf16-rounded output.
   RingResult reference(const RingProblem &p) {
     RingResult r;
-    const size_t nq = p.q.size(), nk = p.k.size();
-    r.out.assign(nq, 0.0f);
-    r.lse.assign((size_t)p.B * p.nh * p.T, 0.0f);
-    r.dq.assign(nq, 0.0f);
-    r.dk.assign(nk, 0.0f);
-    r.dv.assign(nk, 0.0f);
-    EXPECT_EQ(cpu->attention_forward(&cpu_kc, r.out.data(), r.lse.data(), p.q.data(), p.k.data(),
-                                     p.v.data(), p.B, p.T, p.nh, p.nkv, p.hd), MP_OK);
-    Vec ob(nq);
-    for (size_t i = 0; i < nq; i++) ob[i] = bf(r.out[i]);
-    EXPECT_EQ(cpu->attention_backward(&cpu_kc, r.dq.data(), r.dk.data(), r.dv.data(),
-                                      p.dout.data(), p.q.data(), p.k.data(), p.v.data(), ob.data(),
-                                      r.lse.data(), p.B, p.T, p.nh, p.nkv, p.hd), MP_OK);
+    EXPECT_EQ(mp_test::monolithic_attention(cpu, &cpu_kc, p, true, &r), MP_OK) << mp_errmsg(&err);
     return r;
   }
 
