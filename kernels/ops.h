@@ -237,16 +237,16 @@ struct mp_backend {
    *                  rank may run every pair of the ring in any order.
    *   span_finalize  out = acc in X, 0 on a row still empty. lse is then the final lse: the
    *                  one attention_forward saves and every pair's backward takes.
-   *   span_dot       D = rowsum(dout * out) per (batch, head, query) of a whole tensor, once
-   *                  per step (FlashAttention-2's D; each pair's backward reads it).
+   *   span_dot       D = rowsum(dout * out) per (batch, head, query) of a whole tensor: once
+   *                  per backward, before the pairs (FlashAttention-2's D; each pair reads it).
    *   span_backward  one pair's gradients from the FINAL lse and D: p = exp(s - lse),
    *                  ds = p (<dout, v> - D); dq of the q chunk's rows and dk, dv of the kv
    *                  chunk's rows accumulate (+=) the pair's terms, so dk and dv may travel
    *                  the ring with k and v and collect every q chunk's share. Rows whose
    *                  lse is -inf contribute nothing.
-   * One chunk at position 0 (q_row = kv_row = q_pos = kv_pos = 0, Tq = Tk = Sq = Sk = T) is
-   * attention_forward (span_init, span_forward, span_finalize) and attention_backward
-   * (span_dot, span_backward). Memory: acc is fp32 whatever the X dtype, so a rank's state
+   * One chunk at position 0 (q_row = kv_row = q_pos = kv_pos = 0, Tq = Tk = Sq = Sk = T)
+   * computes what attention_forward does (span_init, span_forward, span_finalize) and what
+   * attention_backward does (span_dot, span_backward). Memory: acc is fp32 whatever the X dtype, so a rank's state
    * is 4 bytes per element of its queries, beside out. */
   mp_status (*attention_span_init)(mp_kctx *kc, float *lse /* (n) */, size_t n);
   mp_status (*attention_span_forward)(mp_kctx *kc,
