@@ -20,11 +20,25 @@
  * Threads: the forward parallelises over (batch, head, query), each thread owning its
  * rows of out (acc) and lse and keeping one score row of Tk floats; the backward over
  * (batch, kv head): a thread owns dk, dv of that kv head's rows of the kv chunk and dq of
- * the query heads that read it, so there are no races and every sum has a fixed order. */
+ * the query heads that read it, so there are no races and every sum has a fixed order.
+ * A pair of less than PARALLEL_MIN_WORK multiply-adds (B nh Tq Tk hd, the rectangle)
+ * runs on the calling thread: a ring makes 4cp^2 calls per layer and direction, small
+ * ones with short chunks, and a team's fork and join costs more than such a call (on a
+ * loaded machine a time slice per call, when the team's other threads wait for a core).
+ * The results do not depend on it. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "kernels/cpu/internal.h"
+
+/* Work (multiply-adds) below which a call stays on one thread; the element-wise kernels'
+ * threshold (kernels/cpu/residual.c), 2^18. */
+#define PARALLEL_MIN_WORK 262144.0
+
+/* Whether a pair is worth a thread team. */
+static int parallel_pair(const mp_attn_span *sp) {
+  return (double)sp->B * sp->nh * sp->Tq * (double)sp->Tk * sp->hd >= PARALLEL_MIN_WORK;
+}
 
 /* The one chunk of a monolithic call. */
 static mp_attn_span whole_sequence(int B, int T, int nh, int nkv, int hd) {
@@ -43,7 +57,7 @@ static mp_status span_forward(mp_kctx *kc, float *acc, float *lse, const float *
   const float scale = 1.0f / sqrtf((float)hd);
   const size_t qs = (size_t)nh * hd, ks = (size_t)nkv * hd; /* row strides */
   int failed = 0;
-#pragma omp parallel
+#pragma omp parallel if (parallel_pair(sp))
   {
     /* Tk scores, then (merging) the pair's output row. */
     float *s = (float *)malloc(((size_t)Tk + (size_t)hd) * sizeof(float));
@@ -115,7 +129,7 @@ static mp_status span_backward(mp_kctx *kc, float *dq, float *dk, float *dv, con
   const float scale = 1.0f / sqrtf((float)hd);
   const size_t qs = (size_t)nh * hd, ks = (size_t)nkv * hd;
   int failed = 0;
-#pragma omp parallel
+#pragma omp parallel if (parallel_pair(sp))
   {
     float *p = (float *)malloc((size_t)Tk * sizeof(float));
     if (!p) {

@@ -102,6 +102,9 @@ TEST_F(AttentionSpan, RingMatchesMonolithicForCp124) {
     }
   RingProblem p = make_problem(1, 40, 6, 2, 16, mp_test::even_bounds(40, 2), 9);
   expect_ring_matches(ring(p), monolithic(p), p);
+  // Pairs large enough for a thread team (kernels/cpu/attention.c: 2^18 multiply-adds).
+  RingProblem big = make_problem(2, 300, 4, 2, 16, mp_test::even_bounds(300, 2), 10);
+  expect_ring_matches(ring(big), monolithic(big), big);
 }
 
 // Chunks of very different sizes (1-token chunks, a long one), so Tq and Tk differ by up
@@ -292,20 +295,23 @@ TEST_F(AttentionSpan, FutureKeysAndEmptyRows) {
   }
 }
 
-// The same bits with 1 and 3 threads (each output row owned by one thread).
+// The same bits with 1 and 3 threads (each output row owned by one thread), with pairs
+// large enough for a thread team (chunks of 100 and 50 rows) and small ones.
 TEST_F(AttentionSpan, BitIdenticalAcrossThreadCounts) {
-  RingProblem p = make_problem(2, 37, 4, 2, 5, mp_test::even_bounds(37, 2), 3);
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  RingResult one = ring(p);
-  omp_set_num_threads(3);
-  RingResult three = ring(p);
-  omp_set_num_threads(saved);
-  EXPECT_EQ(one.out, three.out);
-  EXPECT_EQ(one.lse, three.lse);
-  EXPECT_EQ(one.dq, three.dq);
-  EXPECT_EQ(one.dk, three.dk);
-  EXPECT_EQ(one.dv, three.dv);
+  for (int cp : {2, 4}) {
+    RingProblem p = make_problem(2, 400, 4, 2, 5, mp_test::even_bounds(400, cp), 3);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    RingResult one = ring(p);
+    omp_set_num_threads(3);
+    RingResult three = ring(p);
+    omp_set_num_threads(saved);
+    EXPECT_EQ(one.out, three.out) << "cp " << cp;
+    EXPECT_EQ(one.lse, three.lse) << "cp " << cp;
+    EXPECT_EQ(one.dq, three.dq) << "cp " << cp;
+    EXPECT_EQ(one.dk, three.dk) << "cp " << cp;
+    EXPECT_EQ(one.dv, three.dv) << "cp " << cp;
+  }
 }
 
 TEST_F(AttentionSpan, BadSpansAreRefusedWithTheCheckThatFailed) {
