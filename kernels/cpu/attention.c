@@ -6,8 +6,8 @@
  * sqrt(hd) over the visible keys of the kv chunk (kv_pos + j <= q_pos + i), m = max_j s_j,
  * o = sum_j e^(s_j - m) v_j / sum_j e^(s_j - m) (the sum of weights in double) and
  * l = m + log sum_j e^(s_j - m). attention_forward writes o and l. attention_span_forward
- * merges them into the running state (acc, lse) in double: lse' = mx + log(e^(lse - mx) +
- * e^(l - mx)) with mx = max(lse, l), acc' = acc e^(lse - lse') + o e^(l - lse'); an empty
+ * merges them into the running state (acc, lse) in double: lse' = log(e^lse + e^l) =
+ * max(lse, l) + log1p(e^-|lse - l|), acc' = acc e^(lse - lse') + o e^(l - lse'); an empty
  * state (lse = -inf) takes o and l as they are, so the first pair of a row writes exactly
  * what attention_forward writes, and a row with no visible key is not touched.
  *
@@ -105,11 +105,12 @@ static mp_status span_forward(mp_kctx *kc, float *acc, float *lse, const float *
             *lr = l;
             continue;
           }
-          const double a = *lr, mx = a > l ? a : l;
-          const double nl = mx + log(exp(a - mx) + exp(l - mx));
-          const double wa = exp(a - nl), wl = exp(l - nl);
+          /* With e = e^-|lse - l|: lse' = max + log1p(e), and the weights e^(lse - lse'),
+           * e^(l - lse') are 1 / (1 + e) for the larger and e / (1 + e) for the other. */
+          const double a = *lr, e = exp(-fabs(a - (double)l)), big = 1.0 / (1.0 + e);
+          const double wa = a >= l ? big : e * big, wl = a >= l ? e * big : big;
           for (int x = 0; x < hd; x++) ar[x] = (float)(wa * ar[x] + wl * o[x]);
-          *lr = (float)nl;
+          *lr = (float)((a >= l ? a : l) + log1p(e));
         }
     free(s);
   }
