@@ -1,4 +1,12 @@
-/* Attention tuning sweep (not a test): times every compiled tile configuration of the
+/* Attention benchmark (not a test), in three modes:
+ *   attention_bench        the tuning sweep of the tensor-core kernels on one GPU (below);
+ *   attention_bench --cpu  the CPU backend's attention, monolithic and as ring attention
+ *                          from the span ops (span_main says what it times), built with or
+ *                          without CUDA;
+ *   attention_bench --ring the same on the GPU at the sweep's shapes (no device: it says so
+ *                          and exits 0).
+ *
+ * The sweep times every compiled tile configuration of the
  * tensor-core attention kernels (kernels/cuda/attention_fa2.cu: forward, dK/dV, dQ) on one
  * GPU, checks each against configuration 0 on the same inputs, and prints one table and
  * the environment that selects the fastest: "best: MP_ATTENTION_FWD_CFG=a
@@ -33,16 +41,397 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+#include <time.h>
+
 #include "common/status.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/ops.h"
 
-#ifndef MP_HAVE_CUDA
-int main(void) {
-  printf("no CUDA device (built without CUDA)\n");
+/* ---- span attention against monolithic: --cpu, --ring --------------------------------
+ * span_main times one backend's attention at two shapes (the CPU's: B2 T512 nh8 nkv4 hd64,
+ * long rows where the score loops dominate, and B8 T64 nh8 nkv4 hd8, tiny-dense's, where
+ * the per-call costs show; on a GPU the sweep's two shapes). Rows:
+ *   monolithic   attention_forward, attention_backward on the whole sequence;
+ *   ring cp=N    the same attention from the span ops as context parallelism runs it
+ *                (tests/kernels/ring_attention.h): 2N chunks, rank r holding chunks r and
+ *                2N-1-r, every rank's pairs over N ring steps; forward = span_init, the
+ *                pairs, span_finalize; backward = span_dot, the pairs. "all ranks" is the
+ *                sum over the N ranks (the work, to compare with monolithic: the ratio is
+ *                what splitting costs), "max rank" the busiest rank's share (what a step
+ *                takes on N devices without communication; ideal: monolithic / N).
+ * Inputs are pseudo-random in [-1, 1). One sample is the mean time of enough back-to-back
+ * calls to fill kSpanSampleS (at least one), each call followed by the backend's
+ * synchronize; each figure is the median of kSpanSamples samples after one untimed call,
+ * in wall time and, on the CPU, in the process's CPU time (on a shared machine the CPU
+ * time is what compares two builds of a kernel; the ratio column uses it there and the
+ * wall time on a GPU). GFLOP/s counts the causal half as the sweep does (forward 2G,
+ * backward 5G, G = B nh T^2 hd) on the wall time. CPU threads: OMP_NUM_THREADS. */
+enum { kSpanSamples = 9, kSpanMaxCp = 4 };
+static const double kSpanSampleS = 0.05;
+
+typedef struct span_shape {
+  int B, T, nh, nkv, hd;
+} span_shape;
+
+/* The backend's tensors of one shape (X tensors void *, fp32 float *). */
+typedef struct span_bufs {
+  void *q, *k, *v, *dout, *out, *dq, *dk, *dv;
+  float *lse;
+} span_bufs;
+
+/* One simulated rank of a ring: its two chunks, laid out as its local sequence. */
+typedef struct span_rank {
+  int chunk[2], row[2], L; /* global chunk ids, their first local rows, local length */
+  void *q, *k, *v, *dout, *out, *dq, *dk, *dv;
+  float *acc, *lse, *D;
+} span_rank;
+
+typedef struct span_ring {
+  int cp;
+  int bounds[2 * kSpanMaxCp + 1];
+  span_rank rank[kSpanMaxCp];
+} span_ring;
+
+/* What one timed call runs: the op on the shape's tensors, or one rank's share of a ring. */
+typedef struct span_job {
+  const mp_backend *be;
+  mp_kctx *kc;
+  const span_shape *s;
+  span_bufs *b;
+  span_ring *ring;
+  int rank;
+} span_job;
+
+static double clock_s(clockid_t id) {
+  struct timespec ts;
+  clock_gettime(id, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static double now_s(void) { return clock_s(CLOCK_MONOTONIC); }
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+typedef mp_status (*span_op_fn)(const span_job *j);
+
+static mp_status mono_fwd(const span_job *j) {
+  const span_shape *s = j->s;
+  span_bufs *b = j->b;
+  return j->be->attention_forward(j->kc, b->out, b->lse, b->q, b->k, b->v, s->B, s->T, s->nh,
+                                  s->nkv, s->hd);
+}
+
+static mp_status mono_bwd(const span_job *j) {
+  const span_shape *s = j->s;
+  span_bufs *b = j->b;
+  return j->be->attention_backward(j->kc, b->dq, b->dk, b->dv, b->dout, b->q, b->k, b->v,
+                                   b->out, b->lse, s->B, s->T, s->nh, s->nkv, s->hd);
+}
+
+/* The pair (query chunk a of rank me, kv chunk c of rank kv). */
+static mp_attn_span ring_span(const span_shape *s, const span_ring *rg, const span_rank *me,
+                              int a, const span_rank *kv, int c) {
+  const int qa = me->chunk[a], kc = kv->chunk[c];
+  mp_attn_span sp = {s->B, s->nh, s->nkv, s->hd,
+                     me->L, me->row[a], rg->bounds[qa + 1] - rg->bounds[qa], rg->bounds[qa],
+                     kv->L, kv->row[c], rg->bounds[kc + 1] - rg->bounds[kc], rg->bounds[kc]};
+  return sp;
+}
+
+/* Rank j->rank's forward: its state from empty, its pairs at every ring step, finalize. */
+static mp_status ring_fwd(const span_job *j) {
+  const span_shape *s = j->s;
+  const span_ring *rg = j->ring;
+  const span_rank *me = &rg->rank[j->rank];
+  MP_CHECK(j->be->attention_span_init(j->kc, me->lse, (size_t)s->B * s->nh * me->L));
+  for (int st = 0; st < rg->cp; st++) {
+    const span_rank *kv = &rg->rank[(j->rank - st + rg->cp) % rg->cp];
+    for (int a = 0; a < 2; a++)
+      for (int c = 0; c < 2; c++) {
+        const mp_attn_span sp = ring_span(s, rg, me, a, kv, c);
+        MP_CHECK(j->be->attention_span_forward(j->kc, me->acc, me->lse, me->q, kv->k, kv->v, &sp));
+      }
+  }
+  return j->be->attention_span_finalize(j->kc, me->out, me->acc, me->lse, s->B, me->L, s->nh,
+                                        s->hd);
+}
+
+/* Rank j->rank's backward: D, then its pairs, dk and dv into the kv owner's buffers. */
+static mp_status ring_bwd(const span_job *j) {
+  const span_shape *s = j->s;
+  const span_ring *rg = j->ring;
+  const span_rank *me = &rg->rank[j->rank];
+  MP_CHECK(j->be->attention_span_dot(j->kc, me->D, me->dout, me->out, s->B, me->L, s->nh, s->hd));
+  for (int st = 0; st < rg->cp; st++) {
+    const span_rank *kv = &rg->rank[(j->rank - st + rg->cp) % rg->cp];
+    for (int a = 0; a < 2; a++)
+      for (int c = 0; c < 2; c++) {
+        const mp_attn_span sp = ring_span(s, rg, me, a, kv, c);
+        MP_CHECK(j->be->attention_span_backward(j->kc, me->dq, kv->dk, kv->dv, me->dout, me->q,
+                                                kv->k, kv->v, me->lse, me->D, &sp));
+      }
+  }
+  return MP_OK;
+}
+
+/* One call of fn and the backend's synchronize. */
+static mp_status span_call(const span_job *j, span_op_fn fn) {
+  MP_CHECK(fn(j));
+  return j->be->synchronize(j->kc);
+}
+
+/* Median seconds per call of fn, wall clock (return value) and CPU time of the process
+ * (*cpu_s: every thread's, so on a shared machine it stays near the work done while the
+ * wall clock also counts time the threads waited for a core); negative on failure
+ * (message on kc->err). */
+static double span_time(const span_job *j, span_op_fn fn, double *cpu_s) {
+  if (span_call(j, fn) != MP_OK) return -1.0;
+  double t0 = now_s();
+  if (span_call(j, fn) != MP_OK) return -1.0;
+  const double one = now_s() - t0;
+  const int inner = one >= kSpanSampleS ? 1 : (int)(kSpanSampleS / (one > 1e-7 ? one : 1e-7)) + 1;
+  double wall[kSpanSamples], cpu[kSpanSamples];
+  for (int i = 0; i < kSpanSamples; i++) {
+    t0 = now_s();
+    const double c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
+    for (int k = 0; k < inner; k++)
+      if (span_call(j, fn) != MP_OK) return -1.0;
+    cpu[i] = (clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0) / inner;
+    wall[i] = (now_s() - t0) / inner;
+  }
+  qsort(wall, kSpanSamples, sizeof(double), cmp_double);
+  qsort(cpu, kSpanSamples, sizeof(double), cmp_double);
+  *cpu_s = cpu[kSpanSamples / 2];
+  return wall[kSpanSamples / 2];
+}
+
+/* n host values in [-1, 1) from a fixed pseudo-random sequence; NULL out of memory. */
+static float *host_random(size_t n, uint64_t seed) {
+  float *x = malloc((n ? n : 1) * sizeof(float));
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; x && i < n; i++) {
+    z = z * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = (float)((z >> 40) & 0xFFFFFF) / (float)(1 << 23) - 1.0f;
+  }
+  return x;
+}
+
+/* A backend tensor of n elements (X when x, else fp32) holding h, or pseudo-random values
+ * from `seed` when h is NULL. */
+static mp_status put_tensor(const span_job *j, void **dst, size_t n, int x, const float *h,
+                            uint64_t seed) {
+  const size_t es = x ? mp_kdtype_bytes(j->be->x_dtype) : sizeof(float);
+  *dst = NULL;
+  MP_CHECK(j->be->alloc(j->kc, dst, (n ? n : 1) * es));
+  float *r = h ? NULL : host_random(n, seed);
+  if (!h && !r) return mp_error(j->kc->err, MP_ERR_NOMEM, "attention_bench: out of host memory");
+  const float *src = h ? h : r;
+  mp_status st = x ? j->be->to_device_f32(j->kc, *dst, src, n)
+                   : j->be->memcpy_h2d(j->kc, *dst, src, n * sizeof(float));
+  free(r);
+  return st;
+}
+
+static void span_free_bufs(const span_job *j, span_bufs *b) {
+  void *p[] = {b->q, b->k, b->v, b->dout, b->out, b->dq, b->dk, b->dv, b->lse};
+  for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++) j->be->free(j->kc, p[i]);
+  memset(b, 0, sizeof(*b));
+}
+
+/* The shape's tensors; the host copies of q, k, v, dout go to *hq .. *hdout (the ring's
+ * local copies are cut from them); the caller frees both. */
+static mp_status span_alloc_bufs(const span_job *j, span_bufs *b, float **hq, float **hk, float **hv,
+                            float **hdout) {
+  const span_shape *s = j->s;
+  const size_t nq = (size_t)s->B * s->T * s->nh * s->hd, nk = (size_t)s->B * s->T * s->nkv * s->hd;
+  memset(b, 0, sizeof(*b));
+  *hq = host_random(nq, 1);
+  *hk = host_random(nk, 2);
+  *hv = host_random(nk, 3);
+  *hdout = host_random(nq, 4);
+  if (!*hq || !*hk || !*hv || !*hdout)
+    return mp_error(j->kc->err, MP_ERR_NOMEM, "attention_bench: out of host memory");
+  MP_CHECK(put_tensor(j, &b->q, nq, 1, *hq, 0));
+  MP_CHECK(put_tensor(j, &b->k, nk, 1, *hk, 0));
+  MP_CHECK(put_tensor(j, &b->v, nk, 1, *hv, 0));
+  MP_CHECK(put_tensor(j, &b->dout, nq, 1, *hdout, 0));
+  MP_CHECK(put_tensor(j, &b->out, nq, 1, NULL, 5));
+  MP_CHECK(put_tensor(j, &b->dq, nq, 1, NULL, 7));
+  MP_CHECK(put_tensor(j, &b->dk, nk, 1, NULL, 8));
+  MP_CHECK(put_tensor(j, &b->dv, nk, 1, NULL, 9));
+  return put_tensor(j, (void **)&b->lse, (size_t)s->B * s->nh * s->T, 0, NULL, 6);
+}
+
+static void free_ring(const span_job *j, span_ring *rg) {
+  for (int r = 0; r < rg->cp; r++) {
+    span_rank *k = &rg->rank[r];
+    void *p[] = {k->q, k->k, k->v, k->dout, k->out, k->dq, k->dk, k->dv, k->acc, k->lse, k->D};
+    for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++) j->be->free(j->kc, p[i]);
+  }
+  memset(rg, 0, sizeof(*rg));
+}
+
+/* Rank k's local (B, L, w) copy of a global (B, T, w) host tensor. */
+static void local_rows(const span_shape *s, const span_ring *rg, const span_rank *k, float *dst,
+                       const float *src, size_t w) {
+  for (int b = 0; b < s->B; b++)
+    for (int c = 0; c < 2; c++) {
+      const int ch = k->chunk[c];
+      memcpy(dst + ((size_t)b * k->L + k->row[c]) * w, src + ((size_t)b * s->T + rg->bounds[ch]) * w,
+             (size_t)(rg->bounds[ch + 1] - rg->bounds[ch]) * w * sizeof(float));
+    }
+}
+
+/* cp ranks, 2cp chunks as even as possible, each rank's inputs cut from the host copies. */
+static mp_status alloc_ring(const span_job *j, int cp, const float *hq, const float *hk,
+                            const float *hv, const float *hdout, span_ring *rg) {
+  const span_shape *s = j->s;
+  memset(rg, 0, sizeof(*rg));
+  rg->cp = cp;
+  for (int c = 0; c < 2 * cp; c++)
+    rg->bounds[c + 1] = rg->bounds[c] + s->T / (2 * cp) + (c < s->T % (2 * cp) ? 1 : 0);
+  const size_t qw = (size_t)s->nh * s->hd, kw = (size_t)s->nkv * s->hd;
+  for (int r = 0; r < cp; r++) {
+    span_rank *k = &rg->rank[r];
+    k->chunk[0] = r;
+    k->chunk[1] = 2 * cp - 1 - r;
+    k->row[0] = 0;
+    k->row[1] = rg->bounds[r + 1] - rg->bounds[r];
+    k->L = k->row[1] + rg->bounds[2 * cp - r] - rg->bounds[2 * cp - 1 - r];
+    const size_t nq = (size_t)s->B * k->L * qw, nk = (size_t)s->B * k->L * kw;
+    const size_t nl = (size_t)s->B * s->nh * k->L;
+    float *hl = malloc((nq > nk ? nq : nk) * sizeof(float));
+    if (!hl) return mp_error(j->kc->err, MP_ERR_NOMEM, "attention_bench: out of host memory");
+    mp_status st = MP_OK;
+    const float *src[4] = {hq, hdout, hk, hv};
+    void **dst[4] = {&k->q, &k->dout, &k->k, &k->v};
+    for (int t = 0; t < 4 && st == MP_OK; t++) {
+      local_rows(s, rg, k, hl, src[t], t < 2 ? qw : kw);
+      st = put_tensor(j, dst[t], t < 2 ? nq : nk, 1, hl, 0);
+    }
+    free(hl);
+    MP_CHECK(st);
+    MP_CHECK(put_tensor(j, &k->out, nq, 1, NULL, 12));
+    MP_CHECK(put_tensor(j, &k->dq, nq, 1, NULL, 13));
+    MP_CHECK(put_tensor(j, &k->dk, nk, 1, NULL, 14));
+    MP_CHECK(put_tensor(j, &k->dv, nk, 1, NULL, 15));
+    MP_CHECK(put_tensor(j, (void **)&k->acc, nq, 0, NULL, 11));
+    MP_CHECK(put_tensor(j, (void **)&k->lse, nl, 0, NULL, 16));
+    MP_CHECK(put_tensor(j, (void **)&k->D, nl, 0, NULL, 17));
+  }
+  return MP_OK;
+}
+
+/* One row: wall and CPU milliseconds per call (CPU time on the CPU backend only), GFLOP/s
+ * on the wall clock, and the time as a ratio to `base` (the monolithic op's; <= 0: none). */
+static void span_row(const span_job *j, const char *op, const char *path, double t, double c,
+                     double flops, double base) {
+  const span_shape *s = j->s;
+  const int on_cpu = j->be->x_dtype == MP_KDTYPE_F32;
+  char sh[48], cms[16] = "-", ratio[16] = "-";
+  snprintf(sh, sizeof(sh), "B%d T%d h%d/%d d%d", s->B, s->T, s->nh, s->nkv, s->hd);
+  if (on_cpu) snprintf(cms, sizeof(cms), "%.3f", c * 1e3);
+  const double x = on_cpu ? c : t;
+  if (base > 0 && x > 0) snprintf(ratio, sizeof(ratio), "%.3f", x / base);
+  printf("%-22s %-4s %-22s %10.3f %10s %9.2f %9s\n", sh, op, path, t * 1e3, cms,
+         flops / t / 1e9, ratio);
+  fflush(stdout);
+}
+
+/* The ring rows of one shape at cp ranks (ratios to the monolithic times bf, bb). */
+static mp_status ring_rows(const span_job *j0, int cp, double G, double bf, double bb,
+                           const float *hq, const float *hk, const float *hv, const float *hdout) {
+  span_ring rg;
+  span_job j = *j0;
+  j.ring = &rg;
+  mp_status st = alloc_ring(&j, cp, hq, hk, hv, hdout, &rg);
+  double sum_t[2] = {0, 0}, sum_c[2] = {0, 0}, max_t[2] = {0, 0}, max_c[2] = {0, 0};
+  const int on_cpu = j.be->x_dtype == MP_KDTYPE_F32;
+  for (int r = 0; r < cp && st == MP_OK; r++) {
+    j.rank = r;
+    for (int d = 0; d < 2 && st == MP_OK; d++) {
+      double c = 0;
+      const double t = span_time(&j, d ? ring_bwd : ring_fwd, &c);
+      if (t < 0) {
+        st = MP_ERR_INTERNAL;
+        break;
+      }
+      sum_t[d] += t;
+      sum_c[d] += c;
+      if ((on_cpu ? c : t) > (on_cpu ? max_c[d] : max_t[d])) {
+        max_c[d] = c;
+        max_t[d] = t;
+      }
+    }
+  }
+  if (st == MP_OK) {
+    char path[32];
+    for (int d = 0; d < 2; d++) {
+      const double flops = (d ? 5 : 2) * G, base = d ? bb : bf;
+      snprintf(path, sizeof(path), "ring cp=%d all ranks", cp);
+      span_row(&j, d ? "bwd" : "fwd", path, sum_t[d], sum_c[d], flops, base);
+      snprintf(path, sizeof(path), "ring cp=%d max rank", cp);
+      span_row(&j, d ? "bwd" : "fwd", path, max_t[d], max_c[d], flops, base);
+    }
+  }
+  free_ring(&j, &rg);
+  return st;
+}
+
+/* Monolithic and ring rows for every shape on be (initialised on kc); 0 when every row
+ * ran. */
+static int span_main(const mp_backend *be, mp_kctx *kc, const span_shape *shapes, int n_shapes) {
+  const int on_cpu = be->x_dtype == MP_KDTYPE_F32;
+  if (on_cpu)
+    printf("cpu attention, %d OpenMP threads; median of %d samples\n", omp_get_max_threads(),
+           kSpanSamples);
+  else
+    printf("%s attention, monolithic and ring; median of %d samples\n", be->name, kSpanSamples);
+  printf("%-22s %-4s %-22s %10s %10s %9s %9s\n", "shape", "op", "path", "wall ms", "cpu ms",
+         "GFLOP/s", "ratio");
+  for (int i = 0; i < n_shapes; i++) {
+    const span_shape *s = &shapes[i];
+    const double G = (double)s->B * s->nh * (double)s->T * s->T * s->hd;
+    span_bufs b;
+    span_job j = {be, kc, s, &b, NULL, 0};
+    float *hq = NULL, *hk = NULL, *hv = NULL, *hdout = NULL;
+    mp_status st = span_alloc_bufs(&j, &b, &hq, &hk, &hv, &hdout);
+    double cf = 0, cb = 0, tf = -1, tb = -1;
+    if (st == MP_OK) tf = span_time(&j, mono_fwd, &cf);
+    if (tf > 0) tb = span_time(&j, mono_bwd, &cb);
+    if (tf < 0 || tb < 0) st = MP_ERR_INTERNAL;
+    if (st == MP_OK) {
+      span_row(&j, "fwd", "monolithic", tf, cf, 2 * G, 0);
+      span_row(&j, "bwd", "monolithic", tb, cb, 5 * G, 0);
+      for (int cp = 2; cp <= kSpanMaxCp && st == MP_OK; cp *= 2)
+        st = ring_rows(&j, cp, G, on_cpu ? cf : tf, on_cpu ? cb : tb, hq, hk, hv, hdout);
+    }
+    span_free_bufs(&j, &b);
+    free(hq);
+    free(hk);
+    free(hv);
+    free(hdout);
+    if (st != MP_OK) {
+      fprintf(stderr, "attention_bench: %s\n", mp_errmsg(kc->err));
+      return 1;
+    }
+  }
   return 0;
 }
-#else
+
+static int cpu_main(void) {
+  mp_ctx err;
+  mp_ctx_init(&err);
+  mp_kctx kc = {&err, NULL, 0};
+  const span_shape shapes[] = {{2, 512, 8, 4, 64}, {8, 64, 8, 4, 8}};
+  return span_main(mp_backend_cpu(), &kc, shapes, 2);
+}
+
+#ifdef MP_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/attention_hooks.h"
@@ -389,7 +778,7 @@ static mp_status bench_shape(const shape *s, int best[3]) {
   return st;
 }
 
-int main(void) {
+static int cuda_main(void) {
   if (mp_cuda_device_count() == 0) {
     printf("no CUDA device\n");
     return 0;
@@ -426,3 +815,45 @@ int main(void) {
   return failed;
 }
 #endif
+
+/* --ring on the GPU: span_main at the sweep's two shapes. */
+static int cuda_ring_main(void) {
+#ifdef MP_HAVE_CUDA
+  if (mp_cuda_device_count() == 0) {
+    printf("no CUDA device\n");
+    return 0;
+  }
+  mp_ctx err;
+  mp_ctx_init(&err);
+  mp_kctx kc = {&err, NULL, 0};
+  const mp_backend *be = mp_cuda_backend();
+  if (be->init(&kc, 0) != MP_OK) {
+    fprintf(stderr, "attention_bench: %s\n", mp_errmsg(&err));
+    return 1;
+  }
+  const span_shape shapes[] = {{4, 2048, 16, 8, 128}, {8, 2048, 32, 8, 64}};
+  const int rc = span_main(be, &kc, shapes, 2);
+  be->shutdown(&kc);
+  return rc;
+#else
+  printf("no CUDA device (built without CUDA)\n");
+  return 0;
+#endif
+}
+
+int main(int argc, char **argv) {
+  if (argc == 2 && strcmp(argv[1], "--cpu") == 0) return cpu_main();
+  if (argc == 2 && strcmp(argv[1], "--ring") == 0) return cuda_ring_main();
+  if (argc > 1) {
+    fprintf(stderr, "usage: attention_bench [--cpu | --ring]: no argument sweeps the CUDA "
+            "tensor-core kernels' tile configurations, --cpu times the CPU backend's "
+            "monolithic and ring attention, --ring the CUDA backend's\n");
+    return 2;
+  }
+#ifdef MP_HAVE_CUDA
+  return cuda_main();
+#else
+  printf("no CUDA device (built without CUDA)\n");
+  return 0;
+#endif
+}

@@ -12,9 +12,13 @@
  * - MP_KREQUIRE(kc, cond, op) is the argument check every op starts with: a false cond
  *   returns MP_ERR_INVALID with "<op>: invalid argument (<cond>); check shapes and
  *   pointers" on kc->err. The tests match that text; both backends give the same message
- *   for the same bad call. */
+ *   for the same bad call.
+ * - mp_attn_span_ok, mp_attn_span_visible and mp_attn_span_active are the span
+ *   attention's argument check and causal bounds, one definition for both backends. */
 #ifndef MP_KERNELS_OP_IMPL_H
 #define MP_KERNELS_OP_IMPL_H
+
+#include <limits.h>
 
 #include "common/status.h"
 #include "kernels/ops.h"
@@ -30,6 +34,11 @@
   X(rope_backward)            \
   X(attention_forward)        \
   X(attention_backward)       \
+  X(attention_span_init)      \
+  X(attention_span_forward)   \
+  X(attention_span_finalize)  \
+  X(attention_span_dot)       \
+  X(attention_span_backward)  \
   X(gelu_forward)             \
   X(gelu_backward)            \
   X(swiglu_forward)           \
@@ -80,5 +89,27 @@
       return mp_error((kc)->err, MP_ERR_INVALID, "%s: invalid argument (%s); check "  \
                       "shapes and pointers", (op), #cond);                            \
   } while (0)
+
+/* Whether sp describes a valid pair (kernels/ops.h, mp_attn_span); both backends check it
+ * with MP_KREQUIRE, so a bad span gets the same message from either. */
+static inline int mp_attn_span_ok(const mp_attn_span *sp) {
+  return sp && sp->B >= 0 && sp->nh > 0 && sp->nkv > 0 && sp->hd > 0 && sp->nh % sp->nkv == 0 &&
+         sp->Tq >= 0 && sp->Tk >= 0 && sp->q_row >= 0 && sp->kv_row >= 0 &&
+         sp->q_row <= sp->Sq - sp->Tq && sp->kv_row <= sp->Sk - sp->Tk && sp->q_pos >= 0 &&
+         sp->kv_pos >= 0 && sp->q_pos <= INT_MAX - sp->Tq && sp->kv_pos <= INT_MAX - sp->Tk;
+}
+
+/* Keys of sp's kv chunk visible from query i of its q chunk: 0 .. min(Tk, q_pos + i -
+ * kv_pos + 1) - 1 (none when that is <= 0). 64-bit, so no position difference overflows. */
+static inline int mp_attn_span_visible(const mp_attn_span *sp, int i) {
+  const long long n = (long long)sp->q_pos + i - sp->kv_pos + 1;
+  return n <= 0 ? 0 : n >= sp->Tk ? sp->Tk : (int)n;
+}
+
+/* Whether the pair does any work: both chunks non-empty and some key not after the last
+ * query (a pair wholly in the future of its queries costs nothing). */
+static inline int mp_attn_span_active(const mp_attn_span *sp) {
+  return sp->B > 0 && sp->Tq > 0 && sp->Tk > 0 && mp_attn_span_visible(sp, sp->Tq - 1) > 0;
+}
 
 #endif

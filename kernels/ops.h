@@ -83,6 +83,22 @@ typedef struct mp_kctx {
   int device;  /* device ordinal (CPU: 0) */
 } mp_kctx;
 
+/* One (query chunk, key/value chunk) pair of span attention (the attention_span_* ops):
+ * where each chunk lies in the tensors that hold it and at which global sequence positions.
+ * Queries are rows [q_row, q_row + Tq) of every batch of the tensors shaped (B, Sq, nh, hd)
+ * (q, dq, dout, the running output acc) and (B, nh, Sq) (lse, D), at positions
+ * [q_pos, q_pos + Tq); keys and values are rows [kv_row, kv_row + Tk) of the (B, Sk, nkv,
+ * hd) tensors (k, v, dk, dv), at positions [kv_pos, kv_pos + Tk). A rank's local sequence
+ * that holds several chunks (context parallelism's load-balanced layout keeps chunks r and
+ * 2cp-1-r of 2cp on rank r) is so addressed in place: the same tensors, other rows.
+ * Valid: B >= 0, nh, nkv, hd > 0, nkv dividing nh, Tq, Tk >= 0, rows inside their tensors
+ * (0 <= q_row, q_row + Tq <= Sq; likewise kv), positions >= 0. */
+typedef struct mp_attn_span {
+  int B, nh, nkv, hd;
+  int Sq, q_row, Tq, q_pos;
+  int Sk, kv_row, Tk, kv_pos;
+} mp_attn_span;
+
 typedef struct mp_backend mp_backend;
 
 struct mp_backend {
@@ -203,6 +219,64 @@ struct mp_backend {
                                   const void *out,   /* (B, T, nh, hd) forward output */
                                   const float *lse,  /* (B, nh, T) */
                                   int B, int T, int nh, int nkv, int hd);
+
+  /* ---- attention over a span of keys: the pieces of ring (context-parallel) attention ---
+   * Key j of the kv chunk is visible from query i of the q chunk iff kv_pos + j <= q_pos + i
+   * (causal by global position); heads and scale as attention_forward. A query's attention
+   * over every key is assembled one kv chunk at a time in a running state per (batch, head,
+   * query): acc, the softmax-weighted mean of the values of the keys merged so far, and
+   * lse, the log-sum-exp of their scaled scores. lse = -inf is the empty state (no key yet;
+   * acc is then not read). Every entry returns at once when Tq or Tk is 0.
+   *   span_init      lse = -inf: the state before the first pair.
+   *   span_forward   merges one pair into the state of the q chunk's rows. With o and l the
+   *                  pair's own softmax mean and log-sum-exp over its visible keys,
+   *                  lse' = log(e^lse + e^l), acc' = acc e^(lse - lse') + o e^(l - lse')
+   *                  (the online-softmax merge; PyTorch's ring attention, _merge_sdpa). A
+   *                  row that sees no key of the pair keeps its state bit for bit, and a
+   *                  pair whose keys all lie after its last query returns at once, so a
+   *                  rank may run every pair of the ring in any order.
+   *   span_finalize  out = acc in X, 0 on a row still empty. lse is then the final lse: the
+   *                  one attention_forward saves and every pair's backward takes.
+   *   span_dot       D = rowsum(dout * out) per (batch, head, query) of a whole tensor: once
+   *                  per backward, before the pairs (FlashAttention-2's D; each pair reads it).
+   *   span_backward  one pair's gradients from the FINAL lse and D: p = exp(s - lse),
+   *                  ds = p (<dout, v> - D); dq of the q chunk's rows and dk, dv of the kv
+   *                  chunk's rows accumulate (+=) the pair's terms, so dk and dv may travel
+   *                  the ring with k and v and collect every q chunk's share. Rows whose
+   *                  lse is -inf contribute nothing.
+   * One chunk at position 0 (q_row = kv_row = q_pos = kv_pos = 0, Tq = Tk = Sq = Sk = T)
+   * computes what attention_forward does (span_init, span_forward, span_finalize) and what
+   * attention_backward does (span_dot, span_backward). Memory: acc is fp32 whatever the X dtype, so a rank's state
+   * is 4 bytes per element of its queries, beside out. */
+  mp_status (*attention_span_init)(mp_kctx *kc, float *lse /* (n) */, size_t n);
+  mp_status (*attention_span_forward)(mp_kctx *kc,
+                                      float *acc,     /* (B, Sq, nh, hd) merged into */
+                                      float *lse,     /* (B, nh, Sq) merged into */
+                                      const void *q,  /* (B, Sq, nh, hd) */
+                                      const void *k,  /* (B, Sk, nkv, hd) */
+                                      const void *v,  /* (B, Sk, nkv, hd) */
+                                      const mp_attn_span *sp);
+  mp_status (*attention_span_finalize)(mp_kctx *kc,
+                                       void *out,        /* (B, S, nh, hd) */
+                                       const float *acc, /* (B, S, nh, hd) */
+                                       const float *lse, /* (B, nh, S) */
+                                       int B, int S, int nh, int hd);
+  mp_status (*attention_span_dot)(mp_kctx *kc,
+                                  float *D,          /* (B, nh, S) */
+                                  const void *dout,  /* (B, S, nh, hd) */
+                                  const void *out,   /* (B, S, nh, hd) */
+                                  int B, int S, int nh, int hd);
+  mp_status (*attention_span_backward)(mp_kctx *kc,
+                                       void *dq,          /* (B, Sq, nh, hd) += */
+                                       void *dk,          /* (B, Sk, nkv, hd) += */
+                                       void *dv,          /* (B, Sk, nkv, hd) += */
+                                       const void *dout,  /* (B, Sq, nh, hd) */
+                                       const void *q,     /* (B, Sq, nh, hd) */
+                                       const void *k,     /* (B, Sk, nkv, hd) */
+                                       const void *v,     /* (B, Sk, nkv, hd) */
+                                       const float *lse,  /* (B, nh, Sq) final */
+                                       const float *D,    /* (B, nh, Sq) span_dot */
+                                       const mp_attn_span *sp);
 
   /* ---- activations -------------------------------------------------------------------
    * GELU, tanh approximation (GPT-2, PyTorch approximate="tanh"):

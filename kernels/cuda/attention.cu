@@ -34,7 +34,18 @@
  * read-modify-write (one rounding). P is recomputed in both kernels, which costs one
  * extra QK^T and dO V^T pass compared with atomics on dq but keeps results bitwise
  * reproducible. Heavy causal tiles are scheduled first (forward, dq: reversed tile order;
- * dk/dv: tile 0 has the most queries and goes first). */
+ * dk/dv: tile 0 has the most queries and goes first).
+ *
+ * Span attention (the attention_span_* ops). The kernels take the pair's geometry (Rows):
+ * tq query rows and tk key rows, batch strides of sq and sk rows, and delta = q_pos -
+ * kv_pos, so key j is visible from query i iff j <= i + delta; pointers arrive offset to
+ * the chunks' first rows. The monolithic ops are the pair tq = tk = sq = sk = T, delta 0.
+ * The forward's MERGE variant merges the pair into the fp32 running state (acc, lse)
+ * instead of writing out and lse (the merge: kernels/ops.h); the dq kernel's SPAN variant
+ * reads D (span_dot) instead of computing it, and rows whose lse is -inf (empty) are left
+ * out of both backward kernels. span_init and span_finalize are the element-wise kernels
+ * at the end of this file; span_dot is the tensor-core path's D kernel (attention_fa2.cu),
+ * which serves every even head dim. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,7 +53,7 @@
 
 #include <atomic>
 
-#include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/cuda_kernels.cuh"
 
 namespace {
 
@@ -99,23 +110,30 @@ __device__ __forceinline__ void axpy32(float *o, float a, const bf16 *y) {
   }
 }
 
-/* Element offset of (b, t, head, 0) in a (B, T, nheads, hd) tensor. */
-__device__ __forceinline__ size_t row_off(int b, int t, int T, int nheads, int head, int hd) {
-  return (((size_t)b * T + t) * nheads + head) * hd;
+/* A (query chunk, key/value chunk) pair as the kernels see it: tq query rows and tk key
+ * rows, batch strides of sq and sk rows in their tensors, and delta = q_pos - kv_pos (key j
+ * is visible from query i iff j <= i + delta). The monolithic ops: T, T, T, T, 0. */
+struct Rows {
+  int tq, tk, sq, sk, delta;
+};
+
+/* Element offset of (b, t, head, 0) in a (B, S, nheads, hd) tensor (S rows per batch). */
+__device__ __forceinline__ size_t row_off(int b, int t, int S, int nheads, int head, int hd) {
+  return (((size_t)b * S + t) * nheads + head) * hd;
 }
 
-/* Stages rows [r0, r0 + kRows) of head `head` of X (B, T, nheads, hd) into sm
- * (kRows x 32*TPR bf16), zeros past T and past hd. hd is even and X 4-byte aligned, so
- * pairs are aligned. */
+/* Stages rows [r0, r0 + kRows) of head `head` of X (B, S, nheads, hd) into sm
+ * (kRows x 32*TPR bf16), zeros at rows >= n and past hd. hd is even and X 4-byte aligned,
+ * so pairs are aligned. */
 template <int TPR>
-__device__ __forceinline__ void load_tile(bf16 *sm, const bf16 *X, int b, int T, int nheads,
-                                          int head, int hd, int r0) {
+__device__ __forceinline__ void load_tile(bf16 *sm, const bf16 *X, int b, int S, int n,
+                                          int nheads, int head, int hd, int r0) {
   constexpr int HDP = kDpt * TPR, PAIRS = HDP / 2;
   for (int i = threadIdx.x; i < kRows * PAIRS; i += blockDim.x) {
     int r = i / PAIRS, d = (i % PAIRS) * 2, t = r0 + r;
     __nv_bfloat162 v = __floats2bfloat162_rn(0.0f, 0.0f);
-    if (t < T && d < hd)
-      v = *reinterpret_cast<const __nv_bfloat162 *>(X + row_off(b, t, T, nheads, head, hd) + d);
+    if (t < n && d < hd)
+      v = *reinterpret_cast<const __nv_bfloat162 *>(X + row_off(b, t, S, nheads, head, hd) + d);
     *reinterpret_cast<__nv_bfloat162 *>(sm + r * HDP + d) = v;
   }
 }
@@ -148,20 +166,43 @@ __device__ __forceinline__ void store_row(bf16 *X, size_t off, int d0, int hd, c
   }
 }
 
-template <int TPR>
+/* The pair's (o, l) merged into the running state of one row: all TPR lanes of the row
+ * group call it with their 32 dims of o (unnormalised, weights summing to l > 0) and the
+ * row's old lse, which they all read before any lane writes (the caller's __syncwarp);
+ * lane 0 of the group writes the new lse. lp is the pair's lse in natural units. */
+__device__ __forceinline__ void merge_row(float *acc, float *lse_out, int d0, int hd,
+                                          const float *o, float l, float lp, float old,
+                                          bool write_lse) {
+  float nl, wa, wb;
+  mp_attn_merge_weights(old, lp, &nl, &wa, &wb);
+  const float inv = (1.0f / l) * wb;
+#pragma unroll
+  for (int i = 0; i < kDpt; i += 2) {
+    if (d0 + i < hd) {
+      float2 *p = reinterpret_cast<float2 *>(acc + d0 + i);
+      const float2 a = old != -INFINITY ? *p : make_float2(0.0f, 0.0f);
+      *p = make_float2(a.x * wa + o[i] * inv, a.y * wa + o[i + 1] * inv);
+    }
+  }
+  if (write_lse) *lse_out = nl;
+}
+
+/* MERGE false: writes out (bf16) and lse; true: merges into acc (fp32, the q chunk's row 0
+ * at `out`'s place) and the running lse. */
+template <int TPR, bool MERGE>
 __global__ void __launch_bounds__(kRows *TPR)
-    attn_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int T,
-                    int nh, int nkv, int hd, float scale_log2) {
+    attn_fwd_kernel(bf16 *out, float *acc, float *lse, const bf16 *q, const bf16 *k,
+                    const bf16 *v, Rows rw, int nh, int nkv, int hd, float scale_log2) {
   constexpr int HDP = kDpt * TPR;
   __shared__ __align__(16) bf16 Ks[kRows * HDP];
   __shared__ __align__(16) bf16 Vs[kRows * HDP];
-  const int n_tiles = (T + kRows - 1) / kRows;
+  const int n_tiles = (rw.tq + kRows - 1) / kRows;
   const int qt = n_tiles - 1 - (int)blockIdx.x;
   const int h = blockIdx.y, b = blockIdx.z, g = h / (nh / nkv);
   const int part = threadIdx.x % TPR, d0 = part * kDpt;
   const int t = qt * kRows + (int)threadIdx.x / TPR;
-  const bool valid = t < T;
-  const size_t qoff = valid ? row_off(b, t, T, nh, h, hd) : 0;
+  const bool valid = t < rw.tq;
+  const size_t qoff = valid ? row_off(b, t, rw.sq, nh, h, hd) : 0;
 
   float qr[kDpt], o[kDpt];
   load_row(qr, q, valid, qoff, d0, hd, scale_log2);
@@ -169,11 +210,12 @@ __global__ void __launch_bounds__(kRows *TPR)
   for (int i = 0; i < kDpt; i++) o[i] = 0.0f;
   float m = -INFINITY, l = 0.0f;
 
-  const int kv_end = min(T, (qt + 1) * kRows);
+  /* Keys up to the block's last query's last visible one. */
+  const int kv_end = min(rw.tk, (qt + 1) * kRows + rw.delta);
   for (int j0 = 0; j0 < kv_end; j0 += kRows) {
     __syncthreads(); /* the previous tile is not read again */
-    load_tile<TPR>(Ks, k, b, T, nkv, g, hd, j0);
-    load_tile<TPR>(Vs, v, b, T, nkv, g, hd, j0);
+    load_tile<TPR>(Ks, k, b, rw.sk, rw.tk, nkv, g, hd, j0);
+    load_tile<TPR>(Vs, v, b, rw.sk, rw.tk, nkv, g, hd, j0);
     __syncthreads();
     for (int jc = 0; jc < kRows && j0 + jc < kv_end; jc += kChunk) {
       float s[kChunk];
@@ -183,7 +225,7 @@ __global__ void __launch_bounds__(kRows *TPR)
 #pragma unroll
       for (int jj = 0; jj < kChunk; jj++) {
         int j = j0 + jc + jj;
-        if (j > t || j >= T) s[jj] = -INFINITY;
+        if (j > t + rw.delta || j >= rw.tk) s[jj] = -INFINITY;
         mx = fmaxf(mx, s[jj]);
       }
       if (mx == -INFINITY) continue; /* padding row, or keys all in the future */
@@ -200,46 +242,59 @@ __global__ void __launch_bounds__(kRows *TPR)
       m = mx;
     }
   }
-  if (valid) {
+  if constexpr (MERGE) {
+    float *lrow = lse + ((size_t)b * nh + h) * rw.sq + t;
+    const float old = valid ? *lrow : -INFINITY;
+    __syncwarp(); /* every lane of the group has read the old lse */
+    if (valid && l > 0.0f)
+      merge_row(acc + qoff, lrow, d0, hd, o, l, (m + log2f(l)) * kLn2, old, part == 0);
+  } else if (valid) {
     store_row(out, qoff, d0, hd, o, 1.0f / l, 0.0f);
-    if (part == 0) lse[((size_t)b * nh + h) * T + t] = (m + log2f(l)) * kLn2;
+    if (part == 0) lse[((size_t)b * nh + h) * rw.sq + t] = (m + log2f(l)) * kLn2;
   }
 }
 
-template <int TPR>
+/* SPAN false: computes D_t = <dout_t, out_t> and writes it to Dbuf; true: reads D from
+ * Dbuf (span_dot), and a row whose lse is -inf (empty) is left out. */
+template <int TPR, bool SPAN>
 __global__ void __launch_bounds__(kRows *TPR)
     attn_bwd_dq_kernel(bf16 *dq, float *Dbuf, const bf16 *dout, const bf16 *q, const bf16 *k,
-                       const bf16 *v, const bf16 *out, const float *lse, int T, int nh, int nkv,
-                       int hd, float scale_log2, float scale) {
+                       const bf16 *v, const bf16 *out, const float *lse, Rows rw, int nh,
+                       int nkv, int hd, float scale_log2, float scale) {
   constexpr int HDP = kDpt * TPR;
   __shared__ __align__(16) bf16 Ks[kRows * HDP];
   __shared__ __align__(16) bf16 Vs[kRows * HDP];
-  const int n_tiles = (T + kRows - 1) / kRows;
+  const int n_tiles = (rw.tq + kRows - 1) / kRows;
   const int qt = n_tiles - 1 - (int)blockIdx.x;
   const int h = blockIdx.y, b = blockIdx.z, g = h / (nh / nkv);
   const int part = threadIdx.x % TPR, d0 = part * kDpt;
   const int t = qt * kRows + (int)threadIdx.x / TPR;
-  const bool valid = t < T;
-  const size_t qoff = valid ? row_off(b, t, T, nh, h, hd) : 0;
+  const size_t lrow = ((size_t)b * nh + h) * rw.sq + t;
+  const bool valid = t < rw.tq && (!SPAN || lse[lrow] != -INFINITY);
+  const size_t qoff = valid ? row_off(b, t, rw.sq, nh, h, hd) : 0;
 
   float qr[kDpt], dor[kDpt], acc[kDpt];
-  /* D = <dout_t, out_t>, reusing acc for out_t before it becomes the dq accumulator. */
   load_row(dor, dout, valid, qoff, d0, hd, 1.0f);
-  load_row(acc, out, valid, qoff, d0, hd, 1.0f);
   float D = 0.0f;
+  if constexpr (SPAN) {
+    D = valid ? Dbuf[lrow] : 0.0f;
+  } else {
+    /* D = <dout_t, out_t>, reusing acc for out_t before it becomes the dq accumulator. */
+    load_row(acc, out, valid, qoff, d0, hd, 1.0f);
 #pragma unroll
-  for (int i = 0; i < kDpt; i++) D = fmaf(dor[i], acc[i], D);
-  D = group_sum<TPR>(D);
+    for (int i = 0; i < kDpt; i++) D = fmaf(dor[i], acc[i], D);
+    D = group_sum<TPR>(D);
+  }
   load_row(qr, q, valid, qoff, d0, hd, scale_log2);
 #pragma unroll
   for (int i = 0; i < kDpt; i++) acc[i] = 0.0f;
-  const float lse2 = valid ? lse[((size_t)b * nh + h) * T + t] * kLog2e : 0.0f;
+  const float lse2 = valid ? lse[lrow] * kLog2e : 0.0f;
 
-  const int kv_end = min(T, (qt + 1) * kRows);
+  const int kv_end = min(rw.tk, (qt + 1) * kRows + rw.delta);
   for (int j0 = 0; j0 < kv_end; j0 += kRows) {
     __syncthreads();
-    load_tile<TPR>(Ks, k, b, T, nkv, g, hd, j0);
-    load_tile<TPR>(Vs, v, b, T, nkv, g, hd, j0);
+    load_tile<TPR>(Ks, k, b, rw.sk, rw.tk, nkv, g, hd, j0);
+    load_tile<TPR>(Vs, v, b, rw.sk, rw.tk, nkv, g, hd, j0);
     __syncthreads();
     for (int jc = 0; jc < kRows && j0 + jc < kv_end; jc += kChunk) {
       float s[kChunk], dp[kChunk];
@@ -251,21 +306,21 @@ __global__ void __launch_bounds__(kRows *TPR)
 #pragma unroll
       for (int jj = 0; jj < kChunk; jj++) {
         int j = j0 + jc + jj;
-        float p = (valid && j <= t) ? exp2f(s[jj] - lse2) : 0.0f;
+        float p = (valid && j <= t + rw.delta && j < rw.tk) ? exp2f(s[jj] - lse2) : 0.0f;
         axpy32(acc, p * (dp[jj] - D), Ks + (jc + jj) * HDP + d0);
       }
     }
   }
   if (valid) {
     store_row(dq, qoff, d0, hd, acc, scale, 1.0f);
-    if (part == 0) Dbuf[((size_t)b * nh + h) * T + t] = D;
+    if (!SPAN && part == 0) Dbuf[lrow] = D;
   }
 }
 
 template <int TPR>
 __global__ void __launch_bounds__(kRows *TPR)
     attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
-                         const bf16 *v, const float *lse, const float *Dbuf, int T, int nh,
+                         const bf16 *v, const float *lse, const float *Dbuf, Rows rw, int nh,
                          int nkv, int hd, float scale_log2, float scale) {
   constexpr int HDP = kDpt * TPR;
   __shared__ __align__(16) bf16 Qs[kRows * HDP];
@@ -275,8 +330,8 @@ __global__ void __launch_bounds__(kRows *TPR)
   const int grp = nh / nkv;
   const int part = threadIdx.x % TPR, d0 = part * kDpt;
   const int j = kt * kRows + (int)threadIdx.x / TPR;
-  const bool valid = j < T;
-  const size_t koff = valid ? row_off(b, j, T, nkv, g, hd) : 0;
+  const bool valid = j < rw.tk;
+  const size_t koff = valid ? row_off(b, j, rw.sk, nkv, g, hd) : 0;
 
   float kr[kDpt], vr[kDpt], dka[kDpt], dva[kDpt];
   load_row(kr, k, valid, koff, d0, hd, scale_log2);
@@ -284,19 +339,22 @@ __global__ void __launch_bounds__(kRows *TPR)
 #pragma unroll
   for (int i = 0; i < kDpt; i++) dka[i] = dva[i] = 0.0f;
 
+  /* Queries t >= the tile's first key - delta see some key of the tile. */
+  const int t0 = max(0, kt * kRows - rw.delta);
   for (int h = g * grp; h < (g + 1) * grp; h++) {
-    const size_t lrow = ((size_t)b * nh + h) * T;
-    for (int q0 = kt * kRows; q0 < T; q0 += kRows) { /* queries t >= the tile's first key */
+    const size_t lrow = ((size_t)b * nh + h) * rw.sq;
+    for (int q0 = t0; q0 < rw.tq; q0 += kRows) {
       __syncthreads();
-      load_tile<TPR>(Qs, q, b, T, nh, h, hd, q0);
-      load_tile<TPR>(Os, dout, b, T, nh, h, hd, q0);
+      load_tile<TPR>(Qs, q, b, rw.sq, rw.tq, nh, h, hd, q0);
+      load_tile<TPR>(Os, dout, b, rw.sq, rw.tq, nh, h, hd, q0);
       for (int i = threadIdx.x; i < kRows; i += blockDim.x) {
-        bool in = q0 + i < T;
-        lse2s[i] = in ? lse[lrow + q0 + i] * kLog2e : 0.0f;
-        Ds[i] = in ? Dbuf[lrow + q0 + i] : 0.0f;
+        /* An empty row (lse -inf) gets +inf: p = 2^(s - inf) = 0. */
+        const float L = q0 + i < rw.tq ? lse[lrow + q0 + i] : 0.0f;
+        lse2s[i] = L == -INFINITY ? INFINITY : L * kLog2e;
+        Ds[i] = q0 + i < rw.tq ? Dbuf[lrow + q0 + i] : 0.0f;
       }
       __syncthreads();
-      for (int ic = 0; ic < kRows && q0 + ic < T; ic += kChunk) {
+      for (int ic = 0; ic < kRows && q0 + ic < rw.tq; ic += kChunk) {
         float s[kChunk], dp[kChunk];
 #pragma unroll
         for (int ii = 0; ii < kChunk; ii++) {
@@ -306,7 +364,7 @@ __global__ void __launch_bounds__(kRows *TPR)
 #pragma unroll
         for (int ii = 0; ii < kChunk; ii++) {
           int t = q0 + ic + ii;
-          float p = (valid && t >= j && t < T) ? exp2f(s[ii] - lse2s[ic + ii]) : 0.0f;
+          float p = (valid && t + rw.delta >= j && t < rw.tq) ? exp2f(s[ii] - lse2s[ic + ii]) : 0.0f;
           axpy32(dva, p, Os + (ic + ii) * HDP + d0);
           axpy32(dka, p * (dp[ii] - Ds[ic + ii]), Qs + (ic + ii) * HDP + d0);
         }
@@ -369,6 +427,56 @@ mp_status check_args(mp_kctx *kc, const char *op, int B, int T, int nh, int nkv,
   return MP_OK;
 }
 
+/* The scalar forward at TPR 2 (hd <= 64) or 4. */
+template <bool MERGE>
+mp_status launch_scalar_fwd(mp_kctx *kc, bf16 *out, float *acc, float *lse, const bf16 *q,
+                            const bf16 *k, const bf16 *v, Rows rw, int B, int nh, int nkv,
+                            int hd) {
+  cudaStream_t st = mp_cuda_impl_of(kc)->stream;
+  const float scale_log2 = kLog2e / sqrtf((float)hd);
+  dim3 grid((unsigned)((rw.tq + kRows - 1) / kRows), (unsigned)nh, (unsigned)B);
+  if (hd <= 64)
+    attn_fwd_kernel<2, MERGE><<<grid, kRows * 2, 0, st>>>(out, acc, lse, q, k, v, rw, nh, nkv,
+                                                          hd, scale_log2);
+  else
+    attn_fwd_kernel<4, MERGE><<<grid, kRows * 4, 0, st>>>(out, acc, lse, q, k, v, rw, nh, nkv,
+                                                          hd, scale_log2);
+  MP_CUDA_LAUNCH_CHECK(kc);
+  return MP_OK;
+}
+
+/* The scalar backward at TPR lanes per row: the dq kernel (SPAN false: writes D into Dbuf;
+ * true: reads it), then the dk/dv kernel. Returns the first launch error. */
+template <int TPR, bool SPAN>
+cudaError_t launch_scalar_bwd_tpr(cudaStream_t st, bf16 *dq, bf16 *dk, bf16 *dv, float *Dbuf,
+                                  const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                                  const bf16 *out, const float *lse, Rows rw, int B, int nh,
+                                  int nkv, int hd) {
+  const float scale = 1.0f / sqrtf((float)hd), scale_log2 = kLog2e * scale;
+  dim3 gq((unsigned)((rw.tq + kRows - 1) / kRows), (unsigned)nh, (unsigned)B);
+  dim3 gk((unsigned)((rw.tk + kRows - 1) / kRows), (unsigned)nkv, (unsigned)B);
+  attn_bwd_dq_kernel<TPR, SPAN><<<gq, kRows * TPR, 0, st>>>(dq, Dbuf, dout, q, k, v, out, lse,
+                                                            rw, nh, nkv, hd, scale_log2, scale);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  attn_bwd_dkdv_kernel<TPR><<<gk, kRows * TPR, 0, st>>>(dk, dv, dout, q, k, v, lse, Dbuf, rw, nh,
+                                                        nkv, hd, scale_log2, scale);
+  return cudaGetLastError();
+}
+
+/* The scalar backward at TPR 2 (hd <= 64) or 4. */
+template <bool SPAN>
+cudaError_t launch_scalar_bwd(mp_kctx *kc, bf16 *dq, bf16 *dk, bf16 *dv, float *Dbuf,
+                              const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                              const bf16 *out, const float *lse, Rows rw, int B, int nh,
+                              int nkv, int hd) {
+  cudaStream_t st = mp_cuda_impl_of(kc)->stream;
+  return hd <= 64 ? launch_scalar_bwd_tpr<2, SPAN>(st, dq, dk, dv, Dbuf, dout, q, k, v, out,
+                                                    lse, rw, B, nh, nkv, hd)
+                  : launch_scalar_bwd_tpr<4, SPAN>(st, dq, dk, dv, Dbuf, dout, q, k, v, out,
+                                                    lse, rw, B, nh, nkv, hd);
+}
+
 }  // namespace
 
 mp_status mp_cuda_attention_forward(mp_kctx *kc, void *out, float *lse, const void *q,
@@ -384,18 +492,8 @@ mp_status mp_cuda_attention_forward(mp_kctx *kc, void *out, float *lse, const vo
   bool fa2 = false;
   MP_CHECK(choose_kernel(kc, "attention_forward", hd, inputs, 3, &fa2));
   if (fa2) return mp_cuda_attention_fa2_forward(kc, out, lse, q, k, v, B, T, nh, nkv, hd);
-  cudaStream_t st = mp_cuda_impl_of(kc)->stream;
-  const float scale_log2 = kLog2e / sqrtf((float)hd);
-  dim3 grid((unsigned)((T + kRows - 1) / kRows), (unsigned)nh, (unsigned)B);
-  const bf16 *Q = (const bf16 *)q, *K = (const bf16 *)k, *V = (const bf16 *)v;
-  if (hd <= 64)
-    attn_fwd_kernel<2><<<grid, kRows * 2, 0, st>>>((bf16 *)out, lse, Q, K, V, T, nh, nkv, hd,
-                                                   scale_log2);
-  else
-    attn_fwd_kernel<4><<<grid, kRows * 4, 0, st>>>((bf16 *)out, lse, Q, K, V, T, nh, nkv, hd,
-                                                   scale_log2);
-  MP_CUDA_LAUNCH_CHECK(kc);
-  return MP_OK;
+  return launch_scalar_fwd<false>(kc, (bf16 *)out, NULL, lse, (const bf16 *)q, (const bf16 *)k,
+                                  (const bf16 *)v, Rows{T, T, T, T, 0}, B, nh, nkv, hd);
 }
 
 mp_status mp_cuda_attention_backward(mp_kctx *kc, void *dq, void *dk, void *dv, const void *dout,
@@ -419,36 +517,15 @@ mp_status mp_cuda_attention_backward(mp_kctx *kc, void *dq, void *dk, void *dv, 
     return mp_cuda_attention_fa2_backward(kc, dq, dk, dv, dout, q, k, v, out, lse, B, T, nh,
                                           nkv, hd);
   cudaStream_t st = mp_cuda_impl_of(kc)->stream;
-  const float scale = 1.0f / sqrtf((float)hd), scale_log2 = kLog2e * scale;
   /* D (B, nh, T): written by the dq kernel, read by the dk/dv kernel. Stream-ordered
    * allocation, so the free waits for the kernels without a host synchronisation. */
   float *Dbuf = NULL;
   MP_CUDA_CHECK(kc, cudaMallocAsync((void **)&Dbuf, (size_t)B * nh * T * sizeof(float), st));
-  const int n_tiles = (T + kRows - 1) / kRows;
-  dim3 gq((unsigned)n_tiles, (unsigned)nh, (unsigned)B), gk((unsigned)n_tiles, (unsigned)nkv,
-                                                            (unsigned)B);
-  const bf16 *dO = (const bf16 *)dout, *Q = (const bf16 *)q, *K = (const bf16 *)k,
-             *V = (const bf16 *)v, *O = (const bf16 *)out;
-  cudaError_t launch;
-  if (hd <= 64) {
-    attn_bwd_dq_kernel<2><<<gq, kRows * 2, 0, st>>>((bf16 *)dq, Dbuf, dO, Q, K, V, O, lse, T, nh,
-                                                    nkv, hd, scale_log2, scale);
-    launch = cudaGetLastError();
-    if (launch == cudaSuccess) {
-      attn_bwd_dkdv_kernel<2><<<gk, kRows * 2, 0, st>>>((bf16 *)dk, (bf16 *)dv, dO, Q, K, V, lse,
-                                                        Dbuf, T, nh, nkv, hd, scale_log2, scale);
-      launch = cudaGetLastError();
-    }
-  } else {
-    attn_bwd_dq_kernel<4><<<gq, kRows * 4, 0, st>>>((bf16 *)dq, Dbuf, dO, Q, K, V, O, lse, T, nh,
-                                                    nkv, hd, scale_log2, scale);
-    launch = cudaGetLastError();
-    if (launch == cudaSuccess) {
-      attn_bwd_dkdv_kernel<4><<<gk, kRows * 4, 0, st>>>((bf16 *)dk, (bf16 *)dv, dO, Q, K, V, lse,
-                                                        Dbuf, T, nh, nkv, hd, scale_log2, scale);
-      launch = cudaGetLastError();
-    }
-  }
+  cudaError_t launch = launch_scalar_bwd<false>(kc, (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, Dbuf,
+                                                (const bf16 *)dout, (const bf16 *)q,
+                                                (const bf16 *)k, (const bf16 *)v,
+                                                (const bf16 *)out, lse, Rows{T, T, T, T, 0}, B,
+                                                nh, nkv, hd);
   cudaError_t freed = cudaFreeAsync(Dbuf, st);
   if (launch != cudaSuccess)
     return mp_error(kc->err, MP_ERR_CUDA, "%s:%d: attention_backward kernel launch failed on "
@@ -459,3 +536,134 @@ mp_status mp_cuda_attention_backward(mp_kctx *kc, void *dq, void *dk, void *dv, 
 }
 
 void mp_cuda_attention_force_scalar(int on) { g_force_scalar.store(on ? 1 : 0); }
+
+/* ---- span attention -------------------------------------------------------------------- */
+
+namespace {
+
+/* The span ops' checks beyond mp_attn_span_ok (the same message as the CPU backend): the
+ * kernels' head dims and grid limits, and the tensors. */
+mp_status check_span(mp_kctx *kc, const char *op, const mp_attn_span *sp,
+                     const void *const *ptrs, int n_ptrs) {
+  MP_CHECK(check_args(kc, op, sp->B, sp->Tq, sp->nh, sp->nkv, sp->hd));
+  for (int i = 0; i < n_ptrs; i++)
+    if (!ptrs[i] || !aligned4(ptrs[i]))
+      return mp_error(kc->err, MP_ERR_INVALID, "%s: NULL or misaligned tensor #%d (bf16 "
+                      "tensors must be 4-byte aligned, fp32 state 8-byte aligned)", op, i);
+  return MP_OK;
+}
+
+__global__ void fill_neg_inf_kernel(float *x, size_t n) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    x[i] = -INFINITY;
+}
+
+/* out = acc in bf16 where the row's lse is finite, 0 on an empty row; two elements per
+ * thread (hd is even). */
+__global__ void span_finalize_kernel(bf16 *out, const float *acc, const float *lse, int S,
+                                     int nh, int hd, size_t n_pairs) {
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_pairs;
+       i += (size_t)gridDim.x * blockDim.x) {
+    const size_t e = 2 * i, row = e / hd, t = row / nh % S, h = row % nh, b = row / nh / S;
+    const bool empty = lse[(b * nh + h) * S + t] == -INFINITY;
+    const float2 a = empty ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2 *>(acc + e);
+    *reinterpret_cast<__nv_bfloat162 *>(out + e) = __floats2bfloat162_rn(a.x, a.y);
+  }
+}
+
+unsigned grid_for(size_t n) {
+  size_t g = (n + 255) / 256;
+  return (unsigned)(g < 1 ? 1 : g > 65535 ? 65535 : g);
+}
+
+}  // namespace
+
+mp_status mp_cuda_attention_span_init(mp_kctx *kc, float *lse, size_t n) {
+  MP_KREQUIRE(kc, lse || n == 0, "attention_span_init");
+  if (n == 0) return MP_OK;
+  if (!kc->impl)
+    return mp_error(kc->err, MP_ERR_INVALID, "attention_span_init: kc->impl is NULL; "
+                    "initialise the CUDA backend first");
+  fill_neg_inf_kernel<<<grid_for(n), 256, 0, mp_cuda_impl_of(kc)->stream>>>(lse, n);
+  MP_CUDA_LAUNCH_CHECK(kc);
+  return MP_OK;
+}
+
+mp_status mp_cuda_attention_span_forward(mp_kctx *kc, float *acc, float *lse, const void *q,
+                                         const void *k, const void *v, const mp_attn_span *sp) {
+  MP_KREQUIRE(kc, mp_attn_span_ok(sp), "attention_span_forward");
+  const void *ptrs[5] = {acc, lse, q, k, v};
+  MP_CHECK(check_span(kc, "attention_span_forward", sp, ptrs, 5));
+  if (((uintptr_t)acc & 7u) != 0)
+    return mp_error(kc->err, MP_ERR_INVALID, "attention_span_forward: acc is not 8-byte "
+                    "aligned (the fp32 state is read and written in pairs)");
+  if (!mp_attn_span_active(sp)) return MP_OK;
+  const size_t qo = (size_t)sp->q_row * sp->nh * sp->hd, ko = (size_t)sp->kv_row * sp->nkv * sp->hd;
+  const bf16 *Q = (const bf16 *)q + qo, *K = (const bf16 *)k + ko, *V = (const bf16 *)v + ko;
+  const void *inputs[3] = {Q, K, V};
+  bool fa2 = false;
+  MP_CHECK(choose_kernel(kc, "attention_span_forward", sp->hd, inputs, 3, &fa2));
+  if (fa2) return mp_cuda_attention_fa2_span_forward(kc, acc, lse, q, k, v, sp);
+  const Rows rw = {sp->Tq, sp->Tk, sp->Sq, sp->Sk,
+                   (int)((long long)sp->q_pos - sp->kv_pos)};
+  return launch_scalar_fwd<true>(kc, NULL, acc + qo, lse + sp->q_row, Q, K, V, rw, sp->B,
+                                 sp->nh, sp->nkv, sp->hd);
+}
+
+mp_status mp_cuda_attention_span_finalize(mp_kctx *kc, void *out, const float *acc,
+                                          const float *lse, int B, int S, int nh, int hd) {
+  MP_KREQUIRE(kc, B >= 0 && S >= 0 && nh > 0 && hd > 0, "attention_span_finalize");
+  const size_t n = (size_t)B * S * nh * hd;
+  if (n == 0) return MP_OK;
+  if (hd % 2 != 0)
+    return mp_error(kc->err, MP_ERR_UNSUPPORTED, "attention_span_finalize: head dim %d is "
+                    "odd; the CUDA attention kernels need an even head dim", hd);
+  if (!kc->impl || !out || !acc || !lse || !aligned4(out) || ((uintptr_t)acc & 7u) != 0)
+    return mp_error(kc->err, MP_ERR_INVALID, "attention_span_finalize: NULL or misaligned "
+                    "tensor (out 4-byte, acc 8-byte aligned), or the backend not initialised");
+  span_finalize_kernel<<<grid_for(n / 2), 256, 0, mp_cuda_impl_of(kc)->stream>>>(
+      (bf16 *)out, acc, lse, S, nh, hd, n / 2);
+  MP_CUDA_LAUNCH_CHECK(kc);
+  return MP_OK;
+}
+
+mp_status mp_cuda_attention_span_dot(mp_kctx *kc, float *D, const void *dout, const void *out,
+                                     int B, int S, int nh, int hd) {
+  MP_KREQUIRE(kc, B >= 0 && S >= 0 && nh > 0 && hd > 0, "attention_span_dot");
+  if ((size_t)B * S * nh == 0) return MP_OK;
+  if (hd % 2 != 0)
+    return mp_error(kc->err, MP_ERR_UNSUPPORTED, "attention_span_dot: head dim %d is odd; "
+                    "the CUDA attention kernels need an even head dim", hd);
+  if (!kc->impl || !D || !dout || !out || !aligned4(dout) || !aligned4(out))
+    return mp_error(kc->err, MP_ERR_INVALID, "attention_span_dot: NULL or misaligned tensor "
+                    "(bf16 tensors must be 4-byte aligned), or the backend not initialised");
+  return mp_cuda_attention_dot(kc, D, dout, out, B, S, nh, hd);
+}
+
+mp_status mp_cuda_attention_span_backward(mp_kctx *kc, void *dq, void *dk, void *dv,
+                                          const void *dout, const void *q, const void *k,
+                                          const void *v, const float *lse, const float *D,
+                                          const mp_attn_span *sp) {
+  MP_KREQUIRE(kc, mp_attn_span_ok(sp) && D, "attention_span_backward");
+  const void *ptrs[9] = {dq, dk, dv, dout, q, k, v, lse, D};
+  MP_CHECK(check_span(kc, "attention_span_backward", sp, ptrs, 9));
+  if (!mp_attn_span_active(sp)) return MP_OK;
+  const size_t qo = (size_t)sp->q_row * sp->nh * sp->hd, ko = (size_t)sp->kv_row * sp->nkv * sp->hd;
+  const bf16 *dO = (const bf16 *)dout + qo, *Q = (const bf16 *)q + qo, *K = (const bf16 *)k + ko,
+             *V = (const bf16 *)v + ko;
+  const void *inputs[4] = {dO, Q, K, V};
+  bool fa2 = false;
+  MP_CHECK(choose_kernel(kc, "attention_span_backward", sp->hd, inputs, 4, &fa2));
+  if (fa2) return mp_cuda_attention_fa2_span_backward(kc, dq, dk, dv, dout, q, k, v, lse, D, sp);
+  const Rows rw = {sp->Tq, sp->Tk, sp->Sq, sp->Sk,
+                   (int)((long long)sp->q_pos - sp->kv_pos)};
+  cudaError_t launch = launch_scalar_bwd<true>(
+      kc, (bf16 *)dq + qo, (bf16 *)dk + ko, (bf16 *)dv + ko, (float *)(D + sp->q_row), dO, Q, K,
+      V, NULL, lse + sp->q_row, rw, sp->B, sp->nh, sp->nkv, sp->hd);
+  if (launch != cudaSuccess)
+    return mp_error(kc->err, MP_ERR_CUDA, "%s:%d: attention_span_backward kernel launch failed "
+                    "on cuda device %d: %s", __FILE__, __LINE__, kc->device,
+                    cudaGetErrorString(launch));
+  return MP_OK;
+}

@@ -55,6 +55,17 @@
  * is applied only to tiles that cross the diagonal or T; warps whose rows are all masked
  * for a tile skip its math (they still take part in loads and barriers).
  *
+ * Span attention (kernels/ops.h attention_span_*). Each kernel has a SPAN variant (template
+ * argument) for one (query chunk, key/value chunk) pair: Tq query rows, Tk key rows, and
+ * key j visible from query i iff j <= i + delta, delta = q_pos - kv_pos (the diagonal
+ * shifted), keys past Tk masked as well; a block whose keys all lie after its queries
+ * (or, dkdv, whose queries all lie before its keys) returns before loading anything. The
+ * forward's SPAN epilogue merges the pair into the fp32 running state instead of writing
+ * out and lse (fwd_merge); the backward's reads the final lse and the D of span_dot, a row
+ * with lse -inf (empty) contributing nothing. SPAN false is the code above unchanged: the
+ * span fields sit behind SPAN or add a delta that is 0 there, so the monolithic kernels
+ * compile to what they compiled to without the variant. Configurations apply to both.
+ *
  * Fragment layout relied on (PTX ISA, "mma.m16n8k16" and "ldmatrix"); lane = 0..31,
  * g = lane / 4 (row group), c = lane % 4; each .b32 register holds two bf16, the lower
  * column (or k) index in the low half:
@@ -398,6 +409,67 @@ __device__ __forceinline__ void add_pair(bf16 *p, float a, float b) {
   *q = __floats2bfloat162_rn(old.x + a, old.y + b);
 }
 
+/* ---- span attention: the pair's geometry and the forward's merge -------------------------
+ * Span (the attention_span_* ops): the kernels' SPAN variants read their chunk sizes, batch
+ * strides and causal offset from here, tensors arriving offset to the chunks' first rows;
+ * key j is visible from query i iff j <= i + delta (delta = q_pos - kv_pos), and keys at
+ * or past tk are masked too (a chunk's keys end where the queries' diagonal need not). The
+ * monolithic variants (SPAN false) never read it, and their code is what it is without
+ * it: every use of these fields sits behind SPAN, or adds a delta that is 0 there. */
+struct Span {
+  int tq, tk;   /* query rows, key rows */
+  int sq, sk;   /* rows per batch of the tensors holding them */
+  int delta;    /* q_pos - kv_pos */
+  float *acc;   /* forward: the fp32 running output (B, sq, nh, HD) at the q chunk's row 0 */
+};
+
+/* The forward's SPAN epilogue: each row's (o, m, l) of this pair merged into the running
+ * state (acc, lse at the q chunk's row 0; kernels/ops.h gives the merge): lse' =
+ * log(e^lse + e^lp), acc' = acc e^(lse - lse') + (o / l) e^(lp - lse'), with lp = m sl2 +
+ * log2 l in base 2 converted as the monolithic kernel converts its lse. A row with no
+ * visible key (l = 0) keeps its state; an empty state (lse -inf) is not read, so the
+ * first pair writes o / l and lp as the monolithic kernel writes out and lse. The four
+ * lanes of a row group read the old lse before lane 0 writes the new one (__syncwarp). */
+template <int HD, int MT>
+__device__ __forceinline__ void fwd_merge(float *acc, float *lse, float (&o)[MT][HD / 8][4],
+                                          const float (&m)[MT][2], float (&l)[MT][2], int b,
+                                          int h, int nh, int w0, int tq, int sq, float sl2,
+                                          int gi, int ci) {
+  constexpr int DT = HD / 8;
+  const size_t lrow = ((size_t)b * nh + h) * sq;
+  float old[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 1);
+      l[mt][r] += __shfl_xor_sync(0xffffffffu, l[mt][r], 2);
+      const int row = w0 + mt * 16 + gi + r * 8;
+      old[mt][r] = row < tq ? lse[lrow + row] : -INFINITY;
+    }
+  __syncwarp();
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const int row = w0 + mt * 16 + gi + r * 8;
+      const float lr = l[mt][r], a_lse = old[mt][r];
+      if (row >= tq || !(lr > 0.0f)) continue;
+      const float lp = (m[mt][r] * sl2 + log2f(lr)) * kLn2;
+      float nl, wa, wb;
+      mp_attn_merge_weights(a_lse, lp, &nl, &wa, &wb);
+      const float inv = (1.0f / lr) * wb;
+      float *arow = acc + ((size_t)b * sq + row) * nh * HD + (size_t)h * HD + 2 * ci;
+#pragma unroll
+      for (int dt = 0; dt < DT; dt++) {
+        float2 *p = reinterpret_cast<float2 *>(arow + dt * 8);
+        const float2 a = a_lse != -INFINITY ? *p : make_float2(0.0f, 0.0f);
+        *p = make_float2(a.x * wa + o[mt][dt][2 * r] * inv, a.y * wa + o[mt][dt][2 * r + 1] * inv);
+      }
+      if (ci == 0) lse[lrow + row] = nl;
+    }
+}
+
 /* ---- forward ------------------------------------------------------------------------- */
 
 template <int HD, int CFG>
@@ -406,11 +478,11 @@ __host__ __device__ constexpr size_t fwd_smem_bytes() {
   return (size_t)(16 * C.mt * C.warps + 2 * C.stages * C.bn) * (HD + kPad) * sizeof(bf16);
 }
 
-template <int HD, int CFG>
+template <int HD, int CFG, bool SPAN>
 __global__ void __launch_bounds__(kFwdCfgs[CFG].warps * 32, kFwdCfgs[CFG].min_blocks)
     fa2_fwd_kernel(bf16 *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q,
                    const bf16 *__restrict__ k, const bf16 *__restrict__ v, int T, int nh, int nkv,
-                   float sl2) {
+                   float sl2, const Span sp) {
   constexpr FwdCfg C = kFwdCfgs[CFG];
   constexpr int MT = C.mt, WR = 16 * MT; /* 16-row blocks per warp, rows per warp */
   constexpr int BM = WR * C.warps, BN = C.bn, LD = HD + kPad, NTHR = C.warps * 32;
@@ -429,15 +501,17 @@ __global__ void __launch_bounds__(kFwdCfgs[CFG].warps * 32, kFwdCfgs[CFG].min_bl
   const int qt = (int)gridDim.x - 1 - (int)blockIdx.x; /* heavy (late) tiles first */
   const int h = blockIdx.y, b = blockIdx.z, g = h / (nh / nkv);
   const int q0 = qt * BM, w0 = q0 + warp * WR; /* first row of the block, of the warp */
+  const int Tq = SPAN ? sp.tq : T, Tk = SPAN ? sp.tk : T, delta = SPAN ? sp.delta : 0;
   const size_t qs = (size_t)nh * HD, ks = (size_t)nkv * HD;
-  const bf16 *qb = q + ((size_t)b * T * nh + h) * HD;
-  const bf16 *kb = k + ((size_t)b * T * nkv + g) * HD;
-  const bf16 *vb = v + ((size_t)b * T * nkv + g) * HD;
-  const int kv_end = min(T, q0 + BM), n_kv = (kv_end + BN - 1) / BN;
+  const bf16 *qb = q + ((size_t)b * (SPAN ? sp.sq : T) * nh + h) * HD;
+  const bf16 *kb = k + ((size_t)b * (SPAN ? sp.sk : T) * nkv + g) * HD;
+  const bf16 *vb = v + ((size_t)b * (SPAN ? sp.sk : T) * nkv + g) * HD;
+  const int kv_end = min(Tk, q0 + BM + delta), n_kv = (kv_end + BN - 1) / BN;
+  if (SPAN && kv_end <= 0) return; /* every key of the chunk after the block's queries */
 
-  load_rows<BM, HD, NTHR>(sQ, qb, qs, q0, T);
-  load_rows<BN, HD, NTHR>(sK, kb, ks, 0, T);
-  if constexpr (ST == 2) load_rows<BN, HD, NTHR>(sV, vb, ks, 0, T);
+  load_rows<BM, HD, NTHR>(sQ, qb, qs, q0, Tq);
+  load_rows<BN, HD, NTHR>(sK, kb, ks, 0, Tk);
+  if constexpr (ST == 2) load_rows<BN, HD, NTHR>(sV, vb, ks, 0, Tk);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -464,21 +538,21 @@ __global__ void __launch_bounds__(kFwdCfgs[CFG].warps * 32, kFwdCfgs[CFG].min_bl
     m[mt][0] = m[mt][1] = -INFINITY;
     l[mt][0] = l[mt][1] = 0.0f;
   }
-  const bool warp_live = w0 < T;
+  const bool warp_live = w0 < Tq;
 
   for (int n = 0; n < n_kv; n++) {
     const int k0 = n * BN, buf = ST == 2 ? (n & 1) : 0;
     const uint32_t kaddr = kaddr0 + buf * kTileBytes, vaddr = vaddr0 + buf * kTileBytes;
     if constexpr (ST == 1) {
-      load_rows<BN, HD, NTHR>(sV, vb, ks, k0, T); /* V(n) overlaps S = Q K(n)^T */
+      load_rows<BN, HD, NTHR>(sV, vb, ks, k0, Tk); /* V(n) overlaps S = Q K(n)^T */
       cp_async_commit();
     } else if (n + 1 < n_kv) { /* tile n+1 overlaps all of tile n */
-      load_rows<BN, HD, NTHR>(sK + (buf ^ 1) * kTileBytes, kb, ks, k0 + BN, T);
-      load_rows<BN, HD, NTHR>(sV + (buf ^ 1) * kTileBytes, vb, ks, k0 + BN, T);
+      load_rows<BN, HD, NTHR>(sK + (buf ^ 1) * kTileBytes, kb, ks, k0 + BN, Tk);
+      load_rows<BN, HD, NTHR>(sV + (buf ^ 1) * kTileBytes, vb, ks, k0 + BN, Tk);
       cp_async_commit();
     }
-    /* Some key of the tile is <= the warp's last row. */
-    const bool active = warp_live && k0 <= w0 + WR - 1;
+    /* Some key of the tile is visible from the warp's last row. */
+    const bool active = warp_live && k0 <= w0 + WR - 1 + delta;
     float s[MT][NT][4];
     if (active) {
 #pragma unroll
@@ -487,13 +561,14 @@ __global__ void __launch_bounds__(kFwdCfgs[CFG].warps * 32, kFwdCfgs[CFG].min_bl
 #pragma unroll
       for (int mt = 0; mt < MT; mt++) {
         const int r0 = w0 + mt * 16; /* first row of the 16-row block */
-        if (k0 + BN - 1 > r0) {      /* crosses the diagonal */
+        /* crosses the diagonal (or, for a chunk, its last key) */
+        if (k0 + BN - 1 > r0 + delta || (SPAN && k0 + BN > Tk)) {
 #pragma unroll
           for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
               const int col = k0 + nt * 8 + 2 * ci + (e & 1), row = r0 + gi + (e >> 1) * 8;
-              if (col > row) s[mt][nt][e] = -INFINITY;
+              if (col > row + delta || (SPAN && col >= Tk)) s[mt][nt][e] = -INFINITY;
             }
         }
         /* Online softmax; rows gi (e = 0, 1) and gi + 8 (e = 2, 3), each spread over the
@@ -541,7 +616,7 @@ __global__ void __launch_bounds__(kFwdCfgs[CFG].warps * 32, kFwdCfgs[CFG].min_bl
       cp_async_wait<0>(); /* V(n) has landed */
       __syncthreads();    /* ... for every thread, and no warp reads K(n) any more */
       if (n + 1 < n_kv) {
-        load_rows<BN, HD, NTHR>(sK, kb, ks, k0 + BN, T); /* K(n+1) overlaps O += P V(n) */
+        load_rows<BN, HD, NTHR>(sK, kb, ks, k0 + BN, Tk); /* K(n+1) overlaps O += P V(n) */
         cp_async_commit();
       }
     }
@@ -551,6 +626,10 @@ __global__ void __launch_bounds__(kFwdCfgs[CFG].warps * 32, kFwdCfgs[CFG].min_bl
   }
 
   if (!warp_live) return;
+  if constexpr (SPAN) {
+    fwd_merge<HD, MT>(sp.acc, lse, o, m, l, b, h, nh, w0, Tq, sp.sq, sl2, gi, ci);
+    return;
+  }
   bf16 *ob = out + ((size_t)b * T * nh + h) * HD;
 #pragma unroll
   for (int mt = 0; mt < MT; mt++) {
@@ -617,13 +696,13 @@ __host__ __device__ constexpr size_t dkdv_smem_bytes() {
  * all), computes on buffer it % ST, then waits until at most ST-2 groups are pending
  * (tile it+1 has landed) and syncs (every thread's part of it is visible, and buffer
  * it % ST is free). */
-template <int HD, int CFG>
+template <int HD, int CFG, bool SPAN>
 __global__ void __launch_bounds__(kDkdvCfgs[CFG].warps * 32, kDkdvCfgs[CFG].min_blocks)
     fa2_bwd_dkdv_kernel(bf16 *__restrict__ dk, bf16 *__restrict__ dv,
                         const bf16 *__restrict__ dout, const bf16 *__restrict__ q,
                         const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                         const float *__restrict__ lse, const float *__restrict__ D, int T, int nh,
-                        int nkv, float sl2, float scale) {
+                        int nkv, float sl2, float scale, const Span sp) {
   constexpr DkdvCfg C = kDkdvCfgs[CFG];
   constexpr int BN = 16 * C.warps, BM = C.bm, LD = HD + kPad, NTHR = C.warps * 32;
   constexpr int KC = HD / 16, DT = HD / 8, NQ = BM / 8, ST = C.stages;
@@ -642,24 +721,29 @@ __global__ void __launch_bounds__(kDkdvCfgs[CFG].warps * 32, kDkdvCfgs[CFG].min_
   const int gi = lane >> 2, ci = lane & 3;
   const int kt = blockIdx.x, g = blockIdx.y, b = blockIdx.z, grp = nh / nkv;
   const int k0 = kt * BN, w0 = k0 + warp * 16;
+  const int Tq = SPAN ? sp.tq : T, Tk = SPAN ? sp.tk : T, Sq = SPAN ? sp.sq : T;
+  const int delta = SPAN ? sp.delta : 0;
   const size_t qs = (size_t)nh * HD, ks = (size_t)nkv * HD;
-  const bf16 *kb = k + ((size_t)b * T * nkv + g) * HD;
-  const bf16 *vb = v + ((size_t)b * T * nkv + g) * HD;
-  /* Query tiles that see this key tile: from the one holding query k0 to the end. */
-  const int qt0 = k0 / BM, per_h = (T + BM - 1) / BM - qt0, n_it = grp * per_h;
+  const bf16 *kb = k + ((size_t)b * (SPAN ? sp.sk : T) * nkv + g) * HD;
+  const bf16 *vb = v + ((size_t)b * (SPAN ? sp.sk : T) * nkv + g) * HD;
+  /* Query tiles that see this key tile: from the one holding query k0 - delta (the first
+   * that sees key k0) to the end. */
+  const int qt0 = (SPAN ? max(0, k0 - delta) : k0) / BM, per_h = (Tq + BM - 1) / BM - qt0;
+  const int n_it = grp * per_h;
+  if (SPAN && per_h <= 0) return; /* every query of the chunk before the tile's keys */
 
-  load_rows<BN, HD, NTHR>(sK, kb, ks, k0, T);
-  load_rows<BN, HD, NTHR>(sV, vb, ks, k0, T);
+  load_rows<BN, HD, NTHR>(sK, kb, ks, k0, Tk);
+  load_rows<BN, HD, NTHR>(sV, vb, ks, k0, Tk);
   /* Iteration `it` covers query head g*grp + it/per_h, query tile qt0 + it%per_h. */
   auto load_iter = [&](int it, int buf) {
     const int h = g * grp + it / per_h, i0 = (qt0 + it % per_h) * BM;
-    const size_t head = ((size_t)b * T * nh + h) * HD;
-    load_rows<BM, HD, NTHR>(sQ + buf * kTileBytes, q + head, qs, i0, T);
-    load_rows<BM, HD, NTHR>(sO + buf * kTileBytes, dout + head, qs, i0, T);
+    const size_t head = ((size_t)b * Sq * nh + h) * HD;
+    load_rows<BM, HD, NTHR>(sQ + buf * kTileBytes, q + head, qs, i0, Tq);
+    load_rows<BM, HD, NTHR>(sO + buf * kTileBytes, dout + head, qs, i0, Tq);
     const int tid = (int)threadIdx.x;
     if (tid < BM) {
-      const size_t lrow = ((size_t)b * nh + h) * T;
-      const bool ok = i0 + tid < T;
+      const size_t lrow = ((size_t)b * nh + h) * Sq;
+      const bool ok = i0 + tid < Tq;
       cp_async4(smem_u32(Ls + buf * BM + tid), ok ? lse + lrow + i0 + tid : lse, ok);
       cp_async4(smem_u32(Ds + buf * BM + tid), ok ? D + lrow + i0 + tid : D, ok);
     }
@@ -675,7 +759,7 @@ __global__ void __launch_bounds__(kDkdvCfgs[CFG].warps * 32, kDkdvCfgs[CFG].min_
   float dka[DT][4], dva[DT][4];
   zero(dka);
   zero(dva);
-  const bool warp_live = w0 < T;
+  const bool warp_live = w0 < Tk;
   const uint32_t ka = at<LD>(sK, warp * 16, 0) + off_a<LD>(lane);
   const uint32_t va = at<LD>(sV, warp * 16, 0) + off_a<LD>(lane);
 
@@ -685,19 +769,23 @@ __global__ void __launch_bounds__(kDkdvCfgs[CFG].warps * 32, kDkdvCfgs[CFG].min_
       load_iter(it + ST - 1, ST == 2 ? buf ^ 1 : (it + ST - 1) % ST);
     if (ST > 2 || it + ST - 1 < n_it) cp_async_commit(); /* ST = 2: wait<0> needs none */
     const int i0 = (qt0 + it % per_h) * BM;
-    /* Some query of the tile is >= the warp's first key. */
-    if (warp_live && i0 + BM - 1 >= w0) {
+    /* Some query of the tile sees the warp's first key. */
+    if (warp_live && i0 + BM - 1 + delta >= w0) {
       const uint32_t qa = sQ + buf * kTileBytes, oa = sO + buf * kTileBytes;
       const float *Lb = Ls + buf * BM, *Db = Ds + buf * BM;
       /* S^T = K Q^T: rows are this warp's keys, columns the tile's queries. */
       float s[NQ][4];
       zero(s);
       gemm_abt_smem<LD, KC, NQ>(s, ka, qa + off_bnk<LD>(lane));
-      const bool need_mask = i0 < w0 + 15 || i0 + BM > T;
+      const bool need_mask = i0 + delta < w0 + 15 || i0 + BM > Tq;
 #pragma unroll
       for (int nt = 0; nt < NQ; nt++) {
         const float2 L = *reinterpret_cast<const float2 *>(Lb + nt * 8 + 2 * ci);
-        const float l0 = L.x * kLog2e, l1 = L.y * kLog2e;
+        float l0 = L.x * kLog2e, l1 = L.y * kLog2e;
+        if (SPAN) { /* an empty row (lse -inf): p = 2^(s - inf) = 0 */
+          l0 = L.x == -INFINITY ? INFINITY : l0;
+          l1 = L.y == -INFINITY ? INFINITY : l1;
+        }
         s[nt][0] = fast_exp2(fmaf(s[nt][0], sl2, -l0));
         s[nt][1] = fast_exp2(fmaf(s[nt][1], sl2, -l1));
         s[nt][2] = fast_exp2(fmaf(s[nt][2], sl2, -l0));
@@ -706,7 +794,7 @@ __global__ void __launch_bounds__(kDkdvCfgs[CFG].warps * 32, kDkdvCfgs[CFG].min_
 #pragma unroll
           for (int e = 0; e < 4; e++) {
             const int col = i0 + nt * 8 + 2 * ci + (e & 1), row = w0 + gi + (e >> 1) * 8;
-            if (col < row || col >= T) s[nt][e] = 0.0f;
+            if (col < row - delta || col >= Tq) s[nt][e] = 0.0f;
           }
         }
       }
@@ -732,11 +820,12 @@ __global__ void __launch_bounds__(kDkdvCfgs[CFG].warps * 32, kDkdvCfgs[CFG].min_
   }
 
   if (!warp_live) return;
-  bf16 *dkb = dk + ((size_t)b * T * nkv + g) * HD, *dvb = dv + ((size_t)b * T * nkv + g) * HD;
+  const size_t kvo = ((size_t)b * (SPAN ? sp.sk : T) * nkv + g) * HD;
+  bf16 *dkb = dk + kvo, *dvb = dv + kvo;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = w0 + gi + r * 8;
-    if (row >= T) continue;
+    if (row >= Tk) continue;
     const size_t off = (size_t)row * ks + 2 * ci;
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) {
@@ -754,13 +843,13 @@ __host__ __device__ constexpr size_t dq_smem_bytes() {
   return (size_t)(2 * 16 * C.warps + 2 * C.stages * C.bn) * (HD + kPad) * sizeof(bf16);
 }
 
-template <int HD, int CFG>
+template <int HD, int CFG, bool SPAN>
 __global__ void __launch_bounds__(kDqCfgs[CFG].warps * 32, kDqCfgs[CFG].min_blocks)
     fa2_bwd_dq_kernel(bf16 *__restrict__ dq, const bf16 *__restrict__ dout,
                       const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                       const bf16 *__restrict__ v, const float *__restrict__ lse,
                       const float *__restrict__ D, int T, int nh, int nkv, float sl2,
-                      float scale) {
+                      float scale, const Span sp) {
   constexpr DqCfg C = kDqCfgs[CFG];
   constexpr int BM = 16 * C.warps, BN = C.bn, LD = HD + kPad, NTHR = C.warps * 32;
   constexpr int KC = HD / 16, DT = HD / 8, NT = BN / 8, ST = C.stages;
@@ -777,33 +866,38 @@ __global__ void __launch_bounds__(kDqCfgs[CFG].warps * 32, kDqCfgs[CFG].min_bloc
   const int qt = (int)gridDim.x - 1 - (int)blockIdx.x; /* heavy (late) tiles first */
   const int h = blockIdx.y, b = blockIdx.z, g = h / (nh / nkv);
   const int q0 = qt * BM, w0 = q0 + warp * 16;
+  const int Tq = SPAN ? sp.tq : T, Tk = SPAN ? sp.tk : T, Sq = SPAN ? sp.sq : T;
+  const int delta = SPAN ? sp.delta : 0;
   const size_t qs = (size_t)nh * HD, ks = (size_t)nkv * HD;
-  const size_t head = ((size_t)b * T * nh + h) * HD;
-  const bf16 *kb = k + ((size_t)b * T * nkv + g) * HD;
-  const bf16 *vb = v + ((size_t)b * T * nkv + g) * HD;
-  const int kv_end = min(T, q0 + BM), n_kv = (kv_end + BN - 1) / BN;
+  const size_t head = ((size_t)b * Sq * nh + h) * HD;
+  const bf16 *kb = k + ((size_t)b * (SPAN ? sp.sk : T) * nkv + g) * HD;
+  const bf16 *vb = v + ((size_t)b * (SPAN ? sp.sk : T) * nkv + g) * HD;
+  const int kv_end = min(Tk, q0 + BM + delta), n_kv = (kv_end + BN - 1) / BN;
+  if (SPAN && kv_end <= 0) return; /* every key of the chunk after the block's queries */
 
   /* Ring pipeline as in dkdv; Q and dO ride in the first group. */
-  load_rows<BM, HD, NTHR>(sQ, q + head, qs, q0, T);
-  load_rows<BM, HD, NTHR>(sO, dout + head, qs, q0, T);
+  load_rows<BM, HD, NTHR>(sQ, q + head, qs, q0, Tq);
+  load_rows<BM, HD, NTHR>(sO, dout + head, qs, q0, Tq);
 #pragma unroll
   for (int s = 0; s < ST - 1; s++) {
     if (s == 0 || s < n_kv) { /* n_kv >= 1 */
-      load_rows<BN, HD, NTHR>(sK + s * kTileBytes, kb, ks, s * BN, T);
-      load_rows<BN, HD, NTHR>(sV + s * kTileBytes, vb, ks, s * BN, T);
+      load_rows<BN, HD, NTHR>(sK + s * kTileBytes, kb, ks, s * BN, Tk);
+      load_rows<BN, HD, NTHR>(sV + s * kTileBytes, vb, ks, s * BN, Tk);
     }
     cp_async_commit();
   }
 
-  /* This lane's rows w0 + gi and w0 + gi + 8: lse (base 2) and D; 0 past T (such rows
-   * are computed on zero inputs and never stored). */
-  const size_t lrow = ((size_t)b * nh + h) * T;
+  /* This lane's rows w0 + gi and w0 + gi + 8: lse (base 2) and D; 0 past the chunk (such
+   * rows are computed on zero inputs and never stored); +inf for an empty row of a span
+   * (lse -inf), whose p = 2^(s - inf) is then 0. */
+  const size_t lrow = ((size_t)b * nh + h) * Sq;
   float L[2], Dr[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = w0 + gi + r * 8;
-    L[r] = row < T ? lse[lrow + row] * kLog2e : 0.0f;
-    Dr[r] = row < T ? D[lrow + row] : 0.0f;
+    L[r] = row < Tq ? lse[lrow + row] * kLog2e : 0.0f;
+    if (SPAN && L[r] == -INFINITY) L[r] = INFINITY;
+    Dr[r] = row < Tq ? D[lrow + row] : 0.0f;
   }
   cp_async_wait<ST - 2>(); /* Q, dO and K / V tile 0 have landed (ring pipeline above) */
   __syncthreads();
@@ -822,17 +916,17 @@ __global__ void __launch_bounds__(kDqCfgs[CFG].warps * 32, kDqCfgs[CFG].min_bloc
   }
   float dqa[DT][4];
   zero(dqa);
-  const bool warp_live = w0 < T;
+  const bool warp_live = w0 < Tq;
 
   for (int n = 0; n < n_kv; n++) {
     const int buf = ST == 2 ? n & 1 : n % ST, k0 = n * BN;
     if (n + ST - 1 < n_kv) {
       const int nb = ST == 2 ? buf ^ 1 : (n + ST - 1) % ST, k1 = k0 + (ST - 1) * BN;
-      load_rows<BN, HD, NTHR>(sK + nb * kTileBytes, kb, ks, k1, T);
-      load_rows<BN, HD, NTHR>(sV + nb * kTileBytes, vb, ks, k1, T);
+      load_rows<BN, HD, NTHR>(sK + nb * kTileBytes, kb, ks, k1, Tk);
+      load_rows<BN, HD, NTHR>(sV + nb * kTileBytes, vb, ks, k1, Tk);
     }
     if (ST > 2 || n + ST - 1 < n_kv) cp_async_commit(); /* ST = 2: wait<0> needs none */
-    if (warp_live && k0 <= w0 + 15) {
+    if (warp_live && k0 <= w0 + 15 + delta) {
       const uint32_t kt = sK + buf * kTileBytes, vt = sV + buf * kTileBytes;
       float s[NT][4], dp[NT][4];
       zero(s);
@@ -842,7 +936,7 @@ __global__ void __launch_bounds__(kDqCfgs[CFG].warps * 32, kDqCfgs[CFG].min_bloc
       else
         gemm_abt_smem<LD, KC, NT>(s, qa, kt + off_bnk<LD>(lane));
       gemm_abt_reg<LD, KC, NT>(dp, of, vt + off_bnk<LD>(lane));
-      const bool need_mask = k0 + BN - 1 > w0;
+      const bool need_mask = k0 + BN - 1 > w0 + delta || (SPAN && k0 + BN > Tk);
       /* dS = P (dP - D), P = exp2(S sl2 - lse2), into s. */
 #pragma unroll
       for (int nt = 0; nt < NT; nt++)
@@ -850,7 +944,9 @@ __global__ void __launch_bounds__(kDqCfgs[CFG].warps * 32, kDqCfgs[CFG].min_bloc
         for (int e = 0; e < 4; e++) {
           const int r = e >> 1;
           float p = fast_exp2(fmaf(s[nt][e], sl2, -L[r]));
-          if (need_mask && k0 + nt * 8 + 2 * ci + (e & 1) > w0 + gi + r * 8) p = 0.0f;
+          if (need_mask && (k0 + nt * 8 + 2 * ci + (e & 1) > w0 + gi + r * 8 + delta ||
+                            (SPAN && k0 + nt * 8 + 2 * ci + (e & 1) >= Tk)))
+            p = 0.0f;
           s[nt][e] = p * (dp[nt][e] - Dr[r]);
         }
       /* dQ += dS K (scale applied at the end). */
@@ -865,7 +961,7 @@ __global__ void __launch_bounds__(kDqCfgs[CFG].warps * 32, kDqCfgs[CFG].min_bloc
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = w0 + gi + r * 8;
-    if (row >= T) continue;
+    if (row >= Tq) continue;
     bf16 *drow = dqb + (size_t)row * qs + 2 * ci;
 #pragma unroll
     for (int dt = 0; dt < DT; dt++)
@@ -956,20 +1052,20 @@ mp_status set_smem(mp_kctx *kc, Kernel *kernel, size_t bytes, int which, int cfg
  * launchers and mp_cuda_attention_fa2_config_info read one place. */
 template <int HD, int CFG>
 struct FwdKernel {
-  static constexpr auto fn = fa2_fwd_kernel<HD, CFG>;
+  static constexpr auto fn = fa2_fwd_kernel<HD, CFG, false>;
   static constexpr size_t smem = fwd_smem_bytes<HD, CFG>();
   static constexpr int threads = kFwdCfgs[CFG].warps * 32,
                        rows = 16 * kFwdCfgs[CFG].mt * kFwdCfgs[CFG].warps;
 };
 template <int HD, int CFG>
 struct DkdvKernel {
-  static constexpr auto fn = fa2_bwd_dkdv_kernel<HD, CFG>;
+  static constexpr auto fn = fa2_bwd_dkdv_kernel<HD, CFG, false>;
   static constexpr size_t smem = dkdv_smem_bytes<HD, CFG>();
   static constexpr int threads = kDkdvCfgs[CFG].warps * 32, rows = 16 * kDkdvCfgs[CFG].warps;
 };
 template <int HD, int CFG>
 struct DqKernel {
-  static constexpr auto fn = fa2_bwd_dq_kernel<HD, CFG>;
+  static constexpr auto fn = fa2_bwd_dq_kernel<HD, CFG, false>;
   static constexpr size_t smem = dq_smem_bytes<HD, CFG>();
   static constexpr int threads = kDqCfgs[CFG].warps * 32, rows = 16 * kDqCfgs[CFG].warps;
 };
@@ -983,15 +1079,20 @@ mp_status dispatch(int cfg, Args... args) {
   return F<HD, CFG>::run(args...);
 }
 
+/* The launchers: sp NULL runs the monolithic kernel on T rows, else the SPAN variant on
+ * the chunks sp describes (tensors already offset to their first rows; T unused). The
+ * grid covers the query rows (fwd, dq) or the key rows (dkdv). */
 template <int HD, int CFG>
 struct LaunchFwd {
   static mp_status run(mp_kctx *kc, bf16 *out, float *lse, const bf16 *q, const bf16 *k,
-                       const bf16 *v, int B, int T, int nh, int nkv) {
+                       const bf16 *v, int B, int T, int nh, int nkv, const Span *sp) {
     using K = FwdKernel<HD, CFG>;
-    MP_CHECK(set_smem(kc, K::fn, K::smem, MP_FA2_FWD, CFG));
-    dim3 grid((unsigned)((T + K::rows - 1) / K::rows), (unsigned)nh, (unsigned)B);
-    fa2_fwd_kernel<HD, CFG><<<grid, K::threads, K::smem, mp_cuda_impl_of(kc)->stream>>>(
-        out, lse, q, k, v, T, nh, nkv, kLog2e / sqrtf((float)HD));
+    const auto fn = sp ? fa2_fwd_kernel<HD, CFG, true> : K::fn;
+    MP_CHECK(set_smem(kc, fn, K::smem, MP_FA2_FWD, CFG));
+    const int rows = sp ? sp->tq : T;
+    dim3 grid((unsigned)((rows + K::rows - 1) / K::rows), (unsigned)nh, (unsigned)B);
+    fn<<<grid, K::threads, K::smem, mp_cuda_impl_of(kc)->stream>>>(
+        out, lse, q, k, v, T, nh, nkv, kLog2e / sqrtf((float)HD), sp ? *sp : Span{});
     MP_CUDA_LAUNCH_CHECK(kc);
     return MP_OK;
   }
@@ -1001,13 +1102,15 @@ template <int HD, int CFG>
 struct LaunchDkdv {
   static mp_status run(mp_kctx *kc, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                        const bf16 *k, const bf16 *v, const float *lse, const float *D, int B,
-                       int T, int nh, int nkv) {
+                       int T, int nh, int nkv, const Span *sp) {
     using K = DkdvKernel<HD, CFG>;
-    MP_CHECK(set_smem(kc, K::fn, K::smem, MP_FA2_DKDV, CFG));
+    const auto fn = sp ? fa2_bwd_dkdv_kernel<HD, CFG, true> : K::fn;
+    MP_CHECK(set_smem(kc, fn, K::smem, MP_FA2_DKDV, CFG));
     const float scale = 1.0f / sqrtf((float)HD), sl2 = kLog2e * scale;
-    dim3 grid((unsigned)((T + K::rows - 1) / K::rows), (unsigned)nkv, (unsigned)B);
-    fa2_bwd_dkdv_kernel<HD, CFG><<<grid, K::threads, K::smem, mp_cuda_impl_of(kc)->stream>>>(
-        dk, dv, dout, q, k, v, lse, D, T, nh, nkv, sl2, scale);
+    const int rows = sp ? sp->tk : T;
+    dim3 grid((unsigned)((rows + K::rows - 1) / K::rows), (unsigned)nkv, (unsigned)B);
+    fn<<<grid, K::threads, K::smem, mp_cuda_impl_of(kc)->stream>>>(
+        dk, dv, dout, q, k, v, lse, D, T, nh, nkv, sl2, scale, sp ? *sp : Span{});
     MP_CUDA_LAUNCH_CHECK(kc);
     return MP_OK;
   }
@@ -1017,13 +1120,15 @@ template <int HD, int CFG>
 struct LaunchDq {
   static mp_status run(mp_kctx *kc, bf16 *dq, const bf16 *dout, const bf16 *q, const bf16 *k,
                        const bf16 *v, const float *lse, const float *D, int B, int T, int nh,
-                       int nkv) {
+                       int nkv, const Span *sp) {
     using K = DqKernel<HD, CFG>;
-    MP_CHECK(set_smem(kc, K::fn, K::smem, MP_FA2_DQ, CFG));
+    const auto fn = sp ? fa2_bwd_dq_kernel<HD, CFG, true> : K::fn;
+    MP_CHECK(set_smem(kc, fn, K::smem, MP_FA2_DQ, CFG));
     const float scale = 1.0f / sqrtf((float)HD), sl2 = kLog2e * scale;
-    dim3 grid((unsigned)((T + K::rows - 1) / K::rows), (unsigned)nh, (unsigned)B);
-    fa2_bwd_dq_kernel<HD, CFG><<<grid, K::threads, K::smem, mp_cuda_impl_of(kc)->stream>>>(
-        dq, dout, q, k, v, lse, D, T, nh, nkv, sl2, scale);
+    const int rows = sp ? sp->tq : T;
+    dim3 grid((unsigned)((rows + K::rows - 1) / K::rows), (unsigned)nh, (unsigned)B);
+    fn<<<grid, K::threads, K::smem, mp_cuda_impl_of(kc)->stream>>>(
+        dq, dout, q, k, v, lse, D, T, nh, nkv, sl2, scale, sp ? *sp : Span{});
     MP_CUDA_LAUNCH_CHECK(kc);
     return MP_OK;
   }
@@ -1031,10 +1136,24 @@ struct LaunchDq {
 
 template <int HD>
 mp_status launch_fwd(mp_kctx *kc, bf16 *out, float *lse, const bf16 *q, const bf16 *k,
-                     const bf16 *v, int B, int T, int nh, int nkv) {
+                     const bf16 *v, int B, int T, int nh, int nkv, const Span *sp) {
   int cfg = 0;
   MP_CHECK(choose_config(kc, MP_FA2_FWD, HD, &cfg));
-  return dispatch<LaunchFwd, HD, kNumFwdCfgs>(cfg, kc, out, lse, q, k, v, B, T, nh, nkv);
+  return dispatch<LaunchFwd, HD, kNumFwdCfgs>(cfg, kc, out, lse, q, k, v, B, T, nh, nkv, sp);
+}
+
+/* The span backward: dK/dV then dQ of one pair, D given (span_dot). */
+template <int HD>
+mp_status launch_span_bwd(mp_kctx *kc, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout,
+                          const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
+                          const float *D, int B, int nh, int nkv, const Span *sp) {
+  int cfg_kv = 0, cfg_q = 0;
+  MP_CHECK(choose_config(kc, MP_FA2_DKDV, HD, &cfg_kv));
+  MP_CHECK(choose_config(kc, MP_FA2_DQ, HD, &cfg_q));
+  MP_CHECK((dispatch<LaunchDkdv, HD, kNumDkdvCfgs>(cfg_kv, kc, dk, dv, dout, q, k, v, lse, D, B,
+                                                     0, nh, nkv, sp)));
+  return dispatch<LaunchDq, HD, kNumDqCfgs>(cfg_q, kc, dq, dout, q, k, v, lse, D, B, 0, nh, nkv,
+                                            sp);
 }
 
 template <int HD>
@@ -1055,12 +1174,13 @@ mp_status launch_bwd(mp_kctx *kc, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout
                          st>>>(D, dout, out, T, nh, HD, n_rows);
     MP_CUDA_LAUNCH_CHECK(kc);
   }
+  const Span *mono = NULL;
   if (!mask || (mask & (1u << MP_FA2_DKDV)))
     MP_CHECK((dispatch<LaunchDkdv, HD, kNumDkdvCfgs>(cfg_kv, kc, dk, dv, dout, q, k, v, lse, D,
-                                                       B, T, nh, nkv)));
+                                                       B, T, nh, nkv, mono)));
   if (!mask || (mask & (1u << MP_FA2_DQ)))
     MP_CHECK((dispatch<LaunchDq, HD, kNumDqCfgs>(cfg_q, kc, dq, dout, q, k, v, lse, D, B, T,
-                                                   nh, nkv)));
+                                                   nh, nkv, mono)));
   return MP_OK;
 }
 
@@ -1119,11 +1239,12 @@ mp_status mp_cuda_attention_fa2_forward(mp_kctx *kc, void *out, float *lse, cons
                                         int nkv, int hd) {
   bf16 *O = (bf16 *)out;
   const bf16 *Q = (const bf16 *)q, *K = (const bf16 *)k, *V = (const bf16 *)v;
+  const Span *mono = NULL;
   switch (hd) {
-    case 32: return launch_fwd<32>(kc, O, lse, Q, K, V, B, T, nh, nkv);
-    case 64: return launch_fwd<64>(kc, O, lse, Q, K, V, B, T, nh, nkv);
-    case 96: return launch_fwd<96>(kc, O, lse, Q, K, V, B, T, nh, nkv);
-    case 128: return launch_fwd<128>(kc, O, lse, Q, K, V, B, T, nh, nkv);
+    case 32: return launch_fwd<32>(kc, O, lse, Q, K, V, B, T, nh, nkv, mono);
+    case 64: return launch_fwd<64>(kc, O, lse, Q, K, V, B, T, nh, nkv, mono);
+    case 96: return launch_fwd<96>(kc, O, lse, Q, K, V, B, T, nh, nkv, mono);
+    case 128: return launch_fwd<128>(kc, O, lse, Q, K, V, B, T, nh, nkv, mono);
   }
   return mp_error(kc->err, MP_ERR_INTERNAL, "attention_forward: tensor-core kernel called "
                   "with head dim %d; attention.cu must check mp_cuda_attention_fa2_supports",
@@ -1146,6 +1267,73 @@ mp_status mp_cuda_attention_fa2_backward(mp_kctx *kc, void *dq, void *dk, void *
   return mp_error(kc->err, MP_ERR_INTERNAL, "attention_backward: tensor-core kernel called "
                   "with head dim %d; attention.cu must check mp_cuda_attention_fa2_supports",
                   hd);
+}
+
+namespace {
+
+/* The kernels' view of sp: chunk sizes, batch strides, delta = q_pos - kv_pos. */
+Span span_of(const mp_attn_span *sp, float *acc) {
+  Span s;
+  s.tq = sp->Tq;
+  s.tk = sp->Tk;
+  s.sq = sp->Sq;
+  s.sk = sp->Sk;
+  s.delta = (int)((long long)sp->q_pos - sp->kv_pos);
+  s.acc = acc;
+  return s;
+}
+
+}  // namespace
+
+mp_status mp_cuda_attention_fa2_span_forward(mp_kctx *kc, float *acc, float *lse, const void *q,
+                                             const void *k, const void *v,
+                                             const mp_attn_span *sp) {
+  const size_t qo = (size_t)sp->q_row * sp->nh * sp->hd, ko = (size_t)sp->kv_row * sp->nkv * sp->hd;
+  const Span s = span_of(sp, acc + qo);
+  const bf16 *Q = (const bf16 *)q + qo, *K = (const bf16 *)k + ko, *V = (const bf16 *)v + ko;
+  float *L = lse + sp->q_row;
+  const int B = sp->B, nh = sp->nh, nkv = sp->nkv;
+  switch (sp->hd) {
+    case 32: return launch_fwd<32>(kc, NULL, L, Q, K, V, B, 0, nh, nkv, &s);
+    case 64: return launch_fwd<64>(kc, NULL, L, Q, K, V, B, 0, nh, nkv, &s);
+    case 96: return launch_fwd<96>(kc, NULL, L, Q, K, V, B, 0, nh, nkv, &s);
+    case 128: return launch_fwd<128>(kc, NULL, L, Q, K, V, B, 0, nh, nkv, &s);
+  }
+  return mp_error(kc->err, MP_ERR_INTERNAL, "attention_span_forward: tensor-core kernel "
+                  "called with head dim %d; attention.cu must check "
+                  "mp_cuda_attention_fa2_supports", sp->hd);
+}
+
+mp_status mp_cuda_attention_fa2_span_backward(mp_kctx *kc, void *dq, void *dk, void *dv,
+                                              const void *dout, const void *q, const void *k,
+                                              const void *v, const float *lse, const float *D,
+                                              const mp_attn_span *sp) {
+  const size_t qo = (size_t)sp->q_row * sp->nh * sp->hd, ko = (size_t)sp->kv_row * sp->nkv * sp->hd;
+  const Span s = span_of(sp, NULL);
+  bf16 *dQ = (bf16 *)dq + qo, *dK = (bf16 *)dk + ko, *dV = (bf16 *)dv + ko;
+  const bf16 *dO = (const bf16 *)dout + qo, *Q = (const bf16 *)q + qo, *K = (const bf16 *)k + ko,
+             *V = (const bf16 *)v + ko;
+  const float *L = lse + sp->q_row, *Dq = D + sp->q_row;
+  const int B = sp->B, nh = sp->nh, nkv = sp->nkv;
+  switch (sp->hd) {
+    case 32: return launch_span_bwd<32>(kc, dQ, dK, dV, dO, Q, K, V, L, Dq, B, nh, nkv, &s);
+    case 64: return launch_span_bwd<64>(kc, dQ, dK, dV, dO, Q, K, V, L, Dq, B, nh, nkv, &s);
+    case 96: return launch_span_bwd<96>(kc, dQ, dK, dV, dO, Q, K, V, L, Dq, B, nh, nkv, &s);
+    case 128: return launch_span_bwd<128>(kc, dQ, dK, dV, dO, Q, K, V, L, Dq, B, nh, nkv, &s);
+  }
+  return mp_error(kc->err, MP_ERR_INTERNAL, "attention_span_backward: tensor-core kernel "
+                  "called with head dim %d; attention.cu must check "
+                  "mp_cuda_attention_fa2_supports", sp->hd);
+}
+
+mp_status mp_cuda_attention_dot(mp_kctx *kc, float *D, const void *dout, const void *out, int B,
+                                int S, int nh, int hd) {
+  const size_t n_rows = (size_t)B * S * nh;
+  fa2_bwd_dot_kernel<<<(unsigned)((n_rows + kDotWarps - 1) / kDotWarps), kDotWarps * 32, 0,
+                       mp_cuda_impl_of(kc)->stream>>>(D, (const bf16 *)dout, (const bf16 *)out, S,
+                                                      nh, hd, n_rows);
+  MP_CUDA_LAUNCH_CHECK(kc);
+  return MP_OK;
 }
 
 /* ---- tuning hooks (C linkage; cuda_internal.h) ----------------------------------------- */

@@ -80,6 +80,20 @@ mp_status mp_cuda_attention_fa2_backward(mp_kctx *kc, void *dq, void *dk, void *
                                          const void *dout, const void *q, const void *k,
                                          const void *v, const void *out, const float *lse,
                                          int B, int T, int nh, int nkv, int hd);
+/* The span ops on the tensor-core kernels (attention.cu checks the arguments, that the
+ * pair is active and that supports(hd) holds with 16-byte aligned chunk rows); pointers
+ * are the whole tensors, the chunks' rows found from sp. */
+mp_status mp_cuda_attention_fa2_span_forward(mp_kctx *kc, float *acc, float *lse, const void *q,
+                                             const void *k, const void *v,
+                                             const mp_attn_span *sp);
+mp_status mp_cuda_attention_fa2_span_backward(mp_kctx *kc, void *dq, void *dk, void *dv,
+                                              const void *dout, const void *q, const void *k,
+                                              const void *v, const float *lse, const float *D,
+                                              const mp_attn_span *sp);
+/* D (B, nh, S) = rowsum(dout * out) over (B, S, nh, hd) X tensors, any even hd, 4-byte
+ * aligned (the tensor-core backward's dot kernel). */
+mp_status mp_cuda_attention_dot(mp_kctx *kc, float *D, const void *dout, const void *out, int B,
+                                int S, int nh, int hd);
 /* cuBLASLt lifecycle: called from backend init/shutdown (creates lt, workspace, cache). */
 mp_status mp_cuda_gemm_init(mp_kctx *kc);
 void mp_cuda_gemm_shutdown(mp_kctx *kc);

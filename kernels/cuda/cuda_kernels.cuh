@@ -212,4 +212,23 @@ __device__ __forceinline__ void mp_amax_commit(float *const *slots, const uint32
   }
 }
 
+/* The online-softmax merge of attention's running state (kernels/ops.h, attention_span_*):
+ * a row's old lse and a pair's lse lp (natural units) give the new lse *nl and the weights
+ * of the old mean (*wa) and of the pair's mean (*wb). With e = e^-|old - lp|, *nl =
+ * max + log1p(e) and the weights are 1 / (1 + e) for the larger lse and e / (1 + e) for
+ * the other (one exp and one log1p). An empty old state (lse -inf) gives lp, 0 and 1
+ * exactly, so a first pair is written as it is. */
+__device__ __forceinline__ void mp_attn_merge_weights(float old, float lp, float *nl, float *wa,
+                                                      float *wb) {
+  *nl = lp;
+  *wa = 0.0f;
+  *wb = 1.0f;
+  if (old != -INFINITY) {
+    const float e = expf(-fabsf(old - lp)), big = 1.0f / (1.0f + e);
+    *nl = fmaxf(old, lp) + log1pf(e);
+    *wa = old >= lp ? big : e * big;
+    *wb = old >= lp ? e * big : big;
+  }
+}
+
 #endif

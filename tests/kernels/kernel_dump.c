@@ -176,6 +176,47 @@ int main(int argc, char **argv) {
     PUTF("attention.dk", dk, B, T, nkv, hd);
     PUTF("attention.dv", dv, B, T, nkv, hd);
   }
+  { /* span attention: query chunks and kv chunks inside longer tensors, merged in turn.
+     * q (B, Sq=9): chunk Q1 rows 2..7 at positions 10..15, chunk Q0 rows 0..1 at 0..1, row
+     * 8 in no chunk. k, v (B, Sk=11): chunk A rows 0..4 at positions 3..7 (before every
+     * query of Q1), chunk B rows 5..10 at 12..17 (crossing Q1's diagonal), and chunk C,
+     * rows 0..4 again at 16..20 (after every query of Q1: a pair that does nothing). Q0
+     * sees no key of A or B: its rows and row 8 stay empty. */
+    int B = 2, Sq = 9, Sk = 11, nh = 4, nkv = 2, hd = 5;
+    enum { NPAIRS = 5 };
+    /* q_row, Tq, q_pos, kv_row, Tk, kv_pos */
+    int32_t pairs[NPAIRS][6] = {{2, 6, 10, 0, 5, 3}, {2, 6, 10, 5, 6, 12}, {2, 6, 10, 0, 5, 16},
+                                {0, 2, 0, 0, 5, 3}, {0, 2, 0, 5, 6, 12}};
+    size_t nq = (size_t)B * Sq * nh * hd, nk = (size_t)B * Sk * nkv * hd, nl = (size_t)B * nh * Sq;
+    float *q = fvec(nq, -1.5f, 1.5f), *k = fvec(nk, -1.5f, 1.5f), *v = fvec(nk, -1, 1),
+          *dout = fvec(nq, -1, 1);
+    float *acc = zeros(nq), *lse = zeros(nl), *out = zeros(nq), *D = zeros(nl), *dq = zeros(nq),
+          *dk = zeros(nk), *dv = zeros(nk);
+    CHECK(be->attention_span_init(&kc, lse, nl));
+    for (int i = 0; i < NPAIRS; i++) {
+      mp_attn_span sp = {B, nh, nkv, hd, Sq, pairs[i][0], pairs[i][1], pairs[i][2],
+                         Sk, pairs[i][3], pairs[i][4], pairs[i][5]};
+      CHECK(be->attention_span_forward(&kc, acc, lse, q, k, v, &sp));
+    }
+    CHECK(be->attention_span_finalize(&kc, out, acc, lse, B, Sq, nh, hd));
+    CHECK(be->attention_span_dot(&kc, D, dout, out, B, Sq, nh, hd));
+    for (int i = 0; i < NPAIRS; i++) {
+      mp_attn_span sp = {B, nh, nkv, hd, Sq, pairs[i][0], pairs[i][1], pairs[i][2],
+                         Sk, pairs[i][3], pairs[i][4], pairs[i][5]};
+      CHECK(be->attention_span_backward(&kc, dq, dk, dv, dout, q, k, v, lse, D, &sp));
+    }
+    PUTI("span.pairs", pairs, NPAIRS, 6, 0, 0);
+    PUTF("span.q", q, B, Sq, nh, hd);
+    PUTF("span.k", k, B, Sk, nkv, hd);
+    PUTF("span.v", v, B, Sk, nkv, hd);
+    PUTF("span.dout", dout, B, Sq, nh, hd);
+    PUTF("span.out", out, B, Sq, nh, hd);
+    PUTF("span.lse", lse, B, nh, Sq, 0);
+    PUTF("span.D", D, B, nh, Sq, 0);
+    PUTF("span.dq", dq, B, Sq, nh, hd);
+    PUTF("span.dk", dk, B, Sk, nkv, hd);
+    PUTF("span.dv", dv, B, Sk, nkv, hd);
+  }
   { /* gelu and swiglu */
     int N = 3, H = 17;
     size_t n = (size_t)N * H;

@@ -39,17 +39,8 @@ using mp_test::Rng;
 using mp_test::bf;
 using mp_test::rand_bf16;
 
-// ||got - want|| / ||norm_of||; infinity when got holds a NaN/inf (poison left behind).
-double rel_err(const Vec &got, const Vec &want, const Vec &norm_of) {
-  double e = 0, n = 0;
-  for (size_t i = 0; i < got.size(); i++) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    e += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
-    n += (double)norm_of[i] * norm_of[i];
-  }
-  return std::sqrt(e / (n > 0 ? n : 1));
-}
-double rel_l2(const Vec &got, const Vec &ref) { return rel_err(got, ref, ref); }
+using mp_test::rel_err;
+using mp_test::rel_l2;
 
 struct Shape {
   int B, T, nh, nkv, hd;

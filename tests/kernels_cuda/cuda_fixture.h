@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -18,6 +19,25 @@
 #endif
 
 namespace mp_test {
+
+// ||got - want|| / ||norm_of|| (L2 over the tensor); infinity when got holds a NaN or inf
+// (poison left behind) or the sizes differ.
+inline double rel_err(const std::vector<float> &got, const std::vector<float> &want,
+                      const std::vector<float> &norm_of) {
+  if (got.size() != want.size() || got.size() != norm_of.size()) return INFINITY;
+  double e = 0, n = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    e += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+    n += (double)norm_of[i] * norm_of[i];
+  }
+  return std::sqrt(e / (n > 0 ? n : 1));
+}
+
+// Relative L2 error of got against ref.
+inline double rel_l2(const std::vector<float> &got, const std::vector<float> &ref) {
+  return rel_err(got, ref, ref);
+}
 
 class CudaVsCpu : public ::testing::Test {
  protected:

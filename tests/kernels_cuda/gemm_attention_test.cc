@@ -54,16 +54,7 @@ using mp_test::Rng;
 using mp_test::bf;
 using mp_test::rand_bf16;
 
-// Relative L2 error; infinity when a NaN/inf is present (poison left behind).
-double rel_l2(const Vec &got, const Vec &ref) {
-  double e = 0, n = 0;
-  for (size_t i = 0; i < got.size(); i++) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    e += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
-    n += (double)ref[i] * ref[i];
-  }
-  return std::sqrt(e / (n > 0 ? n : 1));
-}
+using mp_test::rel_l2;
 
 class GemmAttention : public mp_test::CudaVsCpu {};
 

@@ -8,7 +8,7 @@ torch.autograd in float64 from the same fp32 inputs, and compares.
 Tolerances: |got - want| <= atol + rtol * |want|, with rtol = 1e-5 everywhere (the design's
 fp32 target). atol absorbs fp32 rounding of sums near zero and is set per op from the
 length of the sums involved: ~1e-6 for short reductions (norms, softmax rows, elementwise),
-1e-5 for attention and cross-entropy rows, 5e-5 for the 263-long matmul dot products
+1e-5 for attention (monolithic, and the span ops' chunks merged in turn) and cross-entropy rows, 5e-5 for the 263-long matmul dot products
 (fp32 accumulation error ~ sqrt(K) * eps * sum|terms|). Exact ops (embedding lookup,
 permutation indices, top-k indices) must match exactly.
 
@@ -70,12 +70,21 @@ class Checker:
         return float(self.d[name].reshape(-1)[0])
 
     def close(self, name, want, rtol=1e-5, atol=1e-6):
-        got = self.d[name].astype(np.float64)
+        self.close_values(name, self.d[name], want, rtol, atol)
+
+    def close_values(self, label, got, want, rtol=1e-5, atol=1e-6):
+        got = np.asarray(got).astype(np.float64)
         want = want.detach().numpy() if torch.is_tensor(want) else np.asarray(want)
         err = np.abs(got - want) - (atol + rtol * np.abs(want))
         ok = got.shape == want.shape and bool(np.all(err <= 0))
-        worst = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("nan")
-        print(f"{'ok  ' if ok else 'FAIL'} {name:24s} max|diff| {worst:.3e}")
+        worst = float(np.max(np.abs(got - want), initial=0.0)) if got.shape == want.shape else float("nan")
+        print(f"{'ok  ' if ok else 'FAIL'} {label:24s} max|diff| {worst:.3e}")
+        self.passed += ok
+        self.failed += not ok
+
+    def truth(self, label, ok):
+        ok = bool(ok)
+        print(f"{'ok  ' if ok else 'FAIL'} {label:24s}")
         self.passed += ok
         self.failed += not ok
 
@@ -159,6 +168,37 @@ def main():
     c.close("attention.dq", q.grad, atol=1e-5)
     c.close("attention.dk", k.grad, atol=1e-5)
     c.close("attention.dv", v.grad, atol=1e-5)
+
+    # span attention: the pairs run in the dump (q_row, Tq, q_pos, kv_row, Tk, kv_pos)
+    # define which (query row, key row) are visible; the merged result must be attention
+    # over exactly those keys. Rows that see no key: output 0, lse -inf, no gradient.
+    q, k, v = c.t("span.q", True), c.t("span.k", True), c.t("span.v", True)
+    B, Sq, nh, hd = q.shape
+    Sk, rep = k.shape[1], nh // k.shape[2]
+    vis = torch.zeros(Sq, Sk, dtype=torch.bool)
+    for q_row, tq, q_pos, kv_row, tk, kv_pos in d["span.pairs"].tolist():
+        i = torch.arange(tq).view(-1, 1)
+        j = torch.arange(tk).view(1, -1)
+        vis[q_row:q_row + tq, kv_row:kv_row + tk] |= kv_pos + j <= q_pos + i
+    seen = vis.any(-1)
+    qh = q.transpose(1, 2)
+    kh = k.transpose(1, 2).repeat_interleave(rep, dim=1)
+    vh = v.transpose(1, 2).repeat_interleave(rep, dim=1)
+    s = (qh @ kh.transpose(-1, -2) / math.sqrt(hd)).masked_fill(~vis, float("-inf"))
+    s = s.masked_fill(~seen.view(-1, 1), 0.0)  # rows with no key: finite, weighted by 0
+    p = torch.softmax(s, dim=-1) * seen.view(-1, 1)
+    lse = torch.logsumexp(s, dim=-1).masked_fill(~seen, float("-inf"))
+    out = (p @ vh).transpose(1, 2)
+    dout = c.t("span.dout")
+    (out * dout).sum().backward()
+    c.close("span.out", out, atol=1e-5)
+    fin = seen.numpy()
+    c.truth("span.lse -inf iff empty", np.all(np.isneginf(d["span.lse"]) == ~fin))
+    c.close_values("span.lse", d["span.lse"][:, :, fin], lse.detach().numpy()[:, :, fin], atol=1e-5)
+    c.close("span.D", (out * dout).sum(-1).transpose(1, 2), atol=1e-5)
+    c.close("span.dq", q.grad, atol=1e-5)
+    c.close("span.dk", k.grad, atol=1e-5)
+    c.close("span.dv", v.grad, atol=1e-5)
 
     # gelu (tanh) and swiglu
     x = c.t("gelu.x", True)

@@ -20,7 +20,9 @@ mp_status Noop(mp_kctx *, A...) {
 #define ACCT_NOOPS(X)                                                                                        \
   X(synchronize) X(to_device_f32) X(from_device_f32) X(x_from_f32) X(x_to_f32) X(embedding_forward)          \
   X(embedding_backward) X(layernorm_forward) X(layernorm_backward) X(rmsnorm_forward) X(rmsnorm_backward)    \
-  X(rope_forward) X(rope_backward) X(attention_forward) X(attention_backward) X(gelu_forward)                \
+  X(rope_forward) X(rope_backward) X(attention_forward) X(attention_backward) X(attention_span_init)        \
+  X(attention_span_forward) X(attention_span_finalize) X(attention_span_dot) X(attention_span_backward)      \
+  X(gelu_forward)                                                                                            \
   X(gelu_backward) X(swiglu_forward) X(swiglu_backward) X(matmul_forward) X(matmul_backward)                 \
   X(router_forward) X(router_backward) X(router_aux_loss_forward) X(router_aux_loss_backward) X(moe_plan)    \
   X(permute_forward) X(permute_backward) X(unpermute_forward) X(unpermute_backward)                          \
