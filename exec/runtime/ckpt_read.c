@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/file.h"
 #include "common/json.h"
 #include "exec/runtime/ckpt_internal.h"
 
@@ -185,8 +186,8 @@ static mp_status chunk_load(mp_ctx *ctx, box_reader *br, const mp_ckpt_tensor *t
   if (br->fds[s->file] < 0) {
     char p[MP_CKPT_PATH_MAX + 300];
     snprintf(p, sizeof p, "%s/%s", m->dir, m->files[s->file]);
-    br->fds[s->file] = open(p, O_RDONLY | O_CLOEXEC);
-    if (br->fds[s->file] < 0) return mp_error(ctx, MP_ERR_IO, "%s: cannot open: %s", p, strerror(errno));
+    int64_t size = 0;
+    MP_CHECK(mp_file_open_input(ctx, p, &br->fds[s->file], &size)); /* regular files only */
   }
   const int64_t o = k * m->chunk_bytes, n = shard_bytes - o < m->chunk_bytes ? shard_bytes - o : m->chunk_bytes;
   int64_t got = 0;

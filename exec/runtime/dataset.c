@@ -1,5 +1,6 @@
 /* Token shards by glob, sequences, shuffled order, per-rank batches (see dataset.h). */
 #define _GNU_SOURCE
+#include "common/file.h"
 #include "exec/runtime/dataset.h"
 
 #include <errno.h>
@@ -36,14 +37,15 @@ struct mp_dataset {
 /* ---- shards ------------------------------------------------------------------------------ */
 
 static mp_status map_shard(mp_ctx *ctx, const char *path, source *s) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return mp_error(ctx, MP_ERR_NOT_FOUND, "%s: cannot open token shard: %s", path, strerror(errno));
-  struct stat sb;
-  if (fstat(fd, &sb) != 0 || sb.st_size < MP_SHARD_HEADER_INTS * 4) {
+  /* a regular file only: a FIFO or a device named by --data is refused, never waited on */
+  int fd = -1;
+  int64_t size = 0;
+  MP_CHECK(mp_file_open_input(ctx, path, &fd, &size));
+  if (size < MP_SHARD_HEADER_INTS * 4) {
     close(fd);
     return mp_error(ctx, MP_ERR_INVALID, "%s: too short for a token shard (a header of 256 int32)", path);
   }
-  s->map_len = (size_t)sb.st_size;
+  s->map_len = (size_t)size;
   s->map = mmap(NULL, s->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
   if (s->map == MAP_FAILED) {

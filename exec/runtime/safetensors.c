@@ -1,6 +1,7 @@
 /* safetensors reader and writer (see safetensors.h). The host is little-endian (x86-64,
  * aarch64), as the format's data. */
 #define _GNU_SOURCE
+#include "common/file.h"
 #include "exec/runtime/safetensors.h"
 
 #include <errno.h>
@@ -36,14 +37,14 @@ static const int k_dtype_bytes[] = {4, 2, 2};
 static mp_status map_file(mp_ctx *ctx, const char *path, st_file *f) {
   f->path = strdup(path);
   MP_CHECK_ALLOC(ctx, f->path);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return mp_error(ctx, MP_ERR_NOT_FOUND, "%s: cannot open: %s", path, strerror(errno));
-  struct stat sb;
-  if (fstat(fd, &sb) != 0 || sb.st_size < 8) {
+  int fd = -1;
+  int64_t size = 0;
+  MP_CHECK(mp_file_open_input(ctx, path, &fd, &size)); /* regular files only */
+  if (size < 8) {
     close(fd);
     return mp_error(ctx, MP_ERR_INVALID, "%s: too short for a safetensors file (an 8-byte header length)", path);
   }
-  f->len = (size_t)sb.st_size;
+  f->len = (size_t)size;
   void *m = mmap(NULL, f->len, PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
   if (m == MAP_FAILED) return mp_error(ctx, MP_ERR_IO, "%s: cannot map: %s", path, strerror(errno));

@@ -108,7 +108,7 @@ row 2 "$d/other_app.db is not a meshplan database or is corrupt" train --model t
 # doubled prefixes ("meshplan plan: meshplan plan: --seq '0' ...")
 row 2 "--seq '0': expected an integer in 1..16777216" plan --no-db --seq 0
 row 2 "--top '-1': expected an integer in 0..2147483647" report --top -1
-row 2 "--steps '0': expected an integer in 1..16777216" train --steps 0
+row 2 "--steps '-1': expected an integer in 0..16777216" train --steps -1
 row 2 "--rank '-1': expected an integer in 0..1048575" explain --rank -1
 row 2 "--reps '0': expected an integer in 1..10000" calibrate --reps 0 --db "$d/cal.db"
 row 2 "give --cluster or --gpus, not both" simulate --cluster h100-8 --gpus 8

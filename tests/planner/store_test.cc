@@ -414,12 +414,16 @@ TEST(StoreIdentity, TamperedMeshplanFilesAreRefused) {
 }
 
 // A database of an older version (here: version 1, whose plans(run_id, rank) index is not
-// partial) and one from before the header was stamped (application_id and user_version 0)
-// are meshplan's: migrated and stamped, their runs kept.
+// partial and which has none of version 3's training columns) and one from before the
+// header was stamped (application_id and user_version 0) are meshplan's: migrated and
+// stamped, their runs kept.
 TEST(StoreIdentity, OlderAndUnstampedDatabasesMigrate) {
   std::string path = made_db("v1.db", 1);
   exec_on(path,
-          "DROP INDEX plans_run_rank; CREATE INDEX plans_run_rank ON plans(run_id, rank);"
+          "DROP INDEX measurements_plan_step; ALTER TABLE runs DROP COLUMN train_status;"
+          " ALTER TABLE measurements DROP COLUMN eval_loss; ALTER TABLE measurements DROP COLUMN lr;"
+          " ALTER TABLE measurements DROP COLUMN grad_norm;"
+          " DROP INDEX plans_run_rank; CREATE INDEX plans_run_rank ON plans(run_id, rank);"
           " UPDATE schema_version SET version=1; PRAGMA user_version=0; PRAGMA application_id=0");
   mp_ctx ctx;
   mp_ctx_init(&ctx);

@@ -64,7 +64,8 @@ TEST(TrainStore, Version2MigratesWithItsRows) {
   ASSERT_EQ(sqlite3_exec(db,
                          "DROP INDEX measurements_plan_step; ALTER TABLE runs DROP COLUMN train_status;"
                          "ALTER TABLE measurements DROP COLUMN eval_loss; ALTER TABLE measurements DROP COLUMN lr;"
-                         "ALTER TABLE measurements DROP COLUMN grad_norm; UPDATE schema_version SET version=2",
+                         "ALTER TABLE measurements DROP COLUMN grad_norm; UPDATE schema_version SET version=2;"
+                         "PRAGMA user_version=2",
                          nullptr, nullptr, nullptr),
             SQLITE_OK)
       << sqlite3_errmsg(db);
