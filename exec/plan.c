@@ -64,24 +64,70 @@ const char *mp_module_name(mp_module m) {
   return (unsigned)m < MP_MOD_COUNT ? k_module_names[m] : "?";
 }
 
+static const char *const k_ac_names[MP_AC_COUNT] = {
+    [MP_AC_NONE] = "none",
+    [MP_AC_SELECTIVE] = "selective",
+    [MP_AC_SELECTIVE_OP] = "selective-op",
+    [MP_AC_SELECTIVE_CORE] = "selective-core",
+    [MP_AC_FULL] = "full",
+};
+
 const char *mp_ac_mode_name(mp_ac_mode m) {
-  switch (m) {
-    case MP_AC_NONE: return "none";
-    case MP_AC_SELECTIVE: return "selective";
-    case MP_AC_FULL: return "full";
+  return (unsigned)m < MP_AC_COUNT ? k_ac_names[m] : "?";
+}
+
+void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap) {
+  if (m == MP_AC_FULL && every > 1) snprintf(buf, cap, "full:%d", every);
+  else snprintf(buf, cap, "%s", mp_ac_mode_name(m));
+}
+
+mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every) {
+  *every = 1;
+  for (int m = 0; s && m < MP_AC_COUNT; m++)
+    if (strcmp(s, k_ac_names[m]) == 0) {
+      *out = (mp_ac_mode)m;
+      return MP_OK;
+    }
+  if (s && strncmp(s, "full:", 5) == 0) {
+    char *end = NULL;
+    long n = strtol(s + 5, &end, 10);
+    if (end != s + 5 && *end == '\0' && n >= 1 && n <= MP_MAX_LAYERS) {
+      *out = MP_AC_FULL;
+      *every = (int)n;
+      return MP_OK;
+    }
   }
-  return "?";
+  return mp_error(ctx, MP_ERR_INVALID,
+                  "unknown activation checkpointing policy '%s'; choose none, selective (the "
+                  "attention module), selective-op (torchtitan's op-level), selective-core "
+                  "(Megatron's core attention), full, or full:N (every N-th block)",
+                  s ? s : "(null)");
 }
 
 mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out) {
-  if (s && strcmp(s, "none") == 0) *out = MP_AC_NONE;
-  else if (s && strcmp(s, "selective") == 0) *out = MP_AC_SELECTIVE;
-  else if (s && strcmp(s, "full") == 0) *out = MP_AC_FULL;
-  else
+  int every = 1;
+  MP_CHECK(mp_ac_parse(ctx, s, out, &every));
+  if (every > 1)
     return mp_error(ctx, MP_ERR_INVALID,
-                    "unknown activation checkpointing mode '%s'; choose none, selective or full",
-                    s ? s : "(null)");
+                    "'%s': full AC on every N-th block is not taken here; give the policy alone",
+                    s);
   return MP_OK;
+}
+
+mp_ac_mode mp_plan_layer_ac(const mp_plan_options *o, int64_t layer) {
+  if (o->ac == MP_AC_FULL && o->ac_every > 1 && (layer + 1) % o->ac_every != 0) return MP_AC_NONE;
+  return o->ac;
+}
+
+const char *mp_mem_model_name(mp_mem_model m) {
+  switch (m) {
+    case MP_MEM_MODEL_TORCHTITAN: return "torchtitan";
+    case MP_MEM_MODEL_MESHPLAN_CPU: return "meshplan-cpu";
+    case MP_MEM_MODEL_MESHPLAN_CUDA: return "meshplan-cuda";
+    case MP_MEM_MODEL_MEGATRON: return "megatron";
+    case MP_MEM_MODEL_COUNT: break;
+  }
+  return "?";
 }
 
 const char *mp_tp_style_name(mp_tp_style s) {
@@ -158,6 +204,10 @@ void mp_plan_options_init(mp_plan_options *o) {
   o->fp8 = 0;
   o->fp8_opts.all_gather = 0;
   o->ac = MP_AC_NONE;
+  o->ac_every = 1;
+  o->sp = -1; /* resolved by mp_plan_create: on with tp > 1 where the runtime runs it */
+  o->attn = MP_ATTN_FLASH;
+  o->loss = MP_LOSS_EAGER;
   o->fsdp.reshard_after_forward = 1;
   o->fsdp.per_block = 0;
   o->fsdp.param_dtype = MP_DTYPE_BF16;
@@ -311,6 +361,46 @@ static mp_status validate_model(mp_ctx *ctx, const mp_model *m) {
   return MP_OK;
 }
 
+/* The options' own rules and those of the memory model (the runtime a plan is for). */
+static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o) {
+  if ((unsigned)o->ac >= MP_AC_COUNT || o->ac_every < 0 || o->ac_every > MP_MAX_LAYERS)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "unknown activation checkpointing policy %d (every %d); choose none, "
+                    "selective, selective-op, selective-core, full or full:N",
+                    (int)o->ac, o->ac_every);
+  if ((unsigned)o->mem_model >= MP_MEM_MODEL_COUNT)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown memory model %d; choose torchtitan, "
+                    "meshplan-cpu, meshplan-cuda or megatron", (int)o->mem_model);
+  if ((unsigned)o->attn > MP_ATTN_MATERIALIZED || (unsigned)o->loss > MP_LOSS_INPLACE ||
+      o->sp < -1 || o->sp > 1)
+    return mp_error(ctx, MP_ERR_INVALID, "attention kind %d, loss kind %d or sp=%d out of range",
+                    (int)o->attn, (int)o->loss, o->sp);
+  if (!mp_mem_model_is_runtime(o->mem_model)) return MP_OK;
+  /* The meshplan runtime executes what its memory models describe, nothing more. */
+  const char *mm = mp_mem_model_name(o->mem_model);
+  if (o->sp == 1 && mesh->size[MP_DIM_TP] > 1)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "sequence parallelism: the meshplan runtime (%s) runs tp=%d with replicated "
+                    "activations and all-reduces, not SP's all-gathers and reduce-scatters; use "
+                    "--no-sp",
+                    mm, mesh->size[MP_DIM_TP]);
+  if (o->ac == MP_AC_SELECTIVE || o->ac == MP_AC_SELECTIVE_OP || (o->ac == MP_AC_FULL && o->ac_every > 1)) {
+    char ac[32];
+    mp_ac_format(o->ac, o->ac_every, ac, sizeof ac);
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "AC %s: the meshplan runtime (%s) recomputes the attention core "
+                    "(selective-core) or whole blocks (full) only; choose none, selective-core or "
+                    "full",
+                    ac, mm);
+  }
+  if (o->attn != MP_ATTN_FLASH)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "the meshplan runtime (%s) runs flash-style attention only; materialized "
+                    "attention scores are Megatron-LM's",
+                    mm);
+  return MP_OK;
+}
+
 /* The model x mesh x options rules (the model itself already validated). */
 static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                                const mp_plan_options *o) {
@@ -362,7 +452,7 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
     return mp_error(ctx, MP_ERR_INVALID, "seq and global_batch must not be negative");
   if (o->pp_virtual < 1)
     return mp_error(ctx, MP_ERR_INVALID, "pp_virtual=%d must be at least 1", o->pp_virtual);
-  return MP_OK;
+  return validate_options(ctx, mesh, o);
 }
 
 /* The plan header: copies, resolved defaults, checks that need the resolved seq. The plan
@@ -385,6 +475,10 @@ static mp_status plan_init(mp_ctx *ctx, mp_arena *arena, const mp_model *m, cons
   if (p->opts.global_batch == 0)
     p->opts.global_batch = p->opts.micro_batch * mesh->size[MP_DIM_DP_REPLICATE] *
                            mesh->size[MP_DIM_DP_SHARD];
+  /* SP is the TP form torchtitan and Megatron-LM run; the meshplan runtime does not */
+  if (p->opts.sp < 0) p->opts.sp = !mp_mem_model_is_runtime(p->opts.mem_model);
+  if (mesh->size[MP_DIM_TP] == 1) p->opts.sp = 0;
+  if (p->opts.ac_every < 1 || p->opts.ac != MP_AC_FULL) p->opts.ac_every = 1;
   p->vocab_padded = m->vocab;
   p->ac = MP_AC_NONE;
   int pp = mesh->size[MP_DIM_PP];
@@ -565,15 +659,13 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->fsdp.per_block != b->fsdp.per_block || opts->fsdp.param_dtype != b->fsdp.param_dtype ||
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
       opts->pp_virtual != b->pp_virtual || seq != b->seq || opts->master_dtype != b->master_dtype ||
-      opts->mem_model != b->mem_model)
+      opts->mem_model != b->mem_model || opts->attn != b->attn || opts->loss != b->loss ||
+      (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,
                     "mp_plan_derive: options differ from the base plan's in more than "
                     "micro_batch, ac, reshard_after_forward and global_batch; build the plan "
                     "instead");
   MP_CHECK(validate_mesh(ctx, &base->model, &base->mesh, opts));
-  if ((unsigned)opts->ac > MP_AC_FULL)
-    return mp_error(ctx, MP_ERR_INVALID, "unknown activation checkpointing mode %d; choose none, "
-                                         "selective or full", (int)opts->ac);
   mp_plan *p = mp_arena_alloc_raw(arena, sizeof *p);
   if (p == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory deriving a plan");
   *p = *base;
@@ -582,13 +674,15 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
   /* the options as plan_init and the passes leave them */
   p->opts = *opts;
   p->opts.seq = seq;
+  p->opts.sp = b->sp;
+  if (p->opts.ac_every < 1 || p->opts.ac != MP_AC_FULL) p->opts.ac_every = 1;
   if (p->opts.global_batch == 0)
     p->opts.global_batch = p->opts.micro_batch * base->mesh.size[MP_DIM_DP_REPLICATE] *
                            base->mesh.size[MP_DIM_DP_SHARD];
   p->ac = opts->ac;
   /* Notes in pass order: the base's up to Float8, then AC's and FSDP's for the new
    * options (the base's own when unchanged, which also keeps a dropped-notes marker). */
-  if (opts->ac != base->opts.ac ||
+  if (opts->ac != base->opts.ac || p->opts.ac_every != b->ac_every ||
       opts->fsdp.reshard_after_forward != base->opts.fsdp.reshard_after_forward) {
     if (base->n_notes >= (int)(sizeof base->notes / sizeof base->notes[0]) - 1)
       return mp_error(ctx, MP_ERR_INVALID,
@@ -603,7 +697,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       }
       p->notes[p->n_notes++] = base->notes[i];
     }
-    mp_plan_note_ac(p, opts->ac);
+    mp_plan_note_ac(p, &p->opts);
     if (opts->fsdp.reshard_after_forward == base->opts.fsdp.reshard_after_forward && fsdp_note)
       p->notes[p->n_notes++] = fsdp_note;
     else

@@ -26,6 +26,7 @@
 #ifndef MP_EXEC_PLAN_H
 #define MP_EXEC_PLAN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/arena.h"
@@ -93,7 +94,45 @@ typedef enum mp_tp_style {
   MP_TP_VOCAB,     /* embedding rows split over tp (vocab-parallel) */
 } mp_tp_style;
 
-typedef enum mp_ac_mode { MP_AC_NONE = 0, MP_AC_SELECTIVE, MP_AC_FULL } mp_ac_mode;
+/* Activation checkpointing policies, by the names the stacks that run them use (the saved
+ * tensors of each, derived per op, are in exec/schedule_act.c):
+ *   NONE            every tensor autograd saves is kept
+ *   SELECTIVE       the Attention module recomputed in backward, its input saved (KempnerForge
+ *                   wraps `attention` in a checkpoint)
+ *   SELECTIVE_OP    torchtitan's op-level SAC (selective_ac_option "op"): the outputs of the ops
+ *                   in its save list (matmuls, attention, reduce-scatters) kept except every
+ *                   second matmul of a block; everything else recomputed
+ *   SELECTIVE_CORE  Megatron-LM's selective recompute (Korthikanti et al. 2022): the core
+ *                   attention (QK^T, softmax, attention x V) recomputed from the saved q, k, v
+ *   FULL            each block recomputed from its saved input; with ac_every = N > 1 only
+ *                   every N-th block (torchtitan's integer selective_ac_option) */
+typedef enum mp_ac_mode {
+  MP_AC_NONE = 0,
+  MP_AC_SELECTIVE,
+  MP_AC_SELECTIVE_OP,
+  MP_AC_SELECTIVE_CORE,
+  MP_AC_FULL,
+  MP_AC_COUNT
+} mp_ac_mode;
+
+/* How the attention core runs: FLASH (FlashAttention: causal blocks skipped, the per-head
+ * log-sum-exp saved instead of the score matrix) or MATERIALIZED (Megatron-LM's fused
+ * scale-mask-softmax between two batched GEMMs: the full s x s scores computed and, with
+ * attention dropout, their softmax, mask and dropout output saved). Set from the stack
+ * profile (sim/stack.h, key "attention"). */
+typedef enum mp_attn_impl { MP_ATTN_FLASH = 0, MP_ATTN_MATERIALIZED } mp_attn_impl;
+
+/* How the cross-entropy runs on the [T, V] logits, which decides the head's memory (the
+ * largest tensors of a step). Set from the stack profile (key "loss"):
+ *   EAGER    PyTorch eager as torchtitan calls it, cross_entropy(pred.float(), labels): the
+ *            bf16 logits, their fp32 copy and log_softmax's fp32 output (saved) live at once;
+ *            backward makes nll's fp32 gradient and log_softmax's fp32 input gradient, then
+ *            the bf16 cast
+ *   FUSED    one kernel (torch.compile's Inductor, llm.c's fused classifier): the bf16 logits
+ *            and an fp32 log-sum-exp per token kept, the bf16 gradient written directly
+ *   INPLACE  Megatron-LM's vocab-parallel cross-entropy: one fp32 copy of the logits turned
+ *            into the softmax in place (saved) and into the gradient in place in backward */
+typedef enum mp_loss_impl { MP_LOSS_EAGER = 0, MP_LOSS_FUSED, MP_LOSS_INPLACE } mp_loss_impl;
 
 typedef struct mp_param {
   const char *fqn;    /* "layers.3.attention.q_proj.weight" */
@@ -161,12 +200,25 @@ typedef enum mp_pp_schedule { MP_PP_1F1B = 0, MP_PP_INTERLEAVED, MP_PP_GPIPE } m
  *                 tensors, a resident bf16 compute copy of every parameter that is not
  *                 FSDP-sharded, units gathered in bf16, float8 GEMMs on real codes, and
  *                 NCCL's overlap (the next unit's gather prefetched, reduce-scatters
- *                 finished one unit later) */
+ *                 finished one unit later)
+ *   MEGATRON      Megatron-LM (Shoeybi et al. 2019, Narayanan et al. 2021, Korthikanti et
+ *                 al. 2022): fp16/bf16 model parameters beside fp32 main gradients and
+ *                 fp32 master weights and Adam state, data parallelism by all-reduce of
+ *                 gradient buckets (no FSDP), the saved activations Korthikanti et al.
+ *                 count (dropout masks for GPT models, the attention scores unless the
+ *                 stack runs flash attention) */
 typedef enum mp_mem_model {
   MP_MEM_MODEL_TORCHTITAN = 0,
   MP_MEM_MODEL_MESHPLAN_CPU,
-  MP_MEM_MODEL_MESHPLAN_CUDA
+  MP_MEM_MODEL_MESHPLAN_CUDA,
+  MP_MEM_MODEL_MEGATRON,
+  MP_MEM_MODEL_COUNT
 } mp_mem_model;
+
+/* The meshplan runtime's own memory models (exec/runtime/ executes the plan). */
+static inline int mp_mem_model_is_runtime(mp_mem_model m) {
+  return m == MP_MEM_MODEL_MESHPLAN_CPU || m == MP_MEM_MODEL_MESHPLAN_CUDA;
+}
 
 /* What mp_build_plan needs besides the model and mesh. Defaults: mp_plan_options_init. */
 typedef struct mp_plan_options {
@@ -174,6 +226,15 @@ typedef struct mp_plan_options {
   int fp8;
   mp_float8_options fp8_opts;
   mp_ac_mode ac;
+  int ac_every;          /* FULL: recompute every ac_every-th block only (blocks l with
+                            (l + 1) % ac_every == 0, torchtitan's count); 0 or 1: every block */
+  int sp;                /* sequence parallelism with tp (Korthikanti et al. 2022): norms,
+                            residuals and dropout on [T/tp, H], all-gather before and
+                            reduce-scatter after each TP region. 1 on, 0 off (the all-reduce
+                            form), -1 (default): on when tp > 1 under a memory model whose
+                            runtime runs it (torchtitan, megatron), resolved by mp_plan_create */
+  mp_attn_impl attn;     /* the attention kernel (default FLASH) */
+  mp_loss_impl loss;     /* the cross-entropy's implementation (default EAGER) */
   mp_fsdp_options fsdp;
   mp_pp_schedule pp_schedule;
   int pp_virtual;        /* virtual stages per rank for interleaved (>= 1) */
@@ -324,13 +385,27 @@ void mp_plan_mark_applied(mp_plan *p, unsigned bit);
  * slot then saying so. */
 void mp_plan_note(mp_plan *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The notes mp_apply_ac and mp_apply_fsdp record (mp_plan_derive writes them too). */
-void mp_plan_note_ac(mp_plan *p, mp_ac_mode mode);
+void mp_plan_note_ac(mp_plan *p, const mp_plan_options *o);
 void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o);
 /* Pipeline stage of a rank (its pp coordinate). */
 int mp_plan_rank_stage(const mp_plan *p, int rank);
 
+/* "none", "selective", "selective-op", "selective-core", "full". */
 const char *mp_ac_mode_name(mp_ac_mode m);
+/* The policy with its block frequency: "full:4" for FULL every 4th block, else the mode's
+ * name. */
+void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap);
+/* Parses a policy name, or "full:N" (N >= 1; full:1 is full) into *out and *every (1 for
+ * every block). MP_ERR_INVALID naming the choices otherwise. */
+mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every);
+/* mp_ac_parse without the block frequency: "full:N" with N > 1 is refused. */
 mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out);
+/* The policy block `layer` runs under the plan's options: FULL with ac_every N > 1 applies to
+ * blocks l with (l + 1) % N == 0 (torchtitan counts its wrapped blocks from 1), the others
+ * save everything (NONE). */
+mp_ac_mode mp_plan_layer_ac(const mp_plan_options *o, int64_t layer);
+/* "torchtitan", "meshplan-cpu", "meshplan-cuda", "megatron". */
+const char *mp_mem_model_name(mp_mem_model m);
 const char *mp_tp_style_name(mp_tp_style s);
 const char *mp_module_name(mp_module m); /* "attention.q_proj" */
 /* The block activation a dense block's Linear reads, as the float8 runtimes share and keep

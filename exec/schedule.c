@@ -3,8 +3,9 @@
  * blocks, head and loss), backward in reverse, optimizer.
  *
  * The builder's files:
- *   schedule.c          the builder's steps, the block segments, the torchtitan model's
- *                       saved activations
+ *   schedule.c          the builder's steps, the block segments
+ *   schedule_act.c      what a block saves under each AC policy, its recompute (the
+ *                       torchtitan model)
  *   schedule_prep.c     what the builder reads from a plan once (shapes, FSDP units, runs
  *                       of identical blocks)
  *   schedule_ops.c      emission primitives, GEMMs and Linears, a block's and the head's
@@ -32,79 +33,12 @@
  * describe is the memory of the runtime that executes the plan. MP_MEM_MODEL_TORCHTITAN
  * (PyTorch FSDP2 under torchtitan; the GPU stacks, validated against published figures) is
  * described here and in schedule_ops.c and schedule_fsdp.c; the meshplan runtimes'
- * (MESHPLAN_CPU, MESHPLAN_CUDA) in schedule_rt.c.
- *
- * Saved activations per block under torchtitan (bytes, T tokens on the rank, tp-local sizes
- * q = heads_l x hd, kv = kv_heads_l x hd, f = d_ff / tp, st = 4 bytes of norm statistics per
- * token for RMSNorm (rstd), 8 for LayerNorm (mean, rstd)), from what each op saves for
- * backward:
- *   x      block input, saved by attention_norm:                      2TH
- *   attn   normed input (q/k/v GEMMs) 2TH + st T; q/k (post-RoPE), v 2T(q + 2kv); attention
- *          output (flash and o_proj) 2Tq; logsumexp 4 T heads_l;
- *          qk_norm: pre-norm q, k 2T(q + kv) + rstd 4T(heads_l + kv_heads_l)
- *   mlp    (dense) residual h 2TH + st T, normed h 2TH; llama gate, up, SwiGLU out 3 x 2Tf;
- *          gpt up out (GELU input), GELU out 2 x 2Tf
- *   moe    h 2TH + st T, normed h 2TH; router probabilities (fp32) 4TE; top-k weights and
- *          indices 12 T top_k; dispatched tokens 2 T top_k H; expert gate, up, SwiGLU out
- *          3 x 2 T top_k f_e; expert outputs back in token order 2 T top_k H; shared expert
- *          3 x 2 T f_s (f_s tp-local)
- *   none = x + attn + mlp; selective = x + mlp (attention and its inputs recomputed:
- *   attention_norm, q/k/v, q/k norms, RoPE, attention core); full = x (whole block
- *   recomputed before its backward, collectives included).
- * For GPT with tp=1 (f = 4H): x + attn + mlp = 2+2+6+2+2+2+8+8 = 32 sbh bytes + 4 a s b
- * (logsumexp) + 16 sb (LayerNorm statistics). Korthikanti et al. 2022 count 34 sbh + 5 a s^2 b
- * with dropout masks (2 sbh here absent) and the materialised attention matrix, which flash
- * attention replaces by the per-head logsumexp. The blocks' unsaved intermediates are
- * allocated (ACTIVATIONS) during the block's forward and freed at its end; backward holds a
- * TEMP workspace for activation gradients, 2 x 2TH (residual stream and current input) plus
- * the MLP's largest set (llama 3 x 2Tf, gpt 2 x 2Tf, MoE 3 x 2 T top_k f_e + 2 T top_k H). */
+ * (MESHPLAN_CPU, MESHPLAN_CUDA) in schedule_rt.c. What a block saves for backward under
+ * each AC policy and what its backward recomputes (the torchtitan model) is
+ * schedule_act.c's. */
 #include "exec/schedule_internal.h"
 
-/* ---- the torchtitan model's saved activations (see above) ---------------------------- */
-
-static int64_t act_x(const shapes *sh) { return 2 * sh->T * sh->H; }
-
-static int64_t act_attn(const shapes *sh) {
-  const int64_t T = sh->T, st = sh->gpt ? 8 : 4;
-  int64_t b = 2 * T * sh->H + st * T + 2 * T * (sh->q + 2 * sh->kv) + 2 * T * sh->q +
-              4 * T * sh->nh;
-  if (sh->qk_norm) b += 2 * T * (sh->q + sh->kv) + 4 * T * (sh->nh + sh->nkv);
-  return b;
-}
-
-static int64_t act_mlp(const shapes *sh, int kind) {
-  const int64_t T = sh->T, st = sh->gpt ? 8 : 4;
-  int64_t b = 2 * T * sh->H + st * T + 2 * T * sh->H;
-  if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 3) * 2 * T * sh->f;
-  b += 4 * T * sh->E + 12 * T * sh->topk + 2 * T * sh->topk * sh->H +
-       3 * 2 * T * sh->topk * sh->fe + 2 * T * sh->topk * sh->H;
-  if (sh->has_shared) b += 3 * 2 * T * sh->fs;
-  return b;
-}
-
-static int64_t bwd_workspace(const shapes *sh, int kind) {
-  const int64_t T = sh->T;
-  int64_t b = 2 * 2 * T * sh->H;
-  if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 3) * 2 * T * sh->f;
-  return b + 3 * 2 * T * sh->topk * sh->fe + 2 * T * sh->topk * sh->H;
-}
-
 /* ---- blocks: forward and backward segments ------------------------------------------- */
-
-/* A block's forward under the torchtitan model: what autograd saves (see the sizes above)
- * allocated as its ops run; AC frees what it will recompute. */
-static void block_fwd_tt(gen *g, int kind, const part_deps *pd) {
-  const shapes *sh = &g->sh;
-  const mp_ac_mode ac = g->p->opts.ac;
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_X, act_x(sh), 1);
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_ATTN, act_attn(sh), 1);
-  mp_sched_attention_fwd(g, pd);
-  mp_sched_attention_out_fwd(g);
-  if (ac != MP_AC_NONE) pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_ATTN, act_attn(sh), 0);
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MLP, act_mlp(sh, kind), 1);
-  mp_sched_mlp_fwd(g, kind, pd);
-  if (ac == MP_AC_FULL) pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MLP, act_mlp(sh, kind), 0);
-}
 
 static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t repeat,
                               carry *c) {
@@ -129,7 +63,7 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
     pd.flags[k][1] = MP_DEP_PREV_REP;
   }
   if (g->rt) mp_sched_rt_block_fwd(g, kind, &pd);
-  else block_fwd_tt(g, kind, &pd);
+  else mp_sched_block_fwd_tt(g, kind, &pd);
   if (g->reshard) mp_sched_free_units(g, l, u0, nu, 0, N_PARTS - 1);
   /* the segment's last compute-stream op: what the next segment's gathers wait for */
   const int32_t block_last = g->last_c;
@@ -137,45 +71,6 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   for (int i = 0; i < n_patch; i++) add_dep(g, patch[i], block_last, MP_DEP_PREV_REP);
   mp_sched_seg_close(g, MP_PHASE_FORWARD, repeat, 1, nu);
   for (int k = 0; k < N_PARTS; k++) c->gather[k] = next_g[k];
-}
-
-/* A block's backward under the torchtitan model: the workspace, the recompute (full: the
- * whole block before the MLP's backward; selective: attention before its own), the MoE
- * and experts units resharded and reduced once the MLP's backward is done, the attention
- * unit (or the block's one unit) after attention's. */
-static void block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
-  const shapes *sh = &g->sh;
-  const mp_ac_mode ac = g->p->opts.ac;
-  const int nu = g->n_units[l];
-  const int32_t u0 = g->first_unit[l];
-  pair(g, MP_MEM_TEMP, BUF_BWD_WS, bwd_workspace(sh, kind), 1);
-  if (ac == MP_AC_FULL) {
-    g->phase = MP_PHASE_RECOMPUTE;
-    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_ATTN, act_attn(sh), 1);
-    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_MLP, act_mlp(sh, kind), 1);
-    mp_sched_attention_fwd(g, pd);
-    mp_sched_attention_out_fwd(g);
-    mp_sched_mlp_fwd(g, kind, pd);
-    g->phase = MP_PHASE_BACKWARD;
-  }
-  mp_sched_mlp_bwd(g, kind, ac == MP_AC_FULL ? NULL : pd);
-  pair(g, MP_MEM_ACTIVATIONS, ac == MP_AC_FULL ? BUF_RC_MLP : BUF_ACT_MLP, act_mlp(sh, kind), 0);
-  if (nu > 1) {
-    mp_sched_free_units(g, l, u0, nu, PART_MOE, PART_EXPERTS);
-    mp_sched_reduce_units(g, l, u0, nu, PART_MOE, PART_EXPERTS);
-  }
-  if (ac == MP_AC_SELECTIVE) {
-    g->phase = MP_PHASE_RECOMPUTE;
-    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_ATTN, act_attn(sh), 1);
-    mp_sched_attention_fwd(g, pd);
-    g->phase = MP_PHASE_BACKWARD;
-  }
-  mp_sched_attention_bwd(g, ac == MP_AC_NONE ? pd : NULL);
-  pair(g, MP_MEM_ACTIVATIONS, ac == MP_AC_NONE ? BUF_ACT_ATTN : BUF_RC_ATTN, act_attn(sh), 0);
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_X, act_x(sh), 0);
-  pair(g, MP_MEM_TEMP, BUF_BWD_WS, bwd_workspace(sh, kind), 0);
-  mp_sched_free_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
-  mp_sched_reduce_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
 }
 
 static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t repeat,
@@ -207,7 +102,7 @@ static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   }
   mp_sched_grads_alloc(g, l, u0, nu);
   if (g->rt) mp_sched_rt_block_bwd(g, l, kind, &pd);
-  else block_bwd_tt(g, l, kind, &pd);
+  else mp_sched_block_bwd_tt(g, l, kind, &pd);
   const int32_t block_last = g->last_c;
   for (int i = 0; i < n_patch; i++) add_dep(g, patch[i], block_last, MP_DEP_PREV_REP);
   mp_sched_seg_close(g, MP_PHASE_BACKWARD, repeat, -1, -nu);
@@ -402,14 +297,30 @@ static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
   mp_sched_seg_close(g, MP_PHASE_OPTIMIZER, 1, 0, 0);
 }
 
+/* Sub-run [a, a + r) of a run of identical blocks whose blocks also share their AC policy
+ * (full:N alternates it): its length from a, at most r. */
+static int32_t same_ac_len(const gen *g, int32_t a, int32_t r) {
+  const mp_plan_options *o = &g->p->opts;
+  if (o->ac_every <= 1) return r;
+  const mp_ac_mode ac = mp_plan_layer_ac(o, a);
+  int32_t n = 1;
+  while (n < r && mp_plan_layer_ac(o, a + n) == ac) n++;
+  return n;
+}
+
 /* The blocks, forward in order, then backward from the top: one segment per run of
- * identical blocks (pr->run_len). */
+ * identical blocks (pr->run_len) that share their AC policy. */
 static void emit_blocks(gen *g, const mp_schedule_prep *pr, int backward, carry *c) {
   const stage_info *st = &pr->st;
   const int32_t *run_len = pr->run_len;
   if (!backward) {
-    for (int32_t l = st->l0; l < st->l1; l++)
-      if (run_len[l] > 0) block_fwd_segment(g, st, l, run_len[l], c);
+    for (int32_t l = st->l0; l < st->l1; l++) {
+      if (run_len[l] == 0) continue;
+      for (int32_t a = l, r; a < l + run_len[l]; a += r) {
+        r = same_ac_len(g, a, l + run_len[l] - a);
+        block_fwd_segment(g, st, a, r, c);
+      }
+    }
     return;
   }
   for (int32_t l = st->l1 - 1; l >= st->l0; l--) {
@@ -417,7 +328,14 @@ static void emit_blocks(gen *g, const mp_schedule_prep *pr, int backward, carry 
     int32_t a = l;
     while (run_len[a] == 0) a--;
     const int32_t r = run_len[a];
-    block_bwd_segment(g, st, a + r - 1, r, c);
+    /* its sub-runs of one AC policy, from the top */
+    for (int32_t top = a + r - 1; top >= a;) {
+      int32_t lo = top;
+      while (lo > a && mp_plan_layer_ac(&g->p->opts, lo - 1) == mp_plan_layer_ac(&g->p->opts, top))
+        lo--;
+      block_bwd_segment(g, st, top, top - lo + 1, c);
+      top = lo - 1;
+    }
     l = a;
   }
 }

@@ -126,6 +126,11 @@ typedef enum mp_mem_cat {
   MP_MEM_COUNT
 } mp_mem_cat;
 
+/* Memory events (ALLOC/FREE) carry in `variant` MP_MEM_KEPT for a tensor every stack keeps
+ * as saved whatever it fuses (a checkpoint's input, an AC policy's forced save): the
+ * simulator does not scale it by the stack's saved_act_factor. */
+#define MP_MEM_KEPT 1
+
 typedef enum mp_when {
   MP_WHEN_EVERY_MICRO = 0,
   MP_WHEN_FIRST_MICRO,

@@ -69,6 +69,13 @@ enum {
   BUF_F8_DY,       /* float8 on codes: the output gradient's operand (E5M2) */
   BUF_F8_W,        /* an FSDP-sharded weight's operand (E4M3) */
   BUF_F8_ACT,      /* + source (f8_source): a block's activation operand (E4M3) */
+  BUF_F8_ACT_END = BUF_F8_ACT + 4,
+  BUF_LOGITS_LSM,  /* eager cross-entropy: log_softmax's fp32 output, saved */
+  BUF_DLSM_F32,    /* eager cross-entropy: log_softmax's fp32 input gradient */
+  BUF_LSE,         /* fused cross-entropy: the per-token log-sum-exp, saved */
+  BUF_ACT_ATTN_TMP, /* a block part's tensors the AC policy drops after its forward */
+  BUF_ACT_MLP_TMP,
+  BUF_RC_X,        /* recomputed: the block input's norm statistics */
 };
 
 enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };
@@ -94,11 +101,15 @@ typedef struct unit_info {
 /* Per-kind local shapes and flags, read from the plan's parameters. */
 typedef struct shapes {
   int64_t T, seq, H, hd, q, kv, nh, nkv, f;          /* f: dense d_ff, tp-local */
+  int64_t Ts;                                        /* tokens of the residual stream, norms
+                                                        and dropout on the rank: T / tp under
+                                                        sequence parallelism, else T */
   int64_t E, E_l, topk, fe, fs;                      /* MoE; fs: shared, tp-local */
   double m_exp;                                      /* tokens per local expert */
   int64_t V_l, V_loss;                               /* head rows on the rank; loss width */
   int gpt, qk_norm, has_shared, tied;
-  int tp, ep;
+  int tp, ep, cp;
+  int sp;                                            /* sequence parallelism (tp > 1) */
   int ar_o, ar_down, ar_qkv, ar_gateup, ar_sdown, ar_sgateup, ar_head_in, ar_emb;
   int loss_parallel, logits_gather;
   int fp8[MP_MOD_COUNT];
@@ -154,6 +165,8 @@ typedef struct gen {
     int32_t layer, unit;
     int64_t rs, gbuf;
   } rs_fl;
+  uint32_t rc_skip;        /* under MP_PHASE_RECOMPUTE: what the block's AC policy keeps
+                              and the recompute therefore does not run (SKIP_*) */
   mp_act_layout lay[2];    /* rt: the activation layout (exec/act_layout.h) of a dense and of
                               an MoE block; under EP with balanced routing, N x top_k rows on
                               the expert side */
@@ -215,7 +228,19 @@ struct mp_schedule_prep {
   double flops_per_token;
 };
 
+/* What a recompute skips (gen.rc_skip): a module's ops (its Linear's GEMMs, a norm) by the
+ * bit 1 << module, and these. */
+#define SKIP_CORE (1u << 29)     /* the attention core */
+#define SKIP_RS (1u << 30)       /* a TP region's closing reduce-scatter (its output kept) */
+#define SKIP_RESIDUAL (1u << 31) /* the residual adds */
+#define SKIP_MOD(m) (1u << (m))
+
 /* ---- emission primitives (schedule_ops.c holds their slow paths) ------------------------ */
+
+/* Whether the current op is one the recompute under way does not run. */
+static inline int skipped(const gen *g, uint32_t bit) {
+  return g->phase == MP_PHASE_RECOMPUTE && (g->rc_skip & bit) != 0;
+}
 
 /* Records the builder's first failure (its message on ctx); later ones are dropped. */
 void mp_sched_fail(gen *g, mp_status code, const char *fmt, ...)
@@ -365,8 +390,13 @@ static inline void attach(gen *g, const part_deps *pd, int part) {
   for (int i = 0; i < 2; i++) pend_dep(g, pd->dep[part][i], pd->flags[part][i]);
 }
 
+/* schedule_act.c */
+void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd);
+void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd);
+
 /* schedule_ops.c */
 void mp_sched_attention_bwd(gen *g, const part_deps *pd);
+void mp_sched_attention_core_bwd(gen *g);
 void mp_sched_attention_core_fwd(gen *g);
 void mp_sched_attention_fwd(gen *g, const part_deps *pd);
 void mp_sched_attention_out_fwd(gen *g);

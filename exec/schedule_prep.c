@@ -15,6 +15,7 @@ void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch
   const int cp = p->mesh.size[MP_DIM_CP];
   sh->seq = p->opts.seq;
   sh->T = micro_batch * p->opts.seq / cp;
+  sh->Ts = sh->sp ? sh->T / sh->tp : sh->T;
   sh->m_exp = sh->E > 0 ? (double)sh->T * (double)sh->topk * (double)sh->ep / (double)sh->E : 0.0;
 }
 
@@ -25,6 +26,8 @@ static void read_shapes(gen *g) {
   shapes *sh = &g->sh;
   memset(sh, 0, sizeof *sh);
   sh->tp = p->mesh.size[MP_DIM_TP];
+  sh->cp = p->mesh.size[MP_DIM_CP];
+  sh->sp = sh->tp > 1 && p->opts.sp == 1;
   sh->ep = p->mesh.ep > 1 && (p->applied & MP_PASS_EP) ? p->mesh.ep : 1;
   sh->H = m->d_model;
   sh->hd = m->head_dim;
@@ -231,9 +234,9 @@ mp_status mp_sched_check_plan_rank(mp_ctx *ctx, const mp_plan *p, int rank) {
                     "its parameter shard; apply FSDP (mp_apply_fsdp) before building the "
                     "schedule",
                     mesh->size[MP_DIM_DP_SHARD]);
-  if ((unsigned)p->opts.mem_model > MP_MEM_MODEL_MESHPLAN_CUDA)
+  if ((unsigned)p->opts.mem_model >= MP_MEM_MODEL_COUNT)
     return mp_error(ctx, MP_ERR_INVALID, "unknown memory model %d; choose torchtitan, "
-                    "meshplan-cpu or meshplan-cuda", (int)p->opts.mem_model);
+                    "meshplan-cpu, meshplan-cuda or megatron", (int)p->opts.mem_model);
   if ((p->applied & MP_PASS_TP) == 0 && mesh->size[MP_DIM_TP] > 1)
     return mp_error(ctx, MP_ERR_ORDER,
                     "the mesh has tp=%d but TP was not applied; apply the passes in order "
@@ -320,5 +323,6 @@ int mp_sched_prep_serves(const mp_schedule_prep *pr, const mp_plan *p) {
   return pr->params == p->params && pr->units == p->units && pr->n_params == p->n_params &&
          pr->n_plan_units == p->n_units && pr->applied == p->applied &&
          memcmp(&pr->mesh, &p->mesh, sizeof pr->mesh) == 0 && pr->seq == p->opts.seq &&
-         pr->fp8_all_gather == p->opts.fp8_opts.all_gather && pr->pdt == pdt && pr->rdt == rdt;
+         pr->fp8_all_gather == p->opts.fp8_opts.all_gather && pr->pdt == pdt && pr->rdt == rdt &&
+         pr->sh.sp == (p->mesh.size[MP_DIM_TP] > 1 && p->opts.sp == 1);
 }

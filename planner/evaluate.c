@@ -79,6 +79,7 @@ void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
   *o = ev->base;
   o->micro_batch = c->micro_batch;
   o->ac = (mp_ac_mode)c->ac;
+  o->ac_every = c->ac_every > 0 ? c->ac_every : 1;
   o->fp8 = c->fp8;
   /* Float8 all-gather only without TP: with TP the scales would be per shard, not per
    * tensor (docs/design.md, the sharding passes). */

@@ -17,10 +17,27 @@
 
 #include "common/timeutil.h"
 
-/* Mirrors mp_ac_mode (exec/plan.h): the search library links nothing from exec:plan. */
-static const char *const k_ac_names[3] = {"none", "selective", "full"};
+/* Mirrors mp_ac_mode_name (exec/plan.h): the search library links nothing from exec:plan. */
+static const char *const k_ac_names[MP_AC_COUNT] = {
+    [MP_AC_NONE] = "none",
+    [MP_AC_SELECTIVE] = "selective",
+    [MP_AC_SELECTIVE_OP] = "selective-op",
+    [MP_AC_SELECTIVE_CORE] = "selective-core",
+    [MP_AC_FULL] = "full",
+};
 
-const char *mp_search_ac_name(int ac) { return ac >= 0 && ac < 3 ? k_ac_names[ac] : "?"; }
+const char *mp_search_ac_name(int ac) { return ac >= 0 && ac < MP_AC_COUNT ? k_ac_names[ac] : "?"; }
+
+void mp_candidate_ac_str(const mp_candidate *c, char *buf, size_t cap) {
+  if (c->ac == MP_AC_FULL && c->ac_every > 1) snprintf(buf, cap, "full:%d", c->ac_every);
+  else snprintf(buf, cap, "%s", mp_search_ac_name(c->ac));
+}
+
+/* The AC policies a search enumerates by default: those every stack's runtime runs. */
+static unsigned ac_mask_of(const mp_search_config *cfg) {
+  return cfg->ac_mask ? cfg->ac_mask
+                      : (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_CORE) | (1u << MP_AC_FULL);
+}
 
 const char *mp_reject_name(mp_reject r) {
   static const char *const names[MP_REJECT_COUNT] = {
@@ -32,7 +49,7 @@ const char *mp_reject_name(mp_reject r) {
 
 void mp_search_fix_init(mp_search_fix *f) {
   f->pp = f->dp_replicate = f->dp_shard = f->cp = f->tp = f->ep = -1;
-  f->ac = f->fp8 = f->reshard = -1;
+  f->ac = f->ac_every = f->fp8 = f->reshard = -1;
   f->micro_batch = -1;
 }
 
@@ -49,12 +66,20 @@ mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
     *eq = 0;
     const char *key = tok, *val = eq + 1;
     if (strcmp(key, "ac") == 0) {
-      int ac = -1;
-      for (int i = 0; i < 3; i++)
+      int ac = -1, every = 1;
+      for (int i = 0; i < MP_AC_COUNT; i++)
         if (strcmp(val, k_ac_names[i]) == 0) ac = i;
-      if (ac < 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: ac=%s; use none, selective or full", val);
+      char *end = NULL;
+      if (ac < 0 && strncmp(val, "full:", 5) == 0) {
+        long n = strtol(val + 5, &end, 10);
+        if (end != val + 5 && *end == '\0' && n >= 1 && n <= 65535) ac = MP_AC_FULL, every = (int)n;
+      }
+      if (ac < 0)
+        return mp_error(ctx, MP_ERR_USAGE, "--fix: ac=%s; use none, selective, selective-op, "
+                        "selective-core, full or full:N", val);
       if (f->ac >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: ac given twice");
       f->ac = ac;
+      f->ac_every = every;
       continue;
     }
     char *end = NULL;
@@ -272,8 +297,9 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
   int pads_vocab = cfg->model->vocab % mesh->size[MP_DIM_TP] != 0;
   for (int64_t mb = 1; mb <= per_rank; mb *= 2) {
     if (fx->micro_batch > 0 && fx->micro_batch != mb) continue;
-    for (int ac = 0; ac < 3; ac++) {
-      if (!fixed_ok(fx->ac, ac)) continue;
+    const unsigned mask = fx->ac >= 0 ? 1u << fx->ac : ac_mask_of(cfg);
+    for (int ac = 0; ac < MP_AC_COUNT; ac++) {
+      if (!(mask & (1u << ac))) continue;
       for (int fp8 = 0; fp8 < 2; fp8++) {
         if (!fixed_ok(fx->fp8, fp8)) continue;
         for (int rs = 0; rs < 2; rs++) {
@@ -283,6 +309,7 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
           c.mesh = *mesh;
           c.micro_batch = mb;
           c.ac = (uint8_t)ac;
+          c.ac_every = (uint16_t)(ac == MP_AC_FULL && fx->ac_every > 1 ? fx->ac_every : 1);
           c.fp8 = (uint8_t)fp8;
           c.reshard = (uint8_t)rs;
           c.pads_vocab = (uint8_t)pads_vocab;

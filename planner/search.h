@@ -6,7 +6,7 @@
  * pp x dp_replicate x dp_shard x cp x tp (loops in that order, tp innermost), every ep
  * dividing dp_shard (MoE models; ep = 1 for dense ones), crossed with micro-batch sizes
  * (powers of two up to the per-rank batch global_batch / (dp_replicate x dp_shard), or 1
- * when that is below 1), AC mode {none, selective, full}, float8 {off, on} and
+ * when that is below 1), the AC policies the stack runs (mp_search_config.ac_mask), float8 {off, on} and
  * reshard_after_forward {off, on}, in that nesting order. Candidates are numbered in
  * enumeration order and that order is stable (tests and the database rely on it).
  *
@@ -82,6 +82,7 @@ typedef struct mp_candidate {
   mp_mesh mesh;         /* pp, dp_replicate, dp_shard, cp, tp sizes and ep */
   int64_t micro_batch;  /* sequences per micro-batch per data-parallel rank */
   uint8_t ac;           /* mp_ac_mode */
+  uint16_t ac_every;    /* full AC on every ac_every-th block (1: every block) */
   uint8_t fp8;          /* 1: float8 Linear layers */
   uint8_t reshard;      /* 1: reshard_after_forward */
   uint8_t reject;       /* mp_reject */
@@ -96,14 +97,15 @@ typedef struct mp_candidate {
 typedef struct mp_search_fix {
   int pp, dp_replicate, dp_shard, cp, tp, ep;
   int ac;            /* mp_ac_mode or -1 */
+  int ac_every;      /* with ac: its block frequency (full:N); -1: 1 */
   int fp8, reshard;  /* 0/1 or -1 */
   int64_t micro_batch;
 } mp_search_fix;
 
 void mp_search_fix_init(mp_search_fix *f);
 /* Parses "tp=8,pp=1,ac=full,fp8=0,mb=2" (keys: pp, dp_replicate|dp_rep, dp_shard, cp, tp,
- * ep, ac, fp8, micro_batch|mb, reshard). Adds to what f holds; a repeated or unknown key
- * or a bad value is MP_ERR_USAGE naming it. */
+ * ep, ac (a policy name or full:N), fp8, micro_batch|mb, reshard). Adds to what f holds; a
+ * repeated or unknown key or a bad value is MP_ERR_USAGE naming it. */
 mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f);
 
 /* Evaluates one candidate (never a pruned one). scratch is the worker's arena, reset
@@ -119,6 +121,8 @@ typedef struct mp_search_config {
   int64_t global_batch; /* sequences per step */
   int allow_cross_node_tp;
   int executable_only;  /* pp == 1 and cp == 1: what exec/runtime executes */
+  unsigned ac_mask;     /* the AC policies enumerated, bit 1 << mp_ac_mode (the stack's
+                           ac_policies); 0: none, selective-core and full */
   mp_search_fix fix;
   int n_threads;        /* workers; <= 0: the number of online CPUs */
   int64_t mem_capacity_bytes; /* GPU memory less headroom, for the lower-bound prune; 0: off */
@@ -166,7 +170,10 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                          size_t cap);
 /* "dp_shard=4,tp=2,ep=2" style description of the candidate's mesh. */
 void mp_candidate_mesh_str(const mp_candidate *c, char *buf, size_t cap);
-const char *mp_search_ac_name(int ac); /* "none", "selective", "full" */
+/* "none", "selective", "selective-op", "selective-core", "full" (mp_ac_mode_name's names). */
+const char *mp_search_ac_name(int ac);
+/* The candidate's AC policy as the CLI takes it: the name, or "full:N". */
+void mp_candidate_ac_str(const mp_candidate *c, char *buf, size_t cap);
 
 typedef enum mp_objective {
   MP_OBJECTIVE_TIME = 0,      /* lowest step time; ties: lower peak memory */

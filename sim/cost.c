@@ -128,10 +128,11 @@ double mp_sim_pp_inflight(const mp_plan *p, int stage, int64_t n_micro) {
 
 /* ---- the schedule compiled ---------------------------------------------------------- */
 
-/* The scaled delta of a memory event (ACTIVATIONS by the stack's saved_act_factor): the
- * same rounding for an ALLOC and its FREE, so levels stay balanced. */
-static int64_t mem_scaled(int cat, int64_t delta, double act_factor) {
-  if (cat == MP_MEM_ACTIVATIONS && act_factor != 1.0)
+/* The scaled delta of a memory event (ACTIVATIONS by the stack's saved_act_factor, except
+ * tensors every stack keeps, MP_MEM_KEPT: a checkpoint's input, an AC policy's forced
+ * saves): the same rounding for an ALLOC and its FREE, so levels stay balanced. */
+static int64_t mem_scaled(int cat, int kept, int64_t delta, double act_factor) {
+  if (cat == MP_MEM_ACTIVATIONS && act_factor != 1.0 && !kept)
     delta = delta > 0 ? (int64_t)((double)delta * act_factor)
                       : -(int64_t)((double)-delta * act_factor);
   return delta;
@@ -154,7 +155,8 @@ static inline void compile_mem(const mp_op *op, double act_factor, cop *c) {
   c->kind = COP_NOMEM;
   if (op->mem_cat >= MP_MEM_COUNT) return;
   c->mem_cat = (int8_t)op->mem_cat;
-  c->mem_delta = mem_scaled(op->mem_cat, op->type == MP_OP_ALLOC ? op->mem_bytes : -op->mem_bytes, act_factor);
+  c->mem_delta = mem_scaled(op->mem_cat, op->variant == MP_MEM_KEPT,
+                            op->type == MP_OP_ALLOC ? op->mem_bytes : -op->mem_bytes, act_factor);
   c->kind = c->mem_delta > 0 ? COP_ALLOC : COP_FREE;
 }
 

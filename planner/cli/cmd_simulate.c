@@ -53,7 +53,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "simulate", "Predict step time and memory of one plan.",
     "--model M (--cluster C | --gpus N [--gpu G] [--gpus-per-node N]) --mesh SPEC [--ep N] "
-    "[--pp N --pp-schedule 1f1b|interleaved] [--cp N] [--ac none|selective|full] [--fp8] [--seq S] "
+    "[--pp N --pp-schedule 1f1b|interleaved] [--cp N] [--ac POLICY] [--fp8] [--seq S] "
     "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] [--json]",
     k_opts, 0};
 
@@ -70,11 +70,12 @@ static mp_status set_dim(mp_ctx *ctx, const char *opt, long long v, int *dim) {
 static void print_text(const mp_sim_result *r, const mp_model *m, const mp_cluster *c,
                        const mp_mesh *mesh, const mp_plan_options *o,
                        const mp_stack_profile *prof) {
-  char ms[128];
+  char ms[128], ac[32];
   mp_mesh_format(mesh, ms, sizeof ms);
+  mp_ac_format(o->ac, o->ac_every, ac, sizeof ac);
   const double gib = 1073741824.0;
   printf("plan    %s on %s: mesh %s, ac %s%s, seq %lld, micro-batch %lld, global batch %lld\n",
-         m->name, c->name, ms, mp_ac_mode_name(o->ac), o->fp8 ? ", fp8" : "", (long long)o->seq,
+         m->name, c->name, ms, ac, o->fp8 ? ", fp8" : "", (long long)o->seq,
          (long long)o->micro_batch, (long long)o->global_batch);
   printf("stack   %s\n", prof->name);
   printf("step    %.4f s   %.0f tokens/s per GPU   MFU %.1f %%\n", r->step_time_s,
@@ -96,14 +97,15 @@ static void print_text(const mp_sim_result *r, const mp_model *m, const mp_clust
 static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluster *c,
                       const mp_mesh *mesh, const mp_plan_options *o,
                       const mp_stack_profile *prof) {
-  char ms[128];
+  char ms[128], ac[32];
   mp_mesh_format(mesh, ms, sizeof ms);
+  mp_ac_format(o->ac, o->ac_every, ac, sizeof ac);
   cJSON *j = cJSON_CreateObject();
   if (j == NULL) return 1;
   cJSON_AddStringToObject(j, "model", m->name);
   cJSON_AddStringToObject(j, "cluster", c->name);
   cJSON_AddStringToObject(j, "mesh", ms);
-  cJSON_AddStringToObject(j, "ac", mp_ac_mode_name(o->ac));
+  cJSON_AddStringToObject(j, "ac", ac);
   cJSON_AddBoolToObject(j, "fp8", o->fp8);
   cJSON_AddNumberToObject(j, "seq", (double)o->seq);
   cJSON_AddNumberToObject(j, "micro_batch", (double)o->micro_batch);

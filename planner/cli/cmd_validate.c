@@ -165,7 +165,7 @@ static mp_status run_row(mp_ctx *ctx, const char *where, const cols *h, char **f
 
   mp_plan_options o;
   mp_plan_options_init(&o);
-  MP_CHECK(mp_ac_mode_parse(ctx, ac, &o.ac));
+  MP_CHECK(mp_ac_parse(ctx, ac, &o.ac, &o.ac_every));
   o.fp8 = fp8 != 0;
   if (pps[0] == '\0' || strcmp(pps, "1f1b") == 0) o.pp_schedule = MP_PP_1F1B;
   else if (strcmp(pps, "interleaved") == 0) o.pp_schedule = MP_PP_INTERLEAVED, o.pp_virtual = 2;

@@ -48,8 +48,11 @@
     NULL }
 #define MP_OPT_EP(more)                                                                            \
   { "--ep", "N", "expert-parallel degree, carved out of dp_shard (the same as ep=N in --mesh" more ")", NULL }
-#define MP_OPT_AC(more)                                                                            \
-  { "--ac", "MODE", "activation checkpointing: none, selective or full (default none" more ")", NULL }
+#define MP_OPT_AC(more)                                                                           \
+  { "--ac", "POLICY",                                                                              \
+    "activation checkpointing: none, selective (the attention module), selective-op (torchtitan's " \
+    "op-level), selective-core (Megatron's core attention), full, or full:N (every N-th block) "   \
+    "(default none" more ")", NULL }
 #define MP_OPT_FP8(more)                                                                           \
   { "--fp8", NULL, "float8 Linear layers (E4M3 forward, E5M2 gradients, tensorwise scales" more ")", NULL }
 #define MP_OPT_SEQ(dflt) { "--seq", "S", "tokens per sequence (default " dflt ")", NULL }

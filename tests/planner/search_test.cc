@@ -356,7 +356,7 @@ TEST(SearchRun, EvaluatorErrorKeepsItsMessage) {
   Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
   t.fe.fail_tp2_full = 1;
   t.run();
-  const mp_candidate *c = t.find(1, 1, 4, 1, 2, 1, 1, 2, 0, 0);
+  const mp_candidate *c = t.find(1, 1, 4, 1, 2, 1, 1, MP_AC_FULL, 0, 0);
   EXPECT_EQ(c->reject, MP_REJECT_EVAL_ERROR);
   EXPECT_EQ(t.reason(c), "fake refusal tp=2 full");
   EXPECT_GT(t.s->n_failed, 0);

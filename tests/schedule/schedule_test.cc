@@ -34,6 +34,7 @@ struct Opts {
   int fp8 = 0;
   int reshard = 1;
   int shard_logits = 1;
+  int sp = -1;  // the plan's default: on with tp > 1
   int64_t micro_batch = 1;
   int64_t global_batch = 0;
   int64_t seq = 8192;
@@ -52,6 +53,7 @@ void Build(Built *b, const Opts &o) {
   po.fp8 = o.fp8;
   po.fsdp.reshard_after_forward = o.reshard;
   po.tp.shard_logits = o.shard_logits;
+  po.sp = o.sp;
   po.micro_batch = o.micro_batch;
   po.global_batch = o.global_batch;
   po.seq = o.seq;
@@ -97,11 +99,13 @@ const double kBlockMatmul = 2 * kH * kQ + 2 * kH * kKV + 3 * kH * kF;  // 218,10
 const double kBlockNorms = 2 * kH;
 
 TEST(Schedule, TpAllReducesOfOneDenseBlock) {
-  // llama3.1-8b, tp=8, micro-batch 1 x 8192 tokens: T = 8192. Each TP all-reduce carries the
-  // [T, H] bf16 activation: 2 x 8192 x 4096 = 67,108,864 bytes.
+  // llama3.1-8b, tp=8 without sequence parallelism, micro-batch 1 x 8192 tokens: T = 8192.
+  // Each TP all-reduce carries the [T, H] bf16 activation: 2 x 8192 x 4096 = 67,108,864
+  // bytes.
   Built b;
   Opts o;
   o.mesh = "tp=8";
+  o.sp = 0;
   Build(&b, o);
   const double ar = 2.0 * 8192 * 4096;
   EXPECT_EQ(ar, 67108864.0);
@@ -154,6 +158,7 @@ TEST(Schedule, ReplicatedLogitsAreAllGathered) {
   o.mesh = "tp=2";
   o.seq = 64;
   o.shard_logits = 0;
+  o.sp = 0;
   Build(&b, o);
   mp_schedule_totals t;
   mp_schedule_totals_compute(b.s, &t);
@@ -162,6 +167,51 @@ TEST(Schedule, ReplicatedLogitsAreAllGathered) {
   EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_TP], 64.0 * 256 * 2);
   // 2 blocks x 4 + embedding + head input gradient, each 64 x 64 x 2 bytes
   EXPECT_EQ(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_TP], 10);
+}
+
+TEST(Schedule, SequenceParallelGathersAndScattersEachRegion) {
+  // The same plan with sequence parallelism (the default with tp > 1): every all-reduce of a
+  // TP region becomes an all-gather before it and a reduce-scatter after it (Korthikanti et
+  // al. 2022), each of the [T, H] bf16 tensor (2 x 8192 x 4096 bytes). Per block, forward:
+  // all-gather before q/k/v and before gate/up, reduce-scatter after o and after down;
+  // backward: all-gather of o's and down's output gradients, reduce-scatter of the q/k/v
+  // and gate/up input gradients.
+  Built b;
+  Opts o;
+  o.mesh = "tp=8";
+  Build(&b, o);
+  ASSERT_EQ(b.plan->opts.sp, 1);
+  const double full = 2.0 * 8192 * 4096;
+  int ag[2] = {0, 0}, rs[2] = {0, 0};
+  for (const Inst &x : Expand(b.s)) {
+    if (x.layer != 5 || x.op->type != MP_OP_COMM) continue;
+    ASSERT_EQ(x.op->group, MP_GROUP_TP);
+    ASSERT_NE(x.op->coll, MP_COLL_ALL_REDUCE);
+    EXPECT_EQ(x.op->bytes, full);
+    const int bwd = x.op->phase == MP_PHASE_BACKWARD;
+    if (x.op->coll == MP_COLL_ALL_GATHER) ag[bwd]++;
+    if (x.op->coll == MP_COLL_REDUCE_SCATTER) rs[bwd]++;
+  }
+  EXPECT_EQ(ag[0], 2);
+  EXPECT_EQ(rs[0], 2);
+  EXPECT_EQ(ag[1], 2);
+  EXPECT_EQ(rs[1], 2);
+  // Whole step: 32 blocks x 4 of each, plus the embedding's reduce-scatter (forward) and its
+  // gradient's all-gather (backward), the head input's all-gather (forward) and its
+  // gradient's reduce-scatter (backward); loss-parallel's three all-reduces remain.
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(b.s, &t);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_TP], 32 * 4 + 2);
+  EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_TP], 32 * 4 + 2);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_TP], 3);
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_REDUCE_SCATTER][MP_GROUP_TP], 130 * full);
+  // The norms and residual adds run on the rank's 1/8 of the sequence.
+  for (const Inst &x : Expand(b.s)) {
+    if (x.layer == 5 && x.op->type == MP_OP_COMPUTE &&
+        (x.op->kernel == MP_KERNEL_NORM || x.op->kernel == MP_KERNEL_RESIDUAL)) {
+      EXPECT_EQ(x.op->m, 8192 / 8 * 4096) << mp_kernel_name((mp_kernel)x.op->kernel);
+    }
+  }
 }
 
 TEST(Schedule, FsdpGatherAndReduceScatterBytesPerUnit) {
@@ -263,8 +313,8 @@ TEST(Schedule, StepFlopsMatchModelFlops) {
 
 TEST(Schedule, RecomputeAddsTheForwardItRepeats) {
   const double T = 8192, s = 8192;
-  double gemm[3], attn[3], total[3];
-  for (int ac = 0; ac < 3; ac++) {
+  double gemm[MP_AC_COUNT], attn[MP_AC_COUNT], total[MP_AC_COUNT];
+  for (int ac = 0; ac < MP_AC_COUNT; ac++) {
     Built b;
     Opts o;
     o.ac = (mp_ac_mode)ac;
@@ -281,16 +331,27 @@ TEST(Schedule, RecomputeAddsTheForwardItRepeats) {
     total[ac] = t.flops;
     int recompute_ops = 0;
     for (const Inst &x : v) recompute_ops += x.op->phase == MP_PHASE_RECOMPUTE;
-    EXPECT_EQ(recompute_ops > 0, ac != MP_AC_NONE);
+    EXPECT_EQ(recompute_ops > 0, ac != MP_AC_NONE) << mp_ac_mode_name((mp_ac_mode)ac);
   }
-  // selective: q/k/v forward GEMMs and the attention core once more per layer
-  EXPECT_DOUBLE_EQ(gemm[MP_AC_SELECTIVE] - gemm[MP_AC_NONE], kL * 2 * T * kH * (kQ + 2 * kKV));
-  EXPECT_DOUBLE_EQ(attn[MP_AC_SELECTIVE] - attn[MP_AC_NONE], kL * 2 * T * s * kNH * kHD);
+  const double core = kL * 2 * T * s * kNH * kHD;
+  // selective (the attention module): q/k/v and o forward GEMMs and the core once more
+  EXPECT_DOUBLE_EQ(gemm[MP_AC_SELECTIVE] - gemm[MP_AC_NONE],
+                   kL * 2 * T * kH * (kQ + 2 * kKV) + kL * 2 * T * kQ * kH);
+  EXPECT_DOUBLE_EQ(attn[MP_AC_SELECTIVE] - attn[MP_AC_NONE], core);
+  // selective-op: the even matmuls of the block (k #2, o #4, up #6), not the core (saved)
+  EXPECT_DOUBLE_EQ(gemm[MP_AC_SELECTIVE_OP] - gemm[MP_AC_NONE],
+                   kL * 2 * T * kH * (kKV + kQ + kF));
+  EXPECT_DOUBLE_EQ(attn[MP_AC_SELECTIVE_OP], attn[MP_AC_NONE]);
+  // selective-core: the core alone
+  EXPECT_DOUBLE_EQ(gemm[MP_AC_SELECTIVE_CORE], gemm[MP_AC_NONE]);
+  EXPECT_DOUBLE_EQ(attn[MP_AC_SELECTIVE_CORE] - attn[MP_AC_NONE], core);
   // full: the whole block forward once more (all its GEMMs and the attention core)
   EXPECT_DOUBLE_EQ(gemm[MP_AC_FULL] - gemm[MP_AC_NONE], kL * 2 * T * kBlockMatmul);
-  EXPECT_DOUBLE_EQ(attn[MP_AC_FULL] - attn[MP_AC_NONE], kL * 2 * T * s * kNH * kHD);
-  EXPECT_LT(total[MP_AC_NONE], total[MP_AC_SELECTIVE]);
+  EXPECT_DOUBLE_EQ(attn[MP_AC_FULL] - attn[MP_AC_NONE], core);
+  EXPECT_LT(total[MP_AC_NONE], total[MP_AC_SELECTIVE_CORE]);
+  EXPECT_LT(total[MP_AC_SELECTIVE_CORE], total[MP_AC_SELECTIVE]);
   EXPECT_LT(total[MP_AC_SELECTIVE], total[MP_AC_FULL]);
+  EXPECT_LT(total[MP_AC_SELECTIVE_OP], total[MP_AC_FULL]);
 }
 
 // Net ACTIVATIONS bytes a block's forward leaves saved for its backward.
@@ -306,19 +367,52 @@ int64_t SavedByBlock(const mp_schedule *s, int layer) {
 }
 
 TEST(Schedule, SavedActivationBytesPerBlock) {
-  // Per token (bf16, llama3.1-8b, tp=1): x 8192; attention: normed x 8192 + rstd 4 + q/k/v
-  // 2(4096 + 2048) = 12288 + attention out 8192 + logsumexp 4 x 32 = 128; MLP: h 8192 +
-  // rstd 4 + normed h 8192 + gate, up, SwiGLU out 3 x 2 x 14336 = 86016.
+  // Per token (bf16, llama3.1-8b, tp=1), what each op saves (exec/schedule_act.c):
+  //   x (attention_norm's input)                                    8192
+  //   attention: rstd 4, normed x 8192, q/k after RoPE and v 2(4096 + 2 x 1024) = 12288,
+  //              output 8192, log-sum-exp 4 x 32 = 128               28804
+  //   MLP: h 8192 + rstd 4, normed h 8192, gate, up, silu(gate) and their product
+  //        4 x 2 x 14336 = 114688                                    131076
+  // none keeps all 168072; selective keeps x, attention_norm's rstd and the module's input
+  // (8196) and the MLP: 147464; selective-op keeps the block input, q before RoPE 8192, v 2048,
+  // the output and log-sum-exp 8320, gate 28672 and down's output 8192: 63616;
+  // selective-core drops only the log-sum-exp: 167944; full keeps the block input.
   const int64_t T = 8192;
-  const int64_t x = 8192, attn = 8192 + 4 + 12288 + 8192 + 128, mlp = 8192 + 4 + 8192 + 86016;
-  const int64_t want[3] = {T * (x + attn + mlp), T * (x + mlp), T * x};
-  EXPECT_EQ(x + attn + mlp, 139400);
-  for (int ac = 0; ac < 3; ac++) {
+  const int64_t x = 8192, attn = 4 + 8192 + 12288 + 8192 + 128, mlp = 8192 + 4 + 8192 + 114688;
+  EXPECT_EQ(x + attn + mlp, 168072);
+  int64_t want[MP_AC_COUNT];
+  want[MP_AC_NONE] = T * 168072;
+  want[MP_AC_SELECTIVE] = T * (x + 4 + 8192 + mlp);
+  want[MP_AC_SELECTIVE_OP] = T * (x + 8192 + 2048 + 8192 + 128 + 28672 + 8192);
+  want[MP_AC_SELECTIVE_CORE] = T * (168072 - 128);
+  want[MP_AC_FULL] = T * x;
+  EXPECT_EQ(want[MP_AC_SELECTIVE], T * 147464);
+  EXPECT_EQ(want[MP_AC_SELECTIVE_OP], T * 63616);
+  for (int ac = 0; ac < MP_AC_COUNT; ac++) {
     Built b;
     Opts o;
     o.ac = (mp_ac_mode)ac;
     Build(&b, o);
     EXPECT_EQ(SavedByBlock(b.s, 3), want[ac]) << mp_ac_mode_name((mp_ac_mode)ac);
+  }
+}
+
+TEST(Schedule, SequenceParallelShardsTheSavedResidualStream) {
+  // llama3.1-8b at tp=8 without AC, T = 8192 tokens, Ts = T/8 = 1024; tp-local q 512,
+  // kv 128, d_ff 1792, 4 heads (exec/schedule_act.c's per-op list):
+  //   no SP: x 2TH; attention: rstd 4T, normed x 2TH, q/k/v 2T(512 + 256), output 2T 512,
+  //          log-sum-exp 4T 4; MLP: h 2TH + rstd 4T, normed h 2TH, 4 x 2T 1792:
+  //          67,108,864 + 88,244,224 + 251,691,008 = 407,044,096 bytes
+  //   SP:    x, h and the two rstd on Ts (the norms run on the sequence shard); the normed
+  //          inputs are saved all-gathered ([T, H], what the Linears' autograd keeps):
+  //          8,388,608 + 88,215,552 + 192,942,080 = 289,546,240 bytes
+  for (int sp = 0; sp <= 1; sp++) {
+    Built b;
+    Opts o;
+    o.mesh = "tp=8";
+    o.sp = sp;
+    Build(&b, o);
+    EXPECT_EQ(SavedByBlock(b.s, 3), sp ? 289546240 : 407044096) << "sp=" << sp;
   }
 }
 
