@@ -68,6 +68,17 @@ typedef struct mp_stack_profile {
    * "meshplan-cuda". The planner and `meshplan simulate` copy it into the plan options
    * (mp_stack_plan_options) so the schedule's memory events describe that runtime. */
   mp_mem_model mem_model;
+  /* What the stack runs, copied into the plan options by mp_stack_plan_options. JSON keys,
+   * optional: "attention" ("flash", the default, or "materialized": exec/plan.h,
+   * mp_attn_impl); "loss" ("eager", "fused" or "inplace": mp_loss_impl; default eager, and
+   * inplace under the megatron memory model); "sequence_parallel" (whether it runs TP with
+   * SP; default true except under the meshplan runtimes' memory models); "ac_policies" (the
+   * AC policies the planner searches for it, an array of names; default none,
+   * selective-op and full under torchtitan, none, selective-core and full otherwise). */
+  mp_attn_impl attn;
+  mp_loss_impl loss;
+  int sp;
+  unsigned ac_policies; /* bit 1 << mp_ac_mode */
 } mp_stack_profile;
 
 typedef struct mp_sim_config {
