@@ -189,10 +189,31 @@ void mp_plan_note(mp_plan *p, const char *fmt, ...) {
   if (s) p->notes[p->n_notes++] = s;
 }
 
+/* Virtual stages per rank as the options give them (1 unless interleaved with pp > 1). */
+static int virtual_stages(const mp_mesh *mesh, const mp_plan_options *o) {
+  return mesh->size[MP_DIM_PP] > 1 && o->pp_schedule == MP_PP_INTERLEAVED && o->pp_virtual > 1
+             ? o->pp_virtual
+             : 1;
+}
+
 int mp_plan_rank_stage(const mp_plan *p, int rank) {
   int c[MP_MESH_NDIMS];
   mp_mesh_coords(&p->mesh, rank, c);
   return c[MP_DIM_PP];
+}
+
+int mp_plan_virtual_stages(const mp_plan *p) { return virtual_stages(&p->mesh, &p->opts); }
+
+int mp_plan_layer_stage(const mp_plan *p, int64_t layer) {
+  const int lpc = p->layers_per_chunk > 0 ? p->layers_per_chunk : 1;
+  return (int)((layer / lpc) % p->mesh.size[MP_DIM_PP]);
+}
+
+void mp_plan_chunk_layers(const mp_plan *p, int stage, int chunk, int64_t *l0, int64_t *l1) {
+  const int64_t L = p->model.n_layers, lpc = p->layers_per_chunk > 0 ? p->layers_per_chunk : L;
+  const int64_t k = (int64_t)chunk * p->mesh.size[MP_DIM_PP] + stage;
+  *l0 = k * lpc < L ? k * lpc : L;
+  *l1 = *l0 + lpc < L ? *l0 + lpc : L;
 }
 
 /* ---- options and the meta tree ----------------------------------------------------- */
@@ -340,17 +361,41 @@ static int build_tree(builder *b, const mp_model *m) {
 #undef LINEAR
 #undef NORM
 
-/* Pipeline stage of every parameter: blocks by layers_per_stage, embeddings on the first
- * stage, final norm and head on the last. */
+/* Pipeline stage of every parameter: blocks by their model chunk (mp_plan_layer_stage),
+ * embeddings on the first stage, final norm and head (a tied model's copy of the embedding
+ * among them) on the last. */
 static void set_stages(mp_plan *p) {
-  const int lps = p->layers_per_stage, last = p->mesh.size[MP_DIM_PP] - 1;
+  const int last = p->mesh.size[MP_DIM_PP] - 1;
   for (int i = 0; i < p->n_params; i++) {
     mp_param *prm = &p->params[i];
-    if (prm->layer >= 0) prm->pp_stage = prm->layer / lps;
-    else prm->pp_stage = prm->module == MP_MOD_TOK_EMBEDDINGS || prm->module == MP_MOD_POS_EMBEDDINGS
+    if (prm->layer >= 0) prm->pp_stage = mp_plan_layer_stage(p, prm->layer);
+    else prm->pp_stage = (prm->module == MP_MOD_TOK_EMBEDDINGS || prm->module == MP_MOD_POS_EMBEDDINGS) &&
+                                 !prm->tied_copy
                              ? 0
                              : last;
   }
+}
+
+/* A tied model under pp > 1: the last stage holds a copy of tok_embeddings.weight as its
+ * output head (Megatron-LM's shared embedding weight, kept in step by an all-reduce of the
+ * two copies' gradients), appended after the final norm. The caller leaves room for it. */
+static void add_tied_copy(mp_plan *p) {
+  if (!p->model.tied_embeddings || p->mesh.size[MP_DIM_PP] <= 1) return;
+  const mp_param *e = NULL;
+  for (int i = 0; i < p->n_params && e == NULL; i++)
+    if (p->params[i].module == MP_MOD_TOK_EMBEDDINGS && p->params[i].role == MP_ROLE_WEIGHT)
+      e = &p->params[i];
+  if (e == NULL) return;
+  mp_param *c = &p->params[p->n_params++];
+  *c = *e;
+  c->module = MP_MOD_OUTPUT;
+  c->fqn = "output.weight";
+  c->module_fqn = "output";
+  c->is_linear = 1;
+  c->tied_copy = 1;
+  mp_plan_note(p, "PP: tied embeddings: stage %d's output head is a copy of stage 0's "
+                  "tok_embeddings.weight; the two copies' gradients are all-reduced every step",
+               p->mesh.size[MP_DIM_PP] - 1);
 }
 
 static mp_status validate_model(mp_ctx *ctx, const mp_model *m) {
@@ -398,6 +443,11 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
                     "the meshplan runtime (%s) runs flash-style attention only; materialized "
                     "attention scores are Megatron-LM's",
                     mm);
+  if (virtual_stages(mesh, o) > 1)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "the meshplan runtime's memory model (%s) describes one model chunk per "
+                    "pipeline stage; use the 1F1B or GPipe schedule",
+                    mm);
   return MP_OK;
 }
 
@@ -422,19 +472,24 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
     return mp_error(ctx, MP_ERR_INVALID,
                     "pp=%d exceeds the %lld layers of %s; a stage needs at least one layer", pp,
                     (long long)m->n_layers, m->name);
+  if (o->pp_virtual > 1 && o->pp_schedule != MP_PP_INTERLEAVED)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "pp_virtual=%d: several model chunks per stage need the interleaved schedule; "
+                    "choose --pp-schedule interleaved or pp_virtual 1",
+                    o->pp_virtual);
+  if (o->pp_virtual > MP_PP_MAX_VIRTUAL)
+    return mp_error(ctx, MP_ERR_INVALID, "pp_virtual=%d: at most %d model chunks per stage",
+                    o->pp_virtual, MP_PP_MAX_VIRTUAL);
   if (pp > 1) {
-    int64_t lps = (m->n_layers + pp - 1) / pp;
-    if ((int64_t)(pp - 1) * lps >= m->n_layers)
+    const int v = virtual_stages(mesh, o);
+    const int64_t K = (int64_t)pp * v, lpc = (m->n_layers + K - 1) / K;
+    if ((K - 1) * lpc >= m->n_layers)
       return mp_error(ctx, MP_ERR_INVALID,
-                      "pp=%d cannot split the %lld layers of %s evenly: %lld per stage would leave "
-                      "the last stage empty; choose pp dividing %lld",
-                      pp, (long long)m->n_layers, m->name, (long long)lps,
+                      "pp=%d%s cannot split the %lld layers of %s: %lld per model chunk would "
+                      "leave the last of the %lld chunks empty; choose pp%s dividing %lld",
+                      pp, v > 1 ? " x pp_virtual" : "", (long long)m->n_layers, m->name,
+                      (long long)lpc, (long long)K, v > 1 ? " x pp_virtual" : "",
                       (long long)m->n_layers);
-    if (m->tied_embeddings)
-      return mp_error(ctx, MP_ERR_INVALID,
-                      "%s ties its output head to tok_embeddings, which pp=%d puts on different "
-                      "stages (first and last); use pp=1 for tied models",
-                      m->name, pp);
   }
   if (o->seq > 0 && o->seq % cp != 0)
     return mp_error(ctx, MP_ERR_INVALID,
@@ -481,8 +536,9 @@ static mp_status plan_init(mp_ctx *ctx, mp_arena *arena, const mp_model *m, cons
   if (p->opts.ac_every < 1 || p->opts.ac != MP_AC_FULL) p->opts.ac_every = 1;
   p->vocab_padded = m->vocab;
   p->ac = MP_AC_NONE;
-  int pp = mesh->size[MP_DIM_PP];
-  p->layers_per_stage = (int)((m->n_layers + pp - 1) / pp);
+  const int64_t K = (int64_t)mesh->size[MP_DIM_PP] * virtual_stages(mesh, &p->opts);
+  p->layers_per_chunk = (int)((m->n_layers + K - 1) / K);
+  p->layers_per_stage = p->layers_per_chunk * virtual_stages(mesh, &p->opts);
   *out = p;
   return MP_OK;
 }
@@ -514,6 +570,7 @@ mp_status mp_plan_create(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
   }
   p->params = b.params;
   p->n_params = b.n;
+  add_tied_copy(p);
   set_stages(p);
   *out = p;
   return MP_OK;
@@ -617,7 +674,7 @@ mp_status mp_build_plan_from(mp_ctx *ctx, const mp_plan_template *t, const mp_me
   p->tmpl = t;
   p->arena_borrowed = !own;
   /* Copy the tree, descriptors only: the FQN pointers stay the template's. */
-  p->params = mp_arena_alloc(arena, sizeof(mp_param) * (size_t)(t->n_params > 0 ? t->n_params : 1));
+  p->params = mp_arena_alloc(arena, sizeof(mp_param) * (size_t)(t->n_params + 1));
   if (p->params == NULL) {
     st = mp_error(ctx, MP_ERR_NOMEM, "out of memory building the module tree of %s", m->name);
     goto fail;
@@ -625,7 +682,10 @@ mp_status mp_build_plan_from(mp_ctx *ctx, const mp_plan_template *t, const mp_me
   memcpy(p->params, t->params, sizeof(mp_param) * (size_t)t->n_params);
   p->n_params = t->n_params;
   /* The template's stages are all 0, which is right without pipeline parallelism. */
-  if (mesh->size[MP_DIM_PP] > 1) set_stages(p);
+  if (mesh->size[MP_DIM_PP] > 1) {
+    add_tied_copy(p);
+    set_stages(p);
+  }
   st = run_passes(ctx, p, opts);
   if (st != MP_OK) goto fail;
   *out = p;
@@ -862,6 +922,13 @@ mp_status mp_plan_batch(mp_ctx *ctx, const mp_plan *p, int64_t *local_batch, int
                     "do not divide into micro-batches of %lld; choose micro_batch dividing %lld",
                     (long long)local, (long long)gb, (long long)dp, (long long)mb,
                     (long long)local);
+  const int pp = p->mesh.size[MP_DIM_PP];
+  if (mp_plan_virtual_stages(p) > 1 && (local / mb) % pp != 0)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "the interleaved schedule runs micro-batches in groups of pp=%d "
+                    "(Megatron-LM's rule), but %lld sequences per rank in micro-batches of "
+                    "%lld make %lld; choose a batch giving a multiple of %d micro-batches",
+                    pp, (long long)local, (long long)mb, (long long)(local / mb), pp);
   *local_batch = local;
   *n_micro = local / mb;
   return MP_OK;

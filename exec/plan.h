@@ -40,6 +40,7 @@ extern "C" {
 #endif
 
 #define MP_MAX_NDIM 3
+#define MP_PP_MAX_VIRTUAL 16 /* model chunks per pipeline stage, at most */
 
 /* What a parameter is; the runtime picks kernels by this and the module. */
 typedef enum mp_module {
@@ -151,6 +152,9 @@ typedef struct mp_param {
   int fsdp_unit;      /* index into plan->units, -1 before FSDP */
   mp_group fsdp_group;/* MP_GROUP_FSDP or MP_GROUP_EFSDP */
   int pp_stage;       /* pipeline stage holding it */
+  int tied_copy;      /* the last pipeline stage's copy of tok_embeddings.weight serving as the
+                         output head (tied embeddings with pp > 1, Megatron-LM's shared
+                         embedding): its gradient is all-reduced with the first stage's */
 } mp_param;
 
 /* An FSDP unit: parameters all-gathered together before use and reduce-scattered after
@@ -274,7 +278,11 @@ typedef struct mp_plan {
   int n_notes;
   int64_t vocab_padded;  /* vocab after padding for tp (== model.vocab when none) */
   mp_ac_mode ac;
-  int layers_per_stage;  /* n_layers / pp (last stage may hold fewer) */
+  int layers_per_stage;  /* layers a stage holds: ceil(n_layers / pp) without interleaving,
+                            layers_per_chunk x pp_virtual with it (the last may hold fewer) */
+  int layers_per_chunk;  /* layers of a model chunk: ceil(n_layers / (pp x pp_virtual)); model
+                            chunk k = c x pp + s is stage s's virtual chunk c (Megatron's
+                            interleaved layout), the last chunk may hold fewer */
   /* For the planner's speed (mp_build_plan_from): */
   const struct mp_plan_template *tmpl; /* the template it was built from, or NULL; when set,
                                           params[i].fqn / module_fqn and unit names point
@@ -389,6 +397,13 @@ void mp_plan_note_ac(mp_plan *p, const mp_plan_options *o);
 void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o);
 /* Pipeline stage of a rank (its pp coordinate). */
 int mp_plan_rank_stage(const mp_plan *p, int rank);
+/* Model chunks a pipeline stage holds: pp_virtual under the interleaved schedule with
+ * pp > 1, else 1. */
+int mp_plan_virtual_stages(const mp_plan *p);
+/* The stage holding block `layer`. */
+int mp_plan_layer_stage(const mp_plan *p, int64_t layer);
+/* Layers [*l0, *l1) of stage's virtual chunk (empty when the model has no layers there). */
+void mp_plan_chunk_layers(const mp_plan *p, int stage, int chunk, int64_t *l0, int64_t *l1);
 
 /* "none", "selective", "selective-op", "selective-core", "full". */
 const char *mp_ac_mode_name(mp_ac_mode m);

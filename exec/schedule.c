@@ -195,21 +195,26 @@ static void emit_prologue(gen *g, const mp_schedule_prep *pr) {
   mp_sched_seg_close(g, MP_PHASE_PROLOGUE, 1, 0, 0);
 }
 
-/* Activations crossing a pipeline stage boundary: [T, H] bf16. */
-static int32_t stage_p2p(gen *g, mp_coll c) {
-  return comm(g, c, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g->sh.T * g->sh.H), MP_DTYPE_BF16,
-              -1);
+/* Activations crossing a pipeline stage boundary, [Ts, H] bf16 (sequence-sharded under
+ * SP), to or from the neighbouring virtual stage. */
+static int32_t stage_p2p(gen *g, mp_coll c, mp_peer peer) {
+  const int32_t i = comm(g, c, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g->sh.Ts * g->sh.H),
+                         MP_DTYPE_BF16, -1);
+  if (i >= 0) g->ops[i].peer = (uint8_t)peer;
+  return i;
 }
 
-/* Forward head: the stage's input, the root unit's gather and the first block's, the
- * embedding. Returns the root gather (-1 on a stage without root parameters). */
-static int32_t emit_forward_head(gen *g, const stage_info *st, carry *c) {
+/* Forward head of a chunk: its input received from the previous virtual stage, the root
+ * unit's gather (the stage's first chunk) and the chunk's first block's, the embedding (the
+ * model's first chunk). Returns the root gather (-1 where there is none). */
+static int32_t emit_forward_head(gen *g, const stage_info *st, carry *c, int first_chunk) {
   int32_t root_g[N_PARTS] = {-1, -1, -1};
   mp_sched_seg_open(g, MP_PHASE_FORWARD, -1, 0);
   int32_t recv = -1;
-  mp_sched_rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 1);
-  if (!st->first) recv = stage_p2p(g, MP_COLL_RECV);
-  if (g->root_unit >= 0) mp_sched_gather_units(g, -1, g->root_unit, 1, root_g, -1, NULL, NULL);
+  if (first_chunk) mp_sched_rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 1);
+  if (!st->first) recv = stage_p2p(g, MP_COLL_RECV, MP_PEER_PREV);
+  if (first_chunk && g->root_unit >= 0)
+    mp_sched_gather_units(g, -1, g->root_unit, 1, root_g, -1, NULL, NULL);
   if (g->prefetch && st->l1 > st->l0)
     mp_sched_gather_block(g, st->l0, c->gather, -1, NULL, NULL);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 1); /* the runtimes: x[0], the stage's input */
@@ -218,30 +223,32 @@ static int32_t emit_forward_head(gen *g, const stage_info *st, carry *c) {
     mp_sched_embedding_fwd(g);
   }
   mp_sched_seg_close(g, MP_PHASE_FORWARD, 1, 0, 0);
-  if (recv >= 0) pend_dep(g, recv, 0); /* the stage's first block waits for its input */
+  if (recv >= 0) pend_dep(g, recv, 0); /* the chunk's first block waits for its input */
   return root_g[0];
 }
 
-/* Forward tail: head and loss, or the send to the next stage. */
+/* Forward tail of a chunk: head and loss (the model's last chunk), or the send to the next
+ * virtual stage. */
 static void emit_forward_tail(gen *g, const stage_info *st, int32_t root_gather) {
   mp_sched_seg_open(g, MP_PHASE_FORWARD, -1, 0);
   if (st->last) {
     pend_dep(g, root_gather, 0);
     mp_sched_head_fwd(g);
   } else {
-    const int32_t send = stage_p2p(g, MP_COLL_SEND);
+    const int32_t send = stage_p2p(g, MP_COLL_SEND, MP_PEER_NEXT);
     add_dep(g, send, g->last_c, 0);
   }
   mp_sched_seg_close(g, MP_PHASE_FORWARD, 1, 0, 0);
 }
 
-/* Backward head: loss and head backward, or the gradient from the next stage; the last
+/* Backward head of a chunk: loss and head backward, or the gradient from the next virtual
+ * stage; the root unit's gradients (the stage's first backward chunk); the chunk's last
  * block's units prefetched when they were resharded (the runtime's top block gathers its
  * own). */
-static void emit_backward_head(gen *g, const stage_info *st, carry *c) {
+static void emit_backward_head(gen *g, const stage_info *st, carry *c, int first_chunk) {
   mp_sched_seg_open(g, MP_PHASE_BACKWARD, -1, 0);
-  if (g->root_unit >= 0) mp_sched_grads_alloc(g, -1, g->root_unit, 1);
-  const int32_t recv = st->last ? -1 : stage_p2p(g, MP_COLL_RECV);
+  if (first_chunk && g->root_unit >= 0) mp_sched_grads_alloc(g, -1, g->root_unit, 1);
+  const int32_t recv = st->last ? -1 : stage_p2p(g, MP_COLL_RECV, MP_PEER_NEXT);
   for (int k = 0; k < N_PARTS; k++) c->gather[k] = -1;
   if (g->prefetch && g->reshard && st->l1 > st->l0 && !g->rt)
     mp_sched_gather_block(g, st->l1 - 1, c->gather, g->last_c, NULL, NULL);
@@ -252,14 +259,14 @@ static void emit_backward_head(gen *g, const stage_info *st, carry *c) {
   if (recv >= 0) pend_dep(g, recv, 0);
 }
 
-/* Backward tail: the embedding's backward, or the gradient sent to the previous stage; the
- * root unit's reduction. */
-static void emit_backward_tail(gen *g, const stage_info *st) {
+/* Backward tail of a chunk: the embedding's backward, or the gradient sent to the previous
+ * virtual stage; the root unit's reduction after the stage's last backward chunk. */
+static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {
   mp_sched_seg_open(g, MP_PHASE_BACKWARD, -1, 0);
   if (st->first) {
     mp_sched_embedding_bwd(g);
   } else {
-    const int32_t send = stage_p2p(g, MP_COLL_SEND);
+    const int32_t send = stage_p2p(g, MP_COLL_SEND, MP_PEER_PREV);
     add_dep(g, send, g->last_c, 0);
   }
   if (g->rt) {
@@ -267,21 +274,35 @@ static void emit_backward_tail(gen *g, const stage_info *st) {
      * every one still in flight), its gathered parameters, the token ids */
     mp_sched_rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 0);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 0);
-    if (g->root_unit >= 0) mp_sched_reduce_units(g, -1, g->root_unit, 1, 0, 0);
-    mp_sched_rt_rs_finish(g);
-    if (g->root_unit >= 0) mp_sched_free_units(g, -1, g->root_unit, 1, 0, 0);
-    mp_sched_rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 0);
-  } else if (g->root_unit >= 0) {
+    if (last_chunk) {
+      if (g->root_unit >= 0) mp_sched_reduce_units(g, -1, g->root_unit, 1, 0, 0);
+      mp_sched_rt_rs_finish(g);
+      if (g->root_unit >= 0) mp_sched_free_units(g, -1, g->root_unit, 1, 0, 0);
+      mp_sched_rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 0);
+    }
+  } else if (last_chunk && g->root_unit >= 0) {
     mp_sched_free_units(g, -1, g->root_unit, 1, 0, 0);
     mp_sched_reduce_units(g, -1, g->root_unit, 1, 0, 0);
   }
   mp_sched_seg_close(g, MP_PHASE_BACKWARD, 1, 0, 0);
 }
 
+/* A tied model's embedding copies under pp > 1 (stage 0's, the last stage's): their
+ * gradients all-reduced between the two stages once the step's backward is done
+ * (Megatron-LM's embedding group, finalize_model_grads), before the gradient norm. */
+static void emit_tied_all_reduce(gen *g, const mp_schedule_prep *pr) {
+  if (pr->tied_grad_bytes <= 0) return;
+  int32_t i = comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_PP, MP_STREAM_COMPUTE,
+                   (double)pr->tied_grad_bytes, g->rdt, MP_MOD_TOK_EMBEDDINGS);
+  if (i >= 0) g->ops[i].peer = MP_PEER_ENDS;
+  add_dep(g, i, g->last_reduce, 0);
+}
+
 /* Optimizer: global gradient norm (clipping), AdamW on the shard. */
 static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
   const int world_reduce = mp_mesh_world(&g->p->mesh) > 1;
   mp_sched_seg_open(g, MP_PHASE_OPTIMIZER, -1, 0);
+  emit_tied_all_reduce(g, pr);
   if (g->rt) {
     mp_sched_rt_optimizer(g, &pr->rest, world_reduce);
   } else {
@@ -308,10 +329,10 @@ static int32_t same_ac_len(const gen *g, int32_t a, int32_t r) {
   return n;
 }
 
-/* The blocks, forward in order, then backward from the top: one segment per run of
+/* A chunk's blocks, forward in order, or backward from the top: one segment per run of
  * identical blocks (pr->run_len) that share their AC policy. */
-static void emit_blocks(gen *g, const mp_schedule_prep *pr, int backward, carry *c) {
-  const stage_info *st = &pr->st;
+static void emit_blocks(gen *g, const mp_schedule_prep *pr, const stage_info *st, int backward,
+                        carry *c) {
   const int32_t *run_len = pr->run_len;
   if (!backward) {
     for (int32_t l = st->l0; l < st->l1; l++) {
@@ -366,12 +387,21 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   schedule_header(s, p, pr, local_batch, n_micro);
   emit_prologue(&g, pr);
   carry c = {{-1, -1, -1}};
-  const int32_t root_gather = emit_forward_head(&g, &pr->st, &c);
-  emit_blocks(&g, pr, 0, &c);
-  emit_forward_tail(&g, &pr->st, root_gather);
-  emit_backward_head(&g, &pr->st, &c);
-  emit_blocks(&g, pr, 1, &c);
-  emit_backward_tail(&g, &pr->st);
+  int32_t root_gather = -1;
+  for (int k = 0; k < pr->v; k++) { /* the chunks' forwards, in order */
+    g.chunk = (uint8_t)k;
+    const int32_t rg = emit_forward_head(&g, &pr->chunk[k], &c, k == 0);
+    if (k == 0) root_gather = rg;
+    emit_blocks(&g, pr, &pr->chunk[k], 0, &c);
+    emit_forward_tail(&g, &pr->chunk[k], root_gather);
+  }
+  for (int k = pr->v - 1; k >= 0; k--) { /* their backwards, in reverse */
+    g.chunk = (uint8_t)k;
+    emit_backward_head(&g, &pr->chunk[k], &c, k == pr->v - 1);
+    emit_blocks(&g, pr, &pr->chunk[k], 1, &c);
+    emit_backward_tail(&g, &pr->chunk[k], k == 0);
+  }
+  g.chunk = 0;
   emit_optimizer(&g, pr);
   if (g.st != MP_OK) return g.st; /* its message is on ctx */
   schedule_finish(s, &g);

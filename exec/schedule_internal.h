@@ -131,6 +131,7 @@ typedef struct gen {
   mp_op dummy;
   /* current emission state */
   uint8_t phase, when;
+  uint8_t chunk;           /* the model chunk being written (segments record it) */
   int32_t layer;           /* layer of the block being written (first repetition) */
   int32_t seg_first;       /* first op of the open segment */
   int32_t last_c;          /* last op on the compute stream */
@@ -214,7 +215,12 @@ struct mp_schedule_prep {
   /* what it holds */
   int rank, stage;
   mp_schedule_mode mode;
-  stage_info st;
+  stage_info st;            /* the stage's first chunk's first layer to its last chunk's end */
+  int v;                    /* model chunks of the stage */
+  stage_info chunk[MP_PP_MAX_VIRTUAL]; /* per chunk: its layers; first: the model's first
+                                          chunk (the embedding), last: its last (the head) */
+  int64_t tied_grad_bytes;  /* a tied embedding copy's gradient at rest on this stage under
+                               pp > 1 (reduce dtype), all-reduced with the other copy's; 0 */
   shapes sh; /* all but the micro-batch's part */
   int has_fsdp;
   unit_info *ui;

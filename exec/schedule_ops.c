@@ -110,6 +110,7 @@ void mp_sched_seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_st
   sg->layer_step = layer_step;
   sg->unit_step = unit_step;
   sg->phase = (uint8_t)phase;
+  sg->chunk = g->chunk;
 }
 
 /* ---- GEMMs and Linears ---------------------------------------------------------------- */

@@ -176,6 +176,24 @@ static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
   return units_by_layer(g);
 }
 
+/* A tied model's embedding copy on this stage under pp > 1 (stage 0's tok_embeddings, the
+ * last stage's output copy): its gradient at rest in the reduce dtype, the payload of the
+ * two copies' all-reduce; 0 without one. */
+static int64_t tied_grad_bytes(const gen *g, int stage, int rank) {
+  const mp_plan *p = g->p;
+  if (!p->model.tied_embeddings || p->mesh.size[MP_DIM_PP] <= 1) return 0;
+  for (int i = 0; i < p->n_params; i++) {
+    const mp_param *prm = &p->params[i];
+    const int tok = prm->module == MP_MOD_TOK_EMBEDDINGS && prm->role == MP_ROLE_WEIGHT;
+    if (prm->pp_stage != stage || !(tok || prm->tied_copy)) continue;
+    const int64_t n = g->has_fsdp && prm->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD
+                          ? mp_param_local_numel(p, prm, rank)
+                          : mp_param_tp_numel(prm);
+    return n * mp_dtype_bytes(g->rdt);
+  }
+  return 0;
+}
+
 /* ---- runs of identical blocks --------------------------------------------------------- */
 
 int mp_sched_kind_of(const gen *g, int32_t l, const stage_info *st) {
@@ -209,7 +227,8 @@ static int same_block(const gen *g, int32_t a, int32_t b, const stage_info *st) 
   return 1;
 }
 
-/* Runs of identical blocks in [l0, l1): run_len[l] for run starts, 0 inside runs. */
+/* Runs of identical blocks in a chunk's [l0, l1): run_len[l] for run starts, 0 inside
+ * runs. */
 static void find_runs(gen *g, const stage_info *st, mp_schedule_mode mode, int32_t *run_len) {
   for (int32_t l = st->l0; l < st->l1;) {
     int32_t r = 1;
@@ -267,17 +286,23 @@ mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedul
   int coords[MP_MESH_NDIMS];
   mp_mesh_coords(mesh, rank, coords);
   const int stage = coords[MP_DIM_PP], pp = mesh->size[MP_DIM_PP];
-  const int L = (int)p->model.n_layers;
-  int lps = p->layers_per_stage > 0 ? p->layers_per_stage : (L + pp - 1) / pp;
-  stage_info st = {stage * lps, (stage + 1) * lps < L ? (stage + 1) * lps : L, stage == 0,
-                   stage == pp - 1};
+  const int L = (int)p->model.n_layers, v = mp_plan_virtual_stages(p);
+  for (int c = 0; c < v; c++) {
+    int64_t l0, l1;
+    mp_plan_chunk_layers(p, stage, c, &l0, &l1);
+    pr->chunk[c] = (stage_info){(int32_t)l0, (int32_t)l1, stage == 0 && c == 0,
+                                stage == pp - 1 && c == v - 1};
+  }
+  pr->v = v;
+  stage_info st = {pr->chunk[0].l0, pr->chunk[v - 1].l1, stage == 0, stage == pp - 1};
   read_shapes(&g);
   int64_t params_numel = 0;
   rt_rest rest;
   MP_CHECK(read_units(&g, stage, rank, &params_numel, &rest));
+  pr->tied_grad_bytes = tied_grad_bytes(&g, stage, rank);
   int32_t *run_len = mp_arena_alloc(arena, sizeof(int32_t) * (size_t)(L + 1));
   MP_CHECK_ALLOC(ctx, run_len);
-  find_runs(&g, &st, mode, run_len);
+  for (int c = 0; c < v; c++) find_runs(&g, &pr->chunk[c], mode, run_len);
   pr->params = p->params;
   pr->units = p->units;
   pr->n_params = p->n_params;

@@ -105,7 +105,7 @@ const char *mp_kernel_name(mp_kernel k) {
 const char *mp_coll_name(mp_coll c) {
   static const char *n[MP_COLL_COUNT] = {"all_gather", "reduce_scatter", "all_reduce",
                                          "all_to_all", "send",           "recv",
-                                         "broadcast"};
+                                         "broadcast",  "sendrecv"};
   return (unsigned)c < MP_COLL_COUNT ? n[c] : "?";
 }
 
