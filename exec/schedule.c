@@ -10,6 +10,8 @@
  *                       of identical blocks)
  *   schedule_ops.c      emission primitives, GEMMs and Linears, a block's and the head's
  *                       ops (the FLOP and byte conventions)
+ *   schedule_cp.c       context parallelism's ring attention
+ *   schedule_pp.c       the pipeline order of a stage (mp_pp_order)
  *   schedule_fsdp.c     FSDP: gathers, reshards, gradient reductions
  *   schedule_rt.c       the meshplan runtimes' memory models
  *   schedule_program.c  the step program the runtime walks

@@ -76,6 +76,8 @@ enum {
   BUF_ACT_ATTN_TMP, /* a block part's tensors the AC policy drops after its forward */
   BUF_ACT_MLP_TMP,
   BUF_RC_X,        /* recomputed: the block input's norm statistics */
+  BUF_CP_ACC,      /* ring attention: the fp32 accumulators of the output (or the gradients) */
+  BUF_CP_KV,       /* ring attention: the K, V (and dK, dV) buffers in flight */
 };
 
 enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };
@@ -429,6 +431,10 @@ void mp_sched_rt_f8_scope_close(gen *g);
 void mp_sched_rt_layout_fill(gen *g, int64_t micro_batch);
 void mp_sched_rt_mem(gen *g, mp_act_alloc a, int kind, int alloc);
 void mp_sched_rt_optimizer(gen *g, const rt_rest *r, int world_reduce);
+
+/* schedule_cp.c */
+void mp_sched_cp_attention_bwd(gen *g);
+void mp_sched_cp_attention_fwd(gen *g);
 
 /* schedule_fsdp.c */
 void mp_sched_free_units(gen *g, int32_t layer, int32_t unit0, int n, int part_lo, int part_hi);

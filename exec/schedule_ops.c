@@ -301,6 +301,10 @@ static double attn_fwd_flops(const shapes *sh) {
 void mp_sched_attention_core_fwd(gen *g) {
   if (skipped(g, SKIP_CORE)) return;
   const shapes *sh = &g->sh;
+  if (sh->cp > 1 && !g->rt) {
+    mp_sched_cp_attention_fwd(g); /* ring attention (schedule_cp.c) */
+    return;
+  }
   const int64_t T = sh->T;
   compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq, sh->hd, sh->nh, attn_fwd_flops(sh),
           2.0 * (double)(T * (2 * sh->q + 2 * sh->kv)) + 4.0 * (double)(T * sh->nh),
@@ -309,6 +313,10 @@ void mp_sched_attention_core_fwd(gen *g) {
 
 void mp_sched_attention_core_bwd(gen *g) {
   const shapes *sh = &g->sh;
+  if (sh->cp > 1 && !g->rt) {
+    mp_sched_cp_attention_bwd(g);
+    return;
+  }
   const int64_t T = sh->T;
   compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq, sh->hd, sh->nh,
           2.0 * attn_fwd_flops(sh),

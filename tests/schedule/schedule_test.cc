@@ -416,6 +416,61 @@ TEST(Schedule, SequenceParallelShardsTheSavedResidualStream) {
   }
 }
 
+TEST(Schedule, ContextParallelRingAttention) {
+  // llama3.1-8b on dp_shard=2 x cp=4, seq 8192: each rank holds 2048 tokens (two of the 8
+  // load-balanced chunks). Per layer, forward: 4 partial attention steps of 1/4 of the
+  // core's FLOPs (2 x 2048 x 8192 x 32 x 128 / 4), 3 ring shifts of the local K and V,
+  // 2 x 2048 x 1024 x 2 bytes = 8 MiB, each step after the first waiting for its shift;
+  // backward: 4 steps of twice that, 3 K, V shifts and 4 shifts of the fp32 dK, dV (16 MiB).
+  Built b;
+  Opts o;
+  o.mesh = "dp_shard=2,cp=4";
+  Build(&b, o);
+  const double kv = 2.0 * 2048 * 1024 * 2, dkv = 2.0 * 2048 * 1024 * 4;
+  const double step = 2.0 * 2048 * 8192 * 32 * 128 / 4;
+  int shifts[2] = {0, 0}, dshifts = 0, steps[2] = {0, 0};
+  std::vector<Inst> v = Expand(b.s);
+  for (const Inst &x : v) {
+    if (x.layer != 5) continue;
+    const int bwd = x.op->phase == MP_PHASE_BACKWARD;
+    if (x.op->type == MP_OP_COMM && x.op->group == MP_GROUP_CP) {
+      EXPECT_EQ(x.op->coll, MP_COLL_SENDRECV);
+      EXPECT_EQ(x.op->stream, MP_STREAM_P2P);
+      EXPECT_EQ(x.op->peer, MP_PEER_NEXT);
+      if (x.op->bytes == kv) shifts[bwd]++;
+      else if (x.op->bytes == dkv) dshifts++;
+      else ADD_FAILURE() << "shift of " << x.op->bytes << " bytes";
+    }
+    if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_ATTENTION &&
+        x.op->flops > 1e9) { // not the merges
+      EXPECT_DOUBLE_EQ(x.op->flops, bwd ? 2 * step : step);
+      steps[bwd]++;
+      // every step but the first waits for the shift that brings its K and V
+      bool waits = false;
+      mp_schedule_iter it;
+      mp_schedule_iter_begin(b.s, &it);
+      while (mp_schedule_iter_next(&it) && it.index != x.index) {
+      }
+      for (int d = 0; d < it.op->n_dep; d++) {
+        const int64_t j = mp_schedule_iter_dep(&it, d);
+        if (j >= 0 && v[j].op->type == MP_OP_COMM && v[j].op->group == MP_GROUP_CP) waits = true;
+      }
+      const int first = steps[bwd] == 1;
+      EXPECT_EQ(waits, !first) << (bwd ? "backward" : "forward") << " step " << steps[bwd];
+    }
+  }
+  EXPECT_EQ(steps[0], 4);
+  EXPECT_EQ(steps[1], 4);
+  EXPECT_EQ(shifts[0], 3);
+  EXPECT_EQ(shifts[1], 3);
+  EXPECT_EQ(dshifts, 4);
+  // FSDP shards over dp_shard x cp = 8
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(b.s, &t);
+  EXPECT_GT(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_FSDP], 0);
+  EXPECT_EQ(mp_mesh_group_size(&b.plan->mesh, MP_GROUP_FSDP), 8);
+}
+
 TEST(Schedule, MoeBlockAllToAllsAndGroupedGemms) {
   // qwen3-30b-a3b on dp_shard=8, ep=8: 128 experts, top-8, H=2048, expert d_ff 768,
   // T = 8192 tokens per rank. Each all-to-all's payload is the rank's send buffer:
