@@ -420,6 +420,19 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
       o->sp < -1 || o->sp > 1)
     return mp_error(ctx, MP_ERR_INVALID, "attention kind %d, loss kind %d or sp=%d out of range",
                     (int)o->attn, (int)o->loss, o->sp);
+  if (o->mem_model == MP_MEM_MODEL_MEGATRON) {
+    if (mesh->size[MP_DIM_DP_SHARD] > 1 || mesh->size[MP_DIM_CP] > 1)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "the megatron memory model replicates parameters over data parallelism "
+                      "(dp_replicate, gradients all-reduced), without FSDP or context "
+                      "parallelism; use dp_replicate instead of dp_shard=%d, cp=%d",
+                      mesh->size[MP_DIM_DP_SHARD], mesh->size[MP_DIM_CP]);
+    if (o->ac == MP_AC_SELECTIVE || o->ac == MP_AC_SELECTIVE_OP)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "AC %s: Megatron-LM recomputes the core attention (selective-core) or "
+                      "whole blocks (full, full:N); choose one of those or none",
+                      mp_ac_mode_name(o->ac));
+  }
   if (!mp_mem_model_is_runtime(o->mem_model)) return MP_OK;
   /* The meshplan runtime executes what its memory models describe, nothing more. */
   const char *mm = mp_mem_model_name(o->mem_model);
@@ -720,6 +733,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
       opts->pp_virtual != b->pp_virtual || seq != b->seq || opts->master_dtype != b->master_dtype ||
       opts->mem_model != b->mem_model || opts->attn != b->attn || opts->loss != b->loss ||
+      opts->dp_overlap != b->dp_overlap ||
       (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,
                     "mp_plan_derive: options differ from the base plan's in more than "

@@ -106,7 +106,10 @@ typedef enum mp_tp_style {
  *   SELECTIVE_CORE  Megatron-LM's selective recompute (Korthikanti et al. 2022): the core
  *                   attention (QK^T, softmax, attention x V) recomputed from the saved q, k, v
  *   FULL            each block recomputed from its saved input; with ac_every = N > 1 only
- *                   every N-th block (torchtitan's integer selective_ac_option) */
+ *                   every N-th block (torchtitan's integer selective_ac_option). Chosen over
+ *                   Megatron-LM's --recompute-num-layers N (the first N blocks of each
+ *                   stage): spread evenly, the recompute costs every pipeline stage and
+ *                   every micro-batch the same, so the stages stay balanced */
 typedef enum mp_ac_mode {
   MP_AC_NONE = 0,
   MP_AC_SELECTIVE,
@@ -239,6 +242,10 @@ typedef struct mp_plan_options {
                             runtime runs it (torchtitan, megatron), resolved by mp_plan_create */
   mp_attn_impl attn;     /* the attention kernel (default FLASH) */
   mp_loss_impl loss;     /* the cross-entropy's implementation (default EAGER) */
+  int dp_overlap;        /* the megatron memory model: gradient buckets all-reduced over
+                            dp_replicate as each block's backward ends, overlapping the
+                            rest (Megatron-LM's --overlap-grad-reduce); 0: after the step's
+                            last backward. Set from the stack (key "dp_overlap") */
   mp_fsdp_options fsdp;
   mp_pp_schedule pp_schedule;
   int pp_virtual;        /* virtual stages per rank for interleaved (>= 1) */

@@ -143,6 +143,8 @@ static void gen_init(gen *g, mp_ctx *ctx, const mp_plan *p, const mp_schedule_pr
    * CPU's blocking MPI collectives, or (CUDA, a GPU per rank) NCCL's overlap */
   const int cuda = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CUDA;
   g->rt = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CPU || cuda;
+  g->mg = p->opts.mem_model == MP_MEM_MODEL_MEGATRON;
+  g->stage_grad_bytes = pr->params_numel * mp_dtype_bytes(g->rdt);
   g->xs = g->rt && !cuda ? 4 : 2;
   g->f8c = cuda || (g->rt && p->opts.f8_codes);
   g->host_mem = !cuda;
@@ -176,7 +178,9 @@ static void resident(gen *g, mp_mem_cat cat, int buf, int64_t bytes) {
 }
 
 /* Prologue: the resident state. The torchtitan model: the rank's shards in the master
- * dtype, as many gradients and two AdamW states. The runtime models: fp32 master,
+ * dtype, as many gradients and two AdamW states. The megatron model: the stage's
+ * parameters in the model dtype besides, gradients in the fp32 main_grad buffers (2 + 4 +
+ * 4 + 8 = 18 bytes per parameter, Megatron-LM's mixed precision). The runtime models: fp32 master,
  * gradient and AdamW m, v of the padded shards; X compute copies of the parameters not
  * sharded when X is not fp32; the resident tensors of the activation layout; the float8
  * codes of unsharded weights. */
@@ -187,6 +191,9 @@ static void emit_prologue(gen *g, const mp_schedule_prep *pr) {
     param_bytes = grad_bytes = 4 * pr->rest.numel_pad;
     optimizer_bytes = 8 * pr->rest.numel_pad;
     if (g->xs != 4) param_bytes += g->xs * pr->rest.numel_rep;
+  } else if (g->mg) { /* fp16/bf16 model parameters beside the fp32 masters; fp32 main_grad */
+    param_bytes += n * mp_dtype_bytes(g->pdt);
+    grad_bytes = n * mp_dtype_bytes(g->rdt);
   }
   mp_sched_seg_open(g, MP_PHASE_PROLOGUE, -1, 0);
   resident(g, MP_MEM_PARAMS, BUF_PARAMS, param_bytes);
@@ -286,6 +293,14 @@ static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {
     mp_sched_free_units(g, -1, g->root_unit, 1, 0, 0);
     mp_sched_reduce_units(g, -1, g->root_unit, 1, 0, 0);
   }
+  /* Megatron-LM without overlap: the whole stage's gradients all-reduced over dp_replicate
+   * once its last micro-batch's backward is done */
+  const int rep = g->p->mesh.size[MP_DIM_DP_REPLICATE];
+  if (g->mg && !g->p->opts.dp_overlap && last_chunk && rep > 1) {
+    const int32_t i = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, g->stage_grad_bytes,
+                                -1, -1, g->last_c);
+    if (i >= 0) g->ops[i].when = MP_WHEN_LAST_MICRO;
+  }
   mp_sched_seg_close(g, MP_PHASE_BACKWARD, 1, 0, 0);
 }
 
@@ -316,6 +331,9 @@ static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
       comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_WORLD, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, -1);
     compute(g, MP_KERNEL_OPTIMIZER, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, FLOPS_ADAMW * shard,
             BYTES_ADAMW * shard, MP_DTYPE_FP32);
+    if (g->mg) /* the model dtype's parameters refreshed from the masters */
+      compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
+              (4.0 + mp_dtype_bytes(g->pdt)) * shard, MP_DTYPE_FP32);
   }
   mp_sched_seg_close(g, MP_PHASE_OPTIMIZER, 1, 0, 0);
 }

@@ -1,7 +1,7 @@
 /* Step schedule builder: what a block saves for its backward under each activation
  * checkpointing policy, and what its backward recomputes (the builder's overview:
- * schedule.c). The torchtitan memory model here; the Megatron-LM model's block in
- * schedule_megatron.c; the meshplan runtimes' in schedule_rt.c.
+ * schedule.c). The torchtitan and the Megatron-LM memory models here (block_act_mg has
+ * the latter's list); the meshplan runtimes' in schedule_rt.c.
  *
  * The torchtitan model (PyTorch eager autograd under torchtitan's parallelisms): a block's
  * forward saves the tensors its ops save for backward. Per op, T tokens of the micro-batch
@@ -178,6 +178,62 @@ static void block_act_tt(const shapes *sh, int kind, mp_ac_mode ac, block_act *a
   }
 }
 
+/* ---- the megatron model's tensors ----------------------------------------------------- */
+
+/* Megatron-LM's saved tensors per block (Korthikanti et al. 2022, section 4.1, with their
+ * names; T tokens, Ts = T/tp under SP, a = heads_l, s = seq, bf16/fp16 2 bytes, masks 1):
+ *   LayerNorm 1 input          2TsH + 8Ts (the block input and LayerNorm's mean and rstd)
+ *   QKV input                  2TsH under SP (re-gathered in backward), else 2TH
+ *   Q, K / V                   2T(q + kv) / 2T kv
+ *   core attention             materialized: softmax output 2 a s T, and for GPT its
+ *                              dropout mask a s T and output 2 a s T; flash: the log-sum-exp
+ *                              4 T a
+ *   context (proj input)       2Tq
+ *   hidden dropout mask (GPT)  Ts H
+ *   LayerNorm 2 input          2TsH + 8Ts
+ *   MLP input                  2TsH under SP, else 2TH
+ *   GeLU input, output         2 x 2Tf (SwiGLU: gate, up, silu, product 4 x 2Tf)
+ *   hidden dropout mask (GPT)  Ts H
+ * For GPT (f = 4H, LayerNorm statistics aside) the sum is sbh(10 + 24/t + 5as/(ht))
+ * without SP and sbh(34/t + 5as/(ht)) with it, Korthikanti et al.'s Table 2 (tested).
+ * selective-core drops the core attention's scores (recomputed from the saved Q, K, V
+ * before the attention's backward, with the context again); full keeps the block input. */
+static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int materialized,
+                         block_act *a) {
+  memset(a, 0, sizeof *a);
+  const int64_t T = sh->T, Ts = sh->Ts, H = sh->H, st = stat_bytes(sh), drop = sh->gpt;
+  const int64_t in = sh->sp ? 2 * Ts * H : 2 * T * H;
+  const int64_t sT = sh->seq * T;
+  const int64_t core = materialized ? 2 * sh->nh * sT + drop * 3 * sh->nh * sT : 4 * T * sh->nh;
+  int64_t A = st * Ts + in + 2 * T * (sh->q + sh->kv) + 2 * T * sh->kv + core + 2 * T * sh->q +
+              drop * Ts * H;
+  if (sh->qk_norm) A += 2 * T * (sh->q + sh->kv) + 4 * T * (sh->nh + sh->nkv);
+  int64_t M;
+  if (kind == KIND_DENSE)
+    M = 2 * Ts * H + st * Ts + in + (sh->gpt ? 2 : 4) * 2 * T * sh->f + drop * Ts * H;
+  else
+    M = mlp_all(sh, kind); /* MoE: as the torchtitan model counts it */
+  a->x = 2 * Ts * H;
+  a->attn = A;
+  a->mlp = M;
+  if (ac == MP_AC_SELECTIVE_CORE) {
+    a->attn = A - core;
+    a->attn_tmp = core;
+    a->rc_attn = core + 2 * T * sh->q;
+  } else if (ac == MP_AC_FULL) {
+    a->attn = a->mlp = 0;
+    a->attn_tmp = a->rc_attn = A;
+    a->mlp_tmp = a->rc_mlp = M;
+    a->rc_first = 1;
+  }
+}
+
+/* The block's saved tensors under the plan's memory model and the layer's policy. */
+static void block_act_of(const gen *g, int kind, mp_ac_mode ac, block_act *a) {
+  if (g->mg) block_act_mg(&g->sh, kind, ac, g->p->opts.attn == MP_ATTN_MATERIALIZED, a);
+  else block_act_tt(&g->sh, kind, ac, a);
+}
+
 /* An ALLOC or FREE of the open block's activations, flagged MP_MEM_KEPT when kept. */
 static void act(gen *g, int buf, int64_t bytes, int alloc, int kept) {
   if (bytes <= 0) return;
@@ -192,7 +248,7 @@ static void act(gen *g, int buf, int64_t bytes, int alloc, int kept) {
  * at the end of each part. */
 void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd) {
   block_act a;
-  block_act_tt(&g->sh, kind, mp_plan_layer_ac(&g->p->opts, g->layer), &a);
+  block_act_of(g, kind, mp_plan_layer_ac(&g->p->opts, g->layer), &a);
   act(g, BUF_ACT_X, a.x, 1, 1);
   act(g, BUF_ACT_ATTN, a.attn, 1, a.kept);
   act(g, BUF_ACT_ATTN_TMP, a.attn_tmp, 1, 0);
@@ -236,7 +292,7 @@ static void recompute(gen *g, const block_act *a, int kind, const part_deps *pd,
 void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   const mp_ac_mode ac = mp_plan_layer_ac(&g->p->opts, l);
   block_act a;
-  block_act_tt(&g->sh, kind, ac, &a);
+  block_act_of(g, kind, ac, &a);
   const int nu = g->n_units[l];
   const int32_t u0 = g->first_unit[l];
   const int64_t ws = bwd_workspace(&g->sh, kind);

@@ -78,6 +78,8 @@ enum {
   BUF_RC_X,        /* recomputed: the block input's norm statistics */
   BUF_CP_ACC,      /* ring attention: the fp32 accumulators of the output (or the gradients) */
   BUF_CP_KV,       /* ring attention: the K, V (and dK, dV) buffers in flight */
+  BUF_SCORES_GRAD, /* materialized attention: the scores' gradient in backward */
+  BUF_SP_GATHER,   /* Megatron's SP: a region's input gathered again in backward */
 };
 
 enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };
@@ -153,6 +155,11 @@ typedef struct gen {
   mp_dtype pdt, rdt;
   /* memory model (p->opts.mem_model; see the file comment) */
   int rt;                  /* a meshplan runtime's: MESHPLAN_CPU or MESHPLAN_CUDA */
+  int mg;                  /* Megatron-LM's (MEGATRON): no FSDP, fp32 main gradients
+                              all-reduced over dp_replicate in the last micro-batch, SP
+                              re-gathering the sharded inputs of its column-parallel
+                              Linears in backward */
+  int64_t stage_grad_bytes; /* mg: the stage's gradients in the reduce dtype */
   int xs;                  /* bytes of an activation (X) element: bf16 under torchtitan, the
                               backend's x_dtype in the runtimes (4 CPU, 2 CUDA) */
   int host_mem;            /* rt: the backend's memory is host memory (no staging buffer) */

@@ -256,6 +256,33 @@ static void ep_alltoall(gen *g, int module) {
        act_comm_bytes(g) * (double)(sh->T * sh->topk * sh->H), act_comm_dtype(g), module);
 }
 
+/* Megatron-LM's sequence parallelism saves a column-parallel region's input on the
+ * sequence shard and all-gathers it again in backward for the weight gradients, the
+ * gather overlapping the input-gradient GEMMs (Korthikanti et al. 2022, section 4.2.2):
+ * the gather (on the gather stream, which Megatron's FSDP-free layout leaves free) and its
+ * [T, H] buffer before the region's backward GEMMs; mg_regather_wait makes the region's
+ * first weight gradient wait for it. Returns the gather, -1 where there is none. */
+static int32_t mg_regather(gen *g, int on, int module) {
+  const shapes *sh = &g->sh;
+  if (!(g->mg && sh->sp && on)) return -1;
+  pair(g, MP_MEM_TEMP, BUF_SP_GATHER, 2 * sh->T * sh->H, 1);
+  const int32_t i = comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_GATHER,
+                         2.0 * (double)(sh->T * sh->H), MP_DTYPE_BF16, module);
+  add_dep(g, i, g->last_c, 0);
+  return i;
+}
+
+static void mg_regather_wait(gen *g, int32_t gather, int32_t first_op) {
+  if (gather < 0) return;
+  for (int32_t i = first_op; i < g->n_ops; i++)
+    if (g->ops[i].type == MP_OP_COMPUTE && g->ops[i].kernel == MP_KERNEL_GEMM &&
+        g->ops[i].variant == MP_VAR_WGRAD) {
+      add_dep(g, i, gather, 0);
+      break;
+    }
+  pair(g, MP_MEM_TEMP, BUF_SP_GATHER, 2 * g->sh.T * g->sh.H, 0);
+}
+
 /* ---- one block ------------------------------------------------------------------------ */
 
 static void norm_fwd(gen *g, int module, int64_t rows, int64_t width) {
@@ -298,11 +325,48 @@ static double attn_fwd_flops(const shapes *sh) {
   return 2.0 * (double)sh->T * (double)sh->seq * (double)sh->nh * (double)sh->hd;
 }
 
+/* Megatron-LM's materialized core attention on s x s scores per sequence and head
+ * (Shoeybi et al. 2019): QK^T and attention x V as batched GEMMs over micro_batch x heads
+ * (the full square, 2 T s q FLOPs each: the fused kernel masks, it does not skip), the
+ * fused scale-mask-softmax (2 bytes read, 2 written per score) and for GPT the attention
+ * dropout (its 1-byte mask written too). Backward: dV = P^T dO and dP = dO V^T, the dropout
+ * and softmax backwards, dQ = dS K and dK = dS^T Q; dP lives as a TEMP. */
+static void core_materialized(gen *g, int bwd) {
+  const shapes *sh = &g->sh;
+  const double s = (double)sh->seq, scores = (double)sh->T * s * (double)sh->nh;
+  const int64_t batch = sh->T / sh->seq * sh->nh;
+  if (!bwd) {
+    gemm(g, MP_VAR_FWD, -1, s, sh->seq, sh->hd, batch, MP_DTYPE_BF16);
+    compute(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, -1, (int64_t)scores, 0, 0, 1, 5.0 * scores,
+            4.0 * scores, MP_DTYPE_BF16);
+    if (sh->gpt)
+      compute(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, -1, (int64_t)scores, 0, 0, 1, 2.0 * scores,
+              5.0 * scores, MP_DTYPE_BF16);
+    gemm(g, MP_VAR_FWD, -1, s, sh->hd, sh->seq, batch, MP_DTYPE_BF16);
+    return;
+  }
+  pair(g, MP_MEM_TEMP, BUF_SCORES_GRAD, (int64_t)(2.0 * scores), 1);
+  gemm(g, MP_VAR_DGRAD, -1, s, sh->hd, sh->seq, batch, MP_DTYPE_BF16);
+  gemm(g, MP_VAR_DGRAD, -1, s, sh->seq, sh->hd, batch, MP_DTYPE_BF16);
+  if (sh->gpt)
+    compute(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, -1, (int64_t)scores, 0, 0, 1, 2.0 * scores,
+            5.0 * scores, MP_DTYPE_BF16);
+  compute(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, -1, (int64_t)scores, 0, 0, 1, 4.0 * scores,
+          6.0 * scores, MP_DTYPE_BF16);
+  gemm(g, MP_VAR_DGRAD, -1, s, sh->hd, sh->seq, batch, MP_DTYPE_BF16);
+  gemm(g, MP_VAR_DGRAD, -1, s, sh->hd, sh->seq, batch, MP_DTYPE_BF16);
+  pair(g, MP_MEM_TEMP, BUF_SCORES_GRAD, (int64_t)(2.0 * scores), 0);
+}
+
 void mp_sched_attention_core_fwd(gen *g) {
   if (skipped(g, SKIP_CORE)) return;
   const shapes *sh = &g->sh;
   if (sh->cp > 1 && !g->rt) {
     mp_sched_cp_attention_fwd(g); /* ring attention (schedule_cp.c) */
+    return;
+  }
+  if (g->p->opts.attn == MP_ATTN_MATERIALIZED) {
+    core_materialized(g, 0);
     return;
   }
   const int64_t T = sh->T;
@@ -315,6 +379,10 @@ void mp_sched_attention_core_bwd(gen *g) {
   const shapes *sh = &g->sh;
   if (sh->cp > 1 && !g->rt) {
     mp_sched_cp_attention_bwd(g);
+    return;
+  }
+  if (g->p->opts.attn == MP_ATTN_MATERIALIZED) {
+    core_materialized(g, 1);
     return;
   }
   const int64_t T = sh->T;
@@ -484,6 +552,7 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
   if (kind == KIND_DENSE) {
     tp_region_out_bwd(g, sh->ar_down, MP_MOD_DOWN);
     linear_bwd(g, MP_MOD_DOWN, (double)T, H, sh->f, 1);
+    const int32_t first = g->n_ops, ag = mg_regather(g, sh->ar_gateup, MP_MOD_UP);
     if (sh->gpt) {
       elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, MP_MOD_UP, T * sh->f, FLOPS_GELU_BWD,
                   6.0 * (double)(T * sh->f));
@@ -493,6 +562,7 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
       linear_bwd(g, MP_MOD_GATE, (double)T, sh->f, H, 1);
       linear_bwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
     }
+    mg_regather_wait(g, ag, first);
     tp_region_in_bwd(g, sh->ar_gateup, MP_MOD_UP);
   } else {
     const int64_t Tk = T * sh->topk;
@@ -536,6 +606,7 @@ void mp_sched_attention_bwd(gen *g, const part_deps *pd) {
     norm_bwd(g, MP_MOD_K_NORM, T * sh->nkv, sh->hd);
     norm_bwd(g, MP_MOD_Q_NORM, T * sh->nh, sh->hd);
   }
+  const int32_t first = g->n_ops, ag = mg_regather(g, sh->ar_qkv, MP_MOD_Q);
   if (g->rt) { /* the runtime's order (its float8 operand of xn1 comes with q) */
     linear_bwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
     linear_bwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
@@ -545,6 +616,7 @@ void mp_sched_attention_bwd(gen *g, const part_deps *pd) {
     linear_bwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
     linear_bwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
   }
+  mg_regather_wait(g, ag, first);
   tp_region_in_bwd(g, sh->ar_qkv, MP_MOD_Q);
   norm_bwd(g, MP_MOD_ATTN_NORM, sh->Ts, H);
   residual_bwd(g, sh->Ts * H);

@@ -81,6 +81,8 @@ typedef struct mp_stack_profile {
   mp_loss_impl loss;
   int sp;
   unsigned ac_policies; /* bit 1 << mp_ac_mode */
+  int dp_overlap;       /* JSON "dp_overlap", optional (default false): the megatron memory
+                           model's gradient all-reduces overlap the backward */
 } mp_stack_profile;
 
 typedef struct mp_sim_config {

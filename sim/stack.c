@@ -53,6 +53,7 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
   p->loss = (mp_loss_impl)l;
   p->sp = !mp_mem_model_is_runtime(p->mem_model);
   MP_CHECK(mp_json_get_bool(ctx, j, origin, "sequence_parallel", 0, &p->sp));
+  MP_CHECK(mp_json_get_bool(ctx, j, origin, "dp_overlap", 0, &p->dp_overlap));
   p->ac_policies = p->mem_model == MP_MEM_MODEL_TORCHTITAN
                        ? (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_OP) | (1u << MP_AC_FULL)
                        : (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_CORE) | (1u << MP_AC_FULL);
@@ -135,7 +136,15 @@ void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o) {
   o->mem_model = p->mem_model;
   o->attn = p->attn;
   o->loss = p->loss;
+  o->dp_overlap = p->dp_overlap;
   if (!p->sp) o->sp = 0;
+  if (p->mem_model == MP_MEM_MODEL_MEGATRON) {
+    /* fp16/bf16 parameters beside fp32 master weights; gradients accumulated and
+     * all-reduced in fp32 main_grad buffers */
+    o->fsdp.param_dtype = MP_DTYPE_FP16;
+    o->fsdp.reduce_dtype = MP_DTYPE_FP32;
+    o->master_dtype = MP_DTYPE_FP32;
+  }
   if (p->mem_model == MP_MEM_MODEL_MESHPLAN_CPU) {
     o->fsdp.param_dtype = MP_DTYPE_FP32;
     o->master_dtype = MP_DTYPE_FP32;

@@ -35,6 +35,8 @@ struct Opts {
   int reshard = 1;
   int shard_logits = 1;
   int sp = -1;  // the plan's default: on with tp > 1
+  mp_mem_model mem_model = MP_MEM_MODEL_TORCHTITAN;
+  mp_attn_impl attn = MP_ATTN_FLASH;
   int64_t micro_batch = 1;
   int64_t global_batch = 0;
   int64_t seq = 8192;
@@ -54,6 +56,8 @@ void Build(Built *b, const Opts &o) {
   po.fsdp.reshard_after_forward = o.reshard;
   po.tp.shard_logits = o.shard_logits;
   po.sp = o.sp;
+  po.mem_model = o.mem_model;
+  po.attn = o.attn;
   po.micro_batch = o.micro_batch;
   po.global_batch = o.global_batch;
   po.seq = o.seq;
@@ -469,6 +473,51 @@ TEST(Schedule, ContextParallelRingAttention) {
   mp_schedule_totals_compute(b.s, &t);
   EXPECT_GT(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_FSDP], 0);
   EXPECT_EQ(mp_mesh_group_size(&b.plan->mesh, MP_GROUP_FSDP), 8);
+}
+
+TEST(Schedule, MegatronActivationsFollowKorthikanti) {
+  // gpt-22b (h 6144, a 64, s 2048, f 4h) at tp=8, micro-batch 1, Megatron-LM's memory model
+  // with its materialized attention: Korthikanti et al. 2022, Table 2, per layer
+  //   no SP:  sbh (10 + 24/t + 5as/(ht))       SP:  sbh (34/t + 5as/(ht))
+  // with sbh = 2048 x 6144 = 12,582,912 and 5as/(ht) x sbh = 5 a s^2 / t = 167,772,160,
+  // plus what the paper leaves out, the two LayerNorms' fp32 mean and rstd, 16 bytes per
+  // token (on Ts = s/t tokens under SP):
+  //   no SP: 163,577,856 + 167,772,160 + 32,768 = 331,382,784
+  //   SP:     53,477,376 + 167,772,160 +  4,096 = 221,253,632
+  // selective-core recomputes the core attention: the 5as/(ht) term goes; full keeps the
+  // layer's input 2 sbh / t (SP) or 2 sbh. With flash attention instead the scores' term is
+  // the log-sum-exp, 4 a s / t = 65,536 bytes.
+  const double sbh = 2048.0 * 6144, core = 5.0 * 64 * 2048 * 2048 / 8;
+  EXPECT_EQ(sbh * 13 + core + 32768, 331382784.0);
+  EXPECT_EQ(sbh * 34 / 8 + core + 4096, 221253632.0);
+  struct Case {
+    int sp;
+    mp_ac_mode ac;
+    mp_attn_impl attn;
+    int64_t want;
+  } cases[] = {
+      {0, MP_AC_NONE, MP_ATTN_MATERIALIZED, 331382784},
+      {1, MP_AC_NONE, MP_ATTN_MATERIALIZED, 221253632},
+      {0, MP_AC_SELECTIVE_CORE, MP_ATTN_MATERIALIZED, 331382784 - 167772160},
+      {1, MP_AC_SELECTIVE_CORE, MP_ATTN_MATERIALIZED, 221253632 - 167772160},
+      {1, MP_AC_FULL, MP_ATTN_MATERIALIZED, 2 * 2048 * 6144 / 8},
+      {0, MP_AC_FULL, MP_ATTN_MATERIALIZED, 2 * 2048 * 6144},
+      {1, MP_AC_NONE, MP_ATTN_FLASH, 221253632 - 167772160 + 4 * 8 * 2048},
+  };
+  for (const Case &k : cases) {
+    Built b;
+    Opts o;
+    o.model = "gpt-22b";
+    o.mesh = "tp=8";
+    o.seq = 2048;
+    o.sp = k.sp;
+    o.ac = k.ac;
+    o.attn = k.attn;
+    o.mem_model = MP_MEM_MODEL_MEGATRON;
+    Build(&b, o);
+    EXPECT_EQ(SavedByBlock(b.s, 3), k.want) << "sp=" << k.sp << " " << mp_ac_mode_name(k.ac)
+                                            << (k.attn == MP_ATTN_FLASH ? " flash" : "");
+  }
 }
 
 TEST(Schedule, MoeBlockAllToAllsAndGroupedGemms) {

@@ -440,3 +440,42 @@ TEST(PlanTime, ContextParallelRingOverlapsItsSteps) {
     EXPECT_EQ(steps, 4);
   }
 }
+
+// The torchtitan memory model, byte for byte, on the plan of torchtitan's Table 1 (llama3.1-8b,
+// FSDP 8, local batch 2 x 8192 tokens in one micro-batch, op-level selective AC; eager).
+// N = 8,030,261,248 parameters, all dims divisible by 8: 1,003,782,656 per rank, fp32
+// master, gradient and AdamW m, v: 4, 4 and 8 bytes each. The peak is in the head's
+// backward (exec/schedule_ops.c, loss_bwd), T = 16384 tokens, V = 128256:
+//   gathered   the root unit (tok_embeddings, norm, output) in bf16, 2 x (2 x 525,336,576
+//              + 4096) = 2,101,354,496, and the last block, prefetched for its backward,
+//              2 x 218,112,000 = 436,224,000
+//   temp       the root unit's unsharded bf16 gradients, 2,101,354,496
+//   activations 32 blocks x T x 63,616 (schedule_test's SavedActivationBytesPerBlock:
+//              the block input, q, v, the attention output and log-sum-exp, gate, down's
+//              output) = 33,353,105,408, and the head's: final norm's input 2TH, its rstd
+//              4T, the head GEMM's input 2TH = 268,500,992
+//   logits     eager cross-entropy's fp32 log_softmax output (saved), nll's fp32 gradient
+//              and log_softmax's fp32 input gradient: 3 x 4 x T x V = 25,216,155,648
+// The reserved peak is that x 1.114 (torchtitan-eager's frag_factor) + 2.5 GiB.
+TEST(PlanMemory, TorchtitanLlama8bFsdp8ByteForByte) {
+  PlanCase s("llama3.1-8b", "h100-8", "dp_shard=8");
+  ASSERT_EQ(mp_stack_load(&s.ctx, "torchtitan-eager", &s.prof), MP_OK);
+  ASSERT_EQ(mp_cluster_make(&s.ctx, "h100-96gb-500w", 8, 8, &s.c), MP_OK);
+  mp_stack_plan_options(&s.prof, &s.o);
+  s.o.seq = 8192;
+  s.o.micro_batch = 2;
+  s.o.global_batch = 16;
+  s.o.ac = MP_AC_SELECTIVE_OP;
+  mp_sim_result r = s.Sim();
+  const int64_t shard = 1003782656;
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_PARAMS], 4 * shard);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_GRADS], 4 * shard);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_OPTIMIZER], 8 * shard);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_GATHERED], 2101354496LL + 436224000LL);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_TEMP], 2101354496LL);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_ACTIVATIONS], 33353105408LL + 268500992LL);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_LOGITS], 25216155648LL);
+  const int64_t alloc = 16 * shard + 2537578496LL + 2101354496LL + 33621606400LL + 25216155648LL;
+  EXPECT_EQ(alloc, 79537217536LL);
+  EXPECT_EQ(r.peak_mem_bytes, (int64_t)((double)alloc * 1.114 + 2.5 * 1073741824.0));
+}
