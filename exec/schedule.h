@@ -201,6 +201,10 @@ typedef struct mp_op {
   uint8_t n_dep;
   uint8_t peer;    /* mp_peer (COMM): whom a point-to-point op or a two-member collective is
                       with */
+  uint16_t count;  /* COMPUTE, COMM: 0 or 1 one op; n > 1 n identical ops back to back on
+                      its stream, flops and bytes (and time) those of one (a compact
+                      schedule's fold of ring attention's identical middle steps,
+                      schedule_cp.c) */
 } mp_op;
 
 typedef struct mp_segment {

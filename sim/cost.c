@@ -248,6 +248,7 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
         d = 0.0;
       }
     }
+    if (op->count > 1) d *= op->count;
     dur[i] = d;
     c->dur = d;
   }
