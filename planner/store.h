@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-#define MP_STORE_SCHEMA_VERSION 2
+#define MP_STORE_SCHEMA_VERSION 3
 #define MP_STORE_BUSY_TIMEOUT_MS 60000
 
 typedef struct mp_store mp_store;
@@ -109,6 +109,7 @@ typedef struct mp_run_row {
 typedef struct mp_plan_row {
   int64_t id, run_id, index, rank;
   int pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8, reshard, evaluated, feasible;
+  int ac_every, sp, pp_virtual;
   int64_t micro_batch;
   char reject_rule[32], reject_reason[256];
   double step_time_s, tokens_per_s_per_gpu, mfu, compute_s, exposed_comm_s, bubble_s;

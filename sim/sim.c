@@ -178,6 +178,11 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
     const double t = x->head_s + finish[k] + x->tail_s;
     if (t > step) step = t, crit = k;
     if (mem_stage >= 0 && k != mem_stage) continue;
+    /* a stage standing for an earlier one (the same simulated stage) holds no more: a
+     * stage's warm-up, and so what it holds in flight, shrinks with its index */
+    int seen = 0;
+    for (int j = 0; j < k && !seen; j++) seen = stage[j] == x;
+    if (seen && mem_stage < 0) continue;
     int64_t extra = 0;
     MP_CHECK(mp_sim_pp_held_extra(ctx, p->opts.pp_schedule, pp, v, n_micro, k, x->held, &extra));
     mp_sim_result m;

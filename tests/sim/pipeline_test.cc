@@ -101,6 +101,28 @@ TEST(PipelineTimeline, UnevenStagesWorkedStepByStep) {
   EXPECT_DOUBLE_EQ(finish[1], 11.5);
 }
 
+TEST(PipelineTimeline, LongPipelinesSettleIntoTheirCycle) {
+  // Long pipelines run a few groups of pp micro-batches step by step and add the steady
+  // state's period for the rest (sim/pipeline.c). Equal stages: still (m + p - 1)(f + b) for
+  // m = 4096. Uneven stages (the third twice as slow as the others, transfers 0.05): once
+  // the pipeline is full the slowest stage is never idle, so every pp more micro-batches add
+  // pp of its f + b.
+  EXPECT_NEAR(Makespan(MP_PP_1F1B, 4, 1, 4096, 1.0, 2.0), (4096.0 + 3) * 3.0, 1e-6);
+  EXPECT_NEAR(Makespan(MP_PP_INTERLEAVED, 4, 2, 4096, 1.0, 2.0), 4096 * 3.0 + 3 * 3.0 / 2, 1e-6);
+  mp_pp_stage_times fast, slow;
+  memset(&fast, 0, sizeof fast);
+  memset(&slow, 0, sizeof slow);
+  fast.f[0] = 1, fast.b[0] = 2, fast.send_f = fast.send_b = 0.05;
+  slow.f[0] = 2, slow.b[0] = 4, slow.send_f = slow.send_b = 0.05;
+  const mp_pp_stage_times *st[4] = {&fast, &fast, &slow, &fast};
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  double a[4], b[4];
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, 4, 1, 400, st, a), MP_OK);
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, 4, 1, 404, st, b), MP_OK);
+  for (int s = 0; s < 4; s++) EXPECT_NEAR(b[s] - a[s], 4 * 6.0, 1e-9) << "stage " << s;
+}
+
 TEST(PipelineTimeline, RefusesWhatTheScheduleRefuses) {
   mp_pp_stage_times t;
   memset(&t, 0, sizeof t);
