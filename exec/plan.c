@@ -749,6 +749,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
   p->opts = *opts;
   p->opts.seq = seq;
   p->opts.sp = b->sp;
+  if (mp_plan_pp_fsdp(p)) p->opts.fsdp.reshard_after_forward = 0; /* as mp_apply_fsdp */
   if (p->opts.ac_every < 1 || p->opts.ac != MP_AC_FULL) p->opts.ac_every = 1;
   if (p->opts.global_batch == 0)
     p->opts.global_batch = p->opts.micro_batch * base->mesh.size[MP_DIM_DP_REPLICATE] *
@@ -757,7 +758,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
   /* Notes in pass order: the base's up to Float8, then AC's and FSDP's for the new
    * options (the base's own when unchanged, which also keeps a dropped-notes marker). */
   if (opts->ac != base->opts.ac || p->opts.ac_every != b->ac_every ||
-      opts->fsdp.reshard_after_forward != base->opts.fsdp.reshard_after_forward) {
+      p->opts.fsdp.reshard_after_forward != base->opts.fsdp.reshard_after_forward) {
     if (base->n_notes >= (int)(sizeof base->notes / sizeof base->notes[0]) - 1)
       return mp_error(ctx, MP_ERR_INVALID,
                       "mp_plan_derive: the base plan's notes are full; build the plan instead");
@@ -772,7 +773,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       p->notes[p->n_notes++] = base->notes[i];
     }
     mp_plan_note_ac(p, &p->opts);
-    if (opts->fsdp.reshard_after_forward == base->opts.fsdp.reshard_after_forward && fsdp_note)
+    if (p->opts.fsdp.reshard_after_forward == base->opts.fsdp.reshard_after_forward && fsdp_note)
       p->notes[p->n_notes++] = fsdp_note;
     else
       mp_plan_note_fsdp(p, &p->opts.fsdp);

@@ -402,6 +402,12 @@ void mp_plan_note(mp_plan *p, const char *fmt, ...) __attribute__((format(printf
 /* The notes mp_apply_ac and mp_apply_fsdp record (mp_plan_derive writes them too). */
 void mp_plan_note_ac(mp_plan *p, const mp_plan_options *o);
 void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o);
+/* FSDP under a pipeline as torchtitan runs it (the TORCHTITAN memory model with pp > 1):
+ * a stage's parameters stay gathered from their first use to the end of the step
+ * (parallelize_llama's reshard_after_forward = not pp_enabled) and its gradients
+ * accumulate unsharded until the stage's last backward (torch.distributed.pipelining
+ * turns FSDP's gradient sync off until then). */
+int mp_plan_pp_fsdp(const mp_plan *p);
 /* Pipeline stage of a rank (its pp coordinate). */
 int mp_plan_rank_stage(const mp_plan *p, int rank);
 /* Model chunks a pipeline stage holds: pp_virtual under the interleaved schedule with

@@ -134,6 +134,7 @@ static void gen_init(gen *g, mp_ctx *ctx, const mp_plan *p, const mp_schedule_pr
   g->sh = pr->sh;
   mp_sched_shapes_for_batch(&g->sh, p, p->opts.micro_batch);
   g->has_fsdp = pr->has_fsdp;
+  g->ppf = pr->has_fsdp && mp_plan_pp_fsdp(p);
   g->ui = pr->ui;
   g->n_ui = pr->n_ui;
   g->first_unit = pr->first_unit;
@@ -293,6 +294,9 @@ static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {
     mp_sched_free_units(g, -1, g->root_unit, 1, 0, 0);
     mp_sched_reduce_units(g, -1, g->root_unit, 1, 0, 0);
   }
+  /* FSDP under a pipeline: the chunk's (and with its last, the root unit's) accumulated
+   * gradients reduced once the last micro-batch's backward of the chunk is done */
+  if (g->ppf) mp_sched_pp_fsdp_reduce(g, st->l0, st->l1, last_chunk && g->root_unit >= 0);
   /* Megatron-LM without overlap: the whole stage's gradients all-reduced over dp_replicate
    * once its last micro-batch's backward is done */
   const int rep = g->p->mesh.size[MP_DIM_DP_REPLICATE];

@@ -80,6 +80,8 @@ enum {
   BUF_CP_KV,       /* ring attention: the K, V (and dK, dV) buffers in flight */
   BUF_SCORES_GRAD, /* materialized attention: the scores' gradient in backward */
   BUF_SP_GATHER,   /* Megatron's SP: a region's input gathered again in backward */
+  BUF_GRAD_ACC,    /* FSDP under a pipeline: a unit's unsharded gradients accumulated in the
+                      reduce dtype until the stage's last backward */
 };
 
 enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };
@@ -118,6 +120,8 @@ typedef struct shapes {
   int loss_parallel, logits_gather;
   int fp8[MP_MOD_COUNT];
   int fp8_ag;
+  int f8tp;                                          /* float8 with tp > 1 under torchtitan:
+                                                        torchao's float8 TP (schedule_ops.c) */
 } shapes;
 
 typedef struct gen {
@@ -152,6 +156,8 @@ typedef struct gen {
   int8_t *n_units;         /* per layer */
   int32_t root_unit;       /* -1 when this stage holds no root parameter */
   int reshard;
+  int ppf;                 /* FSDP under a pipeline (mp_plan_pp_fsdp): gathers in the first
+                              micro-batch, parameters freed and gradients reduced in the last */
   mp_dtype pdt, rdt;
   /* memory model (p->opts.mem_model; see the file comment) */
   int rt;                  /* a meshplan runtime's: MESHPLAN_CPU or MESHPLAN_CUDA */
@@ -451,6 +457,7 @@ void mp_sched_gather_block(gen *g, int32_t l, int32_t gidx[N_PARTS], int32_t dep
                            int32_t *patch, int *n_patch);
 void mp_sched_grads_alloc(gen *g, int32_t layer, int32_t unit0, int n);
 void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, int hi);
+void mp_sched_pp_fsdp_reduce(gen *g, int32_t l0, int32_t l1, int root);
 void mp_sched_rt_rs_finish(gen *g);
 
 /* schedule_prep.c */

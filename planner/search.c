@@ -192,7 +192,9 @@ static mp_reject prune_options(const mp_search_config *cfg, const mp_candidate *
   if (c->sp && (cfg->seq / mesh->size[MP_DIM_CP]) % mesh->size[MP_DIM_TP]) return MP_REJECT_SP_SEQ;
   if (c->fp8 && !mp_gpu_has_float8(&cfg->cluster->gpu)) return MP_REJECT_FP8_GPU;
   if (c->fp8 && !fp8_dims_ok(cfg->model, mesh->size[MP_DIM_TP])) return MP_REJECT_FP8_DIMS;
-  if (c->reshard && mesh->size[MP_DIM_DP_SHARD] == 1) return MP_REJECT_RESHARD_NOOP;
+  if (c->reshard && (mesh->size[MP_DIM_DP_SHARD] == 1 ||
+                     (cfg->pp_keeps_params && mesh->size[MP_DIM_PP] > 1)))
+    return MP_REJECT_RESHARD_NOOP;
   if (cfg->mem_capacity_bytes > 0 && mem_lower_bound_bytes(cfg, mesh, n_params) > (double)cfg->mem_capacity_bytes)
     return MP_REJECT_MEMORY_BOUND;
   return MP_REJECT_NONE;
@@ -265,7 +267,12 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                (long long)(m->n_heads * m->head_dim / tp));
       break;
     case MP_REJECT_RESHARD_NOOP:
-      snprintf(buf, cap, "reshard_after_forward has no effect with dp_shard=1 (same as reshard off)");
+      if (mesh->size[MP_DIM_DP_SHARD] == 1)
+        snprintf(buf, cap, "reshard_after_forward has no effect with dp_shard=1 (same as reshard off)");
+      else
+        snprintf(buf, cap,
+                 "reshard_after_forward has no effect with pp=%d: the stack keeps a pipeline "
+                 "stage's parameters gathered through the step (same as reshard off)", pp);
       break;
     case MP_REJECT_MEMORY_BOUND:
       snprintf(buf, cap,

@@ -19,7 +19,9 @@
  *   NVLink domain) unless allow_cross_node_tp; ep must divide n_experts; cp must divide
  *   seq into 2 cp load-balanced chunks of at least 128 tokens; global_batch must be divisible by dp x micro_batch; float8 needs an fp8 peak and
  *   compute capability >= 89, and GEMM dims (d_model, and d_ff, n_heads x head_dim,
- *   n_kv_heads x head_dim after TP) that are multiples of 16; interleaving that leaves a
+ *   n_kv_heads x head_dim after TP) that are multiples of 16; reshard_after_forward with
+ *   pp > 1 on a stack that keeps a stage's parameters gathered (pp_keeps_params) is a
+ *   duplicate of reshard off; interleaving that leaves a
  *   model chunk empty or runs a number of micro-batches pp does not divide; SP with tp not
  *   dividing seq / cp; reshard_after_forward with
  *   dp_shard == 1 changes nothing and is pruned as a duplicate of reshard off; and a
@@ -157,6 +159,9 @@ typedef struct mp_search_config {
                            same bytes, so the all-reduce form is searched only when asked */
   int pp_virtual_max;   /* model chunks per stage searched with pp > 1: 1, 2, 4 up to this
                            (1: 1F1B only, the meshplan runtime's) */
+  int pp_keeps_params;  /* the stack keeps a pipeline stage's FSDP parameters gathered
+                           through the step (torchtitan): reshard with pp > 1 is a duplicate
+                           of reshard off (MP_REJECT_RESHARD_NOOP) */
   int prune_dominated;  /* time objectives: an AC policy whose recompute is a superset of a
                            fitting sibling's (same mesh, chunks, micro-batch, float8,
                            reshard, SP) is not simulated (MP_REJECT_DOMINATED) */

@@ -334,6 +334,16 @@ TEST(SearchPrune, ReshardWithoutShardingIsADuplicate) {
   EXPECT_EQ(c->reject, MP_REJECT_RESHARD_NOOP);
   EXPECT_EQ(t.find(1, 8, 1, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
   EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 1)->reject, MP_REJECT_NONE);
+  // A stack that keeps a pipeline stage's parameters gathered: reshard with pp > 1 too.
+  EXPECT_EQ(t.find(2, 1, 4, 1, 1, 1, 1, 0, 0, 1)->reject, MP_REJECT_NONE);
+  Search k(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
+  k.cfg.pp_keeps_params = 1;
+  k.enumerate();
+  const mp_candidate *kp = k.find(2, 1, 4, 1, 1, 1, 1, 0, 0, 1);
+  EXPECT_EQ(kp->reject, MP_REJECT_RESHARD_NOOP);
+  EXPECT_EQ(k.reason(kp), "reshard_after_forward has no effect with pp=2: the stack keeps a pipeline "
+                         "stage's parameters gathered through the step (same as reshard off)");
+  EXPECT_EQ(k.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 1)->reject, MP_REJECT_NONE);
 }
 
 TEST(SearchEnumerate, InterleavedChunksOnlyWithPipelines) {

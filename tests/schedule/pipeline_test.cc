@@ -185,6 +185,59 @@ TEST(PipelineSchedule, MiddleStageReceivesAndSendsAtItsBoundaries) {
   EXPECT_EQ(l[1].coll, MP_COLL_SEND);
 }
 
+TEST(PipelineSchedule, FsdpUnderAPipelineAsTorchtitanRunsIt) {
+  // llama3.1-8b on pp=2 x dp_shard=4, 4 micro-batches (global batch 16 over 4 data-parallel
+  // ranks), reshard_after_forward asked for. torchtitan keeps a pipeline stage's parameters
+  // gathered through the step and torch.distributed.pipelining syncs gradients only in the
+  // stage's last backward: every FSDP all-gather runs in the first micro-batch, every
+  // gathered buffer is freed in the last, and each of stage 0's 17 units (16 blocks and
+  // the root: tok_embeddings) is reduce-scattered once, from an fp32 accumulator of its
+  // tp-local parameters: 16 x 218,112,000 + 525,336,576 = 4,015,128,576 elements x 4
+  // bytes.
+  Stage st;
+  st.Build("llama3.1-8b", "pp=2,dp_shard=4", 0, MP_PP_1F1B, 1, 16);
+  ASSERT_EQ(st.s->n_micro, 4);
+  EXPECT_EQ(st.plan->opts.fsdp.reshard_after_forward, 0);
+  bool noted = false;
+  for (int i = 0; i < st.plan->n_notes; i++)
+    noted |= strstr(st.plan->notes[i], "kept gathered through the pipeline step") != nullptr;
+  EXPECT_TRUE(noted);
+  int gathers = 0, reduces = 0;
+  int64_t acc = 0, acc_freed = 0;
+  mp_schedule_iter it;
+  mp_schedule_iter_begin(st.s, &it);
+  while (mp_schedule_iter_next(&it)) {
+    const mp_op *op = it.op;
+    if (op->type == MP_OP_COMM && op->coll == MP_COLL_ALL_GATHER && op->group == MP_GROUP_FSDP) {
+      gathers++;
+      EXPECT_EQ(op->when, MP_WHEN_FIRST_MICRO);
+    }
+    if (op->type == MP_OP_FREE && op->mem_cat == MP_MEM_GATHERED) {
+      EXPECT_EQ(op->when, MP_WHEN_LAST_MICRO);
+    }
+    if (op->type == MP_OP_COMM && op->coll == MP_COLL_REDUCE_SCATTER && op->group == MP_GROUP_FSDP) {
+      reduces++;
+      EXPECT_EQ(op->when, MP_WHEN_LAST_MICRO);
+    }
+    if (op->type == MP_OP_ALLOC && op->mem_cat == MP_MEM_GRADS && op->phase != MP_PHASE_PROLOGUE) {
+      EXPECT_EQ(op->when, MP_WHEN_FIRST_MICRO);
+      acc += op->mem_bytes;
+    }
+    if (op->type == MP_OP_FREE && op->mem_cat == MP_MEM_GRADS) {
+      EXPECT_EQ(op->when, MP_WHEN_LAST_MICRO);
+      acc_freed += op->mem_bytes;
+    }
+  }
+  EXPECT_EQ(gathers, 17);
+  EXPECT_EQ(reduces, 17);
+  EXPECT_EQ(acc, 4015128576LL * 4);
+  EXPECT_EQ(acc_freed, acc);
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(st.s, &t);
+  EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_FSDP], 17);  // not 4 x 17
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_FSDP], 17);
+}
+
 TEST(PipelineSchedule, InterleavedStageHoldsItsChunks) {
   // llama3.1-8b (32 layers) on pp=2 with two chunks per stage: model chunks of 8 layers,
   // chunk c x 2 + s on stage s: stage 0 holds layers 0-7 (chunk 0) and 16-23 (chunk 1);
