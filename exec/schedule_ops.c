@@ -120,6 +120,27 @@ static void cast(gen *g, int module, int64_t elems, mp_variant v) {
           5.0 * (double)elems, MP_DTYPE_BF16);
 }
 
+/* torchtitan's float8 tensor parallelism (torchao's PrepareFloat8ModuleInput in front of
+ * Float8ColwiseParallel, parallelize_llama): the attention's and the dense MLP's input is
+ * cast to float8 once, on the rank's tokens, and all-gathered in float8 (one byte an
+ * element); q/k/v (gate/up) take that tensor as it is, and their backward the float8
+ * input they saved, transposed for the weight gradient instead of cast again. Whether
+ * Linear `module` reads such an input. */
+static int f8_input(const gen *g, int module) {
+  const shapes *sh = &g->sh;
+  if (!sh->f8tp) return 0;
+  if (module == MP_MOD_Q || module == MP_MOD_K || module == MP_MOD_V)
+    return sh->ar_qkv && sh->fp8[MP_MOD_Q];
+  if (module == MP_MOD_GATE || module == MP_MOD_UP) return sh->ar_gateup && sh->fp8[MP_MOD_UP];
+  return 0;
+}
+
+/* A float8 tensor's transposed copy (one byte read, one written an element). */
+static void transpose8(gen *g, int module, int64_t elems, mp_variant v) {
+  compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, 0.0, 2.0 * (double)elems,
+          MP_DTYPE_FP8_E4M3);
+}
+
 /* y[T, out] = x[T, in] W^T (batch > 1: grouped expert GEMMs, m tokens per expert). */
 static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, int64_t batch) {
   if (skipped(g, SKIP_MOD(module))) return; /* its output kept by the AC policy */
@@ -145,7 +166,7 @@ static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, in
     return;
   }
   if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_FWD);
-  cast(g, module, x, MP_VAR_FWD);
+  if (!f8_input(g, module)) cast(g, module, x, MP_VAR_FWD);
   /* meshplan-cpu emulates float8 in fp32: one buffer of the quantized input (aligned) and
    * weight; the runtimes never all-gather float8 */
   const int64_t fb = g->rt ? mp_act_f8_emul_fwd_floats(x, w) * 4 : (g->sh.fp8_ag ? 0 : w) + x;
@@ -186,7 +207,10 @@ static void linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, in
   }
   cast(g, module, dy, MP_VAR_BWD);
   if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_BWD);
-  cast(g, module, x, MP_VAR_BWD);
+  if (f8_input(g, module))
+    transpose8(g, module, x, MP_VAR_BWD);
+  else
+    cast(g, module, x, MP_VAR_BWD);
   const int64_t fb =
       g->rt ? mp_act_f8_emul_bwd_floats(dy, x, w) * 4 : dy + (g->sh.fp8_ag ? 0 : w) + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
@@ -232,8 +256,18 @@ static void tp_coll(gen *g, mp_coll c, int module) {
        act_comm_dtype(g), module);
 }
 
-static void tp_region_in_fwd(gen *g, int on, int module) {
-  if (on && g->sh.sp) tp_coll(g, MP_COLL_ALL_GATHER, module);
+/* Entering a region forward; with `f8` (f8_input) its input cast to float8 first and, under
+ * SP, gathered in float8. */
+static void tp_region_in_fwd(gen *g, int on, int module, int f8) {
+  const shapes *sh = &g->sh;
+  if (!on) return;
+  if (f8) cast(g, module, sh->Ts * sh->H, MP_VAR_FWD);
+  if (!sh->sp) return;
+  if (f8)
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->T * sh->H),
+         MP_DTYPE_FP8_E4M3, module);
+  else
+    tp_coll(g, MP_COLL_ALL_GATHER, module);
 }
 
 static void tp_region_out_fwd(gen *g, int on, int module) {
@@ -399,7 +433,7 @@ void mp_sched_attention_fwd(gen *g, const part_deps *pd) {
   const int64_t T = sh->T, H = sh->H;
   attach(g, pd, PART_ATTN);
   norm_fwd(g, MP_MOD_ATTN_NORM, sh->Ts, H);
-  tp_region_in_fwd(g, sh->ar_qkv, MP_MOD_Q);
+  tp_region_in_fwd(g, sh->ar_qkv, MP_MOD_Q, f8_input(g, MP_MOD_Q));
   linear_fwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
   linear_fwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
   linear_fwd(g, MP_MOD_V, (double)T, sh->kv, H, 1);
@@ -494,7 +528,8 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
   norm_fwd(g, MP_MOD_FFN_NORM, sh->Ts, H);
   /* the MLP's region: the dense MLP's colwise Linears; a MoE block's router and experts
    * read the whole sequence too (the routed experts are replicated over tp) */
-  tp_region_in_fwd(g, kind == KIND_DENSE ? sh->ar_gateup : sh->tp > 1, MP_MOD_UP);
+  tp_region_in_fwd(g, kind == KIND_DENSE ? sh->ar_gateup : sh->tp > 1, MP_MOD_UP,
+                   kind == KIND_DENSE && f8_input(g, MP_MOD_UP));
   if (kind == KIND_DENSE) {
     if (sh->gpt) {
       linear_fwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
@@ -721,7 +756,7 @@ void mp_sched_head_fwd(gen *g) {
   if (g->rt) mp_sched_rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 1);
   else pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 1);
   norm_fwd(g, MP_MOD_FINAL_NORM, sh->Ts, H);
-  tp_region_in_fwd(g, sh->tp > 1, head_module(sh));
+  tp_region_in_fwd(g, sh->tp > 1, head_module(sh), 0);
   if (g->rt) mp_sched_rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 1);
   else pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * sh->V_loss, 1);
   linear_fwd(g, head_module(sh), (double)T, sh->V_l, H, 1);

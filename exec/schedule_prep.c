@@ -38,6 +38,8 @@ static void read_shapes(gen *g) {
   sh->topk = m->top_k;
   sh->has_shared = m->n_shared_experts > 0;
   sh->fp8_ag = p->opts.fp8_opts.all_gather && (p->applied & MP_PASS_FLOAT8) && sh->tp == 1;
+  sh->f8tp = sh->tp > 1 && (p->applied & MP_PASS_FLOAT8) &&
+             p->opts.mem_model == MP_MEM_MODEL_TORCHTITAN;
   /* defaults before TP */
   sh->q = m->n_heads * m->head_dim;
   sh->kv = m->n_kv_heads * m->head_dim;

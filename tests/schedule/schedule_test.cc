@@ -475,6 +475,54 @@ TEST(Schedule, ContextParallelRingAttention) {
   EXPECT_EQ(mp_mesh_group_size(&b.plan->mesh, MP_GROUP_FSDP), 8);
 }
 
+TEST(Schedule, Float8TensorParallelCastsBeforeItsGather) {
+  // llama3.1-8b, tp=2 with SP, float8, seq 8192, micro-batch 1: T = 8192, Ts = 4096. As
+  // torchao's float8 TP runs in torchtitan, the attention's and the MLP's input is cast to
+  // float8 once on the rank's 4096 tokens and all-gathered in float8, T x H x 1 =
+  // 33,554,432 bytes; q, k, v, gate and up cast only their weights. Per block forward:
+  // 2 input casts of Ts x H, 7 weight casts, the input casts of o and down (T x q/tp and
+  // T x f/tp) = 11 casts; without TP every Linear casts its input and weight: 14. In
+  // backward q, k, v, gate and up transpose their saved float8 input (2 bytes an element)
+  // instead of casting it (5).
+  Built b;
+  Opts o;
+  o.mesh = "tp=2";
+  o.fp8 = 1;
+  Build(&b, o);
+  int casts = 0, gathers = 0, transposes = 0;
+  for (const Inst &x : Expand(b.s)) {
+    if (x.layer != 5) continue;
+    const mp_op *op = x.op;
+    if (op->phase == MP_PHASE_FORWARD && op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_FP8_CAST)
+      casts++;
+    if (op->phase == MP_PHASE_FORWARD && op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_FP8_CAST &&
+        (op->module == MP_MOD_Q || op->module == MP_MOD_UP) && op->m == 4096 * 4096) {
+      EXPECT_EQ(op->bytes, 5.0 * 4096 * 4096) << "the region's input cast on Ts x H";
+    }
+    if (op->phase == MP_PHASE_FORWARD && op->type == MP_OP_COMM && op->coll == MP_COLL_ALL_GATHER) {
+      gathers++;
+      EXPECT_EQ(op->bytes, 8192.0 * 4096);
+      EXPECT_EQ(op->dtype, MP_DTYPE_FP8_E4M3);
+    }
+    if (op->phase == MP_PHASE_BACKWARD && op->type == MP_OP_COMPUTE &&
+        op->kernel == MP_KERNEL_FP8_CAST && op->bytes == 2.0 * 8192 * 4096)
+      transposes++;
+  }
+  EXPECT_EQ(casts, 11);
+  EXPECT_EQ(gathers, 2);
+  EXPECT_EQ(transposes, 5);
+  Built one;
+  Opts p;
+  p.mesh = "dp_shard=2";
+  p.fp8 = 1;
+  Build(&one, p);
+  int casts1 = 0;
+  for (const Inst &x : Expand(one.s))
+    casts1 += x.layer == 5 && x.op->phase == MP_PHASE_FORWARD && x.op->type == MP_OP_COMPUTE &&
+              x.op->kernel == MP_KERNEL_FP8_CAST;
+  EXPECT_EQ(casts1, 14);
+}
+
 TEST(Schedule, MegatronActivationsFollowKorthikanti) {
   // gpt-22b (h 6144, a 64, s 2048, f 4h) at tp=8, micro-batch 1, Megatron-LM's memory model
   // with its materialized attention: Korthikanti et al. 2022, Table 2, per layer
