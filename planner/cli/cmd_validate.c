@@ -214,7 +214,9 @@ static mp_status simulate_mb(mp_ctx *ctx, row_job *j, int64_t mb, mp_sim_result 
 }
 
 /* The row's simulation: its micro-batch, or the fastest that fits among the divisors of
- * local_batch (the smallest when none fits). */
+ * local_batch (the smallest when none fits); a divisor the plan refuses (the interleaved
+ * schedule's micro-batches in groups of pp) is no choice, the error kept for when none is
+ * left. */
 static mp_status simulate_row(mp_ctx *ctx, row_job *j, row *r, mp_sim_result *res) {
   if (j->micro_batch > 0) {
     r->micro_batch = j->micro_batch;
@@ -225,7 +227,9 @@ static mp_status simulate_row(mp_ctx *ctx, row_job *j, row *r, mp_sim_result *re
   for (int64_t mb = 1; mb <= j->local_batch; mb++) {
     if (j->local_batch % mb) continue;
     mp_sim_result x;
-    MP_CHECK(simulate_mb(ctx, j, mb, &x));
+    const mp_status st = simulate_mb(ctx, j, mb, &x);
+    if (st == MP_ERR_INVALID) continue;
+    if (st != MP_OK) return st;
     const int better = !have || (x.fits && (!res->fits || x.step_time_s < res->step_time_s));
     if (better) {
       *res = x;
@@ -233,7 +237,7 @@ static mp_status simulate_row(mp_ctx *ctx, row_job *j, row *r, mp_sim_result *re
       have = 1;
     }
   }
-  return MP_OK;
+  return have ? MP_OK : ctx->last;
 }
 
 /* Simulates one row; *predicted gets the figure of the row's metric. dir: the CSV's

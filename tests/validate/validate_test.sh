@@ -17,6 +17,21 @@ if ! "$BIN" validate "$CSV" >"$out" 2>&1; then
   exit 1
 fi
 cat "$out"
+# An interleaved row without micro_batch: of local_batch 8's divisors on pp=4, 4 and 8 leave
+# fewer micro-batches than a group of pp and are no choice; 1 or 2 is picked.
+pick=$(mktemp)
+trap 'rm -f "$out" "$pick"' EXIT
+cat >"$pick" <<'CSV'
+case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,stack,metric,value,notes
+pick_interleaved,test,llama3.1-8b,16,h100-sxm,8,400,1,4,1,4,interleaved,2,1,1,2048,8,,32,full,0,0,torchtitan-compile,tokens_per_s_per_gpu,1000,
+CSV
+if ! "$BIN" validate "$pick" >"$out.pick" 2>&1 || ! grep -qE '^pick_interleaved +tokens_per_s_per_gpu +[12][*] ' "$out.pick"; then
+  echo "FAIL: the interleaved row's micro-batch pick:" >&2
+  cat "$out.pick" >&2
+  rm -f "$out.pick"
+  exit 1
+fi
+rm -f "$out.pick"
 # per metric: MAPE ceiling (%) and Kendall's tau floor
 awk -v expected="$EXPECTED" '
 BEGIN {
