@@ -64,18 +64,6 @@ const char *mp_module_name(mp_module m) {
   return (unsigned)m < MP_MOD_COUNT ? k_module_names[m] : "?";
 }
 
-static const char *const k_ac_names[MP_AC_COUNT] = {
-    [MP_AC_NONE] = "none",
-    [MP_AC_SELECTIVE] = "selective",
-    [MP_AC_SELECTIVE_OP] = "selective-op",
-    [MP_AC_SELECTIVE_CORE] = "selective-core",
-    [MP_AC_FULL] = "full",
-};
-
-const char *mp_ac_mode_name(mp_ac_mode m) {
-  return (unsigned)m < MP_AC_COUNT ? k_ac_names[m] : "?";
-}
-
 void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap) {
   if (m == MP_AC_FULL && every > 1) snprintf(buf, cap, "full:%d", every);
   else snprintf(buf, cap, "%s", mp_ac_mode_name(m));
@@ -84,7 +72,7 @@ void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap) {
 mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every) {
   *every = 1;
   for (int m = 0; s && m < MP_AC_COUNT; m++)
-    if (strcmp(s, k_ac_names[m]) == 0) {
+    if (strcmp(s, mp_ac_mode_name((mp_ac_mode)m)) == 0) {
       *out = (mp_ac_mode)m;
       return MP_OK;
     }

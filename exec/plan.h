@@ -418,8 +418,14 @@ int mp_plan_layer_stage(const mp_plan *p, int64_t layer);
 /* Layers [*l0, *l1) of stage's virtual chunk (empty when the model has no layers there). */
 void mp_plan_chunk_layers(const mp_plan *p, int stage, int chunk, int64_t *l0, int64_t *l1);
 
-/* "none", "selective", "selective-op", "selective-core", "full". */
-const char *mp_ac_mode_name(mp_ac_mode m);
+/* "none", "selective", "selective-op", "selective-core", "full" ("?" out of range). Inline,
+ * so that libraries which link no plan code (the planner's search) name policies alike. */
+static inline const char *mp_ac_mode_name(mp_ac_mode m) {
+  /* in mp_ac_mode's order (C++ includes this header: no designated initializers) */
+  static const char *const names[MP_AC_COUNT] = {"none", "selective", "selective-op",
+                                                 "selective-core", "full"};
+  return (unsigned)m < MP_AC_COUNT ? names[m] : "?";
+}
 /* The policy with its block frequency: "full:4" for FULL every 4th block, else the mode's
  * name. */
 void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap);

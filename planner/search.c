@@ -17,16 +17,7 @@
 
 #include "common/timeutil.h"
 
-/* Mirrors mp_ac_mode_name (exec/plan.h): the search library links nothing from exec:plan. */
-static const char *const k_ac_names[MP_AC_COUNT] = {
-    [MP_AC_NONE] = "none",
-    [MP_AC_SELECTIVE] = "selective",
-    [MP_AC_SELECTIVE_OP] = "selective-op",
-    [MP_AC_SELECTIVE_CORE] = "selective-core",
-    [MP_AC_FULL] = "full",
-};
-
-const char *mp_search_ac_name(int ac) { return ac >= 0 && ac < MP_AC_COUNT ? k_ac_names[ac] : "?"; }
+const char *mp_search_ac_name(int ac) { return mp_ac_mode_name((mp_ac_mode)ac); }
 
 void mp_candidate_ac_str(const mp_candidate *c, char *buf, size_t cap) {
   if (c->ac == MP_AC_FULL && c->ac_every > 1) snprintf(buf, cap, "full:%d", c->ac_every);
@@ -73,7 +64,7 @@ mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
     if (strcmp(key, "ac") == 0) {
       int ac = -1, every = 1;
       for (int i = 0; i < MP_AC_COUNT; i++)
-        if (strcmp(val, k_ac_names[i]) == 0) ac = i;
+        if (strcmp(val, mp_ac_mode_name((mp_ac_mode)i)) == 0) ac = i;
       char *end = NULL;
       if (ac < 0 && strncmp(val, "full:", 5) == 0) {
         long n = strtol(val + 5, &end, 10);

@@ -12,6 +12,7 @@
 
 #include "exec/plan.h"
 #include "exec/schedule.h"
+#include "tests/schedule/built.h"
 
 namespace {
 
@@ -106,33 +107,19 @@ TEST(PipelineOrder, RefusesWhatMegatronRefuses) {
 
 // ---- a stage's schedule ----------------------------------------------------------------
 
-struct Stage {
-  mp_ctx ctx;
-  mp_model model;
-  mp_plan *plan = nullptr;
-  mp_arena *arena = nullptr;
-  mp_schedule *s = nullptr;
-  ~Stage() {
-    mp_arena_destroy(arena);
-    mp_plan_destroy(plan);
-  }
+// A stage's schedule: llama-style defaults but seq 2048.
+struct Stage : sched_test::Built {
   void Build(const char *model_name, const char *mesh_s, int rank, mp_pp_schedule k = MP_PP_1F1B,
              int v = 1, int64_t gb = 0, int64_t seq = 2048) {
-    mp_ctx_init(&ctx);
-    ASSERT_EQ(mp_model_load(&ctx, model_name, &model), MP_OK) << mp_errmsg(&ctx);
-    mp_mesh mesh;
-    ASSERT_EQ(mp_mesh_parse(&ctx, mesh_s, 0, &mesh), MP_OK) << mp_errmsg(&ctx);
-    mp_plan_options o;
-    mp_plan_options_init(&o);
-    o.seq = seq;
+    sched_test::Opts o;
+    o.model = model_name;
+    o.mesh = mesh_s;
+    o.rank = rank;
     o.pp_schedule = k;
     o.pp_virtual = v;
     o.global_batch = gb;
-    ASSERT_EQ(mp_build_plan(&ctx, &model, &mesh, &o, &plan), MP_OK) << mp_errmsg(&ctx);
-    arena = mp_arena_create();
-    ASSERT_EQ(mp_schedule_build(&ctx, plan, rank, MP_SCHEDULE_EXPANDED, arena, &s), MP_OK)
-        << mp_errmsg(&ctx);
-    ASSERT_EQ(mp_schedule_check(&ctx, s), MP_OK) << mp_errmsg(&ctx);
+    o.seq = seq;
+    sched_test::Build(this, o);
   }
 };
 

@@ -585,26 +585,25 @@ TEST(Pipeline, TimelineAndInflightActivations) {
     b.s.tokens_per_step_per_rank = 8 * 1024;
     const int v = interleaved ? 2 : 1;
     const double p2p = 2.0 * 1024 * 1024 / 100e9;
-    for (int c = 0; c < v; c++) {
-      int first = (int)b.ops.size();
-      b.Gemm(1e-3 / v);
-      b.Mem(MP_OP_ALLOC, MP_MEM_ACTIVATIONS, 100 / v);
-      mp_op o = b.Base(MP_OP_COMM, MP_PHASE_FORWARD, MP_STREAM_P2P);
+    auto send = [&b](mp_phase ph) { /* the chunk's 2 MiB to the neighbouring stage */
+      mp_op o = b.Base(MP_OP_COMM, ph, MP_STREAM_P2P);
       o.coll = MP_COLL_SEND;
       o.group = MP_GROUP_PP;
       o.bytes = 2.0 * 1024 * 1024;
       b.Push(o);
+    };
+    for (int c = 0; c < v; c++) {
+      int first = (int)b.ops.size();
+      b.Gemm(1e-3 / v);
+      b.Mem(MP_OP_ALLOC, MP_MEM_ACTIVATIONS, 100 / v);
+      send(MP_PHASE_FORWARD);
       b.Seg(first, 1, MP_PHASE_FORWARD, 0, c);
     }
     for (int c = v - 1; c >= 0; c--) {
       int first = (int)b.ops.size();
       b.Gemm(2e-3 / v, MP_PHASE_BACKWARD);
       b.Mem(MP_OP_FREE, MP_MEM_ACTIVATIONS, 100 / v, MP_WHEN_EVERY_MICRO, MP_PHASE_BACKWARD);
-      mp_op o = b.Base(MP_OP_COMM, MP_PHASE_BACKWARD, MP_STREAM_P2P);
-      o.coll = MP_COLL_SEND;
-      o.group = MP_GROUP_PP;
-      o.bytes = 2.0 * 1024 * 1024;
-      b.Push(o);
+      send(MP_PHASE_BACKWARD);
       b.Seg(first, 1, MP_PHASE_BACKWARD, 0, c);
     }
     mp_sim_result r = Simulate(b, Cluster(), Profile());
