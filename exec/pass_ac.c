@@ -1,10 +1,8 @@
-/* Pass 4: activation checkpointing, recorded per plan (every block gets the same wrapper):
- *   none       every activation saved for backward
- *   selective  attention recomputed in backward (its inputs and the MLP's activations saved)
- *   full       only each block's input saved; the whole block recomputed in backward
- * The schedule turns the mode into saved activations and recompute ops. AC must run
- * before FSDP: the checkpoint wrapper has to sit inside the FSDP unit, so that the
- * recomputation runs while the unit's parameters are gathered. */
+/* Pass 4: activation checkpointing, recorded per plan (mp_ac_mode, exec/plan.h): the policy
+ * and, for full AC, how often a block is wrapped (every block, or every N-th). The schedule
+ * turns the policy into saved activations and recompute ops per block
+ * (exec/schedule_act.c). AC must run before FSDP: the checkpoint wrapper has to sit inside
+ * the FSDP unit, so that the recomputation runs while the unit's parameters are gathered. */
 #include "exec/plan.h"
 
 mp_status mp_apply_ac(mp_ctx *ctx, mp_plan *p, mp_ac_mode mode) {
@@ -14,19 +12,39 @@ mp_status mp_apply_ac(mp_ctx *ctx, mp_plan *p, mp_ac_mode mode) {
                     "the recomputation in backward would run on resharded parameters (or gather "
                     "them a second time); apply AC before FSDP");
   MP_CHECK(mp_plan_check_pass(ctx, p, MP_PASS_AC));
-  if ((unsigned)mode > MP_AC_FULL)
-    return mp_error(ctx, MP_ERR_INVALID, "unknown activation checkpointing mode %d; choose none, "
-                                         "selective or full", (int)mode);
+  if ((unsigned)mode >= MP_AC_COUNT)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown activation checkpointing policy %d; choose none, "
+                                         "selective, selective-op, selective-core or full", (int)mode);
   p->ac = mode;
   p->opts.ac = mode;
-  mp_plan_note_ac(p, mode);
+  if (mode != MP_AC_FULL || p->opts.ac_every < 1) p->opts.ac_every = 1;
+  mp_plan_note_ac(p, &p->opts);
   mp_plan_mark_applied(p, MP_PASS_AC);
   return MP_OK;
 }
 
-void mp_plan_note_ac(mp_plan *p, mp_ac_mode mode) {
-  if (mode == MP_AC_SELECTIVE)
-    mp_plan_note(p, "AC: selective: attention recomputed in backward in every block");
-  else if (mode == MP_AC_FULL)
-    mp_plan_note(p, "AC: full: every block recomputed in backward from its saved input");
+void mp_plan_note_ac(mp_plan *p, const mp_plan_options *o) {
+  switch (o->ac) {
+    case MP_AC_SELECTIVE:
+      mp_plan_note(p, "AC: selective: the attention module recomputed in backward in every block "
+                      "(its input saved)");
+      break;
+    case MP_AC_SELECTIVE_OP:
+      mp_plan_note(p, "AC: selective-op: matmul outputs saved except every second one of a block, "
+                      "attention outputs and reduce-scatters saved, everything else recomputed");
+      break;
+    case MP_AC_SELECTIVE_CORE:
+      mp_plan_note(p, "AC: selective-core: the core attention recomputed in backward from the "
+                      "saved q, k, v");
+      break;
+    case MP_AC_FULL:
+      if (o->ac_every > 1)
+        mp_plan_note(p, "AC: full:%d: every %d-th block recomputed in backward from its saved "
+                        "input, the others save everything",
+                     o->ac_every, o->ac_every);
+      else
+        mp_plan_note(p, "AC: full: every block recomputed in backward from its saved input");
+      break;
+    default: break;
+  }
 }

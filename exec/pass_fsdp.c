@@ -131,10 +131,19 @@ static mp_status assign_params(mp_ctx *ctx, mp_plan *p, int ep_on, const int *ba
   return MP_OK;
 }
 
+int mp_plan_pp_fsdp(const mp_plan *p) {
+  return p->mesh.size[MP_DIM_PP] > 1 && p->opts.mem_model == MP_MEM_MODEL_TORCHTITAN;
+}
+
 mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
   const int ep_on = (p->applied & MP_PASS_EP) && p->mesh.ep > 1;
-  mp_fsdp_options def = {1, 0, MP_DTYPE_BF16, MP_DTYPE_FP32};
+  mp_fsdp_options def = {1, 0, MP_DTYPE_BF16, MP_DTYPE_FP32}, kept;
   if (o == NULL) o = &def;
+  if (mp_plan_pp_fsdp(p) && o->reshard_after_forward) {
+    kept = *o;
+    kept.reshard_after_forward = 0;
+    o = &kept;
+  }
   MP_CHECK(check_order(ctx, p, o, ep_on));
   int *base = NULL;
   MP_CHECK(layout_units(ctx, p, ep_on, &base));
@@ -150,9 +159,14 @@ void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o) {
   const int ep_on = (p->applied & MP_PASS_EP) && mesh->ep > 1;
   mp_plan_note(p,
                "FSDP: %d units; dense parameters Shard(0) over dp_shard x cp = %d%s%.0d; params "
-               "gathered in %s, gradients reduced in %s, %s after forward",
+               "gathered in %s, gradients reduced in %s, %s",
                p->n_units, mp_mesh_group_size(mesh, MP_GROUP_FSDP),
                ep_on ? ", routed experts over dp_shard / ep = " : "",
                ep_on ? mp_mesh_group_size(mesh, MP_GROUP_EFSDP) : 0, mp_dtype_name(o->param_dtype),
-               mp_dtype_name(o->reduce_dtype), o->reshard_after_forward ? "resharded" : "kept");
+               mp_dtype_name(o->reduce_dtype),
+               mp_plan_pp_fsdp(p) ? "kept gathered through the pipeline step, gradients "
+                                    "accumulated unsharded in the reduce dtype and reduced "
+                                    "after the stage's last backward"
+               : o->reshard_after_forward ? "resharded after forward"
+                                          : "kept after forward");
 }

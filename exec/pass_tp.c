@@ -127,6 +127,14 @@ mp_status mp_apply_tensor_parallel(mp_ctx *ctx, mp_plan *p, const mp_tp_options 
                  "tok_embeddings vocab-parallel; norms%s replicated",
                  tp, p->model.n_shared_experts > 0 ? ", shared-expert gate/up" : "",
                  mp_model_is_moe(&p->model) ? ", MoE router and routed experts (skipped)" : "");
+    if (p->opts.sp == 1)
+      mp_plan_note(p, "TP: sequence parallel: norms, residual adds and the embedding's output on "
+                      "each rank's 1/%d of the sequence; an all-gather into and a reduce-scatter "
+                      "out of every TP region instead of its all-reduce",
+                   tp);
+    else
+      mp_plan_note(p, "TP: no sequence parallelism: activations replicated over tp, every TP "
+                      "region closed by an all-reduce");
     if (p->model.tied_embeddings)
       mp_plan_note(p, "TP: output head tied to tok_embeddings: it uses the vocab-sharded "
                       "embedding as a colwise head");

@@ -1,4 +1,5 @@
-/* Plan IR: the meta module tree, tiles, per-rank totals and the driver of the five passes.
+/* Plan IR: the meta module tree and the driver of the five passes (tiles, per-rank totals
+ * and the batch split: plan_tiles.c).
  *
  * mp_plan_create lays out every parameter of the model with its FQN and global shape,
  * replicated on every axis (tp_shape == shape), on a "meta" footing: nothing is
@@ -19,91 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- names ---------------------------------------------------------------------- */
-
-static const char *const k_module_names[MP_MOD_COUNT] = {
-    [MP_MOD_TOK_EMBEDDINGS] = "tok_embeddings",
-    [MP_MOD_POS_EMBEDDINGS] = "pos_embeddings",
-    [MP_MOD_ATTN_NORM] = "attention_norm",
-    [MP_MOD_Q] = "attention.q_proj",
-    [MP_MOD_K] = "attention.k_proj",
-    [MP_MOD_V] = "attention.v_proj",
-    [MP_MOD_Q_NORM] = "attention.q_norm",
-    [MP_MOD_K_NORM] = "attention.k_norm",
-    [MP_MOD_O] = "attention.o_proj",
-    [MP_MOD_FFN_NORM] = "ffn_norm",
-    [MP_MOD_GATE] = "mlp.gate_proj",
-    [MP_MOD_UP] = "mlp.up_proj",
-    [MP_MOD_DOWN] = "mlp.down_proj",
-    [MP_MOD_ROUTER] = "moe.router",
-    [MP_MOD_EXPERTS_GATE] = "moe.experts.gate_proj",
-    [MP_MOD_EXPERTS_UP] = "moe.experts.up_proj",
-    [MP_MOD_EXPERTS_DOWN] = "moe.experts.down_proj",
-    [MP_MOD_SHARED_GATE] = "moe.shared_expert.gate_proj",
-    [MP_MOD_SHARED_UP] = "moe.shared_expert.up_proj",
-    [MP_MOD_SHARED_DOWN] = "moe.shared_expert.down_proj",
-    [MP_MOD_FINAL_NORM] = "norm",
-    [MP_MOD_OUTPUT] = "output",
-};
-
-int mp_module_f8_source(mp_module m) {
-  switch (m) {
-    case MP_MOD_Q:
-    case MP_MOD_K:
-    case MP_MOD_V: return 0;
-    case MP_MOD_O: return 1;
-    case MP_MOD_GATE:
-    case MP_MOD_UP: return 2;
-    case MP_MOD_DOWN: return 3;
-    default: return -1;
-  }
-}
-
-const char *mp_module_name(mp_module m) {
-  return (unsigned)m < MP_MOD_COUNT ? k_module_names[m] : "?";
-}
-
-const char *mp_ac_mode_name(mp_ac_mode m) {
-  switch (m) {
-    case MP_AC_NONE: return "none";
-    case MP_AC_SELECTIVE: return "selective";
-    case MP_AC_FULL: return "full";
-  }
-  return "?";
-}
-
-mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out) {
-  if (s && strcmp(s, "none") == 0) *out = MP_AC_NONE;
-  else if (s && strcmp(s, "selective") == 0) *out = MP_AC_SELECTIVE;
-  else if (s && strcmp(s, "full") == 0) *out = MP_AC_FULL;
-  else
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "unknown activation checkpointing mode '%s'; choose none, selective or full",
-                    s ? s : "(null)");
-  return MP_OK;
-}
-
-const char *mp_tp_style_name(mp_tp_style s) {
-  switch (s) {
-    case MP_TP_NONE: return "replicate";
-    case MP_TP_COLWISE: return "colwise";
-    case MP_TP_ROWWISE: return "rowwise";
-    case MP_TP_VOCAB: return "vocab";
-  }
-  return "?";
-}
-
-const char *mp_pass_name(unsigned bit) {
-  switch (bit) {
-    case MP_PASS_TP: return "TP";
-    case MP_PASS_EP: return "EP";
-    case MP_PASS_FLOAT8: return "Float8";
-    case MP_PASS_AC: return "AC";
-    case MP_PASS_FSDP: return "FSDP";
-  }
-  return "?";
-}
 
 /* ---- pass bookkeeping -------------------------------------------------------------- */
 
@@ -143,10 +59,31 @@ void mp_plan_note(mp_plan *p, const char *fmt, ...) {
   if (s) p->notes[p->n_notes++] = s;
 }
 
+/* Virtual stages per rank as the options give them (1 unless interleaved with pp > 1). */
+static int virtual_stages(const mp_mesh *mesh, const mp_plan_options *o) {
+  return mesh->size[MP_DIM_PP] > 1 && o->pp_schedule == MP_PP_INTERLEAVED && o->pp_virtual > 1
+             ? o->pp_virtual
+             : 1;
+}
+
 int mp_plan_rank_stage(const mp_plan *p, int rank) {
   int c[MP_MESH_NDIMS];
   mp_mesh_coords(&p->mesh, rank, c);
   return c[MP_DIM_PP];
+}
+
+int mp_plan_virtual_stages(const mp_plan *p) { return virtual_stages(&p->mesh, &p->opts); }
+
+int mp_plan_layer_stage(const mp_plan *p, int64_t layer) {
+  const int lpc = p->layers_per_chunk > 0 ? p->layers_per_chunk : 1;
+  return (int)((layer / lpc) % p->mesh.size[MP_DIM_PP]);
+}
+
+void mp_plan_chunk_layers(const mp_plan *p, int stage, int chunk, int64_t *l0, int64_t *l1) {
+  const int64_t L = p->model.n_layers, lpc = p->layers_per_chunk > 0 ? p->layers_per_chunk : L;
+  const int64_t k = (int64_t)chunk * p->mesh.size[MP_DIM_PP] + stage;
+  *l0 = k * lpc < L ? k * lpc : L;
+  *l1 = *l0 + lpc < L ? *l0 + lpc : L;
 }
 
 /* ---- options and the meta tree ----------------------------------------------------- */
@@ -158,6 +95,10 @@ void mp_plan_options_init(mp_plan_options *o) {
   o->fp8 = 0;
   o->fp8_opts.all_gather = 0;
   o->ac = MP_AC_NONE;
+  o->ac_every = 1;
+  o->sp = -1; /* resolved by mp_plan_create: on with tp > 1 where the runtime runs it */
+  o->attn = MP_ATTN_FLASH;
+  o->loss = MP_LOSS_EAGER;
   o->fsdp.reshard_after_forward = 1;
   o->fsdp.per_block = 0;
   o->fsdp.param_dtype = MP_DTYPE_BF16;
@@ -290,17 +231,41 @@ static int build_tree(builder *b, const mp_model *m) {
 #undef LINEAR
 #undef NORM
 
-/* Pipeline stage of every parameter: blocks by layers_per_stage, embeddings on the first
- * stage, final norm and head on the last. */
+/* Pipeline stage of every parameter: blocks by their model chunk (mp_plan_layer_stage),
+ * embeddings on the first stage, final norm and head (a tied model's copy of the embedding
+ * among them) on the last. */
 static void set_stages(mp_plan *p) {
-  const int lps = p->layers_per_stage, last = p->mesh.size[MP_DIM_PP] - 1;
+  const int last = p->mesh.size[MP_DIM_PP] - 1;
   for (int i = 0; i < p->n_params; i++) {
     mp_param *prm = &p->params[i];
-    if (prm->layer >= 0) prm->pp_stage = prm->layer / lps;
-    else prm->pp_stage = prm->module == MP_MOD_TOK_EMBEDDINGS || prm->module == MP_MOD_POS_EMBEDDINGS
+    if (prm->layer >= 0) prm->pp_stage = mp_plan_layer_stage(p, prm->layer);
+    else prm->pp_stage = (prm->module == MP_MOD_TOK_EMBEDDINGS || prm->module == MP_MOD_POS_EMBEDDINGS) &&
+                                 !prm->tied_copy
                              ? 0
                              : last;
   }
+}
+
+/* A tied model under pp > 1: the last stage holds a copy of tok_embeddings.weight as its
+ * output head (Megatron-LM's shared embedding weight, kept in step by an all-reduce of the
+ * two copies' gradients), appended after the final norm. The caller leaves room for it. */
+static void add_tied_copy(mp_plan *p) {
+  if (!p->model.tied_embeddings || p->mesh.size[MP_DIM_PP] <= 1) return;
+  const mp_param *e = NULL;
+  for (int i = 0; i < p->n_params && e == NULL; i++)
+    if (p->params[i].module == MP_MOD_TOK_EMBEDDINGS && p->params[i].role == MP_ROLE_WEIGHT)
+      e = &p->params[i];
+  if (e == NULL) return;
+  mp_param *c = &p->params[p->n_params++];
+  *c = *e;
+  c->module = MP_MOD_OUTPUT;
+  c->fqn = "output.weight";
+  c->module_fqn = "output";
+  c->is_linear = 1;
+  c->tied_copy = 1;
+  mp_plan_note(p, "PP: tied embeddings: stage %d's output head is a copy of stage 0's "
+                  "tok_embeddings.weight; the two copies' gradients are all-reduced every step",
+               p->mesh.size[MP_DIM_PP] - 1);
 }
 
 static mp_status validate_model(mp_ctx *ctx, const mp_model *m) {
@@ -308,6 +273,64 @@ static mp_status validate_model(mp_ctx *ctx, const mp_model *m) {
   if (m->n_layers > MP_MAX_LAYERS)
     return mp_error(ctx, MP_ERR_INVALID, "%s has %lld layers; at most %d are supported", m->name,
                     (long long)m->n_layers, MP_MAX_LAYERS);
+  return MP_OK;
+}
+
+/* The options' own rules and those of the memory model (the runtime a plan is for). */
+static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o) {
+  if ((unsigned)o->ac >= MP_AC_COUNT || o->ac_every < 0 || o->ac_every > MP_MAX_LAYERS)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "unknown activation checkpointing policy %d (every %d); choose none, "
+                    "selective, selective-op, selective-core, full or full:N",
+                    (int)o->ac, o->ac_every);
+  if ((unsigned)o->mem_model >= MP_MEM_MODEL_COUNT)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown memory model %d; choose torchtitan, "
+                    "meshplan-cpu, meshplan-cuda or megatron", (int)o->mem_model);
+  if ((unsigned)o->attn > MP_ATTN_MATERIALIZED || (unsigned)o->loss > MP_LOSS_INPLACE ||
+      o->sp < -1 || o->sp > 1)
+    return mp_error(ctx, MP_ERR_INVALID, "attention kind %d, loss kind %d or sp=%d out of range",
+                    (int)o->attn, (int)o->loss, o->sp);
+  if (o->mem_model == MP_MEM_MODEL_MEGATRON) {
+    if (mesh->size[MP_DIM_DP_SHARD] > 1 || mesh->size[MP_DIM_CP] > 1)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "the megatron memory model replicates parameters over data parallelism "
+                      "(dp_replicate, gradients all-reduced), without FSDP or context "
+                      "parallelism; use dp_replicate instead of dp_shard=%d, cp=%d",
+                      mesh->size[MP_DIM_DP_SHARD], mesh->size[MP_DIM_CP]);
+    if (o->ac == MP_AC_SELECTIVE || o->ac == MP_AC_SELECTIVE_OP)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "AC %s: Megatron-LM recomputes the core attention (selective-core) or "
+                      "whole blocks (full, full:N); choose one of those or none",
+                      mp_ac_mode_name(o->ac));
+  }
+  if (!mp_mem_model_is_runtime(o->mem_model)) return MP_OK;
+  /* The meshplan runtime executes what its memory models describe, nothing more. */
+  const char *mm = mp_mem_model_name(o->mem_model);
+  if (o->sp == 1 && mesh->size[MP_DIM_TP] > 1)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "sequence parallelism: the meshplan runtime (%s) runs tp=%d with replicated "
+                    "activations and all-reduces, not SP's all-gathers and reduce-scatters; use "
+                    "--no-sp",
+                    mm, mesh->size[MP_DIM_TP]);
+  if (o->ac == MP_AC_SELECTIVE || o->ac == MP_AC_SELECTIVE_OP || (o->ac == MP_AC_FULL && o->ac_every > 1)) {
+    char ac[32];
+    mp_ac_format(o->ac, o->ac_every, ac, sizeof ac);
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "AC %s: the meshplan runtime (%s) recomputes the attention core "
+                    "(selective-core) or whole blocks (full) only; choose none, selective-core or "
+                    "full",
+                    ac, mm);
+  }
+  if (o->attn != MP_ATTN_FLASH)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "the meshplan runtime (%s) runs flash-style attention only; materialized "
+                    "attention scores are Megatron-LM's",
+                    mm);
+  if (virtual_stages(mesh, o) > 1)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "the meshplan runtime's memory model (%s) describes one model chunk per "
+                    "pipeline stage; use the 1F1B or GPipe schedule",
+                    mm);
   return MP_OK;
 }
 
@@ -332,19 +355,24 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
     return mp_error(ctx, MP_ERR_INVALID,
                     "pp=%d exceeds the %lld layers of %s; a stage needs at least one layer", pp,
                     (long long)m->n_layers, m->name);
+  if (o->pp_virtual > 1 && o->pp_schedule != MP_PP_INTERLEAVED)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "pp_virtual=%d: several model chunks per stage need the interleaved schedule; "
+                    "choose --pp-schedule interleaved or pp_virtual 1",
+                    o->pp_virtual);
+  if (o->pp_virtual > MP_PP_MAX_VIRTUAL)
+    return mp_error(ctx, MP_ERR_INVALID, "pp_virtual=%d: at most %d model chunks per stage",
+                    o->pp_virtual, MP_PP_MAX_VIRTUAL);
   if (pp > 1) {
-    int64_t lps = (m->n_layers + pp - 1) / pp;
-    if ((int64_t)(pp - 1) * lps >= m->n_layers)
+    const int v = virtual_stages(mesh, o);
+    const int64_t K = (int64_t)pp * v, lpc = (m->n_layers + K - 1) / K;
+    if ((K - 1) * lpc >= m->n_layers)
       return mp_error(ctx, MP_ERR_INVALID,
-                      "pp=%d cannot split the %lld layers of %s evenly: %lld per stage would leave "
-                      "the last stage empty; choose pp dividing %lld",
-                      pp, (long long)m->n_layers, m->name, (long long)lps,
+                      "pp=%d%s cannot split the %lld layers of %s: %lld per model chunk would "
+                      "leave the last of the %lld chunks empty; choose pp%s dividing %lld",
+                      pp, v > 1 ? " x pp_virtual" : "", (long long)m->n_layers, m->name,
+                      (long long)lpc, (long long)K, v > 1 ? " x pp_virtual" : "",
                       (long long)m->n_layers);
-    if (m->tied_embeddings)
-      return mp_error(ctx, MP_ERR_INVALID,
-                      "%s ties its output head to tok_embeddings, which pp=%d puts on different "
-                      "stages (first and last); use pp=1 for tied models",
-                      m->name, pp);
   }
   if (o->seq > 0 && o->seq % cp != 0)
     return mp_error(ctx, MP_ERR_INVALID,
@@ -362,7 +390,7 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
     return mp_error(ctx, MP_ERR_INVALID, "seq and global_batch must not be negative");
   if (o->pp_virtual < 1)
     return mp_error(ctx, MP_ERR_INVALID, "pp_virtual=%d must be at least 1", o->pp_virtual);
-  return MP_OK;
+  return validate_options(ctx, mesh, o);
 }
 
 /* The plan header: copies, resolved defaults, checks that need the resolved seq. The plan
@@ -389,10 +417,15 @@ static mp_status plan_init(mp_ctx *ctx, mp_arena *arena, const mp_model *m, cons
                            mesh->size[MP_DIM_DP_SHARD];
     MP_CHECK(mp_model_check_step(ctx, m, p->opts.seq, p->opts.micro_batch, p->opts.global_batch));
   }
+  /* SP is the TP form torchtitan and Megatron-LM run; the meshplan runtime does not */
+  if (p->opts.sp < 0) p->opts.sp = !mp_mem_model_is_runtime(p->opts.mem_model);
+  if (mesh->size[MP_DIM_TP] == 1) p->opts.sp = 0;
+  if (p->opts.ac_every < 1 || p->opts.ac != MP_AC_FULL) p->opts.ac_every = 1;
   p->vocab_padded = m->vocab;
   p->ac = MP_AC_NONE;
-  int pp = mesh->size[MP_DIM_PP];
-  p->layers_per_stage = (int)((m->n_layers + pp - 1) / pp);
+  const int64_t K = (int64_t)mesh->size[MP_DIM_PP] * virtual_stages(mesh, &p->opts);
+  p->layers_per_chunk = (int)((m->n_layers + K - 1) / K);
+  p->layers_per_stage = p->layers_per_chunk * virtual_stages(mesh, &p->opts);
   *out = p;
   return MP_OK;
 }
@@ -424,6 +457,7 @@ mp_status mp_plan_create(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
   }
   p->params = b.params;
   p->n_params = b.n;
+  add_tied_copy(p);
   set_stages(p);
   *out = p;
   return MP_OK;
@@ -527,7 +561,7 @@ mp_status mp_build_plan_from(mp_ctx *ctx, const mp_plan_template *t, const mp_me
   p->tmpl = t;
   p->arena_borrowed = !own;
   /* Copy the tree, descriptors only: the FQN pointers stay the template's. */
-  p->params = mp_arena_alloc(arena, sizeof(mp_param) * (size_t)(t->n_params > 0 ? t->n_params : 1));
+  p->params = mp_arena_alloc(arena, sizeof(mp_param) * (size_t)(t->n_params + 1));
   if (p->params == NULL) {
     st = mp_error(ctx, MP_ERR_NOMEM, "out of memory building the module tree of %s", m->name);
     goto fail;
@@ -535,7 +569,10 @@ mp_status mp_build_plan_from(mp_ctx *ctx, const mp_plan_template *t, const mp_me
   memcpy(p->params, t->params, sizeof(mp_param) * (size_t)t->n_params);
   p->n_params = t->n_params;
   /* The template's stages are all 0, which is right without pipeline parallelism. */
-  if (mesh->size[MP_DIM_PP] > 1) set_stages(p);
+  if (mesh->size[MP_DIM_PP] > 1) {
+    add_tied_copy(p);
+    set_stages(p);
+  }
   st = run_passes(ctx, p, opts);
   if (st != MP_OK) goto fail;
   *out = p;
@@ -569,15 +606,14 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->fsdp.per_block != b->fsdp.per_block || opts->fsdp.param_dtype != b->fsdp.param_dtype ||
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
       opts->pp_virtual != b->pp_virtual || seq != b->seq || opts->master_dtype != b->master_dtype ||
-      opts->mem_model != b->mem_model)
+      opts->mem_model != b->mem_model || opts->attn != b->attn || opts->loss != b->loss ||
+      opts->dp_overlap != b->dp_overlap ||
+      (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,
                     "mp_plan_derive: options differ from the base plan's in more than "
                     "micro_batch, ac, reshard_after_forward and global_batch; build the plan "
                     "instead");
   MP_CHECK(validate_mesh(ctx, &base->model, &base->mesh, opts));
-  if ((unsigned)opts->ac > MP_AC_FULL)
-    return mp_error(ctx, MP_ERR_INVALID, "unknown activation checkpointing mode %d; choose none, "
-                                         "selective or full", (int)opts->ac);
   mp_plan *p = mp_arena_alloc_raw(arena, sizeof *p);
   if (p == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory deriving a plan");
   *p = *base;
@@ -586,14 +622,17 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
   /* the options as plan_init and the passes leave them */
   p->opts = *opts;
   p->opts.seq = seq;
+  p->opts.sp = b->sp;
+  if (mp_plan_pp_fsdp(p)) p->opts.fsdp.reshard_after_forward = 0; /* as mp_apply_fsdp */
+  if (p->opts.ac_every < 1 || p->opts.ac != MP_AC_FULL) p->opts.ac_every = 1;
   if (p->opts.global_batch == 0)
     p->opts.global_batch = p->opts.micro_batch * base->mesh.size[MP_DIM_DP_REPLICATE] *
                            base->mesh.size[MP_DIM_DP_SHARD];
   p->ac = opts->ac;
   /* Notes in pass order: the base's up to Float8, then AC's and FSDP's for the new
    * options (the base's own when unchanged, which also keeps a dropped-notes marker). */
-  if (opts->ac != base->opts.ac ||
-      opts->fsdp.reshard_after_forward != base->opts.fsdp.reshard_after_forward) {
+  if (opts->ac != base->opts.ac || p->opts.ac_every != b->ac_every ||
+      p->opts.fsdp.reshard_after_forward != base->opts.fsdp.reshard_after_forward) {
     if (base->n_notes >= (int)(sizeof base->notes / sizeof base->notes[0]) - 1)
       return mp_error(ctx, MP_ERR_INVALID,
                       "mp_plan_derive: the base plan's notes are full; build the plan instead");
@@ -607,172 +646,12 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       }
       p->notes[p->n_notes++] = base->notes[i];
     }
-    mp_plan_note_ac(p, opts->ac);
-    if (opts->fsdp.reshard_after_forward == base->opts.fsdp.reshard_after_forward && fsdp_note)
+    mp_plan_note_ac(p, &p->opts);
+    if (p->opts.fsdp.reshard_after_forward == base->opts.fsdp.reshard_after_forward && fsdp_note)
       p->notes[p->n_notes++] = fsdp_note;
     else
       mp_plan_note_fsdp(p, &p->opts.fsdp);
   }
   *out = p;
-  return MP_OK;
-}
-
-/* ---- tiles --------------------------------------------------------------------------- */
-
-int64_t mp_param_numel(const mp_param *prm) {
-  int64_t n = 1;
-  for (int i = 0; i < prm->ndim; i++) n *= prm->shape[i];
-  return n;
-}
-
-int64_t mp_param_tp_numel(const mp_param *prm) {
-  int64_t n = 1;
-  for (int i = 0; i < prm->ndim; i++) n *= prm->tp_shape[i];
-  return n;
-}
-
-int64_t mp_fsdp_chunk_rows(int64_t rows, int gsize) { return (rows + gsize - 1) / gsize; }
-
-int64_t mp_param_padded_shard_numel(const mp_param *prm, int gsize) {
-  int64_t row_numel = 1; /* elements per row of dim 0, without dividing */
-  for (int d = 1; d < prm->ndim; d++) row_numel *= prm->tp_shape[d];
-  return mp_fsdp_chunk_rows(prm->tp_shape[0], gsize) * row_numel;
-}
-
-/* A rank's place in the mesh as the tile math needs it, computed once per rank (the
- * totals ask it for every parameter). */
-typedef struct rank_pos {
-  int stage, tp, ep;
-  int fsdp_i, fsdp_g;   /* index in and size of MP_GROUP_FSDP */
-  int efsdp_i, efsdp_g; /* index in and size of MP_GROUP_EFSDP */
-} rank_pos;
-
-static void rank_pos_of(const mp_plan *p, int rank, rank_pos *r) {
-  int c[MP_MESH_NDIMS];
-  mp_mesh_coords(&p->mesh, rank, c);
-  r->stage = c[MP_DIM_PP];
-  r->tp = c[MP_DIM_TP];
-  r->ep = mp_mesh_ep_index(&p->mesh, rank);
-  r->fsdp_i = mp_mesh_group_index(&p->mesh, MP_GROUP_FSDP, rank);
-  r->fsdp_g = mp_mesh_group_size(&p->mesh, MP_GROUP_FSDP);
-  r->efsdp_i = mp_mesh_group_index(&p->mesh, MP_GROUP_EFSDP, rank);
-  r->efsdp_g = mp_mesh_group_size(&p->mesh, MP_GROUP_EFSDP);
-}
-
-static void tp_tile_at(const mp_param *prm, const rank_pos *r, int64_t off[MP_MAX_NDIM],
-                       int64_t len[MP_MAX_NDIM]) {
-  for (int i = 0; i < MP_MAX_NDIM; i++) {
-    off[i] = 0;
-    len[i] = prm->tp_shape[i];
-  }
-  const mp_placement *tp = &prm->place[MP_AXIS_TP];
-  if (tp->kind == MP_PLACEMENT_SHARD) off[tp->dim] = (int64_t)r->tp * prm->tp_shape[tp->dim];
-  const mp_placement *ep = &prm->place[MP_AXIS_EP];
-  if (ep->kind == MP_PLACEMENT_SHARD) off[ep->dim] = (int64_t)r->ep * prm->tp_shape[ep->dim];
-}
-
-static int tile_at(const mp_param *prm, const rank_pos *r, int64_t off[MP_MAX_NDIM],
-                   int64_t len[MP_MAX_NDIM]) {
-  tp_tile_at(prm, r, off, len);
-  if (prm->pp_stage != r->stage) {
-    for (int i = 0; i < MP_MAX_NDIM; i++) len[i] = 0;
-    return 0;
-  }
-  if (prm->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD) {
-    const int efsdp = prm->fsdp_group == MP_GROUP_EFSDP;
-    int g = efsdp ? r->efsdp_g : r->fsdp_g;
-    int i = efsdp ? r->efsdp_i : r->fsdp_i;
-    int64_t rows = prm->tp_shape[0], chunk = mp_fsdp_chunk_rows(rows, g);
-    int64_t start = (int64_t)i * chunk, end = start + chunk;
-    if (end > rows) end = rows;
-    if (start >= end) {
-      for (int k = 0; k < MP_MAX_NDIM; k++) len[k] = 0;
-      return 0;
-    }
-    off[0] += start;
-    len[0] = end - start;
-  }
-  return 1;
-}
-
-void mp_param_tp_tile(const mp_plan *p, const mp_param *prm, int rank, int64_t off[MP_MAX_NDIM],
-                      int64_t len[MP_MAX_NDIM]) {
-  rank_pos r;
-  rank_pos_of(p, rank, &r);
-  tp_tile_at(prm, &r, off, len);
-}
-
-int mp_param_tile(const mp_plan *p, const mp_param *prm, int rank, int64_t off[MP_MAX_NDIM],
-                  int64_t len[MP_MAX_NDIM]) {
-  rank_pos r;
-  rank_pos_of(p, rank, &r);
-  return tile_at(prm, &r, off, len);
-}
-
-static int64_t local_numel_at(const mp_param *prm, const rank_pos *r) {
-  int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
-  if (!tile_at(prm, r, off, len)) return 0;
-  int64_t n = 1;
-  for (int i = 0; i < prm->ndim; i++) n *= len[i];
-  return n;
-}
-
-int64_t mp_param_local_numel(const mp_plan *p, const mp_param *prm, int rank) {
-  rank_pos r;
-  rank_pos_of(p, rank, &r);
-  return local_numel_at(prm, &r);
-}
-
-int mp_plan_find_param(const mp_plan *p, const char *fqn) {
-  for (int i = 0; i < p->n_params; i++)
-    if (strcmp(p->params[i].fqn, fqn) == 0) return i;
-  return -1;
-}
-
-/* ---- totals and batch ---------------------------------------------------------------- */
-
-void mp_plan_rank_totals(const mp_plan *p, int rank, mp_plan_totals *out) {
-  memset(out, 0, sizeof *out);
-  rank_pos r;
-  rank_pos_of(p, rank, &r);
-  for (int i = 0; i < p->n_params; i++) out->params_numel += local_numel_at(&p->params[i], &r);
-  const int64_t mb = mp_dtype_bytes(p->opts.master_dtype);
-  out->param_bytes = out->params_numel * mb;
-  out->grad_bytes = out->params_numel * mb;
-  out->optimizer_bytes = 2 * out->params_numel * mb; /* AdamW exp_avg and exp_avg_sq */
-  if (!(p->applied & MP_PASS_FSDP)) return;
-  const int stage = r.stage;
-  const int64_t pb = mp_dtype_bytes(p->opts.fsdp.param_dtype);
-  for (int u = 0; u < p->n_units; u++) {
-    int64_t n = 0;
-    for (int k = 0; k < p->units[u].n_params; k++) {
-      const mp_param *prm = &p->params[p->units[u].params[k]];
-      if (prm->pp_stage == stage) n += mp_param_tp_numel(prm);
-    }
-    if (n * pb > out->max_unit_gathered_bytes) out->max_unit_gathered_bytes = n * pb;
-  }
-}
-
-mp_status mp_plan_batch(mp_ctx *ctx, const mp_plan *p, int64_t *local_batch, int64_t *n_micro) {
-  const int64_t dp = (int64_t)p->mesh.size[MP_DIM_DP_REPLICATE] * p->mesh.size[MP_DIM_DP_SHARD];
-  const int64_t gb = p->opts.global_batch, mb = p->opts.micro_batch;
-  if (mb < 1 || gb < 1)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "micro_batch=%lld and global_batch=%lld must both be at least 1",
-                    (long long)mb, (long long)gb);
-  if (gb % dp != 0)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "global_batch=%lld does not divide over the %lld data-parallel ranks "
-                    "(dp_replicate x dp_shard); choose a multiple of %lld",
-                    (long long)gb, (long long)dp, (long long)dp);
-  const int64_t local = gb / dp;
-  if (local % mb != 0)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "the %lld sequences per data-parallel rank (global_batch=%lld / %lld ranks) "
-                    "do not divide into micro-batches of %lld; choose micro_batch dividing %lld",
-                    (long long)local, (long long)gb, (long long)dp, (long long)mb,
-                    (long long)local);
-  *local_batch = local;
-  *n_micro = local / mb;
   return MP_OK;
 }

@@ -26,9 +26,11 @@
 #ifndef MP_EXEC_PLAN_H
 #define MP_EXEC_PLAN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/arena.h"
+#include "common/limits.h"
 #include "common/status.h"
 #include "exec/cluster.h"
 #include "exec/mesh.h"
@@ -39,6 +41,7 @@ extern "C" {
 #endif
 
 #define MP_MAX_NDIM 3
+#define MP_PP_MAX_VIRTUAL MP_LIM_PP_VIRTUAL /* model chunks per pipeline stage, at most */
 
 /* What a parameter is; the runtime picks kernels by this and the module. */
 typedef enum mp_module {
@@ -93,7 +96,48 @@ typedef enum mp_tp_style {
   MP_TP_VOCAB,     /* embedding rows split over tp (vocab-parallel) */
 } mp_tp_style;
 
-typedef enum mp_ac_mode { MP_AC_NONE = 0, MP_AC_SELECTIVE, MP_AC_FULL } mp_ac_mode;
+/* Activation checkpointing policies, by the names the stacks that run them use (the saved
+ * tensors of each, derived per op, are in exec/schedule_act.c):
+ *   NONE            every tensor autograd saves is kept
+ *   SELECTIVE       the Attention module recomputed in backward, its input saved (KempnerForge
+ *                   wraps `attention` in a checkpoint)
+ *   SELECTIVE_OP    torchtitan's op-level SAC (selective_ac_option "op"): the outputs of the ops
+ *                   in its save list (matmuls, attention, reduce-scatters) kept except every
+ *                   second matmul of a block; everything else recomputed
+ *   SELECTIVE_CORE  Megatron-LM's selective recompute (Korthikanti et al. 2022): the core
+ *                   attention (QK^T, softmax, attention x V) recomputed from the saved q, k, v
+ *   FULL            each block recomputed from its saved input; with ac_every = N > 1 only
+ *                   every N-th block (torchtitan's integer selective_ac_option). Chosen over
+ *                   Megatron-LM's --recompute-num-layers N (the first N blocks of each
+ *                   stage): spread evenly, the recompute costs every pipeline stage and
+ *                   every micro-batch the same, so the stages stay balanced */
+typedef enum mp_ac_mode {
+  MP_AC_NONE = 0,
+  MP_AC_SELECTIVE,
+  MP_AC_SELECTIVE_OP,
+  MP_AC_SELECTIVE_CORE,
+  MP_AC_FULL,
+  MP_AC_COUNT
+} mp_ac_mode;
+
+/* How the attention core runs: FLASH (FlashAttention: causal blocks skipped, the per-head
+ * log-sum-exp saved instead of the score matrix) or MATERIALIZED (Megatron-LM's fused
+ * scale-mask-softmax between two batched GEMMs: the full s x s scores computed and, with
+ * attention dropout, their softmax, mask and dropout output saved). Set from the stack
+ * profile (sim/stack.h, key "attention"). */
+typedef enum mp_attn_impl { MP_ATTN_FLASH = 0, MP_ATTN_MATERIALIZED } mp_attn_impl;
+
+/* How the cross-entropy runs on the [T, V] logits, which decides the head's memory (the
+ * largest tensors of a step). Set from the stack profile (key "loss"):
+ *   EAGER    PyTorch eager as torchtitan calls it, cross_entropy(pred.float(), labels): the
+ *            bf16 logits, their fp32 copy and log_softmax's fp32 output (saved) live at once;
+ *            backward makes nll's fp32 gradient and log_softmax's fp32 input gradient, then
+ *            the bf16 cast
+ *   FUSED    one kernel (torch.compile's Inductor, llm.c's fused classifier): the bf16 logits
+ *            and an fp32 log-sum-exp per token kept, the bf16 gradient written directly
+ *   INPLACE  Megatron-LM's vocab-parallel cross-entropy: one fp32 copy of the logits turned
+ *            into the softmax in place (saved) and into the gradient in place in backward */
+typedef enum mp_loss_impl { MP_LOSS_EAGER = 0, MP_LOSS_FUSED, MP_LOSS_INPLACE } mp_loss_impl;
 
 typedef struct mp_param {
   const char *fqn;    /* "layers.3.attention.q_proj.weight" */
@@ -112,6 +156,9 @@ typedef struct mp_param {
   int fsdp_unit;      /* index into plan->units, -1 before FSDP */
   mp_group fsdp_group;/* MP_GROUP_FSDP or MP_GROUP_EFSDP */
   int pp_stage;       /* pipeline stage holding it */
+  int tied_copy;      /* the last pipeline stage's copy of tok_embeddings.weight serving as the
+                         output head (tied embeddings with pp > 1, Megatron-LM's shared
+                         embedding): its gradient is all-reduced with the first stage's */
 } mp_param;
 
 /* An FSDP unit: parameters all-gathered together before use and reduce-scattered after
@@ -161,12 +208,25 @@ typedef enum mp_pp_schedule { MP_PP_1F1B = 0, MP_PP_INTERLEAVED, MP_PP_GPIPE } m
  *                 tensors, a resident bf16 compute copy of every parameter that is not
  *                 FSDP-sharded, units gathered in bf16, float8 GEMMs on real codes, and
  *                 NCCL's overlap (the next unit's gather prefetched, reduce-scatters
- *                 finished one unit later) */
+ *                 finished one unit later)
+ *   MEGATRON      Megatron-LM (Shoeybi et al. 2019, Narayanan et al. 2021, Korthikanti et
+ *                 al. 2022): fp16/bf16 model parameters beside fp32 main gradients and
+ *                 fp32 master weights and Adam state, data parallelism by all-reduce of
+ *                 gradient buckets (no FSDP), the saved activations Korthikanti et al.
+ *                 count (dropout masks for GPT models, the attention scores unless the
+ *                 stack runs flash attention) */
 typedef enum mp_mem_model {
   MP_MEM_MODEL_TORCHTITAN = 0,
   MP_MEM_MODEL_MESHPLAN_CPU,
-  MP_MEM_MODEL_MESHPLAN_CUDA
+  MP_MEM_MODEL_MESHPLAN_CUDA,
+  MP_MEM_MODEL_MEGATRON,
+  MP_MEM_MODEL_COUNT
 } mp_mem_model;
+
+/* The meshplan runtime's own memory models (exec/runtime/ executes the plan). */
+static inline int mp_mem_model_is_runtime(mp_mem_model m) {
+  return m == MP_MEM_MODEL_MESHPLAN_CPU || m == MP_MEM_MODEL_MESHPLAN_CUDA;
+}
 
 /* What mp_build_plan needs besides the model and mesh. Defaults: mp_plan_options_init. */
 typedef struct mp_plan_options {
@@ -174,6 +234,19 @@ typedef struct mp_plan_options {
   int fp8;
   mp_float8_options fp8_opts;
   mp_ac_mode ac;
+  int ac_every;          /* FULL: recompute every ac_every-th block only (blocks l with
+                            (l + 1) % ac_every == 0, torchtitan's count); 0 or 1: every block */
+  int sp;                /* sequence parallelism with tp (Korthikanti et al. 2022): norms,
+                            residuals and dropout on [T/tp, H], all-gather before and
+                            reduce-scatter after each TP region. 1 on, 0 off (the all-reduce
+                            form), -1 (default): on when tp > 1 under a memory model whose
+                            runtime runs it (torchtitan, megatron), resolved by mp_plan_create */
+  mp_attn_impl attn;     /* the attention kernel (default FLASH) */
+  mp_loss_impl loss;     /* the cross-entropy's implementation (default EAGER) */
+  int dp_overlap;        /* the megatron memory model: gradient buckets all-reduced over
+                            dp_replicate as each block's backward ends, overlapping the
+                            rest (Megatron-LM's --overlap-grad-reduce); 0: after the step's
+                            last backward. Set from the stack (key "dp_overlap") */
   mp_fsdp_options fsdp;
   mp_pp_schedule pp_schedule;
   int pp_virtual;        /* virtual stages per rank for interleaved (>= 1) */
@@ -213,7 +286,11 @@ typedef struct mp_plan {
   int n_notes;
   int64_t vocab_padded;  /* vocab after padding for tp (== model.vocab when none) */
   mp_ac_mode ac;
-  int layers_per_stage;  /* n_layers / pp (last stage may hold fewer) */
+  int layers_per_stage;  /* layers a stage holds: ceil(n_layers / pp) without interleaving,
+                            layers_per_chunk x pp_virtual with it (the last may hold fewer) */
+  int layers_per_chunk;  /* layers of a model chunk: ceil(n_layers / (pp x pp_virtual)); model
+                            chunk k = c x pp + s is stage s's virtual chunk c (Megatron's
+                            interleaved layout), the last chunk may hold fewer */
   /* For the planner's speed (mp_build_plan_from): */
   const struct mp_plan_template *tmpl; /* the template it was built from, or NULL; when set,
                                           params[i].fqn / module_fqn and unit names point
@@ -324,13 +401,46 @@ void mp_plan_mark_applied(mp_plan *p, unsigned bit);
  * slot then saying so. */
 void mp_plan_note(mp_plan *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The notes mp_apply_ac and mp_apply_fsdp record (mp_plan_derive writes them too). */
-void mp_plan_note_ac(mp_plan *p, mp_ac_mode mode);
+void mp_plan_note_ac(mp_plan *p, const mp_plan_options *o);
 void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o);
+/* FSDP under a pipeline as torchtitan runs it (the TORCHTITAN memory model with pp > 1):
+ * a stage's parameters stay gathered from their first use to the end of the step
+ * (parallelize_llama's reshard_after_forward = not pp_enabled) and its gradients
+ * accumulate unsharded until the stage's last backward (torch.distributed.pipelining
+ * turns FSDP's gradient sync off until then). */
+int mp_plan_pp_fsdp(const mp_plan *p);
 /* Pipeline stage of a rank (its pp coordinate). */
 int mp_plan_rank_stage(const mp_plan *p, int rank);
+/* Model chunks a pipeline stage holds: pp_virtual under the interleaved schedule with
+ * pp > 1, else 1. */
+int mp_plan_virtual_stages(const mp_plan *p);
+/* The stage holding block `layer`. */
+int mp_plan_layer_stage(const mp_plan *p, int64_t layer);
+/* Layers [*l0, *l1) of stage's virtual chunk (empty when the model has no layers there). */
+void mp_plan_chunk_layers(const mp_plan *p, int stage, int chunk, int64_t *l0, int64_t *l1);
 
-const char *mp_ac_mode_name(mp_ac_mode m);
+/* "none", "selective", "selective-op", "selective-core", "full" ("?" out of range). Inline,
+ * so that libraries which link no plan code (the planner's search) name policies alike. */
+static inline const char *mp_ac_mode_name(mp_ac_mode m) {
+  /* in mp_ac_mode's order (C++ includes this header: no designated initializers) */
+  static const char *const names[MP_AC_COUNT] = {"none", "selective", "selective-op",
+                                                 "selective-core", "full"};
+  return (unsigned)m < MP_AC_COUNT ? names[m] : "?";
+}
+/* The policy with its block frequency: "full:4" for FULL every 4th block, else the mode's
+ * name. */
+void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap);
+/* Parses a policy name, or "full:N" (N >= 1; full:1 is full) into *out and *every (1 for
+ * every block). MP_ERR_INVALID naming the choices otherwise. */
+mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every);
+/* mp_ac_parse without the block frequency: "full:N" with N > 1 is refused. */
 mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out);
+/* The policy block `layer` runs under the plan's options: FULL with ac_every N > 1 applies to
+ * blocks l with (l + 1) % N == 0 (torchtitan counts its wrapped blocks from 1), the others
+ * save everything (NONE). */
+mp_ac_mode mp_plan_layer_ac(const mp_plan_options *o, int64_t layer);
+/* "torchtitan", "meshplan-cpu", "meshplan-cuda", "megatron". */
+const char *mp_mem_model_name(mp_mem_model m);
 const char *mp_tp_style_name(mp_tp_style s);
 const char *mp_module_name(mp_module m); /* "attention.q_proj" */
 /* The block activation a dense block's Linear reads, as the float8 runtimes share and keep

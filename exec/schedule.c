@@ -3,12 +3,15 @@
  * blocks, head and loss), backward in reverse, optimizer.
  *
  * The builder's files:
- *   schedule.c          the builder's steps, the block segments, the torchtitan model's
- *                       saved activations
+ *   schedule.c          the builder's steps, the block segments
+ *   schedule_act.c      what a block saves under each AC policy, its recompute (the
+ *                       torchtitan model)
  *   schedule_prep.c     what the builder reads from a plan once (shapes, FSDP units, runs
  *                       of identical blocks)
  *   schedule_ops.c      emission primitives, GEMMs and Linears, a block's and the head's
  *                       ops (the FLOP and byte conventions)
+ *   schedule_cp.c       context parallelism's ring attention
+ *   schedule_pp.c       the pipeline order of a stage (mp_pp_order)
  *   schedule_fsdp.c     FSDP: gathers, reshards, gradient reductions
  *   schedule_rt.c       the meshplan runtimes' memory models
  *   schedule_program.c  the step program the runtime walks
@@ -32,79 +35,12 @@
  * describe is the memory of the runtime that executes the plan. MP_MEM_MODEL_TORCHTITAN
  * (PyTorch FSDP2 under torchtitan; the GPU stacks, validated against published figures) is
  * described here and in schedule_ops.c and schedule_fsdp.c; the meshplan runtimes'
- * (MESHPLAN_CPU, MESHPLAN_CUDA) in schedule_rt.c.
- *
- * Saved activations per block under torchtitan (bytes, T tokens on the rank, tp-local sizes
- * q = heads_l x hd, kv = kv_heads_l x hd, f = d_ff / tp, st = 4 bytes of norm statistics per
- * token for RMSNorm (rstd), 8 for LayerNorm (mean, rstd)), from what each op saves for
- * backward:
- *   x      block input, saved by attention_norm:                      2TH
- *   attn   normed input (q/k/v GEMMs) 2TH + st T; q/k (post-RoPE), v 2T(q + 2kv); attention
- *          output (flash and o_proj) 2Tq; logsumexp 4 T heads_l;
- *          qk_norm: pre-norm q, k 2T(q + kv) + rstd 4T(heads_l + kv_heads_l)
- *   mlp    (dense) residual h 2TH + st T, normed h 2TH; llama gate, up, SwiGLU out 3 x 2Tf;
- *          gpt up out (GELU input), GELU out 2 x 2Tf
- *   moe    h 2TH + st T, normed h 2TH; router probabilities (fp32) 4TE; top-k weights and
- *          indices 12 T top_k; dispatched tokens 2 T top_k H; expert gate, up, SwiGLU out
- *          3 x 2 T top_k f_e; expert outputs back in token order 2 T top_k H; shared expert
- *          3 x 2 T f_s (f_s tp-local)
- *   none = x + attn + mlp; selective = x + mlp (attention and its inputs recomputed:
- *   attention_norm, q/k/v, q/k norms, RoPE, attention core); full = x (whole block
- *   recomputed before its backward, collectives included).
- * For GPT with tp=1 (f = 4H): x + attn + mlp = 2+2+6+2+2+2+8+8 = 32 sbh bytes + 4 a s b
- * (logsumexp) + 16 sb (LayerNorm statistics). Korthikanti et al. 2022 count 34 sbh + 5 a s^2 b
- * with dropout masks (2 sbh here absent) and the materialised attention matrix, which flash
- * attention replaces by the per-head logsumexp. The blocks' unsaved intermediates are
- * allocated (ACTIVATIONS) during the block's forward and freed at its end; backward holds a
- * TEMP workspace for activation gradients, 2 x 2TH (residual stream and current input) plus
- * the MLP's largest set (llama 3 x 2Tf, gpt 2 x 2Tf, MoE 3 x 2 T top_k f_e + 2 T top_k H). */
+ * (MESHPLAN_CPU, MESHPLAN_CUDA) in schedule_rt.c. What a block saves for backward under
+ * each AC policy and what its backward recomputes (the torchtitan model) is
+ * schedule_act.c's. */
 #include "exec/schedule_internal.h"
 
-/* ---- the torchtitan model's saved activations (see above) ---------------------------- */
-
-static int64_t act_x(const shapes *sh) { return 2 * sh->T * sh->H; }
-
-static int64_t act_attn(const shapes *sh) {
-  const int64_t T = sh->T, st = sh->gpt ? 8 : 4;
-  int64_t b = 2 * T * sh->H + st * T + 2 * T * (sh->q + 2 * sh->kv) + 2 * T * sh->q +
-              4 * T * sh->nh;
-  if (sh->qk_norm) b += 2 * T * (sh->q + sh->kv) + 4 * T * (sh->nh + sh->nkv);
-  return b;
-}
-
-static int64_t act_mlp(const shapes *sh, int kind) {
-  const int64_t T = sh->T, st = sh->gpt ? 8 : 4;
-  int64_t b = 2 * T * sh->H + st * T + 2 * T * sh->H;
-  if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 3) * 2 * T * sh->f;
-  b += 4 * T * sh->E + 12 * T * sh->topk + 2 * T * sh->topk * sh->H +
-       3 * 2 * T * sh->topk * sh->fe + 2 * T * sh->topk * sh->H;
-  if (sh->has_shared) b += 3 * 2 * T * sh->fs;
-  return b;
-}
-
-static int64_t bwd_workspace(const shapes *sh, int kind) {
-  const int64_t T = sh->T;
-  int64_t b = 2 * 2 * T * sh->H;
-  if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 3) * 2 * T * sh->f;
-  return b + 3 * 2 * T * sh->topk * sh->fe + 2 * T * sh->topk * sh->H;
-}
-
 /* ---- blocks: forward and backward segments ------------------------------------------- */
-
-/* A block's forward under the torchtitan model: what autograd saves (see the sizes above)
- * allocated as its ops run; AC frees what it will recompute. */
-static void block_fwd_tt(gen *g, int kind, const part_deps *pd) {
-  const shapes *sh = &g->sh;
-  const mp_ac_mode ac = g->p->opts.ac;
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_X, act_x(sh), 1);
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_ATTN, act_attn(sh), 1);
-  mp_sched_attention_fwd(g, pd);
-  mp_sched_attention_out_fwd(g);
-  if (ac != MP_AC_NONE) pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_ATTN, act_attn(sh), 0);
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MLP, act_mlp(sh, kind), 1);
-  mp_sched_mlp_fwd(g, kind, pd);
-  if (ac == MP_AC_FULL) pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MLP, act_mlp(sh, kind), 0);
-}
 
 static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t repeat,
                               carry *c) {
@@ -129,7 +65,7 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
     pd.flags[k][1] = MP_DEP_PREV_REP;
   }
   if (g->rt) mp_sched_rt_block_fwd(g, kind, &pd);
-  else block_fwd_tt(g, kind, &pd);
+  else mp_sched_block_fwd_tt(g, kind, &pd);
   if (g->reshard) mp_sched_free_units(g, l, u0, nu, 0, N_PARTS - 1);
   /* the segment's last compute-stream op: what the next segment's gathers wait for */
   const int32_t block_last = g->last_c;
@@ -137,45 +73,6 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   for (int i = 0; i < n_patch; i++) add_dep(g, patch[i], block_last, MP_DEP_PREV_REP);
   mp_sched_seg_close(g, MP_PHASE_FORWARD, repeat, 1, nu);
   for (int k = 0; k < N_PARTS; k++) c->gather[k] = next_g[k];
-}
-
-/* A block's backward under the torchtitan model: the workspace, the recompute (full: the
- * whole block before the MLP's backward; selective: attention before its own), the MoE
- * and experts units resharded and reduced once the MLP's backward is done, the attention
- * unit (or the block's one unit) after attention's. */
-static void block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
-  const shapes *sh = &g->sh;
-  const mp_ac_mode ac = g->p->opts.ac;
-  const int nu = g->n_units[l];
-  const int32_t u0 = g->first_unit[l];
-  pair(g, MP_MEM_TEMP, BUF_BWD_WS, bwd_workspace(sh, kind), 1);
-  if (ac == MP_AC_FULL) {
-    g->phase = MP_PHASE_RECOMPUTE;
-    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_ATTN, act_attn(sh), 1);
-    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_MLP, act_mlp(sh, kind), 1);
-    mp_sched_attention_fwd(g, pd);
-    mp_sched_attention_out_fwd(g);
-    mp_sched_mlp_fwd(g, kind, pd);
-    g->phase = MP_PHASE_BACKWARD;
-  }
-  mp_sched_mlp_bwd(g, kind, ac == MP_AC_FULL ? NULL : pd);
-  pair(g, MP_MEM_ACTIVATIONS, ac == MP_AC_FULL ? BUF_RC_MLP : BUF_ACT_MLP, act_mlp(sh, kind), 0);
-  if (nu > 1) {
-    mp_sched_free_units(g, l, u0, nu, PART_MOE, PART_EXPERTS);
-    mp_sched_reduce_units(g, l, u0, nu, PART_MOE, PART_EXPERTS);
-  }
-  if (ac == MP_AC_SELECTIVE) {
-    g->phase = MP_PHASE_RECOMPUTE;
-    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_ATTN, act_attn(sh), 1);
-    mp_sched_attention_fwd(g, pd);
-    g->phase = MP_PHASE_BACKWARD;
-  }
-  mp_sched_attention_bwd(g, ac == MP_AC_NONE ? pd : NULL);
-  pair(g, MP_MEM_ACTIVATIONS, ac == MP_AC_NONE ? BUF_ACT_ATTN : BUF_RC_ATTN, act_attn(sh), 0);
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_X, act_x(sh), 0);
-  pair(g, MP_MEM_TEMP, BUF_BWD_WS, bwd_workspace(sh, kind), 0);
-  mp_sched_free_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
-  mp_sched_reduce_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
 }
 
 static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t repeat,
@@ -207,7 +104,7 @@ static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   }
   mp_sched_grads_alloc(g, l, u0, nu);
   if (g->rt) mp_sched_rt_block_bwd(g, l, kind, &pd);
-  else block_bwd_tt(g, l, kind, &pd);
+  else mp_sched_block_bwd_tt(g, l, kind, &pd);
   const int32_t block_last = g->last_c;
   for (int i = 0; i < n_patch; i++) add_dep(g, patch[i], block_last, MP_DEP_PREV_REP);
   mp_sched_seg_close(g, MP_PHASE_BACKWARD, repeat, -1, -nu);
@@ -237,6 +134,7 @@ static void gen_init(gen *g, mp_ctx *ctx, const mp_plan *p, const mp_schedule_pr
   g->sh = pr->sh;
   mp_sched_shapes_for_batch(&g->sh, p, p->opts.micro_batch);
   g->has_fsdp = pr->has_fsdp;
+  g->ppf = pr->has_fsdp && mp_plan_pp_fsdp(p);
   g->ui = pr->ui;
   g->n_ui = pr->n_ui;
   g->first_unit = pr->first_unit;
@@ -246,6 +144,8 @@ static void gen_init(gen *g, mp_ctx *ctx, const mp_plan *p, const mp_schedule_pr
    * CPU's blocking MPI collectives, or (CUDA, a GPU per rank) NCCL's overlap */
   const int cuda = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CUDA;
   g->rt = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CPU || cuda;
+  g->mg = p->opts.mem_model == MP_MEM_MODEL_MEGATRON;
+  g->stage_grad_bytes = pr->params_numel * mp_dtype_bytes(g->rdt);
   g->xs = g->rt && !cuda ? 4 : 2;
   g->f8c = cuda || (g->rt && p->opts.f8_codes);
   g->host_mem = !cuda;
@@ -279,7 +179,9 @@ static void resident(gen *g, mp_mem_cat cat, int buf, int64_t bytes) {
 }
 
 /* Prologue: the resident state. The torchtitan model: the rank's shards in the master
- * dtype, as many gradients and two AdamW states. The runtime models: fp32 master,
+ * dtype, as many gradients and two AdamW states. The megatron model: the stage's
+ * parameters in the model dtype besides, gradients in the fp32 main_grad buffers (2 + 4 +
+ * 4 + 8 = 18 bytes per parameter, Megatron-LM's mixed precision). The runtime models: fp32 master,
  * gradient and AdamW m, v of the padded shards; X compute copies of the parameters not
  * sharded when X is not fp32; the resident tensors of the activation layout; the float8
  * codes of unsharded weights. */
@@ -290,6 +192,9 @@ static void emit_prologue(gen *g, const mp_schedule_prep *pr) {
     param_bytes = grad_bytes = 4 * pr->rest.numel_pad;
     optimizer_bytes = 8 * pr->rest.numel_pad;
     if (g->xs != 4) param_bytes += g->xs * pr->rest.numel_rep;
+  } else if (g->mg) { /* fp16/bf16 model parameters beside the fp32 masters; fp32 main_grad */
+    param_bytes += n * mp_dtype_bytes(g->pdt);
+    grad_bytes = n * mp_dtype_bytes(g->rdt);
   }
   mp_sched_seg_open(g, MP_PHASE_PROLOGUE, -1, 0);
   resident(g, MP_MEM_PARAMS, BUF_PARAMS, param_bytes);
@@ -300,21 +205,26 @@ static void emit_prologue(gen *g, const mp_schedule_prep *pr) {
   mp_sched_seg_close(g, MP_PHASE_PROLOGUE, 1, 0, 0);
 }
 
-/* Activations crossing a pipeline stage boundary: [T, H] bf16. */
-static int32_t stage_p2p(gen *g, mp_coll c) {
-  return comm(g, c, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g->sh.T * g->sh.H), MP_DTYPE_BF16,
-              -1);
+/* Activations crossing a pipeline stage boundary, [Ts, H] bf16 (sequence-sharded under
+ * SP), to or from the neighbouring virtual stage. */
+static int32_t stage_p2p(gen *g, mp_coll c, mp_peer peer) {
+  const int32_t i = comm(g, c, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g->sh.Ts * g->sh.H),
+                         MP_DTYPE_BF16, -1);
+  if (i >= 0) g->ops[i].peer = (uint8_t)peer;
+  return i;
 }
 
-/* Forward head: the stage's input, the root unit's gather and the first block's, the
- * embedding. Returns the root gather (-1 on a stage without root parameters). */
-static int32_t emit_forward_head(gen *g, const stage_info *st, carry *c) {
+/* Forward head of a chunk: its input received from the previous virtual stage, the root
+ * unit's gather (the stage's first chunk) and the chunk's first block's, the embedding (the
+ * model's first chunk). Returns the root gather (-1 where there is none). */
+static int32_t emit_forward_head(gen *g, const stage_info *st, carry *c, int first_chunk) {
   int32_t root_g[N_PARTS] = {-1, -1, -1};
   mp_sched_seg_open(g, MP_PHASE_FORWARD, -1, 0);
   int32_t recv = -1;
-  mp_sched_rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 1);
-  if (!st->first) recv = stage_p2p(g, MP_COLL_RECV);
-  if (g->root_unit >= 0) mp_sched_gather_units(g, -1, g->root_unit, 1, root_g, -1, NULL, NULL);
+  if (first_chunk) mp_sched_rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 1);
+  if (!st->first) recv = stage_p2p(g, MP_COLL_RECV, MP_PEER_PREV);
+  if (first_chunk && g->root_unit >= 0)
+    mp_sched_gather_units(g, -1, g->root_unit, 1, root_g, -1, NULL, NULL);
   if (g->prefetch && st->l1 > st->l0)
     mp_sched_gather_block(g, st->l0, c->gather, -1, NULL, NULL);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 1); /* the runtimes: x[0], the stage's input */
@@ -323,30 +233,32 @@ static int32_t emit_forward_head(gen *g, const stage_info *st, carry *c) {
     mp_sched_embedding_fwd(g);
   }
   mp_sched_seg_close(g, MP_PHASE_FORWARD, 1, 0, 0);
-  if (recv >= 0) pend_dep(g, recv, 0); /* the stage's first block waits for its input */
+  if (recv >= 0) pend_dep(g, recv, 0); /* the chunk's first block waits for its input */
   return root_g[0];
 }
 
-/* Forward tail: head and loss, or the send to the next stage. */
+/* Forward tail of a chunk: head and loss (the model's last chunk), or the send to the next
+ * virtual stage. */
 static void emit_forward_tail(gen *g, const stage_info *st, int32_t root_gather) {
   mp_sched_seg_open(g, MP_PHASE_FORWARD, -1, 0);
   if (st->last) {
     pend_dep(g, root_gather, 0);
     mp_sched_head_fwd(g);
   } else {
-    const int32_t send = stage_p2p(g, MP_COLL_SEND);
+    const int32_t send = stage_p2p(g, MP_COLL_SEND, MP_PEER_NEXT);
     add_dep(g, send, g->last_c, 0);
   }
   mp_sched_seg_close(g, MP_PHASE_FORWARD, 1, 0, 0);
 }
 
-/* Backward head: loss and head backward, or the gradient from the next stage; the last
+/* Backward head of a chunk: loss and head backward, or the gradient from the next virtual
+ * stage; the root unit's gradients (the stage's first backward chunk); the chunk's last
  * block's units prefetched when they were resharded (the runtime's top block gathers its
  * own). */
-static void emit_backward_head(gen *g, const stage_info *st, carry *c) {
+static void emit_backward_head(gen *g, const stage_info *st, carry *c, int first_chunk) {
   mp_sched_seg_open(g, MP_PHASE_BACKWARD, -1, 0);
-  if (g->root_unit >= 0) mp_sched_grads_alloc(g, -1, g->root_unit, 1);
-  const int32_t recv = st->last ? -1 : stage_p2p(g, MP_COLL_RECV);
+  if (first_chunk && g->root_unit >= 0) mp_sched_grads_alloc(g, -1, g->root_unit, 1);
+  const int32_t recv = st->last ? -1 : stage_p2p(g, MP_COLL_RECV, MP_PEER_NEXT);
   for (int k = 0; k < N_PARTS; k++) c->gather[k] = -1;
   if (g->prefetch && g->reshard && st->l1 > st->l0 && !g->rt)
     mp_sched_gather_block(g, st->l1 - 1, c->gather, g->last_c, NULL, NULL);
@@ -357,14 +269,14 @@ static void emit_backward_head(gen *g, const stage_info *st, carry *c) {
   if (recv >= 0) pend_dep(g, recv, 0);
 }
 
-/* Backward tail: the embedding's backward, or the gradient sent to the previous stage; the
- * root unit's reduction. */
-static void emit_backward_tail(gen *g, const stage_info *st) {
+/* Backward tail of a chunk: the embedding's backward, or the gradient sent to the previous
+ * virtual stage; the root unit's reduction after the stage's last backward chunk. */
+static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {
   mp_sched_seg_open(g, MP_PHASE_BACKWARD, -1, 0);
   if (st->first) {
     mp_sched_embedding_bwd(g);
   } else {
-    const int32_t send = stage_p2p(g, MP_COLL_SEND);
+    const int32_t send = stage_p2p(g, MP_COLL_SEND, MP_PEER_PREV);
     add_dep(g, send, g->last_c, 0);
   }
   if (g->rt) {
@@ -372,21 +284,46 @@ static void emit_backward_tail(gen *g, const stage_info *st) {
      * every one still in flight), its gathered parameters, the token ids */
     mp_sched_rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 0);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 0);
-    if (g->root_unit >= 0) mp_sched_reduce_units(g, -1, g->root_unit, 1, 0, 0);
-    mp_sched_rt_rs_finish(g);
-    if (g->root_unit >= 0) mp_sched_free_units(g, -1, g->root_unit, 1, 0, 0);
-    mp_sched_rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 0);
-  } else if (g->root_unit >= 0) {
+    if (last_chunk) {
+      if (g->root_unit >= 0) mp_sched_reduce_units(g, -1, g->root_unit, 1, 0, 0);
+      mp_sched_rt_rs_finish(g);
+      if (g->root_unit >= 0) mp_sched_free_units(g, -1, g->root_unit, 1, 0, 0);
+      mp_sched_rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 0);
+    }
+  } else if (last_chunk && g->root_unit >= 0) {
     mp_sched_free_units(g, -1, g->root_unit, 1, 0, 0);
     mp_sched_reduce_units(g, -1, g->root_unit, 1, 0, 0);
   }
+  /* FSDP under a pipeline: the chunk's (and with its last, the root unit's) accumulated
+   * gradients reduced once the last micro-batch's backward of the chunk is done */
+  if (g->ppf) mp_sched_pp_fsdp_reduce(g, st->l0, st->l1, last_chunk && g->root_unit >= 0);
+  /* Megatron-LM without overlap: the whole stage's gradients all-reduced over dp_replicate
+   * once its last micro-batch's backward is done */
+  const int rep = g->p->mesh.size[MP_DIM_DP_REPLICATE];
+  if (g->mg && !g->p->opts.dp_overlap && last_chunk && rep > 1) {
+    const int32_t i = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, g->stage_grad_bytes,
+                                -1, -1, g->last_c);
+    if (i >= 0) g->ops[i].when = MP_WHEN_LAST_MICRO;
+  }
   mp_sched_seg_close(g, MP_PHASE_BACKWARD, 1, 0, 0);
+}
+
+/* A tied model's embedding copies under pp > 1 (stage 0's, the last stage's): their
+ * gradients all-reduced between the two stages once the step's backward is done
+ * (Megatron-LM's embedding group, finalize_model_grads), before the gradient norm. */
+static void emit_tied_all_reduce(gen *g, const mp_schedule_prep *pr) {
+  if (pr->tied_grad_bytes <= 0) return;
+  int32_t i = comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_PP, MP_STREAM_COMPUTE,
+                   (double)pr->tied_grad_bytes, g->rdt, MP_MOD_TOK_EMBEDDINGS);
+  if (i >= 0) g->ops[i].peer = MP_PEER_ENDS;
+  add_dep(g, i, g->last_reduce, 0);
 }
 
 /* Optimizer: global gradient norm (clipping), AdamW on the shard. */
 static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
   const int world_reduce = mp_mesh_world(&g->p->mesh) > 1;
   mp_sched_seg_open(g, MP_PHASE_OPTIMIZER, -1, 0);
+  emit_tied_all_reduce(g, pr);
   if (g->rt) {
     mp_sched_rt_optimizer(g, &pr->rest, world_reduce);
   } else {
@@ -398,18 +335,37 @@ static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
       comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_WORLD, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, -1);
     compute(g, MP_KERNEL_OPTIMIZER, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, FLOPS_ADAMW * shard,
             BYTES_ADAMW * shard, MP_DTYPE_FP32);
+    if (g->mg) /* the model dtype's parameters refreshed from the masters */
+      compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
+              (4.0 + mp_dtype_bytes(g->pdt)) * shard, MP_DTYPE_FP32);
   }
   mp_sched_seg_close(g, MP_PHASE_OPTIMIZER, 1, 0, 0);
 }
 
-/* The blocks, forward in order, then backward from the top: one segment per run of
- * identical blocks (pr->run_len). */
-static void emit_blocks(gen *g, const mp_schedule_prep *pr, int backward, carry *c) {
-  const stage_info *st = &pr->st;
+/* Sub-run [a, a + r) of a run of identical blocks whose blocks also share their AC policy
+ * (full:N alternates it): its length from a, at most r. */
+static int32_t same_ac_len(const gen *g, int32_t a, int32_t r) {
+  const mp_plan_options *o = &g->p->opts;
+  if (o->ac_every <= 1) return r;
+  const mp_ac_mode ac = mp_plan_layer_ac(o, a);
+  int32_t n = 1;
+  while (n < r && mp_plan_layer_ac(o, a + n) == ac) n++;
+  return n;
+}
+
+/* A chunk's blocks, forward in order, or backward from the top: one segment per run of
+ * identical blocks (pr->run_len) that share their AC policy. */
+static void emit_blocks(gen *g, const mp_schedule_prep *pr, const stage_info *st, int backward,
+                        carry *c) {
   const int32_t *run_len = pr->run_len;
   if (!backward) {
-    for (int32_t l = st->l0; l < st->l1; l++)
-      if (run_len[l] > 0) block_fwd_segment(g, st, l, run_len[l], c);
+    for (int32_t l = st->l0; l < st->l1; l++) {
+      if (run_len[l] == 0) continue;
+      for (int32_t a = l, r; a < l + run_len[l]; a += r) {
+        r = same_ac_len(g, a, l + run_len[l] - a);
+        block_fwd_segment(g, st, a, r, c);
+      }
+    }
     return;
   }
   for (int32_t l = st->l1 - 1; l >= st->l0; l--) {
@@ -417,7 +373,14 @@ static void emit_blocks(gen *g, const mp_schedule_prep *pr, int backward, carry 
     int32_t a = l;
     while (run_len[a] == 0) a--;
     const int32_t r = run_len[a];
-    block_bwd_segment(g, st, a + r - 1, r, c);
+    /* its sub-runs of one AC policy, from the top */
+    for (int32_t top = a + r - 1; top >= a;) {
+      int32_t lo = top;
+      while (lo > a && mp_plan_layer_ac(&g->p->opts, lo - 1) == mp_plan_layer_ac(&g->p->opts, top))
+        lo--;
+      block_bwd_segment(g, st, top, top - lo + 1, c);
+      top = lo - 1;
+    }
     l = a;
   }
 }
@@ -448,12 +411,21 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   schedule_header(s, p, pr, local_batch, n_micro);
   emit_prologue(&g, pr);
   carry c = {{-1, -1, -1}};
-  const int32_t root_gather = emit_forward_head(&g, &pr->st, &c);
-  emit_blocks(&g, pr, 0, &c);
-  emit_forward_tail(&g, &pr->st, root_gather);
-  emit_backward_head(&g, &pr->st, &c);
-  emit_blocks(&g, pr, 1, &c);
-  emit_backward_tail(&g, &pr->st);
+  int32_t root_gather = -1;
+  for (int k = 0; k < pr->v; k++) { /* the chunks' forwards, in order */
+    g.chunk = (uint8_t)k;
+    const int32_t rg = emit_forward_head(&g, &pr->chunk[k], &c, k == 0);
+    if (k == 0) root_gather = rg;
+    emit_blocks(&g, pr, &pr->chunk[k], 0, &c);
+    emit_forward_tail(&g, &pr->chunk[k], root_gather);
+  }
+  for (int k = pr->v - 1; k >= 0; k--) { /* their backwards, in reverse */
+    g.chunk = (uint8_t)k;
+    emit_backward_head(&g, &pr->chunk[k], &c, k == pr->v - 1);
+    emit_blocks(&g, pr, &pr->chunk[k], 1, &c);
+    emit_backward_tail(&g, &pr->chunk[k], k == 0);
+  }
+  g.chunk = 0;
   emit_optimizer(&g, pr);
   if (g.st != MP_OK) return g.st; /* its message is on ctx */
   schedule_finish(s, &g);

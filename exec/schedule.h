@@ -29,9 +29,16 @@
  * micro-batches of a step: every micro-batch, only the first, only the last, or once per
  * step (prologue / optimizer).
  *
- * Pipeline parallelism. A rank's schedule holds its stage's layers and the P2P ops at the
- * stage boundary; the pipeline bubble across stages is the simulator's job (it knows
- * pp, the pp schedule and n_micro from the plan).
+ * Pipeline parallelism. A rank's schedule holds one micro-batch of its stage: the forward
+ * of each of its model chunks in order (one without interleaving), each opened by the
+ * receive of its input from the previous virtual stage and closed by the send to the next
+ * (MP_STREAM_P2P on the pp group, peers PREV and NEXT; the embedding on stage 0's first
+ * chunk, the head and loss on the last stage's last), then their backwards in reverse
+ * (the gradient received from the next virtual stage, sent to the previous); a segment
+ * names its chunk. In what order a stage runs the chunk steps of all micro-batches is
+ * mp_pp_order's: the simulator's pipeline timeline, a stage's in-flight activations and
+ * the runtime follow it. A tied model's two embedding copies (stage 0's and the last
+ * stage's) all-reduce their gradients before the optimizer (peer ENDS).
  *
  * Memory categories and what the builder allocates (for the default memory model; the plan's
  * mem_model, exec/plan.h, can name another runtime's layout, described in schedule_rt.c):
@@ -110,8 +117,19 @@ typedef enum mp_coll {
   MP_COLL_SEND,
   MP_COLL_RECV,
   MP_COLL_BROADCAST,
+  MP_COLL_SENDRECV, /* a ring shift: send to the next member, receive from the previous one
+                       at once (torch's permute_tensor; context parallelism's KV rotation) */
   MP_COLL_COUNT
 } mp_coll;
+
+/* Whom a COMM op is with, beyond its group (mp_op.peer):
+ *   NONE  the whole group (every collective)
+ *   NEXT  the next member: the next pipeline stage (the next virtual stage under the
+ *         interleaved schedule, stage 0 after the last), the next ring member
+ *   PREV  the previous one
+ *   ENDS  the group's first and last member only, a two-rank collective (Megatron-LM's
+ *         embedding group: the first and last pipeline stages of a tied model) */
+typedef enum mp_peer { MP_PEER_NONE = 0, MP_PEER_NEXT, MP_PEER_PREV, MP_PEER_ENDS } mp_peer;
 
 typedef enum mp_mem_cat {
   MP_MEM_PARAMS = 0,
@@ -125,6 +143,11 @@ typedef enum mp_mem_cat {
   MP_MEM_LOGITS,
   MP_MEM_COUNT
 } mp_mem_cat;
+
+/* Memory events (ALLOC/FREE) carry in `variant` MP_MEM_KEPT for a tensor every stack keeps
+ * as saved whatever it fuses (a checkpoint's input, an AC policy's forced save): the
+ * simulator does not scale it by the stack's saved_act_factor. */
+#define MP_MEM_KEPT 1
 
 typedef enum mp_when {
   MP_WHEN_EVERY_MICRO = 0,
@@ -176,6 +199,12 @@ typedef struct mp_op {
   int32_t dep[MP_OP_MAX_DEPS]; /* op indices that must finish first */
   uint8_t dep_flags[MP_OP_MAX_DEPS];
   uint8_t n_dep;
+  uint8_t peer;    /* mp_peer (COMM): whom a point-to-point op or a two-member collective is
+                      with */
+  uint16_t count;  /* COMPUTE, COMM: 0 or 1 one op; n > 1 n identical ops back to back on
+                      its stream, flops and bytes (and time) those of one (a compact
+                      schedule's fold of ring attention's identical middle steps,
+                      schedule_cp.c) */
 } mp_op;
 
 typedef struct mp_segment {
@@ -185,6 +214,7 @@ typedef struct mp_segment {
   uint8_t phase;
   int32_t unit_step;       /* op.unit advances by this per repetition (units per block) */
   int64_t first_index;     /* instance index (mp_schedule_iter.index) of its first op */
+  uint8_t chunk;           /* the stage's model chunk it belongs to (interleaved pipeline) */
 } mp_segment;
 
 typedef enum mp_schedule_mode { MP_SCHEDULE_EXPANDED = 0, MP_SCHEDULE_COMPACT } mp_schedule_mode;
@@ -292,6 +322,26 @@ typedef struct mp_step_action {
 mp_status mp_schedule_step_program(mp_ctx *ctx, const mp_schedule *s, mp_arena *arena,
                                    mp_step_action **out, int32_t *n_out);
 const char *mp_step_act_name(int kind); /* "gather", "block_fwd", ... */
+
+/* The pipeline order of a stage (exec/schedule_pp.c): step i of out runs the forward
+ * (bwd 0) or backward of the stage's model chunk `chunk` for micro-batch `micro`. */
+typedef struct mp_pp_step {
+  uint8_t bwd;
+  uint8_t chunk;
+  int32_t micro;
+} mp_pp_step;
+
+/* The order of `stage` of a pp-stage pipeline running n_micro micro-batches through v model
+ * chunks per stage under schedule `kind` (1F1B, interleaved with v > 1, GPipe): 2 x n_micro
+ * x v steps into out (room for that many), *n_out their count. MP_ERR_INVALID for v > 1
+ * outside the interleaved schedule, or n_micro not a multiple of pp under it. */
+mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro, int stage,
+                      mp_pp_step *out, int64_t *n_out);
+/* The most chunk activations a stage holds at once walking its order (a forward holds its
+ * chunk's until the matching backward releases it, both counted while they run): pp - s
+ * micro-batches for 1F1B's stage s (m at most), m for GPipe, (pp - s - 1) x 2 + (v - 1) x pp
+ * + 1 chunks for the interleaved schedule's. */
+int64_t mp_pp_inflight(const mp_pp_step *order, int64_t n);
 
 /* Self-check: dependencies point backwards, every FREE matches an earlier ALLOC
  * of the same buf, layer, unit, category and size, no category goes negative, and one

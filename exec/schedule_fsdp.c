@@ -20,8 +20,20 @@
  *     FSDP2's reduce-scatter input), reduce-scattered on MP_STREAM_REDUCE into the resident
  *     GRADS, then all-reduced over dp_replicate (HSDP) and freed. A unit whose FSDP group
  *     has one rank keeps the local cast (GATHERED memory) but has no collective.
+ *   - Under a pipeline (pp > 1; mp_plan_pp_fsdp): torchtitan keeps a stage's parameters
+ *     gathered between micro-batches (parallelize_llama: reshard_after_forward = not
+ *     pp_enabled) and torch.distributed.pipelining runs every backward but the stage's
+ *     last without gradient sync and without resharding (PipelineStage's
+ *     backward_maybe_with_nosync), so: the gathers are FIRST_MICRO, the gathered
+ *     parameters freed LAST_MICRO after the unit's backward; each micro-batch's unsharded
+ *     gradients (param dtype) are added into the unit's accumulator in the reduce dtype
+ *     (FSDP2's unsharded_accumulated_grad: GRADS from the first micro-batch; the first
+ *     micro-batch's conversion costs as one add), and after the chunk's last backward
+ *     every unit's accumulator is reduce-scattered (its post_backward, called for all of
+ *     the stage module's units at once), all-reduced over dp_replicate and freed.
  *   - Without FSDP applied (dp_shard == 1): parameters are used in place; gradients are
- *     all-reduced per block over dp_replicate when it is > 1 (DDP-style).
+ *     all-reduced per block over dp_replicate when it is > 1 (DDP-style; under a pipeline
+ *     only in the last micro-batch, DDP's no_sync before it).
  * The meshplan runtimes' FSDP (schedule_rt.c describes their memory): a one-rank group is
  * used in place; a unit's gathered buffer and unsharded gradients are the runtime's slots
  * (exec/act_layout.h, mp_act_gather_slot_bytes); blocking comm (MPI) reduce-scatters
@@ -62,11 +74,14 @@ void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t 
     const int64_t gb = gathered_bytes(g, ui);
     if (gb == 0) continue;
     int32_t i = mem(g, MP_OP_ALLOC, MP_MEM_GATHERED, BUF_GATHERED, gb, layer, u, MP_STREAM_GATHER);
+    if (i >= 0 && g->ppf) g->ops[i].when = MP_WHEN_FIRST_MICRO;
     /* one-rank group: the cast to the param dtype is local; the dependency anchor stays the
      * ALLOC, so users still wait for "the gathered parameters" */
-    if (ui->gsize > 1)
+    if (ui->gsize > 1) {
       i = comm(g, MP_COLL_ALL_GATHER, (mp_group)ui->group, MP_STREAM_GATHER, ui->gather_bytes,
                (mp_dtype)ui->gather_dtype, -1);
+      if (i >= 0 && g->ppf) g->ops[i].when = MP_WHEN_FIRST_MICRO;
+    }
     if (i >= 0) {
       g->ops[i].layer = layer;
       g->ops[i].unit = u;
@@ -88,7 +103,9 @@ void mp_sched_free_units(gen *g, int32_t layer, int32_t unit0, int n, int part_l
   for (int k = part_lo; k < n && k <= part_hi; k++) {
     const int32_t u = unit0 + k;
     const int64_t gb = gathered_bytes(g, &g->ui[u]);
-    if (gb > 0) mem(g, MP_OP_FREE, MP_MEM_GATHERED, BUF_GATHERED, gb, layer, u, MP_STREAM_COMPUTE);
+    if (gb <= 0) continue;
+    const int32_t i = mem(g, MP_OP_FREE, MP_MEM_GATHERED, BUF_GATHERED, gb, layer, u, MP_STREAM_COMPUTE);
+    if (i >= 0 && g->ppf) g->ops[i].when = MP_WHEN_LAST_MICRO;
   }
 }
 
@@ -161,14 +178,29 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
     const unit_info *ui = &g->ui[u];
     if (ui->numel_tp == 0) continue;
     if (!g->has_fsdp) {
-      /* DDP-style: all-reduce the block's gradients over dp_replicate */
-      if (rep > 1)
-        grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE,
-                  ui->numel_tp * mp_dtype_bytes(g->rdt), layer, u, after);
+      /* DDP-style: all-reduce the block's gradients over dp_replicate; Megatron-LM only in
+       * the last micro-batch (gradients accumulate in main_grad until then), here with
+       * overlap (a bucket per block), else once after the backward (schedule.c) */
+      if (rep > 1 && (!g->mg || g->p->opts.dp_overlap)) {
+        const int32_t i = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE,
+                                    ui->numel_tp * mp_dtype_bytes(g->rdt), layer, u, after);
+        if (i >= 0 && (g->mg || g->p->mesh.size[MP_DIM_PP] > 1)) g->ops[i].when = MP_WHEN_LAST_MICRO;
+      }
       continue;
     }
     if (g->rt) {
       rt_reduce_unit(g, layer, u, rep, after);
+      continue;
+    }
+    if (g->ppf) { /* accumulated; reduced after the chunk's last backward */
+      const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->rdt);
+      int32_t a = mem(g, MP_OP_ALLOC, MP_MEM_GRADS, BUF_GRAD_ACC, rb, layer, u, MP_STREAM_COMPUTE);
+      if (a >= 0) g->ops[a].when = MP_WHEN_FIRST_MICRO;
+      a = compute(g, MP_KERNEL_COPY, MP_VAR_BWD, -1, ui->numel_tp, 0, 0, 1, (double)ui->numel_tp,
+                  (double)(ui->numel_tp * mp_dtype_bytes(g->pdt) + 2 * rb), g->rdt);
+      if (a >= 0) g->ops[a].unit = u;
+      mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, ui->numel_tp * mp_dtype_bytes(g->pdt),
+          layer, u, MP_STREAM_COMPUTE);
       continue;
     }
     const int64_t gb = ui->numel_tp * mp_dtype_bytes(g->pdt);
@@ -183,5 +215,35 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
                        last >= 0 ? last : after);
     int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
     add_dep(g, f, last >= 0 ? last : after, 0);
+  }
+}
+
+/* FSDP under a pipeline, after the last micro-batch's backward of a chunk (layers [l0, l1),
+ * and the root unit when `root`): each unit's accumulated gradients reduce-scattered into
+ * its resident shard, all-reduced over dp_replicate, freed; all LAST_MICRO, on the reduce
+ * stream in unit order once the chunk's backward compute is done. */
+void mp_sched_pp_fsdp_reduce(gen *g, int32_t l0, int32_t l1, int root) {
+  const int rep = g->p->mesh.size[MP_DIM_DP_REPLICATE];
+  const int32_t after = g->last_c;
+  for (int32_t k = root ? -1 : 0; k < l1 - l0; k++) {
+    const int32_t l = k < 0 ? -1 : l0 + k; /* the root unit first */
+    const int32_t u0 = l < 0 ? g->root_unit : g->first_unit[l], n = l < 0 ? 1 : g->n_units[l];
+    for (int32_t u = u0; u < u0 + n; u++) {
+      const unit_info *ui = &g->ui[u];
+      if (ui->numel_tp == 0) continue;
+      const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->rdt);
+      int32_t last = -1;
+      if (ui->gsize > 1)
+        last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, l, u, after);
+      if (last >= 0) g->ops[last].when = MP_WHEN_LAST_MICRO;
+      if (rep > 1) {
+        last = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, shard_bytes(g, ui), l, u,
+                         last >= 0 ? last : after);
+        if (last >= 0) g->ops[last].when = MP_WHEN_LAST_MICRO;
+      }
+      const int32_t f = mem(g, MP_OP_FREE, MP_MEM_GRADS, BUF_GRAD_ACC, rb, l, u, MP_STREAM_REDUCE);
+      add_dep(g, f, last >= 0 ? last : after, 0);
+      if (f >= 0) g->ops[f].when = MP_WHEN_LAST_MICRO;
+    }
   }
 }

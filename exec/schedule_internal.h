@@ -69,6 +69,19 @@ enum {
   BUF_F8_DY,       /* float8 on codes: the output gradient's operand (E5M2) */
   BUF_F8_W,        /* an FSDP-sharded weight's operand (E4M3) */
   BUF_F8_ACT,      /* + source (f8_source): a block's activation operand (E4M3) */
+  BUF_F8_ACT_END = BUF_F8_ACT + 4,
+  BUF_LOGITS_LSM,  /* eager cross-entropy: log_softmax's fp32 output, saved */
+  BUF_DLSM_F32,    /* eager cross-entropy: log_softmax's fp32 input gradient */
+  BUF_LSE,         /* fused cross-entropy: the per-token log-sum-exp, saved */
+  BUF_ACT_ATTN_TMP, /* a block part's tensors the AC policy drops after its forward */
+  BUF_ACT_MLP_TMP,
+  BUF_RC_X,        /* recomputed: the block input's norm statistics */
+  BUF_CP_ACC,      /* ring attention: the fp32 accumulators of the output (or the gradients) */
+  BUF_CP_KV,       /* ring attention: the K, V (and dK, dV) buffers in flight */
+  BUF_SCORES_GRAD, /* materialized attention: the scores' gradient in backward */
+  BUF_SP_GATHER,   /* Megatron's SP: a region's input gathered again in backward */
+  BUF_GRAD_ACC,    /* FSDP under a pipeline: a unit's unsharded gradients accumulated in the
+                      reduce dtype until the stage's last backward */
 };
 
 enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };
@@ -94,15 +107,21 @@ typedef struct unit_info {
 /* Per-kind local shapes and flags, read from the plan's parameters. */
 typedef struct shapes {
   int64_t T, seq, H, hd, q, kv, nh, nkv, f;          /* f: dense d_ff, tp-local */
+  int64_t Ts;                                        /* tokens of the residual stream, norms
+                                                        and dropout on the rank: T / tp under
+                                                        sequence parallelism, else T */
   int64_t E, E_l, topk, fe, fs;                      /* MoE; fs: shared, tp-local */
   double m_exp;                                      /* tokens per local expert */
   int64_t V_l, V_loss;                               /* head rows on the rank; loss width */
   int gpt, qk_norm, has_shared, tied;
-  int tp, ep;
+  int tp, ep, cp;
+  int sp;                                            /* sequence parallelism (tp > 1) */
   int ar_o, ar_down, ar_qkv, ar_gateup, ar_sdown, ar_sgateup, ar_head_in, ar_emb;
   int loss_parallel, logits_gather;
   int fp8[MP_MOD_COUNT];
   int fp8_ag;
+  int f8tp;                                          /* float8 with tp > 1 under torchtitan:
+                                                        torchao's float8 TP (schedule_ops.c) */
 } shapes;
 
 typedef struct gen {
@@ -120,6 +139,7 @@ typedef struct gen {
   mp_op dummy;
   /* current emission state */
   uint8_t phase, when;
+  uint8_t chunk;           /* the model chunk being written (segments record it) */
   int32_t layer;           /* layer of the block being written (first repetition) */
   int32_t seg_first;       /* first op of the open segment */
   int32_t last_c;          /* last op on the compute stream */
@@ -136,9 +156,16 @@ typedef struct gen {
   int8_t *n_units;         /* per layer */
   int32_t root_unit;       /* -1 when this stage holds no root parameter */
   int reshard;
+  int ppf;                 /* FSDP under a pipeline (mp_plan_pp_fsdp): gathers in the first
+                              micro-batch, parameters freed and gradients reduced in the last */
   mp_dtype pdt, rdt;
   /* memory model (p->opts.mem_model; see the file comment) */
   int rt;                  /* a meshplan runtime's: MESHPLAN_CPU or MESHPLAN_CUDA */
+  int mg;                  /* Megatron-LM's (MEGATRON): no FSDP, fp32 main gradients
+                              all-reduced over dp_replicate in the last micro-batch, SP
+                              re-gathering the sharded inputs of its column-parallel
+                              Linears in backward */
+  int64_t stage_grad_bytes; /* mg: the stage's gradients in the reduce dtype */
   int xs;                  /* bytes of an activation (X) element: bf16 under torchtitan, the
                               backend's x_dtype in the runtimes (4 CPU, 2 CUDA) */
   int host_mem;            /* rt: the backend's memory is host memory (no staging buffer) */
@@ -154,6 +181,8 @@ typedef struct gen {
     int32_t layer, unit;
     int64_t rs, gbuf;
   } rs_fl;
+  uint32_t rc_skip;        /* under MP_PHASE_RECOMPUTE: what the block's AC policy keeps
+                              and the recompute therefore does not run (SKIP_*) */
   mp_act_layout lay[2];    /* rt: the activation layout (exec/act_layout.h) of a dense and of
                               an MoE block; under EP with balanced routing, N x top_k rows on
                               the expert side */
@@ -201,7 +230,12 @@ struct mp_schedule_prep {
   /* what it holds */
   int rank, stage;
   mp_schedule_mode mode;
-  stage_info st;
+  stage_info st;            /* the stage's first chunk's first layer to its last chunk's end */
+  int v;                    /* model chunks of the stage */
+  stage_info chunk[MP_PP_MAX_VIRTUAL]; /* per chunk: its layers; first: the model's first
+                                          chunk (the embedding), last: its last (the head) */
+  int64_t tied_grad_bytes;  /* a tied embedding copy's gradient at rest on this stage under
+                               pp > 1 (reduce dtype), all-reduced with the other copy's; 0 */
   shapes sh; /* all but the micro-batch's part */
   int has_fsdp;
   unit_info *ui;
@@ -215,7 +249,19 @@ struct mp_schedule_prep {
   double flops_per_token;
 };
 
+/* What a recompute skips (gen.rc_skip): a module's ops (its Linear's GEMMs, a norm) by the
+ * bit 1 << module, and these. */
+#define SKIP_CORE (1u << 29)     /* the attention core */
+#define SKIP_RS (1u << 30)       /* a TP region's closing reduce-scatter (its output kept) */
+#define SKIP_RESIDUAL (1u << 31) /* the residual adds */
+#define SKIP_MOD(m) (1u << (m))
+
 /* ---- emission primitives (schedule_ops.c holds their slow paths) ------------------------ */
+
+/* Whether the current op is one the recompute under way does not run. */
+static inline int skipped(const gen *g, uint32_t bit) {
+  return g->phase == MP_PHASE_RECOMPUTE && (g->rc_skip & bit) != 0;
+}
 
 /* Records the builder's first failure (its message on ctx); later ones are dropped. */
 void mp_sched_fail(gen *g, mp_status code, const char *fmt, ...)
@@ -365,8 +411,13 @@ static inline void attach(gen *g, const part_deps *pd, int part) {
   for (int i = 0; i < 2; i++) pend_dep(g, pd->dep[part][i], pd->flags[part][i]);
 }
 
+/* schedule_act.c */
+void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd);
+void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd);
+
 /* schedule_ops.c */
 void mp_sched_attention_bwd(gen *g, const part_deps *pd);
+void mp_sched_attention_core_bwd(gen *g);
 void mp_sched_attention_core_fwd(gen *g);
 void mp_sched_attention_fwd(gen *g, const part_deps *pd);
 void mp_sched_attention_out_fwd(gen *g);
@@ -394,6 +445,10 @@ void mp_sched_rt_layout_fill(gen *g, int64_t micro_batch);
 void mp_sched_rt_mem(gen *g, mp_act_alloc a, int kind, int alloc);
 void mp_sched_rt_optimizer(gen *g, const rt_rest *r, int world_reduce);
 
+/* schedule_cp.c */
+void mp_sched_cp_attention_bwd(gen *g);
+void mp_sched_cp_attention_fwd(gen *g);
+
 /* schedule_fsdp.c */
 void mp_sched_free_units(gen *g, int32_t layer, int32_t unit0, int n, int part_lo, int part_hi);
 void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t gidx[N_PARTS],
@@ -402,6 +457,7 @@ void mp_sched_gather_block(gen *g, int32_t l, int32_t gidx[N_PARTS], int32_t dep
                            int32_t *patch, int *n_patch);
 void mp_sched_grads_alloc(gen *g, int32_t layer, int32_t unit0, int n);
 void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, int hi);
+void mp_sched_pp_fsdp_reduce(gen *g, int32_t l0, int32_t l1, int root);
 void mp_sched_rt_rs_finish(gen *g);
 
 /* schedule_prep.c */

@@ -110,6 +110,7 @@ void mp_sched_seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_st
   sg->layer_step = layer_step;
   sg->unit_step = unit_step;
   sg->phase = (uint8_t)phase;
+  sg->chunk = g->chunk;
 }
 
 /* ---- GEMMs and Linears ---------------------------------------------------------------- */
@@ -119,8 +120,30 @@ static void cast(gen *g, int module, int64_t elems, mp_variant v) {
           5.0 * (double)elems, MP_DTYPE_BF16);
 }
 
+/* torchtitan's float8 tensor parallelism (torchao's PrepareFloat8ModuleInput in front of
+ * Float8ColwiseParallel, parallelize_llama): the attention's and the dense MLP's input is
+ * cast to float8 once, on the rank's tokens, and all-gathered in float8 (one byte an
+ * element); q/k/v (gate/up) take that tensor as it is, and their backward the float8
+ * input they saved, transposed for the weight gradient instead of cast again. Whether
+ * Linear `module` reads such an input. */
+static int f8_input(const gen *g, int module) {
+  const shapes *sh = &g->sh;
+  if (!sh->f8tp) return 0;
+  if (module == MP_MOD_Q || module == MP_MOD_K || module == MP_MOD_V)
+    return sh->ar_qkv && sh->fp8[MP_MOD_Q];
+  if (module == MP_MOD_GATE || module == MP_MOD_UP) return sh->ar_gateup && sh->fp8[MP_MOD_UP];
+  return 0;
+}
+
+/* A float8 tensor's transposed copy (one byte read, one written an element). */
+static void transpose8(gen *g, int module, int64_t elems, mp_variant v) {
+  compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, 0.0, 2.0 * (double)elems,
+          MP_DTYPE_FP8_E4M3);
+}
+
 /* y[T, out] = x[T, in] W^T (batch > 1: grouped expert GEMMs, m tokens per expert). */
 static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, int64_t batch) {
+  if (skipped(g, SKIP_MOD(module))) return; /* its output kept by the AC policy */
   const int f8 = g->sh.fp8[module];
   if (!f8) {
     gemm(g, MP_VAR_FWD, module, m, out, in, batch, MP_DTYPE_BF16);
@@ -143,7 +166,7 @@ static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, in
     return;
   }
   if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_FWD);
-  cast(g, module, x, MP_VAR_FWD);
+  if (!f8_input(g, module)) cast(g, module, x, MP_VAR_FWD);
   /* meshplan-cpu emulates float8 in fp32: one buffer of the quantized input (aligned) and
    * weight; the runtimes never all-gather float8 */
   const int64_t fb = g->rt ? mp_act_f8_emul_fwd_floats(x, w) * 4 : (g->sh.fp8_ag ? 0 : w) + x;
@@ -184,7 +207,10 @@ static void linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, in
   }
   cast(g, module, dy, MP_VAR_BWD);
   if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_BWD);
-  cast(g, module, x, MP_VAR_BWD);
+  if (f8_input(g, module))
+    transpose8(g, module, x, MP_VAR_BWD);
+  else
+    cast(g, module, x, MP_VAR_BWD);
   const int64_t fb =
       g->rt ? mp_act_f8_emul_bwd_floats(dy, x, w) * 4 : dy + (g->sh.fp8_ag ? 0 : w) + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
@@ -213,11 +239,48 @@ static double act_comm_bytes(const gen *g) { return (double)g->xs; }
 
 static mp_dtype act_comm_dtype(const gen *g) { return g->xs == 4 ? MP_DTYPE_FP32 : MP_DTYPE_BF16; }
 
-static void tp_allreduce(gen *g, int on, int module) {
-  if (!on) return;
+/* A TP region's boundary collectives on [T, H] X elements (payload: the full tensor, as
+ * schedule.h counts all-gather, reduce-scatter and all-reduce alike). A region is the
+ * colwise Linears after a norm, up to the rowwise Linear that closes it (Megatron's f and
+ * g operators, Shoeybi et al. 2019; with sequence parallelism Korthikanti et al. 2022's
+ * g and g-bar):
+ *   entering, forward   SP: all-gather of the sequence shards; else nothing
+ *   leaving, forward    SP: reduce-scatter of the partial sums; else all-reduce
+ *   leaving, backward   SP: all-gather of the output gradient; else nothing
+ *   entering, backward  SP: reduce-scatter of the input gradient; else all-reduce
+ * `on`: the region's Linears are tensor-parallel (tp > 1). Under RECOMPUTE a collective
+ * whose output the AC policy keeps is skipped (SKIP_RS). */
+static void tp_coll(gen *g, mp_coll c, int module) {
   const shapes *sh = &g->sh;
-  comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE,
-       act_comm_bytes(g) * (double)(sh->T * sh->H), act_comm_dtype(g), module);
+  comm(g, c, MP_GROUP_TP, MP_STREAM_COMPUTE, act_comm_bytes(g) * (double)(sh->T * sh->H),
+       act_comm_dtype(g), module);
+}
+
+/* Entering a region forward; with `f8` (f8_input) its input cast to float8 first and, under
+ * SP, gathered in float8. */
+static void tp_region_in_fwd(gen *g, int on, int module, int f8) {
+  const shapes *sh = &g->sh;
+  if (!on) return;
+  if (f8) cast(g, module, sh->Ts * sh->H, MP_VAR_FWD);
+  if (!sh->sp) return;
+  if (f8)
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->T * sh->H),
+         MP_DTYPE_FP8_E4M3, module);
+  else
+    tp_coll(g, MP_COLL_ALL_GATHER, module);
+}
+
+static void tp_region_out_fwd(gen *g, int on, int module) {
+  if (!on || (g->sh.sp && skipped(g, SKIP_RS))) return;
+  tp_coll(g, g->sh.sp ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, module);
+}
+
+static void tp_region_out_bwd(gen *g, int on, int module) {
+  if (on && g->sh.sp) tp_coll(g, MP_COLL_ALL_GATHER, module);
+}
+
+static void tp_region_in_bwd(gen *g, int on, int module) {
+  if (on) tp_coll(g, g->sh.sp ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, module);
 }
 
 static void ep_alltoall(gen *g, int module) {
@@ -227,9 +290,37 @@ static void ep_alltoall(gen *g, int module) {
        act_comm_bytes(g) * (double)(sh->T * sh->topk * sh->H), act_comm_dtype(g), module);
 }
 
+/* Megatron-LM's sequence parallelism saves a column-parallel region's input on the
+ * sequence shard and all-gathers it again in backward for the weight gradients, the
+ * gather overlapping the input-gradient GEMMs (Korthikanti et al. 2022, section 4.2.2):
+ * the gather (on the gather stream, which Megatron's FSDP-free layout leaves free) and its
+ * [T, H] buffer before the region's backward GEMMs; mg_regather_wait makes the region's
+ * first weight gradient wait for it. Returns the gather, -1 where there is none. */
+static int32_t mg_regather(gen *g, int on, int module) {
+  const shapes *sh = &g->sh;
+  if (!(g->mg && sh->sp && on)) return -1;
+  pair(g, MP_MEM_TEMP, BUF_SP_GATHER, 2 * sh->T * sh->H, 1);
+  const int32_t i = comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_GATHER,
+                         2.0 * (double)(sh->T * sh->H), MP_DTYPE_BF16, module);
+  add_dep(g, i, g->last_c, 0);
+  return i;
+}
+
+static void mg_regather_wait(gen *g, int32_t gather, int32_t first_op) {
+  if (gather < 0) return;
+  for (int32_t i = first_op; i < g->n_ops; i++)
+    if (g->ops[i].type == MP_OP_COMPUTE && g->ops[i].kernel == MP_KERNEL_GEMM &&
+        g->ops[i].variant == MP_VAR_WGRAD) {
+      add_dep(g, i, gather, 0);
+      break;
+    }
+  pair(g, MP_MEM_TEMP, BUF_SP_GATHER, 2 * g->sh.T * g->sh.H, 0);
+}
+
 /* ---- one block ------------------------------------------------------------------------ */
 
 static void norm_fwd(gen *g, int module, int64_t rows, int64_t width) {
+  if (skipped(g, SKIP_MOD(module))) return;
   const int64_t e = rows * width;
   elementwise(g, MP_KERNEL_NORM, MP_VAR_FWD, module, e, FLOPS_NORM_FWD, 4.0 * (double)e);
 }
@@ -240,6 +331,7 @@ static void norm_bwd(gen *g, int module, int64_t rows, int64_t width) {
 }
 
 static void residual(gen *g, mp_variant v, int64_t elems) {
+  if (skipped(g, SKIP_RESIDUAL)) return;
   elementwise(g, MP_KERNEL_RESIDUAL, v, -1, elems, 1.0, 6.0 * (double)elems);
 }
 
@@ -267,19 +359,81 @@ static double attn_fwd_flops(const shapes *sh) {
   return 2.0 * (double)sh->T * (double)sh->seq * (double)sh->nh * (double)sh->hd;
 }
 
-void mp_sched_attention_core_fwd(gen *g) {
+/* Megatron-LM's materialized core attention on s x s scores per sequence and head
+ * (Shoeybi et al. 2019): QK^T and attention x V as batched GEMMs over micro_batch x heads
+ * (the full square, 2 T s q FLOPs each: the fused kernel masks, it does not skip), the
+ * fused scale-mask-softmax (2 bytes read, 2 written per score) and for GPT the attention
+ * dropout (its 1-byte mask written too). Backward: dV = P^T dO and dP = dO V^T, the dropout
+ * and softmax backwards, dQ = dS K and dK = dS^T Q; dP lives as a TEMP. */
+static void core_materialized(gen *g, int bwd) {
   const shapes *sh = &g->sh;
+  const double s = (double)sh->seq, scores = (double)sh->T * s * (double)sh->nh;
+  const int64_t batch = sh->T / sh->seq * sh->nh;
+  if (!bwd) {
+    gemm(g, MP_VAR_FWD, -1, s, sh->seq, sh->hd, batch, MP_DTYPE_BF16);
+    compute(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, -1, (int64_t)scores, 0, 0, 1, 5.0 * scores,
+            4.0 * scores, MP_DTYPE_BF16);
+    if (sh->gpt)
+      compute(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, -1, (int64_t)scores, 0, 0, 1, 2.0 * scores,
+              5.0 * scores, MP_DTYPE_BF16);
+    gemm(g, MP_VAR_FWD, -1, s, sh->hd, sh->seq, batch, MP_DTYPE_BF16);
+    return;
+  }
+  pair(g, MP_MEM_TEMP, BUF_SCORES_GRAD, (int64_t)(2.0 * scores), 1);
+  gemm(g, MP_VAR_DGRAD, -1, s, sh->hd, sh->seq, batch, MP_DTYPE_BF16);
+  gemm(g, MP_VAR_DGRAD, -1, s, sh->seq, sh->hd, batch, MP_DTYPE_BF16);
+  if (sh->gpt)
+    compute(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, -1, (int64_t)scores, 0, 0, 1, 2.0 * scores,
+            5.0 * scores, MP_DTYPE_BF16);
+  compute(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, -1, (int64_t)scores, 0, 0, 1, 4.0 * scores,
+          6.0 * scores, MP_DTYPE_BF16);
+  gemm(g, MP_VAR_DGRAD, -1, s, sh->hd, sh->seq, batch, MP_DTYPE_BF16);
+  gemm(g, MP_VAR_DGRAD, -1, s, sh->hd, sh->seq, batch, MP_DTYPE_BF16);
+  pair(g, MP_MEM_TEMP, BUF_SCORES_GRAD, (int64_t)(2.0 * scores), 0);
+}
+
+void mp_sched_attention_core_fwd(gen *g) {
+  if (skipped(g, SKIP_CORE)) return;
+  const shapes *sh = &g->sh;
+  if (sh->cp > 1 && !g->rt) {
+    mp_sched_cp_attention_fwd(g); /* ring attention (schedule_cp.c) */
+    return;
+  }
+  if (g->p->opts.attn == MP_ATTN_MATERIALIZED) {
+    core_materialized(g, 0);
+    return;
+  }
   const int64_t T = sh->T;
   compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq, sh->hd, sh->nh, attn_fwd_flops(sh),
           2.0 * (double)(T * (2 * sh->q + 2 * sh->kv)) + 4.0 * (double)(T * sh->nh),
           MP_DTYPE_BF16);
 }
 
+void mp_sched_attention_core_bwd(gen *g) {
+  const shapes *sh = &g->sh;
+  if (sh->cp > 1 && !g->rt) {
+    mp_sched_cp_attention_bwd(g);
+    return;
+  }
+  if (g->p->opts.attn == MP_ATTN_MATERIALIZED) {
+    core_materialized(g, 1);
+    return;
+  }
+  const int64_t T = sh->T;
+  compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq, sh->hd, sh->nh,
+          2.0 * attn_fwd_flops(sh),
+          2.0 * (double)(T * (4 * sh->q + 4 * sh->kv)) + 4.0 * (double)(T * sh->nh),
+          MP_DTYPE_BF16);
+}
+
+/* attention_norm on the residual stream's [Ts, H], then the attention module: the TP region
+ * entered (SP: all-gather to [T, H]), q/k/v, q/k norms, RoPE, the core. */
 void mp_sched_attention_fwd(gen *g, const part_deps *pd) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->T, H = sh->H;
   attach(g, pd, PART_ATTN);
-  norm_fwd(g, MP_MOD_ATTN_NORM, T, H);
+  norm_fwd(g, MP_MOD_ATTN_NORM, sh->Ts, H);
+  tp_region_in_fwd(g, sh->ar_qkv, MP_MOD_Q, f8_input(g, MP_MOD_Q));
   linear_fwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
   linear_fwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
   linear_fwd(g, MP_MOD_V, (double)T, sh->kv, H, 1);
@@ -291,11 +445,12 @@ void mp_sched_attention_fwd(gen *g, const part_deps *pd) {
   mp_sched_attention_core_fwd(g);
 }
 
+/* o_proj, the region left (SP: reduce-scatter; else all-reduce), the residual add. */
 void mp_sched_attention_out_fwd(gen *g) {
   const shapes *sh = &g->sh;
   linear_fwd(g, MP_MOD_O, (double)sh->T, sh->H, sh->q, 1);
-  tp_allreduce(g, sh->ar_o, MP_MOD_O);
-  residual(g, MP_VAR_FWD, sh->T * sh->H);
+  tp_region_out_fwd(g, sh->ar_o, MP_MOD_O);
+  residual(g, MP_VAR_FWD, sh->Ts * sh->H);
 }
 
 static void swiglu(gen *g, mp_variant v, int module, int64_t elems) {
@@ -370,7 +525,11 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
    * x_out) */
   const int out = !(g->rt && g->phase == MP_PHASE_RECOMPUTE);
   attach(g, pd, PART_MOE);
-  norm_fwd(g, MP_MOD_FFN_NORM, T, H);
+  norm_fwd(g, MP_MOD_FFN_NORM, sh->Ts, H);
+  /* the MLP's region: the dense MLP's colwise Linears; a MoE block's router and experts
+   * read the whole sequence too (the routed experts are replicated over tp) */
+  tp_region_in_fwd(g, kind == KIND_DENSE ? sh->ar_gateup : sh->tp > 1, MP_MOD_UP,
+                   kind == KIND_DENSE && f8_input(g, MP_MOD_UP));
   if (kind == KIND_DENSE) {
     if (sh->gpt) {
       linear_fwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
@@ -383,7 +542,7 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
     }
     if (!out) return;
     linear_fwd(g, MP_MOD_DOWN, (double)T, H, sh->f, 1);
-    tp_allreduce(g, sh->ar_down, MP_MOD_DOWN);
+    tp_region_out_fwd(g, sh->ar_down, MP_MOD_DOWN);
   } else {
     const int64_t Tk = T * sh->topk;
     linear_fwd(g, MP_MOD_ROUTER, (double)T, sh->E, H, 1);
@@ -412,13 +571,13 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
       if (!out) return;
       mp_sched_rt_mem(g, MP_ACT_ALLOC_SHARED_OUT, kind, 1); /* the runtimes' partial sum */
       linear_fwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->fs, 1);
-      tp_allreduce(g, sh->ar_sdown, MP_MOD_SHARED_DOWN);
-      residual(g, MP_VAR_FWD, T * H); /* routed + shared */
+      tp_region_out_fwd(g, sh->ar_sdown, MP_MOD_SHARED_DOWN);
+      residual(g, MP_VAR_FWD, sh->Ts * H); /* routed + shared */
       mp_sched_rt_mem(g, MP_ACT_ALLOC_SHARED_OUT, kind, 0);
     }
     if (!out) return;
   }
-  residual(g, MP_VAR_FWD, T * H);
+  residual(g, MP_VAR_FWD, sh->Ts * H);
 }
 
 void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
@@ -426,7 +585,9 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
   const int64_t T = sh->T, H = sh->H;
   attach(g, pd, PART_MOE);
   if (kind == KIND_DENSE) {
+    tp_region_out_bwd(g, sh->ar_down, MP_MOD_DOWN);
     linear_bwd(g, MP_MOD_DOWN, (double)T, H, sh->f, 1);
+    const int32_t first = g->n_ops, ag = mg_regather(g, sh->ar_gateup, MP_MOD_UP);
     if (sh->gpt) {
       elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, MP_MOD_UP, T * sh->f, FLOPS_GELU_BWD,
                   6.0 * (double)(T * sh->f));
@@ -436,15 +597,19 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
       linear_bwd(g, MP_MOD_GATE, (double)T, sh->f, H, 1);
       linear_bwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
     }
-    tp_allreduce(g, sh->ar_gateup, MP_MOD_UP);
+    mg_regather_wait(g, ag, first);
+    tp_region_in_bwd(g, sh->ar_gateup, MP_MOD_UP);
   } else {
     const int64_t Tk = T * sh->topk;
     if (sh->has_shared) {
+      tp_region_out_bwd(g, sh->ar_sdown, MP_MOD_SHARED_DOWN);
       linear_bwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->fs, 1);
       swiglu(g, MP_VAR_BWD, MP_MOD_SHARED_GATE, T * sh->fs);
       linear_bwd(g, MP_MOD_SHARED_GATE, (double)T, sh->fs, H, 1);
       linear_bwd(g, MP_MOD_SHARED_UP, (double)T, sh->fs, H, 1);
-      tp_allreduce(g, sh->ar_sgateup, MP_MOD_SHARED_UP);
+      tp_region_in_bwd(g, sh->ar_sgateup, MP_MOD_SHARED_UP);
+    } else if (sh->sp) {
+      tp_region_in_bwd(g, sh->tp > 1, MP_MOD_ROUTER); /* the routed side's to its shard */
     }
     elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_BWD, -1, Tk * H, 2.0,
                 2.0 * (double)(T * H) + 4.0 * (double)(Tk * H));
@@ -460,24 +625,23 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
                 10.0 * (double)(T * sh->E));
     linear_bwd(g, MP_MOD_ROUTER, (double)T, sh->E, H, 1);
   }
-  norm_bwd(g, MP_MOD_FFN_NORM, T, H);
-  residual_bwd(g, T * H);
+  norm_bwd(g, MP_MOD_FFN_NORM, sh->Ts, H);
+  residual_bwd(g, sh->Ts * H);
 }
 
 void mp_sched_attention_bwd(gen *g, const part_deps *pd) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->T, H = sh->H;
   attach(g, pd, PART_ATTN);
+  tp_region_out_bwd(g, sh->ar_o, MP_MOD_O);
   linear_bwd(g, MP_MOD_O, (double)T, H, sh->q, 1);
-  compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq, sh->hd, sh->nh,
-          2.0 * attn_fwd_flops(sh),
-          2.0 * (double)(T * (4 * sh->q + 4 * sh->kv)) + 4.0 * (double)(T * sh->nh),
-          MP_DTYPE_BF16);
+  mp_sched_attention_core_bwd(g);
   rope(g, MP_VAR_BWD);
   if (sh->qk_norm) {
     norm_bwd(g, MP_MOD_K_NORM, T * sh->nkv, sh->hd);
     norm_bwd(g, MP_MOD_Q_NORM, T * sh->nh, sh->hd);
   }
+  const int32_t first = g->n_ops, ag = mg_regather(g, sh->ar_qkv, MP_MOD_Q);
   if (g->rt) { /* the runtime's order (its float8 operand of xn1 comes with q) */
     linear_bwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
     linear_bwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
@@ -487,30 +651,37 @@ void mp_sched_attention_bwd(gen *g, const part_deps *pd) {
     linear_bwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
     linear_bwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
   }
-  tp_allreduce(g, sh->ar_qkv, MP_MOD_Q);
-  norm_bwd(g, MP_MOD_ATTN_NORM, T, H);
-  residual_bwd(g, T * H);
+  mg_regather_wait(g, ag, first);
+  tp_region_in_bwd(g, sh->ar_qkv, MP_MOD_Q);
+  norm_bwd(g, MP_MOD_ATTN_NORM, sh->Ts, H);
+  residual_bwd(g, sh->Ts * H);
 }
 
 /* ---- embedding, head and loss --------------------------------------------------------- */
 
+/* The token embedding: a masked lookup of the rank's vocabulary rows for all T tokens, the
+ * partial sums combined (SP: reduce-scatter to [Ts, H]; else all-reduce); GPT's learned
+ * positions added on the rank's [Ts, H]. */
 void mp_sched_embedding_fwd(gen *g) {
   const shapes *sh = &g->sh;
-  const int64_t e = sh->T * sh->H;
+  const int64_t e = sh->T * sh->H, es = sh->Ts * sh->H;
   elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_FWD, MP_MOD_TOK_EMBEDDINGS, e, 0.0,
               4.0 * (double)e + 8.0 * (double)sh->T);
-  tp_allreduce(g, sh->ar_emb, MP_MOD_TOK_EMBEDDINGS);
+  tp_region_out_fwd(g, sh->ar_emb, MP_MOD_TOK_EMBEDDINGS);
   if (sh->gpt) {
-    elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_FWD, MP_MOD_POS_EMBEDDINGS, e, 0.0, 4.0 * (double)e);
-    residual(g, MP_VAR_FWD, e);
+    elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_FWD, MP_MOD_POS_EMBEDDINGS, es, 0.0,
+                4.0 * (double)es);
+    residual(g, MP_VAR_FWD, es);
   }
 }
 
 void mp_sched_embedding_bwd(gen *g) {
   const shapes *sh = &g->sh;
-  const int64_t e = sh->T * sh->H;
+  const int64_t e = sh->T * sh->H, es = sh->Ts * sh->H;
   if (sh->gpt)
-    elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_BWD, MP_MOD_POS_EMBEDDINGS, e, 1.0, 6.0 * (double)e);
+    elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_BWD, MP_MOD_POS_EMBEDDINGS, es, 1.0,
+                6.0 * (double)es);
+  tp_region_out_bwd(g, sh->ar_emb, MP_MOD_TOK_EMBEDDINGS);
   elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_BWD, MP_MOD_TOK_EMBEDDINGS, e, 1.0,
               6.0 * (double)e + 8.0 * (double)sh->T);
 }
@@ -519,10 +690,63 @@ static int head_module(const shapes *sh) {
   return sh->tied ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT;
 }
 
+/* What the head saves besides the logits: the final norm's input [Ts, H] and statistics,
+ * the head GEMM's input (normed; all-gathered to [T, H] under SP). */
 static int64_t head_act_bytes(const shapes *sh) {
-  return 2 * (2 * sh->T * sh->H) + (sh->gpt ? 8 : 4) * sh->T;
+  return 2 * sh->Ts * sh->H + (sh->gpt ? 8 : 4) * sh->Ts + 2 * sh->T * sh->H;
 }
 
+/* The loss forward's memory and op under the plan's cross-entropy (mp_loss_impl): on entry
+ * the bf16 logits [T, V_loss] are allocated (LOGITS); on exit what backward reads is held. */
+static void loss_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t TV = sh->T * sh->V_loss;
+  const mp_loss_impl li = g->p->opts.loss;
+  if (li == MP_LOSS_EAGER) {
+    pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 1); /* pred.float() */
+    pair(g, MP_MEM_LOGITS, BUF_LOGITS_LSM, 4 * TV, 1); /* log_softmax's output, saved */
+  } else if (li == MP_LOSS_INPLACE) {
+    pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 1); /* the softmax, in place, saved */
+  }
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), TV, FLOPS_LOSS, 10.0 * (double)TV);
+  if (sh->loss_parallel)
+    for (int i = 0; i < 3; i++)
+      comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)sh->T,
+           MP_DTYPE_FP32, head_module(sh));
+  if (li == MP_LOSS_FUSED) {
+    pair(g, MP_MEM_LOGITS, BUF_LSE, 4 * sh->T, 1); /* the bf16 logits stay, with the lse */
+    return;
+  }
+  if (li == MP_LOSS_EAGER) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 0);
+  pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * TV, 0); /* torchtitan's `del pred` */
+}
+
+/* The loss backward down to the bf16 gradient of the rank's V_l logit columns (DLOGITS,
+ * allocated on exit), everything loss_fwd held released. */
+static void loss_bwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t TV = sh->T * sh->V_loss, dl = 2 * sh->T * sh->V_l;
+  const mp_loss_impl li = g->p->opts.loss;
+  if (li == MP_LOSS_EAGER) {
+    pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * TV, 1); /* nll_loss's gradient */
+    pair(g, MP_MEM_LOGITS, BUF_DLSM_F32, 4 * TV, 1);    /* log_softmax's input gradient */
+  }
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_BWD, head_module(sh), TV, 2.0, 8.0 * (double)TV);
+  if (li == MP_LOSS_EAGER) {
+    pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * TV, 0);
+    pair(g, MP_MEM_LOGITS, BUF_LOGITS_LSM, 4 * TV, 0);
+  }
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, dl, 1); /* the bf16 cast (a slice when gathered) */
+  if (li == MP_LOSS_EAGER) pair(g, MP_MEM_LOGITS, BUF_DLSM_F32, 4 * TV, 0);
+  if (li == MP_LOSS_INPLACE) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 0);
+  if (li == MP_LOSS_FUSED) {
+    pair(g, MP_MEM_LOGITS, BUF_LSE, 4 * sh->T, 0);
+    pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * TV, 0);
+  }
+}
+
+/* Final norm on [Ts, H], the head's region entered (SP: all-gather), the head GEMM, the
+ * logits gathered when not kept vocab-sharded, the loss. */
 void mp_sched_head_fwd(gen *g) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->T, H = sh->H;
@@ -531,21 +755,24 @@ void mp_sched_head_fwd(gen *g) {
    * backward */
   if (g->rt) mp_sched_rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 1);
   else pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 1);
-  norm_fwd(g, MP_MOD_FINAL_NORM, T, H);
+  norm_fwd(g, MP_MOD_FINAL_NORM, sh->Ts, H);
+  tp_region_in_fwd(g, sh->tp > 1, head_module(sh), 0);
   if (g->rt) mp_sched_rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 1);
   else pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * sh->V_loss, 1);
   linear_fwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
   if (sh->logits_gather)
     comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, 2.0 * (double)(T * sh->V_loss),
          MP_DTYPE_BF16, head_module(sh));
-  if (!g->rt) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * T * sh->V_loss, 1);
+  if (!g->rt) {
+    loss_fwd(g);
+    return;
+  }
   elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), T * sh->V_loss, FLOPS_LOSS,
               10.0 * (double)(T * sh->V_loss));
   if (sh->loss_parallel)
     for (int i = 0; i < 3; i++)
       comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)T, MP_DTYPE_FP32,
            head_module(sh));
-  if (!g->rt) pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * sh->V_loss, 0);
 }
 
 /* The runtimes' head backward: dlogits (X), the residual-stream gradient dres
@@ -559,7 +786,7 @@ void mp_sched_head_bwd_rt(gen *g) {
   mp_sched_rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 1);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_DXF, KIND_DENSE, 1);
   linear_bwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
-  tp_allreduce(g, sh->ar_head_in, head_module(sh));
+  tp_region_in_bwd(g, sh->ar_head_in, head_module(sh));
   mp_sched_rt_mem(g, MP_ACT_ALLOC_DLOGITS, KIND_DENSE, 0);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 0);
   norm_bwd(g, MP_MOD_FINAL_NORM, T, H);
@@ -570,16 +797,10 @@ void mp_sched_head_bwd_rt(gen *g) {
 void mp_sched_head_bwd(gen *g) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->T, H = sh->H;
-  pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * T * sh->V_loss, 1);
-  elementwise(g, MP_KERNEL_LOSS, MP_VAR_BWD, head_module(sh), T * sh->V_loss, 2.0,
-              8.0 * (double)(T * sh->V_loss));
-  pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * T * sh->V_loss, 0);
-  /* the head's GEMMs use this rank's V_l columns of the gradient (a slice when gathered) */
-  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, 2 * T * sh->V_l, 1);
-  pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * T * sh->V_loss, 0);
+  loss_bwd(g);
   linear_bwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
   pair(g, MP_MEM_LOGITS, BUF_DLOGITS, 2 * T * sh->V_l, 0);
-  tp_allreduce(g, sh->ar_head_in, head_module(sh));
-  norm_bwd(g, MP_MOD_FINAL_NORM, T, H);
+  tp_region_in_bwd(g, sh->ar_head_in, head_module(sh));
+  norm_bwd(g, MP_MOD_FINAL_NORM, sh->Ts, H);
   pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 0);
 }

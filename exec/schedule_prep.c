@@ -15,6 +15,7 @@ void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch
   const int cp = p->mesh.size[MP_DIM_CP];
   sh->seq = p->opts.seq;
   sh->T = micro_batch * p->opts.seq / cp;
+  sh->Ts = sh->sp ? sh->T / sh->tp : sh->T;
   sh->m_exp = sh->E > 0 ? (double)sh->T * (double)sh->topk * (double)sh->ep / (double)sh->E : 0.0;
 }
 
@@ -25,6 +26,8 @@ static void read_shapes(gen *g) {
   shapes *sh = &g->sh;
   memset(sh, 0, sizeof *sh);
   sh->tp = p->mesh.size[MP_DIM_TP];
+  sh->cp = p->mesh.size[MP_DIM_CP];
+  sh->sp = sh->tp > 1 && p->opts.sp == 1;
   sh->ep = p->mesh.ep > 1 && (p->applied & MP_PASS_EP) ? p->mesh.ep : 1;
   sh->H = m->d_model;
   sh->hd = m->head_dim;
@@ -35,6 +38,8 @@ static void read_shapes(gen *g) {
   sh->topk = m->top_k;
   sh->has_shared = m->n_shared_experts > 0;
   sh->fp8_ag = p->opts.fp8_opts.all_gather && (p->applied & MP_PASS_FLOAT8) && sh->tp == 1;
+  sh->f8tp = sh->tp > 1 && (p->applied & MP_PASS_FLOAT8) &&
+             p->opts.mem_model == MP_MEM_MODEL_TORCHTITAN;
   /* defaults before TP */
   sh->q = m->n_heads * m->head_dim;
   sh->kv = m->n_kv_heads * m->head_dim;
@@ -84,7 +89,8 @@ static mp_status units_alloc(gen *g, rt_rest *rest) {
   const mp_plan *p = g->p;
   const int L = (int)p->model.n_layers;
   const size_t np = (size_t)(p->n_params > 0 ? p->n_params : 1);
-  g->has_fsdp = (p->applied & MP_PASS_FSDP) && p->n_units > 0;
+  g->has_fsdp = (p->applied & MP_PASS_FSDP) && p->n_units > 0 &&
+                p->opts.mem_model != MP_MEM_MODEL_MEGATRON;
   g->first_unit = mp_arena_alloc(g->arena, sizeof(int32_t) * (size_t)(L + 1));
   g->n_units = mp_arena_alloc(g->arena, (size_t)(L + 1));
   g->n_ui = g->has_fsdp ? p->n_units : L + 1;
@@ -173,6 +179,24 @@ static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
   return units_by_layer(g);
 }
 
+/* A tied model's embedding copy on this stage under pp > 1 (stage 0's tok_embeddings, the
+ * last stage's output copy): its gradient at rest in the reduce dtype, the payload of the
+ * two copies' all-reduce; 0 without one. */
+static int64_t tied_grad_bytes(const gen *g, int stage, int rank) {
+  const mp_plan *p = g->p;
+  if (!p->model.tied_embeddings || p->mesh.size[MP_DIM_PP] <= 1) return 0;
+  for (int i = 0; i < p->n_params; i++) {
+    const mp_param *prm = &p->params[i];
+    const int tok = prm->module == MP_MOD_TOK_EMBEDDINGS && prm->role == MP_ROLE_WEIGHT;
+    if (prm->pp_stage != stage || !(tok || prm->tied_copy)) continue;
+    const int64_t n = g->has_fsdp && prm->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD
+                          ? mp_param_local_numel(p, prm, rank)
+                          : mp_param_tp_numel(prm);
+    return n * mp_dtype_bytes(g->rdt);
+  }
+  return 0;
+}
+
 /* ---- runs of identical blocks --------------------------------------------------------- */
 
 int mp_sched_kind_of(const gen *g, int32_t l, const stage_info *st) {
@@ -206,7 +230,8 @@ static int same_block(const gen *g, int32_t a, int32_t b, const stage_info *st) 
   return 1;
 }
 
-/* Runs of identical blocks in [l0, l1): run_len[l] for run starts, 0 inside runs. */
+/* Runs of identical blocks in a chunk's [l0, l1): run_len[l] for run starts, 0 inside
+ * runs. */
 static void find_runs(gen *g, const stage_info *st, mp_schedule_mode mode, int32_t *run_len) {
   for (int32_t l = st->l0; l < st->l1;) {
     int32_t r = 1;
@@ -231,9 +256,9 @@ mp_status mp_sched_check_plan_rank(mp_ctx *ctx, const mp_plan *p, int rank) {
                     "its parameter shard; apply FSDP (mp_apply_fsdp) before building the "
                     "schedule",
                     mesh->size[MP_DIM_DP_SHARD]);
-  if ((unsigned)p->opts.mem_model > MP_MEM_MODEL_MESHPLAN_CUDA)
+  if ((unsigned)p->opts.mem_model >= MP_MEM_MODEL_COUNT)
     return mp_error(ctx, MP_ERR_INVALID, "unknown memory model %d; choose torchtitan, "
-                    "meshplan-cpu or meshplan-cuda", (int)p->opts.mem_model);
+                    "meshplan-cpu, meshplan-cuda or megatron", (int)p->opts.mem_model);
   if ((p->applied & MP_PASS_TP) == 0 && mesh->size[MP_DIM_TP] > 1)
     return mp_error(ctx, MP_ERR_ORDER,
                     "the mesh has tp=%d but TP was not applied; apply the passes in order "
@@ -264,17 +289,23 @@ mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedul
   int coords[MP_MESH_NDIMS];
   mp_mesh_coords(mesh, rank, coords);
   const int stage = coords[MP_DIM_PP], pp = mesh->size[MP_DIM_PP];
-  const int L = (int)p->model.n_layers;
-  int lps = p->layers_per_stage > 0 ? p->layers_per_stage : (L + pp - 1) / pp;
-  stage_info st = {stage * lps, (stage + 1) * lps < L ? (stage + 1) * lps : L, stage == 0,
-                   stage == pp - 1};
+  const int L = (int)p->model.n_layers, v = mp_plan_virtual_stages(p);
+  for (int c = 0; c < v; c++) {
+    int64_t l0, l1;
+    mp_plan_chunk_layers(p, stage, c, &l0, &l1);
+    pr->chunk[c] = (stage_info){(int32_t)l0, (int32_t)l1, stage == 0 && c == 0,
+                                stage == pp - 1 && c == v - 1};
+  }
+  pr->v = v;
+  stage_info st = {pr->chunk[0].l0, pr->chunk[v - 1].l1, stage == 0, stage == pp - 1};
   read_shapes(&g);
   int64_t params_numel = 0;
   rt_rest rest;
   MP_CHECK(read_units(&g, stage, rank, &params_numel, &rest));
+  pr->tied_grad_bytes = tied_grad_bytes(&g, stage, rank);
   int32_t *run_len = mp_arena_alloc(arena, sizeof(int32_t) * (size_t)(L + 1));
   MP_CHECK_ALLOC(ctx, run_len);
-  find_runs(&g, &st, mode, run_len);
+  for (int c = 0; c < v; c++) find_runs(&g, &pr->chunk[c], mode, run_len);
   pr->params = p->params;
   pr->units = p->units;
   pr->n_params = p->n_params;
@@ -320,5 +351,6 @@ int mp_sched_prep_serves(const mp_schedule_prep *pr, const mp_plan *p) {
   return pr->params == p->params && pr->units == p->units && pr->n_params == p->n_params &&
          pr->n_plan_units == p->n_units && pr->applied == p->applied &&
          memcmp(&pr->mesh, &p->mesh, sizeof pr->mesh) == 0 && pr->seq == p->opts.seq &&
-         pr->fp8_all_gather == p->opts.fp8_opts.all_gather && pr->pdt == pdt && pr->rdt == rdt;
+         pr->fp8_all_gather == p->opts.fp8_opts.all_gather && pr->pdt == pdt && pr->rdt == rdt &&
+         pr->sh.sp == (p->mesh.size[MP_DIM_TP] > 1 && p->opts.sp == 1);
 }

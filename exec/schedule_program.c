@@ -33,7 +33,7 @@ static mp_step_action mem_action(const mp_op *op, const mp_schedule_iter *it,
       if (freed && fwd) {
         x.kind = MP_ACT_FREE_CORE;
       } else if (alloc && rc && !(last && last->kind == MP_ACT_RECOMPUTE && last->a == it->layer)) {
-        x.kind = MP_ACT_RECOMPUTE; /* the core alone: selective */
+        x.kind = MP_ACT_RECOMPUTE; /* the core alone: selective-core */
         x.b = 0;
       }
       break;

@@ -13,8 +13,9 @@
  *   - per micro-batch: token ids (TEMP); x[0] (the stage input) and each block's output
  *     x[l + 1] (ACTIVATIONS), x[l + 1] freed as block l's backward starts;
  *   - a block: its BLOCK allocation (the saved tensors) and its CORE (the attention core);
- *     selective frees the core after forward and recomputes only it (from the saved q, k,
- *     v), full frees both and refills them without the block's output projections;
+ *     selective-core frees the core after forward and recomputes only it (from the saved q,
+ *     k, v), full frees both and refills them without the block's output projections (the
+ *     runtime runs no other AC policy: mp_plan_create refuses them);
  *   - backward: one WS workspace per block, DRES and DXF from the head; the HEAD and LOGITS
  *     allocations kept to the head's backward, with DLOGITS;
  *   - FSDP: no prefetch (blocking MPI collectives): a block's units are gathered as it
@@ -162,14 +163,14 @@ static void rt_forward_ops(gen *g, int kind, const part_deps *pd) {
 
 /* A block's forward as the meshplan runtimes run it: the block's saved tensors, its
  * attention core and its output x[l + 1] allocated at its start; full AC then keeps only
- * x[l], selective drops the core. */
+ * x[l], selective-core drops the core. */
 void mp_sched_rt_block_fwd(gen *g, int kind, const part_deps *pd) {
   const mp_ac_mode ac = g->p->opts.ac;
   mp_sched_rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 1);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_CORE, kind, 1);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_X, kind, 1);
   rt_forward_ops(g, kind, pd);
-  if (ac != MP_AC_NONE) mp_sched_rt_mem(g, MP_ACT_ALLOC_CORE, kind, 0);
+  if (ac != MP_AC_NONE) mp_sched_rt_mem(g, MP_ACT_ALLOC_CORE, kind, 0); /* selective-core, full */
   if (ac == MP_AC_FULL) {
     mp_sched_rt_mem(g, MP_ACT_ALLOC_BLOCK, kind, 0);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EPA, kind, 0);
@@ -177,7 +178,7 @@ void mp_sched_rt_block_fwd(gen *g, int kind, const part_deps *pd) {
 }
 
 /* A block's backward as the meshplan runtimes run it: recompute (full: the block's saved
- * tensors; selective: only the attention core, from the saved q, k, v), the workspace, MLP
+ * tensors; selective-core: only the attention core, from the saved q, k, v), the workspace, MLP
  * then attention backward, then the block's buffers go and its units are reduced and
  * released. */
 void mp_sched_rt_block_bwd(gen *g, int32_t l, int kind, const part_deps *pd) {
@@ -190,7 +191,7 @@ void mp_sched_rt_block_bwd(gen *g, int32_t l, int kind, const part_deps *pd) {
     g->phase = MP_PHASE_BACKWARD;
   } else {
     attach(g, pd, PART_ATTN); /* the first op waits for the gathered attention part */
-    if (ac == MP_AC_SELECTIVE) {
+    if (ac == MP_AC_SELECTIVE_CORE) {
       g->phase = MP_PHASE_RECOMPUTE;
       mp_sched_rt_mem(g, MP_ACT_ALLOC_CORE, kind, 1);
       mp_sched_attention_core_fwd(g);

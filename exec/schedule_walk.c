@@ -81,7 +81,7 @@ void mp_schedule_totals_compute(const mp_schedule *s, mp_schedule_totals *out) {
     for (int32_t i = sg->first_op; i < sg->first_op + sg->n_ops; i++) {
       const mp_op *op = &s->ops[i];
       const double per_step = op->when == MP_WHEN_EVERY_MICRO ? (double)s->n_micro : 1.0;
-      const double mult = per_step * (double)sg->repeat;
+      const double mult = per_step * (double)sg->repeat * (op->count > 1 ? op->count : 1);
       if (op->type == MP_OP_COMPUTE) {
         out->flops += mult * op->flops;
       } else if (op->type == MP_OP_COMM && op->coll < MP_COLL_COUNT && op->group < MP_GROUP_COUNT) {
@@ -105,7 +105,7 @@ const char *mp_kernel_name(mp_kernel k) {
 const char *mp_coll_name(mp_coll c) {
   static const char *n[MP_COLL_COUNT] = {"all_gather", "reduce_scatter", "all_reduce",
                                          "all_to_all", "send",           "recv",
-                                         "broadcast"};
+                                         "broadcast",  "sendrecv"};
   return (unsigned)c < MP_COLL_COUNT ? n[c] : "?";
 }
 

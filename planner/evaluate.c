@@ -5,9 +5,10 @@
 #include <string.h>
 
 /* Per-thread cache of the current mesh's plans (see evaluate.h). */
-#define CACHE_PLANS 8
+#define CACHE_PLANS 24
 typedef struct cached_plan {
-  int fp8, all_gather, pad_vocab, reshard; /* the options a derived plan cannot change */
+  int fp8, all_gather, pad_vocab, reshard, sp, pp_virtual; /* the options a derived plan
+                                                               cannot change */
   mp_plan *base;
   mp_sim_plan_prep *prep;
 } cached_plan;
@@ -63,6 +64,13 @@ void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_
   cfg->seq = ev->base.seq;
   cfg->global_batch = ev->base.global_batch;
   cfg->mem_capacity_bytes = (int64_t)(c->gpu.mem_gib * (1.0 - headroom) * 1073741824.0);
+  /* what the stack runs: its AC policies, SP where it runs it, interleaving where its
+   * memory model has more than one chunk per stage */
+  cfg->ac_mask = ev->stack.ac_policies;
+  cfg->sp = ev->stack.sp && ev->base.sp != 0;
+  cfg->pp_virtual_max = mp_mem_model_is_runtime(ev->stack.mem_model) ? 1 : 4;
+  cfg->pp_keeps_params = ev->stack.mem_model == MP_MEM_MODEL_TORCHTITAN; /* mp_plan_pp_fsdp */
+  cfg->prune_dominated = 1; /* the default objective is time */
   cfg->eval = mp_sim_evaluate;
   cfg->eval_user = ev;
   cfg->eval_thread_done = mp_sim_evaluator_thread_done;
@@ -79,12 +87,16 @@ void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
   *o = ev->base;
   o->micro_batch = c->micro_batch;
   o->ac = (mp_ac_mode)c->ac;
+  o->ac_every = c->ac_every > 0 ? c->ac_every : 1;
   o->fp8 = c->fp8;
   /* Float8 all-gather only without TP: with TP the scales would be per shard, not per
    * tensor (docs/design.md, the sharding passes). */
   if (c->mesh.size[MP_DIM_TP] > 1) o->fp8_opts.all_gather = 0;
   o->fsdp.reshard_after_forward = c->reshard;
   o->tp.pad_vocab = c->pads_vocab;
+  o->sp = c->sp;
+  o->pp_virtual = c->pp_virtual > 1 ? c->pp_virtual : 1;
+  o->pp_schedule = c->pp_virtual > 1 ? MP_PP_INTERLEAVED : MP_PP_1F1B;
 }
 
 /* The cached plan of c's mesh for options o, built (with its prep) on a miss. */
@@ -103,7 +115,8 @@ static mp_status cached_base(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_c
   for (int i = 0; i < ca->n; i++) {
     cached_plan *e = &ca->ent[i];
     if (e->fp8 == o->fp8 && e->all_gather == o->fp8_opts.all_gather &&
-        e->pad_vocab == o->tp.pad_vocab && e->reshard == o->fsdp.reshard_after_forward) {
+        e->pad_vocab == o->tp.pad_vocab && e->reshard == o->fsdp.reshard_after_forward &&
+        e->sp == o->sp && e->pp_virtual == o->pp_virtual) {
       *out = e;
       return MP_OK;
     }
@@ -114,7 +127,7 @@ static mp_status cached_base(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_c
     ca->mesh = c->mesh;
   }
   cached_plan e = {o->fp8, o->fp8_opts.all_gather, o->tp.pad_vocab,
-                   o->fsdp.reshard_after_forward, NULL, NULL};
+                   o->fsdp.reshard_after_forward, o->sp, o->pp_virtual, NULL, NULL};
   MP_CHECK(mp_build_plan_from(ctx, ev->tmpl, &c->mesh, o, ca->arena, &e.base));
   MP_CHECK(mp_sim_plan_prep_create(ctx, e.base, &ev->sim, ca->arena, &e.prep));
   ca->ent[ca->n] = e;

@@ -45,12 +45,16 @@ mp_status mp_sim_evaluator_init(mp_ctx *ctx, mp_sim_evaluator *ev, const mp_mode
  * initialised. */
 void mp_sim_evaluator_free(mp_sim_evaluator *ev);
 /* The search of ev's model on cluster c at ev's seq and global batch, with ev as the
- * evaluator (mp_sim_evaluate, mp_sim_evaluator_thread_done) and a capacity of the GPU's
- * memory less the fraction headroom: what meshplan plan, train and plan_bench search.
- * The rest of *cfg is mp_search_config_init's; the caller adds its constraints. */
+ * evaluator (mp_sim_evaluate, mp_sim_evaluator_thread_done), a capacity of the GPU's
+ * memory less the fraction headroom, and what ev's stack runs: its AC policies, SP with
+ * tp > 1 where it runs it, interleaved pipelines of 2 and 4 chunks outside the meshplan
+ * runtime; dominated AC policies pruned (the time objective; a caller ranking by memory
+ * clears prune_dominated): what meshplan plan, train and plan_bench search. The rest of
+ * *cfg is mp_search_config_init's; the caller adds its constraints. */
 void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_cluster *c, double headroom);
 /* The plan options of a candidate: micro-batch, AC, float8 (float8 all-gather only
- * without TP), reshard_after_forward, vocab padded when tp does not divide it. */
+ * without TP), reshard_after_forward, vocab padded when tp does not divide it, SP, the
+ * pipeline schedule (interleaved with its chunks, else 1F1B). */
 void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
                               mp_plan_options *out);
 /* mp_search_eval_fn: user is an mp_sim_evaluator. */

@@ -19,22 +19,35 @@
 #include "common/limits.h"
 #include "common/timeutil.h"
 
-/* Mirrors mp_ac_mode (exec/plan.h): the search library links nothing from exec:plan. */
-static const char *const k_ac_names[3] = {"none", "selective", "full"};
+const char *mp_search_ac_name(int ac) { return mp_ac_mode_name((mp_ac_mode)ac); }
 
-const char *mp_search_ac_name(int ac) { return ac >= 0 && ac < 3 ? k_ac_names[ac] : "?"; }
+void mp_candidate_ac_str(const mp_candidate *c, char *buf, size_t cap) {
+  if (c->ac == MP_AC_FULL && c->ac_every > 1) snprintf(buf, cap, "full:%d", c->ac_every);
+  else snprintf(buf, cap, "%s", mp_search_ac_name(c->ac));
+}
+
+/* The shortest load-balanced chunk of a sequence the search lets context parallelism cut
+ * (tokens): one tile of FlashAttention's kernels. */
+#define MP_CP_MIN_CHUNK 128
+
+/* The AC policies a search enumerates by default: those every stack's runtime runs. */
+static unsigned ac_mask_of(const mp_search_config *cfg) {
+  return cfg->ac_mask ? cfg->ac_mask
+                      : (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_CORE) | (1u << MP_AC_FULL);
+}
 
 const char *mp_reject_name(mp_reject r) {
   static const char *const names[MP_REJECT_COUNT] = {
       "", "pp_layers", "moe_pp", "tp_heads", "tp_kv_heads", "tp_d_ff", "tp_d_model",
       "tp_cross_node", "ep_experts", "cp_seq", "batch", "fp8_gpu", "fp8_dims",
-      "reshard_noop", "memory_bound", "memory", "eval_error"};
+      "reshard_noop", "memory_bound", "memory", "eval_error", "pp_virtual", "sp_seq",
+      "dominated", "memory_mb", "memory_ac"};
   return (unsigned)r < MP_REJECT_COUNT ? names[r] : "?";
 }
 
 void mp_search_fix_init(mp_search_fix *f) {
   f->pp = f->dp_replicate = f->dp_shard = f->cp = f->tp = f->ep = -1;
-  f->ac = f->fp8 = f->reshard = -1;
+  f->ac = f->ac_every = f->fp8 = f->reshard = f->sp = f->pp_virtual = -1;
   f->micro_batch = -1;
 }
 
@@ -51,12 +64,20 @@ mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
     *eq = 0;
     const char *key = tok, *val = eq + 1;
     if (strcmp(key, "ac") == 0) {
-      int ac = -1;
-      for (int i = 0; i < 3; i++)
-        if (strcmp(val, k_ac_names[i]) == 0) ac = i;
-      if (ac < 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: ac=%s; use none, selective or full", val);
+      int ac = -1, every = 1;
+      for (int i = 0; i < MP_AC_COUNT; i++)
+        if (strcmp(val, mp_ac_mode_name((mp_ac_mode)i)) == 0) ac = i;
+      char *end = NULL;
+      if (ac < 0 && strncmp(val, "full:", 5) == 0) {
+        long n = strtol(val + 5, &end, 10);
+        if (end != val + 5 && *end == '\0' && n >= 1 && n <= 65535) ac = MP_AC_FULL, every = (int)n;
+      }
+      if (ac < 0)
+        return mp_error(ctx, MP_ERR_USAGE, "--fix: ac=%s; use none, selective, selective-op, "
+                        "selective-core, full or full:N", val);
       if (f->ac >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: ac given twice");
       f->ac = ac;
+      f->ac_every = every;
       continue;
     }
     char *end = NULL;
@@ -73,6 +94,8 @@ mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
     else if (strcmp(key, "ep") == 0) slot = &f->ep;
     else if (strcmp(key, "fp8") == 0) slot = &f->fp8;
     else if (strcmp(key, "reshard") == 0) slot = &f->reshard;
+    else if (strcmp(key, "sp") == 0) slot = &f->sp;
+    else if (strcmp(key, "pp_virtual") == 0 || strcmp(key, "v") == 0) slot = &f->pp_virtual;
     if (strcmp(key, "micro_batch") == 0 || strcmp(key, "mb") == 0) {
       if (f->micro_batch >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: %s given twice", key);
       if (v < 1 || v > MP_LIM_GLOBAL_BATCH)
@@ -84,9 +107,12 @@ mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
     if (!slot)
       return mp_error(ctx, MP_ERR_USAGE,
                       "--fix: unknown key '%s'; keys: pp, dp_replicate, dp_shard, cp, tp, ep, ac, "
-                      "fp8, micro_batch, reshard", key);
+                      "fp8, micro_batch, reshard, sp, pp_virtual", key);
     if (*slot >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: %s given twice", key);
-    int is_bool = slot == &f->fp8 || slot == &f->reshard;
+    int is_bool = slot == &f->fp8 || slot == &f->reshard || slot == &f->sp;
+    if (slot == &f->pp_virtual && (v < 1 || v > MP_PP_MAX_VIRTUAL))
+      return mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s out of range (1 .. %d)", key, val,
+                      MP_PP_MAX_VIRTUAL);
     if (is_bool ? v > 1 : (v < 1 || v > MP_MESH_MAX_WORLD))
       return is_bool ? mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s out of range (0 or 1)", key, val)
                      : mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s out of range (1..%d)", key, val,
@@ -121,7 +147,11 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
   if (m->d_model % tp) return MP_REJECT_TP_D_MODEL;
   if (!cfg->allow_cross_node_tp && cfg->cluster->gpus_per_node % tp) return MP_REJECT_TP_CROSS_NODE;
   if (mp_model_is_moe(m) && m->n_experts % mesh->ep) return MP_REJECT_EP_EXPERTS;
-  if (cfg->seq % cp) return MP_REJECT_CP_SEQ;
+  /* ring attention's load balancing cuts a sequence into 2 cp chunks (torch's
+   * context_parallel needs seq divisible by 2 cp); a chunk under one 128-token tile of the
+   * flash kernel leaves its steps mostly idle (and the schedule a ring of cp steps per
+   * layer for nothing) */
+  if (cp > 1 && (cfg->seq % (2 * cp) || cfg->seq / (2 * cp) < MP_CP_MIN_CHUNK)) return MP_REJECT_CP_SEQ;
   return MP_REJECT_NONE;
 }
 
@@ -142,14 +172,26 @@ static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *
          cfg->cluster->gpu.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0;
 }
 
+/* Interleaving: pp x v model chunks of ceil(n_layers / (pp v)) layers leave none empty, and
+ * the micro-batches come in groups of pp (Megatron-LM's rules). */
+static int pp_virtual_ok(const mp_search_config *cfg, const mp_candidate *c, int64_t n_micro) {
+  if (c->pp_virtual <= 1) return 1;
+  const int64_t pp = c->mesh.size[MP_DIM_PP], K = pp * c->pp_virtual, L = cfg->model->n_layers;
+  return (K - 1) * ((L + K - 1) / K) < L && n_micro % pp == 0;
+}
+
 static mp_reject prune_options(const mp_search_config *cfg, const mp_candidate *c,
                                double n_params) {
   const mp_mesh *mesh = &c->mesh;
   int64_t dp = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD];
   if (cfg->global_batch % (dp * c->micro_batch)) return MP_REJECT_BATCH;
+  if (!pp_virtual_ok(cfg, c, cfg->global_batch / (dp * c->micro_batch))) return MP_REJECT_PP_VIRTUAL;
+  if (c->sp && (cfg->seq / mesh->size[MP_DIM_CP]) % mesh->size[MP_DIM_TP]) return MP_REJECT_SP_SEQ;
   if (c->fp8 && !mp_gpu_has_float8(&cfg->cluster->gpu)) return MP_REJECT_FP8_GPU;
   if (c->fp8 && !fp8_dims_ok(cfg->model, mesh->size[MP_DIM_TP])) return MP_REJECT_FP8_DIMS;
-  if (c->reshard && mesh->size[MP_DIM_DP_SHARD] == 1) return MP_REJECT_RESHARD_NOOP;
+  if (c->reshard && (mesh->size[MP_DIM_DP_SHARD] == 1 ||
+                     (cfg->pp_keeps_params && mesh->size[MP_DIM_PP] > 1)))
+    return MP_REJECT_RESHARD_NOOP;
   if (cfg->mem_capacity_bytes > 0 && mem_lower_bound_bytes(cfg, mesh, n_params) > (double)cfg->mem_capacity_bytes)
     return MP_REJECT_MEMORY_BOUND;
   return MP_REJECT_NONE;
@@ -199,7 +241,13 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
       snprintf(buf, cap, "ep=%d does not divide n_experts=%lld", mesh->ep, (long long)m->n_experts);
       break;
     case MP_REJECT_CP_SEQ:
-      snprintf(buf, cap, "cp=%d does not divide seq=%lld", cp, (long long)cfg->seq);
+      if (cfg->seq % cp)
+        snprintf(buf, cap, "cp=%d does not divide seq=%lld", cp, (long long)cfg->seq);
+      else
+        snprintf(buf, cap,
+                 "cp=%d: ring attention cuts seq=%lld into %d load-balanced chunks, which must "
+                 "divide it and hold at least %d tokens (one flash-attention tile)",
+                 cp, (long long)cfg->seq, 2 * cp, MP_CP_MIN_CHUNK);
       break;
     case MP_REJECT_BATCH:
       snprintf(buf, cap, "global batch %lld not divisible by dp=%lld x micro-batch=%lld",
@@ -216,7 +264,12 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                (long long)(m->n_heads * m->head_dim / tp));
       break;
     case MP_REJECT_RESHARD_NOOP:
-      snprintf(buf, cap, "reshard_after_forward has no effect with dp_shard=1 (same as reshard off)");
+      if (mesh->size[MP_DIM_DP_SHARD] == 1)
+        snprintf(buf, cap, "reshard_after_forward has no effect with dp_shard=1 (same as reshard off)");
+      else
+        snprintf(buf, cap,
+                 "reshard_after_forward has no effect with pp=%d: the stack keeps a pipeline "
+                 "stage's parameters gathered through the step (same as reshard off)", pp);
       break;
     case MP_REJECT_MEMORY_BOUND:
       snprintf(buf, cap,
@@ -234,6 +287,32 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
       break;
     case MP_REJECT_EVAL_ERROR:
       snprintf(buf, cap, "%s", c->error ? c->error : "evaluation failed");
+      break;
+    case MP_REJECT_PP_VIRTUAL:
+      snprintf(buf, cap,
+               "pp=%d x %d chunks: the interleaved schedule needs every one of the %d model "
+               "chunks of %lld layers non-empty and a multiple of pp micro-batches (%lld here)",
+               pp, c->pp_virtual, pp * c->pp_virtual, (long long)m->n_layers,
+               (long long)(cfg->global_batch / (dp * c->micro_batch)));
+      break;
+    case MP_REJECT_SP_SEQ:
+      snprintf(buf, cap, "sequence parallelism: tp=%d does not divide seq/cp=%lld", tp,
+               (long long)(cfg->seq / cp));
+      break;
+    case MP_REJECT_DOMINATED:
+      snprintf(buf, cap,
+               "ac=%s recomputes everything a fitting sibling with less recompute does, and more: "
+               "never faster",
+               mp_search_ac_name(c->ac));
+      break;
+    case MP_REJECT_MEMORY_MB:
+      snprintf(buf, cap,
+               "micro-batch %lld needs no less memory than micro-batch %lld, over capacity",
+               (long long)c->micro_batch, (long long)(c->micro_batch / 2));
+      break;
+    case MP_REJECT_MEMORY_AC:
+      snprintf(buf, cap, "ac=%s saves less memory than ac=full, over capacity",
+               mp_search_ac_name(c->ac));
       break;
     default: snprintf(buf, cap, "unknown reason"); break;
   }
@@ -268,6 +347,25 @@ static mp_status push(enum_state *e, const mp_candidate *c) {
   return MP_OK;
 }
 
+/* The model chunks per stage a mesh searches: the fixed one, or 1 (and 2, 4 up to
+ * pp_virtual_max with pp > 1 on a mesh the mesh rules keep: they reject every chunking
+ * alike); *n of them into vs. */
+static void chunk_choices(const mp_search_config *cfg, const mp_mesh *mesh, mp_reject mesh_rej,
+                          int vs[8], int *n) {
+  *n = 0;
+  if (cfg->fix.pp_virtual > 0) {
+    vs[(*n)++] = cfg->fix.pp_virtual;
+    return;
+  }
+  vs[(*n)++] = 1;
+  if (mesh->size[MP_DIM_PP] > 1 && mesh_rej == MP_REJECT_NONE)
+    for (int v = 2; v <= cfg->pp_virtual_max && v <= 4; v *= 2) vs[(*n)++] = v;
+}
+
+/* The AC policies in enumeration order: none, full, those between (search.h). */
+static const int k_ac_order[MP_AC_COUNT] = {MP_AC_NONE, MP_AC_FULL, MP_AC_SELECTIVE_CORE,
+                                            MP_AC_SELECTIVE, MP_AC_SELECTIVE_OP};
+
 static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
   const mp_search_config *cfg = e->cfg;
   const mp_search_fix *fx = &cfg->fix;
@@ -276,27 +374,38 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
   int64_t per_rank = cfg->global_batch / dp; /* floor; < 1 when dp > batch */
   if (per_rank < 1) per_rank = 1;
   int pads_vocab = cfg->model->vocab % mesh->size[MP_DIM_TP] != 0;
-  /* powers of two up to per_rank; the loop stops before the doubling that would pass it
-   * (per_rank near 2^62 must not wrap mb around and loop forever) */
-  for (int64_t mb = 1; mb <= per_rank; mb = mb > per_rank / 2 ? per_rank + 1 : 2 * mb) {
-    if (fx->micro_batch > 0 && fx->micro_batch != mb) continue;
-    for (int ac = 0; ac < 3; ac++) {
-      if (!fixed_ok(fx->ac, ac)) continue;
-      for (int fp8 = 0; fp8 < 2; fp8++) {
-        if (!fixed_ok(fx->fp8, fp8)) continue;
-        for (int rs = 0; rs < 2; rs++) {
-          if (!fixed_ok(fx->reshard, rs)) continue;
-          mp_candidate c;
-          memset(&c, 0, sizeof c);
-          c.mesh = *mesh;
-          c.micro_batch = mb;
-          c.ac = (uint8_t)ac;
-          c.fp8 = (uint8_t)fp8;
-          c.reshard = (uint8_t)rs;
-          c.pads_vocab = (uint8_t)pads_vocab;
-          c.reject = (uint8_t)(mesh_rej != MP_REJECT_NONE ? mesh_rej : prune_options(cfg, &c, e->n_params));
-          if (c.reject != MP_REJECT_NONE) e->s->n_pruned++;
-          MP_CHECK(push(e, &c));
+  const int sp = mesh->size[MP_DIM_TP] > 1 && (fx->sp >= 0 ? fx->sp : cfg->sp);
+  const unsigned mask = fx->ac >= 0 ? 1u << fx->ac : ac_mask_of(cfg);
+  int vs[8], nv = 0;
+  chunk_choices(cfg, mesh, mesh_rej, vs, &nv);
+  for (int iv = 0; iv < nv; iv++) {
+    /* powers of two up to per_rank; the loop stops before the doubling that would pass it
+     * (per_rank near 2^62 must not wrap mb around and loop forever) */
+    for (int64_t mb = 1; mb <= per_rank; mb = mb > per_rank / 2 ? per_rank + 1 : 2 * mb) {
+      if (fx->micro_batch > 0 && fx->micro_batch != mb) continue;
+      for (int ia = 0; ia < MP_AC_COUNT; ia++) {
+        const int ac = k_ac_order[ia];
+        if (!(mask & (1u << ac))) continue;
+        for (int fp8 = 0; fp8 < 2; fp8++) {
+          if (!fixed_ok(fx->fp8, fp8)) continue;
+          for (int rs = 0; rs < 2; rs++) {
+            if (!fixed_ok(fx->reshard, rs)) continue;
+            mp_candidate c;
+            memset(&c, 0, sizeof c);
+            c.mesh = *mesh;
+            c.micro_batch = mb;
+            c.ac = (uint8_t)ac;
+            c.ac_every = (uint16_t)(ac == MP_AC_FULL && fx->ac_every > 1 ? fx->ac_every : 1);
+            c.fp8 = (uint8_t)fp8;
+            c.reshard = (uint8_t)rs;
+            c.pads_vocab = (uint8_t)pads_vocab;
+            c.sp = (uint8_t)sp;
+            c.pp_virtual = (uint8_t)vs[iv];
+            c.reject = (uint8_t)(mesh_rej != MP_REJECT_NONE ? mesh_rej
+                                                             : prune_options(cfg, &c, e->n_params));
+            if (c.reject != MP_REJECT_NONE) e->s->n_pruned++;
+            MP_CHECK(push(e, &c));
+          }
         }
       }
     }
@@ -387,10 +496,54 @@ void mp_search_destroy(mp_search *s) {
 /* Chunks: runs of consecutive candidates a worker claims at once. A chunk ends where the
  * mesh changes once it holds at least CHUNK_MIN candidates, so a mesh's candidates stay
  * with one worker (the evaluator caches per mesh what they share: one plan per float8
- * setting); CHUNK_MAX bounds a chunk inside one huge mesh. Small enough that the workers
- * stay balanced when candidates cost differently (pp, MoE). */
+ * setting); CHUNK_MAX bounds a chunk inside one huge mesh, ending it only between families
+ * (candidates differing in micro-batch, AC, float8 and reshard alone, a few hundred at
+ * most) so that a candidate's siblings are in its own chunk. Small enough that the
+ * workers stay balanced when candidates cost differently (pp, MoE). */
 #define CHUNK_MIN 32
 #define CHUNK_MAX 256
+
+/* a and b are of one family: the same mesh, model chunks and SP */
+static int same_family(const mp_candidate *a, const mp_candidate *b) {
+  return memcmp(&a->mesh, &b->mesh, sizeof a->mesh) == 0 && a->pp_virtual == b->pp_virtual &&
+         a->sp == b->sp;
+}
+
+/* AC policy q recomputes a subset of what p recomputes (the dominance order of search.h). */
+static int recomputes_less(int q, int p) {
+  if (q == p) return 0;
+  if (q == MP_AC_NONE) return 1;
+  if (p != MP_AC_FULL) return q == MP_AC_SELECTIVE_CORE && p == MP_AC_SELECTIVE;
+  return 1;
+}
+
+static int over_capacity(const mp_candidate *d) {
+  return d->reject == MP_REJECT_MEMORY || d->reject == MP_REJECT_MEMORY_MB ||
+         d->reject == MP_REJECT_MEMORY_AC;
+}
+
+/* What c's siblings before it in its chunk (from lo; the same worker decided them, so
+ * the outcome does not depend on timing) decide: MP_REJECT_MEMORY_MB, MP_REJECT_MEMORY_AC,
+ * MP_REJECT_DOMINATED (with prune_dominated), or MP_REJECT_NONE: simulate it. */
+static mp_reject sibling_verdict(const mp_search *s, int prune_dominated, int64_t lo,
+                                 int64_t i) {
+  const mp_candidate *c = &s->cands[i];
+  for (int64_t j = i - 1; j >= lo; j--) {
+    const mp_candidate *d = &s->cands[j];
+    if (!same_family(c, d)) break;
+    if (d->fp8 != c->fp8 || d->reshard != c->reshard) continue;
+    if (d->micro_batch * 2 == c->micro_batch && d->ac == c->ac &&
+        d->ac_every == c->ac_every && over_capacity(d))
+      return MP_REJECT_MEMORY_MB;
+    if (d->micro_batch != c->micro_batch) continue;
+    if (d->ac == MP_AC_FULL && d->ac_every <= 1 && c->ac != MP_AC_FULL && over_capacity(d))
+      return MP_REJECT_MEMORY_AC;
+    if (prune_dominated && c->ac_every <= 1 && d->ac_every <= 1 && d->evaluated &&
+        d->reject == MP_REJECT_NONE && recomputes_less(d->ac, c->ac))
+      return MP_REJECT_DOMINATED;
+  }
+  return MP_REJECT_NONE;
+}
 
 typedef struct run_shared {
   const mp_search_config *cfg;
@@ -448,7 +601,12 @@ static void *worker_main(void *arg) {
     int64_t lo = sh->chunk_lo[ch], hi = sh->chunk_lo[ch + 1];
     for (int64_t i = lo; i < hi; i++) {
       mp_candidate *c = &sh->s->cands[i];
-      if (c->reject == MP_REJECT_NONE && !c->evaluated) eval_one(sh, &ctx, scratch, c);
+      if (c->reject != MP_REJECT_NONE || c->evaluated) continue;
+      const mp_reject v = sibling_verdict(sh->s, sh->cfg->prune_dominated, lo, i);
+      if (v != MP_REJECT_NONE)
+        c->reject = (uint8_t)v;
+      else
+        eval_one(sh, &ctx, scratch, c);
     }
     pthread_mutex_lock(&sh->mu);
     sh->done[ch] = 1;
@@ -481,7 +639,8 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
   sh.n_chunks = 0;
   for (int64_t i = 0; i < s->n; i++) {
     const int64_t len = sh.n_chunks ? i - sh.chunk_lo[sh.n_chunks - 1] : 0;
-    if (sh.n_chunks == 0 || len >= CHUNK_MAX ||
+    const int group_ends = i > 0 && !same_family(&s->cands[i], &s->cands[i - 1]);
+    if (sh.n_chunks == 0 || (len >= CHUNK_MAX && group_ends) ||
         (len >= CHUNK_MIN &&
          memcmp(&s->cands[i].mesh, &s->cands[i - 1].mesh, sizeof s->cands[i].mesh) != 0))
       sh.chunk_lo[sh.n_chunks++] = i;
@@ -526,9 +685,11 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
   pthread_cond_destroy(&sh.cv);
   free(sh.done);
   free(sh.chunk_lo);
-  s->n_evaluated = s->n_feasible = s->n_failed = 0;
+  s->n_evaluated = s->n_feasible = s->n_failed = s->n_dominated = s->n_implied = 0;
   for (int64_t i = 0; i < s->n; i++) {
     const mp_candidate *c = &s->cands[i];
+    s->n_dominated += c->reject == MP_REJECT_DOMINATED;
+    s->n_implied += c->reject == MP_REJECT_MEMORY_MB || c->reject == MP_REJECT_MEMORY_AC;
     if (!c->evaluated) continue;
     s->n_evaluated++;
     if (c->reject == MP_REJECT_NONE) s->n_feasible++;

@@ -4,9 +4,11 @@
  *
  * Candidates. Every ordered factorization of the GPU count into
  * pp x dp_replicate x dp_shard x cp x tp (loops in that order, tp innermost), every ep
- * dividing dp_shard (MoE models; ep = 1 for dense ones), crossed with micro-batch sizes
+ * dividing dp_shard (MoE models; ep = 1 for dense ones), with pp > 1 the model chunks per
+ * stage 1 (1F1B), 2, 4 (interleaved; up to pp_virtual_max; on meshes the mesh rules below
+ * keep, 1 alone on the others), crossed with micro-batch sizes
  * (powers of two up to the per-rank batch global_batch / (dp_replicate x dp_shard), or 1
- * when that is below 1), AC mode {none, selective, full}, float8 {off, on} and
+ * when that is below 1), the AC policies the stack runs (mp_search_config.ac_mask), float8 {off, on} and
  * reshard_after_forward {off, on}, in that nesting order. Candidates are numbered in
  * enumeration order and that order is stable (tests and the database rely on it).
  *
@@ -15,9 +17,13 @@
  *   so (pp - 1) * ceil(n_layers / pp) >= n_layers leaves the last one none); MoE with pp > 1; tp must divide n_heads, n_kv_heads, d_ff (models with
  *   dense MLP layers), d_model; tp must divide gpus_per_node (a TP group stays in one
  *   NVLink domain) unless allow_cross_node_tp; ep must divide n_experts; cp must divide
- *   seq; global_batch must be divisible by dp x micro_batch; float8 needs an fp8 peak and
+ *   seq into 2 cp load-balanced chunks of at least 128 tokens; global_batch must be divisible by dp x micro_batch; float8 needs an fp8 peak and
  *   compute capability >= 89, and GEMM dims (d_model, and d_ff, n_heads x head_dim,
  *   n_kv_heads x head_dim after TP) that are multiples of 16; reshard_after_forward with
+ *   pp > 1 on a stack that keeps a stage's parameters gathered (pp_keeps_params) is a
+ *   duplicate of reshard off; interleaving that leaves a
+ *   model chunk empty or runs a number of micro-batches pp does not divide; SP with tp not
+ *   dividing seq / cp; reshard_after_forward with
  *   dp_shard == 1 changes nothing and is pruned as a duplicate of reshard off; and a
  *   memory lower bound (when mem_capacity_bytes > 0): the fp32 master parameters and
  *   AdamW m and v are resident through the step, 12 bytes per parameter held, and a rank
@@ -26,7 +32,18 @@
  *   bound exceeds the capacity cannot fit, so it is not simulated.
  * A vocab that tp does not divide is padded (the candidate says so), not rejected.
  * After evaluation, a plan whose peak memory exceeds the capacity (GPU memory less the
- * headroom; the evaluator's `fits`) is infeasible with the figures as its reason.
+ * headroom; the evaluator's `fits`) is infeasible with the figures as its reason. Siblings
+ * (candidates differing only in micro-batch, AC, float8 and reshard) decide some
+ * candidates without a simulation, looking only at siblings before it in the same chunk
+ * of work (so the outcome does not depend on the threads): a candidate whose half
+ * micro-batch is over capacity is over capacity too (activations, their in-flight count
+ * times the micro-batch, and every per-micro-batch buffer grow with it), as is one
+ * whose policy saves more than full AC while full AC is over capacity; and with
+ * prune_dominated a candidate whose AC policy recomputes a superset of what a fitting
+ * sibling's recomputes (none < selective-core < selective < full, none < selective-op <
+ * full) is skipped: the same schedule with more recompute ops is never faster. The AC
+ * policies are enumerated none, full, then the ones between (selective-core, selective,
+ * selective-op), so that both ends decide the middle.
  *
  * Constraints (`--fix`, `--executable-only`) shrink the space before enumeration: a
  * candidate they exclude is not enumerated, so counts are those of the constrained space.
@@ -72,6 +89,16 @@ typedef enum mp_reject {
   MP_REJECT_MEMORY_BOUND,  /* resident fp32 params + AdamW state alone exceed capacity */
   MP_REJECT_MEMORY,        /* simulated, peak memory over capacity */
   MP_REJECT_EVAL_ERROR,    /* the evaluator refused the plan (message kept) */
+  MP_REJECT_PP_VIRTUAL,    /* interleaving leaves a model chunk empty, or the micro-batches
+                              are not a multiple of pp */
+  MP_REJECT_SP_SEQ,        /* sequence parallelism: tp does not divide seq / cp */
+  MP_REJECT_DOMINATED,     /* an AC policy recomputing a subset of this one's ops fits
+                              with every other option the same: never slower (time
+                              objectives), so not simulated */
+  MP_REJECT_MEMORY_MB,     /* half this micro-batch, every other option the same, is over
+                              capacity: more memory cannot fit (not simulated) */
+  MP_REJECT_MEMORY_AC,     /* full AC, every other option the same, is over capacity: a
+                              policy saving more cannot fit (not simulated) */
   MP_REJECT_COUNT
 } mp_reject;
 
@@ -82,6 +109,9 @@ typedef struct mp_candidate {
   mp_mesh mesh;         /* pp, dp_replicate, dp_shard, cp, tp sizes and ep */
   int64_t micro_batch;  /* sequences per micro-batch per data-parallel rank */
   uint8_t ac;           /* mp_ac_mode */
+  uint16_t ac_every;    /* full AC on every ac_every-th block (1: every block) */
+  uint8_t sp;           /* sequence parallelism (tp > 1) */
+  uint8_t pp_virtual;   /* model chunks per pipeline stage: 1 (1F1B), more: interleaved */
   uint8_t fp8;          /* 1: float8 Linear layers */
   uint8_t reshard;      /* 1: reshard_after_forward */
   uint8_t reject;       /* mp_reject */
@@ -96,14 +126,17 @@ typedef struct mp_candidate {
 typedef struct mp_search_fix {
   int pp, dp_replicate, dp_shard, cp, tp, ep;
   int ac;            /* mp_ac_mode or -1 */
+  int ac_every;      /* with ac: its block frequency (full:N); -1: 1 */
+  int sp;            /* 0/1 or -1 (the search's default) */
+  int pp_virtual;    /* model chunks per stage or -1 */
   int fp8, reshard;  /* 0/1 or -1 */
   int64_t micro_batch;
 } mp_search_fix;
 
 void mp_search_fix_init(mp_search_fix *f);
 /* Parses "tp=8,pp=1,ac=full,fp8=0,mb=2" (keys: pp, dp_replicate|dp_rep, dp_shard, cp, tp,
- * ep, ac, fp8, micro_batch|mb, reshard). Adds to what f holds; a repeated or unknown key
- * or a bad value is MP_ERR_USAGE naming it. */
+ * ep, ac (a policy name or full:N), fp8, micro_batch|mb, reshard, sp, pp_virtual|v). Adds
+ * to what f holds; a repeated or unknown key or a bad value is MP_ERR_USAGE naming it. */
 mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f);
 
 /* Evaluates one candidate (never a pruned one). scratch is the worker's arena, reset
@@ -119,6 +152,19 @@ typedef struct mp_search_config {
   int64_t global_batch; /* sequences per step */
   int allow_cross_node_tp;
   int executable_only;  /* pp == 1 and cp == 1: what exec/runtime executes */
+  unsigned ac_mask;     /* the AC policies enumerated, bit 1 << mp_ac_mode (the stack's
+                           ac_policies); 0: none, selective-core and full */
+  int sp;               /* with tp > 1: 1 sequence parallelism (the stacks that run it), 0
+                           the all-reduce form; never both: SP saves memory and moves the
+                           same bytes, so the all-reduce form is searched only when asked */
+  int pp_virtual_max;   /* model chunks per stage searched with pp > 1: 1, 2, 4 up to this
+                           (1: 1F1B only, the meshplan runtime's) */
+  int pp_keeps_params;  /* the stack keeps a pipeline stage's FSDP parameters gathered
+                           through the step (torchtitan): reshard with pp > 1 is a duplicate
+                           of reshard off (MP_REJECT_RESHARD_NOOP) */
+  int prune_dominated;  /* time objectives: an AC policy whose recompute is a superset of a
+                           fitting sibling's (same mesh, chunks, micro-batch, float8,
+                           reshard, SP) is not simulated (MP_REJECT_DOMINATED) */
   mp_search_fix fix;
   int n_threads;        /* workers; <= 0: the number of online CPUs */
   int64_t mem_capacity_bytes; /* GPU memory less headroom, for the lower-bound prune; 0: off */
@@ -140,6 +186,9 @@ typedef struct mp_search {
   int64_t n_evaluated;  /* handed to the evaluator */
   int64_t n_feasible;   /* evaluated, fits */
   int64_t n_failed;     /* evaluator errors */
+  int64_t n_dominated;  /* not simulated: an AC policy recomputing less fits */
+  int64_t n_implied;    /* not simulated: over capacity as a sibling needing no more
+                           memory is (MP_REJECT_MEMORY_MB, MP_REJECT_MEMORY_AC) */
   double enumerate_s, run_s;
 } mp_search;
 
@@ -166,7 +215,10 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                          size_t cap);
 /* "dp_shard=4,tp=2,ep=2" style description of the candidate's mesh. */
 void mp_candidate_mesh_str(const mp_candidate *c, char *buf, size_t cap);
-const char *mp_search_ac_name(int ac); /* "none", "selective", "full" */
+/* "none", "selective", "selective-op", "selective-core", "full" (mp_ac_mode_name's names). */
+const char *mp_search_ac_name(int ac);
+/* The candidate's AC policy as the CLI takes it: the name, or "full:N". */
+void mp_candidate_ac_str(const mp_candidate *c, char *buf, size_t cap);
 
 typedef enum mp_objective {
   MP_OBJECTIVE_TIME = 0,      /* lowest step time; ties: lower peak memory */

@@ -72,6 +72,10 @@ static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
     "ALTER TABLE measurements ADD COLUMN lr REAL;"
     "ALTER TABLE measurements ADD COLUMN grad_norm REAL;"
     "CREATE INDEX measurements_plan_step ON measurements(plan_id, step);",
+    /* 3 -> 4: a plan's sequence parallelism and model chunks per pipeline stage (ac holds
+     * the policy as the CLI names it, full:N included) */
+    "ALTER TABLE plans ADD COLUMN sp INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE plans ADD COLUMN pp_virtual INTEGER NOT NULL DEFAULT 1;",
 };
 
 static mp_status corrupt(mp_ctx *ctx, const mp_store *st) {
@@ -328,8 +332,9 @@ mp_status mp_store_open(mp_ctx *ctx, const char *path, mp_store **out) {
   MP_CHECK_GOTO(exec_sql(ctx, st, "PRAGMA cache_size=-65536", "setting the page cache"), s, fail);
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO plans (run_id, idx, pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8,"
-                        " micro_batch, reshard, evaluated, feasible, rank, reject_rule, reject_reason)"
-                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?)",
+                        " micro_batch, reshard, evaluated, feasible, rank, reject_rule, reject_reason,"
+                        " sp, pp_virtual)"
+                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?)",
                         &st->ins_plan), s, fail);
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO predictions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -422,7 +427,9 @@ mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int6
   sqlite3_bind_int(q, 6, m->size[MP_DIM_CP]);
   sqlite3_bind_int(q, 7, m->size[MP_DIM_TP]);
   sqlite3_bind_int(q, 8, m->ep);
-  sqlite3_bind_text(q, 9, mp_search_ac_name(c->ac), -1, SQLITE_STATIC);
+  char ac[32];
+  mp_candidate_ac_str(c, ac, sizeof ac);
+  sqlite3_bind_text(q, 9, ac, -1, SQLITE_TRANSIENT);
   sqlite3_bind_int(q, 10, c->fp8);
   sqlite3_bind_int64(q, 11, c->micro_batch);
   sqlite3_bind_int(q, 12, c->reshard);
@@ -437,6 +444,8 @@ mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int6
     sqlite3_bind_null(q, 15);
     sqlite3_bind_null(q, 16);
   }
+  sqlite3_bind_int(q, 17, c->sp);
+  sqlite3_bind_int(q, 18, c->pp_virtual > 0 ? c->pp_virtual : 1);
   MP_CHECK(step_reset(ctx, st, q, "writing a plan"));
   c->plan_id = sqlite3_last_insert_rowid(st->db);
   if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR) return MP_OK;
@@ -641,8 +650,15 @@ mp_status mp_store_get_run(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_run_row
   return MP_OK;
 }
 
-static int ac_code(const char *s) {
-  for (int i = 0; i < 3; i++)
+/* The policy of a stored ac text ("selective-op", "full:4"), its block frequency into
+ * *every; -1 for an unknown one. */
+static int ac_code(const char *s, int *every) {
+  *every = 1;
+  if (strncmp(s, "full:", 5) == 0) {
+    *every = atoi(s + 5);
+    return MP_AC_FULL;
+  }
+  for (int i = 0; i < MP_AC_COUNT; i++)
     if (strcmp(s, mp_search_ac_name(i)) == 0) return i;
   return -1;
 }
@@ -663,7 +679,7 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
   int rc = sqlite3_prepare_v2(
       st->db,
       "SELECT pl.id, pl.run_id, pl.idx, pl.rank, pl.pp, pl.dp_replicate, pl.dp_shard, pl.cp, pl.tp,"
-      " pl.ep, pl.ac, pl.fp8, pl.reshard, pl.evaluated, pl.feasible, pl.micro_batch,"
+      " pl.ep, pl.ac, pl.fp8, pl.reshard, pl.evaluated, pl.feasible, pl.micro_batch, pl.sp, pl.pp_virtual,"
       " coalesce(pl.reject_rule,''), coalesce(pl.reject_reason,''), pr.step_time_s,"
       " pr.tokens_per_s_per_gpu, pr.mfu, pr.compute_s, pr.exposed_comm_s, pr.bubble_s,"
       " pr.peak_mem_bytes, pr.capacity_bytes, pr.peak_mem_bytes - coalesce(pr.mem_overhead_bytes, 0)"
@@ -698,12 +714,14 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
     r->tp = sqlite3_column_int(q, c++);
     r->ep = sqlite3_column_int(q, c++);
     const unsigned char *ac = sqlite3_column_text(q, c++);
-    r->ac = ac_code(ac ? (const char *)ac : "");
+    r->ac = ac_code(ac ? (const char *)ac : "", &r->ac_every);
     r->fp8 = sqlite3_column_int(q, c++);
     r->reshard = sqlite3_column_int(q, c++);
     r->evaluated = sqlite3_column_int(q, c++);
     r->feasible = sqlite3_column_int(q, c++);
     r->micro_batch = sqlite3_column_int64(q, c++);
+    r->sp = sqlite3_column_int(q, c++);
+    r->pp_virtual = sqlite3_column_int(q, c++);
     col_text(q, c++, r->reject_rule, sizeof r->reject_rule);
     col_text(q, c++, r->reject_reason, sizeof r->reject_reason);
     r->step_time_s = sqlite3_column_double(q, c++);

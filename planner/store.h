@@ -19,6 +19,9 @@
  * is one transaction); for a run that `meshplan train --db` measures, 'running' from its
  * start, then 'complete' or 'diverged' (a NaN or Inf loss or gradient norm stopped it) or
  * 'failed'; a process killed on the way leaves 'running', which reads as incomplete.
+ * Version 4 adds plans.sp (sequence parallelism with tp) and plans.pp_virtual (model
+ * chunks per pipeline stage); plans.ac holds the AC policy as the CLI names it (full:N
+ * included).
  *
  * Concurrency: WAL mode, a busy timeout (MP_STORE_BUSY_TIMEOUT_MS), and every write
  * transaction starts with BEGIN IMMEDIATE, repeated while other writers hold the lock for
@@ -51,7 +54,7 @@
 extern "C" {
 #endif
 
-#define MP_STORE_SCHEMA_VERSION 3
+#define MP_STORE_SCHEMA_VERSION 4
 /* PRAGMA application_id of a meshplan database: "MPLN" in ASCII. */
 #define MP_STORE_APPLICATION_ID 0x4D504C4E
 #define MP_STORE_BUSY_TIMEOUT_MS 60000
@@ -136,6 +139,7 @@ typedef struct mp_run_row {
 typedef struct mp_plan_row {
   int64_t id, run_id, index, rank;
   int pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8, reshard, evaluated, feasible;
+  int ac_every, sp, pp_virtual;
   int64_t micro_batch;
   char reject_rule[32], reject_reason[256];
   double step_time_s, tokens_per_s_per_gpu, mfu, compute_s, exposed_comm_s, bubble_s;

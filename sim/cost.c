@@ -107,31 +107,13 @@ mp_status mp_sim_resolve_stack(mp_ctx *ctx, const mp_sim_config *cfg, const mp_s
   return MP_OK;
 }
 
-double mp_sim_pp_inflight(const mp_plan *p, int stage, int64_t n_micro) {
-  int pp = p->mesh.size[MP_DIM_PP];
-  if (pp <= 1) return 1.0;
-  double f;
-  if (p->opts.pp_schedule == MP_PP_GPIPE) {
-    f = (double)n_micro;
-  } else if (p->opts.pp_schedule == MP_PP_INTERLEAVED && p->opts.pp_virtual > 1) {
-    /* Megatron's interleaved 1F1B: rank `stage` runs (pp - stage - 1) x 2 + (v - 1) x pp
-     * warm-up forward chunks before its first backward; each chunk is 1/v of the
-     * rank's layers. */
-    int v = p->opts.pp_virtual;
-    f = ((double)(pp - stage - 1) * 2.0 + (double)(v - 1) * pp + 1.0) / v;
-  } else {
-    f = (double)(pp - stage);
-  }
-  if (f > (double)n_micro) f = (double)n_micro;
-  return f < 1.0 ? 1.0 : f;
-}
-
 /* ---- the schedule compiled ---------------------------------------------------------- */
 
-/* The scaled delta of a memory event (ACTIVATIONS by the stack's saved_act_factor): the
- * same rounding for an ALLOC and its FREE, so levels stay balanced. */
-static int64_t mem_scaled(int cat, int64_t delta, double act_factor) {
-  if (cat == MP_MEM_ACTIVATIONS && act_factor != 1.0)
+/* The scaled delta of a memory event (ACTIVATIONS by the stack's saved_act_factor, except
+ * tensors every stack keeps, MP_MEM_KEPT: a checkpoint's input, an AC policy's forced
+ * saves): the same rounding for an ALLOC and its FREE, so levels stay balanced. */
+static int64_t mem_scaled(int cat, int kept, int64_t delta, double act_factor) {
+  if (cat == MP_MEM_ACTIVATIONS && act_factor != 1.0 && !kept)
     delta = delta > 0 ? (int64_t)((double)delta * act_factor)
                       : -(int64_t)((double)-delta * act_factor);
   return delta;
@@ -145,7 +127,6 @@ typedef struct link_set {
   int rank;
   mp_sim_link link[MP_GROUP_COUNT];
   unsigned have;
-  int has_cp_comm, has_p2p; /* a collective of the CP group, a send or recv was seen */
 } link_set;
 
 /* A memory event: its category and scaled delta (ALLOC raises, FREE lowers; outside the
@@ -154,7 +135,8 @@ static inline void compile_mem(const mp_op *op, double act_factor, cop *c) {
   c->kind = COP_NOMEM;
   if (op->mem_cat >= MP_MEM_COUNT) return;
   c->mem_cat = (int8_t)op->mem_cat;
-  c->mem_delta = mem_scaled(op->mem_cat, op->type == MP_OP_ALLOC ? op->mem_bytes : -op->mem_bytes, act_factor);
+  c->mem_delta = mem_scaled(op->mem_cat, op->variant == MP_MEM_KEPT,
+                            op->type == MP_OP_ALLOC ? op->mem_bytes : -op->mem_bytes, act_factor);
   c->kind = c->mem_delta > 0 ? COP_ALLOC : COP_FREE;
 }
 
@@ -202,49 +184,20 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
     MP_CHECK(mp_sim_link_of(ctx, ls->given, ls->cl, ls->mesh, (mp_group)g, ls->rank, &ls->link[g]));
     ls->have |= 1u << g;
   }
-  int p2p = op->coll == MP_COLL_SEND || op->coll == MP_COLL_RECV;
-  ls->has_cp_comm |= g == MP_GROUP_CP;
-  ls->has_p2p |= p2p;
+  const int p2p = op->coll == MP_COLL_SEND || op->coll == MP_COLL_RECV || op->coll == MP_COLL_SENDRECV;
   const mp_sim_link *l = &ls->link[g];
-  if (l->n <= 1 && !p2p)
+  /* a two-member collective (the first and last pipeline stages) runs on the group's link */
+  const int n = op->peer == MP_PEER_ENDS && l->n > 1 ? 2 : l->n;
+  if (n <= 1)
     *dur = 0.0;
   else
-    *dur = mp_sim_collective_s((mp_coll)op->coll, op->bytes, l->n, l->GBps * prof->link_eff, l->lat_s) +
+    *dur = mp_sim_collective_s((mp_coll)op->coll, op->bytes, p2p ? 2 : n, l->GBps * prof->link_eff, l->lat_s) +
            prof->comm_overhead_s;
   return MP_OK;
 }
 
-/* Context parallelism without explicit ring ops in the schedule: ring attention passes
- * the K/V block of each of the cp ranks around the ring (backward passes K/V and their
- * gradients, twice the bytes); each of the cp - 1 transfers overlaps the attention on
- * the block already held, so attention takes t/cp + (cp-1) x max(t/cp, block). attn:
- * the n_attn attention ops. */
-static mp_status ring_attention(mp_ctx *ctx, const mp_schedule *s, const link_set *ls, const mp_stack_profile *prof,
-                                const int32_t *attn, int32_t n_attn, sim_bufs *b) {
-  const mp_plan *plan = s->plan;
-  const mp_mesh *mesh = &plan->mesh;
-  const int cp = mesh->size[MP_DIM_CP];
-  mp_sim_link l;
-  MP_CHECK(mp_sim_link_of(ctx, ls->given, ls->cl, mesh, MP_GROUP_CP, s->rank, &l));
-  int tp = mesh->size[MP_DIM_TP];
-  double kv_heads = (double)plan->model.n_kv_heads / (tp > 0 ? tp : 1);
-  if (kv_heads < 1) kv_heads = 1;
-  double kv_bytes = (double)s->micro_batch * (double)s->seq / cp * kv_heads *
-                    (double)plan->model.head_dim * 2.0 /* K and V */ * 2.0 /* bf16 */;
-  for (int32_t a = 0; a < n_attn; a++) {
-    const int32_t i = attn[a];
-    const mp_op *op = &s->ops[i];
-    double bytes = op->phase == MP_PHASE_BACKWARD ? 2.0 * kv_bytes : kv_bytes;
-    double blk = mp_sim_collective_s(MP_COLL_SEND, bytes, 2, l.GBps * prof->link_eff, l.lat_s);
-    double t = (b->dur[i] - prof->kernel_overhead_s) / cp;
-    b->dur[i] = t + (cp - 1) * (t > blk ? t : blk) + prof->kernel_overhead_s;
-    b->cops[i].dur = b->dur[i];
-  }
-  return MP_OK;
-}
-
 mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster *cl, const mp_stack_profile *prof,
-                             const mp_sim_link *links, sim_bufs *b, int *has_p2p) {
+                             const mp_sim_link *links, sim_bufs *b, double p2p[2]) {
   const mp_mesh *mesh = &s->plan->mesh;
   link_set ls;
   memset(&ls, 0, sizeof ls);
@@ -258,9 +211,8 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
   cop *cops = b->cops;
   double *dur = b->dur;
   uint8_t *seg_plain = b->prog->seg_plain;
-  int32_t *attn = b->prog->attn, n_attn = 0; /* for the context-parallel adjustment */
-  const int cp = mesh->size[MP_DIM_CP];
   int fwd_dep = 0;
+  p2p[0] = p2p[1] = 0.0;
   /* The segment each op belongs to decides which instance a MP_DEP_PREV_REP dependency
    * reads: the previous repetition's for ops earlier in the same segment. */
   int32_t seg_of_first = 0, seg_end = 0, si = 0;
@@ -288,10 +240,15 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
     double d = 0.0;
     if (op->type == MP_OP_COMPUTE) {
       d = op_compute_s(op, &kc);
-      if (op->kernel == MP_KERNEL_ATTENTION && cp > 1) attn[n_attn++] = i;
     } else if (op->type == MP_OP_COMM) {
       MP_CHECK(comm_duration(ctx, &ls, op, prof, &d));
+      /* a pipeline transfer: the timeline's, between stages (sim/pipeline.c) */
+      if (op->group == MP_GROUP_PP && (op->coll == MP_COLL_SEND || op->coll == MP_COLL_RECV)) {
+        if (op->coll == MP_COLL_SEND) p2p[op->phase != MP_PHASE_FORWARD] = d;
+        d = 0.0;
+      }
     }
+    if (op->count > 1) d *= op->count;
     dur[i] = d;
     c->dur = d;
   }
@@ -299,7 +256,5 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
   if (fwd_dep)
     for (int32_t i = 0; i < s->n_ops; i++)
       for (int d = 0; d < cops[i].n_dep; d++) cops[cops[i].dep[d]].keep_end = 1;
-  if (cp > 1 && !ls.has_cp_comm) MP_CHECK(ring_attention(ctx, s, &ls, prof, attn, n_attn, b));
-  *has_p2p = ls.has_p2p;
   return MP_OK;
 }

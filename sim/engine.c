@@ -67,7 +67,6 @@ static void prog_release(prog_buf *b) {
   free(b->c);
   free(b->k);
   free(b->m);
-  free(b->attn);
   memset(b, 0, sizeof *b);
 }
 
@@ -81,8 +80,7 @@ static int prog_reserve(prog_buf *b, size_t n_ops, size_t n_segs) {
          grow((void **)&b->t, &b->t_cap, n_ops, sizeof *b->t) &&
          grow((void **)&b->c, &b->c_cap, n_ops, sizeof *b->c) &&
          grow((void **)&b->k, &b->k_cap, n_ops, sizeof *b->k) &&
-         grow((void **)&b->m, &b->m_cap, n_ops, sizeof *b->m) &&
-         grow((void **)&b->attn, &b->attn_cap, n_ops, sizeof *b->attn);
+         grow((void **)&b->m, &b->m_cap, n_ops, sizeof *b->m);
 }
 
 static double *scratch(size_t n) {
@@ -105,6 +103,7 @@ void mp_sim_thread_release(void) {
   prog_release(&g_prog);
   mp_sim_network_release();
   mp_sim_plan_release();
+  mp_sim_pipeline_release();
 }
 
 mp_status mp_sim_bufs_get(mp_ctx *ctx, const mp_schedule *s, sim_bufs *out) {
@@ -142,8 +141,6 @@ static void mem_candidate_tot(sim *x, const int64_t bd[MP_MEM_COUNT], int64_t to
     x->micro_trk.peak_tot = tot;
     memcpy(x->micro_trk.peak_bd, bd, sizeof x->micro_trk.peak_bd);
   }
-  if (bd[MP_MEM_ACTIVATIONS] - x->act_base > x->act_rise)
-    x->act_rise = bd[MP_MEM_ACTIVATIONS] - x->act_base;
 }
 
 static void cat_max_all(sim *x, const int64_t bd[MP_MEM_COUNT]) {
@@ -484,10 +481,20 @@ static int seg_is_step(const mp_segment *g) {
   return g->phase == MP_PHASE_PROLOGUE || g->phase == MP_PHASE_OPTIMIZER;
 }
 
+/* One micro-batch's segments; in micro-batch rec_micro the compute stream's time per model
+ * chunk and direction, in micro-batch 0 what each chunk's forward leaves held. */
 static void run_micro(sim *x, int32_t micro) {
-  x->act_base = x->level[MP_MEM_ACTIVATIONS];
-  for (int32_t i = 0; i < x->s->n_segs; i++)
-    if (!seg_is_step(&x->s->segs[i])) run_segment(x, &x->s->segs[i], micro);
+  const int rec = micro == x->rec_micro, held = micro == 0;
+  for (int32_t i = 0; i < x->s->n_segs; i++) {
+    const mp_segment *g = &x->s->segs[i];
+    if (seg_is_step(g)) continue;
+    const double t0 = x->a.free_t[MP_STREAM_COMPUTE];
+    const int64_t a0 = x->level[MP_MEM_ACTIVATIONS];
+    run_segment(x, g, micro);
+    const int c = g->chunk < MP_PP_MAX_VIRTUAL ? g->chunk : 0, bwd = g->phase != MP_PHASE_FORWARD;
+    if (rec) x->chunk_s[bwd][c] += x->a.free_t[MP_STREAM_COMPUTE] - t0;
+    if (held && !bwd) x->chunk_held[c] += x->level[MP_MEM_ACTIVATIONS] - a0;
+  }
 }
 
 /* ---- compiling the segments' programs ---------------------------------------------- */
@@ -560,19 +567,18 @@ void mp_sim_engine_init(sim *x, const mp_schedule *s, const sim_bufs *b, int ext
   x->prog_c = pb->c;
   x->prog_k = pb->k;
   x->prog_m = pb->m;
+  x->rec_micro = x->n_micro >= 2 ? 1 : 0;
 }
 
-void mp_sim_run_step(sim *x, int64_t *act_rise_max_out, double *t_micro) {
+void mp_sim_run_step(sim *x) {
   const mp_schedule *s = x->s;
   /* prologue */
   for (int32_t i = 0; i < s->n_segs; i++)
     if (s->segs[i].phase == MP_PHASE_PROLOGUE) run_segment(x, &s->segs[i], -1);
   /* micro-batches: first, middle ones until steady, last */
-  double micro_t0 = x->a.free_t[MP_STREAM_COMPUTE];
-  int64_t act_rise_max = 0, n = x->n_micro;
-  x->act_rise = 0;
+  x->mb_start_s = x->a.free_t[MP_STREAM_COMPUTE];
+  int64_t n = x->n_micro;
   run_micro(x, 0);
-  if (x->act_rise > act_rise_max) act_rise_max = x->act_rise;
   accum before, delta, prev;
   int have_prev = 0;
   int32_t first_micro_op = s->n_ops, last_micro_op = 0;
@@ -586,9 +592,7 @@ void mp_sim_run_step(sim *x, int64_t *act_rise_max_out, double *t_micro) {
   for (int64_t m = 1; m <= n - 2 && !x->trace_failed; m++) {
     before = x->a;
     trk_start(x, &x->micro_trk);
-    x->act_rise = 0;
     run_micro(x, (int32_t)m);
-    if (x->act_rise > act_rise_max) act_rise_max = x->act_rise;
     accum_sub(&x->a, &before, &delta);
     if (x->extrapolate && have_prev && m < n - 2 && same_advance(&delta, &prev)) {
       int64_t k = n - 2 - m;
@@ -603,14 +607,9 @@ void mp_sim_run_step(sim *x, int64_t *act_rise_max_out, double *t_micro) {
   }
   x->micro_trk.on = 0;
   if (x->trace_failed) return;
-  if (n >= 2) {
-    x->act_rise = 0;
-    run_micro(x, (int32_t)(n - 1));
-    if (x->act_rise > act_rise_max) act_rise_max = x->act_rise;
-  }
-  *t_micro = (x->a.free_t[MP_STREAM_COMPUTE] - micro_t0) / (double)n;
+  if (n >= 2) run_micro(x, (int32_t)(n - 1));
+  x->mb_end_s = x->a.free_t[MP_STREAM_COMPUTE];
   /* optimizer */
   for (int32_t i = 0; i < s->n_segs; i++)
     if (s->segs[i].phase == MP_PHASE_OPTIMIZER) run_segment(x, &s->segs[i], -1);
-  *act_rise_max_out = act_rise_max;
 }

@@ -71,8 +71,6 @@ typedef struct prog_buf {
   size_t t_cap, c_cap, k_cap;
   mev *m;
   size_t m_cap;
-  int32_t *attn; /* attention ops (context parallelism's adjustment) */
-  size_t attn_cap;
 } prog_buf;
 
 /* What the time simulation accumulates; snapshots of it give per-repetition advances. */
@@ -98,7 +96,6 @@ typedef struct sim {
   accum a;
   int64_t level[MP_MEM_COUNT], level_tot, peak_tot, at_peak[MP_MEM_COUNT], cat_max[MP_MEM_COUNT];
   tracker rep_trk, micro_trk;
-  int64_t act_base, act_rise;
   const int32_t *keep; /* ops that keep an end time, ascending */
   int32_t n_keep;
   const uint8_t *seg_plain; /* per segment: every op runs in every micro-batch */
@@ -107,6 +104,14 @@ typedef struct sim {
   const double *prog_t, *prog_c, *prog_k;
   const mev *prog_m;
   int64_t n_micro;
+  /* the pipeline's view of a micro-batch (sim/pipeline.c): per model chunk the compute
+   * stream's time in its forward and backward segments, in micro-batch rec_micro (a steady
+   * one: the second when there are several); the ACTIVATIONS a chunk's forward leaves held
+   * (micro-batch 0); the compute stream's time when the micro-batches start and end */
+  int32_t rec_micro;
+  double chunk_s[2][MP_PP_MAX_VIRTUAL];
+  int64_t chunk_held[MP_PP_MAX_VIRTUAL];
+  double mb_start_s, mb_end_s;
   int extrapolate;
   int cat_max_stale; /* some level[c] may exceed cat_max[c] (after skip_mem) */
   mp_sim_trace *trace;
@@ -138,9 +143,8 @@ mp_status mp_sim_bufs_get(mp_ctx *ctx, const mp_schedule *s, sim_bufs *out);
  * extrapolate 0 runs every instance (with a trace). */
 void mp_sim_engine_init(sim *x, const mp_schedule *s, const sim_bufs *b, int extrapolate);
 /* Runs the step: the prologue, the micro-batches (first, middle ones until steady, last),
- * the optimizer. *act_rise_max: the largest activation rise of one micro-batch;
- * *t_micro: the compute stream's time per micro-batch. */
-void mp_sim_run_step(sim *x, int64_t *act_rise_max, double *t_micro);
+ * the optimizer (the pipeline's view of a micro-batch recorded on the way). */
+void mp_sim_run_step(sim *x);
 
 /* ---- cost.c ---- */
 
@@ -150,9 +154,10 @@ double mp_sim_peak_flops(const mp_gpu *g, int dtype);
 mp_status mp_sim_resolve_stack(mp_ctx *ctx, const mp_sim_config *cfg, const mp_stack_profile **out);
 /* Compiles s's ops into b->cops and b->dur with the costs of cluster cl and stack prof
  * (links: the groups' links, or NULL to look them up), and clears b->prog->seg_plain of
- * the segments whose ops some micro-batches skip. *has_p2p: the schedule carries its own
- * send/recv ops. */
+ * the segments whose ops some micro-batches skip. The pipeline's sends and receives (pp
+ * group) take no time in the engine: their durations go to *p2p (the forward's and the
+ * backward's send of one chunk), which the pipeline timeline charges between stages. */
 mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster *cl, const mp_stack_profile *prof,
-                             const mp_sim_link *links, sim_bufs *b, int *has_p2p);
+                             const mp_sim_link *links, sim_bufs *b, double p2p[2]);
 
 #endif

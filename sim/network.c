@@ -4,7 +4,8 @@
  *   all-reduce        2(n-1)/n x bytes / bw + 2(n-1) x latency
  *   all-gather, reduce-scatter, all-to-all
  *                      (n-1)/n x bytes / bw +  (n-1) x latency
- *   send, recv         bytes / bw + latency
+ *   send, recv, sendrecv  bytes / bw + latency (a ring shift sends and receives at once
+ *                      over the two directions of its links)
  *   broadcast          bytes / bw + (n-1) x latency (pipelined ring)
  * `bytes` is the op's payload as exec/schedule.h defines it (the full tensor for
  * all-gather, reduce-scatter and all-reduce; what a rank sends for all-to-all and send).
@@ -27,7 +28,7 @@
 double mp_sim_collective_s(mp_coll c, double bytes, int n, double bw_GBps, double lat_s) {
   if (bw_GBps <= 0) return 0.0;
   double bw = bw_GBps * 1e9;
-  if (c == MP_COLL_SEND || c == MP_COLL_RECV) return bytes / bw + lat_s;
+  if (c == MP_COLL_SEND || c == MP_COLL_RECV || c == MP_COLL_SENDRECV) return bytes / bw + lat_s;
   if (n <= 1) return 0.0;
   double f = (double)(n - 1) / (double)n;
   switch (c) {

@@ -4,11 +4,20 @@
  * starts at max(its stream free, the ends of its dependencies) and runs for its cost
  * (compute: roofline with the stack's efficiency, cost.c; communication: network.c). The
  * compute stream's idle time while it waits on a dependency is exposed communication
- * (TP/EP collectives, which run on the compute stream, count as exposed too); step time
- * is when the last stream falls idle, plus the pipeline bubble.
+ * (TP/EP collectives, which run on the compute stream, count as exposed too); without
+ * pipeline parallelism the step time is when the last stream falls idle.
  *   compute_s      busy time of compute ops on the compute stream (not optimizer)
  *   optimizer_s    busy time of optimizer-phase compute ops
  *   exposed_comm_s everything else of the step before the bubble
+ *
+ * Pipeline. A rank's schedule is one stage's micro-batch; the simulation of it gives each
+ * model chunk's forward and backward time (the compute stream's time in its segments) and
+ * the transfers between stages (the pp group's sends and receives, which take no time in
+ * the engine). The pipeline timeline (sim/pipeline.c) runs every stage's pipeline order
+ * (mp_pp_order) over them: the step is the slowest stage's head (before its first
+ * micro-batch) + timeline + tail (its optimizer and the reductions draining after its
+ * last micro-batch); bubble_s is what that adds to the stage's busy micro-batches. Alone,
+ * a schedule of a pipeline stage stands for every stage.
  *
  * Dependencies. dep[i] names an op index; without MP_DEP_PREV_REP it means the op's most
  * recent instance (the same repetition for ops earlier in the segment, the last one for
@@ -19,16 +28,16 @@
  * Memory. ALLOC/FREE are replayed in issue order: prologue, each micro-batch (its `when`
  * respected: FIRST only in micro-batch 0, LAST only in the last, ONCE inside a micro-batch
  * segment only in micro-batch 0), optimizer. The peak total and the categories at that
- * moment are kept; then peak_mem = peak x frag_factor + the GPU's runtime overhead.
- * Under pipeline parallelism a stage holds several micro-batches' activations at once
- * (mp_sim_pp_inflight); the peak gains (inflight - 1) x the activation rise of one
- * micro-batch, as ACTIVATIONS. ACTIVATIONS events are scaled by the stack's
- * saved_act_factor (what a compiler's rematerialisation leaves saved).
+ * moment are kept; then peak_mem = peak x frag_factor + the GPU's runtime overhead. Under
+ * pipeline parallelism a stage holds several micro-batches' activations at once: what its
+ * pipeline order holds beyond one micro-batch is added to the peak, as ACTIVATIONS.
+ * ACTIVATIONS events are scaled by the stack's saved_act_factor (what a compiler's
+ * rematerialisation leaves saved), except those flagged MP_MEM_KEPT.
  *
  * The pieces: cost.c costs every op and compiles the schedule into the engine's form;
- * engine.c runs it (periodicity, the hot loop, per-thread buffers); this file checks the
- * request, runs them, and turns the engine's state into the result: step time with the
- * pipeline bubble, throughput, MFU and memory. */
+ * engine.c runs it (periodicity, the hot loop, per-thread buffers); pipeline.c the
+ * pipeline timeline; this file checks the request, runs them, and turns the engine's state
+ * into the result: step time, throughput, MFU and memory. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,40 +61,21 @@ static mp_status check_request(mp_ctx *ctx, const mp_schedule *s, const mp_sim_c
   return MP_OK;
 }
 
-/* The pipeline bubble: (pp - 1) micro-batch times of fill and drain (1F1B and GPipe
- * alike), divided by the virtual stages for interleaved; plus the boundary transfers of
- * the fill and drain when the schedule carries no P2P ops of its own. */
-static mp_status pipeline_bubble(mp_ctx *ctx, const mp_schedule *s, const mp_cluster *cl,
-                                 const mp_stack_profile *prof, const mp_sim_link *links, int has_p2p,
-                                 double t_micro, double *out) {
-  const mp_plan *plan = s->plan;
-  const mp_mesh *mesh = &plan->mesh;
-  int pp = mesh->size[MP_DIM_PP];
-  double bubble = 0.0;
-  if (pp > 1) {
-    int v = plan->opts.pp_schedule == MP_PP_INTERLEAVED && plan->opts.pp_virtual > 1
-                ? plan->opts.pp_virtual
-                : 1;
-    bubble = (pp - 1) * t_micro / v;
-    if (!has_p2p) {
-      mp_sim_link l;
-      MP_CHECK(mp_sim_link_of(ctx, links, cl, mesh, MP_GROUP_PP, s->rank, &l));
-      double act = (double)s->micro_batch * (double)s->seq / mesh->size[MP_DIM_CP] *
-                   (double)plan->model.d_model * 2.0 /* bf16 */;
-      bubble += (pp - 1) * 2.0 *
-                (mp_sim_collective_s(MP_COLL_SEND, act, 2, l.GBps * prof->link_eff, l.lat_s) +
-                 prof->comm_overhead_s);
-    }
+/* Throughput and MFU of a step time from the rank's tokens and model FLOPs per step (its
+ * share of its replica's). */
+static void set_rates(mp_sim_result *out, const mp_mesh *mesh, double tokens, double flops,
+                      const mp_cluster *cl) {
+  const int gpus_per_replica = mesh->size[MP_DIM_TP] * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_PP];
+  out->tokens_per_s_per_gpu = out->mfu = 0.0;
+  if (out->step_time_s > 0 && tokens > 0) {
+    out->tokens_per_s_per_gpu = tokens / (out->step_time_s * gpus_per_replica);
+    out->mfu = flops / out->step_time_s / mp_sim_peak_flops(&cl->gpu, MP_DTYPE_BF16);
   }
-  *out = bubble;
-  return MP_OK;
 }
 
-/* Time: the step ends when the last stream falls idle, plus the bubble; what the compute
- * stream did not spend computing is exposed communication. */
-static void fill_time(const sim *x, const mp_schedule *s, const mp_cluster *cl, double bubble,
-                      mp_sim_result *out) {
-  const mp_mesh *mesh = &s->plan->mesh;
+/* Time: the step ends when the last stream falls idle; what the compute stream did not
+ * spend computing is exposed communication. */
+static void fill_time(const sim *x, const mp_schedule *s, const mp_cluster *cl, mp_sim_result *out) {
   double end = 0.0;
   for (int st = 0; st < MP_STREAM_COUNT; st++) {
     if (x->a.free_t[st] > end) end = x->a.free_t[st];
@@ -95,31 +85,22 @@ static void fill_time(const sim *x, const mp_schedule *s, const mp_cluster *cl, 
   out->optimizer_s = x->a.opt;
   out->exposed_comm_s = end - x->a.compute - x->a.opt;
   if (out->exposed_comm_s < 0) out->exposed_comm_s = 0;
-  out->bubble_s = bubble;
-  out->step_time_s = end + bubble;
-
-  int gpus_per_replica = mesh->size[MP_DIM_TP] * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_PP];
-  if (out->step_time_s > 0 && s->tokens_per_step_per_rank > 0) {
-    out->tokens_per_s_per_gpu =
-        (double)s->tokens_per_step_per_rank / (out->step_time_s * gpus_per_replica);
-    /* model_flops_per_step is this rank's share of the replica's model FLOPs */
-    out->mfu = s->model_flops_per_step / out->step_time_s / mp_sim_peak_flops(&cl->gpu, MP_DTYPE_BF16);
-  }
+  out->bubble_s = 0.0;
+  out->step_time_s = end;
+  set_rates(out, &s->plan->mesh, (double)s->tokens_per_step_per_rank, s->model_flops_per_step, cl);
 }
 
-/* Memory: the peak and its categories, with the activations of the micro-batches a
- * pipeline stage holds at once; then reserved (x frag_factor) plus the runtime overhead
- * against the usable capacity. */
-static void fill_memory(const sim *x, const mp_schedule *s, const mp_sim_config *cfg,
-                        const mp_stack_profile *prof, int64_t act_rise_max, mp_sim_result *out) {
+/* Memory of the stage with `extra` in-flight activations on top of its replayed peak:
+ * reserved (x frag_factor) plus the runtime overhead against the usable capacity. */
+static void fill_memory(const int64_t at_peak[MP_MEM_COUNT], const int64_t cat_max[MP_MEM_COUNT],
+                        int64_t alloc_peak, int64_t extra, const mp_sim_config *cfg,
+                        const mp_stack_profile *prof, mp_sim_result *out) {
   const mp_cluster *cl = cfg->cluster;
-  double inflight = mp_sim_pp_inflight(s->plan, s->pp_stage, x->n_micro);
-  int64_t extra = (int64_t)((inflight - 1.0) * (double)act_rise_max);
-  memcpy(out->mem_at_peak, x->at_peak, sizeof out->mem_at_peak);
-  memcpy(out->mem_max, x->cat_max, sizeof out->mem_max);
+  memcpy(out->mem_at_peak, at_peak, sizeof out->mem_at_peak);
+  memcpy(out->mem_max, cat_max, sizeof out->mem_max);
   out->mem_max[MP_MEM_ACTIVATIONS] += extra;
   out->mem_at_peak[MP_MEM_ACTIVATIONS] += extra;
-  int64_t alloc = x->peak_tot + extra;
+  int64_t alloc = alloc_peak + extra;
   double reserved = (double)alloc * prof->frag_factor;
   double overhead = cl->gpu.runtime_overhead_gib * 1073741824.0;
   out->peak_mem_bytes = (int64_t)(reserved + overhead);
@@ -128,18 +109,17 @@ static void fill_memory(const sim *x, const mp_schedule *s, const mp_sim_config 
   out->fits = out->peak_mem_bytes <= out->capacity_bytes;
 }
 
-mp_status mp_simulate_with_links(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
-                                 const mp_sim_link *links, mp_sim_result *out,
-                                 mp_sim_trace **trace) {
-  MP_CHECK(check_request(ctx, s, cfg, out));
+mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
+                           const mp_sim_link *links, mp_sim_stage *out, mp_sim_trace **trace) {
+  MP_CHECK(check_request(ctx, s, cfg, &out->r));
   const mp_stack_profile *prof;
   MP_CHECK(mp_sim_resolve_stack(ctx, cfg, &prof));
   memset(out, 0, sizeof *out);
   if (trace) *trace = NULL;
   sim_bufs b;
   MP_CHECK(mp_sim_bufs_get(ctx, s, &b));
-  int has_p2p = 0;
-  MP_CHECK(mp_sim_compile_ops(ctx, s, cfg->cluster, prof, links, &b, &has_p2p));
+  double p2p[2];
+  MP_CHECK(mp_sim_compile_ops(ctx, s, cfg->cluster, prof, links, &b, p2p));
 
   sim x;
   mp_sim_engine_init(&x, s, &b, !cfg->record_trace);
@@ -148,9 +128,7 @@ mp_status mp_simulate_with_links(mp_ctx *ctx, const mp_schedule *s, const mp_sim
     if (x.trace == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the trace");
     x.trace->s = s;
   }
-  int64_t act_rise_max = 0;
-  double t_micro = 0.0;
-  mp_sim_run_step(&x, &act_rise_max, &t_micro);
+  mp_sim_run_step(&x);
   if (x.trace_failed) {
     mp_sim_trace_destroy(x.trace);
     if (x.trace_failed == MP_SIM_TRACE_FAILED_TOO_LONG)
@@ -160,13 +138,95 @@ mp_status mp_simulate_with_links(mp_ctx *ctx, const mp_schedule *s, const mp_sim
                       (long long)x.n_micro, MP_SIM_TRACE_MAX_EVENTS);
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory recording the trace");
   }
-
-  double bubble = 0.0;
-  MP_CHECK(pipeline_bubble(ctx, s, cfg->cluster, prof, links, has_p2p, t_micro, &bubble));
-  fill_time(&x, s, cfg->cluster, bubble, out);
-  fill_memory(&x, s, cfg, prof, act_rise_max, out);
+  fill_time(&x, s, cfg->cluster, &out->r);
+  fill_memory(x.at_peak, x.cat_max, x.peak_tot, 0, cfg, prof, &out->r);
+  for (int c = 0; c < MP_PP_MAX_VIRTUAL; c++) {
+    out->t.f[c] = x.chunk_s[0][c];
+    out->t.b[c] = x.chunk_s[1][c];
+    out->held[c] = x.chunk_held[c];
+  }
+  out->t.send_f = p2p[0];
+  out->t.send_b = p2p[1];
+  out->head_s = x.mb_start_s;
+  out->tail_s = out->r.step_time_s - x.mb_end_s;
+  out->alloc_peak = x.peak_tot;
+  out->stage = s->pp_stage;
+  out->n_micro = x.n_micro;
+  out->tokens = (double)s->tokens_per_step_per_rank;
+  out->model_flops = s->model_flops_per_step;
   if (trace) *trace = x.trace;
   return MP_OK;
+}
+
+mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                                 const mp_sim_stage *const *stage, int mem_stage,
+                                 mp_sim_result *out) {
+  const int pp = p->mesh.size[MP_DIM_PP], v = mp_plan_virtual_stages(p);
+  if (pp <= 1) {
+    *out = stage[0]->r;
+    return MP_OK;
+  }
+  const mp_stack_profile *prof;
+  MP_CHECK(mp_sim_resolve_stack(ctx, cfg, &prof));
+  const int64_t n_micro = stage[0]->n_micro;
+  double finish[MP_MAX_LAYERS];
+  const mp_pp_stage_times *times[MP_MAX_LAYERS];
+  if (pp > MP_MAX_LAYERS)
+    return mp_error(ctx, MP_ERR_INVALID, "pp=%d: at most %d pipeline stages", pp, MP_MAX_LAYERS);
+  for (int k = 0; k < pp; k++) times[k] = &stage[k]->t;
+  MP_CHECK(mp_sim_pipeline(ctx, p->opts.pp_schedule, pp, v, n_micro, times, finish));
+  int crit = 0, full = 0;
+  double step = -1.0;
+  int64_t peak = -1, extra_full = 0;
+  for (int k = 0; k < pp; k++) {
+    const mp_sim_stage *x = stage[k];
+    const double t = x->head_s + finish[k] + x->tail_s;
+    if (t > step) step = t, crit = k;
+    if (mem_stage >= 0 && k != mem_stage) continue;
+    /* a stage standing for an earlier one (the same simulated stage) holds no more: a
+     * stage's warm-up, and so what it holds in flight, shrinks with its index */
+    int seen = 0;
+    for (int j = 0; j < k && !seen; j++) seen = stage[j] == x;
+    if (seen && mem_stage < 0) continue;
+    int64_t extra = 0;
+    MP_CHECK(mp_sim_pp_held_extra(ctx, p->opts.pp_schedule, pp, v, n_micro, k, x->held, &extra));
+    mp_sim_result m;
+    fill_memory(x->r.mem_at_peak, x->r.mem_max, x->alloc_peak, extra, cfg, prof, &m);
+    if (m.peak_mem_bytes > peak) peak = m.peak_mem_bytes, full = k, extra_full = extra;
+  }
+  const mp_sim_stage *c = stage[crit], *f = stage[full];
+  *out = c->r;
+  double busy = 0.0;
+  for (int k = 0; k < v; k++) busy += c->t.f[k] + c->t.b[k];
+  out->step_time_s = step;
+  /* the stage's transfers: a send per chunk and direction per micro-batch */
+  out->comm_s[MP_STREAM_P2P] += (double)n_micro * v * (c->t.send_f + c->t.send_b);
+  out->bubble_s = step - c->head_s - c->tail_s - (double)n_micro * busy;
+  if (out->bubble_s < 0) out->bubble_s = 0.0;
+  fill_memory(f->r.mem_at_peak, f->r.mem_max, f->alloc_peak, extra_full, cfg, prof, out);
+  set_rates(out, &p->mesh, c->tokens, c->model_flops, cfg->cluster);
+  return MP_OK;
+}
+
+mp_status mp_simulate_with_links(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
+                                 const mp_sim_link *links, mp_sim_result *out,
+                                 mp_sim_trace **trace) {
+  mp_sim_stage st;
+  MP_CHECK(mp_sim_stage_run(ctx, s, cfg, links, &st, trace));
+  const int pp = s->plan->mesh.size[MP_DIM_PP];
+  if (pp <= 1) {
+    *out = st.r;
+    return MP_OK;
+  }
+  /* alone, the stage stands for every stage of the pipeline */
+  const mp_sim_stage *all[MP_MAX_LAYERS];
+  for (int k = 0; k < pp && k < MP_MAX_LAYERS; k++) all[k] = &st;
+  mp_status rc = mp_sim_pipeline_result(ctx, s->plan, cfg, all, s->pp_stage, out);
+  if (rc != MP_OK && trace) {
+    mp_sim_trace_destroy(*trace);
+    *trace = NULL;
+  }
+  return rc;
 }
 
 void mp_sim_trace_destroy(mp_sim_trace *t) {

@@ -11,8 +11,10 @@
  *            the inter-node link when a group spans nodes
  *   overlap  an event simulation per rank: one compute stream and the comm streams,
  *            following the schedule's dependencies
- *   pipeline bubble of 1F1B / interleaved / GPipe from pp, virtual stages, n_micro; P2P
- *   context  ring-attention traffic for cp > 1
+ *   pipeline a timeline of the stages walking their pipeline orders (1F1B, interleaved,
+ *            GPipe: mp_pp_order) from each stage's forward and backward time per model
+ *            chunk and the transfers between them; a stage's in-flight activations from
+ *            its order
  *
  * Efficiency comes from a stack profile (sim/stack.h): how close a software stack gets to
  * the GPU's peaks (eager PyTorch, torch.compile, llm.c, meshplan's own runtime), either
@@ -68,6 +70,19 @@ typedef struct mp_stack_profile {
    * "meshplan-cuda". The planner and `meshplan simulate` copy it into the plan options
    * (mp_stack_plan_options) so the schedule's memory events describe that runtime. */
   mp_mem_model mem_model;
+  /* What the stack runs, copied into the plan options by mp_stack_plan_options. JSON keys,
+   * optional: "attention" ("flash", the default, or "materialized": exec/plan.h,
+   * mp_attn_impl); "loss" ("eager", "fused" or "inplace": mp_loss_impl; default eager, and
+   * inplace under the megatron memory model); "sequence_parallel" (whether it runs TP with
+   * SP; default true except under the meshplan runtimes' memory models); "ac_policies" (the
+   * AC policies the planner searches for it, an array of names; default none,
+   * selective-op and full under torchtitan, none, selective-core and full otherwise). */
+  mp_attn_impl attn;
+  mp_loss_impl loss;
+  int sp;
+  unsigned ac_policies; /* bit 1 << mp_ac_mode */
+  int dp_overlap;       /* JSON "dp_overlap", optional (default false): the megatron memory
+                           model's gradient all-reduces overlap the backward */
 } mp_stack_profile;
 
 typedef struct mp_sim_config {
@@ -176,9 +191,21 @@ typedef struct mp_sim_link {
 mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
                             int rank, mp_sim_link *out);
 
-/* Pipeline in-flight micro-batches: how many micro-batches' activations stage
- * `stage` holds at once under the plan's pp schedule (1 without pipeline). */
-double mp_sim_pp_inflight(const mp_plan *p, int stage, int64_t n_micro);
+/* One pipeline stage's part of the timeline (sim/pipeline.c): per model chunk the forward
+ * and backward time of one micro-batch, and the transfer of a chunk's activations to the
+ * next virtual stage (send_f) and of its input gradient to the previous one (send_b). */
+typedef struct mp_pp_stage_times {
+  double f[MP_PP_MAX_VIRTUAL], b[MP_PP_MAX_VIRTUAL];
+  double send_f, send_b;
+} mp_pp_stage_times;
+
+/* The pipeline timeline of a step: every stage (stage[s], pp of them; stages may share
+ * one) runs its mp_pp_order under schedule `kind` with v chunks for n_micro micro-batches,
+ * each step when its stage is free and its input has arrived; finish[s] receives when stage
+ * s ends its last step (time 0: the first forward starts). MP_ERR_INVALID for orders the
+ * schedule refuses. */
+mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro,
+                          const mp_pp_stage_times *const *stage, double *finish);
 
 /* Duration of one COMPUTE op (exposed for tests): the roofline max of
  * FLOPs / (peak of its dtype x efficiency) and bytes / (HBM x hbm_eff), plus the stack's

@@ -22,6 +22,36 @@ struct mp_sim_trace {
   size_t n, cap;
 };
 
+/* One rank's schedule simulated on its own: its micro-batches in sequence, one in flight
+ * (r), and what the pipeline timeline needs of it (sim.c, sim/pipeline.c). */
+typedef struct mp_sim_stage {
+  mp_sim_result r;          /* the step without pipelining; memory of one micro-batch */
+  mp_pp_stage_times t;      /* per chunk: forward, backward of a micro-batch; transfers */
+  double head_s, tail_s;    /* before the first micro-batch; after the last (optimizer,
+                               gradient reductions draining) */
+  int64_t held[MP_PP_MAX_VIRTUAL]; /* ACTIVATIONS a chunk's forward leaves held */
+  int64_t alloc_peak;       /* the allocated peak (before fragmentation and overhead) */
+  int stage;                /* the schedule's pipeline stage */
+  int64_t n_micro;          /* micro-batches per step */
+  double tokens, model_flops; /* the rank's tokens and model FLOPs per step (its share) */
+} mp_sim_stage;
+
+/* The stage run of s: links as for mp_simulate_with_links; *trace with cfg->record_trace. */
+mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
+                           const mp_sim_link *links, mp_sim_stage *out, mp_sim_trace **trace);
+/* The result of the plan's step from its stages (stage[s] for each of the pp stages; stages
+ * may share one): without pipeline the stage's own; with pp > 1 the pipeline timeline for
+ * the step time (the slowest stage's figures, the first of equals), every stage's
+ * in-flight activations for memory (the fullest stage's figures; mem_stage >= 0: that
+ * stage's alone). */
+mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                                 const mp_sim_stage *const *stage, int mem_stage,
+                                 mp_sim_result *out);
+/* The activations stage `stage` holds at most walking its pipeline order, beyond what it
+ * holds with one micro-batch alone (held: per chunk what its forward leaves held). */
+mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro,
+                               int stage, const int64_t *held, int64_t *extra);
+
 /* mp_simulate with the links of every group (indexed by mp_group, as mp_sim_group_link
  * gives them for the schedule's rank) looked up beforehand; links NULL looks them up. */
 mp_status mp_simulate_with_links(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
@@ -36,5 +66,6 @@ mp_status mp_sim_link_of(mp_ctx *ctx, const mp_sim_link *links, const mp_cluster
 /* Per-file parts of mp_sim_thread_release. */
 void mp_sim_network_release(void);
 void mp_sim_plan_release(void);
+void mp_sim_pipeline_release(void);
 
 #endif

@@ -2,26 +2,21 @@
  *
  * Without pipeline parallelism rank 0 stands for every rank (ranks of one plan differ
  * only in which shard they hold; the last FSDP ranks may hold a little less, never more).
- * With pp > 1 the first rank of every stage stands for its stage: the step is as slow as
- * the slowest stage (each result already carries the bubble), memory is the largest
- * stage's. Merge rule (kept exactly): stages are taken in order; time figures and every
- * field but the memory ones come from the first stage with the largest step time,
- * peak_mem_bytes, mem_at_peak, overhead_bytes and fits from the first stage with the
- * largest peak.
+ * With pp > 1 the first rank of every stage stands for its stage: each stage's schedule is
+ * simulated on its own (mp_sim_stage_run) and the pipeline timeline runs all of them
+ * (mp_sim_pipeline_result): time figures from the slowest stage, memory from the fullest.
  *
  * Distinct stages only (the planner's hot path). Stage 0 (embedding) and the last stage
  * (norm, head, loss) are simulated on their own. Two middle stages whose blocks match
- * (same layer count, same MoE pattern, block parameters alike in shape, placement,
- * float8 and FSDP unit layout) build the same schedule but for the stage index, so they
- * take the same time to the bit; the only stage-dependent term is the in-flight
- * activations (mp_sim_pp_inflight), non-increasing in the stage, so the earliest stage of
- * such a class has the largest peak. Under the merge rule the later members of a class
- * never win either figure: only the earliest of each class is simulated. That also needs
- * every stage's rank (stage x world/pp, the pp dim is outermost) to see the same links:
- * true when world/pp is a multiple or a divisor of gpus_per_node (the group is then the
- * stage-0 group moved by whole nodes, or each stage stays inside one node); otherwise
- * every stage is simulated. mp_simulate_built_plan_all_stages is the reference the tests
- * compare against.
+ * (same layer counts per chunk, same MoE pattern, block parameters alike in shape,
+ * placement, float8 and FSDP unit layout) build the same schedule but for the stage index,
+ * so their stage runs agree to the bit: only the earliest of such a class is simulated and
+ * stands for the others in the timeline (each stage still walks its own pipeline order).
+ * That also needs every stage's rank (stage x world/pp, the pp dim is outermost) to see the
+ * same links: true when world/pp is a multiple or a divisor of gpus_per_node (the group is
+ * then the stage-0 group moved by whole nodes, or each stage stays inside one node);
+ * otherwise every stage is simulated. mp_simulate_built_plan_all_stages is the reference
+ * the tests compare against.
  *
  * Schedules are built in a per-thread arena that is reset, not freed, between stages, or
  * in the caller's scratch arena (never reset here: it may hold the caller's plan). */
@@ -38,7 +33,17 @@ static _Thread_local int *g_buf;
 static _Thread_local size_t g_buf_cap;
 static _Thread_local const int *g_idx; /* set by pick_stages: parameter indices, after the offsets */
 
+static _Thread_local mp_sim_stage *g_stages;
+static _Thread_local size_t g_stages_cap;
+static _Thread_local const mp_sim_stage **g_stage_of;
+static _Thread_local size_t g_stage_of_cap;
+
 void mp_sim_plan_release(void) {
+  free(g_stages);
+  free((void *)g_stage_of);
+  g_stages = NULL;
+  g_stage_of = NULL;
+  g_stages_cap = g_stage_of_cap = 0;
   mp_arena_destroy(g_arena);
   g_arena = NULL;
   free(g_buf);
@@ -47,46 +52,24 @@ void mp_sim_plan_release(void) {
   g_idx = NULL;
 }
 
-static void merge(mp_sim_result *best, const mp_sim_result *r, int first) {
-  if (first) {
-    *best = *r;
-    return;
-  }
-  if (r->step_time_s > best->step_time_s) {
-    /* time figures from the slowest stage, memory from the fullest */
-    mp_sim_result t = *r;
-    t.peak_mem_bytes = best->peak_mem_bytes;
-    memcpy(t.mem_at_peak, best->mem_at_peak, sizeof t.mem_at_peak);
-    t.overhead_bytes = best->overhead_bytes;
-    t.fits = best->fits;
-    *best = t;
-  }
-  if (r->peak_mem_bytes > best->peak_mem_bytes) {
-    best->peak_mem_bytes = r->peak_mem_bytes;
-    memcpy(best->mem_at_peak, r->mem_at_peak, sizeof best->mem_at_peak);
-    best->overhead_bytes = r->overhead_bytes;
-    best->fits = r->fits;
-  }
-}
-
+/* The stage run of `stage`'s first rank, its compact schedule built in arena. */
 static mp_status sim_stage(mp_ctx *ctx, const mp_plan *p, int stage, const mp_sim_config *cfg,
-                           mp_arena *arena, int reset, mp_sim_result *r) {
+                           mp_arena *arena, int reset, mp_sim_stage *r) {
   int coords[MP_MESH_NDIMS] = {0};
   coords[MP_DIM_PP] = stage;
   int rank = mp_mesh_rank_of(&p->mesh, coords);
   if (reset) mp_arena_reset(arena);
   mp_schedule *s = NULL;
   MP_CHECK(mp_schedule_build(ctx, p, rank, MP_SCHEDULE_COMPACT, arena, &s));
-  return mp_simulate(ctx, s, cfg, r, NULL);
+  return mp_sim_stage_run(ctx, s, cfg, NULL, r, NULL);
 }
 
-/* Layers [l0, l1) of a stage, as the schedule assigns them (exec/schedule_prep.c). */
-static void stage_layers(const mp_plan *p, int stage, int *l0, int *l1) {
-  const int L = (int)p->model.n_layers, pp = p->mesh.size[MP_DIM_PP];
-  const int lps = p->layers_per_stage > 0 ? p->layers_per_stage : (L + pp - 1) / pp;
-  *l0 = stage * lps;
-  *l1 = (stage + 1) * lps < L ? (stage + 1) * lps : L;
-  if (*l1 < *l0) *l1 = *l0;
+/* The layers of a stage's chunk, as the schedule assigns them (mp_plan_chunk_layers). */
+static void chunk_layers(const mp_plan *p, int stage, int chunk, int *l0, int *l1) {
+  int64_t a, b;
+  mp_plan_chunk_layers(p, stage, chunk, &a, &b);
+  *l0 = (int)a;
+  *l1 = (int)b;
 }
 
 static int param_alike(const mp_param *a, const mp_param *b, int la0, int lb0, int ua0, int ub0) {
@@ -105,13 +88,18 @@ static int param_alike(const mp_param *a, const mp_param *b, int la0, int lb0, i
 
 /* Middle stages a and b build the same schedule but for the stage index. */
 static int stages_alike(const mp_plan *p, const int *start, int a, int b) {
-  int la0, la1, lb0, lb1;
-  stage_layers(p, a, &la0, &la1);
-  stage_layers(p, b, &lb0, &lb1);
-  if (la1 - la0 != lb1 - lb0) return 0;
-  for (int i = 0; i < la1 - la0; i++)
-    if (mp_model_layer_is_moe(&p->model, la0 + i) != mp_model_layer_is_moe(&p->model, lb0 + i))
-      return 0;
+  const int v = mp_plan_virtual_stages(p);
+  int la0 = 0, lb0 = 0;
+  for (int c = 0; c < v; c++) {
+    int a0, a1, b0, b1;
+    chunk_layers(p, a, c, &a0, &a1);
+    chunk_layers(p, b, c, &b0, &b1);
+    if (c == 0) la0 = a0, lb0 = b0;
+    if (a1 - a0 != b1 - b0) return 0;
+    for (int i = 0; i < a1 - a0; i++)
+      if (mp_model_layer_is_moe(&p->model, a0 + i) != mp_model_layer_is_moe(&p->model, b0 + i))
+        return 0;
+  }
   int na = start[a + 1] - start[a], nb = start[b + 1] - start[b];
   if (na != nb) return 0;
   if (na == 0) return 1;
@@ -123,8 +111,9 @@ static int stages_alike(const mp_plan *p, const int *start, int a, int b) {
   return 1;
 }
 
-/* Which stages to simulate, in increasing order: *n_out of them into sel (capacity pp). */
-static mp_status pick_stages(const mp_plan *p, const mp_sim_config *cfg, int *sel,
+/* Which stages to simulate, in increasing order: *n_out of them into sel (capacity pp); and
+ * for every stage k the index rep[k] into sel of the stage that stands for it. */
+static mp_status pick_stages(const mp_plan *p, const mp_sim_config *cfg, int *sel, int *rep,
                              int *n_out) {
   const int pp = p->mesh.size[MP_DIM_PP];
   int n = 0;
@@ -132,7 +121,7 @@ static mp_status pick_stages(const mp_plan *p, const mp_sim_config *cfg, int *se
   int gpn = cfg->cluster->gpus_per_node > 0 ? cfg->cluster->gpus_per_node : 1;
   int links_alike = S % gpn == 0 || gpn % S == 0;
   if (pp <= 3 || !links_alike) {
-    for (int k = 0; k < pp; k++) sel[n++] = k;
+    for (int k = 0; k < pp; k++) rep[k] = n, sel[n++] = k;
     *n_out = n;
     return MP_OK;
   }
@@ -150,15 +139,60 @@ static mp_status pick_stages(const mp_plan *p, const mp_sim_config *cfg, int *se
   }
   /* from here start[k] .. start[k + 1] are stage k's block parameters, in parameter order */
   g_idx = idx;
+  rep[0] = n;
   sel[n++] = 0;
   int first_mid = n;
   for (int k = 1; k < pp - 1; k++) {
-    int dup = 0;
-    for (int j = first_mid; j < n && !dup; j++) dup = stages_alike(p, start, sel[j], k);
-    if (!dup) sel[n++] = k;
+    int dup = -1;
+    for (int j = first_mid; j < n && dup < 0; j++)
+      if (stages_alike(p, start, sel[j], k)) dup = j;
+    if (dup < 0) dup = n, sel[n++] = k;
+    rep[k] = dup;
   }
+  rep[pp - 1] = n;
   sel[n++] = pp - 1;
   *n_out = n;
+  return MP_OK;
+}
+
+/* Room for the stage runs of up to n stages, and for pp stage pointers (per thread). */
+static mp_status stage_room(mp_ctx *ctx, size_t n, size_t pp) {
+  if (n > g_stages_cap) {
+    mp_sim_stage *q = (mp_sim_stage *)realloc(g_stages, n * sizeof *q);
+    if (q == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory simulating %zu stages", n);
+    g_stages = q;
+    g_stages_cap = n;
+  }
+  if (pp > g_stage_of_cap) {
+    const mp_sim_stage **q = (const mp_sim_stage **)realloc((void *)g_stage_of, pp * sizeof *q);
+    if (q == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory simulating %zu stages", pp);
+    g_stage_of = q;
+    g_stage_of_cap = pp;
+  }
+  return MP_OK;
+}
+
+/* The plan's result from the stage runs g_stages[0 .. n) standing for the stages by rep. */
+static mp_status finish_plan(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                             const int *rep, mp_sim_result *out) {
+  const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
+  for (int k = 0; k < pp; k++) g_stage_of[k] = &g_stages[rep[k]];
+  return mp_sim_pipeline_result(ctx, p, cfg, g_stage_of, -1, out);
+}
+
+/* g_buf with room for the stage grouping of p: the offsets and parameter indices, the
+ * selected stages, and rep. */
+static mp_status buf_room(mp_ctx *ctx, const mp_plan *p, int **sel, int **rep) {
+  const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
+  size_t need = (size_t)p->n_params + 3 * (size_t)pp + 2;
+  if (need > g_buf_cap) {
+    int *q = (int *)realloc(g_buf, need * sizeof *q);
+    if (q == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory grouping pipeline stages");
+    g_buf = q;
+    g_buf_cap = need;
+  }
+  *sel = g_buf + (size_t)p->n_params + (size_t)pp + 2;
+  *rep = *sel + pp;
   return MP_OK;
 }
 
@@ -176,28 +210,19 @@ static mp_status simulate_built(mp_ctx *ctx, const mp_plan *p, const mp_sim_conf
     scratch = g_arena;
   }
   const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
-  size_t need = (size_t)p->n_params + 2 * (size_t)pp + 2;
-  if (need > g_buf_cap) {
-    int *q = (int *)realloc(g_buf, need * sizeof *q);
-    if (q == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory grouping pipeline stages");
-    g_buf = q;
-    g_buf_cap = need;
-  }
-  int *sel = g_buf + (size_t)p->n_params + (size_t)pp + 2;
+  int *sel = NULL, *rep = NULL;
+  MP_CHECK(buf_room(ctx, p, &sel, &rep));
   int n = 0;
   mp_status st = MP_OK;
   if (all) {
-    for (int k = 0; k < pp; k++) sel[n++] = k;
+    for (int k = 0; k < pp; k++) rep[k] = n, sel[n++] = k;
   } else {
-    MP_CHECK_GOTO(pick_stages(p, cfg, sel, &n), st, done);
+    MP_CHECK_GOTO(pick_stages(p, cfg, sel, rep, &n), st, done);
   }
-  mp_sim_result best, r;
-  memset(&best, 0, sizeof best);
-  for (int i = 0; i < n; i++) {
-    MP_CHECK_GOTO(sim_stage(ctx, p, sel[i], cfg, scratch, reset, &r), st, done);
-    merge(&best, &r, i == 0);
-  }
-  *out = best;
+  MP_CHECK_GOTO(stage_room(ctx, (size_t)n, (size_t)pp), st, done);
+  for (int i = 0; i < n; i++)
+    MP_CHECK_GOTO(sim_stage(ctx, p, sel[i], cfg, scratch, reset, &g_stages[i]), st, done);
+  st = finish_plan(ctx, p, cfg, rep, out);
 done:
   if (reset) mp_arena_reset(scratch);
   return st;
@@ -209,6 +234,7 @@ struct mp_sim_plan_prep {
   const mp_cluster *cluster; /* pick_stages read its gpus_per_node */
   int n_sel;
   int *sel;                  /* stages to simulate, increasing */
+  int *rep;                  /* per stage: the index into sel of the stage standing for it */
   mp_schedule_prep **sched;  /* per selected stage: its first rank's schedule prep */
   mp_sim_link (*links)[MP_GROUP_COUNT]; /* per selected stage: every group's link */
 };
@@ -220,23 +246,18 @@ mp_status mp_sim_plan_prep_create(mp_ctx *ctx, const mp_plan *p, const mp_sim_co
     return mp_error(ctx, MP_ERR_INVALID, "mp_sim_plan_prep_create needs a plan, a config with a "
                                          "cluster and an arena");
   const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
-  size_t need = (size_t)p->n_params + 2 * (size_t)pp + 2;
-  if (need > g_buf_cap) {
-    int *q = (int *)realloc(g_buf, need * sizeof *q);
-    if (q == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory grouping pipeline stages");
-    g_buf = q;
-    g_buf_cap = need;
-  }
-  int *sel = g_buf + (size_t)p->n_params + (size_t)pp + 2;
+  int *sel = NULL, *rep = NULL;
+  MP_CHECK(buf_room(ctx, p, &sel, &rep));
   int n = 0;
-  MP_CHECK(pick_stages(p, cfg, sel, &n));
+  MP_CHECK(pick_stages(p, cfg, sel, rep, &n));
   mp_sim_plan_prep *pr = mp_arena_alloc(arena, sizeof *pr);
-  int *keep = mp_arena_alloc_raw(arena, sizeof(int) * (size_t)n);
+  int *keep = mp_arena_alloc_raw(arena, sizeof(int) * (size_t)(n + pp));
   mp_schedule_prep **sp = mp_arena_alloc(arena, sizeof(*sp) * (size_t)n);
   mp_sim_link (*links)[MP_GROUP_COUNT] = mp_arena_alloc(arena, sizeof(*links) * (size_t)n);
   if (pr == NULL || keep == NULL || sp == NULL || links == NULL)
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory preparing a plan for the simulator");
   memcpy(keep, sel, sizeof(int) * (size_t)n);
+  memcpy(keep + n, rep, sizeof(int) * (size_t)pp);
   for (int i = 0; i < n; i++) {
     int coords[MP_MESH_NDIMS] = {0};
     coords[MP_DIM_PP] = keep[i];
@@ -248,6 +269,7 @@ mp_status mp_sim_plan_prep_create(mp_ctx *ctx, const mp_plan *p, const mp_sim_co
   pr->cluster = cfg->cluster;
   pr->n_sel = n;
   pr->sel = keep;
+  pr->rep = keep + n;
   pr->sched = sp;
   pr->links = links;
   *out = pr;
@@ -270,18 +292,15 @@ mp_status mp_simulate_prepped(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_p
     }
     scratch = g_arena;
   }
-  mp_status st = MP_OK;
-  mp_sim_result best, r;
-  memset(&best, 0, sizeof best);
-  for (int i = 0; i < prep->n_sel; i++) {
+  const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
+  mp_status st = stage_room(ctx, (size_t)prep->n_sel, (size_t)pp);
+  for (int i = 0; i < prep->n_sel && st == MP_OK; i++) {
     if (reset) mp_arena_reset(scratch);
     mp_schedule *s = NULL;
-    MP_CHECK_GOTO(mp_schedule_build_prepped(ctx, p, prep->sched[i], scratch, &s), st, done);
-    MP_CHECK_GOTO(mp_simulate_with_links(ctx, s, cfg, prep->links[i], &r, NULL), st, done);
-    merge(&best, &r, i == 0);
+    st = mp_schedule_build_prepped(ctx, p, prep->sched[i], scratch, &s);
+    if (st == MP_OK) st = mp_sim_stage_run(ctx, s, cfg, prep->links[i], &g_stages[i], NULL);
   }
-  *out = best;
-done:
+  if (st == MP_OK) st = finish_plan(ctx, p, cfg, prep->rep, out);
   if (reset) mp_arena_reset(scratch);
   return st;
 }

@@ -21,6 +21,58 @@ static mp_status get_eff(mp_ctx *ctx, const cJSON *j, const char *origin, const 
   return mp_check_f64(ctx, origin, key, *out, 0, 1, MP_RANGE_OPEN_LO);
 }
 
+/* One of `names` (n of them) for key, or MP_ERR_INVALID listing them; a missing key leaves
+ * *out. */
+static mp_status get_choice(mp_ctx *ctx, const cJSON *j, const char *origin, const char *key,
+                            const char *const *names, int n, int *out) {
+  char v[32] = "";
+  MP_CHECK(mp_json_get_str(ctx, j, origin, key, 0, v, sizeof v));
+  if (v[0] == '\0') return MP_OK;
+  for (int i = 0; i < n; i++)
+    if (strcmp(v, names[i]) == 0) {
+      *out = i;
+      return MP_OK;
+    }
+  char list[128] = "";
+  for (int i = 0; i < n; i++)
+    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", names[i]);
+  return mp_error(ctx, MP_ERR_INVALID, "%s: %s '%s' is unknown; choose %s", origin, key, v, list);
+}
+
+/* What the stack runs (stack.h, sim.h's mp_stack_profile): attention, loss, SP and the AC
+ * policies, with their defaults by memory model. */
+static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
+  static const char *const attn[] = {"flash", "materialized"};
+  static const char *const loss[] = {"eager", "fused", "inplace"};
+  int a = MP_ATTN_FLASH, l = p->mem_model == MP_MEM_MODEL_MEGATRON ? MP_LOSS_INPLACE : MP_LOSS_EAGER;
+  MP_CHECK(get_choice(ctx, j, origin, "attention", attn, 2, &a));
+  MP_CHECK(get_choice(ctx, j, origin, "loss", loss, 3, &l));
+  p->attn = (mp_attn_impl)a;
+  p->loss = (mp_loss_impl)l;
+  p->sp = !mp_mem_model_is_runtime(p->mem_model);
+  MP_CHECK(mp_json_get_bool(ctx, j, origin, "sequence_parallel", 0, &p->sp));
+  MP_CHECK(mp_json_get_bool(ctx, j, origin, "dp_overlap", 0, &p->dp_overlap));
+  p->ac_policies = p->mem_model == MP_MEM_MODEL_TORCHTITAN
+                       ? (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_OP) | (1u << MP_AC_FULL)
+                       : (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_CORE) | (1u << MP_AC_FULL);
+  const cJSON *acs = cJSON_GetObjectItemCaseSensitive(j, "ac_policies");
+  if (acs == NULL) return MP_OK;
+  if (!cJSON_IsArray(acs) || cJSON_GetArraySize(acs) == 0)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: ac_policies must be a non-empty array of AC policy "
+                    "names", origin);
+  p->ac_policies = 0;
+  const cJSON *e;
+  cJSON_ArrayForEach(e, acs) {
+    mp_ac_mode m;
+    if (!cJSON_IsString(e) || mp_ac_mode_parse(ctx, e->valuestring, &m) != MP_OK)
+      return mp_error(ctx, MP_ERR_INVALID, "%s: ac_policies: '%s' is not an AC policy; choose "
+                      "none, selective, selective-op, selective-core or full", origin,
+                      cJSON_IsString(e) ? e->valuestring : "(not a string)");
+    p->ac_policies |= 1u << m;
+  }
+  return MP_OK;
+}
+
 mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
                              mp_stack_profile *out) {
   cJSON *j = NULL;
@@ -57,19 +109,17 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
                              MP_RANGE_OPEN_LO), st, done);
   char mm[32] = "torchtitan";
   MP_CHECK_GOTO(mp_json_get_str(ctx, j, origin, "memory_model", 0, mm, sizeof mm), st, done);
-  if (strcmp(mm, "torchtitan") == 0) {
-    p.mem_model = MP_MEM_MODEL_TORCHTITAN;
-  } else if (strcmp(mm, "meshplan-cpu") == 0) {
-    p.mem_model = MP_MEM_MODEL_MESHPLAN_CPU;
-  } else if (strcmp(mm, "meshplan-cuda") == 0) {
-    p.mem_model = MP_MEM_MODEL_MESHPLAN_CUDA;
-  } else {
+  p.mem_model = MP_MEM_MODEL_COUNT;
+  for (int m = 0; m < MP_MEM_MODEL_COUNT; m++)
+    if (strcmp(mm, mp_mem_model_name((mp_mem_model)m)) == 0) p.mem_model = (mp_mem_model)m;
+  if (p.mem_model == MP_MEM_MODEL_COUNT) {
     st = mp_error(ctx, MP_ERR_INVALID,
-                  "%s: memory_model '%s' is unknown; choose torchtitan, meshplan-cpu or "
-                  "meshplan-cuda",
+                  "%s: memory_model '%s' is unknown; choose torchtitan, meshplan-cpu, "
+                  "meshplan-cuda or megatron",
                   origin, mm);
     goto done;
   }
+  MP_CHECK_GOTO(read_runs(ctx, j, origin, &p), st, done);
   p.kernel_overhead_s = kern_us * 1e-6;
   p.comm_overhead_s = comm_us * 1e-6;
   *out = p;
@@ -80,6 +130,17 @@ done:
 
 void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o) {
   o->mem_model = p->mem_model;
+  o->attn = p->attn;
+  o->loss = p->loss;
+  o->dp_overlap = p->dp_overlap;
+  if (!p->sp) o->sp = 0;
+  if (p->mem_model == MP_MEM_MODEL_MEGATRON) {
+    /* fp16/bf16 parameters beside fp32 master weights; gradients accumulated and
+     * all-reduced in fp32 main_grad buffers */
+    o->fsdp.param_dtype = MP_DTYPE_FP16;
+    o->fsdp.reduce_dtype = MP_DTYPE_FP32;
+    o->master_dtype = MP_DTYPE_FP32;
+  }
   if (p->mem_model == MP_MEM_MODEL_MESHPLAN_CPU) {
     o->fsdp.param_dtype = MP_DTYPE_FP32;
     o->master_dtype = MP_DTYPE_FP32;

@@ -7,8 +7,9 @@
  * fp8_gemm_eff_max, attention_eff, hbm_eff, link_eff, kernel_overhead_us,
  * comm_overhead_us, frag_factor, source. Efficiencies lie in (0, 1]; frag_factor in
  * [1, 16]; overheads in [0, 1e6] us; gemm_eff_half_mnk in [0, 1e18] (common/limits.h).
- * Optional: saved_act_factor, memory_model ("torchtitan", "meshplan-cpu" or
- * "meshplan-cuda"). */
+ * Optional: saved_act_factor, memory_model ("torchtitan", "meshplan-cpu", "meshplan-cuda" or
+ * "megatron"), attention, loss, sequence_parallel, ac_policies (sim.h's mp_stack_profile
+ * says what each means). */
 #ifndef MP_SIM_STACK_H
 #define MP_SIM_STACK_H
 
@@ -20,10 +21,11 @@
 extern "C" {
 #endif
 
-/* The plan options the stack's runtime implies: its memory model, and the dtypes
- * it keeps: meshplan-cpu keeps and gathers every tensor in fp32 (fp32 gathered parameters
- * and master weights), meshplan-cuda keeps fp32 masters and gathers bf16. Other options
- * are left as they are. */
+/* The plan options the stack's runtime implies: its memory model, its attention and loss
+ * kernels, SP off where it does not run it, and the dtypes it keeps: meshplan-cpu keeps
+ * and gathers every tensor in fp32 (fp32 gathered parameters and master weights),
+ * meshplan-cuda keeps fp32 masters and gathers bf16. Other options are left as they
+ * are. */
 void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o);
 
 /* By name (data/stacks stem, e.g. "torchtitan-eager") or path to a JSON file. */

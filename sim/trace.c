@@ -69,6 +69,7 @@ mp_status mp_sim_trace_write(mp_ctx *ctx, const mp_sim_trace *t, const char *pat
     cJSON_AddStringToObject(a, "phase", mp_phase_name((mp_phase)op->phase));
     cJSON_AddNumberToObject(a, "bytes", op->bytes);
     if (op->type == MP_OP_COMPUTE) cJSON_AddNumberToObject(a, "flops", op->flops);
+    if (op->count > 1) cJSON_AddNumberToObject(a, "count", op->count); /* a folded run */
     cJSON_AddNumberToObject(a, "micro", e->micro);
     cJSON_AddItemToObject(j, "args", a);
     cJSON_AddItemToArray(evs, j);

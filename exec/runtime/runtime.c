@@ -72,6 +72,9 @@ static mp_status check_supported(mp_ctx *ctx, const mp_plan *p, mp_comm *comm) {
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute pipeline (pp) or context "
                     "(cp) parallelism yet; the planner models them, train with dp_replicate, dp_shard, tp and ep",
                     mb);
+  if (mesh->size[MP_DIM_TP] > 1 && p->opts.sp == 1)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime runs tp with replicated activations and "
+                    "all-reduces, not sequence parallelism yet; build the plan with sp=0 (--no-sp)", mb);
   if (mesh->size[MP_DIM_DP_SHARD] > 1 && !(p->applied & MP_PASS_FSDP))
     return mp_error(ctx, MP_ERR_INTERNAL, "mesh %s has dp_shard > 1 but the plan has no FSDP pass", mb);
   if (m->family != MP_FAMILY_LLAMA)

@@ -37,8 +37,13 @@ int mp_command_main(const mp_command *cmd, int argc, char **argv) {
 
 mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
   const char *ac = mp_args_get(spec, "--ac");
-  if (ac) MP_CHECK(mp_ac_mode_parse(ctx, ac, &o->ac));
+  if (ac) MP_CHECK(mp_ac_parse(ctx, ac, &o->ac, &o->ac_every));
   if (mp_args_has(spec, "--fp8")) o->fp8 = 1;
+  if (mp_args_has(spec, "--sp") && mp_args_has(spec, "--no-sp"))
+    return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: --sp and --no-sp contradict each other; give one",
+                    spec->name);
+  if (mp_args_has(spec, "--sp")) o->sp = 1;
+  if (mp_args_has(spec, "--no-sp")) o->sp = 0;
   long long v = 0;
   MP_CHECK(mp_args_int(ctx, spec, "--seq", 1, MP_LIM_SEQ, &v));
   if (v > 0) o->seq = v;

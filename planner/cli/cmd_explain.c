@@ -30,6 +30,8 @@ static mp_opt k_opts[] = {
     MP_OPT_EP(""),
     MP_OPT_AC(""),
     MP_OPT_FP8(""),
+    MP_OPT_SP,
+    MP_OPT_NO_SP,
     {"--pad-vocab", NULL, "pad the vocabulary to a multiple of tp instead of refusing", NULL},
     {"--param", "FQN", "tile diagram of one parameter, e.g. layers.0.mlp.up_proj.weight", NULL},
     {"--rank", "R", "rank whose at-rest shapes and totals are shown (default 0)", NULL},
@@ -43,7 +45,7 @@ static mp_opt k_opts[] = {
 
 static mp_cmd_spec k_spec = {
     "explain", "Show the sharding passes, parameter shapes, FSDP units and schedule of one plan.",
-    "[--model M] [--mesh SPEC] [--ep N] [--ac MODE] [--fp8] [--param FQN] [--rank R] [--json] "
+    "[--model M] [--mesh SPEC] [--ep N] [--ac MODE] [--fp8] [--sp|--no-sp] [--param FQN] [--rank R] [--json] "
     "[--schedule] [--seq S] [--micro-batch B] [--global-batch G]",
     k_opts, 0};
 

@@ -35,7 +35,10 @@ static mp_opt k_opts[] = {
     MP_OPT_TOP(""),
     {"--objective", "O", "time (default), memory, or tokens-per-dollar (needs a price)", NULL},
     {"--price", "USD", "price per GPU-hour for tokens-per-dollar (default: the cluster's)", NULL},
-    {"--fix", "K=V,...", "constrain the search, e.g. tp=8,pp=1,ac=full,fp8=0,mb=2,reshard=1", NULL},
+    {"--fix", "K=V,...", "constrain the search, e.g. tp=8,pp=1,ac=full,fp8=0,mb=2,reshard=1,sp=1,pp_virtual=2",
+     NULL},
+    {"--no-sp", NULL, "search tensor parallelism without sequence parallelism (the all-reduce form; "
+                      "default: SP with tp > 1 where the stack runs it)", NULL},
     {"--executable-only", NULL, "only plans the runtime executes (pp=1 and cp=1)", NULL},
     {"--allow-cross-node-tp", NULL, "allow tensor-parallel groups that span nodes", NULL},
     MP_OPT_HEADROOM("0.05"),
@@ -102,7 +105,11 @@ static cJSON *plan_json(const mp_candidate *c, int64_t rank, double price) {
   cJSON_AddNumberToObject(mesh, "pp", c->mesh.size[MP_DIM_PP]);
   cJSON_AddNumberToObject(mesh, "cp", c->mesh.size[MP_DIM_CP]);
   cJSON_AddItemToObject(j, "mesh", mesh);
-  cJSON_AddStringToObject(j, "ac", mp_search_ac_name(c->ac));
+  char ac[32];
+  mp_candidate_ac_str(c, ac, sizeof ac);
+  cJSON_AddNumberToObject(mesh, "pp_virtual", c->pp_virtual);
+  cJSON_AddStringToObject(j, "ac", ac);
+  cJSON_AddBoolToObject(j, "sp", c->sp);
   cJSON_AddBoolToObject(j, "fp8", c->fp8);
   cJSON_AddNumberToObject(j, "micro_batch", (double)c->micro_batch);
   cJSON_AddBoolToObject(j, "reshard_after_forward", c->reshard);
@@ -243,6 +250,13 @@ static mp_status make_request(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator 
   req->search.n_threads = (int)a->threads;
   const char *fix = mp_args_get(&k_spec, "--fix");
   if (fix) MP_CHECK(mp_search_fix_parse(ctx, fix, &req->search.fix));
+  if (mp_args_has(&k_spec, "--no-sp")) {
+    if (req->search.fix.sp == 1)
+      return mp_error(ctx, MP_ERR_USAGE, "meshplan plan: --no-sp contradicts sp=1 in --fix; give one");
+    req->search.fix.sp = 0;
+  }
+  /* a policy recomputing more is never faster: pruned when ranking by time */
+  req->search.prune_dominated = a->obj != MP_OBJECTIVE_MEMORY;
   req->objective = a->obj;
   req->price_per_gpu_hour = a->price;
   req->show_progress = 1;
@@ -278,6 +292,8 @@ static void print_json(const plan_args *a, const mp_planner_result *res, int64_t
   cJSON_AddStringToObject(root, "objective", mp_objective_name(a->obj));
   cJSON_AddNumberToObject(root, "candidates", (double)s->n);
   cJSON_AddNumberToObject(root, "pruned", (double)s->n_pruned);
+  cJSON_AddNumberToObject(root, "dominated", (double)s->n_dominated);
+  cJSON_AddNumberToObject(root, "implied_over_capacity", (double)s->n_implied);
   cJSON_AddNumberToObject(root, "simulated", (double)s->n_evaluated);
   cJSON_AddNumberToObject(root, "feasible", (double)s->n_feasible);
   cJSON_AddNumberToObject(root, "failed", (double)s->n_failed);
@@ -298,32 +314,38 @@ static void print_csv(const mp_planner_result *res, int64_t n_show) {
   const mp_search *s = res->search;
   printf("rank,dp_replicate,dp_shard,tp,ep,pp,cp,ac,fp8,micro_batch,reshard_after_forward,"
          "step_time_s,tokens_per_s_per_gpu,mfu,peak_mem_bytes,fits,compute_s,exposed_comm_s,"
-         "bubble_s,plan_id\n");
+         "bubble_s,plan_id,sp,pp_virtual\n");
   for (int64_t r = 0; r < n_show; r++) {
     const mp_candidate *x = &s->cands[res->order[r]];
-    printf("%lld,%d,%d,%d,%d,%d,%d,%s,%d,%lld,%d,%.9g,%.9g,%.6g,%lld,%d,%.9g,%.9g,%.9g,%lld\n",
+    char ac[32];
+    mp_candidate_ac_str(x, ac, sizeof ac);
+    printf("%lld,%d,%d,%d,%d,%d,%d,%s,%d,%lld,%d,%.9g,%.9g,%.6g,%lld,%d,%.9g,%.9g,%.9g,%lld,%d,%d\n",
            (long long)(r + 1), x->mesh.size[MP_DIM_DP_REPLICATE], x->mesh.size[MP_DIM_DP_SHARD],
            x->mesh.size[MP_DIM_TP], x->mesh.ep, x->mesh.size[MP_DIM_PP], x->mesh.size[MP_DIM_CP],
-           mp_search_ac_name(x->ac), x->fp8, (long long)x->micro_batch, x->reshard,
+           ac, x->fp8, (long long)x->micro_batch, x->reshard,
            x->res.step_time_s, x->res.tokens_per_s_per_gpu, x->res.mfu,
            (long long)x->res.peak_mem_bytes, x->res.fits, x->res.compute_s, x->res.exposed_comm_s,
-           x->res.bubble_s, (long long)x->plan_id);
+           x->res.bubble_s, (long long)x->plan_id, x->sp, x->pp_virtual);
   }
 }
 
 /* The ranked plans as a table (with tokens/$ when that is the objective). */
 static void print_ranking(const plan_args *a, const mp_planner_result *res, int64_t n_show, double show_price) {
   const mp_search *s = res->search;
-  printf("\n%4s %6s %8s %3s %3s %3s %3s  %-9s %3s %3s %7s %10s %10s %6s %8s %4s%s\n", "rank",
-         "dp_rep", "dp_shard", "tp", "ep", "pp", "cp", "AC", "fp8", "mb", "reshard",
-         "step (s)", "tok/s/GPU", "MFU", "peak GiB", "fits",
-         show_price > 0 ? "   tokens/$" : "");
+  printf("\n%4s %6s %8s %3s %2s %3s %4s %3s  %-14s %3s %3s %7s %10s %10s %6s %8s %4s%s\n",
+         "rank", "dp_rep", "dp_shard", "tp", "sp", "ep", "pp", "cp", "AC", "fp8", "mb", "reshard",
+         "step (s)", "tok/s/GPU", "MFU", "peak GiB", "fits", show_price > 0 ? "   tokens/$" : "");
   for (int64_t r = 0; r < n_show; r++) {
     const mp_candidate *x = &s->cands[res->order[r]];
-    printf("%4lld %6d %8d %3d %3d %3d %3d  %-9s %3s %3lld %7s %10.4f %10.0f %5.1f%% %8.2f %4s",
+    char ac[32], pp[16];
+    mp_candidate_ac_str(x, ac, sizeof ac);
+    /* pp x chunks per stage under the interleaved schedule */
+    if (x->pp_virtual > 1) snprintf(pp, sizeof pp, "%dx%d", x->mesh.size[MP_DIM_PP], x->pp_virtual);
+    else snprintf(pp, sizeof pp, "%d", x->mesh.size[MP_DIM_PP]);
+    printf("%4lld %6d %8d %3d %2s %3d %4s %3d  %-14s %3s %3lld %7s %10.4f %10.0f %5.1f%% %8.2f %4s",
            (long long)(r + 1), x->mesh.size[MP_DIM_DP_REPLICATE], x->mesh.size[MP_DIM_DP_SHARD],
-           x->mesh.size[MP_DIM_TP], x->mesh.ep, x->mesh.size[MP_DIM_PP], x->mesh.size[MP_DIM_CP],
-           mp_search_ac_name(x->ac), x->fp8 ? "yes" : "no", (long long)x->micro_batch,
+           x->mesh.size[MP_DIM_TP], x->sp ? "y" : "-", x->mesh.ep, pp, x->mesh.size[MP_DIM_CP],
+           ac, x->fp8 ? "yes" : "no", (long long)x->micro_batch,
            x->reshard ? "yes" : "no", x->res.step_time_s, x->res.tokens_per_s_per_gpu,
            100.0 * x->res.mfu, (double)x->res.peak_mem_bytes / kGiB, x->res.fits ? "yes" : "no");
     if (show_price > 0) printf(" %11.4g", mp_tokens_per_dollar(x, show_price));
@@ -347,9 +369,10 @@ static void print_text(const plan_args *a, const mp_planner_result *res, int64_t
   else
     printf("\nno plan fits: every candidate was pruned or runs out of memory; try more GPUs, "
            "--headroom 0, a smaller --seq or --global-batch\n");
-  printf("\ncandidates: %lld enumerated, %lld pruned, %lld simulated (%lld fit, %lld failed) in "
-         "%.2f s\n",
-         (long long)s->n, (long long)s->n_pruned, (long long)s->n_evaluated,
+  printf("\ncandidates: %lld enumerated, %lld pruned, %lld decided by siblings (%lld dominated, "
+         "%lld over capacity), %lld simulated (%lld fit, %lld failed) in %.2f s\n",
+         (long long)s->n, (long long)s->n_pruned, (long long)(s->n_dominated + s->n_implied),
+         (long long)s->n_dominated, (long long)s->n_implied, (long long)s->n_evaluated,
          (long long)s->n_feasible, (long long)s->n_failed, res->wall_s);
   print_reject_summary(stdout, s);
   if (stored)

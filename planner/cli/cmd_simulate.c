@@ -38,6 +38,8 @@ static mp_opt k_opts[] = {
     {"--cp", "N", "context parallel degree", NULL},
     MP_OPT_AC(""),
     MP_OPT_FP8(""),
+    MP_OPT_SP,
+    MP_OPT_NO_SP,
     MP_OPT_SEQ("min(8192, the model's max_seq)"),
     MP_OPT_MICRO_BATCH("1"),
     MP_OPT_GLOBAL_BATCH_ONE_MICRO,
@@ -54,7 +56,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "simulate", "Predict step time and memory of one plan.",
     "--model M (--cluster C | --gpus N [--gpu G] [--gpus-per-node N]) --mesh SPEC [--ep N] "
-    "[--pp N --pp-schedule 1f1b|interleaved] [--cp N] [--ac none|selective|full] [--fp8] [--seq S] "
+    "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V]] [--cp N] [--ac POLICY] [--fp8] [--sp|--no-sp] [--seq S] "
     "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] [--json]",
     k_opts, 0};
 
@@ -67,14 +69,33 @@ static mp_status set_dim(mp_ctx *ctx, const char *opt, long long v, int *dim) {
   return MP_OK;
 }
 
+static const char *pp_schedule_name(mp_pp_schedule k) {
+  return k == MP_PP_INTERLEAVED ? "interleaved" : k == MP_PP_GPIPE ? "gpipe" : "1f1b";
+}
+
+/* ", sp" under sequence parallelism and the pipeline's schedule with pp > 1 (", 1f1b",
+ * ", interleaved x2", ", gpipe"), into buf. */
+static void fmt_sp_pp(const mp_mesh *mesh, const mp_plan_options *o, char *buf, size_t cap) {
+  const char *ps = pp_schedule_name(o->pp_schedule);
+  int n = snprintf(buf, cap, "%s", o->sp > 0 ? ", sp" : "");
+  if (n < 0 || (size_t)n >= cap || mesh->size[MP_DIM_PP] <= 1) return;
+  if (o->pp_virtual > 1)
+    snprintf(buf + n, cap - (size_t)n, ", %s x%d", ps, o->pp_virtual);
+  else
+    snprintf(buf + n, cap - (size_t)n, ", %s", ps);
+}
+
 static void print_text(const mp_sim_result *r, const mp_model *m, const mp_cluster *c,
                        const mp_mesh *mesh, const mp_plan_options *o,
                        const mp_stack_profile *prof) {
-  char ms[128];
+  char ms[128], ac[32];
   mp_mesh_format(mesh, ms, sizeof ms);
+  mp_ac_format(o->ac, o->ac_every, ac, sizeof ac);
   const double gib = 1073741824.0;
-  printf("plan    %s on %s: mesh %s, ac %s%s, seq %lld, micro-batch %lld, global batch %lld\n",
-         m->name, c->name, ms, mp_ac_mode_name(o->ac), o->fp8 ? ", fp8" : "", (long long)o->seq,
+  char more[64];
+  fmt_sp_pp(mesh, o, more, sizeof more);
+  printf("plan    %s on %s: mesh %s, ac %s%s%s, seq %lld, micro-batch %lld, global batch %lld\n",
+         m->name, c->name, ms, ac, o->fp8 ? ", fp8" : "", more, (long long)o->seq,
          (long long)o->micro_batch, (long long)o->global_batch);
   printf("stack   %s\n", prof->name);
   printf("step    %.4f s   %.0f tokens/s per GPU   MFU %.1f %%\n", r->step_time_s,
@@ -96,15 +117,21 @@ static void print_text(const mp_sim_result *r, const mp_model *m, const mp_clust
 static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluster *c,
                       const mp_mesh *mesh, const mp_plan_options *o,
                       const mp_stack_profile *prof) {
-  char ms[128];
+  char ms[128], ac[32];
   mp_mesh_format(mesh, ms, sizeof ms);
+  mp_ac_format(o->ac, o->ac_every, ac, sizeof ac);
   cJSON *j = cJSON_CreateObject();
   if (j == NULL) return 1;
   cJSON_AddStringToObject(j, "model", m->name);
   cJSON_AddStringToObject(j, "cluster", c->name);
   cJSON_AddStringToObject(j, "mesh", ms);
-  cJSON_AddStringToObject(j, "ac", mp_ac_mode_name(o->ac));
+  cJSON_AddStringToObject(j, "ac", ac);
   cJSON_AddBoolToObject(j, "fp8", o->fp8);
+  cJSON_AddBoolToObject(j, "sp", o->sp > 0);
+  if (mesh->size[MP_DIM_PP] > 1) {
+    cJSON_AddStringToObject(j, "pp_schedule", pp_schedule_name(o->pp_schedule));
+    cJSON_AddNumberToObject(j, "pp_virtual", o->pp_virtual > 1 ? o->pp_virtual : 1);
+  }
   cJSON_AddNumberToObject(j, "seq", (double)o->seq);
   cJSON_AddNumberToObject(j, "micro_batch", (double)o->micro_batch);
   cJSON_AddNumberToObject(j, "global_batch", (double)o->global_batch);
@@ -241,6 +268,9 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
                       j->mesh.size[MP_DIM_TP]);
     MP_CHECK(mp_calib_apply_stack_run(ctx, j->cal, &run, &j->prof, &j->gemm_tables));
   }
+  if (j->o.sp == 1 && !j->prof.sp)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "meshplan simulate: --sp: stack %s does not run sequence parallelism", j->prof.name);
   mp_stack_plan_options(&j->prof, &j->o);
   memset(&j->cfg, 0, sizeof j->cfg);
   j->cfg.cluster = &j->c;

@@ -200,6 +200,7 @@ static mp_status take_pick(mp_ctx *ctx, const mp_planner_result *res, mp_sim_eva
   if (best) {
     po->micro_batch = pickc->micro_batch;
     po->ac = (mp_ac_mode)pickc->ac;
+    po->ac_every = pickc->ac_every;
     po->fp8 = pickc->fp8;
     po->fsdp.reshard_after_forward = pickc->reshard;
   }
@@ -401,7 +402,7 @@ static mp_status plan_auto(train_job *j) {
   if (!j->po.global_batch) j->po.global_batch = j->po.micro_batch * world;
   mp_search_fix fix;
   mp_search_fix_init(&fix);
-  if (mp_args_has(&k_spec, "--ac")) fix.ac = j->po.ac;
+  if (mp_args_has(&k_spec, "--ac")) fix.ac = j->po.ac, fix.ac_every = j->po.ac_every;
   if (j->po.fp8) fix.fp8 = 1;
   if (mp_args_has(&k_spec, "--micro-batch")) fix.micro_batch = j->po.micro_batch;
   long long ep = 0;
@@ -443,6 +444,7 @@ static mp_status plan_given(train_job *j) {
   fix.tp = j->mesh.size[MP_DIM_TP];
   fix.ep = j->mesh.ep;
   fix.ac = po->ac;
+  fix.ac_every = po->ac_every;
   fix.fp8 = po->fp8;
   /* the planner enumerates reshard only where there is an FSDP group to reshard over */
   fix.reshard = j->mesh.size[MP_DIM_DP_SHARD] > 1 ? po->fsdp.reshard_after_forward : 0;
@@ -480,6 +482,9 @@ static mp_status build_plan(train_job *j) {
   MP_CHECK(mp_args_int(ctx, &k_spec, "--fanout", 1, 65536, &j->fanout)); /* successors <= vocab <= 2^16 */
   j->po.master_dtype = MP_DTYPE_FP32;
   j->po.fsdp.param_dtype = j->dev.cuda ? MP_DTYPE_BF16 : MP_DTYPE_FP32;
+  /* the runtime's own memory model: the plan refuses what the runtime does not run (SP,
+   * AC policies other than none, selective-core and full) */
+  j->po.mem_model = j->dev.cuda ? MP_MEM_MODEL_MESHPLAN_CUDA : MP_MEM_MODEL_MESHPLAN_CPU;
   MP_CHECK(mp_build_plan(ctx, &j->model, &j->mesh, &j->po, &j->plan));
   mp_runtime_options_init(&j->ro);
   j->ro.seed = (uint64_t)j->seed;

@@ -1,10 +1,11 @@
 /* meshplan validate: predictions against published measurements.
  *
- * Reads rows in the format of shared/validation/published_dev.csv (validate_csv.h reads
- * and range-checks them). Each row names a model (data/models), a GPU (data/gpus) with gpus, gpus_per_node and
- * inter_node_gbps_per_gpu (Gbit/s), the mesh (dp_replicate, dp_shard, tp, pp, pp_schedule,
- * cp, ep), seq, local_batch (sequences per data-parallel rank per step), global_batch, ac,
- * fp8, the software stack (data/stacks) and one measured metric:
+ * Reads rows in the format of shared/validation/published_dev.csv (its README documents the
+ * columns; validate_csv.h reads and range-checks them). Each row names a model (data/models, or a .json path relative to the CSV's folder),
+ * a GPU (data/gpus) with gpus, gpus_per_node and inter_node_gbps_per_gpu (Gbit/s), the mesh
+ * (dp_replicate, dp_shard, tp, pp, pp_schedule, pp_virtual, cp, ep), seq, local_batch
+ * (sequences per data-parallel rank per step), micro_batch, global_batch, ac (a policy
+ * name, exec/plan.h), fp8, sp, the software stack (data/stacks) and one measured metric:
  *   tokens_per_s_per_gpu   compared with the simulation's tokens/s per GPU
  *   step_time_s            compared with its step time
  *   peak_mem_gib           compared with the allocator's peak: allocated x the stack's
@@ -12,8 +13,11 @@
  *                          max reserved memory (torch.cuda.memory_stats), which leaves out
  *                          the CUDA context and NCCL's own buffers; the GPU profile's
  *                          runtime overhead is therefore not part of this comparison.
- * The micro-batch is local_batch (one micro-batch per step) unless a micro_batch column
- * says otherwise; pp rows run local_batch / micro_batch micro-batches.
+ * Optional columns: micro_batch (empty or absent: every divisor of local_batch is
+ * simulated and the fastest that fits is taken, as a user of the stack would tune it; the
+ * table marks it with '*'), pp_virtual (empty: 2 for the interleaved schedule), sp (empty:
+ * the plan's default, on with tp > 1 where the stack runs it). The stack's options (memory
+ * model, attention and loss kernels) apply to the plan.
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
  * mean absolute percentage error and Kendall's tau-b between predicted and measured.
@@ -45,62 +49,133 @@ typedef struct row {
   char name[96];
   char metric[32];
   double measured, predicted;
+  int64_t micro_batch; /* the micro-batch simulated */
+  int picked;          /* chosen among the divisors of local_batch (no micro_batch given) */
 } row;
 
-/* Simulates one row; r gets the figure of the row's metric beside the published one. */
-static mp_status run_row(mp_ctx *ctx, const char *where, const mp_vrow *v, row *r) {
-  snprintf(r->name, sizeof r->name, "%s", v->name);
-  snprintf(r->metric, sizeof r->metric, "%s", v->metric);
-  r->measured = v->value;
+/* The row's model: a data/models name, or a .json path taken relative to the CSV's folder
+ * (dir) unless absolute. */
+static mp_status load_model(mp_ctx *ctx, const char *dir, const char *model, mp_model *m) {
+  const size_t n = strlen(model);
+  if (model[0] == '/' || n < 5 || strcmp(model + n - 5, ".json") != 0 || dir[0] == '\0')
+    return mp_model_load(ctx, model, m);
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", dir, model);
+  return mp_model_load(ctx, path, m);
+}
 
+/* What a row asks to simulate: model, cluster, stack, mesh and plan options, and whether
+ * its micro-batch is to be picked. */
+typedef struct row_job {
   mp_model m;
   mp_cluster c;
   mp_stack_profile prof;
-  MP_CHECK(mp_model_load(ctx, v->model, &m));
-  MP_CHECK(mp_cluster_make(ctx, v->gpu, v->gpus, v->gpus_per_node, &c));
-  if (v->inter_node_gbps > 0) c.inter_node_Gbitps_per_gpu = v->inter_node_gbps;
-  MP_CHECK(mp_stack_load(ctx, v->stack, &prof));
-
   mp_mesh mesh;
-  mp_mesh_init(&mesh);
-  mesh.size[MP_DIM_PP] = (int)v->pp;
-  mesh.size[MP_DIM_DP_REPLICATE] = (int)v->dp_replicate;
-  mesh.size[MP_DIM_DP_SHARD] = (int)v->dp_shard;
-  mesh.size[MP_DIM_CP] = (int)v->cp;
-  mesh.size[MP_DIM_TP] = (int)v->tp;
-  mesh.ep = (int)v->ep;
-  MP_CHECK(mp_mesh_validate(ctx, &mesh));
-  if (mp_mesh_world(&mesh) != v->gpus)
-    return mp_error(ctx, MP_ERR_INVALID, "%s: the mesh has %d ranks but gpus = %lld", where,
-                    mp_mesh_world(&mesh), (long long)v->gpus);
-
   mp_plan_options o;
-  mp_plan_options_init(&o);
-  MP_CHECK(mp_ac_mode_parse(ctx, v->ac, &o.ac));
-  o.fp8 = v->fp8;
-  const char *pps = v->pp_schedule;
-  if (pps[0] == '\0' || strcmp(pps, "1f1b") == 0) o.pp_schedule = MP_PP_1F1B;
-  else if (strcmp(pps, "interleaved") == 0) o.pp_schedule = MP_PP_INTERLEAVED, o.pp_virtual = 2;
-  else if (strcmp(pps, "gpipe") == 0) o.pp_schedule = MP_PP_GPIPE;
-  else return mp_error(ctx, MP_ERR_INVALID, "%s: pp_schedule '%s': expected 1f1b, interleaved or gpipe", where, pps);
-  o.seq = v->seq;
-  o.micro_batch = v->micro_batch;
-  o.global_batch = v->global_batch;
+  int64_t local_batch, micro_batch; /* micro_batch 0: pick */
+} row_job;
 
+static mp_status read_mesh(mp_ctx *ctx, const char *where, const mp_vrow *v, mp_mesh *mesh) {
+  mp_mesh_init(mesh);
+  mesh->size[MP_DIM_PP] = (int)v->pp;
+  mesh->size[MP_DIM_DP_REPLICATE] = (int)v->dp_replicate;
+  mesh->size[MP_DIM_DP_SHARD] = (int)v->dp_shard;
+  mesh->size[MP_DIM_CP] = (int)v->cp;
+  mesh->size[MP_DIM_TP] = (int)v->tp;
+  mesh->ep = (int)v->ep;
+  MP_CHECK(mp_mesh_validate(ctx, mesh));
+  if (mp_mesh_world(mesh) != v->gpus)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: the mesh has %d ranks but gpus = %lld", where,
+                    mp_mesh_world(mesh), (long long)v->gpus);
+  return MP_OK;
+}
+
+/* The plan options of a row: AC, float8, SP, the pipeline schedule, seq and batch, over
+ * the stack's. */
+static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, row_job *j) {
+  mp_plan_options *o = &j->o;
+  mp_plan_options_init(o);
+  mp_stack_plan_options(&j->prof, o);
+  MP_CHECK(mp_ac_parse(ctx, v->ac, &o->ac, &o->ac_every));
+  o->fp8 = v->fp8 != 0;
+  if (v->sp >= 0) o->sp = v->sp;
+  const char *pps = v->pp_schedule;
+  if (pps[0] == '\0' || strcmp(pps, "1f1b") == 0) o->pp_schedule = MP_PP_1F1B;
+  else if (strcmp(pps, "interleaved") == 0) o->pp_schedule = MP_PP_INTERLEAVED, o->pp_virtual = v->pp_virtual ? (int)v->pp_virtual : 2;
+  else if (strcmp(pps, "gpipe") == 0) o->pp_schedule = MP_PP_GPIPE;
+  else return mp_error(ctx, MP_ERR_INVALID, "%s: pp_schedule '%s': expected 1f1b, interleaved or gpipe", where, pps);
+  j->local_batch = v->local_batch;
+  j->micro_batch = v->micro_batch;
+  o->seq = v->seq;
+  o->global_batch = v->global_batch;
+  return MP_OK;
+}
+
+/* The simulation of one micro-batch size. */
+static mp_status simulate_mb(mp_ctx *ctx, row_job *j, int64_t mb, mp_sim_result *res) {
   mp_sim_config cfg;
   memset(&cfg, 0, sizeof cfg);
-  cfg.cluster = &c;
-  cfg.stack = &prof;
+  cfg.cluster = &j->c;
+  cfg.stack = &j->prof;
+  j->o.micro_batch = mb;
+  return mp_simulate_plan(ctx, &j->m, &j->mesh, &j->o, &cfg, res);
+}
+
+/* The row's simulation: its micro-batch, or the fastest that fits among the divisors of
+ * local_batch (the smallest when none fits); a divisor the plan refuses (the interleaved
+ * schedule's micro-batches in groups of pp) is no choice, the error kept for when none is
+ * left. */
+static mp_status simulate_row(mp_ctx *ctx, row_job *j, row *r, mp_sim_result *res) {
+  if (j->micro_batch > 0) {
+    r->micro_batch = j->micro_batch;
+    return simulate_mb(ctx, j, j->micro_batch, res);
+  }
+  r->picked = 1;
+  int have = 0;
+  for (int64_t mb = 1; mb <= j->local_batch; mb++) {
+    if (j->local_batch % mb) continue;
+    mp_sim_result x;
+    const mp_status st = simulate_mb(ctx, j, mb, &x);
+    if (st == MP_ERR_INVALID) continue;
+    if (st != MP_OK) return st;
+    const int better = !have || (x.fits && (!res->fits || x.step_time_s < res->step_time_s));
+    if (better) {
+      *res = x;
+      r->micro_batch = mb;
+      have = 1;
+    }
+  }
+  return have ? MP_OK : ctx->last;
+}
+
+/* Simulates one row; r gets the figure of the row's metric beside the published one. dir:
+ * the CSV's folder. */
+static mp_status run_row(mp_ctx *ctx, const char *where, const char *dir, const mp_vrow *v, row *r) {
+  snprintf(r->name, sizeof r->name, "%s", v->name);
+  snprintf(r->metric, sizeof r->metric, "%s", v->metric);
+  r->measured = v->value;
+  row_job *j = calloc(1, sizeof *j);
+  if (j == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory");
+  mp_status st = load_model(ctx, dir, v->model, &j->m);
+  if (st == MP_OK) st = mp_cluster_make(ctx, v->gpu, (int)v->gpus, (int)v->gpus_per_node, &j->c);
+  if (st == MP_OK && v->inter_node_gbps > 0) j->c.inter_node_Gbitps_per_gpu = v->inter_node_gbps;
+  if (st == MP_OK) st = mp_stack_load(ctx, v->stack, &j->prof);
+  if (st == MP_OK) st = read_mesh(ctx, where, v, &j->mesh);
+  if (st == MP_OK) st = read_options(ctx, where, v, j);
   mp_sim_result res;
-  MP_CHECK(mp_simulate_plan(ctx, &m, &mesh, &o, &cfg, &res));
-  if (strcmp(v->metric, "tokens_per_s_per_gpu") == 0)
-    r->predicted = res.tokens_per_s_per_gpu;
-  else if (strcmp(v->metric, "step_time_s") == 0)
-    r->predicted = res.step_time_s;
-  else
-    r->predicted = ((double)res.peak_mem_bytes - c.gpu.runtime_overhead_gib * 1073741824.0) /
-                   1073741824.0;
-  return MP_OK;
+  memset(&res, 0, sizeof res);
+  if (st == MP_OK) st = simulate_row(ctx, j, r, &res);
+  if (st == MP_OK) {
+    if (strcmp(v->metric, "tokens_per_s_per_gpu") == 0)
+      r->predicted = res.tokens_per_s_per_gpu;
+    else if (strcmp(v->metric, "step_time_s") == 0)
+      r->predicted = res.step_time_s;
+    else
+      r->predicted = ((double)res.peak_mem_bytes - j->c.gpu.runtime_overhead_gib * 1073741824.0) /
+                     1073741824.0;
+  }
+  free(j);
+  return st;
 }
 
 /* Kendall's tau-b of two samples (ties in either counted as neither concordant nor
@@ -123,6 +198,11 @@ static double kendall_tau(const double *x, const double *y, int n) {
 /* Reads the CSV text (split in place: validate_csv.h) and simulates every row into
  * rows[0..*n); the first bad row is an error naming it (path, line and case). */
 static mp_status read_rows(mp_ctx *ctx, const char *path, char *text, row *rows, int *n_out) {
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (slash) *slash = '\0';
+  else dir[0] = '\0';
   mp_vrow *v = NULL;
   int n = 0;
   MP_CHECK(mp_vcsv_read(ctx, text, path, &v, &n));
@@ -130,7 +210,7 @@ static mp_status read_rows(mp_ctx *ctx, const char *path, char *text, row *rows,
   for (int i = 0; i < n && st == MP_OK; i++) {
     char where[512];
     snprintf(where, sizeof where, "%s line %d (row '%s')", path, v[i].line, v[i].name);
-    st = run_row(ctx, where, &v[i], &rows[i]);
+    st = run_row(ctx, where, dir, &v[i], &rows[i]);
     if (st != MP_OK) {
       if (strncmp(mp_errmsg(ctx), where, strlen(where)) != 0) mp_error_prefix(ctx, "%s", where);
       if (st != MP_ERR_NOMEM && st != MP_ERR_INTERNAL) st = MP_ERR_INVALID;
@@ -143,11 +223,17 @@ static mp_status read_rows(mp_ctx *ctx, const char *path, char *text, row *rows,
 
 /* Every row's predicted vs published figure, then per metric the MAPE and Kendall's tau. */
 static mp_status print_results(mp_ctx *ctx, const row *rows, int n) {
-  printf("%-30s %-22s %12s %12s %8s\n", "case", "metric", "predicted", "published", "error");
-  for (int i = 0; i < n; i++)
-    printf("%-30s %-22s %12.4g %12.4g %+7.1f%%\n", rows[i].name, rows[i].metric,
+  printf("%-30s %-22s %5s %12s %12s %8s\n", "case", "metric", "mb", "predicted", "published",
+         "error");
+  for (int i = 0; i < n; i++) {
+    char mb[24];
+    snprintf(mb, sizeof mb, "%lld%s", (long long)rows[i].micro_batch, rows[i].picked ? "*" : "");
+    printf("%-30s %-22s %5s %12.4g %12.4g %+7.1f%%\n", rows[i].name, rows[i].metric, mb,
            rows[i].predicted, rows[i].measured,
            100.0 * (rows[i].predicted - rows[i].measured) / rows[i].measured);
+  }
+  printf("(mb: the micro-batch simulated; * the fastest that fits among the divisors of "
+         "local_batch, none being published)\n");
   printf("\n%-22s %5s %8s %12s\n", "metric", "rows", "MAPE", "Kendall tau");
   const char *metrics[] = {"tokens_per_s_per_gpu", "peak_mem_gib", "step_time_s"};
   double *x = (double *)calloc((size_t)n, sizeof *x), *y = (double *)calloc((size_t)n, sizeof *y);

@@ -49,8 +49,9 @@ extern const mp_command mp_command_plan, mp_command_simulate, mp_command_explain
 int mp_command_main(const mp_command *cmd, int argc, char **argv);
 
 /* Reads the plan options shared by explain, simulate and train into *o, changing only
- * what was given: --ac MODE, --fp8, --seq S, --micro-batch B, --global-batch G. The
- * caller sets its defaults first (mp_plan_options_init, or its own). */
+ * what was given: --ac MODE, --fp8, --sp or --no-sp (both: a usage error), --seq S,
+ * --micro-batch B, --global-batch G. The caller sets its defaults first
+ * (mp_plan_options_init, or its own). */
 mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
 /* --ep N (explain, train): expert parallelism of degree N carved out of dp_shard, the same
  * as ep=N in --mesh; merged into *mesh (a different ep there is a usage error) and the

@@ -8,7 +8,7 @@
  * the row, applies it.
  *
  * Invariant: a command reads a shared option with the same parser wherever it is read
- * (mp_cmd_plan_options for --ac, --fp8, --seq, --micro-batch and --global-batch;
+ * (mp_cmd_plan_options for --ac, --fp8, --sp, --no-sp, --seq, --micro-batch and --global-batch;
  * mp_cmd_mesh_ep for --ep), so the same flag means the same everywhere. */
 #ifndef MP_PLANNER_CLI_OPTIONS_H
 #define MP_PLANNER_CLI_OPTIONS_H
@@ -48,10 +48,20 @@
     NULL }
 #define MP_OPT_EP(more)                                                                            \
   { "--ep", "N", "expert-parallel degree, carved out of dp_shard (the same as ep=N in --mesh" more ")", NULL }
-#define MP_OPT_AC(more)                                                                            \
-  { "--ac", "MODE", "activation checkpointing: none, selective or full (default none" more ")", NULL }
+#define MP_OPT_AC(more)                                                                           \
+  { "--ac", "POLICY",                                                                              \
+    "activation checkpointing: none, selective (the attention module), selective-op (torchtitan's " \
+    "op-level), selective-core (Megatron's core attention), full, or full:N (every N-th block) "   \
+    "(default none" more ")", NULL }
 #define MP_OPT_FP8(more)                                                                           \
   { "--fp8", NULL, "float8 Linear layers (E4M3 forward, E5M2 gradients, tensorwise scales" more ")", NULL }
+/* explain and simulate: one plan's sequence parallelism (plan's --no-sp is the search's) */
+#define MP_OPT_SP                                                                                  \
+  { "--sp", NULL,                                                                                  \
+    "sequence parallelism with tp > 1: norms and residuals on [T/tp, H], an all-gather into and "  \
+    "a reduce-scatter out of each TP region (default: on where the stack runs it)", NULL }
+#define MP_OPT_NO_SP                                                                               \
+  { "--no-sp", NULL, "tensor parallelism without sequence parallelism (the all-reduce form)", NULL }
 #define MP_OPT_SEQ(dflt) { "--seq", "S", "tokens per sequence (default " dflt ")", NULL }
 #define MP_OPT_MICRO_BATCH(dflt)                                                                   \
   { "--micro-batch", "B", "sequences per micro-batch per data-parallel rank (default " dflt ")", NULL }

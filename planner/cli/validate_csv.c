@@ -139,9 +139,24 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   int64_t fp8 = 0;
   MP_CHECK(need_int(r, "fp8", 0, 1, &fp8));
   row->fp8 = (int)fp8;
-  row->micro_batch = row->local_batch;
+  row->micro_batch = 0;
   const char *mbs = field(r, "micro_batch");
-  if (mbs && mbs[0]) MP_CHECK(int_in(r, "micro_batch", mbs, 1, row->local_batch, &row->micro_batch));
+  if (mbs && mbs[0]) {
+    MP_CHECK(int_in(r, "micro_batch", mbs, 1, row->local_batch, &row->micro_batch));
+    if (row->local_batch % row->micro_batch)
+      return mp_error(r->ctx, MP_ERR_INVALID, "%s: micro_batch %lld must divide local_batch %lld", r->where,
+                      (long long)row->micro_batch, (long long)row->local_batch);
+  }
+  row->pp_virtual = 0;
+  const char *pvs = field(r, "pp_virtual");
+  if (pvs && pvs[0]) MP_CHECK(int_in(r, "pp_virtual", pvs, 1, MP_LIM_PP_VIRTUAL, &row->pp_virtual));
+  row->sp = -1;
+  const char *sps = field(r, "sp");
+  if (sps && sps[0]) {
+    int64_t sp = 0;
+    MP_CHECK(int_in(r, "sp", sps, 0, 1, &sp));
+    row->sp = (int)sp;
+  }
   return MP_OK;
 }
 

@@ -38,8 +38,12 @@ typedef struct mp_vrow {
   int64_t seq;          /* 1..2^24 */
   int64_t local_batch;  /* sequences per data-parallel rank per step, 1..2^24 */
   int64_t global_batch; /* 1..2^24 */
-  int64_t micro_batch;  /* 1..local_batch; local_batch when the column is absent or empty */
+  int64_t micro_batch;  /* 1..local_batch dividing it; 0 when the column is absent or empty
+                           (not published: the command picks the fastest that fits) */
+  int64_t pp_virtual;   /* model chunks per pipeline rank, 1..MP_LIM_PP_VIRTUAL; 0 when absent
+                           or empty (the schedule's default) */
   int fp8;              /* 0 or 1 */
+  int sp;               /* 0 or 1; -1 when absent or empty (the stack's default) */
   double inter_node_gbps; /* Gbit/s per GPU in (0, 1e5]; 0 when the field is empty */
   double value;           /* the published figure, finite and > 0 */
 } mp_vrow;

@@ -90,6 +90,11 @@ done
 run plan
 [ "$rc" -eq 0 ] && [ -s "$out" ] || fail "meshplan plan (embedded default): exit $rc"
 
+# Sequence parallelism asked for twice over, or of a stack that does not run it.
+expect_error "--sp and --no-sp contradict each other" simulate --model tiny-dense --mesh dp_shard=4,tp=2 --sp --no-sp
+expect_error "stack meshplan-cuda does not run sequence parallelism" \
+  simulate --model tiny-dense --mesh dp_shard=4,tp=2 --sp --stack meshplan-cuda
+
 # An unknown mesh dim through `meshplan explain --mesh`: one line, exit 2, naming 'foo'.
 expect_error "'foo'" explain --model tiny-dense --mesh foo=2
 

@@ -22,7 +22,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       FUZZ_ASSERT(isfinite(r->value) && r->value > 0);
       FUZZ_ASSERT(r->inter_node_gbps == 0 || (isfinite(r->inter_node_gbps) && r->inter_node_gbps > 0));
       FUZZ_ASSERT(r->gpus >= 1 && r->gpus <= MP_LIM_GPUS && r->seq >= 1 && r->seq <= MP_LIM_SEQ);
-      FUZZ_ASSERT(r->micro_batch >= 1 && r->micro_batch <= r->local_batch);
+      FUZZ_ASSERT(r->micro_batch == 0 || (r->micro_batch >= 1 && r->local_batch % r->micro_batch == 0));
+      FUZZ_ASSERT(r->sp >= -1 && r->sp <= 1 && r->pp_virtual >= 0);
       FUZZ_ASSERT(r->fp8 == 0 || r->fp8 == 1);
       FUZZ_ASSERT(r->model[0] && r->gpu[0] && r->stack[0] && r->line >= 2);
     }

@@ -367,11 +367,23 @@ TEST(PlanCreate, Refusals) {
   // pp=3 over 2 layers: a stage would be empty.
   me = Mesh("pp=3");
   EXPECT_EQ(mp_plan_create(&ctx, &m, &me, nullptr, &p), MP_ERR_INVALID);
-  // tied embeddings with pp.
-  mp_model g = LoadModel("gpt2-124m");
+  // several model chunks per stage outside the interleaved schedule
   me = Mesh("pp=2");
-  EXPECT_EQ(mp_plan_create(&ctx, &g, &me, nullptr, &p), MP_ERR_INVALID);
-  EXPECT_NE(strstr(mp_errmsg(&ctx), "ties its output head"), nullptr) << mp_errmsg(&ctx);
+  o.seq = 32;
+  o.pp_virtual = 2;
+  EXPECT_EQ(mp_plan_create(&ctx, &m, &me, &o, &p), MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "interleaved"), nullptr) << mp_errmsg(&ctx);
+  // tied embeddings with pp: the last stage holds a copy as its head (Megatron-LM's shared
+  // embedding), noted
+  mp_model g = LoadModel("gpt2-124m");
+  ASSERT_EQ(mp_plan_create(&ctx, &g, &me, nullptr, &p), MP_OK) << mp_errmsg(&ctx);
+  const int i = mp_plan_find_param(p, "output.weight");
+  ASSERT_GE(i, 0);
+  EXPECT_TRUE(p->params[i].tied_copy);
+  EXPECT_EQ(p->params[i].pp_stage, 1);
+  EXPECT_EQ(p->params[mp_plan_find_param(p, "tok_embeddings.weight")].pp_stage, 0);
+  EXPECT_NE(strstr(p->notes[p->n_notes - 1], "tied embeddings"), nullptr);
+  mp_plan_destroy(p);
 }
 
 TEST(PlanBuild, RunsPassesInOrder) {

@@ -3,9 +3,11 @@
  *
  * Fake model of a candidate (stated so tests can derive expectations by hand):
  *   peak   = 64 GiB / (dp_shard * tp * pp * cp) + micro_batch * act GiB,
- *            act = 8 (ac none), 4 (selective), 1 (full); fp8 saves 1 GiB when mb >= 1
- *   step   = 10 / (dp_replicate * dp_shard * tp) s * (1 + 0.25 * ac) * (fp8 ? 0.8 : 1)
+ *            act = 8 (ac none), 4 (selective-core), 1 (full); fp8 saves 1 GiB when mb >= 1
+ *   step   = 10 / (dp_replicate * dp_shard * tp) s * (1 + 0.25 * r) * (fp8 ? 0.8 : 1)
  *            + 0.001 * reshard + 0.01 / micro_batch
+ *            with r = 0, 1, 2 for ac none, selective-core, full (the search's default
+ *            policies; any other counts as selective-core)
  *   fits   = peak <= capacity (40 GiB)
  * A candidate with tp == 2 and ac == full fails with "fake refusal" when fail_tp2_full. */
 #ifndef MP_TESTS_PLANNER_FAKE_H
@@ -30,9 +32,10 @@ static inline mp_status fake_eval(void *user, mp_ctx *ctx, mp_arena *scratch,
   if (!mp_arena_alloc(scratch, 4096)) return mp_error(ctx, MP_ERR_NOMEM, "scratch");
   const mp_mesh &m = c->mesh;
   if (fe && fe->delay_us > 0) usleep((useconds_t)fe->delay_us);
-  if (fe && fe->fail_tp2_full && m.size[MP_DIM_TP] == 2 && c->ac == 2)
+  if (fe && fe->fail_tp2_full && m.size[MP_DIM_TP] == 2 && c->ac == MP_AC_FULL)
     return mp_error(ctx, MP_ERR_ORDER, "fake refusal tp=2 full");
-  int64_t act = c->ac == 0 ? 8 : c->ac == 1 ? 4 : 1;
+  const int r = c->ac == MP_AC_NONE ? 0 : c->ac == MP_AC_FULL ? 2 : 1;
+  int64_t act = r == 0 ? 8 : r == 1 ? 4 : 1;
   memset(out, 0, sizeof *out);
   out->peak_mem_bytes = 64 * kGiB / ((int64_t)m.size[MP_DIM_DP_SHARD] * m.size[MP_DIM_TP] *
                                      m.size[MP_DIM_PP] * m.size[MP_DIM_CP]) +
@@ -42,7 +45,7 @@ static inline mp_status fake_eval(void *user, mp_ctx *ctx, mp_arena *scratch,
   out->capacity_bytes = 40 * kGiB;
   out->fits = out->peak_mem_bytes <= out->capacity_bytes;
   double dp = (double)m.size[MP_DIM_DP_REPLICATE] * m.size[MP_DIM_DP_SHARD];
-  out->step_time_s = 10.0 / (dp * m.size[MP_DIM_TP]) * (1 + 0.25 * c->ac) * (c->fp8 ? 0.8 : 1.0) +
+  out->step_time_s = 10.0 / (dp * m.size[MP_DIM_TP]) * (1 + 0.25 * r) * (c->fp8 ? 0.8 : 1.0) +
                      0.001 * c->reshard + 0.01 / (double)c->micro_batch;
   out->tokens_per_s_per_gpu = 1000.0 / out->step_time_s;
   out->mfu = 0.4;

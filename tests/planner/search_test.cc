@@ -265,7 +265,15 @@ TEST(SearchPrune, ContextParallelDividesSeq) {
   const mp_candidate *c = t.find(1, 1, 1, 16, 1, 1, 1, 0, 0, 0);
   EXPECT_EQ(c->reject, MP_REJECT_CP_SEQ);
   EXPECT_EQ(t.reason(c), "cp=16 does not divide seq=1000");
-  EXPECT_EQ(t.find(1, 1, 2, 8, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);  // 1000 % 8 == 0
+  // 1000 % 8 == 0, but ring attention's 16 load-balanced chunks do not divide it.
+  const mp_candidate *d = t.find(1, 1, 2, 8, 1, 1, 1, 0, 0, 0);
+  EXPECT_EQ(d->reject, MP_REJECT_CP_SEQ);
+  EXPECT_EQ(t.reason(d),
+            "cp=8: ring attention cuts seq=1000 into 16 load-balanced chunks, which must divide it "
+            "and hold at least 128 tokens (one flash-attention tile)");
+  // cp=4: 8 chunks of 125 tokens, under a tile; cp=2: 4 chunks of 250.
+  EXPECT_EQ(t.find(1, 1, 4, 4, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_CP_SEQ);
+  EXPECT_EQ(t.find(1, 1, 2, 2, 4, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
 }
 
 TEST(SearchPrune, GlobalBatchDivisibleByDpTimesMicroBatch) {
@@ -326,6 +334,116 @@ TEST(SearchPrune, ReshardWithoutShardingIsADuplicate) {
   EXPECT_EQ(c->reject, MP_REJECT_RESHARD_NOOP);
   EXPECT_EQ(t.find(1, 8, 1, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
   EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 1)->reject, MP_REJECT_NONE);
+  // A stack that keeps a pipeline stage's parameters gathered: reshard with pp > 1 too.
+  EXPECT_EQ(t.find(2, 1, 4, 1, 1, 1, 1, 0, 0, 1)->reject, MP_REJECT_NONE);
+  Search k(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
+  k.cfg.pp_keeps_params = 1;
+  k.enumerate();
+  const mp_candidate *kp = k.find(2, 1, 4, 1, 1, 1, 1, 0, 0, 1);
+  EXPECT_EQ(kp->reject, MP_REJECT_RESHARD_NOOP);
+  EXPECT_EQ(k.reason(kp), "reshard_after_forward has no effect with pp=2: the stack keeps a pipeline "
+                         "stage's parameters gathered through the step (same as reshard off)");
+  EXPECT_EQ(k.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 1)->reject, MP_REJECT_NONE);
+}
+
+TEST(SearchEnumerate, InterleavedChunksOnlyWithPipelines) {
+  // pp_virtual_max 4: every pp > 1 mesh the mesh rules keep is searched with 1, 2 and 4
+  // chunks per stage; pp = 1 and the meshes they reject (seq 512: cp=4 leaves chunks of 64
+  // tokens) with 1 alone.
+  Search flat(fake_dense_model(), fake_cluster(1, 8), 512, 32);
+  flat.enumerate();
+  Search t(fake_dense_model(), fake_cluster(1, 8), 512, 32);
+  t.cfg.pp_virtual_max = 4;
+  t.enumerate();
+  int64_t with_pp = 0, rejected = 0;
+  for (int64_t i = 0; i < flat.s->n; i++) {
+    const mp_candidate &c = flat.s->cands[i];
+    if (c.mesh.size[MP_DIM_PP] == 1) continue;
+    with_pp++;
+    rejected += c.reject == MP_REJECT_CP_SEQ;
+  }
+  EXPECT_GT(rejected, 0);
+  EXPECT_EQ(t.s->n, flat.s->n + 2 * (with_pp - rejected));
+  for (int64_t i = 0; i < t.s->n; i++) {
+    const mp_candidate &c = t.s->cands[i];
+    if (c.mesh.size[MP_DIM_PP] == 1) {
+      EXPECT_EQ(c.pp_virtual, 1);
+    }
+  }
+}
+
+TEST(SearchPrune, InterleavingNeedsFullChunksAndPpMicroBatches) {
+  // 16 layers. pp=4 x 4 chunks: 16 chunks of one layer; pp=8 x 4: 32 chunks, half empty.
+  // Global batch 32 on pp=4 x dp_shard=2 at mb=4 runs 4 micro-batches (a multiple of 4); at
+  // mb=8, 2 (not one).
+  Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 32);
+  t.cfg.pp_virtual_max = 4;
+  t.enumerate();
+  auto find_v = [&](int pp, int dps, int64_t mb, int v) -> const mp_candidate * {
+    for (int64_t i = 0; i < t.s->n; i++) {
+      const mp_candidate &c = t.s->cands[i];
+      if (c.mesh.size[MP_DIM_PP] == pp && c.mesh.size[MP_DIM_DP_SHARD] == dps &&
+          c.mesh.size[MP_DIM_DP_REPLICATE] == 1 && c.mesh.size[MP_DIM_CP] == 1 &&
+          c.micro_batch == mb && c.pp_virtual == v && c.ac == MP_AC_NONE && !c.fp8 && !c.reshard)
+        return &c;
+    }
+    return nullptr;
+  };
+  ASSERT_NE(find_v(4, 2, 4, 4), nullptr);
+  EXPECT_EQ(find_v(4, 2, 4, 4)->reject, MP_REJECT_NONE);
+  const mp_candidate *few = find_v(4, 2, 8, 4);
+  EXPECT_EQ(few->reject, MP_REJECT_PP_VIRTUAL);
+  EXPECT_EQ(t.reason(few),
+            "pp=4 x 4 chunks: the interleaved schedule needs every one of the 16 model chunks of "
+            "16 layers non-empty and a multiple of pp micro-batches (2 here)");
+  EXPECT_EQ(find_v(4, 2, 8, 1)->reject, MP_REJECT_NONE);  // 1F1B runs any number
+  EXPECT_EQ(find_v(8, 1, 1, 4)->reject, MP_REJECT_PP_VIRTUAL);
+  EXPECT_EQ(find_v(8, 1, 1, 2)->reject, MP_REJECT_NONE);
+}
+
+TEST(SearchPrune, SequenceParallelNeedsTpToDivideTheSequence) {
+  // seq 1024 + 4 = 1028: tp=4 divides it, tp=8 not. With sp off nothing is pruned for it.
+  Search t(fake_dense_model(), fake_cluster(1, 8), 1028, 8);
+  t.cfg.sp = 1;
+  t.enumerate();
+  const mp_candidate *c = t.find(1, 1, 1, 1, 8, 1, 1, 0, 0, 0);
+  EXPECT_EQ(c->sp, 1);
+  EXPECT_EQ(c->reject, MP_REJECT_SP_SEQ);
+  EXPECT_EQ(t.reason(c), "sequence parallelism: tp=8 does not divide seq/cp=1028");
+  EXPECT_EQ(t.find(1, 1, 2, 1, 4, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+  EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 0)->sp, 0);  // no TP, no SP
+  Search off(fake_dense_model(), fake_cluster(1, 8), 1028, 8);
+  off.enumerate();
+  EXPECT_EQ(off.find(1, 1, 1, 1, 8, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+}
+
+TEST(SearchRun, MorePrecomputeThanAFittingSiblingIsDominated) {
+  // dp_shard=8, per-rank batch 8. mb=1: ac none fits (8 + 8 GiB), so selective-core and
+  // full are dominated. mb=8: none (8 + 64) does not fit; full (8 + 8), enumerated before
+  // the policies between, is simulated and fits, and so is selective-core (8 + 32).
+  Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 64);
+  t.cfg.prune_dominated = 1;
+  t.run();
+  EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 1, MP_AC_NONE, 0, 0)->reject, MP_REJECT_NONE);
+  const mp_candidate *sc = t.find(1, 1, 8, 1, 1, 1, 1, MP_AC_SELECTIVE_CORE, 0, 0);
+  EXPECT_EQ(sc->reject, MP_REJECT_DOMINATED);
+  EXPECT_EQ(sc->evaluated, 0);
+  EXPECT_EQ(t.reason(sc),
+            "ac=selective-core recomputes everything a fitting sibling with less recompute does, "
+            "and more: never faster");
+  EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 1, MP_AC_FULL, 0, 0)->reject, MP_REJECT_DOMINATED);
+  EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 8, MP_AC_NONE, 0, 0)->reject, MP_REJECT_MEMORY);
+  EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 8, MP_AC_SELECTIVE_CORE, 0, 0)->reject, MP_REJECT_NONE);
+  EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 8, MP_AC_FULL, 0, 0)->reject, MP_REJECT_NONE);
+  EXPECT_GT(t.s->n_dominated, 0);
+  // The fastest plan is the same with and without the prune.
+  Search all(fake_dense_model(), fake_cluster(1, 8), 4096, 64);
+  all.run();
+  int64_t *a = nullptr, *b = nullptr, na = 0, nb = 0;
+  ASSERT_EQ(mp_search_rank(&t.ctx, t.s, MP_OBJECTIVE_TIME, 0, &a, &na), MP_OK);
+  ASSERT_EQ(mp_search_rank(&all.ctx, all.s, MP_OBJECTIVE_TIME, 0, &b, &nb), MP_OK);
+  ASSERT_GT(na, 0);
+  EXPECT_EQ(a[0], b[0]);
 }
 
 TEST(SearchRun, MemoryOverCapacityIsInfeasibleWithFigures) {
@@ -349,14 +467,56 @@ TEST(SearchRun, MemoryOverCapacityIsInfeasibleWithFigures) {
       EXPECT_EQ(c.evaluated, 0);
     }
   }
-  EXPECT_EQ(t.s->n_evaluated + t.s->n_pruned, t.s->n);
+  EXPECT_EQ(t.s->n_evaluated + t.s->n_pruned + t.s->n_implied, t.s->n);
+  EXPECT_EQ(t.s->n_dominated, 0);  // prune_dominated is off
+}
+
+TEST(SearchRun, OverCapacityFollowsFromASiblingNeedingNoMore) {
+  // dp_replicate=8 holds 64 GiB of state: at mb=1 none (64 + 8) and full (64 + 1) are
+  // simulated, over 40 GiB, and selective-core (enumerated after both) is over capacity
+  // without a simulation; at mb=2 every policy is, its mb=1 sibling being over.
+  Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 64);
+  t.run();
+  for (int ac : {MP_AC_NONE, MP_AC_FULL}) {
+    const mp_candidate *c = t.find(1, 8, 1, 1, 1, 1, 1, ac, 0, 0);
+    EXPECT_EQ(c->evaluated, 1);
+    EXPECT_EQ(c->reject, MP_REJECT_MEMORY);
+  }
+  const mp_candidate *sc = t.find(1, 8, 1, 1, 1, 1, 1, MP_AC_SELECTIVE_CORE, 0, 0);
+  EXPECT_EQ(sc->evaluated, 0);
+  EXPECT_EQ(sc->reject, MP_REJECT_MEMORY_AC);
+  EXPECT_EQ(t.reason(sc), "ac=selective-core saves less memory than ac=full, over capacity");
+  for (int ac : {MP_AC_NONE, MP_AC_FULL}) {
+    const mp_candidate *c = t.find(1, 8, 1, 1, 1, 1, 2, ac, 0, 0);
+    EXPECT_EQ(c->evaluated, 0);
+    EXPECT_EQ(c->reject, MP_REJECT_MEMORY_MB);
+  }
+  // selective-core at mb=2: its full sibling (over by the micro-batch rule) comes first
+  EXPECT_EQ(t.find(1, 8, 1, 1, 1, 1, 2, MP_AC_SELECTIVE_CORE, 0, 0)->reject, MP_REJECT_MEMORY_AC);
+  EXPECT_EQ(t.reason(t.find(1, 8, 1, 1, 1, 1, 4, MP_AC_FULL, 1, 0)),
+            "micro-batch 4 needs no less memory than micro-batch 2, over capacity");
+  // The AC policies come none, full, then those between.
+  EXPECT_LT(t.find(1, 8, 1, 1, 1, 1, 1, MP_AC_FULL, 0, 0),
+            t.find(1, 8, 1, 1, 1, 1, 1, MP_AC_SELECTIVE_CORE, 0, 0));
+  // Every candidate that would fit is still simulated and fits: the rule only skips
+  // what the fake evaluator puts over capacity.
+  mp_arena *scratch = mp_arena_create();
+  for (int64_t i = 0; i < t.s->n; i++) {
+    const mp_candidate &c = t.s->cands[i];
+    if (c.reject != MP_REJECT_MEMORY_MB && c.reject != MP_REJECT_MEMORY_AC) continue;
+    mp_sim_result r;
+    ASSERT_EQ(fake_eval(&t.fe, &t.ctx, scratch, &c, &r), MP_OK);
+    EXPECT_FALSE(r.fits) << i;
+  }
+  mp_arena_destroy(scratch);
+  EXPECT_GT(t.s->n_implied, 0);
 }
 
 TEST(SearchRun, EvaluatorErrorKeepsItsMessage) {
   Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
   t.fe.fail_tp2_full = 1;
   t.run();
-  const mp_candidate *c = t.find(1, 1, 4, 1, 2, 1, 1, 2, 0, 0);
+  const mp_candidate *c = t.find(1, 1, 4, 1, 2, 1, 1, MP_AC_FULL, 0, 0);
   EXPECT_EQ(c->reject, MP_REJECT_EVAL_ERROR);
   EXPECT_EQ(t.reason(c), "fake refusal tp=2 full");
   EXPECT_GT(t.s->n_failed, 0);

@@ -414,7 +414,7 @@ TEST(StoreIdentity, TamperedMeshplanFilesAreRefused) {
 }
 
 // A database of an older version (here: version 1, whose plans(run_id, rank) index is not
-// partial and which has none of version 3's training columns) and one from before the
+// partial and which has none of the columns versions 3 and 4 add) and one from before the
 // header was stamped (application_id and user_version 0) are meshplan's: migrated and
 // stamped, their runs kept.
 TEST(StoreIdentity, OlderAndUnstampedDatabasesMigrate) {
@@ -422,7 +422,8 @@ TEST(StoreIdentity, OlderAndUnstampedDatabasesMigrate) {
   exec_on(path,
           "DROP INDEX measurements_plan_step; ALTER TABLE runs DROP COLUMN train_status;"
           " ALTER TABLE measurements DROP COLUMN eval_loss; ALTER TABLE measurements DROP COLUMN lr;"
-          " ALTER TABLE measurements DROP COLUMN grad_norm;"
+          " ALTER TABLE measurements DROP COLUMN grad_norm; ALTER TABLE plans DROP COLUMN sp;"
+          " ALTER TABLE plans DROP COLUMN pp_virtual;"
           " DROP INDEX plans_run_rank; CREATE INDEX plans_run_rank ON plans(run_id, rank);"
           " UPDATE schema_version SET version=1; PRAGMA user_version=0; PRAGMA application_id=0");
   mp_ctx ctx;

@@ -247,7 +247,7 @@ def main():
         ("tiny-dense", 4, 32, 2, 2, "none", 3e-3),
         ("tiny-dense", 3, 32, 1, 2, "full", 3e-3),   # two micro-batches, full AC
         ("tiny-moe", 4, 32, 2, 2, "none", 3e-3),
-        ("tiny-moe", 3, 32, 1, 2, "selective", 3e-3),
+        ("tiny-moe", 3, 32, 1, 2, "selective-core", 3e-3),
     ]
     ok = True
     for c in cases:

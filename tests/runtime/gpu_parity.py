@@ -4,7 +4,7 @@ fp32 master weights) against the CPU run (fp32), and a 4-rank plan on the one GP
 with host staging) against the single-rank GPU run.
 
 Checks, each over STEPS steps of `meshplan train` with the same seed, data and batch:
-  1. tiny-dense and tiny-moe, AC none / selective / full, and tiny-dense with float8:
+  1. tiny-dense and tiny-moe, AC none / selective-core / full, and tiny-dense with float8:
      per-step losses of --device cuda equal the --device cpu run within BF16_TOL relative.
   2. tiny-dense, mesh dp_shard=2,tp=2 under `mpirun -np 4 ... --device cuda` on one GPU
      (every rank on GPU 0, collectives through MPI with host staging): per-step losses
@@ -69,7 +69,7 @@ def main():
     tmp = os.environ.get("TEST_TMPDIR") or tempfile.mkdtemp()
     env = dict(os.environ, OMP_NUM_THREADS="2", TMPDIR=tmp)
     ok = True
-    cases = [("tiny-dense", "none", False), ("tiny-dense", "selective", False), ("tiny-dense", "full", False),
+    cases = [("tiny-dense", "none", False), ("tiny-dense", "selective-core", False), ("tiny-dense", "full", False),
              ("tiny-moe", "none", False), ("tiny-moe", "full", False), ("tiny-dense", "none", True)]
     for model, ac, fp8 in cases:
         extra = ["--model", model, "--ac", ac] + (["--fp8"] if fp8 else [])

@@ -10,7 +10,7 @@ model, AC mode and float8 setting (same seed, global batch, micro-batch and data
     plus a max-abs check against the tensor's scale).
 Meshes: 1 rank (the reference), dp_shard=4, dp_replicate=2 x dp_shard=2, tp=2, tp=4,
 dp_shard=2 x tp=2; for the MoE model also ep=2 (dp_shard=2) and ep=4 (dp_shard=4); each
-with AC none, selective and full; float8 on for dp_shard=2 x tp=2 (dense) against the
+with AC none, selective-core and full; float8 on for dp_shard=2 x tp=2 (dense) against the
 single-rank float8 run. Every run is under `timeout`: a hang fails the test.
 
 Memory (the measured peak memory per rank equals the simulator's prediction for the CPU
@@ -159,13 +159,13 @@ def main():
     moe_meshes = dense_meshes + ["dp_shard=2,ep=2", "dp_shard=4,ep=4"]
     cases = []
     for model, meshes in (("tiny-dense", dense_meshes), ("tiny-moe", moe_meshes)):
-        for ac in ("none", "selective", "full"):
+        for ac in ("none", "selective-core", "full"):
             for mesh in meshes:
                 cases.append((model, mesh, ac, False))
-    cases.append(("tiny-dense", "dp_shard=2,tp=2", "selective", True))
+    cases.append(("tiny-dense", "dp_shard=2,tp=2", "selective-core", True))
     cases.append(("tiny-dense", "dp_shard=4", "none", True))
     if quick:
-        cases = [c for c in cases if c[2] == "selective"]
+        cases = [c for c in cases if c[2] == "selective-core"]
     if "--fp8-only" in sys.argv:
         cases = [c for c in cases if c[3]]
 

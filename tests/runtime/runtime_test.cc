@@ -49,6 +49,7 @@ mp_plan *Plan(const mp_model &m, const char *mesh, int64_t seq, int64_t mb, int6
   o.global_batch = gb;
   o.ac = ac;
   o.fp8 = fp8;
+  o.sp = 0; /* the runtime runs tp in the all-reduce form */
   mp_plan *p = nullptr;
   EXPECT_EQ(mp_build_plan(&c, &m, &me, &o, &p), MP_OK) << mesh << ": " << c.msg();
   return p;
@@ -375,11 +376,11 @@ TEST(Train, PeakMemoryEqualsHandDerivedTimeline) {
 
 // Activation checkpointing trades memory for recomputation without changing the numbers:
 // the same gradients bit for bit (the kernels are deterministic), and a lower peak of
-// saved activations for full AC than selective, and selective than none.
+// saved activations for full AC than selective-core, and selective-core than none.
 TEST(Train, CheckpointingKeepsGradientsAndLowersActivationPeak) {
   std::vector<float> ref;
   int64_t act_peak[3];
-  const mp_ac_mode modes[3] = {MP_AC_NONE, MP_AC_SELECTIVE, MP_AC_FULL};
+  const mp_ac_mode modes[3] = {MP_AC_NONE, MP_AC_SELECTIVE_CORE, MP_AC_FULL};
   for (int k = 0; k < 3; k++) {
     Rt r("tiny-moe", 32, 2, 4, modes[k]);
     ASSERT_NE(r.rt, nullptr);

@@ -123,7 +123,7 @@ void CheckCase(const Case &k) {
 }
 
 TEST(ScheduleMemory, CpuModelEqualsTrackedAllocator) {
-  const mp_ac_mode modes[] = {MP_AC_NONE, MP_AC_SELECTIVE, MP_AC_FULL};
+  const mp_ac_mode modes[] = {MP_AC_NONE, MP_AC_SELECTIVE_CORE, MP_AC_FULL};
   for (const char *model : {"tiny-dense", "tiny-moe"})
     for (mp_ac_mode ac : modes)
       for (int fp8 = 0; fp8 <= (std::string(model) == "tiny-dense" ? 1 : 0); fp8++)
@@ -235,7 +235,7 @@ void CheckCudaCase(const CudaCase &k, const mp_backend *be) {
 }
 
 TEST(ScheduleMemory, CudaModelEqualsTrackedAllocatorOnBf16Backend) {
-  const mp_ac_mode modes[] = {MP_AC_NONE, MP_AC_SELECTIVE, MP_AC_FULL};
+  const mp_ac_mode modes[] = {MP_AC_NONE, MP_AC_SELECTIVE_CORE, MP_AC_FULL};
   for (const char *model : {"tiny-dense", "tiny-moe"})
     for (mp_ac_mode ac : modes)
       for (int fp8 = 0; fp8 <= 1; fp8++) CheckCudaCase({model, 32, 2, 4, ac, fp8}, mp_backend_acct());
@@ -257,8 +257,8 @@ TEST(ScheduleMemory, CudaModelEqualsTrackedAllocatorLlama1b) {
 // about 32 GB of allocations, AC none, bf16 and float8).
 TEST(ScheduleMemory, DISABLED_CudaModelLlama1bMore) {
   const mp_backend *be = mp_backend_acct_untouched();
-  CheckCudaCase({"llama-1b-bench", 256, 1, 2, MP_AC_SELECTIVE, 0}, be);
-  CheckCudaCase({"llama-1b-bench", 256, 1, 2, MP_AC_SELECTIVE, 1}, be);
+  CheckCudaCase({"llama-1b-bench", 256, 1, 2, MP_AC_SELECTIVE_CORE, 0}, be);
+  CheckCudaCase({"llama-1b-bench", 256, 1, 2, MP_AC_SELECTIVE_CORE, 1}, be);
   CheckCudaCase({"llama-1b-bench", 256, 1, 2, MP_AC_FULL, 0}, be);
   for (int fp8 = 0; fp8 <= 1; fp8++) CheckCudaCase({"llama-1b-bench", 2048, 4, 4, MP_AC_NONE, fp8}, be);
 }

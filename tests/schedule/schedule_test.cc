@@ -12,75 +12,11 @@
 
 #include "exec/plan.h"
 #include "exec/schedule.h"
+#include "tests/schedule/built.h"
 
 namespace {
 
-struct Built {
-  mp_ctx ctx;
-  mp_model model;
-  mp_plan *plan = nullptr;
-  mp_arena *arena = nullptr;
-  mp_schedule *s = nullptr;
-  ~Built() {
-    mp_arena_destroy(arena);
-    mp_plan_destroy(plan);
-  }
-};
-
-struct Opts {
-  const char *model = "llama3.1-8b";
-  const char *mesh = "dp_shard=8";
-  mp_ac_mode ac = MP_AC_NONE;
-  int fp8 = 0;
-  int reshard = 1;
-  int shard_logits = 1;
-  int64_t micro_batch = 1;
-  int64_t global_batch = 0;
-  int64_t seq = 8192;
-  int rank = 0;
-  mp_schedule_mode mode = MP_SCHEDULE_EXPANDED;
-};
-
-void Build(Built *b, const Opts &o) {
-  mp_ctx_init(&b->ctx);
-  ASSERT_EQ(mp_model_load(&b->ctx, o.model, &b->model), MP_OK) << mp_errmsg(&b->ctx);
-  mp_mesh mesh;
-  ASSERT_EQ(mp_mesh_parse(&b->ctx, o.mesh, 0, &mesh), MP_OK) << mp_errmsg(&b->ctx);
-  mp_plan_options po;
-  mp_plan_options_init(&po);
-  po.ac = o.ac;
-  po.fp8 = o.fp8;
-  po.fsdp.reshard_after_forward = o.reshard;
-  po.tp.shard_logits = o.shard_logits;
-  po.micro_batch = o.micro_batch;
-  po.global_batch = o.global_batch;
-  po.seq = o.seq;
-  ASSERT_EQ(mp_build_plan(&b->ctx, &b->model, &mesh, &po, &b->plan), MP_OK) << mp_errmsg(&b->ctx);
-  b->arena = mp_arena_create();
-  ASSERT_EQ(mp_schedule_build(&b->ctx, b->plan, o.rank, o.mode, b->arena, &b->s), MP_OK)
-      << mp_errmsg(&b->ctx);
-  ASSERT_EQ(mp_schedule_check(&b->ctx, b->s), MP_OK) << mp_errmsg(&b->ctx);
-}
-
-// One expanded op instance, with everything the mode must not change.
-struct Inst {
-  const mp_op *op;
-  int32_t layer, unit;
-  int64_t index;
-  std::vector<int64_t> deps;
-};
-
-std::vector<Inst> Expand(const mp_schedule *s) {
-  std::vector<Inst> v;
-  mp_schedule_iter it;
-  mp_schedule_iter_begin(s, &it);
-  while (mp_schedule_iter_next(&it)) {
-    Inst x{it.op, it.layer, it.unit, it.index, {}};
-    for (int i = 0; i < it.op->n_dep; i++) x.deps.push_back(mp_schedule_iter_dep(&it, i));
-    v.push_back(x);
-  }
-  return v;
-}
+using namespace sched_test;
 
 double Sum(const std::vector<Inst> &v, int64_t n_micro, bool (*pred)(const Inst &)) {
   double f = 0;
@@ -97,11 +33,13 @@ const double kBlockMatmul = 2 * kH * kQ + 2 * kH * kKV + 3 * kH * kF;  // 218,10
 const double kBlockNorms = 2 * kH;
 
 TEST(Schedule, TpAllReducesOfOneDenseBlock) {
-  // llama3.1-8b, tp=8, micro-batch 1 x 8192 tokens: T = 8192. Each TP all-reduce carries the
-  // [T, H] bf16 activation: 2 x 8192 x 4096 = 67,108,864 bytes.
+  // llama3.1-8b, tp=8 without sequence parallelism, micro-batch 1 x 8192 tokens: T = 8192.
+  // Each TP all-reduce carries the [T, H] bf16 activation: 2 x 8192 x 4096 = 67,108,864
+  // bytes.
   Built b;
   Opts o;
   o.mesh = "tp=8";
+  o.sp = 0;
   Build(&b, o);
   const double ar = 2.0 * 8192 * 4096;
   EXPECT_EQ(ar, 67108864.0);
@@ -154,6 +92,7 @@ TEST(Schedule, ReplicatedLogitsAreAllGathered) {
   o.mesh = "tp=2";
   o.seq = 64;
   o.shard_logits = 0;
+  o.sp = 0;
   Build(&b, o);
   mp_schedule_totals t;
   mp_schedule_totals_compute(b.s, &t);
@@ -162,6 +101,51 @@ TEST(Schedule, ReplicatedLogitsAreAllGathered) {
   EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_TP], 64.0 * 256 * 2);
   // 2 blocks x 4 + embedding + head input gradient, each 64 x 64 x 2 bytes
   EXPECT_EQ(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_TP], 10);
+}
+
+TEST(Schedule, SequenceParallelGathersAndScattersEachRegion) {
+  // The same plan with sequence parallelism (the default with tp > 1): every all-reduce of a
+  // TP region becomes an all-gather before it and a reduce-scatter after it (Korthikanti et
+  // al. 2022), each of the [T, H] bf16 tensor (2 x 8192 x 4096 bytes). Per block, forward:
+  // all-gather before q/k/v and before gate/up, reduce-scatter after o and after down;
+  // backward: all-gather of o's and down's output gradients, reduce-scatter of the q/k/v
+  // and gate/up input gradients.
+  Built b;
+  Opts o;
+  o.mesh = "tp=8";
+  Build(&b, o);
+  ASSERT_EQ(b.plan->opts.sp, 1);
+  const double full = 2.0 * 8192 * 4096;
+  int ag[2] = {0, 0}, rs[2] = {0, 0};
+  for (const Inst &x : Expand(b.s)) {
+    if (x.layer != 5 || x.op->type != MP_OP_COMM) continue;
+    ASSERT_EQ(x.op->group, MP_GROUP_TP);
+    ASSERT_NE(x.op->coll, MP_COLL_ALL_REDUCE);
+    EXPECT_EQ(x.op->bytes, full);
+    const int bwd = x.op->phase == MP_PHASE_BACKWARD;
+    if (x.op->coll == MP_COLL_ALL_GATHER) ag[bwd]++;
+    if (x.op->coll == MP_COLL_REDUCE_SCATTER) rs[bwd]++;
+  }
+  EXPECT_EQ(ag[0], 2);
+  EXPECT_EQ(rs[0], 2);
+  EXPECT_EQ(ag[1], 2);
+  EXPECT_EQ(rs[1], 2);
+  // Whole step: 32 blocks x 4 of each, plus the embedding's reduce-scatter (forward) and its
+  // gradient's all-gather (backward), the head input's all-gather (forward) and its
+  // gradient's reduce-scatter (backward); loss-parallel's three all-reduces remain.
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(b.s, &t);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_TP], 32 * 4 + 2);
+  EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_TP], 32 * 4 + 2);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_TP], 3);
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_REDUCE_SCATTER][MP_GROUP_TP], 130 * full);
+  // The norms and residual adds run on the rank's 1/8 of the sequence.
+  for (const Inst &x : Expand(b.s)) {
+    if (x.layer == 5 && x.op->type == MP_OP_COMPUTE &&
+        (x.op->kernel == MP_KERNEL_NORM || x.op->kernel == MP_KERNEL_RESIDUAL)) {
+      EXPECT_EQ(x.op->m, 8192 / 8 * 4096) << mp_kernel_name((mp_kernel)x.op->kernel);
+    }
+  }
 }
 
 TEST(Schedule, FsdpGatherAndReduceScatterBytesPerUnit) {
@@ -263,8 +247,8 @@ TEST(Schedule, StepFlopsMatchModelFlops) {
 
 TEST(Schedule, RecomputeAddsTheForwardItRepeats) {
   const double T = 8192, s = 8192;
-  double gemm[3], attn[3], total[3];
-  for (int ac = 0; ac < 3; ac++) {
+  double gemm[MP_AC_COUNT], attn[MP_AC_COUNT], total[MP_AC_COUNT];
+  for (int ac = 0; ac < MP_AC_COUNT; ac++) {
     Built b;
     Opts o;
     o.ac = (mp_ac_mode)ac;
@@ -281,16 +265,27 @@ TEST(Schedule, RecomputeAddsTheForwardItRepeats) {
     total[ac] = t.flops;
     int recompute_ops = 0;
     for (const Inst &x : v) recompute_ops += x.op->phase == MP_PHASE_RECOMPUTE;
-    EXPECT_EQ(recompute_ops > 0, ac != MP_AC_NONE);
+    EXPECT_EQ(recompute_ops > 0, ac != MP_AC_NONE) << mp_ac_mode_name((mp_ac_mode)ac);
   }
-  // selective: q/k/v forward GEMMs and the attention core once more per layer
-  EXPECT_DOUBLE_EQ(gemm[MP_AC_SELECTIVE] - gemm[MP_AC_NONE], kL * 2 * T * kH * (kQ + 2 * kKV));
-  EXPECT_DOUBLE_EQ(attn[MP_AC_SELECTIVE] - attn[MP_AC_NONE], kL * 2 * T * s * kNH * kHD);
+  const double core = kL * 2 * T * s * kNH * kHD;
+  // selective (the attention module): q/k/v and o forward GEMMs and the core once more
+  EXPECT_DOUBLE_EQ(gemm[MP_AC_SELECTIVE] - gemm[MP_AC_NONE],
+                   kL * 2 * T * kH * (kQ + 2 * kKV) + kL * 2 * T * kQ * kH);
+  EXPECT_DOUBLE_EQ(attn[MP_AC_SELECTIVE] - attn[MP_AC_NONE], core);
+  // selective-op: the even matmuls of the block (k #2, o #4, up #6), not the core (saved)
+  EXPECT_DOUBLE_EQ(gemm[MP_AC_SELECTIVE_OP] - gemm[MP_AC_NONE],
+                   kL * 2 * T * kH * (kKV + kQ + kF));
+  EXPECT_DOUBLE_EQ(attn[MP_AC_SELECTIVE_OP], attn[MP_AC_NONE]);
+  // selective-core: the core alone
+  EXPECT_DOUBLE_EQ(gemm[MP_AC_SELECTIVE_CORE], gemm[MP_AC_NONE]);
+  EXPECT_DOUBLE_EQ(attn[MP_AC_SELECTIVE_CORE] - attn[MP_AC_NONE], core);
   // full: the whole block forward once more (all its GEMMs and the attention core)
   EXPECT_DOUBLE_EQ(gemm[MP_AC_FULL] - gemm[MP_AC_NONE], kL * 2 * T * kBlockMatmul);
-  EXPECT_DOUBLE_EQ(attn[MP_AC_FULL] - attn[MP_AC_NONE], kL * 2 * T * s * kNH * kHD);
-  EXPECT_LT(total[MP_AC_NONE], total[MP_AC_SELECTIVE]);
+  EXPECT_DOUBLE_EQ(attn[MP_AC_FULL] - attn[MP_AC_NONE], core);
+  EXPECT_LT(total[MP_AC_NONE], total[MP_AC_SELECTIVE_CORE]);
+  EXPECT_LT(total[MP_AC_SELECTIVE_CORE], total[MP_AC_SELECTIVE]);
   EXPECT_LT(total[MP_AC_SELECTIVE], total[MP_AC_FULL]);
+  EXPECT_LT(total[MP_AC_SELECTIVE_OP], total[MP_AC_FULL]);
 }
 
 // Net ACTIVATIONS bytes a block's forward leaves saved for its backward.
@@ -306,19 +301,200 @@ int64_t SavedByBlock(const mp_schedule *s, int layer) {
 }
 
 TEST(Schedule, SavedActivationBytesPerBlock) {
-  // Per token (bf16, llama3.1-8b, tp=1): x 8192; attention: normed x 8192 + rstd 4 + q/k/v
-  // 2(4096 + 2048) = 12288 + attention out 8192 + logsumexp 4 x 32 = 128; MLP: h 8192 +
-  // rstd 4 + normed h 8192 + gate, up, SwiGLU out 3 x 2 x 14336 = 86016.
+  // Per token (bf16, llama3.1-8b, tp=1), what each op saves (exec/schedule_act.c):
+  //   x (attention_norm's input)                                    8192
+  //   attention: rstd 4, normed x 8192, q/k after RoPE and v 2(4096 + 2 x 1024) = 12288,
+  //              output 8192, log-sum-exp 4 x 32 = 128               28804
+  //   MLP: h 8192 + rstd 4, normed h 8192, gate, up, silu(gate) and their product
+  //        4 x 2 x 14336 = 114688                                    131076
+  // none keeps all 168072; selective keeps x, attention_norm's rstd and the module's input
+  // (8196) and the MLP: 147464; selective-op keeps the block input, q before RoPE 8192, v 2048,
+  // the output and log-sum-exp 8320, gate 28672 and down's output 8192: 63616;
+  // selective-core drops only the log-sum-exp: 167944; full keeps the block input.
   const int64_t T = 8192;
-  const int64_t x = 8192, attn = 8192 + 4 + 12288 + 8192 + 128, mlp = 8192 + 4 + 8192 + 86016;
-  const int64_t want[3] = {T * (x + attn + mlp), T * (x + mlp), T * x};
-  EXPECT_EQ(x + attn + mlp, 139400);
-  for (int ac = 0; ac < 3; ac++) {
+  const int64_t x = 8192, attn = 4 + 8192 + 12288 + 8192 + 128, mlp = 8192 + 4 + 8192 + 114688;
+  EXPECT_EQ(x + attn + mlp, 168072);
+  int64_t want[MP_AC_COUNT];
+  want[MP_AC_NONE] = T * 168072;
+  want[MP_AC_SELECTIVE] = T * (x + 4 + 8192 + mlp);
+  want[MP_AC_SELECTIVE_OP] = T * (x + 8192 + 2048 + 8192 + 128 + 28672 + 8192);
+  want[MP_AC_SELECTIVE_CORE] = T * (168072 - 128);
+  want[MP_AC_FULL] = T * x;
+  EXPECT_EQ(want[MP_AC_SELECTIVE], T * 147464);
+  EXPECT_EQ(want[MP_AC_SELECTIVE_OP], T * 63616);
+  for (int ac = 0; ac < MP_AC_COUNT; ac++) {
     Built b;
     Opts o;
     o.ac = (mp_ac_mode)ac;
     Build(&b, o);
     EXPECT_EQ(SavedByBlock(b.s, 3), want[ac]) << mp_ac_mode_name((mp_ac_mode)ac);
+  }
+}
+
+TEST(Schedule, SequenceParallelShardsTheSavedResidualStream) {
+  // llama3.1-8b at tp=8 without AC, T = 8192 tokens, Ts = T/8 = 1024; tp-local q 512,
+  // kv 128, d_ff 1792, 4 heads (exec/schedule_act.c's per-op list):
+  //   no SP: x 2TH; attention: rstd 4T, normed x 2TH, q/k/v 2T(512 + 256), output 2T 512,
+  //          log-sum-exp 4T 4; MLP: h 2TH + rstd 4T, normed h 2TH, 4 x 2T 1792:
+  //          67,108,864 + 88,244,224 + 251,691,008 = 407,044,096 bytes
+  //   SP:    x, h and the two rstd on Ts (the norms run on the sequence shard); the normed
+  //          inputs are saved all-gathered ([T, H], what the Linears' autograd keeps):
+  //          8,388,608 + 88,215,552 + 192,942,080 = 289,546,240 bytes
+  for (int sp = 0; sp <= 1; sp++) {
+    Built b;
+    Opts o;
+    o.mesh = "tp=8";
+    o.sp = sp;
+    Build(&b, o);
+    EXPECT_EQ(SavedByBlock(b.s, 3), sp ? 289546240 : 407044096) << "sp=" << sp;
+  }
+}
+
+TEST(Schedule, ContextParallelRingAttention) {
+  // llama3.1-8b on dp_shard=2 x cp=4, seq 8192: each rank holds 2048 tokens (two of the 8
+  // load-balanced chunks). Per layer, forward: 4 partial attention steps of 1/4 of the
+  // core's FLOPs (2 x 2048 x 8192 x 32 x 128 / 4), 3 ring shifts of the local K and V,
+  // 2 x 2048 x 1024 x 2 bytes = 8 MiB, each step after the first waiting for its shift;
+  // backward: 4 steps of twice that, 3 K, V shifts and 4 shifts of the fp32 dK, dV (16 MiB).
+  Built b;
+  Opts o;
+  o.mesh = "dp_shard=2,cp=4";
+  Build(&b, o);
+  const double kv = 2.0 * 2048 * 1024 * 2, dkv = 2.0 * 2048 * 1024 * 4;
+  const double step = 2.0 * 2048 * 8192 * 32 * 128 / 4;
+  int shifts[2] = {0, 0}, dshifts = 0, steps[2] = {0, 0};
+  std::vector<Inst> v = Expand(b.s);
+  for (const Inst &x : v) {
+    if (x.layer != 5) continue;
+    const int bwd = x.op->phase == MP_PHASE_BACKWARD;
+    if (x.op->type == MP_OP_COMM && x.op->group == MP_GROUP_CP) {
+      EXPECT_EQ(x.op->coll, MP_COLL_SENDRECV);
+      EXPECT_EQ(x.op->stream, MP_STREAM_P2P);
+      EXPECT_EQ(x.op->peer, MP_PEER_NEXT);
+      if (x.op->bytes == kv) shifts[bwd]++;
+      else if (x.op->bytes == dkv) dshifts++;
+      else ADD_FAILURE() << "shift of " << x.op->bytes << " bytes";
+    }
+    if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_ATTENTION &&
+        x.op->flops > 1e9) { // not the merges
+      EXPECT_DOUBLE_EQ(x.op->flops, bwd ? 2 * step : step);
+      steps[bwd]++;
+      // every step but the first waits for the shift that brings its K and V
+      bool waits = false;
+      mp_schedule_iter it;
+      mp_schedule_iter_begin(b.s, &it);
+      while (mp_schedule_iter_next(&it) && it.index != x.index) {
+      }
+      for (int d = 0; d < it.op->n_dep; d++) {
+        const int64_t j = mp_schedule_iter_dep(&it, d);
+        if (j >= 0 && v[j].op->type == MP_OP_COMM && v[j].op->group == MP_GROUP_CP) waits = true;
+      }
+      const int first = steps[bwd] == 1;
+      EXPECT_EQ(waits, !first) << (bwd ? "backward" : "forward") << " step " << steps[bwd];
+    }
+  }
+  EXPECT_EQ(steps[0], 4);
+  EXPECT_EQ(steps[1], 4);
+  EXPECT_EQ(shifts[0], 3);
+  EXPECT_EQ(shifts[1], 3);
+  EXPECT_EQ(dshifts, 4);
+  // FSDP shards over dp_shard x cp = 8
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(b.s, &t);
+  EXPECT_GT(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_FSDP], 0);
+  EXPECT_EQ(mp_mesh_group_size(&b.plan->mesh, MP_GROUP_FSDP), 8);
+}
+
+TEST(Schedule, Float8TensorParallelCastsBeforeItsGather) {
+  // llama3.1-8b, tp=2 with SP, float8, seq 8192, micro-batch 1: T = 8192, Ts = 4096. As
+  // torchao's float8 TP runs in torchtitan, the attention's and the MLP's input is cast to
+  // float8 once on the rank's 4096 tokens and all-gathered in float8, T x H x 1 =
+  // 33,554,432 bytes; q, k, v, gate and up cast only their weights. Per block forward:
+  // 2 input casts of Ts x H, 7 weight casts, the input casts of o and down (T x q/tp and
+  // T x f/tp) = 11 casts; without TP every Linear casts its input and weight: 14. In
+  // backward q, k, v, gate and up transpose their saved float8 input (2 bytes an element)
+  // instead of casting it (5).
+  Built b;
+  Opts o;
+  o.mesh = "tp=2";
+  o.fp8 = 1;
+  Build(&b, o);
+  int casts = 0, gathers = 0, transposes = 0;
+  for (const Inst &x : Expand(b.s)) {
+    if (x.layer != 5) continue;
+    const mp_op *op = x.op;
+    if (op->phase == MP_PHASE_FORWARD && op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_FP8_CAST)
+      casts++;
+    if (op->phase == MP_PHASE_FORWARD && op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_FP8_CAST &&
+        (op->module == MP_MOD_Q || op->module == MP_MOD_UP) && op->m == 4096 * 4096) {
+      EXPECT_EQ(op->bytes, 5.0 * 4096 * 4096) << "the region's input cast on Ts x H";
+    }
+    if (op->phase == MP_PHASE_FORWARD && op->type == MP_OP_COMM && op->coll == MP_COLL_ALL_GATHER) {
+      gathers++;
+      EXPECT_EQ(op->bytes, 8192.0 * 4096);
+      EXPECT_EQ(op->dtype, MP_DTYPE_FP8_E4M3);
+    }
+    if (op->phase == MP_PHASE_BACKWARD && op->type == MP_OP_COMPUTE &&
+        op->kernel == MP_KERNEL_FP8_CAST && op->bytes == 2.0 * 8192 * 4096)
+      transposes++;
+  }
+  EXPECT_EQ(casts, 11);
+  EXPECT_EQ(gathers, 2);
+  EXPECT_EQ(transposes, 5);
+  Built one;
+  Opts p;
+  p.mesh = "dp_shard=2";
+  p.fp8 = 1;
+  Build(&one, p);
+  int casts1 = 0;
+  for (const Inst &x : Expand(one.s))
+    casts1 += x.layer == 5 && x.op->phase == MP_PHASE_FORWARD && x.op->type == MP_OP_COMPUTE &&
+              x.op->kernel == MP_KERNEL_FP8_CAST;
+  EXPECT_EQ(casts1, 14);
+}
+
+TEST(Schedule, MegatronActivationsFollowKorthikanti) {
+  // gpt-22b (h 6144, a 64, s 2048, f 4h) at tp=8, micro-batch 1, Megatron-LM's memory model
+  // with its materialized attention: Korthikanti et al. 2022, Table 2, per layer
+  //   no SP:  sbh (10 + 24/t + 5as/(ht))       SP:  sbh (34/t + 5as/(ht))
+  // with sbh = 2048 x 6144 = 12,582,912 and 5as/(ht) x sbh = 5 a s^2 / t = 167,772,160,
+  // plus what the paper leaves out, the two LayerNorms' fp32 mean and rstd, 16 bytes per
+  // token (on Ts = s/t tokens under SP):
+  //   no SP: 163,577,856 + 167,772,160 + 32,768 = 331,382,784
+  //   SP:     53,477,376 + 167,772,160 +  4,096 = 221,253,632
+  // selective-core recomputes the core attention: the 5as/(ht) term goes; full keeps the
+  // layer's input 2 sbh / t (SP) or 2 sbh. With flash attention instead the scores' term is
+  // the log-sum-exp, 4 a s / t = 65,536 bytes.
+  const double sbh = 2048.0 * 6144, core = 5.0 * 64 * 2048 * 2048 / 8;
+  EXPECT_EQ(sbh * 13 + core + 32768, 331382784.0);
+  EXPECT_EQ(sbh * 34 / 8 + core + 4096, 221253632.0);
+  struct Case {
+    int sp;
+    mp_ac_mode ac;
+    mp_attn_impl attn;
+    int64_t want;
+  } cases[] = {
+      {0, MP_AC_NONE, MP_ATTN_MATERIALIZED, 331382784},
+      {1, MP_AC_NONE, MP_ATTN_MATERIALIZED, 221253632},
+      {0, MP_AC_SELECTIVE_CORE, MP_ATTN_MATERIALIZED, 331382784 - 167772160},
+      {1, MP_AC_SELECTIVE_CORE, MP_ATTN_MATERIALIZED, 221253632 - 167772160},
+      {1, MP_AC_FULL, MP_ATTN_MATERIALIZED, 2 * 2048 * 6144 / 8},
+      {0, MP_AC_FULL, MP_ATTN_MATERIALIZED, 2 * 2048 * 6144},
+      {1, MP_AC_NONE, MP_ATTN_FLASH, 221253632 - 167772160 + 4 * 8 * 2048},
+  };
+  for (const Case &k : cases) {
+    Built b;
+    Opts o;
+    o.model = "gpt-22b";
+    o.mesh = "tp=8";
+    o.seq = 2048;
+    o.sp = k.sp;
+    o.ac = k.ac;
+    o.attn = k.attn;
+    o.mem_model = MP_MEM_MODEL_MEGATRON;
+    Build(&b, o);
+    EXPECT_EQ(SavedByBlock(b.s, 3), k.want) << "sp=" << k.sp << " " << mp_ac_mode_name(k.ac)
+                                            << (k.attn == MP_ATTN_FLASH ? " flash" : "");
   }
 }
 

@@ -4,7 +4,7 @@
 // Expected programs, by hand from the runtime's order (runtime_step.c, the actions):
 //   - the residual stream x[0..2] is freed top down: x[2] after the head's backward, x[l]
 //     after block l's backward, x[0] after the embedding's;
-//   - AC selective drops each block's attention core after its forward and recomputes it
+//   - AC selective-core drops each block's attention core after its forward and recomputes it
 //     before the block's backward; full drops the core and the block and recomputes both;
 //   - FSDP on 2 ranks, CPU (blocking MPI): each block gathers its own units right before
 //     its forward; resharded, they are released after it and gathered again before the
@@ -71,7 +71,7 @@ TEST(StepProgram, OneRankEveryAcMode) {
   EXPECT_EQ(Program("dp_shard=1", MP_AC_NONE, 1, kCpu),
             "tokens embed_fwd block_fwd:0 block_fwd:1 head_fwd head_bwd free_x block_bwd:1 free_x block_bwd:0 "
             "embed_bwd free_x free_tokens");
-  EXPECT_EQ(Program("dp_shard=1", MP_AC_SELECTIVE, 1, kCpu),
+  EXPECT_EQ(Program("dp_shard=1", MP_AC_SELECTIVE_CORE, 1, kCpu),
             "tokens embed_fwd block_fwd:0 free_core:0 block_fwd:1 free_core:1 head_fwd head_bwd free_x "
             "recompute:1core block_bwd:1 free_x recompute:0core block_bwd:0 embed_bwd free_x free_tokens");
   EXPECT_EQ(Program("dp_shard=1", MP_AC_FULL, 1, kCpu),

@@ -127,7 +127,7 @@ struct Builder {
     o.n_dep++;
   }
   // Closes a segment over the ops pushed since `first`.
-  void Seg(int first, int repeat, int phase, int layer_step = 0) {
+  void Seg(int first, int repeat, int phase, int layer_step = 0, int chunk = 0) {
     mp_segment g;
     memset(&g, 0, sizeof g);
     g.first_op = first;
@@ -135,6 +135,7 @@ struct Builder {
     g.repeat = repeat;
     g.layer_step = layer_step;
     g.phase = (uint8_t)phase;
+    g.chunk = (uint8_t)chunk;
     segs.push_back(g);
   }
   const mp_schedule *Get() {
@@ -567,60 +568,63 @@ TEST(Memory, PeakBreakdownFragmentationOverheadAndFit) {
   EXPECT_FALSE(r.fits);
 }
 
-TEST(Pipeline, BubbleAndInflightActivations) {
-  // pp=4, 8 micro-batches of 1 + 2 ms; the schedule holds no P2P ops so the boundary
-  // transfers are added to the bubble: micro_batch 1 x seq 1024 x d_model 1024 x 2 bytes
-  // = 2 MiB over NVLink at 100 GB/s, twice per stage boundary.
+TEST(Pipeline, TimelineAndInflightActivations) {
+  // A stage of pp=4 running 8 micro-batches of 1 ms forward (leaving 100 bytes of
+  // activations held) and 2 ms backward, every stage alike, and a 2 MiB send of each chunk's
+  // activations and gradient on the pp group (100 GB/s NVLink, 20.97 us). 1F1B: (m + p - 1)
+  // (f + b) = 33 ms, plus the transfers of the fill and drain and of the steady state (the
+  // timeline's, tested in tests/sim/pipeline_test.cc); interleaved with two chunks of half
+  // the time each: m (f + b) + (p - 1)(f + b)/2 = 28.5 ms plus transfers. Stage 0 holds pp
+  // micro-batches under 1F1B, (pp - 1) x 2 + (v - 1) x pp + 1 = 11 chunks of 50 bytes
+  // interleaved.
   for (int interleaved = 0; interleaved <= 1; interleaved++) {
     Builder b("pp=4,dp_shard=2");
-    b.plan.model.d_model = 1024;
     b.plan.opts.pp_schedule = interleaved ? MP_PP_INTERLEAVED : MP_PP_1F1B;
     b.plan.opts.pp_virtual = interleaved ? 2 : 1;
     b.s.n_micro = 8;
     b.s.tokens_per_step_per_rank = 8 * 1024;
-    int first = (int)b.ops.size();
-    b.Gemm(1e-3);
-    b.Mem(MP_OP_ALLOC, MP_MEM_ACTIVATIONS, 100);
-    b.Seg(first, 1, MP_PHASE_FORWARD);
-    first = (int)b.ops.size();
-    b.Gemm(2e-3, MP_PHASE_BACKWARD);
-    b.Mem(MP_OP_FREE, MP_MEM_ACTIVATIONS, 100, MP_WHEN_EVERY_MICRO, MP_PHASE_BACKWARD);
-    b.Seg(first, 1, MP_PHASE_BACKWARD);
+    const int v = interleaved ? 2 : 1;
+    const double p2p = 2.0 * 1024 * 1024 / 100e9;
+    auto send = [&b](mp_phase ph) { /* the chunk's 2 MiB to the neighbouring stage */
+      mp_op o = b.Base(MP_OP_COMM, ph, MP_STREAM_P2P);
+      o.coll = MP_COLL_SEND;
+      o.group = MP_GROUP_PP;
+      o.bytes = 2.0 * 1024 * 1024;
+      b.Push(o);
+    };
+    for (int c = 0; c < v; c++) {
+      int first = (int)b.ops.size();
+      b.Gemm(1e-3 / v);
+      b.Mem(MP_OP_ALLOC, MP_MEM_ACTIVATIONS, 100 / v);
+      send(MP_PHASE_FORWARD);
+      b.Seg(first, 1, MP_PHASE_FORWARD, 0, c);
+    }
+    for (int c = v - 1; c >= 0; c--) {
+      int first = (int)b.ops.size();
+      b.Gemm(2e-3 / v, MP_PHASE_BACKWARD);
+      b.Mem(MP_OP_FREE, MP_MEM_ACTIVATIONS, 100 / v, MP_WHEN_EVERY_MICRO, MP_PHASE_BACKWARD);
+      send(MP_PHASE_BACKWARD);
+      b.Seg(first, 1, MP_PHASE_BACKWARD, 0, c);
+    }
     mp_sim_result r = Simulate(b, Cluster(), Profile());
-    double p2p = 1024.0 * 1024 * 2 / 100e9;  // 2 MiB at 100 GB/s
-    double bubble = 3 * 3e-3 / (interleaved ? 2 : 1) + 3 * 2 * p2p;
-    EXPECT_NEAR(r.bubble_s, bubble, 1e-12);
-    EXPECT_NEAR(r.step_time_s, 8 * 3e-3 + bubble, 1e-12);
-    // stage 0 holds pp = 4 micro-batches under 1F1B; interleaved (v=2): (3x2 + 4 + 1)/2.
-    double inflight = interleaved ? 5.5 : 4.0;
-    EXPECT_EQ(r.mem_at_peak[MP_MEM_ACTIVATIONS], (int64_t)(100 * inflight));
+    // the same timeline from the stage's times
+    mp_pp_stage_times t;
+    memset(&t, 0, sizeof t);
+    for (int c = 0; c < v; c++) t.f[c] = 1e-3 / v, t.b[c] = 2e-3 / v;
+    t.send_f = t.send_b = p2p;
+    const mp_pp_stage_times *st[4] = {&t, &t, &t, &t};
+    double finish[4];
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    ASSERT_EQ(mp_sim_pipeline(&ctx, b.plan.opts.pp_schedule, 4, v, 8, st, finish), MP_OK);
+    EXPECT_NEAR(r.step_time_s, *std::max_element(finish, finish + 4), 1e-12);
+    const double free_transfers = interleaved ? 28.5e-3 : 33e-3;
+    EXPECT_GT(r.step_time_s, free_transfers);
+    EXPECT_LT(r.step_time_s, free_transfers + 2 * 8 * v * p2p + 6 * p2p);
+    EXPECT_NEAR(r.bubble_s, r.step_time_s - 24e-3, 1e-12);
+    EXPECT_EQ(r.mem_at_peak[MP_MEM_ACTIVATIONS], interleaved ? 11 * 50 : 4 * 100);
     // tokens per replica (pp=4 GPUs) per step
     EXPECT_NEAR(r.tokens_per_s_per_gpu, 8 * 1024 / r.step_time_s / 4, 1e-6);
-  }
-}
-
-TEST(ContextParallel, RingAttentionOverlapsBlockTransfers) {
-  // cp=4 in one node (100 GB/s). K/V block of a rank: micro_batch 1 x 4096/4 tokens x 8 KV
-  // heads x 128 x 2 (K, V) x 2 bytes = 4 MiB: 41.9 us forward, twice that backward.
-  for (int slow = 0; slow <= 1; slow++) {
-    Builder b("cp=4,dp_shard=2");
-    b.plan.model.n_kv_heads = 8;
-    b.plan.model.head_dim = 128;
-    b.s.seq = 4096;
-    double t = slow ? 40e-6 : 4e-3;  // attention compute per rank (all four blocks)
-    mp_op o = b.Base(MP_OP_COMPUTE, MP_PHASE_FORWARD, MP_STREAM_COMPUTE);
-    o.kernel = MP_KERNEL_ATTENTION;
-    o.flops = t * 0.4e15;  // attention_eff 0.4 of 1e15
-    b.Push(o);
-    o.phase = MP_PHASE_BACKWARD;
-    b.Push(o);
-    b.Seg(0, 1, MP_PHASE_FORWARD);
-    mp_sim_result r = Simulate(b, Cluster(), Profile());
-    double blk = 1024.0 * 8 * 128 * 2 * 2 / 100e9;
-    double fwd = t / 4 + 3 * std::max(t / 4, blk), bwd = t / 4 + 3 * std::max(t / 4, 2 * blk);
-    EXPECT_NEAR(r.step_time_s, fwd + bwd, 1e-12) << (slow ? "comm-bound" : "compute-bound");
-    if (slow) continue;
-    EXPECT_NEAR(r.step_time_s, 2 * t, 1e-12);  // transfers hidden
   }
 }
 

@@ -368,3 +368,164 @@ TEST(Network, GroupLinkPerNodeMatchesListedMembers) {
       }
   }
 }
+
+// The compute stream's events of one layer in a traced simulation of s's rank 0, in time
+// order: name, start and end (microseconds).
+struct TEv {
+  std::string name;
+  double ts, end;
+};
+std::vector<TEv> ComputeEvents(PlanCase &s, const char *prefix) {
+  std::vector<TEv> v;
+  mp_plan *p = NULL;
+  EXPECT_EQ(mp_build_plan(&s.ctx, &s.m, &s.mesh, &s.o, &p), MP_OK) << mp_errmsg(&s.ctx);
+  mp_arena *a = mp_arena_create();
+  mp_schedule *sc = NULL;
+  EXPECT_EQ(mp_schedule_build(&s.ctx, p, 0, MP_SCHEDULE_COMPACT, a, &sc), MP_OK);
+  mp_sim_config cfg = s.cfg;
+  cfg.record_trace = 1;
+  mp_sim_trace *t = NULL;
+  mp_sim_result r;
+  EXPECT_EQ(mp_simulate(&s.ctx, sc, &cfg, &r, &t), MP_OK) << mp_errmsg(&s.ctx);
+  const char *tmp = getenv("TEST_TMPDIR");
+  std::string path = std::string(tmp ? tmp : "/tmp") + "/cp_trace.json";
+  EXPECT_EQ(mp_sim_trace_write(&s.ctx, t, path.c_str()), MP_OK);
+  cJSON *j = NULL;
+  EXPECT_EQ(mp_json_parse_file(&s.ctx, path.c_str(), &j), MP_OK);
+  cJSON *e;
+  cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "traceEvents")) {
+    if (strcmp(cJSON_GetObjectItemCaseSensitive(e, "ph")->valuestring, "X") != 0) continue;
+    if (cJSON_GetObjectItemCaseSensitive(e, "tid")->valueint != MP_STREAM_COMPUTE) continue;
+    const char *name = cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring;
+    if (strncmp(name, prefix, strlen(prefix)) != 0) continue;
+    const double ts = cJSON_GetObjectItemCaseSensitive(e, "ts")->valuedouble;
+    v.push_back({name, ts, ts + cJSON_GetObjectItemCaseSensitive(e, "dur")->valuedouble});
+  }
+  std::sort(v.begin(), v.end(), [](const TEv &x, const TEv &y) { return x.ts < y.ts; });
+  cJSON_Delete(j);
+  mp_sim_trace_destroy(t);
+  mp_arena_destroy(a);
+  mp_plan_destroy(p);
+  return v;
+}
+
+// Context parallelism's ring (exec/schedule_cp.c) on the p2p stream: llama3.1-8b on
+// dp_shard=2 x cp=4 in one h100-8 node, seq 8192. Its busy time is per layer 6 K, V shifts
+// of 8 MiB and 4 dK, dV shifts of 16 MiB, each bytes / (450 GB/s x link_eff 0.8) + 3 us of
+// latency + the stack's 20 us per collective. On NVLink a forward step's shift (46 us)
+// hides under the step before it (136 us): every step starts as soon as the compute stream
+// is free; on a link 1000 times slower the steps after the first wait for their K and V.
+TEST(PlanTime, ContextParallelRingOverlapsItsSteps) {
+  PlanCase fast("llama3.1-8b", "h100-8", "dp_shard=2,cp=4");
+  fast.o.seq = 8192;
+  mp_sim_result a = fast.Sim();
+  const double kv = 2.0 * 2048 * 1024 * 2, dkv = 2.0 * kv;
+  const double per = (6 * kv + 4 * dkv) / (450e9 * 0.8) + 10 * (3e-6 + 20e-6);
+  EXPECT_NEAR(a.comm_s[MP_STREAM_P2P], 32 * per, 1e-9);
+  PlanCase slow("llama3.1-8b", "h100-8", "dp_shard=2,cp=4");
+  slow.o.seq = 8192;
+  slow.c.intra_node_GBps_per_gpu = 0.45;
+  for (int is_slow = 0; is_slow <= 1; is_slow++) {
+    std::vector<TEv> v = ComputeEvents(is_slow ? slow : fast, "layers.5 ");
+    int steps = 0;
+    for (size_t i = 1; i < v.size(); i++) {
+      if (v[i].name != "layers.5 attention core fwd" || v[i].end - v[i].ts < 50) continue;
+      steps++;
+      const double gap = v[i].ts - v[i - 1].end;
+      if (steps == 1 || !is_slow)
+        EXPECT_NEAR(gap, 0.0, 1e-3) << "step " << steps << (is_slow ? " slow" : " fast");
+      else
+        EXPECT_GT(gap, 1000.0) << "step " << steps << " waits for its 8 MiB at 0.36 GB/s";
+    }
+    EXPECT_EQ(steps, 4);
+  }
+}
+
+// The compact schedule folds ring attention's cp - 3 middle steps into one round of ops
+// with mp_op.count (exec/schedule_cp.c); the expanded schedule writes every step. Both give
+// the same step, with the ring compute-bound (NVLink) and transfer-bound (a link at 1/40 of
+// it, the K, V and fp32 dK, dV shifts longer than the steps), for cp = 5 (a fold of 2), 8
+// and 16 on 2 nodes of h100-8 (cp 16 crosses the nodes).
+TEST(PlanTime, FoldedRingEqualsTheExpandedOne) {
+  struct Case {
+    const char *mesh;
+    int64_t seq;
+    double link_scale;
+  } cases[] = {{"dp_shard=1,cp=5", 10240, 1.0},  {"dp_shard=1,cp=5", 10240, 1.0 / 40},
+               {"dp_shard=1,cp=8", 8192, 1.0},   {"dp_shard=1,cp=8", 8192, 1.0 / 40},
+               {"dp_shard=1,cp=16", 16384, 1.0}, {"dp_shard=1,cp=16", 16384, 1.0 / 40}};
+  for (const Case &k : cases) {
+    PlanCase s("llama3.1-8b", "h100-8", "dp_shard=8");
+    s.c.n_nodes = 2;
+    s.c.intra_node_GBps_per_gpu *= k.link_scale;
+    s.c.inter_node_Gbitps_per_gpu *= k.link_scale;
+    ASSERT_EQ(mp_mesh_parse(&s.ctx, k.mesh, 0, &s.mesh), MP_OK) << mp_errmsg(&s.ctx);
+    s.o.seq = k.seq;
+    s.o.micro_batch = 1;
+    s.o.global_batch = 4;
+    s.o.ac = MP_AC_SELECTIVE_OP;
+    mp_plan *p = NULL;
+    ASSERT_EQ(mp_build_plan(&s.ctx, &s.m, &s.mesh, &s.o, &p), MP_OK) << mp_errmsg(&s.ctx);
+    mp_arena *a = mp_arena_create();
+    mp_schedule *sc = NULL, *se = NULL;
+    ASSERT_EQ(mp_schedule_build(&s.ctx, p, 0, MP_SCHEDULE_COMPACT, a, &sc), MP_OK);
+    ASSERT_EQ(mp_schedule_build(&s.ctx, p, 0, MP_SCHEDULE_EXPANDED, a, &se), MP_OK);
+    int folded = 0;
+    for (int32_t i = 0; i < sc->n_ops; i++) folded += sc->ops[i].count > 1;
+    EXPECT_GT(folded, 0) << k.mesh;
+    mp_schedule_totals tc, te;
+    mp_schedule_totals_compute(sc, &tc);
+    mp_schedule_totals_compute(se, &te);
+    EXPECT_NEAR(tc.flops, te.flops, 1e-9 * te.flops) << k.mesh;
+    EXPECT_EQ(tc.n_comm[MP_COLL_SENDRECV][MP_GROUP_CP], te.n_comm[MP_COLL_SENDRECV][MP_GROUP_CP]);
+    mp_sim_result rc, re;
+    ASSERT_EQ(mp_simulate(&s.ctx, sc, &s.cfg, &rc, NULL), MP_OK) << mp_errmsg(&s.ctx);
+    ASSERT_EQ(mp_simulate(&s.ctx, se, &s.cfg, &re, NULL), MP_OK) << mp_errmsg(&s.ctx);
+    EXPECT_NEAR(rc.step_time_s, re.step_time_s, 1e-9 * re.step_time_s)
+        << k.mesh << " link x" << k.link_scale;
+    EXPECT_NEAR(rc.exposed_comm_s, re.exposed_comm_s, 1e-9 * re.step_time_s) << k.mesh;
+    EXPECT_NEAR(rc.comm_s[MP_STREAM_P2P], re.comm_s[MP_STREAM_P2P], 1e-9 * re.step_time_s);
+    EXPECT_EQ(rc.peak_mem_bytes, re.peak_mem_bytes) << k.mesh;
+    mp_arena_destroy(a);
+    mp_plan_destroy(p);
+  }
+}
+
+// The torchtitan memory model, byte for byte, on the plan of torchtitan's Table 1 (llama3.1-8b,
+// FSDP 8, local batch 2 x 8192 tokens in one micro-batch, op-level selective AC; eager).
+// N = 8,030,261,248 parameters, all dims divisible by 8: 1,003,782,656 per rank, fp32
+// master, gradient and AdamW m, v: 4, 4 and 8 bytes each. The peak is in the head's
+// backward (exec/schedule_ops.c, loss_bwd), T = 16384 tokens, V = 128256:
+//   gathered   the root unit (tok_embeddings, norm, output) in bf16, 2 x (2 x 525,336,576
+//              + 4096) = 2,101,354,496, and the last block, prefetched for its backward,
+//              2 x 218,112,000 = 436,224,000
+//   temp       the root unit's unsharded bf16 gradients, 2,101,354,496
+//   activations 32 blocks x T x 63,616 (schedule_test's SavedActivationBytesPerBlock:
+//              the block input, q, v, the attention output and log-sum-exp, gate, down's
+//              output) = 33,353,105,408, and the head's: final norm's input 2TH, its rstd
+//              4T, the head GEMM's input 2TH = 268,500,992
+//   logits     eager cross-entropy's fp32 log_softmax output (saved), nll's fp32 gradient
+//              and log_softmax's fp32 input gradient: 3 x 4 x T x V = 25,216,155,648
+// The reserved peak is that x 1.114 (torchtitan-eager's frag_factor) + 2.5 GiB.
+TEST(PlanMemory, TorchtitanLlama8bFsdp8ByteForByte) {
+  PlanCase s("llama3.1-8b", "h100-8", "dp_shard=8");
+  ASSERT_EQ(mp_stack_load(&s.ctx, "torchtitan-eager", &s.prof), MP_OK);
+  ASSERT_EQ(mp_cluster_make(&s.ctx, "h100-96gb-500w", 8, 8, &s.c), MP_OK);
+  mp_stack_plan_options(&s.prof, &s.o);
+  s.o.seq = 8192;
+  s.o.micro_batch = 2;
+  s.o.global_batch = 16;
+  s.o.ac = MP_AC_SELECTIVE_OP;
+  mp_sim_result r = s.Sim();
+  const int64_t shard = 1003782656;
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_PARAMS], 4 * shard);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_GRADS], 4 * shard);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_OPTIMIZER], 8 * shard);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_GATHERED], 2101354496LL + 436224000LL);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_TEMP], 2101354496LL);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_ACTIVATIONS], 33353105408LL + 268500992LL);
+  EXPECT_EQ(r.mem_at_peak[MP_MEM_LOGITS], 25216155648LL);
+  const int64_t alloc = 16 * shard + 2537578496LL + 2101354496LL + 33621606400LL + 25216155648LL;
+  EXPECT_EQ(alloc, 79537217536LL);
+  EXPECT_EQ(r.peak_mem_bytes, (int64_t)((double)alloc * 1.114 + 2.5 * 1073741824.0));
+}

@@ -1,0 +1,127 @@
+/* Names of the plan's enums and the activation-checkpointing policy syntax ("none",
+ * "selective", "selective-op", "selective-core", "full", "full:N"): parsing and printing
+ * with no dependency beyond exec/plan.h, so that readers of stack and option files link
+ * them alone. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec/plan.h"
+
+static const char *const k_module_names[MP_MOD_COUNT] = {
+    [MP_MOD_TOK_EMBEDDINGS] = "tok_embeddings",
+    [MP_MOD_POS_EMBEDDINGS] = "pos_embeddings",
+    [MP_MOD_ATTN_NORM] = "attention_norm",
+    [MP_MOD_Q] = "attention.q_proj",
+    [MP_MOD_K] = "attention.k_proj",
+    [MP_MOD_V] = "attention.v_proj",
+    [MP_MOD_Q_NORM] = "attention.q_norm",
+    [MP_MOD_K_NORM] = "attention.k_norm",
+    [MP_MOD_O] = "attention.o_proj",
+    [MP_MOD_FFN_NORM] = "ffn_norm",
+    [MP_MOD_GATE] = "mlp.gate_proj",
+    [MP_MOD_UP] = "mlp.up_proj",
+    [MP_MOD_DOWN] = "mlp.down_proj",
+    [MP_MOD_ROUTER] = "moe.router",
+    [MP_MOD_EXPERTS_GATE] = "moe.experts.gate_proj",
+    [MP_MOD_EXPERTS_UP] = "moe.experts.up_proj",
+    [MP_MOD_EXPERTS_DOWN] = "moe.experts.down_proj",
+    [MP_MOD_SHARED_GATE] = "moe.shared_expert.gate_proj",
+    [MP_MOD_SHARED_UP] = "moe.shared_expert.up_proj",
+    [MP_MOD_SHARED_DOWN] = "moe.shared_expert.down_proj",
+    [MP_MOD_FINAL_NORM] = "norm",
+    [MP_MOD_OUTPUT] = "output",
+};
+
+int mp_module_f8_source(mp_module m) {
+  switch (m) {
+    case MP_MOD_Q:
+    case MP_MOD_K:
+    case MP_MOD_V: return 0;
+    case MP_MOD_O: return 1;
+    case MP_MOD_GATE:
+    case MP_MOD_UP: return 2;
+    case MP_MOD_DOWN: return 3;
+    default: return -1;
+  }
+}
+
+const char *mp_module_name(mp_module m) {
+  return (unsigned)m < MP_MOD_COUNT ? k_module_names[m] : "?";
+}
+
+void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap) {
+  if (m == MP_AC_FULL && every > 1) snprintf(buf, cap, "full:%d", every);
+  else snprintf(buf, cap, "%s", mp_ac_mode_name(m));
+}
+
+mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every) {
+  *every = 1;
+  for (int m = 0; s && m < MP_AC_COUNT; m++)
+    if (strcmp(s, mp_ac_mode_name((mp_ac_mode)m)) == 0) {
+      *out = (mp_ac_mode)m;
+      return MP_OK;
+    }
+  if (s && strncmp(s, "full:", 5) == 0) {
+    char *end = NULL;
+    long n = strtol(s + 5, &end, 10);
+    if (end != s + 5 && *end == '\0' && n >= 1 && n <= MP_MAX_LAYERS) {
+      *out = MP_AC_FULL;
+      *every = (int)n;
+      return MP_OK;
+    }
+  }
+  return mp_error(ctx, MP_ERR_INVALID,
+                  "unknown activation checkpointing policy '%s'; choose none, selective (the "
+                  "attention module), selective-op (torchtitan's op-level), selective-core "
+                  "(Megatron's core attention), full, or full:N (every N-th block)",
+                  s ? s : "(null)");
+}
+
+mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out) {
+  int every = 1;
+  MP_CHECK(mp_ac_parse(ctx, s, out, &every));
+  if (every > 1)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "'%s': full AC on every N-th block is not taken here; give the policy alone",
+                    s);
+  return MP_OK;
+}
+
+mp_ac_mode mp_plan_layer_ac(const mp_plan_options *o, int64_t layer) {
+  if (o->ac == MP_AC_FULL && o->ac_every > 1 && (layer + 1) % o->ac_every != 0) return MP_AC_NONE;
+  return o->ac;
+}
+
+const char *mp_mem_model_name(mp_mem_model m) {
+  switch (m) {
+    case MP_MEM_MODEL_TORCHTITAN: return "torchtitan";
+    case MP_MEM_MODEL_MESHPLAN_CPU: return "meshplan-cpu";
+    case MP_MEM_MODEL_MESHPLAN_CUDA: return "meshplan-cuda";
+    case MP_MEM_MODEL_MEGATRON: return "megatron";
+    case MP_MEM_MODEL_COUNT: break;
+  }
+  return "?";
+}
+
+const char *mp_tp_style_name(mp_tp_style s) {
+  switch (s) {
+    case MP_TP_NONE: return "replicate";
+    case MP_TP_COLWISE: return "colwise";
+    case MP_TP_ROWWISE: return "rowwise";
+    case MP_TP_VOCAB: return "vocab";
+  }
+  return "?";
+}
+
+const char *mp_pass_name(unsigned bit) {
+  switch (bit) {
+    case MP_PASS_TP: return "TP";
+    case MP_PASS_EP: return "EP";
+    case MP_PASS_FLOAT8: return "Float8";
+    case MP_PASS_AC: return "AC";
+    case MP_PASS_FSDP: return "FSDP";
+  }
+  return "?";
+}
+

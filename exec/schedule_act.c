@@ -1,0 +1,317 @@
+/* Step schedule builder: what a block saves for its backward under each activation
+ * checkpointing policy, and what its backward recomputes (the builder's overview:
+ * schedule.c). The torchtitan and the Megatron-LM memory models here (block_act_mg has
+ * the latter's list); the meshplan runtimes' in schedule_rt.c.
+ *
+ * The torchtitan model (PyTorch eager autograd under torchtitan's parallelisms): a block's
+ * forward saves the tensors its ops save for backward. Per op, T tokens of the micro-batch
+ * on the rank, Ts = T / tp under sequence parallelism (else T), tp-local sizes q = heads_l
+ * x hd, kv = kv_heads_l x hd, f = d_ff / tp, nh heads_l, st = 4 bytes of RMSNorm statistics
+ * per token (rstd; 8 for LayerNorm: mean, rstd), bf16 tensors (2 bytes):
+ *   attention_norm     its input x [Ts, H] 2TsH (the block input) and st Ts
+ *   q/k/v              their input, the normed x (all-gathered to [T, H] under SP) 2TH
+ *   q/k norms (Qwen3)  their inputs 2T(q + kv) and rstd 4T(nh + nkv)
+ *   RoPE               nothing per token (the rotation table is a constant)
+ *   attention (flash)  q, k (after RoPE), v 2T(q + 2kv), output 2Tq, log-sum-exp 4T nh
+ *   o_proj             its input: the attention output, already counted
+ *   residual adds      nothing
+ *   ffn_norm           its input h [Ts, H] 2TsH and st Ts
+ *   gate/up (llama)    their input, the normed h 2TH; silu saves gate, the product saves
+ *                      silu(gate) and up, down saves the product: 4 x 2Tf
+ *   up/down (gpt)      the normed h 2TH; GELU saves its input (up's output), down its
+ *                      output: 2 x 2Tf
+ *   MoE                h 2TsH + st Ts, normed h 2TH; router probabilities (fp32) 4TE; top-k
+ *                      weights and indices 12 T top_k; dispatched tokens 2 T top_k H; the
+ *                      experts' gate, up, silu, product 4 x 2 T top_k f_e; expert outputs in
+ *                      token order 2 T top_k H; shared expert 4 x 2 T f_s
+ * These group into the block input X (2TsH), the attention part A and the MLP part M; the
+ * policies keep:
+ *   none            X + A + M
+ *   selective       the Attention module (KempnerForge wraps `attention`): X, attention_norm's
+ *                   statistics st Ts and the module's input, the normed x on [Ts, H] (the
+ *                   all-gather runs inside the module), 2TsH; M. The module's forward (its
+ *                   all-gather, q/k/v, RoPE, core, o_proj and its reduce-scatter or
+ *                   all-reduce) is recomputed before the attention's backward.
+ *   selective-op    torchtitan's op-level SAC (torchtitan/distributed/activation_checkpoint.py,
+ *                   _save_list): the block input (the checkpoint's input) and the outputs of
+ *                   mm, flash attention and reduce_scatter_tensor, except every second mm
+ *                   counted in forward order within the block. Llama's mm order q #1, k #2,
+ *                   v #3, o #4, gate (w1) #5, up (w3) #6, down (w2) #7 keeps q before RoPE
+ *                   2Tq, v 2T kv, gate 2Tf and down's output 2TH; the attention output and
+ *                   log-sum-exp 2Tq + 4T nh; under SP the two reduce-scatter outputs 2 x
+ *                   2TsH. GPT: q #1, k #2, v #3, o #4, up #5, down #6: q, v, up's output 2Tf.
+ *                   MoE: q #1 .. o #4, router #5 (its [T, E] logits 2TE), shared gate #6,
+ *                   shared up #7 (2T f_s), shared down #8; grouped expert GEMMs are not mm
+ *                   and are recomputed. The whole block is recomputed at the start of its
+ *                   backward (non-reentrant checkpoint), the saved ops' outputs reused: the
+ *                   recompute runs everything else, collectives included (the all-gathers,
+ *                   and without SP the all-reduces).
+ *   selective-core  Megatron-LM's selective recompute (Korthikanti et al. 2022): the core
+ *                   attention recomputed from the saved q, k, v before the attention's
+ *                   backward; with flash attention what it does not keep is the log-sum-exp
+ *                   4T nh (its output is o_proj's input, kept)
+ *   full            X only; the whole block (collectives included) recomputed at the start
+ *                   of its backward
+ * Kept tensors a compiler cannot rematerialize (a checkpoint's input, an op-level policy's
+ * forced saves) are flagged MP_MEM_KEPT, so the stack's saved_act_factor (torch.compile's
+ * partitioner recomputing element-wise outputs) leaves them alone.
+ *
+ * For GPT with tp=1 and no AC (f = 4H): 2 + 2 + 6 + 2 + 2 + 2 + 2 x 8 = 32 sbh bytes plus
+ * 4 a s b (log-sum-exp) and 16 sb (LayerNorm statistics). Korthikanti et al. 2022 count
+ * 34 sbh + 5 a s^2 b with two dropout masks (2 sbh, no dropout here) and the materialized
+ * attention scores, which flash attention replaces by the log-sum-exp.
+ *
+ * Backward holds a TEMP workspace for activation gradients, 2 x 2TH (the residual stream's
+ * and the current input's) plus the MLP's largest set (llama 3 x 2Tf, gpt 2 x 2Tf, MoE 3 x
+ * 2 T top_k f_e + 2 T top_k H). */
+#include "exec/schedule_internal.h"
+
+/* ---- the torchtitan model's tensors (see above) ---------------------------------------- */
+
+static int64_t stat_bytes(const shapes *sh) { return sh->gpt ? 8 : 4; }
+
+/* A: everything the attention part saves without AC. */
+static int64_t attn_all(const shapes *sh) {
+  const int64_t T = sh->T;
+  int64_t b = stat_bytes(sh) * sh->Ts + 2 * T * sh->H + 2 * T * (sh->q + 2 * sh->kv) +
+              2 * T * sh->q + 4 * T * sh->nh;
+  if (sh->qk_norm) b += 2 * T * (sh->q + sh->kv) + 4 * T * (sh->nh + sh->nkv);
+  return b;
+}
+
+/* M: everything the MLP part saves without AC. */
+static int64_t mlp_all(const shapes *sh, int kind) {
+  const int64_t T = sh->T;
+  int64_t b = 2 * sh->Ts * sh->H + stat_bytes(sh) * sh->Ts + 2 * T * sh->H;
+  if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 4) * 2 * T * sh->f;
+  b += 4 * T * sh->E + 12 * T * sh->topk + 2 * T * sh->topk * sh->H +
+       4 * 2 * T * sh->topk * sh->fe + 2 * T * sh->topk * sh->H;
+  if (sh->has_shared) b += 4 * 2 * T * sh->fs;
+  return b;
+}
+
+static int64_t bwd_workspace(const shapes *sh, int kind) {
+  const int64_t T = sh->T;
+  int64_t b = 2 * 2 * T * sh->H;
+  if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 3) * 2 * T * sh->f;
+  return b + 3 * 2 * T * sh->topk * sh->fe + 2 * T * sh->topk * sh->H;
+}
+
+/* A block's saved bytes under one policy: the block input, what each part keeps past its
+ * forward, and what the recompute allocates again (see the file comment). */
+typedef struct block_act {
+  int64_t x;                 /* the block input [Ts, H] */
+  int64_t attn, mlp;         /* kept past the part's forward */
+  int64_t attn_tmp, mlp_tmp; /* saved without AC, dropped after the part's forward */
+  int64_t rc_attn, rc_mlp;   /* allocated by the recompute */
+  int kept;                  /* the parts' kept tensors are forced saves (MP_MEM_KEPT) */
+  int rc_first;              /* the recompute runs at the start of the backward (whole
+                                block), else right before the attention's backward */
+  uint32_t skip;             /* what the recompute does not run */
+} block_act;
+
+/* Selective-op's forced saves of the MLP part (see the file comment). */
+static void op_sac_mlp(const shapes *sh, int kind, int64_t *keep, int64_t *in_all,
+                       uint32_t *skip) {
+  const int64_t T = sh->T, rs = sh->sp ? 2 * sh->Ts * sh->H : 0;
+  if (kind == KIND_MOE) {
+    /* router #5 (its logits), shared up #7 */
+    *keep = 2 * T * sh->E + (sh->has_shared ? 2 * T * sh->fs : 0) + rs;
+    *in_all = sh->has_shared ? 2 * T * sh->fs : 0;
+    *skip |= SKIP_MOD(MP_MOD_ROUTER) | SKIP_MOD(MP_MOD_SHARED_UP);
+  } else if (sh->gpt) {
+    *keep = 2 * T * sh->f; /* up #5: the GELU's input */
+    *in_all = *keep;
+    *skip |= SKIP_MOD(MP_MOD_UP);
+  } else {
+    *keep = 2 * T * sh->f + 2 * T * sh->H + rs; /* gate #5, down #7 */
+    *in_all = 2 * T * sh->f;                    /* gate is silu's saved input */
+    *skip |= SKIP_MOD(MP_MOD_GATE) | SKIP_MOD(MP_MOD_DOWN);
+  }
+}
+
+static void block_act_tt(const shapes *sh, int kind, mp_ac_mode ac, block_act *a) {
+  memset(a, 0, sizeof *a);
+  const int64_t T = sh->T, A = attn_all(sh), M = mlp_all(sh, kind);
+  const int64_t core = 2 * T * sh->q + 4 * T * sh->nh;
+  a->x = 2 * sh->Ts * sh->H;
+  a->attn = A;
+  a->mlp = M;
+  switch (ac) {
+    case MP_AC_NONE: break;
+    case MP_AC_SELECTIVE: {
+      const int64_t in = stat_bytes(sh) * sh->Ts + 2 * sh->Ts * sh->H;
+      a->attn = in;
+      a->attn_tmp = A - in;
+      a->rc_attn = A - stat_bytes(sh) * sh->Ts;
+      a->kept = 1;
+      a->skip = SKIP_MOD(MP_MOD_ATTN_NORM) | SKIP_RESIDUAL;
+      break;
+    }
+    case MP_AC_SELECTIVE_OP: {
+      const int64_t rs = sh->sp ? 2 * sh->Ts * sh->H : 0;
+      int64_t mk = 0, m_in_all = 0;
+      a->skip = SKIP_MOD(MP_MOD_Q) | SKIP_MOD(MP_MOD_V) | SKIP_CORE | SKIP_RS;
+      op_sac_mlp(sh, kind, &mk, &m_in_all, &a->skip);
+      a->attn = 2 * T * sh->q + 2 * T * sh->kv + core + rs;
+      a->attn_tmp = A - (2 * T * sh->kv + core);
+      a->rc_attn = a->attn_tmp;
+      a->mlp = mk;
+      a->mlp_tmp = M - m_in_all;
+      a->rc_mlp = a->mlp_tmp;
+      a->kept = 1;
+      a->rc_first = 1;
+      break;
+    }
+    case MP_AC_SELECTIVE_CORE:
+      a->attn = A - 4 * T * sh->nh;
+      a->attn_tmp = 4 * T * sh->nh;
+      a->rc_attn = core;
+      break;
+    case MP_AC_FULL:
+      a->attn = a->mlp = 0;
+      a->attn_tmp = a->rc_attn = A;
+      a->mlp_tmp = a->rc_mlp = M;
+      a->rc_first = 1;
+      break;
+    default: break;
+  }
+}
+
+/* ---- the megatron model's tensors ----------------------------------------------------- */
+
+/* Megatron-LM's saved tensors per block (Korthikanti et al. 2022, section 4.1, with their
+ * names; T tokens, Ts = T/tp under SP, a = heads_l, s = seq, bf16/fp16 2 bytes, masks 1):
+ *   LayerNorm 1 input          2TsH + 8Ts (the block input and LayerNorm's mean and rstd)
+ *   QKV input                  2TsH under SP (re-gathered in backward), else 2TH
+ *   Q, K / V                   2T(q + kv) / 2T kv
+ *   core attention             materialized: softmax output 2 a s T, and for GPT its
+ *                              dropout mask a s T and output 2 a s T; flash: the log-sum-exp
+ *                              4 T a
+ *   context (proj input)       2Tq
+ *   hidden dropout mask (GPT)  Ts H
+ *   LayerNorm 2 input          2TsH + 8Ts
+ *   MLP input                  2TsH under SP, else 2TH
+ *   GeLU input, output         2 x 2Tf (SwiGLU: gate, up, silu, product 4 x 2Tf)
+ *   hidden dropout mask (GPT)  Ts H
+ * For GPT (f = 4H, LayerNorm statistics aside) the sum is sbh(10 + 24/t + 5as/(ht))
+ * without SP and sbh(34/t + 5as/(ht)) with it, Korthikanti et al.'s Table 2 (tested).
+ * selective-core drops the core attention's scores (recomputed from the saved Q, K, V
+ * before the attention's backward, with the context again); full keeps the block input. */
+static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int materialized,
+                         block_act *a) {
+  memset(a, 0, sizeof *a);
+  const int64_t T = sh->T, Ts = sh->Ts, H = sh->H, st = stat_bytes(sh), drop = sh->gpt;
+  const int64_t in = sh->sp ? 2 * Ts * H : 2 * T * H;
+  const int64_t sT = sh->seq * T;
+  const int64_t core = materialized ? 2 * sh->nh * sT + drop * 3 * sh->nh * sT : 4 * T * sh->nh;
+  int64_t A = st * Ts + in + 2 * T * (sh->q + sh->kv) + 2 * T * sh->kv + core + 2 * T * sh->q +
+              drop * Ts * H;
+  if (sh->qk_norm) A += 2 * T * (sh->q + sh->kv) + 4 * T * (sh->nh + sh->nkv);
+  int64_t M;
+  if (kind == KIND_DENSE)
+    M = 2 * Ts * H + st * Ts + in + (sh->gpt ? 2 : 4) * 2 * T * sh->f + drop * Ts * H;
+  else
+    M = mlp_all(sh, kind); /* MoE: as the torchtitan model counts it */
+  a->x = 2 * Ts * H;
+  a->attn = A;
+  a->mlp = M;
+  if (ac == MP_AC_SELECTIVE_CORE) {
+    a->attn = A - core;
+    a->attn_tmp = core;
+    a->rc_attn = core + 2 * T * sh->q;
+  } else if (ac == MP_AC_FULL) {
+    a->attn = a->mlp = 0;
+    a->attn_tmp = a->rc_attn = A;
+    a->mlp_tmp = a->rc_mlp = M;
+    a->rc_first = 1;
+  }
+}
+
+/* The block's saved tensors under the plan's memory model and the layer's policy. */
+static void block_act_of(const gen *g, int kind, mp_ac_mode ac, block_act *a) {
+  if (g->mg) block_act_mg(&g->sh, kind, ac, g->p->opts.attn == MP_ATTN_MATERIALIZED, a);
+  else block_act_tt(&g->sh, kind, ac, a);
+}
+
+/* An ALLOC or FREE of the open block's activations, flagged MP_MEM_KEPT when kept. */
+static void act(gen *g, int buf, int64_t bytes, int alloc, int kept) {
+  if (bytes <= 0) return;
+  int32_t i = mem(g, alloc ? MP_OP_ALLOC : MP_OP_FREE, MP_MEM_ACTIVATIONS, buf, bytes, g->layer,
+                  -1, MP_STREAM_COMPUTE);
+  if (i >= 0 && kept) g->ops[i].variant = MP_MEM_KEPT;
+}
+
+/* ---- a block's forward and backward under the torchtitan model ------------------------- */
+
+/* A block's forward: what autograd saves allocated as its ops run; the policy's drops freed
+ * at the end of each part. */
+void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd) {
+  block_act a;
+  block_act_of(g, kind, mp_plan_layer_ac(&g->p->opts, g->layer), &a);
+  act(g, BUF_ACT_X, a.x, 1, 1);
+  act(g, BUF_ACT_ATTN, a.attn, 1, a.kept);
+  act(g, BUF_ACT_ATTN_TMP, a.attn_tmp, 1, 0);
+  mp_sched_attention_fwd(g, pd);
+  mp_sched_attention_out_fwd(g);
+  act(g, BUF_ACT_ATTN_TMP, a.attn_tmp, 0, 0);
+  act(g, BUF_ACT_MLP, a.mlp, 1, a.kept);
+  act(g, BUF_ACT_MLP_TMP, a.mlp_tmp, 1, 0);
+  mp_sched_mlp_fwd(g, kind, pd);
+  act(g, BUF_ACT_MLP_TMP, a.mlp_tmp, 0, 0);
+}
+
+/* The recompute of a block part (or the whole block) under RECOMPUTE, skipping what the
+ * policy keeps. */
+static void recompute(gen *g, const block_act *a, int kind, const part_deps *pd, int whole) {
+  g->phase = MP_PHASE_RECOMPUTE;
+  g->rc_skip = a->skip;
+  if (whole) {
+    act(g, BUF_RC_ATTN, a->rc_attn, 1, 0);
+    act(g, BUF_RC_MLP, a->rc_mlp, 1, 0);
+    mp_sched_attention_fwd(g, pd);
+    mp_sched_attention_out_fwd(g);
+    mp_sched_mlp_fwd(g, kind, pd);
+  } else {
+    act(g, BUF_RC_ATTN, a->rc_attn, 1, 0);
+    if (a->skip) { /* the attention module */
+      mp_sched_attention_fwd(g, pd);
+      mp_sched_attention_out_fwd(g);
+    } else { /* the core alone */
+      mp_sched_attention_core_fwd(g);
+    }
+  }
+  g->rc_skip = 0;
+  g->phase = MP_PHASE_BACKWARD;
+}
+
+/* A block's backward: the workspace, the recompute where the policy puts it, the MLP's
+ * backward and the release of its part (the MoE and experts units resharded and reduced
+ * once it is done), the attention's backward, then the block input and the attention unit
+ * (or the block's one unit). */
+void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
+  const mp_ac_mode ac = mp_plan_layer_ac(&g->p->opts, l);
+  block_act a;
+  block_act_of(g, kind, ac, &a);
+  const int nu = g->n_units[l];
+  const int32_t u0 = g->first_unit[l];
+  const int64_t ws = bwd_workspace(&g->sh, kind);
+  pair(g, MP_MEM_TEMP, BUF_BWD_WS, ws, 1);
+  if (a.rc_first) recompute(g, &a, kind, pd, 1);
+  mp_sched_mlp_bwd(g, kind, a.rc_first ? NULL : pd);
+  act(g, BUF_ACT_MLP, a.mlp, 0, a.kept);
+  act(g, BUF_RC_MLP, a.rc_mlp, 0, 0);
+  if (nu > 1) {
+    mp_sched_free_units(g, l, u0, nu, PART_MOE, PART_EXPERTS);
+    mp_sched_reduce_units(g, l, u0, nu, PART_MOE, PART_EXPERTS);
+  }
+  const int rc_attn = !a.rc_first && (ac == MP_AC_SELECTIVE || ac == MP_AC_SELECTIVE_CORE);
+  if (rc_attn) recompute(g, &a, kind, ac == MP_AC_SELECTIVE ? pd : NULL, 0);
+  mp_sched_attention_bwd(g, a.rc_first || ac == MP_AC_SELECTIVE ? NULL : pd);
+  act(g, BUF_ACT_ATTN, a.attn, 0, a.kept);
+  act(g, BUF_RC_ATTN, a.rc_attn, 0, 0);
+  act(g, BUF_ACT_X, a.x, 0, 1);
+  pair(g, MP_MEM_TEMP, BUF_BWD_WS, ws, 0);
+  mp_sched_free_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
+  mp_sched_reduce_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
+}

@@ -1,0 +1,144 @@
+/* Step schedule builder: context parallelism's attention core as a ring (the builder's
+ * overview: schedule.c).
+ *
+ * PyTorch's context_parallel ring attention as torchtitan runs it
+ * (torch/distributed/tensor/experimental/_attention.py, _templated_ring_attention and its
+ * backward): the sequence is cut into 2 x cp chunks and rank i holds chunks i and
+ * 2cp - 1 - i (causal load balancing), so each rank's T tokens are seq/cp and every ring
+ * step costs the same: step 0 is the causal attention of the local q over the local k, v;
+ * a later step is the full attention of either both q chunks over the first half of the
+ * visiting k, v or the second q chunk over all of them, 2 (seq / 2cp)^2 query-key pairs
+ * either way, 1/cp of the rank's causal work. Per layer, forward:
+ *   cp steps of a partial flash attention (FLOPs: the core's / cp); before step i > 0 the
+ *   K and V of the previous rank arrive: a ring shift (SENDRECV on the CP group, peer NEXT,
+ *   2 x T x kv x 2 bytes) issued one step ahead, cp - 1 of them; after step i > 0 the
+ *   online-softmax merge of the partial output into the fp32 accumulator (out and lse read
+ *   and written, the partial read: 10 T q + 16 T nh bytes)
+ * and backward: cp steps of a partial attention backward (twice the forward's FLOPs), the
+ * K, V rotated again ahead of each (cp - 1 shifts), the fp32 dK, dV accumulated with the
+ * ones that arrive and passed on after every step (cp shifts of 2 x T x kv x 4 bytes; the
+ * last brings the rank's own back). Each transfer runs on MP_STREAM_P2P and a step waits
+ * only for the shift it needs, so a transfer is exposed only where the step before it is
+ * shorter (the dependencies say so, the simulator times it).
+ *
+ * Memory (torchtitan model): forward keeps the fp32 output and log-sum-exp accumulators
+ * (4 T q + 4 T nh) and two K, V buffers in flight (the one received, the one sent: 2 x 2 x
+ * T x kv x 2 bytes, COMM) through the ring; backward the fp32 dQ, dK, dV accumulators
+ * (4 T (q + 2 kv)), the two K, V buffers and two fp32 dK, dV buffers (2 x 2 x T x kv x 4,
+ * COMM). The saved tensors are those of the local attention (schedule_act.c). */
+#include "exec/schedule_internal.h"
+
+static double core_fwd_flops(const shapes *sh) {
+  return 2.0 * (double)sh->T * (double)sh->seq * (double)sh->nh * (double)sh->hd;
+}
+
+/* Op i stands for n identical ones back to back (mp_op.count). */
+static void times(gen *g, int32_t i, int n) {
+  if (i >= 0 && n > 1) g->ops[i].count = (uint16_t)n;
+}
+
+/* A ring shift of `bytes` on the CP group, n of them back to back, after `after` (-1:
+ * none). */
+static int32_t ring_shift(gen *g, double bytes, mp_dtype dt, int32_t after, int n) {
+  const int32_t i = comm(g, MP_COLL_SENDRECV, MP_GROUP_CP, MP_STREAM_P2P, bytes, dt, -1);
+  if (i >= 0) g->ops[i].peer = MP_PEER_NEXT;
+  add_dep(g, i, after, 0);
+  times(g, i, n);
+  return i;
+}
+
+/* The ring's rounds of steps. Expanded: cp rounds of one step. Compact with cp >= 5: four
+ * rounds, the first two steps, the cp - 3 middle ones folded into one round of ops with
+ * mp_op.count, the last step. Every step costs the same and each round's ops wait only on
+ * the round before, so a step starts at a max of sums along the ring: the folded round
+ * issues its ops in the order that keeps each of those sums (the forward's shifts of steps
+ * 3 .. cp-1 after step 1; the backward's dK, dV shifts of steps 2 .. cp-3 before the K, V
+ * shifts of steps 3 .. cp-1), and the last step starts, and the ring ends, when the
+ * unfolded ring's would (tests/sim/sim_plan_test.cc holds the two equal). Returns the
+ * number of rounds; *fold: the folded round's steps (0: none). */
+static int ring_rounds(const gen *g, int *fold) {
+  const int cp = g->sh.cp;
+  *fold = g->s->mode == MP_SCHEDULE_COMPACT && cp >= 5 ? cp - 3 : 0;
+  return *fold ? 4 : cp;
+}
+
+/* The steps round r stands for. */
+static int round_steps(int fold, int r) { return fold && r == 2 ? fold : 1; }
+
+void mp_sched_cp_attention_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int cp = sh->cp;
+  const int64_t T = sh->T;
+  const double kv = 2.0 * 2.0 * (double)(T * sh->kv); /* K and V, bf16 */
+  const int64_t acc = 4 * T * sh->q + 4 * T * sh->nh;
+  int fold;
+  const int R = ring_rounds(g, &fold);
+  pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 1);
+  pair(g, MP_MEM_COMM, BUF_CP_KV, (int64_t)(2 * kv), 1);
+  /* the shift bringing step 1's K, V is issued with step 0, once the local ones exist; each
+   * later one with the step before it, after the compute issued so far (the collective's
+   * stream waits on the compute stream at issue) */
+  int32_t next = ring_shift(g, kv, MP_DTYPE_BF16, g->last_c, 1), prev_step = -1;
+  for (int r = 0; r < R; r++) {
+    const int k = round_steps(fold, r);
+    if (r > 0) {
+      const int32_t cur = next;
+      if (r + 1 < R) next = ring_shift(g, kv, MP_DTYPE_BF16, prev_step, k);
+      pend_dep(g, cur, 0);
+    }
+    times(g,
+          compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq / cp, sh->hd, sh->nh,
+                  core_fwd_flops(sh) / cp,
+                  2.0 * (double)(T * (2 * sh->q + 2 * sh->kv)) + 4.0 * (double)(T * sh->nh),
+                  MP_DTYPE_BF16),
+          k);
+    if (r > 0) /* the online-softmax merge */
+      times(g,
+            elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T * sh->q, 4.0,
+                        10.0 * (double)(T * sh->q) + 16.0 * (double)(T * sh->nh)),
+            k);
+    prev_step = g->last_c;
+  }
+  pair(g, MP_MEM_COMM, BUF_CP_KV, (int64_t)(2 * kv), 0);
+  pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 0);
+}
+
+void mp_sched_cp_attention_bwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int cp = sh->cp;
+  const int64_t T = sh->T;
+  const double kv = 2.0 * 2.0 * (double)(T * sh->kv), dkv = 2.0 * 4.0 * (double)(T * sh->kv);
+  const int64_t acc = 4 * T * (sh->q + 2 * sh->kv);
+  int fold;
+  const int R = ring_rounds(g, &fold);
+  pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 1);
+  pair(g, MP_MEM_COMM, BUF_CP_KV, (int64_t)(2 * kv + 2 * dkv), 1);
+  int32_t next = ring_shift(g, kv, MP_DTYPE_BF16, g->last_c, 1), dshift = -1;
+  for (int r = 0; r < R; r++) {
+    const int k = round_steps(fold, r);
+    int32_t ahead = -1; /* a folded round: the dK, dV shifts of all its steps but the last */
+    if (r > 0) {
+      const int32_t cur = next;
+      if (k > 1) ahead = ring_shift(g, dkv, MP_DTYPE_FP32, g->last_c, k - 1);
+      if (r + 1 < R) next = ring_shift(g, kv, MP_DTYPE_BF16, g->last_c, k);
+      pend_dep(g, cur, 0);
+    }
+    times(g,
+          compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq / cp, sh->hd, sh->nh,
+                  2.0 * core_fwd_flops(sh) / cp,
+                  2.0 * (double)(T * (4 * sh->q + 4 * sh->kv)) + 4.0 * (double)(T * sh->nh),
+                  MP_DTYPE_BF16),
+          k);
+    if (r > 0) { /* the dK, dV that arrived, added to this step's */
+      pend_dep(g, ahead >= 0 ? ahead : dshift, 0);
+      times(g,
+            elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, 2 * T * sh->kv, 1.0,
+                        12.0 * (double)(2 * T * sh->kv)),
+            k);
+    }
+    dshift = ring_shift(g, dkv, MP_DTYPE_FP32, g->last_c, 1); /* passed on to the next rank */
+  }
+  pend_dep(g, dshift, 0); /* the rank's own dK, dV back before they are used */
+  pair(g, MP_MEM_COMM, BUF_CP_KV, (int64_t)(2 * kv + 2 * dkv), 0);
+  pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 0);
+}

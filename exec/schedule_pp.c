@@ -1,0 +1,99 @@
+/* The pipeline order of a stage (schedule.h, mp_pp_order): in which order a pipeline stage
+ * runs the forward and backward steps of its model chunks over the micro-batches of one
+ * training step. The one description of it: the simulator's pipeline timeline
+ * (sim/pipeline.c) walks it, the in-flight activations a stage holds come from it
+ * (mp_pp_inflight), and the runtime is to execute it.
+ *
+ *   GPipe        every micro-batch's forward, then every backward in micro-batch order
+ *                (torch.distributed.pipelining's ScheduleGPipe)
+ *   1F1B         stage s runs min(pp - s - 1, m) warm-up forwards, then alternates one
+ *                forward and one backward, then drains the remaining backwards
+ *                (PipeDream-Flush; Megatron-LM's forward_backward_pipelining_without_
+ *                interleaving, Narayanan et al. 2021)
+ *   interleaved  v model chunks per stage, model chunk c x pp + s on stage s; the m x v
+ *                chunk steps are taken in groups of pp micro-batches per chunk: virtual step
+ *                k runs chunk (k mod pp v) / pp (backward: v - 1 minus it) of micro-batch
+ *                (k / (pp v)) pp + k mod pp; stage s runs (pp - s - 1) x 2 + (v - 1) x pp
+ *                warm-up forwards (every forward first when m == pp), then one forward and
+ *                one backward alternately, then the rest of the backwards (Megatron-LM's
+ *                forward_backward_pipelining_with_interleaving; it needs m a multiple of
+ *                pp). */
+#include "exec/schedule.h"
+
+/* Megatron's chunk and micro-batch of virtual step k (forward or backward). */
+static mp_pp_step interleaved_step(int pp, int v, int64_t k, int bwd) {
+  const int64_t group = (int64_t)pp * v;
+  int chunk = (int)((k % group) / pp);
+  if (bwd) chunk = v - 1 - chunk;
+  mp_pp_step s = {(uint8_t)bwd, (uint8_t)chunk, (int32_t)((k / group) * pp + k % pp)};
+  return s;
+}
+
+static int64_t order_interleaved(int pp, int v, int64_t m, int stage, mp_pp_step *out) {
+  const int64_t total = m * v;
+  int64_t warm = m == pp ? total : (int64_t)(pp - stage - 1) * 2 + (int64_t)(v - 1) * pp;
+  if (warm > total) warm = total;
+  int64_t n = 0;
+  for (int64_t k = 0; k < warm; k++) out[n++] = interleaved_step(pp, v, k, 0);
+  for (int64_t k = 0; k < total - warm; k++) {
+    out[n++] = interleaved_step(pp, v, warm + k, 0);
+    out[n++] = interleaved_step(pp, v, k, 1);
+  }
+  for (int64_t k = total - warm; k < total; k++) out[n++] = interleaved_step(pp, v, k, 1);
+  return n;
+}
+
+static int64_t order_1f1b(int pp, int64_t m, int stage, mp_pp_step *out) {
+  int64_t warm = pp - stage - 1, n = 0;
+  if (warm > m) warm = m;
+  for (int64_t i = 0; i < warm; i++) out[n++] = (mp_pp_step){0, 0, (int32_t)i};
+  for (int64_t i = 0; i < m - warm; i++) {
+    out[n++] = (mp_pp_step){0, 0, (int32_t)(warm + i)};
+    out[n++] = (mp_pp_step){1, 0, (int32_t)i};
+  }
+  for (int64_t i = m - warm; i < m; i++) out[n++] = (mp_pp_step){1, 0, (int32_t)i};
+  return n;
+}
+
+static int64_t order_gpipe(int64_t m, mp_pp_step *out) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < m; i++) out[n++] = (mp_pp_step){0, 0, (int32_t)i};
+  for (int64_t i = 0; i < m; i++) out[n++] = (mp_pp_step){1, 0, (int32_t)i};
+  return n;
+}
+
+mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro, int stage,
+                      mp_pp_step *out, int64_t *n_out) {
+  *n_out = 0;
+  if (pp < 1 || stage < 0 || stage >= pp || n_micro < 1 || n_micro > INT32_MAX || v < 1 ||
+      v > MP_PP_MAX_VIRTUAL)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "pipeline order: stage %d of pp=%d, %d chunks, %lld micro-batches out of range",
+                    stage, pp, v, (long long)n_micro);
+  if (kind == MP_PP_INTERLEAVED && v > 1) {
+    if (n_micro % pp != 0)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "the interleaved schedule runs micro-batches in groups of pp=%d; %lld "
+                      "micro-batches are not a multiple of it",
+                      pp, (long long)n_micro);
+    *n_out = order_interleaved(pp, v, n_micro, stage, out);
+  } else if (v > 1) {
+    return mp_error(ctx, MP_ERR_INVALID, "pipeline order: %d chunks per stage need the "
+                    "interleaved schedule", v);
+  } else if (kind == MP_PP_GPIPE) {
+    *n_out = order_gpipe(n_micro, out);
+  } else {
+    *n_out = order_1f1b(pp, n_micro, stage, out);
+  }
+  return MP_OK;
+}
+
+int64_t mp_pp_inflight(const mp_pp_step *order, int64_t n) {
+  int64_t held = 0, most = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (!order[i].bwd) held++;
+    if (held > most) most = held;
+    if (order[i].bwd) held--;
+  }
+  return most;
+}

@@ -1,0 +1,226 @@
+/* The pipeline timeline: a step of a pp-stage pipeline from each stage's forward and
+ * backward time per model chunk of one micro-batch and its transfers, walking every
+ * stage's pipeline order (mp_pp_order, exec/schedule_pp.c).
+ *
+ * Model. Virtual stage k = c x pp + s is stage s's chunk c (one chunk per stage without
+ * interleaving). A stage runs its order's steps one at a time. F(m, k) starts when the
+ * stage is free and, for k > 0, F(m, k - 1) has ended and its activations have arrived
+ * (that stage's forward send time later); B(m, k) when the stage is free and, below the
+ * last virtual stage, B(m, k + 1) has ended and its gradient has arrived (the backward send
+ * time later). Transfers overlap compute (they run on their own stream) and occupy no
+ * stage. With equal stages and free transfers this gives the closed forms: (m + pp - 1)
+ * (f + b) for 1F1B and GPipe, m (f + b) + (pp - 1)(f + b) / v interleaved (tested); with
+ * uneven stages the slowest paces the steady state and the others wait.
+ *
+ * Memory. A stage holds the activations of every chunk step whose forward has run and
+ * whose backward has not (mp_pp_inflight); what one chunk's forward leaves held comes from
+ * the stage's simulated micro-batch. Beyond the one micro-batch the stage's own replay
+ * holds, the extra is the most held at the start of a step of its order less the most held
+ * at the start of a step of one micro-batch's order alone. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim/sim_internal.h"
+
+/* Per-thread scratch for the end times, grown to the largest pipeline. */
+static _Thread_local double *g_ends;
+static _Thread_local size_t g_ends_cap;
+static _Thread_local int64_t *g_pos;
+static _Thread_local size_t g_pos_cap;
+
+/* The orders last built (per thread): a search times many plans of one pipeline shape in a
+ * row, each needing every stage's order for three lengths (mp_sim_pipeline) and a few
+ * stages' own (mp_sim_pp_held_extra), so a handful are kept, the oldest replaced. */
+#define ORDER_CACHE 12
+typedef struct order_entry {
+  int kind, pp, v, stage; /* stage -1: every stage's, one after the other */
+  int64_t n_micro;
+  mp_pp_step *steps;
+  size_t cap;
+} order_entry;
+static _Thread_local order_entry g_orders[ORDER_CACHE];
+static _Thread_local int g_orders_next;
+
+void mp_sim_pipeline_release(void) {
+  for (int i = 0; i < ORDER_CACHE; i++) {
+    free(g_orders[i].steps);
+    memset(&g_orders[i], 0, sizeof g_orders[i]);
+  }
+  g_orders_next = 0;
+  free(g_ends);
+  free(g_pos);
+  g_ends = NULL;
+  g_pos = NULL;
+  g_ends_cap = g_pos_cap = 0;
+}
+
+static int grow(void **p, size_t *cap, size_t n, size_t elem) {
+  if (n <= *cap) return 1;
+  void *q = realloc(*p, n * elem);
+  if (q == NULL) return 0;
+  *p = q;
+  *cap = n;
+  return 1;
+}
+
+/* The order of stage `stage` (-1: of every stage, per steps each), found in the cache or
+ * built; NULL with the error on ctx. */
+static const mp_pp_step *orders(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro,
+                                int stage, int64_t per) {
+  for (int i = 0; i < ORDER_CACHE; i++) {
+    const order_entry *e = &g_orders[i];
+    if (e->steps && e->kind == (int)kind && e->pp == pp && e->v == v && e->stage == stage &&
+        e->n_micro == n_micro)
+      return e->steps;
+  }
+  order_entry *e = &g_orders[g_orders_next];
+  g_orders_next = (g_orders_next + 1) % ORDER_CACHE;
+  e->kind = -1;
+  const int s0 = stage < 0 ? 0 : stage, s1 = stage < 0 ? pp : stage + 1;
+  if (!grow((void **)&e->steps, &e->cap, (size_t)(per * (s1 - s0)), sizeof *e->steps)) {
+    mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline orders of %d stages", pp);
+    return NULL;
+  }
+  for (int s = s0; s < s1; s++) {
+    int64_t n = 0;
+    if (mp_pp_order(ctx, kind, pp, v, n_micro, s, e->steps + (size_t)(s - s0) * per, &n) != MP_OK)
+      return NULL;
+  }
+  e->kind = (int)kind;
+  e->pp = pp;
+  e->v = v;
+  e->stage = stage;
+  e->n_micro = n_micro;
+  return e->steps;
+}
+
+/* The ready time of step q of stage s: when its input (forward) or output gradient
+ * (backward) is there; NAN while the step it waits for has not run. end[(k x 2 + bwd) x m
+ * + micro] holds the end of each virtual stage's steps (NAN: not yet). */
+static double ready_s(const mp_pp_step *q, int s, int pp, int K, int64_t m, const double *end,
+                      const mp_pp_stage_times *const *st) {
+  const int k = q->chunk * pp + s;
+  if (!q->bwd) {
+    if (k == 0) return 0.0;
+    const int kp = k - 1, sp = kp % pp;
+    const double e = end[((int64_t)kp * 2) * m + q->micro];
+    return isnan(e) ? NAN : e + st[sp]->send_f;
+  }
+  if (k == K - 1) return end[((int64_t)k * 2) * m + q->micro];
+  const int kn = k + 1, sn = kn % pp;
+  const double e = end[((int64_t)kn * 2 + 1) * m + q->micro];
+  return isnan(e) ? NAN : e + st[sn]->send_b;
+}
+
+/* The timeline run step by step over n_micro micro-batches (see mp_sim_pipeline). */
+static mp_status timeline(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro,
+                          const mp_pp_stage_times *const *stage, double *finish) {
+  const int64_t per = 2 * n_micro * v; /* steps per stage */
+  const int K = pp * v;
+  if (!grow((void **)&g_ends, &g_ends_cap, (size_t)(2 * n_micro * K + pp), sizeof *g_ends) ||
+      !grow((void **)&g_pos, &g_pos_cap, (size_t)pp, sizeof *g_pos))
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline timeline of %d stages",
+                    pp);
+  const mp_pp_step *all = orders(ctx, kind, pp, v, n_micro, -1, per);
+  if (all == NULL) return ctx->last;
+  double *end = g_ends, *free_t = g_ends + 2 * n_micro * K;
+  int64_t *pos = g_pos;
+  for (int64_t i = 0; i < 2 * n_micro * K; i++) end[i] = NAN;
+  for (int s = 0; s < pp; s++) {
+    free_t[s] = 0.0;
+    pos[s] = 0;
+  }
+  /* Sweep the stages, each as far as its next step's input is there, until all are done,
+   * upward and downward in turn (forwards wait on the stage below, backwards on the one
+   * above); a sweep without progress would be a deadlock of the orders. */
+  int64_t left = per * pp;
+  for (int sweep = 0; left > 0; sweep++) {
+    int64_t progress = 0;
+    for (int i = 0; i < pp; i++) {
+      const int s = sweep % 2 ? pp - 1 - i : i;
+      const mp_pp_step *ord = all + (size_t)s * per;
+      while (pos[s] < per) {
+        const mp_pp_step *q = &ord[pos[s]];
+        const double r = ready_s(q, s, pp, K, n_micro, end, stage);
+        if (isnan(r)) break;
+        const double t0 = free_t[s] > r ? free_t[s] : r;
+        const double d = q->bwd ? stage[s]->b[q->chunk] : stage[s]->f[q->chunk];
+        free_t[s] = t0 + d;
+        end[((int64_t)(q->chunk * pp + s) * 2 + q->bwd) * n_micro + q->micro] = free_t[s];
+        pos[s]++;
+        progress++;
+      }
+    }
+    if (progress == 0)
+      return mp_error(ctx, MP_ERR_INTERNAL,
+                      "pipeline timeline: the stages' orders wait on each other (pp=%d, %d "
+                      "chunks, %lld micro-batches)",
+                      pp, v, (long long)n_micro);
+    left -= progress;
+  }
+  for (int s = 0; s < pp; s++) finish[s] = free_t[s];
+  return MP_OK;
+}
+
+/* Beyond a few pipeline depths the timeline is periodic: every stage adds the same time per
+ * group of pp micro-batches (a max-plus system of fixed step times settles into its cycle
+ * once the warm-up has passed). Long pipelines are therefore run for m0, m0 + pp and m0 + 2pp
+ * micro-batches (m0 the first multiple of pp from 2 pp + 8 on); when the last two groups
+ * add the same to every stage, the rest is that much per group, else the whole step is run. */
+mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro,
+                          const mp_pp_stage_times *const *stage, double *finish) {
+  const int64_t m0 = ((2 * (int64_t)pp + 8 + pp - 1) / pp) * pp;
+  if (n_micro <= m0 + 2 * pp || (n_micro - m0) % pp != 0)
+    return timeline(ctx, kind, pp, v, n_micro, stage, finish);
+  double a[MP_MAX_LAYERS], b[MP_MAX_LAYERS], c[MP_MAX_LAYERS];
+  if (pp > MP_MAX_LAYERS) return timeline(ctx, kind, pp, v, n_micro, stage, finish);
+  MP_CHECK(timeline(ctx, kind, pp, v, m0, stage, a));
+  MP_CHECK(timeline(ctx, kind, pp, v, m0 + pp, stage, b));
+  MP_CHECK(timeline(ctx, kind, pp, v, m0 + 2 * pp, stage, c));
+  for (int s = 0; s < pp; s++) {
+    const double d1 = b[s] - a[s], d2 = c[s] - b[s];
+    if (fabs(d1 - d2) > 1e-9 * fabs(d2) + 1e-15)
+      return timeline(ctx, kind, pp, v, n_micro, stage, finish);
+  }
+  const double groups = (double)((n_micro - m0 - 2 * pp) / pp);
+  for (int s = 0; s < pp; s++) finish[s] = c[s] + groups * (c[s] - b[s]);
+  return MP_OK;
+}
+
+/* The most a stage holds at the start of a step, walking `n` steps of `ord` (a forward's
+ * chunk counted from its start, released after its backward). */
+static int64_t held_most(const mp_pp_step *ord, int64_t n, const int64_t *held) {
+  int64_t now = 0, most = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (!ord[i].bwd) now += held[ord[i].chunk];
+    if (now > most) most = now;
+    if (ord[i].bwd) now -= held[ord[i].chunk];
+  }
+  return most;
+}
+
+mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro,
+                               int stage, const int64_t *held, int64_t *extra) {
+  /* 1F1B and interleaved hold the most once their warm-up is done, (pp - 1) x 2 + (v - 1)
+   * x pp + 1 chunk steps at most: a shorter order of whole groups of pp micro-batches holds
+   * as much; GPipe holds every micro-batch */
+  const int64_t warm = (int64_t)(pp - 1) * 2 + (int64_t)(v - 1) * pp + 1;
+  const int64_t cap = ((warm + pp - 1) / pp + 1) * pp;
+  if (kind != MP_PP_GPIPE && n_micro > cap) n_micro = cap;
+  const int64_t per = 2 * n_micro * v;
+  if (stage < 0 || stage >= pp)
+    return mp_error(ctx, MP_ERR_INVALID, "pipeline order: stage %d of pp=%d", stage, pp);
+  const mp_pp_step *ord = orders(ctx, kind, pp, v, n_micro, stage, per);
+  if (ord == NULL) return ctx->last;
+  const int64_t all = held_most(ord, per, held);
+  /* one micro-batch alone: its chunks' forwards in order, then their backwards */
+  mp_pp_step one[2 * MP_PP_MAX_VIRTUAL];
+  for (int c = 0; c < v; c++) {
+    one[c] = (mp_pp_step){0, (uint8_t)c, 0};
+    one[v + c] = (mp_pp_step){1, (uint8_t)(v - 1 - c), 0};
+  }
+  *extra = all - held_most(one, 2 * v, held);
+  if (*extra < 0) *extra = 0;
+  return MP_OK;
+}

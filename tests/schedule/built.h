@@ -1,0 +1,94 @@
+// The schedule tests' fixture: a plan built from options and one rank's schedule, and the
+// schedule expanded into its op instances.
+#ifndef MP_TESTS_SCHEDULE_BUILT_H
+#define MP_TESTS_SCHEDULE_BUILT_H
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "exec/plan.h"
+#include "exec/schedule.h"
+
+namespace sched_test {
+
+struct Built {
+  mp_ctx ctx;
+  mp_model model;
+  mp_plan *plan = nullptr;
+  mp_arena *arena = nullptr;
+  mp_schedule *s = nullptr;
+  ~Built() {
+    mp_arena_destroy(arena);
+    mp_plan_destroy(plan);
+  }
+};
+
+struct Opts {
+  const char *model = "llama3.1-8b";
+  const char *mesh = "dp_shard=8";
+  mp_ac_mode ac = MP_AC_NONE;
+  int fp8 = 0;
+  int reshard = 1;
+  int shard_logits = 1;
+  int sp = -1;  // the plan's default: on with tp > 1
+  mp_mem_model mem_model = MP_MEM_MODEL_TORCHTITAN;
+  mp_attn_impl attn = MP_ATTN_FLASH;
+  int64_t micro_batch = 1;
+  int64_t global_batch = 0;
+  int64_t seq = 8192;
+  int rank = 0;
+  mp_pp_schedule pp_schedule = MP_PP_1F1B;
+  int pp_virtual = 1;
+  mp_schedule_mode mode = MP_SCHEDULE_EXPANDED;
+};
+
+inline void Build(Built *b, const Opts &o) {
+  mp_ctx_init(&b->ctx);
+  ASSERT_EQ(mp_model_load(&b->ctx, o.model, &b->model), MP_OK) << mp_errmsg(&b->ctx);
+  mp_mesh mesh;
+  ASSERT_EQ(mp_mesh_parse(&b->ctx, o.mesh, 0, &mesh), MP_OK) << mp_errmsg(&b->ctx);
+  mp_plan_options po;
+  mp_plan_options_init(&po);
+  po.ac = o.ac;
+  po.fp8 = o.fp8;
+  po.fsdp.reshard_after_forward = o.reshard;
+  po.tp.shard_logits = o.shard_logits;
+  po.sp = o.sp;
+  po.mem_model = o.mem_model;
+  po.attn = o.attn;
+  po.micro_batch = o.micro_batch;
+  po.global_batch = o.global_batch;
+  po.seq = o.seq;
+  po.pp_schedule = o.pp_schedule;
+  po.pp_virtual = o.pp_virtual;
+  ASSERT_EQ(mp_build_plan(&b->ctx, &b->model, &mesh, &po, &b->plan), MP_OK) << mp_errmsg(&b->ctx);
+  b->arena = mp_arena_create();
+  ASSERT_EQ(mp_schedule_build(&b->ctx, b->plan, o.rank, o.mode, b->arena, &b->s), MP_OK)
+      << mp_errmsg(&b->ctx);
+  ASSERT_EQ(mp_schedule_check(&b->ctx, b->s), MP_OK) << mp_errmsg(&b->ctx);
+}
+
+// One expanded op instance, with everything the mode must not change.
+struct Inst {
+  const mp_op *op;
+  int32_t layer, unit;
+  int64_t index;
+  std::vector<int64_t> deps;
+};
+
+inline std::vector<Inst> Expand(const mp_schedule *s) {
+  std::vector<Inst> v;
+  mp_schedule_iter it;
+  mp_schedule_iter_begin(s, &it);
+  while (mp_schedule_iter_next(&it)) {
+    Inst x{it.op, it.layer, it.unit, it.index, {}};
+    for (int i = 0; i < it.op->n_dep; i++) x.deps.push_back(mp_schedule_iter_dep(&it, i));
+    v.push_back(x);
+  }
+  return v;
+}
+
+}  // namespace sched_test
+
+#endif

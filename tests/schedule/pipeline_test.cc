@@ -1,0 +1,317 @@
+// Pipeline parallelism in the schedule: the pipeline order of a stage (mp_pp_order) for
+// 1F1B, interleaved and GPipe against Megatron-LM's warm-up counts, the in-flight chunks
+// they hold, and a stage's schedule: the sends and receives at its chunk boundaries, the
+// layers of its interleaved chunks, a tied model's embedding copies and their all-reduce.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "exec/plan.h"
+#include "exec/schedule.h"
+#include "tests/schedule/built.h"
+
+namespace {
+
+std::vector<mp_pp_step> Order(mp_pp_schedule k, int pp, int v, int64_t m, int stage) {
+  std::vector<mp_pp_step> o((size_t)(2 * m * v));
+  int64_t n = 0;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  EXPECT_EQ(mp_pp_order(&ctx, k, pp, v, m, stage, o.data(), &n), MP_OK) << mp_errmsg(&ctx);
+  o.resize((size_t)n);
+  return o;
+}
+
+// Every (micro-batch, chunk) runs its forward once, then its backward once.
+void ExpectComplete(const std::vector<mp_pp_step> &o, int64_t m, int v) {
+  ASSERT_EQ((int64_t)o.size(), 2 * m * v);
+  std::set<std::pair<int, int>> fwd, bwd;
+  for (const mp_pp_step &s : o) {
+    const std::pair<int, int> key(s.micro, s.chunk);
+    if (s.bwd) {
+      EXPECT_TRUE(fwd.count(key)) << "backward before forward";
+      EXPECT_TRUE(bwd.insert(key).second);
+    } else {
+      EXPECT_TRUE(fwd.insert(key).second);
+    }
+  }
+}
+
+TEST(PipelineOrder, OneFOneBWarmsUpPMinusSMinusOne) {
+  // pp=4, m=8: stage s runs pp - s - 1 forwards before its first backward, then one of
+  // each, and holds pp - s micro-batches at most.
+  for (int s = 0; s < 4; s++) {
+    auto o = Order(MP_PP_1F1B, 4, 1, 8, s);
+    ExpectComplete(o, 8, 1);
+    int warm = 0;
+    while (!o[warm].bwd) warm++;
+    EXPECT_EQ(warm, 4 - s) << "the forwards before the first backward, the steady one included";
+    EXPECT_EQ(mp_pp_inflight(o.data(), (int64_t)o.size()), 4 - s);
+  }
+  // fewer micro-batches than stages: stage 0 holds all of them
+  auto o = Order(MP_PP_1F1B, 4, 1, 2, 0);
+  ExpectComplete(o, 2, 1);
+  EXPECT_EQ(mp_pp_inflight(o.data(), (int64_t)o.size()), 2);
+}
+
+TEST(PipelineOrder, GPipeHoldsEveryMicroBatch) {
+  for (int s = 0; s < 4; s++) {
+    auto o = Order(MP_PP_GPIPE, 4, 1, 8, s);
+    ExpectComplete(o, 8, 1);
+    EXPECT_EQ(mp_pp_inflight(o.data(), (int64_t)o.size()), 8);
+  }
+}
+
+TEST(PipelineOrder, InterleavedFollowsMegatron) {
+  // pp=4, v=2, m=8: virtual step k runs chunk (k mod 8) / 4 of micro-batch (k / 8) 4 + k mod
+  // 4; stage s warms up with (4 - s - 1) x 2 + (2 - 1) x 4 forwards and holds one more.
+  auto o = Order(MP_PP_INTERLEAVED, 4, 2, 8, 0);
+  ExpectComplete(o, 8, 2);
+  const int want[12][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {0, 1}, {1, 1},
+                           {2, 1}, {3, 1}, {4, 0}, {5, 0}, {6, 0}, {7, 0}};
+  for (int k = 0; k < 10; k++) {
+    EXPECT_EQ(o[k].bwd, 0) << k;
+    EXPECT_EQ(o[k].micro, want[k][0]) << k;
+    EXPECT_EQ(o[k].chunk, want[k][1]) << k;
+  }
+  // then the steady state: forward k = 10 (micro 6, chunk 0), backward k = 0 (micro 0, the
+  // last chunk first)
+  EXPECT_EQ(o[10].bwd, 0);
+  EXPECT_EQ(o[10].micro, 6);
+  EXPECT_EQ(o[11].bwd, 1);
+  EXPECT_EQ(o[11].micro, 0);
+  EXPECT_EQ(o[11].chunk, 1);
+  for (int s = 0; s < 4; s++) {
+    auto os = Order(MP_PP_INTERLEAVED, 4, 2, 8, s);
+    ExpectComplete(os, 8, 2);
+    EXPECT_EQ(mp_pp_inflight(os.data(), (int64_t)os.size()), (4 - s - 1) * 2 + 4 + 1) << s;
+  }
+  // m == pp: every forward first (Megatron's all-warm-up case)
+  auto a = Order(MP_PP_INTERLEAVED, 4, 2, 4, 3);
+  EXPECT_EQ(mp_pp_inflight(a.data(), (int64_t)a.size()), 8);
+}
+
+TEST(PipelineOrder, RefusesWhatMegatronRefuses) {
+  std::vector<mp_pp_step> o(64);
+  int64_t n = 0;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_INTERLEAVED, 4, 2, 6, 0, o.data(), &n), MP_ERR_INVALID);
+  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_1F1B, 4, 2, 8, 0, o.data(), &n), MP_ERR_INVALID);
+  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_1F1B, 4, 1, 8, 4, o.data(), &n), MP_ERR_INVALID);
+}
+
+// ---- a stage's schedule ----------------------------------------------------------------
+
+// A stage's schedule: llama-style defaults but seq 2048.
+struct Stage : sched_test::Built {
+  void Build(const char *model_name, const char *mesh_s, int rank, mp_pp_schedule k = MP_PP_1F1B,
+             int v = 1, int64_t gb = 0, int64_t seq = 2048) {
+    sched_test::Opts o;
+    o.model = model_name;
+    o.mesh = mesh_s;
+    o.rank = rank;
+    o.pp_schedule = k;
+    o.pp_virtual = v;
+    o.global_batch = gb;
+    o.seq = seq;
+    sched_test::Build(this, o);
+  }
+};
+
+struct P2p {
+  int phase, coll, peer;
+  double bytes;
+};
+
+std::vector<P2p> PpOps(const mp_schedule *s) {
+  std::vector<P2p> v;
+  mp_schedule_iter it;
+  mp_schedule_iter_begin(s, &it);
+  while (mp_schedule_iter_next(&it))
+    if (it.op->type == MP_OP_COMM && it.op->group == MP_GROUP_PP)
+      v.push_back({it.op->phase, it.op->coll, it.op->peer, it.op->bytes});
+  return v;
+}
+
+TEST(PipelineSchedule, MiddleStageReceivesAndSendsAtItsBoundaries) {
+  // llama3.1-8b on pp=4 x tp=2 (SP on), seq 2048, micro-batch 1: a middle stage receives its
+  // input from the previous stage and sends its output to the next, then receives the
+  // output's gradient from the next and sends its input's to the previous; each [T/tp, H]
+  // bf16 = 1024 x 4096 x 2 bytes, on the p2p stream.
+  Stage st;
+  st.Build("llama3.1-8b", "pp=4,tp=2", 2 * 2); /* rank 4: stage 2 */
+  ASSERT_EQ(st.s->pp_stage, 2);
+  auto v = PpOps(st.s);
+  ASSERT_EQ(v.size(), 4u);
+  const double b = 1024.0 * 4096 * 2;
+  const P2p want[4] = {{MP_PHASE_FORWARD, MP_COLL_RECV, MP_PEER_PREV, b},
+                       {MP_PHASE_FORWARD, MP_COLL_SEND, MP_PEER_NEXT, b},
+                       {MP_PHASE_BACKWARD, MP_COLL_RECV, MP_PEER_NEXT, b},
+                       {MP_PHASE_BACKWARD, MP_COLL_SEND, MP_PEER_PREV, b}};
+  for (int i = 0; i < 4; i++) {
+    EXPECT_EQ(v[i].phase, want[i].phase) << i;
+    EXPECT_EQ(v[i].coll, want[i].coll) << i;
+    EXPECT_EQ(v[i].peer, want[i].peer) << i;
+    EXPECT_EQ(v[i].bytes, want[i].bytes) << i;
+  }
+  // stage 0 only sends forward and receives backward; the last stage the other way round
+  Stage first, last;
+  first.Build("llama3.1-8b", "pp=4,tp=2", 0);
+  last.Build("llama3.1-8b", "pp=4,tp=2", 3 * 2);
+  auto f = PpOps(first.s), l = PpOps(last.s);
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0].coll, MP_COLL_SEND);
+  EXPECT_EQ(f[1].coll, MP_COLL_RECV);
+  ASSERT_EQ(l.size(), 2u);
+  EXPECT_EQ(l[0].coll, MP_COLL_RECV);
+  EXPECT_EQ(l[1].coll, MP_COLL_SEND);
+}
+
+TEST(PipelineSchedule, FsdpUnderAPipelineAsTorchtitanRunsIt) {
+  // llama3.1-8b on pp=2 x dp_shard=4, 4 micro-batches (global batch 16 over 4 data-parallel
+  // ranks), reshard_after_forward asked for. torchtitan keeps a pipeline stage's parameters
+  // gathered through the step and torch.distributed.pipelining syncs gradients only in the
+  // stage's last backward: every FSDP all-gather runs in the first micro-batch, every
+  // gathered buffer is freed in the last, and each of stage 0's 17 units (16 blocks and
+  // the root: tok_embeddings) is reduce-scattered once, from an fp32 accumulator of its
+  // tp-local parameters: 16 x 218,112,000 + 525,336,576 = 4,015,128,576 elements x 4
+  // bytes.
+  Stage st;
+  st.Build("llama3.1-8b", "pp=2,dp_shard=4", 0, MP_PP_1F1B, 1, 16);
+  ASSERT_EQ(st.s->n_micro, 4);
+  EXPECT_EQ(st.plan->opts.fsdp.reshard_after_forward, 0);
+  bool noted = false;
+  for (int i = 0; i < st.plan->n_notes; i++)
+    noted |= strstr(st.plan->notes[i], "kept gathered through the pipeline step") != nullptr;
+  EXPECT_TRUE(noted);
+  int gathers = 0, reduces = 0;
+  int64_t acc = 0, acc_freed = 0;
+  mp_schedule_iter it;
+  mp_schedule_iter_begin(st.s, &it);
+  while (mp_schedule_iter_next(&it)) {
+    const mp_op *op = it.op;
+    if (op->type == MP_OP_COMM && op->coll == MP_COLL_ALL_GATHER && op->group == MP_GROUP_FSDP) {
+      gathers++;
+      EXPECT_EQ(op->when, MP_WHEN_FIRST_MICRO);
+    }
+    if (op->type == MP_OP_FREE && op->mem_cat == MP_MEM_GATHERED) {
+      EXPECT_EQ(op->when, MP_WHEN_LAST_MICRO);
+    }
+    if (op->type == MP_OP_COMM && op->coll == MP_COLL_REDUCE_SCATTER && op->group == MP_GROUP_FSDP) {
+      reduces++;
+      EXPECT_EQ(op->when, MP_WHEN_LAST_MICRO);
+    }
+    if (op->type == MP_OP_ALLOC && op->mem_cat == MP_MEM_GRADS && op->phase != MP_PHASE_PROLOGUE) {
+      EXPECT_EQ(op->when, MP_WHEN_FIRST_MICRO);
+      acc += op->mem_bytes;
+    }
+    if (op->type == MP_OP_FREE && op->mem_cat == MP_MEM_GRADS) {
+      EXPECT_EQ(op->when, MP_WHEN_LAST_MICRO);
+      acc_freed += op->mem_bytes;
+    }
+  }
+  EXPECT_EQ(gathers, 17);
+  EXPECT_EQ(reduces, 17);
+  EXPECT_EQ(acc, 4015128576LL * 4);
+  EXPECT_EQ(acc_freed, acc);
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(st.s, &t);
+  EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_FSDP], 17);  // not 4 x 17
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_FSDP], 17);
+}
+
+TEST(PipelineSchedule, InterleavedStageHoldsItsChunks) {
+  // llama3.1-8b (32 layers) on pp=2 with two chunks per stage: model chunks of 8 layers,
+  // chunk c x 2 + s on stage s: stage 0 holds layers 0-7 (chunk 0) and 16-23 (chunk 1);
+  // its chunk 1 receives from stage 1's chunk 0 and sends to stage 1's chunk 1.
+  Stage st;
+  st.Build("llama3.1-8b", "pp=2", 0, MP_PP_INTERLEAVED, 2, 2);
+  std::set<int> layers[2];
+  mp_schedule_iter it;
+  mp_schedule_iter_begin(st.s, &it);
+  while (mp_schedule_iter_next(&it))
+    if (it.layer >= 0) layers[st.s->segs[it.seg].chunk].insert(it.layer);
+  EXPECT_EQ(*layers[0].begin(), 0);
+  EXPECT_EQ(*layers[0].rbegin(), 7);
+  EXPECT_EQ(*layers[1].begin(), 16);
+  EXPECT_EQ(*layers[1].rbegin(), 23);
+  auto v = PpOps(st.s);
+  // chunk 0: send; chunk 1: receive, send; backward chunk 1: receive, send; chunk 0: receive
+  ASSERT_EQ(v.size(), 6u);
+  EXPECT_EQ(v[0].coll, MP_COLL_SEND);
+  EXPECT_EQ(v[1].coll, MP_COLL_RECV);
+  EXPECT_EQ(v[1].peer, MP_PEER_PREV);
+  EXPECT_EQ(v[5].coll, MP_COLL_RECV);
+  EXPECT_EQ(v[5].peer, MP_PEER_NEXT);
+  // the plan places the layers by chunk
+  EXPECT_EQ(mp_plan_layer_stage(st.plan, 8), 1);
+  EXPECT_EQ(mp_plan_layer_stage(st.plan, 16), 0);
+}
+
+TEST(PipelineSchedule, TiedEmbeddingsAcrossStages) {
+  // gpt-22b ties its head to tok_embeddings. With pp=4 stage 3 holds a copy (output.weight,
+  // vocab-sharded like the embedding); stages 0 and 3 all-reduce the two copies' gradients
+  // once per step (peer ENDS: the first and last stage), a middle stage not. Without FSDP
+  // the payload is the tp-local copy in the fp32 reduce dtype: 51200 / 8 x 6144 x 4 bytes.
+  for (int rank : {0, 8, 24}) {
+    Stage st;
+    st.Build("gpt-22b", "pp=4,tp=8", rank);
+    int n = 0;
+    double bytes = 0;
+    mp_schedule_iter it;
+    mp_schedule_iter_begin(st.s, &it);
+    while (mp_schedule_iter_next(&it))
+      if (it.op->type == MP_OP_COMM && it.op->group == MP_GROUP_PP &&
+          it.op->coll == MP_COLL_ALL_REDUCE) {
+        n++;
+        bytes = it.op->bytes;
+        EXPECT_EQ(it.op->peer, MP_PEER_ENDS);
+        EXPECT_EQ(it.op->phase, MP_PHASE_OPTIMIZER);
+      }
+    EXPECT_EQ(n, rank == 8 ? 0 : 1) << "rank " << rank;
+    if (rank != 8) {
+      EXPECT_EQ(bytes, 51200.0 / 8 * 6144 * 4);
+    }
+  }
+  Stage st;
+  st.Build("gpt-22b", "pp=4,tp=8", 0);
+  const int i = mp_plan_find_param(st.plan, "output.weight");
+  ASSERT_GE(i, 0);
+  EXPECT_TRUE(st.plan->params[i].tied_copy);
+  EXPECT_EQ(st.plan->params[i].pp_stage, 3);
+  EXPECT_EQ(st.plan->params[i].tp_shape[0], 51200 / 8);
+}
+
+TEST(PipelineSchedule, UnevenSplitLeavesTheLastStageFewer) {
+  // llama3.1-8b's 32 layers on pp=5: 7 per stage, the last holds 4; pp=6 x 2 chunks would
+  // leave the last of 12 chunks empty (3 each: 11 x 3 > 32), refused.
+  Stage st;
+  st.Build("llama3.1-8b", "pp=5", 4);
+  std::set<int> layers;
+  mp_schedule_iter it;
+  mp_schedule_iter_begin(st.s, &it);
+  while (mp_schedule_iter_next(&it))
+    if (it.layer >= 0) layers.insert(it.layer);
+  EXPECT_EQ(layers.size(), 4u);
+  EXPECT_EQ(*layers.begin(), 28);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  ASSERT_EQ(mp_model_load(&ctx, "llama3.1-8b", &m), MP_OK);
+  mp_mesh mesh;
+  ASSERT_EQ(mp_mesh_parse(&ctx, "pp=6", 0, &mesh), MP_OK);
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.pp_schedule = MP_PP_INTERLEAVED;
+  o.pp_virtual = 2;
+  mp_plan *p = nullptr;
+  EXPECT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("empty"), std::string::npos) << mp_errmsg(&ctx);
+}
+
+}  // namespace

@@ -1,0 +1,138 @@
+// The pipeline timeline (sim/pipeline.c, mp_sim_pipeline) against hand derivations: the
+// closed forms of 1F1B and GPipe ((m + p - 1)(f + b), a bubble of (p - 1)/m of the busy
+// time) and of the interleaved schedule ((p - 1)/(v m)) with equal stages and free
+// transfers; then a small pipeline with uneven stages and transfer costs worked out step
+// by step.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "sim/sim.h"
+
+namespace {
+
+// Makespan of a pipeline of pp equal stages: each chunk's forward f / v, backward b / v.
+double Makespan(mp_pp_schedule kind, int pp, int v, int64_t m, double f, double b,
+                double send = 0.0) {
+  mp_pp_stage_times t;
+  memset(&t, 0, sizeof t);
+  for (int c = 0; c < v; c++) {
+    t.f[c] = f / v;
+    t.b[c] = b / v;
+  }
+  t.send_f = t.send_b = send;
+  std::vector<const mp_pp_stage_times *> st(pp, &t);
+  std::vector<double> finish(pp);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  EXPECT_EQ(mp_sim_pipeline(&ctx, kind, pp, v, m, st.data(), finish.data()), MP_OK)
+      << mp_errmsg(&ctx);
+  double most = 0;
+  for (double x : finish) most = std::max(most, x);
+  return most;
+}
+
+TEST(PipelineTimeline, OneFOneBAndGPipeBubbleIsPMinusOneOverM) {
+  // f = 1, b = 2 per micro-batch: busy m (f + b); the pipeline fills and drains through
+  // p - 1 stages, (p - 1)(f + b) more, a bubble of (p - 1)/m of the busy time.
+  const double f = 1.0, b = 2.0;
+  for (int pp : {2, 4, 8})
+    for (int64_t m : {1, 4, 8, 32}) {
+      for (mp_pp_schedule k : {MP_PP_1F1B, MP_PP_GPIPE}) {
+        const double t = Makespan(k, pp, 1, m, f, b);
+        EXPECT_DOUBLE_EQ(t, (double)(m + pp - 1) * (f + b)) << "pp=" << pp << " m=" << m;
+        EXPECT_NEAR((t - m * (f + b)) / (m * (f + b)), (pp - 1) / (double)m, 1e-12);
+      }
+    }
+}
+
+TEST(PipelineTimeline, InterleavedBubbleIsPMinusOneOverVM) {
+  // v chunks per stage, each f/v and b/v: the fill and drain shrink to (p - 1)(f + b)/v,
+  // a bubble of (p - 1)/(v m) (Narayanan et al. 2021, section 2.2), m a multiple of p.
+  const double f = 1.0, b = 2.0;
+  for (int pp : {2, 4})
+    for (int v : {2, 4})
+      for (int64_t m : {(int64_t)pp, 2 * (int64_t)pp, 8 * (int64_t)pp}) {
+        const double t = Makespan(MP_PP_INTERLEAVED, pp, v, m, f, b);
+        EXPECT_NEAR(t, m * (f + b) + (pp - 1) * (f + b) / v, 1e-9)
+            << "pp=" << pp << " v=" << v << " m=" << m;
+        EXPECT_NEAR((t - m * (f + b)) / (m * (f + b)), (pp - 1) / (double)(v * m), 1e-9);
+      }
+}
+
+TEST(PipelineTimeline, TransfersOnOneFOneBsCriticalPath) {
+  // pp=2, m=3, f 1, b 2 on both stages, every transfer d = 0.1. 1F1B leaves stage 0 one
+  // forward ahead only, so each of its backwards waits for a round trip through stage 1:
+  //   s0 F0 [0, 1]      s1 F0 [1.1, 2.1]   s1 B0 [2.1, 4.1]   s0 F1 [1, 2]
+  //   s0 B0 [4.2, 6.2]  s1 F1 [4.1, 5.1]   s1 B1 [5.1, 7.1]   s0 F2 [6.2, 7.2]
+  //   s0 B1 [7.2, 9.2]  s1 F2 [7.3, 8.3]   s1 B2 [8.3, 10.3]  s0 B2 [10.4, 12.4]
+  // 0.4 more than the (m + p - 1)(f + b) = 12 of free transfers.
+  mp_pp_stage_times t;
+  memset(&t, 0, sizeof t);
+  t.f[0] = 1, t.b[0] = 2, t.send_f = t.send_b = 0.1;
+  const mp_pp_stage_times *st[2] = {&t, &t};
+  double finish[2];
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, 2, 1, 3, st, finish), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_NEAR(finish[0], 12.4, 1e-12);
+  EXPECT_NEAR(finish[1], 10.3, 1e-12);
+}
+
+TEST(PipelineTimeline, UnevenStagesWorkedStepByStep) {
+  // pp=2, m=2, 1F1B. Stage 0: f 1, b 2, sends its activations in 0.5; stage 1: f 2, b 3,
+  // sends its input gradient in 0.25. Orders: stage 0 F0 F1 B0 B1, stage 1 F0 B0 F1 B1.
+  //   s0 F0 [0, 1]       s1 F0 [1.5, 3.5]   s1 B0 [3.5, 6.5]
+  //   s0 F1 [1, 2]       s0 B0 [6.75, 8.75] (B0 of stage 1 + 0.25)
+  //   s1 F1 [6.5, 8.5]   (its input was there at 2.5; the stage is busy until 6.5)
+  //   s1 B1 [8.5, 11.5]  s0 B1 [11.75, 13.75]
+  mp_pp_stage_times a, c;
+  memset(&a, 0, sizeof a);
+  memset(&c, 0, sizeof c);
+  a.f[0] = 1, a.b[0] = 2, a.send_f = 0.5, a.send_b = 0.0;
+  c.f[0] = 2, c.b[0] = 3, c.send_f = 0.0, c.send_b = 0.25;
+  const mp_pp_stage_times *st[2] = {&a, &c};
+  double finish[2];
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, 2, 1, 2, st, finish), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_DOUBLE_EQ(finish[0], 13.75);
+  EXPECT_DOUBLE_EQ(finish[1], 11.5);
+}
+
+TEST(PipelineTimeline, LongPipelinesSettleIntoTheirCycle) {
+  // Long pipelines run a few groups of pp micro-batches step by step and add the steady
+  // state's period for the rest (sim/pipeline.c). Equal stages: still (m + p - 1)(f + b) for
+  // m = 4096. Uneven stages (the third twice as slow as the others, transfers 0.05): once
+  // the pipeline is full the slowest stage is never idle, so every pp more micro-batches add
+  // pp of its f + b.
+  EXPECT_NEAR(Makespan(MP_PP_1F1B, 4, 1, 4096, 1.0, 2.0), (4096.0 + 3) * 3.0, 1e-6);
+  EXPECT_NEAR(Makespan(MP_PP_INTERLEAVED, 4, 2, 4096, 1.0, 2.0), 4096 * 3.0 + 3 * 3.0 / 2, 1e-6);
+  mp_pp_stage_times fast, slow;
+  memset(&fast, 0, sizeof fast);
+  memset(&slow, 0, sizeof slow);
+  fast.f[0] = 1, fast.b[0] = 2, fast.send_f = fast.send_b = 0.05;
+  slow.f[0] = 2, slow.b[0] = 4, slow.send_f = slow.send_b = 0.05;
+  const mp_pp_stage_times *st[4] = {&fast, &fast, &slow, &fast};
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  double a[4], b[4];
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, 4, 1, 400, st, a), MP_OK);
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, 4, 1, 404, st, b), MP_OK);
+  for (int s = 0; s < 4; s++) EXPECT_NEAR(b[s] - a[s], 4 * 6.0, 1e-9) << "stage " << s;
+}
+
+TEST(PipelineTimeline, RefusesWhatTheScheduleRefuses) {
+  mp_pp_stage_times t;
+  memset(&t, 0, sizeof t);
+  const mp_pp_stage_times *st[4] = {&t, &t, &t, &t};
+  double finish[4];
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  // interleaved needs m a multiple of pp
+  EXPECT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, 4, 2, 6, st, finish), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("groups of pp=4"), std::string::npos);
+}
+
+}  // namespace

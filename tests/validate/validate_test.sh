@@ -1,0 +1,72 @@
+#!/bin/bash
+# meshplan validate on the published measurements of tests/data/validation/published_dev.csv
+# (torchtitan, llm.c and Megatron-LM rows): every row's prediction stays within 1 % of the
+# one recorded in expected.txt (a change that moves a published prediction fails here and
+# updates that file on purpose), within 5 % of the published figure, and per metric the
+# mean absolute percentage error and Kendall's tau stay within their ceilings and floors.
+# Runs from the runfiles root.
+set -u
+BIN=planner/meshplan
+CSV=tests/data/validation/published_dev.csv
+EXPECTED=tests/validate/expected.txt
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+if ! "$BIN" validate "$CSV" >"$out" 2>&1; then
+  echo "FAIL: meshplan validate exited non-zero:" >&2
+  cat "$out" >&2
+  exit 1
+fi
+cat "$out"
+# An interleaved row without micro_batch: of local_batch 8's divisors on pp=4, 4 and 8 leave
+# fewer micro-batches than a group of pp and are no choice; 1 or 2 is picked.
+pick=$(mktemp)
+trap 'rm -f "$out" "$pick"' EXIT
+cat >"$pick" <<'CSV'
+case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,stack,metric,value,notes
+pick_interleaved,test,llama3.1-8b,16,h100-sxm,8,400,1,4,1,4,interleaved,2,1,1,2048,8,,32,full,0,0,torchtitan-compile,tokens_per_s_per_gpu,1000,
+CSV
+if ! "$BIN" validate "$pick" >"$out.pick" 2>&1 || ! grep -qE '^pick_interleaved +tokens_per_s_per_gpu +[12][*] ' "$out.pick"; then
+  echo "FAIL: the interleaved row's micro-batch pick:" >&2
+  cat "$out.pick" >&2
+  rm -f "$out.pick"
+  exit 1
+fi
+rm -f "$out.pick"
+# per metric: MAPE ceiling (%) and Kendall's tau floor
+awk -v expected="$EXPECTED" '
+BEGIN {
+  while ((getline line < expected) > 0) {
+    if (line ~ /^#/) continue
+    split(line, f, " ")
+    want[f[1]] = f[2]
+  }
+  mape_max["tokens_per_s_per_gpu"] = 2.0; tau_min["tokens_per_s_per_gpu"] = 0.70
+  mape_max["peak_mem_gib"] = 1.0;         tau_min["peak_mem_gib"] = 0.90
+  mape_max["step_time_s"] = 2.5;          tau_min["step_time_s"] = 0.95
+  fails = 0; rows = 0
+}
+NF == 6 && $1 != "case" {
+  rows++
+  name = $1; pred = $4 + 0; pub = $5 + 0; err = $6; sub(/%/, "", err)
+  if (!(name in want)) { printf "FAIL: row %s has no expected prediction\n", name; fails++; next }
+  seen[name] = 1
+  d = (pred - want[name]) / want[name]
+  if (d > 0.01 || d < -0.01) {
+    printf "FAIL: %s predicted %g, recorded %g (%+.2f%%)\n", name, pred, want[name], 100 * d
+    fails++
+  }
+  if (err + 0 > 5.0 || err + 0 < -5.0) { printf "FAIL: %s is %s%% off its published figure\n", name, err; fails++ }
+}
+$1 in mape_max && NF >= 4 && $2 ~ /^[0-9]+$/ {
+  m = $3; sub(/%/, "", m)
+  if (m + 0 > mape_max[$1]) { printf "FAIL: %s MAPE %s%% over %.1f%%\n", $1, m, mape_max[$1]; fails++ }
+  if ($4 == "n/a" || $4 + 0 < tau_min[$1]) { printf "FAIL: %s Kendall tau %s under %.2f\n", $1, $4, tau_min[$1]; fails++ }
+  checked[$1] = 1
+}
+END {
+  for (k in want) if (!(k in seen)) { printf "FAIL: expected row %s not printed\n", k; fails++ }
+  for (k in mape_max) if (!(k in checked)) { printf "FAIL: no summary line for %s\n", k; fails++ }
+  if (rows < 20) { printf "FAIL: only %d rows\n", rows; fails++ }
+  printf "validate_test: %d rows, %d failures\n", rows, fails
+  exit fails > 0
+}' "$out"
