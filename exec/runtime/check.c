@@ -1,0 +1,38 @@
+/* The runtime's executable-plan rules (check.h), in the order a plan is read: mesh and
+ * options, passes, model. */
+#include "exec/runtime/check.h"
+
+#include "exec/mesh.h"
+
+mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p) {
+  const mp_model *m = &p->model;
+  const mp_mesh *mesh = &p->mesh;
+  char mb[128];
+  mp_mesh_format(mesh, mb, sizeof mb);
+  if (mesh->size[MP_DIM_PP] > 1 || mesh->size[MP_DIM_CP] > 1)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute pipeline (pp) or context "
+                    "(cp) parallelism yet; the planner models them, train with dp_replicate, dp_shard, tp and ep",
+                    mb);
+  if (mesh->size[MP_DIM_TP] > 1 && p->opts.sp == 1)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime runs tp with replicated activations and "
+                    "all-reduces, not sequence parallelism yet; build the plan with sp=0 (--no-sp)", mb);
+  if (mesh->size[MP_DIM_DP_SHARD] > 1 && !(p->applied & MP_PASS_FSDP))
+    return mp_error(ctx, MP_ERR_INTERNAL, "mesh %s has dp_shard > 1 but the plan has no FSDP pass", mb);
+  if (m->family != MP_FAMILY_LLAMA)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: the runtime implements the llama family only "
+                    "(RMSNorm, RoPE, SwiGLU); gpt models are not implemented yet", m->name);
+  if (m->qkv_bias || m->qk_norm || m->bias)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: q/k/v biases and q/k norms (Qwen2/Qwen3) are not "
+                    "implemented in the runtime yet", m->name);
+  if (mesh->size[MP_DIM_TP] > 1 && !p->opts.tp.shard_logits)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "tp=%d with logits gathered over tp (shard_logits=0) is not "
+                    "executed; the runtime computes the loss vocab-parallel (the default)", mesh->size[MP_DIM_TP]);
+  if (mesh->size[MP_DIM_TP] > 1 && m->tied_embeddings)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s ties its embeddings; with tp > 1 the runtime does not "
+                    "execute tied vocab-parallel embedding and head yet", m->name);
+  if (m->head_dim % 2)
+    return mp_error(ctx, MP_ERR_INVALID, "model %s: RoPE needs an even head_dim (got %lld)", m->name,
+                    (long long)m->head_dim);
+  return MP_OK;
+}
+

@@ -1,0 +1,23 @@
+/* Whether the runtime executes a plan, decided from the plan alone (no comm, no device,
+ * no allocation): the planner asks it to mark plans "runs" and to restrict train --auto,
+ * and mp_runtime_create asks it before building anything. The world-size check against a
+ * launched job is the runtime's own (runtime.c), since it needs the job. */
+#ifndef MP_EXEC_RUNTIME_CHECK_H
+#define MP_EXEC_RUNTIME_CHECK_H
+
+#include "common/status.h"
+#include "exec/plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* MP_OK when the runtime executes plan p; otherwise MP_ERR_UNSUPPORTED (a feature the
+ * runtime does not implement) or MP_ERR_INVALID/MP_ERR_INTERNAL (a plan that no runtime
+ * could execute) with one line on ctx naming the feature or rule and what to do. */
+mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
