@@ -202,12 +202,16 @@ static mp_status load_tile(mp_ctx *ctx, mp_runtime *rt, int i, float *buf, void 
   return load_param(ctx, rt, src->s, src->path, i, buf);
 }
 
+mp_status mp_hf_load_set(mp_ctx *ctx, mp_runtime *rt, const mp_st_set *s, const char *origin) {
+  hf_src src = {s, origin};
+  MP_CHECK(check_unused(ctx, rt, s, origin));
+  return mp_ckpt_each_tile(ctx, rt, load_tile, &src);
+}
+
 static mp_status load_local(mp_ctx *ctx, mp_runtime *rt, const char *path) {
   mp_st_set *s = NULL;
   MP_CHECK(mp_st_open(ctx, path, &s));
-  hf_src src = {s, path};
-  mp_status st = check_unused(ctx, rt, s, path);
-  if (st == MP_OK) st = mp_ckpt_each_tile(ctx, rt, load_tile, &src);
+  mp_status st = mp_hf_load_set(ctx, rt, s, path);
   mp_st_close(s);
   return st;
 }
