@@ -29,6 +29,7 @@ struct mp_st_set {
   int n_files;
   mp_st_tensor *t;
   int n, cap;
+  const mp_st_tensor **by_name; /* t sorted by name (mp_st_find's binary search) */
 };
 
 static const char *const k_dtypes[] = {"F32", "BF16", "F16"};
@@ -194,25 +195,23 @@ static int by_name(const void *a, const void *b) {
   return strcmp((*(const mp_st_tensor *const *)a)->name, (*(const mp_st_tensor *const *)b)->name);
 }
 
-/* A name given twice (in one header or in two files of a folder): sorted, so a header of
- * millions of entries is checked in n log n. */
-static mp_status check_names(mp_ctx *ctx, const mp_st_set *s, const char *path) {
-  if (s->n < 2) return MP_OK;
-  const mp_st_tensor **v = malloc((size_t)s->n * sizeof *v);
+/* The index by name, and a name given twice (in one header or in two files of a folder)
+ * refused: sorted, so a header of millions of entries is indexed and checked in n log n. */
+static mp_status index_names(mp_ctx *ctx, mp_st_set *s, const char *path) {
+  const mp_st_tensor **v = malloc((size_t)(s->n + 1) * sizeof *v);
   MP_CHECK_ALLOC(ctx, v);
   for (int i = 0; i < s->n; i++) v[i] = &s->t[i];
-  qsort(v, (size_t)s->n, sizeof *v, by_name);
-  mp_status st = MP_OK;
-  for (int i = 1; i < s->n && st == MP_OK; i++)
+  if (s->n > 1) qsort(v, (size_t)s->n, sizeof *v, by_name);
+  s->by_name = v;
+  for (int i = 1; i < s->n; i++)
     if (strcmp(v[i - 1]->name, v[i]->name) == 0)
-      st = mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s appears twice", path, v[i]->name);
-  free(v);
-  return st;
+      return mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s appears twice", path, v[i]->name);
+  return MP_OK;
 }
 
 /* The checks across files, then *out = s; s is closed on failure. */
 static mp_status finish(mp_ctx *ctx, mp_st_set *s, const char *path, mp_status st, mp_st_set **out) {
-  if (st == MP_OK) st = check_names(ctx, s, path);
+  if (st == MP_OK) st = index_names(ctx, s, path);
   if (st != MP_OK) {
     mp_st_close(s);
     return st;
@@ -267,6 +266,7 @@ void mp_st_close(mp_st_set *s) {
   for (int i = 0; i < s->n; i++) free(s->t[i].name);
   free(s->files);
   free(s->t);
+  free(s->by_name);
   free(s);
 }
 
@@ -275,8 +275,15 @@ const mp_st_tensor *mp_st_tensor_at(const mp_st_set *s, int i) { return &s->t[i]
 const char *mp_st_file_of(const mp_st_set *s, const mp_st_tensor *t) { return s->files[t->file].path; }
 
 const mp_st_tensor *mp_st_find(const mp_st_set *s, const char *name) {
-  for (int i = 0; i < s->n; i++)
-    if (strcmp(s->t[i].name, name) == 0) return &s->t[i];
+  int lo = 0, hi = s->n - 1;
+  while (lo <= hi) {
+    const int mid = lo + (hi - lo) / 2, c = strcmp(s->by_name[mid]->name, name);
+    if (c == 0) return s->by_name[mid];
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid - 1;
+  }
   return NULL;
 }
 

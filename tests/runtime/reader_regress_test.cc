@@ -162,6 +162,31 @@ TEST(SafetensorsRegress, ANameTwiceInOneHeaderIsRefused) {
   EXPECT_TRUE(c.says("tensor x appears twice")) << c.msg();
 }
 
+// Names are found through a sorted index (a header of millions of entries was searched,
+// and checked for repeats, in quadratic time): 2,000 tensors in descending order, each
+// found at its own offsets, a missing name not found.
+TEST(SafetensorsRegress, EveryNameOfALargeHeaderIsFound) {
+  Ctx c;
+  const int n = 2000;
+  std::string h = "{";
+  for (int i = n - 1; i >= 0; i--) {
+    h += "\"t" + std::to_string(i) + "\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[" +
+         std::to_string(2 * i) + "," + std::to_string(2 * i + 2) + "]}";
+    h += i ? "," : "}";
+  }
+  const std::string f = Handmade(h, std::string(2 * n, '\0'));
+  mp_st_set *s = nullptr;
+  ASSERT_EQ(mp_st_from_bytes(&c.c, f.data(), f.size(), "big.safetensors", &s), MP_OK) << c.msg();
+  for (int i = 0; i < n; i++) {
+    const mp_st_tensor *t = mp_st_find(s, ("t" + std::to_string(i)).c_str());
+    ASSERT_NE(t, nullptr) << i;
+    EXPECT_EQ(t->begin, 2 * i);
+  }
+  EXPECT_EQ(mp_st_find(s, "t2000"), nullptr);
+  EXPECT_EQ(mp_st_find(s, ""), nullptr);
+  mp_st_close(s);
+}
+
 // ---- checkpoint manifests ----------------------------------------------------------------------
 
 // A step folder with one file of 16 floats (i = 0..15) and one tensor "w" of shape
