@@ -192,26 +192,21 @@ static void check_whole_tensors(const mp_ckpt_manifest *m) {
 
 /* ---- the load on every rank ---------------------------------------------------------------- */
 
-typedef struct load_check {
-  const mp_ckpt_manifest *m;
-  mp_runtime *rt;
-} load_check;
-
-static void on_write(int i, mp_state_kind k, const float *src, int64_t numel, void *arg) {
-  const load_check *lc = arg;
-  const mp_param *p = &lc->rt->plan->params[i];
-  int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
-  FUZZ_ASSERT(mp_runtime_param_tile(lc->rt, i, off, len) == numel);
+/* The tile of parameter i's state k written by the load, against the checkpoint (arg). */
+static void on_write(const mp_runtime *rt, int i, mp_state_kind k, const int64_t *off, const int64_t *len,
+                     const float *src, void *arg) {
+  const mp_ckpt_manifest *m = arg;
+  const mp_param *p = &rt->plan->params[i];
   char name[512];
   ckpt_tensor_name(name, sizeof name, p->fqn, k);
-  const mp_ckpt_tensor *t = mp_ckpt_find(lc->m, name);
+  const mp_ckpt_tensor *t = mp_ckpt_find(m, name);
   FUZZ_ASSERT(t != NULL && t->ndim == p->ndim);
   int64_t o3[3] = {0, 0, 0}, l3[3] = {1, 1, 1};
   for (int d = 0; d < p->ndim; d++) {
     o3[d] = off[d];
     l3[d] = len[d];
   }
-  check_box(lc->m, t, o3, l3, src);
+  check_box(m, t, o3, l3, src);
 }
 
 static void check_load(const mp_ckpt_manifest *m, unsigned pick) {
@@ -222,9 +217,7 @@ static void check_load(const mp_ckpt_manifest *m, unsigned pick) {
   mp_plan *const *plans = strcmp(saved.name, "tiny-dense") == 0 ? g_tiny : g_micro;
   const int k = (int)(pick % N_MESHES); /* one mesh per input: tiny-dense's loads are MBs */
   for (int rank = 0; rank < k_meshes[k].world; rank++) {
-    mp_runtime rt = {plans[k], rank, -1, on_write, NULL};
-    load_check lc = {m, &rt};
-    rt.arg = &lc;
+    mp_runtime rt = {plans[k], rank, -1, on_write, (void *)m};
     mp_ckpt_meta meta;
     mp_ctx_init(&ctx);
     const mp_status st = mp_ckpt_load_parsed(&ctx, &rt, m, &meta);

@@ -15,7 +15,7 @@ mp_status mp_runtime_write_state(mp_ctx *ctx, mp_runtime *rt, int i, mp_state_ki
   (void)ctx;
   int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
   const int64_t n = mp_runtime_param_tile(rt, i, off, len);
-  if (n && rt->on_write) rt->on_write(i, k, src, n, rt->arg);
+  if (n && rt->on_write) rt->on_write(rt, i, k, off, len, src, rt->arg);
   return MP_OK;
 }
 

@@ -13,8 +13,10 @@
 
 #include "exec/runtime/runtime.h"
 
-/* Called with every tile written: parameter i, state k, numel elements at src. */
-typedef void (*fuzz_runtime_write_fn)(int i, mp_state_kind k, const float *src, int64_t numel, void *arg);
+/* Called with every tile written: parameter i, state k, the tile's box off/len (ndim of
+ * the parameter) and its elements at src, row-major. */
+typedef void (*fuzz_runtime_write_fn)(const mp_runtime *rt, int i, mp_state_kind k, const int64_t *off,
+                                      const int64_t *len, const float *src, void *arg);
 
 struct mp_runtime {
   const mp_plan *plan;

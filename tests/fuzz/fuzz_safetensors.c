@@ -197,20 +197,16 @@ static void check_tensor(const mp_st_set *s, const mp_st_tensor *t, const uint8_
 
 /* ---- the load on every rank ---------------------------------------------------------------- */
 
-typedef struct load_check {
-  const mp_st_set *s;
-  mp_runtime *rt;
-} load_check;
-
 /* The tile of parameter i written by the load, against the elements of its Hugging Face
- * tensor(s): element (a, b, c) of the tile is global (off + (a, b, c)); a routed-expert
- * parameter [E, R, C] is one tensor [R, C] per expert. */
-static void on_write(int i, mp_state_kind k, const float *src, int64_t numel, void *arg) {
-  const load_check *lc = arg;
+ * tensor(s) in the set (arg): element (a, b, c) of the tile is global (off + (a, b, c)); a
+ * routed-expert parameter [E, R, C] is one tensor [R, C] per expert. */
+static void on_write(const mp_runtime *rt, int i, mp_state_kind k, const int64_t *off, const int64_t *len,
+                     const float *src, void *arg) {
+  const mp_st_set *s = arg;
   FUZZ_ASSERT(k == MP_STATE_PARAM);
-  const mp_param *p = &lc->rt->plan->params[i];
-  int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
-  FUZZ_ASSERT(mp_runtime_param_tile(lc->rt, i, off, len) == numel);
+  const mp_param *p = &rt->plan->params[i];
+  int64_t numel = 1;
+  for (int d = 0; d < p->ndim; d++) numel *= len[d];
   const int experts = mp_hf_is_experts(p->fqn);
   const int64_t L1 = p->ndim >= 2 ? len[p->ndim - 2] : 1, L2 = len[p->ndim - 1];
   const int64_t S2 = p->shape[p->ndim - 1];
@@ -225,9 +221,9 @@ static void on_write(int i, mp_state_kind k, const float *src, int64_t numel, vo
       FUZZ_ASSERT(mp_hf_name(p->fqn, 0, name, sizeof name));
       g = p->ndim >= 2 ? (off[0] + r) * S2 + off[1] + c : off[0] + c;
     }
-    const mp_st_tensor *t = mp_st_find(lc->s, name);
+    const mp_st_tensor *t = mp_st_find(s, name);
     FUZZ_ASSERT(t != NULL);
-    FUZZ_ASSERT(same_float(src[e], ref_element(lc->s, t, g)));
+    FUZZ_ASSERT(same_float(src[e], ref_element(s, t, g)));
   }
 }
 
@@ -236,9 +232,7 @@ static void check_loads(const mp_st_set *s) {
     for (int k = 0; k < N_MESHES; k++) {
       if (!g_plans[m][k]) continue;
       for (int rank = 0; rank < k_meshes[k].world; rank++) {
-        mp_runtime rt = {g_plans[m][k], rank, 0, on_write, NULL};
-        load_check lc = {s, &rt};
-        rt.arg = &lc;
+        mp_runtime rt = {g_plans[m][k], rank, 0, on_write, (void *)s};
         mp_ctx ctx;
         mp_ctx_init(&ctx);
         const mp_status st = mp_hf_load_set(&ctx, &rt, s, "fuzz");
