@@ -86,6 +86,14 @@ mp_status mp_json_get_i64(mp_ctx *ctx, const cJSON *obj, const char *origin, con
   return MP_OK;
 }
 
+int mp_json_int_in(const cJSON *v, int64_t lo, int64_t hi, int64_t *out) {
+  if (!cJSON_IsNumber(v)) return 0;
+  const double d = v->valuedouble; /* NaN fails every comparison */
+  if (!(d >= (double)lo && d <= (double)hi) || d != floor(d)) return 0;
+  *out = (int64_t)d;
+  return 1;
+}
+
 mp_status mp_json_get_int(mp_ctx *ctx, const cJSON *obj, const char *origin, const char *key,
                           int required, int *out) {
   int64_t x = *out;

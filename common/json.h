@@ -28,6 +28,11 @@ mp_status mp_json_get_f64(mp_ctx *ctx, const cJSON *obj, const char *origin, con
                           int required, double *out);
 mp_status mp_json_get_bool(mp_ctx *ctx, const cJSON *obj, const char *origin, const char *key,
                            int required, int *out);
+/* v as a whole number in lo..hi (both within +-2^53, where a double holds every integer):
+ * 1 and *out when it is one; 0 for anything else (not a number, fractional, infinite,
+ * out of range), leaving the message to the caller, which knows what the value is. For
+ * the numbers inside arrays and nested objects of the binary formats' headers. */
+int mp_json_int_in(const cJSON *v, int64_t lo, int64_t hi, int64_t *out);
 /* Copies at most cap-1 bytes; a longer string is an error. */
 mp_status mp_json_get_str(mp_ctx *ctx, const cJSON *obj, const char *origin, const char *key,
                           int required, char *out, size_t cap);

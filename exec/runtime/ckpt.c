@@ -14,7 +14,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "common/json.h"
 #include "exec/runtime/ckpt_internal.h"
@@ -30,8 +29,6 @@ void mp_ckpt_set_hook(mp_ckpt_hook_fn fn, void *arg) {
 static void hook(const char *point, int rank, int64_t step) {
   if (g_hook) g_hook(point, rank, step, g_hook_arg);
 }
-
-uint64_t mp_ckpt_hash64(const void *data, size_t n) { return (uint64_t)XXH64(data, n, 0); }
 
 /* ---- files and folders ----------------------------------------------------------------- */
 

@@ -56,6 +56,10 @@ extern "C" {
 #define MP_CKPT_VERSION 1
 #define MP_CKPT_CHUNK_BYTES (1 << 20) /* bytes per checksum: the read granularity of a load */
 #define MP_CKPT_PATH_MAX 1024
+/* The most a manifest.json may hold. It lists one 19-byte hex checksum per MiB of state:
+ * a 405B-parameter model's fp32 weights and AdamW moments (12 bytes a parameter, 4.9 TB)
+ * take 4.6M of them, about 90 MB; 2^30 bytes leaves 10x. */
+#define MP_CKPT_MANIFEST_MAX_BYTES (1LL << 30)
 
 /* The training state saved beside the tensors. */
 typedef struct mp_ckpt_meta {
@@ -112,6 +116,9 @@ typedef struct mp_ckpt_manifest {
 /* Reads and checks step_dir/manifest.json (format, version, every shard inside its file
  * and its tensor, file sizes on disk). */
 mp_status mp_ckpt_manifest_read(mp_ctx *ctx, const char *step_dir, mp_ckpt_manifest *out);
+/* The same from the manifest's text (NUL-terminated): the parsing of mp_ckpt_manifest_read,
+ * the shard files still looked up in step_dir. out is to be freed on failure too. */
+mp_status mp_ckpt_manifest_parse(mp_ctx *ctx, const char *step_dir, const char *text, mp_ckpt_manifest *out);
 void mp_ckpt_manifest_free(mp_ckpt_manifest *m);
 /* The checkpoint's model (the manifest's "model", meshplan's model format). */
 mp_status mp_ckpt_model(mp_ctx *ctx, const mp_ckpt_manifest *m, mp_model *out);
@@ -128,6 +135,9 @@ mp_status mp_ckpt_read_box(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_ckpt
  * which the caller frees (mp_ckpt_manifest_free) when done with it. */
 mp_status mp_ckpt_load(mp_ctx *ctx, mp_runtime *rt, const char *step_dir, mp_ckpt_manifest *man,
                        mp_ckpt_meta *meta);
+/* mp_ckpt_load's reading on this rank from a parsed manifest, without agreeing with the
+ * other ranks. */
+mp_status mp_ckpt_load_parsed(mp_ctx *ctx, mp_runtime *rt, const mp_ckpt_manifest *man, mp_ckpt_meta *meta);
 
 /* Test hook (fault injection, as SQLite's): called at each named point of a save on every
  * rank: "begin" (the temporary folder exists), "shard_half" (half of the rank's tiles are

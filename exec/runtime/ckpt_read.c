@@ -13,10 +13,15 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
+#include "common/checked.h"
 #include "common/file.h"
 #include "common/json.h"
+#include "common/limits.h"
 #include "exec/runtime/ckpt_internal.h"
+
+uint64_t mp_ckpt_hash64(const void *data, size_t n) { return (uint64_t)XXH64(data, n, 0); }
 
 /* ---- the manifest ------------------------------------------------------------------------- */
 
@@ -25,22 +30,36 @@ static mp_status bad(mp_ctx *ctx, const char *dir, const char *what) {
                   dir, what);
 }
 
-static int get_i64(const cJSON *o, const char *key, int64_t *out) {
-  const cJSON *v = cJSON_GetObjectItem(o, key);
-  if (!cJSON_IsNumber(v) || v->valuedouble < 0) return 0;
-  *out = (int64_t)v->valuedouble;
-  return 1;
+/* The manifest's numbers are whole and in stated ranges before any arithmetic: a
+ * hostile or damaged manifest could otherwise hold 1e300 (a double that no int64 holds),
+ * negative sizes, or offsets whose sums leave int64. Sizes and offsets stay within 2^53
+ * (a double's exact integers, and 2^53 bytes = 8 PiB, beyond any file); their products
+ * are formed with common/checked.h. */
+#define CKPT_MAX_BYTES (1LL << 53)
+/* Checksum chunks: the writer uses MP_CKPT_CHUNK_BYTES; 1 GiB bounds the one buffer of a
+ * chunk that a read allocates. */
+#define CKPT_MAX_CHUNK (1LL << 30)
+/* The sequences a run can have consumed: MP_LIM_STEPS steps of MP_LIM_GLOBAL_BATCH. */
+#define CKPT_MAX_CONSUMED (MP_LIM_STEPS * MP_LIM_GLOBAL_BATCH)
+
+static int get_i64(const cJSON *o, const char *key, int64_t hi, int64_t *out) {
+  return mp_json_int_in(cJSON_GetObjectItem(o, key), 0, hi, out);
 }
 
-static int get_dims(const cJSON *o, const char *key, int64_t *out, int *ndim) {
-  const cJSON *a = cJSON_GetObjectItem(o, key);
+/* A box's or shape's dims: 1 to 3 whole numbers in lo..CKPT_MAX_BYTES (dims past n: 1),
+ * n equal to *ndim when it is set. */
+static int get_dims(const cJSON *o, const char *key, int64_t lo, int64_t *out, int *ndim) {
+  const cJSON *a = cJSON_GetObjectItem(o, key), *v;
   const int n = cJSON_GetArraySize(a);
-  if (!cJSON_IsArray(a) || n < 1 || n > 3) return 0;
-  for (int d = 0; d < 3; d++) out[d] = d < n ? (int64_t)cJSON_GetArrayItem(a, d)->valuedouble : 1;
-  if (*ndim && *ndim != n) return 0;
+  if (!cJSON_IsArray(a) || n < 1 || n > 3 || (*ndim && *ndim != n)) return 0;
+  int d = 0;
+  cJSON_ArrayForEach(v, a) if (!mp_json_int_in(v, lo, CKPT_MAX_BYTES, &out[d++])) return 0;
+  for (; d < 3; d++) out[d] = 1;
   *ndim = n;
   return 1;
 }
+
+static int is_hex16(const char *h) { return h && strlen(h) == 16 && strspn(h, "0123456789abcdefABCDEF") == 16; }
 
 static mp_status parse_shard(mp_ctx *ctx, mp_ckpt_manifest *m, const mp_ckpt_tensor *t, const cJSON *js,
                              mp_ckpt_shard *s) {
@@ -48,111 +67,147 @@ static mp_status parse_shard(mp_ctx *ctx, mp_ckpt_manifest *m, const mp_ckpt_ten
   int64_t file = -1;
   char what[600];
   snprintf(what, sizeof what, "a shard of tensor %s is malformed", t->name);
-  if (!get_i64(js, "file", &file) || file >= m->n_files || !get_dims(js, "offset", s->off, &nd) ||
-      !get_dims(js, "len", s->len, &nd) || !get_i64(js, "byte_offset", &s->byte_offset))
+  if (!get_i64(js, "file", (int64_t)m->n_files - 1, &file) || !get_dims(js, "offset", 0, s->off, &nd) ||
+      !get_dims(js, "len", 1, s->len, &nd) || !get_i64(js, "byte_offset", CKPT_MAX_BYTES, &s->byte_offset))
     return bad(ctx, m->dir, what);
   s->file = (int)file;
   if (nd < 3) s->off[2] = 0;
   if (nd < 2) s->off[1] = 0;
-  int64_t numel = 1;
-  for (int d = 0; d < 3; d++) {
-    if (s->off[d] < 0 || s->len[d] < 1 || s->off[d] + s->len[d] > t->shape[d]) return bad(ctx, m->dir, what);
-    numel *= s->len[d];
-  }
-  const int64_t bytes = numel * 4;
-  if (s->byte_offset + bytes > m->file_bytes[s->file]) {
-    snprintf(what, sizeof what, "tensor %s's shard ends at byte %lld of %s, which holds %lld bytes: the file is "
-             "truncated", t->name, (long long)(s->byte_offset + bytes), m->files[s->file],
+  int64_t numel = 1, bytes, end;
+  for (int d = 0; d < 3; d++) /* off + len: both within 2^53, so no overflow */
+    if (s->off[d] + s->len[d] > t->shape[d] || mp_mul_i64(numel, s->len[d], &numel)) return bad(ctx, m->dir, what);
+  if (mp_mul_i64(numel, 4, &bytes) || mp_add_i64(s->byte_offset, bytes, &end) || end > m->file_bytes[s->file]) {
+    snprintf(what, sizeof what, "tensor %s's shard of %lld elements from byte %lld does not fit %s, which holds %lld "
+             "bytes: the file is truncated", t->name, (long long)numel, (long long)s->byte_offset, m->files[s->file],
              (long long)m->file_bytes[s->file]);
     return mp_error(ctx, MP_ERR_INVALID, "%s/%s: %s; resume from another step", m->dir, m->files[s->file], what);
   }
-  const cJSON *ch = cJSON_GetObjectItem(js, "xxh64");
+  const cJSON *ch = cJSON_GetObjectItem(js, "xxh64"), *h;
   s->n_chunks = cJSON_GetArraySize(ch);
-  if (s->n_chunks != (int)((bytes + m->chunk_bytes - 1) / m->chunk_bytes)) return bad(ctx, m->dir, what);
+  if (!cJSON_IsArray(ch) || s->n_chunks != (bytes + m->chunk_bytes - 1) / m->chunk_bytes)
+    return bad(ctx, m->dir, what);
   s->chunks = mp_arena_alloc(m->arena, (size_t)s->n_chunks * sizeof *s->chunks);
   MP_CHECK_ALLOC(ctx, s->chunks);
-  for (int k = 0; k < s->n_chunks; k++) {
-    const char *hex = cJSON_GetStringValue(cJSON_GetArrayItem(ch, k));
-    char *end = NULL;
-    s->chunks[k] = hex ? strtoull(hex, &end, 16) : 0;
-    if (!hex || !end || *end || strlen(hex) != 16) return bad(ctx, m->dir, what);
+  int k = 0;
+  cJSON_ArrayForEach(h, ch) {
+    const char *hex = cJSON_GetStringValue(h);
+    if (!is_hex16(hex)) return bad(ctx, m->dir, what);
+    s->chunks[k++] = strtoull(hex, NULL, 16);
   }
   return MP_OK;
 }
 
+/* A file name of the step folder: a plain name, never a path out of it (no '/', not "."
+ * or ".."), at most NAME_MAX bytes. */
+static int plain_name(const char *n) {
+  return n && n[0] && !strchr(n, '/') && strcmp(n, ".") != 0 && strcmp(n, "..") != 0 && strlen(n) <= 255;
+}
+
 static mp_status parse_files(mp_ctx *ctx, mp_ckpt_manifest *m) {
-  const cJSON *files = cJSON_GetObjectItem(m->root, "files");
+  const cJSON *files = cJSON_GetObjectItem(m->root, "files"), *fo;
+  if (!cJSON_IsArray(files)) return bad(ctx, m->dir, "\"files\" is not a list");
   m->n_files = cJSON_GetArraySize(files);
   m->files = mp_arena_alloc(m->arena, (size_t)(m->n_files + 1) * sizeof *m->files);
   m->file_bytes = mp_arena_alloc(m->arena, (size_t)(m->n_files + 1) * sizeof *m->file_bytes);
   MP_CHECK_ALLOC(ctx, m->files);
   MP_CHECK_ALLOC(ctx, m->file_bytes);
-  for (int f = 0; f < m->n_files; f++) {
-    const cJSON *fo = cJSON_GetArrayItem(files, f);
+  int f = 0;
+  cJSON_ArrayForEach(fo, files) {
     const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(fo, "name"));
     int64_t want = 0;
-    if (!name || strchr(name, '/') || !get_i64(fo, "bytes", &want)) return bad(ctx, m->dir, "a file entry is malformed");
+    if (!plain_name(name) || !get_i64(fo, "bytes", CKPT_MAX_BYTES, &want))
+      return bad(ctx, m->dir, "a file entry is malformed (a plain file name of the step folder and its bytes)");
     m->files[f] = mp_arena_strdup(m->arena, name);
+    MP_CHECK_ALLOC(ctx, m->files[f]);
     char p[MP_CKPT_PATH_MAX + 300];
     snprintf(p, sizeof p, "%s/%s", m->dir, name);
     struct stat sb;
     if (stat(p, &sb) != 0) return mp_error(ctx, MP_ERR_INVALID, "%s: missing (%s); the checkpoint is incomplete: "
                                            "resume from another step", p, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+      return mp_error(ctx, MP_ERR_INVALID, "%s: not a regular file; the checkpoint is damaged: resume from another "
+                      "step", p);
     m->file_bytes[f] = (int64_t)sb.st_size;
     if (m->file_bytes[f] > want)
       return mp_error(ctx, MP_ERR_INVALID, "%s: %lld bytes, but the manifest says %lld; the checkpoint is damaged",
                       p, (long long)m->file_bytes[f], (long long)want);
+    f++;
   }
   return MP_OK;
 }
 
 static mp_status parse_tensors(mp_ctx *ctx, mp_ckpt_manifest *m) {
-  const cJSON *ts = cJSON_GetObjectItem(m->root, "tensors");
+  const cJSON *ts = cJSON_GetObjectItem(m->root, "tensors"), *tj;
+  if (!cJSON_IsArray(ts)) return bad(ctx, m->dir, "\"tensors\" is not a list");
   m->n_tensors = cJSON_GetArraySize(ts);
   m->tensors = mp_arena_alloc(m->arena, (size_t)(m->n_tensors + 1) * sizeof *m->tensors);
   MP_CHECK_ALLOC(ctx, m->tensors);
-  for (int i = 0; i < m->n_tensors; i++) {
-    const cJSON *tj = cJSON_GetArrayItem(ts, i);
-    mp_ckpt_tensor *t = &m->tensors[i];
+  int i = 0;
+  cJSON_ArrayForEach(tj, ts) {
+    mp_ckpt_tensor *t = &m->tensors[i++];
     t->name = cJSON_GetStringValue(cJSON_GetObjectItem(tj, "name"));
     const char *dtype = cJSON_GetStringValue(cJSON_GetObjectItem(tj, "dtype"));
     t->ndim = 0;
-    if (!t->name || !dtype || strcmp(dtype, "F32") != 0 || !get_dims(tj, "shape", t->shape, &t->ndim))
-      return bad(ctx, m->dir, "a tensor entry is malformed (name, dtype F32, shape)");
-    const cJSON *sh = cJSON_GetObjectItem(tj, "shards");
+    int64_t numel;
+    if (!t->name || !dtype || strcmp(dtype, "F32") != 0 || !get_dims(tj, "shape", 1, t->shape, &t->ndim) ||
+        mp_prod_i64(t->shape, 3, &numel) || numel > CKPT_MAX_BYTES / 4)
+      return bad(ctx, m->dir, "a tensor entry is malformed (name, dtype F32, a shape of 1 to 3 positive dims)");
+    const cJSON *sh = cJSON_GetObjectItem(tj, "shards"), *sj;
+    if (!cJSON_IsArray(sh)) return bad(ctx, m->dir, "a tensor entry has no list of shards");
     t->n_shards = cJSON_GetArraySize(sh);
     t->shards = mp_arena_alloc(m->arena, (size_t)(t->n_shards + 1) * sizeof *t->shards);
     MP_CHECK_ALLOC(ctx, t->shards);
-    for (int s = 0; s < t->n_shards; s++) MP_CHECK(parse_shard(ctx, m, t, cJSON_GetArrayItem(sh, s), &t->shards[s]));
+    int k = 0;
+    cJSON_ArrayForEach(sj, sh) MP_CHECK(parse_shard(ctx, m, t, sj, &t->shards[k++]));
   }
   return MP_OK;
 }
 
-mp_status mp_ckpt_manifest_read(mp_ctx *ctx, const char *step_dir, mp_ckpt_manifest *m) {
+/* The seed as the writer prints it: decimal digits of a uint64. */
+static int parse_seed(const char *s, uint64_t *out) {
+  if (!s || !s[0] || strlen(s) > 20 || strspn(s, "0123456789") != strlen(s)) return 0;
+  errno = 0;
+  *out = strtoull(s, NULL, 10);
+  return errno == 0;
+}
+
+mp_status mp_ckpt_manifest_parse(mp_ctx *ctx, const char *step_dir, const char *text, mp_ckpt_manifest *m) {
   memset(m, 0, sizeof *m);
   snprintf(m->dir, sizeof m->dir, "%s", step_dir);
   char p[MP_CKPT_PATH_MAX + 32];
   snprintf(p, sizeof p, "%s/manifest.json", step_dir);
   m->arena = mp_arena_create();
   MP_CHECK_ALLOC(ctx, m->arena);
-  mp_status st = mp_json_parse_file(ctx, p, &m->root);
-  if (st != MP_OK) return st;
+  MP_CHECK(mp_json_parse(ctx, text, p, &m->root));
   const char *fmt = cJSON_GetStringValue(cJSON_GetObjectItem(m->root, "format"));
-  int64_t ver = 0;
-  if (!fmt || strcmp(fmt, MP_CKPT_FORMAT) != 0 || !get_i64(m->root, "version", &ver))
+  const cJSON *ver = cJSON_GetObjectItem(m->root, "version");
+  if (!fmt || strcmp(fmt, MP_CKPT_FORMAT) != 0 || !cJSON_IsNumber(ver))
     return mp_error(ctx, MP_ERR_INVALID, "%s: not a meshplan checkpoint manifest (format \"%s\")", p,
                     MP_CKPT_FORMAT);
-  if (ver != MP_CKPT_VERSION)
-    return mp_error(ctx, MP_ERR_INVALID, "%s: checkpoint version %lld; this meshplan reads version %d", p,
-                    (long long)ver, MP_CKPT_VERSION);
+  if (ver->valuedouble != MP_CKPT_VERSION)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: checkpoint version %g; this meshplan reads version %d", p,
+                    ver->valuedouble, MP_CKPT_VERSION);
   const char *seed = cJSON_GetStringValue(cJSON_GetObjectItem(m->root, "seed"));
-  if (!get_i64(m->root, "step", &m->meta.step) || !get_i64(m->root, "data_consumed", &m->meta.data_consumed) ||
-      !seed || !get_i64(m->root, "chunk_bytes", &m->chunk_bytes) || m->chunk_bytes < 4 || m->chunk_bytes % 4)
-    return bad(ctx, step_dir, "step, data_consumed, seed or chunk_bytes is missing or malformed");
-  m->meta.seed = strtoull(seed, NULL, 10);
+  if (!get_i64(m->root, "step", MP_LIM_STEPS, &m->meta.step) ||
+      !get_i64(m->root, "data_consumed", CKPT_MAX_CONSUMED, &m->meta.data_consumed) ||
+      !parse_seed(seed, &m->meta.seed) || !get_i64(m->root, "chunk_bytes", CKPT_MAX_CHUNK, &m->chunk_bytes) ||
+      m->chunk_bytes < 4 || m->chunk_bytes % 4)
+    return bad(ctx, step_dir, "step (0..2^24), data_consumed (0..2^48), seed (decimal) or chunk_bytes (a multiple "
+               "of 4 in 4..2^30) is missing or malformed");
   m->meta.train = cJSON_GetObjectItem(m->root, "train");
   MP_CHECK(parse_files(ctx, m));
   return parse_tensors(ctx, m);
+}
+
+mp_status mp_ckpt_manifest_read(mp_ctx *ctx, const char *step_dir, mp_ckpt_manifest *m) {
+  memset(m, 0, sizeof *m);
+  char p[MP_CKPT_PATH_MAX + 32];
+  snprintf(p, sizeof p, "%s/manifest.json", step_dir);
+  char *text = NULL;
+  MP_CHECK(mp_read_file_max(ctx, p, MP_CKPT_MANIFEST_MAX_BYTES, &text, NULL)); /* regular files only */
+  mp_status st = mp_ckpt_manifest_parse(ctx, step_dir, text, m);
+  free(text);
+  return st;
 }
 
 void mp_ckpt_manifest_free(mp_ckpt_manifest *m) {
@@ -227,15 +282,47 @@ static mp_status copy_run(mp_ctx *ctx, box_reader *br, const mp_ckpt_tensor *t, 
   return MP_OK;
 }
 
+/* The intersection of box off/len with shard s: lo/hi per dim; 0 when empty. */
+static int box_meet(const int64_t off[3], const int64_t len[3], const mp_ckpt_shard *s, int64_t lo[3], int64_t hi[3]) {
+  for (int d = 0; d < 3; d++) {
+    lo[d] = off[d] > s->off[d] ? off[d] : s->off[d];
+    hi[d] = off[d] + len[d] < s->off[d] + s->len[d] ? off[d] + len[d] : s->off[d] + s->len[d];
+    if (lo[d] >= hi[d]) return 0;
+  }
+  return 1;
+}
+
+/* No two shards of t overlap inside the box: with the count of elements read equal to
+ * the box's, every element is then read exactly once (an overlap could otherwise make up
+ * for a hole). Only the shards that meet the box are compared, so a rank of a mesh like
+ * the saving one compares a few. */
+static mp_status check_disjoint(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_ckpt_tensor *t,
+                                const int64_t off[3], const int64_t len[3]) {
+  int *meet = malloc((size_t)(t->n_shards + 1) * sizeof *meet), n = 0;
+  if (!meet) return mp_error(ctx, MP_ERR_NOMEM, "checkpoint: out of memory reading %s", t->name);
+  int64_t lo[3], hi[3], lo2[3], hi2[3];
+  for (int s = 0; s < t->n_shards; s++)
+    if (box_meet(off, len, &t->shards[s], lo, hi)) meet[n++] = s;
+  mp_status st = MP_OK;
+  for (int i = 0; i < n && st == MP_OK; i++) {
+    box_meet(off, len, &t->shards[meet[i]], lo, hi);
+    for (int j = i + 1; j < n && st == MP_OK; j++) {
+      int64_t l3[3];
+      for (int d = 0; d < 3; d++) l3[d] = hi[d] - lo[d];
+      if (box_meet(lo, l3, &t->shards[meet[j]], lo2, hi2))
+        st = mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: tensor %s: shards %d and %d overlap; the checkpoint is "
+                      "damaged", m->dir, t->name, meet[i], meet[j]);
+    }
+  }
+  free(meet);
+  return st;
+}
+
 /* The intersection of the box with shard s, copied run by run; *covered += its elements. */
 static mp_status read_shard_part(mp_ctx *ctx, box_reader *br, const mp_ckpt_tensor *t, const mp_ckpt_shard *s,
                                  const int64_t off[3], const int64_t len[3], float *dst, int64_t *covered) {
   int64_t lo[3], hi[3];
-  for (int d = 0; d < 3; d++) {
-    lo[d] = off[d] > s->off[d] ? off[d] : s->off[d];
-    hi[d] = off[d] + len[d] < s->off[d] + s->len[d] ? off[d] + len[d] : s->off[d] + s->len[d];
-    if (lo[d] >= hi[d]) return MP_OK;
-  }
+  if (!box_meet(off, len, s, lo, hi)) return MP_OK;
   const int64_t run = hi[2] - lo[2];
   for (int64_t a = lo[0]; a < hi[0]; a++)
     for (int64_t b = lo[1]; b < hi[1]; b++) {
@@ -255,7 +342,15 @@ mp_status mp_ckpt_read_box(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_ckpt
     l3[d] = len[d];
     want *= len[d];
   }
-  box_reader br = {m, calloc((size_t)(m->n_files + 1), sizeof(int)), malloc((size_t)m->chunk_bytes), -1, -1, -1, -1};
+  MP_CHECK(check_disjoint(ctx, m, t, o3, l3));
+  int64_t buf = 4; /* a chunk, or the biggest shard when that is smaller */
+  for (int s = 0; s < t->n_shards; s++) {
+    const mp_ckpt_shard *sh = &t->shards[s];
+    const int64_t b = sh->len[0] * sh->len[1] * sh->len[2] * 4; /* within the file: checked by the parse */
+    buf = b > buf ? b : buf;
+  }
+  buf = buf < m->chunk_bytes ? buf : m->chunk_bytes;
+  box_reader br = {m, calloc((size_t)(m->n_files + 1), sizeof(int)), malloc((size_t)buf), -1, -1, -1, -1};
   if (!br.fds || !br.chunk) {
     free(br.fds);
     free(br.chunk);
@@ -272,7 +367,7 @@ mp_status mp_ckpt_read_box(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_ckpt
   MP_CHECK(st);
   if (covered != want)
     return mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: tensor %s: the shards hold %lld of the %lld elements "
-                    "needed (overlapping or missing shards); the checkpoint is damaged", m->dir, t->name,
+                    "needed (missing shards); the checkpoint is damaged", m->dir, t->name,
                     (long long)covered, (long long)want);
   return MP_OK;
 }
@@ -386,12 +481,16 @@ static mp_status load_local(mp_ctx *ctx, mp_runtime *rt, const mp_ckpt_manifest 
   return mp_ckpt_each_tile(ctx, rt, load_tile, (void *)m);
 }
 
-mp_status mp_ckpt_load(mp_ctx *ctx, mp_runtime *rt, const char *step_dir, mp_ckpt_manifest *man,
-                       mp_ckpt_meta *meta) {
-  mp_status st = mp_ckpt_manifest_read(ctx, step_dir, man);
-  if (st == MP_OK) st = load_local(ctx, rt, man);
-  MP_CHECK(mp_runtime_agree(ctx, rt, st, "loading the checkpoint"));
+mp_status mp_ckpt_load_parsed(mp_ctx *ctx, mp_runtime *rt, const mp_ckpt_manifest *man, mp_ckpt_meta *meta) {
+  MP_CHECK(load_local(ctx, rt, man));
   mp_runtime_set_steps_done(rt, man->meta.step);
   *meta = man->meta;
   return MP_OK;
+}
+
+mp_status mp_ckpt_load(mp_ctx *ctx, mp_runtime *rt, const char *step_dir, mp_ckpt_manifest *man,
+                       mp_ckpt_meta *meta) {
+  mp_status st = mp_ckpt_manifest_read(ctx, step_dir, man);
+  if (st == MP_OK) st = mp_ckpt_load_parsed(ctx, rt, man, meta);
+  return mp_runtime_agree(ctx, rt, st, "loading the checkpoint");
 }

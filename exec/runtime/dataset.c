@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/checked.h"
 #include "common/json.h"
 #include "exec/runtime/init.h"
 
@@ -36,24 +37,14 @@ struct mp_dataset {
 
 /* ---- shards ------------------------------------------------------------------------------ */
 
-static mp_status map_shard(mp_ctx *ctx, const char *path, source *s) {
-  /* a regular file only: a FIFO or a device named by --data is refused, never waited on */
-  int fd = -1;
-  int64_t size = 0;
-  MP_CHECK(mp_file_open_input(ctx, path, &fd, &size));
-  if (size < MP_SHARD_HEADER_INTS * 4) {
-    close(fd);
+/* The header and length of a shard's bytes (len of them, named path in messages): the
+ * format, and a token count that matches the length exactly; s->tokens then points into
+ * bytes. Shared by the mapped files and the bytes entry point. */
+static mp_status check_shard(mp_ctx *ctx, const void *bytes, size_t len, const char *path, source *s) {
+  if (len < MP_SHARD_HEADER_INTS * 4)
     return mp_error(ctx, MP_ERR_INVALID, "%s: too short for a token shard (a header of 256 int32)", path);
-  }
-  s->map_len = (size_t)size;
-  s->map = mmap(NULL, s->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
-  close(fd);
-  if (s->map == MAP_FAILED) {
-    s->map = NULL;
-    return mp_error(ctx, MP_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
-  }
   int32_t hdr[3];
-  memcpy(hdr, s->map, sizeof hdr);
+  memcpy(hdr, bytes, sizeof hdr);
   if (hdr[0] == MP_SHARD_MAGIC && hdr[1] == MP_SHARD_VERSION)
     s->width = 2;
   else if (hdr[0] == MP_SHARD32_MAGIC && hdr[1] == MP_SHARD32_VERSION)
@@ -63,23 +54,59 @@ static mp_status map_shard(mp_ctx *ctx, const char *path, source *s) {
                     "%d/%d for uint32 tokens)", path, hdr[0], hdr[1], MP_SHARD_MAGIC, MP_SHARD_VERSION,
                     MP_SHARD32_MAGIC, MP_SHARD32_VERSION);
   s->n_tokens = hdr[2];
-  if (hdr[2] < 0 || MP_SHARD_HEADER_INTS * 4 + (size_t)s->n_tokens * (size_t)s->width != s->map_len)
+  if (hdr[2] < 0 || MP_SHARD_HEADER_INTS * 4 + (size_t)s->n_tokens * (size_t)s->width != len)
     return mp_error(ctx, MP_ERR_INVALID, "%s: header says %d tokens of %d bytes but the file holds %zu bytes of "
-                    "tokens", path, hdr[2], s->width, s->map_len - MP_SHARD_HEADER_INTS * 4);
-  s->tokens = (const char *)s->map + MP_SHARD_HEADER_INTS * 4;
+                    "tokens", path, hdr[2], s->width, len - MP_SHARD_HEADER_INTS * 4);
+  s->tokens = (const char *)bytes + MP_SHARD_HEADER_INTS * 4;
   return MP_OK;
 }
 
-static int64_t token_at(const source *s, int64_t i) {
-  return s->width == 2 ? ((const uint16_t *)s->tokens)[i] : ((const uint32_t *)s->tokens)[i];
+static mp_status map_shard(mp_ctx *ctx, const char *path, source *s) {
+  /* a regular file only: a FIFO or a device named by --data is refused, never waited on */
+  int fd = -1;
+  int64_t size = 0;
+  MP_CHECK(mp_file_open_input(ctx, path, &fd, &size));
+  if (size < MP_SHARD_HEADER_INTS * 4) { /* checked before mapping: an empty file cannot be mapped */
+    close(fd);
+    return check_shard(ctx, "", 0, path, s);
+  }
+  s->map_len = (size_t)size;
+  s->map = mmap(NULL, s->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (s->map == MAP_FAILED) {
+    s->map = NULL;
+    return mp_error(ctx, MP_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
+  }
+  return check_shard(ctx, s->map, s->map_len, path, s);
 }
 
+/* By memcpy: a shard given as bytes need not be aligned (a mapped one is); compilers emit
+ * one load either way. */
+static int64_t token_at(const source *s, int64_t i) {
+  if (s->width == 2) {
+    uint16_t v;
+    memcpy(&v, (const char *)s->tokens + 2 * i, 2);
+    return v;
+  }
+  uint32_t v;
+  memcpy(&v, (const char *)s->tokens + 4 * i, 4);
+  return v;
+}
+
+/* Every id below vocab; without a vocabulary (vocab <= 0), every id an int32 (the batches'
+ * type): a uint32 shard can hold ids up to 2^32 - 1, which would wrap negative. */
 static mp_status check_vocab(mp_ctx *ctx, const source *s, int64_t vocab) {
-  for (int64_t i = 0; i < s->n_tokens; i++)
-    if (token_at(s, i) >= vocab)
-      return mp_error(ctx, MP_ERR_INVALID, "%s: token id %lld at position %lld is outside the model's vocabulary of "
-                      "%lld; tokenize with the model's tokenizer or choose a --model whose vocab exceeds it",
-                      s->path ? s->path : "corpus", (long long)token_at(s, i), (long long)i, (long long)vocab);
+  const int64_t limit = vocab > 0 ? vocab : (int64_t)INT32_MAX + 1;
+  for (int64_t i = 0; i < s->n_tokens; i++) {
+    const int64_t id = token_at(s, i);
+    if (id < limit) continue;
+    if (vocab <= 0)
+      return mp_error(ctx, MP_ERR_INVALID, "%s: token id %lld at position %lld does not fit the int32 ids of a batch; "
+                      "the shard is corrupt", s->path ? s->path : "corpus", (long long)id, (long long)i);
+    return mp_error(ctx, MP_ERR_INVALID, "%s: token id %lld at position %lld is outside the model's vocabulary of "
+                    "%lld; tokenize with the model's tokenizer or choose a --model whose vocab exceeds it",
+                    s->path ? s->path : "corpus", (long long)id, (long long)i, (long long)vocab);
+  }
   return MP_OK;
 }
 
@@ -100,6 +127,46 @@ static mp_status finish(mp_ctx *ctx, mp_dataset *d) {
   return MP_OK;
 }
 
+static mp_dataset *dataset_new(size_t n_src, int64_t seq, int shuffle, uint64_t seed) {
+  mp_dataset *d = calloc(1, sizeof *d);
+  if (d) d->src = calloc(n_src ? n_src : 1, sizeof *d->src);
+  if (d && !d->src) {
+    free(d);
+    return NULL;
+  }
+  if (d) {
+    d->seq = seq;
+    d->shuffle = shuffle;
+    d->seed = seed;
+  }
+  return d;
+}
+
+/* A dataset over n shards named names[i]: mapped from those paths (bytes NULL) or read
+ * from bytes[i] (lens[i] of them, borrowed). */
+static mp_status build(mp_ctx *ctx, size_t n, const char *const *names, const void *const *bytes, const size_t *lens,
+                       int64_t seq, int64_t vocab, int shuffle, uint64_t seed, mp_dataset **out) {
+  mp_dataset *d = dataset_new(n, seq, shuffle, seed);
+  if (!d) return mp_error(ctx, MP_ERR_NOMEM, "out of memory opening %zu token shards", n);
+  mp_status st = MP_OK;
+  for (size_t i = 0; i < n && st == MP_OK; i++) {
+    source *s = &d->src[d->n_src++];
+    s->path = strdup(names[i]);
+    if (!s->path)
+      st = mp_error(ctx, MP_ERR_NOMEM, "out of memory");
+    else
+      st = bytes ? check_shard(ctx, bytes[i], lens[i], s->path, s) : map_shard(ctx, s->path, s);
+    if (st == MP_OK) st = check_vocab(ctx, s, vocab);
+  }
+  if (st == MP_OK) st = finish(ctx, d);
+  if (st != MP_OK) {
+    mp_dataset_destroy(d);
+    return st;
+  }
+  *out = d;
+  return MP_OK;
+}
+
 mp_status mp_dataset_open(mp_ctx *ctx, const char *pattern, int64_t seq, int64_t vocab, int shuffle, uint64_t seed,
                           mp_dataset **out) {
   *out = NULL;
@@ -115,47 +182,26 @@ mp_status mp_dataset_open(mp_ctx *ctx, const char *pattern, int64_t seq, int64_t
     return mp_error(ctx, MP_ERR_IO, "%s: cannot expand the glob (%s)", pattern, rc == GLOB_NOSPACE ? "out of memory"
                                                                                                 : "a folder cannot be read");
   }
-  mp_dataset *d = calloc(1, sizeof *d);
-  if (d) d->src = calloc(g.gl_pathc, sizeof *d->src);
-  if (!d || !d->src) {
-    free(d);
-    globfree(&g);
-    return mp_error(ctx, MP_ERR_NOMEM, "out of memory opening %s", pattern);
-  }
-  d->seq = seq;
-  d->shuffle = shuffle;
-  d->seed = seed;
-  mp_status st = MP_OK;
-  for (size_t i = 0; i < g.gl_pathc && st == MP_OK; i++) {
-    source *s = &d->src[d->n_src++];
-    s->path = strdup(g.gl_pathv[i]);
-    st = s->path ? map_shard(ctx, s->path, s) : mp_error(ctx, MP_ERR_NOMEM, "out of memory");
-    if (st == MP_OK && vocab > 0) st = check_vocab(ctx, s, vocab);
-  }
+  mp_status st = build(ctx, g.gl_pathc, (const char *const *)g.gl_pathv, NULL, NULL, seq, vocab, shuffle, seed, out);
   globfree(&g);
-  if (st == MP_OK) st = finish(ctx, d);
-  if (st != MP_OK) {
-    mp_dataset_destroy(d);
-    return st;
-  }
-  *out = d;
-  return MP_OK;
+  return st;
+}
+
+mp_status mp_dataset_from_bytes(mp_ctx *ctx, int n, const void *const *bytes, const size_t *lens,
+                                const char *const *names, int64_t seq, int64_t vocab, int shuffle, uint64_t seed,
+                                mp_dataset **out) {
+  *out = NULL;
+  if (n < 1) return mp_error(ctx, MP_ERR_INVALID, "no token shard given");
+  return build(ctx, (size_t)n, names, bytes, lens, seq, vocab, shuffle, seed, out);
 }
 
 mp_status mp_dataset_from_corpus(mp_ctx *ctx, const mp_corpus *c, int64_t seq, int shuffle, uint64_t seed,
                                  mp_dataset **out) {
   *out = NULL;
-  mp_dataset *d = calloc(1, sizeof *d);
-  if (d) d->src = calloc(1, sizeof *d->src);
-  if (!d || !d->src) {
-    free(d);
-    return mp_error(ctx, MP_ERR_NOMEM, "out of memory");
-  }
+  mp_dataset *d = dataset_new(1, seq, shuffle, seed);
+  if (!d) return mp_error(ctx, MP_ERR_NOMEM, "out of memory");
   d->n_src = 1;
   d->src[0] = (source){NULL, c->tokens, 2, c->n_tokens, 0, 0, NULL, 0};
-  d->seq = seq;
-  d->shuffle = shuffle;
-  d->seed = seed;
   mp_status st = finish(ctx, d);
   if (st != MP_OK) {
     mp_dataset_destroy(d);
@@ -226,6 +272,12 @@ mp_status mp_dataset_batch(mp_ctx *ctx, mp_dataset *d, int64_t position, int64_t
   if (dp_size < 1 || global_batch % dp_size != 0)
     return mp_error(ctx, MP_ERR_INVALID, "global batch %lld does not divide over %d data-parallel ranks",
                     (long long)global_batch, dp_size);
+  int64_t last;
+  if (position < 0 || global_batch < 1 || dp_index < 0 || dp_index >= dp_size ||
+      mp_add_i64(position, global_batch, &last))
+    return mp_error(ctx, MP_ERR_INVALID, "data position %lld plus a global batch of %lld (rank %d of %d) is negative "
+                    "or overflows 64 bits; the checkpoint's data_consumed is corrupt", (long long)position,
+                    (long long)global_batch, dp_index, dp_size);
   const int64_t local = global_batch / dp_size, T = d->seq;
   for (int64_t j = 0; j < local; j++) {
     const int64_t g = position + (int64_t)dp_index * local + j, e = g / d->n_seq;

@@ -45,9 +45,16 @@ typedef struct mp_dataset mp_dataset;
 
 /* Opens every file the glob pattern matches (sorted; a plain path is a pattern matching
  * itself), checks each header and length, and that every token id is below vocab (vocab
- * <= 0: no check), naming the file and the position of the first that is not. seq: T. */
+ * <= 0: below 2^31, the batches being int32), naming the file and the position of the
+ * first that is not. seq: T. */
 mp_status mp_dataset_open(mp_ctx *ctx, const char *pattern, int64_t seq, int64_t vocab, int shuffle, uint64_t seed,
                           mp_dataset **out);
+/* The same over n shards given as bytes (bytes[i], lens[i] of them; borrowed: they must
+ * outlive the dataset), named names[i] in messages: the checks of mp_dataset_open, the
+ * files' parsing shared (a mapped file is read as its bytes). */
+mp_status mp_dataset_from_bytes(mp_ctx *ctx, int n, const void *const *bytes, const size_t *lens,
+                                const char *const *names, int64_t seq, int64_t vocab, int shuffle, uint64_t seed,
+                                mp_dataset **out);
 /* A dataset over a corpus's tokens (borrowed: the corpus must outlive it). */
 mp_status mp_dataset_from_corpus(mp_ctx *ctx, const mp_corpus *c, int64_t seq, int shuffle, uint64_t seed,
                                  mp_dataset **out);

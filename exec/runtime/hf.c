@@ -172,24 +172,37 @@ static mp_status load_param(mp_ctx *ctx, mp_runtime *rt, const mp_st_set *s, con
   return mp_runtime_write_state(ctx, rt, i, MP_STATE_PARAM, buf);
 }
 
-/* Every tensor of the file is the model's (a rotary inv_freq buffer excepted). */
+static int by_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Every tensor of the file is the model's (a rotary inv_freq buffer excepted): the
+ * model's Hugging Face names sorted once, each tensor's looked up, so a header of
+ * millions of entries is checked in n log n. */
 static mp_status check_unused(mp_ctx *ctx, const mp_runtime *rt, const mp_st_set *s, const char *path) {
   const mp_plan *plan = mp_runtime_plan(rt);
-  char name[512];
-  for (int k = 0; k < mp_st_count(s); k++) {
-    const char *tn = mp_st_tensor_at(s, k)->name;
-    if (strstr(tn, "rotary_emb.inv_freq")) continue;
-    int found = 0;
-    for (int i = 0; i < plan->n_params && !found; i++) {
-      const mp_param *p = &plan->params[i];
-      const int ne = mp_hf_is_experts(p->fqn) ? (int)p->shape[0] : 1;
-      for (int e = 0; e < ne && !found; e++) found = mp_hf_name(p->fqn, e, name, sizeof name) && !strcmp(name, tn);
-    }
-    if (!found)
-      return mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s is not a parameter of model %s; the file is another "
-                      "model's", path, tn, plan->model.name);
+  size_t n = 0;
+  for (int i = 0; i < plan->n_params; i++)
+    n += mp_hf_is_experts(plan->params[i].fqn) ? (size_t)plan->params[i].shape[0] : 1;
+  char **names = calloc(n + 1, sizeof *names), name[512];
+  MP_CHECK_ALLOC(ctx, names);
+  size_t k = 0;
+  mp_status st = MP_OK;
+  for (int i = 0; i < plan->n_params && st == MP_OK; i++) {
+    const mp_param *p = &plan->params[i];
+    const int ne = mp_hf_is_experts(p->fqn) ? (int)p->shape[0] : 1;
+    for (int e = 0; e < ne && st == MP_OK; e++)
+      if (mp_hf_name(p->fqn, e, name, sizeof name) && !(names[k++] = strdup(name)))
+        st = mp_error(ctx, MP_ERR_NOMEM, "out of memory for the names of model %s", plan->model.name);
   }
-  return MP_OK;
+  if (k > 1) qsort(names, k, sizeof *names, by_str);
+  for (int t = 0; t < mp_st_count(s) && st == MP_OK; t++) {
+    const char *tn = mp_st_tensor_at(s, t)->name;
+    if (!strstr(tn, "rotary_emb.inv_freq") && !bsearch(&tn, names, k, sizeof *names, by_str))
+      st = mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s is not a parameter of model %s; the file is another "
+                    "model's", path, tn, plan->model.name);
+  }
+  for (size_t i = 0; i < k; i++) free(names[i]);
+  free(names);
+  return st;
 }
 
 typedef struct hf_src {
@@ -202,12 +215,16 @@ static mp_status load_tile(mp_ctx *ctx, mp_runtime *rt, int i, float *buf, void 
   return load_param(ctx, rt, src->s, src->path, i, buf);
 }
 
+mp_status mp_hf_load_set(mp_ctx *ctx, mp_runtime *rt, const mp_st_set *s, const char *origin) {
+  hf_src src = {s, origin};
+  MP_CHECK(check_unused(ctx, rt, s, origin));
+  return mp_ckpt_each_tile(ctx, rt, load_tile, &src);
+}
+
 static mp_status load_local(mp_ctx *ctx, mp_runtime *rt, const char *path) {
   mp_st_set *s = NULL;
   MP_CHECK(mp_st_open(ctx, path, &s));
-  hf_src src = {s, path};
-  mp_status st = check_unused(ctx, rt, s, path);
-  if (st == MP_OK) st = mp_ckpt_each_tile(ctx, rt, load_tile, &src);
+  mp_status st = mp_hf_load_set(ctx, rt, s, path);
   mp_st_close(s);
   return st;
 }

@@ -33,6 +33,7 @@
 #include "exec/model.h"
 #include "exec/runtime/ckpt.h"
 #include "exec/runtime/runtime.h"
+#include "exec/runtime/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,6 +57,9 @@ mp_status mp_hf_check_config(mp_ctx *ctx, const mp_model *hf, const mp_model *m,
  * must be there with its shape; a tensor the model lacks is refused (rotary inv_freq
  * buffers excepted). */
 mp_status mp_hf_load(mp_ctx *ctx, mp_runtime *rt, const char *path);
+/* mp_hf_load's reading on this rank from an open set (origin names it in messages), without
+ * agreeing with the other ranks. */
+mp_status mp_hf_load_set(mp_ctx *ctx, mp_runtime *rt, const mp_st_set *s, const char *origin);
 
 /* out_dir/model.safetensors (fp32 masters, Hugging Face names) and out_dir/config.json
  * from a checkpoint. */

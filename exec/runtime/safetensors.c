@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/checked.h"
 #include "common/json.h"
 
 typedef struct st_file {
@@ -20,6 +21,7 @@ typedef struct st_file {
   const unsigned char *map;
   size_t len;
   size_t data; /* offset of the data: 8 + N */
+  int mapped;  /* map is this reader's mapping (else borrowed bytes) */
 } st_file;
 
 struct mp_st_set {
@@ -27,6 +29,7 @@ struct mp_st_set {
   int n_files;
   mp_st_tensor *t;
   int n, cap;
+  const mp_st_tensor **by_name; /* t sorted by name (mp_st_find's binary search) */
 };
 
 static const char *const k_dtypes[] = {"F32", "BF16", "F16"};
@@ -35,20 +38,20 @@ static const int k_dtype_bytes[] = {4, 2, 2};
 /* ---- reading ------------------------------------------------------------------------------ */
 
 static mp_status map_file(mp_ctx *ctx, const char *path, st_file *f) {
-  f->path = strdup(path);
-  MP_CHECK_ALLOC(ctx, f->path);
   int fd = -1;
   int64_t size = 0;
   MP_CHECK(mp_file_open_input(ctx, path, &fd, &size)); /* regular files only */
-  if (size < 8) {
-    close(fd);
-    return mp_error(ctx, MP_ERR_INVALID, "%s: too short for a safetensors file (an 8-byte header length)", path);
-  }
   f->len = (size_t)size;
+  if (size < 8) { /* parse_header refuses it; an empty file cannot be mapped */
+    close(fd);
+    f->map = (const unsigned char *)"";
+    return MP_OK;
+  }
   void *m = mmap(NULL, f->len, PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
   if (m == MAP_FAILED) return mp_error(ctx, MP_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
   f->map = m;
+  f->mapped = 1;
   return MP_OK;
 }
 
@@ -75,21 +78,23 @@ static mp_status add_entry(mp_ctx *ctx, mp_st_set *s, int file, const cJSON *e) 
   t->ndim = cJSON_GetArraySize(shape);
   if (!cJSON_IsArray(shape) || t->ndim > MP_ST_MAX_NDIM || !cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
     return mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s: malformed shape or data_offsets", f->path, e->string);
-  int64_t numel = 1;
-  for (int d = 0; d < t->ndim; d++) {
-    const cJSON *v = cJSON_GetArrayItem(shape, d);
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0)
-      return mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s: shape entry %d is not a size", f->path, e->string, d);
-    t->shape[d] = (int64_t)v->valuedouble;
-    numel *= t->shape[d];
+  /* whole numbers within 2^53 (a double's exact integers; no file is near 2^53 bytes),
+   * their product and byte count checked: a header could say 1e300 or [2^40, 2^40] */
+  const int64_t data_bytes = (int64_t)(f->len - f->data);
+  int64_t numel = 1, bytes = 0, d = 0;
+  const cJSON *v;
+  cJSON_ArrayForEach(v, shape) {
+    if (!mp_json_int_in(v, 0, 1LL << 53, &t->shape[d]) || mp_mul_i64(numel, t->shape[d], &numel))
+      return mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s: shape entry %d is not a size (a whole number in 0..2^53 "
+                      "whose product fits)", f->path, e->string, (int)d);
+    d++;
   }
-  t->begin = (int64_t)cJSON_GetArrayItem(offs, 0)->valuedouble;
-  t->end = (int64_t)cJSON_GetArrayItem(offs, 1)->valuedouble;
-  if (t->begin < 0 || t->end < t->begin || (size_t)t->end > f->len - f->data ||
-      t->end - t->begin != numel * k_dtype_bytes[dtype])
-    return mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s: data_offsets [%lld, %lld] do not hold its %lld elements "
-                    "inside the file's %zu data bytes; the file is truncated or corrupt", f->path, e->string,
-                    (long long)t->begin, (long long)t->end, (long long)numel, f->len - f->data);
+  if (!mp_json_int_in(cJSON_GetArrayItem(offs, 0), 0, data_bytes, &t->begin) ||
+      !mp_json_int_in(cJSON_GetArrayItem(offs, 1), t->begin, data_bytes, &t->end) ||
+      mp_mul_i64(numel, k_dtype_bytes[dtype], &bytes) || t->end - t->begin != bytes)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s: data_offsets do not hold its %lld elements of %d bytes "
+                    "inside the file's %lld data bytes; the file is truncated or corrupt", f->path, e->string,
+                    (long long)numel, k_dtype_bytes[dtype], (long long)data_bytes);
   t->name = strdup(e->string);
   MP_CHECK_ALLOC(ctx, t->name);
   s->n++;
@@ -102,17 +107,25 @@ static int by_begin(const void *a, const void *b) {
   return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-/* One file's header, its tensors appended to s (only those in `only` when given: a
- * sharded folder's index assigns each tensor one file). */
-static mp_status read_file(mp_ctx *ctx, mp_st_set *s, const char *path) {
-  const int fi = s->n_files;
-  st_file *nf = realloc(s->files, (size_t)(fi + 1) * sizeof *nf);
+/* A new file entry of s (zeroed), named path. */
+static mp_status add_file(mp_ctx *ctx, mp_st_set *s, const char *path, st_file **out) {
+  st_file *nf = realloc(s->files, (size_t)(s->n_files + 1) * sizeof *nf);
   MP_CHECK_ALLOC(ctx, nf);
   s->files = nf;
-  memset(&s->files[fi], 0, sizeof *nf);
-  s->n_files++;
+  *out = &s->files[s->n_files++];
+  memset(*out, 0, sizeof **out);
+  (*out)->path = strdup(path);
+  MP_CHECK_ALLOC(ctx, (*out)->path);
+  return MP_OK;
+}
+
+/* File fi's header (its bytes map/len are set), its tensors appended to s. Shared by the
+ * mapped files and the bytes entry point. */
+static mp_status parse_header(mp_ctx *ctx, mp_st_set *s, int fi) {
   st_file *f = &s->files[fi];
-  MP_CHECK(map_file(ctx, path, f));
+  const char *path = f->path;
+  if (f->len < 8)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: too short for a safetensors file (an 8-byte header length)", path);
   uint64_t n;
   memcpy(&n, f->map, 8);
   if (n > MP_ST_HEADER_MAX || n > f->len - 8)
@@ -134,7 +147,7 @@ static mp_status read_file(mp_ctx *ctx, mp_st_set *s, const char *path) {
   cJSON_Delete(h);
   MP_CHECK(st);
   /* no holes, no overlaps: sorted by offset, each begins where the last ended */
-  qsort(s->t + first, (size_t)(s->n - first), sizeof *s->t, by_begin);
+  if (s->n > first) qsort(s->t + first, (size_t)(s->n - first), sizeof *s->t, by_begin); /* s->t: NULL for none */
   int64_t at = 0;
   for (int i = first; i < s->n; i++) {
     if (s->t[i].begin != at)
@@ -144,6 +157,14 @@ static mp_status read_file(mp_ctx *ctx, mp_st_set *s, const char *path) {
     at = s->t[i].end;
   }
   return MP_OK;
+}
+
+/* One file, mapped, its tensors appended to s. */
+static mp_status read_file(mp_ctx *ctx, mp_st_set *s, const char *path) {
+  st_file *f;
+  MP_CHECK(add_file(ctx, s, path, &f));
+  MP_CHECK(map_file(ctx, path, f));
+  return parse_header(ctx, s, s->n_files - 1);
 }
 
 static mp_status read_index(mp_ctx *ctx, mp_st_set *s, const char *folder, const char *index) {
@@ -170,6 +191,35 @@ static mp_status read_index(mp_ctx *ctx, mp_st_set *s, const char *folder, const
   return st;
 }
 
+static int by_name(const void *a, const void *b) {
+  return strcmp((*(const mp_st_tensor *const *)a)->name, (*(const mp_st_tensor *const *)b)->name);
+}
+
+/* The index by name, and a name given twice (in one header or in two files of a folder)
+ * refused: sorted, so a header of millions of entries is indexed and checked in n log n. */
+static mp_status index_names(mp_ctx *ctx, mp_st_set *s, const char *path) {
+  const mp_st_tensor **v = malloc((size_t)(s->n + 1) * sizeof *v);
+  MP_CHECK_ALLOC(ctx, v);
+  for (int i = 0; i < s->n; i++) v[i] = &s->t[i];
+  if (s->n > 1) qsort(v, (size_t)s->n, sizeof *v, by_name);
+  s->by_name = v;
+  for (int i = 1; i < s->n; i++)
+    if (strcmp(v[i - 1]->name, v[i]->name) == 0)
+      return mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s appears twice", path, v[i]->name);
+  return MP_OK;
+}
+
+/* The checks across files, then *out = s; s is closed on failure. */
+static mp_status finish(mp_ctx *ctx, mp_st_set *s, const char *path, mp_status st, mp_st_set **out) {
+  if (st == MP_OK) st = index_names(ctx, s, path);
+  if (st != MP_OK) {
+    mp_st_close(s);
+    return st;
+  }
+  *out = s;
+  return MP_OK;
+}
+
 mp_status mp_st_open(mp_ctx *ctx, const char *path, mp_st_set **out) {
   *out = NULL;
   mp_st_set *s = calloc(1, sizeof *s);
@@ -190,29 +240,33 @@ mp_status mp_st_open(mp_ctx *ctx, const char *path, mp_st_set **out) {
   } else {
     st = read_file(ctx, s, path);
   }
-  for (int i = 0; st == MP_OK && i < s->n; i++) /* a name in two files */
-    for (int j = i + 1; j < s->n; j++)
-      if (strcmp(s->t[i].name, s->t[j].name) == 0) {
-        st = mp_error(ctx, MP_ERR_INVALID, "%s: tensor %s appears twice", path, s->t[i].name);
-        break;
-      }
-  if (st != MP_OK) {
-    mp_st_close(s);
-    return st;
+  return finish(ctx, s, path, st, out);
+}
+
+mp_status mp_st_from_bytes(mp_ctx *ctx, const void *bytes, size_t len, const char *origin, mp_st_set **out) {
+  *out = NULL;
+  mp_st_set *s = calloc(1, sizeof *s);
+  MP_CHECK_ALLOC(ctx, s);
+  st_file *f;
+  mp_status st = add_file(ctx, s, origin, &f);
+  if (st == MP_OK) {
+    f->map = bytes;
+    f->len = len;
+    st = parse_header(ctx, s, 0);
   }
-  *out = s;
-  return MP_OK;
+  return finish(ctx, s, origin, st, out);
 }
 
 void mp_st_close(mp_st_set *s) {
   if (!s) return;
   for (int f = 0; f < s->n_files; f++) {
-    if (s->files[f].map) munmap((void *)s->files[f].map, s->files[f].len);
+    if (s->files[f].mapped) munmap((void *)s->files[f].map, s->files[f].len);
     free(s->files[f].path);
   }
   for (int i = 0; i < s->n; i++) free(s->t[i].name);
   free(s->files);
   free(s->t);
+  free(s->by_name);
   free(s);
 }
 
@@ -221,8 +275,15 @@ const mp_st_tensor *mp_st_tensor_at(const mp_st_set *s, int i) { return &s->t[i]
 const char *mp_st_file_of(const mp_st_set *s, const mp_st_tensor *t) { return s->files[t->file].path; }
 
 const mp_st_tensor *mp_st_find(const mp_st_set *s, const char *name) {
-  for (int i = 0; i < s->n; i++)
-    if (strcmp(s->t[i].name, name) == 0) return &s->t[i];
+  int lo = 0, hi = s->n - 1;
+  while (lo <= hi) {
+    const int mid = lo + (hi - lo) / 2, c = strcmp(s->by_name[mid]->name, name);
+    if (c == 0) return s->by_name[mid];
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid - 1;
+  }
   return NULL;
 }
 

@@ -47,6 +47,10 @@ typedef struct mp_st_set mp_st_set;
 /* A .safetensors file, or a folder holding model.safetensors.index.json or
  * model.safetensors. Errors name the file and what is wrong. */
 mp_status mp_st_open(mp_ctx *ctx, const char *path, mp_st_set **out);
+/* One file's bytes (len of them; borrowed: they must outlive the set), named origin in
+ * messages: the checks of mp_st_open, the parsing shared (a mapped file is read as its
+ * bytes). */
+mp_status mp_st_from_bytes(mp_ctx *ctx, const void *bytes, size_t len, const char *origin, mp_st_set **out);
 void mp_st_close(mp_st_set *s);
 int mp_st_count(const mp_st_set *s);
 const mp_st_tensor *mp_st_tensor_at(const mp_st_set *s, int i);

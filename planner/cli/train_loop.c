@@ -232,6 +232,8 @@ static mp_status resume(train_job *j, int *done) {
 static mp_status metrics_open(train_job *j) {
   const char *path = mp_args_get(j->spec, "--metrics");
   if (!path || j->rank != 0) return MP_OK;
+  /* a regular file or none: opening a FIFO for writing would wait for a reader forever */
+  MP_CHECK(mp_file_check_regular_or_absent(j->ctx, path));
   if (j->resumed && access(path, R_OK) == 0) {
     char *text = NULL;
     size_t len = 0;

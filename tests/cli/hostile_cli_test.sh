@@ -41,6 +41,52 @@ printf 'not a database, not at all' >"$d/garbage.db"
 foreign_sum=$(cksum <"$d/foreign.db")
 printf '%s' "short" >"$d/short.bin"
 
+# the training loop's inputs: a real checkpoint of tiny-dense, copies of its step folder
+# with one thing wrong each (the manifest edited by Python's json), safetensors files whose
+# header lies; a FIFO and a directory where files are due
+"$bin" train --model tiny-dense --steps 1 --checkpoint-dir "$d/ck" --quiet >/dev/null 2>&1 ||
+  echo "FAIL: the fixture checkpoint could not be written"
+step="$d/ck/step_00000001"
+ckpt_variant() { # NAME PYTHON: a copy of the step folder, PYTHON run on its manifest `m`
+  rm -rf "$d/$1"
+  cp -r "$step" "$d/$1"
+  /usr/bin/python3 - "$d/$1/manifest.json" "$2" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+t = {x["name"]: x for x in m["tensors"]}
+exec(sys.argv[2])
+json.dump(m, open(sys.argv[1], "w"))
+PY
+}
+ckpt_variant ck_dotdot 'm["files"][0]["name"] = "../ck/step_00000001/rank_00000.bin"'
+ckpt_variant ck_dots 'm["files"][0]["name"] = ".."'
+ckpt_variant ck_consumed 'm["data_consumed"] = 1e300'
+# q_proj [64, 64] as two shards of 32 rows holding k_proj's and v_proj's bytes (checksums
+# intact), the second at row 16: rows 16..31 twice, rows 48..63 never; the element count
+# matches the tensor's
+ckpt_variant ck_overlap 'q = t["layers.0.attention.q_proj.weight"]; k = t["layers.0.attention.k_proj.weight"]["shards"][0]; v = dict(t["layers.0.attention.v_proj.weight"]["shards"][0]); v["offset"] = [16, 0]; q["shards"] = [k, v]'
+rm -rf "$d/ck_trunc"; cp -r "$step" "$d/ck_trunc"
+truncate -s -4 "$d/ck_trunc/rank_00000.bin"
+rm -rf "$d/ck_grown"; cp -r "$step" "$d/ck_grown"
+truncate -s +4 "$d/ck_grown/rank_00000.bin"
+rank_bytes=$(stat -c %s "$step/rank_00000.bin")
+ckpt_variant ck_fifo_shard 'pass'
+rm "$d/ck_fifo_shard/rank_00000.bin"; mkfifo "$d/ck_fifo_shard/rank_00000.bin"
+ckpt_variant ck_fifo_manifest 'pass'
+rm "$d/ck_fifo_manifest/manifest.json"; mkfifo "$d/ck_fifo_manifest/manifest.json"
+st_file() { # NAME HEADER DATA_BYTES [LENGTH]: a safetensors file, its length field LENGTH (default: the header's)
+  /usr/bin/python3 - "$d/$1" "$2" "$3" "${4:-}" <<'PY'
+import struct, sys
+h = sys.argv[2].encode()
+n = int(sys.argv[4]) if sys.argv[4] else len(h)
+open(sys.argv[1], "wb").write(struct.pack("<Q", n) + h + bytes(int(sys.argv[3])))
+PY
+}
+st_file st_long.safetensors '{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}' 8 1000000
+st_file st_huge_shape.safetensors '{"x":{"dtype":"F32","shape":[1e300],"data_offsets":[0,8]}}' 8
+st_file st_overflow.safetensors '{"x":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}}' 8
+mkdir -p "$d/hf_fifo"; mkfifo "$d/hf_fifo/model.safetensors"
+
 # ---- the check ---------------------------------------------------------------------------
 # row WANT_RC 'WANT_TEXT' ARGS...
 row() {
@@ -169,6 +215,35 @@ row 2 "a step of 1000 sequences of 16777216 tokens is more than 4294967296 token
 row 2 "mesh dim tp='0': expected an integer in 1..1048576" explain --model tiny-dense --mesh tp=0
 row 2 "--fix: tp=0 out of range (1..1048576)" plan --no-db --model tiny-dense --fix tp=0
 row 2 "--fix: mb=99999999999 out of range (1..16777216)" plan --no-db --model tiny-dense --fix mb=99999999999
+
+# ---- the training loop's inputs: data, --init-from, --resume, their numbers ----------------
+row 2 "$d/fifo.bin: is a named pipe (FIFO), not a regular file" train --model tiny-dense --steps 1 --init-from "$d/fifo.bin"
+row 2 "$d/fifo.bin: is a named pipe (FIFO), not a regular file" train --model tiny-dense --steps 1 --val-data "$d/fifo.bin"
+row 2 "$d/fifo.bin: cannot list: Not a directory" train --model tiny-dense --steps 1 --resume "$d/fifo.bin"
+row 2 "$d/fifo.bin: is a named pipe (FIFO), not a regular file" train --model tiny-dense --steps 1 --metrics "$d/fifo.bin"
+row 2 "$d/hf_fifo/model.safetensors: is a named pipe (FIFO), not a regular file" train --model tiny-dense --steps 1 --init-from "$d/hf_fifo"
+row 2 "$d/ck_fifo_manifest/manifest.json: is a named pipe (FIFO), not a regular file" train --model tiny-dense --steps 1 --resume "$d/ck_fifo_manifest"
+row 2 "$d/ck_fifo_shard/rank_00000.bin: not a regular file; the checkpoint is damaged" train --model tiny-dense --steps 1 --resume "$d/ck_fifo_shard"
+row 2 "$d/adir: is a directory, not a regular file" train --model tiny-dense --steps 1 --data "$d/adir"
+row 2 "$d/adir: is a directory, not a regular file" train --model tiny-dense --steps 1 --val-data "$d/adir"
+row 2 "rank_00000.bin, which holds $((rank_bytes - 4)) bytes: the file is truncated" train --model tiny-dense --steps 1 --resume "$d/ck_trunc"
+row 2 "rank_00000.bin: $((rank_bytes + 4)) bytes, but the manifest says $rank_bytes" train --model tiny-dense --steps 1 --resume "$d/ck_grown"
+row 2 "st_long.safetensors: header length 1000000 does not fit the file" train --model tiny-dense --steps 1 --init-from "$d/st_long.safetensors"
+row 2 "tensor x: shape entry 0 is not a size" train --model tiny-dense --steps 1 --init-from "$d/st_huge_shape.safetensors"
+row 2 "tensor x: shape entry 1 is not a size" train --model tiny-dense --steps 1 --init-from "$d/st_overflow.safetensors"
+row 2 "manifest.json: a file entry is malformed" train --model tiny-dense --steps 1 --resume "$d/ck_dotdot"
+row 2 "manifest.json: a file entry is malformed" train --model tiny-dense --steps 1 --resume "$d/ck_dots"
+row 2 "manifest.json: a file entry is malformed" export --checkpoint "$d/ck_dots" --out "$d/exported"
+row 2 "data_consumed (0..2^48)" train --model tiny-dense --steps 1 --resume "$d/ck_consumed"
+row 2 "tensor layers.0.attention.q_proj.weight: shards 0 and 1 overlap" train --model tiny-dense --steps 1 --resume "$d/ck_overlap"
+row 2 "--checkpoint-every '0': expected an integer in 1..16777216" train --model tiny-dense --checkpoint-dir "$d/ck2" --checkpoint-every 0
+row 2 "--checkpoint-keep '-1': expected an integer in 0..16777216" train --model tiny-dense --checkpoint-dir "$d/ck2" --checkpoint-keep -1
+row 2 "--eval-every '99999999999': expected an integer in 1..16777216" train --model tiny-dense --val-data "$d/short.bin" --eval-every 99999999999
+row 2 "--eval-batches '0': expected an integer in 1..16777216" train --model tiny-dense --val-data "$d/short.bin" --eval-batches 0
+row 2 "--warmup '1e3': expected an integer in 0..16777216" train --model tiny-dense --warmup 1e3
+row 2 "--min-lr 'nan': expected a number in [0, 10000]" train --model tiny-dense --min-lr nan
+row 2 "--decay-frac '2': expected a number in [0, 1]" train --model tiny-dense --decay-frac 2
+row 2 "--seed '-1': expected an integer in 0..9223372036854775807" train --model tiny-dense --seed -1
 
 # The foreign database was never written, nor switched to WAL.
 rows=$((rows + 1))
