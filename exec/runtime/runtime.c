@@ -135,6 +135,8 @@ static void runtime_dims(mp_runtime *rt, const mp_plan *plan, int64_t local_batc
   rt->Fsl = rt->Fs / rt->tp;
   rt->Vl = (int)(plan->vocab_padded / rt->tp);
   rt->v0 = rt->tp_idx * rt->Vl;
+  rt->sp = rt->tp > 1 && plan->opts.sp == 1;
+  rt->Ns = rt->sp ? rt->N / rt->tp : rt->N;
   rt->local_batch = local_batch;
   rt->n_micro = n_micro;
   rt->dp_size = mp_comm_group_size(comm, MP_GROUP_DP);
@@ -143,10 +145,11 @@ static void runtime_dims(mp_runtime *rt, const mp_plan *plan, int64_t local_batc
   rt->host_mem = strcmp(be->name, "cpu") == 0;
   rt->overlap = strcmp(mp_comm_backend_name(comm), "nccl") == 0;
   rt->f8_codes = be->x_dtype != MP_KDTYPE_F32 || rt->opts.f8_codes;
-  rt->dims = (mp_act_dims){.B = rt->B, .S = rt->T, .N = rt->N, .C = rt->C, .HD = rt->hd, .NH = rt->nhl,
+  rt->dims = (mp_act_dims){.B = rt->B, .S = rt->T, .N = rt->N, .NS = rt->Ns, .C = rt->C, .HD = rt->hd, .NH = rt->nhl,
                            .NKV = rt->nkvl, .F = rt->Fl, .E = rt->E, .K = rt->K, .Fe = rt->Fe, .Fs = rt->Fsl,
                            .Vl = rt->Vl, .R = (int64_t)rt->N * rt->K, .L = rt->L, .NP = plan->n_params,
-                           .xs = (int)rt->xs, .tp = rt->tp, .ep = rt->ep, .host_mem = rt->host_mem};
+                           .xs = (int)rt->xs, .tp = rt->tp, .ep = rt->ep, .sp = rt->sp,
+                           .host_mem = rt->host_mem};
   mp_act_layout_fill(&rt->lay_dense, &rt->dims, 0);
   mp_act_layout_fill(&rt->lay_moe, &rt->dims, 1);
 }

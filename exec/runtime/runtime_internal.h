@@ -5,6 +5,8 @@
  *   runtime_fsdp.c   FSDP units: gathers, releases, gradient buffers and reduce-scatters
  *   runtime_f8.c     Linear layers, with float8 emulated or as GEMMs on codes
  *   runtime_block.c  a block's forward and backward, the routed experts and EP's exchange
+ *   runtime_sp.c     sequence parallelism: the sequence shard's collectives, the norms'
+ *                    gradients
  *   runtime_step.c   the step program walked for each micro-batch, the optimizer step
  *   runtime_dump.c   inspection and weight dumps
  *
@@ -107,6 +109,9 @@ struct mp_runtime {
   int B, T, N, C, nh, nkv, hd, F, V, L, E, K, Fe, Fs;
   /* local dims: tp splits heads, d_ff, shared d_ff and vocab; ep splits experts */
   int tp, tp_idx, ep, ep_idx, El, nhl, nkvl, Fl, Fsl, Vl, v0;
+  /* sequence parallelism (tp > 1 and the plan's sp): the residual stream holds Ns = N / tp
+   * rows, the rank's sequence shard (runtime_sp.c); else Ns = N */
+  int sp, Ns;
   float eps;
   int64_t local_batch, n_micro;
   int dp_size;
@@ -214,6 +219,21 @@ mp_status mp_rt_rs_finish_all(mp_ctx *ctx, mp_runtime *rt);
 mp_status mp_rt_unit_grad_begin(mp_ctx *ctx, mp_runtime *rt, int u);
 mp_status mp_rt_unit_grad_end(mp_ctx *ctx, mp_runtime *rt, int u);
 mp_status mp_rt_unit_release(mp_ctx *ctx, mp_runtime *rt, int u);
+
+/* runtime_sp.c: under SP (each a no-op or the plain form without it where stated) */
+/* This rank's chunk of a gathered [N, C] X tensor. */
+void *mp_rt_sp_slot(const mp_runtime *rt, const void *full);
+/* full [N, C] = the tp group's shards in order; shard NULL: in place from full's own slot.
+ * Nothing without SP. */
+mp_status mp_rt_sp_gather(mp_ctx *ctx, mp_runtime *rt, const void *shard, void *full);
+/* shard [Ns, C] = this rank's chunk of the sum over tp of full [N, C]. */
+mp_status mp_rt_sp_scatter(mp_ctx *ctx, mp_runtime *rt, const void *full, void *shard);
+/* The SP_FULL allocation ([N, C] X; zero-filled when a kernel accumulates into it), and its
+ * free after a region's work of status st (returns st's error first). */
+mp_status mp_rt_sp_full_alloc(mp_ctx *ctx, mp_runtime *rt, int zero, void **out);
+mp_status mp_rt_sp_full_free(mp_ctx *ctx, mp_runtime *rt, mp_status st, void *full);
+/* The norm weights' gradients summed over tp (once per step, after the micro-batches). */
+mp_status mp_rt_sp_norm_grads(mp_ctx *ctx, mp_runtime *rt);
 
 /* runtime_f8.c */
 float *mp_rt_f8_fused_amax(const mp_runtime *rt, int l, int src, mp_module reader);
