@@ -206,24 +206,36 @@ static mp_status moe_experts_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
   return s2;
 }
 
+/* The shared expert's output: its down projection's partial sums on SHARED_OUT, reduced
+ * over tp onto x_out: added to it (which holds the routed output of all N rows), or under
+ * SP reduce-scattered into it (the shard's rows, written). */
+static mp_status shared_out(mp_ctx *ctx, mp_runtime *rt, int l, void *x_out) {
+  const mp_act_layout *y = lay_of(rt, l);
+  const int N = rt->N, C = rt->C;
+  void *tmp;
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_TEMP, y->bytes[MP_ACT_ALLOC_SHARED_OUT], &tmp));
+  mp_status s = rt->be->matmul_forward(rt->kc, tmp, rt->act[l] + y->sh, W(rt, l, MP_MOD_SHARED_DOWN), NULL, N,
+                                       rt->Fsl, C);
+  if (s != MP_OK) s = mp_error(ctx, s, "shared expert forward: %s", mp_errmsg(rt->kc->err));
+  if (s == MP_OK) s = rt->sp ? mp_rt_sp_scatter(ctx, rt, tmp, x_out) : tp_sum(ctx, rt, tmp, (size_t)N * C);
+  if (s == MP_OK && !rt->sp && rt->be->accumulate(rt->kc, x_out, tmp, (size_t)N * C) != MP_OK)
+    s = mp_error(ctx, MP_ERR_INTERNAL, "shared expert forward: %s", mp_errmsg(rt->kc->err));
+  mp_status s2 = mp_talloc_free(ctx, rt->ta, tmp);
+  MP_CHECK(s);
+  return s2;
+}
+
 /* An MoE block's output under SP: the routed experts' on all N rows (SP_FULL), whole on
  * every tp rank, of which the shard's rows are kept; the shared expert's partial sums
  * reduce-scattered onto the shard; the residual xmid. */
 static mp_status moe_out_sp_body(mp_ctx *ctx, mp_runtime *rt, int l, void *x_out, void *full) {
   const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l];
-  const int N = rt->N, C = rt->C, K = rt->K, Fs = rt->Fsl;
+  const int N = rt->N, C = rt->C, K = rt->K;
   const size_t ns = (size_t)rt->Ns * (size_t)C;
   BE(unpermute_forward(rt->kc, full, a + y->ey, F32(a + y->tkw), (const int32_t *)(a + y->inv), N, K, C));
-  if (Fs) {
-    void *tmp;
-    MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_TEMP, y->bytes[MP_ACT_ALLOC_SHARED_OUT], &tmp));
-    mp_status s = rt->be->matmul_forward(rt->kc, tmp, a + y->sh, W(rt, l, MP_MOD_SHARED_DOWN), NULL, N, Fs, C);
-    if (s != MP_OK) s = mp_error(ctx, s, "shared expert forward: %s", mp_errmsg(rt->kc->err));
-    if (s == MP_OK) s = mp_rt_sp_scatter(ctx, rt, tmp, x_out);
-    mp_status s2 = mp_talloc_free(ctx, rt->ta, tmp);
-    MP_CHECK(s);
-    MP_CHECK(s2);
+  if (rt->Fsl) {
+    MP_CHECK(shared_out(ctx, rt, l, x_out));
     BE(accumulate(rt->kc, x_out, mp_rt_sp_slot(rt, full), ns));
   } else {
     BE(memcpy_d2d(rt->kc, x_out, mp_rt_sp_slot(rt, full), ns * rt->xs));
@@ -267,18 +279,7 @@ static mp_status moe_forward(mp_ctx *ctx, mp_runtime *rt, int l, void *x_out, fl
   if (!x_out) return MP_OK;
   if (rt->sp) return moe_out_sp(ctx, rt, l, x_out);
   BE(unpermute_forward(rt->kc, x_out, a + y->ey, F32(a + y->tkw), (const int32_t *)(a + y->inv), N, K, C));
-  if (Fs) {
-    void *tmp;
-    MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_TEMP, y->bytes[MP_ACT_ALLOC_SHARED_OUT], &tmp));
-    mp_status s = rt->be->matmul_forward(rt->kc, tmp, a + y->sh, W(rt, l, MP_MOD_SHARED_DOWN), NULL, N, Fs, C);
-    if (s != MP_OK) s = mp_error(ctx, s, "shared expert forward: %s", mp_errmsg(rt->kc->err));
-    if (s == MP_OK) s = tp_sum(ctx, rt, tmp, (size_t)N * C);
-    if (s == MP_OK && rt->be->accumulate(rt->kc, x_out, tmp, (size_t)N * C) != MP_OK)
-      s = mp_error(ctx, MP_ERR_INTERNAL, "shared expert forward: %s", mp_errmsg(rt->kc->err));
-    mp_status s2 = mp_talloc_free(ctx, rt->ta, tmp);
-    MP_CHECK(s);
-    MP_CHECK(s2);
-  }
+  if (Fs) MP_CHECK(shared_out(ctx, rt, l, x_out));
   BE(accumulate(rt->kc, x_out, a + y->xmid, (size_t)N * C));
   return MP_OK;
 }
