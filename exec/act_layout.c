@@ -7,7 +7,7 @@
 static const unsigned char k_carved[MP_ACT_ALLOC_COUNT] = {
     [MP_ACT_ALLOC_BLOCK] = 1, [MP_ACT_ALLOC_CORE] = 1,  [MP_ACT_ALLOC_WS] = 1,
     [MP_ACT_ALLOC_EPA] = 1,   [MP_ACT_ALLOC_EP_WS] = 1, [MP_ACT_ALLOC_HEAD] = 1,
-    [MP_ACT_ALLOC_LOGITS] = 1,
+    [MP_ACT_ALLOC_LOGITS] = 1, [MP_ACT_ALLOC_CP_FWD] = 1, [MP_ACT_ALLOC_CP_BWD] = 1,
 };
 
 static int exists(const mp_act_dims *d, int moe, mp_act_when w) {
@@ -20,6 +20,7 @@ static int exists(const mp_act_dims *d, int moe, mp_act_when w) {
     case MP_ACT_WHEN_MOE_EP: return moe && d->ep > 1;
     case MP_ACT_WHEN_TP: return d->tp > 1;
     case MP_ACT_WHEN_SP: return d->sp;
+    case MP_ACT_WHEN_CP: return d->cp > 1;
     case MP_ACT_WHEN_DEVMEM: return !d->host_mem;
   }
   return 0;

@@ -74,6 +74,10 @@ typedef enum mp_act_alloc {
                               output before its rows on the shard are taken */
   MP_ACT_ALLOC_EP_OUT,     /* EP: the expert outputs waiting for the combine all-to-all */
   MP_ACT_ALLOC_TOKENS,     /* the micro-batch's token ids, then its targets */
+  MP_ACT_ALLOC_CP_FWD,     /* CP: ring attention's forward state (TEMP, carved: the fp32
+                              accumulator, the K, V held and the K, V arriving) */
+  MP_ACT_ALLOC_CP_BWD,     /* CP: ring attention's backward state (TEMP, carved: FlashAttention-2's
+                              D, the K, V held and arriving, their travelling dK, dV likewise) */
   MP_ACT_ALLOC_ROPE_COS,   /* resident: the RoPE tables */
   MP_ACT_ALLOC_ROPE_SIN,
   MP_ACT_ALLOC_SCALARS,    /* resident: device scalars (float8 amax and scale, sums of
@@ -96,6 +100,7 @@ typedef enum mp_act_when {
   MP_ACT_WHEN_MOE_EP,    /* an MoE block's under EP (ep > 1): the expert side */
   MP_ACT_WHEN_TP,        /* tp > 1: the vocab-parallel loss's reductions */
   MP_ACT_WHEN_SP,        /* sequence parallelism (tp > 1, sp): the sequence shard's tensors */
+  MP_ACT_WHEN_CP,        /* context parallelism (cp > 1): ring attention's buffers */
   MP_ACT_WHEN_DEVMEM     /* the backend's memory is not host memory */
 } mp_act_when;
 
@@ -190,6 +195,15 @@ typedef enum mp_act_when {
   T(shared_out, SHARED_OUT,  N * C,                        X,    ALWAYS)                  \
   T(sp_full,    SP_FULL,     N * C,                        X,    SP)                      \
   T(tokens,     TOKENS,      2 * N,                        I32,  ALWAYS)                  \
+  /* CP: ring attention (K and V of a chunk pair travel together: 2 N KD) */              \
+  T(cp_acc,     CP_FWD,      N * QD,                       F32,  CP)                      \
+  T(cp_kv0,     CP_FWD,      2 * N * KD,                   X,    CP)                      \
+  T(cp_kv1,     CP_FWD,      2 * N * KD,                   X,    CP)                      \
+  T(cp_d,       CP_BWD,      B * NH * S,                   F32,  CP)                      \
+  T(cp_bkv0,    CP_BWD,      2 * N * KD,                   X,    CP)                      \
+  T(cp_bkv1,    CP_BWD,      2 * N * KD,                   X,    CP)                      \
+  T(cp_dkv0,    CP_BWD,      2 * N * KD,                   X,    CP)                      \
+  T(cp_dkv1,    CP_BWD,      2 * N * KD,                   X,    CP)                      \
   /* resident */                                                                          \
   T(rope_cos,   ROPE_COS,    S * (HD / 2),                 F32,  ALWAYS)                  \
   T(rope_sin,   ROPE_SIN,    S * (HD / 2),                 F32,  ALWAYS)                  \
@@ -200,7 +214,7 @@ typedef enum mp_act_when {
 /* The dims the counts read: the rank's local sizes for one micro-batch. */
 typedef struct mp_act_dims {
   int64_t B;       /* sequences per micro-batch */
-  int64_t S;       /* tokens per sequence (seq) */
+  int64_t S;       /* tokens per sequence on the rank (seq / cp) */
   int64_t N;       /* tokens of the micro-batch on the rank */
   int64_t NS;      /* rows of the residual stream on the rank: N / tp under sequence
                       parallelism (its sequence shard), else N */
@@ -217,6 +231,7 @@ typedef struct mp_act_dims {
   int xs;          /* bytes of an X element */
   int tp, ep;      /* tensor- and expert-parallel degrees */
   int sp;          /* sequence parallelism: tp > 1 with the residual stream sharded */
+  int cp;          /* context-parallel degree */
   int host_mem;    /* the backend's memory is host memory (no staging) */
 } mp_act_dims;
 

@@ -142,3 +142,55 @@ void mp_sched_cp_attention_bwd(gen *g) {
   pair(g, MP_MEM_COMM, BUF_CP_KV, (int64_t)(2 * kv + 2 * dkv), 0);
   pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 0);
 }
+
+/* ---- the meshplan runtimes' ring (exec/runtime/runtime_cp.c) ---------------------------
+ * The same ring without overlap (blocking point-to-point, one transfer after each step's
+ * compute), its buffers the activation layout's (CP_FWD, CP_BWD: the rank's K and V, or
+ * their dK and dV, as one X tensor of 2 T kv elements, a held one and an arriving one).
+ * Forward: the local K, V copied into the held buffer; per step the span attention of the
+ * rank's two query chunks over the two key chunks held; after every step but the last the
+ * held K, V passed to the next rank; the finalize. Backward: FlashAttention-2's D, the
+ * local K, V copied; per step the span backward into dQ and the travelling dK, dV; after
+ * every step but the last the K, V passed on, after every step the dK, dV (the last
+ * transfer brings the rank's own back); those added into the block's dK, dV. */
+static mp_dtype rt_x_dtype(const gen *g) { return g->xs == 4 ? MP_DTYPE_FP32 : MP_DTYPE_BF16; }
+
+void mp_sched_rt_cp_attention_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int cp = sh->cp;
+  const int64_t T = sh->T, kv = 2 * T * sh->kv;
+  const double kvb = (double)g->xs * (double)kv;
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_CP_FWD, KIND_DENSE, 1);
+  elementwise(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, kv, 0.0, 2.0 * kvb);
+  for (int s = 0; s < cp; s++) {
+    compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq / cp, sh->hd, sh->nh,
+            core_fwd_flops(sh) / cp,
+            2.0 * (double)(T * (2 * sh->q + 2 * sh->kv)) + 4.0 * (double)(T * sh->nh),
+            rt_x_dtype(g));
+    if (s + 1 < cp) ring_shift(g, kvb, rt_x_dtype(g), g->last_c, 1);
+  }
+  elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T * sh->q, 1.0,
+              (4.0 + g->xs) * (double)(T * sh->q) + 4.0 * (double)(T * sh->nh));
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_CP_FWD, KIND_DENSE, 0);
+}
+
+void mp_sched_rt_cp_attention_bwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int cp = sh->cp;
+  const int64_t T = sh->T, kv = 2 * T * sh->kv;
+  const double kvb = (double)g->xs * (double)kv;
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_CP_BWD, KIND_DENSE, 1);
+  elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T * sh->q, 2.0,
+              2.0 * g->xs * (double)(T * sh->q) + 4.0 * (double)(T * sh->nh));
+  elementwise(g, MP_KERNEL_COPY, MP_VAR_BWD, -1, kv, 0.0, 2.0 * kvb);
+  for (int s = 0; s < cp; s++) {
+    compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq / cp, sh->hd, sh->nh,
+            2.0 * core_fwd_flops(sh) / cp,
+            2.0 * (double)(T * (4 * sh->q + 4 * sh->kv)) + 4.0 * (double)(T * sh->nh),
+            rt_x_dtype(g));
+    if (s + 1 < cp) ring_shift(g, kvb, rt_x_dtype(g), g->last_c, 1);
+    ring_shift(g, kvb, rt_x_dtype(g), g->last_c, 1);
+  }
+  elementwise(g, MP_KERNEL_RESIDUAL, MP_VAR_BWD, -1, kv, 1.0, 3.0 * kvb);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_CP_BWD, KIND_DENSE, 0);
+}

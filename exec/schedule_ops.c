@@ -395,8 +395,9 @@ static void core_materialized(gen *g, int bwd) {
 void mp_sched_attention_core_fwd(gen *g) {
   if (skipped(g, SKIP_CORE)) return;
   const shapes *sh = &g->sh;
-  if (sh->cp > 1 && !g->rt) {
-    mp_sched_cp_attention_fwd(g); /* ring attention (schedule_cp.c) */
+  if (sh->cp > 1) { /* ring attention (schedule_cp.c) */
+    if (g->rt) mp_sched_rt_cp_attention_fwd(g);
+    else mp_sched_cp_attention_fwd(g);
     return;
   }
   if (g->p->opts.attn == MP_ATTN_MATERIALIZED) {
@@ -411,8 +412,9 @@ void mp_sched_attention_core_fwd(gen *g) {
 
 void mp_sched_attention_core_bwd(gen *g) {
   const shapes *sh = &g->sh;
-  if (sh->cp > 1 && !g->rt) {
-    mp_sched_cp_attention_bwd(g);
+  if (sh->cp > 1) {
+    if (g->rt) mp_sched_rt_cp_attention_bwd(g);
+    else mp_sched_cp_attention_bwd(g);
     return;
   }
   if (g->p->opts.attn == MP_ATTN_MATERIALIZED) {

@@ -88,6 +88,8 @@ void mp_sched_rt_mem(gen *g, mp_act_alloc a, int kind, int alloc) {
       [MP_ACT_ALLOC_EP_OUT] = {MP_MEM_COMM, BUF_RT_EP_OUT},
       [MP_ACT_ALLOC_TOKENS] = {MP_MEM_TEMP, BUF_RT_TOKENS},
       [MP_ACT_ALLOC_SP_FULL] = {MP_MEM_TEMP, BUF_RT_SP_FULL},
+      [MP_ACT_ALLOC_CP_FWD] = {MP_MEM_TEMP, BUF_RT_CP},
+      [MP_ACT_ALLOC_CP_BWD] = {MP_MEM_TEMP, BUF_RT_CP},
   };
   pair(g, (mp_mem_cat)k_ev[a].cat, k_ev[a].buf, (int64_t)g->lay[kind].bytes[a], alloc);
 }
@@ -108,13 +110,13 @@ void mp_sched_rt_sp(gen *g, int alloc) {
  * uniform routing it receives as many). */
 void mp_sched_rt_layout_fill(gen *g, int64_t micro_batch) {
   const shapes *sh = &g->sh;
-  const mp_act_dims d = {.B = micro_batch, .S = sh->seq, .N = sh->T, .NS = sh->Ts, .C = sh->H,
+  const mp_act_dims d = {.B = micro_batch, .S = sh->seq / sh->cp, .N = sh->T, .NS = sh->Ts, .C = sh->H,
                          .HD = sh->hd,
                          .NH = sh->nh, .NKV = sh->nkv, .F = sh->f, .E = sh->E, .K = sh->topk,
                          .Fe = sh->fe, .Fs = sh->has_shared ? sh->fs : 0, .Vl = sh->V_l,
                          .R = sh->T * sh->topk, .L = g->p->model.n_layers,
                          .NP = g->p->n_params, .xs = g->xs, .tp = sh->tp, .ep = sh->ep,
-                         .sp = sh->sp, .host_mem = g->host_mem};
+                         .sp = sh->sp, .cp = sh->cp, .host_mem = g->host_mem};
   mp_act_layout_fill(&g->lay[KIND_DENSE], &d, 0);
   mp_act_layout_fill(&g->lay[KIND_MOE], &d, 1);
 }
@@ -265,6 +267,14 @@ void mp_sched_rt_optimizer(gen *g, const rt_rest *r, int world_reduce) {
   for (int32_t t = 0; t < r->n_t && g->sh.sp; t++)
     if (r->t_spn[t]) {
       const int32_t i = comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE,
+                             4.0 * (double)r->t_pad[t], MP_DTYPE_FP32, -1);
+      add_dep(g, i, g->last_reduce, 0);
+    }
+  /* CP: the gradients of the parameters not reduce-scattered over dp_shard x cp (not
+   * FSDP-sharded), summed over cp (exec/runtime/runtime_cp.c, mp_rt_cp_grads) */
+  for (int32_t t = 0; t < r->n_t && g->sh.cp > 1; t++)
+    if (r->t_rep[t]) {
+      const int32_t i = comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_CP, MP_STREAM_COMPUTE,
                              4.0 * (double)r->t_pad[t], MP_DTYPE_FP32, -1);
       add_dep(g, i, g->last_reduce, 0);
     }

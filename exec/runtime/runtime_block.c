@@ -78,6 +78,7 @@ static void ep_layout(const mp_runtime *rt, int64_t R, mp_act_layout *y) {
 mp_status mp_rt_attn_core_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
   const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l], *c = rt->core[l];
+  if (rt->cp > 1) return mp_rt_cp_attn_forward(ctx, rt, l);
   BE(attention_forward(rt->kc, c + y->att, F32(c + y->lse), a + y->q, a + y->k, a + y->v, rt->B, rt->T, rt->nhl,
                        rt->nkvl, rt->hd));
   return MP_OK;
@@ -294,8 +295,8 @@ static mp_status block_forward_body(mp_ctx *ctx, mp_runtime *rt, int l, const vo
   MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, MP_MOD_Q, a + y->q, a + y->xn1, N, C, QD));
   MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, MP_MOD_K, a + y->k, a + y->xn1, N, C, KD));
   MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, MP_MOD_V, a + y->v, a + y->xn1, N, C, KD));
-  BE(rope_forward(rt->kc, a + y->q, a + y->q, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nhl, rt->hd));
-  BE(rope_forward(rt->kc, a + y->k, a + y->k, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nkvl, rt->hd));
+  BE(rope_forward(rt->kc, a + y->q, a + y->q, rt->rope_cos, rt->rope_sin, rt->B, rt->Tl, rt->nhl, rt->hd));
+  BE(rope_forward(rt->kc, a + y->k, a + y->k, rt->rope_cos, rt->rope_sin, rt->B, rt->Tl, rt->nkvl, rt->hd));
   MP_CHECK(mp_rt_attn_core_forward(ctx, rt, l));
   /* o is rowwise under tp: partial sums, reduced before the residual */
   MP_CHECK(row_fwd(ctx, rt, l, MP_MOD_O, a + y->xmid, c + y->att, QD));
@@ -518,10 +519,11 @@ static mp_status block_backward_body(mp_ctx *ctx, mp_runtime *rt, int l, void *d
   /* attention: dres holds dL/dxmid */
   BE(memset_zero(rt->kc, ws + y->dxn, (size_t)N * C * rt->xs));
   MP_CHECK(row_bwd(ctx, rt, l, MP_MOD_O, ws + y->datt, dres, c + y->att, QD));
-  BE(attention_backward(rt->kc, ws + y->dq, ws + y->dk, ws + y->dv, ws + y->datt, a + y->q, a + y->k, a + y->v,
-                        c + y->att, F32(c + y->lse), rt->B, rt->T, rt->nhl, rt->nkvl, rt->hd));
-  BE(rope_backward(rt->kc, ws + y->dqp, ws + y->dq, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nhl, rt->hd));
-  BE(rope_backward(rt->kc, ws + y->dkp, ws + y->dk, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nkvl, rt->hd));
+  if (rt->cp > 1) MP_CHECK(mp_rt_cp_attn_backward(ctx, rt, l, ws));
+  else BE(attention_backward(rt->kc, ws + y->dq, ws + y->dk, ws + y->dv, ws + y->datt, a + y->q, a + y->k, a + y->v,
+                             c + y->att, F32(c + y->lse), rt->B, rt->T, rt->nhl, rt->nkvl, rt->hd));
+  BE(rope_backward(rt->kc, ws + y->dqp, ws + y->dq, rt->rope_cos, rt->rope_sin, rt->B, rt->Tl, rt->nhl, rt->hd));
+  BE(rope_backward(rt->kc, ws + y->dkp, ws + y->dk, rt->rope_cos, rt->rope_sin, rt->B, rt->Tl, rt->nkvl, rt->hd));
   MP_CHECK(mp_rt_lin_bwd(ctx, rt, l, MP_MOD_Q, ws + y->dxn, ws + y->dqp, a + y->xn1, N, C, QD));
   MP_CHECK(mp_rt_lin_bwd(ctx, rt, l, MP_MOD_K, ws + y->dxn, ws + y->dkp, a + y->xn1, N, C, KD));
   MP_CHECK(mp_rt_lin_bwd(ctx, rt, l, MP_MOD_V, ws + y->dxn, ws + y->dv, a + y->xn1, N, C, KD));

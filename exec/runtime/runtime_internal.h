@@ -7,6 +7,8 @@
  *   runtime_block.c  a block's forward and backward, the routed experts and EP's exchange
  *   runtime_sp.c     sequence parallelism: the sequence shard's collectives, the norms'
  *                    gradients
+ *   runtime_cp.c     context parallelism: the load-balanced chunks, ring attention, the
+ *                    gradients summed over cp
  *   runtime_step.c   the step program walked for each micro-batch, the optimizer step
  *   runtime_dump.c   inspection and weight dumps
  *
@@ -112,6 +114,9 @@ struct mp_runtime {
   /* sequence parallelism (tp > 1 and the plan's sp): the residual stream holds Ns = N / tp
    * rows, the rank's sequence shard (runtime_sp.c); else Ns = N */
   int sp, Ns;
+  /* context parallelism: cp ranks, this rank's index, the local tokens of a sequence
+   * (Tl = T / cp: two chunks, runtime_cp.c), the ring's next and previous world ranks */
+  int cp, cp_idx, Tl, cp_next, cp_prev;
   float eps;
   int64_t local_batch, n_micro;
   int dp_size;
@@ -234,6 +239,16 @@ mp_status mp_rt_sp_full_alloc(mp_ctx *ctx, mp_runtime *rt, int zero, void **out)
 mp_status mp_rt_sp_full_free(mp_ctx *ctx, mp_runtime *rt, mp_status st, void *full);
 /* The norm weights' gradients summed over tp (once per step, after the micro-batches). */
 mp_status mp_rt_sp_norm_grads(mp_ctx *ctx, mp_runtime *rt);
+
+/* runtime_cp.c */
+/* The global position of chunk 0 or 1 of cp rank owner's local sequence. */
+int mp_rt_cp_pos(const mp_runtime *rt, int owner, int chunk);
+/* Ring attention of block l into its CORE (att, lse), and its backward into ws's dq, dk,
+ * dv from datt. */
+mp_status mp_rt_cp_attn_forward(mp_ctx *ctx, mp_runtime *rt, int l);
+mp_status mp_rt_cp_attn_backward(mp_ctx *ctx, mp_runtime *rt, int l, char *ws);
+/* The gradients not reduce-scattered over dp_shard x cp, summed over cp (once per step). */
+mp_status mp_rt_cp_grads(mp_ctx *ctx, mp_runtime *rt);
 
 /* runtime_f8.c */
 float *mp_rt_f8_fused_amax(const mp_runtime *rt, int l, int src, mp_module reader);

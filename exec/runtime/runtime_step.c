@@ -24,14 +24,16 @@ typedef struct micro_state {
 } micro_state;
 
 static mp_status act_tokens(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
-  const int N = rt->N, V = rt->V, T = rt->T;
-  /* Token ids: inputs are the first T of each T + 1 window, targets the last T. */
+  const int N = rt->N, V = rt->V, T = rt->T, Tl = rt->Tl, cs = rt->Tl / 2;
+  /* Token ids: inputs are the first T of each T + 1 window, targets the last T; under CP the
+   * rank's local rows, its two chunks (runtime_cp.c) */
   int32_t *hin = malloc((size_t)N * 2 * sizeof(int32_t));
   MP_CHECK_ALLOC(ctx, hin);
   for (int b = 0; b < rt->B; b++)
-    for (int t = 0; t < T; t++) {
-      hin[b * T + t] = ms->seqs[(size_t)b * (T + 1) + t];
-      hin[N + b * T + t] = ms->seqs[(size_t)b * (T + 1) + t + 1];
+    for (int t = 0; t < Tl; t++) {
+      const int g = rt->cp == 1 ? t : mp_rt_cp_pos(rt, rt->cp_idx, t / cs) + t % cs;
+      hin[b * Tl + t] = ms->seqs[(size_t)b * (T + 1) + g];
+      hin[N + b * Tl + t] = ms->seqs[(size_t)b * (T + 1) + g + 1];
     }
   for (int i = 0; i < N; i++)
     if (hin[i] < 0 || hin[i] >= V || hin[N + i] < 0 || hin[N + i] >= V) {
@@ -247,7 +249,10 @@ static mp_status act_run(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, const mp_
 /* One micro-batch: forward, loss, backward, as the step program says. Adds this
  * micro-batch's CE mean and aux sum. */
 static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, double *ce, double *aux) {
-  micro_state ms = {seqs, NULL, NULL, NULL, NULL, -1, 0.0, 1.0 / ((double)rt->n_micro * rt->dp_size), ce, aux};
+  /* each rank's mean over its rows; under CP each of the cp ranks holds 1 / cp of every
+   * sequence's tokens */
+  micro_state ms = {seqs, NULL, NULL, NULL, NULL, -1, 0.0, 1.0 / ((double)rt->n_micro * rt->dp_size * rt->cp), ce,
+                    aux};
   for (int32_t i = 0; i < rt->n_prog; i++) {
     MP_CHECK(act_run(ctx, rt, &ms, &rt->prog[i]));
   }
@@ -277,6 +282,7 @@ mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t
   for (int64_t mb = 0; mb < rt->n_micro; mb++)
     MP_CHECK(micro_step(ctx, rt, tokens + (size_t)mb * rt->B * (rt->T + 1), &ce, &aux));
   MP_CHECK(mp_rt_sp_norm_grads(ctx, rt));
+  MP_CHECK(mp_rt_cp_grads(ctx, rt));
   /* ce, aux and the gradients are already scaled by 1 / (n_micro * dp): the FSDP
    * reduce-scatters summed the gradient shards over dp_shard; summing over the replicas
    * gives the global means (identity at world size 1). */
@@ -292,6 +298,12 @@ mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t
     /* fp32 sums of a few values: far inside the 1e-5 parity tolerance */
     float v[2] = {(float)ce, (float)aux};
     MP_CHECK(mp_rt_host_coll(ctx, rt, MP_GROUP_DP, v, NULL, 2, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM, NULL));
+    ce = v[0];
+    aux = v[1];
+  }
+  if (rt->cp > 1) { /* the mean over the whole sequences */
+    float v[2] = {(float)ce, (float)aux};
+    MP_CHECK(mp_rt_host_coll(ctx, rt, MP_GROUP_CP, v, NULL, 2, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM, NULL));
     ce = v[0];
     aux = v[1];
   }

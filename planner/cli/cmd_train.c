@@ -450,8 +450,9 @@ static mp_status plan_given(train_job *j) {
   fix.ac = po->ac;
   fix.ac_every = po->ac_every;
   fix.fp8 = po->fp8;
-  /* the planner enumerates reshard only where there is an FSDP group to reshard over */
-  fix.reshard = j->mesh.size[MP_DIM_DP_SHARD] > 1 ? po->fsdp.reshard_after_forward : 0;
+  /* the planner enumerates reshard only where there is an FSDP group (dp_shard x cp) to
+   * reshard over */
+  fix.reshard = j->mesh.size[MP_DIM_DP_SHARD] * j->mesh.size[MP_DIM_CP] > 1 ? po->fsdp.reshard_after_forward : 0;
   fix.micro_batch = po->micro_batch;
   /* SP as mp_plan_create resolves it for the runtime's memory models (on, but off for
    * float8), or as --sp / --no-sp says */

@@ -10,7 +10,8 @@ model, AC mode and float8 setting (same seed, global batch, micro-batch and data
     plus a max-abs check against the tensor's scale).
 Meshes: 1 rank (the reference), dp_shard=4, dp_replicate=2 x dp_shard=2, tp=2, tp=4,
 dp_shard=2 x tp=2; for the MoE model also ep=2 (dp_shard=2), ep=4 (dp_shard=4) and
-ep=2 x tp=2; each with AC none, selective-core and full. Plans with tp > 1 run sequence
+ep=2 x tp=2; for the dense model also cp=2, cp=4 and dp_shard=2 x cp=2 x tp=2 (ring
+attention over 2 x cp load-balanced chunks); each with AC none, selective-core and full. Plans with tp > 1 run sequence
 parallelism (the default); tp=2 and the MoE's ep=2 x tp=2 also run without it (--no-sp,
 the all-reduce form). Float8 on for dp_shard=2 x tp=2 (dense, without SP: the runtime's
 float8 Linears run without it) against the single-rank float8 run. Every run is under
@@ -172,6 +173,10 @@ def main():
         for ac in ("none", "selective-core", "full"):
             for mesh in meshes:
                 cases.append(case(model, mesh, ac, quick=ac == "selective-core"))
+    # context parallelism (ring attention over 2 x cp load-balanced chunks); with tp, SP
+    for ac in ("none", "selective-core", "full"):
+        for mesh in ("cp=2", "cp=4", "dp_shard=2,cp=2,tp=2"):
+            cases.append(case("tiny-dense", mesh, ac, quick=ac == "full" and mesh == "cp=2"))
     # tensor parallelism without SP: the all-reduce form
     for ac in ("none", "full"):
         cases.append(case("tiny-dense", "tp=2", ac, args=["--no-sp"], quick=ac == "full"))
