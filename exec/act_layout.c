@@ -7,7 +7,7 @@
 static const unsigned char k_carved[MP_ACT_ALLOC_COUNT] = {
     [MP_ACT_ALLOC_BLOCK] = 1, [MP_ACT_ALLOC_CORE] = 1,  [MP_ACT_ALLOC_WS] = 1,
     [MP_ACT_ALLOC_EPA] = 1,   [MP_ACT_ALLOC_EP_WS] = 1, [MP_ACT_ALLOC_HEAD] = 1,
-    [MP_ACT_ALLOC_LOGITS] = 1,
+    [MP_ACT_ALLOC_LOGITS] = 1, [MP_ACT_ALLOC_CP_FWD] = 1, [MP_ACT_ALLOC_CP_BWD] = 1,
 };
 
 static int exists(const mp_act_dims *d, int moe, mp_act_when w) {
@@ -19,6 +19,8 @@ static int exists(const mp_act_dims *d, int moe, mp_act_when w) {
     case MP_ACT_WHEN_SHARED: return moe && d->Fs > 0;
     case MP_ACT_WHEN_MOE_EP: return moe && d->ep > 1;
     case MP_ACT_WHEN_TP: return d->tp > 1;
+    case MP_ACT_WHEN_SP: return d->sp;
+    case MP_ACT_WHEN_CP: return d->cp > 1;
     case MP_ACT_WHEN_DEVMEM: return !d->host_mem;
   }
   return 0;
@@ -41,7 +43,7 @@ static void place(mp_act_layout *l, size_t *off, mp_act_alloc a, int64_t bytes) 
 
 void mp_act_layout_fill(mp_act_layout *l, const mp_act_dims *d, int moe) {
   /* the names the table's counts use */
-  const int64_t B = d->B, S = d->S, N = d->N, C = d->C, HD = d->HD, NH = d->NH, F = d->F,
+  const int64_t B = d->B, S = d->S, N = d->N, NS = d->NS, C = d->C, HD = d->HD, NH = d->NH, F = d->F,
                 E = d->E, K = d->K, Fe = d->Fe, Fs = d->Fs, Vl = d->Vl, R = d->R, L = d->L,
                 NP = d->NP, QD = d->NH * d->HD, KD = d->NKV * d->HD;
   memset(l, 0, sizeof *l);

@@ -7,8 +7,9 @@
  *   name    the runtime's name for it (a field of mp_act_layout: its byte offset)
  *   alloc   the allocation it lives in (mp_act_alloc, below)
  *   count   its elements, an expression of the local dims (mp_act_dims: N tokens of the
- *           micro-batch on the rank, C = d_model, heads and d_ff tp-local, experts' d_ff
- *           whole, R = the rows on the expert side under EP, ...)
+ *           micro-batch on the rank, NS the rows of its residual stream, C = d_model, heads
+ *           and d_ff tp-local, experts' d_ff whole, R = the rows on the expert side under
+ *           EP, ...)
  *   elt     X (the backend's activation dtype: fp32 on the CPU, bf16 on CUDA), F32
  *           (statistics: rstd, lse, router probabilities, losses, scalars) or I32 (ids)
  *   when    the condition under which it exists (below); a tensor that does not exist
@@ -19,6 +20,15 @@
  * offset is the sum of ALIGN64(bytes) of the tensors before it, and the allocation's bytes
  * are that sum over all of them. An allocation that is not carved holds its one tensor,
  * exactly its bytes (the tracked allocator counts the bytes asked for).
+ *
+ * Sequence parallelism (tp > 1 with sp; Korthikanti et al. 2022, section 4.2.2; torchtitan's
+ * SequenceParallel): the residual stream and what the norms save (x, xmid, the rstds, dres,
+ * dxf) hold the rank's NS = N / tp rows, the contiguous chunk tp_idx of the micro-batch's
+ * N = B x S token rows. A norm's output is written into its rank's chunk of xn1, xn2 or xf
+ * and all-gathered there in place, so those keep all N rows: the colwise Linears' input,
+ * saved for their weight gradients as torchtitan's autograd saves its all-gather's output.
+ * SP_FULL is the [N, C] side of each boundary collective; dxs the norms' input gradient
+ * reduce-scattered to the shard.
  *
  * Invariants: every tensor belongs to one allocation; offsets within a carved allocation
  * are increasing and 64-byte aligned; totals depend only on the dims and the block kind,
@@ -54,9 +64,20 @@ typedef enum mp_act_alloc {
                               block above */
   MP_ACT_ALLOC_DRES,       /* the residual stream's gradient, head to embedding backward */
   MP_ACT_ALLOC_DXF,        /* the final norm's input gradient, inside the head's backward */
-  MP_ACT_ALLOC_SHARED_OUT, /* the shared expert's partial output before its tp all-reduce */
+  MP_ACT_ALLOC_SHARED_OUT, /* the shared expert's partial output before its tp all-reduce (SP:
+                              reduce-scatter) */
+  MP_ACT_ALLOC_SP_FULL,    /* SP: a tensor-parallel region's [N, C] side around its boundary
+                              collective: a rowwise Linear's (or the vocab-parallel lookup's,
+                              the head's input gradient's) partial sums before their
+                              reduce-scatter, the residual gradient all-gathered before a
+                              rowwise Linear's (the embedding's) backward, the routed experts'
+                              output before its rows on the shard are taken */
   MP_ACT_ALLOC_EP_OUT,     /* EP: the expert outputs waiting for the combine all-to-all */
   MP_ACT_ALLOC_TOKENS,     /* the micro-batch's token ids, then its targets */
+  MP_ACT_ALLOC_CP_FWD,     /* CP: ring attention's forward state (TEMP, carved: the fp32
+                              accumulator, the K, V held and the K, V arriving) */
+  MP_ACT_ALLOC_CP_BWD,     /* CP: ring attention's backward state (TEMP, carved: FlashAttention-2's
+                              D, the K, V held and arriving, their travelling dK, dV likewise) */
   MP_ACT_ALLOC_ROPE_COS,   /* resident: the RoPE tables */
   MP_ACT_ALLOC_ROPE_SIN,
   MP_ACT_ALLOC_SCALARS,    /* resident: device scalars (float8 amax and scale, sums of
@@ -78,6 +99,8 @@ typedef enum mp_act_when {
   MP_ACT_WHEN_SHARED,    /* an MoE block's with a shared expert (Fs > 0) */
   MP_ACT_WHEN_MOE_EP,    /* an MoE block's under EP (ep > 1): the expert side */
   MP_ACT_WHEN_TP,        /* tp > 1: the vocab-parallel loss's reductions */
+  MP_ACT_WHEN_SP,        /* sequence parallelism (tp > 1, sp): the sequence shard's tensors */
+  MP_ACT_WHEN_CP,        /* context parallelism (cp > 1): ring attention's buffers */
   MP_ACT_WHEN_DEVMEM     /* the backend's memory is not host memory */
 } mp_act_when;
 
@@ -89,13 +112,13 @@ typedef enum mp_act_when {
   /* name       alloc        count                         elt   when */                  \
   /* a block's saved tensors: attention, then the dense MLP's or the MoE's */             \
   T(xn1,        BLOCK,       N * C,                        X,    ALWAYS)                  \
-  T(rstd1,      BLOCK,       N,                            F32,  ALWAYS)                  \
+  T(rstd1,      BLOCK,       NS,                           F32,  ALWAYS)                  \
   T(q,          BLOCK,       N * QD,                       X,    ALWAYS) /* after RoPE */ \
   T(k,          BLOCK,       N * KD,                       X,    ALWAYS)                  \
   T(v,          BLOCK,       N * KD,                       X,    ALWAYS)                  \
-  T(xmid,       BLOCK,       N * C,                        X,    ALWAYS)                  \
+  T(xmid,       BLOCK,       NS * C,                       X,    ALWAYS)                  \
   T(xn2,        BLOCK,       N * C,                        X,    ALWAYS)                  \
-  T(rstd2,      BLOCK,       N,                            F32,  ALWAYS)                  \
+  T(rstd2,      BLOCK,       NS,                           F32,  ALWAYS)                  \
   T(g,          BLOCK,       N * F,                        X,    DENSE)                   \
   T(u,          BLOCK,       N * F,                        X,    DENSE)                   \
   T(h,          BLOCK,       N * F,                        X,    DENSE)                   \
@@ -141,6 +164,7 @@ typedef enum mp_act_when {
   T(dsh,        WS,          N * Fs,                       X,    SHARED)                  \
   T(dsg,        WS,          N * Fs,                       X,    SHARED)                  \
   T(dsu,        WS,          N * Fs,                       X,    SHARED)                  \
+  T(dxs,        WS,          NS * C,                       X,    SP) /* dxn scattered */  \
   /* EP: the expert side, R rows received (routing decides R at run time) */              \
   T(ep_xr,      EPA,         R * C,                        X,    MOE_EP)                  \
   T(ep_eg,      EPA,         R * Fe,                       X,    MOE_EP)                  \
@@ -155,7 +179,7 @@ typedef enum mp_act_when {
   T(ep_out,     EP_OUT,      (R > 0 ? R : 1) * C,          X,    MOE_EP)                  \
   /* head and loss */                                                                     \
   T(xf,         HEAD,        N * C,                        X,    ALWAYS)                  \
-  T(rstdf,      HEAD,        N,                            F32,  ALWAYS)                  \
+  T(rstdf,      HEAD,        NS,                           F32,  ALWAYS)                  \
   T(logits,     LOGITS,      N * Vl,                       X,    ALWAYS)                  \
   T(losses,     LOGITS,      N,                            F32,  ALWAYS)                  \
   T(ce_lse,     LOGITS,      N,                            F32,  ALWAYS)                  \
@@ -165,11 +189,21 @@ typedef enum mp_act_when {
   T(vp_target,  LOGITS,      N,                            F32,  TP)                      \
   T(dlogits,    DLOGITS,     N * Vl,                       X,    ALWAYS)                  \
   /* the micro-batch's lone tensors */                                                    \
-  T(x,          X,           N * C,                        X,    ALWAYS)                  \
-  T(dres,       DRES,        N * C,                        X,    ALWAYS)                  \
-  T(dxf,        DXF,         N * C,                        X,    ALWAYS)                  \
+  T(x,          X,           NS * C,                       X,    ALWAYS)                  \
+  T(dres,       DRES,        NS * C,                       X,    ALWAYS)                  \
+  T(dxf,        DXF,         NS * C,                       X,    ALWAYS)                  \
   T(shared_out, SHARED_OUT,  N * C,                        X,    ALWAYS)                  \
+  T(sp_full,    SP_FULL,     N * C,                        X,    SP)                      \
   T(tokens,     TOKENS,      2 * N,                        I32,  ALWAYS)                  \
+  /* CP: ring attention (K and V of a chunk pair travel together: 2 N KD) */              \
+  T(cp_acc,     CP_FWD,      N * QD,                       F32,  CP)                      \
+  T(cp_kv0,     CP_FWD,      2 * N * KD,                   X,    CP)                      \
+  T(cp_kv1,     CP_FWD,      2 * N * KD,                   X,    CP)                      \
+  T(cp_d,       CP_BWD,      B * NH * S,                   F32,  CP)                      \
+  T(cp_bkv0,    CP_BWD,      2 * N * KD,                   X,    CP)                      \
+  T(cp_bkv1,    CP_BWD,      2 * N * KD,                   X,    CP)                      \
+  T(cp_dkv0,    CP_BWD,      2 * N * KD,                   X,    CP)                      \
+  T(cp_dkv1,    CP_BWD,      2 * N * KD,                   X,    CP)                      \
   /* resident */                                                                          \
   T(rope_cos,   ROPE_COS,    S * (HD / 2),                 F32,  ALWAYS)                  \
   T(rope_sin,   ROPE_SIN,    S * (HD / 2),                 F32,  ALWAYS)                  \
@@ -180,8 +214,10 @@ typedef enum mp_act_when {
 /* The dims the counts read: the rank's local sizes for one micro-batch. */
 typedef struct mp_act_dims {
   int64_t B;       /* sequences per micro-batch */
-  int64_t S;       /* tokens per sequence (seq) */
+  int64_t S;       /* tokens per sequence on the rank (seq / cp) */
   int64_t N;       /* tokens of the micro-batch on the rank */
+  int64_t NS;      /* rows of the residual stream on the rank: N / tp under sequence
+                      parallelism (its sequence shard), else N */
   int64_t C;       /* d_model */
   int64_t HD;      /* head_dim */
   int64_t NH, NKV; /* query and key/value heads, tp-local */
@@ -194,6 +230,8 @@ typedef struct mp_act_dims {
   int64_t L, NP;   /* blocks, parameter tensors (the scalars) */
   int xs;          /* bytes of an X element */
   int tp, ep;      /* tensor- and expert-parallel degrees */
+  int sp;          /* sequence parallelism: tp > 1 with the residual stream sharded */
+  int cp;          /* context-parallel degree */
   int host_mem;    /* the backend's memory is host memory (no staging) */
 } mp_act_dims;
 

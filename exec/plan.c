@@ -306,12 +306,6 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
   if (!mp_mem_model_is_runtime(o->mem_model)) return MP_OK;
   /* The meshplan runtime executes what its memory models describe, nothing more. */
   const char *mm = mp_mem_model_name(o->mem_model);
-  if (o->sp == 1 && mesh->size[MP_DIM_TP] > 1)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "sequence parallelism: the meshplan runtime (%s) runs tp=%d with replicated "
-                    "activations and all-reduces, not SP's all-gathers and reduce-scatters; use "
-                    "--no-sp",
-                    mm, mesh->size[MP_DIM_TP]);
   if (o->ac == MP_AC_SELECTIVE || o->ac == MP_AC_SELECTIVE_OP || (o->ac == MP_AC_FULL && o->ac_every > 1)) {
     char ac[32];
     mp_ac_format(o->ac, o->ac_every, ac, sizeof ac);
@@ -417,8 +411,9 @@ static mp_status plan_init(mp_ctx *ctx, mp_arena *arena, const mp_model *m, cons
                            mesh->size[MP_DIM_DP_SHARD];
     MP_CHECK(mp_model_check_step(ctx, m, p->opts.seq, p->opts.micro_batch, p->opts.global_batch));
   }
-  /* SP is the TP form torchtitan and Megatron-LM run; the meshplan runtime does not */
-  if (p->opts.sp < 0) p->opts.sp = !mp_mem_model_is_runtime(p->opts.mem_model);
+  /* SP is the TP form torchtitan, Megatron-LM and the meshplan runtime run by default; the
+   * runtime runs its float8 Linears without it (exec/runtime/check.c) */
+  if (p->opts.sp < 0) p->opts.sp = !(mp_mem_model_is_runtime(p->opts.mem_model) && p->opts.fp8);
   if (mesh->size[MP_DIM_TP] == 1) p->opts.sp = 0;
   if (p->opts.ac_every < 1 || p->opts.ac != MP_AC_FULL) p->opts.ac_every = 1;
   p->vocab_padded = m->vocab;

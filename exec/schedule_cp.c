@@ -142,3 +142,49 @@ void mp_sched_cp_attention_bwd(gen *g) {
   pair(g, MP_MEM_COMM, BUF_CP_KV, (int64_t)(2 * kv + 2 * dkv), 0);
   pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 0);
 }
+
+/* ---- the meshplan runtimes' ring (exec/runtime/runtime_cp.c) ---------------------------
+ * The same ring without overlap (blocking point-to-point, one transfer after each step's
+ * compute), its buffers the activation layout's (CP_FWD, CP_BWD: the rank's K and V, or
+ * their dK and dV, as one X tensor of 2 T kv elements, a held one and an arriving one).
+ * Forward: the local K, V copied into the held buffer; per step the span attention of the
+ * rank's two query chunks over the two key chunks held; after every step but the last the
+ * held K, V passed to the next rank; the finalize. Backward: FlashAttention-2's D, the
+ * local K, V copied; per step the span backward into dQ and the travelling dK, dV; after
+ * every step but the last the K, V passed on, after every step the dK, dV (the last
+ * transfer brings the rank's own back); those added into the block's dK, dV. */
+static mp_dtype rt_x_dtype(const gen *g) { return g->xs == 4 ? MP_DTYPE_FP32 : MP_DTYPE_BF16; }
+
+/* The ring, forward (bwd = 0) or backward (1), in the runtime's order. */
+static void rt_ring(gen *g, int bwd) {
+  const shapes *sh = &g->sh;
+  const int cp = sh->cp;
+  const int64_t T = sh->T, kv = 2 * T * sh->kv;
+  const double kvb = (double)g->xs * (double)kv;
+  const mp_variant v = bwd ? MP_VAR_BWD : MP_VAR_FWD;
+  const mp_act_alloc state = bwd ? MP_ACT_ALLOC_CP_BWD : MP_ACT_ALLOC_CP_FWD;
+  mp_sched_rt_mem(g, state, KIND_DENSE, 1);
+  if (bwd) /* D = rowsum(dout * out) */
+    elementwise(g, MP_KERNEL_ATTENTION, v, -1, T * sh->q, 2.0,
+                2.0 * g->xs * (double)(T * sh->q) + 4.0 * (double)(T * sh->nh));
+  elementwise(g, MP_KERNEL_COPY, v, -1, kv, 0.0, 2.0 * kvb);
+  for (int s = 0; s < cp; s++) {
+    const int q_kv = bwd ? 4 : 2;
+    compute(g, MP_KERNEL_ATTENTION, v, -1, T, sh->seq / cp, sh->hd, sh->nh,
+            (bwd ? 2.0 : 1.0) * core_fwd_flops(sh) / cp,
+            2.0 * (double)(T * (q_kv * sh->q + q_kv * sh->kv)) + 4.0 * (double)(T * sh->nh),
+            rt_x_dtype(g));
+    if (s + 1 < cp) ring_shift(g, kvb, rt_x_dtype(g), g->last_c, 1);
+    if (bwd) ring_shift(g, kvb, rt_x_dtype(g), g->last_c, 1); /* the dK, dV */
+  }
+  if (bwd) /* the rank's own dK, dV into the block's */
+    elementwise(g, MP_KERNEL_RESIDUAL, v, -1, kv, 1.0, 3.0 * kvb);
+  else /* the finalize */
+    elementwise(g, MP_KERNEL_ATTENTION, v, -1, T * sh->q, 1.0,
+                (4.0 + g->xs) * (double)(T * sh->q) + 4.0 * (double)(T * sh->nh));
+  mp_sched_rt_mem(g, state, KIND_DENSE, 0);
+}
+
+void mp_sched_rt_cp_attention_fwd(gen *g) { rt_ring(g, 0); }
+
+void mp_sched_rt_cp_attention_bwd(gen *g) { rt_ring(g, 1); }

@@ -82,6 +82,8 @@ enum {
   BUF_SP_GATHER,   /* Megatron's SP: a region's input gathered again in backward */
   BUF_GRAD_ACC,    /* FSDP under a pipeline: a unit's unsharded gradients accumulated in the
                       reduce dtype until the stage's last backward */
+  BUF_RT_SP_FULL,  /* the runtimes' SP: a region's [N, C] side around its boundary collective */
+  BUF_RT_CP,       /* the runtimes' CP: ring attention's state and K, V (and dK, dV) buffers */
 };
 
 enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };
@@ -214,6 +216,8 @@ typedef struct rt_rest {
   int64_t *t_pad;
   uint8_t *t_rep;
   uint8_t *t_f8;     /* not sharded and float8: resident codes, re-quantized once per step */
+  uint8_t *t_spn;    /* a norm's weight: under SP its gradient is a partial sum over the
+                        sequence shards, all-reduced over tp once per step */
 } rt_rest;
 
 /* What the builder reads from the plan's parameters for one rank (see schedule.h). */
@@ -443,6 +447,9 @@ void mp_sched_rt_f8_cast(gen *g, int module, int64_t elems, int amax, int orient
 void mp_sched_rt_f8_scope_close(gen *g);
 void mp_sched_rt_layout_fill(gen *g, int64_t micro_batch);
 void mp_sched_rt_mem(gen *g, mp_act_alloc a, int kind, int alloc);
+void mp_sched_rt_sp(gen *g, int alloc);
+void mp_sched_rt_cp_attention_fwd(gen *g);
+void mp_sched_rt_cp_attention_bwd(gen *g);
 void mp_sched_rt_optimizer(gen *g, const rt_rest *r, int world_reduce);
 
 /* schedule_cp.c */

@@ -395,8 +395,9 @@ static void core_materialized(gen *g, int bwd) {
 void mp_sched_attention_core_fwd(gen *g) {
   if (skipped(g, SKIP_CORE)) return;
   const shapes *sh = &g->sh;
-  if (sh->cp > 1 && !g->rt) {
-    mp_sched_cp_attention_fwd(g); /* ring attention (schedule_cp.c) */
+  if (sh->cp > 1) { /* ring attention (schedule_cp.c) */
+    if (g->rt) mp_sched_rt_cp_attention_fwd(g);
+    else mp_sched_cp_attention_fwd(g);
     return;
   }
   if (g->p->opts.attn == MP_ATTN_MATERIALIZED) {
@@ -411,8 +412,9 @@ void mp_sched_attention_core_fwd(gen *g) {
 
 void mp_sched_attention_core_bwd(gen *g) {
   const shapes *sh = &g->sh;
-  if (sh->cp > 1 && !g->rt) {
-    mp_sched_cp_attention_bwd(g);
+  if (sh->cp > 1) {
+    if (g->rt) mp_sched_rt_cp_attention_bwd(g);
+    else mp_sched_cp_attention_bwd(g);
     return;
   }
   if (g->p->opts.attn == MP_ATTN_MATERIALIZED) {
@@ -448,8 +450,10 @@ void mp_sched_attention_fwd(gen *g, const part_deps *pd) {
 /* o_proj, the region left (SP: reduce-scatter; else all-reduce), the residual add. */
 void mp_sched_attention_out_fwd(gen *g) {
   const shapes *sh = &g->sh;
+  mp_sched_rt_sp(g, 1);
   linear_fwd(g, MP_MOD_O, (double)sh->T, sh->H, sh->q, 1);
   tp_region_out_fwd(g, sh->ar_o, MP_MOD_O);
+  mp_sched_rt_sp(g, 0);
   residual(g, MP_VAR_FWD, sh->Ts * sh->H);
 }
 
@@ -541,8 +545,10 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
       swiglu(g, MP_VAR_FWD, MP_MOD_GATE, T * sh->f);
     }
     if (!out) return;
+    mp_sched_rt_sp(g, 1);
     linear_fwd(g, MP_MOD_DOWN, (double)T, H, sh->f, 1);
     tp_region_out_fwd(g, sh->ar_down, MP_MOD_DOWN);
+    mp_sched_rt_sp(g, 0);
   } else {
     const int64_t Tk = T * sh->topk;
     linear_fwd(g, MP_MOD_ROUTER, (double)T, sh->E, H, 1);
@@ -561,9 +567,11 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
     experts_down_fwd(g, H);
     ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 0);
-    if (out)
+    if (out) {
+      mp_sched_rt_sp(g, 1); /* the runtimes' SP: the routed output on all T rows */
       elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_FWD, -1, Tk * H, 2.0,
                   2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
+    }
     if (sh->has_shared) {
       linear_fwd(g, MP_MOD_SHARED_GATE, (double)T, sh->fs, H, 1);
       linear_fwd(g, MP_MOD_SHARED_UP, (double)T, sh->fs, H, 1);
@@ -576,6 +584,7 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
       mp_sched_rt_mem(g, MP_ACT_ALLOC_SHARED_OUT, kind, 0);
     }
     if (!out) return;
+    mp_sched_rt_sp(g, 0); /* its rows on the shard taken */
   }
   residual(g, MP_VAR_FWD, sh->Ts * H);
 }
@@ -585,8 +594,10 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
   const int64_t T = sh->T, H = sh->H;
   attach(g, pd, PART_MOE);
   if (kind == KIND_DENSE) {
+    mp_sched_rt_sp(g, 1);
     tp_region_out_bwd(g, sh->ar_down, MP_MOD_DOWN);
     linear_bwd(g, MP_MOD_DOWN, (double)T, H, sh->f, 1);
+    mp_sched_rt_sp(g, 0);
     const int32_t first = g->n_ops, ag = mg_regather(g, sh->ar_gateup, MP_MOD_UP);
     if (sh->gpt) {
       elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, MP_MOD_UP, T * sh->f, FLOPS_GELU_BWD,
@@ -601,6 +612,12 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
     tp_region_in_bwd(g, sh->ar_gateup, MP_MOD_UP);
   } else {
     const int64_t Tk = T * sh->topk;
+    /* the runtimes' SP: the residual gradient all-gathered once for the shared expert and
+     * the routed side (exec/runtime/runtime_sp.c); the routed side's input gradient is whole
+     * on every tp rank, which keeps its rows on the shard: no reduce-scatter of its own */
+    const int rt_sp = g->rt && sh->sp;
+    mp_sched_rt_sp(g, 1);
+    if (rt_sp && !sh->ar_sdown) tp_region_out_bwd(g, 1, MP_MOD_ROUTER);
     if (sh->has_shared) {
       tp_region_out_bwd(g, sh->ar_sdown, MP_MOD_SHARED_DOWN);
       linear_bwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->fs, 1);
@@ -608,11 +625,12 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
       linear_bwd(g, MP_MOD_SHARED_GATE, (double)T, sh->fs, H, 1);
       linear_bwd(g, MP_MOD_SHARED_UP, (double)T, sh->fs, H, 1);
       tp_region_in_bwd(g, sh->ar_sgateup, MP_MOD_SHARED_UP);
-    } else if (sh->sp) {
+    } else if (sh->sp && !rt_sp) {
       tp_region_in_bwd(g, sh->tp > 1, MP_MOD_ROUTER); /* the routed side's to its shard */
     }
     elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_BWD, -1, Tk * H, 2.0,
                 2.0 * (double)(T * H) + 4.0 * (double)(Tk * H));
+    mp_sched_rt_sp(g, 0);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 1); /* the expert side's gradients (EP) */
     ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
     attach(g, pd, PART_EXPERTS);
@@ -633,8 +651,10 @@ void mp_sched_attention_bwd(gen *g, const part_deps *pd) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->T, H = sh->H;
   attach(g, pd, PART_ATTN);
+  mp_sched_rt_sp(g, 1);
   tp_region_out_bwd(g, sh->ar_o, MP_MOD_O);
   linear_bwd(g, MP_MOD_O, (double)T, H, sh->q, 1);
+  mp_sched_rt_sp(g, 0);
   mp_sched_attention_core_bwd(g);
   rope(g, MP_VAR_BWD);
   if (sh->qk_norm) {
@@ -665,9 +685,11 @@ void mp_sched_attention_bwd(gen *g, const part_deps *pd) {
 void mp_sched_embedding_fwd(gen *g) {
   const shapes *sh = &g->sh;
   const int64_t e = sh->T * sh->H, es = sh->Ts * sh->H;
+  mp_sched_rt_sp(g, 1);
   elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_FWD, MP_MOD_TOK_EMBEDDINGS, e, 0.0,
               4.0 * (double)e + 8.0 * (double)sh->T);
   tp_region_out_fwd(g, sh->ar_emb, MP_MOD_TOK_EMBEDDINGS);
+  mp_sched_rt_sp(g, 0);
   if (sh->gpt) {
     elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_FWD, MP_MOD_POS_EMBEDDINGS, es, 0.0,
                 4.0 * (double)es);
@@ -681,9 +703,11 @@ void mp_sched_embedding_bwd(gen *g) {
   if (sh->gpt)
     elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_BWD, MP_MOD_POS_EMBEDDINGS, es, 1.0,
                 6.0 * (double)es);
+  mp_sched_rt_sp(g, 1);
   tp_region_out_bwd(g, sh->ar_emb, MP_MOD_TOK_EMBEDDINGS);
   elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_BWD, MP_MOD_TOK_EMBEDDINGS, e, 1.0,
               6.0 * (double)e + 8.0 * (double)sh->T);
+  mp_sched_rt_sp(g, 0);
 }
 
 static int head_module(const shapes *sh) {
@@ -785,11 +809,13 @@ void mp_sched_head_bwd_rt(gen *g) {
               8.0 * (double)(T * sh->V_loss));
   mp_sched_rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 1);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_DXF, KIND_DENSE, 1);
+  mp_sched_rt_sp(g, 1); /* SP: the head's partial input gradient on all T rows */
   linear_bwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
   tp_region_in_bwd(g, sh->ar_head_in, head_module(sh));
+  mp_sched_rt_sp(g, 0);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_DLOGITS, KIND_DENSE, 0);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 0);
-  norm_bwd(g, MP_MOD_FINAL_NORM, T, H);
+  norm_bwd(g, MP_MOD_FINAL_NORM, sh->Ts, H);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_DXF, KIND_DENSE, 0);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 0);
 }

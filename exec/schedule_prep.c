@@ -99,8 +99,9 @@ static mp_status units_alloc(gen *g, rt_rest *rest) {
   rest->t_pad = mp_arena_alloc(g->arena, sizeof(int64_t) * np);
   rest->t_rep = mp_arena_alloc(g->arena, np);
   rest->t_f8 = mp_arena_alloc(g->arena, np);
+  rest->t_spn = mp_arena_alloc(g->arena, np);
   if (g->first_unit == NULL || g->n_units == NULL || g->ui == NULL || rest->t_pad == NULL ||
-      rest->t_rep == NULL || rest->t_f8 == NULL)
+      rest->t_rep == NULL || rest->t_f8 == NULL || rest->t_spn == NULL)
     return mp_error(g->ctx, MP_ERR_NOMEM, "out of memory building the step schedule");
   for (int l = 0; l < L; l++) g->first_unit[l] = -1;
   g->root_unit = -1;

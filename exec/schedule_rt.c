@@ -87,8 +87,20 @@ void mp_sched_rt_mem(gen *g, mp_act_alloc a, int kind, int alloc) {
       [MP_ACT_ALLOC_SHARED_OUT] = {MP_MEM_TEMP, BUF_RT_SHARED},
       [MP_ACT_ALLOC_EP_OUT] = {MP_MEM_COMM, BUF_RT_EP_OUT},
       [MP_ACT_ALLOC_TOKENS] = {MP_MEM_TEMP, BUF_RT_TOKENS},
+      [MP_ACT_ALLOC_SP_FULL] = {MP_MEM_TEMP, BUF_RT_SP_FULL},
+      [MP_ACT_ALLOC_CP_FWD] = {MP_MEM_TEMP, BUF_RT_CP},
+      [MP_ACT_ALLOC_CP_BWD] = {MP_MEM_TEMP, BUF_RT_CP},
   };
   pair(g, (mp_mem_cat)k_ev[a].cat, k_ev[a].buf, (int64_t)g->lay[kind].bytes[a], alloc);
+}
+
+/* The runtimes' SP: the [N, C] side of a region's boundary collective (SP_FULL) allocated
+ * (alloc) or freed around it, in the runtime's order: before a rowwise Linear's forward
+ * and freed after its reduce-scatter; before the residual gradient's all-gather and freed
+ * after the Linear's backward that reads it (exec/runtime/runtime_sp.c). Nothing without
+ * SP or outside the runtime models. */
+void mp_sched_rt_sp(gen *g, int alloc) {
+  if (g->rt && g->sh.sp) mp_sched_rt_mem(g, MP_ACT_ALLOC_SP_FULL, KIND_DENSE, alloc);
 }
 
 /* Runtime models: the activation layout (exec/act_layout.h) for one micro-batch of this
@@ -98,12 +110,13 @@ void mp_sched_rt_mem(gen *g, mp_act_alloc a, int kind, int alloc) {
  * uniform routing it receives as many). */
 void mp_sched_rt_layout_fill(gen *g, int64_t micro_batch) {
   const shapes *sh = &g->sh;
-  const mp_act_dims d = {.B = micro_batch, .S = sh->seq, .N = sh->T, .C = sh->H, .HD = sh->hd,
+  const mp_act_dims d = {.B = micro_batch, .S = sh->seq / sh->cp, .N = sh->T, .NS = sh->Ts, .C = sh->H,
+                         .HD = sh->hd,
                          .NH = sh->nh, .NKV = sh->nkv, .F = sh->f, .E = sh->E, .K = sh->topk,
                          .Fe = sh->fe, .Fs = sh->has_shared ? sh->fs : 0, .Vl = sh->V_l,
                          .R = sh->T * sh->topk, .L = g->p->model.n_layers,
                          .NP = g->p->n_params, .xs = g->xs, .tp = sh->tp, .ep = sh->ep,
-                         .host_mem = g->host_mem};
+                         .sp = sh->sp, .cp = sh->cp, .host_mem = g->host_mem};
   mp_act_layout_fill(&g->lay[KIND_DENSE], &d, 0);
   mp_act_layout_fill(&g->lay[KIND_MOE], &d, 1);
 }
@@ -223,6 +236,8 @@ void mp_sched_rt_add_param(rt_rest *rest, unit_info *ui, const mp_param *prm, in
   rest->numel_pad += pad;
   rest->t_pad[rest->n_t] = pad;
   rest->t_f8[rest->n_t] = gs <= 1 && prm->float8;
+  rest->t_spn[rest->n_t] = prm->module == MP_MOD_ATTN_NORM || prm->module == MP_MOD_FFN_NORM ||
+                           prm->module == MP_MOD_FINAL_NORM;
   rest->t_rep[rest->n_t++] = gs <= 1;
   if (gs > 1) {
     ui->rt_gather_x4 += mp_act_gather_slot_bytes(gs, pad, 4);
@@ -246,6 +261,23 @@ void mp_sched_rt_add_param(rt_rest *rest, unit_info *ui, const mp_param *prm, in
  * once over tp and dp_replicate; every local tensor is counted here, a few norm weights
  * more under tp.) */
 void mp_sched_rt_optimizer(gen *g, const rt_rest *r, int world_reduce) {
+  /* SP: each norm weight's gradient summed over the sequence shards, in place over tp
+   * (Megatron-LM's all-reduce of the sequence-parallel norms' gradients, finalize_model_grads),
+   * once per step before the norm */
+  for (int32_t t = 0; t < r->n_t && g->sh.sp; t++)
+    if (r->t_spn[t]) {
+      const int32_t i = comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE,
+                             4.0 * (double)r->t_pad[t], MP_DTYPE_FP32, -1);
+      add_dep(g, i, g->last_reduce, 0);
+    }
+  /* CP: the gradients of the parameters not reduce-scattered over dp_shard x cp (not
+   * FSDP-sharded), summed over cp (exec/runtime/runtime_cp.c, mp_rt_cp_grads) */
+  for (int32_t t = 0; t < r->n_t && g->sh.cp > 1; t++)
+    if (r->t_rep[t]) {
+      const int32_t i = comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_CP, MP_STREAM_COMPUTE,
+                             4.0 * (double)r->t_pad[t], MP_DTYPE_FP32, -1);
+      add_dep(g, i, g->last_reduce, 0);
+    }
   for (int32_t t = 0; t < r->n_t; t++) {
     const int64_t n = r->t_pad[t];
     int32_t i = compute(g, MP_KERNEL_GRAD_NORM, MP_VAR_FWD, -1, n, 0, 0, 1, 2.0 * (double)n,

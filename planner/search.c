@@ -150,8 +150,9 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
   /* ring attention's load balancing cuts a sequence into 2 cp chunks (torch's
    * context_parallel needs seq divisible by 2 cp); a chunk under one 128-token tile of the
    * flash kernel leaves its steps mostly idle (and the schedule a ring of cp steps per
-   * layer for nothing) */
-  if (cp > 1 && (cfg->seq % (2 * cp) || cfg->seq / (2 * cp) < MP_CP_MIN_CHUNK)) return MP_REJECT_CP_SEQ;
+   * layer for nothing): a search leaves such chunks out, a cp the caller pins is evaluated */
+  if (cp > 1 && (cfg->seq % (2 * cp) || (cfg->seq / (2 * cp) < MP_CP_MIN_CHUNK && cfg->fix.cp < 0)))
+    return MP_REJECT_CP_SEQ;
   return MP_REJECT_NONE;
 }
 
@@ -189,7 +190,8 @@ static mp_reject prune_options(const mp_search_config *cfg, const mp_candidate *
   if (c->sp && (cfg->seq / mesh->size[MP_DIM_CP]) % mesh->size[MP_DIM_TP]) return MP_REJECT_SP_SEQ;
   if (c->fp8 && !mp_gpu_has_float8(&cfg->cluster->gpu)) return MP_REJECT_FP8_GPU;
   if (c->fp8 && !fp8_dims_ok(cfg->model, mesh->size[MP_DIM_TP])) return MP_REJECT_FP8_DIMS;
-  if (c->reshard && (mesh->size[MP_DIM_DP_SHARD] == 1 ||
+  /* the FSDP group is dp_shard x cp (MP_GROUP_FSDP) */
+  if (c->reshard && (mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] == 1 ||
                      (cfg->pp_keeps_params && mesh->size[MP_DIM_PP] > 1)))
     return MP_REJECT_RESHARD_NOOP;
   if (cfg->mem_capacity_bytes > 0 && mem_lower_bound_bytes(cfg, mesh, n_params) > (double)cfg->mem_capacity_bytes)
@@ -264,7 +266,7 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                (long long)(m->n_heads * m->head_dim / tp));
       break;
     case MP_REJECT_RESHARD_NOOP:
-      if (mesh->size[MP_DIM_DP_SHARD] == 1)
+      if (mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] == 1)
         snprintf(buf, cap, "reshard_after_forward has no effect with dp_shard=1 (same as reshard off)");
       else
         snprintf(buf, cap,
@@ -456,7 +458,7 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
         int r3 = r2 / dps;
         for (int d = 0; d < nd && divs[d] <= r3 && st == MP_OK; d++) {
           int cp = divs[d];
-          if (r3 % cp || !fixed_ok(fx->cp, cp) || (cfg->executable_only && cp != 1)) continue;
+          if (r3 % cp || !fixed_ok(fx->cp, cp)) continue;
           int tp = r3 / cp;
           if (!fixed_ok(fx->tp, tp)) continue;
           mp_mesh mesh;

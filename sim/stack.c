@@ -49,7 +49,7 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
   MP_CHECK(get_choice(ctx, j, origin, "loss", loss, 3, &l));
   p->attn = (mp_attn_impl)a;
   p->loss = (mp_loss_impl)l;
-  p->sp = !mp_mem_model_is_runtime(p->mem_model);
+  p->sp = 1; /* every stack's TP runs SP unless its profile says otherwise (llm.c) */
   MP_CHECK(mp_json_get_bool(ctx, j, origin, "sequence_parallel", 0, &p->sp));
   MP_CHECK(mp_json_get_bool(ctx, j, origin, "dp_overlap", 0, &p->dp_overlap));
   p->ac_policies = p->mem_model == MP_MEM_MODEL_TORCHTITAN

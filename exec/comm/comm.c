@@ -307,6 +307,22 @@ mp_status mp_comm_recv(mp_ctx *ctx, mp_comm *c, void *buf, size_t count, mp_comm
   return c->backend->recv(ctx, c, buf, count, t, peer);
 }
 
+/* The mesh group a point-to-point exchange with dst and src runs in, for the profile: the
+ * pipeline's (PP) or context parallelism's ring (CP) when the peers differ from this rank
+ * in that coordinate alone, else the world. */
+static mp_group p2p_group(const mp_comm *c, int dst, int src) {
+  int me[MP_MESH_NDIMS], a[MP_MESH_NDIMS], b[MP_MESH_NDIMS];
+  mp_mesh_coords(&c->mesh, c->world_rank, me);
+  mp_mesh_coords(&c->mesh, dst, a);
+  mp_mesh_coords(&c->mesh, src, b);
+  unsigned diff = 0;
+  for (int d = 0; d < MP_MESH_NDIMS; d++)
+    if (a[d] != me[d] || b[d] != me[d]) diff |= 1u << d;
+  if (diff == 1u << MP_DIM_PP) return MP_GROUP_PP;
+  if (diff == 1u << MP_DIM_CP) return MP_GROUP_CP;
+  return MP_GROUP_WORLD;
+}
+
 mp_status mp_comm_sendrecv(mp_ctx *ctx, mp_comm *c, const void *send, size_t send_count, int dst,
                            void *recv, size_t recv_count, int src, mp_comm_dtype t) {
   const char *w = "sendrecv";
@@ -315,7 +331,7 @@ mp_status mp_comm_sendrecv(mp_ctx *ctx, mp_comm *c, const void *send, size_t sen
   MP_CHECK(check_peer(ctx, c, w, src, 1));
   MP_CHECK(check_buf(ctx, w, "send", send, send_count));
   MP_CHECK(check_buf(ctx, w, "recv", recv, recv_count));
-  return c->backend->sendrecv(ctx, c, send, send_count, dst, recv, recv_count, src, t);
+  PROFILED(c, p2p_group(c, dst, src), c->backend->sendrecv(ctx, c, send, send_count, dst, recv, recv_count, src, t));
 }
 
 mp_status mp_comm_barrier(mp_ctx *ctx, mp_comm *c, mp_group g) {

@@ -9,13 +9,30 @@ mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p) {
   const mp_mesh *mesh = &p->mesh;
   char mb[128];
   mp_mesh_format(mesh, mb, sizeof mb);
-  if (mesh->size[MP_DIM_PP] > 1 || mesh->size[MP_DIM_CP] > 1)
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute pipeline (pp) or context "
-                    "(cp) parallelism yet; the planner models them, train with dp_replicate, dp_shard, tp and ep",
-                    mb);
-  if (mesh->size[MP_DIM_TP] > 1 && p->opts.sp == 1)
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime runs tp with replicated activations and "
-                    "all-reduces, not sequence parallelism yet; build the plan with sp=0 (--no-sp)", mb);
+  if (mesh->size[MP_DIM_PP] > 1)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute pipeline (pp) parallelism "
+                    "yet; the planner models it, train with dp_replicate, dp_shard, cp, tp and ep", mb);
+  const int cp = mesh->size[MP_DIM_CP];
+  if (cp > 1 && p->opts.seq % (2 * cp))
+    return mp_error(ctx, MP_ERR_INVALID, "mesh %s: context parallelism cuts each sequence into 2 x cp = %d "
+                    "chunks; choose seq a multiple of %d", mb, 2 * cp, 2 * cp);
+  if (cp > 1 && mesh->ep > 1)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute expert parallelism with "
+                    "context parallelism yet (the routed experts' gradients are not summed over cp); use ep=1 "
+                    "or cp=1", mb);
+  if (mesh->size[MP_DIM_TP] > 1 && p->opts.sp == 1) {
+    const int tp = mesh->size[MP_DIM_TP];
+    const int64_t tokens = p->opts.micro_batch * p->opts.seq;
+    /* the residual stream's sequence shards: N / tp rows each, every rank the same */
+    if (p->opts.micro_batch > 0 && tokens % tp)
+      return mp_error(ctx, MP_ERR_INVALID, "mesh %s: sequence parallelism splits a micro-batch's %lld tokens "
+                      "(micro_batch x seq) into tp=%d shards; choose micro_batch x seq divisible by %d, or "
+                      "--no-sp", mb, (long long)tokens, tp, tp);
+    if (p->applied & MP_PASS_FLOAT8)
+      return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute float8 Linears with "
+                      "sequence parallelism (their amax would cover one sequence shard); train with --no-sp "
+                      "or without float8", mb);
+  }
   if (mesh->size[MP_DIM_DP_SHARD] > 1 && !(p->applied & MP_PASS_FSDP))
     return mp_error(ctx, MP_ERR_INTERNAL, "mesh %s has dp_shard > 1 but the plan has no FSDP pass", mb);
   if (m->family != MP_FAMILY_LLAMA)

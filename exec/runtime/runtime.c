@@ -111,7 +111,19 @@ static void runtime_dims(mp_runtime *rt, const mp_plan *plan, int64_t local_batc
   rt->rank = mp_comm_world_rank(comm);
   rt->B = (int)plan->opts.micro_batch;
   rt->T = (int)plan->opts.seq;
-  rt->N = rt->B * rt->T;
+  rt->cp = mp_comm_group_size(comm, MP_GROUP_CP);
+  rt->cp_idx = mp_comm_group_index(comm, MP_GROUP_CP);
+  rt->Tl = rt->T / rt->cp;
+  rt->N = rt->B * rt->Tl;
+  {
+    const mp_mesh *mesh = mp_comm_mesh(comm);
+    int co[MP_MESH_NDIMS];
+    mp_mesh_coords(mesh, rt->rank, co);
+    co[MP_DIM_CP] = (rt->cp_idx + 1) % rt->cp;
+    rt->cp_next = mp_mesh_rank_of(mesh, co);
+    co[MP_DIM_CP] = (rt->cp_idx + rt->cp - 1) % rt->cp;
+    rt->cp_prev = mp_mesh_rank_of(mesh, co);
+  }
   rt->C = (int)m->d_model;
   rt->nh = (int)m->n_heads;
   rt->nkv = (int)m->n_kv_heads;
@@ -135,6 +147,8 @@ static void runtime_dims(mp_runtime *rt, const mp_plan *plan, int64_t local_batc
   rt->Fsl = rt->Fs / rt->tp;
   rt->Vl = (int)(plan->vocab_padded / rt->tp);
   rt->v0 = rt->tp_idx * rt->Vl;
+  rt->sp = rt->tp > 1 && plan->opts.sp == 1;
+  rt->Ns = rt->sp ? rt->N / rt->tp : rt->N;
   rt->local_batch = local_batch;
   rt->n_micro = n_micro;
   rt->dp_size = mp_comm_group_size(comm, MP_GROUP_DP);
@@ -143,10 +157,11 @@ static void runtime_dims(mp_runtime *rt, const mp_plan *plan, int64_t local_batc
   rt->host_mem = strcmp(be->name, "cpu") == 0;
   rt->overlap = strcmp(mp_comm_backend_name(comm), "nccl") == 0;
   rt->f8_codes = be->x_dtype != MP_KDTYPE_F32 || rt->opts.f8_codes;
-  rt->dims = (mp_act_dims){.B = rt->B, .S = rt->T, .N = rt->N, .C = rt->C, .HD = rt->hd, .NH = rt->nhl,
+  rt->dims = (mp_act_dims){.B = rt->B, .S = rt->Tl, .N = rt->N, .NS = rt->Ns, .C = rt->C, .HD = rt->hd, .NH = rt->nhl,
                            .NKV = rt->nkvl, .F = rt->Fl, .E = rt->E, .K = rt->K, .Fe = rt->Fe, .Fs = rt->Fsl,
                            .Vl = rt->Vl, .R = (int64_t)rt->N * rt->K, .L = rt->L, .NP = plan->n_params,
-                           .xs = (int)rt->xs, .tp = rt->tp, .ep = rt->ep, .host_mem = rt->host_mem};
+                           .xs = (int)rt->xs, .tp = rt->tp, .ep = rt->ep, .sp = rt->sp, .cp = rt->cp,
+                           .host_mem = rt->host_mem};
   mp_act_layout_fill(&rt->lay_dense, &rt->dims, 0);
   mp_act_layout_fill(&rt->lay_moe, &rt->dims, 1);
 }
@@ -214,7 +229,9 @@ static int param_place(mp_runtime *rt, int i, int dprep_idx) {
   const int tp_sharded = p->place[MP_AXIS_TP].kind == MP_PLACEMENT_SHARD;
   const int fsdp_g = p->fsdp_unit >= 0 ? mp_comm_group_size(comm, r->group) : 1;
   const int fsdp_i = p->fsdp_unit >= 0 ? mp_comm_group_index(comm, r->group) : 0;
-  r->owner = (tp_sharded || rt->tp_idx == 0) && dprep_idx == 0 && (r->sharded || fsdp_g == 1 || fsdp_i == 0);
+  /* without an FSDP unit a parameter is replicated over cp too */
+  r->owner = (tp_sharded || rt->tp_idx == 0) && dprep_idx == 0 && (r->sharded || fsdp_g == 1 || fsdp_i == 0) &&
+             (p->fsdp_unit >= 0 || rt->cp_idx == 0);
   return has;
 }
 
@@ -276,7 +293,15 @@ static mp_status alloc_resident(mp_ctx *ctx, mp_runtime *rt) {
     free(s);
     return mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory for RoPE tables");
   }
-  mp_rope_tables(c, s, rt->T, rt->hd, (float)rt->plan->model.rope_theta, 0);
+  /* the local rows' positions: one run, or under CP the rank's two chunks (runtime_cp.c) */
+  if (rt->cp == 1) {
+    mp_rope_tables(c, s, rt->T, rt->hd, (float)rt->plan->model.rope_theta, 0);
+  } else {
+    const int cs = rt->Tl / 2, h2 = rt->hd / 2;
+    for (int k = 0; k < 2; k++)
+      mp_rope_tables(c + (size_t)k * cs * h2, s + (size_t)k * cs * h2, cs, rt->hd,
+                     (float)rt->plan->model.rope_theta, mp_rt_cp_pos(rt, rt->cp_idx, k));
+  }
   mp_status st = rt->be->memcpy_h2d(rt->kc, rt->rope_cos, c, rb);
   if (st == MP_OK) st = rt->be->memcpy_h2d(rt->kc, rt->rope_sin, s, rb);
   free(c);

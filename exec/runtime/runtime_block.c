@@ -3,7 +3,10 @@
  *
  * A block's tensors are the activation layout's (exec/act_layout.h): act[l] is its BLOCK
  * allocation, core[l] its CORE, a backward's workspace its WS; under EP the expert side
- * lives in epa[l] (EPA), sized by the rows the rank receives.
+ * lives in epa[l] (EPA), sized by the rows the rank receives. Under sequence parallelism
+ * the residual stream and the norms run on the rank's Ns rows and each tensor-parallel
+ * region's boundary is a gather or a scatter of runtime_sp.c; the routed experts, which
+ * are replicated over tp, run on all N rows and keep the rows of the shard.
  *
  * Expert parallelism: permuted rows are grouped by expert, experts in order, so the rows
  * bound for EP rank j (experts [j El, (j+1) El)) are contiguous. Counts go first (El per
@@ -75,6 +78,7 @@ static void ep_layout(const mp_runtime *rt, int64_t R, mp_act_layout *y) {
 mp_status mp_rt_attn_core_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
   const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l], *c = rt->core[l];
+  if (rt->cp > 1) return mp_rt_cp_attn_forward(ctx, rt, l);
   BE(attention_forward(rt->kc, c + y->att, F32(c + y->lse), a + y->q, a + y->k, a + y->v, rt->B, rt->T, rt->nhl,
                        rt->nkvl, rt->hd));
   return MP_OK;
@@ -118,11 +122,17 @@ static mp_status experts_forward(mp_ctx *ctx, mp_runtime *rt, int l, const void 
 }
 
 /* A block's RMSNorm into xn1 (src 0) or xn2 (src 2), with its amax in the same kernel when
- * a float8 Linear on codes reads it (f8_fused_amax). */
+ * a float8 Linear on codes reads it (f8_fused_amax). Under SP the norm runs on the shard x
+ * into the rank's chunk of out, then all-gathered there: the region entered (check.c runs
+ * no float8 with SP). */
 static mp_status norm_fwd(mp_ctx *ctx, mp_runtime *rt, int l, int src, void *out, float *rstd, const void *x,
                           const void *w) {
   const int N = rt->N, C = rt->C;
   float *am = mp_rt_f8_fused_amax(rt, l, src, src == 0 ? MP_MOD_Q : MP_MOD_GATE);
+  if (rt->sp) {
+    BE(rmsnorm_forward(rt->kc, mp_rt_sp_slot(rt, out), rstd, x, w, rt->Ns, C, rt->eps));
+    return mp_rt_sp_gather(ctx, rt, NULL, out);
+  }
   if (!am) {
     BE(rmsnorm_forward(rt->kc, out, rstd, x, w, N, C, rt->eps));
     return MP_OK;
@@ -130,6 +140,22 @@ static mp_status norm_fwd(mp_ctx *ctx, mp_runtime *rt, int l, int src, void *out
   BE(rmsnorm_forward_amax(rt->kc, out, rstd, x, w, N, C, rt->eps, am));
   mp_rt_f8_produced(rt, l, src, out, (size_t)N * C);
   return MP_OK;
+}
+
+/* A rowwise Linear closing a tensor-parallel region, forward: its partial sums over tp
+ * reduced onto dst, in place on [N, C], or under SP computed on SP_FULL and
+ * reduce-scattered onto dst's [Ns, C]. */
+static mp_status row_fwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void *dst, const void *inp, int K) {
+  const int N = rt->N, C = rt->C;
+  if (!rt->sp) {
+    MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, mod, dst, inp, N, K, C));
+    return tp_sum(ctx, rt, dst, (size_t)N * C);
+  }
+  void *full;
+  MP_CHECK(mp_rt_sp_full_alloc(ctx, rt, 0, &full));
+  mp_status st = mp_rt_lin_fwd(ctx, rt, l, mod, full, inp, N, K, C);
+  if (st == MP_OK) st = mp_rt_sp_scatter(ctx, rt, full, dst);
+  return mp_rt_sp_full_free(ctx, rt, st, full);
 }
 
 /* A dense block's MLP from its saved xn2: gate, up, SwiGLU (its amax fused when the down
@@ -149,9 +175,8 @@ static mp_status dense_mlp_forward(mp_ctx *ctx, mp_runtime *rt, int l, void *x_o
     BE(swiglu_forward(rt->kc, a + y->h, a + y->g, a + y->u, (size_t)N * F));
   }
   if (!x_out) return MP_OK;
-  MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, MP_MOD_DOWN, x_out, a + y->h, N, F, C));
-  MP_CHECK(tp_sum(ctx, rt, x_out, (size_t)N * C));
-  BE(accumulate(rt->kc, x_out, a + y->xmid, (size_t)N * C));
+  MP_CHECK(row_fwd(ctx, rt, l, MP_MOD_DOWN, x_out, a + y->h, F));
+  BE(accumulate(rt->kc, x_out, a + y->xmid, (size_t)rt->Ns * C));
   return MP_OK;
 }
 
@@ -182,6 +207,51 @@ static mp_status moe_experts_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
   return s2;
 }
 
+/* The shared expert's output: its down projection's partial sums on SHARED_OUT, reduced
+ * over tp onto x_out: added to it (which holds the routed output of all N rows), or under
+ * SP reduce-scattered into it (the shard's rows, written). */
+static mp_status shared_out(mp_ctx *ctx, mp_runtime *rt, int l, void *x_out) {
+  const mp_act_layout *y = lay_of(rt, l);
+  const int N = rt->N, C = rt->C;
+  void *tmp;
+  MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_TEMP, y->bytes[MP_ACT_ALLOC_SHARED_OUT], &tmp));
+  mp_status s = rt->be->matmul_forward(rt->kc, tmp, rt->act[l] + y->sh, W(rt, l, MP_MOD_SHARED_DOWN), NULL, N,
+                                       rt->Fsl, C);
+  if (s != MP_OK) s = mp_error(ctx, s, "shared expert forward: %s", mp_errmsg(rt->kc->err));
+  if (s == MP_OK) s = rt->sp ? mp_rt_sp_scatter(ctx, rt, tmp, x_out) : tp_sum(ctx, rt, tmp, (size_t)N * C);
+  if (s == MP_OK && !rt->sp && rt->be->accumulate(rt->kc, x_out, tmp, (size_t)N * C) != MP_OK)
+    s = mp_error(ctx, MP_ERR_INTERNAL, "shared expert forward: %s", mp_errmsg(rt->kc->err));
+  mp_status s2 = mp_talloc_free(ctx, rt->ta, tmp);
+  MP_CHECK(s);
+  return s2;
+}
+
+/* An MoE block's output under SP: the routed experts' on all N rows (SP_FULL), whole on
+ * every tp rank, of which the shard's rows are kept; the shared expert's partial sums
+ * reduce-scattered onto the shard; the residual xmid. */
+static mp_status moe_out_sp_body(mp_ctx *ctx, mp_runtime *rt, int l, void *x_out, void *full) {
+  const mp_act_layout *y = lay_of(rt, l);
+  char *a = rt->act[l];
+  const int N = rt->N, C = rt->C, K = rt->K;
+  const size_t ns = (size_t)rt->Ns * (size_t)C;
+  BE(unpermute_forward(rt->kc, full, a + y->ey, F32(a + y->tkw), (const int32_t *)(a + y->inv), N, K, C));
+  if (rt->Fsl) {
+    MP_CHECK(shared_out(ctx, rt, l, x_out));
+    BE(accumulate(rt->kc, x_out, mp_rt_sp_slot(rt, full), ns));
+  } else {
+    BE(memcpy_d2d(rt->kc, x_out, mp_rt_sp_slot(rt, full), ns * rt->xs));
+  }
+  return MP_OK;
+}
+
+static mp_status moe_out_sp(mp_ctx *ctx, mp_runtime *rt, int l, void *x_out) {
+  void *full;
+  MP_CHECK(mp_rt_sp_full_alloc(ctx, rt, 0, &full));
+  MP_CHECK(mp_rt_sp_full_free(ctx, rt, moe_out_sp_body(ctx, rt, l, x_out, full), full));
+  BE(accumulate(rt->kc, x_out, rt->act[l] + lay_of(rt, l)->xmid, (size_t)rt->Ns * rt->C));
+  return MP_OK;
+}
+
 /* An MoE block's MLP from its saved xn2: router, top-k and aux loss (into *moe_aux when
  * asked), permutation, the routed experts, the shared expert; then, unless x_out is NULL
  * (recompute), the unpermuted, weighted expert outputs plus the shared expert's (rowwise
@@ -208,19 +278,9 @@ static mp_status moe_forward(mp_ctx *ctx, mp_runtime *rt, int l, void *x_out, fl
     BE(swiglu_forward(rt->kc, a + y->sh, a + y->sg, a + y->su, (size_t)N * Fs));
   }
   if (!x_out) return MP_OK;
+  if (rt->sp) return moe_out_sp(ctx, rt, l, x_out);
   BE(unpermute_forward(rt->kc, x_out, a + y->ey, F32(a + y->tkw), (const int32_t *)(a + y->inv), N, K, C));
-  if (Fs) {
-    void *tmp;
-    MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_TEMP, y->bytes[MP_ACT_ALLOC_SHARED_OUT], &tmp));
-    mp_status s = rt->be->matmul_forward(rt->kc, tmp, a + y->sh, W(rt, l, MP_MOD_SHARED_DOWN), NULL, N, Fs, C);
-    if (s != MP_OK) s = mp_error(ctx, s, "shared expert forward: %s", mp_errmsg(rt->kc->err));
-    if (s == MP_OK) s = tp_sum(ctx, rt, tmp, (size_t)N * C);
-    if (s == MP_OK && rt->be->accumulate(rt->kc, x_out, tmp, (size_t)N * C) != MP_OK)
-      s = mp_error(ctx, MP_ERR_INTERNAL, "shared expert forward: %s", mp_errmsg(rt->kc->err));
-    mp_status s2 = mp_talloc_free(ctx, rt->ta, tmp);
-    MP_CHECK(s);
-    MP_CHECK(s2);
-  }
+  if (Fs) MP_CHECK(shared_out(ctx, rt, l, x_out));
   BE(accumulate(rt->kc, x_out, a + y->xmid, (size_t)N * C));
   return MP_OK;
 }
@@ -235,13 +295,12 @@ static mp_status block_forward_body(mp_ctx *ctx, mp_runtime *rt, int l, const vo
   MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, MP_MOD_Q, a + y->q, a + y->xn1, N, C, QD));
   MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, MP_MOD_K, a + y->k, a + y->xn1, N, C, KD));
   MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, MP_MOD_V, a + y->v, a + y->xn1, N, C, KD));
-  BE(rope_forward(rt->kc, a + y->q, a + y->q, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nhl, rt->hd));
-  BE(rope_forward(rt->kc, a + y->k, a + y->k, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nkvl, rt->hd));
+  BE(rope_forward(rt->kc, a + y->q, a + y->q, rt->rope_cos, rt->rope_sin, rt->B, rt->Tl, rt->nhl, rt->hd));
+  BE(rope_forward(rt->kc, a + y->k, a + y->k, rt->rope_cos, rt->rope_sin, rt->B, rt->Tl, rt->nkvl, rt->hd));
   MP_CHECK(mp_rt_attn_core_forward(ctx, rt, l));
   /* o is rowwise under tp: partial sums, reduced before the residual */
-  MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, MP_MOD_O, a + y->xmid, c + y->att, N, QD, C));
-  MP_CHECK(tp_sum(ctx, rt, a + y->xmid, (size_t)N * C));
-  BE(accumulate(rt->kc, a + y->xmid, x_in, (size_t)N * C));
+  MP_CHECK(row_fwd(ctx, rt, l, MP_MOD_O, a + y->xmid, c + y->att, QD));
+  BE(accumulate(rt->kc, a + y->xmid, x_in, (size_t)rt->Ns * C));
   MP_CHECK(norm_fwd(ctx, rt, l, 2, a + y->xn2, F32(a + y->rstd2), a + y->xmid, W(rt, l, MP_MOD_FFN_NORM)));
   if (!is_moe_layer(rt, l)) return dense_mlp_forward(ctx, rt, l, x_out);
   return moe_forward(ctx, rt, l, x_out, moe_aux);
@@ -310,6 +369,31 @@ static mp_status experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *din,
   return MP_OK;
 }
 
+/* A rowwise Linear's backward, from the residual gradient dres: as it is, or under SP
+ * all-gathered from the shards onto SP_FULL first (the region left, backward). */
+static mp_status row_bwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void *dinp, const void *dres,
+                         const void *inp, int K) {
+  const int N = rt->N, C = rt->C;
+  if (!rt->sp) return mp_rt_lin_bwd(ctx, rt, l, mod, dinp, dres, inp, N, K, C);
+  void *full;
+  MP_CHECK(mp_rt_sp_full_alloc(ctx, rt, 0, &full));
+  mp_status st = mp_rt_sp_gather(ctx, rt, dres, full);
+  if (st == MP_OK) st = mp_rt_lin_bwd(ctx, rt, l, mod, dinp, full, inp, N, K, C);
+  return mp_rt_sp_full_free(ctx, rt, st, full);
+}
+
+/* The colwise Linears' partial input gradient dxn [N, C] summed over tp (the region
+ * entered, backward): all-reduced in place, or under SP reduce-scattered onto dxs. */
+static mp_status region_in_bwd(mp_ctx *ctx, mp_runtime *rt, const mp_act_layout *y, char *ws) {
+  if (!rt->sp) return tp_sum(ctx, rt, ws + y->dxn, (size_t)rt->N * rt->C);
+  return mp_rt_sp_scatter(ctx, rt, ws + y->dxn, ws + y->dxs);
+}
+
+/* The input gradient a norm's backward reads: dxs (the shard's rows) under SP, else dxn. */
+static void *norm_dx(const mp_runtime *rt, const mp_act_layout *y, char *ws) {
+  return ws + (rt->sp ? y->dxs : y->dxn);
+}
+
 /* A dense block's MLP backward into the workspace: down, SwiGLU (gate's and up's output
  * gradients each with its amax when both run float8 on codes), gate and up adding into dxn
  * (colwise under tp: partial input gradients, reduced). */
@@ -317,7 +401,7 @@ static mp_status dense_mlp_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dr
   const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l];
   const int N = rt->N, C = rt->C, F = rt->Fl;
-  MP_CHECK(mp_rt_lin_bwd(ctx, rt, l, MP_MOD_DOWN, ws + y->dh, dres, a + y->h, N, F, C));
+  MP_CHECK(row_bwd(ctx, rt, l, MP_MOD_DOWN, ws + y->dh, dres, a + y->h, F));
   if (rt->f8_codes && F8(rt, l, MP_MOD_GATE) && F8(rt, l, MP_MOD_UP) && rt->be->swiglu_backward_amax) {
     /* the amaxes into rt->scalar[2], [3] */
     BE(swiglu_backward_amax(rt->kc, ws + y->dg, ws + y->du, ws + y->dh, a + y->g, a + y->u, (size_t)N * F,
@@ -329,7 +413,7 @@ static mp_status dense_mlp_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dr
   }
   MP_CHECK(mp_rt_lin_bwd(ctx, rt, l, MP_MOD_GATE, ws + y->dxn, ws + y->dg, a + y->xn2, N, C, F));
   MP_CHECK(mp_rt_lin_bwd(ctx, rt, l, MP_MOD_UP, ws + y->dxn, ws + y->du, a + y->xn2, N, C, F));
-  return tp_sum(ctx, rt, ws + y->dxn, (size_t)N * C);
+  return region_in_bwd(ctx, rt, y, ws);
 }
 
 /* The routed experts' backward of MoE block l, from dey into dxp: on the rank, or on the
@@ -359,15 +443,20 @@ static mp_status moe_experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, char *
   return s2;
 }
 
-/* An MoE block's MLP backward into the workspace: the shared expert (tp-sharded alone, so
- * its partial input gradient is reduced before the replicated routed experts and router
- * add their whole contributions), unpermute, the routed experts, permute, the aux loss
- * and the router. */
-static mp_status moe_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws, float dloss_aux) {
+/* An MoE block's MLP backward into the workspace from the output gradient dout: the
+ * shared expert (tp-sharded alone, so its partial input gradient is reduced before the
+ * replicated routed experts and router add their whole contributions), unpermute, the
+ * routed experts, permute, the aux loss and the router. Under SP dout is *full, the
+ * gathered residual gradient, freed once unpermute has read it; the shared expert's
+ * gradient is reduce-scattered onto dxs and the routed side's (whole on every tp rank)
+ * rows of the shard are added to it. */
+static mp_status moe_backward_body(mp_ctx *ctx, mp_runtime *rt, int l, const void *dout, char *ws, float dloss_aux,
+                                   void **full) {
   const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l];
   const int N = rt->N, C = rt->C, E = rt->E, K = rt->K, Fs = rt->Fsl;
   const mp_model *m = &rt->plan->model;
+  const void *dres = dout;
   if (Fs) {
     BE(matmul_backward(rt->kc, ws + y->dsh, G(rt, l, MP_MOD_SHARED_DOWN), NULL, dres, a + y->sh,
                        W(rt, l, MP_MOD_SHARED_DOWN), N, Fs, C));
@@ -376,10 +465,16 @@ static mp_status moe_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, ch
                        W(rt, l, MP_MOD_SHARED_GATE), N, C, Fs));
     BE(matmul_backward(rt->kc, ws + y->dxn, G(rt, l, MP_MOD_SHARED_UP), NULL, ws + y->dsu, a + y->xn2,
                        W(rt, l, MP_MOD_SHARED_UP), N, C, Fs));
-    MP_CHECK(tp_sum(ctx, rt, ws + y->dxn, (size_t)N * C));
+    MP_CHECK(region_in_bwd(ctx, rt, y, ws));
+    if (rt->sp) BE(memset_zero(rt->kc, ws + y->dxn, (size_t)N * C * rt->xs));
   }
   BE(unpermute_backward(rt->kc, ws + y->dey, F32(ws + y->dtkw), dres, a + y->ey, F32(a + y->tkw),
                         (const int32_t *)(a + y->inv), N, K, C));
+  if (*full) {
+    void *f = *full;
+    *full = NULL;
+    MP_CHECK(mp_talloc_free(ctx, rt->ta, f));
+  }
   MP_CHECK(moe_experts_backward(ctx, rt, l, ws));
   BE(permute_backward(rt->kc, ws + y->dxn, ws + y->dxp, (const int32_t *)(a + y->inv), N, K, C));
   BE(router_aux_loss_backward(rt->kc, F32(ws + y->dprobs), F32(a + y->f), dloss_aux, N, E));
@@ -387,7 +482,27 @@ static mp_status moe_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, ch
                      (const int32_t *)(a + y->tki), N, E, K, m->norm_topk_prob));
   BE(matmul_backward(rt->kc, ws + y->dxn, G(rt, l, MP_MOD_ROUTER), NULL, ws + y->drl, a + y->xn2,
                      W(rt, l, MP_MOD_ROUTER), N, C, E));
+  if (rt->sp) {
+    const size_t ns = (size_t)rt->Ns * C;
+    if (Fs) BE(accumulate(rt->kc, ws + y->dxs, mp_rt_sp_slot(rt, ws + y->dxn), ns));
+    else BE(memcpy_d2d(rt->kc, ws + y->dxs, mp_rt_sp_slot(rt, ws + y->dxn), ns * rt->xs));
+  }
   return MP_OK;
+}
+
+static mp_status moe_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws, float dloss_aux) {
+  void *full = NULL;
+  mp_status st = MP_OK;
+  if (rt->sp) {
+    st = mp_rt_sp_full_alloc(ctx, rt, 0, &full);
+    if (st == MP_OK) st = mp_rt_sp_gather(ctx, rt, dres, full);
+  }
+  if (st == MP_OK) st = moe_backward_body(ctx, rt, l, full ? full : dres, ws, dloss_aux, &full);
+  if (full) {
+    mp_status s2 = mp_talloc_free(ctx, rt->ta, full);
+    if (st == MP_OK) st = s2;
+  }
+  return st;
 }
 
 /* Block l's backward: dres holds dL/dx[l+1] and is left holding dL/dx[l]; the MLP's
@@ -399,21 +514,22 @@ static mp_status block_backward_body(mp_ctx *ctx, mp_runtime *rt, int l, void *d
   const int N = rt->N, C = rt->C, QD = rt->nhl * rt->hd, KD = rt->nkvl * rt->hd;
   if (!is_moe_layer(rt, l)) MP_CHECK(dense_mlp_backward(ctx, rt, l, dres, ws));
   else MP_CHECK(moe_backward(ctx, rt, l, dres, ws, dloss_aux));
-  BE(rmsnorm_backward(rt->kc, dres, G(rt, l, MP_MOD_FFN_NORM), ws + y->dxn, a + y->xmid, W(rt, l, MP_MOD_FFN_NORM),
-                      F32(a + y->rstd2), N, C));
+  BE(rmsnorm_backward(rt->kc, dres, G(rt, l, MP_MOD_FFN_NORM), norm_dx(rt, y, ws), a + y->xmid,
+                      W(rt, l, MP_MOD_FFN_NORM), F32(a + y->rstd2), rt->Ns, C));
   /* attention: dres holds dL/dxmid */
   BE(memset_zero(rt->kc, ws + y->dxn, (size_t)N * C * rt->xs));
-  MP_CHECK(mp_rt_lin_bwd(ctx, rt, l, MP_MOD_O, ws + y->datt, dres, c + y->att, N, QD, C));
-  BE(attention_backward(rt->kc, ws + y->dq, ws + y->dk, ws + y->dv, ws + y->datt, a + y->q, a + y->k, a + y->v,
-                        c + y->att, F32(c + y->lse), rt->B, rt->T, rt->nhl, rt->nkvl, rt->hd));
-  BE(rope_backward(rt->kc, ws + y->dqp, ws + y->dq, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nhl, rt->hd));
-  BE(rope_backward(rt->kc, ws + y->dkp, ws + y->dk, rt->rope_cos, rt->rope_sin, rt->B, rt->T, rt->nkvl, rt->hd));
+  MP_CHECK(row_bwd(ctx, rt, l, MP_MOD_O, ws + y->datt, dres, c + y->att, QD));
+  if (rt->cp > 1) MP_CHECK(mp_rt_cp_attn_backward(ctx, rt, l, ws));
+  else BE(attention_backward(rt->kc, ws + y->dq, ws + y->dk, ws + y->dv, ws + y->datt, a + y->q, a + y->k, a + y->v,
+                             c + y->att, F32(c + y->lse), rt->B, rt->T, rt->nhl, rt->nkvl, rt->hd));
+  BE(rope_backward(rt->kc, ws + y->dqp, ws + y->dq, rt->rope_cos, rt->rope_sin, rt->B, rt->Tl, rt->nhl, rt->hd));
+  BE(rope_backward(rt->kc, ws + y->dkp, ws + y->dk, rt->rope_cos, rt->rope_sin, rt->B, rt->Tl, rt->nkvl, rt->hd));
   MP_CHECK(mp_rt_lin_bwd(ctx, rt, l, MP_MOD_Q, ws + y->dxn, ws + y->dqp, a + y->xn1, N, C, QD));
   MP_CHECK(mp_rt_lin_bwd(ctx, rt, l, MP_MOD_K, ws + y->dxn, ws + y->dkp, a + y->xn1, N, C, KD));
   MP_CHECK(mp_rt_lin_bwd(ctx, rt, l, MP_MOD_V, ws + y->dxn, ws + y->dv, a + y->xn1, N, C, KD));
-  MP_CHECK(tp_sum(ctx, rt, ws + y->dxn, (size_t)N * C)); /* colwise q/k/v: partial input gradients */
-  BE(rmsnorm_backward(rt->kc, dres, G(rt, l, MP_MOD_ATTN_NORM), ws + y->dxn, x_in, W(rt, l, MP_MOD_ATTN_NORM),
-                      F32(a + y->rstd1), N, C));
+  MP_CHECK(region_in_bwd(ctx, rt, y, ws)); /* colwise q/k/v: partial input gradients */
+  BE(rmsnorm_backward(rt->kc, dres, G(rt, l, MP_MOD_ATTN_NORM), norm_dx(rt, y, ws), x_in,
+                      W(rt, l, MP_MOD_ATTN_NORM), F32(a + y->rstd1), rt->Ns, C));
   return MP_OK;
 }
 

@@ -5,6 +5,10 @@
  *   runtime_fsdp.c   FSDP units: gathers, releases, gradient buffers and reduce-scatters
  *   runtime_f8.c     Linear layers, with float8 emulated or as GEMMs on codes
  *   runtime_block.c  a block's forward and backward, the routed experts and EP's exchange
+ *   runtime_sp.c     sequence parallelism: the sequence shard's collectives, the norms'
+ *                    gradients
+ *   runtime_cp.c     context parallelism: the load-balanced chunks, ring attention, the
+ *                    gradients summed over cp
  *   runtime_step.c   the step program walked for each micro-batch, the optimizer step
  *   runtime_dump.c   inspection and weight dumps
  *
@@ -107,6 +111,12 @@ struct mp_runtime {
   int B, T, N, C, nh, nkv, hd, F, V, L, E, K, Fe, Fs;
   /* local dims: tp splits heads, d_ff, shared d_ff and vocab; ep splits experts */
   int tp, tp_idx, ep, ep_idx, El, nhl, nkvl, Fl, Fsl, Vl, v0;
+  /* sequence parallelism (tp > 1 and the plan's sp): the residual stream holds Ns = N / tp
+   * rows, the rank's sequence shard (runtime_sp.c); else Ns = N */
+  int sp, Ns;
+  /* context parallelism: cp ranks, this rank's index, the local tokens of a sequence
+   * (Tl = T / cp: two chunks, runtime_cp.c), the ring's next and previous world ranks */
+  int cp, cp_idx, Tl, cp_next, cp_prev;
   float eps;
   int64_t local_batch, n_micro;
   int dp_size;
@@ -214,6 +224,31 @@ mp_status mp_rt_rs_finish_all(mp_ctx *ctx, mp_runtime *rt);
 mp_status mp_rt_unit_grad_begin(mp_ctx *ctx, mp_runtime *rt, int u);
 mp_status mp_rt_unit_grad_end(mp_ctx *ctx, mp_runtime *rt, int u);
 mp_status mp_rt_unit_release(mp_ctx *ctx, mp_runtime *rt, int u);
+
+/* runtime_sp.c: under SP (each a no-op or the plain form without it where stated) */
+/* This rank's chunk of a gathered [N, C] X tensor. */
+void *mp_rt_sp_slot(const mp_runtime *rt, const void *full);
+/* full [N, C] = the tp group's shards in order; shard NULL: in place from full's own slot.
+ * Nothing without SP. */
+mp_status mp_rt_sp_gather(mp_ctx *ctx, mp_runtime *rt, const void *shard, void *full);
+/* shard [Ns, C] = this rank's chunk of the sum over tp of full [N, C]. */
+mp_status mp_rt_sp_scatter(mp_ctx *ctx, mp_runtime *rt, const void *full, void *shard);
+/* The SP_FULL allocation ([N, C] X; zero-filled when a kernel accumulates into it), and its
+ * free after a region's work of status st (returns st's error first). */
+mp_status mp_rt_sp_full_alloc(mp_ctx *ctx, mp_runtime *rt, int zero, void **out);
+mp_status mp_rt_sp_full_free(mp_ctx *ctx, mp_runtime *rt, mp_status st, void *full);
+/* The norm weights' gradients summed over tp (once per step, after the micro-batches). */
+mp_status mp_rt_sp_norm_grads(mp_ctx *ctx, mp_runtime *rt);
+
+/* runtime_cp.c */
+/* The global position of chunk 0 or 1 of cp rank owner's local sequence. */
+int mp_rt_cp_pos(const mp_runtime *rt, int owner, int chunk);
+/* Ring attention of block l into its CORE (att, lse), and its backward into ws's dq, dk,
+ * dv from datt. */
+mp_status mp_rt_cp_attn_forward(mp_ctx *ctx, mp_runtime *rt, int l);
+mp_status mp_rt_cp_attn_backward(mp_ctx *ctx, mp_runtime *rt, int l, char *ws);
+/* The gradients not reduce-scattered over dp_shard x cp, summed over cp (once per step). */
+mp_status mp_rt_cp_grads(mp_ctx *ctx, mp_runtime *rt);
 
 /* runtime_f8.c */
 float *mp_rt_f8_fused_amax(const mp_runtime *rt, int l, int src, mp_module reader);

@@ -24,14 +24,16 @@ typedef struct micro_state {
 } micro_state;
 
 static mp_status act_tokens(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
-  const int N = rt->N, V = rt->V, T = rt->T;
-  /* Token ids: inputs are the first T of each T + 1 window, targets the last T. */
+  const int N = rt->N, V = rt->V, T = rt->T, Tl = rt->Tl, cs = rt->Tl / 2;
+  /* Token ids: inputs are the first T of each T + 1 window, targets the last T; under CP the
+   * rank's local rows, its two chunks (runtime_cp.c) */
   int32_t *hin = malloc((size_t)N * 2 * sizeof(int32_t));
   MP_CHECK_ALLOC(ctx, hin);
   for (int b = 0; b < rt->B; b++)
-    for (int t = 0; t < T; t++) {
-      hin[b * T + t] = ms->seqs[(size_t)b * (T + 1) + t];
-      hin[N + b * T + t] = ms->seqs[(size_t)b * (T + 1) + t + 1];
+    for (int t = 0; t < Tl; t++) {
+      const int g = rt->cp == 1 ? t : mp_rt_cp_pos(rt, rt->cp_idx, t / cs) + t % cs;
+      hin[b * Tl + t] = ms->seqs[(size_t)b * (T + 1) + g];
+      hin[N + b * Tl + t] = ms->seqs[(size_t)b * (T + 1) + g + 1];
     }
   for (int i = 0; i < N; i++)
     if (hin[i] < 0 || hin[i] >= V || hin[N + i] < 0 || hin[N + i] >= V) {
@@ -50,11 +52,22 @@ static mp_status act_tokens(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
   return MP_OK;
 }
 
+/* The vocab-parallel lookup of all N tokens, its partial sums reduced over tp into x[0]
+ * (SP: on SP_FULL, reduce-scattered onto the shard). */
+static mp_status embed_lookup(mp_ctx *ctx, mp_runtime *rt, void *out) {
+  BE(embedding_forward(rt->kc, out, rt->tok_in, W(rt, -1, MP_MOD_TOK_EMBEDDINGS), rt->N, rt->C, rt->v0,
+                       rt->v0 + rt->Vl));
+  if (rt->sp) return mp_rt_sp_scatter(ctx, rt, out, rt->x[0]);
+  return tp_sum(ctx, rt, rt->x[0], (size_t)rt->N * rt->C);
+}
+
 static mp_status act_embed_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
   MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, act_bytes(rt, MP_ACT_ALLOC_X), (void **)&rt->x[0]));
-  BE(embedding_forward(rt->kc, rt->x[0], rt->tok_in, W(rt, -1, MP_MOD_TOK_EMBEDDINGS), rt->N, rt->C, rt->v0,
-                       rt->v0 + rt->Vl));
-  MP_CHECK(tp_sum(ctx, rt, rt->x[0], (size_t)rt->N * rt->C)); /* vocab-parallel lookup */
+  void *full = NULL;
+  if (rt->sp) MP_CHECK(mp_rt_sp_full_alloc(ctx, rt, 0, &full));
+  mp_status st = embed_lookup(ctx, rt, full ? full : rt->x[0]);
+  if (full) st = mp_rt_sp_full_free(ctx, rt, st, full);
+  MP_CHECK(st);
   ms->x_top = 0;
   return MP_OK;
 }
@@ -89,7 +102,10 @@ static mp_status act_head_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
   float *losses = F32(lg + y->losses), *lse = F32(lg + y->ce_lse), *mean = F32(lg + y->ce_mean);
   const void *Wout = head_weight(rt);
   if (!Wout) return mp_error(ctx, MP_ERR_INTERNAL, "runtime: plan has no output head");
-  BE(rmsnorm_forward(rt->kc, xf, rstdf, rt->x[L], W(rt, -1, MP_MOD_FINAL_NORM), N, C, rt->eps));
+  /* SP: the norm on the shard into the rank's rows of xf, all-gathered (the head's region) */
+  BE(rmsnorm_forward(rt->kc, rt->sp ? mp_rt_sp_slot(rt, xf) : xf, rstdf, rt->x[L], W(rt, -1, MP_MOD_FINAL_NORM),
+                     rt->Ns, C, rt->eps));
+  MP_CHECK(mp_rt_sp_gather(ctx, rt, NULL, xf));
   BE(matmul_forward(rt->kc, logits, xf, Wout, NULL, N, C, Vl));
   if (rt->tp == 1) {
     BE(cross_entropy_forward(rt->kc, losses, mean, lse, logits, rt->tok_tgt, N, V));
@@ -127,13 +143,23 @@ static mp_status act_head_bwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
   BE(ce_backward(rt->kc, dlg, logits, lse, rt->tok_tgt, (float)(ms->dscale / N), N, Vl, rt->v0));
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, y->bytes[MP_ACT_ALLOC_DRES], &ms->dres));
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, y->bytes[MP_ACT_ALLOC_DXF], &dxf));
-  BE(matmul_backward(rt->kc, dxf, dWout, NULL, dlg, xf, Wout, N, C, Vl));
-  MP_CHECK(tp_sum(ctx, rt, dxf, (size_t)N * C)); /* colwise head: partial over the vocabulary */
+  /* colwise head: partial over the vocabulary, summed over tp (SP: reduce-scattered) */
+  if (rt->sp) {
+    void *full;
+    MP_CHECK(mp_rt_sp_full_alloc(ctx, rt, 1, &full));
+    mp_status st = rt->be->matmul_backward(rt->kc, full, dWout, NULL, dlg, xf, Wout, N, C, Vl);
+    if (st != MP_OK) st = mp_error(ctx, st, "head backward: %s", mp_errmsg(rt->kc->err));
+    if (st == MP_OK) st = mp_rt_sp_scatter(ctx, rt, full, dxf);
+    MP_CHECK(mp_rt_sp_full_free(ctx, rt, st, full));
+  } else {
+    BE(matmul_backward(rt->kc, dxf, dWout, NULL, dlg, xf, Wout, N, C, Vl));
+    MP_CHECK(tp_sum(ctx, rt, dxf, (size_t)N * C));
+  }
   MP_CHECK(mp_talloc_free(ctx, rt->ta, dlg));
   MP_CHECK(mp_talloc_free(ctx, rt->ta, ms->lg));
   ms->lg = NULL;
   BE(rmsnorm_backward(rt->kc, ms->dres, G(rt, -1, MP_MOD_FINAL_NORM), dxf, rt->x[L], W(rt, -1, MP_MOD_FINAL_NORM),
-                      rstdf, N, C));
+                      rstdf, rt->Ns, C));
   MP_CHECK(mp_talloc_free(ctx, rt->ta, dxf));
   MP_CHECK(mp_talloc_free(ctx, rt->ta, ms->hf));
   ms->hf = NULL;
@@ -169,8 +195,20 @@ static mp_status act_free_x(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
 }
 
 static mp_status act_embed_bwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
-  BE(embedding_backward(rt->kc, G(rt, -1, MP_MOD_TOK_EMBEDDINGS), ms->dres, rt->tok_in, rt->N, rt->C, rt->v0,
-                        rt->v0 + rt->Vl));
+  if (rt->sp) { /* every token's gradient, for the rank's vocabulary rows */
+    void *full;
+    MP_CHECK(mp_rt_sp_full_alloc(ctx, rt, 0, &full));
+    mp_status st = mp_rt_sp_gather(ctx, rt, ms->dres, full);
+    if (st == MP_OK) {
+      st = rt->be->embedding_backward(rt->kc, G(rt, -1, MP_MOD_TOK_EMBEDDINGS), full, rt->tok_in, rt->N, rt->C,
+                                      rt->v0, rt->v0 + rt->Vl);
+      if (st != MP_OK) st = mp_error(ctx, st, "embedding backward: %s", mp_errmsg(rt->kc->err));
+    }
+    MP_CHECK(mp_rt_sp_full_free(ctx, rt, st, full));
+  } else {
+    BE(embedding_backward(rt->kc, G(rt, -1, MP_MOD_TOK_EMBEDDINGS), ms->dres, rt->tok_in, rt->N, rt->C, rt->v0,
+                          rt->v0 + rt->Vl));
+  }
   MP_CHECK(mp_talloc_free(ctx, rt->ta, ms->dres));
   ms->dres = NULL;
   return MP_OK;
@@ -211,7 +249,10 @@ static mp_status act_run(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, const mp_
 /* One micro-batch: forward, loss, backward, as the step program says. Adds this
  * micro-batch's CE mean and aux sum. */
 static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, double *ce, double *aux) {
-  micro_state ms = {seqs, NULL, NULL, NULL, NULL, -1, 0.0, 1.0 / ((double)rt->n_micro * rt->dp_size), ce, aux};
+  /* each rank's mean over its rows; under CP each of the cp ranks holds 1 / cp of every
+   * sequence's tokens */
+  micro_state ms = {seqs, NULL, NULL, NULL, NULL, -1, 0.0, 1.0 / ((double)rt->n_micro * rt->dp_size * rt->cp), ce,
+                    aux};
   for (int32_t i = 0; i < rt->n_prog; i++) {
     MP_CHECK(act_run(ctx, rt, &ms, &rt->prog[i]));
   }
@@ -240,6 +281,8 @@ mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t
   double ce = 0, aux = 0;
   for (int64_t mb = 0; mb < rt->n_micro; mb++)
     MP_CHECK(micro_step(ctx, rt, tokens + (size_t)mb * rt->B * (rt->T + 1), &ce, &aux));
+  MP_CHECK(mp_rt_sp_norm_grads(ctx, rt));
+  MP_CHECK(mp_rt_cp_grads(ctx, rt));
   /* ce, aux and the gradients are already scaled by 1 / (n_micro * dp): the FSDP
    * reduce-scatters summed the gradient shards over dp_shard; summing over the replicas
    * gives the global means (identity at world size 1). */
@@ -255,6 +298,12 @@ mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t
     /* fp32 sums of a few values: far inside the 1e-5 parity tolerance */
     float v[2] = {(float)ce, (float)aux};
     MP_CHECK(mp_rt_host_coll(ctx, rt, MP_GROUP_DP, v, NULL, 2, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM, NULL));
+    ce = v[0];
+    aux = v[1];
+  }
+  if (rt->cp > 1) { /* the mean over the whole sequences */
+    float v[2] = {(float)ce, (float)aux};
+    MP_CHECK(mp_rt_host_coll(ctx, rt, MP_GROUP_CP, v, NULL, 2, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM, NULL));
     ce = v[0];
     aux = v[1];
   }

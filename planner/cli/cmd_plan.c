@@ -3,8 +3,8 @@
  * every candidate to SQLite, ranks the feasible plans and prints them (table, --json or
  * --csv), optionally drawing gnuplot plots (--plot DIR).
  *
- * --executable-only keeps the plans exec/runtime executes: no pipeline (pp == 1) and no
- * context parallelism (cp == 1); the simulator models both, the runtime neither. */
+ * --executable-only keeps the plans exec/runtime executes: no pipeline (pp == 1); the
+ * simulator models it, the runtime does not yet. */
 #include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,7 +39,7 @@ static mp_opt k_opts[] = {
      NULL},
     {"--no-sp", NULL, "search tensor parallelism without sequence parallelism (the all-reduce form; "
                       "default: SP with tp > 1 where the stack runs it)", NULL},
-    {"--executable-only", NULL, "only plans the runtime executes (pp=1 and cp=1)", NULL},
+    {"--executable-only", NULL, "only plans the runtime executes (pp=1)", NULL},
     {"--allow-cross-node-tp", NULL, "allow tensor-parallel groups that span nodes", NULL},
     MP_OPT_HEADROOM("0.05"),
     MP_OPT_STACK("torchtitan-compile on GPUs, meshplan-cpu on the CPU"),

@@ -93,6 +93,8 @@ static mp_opt k_opts[] = {
     {"--plan-id", "ID", "the plan (from meshplan plan --db) the measurements belong to", NULL},
     {"--auto", NULL, "plan for the current world size on this device's profile (CPU, or the GPU's) and train "
      "the best executable plan (--ac, --fp8, --micro-batch given constrain it)", NULL},
+    MP_OPT_SP,
+    MP_OPT_NO_SP,
     {"--seed", "N", "initialization and data seed (default 1234)", NULL},
     {"--dump-weights", "PATH", "write the initial full weights (weight file, exec/runtime/weights.h)", NULL},
     {"--dump-grads", "PATH", "write the full gradients of the run's first step (before clipping)", NULL},
@@ -110,7 +112,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "train", "Train a model with a plan on CPUs or GPUs (world size 1 without mpirun; mpirun for more ranks).",
     "--model M [--mesh MESH] [--ep N] [--ac MODE] [--steps K] [--seq S] [--micro-batch B] [--global-batch G] "
-    "[--fp8] [--lr LR [--lr-schedule S --warmup N --min-lr LR]] [--data synthetic|GLOB [--val-data GLOB]] "
+    "[--fp8] [--sp|--no-sp] [--lr LR [--lr-schedule S --warmup N --min-lr LR]] [--data synthetic|GLOB [--val-data GLOB]] "
     "[--checkpoint-dir D [--checkpoint-every N] [--resume latest]] [--init-from PATH] [--metrics PATH] "
     "[--device cpu|cuda] [--db PATH [--plan-id ID]] [--auto] [--seed N] [--profile] [--dump-weights PATH]",
     k_opts, 0};
@@ -404,6 +406,8 @@ static mp_status plan_auto(train_job *j) {
   mp_search_fix_init(&fix);
   if (mp_args_has(&k_spec, "--ac")) fix.ac = j->po.ac, fix.ac_every = j->po.ac_every;
   if (j->po.fp8) fix.fp8 = 1;
+  if (j->po.sp >= 0) fix.sp = j->po.sp;
+  else if (j->po.fp8) fix.sp = 0; /* the runtime's float8 runs without SP (exec/runtime/check.c) */
   if (mp_args_has(&k_spec, "--micro-batch")) fix.micro_batch = j->po.micro_batch;
   long long ep = 0;
   MP_CHECK(mp_args_int(j->ctx, &k_spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
@@ -446,9 +450,13 @@ static mp_status plan_given(train_job *j) {
   fix.ac = po->ac;
   fix.ac_every = po->ac_every;
   fix.fp8 = po->fp8;
-  /* the planner enumerates reshard only where there is an FSDP group to reshard over */
-  fix.reshard = j->mesh.size[MP_DIM_DP_SHARD] > 1 ? po->fsdp.reshard_after_forward : 0;
+  /* the planner enumerates reshard only where there is an FSDP group (dp_shard x cp) to
+   * reshard over */
+  fix.reshard = j->mesh.size[MP_DIM_DP_SHARD] * j->mesh.size[MP_DIM_CP] > 1 ? po->fsdp.reshard_after_forward : 0;
   fix.micro_batch = po->micro_batch;
+  /* SP as mp_plan_create resolves it for the runtime's memory models (on, but off for
+   * float8), or as --sp / --no-sp says */
+  fix.sp = po->sp >= 0 ? po->sp : !po->fp8;
   MP_CHECK(plan_for_train(ctx, &j->model, world, &j->dev, po, &fix, 0, rank0 ? j->db : NULL, record,
                           j->profile && rank0, &j->pick));
   if (record) j->plan_id = j->pick.plan_id;

@@ -92,8 +92,8 @@ run plan
 
 # Sequence parallelism asked for twice over, or of a stack that does not run it.
 expect_error "--sp and --no-sp contradict each other" simulate --model tiny-dense --mesh dp_shard=4,tp=2 --sp --no-sp
-expect_error "stack meshplan-cuda does not run sequence parallelism" \
-  simulate --model tiny-dense --mesh dp_shard=4,tp=2 --sp --stack meshplan-cuda
+expect_error "stack llm.c does not run sequence parallelism" \
+  simulate --model tiny-dense --mesh dp_shard=4,tp=2 --sp --stack llm.c
 
 # An unknown mesh dim through `meshplan explain --mesh`: one line, exit 2, naming 'foo'.
 expect_error "'foo'" explain --model tiny-dense --mesh foo=2

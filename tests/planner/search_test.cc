@@ -616,10 +616,12 @@ TEST(SearchConstraints, FixAndExecutableOnly) {
   e.cfg.executable_only = 1;
   e.enumerate();
   ASSERT_GT(e.s->n, 0);
+  int with_cp = 0;  // the runtime executes context parallelism, not pipelines
   for (int64_t i = 0; i < e.s->n; i++) {
     EXPECT_EQ(e.s->cands[i].mesh.size[MP_DIM_PP], 1);
-    EXPECT_EQ(e.s->cands[i].mesh.size[MP_DIM_CP], 1);
+    with_cp += e.s->cands[i].mesh.size[MP_DIM_CP] > 1;
   }
+  EXPECT_GT(with_cp, 0);
 }
 
 TEST(SearchConstraints, FixParseErrors) {

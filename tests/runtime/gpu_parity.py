@@ -6,9 +6,10 @@ with host staging) against the single-rank GPU run.
 Checks, each over STEPS steps of `meshplan train` with the same seed, data and batch:
   1. tiny-dense and tiny-moe, AC none / selective-core / full, and tiny-dense with float8:
      per-step losses of --device cuda equal the --device cpu run within BF16_TOL relative.
-  2. tiny-dense, mesh dp_shard=2,tp=2 under `mpirun -np 4 ... --device cuda` on one GPU
-     (every rank on GPU 0, collectives through MPI with host staging): per-step losses
-     equal the single-rank GPU run within BF16_TOL relative.
+  2. tiny-dense, meshes dp_shard=2,tp=2 (4 ranks), tp=2 with sequence parallelism and
+     tp=2 --no-sp (2 ranks) under `mpirun -np N ... --device cuda` on one GPU (every rank
+     on GPU 0, collectives through MPI with host staging): per-step losses equal the
+     single-rank GPU run within BF16_TOL relative.
 
 Tolerance. bf16 keeps 8 significant bits (relative rounding up to 2^-9 = 2e-3 per
 stored value); the GPU run rounds every activation and the compute copy of every weight,
@@ -84,18 +85,27 @@ def main():
     if os.environ.get("MP_GPU_PARITY_SINGLE_ONLY"):
         print("gpu_parity: %s (single-rank cases only)" % ("all match" if ok else "MISMATCH"))
         return 0 if ok else 1
-    # 4 ranks on the one GPU: dp_shard 2 x tp 2 through MPI with host staging
+    # several ranks on the one GPU through MPI with host staging: dp_shard 2 x tp 2, and
+    # tp 2 with sequence parallelism (the default) and without it (--no-sp)
     root = ["--allow-run-as-root"] if os.getuid() == 0 else []
-    launcher = [mpirun] + root + ["-np", "4", "--oversubscribe", "--bind-to", "none"]
     try:
         one, _ = losses(meshplan, tmp, "dense-1rank-cuda", ["--model", "tiny-dense", "--device", "cuda"], env)
-        four, out = losses(meshplan, tmp, "dense-4rank-cuda",
-                           ["--model", "tiny-dense", "--device", "cuda", "--mesh", "dp_shard=2,tp=2"], env,
-                           launcher)
-        ok &= compare("tiny-dense dp_shard=2,tp=2 (4 ranks, 1 GPU) vs 1 rank", four, one, BF16_TOL)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
-        print("FAIL 4-rank staging: %s" % e, flush=True)
-        ok = False
+        print("FAIL single-rank GPU run: %s" % e, flush=True)
+        one, ok = None, False
+    for mesh, np_, extra in (("dp_shard=2,tp=2", 4, []), ("tp=2", 2, []), ("tp=2", 2, ["--no-sp"])):
+        if one is None:
+            break
+        launcher = [mpirun] + root + ["-np", str(np_), "--oversubscribe", "--bind-to", "none"]
+        name = "tiny-dense %s%s (%d ranks, 1 GPU) vs 1 rank" % (mesh, "".join(" " + a for a in extra), np_)
+        try:
+            got, _ = losses(meshplan, tmp, "dense-%s%s-cuda" % (mesh.replace(",", "_").replace("=", ""),
+                                                                "".join(extra)),
+                            ["--model", "tiny-dense", "--device", "cuda", "--mesh", mesh] + extra, env, launcher)
+            ok &= compare(name, got, one, BF16_TOL)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            print("FAIL %s: %s" % (name, e), flush=True)
+            ok = False
     print("gpu_parity: %s" % ("all match" if ok else "MISMATCH"))
     return 0 if ok else 1
 

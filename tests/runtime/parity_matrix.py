@@ -9,9 +9,17 @@ model, AC mode and float8 setting (same seed, global batch, micro-batch and data
     within 1e-5 relative (L2 norm of the difference over the L2 norm, per parameter,
     plus a max-abs check against the tensor's scale).
 Meshes: 1 rank (the reference), dp_shard=4, dp_replicate=2 x dp_shard=2, tp=2, tp=4,
-dp_shard=2 x tp=2; for the MoE model also ep=2 (dp_shard=2) and ep=4 (dp_shard=4); each
-with AC none, selective-core and full; float8 on for dp_shard=2 x tp=2 (dense) against the
-single-rank float8 run. Every run is under `timeout`: a hang fails the test.
+dp_shard=2 x tp=2; for the MoE model also ep=2 (dp_shard=2), ep=4 (dp_shard=4) and
+ep=2 x tp=2; for the dense model also cp=2, cp=4 and dp_shard=2 x cp=2 x tp=2 (ring
+attention over 2 x cp load-balanced chunks); each with AC none, selective-core and full. Plans with tp > 1 run sequence
+parallelism (the default); tp=2 and the MoE's ep=2 x tp=2 also run without it (--no-sp,
+the all-reduce form). Float8 on for dp_shard=2 x tp=2 (dense, without SP: the runtime's
+float8 Linears run without it) against the single-rank float8 run. Every run is under
+`timeout`: a hang fails the test.
+
+Each case is a record {model, mesh, ac, fp8, args, quick}: `quick` (a boolean) marks the
+representative subset that `--quick` runs; without it every case runs. `--only S` keeps the
+cases whose name contains S.
 
 Memory (the measured peak memory per rank equals the simulator's prediction for the CPU
 profile within 2 %, docs/design.md, "Numbers that matter"): every run, the single-rank references included, also records the
@@ -20,7 +28,7 @@ the runtime's layout, exec/act_layout.h) and prints its measured peak (the large
 the 20 steps). Non-EP plans: |predicted - measured| <= MEM_TOL of measured (they agree to
 the byte: both count the same allocations). EP plans: see ep_mem_bound.
 
-Usage: parity_matrix.py MESHPLAN [--quick]
+Usage: parity_matrix.py MESHPLAN [--quick] [--fp8-only] [--only S]
 """
 import itertools
 import json
@@ -103,11 +111,11 @@ def main():
     common = ["train", "--steps", str(STEPS), "--seq", str(SEQ), "--micro-batch", str(MICRO_BATCH),
               "--global-batch", "8", "--lr", "3e-3", "--quiet"]
 
-    def run(model, mesh, ac, fp8, tag):
+    def run(model, mesh, ac, fp8, tag, extra=()):
         losses, grads = os.path.join(tmp, tag + ".losses.json"), os.path.join(tmp, tag + ".grads.bin")
         db = os.path.join(tmp, tag + ".db")
         args = common + ["--model", model, "--ac", ac, "--dump-losses", losses, "--dump-grads", grads,
-                         "--db", db]
+                         "--db", db] + list(extra)
         if fp8:
             args.append("--fp8")
         np_ = 1
@@ -125,7 +133,7 @@ def main():
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if p.returncode != 0:
             return None, "exit %d: %s" % (p.returncode, (p.stderr or p.stdout).strip().splitlines()[-1:])
-        mem = memory(model, mesh or "1 rank", ac, fp8, db, p.stdout)
+        mem = memory(model, (mesh or "1 rank") + "".join(" " + a for a in extra), ac, fp8, db, p.stdout)
         return (json.load(open(losses))["losses"], read_wfile(grads), mem), None
 
     def memory(model, mesh, ac, fp8, db, out):
@@ -155,23 +163,38 @@ def main():
         return ok, "%s mem  %s: predicted %d measured %d bytes (%+.3f%%; %s)" % (
             "ok  " if ok else "FAIL", name, pred, meas, 100 * err, why)
 
+    def case(model, mesh, ac, fp8=False, args=(), quick=False):
+        return dict(model=model, mesh=mesh, ac=ac, fp8=fp8, args=list(args), quick=quick)
+
     dense_meshes = ["dp_shard=4", "dp_replicate=2,dp_shard=2", "tp=2", "tp=4", "dp_shard=2,tp=2"]
-    moe_meshes = dense_meshes + ["dp_shard=2,ep=2", "dp_shard=4,ep=4"]
+    moe_meshes = dense_meshes + ["dp_shard=2,ep=2", "dp_shard=4,ep=4", "dp_shard=2,ep=2,tp=2"]
     cases = []
     for model, meshes in (("tiny-dense", dense_meshes), ("tiny-moe", moe_meshes)):
         for ac in ("none", "selective-core", "full"):
             for mesh in meshes:
-                cases.append((model, mesh, ac, False))
-    cases.append(("tiny-dense", "dp_shard=2,tp=2", "selective-core", True))
-    cases.append(("tiny-dense", "dp_shard=4", "none", True))
+                cases.append(case(model, mesh, ac, quick=ac == "selective-core"))
+    # context parallelism (ring attention over 2 x cp load-balanced chunks); with tp, SP
+    for ac in ("none", "selective-core", "full"):
+        for mesh in ("cp=2", "cp=4", "dp_shard=2,cp=2,tp=2"):
+            cases.append(case("tiny-dense", mesh, ac, quick=ac == "full" and mesh == "cp=2"))
+    # tensor parallelism without SP: the all-reduce form
+    for ac in ("none", "full"):
+        cases.append(case("tiny-dense", "tp=2", ac, args=["--no-sp"], quick=ac == "full"))
+    cases.append(case("tiny-moe", "dp_shard=2,ep=2,tp=2", "selective-core", args=["--no-sp"]))
+    cases.append(case("tiny-dense", "dp_shard=2,tp=2", "selective-core", True, quick=True))
+    cases.append(case("tiny-dense", "dp_shard=4", "none", True))
     if quick:
-        cases = [c for c in cases if c[2] == "selective-core"]
+        cases = [c for c in cases if c["quick"]]
     if "--fp8-only" in sys.argv:
-        cases = [c for c in cases if c[3]]
+        cases = [c for c in cases if c["fp8"]]
+    if "--only" in sys.argv:
+        only = sys.argv[sys.argv.index("--only") + 1]
+        cases = [c for c in cases if only in "%s %s %s %s" % (c["model"], c["mesh"], c["ac"], " ".join(c["args"]))]
 
     refs, fails, n_ok = {}, 0, 0
     mem_n = {True: 0, False: 0}  # memory predictions within their bound, and off
-    for model, mesh, ac, fp8 in cases:
+    for c in cases:
+        model, mesh, ac, fp8, extra = c["model"], c["mesh"], c["ac"], c["fp8"], c["args"]
         key = (model, ac, fp8)
         if key not in refs:
             refs[key], err = run(model, None, ac, fp8, "%s-%s-%d-ref" % key)
@@ -185,9 +208,10 @@ def main():
         ref = refs[key]
         if ref is None:
             continue
-        tag = "%s-%s-%s-%d" % (model, mesh.replace(",", "_").replace("=", ""), ac, fp8)
-        got, err = run(model, mesh, ac, fp8, tag)
-        name = "%-10s %-26s ac=%-9s fp8=%d" % (model, mesh, ac, fp8)
+        label = mesh + "".join(" " + a for a in extra)
+        tag = "%s-%s-%s-%d" % (model, label.replace(",", "_").replace("=", "").replace(" --", "-"), ac, fp8)
+        got, err = run(model, mesh, ac, fp8, tag, extra)
+        name = "%-10s %-26s ac=%-9s fp8=%d" % (model, label, ac, fp8)
         if err:
             print("FAIL %s: %s" % (name, err))
             fails += 1
