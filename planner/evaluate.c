@@ -2,7 +2,10 @@
 #include "planner/evaluate.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
+
+#include "exec/runtime/check.h"
 
 /* Per-thread cache of the current mesh's plans (see evaluate.h). */
 #define CACHE_PLANS 24
@@ -86,6 +89,7 @@ void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
                               mp_plan_options *o) {
   *o = ev->base;
   o->micro_batch = c->micro_batch;
+  if (c->global_batch > 0) o->global_batch = c->global_batch;
   o->ac = (mp_ac_mode)c->ac;
   o->ac_every = c->ac_every > 0 ? c->ac_every : 1;
   o->fp8 = c->fp8;
@@ -189,6 +193,23 @@ mp_status mp_sim_evaluator_trace(mp_ctx *ctx, const mp_sim_evaluator *ev, const 
 mp_status mp_sim_evaluator_busy(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
                                 mp_sim_busy *busy, mp_sim_result *res) {
   return traced(ctx, ev, c, NULL, busy, res);
+}
+
+mp_status mp_sim_evaluator_runs(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
+                                int *runs, char *why, size_t cap) {
+  mp_plan_options o;
+  mp_sim_evaluator_options(ev, c, &o);
+  mp_plan *p = NULL;
+  if (ev->tmpl)
+    MP_CHECK(mp_build_plan_from(ctx, ev->tmpl, &c->mesh, &o, NULL, &p));
+  else
+    MP_CHECK(mp_build_plan(ctx, ev->model, &c->mesh, &o, &p));
+  mp_ctx check;
+  mp_ctx_init(&check);
+  *runs = mp_runtime_plan_check(&check, p) == MP_OK;
+  snprintf(why, cap, "%s", *runs ? "" : mp_errmsg(&check));
+  mp_plan_destroy(p);
+  return MP_OK;
 }
 
 void mp_sim_evaluator_thread_done(void *user) {

@@ -18,6 +18,7 @@
 
 #include "common/limits.h"
 #include "common/timeutil.h"
+#include "planner/batch.h"
 
 const char *mp_search_ac_name(int ac) { return mp_ac_mode_name((mp_ac_mode)ac); }
 
@@ -125,6 +126,7 @@ mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
 void mp_search_config_init(mp_search_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   mp_search_fix_init(&cfg->fix);
+  cfg->search_fp8 = 1;
 }
 
 /* ---- pruning -------------------------------------------------------------------------- */
@@ -184,8 +186,8 @@ static mp_reject prune_options(const mp_search_config *cfg, const mp_candidate *
                                double n_params) {
   const mp_mesh *mesh = &c->mesh;
   int64_t dp = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD];
-  if (cfg->global_batch % (dp * c->micro_batch)) return MP_REJECT_BATCH;
-  if (!pp_virtual_ok(cfg, c, cfg->global_batch / (dp * c->micro_batch))) return MP_REJECT_PP_VIRTUAL;
+  if (c->global_batch < 1 || c->global_batch % (dp * c->micro_batch)) return MP_REJECT_BATCH;
+  if (!pp_virtual_ok(cfg, c, c->global_batch / (dp * c->micro_batch))) return MP_REJECT_PP_VIRTUAL;
   if (c->sp && (cfg->seq / mesh->size[MP_DIM_CP]) % mesh->size[MP_DIM_TP]) return MP_REJECT_SP_SEQ;
   if (c->fp8 && !mp_gpu_has_float8(&cfg->cluster->gpu)) return MP_REJECT_FP8_GPU;
   if (c->fp8 && !fp8_dims_ok(cfg->model, mesh->size[MP_DIM_TP])) return MP_REJECT_FP8_DIMS;
@@ -250,8 +252,14 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                  cp, (long long)cfg->seq, 2 * cp, MP_CP_MIN_CHUNK);
       break;
     case MP_REJECT_BATCH:
-      snprintf(buf, cap, "global batch %lld not divisible by dp=%lld x micro-batch=%lld",
-               (long long)cfg->global_batch, (long long)dp, (long long)c->micro_batch);
+      if (c->global_batch < 1)
+        snprintf(buf, cap,
+                 "dp=%lld is over the default batch rule's %lld sequences: each data-parallel rank "
+                 "needs a whole sequence; pass --global-batch to plan a larger step",
+                 (long long)dp, (long long)cfg->target_batch);
+      else
+        snprintf(buf, cap, "global batch %lld not divisible by dp=%lld x micro-batch=%lld",
+                 (long long)c->global_batch, (long long)dp, (long long)c->micro_batch);
       break;
     case MP_REJECT_FP8_GPU:
       snprintf(buf, cap, "float8 needs an fp8 peak and compute capability >= 89; %s has %d",
@@ -293,7 +301,7 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                "pp=%d x %d chunks: the interleaved schedule needs every one of the %d model "
                "chunks of %lld layers non-empty and a multiple of pp micro-batches (%lld here)",
                pp, c->pp_virtual, pp * c->pp_virtual, (long long)m->n_layers,
-               (long long)(cfg->global_batch / (dp * c->micro_batch)));
+               (long long)(c->global_batch / (dp * c->micro_batch)));
       break;
     case MP_REJECT_SP_SEQ:
       snprintf(buf, cap, "sequence parallelism: tp=%d does not divide seq/cp=%lld", tp,
@@ -371,7 +379,8 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
   const mp_search_fix *fx = &cfg->fix;
   mp_reject mesh_rej = prune_mesh(cfg, mesh);
   int64_t dp = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD];
-  int64_t per_rank = cfg->global_batch / dp; /* floor; < 1 when dp > batch */
+  const int64_t gb = cfg->target_batch > 0 ? mp_batch_for_dp(cfg->target_batch, dp) : cfg->global_batch;
+  int64_t per_rank = gb / dp; /* floor; < 1 when dp > batch */
   if (per_rank < 1) per_rank = 1;
   int pads_vocab = cfg->model->vocab % mesh->size[MP_DIM_TP] != 0;
   const int sp = mesh->size[MP_DIM_TP] > 1 && (fx->sp >= 0 ? fx->sp : cfg->sp);
@@ -387,13 +396,14 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
         const int ac = k_ac_order[ia];
         if (!(mask & (1u << ac))) continue;
         for (int fp8 = 0; fp8 < 2; fp8++) {
-          if (!fixed_ok(fx->fp8, fp8)) continue;
+          if (!fixed_ok(fx->fp8, fp8) || (fp8 && fx->fp8 < 0 && !cfg->search_fp8)) continue;
           for (int rs = 0; rs < 2; rs++) {
             if (!fixed_ok(fx->reshard, rs)) continue;
             mp_candidate c;
             memset(&c, 0, sizeof c);
             c.mesh = *mesh;
             c.micro_batch = mb;
+            c.global_batch = gb;
             c.ac = (uint8_t)ac;
             c.ac_every = (uint16_t)(ac == MP_AC_FULL && fx->ac_every > 1 ? fx->ac_every : 1);
             c.fp8 = (uint8_t)fp8;
@@ -417,11 +427,13 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
   *out = NULL;
   if (!cfg->model || !cfg->cluster)
     return mp_error(ctx, MP_ERR_INVALID, "search needs a model and a cluster");
-  if (cfg->seq < 1 || cfg->global_batch < 1)
+  const int64_t gb = cfg->target_batch > 0 ? cfg->target_batch : cfg->global_batch;
+  if (cfg->seq < 1 || gb < 1)
     return mp_error(ctx, MP_ERR_USAGE, "seq (%lld) and global batch (%lld) must be >= 1",
-                    (long long)cfg->seq, (long long)cfg->global_batch);
-  /* the step's sizes bounded so that the plans' sizes fit (exec/model.h) */
-  MP_CHECK(mp_model_check_step(ctx, cfg->model, cfg->seq, 1, cfg->global_batch));
+                    (long long)cfg->seq, (long long)gb);
+  /* the step's sizes bounded so that the plans' sizes fit (exec/model.h); the rule's batches
+   * are under 1.5 times its target */
+  MP_CHECK(mp_model_check_step(ctx, cfg->model, cfg->seq, 1, cfg->target_batch > 0 ? 2 * gb : gb));
   int n = mp_cluster_n_gpus(cfg->cluster);
   if (n < 1 || n > MP_MESH_MAX_WORLD)
     return mp_error(ctx, MP_ERR_INVALID, "cluster %s has %d GPUs; need 1 .. %d", cfg->cluster->name,
@@ -724,35 +736,119 @@ double mp_tokens_per_dollar(const mp_candidate *c, double price_per_gpu_hour) {
   return c->res.tokens_per_s_per_gpu * 3600.0 / price_per_gpu_hour;
 }
 
+/* Lower is better: time per sequence, or the inverse of tokens per dollar. */
+static double rank_cost(const mp_candidate *c, mp_objective obj, double price) {
+  if (obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR) {
+    const double t = mp_tokens_per_dollar(c, price);
+    return t > 0 ? 1.0 / t : 1e300;
+  }
+  if (obj == MP_OBJECTIVE_MEMORY) return (double)c->res.peak_mem_bytes;
+  return c->res.step_time_s / (double)(c->global_batch > 0 ? c->global_batch : 1);
+}
+
+/* Recompute of an AC policy, in the order of mp_candidate_simplicity. */
+static int ac_recompute_rank(int ac) {
+  switch (ac) {
+    case MP_AC_NONE: return 0;
+    case MP_AC_SELECTIVE_CORE: return 1;
+    case MP_AC_SELECTIVE: return 2;
+    case MP_AC_SELECTIVE_OP: return 3;
+    default: return 4;
+  }
+}
+
+int64_t mp_candidate_simplicity(const mp_candidate *c) {
+  int dims = c->mesh.ep > 1;
+  for (int d = 0; d < MP_MESH_NDIMS; d++) dims += c->mesh.size[d] > 1;
+  int64_t k = c->mesh.size[MP_DIM_CP] > 1;
+  k = k * 2 + (c->fp8 != 0);
+  k = k * 8 + dims;
+  k = k * 2 + (c->pp_virtual > 1);
+  k = k * 8 + ac_recompute_rank(c->ac);
+  return k;
+}
+
 typedef struct rank_ctx {
   const mp_candidate *cands;
-  mp_objective obj;
-  double price;
+  const double *cost;    /* per candidate index */
+  const int64_t *sorted; /* candidate indices by cost (the heap holds positions in it) */
 } rank_ctx;
 
 static int cmp_d(double a, double b) { return a < b ? -1 : a > b ? 1 : 0; }
 static int cmp_i(int64_t a, int64_t b) { return a < b ? -1 : a > b ? 1 : 0; }
 
-static int rank_cmp(const void *pa, const void *pb, void *arg) {
+/* By cost, then peak memory, step time and enumeration order. */
+static int by_cost(const void *pa, const void *pb, void *arg) {
   const rank_ctx *r = arg;
   int64_t ia = *(const int64_t *)pa, ib = *(const int64_t *)pb;
-  const mp_candidate *a = &r->cands[ia], *b = &r->cands[ib];
-  int c = 0;
-  switch (r->obj) {
-    case MP_OBJECTIVE_TIME:
-      c = cmp_d(a->res.step_time_s, b->res.step_time_s);
-      if (!c) c = cmp_i(a->res.peak_mem_bytes, b->res.peak_mem_bytes);
-      break;
-    case MP_OBJECTIVE_MEMORY:
-      c = cmp_i(a->res.peak_mem_bytes, b->res.peak_mem_bytes);
-      if (!c) c = cmp_d(a->res.step_time_s, b->res.step_time_s);
-      break;
-    case MP_OBJECTIVE_TOKENS_PER_DOLLAR:
-      c = -cmp_d(mp_tokens_per_dollar(a, r->price), mp_tokens_per_dollar(b, r->price));
-      if (!c) c = cmp_i(a->res.peak_mem_bytes, b->res.peak_mem_bytes);
-      break;
-  }
+  int c = cmp_d(r->cost[ia], r->cost[ib]);
+  if (!c) c = cmp_i(r->cands[ia].res.peak_mem_bytes, r->cands[ib].res.peak_mem_bytes);
+  if (!c) c = cmp_d(r->cands[ia].res.step_time_s, r->cands[ib].res.step_time_s);
   return c ? c : cmp_i(ia, ib);
+}
+
+/* The tie order inside the tolerance, of positions pa, pb in sorted: simpler, then lower
+ * memory, cost, enumeration order. */
+static int by_simplicity(const rank_ctx *r, int64_t pa, int64_t pb) {
+  const int64_t ia = r->sorted[pa], ib = r->sorted[pb];
+  const mp_candidate *a = &r->cands[ia], *b = &r->cands[ib];
+  int c = cmp_i(mp_candidate_simplicity(a), mp_candidate_simplicity(b));
+  if (!c) c = cmp_i(a->res.peak_mem_bytes, b->res.peak_mem_bytes);
+  if (!c) c = cmp_d(r->cost[ia], r->cost[ib]);
+  return c ? c : cmp_i(ia, ib);
+}
+
+/* A binary min-heap of positions under by_simplicity. */
+static void heap_push(const rank_ctx *r, int64_t *h, int64_t *n, int64_t v) {
+  int64_t i = (*n)++;
+  h[i] = v;
+  while (i > 0 && by_simplicity(r, h[i], h[(i - 1) / 2]) < 0) {
+    int64_t p = (i - 1) / 2, t = h[p];
+    h[p] = h[i];
+    h[i] = t;
+    i = p;
+  }
+}
+
+static int64_t heap_pop(const rank_ctx *r, int64_t *h, int64_t *n) {
+  int64_t top = h[0];
+  h[0] = h[--(*n)];
+  for (int64_t i = 0;;) {
+    int64_t l = 2 * i + 1, m = i;
+    if (l < *n && by_simplicity(r, h[l], h[m]) < 0) m = l;
+    if (l + 1 < *n && by_simplicity(r, h[l + 1], h[m]) < 0) m = l + 1;
+    if (m == i) break;
+    int64_t t = h[m];
+    h[m] = h[i];
+    h[i] = t;
+    i = m;
+  }
+  return top;
+}
+
+/* Rank k: the simplest unranked plan whose cost is within MP_RANK_TIE_TOL of the cheapest
+ * unranked one. The window of plans within the tolerance only moves forward in cost order
+ * (the cheapest unranked cost never falls), so each plan enters the heap once: O(n log n). */
+static mp_status rank_with_ties(mp_ctx *ctx, const rank_ctx *r, int64_t n, int64_t *out) {
+  int64_t *heap = malloc((size_t)(n > 0 ? n : 1) * sizeof *heap);
+  unsigned char *taken = calloc((size_t)(n > 0 ? n : 1), 1);
+  if (!heap || !taken) {
+    free(heap);
+    free(taken);
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory ranking %lld plans", (long long)n);
+  }
+  int64_t nh = 0, lo = 0, hi = 0;
+  for (int64_t k = 0; k < n; k++) {
+    while (taken[lo]) lo++; /* the cheapest unranked plan; k < n leaves one */
+    const double limit = r->cost[r->sorted[lo]] * (1.0 + MP_RANK_TIE_TOL);
+    while (hi < n && (hi <= lo || r->cost[r->sorted[hi]] <= limit)) heap_push(r, heap, &nh, hi++);
+    const int64_t p = heap_pop(r, heap, &nh);
+    taken[p] = 1;
+    out[k] = r->sorted[p];
+  }
+  free(heap);
+  free(taken);
+  return MP_OK;
 }
 
 mp_status mp_search_rank(mp_ctx *ctx, const mp_search *s, mp_objective obj,
@@ -771,9 +867,73 @@ mp_status mp_search_rank(mp_ctx *ctx, const mp_search *s, mp_objective obj,
   n = 0;
   for (int64_t i = 0; i < s->n; i++)
     if (s->cands[i].evaluated && s->cands[i].reject == MP_REJECT_NONE) idx[n++] = i;
-  rank_ctx rc = {s->cands, obj, price_per_gpu_hour};
-  qsort_r(idx, (size_t)n, sizeof *idx, rank_cmp, &rc);
+  double *cost = malloc((size_t)(s->n > 0 ? s->n : 1) * sizeof *cost);
+  MP_CHECK_ALLOC(ctx, cost);
+  for (int64_t k = 0; k < n; k++) cost[idx[k]] = rank_cost(&s->cands[idx[k]], obj, price_per_gpu_hour);
+  rank_ctx rc = {s->cands, cost, idx};
+  qsort_r(idx, (size_t)n, sizeof *idx, by_cost, &rc);
+  mp_status st = MP_OK;
+  if (obj != MP_OBJECTIVE_MEMORY) {
+    /* ties within the tolerance: the simpler plan (search.h) */
+    int64_t *ranked = mp_arena_alloc(s->arena, (size_t)(n > 0 ? n : 1) * sizeof *ranked);
+    st = ranked ? rank_with_ties(ctx, &rc, n, ranked) : mp_error(ctx, MP_ERR_NOMEM, "out of memory ranking");
+    idx = ranked;
+  }
+  free(cost);
+  MP_CHECK(st);
   *order = idx;
   *n_order = n;
   return MP_OK;
+}
+
+void mp_search_reject_counts(const mp_search *s, int64_t by[MP_REJECT_COUNT]) {
+  memset(by, 0, sizeof(int64_t) * MP_REJECT_COUNT);
+  for (int64_t i = 0; i < s->n; i++)
+    if (s->cands[i].reject < MP_REJECT_COUNT) by[s->cands[i].reject]++;
+}
+
+const char *mp_reject_words(mp_reject r) {
+  static const char *const words[MP_REJECT_COUNT] = {
+      "ranked",
+      "pp over the layers, or a pipeline stage left empty",
+      "MoE with pipeline parallelism",
+      "tp does not divide the attention heads",
+      "tp does not divide the key/value heads",
+      "tp does not divide the MLP width",
+      "tp does not divide the model width",
+      "tp larger than a node (--allow-cross-node-tp to allow)",
+      "ep does not divide the experts",
+      "cp does not cut seq into 2 cp chunks of 128+ tokens",
+      "the global batch does not divide over dp x micro-batch (or dp is over the batch rule's)",
+      "float8 on a GPU without float8",
+      "float8 with GEMM dims not multiples of 16",
+      "reshard_after_forward changes nothing (duplicate)",
+      "fp32 parameters and AdamW state alone over capacity",
+      "simulated peak memory over capacity",
+      "the simulator refused the plan",
+      "interleaved pipeline chunks empty or micro-batches not a multiple of pp",
+      "sequence parallelism: tp does not divide seq / cp",
+      "an AC policy with less recompute fits (never slower)",
+      "half the micro-batch is already over capacity",
+      "full AC is already over capacity"};
+  return (unsigned)r < MP_REJECT_COUNT ? words[r] : "?";
+}
+
+static int fix_matches(const mp_search_fix *f, const mp_candidate *c) {
+  const mp_mesh *m = &c->mesh;
+  return (f->pp < 0 || f->pp == m->size[MP_DIM_PP]) &&
+         (f->dp_replicate < 0 || f->dp_replicate == m->size[MP_DIM_DP_REPLICATE]) &&
+         (f->dp_shard < 0 || f->dp_shard == m->size[MP_DIM_DP_SHARD]) &&
+         (f->cp < 0 || f->cp == m->size[MP_DIM_CP]) && (f->tp < 0 || f->tp == m->size[MP_DIM_TP]) &&
+         (f->ep < 0 || f->ep == m->ep) && (f->ac < 0 || f->ac == c->ac) &&
+         (f->ac < 0 || (f->ac_every < 0 ? 1 : f->ac_every) == (c->ac_every ? c->ac_every : 1)) &&
+         (f->sp < 0 || f->sp == c->sp) && (f->pp_virtual < 0 || f->pp_virtual == c->pp_virtual) &&
+         (f->fp8 < 0 || f->fp8 == c->fp8) && (f->reshard < 0 || f->reshard == c->reshard) &&
+         (f->micro_batch < 0 || f->micro_batch == c->micro_batch);
+}
+
+int64_t mp_search_find(const mp_search *s, const mp_search_fix *fix) {
+  for (int64_t i = 0; i < s->n; i++)
+    if (fix_matches(fix, &s->cands[i])) return i;
+  return -1;
 }

@@ -165,7 +165,8 @@ row 2 "--lr '1e999': expected a number in [0, 10000]" train --model tiny-dense -
 row 2 "--fanout '0': expected an integer in 1..65536" train --model tiny-dense --fanout 0
 row 2 "--plan-id '0': expected an integer in 1..9223372036854775807" train --model tiny-dense --plan-id 0
 row 2 "--run '99999999999999999999': expected an integer in 1..9223372036854775807" report --run 99999999999999999999
-row 2 "a step of 1000 sequences of 16777216 tokens is more than 4294967296 tokens" plan --no-db --model tiny-dense --seq 16777216 --global-batch 1000
+row 2 "a step of 1000 sequences of 16777216 tokens is more than 4294967296 tokens" plan --no-db --model tiny-dense --seq 16777216 --allow-long-seq --global-batch 1000
+row 2 "--seq 65 is longer than tiny-dense's max_seq 64" plan --no-db --model tiny-dense --seq 65
 row 2 "mesh dim tp='0': expected an integer in 1..1048576" explain --model tiny-dense --mesh tp=0
 row 2 "--fix: tp=0 out of range (1..1048576)" plan --no-db --model tiny-dense --fix tp=0
 row 2 "--fix: mb=99999999999 out of range (1..16777216)" plan --no-db --model tiny-dense --fix mb=99999999999
