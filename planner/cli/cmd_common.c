@@ -7,6 +7,7 @@
 
 #include "common/limits.h"
 #include "exec/comm/comm.h"
+#include "planner/batch.h"
 #include "planner/cli/commands.h"
 
 /* The running command's name, for the prefix of its messages (one command per process). */
@@ -93,6 +94,39 @@ mp_status mp_cmd_check_seq(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_model 
                   "--seq %lld is longer than %s's max_seq %lld (positions it was not trained on); use "
                   "--seq %lld or less, or pass --allow-long-seq", (long long)seq, m->name, (long long)m->max_seq,
                   (long long)m->max_seq);
+}
+
+mp_status mp_cmd_batch_tokens(mp_ctx *ctx, const mp_cmd_spec *spec, int64_t seq, int64_t *global_batch) {
+  if (!mp_args_has(spec, "--global-batch-tokens")) return MP_OK;
+  if (mp_args_has(spec, "--global-batch"))
+    return mp_error(ctx, MP_ERR_USAGE, "give --global-batch or --global-batch-tokens, not both");
+  long long tokens = 0;
+  MP_CHECK(mp_args_int(ctx, spec, "--global-batch-tokens", 1, MP_LIM_STEP_TOKENS, &tokens));
+  if (seq < 1 || tokens % seq)
+    return mp_error(ctx, MP_ERR_USAGE, "--global-batch-tokens %lld is not a multiple of seq %lld; use %lld or %lld",
+                    tokens, (long long)seq, tokens / seq * seq, (tokens / seq + 1) * seq);
+  *global_batch = tokens / seq;
+  return MP_OK;
+}
+
+void mp_cmd_default_batch(const mp_model *m, const mp_mesh *mesh, int64_t seq, int64_t micro_batch,
+                          int64_t *global_batch, char *rule, size_t cap) {
+  const double n_params = (double)mp_model_param_count(m);
+  const int64_t world = mp_mesh_world(mesh);
+  const int64_t step = mp_mesh_group_size(mesh, MP_GROUP_DP) * (micro_batch > 0 ? micro_batch : 1);
+  const int64_t target = mp_batch_rule_seqs(mp_batch_rule_tokens(n_params, world), seq);
+  int64_t gb = mp_batch_for_dp(target, step);
+  char words[320];
+  mp_batch_rule_str(n_params, world, words, sizeof words);
+  if (gb == 0) {
+    gb = step;
+    snprintf(rule, cap, "%lld sequences: one micro-batch per data-parallel rank, over the default rule's %lld (%s)",
+             (long long)gb, (long long)target, words);
+  } else {
+    snprintf(rule, cap, "%lld sequences by the default rule: %lld sequences of %lld tokens, %s", (long long)gb,
+             (long long)target, (long long)seq, words);
+  }
+  *global_batch = gb;
 }
 
 int mp_cmd_print_json(cJSON *root) {

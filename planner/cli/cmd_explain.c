@@ -26,6 +26,7 @@
 
 static mp_opt k_opts[] = {
     MP_OPT_MODEL("llama3.1-8b"),
+    MP_OPT_HF_CONFIG,
     MP_OPT_MESH("default dp_shard=8"),
     MP_OPT_EP(""),
     MP_OPT_AC(""),
@@ -36,8 +37,10 @@ static mp_opt k_opts[] = {
     {"--param", "FQN", "tile diagram of one parameter, e.g. layers.0.mlp.up_proj.weight", NULL},
     {"--rank", "R", "rank whose at-rest shapes and totals are shown (default 0)", NULL},
     MP_OPT_SEQ("min(8192, the model's max_seq)"),
+    MP_OPT_ALLOW_LONG_SEQ,
     MP_OPT_MICRO_BATCH("1"),
-    MP_OPT_GLOBAL_BATCH_ONE_MICRO,
+    MP_OPT_GLOBAL_BATCH_RULE,
+    MP_OPT_GLOBAL_BATCH_TOKENS,
     {"--schedule", NULL, "print the rank's step schedule", NULL},
     MP_OPT_JSON("everything"),
     MP_OPT_END,
@@ -45,7 +48,7 @@ static mp_opt k_opts[] = {
 
 static mp_cmd_spec k_spec = {
     "explain", "Show the sharding passes, parameter shapes, FSDP units and schedule of one plan.",
-    "[--model M] [--mesh SPEC] [--ep N] [--ac MODE] [--fp8] [--sp|--no-sp] [--param FQN] [--rank R] [--json] "
+    "[--model M | --hf-config PATH] [--mesh SPEC] [--ep N] [--ac MODE] [--fp8] [--sp|--no-sp] [--param FQN] [--rank R] [--json] "
     "[--schedule] [--seq S] [--micro-batch B] [--global-batch G]",
     k_opts, 0};
 
@@ -626,13 +629,19 @@ static cJSON *tiles_json(const explain *e, const mp_param *prm) {
 
 static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_options *o,
                                explain *e) {
-  const char *model = mp_args_get(&k_spec, "--model");
-  MP_CHECK(mp_model_load(ctx, model ? model : "llama3.1-8b", m));
+  MP_CHECK(mp_cmd_load_model(ctx, &k_spec, "llama3.1-8b", m));
   const char *ms = mp_args_get(&k_spec, "--mesh");
   MP_CHECK(mp_mesh_parse(ctx, ms ? ms : "dp_shard=8", 0, mesh));
   MP_CHECK(mp_cmd_mesh_ep(ctx, &k_spec, mesh));
   mp_plan_options_init(o);
   MP_CHECK(mp_cmd_plan_options(ctx, &k_spec, o));
+  const int64_t seq = o->seq > 0 ? o->seq : (m->max_seq < 8192 ? m->max_seq : 8192);
+  MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, m, seq));
+  MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, seq, &o->global_batch));
+  if (o->global_batch == 0) {
+    char rule[400];
+    mp_cmd_default_batch(m, mesh, seq, o->micro_batch, &o->global_batch, rule, sizeof rule);
+  }
   o->tp.pad_vocab = mp_args_has(&k_spec, "--pad-vocab");
   long long rank = 0;
   MP_CHECK(mp_args_int(ctx, &k_spec, "--rank", 0, MP_MESH_MAX_WORLD - 1, &rank));

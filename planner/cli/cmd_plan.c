@@ -35,12 +35,17 @@ static mp_opt k_opts[] = {
     MP_OPT_ALLOW_LONG_SEQ,
     MP_OPT_GLOBAL_BATCH("the batch rule: the larger of 0.5M/1M/4M tokens by model size (GPT-3, Llama 2/3) and "
                         "1,024 tokens per GPU (Llama 3 405B), the nearest multiple of each plan's dp"),
-    {"--global-batch-tokens", "T", "tokens per step instead of --global-batch (a multiple of --seq)", NULL},
+    MP_OPT_GLOBAL_BATCH_TOKENS,
     MP_OPT_TOP(""),
     {"--objective", "O", "time (default), memory, or tokens-per-dollar (needs a price)", NULL},
     {"--price", "USD", "price per GPU-hour for tokens-per-dollar (default: the cluster's)", NULL},
     {"--fix", "K=V,...", "constrain the search, e.g. tp=8,pp=1,ac=full,fp8=0,mb=2,reshard=1,sp=1,pp_virtual=2",
      NULL},
+    MP_OPT_MESH("in plan: search this mesh alone, the same as fixing every dim in --fix"),
+    MP_OPT_EP("; in plan: search it alone"),
+    MP_OPT_AC("; in plan: search this policy alone, default every policy the stack runs"),
+    MP_OPT_MICRO_BATCH("in plan: searched, powers of two up to the per-rank batch; given: this one alone"),
+    MP_OPT_SP,
     {"--fp8", "[on|off|auto]", "float8 Linear layers: bare or on, float8 plans only; off (default), bf16 only; "
                                "auto, both where the GPU has float8", NULL},
     {"--no-sp", NULL, "search tensor parallelism without sequence parallelism (the all-reduce form; "
@@ -162,21 +167,6 @@ typedef struct plan_args {
   const char *db;       /* NULL: --no-db */
 } plan_args;
 
-/* The step's size: --seq, and --global-batch or --global-batch-tokens (a whole number
- * of sequences). */
-static mp_status read_batch(mp_ctx *ctx, plan_args *a) {
-  if (!mp_args_has(&k_spec, "--global-batch-tokens")) return MP_OK;
-  long long tokens = 0;
-  if (mp_args_has(&k_spec, "--global-batch"))
-    return mp_error(ctx, MP_ERR_USAGE, "give --global-batch or --global-batch-tokens, not both");
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--global-batch-tokens", 1, MP_LIM_STEP_TOKENS, &tokens));
-  if (tokens % a->seq)
-    return mp_error(ctx, MP_ERR_USAGE, "--global-batch-tokens %lld is not a multiple of seq %lld; use %lld or %lld",
-                    tokens, a->seq, tokens / a->seq * a->seq, (tokens / a->seq + 1) * a->seq);
-  a->gb = tokens / a->seq;
-  return MP_OK;
-}
-
 /* Everything but the search's own options, with the checks that need no search: the
  * model, the cluster, the numbers, the output form, the objective and its price, and
  * gnuplot and the plot directory (a search is not wasted on a plot that cannot be made). */
@@ -195,7 +185,11 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   MP_CHECK(mp_args_int(ctx, &k_spec, "--threads", 1, MP_LIM_THREADS, &a->threads));
   MP_CHECK(mp_args_double(ctx, &k_spec, "--headroom", 0, 1, MP_RANGE_OPEN_HI, &a->headroom));
   MP_CHECK(mp_args_double(ctx, &k_spec, "--price", 0, MP_LIM_PRICE, MP_RANGE_CLOSED, &a->price));
-  MP_CHECK(read_batch(ctx, a));
+  {
+    int64_t gb = a->gb;
+    MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, a->seq, &gb));
+    a->gb = gb;
+  }
   MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, &a->m, a->seq));
   if (a->gb == 0) {
     /* the default rule (planner/batch.h) */
@@ -229,6 +223,50 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   return MP_OK;
 }
 
+/* A fix field set from an option, refusing a different value --fix gave. */
+static mp_status fix_field(mp_ctx *ctx, const char *opt, int v, int *slot) {
+  if (*slot >= 0 && *slot != v)
+    return mp_error(ctx, MP_ERR_USAGE, "%s contradicts --fix (%d there, %d here); give one", opt, *slot, v);
+  *slot = v;
+  return MP_OK;
+}
+
+/* The options that name one plan in simulate, explain and train (--mesh, --ep, --ac,
+ * --micro-batch, --sp) constrain plan's search to that choice. */
+static mp_status one_plan_options(mp_ctx *ctx, const plan_args *a, mp_search_fix *f) {
+  const char *ms = mp_args_get(&k_spec, "--mesh");
+  if (ms) {
+    mp_mesh mesh;
+    MP_CHECK(mp_mesh_parse(ctx, ms, mp_cluster_n_gpus(&a->c), &mesh));
+    static const char *const dim_opt = "--mesh";
+    MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_PP], &f->pp));
+    MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_DP_REPLICATE], &f->dp_replicate));
+    MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_DP_SHARD], &f->dp_shard));
+    MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_CP], &f->cp));
+    MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_TP], &f->tp));
+    if (mesh.ep > 1) MP_CHECK(fix_field(ctx, dim_opt, mesh.ep, &f->ep));
+  }
+  long long ep = 0, mb = 0;
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
+  if (ep > 0) MP_CHECK(fix_field(ctx, "--ep", (int)ep, &f->ep));
+  const char *ac = mp_args_get(&k_spec, "--ac");
+  if (ac) {
+    mp_ac_mode mode;
+    int every = 1;
+    MP_CHECK(mp_ac_parse(ctx, ac, &mode, &every));
+    MP_CHECK(fix_field(ctx, "--ac", (int)mode, &f->ac));
+    f->ac_every = every;
+  }
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--micro-batch", 1, MP_LIM_GLOBAL_BATCH, &mb));
+  if (mb > 0) {
+    if (f->micro_batch >= 0 && f->micro_batch != mb)
+      return mp_error(ctx, MP_ERR_USAGE, "--micro-batch contradicts mb=%lld in --fix; give one", (long long)f->micro_batch);
+    f->micro_batch = mb;
+  }
+  if (mp_args_has(&k_spec, "--sp")) MP_CHECK(fix_field(ctx, "--sp", 1, &f->sp));
+  return MP_OK;
+}
+
 /* The planner request for a: the search with the simulator ev (initialised for a) as its
  * evaluator, and what the runs table records (opts_json and cmdline stay the caller's). */
 static mp_status make_request(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator *ev, const char *opts_json,
@@ -247,6 +285,9 @@ static mp_status make_request(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator 
       return mp_error(ctx, MP_ERR_USAGE, "--fp8 contradicts fp8=%d in --fix; give one", req->search.fix.fp8);
     req->search.fix.fp8 = a->fp8_fixed;
   }
+  if (mp_args_has(&k_spec, "--sp") && mp_args_has(&k_spec, "--no-sp"))
+    return mp_error(ctx, MP_ERR_USAGE, "--sp and --no-sp contradict each other; give one");
+  MP_CHECK(one_plan_options(ctx, a, &req->search.fix));
   if (mp_args_has(&k_spec, "--no-sp")) {
     if (req->search.fix.sp == 1)
       return mp_error(ctx, MP_ERR_USAGE, "meshplan plan: --no-sp contradicts sp=1 in --fix; give one");

@@ -68,6 +68,15 @@ mp_status mp_cmd_load_model(mp_ctx *ctx, const mp_cmd_spec *spec, const char *df
 mp_status mp_cmd_load_cluster(mp_ctx *ctx, const mp_cmd_spec *spec, mp_cluster *c);
 /* seq beyond the model's max_seq is a usage error unless --allow-long-seq was given. */
 mp_status mp_cmd_check_seq(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_model *m, int64_t seq);
+/* --global-batch-tokens T: *global_batch = T / seq (T a multiple of seq; with
+ * --global-batch, a usage error). Nothing when it was not given. */
+mp_status mp_cmd_batch_tokens(mp_ctx *ctx, const mp_cmd_spec *spec, int64_t seq, int64_t *global_batch);
+/* The default global batch of one plan (simulate, explain): plan's rule (planner/batch.h)
+ * for a mesh of mp_mesh_world GPUs, the nearest multiple of its dp x micro_batch to the
+ * target; micro_batch x dp when that is larger than the target. The rule in words into
+ * rule (with the batch it gave). */
+void mp_cmd_default_batch(const mp_model *m, const mp_mesh *mesh, int64_t seq, int64_t micro_batch,
+                          int64_t *global_batch, char *rule, size_t cap);
 /* --db's value, or "meshplan.db" when it was not given (plan, report, calibrate). */
 const char *mp_cmd_db_path(const mp_cmd_spec *spec);
 /* Prints root as formatted JSON and a newline on stdout, then deletes it. Returns 0, or

@@ -35,7 +35,7 @@
   { "--gpus-per-node", "K", "GPUs per node for --gpus (default " dflt ")", NULL }
 /* --gpu with --device cuda; `role`: what the profile is for */
 #define MP_OPT_GPU_OF_DEVICE(role)                                                                 \
-  { "--gpu", "PROFILE", "--device cuda: the GPU profile (data/gpus stem or path to a JSON file) " role \
+  { "--gpu", "TYPE", "--device cuda: the GPU profile (data/gpus stem or path to a JSON file) " role \
     " (default: the one matching the device's name)", NULL }
 #define MP_OPT_INTER_GBPS                                                                          \
   { "--inter-gbps", "X", "inter-node Gbit/s per GPU for --gpus (default 400)", NULL }
@@ -75,7 +75,15 @@
   { "--micro-batch", "B", "sequences per micro-batch per data-parallel rank (default " dflt ")", NULL }
 #define MP_OPT_GLOBAL_BATCH(dflt)                                                                  \
   { "--global-batch", "G", "sequences per step over all data-parallel ranks (default " dflt ")", NULL }
-/* The defaults of explain, simulate and train: one micro-batch per data-parallel rank. */
+#define MP_OPT_GLOBAL_BATCH_TOKENS                                                                 \
+  { "--global-batch-tokens", "T", "tokens per step instead of --global-batch (a multiple of --seq)", NULL }
+/* The default of simulate and explain: plan's batch rule (planner/batch.h) for the mesh. */
+#define MP_OPT_GLOBAL_BATCH_RULE                                                                   \
+  MP_OPT_GLOBAL_BATCH("meshplan plan's rule: the larger of 0.5M/1M/4M tokens by model size and 1,024 "   \
+                      "tokens per GPU of the mesh, the nearest multiple of its dp; one sequence per rank " \
+                      "when dp is larger")
+/* The default of train: one micro-batch per data-parallel rank (a run, not a prediction at
+ * scale: the smallest step the mesh runs). */
 #define MP_OPT_GLOBAL_BATCH_ONE_MICRO MP_OPT_GLOBAL_BATCH("micro-batch x data-parallel ranks")
 
 /* ---- the run and its output -------------------------------------------------------------- */
