@@ -4,7 +4,11 @@
  * instance, pid 0, tid = the stream (named by "thread_name" metadata events), ts and dur
  * in microseconds, name = the op's FQN (mp_op_name), args = kernel or collective, bytes,
  * FLOPs, micro-batch. Ops of one stream run one after another in the simulation, so the
- * events of a track never partially overlap. Written atomically (mp_write_file_atomic). */
+ * events of a track never partially overlap. The memory events make a counter track
+ * ("ph": "C", name "memory (GiB)"): after each allocation or free, the bytes every
+ * category holds, in GiB, as the simulator counts them (Perfetto stacks the series), so
+ * the peak the result reports is the counter's highest total (less the runtime overhead
+ * and fragmentation, which are no events). Written atomically (mp_write_file_atomic). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +18,25 @@
 #include "common/json.h"
 #include "sim/sim.h"
 #include "sim/sim_internal.h"
+
+/* One sample of the memory counter: every category's level in GiB at time t_s. */
+static int counter_event(cJSON *evs, double t_s, const int64_t level[MP_MEM_COUNT]) {
+  cJSON *j = cJSON_CreateObject(), *a = cJSON_CreateObject();
+  if (!j || !a) {
+    cJSON_Delete(j);
+    cJSON_Delete(a);
+    return 0;
+  }
+  cJSON_AddStringToObject(j, "name", "memory (GiB)");
+  cJSON_AddStringToObject(j, "ph", "C");
+  cJSON_AddNumberToObject(j, "pid", 0);
+  cJSON_AddNumberToObject(j, "ts", t_s * 1e6);
+  for (int c = 0; c < MP_MEM_COUNT; c++)
+    cJSON_AddNumberToObject(a, mp_mem_cat_name((mp_mem_cat)c), (double)level[c] / 1073741824.0);
+  cJSON_AddItemToObject(j, "args", a);
+  cJSON_AddItemToArray(evs, j);
+  return 1;
+}
 
 mp_status mp_sim_trace_write(mp_ctx *ctx, const mp_sim_trace *t, const char *path) {
   if (t == NULL || t->s == NULL)
@@ -46,9 +69,15 @@ mp_status mp_sim_trace_write(mp_ctx *ctx, const mp_sim_trace *t, const char *pat
     cJSON_AddItemToArray(evs, m);
   }
   char name[256];
+  int64_t level[MP_MEM_COUNT] = {0};
   for (size_t i = 0; i < t->n && ok; i++) {
     const mp_sim_event *e = &t->ev[i];
     const mp_op *op = &s->ops[e->op];
+    if (e->mem_cat >= 0 && e->mem_cat < MP_MEM_COUNT) {
+      level[e->mem_cat] += e->mem_delta;
+      ok = counter_event(evs, e->start_s, level);
+      continue;
+    }
     cJSON *j = cJSON_CreateObject(), *a = cJSON_CreateObject();
     ok = j && a;
     if (!ok) {
@@ -87,6 +116,7 @@ void mp_sim_trace_busy(const mp_sim_trace *t, mp_sim_busy *out) {
   if (t == NULL || t->s == NULL) return;
   for (size_t i = 0; i < t->n; i++) {
     const mp_op *op = &t->s->ops[t->ev[i].op];
+    if (t->ev[i].mem_cat >= 0) continue; /* memory events take no time */
     if (op->type == MP_OP_COMPUTE && op->kernel < MP_KERNEL_COUNT) {
       out->kernel_s[op->kernel] += t->ev[i].dur_s;
       out->kernel_n[op->kernel]++;

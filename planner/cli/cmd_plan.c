@@ -621,11 +621,15 @@ static mp_status plot(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator *ev, con
              a->m.name);
     MP_CHECK(st);
     MP_CHECK(mp_plot_timeline(ctx, a->plot_dir, trace, ttl));
+    snprintf(ttl, sizeof ttl, "memory of the chosen plan over its simulated step, rank 0: %s, ac=%s%s, micro-batch %lld (%s)",
+             mesh, mp_search_ac_name(best->ac), best->fp8 ? ", fp8" : "", (long long)best->micro_batch, a->m.name);
+    MP_CHECK(mp_plot_memory_time(ctx, a->plot_dir, trace, cap_gib, (double)best->res.overhead_bytes / kGiB, ttl));
   }
   if (!a->as_json && !a->as_csv)
-    printf("plots: %s/candidates.png, %s/memory.png%s%s%s (with .dat data and .gp scripts)\n", a->plot_dir,
+    printf("plots: %s/candidates.png, %s/memory.png%s%s%s%s%s (with .dat data and .gp scripts)\n", a->plot_dir,
            a->plot_dir, res->n_order > 0 ? ", " : "", res->n_order > 0 ? a->plot_dir : "",
-           res->n_order > 0 ? "/timeline.png" : "");
+           res->n_order > 0 ? "/timeline.png, " : "", res->n_order > 0 ? a->plot_dir : "",
+           res->n_order > 0 ? "/memory_time.png" : "");
   return MP_OK;
 }
 

@@ -155,10 +155,19 @@ TEST(Trace, ParsesAndNests) {
     double ts, dur;
   };
   std::vector<std::vector<Ev>> tracks(MP_STREAM_COUNT);
-  int meta = 0, layer_named = 0;
+  int meta = 0, layer_named = 0, counters = 0;
+  double counter_max = 0;
   cJSON *e;
   cJSON_ArrayForEach(e, evs) {
     const char *ph = cJSON_GetObjectItemCaseSensitive(e, "ph")->valuestring;
+    if (strcmp(ph, "C") == 0) {  // the memory counter: every category's level, GiB
+      counters++;
+      double total = 0;
+      cJSON *a;
+      cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(e, "args")) total += a->valuedouble;
+      counter_max = std::max(counter_max, total);
+      continue;
+    }
     int tid = cJSON_GetObjectItemCaseSensitive(e, "tid")->valueint;
     ASSERT_TRUE(tid >= 0 && tid < MP_STREAM_COUNT);
     EXPECT_EQ(cJSON_GetObjectItemCaseSensitive(e, "pid")->valueint, 0);
@@ -175,6 +184,12 @@ TEST(Trace, ParsesAndNests) {
   }
   EXPECT_EQ(meta, MP_STREAM_COUNT);
   EXPECT_GT(layer_named, 0);
+  // The counter's highest total is the allocated peak the result breaks down by category
+  // (mem_at_peak; the runtime overhead is no event).
+  EXPECT_GT(counters, 10);
+  double at_peak = 0;
+  for (int c = 0; c < MP_MEM_COUNT; c++) at_peak += (double)r.mem_at_peak[c];
+  EXPECT_NEAR(counter_max * 1073741824.0, at_peak, 1e-6 * at_peak);
   EXPECT_GT(tracks[MP_STREAM_COMPUTE].size(), 10u);
   double last_end = 0;
   for (auto &tr : tracks) {
