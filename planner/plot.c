@@ -17,9 +17,23 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/file.h"
 #include "common/json.h"
 
 static const double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+/* The largest trace the timeline plots read: the simulator's own output, up to
+ * MP_SIM_TRACE_MAX_EVENTS (2^20) events of ~250 bytes and its memory counter; larger than
+ * the limit on the configs a user hands in (MP_FILE_MAX_CONFIG_BYTES). */
+#define PLOT_TRACE_MAX_BYTES ((int64_t)512 << 20)
+
+static mp_status read_trace(mp_ctx *ctx, const char *path, cJSON **out) {
+  char *text = NULL;
+  MP_CHECK(mp_read_file_max(ctx, path, PLOT_TRACE_MAX_BYTES, &text, NULL));
+  mp_status st = mp_json_parse(ctx, text, path, out);
+  free(text);
+  return st;
+}
 
 static int find_on_path(const char *prog) {
   const char *path = getenv("PATH");
@@ -215,8 +229,8 @@ mp_status mp_plot_candidates(mp_ctx *ctx, const char *dir, const mp_search *s,
           "%s%s"
           "set format x '%%g'\nset format y '%%g'\n"
           "set grid xtics ytics mxtics mytics lc rgb '#dddddd', lc rgb '#f0f0f0'\n"
-          "set key outside right top box\n"
-          "set rmargin 34\n"
+          "set key outside bottom center horizontal box\n"
+          "set bmargin 8\n"
           "set xrange [%.6g:%.6g]\n"
           "set yrange [%.6g:%.6g]\n",
           qt, logx ? ", log scale" : "", logy ? ", log scale" : "",
@@ -459,7 +473,7 @@ mp_status mp_plot_timeline(mp_ctx *ctx, const char *dir, const char *trace_path,
                            const char *title) {
   MP_CHECK(mp_plot_check_gnuplot(ctx));
   cJSON *root = NULL;
-  MP_CHECK(mp_json_parse_file(ctx, trace_path, &root));
+  MP_CHECK(read_trace(ctx, trace_path, &root));
   const cJSON *evs = cJSON_IsArray(root) ? root : cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
   if (!cJSON_IsArray(evs)) {
     cJSON_Delete(root);
@@ -534,7 +548,7 @@ mp_status mp_plot_memory_time(mp_ctx *ctx, const char *dir, const char *trace_pa
                               double overhead_gib, const char *title) {
   MP_CHECK(mp_plot_check_gnuplot(ctx));
   cJSON *root = NULL;
-  MP_CHECK(mp_json_parse_file(ctx, trace_path, &root));
+  MP_CHECK(read_trace(ctx, trace_path, &root));
   const cJSON *evs = cJSON_IsArray(root) ? root : cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
   if (!cJSON_IsArray(evs)) {
     cJSON_Delete(root);

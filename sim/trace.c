@@ -6,9 +6,11 @@
  * FLOPs, micro-batch. Ops of one stream run one after another in the simulation, so the
  * events of a track never partially overlap. The memory events make a counter track
  * ("ph": "C", name "memory (GiB)"): after each allocation or free, the bytes every
- * category holds, in GiB, as the simulator counts them (Perfetto stacks the series), so
+ * category the step uses holds, in GiB to 1e-4, as the simulator counts them (Perfetto
+ * stacks the series), so
  * the peak the result reports is the counter's highest total (less the runtime overhead
  * and fragmentation, which are no events). Written atomically (mp_write_file_atomic). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,8 +21,9 @@
 #include "sim/sim.h"
 #include "sim/sim_internal.h"
 
-/* One sample of the memory counter: every category's level in GiB at time t_s. */
-static int counter_event(cJSON *evs, double t_s, const int64_t level[MP_MEM_COUNT]) {
+/* One sample of the memory counter at time t_s: the level of every category the trace
+ * uses (used: bit c), in GiB to 1e-4 (0.1 MiB: short numbers keep the trace small). */
+static int counter_event(cJSON *evs, double t_s, const int64_t level[MP_MEM_COUNT], unsigned used) {
   cJSON *j = cJSON_CreateObject(), *a = cJSON_CreateObject();
   if (!j || !a) {
     cJSON_Delete(j);
@@ -32,7 +35,8 @@ static int counter_event(cJSON *evs, double t_s, const int64_t level[MP_MEM_COUN
   cJSON_AddNumberToObject(j, "pid", 0);
   cJSON_AddNumberToObject(j, "ts", t_s * 1e6);
   for (int c = 0; c < MP_MEM_COUNT; c++)
-    cJSON_AddNumberToObject(a, mp_mem_cat_name((mp_mem_cat)c), (double)level[c] / 1073741824.0);
+    if (used & (1u << c))
+      cJSON_AddNumberToObject(a, mp_mem_cat_name((mp_mem_cat)c), round((double)level[c] / 1073741824.0 * 1e4) / 1e4);
   cJSON_AddItemToObject(j, "args", a);
   cJSON_AddItemToArray(evs, j);
   return 1;
@@ -70,12 +74,18 @@ mp_status mp_sim_trace_write(mp_ctx *ctx, const mp_sim_trace *t, const char *pat
   }
   char name[256];
   int64_t level[MP_MEM_COUNT] = {0};
+  unsigned used = 0;
+  for (size_t i = 0; i < t->n; i++)
+    if (t->ev[i].mem_cat >= 0 && t->ev[i].mem_cat < MP_MEM_COUNT && t->ev[i].mem_delta != 0)
+      used |= 1u << t->ev[i].mem_cat;
   for (size_t i = 0; i < t->n && ok; i++) {
     const mp_sim_event *e = &t->ev[i];
     const mp_op *op = &s->ops[e->op];
     if (e->mem_cat >= 0 && e->mem_cat < MP_MEM_COUNT) {
       level[e->mem_cat] += e->mem_delta;
-      ok = counter_event(evs, e->start_s, level);
+      /* one sample per instant: the events issued together (a block's frees) are one step */
+      const mp_sim_event *nx = i + 1 < t->n ? &t->ev[i + 1] : NULL;
+      if (!nx || nx->mem_cat < 0 || nx->start_s != e->start_s) ok = counter_event(evs, e->start_s, level, used);
       continue;
     }
     cJSON *j = cJSON_CreateObject(), *a = cJSON_CreateObject();
