@@ -136,3 +136,13 @@ void mp_sim_trace_busy(const mp_sim_trace *t, mp_sim_busy *out) {
     }
   }
 }
+
+void mp_sim_trace_op_durations(const mp_sim_trace *t, double *dur, int64_t n_ops) {
+  for (int64_t i = 0; i < n_ops; i++) dur[i] = -1.0;
+  if (t == NULL || t->s == NULL) return;
+  for (size_t i = 0; i < t->n; i++) {
+    const int32_t op = t->ev[i].op;
+    if (op < 0 || op >= n_ops || dur[op] >= 0) continue;
+    dur[op] = t->ev[i].mem_cat >= 0 ? 0.0 : t->ev[i].dur_s;
+  }
+}

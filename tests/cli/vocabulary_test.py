@@ -109,6 +109,25 @@ for cmd in (["plan", "--no-db"], ["simulate"], ["explain"]):
     p = run(*cmd, "--model", "tiny-dense", "--seq", "128", "--allow-long-seq")
     check(p.returncode == 0, f"meshplan {cmd[0]} --allow-long-seq: {p.stderr.strip()}")
 
+# explain --schedule and --summary predict with the same simulator on the same cluster: the
+# expanded schedule's step equals simulate's (compact) step for the mesh, every timed op has
+# a duration, and the summary names the step and its classes.
+ej = run("explain", "--json", "--schedule", "--mesh", "dp_shard=8,tp=2", "--gpus", "16")
+sj = run("simulate", "--json", "--mesh", "dp_shard=8,tp=2", "--gpus", "16")
+check(ej.returncode == 0 and sj.returncode == 0, f"explain/simulate: {ej.stderr} {sj.stderr}")
+if ej.returncode == 0 and sj.returncode == 0:
+    sch = json.loads(ej.stdout)["schedule"]
+    step = json.loads(sj.stdout)["step_time_s"]
+    check(abs(sch["predicted_step_s"] - step) <= 1e-9 * step, f"explain's step {sch['predicted_step_s']} != simulate's {step}")
+    timed = [o for o in sch["ops"] if o.get("type") in ("compute", "comm")]
+    check(len(timed) > 100 and all(o.get("predicted_s", -1) > 0 for o in timed if o["phase"] in ("forward", "backward")),
+          "a forward or backward op without a predicted duration")
+p = run("explain", "--summary", "--mesh", "dp_shard=8,tp=2", "--gpus", "16")
+check(p.returncode == 0 and "predicted step of rank 0 on 16 x h100-sxm" in p.stdout and "gemm" in p.stdout
+      and "step schedule" not in p.stdout, "explain --summary: " + p.stdout[-600:] + p.stderr)
+p = run("explain", "--summary", "--mesh", "dp_shard=64", "--cluster", "h100-8")
+check(p.returncode == 2 and "--gpus 64" in p.stderr, "explain on a cluster smaller than the mesh: " + p.stderr)
+
 if fails:
     print("\n".join("FAIL: " + f for f in fails))
     sys.exit(1)
