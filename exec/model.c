@@ -310,11 +310,32 @@ static mp_status hf_sliding_window(mp_ctx *ctx, const cJSON *j, const char *wher
   return MP_OK;
 }
 
+/* Fields that change a model's cost which this spec cannot describe: a config of a
+ * supported architecture that sets one is refused by name rather than costed as if it
+ * were absent (multi-head latent attention's ranks, DeepSeek's expert layout, logit
+ * soft-capping). */
+static mp_status hf_refuse_unread(mp_ctx *ctx, const cJSON *j, const char *where) {
+  static const char *const keys[] = {"q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                                     "v_head_dim", "n_shared_experts", "first_k_dense_replace", "moe_layer_freq",
+                                     "n_routed_experts", "attn_logit_softcapping", "final_logit_softcapping"};
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, keys[i]);
+    if (v == NULL || cJSON_IsNull(v)) continue;
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: key '%s' changes the model's cost and meshplan's model spec cannot describe it "
+                    "(multi-head latent attention, DeepSeek's shared and first dense layers, soft-capping); "
+                    "write the model in meshplan's JSON format where it can be (moe: n_shared_experts, "
+                    "first_dense_layers, layer_freq)", where, keys[i]);
+  }
+  return MP_OK;
+}
+
 /* The llama family's configs (llama, mistral, qwen2, qwen3, and their MoE variants):
  * RMSNorm, RoPE, SwiGLU; Qwen2's q/k/v biases and Qwen3's q/k norms by default. */
 static mp_status hf_llama(mp_ctx *ctx, const cJSON *j, const char *where, const char *type,
                           const char *arch, mp_model *m) {
   m->family = MP_FAMILY_LLAMA;
+  MP_CHECK(hf_refuse_unread(ctx, j, where));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m->vocab));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "hidden_size", 1, &m->d_model));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "num_hidden_layers", 1, &m->n_layers));

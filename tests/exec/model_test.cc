@@ -199,6 +199,32 @@ TEST_F(ModelTest, Mistral7bWithSlidingWindow) {
   EXPECT_EQ(m.sliding_window, 0);
 }
 
+// A config of a supported architecture carrying a field that changes the cost which the
+// spec cannot describe is refused by the field's name, not costed as if it were absent.
+TEST_F(ModelTest, HfFieldsThatChangeCostAreHonouredOrRefused) {
+  const char *base =
+      "{\"model_type\": \"llama\", \"vocab_size\": 1000, \"hidden_size\": 256, \"num_hidden_layers\": 2, "
+      "\"num_attention_heads\": 4, \"intermediate_size\": 512";
+  for (const char *key : {"kv_lora_rank", "q_lora_rank", "n_shared_experts", "first_k_dense_replace",
+                          "attn_logit_softcapping"}) {
+    std::string text = std::string(base) + ", \"" + key + "\": 8}";
+    EXPECT_EQ(mp_model_from_hf_text(&ctx, text.c_str(), "cfg.json", &m), MP_ERR_INVALID) << key;
+    EXPECT_NE(std::string(msg()).find(key), std::string::npos) << msg();
+  }
+  // null is absent (published configs write "q_lora_rank": null for V2-Lite's plain q)
+  std::string text = std::string(base) + ", \"q_lora_rank\": null, \"sliding_window\": 128}";
+  ASSERT_EQ(mp_model_from_hf_text(&ctx, text.c_str(), "cfg.json", &m), MP_OK) << msg();
+  EXPECT_EQ(m.sliding_window, 128);
+  // attention_bias: q, k and v biases of 256 each (4 heads of 64, n_kv_heads = n_heads) in each
+  // of the 2 layers
+  text = std::string(base) + ", \"attention_bias\": true}";
+  ASSERT_EQ(mp_model_from_hf_text(&ctx, text.c_str(), "cfg.json", &m), MP_OK) << msg();
+  EXPECT_EQ(m.qkv_bias, 1);
+  mp_model nb = m;
+  nb.qkv_bias = 0;
+  EXPECT_EQ(mp_model_param_count(&m) - mp_model_param_count(&nb), 2 * 3 * 256);  // 2 layers x q, k, v
+}
+
 // Every embedded model file loads, satisfies model.h's invariants and counts sensibly.
 TEST_F(ModelTest, EveryDataModelLoads) {
   size_t n = 0;
