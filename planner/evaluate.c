@@ -156,17 +156,22 @@ mp_status mp_sim_evaluate(void *user, mp_ctx *ctx, mp_arena *scratch, const mp_c
   return mp_simulate_prepped(ctx, p, e->prep, &ev->sim, scratch, out);
 }
 
+/* The candidate's plan on its own (not derived in a worker's scratch arena): its options
+ * into *o; free the plan with mp_plan_destroy. */
+static mp_status candidate_plan(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
+                                mp_plan_options *o, mp_plan **p) {
+  mp_sim_evaluator_options(ev, c, o);
+  if (ev->tmpl) return mp_build_plan_from(ctx, ev->tmpl, &c->mesh, o, NULL, p);
+  return mp_build_plan(ctx, ev->model, &c->mesh, o, p);
+}
+
 /* Rank 0 of the candidate simulated with its trace: writes it to path (if any) and sums
  * it into *busy (if any). */
 static mp_status traced(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
                         const char *path, mp_sim_busy *busy, mp_sim_result *res) {
   mp_plan_options o;
-  mp_sim_evaluator_options(ev, c, &o);
   mp_plan *p = NULL;
-  if (ev->tmpl)
-    MP_CHECK(mp_build_plan_from(ctx, ev->tmpl, &c->mesh, &o, NULL, &p));
-  else
-    MP_CHECK(mp_build_plan(ctx, ev->model, &c->mesh, &o, &p));
+  MP_CHECK(candidate_plan(ctx, ev, c, &o, &p));
   mp_arena *a = mp_arena_create();
   mp_schedule *s = NULL;
   mp_sim_trace *t = NULL;
@@ -198,12 +203,8 @@ mp_status mp_sim_evaluator_busy(mp_ctx *ctx, const mp_sim_evaluator *ev, const m
 mp_status mp_sim_evaluator_runs(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
                                 int *runs, char *why, size_t cap) {
   mp_plan_options o;
-  mp_sim_evaluator_options(ev, c, &o);
   mp_plan *p = NULL;
-  if (ev->tmpl)
-    MP_CHECK(mp_build_plan_from(ctx, ev->tmpl, &c->mesh, &o, NULL, &p));
-  else
-    MP_CHECK(mp_build_plan(ctx, ev->model, &c->mesh, &o, &p));
+  MP_CHECK(candidate_plan(ctx, ev, c, &o, &p));
   mp_ctx check;
   mp_ctx_init(&check);
   *runs = mp_runtime_plan_check(&check, p) == MP_OK;

@@ -27,12 +27,18 @@ static const double kGiB = 1024.0 * 1024.0 * 1024.0;
  * the limit on the configs a user hands in (MP_FILE_MAX_CONFIG_BYTES). */
 #define PLOT_TRACE_MAX_BYTES ((int64_t)512 << 20)
 
-static mp_status read_trace(mp_ctx *ctx, const char *path, cJSON **out) {
+/* A Chrome trace: the parsed file (free with cJSON_Delete) and its events array. */
+static mp_status read_trace(mp_ctx *ctx, const char *path, cJSON **out, const cJSON **evs) {
   char *text = NULL;
   MP_CHECK(mp_read_file_max(ctx, path, PLOT_TRACE_MAX_BYTES, &text, NULL));
   mp_status st = mp_json_parse(ctx, text, path, out);
   free(text);
-  return st;
+  MP_CHECK(st);
+  *evs = cJSON_IsArray(*out) ? *out : cJSON_GetObjectItemCaseSensitive(*out, "traceEvents");
+  if (cJSON_IsArray(*evs)) return MP_OK;
+  cJSON_Delete(*out);
+  *out = NULL;
+  return mp_error(ctx, MP_ERR_INVALID, "%s: not a Chrome trace (no traceEvents array)", path);
 }
 
 static int find_on_path(const char *prog) {
@@ -473,12 +479,8 @@ mp_status mp_plot_timeline(mp_ctx *ctx, const char *dir, const char *trace_path,
                            const char *title) {
   MP_CHECK(mp_plot_check_gnuplot(ctx));
   cJSON *root = NULL;
-  MP_CHECK(read_trace(ctx, trace_path, &root));
-  const cJSON *evs = cJSON_IsArray(root) ? root : cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
-  if (!cJSON_IsArray(evs)) {
-    cJSON_Delete(root);
-    return mp_error(ctx, MP_ERR_INVALID, "%s: not a Chrome trace (no traceEvents array)", trace_path);
-  }
+  const cJSON *evs = NULL;
+  MP_CHECK(read_trace(ctx, trace_path, &root, &evs));
   timeline_rows rw;
   timeline_rows_of(evs, &rw);
   double t_end = 0;
@@ -548,12 +550,8 @@ mp_status mp_plot_memory_time(mp_ctx *ctx, const char *dir, const char *trace_pa
                               double overhead_gib, const char *title) {
   MP_CHECK(mp_plot_check_gnuplot(ctx));
   cJSON *root = NULL;
-  MP_CHECK(read_trace(ctx, trace_path, &root));
-  const cJSON *evs = cJSON_IsArray(root) ? root : cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
-  if (!cJSON_IsArray(evs)) {
-    cJSON_Delete(root);
-    return mp_error(ctx, MP_ERR_INVALID, "%s: not a Chrome trace (no traceEvents array)", trace_path);
-  }
+  const cJSON *evs = NULL;
+  MP_CHECK(read_trace(ctx, trace_path, &root, &evs));
   char names[16][32];
   int n_cat = 0;
   double t_end = 0, ymax = 0;
