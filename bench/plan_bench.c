@@ -5,8 +5,10 @@
  *
  * Prints per run and the median of --runs runs (default 5): wall time, CPU time, and
  * candidates per second enumerated, simulated and logged. Default: llama3.1-405b on
- * h100-16k (16,384 H100s), seq 8192, global batch 2048 sequences (16M tokens, the Llama 3
- * pre-training batch). The database is a fresh file per run in $TMPDIR (or --db DIR). */
+ * h100-16k (16,384 H100s), seq 8192, and meshplan plan's default batch rule (planner/batch.h:
+ * 16M tokens at 16,384 GPUs, 2048 sequences, the Llama 3 pre-training batch), each mesh at
+ * the nearest multiple of its dp; --global-batch G fixes the batch instead. Float8 is
+ * searched beside bf16 (plan's --fp8 auto: the larger search). The database is a fresh file per run in $TMPDIR (or --db DIR). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,7 @@
 #include "common/timeutil.h"
 #include "exec/cluster.h"
 #include "exec/model.h"
+#include "planner/batch.h"
 #include "planner/cli/args.h"
 #include "planner/cli/options.h"
 #include "planner/evaluate.h"
@@ -26,7 +29,7 @@ static mp_opt k_opts[] = {
     MP_OPT_MODEL("llama3.1-405b"),
     MP_OPT_CLUSTER("h100-16k"),
     MP_OPT_SEQ("8192"),
-    MP_OPT_GLOBAL_BATCH("2048"),
+    MP_OPT_GLOBAL_BATCH("meshplan plan's rule: 2048 at 16,384 GPUs"),
     {"--runs", "N", "runs; the median is reported (default 5)", NULL},
     MP_OPT_THREADS,
     {"--db", "DIR", "directory for the benchmark databases (default $TMPDIR or /tmp)", NULL},
@@ -57,7 +60,7 @@ int main(int argc, char **argv) {
     mp_args_print_help(&k_spec, stdout);
     return 0;
   }
-  long long seq = 8192, gb = 2048, runs = 5, threads = 0;
+  long long seq = 8192, gb = 0, runs = 5, threads = 0;
   if ((st = mp_args_int(&ctx, &k_spec, "--seq", 1, MP_LIM_SEQ, &seq)) != MP_OK ||
       (st = mp_args_int(&ctx, &k_spec, "--global-batch", 1, MP_LIM_GLOBAL_BATCH, &gb)) != MP_OK ||
       (st = mp_args_int(&ctx, &k_spec, "--runs", 1, 1000, &runs)) != MP_OK ||
@@ -75,6 +78,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   const double headroom = 0.05; /* meshplan plan's default */
+  if (gb == 0) gb = mp_batch_rule_seqs(mp_batch_rule_tokens((double)mp_model_param_count(&m), mp_cluster_n_gpus(&c)), seq);
   static mp_sim_evaluator ev;
   if ((st = mp_sim_evaluator_init(&ctx, &ev, &m, &c, seq, gb, headroom, NULL)) != MP_OK) {
     fprintf(stderr, "plan_bench: %s\n", mp_errmsg(&ctx));
@@ -83,6 +87,9 @@ int main(int argc, char **argv) {
   mp_planner_request req;
   memset(&req, 0, sizeof req);
   mp_sim_search_config(&req.search, &ev, &c, headroom);
+  if (!mp_args_has(&k_spec, "--global-batch"))
+    req.search.target_batch = mp_batch_rule_seqs(
+        mp_batch_rule_tokens((double)mp_model_param_count(&m), mp_cluster_n_gpus(&c)), seq);
   req.search.n_threads = (int)threads;
   req.objective = MP_OBJECTIVE_TIME;
   req.info = (mp_run_info){m.name, c.name, c.gpu.name, mp_cluster_n_gpus(&c), c.gpus_per_node, seq, gb,
@@ -90,8 +97,9 @@ int main(int argc, char **argv) {
   const char *dir = mp_args_get(&k_spec, "--db");
   if (!dir) dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  printf("plan_bench: %s on %s (%d GPUs), seq %lld, global batch %lld; %ld CPUs, %s threads\n",
-         m.name, c.name, mp_cluster_n_gpus(&c), seq, gb, ncpu,
+  printf("plan_bench: %s on %s (%d GPUs), seq %lld, global batch %lld%s; %ld CPUs, %s threads\n",
+         m.name, c.name, mp_cluster_n_gpus(&c), seq, gb,
+         req.search.target_batch ? " (the default rule, per mesh the nearest multiple of dp)" : "", ncpu,
          threads ? "given" : "one per CPU");
   printf("%4s %10s %8s %10s %10s %8s %8s %12s %12s %12s %7s %7s %7s\n", "run", "candidates",
          "pruned", "simulated", "logged", "wall s", "cpu s", "cand/s", "sim/s", "logged/s",

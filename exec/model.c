@@ -42,6 +42,7 @@ mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) 
   MP_CHECK(mp_check_i64(ctx, origin, "n_kv_heads", m->n_kv_heads, 1, m->n_heads));
   MP_CHECK(mp_check_i64(ctx, origin, "head_dim", m->head_dim, 1, MP_LIM_HEAD_DIM));
   MP_CHECK(mp_check_i64(ctx, origin, "max_seq", m->max_seq, 1, MP_LIM_SEQ));
+  MP_CHECK(mp_check_i64(ctx, origin, "sliding_window", m->sliding_window, 0, MP_LIM_SEQ));
   if (m->n_heads % m->n_kv_heads != 0)
     return mp_error(ctx, MP_ERR_INVALID,
                     "%s: n_kv_heads=%lld does not divide n_heads=%lld (grouped-query attention "
@@ -169,6 +170,7 @@ static mp_status from_ours(mp_ctx *ctx, const cJSON *j, const char *origin, mp_m
   MP_CHECK(mp_json_get_bool(ctx, j, origin, "bias", 0, &m->bias));
   MP_CHECK(mp_json_get_bool(ctx, j, origin, "qkv_bias", 0, &m->qkv_bias));
   MP_CHECK(mp_json_get_bool(ctx, j, origin, "qk_norm", 0, &m->qk_norm));
+  MP_CHECK(mp_json_get_i64(ctx, j, origin, "sliding_window", 0, &m->sliding_window));
   m->norm_eps = 1e-5;
   MP_CHECK(mp_json_get_f64(ctx, j, origin, "norm_eps", 0, &m->norm_eps));
   m->rope_theta = 10000.0;
@@ -295,11 +297,45 @@ static mp_status hf_qwen_moe(mp_ctx *ctx, const cJSON *j, const char *where, con
   return MP_OK;
 }
 
+/* sliding_window (Mistral; null or absent: none), off where use_sliding_window is false
+ * (Qwen2's configs carry a window they do not use). */
+static mp_status hf_sliding_window(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m) {
+  const cJSON *w = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
+  if (w == NULL || cJSON_IsNull(w)) return MP_OK;
+  int use = 1;
+  MP_CHECK(mp_json_get_bool(ctx, j, where, "use_sliding_window", 0, &use));
+  int64_t win = 0;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "sliding_window", 0, &win));
+  m->sliding_window = use ? win : 0;
+  return MP_OK;
+}
+
+/* Fields that change a model's cost which this spec cannot describe: a config of a
+ * supported architecture that sets one is refused by name rather than costed as if it
+ * were absent (multi-head latent attention's ranks, DeepSeek's expert layout, logit
+ * soft-capping). */
+static mp_status hf_refuse_unread(mp_ctx *ctx, const cJSON *j, const char *where) {
+  static const char *const keys[] = {"q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                                     "v_head_dim", "n_shared_experts", "first_k_dense_replace", "moe_layer_freq",
+                                     "n_routed_experts", "attn_logit_softcapping", "final_logit_softcapping"};
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, keys[i]);
+    if (v == NULL || cJSON_IsNull(v)) continue;
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: key '%s' changes the model's cost and meshplan's model spec cannot describe it "
+                    "(multi-head latent attention, DeepSeek's shared and first dense layers, soft-capping); "
+                    "write the model in meshplan's JSON format where it can be (moe: n_shared_experts, "
+                    "first_dense_layers, layer_freq)", where, keys[i]);
+  }
+  return MP_OK;
+}
+
 /* The llama family's configs (llama, mistral, qwen2, qwen3, and their MoE variants):
  * RMSNorm, RoPE, SwiGLU; Qwen2's q/k/v biases and Qwen3's q/k norms by default. */
 static mp_status hf_llama(mp_ctx *ctx, const cJSON *j, const char *where, const char *type,
                           const char *arch, mp_model *m) {
   m->family = MP_FAMILY_LLAMA;
+  MP_CHECK(hf_refuse_unread(ctx, j, where));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m->vocab));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "hidden_size", 1, &m->d_model));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "num_hidden_layers", 1, &m->n_layers));
@@ -321,6 +357,7 @@ static mp_status hf_llama(mp_ctx *ctx, const cJSON *j, const char *where, const 
   m->qkv_bias = is_qwen2;
   MP_CHECK(mp_json_get_bool(ctx, j, where, "attention_bias", 0, &m->qkv_bias));
   m->qk_norm = is_qwen3;
+  MP_CHECK(hf_sliding_window(ctx, j, where, m));
   int is_mixtral = strcmp(type, "mixtral") == 0 || strncmp(arch, "Mixtral", 7) == 0;
   int is_qwen_moe = strcmp(type, "qwen3_moe") == 0 || strcmp(type, "qwen2_moe") == 0 ||
                     strstr(arch, "Moe") != NULL;
@@ -488,11 +525,28 @@ int64_t mp_model_active_param_count(const mp_model *m) {
   return p;
 }
 
+double mp_model_attended_keys(const mp_model *m, int64_t seq) {
+  const double s = (double)seq, w = (double)m->sliding_window;
+  if (!mp_model_window_applies(m, seq)) return s / 2.0;
+  return w - w * w / (2.0 * s);
+}
+
+int mp_model_window_applies(const mp_model *m, int64_t seq) {
+  return m->sliding_window > 0 && seq > m->sliding_window;
+}
+
+void mp_model_window_refusal(const mp_model *m, int64_t seq, char *buf, size_t cap) {
+  snprintf(buf, cap,
+           "%s has sliding-window attention (window %lld) and seq %lld is longer: the runtime's attention "
+           "kernels attend to the whole causal prefix, not a window; train with --seq %lld or less",
+           m->name, (long long)m->sliding_window, (long long)seq, (long long)m->sliding_window);
+}
+
 double mp_model_flops_per_token(const mp_model *m, int64_t seq) {
   /* Matmul parameters a token uses: blocks (active) + the output head (the tied head's
    * matmul runs too); the embedding lookup and learned positions do no matmul. */
   double n = (double)m->vocab * (double)m->d_model + norm_params(m);
   for (int64_t l = 0; l < m->n_layers; l++) n += (double)block_params(m, l, 1);
   return 6.0 * n + 12.0 * (double)m->n_layers * (double)m->n_heads * (double)m->head_dim *
-                       (double)seq;
+                       (2.0 * mp_model_attended_keys(m, seq));
 }

@@ -15,6 +15,7 @@
 #ifndef MP_EXEC_MODEL_H
 #define MP_EXEC_MODEL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -43,6 +44,9 @@ typedef struct mp_model {
   int bias;            /* gpt: biases on Linear layers and LayerNorm */
   int qkv_bias;        /* Qwen2: biases on q/k/v only */
   int qk_norm;         /* Qwen3: RMSNorm over head_dim on q and k */
+  int64_t sliding_window; /* > 0: each query attends to the last sliding_window positions
+                             (itself included; Mistral 7B, Jiang et al. 2023); 0: the whole
+                             causal prefix */
   double norm_eps;
   double rope_theta;
   /* mixture of experts (n_experts == 0: dense) */
@@ -93,8 +97,22 @@ int64_t mp_model_head_params(const mp_model *m);
 int64_t mp_model_param_count(const mp_model *m);
 /* Parameters a token touches: routed experts count top_k of n_experts. */
 int64_t mp_model_active_param_count(const mp_model *m);
+/* Keys a query attends to on average in a causal sequence of seq tokens: seq / 2 (to
+ * within a token: (seq + 1) / 2 exactly, the convention's seq / 2), or under a sliding
+ * window W < seq, W - W^2 / (2 seq) (the first W queries see a growing prefix, the rest W
+ * keys each). */
+double mp_model_attended_keys(const mp_model *m, int64_t seq);
+/* 1 when the sliding window limits attention at this sequence length (seq > window): the
+ * attention is then not the plain causal one. */
+int mp_model_window_applies(const mp_model *m, int64_t seq);
+/* Why meshplan's runtime does not train m at seq (its attention kernels, CPU and CUDA,
+ * attend to the whole causal prefix; a window that applies would train a different model),
+ * as one line for train's refusal and plan's runs column. */
+void mp_model_window_refusal(const mp_model *m, int64_t seq, char *buf, size_t cap);
 /* Training FLOPs per token (forward + backward), the torchtitan/PaLM convention:
- * 6 * (active params excluding the input embedding lookup) + 12 * L * n_heads * head_dim * seq.
+ * 6 * (active params excluding the input embedding lookup) + 12 * L * n_heads * head_dim * seq,
+ * where seq stands for twice the keys a query attends to (mp_model_attended_keys: seq
+ * without a window, 2 W - W^2 / seq under a window W < seq).
  * A tied head's matmul is counted (it runs), its embedding lookup is not. */
 double mp_model_flops_per_token(const mp_model *m, int64_t seq);
 

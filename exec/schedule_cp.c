@@ -28,8 +28,10 @@
  * COMM). The saved tensors are those of the local attention (schedule_act.c). */
 #include "exec/schedule_internal.h"
 
+/* the local attention's FLOPs (schedule_ops.c): 4 T x keys attended x heads x hd, the
+ * causal half or a sliding window's band */
 static double core_fwd_flops(const shapes *sh) {
-  return 2.0 * (double)sh->T * (double)sh->seq * (double)sh->nh * (double)sh->hd;
+  return 4.0 * (double)sh->T * sh->attended * (double)sh->nh * (double)sh->hd;
 }
 
 /* Op i stands for n identical ones back to back (mp_op.count). */

@@ -114,6 +114,8 @@ typedef struct shapes {
                                                         sequence parallelism, else T */
   int64_t E, E_l, topk, fe, fs;                      /* MoE; fs: shared, tp-local */
   double m_exp;                                      /* tokens per local expert */
+  double attended;                                   /* keys a query attends to on average
+                                                        (mp_model_attended_keys) */
   int64_t V_l, V_loss;                               /* head rows on the rank; loss width */
   int gpt, qk_norm, has_shared, tied;
   int tp, ep, cp;

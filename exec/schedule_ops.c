@@ -355,8 +355,10 @@ static void residual_bwd(gen *g, int64_t elems) {
 }
 
 static double attn_fwd_flops(const shapes *sh) {
-  /* causal half of 4 x T x seq x heads x hd */
-  return 2.0 * (double)sh->T * (double)sh->seq * (double)sh->nh * (double)sh->hd;
+  /* 4 x T x keys attended x heads x hd: the causal half, seq / 2 keys per query, or under a
+   * sliding window the band flash attention computes (FlashAttention-2's window_size skips
+   * the tiles outside it) */
+  return 4.0 * (double)sh->T * sh->attended * (double)sh->nh * (double)sh->hd;
 }
 
 /* Megatron-LM's materialized core attention on s x s scores per sequence and head

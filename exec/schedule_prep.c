@@ -14,6 +14,7 @@
 void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch) {
   const int cp = p->mesh.size[MP_DIM_CP];
   sh->seq = p->opts.seq;
+  sh->attended = mp_model_attended_keys(&p->model, p->opts.seq);
   sh->T = micro_batch * p->opts.seq / cp;
   sh->Ts = sh->sp ? sh->T / sh->tp : sh->T;
   sh->m_exp = sh->E > 0 ? (double)sh->T * (double)sh->topk * (double)sh->ep / (double)sh->E : 0.0;

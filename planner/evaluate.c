@@ -2,7 +2,10 @@
 #include "planner/evaluate.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
+
+#include "exec/runtime/check.h"
 
 /* Per-thread cache of the current mesh's plans (see evaluate.h). */
 #define CACHE_PLANS 24
@@ -86,6 +89,7 @@ void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
                               mp_plan_options *o) {
   *o = ev->base;
   o->micro_batch = c->micro_batch;
+  if (c->global_batch > 0) o->global_batch = c->global_batch;
   o->ac = (mp_ac_mode)c->ac;
   o->ac_every = c->ac_every > 0 ? c->ac_every : 1;
   o->fp8 = c->fp8;
@@ -152,17 +156,22 @@ mp_status mp_sim_evaluate(void *user, mp_ctx *ctx, mp_arena *scratch, const mp_c
   return mp_simulate_prepped(ctx, p, e->prep, &ev->sim, scratch, out);
 }
 
+/* The candidate's plan on its own (not derived in a worker's scratch arena): its options
+ * into *o; free the plan with mp_plan_destroy. */
+static mp_status candidate_plan(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
+                                mp_plan_options *o, mp_plan **p) {
+  mp_sim_evaluator_options(ev, c, o);
+  if (ev->tmpl) return mp_build_plan_from(ctx, ev->tmpl, &c->mesh, o, NULL, p);
+  return mp_build_plan(ctx, ev->model, &c->mesh, o, p);
+}
+
 /* Rank 0 of the candidate simulated with its trace: writes it to path (if any) and sums
  * it into *busy (if any). */
 static mp_status traced(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
                         const char *path, mp_sim_busy *busy, mp_sim_result *res) {
   mp_plan_options o;
-  mp_sim_evaluator_options(ev, c, &o);
   mp_plan *p = NULL;
-  if (ev->tmpl)
-    MP_CHECK(mp_build_plan_from(ctx, ev->tmpl, &c->mesh, &o, NULL, &p));
-  else
-    MP_CHECK(mp_build_plan(ctx, ev->model, &c->mesh, &o, &p));
+  MP_CHECK(candidate_plan(ctx, ev, c, &o, &p));
   mp_arena *a = mp_arena_create();
   mp_schedule *s = NULL;
   mp_sim_trace *t = NULL;
@@ -189,6 +198,25 @@ mp_status mp_sim_evaluator_trace(mp_ctx *ctx, const mp_sim_evaluator *ev, const 
 mp_status mp_sim_evaluator_busy(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
                                 mp_sim_busy *busy, mp_sim_result *res) {
   return traced(ctx, ev, c, NULL, busy, res);
+}
+
+mp_status mp_sim_evaluator_runs(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
+                                int *runs, char *why, size_t cap) {
+  mp_plan_options o;
+  mp_plan *p = NULL;
+  MP_CHECK(candidate_plan(ctx, ev, c, &o, &p));
+  mp_ctx check;
+  mp_ctx_init(&check);
+  *runs = mp_runtime_plan_check(&check, p) == MP_OK;
+  snprintf(why, cap, "%s", *runs ? "" : mp_errmsg(&check));
+  /* the model's attention, beyond the plan's parallelism: the runtime's kernels attend to
+   * the whole causal prefix (mp_model_window_refusal) */
+  if (*runs && mp_model_window_applies(ev->model, o.seq)) {
+    *runs = 0;
+    mp_model_window_refusal(ev->model, o.seq, why, cap);
+  }
+  mp_plan_destroy(p);
+  return MP_OK;
 }
 
 void mp_sim_evaluator_thread_done(void *user) {

@@ -62,6 +62,11 @@ mp_status mp_sim_evaluate(void *user, mp_ctx *ctx, mp_arena *scratch, const mp_c
                           mp_sim_result *out);
 /* For mp_search_config.eval_thread_done: releases the worker's simulator buffers. */
 void mp_sim_evaluator_thread_done(void *user);
+/* Whether the runtime executes the candidate's plan: the runtime's own check
+ * (exec/runtime/check.h, mp_runtime_plan_check) on the plan built for it. *runs 1, or 0
+ * with the check's one-line reason in why. A plan that cannot be built is an error. */
+mp_status mp_sim_evaluator_runs(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
+                                int *runs, char *why, size_t cap);
 /* Simulates rank 0 of the candidate with record_trace and writes the Chrome trace to path. */
 mp_status mp_sim_evaluator_trace(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
                                  const char *path);

@@ -17,9 +17,29 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/file.h"
 #include "common/json.h"
 
 static const double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+/* The largest trace the timeline plots read: the simulator's own output, up to
+ * MP_SIM_TRACE_MAX_EVENTS (2^20) events of ~250 bytes and its memory counter; larger than
+ * the limit on the configs a user hands in (MP_FILE_MAX_CONFIG_BYTES). */
+#define PLOT_TRACE_MAX_BYTES ((int64_t)512 << 20)
+
+/* A Chrome trace: the parsed file (free with cJSON_Delete) and its events array. */
+static mp_status read_trace(mp_ctx *ctx, const char *path, cJSON **out, const cJSON **evs) {
+  char *text = NULL;
+  MP_CHECK(mp_read_file_max(ctx, path, PLOT_TRACE_MAX_BYTES, &text, NULL));
+  mp_status st = mp_json_parse(ctx, text, path, out);
+  free(text);
+  MP_CHECK(st);
+  *evs = cJSON_IsArray(*out) ? *out : cJSON_GetObjectItemCaseSensitive(*out, "traceEvents");
+  if (cJSON_IsArray(*evs)) return MP_OK;
+  cJSON_Delete(*out);
+  *out = NULL;
+  return mp_error(ctx, MP_ERR_INVALID, "%s: not a Chrome trace (no traceEvents array)", path);
+}
 
 static int find_on_path(const char *prog) {
   const char *path = getenv("PATH");
@@ -165,7 +185,7 @@ mp_status mp_plot_candidates(mp_ctx *ctx, const char *dir, const mp_search *s,
       int feasible = c->reject == MP_REJECT_NONE;
       if (feasible != (pass == 0)) continue;
       double m = (double)c->res.peak_mem_bytes / kGiB, t = c->res.step_time_s;
-      if (!(t > 0) || !(m > 0)) continue; /* log axes */
+      if (!(t > 0) || !(m > 0)) continue; /* possibly log axes */
       fprintf(f, "%.6g %.6g %lld\n", m, t, (long long)i);
       if (feasible) n_feas++;
       else n_oom++;
@@ -201,20 +221,32 @@ mp_status mp_plot_candidates(mp_ctx *ctx, const char *dir, const mp_search *s,
   char chosen_label[256];
   snprintf(chosen_label, sizeof chosen_label, "chosen: %s", chosen);
   gp_quote(chosen_label, qc, sizeof qc);
+  /* Log axes only where the points span more than a decade (a narrower range on a log
+   * axis shows one labelled tick); then every 1-2-5 step is labelled. */
+  const int logx = mmax / mmin > 10.0, logy = tmax / tmin > 10.0;
   fprintf(f,
           "# Predicted step time vs peak memory per GPU of every evaluated candidate.\n"
           "# Redraw: gnuplot candidates.gp (reads candidates.dat)\n"
-          "set terminal pngcairo noenhanced size 1200,800 font 'DejaVu Sans,11'\n"
+          "set terminal pngcairo noenhanced size 1400,800 font 'DejaVu Sans,12'\n"
           "set output 'candidates.png'\n"
           "set title %s\n"
-          "set xlabel 'peak memory per GPU (GiB, log scale)'\n"
-          "set ylabel 'predicted step time (s, log scale)'\n"
-          "set logscale xy\n"
-          "set grid xtics ytics mxtics mytics lc rgb '#dddddd'\n"
-          "set key top right box opaque\n"
+          "set xlabel 'peak memory per GPU (GiB%s)'\n"
+          "set ylabel 'predicted step time (s%s)'\n"
+          "%s%s"
+          "set format x '%%g'\nset format y '%%g'\n"
+          "set grid xtics ytics mxtics mytics lc rgb '#dddddd', lc rgb '#f0f0f0'\n"
+          "set key outside bottom center horizontal box\n"
+          "set bmargin 8\n"
           "set xrange [%.6g:%.6g]\n"
           "set yrange [%.6g:%.6g]\n",
-          qt, mmin / 1.3, mmax * 1.3, tmin / 1.3, tmax * 1.3);
+          qt, logx ? ", log scale" : "", logy ? ", log scale" : "",
+          logx ? "set logscale x\nset xtics (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)\n"
+               : "set mxtics 5\n",
+          logy ? "set logscale y\nset ytics (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, "
+                 "20, 50, 100, 200, 500, 1000, 2000, 5000)\n"
+               : "set mytics 5\n",
+          logx ? mmin / 1.3 : 0.0, mmax * (logx ? 1.3 : 1.08), logy ? tmin / 1.3 : tmin - 0.08 * (tmax - tmin + 1e-9),
+          tmax * (logy ? 1.3 : 1.0) + (logy ? 0.0 : 0.08 * (tmax - tmin + 1e-9)));
   if (capacity_gib > 0)
     fprintf(f,
             "set arrow 1 from %.6g, graph 0 to %.6g, graph 1 nohead lw 2 dt 2 lc rgb '#444444'\n"
@@ -247,10 +279,12 @@ mp_status mp_plot_memory(mp_ctx *ctx, const char *dir, const mp_search *s, const
   for (int c = 0; c < MP_MEM_COUNT; c++) fprintf(f, " \"%s\"", cats[c]);
   fprintf(f, " \"runtime overhead\"\n");
   double ymax = capacity_gib;
+  size_t label_max = 16;
   for (int64_t r = 0; r < n; r++) {
     const mp_candidate *c = &s->cands[order[r]];
     char sp[160];
     short_plan(c, sp, sizeof sp);
+    if (strlen(sp) + 5 > label_max) label_max = strlen(sp) + 5;
     fprintf(f, "%lld \"#%lld %s\"", (long long)(r + 1), (long long)(r + 1), sp);
     double total = 0;
     for (int m = 0; m < MP_MEM_COUNT; m++) {
@@ -276,7 +310,7 @@ mp_status mp_plot_memory(mp_ctx *ctx, const char *dir, const mp_search *s, const
   fprintf(f,
           "# Memory breakdown at the peak of the top plans (stacked bars).\n"
           "# Redraw: gnuplot memory.gp (reads memory.dat)\n"
-          "set terminal pngcairo noenhanced size 1200,800 font 'DejaVu Sans,11'\n"
+          "set terminal pngcairo noenhanced size 1400,900 font 'DejaVu Sans,12'\n"
           "set output 'memory.png'\n"
           "set title %s\n"
           "set ylabel 'memory per GPU at the peak (GiB)'\n"
@@ -285,14 +319,14 @@ mp_status mp_plot_memory(mp_ctx *ctx, const char *dir, const mp_search *s, const
           "set style histogram rowstacked\n"
           "set style fill solid 0.85 border rgb '#333333'\n"
           "set boxwidth 0.7\n"
-          "set xtics rotate by 25 right\n"
-          "set bmargin 10\n"
-          "set lmargin 24\n"
-          "set rmargin 28\n"
+          "set xtics rotate by 90 right nomirror\n"
+          "set bmargin %d\n"
+          "set lmargin 10\n"
+          "set rmargin 26\n"
           "set key outside right top\n"
           "set grid ytics lc rgb '#dddddd'\n"
           "set yrange [0:%.6g]\n",
-          qt, ymax * 1.12 + 1e-9);
+          qt, (int)(0.5 * (double)label_max) + 3, ymax * 1.12 + 1e-9);
   if (capacity_gib > 0)
     fprintf(f,
             "set arrow 1 from graph 0, first %.6g to graph 1, first %.6g nohead lw 2 dt 2 lc rgb '#444444'\n"
@@ -313,53 +347,48 @@ mp_status mp_plot_memory(mp_ctx *ctx, const char *dir, const mp_search *s, const
 
 /* ---- timeline ------------------------------------------------------------------------- */
 
-static const char *const k_phases[] = {"prologue", "forward", "recompute", "backward", "optimizer"};
-#define N_PHASES 5
-static const char *const k_phase_colors[N_PHASES] = {"#7f7f7f", "#1f77b4", "#ff7f0e", "#2ca02c",
-                                                     "#9467bd"};
+/* One colour per row (a stream's kernels, its collectives), distinct for up to 12 rows. */
+static const char *const k_row_colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+                                           "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#aec7e8", "#98df8a"};
+#define N_ROW_COLORS 12
 
-static int phase_index(const cJSON *ev) {
-  const cJSON *args = cJSON_GetObjectItemCaseSensitive(ev, "args");
-  const cJSON *ph = args ? cJSON_GetObjectItemCaseSensitive(args, "phase") : NULL;
-  if (cJSON_IsString(ph))
-    for (int i = 0; i < N_PHASES; i++)
-      if (strcmp(ph->valuestring, k_phases[i]) == 0) return i;
-  return 0;
-}
-
-/* The rows of a timeline: the trace's tids in increasing order, each named by its
- * thread_name metadata ("stream <tid>" without one). */
+/* The rows of a timeline: per stream (the trace's tid, named by its thread_name metadata,
+ * "stream <tid>" without one) its kernels and its collectives each on a row of their own
+ * (TP and EP collectives run on the compute stream, between its kernels), in increasing
+ * tid, kernels first. A row's key is 2 tid + (1 for collectives). */
 enum { TIMELINE_MAX_ROWS = 32 };
 typedef struct timeline_rows {
-  int tids[TIMELINE_MAX_ROWS];
-  char names[TIMELINE_MAX_ROWS][64];
+  int keys[TIMELINE_MAX_ROWS];
+  char names[TIMELINE_MAX_ROWS][80];
   int n;
 } timeline_rows;
+
+static int event_key(const cJSON *ev) {
+  const cJSON *tid = cJSON_GetObjectItemCaseSensitive(ev, "tid");
+  const cJSON *cat = cJSON_GetObjectItemCaseSensitive(ev, "cat");
+  if (!cJSON_IsNumber(tid)) return -1;
+  return 2 * (int)tid->valuedouble + (cJSON_IsString(cat) && strcmp(cat->valuestring, "comm") == 0);
+}
 
 static void timeline_rows_of(const cJSON *evs, timeline_rows *rw) {
   rw->n = 0;
   const cJSON *ev;
   cJSON_ArrayForEach(ev, evs) {
-    const cJSON *tid = cJSON_GetObjectItemCaseSensitive(ev, "tid");
-    if (!cJSON_IsNumber(tid)) continue;
-    int t = (int)tid->valuedouble, found = 0;
-    for (int r = 0; r < rw->n; r++) found |= rw->tids[r] == t;
-    if (!found && rw->n < TIMELINE_MAX_ROWS) {
-      rw->tids[rw->n] = t;
-      snprintf(rw->names[rw->n], sizeof rw->names[rw->n], "stream %d", t);
-      rw->n++;
-    }
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(ev, "ph");
+    if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X")) continue;
+    const int k = event_key(ev);
+    int found = 0;
+    for (int r = 0; r < rw->n; r++) found |= rw->keys[r] == k;
+    if (k >= 0 && !found && rw->n < TIMELINE_MAX_ROWS) rw->keys[rw->n++] = k;
   }
-  for (int a = 1; a < rw->n; a++) /* insertion sort, names follow */
-    for (int b = a; b > 0 && rw->tids[b - 1] > rw->tids[b]; b--) {
-      int t = rw->tids[b];
-      rw->tids[b] = rw->tids[b - 1];
-      rw->tids[b - 1] = t;
-      char tmp[64];
-      memcpy(tmp, rw->names[b], 64);
-      memcpy(rw->names[b], rw->names[b - 1], 64);
-      memcpy(rw->names[b - 1], tmp, 64);
+  for (int a = 1; a < rw->n; a++) /* insertion sort */
+    for (int b = a; b > 0 && rw->keys[b - 1] > rw->keys[b]; b--) {
+      int t = rw->keys[b];
+      rw->keys[b] = rw->keys[b - 1];
+      rw->keys[b - 1] = t;
     }
+  char stream[TIMELINE_MAX_ROWS][64];
+  for (int r = 0; r < rw->n; r++) snprintf(stream[r], sizeof stream[r], "stream %d", rw->keys[r] / 2);
   cJSON_ArrayForEach(ev, evs) {
     const cJSON *ph = cJSON_GetObjectItemCaseSensitive(ev, "ph");
     const cJSON *nm = cJSON_GetObjectItemCaseSensitive(ev, "name");
@@ -371,45 +400,50 @@ static void timeline_rows_of(const cJSON *evs, timeline_rows *rw) {
     const cJSON *an = args ? cJSON_GetObjectItemCaseSensitive(args, "name") : NULL;
     if (!cJSON_IsNumber(tid) || !cJSON_IsString(an)) continue;
     for (int r = 0; r < rw->n; r++)
-      if (rw->tids[r] == (int)tid->valuedouble) snprintf(rw->names[r], sizeof rw->names[r], "%s", an->valuestring);
+      if (rw->keys[r] / 2 == (int)tid->valuedouble) snprintf(stream[r], sizeof stream[r], "%s", an->valuestring);
+  }
+  for (int r = 0; r < rw->n; r++) {
+    int has_kernels = 0;
+    for (int q = 0; q < rw->n; q++) has_kernels |= rw->keys[q] == (rw->keys[r] & ~1);
+    /* a stream's collectives next to its kernels are named as such; a stream of
+     * collectives alone (FSDP gathers, reductions) by its own name */
+    snprintf(rw->names[r], sizeof rw->names[r], "%s%s", stream[r],
+             (rw->keys[r] & 1) && has_kernels ? ": collectives" : (rw->keys[r] & 1) ? "" : ": kernels");
   }
 }
 
-/* timeline.dat: one line per complete ("X") event of a row, in ms, with its phase;
- * *t_end the last end. */
+/* timeline.dat: one line per complete ("X") event, in ms, with its row; *t_end the last end. */
 static mp_status timeline_data(mp_ctx *ctx, const char *dir, const char *trace_path, const cJSON *evs,
                                const timeline_rows *rw, double *t_end) {
   mp_status st;
   FILE *f = open_in(ctx, dir, "timeline.dat", &st);
   if (!f) return st;
-  fprintf(f, "# simulated step of the chosen plan (from %s)\n"
-             "# start_ms end_ms row phase(0 prologue,1 forward,2 recompute,3 backward,4 optimizer)\n",
-          trace_path);
+  fprintf(f, "# simulated step of the chosen plan (from %s)\n# start_ms end_ms row\n", trace_path);
   *t_end = 0;
   int64_t n_ev = 0;
   const cJSON *ev;
   cJSON_ArrayForEach(ev, evs) {
     const cJSON *ph = cJSON_GetObjectItemCaseSensitive(ev, "ph");
     if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X")) continue;
-    const cJSON *tid = cJSON_GetObjectItemCaseSensitive(ev, "tid");
     const cJSON *ts = cJSON_GetObjectItemCaseSensitive(ev, "ts");
     const cJSON *dur = cJSON_GetObjectItemCaseSensitive(ev, "dur");
-    if (!cJSON_IsNumber(tid) || !cJSON_IsNumber(ts) || !cJSON_IsNumber(dur)) continue;
+    if (!cJSON_IsNumber(ts) || !cJSON_IsNumber(dur)) continue;
+    const int k = event_key(ev);
     int row = -1;
     for (int r = 0; r < rw->n; r++)
-      if (rw->tids[r] == (int)tid->valuedouble) row = r;
+      if (rw->keys[r] == k) row = r;
     if (row < 0) continue;
     double a = ts->valuedouble / 1000.0, b = (ts->valuedouble + dur->valuedouble) / 1000.0;
     if (b > *t_end) *t_end = b;
-    fprintf(f, "%.6f %.6f %d %d\n", a, b, row, phase_index(ev));
+    fprintf(f, "%.6f %.6f %d\n", a, b, row);
     n_ev++;
   }
-  if (n_ev == 0) fprintf(f, "NaN NaN 0 0\n");
+  if (n_ev == 0) fprintf(f, "NaN NaN 0\n");
   return close_checked(ctx, f, dir, "timeline.dat");
 }
 
-/* timeline.gp: one row per stream, ops coloured by phase, one plot element per phase so
- * the key names the colours. */
+/* timeline.gp: one row per stream's kernels and per stream's collectives, each in its own
+ * colour, the row names as y tics (no key needed: the names are beside the rows). */
 static mp_status timeline_script(mp_ctx *ctx, const char *dir, const char *title, const timeline_rows *rw,
                                  double t_end) {
   mp_status st;
@@ -418,26 +452,25 @@ static mp_status timeline_script(mp_ctx *ctx, const char *dir, const char *title
   char qt[600];
   gp_quote(title, qt, sizeof qt);
   fprintf(f,
-          "# Simulated timeline of the chosen plan: one row per stream, ops coloured by phase.\n"
+          "# Simulated timeline of the chosen plan: one row per stream's kernels and collectives.\n"
           "# Redraw: gnuplot timeline.gp (reads timeline.dat)\n"
-          "set terminal pngcairo noenhanced size 1600,%d font 'DejaVu Sans,11'\n"
+          "set terminal pngcairo noenhanced size 1600,%d font 'DejaVu Sans,12'\n"
           "set output 'timeline.png'\n"
           "set title %s\n"
           "set xlabel 'time within the step (ms)'\n"
           "set xrange [0:%.6g]\n"
           "set yrange [-0.6:%d.6] reverse\n"
           "set grid xtics lc rgb '#dddddd'\n"
-          "set key outside top center horizontal\n"
+          "set lmargin 34\n"
+          "unset key\n"
           "set style fill solid 1.0 noborder\n"
           "set ytics (",
-          220 + 70 * (rw->n > 0 ? rw->n : 1), qt, t_end > 0 ? t_end * 1.01 : 1.0, rw->n > 0 ? rw->n - 1 : 0);
+          240 + 60 * (rw->n > 0 ? rw->n : 1), qt, t_end > 0 ? t_end * 1.01 : 1.0, rw->n > 0 ? rw->n - 1 : 0);
   for (int r = 0; r < rw->n; r++) fprintf(f, "%s'%s' %d", r ? ", " : "", rw->names[r], r);
   fprintf(f, ")\nplot ");
-  for (int p = 0; p < N_PHASES; p++)
-    fprintf(f,
-            "%s'timeline.dat' using (($1+$2)/2):($4==%d ? $3 : NaN):(($2-$1)/2):(0.35) "
-            "with boxxyerror lc rgb '%s' title '%s'",
-            p ? ", \\\n     " : "", p, k_phase_colors[p], k_phases[p]);
+  for (int r = 0; r < (rw->n > 0 ? rw->n : 1); r++)
+    fprintf(f, "%s'timeline.dat' using (($1+$2)/2):($3==%d ? $3 : NaN):(($2-$1)/2):(0.35) with boxxyerror lc rgb '%s'",
+            r ? ", \\\n     " : "", r, k_row_colors[r % N_ROW_COLORS]);
   fprintf(f, "\n");
   return close_checked(ctx, f, dir, "timeline.gp");
 }
@@ -446,12 +479,8 @@ mp_status mp_plot_timeline(mp_ctx *ctx, const char *dir, const char *trace_path,
                            const char *title) {
   MP_CHECK(mp_plot_check_gnuplot(ctx));
   cJSON *root = NULL;
-  MP_CHECK(mp_json_parse_file(ctx, trace_path, &root));
-  const cJSON *evs = cJSON_IsArray(root) ? root : cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
-  if (!cJSON_IsArray(evs)) {
-    cJSON_Delete(root);
-    return mp_error(ctx, MP_ERR_INVALID, "%s: not a Chrome trace (no traceEvents array)", trace_path);
-  }
+  const cJSON *evs = NULL;
+  MP_CHECK(read_trace(ctx, trace_path, &root, &evs));
   timeline_rows rw;
   timeline_rows_of(evs, &rw);
   double t_end = 0;
@@ -460,6 +489,114 @@ mp_status mp_plot_timeline(mp_ctx *ctx, const char *dir, const char *trace_path,
   MP_CHECK(st);
   MP_CHECK(timeline_script(ctx, dir, title, &rw, t_end));
   return mp_plot_run_gnuplot(ctx, dir, "timeline.gp");
+}
+
+/* ---- memory over time ----------------------------------------------------------------- */
+
+/* memory_time.dat from the trace's memory counter ("ph": "C", sim/trace.c): per sample the
+ * time (ms) and the running sum of the categories in the order of the trace's args, each
+ * sample written twice (before and after its step) so the areas rise and fall as steps. */
+static mp_status memory_time_data(mp_ctx *ctx, const char *dir, const cJSON *evs, char names[][32], int *n_cat,
+                                  double *t_end, double *ymax) {
+  mp_status st;
+  FILE *f = open_in(ctx, dir, "memory_time.dat", &st);
+  if (!f) return st;
+  *n_cat = 0;
+  *t_end = 0;
+  *ymax = 0;
+  double prev[16] = {0}, t_prev = 0;
+  int have_prev = 0;
+  const cJSON *ev;
+  cJSON_ArrayForEach(ev, evs) {
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(ev, "ph");
+    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(ev, "ts");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(ev, "args");
+    if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "C") || !cJSON_IsNumber(ts) || !cJSON_IsObject(args))
+      continue;
+    double cum[16];
+    int k = 0;
+    double sum = 0;
+    const cJSON *a;
+    cJSON_ArrayForEach(a, args) {
+      if (k >= 16 || !cJSON_IsNumber(a)) break;
+      if (*n_cat <= k) {
+        snprintf(names[k], 32, "%s", a->string ? a->string : "?");
+        *n_cat = k + 1;
+      }
+      sum += a->valuedouble;
+      cum[k++] = sum;
+    }
+    const double t = ts->valuedouble / 1000.0;
+    if (have_prev) {
+      fprintf(f, "%.6f", t);
+      for (int c = 0; c < *n_cat; c++) fprintf(f, " %.6g", prev[c]);
+      fprintf(f, "\n");
+    }
+    fprintf(f, "%.6f", t);
+    for (int c = 0; c < *n_cat; c++) fprintf(f, " %.6g", c < k ? cum[c] : sum);
+    fprintf(f, "\n");
+    for (int c = 0; c < *n_cat; c++) prev[c] = c < k ? cum[c] : sum;
+    have_prev = 1;
+    t_prev = t;
+    if (t > *t_end) *t_end = t;
+    if (sum > *ymax) *ymax = sum;
+  }
+  (void)t_prev;
+  if (!have_prev) fprintf(f, "0 0\n");
+  return close_checked(ctx, f, dir, "memory_time.dat");
+}
+
+mp_status mp_plot_memory_time(mp_ctx *ctx, const char *dir, const char *trace_path, double capacity_gib,
+                              double overhead_gib, const char *title) {
+  MP_CHECK(mp_plot_check_gnuplot(ctx));
+  cJSON *root = NULL;
+  const cJSON *evs = NULL;
+  MP_CHECK(read_trace(ctx, trace_path, &root, &evs));
+  char names[16][32];
+  int n_cat = 0;
+  double t_end = 0, ymax = 0;
+  mp_status st = memory_time_data(ctx, dir, evs, names, &n_cat, &t_end, &ymax);
+  cJSON_Delete(root);
+  MP_CHECK(st);
+  FILE *f = open_in(ctx, dir, "memory_time.gp", &st);
+  if (!f) return st;
+  char qt[600];
+  gp_quote(title, qt, sizeof qt);
+  if (capacity_gib > ymax) ymax = capacity_gib;
+  fprintf(f,
+          "# Memory of the chosen plan over its simulated step, categories stacked (from the\n"
+          "# trace's memory counter), against the GPU's usable memory.\n"
+          "# Redraw: gnuplot memory_time.gp (reads memory_time.dat)\n"
+          "set terminal pngcairo noenhanced size 1600,800 font 'DejaVu Sans,12'\n"
+          "set output 'memory_time.png'\n"
+          "set title %s\n"
+          "set xlabel 'time within the step (ms)'\n"
+          "set ylabel 'allocated per GPU (GiB; runtime overhead %.2f GiB not shown)'\n"
+          "set xrange [0:%.6g]\n"
+          "set yrange [0:%.6g]\n"
+          "set grid xtics ytics lc rgb '#dddddd'\n"
+          "set key outside right top\n"
+          "set rmargin 30\n"
+          "set style fill solid 0.85 noborder\n",
+          qt, overhead_gib, t_end > 0 ? t_end * 1.01 : 1.0, ymax * 1.1 + 1e-9);
+  if (capacity_gib > 0)
+    fprintf(f,
+            "set arrow 1 from graph 0, first %.6g to graph 1, first %.6g nohead lw 2 dt 2 lc rgb '#444444'\n"
+            "set label 1 'usable %.1f GiB (less the runtime overhead: %.1f GiB)' at graph 0.01, first %.6g "
+            "offset 0,0.7 textcolor rgb '#444444'\n",
+            capacity_gib, capacity_gib, capacity_gib, capacity_gib - overhead_gib, capacity_gib);
+  fprintf(f, "plot ");
+  for (int c = 0; c < (n_cat > 0 ? n_cat : 1); c++) {
+    if (c == 0)
+      fprintf(f, "'memory_time.dat' using 1:(0):2 with filledcurves lc rgb '%s' title '%s'", k_row_colors[0],
+              n_cat ? names[0] : "none");
+    else
+      fprintf(f, ", \\\n     'memory_time.dat' using 1:%d:%d with filledcurves lc rgb '%s' title '%s'", c + 1,
+              c + 2, k_row_colors[c % N_ROW_COLORS], names[c]);
+  }
+  fprintf(f, "\n");
+  MP_CHECK(close_checked(ctx, f, dir, "memory_time.gp"));
+  return mp_plot_run_gnuplot(ctx, dir, "memory_time.gp");
 }
 
 /* ---- a training run ---------------------------------------------------------------------- */

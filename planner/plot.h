@@ -52,6 +52,11 @@ typedef struct mp_plot_step {
   double eval_loss;
 } mp_plot_step;
 /* loss.{dat,gp,png} and throughput.{dat,gp,png} of n steps (n >= 1). */
+/* memory_time.png (+ .dat, .gp): the memory of a simulated step over time from a Chrome
+ * trace's memory counter (mp_sim_trace_write), categories stacked, with the usable
+ * capacity (GiB) as a line; overhead_gib (the runtime's, not in the counter) is named. */
+mp_status mp_plot_memory_time(mp_ctx *ctx, const char *dir, const char *trace_path, double capacity_gib,
+                              double overhead_gib, const char *title);
 mp_status mp_plot_training(mp_ctx *ctx, const char *dir, const mp_plot_step *steps, int64_t n, const char *title);
 
 #ifdef __cplusplus

@@ -18,6 +18,7 @@
 
 #include "common/limits.h"
 #include "common/timeutil.h"
+#include "planner/batch.h"
 
 const char *mp_search_ac_name(int ac) { return mp_ac_mode_name((mp_ac_mode)ac); }
 
@@ -125,6 +126,7 @@ mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
 void mp_search_config_init(mp_search_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   mp_search_fix_init(&cfg->fix);
+  cfg->search_fp8 = 1;
 }
 
 /* ---- pruning -------------------------------------------------------------------------- */
@@ -185,8 +187,8 @@ static mp_reject prune_options(const mp_search_config *cfg, const mp_candidate *
                                double n_params) {
   const mp_mesh *mesh = &c->mesh;
   int64_t dp = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD];
-  if (cfg->global_batch % (dp * c->micro_batch)) return MP_REJECT_BATCH;
-  if (!pp_virtual_ok(cfg, c, cfg->global_batch / (dp * c->micro_batch))) return MP_REJECT_PP_VIRTUAL;
+  if (c->global_batch < 1 || c->global_batch % (dp * c->micro_batch)) return MP_REJECT_BATCH;
+  if (!pp_virtual_ok(cfg, c, c->global_batch / (dp * c->micro_batch))) return MP_REJECT_PP_VIRTUAL;
   if (c->sp && (cfg->seq / mesh->size[MP_DIM_CP]) % mesh->size[MP_DIM_TP]) return MP_REJECT_SP_SEQ;
   if (c->fp8 && !mp_gpu_has_float8(&cfg->cluster->gpu)) return MP_REJECT_FP8_GPU;
   if (c->fp8 && !fp8_dims_ok(cfg->model, mesh->size[MP_DIM_TP])) return MP_REJECT_FP8_DIMS;
@@ -252,8 +254,14 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                  cp, (long long)cfg->seq, 2 * cp, MP_CP_MIN_CHUNK);
       break;
     case MP_REJECT_BATCH:
-      snprintf(buf, cap, "global batch %lld not divisible by dp=%lld x micro-batch=%lld",
-               (long long)cfg->global_batch, (long long)dp, (long long)c->micro_batch);
+      if (c->global_batch < 1)
+        snprintf(buf, cap,
+                 "dp=%lld is over the default batch rule's %lld sequences: each data-parallel rank "
+                 "needs a whole sequence; pass --global-batch to plan a larger step",
+                 (long long)dp, (long long)cfg->target_batch);
+      else
+        snprintf(buf, cap, "global batch %lld not divisible by dp=%lld x micro-batch=%lld",
+                 (long long)c->global_batch, (long long)dp, (long long)c->micro_batch);
       break;
     case MP_REJECT_FP8_GPU:
       snprintf(buf, cap, "float8 needs an fp8 peak and compute capability >= 89; %s has %d",
@@ -295,7 +303,7 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                "pp=%d x %d chunks: the interleaved schedule needs every one of the %d model "
                "chunks of %lld layers non-empty and a multiple of pp micro-batches (%lld here)",
                pp, c->pp_virtual, pp * c->pp_virtual, (long long)m->n_layers,
-               (long long)(cfg->global_batch / (dp * c->micro_batch)));
+               (long long)(c->global_batch / (dp * c->micro_batch)));
       break;
     case MP_REJECT_SP_SEQ:
       snprintf(buf, cap, "sequence parallelism: tp=%d does not divide seq/cp=%lld", tp,
@@ -373,7 +381,8 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
   const mp_search_fix *fx = &cfg->fix;
   mp_reject mesh_rej = prune_mesh(cfg, mesh);
   int64_t dp = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD];
-  int64_t per_rank = cfg->global_batch / dp; /* floor; < 1 when dp > batch */
+  const int64_t gb = cfg->target_batch > 0 ? mp_batch_for_dp(cfg->target_batch, dp) : cfg->global_batch;
+  int64_t per_rank = gb / dp; /* floor; < 1 when dp > batch */
   if (per_rank < 1) per_rank = 1;
   int pads_vocab = cfg->model->vocab % mesh->size[MP_DIM_TP] != 0;
   const int sp = mesh->size[MP_DIM_TP] > 1 && (fx->sp >= 0 ? fx->sp : cfg->sp);
@@ -389,13 +398,14 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
         const int ac = k_ac_order[ia];
         if (!(mask & (1u << ac))) continue;
         for (int fp8 = 0; fp8 < 2; fp8++) {
-          if (!fixed_ok(fx->fp8, fp8)) continue;
+          if (!fixed_ok(fx->fp8, fp8) || (fp8 && fx->fp8 < 0 && !cfg->search_fp8)) continue;
           for (int rs = 0; rs < 2; rs++) {
             if (!fixed_ok(fx->reshard, rs)) continue;
             mp_candidate c;
             memset(&c, 0, sizeof c);
             c.mesh = *mesh;
             c.micro_batch = mb;
+            c.global_batch = gb;
             c.ac = (uint8_t)ac;
             c.ac_every = (uint16_t)(ac == MP_AC_FULL && fx->ac_every > 1 ? fx->ac_every : 1);
             c.fp8 = (uint8_t)fp8;
@@ -419,11 +429,13 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
   *out = NULL;
   if (!cfg->model || !cfg->cluster)
     return mp_error(ctx, MP_ERR_INVALID, "search needs a model and a cluster");
-  if (cfg->seq < 1 || cfg->global_batch < 1)
+  const int64_t gb = cfg->target_batch > 0 ? cfg->target_batch : cfg->global_batch;
+  if (cfg->seq < 1 || gb < 1)
     return mp_error(ctx, MP_ERR_USAGE, "seq (%lld) and global batch (%lld) must be >= 1",
-                    (long long)cfg->seq, (long long)cfg->global_batch);
-  /* the step's sizes bounded so that the plans' sizes fit (exec/model.h) */
-  MP_CHECK(mp_model_check_step(ctx, cfg->model, cfg->seq, 1, cfg->global_batch));
+                    (long long)cfg->seq, (long long)gb);
+  /* the step's sizes bounded so that the plans' sizes fit (exec/model.h); the rule's batches
+   * are under 1.5 times its target */
+  MP_CHECK(mp_model_check_step(ctx, cfg->model, cfg->seq, 1, cfg->target_batch > 0 ? 2 * gb : gb));
   int n = mp_cluster_n_gpus(cfg->cluster);
   if (n < 1 || n > MP_MESH_MAX_WORLD)
     return mp_error(ctx, MP_ERR_INVALID, "cluster %s has %d GPUs; need 1 .. %d", cfg->cluster->name,
@@ -701,81 +713,54 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
   return st;
 }
 
-/* ---- ranking -------------------------------------------------------------------------- */
-
-mp_status mp_objective_parse(mp_ctx *ctx, const char *str, mp_objective *out) {
-  if (strcmp(str, "time") == 0) *out = MP_OBJECTIVE_TIME;
-  else if (strcmp(str, "memory") == 0) *out = MP_OBJECTIVE_MEMORY;
-  else if (strcmp(str, "tokens-per-dollar") == 0) *out = MP_OBJECTIVE_TOKENS_PER_DOLLAR;
-  else
-    return mp_error(ctx, MP_ERR_USAGE, "--objective %s: use time, memory or tokens-per-dollar", str);
-  return MP_OK;
-}
-
-const char *mp_objective_name(mp_objective o) {
-  switch (o) {
-    case MP_OBJECTIVE_TIME: return "time";
-    case MP_OBJECTIVE_MEMORY: return "memory";
-    case MP_OBJECTIVE_TOKENS_PER_DOLLAR: return "tokens-per-dollar";
-  }
-  return "?";
-}
-
-double mp_tokens_per_dollar(const mp_candidate *c, double price_per_gpu_hour) {
-  if (price_per_gpu_hour <= 0) return 0;
-  return c->res.tokens_per_s_per_gpu * 3600.0 / price_per_gpu_hour;
-}
-
-typedef struct rank_ctx {
-  const mp_candidate *cands;
-  mp_objective obj;
-  double price;
-} rank_ctx;
-
-static int cmp_d(double a, double b) { return a < b ? -1 : a > b ? 1 : 0; }
-static int cmp_i(int64_t a, int64_t b) { return a < b ? -1 : a > b ? 1 : 0; }
-
-static int rank_cmp(const void *pa, const void *pb, void *arg) {
-  const rank_ctx *r = arg;
-  int64_t ia = *(const int64_t *)pa, ib = *(const int64_t *)pb;
-  const mp_candidate *a = &r->cands[ia], *b = &r->cands[ib];
-  int c = 0;
-  switch (r->obj) {
-    case MP_OBJECTIVE_TIME:
-      c = cmp_d(a->res.step_time_s, b->res.step_time_s);
-      if (!c) c = cmp_i(a->res.peak_mem_bytes, b->res.peak_mem_bytes);
-      break;
-    case MP_OBJECTIVE_MEMORY:
-      c = cmp_i(a->res.peak_mem_bytes, b->res.peak_mem_bytes);
-      if (!c) c = cmp_d(a->res.step_time_s, b->res.step_time_s);
-      break;
-    case MP_OBJECTIVE_TOKENS_PER_DOLLAR:
-      c = -cmp_d(mp_tokens_per_dollar(a, r->price), mp_tokens_per_dollar(b, r->price));
-      if (!c) c = cmp_i(a->res.peak_mem_bytes, b->res.peak_mem_bytes);
-      break;
-  }
-  return c ? c : cmp_i(ia, ib);
-}
-
-mp_status mp_search_rank(mp_ctx *ctx, const mp_search *s, mp_objective obj,
-                         double price_per_gpu_hour, int64_t **order, int64_t *n_order) {
-  *order = NULL;
-  *n_order = 0;
-  if (obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR && !(price_per_gpu_hour > 0))
-    return mp_error(ctx, MP_ERR_USAGE,
-                    "--objective tokens-per-dollar needs a price: pass --price USD_PER_GPU_HOUR "
-                    "or use a cluster with price_per_gpu_hour");
-  int64_t n = 0;
+void mp_search_reject_counts(const mp_search *s, int64_t by[MP_REJECT_COUNT]) {
+  memset(by, 0, sizeof(int64_t) * MP_REJECT_COUNT);
   for (int64_t i = 0; i < s->n; i++)
-    if (s->cands[i].evaluated && s->cands[i].reject == MP_REJECT_NONE) n++;
-  int64_t *idx = mp_arena_alloc(s->arena, (size_t)(n > 0 ? n : 1) * sizeof *idx);
-  MP_CHECK_ALLOC(ctx, idx);
-  n = 0;
+    if (s->cands[i].reject < MP_REJECT_COUNT) by[s->cands[i].reject]++;
+}
+
+const char *mp_reject_words(mp_reject r) {
+  static const char *const words[MP_REJECT_COUNT] = {
+      "ranked",
+      "pp over the layers, or a pipeline stage left empty",
+      "MoE with pipeline parallelism",
+      "tp does not divide the attention heads",
+      "tp does not divide the key/value heads",
+      "tp does not divide the MLP width",
+      "tp does not divide the model width",
+      "tp larger than a node (--allow-cross-node-tp to allow)",
+      "ep does not divide the experts",
+      "cp does not cut seq into 2 cp chunks of 128+ tokens",
+      "the global batch does not divide over dp x micro-batch (or dp is over the batch rule's)",
+      "float8 on a GPU without float8",
+      "float8 with GEMM dims not multiples of 16",
+      "reshard_after_forward changes nothing (duplicate)",
+      "fp32 parameters and AdamW state alone over capacity",
+      "simulated peak memory over capacity",
+      "the simulator refused the plan",
+      "interleaved pipeline chunks empty or micro-batches not a multiple of pp",
+      "sequence parallelism: tp does not divide seq / cp",
+      "an AC policy with less recompute fits (never slower)",
+      "half the micro-batch is already over capacity",
+      "full AC is already over capacity"};
+  return (unsigned)r < MP_REJECT_COUNT ? words[r] : "?";
+}
+
+static int fix_matches(const mp_search_fix *f, const mp_candidate *c) {
+  const mp_mesh *m = &c->mesh;
+  return (f->pp < 0 || f->pp == m->size[MP_DIM_PP]) &&
+         (f->dp_replicate < 0 || f->dp_replicate == m->size[MP_DIM_DP_REPLICATE]) &&
+         (f->dp_shard < 0 || f->dp_shard == m->size[MP_DIM_DP_SHARD]) &&
+         (f->cp < 0 || f->cp == m->size[MP_DIM_CP]) && (f->tp < 0 || f->tp == m->size[MP_DIM_TP]) &&
+         (f->ep < 0 || f->ep == m->ep) && (f->ac < 0 || f->ac == c->ac) &&
+         (f->ac < 0 || (f->ac_every < 0 ? 1 : f->ac_every) == (c->ac_every ? c->ac_every : 1)) &&
+         (f->sp < 0 || f->sp == c->sp) && (f->pp_virtual < 0 || f->pp_virtual == c->pp_virtual) &&
+         (f->fp8 < 0 || f->fp8 == c->fp8) && (f->reshard < 0 || f->reshard == c->reshard) &&
+         (f->micro_batch < 0 || f->micro_batch == c->micro_batch);
+}
+
+int64_t mp_search_find(const mp_search *s, const mp_search_fix *fix) {
   for (int64_t i = 0; i < s->n; i++)
-    if (s->cands[i].evaluated && s->cands[i].reject == MP_REJECT_NONE) idx[n++] = i;
-  rank_ctx rc = {s->cands, obj, price_per_gpu_hour};
-  qsort_r(idx, (size_t)n, sizeof *idx, rank_cmp, &rc);
-  *order = idx;
-  *n_order = n;
-  return MP_OK;
+    if (fix_matches(fix, &s->cands[i])) return i;
+  return -1;
 }

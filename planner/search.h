@@ -7,9 +7,9 @@
  * dividing dp_shard (MoE models; ep = 1 for dense ones), with pp > 1 the model chunks per
  * stage 1 (1F1B), 2, 4 (interleaved; up to pp_virtual_max; on meshes the mesh rules below
  * keep, 1 alone on the others), crossed with micro-batch sizes
- * (powers of two up to the per-rank batch global_batch / (dp_replicate x dp_shard), or 1
- * when that is below 1), the AC policies the stack runs (mp_search_config.ac_mask), float8 {off, on} and
- * reshard_after_forward {off, on}, in that nesting order. Candidates are numbered in
+ * (powers of two up to the per-rank batch, the mesh's global batch / (dp_replicate x dp_shard), or 1
+ * when that is below 1), the AC policies the stack runs (mp_search_config.ac_mask), float8 {off, on} (off alone unless search_fp8
+ * or fix.fp8) and reshard_after_forward {off, on}, in that nesting order. Candidates are numbered in
  * enumeration order and that order is stable (tests and the database rely on it).
  *
  * Pruning (cheap, before any simulation), first failing rule wins, in this order:
@@ -17,7 +17,8 @@
  *   so (pp - 1) * ceil(n_layers / pp) >= n_layers leaves the last one none); MoE with pp > 1; tp must divide n_heads, n_kv_heads, d_ff (models with
  *   dense MLP layers), d_model; tp must divide gpus_per_node (a TP group stays in one
  *   NVLink domain) unless allow_cross_node_tp; ep must divide n_experts; cp must divide
- *   seq into 2 cp load-balanced chunks of at least 128 tokens; global_batch must be divisible by dp x micro_batch; float8 needs an fp8 peak and
+ *   seq into 2 cp load-balanced chunks of at least 128 tokens; the candidate's global batch (the config's, or the rule's nearest multiple of dp to its
+ *   target, none when dp is over twice the target) must be divisible by dp x micro_batch; float8 needs an fp8 peak and
  *   compute capability >= 89, and GEMM dims (d_model, and d_ff, n_heads x head_dim,
  *   n_kv_heads x head_dim after TP) that are multiples of 16; reshard_after_forward with
  *   pp > 1 on a stack that keeps a stage's parameters gathered (pp_keeps_params) is a
@@ -117,6 +118,9 @@ typedef struct mp_candidate {
   uint8_t reject;       /* mp_reject */
   uint8_t evaluated;    /* 1: the evaluator ran and res is valid */
   uint8_t pads_vocab;   /* 1: tp does not divide vocab; the plan pads it */
+  int64_t global_batch; /* sequences per step of this candidate: the config's global_batch,
+                           or under the default rule (target_batch) the nearest multiple of
+                           its dp to the target; 0 when the rule gives none */
   const char *error;    /* evaluator's message when reject == MP_REJECT_EVAL_ERROR */
   int64_t plan_id;      /* database row id once stored (0 when not stored) */
   mp_sim_result res;    /* valid when evaluated */
@@ -149,7 +153,12 @@ typedef struct mp_search_config {
   const mp_model *model;
   const mp_cluster *cluster;
   int64_t seq;          /* tokens per sequence */
-  int64_t global_batch; /* sequences per step */
+  int64_t global_batch; /* sequences per step (when target_batch is 0) */
+  int64_t target_batch; /* > 0: the default rule's target in sequences (planner/batch.h):
+                           each mesh runs the nearest multiple of its dp, global_batch is
+                           not used; 0: every mesh runs global_batch */
+  int search_fp8;       /* 1: float8 searched beside bf16 where not fixed; 0: bf16 unless
+                           fix.fp8 asks for float8 (mp_search_config_init: 1) */
   int allow_cross_node_tp;
   int executable_only;  /* pp == 1: what exec/runtime executes */
   unsigned ac_mask;     /* the AC policies enumerated, bit 1 << mp_ac_mode (the stack's
@@ -209,6 +218,15 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
                         mp_search_sink_fn sink, void *sink_user,
                         mp_search_progress_fn progress, void *progress_user);
 
+/* The counts of candidates by reject reason, by[0] the ranked ones. */
+void mp_search_reject_counts(const mp_search *s, int64_t by[MP_REJECT_COUNT]);
+/* A rule in words for the summary ("the global batch does not divide over dp x
+ * micro-batch"). */
+const char *mp_reject_words(mp_reject r);
+/* The index of the candidate whose mesh and options match `fix` on every field it sets
+ * (the first in enumeration order when several do), or -1. */
+int64_t mp_search_find(const mp_search *s, const mp_search_fix *fix);
+
 /* Writes the reason a candidate was rejected ("tp=3 does not divide n_kv_heads=8"), or ""
  * when it was not. */
 void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, char *buf,
@@ -220,8 +238,25 @@ const char *mp_search_ac_name(int ac);
 /* The candidate's AC policy as the CLI takes it: the name, or "full:N". */
 void mp_candidate_ac_str(const mp_candidate *c, char *buf, size_t cap);
 
+/* Ranking. The time objective ranks by step time per sequence (the step's time over its
+ * global batch, i.e. throughput: candidates under the default batch rule run different
+ * batches), tokens-per-dollar by tokens per dollar, memory by peak memory. For time and
+ * tokens-per-dollar, plans within MP_RANK_TIE_TOL of the best plan not yet ranked are ties,
+ * decided toward the simpler plan (mp_candidate_simplicity): rank k is the simplest of the
+ * unranked plans within the tolerance of the fastest unranked one. A prediction is not
+ * exact to 1 % (docs/calibration.md: 5-10 % against measurements), so a plan that is
+ * simpler to run (fewer parallel dims to debug, no ring attention or float8 numerics) is the
+ * better choice among plans the model cannot tell apart. */
+#define MP_RANK_TIE_TOL 0.01
+/* The simplicity key, lower is simpler, compared in this order: context parallelism
+ * (cp > 1), float8, the number of mesh dims above 1 (pp, dp_replicate, dp_shard, cp, tp,
+ * ep), interleaved pipeline chunks, the AC policy's recompute (none, selective-core,
+ * selective, selective-op, full), packed into one integer; the ranking then prefers lower
+ * peak memory. */
+int64_t mp_candidate_simplicity(const mp_candidate *c);
+
 typedef enum mp_objective {
-  MP_OBJECTIVE_TIME = 0,      /* lowest step time; ties: lower peak memory */
+  MP_OBJECTIVE_TIME = 0,      /* lowest step time per sequence; ties: the simpler plan */
   MP_OBJECTIVE_MEMORY,        /* lowest peak memory; ties: lower step time */
   MP_OBJECTIVE_TOKENS_PER_DOLLAR /* most tokens per dollar (needs a price) */
 } mp_objective;
@@ -233,7 +268,8 @@ double mp_tokens_per_dollar(const mp_candidate *c, double price_per_gpu_hour);
 
 /* Indices of the feasible candidates, best first, into a buffer from s->arena.
  * MP_OBJECTIVE_TOKENS_PER_DOLLAR with price <= 0 is MP_ERR_USAGE (pass --price or use a
- * cluster with price_per_gpu_hour). Remaining ties go to the lower index. */
+ * cluster with price_per_gpu_hour). Ties within MP_RANK_TIE_TOL go to the simpler plan,
+ * remaining ones to the lower index. */
 mp_status mp_search_rank(mp_ctx *ctx, const mp_search *s, mp_objective obj,
                          double price_per_gpu_hour, int64_t **order, int64_t *n_order);
 

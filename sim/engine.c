@@ -212,6 +212,25 @@ static void trace_push(sim *x, int32_t op, int32_t layer, int32_t micro, double 
   e->op = op;
   e->layer = layer;
   e->micro = micro;
+  e->mem_delta = 0;
+  e->mem_cat = -1;
+}
+
+/* A memory event in the trace (its time: its stream's, when it is issued), for the
+ * trace's memory counter track. */
+static void trace_push_mem(sim *x, int32_t idx, int32_t layer, int32_t micro) {
+  const cop *op = &x->ops[idx];
+  if (op->mem_cat < 0 || (op->kind != COP_ALLOC && op->kind != COP_FREE)) return;
+  if (micro >= 0) {
+    if ((op->when == MP_WHEN_FIRST_MICRO || op->when == MP_WHEN_ONCE) && micro != 0) return;
+    if (op->when == MP_WHEN_LAST_MICRO && micro != x->n_micro - 1) return;
+  }
+  const size_t n = x->trace->n;
+  trace_push(x, idx, layer, micro, x->a.free_t[op->stream], 0.0);
+  if (x->trace->n == n + 1) {
+    x->trace->ev[n].mem_delta = op->mem_delta;
+    x->trace->ev[n].mem_cat = op->mem_cat;
+  }
 }
 
 /* Runs one op instance; returns 1 with its start time when a timed op ran (for the
@@ -328,9 +347,12 @@ static void run_rep(sim *x, const mp_segment *g, int32_t rep, int32_t micro) {
   double t;
   if (x->trace != NULL) {
     for (int32_t idx = first; idx < last; idx++) {
-      if (!run_op(x, idx, rep, micro, &t)) continue;
       int32_t l = x->s->ops[idx].layer;
       int32_t layer = l >= 0 ? l + rep * g->layer_step : l;
+      if (!run_op(x, idx, rep, micro, &t)) {
+        trace_push_mem(x, idx, layer, micro);
+        continue;
+      }
       trace_push(x, idx, layer, micro, t, x->ops[idx].dur);
     }
     return;

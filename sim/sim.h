@@ -137,6 +137,10 @@ typedef struct mp_sim_busy {
   int64_t comm_n[MP_GROUP_COUNT];
 } mp_sim_busy;
 void mp_sim_trace_busy(const mp_sim_trace *t, mp_sim_busy *out);
+/* Per op of the traced schedule (index into its ops, n_ops of them): the predicted
+ * duration of the op's first timed instance (s); 0 for memory events, -1 for an op that did
+ * not run (a micro-batch condition skipped it). For `meshplan explain --schedule`. */
+void mp_sim_trace_op_durations(const mp_sim_trace *t, double *dur, int64_t n_ops);
 
 /* Convenience: build the plan, the compact schedule of rank 0 (or the worst pipeline
  * stage), and simulate. */

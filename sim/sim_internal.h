@@ -9,9 +9,13 @@
 /* One simulated op instance on the timeline. */
 typedef struct mp_sim_event {
   double start_s, dur_s;
+  int64_t mem_delta; /* a memory event (ALLOC/FREE op): the bytes it adds (negative: frees)
+                        as the simulator counts them (activations scaled by the stack);
+                        0 for timed ops */
   int32_t op;    /* index into the schedule's ops */
   int32_t layer; /* the instance's block index (-1 outside blocks) */
   int32_t micro; /* -1 for prologue / optimizer */
+  int8_t mem_cat; /* a memory event's mp_mem_cat; -1 for timed ops */
 } mp_sim_event;
 
 /* Names are formatted only when the trace is written (mp_op_name), never while

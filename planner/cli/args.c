@@ -6,6 +6,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* An optional value: metavar "[w1|w2|...]" lists the words the option may take; word is
+ * one of them. */
+static int is_word_of(const char *metavar, const char *word) {
+  if (metavar == NULL || metavar[0] != '[') return 0;
+  const size_t n = strlen(word);
+  for (const char *p = metavar + 1; *p && *p != ']';) {
+    const char *e = p;
+    while (*e && *e != '|' && *e != ']') e++;
+    if ((size_t)(e - p) == n && n > 0 && strncmp(p, word, n) == 0) return 1;
+    p = *e == '|' ? e + 1 : e;
+  }
+  return 0;
+}
+
 static mp_opt *find(mp_cmd_spec *spec, const char *name, size_t len) {
   for (mp_opt *o = spec->opts; o && o->name; o++)
     if (strlen(o->name) == len && strncmp(o->name, name, len) == 0) return o;
@@ -34,6 +48,13 @@ mp_status mp_args_parse(mp_ctx *ctx, mp_cmd_spec *spec, int argc, char **argv, c
         if (eq)
           return mp_error(ctx, MP_ERR_USAGE, "%s takes no value", o->name);
         o->value = "1";
+      } else if (o->metavar[0] == '[') {
+        /* a switch that may take one of its words: "--fp8", "--fp8 auto", "--fp8=off" */
+        if (eq && !is_word_of(o->metavar, eq + 1))
+          return mp_error(ctx, MP_ERR_USAGE, "%s '%s': expected one of %s", o->name, eq + 1, o->metavar);
+        if (eq) o->value = eq + 1;
+        else if (i + 1 < argc && is_word_of(o->metavar, argv[i + 1])) o->value = argv[++i];
+        else o->value = "1";
       } else if (eq) {
         if (eq[1] == '\0')
           return mp_error(ctx, MP_ERR_USAGE, "%s needs a value (%s): %s", o->name, o->metavar,

@@ -17,7 +17,9 @@ extern "C" {
 
 typedef struct mp_opt {
   const char *name;   /* "--model" */
-  const char *metavar; /* "M": takes a value; NULL: a switch */
+  const char *metavar; /* "M": takes a value; NULL: a switch; "[a|b]": a switch that may
+                          take one of the words a, b as its value (the next argument when
+                          it is one of them, or =word); given bare, its value is "1" */
   const char *help;
   /* filled by the parser */
   const char *value; /* the value, or "1" for a given switch, NULL when absent */

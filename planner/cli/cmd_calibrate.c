@@ -42,7 +42,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "calibrate", "Measure this machine for the simulator: the CPU kernels (fitted into the meshplan-cpu stack), "
     "memory and collective rates, or the efficiencies of meshplan's CUDA kernels on a GPU.",
-    "--device cpu|cuda[:N] [--db PATH] [--reps N] [--gpu PROFILE] [--quick] [--json]   "
+    "--device cpu|cuda[:N] [--db PATH] [--reps N] [--gpu TYPE] [--quick] [--json]   "
     "(mpirun -np N meshplan calibrate --device cpu ... for collectives)",
     k_opts, 0};
 

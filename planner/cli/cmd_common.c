@@ -7,6 +7,7 @@
 
 #include "common/limits.h"
 #include "exec/comm/comm.h"
+#include "planner/batch.h"
 #include "planner/cli/commands.h"
 
 /* The running command's name, for the prefix of its messages (one command per process). */
@@ -38,7 +39,8 @@ int mp_command_main(const mp_command *cmd, int argc, char **argv) {
 mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
   const char *ac = mp_args_get(spec, "--ac");
   if (ac) MP_CHECK(mp_ac_parse(ctx, ac, &o->ac, &o->ac_every));
-  if (mp_args_has(spec, "--fp8")) o->fp8 = 1;
+  const char *fp8 = mp_args_get(spec, "--fp8");
+  if (fp8) o->fp8 = strcmp(fp8, "off") != 0;
   if (mp_args_has(spec, "--sp") && mp_args_has(spec, "--no-sp"))
     return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: --sp and --no-sp contradict each other; give one",
                     spec->name);
@@ -54,6 +56,77 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
   MP_CHECK(mp_args_int(ctx, spec, "--global-batch", 1, MP_LIM_GLOBAL_BATCH, &v));
   if (v > 0) o->global_batch = v;
   return MP_OK;
+}
+
+mp_status mp_cmd_load_model(mp_ctx *ctx, const mp_cmd_spec *spec, const char *dflt, mp_model *m) {
+  const char *hf = mp_args_get(spec, "--hf-config");
+  const char *model = mp_args_get(spec, "--model");
+  if (hf && model) return mp_error(ctx, MP_ERR_USAGE, "give --model or --hf-config, not both");
+  return mp_model_load(ctx, hf ? hf : (model ? model : dflt), m);
+}
+
+mp_status mp_cmd_load_cluster(mp_ctx *ctx, const mp_cmd_spec *spec, mp_cluster *c) {
+  const char *cl = mp_args_get(spec, "--cluster");
+  const int gpus = mp_args_has(spec, "--gpus");
+  const char *extra = mp_args_has(spec, "--gpu") ? "--gpu"
+                      : mp_args_has(spec, "--gpus-per-node") ? "--gpus-per-node"
+                      : mp_args_has(spec, "--inter-gbps") ? "--inter-gbps" : NULL;
+  if (cl && (gpus || extra))
+    return mp_error(ctx, MP_ERR_USAGE, "give --cluster or --gpus (with --gpu, --gpus-per-node, --inter-gbps), not both");
+  if (!gpus && extra)
+    return mp_error(ctx, MP_ERR_USAGE, "%s describes the GPUs of --gpus N: add --gpus N, or use --cluster", extra);
+  if (!gpus) return mp_cluster_load(ctx, cl ? cl : "h100-8", c);
+  long long n = 0;
+  double inter = 400.0;
+  MP_CHECK(mp_args_int(ctx, spec, "--gpus", 1, MP_LIM_GPUS, &n));
+  long long per = n < 8 ? n : 8;
+  MP_CHECK(mp_args_int(ctx, spec, "--gpus-per-node", 1, MP_LIM_GPUS_PER_NODE, &per));
+  MP_CHECK(mp_args_double(ctx, spec, "--inter-gbps", 0, MP_LIM_LINK_GBPS, MP_RANGE_OPEN_LO, &inter));
+  const char *gpu = mp_args_get(spec, "--gpu");
+  MP_CHECK(mp_cluster_make(ctx, gpu ? gpu : "h100-sxm", (int)n, (int)per, c));
+  c->inter_node_Gbitps_per_gpu = inter;
+  return MP_OK;
+}
+
+mp_status mp_cmd_check_seq(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_model *m, int64_t seq) {
+  if (seq <= m->max_seq || mp_args_has(spec, "--allow-long-seq")) return MP_OK;
+  return mp_error(ctx, MP_ERR_USAGE,
+                  "--seq %lld is longer than %s's max_seq %lld (positions it was not trained on); use "
+                  "--seq %lld or less, or pass --allow-long-seq", (long long)seq, m->name, (long long)m->max_seq,
+                  (long long)m->max_seq);
+}
+
+mp_status mp_cmd_batch_tokens(mp_ctx *ctx, const mp_cmd_spec *spec, int64_t seq, int64_t *global_batch) {
+  if (!mp_args_has(spec, "--global-batch-tokens")) return MP_OK;
+  if (mp_args_has(spec, "--global-batch"))
+    return mp_error(ctx, MP_ERR_USAGE, "give --global-batch or --global-batch-tokens, not both");
+  long long tokens = 0;
+  MP_CHECK(mp_args_int(ctx, spec, "--global-batch-tokens", 1, MP_LIM_STEP_TOKENS, &tokens));
+  if (seq < 1 || tokens % seq)
+    return mp_error(ctx, MP_ERR_USAGE, "--global-batch-tokens %lld is not a multiple of seq %lld; use %lld or %lld",
+                    tokens, (long long)seq, tokens / seq * seq, (tokens / seq + 1) * seq);
+  *global_batch = tokens / seq;
+  return MP_OK;
+}
+
+void mp_cmd_default_batch(const mp_model *m, const mp_mesh *mesh, int64_t seq, int64_t micro_batch,
+                          int64_t *global_batch, char *rule, size_t cap) {
+  const double n_params = (double)mp_model_param_count(m);
+  const int64_t world = mp_mesh_world(mesh);
+  const int64_t step = mp_mesh_group_size(mesh, MP_GROUP_DP) * (micro_batch > 0 ? micro_batch : 1);
+  const int64_t target = mp_batch_rule_seqs(mp_batch_rule_tokens(n_params, world), seq);
+  int64_t gb = mp_batch_for_dp(target, step);
+  char words[320];
+  mp_batch_rule_str(n_params, world, words, sizeof words);
+  if (gb == 0) {
+    gb = step;
+    snprintf(rule, cap, "%lld sequences: one micro-batch per data-parallel rank, over the default rule's %lld (%s)",
+             (long long)gb, (long long)target, words);
+  } else {
+    snprintf(rule, cap, "%lld sequences by the default rule: %lld sequences of %lld tokens, %s", (long long)gb,
+             (long long)target, (long long)seq, words);
+  }
+  *global_batch = gb;
 }
 
 int mp_cmd_print_json(cJSON *root) {

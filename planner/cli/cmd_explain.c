@@ -23,9 +23,12 @@
 #include "exec/plan.h"
 #include "exec/schedule.h"
 #include "planner/cli/commands.h"
+#include "sim/sim.h"
+#include "sim/stack.h"
 
 static mp_opt k_opts[] = {
     MP_OPT_MODEL("llama3.1-8b"),
+    MP_OPT_HF_CONFIG,
     MP_OPT_MESH("default dp_shard=8"),
     MP_OPT_EP(""),
     MP_OPT_AC(""),
@@ -36,17 +39,27 @@ static mp_opt k_opts[] = {
     {"--param", "FQN", "tile diagram of one parameter, e.g. layers.0.mlp.up_proj.weight", NULL},
     {"--rank", "R", "rank whose at-rest shapes and totals are shown (default 0)", NULL},
     MP_OPT_SEQ("min(8192, the model's max_seq)"),
+    MP_OPT_ALLOW_LONG_SEQ,
     MP_OPT_MICRO_BATCH("1"),
-    MP_OPT_GLOBAL_BATCH_ONE_MICRO,
-    {"--schedule", NULL, "print the rank's step schedule", NULL},
+    MP_OPT_GLOBAL_BATCH_RULE,
+    MP_OPT_GLOBAL_BATCH_TOKENS,
+    {"--schedule", NULL, "print the rank's step schedule, each op with its predicted duration", NULL},
+    {"--summary", NULL, "where the predicted step goes: time and count per kernel class and per collective "
+                        "group (with or instead of --schedule)", NULL},
+    MP_OPT_CLUSTER("--gpus of the mesh's world"),
+    MP_OPT_GPUS,
+    MP_OPT_GPU_OF_GPUS("default h100-sxm"),
+    MP_OPT_GPUS_PER_NODE("8, or N when N < 8"),
+    MP_OPT_INTER_GBPS,
+    MP_OPT_STACK("the GPU's default"),
     MP_OPT_JSON("everything"),
     MP_OPT_END,
 };
 
 static mp_cmd_spec k_spec = {
     "explain", "Show the sharding passes, parameter shapes, FSDP units and schedule of one plan.",
-    "[--model M] [--mesh SPEC] [--ep N] [--ac MODE] [--fp8] [--sp|--no-sp] [--param FQN] [--rank R] [--json] "
-    "[--schedule] [--seq S] [--micro-batch B] [--global-batch G]",
+    "[--model M | --hf-config PATH] [--mesh SPEC] [--ep N] [--ac MODE] [--fp8] [--sp|--no-sp] [--param FQN] [--rank R] [--json] "
+    "[--schedule] [--summary] [--cluster C | --gpus N] [--seq S] [--micro-batch B] [--global-batch G]",
     k_opts, 0};
 
 /* ---- formatting helpers ----------------------------------------------------------- */
@@ -110,7 +123,12 @@ typedef struct explain {
   int world;
   const char *param_fqn;
   int schedule;
+  int summary;
   int json;
+  double *dur;         /* --schedule, --summary: per op of the schedule, its predicted s */
+  mp_sim_busy busy;    /* the predicted step's busy time by class */
+  mp_sim_result res;   /* the predicted step */
+  char predicted_on[200]; /* "8 x h100-sxm, stack torchtitan-compile" */
   int64_t local_batch; /* sequences per data-parallel rank per step */
   int64_t n_micro;     /* micro-batches per step */
 } explain;
@@ -406,17 +424,108 @@ static void print_tiles(const explain *e, const mp_param *prm) {
 
 /* ---- schedule ------------------------------------------------------------------- */
 
-static mp_status build_schedule(mp_ctx *ctx, const explain *e, mp_arena **arena, mp_schedule **s) {
-  *arena = mp_arena_create();
-  if (*arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the schedule");
-  return mp_schedule_build(ctx, e->plan, e->rank, MP_SCHEDULE_EXPANDED, *arena, s);
+/* The cluster the durations are predicted on: --cluster or --gpus (mp_cmd_load_cluster),
+ * else the mesh's world of h100-sxm GPUs, 8 per node. */
+static mp_status explain_cluster(mp_ctx *ctx, const explain *e, mp_cluster *c) {
+  if (mp_args_has(&k_spec, "--cluster") || mp_args_has(&k_spec, "--gpus") || mp_args_has(&k_spec, "--gpu") ||
+      mp_args_has(&k_spec, "--gpus-per-node") || mp_args_has(&k_spec, "--inter-gbps"))
+    return mp_cmd_load_cluster(ctx, &k_spec, c);
+  return mp_cluster_make(ctx, "h100-sxm", e->world, e->world < 8 ? e->world : 8, c);
 }
 
-static void print_schedule(const mp_schedule *s) {
-  printf("\nstep schedule of rank %d (stage %d): %lld micro-batches of %lld x %lld tokens\n",
-         s->rank, s->pp_stage, (long long)s->n_micro, (long long)s->micro_batch,
-         (long long)s->seq);
-  printf("  %6s %-9s %-7s %-10s %-44s %s\n", "#", "phase", "stream", "op", "name", "details");
+/* The rank's expanded schedule, simulated with its trace: each op's predicted duration
+ * (e->dur) and the step's busy time by class (e->busy). The ops are the plan's as explain
+ * built it; the cost figures are the stack's on the cluster's GPU. */
+static mp_status build_schedule(mp_ctx *ctx, explain *e, mp_arena **arena, mp_schedule **s) {
+  *arena = mp_arena_create();
+  if (*arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the schedule");
+  MP_CHECK(mp_schedule_build(ctx, e->plan, e->rank, MP_SCHEDULE_EXPANDED, *arena, s));
+  mp_cluster c;
+  mp_stack_profile prof;
+  MP_CHECK(explain_cluster(ctx, e, &c));
+  if (mp_mesh_world(&e->plan->mesh) > mp_cluster_n_gpus(&c))
+    return mp_error(ctx, MP_ERR_USAGE, "the mesh has %d ranks and cluster %s %d GPUs; give --gpus %d or a larger "
+                    "--cluster", mp_mesh_world(&e->plan->mesh), c.name, mp_cluster_n_gpus(&c),
+                    mp_mesh_world(&e->plan->mesh));
+  const char *stack = mp_args_get(&k_spec, "--stack");
+  if (stack) MP_CHECK(mp_stack_load(ctx, stack, &prof));
+  else MP_CHECK(mp_stack_default(ctx, &c.gpu, &prof));
+  mp_sim_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.cluster = &c;
+  cfg.stack = &prof;
+  cfg.mem_headroom = 0.05;
+  cfg.record_trace = 1;
+  mp_sim_trace *t = NULL;
+  MP_CHECK(mp_simulate(ctx, *s, &cfg, &e->res, &t));
+  e->dur = mp_arena_alloc(*arena, (size_t)((*s)->n_ops > 0 ? (*s)->n_ops : 1) * sizeof *e->dur);
+  if (e->dur == NULL) {
+    mp_sim_trace_destroy(t);
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the schedule's durations");
+  }
+  mp_sim_trace_op_durations(t, e->dur, (*s)->n_ops);
+  mp_sim_trace_busy(t, &e->busy);
+  mp_sim_trace_destroy(t);
+  snprintf(e->predicted_on, sizeof e->predicted_on, "%d x %s, stack %s", mp_cluster_n_gpus(&c), c.gpu.name,
+           prof.name);
+  return MP_OK;
+}
+
+/* "1.234 ms", "56.7 us", "2.31 s": a duration in the unit that keeps three figures. */
+static void fmt_time(double s, char *buf, size_t cap) {
+  if (s < 0) snprintf(buf, cap, "-");
+  else if (s == 0) snprintf(buf, cap, "0");
+  else if (s < 1e-3) snprintf(buf, cap, "%.1f us", s * 1e6);
+  else if (s < 1.0) snprintf(buf, cap, "%.3f ms", s * 1e3);
+  else snprintf(buf, cap, "%.3f s", s);
+}
+
+/* --summary: the predicted step and where its time goes, by kernel class and collective
+ * group, largest first. */
+static void print_summary(const explain *e) {
+  const mp_sim_result *r = &e->res;
+  char a[32], b[32], c[32];
+  fmt_time(r->step_time_s, a, sizeof a);
+  fmt_time(r->compute_s, b, sizeof b);
+  fmt_time(r->exposed_comm_s, c, sizeof c);
+  printf("\npredicted step of rank %d on %s: %s (compute %s, exposed communication %s), %.0f tokens/s per GPU, "
+         "MFU %.1f %%\n", e->rank, e->predicted_on, a, b, c, r->tokens_per_s_per_gpu, 100.0 * r->mfu);
+  typedef struct { const char *what; double s; int64_t n; } line;
+  line ls[MP_KERNEL_COUNT + MP_GROUP_COUNT];
+  int n = 0;
+  double total = 0;
+  for (int k = 0; k < MP_KERNEL_COUNT; k++)
+    if (e->busy.kernel_n[k]) {
+      ls[n++] = (line){mp_kernel_name((mp_kernel)k), e->busy.kernel_s[k], e->busy.kernel_n[k]};
+      total += e->busy.kernel_s[k];
+    }
+  const int first_comm = n;
+  for (int g = 0; g < MP_GROUP_COUNT; g++)
+    if (e->busy.comm_n[g]) ls[n++] = (line){mp_group_name((mp_group)g), e->busy.comm_s[g], e->busy.comm_n[g]};
+  for (int i = 1; i < n; i++) /* largest first within kernels and within collectives */
+    for (int j = i; j > 0 && (j != first_comm) && ls[j].s > ls[j - 1].s; j--) {
+      line t = ls[j];
+      ls[j] = ls[j - 1];
+      ls[j - 1] = t;
+    }
+  printf("  %-22s %8s %12s %7s\n", "kernel class", "ops", "busy", "share");
+  for (int i = 0; i < n; i++) {
+    if (i == first_comm)
+      printf("  %-22s %8s %12s %7s\n", "collectives over", "ops", "busy", "(overlap: on their own streams)");
+    fmt_time(ls[i].s, a, sizeof a);
+    if (i < first_comm)
+      printf("  %-22s %8lld %12s %6.1f%%\n", ls[i].what, (long long)ls[i].n, a, total > 0 ? 100.0 * ls[i].s / total : 0.0);
+    else
+      printf("  %-22s %8lld %12s\n", ls[i].what, (long long)ls[i].n, a);
+  }
+}
+
+static void print_schedule(const explain *e, const mp_schedule *s) {
+  printf("\nstep schedule of rank %d (stage %d): %lld micro-batches of %lld x %lld tokens; one micro-batch's "
+         "ops with the prologue and optimizer, durations predicted on %s\n",
+         s->rank, s->pp_stage, (long long)s->n_micro, (long long)s->micro_batch, (long long)s->seq,
+         e->predicted_on);
+  printf("  %6s %-9s %-7s %-10s %10s  %-44s %s\n", "#", "phase", "stream", "op", "predicted", "name", "details");
   mp_schedule_iter it;
   mp_schedule_iter_begin(s, &it);
   while (mp_schedule_iter_next(&it)) {
@@ -449,14 +558,18 @@ static void print_schedule(const mp_schedule *s) {
         snprintf(det, sizeof det, "%s %s", mp_mem_cat_name((mp_mem_cat)op->mem_cat), b);
         break;
     }
-    printf("  %6lld %-9s %-7s %-10s %-44s %s\n", (long long)it.index,
-           mp_phase_name((mp_phase)op->phase), mp_stream_name((mp_stream)op->stream), kind, name,
+    char d[32];
+    fmt_time(e->dur ? e->dur[op - s->ops] : -1.0, d, sizeof d);
+    printf("  %6lld %-9s %-7s %-10s %10s  %-44s %s\n", (long long)it.index,
+           mp_phase_name((mp_phase)op->phase), mp_stream_name((mp_stream)op->stream), kind, d, name,
            det);
   }
 }
 
-static cJSON *schedule_json(const mp_schedule *s) {
+static cJSON *schedule_json(const explain *e, const mp_schedule *s) {
   cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "predicted_on", e->predicted_on);
+  cJSON_AddNumberToObject(o, "predicted_step_s", e->res.step_time_s);
   cJSON_AddNumberToObject(o, "rank", s->rank);
   cJSON_AddNumberToObject(o, "pp_stage", s->pp_stage);
   cJSON_AddNumberToObject(o, "n_micro", (double)s->n_micro);
@@ -475,6 +588,7 @@ static cJSON *schedule_json(const mp_schedule *s) {
     cJSON_AddStringToObject(j, "stream", mp_stream_name((mp_stream)op->stream));
     cJSON_AddStringToObject(j, "name", name);
     cJSON_AddNumberToObject(j, "layer", it.layer);
+    if (e->dur) cJSON_AddNumberToObject(j, "predicted_s", e->dur[op - s->ops]);
     switch (op->type) {
       case MP_OP_COMPUTE:
         cJSON_AddStringToObject(j, "type", "compute");
@@ -626,13 +740,19 @@ static cJSON *tiles_json(const explain *e, const mp_param *prm) {
 
 static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_options *o,
                                explain *e) {
-  const char *model = mp_args_get(&k_spec, "--model");
-  MP_CHECK(mp_model_load(ctx, model ? model : "llama3.1-8b", m));
+  MP_CHECK(mp_cmd_load_model(ctx, &k_spec, "llama3.1-8b", m));
   const char *ms = mp_args_get(&k_spec, "--mesh");
   MP_CHECK(mp_mesh_parse(ctx, ms ? ms : "dp_shard=8", 0, mesh));
   MP_CHECK(mp_cmd_mesh_ep(ctx, &k_spec, mesh));
   mp_plan_options_init(o);
   MP_CHECK(mp_cmd_plan_options(ctx, &k_spec, o));
+  const int64_t seq = o->seq > 0 ? o->seq : (m->max_seq < 8192 ? m->max_seq : 8192);
+  MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, m, seq));
+  MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, seq, &o->global_batch));
+  if (o->global_batch == 0) {
+    char rule[400];
+    mp_cmd_default_batch(m, mesh, seq, o->micro_batch, &o->global_batch, rule, sizeof rule);
+  }
   o->tp.pad_vocab = mp_args_has(&k_spec, "--pad-vocab");
   long long rank = 0;
   MP_CHECK(mp_args_int(ctx, &k_spec, "--rank", 0, MP_MESH_MAX_WORLD - 1, &rank));
@@ -643,6 +763,7 @@ static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_
   e->rank = (int)rank;
   e->param_fqn = mp_args_get(&k_spec, "--param");
   e->schedule = mp_args_has(&k_spec, "--schedule");
+  e->summary = mp_args_has(&k_spec, "--summary");
   e->json = mp_args_has(&k_spec, "--json");
   return MP_OK;
 }
@@ -663,7 +784,7 @@ static void print_other_notes(const mp_plan *p) {
 static void print_json(const explain *e, const mp_param *prm, const mp_schedule *sched) {
   cJSON *root = plan_json(e);
   if (prm) cJSON_AddItemToObject(root, "param", tiles_json(e, prm));
-  if (sched) cJSON_AddItemToObject(root, "schedule", schedule_json(sched));
+  if (sched) cJSON_AddItemToObject(root, "schedule", schedule_json(e, sched));
   mp_cmd_print_json(root);
 }
 
@@ -675,7 +796,8 @@ static void print_text(const explain *e, const mp_param *prm, const mp_schedule 
   print_units(e);
   print_totals(e);
   if (prm) print_tiles(e, prm);
-  if (sched) print_schedule(sched);
+  if (sched && e->schedule) print_schedule(e, sched);
+  if (sched && e->summary) print_summary(e);
 }
 
 /* --param's parameter into *out (NULL without --param). */
@@ -708,7 +830,7 @@ static int run_explain(mp_ctx *ctx, const mp_cmd_call *call) {
   if (st != MP_OK) return mp_cmd_fail(ctx, st);
   MP_CHECK_GOTO(find_param(ctx, &e, &m, &prm), st, out);
   MP_CHECK_GOTO(mp_plan_batch(ctx, e.plan, &e.local_batch, &e.n_micro), st, out);
-  if (e.schedule) MP_CHECK_GOTO(build_schedule(ctx, &e, &sarena, &sched), st, out);
+  if (e.schedule || e.summary) MP_CHECK_GOTO(build_schedule(ctx, &e, &sarena, &sched), st, out);
   if (e.json)
     print_json(&e, prm, sched);
   else

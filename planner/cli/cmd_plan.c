@@ -14,6 +14,7 @@
 #include "common/limits.h"
 #include "exec/cluster.h"
 #include "exec/model.h"
+#include "planner/batch.h"
 #include "planner/cli/commands.h"
 #include "planner/evaluate.h"
 #include "planner/planner.h"
@@ -27,16 +28,26 @@ static mp_opt k_opts[] = {
     MP_OPT_HF_CONFIG,
     MP_OPT_CLUSTER("h100-8"),
     MP_OPT_GPUS,
-    MP_OPT_GPU_OF_GPUS("required with --gpus, e.g. h100-sxm"),
+    MP_OPT_GPU_OF_GPUS("default h100-sxm"),
     MP_OPT_GPUS_PER_NODE("8, or N when N < 8"),
+    MP_OPT_INTER_GBPS,
     MP_OPT_SEQ("min(8192, the model's max_seq)"),
-    MP_OPT_GLOBAL_BATCH("32"),
-    {"--global-batch-tokens", "T", "tokens per step instead of --global-batch (a multiple of --seq)", NULL},
+    MP_OPT_ALLOW_LONG_SEQ,
+    MP_OPT_GLOBAL_BATCH("the batch rule: the larger of 0.5M/1M/4M tokens by model size (GPT-3, Llama 2/3) and "
+                        "1,024 tokens per GPU (Llama 3 405B), the nearest multiple of each plan's dp"),
+    MP_OPT_GLOBAL_BATCH_TOKENS,
     MP_OPT_TOP(""),
     {"--objective", "O", "time (default), memory, or tokens-per-dollar (needs a price)", NULL},
     {"--price", "USD", "price per GPU-hour for tokens-per-dollar (default: the cluster's)", NULL},
     {"--fix", "K=V,...", "constrain the search, e.g. tp=8,pp=1,ac=full,fp8=0,mb=2,reshard=1,sp=1,pp_virtual=2",
      NULL},
+    MP_OPT_MESH("in plan: search this mesh alone, the same as fixing every dim in --fix"),
+    MP_OPT_EP("; in plan: search it alone"),
+    MP_OPT_AC("; in plan: search this policy alone, default every policy the stack runs"),
+    MP_OPT_MICRO_BATCH("in plan: searched, powers of two up to the per-rank batch; given: this one alone"),
+    MP_OPT_SP,
+    {"--fp8", "[on|off|auto]", "float8 Linear layers: bare or on, float8 plans only; off (default), bf16 only; "
+                               "auto, both where the GPU has float8", NULL},
     {"--no-sp", NULL, "search tensor parallelism without sequence parallelism (the all-reduce form; "
                       "default: SP with tp > 1 where the stack runs it)", NULL},
     {"--executable-only", NULL, "only plans the runtime executes (pp=1)", NULL},
@@ -47,13 +58,21 @@ static mp_opt k_opts[] = {
     MP_OPT_DB("that logs every candidate (default meshplan.db)"),
     {"--no-db", NULL, "do not write a database", NULL},
     {"--plot", "DIR", "write gnuplot plots (PNG, data, scripts) into DIR (needs gnuplot)", NULL},
+    {"--why", "K=V,...", "explain one candidate's fate, e.g. 'dp_shard=64,tp=1': every rule it passed or "
+                         "failed, its prediction, its rank (keys as --fix; the first match in enumeration order)",
+     NULL},
     MP_OPT_JSON("the ranked plans"),
     {"--csv", NULL, "print the ranked plans as CSV", NULL},
     MP_OPT_END,
 };
 
 static mp_cmd_spec k_spec = {
-    "plan", "Enumerate device meshes for a model on a cluster, simulate and rank them.",
+    "plan",
+    "Enumerate device meshes for a model on a cluster, simulate and rank them.\n\n"
+    "Ranking (--objective time): by predicted time per sequence. Plans within 1 % of the fastest "
+    "plan not yet ranked are ties (the prediction is not that exact) and go to the simpler plan: "
+    "no cp, then no float8, then fewer mesh dims above 1, then no interleaving, then less AC "
+    "recompute, then less memory. The last lines count the candidates rejected by each rule.",
     "[--model M | --hf-config PATH] [--cluster C | --gpus N --gpu TYPE --gpus-per-node K] "
     "[--seq S] [--global-batch G] [--top K] [--db PATH] [--plot DIR] [--json | --csv]",
     k_opts, 0};
@@ -131,24 +150,16 @@ static cJSON *plan_json(const mp_candidate *c, int64_t rank, double price) {
   return j;
 }
 
-static void print_reject_summary(FILE *f, const mp_search *s) {
-  int64_t by[MP_REJECT_COUNT] = {0};
-  for (int64_t i = 0; i < s->n; i++) by[s->cands[i].reject]++;
-  fprintf(f, "rejected by rule:");
-  int any = 0;
-  for (int r = 1; r < MP_REJECT_COUNT; r++)
-    if (by[r]) {
-      fprintf(f, "%s %s %lld", any ? "," : "", mp_reject_name((mp_reject)r), (long long)by[r]);
-      any = 1;
-    }
-  fprintf(f, "%s\n", any ? "" : " none");
-}
-
 /* What the command line asks for, read and checked before the search. */
 typedef struct plan_args {
   mp_model m;
   mp_cluster c;
   long long seq, gb, top, threads;
+  int64_t target_seqs;  /* > 0: the default batch rule's target (gb is then not used) */
+  char rule[320];       /* the rule in words, with its figures */
+  int search_fp8;       /* --fp8 auto on a GPU with float8 */
+  int fp8_fixed;        /* -1: not given; 0 off; 1 on */
+  const char *why;      /* --why's spec, or NULL */
   double headroom, price;
   int as_json, as_csv;
   mp_objective obj;
@@ -156,56 +167,14 @@ typedef struct plan_args {
   const char *db;       /* NULL: --no-db */
 } plan_args;
 
-/* --model or --hf-config (default llama3.1-8b). */
-static mp_status load_model(mp_ctx *ctx, mp_model *m) {
-  const char *hf = mp_args_get(&k_spec, "--hf-config");
-  const char *model = mp_args_get(&k_spec, "--model");
-  if (hf && model) return mp_error(ctx, MP_ERR_USAGE, "give --model or --hf-config, not both");
-  return mp_model_load(ctx, hf ? hf : (model ? model : "llama3.1-8b"), m);
-}
-
-/* --cluster (default h100-8), or --gpus N of --gpu TYPE with --gpus-per-node (default
- * min(8, N)); any of the three selects the second. */
-static mp_status load_cluster(mp_ctx *ctx, mp_cluster *c) {
-  const char *cl = mp_args_get(&k_spec, "--cluster");
-  int by_gpus = mp_args_has(&k_spec, "--gpus") || mp_args_has(&k_spec, "--gpu") ||
-                mp_args_has(&k_spec, "--gpus-per-node");
-  if (cl && by_gpus)
-    return mp_error(ctx, MP_ERR_USAGE, "give --cluster or --gpus/--gpu/--gpus-per-node, not both");
-  if (!by_gpus) return mp_cluster_load(ctx, cl ? cl : "h100-8", c);
-  long long n = 0, per = 0;
-  const char *gpu = mp_args_get(&k_spec, "--gpu");
-  if (!mp_args_has(&k_spec, "--gpus") || !gpu)
-    return mp_error(ctx, MP_ERR_USAGE, "--gpus N needs --gpu TYPE (e.g. --gpus 64 --gpu h100-sxm)");
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus", 1, MP_LIM_GPUS, &n));
-  per = n < 8 ? n : 8;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus-per-node", 1, MP_LIM_GPUS_PER_NODE, &per));
-  return mp_cluster_make(ctx, gpu, n, per, c);
-}
-
-/* The step's size: --seq, and --global-batch or --global-batch-tokens (a whole number
- * of sequences). */
-static mp_status read_batch(mp_ctx *ctx, plan_args *a) {
-  if (!mp_args_has(&k_spec, "--global-batch-tokens")) return MP_OK;
-  long long tokens = 0;
-  if (mp_args_has(&k_spec, "--global-batch"))
-    return mp_error(ctx, MP_ERR_USAGE, "give --global-batch or --global-batch-tokens, not both");
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--global-batch-tokens", 1, MP_LIM_STEP_TOKENS, &tokens));
-  if (tokens % a->seq)
-    return mp_error(ctx, MP_ERR_USAGE, "--global-batch-tokens %lld is not a multiple of seq %lld; use %lld or %lld",
-                    tokens, a->seq, tokens / a->seq * a->seq, (tokens / a->seq + 1) * a->seq);
-  a->gb = tokens / a->seq;
-  return MP_OK;
-}
-
 /* Everything but the search's own options, with the checks that need no search: the
  * model, the cluster, the numbers, the output form, the objective and its price, and
  * gnuplot and the plot directory (a search is not wasted on a plot that cannot be made). */
 static mp_status read_args(mp_ctx *ctx, plan_args *a) {
-  MP_CHECK(load_model(ctx, &a->m));
-  MP_CHECK(load_cluster(ctx, &a->c));
+  MP_CHECK(mp_cmd_load_model(ctx, &k_spec, "llama3.1-8b", &a->m));
+  MP_CHECK(mp_cmd_load_cluster(ctx, &k_spec, &a->c));
   a->seq = a->m.max_seq < 8192 ? a->m.max_seq : 8192;
-  a->gb = 32;
+  a->gb = 0;
   a->top = 10;
   a->threads = 0;
   a->headroom = 0.05;
@@ -216,11 +185,26 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   MP_CHECK(mp_args_int(ctx, &k_spec, "--threads", 1, MP_LIM_THREADS, &a->threads));
   MP_CHECK(mp_args_double(ctx, &k_spec, "--headroom", 0, 1, MP_RANGE_OPEN_HI, &a->headroom));
   MP_CHECK(mp_args_double(ctx, &k_spec, "--price", 0, MP_LIM_PRICE, MP_RANGE_CLOSED, &a->price));
-  MP_CHECK(read_batch(ctx, a));
-  MP_CHECK(mp_model_check_step(ctx, &a->m, a->seq, 1, a->gb));
-  if (a->seq > a->m.max_seq)
-    fprintf(stderr, "meshplan plan: note: seq %lld is longer than %s's max_seq %lld\n", a->seq, a->m.name,
-            (long long)a->m.max_seq);
+  {
+    int64_t gb = a->gb;
+    MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, a->seq, &gb));
+    a->gb = gb;
+  }
+  MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, &a->m, a->seq));
+  if (a->gb == 0) {
+    /* the default rule (planner/batch.h) */
+    const double n_params = (double)mp_model_param_count(&a->m);
+    const int64_t n_gpus = mp_cluster_n_gpus(&a->c);
+    const int64_t tokens = mp_batch_rule_tokens(n_params, n_gpus);
+    a->target_seqs = mp_batch_rule_seqs(tokens, a->seq);
+    a->gb = a->target_seqs;
+    mp_batch_rule_str(n_params, n_gpus, a->rule, sizeof a->rule);
+  }
+  MP_CHECK(mp_model_check_step(ctx, &a->m, a->seq, 1, a->target_seqs > 0 ? 2 * a->gb : a->gb));
+  const char *fp8 = mp_args_get(&k_spec, "--fp8");
+  a->fp8_fixed = !fp8 ? -1 : strcmp(fp8, "off") == 0 ? 0 : strcmp(fp8, "auto") == 0 ? -1 : 1;
+  a->search_fp8 = fp8 && strcmp(fp8, "auto") == 0 && mp_gpu_has_float8(&a->c.gpu);
+  a->why = mp_args_get(&k_spec, "--why");
   a->as_json = mp_args_has(&k_spec, "--json");
   a->as_csv = mp_args_has(&k_spec, "--csv");
   if (a->as_json && a->as_csv) return mp_error(ctx, MP_ERR_USAGE, "give --json or --csv, not both");
@@ -239,6 +223,50 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   return MP_OK;
 }
 
+/* A fix field set from an option, refusing a different value --fix gave. */
+static mp_status fix_field(mp_ctx *ctx, const char *opt, int v, int *slot) {
+  if (*slot >= 0 && *slot != v)
+    return mp_error(ctx, MP_ERR_USAGE, "%s contradicts --fix (%d there, %d here); give one", opt, *slot, v);
+  *slot = v;
+  return MP_OK;
+}
+
+/* The options that name one plan in simulate, explain and train (--mesh, --ep, --ac,
+ * --micro-batch, --sp) constrain plan's search to that choice. */
+static mp_status one_plan_options(mp_ctx *ctx, const plan_args *a, mp_search_fix *f) {
+  const char *ms = mp_args_get(&k_spec, "--mesh");
+  if (ms) {
+    mp_mesh mesh;
+    MP_CHECK(mp_mesh_parse(ctx, ms, mp_cluster_n_gpus(&a->c), &mesh));
+    static const char *const dim_opt = "--mesh";
+    MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_PP], &f->pp));
+    MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_DP_REPLICATE], &f->dp_replicate));
+    MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_DP_SHARD], &f->dp_shard));
+    MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_CP], &f->cp));
+    MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_TP], &f->tp));
+    if (mesh.ep > 1) MP_CHECK(fix_field(ctx, dim_opt, mesh.ep, &f->ep));
+  }
+  long long ep = 0, mb = 0;
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
+  if (ep > 0) MP_CHECK(fix_field(ctx, "--ep", (int)ep, &f->ep));
+  const char *ac = mp_args_get(&k_spec, "--ac");
+  if (ac) {
+    mp_ac_mode mode;
+    int every = 1;
+    MP_CHECK(mp_ac_parse(ctx, ac, &mode, &every));
+    MP_CHECK(fix_field(ctx, "--ac", (int)mode, &f->ac));
+    f->ac_every = every;
+  }
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--micro-batch", 1, MP_LIM_GLOBAL_BATCH, &mb));
+  if (mb > 0) {
+    if (f->micro_batch >= 0 && f->micro_batch != mb)
+      return mp_error(ctx, MP_ERR_USAGE, "--micro-batch contradicts mb=%lld in --fix; give one", (long long)f->micro_batch);
+    f->micro_batch = mb;
+  }
+  if (mp_args_has(&k_spec, "--sp")) MP_CHECK(fix_field(ctx, "--sp", 1, &f->sp));
+  return MP_OK;
+}
+
 /* The planner request for a: the search with the simulator ev (initialised for a) as its
  * evaluator, and what the runs table records (opts_json and cmdline stay the caller's). */
 static mp_status make_request(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator *ev, const char *opts_json,
@@ -250,6 +278,16 @@ static mp_status make_request(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator 
   req->search.n_threads = (int)a->threads;
   const char *fix = mp_args_get(&k_spec, "--fix");
   if (fix) MP_CHECK(mp_search_fix_parse(ctx, fix, &req->search.fix));
+  req->search.target_batch = a->target_seqs;
+  req->search.search_fp8 = a->search_fp8;
+  if (a->fp8_fixed >= 0) {
+    if (req->search.fix.fp8 >= 0 && req->search.fix.fp8 != a->fp8_fixed)
+      return mp_error(ctx, MP_ERR_USAGE, "--fp8 contradicts fp8=%d in --fix; give one", req->search.fix.fp8);
+    req->search.fix.fp8 = a->fp8_fixed;
+  }
+  if (mp_args_has(&k_spec, "--sp") && mp_args_has(&k_spec, "--no-sp"))
+    return mp_error(ctx, MP_ERR_USAGE, "--sp and --no-sp contradict each other; give one");
+  MP_CHECK(one_plan_options(ctx, a, &req->search.fix));
   if (mp_args_has(&k_spec, "--no-sp")) {
     if (req->search.fix.sp == 1)
       return mp_error(ctx, MP_ERR_USAGE, "meshplan plan: --no-sp contradicts sp=1 in --fix; give one");
@@ -274,8 +312,104 @@ static mp_status make_request(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator 
   return MP_OK;
 }
 
-static void print_json(const plan_args *a, const mp_planner_result *res, int64_t n_show, double show_price,
-                       int stored) {
+/* What the output shows: the run, the search's config (for the reasons), the evaluator
+ * (for the stack's name), and per shown plan whether the runtime executes it. */
+typedef struct plan_view {
+  const plan_args *a;
+  const mp_planner_result *res;
+  const mp_search_config *cfg;
+  const mp_sim_evaluator *ev;
+  int64_t n_show;
+  double price; /* > 0: show tokens per dollar */
+  int stored;
+  int *runs;           /* per shown rank: 1 the runtime executes it */
+  char (*not_runs)[256]; /* per shown rank: the runtime's reason when it does not */
+} plan_view;
+
+/* The rules that rejected candidates, largest count first (ties: rule order). */
+static int rules_by_count(const int64_t by[MP_REJECT_COUNT], int order[MP_REJECT_COUNT]) {
+  int n = 0;
+  for (int r = 1; r < MP_REJECT_COUNT; r++)
+    if (by[r]) order[n++] = r;
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && by[order[j]] > by[order[j - 1]]; j--) {
+      int t = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = t;
+    }
+  return n;
+}
+
+/* What to do about a rule that rejected candidates, for the "no plan fits" hint. */
+static const char *rule_remedy(mp_reject r) {
+  switch (r) {
+    case MP_REJECT_BATCH:
+      return "a --global-batch that the data-parallel sizes divide (or the default batch rule)";
+    case MP_REJECT_MEMORY: case MP_REJECT_MEMORY_BOUND: case MP_REJECT_MEMORY_MB: case MP_REJECT_MEMORY_AC:
+      return "more GPUs, --headroom 0, a smaller --seq, or activation checkpointing (--fix ac=full)";
+    case MP_REJECT_TP_CROSS_NODE: return "--allow-cross-node-tp, or more GPUs per node";
+    case MP_REJECT_TP_HEADS: case MP_REJECT_TP_KV_HEADS: case MP_REJECT_TP_D_FF: case MP_REJECT_TP_D_MODEL:
+      return "a tp that divides the model's heads and widths (drop tp from --fix)";
+    case MP_REJECT_CP_SEQ: case MP_REJECT_SP_SEQ: return "a --seq that cp and tp divide, or drop cp/sp from --fix";
+    case MP_REJECT_PP_LAYERS: case MP_REJECT_PP_VIRTUAL: case MP_REJECT_MOE_PP:
+      return "a smaller pp (drop pp or pp_virtual from --fix)";
+    case MP_REJECT_FP8_GPU: case MP_REJECT_FP8_DIMS: return "--fp8 off";
+    case MP_REJECT_EP_EXPERTS: return "an ep that divides the experts";
+    case MP_REJECT_EVAL_ERROR: return "the reasons in the database (meshplan report)";
+    default: return NULL;
+  }
+}
+
+static void print_reject_words(const mp_search *s) {
+  int64_t by[MP_REJECT_COUNT];
+  int order[MP_REJECT_COUNT];
+  mp_search_reject_counts(s, by);
+  const int n = rules_by_count(by, order);
+  printf("rejected by rule:%s\n", n ? "" : " none");
+  for (int i = 0; i < n; i++)
+    printf("  %8lld  %s (%s)\n", (long long)by[order[i]], mp_reject_words((mp_reject)order[i]),
+           mp_reject_name((mp_reject)order[i]));
+}
+
+/* "no plan fits", with the rules that rejected the most candidates first and what to do. */
+static void print_no_plan(const mp_search *s) {
+  int64_t by[MP_REJECT_COUNT];
+  int order[MP_REJECT_COUNT];
+  mp_search_reject_counts(s, by);
+  const int n = rules_by_count(by, order);
+  printf("\nno plan fits:");
+  if (n == 0) printf(" no candidate was enumerated (check --fix)");
+  for (int i = 0, shown = 0; i < n && shown < 3; i++) {
+    const mp_reject r = (mp_reject)order[i];
+    if (r == MP_REJECT_DOMINATED || r == MP_REJECT_RESHARD_NOOP) continue; /* duplicates, not causes */
+    const char *fix = rule_remedy(r);
+    printf("%s %lld of %lld candidates: %s%s%s", shown ? ";" : "", (long long)by[r], (long long)s->n,
+           mp_reject_words(r), fix ? "; try " : "", fix ? fix : "");
+    shown++;
+  }
+  printf("\n");
+}
+
+static cJSON *rejected_json(const mp_search *s) {
+  int64_t by[MP_REJECT_COUNT];
+  int order[MP_REJECT_COUNT];
+  mp_search_reject_counts(s, by);
+  const int n = rules_by_count(by, order);
+  cJSON *arr = cJSON_CreateArray();
+  for (int i = 0; arr && i < n; i++) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) break;
+    cJSON_AddStringToObject(o, "rule", mp_reject_name((mp_reject)order[i]));
+    cJSON_AddStringToObject(o, "words", mp_reject_words((mp_reject)order[i]));
+    cJSON_AddNumberToObject(o, "count", (double)by[order[i]]);
+    cJSON_AddItemToArray(arr, o);
+  }
+  return arr;
+}
+
+static void print_json(const plan_view *v) {
+  const plan_args *a = v->a;
+  const mp_planner_result *res = v->res;
   const mp_search *s = res->search;
   cJSON *root = cJSON_CreateObject(), *plans = cJSON_CreateArray();
   if (!root || !plans) {
@@ -287,9 +421,16 @@ static void print_json(const plan_args *a, const mp_planner_result *res, int64_t
   cJSON_AddStringToObject(root, "cluster", a->c.name);
   cJSON_AddStringToObject(root, "gpu", a->c.gpu.name);
   cJSON_AddNumberToObject(root, "n_gpus", mp_cluster_n_gpus(&a->c));
+  cJSON_AddStringToObject(root, "stack", v->ev->stack.name);
   cJSON_AddNumberToObject(root, "seq", (double)a->seq);
-  cJSON_AddNumberToObject(root, "global_batch", (double)a->gb);
+  if (a->target_seqs > 0) {
+    cJSON_AddNumberToObject(root, "batch_target", (double)a->target_seqs);
+    cJSON_AddStringToObject(root, "batch_rule", a->rule);
+  } else {
+    cJSON_AddNumberToObject(root, "global_batch", (double)a->gb);
+  }
   cJSON_AddStringToObject(root, "objective", mp_objective_name(a->obj));
+  cJSON_AddNumberToObject(root, "tie_tolerance", MP_RANK_TIE_TOL);
   cJSON_AddNumberToObject(root, "candidates", (double)s->n);
   cJSON_AddNumberToObject(root, "pruned", (double)s->n_pruned);
   cJSON_AddNumberToObject(root, "dominated", (double)s->n_dominated);
@@ -297,89 +438,159 @@ static void print_json(const plan_args *a, const mp_planner_result *res, int64_t
   cJSON_AddNumberToObject(root, "simulated", (double)s->n_evaluated);
   cJSON_AddNumberToObject(root, "feasible", (double)s->n_feasible);
   cJSON_AddNumberToObject(root, "failed", (double)s->n_failed);
+  cJSON_AddItemToObject(root, "rejected", rejected_json(s));
   cJSON_AddNumberToObject(root, "wall_s", res->wall_s);
-  if (stored) {
+  if (v->stored) {
     cJSON_AddStringToObject(root, "db", a->db);
     cJSON_AddNumberToObject(root, "run_id", (double)res->run_id);
   }
-  for (int64_t r = 0; r < n_show; r++) {
-    cJSON *pj = plan_json(&s->cands[res->order[r]], r + 1, show_price);
-    if (pj) cJSON_AddItemToArray(plans, pj);
+  for (int64_t r = 0; r < v->n_show; r++) {
+    const mp_candidate *c = &s->cands[res->order[r]];
+    cJSON *pj = plan_json(c, r + 1, v->price);
+    if (!pj) continue;
+    cJSON_AddNumberToObject(pj, "global_batch", (double)c->global_batch);
+    cJSON_AddBoolToObject(pj, "runs", v->runs[r]);
+    if (!v->runs[r]) cJSON_AddStringToObject(pj, "runs_not_because", v->not_runs[r]);
+    cJSON_AddItemToArray(plans, pj);
   }
   cJSON_AddItemToObject(root, "plans", plans);
   mp_cmd_print_json(root);
 }
 
-static void print_csv(const mp_planner_result *res, int64_t n_show) {
-  const mp_search *s = res->search;
+static void print_csv(const plan_view *v) {
+  const mp_search *s = v->res->search;
   printf("rank,dp_replicate,dp_shard,tp,ep,pp,cp,ac,fp8,micro_batch,reshard_after_forward,"
          "step_time_s,tokens_per_s_per_gpu,mfu,peak_mem_bytes,fits,compute_s,exposed_comm_s,"
-         "bubble_s,plan_id,sp,pp_virtual\n");
-  for (int64_t r = 0; r < n_show; r++) {
-    const mp_candidate *x = &s->cands[res->order[r]];
+         "bubble_s,plan_id,sp,pp_virtual,global_batch,runs\n");
+  for (int64_t r = 0; r < v->n_show; r++) {
+    const mp_candidate *x = &s->cands[v->res->order[r]];
     char ac[32];
     mp_candidate_ac_str(x, ac, sizeof ac);
-    printf("%lld,%d,%d,%d,%d,%d,%d,%s,%d,%lld,%d,%.9g,%.9g,%.6g,%lld,%d,%.9g,%.9g,%.9g,%lld,%d,%d\n",
+    printf("%lld,%d,%d,%d,%d,%d,%d,%s,%d,%lld,%d,%.9g,%.9g,%.6g,%lld,%d,%.9g,%.9g,%.9g,%lld,%d,%d,%lld,%d\n",
            (long long)(r + 1), x->mesh.size[MP_DIM_DP_REPLICATE], x->mesh.size[MP_DIM_DP_SHARD],
            x->mesh.size[MP_DIM_TP], x->mesh.ep, x->mesh.size[MP_DIM_PP], x->mesh.size[MP_DIM_CP],
            ac, x->fp8, (long long)x->micro_batch, x->reshard,
            x->res.step_time_s, x->res.tokens_per_s_per_gpu, x->res.mfu,
            (long long)x->res.peak_mem_bytes, x->res.fits, x->res.compute_s, x->res.exposed_comm_s,
-           x->res.bubble_s, (long long)x->plan_id, x->sp, x->pp_virtual);
+           x->res.bubble_s, (long long)x->plan_id, x->sp, x->pp_virtual, (long long)x->global_batch,
+           v->runs[r]);
   }
 }
 
 /* The ranked plans as a table (with tokens/$ when that is the objective). */
-static void print_ranking(const plan_args *a, const mp_planner_result *res, int64_t n_show, double show_price) {
-  const mp_search *s = res->search;
-  printf("\n%4s %6s %8s %3s %2s %3s %4s %3s  %-14s %3s %3s %7s %10s %10s %6s %8s %4s%s\n",
-         "rank", "dp_rep", "dp_shard", "tp", "sp", "ep", "pp", "cp", "AC", "fp8", "mb", "reshard",
-         "step (s)", "tok/s/GPU", "MFU", "peak GiB", "fits", show_price > 0 ? "   tokens/$" : "");
-  for (int64_t r = 0; r < n_show; r++) {
-    const mp_candidate *x = &s->cands[res->order[r]];
+static void print_ranking(const plan_view *v) {
+  const plan_args *a = v->a;
+  const mp_search *s = v->res->search;
+  printf("\n%4s %6s %8s %3s %2s %3s %4s %3s  %-14s %3s %3s %6s %7s %10s %10s %6s %8s %4s%s\n",
+         "rank", "dp_rep", "dp_shard", "tp", "sp", "ep", "pp", "cp", "AC", "fp8", "mb", "batch", "reshard",
+         "step (s)", "tok/s/GPU", "MFU", "peak GiB", "runs", v->price > 0 ? "   tokens/$" : "");
+  for (int64_t r = 0; r < v->n_show; r++) {
+    const mp_candidate *x = &s->cands[v->res->order[r]];
     char ac[32], pp[16];
     mp_candidate_ac_str(x, ac, sizeof ac);
     /* pp x chunks per stage under the interleaved schedule */
     if (x->pp_virtual > 1) snprintf(pp, sizeof pp, "%dx%d", x->mesh.size[MP_DIM_PP], x->pp_virtual);
     else snprintf(pp, sizeof pp, "%d", x->mesh.size[MP_DIM_PP]);
-    printf("%4lld %6d %8d %3d %2s %3d %4s %3d  %-14s %3s %3lld %7s %10.4f %10.0f %5.1f%% %8.2f %4s",
+    printf("%4lld %6d %8d %3d %2s %3d %4s %3d  %-14s %3s %3lld %6lld %7s %10.4f %10.0f %5.1f%% %8.2f %4s",
            (long long)(r + 1), x->mesh.size[MP_DIM_DP_REPLICATE], x->mesh.size[MP_DIM_DP_SHARD],
            x->mesh.size[MP_DIM_TP], x->sp ? "y" : "-", x->mesh.ep, pp, x->mesh.size[MP_DIM_CP],
-           ac, x->fp8 ? "yes" : "no", (long long)x->micro_batch,
+           ac, x->fp8 ? "yes" : "no", (long long)x->micro_batch, (long long)x->global_batch,
            x->reshard ? "yes" : "no", x->res.step_time_s, x->res.tokens_per_s_per_gpu,
-           100.0 * x->res.mfu, (double)x->res.peak_mem_bytes / kGiB, x->res.fits ? "yes" : "no");
-    if (show_price > 0) printf(" %11.4g", mp_tokens_per_dollar(x, show_price));
+           100.0 * x->res.mfu, (double)x->res.peak_mem_bytes / kGiB, v->runs[r] ? "yes" : "no");
+    if (v->price > 0) printf(" %11.4g", mp_tokens_per_dollar(x, v->price));
     printf("\n");
   }
-  const mp_candidate *best = &s->cands[res->order[0]];
+  const mp_candidate *best = &s->cands[v->res->order[0]];
   if (best->pads_vocab)
     printf("note: the best plan pads the vocabulary (%lld) to a multiple of tp=%d\n",
            (long long)a->m.vocab, best->mesh.size[MP_DIM_TP]);
+  if (!v->runs[0]) printf("note: meshplan's runtime does not run the best plan: %s\n", v->not_runs[0]);
 }
 
-static void print_text(const plan_args *a, const mp_planner_result *res, int64_t n_show, double show_price,
-                       int stored) {
+static void print_text(const plan_view *v) {
+  const plan_args *a = v->a;
+  const mp_planner_result *res = v->res;
   const mp_search *s = res->search;
-  printf("%s on %s (%d x %s, %d per node), seq %lld, global batch %lld sequences (%lld tokens), "
-         "objective %s\n",
-         a->m.name, a->c.name, mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, a->seq, a->gb,
-         a->gb * a->seq, mp_objective_name(a->obj));
-  if (n_show > 0)
-    print_ranking(a, res, n_show, show_price);
+  printf("%s on %s (%d x %s, %d per node), seq %lld, stack %s, objective %s\n", a->m.name, a->c.name,
+         mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, a->seq, v->ev->stack.name,
+         mp_objective_name(a->obj));
+  if (a->target_seqs > 0)
+    printf("global batch: %lld sequences (%lld tokens) by the default rule, %s; each plan runs the nearest "
+           "multiple of its dp (column batch)\n",
+           (long long)a->target_seqs, (long long)(a->target_seqs * a->seq), a->rule);
   else
-    printf("\nno plan fits: every candidate was pruned or runs out of memory; try more GPUs, "
-           "--headroom 0, a smaller --seq or --global-batch\n");
+    printf("global batch: %lld sequences (%lld tokens)\n", a->gb, a->gb * a->seq);
+  if (v->n_show > 0) {
+    print_ranking(v);
+    printf("ties: plans within %.0f %% of the fastest unranked one go to the simpler plan (meshplan plan --help)\n",
+           100.0 * MP_RANK_TIE_TOL);
+  } else {
+    print_no_plan(s);
+  }
   printf("\ncandidates: %lld enumerated, %lld pruned, %lld decided by siblings (%lld dominated, "
          "%lld over capacity), %lld simulated (%lld fit, %lld failed) in %.2f s\n",
          (long long)s->n, (long long)s->n_pruned, (long long)(s->n_dominated + s->n_implied),
          (long long)s->n_dominated, (long long)s->n_implied, (long long)s->n_evaluated,
          (long long)s->n_feasible, (long long)s->n_failed, res->wall_s);
-  print_reject_summary(stdout, s);
-  if (stored)
+  if (v->stored)
     printf("database: %s (run %lld; meshplan report --db %s --run %lld)\n", a->db,
            (long long)res->run_id, a->db, (long long)res->run_id);
   else
     printf("database: none (--no-db)\n");
+  print_reject_words(s);
+}
+
+/* --why: one candidate's fate. The candidate is the first in enumeration order that
+ * matches the spec; its mesh rules and option rules are listed with their verdicts. */
+static mp_status print_why(mp_ctx *ctx, const plan_view *v) {
+  mp_search_fix f;
+  mp_search_fix_init(&f);
+  MP_CHECK(mp_search_fix_parse(ctx, v->a->why, &f));
+  const mp_search *s = v->res->search;
+  const int64_t i = mp_search_find(s, &f);
+  if (i < 0)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--why %s: no candidate of this search matches (a dim the GPUs do not factor into, "
+                    "or one --fix excluded); the mesh dims multiply to %d", v->a->why,
+                    mp_cluster_n_gpus(&v->a->c));
+  const mp_candidate *c = &s->cands[i];
+  char mesh[128], ac[32], reason[512];
+  mp_candidate_mesh_str(c, mesh, sizeof mesh);
+  mp_candidate_ac_str(c, ac, sizeof ac);
+  printf("\nwhy %s: candidate %lld of %lld: %s, ac=%s, fp8=%s, micro-batch %lld, global batch %lld, reshard=%s%s\n",
+         v->a->why, (long long)i + 1, (long long)s->n, mesh, ac, c->fp8 ? "on" : "off", (long long)c->micro_batch,
+         (long long)c->global_batch, c->reshard ? "on" : "off", c->sp ? ", sp" : "");
+  /* every rule in the order the search applies them (search.h): the mesh's, the options',
+   * the siblings', then the simulation's; those after the deciding one are not reached */
+  static const mp_reject order[] = {
+      MP_REJECT_PP_LAYERS, MP_REJECT_MOE_PP, MP_REJECT_TP_HEADS, MP_REJECT_TP_KV_HEADS,
+      MP_REJECT_TP_D_FF, MP_REJECT_TP_D_MODEL, MP_REJECT_TP_CROSS_NODE, MP_REJECT_EP_EXPERTS,
+      MP_REJECT_CP_SEQ, MP_REJECT_BATCH, MP_REJECT_PP_VIRTUAL, MP_REJECT_SP_SEQ, MP_REJECT_FP8_GPU,
+      MP_REJECT_FP8_DIMS, MP_REJECT_RESHARD_NOOP, MP_REJECT_MEMORY_BOUND, MP_REJECT_MEMORY_MB,
+      MP_REJECT_MEMORY_AC, MP_REJECT_DOMINATED, MP_REJECT_EVAL_ERROR, MP_REJECT_MEMORY};
+  printf("  rule (does it reject this candidate? no / YES / - not reached)\n");
+  int reached = 1;
+  for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) {
+    const int failed = c->reject == order[k];
+    printf("  %-4s %s\n", failed ? "YES" : reached ? "no" : "-", mp_reject_words(order[k]));
+    if (failed) reached = 0;
+  }
+  if (c->reject != MP_REJECT_NONE) {
+    mp_candidate_reason(v->cfg, c, reason, sizeof reason);
+    printf("verdict: rejected (%s): %s\n", mp_reject_name((mp_reject)c->reject), reason);
+  }
+  if (c->evaluated && c->reject != MP_REJECT_EVAL_ERROR)
+    printf("prediction: step %.4f s, %.0f tokens/s/GPU, MFU %.1f %%, peak %.2f GiB of %.2f GiB\n", c->res.step_time_s,
+           c->res.tokens_per_s_per_gpu, 100.0 * c->res.mfu, (double)c->res.peak_mem_bytes / kGiB,
+           (double)c->res.capacity_bytes / kGiB);
+  else if (!c->evaluated)
+    printf("prediction: none (not simulated: a rule or a sibling decided it)\n");
+  for (int64_t r = 0; r < v->res->n_order; r++)
+    if (v->res->order[r] == i) {
+      printf("rank: %lld of %lld\n", (long long)r + 1, (long long)v->res->n_order);
+      break;
+    }
+  return MP_OK;
 }
 
 /* --plot: the candidates, the memory of the top plans and the simulated timeline of the
@@ -410,11 +621,15 @@ static mp_status plot(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator *ev, con
              a->m.name);
     MP_CHECK(st);
     MP_CHECK(mp_plot_timeline(ctx, a->plot_dir, trace, ttl));
+    snprintf(ttl, sizeof ttl, "memory of the chosen plan over its simulated step, rank 0: %s, ac=%s%s, micro-batch %lld (%s)",
+             mesh, mp_search_ac_name(best->ac), best->fp8 ? ", fp8" : "", (long long)best->micro_batch, a->m.name);
+    MP_CHECK(mp_plot_memory_time(ctx, a->plot_dir, trace, cap_gib, (double)best->res.overhead_bytes / kGiB, ttl));
   }
   if (!a->as_json && !a->as_csv)
-    printf("plots: %s/candidates.png, %s/memory.png%s%s%s (with .dat data and .gp scripts)\n", a->plot_dir,
+    printf("plots: %s/candidates.png, %s/memory.png%s%s%s%s%s (with .dat data and .gp scripts)\n", a->plot_dir,
            a->plot_dir, res->n_order > 0 ? ", " : "", res->n_order > 0 ? a->plot_dir : "",
-           res->n_order > 0 ? "/timeline.png" : "");
+           res->n_order > 0 ? "/timeline.png, " : "", res->n_order > 0 ? a->plot_dir : "",
+           res->n_order > 0 ? "/memory_time.png" : "");
   return MP_OK;
 }
 
@@ -430,17 +645,29 @@ static mp_status search_and_report(mp_ctx *ctx, const plan_args *a, mp_sim_evalu
   mp_status st = make_request(ctx, a, ev, opts_json, cmdline, &req);
   if (st == MP_OK && a->db) st = mp_store_open(ctx, a->db, &store);
   if (st == MP_OK) st = mp_planner_run(ctx, &req, store, &res);
+  plan_view v = {a, &res, &req.search, ev, 0, 0, store != NULL, NULL, NULL};
   if (st == MP_OK) {
-    int64_t n_show = a->top == 0 || a->top > res.n_order ? res.n_order : a->top;
-    double show_price = a->obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR ? a->price : 0;
-    if (a->as_json)
-      print_json(a, &res, n_show, show_price, store != NULL);
-    else if (a->as_csv)
-      print_csv(&res, n_show);
-    else
-      print_text(a, &res, n_show, show_price, store != NULL);
-    if (a->plot_dir) st = plot(ctx, a, ev, &res, n_show);
+    v.n_show = a->top == 0 || a->top > res.n_order ? res.n_order : a->top;
+    v.price = a->obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR ? a->price : 0;
+    v.runs = calloc((size_t)v.n_show + 1, sizeof *v.runs);
+    v.not_runs = calloc((size_t)v.n_show + 1, sizeof *v.not_runs);
+    if (!v.runs || !v.not_runs) st = mp_error(ctx, MP_ERR_NOMEM, "out of memory");
+    for (int64_t r = 0; r < v.n_show && st == MP_OK; r++)
+      st = mp_sim_evaluator_runs(ctx, ev, &res.search->cands[res.order[r]], &v.runs[r], v.not_runs[r],
+                                 sizeof v.not_runs[r]);
   }
+  if (st == MP_OK) {
+    if (a->as_json)
+      print_json(&v);
+    else if (a->as_csv)
+      print_csv(&v);
+    else
+      print_text(&v);
+    if (a->why) st = print_why(ctx, &v);
+    if (st == MP_OK && a->plot_dir) st = plot(ctx, a, ev, &res, v.n_show);
+  }
+  free(v.runs);
+  free(v.not_runs);
   mp_planner_result_free(&res);
   mp_store_close(store);
   free(opts_json);

@@ -32,7 +32,31 @@ static mp_cmd_spec k_spec = {"report",
                              "List planner runs, or one run's top plans with predicted vs measured figures.",
                              "[--db PATH] [--run ID [--plot DIR]] [--top K] [--json]", k_opts, 0};
 
-static const double kGiB = 1024.0 * 1024.0 * 1024.0;
+/* The word for a run's devices: the CPU profile's ranks are processes, not GPUs. */
+static const char *device_word(const char *gpu, int n) {
+  if (strcmp(gpu, "cpu") == 0) return n == 1 ? "CPU rank" : "CPU ranks";
+  return n == 1 ? "GPU" : "GPUs";
+}
+
+/* Bytes in the unit that keeps three figures ("12.3 MiB", "71.66 GiB"): a CPU run's few
+ * megabytes are not "0.00 GiB". */
+static void fmt_mem(double b, char *buf, size_t cap) {
+  static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024.0 && i < 4) {
+    b /= 1024.0;
+    i++;
+  }
+  if (i == 0) snprintf(buf, cap, "%.0f B", b);
+  else snprintf(buf, cap, "%.*f %s", b < 10 ? 2 : b < 100 ? 1 : 0, b, u[i]);
+}
+
+/* Seconds in the unit that keeps four figures ("1.234 ms", "64.47 s"). */
+static void fmt_s(double t, char *buf, size_t cap) {
+  if (t < 1e-3) snprintf(buf, cap, "%.1f us", t * 1e6);
+  else if (t < 1.0) snprintf(buf, cap, "%.3f ms", t * 1e3);
+  else snprintf(buf, cap, "%.4g s", t);
+}
 
 static int fail(const mp_ctx *ctx, mp_status st) { return mp_cmd_fail(ctx, st); }
 
@@ -75,14 +99,15 @@ static int list_runs(mp_store *st, mp_arena *a, int as_json) {
     printf("%s holds no runs yet; run meshplan plan --db %s\n", mp_store_path(st), mp_store_path(st));
     return 0;
   }
-  printf("%4s  %-20s  %-18s  %-12s %6s %6s %6s %10s %9s %8s %10s  %s\n", "run", "when (UTC)", "model",
-         "cluster", "GPUs", "seq", "batch", "candidates", "simulated", "feasible", "best (s)", "status");
+  printf("%4s  %-20s  %-18s  %-12s %-16s %6s %6s %10s %9s %8s %10s  %s\n", "run", "when (UTC)", "model",
+         "cluster", "devices", "seq", "batch", "candidates", "simulated", "feasible", "best step", "status");
   for (int64_t i = 0; i < n; i++) {
     const mp_run_row *r = &runs[i];
-    char best[32] = "-";
-    if (r->best_plan_id) snprintf(best, sizeof best, "%.4f", r->best_step_time_s);
-    printf("%4lld  %-20s  %-18s  %-12s %6d %6lld %6lld %10lld %9lld %8lld %10s  %s\n", (long long)r->id,
-           r->created_at, r->model, r->cluster, r->n_gpus, (long long)r->seq,
+    char best[32] = "-", dev[48];
+    if (r->best_plan_id) fmt_s(r->best_step_time_s, best, sizeof best);
+    snprintf(dev, sizeof dev, "%d %s", r->n_gpus, device_word(r->gpu, r->n_gpus));
+    printf("%4lld  %-20s  %-18s  %-12s %-16s %6lld %6lld %10lld %9lld %8lld %10s  %s\n", (long long)r->id,
+           r->created_at, r->model, r->cluster, dev, (long long)r->seq,
            (long long)r->global_batch, (long long)r->n_candidates, (long long)r->n_evaluated,
            (long long)r->n_feasible, best, r->status);
   }
@@ -146,8 +171,8 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
     print_run_json(&run, p, n);
     return 0;
   }
-  printf("run %lld (%s): %s on %s (%d GPUs), seq %lld, global batch %lld, objective %s, %s\n",
-         (long long)run.id, run.created_at, run.model, run.cluster, run.n_gpus, (long long)run.seq,
+  printf("run %lld (%s): %s on %s (%d %s), seq %lld, global batch %lld, objective %s, %s\n",
+         (long long)run.id, run.created_at, run.model, run.cluster, run.n_gpus, device_word(run.gpu, run.n_gpus), (long long)run.seq,
          (long long)run.global_batch, run.objective, run.status);
   printf("%lld candidates, %lld pruned, %lld simulated, %lld feasible\n\n", (long long)run.n_candidates,
          (long long)run.n_pruned, (long long)run.n_evaluated, (long long)run.n_feasible);
@@ -157,20 +182,25 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
   }
   int any_measured = 0;
   for (int64_t i = 0; i < n; i++) any_measured |= p[i].n_measured > 0;
-  printf("%4s %7s %6s %8s %3s %3s %3s %3s  %-9s %3s %3s %10s %8s %5s", "rank", "plan", "dp_rep",
-         "dp_shard", "tp", "ep", "pp", "cp", "AC", "fp8", "mb", "step (s)", "peak GiB", "MFU");
+  const char *per = strcmp(run.gpu, "cpu") == 0 ? "peak/rank" : "peak/GPU";
+  printf("%4s %7s %6s %8s %3s %3s %3s %3s  %-14s %3s %3s %10s %10s %5s", "rank", "plan", "dp_rep",
+         "dp_shard", "tp", "ep", "pp", "cp", "AC", "fp8", "mb", "step", per, "MFU");
   if (any_measured)
-    printf(" | %5s %12s %7s %13s %7s", "steps", "measured (s)", "err %", "measured GiB", "err %");
+    printf(" | %5s %12s %7s %13s %7s", "steps", "measured", "err %", "measured peak", "err %");
   printf("\n");
   for (int64_t i = 0; i < n; i++) {
     const mp_plan_row *r = &p[i];
-    printf("%4lld %7lld %6d %8d %3d %3d %3d %3d  %-9s %3s %3lld %10.4f %8.2f %4.1f%%", (long long)r->rank,
+    char step[32], peak[32], mstep[32], mpeak[32];
+    fmt_s(r->step_time_s, step, sizeof step);
+    fmt_mem((double)r->peak_mem_bytes, peak, sizeof peak);
+    printf("%4lld %7lld %6d %8d %3d %3d %3d %3d  %-14s %3s %3lld %10s %10s %4.1f%%", (long long)r->rank,
            (long long)r->id, r->dp_replicate, r->dp_shard, r->tp, r->ep, r->pp, r->cp,
-           mp_search_ac_name(r->ac), r->fp8 ? "yes" : "no", (long long)r->micro_batch, r->step_time_s,
-           (double)r->peak_mem_bytes / kGiB, 100.0 * r->mfu);
+           mp_search_ac_name(r->ac), r->fp8 ? "yes" : "no", (long long)r->micro_batch, step, peak, 100.0 * r->mfu);
+    fmt_s(r->measured_step_time_s, mstep, sizeof mstep);
+    fmt_mem((double)r->measured_peak_mem_bytes, mpeak, sizeof mpeak);
     if (r->n_measured)
-      printf(" | %5lld %12.4f %+7.1f %13.2f %+7.1f", (long long)r->n_measured, r->measured_step_time_s,
-             pct_err(r->step_time_s, r->measured_step_time_s), (double)r->measured_peak_mem_bytes / kGiB,
+      printf(" | %5lld %12s %+7.1f %13s %+7.1f", (long long)r->n_measured, mstep,
+             pct_err(r->step_time_s, r->measured_step_time_s), mpeak,
              pct_err((double)r->alloc_peak_bytes, (double)r->measured_peak_mem_bytes));
     else if (any_measured)
       printf(" | %5s", "-");
@@ -178,7 +208,7 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
   }
   if (any_measured)
     printf("\nmeasured: median step time over the measured steps, largest peak; err = (predicted - "
-           "measured) / measured, for memory the predicted allocation peak (peak GiB less the "
+           "measured) / measured, for memory the predicted allocation peak (the peak less the "
            "stack's runtime overhead and fragmentation) against the tracked allocator's\n");
   return 0;
 }

@@ -25,11 +25,12 @@
 
 static mp_opt k_opts[] = {
     MP_OPT_MODEL("llama3.1-8b"),
+    MP_OPT_HF_CONFIG,
     MP_OPT_CLUSTER("h100-8"),
     MP_OPT_GPUS,
     MP_OPT_GPU_OF_GPUS("default h100-sxm"),
-    MP_OPT_GPUS_PER_NODE("8"),
-    {"--inter-gbps", "X", "inter-node Gbit/s per GPU for --gpus (default 400)", NULL},
+    MP_OPT_GPUS_PER_NODE("8, or N when N < 8"),
+    MP_OPT_INTER_GBPS,
     MP_OPT_MESH("-1 for one dim: the rest of the GPUs; default dp_shard over the GPUs --pp and --cp leave"),
     MP_OPT_EP(""),
     {"--pp", "N", "pipeline stages", NULL},
@@ -41,13 +42,15 @@ static mp_opt k_opts[] = {
     MP_OPT_SP,
     MP_OPT_NO_SP,
     MP_OPT_SEQ("min(8192, the model's max_seq)"),
+    MP_OPT_ALLOW_LONG_SEQ,
     MP_OPT_MICRO_BATCH("1"),
-    MP_OPT_GLOBAL_BATCH_ONE_MICRO,
+    MP_OPT_GLOBAL_BATCH_RULE,
+    MP_OPT_GLOBAL_BATCH_TOKENS,
     MP_OPT_STACK("torchtitan-compile on GPUs, meshplan-cpu on the CPU, meshplan-cuda with a cuda --calibration"),
     {"--calibration", "DB", "apply the newest calibration in DB (meshplan calibrate): a cpu one to the CPU profile "
                             "and the meshplan-cpu stack, a cuda one to the meshplan-cuda stack (then the default) "
                             "on its GPU profile", NULL},
-    MP_OPT_HEADROOM("0"),
+    MP_OPT_HEADROOM("0.05"),
     {"--trace", "PATH", "write the simulated timeline as Chrome trace JSON", NULL},
     MP_OPT_JSON("the prediction"),
     MP_OPT_END,
@@ -55,7 +58,7 @@ static mp_opt k_opts[] = {
 
 static mp_cmd_spec k_spec = {
     "simulate", "Predict step time and memory of one plan.",
-    "--model M (--cluster C | --gpus N [--gpu G] [--gpus-per-node N]) --mesh SPEC [--ep N] "
+    "[--model M | --hf-config PATH] [--cluster C | --gpus N [--gpu G] [--gpus-per-node K]] [--mesh SPEC] [--ep N] "
     "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V]] [--cp N] [--ac POLICY] [--fp8] [--sp|--no-sp] [--seq S] "
     "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] [--json]",
     k_opts, 0};
@@ -170,25 +173,8 @@ typedef struct sim_job {
   mp_plan *plan;               /* the plan simulated, with its defaults resolved */
   mp_arena *arena;             /* --trace: the schedule's */
   mp_sim_trace *trace;
+  char batch_rule[400];        /* the default batch rule's line, "" with --global-batch */
 } sim_job;
-
-/* --cluster, or --gpus N of --gpu (default h100-sxm), --gpus-per-node (default 8) and
- * --inter-gbps (default 400). */
-static mp_status load_cluster(mp_ctx *ctx, mp_cluster *c) {
-  const char *cl = mp_args_get(&k_spec, "--cluster");
-  if (cl && mp_args_has(&k_spec, "--gpus"))
-    return mp_error(ctx, MP_ERR_USAGE, "give --cluster or --gpus, not both");
-  if (!mp_args_has(&k_spec, "--gpus")) return mp_cluster_load(ctx, cl ? cl : "h100-8", c);
-  long long n = 0, per = 8;
-  double inter = 400.0;
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus", 1, MP_LIM_GPUS, &n));
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus-per-node", 1, MP_LIM_GPUS_PER_NODE, &per));
-  MP_CHECK(mp_args_double(ctx, &k_spec, "--inter-gbps", 0, MP_LIM_LINK_GBPS, MP_RANGE_OPEN_LO, &inter));
-  const char *gpu = mp_args_get(&k_spec, "--gpu");
-  MP_CHECK(mp_cluster_make(ctx, gpu ? gpu : "h100-sxm", n, per, c));
-  c->inter_node_Gbitps_per_gpu = inter;
-  return MP_OK;
-}
 
 /* --calibration: measured rates replace the CPU profile's before anything is simulated;
  * on a GPU profile, the newest cuda calibration (load_stack applies its fit). */
@@ -275,6 +261,7 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
   memset(&j->cfg, 0, sizeof j->cfg);
   j->cfg.cluster = &j->c;
   j->cfg.stack = &j->prof;
+  j->cfg.mem_headroom = 0.05; /* meshplan plan's */
   return mp_args_double(ctx, &k_spec, "--headroom", 0.0, 1.0, MP_RANGE_OPEN_HI, &j->cfg.mem_headroom);
 }
 
@@ -292,13 +279,18 @@ static mp_status write_trace(mp_ctx *ctx, sim_job *j, const char *path) {
 
 /* Everything up to the figures of *r; the plan's resolved options into j->o. */
 static mp_status simulate_job(mp_ctx *ctx, sim_job *j, mp_sim_result *r) {
-  const char *model = mp_args_get(&k_spec, "--model");
-  MP_CHECK(mp_model_load(ctx, model ? model : "llama3.1-8b", &j->m));
-  MP_CHECK(load_cluster(ctx, &j->c));
+  MP_CHECK(mp_cmd_load_model(ctx, &k_spec, "llama3.1-8b", &j->m));
+  MP_CHECK(mp_cmd_load_cluster(ctx, &k_spec, &j->c));
   MP_CHECK(load_calibration(ctx, j));
   long long pp_virtual = 2;
   MP_CHECK(read_mesh(ctx, &j->c, &j->mesh, &pp_virtual));
   MP_CHECK(read_options(ctx, pp_virtual, &j->o));
+  const int64_t seq = j->o.seq > 0 ? j->o.seq : (j->m.max_seq < 8192 ? j->m.max_seq : 8192);
+  MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, &j->m, seq));
+  MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, seq, &j->o.global_batch));
+  if (j->o.global_batch == 0)
+    mp_cmd_default_batch(&j->m, &j->mesh, seq, j->o.micro_batch, &j->o.global_batch, j->batch_rule,
+                         sizeof j->batch_rule);
   MP_CHECK(load_stack(ctx, j));
   MP_CHECK(mp_simulate_plan(ctx, &j->m, &j->mesh, &j->o, &j->cfg, r));
   /* the plan resolves defaults (seq, global batch): show the resolved ones */
@@ -321,6 +313,7 @@ static int run_simulate(mp_ctx *ctx, const mp_cmd_call *call) {
     rc = print_json(&r, &j->m, &j->c, &j->mesh, &j->o, &j->prof);
   } else {
     print_text(&r, &j->m, &j->c, &j->mesh, &j->o, &j->prof);
+    if (j->batch_rule[0]) printf("batch   %s\n", j->batch_rule);
     const char *cal_db = mp_args_get(&k_spec, "--calibration"), *tpath = mp_args_get(&k_spec, "--trace");
     if (cal_db) printf("calibration applied: %s from %s\n", j->calib_line, cal_db);
     if (tpath) printf("trace   %s\n", tpath);

@@ -49,6 +49,7 @@
 
 static mp_opt k_opts[] = {
     MP_OPT_MODEL("tiny-dense"),
+    MP_OPT_HF_CONFIG,
     MP_OPT_EP("; with --auto, the planner keeps it"),
     MP_OPT_MESH("default: every dim 1"),
     MP_OPT_AC(""),
@@ -56,8 +57,10 @@ static mp_opt k_opts[] = {
     {"--steps", "K", "the run's last step: training steps from 0, or up to K from a resumed checkpoint; 0 runs "
      "none (with --checkpoint-dir: a checkpoint of the starting weights) (default 20)", NULL},
     MP_OPT_SEQ("the model's max_seq"),
+    MP_OPT_ALLOW_LONG_SEQ,
     MP_OPT_MICRO_BATCH("4"),
     MP_OPT_GLOBAL_BATCH_ONE_MICRO,
+    MP_OPT_GLOBAL_BATCH_TOKENS,
     {"--lr", "LR", "AdamW peak learning rate (default 1e-3)", NULL},
     {"--lr-schedule", "S", "constant, cosine, linear or wsd (warmup-stable-decay; formulas in docs/runtime.md; "
      "default constant)", NULL},
@@ -385,14 +388,21 @@ static mp_status read_request(train_job *j) {
   j->want_auto = mp_args_has(&k_spec, "--auto");
   if (j->want_auto && (mp_args_has(&k_spec, "--mesh") || j->plan_id))
     return mp_error(ctx, MP_ERR_USAGE, "--auto chooses the mesh itself: drop --mesh / --plan-id, or drop --auto");
-  const char *mname = mp_args_get(&k_spec, "--model");
-  MP_CHECK(mp_model_load(ctx, mname ? mname : "tiny-dense", &j->model));
-  MP_CHECK(init_from_config(j, mname != NULL));
+  const int model_given = mp_args_has(&k_spec, "--model") || mp_args_has(&k_spec, "--hf-config");
+  MP_CHECK(mp_cmd_load_model(ctx, &k_spec, "tiny-dense", &j->model));
+  MP_CHECK(init_from_config(j, model_given));
   mp_cmd_launch(&j->launch);
   mp_plan_options_init(&j->po);
   j->po.seq = j->model.max_seq;
   j->po.micro_batch = 4;
   MP_CHECK(mp_cmd_plan_options(ctx, &k_spec, &j->po));
+  MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, &j->model, j->po.seq));
+  if (mp_model_window_applies(&j->model, j->po.seq)) {
+    char why[512];
+    mp_model_window_refusal(&j->model, j->po.seq, why, sizeof why);
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "%s", why);
+  }
+  MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, j->po.seq, &j->po.global_batch));
   return mp_model_check_step(ctx, &j->model, j->po.seq, j->po.micro_batch, j->po.global_batch);
 }
 

@@ -11,7 +11,9 @@
 #define MP_PLANNER_CLI_COMMANDS_H
 
 #include "common/status.h"
+#include "exec/cluster.h"
 #include "exec/mesh.h"
+#include "exec/model.h"
 #include "exec/plan.h"
 #include "planner/cli/args.h"
 #include "planner/cli/options.h"
@@ -57,6 +59,24 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
  * as ep=N in --mesh; merged into *mesh (a different ep there is a usage error) and the
  * mesh validated. Nothing when --ep was not given. */
 mp_status mp_cmd_mesh_ep(mp_ctx *ctx, const mp_cmd_spec *spec, mp_mesh *mesh);
+/* --model M or --hf-config PATH (not both; a spec without --hf-config takes --model alone),
+ * default dflt. */
+mp_status mp_cmd_load_model(mp_ctx *ctx, const mp_cmd_spec *spec, const char *dflt, mp_model *m);
+/* --cluster C (default h100-8), or --gpus N of --gpu TYPE (default h100-sxm) with
+ * --gpus-per-node K (default min(8, N)) and --inter-gbps X (default 400); --gpu,
+ * --gpus-per-node or --inter-gbps without --gpus, or with --cluster, is a usage error. */
+mp_status mp_cmd_load_cluster(mp_ctx *ctx, const mp_cmd_spec *spec, mp_cluster *c);
+/* seq beyond the model's max_seq is a usage error unless --allow-long-seq was given. */
+mp_status mp_cmd_check_seq(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_model *m, int64_t seq);
+/* --global-batch-tokens T: *global_batch = T / seq (T a multiple of seq; with
+ * --global-batch, a usage error). Nothing when it was not given. */
+mp_status mp_cmd_batch_tokens(mp_ctx *ctx, const mp_cmd_spec *spec, int64_t seq, int64_t *global_batch);
+/* The default global batch of one plan (simulate, explain): plan's rule (planner/batch.h)
+ * for a mesh of mp_mesh_world GPUs, the nearest multiple of its dp x micro_batch to the
+ * target; micro_batch x dp when that is larger than the target. The rule in words into
+ * rule (with the batch it gave). */
+void mp_cmd_default_batch(const mp_model *m, const mp_mesh *mesh, int64_t seq, int64_t micro_batch,
+                          int64_t *global_batch, char *rule, size_t cap);
 /* --db's value, or "meshplan.db" when it was not given (plan, report, calibrate). */
 const char *mp_cmd_db_path(const mp_cmd_spec *spec);
 /* Prints root as formatted JSON and a newline on stdout, then deletes it. Returns 0, or

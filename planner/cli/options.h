@@ -7,7 +7,10 @@
  * an argument, so each command's --help states its own default; the command's code, not
  * the row, applies it.
  *
- * Invariant: a command reads a shared option with the same parser wherever it is read
+ * Invariant: what to plan for is read by one reader in every command that takes it
+ * (mp_cmd_load_model for --model and --hf-config, mp_cmd_load_cluster for --cluster,
+ * --gpus, --gpu, --gpus-per-node and --inter-gbps, mp_cmd_check_seq for --allow-long-seq).
+ * A command reads a shared option with the same parser wherever it is read
  * (mp_cmd_plan_options for --ac, --fp8, --sp, --no-sp, --seq, --micro-batch and --global-batch;
  * mp_cmd_mesh_ep for --ep), so the same flag means the same everywhere. */
 #ifndef MP_PLANNER_CLI_OPTIONS_H
@@ -32,8 +35,10 @@
   { "--gpus-per-node", "K", "GPUs per node for --gpus (default " dflt ")", NULL }
 /* --gpu with --device cuda; `role`: what the profile is for */
 #define MP_OPT_GPU_OF_DEVICE(role)                                                                 \
-  { "--gpu", "PROFILE", "--device cuda: the GPU profile (data/gpus stem or path to a JSON file) " role \
+  { "--gpu", "TYPE", "--device cuda: the GPU profile (data/gpus stem or path to a JSON file) " role \
     " (default: the one matching the device's name)", NULL }
+#define MP_OPT_INTER_GBPS                                                                          \
+  { "--inter-gbps", "X", "inter-node Gbit/s per GPU for --gpus (default 400)", NULL }
 #define MP_OPT_STACK(dflt)                                                                         \
   { "--stack", "PROFILE", "software stack profile (data/stacks stem or path to a JSON file; default " dflt ")", \
     NULL }
@@ -54,7 +59,8 @@
     "op-level), selective-core (Megatron's core attention), full, or full:N (every N-th block) "   \
     "(default none" more ")", NULL }
 #define MP_OPT_FP8(more)                                                                           \
-  { "--fp8", NULL, "float8 Linear layers (E4M3 forward, E5M2 gradients, tensorwise scales" more ")", NULL }
+  { "--fp8", "[on|off]", "float8 Linear layers (E4M3 forward, E5M2 gradients, tensorwise scales); "  \
+    "bare: on (default off" more ")", NULL }
 /* explain and simulate: one plan's sequence parallelism (plan's --no-sp is the search's) */
 #define MP_OPT_SP                                                                                  \
   { "--sp", NULL,                                                                                  \
@@ -63,11 +69,21 @@
 #define MP_OPT_NO_SP                                                                               \
   { "--no-sp", NULL, "tensor parallelism without sequence parallelism (the all-reduce form)", NULL }
 #define MP_OPT_SEQ(dflt) { "--seq", "S", "tokens per sequence (default " dflt ")", NULL }
+#define MP_OPT_ALLOW_LONG_SEQ                                                                      \
+  { "--allow-long-seq", NULL, "accept --seq beyond the model's max_seq (positions it was not trained on)", NULL }
 #define MP_OPT_MICRO_BATCH(dflt)                                                                   \
   { "--micro-batch", "B", "sequences per micro-batch per data-parallel rank (default " dflt ")", NULL }
 #define MP_OPT_GLOBAL_BATCH(dflt)                                                                  \
   { "--global-batch", "G", "sequences per step over all data-parallel ranks (default " dflt ")", NULL }
-/* The defaults of explain, simulate and train: one micro-batch per data-parallel rank. */
+#define MP_OPT_GLOBAL_BATCH_TOKENS                                                                 \
+  { "--global-batch-tokens", "T", "tokens per step instead of --global-batch (a multiple of --seq)", NULL }
+/* The default of simulate and explain: plan's batch rule (planner/batch.h) for the mesh. */
+#define MP_OPT_GLOBAL_BATCH_RULE                                                                   \
+  MP_OPT_GLOBAL_BATCH("meshplan plan's rule: the larger of 0.5M/1M/4M tokens by model size and 1,024 "   \
+                      "tokens per GPU of the mesh, the nearest multiple of its dp; one sequence per rank " \
+                      "when dp is larger")
+/* The default of train: one micro-batch per data-parallel rank (a run, not a prediction at
+ * scale: the smallest step the mesh runs). */
 #define MP_OPT_GLOBAL_BATCH_ONE_MICRO MP_OPT_GLOBAL_BATCH("micro-batch x data-parallel ranks")
 
 /* ---- the run and its output -------------------------------------------------------------- */

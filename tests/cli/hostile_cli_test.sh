@@ -157,7 +157,7 @@ row 2 "--top '-1': expected an integer in 0..2147483647" report --top -1
 row 2 "--steps '-1': expected an integer in 0..16777216" train --steps -1
 row 2 "--rank '-1': expected an integer in 0..1048575" explain --rank -1
 row 2 "--reps '0': expected an integer in 1..10000" calibrate --reps 0 --db "$d/cal.db"
-row 2 "give --cluster or --gpus, not both" simulate --cluster h100-8 --gpus 8
+row 2 "give --cluster or --gpus (with --gpu, --gpus-per-node, --inter-gbps), not both" simulate --cluster h100-8 --gpus 8
 row 2 "--pp-schedule 'x': choose 1f1b, interleaved or gpipe" simulate --model tiny-dense --pp-schedule x
 row 2 "--device tpu: choose cpu, cuda or cuda:N (N in 0..1023)" calibrate --device tpu
 row 2 "--gpu is for --device cuda" calibrate --gpu h100-sxm --db "$d/cal.db"
@@ -211,7 +211,8 @@ row 2 "--lr '1e999': expected a number in [0, 10000]" train --model tiny-dense -
 row 2 "--fanout '0': expected an integer in 1..65536" train --model tiny-dense --fanout 0
 row 2 "--plan-id '0': expected an integer in 1..9223372036854775807" train --model tiny-dense --plan-id 0
 row 2 "--run '99999999999999999999': expected an integer in 1..9223372036854775807" report --run 99999999999999999999
-row 2 "a step of 1000 sequences of 16777216 tokens is more than 4294967296 tokens" plan --no-db --model tiny-dense --seq 16777216 --global-batch 1000
+row 2 "a step of 1000 sequences of 16777216 tokens is more than 4294967296 tokens" plan --no-db --model tiny-dense --seq 16777216 --allow-long-seq --global-batch 1000
+row 2 "--seq 65 is longer than tiny-dense's max_seq 64" plan --no-db --model tiny-dense --seq 65
 row 2 "mesh dim tp='0': expected an integer in 1..1048576" explain --model tiny-dense --mesh tp=0
 row 2 "--fix: tp=0 out of range (1..1048576)" plan --no-db --model tiny-dense --fix tp=0
 row 2 "--fix: mb=99999999999 out of range (1..16777216)" plan --no-db --model tiny-dense --fix mb=99999999999

@@ -170,6 +170,61 @@ TEST_F(ModelTest, FlopsPerToken) {
   EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 0), 690048.0);
 }
 
+// Mistral-7B (H=4096, L=32, 32 heads, 8 KV, head_dim 128, d_ff 14336, V=32000, untied,
+// sliding window 4096; mistralai/Mistral-7B-v0.1's config.json):
+//   attention 2*4096*4096 + 2*4096*1024 = 41,943,040; MLP 3*4096*14336 = 176,160,768;
+//   norms 8,192; layer 218,112,000 (x32 = 6,979,584,000); embeddings 2*32000*4096 =
+//   262,144,000; final norm 4,096; total 7,241,732,096: the model card's 7.24B.
+// Sliding window: a query attends to W - W^2/(2 s) keys on average, 4096 - 1024 = 3072 at
+// s = 8192 (not 4096, the causal half); at s <= W the window changes nothing (s / 2).
+// FLOPs per token at 8192: 6*(7,241,732,096 - 131,072,000) = 42,663,960,576 and
+// 12*32*32*128*(2*3072) = 9,663,676,416, sum 52,327,636,992; at 4096: 6,442,450,944 of
+// attention, sum 49,106,411,520.
+TEST_F(ModelTest, Mistral7bWithSlidingWindow) {
+  for (const char *src : {"mistral-7b", "tests/data/hf/mistral-7b.json"}) {
+    SCOPED_TRACE(src);
+    ASSERT_EQ(mp_model_load(&ctx, src, &m), MP_OK) << msg();
+    EXPECT_EQ(m.sliding_window, 4096);
+    EXPECT_EQ(m.max_seq, 32768);
+    EXPECT_EQ(mp_model_param_count(&m), 7241732096LL);
+    EXPECT_DOUBLE_EQ(mp_model_attended_keys(&m, 8192), 3072.0);
+    EXPECT_DOUBLE_EQ(mp_model_attended_keys(&m, 4096), 2048.0);
+    EXPECT_EQ(mp_model_window_applies(&m, 8192), 1);
+    EXPECT_EQ(mp_model_window_applies(&m, 4096), 0);
+    EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 8192), 52327636992.0);
+    EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 4096), 49106411520.0);
+  }
+  // Qwen2.5's config carries sliding_window 131072 with use_sliding_window false: no window.
+  ASSERT_EQ(mp_model_load(&ctx, "tests/data/hf/qwen2.5-7b.json", &m), MP_OK) << msg();
+  EXPECT_EQ(m.sliding_window, 0);
+}
+
+// A config of a supported architecture carrying a field that changes the cost which the
+// spec cannot describe is refused by the field's name, not costed as if it were absent.
+TEST_F(ModelTest, HfFieldsThatChangeCostAreHonouredOrRefused) {
+  const char *base =
+      "{\"model_type\": \"llama\", \"vocab_size\": 1000, \"hidden_size\": 256, \"num_hidden_layers\": 2, "
+      "\"num_attention_heads\": 4, \"intermediate_size\": 512";
+  for (const char *key : {"kv_lora_rank", "q_lora_rank", "n_shared_experts", "first_k_dense_replace",
+                          "attn_logit_softcapping"}) {
+    std::string text = std::string(base) + ", \"" + key + "\": 8}";
+    EXPECT_EQ(mp_model_from_hf_text(&ctx, text.c_str(), "cfg.json", &m), MP_ERR_INVALID) << key;
+    EXPECT_NE(std::string(msg()).find(key), std::string::npos) << msg();
+  }
+  // null is absent (published configs write "q_lora_rank": null for V2-Lite's plain q)
+  std::string text = std::string(base) + ", \"q_lora_rank\": null, \"sliding_window\": 128}";
+  ASSERT_EQ(mp_model_from_hf_text(&ctx, text.c_str(), "cfg.json", &m), MP_OK) << msg();
+  EXPECT_EQ(m.sliding_window, 128);
+  // attention_bias: q, k and v biases of 256 each (4 heads of 64, n_kv_heads = n_heads) in each
+  // of the 2 layers
+  text = std::string(base) + ", \"attention_bias\": true}";
+  ASSERT_EQ(mp_model_from_hf_text(&ctx, text.c_str(), "cfg.json", &m), MP_OK) << msg();
+  EXPECT_EQ(m.qkv_bias, 1);
+  mp_model nb = m;
+  nb.qkv_bias = 0;
+  EXPECT_EQ(mp_model_param_count(&m) - mp_model_param_count(&nb), 2 * 3 * 256);  // 2 layers x q, k, v
+}
+
 // Every embedded model file loads, satisfies model.h's invariants and counts sensibly.
 TEST_F(ModelTest, EveryDataModelLoads) {
   size_t n = 0;

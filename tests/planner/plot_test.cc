@@ -121,26 +121,50 @@ TEST(Plot, TimelineFromChromeTrace) {
   fputs("{\"traceEvents\":["
         "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":\"compute\"}},"
         "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":1,\"args\":{\"name\":\"gather\"}},"
-        "{\"name\":\"layers.0.attention.q_proj\",\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":100,\"dur\":900,"
+        "{\"name\":\"layers.0.attention.q_proj\",\"cat\":\"compute\",\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":100,"
+        "\"dur\":900,\"args\":{\"phase\":\"forward\"}},"
+        "{\"name\":\"layers.0 all_gather\",\"cat\":\"comm\",\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":0,\"dur\":100,"
         "\"args\":{\"phase\":\"forward\"}},"
-        "{\"name\":\"layers.0 all_gather\",\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":0,\"dur\":100,"
-        "\"args\":{\"phase\":\"forward\"}},"
-        "{\"name\":\"layers.0.attention.q_proj\",\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":1000,\"dur\":2000,"
-        "\"args\":{\"phase\":\"backward\"}}"
+        "{\"name\":\"layers.0.attention all_reduce tp\",\"cat\":\"comm\",\"ph\":\"X\",\"pid\":0,\"tid\":0,"
+        "\"ts\":1000,\"dur\":500,\"args\":{\"phase\":\"forward\"}},"
+        "{\"name\":\"layers.0.attention.q_proj\",\"cat\":\"compute\",\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":1500,"
+        "\"dur\":1500,\"args\":{\"phase\":\"backward\"}},"
+        "{\"name\":\"memory (GiB)\",\"ph\":\"C\",\"pid\":0,\"ts\":0,\"args\":{\"params\":1,\"activations\":0}},"
+        "{\"name\":\"memory (GiB)\",\"ph\":\"C\",\"pid\":0,\"ts\":1000,\"args\":{\"params\":1,\"activations\":2}},"
+        "{\"name\":\"memory (GiB)\",\"ph\":\"C\",\"pid\":0,\"ts\":3000,\"args\":{\"params\":1,\"activations\":0.5}}"
         "],\"displayTimeUnit\":\"ms\"}",
         f);
   fclose(f);
   ASSERT_EQ(mp_plot_timeline(&fx.ctx, dir.c_str(), trace.c_str(), "fake timeline"), MP_OK)
       << mp_errmsg(&fx.ctx);
   EXPECT_TRUE(is_png(dir + "/timeline.png"));
-  // Events in ms, rows by tid, phases coded: forward 1, backward 3.
+  // Events in ms. Rows: the compute stream's kernels (0), the collectives it runs between
+  // them (1: the TP all-reduce on a row and colour of its own), the gather stream (2).
   std::string dat = slurp(dir + "/timeline.dat");
-  EXPECT_NE(dat.find("0.100000 1.000000 0 1"), std::string::npos);
-  EXPECT_NE(dat.find("0.000000 0.100000 1 1"), std::string::npos);
-  EXPECT_NE(dat.find("1.000000 3.000000 0 3"), std::string::npos);
+  EXPECT_NE(dat.find("0.100000 1.000000 0\n"), std::string::npos);
+  EXPECT_NE(dat.find("1.000000 1.500000 1\n"), std::string::npos);
+  EXPECT_NE(dat.find("0.000000 0.100000 2\n"), std::string::npos);
+  EXPECT_NE(dat.find("1.500000 3.000000 0\n"), std::string::npos);
   std::string gp = slurp(dir + "/timeline.gp");
-  EXPECT_NE(gp.find("'compute' 0, 'gather' 1"), std::string::npos);
+  EXPECT_NE(gp.find("'compute: kernels' 0, 'compute: collectives' 1, 'gather' 2"), std::string::npos) << gp;
   EXPECT_NE(gp.find("time within the step (ms)"), std::string::npos);
+  // Three rows, three colours.
+  EXPECT_NE(gp.find("$3==0 ? $3 : NaN):(($2-$1)/2):(0.35) with boxxyerror lc rgb '#1f77b4'"), std::string::npos);
+  EXPECT_NE(gp.find("$3==1 ? $3 : NaN):(($2-$1)/2):(0.35) with boxxyerror lc rgb '#d62728'"), std::string::npos);
+  EXPECT_NE(gp.find("$3==2 ? $3 : NaN):(($2-$1)/2):(0.35) with boxxyerror lc rgb '#2ca02c'"), std::string::npos);
+
+  // The memory counter over time: categories stacked (cumulative columns), each sample
+  // twice so that the areas step: at 1 ms params 1 and activations 2 (cumulative 3).
+  ASSERT_EQ(mp_plot_memory_time(&fx.ctx, dir.c_str(), trace.c_str(), 4.0, 0.5, "fake memory"), MP_OK)
+      << mp_errmsg(&fx.ctx);
+  EXPECT_TRUE(is_png(dir + "/memory_time.png"));
+  std::string mt = slurp(dir + "/memory_time.dat");
+  EXPECT_NE(mt.find("0.000000 1 1\n1.000000 1 1\n1.000000 1 3\n3.000000 1 3\n3.000000 1 1.5\n"), std::string::npos)
+      << mt;
+  std::string mgp = slurp(dir + "/memory_time.gp");
+  EXPECT_NE(mgp.find("title 'params'"), std::string::npos);
+  EXPECT_NE(mgp.find("title 'activations'"), std::string::npos);
+  EXPECT_NE(mgp.find("first 4 to graph 1, first 4"), std::string::npos);  // the capacity line
   // Not a trace: a clear error.
   std::string bad = dir + "/bad.json";
   f = fopen(bad.c_str(), "w");

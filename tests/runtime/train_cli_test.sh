@@ -49,7 +49,9 @@ check "train --db exits 0" "[ $rc -eq 0 ]"
 check "prediction printed" "echo \"\$out\" | grep -q '^predicted vs measured: step time'"
 rep=$("$bin" report --db "$tmp/m.db" --run 1 2>&1)
 echo "$rep" | head -5
-check "report shows 3 measured steps beside the prediction" "echo \"\$rep\" | grep -Eq '\\|  +3 +[0-9.]+ +[-+]?[0-9.]+'"
+check "report shows 3 measured steps beside the prediction" "echo \"\$rep\" | grep -Eq '\\|  +3 +[0-9.]+ (us|ms|s) +[-+]?[0-9.]+'"
+check "report names CPU ranks, not GPUs" "echo \"\$rep\" | grep -q 'CPU rank' && ! echo \"\$rep\" | grep -q 'GPUs'"
+check "report shows a CPU run's memory in a unit that shows it (not 0.00 GiB)" "echo \"\$rep\" | grep -Eq '[0-9.]+ (KiB|MiB)' && ! echo \"\$rep\" | grep -q '0.00 GiB'"
 out=$(OMP_NUM_THREADS=1 timeout 60 "$bin" train --model tiny-moe --auto --steps 2 --seq 16 --global-batch 4 \
       --db "$tmp/m.db" 2>&1); rc=$?
 echo "$out" | grep -E '^(auto|train)'

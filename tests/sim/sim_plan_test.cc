@@ -131,34 +131,90 @@ TEST(PlanTime, FsdpHidesGathersTpExposes) {
 
 // The trace parses as Chrome trace JSON: thread_name metadata for every stream, complete
 // events with FQN names, and on each track events nest or are disjoint.
+// A plan's compact schedule of rank 0 simulated with its trace, written to TEST_TMPDIR/name
+// and parsed back; freed with the fixture.
+struct Traced {
+  mp_plan *p = nullptr;
+  mp_arena *a = nullptr;
+  mp_sim_trace *t = nullptr;
+  cJSON *json = nullptr;
+  mp_sim_result r;
+  void Run(PlanCase &s, const char *name) {
+    ASSERT_EQ(mp_build_plan(&s.ctx, &s.m, &s.mesh, &s.o, &p), MP_OK) << mp_errmsg(&s.ctx);
+    a = mp_arena_create();
+    mp_schedule *sc = NULL;
+    ASSERT_EQ(mp_schedule_build(&s.ctx, p, 0, MP_SCHEDULE_COMPACT, a, &sc), MP_OK) << mp_errmsg(&s.ctx);
+    s.cfg.record_trace = 1;
+    ASSERT_EQ(mp_simulate(&s.ctx, sc, &s.cfg, &r, &t), MP_OK) << mp_errmsg(&s.ctx);
+    const char *tmp = getenv("TEST_TMPDIR");
+    std::string path = std::string(tmp ? tmp : "/tmp") + "/" + name;
+    ASSERT_EQ(mp_sim_trace_write(&s.ctx, t, path.c_str()), MP_OK) << mp_errmsg(&s.ctx);
+    ASSERT_EQ(mp_json_parse_file(&s.ctx, path.c_str(), &json), MP_OK) << mp_errmsg(&s.ctx);
+  }
+  ~Traced() {
+    cJSON_Delete(json);
+    mp_sim_trace_destroy(t);
+    mp_arena_destroy(a);
+    mp_plan_destroy(p);
+  }
+};
+
+// The memory counter's highest total is the allocated peak the result breaks down by
+// category (mem_at_peak; the runtime overhead is no event): Llama-3.1-8B under FSDP 8 holds
+// tens of GiB, each category rounded to 1e-4 GiB in the trace.
+TEST(Trace, MemoryCounterPeaksAtTheResultsPeak) {
+  PlanCase s("llama3.1-8b", "h100-8", "dp_shard=8");
+  s.o.micro_batch = 1;
+  s.o.global_batch = 16;
+  Traced tr;
+  ASSERT_NO_FATAL_FAILURE(tr.Run(s, "trace_mem.json"));
+  cJSON *j = tr.json;
+  const mp_sim_result &r = tr.r;
+  double counter_max = 0;
+  int counters = 0;
+  cJSON *e;
+  cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(j, "traceEvents")) {
+    if (strcmp(cJSON_GetObjectItemCaseSensitive(e, "ph")->valuestring, "C") != 0) continue;
+    counters++;
+    double total = 0;
+    cJSON *x;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(e, "args")) total += x->valuedouble;
+    counter_max = std::max(counter_max, total);
+  }
+  double at_peak = 0;
+  for (int c = 0; c < MP_MEM_COUNT; c++) at_peak += (double)r.mem_at_peak[c];
+  EXPECT_GT(at_peak, 10.0 * 1073741824.0);
+  EXPECT_GT(counters, 100);
+  EXPECT_NEAR(counter_max * 1073741824.0, at_peak, MP_MEM_COUNT * 0.5e-4 * 1073741824.0);
+}
+
 TEST(Trace, ParsesAndNests) {
   PlanCase s("tiny-dense", "h100-8", "dp_shard=4,tp=2");
   s.o.micro_batch = 1;
   s.o.global_batch = 8;
-  mp_plan *p = NULL;
-  ASSERT_EQ(mp_build_plan(&s.ctx, &s.m, &s.mesh, &s.o, &p), MP_OK) << mp_errmsg(&s.ctx);
-  mp_arena *a = mp_arena_create();
-  mp_schedule *sc = NULL;
-  ASSERT_EQ(mp_schedule_build(&s.ctx, p, 0, MP_SCHEDULE_COMPACT, a, &sc), MP_OK) << mp_errmsg(&s.ctx);
-  s.cfg.record_trace = 1;
-  mp_sim_trace *t = NULL;
-  mp_sim_result r;
-  ASSERT_EQ(mp_simulate(&s.ctx, sc, &s.cfg, &r, &t), MP_OK) << mp_errmsg(&s.ctx);
-  const char *tmp = getenv("TEST_TMPDIR");
-  std::string path = std::string(tmp ? tmp : "/tmp") + "/trace.json";
-  ASSERT_EQ(mp_sim_trace_write(&s.ctx, t, path.c_str()), MP_OK) << mp_errmsg(&s.ctx);
-  cJSON *j = NULL;
-  ASSERT_EQ(mp_json_parse_file(&s.ctx, path.c_str(), &j), MP_OK) << mp_errmsg(&s.ctx);
+  Traced trace;
+  ASSERT_NO_FATAL_FAILURE(trace.Run(s, "trace.json"));
+  cJSON *j = trace.json;
+  const mp_sim_result &r = trace.r;
   cJSON *evs = cJSON_GetObjectItemCaseSensitive(j, "traceEvents");
   ASSERT_TRUE(cJSON_IsArray(evs));
   struct Ev {
     double ts, dur;
   };
   std::vector<std::vector<Ev>> tracks(MP_STREAM_COUNT);
-  int meta = 0, layer_named = 0;
+  int meta = 0, layer_named = 0, counters = 0;
+  double counter_max = 0;
   cJSON *e;
   cJSON_ArrayForEach(e, evs) {
     const char *ph = cJSON_GetObjectItemCaseSensitive(e, "ph")->valuestring;
+    if (strcmp(ph, "C") == 0) {  // the memory counter: every category's level, GiB
+      counters++;
+      double total = 0;
+      cJSON *a;
+      cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(e, "args")) total += a->valuedouble;
+      counter_max = std::max(counter_max, total);
+      continue;
+    }
     int tid = cJSON_GetObjectItemCaseSensitive(e, "tid")->valueint;
     ASSERT_TRUE(tid >= 0 && tid < MP_STREAM_COUNT);
     EXPECT_EQ(cJSON_GetObjectItemCaseSensitive(e, "pid")->valueint, 0);
@@ -175,6 +231,8 @@ TEST(Trace, ParsesAndNests) {
   }
   EXPECT_EQ(meta, MP_STREAM_COUNT);
   EXPECT_GT(layer_named, 0);
+  EXPECT_GT(counters, 10);  // the memory counter track
+  EXPECT_GT(counter_max, 0.0);
   EXPECT_GT(tracks[MP_STREAM_COMPUTE].size(), 10u);
   double last_end = 0;
   for (auto &tr : tracks) {
@@ -189,10 +247,6 @@ TEST(Trace, ParsesAndNests) {
   }
   // the timeline ends when the step does (microseconds)
   EXPECT_NEAR(last_end, r.step_time_s * 1e6, 1e-6 * r.step_time_s * 1e6 + 1e-3);
-  cJSON_Delete(j);
-  mp_sim_trace_destroy(t);
-  mp_arena_destroy(a);
-  mp_plan_destroy(p);
 }
 
 // Distinct pipeline stages (sim/sim_plan.c): mp_simulate_built_plan simulates only the

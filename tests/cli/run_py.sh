@@ -1,0 +1,3 @@
+#!/bin/bash
+# Runs a Python test script (the first argument) with the rest as its arguments.
+exec python3 "$@"
