@@ -9,10 +9,15 @@ mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p) {
   const mp_mesh *mesh = &p->mesh;
   char mb[128];
   mp_mesh_format(mesh, mb, sizeof mb);
-  if (mesh->size[MP_DIM_PP] > 1 || mesh->size[MP_DIM_CP] > 1)
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute pipeline (pp) or context "
-                    "(cp) parallelism yet; the planner models them, train with dp_replicate, dp_shard, tp and ep",
-                    mb);
+  const int pp = mesh->size[MP_DIM_PP];
+  if (mesh->size[MP_DIM_CP] > 1)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute context parallelism (cp) "
+                    "yet; the planner models it, train with dp_replicate, dp_shard, tp, pp and ep", mb);
+  /* pipeline stages (runtime_pp.c): every schedule; float8 keeps per-layer scales from a
+   * block's forward for its backward, one micro-batch at a time */
+  if (pp > 1 && p->opts.fp8)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: float8 with pipeline parallelism is not executed (a "
+                    "stage holds several micro-batches between forward and backward); drop --fp8 or use pp=1", mb);
   if (mesh->size[MP_DIM_TP] > 1 && p->opts.sp == 1)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime runs tp with replicated activations and "
                     "all-reduces, not sequence parallelism yet; build the plan with sp=0 (--no-sp)", mb);
