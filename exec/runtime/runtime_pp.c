@@ -118,31 +118,28 @@ static void micro_enter(mp_runtime *rt, rt_micro *m) {
   rt->tok_tgt = m->tok ? m->tok + rt->N : NULL;
 }
 
-/* Held send k completes: alone (blocking), or with a receive from its peer into recv. */
-static mp_status pend_complete(mp_ctx *ctx, mp_runtime *rt, int k, void *recv, size_t rcount) {
+/* Held send k completes: alone (blocking), or with a receive from world rank src into
+ * recv. */
+static mp_status pend_complete(mp_ctx *ctx, mp_runtime *rt, int k, void *recv, size_t rcount, int src) {
   rt_p2p_pending q = rt->pend[k];
   memmove(&rt->pend[k], &rt->pend[k + 1], sizeof *rt->pend * (size_t)(rt->n_pend - k - 1));
   rt->n_pend--;
-  mp_status st = recv ? mp_comm_sendrecv(ctx, rt->comm, q.buf, q.count, q.peer, recv, rcount, q.peer, rt->xdt)
+  mp_status st = recv ? mp_comm_sendrecv(ctx, rt->comm, q.buf, q.count, q.peer, recv, rcount, src, rt->xdt)
                       : mp_comm_send(ctx, rt->comm, q.buf, q.count, rt->xdt, q.peer);
   if (st != MP_OK) {
-    mp_error_prefix(ctx, "pipeline stage %d of pp=%d: %s%s with world rank %d on group pp", rt->pp_stage, rt->pp,
-                    mp_step_act_name(q.act), recv ? " and the receive" : "", q.peer);
+    mp_error_prefix(ctx, "pipeline stage %d of pp=%d: %s to world rank %d%s on group pp", rt->pp_stage, rt->pp,
+                    mp_step_act_name(q.act), q.peer, recv ? " with a receive" : "");
     if (q.free_after) mp_talloc_free(ctx, rt->ta, q.free_after);
     return st;
   }
   return q.free_after ? mp_talloc_free(ctx, rt->ta, q.free_after) : MP_OK;
 }
 
-static mp_status pend_flush_all(mp_ctx *ctx, mp_runtime *rt);
-
-/* A receive from world rank src into recv: with the oldest send held for src (one
- * sendrecv; messages between two ranks are matched in the order sent), else after the
- * held sends complete. */
+/* A receive from world rank src into recv: with the oldest send held (one sendrecv, to
+ * that send's peer and from src: a shift along the pipeline when they differ), else
+ * alone. Held sends go oldest first, so messages between two ranks keep their order. */
 static mp_status recv_from(mp_ctx *ctx, mp_runtime *rt, void *recv, size_t count, int src, int act) {
-  for (int k = 0; k < rt->n_pend; k++)
-    if (rt->pend[k].peer == src) return pend_complete(ctx, rt, k, recv, count);
-  MP_CHECK(pend_flush_all(ctx, rt));
+  if (rt->n_pend > 0) return pend_complete(ctx, rt, 0, recv, count, src);
   mp_status st = mp_comm_recv(ctx, rt->comm, recv, count, rt->xdt, src);
   if (st != MP_OK)
     mp_error_prefix(ctx, "pipeline stage %d of pp=%d: %s from world rank %d on group pp", rt->pp_stage, rt->pp,
@@ -152,7 +149,7 @@ static mp_status recv_from(mp_ctx *ctx, mp_runtime *rt, void *recv, size_t count
 
 /* Every held send completes, oldest first (the end of the step's transfers). */
 static mp_status pend_flush_all(mp_ctx *ctx, mp_runtime *rt) {
-  while (rt->n_pend > 0) MP_CHECK(pend_complete(ctx, rt, 0, NULL, 0));
+  while (rt->n_pend > 0) MP_CHECK(pend_complete(ctx, rt, 0, NULL, 0, -1));
   return MP_OK;
 }
 
@@ -190,7 +187,7 @@ mp_status mp_rt_p2p(mp_ctx *ctx, mp_runtime *rt, rt_micro *ms, const mp_step_act
       if (!down) ms->dres = NULL; /* the held send frees it */
       /* one send held per direction: an earlier one of this direction completes first */
       for (int k = 0; k < rt->n_pend; k++)
-        if (rt->pend[k].act == a->kind) MP_CHECK(pend_complete(ctx, rt, k--, NULL, 0));
+        if (rt->pend[k].act == a->kind) MP_CHECK(pend_complete(ctx, rt, k--, NULL, 0, -1));
       return pend_push(ctx, rt, q);
     }
     default: return mp_error(ctx, MP_ERR_INTERNAL, "step program: action %d is no transfer", a->kind);

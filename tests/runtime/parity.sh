@@ -9,9 +9,10 @@
 # `timeout`. MPI flags as tests/comm/run_mpi.sh explains (shared memory only, private
 # backing directory, --allow-run-as-root when root).
 #
-# Usage: parity.sh MESHPLAN
+# Usage: parity.sh MESHPLAN [--quick]   (--quick: the matrix's quick rows only)
 set -u
 bin="$1"
+shift
 export TMPDIR="${TEST_TMPDIR:-${TMPDIR:-/tmp}}"
 export OMPI_MCA_btl="self,vader"
 export OMP_NUM_THREADS=1
@@ -29,7 +30,7 @@ mpi() {
 common=(train --steps 6 --seq 32 --micro-batch 2 --global-batch 8 --lr 3e-3 --quiet)
 fail=0
 # The matrix: every plan against the single-rank run (see parity_matrix.py).
-/usr/bin/python3 "$(dirname "$0")/parity_matrix.py" "$bin" || fail=1
+/usr/bin/python3 "$(dirname "$0")/parity_matrix.py" "$bin" "$@" || fail=1
 # Not executed: context parallelism, and MoE with pipeline parallelism (the plan refuses
 # it: EP's all-to-alls inside a stage), refused on every rank with exit 2 and the reason,
 # without hanging.
