@@ -227,6 +227,13 @@ static int param_place(mp_runtime *rt, int i, int dprep_idx) {
 }
 
 /* The parameter a tied model's head copy copies: the embedding weight. */
+static const mp_param *tied_source(const mp_plan *plan);
+
+const mp_param *mp_runtime_param_stored_as(const mp_runtime *rt, int i) {
+  const mp_param *p = &rt->plan->params[i], *src = p->tied_copy ? tied_source(rt->plan) : NULL;
+  return src ? src : p;
+}
+
 static const mp_param *tied_source(const mp_plan *plan) {
   for (int i = 0; i < plan->n_params; i++)
     if (plan->params[i].module == MP_MOD_TOK_EMBEDDINGS && plan->params[i].role == MP_ROLE_WEIGHT &&
