@@ -289,13 +289,27 @@ mp_status mp_comm_broadcast(mp_ctx *ctx, mp_comm *c, mp_group g, void *buf, size
   PROFILED(c, g, c->backend->broadcast(ctx, c, g, buf, count, t, root));
 }
 
+/* The mesh group a point-to-point op with `peer` serves, for profiling: the dimension in
+ * which the two ranks' coordinates differ (a pipeline's neighbouring stage: pp; a ring
+ * member: cp or tp), the world when they differ in more than one. */
+static mp_group p2p_group(const mp_comm *c, int peer) {
+  static const mp_group of_dim[MP_MESH_NDIMS] = {MP_GROUP_PP, MP_GROUP_DP_REPLICATE, MP_GROUP_DP_SHARD,
+                                                 MP_GROUP_CP, MP_GROUP_TP};
+  int a[MP_MESH_NDIMS], b[MP_MESH_NDIMS], differ = 0, dim = 0;
+  mp_mesh_coords(&c->mesh, c->world_rank, a);
+  mp_mesh_coords(&c->mesh, peer, b);
+  for (int d = 0; d < MP_MESH_NDIMS; d++)
+    if (a[d] != b[d]) differ++, dim = d;
+  return differ == 1 ? of_dim[dim] : MP_GROUP_WORLD;
+}
+
 mp_status mp_comm_send(mp_ctx *ctx, mp_comm *c, const void *buf, size_t count, mp_comm_dtype t,
                        int peer) {
   const char *w = "send";
   MP_CHECK(check_common(ctx, c, w, MP_GROUP_WORLD, t));
   MP_CHECK(check_peer(ctx, c, w, peer, 0));
   MP_CHECK(check_buf(ctx, w, "buf", buf, count));
-  return c->backend->send(ctx, c, buf, count, t, peer);
+  PROFILED(c, p2p_group(c, peer), c->backend->send(ctx, c, buf, count, t, peer));
 }
 
 mp_status mp_comm_recv(mp_ctx *ctx, mp_comm *c, void *buf, size_t count, mp_comm_dtype t,
@@ -304,7 +318,7 @@ mp_status mp_comm_recv(mp_ctx *ctx, mp_comm *c, void *buf, size_t count, mp_comm
   MP_CHECK(check_common(ctx, c, w, MP_GROUP_WORLD, t));
   MP_CHECK(check_peer(ctx, c, w, peer, 0));
   MP_CHECK(check_buf(ctx, w, "buf", buf, count));
-  return c->backend->recv(ctx, c, buf, count, t, peer);
+  PROFILED(c, p2p_group(c, peer), c->backend->recv(ctx, c, buf, count, t, peer));
 }
 
 mp_status mp_comm_sendrecv(mp_ctx *ctx, mp_comm *c, const void *send, size_t send_count, int dst,
@@ -315,7 +329,7 @@ mp_status mp_comm_sendrecv(mp_ctx *ctx, mp_comm *c, const void *send, size_t sen
   MP_CHECK(check_peer(ctx, c, w, src, 1));
   MP_CHECK(check_buf(ctx, w, "send", send, send_count));
   MP_CHECK(check_buf(ctx, w, "recv", recv, recv_count));
-  return c->backend->sendrecv(ctx, c, send, send_count, dst, recv, recv_count, src, t);
+  PROFILED(c, p2p_group(c, src), c->backend->sendrecv(ctx, c, send, send_count, dst, recv, recv_count, src, t));
 }
 
 mp_status mp_comm_barrier(mp_ctx *ctx, mp_comm *c, mp_group g) {

@@ -195,12 +195,12 @@ def main():
         name = "%-10s %-44s ac=%-9s fp8=%d" % (model, mesh, ac, fp8)
         m = re.search(r"peak memory (\d+) bytes per rank", out)
         try:
-            con = sqlite3.connect(db)
+            con = sqlite3.connect(db, timeout=60)  # a loaded machine may still hold the lock
             row = con.execute("SELECT peak_mem_bytes - coalesce(mem_overhead_bytes, 0) FROM predictions").fetchall()
             con.close()
         except sqlite3.Error as e:
             row = [str(e)]
-        if not m or len(row) != 1:
+        if not m or len(row) != 1 or not isinstance(row[0], tuple):
             return False, "FAIL mem  %s: no measured peak or not one prediction (%s)" % (name, row)
         meas, pred = int(m.group(1)), int(row[0][0])
         err = (pred - meas) / meas
