@@ -118,8 +118,8 @@ typedef struct rt_micro {
   int64_t *ep_R;
 } rt_micro;
 
-/* A send to the next or previous stage, held until this rank's next transfer (with a
- * receive from the same peer it goes as one sendrecv; runtime_pp.c). */
+/* A send to the next or previous stage, held until this rank's next receive (both go as
+ * one sendrecv) or the next send of its direction (runtime_pp.c). */
 typedef struct rt_p2p_pending {
   const void *buf;
   size_t count;
@@ -188,7 +188,7 @@ struct mp_runtime {
   int64_t n_order;
   rt_micro *mic;
   int n_mic;
-  rt_p2p_pending *pend; /* the held send (at most one) */
+  rt_p2p_pending *pend; /* the held sends, oldest first (at most one per direction) */
   int n_pend, cap_pend;
 };
 

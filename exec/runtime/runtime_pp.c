@@ -15,24 +15,28 @@
  * model chunk, the embedding on the first stage, final norm and head on the last; a tied
  * model's last stage holds a copy of the embedding as its head). Inside a stage FSDP
  * shards them over the stage's dp_shard group and gathers, releases and reduce-scatters
- * each micro-batch as the step program says (the meshplan runtimes reshard after forward
- * by default; KempnerForge's PP + FSDP guidance, docs/how-to/pipeline-parallelism, is the
- * other choice, reshard_after_forward off so that a stage's parameters stay gathered
- * across its micro-batches: `--no-reshard` asks for it). A unit gathered by one
- * micro-batch's forward and still held when the next one's forward asks for it (the root
- * unit, or every unit without resharding) is used as it is: the parameters do not change
- * inside a step.
+ * each micro-batch as the step program says. The plan's reshard_after_forward decides
+ * whether a block's units are gathered again for its backward: on (the plans' default) is
+ * the memory-lean choice; off keeps a stage's parameters gathered across its micro-batches
+ * and amortizes the all-gathers over them, which KempnerForge recommends for PP
+ * (docs/distributed/pipeline-parallelism.md, "FSDP2 interaction"; the planner searches
+ * both, so train --auto may pick either). A unit gathered by one micro-batch's forward and
+ * still held when the next one's forward asks for it (the root unit, or every unit without
+ * resharding) is used as it is: the parameters do not change inside a step.
  *
  * Transfers. The activation x[l1] leaving a chunk goes to the next virtual stage, the
  * gradient dL/dx[l0] to the previous one, point to point by world rank (the neighbouring
- * stage with this rank's other mesh coordinates). A send is held until this rank's next
- * transfer: where that is a receive from the same peer both go as one sendrecv (1F1B's
- * steady state: a forward's output goes down while the next backward's gradient comes up;
- * Megatron-LM pairs them the same way, send_forward_recv_backward), otherwise the held
- * send completes first. So two neighbours never both block in a send to each other at
- * 1F1B's and GPipe's turns, which MPI's rendezvous protocol for large messages would
- * deadlock. A peer that never answers fails the call at MESHPLAN_COMM_TIMEOUT_S, named
- * with the stage, the transfer and the peer.
+ * stage with this rank's other mesh coordinates). A send is held, at most one per
+ * direction: it goes out with this rank's next receive as one sendrecv (to the send's
+ * peer, from the receive's: 1F1B's steady state pairs a forward's output going down with
+ * the next backward's gradient coming up, as Megatron-LM's send_forward_recv_backward
+ * does, and on the interleaved schedule's ring every stage shifts at once), or completes
+ * alone when a second send of its direction comes first (a warm-up's forwards: the next
+ * stage is waiting in its receive), or at the end of the step's chunk steps. Held sends go
+ * oldest first, so messages between two ranks keep their order (point to point has no
+ * tags). So no cycle of stages blocks in sends to each other, which MPI's rendezvous
+ * protocol for large messages would deadlock. A peer that never answers fails the call at
+ * MESHPLAN_COMM_TIMEOUT_S, named with the stage, the transfer and the peer.
  *
  * Tied embeddings. Stage 0's embedding and the last stage's copy have their gradients
  * summed between the two stages before the optimizer (Megatron-LM's embedding group,
