@@ -131,7 +131,9 @@ def build_rows():
         rows.append(row("tiny-tied", "pp=4", ac))
         rows.append(row("tiny-tied", "pp=2", ac, args=inter))
         rows.append(row("tiny-tied", "pp=2,dp_shard=2", ac, args=gpipe))
-    # pp x tp x dp_shard (8 ranks), tp without sequence parallelism: the runtime's tp
+    # pp x tp x dp_shard (8 ranks), tp without sequence parallelism: the runtime's tp today,
+    # which `train` takes without a flag (it has no --sp / --no-sp yet); with sequence
+    # parallelism executed this row runs once with SP and once with --no-sp
     rows.append(row("tiny-dense", "pp=2,dp_shard=2,tp=2", "selective-core"))
     # Uneven: sizes the mesh does not divide. tiny-odd on pp=3 (3, 3 and 2 layers), on
     # dp_shard=3 (vocab 250 and d_ff 136 in padded shards: ceil, not floor) and on dp_shard=4;
