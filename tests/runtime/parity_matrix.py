@@ -144,6 +144,10 @@ def build_rows():
     rows.append(row("tiny-odd", "dp_shard=3", "full", gb=6))
     rows.append(row("tiny-odd", "dp_shard=4", "selective-core"))
     rows.append(row("tiny-odd", "pp=2,dp_shard=2", "none", quick=True))
+    # interleaved inside FSDP: the root unit's gradients begun by one micro-batch's backward
+    # and still held when the next one's begins (4 micro-batches per rank: a global batch of 16)
+    rows.append(row("tiny-odd", "pp=2,dp_shard=2", "none", gb=16, args=inter))
+    rows.append(row("tiny-tied", "pp=2,dp_shard=2", "selective-core", gb=16, args=inter))
     rows.append(row("tiny-tied", "dp_shard=3", "none", gb=6))
     return rows
 
