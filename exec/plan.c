@@ -320,11 +320,6 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
                     "the meshplan runtime (%s) runs flash-style attention only; materialized "
                     "attention scores are Megatron-LM's",
                     mm);
-  if (virtual_stages(mesh, o) > 1)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "the meshplan runtime's memory model (%s) describes one model chunk per "
-                    "pipeline stage; use the 1F1B or GPipe schedule",
-                    mm);
   return MP_OK;
 }
 

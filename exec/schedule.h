@@ -308,17 +308,29 @@ typedef enum mp_step_act {
   MP_ACT_EMBED_BWD,  /* embedding backward; the residual-stream gradient goes */
   MP_ACT_FREE_TOKENS,
   MP_ACT_RS_FINISH,  /* the reduce-scatters in flight complete (overlap) */
+  /* pipeline stages (pp > 1): the activations and their gradients crossing a stage
+   * boundary, point to point with the neighbouring virtual stage (schedule.h, "Pipeline
+   * parallelism"); a: the residual-stream index the tensor belongs to */
+  MP_ACT_RECV_X,     /* a: l0: x[l0] allocated and received from the previous virtual stage */
+  MP_ACT_SEND_X,     /* a: l1: x[l1] sent to the next virtual stage (kept for backward) */
+  MP_ACT_RECV_DX,    /* a: l1: the residual-stream gradient dL/dx[l1] allocated and received
+                        from the next virtual stage */
+  MP_ACT_SEND_DX,    /* a: l0: dL/dx[l0] sent to the previous virtual stage; it goes */
   MP_ACT_COUNT
 } mp_step_act;
 
+/* One action, and the chunk step it belongs to: the forward (bwd 0) or backward of the
+ * stage's model chunk `chunk`. A pipeline stage runs the actions of one chunk step at a
+ * time, in the order mp_pp_order gives; without a pipeline there is one chunk. */
 typedef struct mp_step_action {
   uint8_t kind; /* mp_step_act */
+  uint8_t chunk, bwd;
   int32_t a, b;
 } mp_step_action;
 
 /* The program of s (its micro-batch phases; prologue and optimizer are the runtime's
- * own), in arena. MP_ERR_INVALID for a schedule without a runtime memory model, of a
- * pipeline stage, or with an op that runs only in some micro-batches. */
+ * own), in arena. MP_ERR_INVALID for a schedule without a runtime memory model or with an
+ * op that runs only in some micro-batches. */
 mp_status mp_schedule_step_program(mp_ctx *ctx, const mp_schedule *s, mp_arena *arena,
                                    mp_step_action **out, int32_t *n_out);
 const char *mp_step_act_name(int kind); /* "gather", "block_fwd", ... */

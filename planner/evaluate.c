@@ -67,11 +67,11 @@ void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_
   cfg->seq = ev->base.seq;
   cfg->global_batch = ev->base.global_batch;
   cfg->mem_capacity_bytes = (int64_t)(c->gpu.mem_gib * (1.0 - headroom) * 1073741824.0);
-  /* what the stack runs: its AC policies, SP where it runs it, interleaving where its
-   * memory model has more than one chunk per stage */
+  /* what the stack runs: its AC policies, SP where it runs it; every stack's memory model
+   * (the meshplan runtimes' included) has the interleaved schedule's chunks */
   cfg->ac_mask = ev->stack.ac_policies;
   cfg->sp = ev->stack.sp && ev->base.sp != 0;
-  cfg->pp_virtual_max = mp_mem_model_is_runtime(ev->stack.mem_model) ? 1 : 4;
+  cfg->pp_virtual_max = 4;
   cfg->pp_keeps_params = ev->stack.mem_model == MP_MEM_MODEL_TORCHTITAN; /* mp_plan_pp_fsdp */
   cfg->prune_dominated = 1; /* the default objective is time */
   cfg->eval = mp_sim_evaluate;
@@ -100,7 +100,10 @@ void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
   o->tp.pad_vocab = c->pads_vocab;
   o->sp = c->sp;
   o->pp_virtual = c->pp_virtual > 1 ? c->pp_virtual : 1;
-  o->pp_schedule = c->pp_virtual > 1 ? MP_PP_INTERLEAVED : MP_PP_1F1B;
+  /* one chunk per stage: 1F1B, or GPipe where the base asks for it (train --pp-schedule) */
+  o->pp_schedule = c->pp_virtual > 1                    ? MP_PP_INTERLEAVED
+                   : ev->base.pp_schedule == MP_PP_GPIPE ? MP_PP_GPIPE
+                                                          : MP_PP_1F1B;
 }
 
 /* The cached plan of c's mesh for options o, built (with its prep) on a miss. */

@@ -18,6 +18,7 @@
 
 #include "common/limits.h"
 #include "common/timeutil.h"
+#include "exec/runtime/check.h"
 #include "planner/batch.h"
 
 const char *mp_search_ac_name(int ac) { return mp_ac_mode_name((mp_ac_mode)ac); }
@@ -25,6 +26,28 @@ const char *mp_search_ac_name(int ac) { return mp_ac_mode_name((mp_ac_mode)ac); 
 void mp_candidate_ac_str(const mp_candidate *c, char *buf, size_t cap) {
   if (c->ac == MP_AC_FULL && c->ac_every > 1) snprintf(buf, cap, "full:%d", c->ac_every);
   else snprintf(buf, cap, "%s", mp_search_ac_name(c->ac));
+}
+
+/* executable_only: whether exec/runtime executes the candidate, by the runtime's own rules
+ * (mp_runtime_plan_check) read on the candidate's plan header: model, mesh, the options
+ * the rules read (sequence parallelism, float8, the pipeline schedule) and the FSDP pass
+ * that a dp_shard group applies; no parameter is built. */
+static int executable(const mp_search_config *cfg, const mp_candidate *c) {
+  static _Thread_local mp_plan p;
+  memset(&p, 0, sizeof p);
+  p.model = *cfg->model;
+  p.mesh = c->mesh;
+  mp_plan_options_init(&p.opts);
+  p.opts.sp = c->sp;
+  p.opts.fp8 = c->fp8;
+  p.opts.micro_batch = c->micro_batch;
+  p.opts.ac = (mp_ac_mode)c->ac;
+  p.opts.pp_virtual = c->pp_virtual;
+  if (c->pp_virtual > 1) p.opts.pp_schedule = MP_PP_INTERLEAVED;
+  if (c->mesh.size[MP_DIM_DP_SHARD] > 1) p.applied |= MP_PASS_FSDP;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  return mp_runtime_plan_check(&ctx, &p) == MP_OK;
 }
 
 /* The shortest load-balanced chunk of a sequence the search lets context parallelism cut
@@ -413,6 +436,7 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
             c.pads_vocab = (uint8_t)pads_vocab;
             c.sp = (uint8_t)sp;
             c.pp_virtual = (uint8_t)vs[iv];
+            if (cfg->executable_only && !executable(cfg, &c)) continue;
             c.reject = (uint8_t)(mesh_rej != MP_REJECT_NONE ? mesh_rej
                                                              : prune_options(cfg, &c, e->n_params));
             if (c.reject != MP_REJECT_NONE) e->s->n_pruned++;
@@ -458,7 +482,7 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
   mp_status st = MP_OK;
   for (int a = 0; a < nd && st == MP_OK; a++) {
     int pp = divs[a];
-    if (!fixed_ok(fx->pp, pp) || (cfg->executable_only && pp != 1)) continue;
+    if (!fixed_ok(fx->pp, pp)) continue;
     int r1 = n / pp;
     for (int b = 0; b < nd && divs[b] <= r1 && st == MP_OK; b++) {
       int dpr = divs[b];

@@ -160,7 +160,7 @@ typedef struct mp_search_config {
   int search_fp8;       /* 1: float8 searched beside bf16 where not fixed; 0: bf16 unless
                            fix.fp8 asks for float8 (mp_search_config_init: 1) */
   int allow_cross_node_tp;
-  int executable_only;  /* pp == 1: what exec/runtime executes */
+  int executable_only;  /* only what exec/runtime executes (mp_runtime_plan_check) */
   unsigned ac_mask;     /* the AC policies enumerated, bit 1 << mp_ac_mode (the stack's
                            ac_policies); 0: none, selective-core and full */
   int sp;               /* with tp > 1: 1 sequence parallelism (the stacks that run it), 0

@@ -503,6 +503,17 @@ static int seg_is_step(const mp_segment *g) {
   return g->phase == MP_PHASE_PROLOGUE || g->phase == MP_PHASE_OPTIMIZER;
 }
 
+/* What a micro-batch's forward leaves held for its backward: its saved activations; under
+ * the meshplan runtimes' models (schedule_rt.c) also its token ids (TEMP) and, on the last
+ * stage, its logits (LOGITS), which each micro-batch in flight keeps apart (exec/runtime/
+ * runtime_pp.c). Gathered parameters are not counted: micro-batches in flight share them. */
+static int64_t held_level(const sim *x) {
+  int64_t v = x->level[MP_MEM_ACTIVATIONS];
+  if (mp_mem_model_is_runtime(x->s->plan->opts.mem_model))
+    v += x->level[MP_MEM_TEMP] + x->level[MP_MEM_LOGITS];
+  return v;
+}
+
 /* One micro-batch's segments; in micro-batch rec_micro the compute stream's time per model
  * chunk and direction, in micro-batch 0 what each chunk's forward leaves held. */
 static void run_micro(sim *x, int32_t micro) {
@@ -511,11 +522,11 @@ static void run_micro(sim *x, int32_t micro) {
     const mp_segment *g = &x->s->segs[i];
     if (seg_is_step(g)) continue;
     const double t0 = x->a.free_t[MP_STREAM_COMPUTE];
-    const int64_t a0 = x->level[MP_MEM_ACTIVATIONS];
+    const int64_t a0 = held_level(x);
     run_segment(x, g, micro);
     const int c = g->chunk < MP_PP_MAX_VIRTUAL ? g->chunk : 0, bwd = g->phase != MP_PHASE_FORWARD;
     if (rec) x->chunk_s[bwd][c] += x->a.free_t[MP_STREAM_COMPUTE] - t0;
-    if (held && !bwd) x->chunk_held[c] += x->level[MP_MEM_ACTIVATIONS] - a0;
+    if (held && !bwd) x->chunk_held[c] += held_level(x) - a0;
   }
 }
 

@@ -289,13 +289,32 @@ mp_status mp_comm_broadcast(mp_ctx *ctx, mp_comm *c, mp_group g, void *buf, size
   PROFILED(c, g, c->backend->broadcast(ctx, c, g, buf, count, t, root));
 }
 
+/* The mesh group a point-to-point op with `peer` serves, for profiling: the dimension in
+ * which the two ranks' coordinates differ (a pipeline's neighbouring stage: pp; a ring
+ * member: cp or tp), the world when they differ in more than one. */
+/* The mesh group a point-to-point exchange with dst and src runs in, for the profile: the
+ * group of the one mesh dimension in which both peers differ from this rank (pp for
+ * neighbouring pipeline stages, cp for context parallelism's ring), else the world. */
+static mp_group p2p_group(const mp_comm *c, int dst, int src) {
+  static const mp_group of_dim[MP_MESH_NDIMS] = {MP_GROUP_PP, MP_GROUP_DP_REPLICATE, MP_GROUP_DP_SHARD,
+                                                 MP_GROUP_CP, MP_GROUP_TP};
+  int me[MP_MESH_NDIMS], a[MP_MESH_NDIMS], b[MP_MESH_NDIMS];
+  mp_mesh_coords(&c->mesh, c->world_rank, me);
+  mp_mesh_coords(&c->mesh, dst, a);
+  mp_mesh_coords(&c->mesh, src, b);
+  int differ = 0, dim = 0;
+  for (int d = 0; d < MP_MESH_NDIMS; d++)
+    if (a[d] != me[d] || b[d] != me[d]) differ++, dim = d;
+  return differ == 1 ? of_dim[dim] : MP_GROUP_WORLD;
+}
+
 mp_status mp_comm_send(mp_ctx *ctx, mp_comm *c, const void *buf, size_t count, mp_comm_dtype t,
                        int peer) {
   const char *w = "send";
   MP_CHECK(check_common(ctx, c, w, MP_GROUP_WORLD, t));
   MP_CHECK(check_peer(ctx, c, w, peer, 0));
   MP_CHECK(check_buf(ctx, w, "buf", buf, count));
-  return c->backend->send(ctx, c, buf, count, t, peer);
+  PROFILED(c, p2p_group(c, peer, peer), c->backend->send(ctx, c, buf, count, t, peer));
 }
 
 mp_status mp_comm_recv(mp_ctx *ctx, mp_comm *c, void *buf, size_t count, mp_comm_dtype t,
@@ -304,23 +323,7 @@ mp_status mp_comm_recv(mp_ctx *ctx, mp_comm *c, void *buf, size_t count, mp_comm
   MP_CHECK(check_common(ctx, c, w, MP_GROUP_WORLD, t));
   MP_CHECK(check_peer(ctx, c, w, peer, 0));
   MP_CHECK(check_buf(ctx, w, "buf", buf, count));
-  return c->backend->recv(ctx, c, buf, count, t, peer);
-}
-
-/* The mesh group a point-to-point exchange with dst and src runs in, for the profile: the
- * pipeline's (PP) or context parallelism's ring (CP) when the peers differ from this rank
- * in that coordinate alone, else the world. */
-static mp_group p2p_group(const mp_comm *c, int dst, int src) {
-  int me[MP_MESH_NDIMS], a[MP_MESH_NDIMS], b[MP_MESH_NDIMS];
-  mp_mesh_coords(&c->mesh, c->world_rank, me);
-  mp_mesh_coords(&c->mesh, dst, a);
-  mp_mesh_coords(&c->mesh, src, b);
-  unsigned diff = 0;
-  for (int d = 0; d < MP_MESH_NDIMS; d++)
-    if (a[d] != me[d] || b[d] != me[d]) diff |= 1u << d;
-  if (diff == 1u << MP_DIM_PP) return MP_GROUP_PP;
-  if (diff == 1u << MP_DIM_CP) return MP_GROUP_CP;
-  return MP_GROUP_WORLD;
+  PROFILED(c, p2p_group(c, peer, peer), c->backend->recv(ctx, c, buf, count, t, peer));
 }
 
 mp_status mp_comm_sendrecv(mp_ctx *ctx, mp_comm *c, const void *send, size_t send_count, int dst,

@@ -298,7 +298,9 @@ void mp_comm_set_stream(mp_comm *c, void *cuda_stream);
 
 /* Profiling (meshplan train --profile): with p set, every all-reduce, all-gather,
  * reduce-scatter, all-to-all and broadcast through the front end adds its host time to
- * p->seconds[group] and one to p->calls[group]. The host time is the whole collective on
+ * p->seconds[group] and one to p->calls[group]; a send, receive or sendrecv counts under
+ * the mesh group in which this rank and its peer (the receive's, for sendrecv) differ
+ * (pp for a pipeline's neighbouring stage), the world when they differ in more. The host time is the whole collective on
  * the blocking backends ("mpi", "single", the staged ones); on "nccl" it is the time to
  * enqueue it (the collectives run on their own stream, overlapping compute by design).
  * p NULL stops it; p is the caller's and must outlive its use. */

@@ -9,10 +9,7 @@ mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p) {
   const mp_mesh *mesh = &p->mesh;
   char mb[128];
   mp_mesh_format(mesh, mb, sizeof mb);
-  if (mesh->size[MP_DIM_PP] > 1)
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute pipeline (pp) parallelism "
-                    "yet; the planner models it, train with dp_replicate, dp_shard, cp, tp and ep", mb);
-  const int cp = mesh->size[MP_DIM_CP];
+  const int pp = mesh->size[MP_DIM_PP], cp = mesh->size[MP_DIM_CP];
   if (cp > 1 && p->opts.seq % (2 * cp))
     return mp_error(ctx, MP_ERR_INVALID, "mesh %s: context parallelism cuts each sequence into 2 x cp = %d "
                     "chunks; choose seq a multiple of %d", mb, 2 * cp, 2 * cp);
@@ -20,6 +17,11 @@ mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p) {
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute expert parallelism with "
                     "context parallelism yet (the routed experts' gradients are not summed over cp); use ep=1 "
                     "or cp=1", mb);
+  /* pipeline stages (runtime_pp.c): every schedule; float8 keeps per-layer scales from a
+   * block's forward for its backward, one micro-batch at a time */
+  if (pp > 1 && p->opts.fp8)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: float8 with pipeline parallelism is not executed (a "
+                    "stage holds several micro-batches between forward and backward); drop --fp8 or use pp=1", mb);
   if (mesh->size[MP_DIM_TP] > 1 && p->opts.sp == 1) {
     const int tp = mesh->size[MP_DIM_TP];
     const int64_t tokens = p->opts.micro_batch * p->opts.seq;

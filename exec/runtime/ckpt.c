@@ -343,6 +343,7 @@ static mp_status merge_indexes(mp_ctx *ctx, save_job *sj, cJSON *man) {
   for (int i = 0; i < plan->n_params; i++)
     for (int k = 0; k < MP_STATE_COUNT; k++) {
       const mp_param *p = &plan->params[i];
+      if (p->tied_copy) continue; /* a tied head copy is the embedding, saved once (never owned) */
       cJSON *t = cJSON_CreateObject();
       if (!t) return mp_error(ctx, MP_ERR_NOMEM, "checkpoint: out of memory for the manifest");
       ckpt_tensor_name(name, sizeof name, p->fqn, (mp_state_kind)k);

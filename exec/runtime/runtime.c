@@ -151,6 +151,8 @@ static void runtime_dims(mp_runtime *rt, const mp_plan *plan, int64_t local_batc
   rt->Ns = rt->sp ? rt->N / rt->tp : rt->N;
   rt->local_batch = local_batch;
   rt->n_micro = n_micro;
+  rt->pp = plan->mesh.size[MP_DIM_PP];
+  rt->pp_stage = mp_plan_rank_stage(plan, rt->rank);
   rt->dp_size = mp_comm_group_size(comm, MP_GROUP_DP);
   rt->xs = mp_kdtype_bytes(be->x_dtype);
   rt->xdt = be->x_dtype == MP_KDTYPE_BF16 ? MP_COMM_DTYPE_BF16 : MP_COMM_DTYPE_FP32;
@@ -185,11 +187,14 @@ static mp_status alloc_tables(mp_ctx *ctx, mp_runtime *rt) {
       !rt->ep_rc || !rt->counts_h)
     return mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory for bookkeeping");
   for (int i = 0; i < (rt->L + 1) * MP_MOD_COUNT; i++) rt->pidx[i] = -1;
-  /* which units are sharded */
+  /* which units are sharded: over a group of more than one rank, on this rank's stage */
   for (int u = 0; u < plan->n_units; u++) {
     rt_unit *U = &rt->units[u];
-    U->group = plan->units[u].group;
-    U->sharded = mp_comm_group_size(rt->comm, U->group) > 1;
+    const mp_fsdp_unit *pu = &plan->units[u];
+    U->group = pu->group;
+    int here = 0; /* the root unit spans the first and the last stage */
+    for (int k = 0; k < pu->n_params; k++) here |= plan->params[pu->params[k]].pp_stage == rt->pp_stage;
+    U->sharded = mp_comm_group_size(rt->comm, U->group) > 1 && here;
   }
   return MP_OK;
 }
@@ -203,6 +208,7 @@ static int param_place(mp_runtime *rt, int i, int dprep_idx) {
   mp_comm *comm = rt->comm;
   rt_param *r = &rt->prm[i];
   if (p->role == MP_ROLE_WEIGHT) *pslot(rt, p->layer, p->module) = i;
+  if (!mp_rt_param_on_stage(rt, i)) return 0; /* another pipeline stage's: nothing here */
   const int has = mp_param_tile(rt->plan, p, rt->rank, r->off, r->len);
   r->numel = 0;
   if (has) {
@@ -229,10 +235,27 @@ static int param_place(mp_runtime *rt, int i, int dprep_idx) {
   const int tp_sharded = p->place[MP_AXIS_TP].kind == MP_PLACEMENT_SHARD;
   const int fsdp_g = p->fsdp_unit >= 0 ? mp_comm_group_size(comm, r->group) : 1;
   const int fsdp_i = p->fsdp_unit >= 0 ? mp_comm_group_index(comm, r->group) : 0;
-  /* without an FSDP unit a parameter is replicated over cp too */
+  /* without an FSDP unit a parameter is replicated over cp too; a tied model's head copy
+   * (pp > 1) is counted once, as the first stage's embedding */
   r->owner = (tp_sharded || rt->tp_idx == 0) && dprep_idx == 0 && (r->sharded || fsdp_g == 1 || fsdp_i == 0) &&
-             (p->fsdp_unit >= 0 || rt->cp_idx == 0);
+             (p->fsdp_unit >= 0 || rt->cp_idx == 0) && !p->tied_copy;
   return has;
+}
+
+/* The parameter a tied model's head copy copies: the embedding weight. */
+static const mp_param *tied_source(const mp_plan *plan);
+
+const mp_param *mp_runtime_param_stored_as(const mp_runtime *rt, int i) {
+  const mp_param *p = &rt->plan->params[i], *src = p->tied_copy ? tied_source(rt->plan) : NULL;
+  return src ? src : p;
+}
+
+static const mp_param *tied_source(const mp_plan *plan) {
+  for (int i = 0; i < plan->n_params; i++)
+    if (plan->params[i].module == MP_MOD_TOK_EMBEDDINGS && plan->params[i].role == MP_ROLE_WEIGHT &&
+        !plan->params[i].tied_copy)
+      return &plan->params[i];
+  return NULL;
 }
 
 /* Materializes parameter i: the rank's shard only (padded to the group's chunk; the pad
@@ -249,7 +272,9 @@ static mp_status param_materialize(mp_ctx *ctx, mp_runtime *rt, int i, int has) 
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_OPTIMIZER, bytes, (void **)&r->v));
   float *host = calloc((size_t)(r->numel_pad ? r->numel_pad : 1), sizeof(float));
   if (!host) return mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory initializing %s", p->fqn);
-  if (has) mp_init_fill_block(rt->opts.seed, p, r->off, r->len, host);
+  /* a tied model's head copy starts as the embedding it copies (same name, same values) */
+  const mp_param *src = p->tied_copy ? tied_source(rt->plan) : p;
+  if (has) mp_init_fill_block(rt->opts.seed, src ? src : p, r->off, r->len, host);
   mp_status st = be->memcpy_h2d(rt->kc, r->w, host, bytes);
   free(host);
   MP_CHECK(st);
@@ -263,7 +288,8 @@ static mp_status param_materialize(mp_ctx *ctx, mp_runtime *rt, int i, int has) 
   return MP_OK;
 }
 
-/* Every module the forward needs must be present. */
+/* Every module the forward needs must be present (on its stage: blocks by their chunk,
+ * the embedding on the first stage, the final norm on the last). */
 static mp_status check_modules(mp_ctx *ctx, const mp_runtime *rt) {
   static const mp_module need[] = {MP_MOD_ATTN_NORM, MP_MOD_Q, MP_MOD_K, MP_MOD_V, MP_MOD_O, MP_MOD_FFN_NORM};
   for (int l = 0; l < rt->L; l++)
@@ -272,6 +298,10 @@ static mp_status check_modules(mp_ctx *ctx, const mp_runtime *rt) {
         return mp_error(ctx, MP_ERR_INTERNAL, "runtime: plan has no %s in layer %d", mp_module_name(need[j]), l);
   if (*pslot(rt, -1, MP_MOD_TOK_EMBEDDINGS) < 0 || *pslot(rt, -1, MP_MOD_FINAL_NORM) < 0)
     return mp_error(ctx, MP_ERR_INTERNAL, "runtime: plan lacks the embedding or final norm");
+  if ((rt->pp_stage == 0 && !rt->prm[*pslot(rt, -1, MP_MOD_TOK_EMBEDDINGS)].w) ||
+      (rt->pp_stage == rt->pp - 1 && !rt->prm[*pslot(rt, -1, MP_MOD_FINAL_NORM)].w))
+    return mp_error(ctx, MP_ERR_INTERNAL, "runtime: stage %d of pp=%d lacks its %s", rt->pp_stage, rt->pp,
+                    rt->pp_stage == 0 ? "embedding" : "final norm");
   return MP_OK;
 }
 
@@ -346,6 +376,7 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
   mp_status st = materialize(ctx, rt);
   if (st == MP_OK) st = alloc_resident(ctx, rt);
   if (st == MP_OK) st = build_program(ctx, rt);
+  if (st == MP_OK) st = mp_rt_pp_init(ctx, rt);
   if (st != MP_OK) {
     mp_runtime_destroy(rt);
     return st;
@@ -356,6 +387,7 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
 
 void mp_runtime_destroy(mp_runtime *rt) {
   if (!rt) return;
+  mp_rt_pp_free(rt);
   mp_talloc_destroy(rt->ta);
   free(rt->prm);
   free(rt->units);

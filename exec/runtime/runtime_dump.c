@@ -65,12 +65,14 @@ mp_status mp_runtime_read_grad(mp_ctx *ctx, const mp_runtime *rt, int i, float *
 
 /* Full tensors from the shards: each owner writes its tile into a zeroed full-size buffer
  * and a world all-reduce (sum) assembles them; replicas contribute zeros, so the result
- * is exact. Collective: every rank calls it; w is filled on every rank. */
+ * is exact. A tied model's head copy under a pipeline is the embedding (its gradient the
+ * sum both stages hold): it is dumped once, under the embedding's name. Collective: every rank calls it; w is filled on every rank. */
 mp_status mp_runtime_dump(mp_ctx *ctx, const mp_runtime *rt, int grads, mp_wfile *w) {
   for (int i = 0; i < rt->plan->n_params; i++) {
     const mp_param *p = &rt->plan->params[i];
     const rt_param *r = &rt->prm[i];
     const int64_t n = mp_param_numel(p);
+    if (p->tied_copy) continue; /* the last stage's copy of the embedding: the same tensor */
     float *full = calloc((size_t)n, sizeof(float)), *tile = malloc((size_t)(r->numel ? r->numel : 1) * sizeof(float));
     mp_status st = MP_OK;
     if (!full || !tile) st = mp_error(ctx, MP_ERR_NOMEM, "dump: out of memory for %s", p->fqn);
@@ -107,6 +109,7 @@ mp_status mp_runtime_dump(mp_ctx *ctx, const mp_runtime *rt, int grads, mp_wfile
 mp_status mp_runtime_dump_init(mp_ctx *ctx, const mp_plan *plan, uint64_t seed, mp_wfile *w) {
   for (int i = 0; i < plan->n_params; i++) {
     const mp_param *p = &plan->params[i];
+    if (p->tied_copy) continue;
     int64_t off[MP_MAX_NDIM] = {0, 0, 0}, len[MP_MAX_NDIM] = {1, 1, 1};
     for (int d = 0; d < p->ndim; d++) len[d] = p->shape[d];
     float *buf = malloc((size_t)mp_param_numel(p) * sizeof(float));

@@ -32,6 +32,11 @@ static mp_status unit_gather(mp_ctx *ctx, mp_runtime *rt, int u) {
 
 mp_status mp_rt_unit_release(mp_ctx *ctx, mp_runtime *rt, int u) {
   rt_unit *U = &rt->units[u];
+  if (U->holds > 1) {
+    U->holds--;
+    return MP_OK;
+  }
+  U->holds = 0;
   if (!U->buf) return MP_OK;
   const mp_fsdp_unit *pu = &rt->plan->units[u];
   for (int k = 0; k < pu->n_params; k++)
@@ -44,6 +49,7 @@ mp_status mp_rt_unit_release(mp_ctx *ctx, mp_runtime *rt, int u) {
 mp_status mp_rt_unit_grad_begin(mp_ctx *ctx, mp_runtime *rt, int u) {
   rt_unit *U = &rt->units[u];
   if (!U->sharded) return MP_OK;
+  if (U->grad_holds++ > 0) return MP_OK; /* begun by a micro-batch still in its backward */
   const size_t bytes = (size_t)U->gather_numel * sizeof(float);
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, bytes, (void **)&U->gbuf)); /* zero-filled */
   const mp_fsdp_unit *pu = &rt->plan->units[u];
@@ -111,6 +117,11 @@ mp_status mp_rt_rs_finish_all(mp_ctx *ctx, mp_runtime *rt) {
 mp_status mp_rt_unit_grad_end(mp_ctx *ctx, mp_runtime *rt, int u) {
   rt_unit *U = &rt->units[u];
   if (!U->sharded) return MP_OK;
+  if (U->grad_holds > 1) { /* another micro-batch's backward still adds into the buffer */
+    U->grad_holds--;
+    return MP_OK;
+  }
+  U->grad_holds = 0;
   if (rt->overlap) { /* the previous unit's reduce-scatter has had this unit's backward to run */
     MP_CHECK(mp_rt_rs_finish_all(ctx, rt));
     return unit_rs_issue(ctx, rt, u);
@@ -176,8 +187,13 @@ mp_status mp_rt_gather_wait(mp_ctx *ctx, mp_runtime *rt, int layer) {
 }
 
 /* A layer's units (-1: the root units) gathered: issued as one async batch with overlap
- * (the block waits for it, gather_wait), blocking without. */
+ * (the block waits for it, gather_wait), blocking without. A unit already gathered (held
+ * by a micro-batch in flight) is held once more. */
 mp_status mp_rt_gather_layer(mp_ctx *ctx, mp_runtime *rt, int layer) {
+  for (int u = 0; u < rt->n_units; u++) {
+    rt_unit *U = &rt->units[u];
+    if (rt->plan->units[u].layer == layer && U->sharded) U->holds = U->buf ? U->holds + 1 : 1;
+  }
   if (layer >= 0 && rt->overlap) return gather_prefetch(ctx, rt, layer);
   return for_units(ctx, rt, layer, unit_gather);
 }

@@ -9,7 +9,10 @@
  *                    gradients
  *   runtime_cp.c     context parallelism: the load-balanced chunks, ring attention, the
  *                    gradients summed over cp
- *   runtime_step.c   the step program walked for each micro-batch, the optimizer step
+ *   runtime_step.c   the step program's actions, the optimizer step
+ *   runtime_pp.c     the order of chunk steps (a pipeline stage's, or one micro-batch
+ *                    after another), the per-micro-batch state, stage-to-stage transfers,
+ *                    the tied embedding's gradient exchange
  *   runtime_dump.c   inspection and weight dumps
  *
  * Dtypes (kernels/ops.h): "X" tensors (activations, their gradients, compute copies of
@@ -97,7 +100,37 @@ typedef struct rt_unit {
   mp_comm_req gather_req, rs_req;
   float *rs;          /* reduce-scattered chunks, one numel_pad slot per sharded parameter */
   int rs_pending;
+  /* under a pipeline several micro-batches may hold a unit at once (runtime_pp.c): the
+   * step program's gathers not yet released, and gradient buffers begun and not ended;
+   * the last release frees, the last end reduce-scatters (the parameters do not change
+   * inside a step, and the gradients of both micro-batches are summed either way) */
+  int holds, grad_holds;
 } rt_unit;
+
+/* What the actions of one micro-batch hand each other, from its first chunk step to its
+ * last: under a pipeline several micro-batches are in flight at once, each with its own
+ * (runtime_pp.c swaps a micro-batch's layer tables into the runtime before its chunk step). */
+typedef struct rt_micro {
+  const int32_t *seqs;
+  int32_t *tok;       /* token ids then targets (TEMP) */
+  char *hf, *lg;      /* head: xf + rstdf (ACTIVATIONS); logits and loss scratch (LOGITS) */
+  void *dres;         /* residual-stream gradient (TEMP) */
+  int x_top;          /* highest x[i] that may be held */
+  double aux_sum, dscale;
+  double *ce, *aux;
+  char **x, **act, **core, **epa; /* its layer tables ([L + 1], [L], [L], [L]) */
+  int64_t *ep_R;
+} rt_micro;
+
+/* A send to the next or previous stage, held until this rank's next receive (both go as
+ * one sendrecv) or the next send of its direction (runtime_pp.c). */
+typedef struct rt_p2p_pending {
+  const void *buf;
+  size_t count;
+  int peer;        /* world rank; -1: none pending */
+  void *free_after; /* the buffer freed once sent (a gradient handed back), or NULL */
+  int act;         /* mp_step_act, for messages */
+} rt_p2p_pending;
 
 struct mp_runtime {
   const mp_plan *plan;
@@ -156,6 +189,17 @@ struct mp_runtime {
   int64_t logits_at;  /* floats written so far */
   mp_step_action *prog; /* one micro-batch: this rank's schedule's step program */
   int32_t n_prog;
+  /* the chunk steps (runtime_pp.c): pp stages, this rank's, chunks per stage, the order
+   * of its steps over a step's micro-batches, the micro-batches' states */
+  int pp, pp_stage, vst;
+  int peer_prev, peer_next; /* world ranks of the previous and next stage (same other coords) */
+  int tied_peer;            /* the other end of a tied embedding (first and last stage), or -1 */
+  mp_pp_step *order;
+  int64_t n_order;
+  rt_micro *mic;
+  int n_mic;
+  rt_p2p_pending *pend; /* the held sends, oldest first (at most one per direction) */
+  int n_pend, cap_pend;
 };
 
 enum { STAGE_FLOATS = MP_ACT_STAGE_FLOATS }; /* host-value collectives */
@@ -261,6 +305,17 @@ mp_status mp_rt_lin_bwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void 
                         const void *inp, int N, int K, int M);
 mp_status mp_rt_lin_fwd(mp_ctx *ctx, mp_runtime *rt, int l, mp_module mod, void *out, const void *inp, int N, int K,
                         int M);
+
+/* runtime_step.c */
+mp_status mp_rt_chunk_step(mp_ctx *ctx, mp_runtime *rt, rt_micro *ms, int chunk, int bwd);
+
+/* runtime_pp.c */
+mp_status mp_rt_pp_init(mp_ctx *ctx, mp_runtime *rt);
+void mp_rt_pp_free(mp_runtime *rt);
+int mp_rt_param_on_stage(const mp_runtime *rt, int i);
+mp_status mp_rt_walk(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens, double *ce, double *aux);
+mp_status mp_rt_p2p(mp_ctx *ctx, mp_runtime *rt, rt_micro *ms, const mp_step_action *a);
+mp_status mp_rt_tied_grads(mp_ctx *ctx, mp_runtime *rt);
 
 /* runtime_block.c */
 mp_status mp_rt_alloc_block(mp_ctx *ctx, mp_runtime *rt, int l);

@@ -4,24 +4,17 @@
  * mp_schedule_step_program, built at creation from this rank's schedule under the memory
  * model of this backend): the schedule decides the order, where gathers are issued and
  * released, what AC drops and recomputes, where gradients are reduced; each action below
- * is this runtime's kernels and collectives for it. The step then reduces over the
- * replicas, clips the global gradient norm and runs AdamW. */
+ * is this runtime's kernels and collectives for it. The program's actions come in chunk
+ * steps (a model chunk's forward or backward), which runtime_pp.c runs in the pipeline
+ * order of the rank's stage. The step then reduces over the replicas (and the tied
+ * embedding's two stages), clips the global gradient norm and runs AdamW. */
 #include "exec/runtime/runtime_internal.h"
 
 #include <math.h>
 
 /* ---- the step program, walked -------------------------------------------------------- */
 
-/* What the actions of one micro-batch hand each other. */
-typedef struct micro_state {
-  const int32_t *seqs;
-  int32_t *tok;       /* token ids then targets (TEMP) */
-  char *hf, *lg;      /* head: xf + rstdf (ACTIVATIONS); logits and loss scratch (LOGITS) */
-  void *dres;         /* residual-stream gradient (TEMP) */
-  int x_top;          /* highest x[i] held */
-  double aux_sum, dscale;
-  double *ce, *aux;
-} micro_state;
+typedef rt_micro micro_state;
 
 static mp_status act_tokens(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
   const int N = rt->N, V = rt->V, T = rt->T, Tl = rt->Tl, cs = rt->Tl / 2;
@@ -85,10 +78,14 @@ static mp_status act_block_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, int
 }
 
 /* head: final norm (its saved tensors in one HEAD block), logits (the rank's vocabulary
- * slice under tp) and loss (vocab-parallel under tp) in one LOGITS block */
-static const void *head_weight(const mp_runtime *rt) {
-  return W(rt, -1, rt->plan->model.tied_embeddings ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT);
+ * slice under tp) and loss (vocab-parallel under tp) in one LOGITS block. The head's
+ * weight is the output projection, or for a tied model the embedding itself (under a
+ * pipeline, the last stage's copy of it: the plan's output.weight). */
+static mp_module head_module(const mp_runtime *rt) {
+  return *pslot(rt, -1, MP_MOD_OUTPUT) >= 0 ? MP_MOD_OUTPUT : MP_MOD_TOK_EMBEDDINGS;
 }
+
+static const void *head_weight(const mp_runtime *rt) { return W(rt, -1, head_module(rt)); }
 
 static mp_status act_head_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
   const int N = rt->N, C = rt->C, V = rt->V, L = rt->L, Vl = rt->Vl;
@@ -133,11 +130,10 @@ static mp_status act_head_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
 static mp_status act_head_bwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
   const int N = rt->N, C = rt->C, L = rt->L, Vl = rt->Vl;
   const mp_act_layout *y = &rt->lay_dense;
-  const mp_model *m = &rt->plan->model;
   void *xf = ms->hf + y->xf, *logits = ms->lg + y->logits;
   float *rstdf = F32(ms->hf + y->rstdf), *lse = F32(ms->lg + y->ce_lse);
   const void *Wout = head_weight(rt);
-  float *dWout = G(rt, -1, m->tied_embeddings ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT);
+  float *dWout = G(rt, -1, head_module(rt));
   void *dlg, *dxf;
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_LOGITS, y->bytes[MP_ACT_ALLOC_DLOGITS], &dlg));
   BE(ce_backward(rt->kc, dlg, logits, lse, rt->tok_tgt, (float)(ms->dscale / N), N, Vl, rt->v0));
@@ -187,7 +183,10 @@ static mp_status act_block_bwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, int
   return mp_rt_free_block(ctx, rt, l);
 }
 
+/* The highest residual-stream tensor held goes (a stage's chunks hold disjoint runs of
+ * them: the indices between are empty). */
 static mp_status act_free_x(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
+  while (ms->x_top >= 0 && rt->x[ms->x_top] == NULL) ms->x_top--;
   if (ms->x_top < 0) return mp_error(ctx, MP_ERR_INTERNAL, "step program: frees a residual-stream tensor too many");
   MP_CHECK(mp_talloc_free(ctx, rt->ta, rt->x[ms->x_top]));
   rt->x[ms->x_top--] = NULL;
@@ -242,24 +241,26 @@ static mp_status act_run(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, const mp_
       return MP_OK;
     }
     case MP_ACT_RS_FINISH: return mp_rt_rs_finish_all(ctx, rt);
+    case MP_ACT_RECV_X:
+    case MP_ACT_SEND_X:
+    case MP_ACT_RECV_DX:
+    case MP_ACT_SEND_DX: return mp_rt_p2p(ctx, rt, ms, a);
     default: return mp_error(ctx, MP_ERR_INTERNAL, "step program: unknown action %d", a->kind);
   }
 }
 
-/* One micro-batch: forward, loss, backward, as the step program says. Adds this
- * micro-batch's CE mean and aux sum. */
-static mp_status micro_step(mp_ctx *ctx, mp_runtime *rt, const int32_t *seqs, double *ce, double *aux) {
-  /* each rank's mean over its rows; under CP each of the cp ranks holds 1 / cp of every
-   * sequence's tokens */
-  micro_state ms = {seqs, NULL, NULL, NULL, NULL, -1, 0.0, 1.0 / ((double)rt->n_micro * rt->dp_size * rt->cp), ce,
-                    aux};
-  for (int32_t i = 0; i < rt->n_prog; i++) {
-    MP_CHECK(act_run(ctx, rt, &ms, &rt->prog[i]));
-  }
-  if (ms.tok || ms.hf || ms.lg || ms.dres || ms.x_top >= 0)
+/* One chunk step of a micro-batch: the program's actions of the chunk's forward (bwd 0) or
+ * backward, in order. The micro-batch's last step (the backward of chunk 0) leaves
+ * nothing of it held. */
+mp_status mp_rt_chunk_step(mp_ctx *ctx, mp_runtime *rt, rt_micro *ms, int chunk, int bwd) {
+  for (int32_t i = 0; i < rt->n_prog; i++)
+    if (rt->prog[i].chunk == chunk && rt->prog[i].bwd == bwd) MP_CHECK(act_run(ctx, rt, ms, &rt->prog[i]));
+  if (!bwd || chunk != 0) return MP_OK;
+  while (ms->x_top >= 0 && rt->x[ms->x_top] == NULL) ms->x_top--;
+  if (ms->tok || ms->hf || ms->lg || ms->dres || ms->x_top >= 0)
     return mp_error(ctx, MP_ERR_INTERNAL, "step program: the micro-batch ended holding its %s",
-                    ms.tok ? "tokens" : ms.hf || ms.lg ? "head tensors" : ms.dres ? "residual gradient"
-                                                                                : "residual stream");
+                    ms->tok ? "tokens" : ms->hf || ms->lg ? "head tensors" : ms->dres ? "residual gradient"
+                                                                                  : "residual stream");
   return MP_OK;
 }
 
@@ -279,10 +280,10 @@ mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t
   for (int i = 0; i < rt->plan->n_params; i++)
     if (rt->prm[i].g) BE(memset_zero(rt->kc, rt->prm[i].g, (size_t)rt->prm[i].numel_pad * sizeof(float)));
   double ce = 0, aux = 0;
-  for (int64_t mb = 0; mb < rt->n_micro; mb++)
-    MP_CHECK(micro_step(ctx, rt, tokens + (size_t)mb * rt->B * (rt->T + 1), &ce, &aux));
+  MP_CHECK(mp_rt_walk(ctx, rt, tokens, &ce, &aux));
   MP_CHECK(mp_rt_sp_norm_grads(ctx, rt));
   MP_CHECK(mp_rt_cp_grads(ctx, rt));
+  MP_CHECK(mp_rt_tied_grads(ctx, rt));
   /* ce, aux and the gradients are already scaled by 1 / (n_micro * dp): the FSDP
    * reduce-scatters summed the gradient shards over dp_shard; summing over the replicas
    * gives the global means (identity at world size 1). */
@@ -294,10 +295,15 @@ mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t
                                     MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM));
     }
   }
-  if (rt->dp_size > 1) {
-    /* fp32 sums of a few values: far inside the 1e-5 parity tolerance */
+  if (rt->dp_size > 1 || rt->pp > 1) {
+    /* fp32 sums of a few values: far inside the 1e-5 parity tolerance. Under a pipeline
+     * only the last stage computed the loss (the others hold 0): the sum over pp hands it
+     * to every stage (printing, metrics and the optimizer's finite-loss check). */
     float v[2] = {(float)ce, (float)aux};
-    MP_CHECK(mp_rt_host_coll(ctx, rt, MP_GROUP_DP, v, NULL, 2, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM, NULL));
+    if (rt->dp_size > 1)
+      MP_CHECK(mp_rt_host_coll(ctx, rt, MP_GROUP_DP, v, NULL, 2, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM, NULL));
+    if (rt->pp > 1)
+      MP_CHECK(mp_rt_host_coll(ctx, rt, MP_GROUP_PP, v, NULL, 2, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM, NULL));
     ce = v[0];
     aux = v[1];
   }

@@ -3,8 +3,8 @@
  * every candidate to SQLite, ranks the feasible plans and prints them (table, --json or
  * --csv), optionally drawing gnuplot plots (--plot DIR).
  *
- * --executable-only keeps the plans exec/runtime executes: no pipeline (pp == 1); the
- * simulator models it, the runtime does not yet. */
+ * --executable-only keeps the plans exec/runtime executes, by its own rules
+ * (mp_runtime_plan_check, exec/runtime/check.h: no float8 inside a pipeline yet, among others). */
 #include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -50,7 +50,7 @@ static mp_opt k_opts[] = {
                                "auto, both where the GPU has float8", NULL},
     {"--no-sp", NULL, "search tensor parallelism without sequence parallelism (the all-reduce form; "
                       "default: SP with tp > 1 where the stack runs it)", NULL},
-    {"--executable-only", NULL, "only plans the runtime executes (pp=1)", NULL},
+    {"--executable-only", NULL, "only plans the runtime executes (exec/runtime/check.h: no float8 with pp, ...)", NULL},
     {"--allow-cross-node-tp", NULL, "allow tensor-parallel groups that span nodes", NULL},
     MP_OPT_HEADROOM("0.05"),
     MP_OPT_STACK("torchtitan-compile on GPUs, meshplan-cpu on the CPU"),

@@ -33,6 +33,7 @@
 #include "exec/mesh.h"
 #include "exec/model.h"
 #include "exec/plan.h"
+#include "exec/runtime/check.h"
 #include "exec/runtime/data.h"
 #include "exec/runtime/hf.h"
 #include "exec/runtime/kprof.h"
@@ -52,6 +53,9 @@ static mp_opt k_opts[] = {
     MP_OPT_HF_CONFIG,
     MP_OPT_EP("; with --auto, the planner keeps it"),
     MP_OPT_MESH("default: every dim 1"),
+    {"--pp-schedule", "S", "pipeline schedule with pp > 1: 1f1b, interleaved (--pp-virtual chunks per stage) or "
+     "gpipe (default 1f1b)", NULL},
+    {"--pp-virtual", "V", "model chunks per stage under the interleaved schedule (default 2)", NULL},
     MP_OPT_AC(""),
     MP_OPT_FP8("; emulated exactly on the CPU"),
     {"--steps", "K", "the run's last step: training steps from 0, or up to K from a resumed checkpoint; 0 runs "
@@ -114,7 +118,7 @@ static mp_opt k_opts[] = {
 
 static mp_cmd_spec k_spec = {
     "train", "Train a model with a plan on CPUs or GPUs (world size 1 without mpirun; mpirun for more ranks).",
-    "--model M [--mesh MESH] [--ep N] [--ac MODE] [--steps K] [--seq S] [--micro-batch B] [--global-batch G] "
+    "--model M [--mesh MESH [--pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V]]] [--ep N] [--ac MODE] [--steps K] [--seq S] [--micro-batch B] [--global-batch G] "
     "[--fp8] [--sp|--no-sp] [--lr LR [--lr-schedule S --warmup N --min-lr LR]] [--data synthetic|GLOB [--val-data GLOB]] "
     "[--checkpoint-dir D [--checkpoint-every N] [--resume latest]] [--init-from PATH] [--metrics PATH] "
     "[--device cpu|cuda] [--db PATH [--plan-id ID]] [--auto] [--seed N] [--profile] [--dump-weights PATH]",
@@ -208,6 +212,8 @@ static mp_status take_pick(mp_ctx *ctx, const mp_planner_result *res, mp_sim_eva
     po->ac_every = pickc->ac_every;
     po->fp8 = pickc->fp8;
     po->fsdp.reshard_after_forward = pickc->reshard;
+    po->pp_virtual = pickc->pp_virtual > 1 ? pickc->pp_virtual : 1;
+    po->pp_schedule = pickc->pp_virtual > 1 ? MP_PP_INTERLEAVED : MP_PP_1F1B;
   }
   return st;
 }
@@ -238,6 +244,7 @@ static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, const
    * is the CPU runtime's fp32 layout, so the predicted peak is what its tracked allocator
    * measures; on CUDA the runtime keeps fp32 masters and gathers bf16 */
   mp_status st = mp_sim_evaluator_init(ctx, ev, m, &c, po->seq, po->global_batch, TRAIN_HEADROOM, dev->stack);
+  if (st == MP_OK) ev->base.pp_schedule = po->pp_schedule; /* GPipe: the search enumerates 1F1B and interleaved */
   if (st == MP_OK && dev->cuda) {
     ev->base.master_dtype = MP_DTYPE_FP32;
     ev->base.fsdp.param_dtype = MP_DTYPE_BF16;
@@ -376,6 +383,21 @@ static mp_status init_from_config(train_job *j, int model_given) {
   return mp_hf_check_config(j->ctx, &hf, &j->model, cfg);
 }
 
+/* --pp-schedule and --pp-virtual into the plan options. */
+static mp_status read_pp_schedule(train_job *j) {
+  const char *ps = mp_args_get(&k_spec, "--pp-schedule");
+  long long v = 0;
+  MP_CHECK(mp_args_int(j->ctx, &k_spec, "--pp-virtual", 2, MP_PP_MAX_VIRTUAL, &v));
+  if (ps && strcmp(ps, "1f1b") == 0) j->po.pp_schedule = MP_PP_1F1B;
+  else if (ps && strcmp(ps, "interleaved") == 0) j->po.pp_schedule = MP_PP_INTERLEAVED;
+  else if (ps && strcmp(ps, "gpipe") == 0) j->po.pp_schedule = MP_PP_GPIPE;
+  else if (ps) return mp_error(j->ctx, MP_ERR_USAGE, "--pp-schedule '%s': choose 1f1b, interleaved or gpipe", ps);
+  if (v && j->po.pp_schedule != MP_PP_INTERLEAVED)
+    return mp_error(j->ctx, MP_ERR_USAGE, "--pp-virtual %lld needs --pp-schedule interleaved", v);
+  j->po.pp_virtual = j->po.pp_schedule == MP_PP_INTERLEAVED ? (int)(v ? v : 2) : 1;
+  return MP_OK;
+}
+
 /* The run's request: --db and --plan-id, --profile, --auto (which excludes --mesh and
  * --plan-id), the model, and the plan options over train's defaults (the model's whole
  * context, 4 sequences per micro-batch, one micro-batch per data-parallel rank). */
@@ -392,6 +414,7 @@ static mp_status read_request(train_job *j) {
   MP_CHECK(mp_cmd_load_model(ctx, &k_spec, "tiny-dense", &j->model));
   MP_CHECK(init_from_config(j, model_given));
   mp_cmd_launch(&j->launch);
+  j->rank = j->launch.rank; /* the launcher's until the comm says (an early refusal is said once) */
   mp_plan_options_init(&j->po);
   j->po.seq = j->model.max_seq;
   j->po.micro_batch = 4;
@@ -403,6 +426,7 @@ static mp_status read_request(train_job *j) {
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "%s", why);
   }
   MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, j->po.seq, &j->po.global_batch));
+  MP_CHECK(read_pp_schedule(j));
   return mp_model_check_step(ctx, &j->model, j->po.seq, j->po.micro_batch, j->po.global_batch);
 }
 
@@ -430,6 +454,27 @@ static mp_status plan_auto(train_job *j) {
   return MP_OK;
 }
 
+/* The plan options in the runtime's dtypes (the CPU runtime computes and gathers in fp32,
+ * the CUDA one gathers bf16) and memory model: the plan refuses what the runtime does not
+ * run (SP, AC policies other than none, selective-core and full). */
+static void runtime_options(const train_job *j, mp_plan_options *po) {
+  po->master_dtype = MP_DTYPE_FP32;
+  po->fsdp.param_dtype = j->dev.cuda ? MP_DTYPE_BF16 : MP_DTYPE_FP32;
+  po->mem_model = j->dev.cuda ? MP_MEM_MODEL_MESHPLAN_CUDA : MP_MEM_MODEL_MESHPLAN_CPU;
+}
+
+/* A mesh given that the runtime does not execute is refused before anything is planned or
+ * launched, with the runtime's own reason (exec/runtime/check.h; exit 2 from main). */
+static mp_status check_executable(train_job *j) {
+  mp_plan_options po = j->po;
+  runtime_options(j, &po);
+  mp_plan *p = NULL;
+  MP_CHECK(mp_build_plan(j->ctx, &j->model, &j->mesh, &po, &p));
+  mp_status st = mp_runtime_plan_check(j->ctx, p);
+  mp_plan_destroy(p);
+  return st;
+}
+
 /* The mesh given (--mesh, --ep). Without a plan id, --db predicts it (a planner run pinned
  * to it) so the measurements land next to a prediction; --profile predicts it too
  * (recorded only when the measurements have no plan of their own). */
@@ -444,6 +489,7 @@ static mp_status plan_given(train_job *j) {
   MP_CHECK(mp_mesh_validate(ctx, &j->mesh));
   mp_plan_options *po = &j->po;
   if (!po->global_batch) po->global_batch = po->micro_batch * mp_mesh_group_size(&j->mesh, MP_GROUP_DP);
+  MP_CHECK(check_executable(j));
   const int world = j->launch.world, rank0 = j->launch.rank == 0;
   /* a resumed run on its checkpoint's mesh goes on recording into the checkpoint's run */
   if (j->db && !j->plan_id && rank0) j->plan_id = mp_train_resumed_plan_id(j);
@@ -467,6 +513,7 @@ static mp_status plan_given(train_job *j) {
   /* SP as mp_plan_create resolves it for the runtime's memory models (on, but off for
    * float8), or as --sp / --no-sp says */
   fix.sp = po->sp >= 0 ? po->sp : !po->fp8;
+  fix.pp_virtual = po->pp_virtual;
   MP_CHECK(plan_for_train(ctx, &j->model, world, &j->dev, po, &fix, 0, rank0 ? j->db : NULL, record,
                           j->profile && rank0, &j->pick));
   if (record) j->plan_id = j->pick.plan_id;
@@ -498,11 +545,7 @@ static mp_status build_plan(train_job *j) {
   MP_CHECK(mp_args_int(ctx, &k_spec, "--steps", 0, MP_LIM_STEPS, &j->steps));
   MP_CHECK(mp_args_int(ctx, &k_spec, "--seed", 0, INT64_MAX, &j->seed));
   MP_CHECK(mp_args_int(ctx, &k_spec, "--fanout", 1, 65536, &j->fanout)); /* successors <= vocab <= 2^16 */
-  j->po.master_dtype = MP_DTYPE_FP32;
-  j->po.fsdp.param_dtype = j->dev.cuda ? MP_DTYPE_BF16 : MP_DTYPE_FP32;
-  /* the runtime's own memory model: the plan refuses what the runtime does not run (SP,
-   * AC policies other than none, selective-core and full) */
-  j->po.mem_model = j->dev.cuda ? MP_MEM_MODEL_MESHPLAN_CUDA : MP_MEM_MODEL_MESHPLAN_CPU;
+  runtime_options(j, &j->po);
   MP_CHECK(mp_build_plan(ctx, &j->model, &j->mesh, &j->po, &j->plan));
   mp_runtime_options_init(&j->ro);
   j->ro.seed = (uint64_t)j->seed;

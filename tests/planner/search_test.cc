@@ -626,16 +626,42 @@ TEST(SearchConstraints, FixAndExecutableOnly) {
     EXPECT_EQ(t.s->cands[i].mesh.size[MP_DIM_TP], 8);
     EXPECT_EQ(t.s->cands[i].mesh.size[MP_DIM_PP], 1);
   }
+  // executable_only keeps what exec/runtime/check.h accepts: pipelines (every schedule) and
+  // context parallelism, inside a pipeline too, but no float8 inside a pipeline; the rest of
+  // the space (fp8 with pp > 1) is left out, not pruned.
+  // (sp 0: whether the runtime runs sequence parallelism is the SP rows' concern)
   Search e(fake_dense_model(), fake_cluster(2, 8), 4096, 16);
   e.cfg.executable_only = 1;
+  e.cfg.pp_virtual_max = 4;
+  e.cfg.sp = 0;
   e.enumerate();
   ASSERT_GT(e.s->n, 0);
-  int with_cp = 0;  // the runtime executes context parallelism, not pipelines
+  int64_t pipelined = 0, interleaved = 0, with_cp = 0;
   for (int64_t i = 0; i < e.s->n; i++) {
-    EXPECT_EQ(e.s->cands[i].mesh.size[MP_DIM_PP], 1);
-    with_cp += e.s->cands[i].mesh.size[MP_DIM_CP] > 1;
+    const mp_candidate &c = e.s->cands[i];
+    EXPECT_FALSE(c.fp8 && c.mesh.size[MP_DIM_PP] > 1);
+    pipelined += c.mesh.size[MP_DIM_PP] > 1;
+    interleaved += c.pp_virtual > 1;
+    with_cp += c.mesh.size[MP_DIM_CP] > 1;
   }
+  EXPECT_GT(pipelined, 0);
+  EXPECT_GT(interleaved, 0);
   EXPECT_GT(with_cp, 0);
+  int64_t cp_in_pp = 0;
+  for (int64_t i = 0; i < e.s->n; i++)
+    cp_in_pp += e.s->cands[i].mesh.size[MP_DIM_CP] > 1 && e.s->cands[i].mesh.size[MP_DIM_PP] > 1;
+  EXPECT_GT(cp_in_pp, 0);
+  Search all(fake_dense_model(), fake_cluster(2, 8), 4096, 16);
+  all.cfg.pp_virtual_max = 4;
+  all.cfg.sp = 0;
+  all.enumerate();
+  int64_t refused = 0;
+  for (int64_t i = 0; i < all.s->n; i++) {
+    const mp_candidate &c = all.s->cands[i];
+    refused += c.mesh.size[MP_DIM_PP] > 1 && c.fp8;
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_EQ(e.s->n + refused, all.s->n);
 }
 
 TEST(SearchConstraints, FixParseErrors) {

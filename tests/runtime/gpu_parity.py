@@ -10,6 +10,10 @@ Checks, each over STEPS steps of `meshplan train` with the same seed, data and b
      tp=2 --no-sp (2 ranks) under `mpirun -np N ... --device cuda` on one GPU (every rank
      on GPU 0, collectives through MPI with host staging): per-step losses equal the
      single-rank GPU run within BF16_TOL relative.
+  3. pipeline stages on the GPU: tiny-dense pp=2 (1F1B) and tiny-tied pp=2 (the tied
+     embedding's two copies) under `mpirun -np 2 ... --device cuda` (activations and
+     gradients between stages through MPI with host staging): per-step losses equal the
+     single-rank GPU run within BF16_TOL relative.
 
 Tolerance. bf16 keeps 8 significant bits (relative rounding up to 2^-9 = 2e-3 per
 stored value); the GPU run rounds every activation and the compute copy of every weight,
@@ -105,6 +109,17 @@ def main():
             ok &= compare(name, got, one, BF16_TOL)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             print("FAIL %s: %s" % (name, e), flush=True)
+            ok = False
+    # 2 pipeline stages on the one GPU
+    launcher2 = [mpirun] + root + ["-np", "2", "--oversubscribe", "--bind-to", "none"]
+    for model in ("tiny-dense", "tiny-tied"):
+        try:
+            one, _ = losses(meshplan, tmp, model + "-1rank-cuda", ["--model", model, "--device", "cuda"], env)
+            two, _ = losses(meshplan, tmp, model + "-pp2-cuda",
+                            ["--model", model, "--device", "cuda", "--mesh", "pp=2"], env, launcher2)
+            ok &= compare("%s pp=2 (2 stages, 1 GPU) vs 1 rank" % model, two, one, BF16_TOL)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            print("FAIL %s pp=2 staging: %s" % (model, e), flush=True)
             ok = False
     print("gpu_parity: %s" % ("all match" if ok else "MISMATCH"))
     return 0 if ok else 1

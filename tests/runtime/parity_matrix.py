@@ -1,25 +1,33 @@
 """Multi-rank parity matrix for the CPU runtime: a wrong order or sharding must not give
 wrong gradients silently.
 
-For tiny-dense and tiny-moe, every plan of the matrix is trained with
-`mpirun -np N meshplan train --mesh ...` and compared with the single-rank run of the same
-model, AC mode and float8 setting (same seed, global batch, micro-batch and data):
+Every plan of the matrix (ROWS) is trained with `mpirun -np N meshplan train --mesh ...`
+and compared with the single-rank run of the same model, AC mode, float8 setting and global
+batch (same seed, micro-batch and data):
   - per-step losses over STEPS steps equal within 1e-5 relative;
   - the full gradients after step 1 (gathered from the shards by --dump-grads) equal
     within 1e-5 relative (L2 norm of the difference over the L2 norm, per parameter,
     plus a max-abs check against the tensor's scale).
 Meshes: 1 rank (the reference), dp_shard=4, dp_replicate=2 x dp_shard=2, tp=2, tp=4,
 dp_shard=2 x tp=2; for the MoE model also ep=2 (dp_shard=2), ep=4 (dp_shard=4) and
-ep=2 x tp=2; for the dense model also cp=2, cp=4 and dp_shard=2 x cp=2 x tp=2 (ring
-attention over 2 x cp load-balanced chunks); each with AC none, selective-core and full. Plans with tp > 1 run sequence
-parallelism (the default); tp=2 and the MoE's ep=2 x tp=2 also run without it (--no-sp,
-the all-reduce form). Float8 on for dp_shard=2 x tp=2 (dense, without SP: the runtime's
-float8 Linears run without it) against the single-rank float8 run. Every run is under
-`timeout`: a hang fails the test.
+ep=2 x tp=2; for the dense model also cp=2, cp=4, dp_shard=2 x cp=2 x tp=2 and pp=2 x cp=2
+(ring attention over 2 x cp load-balanced chunks); each with AC none, selective-core and full.
+Plans with tp > 1 run sequence parallelism (the default); tp=2, the MoE's ep=2 x tp=2 and
+pp x tp x dp_shard also run without it (--no-sp, the all-reduce form). Float8 on for
+dp_shard=2 x tp=2 (dense, without SP: the runtime's float8 Linears run without it) against
+the single-rank float8 run. Pipelines (exec/runtime/runtime_pp.c): pp=2 and pp=4 under
+1F1B, GPipe and the interleaved schedule (pp_virtual 2), pp x dp_shard, pp x tp x dp_shard,
+a tied model (tiny-tied: the first and last stage each hold the embedding), uneven stages
+and padded shards (tiny-odd: 8 layers on pp=3, vocab 250 and d_ff 136 on dp_shard=3 and 4).
+Every run is under `timeout` and MESHPLAN_COMM_TIMEOUT_S: a hang fails the test, naming the
+rank, group and operation.
 
-Each case is a record {model, mesh, ac, fp8, args, quick}: `quick` (a boolean) marks the
-representative subset that `--quick` runs; without it every case runs. `--only S` keeps the
-cases whose name contains S.
+Quick and full. Each row says whether it is `quick`: the quick set (one AC policy per
+parallelism, each schedule once, the uneven meshes) runs in scripts/test through
+//tests/runtime:parity_test; the full set (every row) is //tests/runtime:parity_full_test,
+tagged manual and nightly (`scripts/test --full`, or bazel test it by name). docs/testing.md
+lists both with their times on the 2-core machine. `--only S` keeps the rows whose name
+contains S.
 
 Memory (the measured peak memory per rank equals the simulator's prediction for the CPU
 profile within 2 %, docs/design.md, "Numbers that matter"): every run, the single-rank references included, also records the
@@ -53,7 +61,7 @@ TOL = 1e-5
 # step 1, which is held to 1e-5).
 FP8_LOSS_TOL = 5e-3
 
-MEM_TOL = 0.02
+MEM_TOL = 0  # non-EP plans: the prediction is the runtime's allocations, byte for byte
 # EP plans: the expert side of a MoE layer (received rows; their gate, up and hidden; the
 # outputs before the combine; the backward workspace) is sized by the rows routing sends to
 # a rank, known only at run time. The prediction assumes balanced routing, R = N x top_k rows
@@ -96,6 +104,70 @@ def read_wfile(path):
     return out
 
 
+def row(model, mesh, ac="none", fp8=False, quick=False, gb=8, args=()):
+    return dict(model=model, mesh=mesh, ac=ac, fp8=fp8, quick=quick, gb=gb, args=list(args))
+
+
+def build_rows():
+    """The matrix. quick: in scripts/test's parity_test; every row: parity_full_test."""
+    rows = []
+    dense_meshes = ["dp_shard=4", "dp_replicate=2,dp_shard=2", "tp=2", "tp=4", "dp_shard=2,tp=2"]
+    moe_meshes = dense_meshes + ["dp_shard=2,ep=2", "dp_shard=4,ep=4", "dp_shard=2,ep=2,tp=2"]
+    for model, meshes in (("tiny-dense", dense_meshes), ("tiny-moe", moe_meshes)):
+        for ac in ("none", "selective-core", "full"):
+            for mesh in meshes:
+                rows.append(row(model, mesh, ac, quick=ac == "selective-core"))
+    # context parallelism (ring attention over 2 x cp load-balanced chunks); with tp, SP;
+    # inside a pipeline
+    for ac in ("none", "selective-core", "full"):
+        for mesh in ("cp=2", "cp=4", "dp_shard=2,cp=2,tp=2", "pp=2,cp=2"):
+            rows.append(row("tiny-dense", mesh, ac, quick=ac == "full" and mesh in ("cp=2", "pp=2,cp=2")))
+    # tensor parallelism without SP: the all-reduce form
+    for ac in ("none", "full"):
+        rows.append(row("tiny-dense", "tp=2", ac, args=["--no-sp"], quick=ac == "full"))
+    rows.append(row("tiny-moe", "dp_shard=2,ep=2,tp=2", "selective-core", args=["--no-sp"]))
+    rows.append(row("tiny-dense", "dp_shard=2,tp=2", "selective-core", fp8=True, quick=True))
+    rows.append(row("tiny-dense", "dp_shard=4", "none", fp8=True))
+    # Pipelines. Schedules: 1F1B (the default), GPipe, interleaved (2 model chunks per
+    # stage: 4 chunks on pp=2, 8 on pp=4, so the 8-layer tiny-odd); the global batch of 8
+    # is 4 micro-batches of 2 (a multiple of pp, as the interleaved schedule needs).
+    gpipe, inter = ["--pp-schedule", "gpipe"], ["--pp-schedule", "interleaved", "--pp-virtual", "2"]
+    for ac in ("none", "selective-core", "full"):
+        q = ac == "none"
+        rows.append(row("tiny-dense", "pp=2", ac, quick=q))
+        rows.append(row("tiny-dense", "pp=2", ac, args=gpipe, quick=q))
+        rows.append(row("tiny-dense", "pp=2,dp_shard=2", ac, quick=q))
+        rows.append(row("tiny-odd", "pp=4", ac))
+        rows.append(row("tiny-odd", "pp=4", ac, args=gpipe))
+        rows.append(row("tiny-odd", "pp=2", ac, args=inter, quick=q))
+        rows.append(row("tiny-odd", "pp=4", ac, args=inter))
+        rows.append(row("tiny-tied", "pp=2", ac, quick=q))
+        rows.append(row("tiny-tied", "pp=4", ac))
+        rows.append(row("tiny-tied", "pp=2", ac, args=inter))
+        rows.append(row("tiny-tied", "pp=2,dp_shard=2", ac, args=gpipe))
+    # pp x tp x dp_shard (8 ranks), with sequence parallelism (the default) and without
+    rows.append(row("tiny-dense", "pp=2,dp_shard=2,tp=2", "selective-core"))
+    rows.append(row("tiny-dense", "pp=2,dp_shard=2,tp=2", "selective-core", args=["--no-sp"]))
+    # Uneven: sizes the mesh does not divide. tiny-odd on pp=3 (3, 3 and 2 layers), on
+    # dp_shard=3 (vocab 250 and d_ff 136 in padded shards: ceil, not floor) and on dp_shard=4;
+    # a global batch of 6: 3 micro-batches on pp=3, one per rank on dp_shard=3
+    rows.append(row("tiny-odd", "pp=3", "none", quick=True, gb=6))
+    rows.append(row("tiny-odd", "pp=3", "full", gb=6, args=gpipe))
+    rows.append(row("tiny-odd", "dp_shard=3", "none", quick=True, gb=6))
+    rows.append(row("tiny-odd", "dp_shard=3", "full", gb=6))
+    rows.append(row("tiny-odd", "dp_shard=4", "selective-core"))
+    rows.append(row("tiny-odd", "pp=2,dp_shard=2", "none", quick=True))
+    # interleaved inside FSDP: the root unit's gradients begun by one micro-batch's backward
+    # and still held when the next one's begins (4 micro-batches per rank: a global batch of 16)
+    rows.append(row("tiny-odd", "pp=2,dp_shard=2", "none", gb=16, args=inter))
+    rows.append(row("tiny-tied", "pp=2,dp_shard=2", "selective-core", gb=16, args=inter))
+    rows.append(row("tiny-tied", "dp_shard=3", "none", gb=6))
+    return rows
+
+
+ROWS = build_rows()
+
+
 def main():
     meshplan = os.path.abspath(sys.argv[1])
     quick = "--quick" in sys.argv
@@ -108,14 +180,15 @@ def main():
               "--mca", "btl", "self,vader", "--mca", "btl_vader_backing_directory", tmp]
     if os.getuid() == 0:
         mpirun.insert(5, "--allow-run-as-root")
+    env["MESHPLAN_COMM_TIMEOUT_S"] = "60"  # a stuck peer fails its run, named, well inside `timeout`
     common = ["train", "--steps", str(STEPS), "--seq", str(SEQ), "--micro-batch", str(MICRO_BATCH),
-              "--global-batch", "8", "--lr", "3e-3", "--quiet"]
+              "--lr", "3e-3", "--quiet"]
 
-    def run(model, mesh, ac, fp8, tag, extra=()):
+    def run(model, mesh, ac, fp8, tag, gb=8, extra=()):
         losses, grads = os.path.join(tmp, tag + ".losses.json"), os.path.join(tmp, tag + ".grads.bin")
         db = os.path.join(tmp, tag + ".db")
-        args = common + ["--model", model, "--ac", ac, "--dump-losses", losses, "--dump-grads", grads,
-                         "--db", db] + list(extra)
+        args = common + ["--global-batch", str(gb), "--model", model, "--ac", ac, "--dump-losses", losses,
+                         "--dump-grads", grads, "--db", db] + list(extra)
         if fp8:
             args.append("--fp8")
         np_ = 1
@@ -133,20 +206,20 @@ def main():
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if p.returncode != 0:
             return None, "exit %d: %s" % (p.returncode, (p.stderr or p.stdout).strip().splitlines()[-1:])
-        mem = memory(model, (mesh or "1 rank") + "".join(" " + a for a in extra), ac, fp8, db, p.stdout)
+        mem = memory(model, (mesh or "1 rank") + "".join(" " + e for e in extra), ac, fp8, db, p.stdout)
         return (json.load(open(losses))["losses"], read_wfile(grads), mem), None
 
     def memory(model, mesh, ac, fp8, db, out):
         """(ok, line): the run's predicted vs measured peak."""
-        name = "%-10s %-26s ac=%-9s fp8=%d" % (model, mesh, ac, fp8)
+        name = "%-10s %-44s ac=%-9s fp8=%d" % (model, mesh, ac, fp8)
         m = re.search(r"peak memory (\d+) bytes per rank", out)
         try:
-            con = sqlite3.connect(db)
+            con = sqlite3.connect(db, timeout=60)  # a loaded machine may still hold the lock
             row = con.execute("SELECT peak_mem_bytes - coalesce(mem_overhead_bytes, 0) FROM predictions").fetchall()
             con.close()
         except sqlite3.Error as e:
             row = [str(e)]
-        if not m or len(row) != 1:
+        if not m or len(row) != 1 or not isinstance(row[0], tuple):
             return False, "FAIL mem  %s: no measured peak or not one prediction (%s)" % (name, row)
         meas, pred = int(m.group(1)), int(row[0][0])
         err = (pred - meas) / meas
@@ -163,43 +236,22 @@ def main():
         return ok, "%s mem  %s: predicted %d measured %d bytes (%+.3f%%; %s)" % (
             "ok  " if ok else "FAIL", name, pred, meas, 100 * err, why)
 
-    def case(model, mesh, ac, fp8=False, args=(), quick=False):
-        return dict(model=model, mesh=mesh, ac=ac, fp8=fp8, args=list(args), quick=quick)
-
-    dense_meshes = ["dp_shard=4", "dp_replicate=2,dp_shard=2", "tp=2", "tp=4", "dp_shard=2,tp=2"]
-    moe_meshes = dense_meshes + ["dp_shard=2,ep=2", "dp_shard=4,ep=4", "dp_shard=2,ep=2,tp=2"]
-    cases = []
-    for model, meshes in (("tiny-dense", dense_meshes), ("tiny-moe", moe_meshes)):
-        for ac in ("none", "selective-core", "full"):
-            for mesh in meshes:
-                cases.append(case(model, mesh, ac, quick=ac == "selective-core"))
-    # context parallelism (ring attention over 2 x cp load-balanced chunks); with tp, SP
-    for ac in ("none", "selective-core", "full"):
-        for mesh in ("cp=2", "cp=4", "dp_shard=2,cp=2,tp=2"):
-            cases.append(case("tiny-dense", mesh, ac, quick=ac == "full" and mesh == "cp=2"))
-    # tensor parallelism without SP: the all-reduce form
-    for ac in ("none", "full"):
-        cases.append(case("tiny-dense", "tp=2", ac, args=["--no-sp"], quick=ac == "full"))
-    cases.append(case("tiny-moe", "dp_shard=2,ep=2,tp=2", "selective-core", args=["--no-sp"]))
-    cases.append(case("tiny-dense", "dp_shard=2,tp=2", "selective-core", True, quick=True))
-    cases.append(case("tiny-dense", "dp_shard=4", "none", True))
-    if quick:
-        cases = [c for c in cases if c["quick"]]
+    rows = [r for r in ROWS if r["quick"] or not quick]
     if "--fp8-only" in sys.argv:
-        cases = [c for c in cases if c["fp8"]]
+        rows = [r for r in rows if r["fp8"]]
     if "--only" in sys.argv:
         only = sys.argv[sys.argv.index("--only") + 1]
-        cases = [c for c in cases if only in "%s %s %s %s" % (c["model"], c["mesh"], c["ac"], " ".join(c["args"]))]
+        rows = [r for r in rows if only in "%s %s %s %s" % (r["model"], r["mesh"], r["ac"], " ".join(r["args"]))]
 
     refs, fails, n_ok = {}, 0, 0
     mem_n = {True: 0, False: 0}  # memory predictions within their bound, and off
-    for c in cases:
-        model, mesh, ac, fp8, extra = c["model"], c["mesh"], c["ac"], c["fp8"], c["args"]
-        key = (model, ac, fp8)
+    for row in rows:
+        model, mesh, ac, fp8, gb, extra = row["model"], row["mesh"], row["ac"], row["fp8"], row["gb"], row["args"]
+        key = (model, ac, fp8, gb)
         if key not in refs:
-            refs[key], err = run(model, None, ac, fp8, "%s-%s-%d-ref" % key)
+            refs[key], err = run(model, None, ac, fp8, "%s-%s-%d-gb%d-ref" % key, gb)
             if err:
-                print("FAIL reference %s ac=%s fp8=%d: %s" % (model, ac, fp8, err))
+                print("FAIL reference %s ac=%s fp8=%d global batch %d: %s" % (model, ac, fp8, gb, err))
                 fails += 1
                 continue
             mem_ok, mem_line = refs[key][2]
@@ -208,10 +260,10 @@ def main():
         ref = refs[key]
         if ref is None:
             continue
-        label = mesh + "".join(" " + a for a in extra)
-        tag = "%s-%s-%s-%d" % (model, label.replace(",", "_").replace("=", "").replace(" --", "-"), ac, fp8)
-        got, err = run(model, mesh, ac, fp8, tag, extra)
-        name = "%-10s %-26s ac=%-9s fp8=%d" % (model, label, ac, fp8)
+        tag = "%s-%s-%s-%d-%s" % (model, mesh.replace(",", "_").replace("=", ""), ac, fp8,
+                                  "_".join(e.lstrip("-") for e in extra))
+        got, err = run(model, mesh, ac, fp8, tag, gb, extra)
+        name = "%-10s %-44s ac=%-9s fp8=%d" % (model, mesh + "".join(" " + e for e in extra), ac, fp8)
         if err:
             print("FAIL %s: %s" % (name, err))
             fails += 1

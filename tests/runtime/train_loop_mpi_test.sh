@@ -6,8 +6,10 @@
 #   - kill -9 of rank 2 half way through writing its shard of step 12: step 6 loads
 #   - resharding: a checkpoint saved on dp_shard=4 resumes on tp=2 x dp_shard=2,
 #     dp_replicate=2 x dp_shard=2, tp=4 and one rank; an MoE one saved on dp_shard=4 x ep=4
-#     resumes on dp_shard=2 x ep=2 x dp_replicate=2 and one rank: every loss within 1e-5
-#     (relative) of the straight run's (the reductions' order changes with the mesh)
+#     resumes on dp_shard=2 x ep=2 x dp_replicate=2 and one rank, the dense one also on
+#     pp=2 x dp_shard=2; a tied model saved on pp=4 resumes on one rank and on pp=2 x
+#     dp_shard=2: every loss within 1e-5 (relative) of the straight run's (the
+#     reductions' order changes with the mesh)
 #   - the OpenMP threads line: without OMP_NUM_THREADS each rank takes its share of the
 #     cores; an explicit OMP_NUM_THREADS is honoured
 # Usage: train_loop_mpi_test.sh MESHPLAN
@@ -107,6 +109,14 @@ reshard tp2 tiny-dense "$s" "$s.jsonl" 4 tp=2,dp_shard=2
 reshard hsdp tiny-dense "$s" "$s.jsonl" 4 dp_replicate=2,dp_shard=2
 reshard tp4 tiny-dense "$s" "$s.jsonl" 4 tp=4
 reshard one tiny-dense "$s" "$s.jsonl" 1 single
+reshard pp2 tiny-dense "$s" "$s.jsonl" 4 pp=2,dp_shard=2
+# a tied model saved by pipeline stages (the last stage's head copy is the embedding, saved
+# once) resumes on one rank and on other stages
+t="$tmp/savedtied"
+mpi "$bin" "${common[@]}" --model tiny-tied --mesh pp=4 --checkpoint-dir "$t" --checkpoint-every 6 \
+  --metrics "$t.jsonl" >/dev/null 2>&1
+reshard tied_one tiny-tied "$t" "$t.jsonl" 1 single
+reshard tied_pp2 tiny-tied "$t" "$t.jsonl" 4 pp=2,dp_shard=2
 m="$tmp/savedmoe"
 mpi "$bin" "${common[@]}" --model tiny-moe --mesh dp_shard=4,ep=4 --checkpoint-dir "$m" --checkpoint-every 6 \
   --metrics "$m.jsonl" >/dev/null 2>&1
