@@ -88,6 +88,15 @@ void mp_plan_chunk_layers(const mp_plan *p, int stage, int chunk, int64_t *l0, i
 
 /* ---- options and the meta tree ----------------------------------------------------- */
 
+const mp_param *mp_plan_param_source(const mp_plan *p, int i) {
+  const mp_param *q = &p->params[i];
+  if (!q->tied_copy) return q;
+  for (int k = 0; k < p->n_params; k++)
+    if (p->params[k].module == MP_MOD_TOK_EMBEDDINGS && p->params[k].role == MP_ROLE_WEIGHT && !p->params[k].tied_copy)
+      return &p->params[k];
+  return q;
+}
+
 void mp_plan_options_init(mp_plan_options *o) {
   memset(o, 0, sizeof *o);
   o->tp.shard_logits = 1; /* loss parallel: logits stay vocab-sharded (torchtitan default) */

@@ -242,20 +242,8 @@ static int param_place(mp_runtime *rt, int i, int dprep_idx) {
   return has;
 }
 
-/* The parameter a tied model's head copy copies: the embedding weight. */
-static const mp_param *tied_source(const mp_plan *plan);
-
 const mp_param *mp_runtime_param_stored_as(const mp_runtime *rt, int i) {
-  const mp_param *p = &rt->plan->params[i], *src = p->tied_copy ? tied_source(rt->plan) : NULL;
-  return src ? src : p;
-}
-
-static const mp_param *tied_source(const mp_plan *plan) {
-  for (int i = 0; i < plan->n_params; i++)
-    if (plan->params[i].module == MP_MOD_TOK_EMBEDDINGS && plan->params[i].role == MP_ROLE_WEIGHT &&
-        !plan->params[i].tied_copy)
-      return &plan->params[i];
-  return NULL;
+  return mp_plan_param_source(rt->plan, i);
 }
 
 /* Materializes parameter i: the rank's shard only (padded to the group's chunk; the pad
@@ -273,8 +261,7 @@ static mp_status param_materialize(mp_ctx *ctx, mp_runtime *rt, int i, int has) 
   float *host = calloc((size_t)(r->numel_pad ? r->numel_pad : 1), sizeof(float));
   if (!host) return mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory initializing %s", p->fqn);
   /* a tied model's head copy starts as the embedding it copies (same name, same values) */
-  const mp_param *src = p->tied_copy ? tied_source(rt->plan) : p;
-  if (has) mp_init_fill_block(rt->opts.seed, src ? src : p, r->off, r->len, host);
+  if (has) mp_init_fill_block(rt->opts.seed, mp_plan_param_source(rt->plan, i), r->off, r->len, host);
   mp_status st = be->memcpy_h2d(rt->kc, r->w, host, bytes);
   free(host);
   MP_CHECK(st);

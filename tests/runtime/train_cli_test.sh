@@ -45,8 +45,8 @@ err=$("$bin" train --model tiny-dense --mesh pp=2 --pp-virtual 2 2>&1); rc=$?
 check "--pp-virtual without the interleaved schedule refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'needs --pp-schedule interleaved'"
 # a plan the runtime does not execute, given with --mesh, is refused before anything runs,
 # with the runtime's reason (exec/runtime/check.c), exit 2
-err=$("$bin" train --model tiny-dense --mesh cp=2 --db "$tmp/refused.db" 2>&1); rc=$?
-check "cp refused with the runtime's reason" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'does not execute context parallelism'"
+err=$("$bin" train --model tiny-moe --mesh cp=2,dp_shard=2,ep=2 --db "$tmp/refused.db" 2>&1); rc=$?
+check "cp with ep refused with the runtime's reason" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'does not execute expert parallelism with context parallelism'"
 
 # --db without --plan-id: the mesh is predicted (a one-plan run) and every step is recorded
 # beside the prediction; --auto plans for the world (1 rank) and records its run too.
