@@ -15,25 +15,9 @@
 #include "exec/runtime/ckpt.h"
 #include "exec/runtime/dataset.h"
 #include "exec/runtime/safetensors.h"
+#include "tests/runtime/file_util.h"
 
 namespace {
-
-struct Ctx {
-  mp_ctx c;
-  Ctx() { mp_ctx_init(&c); }
-  const char *msg() const { return mp_errmsg(&c); }
-  bool says(const std::string &s) const { return std::string(msg()).find(s) != std::string::npos; }
-};
-
-std::string TmpDir() {
-  const char *t = getenv("TEST_TMPDIR");
-  return t ? t : "/tmp";
-}
-
-void WriteBytes(const std::string &path, const std::string &bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(bytes.data(), (std::streamsize)bytes.size());
-}
 
 std::string Shard(const std::vector<uint32_t> &tokens, int width) {
   std::string b(1024 + tokens.size() * width, '\0');

@@ -17,24 +17,9 @@
 #include "exec/runtime/hf.h"
 #include "exec/runtime/lr.h"
 #include "exec/runtime/safetensors.h"
+#include "tests/runtime/file_util.h"
 
 namespace {
-
-struct Ctx {
-  mp_ctx c;
-  Ctx() { mp_ctx_init(&c); }
-  const char *msg() const { return mp_errmsg(&c); }
-};
-
-std::string TmpDir() {
-  const char *t = getenv("TEST_TMPDIR");
-  return t ? t : "/tmp";
-}
-
-void WriteBytes(const std::string &path, const std::string &bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(bytes.data(), (std::streamsize)bytes.size());
-}
 
 // ---- checksum ------------------------------------------------------------------------------
 
