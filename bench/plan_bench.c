@@ -7,8 +7,10 @@
  * candidates per second enumerated, simulated and logged. Default: llama3.1-405b on
  * h100-16k (16,384 H100s), seq 8192, and meshplan plan's default batch rule (planner/batch.h:
  * 16M tokens at 16,384 GPUs, 2048 sequences, the Llama 3 pre-training batch), each mesh at
- * the nearest multiple of its dp; --global-batch G fixes the batch instead. Float8 is
- * searched beside bf16 (plan's --fp8 auto: the larger search). The database is a fresh file per run in $TMPDIR (or --db DIR). */
+ * the nearest multiple of its dp; --global-batch G fixes the batch instead. Float8 is not
+ * searched, as meshplan plan's default; --fp8 auto searches it beside bf16 (plan's --fp8
+ * auto: twice the candidates). The database is a fresh file per run in $TMPDIR (or --db
+ * DIR). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +33,7 @@ static mp_opt k_opts[] = {
     MP_OPT_SEQ("8192"),
     MP_OPT_GLOBAL_BATCH("meshplan plan's rule: 2048 at 16,384 GPUs"),
     {"--runs", "N", "runs; the median is reported (default 5)", NULL},
+    {"--fp8", "off|auto", "off: bf16 plans only, meshplan plan's default; auto: float8 searched beside bf16", NULL},
     MP_OPT_THREADS,
     {"--db", "DIR", "directory for the benchmark databases (default $TMPDIR or /tmp)", NULL},
     MP_OPT_END,
@@ -91,15 +94,22 @@ int main(int argc, char **argv) {
     req.search.target_batch = mp_batch_rule_seqs(
         mp_batch_rule_tokens((double)mp_model_param_count(&m), mp_cluster_n_gpus(&c)), seq);
   req.search.n_threads = (int)threads;
+  const char *fp8 = mp_args_get(&k_spec, "--fp8");
+  if (fp8 && strcmp(fp8, "off") != 0 && strcmp(fp8, "auto") != 0) {
+    fprintf(stderr, "plan_bench: --fp8 '%s': choose off or auto\n", fp8);
+    return 2;
+  }
+  req.search.search_fp8 = fp8 && strcmp(fp8, "auto") == 0;
   req.objective = MP_OBJECTIVE_TIME;
   req.info = (mp_run_info){m.name, c.name, c.gpu.name, mp_cluster_n_gpus(&c), c.gpus_per_node, seq, gb,
                            "time", "{}", "plan_bench", "bench"};
   const char *dir = mp_args_get(&k_spec, "--db");
   if (!dir) dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  printf("plan_bench: %s on %s (%d GPUs), seq %lld, global batch %lld%s; %ld CPUs, %s threads\n",
+  printf("plan_bench: %s on %s (%d GPUs), seq %lld, global batch %lld%s, float8 %s; %ld CPUs, %s threads\n",
          m.name, c.name, mp_cluster_n_gpus(&c), seq, gb,
-         req.search.target_batch ? " (the default rule, per mesh the nearest multiple of dp)" : "", ncpu,
+         req.search.target_batch ? " (the default rule, per mesh the nearest multiple of dp)" : "",
+         req.search.search_fp8 ? "searched" : "off", ncpu,
          threads ? "given" : "one per CPU");
   printf("%4s %10s %8s %10s %10s %8s %8s %12s %12s %12s %7s %7s %7s\n", "run", "candidates",
          "pruned", "simulated", "logged", "wall s", "cpu s", "cand/s", "sim/s", "logged/s",
