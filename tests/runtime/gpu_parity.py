@@ -6,9 +6,10 @@ with host staging) against the single-rank GPU run.
 Checks, each over STEPS steps of `meshplan train` with the same seed, data and batch:
   1. tiny-dense and tiny-moe, AC none / selective-core / full, and tiny-dense with float8:
      per-step losses of --device cuda equal the --device cpu run within BF16_TOL relative.
-  2. tiny-dense, meshes dp_shard=2,tp=2 (4 ranks), tp=2 with sequence parallelism and
-     tp=2 --no-sp (2 ranks) under `mpirun -np N ... --device cuda` on one GPU (every rank
-     on GPU 0, collectives through MPI with host staging): per-step losses equal the
+  2. tiny-dense, meshes dp_shard=2,tp=2 (4 ranks), tp=2 with sequence parallelism,
+     tp=2 --no-sp and cp=2 (ring attention; 2 ranks) under `mpirun -np N ... --device
+     cuda` on one GPU (every rank on GPU 0, collectives through MPI with host staging):
+     per-step losses equal the
      single-rank GPU run within BF16_TOL relative.
   3. pipeline stages on the GPU: tiny-dense pp=2 (1F1B) and tiny-tied pp=2 (the tied
      embedding's two copies) under `mpirun -np 2 ... --device cuda` (activations and
@@ -89,15 +90,17 @@ def main():
     if os.environ.get("MP_GPU_PARITY_SINGLE_ONLY"):
         print("gpu_parity: %s (single-rank cases only)" % ("all match" if ok else "MISMATCH"))
         return 0 if ok else 1
-    # several ranks on the one GPU through MPI with host staging: dp_shard 2 x tp 2, and
-    # tp 2 with sequence parallelism (the default) and without it (--no-sp)
+    # several ranks on the one GPU through MPI with host staging: dp_shard 2 x tp 2, tp 2
+    # with sequence parallelism (the default) and without it (--no-sp), and cp 2 (the ring's
+    # K/V and dK/dV through the staged sendrecv)
     root = ["--allow-run-as-root"] if os.getuid() == 0 else []
     try:
         one, _ = losses(meshplan, tmp, "dense-1rank-cuda", ["--model", "tiny-dense", "--device", "cuda"], env)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         print("FAIL single-rank GPU run: %s" % e, flush=True)
         one, ok = None, False
-    for mesh, np_, extra in (("dp_shard=2,tp=2", 4, []), ("tp=2", 2, []), ("tp=2", 2, ["--no-sp"])):
+    for mesh, np_, extra in (("dp_shard=2,tp=2", 4, []), ("tp=2", 2, []), ("tp=2", 2, ["--no-sp"]),
+                             ("cp=2", 2, [])):
         if one is None:
             break
         launcher = [mpirun] + root + ["-np", str(np_), "--oversubscribe", "--bind-to", "none"]
