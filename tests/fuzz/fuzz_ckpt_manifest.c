@@ -39,7 +39,7 @@
 #define MAX_IN 4
 #define MAX_FIXTURE 16
 
-/* The models a load is tried with: fuzz-micro (the seeds written into inputs) and, with
+/* The models a load is tried with: fuzz-micro (the model of the seed corpus) and, with
  * the fixture, tiny-dense (data/models/tiny-dense.json's dims). */
 static const char *const k_micro =
     "{\"name\": \"fuzz-micro\", \"family\": \"llama\", \"vocab\": 32, \"d_model\": 8, \"n_layers\": 1, "

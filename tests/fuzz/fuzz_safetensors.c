@@ -29,7 +29,7 @@
 #include "tests/fuzz/fuzz_runtime.h"
 #include "tests/fuzz/fuzz_util.h"
 
-/* The models the load is tried with: the dims of the seeds that scripts/fuzz writes with
+/* The models the load is tried with: the dims of the seed files that scripts/fuzz writes with
  * `meshplan train` and `meshplan export` (fuzz-micro) and a Mixtral-style MoE. */
 static const char *const k_models[] = {
     "{\"name\": \"fuzz-micro\", \"family\": \"llama\", \"vocab\": 32, \"d_model\": 8, \"n_layers\": 1, "
