@@ -22,17 +22,9 @@
 #include "planner/store.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
+#include "tests/tmp_path.h"
 
 namespace {
-
-std::string tmp_path(const std::string &name) {
-  const char *d = getenv("TEST_TMPDIR");
-  std::string p = std::string(d ? d : "/tmp") + "/" + name;
-  unlink(p.c_str());
-  unlink((p + "-wal").c_str());
-  unlink((p + "-shm").c_str());
-  return p;
-}
 
 // A calibration with every kind of figure, values chosen by hand (not measured).
 mp_calib sample(double scale) {
@@ -169,7 +161,7 @@ TEST(CalibFit, RejectsNonPositiveTimes) {
 // ---- the database -------------------------------------------------------------------
 
 TEST(CalibStore, RoundTripNewestWinsPerDevice) {
-  const std::string db = tmp_path("calib.db");
+  const std::string db = FreshDbPath("calib.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_calib a = sample(1.0), b = sample(2.0), other = sample(3.0), got;
@@ -211,7 +203,7 @@ TEST(CalibStore, RoundTripNewestWinsPerDevice) {
 }
 
 TEST(CalibStore, MissingFileIsNotFoundAndNotCreated) {
-  const std::string db = tmp_path("absent.db");
+  const std::string db = FreshDbPath("absent.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_calib got;
@@ -221,7 +213,7 @@ TEST(CalibStore, MissingFileIsNotFoundAndNotCreated) {
 }
 
 TEST(CalibStore, PlannerDatabaseWithoutCalibrationsIsNotFound) {
-  const std::string db = tmp_path("planner_only.db");
+  const std::string db = FreshDbPath("planner_only.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_store *st = nullptr;
@@ -233,7 +225,7 @@ TEST(CalibStore, PlannerDatabaseWithoutCalibrationsIsNotFound) {
 }
 
 TEST(CalibStore, CorruptFileIsDbError) {
-  const std::string db = tmp_path("corrupt.db");
+  const std::string db = FreshDbPath("corrupt.db");
   FILE *f = fopen(db.c_str(), "wb");
   ASSERT_NE(f, nullptr);
   for (int i = 0; i < 4096; i++) fputc("not a database "[i % 15], f);
@@ -248,7 +240,7 @@ TEST(CalibStore, CorruptFileIsDbError) {
 }
 
 TEST(CalibStore, ForeignSqliteFileIsDbError) {
-  const std::string db = tmp_path("foreign.db");
+  const std::string db = FreshDbPath("foreign.db");
   sqlite3 *h = nullptr;
   ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(h, "CREATE TABLE photos (id INTEGER, path TEXT)", nullptr, nullptr, nullptr), SQLITE_OK);
@@ -261,7 +253,7 @@ TEST(CalibStore, ForeignSqliteFileIsDbError) {
 }
 
 TEST(CalibStore, UnknownKeyIsDbErrorNotDropped) {
-  const std::string db = tmp_path("unknown_key.db");
+  const std::string db = FreshDbPath("unknown_key.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_calib c = sample(1.0), got;
@@ -352,7 +344,7 @@ TEST(CalibApply, CpuCalibrationRefusesAGpuProfile) {
 }
 
 TEST(CalibApply, LoadApplyUsesTheNewest) {
-  const std::string db = tmp_path("load_apply.db");
+  const std::string db = FreshDbPath("load_apply.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_calib a = sample(1.0), b = sample(2.0);
@@ -745,7 +737,7 @@ TEST(CpuApply, EachElementWiseClassKeepsItsOwnRate) {
 // ---- the database: a cpu calibration with its kernels, and one of GEMM and copy only -----
 
 TEST(CpuStore, RoundTripKeepsKernelsRefsAndFit) {
-  const std::string db = tmp_path("cpu_kernels.db");
+  const std::string db = FreshDbPath("cpu_kernels.db");
   const CpuTruth tr;
   mp_calib *c = new mp_calib, *got = new mp_calib;
   *c = cpu_synthetic(tr);
@@ -791,7 +783,7 @@ TEST(CpuStore, GemmAndCopyOnlyLoadsWithoutAFit) {
   // The rows of a cpu calibration without kernel rows: GEMM fwd and bwd, copy,
   // collectives. It loads with no kernels and no fit, and applies with the largest GEMM
   // rate as the peak and the stated meshplan-cpu stack.
-  const std::string db = tmp_path("cpu_old.db");
+  const std::string db = FreshDbPath("cpu_old.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_store *st = nullptr;

@@ -23,17 +23,9 @@
 #include "sim/gemm_table.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
+#include "tests/tmp_path.h"
 
 namespace {
-
-std::string tmp_path(const std::string &name) {
-  const char *d = getenv("TEST_TMPDIR");
-  std::string p = std::string(d ? d : "/tmp") + "/" + name;
-  unlink(p.c_str());
-  unlink((p + "-wal").c_str());
-  unlink((p + "-shm").c_str());
-  return p;
-}
 
 // The h100-sxm datasheet (data/gpus/h100-sxm.json).
 const double kPeak = 989.4e12, kPeak8 = 1978.9e12, kHbm = 3350.0;
@@ -561,7 +553,7 @@ TEST(Float8ByPass, ForwardPointsOnlyKeepTheCurve) {
   // d_model 4096 shapes) and no fit.fp8_gemm_* rows beyond the eff. It loads, applies,
   // and the simulator costs every float8 GEMM, forward or backward, on the float8 curve
   // alone.
-  const std::string db = tmp_path("cuda_old_f8.db");
+  const std::string db = FreshDbPath("cuda_old_f8.db");
   Truth tr;
   mp_calib c = synthetic(tr);
   const int old_km[3][2] = {{4096, 4096}, {4096, 14336}, {14336, 4096}};
@@ -676,7 +668,7 @@ void expect_same_cuda(const mp_calib &a, const mp_calib &b) {
 }
 
 TEST(CudaStore, RoundTripKeepsPointsFitAndNotes) {
-  const std::string db = tmp_path("cuda_calib.db");
+  const std::string db = FreshDbPath("cuda_calib.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_calib c = synthetic(Truth());
@@ -713,7 +705,7 @@ TEST(CudaStore, RoundTripKeepsPointsFitAndNotes) {
 TEST(CudaStore, Float8PointsRoundTripByPass) {
   // Every float8 point keeps its pass (f8gemm.fwd|dgrad|wgrad rows), and the float8 fit
   // its table verdict; a float8 row of another pass is a row this meshplan cannot read.
-  const std::string db = tmp_path("cuda_f8_calib.db");
+  const std::string db = FreshDbPath("cuda_f8_calib.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_calib c = synthetic(Truth());
@@ -749,7 +741,7 @@ TEST(CudaStore, Float8PointsRoundTripByPass) {
 }
 
 TEST(CudaStore, UnknownNoteIsDbError) {
-  const std::string db = tmp_path("cuda_note.db");
+  const std::string db = FreshDbPath("cuda_note.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_calib c = synthetic(Truth());
@@ -938,7 +930,7 @@ TEST(CudaApply, PlanComputeTimeDoublesWhenEfficienciesHalve) {
 }
 
 TEST(CudaApply, LoadApplyStackUsesTheNewestCuda) {
-  const std::string db = tmp_path("cuda_load_apply.db");
+  const std::string db = FreshDbPath("cuda_load_apply.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_calib a = synthetic(Truth()), b = synthetic(Truth());

@@ -16,17 +16,9 @@
 #include "planner/planner.h"
 #include "planner/store.h"
 #include "tests/planner/fake.h"
+#include "tests/tmp_path.h"
 
 namespace {
-
-std::string tmp_path(const std::string &name) {
-  const char *d = getenv("TEST_TMPDIR");
-  std::string p = std::string(d ? d : "/tmp") + "/" + name;
-  unlink(p.c_str());
-  unlink((p + "-wal").c_str());
-  unlink((p + "-shm").c_str());
-  return p;
-}
 
 struct PlannerRun {
   mp_model model = fake_dense_model();
@@ -68,7 +60,7 @@ int64_t q(mp_store *st, const std::string &sql) {
 }
 
 TEST(Store, RunLogsEveryCandidateWithReasonsAndRanks) {
-  std::string path = tmp_path("run.db");
+  std::string path = FreshDbPath("run.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_store *st = nullptr;
@@ -121,7 +113,7 @@ TEST(Store, RunLogsEveryCandidateWithReasonsAndRanks) {
 TEST(Store, ReasonCountByHand) {
   // dp_replicate=8 (tp=pp=cp=dp_shard=1) with global batch 32: per-rank 4, micro-batches
   // 1, 2, 4; x 3 AC x 2 fp8 with reshard on: 18 duplicates of reshard off.
-  std::string path = tmp_path("reason.db");
+  std::string path = FreshDbPath("reason.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_store *st = nullptr;
@@ -135,7 +127,7 @@ TEST(Store, ReasonCountByHand) {
 }
 
 TEST(Store, FailedRunLeavesPreviousRunsAndNoPartialRun) {
-  std::string path = tmp_path("fault.db");
+  std::string path = FreshDbPath("fault.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_store *st = nullptr;
@@ -168,7 +160,7 @@ TEST(Store, FailedRunLeavesPreviousRunsAndNoPartialRun) {
 }
 
 TEST(Store, TwoConcurrentWritersBothSucceed) {
-  std::string path = tmp_path("concurrent.db");
+  std::string path = FreshDbPath("concurrent.db");
   // Both threads open their own connection on a file that does not exist yet, so schema
   // creation, WAL switch and the runs all race.
   mp_status sts[2] = {MP_ERR_INTERNAL, MP_ERR_INTERNAL};
@@ -210,7 +202,7 @@ TEST(Store, TwoConcurrentWritersBothSucceed) {
 }
 
 TEST(Store, CorruptFileIsAOneLineError) {
-  std::string path = tmp_path("corrupt.db");
+  std::string path = FreshDbPath("corrupt.db");
   FILE *f = fopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr);
   for (int i = 0; i < 4096; i++) fputc("not a database "[i % 15], f);
@@ -224,7 +216,7 @@ TEST(Store, CorruptFileIsAOneLineError) {
             path + " is not a meshplan database or is corrupt; move it aside or pass --db");
 
   // A valid SQLite file with someone else's tables is refused the same way.
-  std::string other = tmp_path("other.db");
+  std::string other = FreshDbPath("other.db");
   sqlite3 *db = nullptr;
   ASSERT_EQ(sqlite3_open(other.c_str(), &db), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE songs(x)", nullptr, nullptr, nullptr), SQLITE_OK);
@@ -235,7 +227,7 @@ TEST(Store, CorruptFileIsAOneLineError) {
 }
 
 TEST(Store, SchemaVersionWalAndNewerVersionRefused) {
-  std::string path = tmp_path("schema.db");
+  std::string path = FreshDbPath("schema.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_store *st = nullptr;
@@ -258,7 +250,7 @@ TEST(Store, SchemaVersionWalAndNewerVersionRefused) {
 }
 
 TEST(Store, MeasurementsBesidePredictions) {
-  std::string path = tmp_path("measure.db");
+  std::string path = FreshDbPath("measure.db");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_store *st = nullptr;
@@ -333,7 +325,7 @@ void exec_on(const std::string &path, const char *sql) {
 // A current meshplan database made by the store, with `runs` planner runs in it, closed:
 // its path.
 std::string made_db(const std::string &name, int runs = 0) {
-  std::string path = tmp_path(name);
+  std::string path = FreshDbPath(name);
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_store *st = nullptr;
@@ -358,7 +350,7 @@ TEST(StoreIdentity, NewFileIsStampedWithApplicationIdAndVersion) {
   EXPECT_EQ(q(st, "PRAGMA user_version"), MP_STORE_SCHEMA_VERSION);
   mp_store_close(st);
   // an empty file (touch x.db) is a new database too
-  std::string empty = tmp_path("empty.db");
+  std::string empty = FreshDbPath("empty.db");
   fclose(fopen(empty.c_str(), "wb"));
   ASSERT_EQ(mp_store_open(&ctx, empty.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
   EXPECT_EQ(q(st, "PRAGMA application_id"), MP_STORE_APPLICATION_ID);
@@ -379,7 +371,7 @@ TEST(StoreIdentity, ForeignDatabasesAreRefusedAndNeverWritten) {
       {"stamped_empty_tables.db", "PRAGMA user_version=7"},
   };
   for (auto &c : cases) {
-    std::string path = tmp_path(c.name);
+    std::string path = FreshDbPath(c.name);
     exec_on(path, c.sql);
     std::string before = slurp(path);
     mp_ctx ctx;
@@ -439,9 +431,9 @@ TEST(StoreIdentity, OlderAndUnstampedDatabasesMigrate) {
 }
 
 TEST(StoreIdentity, PathThatIsNotAFileIsRefused) {
-  std::string dir = tmp_path("adir");
+  std::string dir = FreshDbPath("adir");
   mkdir(dir.c_str(), 0700);
-  std::string fifo = tmp_path("afifo");
+  std::string fifo = FreshDbPath("afifo");
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   mp_ctx ctx;
   mp_ctx_init(&ctx);

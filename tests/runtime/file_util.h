@@ -1,5 +1,5 @@
-// What the training loop's file tests share: an mp_ctx with its message, the test's
-// temporary directory, and writing bytes to a file.
+// What the training loop's file tests share: an mp_ctx with its message and writing bytes
+// to a file (paths in the test's temporary directory: tests/tmp_path.h).
 #ifndef MP_TESTS_RUNTIME_FILE_UTIL_H
 #define MP_TESTS_RUNTIME_FILE_UTIL_H
 
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "tests/tmp_path.h"
 
 struct Ctx {
   mp_ctx c;
@@ -15,11 +16,6 @@ struct Ctx {
   const char *msg() const { return mp_errmsg(&c); }
   bool says(const std::string &s) const { return std::string(msg()).find(s) != std::string::npos; }
 };
-
-inline std::string TmpDir() {
-  const char *t = getenv("TEST_TMPDIR");
-  return t ? t : "/tmp";
-}
 
 inline void WriteBytes(const std::string &path, const std::string &bytes) {
   std::ofstream f(path, std::ios::binary);

@@ -11,17 +11,9 @@
 #include <string>
 
 #include "planner/store.h"
+#include "tests/tmp_path.h"
 
 namespace {
-
-std::string TmpPath(const std::string &name) {
-  const char *d = getenv("TEST_TMPDIR");
-  std::string p = std::string(d ? d : "/tmp") + "/" + name;
-  unlink(p.c_str());
-  unlink((p + "-wal").c_str());
-  unlink((p + "-shm").c_str());
-  return p;
-}
 
 int64_t Q(mp_store *st, const char *sql) {
   mp_ctx c;
@@ -49,7 +41,7 @@ int64_t OnePlanRun(mp_store *st) {
 }
 
 TEST(TrainStore, Version2MigratesWithItsRows) {
-  const std::string path = TmpPath("v2.db");
+  const std::string path = FreshDbPath("v2.db");
   mp_ctx c;
   mp_ctx_init(&c);
   mp_store *st = nullptr;
@@ -82,7 +74,7 @@ TEST(TrainStore, Version2MigratesWithItsRows) {
 }
 
 TEST(TrainStore, StatusAndStepsOfATrainingRun) {
-  const std::string path = TmpPath("train.db");
+  const std::string path = FreshDbPath("train.db");
   mp_ctx c;
   mp_ctx_init(&c);
   mp_store *st = nullptr;
