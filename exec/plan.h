@@ -418,9 +418,10 @@ int mp_plan_virtual_stages(const mp_plan *p);
 int mp_plan_layer_stage(const mp_plan *p, int64_t layer);
 /* Layers [*l0, *l1) of stage's virtual chunk (empty when the model has no layers there). */
 void mp_plan_chunk_layers(const mp_plan *p, int stage, int chunk, int64_t *l0, int64_t *l1);
-/* The parameter whose values parameter i holds: a tied model's head copy (pp > 1) holds the
- * embedding weight's (one tensor in checkpoints and Hugging Face files); any other holds
- * its own. */
+/* The parameter whose name and values parameter i stores: a tied model's head copy under
+ * a pipeline (the last stage's output.weight) stores the embedding weight it copies
+ * (checkpoints and Hugging Face files hold that tensor once, and the copy loads from it);
+ * any other stores its own. */
 const mp_param *mp_plan_param_source(const mp_plan *p, int i);
 
 /* "none", "selective", "selective-op", "selective-core", "full" ("?" out of range). Inline,

@@ -426,7 +426,7 @@ static mp_status check_names(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_pl
 
 /* Parameter i's tile of every state, from the checkpoint into the runtime. */
 static mp_status load_param(mp_ctx *ctx, mp_runtime *rt, const mp_ckpt_manifest *m, int i, float *buf) {
-  const mp_param *p = mp_runtime_param_stored_as(rt, i); /* a tied head copy: the embedding's */
+  const mp_param *p = mp_plan_param_source(mp_runtime_plan(rt), i); /* a tied head copy: the embedding's */
   int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
   if (mp_runtime_param_tile(rt, i, off, len) == 0) return MP_OK;
   char name[512];

@@ -150,7 +150,7 @@ static mp_status find_tensor(mp_ctx *ctx, const mp_st_set *s, const char *path, 
 
 /* Parameter i's tile: read straight (a 1-D or 2-D tensor), or expert by expert (3-D). */
 static mp_status load_param(mp_ctx *ctx, mp_runtime *rt, const mp_st_set *s, const char *path, int i, float *buf) {
-  const mp_param *p = mp_runtime_param_stored_as(rt, i); /* a tied head copy: the embedding's */
+  const mp_param *p = mp_plan_param_source(mp_runtime_plan(rt), i); /* a tied head copy: the embedding's */
   int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
   if (mp_runtime_param_tile(rt, i, off, len) == 0) return MP_OK;
   char name[512];

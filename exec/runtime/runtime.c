@@ -242,10 +242,6 @@ static int param_place(mp_runtime *rt, int i, int dprep_idx) {
   return has;
 }
 
-const mp_param *mp_runtime_param_stored_as(const mp_runtime *rt, int i) {
-  return mp_plan_param_source(rt->plan, i);
-}
-
 /* Materializes parameter i: the rank's shard only (padded to the group's chunk; the pad
  * rows stay zero), master + grad + m + v, filled by the plan-independent initializer; one
  * that is not sharded also gets its compute copy (X: w itself when X is fp32). */

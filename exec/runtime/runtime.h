@@ -183,10 +183,6 @@ mp_status mp_runtime_write_state(mp_ctx *ctx, mp_runtime *rt, int i, mp_state_ki
  * one copy of them (not a replica over tp, dp_replicate or an FSDP group that does not
  * shard it). */
 int mp_runtime_param_owner(const mp_runtime *rt, int i);
-/* The parameter whose name and values parameter i stores: itself, or for a tied model's
- * head copy under a pipeline (the last stage's output.weight) the embedding it copies.
- * Checkpoints and Hugging Face files hold the embedding once; the copy loads from it. */
-const mp_param *mp_runtime_param_stored_as(const mp_runtime *rt, int i);
 const mp_plan *mp_runtime_plan(const mp_runtime *rt);
 mp_comm *mp_runtime_comm(const mp_runtime *rt);
 

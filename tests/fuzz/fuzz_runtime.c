@@ -21,9 +21,6 @@ mp_status mp_runtime_write_state(mp_ctx *ctx, mp_runtime *rt, int i, mp_state_ki
 
 const mp_plan *mp_runtime_plan(const mp_runtime *rt) { return rt->plan; }
 
-const mp_param *mp_runtime_param_stored_as(const mp_runtime *rt, int i) {
-  return mp_plan_param_source(rt->plan, i);
-}
 
 mp_status mp_runtime_agree(mp_ctx *ctx, mp_runtime *rt, mp_status local, const char *what) {
   (void)ctx, (void)rt, (void)what;
