@@ -212,12 +212,6 @@ mp_status mp_sim_evaluator_runs(mp_ctx *ctx, const mp_sim_evaluator *ev, const m
   mp_ctx_init(&check);
   *runs = mp_runtime_plan_check(&check, p) == MP_OK;
   snprintf(why, cap, "%s", *runs ? "" : mp_errmsg(&check));
-  /* the model's attention, beyond the plan's parallelism: the runtime's kernels attend to
-   * the whole causal prefix (mp_model_window_refusal) */
-  if (*runs && mp_model_window_applies(ev->model, o.seq)) {
-    *runs = 0;
-    mp_model_window_refusal(ev->model, o.seq, why, cap);
-  }
   mp_plan_destroy(p);
   return MP_OK;
 }

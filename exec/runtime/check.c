@@ -3,6 +3,7 @@
 #include "exec/runtime/check.h"
 
 #include "exec/mesh.h"
+#include "exec/model.h"
 
 mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p) {
   const mp_model *m = &p->model;
@@ -37,21 +38,31 @@ mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p) {
   }
   if (mesh->size[MP_DIM_DP_SHARD] > 1 && !(p->applied & MP_PASS_FSDP))
     return mp_error(ctx, MP_ERR_INTERNAL, "mesh %s has dp_shard > 1 but the plan has no FSDP pass", mb);
-  if (m->family != MP_FAMILY_LLAMA)
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: the runtime implements the llama family only "
-                    "(RMSNorm, RoPE, SwiGLU); gpt models are not implemented yet", m->name);
-  if (m->qkv_bias || m->qk_norm || m->bias)
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: q/k/v biases and q/k norms (Qwen2/Qwen3) are not "
-                    "implemented in the runtime yet", m->name);
+  MP_CHECK(mp_runtime_model_check(ctx, m, p->opts.seq));
   if (mesh->size[MP_DIM_TP] > 1 && !p->opts.tp.shard_logits)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "tp=%d with logits gathered over tp (shard_logits=0) is not "
                     "executed; the runtime computes the loss vocab-parallel (the default)", mesh->size[MP_DIM_TP]);
   if (mesh->size[MP_DIM_TP] > 1 && m->tied_embeddings)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s ties its embeddings; with tp > 1 the runtime does not "
                     "execute tied vocab-parallel embedding and head yet", m->name);
+  return MP_OK;
+}
+
+mp_status mp_runtime_model_check(mp_ctx *ctx, const mp_model *m, int64_t seq) {
+  if (m->family != MP_FAMILY_LLAMA)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: the runtime implements the llama family only "
+                    "(RMSNorm, RoPE, SwiGLU); gpt models are not implemented yet", m->name);
+  if (m->qkv_bias || m->qk_norm || m->bias)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: q/k/v biases and q/k norms (Qwen2/Qwen3) are not "
+                    "implemented in the runtime yet", m->name);
   if (m->head_dim % 2)
     return mp_error(ctx, MP_ERR_INVALID, "model %s: RoPE needs an even head_dim (got %lld)", m->name,
                     (long long)m->head_dim);
+  if (mp_model_window_applies(m, seq)) { /* the kernels attend to the whole causal prefix */
+    char why[512];
+    mp_model_window_refusal(m, seq, why, sizeof why);
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "%s", why);
+  }
   return MP_OK;
 }
 

@@ -17,6 +17,11 @@ extern "C" {
  * could execute) with one line on ctx naming the feature or rule and what to do. */
 mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p);
 
+/* The model's part of those rules (its family, biases and norms, RoPE's head_dim, a
+ * sliding window shorter than seq), for a caller that has a model and a sequence length
+ * but no plan yet (train reading its options). mp_runtime_plan_check applies it. */
+mp_status mp_runtime_model_check(mp_ctx *ctx, const mp_model *m, int64_t seq);
+
 #ifdef __cplusplus
 }
 #endif

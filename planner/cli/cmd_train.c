@@ -420,11 +420,7 @@ static mp_status read_request(train_job *j) {
   j->po.micro_batch = 4;
   MP_CHECK(mp_cmd_plan_options(ctx, &k_spec, &j->po));
   MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, &j->model, j->po.seq));
-  if (mp_model_window_applies(&j->model, j->po.seq)) {
-    char why[512];
-    mp_model_window_refusal(&j->model, j->po.seq, why, sizeof why);
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "%s", why);
-  }
+  MP_CHECK(mp_runtime_model_check(ctx, &j->model, j->po.seq));
   MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, j->po.seq, &j->po.global_batch));
   MP_CHECK(read_pp_schedule(j));
   return mp_model_check_step(ctx, &j->model, j->po.seq, j->po.micro_batch, j->po.global_batch);
