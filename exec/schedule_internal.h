@@ -84,6 +84,10 @@ enum {
                       reduce dtype until the stage's last backward */
   BUF_RT_SP_FULL,  /* the runtimes' SP: a region's [N, C] side around its boundary collective */
   BUF_RT_CP,       /* the runtimes' CP: ring attention's state and K, V (and dK, dV) buffers */
+  BUF_LP_SHIFTED,  /* DTensor loss parallel: log_softmax's x - max, fp32 */
+  BUF_LP_EXP,      /* DTensor loss parallel: exp() of it (forward) or of the saved output
+                      (backward), fp32 */
+  BUF_LP_SUM,      /* DTensor loss parallel backward: one-hot plus exp, fp32 */
 };
 
 enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };

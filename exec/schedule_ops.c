@@ -723,18 +723,36 @@ static int64_t head_act_bytes(const shapes *sh) {
 }
 
 /* The loss forward's memory and op under the plan's cross-entropy (mp_loss_impl): on entry
- * the bf16 logits [T, V_loss] are allocated (LOGITS); on exit what backward reads is held. */
+ * the bf16 logits [T, V_loss] are allocated (LOGITS); on exit what backward reads is held.
+ * EAGER with vocab-sharded logits is DTensor's loss_parallel (torchtitan's default with tp > 1;
+ * torch/distributed/tensor/parallel/loss.py), which replaces aten's fused log_softmax and nll
+ * by decomposed element-wise ops on the rank's fp32 [T, V/tp] shard: forward
+ * shifted = x - amax (all-reduced), exp(shifted) summed (all-reduced), result = shifted -
+ * log(sum), so x, shifted and exp(shifted) (then result) are live at once beside the bf16
+ * logits; backward (nll and log_softmax fused) grad_input = zeros_like(x) with -1 scattered,
+ * (grad_input + exp(x)) * grad_output: the saved output, grad_input, the sum and the product
+ * live at once. */
 static void loss_fwd(gen *g) {
   const shapes *sh = &g->sh;
   const int64_t TV = sh->T * sh->V_loss;
   const mp_loss_impl li = g->p->opts.loss;
+  const int dtensor = li == MP_LOSS_EAGER && sh->loss_parallel;
+  double bytes = 10.0 * (double)TV;
   if (li == MP_LOSS_EAGER) {
     pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 1); /* pred.float() */
+    if (dtensor) {
+      pair(g, MP_MEM_LOGITS, BUF_LP_SHIFTED, 4 * TV, 1);
+      pair(g, MP_MEM_LOGITS, BUF_LP_EXP, 4 * TV, 1);
+      pair(g, MP_MEM_LOGITS, BUF_LP_EXP, 4 * TV, 0); /* summed, released */
+      /* the cast 2+4, amax 4, sub 4+4, exp 4+4, sum 4, sub 4+4 bytes per element */
+      bytes = 38.0 * (double)TV;
+    }
     pair(g, MP_MEM_LOGITS, BUF_LOGITS_LSM, 4 * TV, 1); /* log_softmax's output, saved */
+    if (dtensor) pair(g, MP_MEM_LOGITS, BUF_LP_SHIFTED, 4 * TV, 0);
   } else if (li == MP_LOSS_INPLACE) {
     pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 1); /* the softmax, in place, saved */
   }
-  elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), TV, FLOPS_LOSS, 10.0 * (double)TV);
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), TV, FLOPS_LOSS, bytes);
   if (sh->loss_parallel)
     for (int i = 0; i < 3; i++)
       comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)sh->T,
@@ -753,11 +771,22 @@ static void loss_bwd(gen *g) {
   const shapes *sh = &g->sh;
   const int64_t TV = sh->T * sh->V_loss, dl = 2 * sh->T * sh->V_l;
   const mp_loss_impl li = g->p->opts.loss;
-  if (li == MP_LOSS_EAGER) {
+  const int dtensor = li == MP_LOSS_EAGER && sh->loss_parallel;
+  double bytes = 8.0 * (double)TV;
+  if (dtensor) {
+    pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * TV, 1); /* grad_input = zeros_like(x) */
+    pair(g, MP_MEM_LOGITS, BUF_LP_EXP, 4 * TV, 1);      /* exp(x) */
+    pair(g, MP_MEM_LOGITS, BUF_LP_SUM, 4 * TV, 1);      /* grad_input + exp(x) */
+    pair(g, MP_MEM_LOGITS, BUF_LP_EXP, 4 * TV, 0);
+    pair(g, MP_MEM_LOGITS, BUF_DLSM_F32, 4 * TV, 1);    /* ... * grad_output */
+    pair(g, MP_MEM_LOGITS, BUF_LP_SUM, 4 * TV, 0);
+    /* zeros 4, exp 4+4, add 8+4, mul 4+4, the bf16 cast 4+2 bytes per element */
+    bytes = 38.0 * (double)TV;
+  } else if (li == MP_LOSS_EAGER) {
     pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * TV, 1); /* nll_loss's gradient */
     pair(g, MP_MEM_LOGITS, BUF_DLSM_F32, 4 * TV, 1);    /* log_softmax's input gradient */
   }
-  elementwise(g, MP_KERNEL_LOSS, MP_VAR_BWD, head_module(sh), TV, 2.0, 8.0 * (double)TV);
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_BWD, head_module(sh), TV, 2.0, bytes);
   if (li == MP_LOSS_EAGER) {
     pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * TV, 0);
     pair(g, MP_MEM_LOGITS, BUF_LOGITS_LSM, 4 * TV, 0);

@@ -583,3 +583,28 @@ TEST(PlanMemory, TorchtitanLlama8bFsdp8ByteForByte) {
   EXPECT_EQ(alloc, 79537217536LL);
   EXPECT_EQ(r.peak_mem_bytes, (int64_t)((double)alloc * 1.114 + 2.5 * 1073741824.0));
 }
+
+// torchtitan with tp > 1 computes the loss under DTensor's loss_parallel on the rank's
+// vocab shard (torch/distributed/tensor/parallel/loss.py), whose backward is decomposed:
+// the saved fp32 log_softmax output x, grad_input = zeros_like(x), exp(x), their sum and
+// the product with grad_output, four fp32 [T, V/tp] tensors live at once where aten's fused
+// kernels hold three. llama3.1-8b, dp_shard=4 x tp=2, one micro-batch of 2 x 8192 tokens,
+// full AC (the head's backward is the peak): T = 16384, V/tp = 64128, so the logits at the
+// peak are 4 x 4 x 16384 x 64128 = 16,810,770,432 bytes; with the logits gathered over tp
+// instead (shard_logits off: aten's cross-entropy on the full vocab) 3 x 4 x T x 128256 =
+// 25,216,155,648.
+TEST(PlanMemory, TorchtitanLossParallelHoldsFourFp32Shards) {
+  for (int shard = 1; shard >= 0; shard--) {
+    PlanCase s("llama3.1-8b", "h100-8", "dp_shard=4,tp=2");
+    ASSERT_EQ(mp_stack_load(&s.ctx, "torchtitan-eager", &s.prof), MP_OK);
+    ASSERT_EQ(mp_cluster_make(&s.ctx, "h100-96gb-500w", 8, 8, &s.c), MP_OK);
+    mp_stack_plan_options(&s.prof, &s.o);
+    s.o.seq = 8192;
+    s.o.micro_batch = 2;
+    s.o.global_batch = 8;
+    s.o.ac = MP_AC_FULL;
+    s.o.tp.shard_logits = shard;
+    mp_sim_result r = s.Sim();
+    EXPECT_EQ(r.mem_at_peak[MP_MEM_LOGITS], shard ? 16810770432LL : 25216155648LL);
+  }
+}
