@@ -1,6 +1,7 @@
 // sim/stack.h: a stack's kernel efficiencies carried from the GPU it was fitted on to the
 // GPU it is evaluated on (mp_stack_kernel_scale_of, applied in sim/cost.c), each against
-// a hand calculation; fit_gpu's refusals; the shipped profiles' fit GPUs.
+// a hand calculation on the round-number figures (GEMM 0.5, float8 0.25, attention 0.4);
+// fit_gpu's refusals; the shipped profiles' fit GPUs.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -8,36 +9,15 @@
 
 #include "sim/sim.h"
 #include "sim/stack.h"
+#include "tests/sim/round_figures.h"
 
 namespace {
 
-// Round-number stack: GEMM 0.5 at every size, float8 0.25, attention 0.4, no overheads.
-mp_stack_profile Profile() {
-  mp_stack_profile p;
-  memset(&p, 0, sizeof p);
-  snprintf(p.name, sizeof p.name, "test");
-  p.gemm_eff_max = 0.5;
-  p.fp8_gemm_eff_max = 0.25;
-  p.attention_eff = 0.4;
-  p.hbm_eff = 0.5;
-  p.link_eff = 1.0;
-  p.frag_factor = 1.0;
-  return p;
-}
-
-// GPU "y": 1000 TFLOP/s bf16, 2000 fp8, 100 fp32, 1000 GB/s HBM, with kernel fractions
-// bf16 GEMM 0.96, fp8 GEMM 0.6, flash attention 0.62.
+// GPU "y": the round-number cluster's GPU (1000 TFLOP/s bf16, 2000 fp8) with kernel
+// fractions bf16 GEMM 0.96, fp8 GEMM 0.6, flash attention 0.62.
 mp_gpu GpuY() {
-  mp_gpu g;
-  memset(&g, 0, sizeof g);
+  mp_gpu g = Cluster().gpu;
   snprintf(g.name, sizeof g.name, "y");
-  g.peak_tflops[MP_DTYPE_BF16] = g.peak_tflops[MP_DTYPE_FP16] = 1000;
-  g.peak_tflops[MP_DTYPE_FP32] = g.peak_tflops[MP_DTYPE_TF32] = 100;
-  g.peak_tflops[MP_DTYPE_FP8_E4M3] = g.peak_tflops[MP_DTYPE_FP8_E5M2] = 2000;
-  g.mem_gib = 80;
-  g.hbm_GBps = 1000;
-  g.nvlink_GBps_per_dir = 100;
-  g.compute_capability = 90;
   g.kernel_eff = {0.96, 0.6, 0.62};
   return g;
 }
