@@ -115,6 +115,8 @@ mp_status mp_calib_apply_stack_run(mp_ctx *ctx, const mp_calib *c, const mp_cali
                     "cuda again", (long long)c->id);
   stack->gemm_eff_max = f->gemm_eff_max;
   stack->gemm_eff_half_mnk = f->gemm_eff_half_mnk;
+  /* measured on the GPU the stack runs on: no fit GPU to carry the figures from */
+  stack->fit_gpu[0] = '\0';
   /* figures not measured (0) keep the stack's stated ones */
   if (f->fp8_gemm_eff_max > 0) stack->fp8_gemm_eff_max = f->fp8_gemm_eff_max;
   if (f->attention_eff > 0) stack->attention_eff = f->attention_eff;

@@ -50,6 +50,29 @@ static mp_status load_json(mp_ctx *ctx, const char *kind, const char *what, cons
   return mp_json_parse(ctx, text, origin, out);
 }
 
+/* "kernel_eff" (cluster.h, mp_kernel_eff): optional as a whole, a profile without it
+ * stating no kernel fractions; inside it bf16_gemm, flash_attention and a non-empty source
+ * naming where the figures come from are required, fp8_gemm wherever the GPU has an fp8
+ * peak (mp_gpu_validate checks the ranges). */
+static mp_status kernel_eff_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, mp_gpu *g) {
+  const cJSON *ke = cJSON_GetObjectItemCaseSensitive(j, "kernel_eff");
+  if (ke == NULL) return MP_OK;
+  if (!cJSON_IsObject(ke))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: 'kernel_eff' must be an object of bf16_gemm, fp8_gemm, "
+                    "flash_attention and source", origin);
+  char sub[256];
+  snprintf(sub, sizeof sub, "%s: kernel_eff", origin);
+  mp_kernel_eff *k = &g->kernel_eff;
+  MP_CHECK(mp_json_get_f64(ctx, ke, sub, "bf16_gemm", 1, &k->bf16_gemm));
+  MP_CHECK(mp_json_get_f64(ctx, ke, sub, "fp8_gemm", g->peak_tflops[MP_DTYPE_FP8_E4M3] > 0, &k->fp8_gemm));
+  MP_CHECK(mp_json_get_f64(ctx, ke, sub, "flash_attention", 1, &k->flash_attention));
+  const cJSON *src = cJSON_GetObjectItemCaseSensitive(ke, "source");
+  if (!cJSON_IsString(src) || src->valuestring[0] == '\0')
+    return mp_error(ctx, MP_ERR_INVALID, "%s: missing 'source': name the measurements the kernel fractions "
+                    "come from", sub);
+  return MP_OK;
+}
+
 static mp_status gpu_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, mp_gpu *g) {
   memset(g, 0, sizeof *g);
   MP_CHECK(mp_json_get_str(ctx, j, origin, "name", 1, g->name, sizeof g->name));
@@ -74,7 +97,24 @@ static mp_status gpu_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, 
   MP_CHECK(mp_json_get_int(ctx, j, origin, "compute_capability", 0, &g->compute_capability));
   const cJSON *src = cJSON_GetObjectItemCaseSensitive(j, "source");
   if (cJSON_IsString(src)) snprintf(g->source, sizeof g->source, "%s", src->valuestring);
+  MP_CHECK(kernel_eff_from_json(ctx, j, origin, g));
   return mp_gpu_validate(ctx, g, origin);
+}
+
+/* kernel_eff: none stated (all 0), or each figure a fraction of its peak: bf16_gemm and
+ * flash_attention in (0, 1], fp8_gemm in (0, 1] on a GPU with an fp8 peak and 0 on one
+ * without (a fraction of no peak would scale nothing). */
+static mp_status kernel_eff_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin) {
+  const mp_kernel_eff *k = &g->kernel_eff;
+  if (k->bf16_gemm == 0 && k->fp8_gemm == 0 && k->flash_attention == 0) return MP_OK;
+  MP_CHECK(mp_check_f64(ctx, origin, "kernel_eff.bf16_gemm", k->bf16_gemm, 0, 1, MP_RANGE_OPEN_LO));
+  MP_CHECK(mp_check_f64(ctx, origin, "kernel_eff.flash_attention", k->flash_attention, 0, 1, MP_RANGE_OPEN_LO));
+  if (g->peak_tflops[MP_DTYPE_FP8_E4M3] > 0)
+    return mp_check_f64(ctx, origin, "kernel_eff.fp8_gemm", k->fp8_gemm, 0, 1, MP_RANGE_OPEN_LO);
+  if (k->fp8_gemm != 0)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: kernel_eff.fp8_gemm = %g but peak_tflops.fp8 is 0 (no float8 "
+                    "units); drop kernel_eff.fp8_gemm or state the fp8 peak", origin, k->fp8_gemm);
+  return MP_OK;
 }
 
 mp_status mp_gpu_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin) {
@@ -96,8 +136,9 @@ mp_status mp_gpu_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin) {
   /* the overhead must leave memory to plan with */
   MP_CHECK(mp_check_f64(ctx, origin, "runtime_overhead_gib", g->runtime_overhead_gib, 0, g->mem_gib,
                         MP_RANGE_OPEN_HI));
-  return mp_check_i64(ctx, origin, "compute_capability", g->compute_capability, 0,
-                      MP_LIM_COMPUTE_CAPABILITY);
+  MP_CHECK(mp_check_i64(ctx, origin, "compute_capability", g->compute_capability, 0,
+                        MP_LIM_COMPUTE_CAPABILITY));
+  return kernel_eff_validate(ctx, g, origin);
 }
 
 mp_status mp_cluster_validate(mp_ctx *ctx, const mp_cluster *c, const char *origin) {

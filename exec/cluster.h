@@ -27,6 +27,16 @@ typedef enum mp_dtype {
 int mp_dtype_bytes(mp_dtype t);
 const char *mp_dtype_name(mp_dtype t);
 
+/* The fraction of a GPU's dense peak that the reference kernels reach on it, from
+ * published measurements (each GPU profile's "kernel_eff" object names its sources): a
+ * stack's efficiencies are fractions of peak on the GPU it was fitted on, and these carry
+ * them to another GPU (sim/stack.h, mp_stack_kernel_scale). 0: not stated. */
+typedef struct mp_kernel_eff {
+  double bf16_gemm;       /* large bf16 GEMMs (cuBLAS), of the bf16 peak */
+  double fp8_gemm;        /* large float8 GEMMs, of the fp8 peak; 0 without fp8 units */
+  double flash_attention; /* FlashAttention-2 forward + backward, causal, of the bf16 peak */
+} mp_kernel_eff;
+
 typedef struct mp_gpu {
   char name[64];
   double peak_tflops[MP_DTYPE_COUNT]; /* dense; float8 dtypes share the fp8 figure */
@@ -36,6 +46,7 @@ typedef struct mp_gpu {
   double runtime_overhead_gib; /* CUDA context, NCCL buffers, allocator reserve */
   int compute_capability;      /* 90 for sm_90; 0 for the CPU profile */
   char source[256];
+  mp_kernel_eff kernel_eff;    /* all 0: the profile states none (JSON "kernel_eff" absent) */
 } mp_gpu;
 
 typedef struct mp_cluster {
@@ -67,7 +78,9 @@ mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int64_t n_gpus, int64_t 
 /* The ranges of common/limits.h, each failure naming the field, its value and the range:
  * peaks (TFLOP/s) in (0, 1e5] (fp8: [0, 1e5], 0 when there is none), mem_gib in
  * (0, 65536], hbm_GBps in (0, 1e6], nvlink_GBps_per_dir in (0, 1e5], runtime_overhead_gib
- * in [0, mem_gib), compute_capability in 0..200; a cluster's gpus_per_node in 1..4096 and
+ * in [0, mem_gib), compute_capability in 0..200, kernel_eff's fractions in [0, 1] (all
+ * three 0, or bf16_gemm and flash_attention in (0, 1] and fp8_gemm in (0, 1] exactly when
+ * the fp8 peak is positive); a cluster's gpus_per_node in 1..4096 and
  * at most 2^20 GPUs, link bandwidths in (0, 1e5] (a link without bandwidth is refused, not
  * costed as free), latencies in [0, 1e6] us, price in [0, 1e4]. The loaders call them; so
  * must code that changes a loaded profile from user input. */

@@ -5,7 +5,9 @@
  * bytes / (HBM x hbm_eff)) + the stack's kernel overhead. A GEMM's efficiency follows the
  * curve eff_max x / (x + half_mnk) of its size x = m n k, times the stack's by-shape
  * correction where it has one (sim/gemm_table.h); attention runs at the bf16 peak x
- * attention_eff; element-wise ops, norms and the optimizer at the fp32 peak (CUDA cores).
+ * attention_eff, the three efficiencies carried from the stack's fit GPU to this one by
+ * the ratio of their kernel fractions (sim/stack.h, mp_stack_kernel_scale_of);
+ * element-wise ops, norms and the optimizer at the fp32 peak (CUDA cores).
  * Communication ops: the alpha-beta model of sim/network.c on the link of the op's
  * group, with the stack's link efficiency and per-collective overhead.
  *
@@ -41,15 +43,25 @@ typedef struct op_costs {
   double hbm_k[MP_KERNEL_COUNT];   /* per kernel class: hbm, or its own efficiency's */
 } op_costs;
 
+/* An efficiency carried from the stack's fit GPU to this one (sim/stack.h): eff x ratio,
+ * at most the whole peak. A ratio of 1 (the fit GPU, or no fit GPU) leaves eff to the bit. */
+static double carried_eff(double eff, double ratio) {
+  const double e = eff * ratio;
+  return e > 1.0 ? 1.0 : e;
+}
+
 static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *p) {
   k->hbm = g->hbm_GBps * 1e9 * p->hbm_eff;
   for (int d = 0; d < MP_DTYPE_COUNT; d++) {
     k->peak[d] = mp_sim_peak_flops(g, d);
     k->has_peak[d] = !(g->peak_tflops[d] <= 0);
   }
-  k->attn_rate = mp_sim_peak_flops(g, MP_DTYPE_BF16) * p->attention_eff;
-  k->gemm_eff_max = p->gemm_eff_max;
-  k->fp8_gemm_eff_max = p->fp8_gemm_eff_max;
+  /* the one place a stack's kernel efficiencies meet the GPU they run on */
+  mp_stack_kernel_scale sc;
+  mp_stack_kernel_scale_of(p, g, &sc);
+  k->attn_rate = mp_sim_peak_flops(g, MP_DTYPE_BF16) * carried_eff(p->attention_eff, sc.flash);
+  k->gemm_eff_max = carried_eff(p->gemm_eff_max, sc.gemm);
+  k->fp8_gemm_eff_max = carried_eff(p->fp8_gemm_eff_max, sc.fp8_gemm);
   k->half_mnk = p->gemm_eff_half_mnk;
   k->kernel_overhead_s = p->kernel_overhead_s;
   k->gemm_table = p->gemm_table;

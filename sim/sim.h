@@ -83,6 +83,14 @@ typedef struct mp_stack_profile {
   unsigned ac_policies; /* bit 1 << mp_ac_mode */
   int dp_overlap;       /* JSON "dp_overlap", optional (default false): the megatron memory
                            model's gradient all-reduces overlap the backward */
+  /* The GPU the efficiencies above were fitted on (JSON "fit_gpu", optional: a data/gpus
+   * stem) and that GPU's reference kernel fractions, read from its profile when the stack
+   * is loaded. gemm_eff_max, fp8_gemm_eff_max and attention_eff are fractions of peak on
+   * that GPU; on another the simulator scales them by the ratio of the two GPUs' kernel
+   * fractions (sim/stack.h, mp_stack_kernel_scale). "": stated for every GPU as they are
+   * (meshplan's runtimes; a calibration, measured on the GPU it runs on). */
+  char fit_gpu[64];
+  mp_kernel_eff fit_kernel_eff;
 } mp_stack_profile;
 
 typedef struct mp_sim_config {

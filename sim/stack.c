@@ -73,6 +73,25 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
   return MP_OK;
 }
 
+/* "fit_gpu" (optional): the data/gpus profile the efficiencies were fitted on, whose
+ * kernel fractions it must state (mp_stack_kernel_scale_of divides by them). */
+static mp_status read_fit_gpu(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
+  MP_CHECK(mp_json_get_str(ctx, j, origin, "fit_gpu", 0, p->fit_gpu, sizeof p->fit_gpu));
+  if (p->fit_gpu[0] == '\0') return MP_OK;
+  mp_gpu g;
+  mp_status st = mp_gpu_load(ctx, p->fit_gpu, &g);
+  if (st != MP_OK) {
+    mp_error_prefix(ctx, "%s: key 'fit_gpu'", origin);
+    return st;
+  }
+  if (!(g.kernel_eff.bf16_gemm > 0))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: fit_gpu '%s' states no kernel_eff, so the stack's efficiencies "
+                    "cannot be carried to other GPUs; add kernel_eff to that GPU profile or drop fit_gpu",
+                    origin, p->fit_gpu);
+  p->fit_kernel_eff = g.kernel_eff;
+  return MP_OK;
+}
+
 mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
                              mp_stack_profile *out) {
   cJSON *j = NULL;
@@ -120,12 +139,53 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
     goto done;
   }
   MP_CHECK_GOTO(read_runs(ctx, j, origin, &p), st, done);
+  MP_CHECK_GOTO(read_fit_gpu(ctx, j, origin, &p), st, done);
   p.kernel_overhead_s = kern_us * 1e-6;
   p.comm_overhead_s = comm_us * 1e-6;
   *out = p;
 done:
   cJSON_Delete(j);
   return st;
+}
+
+/* on / fit, or 1 where either is not stated */
+static double eff_ratio(double on, double fit) { return on > 0 && fit > 0 ? on / fit : 1.0; }
+
+void mp_stack_kernel_scale_of(const mp_stack_profile *p, const mp_gpu *g, mp_stack_kernel_scale *out) {
+  out->gemm = out->fp8_gemm = out->flash = 1.0;
+  out->scaled = p->fit_gpu[0] != '\0' && strcmp(p->fit_gpu, g->name) != 0;
+  if (p->fit_gpu[0] == '\0') return;
+  /* on the fit GPU itself each ratio is x / x, exactly 1 */
+  out->gemm = eff_ratio(g->kernel_eff.bf16_gemm, p->fit_kernel_eff.bf16_gemm);
+  out->fp8_gemm = eff_ratio(g->kernel_eff.fp8_gemm, p->fit_kernel_eff.fp8_gemm);
+  out->flash = eff_ratio(g->kernel_eff.flash_attention, p->fit_kernel_eff.flash_attention);
+}
+
+void mp_stack_kernel_scale_format(const mp_stack_profile *p, const mp_gpu *g, char *buf, size_t cap) {
+  if (p->fit_gpu[0] == '\0') {
+    snprintf(buf, cap, "%s: efficiencies as stated on every GPU (no fit GPU)", p->name);
+    return;
+  }
+  mp_stack_kernel_scale k;
+  mp_stack_kernel_scale_of(p, g, &k);
+  if (!k.scaled) {
+    snprintf(buf, cap, "%s fitted on %s: efficiencies as stated", p->name, p->fit_gpu);
+    return;
+  }
+  if (!(g->kernel_eff.bf16_gemm > 0)) {
+    snprintf(buf, cap, "%s fitted on %s; %s states no kernel_eff: efficiencies as stated", p->name, p->fit_gpu,
+             g->name);
+    return;
+  }
+  int n = snprintf(buf, cap, "%s fitted on %s; on %s GEMM x%.3f, flash attention x%.3f, fp8 GEMM ", p->name,
+                   p->fit_gpu, g->name, k.gemm, k.flash);
+  if (n < 0 || (size_t)n >= cap) return;
+  if (!(g->peak_tflops[MP_DTYPE_FP8_E4M3] > 0))
+    snprintf(buf + n, cap - (size_t)n, "as bf16 (%s has no fp8 units)", g->name);
+  else if (!(p->fit_kernel_eff.fp8_gemm > 0))
+    snprintf(buf + n, cap - (size_t)n, "as stated (%s has no fp8 units to fit it on)", p->fit_gpu);
+  else
+    snprintf(buf + n, cap - (size_t)n, "x%.3f", k.fp8_gemm);
 }
 
 void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o) {

@@ -8,8 +8,22 @@
  * comm_overhead_us, frag_factor, source. Efficiencies lie in (0, 1]; frag_factor in
  * [1, 16]; overheads in [0, 1e6] us; gemm_eff_half_mnk in [0, 1e18] (common/limits.h).
  * Optional: saved_act_factor, memory_model ("torchtitan", "meshplan-cpu", "meshplan-cuda" or
- * "megatron"), attention, loss, sequence_parallel, ac_policies (sim.h's mp_stack_profile
- * says what each means). */
+ * "megatron"), attention, loss, sequence_parallel, ac_policies, fit_gpu (sim.h's
+ * mp_stack_profile says what each means).
+ *
+ * Kernel efficiencies across GPUs. A stack's GEMM, float8 GEMM and attention efficiencies
+ * are fitted on one GPU (fit_gpu) as fractions of that GPU's peak. The same kernels reach
+ * different fractions of peak on different GPUs (cuBLAS: 86.9 % of the A100's bf16 peak,
+ * 80.3 % of the H100 SXM's; FlashAttention-2: 50-73 % of the A100's, about 35 % of the
+ * H100's), so each GPU profile states the fractions the reference kernels reach on it
+ * (exec/cluster.h, mp_kernel_eff, with sources) and a stack evaluated on GPU g runs at
+ *
+ *   eff_on_g = min(1, eff_fitted x kernel_eff(g) / kernel_eff(fit_gpu))
+ *
+ * per kernel class: GEMMs (and the batched GEMMs of materialized attention) by the bf16
+ * GEMM ratio, float8 GEMMs by the fp8 ratio, flash attention by the flash ratio. The
+ * stack's own share (framework overhead, fusion, the overlap with communication) carries
+ * across unchanged. A class is left as stated where either GPU states no figure for it. */
 #ifndef MP_SIM_STACK_H
 #define MP_SIM_STACK_H
 
@@ -27,6 +41,23 @@ extern "C" {
  * meshplan-cuda keeps fp32 masters and gathers bf16. Other options are left as they
  * are. */
 void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o);
+
+/* The multipliers mp_stack_kernel_scale gives for a stack on a GPU. */
+typedef struct mp_stack_kernel_scale {
+  double gemm;  /* on gemm_eff_max (bf16/fp16 GEMMs, materialized attention's GEMMs, and
+                   float8 GEMMs on a GPU without fp8 units, which run as bf16) */
+  double fp8_gemm; /* on fp8_gemm_eff_max */
+  double flash;    /* on attention_eff */
+  int scaled;      /* the stack names a fit GPU other than g (multipliers may still be 1) */
+} mp_stack_kernel_scale;
+
+/* The kernel-efficiency ratios of stack p evaluated on GPU g (the rule above): each 1 when
+ * p names no fit GPU, when g is that GPU, or when either states no figure for the class. */
+void mp_stack_kernel_scale_of(const mp_stack_profile *p, const mp_gpu *g, mp_stack_kernel_scale *out);
+/* One line for a user: "torchtitan-eager fitted on h100-96gb-500w; on a100-80gb-sxm GEMM
+ * x1.082, flash attention x1.771, fp8 GEMM x1 (a100-80gb-sxm has no fp8 units)", or
+ * "meshplan-cuda: efficiencies as stated on every GPU (no fit GPU)". */
+void mp_stack_kernel_scale_format(const mp_stack_profile *p, const mp_gpu *g, char *buf, size_t cap);
 
 /* By name (data/stacks stem, e.g. "torchtitan-eager") or path to a JSON file. */
 mp_status mp_stack_load(mp_ctx *ctx, const char *name_or_path, mp_stack_profile *out);

@@ -9,6 +9,7 @@
 #include "exec/comm/comm.h"
 #include "planner/batch.h"
 #include "planner/cli/commands.h"
+#include "sim/stack.h"
 
 /* The running command's name, for the prefix of its messages (one command per process). */
 static const char *g_command = NULL;
@@ -136,6 +137,25 @@ int mp_cmd_print_json(cJSON *root) {
   printf("%s\n", text);
   free(text);
   return 0;
+}
+
+cJSON *mp_cmd_kernel_scale_json(const mp_stack_profile *p, const mp_gpu *g) {
+  mp_stack_kernel_scale k;
+  mp_stack_kernel_scale_of(p, g, &k);
+  char line[512];
+  mp_stack_kernel_scale_format(p, g, line, sizeof line);
+  cJSON *o = cJSON_CreateObject();
+  if (o == NULL) return NULL;
+  cJSON_AddStringToObject(o, "stack", p->name);
+  if (p->fit_gpu[0]) cJSON_AddStringToObject(o, "fit_gpu", p->fit_gpu);
+  else cJSON_AddNullToObject(o, "fit_gpu");
+  cJSON_AddStringToObject(o, "gpu", g->name);
+  cJSON_AddBoolToObject(o, "scaled", k.scaled);
+  cJSON_AddNumberToObject(o, "gemm", k.gemm);
+  cJSON_AddNumberToObject(o, "fp8_gemm", k.fp8_gemm);
+  cJSON_AddNumberToObject(o, "flash_attention", k.flash);
+  cJSON_AddStringToObject(o, "line", line);
+  return o;
 }
 
 const char *mp_cmd_db_path(const mp_cmd_spec *spec) {

@@ -129,6 +129,8 @@ typedef struct explain {
   mp_sim_busy busy;    /* the predicted step's busy time by class */
   mp_sim_result res;   /* the predicted step */
   char predicted_on[200]; /* "8 x h100-sxm, stack torchtitan-compile" */
+  char kernels[512];      /* how the stack's kernel efficiencies carry to the GPU (sim/stack.h) */
+  cJSON *kernels_json;    /* the same for --json (mp_cmd_kernel_scale_json), owned */
   int64_t local_batch; /* sequences per data-parallel rank per step */
   int64_t n_micro;     /* micro-batches per step */
 } explain;
@@ -468,6 +470,8 @@ static mp_status build_schedule(mp_ctx *ctx, explain *e, mp_arena **arena, mp_sc
   mp_sim_trace_destroy(t);
   snprintf(e->predicted_on, sizeof e->predicted_on, "%d x %s, stack %s", mp_cluster_n_gpus(&c), c.gpu.name,
            prof.name);
+  mp_stack_kernel_scale_format(&prof, &c.gpu, e->kernels, sizeof e->kernels);
+  e->kernels_json = mp_cmd_kernel_scale_json(&prof, &c.gpu);
   return MP_OK;
 }
 
@@ -490,6 +494,7 @@ static void print_summary(const explain *e) {
   fmt_time(r->exposed_comm_s, c, sizeof c);
   printf("\npredicted step of rank %d on %s: %s (compute %s, exposed communication %s), %.0f tokens/s per GPU, "
          "MFU %.1f %%\n", e->rank, e->predicted_on, a, b, c, r->tokens_per_s_per_gpu, 100.0 * r->mfu);
+  printf("  kernels: %s\n", e->kernels);
   typedef struct { const char *what; double s; int64_t n; } line;
   line ls[MP_KERNEL_COUNT + MP_GROUP_COUNT];
   int n = 0;
@@ -525,6 +530,7 @@ static void print_schedule(const explain *e, const mp_schedule *s) {
          "ops with the prologue and optimizer, durations predicted on %s\n",
          s->rank, s->pp_stage, (long long)s->n_micro, (long long)s->micro_batch, (long long)s->seq,
          e->predicted_on);
+  printf("  kernels: %s\n", e->kernels);
   printf("  %6s %-9s %-7s %-10s %10s  %-44s %s\n", "#", "phase", "stream", "op", "predicted", "name", "details");
   mp_schedule_iter it;
   mp_schedule_iter_begin(s, &it);
@@ -569,6 +575,7 @@ static void print_schedule(const explain *e, const mp_schedule *s) {
 static cJSON *schedule_json(const explain *e, const mp_schedule *s) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "predicted_on", e->predicted_on);
+  if (e->kernels_json) cJSON_AddItemReferenceToObject(o, "kernels", e->kernels_json);
   cJSON_AddNumberToObject(o, "predicted_step_s", e->res.step_time_s);
   cJSON_AddNumberToObject(o, "rank", s->rank);
   cJSON_AddNumberToObject(o, "pp_stage", s->pp_stage);
@@ -836,6 +843,7 @@ static int run_explain(mp_ctx *ctx, const mp_cmd_call *call) {
   else
     print_text(&e, prm, sched);
 out:
+  cJSON_Delete(e.kernels_json);
   mp_arena_destroy(sarena);
   mp_plan_destroy(e.plan);
   return st != MP_OK ? mp_cmd_fail(ctx, st) : 0;

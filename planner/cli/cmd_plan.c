@@ -422,6 +422,7 @@ static void print_json(const plan_view *v) {
   cJSON_AddStringToObject(root, "gpu", a->c.gpu.name);
   cJSON_AddNumberToObject(root, "n_gpus", mp_cluster_n_gpus(&a->c));
   cJSON_AddStringToObject(root, "stack", v->ev->stack.name);
+  cJSON_AddItemToObject(root, "kernels", mp_cmd_kernel_scale_json(&v->ev->stack, &a->c.gpu));
   cJSON_AddNumberToObject(root, "seq", (double)a->seq);
   if (a->target_seqs > 0) {
     cJSON_AddNumberToObject(root, "batch_target", (double)a->target_seqs);

@@ -100,7 +100,10 @@ static void print_text(const mp_sim_result *r, const mp_model *m, const mp_clust
   printf("plan    %s on %s: mesh %s, ac %s%s%s, seq %lld, micro-batch %lld, global batch %lld\n",
          m->name, c->name, ms, ac, o->fp8 ? ", fp8" : "", more, (long long)o->seq,
          (long long)o->micro_batch, (long long)o->global_batch);
+  char kern[512];
+  mp_stack_kernel_scale_format(prof, &c->gpu, kern, sizeof kern);
   printf("stack   %s\n", prof->name);
+  printf("kernels %s\n", kern);
   printf("step    %.4f s   %.0f tokens/s per GPU   MFU %.1f %%\n", r->step_time_s,
          r->tokens_per_s_per_gpu, 100.0 * r->mfu);
   printf("time    compute %.4f s   exposed comm %.4f s   bubble %.4f s   optimizer %.4f s\n",
@@ -139,6 +142,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   cJSON_AddNumberToObject(j, "micro_batch", (double)o->micro_batch);
   cJSON_AddNumberToObject(j, "global_batch", (double)o->global_batch);
   cJSON_AddStringToObject(j, "stack", prof->name);
+  cJSON_AddItemToObject(j, "kernels", mp_cmd_kernel_scale_json(prof, &c->gpu));
   cJSON_AddNumberToObject(j, "step_time_s", r->step_time_s);
   cJSON_AddNumberToObject(j, "tokens_per_s_per_gpu", r->tokens_per_s_per_gpu);
   cJSON_AddNumberToObject(j, "mfu", r->mfu);

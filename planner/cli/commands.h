@@ -83,6 +83,12 @@ const char *mp_cmd_db_path(const mp_cmd_spec *spec);
  * 1 when root is NULL or cannot be printed (out of memory). */
 struct cJSON;
 int mp_cmd_print_json(struct cJSON *root);
+/* Stack p's kernel efficiencies as carried to GPU g (sim/stack.h, mp_stack_kernel_scale_of),
+ * for --json: {"stack", "fit_gpu" (null: stated for every GPU), "gpu", "scaled", the
+ * multipliers "gemm", "fp8_gemm", "flash_attention", and "line", what the text output
+ * prints}. NULL when out of memory. */
+struct mp_stack_profile;
+struct cJSON *mp_cmd_kernel_scale_json(const struct mp_stack_profile *p, const mp_gpu *g);
 /* How this process was launched, read before MPI_Init from the launcher's environment
  * (OpenMPI's OMPI_COMM_WORLD_SIZE/RANK, else PMI_SIZE/RANK as Slurm and MPICH set them):
  * under_mpi 0 with world 1, rank 0 when it runs alone. */

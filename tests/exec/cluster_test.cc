@@ -214,6 +214,79 @@ TEST(Cluster, OutOfRangeGpuFieldsAreRefused) {
   }
 }
 
+// The fractions of peak the reference kernels reach, as the GPU profiles cite them:
+// Bekman's MAMF table (bf16 and fp8 torch.matmul over the datasheet peak), FlashAttention-2
+// on the A100 (Dao 2023: 50-73 %, 0.62 stated) and on the H100 (Shah et al. 2024: 35 %).
+TEST(Cluster, KernelFractionsFromTheirSources) {
+  struct { const char *gpu; double bf16, fp8, flash; } want[] = {
+      {"a100-80gb-sxm", 0.869, 0.0, 0.62},  // 271.2 / 312; no fp8 units
+      {"h100-sxm", 0.803, 0.709, 0.35},     // 794.5 / 989, 1402.6 / 1979
+      {"h100-96gb-500w", 0.803, 0.709, 0.35},  // the same silicon and kernels as the SXM
+      {"h200", 0.803, 0.734, 0.35},         // "H200 is the same" (bf16); 1453.4 / 1979
+      {"b200", 0.776, 0.763, 0.35},         // 1745 / 2250, 3432.5 / 4500; flash: the H100's
+  };
+  for (auto &w : want) {
+    SCOPED_TRACE(w.gpu);
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_gpu g;
+    ASSERT_EQ(mp_gpu_load(&ctx, w.gpu, &g), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_DOUBLE_EQ(g.kernel_eff.bf16_gemm, w.bf16);
+    EXPECT_DOUBLE_EQ(g.kernel_eff.fp8_gemm, w.fp8);
+    EXPECT_DOUBLE_EQ(g.kernel_eff.flash_attention, w.flash);
+    EXPECT_NE(strstr(mp_data_find("gpus", w.gpu), "\"kernel_eff\": {"), nullptr);
+  }
+  // the CPU profile states none: no stack is carried to or from it
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_gpu cpu;
+  ASSERT_EQ(mp_gpu_load(&ctx, "cpu", &cpu), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(cpu.kernel_eff.bf16_gemm, 0.0);
+  EXPECT_EQ(cpu.kernel_eff.flash_attention, 0.0);
+}
+
+TEST(Cluster, BadKernelFractionsAreRefused) {
+  const std::string head = "{\"name\": \"g\", \"peak_tflops\": {\"bf16\": 989, \"fp32\": 67%s}, "
+                           "\"mem_gib\": 80, \"hbm_GBps\": 3350, \"nvlink_GBps_per_dir\": 450, ";
+  auto gpu = [&](const std::string &fp8, const std::string &ke) {
+    std::string h = head;
+    h.replace(h.find("%s"), 2, fp8);
+    return h + "\"kernel_eff\": " + ke + "}";
+  };
+  const std::string src = ", \"source\": \"s\"}";
+  struct { std::string text, want; } cases[] = {
+      {gpu("", "{\"bf16_gemm\": 1.5, \"flash_attention\": 0.3" + src),
+       "g.json: kernel_eff.bf16_gemm = 1.5 is out of range; accepted (0, 1]"},
+      {gpu("", "{\"bf16_gemm\": 0.8, \"flash_attention\": 0" + src),
+       "g.json: kernel_eff.flash_attention = 0 is out of range; accepted (0, 1]"},
+      {gpu("", "{\"bf16_gemm\": 0.8" + src), "g.json: kernel_eff: missing required key 'flash_attention'"},
+      {gpu(", \"fp8\": 1979", "{\"bf16_gemm\": 0.8, \"flash_attention\": 0.3" + src),
+       "g.json: kernel_eff: missing required key 'fp8_gemm'"},
+      {gpu("", "{\"bf16_gemm\": 0.8, \"fp8_gemm\": 0.7, \"flash_attention\": 0.3" + src),
+       "g.json: kernel_eff.fp8_gemm = 0.7 but peak_tflops.fp8 is 0 (no float8 units); drop kernel_eff.fp8_gemm "
+       "or state the fp8 peak"},
+      {gpu("", "{\"bf16_gemm\": 0.8, \"flash_attention\": 0.3}"),
+       "g.json: kernel_eff: missing 'source': name the measurements the kernel fractions come from"},
+      {gpu("", "0.8"), "g.json: 'kernel_eff' must be an object of bf16_gemm, fp8_gemm, flash_attention and source"},
+  };
+  for (auto &c : cases) {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_gpu g;
+    EXPECT_EQ(mp_gpu_from_text(&ctx, c.text.c_str(), "g.json", &g), MP_ERR_INVALID) << c.text;
+    EXPECT_EQ(std::string(mp_errmsg(&ctx)), c.want) << c.text;
+  }
+  // a GPU profile without kernel_eff loads, stating none
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_gpu g;
+  std::string none = head;
+  none.replace(none.find("%s"), 2, "");
+  none.replace(none.rfind(", "), 2, "}");
+  ASSERT_EQ(mp_gpu_from_text(&ctx, none.c_str(), "g.json", &g), MP_OK) << mp_errmsg(&ctx) << none;
+  EXPECT_EQ(g.kernel_eff.bf16_gemm, 0.0);
+}
+
 TEST(Cluster, MakeBoundsTheGpuCount) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);

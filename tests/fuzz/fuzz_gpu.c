@@ -1,5 +1,6 @@
 /* libFuzzer harness: the GPU profile loader (`--gpu FILE`). An accepted profile must hold
- * finite, positive peaks, memory and bandwidths, and leave memory to plan with. */
+ * finite, positive peaks, memory and bandwidths, leave memory to plan with, and state its
+ * kernel fractions whole or not at all. */
 #include <math.h>
 
 #include "exec/cluster.h"
@@ -20,6 +21,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const double cap = (g.mem_gib - g.runtime_overhead_gib) * 1073741824.0;
     FUZZ_ASSERT(cap > 0 && cap < 9.2e18);
     (void)mp_gpu_has_float8(&g);
+    /* kernel fractions: none stated, or bf16 GEMM and flash attention in (0, 1] and an fp8
+     * fraction exactly where there is an fp8 peak */
+    const mp_kernel_eff *k = &g.kernel_eff;
+    FUZZ_ASSERT(k->bf16_gemm >= 0 && k->bf16_gemm <= 1 && k->fp8_gemm >= 0 && k->fp8_gemm <= 1 &&
+                k->flash_attention >= 0 && k->flash_attention <= 1);
+    FUZZ_ASSERT((k->bf16_gemm > 0) == (k->flash_attention > 0));
+    if (k->bf16_gemm > 0) FUZZ_ASSERT((k->fp8_gemm > 0) == (g.peak_tflops[MP_DTYPE_FP8_E4M3] > 0));
   }
   free(text);
   return 0;

@@ -1,5 +1,6 @@
 /* libFuzzer harness: the stack profile loader (`--stack FILE`). An accepted profile must
- * hold efficiencies in (0, 1], overheads >= 0, a fragmentation factor >= 1, all finite. */
+ * hold efficiencies in (0, 1], overheads >= 0, a fragmentation factor >= 1, all finite, and
+ * the kernel fractions of the fit GPU it names. */
 #include <math.h>
 
 #include "sim/stack.h"
@@ -20,6 +21,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_ASSERT(p.kernel_overhead_s >= 0 && p.comm_overhead_s >= 0 && isfinite(p.kernel_overhead_s));
     FUZZ_ASSERT(p.frag_factor >= 1 && isfinite(p.frag_factor));
     FUZZ_ASSERT(p.gemm_table == NULL && p.fp8_gemm_table == NULL);
+    /* a fit GPU always brings the kernel fractions the scaling divides by */
+    FUZZ_ASSERT(p.fit_gpu[0] == '\0' ? p.fit_kernel_eff.bf16_gemm == 0 : p.fit_kernel_eff.bf16_gemm > 0);
   }
   free(text);
   return 0;

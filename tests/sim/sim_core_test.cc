@@ -12,51 +12,12 @@
 #include "sim/gemm_table.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
+#include "tests/sim/round_figures.h"
 
 namespace {
 
 const double kGiB = 1073741824.0;
 
-// A stack profile with round numbers so hand calculations stay simple.
-mp_stack_profile Profile() {
-  mp_stack_profile p;
-  memset(&p, 0, sizeof p);
-  snprintf(p.name, sizeof p.name, "test");
-  p.gemm_eff_max = 0.5;
-  p.gemm_eff_half_mnk = 0.0;
-  p.fp8_gemm_eff_max = 0.25;
-  p.attention_eff = 0.4;
-  p.hbm_eff = 0.5;
-  p.link_eff = 1.0;
-  p.kernel_overhead_s = 0.0;
-  p.comm_overhead_s = 0.0;
-  p.frag_factor = 1.0;
-  return p;
-}
-
-// One node of 8 GPUs: 1000 TFLOP/s bf16, 2000 fp8, 100 fp32, 1000 GB/s HBM, 80 GiB,
-// NVLink 100 GB/s, 10 GB/s between nodes (80 Gbit/s), latencies 0.
-mp_cluster Cluster(int gpus = 8, int per_node = 8) {
-  mp_cluster c;
-  memset(&c, 0, sizeof c);
-  snprintf(c.name, sizeof c.name, "test");
-  c.gpu.peak_tflops[MP_DTYPE_BF16] = 1000;
-  c.gpu.peak_tflops[MP_DTYPE_FP16] = 1000;
-  c.gpu.peak_tflops[MP_DTYPE_FP32] = 100;
-  c.gpu.peak_tflops[MP_DTYPE_TF32] = 100;
-  c.gpu.peak_tflops[MP_DTYPE_FP8_E4M3] = 2000;
-  c.gpu.peak_tflops[MP_DTYPE_FP8_E5M2] = 2000;
-  c.gpu.mem_gib = 80;
-  c.gpu.hbm_GBps = 1000;
-  c.gpu.nvlink_GBps_per_dir = 100;
-  c.gpu.runtime_overhead_gib = 0;
-  c.gpu.compute_capability = 90;
-  c.gpus_per_node = per_node;
-  c.n_nodes = gpus / per_node;
-  c.intra_node_GBps_per_gpu = 100;
-  c.inter_node_Gbitps_per_gpu = 80;
-  return c;
-}
 
 // Builds schedules op by op.
 struct Builder {

@@ -1,0 +1,246 @@
+// sim/stack.h: a stack's kernel efficiencies carried from the GPU it was fitted on to the
+// GPU it is evaluated on (mp_stack_kernel_scale_of, applied in sim/cost.c), each against
+// a hand calculation on the round-number figures (GEMM 0.5, float8 0.25, attention 0.4);
+// fit_gpu's refusals; the shipped profiles' fit GPUs.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "sim/sim.h"
+#include "sim/stack.h"
+#include "tests/sim/round_figures.h"
+
+namespace {
+
+// GPU "y": the round-number cluster's GPU (1000 TFLOP/s bf16, 2000 fp8) with kernel
+// fractions bf16 GEMM 0.96, fp8 GEMM 0.6, flash attention 0.62.
+mp_gpu GpuY() {
+  mp_gpu g = Cluster().gpu;
+  snprintf(g.name, sizeof g.name, "y");
+  g.kernel_eff = {0.96, 0.6, 0.62};
+  return g;
+}
+
+// A GEMM of 8192 x 4096 x 4096 (2.749e11 FLOP per batch entry) with a token byte count,
+// so the roofline's max is always its FLOP time.
+mp_op Gemm(mp_dtype dt = MP_DTYPE_BF16, int64_t batch = 1) {
+  mp_op o;
+  memset(&o, 0, sizeof o);
+  o.type = MP_OP_COMPUTE;
+  o.kernel = MP_KERNEL_GEMM;
+  o.dtype = dt;
+  o.m = 8192, o.n = 4096, o.k = 4096, o.batch = batch;
+  o.flops = 2.0 * 8192 * 4096 * 4096 * (double)batch;
+  o.bytes = 1e3;  // compute-bound
+  return o;
+}
+
+mp_op Attention() {
+  mp_op o;
+  memset(&o, 0, sizeof o);
+  o.type = MP_OP_COMPUTE;
+  o.kernel = MP_KERNEL_ATTENTION;
+  o.dtype = MP_DTYPE_BF16;
+  o.flops = 4e12;
+  o.bytes = 1e3;
+  return o;
+}
+
+// A stack fitted on GPU "x" (kernel fractions bf16 GEMM 0.8, fp8 GEMM 0.75, flash 0.31)
+// evaluated on GPU "y": each efficiency times y's fraction over x's.
+TEST(KernelScale, HandExampleAcrossGpus) {
+  mp_stack_profile p = Profile();
+  snprintf(p.fit_gpu, sizeof p.fit_gpu, "x");
+  p.fit_kernel_eff = {0.8, 0.75, 0.31};
+  mp_gpu y = GpuY();
+  mp_stack_kernel_scale k;
+  mp_stack_kernel_scale_of(&p, &y, &k);
+  EXPECT_TRUE(k.scaled);
+  EXPECT_DOUBLE_EQ(k.gemm, 0.96 / 0.8);  // 1.2
+  EXPECT_DOUBLE_EQ(k.fp8_gemm, 0.6 / 0.75);  // 0.8
+  EXPECT_DOUBLE_EQ(k.flash, 0.62 / 0.31);  // 2.0
+
+  mp_stack_profile as_stated = p;
+  as_stated.fit_gpu[0] = '\0';
+  // bf16 GEMM: 0.5 x 1.2 = 0.6 of 1000 TFLOP/s: 2.749e11 / 6e14 = 0.458 ms, against
+  // 2.749e11 / 5e14 = 0.550 ms as stated: the op time ratio is 0.5 / 0.6 = 5/6.
+  mp_op g = Gemm();
+  const double t_bf16 = mp_sim_compute_op_s(&g, &y, &p);
+  EXPECT_NEAR(t_bf16, g.flops / 6e14, 1e-12);
+  EXPECT_NEAR(t_bf16 / mp_sim_compute_op_s(&g, &y, &as_stated), 5.0 / 6.0, 1e-12);
+  // Materialized attention's batched GEMMs run at the GEMM ratio too.
+  mp_op bg = Gemm(MP_DTYPE_BF16, 32);
+  EXPECT_NEAR(mp_sim_compute_op_s(&bg, &y, &p), bg.flops / 6e14, 1e-12);
+  // float8 GEMM: 0.25 x 0.8 = 0.2 of the 2000 TFLOP/s fp8 peak = 4e14 FLOP/s.
+  mp_op f8 = Gemm(MP_DTYPE_FP8_E4M3);
+  EXPECT_NEAR(mp_sim_compute_op_s(&f8, &y, &p), f8.flops / 4e14, 1e-12);
+  // Flash attention: 0.4 x 2 = 0.8 of 1000 TFLOP/s: 4e12 / 8e14 = 5 ms (10 ms as stated).
+  mp_op a = Attention();
+  EXPECT_NEAR(mp_sim_compute_op_s(&a, &y, &p), 5e-3, 1e-12);
+  EXPECT_NEAR(mp_sim_compute_op_s(&a, &y, &as_stated), 10e-3, 1e-12);
+}
+
+// A carried efficiency never passes the whole peak: attention 0.4 x (0.62 / 0.2) = 1.24
+// runs at 1.0.
+TEST(KernelScale, CappedAtThePeak) {
+  mp_stack_profile p = Profile();
+  snprintf(p.fit_gpu, sizeof p.fit_gpu, "x");
+  p.fit_kernel_eff = {0.8, 0.75, 0.2};
+  mp_gpu y = GpuY();
+  mp_op a = Attention();
+  EXPECT_NEAR(mp_sim_compute_op_s(&a, &y, &p), 4e12 / 1e15, 1e-12);
+}
+
+// A GPU without fp8 units runs float8 GEMMs as bf16 ones, at the GEMM ratio; a fit GPU
+// without them states no fp8 fraction, so fp8_gemm_eff_max is carried as stated.
+TEST(KernelScale, WithoutFp8Units) {
+  mp_stack_profile p = Profile();
+  snprintf(p.fit_gpu, sizeof p.fit_gpu, "x");
+  p.fit_kernel_eff = {0.8, 0.75, 0.31};
+  mp_gpu y = GpuY();
+  y.peak_tflops[MP_DTYPE_FP8_E4M3] = y.peak_tflops[MP_DTYPE_FP8_E5M2] = 0;
+  y.kernel_eff.fp8_gemm = 0;
+  mp_op f8 = Gemm(MP_DTYPE_FP8_E4M3);
+  // 0.5 x 1.2 = 0.6 of the bf16 peak
+  EXPECT_NEAR(mp_sim_compute_op_s(&f8, &y, &p), f8.flops / 6e14, 1e-12);
+  p.fit_kernel_eff.fp8_gemm = 0;
+  mp_stack_kernel_scale k;
+  const mp_gpu y_fp8 = GpuY();
+  mp_stack_kernel_scale_of(&p, &y_fp8, &k);
+  EXPECT_EQ(k.fp8_gemm, 1.0);
+  char line[512];
+  mp_stack_kernel_scale_format(&p, &y, line, sizeof line);
+  EXPECT_STREQ(line, "test fitted on x; on y GEMM x1.200, flash attention x2.000, fp8 GEMM as bf16 (y has no "
+                     "fp8 units)");
+  mp_gpu y8 = GpuY();
+  mp_stack_kernel_scale_format(&p, &y8, line, sizeof line);
+  EXPECT_STREQ(line, "test fitted on x; on y GEMM x1.200, flash attention x2.000, fp8 GEMM as stated (x has no "
+                     "fp8 units to fit it on)");
+}
+
+// A GPU that states no kernel fractions (a user's profile without kernel_eff) leaves the
+// stack's figures as stated, and says so.
+TEST(KernelScale, GpuWithoutKernelFractions) {
+  mp_stack_profile p = Profile();
+  snprintf(p.fit_gpu, sizeof p.fit_gpu, "x");
+  p.fit_kernel_eff = {0.8, 0.75, 0.31};
+  mp_gpu y = GpuY();
+  y.kernel_eff = {0, 0, 0};
+  mp_stack_kernel_scale k;
+  mp_stack_kernel_scale_of(&p, &y, &k);
+  EXPECT_EQ(k.gemm, 1.0);
+  EXPECT_EQ(k.fp8_gemm, 1.0);
+  EXPECT_EQ(k.flash, 1.0);
+  char line[512];
+  mp_stack_kernel_scale_format(&p, &y, line, sizeof line);
+  EXPECT_STREQ(line, "test fitted on x; y states no kernel_eff: efficiencies as stated");
+}
+
+// On its own fit GPU a shipped stack costs every op exactly as with no fit GPU at all
+// (the ratios are x / x = 1), so the published rows it was fitted on predict what they did.
+TEST(KernelScale, OnItsFitGpuUnchanged) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  for (const char *n : {"torchtitan-eager", "torchtitan-compile", "megatron-lm", "llm.c"}) {
+    SCOPED_TRACE(n);
+    mp_stack_profile p;
+    ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
+    ASSERT_NE(p.fit_gpu[0], '\0');
+    mp_gpu g;
+    ASSERT_EQ(mp_gpu_load(&ctx, p.fit_gpu, &g), MP_OK) << mp_errmsg(&ctx);
+    mp_stack_profile as_stated = p;
+    as_stated.fit_gpu[0] = '\0';
+    mp_stack_kernel_scale k;
+    mp_stack_kernel_scale_of(&p, &g, &k);
+    EXPECT_FALSE(k.scaled);
+    mp_op ops[] = {Gemm(), Gemm(MP_DTYPE_BF16, 32), Gemm(MP_DTYPE_FP8_E4M3), Attention()};
+    for (const mp_op &o : ops)
+      EXPECT_EQ(mp_sim_compute_op_s(&o, &g, &p), mp_sim_compute_op_s(&o, &g, &as_stated));
+    char line[512];
+    mp_stack_kernel_scale_format(&p, &g, line, sizeof line);
+    EXPECT_EQ(std::string(line), std::string(n) + " fitted on " + p.fit_gpu + ": efficiencies as stated");
+  }
+}
+
+// torchtitan's stacks, fitted on the 500 W H100, on the A100: GEMMs x 0.869 / 0.803
+// (Bekman's MAMF fractions) = 1.0822, flash attention x 0.62 / 0.35 = 1.7714; a large
+// GEMM's time shrinks by that ratio (its size factor x / (x + half_mnk) is the same on
+// both GPUs).
+TEST(KernelScale, TorchtitanOnTheA100) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_stack_profile p;
+  ASSERT_EQ(mp_stack_load(&ctx, "torchtitan-eager", &p), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_STREQ(p.fit_gpu, "h100-96gb-500w");
+  mp_gpu a100;
+  ASSERT_EQ(mp_gpu_load(&ctx, "a100-80gb-sxm", &a100), MP_OK) << mp_errmsg(&ctx);
+  mp_stack_kernel_scale k;
+  mp_stack_kernel_scale_of(&p, &a100, &k);
+  EXPECT_NEAR(k.gemm, 1.0822, 1e-4);
+  EXPECT_NEAR(k.flash, 1.7714, 1e-4);
+  mp_stack_profile as_stated = p;
+  as_stated.fit_gpu[0] = '\0';
+  mp_op g = Gemm();
+  g.bytes = 0;
+  const double ovh = p.kernel_overhead_s;
+  EXPECT_NEAR((mp_sim_compute_op_s(&g, &a100, &as_stated) - ovh) / (mp_sim_compute_op_s(&g, &a100, &p) - ovh),
+              0.869 / 0.803, 1e-9);
+  char line[512];
+  mp_stack_kernel_scale_format(&p, &a100, line, sizeof line);
+  EXPECT_STREQ(line, "torchtitan-eager fitted on h100-96gb-500w; on a100-80gb-sxm GEMM x1.082, flash attention "
+                     "x1.771, fp8 GEMM as bf16 (a100-80gb-sxm has no fp8 units)");
+}
+
+// meshplan's runtimes name no fit GPU: stated (or calibrated) for the GPU they run on.
+TEST(KernelScale, MeshplanStacksAreNotScaled) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  for (const char *n : {"meshplan-cuda", "meshplan-cpu"}) {
+    mp_stack_profile p;
+    ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(p.fit_gpu[0], '\0') << n;
+    for (const char *gn : {"a100-80gb-sxm", "h100-sxm", "b200", "cpu"}) {
+      mp_gpu g;
+      ASSERT_EQ(mp_gpu_load(&ctx, gn, &g), MP_OK) << mp_errmsg(&ctx);
+      mp_stack_kernel_scale k;
+      mp_stack_kernel_scale_of(&p, &g, &k);
+      EXPECT_FALSE(k.scaled);
+      EXPECT_EQ(k.gemm, 1.0);
+      EXPECT_EQ(k.fp8_gemm, 1.0);
+      EXPECT_EQ(k.flash, 1.0);
+    }
+    char line[512];
+    mp_gpu g;
+    ASSERT_EQ(mp_gpu_load(&ctx, "a100-80gb-sxm", &g), MP_OK);
+    mp_stack_kernel_scale_format(&p, &g, line, sizeof line);
+    EXPECT_EQ(std::string(line), std::string(n) + ": efficiencies as stated on every GPU (no fit GPU)");
+  }
+}
+
+std::string StackJson(const std::string &fit) {
+  return "{\"name\":\"x\",\"gemm_eff_max\":0.5,\"gemm_eff_half_mnk\":0,\"fp8_gemm_eff_max\":0.5,"
+         "\"attention_eff\":0.5,\"hbm_eff\":0.5,\"link_eff\":0.5,\"kernel_overhead_us\":0,"
+         "\"comm_overhead_us\":0,\"frag_factor\":1,\"source\":\"s\"," + fit + "}";
+}
+
+TEST(KernelScale, FitGpuRefusals) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_stack_profile p;
+  EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"fit_gpu\":\"h900\"").c_str(), "x.json", &p), MP_ERR_NOT_FOUND);
+  EXPECT_EQ(std::string(mp_errmsg(&ctx)).rfind("x.json: key 'fit_gpu': unknown GPU 'h900'; known: ", 0), 0u)
+      << mp_errmsg(&ctx);
+  // the CPU profile states no kernel fractions, so nothing could be carried from it
+  EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"fit_gpu\":\"cpu\"").c_str(), "x.json", &p), MP_ERR_INVALID);
+  EXPECT_STREQ(mp_errmsg(&ctx), "x.json: fit_gpu 'cpu' states no kernel_eff, so the stack's efficiencies cannot be "
+                                "carried to other GPUs; add kernel_eff to that GPU profile or drop fit_gpu");
+  EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"fit_gpu\":3").c_str(), "x.json", &p), MP_ERR_INVALID);
+  ASSERT_EQ(mp_stack_from_text(&ctx, StackJson("\"fit_gpu\":\"a100-80gb-sxm\"").c_str(), "x.json", &p), MP_OK)
+      << mp_errmsg(&ctx);
+  EXPECT_DOUBLE_EQ(p.fit_kernel_eff.bf16_gemm, 0.869);
+  EXPECT_DOUBLE_EQ(p.fit_kernel_eff.flash_attention, 0.62);
+  EXPECT_EQ(p.fit_kernel_eff.fp8_gemm, 0.0);
+}
+
+}  // namespace
