@@ -50,6 +50,10 @@
  *                   attention recomputed from the saved q, k, v before the attention's
  *                   backward; with flash attention what it does not keep is the log-sum-exp
  *                   4T nh (its output is o_proj's input, kept)
+ * Multi-head latent attention's attention part A is schedule_mla.c's list (its latents, q,
+ * k, v and output); the policies keep of it what they keep of q/k/v attention's (selective:
+ * the normed input; selective-core: all but the log-sum-exp; full: nothing); selective-op is
+ * not derived for it (the schedule refuses it).
  *   full            X only; the whole block (collectives included) recomputed at the start
  *                   of its backward
  * Kept tensors a compiler cannot rematerialize (a checkpoint's input, an op-level policy's
@@ -73,6 +77,7 @@ static int64_t stat_bytes(const shapes *sh) { return sh->gpt ? 8 : 4; }
 /* A: everything the attention part saves without AC. */
 static int64_t attn_all(const shapes *sh) {
   const int64_t T = sh->T;
+  if (sh->mla) return mp_sched_mla_attn_saved(sh, 2 * T * sh->H); /* schedule_mla.c's list */
   int64_t b = stat_bytes(sh) * sh->Ts + 2 * T * sh->H + 2 * T * (sh->q + 2 * sh->kv) +
               2 * T * sh->q + 4 * T * sh->nh;
   if (sh->qk_norm) b += 2 * T * (sh->q + sh->kv) + 4 * T * (sh->nh + sh->nkv);
@@ -133,7 +138,7 @@ static void op_sac_mlp(const shapes *sh, int kind, int64_t *keep, int64_t *in_al
 static void block_act_tt(const shapes *sh, int kind, mp_ac_mode ac, block_act *a) {
   memset(a, 0, sizeof *a);
   const int64_t T = sh->T, A = attn_all(sh), M = mlp_all(sh, kind);
-  const int64_t core = 2 * T * sh->q + 4 * T * sh->nh;
+  const int64_t core = 2 * T * sh->ao + 4 * T * sh->nh;
   a->x = 2 * sh->Ts * sh->H;
   a->attn = A;
   a->mlp = M;
@@ -208,6 +213,8 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
   int64_t A = st * Ts + in + 2 * T * (sh->q + sh->kv) + 2 * T * sh->kv + core + 2 * T * sh->q +
               drop * Ts * H;
   if (sh->qk_norm) A += 2 * T * (sh->q + sh->kv) + 4 * T * (sh->nh + sh->nkv);
+  if (sh->mla) /* Megatron-LM's MLA saves what torchtitan's does, its input SP-sharded */
+    A = mp_sched_mla_attn_saved(sh, in) - 4 * T * sh->nh + core;
   int64_t M;
   if (kind == KIND_DENSE)
     M = 2 * Ts * H + st * Ts + in + (sh->gpt ? 2 : 4) * 2 * T * sh->f + drop * Ts * H;
@@ -219,7 +226,7 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
   if (ac == MP_AC_SELECTIVE_CORE) {
     a->attn = A - core;
     a->attn_tmp = core;
-    a->rc_attn = core + 2 * T * sh->q;
+    a->rc_attn = core + 2 * T * sh->ao;
   } else if (ac == MP_AC_FULL) {
     a->attn = a->mlp = 0;
     a->attn_tmp = a->rc_attn = A;
