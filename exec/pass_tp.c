@@ -136,7 +136,8 @@ mp_status mp_apply_tensor_parallel(mp_ctx *ctx, mp_plan *p, const mp_tp_options 
     mp_plan_note(p,
                  "TP: tp=%d: %s, kv_b_proj, gate/up%s and output colwise (%lld heads per rank); "
                  "o and down rowwise; tok_embeddings vocab-parallel; %skv_a_proj_with_mqa, the "
-                 "latent norms, norms%s replicated (the latents run whole on every rank)",
+                 "latent norms, norms%s replicated (the latents run whole on every rank; their "
+                 "gradients are all-reduced over tp in backward)",
                  tp, p->model.q_lora_rank > 0 ? "q_b_proj" : "q_proj",
                  p->model.n_shared_experts > 0 ? ", shared-expert gate/up" : "",
                  (long long)(p->model.n_heads / tp), p->model.q_lora_rank > 0 ? "q_a_proj, " : "",
