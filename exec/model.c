@@ -204,6 +204,21 @@ static const char *family_name(mp_family f) { return f == MP_FAMILY_GPT ? "gpt" 
 
 /* meshplan's "mla" object (data/models/README.md): multi-head latent attention's ranks and
  * head parts; head_dim defaults to the query/key head qk_nope + qk_rope. */
+/* MLA's five keys, named alike in meshplan's "mla" object and in DeepSeek's config.json
+ * (q_lora_rank absent or null: 0), and head_dim as the query/key head they give. */
+static mp_status read_mla_keys(mp_ctx *ctx, const cJSON *obj, const char *where, mp_model *m) {
+  MP_CHECK(mp_json_get_i64(ctx, obj, where, "q_lora_rank", 0, &m->q_lora_rank));
+  MP_CHECK(mp_json_get_i64(ctx, obj, where, "kv_lora_rank", 1, &m->kv_lora_rank));
+  MP_CHECK(mp_json_get_i64(ctx, obj, where, "qk_nope_head_dim", 1, &m->qk_nope_head_dim));
+  MP_CHECK(mp_json_get_i64(ctx, obj, where, "qk_rope_head_dim", 1, &m->qk_rope_head_dim));
+  MP_CHECK(mp_json_get_i64(ctx, obj, where, "v_head_dim", 1, &m->v_head_dim));
+  if (m->kv_lora_rank <= 0)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: 'kv_lora_rank' must be positive (got %lld)", where,
+                    (long long)m->kv_lora_rank);
+  m->head_dim = m->qk_nope_head_dim + m->qk_rope_head_dim;
+  return MP_OK;
+}
+
 static mp_status read_mla(mp_ctx *ctx, const cJSON *j, const char *origin, mp_model *m) {
   const cJSON *mla = cJSON_GetObjectItemCaseSensitive(j, "mla");
   if (mla == NULL || cJSON_IsNull(mla)) return MP_OK;
@@ -211,16 +226,7 @@ static mp_status read_mla(mp_ctx *ctx, const cJSON *j, const char *origin, mp_mo
     return mp_error(ctx, MP_ERR_INVALID, "%s: key 'mla': expected an object", origin);
   char sub[256];
   snprintf(sub, sizeof sub, "%s: mla", origin);
-  MP_CHECK(mp_json_get_i64(ctx, mla, sub, "q_lora_rank", 0, &m->q_lora_rank));
-  MP_CHECK(mp_json_get_i64(ctx, mla, sub, "kv_lora_rank", 1, &m->kv_lora_rank));
-  MP_CHECK(mp_json_get_i64(ctx, mla, sub, "qk_nope_head_dim", 1, &m->qk_nope_head_dim));
-  MP_CHECK(mp_json_get_i64(ctx, mla, sub, "qk_rope_head_dim", 1, &m->qk_rope_head_dim));
-  MP_CHECK(mp_json_get_i64(ctx, mla, sub, "v_head_dim", 1, &m->v_head_dim));
-  if (m->kv_lora_rank <= 0)
-    return mp_error(ctx, MP_ERR_INVALID, "%s: 'kv_lora_rank' must be positive (got %lld)", sub,
-                    (long long)m->kv_lora_rank);
-  m->head_dim = m->qk_nope_head_dim + m->qk_rope_head_dim;
-  return MP_OK;
+  return read_mla_keys(ctx, mla, sub, m);
 }
 
 /* meshplan's own format: see data/models/README.md. */
@@ -414,6 +420,29 @@ static mp_status hf_refuse_unread(mp_ctx *ctx, const cJSON *j, const char *where
   return MP_OK;
 }
 
+/* The llama family's sizes (vocab_size, hidden_size, num_hidden_layers, num_attention_heads,
+ * num_key_value_heads defaulting to the heads), as every llama-style config names them. */
+static mp_status hf_llama_sizes(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m) {
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m->vocab));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "hidden_size", 1, &m->d_model));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_hidden_layers", 1, &m->n_layers));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_attention_heads", 1, &m->n_heads));
+  m->n_kv_heads = m->n_heads;
+  return mp_json_get_i64(ctx, j, where, "num_key_value_heads", 0, &m->n_kv_heads);
+}
+
+/* Their context, embeddings and norm/RoPE constants (max_position_embeddings default 4096,
+ * tie_word_embeddings, rms_norm_eps default 1e-6, rope_theta default 10000). */
+static mp_status hf_llama_context(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m) {
+  m->max_seq = 4096;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "max_position_embeddings", 0, &m->max_seq));
+  MP_CHECK(mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m->tied_embeddings));
+  m->norm_eps = 1e-6;
+  MP_CHECK(mp_json_get_f64(ctx, j, where, "rms_norm_eps", 0, &m->norm_eps));
+  m->rope_theta = 10000.0;
+  return mp_json_get_f64(ctx, j, where, "rope_theta", 0, &m->rope_theta);
+}
+
 /* DeepSeek-V2's and V3's experts (modeling_deepseek): block l is MoE when l >=
  * first_k_dense_replace and l % moe_layer_freq == 0; n_shared_experts shared experts of
  * moe_intermediate_size each, one SwiGLU of their summed width. The router's scoring (V2
@@ -458,30 +487,11 @@ static mp_status hf_deepseek(mp_ctx *ctx, const cJSON *j, const char *where, con
                              const char *arch, mp_model *m) {
   const int v3 = strcmp(type, "deepseek_v3") == 0 || strncmp(arch, "DeepseekV3", 10) == 0;
   m->family = MP_FAMILY_LLAMA;
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m->vocab));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "hidden_size", 1, &m->d_model));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_hidden_layers", 1, &m->n_layers));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_attention_heads", 1, &m->n_heads));
-  m->n_kv_heads = m->n_heads;
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_key_value_heads", 0, &m->n_kv_heads));
+  MP_CHECK(hf_llama_sizes(ctx, j, where, m));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "intermediate_size", 1, &m->d_ff));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "q_lora_rank", 0, &m->q_lora_rank));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "kv_lora_rank", 1, &m->kv_lora_rank));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "qk_nope_head_dim", 1, &m->qk_nope_head_dim));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "qk_rope_head_dim", 1, &m->qk_rope_head_dim));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "v_head_dim", 1, &m->v_head_dim));
-  if (m->kv_lora_rank <= 0)
-    return mp_error(ctx, MP_ERR_INVALID, "%s: 'kv_lora_rank' must be positive (got %lld)", where,
-                    (long long)m->kv_lora_rank);
-  m->head_dim = m->qk_nope_head_dim + m->qk_rope_head_dim;
-  m->max_seq = 4096;
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "max_position_embeddings", 0, &m->max_seq));
-  MP_CHECK(mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m->tied_embeddings));
+  MP_CHECK(read_mla_keys(ctx, j, where, m));
+  MP_CHECK(hf_llama_context(ctx, j, where, m));
   MP_CHECK(mp_json_get_bool(ctx, j, where, "attention_bias", 0, &m->qkv_bias));
-  m->norm_eps = 1e-6;
-  MP_CHECK(mp_json_get_f64(ctx, j, where, "rms_norm_eps", 0, &m->norm_eps));
-  m->rope_theta = 10000.0;
-  MP_CHECK(mp_json_get_f64(ctx, j, where, "rope_theta", 0, &m->rope_theta));
   int64_t mtp = 0;
   MP_CHECK(mp_json_get_i64(ctx, j, where, "num_nextn_predict_layers", 0, &mtp));
   if (mtp > 0)
@@ -498,22 +508,11 @@ static mp_status hf_llama(mp_ctx *ctx, const cJSON *j, const char *where, const 
                           const char *arch, mp_model *m) {
   m->family = MP_FAMILY_LLAMA;
   MP_CHECK(hf_refuse_unread(ctx, j, where));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m->vocab));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "hidden_size", 1, &m->d_model));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_hidden_layers", 1, &m->n_layers));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_attention_heads", 1, &m->n_heads));
-  m->n_kv_heads = m->n_heads;
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_key_value_heads", 0, &m->n_kv_heads));
+  MP_CHECK(hf_llama_sizes(ctx, j, where, m));
   MP_CHECK(default_head_dim(ctx, j, where, "head_dim", m));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "head_dim", 0, &m->head_dim));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "intermediate_size", 1, &m->d_ff));
-  m->max_seq = 4096;
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "max_position_embeddings", 0, &m->max_seq));
-  MP_CHECK(mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m->tied_embeddings));
-  m->norm_eps = 1e-6;
-  MP_CHECK(mp_json_get_f64(ctx, j, where, "rms_norm_eps", 0, &m->norm_eps));
-  m->rope_theta = 10000.0;
-  MP_CHECK(mp_json_get_f64(ctx, j, where, "rope_theta", 0, &m->rope_theta));
+  MP_CHECK(hf_llama_context(ctx, j, where, m));
   int is_qwen2 = strncmp(type, "qwen2", 5) == 0 || strncmp(arch, "Qwen2", 5) == 0;
   int is_qwen3 = strncmp(type, "qwen3", 5) == 0 || strncmp(arch, "Qwen3", 5) == 0;
   m->qkv_bias = is_qwen2;

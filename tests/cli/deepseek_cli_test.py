@@ -6,23 +6,12 @@ meshplan's own files, and context parallelism rejected by its own rule.
 
 Usage: deepseek_cli_test.py MESHPLAN HF_DIR"""
 import json
-import subprocess
 import sys
 
-BIN, HF = sys.argv[1], sys.argv[2]
-fails = []
+import cli_check
+from cli_check import check, fails, run
 
-
-def run(*args, want_rc=0):
-    p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=300)
-    if p.returncode != want_rc:
-        fails.append(f"meshplan {' '.join(args)}: exit {p.returncode}, want {want_rc}: {p.stderr.strip()}")
-    return p
-
-
-def check(cond, what):
-    if not cond:
-        fails.append(what)
+cli_check.BIN, HF = sys.argv[1], sys.argv[2]
 
 
 # ---- simulate: DeepSeek-V3 on 256 H100s, FSDP over all, 64-way EP, full AC, seq 4096 ----

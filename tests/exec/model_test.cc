@@ -307,10 +307,9 @@ TEST_F(ModelTest, HuggingFaceConfigsGiveTheSameCounts) {
 }
 
 // The HF config and meshplan's own file describe the same model field for field.
-TEST_F(ModelTest, HfLlamaMatchesOurLlamaFile) {
-  mp_model ours, hf;
-  ASSERT_EQ(mp_model_load(&ctx, "llama3.1-8b", &ours), MP_OK) << msg();
-  ASSERT_EQ(mp_model_load(&ctx, "tests/data/hf/llama3.1-8b.json", &hf), MP_OK) << msg();
+// Every field of two specs but the name, and what they count.
+static void ExpectSameSpec(const mp_model &hf, const mp_model &ours) {
+  EXPECT_EQ(hf.family, ours.family);
   EXPECT_EQ(hf.vocab, ours.vocab);
   EXPECT_EQ(hf.d_model, ours.d_model);
   EXPECT_EQ(hf.n_layers, ours.n_layers);
@@ -319,9 +318,35 @@ TEST_F(ModelTest, HfLlamaMatchesOurLlamaFile) {
   EXPECT_EQ(hf.head_dim, ours.head_dim);
   EXPECT_EQ(hf.d_ff, ours.d_ff);
   EXPECT_EQ(hf.max_seq, ours.max_seq);
+  EXPECT_EQ(hf.tied_embeddings, ours.tied_embeddings);
+  EXPECT_EQ(hf.bias, ours.bias);
+  EXPECT_EQ(hf.qkv_bias, ours.qkv_bias);
+  EXPECT_EQ(hf.qk_norm, ours.qk_norm);
+  EXPECT_EQ(hf.sliding_window, ours.sliding_window);
   EXPECT_EQ(hf.norm_eps, ours.norm_eps);
   EXPECT_EQ(hf.rope_theta, ours.rope_theta);
+  EXPECT_EQ(hf.n_experts, ours.n_experts);
+  EXPECT_EQ(hf.top_k, ours.top_k);
+  EXPECT_EQ(hf.n_shared_experts, ours.n_shared_experts);
+  EXPECT_EQ(hf.d_ff_expert, ours.d_ff_expert);
+  EXPECT_EQ(hf.d_ff_shared, ours.d_ff_shared);
+  EXPECT_EQ(hf.aux_loss_coef, ours.aux_loss_coef);
+  EXPECT_EQ(hf.norm_topk_prob, ours.norm_topk_prob);
+  EXPECT_EQ(memcmp(hf.moe_layer, ours.moe_layer, sizeof hf.moe_layer), 0);
+  EXPECT_EQ(hf.q_lora_rank, ours.q_lora_rank);
+  EXPECT_EQ(hf.kv_lora_rank, ours.kv_lora_rank);
+  EXPECT_EQ(hf.qk_nope_head_dim, ours.qk_nope_head_dim);
+  EXPECT_EQ(hf.qk_rope_head_dim, ours.qk_rope_head_dim);
+  EXPECT_EQ(hf.v_head_dim, ours.v_head_dim);
+  EXPECT_EQ(mp_model_param_count(&hf), mp_model_param_count(&ours));
   EXPECT_EQ(mp_model_flops_per_token(&hf, 4096), mp_model_flops_per_token(&ours, 4096));
+}
+
+TEST_F(ModelTest, HfLlamaMatchesOurLlamaFile) {
+  mp_model ours, hf;
+  ASSERT_EQ(mp_model_load(&ctx, "llama3.1-8b", &ours), MP_OK) << msg();
+  ASSERT_EQ(mp_model_load(&ctx, "tests/data/hf/llama3.1-8b.json", &hf), MP_OK) << msg();
+  ExpectSameSpec(hf, ours);
 }
 
 TEST_F(ModelTest, HfMoeFields) {
@@ -514,34 +539,7 @@ TEST_F(ModelTest, HfDeepSeekConfigsMatchOurFiles) {
     mp_model ours, hf;
     ASSERT_EQ(mp_model_load(&ctx, pr[0], &ours), MP_OK) << msg();
     ASSERT_EQ(mp_model_load(&ctx, pr[1], &hf), MP_OK) << msg();
-    EXPECT_EQ(hf.family, ours.family);
-    EXPECT_EQ(hf.vocab, ours.vocab);
-    EXPECT_EQ(hf.d_model, ours.d_model);
-    EXPECT_EQ(hf.n_layers, ours.n_layers);
-    EXPECT_EQ(hf.n_heads, ours.n_heads);
-    EXPECT_EQ(hf.n_kv_heads, ours.n_kv_heads);
-    EXPECT_EQ(hf.head_dim, ours.head_dim);
-    EXPECT_EQ(hf.d_ff, ours.d_ff);
-    EXPECT_EQ(hf.max_seq, ours.max_seq);
-    EXPECT_EQ(hf.tied_embeddings, ours.tied_embeddings);
-    EXPECT_EQ(hf.qkv_bias, ours.qkv_bias);
-    EXPECT_EQ(hf.norm_eps, ours.norm_eps);
-    EXPECT_EQ(hf.rope_theta, ours.rope_theta);
-    EXPECT_EQ(hf.q_lora_rank, ours.q_lora_rank);
-    EXPECT_EQ(hf.kv_lora_rank, ours.kv_lora_rank);
-    EXPECT_EQ(hf.qk_nope_head_dim, ours.qk_nope_head_dim);
-    EXPECT_EQ(hf.qk_rope_head_dim, ours.qk_rope_head_dim);
-    EXPECT_EQ(hf.v_head_dim, ours.v_head_dim);
-    EXPECT_EQ(hf.n_experts, ours.n_experts);
-    EXPECT_EQ(hf.top_k, ours.top_k);
-    EXPECT_EQ(hf.d_ff_expert, ours.d_ff_expert);
-    EXPECT_EQ(hf.n_shared_experts, ours.n_shared_experts);
-    EXPECT_EQ(hf.d_ff_shared, ours.d_ff_shared);
-    EXPECT_EQ(hf.aux_loss_coef, ours.aux_loss_coef);
-    EXPECT_EQ(hf.norm_topk_prob, ours.norm_topk_prob);
-    EXPECT_EQ(memcmp(hf.moe_layer, ours.moe_layer, sizeof hf.moe_layer), 0);
-    EXPECT_EQ(mp_model_param_count(&hf), mp_model_param_count(&ours));
-    EXPECT_EQ(mp_model_flops_per_token(&hf, 4096), mp_model_flops_per_token(&ours, 4096));
+    ExpectSameSpec(hf, ours);
   }
 }
 

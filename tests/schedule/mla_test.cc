@@ -18,6 +18,16 @@ namespace {
 
 using namespace sched_test;
 
+// model's plan on mesh at seq 4096 under ac, and rank 0's schedule.
+void BuildMla(Built *b, const char *model, const char *mesh, mp_ac_mode ac = MP_AC_NONE) {
+  Opts o;
+  o.model = model;
+  o.mesh = mesh;
+  o.seq = 4096;
+  o.ac = ac;
+  Build(b, o);
+}
+
 // The weight of module `mod` of block `layer`.
 const mp_param *Weight(const mp_plan *p, int layer, mp_module mod) {
   for (int i = 0; i < p->n_params; i++)
@@ -43,11 +53,7 @@ struct Shape {
 //   o_proj             [7168, 128 x 128 = 16384]  rowwise -> [7168, 2048]
 TEST(Mla, DeepSeekV3ShapesAfterTensorParallel) {
   Built b;
-  Opts o;
-  o.model = "deepseek-v3";
-  o.mesh = "dp_shard=8,tp=8";
-  o.seq = 4096;
-  Build(&b, o);
+  BuildMla(&b, "deepseek-v3", "dp_shard=8,tp=8");
   const Shape want[] = {
       {MP_MOD_Q_A, 1536, 7168, 1536, 7168, MP_TP_NONE},
       {MP_MOD_Q_A_NORM, 1536, 1, 1536, 1, MP_TP_NONE},
@@ -85,11 +91,7 @@ TEST(Mla, DeepSeekV3ShapesAfterTensorParallel) {
 // [2048, 16 x 128 = 2048] rowwise -> [2048, 256].
 TEST(Mla, DeepSeekV2LiteShapesAfterTensorParallel) {
   Built b;
-  Opts o;
-  o.model = "deepseek-v2-lite";
-  o.mesh = "tp=8";
-  o.seq = 4096;
-  Build(&b, o);
+  BuildMla(&b, "deepseek-v2-lite", "tp=8");
   const mp_param *q = Weight(b.plan, 1, MP_MOD_Q), *kvb = Weight(b.plan, 1, MP_MOD_KV_B),
                  *out = Weight(b.plan, 1, MP_MOD_O);
   ASSERT_TRUE(q && kvb && out);
@@ -107,11 +109,7 @@ TEST(Mla, DeepSeekV2LiteShapesAfterTensorParallel) {
 // projections and norms belong to the attention unit.
 TEST(Mla, FsdpAttentionUnitHoldsTheLatents) {
   Built b;
-  Opts o;
-  o.model = "deepseek-v2-lite";
-  o.mesh = "dp_shard=8,ep=8";
-  o.seq = 4096;
-  Build(&b, o);
+  BuildMla(&b, "deepseek-v2-lite", "dp_shard=8,ep=8");
   for (mp_module mod : {MP_MOD_ATTN_NORM, MP_MOD_Q, MP_MOD_KV_A, MP_MOD_KV_A_NORM, MP_MOD_KV_B,
                         MP_MOD_O}) {
     const mp_param *prm = Weight(b.plan, 5, mod);
@@ -139,21 +137,12 @@ TEST(Mla, TensorParallelMustDivideTheHeads) {
   mp_plan_destroy(p);
 }
 
-// Forward GEMM FLOPs of block `layer`'s module `mod` in one micro-batch.
-double FwdGemmFlops(const std::vector<Inst> &v, int layer, int mod) {
+// GEMM FLOPs of block `layer`'s module `mod` in one micro-batch's forward or backward.
+double GemmFlops(const std::vector<Inst> &v, int layer, int mod, mp_phase phase) {
   double f = 0;
   for (const Inst &x : v)
     if (x.layer == layer && x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_GEMM &&
-        x.op->module == mod && x.op->phase == MP_PHASE_FORWARD)
-      f += x.op->flops;
-  return f;
-}
-
-double BwdGemmFlops(const std::vector<Inst> &v, int layer, int mod) {
-  double f = 0;
-  for (const Inst &x : v)
-    if (x.layer == layer && x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_GEMM &&
-        x.op->module == mod && x.op->phase == MP_PHASE_BACKWARD)
+        x.op->module == mod && x.op->phase == phase)
       f += x.op->flops;
   return f;
 }
@@ -171,11 +160,7 @@ TEST(Mla, GemmFlopsPerLayer) {
   for (int tp : {1, 8}) {
     SCOPED_TRACE(tp);
     Built b;
-    Opts o;
-    o.model = "deepseek-v3";
-    o.mesh = tp == 1 ? "dp_shard=8" : "dp_shard=8,tp=8";
-    o.seq = 4096;
-    Build(&b, o);
+    BuildMla(&b, "deepseek-v3", tp == 1 ? "dp_shard=8" : "dp_shard=8,tp=8");
     auto v = Expand(b.s);
     const double split = tp;
     const std::map<int, double> per_module = {
@@ -188,8 +173,8 @@ TEST(Mla, GemmFlopsPerLayer) {
     double sum = 0;
     for (const auto &kv : per_module) {
       SCOPED_TRACE(mp_module_name((mp_module)kv.first));
-      EXPECT_DOUBLE_EQ(FwdGemmFlops(v, 4, kv.first), kv.second);
-      EXPECT_DOUBLE_EQ(BwdGemmFlops(v, 4, kv.first), 2 * kv.second);
+      EXPECT_DOUBLE_EQ(GemmFlops(v, 4, kv.first, MP_PHASE_FORWARD), kv.second);
+      EXPECT_DOUBLE_EQ(GemmFlops(v, 4, kv.first, MP_PHASE_BACKWARD), 2 * kv.second);
       sum += kv.second;
     }
     EXPECT_DOUBLE_EQ(sum, tp == 1 ? T * 374210560.0 : T * 73269248.0);
@@ -219,11 +204,7 @@ TEST(Mla, TensorParallelCollectivesOfTheAttention) {
   for (const Case &c : cases) {
     SCOPED_TRACE(c.model);
     Built b;
-    Opts o;
-    o.model = c.model;
-    o.mesh = "tp=8";
-    o.seq = 4096;
-    Build(&b, o);
+    BuildMla(&b, c.model, "tp=8");
     std::vector<std::string> fwd, bwd;
     for (const Inst &x : Expand(b.s)) {
       if (x.layer != 0 || x.op->type != MP_OP_COMM || x.op->group != MP_GROUP_TP) continue;
@@ -249,18 +230,6 @@ TEST(Mla, TensorParallelCollectivesOfTheAttention) {
     EXPECT_EQ(fwd, want_fwd);
     EXPECT_EQ(bwd, want_bwd);
   }
-}
-
-// Net ACTIVATIONS bytes block `layer`'s forward leaves saved for its backward.
-int64_t SavedByBlock(const mp_schedule *s, int layer) {
-  int64_t net = 0;
-  for (const Inst &x : Expand(s)) {
-    if (x.layer != layer || x.op->phase != MP_PHASE_FORWARD || x.op->mem_cat != MP_MEM_ACTIVATIONS)
-      continue;
-    if (x.op->type == MP_OP_ALLOC) net += x.op->mem_bytes;
-    if (x.op->type == MP_OP_FREE) net -= x.op->mem_bytes;
-  }
-  return net;
 }
 
 // Saved bytes per token of DeepSeek-V3's block 0 (dense MLP), tp=1, bf16 (schedule_mla.c's
@@ -290,12 +259,7 @@ TEST(Mla, SavedActivationBytesPerToken) {
   for (const auto &w : want) {
     SCOPED_TRACE(mp_ac_mode_name(w.first));
     Built b;
-    Opts o;
-    o.model = "deepseek-v3";
-    o.mesh = "dp_shard=8";
-    o.seq = 4096;
-    o.ac = w.first;
-    Build(&b, o);
+    BuildMla(&b, "deepseek-v3", "dp_shard=8", w.first);
     EXPECT_EQ(SavedByBlock(b.s, 0), w.second);
   }
 }
@@ -306,11 +270,7 @@ TEST(Mla, SavedActivationBytesPerToken) {
 // (element-wise work) is under 1 %.
 TEST(Mla, StepFlopsMatchModelFlops) {
   Built b;
-  Opts o;
-  o.model = "deepseek-v2-lite";
-  o.mesh = "dp_shard=8";
-  o.seq = 4096;
-  Build(&b, o);
+  BuildMla(&b, "deepseek-v2-lite", "dp_shard=8");
   const double T = 4096, s = 4096, L = 27, heads = 16;
   const double model = b.s->model_flops_per_step;
   EXPECT_DOUBLE_EQ(model, T * 18105996288.0);  // tests/exec/model_test.cc's hand count
