@@ -450,6 +450,9 @@ void mp_sched_mla_bwd(gen *g);
 /* Bytes an MLA block's attention part saves without AC (schedule_mla.c), the attention
  * input counted as `in` bytes (2TH, or 2TsH where Megatron-LM keeps it sharded). */
 int64_t mp_sched_mla_attn_saved(const shapes *sh, int64_t in);
+/* What selective-op AC keeps of an MLA attention's matmul outputs (bytes), *in_saved the part
+ * of it the attention saves without AC too, the recompute's skips added to *skip. */
+int64_t mp_sched_mla_op_sac(const shapes *sh, int64_t *in_saved, uint32_t *skip);
 void mp_sched_embedding_bwd(gen *g);
 void mp_sched_embedding_fwd(gen *g);
 void mp_sched_head_bwd(gen *g);

@@ -29,6 +29,22 @@
  * 2T (q + k), the attention output 2T v and its log-sum-exp 4T heads_l. */
 #include "exec/schedule_internal.h"
 
+/* torchtitan's op-level SAC keeps the outputs of the odd-numbered mm of a block (schedule_act.c):
+ * with a query latent q_a #1 [T, ql], kv_a #3 [T, kvl + rope] and o #5 [T, H] (q_b #2 and
+ * kv_b #4 recomputed); without, q_proj #1 [T, q] and kv_b #3 [T, kvb] (kv_a #2 and o #4
+ * recomputed). */
+int64_t mp_sched_mla_op_sac(const shapes *sh, int64_t *in_saved, uint32_t *skip) {
+  const int64_t T = sh->T;
+  if (sh->ql > 0) {
+    *skip |= SKIP_MOD(MP_MOD_Q_A) | SKIP_MOD(MP_MOD_KV_A) | SKIP_MOD(MP_MOD_O);
+    *in_saved = 2 * T * sh->ql + 2 * T * (sh->kvl + sh->rope); /* both are saved without AC */
+    return *in_saved + 2 * T * sh->H;
+  }
+  *skip |= SKIP_MOD(MP_MOD_Q) | SKIP_MOD(MP_MOD_KV_B);
+  *in_saved = 2 * T * sh->kvb; /* v's base; q_proj's output is not saved without AC */
+  return 2 * T * sh->q + *in_saved;
+}
+
 int64_t mp_sched_mla_attn_saved(const shapes *sh, int64_t in) {
   const int64_t T = sh->T;
   int64_t b = 4 * sh->Ts + in;

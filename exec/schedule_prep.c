@@ -262,7 +262,7 @@ static void find_runs(gen *g, const stage_info *st, mp_schedule_mode mode, int32
 /* ---- the prep ------------------------------------------------------------------------- */
 
 /* What the schedule does not describe for multi-head latent attention: the runtime memory
- * models (the runtime does not execute it), context parallelism and selective-op AC. */
+ * models (the runtime does not execute it). */
 mp_status mp_sched_check_mla(mp_ctx *ctx, const mp_plan *p) {
   if (!mp_model_is_mla(&p->model)) return MP_OK;
   if (mp_mem_model_is_runtime(p->opts.mem_model))
@@ -270,16 +270,6 @@ mp_status mp_sched_check_mla(mp_ctx *ctx, const mp_plan *p) {
                     "model %s has multi-head latent attention, which the meshplan runtime does not "
                     "execute, so the %s memory model has no layout for it; use the torchtitan or "
                     "megatron stack", p->model.name, mp_mem_model_name(p->opts.mem_model));
-  if (p->mesh.size[MP_DIM_CP] > 1)
-    return mp_error(ctx, MP_ERR_UNSUPPORTED,
-                    "model %s: context parallelism with multi-head latent attention is not modelled "
-                    "(ring attention's K and V differ in head size; torchtitan's DeepSeek-V3 has no "
-                    "context parallelism either); use cp=1", p->model.name);
-  if (p->opts.ac == MP_AC_SELECTIVE_OP)
-    return mp_error(ctx, MP_ERR_UNSUPPORTED,
-                    "model %s: selective-op activation checkpointing's save list is derived for "
-                    "q/k/v attention, not multi-head latent attention; choose none, selective, "
-                    "selective-core or full", p->model.name);
   return MP_OK;
 }
 

@@ -65,7 +65,7 @@ const char *mp_reject_name(mp_reject r) {
       "", "pp_layers", "moe_pp", "tp_heads", "tp_kv_heads", "tp_d_ff", "tp_d_model",
       "tp_cross_node", "ep_experts", "cp_seq", "batch", "fp8_gpu", "fp8_dims",
       "reshard_noop", "memory_bound", "memory", "eval_error", "pp_virtual", "sp_seq",
-      "dominated", "memory_mb", "memory_ac", "cp_mla"};
+      "dominated", "memory_mb", "memory_ac"};
   return (unsigned)r < MP_REJECT_COUNT ? names[r] : "?";
 }
 
@@ -178,7 +178,6 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
    * layer for nothing): a search leaves such chunks out, a cp the caller pins is evaluated */
   if (cp > 1 && (cfg->seq % (2 * cp) || (cfg->seq / (2 * cp) < MP_CP_MIN_CHUNK && cfg->fix.cp < 0)))
     return MP_REJECT_CP_SEQ;
-  if (cp > 1 && mp_model_is_mla(m)) return MP_REJECT_CP_MLA; /* the schedule refuses it */
   return MP_REJECT_NONE;
 }
 
@@ -353,12 +352,6 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
     case MP_REJECT_MEMORY_AC:
       snprintf(buf, cap, "ac=%s saves less memory than ac=full, over capacity",
                mp_search_ac_name(c->ac));
-      break;
-    case MP_REJECT_CP_MLA:
-      snprintf(buf, cap,
-               "cp=%d with multi-head latent attention: ring attention over MLA's unequal key and "
-               "value heads is not modelled (torchtitan's DeepSeek-V3 has no context parallelism)",
-               cp);
       break;
     default: snprintf(buf, cap, "unknown reason"); break;
   }
@@ -779,8 +772,7 @@ const char *mp_reject_words(mp_reject r) {
       "sequence parallelism: tp does not divide seq / cp",
       "an AC policy with less recompute fits (never slower)",
       "half the micro-batch is already over capacity",
-      "full AC is already over capacity",
-      "context parallelism with multi-head latent attention (not modelled)"};
+      "full AC is already over capacity"};
   return (unsigned)r < MP_REJECT_COUNT ? words[r] : "?";
 }
 

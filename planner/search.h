@@ -100,7 +100,6 @@ typedef enum mp_reject {
                               capacity: more memory cannot fit (not simulated) */
   MP_REJECT_MEMORY_AC,     /* full AC, every other option the same, is over capacity: a
                               policy saving more cannot fit (not simulated) */
-  MP_REJECT_CP_MLA,        /* cp > 1 with multi-head latent attention (not modelled) */
   MP_REJECT_COUNT
 } mp_reject;
 

@@ -355,7 +355,6 @@ static const char *rule_remedy(mp_reject r) {
       return "a smaller pp (drop pp or pp_virtual from --fix)";
     case MP_REJECT_FP8_GPU: case MP_REJECT_FP8_DIMS: return "--fp8 off";
     case MP_REJECT_EP_EXPERTS: return "an ep that divides the experts";
-    case MP_REJECT_CP_MLA: return "cp=1 (--fix cp=1)";
     case MP_REJECT_EVAL_ERROR: return "the reasons in the database (meshplan report)";
     default: return NULL;
   }
@@ -566,13 +565,12 @@ static mp_status print_why(mp_ctx *ctx, const plan_view *v) {
   static const mp_reject order[] = {
       MP_REJECT_PP_LAYERS, MP_REJECT_MOE_PP, MP_REJECT_TP_HEADS, MP_REJECT_TP_KV_HEADS,
       MP_REJECT_TP_D_FF, MP_REJECT_TP_D_MODEL, MP_REJECT_TP_CROSS_NODE, MP_REJECT_EP_EXPERTS,
-      MP_REJECT_CP_SEQ, MP_REJECT_CP_MLA, MP_REJECT_BATCH, MP_REJECT_PP_VIRTUAL, MP_REJECT_SP_SEQ, MP_REJECT_FP8_GPU,
+      MP_REJECT_CP_SEQ, MP_REJECT_BATCH, MP_REJECT_PP_VIRTUAL, MP_REJECT_SP_SEQ, MP_REJECT_FP8_GPU,
       MP_REJECT_FP8_DIMS, MP_REJECT_RESHARD_NOOP, MP_REJECT_MEMORY_BOUND, MP_REJECT_MEMORY_MB,
       MP_REJECT_MEMORY_AC, MP_REJECT_DOMINATED, MP_REJECT_EVAL_ERROR, MP_REJECT_MEMORY};
   printf("  rule (does it reject this candidate? no / YES / - not reached)\n");
   int reached = 1;
   for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) {
-    if (order[k] == MP_REJECT_CP_MLA && !mp_model_is_mla(v->cfg->model)) continue; /* MLA's alone */
     const int failed = c->reject == order[k];
     printf("  %-4s %s\n", failed ? "YES" : reached ? "no" : "-", mp_reject_words(order[k]));
     if (failed) reached = 0;

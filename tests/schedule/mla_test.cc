@@ -242,7 +242,10 @@ TEST(Mla, TensorParallelCollectivesOfTheAttention) {
 //   MLP: h 14336 + rstd 4, normed h 14336, gate, up, silu and product
 //     4 x 2 x 18432 = 147456                                               176132
 // none keeps 410256; full the block input 14336; selective-core all but the log-sum-exp;
-// selective the block input, attention_norm's rstd and its output, and the MLP.
+// selective the block input, attention_norm's rstd and its output, and the MLP;
+// selective-op (torchtitan's: the odd-numbered mm outputs, q_a #1, kv_a #3, o #5, up #7,
+// and the attention's output and log-sum-exp) 14336 + 3072 + 1152 + 14336 + 32768 + 512 +
+// 36864 = 103040.
 TEST(Mla, SavedActivationBytesPerToken) {
   const int64_t x = 14336, attn = 4 + 14336 + 3072 + 4 + 3072 + 1152 + 4 + 1024 + 65536 +
                                        98304 + 32768 + 512,
@@ -255,13 +258,43 @@ TEST(Mla, SavedActivationBytesPerToken) {
       {MP_AC_FULL, T * 14336},
       {MP_AC_SELECTIVE_CORE, T * (410256 - 512)},
       {MP_AC_SELECTIVE, T * (x + 4 + 14336 + mlp)},
+      {MP_AC_SELECTIVE_OP, T * 103040},
   };
+  EXPECT_EQ(x + 3072 + 1152 + 14336 + 32768 + 512 + 36864, 103040);
   for (const auto &w : want) {
     SCOPED_TRACE(mp_ac_mode_name(w.first));
     Built b;
     BuildMla(&b, "deepseek-v3", "dp_shard=8", w.first);
     EXPECT_EQ(SavedByBlock(b.s, 0), w.second);
   }
+}
+
+// Selective-op's recompute runs the matmuls whose outputs it does not keep: V3 with a query
+// latent recomputes q_b, kv_b, gate and down; V2-Lite (q_proj #1, kv_a #2, kv_b #3, o #4,
+// gate #5, up #6, down #7) recomputes kv_a, o and up. Its saved bytes per token for block 0:
+// x 4096, q_proj's output 2 x 3072, kv_b's 2 x 4096, the attention's output 2 x 2048 and
+// log-sum-exp 4 x 16, gate 2 x 10944, down's output 4096: 48576.
+TEST(Mla, SelectiveOpRecomputesTheOtherMatmuls) {
+  struct Case {
+    const char *model;
+    std::vector<int> recomputed;
+  } cases[] = {{"deepseek-v3", {MP_MOD_Q_B, MP_MOD_KV_B, MP_MOD_GATE, MP_MOD_DOWN}},
+               {"deepseek-v2-lite", {MP_MOD_KV_A, MP_MOD_O, MP_MOD_UP}}};
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.model);
+    Built b;
+    BuildMla(&b, c.model, "dp_shard=8", MP_AC_SELECTIVE_OP);
+    std::vector<int> got;
+    for (const Inst &x : Expand(b.s))
+      if (x.layer == 0 && x.op->phase == MP_PHASE_RECOMPUTE && x.op->kernel == MP_KERNEL_GEMM &&
+          x.op->type == MP_OP_COMPUTE)
+        got.push_back(x.op->module);
+    EXPECT_EQ(got, c.recomputed);
+  }
+  Built b;
+  BuildMla(&b, "deepseek-v2-lite", "dp_shard=8", MP_AC_SELECTIVE_OP);
+  EXPECT_EQ(4096 + 6144 + 8192 + 4096 + 64 + 21888 + 4096, 48576);
+  EXPECT_EQ(SavedByBlock(b.s, 0), 4096 * 48576);
 }
 
 // The step's FLOPs against the model's 6 N + attention (V2-Lite, one rank's whole model on
@@ -281,6 +314,33 @@ TEST(Mla, StepFlopsMatchModelFlops) {
   EXPECT_LT(t.flops, model);
 }
 
+// Ring attention under cp=2 (V2-Lite, seq 4096: T = 2048 tokens per rank, 16 heads): the
+// decompressed K (16 x 192 = 3072) and V (16 x 128 = 2048) travel at their own widths, bf16:
+// forward shifts 2 T (3072 + 2048) = 20,971,520 bytes, backward's fp32 dK, dV twice that;
+// the steps' FLOPs add up to the local causal attention 2 T (s/2) heads (192 + 128), over the
+// whole sequence's keys: 2 x 2048 x 2048 x 16 x 320.
+TEST(Mla, ContextParallelRingCarriesKAndVAtTheirWidths) {
+  Built b;
+  BuildMla(&b, "deepseek-v2-lite", "cp=2");
+  const double T = 2048;
+  double fwd_flops = 0;
+  int kv_shifts = 0, dkv_shifts = 0;
+  for (const Inst &x : Expand(b.s)) {
+    if (x.layer != 0) continue;
+    if (x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_SENDRECV) {
+      if (x.op->bytes == 2 * T * 5120) kv_shifts++;
+      else if (x.op->bytes == 4 * T * 5120) dkv_shifts++;
+      else ADD_FAILURE() << "ring shift of " << x.op->bytes << " bytes";
+    }
+    if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_ATTENTION &&
+        x.op->phase == MP_PHASE_FORWARD && x.op->flops > 1e9)  // not the merges
+      fwd_flops += x.op->flops * (x.op->count > 1 ? x.op->count : 1);
+  }
+  EXPECT_GT(kv_shifts, 0);
+  EXPECT_GT(dkv_shifts, 0);
+  EXPECT_DOUBLE_EQ(fwd_flops, 2 * T * 2048 * 16 * 320);
+}
+
 // What the schedule does not describe for MLA is refused with the reason.
 TEST(Mla, Refusals) {
   struct Case {
@@ -290,8 +350,6 @@ TEST(Mla, Refusals) {
     const char *words;
   } cases[] = {
       {"dp_shard=8", MP_AC_NONE, MP_MEM_MODEL_MESHPLAN_CUDA, "meshplan runtime does not execute"},
-      {"cp=2", MP_AC_NONE, MP_MEM_MODEL_TORCHTITAN, "context parallelism with multi-head latent"},
-      {"dp_shard=8", MP_AC_SELECTIVE_OP, MP_MEM_MODEL_TORCHTITAN, "selective-op"},
   };
   for (const Case &c : cases) {
     SCOPED_TRACE(c.words);
