@@ -7,6 +7,7 @@
 
 #include "common/checked.h"
 #include "common/json.h"
+#include "common/log.h"
 #include "common/validate.h"
 #include "data/embedded.h"
 
@@ -25,6 +26,13 @@ static double param_count_f64(const mp_model *m) {
   double H = (double)m->d_model, q = (double)m->n_heads * (double)m->head_dim,
          kv = (double)m->n_kv_heads * (double)m->head_dim;
   double attn = 2 * H * q + 2 * H * kv + q + 2 * kv + H + 2 * (double)m->head_dim;
+  if (m->kv_lora_rank > 0) {
+    const double ql = (double)m->q_lora_rank, kvl = (double)m->kv_lora_rank,
+                 nh = (double)m->n_heads, vd = (double)m->v_head_dim;
+    attn = (ql > 0 ? ql * H + ql + nh * (double)m->head_dim * ql : H * q) +
+           (kvl + (double)m->qk_rope_head_dim) * H + kvl +
+           nh * ((double)m->qk_nope_head_dim + vd) * kvl + H * nh * vd;
+  }
   double dense = 3 * H * (double)m->d_ff + (double)m->d_ff + H;
   double moe = (double)m->n_experts * (3 * H * (double)m->d_ff_expert + H) +
                3 * H * (double)m->d_ff_shared;
@@ -32,6 +40,55 @@ static double param_count_f64(const mp_model *m) {
   for (int64_t l = 0; l < m->n_layers && l < MP_MAX_LAYERS; l++)
     p += attn + 4 * H + (m->n_experts > 0 && m->moe_layer[l] ? moe : dense);
   return p;
+}
+
+/* Multi-head latent attention's sizes (model.h): the ranks within the bounds of a hidden
+ * size, the head parts within those of a head, head_dim their query/key sum, one decompressed
+ * key/value head per query head, an even RoPE part, and none of the attention variants MLA
+ * has no place for (q/k/v biases, q/k norms, a sliding window). A model without MLA has no
+ * MLA sizes. */
+static mp_status validate_mla(mp_ctx *ctx, const mp_model *m, const char *origin) {
+  MP_CHECK(mp_check_i64(ctx, origin, "kv_lora_rank", m->kv_lora_rank, 0, MP_LIM_D_MODEL));
+  if (m->kv_lora_rank == 0) {
+    if (m->q_lora_rank || m->qk_nope_head_dim || m->qk_rope_head_dim || m->v_head_dim)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "%s: q_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim belong to "
+                      "multi-head latent attention, which needs kv_lora_rank > 0; give kv_lora_rank "
+                      "or leave them out", origin);
+    return MP_OK;
+  }
+  if (m->family != MP_FAMILY_LLAMA)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: multi-head latent attention is supported on the llama family only", origin);
+  MP_CHECK(mp_check_i64(ctx, origin, "q_lora_rank", m->q_lora_rank, 0, MP_LIM_D_MODEL));
+  MP_CHECK(mp_check_i64(ctx, origin, "qk_nope_head_dim", m->qk_nope_head_dim, 1, MP_LIM_HEAD_DIM));
+  MP_CHECK(mp_check_i64(ctx, origin, "qk_rope_head_dim", m->qk_rope_head_dim, 2, MP_LIM_HEAD_DIM));
+  MP_CHECK(mp_check_i64(ctx, origin, "v_head_dim", m->v_head_dim, 1, MP_LIM_HEAD_DIM));
+  if (m->qk_rope_head_dim % 2)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: qk_rope_head_dim=%lld must be even (RoPE rotates pairs of features)", origin,
+                    (long long)m->qk_rope_head_dim);
+  if (m->head_dim != m->qk_nope_head_dim + m->qk_rope_head_dim)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: head_dim=%lld must equal qk_nope_head_dim + qk_rope_head_dim = %lld under "
+                    "multi-head latent attention (the query/key head); leave head_dim out", origin,
+                    (long long)m->head_dim, (long long)(m->qk_nope_head_dim + m->qk_rope_head_dim));
+  if (m->n_kv_heads != m->n_heads)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: n_kv_heads=%lld must equal n_heads=%lld under multi-head latent attention "
+                    "(kv_b_proj decompresses one key and value head per query head); leave n_kv_heads out",
+                    origin, (long long)m->n_kv_heads, (long long)m->n_heads);
+  if (m->qkv_bias || m->qk_norm || m->sliding_window > 0)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: multi-head latent attention with %s is not a model meshplan describes; drop it",
+                    origin, m->qkv_bias ? "q/k/v biases" : m->qk_norm ? "q/k norms" : "a sliding window");
+  const int64_t widest = m->n_heads * (m->qk_nope_head_dim + m->v_head_dim);
+  if (widest > MP_LIM_D_MODEL || m->n_heads * m->v_head_dim > MP_LIM_D_MODEL)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: n_heads x (qk_nope_head_dim + v_head_dim) = %lld is out of range; accepted "
+                    "1..%lld (the bound of d_model)", origin, (long long)widest,
+                    (long long)MP_LIM_D_MODEL);
+  return MP_OK;
 }
 
 mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) {
@@ -55,6 +112,7 @@ mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) 
                     "1..%lld (the bound of d_model)",
                     origin, (long long)m->n_heads, (long long)m->head_dim,
                     (long long)(m->n_heads * m->head_dim), (long long)MP_LIM_D_MODEL);
+  MP_CHECK(validate_mla(ctx, m, origin));
   MP_CHECK(mp_check_i64(ctx, origin, "d_ff", m->d_ff, 0, MP_LIM_D_FF));
   int all_moe = m->n_experts > 0;
   for (int64_t l = 0; l < m->n_layers && all_moe; l++) all_moe = m->moe_layer[l];
@@ -113,6 +171,8 @@ mp_status mp_model_check_step(mp_ctx *ctx, const mp_model *m, int64_t seq, int64
   if (w > width) width = w, what = "d_ff";
   if (m->n_experts > 0 && (w = m->top_k * m->d_ff_expert) > width) width = w, what = "top_k x d_ff_expert";
   if ((w = m->n_heads * m->head_dim) > width) width = w, what = "n_heads x head_dim";
+  if (m->kv_lora_rank > 0 && (w = m->n_heads * (m->qk_nope_head_dim + m->v_head_dim)) > width)
+    width = w, what = "n_heads x (qk_nope_head_dim + v_head_dim)";
   if (m->d_model > width) width = m->d_model, what = "d_model";
   int64_t tokens = 0, elems = 0;
   if (mp_mul_i64(micro_batch, seq, &tokens) ||
@@ -142,6 +202,33 @@ static mp_status default_head_dim(mp_ctx *ctx, const cJSON *j, const char *origi
 
 static const char *family_name(mp_family f) { return f == MP_FAMILY_GPT ? "gpt" : "llama"; }
 
+/* meshplan's "mla" object (data/models/README.md): multi-head latent attention's ranks and
+ * head parts; head_dim defaults to the query/key head qk_nope + qk_rope. */
+/* MLA's five keys, named alike in meshplan's "mla" object and in DeepSeek's config.json
+ * (q_lora_rank absent or null: 0), and head_dim as the query/key head they give. */
+static mp_status read_mla_keys(mp_ctx *ctx, const cJSON *obj, const char *where, mp_model *m) {
+  MP_CHECK(mp_json_get_i64(ctx, obj, where, "q_lora_rank", 0, &m->q_lora_rank));
+  MP_CHECK(mp_json_get_i64(ctx, obj, where, "kv_lora_rank", 1, &m->kv_lora_rank));
+  MP_CHECK(mp_json_get_i64(ctx, obj, where, "qk_nope_head_dim", 1, &m->qk_nope_head_dim));
+  MP_CHECK(mp_json_get_i64(ctx, obj, where, "qk_rope_head_dim", 1, &m->qk_rope_head_dim));
+  MP_CHECK(mp_json_get_i64(ctx, obj, where, "v_head_dim", 1, &m->v_head_dim));
+  if (m->kv_lora_rank <= 0)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: 'kv_lora_rank' must be positive (got %lld)", where,
+                    (long long)m->kv_lora_rank);
+  m->head_dim = m->qk_nope_head_dim + m->qk_rope_head_dim;
+  return MP_OK;
+}
+
+static mp_status read_mla(mp_ctx *ctx, const cJSON *j, const char *origin, mp_model *m) {
+  const cJSON *mla = cJSON_GetObjectItemCaseSensitive(j, "mla");
+  if (mla == NULL || cJSON_IsNull(mla)) return MP_OK;
+  if (!cJSON_IsObject(mla))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: key 'mla': expected an object", origin);
+  char sub[256];
+  snprintf(sub, sizeof sub, "%s: mla", origin);
+  return read_mla_keys(ctx, mla, sub, m);
+}
+
 /* meshplan's own format: see data/models/README.md. */
 static mp_status from_ours(mp_ctx *ctx, const cJSON *j, const char *origin, mp_model *m) {
   char fam[16] = "llama";
@@ -158,7 +245,8 @@ static mp_status from_ours(mp_ctx *ctx, const cJSON *j, const char *origin, mp_m
   MP_CHECK(mp_json_get_i64(ctx, j, origin, "n_heads", 1, &m->n_heads));
   m->n_kv_heads = m->n_heads;
   MP_CHECK(mp_json_get_i64(ctx, j, origin, "n_kv_heads", 0, &m->n_kv_heads));
-  MP_CHECK(default_head_dim(ctx, j, origin, "head_dim", m));
+  MP_CHECK(read_mla(ctx, j, origin, m));
+  if (m->kv_lora_rank == 0) MP_CHECK(default_head_dim(ctx, j, origin, "head_dim", m));
   MP_CHECK(mp_json_get_i64(ctx, j, origin, "head_dim", 0, &m->head_dim));
   m->d_ff = 0;
   MP_CHECK(mp_json_get_i64(ctx, j, origin, "d_ff", 0, &m->d_ff));
@@ -213,9 +301,10 @@ static mp_status from_ours(mp_ctx *ctx, const cJSON *j, const char *origin, mp_m
  *   GPT2: vocab_size, n_embd, n_layer, n_head, n_positions, n_inner, layer_norm_epsilon */
 static int hf_type_supported(const char *type, const char *arch) {
   static const char *types[] = {"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-                                "mixtral"};
+                                "mixtral", "deepseek_v2", "deepseek_v3"};
   static const char *archs[] = {"LlamaFor", "MistralFor", "Qwen2For", "Qwen2MoeFor",
-                                "Qwen3For", "Qwen3MoeFor", "MixtralFor"};
+                                "Qwen3For", "Qwen3MoeFor", "MixtralFor", "DeepseekV2For",
+                                "DeepseekV3For"};
   if (type[0]) {
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
       if (strcmp(type, types[i]) == 0) return 1;
@@ -310,10 +399,10 @@ static mp_status hf_sliding_window(mp_ctx *ctx, const cJSON *j, const char *wher
   return MP_OK;
 }
 
-/* Fields that change a model's cost which this spec cannot describe: a config of a
- * supported architecture that sets one is refused by name rather than costed as if it
- * were absent (multi-head latent attention's ranks, DeepSeek's expert layout, logit
- * soft-capping). */
+/* Fields that change a model's cost which the llama family's readers do not read: a llama,
+ * mistral or qwen config that sets one is refused by name rather than costed as if it were
+ * absent (multi-head latent attention's ranks and DeepSeek's expert layout, read from
+ * deepseek_v2 and deepseek_v3 configs only; logit soft-capping). */
 static mp_status hf_refuse_unread(mp_ctx *ctx, const cJSON *j, const char *where) {
   static const char *const keys[] = {"q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
                                      "v_head_dim", "n_shared_experts", "first_k_dense_replace", "moe_layer_freq",
@@ -322,12 +411,95 @@ static mp_status hf_refuse_unread(mp_ctx *ctx, const cJSON *j, const char *where
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, keys[i]);
     if (v == NULL || cJSON_IsNull(v)) continue;
     return mp_error(ctx, MP_ERR_INVALID,
-                    "%s: key '%s' changes the model's cost and meshplan's model spec cannot describe it "
-                    "(multi-head latent attention, DeepSeek's shared and first dense layers, soft-capping); "
-                    "write the model in meshplan's JSON format where it can be (moe: n_shared_experts, "
-                    "first_dense_layers, layer_freq)", where, keys[i]);
+                    "%s: key '%s' changes the model's cost and is not read for this architecture "
+                    "(multi-head latent attention and DeepSeek's experts are read from deepseek_v2/v3 "
+                    "configs; soft-capping is not modelled); write the model in meshplan's JSON format "
+                    "where it can be (mla; moe: n_shared_experts, first_dense_layers, layer_freq)",
+                    where, keys[i]);
   }
   return MP_OK;
+}
+
+/* The llama family's sizes (vocab_size, hidden_size, num_hidden_layers, num_attention_heads,
+ * num_key_value_heads defaulting to the heads), as every llama-style config names them. */
+static mp_status hf_llama_sizes(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m) {
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m->vocab));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "hidden_size", 1, &m->d_model));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_hidden_layers", 1, &m->n_layers));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_attention_heads", 1, &m->n_heads));
+  m->n_kv_heads = m->n_heads;
+  return mp_json_get_i64(ctx, j, where, "num_key_value_heads", 0, &m->n_kv_heads);
+}
+
+/* Their context, embeddings and norm/RoPE constants (max_position_embeddings default 4096,
+ * tie_word_embeddings, rms_norm_eps default 1e-6, rope_theta default 10000). */
+static mp_status hf_llama_context(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m) {
+  m->max_seq = 4096;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "max_position_embeddings", 0, &m->max_seq));
+  MP_CHECK(mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m->tied_embeddings));
+  m->norm_eps = 1e-6;
+  MP_CHECK(mp_json_get_f64(ctx, j, where, "rms_norm_eps", 0, &m->norm_eps));
+  m->rope_theta = 10000.0;
+  return mp_json_get_f64(ctx, j, where, "rope_theta", 0, &m->rope_theta);
+}
+
+/* DeepSeek-V2's and V3's experts (modeling_deepseek): block l is MoE when l >=
+ * first_k_dense_replace and l % moe_layer_freq == 0; n_shared_experts shared experts of
+ * moe_intermediate_size each, one SwiGLU of their summed width. The router's scoring (V2
+ * softmax, V3 sigmoid with a selection bias), its group-limited top-k (n_group, topk_group)
+ * and routed_scaling_factor are element-wise work on [tokens, n_routed_experts] that the
+ * router op's cost covers; V3's selection bias is a buffer moved by the load-balancing rule,
+ * not a trained parameter, so it is not counted (nor is it in the published 671B). */
+static mp_status hf_deepseek_moe(mp_ctx *ctx, const cJSON *j, const char *where, int v3,
+                                 mp_model *m) {
+  const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "n_routed_experts");
+  if (r == NULL || cJSON_IsNull(r)) return MP_OK; /* dense */
+  int64_t first = 0, freq = 1;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "n_routed_experts", 1, &m->n_experts));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_experts_per_tok", 1, &m->top_k));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "moe_intermediate_size", 1, &m->d_ff_expert));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "n_shared_experts", 0, &m->n_shared_experts));
+  MP_CHECK(mp_check_i64(ctx, where, "n_shared_experts", m->n_shared_experts, 0, MP_LIM_SHARED_EXPERTS));
+  MP_CHECK(mp_check_i64(ctx, where, "moe_intermediate_size", m->d_ff_expert, 1, MP_LIM_D_FF));
+  m->d_ff_shared = m->n_shared_experts * m->d_ff_expert;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "first_k_dense_replace", 0, &first));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "moe_layer_freq", 0, &freq));
+  m->aux_loss_coef = 0.001;
+  MP_CHECK(mp_json_get_f64(ctx, j, where, "aux_loss_alpha", 0, &m->aux_loss_coef));
+  m->norm_topk_prob = v3;
+  MP_CHECK(mp_json_get_bool(ctx, j, where, "norm_topk_prob", 0, &m->norm_topk_prob));
+  if (m->n_layers > MP_MAX_LAYERS) return mp_model_validate(ctx, m, where);
+  const int64_t nl = m->n_layers > 0 ? m->n_layers : 1;
+  MP_CHECK(mp_check_i64(ctx, where, "first_k_dense_replace", first, 0, nl));
+  MP_CHECK(mp_check_i64(ctx, where, "moe_layer_freq", freq, 1, nl));
+  memset(m->moe_layer, 0, sizeof m->moe_layer);
+  for (int64_t l = first; l < m->n_layers; l++) m->moe_layer[l] = l % freq == 0;
+  return MP_OK;
+}
+
+/* DeepSeek-V2's and V3's configs (deepseek_v2, deepseek_v3): the llama family with
+ * multi-head latent attention (q_lora_rank null or 0: q_proj) and DeepSeek's experts. A
+ * `head_dim` key is not read: transformers' DeepseekV3Config sets it to qk_rope_head_dim,
+ * while meshplan's head_dim is the query/key head. V3's multi-token-prediction module
+ * (num_nextn_predict_layers) is not modelled: Hugging Face transformers and torchtitan train
+ * without it and the published 671B leaves it out; a one-line notice says so. */
+static mp_status hf_deepseek(mp_ctx *ctx, const cJSON *j, const char *where, const char *type,
+                             const char *arch, mp_model *m) {
+  const int v3 = strcmp(type, "deepseek_v3") == 0 || strncmp(arch, "DeepseekV3", 10) == 0;
+  m->family = MP_FAMILY_LLAMA;
+  MP_CHECK(hf_llama_sizes(ctx, j, where, m));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "intermediate_size", 1, &m->d_ff));
+  MP_CHECK(read_mla_keys(ctx, j, where, m));
+  MP_CHECK(hf_llama_context(ctx, j, where, m));
+  MP_CHECK(mp_json_get_bool(ctx, j, where, "attention_bias", 0, &m->qkv_bias));
+  int64_t mtp = 0;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_nextn_predict_layers", 0, &mtp));
+  if (mtp > 0)
+    mp_log(MP_LOG_WARN,
+           "%s: num_nextn_predict_layers=%lld (multi-token prediction) is not modelled: meshplan "
+           "plans the main model as Hugging Face transformers and torchtitan train it", where,
+           (long long)mtp);
+  return hf_deepseek_moe(ctx, j, where, v3, m);
 }
 
 /* The llama family's configs (llama, mistral, qwen2, qwen3, and their MoE variants):
@@ -336,22 +508,11 @@ static mp_status hf_llama(mp_ctx *ctx, const cJSON *j, const char *where, const 
                           const char *arch, mp_model *m) {
   m->family = MP_FAMILY_LLAMA;
   MP_CHECK(hf_refuse_unread(ctx, j, where));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m->vocab));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "hidden_size", 1, &m->d_model));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_hidden_layers", 1, &m->n_layers));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_attention_heads", 1, &m->n_heads));
-  m->n_kv_heads = m->n_heads;
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_key_value_heads", 0, &m->n_kv_heads));
+  MP_CHECK(hf_llama_sizes(ctx, j, where, m));
   MP_CHECK(default_head_dim(ctx, j, where, "head_dim", m));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "head_dim", 0, &m->head_dim));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "intermediate_size", 1, &m->d_ff));
-  m->max_seq = 4096;
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "max_position_embeddings", 0, &m->max_seq));
-  MP_CHECK(mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m->tied_embeddings));
-  m->norm_eps = 1e-6;
-  MP_CHECK(mp_json_get_f64(ctx, j, where, "rms_norm_eps", 0, &m->norm_eps));
-  m->rope_theta = 10000.0;
-  MP_CHECK(mp_json_get_f64(ctx, j, where, "rope_theta", 0, &m->rope_theta));
+  MP_CHECK(hf_llama_context(ctx, j, where, m));
   int is_qwen2 = strncmp(type, "qwen2", 5) == 0 || strncmp(arch, "Qwen2", 5) == 0;
   int is_qwen3 = strncmp(type, "qwen3", 5) == 0 || strncmp(arch, "Qwen3", 5) == 0;
   m->qkv_bias = is_qwen2;
@@ -382,18 +543,21 @@ mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origi
   char where[300];
   snprintf(where, sizeof where, "%s (%s)", origin, arch[0] ? arch : (type[0] ? type : "HF config"));
   int is_gpt2 = strcmp(type, "gpt2") == 0 || strncmp(arch, "GPT2", 4) == 0;
-  /* Other architectures (DeepSeek, Gemma, ...) have parts this spec cannot describe; reading
+  /* Other architectures (Gemma, ...) have parts this spec cannot describe; reading
    * them as llama would give silently wrong counts, so they are refused by name. */
   if (!is_gpt2 && !hf_type_supported(type, arch)) {
     st = mp_error(ctx, MP_ERR_INVALID,
                   "%s: unsupported architecture '%s'; meshplan reads Hugging Face configs of "
-                  "llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral and gpt2 "
+                  "llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, deepseek_v2, "
+                  "deepseek_v3 and gpt2 "
                   "(or write the model in meshplan's JSON format)",
                   origin, type[0] ? type : arch);
     goto done;
   }
   snprintf(m.name, sizeof m.name, "%s", arch[0] ? arch : type);
+  const int is_deepseek = strncmp(type, "deepseek_v", 10) == 0 || strncmp(arch, "DeepseekV", 9) == 0;
   if (is_gpt2) MP_CHECK_GOTO(hf_gpt2(ctx, j, where, &m), st, done);
+  else if (is_deepseek) MP_CHECK_GOTO(hf_deepseek(ctx, j, where, type, arch, &m), st, done);
   else MP_CHECK_GOTO(hf_llama(ctx, j, where, type, arch, &m), st, done);
   MP_CHECK_GOTO(mp_model_validate(ctx, &m, where), st, done);
   *out = m;
@@ -460,6 +624,12 @@ mp_status mp_model_load(mp_ctx *ctx, const char *name_or_path, mp_model *out) {
 
 int mp_model_is_moe(const mp_model *m) { return m->n_experts > 0; }
 
+int mp_model_is_mla(const mp_model *m) { return m->kv_lora_rank > 0; }
+
+int64_t mp_model_v_head_dim(const mp_model *m) {
+  return m->kv_lora_rank > 0 ? m->v_head_dim : m->head_dim;
+}
+
 int mp_model_layer_is_moe(const mp_model *m, int64_t layer) {
   return m->n_experts > 0 && layer >= 0 && layer < m->n_layers && m->moe_layer[layer];
 }
@@ -474,7 +644,18 @@ static int64_t norm_params(const mp_model *m) {
   return m->family == MP_FAMILY_GPT && m->bias ? 2 * m->d_model : m->d_model;
 }
 
+/* MLA (model.h): the query path (q_a_proj, its norm and q_b_proj, or q_proj), the key/value
+ * path (kv_a_proj_with_mqa, its norm on the latent, kv_b_proj) and o_proj. */
+static int64_t mla_params(const mp_model *m) {
+  const int64_t H = m->d_model, nh = m->n_heads, ql = m->q_lora_rank, kvl = m->kv_lora_rank;
+  const int64_t q = nh * m->head_dim;
+  int64_t p = ql > 0 ? ql * H + ql + q * ql : q * H;
+  p += (kvl + m->qk_rope_head_dim) * H + kvl + nh * (m->qk_nope_head_dim + m->v_head_dim) * kvl;
+  return p + H * nh * m->v_head_dim;
+}
+
 static int64_t attn_params(const mp_model *m) {
+  if (m->kv_lora_rank > 0) return mla_params(m);
   int64_t H = m->d_model, q = m->n_heads * m->head_dim, kv = m->n_kv_heads * m->head_dim;
   int64_t p = H * q + 2 * H * kv + q * H;
   if (m->bias) p += q + 2 * kv + H;
@@ -547,6 +728,10 @@ double mp_model_flops_per_token(const mp_model *m, int64_t seq) {
    * matmul runs too); the embedding lookup and learned positions do no matmul. */
   double n = (double)m->vocab * (double)m->d_model + norm_params(m);
   for (int64_t l = 0; l < m->n_layers; l++) n += (double)block_params(m, l, 1);
+  if (m->kv_lora_rank > 0) /* QK^T over the query/key head, attention x V over v_head_dim */
+    return 6.0 * n + 6.0 * (double)m->n_layers * (double)m->n_heads *
+                         (double)(m->head_dim + m->v_head_dim) *
+                         (2.0 * mp_model_attended_keys(m, seq));
   return 6.0 * n + 12.0 * (double)m->n_layers * (double)m->n_heads * (double)m->head_dim *
                        (2.0 * mp_model_attended_keys(m, seq));
 }

@@ -8,6 +8,17 @@
  *           (Qwen2: q/k/v biases; Qwen3: per-head RMSNorm on q and k).
  * Mixture-of-experts is built on the llama family: routed experts of size d_ff_expert,
  * optional shared experts, a router Linear [n_experts, d_model], top-k softmax routing.
+ * Multi-head latent attention (MLA; DeepSeek-V2, arXiv 2405.04434 section 2.1, and V3,
+ * arXiv 2412.19437) replaces q/k/v on the llama family when kv_lora_rank > 0:
+ *   q   q_lora_rank > 0: q_a_proj [q_lora_rank, H] -> q_a_layernorm [q_lora_rank] ->
+ *       q_b_proj [n_heads x (qk_nope + qk_rope), q_lora_rank]; q_lora_rank == 0: q_proj
+ *       [n_heads x (qk_nope + qk_rope), H]
+ *   kv  kv_a_proj_with_mqa [kv_lora_rank + qk_rope, H] -> kv_a_layernorm [kv_lora_rank] on
+ *       the latent -> kv_b_proj [n_heads x (qk_nope + v_head_dim), kv_lora_rank]; the rope
+ *       part is one key head shared by every head
+ *   o   o_proj [H, n_heads x v_head_dim]
+ * head_dim is then the query/key head, qk_nope + qk_rope, and n_kv_heads == n_heads (the
+ * decompressed keys and values are per head).
  *
  * Invariant after a successful load: every size is positive and within the bounds of
  * common/limits.h, n_kv_heads divides n_heads, and moe_layer[l] is set exactly for the
@@ -57,6 +68,12 @@ typedef struct mp_model {
   int64_t d_ff_shared;     /* hidden size of the shared expert block (all shared experts) */
   double aux_loss_coef;    /* load-balancing loss weight */
   int norm_topk_prob;      /* renormalise the top-k probabilities */
+  /* multi-head latent attention (kv_lora_rank == 0: none) */
+  int64_t q_lora_rank;      /* query latent; 0: q_proj straight from the hidden state */
+  int64_t kv_lora_rank;     /* key/value latent */
+  int64_t qk_nope_head_dim; /* per head: the query/key features without RoPE */
+  int64_t qk_rope_head_dim; /* per head: the query/key features with RoPE (the key's shared) */
+  int64_t v_head_dim;       /* per head: value and attention output features */
   unsigned char moe_layer[MP_MAX_LAYERS];
 } mp_model;
 
@@ -84,6 +101,11 @@ mp_status mp_model_check_step(mp_ctx *ctx, const mp_model *m, int64_t seq, int64
                               int64_t global_batch);
 
 int mp_model_is_moe(const mp_model *m);
+/* 1 when m has multi-head latent attention (kv_lora_rank > 0). */
+int mp_model_is_mla(const mp_model *m);
+/* Features per head of the values and of the attention output: v_head_dim under MLA, else
+ * head_dim. */
+int64_t mp_model_v_head_dim(const mp_model *m);
 int mp_model_layer_is_moe(const mp_model *m, int64_t layer);
 int64_t mp_model_n_moe_layers(const mp_model *m);
 
@@ -95,7 +117,9 @@ int64_t mp_model_embedding_params(const mp_model *m);
 int64_t mp_model_head_params(const mp_model *m);
 /* Every parameter, counted once (tied weights once). */
 int64_t mp_model_param_count(const mp_model *m);
-/* Parameters a token touches: routed experts count top_k of n_experts. */
+/* Parameters a token touches: routed experts count top_k of n_experts; both embeddings
+ * count (the input lookup's row and the output head; DeepSeek's published activated
+ * counts leave the input embedding out, mp_model_flops_per_token's matmul count too). */
 int64_t mp_model_active_param_count(const mp_model *m);
 /* Keys a query attends to on average in a causal sequence of seq tokens: seq / 2 (to
  * within a token: (seq + 1) / 2 exactly, the convention's seq / 2), or under a sliding
@@ -112,7 +136,9 @@ void mp_model_window_refusal(const mp_model *m, int64_t seq, char *buf, size_t c
 /* Training FLOPs per token (forward + backward), the torchtitan/PaLM convention:
  * 6 * (active params excluding the input embedding lookup) + 12 * L * n_heads * head_dim * seq,
  * where seq stands for twice the keys a query attends to (mp_model_attended_keys: seq
- * without a window, 2 W - W^2 / seq under a window W < seq).
+ * without a window, 2 W - W^2 / seq under a window W < seq). Under MLA QK^T runs over the
+ * query/key head (head_dim = qk_nope + qk_rope) and attention x V over v_head_dim: the
+ * attention term is 6 * L * n_heads * (head_dim + v_head_dim) * seq.
  * A tied head's matmul is counted (it runs), its embedding lookup is not. */
 double mp_model_flops_per_token(const mp_model *m, int64_t seq);
 

@@ -4,7 +4,8 @@
  * Units, in forward order: "root" first (tok_embeddings, pos_embeddings, norm, output:
  * torchtitan wraps the model itself last, and its parameters are gathered first), then one
  * per block "layers.N". A MoE block under EP (ep > 1) is split into three units:
- *   "layers.N.attention"   attention_norm + attention.*          group FSDP
+ *   "layers.N.attention"   attention_norm + attention.* (MLA's latent projections and
+ *                          norms among them)                     group FSDP
  *   "layers.N.moe"         ffn_norm, router, shared expert       group FSDP
  *   "layers.N.moe.experts" routed experts                        group EFSDP (dp_shard/ep)
  * because wrapping the whole block would put the experts' all-gather between EP's two
@@ -22,7 +23,9 @@ enum { PART_BLOCK = 0, PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2 };
 
 static int is_attention(mp_module m) {
   return m == MP_MOD_ATTN_NORM || m == MP_MOD_Q || m == MP_MOD_K || m == MP_MOD_V ||
-         m == MP_MOD_Q_NORM || m == MP_MOD_K_NORM || m == MP_MOD_O;
+         m == MP_MOD_Q_NORM || m == MP_MOD_K_NORM || m == MP_MOD_O || m == MP_MOD_Q_A ||
+         m == MP_MOD_Q_A_NORM || m == MP_MOD_Q_B || m == MP_MOD_KV_A || m == MP_MOD_KV_A_NORM ||
+         m == MP_MOD_KV_B;
 }
 
 /* The orders and combinations FSDP refuses: before TP, before EP, per-block units with EP. */

@@ -8,12 +8,20 @@
  *   none     norms, q/k norms, learned positions, the MoE router and routed experts (TP
  *            plans skip the MoE mlp names; experts are EP's business)
  *
+ * Multi-head latent attention (torchtitan's deepseek_v3 parallelize): the up projections
+ * q_b_proj (or q_proj without a q latent) and kv_b_proj colwise, their output heads split;
+ * o_proj rowwise; the down projections q_a_proj and kv_a_proj_with_mqa and the two latent
+ * norms replicated (every tp rank needs the whole latents, and the shared RoPE key head, to
+ * decompress its heads). With sequence parallelism the all-gather of the normed input comes
+ * before the replicated down projections, which then run on the whole sequence on every
+ * rank.
+ *
  * Output head: the weight is colwise either way (vocab rows split over tp). With
  * shard_logits=1 the logits stay vocab-sharded and the loss is computed in parallel;
  * with shard_logits=0 the logits are all-gathered over tp before the loss (each rank
  * holds [B, S, vocab]). The choice is recorded on the plan (opts.tp) and in a note.
  *
- * Checks: tp divides n_heads, n_kv_heads, d_model, d_ff (when a dense MLP exists),
+ * Checks: tp divides n_heads (under MLA the heads kv_b_proj decompresses), n_kv_heads, d_model, d_ff (when a dense MLP exists),
  * d_ff_shared (when shared experts exist) and vocab; vocab may instead be padded up to a
  * multiple of tp (pad_vocab=1), which enlarges tok_embeddings and output and is noted. */
 #include <stdio.h>
@@ -105,6 +113,8 @@ mp_status mp_apply_tensor_parallel(mp_ctx *ctx, mp_plan *p, const mp_tp_options 
       case MP_MOD_Q:
       case MP_MOD_K:
       case MP_MOD_V:
+      case MP_MOD_Q_B:
+      case MP_MOD_KV_B:
       case MP_MOD_GATE:
       case MP_MOD_UP:
       case MP_MOD_SHARED_GATE:
@@ -117,16 +127,28 @@ mp_status mp_apply_tensor_parallel(mp_ctx *ctx, mp_plan *p, const mp_tp_options 
       case MP_MOD_SHARED_DOWN:
         if (prm->role == MP_ROLE_WEIGHT) shard(prm, MP_TP_ROWWISE, 1, tp);
         break;
-      default: break; /* norms, positions, router, routed experts: replicated over tp */
+      default: break; /* norms, positions, router, routed experts, MLA's down projections and
+                         latent norms: replicated over tp */
     }
   }
 
-  if (tp > 1) {
+  if (tp > 1 && mp_model_is_mla(&p->model))
+    mp_plan_note(p,
+                 "TP: tp=%d: %s, kv_b_proj, gate/up%s and output colwise (%lld heads per rank); "
+                 "o and down rowwise; tok_embeddings vocab-parallel; %skv_a_proj_with_mqa, the "
+                 "latent norms, norms%s replicated (the latents run whole on every rank; their "
+                 "gradients are all-reduced over tp in backward)",
+                 tp, p->model.q_lora_rank > 0 ? "q_b_proj" : "q_proj",
+                 p->model.n_shared_experts > 0 ? ", shared-expert gate/up" : "",
+                 (long long)(p->model.n_heads / tp), p->model.q_lora_rank > 0 ? "q_a_proj, " : "",
+                 mp_model_is_moe(&p->model) ? ", MoE router and routed experts (skipped)" : "");
+  else if (tp > 1)
     mp_plan_note(p,
                  "TP: tp=%d: q/k/v, gate/up%s and output colwise; o and down rowwise; "
                  "tok_embeddings vocab-parallel; norms%s replicated",
                  tp, p->model.n_shared_experts > 0 ? ", shared-expert gate/up" : "",
                  mp_model_is_moe(&p->model) ? ", MoE router and routed experts (skipped)" : "");
+  if (tp > 1) {
     if (p->opts.sp == 1)
       mp_plan_note(p, "TP: sequence parallel: norms, residual adds and the embedding's output on "
                       "each rank's 1/%d of the sequence; an all-gather into and a reduce-scatter "

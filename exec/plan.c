@@ -188,8 +188,26 @@ static mp_param *add_param(builder *b, mp_module mod, int layer, mp_param_role r
 
 /* Upper bound on parameters: 2 embeddings + 2 head + per block at most
  * 2 norms x 2 + 4 attention Linear x 2 + 2 qk norms + 3 MLP x 2 + router + 3 experts +
- * 3 shared = 26; round up. */
+ * 3 shared = 26 (MLA: 5 Linears and 2 norms in place of 4 Linears with biases); round up. */
 static int tree_cap(const mp_model *m) { return (int)(8 + 32 * m->n_layers); }
+
+/* Multi-head latent attention's modules of block l in forward order (exec/model.h): the
+ * query path, the key/value path, o_proj. 0, or -1 when out of memory. */
+static int mla_tree(builder *b, const mp_model *m, int l) {
+  const int64_t H = m->d_model, nh = m->n_heads, ql = m->q_lora_rank, kvl = m->kv_lora_rank;
+  if (ql > 0) {
+    LINEAR(MP_MOD_Q_A, l, ql, H, 0);
+    NORM(MP_MOD_Q_A_NORM, l, ql, 0);
+    LINEAR(MP_MOD_Q_B, l, nh * m->head_dim, ql, 0);
+  } else {
+    LINEAR(MP_MOD_Q, l, nh * m->head_dim, H, 0);
+  }
+  LINEAR(MP_MOD_KV_A, l, kvl + m->qk_rope_head_dim, H, 0);
+  NORM(MP_MOD_KV_A_NORM, l, kvl, 0);
+  LINEAR(MP_MOD_KV_B, l, nh * (m->qk_nope_head_dim + m->v_head_dim), kvl, 0);
+  LINEAR(MP_MOD_O, l, H, nh * m->v_head_dim, 0);
+  return 0;
+}
 
 /* 0 on success, -1 when out of memory (or capacity). */
 static int build_tree(builder *b, const mp_model *m) {
@@ -203,14 +221,18 @@ static int build_tree(builder *b, const mp_model *m) {
   if (gpt) ADD(MP_MOD_POS_EMBEDDINGS, -1, MP_ROLE_WEIGHT, 2, m->max_seq, H, 1);
   for (int l = 0; l < (int)m->n_layers; l++) {
     NORM(MP_MOD_ATTN_NORM, l, H, lbias);
-    LINEAR(MP_MOD_Q, l, q_out, H, qkvb);
-    LINEAR(MP_MOD_K, l, kv_out, H, qkvb);
-    LINEAR(MP_MOD_V, l, kv_out, H, qkvb);
-    if (m->qk_norm) {
-      NORM(MP_MOD_Q_NORM, l, hd, 0);
-      NORM(MP_MOD_K_NORM, l, hd, 0);
+    if (mp_model_is_mla(m)) {
+      if (mla_tree(b, m, l) < 0) return -1;
+    } else {
+      LINEAR(MP_MOD_Q, l, q_out, H, qkvb);
+      LINEAR(MP_MOD_K, l, kv_out, H, qkvb);
+      LINEAR(MP_MOD_V, l, kv_out, H, qkvb);
+      if (m->qk_norm) {
+        NORM(MP_MOD_Q_NORM, l, hd, 0);
+        NORM(MP_MOD_K_NORM, l, hd, 0);
+      }
+      LINEAR(MP_MOD_O, l, H, q_out, lbias);
     }
-    LINEAR(MP_MOD_O, l, H, q_out, lbias);
     NORM(MP_MOD_FFN_NORM, l, H, lbias);
     if (mp_model_layer_is_moe(m, l)) {
       const int64_t E = m->n_experts, fe = m->d_ff_expert;

@@ -53,7 +53,7 @@ typedef enum mp_module {
   MP_MOD_V,                  /* layers.N.attention.v_proj [n_kv*hd, H] */
   MP_MOD_Q_NORM,             /* layers.N.attention.q_norm [hd] (Qwen3) */
   MP_MOD_K_NORM,             /* layers.N.attention.k_norm [hd] (Qwen3) */
-  MP_MOD_O,                  /* layers.N.attention.o_proj [H, n_heads*hd] */
+  MP_MOD_O,                  /* layers.N.attention.o_proj [H, n_heads*hd] (MLA: n_heads*v) */
   MP_MOD_FFN_NORM,           /* layers.N.ffn_norm         [H] */
   MP_MOD_GATE,               /* layers.N.mlp.gate_proj    [d_ff, H] (llama) */
   MP_MOD_UP,                 /* layers.N.mlp.up_proj      [d_ff, H] */
@@ -67,6 +67,14 @@ typedef enum mp_module {
   MP_MOD_SHARED_DOWN,        /* layers.N.moe.shared_expert.down_proj [H, d_ff_shared] */
   MP_MOD_FINAL_NORM,         /* norm                      [H] */
   MP_MOD_OUTPUT,             /* output                    [vocab, H] (absent when tied) */
+  /* multi-head latent attention (exec/model.h; ql = q_lora_rank, kvl = kv_lora_rank, qk =
+   * qk_nope + qk_rope, the q path is q_proj when ql == 0) */
+  MP_MOD_Q_A,                /* layers.N.attention.q_a_proj           [ql, H] */
+  MP_MOD_Q_A_NORM,           /* layers.N.attention.q_a_layernorm      [ql] */
+  MP_MOD_Q_B,                /* layers.N.attention.q_b_proj           [n_heads*qk, ql] */
+  MP_MOD_KV_A,               /* layers.N.attention.kv_a_proj_with_mqa [kvl + qk_rope, H] */
+  MP_MOD_KV_A_NORM,          /* layers.N.attention.kv_a_layernorm     [kvl] */
+  MP_MOD_KV_B,               /* layers.N.attention.kv_b_proj          [n_heads*(qk_nope + v), kvl] */
   MP_MOD_COUNT
 } mp_module;
 

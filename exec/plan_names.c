@@ -31,6 +31,12 @@ static const char *const k_module_names[MP_MOD_COUNT] = {
     [MP_MOD_SHARED_DOWN] = "moe.shared_expert.down_proj",
     [MP_MOD_FINAL_NORM] = "norm",
     [MP_MOD_OUTPUT] = "output",
+    [MP_MOD_Q_A] = "attention.q_a_proj",
+    [MP_MOD_Q_A_NORM] = "attention.q_a_layernorm",
+    [MP_MOD_Q_B] = "attention.q_b_proj",
+    [MP_MOD_KV_A] = "attention.kv_a_proj_with_mqa",
+    [MP_MOD_KV_A_NORM] = "attention.kv_a_layernorm",
+    [MP_MOD_KV_B] = "attention.kv_b_proj",
 };
 
 int mp_module_f8_source(mp_module m) {

@@ -50,6 +50,11 @@
  *                   attention recomputed from the saved q, k, v before the attention's
  *                   backward; with flash attention what it does not keep is the log-sum-exp
  *                   4T nh (its output is o_proj's input, kept)
+ * Multi-head latent attention's attention part A is schedule_mla.c's list (its latents, q,
+ * k, v and output); the policies keep of it what they keep of q/k/v attention's (selective:
+ * the normed input; selective-core: all but the log-sum-exp; full: nothing); selective-op
+ * keeps the outputs of its odd-numbered matmuls (schedule_mla.c), and with a query latent
+ * (five matmuls) the MLP's even-numbered ones.
  *   full            X only; the whole block (collectives included) recomputed at the start
  *                   of its backward
  * Kept tensors a compiler cannot rematerialize (a checkpoint's input, an op-level policy's
@@ -73,6 +78,7 @@ static int64_t stat_bytes(const shapes *sh) { return sh->gpt ? 8 : 4; }
 /* A: everything the attention part saves without AC. */
 static int64_t attn_all(const shapes *sh) {
   const int64_t T = sh->T;
+  if (sh->mla) return mp_sched_mla_attn_saved(sh, 2 * T * sh->H); /* schedule_mla.c's list */
   int64_t b = stat_bytes(sh) * sh->Ts + 2 * T * sh->H + 2 * T * (sh->q + 2 * sh->kv) +
               2 * T * sh->q + 4 * T * sh->nh;
   if (sh->qk_norm) b += 2 * T * (sh->q + sh->kv) + 4 * T * (sh->nh + sh->nkv);
@@ -110,11 +116,22 @@ typedef struct block_act {
   uint32_t skip;             /* what the recompute does not run */
 } block_act;
 
-/* Selective-op's forced saves of the MLP part (see the file comment). */
-static void op_sac_mlp(const shapes *sh, int kind, int64_t *keep, int64_t *in_all,
+/* Selective-op's forced saves of the MLP part (see the file comment); `shifted`: the
+ * attention ran an odd number of mm (MLA with a query latent: five), so the MLP's saved
+ * matmuls are the other ones: up #7 of a dense llama MLP; shared gate #7 and shared down #9
+ * of an MoE block. */
+static void op_sac_mlp(const shapes *sh, int kind, int shifted, int64_t *keep, int64_t *in_all,
                        uint32_t *skip) {
   const int64_t T = sh->T, rs = sh->sp ? 2 * sh->Ts * sh->H : 0;
-  if (kind == KIND_MOE) {
+  if (shifted && kind == KIND_MOE) {
+    *keep = (sh->has_shared ? 2 * T * sh->fs + 2 * T * sh->H : 0) + rs;
+    *in_all = sh->has_shared ? 2 * T * sh->fs : 0; /* shared gate is silu's saved input */
+    if (sh->has_shared) *skip |= SKIP_MOD(MP_MOD_SHARED_GATE) | SKIP_MOD(MP_MOD_SHARED_DOWN);
+  } else if (shifted) {
+    *keep = 2 * T * sh->f + rs; /* up #7, saved by the product */
+    *in_all = 2 * T * sh->f;
+    *skip |= SKIP_MOD(MP_MOD_UP);
+  } else if (kind == KIND_MOE) {
     /* router #5 (its logits), shared up #7 */
     *keep = 2 * T * sh->E + (sh->has_shared ? 2 * T * sh->fs : 0) + rs;
     *in_all = sh->has_shared ? 2 * T * sh->fs : 0;
@@ -133,7 +150,7 @@ static void op_sac_mlp(const shapes *sh, int kind, int64_t *keep, int64_t *in_al
 static void block_act_tt(const shapes *sh, int kind, mp_ac_mode ac, block_act *a) {
   memset(a, 0, sizeof *a);
   const int64_t T = sh->T, A = attn_all(sh), M = mlp_all(sh, kind);
-  const int64_t core = 2 * T * sh->q + 4 * T * sh->nh;
+  const int64_t core = 2 * T * sh->ao + 4 * T * sh->nh;
   a->x = 2 * sh->Ts * sh->H;
   a->attn = A;
   a->mlp = M;
@@ -151,10 +168,17 @@ static void block_act_tt(const shapes *sh, int kind, mp_ac_mode ac, block_act *a
     case MP_AC_SELECTIVE_OP: {
       const int64_t rs = sh->sp ? 2 * sh->Ts * sh->H : 0;
       int64_t mk = 0, m_in_all = 0;
-      a->skip = SKIP_MOD(MP_MOD_Q) | SKIP_MOD(MP_MOD_V) | SKIP_CORE | SKIP_RS;
-      op_sac_mlp(sh, kind, &mk, &m_in_all, &a->skip);
-      a->attn = 2 * T * sh->q + 2 * T * sh->kv + core + rs;
-      a->attn_tmp = A - (2 * T * sh->kv + core);
+      a->skip = SKIP_CORE | SKIP_RS;
+      op_sac_mlp(sh, kind, sh->mla && sh->ql > 0, &mk, &m_in_all, &a->skip);
+      if (sh->mla) { /* schedule_mla.c's matmuls */
+        int64_t in_a = 0;
+        a->attn = mp_sched_mla_op_sac(sh, &in_a, &a->skip) + core + rs;
+        a->attn_tmp = A - (in_a + core);
+      } else {
+        a->skip |= SKIP_MOD(MP_MOD_Q) | SKIP_MOD(MP_MOD_V);
+        a->attn = 2 * T * sh->q + 2 * T * sh->kv + core + rs;
+        a->attn_tmp = A - (2 * T * sh->kv + core);
+      }
       a->rc_attn = a->attn_tmp;
       a->mlp = mk;
       a->mlp_tmp = M - m_in_all;
@@ -208,6 +232,8 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
   int64_t A = st * Ts + in + 2 * T * (sh->q + sh->kv) + 2 * T * sh->kv + core + 2 * T * sh->q +
               drop * Ts * H;
   if (sh->qk_norm) A += 2 * T * (sh->q + sh->kv) + 4 * T * (sh->nh + sh->nkv);
+  if (sh->mla) /* Megatron-LM's MLA saves what torchtitan's does, its input SP-sharded */
+    A = mp_sched_mla_attn_saved(sh, in) - 4 * T * sh->nh + core;
   int64_t M;
   if (kind == KIND_DENSE)
     M = 2 * Ts * H + st * Ts + in + (sh->gpt ? 2 : 4) * 2 * T * sh->f + drop * Ts * H;
@@ -219,7 +245,7 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
   if (ac == MP_AC_SELECTIVE_CORE) {
     a->attn = A - core;
     a->attn_tmp = core;
-    a->rc_attn = core + 2 * T * sh->q;
+    a->rc_attn = core + 2 * T * sh->ao;
   } else if (ac == MP_AC_FULL) {
     a->attn = a->mlp = 0;
     a->attn_tmp = a->rc_attn = A;

@@ -25,12 +25,16 @@
  * (4 T q + 4 T nh) and two K, V buffers in flight (the one received, the one sent: 2 x 2 x
  * T x kv x 2 bytes, COMM) through the ring; backward the fp32 dQ, dK, dV accumulators
  * (4 T (q + 2 kv)), the two K, V buffers and two fp32 dK, dV buffers (2 x 2 x T x kv x 4,
- * COMM). The saved tensors are those of the local attention (schedule_act.c). */
+ * COMM). The saved tensors are those of the local attention (schedule_act.c). Under
+ * multi-head latent attention the decompressed K (heads x (qk_nope + qk_rope)) and V
+ * (heads x v_head_dim) travel, each at its own width (kv and v), and the output is v wide. */
 #include "exec/schedule_internal.h"
 
 /* the local attention's FLOPs (schedule_ops.c): 4 T x keys attended x heads x hd, the
- * causal half or a sliding window's band */
+ * causal half or a sliding window's band; MLA: QK^T over hd, attention x V over vd */
 static double core_fwd_flops(const shapes *sh) {
+  if (sh->vd != sh->hd)
+    return 2.0 * (double)sh->T * sh->attended * (double)sh->nh * (double)(sh->hd + sh->vd);
   return 4.0 * (double)sh->T * sh->attended * (double)sh->nh * (double)sh->hd;
 }
 
@@ -71,8 +75,8 @@ void mp_sched_cp_attention_fwd(gen *g) {
   const shapes *sh = &g->sh;
   const int cp = sh->cp;
   const int64_t T = sh->T;
-  const double kv = 2.0 * 2.0 * (double)(T * sh->kv); /* K and V, bf16 */
-  const int64_t acc = 4 * T * sh->q + 4 * T * sh->nh;
+  const double kv = 2.0 * (double)(T * (sh->kv + sh->v)); /* K and V, bf16 */
+  const int64_t acc = 4 * T * sh->ao + 4 * T * sh->nh;
   int fold;
   const int R = ring_rounds(g, &fold);
   pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 1);
@@ -91,13 +95,13 @@ void mp_sched_cp_attention_fwd(gen *g) {
     times(g,
           compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq / cp, sh->hd, sh->nh,
                   core_fwd_flops(sh) / cp,
-                  2.0 * (double)(T * (2 * sh->q + 2 * sh->kv)) + 4.0 * (double)(T * sh->nh),
+                  2.0 * (double)(T * (sh->q + sh->ao + sh->kv + sh->v)) + 4.0 * (double)(T * sh->nh),
                   MP_DTYPE_BF16),
           k);
     if (r > 0) /* the online-softmax merge */
       times(g,
-            elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T * sh->q, 4.0,
-                        10.0 * (double)(T * sh->q) + 16.0 * (double)(T * sh->nh)),
+            elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T * sh->ao, 4.0,
+                        10.0 * (double)(T * sh->ao) + 16.0 * (double)(T * sh->nh)),
             k);
     prev_step = g->last_c;
   }
@@ -109,8 +113,8 @@ void mp_sched_cp_attention_bwd(gen *g) {
   const shapes *sh = &g->sh;
   const int cp = sh->cp;
   const int64_t T = sh->T;
-  const double kv = 2.0 * 2.0 * (double)(T * sh->kv), dkv = 2.0 * 4.0 * (double)(T * sh->kv);
-  const int64_t acc = 4 * T * (sh->q + 2 * sh->kv);
+  const double kv = 2.0 * (double)(T * (sh->kv + sh->v)), dkv = 4.0 * (double)(T * (sh->kv + sh->v));
+  const int64_t acc = 4 * T * (sh->q + sh->kv + sh->v);
   int fold;
   const int R = ring_rounds(g, &fold);
   pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 1);
@@ -128,14 +132,15 @@ void mp_sched_cp_attention_bwd(gen *g) {
     times(g,
           compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq / cp, sh->hd, sh->nh,
                   2.0 * core_fwd_flops(sh) / cp,
-                  2.0 * (double)(T * (4 * sh->q + 4 * sh->kv)) + 4.0 * (double)(T * sh->nh),
+                  2.0 * (double)(T * (2 * (sh->q + sh->ao) + 2 * (sh->kv + sh->v))) +
+                      4.0 * (double)(T * sh->nh),
                   MP_DTYPE_BF16),
           k);
     if (r > 0) { /* the dK, dV that arrived, added to this step's */
       pend_dep(g, ahead >= 0 ? ahead : dshift, 0);
       times(g,
-            elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, 2 * T * sh->kv, 1.0,
-                        12.0 * (double)(2 * T * sh->kv)),
+            elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T * (sh->kv + sh->v), 1.0,
+                        12.0 * (double)(T * (sh->kv + sh->v))),
             k);
     }
     dshift = ring_shift(g, dkv, MP_DTYPE_FP32, g->last_c, 1); /* passed on to the next rank */

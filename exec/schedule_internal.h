@@ -121,6 +121,14 @@ typedef struct shapes {
   double attended;                                   /* keys a query attends to on average
                                                         (mp_model_attended_keys) */
   int64_t V_l, V_loss;                               /* head rows on the rank; loss width */
+  int64_t vd, v, ao;                                 /* value head, v's width, the attention
+                                                        output's width (tp-local): hd, kv and q
+                                                        without MLA */
+  int mla;                                           /* multi-head latent attention */
+  int64_t ql, kvl, rope, kvb;                        /* MLA: q_lora_rank (0: q_proj),
+                                                        kv_lora_rank, qk_rope_head_dim,
+                                                        kv_b_proj's rows (tp-local) */
+  int ar_mla;                                        /* MLA: its up projections colwise */
   int gpt, qk_norm, has_shared, tied;
   int tp, ep, cp;
   int sp;                                            /* sequence parallelism (tp > 1) */
@@ -431,6 +439,24 @@ void mp_sched_attention_core_bwd(gen *g);
 void mp_sched_attention_core_fwd(gen *g);
 void mp_sched_attention_fwd(gen *g, const part_deps *pd);
 void mp_sched_attention_out_fwd(gen *g);
+/* The building blocks schedule_mla.c shares (schedule_ops.c): a Linear's forward or backward
+ * GEMMs (float8 casts included), a norm, a TP region's entering collective, Megatron-LM's SP
+ * re-gather of a region's input and the wait on it. */
+void mp_sched_linear(gen *g, int bwd, int module, double m, int64_t out, int64_t in);
+void mp_sched_norm(gen *g, int bwd, int module, int64_t rows, int64_t width);
+void mp_sched_tp_region_in(gen *g, int bwd, int on, int module);
+int32_t mp_sched_mg_regather(gen *g, int on, int module);
+void mp_sched_mg_regather_wait(gen *g, int32_t gather, int32_t first_op);
+/* Multi-head latent attention's projections (schedule_mla.c): forward from the normed input
+ * to q, k and v ready for the core; backward from their gradients to the input's. */
+void mp_sched_mla_fwd(gen *g);
+void mp_sched_mla_bwd(gen *g);
+/* Bytes an MLA block's attention part saves without AC (schedule_mla.c), the attention
+ * input counted as `in` bytes (2TH, or 2TsH where Megatron-LM keeps it sharded). */
+int64_t mp_sched_mla_attn_saved(const shapes *sh, int64_t in);
+/* What selective-op AC keeps of an MLA attention's matmul outputs (bytes), *in_saved the part
+ * of it the attention saves without AC too, the recompute's skips added to *skip. */
+int64_t mp_sched_mla_op_sac(const shapes *sh, int64_t *in_saved, uint32_t *skip);
 void mp_sched_embedding_bwd(gen *g);
 void mp_sched_embedding_fwd(gen *g);
 void mp_sched_head_bwd(gen *g);
@@ -479,6 +505,8 @@ int mp_sched_kind_of(const gen *g, int32_t l, const stage_info *st);
 mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_mode mode,
                              mp_arena *arena, mp_schedule_prep **out);
 int mp_sched_prep_serves(const mp_schedule_prep *pr, const mp_plan *p);
+/* MP_ERR_UNSUPPORTED for an MLA plan the schedule does not describe (schedule_prep.c). */
+mp_status mp_sched_check_mla(mp_ctx *ctx, const mp_plan *p);
 void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch);
 
 #endif

@@ -357,7 +357,9 @@ static void residual_bwd(gen *g, int64_t elems) {
 static double attn_fwd_flops(const shapes *sh) {
   /* 4 x T x keys attended x heads x hd: the causal half, seq / 2 keys per query, or under a
    * sliding window the band flash attention computes (FlashAttention-2's window_size skips
-   * the tiles outside it) */
+   * the tiles outside it). MLA: QK^T over the query/key head hd, attention x V over vd. */
+  if (sh->vd != sh->hd)
+    return 2.0 * (double)sh->T * sh->attended * (double)sh->nh * (double)(sh->hd + sh->vd);
   return 4.0 * (double)sh->T * sh->attended * (double)sh->nh * (double)sh->hd;
 }
 
@@ -378,12 +380,12 @@ static void core_materialized(gen *g, int bwd) {
     if (sh->gpt)
       compute(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, -1, (int64_t)scores, 0, 0, 1, 2.0 * scores,
               5.0 * scores, MP_DTYPE_BF16);
-    gemm(g, MP_VAR_FWD, -1, s, sh->hd, sh->seq, batch, MP_DTYPE_BF16);
+    gemm(g, MP_VAR_FWD, -1, s, sh->vd, sh->seq, batch, MP_DTYPE_BF16);
     return;
   }
   pair(g, MP_MEM_TEMP, BUF_SCORES_GRAD, (int64_t)(2.0 * scores), 1);
-  gemm(g, MP_VAR_DGRAD, -1, s, sh->hd, sh->seq, batch, MP_DTYPE_BF16);
-  gemm(g, MP_VAR_DGRAD, -1, s, sh->seq, sh->hd, batch, MP_DTYPE_BF16);
+  gemm(g, MP_VAR_DGRAD, -1, s, sh->vd, sh->seq, batch, MP_DTYPE_BF16);
+  gemm(g, MP_VAR_DGRAD, -1, s, sh->seq, sh->vd, batch, MP_DTYPE_BF16);
   if (sh->gpt)
     compute(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, -1, (int64_t)scores, 0, 0, 1, 2.0 * scores,
             5.0 * scores, MP_DTYPE_BF16);
@@ -408,7 +410,7 @@ void mp_sched_attention_core_fwd(gen *g) {
   }
   const int64_t T = sh->T;
   compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq, sh->hd, sh->nh, attn_fwd_flops(sh),
-          2.0 * (double)(T * (2 * sh->q + 2 * sh->kv)) + 4.0 * (double)(T * sh->nh),
+          2.0 * (double)(T * (sh->q + sh->ao + sh->kv + sh->v)) + 4.0 * (double)(T * sh->nh),
           MP_DTYPE_BF16);
 }
 
@@ -426,7 +428,8 @@ void mp_sched_attention_core_bwd(gen *g) {
   const int64_t T = sh->T;
   compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq, sh->hd, sh->nh,
           2.0 * attn_fwd_flops(sh),
-          2.0 * (double)(T * (4 * sh->q + 4 * sh->kv)) + 4.0 * (double)(T * sh->nh),
+          2.0 * (double)(T * (2 * (sh->q + sh->ao) + 2 * (sh->kv + sh->v))) +
+              4.0 * (double)(T * sh->nh),
           MP_DTYPE_BF16);
 }
 
@@ -437,6 +440,11 @@ void mp_sched_attention_fwd(gen *g, const part_deps *pd) {
   const int64_t T = sh->T, H = sh->H;
   attach(g, pd, PART_ATTN);
   norm_fwd(g, MP_MOD_ATTN_NORM, sh->Ts, H);
+  if (sh->mla) {
+    mp_sched_mla_fwd(g);
+    mp_sched_attention_core_fwd(g);
+    return;
+  }
   tp_region_in_fwd(g, sh->ar_qkv, MP_MOD_Q, f8_input(g, MP_MOD_Q));
   linear_fwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
   linear_fwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
@@ -453,7 +461,7 @@ void mp_sched_attention_fwd(gen *g, const part_deps *pd) {
 void mp_sched_attention_out_fwd(gen *g) {
   const shapes *sh = &g->sh;
   mp_sched_rt_sp(g, 1);
-  linear_fwd(g, MP_MOD_O, (double)sh->T, sh->H, sh->q, 1);
+  linear_fwd(g, MP_MOD_O, (double)sh->T, sh->H, sh->ao, 1);
   tp_region_out_fwd(g, sh->ar_o, MP_MOD_O);
   mp_sched_rt_sp(g, 0);
   residual(g, MP_VAR_FWD, sh->Ts * sh->H);
@@ -655,9 +663,15 @@ void mp_sched_attention_bwd(gen *g, const part_deps *pd) {
   attach(g, pd, PART_ATTN);
   mp_sched_rt_sp(g, 1);
   tp_region_out_bwd(g, sh->ar_o, MP_MOD_O);
-  linear_bwd(g, MP_MOD_O, (double)T, H, sh->q, 1);
+  linear_bwd(g, MP_MOD_O, (double)T, H, sh->ao, 1);
   mp_sched_rt_sp(g, 0);
   mp_sched_attention_core_bwd(g);
+  if (sh->mla) {
+    mp_sched_mla_bwd(g);
+    norm_bwd(g, MP_MOD_ATTN_NORM, sh->Ts, H);
+    residual_bwd(g, sh->Ts * H);
+    return;
+  }
   rope(g, MP_VAR_BWD);
   if (sh->qk_norm) {
     norm_bwd(g, MP_MOD_K_NORM, T * sh->nkv, sh->hd);
@@ -677,6 +691,29 @@ void mp_sched_attention_bwd(gen *g, const part_deps *pd) {
   tp_region_in_bwd(g, sh->ar_qkv, MP_MOD_Q);
   norm_bwd(g, MP_MOD_ATTN_NORM, sh->Ts, H);
   residual_bwd(g, sh->Ts * H);
+}
+
+/* ---- the building blocks schedule_mla.c shares (schedule_internal.h) ------------------ */
+
+void mp_sched_linear(gen *g, int bwd, int module, double m, int64_t out, int64_t in) {
+  if (bwd) linear_bwd(g, module, m, out, in, 1);
+  else linear_fwd(g, module, m, out, in, 1);
+}
+
+void mp_sched_norm(gen *g, int bwd, int module, int64_t rows, int64_t width) {
+  if (bwd) norm_bwd(g, module, rows, width);
+  else norm_fwd(g, module, rows, width);
+}
+
+void mp_sched_tp_region_in(gen *g, int bwd, int on, int module) {
+  if (bwd) tp_region_in_bwd(g, on, module);
+  else tp_region_in_fwd(g, on, module, 0);
+}
+
+int32_t mp_sched_mg_regather(gen *g, int on, int module) { return mg_regather(g, on, module); }
+
+void mp_sched_mg_regather_wait(gen *g, int32_t gather, int32_t first_op) {
+  mg_regather_wait(g, gather, first_op);
 }
 
 /* ---- embedding, head and loss --------------------------------------------------------- */

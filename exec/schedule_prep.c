@@ -49,6 +49,12 @@ static void read_shapes(gen *g) {
   sh->fs = m->d_ff_shared;
   sh->E_l = m->n_experts;
   sh->V_l = p->vocab_padded;
+  sh->mla = mp_model_is_mla(m);
+  sh->vd = mp_model_v_head_dim(m);
+  sh->ql = m->q_lora_rank;
+  sh->kvl = m->kv_lora_rank;
+  sh->rope = m->qk_rope_head_dim;
+  sh->kvb = m->n_heads * (m->qk_nope_head_dim + m->v_head_dim);
   int seen[MP_MOD_COUNT] = {0};
   for (int i = 0; i < p->n_params; i++) {
     const mp_param *prm = &p->params[i];
@@ -62,6 +68,8 @@ static void read_shapes(gen *g) {
         if (sh->tied) sh->V_l = prm->tp_shape[0];
         break;
       case MP_MOD_Q: sh->q = prm->tp_shape[0]; sh->ar_qkv = col; break;
+      case MP_MOD_Q_B: sh->q = prm->tp_shape[0]; break;
+      case MP_MOD_KV_B: sh->kvb = prm->tp_shape[0]; sh->ar_mla = col; break;
       case MP_MOD_K: sh->kv = prm->tp_shape[0]; break;
       case MP_MOD_O: sh->ar_o = row; break;
       case MP_MOD_UP: sh->f = prm->tp_shape[0]; sh->ar_gateup = col; break;
@@ -74,8 +82,14 @@ static void read_shapes(gen *g) {
     }
   }
   if (sh->tied && seen[MP_MOD_TOK_EMBEDDINGS]) sh->fp8[MP_MOD_TOK_EMBEDDINGS] = 0;
+  if (sh->mla) { /* one decompressed key per query head; v and the output v_head_dim wide */
+    sh->kv = sh->q;
+    sh->ar_qkv = 0; /* MLA's region has no float8 input of its own (schedule_mla.c) */
+  }
   sh->nh = sh->q / sh->hd;
   sh->nkv = sh->kv / sh->hd;
+  sh->v = sh->mla ? sh->nh * sh->vd : sh->kv;
+  sh->ao = sh->mla ? sh->nh * sh->vd : sh->q;
   /* the head is colwise whenever its rows are split; its input gradient is partial */
   const int head_split = sh->V_l != p->vocab_padded;
   sh->ar_head_in = head_split;
@@ -247,6 +261,18 @@ static void find_runs(gen *g, const stage_info *st, mp_schedule_mode mode, int32
 
 /* ---- the prep ------------------------------------------------------------------------- */
 
+/* What the schedule does not describe for multi-head latent attention: the runtime memory
+ * models (the runtime does not execute it). */
+mp_status mp_sched_check_mla(mp_ctx *ctx, const mp_plan *p) {
+  if (!mp_model_is_mla(&p->model)) return MP_OK;
+  if (mp_mem_model_is_runtime(p->opts.mem_model))
+    return mp_error(ctx, MP_ERR_UNSUPPORTED,
+                    "model %s has multi-head latent attention, which the meshplan runtime does not "
+                    "execute, so the %s memory model has no layout for it; use the torchtitan or "
+                    "megatron stack", p->model.name, mp_mem_model_name(p->opts.mem_model));
+  return MP_OK;
+}
+
 mp_status mp_sched_check_plan_rank(mp_ctx *ctx, const mp_plan *p, int rank) {
   const mp_mesh *mesh = &p->mesh;
   if (rank < 0 || rank >= mp_mesh_world(mesh))
@@ -261,6 +287,7 @@ mp_status mp_sched_check_plan_rank(mp_ctx *ctx, const mp_plan *p, int rank) {
   if ((unsigned)p->opts.mem_model >= MP_MEM_MODEL_COUNT)
     return mp_error(ctx, MP_ERR_INVALID, "unknown memory model %d; choose torchtitan, "
                     "meshplan-cpu, meshplan-cuda or megatron", (int)p->opts.mem_model);
+  MP_CHECK(mp_sched_check_mla(ctx, p));
   if ((p->applied & MP_PASS_TP) == 0 && mesh->size[MP_DIM_TP] > 1)
     return mp_error(ctx, MP_ERR_ORDER,
                     "the mesh has tp=%d but TP was not applied; apply the passes in order "

@@ -185,6 +185,12 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
 static int fp8_dims_ok(const mp_model *m, int tp) {
   if (m->d_model % 16) return 0;
   if ((m->n_heads * m->head_dim / tp) % 16 || (m->n_kv_heads * m->head_dim / tp) % 16) return 0;
+  /* MLA: the latents (replicated) and kv_b's and o's head-split widths */
+  if (mp_model_is_mla(m) &&
+      (m->q_lora_rank % 16 || m->kv_lora_rank % 16 || (m->kv_lora_rank + m->qk_rope_head_dim) % 16 ||
+       (m->n_heads * (m->qk_nope_head_dim + m->v_head_dim) / tp) % 16 ||
+       (m->n_heads * m->v_head_dim / tp) % 16))
+    return 0;
   if (model_has_dense_mlp(m) && (m->d_ff / tp) % 16) return 0;
   return 1;
 }

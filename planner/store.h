@@ -1,7 +1,7 @@
 /* The planner's SQLite store: every run, every candidate with its reason, every
  * prediction, and the executor's measurements, in one database file (default meshplan.db).
  *
- * Tables (schema version 2; `schema_version` holds the version, and opening a file of a
+ * Tables (schema version 5; `schema_version` holds the version, and opening a file of a
  * lower version migrates it in order inside one transaction; the plans(run_id, rank)
  * index is partial, WHERE rank IS NOT NULL: only ranked plans are looked up by rank, so a
  * run's hundreds of thousands of unranked rows pay no index insert):
@@ -21,7 +21,10 @@
  * 'failed'; a process killed on the way leaves 'running', which reads as incomplete.
  * Version 4 adds plans.sp (sequence parallelism with tp) and plans.pp_virtual (model
  * chunks per pipeline stage); plans.ac holds the AC policy as the CLI names it (full:N
- * included).
+ * included). Version 5 adds plans.global_batch: the plan's own sequences per step, the
+ * batch rule's target (runs.global_batch) rounded to a multiple of its data-parallel size
+ * (planner/batch.h), which plans.micro_batch divides into micro-batches per rank; NULL on
+ * rows written before version 5.
  *
  * Concurrency: WAL mode, a busy timeout (MP_STORE_BUSY_TIMEOUT_MS), and every write
  * transaction starts with BEGIN IMMEDIATE, repeated while other writers hold the lock for
@@ -54,7 +57,7 @@
 extern "C" {
 #endif
 
-#define MP_STORE_SCHEMA_VERSION 4
+#define MP_STORE_SCHEMA_VERSION 5
 /* PRAGMA application_id of a meshplan database: "MPLN" in ASCII. */
 #define MP_STORE_APPLICATION_ID 0x4D504C4E
 #define MP_STORE_BUSY_TIMEOUT_MS 60000
@@ -141,6 +144,7 @@ typedef struct mp_plan_row {
   int pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8, reshard, evaluated, feasible;
   int ac_every, sp, pp_virtual;
   int64_t micro_batch;
+  int64_t global_batch; /* the plan's own sequences per step; 0: not recorded (before v5) */
   char reject_rule[32], reject_reason[256];
   double step_time_s, tokens_per_s_per_gpu, mfu, compute_s, exposed_comm_s, bubble_s;
   int64_t peak_mem_bytes, capacity_bytes;

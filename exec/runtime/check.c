@@ -52,6 +52,10 @@ mp_status mp_runtime_model_check(mp_ctx *ctx, const mp_model *m, int64_t seq) {
   if (m->family != MP_FAMILY_LLAMA)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: the runtime implements the llama family only "
                     "(RMSNorm, RoPE, SwiGLU); gpt models are not implemented yet", m->name);
+  if (mp_model_is_mla(m))
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: multi-head latent attention (DeepSeek's q/kv "
+                    "latent projections) is not implemented in the runtime; meshplan plans and simulates "
+                    "it, train it with torchtitan or Megatron-LM", m->name);
   if (m->qkv_bias || m->qk_norm || m->bias)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: q/k/v biases and q/k norms (Qwen2/Qwen3) are not "
                     "implemented in the runtime yet", m->name);

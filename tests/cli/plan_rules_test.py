@@ -6,24 +6,13 @@ hint computed from the counts, and --why.
 
 Usage: plan_rules_test.py MESHPLAN"""
 import json
-import subprocess
 import sys
 
-BIN = sys.argv[1]
-fails = []
+import cli_check
+from cli_check import check, fails, run
+
+cli_check.BIN = sys.argv[1]
 MTOK = 1 << 20
-
-
-def run(*args, want_rc=0):
-    p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=120)
-    if p.returncode != want_rc:
-        fails.append(f"meshplan {' '.join(args)}: exit {p.returncode}, want {want_rc}: {p.stderr.strip()}")
-    return p
-
-
-def check(cond, what):
-    if not cond:
-        fails.append(what)
 
 
 def plan_json(*args):

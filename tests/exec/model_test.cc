@@ -307,10 +307,9 @@ TEST_F(ModelTest, HuggingFaceConfigsGiveTheSameCounts) {
 }
 
 // The HF config and meshplan's own file describe the same model field for field.
-TEST_F(ModelTest, HfLlamaMatchesOurLlamaFile) {
-  mp_model ours, hf;
-  ASSERT_EQ(mp_model_load(&ctx, "llama3.1-8b", &ours), MP_OK) << msg();
-  ASSERT_EQ(mp_model_load(&ctx, "tests/data/hf/llama3.1-8b.json", &hf), MP_OK) << msg();
+// Every field of two specs but the name, and what they count.
+static void ExpectSameSpec(const mp_model &hf, const mp_model &ours) {
+  EXPECT_EQ(hf.family, ours.family);
   EXPECT_EQ(hf.vocab, ours.vocab);
   EXPECT_EQ(hf.d_model, ours.d_model);
   EXPECT_EQ(hf.n_layers, ours.n_layers);
@@ -319,9 +318,35 @@ TEST_F(ModelTest, HfLlamaMatchesOurLlamaFile) {
   EXPECT_EQ(hf.head_dim, ours.head_dim);
   EXPECT_EQ(hf.d_ff, ours.d_ff);
   EXPECT_EQ(hf.max_seq, ours.max_seq);
+  EXPECT_EQ(hf.tied_embeddings, ours.tied_embeddings);
+  EXPECT_EQ(hf.bias, ours.bias);
+  EXPECT_EQ(hf.qkv_bias, ours.qkv_bias);
+  EXPECT_EQ(hf.qk_norm, ours.qk_norm);
+  EXPECT_EQ(hf.sliding_window, ours.sliding_window);
   EXPECT_EQ(hf.norm_eps, ours.norm_eps);
   EXPECT_EQ(hf.rope_theta, ours.rope_theta);
+  EXPECT_EQ(hf.n_experts, ours.n_experts);
+  EXPECT_EQ(hf.top_k, ours.top_k);
+  EXPECT_EQ(hf.n_shared_experts, ours.n_shared_experts);
+  EXPECT_EQ(hf.d_ff_expert, ours.d_ff_expert);
+  EXPECT_EQ(hf.d_ff_shared, ours.d_ff_shared);
+  EXPECT_EQ(hf.aux_loss_coef, ours.aux_loss_coef);
+  EXPECT_EQ(hf.norm_topk_prob, ours.norm_topk_prob);
+  EXPECT_EQ(memcmp(hf.moe_layer, ours.moe_layer, sizeof hf.moe_layer), 0);
+  EXPECT_EQ(hf.q_lora_rank, ours.q_lora_rank);
+  EXPECT_EQ(hf.kv_lora_rank, ours.kv_lora_rank);
+  EXPECT_EQ(hf.qk_nope_head_dim, ours.qk_nope_head_dim);
+  EXPECT_EQ(hf.qk_rope_head_dim, ours.qk_rope_head_dim);
+  EXPECT_EQ(hf.v_head_dim, ours.v_head_dim);
+  EXPECT_EQ(mp_model_param_count(&hf), mp_model_param_count(&ours));
   EXPECT_EQ(mp_model_flops_per_token(&hf, 4096), mp_model_flops_per_token(&ours, 4096));
+}
+
+TEST_F(ModelTest, HfLlamaMatchesOurLlamaFile) {
+  mp_model ours, hf;
+  ASSERT_EQ(mp_model_load(&ctx, "llama3.1-8b", &ours), MP_OK) << msg();
+  ASSERT_EQ(mp_model_load(&ctx, "tests/data/hf/llama3.1-8b.json", &hf), MP_OK) << msg();
+  ExpectSameSpec(hf, ours);
 }
 
 TEST_F(ModelTest, HfMoeFields) {
@@ -415,13 +440,148 @@ TEST_F(ModelTest, HfZeroHeadsIsAnErrorNotACrash) {
 }
 
 TEST_F(ModelTest, HfUnsupportedArchitectureIsRefusedByName) {
+  const char *gemma =
+      "{\"architectures\": [\"Gemma2ForCausalLM\"], \"model_type\": \"gemma2\","
+      " \"vocab_size\": 256000, \"hidden_size\": 2304, \"num_hidden_layers\": 26,"
+      " \"num_attention_heads\": 8, \"intermediate_size\": 9216}";
+  EXPECT_EQ(mp_model_from_text(&ctx, gemma, "g.json", &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "unsupported architecture 'gemma2'")) << msg();
+  EXPECT_TRUE(Contains(msg(), "g.json")) << msg();
+  // A DeepSeek config without its latent ranks names the missing key.
   const char *ds =
       "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\","
       " \"vocab_size\": 129280, \"hidden_size\": 7168, \"num_hidden_layers\": 61,"
       " \"num_attention_heads\": 128, \"intermediate_size\": 18432}";
   EXPECT_EQ(mp_model_from_text(&ctx, ds, "ds.json", &m), MP_ERR_INVALID);
-  EXPECT_TRUE(Contains(msg(), "unsupported architecture 'deepseek_v3'")) << msg();
+  EXPECT_TRUE(Contains(msg(), "'kv_lora_rank'")) << msg();
   EXPECT_TRUE(Contains(msg(), "ds.json")) << msg();
+}
+
+// ---- DeepSeek: multi-head latent attention, shared and routed experts, dense first layers
+
+// DeepSeek-V3 (H=7168, L=61, 128 heads, q_lora 1536, kv_lora 512, qk_nope 128, qk_rope 64,
+// v 128, d_ff 18432 in the first 3 layers, 256 routed experts of 2048 + 1 shared, top-8,
+// V=129280, untied), counted by hand:
+//   q_a_proj 1536*7168 = 11,010,048; q_a_layernorm 1,536; q_b_proj 128*192*1536 = 37,748,736;
+//   kv_a_proj_with_mqa (512+64)*7168 = 4,128,768; kv_a_layernorm 512;
+//   kv_b_proj 128*(128+128)*512 = 16,777,216; o_proj 7168*128*128 = 117,440,512
+//   attention 187,107,328; block norms 2*7168 = 14,336
+//   dense MLP 3*7168*18432 = 396,361,728
+//   one expert 3*7168*2048 = 44,040,192; router 256*7168 = 1,835,008
+//   MoE, all     257*44,040,192 + 1,835,008 = 11,320,164,352
+//   MoE, active    9*44,040,192 + 1,835,008 =    398,196,736 (8 routed + the shared)
+//   embeddings 2*129280*7168 = 1,853,358,080; final norm 7,168
+//   total  61*187,121,664 + 3*396,361,728 + 58*11,320,164,352 + 1,853,365,248
+//        = 671,026,404,352 (DeepSeek: 671B, without the multi-token-prediction module and
+//          without the router's selection bias, a buffer: 58*256 more with it)
+//   active 61*187,121,664 + 3*396,361,728 + 58*398,196,736 + 1,853,365,248
+//        = 37,552,282,624; without the input embedding (926,679,040): 36,625,603,584
+//          (DeepSeek publishes 37B activated; neither convention is within 0.5 % of 37.0B:
+//          +1.5 % and -1.0 %)
+TEST_F(ModelTest, DeepSeekV3TotalAndActive) {
+  Load("deepseek-v3");
+  EXPECT_TRUE(mp_model_is_mla(&m));
+  EXPECT_EQ(m.head_dim, 192);
+  EXPECT_EQ(m.n_kv_heads, 128);
+  EXPECT_EQ(mp_model_v_head_dim(&m), 128);
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 58);
+  for (int l = 0; l < 3; l++) EXPECT_FALSE(mp_model_layer_is_moe(&m, l)) << l;
+  EXPECT_EQ(mp_model_block_params(&m, 0), 187121664LL + 396361728LL);
+  EXPECT_EQ(mp_model_block_params(&m, 3), 187121664LL + 11320164352LL);
+  EXPECT_EQ(mp_model_param_count(&m), 671026404352LL);
+  EXPECT_NEAR((double)mp_model_param_count(&m), 671e9, 0.005 * 671e9);
+  EXPECT_EQ(mp_model_active_param_count(&m), 37552282624LL);
+  EXPECT_EQ(mp_model_active_param_count(&m) - mp_model_embedding_params(&m), 36625603584LL);
+}
+
+// DeepSeek-V2-Lite (H=2048, L=27, 16 heads, no q latent, kv_lora 512, qk_nope 128, qk_rope
+// 64, v 128, d_ff 10944 in layer 0, 64 routed experts of 1408 + 2 shared, top-6, V=102400):
+//   q_proj 16*192*2048 = 6,291,456; kv_a_proj_with_mqa 576*2048 = 1,179,648;
+//   kv_a_layernorm 512; kv_b_proj 16*256*512 = 2,097,152; o_proj 2048*16*128 = 4,194,304
+//   attention 13,763,072; block norms 4,096; dense MLP 3*2048*10944 = 67,239,936
+//   one expert 3*2048*1408 = 8,650,752; router 64*2048 = 131,072
+//   MoE, all (64 + 2)*8,650,752 + 131,072 = 571,080,704; active (6 + 2)*8,650,752 + 131,072
+//   = 69,337,088; embeddings 2*102400*2048 = 419,430,400; final norm 2,048
+//   total  27*13,767,168 + 67,239,936 + 26*571,080,704 + 419,432,448 = 15,706,484,224
+//          (DeepSeek: 15.7B)
+//   active 27*13,767,168 + 67,239,936 + 26*69,337,088 + 419,432,448 = 2,661,150,208;
+//          without the input embedding (209,715,200): 2,451,435,008 (DeepSeek: 2.4B)
+TEST_F(ModelTest, DeepSeekV2LiteTotalAndActive) {
+  Load("deepseek-v2-lite");
+  EXPECT_TRUE(mp_model_is_mla(&m));
+  EXPECT_EQ(m.q_lora_rank, 0);
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 26);
+  EXPECT_EQ(m.d_ff_shared, 2816);
+  EXPECT_EQ(mp_model_param_count(&m), 15706484224LL);
+  EXPECT_EQ(mp_model_active_param_count(&m), 2661150208LL);
+  EXPECT_EQ(mp_model_active_param_count(&m) - mp_model_embedding_params(&m), 2451435008LL);
+}
+
+// FLOPs per token under MLA: 6 x the activated parameters without the input embedding, plus
+// the attention's 6 L heads (qk_head + v_head) seq (QK^T over 192 features, AV over 128):
+//   V3 at 4096:      6*36,625,603,584 + 6*61*128*320*4096 = 219,753,621,504 + 61,404,610,560
+//                  = 281,158,232,064
+//   V2-Lite at 4096: 6*2,451,435,008 + 6*27*16*320*4096  =  14,708,610,048 +  3,397,386,240
+//                  =  18,105,996,288
+TEST_F(ModelTest, DeepSeekFlopsPerToken) {
+  Load("deepseek-v3");
+  EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 4096), 281158232064.0);
+  Load("deepseek-v2-lite");
+  EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 4096), 18105996288.0);
+}
+
+// The published Hugging Face configs load to the spec of meshplan's files, field for field.
+TEST_F(ModelTest, HfDeepSeekConfigsMatchOurFiles) {
+  const char *pairs[][2] = {{"deepseek-v3", "tests/data/hf/deepseek-v3.json"},
+                            {"deepseek-v2-lite", "tests/data/hf/deepseek-v2-lite.json"}};
+  for (auto &pr : pairs) {
+    SCOPED_TRACE(pr[0]);
+    mp_model ours, hf;
+    ASSERT_EQ(mp_model_load(&ctx, pr[0], &ours), MP_OK) << msg();
+    ASSERT_EQ(mp_model_load(&ctx, pr[1], &hf), MP_OK) << msg();
+    ExpectSameSpec(hf, ours);
+  }
+}
+
+// DeepSeek's layer rule (l >= first_k_dense_replace and l % moe_layer_freq == 0) differs from
+// Qwen's (l + 1) % step: with freq 2 and 1 dense layer, layers 2, 4, 6 are MoE.
+TEST_F(ModelTest, HfDeepSeekMoeLayerRule) {
+  const char *cfg =
+      "{\"model_type\": \"deepseek_v2\", \"vocab_size\": 100, \"hidden_size\": 64,"
+      " \"num_hidden_layers\": 7, \"num_attention_heads\": 4, \"intermediate_size\": 128,"
+      " \"q_lora_rank\": null, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8,"
+      " \"qk_rope_head_dim\": 4, \"v_head_dim\": 8, \"n_routed_experts\": 4,"
+      " \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, \"n_shared_experts\": 2,"
+      " \"first_k_dense_replace\": 1, \"moe_layer_freq\": 2}";
+  ASSERT_EQ(mp_model_from_text(&ctx, cfg, "ds.json", &m), MP_OK) << msg();
+  const int want[7] = {0, 0, 1, 0, 1, 0, 1};
+  for (int l = 0; l < 7; l++) EXPECT_EQ(mp_model_layer_is_moe(&m, l), want[l]) << l;
+  EXPECT_EQ(m.d_ff_shared, 64);
+  EXPECT_EQ(m.head_dim, 12);
+}
+
+// MLA's rules, each refused with the field and what to do.
+TEST_F(ModelTest, MlaFieldsAreChecked) {
+  const std::string base =
+      "{\"family\": \"llama\", \"vocab\": 100, \"d_model\": 64, \"n_layers\": 2,"
+      " \"n_heads\": 4, \"d_ff\": 128";
+  struct { const char *tail, *want; } cases[] = {
+      {", \"mla\": {\"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 3,"
+       " \"v_head_dim\": 8}}", "qk_rope_head_dim=3 must be even"},
+      {", \"n_kv_heads\": 2, \"mla\": {\"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8,"
+       " \"qk_rope_head_dim\": 4, \"v_head_dim\": 8}}", "n_kv_heads=2 must equal n_heads=4"},
+      {", \"head_dim\": 16, \"mla\": {\"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8,"
+       " \"qk_rope_head_dim\": 4, \"v_head_dim\": 8}}", "head_dim=16 must equal"},
+      {", \"qk_norm\": true, \"mla\": {\"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8,"
+       " \"qk_rope_head_dim\": 4, \"v_head_dim\": 8}}", "q/k norms"},
+      {", \"mla\": {\"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4}}",
+       "missing required key 'v_head_dim'"},
+  };
+  for (auto &c : cases) {
+    std::string text = base + c.tail;
+    EXPECT_EQ(mp_model_from_text(&ctx, text.c_str(), "m.json", &m), MP_ERR_INVALID) << c.want;
+    EXPECT_TRUE(Contains(msg(), c.want)) << msg();
+  }
 }
 
 TEST_F(ModelTest, HfKvHeadsMustDivideHeads) {

@@ -406,7 +406,7 @@ TEST(StoreIdentity, TamperedMeshplanFilesAreRefused) {
 }
 
 // A database of an older version (here: version 1, whose plans(run_id, rank) index is not
-// partial and which has none of the columns versions 3 and 4 add) and one from before the
+// partial and which has none of the columns versions 3, 4 and 5 add) and one from before the
 // header was stamped (application_id and user_version 0) are meshplan's: migrated and
 // stamped, their runs kept.
 TEST(StoreIdentity, OlderAndUnstampedDatabasesMigrate) {
@@ -415,7 +415,7 @@ TEST(StoreIdentity, OlderAndUnstampedDatabasesMigrate) {
           "DROP INDEX measurements_plan_step; ALTER TABLE runs DROP COLUMN train_status;"
           " ALTER TABLE measurements DROP COLUMN eval_loss; ALTER TABLE measurements DROP COLUMN lr;"
           " ALTER TABLE measurements DROP COLUMN grad_norm; ALTER TABLE plans DROP COLUMN sp;"
-          " ALTER TABLE plans DROP COLUMN pp_virtual;"
+          " ALTER TABLE plans DROP COLUMN pp_virtual; ALTER TABLE plans DROP COLUMN global_batch;"
           " DROP INDEX plans_run_rank; CREATE INDEX plans_run_rank ON plans(run_id, rank);"
           " UPDATE schema_version SET version=1; PRAGMA user_version=0; PRAGMA application_id=0");
   mp_ctx ctx;
@@ -427,6 +427,75 @@ TEST(StoreIdentity, OlderAndUnstampedDatabasesMigrate) {
   EXPECT_EQ(q(st, "PRAGMA application_id"), MP_STORE_APPLICATION_ID);
   EXPECT_EQ(q(st, "SELECT count(*) FROM sqlite_master WHERE name='plans_run_rank' AND sql LIKE '%WHERE%'"), 1);
   EXPECT_EQ(q(st, "SELECT count(*) FROM runs"), 1);
+  mp_store_close(st);
+}
+
+// Each plan's own global batch (version 5): under the batch rule a target of 50 sequences
+// becomes, per mesh, the nearest multiple of its dp = dp_replicate x dp_shard (8 GPUs):
+// dp 1 -> 50, dp 2 -> 50, dp 4 -> 52 (48 and 52 are 2 away: halves round up), dp 8 -> 48
+// (48 is 2 away, 56 is 6). The row holds the candidate's batch; micro_batch divides its
+// share per rank on every feasible row.
+TEST(Store, EachPlanStoresItsOwnGlobalBatch) {
+  std::string path = FreshDbPath("gb.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  PlannerRun r(1, 8, 0);
+  r.req.search.target_batch = 50;
+  r.req.info.global_batch = 50;
+  mp_planner_result res;
+  ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK) << mp_errmsg(&ctx);
+  const std::string run = std::to_string(res.run_id);
+  const std::string plans = "SELECT count(*) FROM plans WHERE run_id=" + run;
+  EXPECT_EQ(q(st, plans + " AND global_batch IS NULL"), 0);
+  const int64_t want[9] = {0, 50, 50, 0, 52, 0, 0, 0, 48};
+  for (int dp : {1, 2, 4, 8}) {
+    SCOPED_TRACE(dp);
+    const std::string of_dp = plans + " AND dp_replicate * dp_shard = " + std::to_string(dp);
+    EXPECT_GT(q(st, of_dp), 0);
+    EXPECT_EQ(q(st, of_dp + " AND global_batch != " + std::to_string(want[dp])), 0);
+  }
+  EXPECT_EQ(q(st, plans + " AND feasible = 1 AND global_batch % (dp_replicate * dp_shard * micro_batch) != 0"), 0);
+  EXPECT_GT(q(st, plans + " AND feasible = 1"), 0);
+  EXPECT_EQ(q(st, "SELECT global_batch FROM runs WHERE id=" + run), 50);
+  // read back with the ranked plans
+  mp_arena *a = mp_arena_create();
+  mp_plan_row *rows = nullptr;
+  int64_t n = 0;
+  ASSERT_EQ(mp_store_top_plans(&ctx, st, res.run_id, 0, a, &rows, &n), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_GT(n, 0);
+  for (int64_t i = 0; i < n; i++)
+    EXPECT_EQ(rows[i].global_batch, want[rows[i].dp_replicate * rows[i].dp_shard]) << i;
+  mp_arena_destroy(a);
+  mp_planner_result_free(&res);
+  mp_store_close(st);
+}
+
+// A version-4 database (plans without global_batch) with a run in it migrates to version 5:
+// its rows keep NULL (not recorded then), a new run records every plan's batch.
+TEST(StoreIdentity, Version4MigratesAndKeepsItsRuns) {
+  std::string path = made_db("v4.db", 1);
+  exec_on(path,
+          "ALTER TABLE plans DROP COLUMN global_batch; UPDATE schema_version SET version=4;"
+          " PRAGMA user_version=4");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(q(st, "SELECT version FROM schema_version"), 5);
+  EXPECT_EQ(q(st, "PRAGMA user_version"), 5);
+  const int64_t old_rows = q(st, "SELECT count(*) FROM plans");
+  EXPECT_GT(old_rows, 0);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE global_batch IS NULL"), old_rows);
+  PlannerRun r(1, 8, 32);
+  mp_planner_result res;
+  ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE global_batch IS NULL"), old_rows);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE run_id=" + std::to_string(res.run_id) +
+                      " AND global_batch = 32"),
+            res.search->n);
+  mp_planner_result_free(&res);
   mp_store_close(st);
 }
 

@@ -50,14 +50,15 @@ TEST(TrainStore, Version2MigratesWithItsRows) {
   mp_measurement m = {plan, 1, 0.5, 1000, 5.5, 100.0, "cpu", 0, 0, 0, 0};
   ASSERT_EQ(mp_store_add_measurement(&c, st, &m), MP_OK) << mp_errmsg(&c);
   mp_store_close(st);
-  // back to version 2: the columns and index versions 3 and 4 added, gone
+  // back to version 2: the columns and index versions 3, 4 and 5 added, gone
   sqlite3 *db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db,
                          "DROP INDEX measurements_plan_step; ALTER TABLE runs DROP COLUMN train_status;"
                          "ALTER TABLE measurements DROP COLUMN eval_loss; ALTER TABLE measurements DROP COLUMN lr;"
                          "ALTER TABLE measurements DROP COLUMN grad_norm; ALTER TABLE plans DROP COLUMN sp;"
-                         "ALTER TABLE plans DROP COLUMN pp_virtual; UPDATE schema_version SET version=2;"
+                         "ALTER TABLE plans DROP COLUMN pp_virtual; ALTER TABLE plans DROP COLUMN global_batch;"
+                         "UPDATE schema_version SET version=2;"
                          "PRAGMA user_version=2",
                          nullptr, nullptr, nullptr),
             SQLITE_OK)

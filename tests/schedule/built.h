@@ -89,6 +89,18 @@ inline std::vector<Inst> Expand(const mp_schedule *s) {
   return v;
 }
 
+// Net ACTIVATIONS bytes block `layer`'s forward leaves saved for its backward.
+inline int64_t SavedByBlock(const mp_schedule *s, int layer) {
+  int64_t net = 0;
+  for (const Inst &x : Expand(s)) {
+    if (x.layer != layer || x.op->phase != MP_PHASE_FORWARD || x.op->mem_cat != MP_MEM_ACTIVATIONS)
+      continue;
+    if (x.op->type == MP_OP_ALLOC) net += x.op->mem_bytes;
+    if (x.op->type == MP_OP_FREE) net -= x.op->mem_bytes;
+  }
+  return net;
+}
+
 }  // namespace sched_test
 
 #endif

@@ -288,18 +288,6 @@ TEST(Schedule, RecomputeAddsTheForwardItRepeats) {
   EXPECT_LT(total[MP_AC_SELECTIVE_OP], total[MP_AC_FULL]);
 }
 
-// Net ACTIVATIONS bytes a block's forward leaves saved for its backward.
-int64_t SavedByBlock(const mp_schedule *s, int layer) {
-  int64_t net = 0;
-  for (const Inst &x : Expand(s)) {
-    if (x.layer != layer || x.op->phase != MP_PHASE_FORWARD || x.op->mem_cat != MP_MEM_ACTIVATIONS)
-      continue;
-    if (x.op->type == MP_OP_ALLOC) net += x.op->mem_bytes;
-    if (x.op->type == MP_OP_FREE) net -= x.op->mem_bytes;
-  }
-  return net;
-}
-
 TEST(Schedule, SavedActivationBytesPerBlock) {
   // Per token (bf16, llama3.1-8b, tp=1), what each op saves (exec/schedule_act.c):
   //   x (attention_norm's input)                                    8192
