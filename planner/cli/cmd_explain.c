@@ -238,7 +238,14 @@ static void print_params(const explain *e) {
   const int mb = mp_dtype_bytes(p->opts.master_dtype);
   printf("\nparameters (global -> after TP/EP -> at rest on rank %d; bytes at rest in %s, each):\n",
          e->rank, mp_dtype_name(p->opts.master_dtype));
-  printf("  %-46s %-20s %-20s %-20s %11s  %s\n", "FQN", "global", "after TP/EP", "at rest",
+  /* the FQN column is as wide as its longest name (46 at least, the llama names) */
+  int w = 46;
+  for (int i = 0; i < n; i++) {
+    char fqn[160];
+    fmt_fqn_range(&p->params[rows[i].param], rows[i].first, rows[i].last, fqn, sizeof fqn);
+    if ((int)strlen(fqn) > w) w = (int)strlen(fqn);
+  }
+  printf("  %-*s %-20s %-20s %-20s %11s  %s\n", w, "FQN", "global", "after TP/EP", "at rest",
          "bytes", "placement");
   for (int i = 0; i < n; i++) {
     const mp_param *prm = &p->params[rows[i].param];
@@ -257,7 +264,7 @@ static void print_params(const explain *e) {
     }
     fmt_bytes((double)numel * mb, b, sizeof b);
     fmt_placements(prm, pl, sizeof pl);
-    printf("  %-46s %-20s %-20s %-20s %11s  %s\n", fqn, g, t, r, b, pl);
+    printf("  %-*s %-20s %-20s %-20s %11s  %s\n", w, fqn, g, t, r, b, pl);
   }
   free(rows);
 }

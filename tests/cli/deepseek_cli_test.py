@@ -71,6 +71,27 @@ if p.returncode == 0:
     check("eval_error" not in rules, f"cp=2 with MLA refused by the simulator: {rules}")
     check(d["simulated"] > 0, "no cp=2 plan of V2-Lite simulated")
 
+# ---- explain's parameter table: the FQN column as wide as its longest name ------------
+# "layers.0-60.attention.kv_a_proj_with_mqa.weight" is 47 characters, one more than the
+# llama names the column was sized for; every row's shape column starts where the header's
+# "global" does.
+p = run("explain", "--model", "deepseek-v3", "--gpus", "256", "--gpu", "h100-sxm", "--mesh",
+        "dp_shard=256,ep=32", "--ac", "full", "--seq", "4096")
+if p.returncode == 0:
+    lines = p.stdout.splitlines()
+    head = [i for i, l in enumerate(lines) if l.lstrip().startswith("FQN ")]
+    check(len(head) == 1, "explain prints no parameter table header")
+    if head:
+        col = lines[head[0]].index("global")
+        table = []
+        for l in lines[head[0] + 1:]:
+            if not l.strip():
+                break
+            table.append(l)
+        check(any("kv_a_proj_with_mqa" in l for l in table), "kv_a_proj_with_mqa missing from the table")
+        bad = [l for l in table if l[col - 1] != " " or l[col] != "["]
+        check(not bad, f"rows whose shape is not under 'global': {bad[:2]}")
+
 for f in fails:
     print("FAIL:", f)
 print(f"{len(fails)} failures")
