@@ -71,6 +71,19 @@ if p.returncode == 0:
     check("eval_error" not in rules, f"cp=2 with MLA refused by the simulator: {rules}")
     check(d["simulated"] > 0, "no cp=2 plan of V2-Lite simulated")
 
+# ---- explain's counts: total and activated, with and without the input embedding -------
+# tests/exec/model_test.cc's hand counts: 671,026,404,352 total; 37,552,282,624 activated
+# with both embeddings, 36,625,603,584 without the input embedding's row lookup (the count
+# that rounds to DeepSeek's published 37B).
+p = run("explain", "--model", "deepseek-v3", "--gpus", "8", "--gpu", "h100-sxm", "--json")
+if p.returncode == 0:
+    d = json.loads(p.stdout)
+    check((d["model_params"], d["model_active_params"], d["model_active_params_without_lookup"]) ==
+          (671026404352, 37552282624, 36625603584), "explain --json's DeepSeek-V3 counts")
+p = run("explain", "--model", "deepseek-v3", "--gpus", "8", "--gpu", "h100-sxm")
+check("37.55B of 671.03B parameters activated per token" in p.stdout and "36.63B without" in p.stdout,
+      "explain does not print V3's activated parameters")
+
 # ---- explain's parameter table: the FQN column as wide as its longest name ------------
 # "layers.0-60.attention.kv_a_proj_with_mqa.weight" is 47 characters, one more than the
 # llama names the column was sized for; every row's shape column starts where the header's
