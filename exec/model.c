@@ -527,6 +527,24 @@ static mp_status hf_llama(mp_ctx *ctx, const cJSON *j, const char *where, const 
   return MP_OK;
 }
 
+/* What known architectures have that the spec cannot describe (Gemma 2: Gemma Team 2024,
+ * section 2; Gemma 3: Gemma Team 2025, section 2; the HF configs' keys), or NULL for an
+ * unknown one. */
+static const char *unmodelled_parts(const char *type) {
+  static const struct {
+    const char *type, *why;
+  } known[] = {
+      {"gemma2", "local sliding-window and global attention layers alternating, attention and "
+                 "final logit soft-capping (attn_logit_softcapping, final_logit_softcapping) and "
+                 "a norm after each sublayer"},
+      {"gemma3", "five local sliding-window layers to each global one, a norm after each "
+                 "sublayer and per-head q/k norms with two RoPE bases"},
+  };
+  for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+    if (strcmp(type, known[i].type) == 0) return known[i].why;
+  return NULL;
+}
+
 mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origin,
                                 mp_model *out) {
   cJSON *j = NULL;
@@ -546,6 +564,14 @@ mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origi
   /* Other architectures (Gemma, ...) have parts this spec cannot describe; reading
    * them as llama would give silently wrong counts, so they are refused by name. */
   if (!is_gpt2 && !hf_type_supported(type, arch)) {
+    const char *why = unmodelled_parts(type);
+    if (why) {
+      st = mp_error(ctx, MP_ERR_INVALID,
+                    "%s: architecture '%s' is refused: %s, which meshplan's model spec does not "
+                    "describe (its cost would come out wrong)",
+                    origin, type, why);
+      goto done;
+    }
     st = mp_error(ctx, MP_ERR_INVALID,
                   "%s: unsupported architecture '%s'; meshplan reads Hugging Face configs of "
                   "llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, deepseek_v2, "

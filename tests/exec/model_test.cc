@@ -445,8 +445,15 @@ TEST_F(ModelTest, HfUnsupportedArchitectureIsRefusedByName) {
       " \"vocab_size\": 256000, \"hidden_size\": 2304, \"num_hidden_layers\": 26,"
       " \"num_attention_heads\": 8, \"intermediate_size\": 9216}";
   EXPECT_EQ(mp_model_from_text(&ctx, gemma, "g.json", &m), MP_ERR_INVALID);
-  EXPECT_TRUE(Contains(msg(), "unsupported architecture 'gemma2'")) << msg();
+  EXPECT_TRUE(Contains(msg(), "architecture 'gemma2' is refused")) << msg();
+  EXPECT_TRUE(Contains(msg(), "soft-capping")) << msg();
+  EXPECT_TRUE(Contains(msg(), "alternating")) << msg();
   EXPECT_TRUE(Contains(msg(), "g.json")) << msg();
+  // An architecture meshplan knows nothing of is refused with the list it reads.
+  const char *phi = "{\"architectures\": [\"Phi3ForCausalLM\"], \"model_type\": \"phi3\"}";
+  EXPECT_EQ(mp_model_from_text(&ctx, phi, "p.json", &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "unsupported architecture 'phi3'")) << msg();
+  EXPECT_TRUE(Contains(msg(), "deepseek_v3")) << msg();
   // A DeepSeek config without its latent ranks names the missing key.
   const char *ds =
       "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\","
