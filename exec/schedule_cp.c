@@ -30,14 +30,6 @@
  * (heads x v_head_dim) travel, each at its own width (kv and v), and the output is v wide. */
 #include "exec/schedule_internal.h"
 
-/* the local attention's FLOPs (schedule_ops.c): 4 T x keys attended x heads x hd, the
- * causal half or a sliding window's band; MLA: QK^T over hd, attention x V over vd */
-static double core_fwd_flops(const shapes *sh) {
-  if (sh->vd != sh->hd)
-    return 2.0 * (double)sh->T * sh->attended * (double)sh->nh * (double)(sh->hd + sh->vd);
-  return 4.0 * (double)sh->T * sh->attended * (double)sh->nh * (double)sh->hd;
-}
-
 /* Op i stands for n identical ones back to back (mp_op.count). */
 static void times(gen *g, int32_t i, int n) {
   if (i >= 0 && n > 1) g->ops[i].count = (uint16_t)n;
@@ -94,7 +86,7 @@ void mp_sched_cp_attention_fwd(gen *g) {
     }
     times(g,
           compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq / cp, sh->hd, sh->nh,
-                  core_fwd_flops(sh) / cp,
+                  attn_core_fwd_flops(sh) / cp,
                   2.0 * (double)(T * (sh->q + sh->ao + sh->kv + sh->v)) + 4.0 * (double)(T * sh->nh),
                   MP_DTYPE_BF16),
           k);
@@ -131,7 +123,7 @@ void mp_sched_cp_attention_bwd(gen *g) {
     }
     times(g,
           compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq / cp, sh->hd, sh->nh,
-                  2.0 * core_fwd_flops(sh) / cp,
+                  2.0 * attn_core_fwd_flops(sh) / cp,
                   2.0 * (double)(T * (2 * (sh->q + sh->ao) + 2 * (sh->kv + sh->v))) +
                       4.0 * (double)(T * sh->nh),
                   MP_DTYPE_BF16),
@@ -178,7 +170,7 @@ static void rt_ring(gen *g, int bwd) {
   for (int s = 0; s < cp; s++) {
     const int q_kv = bwd ? 4 : 2;
     compute(g, MP_KERNEL_ATTENTION, v, -1, T, sh->seq / cp, sh->hd, sh->nh,
-            (bwd ? 2.0 : 1.0) * core_fwd_flops(sh) / cp,
+            (bwd ? 2.0 : 1.0) * attn_core_fwd_flops(sh) / cp,
             2.0 * (double)(T * (q_kv * sh->q + q_kv * sh->kv)) + 4.0 * (double)(T * sh->nh),
             rt_x_dtype(g));
     if (s + 1 < cp) ring_shift(g, kvb, rt_x_dtype(g), g->last_c, 1);

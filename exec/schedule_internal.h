@@ -404,6 +404,15 @@ static inline int32_t mem(gen *g, mp_op_type type, mp_mem_cat cat, int buf, int6
   return i;
 }
 
+/* The attention core's forward FLOPs on the rank's T queries: QK^T over the query/key head hd
+ * and attention x V over the value head vd (equal but under MLA), 2 T x keys attended x
+ * heads x (hd + vd); the keys attended are the causal half, seq / 2 per query, or under a
+ * sliding window the band flash attention computes (FlashAttention-2's window_size skips the
+ * tiles outside it). */
+static inline double attn_core_fwd_flops(const shapes *sh) {
+  return 2.0 * (double)sh->T * sh->attended * (double)sh->nh * (double)(sh->hd + sh->vd);
+}
+
 static inline void pair(gen *g, mp_mem_cat cat, int buf, int64_t bytes, int alloc) {
   if (bytes <= 0) return;
   mem(g, alloc ? MP_OP_ALLOC : MP_OP_FREE, cat, buf, bytes, g->layer, -1, MP_STREAM_COMPUTE);

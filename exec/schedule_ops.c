@@ -354,15 +354,6 @@ static void residual_bwd(gen *g, int64_t elems) {
   if (!g->rt) residual(g, MP_VAR_BWD, elems);
 }
 
-static double attn_fwd_flops(const shapes *sh) {
-  /* 4 x T x keys attended x heads x hd: the causal half, seq / 2 keys per query, or under a
-   * sliding window the band flash attention computes (FlashAttention-2's window_size skips
-   * the tiles outside it). MLA: QK^T over the query/key head hd, attention x V over vd. */
-  if (sh->vd != sh->hd)
-    return 2.0 * (double)sh->T * sh->attended * (double)sh->nh * (double)(sh->hd + sh->vd);
-  return 4.0 * (double)sh->T * sh->attended * (double)sh->nh * (double)sh->hd;
-}
-
 /* Megatron-LM's materialized core attention on s x s scores per sequence and head
  * (Shoeybi et al. 2019): QK^T and attention x V as batched GEMMs over micro_batch x heads
  * (the full square, 2 T s q FLOPs each: the fused kernel masks, it does not skip), the
@@ -409,7 +400,8 @@ void mp_sched_attention_core_fwd(gen *g) {
     return;
   }
   const int64_t T = sh->T;
-  compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq, sh->hd, sh->nh, attn_fwd_flops(sh),
+  compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq, sh->hd, sh->nh,
+          attn_core_fwd_flops(sh),
           2.0 * (double)(T * (sh->q + sh->ao + sh->kv + sh->v)) + 4.0 * (double)(T * sh->nh),
           MP_DTYPE_BF16);
 }
@@ -427,7 +419,7 @@ void mp_sched_attention_core_bwd(gen *g) {
   }
   const int64_t T = sh->T;
   compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq, sh->hd, sh->nh,
-          2.0 * attn_fwd_flops(sh),
+          2.0 * attn_core_fwd_flops(sh),
           2.0 * (double)(T * (2 * (sh->q + sh->ao) + 2 * (sh->kv + sh->v))) +
               4.0 * (double)(T * sh->nh),
           MP_DTYPE_BF16);
