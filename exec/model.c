@@ -749,11 +749,14 @@ void mp_model_window_refusal(const mp_model *m, int64_t seq, char *buf, size_t c
            m->name, (long long)m->sliding_window, (long long)seq, (long long)m->sliding_window);
 }
 
+int64_t mp_model_matmul_param_count(const mp_model *m) {
+  int64_t p = m->vocab * m->d_model + norm_params(m);
+  for (int64_t l = 0; l < m->n_layers; l++) p += block_params(m, l, 1);
+  return p;
+}
+
 double mp_model_flops_per_token(const mp_model *m, int64_t seq) {
-  /* Matmul parameters a token uses: blocks (active) + the output head (the tied head's
-   * matmul runs too); the embedding lookup and learned positions do no matmul. */
-  double n = (double)m->vocab * (double)m->d_model + norm_params(m);
-  for (int64_t l = 0; l < m->n_layers; l++) n += (double)block_params(m, l, 1);
+  const double n = (double)mp_model_matmul_param_count(m);
   if (m->kv_lora_rank > 0) /* QK^T over the query/key head, attention x V over v_head_dim */
     return 6.0 * n + 6.0 * (double)m->n_layers * (double)m->n_heads *
                          (double)(m->head_dim + m->v_head_dim) *

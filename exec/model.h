@@ -118,9 +118,13 @@ int64_t mp_model_head_params(const mp_model *m);
 /* Every parameter, counted once (tied weights once). */
 int64_t mp_model_param_count(const mp_model *m);
 /* Parameters a token touches: routed experts count top_k of n_experts; both embeddings
- * count (the input lookup's row and the output head; DeepSeek's published activated
- * counts leave the input embedding out, mp_model_flops_per_token's matmul count too). */
+ * count (the input lookup's row and the output head; mp_model_matmul_param_count leaves
+ * the input embedding out). */
 int64_t mp_model_active_param_count(const mp_model *m);
+/* The parameters a token's matmuls use: the active blocks and the output head (a tied
+ * head's matrix too: its matmul runs), not the input embedding's row lookup nor learned
+ * positions. DeepSeek's published activated counts are this one. */
+int64_t mp_model_matmul_param_count(const mp_model *m);
 /* Keys a query attends to on average in a causal sequence of seq tokens: seq / 2 (to
  * within a token: (seq + 1) / 2 exactly, the convention's seq / 2), or under a sliding
  * window W < seq, W - W^2 / (2 seq) (the first W queries see a growing prefix, the rest W

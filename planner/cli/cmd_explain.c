@@ -185,13 +185,6 @@ static int build_rows(const mp_plan *p, int rank, row **out) {
 
 /* ---- text output ------------------------------------------------------------------ */
 
-/* The parameters a token's matmuls touch: the activated count less the input embedding,
- * a row lookup (a tied head's matrix stays: its matmul runs). */
-static int64_t active_without_lookup(const mp_model *m) {
-  const int64_t emb = mp_model_embedding_params(m);
-  return mp_model_active_param_count(m) - emb + (m->tied_embeddings ? m->vocab * m->d_model : 0);
-}
-
 static void print_header(const explain *e) {
   const mp_plan *p = e->plan;
   char mesh_s[128];
@@ -207,7 +200,7 @@ static void print_header(const explain *e) {
            "%.2fB without the input embedding's lookup\n",
            (double)mp_model_active_param_count(&p->model) / 1e9,
            (double)mp_model_param_count(&p->model) / 1e9,
-           (double)active_without_lookup(&p->model) / 1e9);
+           (double)mp_model_matmul_param_count(&p->model) / 1e9);
   printf("mesh  %s: %d ranks; rank %d is pp %d, dp_replicate %d, dp_shard %d (ep %d, efsdp %d), "
          "cp %d, tp %d\n",
          mesh_s, e->world, e->rank, c[MP_DIM_PP], c[MP_DIM_DP_REPLICATE], c[MP_DIM_DP_SHARD],
@@ -662,7 +655,7 @@ static cJSON *plan_json(const explain *e) {
   cJSON_AddNumberToObject(root, "model_params", (double)mp_model_param_count(&p->model));
   cJSON_AddNumberToObject(root, "model_active_params", (double)mp_model_active_param_count(&p->model));
   cJSON_AddNumberToObject(root, "model_active_params_without_lookup",
-                          (double)active_without_lookup(&p->model));
+                          (double)mp_model_matmul_param_count(&p->model));
   cJSON_AddStringToObject(root, "mesh", mesh_s);
   cJSON_AddNumberToObject(root, "world", e->world);
   cJSON_AddNumberToObject(root, "rank", e->rank);
