@@ -135,6 +135,21 @@ static int f8_input(const gen *g, int module) {
   return 0;
 }
 
+/* torchao's Float8RowwiseParallel (the closing Linears o and down under torchtitan's float8
+ * tensor parallelism) ends its output with _NoopFwToFloat8BwDynamic: a no-op forward whose
+ * backward casts the output gradient to float8 E5M2 before the backward of the sequence
+ * reduce-scatter, the all-gather of that gradient, so the gather moves one byte an element
+ * and the Linear's backward takes the gathered float8 gradient as it is
+ * (torchao/float8/float8_tensor_parallel.py). Whether Linear `module` closes such a region
+ * under sequence parallelism. */
+static int f8_grad_out(const gen *g, int module) {
+  const shapes *sh = &g->sh;
+  if (!sh->f8tp || !sh->sp) return 0;
+  if (module == MP_MOD_O) return sh->ar_o && sh->fp8[MP_MOD_O];
+  if (module == MP_MOD_DOWN) return sh->ar_down && sh->fp8[MP_MOD_DOWN];
+  return 0;
+}
+
 /* A float8 tensor's transposed copy (one byte read, one written an element). */
 static void transpose8(gen *g, int module, int64_t elems, mp_variant v) {
   compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, 0.0, 2.0 * (double)elems,
@@ -205,7 +220,7 @@ static void linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, in
     pair(g, MP_MEM_FP8, BUF_F8_DY, db, 0);
     return;
   }
-  cast(g, module, dy, MP_VAR_BWD);
+  if (!f8_grad_out(g, module)) cast(g, module, dy, MP_VAR_BWD);
   if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_BWD);
   if (f8_input(g, module))
     transpose8(g, module, x, MP_VAR_BWD);
@@ -276,7 +291,15 @@ static void tp_region_out_fwd(gen *g, int on, int module) {
 }
 
 static void tp_region_out_bwd(gen *g, int on, int module) {
-  if (on && g->sh.sp) tp_coll(g, MP_COLL_ALL_GATHER, module);
+  const shapes *sh = &g->sh;
+  if (!on || !sh->sp) return;
+  if (f8_grad_out(g, module)) { /* cast on the rank's shard, gathered in float8 */
+    cast(g, module, sh->Ts * sh->H, MP_VAR_BWD);
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->T * sh->H),
+         MP_DTYPE_FP8_E5M2, module);
+    return;
+  }
+  tp_coll(g, MP_COLL_ALL_GATHER, module);
 }
 
 static void tp_region_in_bwd(gen *g, int on, int module) {

@@ -401,16 +401,34 @@ TEST(Schedule, Float8TensorParallelCastsBeforeItsGather) {
   // 2 input casts of Ts x H, 7 weight casts, the input casts of o and down (T x q/tp and
   // T x f/tp) = 11 casts; without TP every Linear casts its input and weight: 14. In
   // backward q, k, v, gate and up transpose their saved float8 input (2 bytes an element)
-  // instead of casting it (5).
+  // instead of casting it (5). o and down close their regions with torchao's
+  // Float8RowwiseParallel, whose backward casts the output gradient to E5M2 on the rank's
+  // Ts x H before the sequence all-gather: two backward gathers of T x H x 1 byte, and the
+  // gradient casts of o and down on Ts x H = 16,777,216 elements just before each gather,
+  // none on T x H (o's input cast, T x q/tp, has the same count; the order tells them apart).
   Built b;
   Opts o;
   o.mesh = "tp=2";
   o.fp8 = 1;
   Build(&b, o);
-  int casts = 0, gathers = 0, transposes = 0;
+  int casts = 0, gathers = 0, transposes = 0, bgathers = 0, dy_shard = 0, dy_full = 0;
+  const mp_op *prev = nullptr;
   for (const Inst &x : Expand(b.s)) {
     if (x.layer != 5) continue;
-    const mp_op *op = x.op;
+    const mp_op *op = x.op, *before = prev;
+    prev = op;
+    if (op->phase == MP_PHASE_BACKWARD && op->type == MP_OP_COMM && op->coll == MP_COLL_ALL_GATHER &&
+        op->group == MP_GROUP_TP) {
+      bgathers++;
+      EXPECT_TRUE(op->module == MP_MOD_O || op->module == MP_MOD_DOWN);
+      EXPECT_EQ(op->bytes, 8192.0 * 4096);
+      EXPECT_EQ(op->dtype, MP_DTYPE_FP8_E5M2);
+      dy_shard += before && before->type == MP_OP_COMPUTE && before->kernel == MP_KERNEL_FP8_CAST &&
+                  before->module == op->module && before->m == 4096 * 4096;
+    }
+    if (op->phase == MP_PHASE_BACKWARD && op->type == MP_OP_COMPUTE &&
+        op->kernel == MP_KERNEL_FP8_CAST && (op->module == MP_MOD_O || op->module == MP_MOD_DOWN))
+      dy_full += op->m == 8192 * 4096;
     if (op->phase == MP_PHASE_FORWARD && op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_FP8_CAST)
       casts++;
     if (op->phase == MP_PHASE_FORWARD && op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_FP8_CAST &&
@@ -429,6 +447,9 @@ TEST(Schedule, Float8TensorParallelCastsBeforeItsGather) {
   EXPECT_EQ(casts, 11);
   EXPECT_EQ(gathers, 2);
   EXPECT_EQ(transposes, 5);
+  EXPECT_EQ(bgathers, 2);
+  EXPECT_EQ(dy_shard, 2);
+  EXPECT_EQ(dy_full, 0);
   Built one;
   Opts p;
   p.mesh = "dp_shard=2";
