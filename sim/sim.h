@@ -83,6 +83,13 @@ typedef struct mp_stack_profile {
   unsigned ac_policies; /* bit 1 << mp_ac_mode */
   int dp_overlap;       /* JSON "dp_overlap", optional (default false): the megatron memory
                            model's gradient all-reduces overlap the backward */
+  /* The stack's own pipeline micro-batching where a run does not set it: JSON
+   * "pp_microbatches", optional: "stages" (as many micro-batches as pipeline ranks, the
+   * rank's local batch split pp ways: torchtitan's pipeline_parallel_microbatches default)
+   * or "unstated" (the default: the stack has no such default, the micro-batch is a
+   * required setting, as Megatron-LM's --micro-batch-size). meshplan validate uses it for
+   * a row that publishes no micro-batch. */
+  int pp_mb_stages;
   /* The GPU the efficiencies above were fitted on (JSON "fit_gpu", optional: a data/gpus
    * stem) and that GPU's reference kernel fractions, read from its profile when the stack
    * is loaded. gemm_eff_max, fp8_gemm_eff_max and attention_eff are fractions of peak on

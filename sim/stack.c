@@ -52,6 +52,9 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
   p->sp = 1; /* every stack's TP runs SP unless its profile says otherwise (llm.c) */
   MP_CHECK(mp_json_get_bool(ctx, j, origin, "sequence_parallel", 0, &p->sp));
   MP_CHECK(mp_json_get_bool(ctx, j, origin, "dp_overlap", 0, &p->dp_overlap));
+  static const char *const ppmb[] = {"unstated", "stages"};
+  p->pp_mb_stages = 0;
+  MP_CHECK(get_choice(ctx, j, origin, "pp_microbatches", ppmb, 2, &p->pp_mb_stages));
   p->ac_policies = p->mem_model == MP_MEM_MODEL_TORCHTITAN
                        ? (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_OP) | (1u << MP_AC_FULL)
                        : (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_CORE) | (1u << MP_AC_FULL);

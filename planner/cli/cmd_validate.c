@@ -15,7 +15,10 @@
  *                          runtime overhead is therefore not part of this comparison.
  * Optional columns: micro_batch (empty or absent: every divisor of local_batch is
  * simulated and the fastest that fits is taken, as a user of the stack would tune it; the
- * table marks it with '*'), pp_virtual (empty: 2 for the interleaved schedule), sp (empty:
+ * table marks it with '*'. A pipelined row of a stack that states its own micro-batching
+ * (the profile's pp_microbatches "stages": torchtitan splits the local batch into pp
+ * micro-batches unless told otherwise) runs that one, marked 's', since the published run
+ * ran it; a split the plan refuses falls back to the pick), pp_virtual (empty: 2 for the interleaved schedule), sp (empty:
  * the plan's default, on with tp > 1 where the stack runs it). The stack's options (memory
  * model, attention and loss kernels) apply to the plan.
  *
@@ -50,7 +53,8 @@ typedef struct row {
   char metric[32];
   double measured, predicted;
   int64_t micro_batch; /* the micro-batch simulated */
-  int picked;          /* chosen among the divisors of local_batch (no micro_batch given) */
+  int picked;          /* no micro_batch given: 1 chosen among the divisors of local_batch,
+                          2 the stack's own pipeline micro-batching */
 } row;
 
 /* The row's model: a data/models name, or a .json path taken relative to the CSV's folder
@@ -129,6 +133,15 @@ static mp_status simulate_row(mp_ctx *ctx, row_job *j, row *r, mp_sim_result *re
   if (j->micro_batch > 0) {
     r->micro_batch = j->micro_batch;
     return simulate_mb(ctx, j, j->micro_batch, res);
+  }
+  const int64_t pp = j->mesh.size[MP_DIM_PP];
+  if (j->prof.pp_mb_stages && pp > 1 && j->local_batch % pp == 0) {
+    const mp_status st = simulate_mb(ctx, j, j->local_batch / pp, res);
+    if (st != MP_ERR_INVALID) {
+      r->micro_batch = j->local_batch / pp;
+      r->picked = 2;
+      return st;
+    }
   }
   r->picked = 1;
   int have = 0;
@@ -227,13 +240,15 @@ static mp_status print_results(mp_ctx *ctx, const row *rows, int n) {
          "error");
   for (int i = 0; i < n; i++) {
     char mb[24];
-    snprintf(mb, sizeof mb, "%lld%s", (long long)rows[i].micro_batch, rows[i].picked ? "*" : "");
+    snprintf(mb, sizeof mb, "%lld%s", (long long)rows[i].micro_batch,
+             rows[i].picked == 2 ? "s" : rows[i].picked ? "*" : "");
     printf("%-30s %-22s %5s %12.4g %12.4g %+7.1f%%\n", rows[i].name, rows[i].metric, mb,
            rows[i].predicted, rows[i].measured,
            100.0 * (rows[i].predicted - rows[i].measured) / rows[i].measured);
   }
   printf("(mb: the micro-batch simulated; * the fastest that fits among the divisors of "
-         "local_batch, none being published)\n");
+         "local_batch, none being published; s the stack's own pipeline micro-batching, "
+         "none being published)\n");
   printf("\n%-22s %5s %8s %12s\n", "metric", "rows", "MAPE", "Kendall tau");
   const char *metrics[] = {"tokens_per_s_per_gpu", "peak_mem_gib", "step_time_s"};
   double *x = (double *)calloc((size_t)n, sizeof *x), *y = (double *)calloc((size_t)n, sizeof *y);

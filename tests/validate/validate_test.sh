@@ -17,15 +17,19 @@ if ! "$BIN" validate "$CSV" >"$out" 2>&1; then
   exit 1
 fi
 cat "$out"
-# An interleaved row without micro_batch: of local_batch 8's divisors on pp=4, 4 and 8 leave
-# fewer micro-batches than a group of pp and are no choice; 1 or 2 is picked.
+# An interleaved row without micro_batch under a stack that states no micro-batching of its
+# own (megatron-lm): of local_batch 8's divisors on pp=4, 4 and 8 leave fewer micro-batches
+# than a group of pp and are no choice; 1 or 2 is picked ('*'). The same row under
+# torchtitan runs torchtitan's default, pp micro-batches of 8 / 4 = 2 sequences ('s').
 pick=$(mktemp)
 trap 'rm -f "$out" "$pick"' EXIT
 cat >"$pick" <<'CSV'
 case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,stack,metric,value,notes
-pick_interleaved,test,llama3.1-8b,16,h100-sxm,8,400,1,4,1,4,interleaved,2,1,1,2048,8,,32,full,0,0,torchtitan-compile,tokens_per_s_per_gpu,1000,
+pick_interleaved,test,llama3.1-8b,16,h100-sxm,8,400,4,1,1,4,interleaved,2,1,1,2048,8,,32,full,0,0,megatron-lm,tokens_per_s_per_gpu,1000,
+stack_interleaved,test,llama3.1-8b,16,h100-sxm,8,400,1,4,1,4,interleaved,2,1,1,2048,8,,32,full,0,0,torchtitan-compile,tokens_per_s_per_gpu,1000,
 CSV
-if ! "$BIN" validate "$pick" >"$out.pick" 2>&1 || ! grep -qE '^pick_interleaved +tokens_per_s_per_gpu +[12][*] ' "$out.pick"; then
+if ! "$BIN" validate "$pick" >"$out.pick" 2>&1 || ! grep -qE '^pick_interleaved +tokens_per_s_per_gpu +[12][*] ' "$out.pick" ||
+   ! grep -qE '^stack_interleaved +tokens_per_s_per_gpu +2s ' "$out.pick"; then
   echo "FAIL: the interleaved row's micro-batch pick:" >&2
   cat "$out.pick" >&2
   rm -f "$out.pick"
