@@ -181,7 +181,7 @@ struct Ckpt {
   std::string dir;
   std::vector<float> v;
   Ckpt(const std::string &name) : dir(TmpDir() + "/" + name), v(16) {
-    (void)system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+    if (system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()) != 0) ADD_FAILURE() << "cannot make " << dir;
     for (int i = 0; i < 16; i++) v[i] = (float)i;
     WriteBytes(dir + "/rank_00000.bin", std::string((const char *)v.data(), 64));
   }

@@ -83,7 +83,7 @@ TEST(Lr, NamesAndRefusals) {
 TEST(Dataset, Uint16AndUint32ShardsByGlob) {
   Ctx c;
   const std::string d = TmpDir() + "/ds";
-  (void)system(("rm -rf " + d + " && mkdir -p " + d).c_str());
+  ASSERT_EQ(system(("rm -rf " + d + " && mkdir -p " + d).c_str()), 0);
   std::vector<uint32_t> a(33), b(17);
   for (uint32_t i = 0; i < 33; i++) a[i] = i;
   for (uint32_t i = 0; i < 17; i++) b[i] = 70000 + i;  // needs uint32
