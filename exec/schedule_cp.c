@@ -3,31 +3,42 @@
  *
  * PyTorch's context_parallel ring attention as torchtitan runs it
  * (torch/distributed/tensor/experimental/_attention.py, _templated_ring_attention and its
- * backward): the sequence is cut into 2 x cp chunks and rank i holds chunks i and
- * 2cp - 1 - i (causal load balancing), so each rank's T tokens are seq/cp and every ring
- * step costs the same: step 0 is the causal attention of the local q over the local k, v;
- * a later step is the full attention of either both q chunks over the first half of the
- * visiting k, v or the second q chunk over all of them, 2 (seq / 2cp)^2 query-key pairs
- * either way, 1/cp of the rank's causal work. Per layer, forward:
- *   cp steps of a partial flash attention (FLOPs: the core's / cp); before step i > 0 the
- *   K and V of the previous rank arrive: a ring shift (SENDRECV on the CP group, peer NEXT,
- *   2 x T x kv x 2 bytes) issued one step ahead, cp - 1 of them; after step i > 0 the
- *   online-softmax merge of the partial output into the fp32 accumulator (out and lse read
- *   and written, the partial read: 10 T q + 16 T nh bytes)
- * and backward: cp steps of a partial attention backward (twice the forward's FLOPs), the
- * K, V rotated again ahead of each (cp - 1 shifts), the fp32 dK, dV accumulated with the
- * ones that arrive and passed on after every step (cp shifts of 2 x T x kv x 4 bytes; the
- * last brings the rank's own back). Each transfer runs on MP_STREAM_P2P and a step waits
- * only for the shift it needs, so a transfer is exposed only where the step before it is
- * shorter (the dependencies say so, the simulator times it).
+ * backward, with torchtitan 9dec370's defaults): the sequence is cut into 2 x cp chunks and
+ * rank i holds chunks i and 2cp - 1 - i (causal load balancing), so each rank's T tokens
+ * are seq/cp and every ring step costs the same: step 0 is the causal attention of the
+ * local q over the local k, v; a later step is the full attention of either both q chunks
+ * over the first half of the visiting k, v or the second q chunk over all of them,
+ * 2 (seq / 2cp)^2 query-key pairs either way, 1/cp of the rank's causal work.
+ *
+ * What travels: torchtitan's Llama expands grouped K and V to every query head before SDPA
+ * (repeat_kv, torchtitan/models/llama/model.py), so the ring carries K and V of nh x hd
+ * each (kw, vw), not the kv heads; MLA's decompressed K and V are per head already. They
+ * are exchanged by all-gather (torchtitan's context_parallel_rotate_method default
+ * "allgather", PyTorch's _AllGatherRotater): the rank's K and V, concatenated into one send
+ * buffer, are gathered from all cp ranks once, issued with step 0 and waited for by step 1,
+ * so the gather overlaps step 0 alone and the whole sequence's K and V stay in memory
+ * through the ring. The fp32 dK, dV pass from rank to rank after every backward step
+ * (_AllToAllRotater's permute, one peer: a ring shift).
+ *
+ * Per layer, forward: the K, V gather (cp x 2 T (kw + vw) bytes; its send buffer a copy);
+ * cp steps of a partial flash attention (FLOPs: the core's / cp); after step i > 0 the
+ * online-softmax merge of the partial output into the fp32 accumulator (out and lse read
+ * and written, the partial read: 10 T q + 16 T nh bytes). Backward: the K, V gathered
+ * again; cp steps of a partial attention backward (twice the forward's FLOPs); the fp32
+ * dK, dV accumulated with the ones that arrive and passed on after every step (cp shifts
+ * of 4 T (kw + vw) bytes, SENDRECV to the next rank; the last brings the rank's own back);
+ * then the fp32 gradients cast back and repeat_kv's backward summing each head group.
+ * Every transfer runs on MP_STREAM_P2P and a step waits only for what it needs, so a
+ * transfer is exposed only where the compute before it is shorter (the dependencies say
+ * so, the simulator times it).
  *
  * Memory (torchtitan model): forward keeps the fp32 output and log-sum-exp accumulators
- * (4 T q + 4 T nh) and two K, V buffers in flight (the one received, the one sent: 2 x 2 x
- * T x kv x 2 bytes, COMM) through the ring; backward the fp32 dQ, dK, dV accumulators
- * (4 T (q + 2 kv)), the two K, V buffers and two fp32 dK, dV buffers (2 x 2 x T x kv x 4,
+ * (4 T q + 4 T nh) and the gathered K, V with the send buffer ((cp + 1) x 2 T (kw + vw),
+ * COMM) through the ring; backward the fp32 dQ, dK, dV accumulators (4 T (q + kw + vw)),
+ * the gathered K, V with the send buffer and two fp32 dK, dV buffers (2 x 4 T (kw + vw),
  * COMM). The saved tensors are those of the local attention (schedule_act.c). Under
  * multi-head latent attention the decompressed K (heads x (qk_nope + qk_rope)) and V
- * (heads x v_head_dim) travel, each at its own width (kv and v), and the output is v wide. */
+ * (heads x v_head_dim) travel, each at its own width, and the output is v wide. */
 #include "exec/schedule_internal.h"
 
 /* Op i stands for n identical ones back to back (mp_op.count). */
@@ -49,9 +60,8 @@ static int32_t ring_shift(gen *g, double bytes, mp_dtype dt, int32_t after, int 
  * rounds, the first two steps, the cp - 3 middle ones folded into one round of ops with
  * mp_op.count, the last step. Every step costs the same and each round's ops wait only on
  * the round before, so a step starts at a max of sums along the ring: the folded round
- * issues its ops in the order that keeps each of those sums (the forward's shifts of steps
- * 3 .. cp-1 after step 1; the backward's dK, dV shifts of steps 2 .. cp-3 before the K, V
- * shifts of steps 3 .. cp-1), and the last step starts, and the ring ends, when the
+ * issues the backward's dK, dV shifts of its steps but the last ahead of its compute,
+ * which keeps each of those sums, and the last step starts, and the ring ends, when the
  * unfolded ring's would (tests/sim/sim_plan_test.cc holds the two equal). Returns the
  * number of rounds; *fold: the folded round's steps (0: none). */
 static int ring_rounds(const gen *g, int *fold) {
@@ -63,31 +73,44 @@ static int ring_rounds(const gen *g, int *fold) {
 /* The steps round r stands for. */
 static int round_steps(int fold, int r) { return fold && r == 2 ? fold : 1; }
 
+/* The K and V widths the ring carries (the file comment): every query head's under
+ * repeat_kv, MLA's own. */
+static void ring_widths(const gen *g, int64_t *kw, int64_t *vw) {
+  const shapes *sh = &g->sh;
+  *kw = sh->mla ? sh->kv : (int64_t)sh->nh * sh->hd;
+  *vw = sh->mla ? sh->v : (int64_t)sh->nh * sh->hd;
+}
+
+/* The all-gather of the ring's K, V (bf16, kvb bytes a rank) after the compute issued so
+ * far, on the point-to-point stream, its send buffer a copy of the rank's K and V. */
+static int32_t kv_gather(gen *g, double kvb, mp_variant v) {
+  elementwise(g, MP_KERNEL_COPY, v, -1, (int64_t)(kvb / 2.0), 0.0, 2.0 * kvb);
+  const int32_t i = comm(g, MP_COLL_ALL_GATHER, MP_GROUP_CP, MP_STREAM_P2P, kvb * g->sh.cp,
+                         MP_DTYPE_BF16, -1);
+  add_dep(g, i, g->last_c, 0);
+  return i;
+}
+
 void mp_sched_cp_attention_fwd(gen *g) {
   const shapes *sh = &g->sh;
   const int cp = sh->cp;
   const int64_t T = sh->T;
-  const double kv = 2.0 * (double)(T * (sh->kv + sh->v)); /* K and V, bf16 */
-  const int64_t acc = 4 * T * sh->ao + 4 * T * sh->nh;
+  int64_t kw, vw;
+  ring_widths(g, &kw, &vw);
+  const double kv = 2.0 * (double)(T * (kw + vw)); /* K and V, bf16 */
+  const int64_t acc = 4 * T * sh->ao + 4 * T * sh->nh, held = (int64_t)(kv * (cp + 1));
   int fold;
   const int R = ring_rounds(g, &fold);
   pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 1);
-  pair(g, MP_MEM_COMM, BUF_CP_KV, (int64_t)(2 * kv), 1);
-  /* the shift bringing step 1's K, V is issued with step 0, once the local ones exist; each
-   * later one with the step before it, after the compute issued so far (the collective's
-   * stream waits on the compute stream at issue) */
-  int32_t next = ring_shift(g, kv, MP_DTYPE_BF16, g->last_c, 1), prev_step = -1;
+  pair(g, MP_MEM_COMM, BUF_CP_KV, held, 1);
+  const int32_t gather = kv_gather(g, kv, MP_VAR_FWD);
   for (int r = 0; r < R; r++) {
     const int k = round_steps(fold, r);
-    if (r > 0) {
-      const int32_t cur = next;
-      if (r + 1 < R) next = ring_shift(g, kv, MP_DTYPE_BF16, prev_step, k);
-      pend_dep(g, cur, 0);
-    }
+    if (r == 1) pend_dep(g, gather, 0);
     times(g,
           compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq / cp, sh->hd, sh->nh,
                   attn_core_fwd_flops(sh) / cp,
-                  2.0 * (double)(T * (sh->q + sh->ao + sh->kv + sh->v)) + 4.0 * (double)(T * sh->nh),
+                  2.0 * (double)(T * (sh->q + sh->ao + kw + vw)) + 4.0 * (double)(T * sh->nh),
                   MP_DTYPE_BF16),
           k);
     if (r > 0) /* the online-softmax merge */
@@ -95,9 +118,8 @@ void mp_sched_cp_attention_fwd(gen *g) {
             elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T * sh->ao, 4.0,
                         10.0 * (double)(T * sh->ao) + 16.0 * (double)(T * sh->nh)),
             k);
-    prev_step = g->last_c;
   }
-  pair(g, MP_MEM_COMM, BUF_CP_KV, (int64_t)(2 * kv), 0);
+  pair(g, MP_MEM_COMM, BUF_CP_KV, held, 0);
   pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 0);
 }
 
@@ -105,40 +127,43 @@ void mp_sched_cp_attention_bwd(gen *g) {
   const shapes *sh = &g->sh;
   const int cp = sh->cp;
   const int64_t T = sh->T;
-  const double kv = 2.0 * (double)(T * (sh->kv + sh->v)), dkv = 4.0 * (double)(T * (sh->kv + sh->v));
-  const int64_t acc = 4 * T * (sh->q + sh->kv + sh->v);
+  int64_t kw, vw;
+  ring_widths(g, &kw, &vw);
+  const double kv = 2.0 * (double)(T * (kw + vw)), dkv = 4.0 * (double)(T * (kw + vw));
+  const int64_t acc = 4 * T * (sh->q + kw + vw), held = (int64_t)(kv * (cp + 1) + 2 * dkv);
   int fold;
   const int R = ring_rounds(g, &fold);
   pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 1);
-  pair(g, MP_MEM_COMM, BUF_CP_KV, (int64_t)(2 * kv + 2 * dkv), 1);
-  int32_t next = ring_shift(g, kv, MP_DTYPE_BF16, g->last_c, 1), dshift = -1;
+  pair(g, MP_MEM_COMM, BUF_CP_KV, held, 1);
+  const int32_t gather = kv_gather(g, kv, MP_VAR_BWD);
+  int32_t dshift = -1;
   for (int r = 0; r < R; r++) {
     const int k = round_steps(fold, r);
     int32_t ahead = -1; /* a folded round: the dK, dV shifts of all its steps but the last */
-    if (r > 0) {
-      const int32_t cur = next;
-      if (k > 1) ahead = ring_shift(g, dkv, MP_DTYPE_FP32, g->last_c, k - 1);
-      if (r + 1 < R) next = ring_shift(g, kv, MP_DTYPE_BF16, g->last_c, k);
-      pend_dep(g, cur, 0);
-    }
+    if (r > 0 && k > 1) ahead = ring_shift(g, dkv, MP_DTYPE_FP32, g->last_c, k - 1);
+    if (r == 1) pend_dep(g, gather, 0);
     times(g,
           compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq / cp, sh->hd, sh->nh,
                   2.0 * attn_core_fwd_flops(sh) / cp,
-                  2.0 * (double)(T * (2 * (sh->q + sh->ao) + 2 * (sh->kv + sh->v))) +
+                  2.0 * (double)(T * (2 * (sh->q + sh->ao) + 2 * (kw + vw))) +
                       4.0 * (double)(T * sh->nh),
                   MP_DTYPE_BF16),
           k);
     if (r > 0) { /* the dK, dV that arrived, added to this step's */
       pend_dep(g, ahead >= 0 ? ahead : dshift, 0);
       times(g,
-            elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T * (sh->kv + sh->v), 1.0,
-                        12.0 * (double)(T * (sh->kv + sh->v))),
+            elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T * (kw + vw), 1.0,
+                        12.0 * (double)(T * (kw + vw))),
             k);
     }
     dshift = ring_shift(g, dkv, MP_DTYPE_FP32, g->last_c, 1); /* passed on to the next rank */
   }
   pend_dep(g, dshift, 0); /* the rank's own dK, dV back before they are used */
-  pair(g, MP_MEM_COMM, BUF_CP_KV, (int64_t)(2 * kv + 2 * dkv), 0);
+  /* dQ, dK, dV from fp32 to bf16, and repeat_kv's backward summing each head group */
+  elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T * (sh->q + kw + vw), 1.0,
+              6.0 * (double)(T * (sh->q + kw + vw)) +
+                  (kw != sh->kv ? 2.0 * (double)(T * (kw + vw + sh->kv + sh->v)) : 0.0));
+  pair(g, MP_MEM_COMM, BUF_CP_KV, held, 0);
   pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 0);
 }
 

@@ -315,8 +315,10 @@ TEST(Mla, StepFlopsMatchModelFlops) {
 }
 
 // Ring attention under cp=2 (V2-Lite, seq 4096: T = 2048 tokens per rank, 16 heads): the
-// decompressed K (16 x 192 = 3072) and V (16 x 128 = 2048) travel at their own widths, bf16:
-// forward shifts 2 T (3072 + 2048) = 20,971,520 bytes, backward's fp32 dK, dV twice that;
+// decompressed K (16 x 192 = 3072) and V (16 x 128 = 2048) travel at their own widths (per
+// head already, nothing for repeat_kv to expand), bf16: each pass gathers the 2 ranks' 2 T
+// (3072 + 2048) = 20,971,520 bytes, 41,943,040 in all; backward's fp32 dK, dV shifts carry
+// 4 T (3072 + 2048);
 // the steps' FLOPs add up to the local causal attention 2 T (s/2) heads (192 + 128), over the
 // whole sequence's keys: 2 x 2048 x 2048 x 16 x 320.
 TEST(Mla, ContextParallelRingCarriesKAndVAtTheirWidths) {
@@ -324,20 +326,20 @@ TEST(Mla, ContextParallelRingCarriesKAndVAtTheirWidths) {
   BuildMla(&b, "deepseek-v2-lite", "cp=2");
   const double T = 2048;
   double fwd_flops = 0;
-  int kv_shifts = 0, dkv_shifts = 0;
+  int kv_gathers = 0, dkv_shifts = 0;
   for (const Inst &x : Expand(b.s)) {
     if (x.layer != 0) continue;
-    if (x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_SENDRECV) {
-      if (x.op->bytes == 2 * T * 5120) kv_shifts++;
-      else if (x.op->bytes == 4 * T * 5120) dkv_shifts++;
-      else ADD_FAILURE() << "ring shift of " << x.op->bytes << " bytes";
+    if (x.op->type == MP_OP_COMM && x.op->group == MP_GROUP_CP) {
+      if (x.op->coll == MP_COLL_ALL_GATHER && x.op->bytes == 2 * 2 * T * 5120) kv_gathers++;
+      else if (x.op->coll == MP_COLL_SENDRECV && x.op->bytes == 4 * T * 5120) dkv_shifts++;
+      else ADD_FAILURE() << "ring transfer of " << x.op->bytes << " bytes";
     }
     if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_ATTENTION &&
         x.op->phase == MP_PHASE_FORWARD && x.op->flops > 1e9)  // not the merges
       fwd_flops += x.op->flops * (x.op->count > 1 ? x.op->count : 1);
   }
-  EXPECT_GT(kv_shifts, 0);
-  EXPECT_GT(dkv_shifts, 0);
+  EXPECT_EQ(kv_gathers, 2);  // forward and backward
+  EXPECT_EQ(dkv_shifts, 2);  // one per backward step
   EXPECT_DOUBLE_EQ(fwd_flops, 2 * T * 2048 * 16 * 320);
 }
 

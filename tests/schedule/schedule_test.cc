@@ -340,34 +340,42 @@ TEST(Schedule, SequenceParallelShardsTheSavedResidualStream) {
 
 TEST(Schedule, ContextParallelRingAttention) {
   // llama3.1-8b on dp_shard=2 x cp=4, seq 8192: each rank holds 2048 tokens (two of the 8
-  // load-balanced chunks). Per layer, forward: 4 partial attention steps of 1/4 of the
-  // core's FLOPs (2 x 2048 x 8192 x 32 x 128 / 4), 3 ring shifts of the local K and V,
-  // 2 x 2048 x 1024 x 2 bytes = 8 MiB, each step after the first waiting for its shift;
-  // backward: 4 steps of twice that, 3 K, V shifts and 4 shifts of the fp32 dK, dV (16 MiB).
+  // load-balanced chunks). torchtitan's ring carries K and V expanded to the 32 query heads
+  // (repeat_kv): 2 x 2048 x (4096 + 4096) x 2 bytes = 32 MiB a rank, gathered from the 4
+  // ranks once per pass (128 MiB, the all-gather rotater). Per layer, forward: the gather,
+  // 4 partial attention steps of 1/4 of the core's FLOPs (2 x 2048 x 8192 x 32 x 128 / 4),
+  // step 1 (the second) waiting for the gather and no other; backward: the gather again,
+  // 4 steps of twice the FLOPs, and 4 shifts of the fp32 dK, dV to the next rank (64 MiB).
   Built b;
   Opts o;
   o.mesh = "dp_shard=2,cp=4";
   Build(&b, o);
-  const double kv = 2.0 * 2048 * 1024 * 2, dkv = 2.0 * 2048 * 1024 * 4;
+  const double kv = 2.0 * 2048 * (4096 + 4096), dkv = 4.0 * 2048 * (4096 + 4096);
   const double step = 2.0 * 2048 * 8192 * 32 * 128 / 4;
-  int shifts[2] = {0, 0}, dshifts = 0, steps[2] = {0, 0};
+  int gathers[2] = {0, 0}, dshifts = 0, steps[2] = {0, 0};
   std::vector<Inst> v = Expand(b.s);
   for (const Inst &x : v) {
     if (x.layer != 5) continue;
     const int bwd = x.op->phase == MP_PHASE_BACKWARD;
     if (x.op->type == MP_OP_COMM && x.op->group == MP_GROUP_CP) {
-      EXPECT_EQ(x.op->coll, MP_COLL_SENDRECV);
       EXPECT_EQ(x.op->stream, MP_STREAM_P2P);
-      EXPECT_EQ(x.op->peer, MP_PEER_NEXT);
-      if (x.op->bytes == kv) shifts[bwd]++;
-      else if (x.op->bytes == dkv) dshifts++;
-      else ADD_FAILURE() << "shift of " << x.op->bytes << " bytes";
+      if (x.op->coll == MP_COLL_ALL_GATHER) {
+        EXPECT_EQ(x.op->bytes, 4 * kv);
+        EXPECT_EQ(x.op->dtype, MP_DTYPE_BF16);
+        gathers[bwd]++;
+      } else {
+        EXPECT_EQ(x.op->coll, MP_COLL_SENDRECV);
+        EXPECT_EQ(x.op->peer, MP_PEER_NEXT);
+        EXPECT_EQ(x.op->bytes, dkv);
+        EXPECT_EQ(x.op->dtype, MP_DTYPE_FP32);
+        EXPECT_EQ(bwd, 1);
+        dshifts++;
+      }
     }
     if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_ATTENTION &&
         x.op->flops > 1e9) { // not the merges
       EXPECT_DOUBLE_EQ(x.op->flops, bwd ? 2 * step : step);
       steps[bwd]++;
-      // every step but the first waits for the shift that brings its K and V
       bool waits = false;
       mp_schedule_iter it;
       mp_schedule_iter_begin(b.s, &it);
@@ -375,16 +383,18 @@ TEST(Schedule, ContextParallelRingAttention) {
       }
       for (int d = 0; d < it.op->n_dep; d++) {
         const int64_t j = mp_schedule_iter_dep(&it, d);
-        if (j >= 0 && v[j].op->type == MP_OP_COMM && v[j].op->group == MP_GROUP_CP) waits = true;
+        if (j >= 0 && v[j].op->type == MP_OP_COMM && v[j].op->group == MP_GROUP_CP) {
+          waits = true;
+          EXPECT_EQ(v[j].op->coll, MP_COLL_ALL_GATHER);
+        }
       }
-      const int first = steps[bwd] == 1;
-      EXPECT_EQ(waits, !first) << (bwd ? "backward" : "forward") << " step " << steps[bwd];
+      EXPECT_EQ(waits, steps[bwd] == 2) << (bwd ? "backward" : "forward") << " step " << steps[bwd];
     }
   }
   EXPECT_EQ(steps[0], 4);
   EXPECT_EQ(steps[1], 4);
-  EXPECT_EQ(shifts[0], 3);
-  EXPECT_EQ(shifts[1], 3);
+  EXPECT_EQ(gathers[0], 1);
+  EXPECT_EQ(gathers[1], 1);
   EXPECT_EQ(dshifts, 4);
   // FSDP shards over dp_shard x cp = 8
   mp_schedule_totals t;
