@@ -758,16 +758,20 @@ static int run_train(mp_ctx *ctx, const mp_cmd_call *call) {
     free(j);
     return code;
   }
-  release(j);
-  const int rank = j->rank, diverged = j->diverged;
-  free(j);
-  if (st == MP_OK) return 0;
-  if (diverged) { /* every rank saw the same loss: rank 0 says it, exit 1 (not an input error) */
+  /* The reason is printed before release: its MPI_Finalize synchronizes the ranks (Open
+   * MPI fences in it), so a rank that exits non-zero without a word, which makes mpirun
+   * abort the job, does so only once rank 0 has said why. */
+  const int rank = j->rank;
+  int code = 0;
+  if (st != MP_OK && j->diverged) { /* every rank saw the same loss: rank 0 says it, exit 1 */
     if (rank == 0) mp_cmd_fail(ctx, st);
-    return 1;
+    code = 1;
+  } else if (st != MP_OK) { /* an unsupported request is every rank's: rank 0 says it once */
+    code = rank == 0 || st != MP_ERR_UNSUPPORTED ? mp_cmd_fail(ctx, st) : mp_status_exit_code(st);
   }
-  /* an unsupported request is every rank's: rank 0 says it once */
-  return rank == 0 || st != MP_ERR_UNSUPPORTED ? mp_cmd_fail(ctx, st) : mp_status_exit_code(st);
+  release(j);
+  free(j);
+  return code;
 }
 
 const mp_command mp_command_train = {&k_spec, "train with a plan on CPUs (MPI) or GPUs (NCCL)", run_train};
