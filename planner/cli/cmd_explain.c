@@ -236,6 +236,49 @@ static void print_passes(const mp_plan *p) {
              all[i] == MP_PASS_TP ? " (tp=1)" : all[i] == MP_PASS_EP ? " (ep=1)" : " (no --fp8)");
 }
 
+/* With cp > 1, how the attention core runs (exec/schedule_cp.c's ring, as the plan's memory
+ * model runs it): the load-balanced chunks, what travels and by which collective. "" with
+ * cp = 1. */
+static void cp_note(const mp_plan *p, char *buf, size_t cap) {
+  buf[0] = '\0';
+  const int cp = p->mesh.size[MP_DIM_CP], tp = p->mesh.size[MP_DIM_TP];
+  if (cp <= 1) return;
+  const mp_model *m = &p->model;
+  const int64_t T = p->opts.seq / cp * p->opts.micro_batch, heads = m->n_heads / tp;
+  const int mla = mp_model_is_mla(m);
+  int n = snprintf(buf, cap,
+                   "cp=%d: ring attention with causal load balancing, the sequence in %d chunks, "
+                   "rank i holding chunks i and %d - i (%lld tokens a micro-batch); ",
+                   cp, 2 * cp, 2 * cp - 1, (long long)T);
+  if (n < 0 || (size_t)n >= cap) return;
+  if (mp_mem_model_is_runtime(p->opts.mem_model)) {
+    snprintf(buf + n, cap - (size_t)n,
+             "the rank's K and V (its %lld kv heads) passed to the next rank after every step, "
+             "and in backward their gradients too, each transfer blocking (meshplan's runtime)",
+             (long long)(m->n_kv_heads / tp));
+    return;
+  }
+  const int64_t kw = mla ? heads * (m->qk_nope_head_dim + m->qk_rope_head_dim) : heads * m->head_dim;
+  const int64_t vw = mla ? heads * m->v_head_dim : heads * m->head_dim;
+  const double kv = 2.0 * (double)(T * (kw + vw));
+  char a[32], g[32], d[32];
+  fmt_bytes(kv, a, sizeof a);
+  fmt_bytes(kv * cp, g, sizeof g);
+  fmt_bytes(2.0 * kv, d, sizeof d);
+  snprintf(buf + n, cap - (size_t)n,
+           "K and V %s, all-gathered on the CP group once per pass (%s a rank, %s gathered and "
+           "held through the ring; only step 0 hides the gather), the fp32 dK, dV (%s) passed "
+           "to the next rank after every backward step (torchtitan's %s)",
+           mla ? "at their decompressed widths" : "expanded to every query head", a, g, d,
+           mla ? "allgather rotate method" : "repeat_kv and allgather rotate method");
+}
+
+static void print_cp(const mp_plan *p) {
+  char note[640];
+  cp_note(p, note, sizeof note);
+  if (note[0]) printf("\ncontext parallel\n  %s\n", note);
+}
+
 static void print_params(const explain *e) {
   const mp_plan *p = e->plan;
   row *rows = NULL;
@@ -680,6 +723,9 @@ static cJSON *plan_json(const explain *e) {
         cJSON_AddItemToArray(notes, cJSON_CreateString(p->notes[k] + nl + 2));
     cJSON_AddItemToArray(passes, ps);
   }
+  char cpn[640];
+  cp_note(p, cpn, sizeof cpn);
+  if (cpn[0]) cJSON_AddStringToObject(root, "context_parallel", cpn);
   cJSON *params = cJSON_AddArrayToObject(root, "params");
   const int mb = mp_dtype_bytes(p->opts.master_dtype);
   const char *axes[MP_AXIS_COUNT] = {"dp_replicate", "fsdp", "ep", "tp"};
@@ -814,6 +860,7 @@ static void print_json(const explain *e, const mp_param *prm, const mp_schedule 
 static void print_text(const explain *e, const mp_param *prm, const mp_schedule *sched) {
   print_header(e);
   print_passes(e->plan);
+  print_cp(e->plan);
   print_other_notes(e->plan);
   print_params(e);
   print_units(e);

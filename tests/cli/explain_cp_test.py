@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""meshplan explain's context-parallel section against hand-derived figures: the chunks a rank
+holds, the K and V it contributes to the ring's all-gather, the gathered total and the fp32
+dK, dV it passes on (exec/schedule_cp.c prices the same tensors).
+
+Usage: explain_cp_test.py MESHPLAN"""
+import json
+import sys
+
+import cli_check
+from cli_check import check, fails, run
+
+cli_check.BIN = sys.argv[1]
+
+# Llama 3.1 8B, seq 32768 over cp=4: 8 chunks of 4096, a rank holds 2 of them = 8192 tokens.
+# torchtitan expands K and V to the 32 query heads: 2 bytes x 8192 x (4096 + 4096) =
+# 134,217,728 = 128 MiB a rank, 4 x that gathered, the fp32 gradients twice that.
+p = run("explain", "--model", "llama3.1-8b", "--gpus", "8", "--mesh", "dp_shard=2,cp=4", "--seq", "32768")
+check("rank i holding chunks i and 7 - i (8192 tokens a micro-batch)" in p.stdout,
+      "8B cp=4: chunks or tokens a rank missing from explain")
+check("expanded to every query head, all-gathered on the CP group once per pass (128.00 MiB a rank, "
+      "512.00 MiB gathered" in p.stdout, "8B cp=4: the gathered K, V sizes")
+check("the fp32 dK, dV (256.00 MiB)" in p.stdout, "8B cp=4: the dK, dV size")
+p = run("explain", "--model", "llama3.1-8b", "--gpus", "8", "--mesh", "dp_shard=2,cp=4", "--seq", "32768",
+        "--json")
+if p.returncode == 0:
+    check("128.00 MiB a rank" in json.loads(p.stdout).get("context_parallel", ""),
+          "8B cp=4: --json has no context_parallel note")
+p = run("explain", "--model", "llama3.1-8b", "--gpus", "8", "--json")
+if p.returncode == 0:
+    check("context_parallel" not in json.loads(p.stdout), "cp=1 should have no context_parallel note")
+
+# DeepSeek-V2-Lite (MLA, 16 heads), seq 8192 over cp=2: 4096 tokens a rank; K is 16 x 192 =
+# 3072 wide and V 16 x 128 = 2048, nothing to expand: 2 x 4096 x 5120 = 41,943,040 = 40 MiB.
+p = run("explain", "--model", "deepseek-v2-lite", "--gpus", "8", "--mesh", "dp_shard=4,cp=2", "--seq", "8192")
+check("K and V at their decompressed widths, all-gathered on the CP group once per pass (40.00 MiB a "
+      "rank, 80.00 MiB gathered" in p.stdout, "V2-Lite cp=2: the decompressed K, V sizes")
+check("repeat_kv" not in p.stdout, "V2-Lite: MLA has no repeat_kv")
+
+for f in fails:
+    print("FAIL:", f)
+print(f"explain_cp_test: {len(fails)} failures")
+sys.exit(1 if fails else 0)
