@@ -245,6 +245,12 @@ typedef struct mp_schedule {
 mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_mode mode,
                             mp_arena *arena, mp_schedule **out);
 
+/* The K and V widths (features per token on one tp rank) that torchtitan's context-parallel
+ * ring carries (exec/schedule_cp.c): every query head's under repeat_kv, (n_heads / tp) x
+ * head_dim each; MLA's decompressed K (n_heads / tp) x (qk_nope + qk_rope) and V
+ * (n_heads / tp) x v_head_dim. The schedule prices them; explain describes them. */
+void mp_cp_ring_widths(const mp_model *m, int tp, int64_t *kw, int64_t *vw);
+
 /* For the planner's speed: what mp_schedule_build reads from a plan's parameters for
  * one rank (the FSDP units as the rank's stage sees them, the tp-local shapes, the runs of
  * identical blocks), computed once: the planner builds one plan per mesh and derives the

@@ -73,12 +73,16 @@ static int ring_rounds(const gen *g, int *fold) {
 /* The steps round r stands for. */
 static int round_steps(int fold, int r) { return fold && r == 2 ? fold : 1; }
 
-/* The K and V widths the ring carries (the file comment): every query head's under
- * repeat_kv, MLA's own. */
+void mp_cp_ring_widths(const mp_model *m, int tp, int64_t *kw, int64_t *vw) {
+  const int64_t heads = m->n_heads / tp;
+  const int mla = mp_model_is_mla(m);
+  *kw = heads * (mla ? m->qk_nope_head_dim + m->qk_rope_head_dim : m->head_dim);
+  *vw = heads * (mla ? m->v_head_dim : m->head_dim);
+}
+
+/* The K and V widths the ring carries (the file comment). */
 static void ring_widths(const gen *g, int64_t *kw, int64_t *vw) {
-  const shapes *sh = &g->sh;
-  *kw = sh->mla ? sh->kv : (int64_t)sh->nh * sh->hd;
-  *vw = sh->mla ? sh->v : (int64_t)sh->nh * sh->hd;
+  mp_cp_ring_widths(&g->p->model, g->sh.tp, kw, vw);
 }
 
 /* The all-gather of the ring's K, V (bf16, kvb bytes a rank) after the compute issued so

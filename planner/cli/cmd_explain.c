@@ -244,7 +244,7 @@ static void cp_note(const mp_plan *p, char *buf, size_t cap) {
   const int cp = p->mesh.size[MP_DIM_CP], tp = p->mesh.size[MP_DIM_TP];
   if (cp <= 1) return;
   const mp_model *m = &p->model;
-  const int64_t T = p->opts.seq / cp * p->opts.micro_batch, heads = m->n_heads / tp;
+  const int64_t T = p->opts.seq / cp * p->opts.micro_batch;
   const int mla = mp_model_is_mla(m);
   int n = snprintf(buf, cap,
                    "cp=%d: ring attention with causal load balancing, the sequence in %d chunks, "
@@ -258,8 +258,8 @@ static void cp_note(const mp_plan *p, char *buf, size_t cap) {
              (long long)(m->n_kv_heads / tp));
     return;
   }
-  const int64_t kw = mla ? heads * (m->qk_nope_head_dim + m->qk_rope_head_dim) : heads * m->head_dim;
-  const int64_t vw = mla ? heads * m->v_head_dim : heads * m->head_dim;
+  int64_t kw, vw;
+  mp_cp_ring_widths(m, tp, &kw, &vw);
   const double kv = 2.0 * (double)(T * (kw + vw));
   char a[32], g[32], d[32];
   fmt_bytes(kv, a, sizeof a);
