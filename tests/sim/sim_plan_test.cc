@@ -551,6 +551,16 @@ TEST(PlanTime, FoldedRingEqualsTheExpandedOne) {
   }
 }
 
+// llama3.1-8b on torchtitan-eager and the 500 W H100s it was measured on (8 a node), the
+// stack's plan options applied, seq 8192, micro-batch 2.
+static void TorchtitanEager8b(PlanCase *s) {
+  ASSERT_EQ(mp_stack_load(&s->ctx, "torchtitan-eager", &s->prof), MP_OK);
+  ASSERT_EQ(mp_cluster_make(&s->ctx, "h100-96gb-500w", 8, 8, &s->c), MP_OK);
+  mp_stack_plan_options(&s->prof, &s->o);
+  s->o.seq = 8192;
+  s->o.micro_batch = 2;
+}
+
 // The torchtitan memory model, byte for byte, on the plan of torchtitan's Table 1 (llama3.1-8b,
 // FSDP 8, local batch 2 x 8192 tokens in one micro-batch, op-level selective AC; eager).
 // N = 8,030,261,248 parameters, all dims divisible by 8: 1,003,782,656 per rank, fp32
@@ -569,11 +579,7 @@ TEST(PlanTime, FoldedRingEqualsTheExpandedOne) {
 // The reserved peak is that x 1.114 (torchtitan-eager's frag_factor) + 2.5 GiB.
 TEST(PlanMemory, TorchtitanLlama8bFsdp8ByteForByte) {
   PlanCase s("llama3.1-8b", "h100-8", "dp_shard=8");
-  ASSERT_EQ(mp_stack_load(&s.ctx, "torchtitan-eager", &s.prof), MP_OK);
-  ASSERT_EQ(mp_cluster_make(&s.ctx, "h100-96gb-500w", 8, 8, &s.c), MP_OK);
-  mp_stack_plan_options(&s.prof, &s.o);
-  s.o.seq = 8192;
-  s.o.micro_batch = 2;
+  ASSERT_NO_FATAL_FAILURE(TorchtitanEager8b(&s));
   s.o.global_batch = 16;
   s.o.ac = MP_AC_SELECTIVE_OP;
   mp_sim_result r = s.Sim();
@@ -602,11 +608,7 @@ TEST(PlanMemory, TorchtitanLlama8bFsdp8ByteForByte) {
 TEST(PlanMemory, TorchtitanLossParallelHoldsFourFp32Shards) {
   for (int shard = 1; shard >= 0; shard--) {
     PlanCase s("llama3.1-8b", "h100-8", "dp_shard=4,tp=2");
-    ASSERT_EQ(mp_stack_load(&s.ctx, "torchtitan-eager", &s.prof), MP_OK);
-    ASSERT_EQ(mp_cluster_make(&s.ctx, "h100-96gb-500w", 8, 8, &s.c), MP_OK);
-    mp_stack_plan_options(&s.prof, &s.o);
-    s.o.seq = 8192;
-    s.o.micro_batch = 2;
+    ASSERT_NO_FATAL_FAILURE(TorchtitanEager8b(&s));
     s.o.global_batch = 8;
     s.o.ac = MP_AC_FULL;
     s.o.tp.shard_logits = shard;
