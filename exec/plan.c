@@ -74,16 +74,48 @@ int mp_plan_rank_stage(const mp_plan *p, int rank) {
 
 int mp_plan_virtual_stages(const mp_plan *p) { return virtual_stages(&p->mesh, &p->opts); }
 
+/* Model chunks over all stages: pp x pp_virtual. */
+static int64_t model_chunks(const mp_plan *p) {
+  return (int64_t)p->mesh.size[MP_DIM_PP] * virtual_stages(&p->mesh, &p->opts);
+}
+
+/* Layers [*l0, *l1) of model chunk k of K over L layers, split as torchtitan splits a
+ * pipeline (generate_split_points in parallelisms/pipelining_utils.py at 9dec370, the commit
+ * of its Dec 2024 benchmarks): base = L / K layers a chunk, the L mod K left over go one each
+ * to the chunks after the first, and the last chunk takes what remains. The first chunk
+ * (with the embedding) and the last (with the head and the loss) therefore hold the fewest
+ * layers; when K divides L every chunk holds L / K, Megatron-LM's even split. Llama 3.1 405B
+ * (126 layers) on pp=8: 15, 16 x 6, 15. */
+static void chunk_range(int64_t L, int64_t K, int64_t k, int64_t *l0, int64_t *l1) {
+  const int64_t base = L / K, extra = L % K;
+  *l0 = k == 0 ? 0 : k * base + (k - 1 < extra ? k - 1 : extra);
+  *l1 = k == K - 1 ? L : (k + 1) * base + (k < extra ? k : extra);
+}
+
 int mp_plan_layer_stage(const mp_plan *p, int64_t layer) {
-  const int lpc = p->layers_per_chunk > 0 ? p->layers_per_chunk : 1;
-  return (int)((layer / lpc) % p->mesh.size[MP_DIM_PP]);
+  const int64_t L = p->model.n_layers, K = model_chunks(p);
+  if (K <= 1 || L < K) return 0;
+  const int64_t base = L / K, extra = L % K;
+  int64_t k;
+  if (layer < base) k = 0;
+  else if (layer - base < extra * (base + 1)) k = 1 + (layer - base) / (base + 1);
+  else k = 1 + extra + (layer - base - extra * (base + 1)) / base;
+  if (k > K - 1) k = K - 1;
+  return (int)(k % p->mesh.size[MP_DIM_PP]);
 }
 
 void mp_plan_chunk_layers(const mp_plan *p, int stage, int chunk, int64_t *l0, int64_t *l1) {
-  const int64_t L = p->model.n_layers, lpc = p->layers_per_chunk > 0 ? p->layers_per_chunk : L;
+  const int64_t L = p->model.n_layers, K = model_chunks(p);
   const int64_t k = (int64_t)chunk * p->mesh.size[MP_DIM_PP] + stage;
-  *l0 = k * lpc < L ? k * lpc : L;
-  *l1 = *l0 + lpc < L ? *l0 + lpc : L;
+  if (K <= 1) {
+    *l0 = 0, *l1 = L;
+    return;
+  }
+  if (L < K || k >= K) {
+    *l0 = *l1 = L;
+    return;
+  }
+  chunk_range(L, K, k, l0, l1);
 }
 
 /* ---- options and the meta tree ----------------------------------------------------- */
@@ -385,13 +417,12 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
                     o->pp_virtual, MP_PP_MAX_VIRTUAL);
   if (pp > 1) {
     const int v = virtual_stages(mesh, o);
-    const int64_t K = (int64_t)pp * v, lpc = (m->n_layers + K - 1) / K;
-    if ((K - 1) * lpc >= m->n_layers)
+    const int64_t K = (int64_t)pp * v;
+    if (K > m->n_layers)
       return mp_error(ctx, MP_ERR_INVALID,
-                      "pp=%d%s cannot split the %lld layers of %s: %lld per model chunk would "
-                      "leave the last of the %lld chunks empty; choose pp%s dividing %lld",
-                      pp, v > 1 ? " x pp_virtual" : "", (long long)m->n_layers, m->name,
-                      (long long)lpc, (long long)K, v > 1 ? " x pp_virtual" : "",
+                      "pp=%d x pp_virtual=%d makes %lld model chunks for the %lld layers of %s; "
+                      "a chunk needs at least one layer: choose pp x pp_virtual <= %lld",
+                      pp, v, (long long)K, (long long)m->n_layers, m->name,
                       (long long)m->n_layers);
   }
   if (o->seq > 0 && o->seq % cp != 0)
@@ -444,9 +475,18 @@ static mp_status plan_init(mp_ctx *ctx, mp_arena *arena, const mp_model *m, cons
   if (p->opts.ac_every < 1 || p->opts.ac != MP_AC_FULL) p->opts.ac_every = 1;
   p->vocab_padded = m->vocab;
   p->ac = MP_AC_NONE;
-  const int64_t K = (int64_t)mesh->size[MP_DIM_PP] * virtual_stages(mesh, &p->opts);
+  const int64_t K = model_chunks(p);
   p->layers_per_chunk = (int)((m->n_layers + K - 1) / K);
-  p->layers_per_stage = p->layers_per_chunk * virtual_stages(mesh, &p->opts);
+  p->layers_per_stage = 0;
+  for (int st = 0; st < mesh->size[MP_DIM_PP]; st++) {
+    int64_t n = 0;
+    for (int c = 0; c < virtual_stages(mesh, &p->opts); c++) {
+      int64_t l0, l1;
+      mp_plan_chunk_layers(p, st, c, &l0, &l1);
+      n += l1 - l0;
+    }
+    if (n > p->layers_per_stage) p->layers_per_stage = (int)n;
+  }
   *out = p;
   return MP_OK;
 }

@@ -199,6 +199,10 @@ typedef struct mp_fsdp_options {
 } mp_fsdp_options;
 
 typedef enum mp_pp_schedule { MP_PP_1F1B = 0, MP_PP_INTERLEAVED, MP_PP_GPIPE } mp_pp_schedule;
+/* Whose implementation of a schedule runs (they differ only in the interleaved warm-up with
+ * as many micro-batches as stages; exec/schedule_pp.c): Megatron-LM's (and the meshplan
+ * runtime's) or torch.distributed.pipelining's (torchtitan's). */
+typedef enum mp_pp_flavor { MP_PP_FLAVOR_MEGATRON = 0, MP_PP_FLAVOR_TORCH } mp_pp_flavor;
 
 /* Whose memory the schedule's ALLOC/FREE events describe: a property of the runtime that
  * executes the plan, named by its stack profile (sim/stack.h, key "memory_model"). It
@@ -294,11 +298,11 @@ typedef struct mp_plan {
   int n_notes;
   int64_t vocab_padded;  /* vocab after padding for tp (== model.vocab when none) */
   mp_ac_mode ac;
-  int layers_per_stage;  /* layers a stage holds: ceil(n_layers / pp) without interleaving,
-                            layers_per_chunk x pp_virtual with it (the last may hold fewer) */
-  int layers_per_chunk;  /* layers of a model chunk: ceil(n_layers / (pp x pp_virtual)); model
-                            chunk k = c x pp + s is stage s's virtual chunk c (Megatron's
-                            interleaved layout), the last chunk may hold fewer */
+  int layers_per_stage;  /* the most layers a stage holds (its chunks together) */
+  int layers_per_chunk;  /* the most layers a model chunk holds: ceil(n_layers / (pp x
+                            pp_virtual)); model chunk k = c x pp + s is stage s's virtual chunk c
+                            (Megatron's interleaved layout); mp_plan_chunk_layers gives the
+                            split, even where pp x pp_virtual divides n_layers */
   /* For the planner's speed (mp_build_plan_from): */
   const struct mp_plan_template *tmpl; /* the template it was built from, or NULL; when set,
                                           params[i].fqn / module_fqn and unit names point
@@ -424,7 +428,8 @@ int mp_plan_rank_stage(const mp_plan *p, int rank);
 int mp_plan_virtual_stages(const mp_plan *p);
 /* The stage holding block `layer`. */
 int mp_plan_layer_stage(const mp_plan *p, int64_t layer);
-/* Layers [*l0, *l1) of stage's virtual chunk (empty when the model has no layers there). */
+/* Layers [*l0, *l1) of stage's virtual chunk: n_layers / (pp x pp_virtual) each, the
+ * remainder one each to the chunks after the first (torchtitan's split; exec/plan.c). */
 void mp_plan_chunk_layers(const mp_plan *p, int stage, int chunk, int64_t *l0, int64_t *l1);
 /* The parameter whose name and values parameter i stores: a tied model's head copy under
  * a pipeline (the last stage's output.weight) stores the embedding weight it copies

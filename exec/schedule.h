@@ -350,15 +350,17 @@ typedef struct mp_pp_step {
 } mp_pp_step;
 
 /* The order of `stage` of a pp-stage pipeline running n_micro micro-batches through v model
- * chunks per stage under schedule `kind` (1F1B, interleaved with v > 1, GPipe): 2 x n_micro
- * x v steps into out (room for that many), *n_out their count. MP_ERR_INVALID for v > 1
- * outside the interleaved schedule, or n_micro not a multiple of pp under it. */
-mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro, int stage,
-                      mp_pp_step *out, int64_t *n_out);
+ * chunks per stage under schedule `kind` (1F1B, interleaved with v > 1, GPipe) as `flavor`
+ * implements it: 2 x n_micro x v steps into out (room for that many), *n_out their count.
+ * MP_ERR_INVALID for v > 1 outside the interleaved schedule, or n_micro not a multiple of
+ * pp under it. */
+mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp, int v,
+                      int64_t n_micro, int stage, mp_pp_step *out, int64_t *n_out);
 /* The most chunk activations a stage holds at once walking its order (a forward holds its
  * chunk's until the matching backward releases it, both counted while they run): pp - s
  * micro-batches for 1F1B's stage s (m at most), m for GPipe, (pp - s - 1) x 2 + (v - 1) x pp
- * + 1 chunks for the interleaved schedule's. */
+ * + 1 chunks for the interleaved schedule's (m x v, every chunk step, under Megatron-LM's
+ * when m == pp). */
 int64_t mp_pp_inflight(const mp_pp_step *order, int64_t n);
 
 /* Self-check: dependencies point backwards, every FREE matches an earlier ALLOC

@@ -9,15 +9,21 @@
  *   1F1B         stage s runs min(pp - s - 1, m) warm-up forwards, then alternates one
  *                forward and one backward, then drains the remaining backwards
  *                (PipeDream-Flush; Megatron-LM's forward_backward_pipelining_without_
- *                interleaving, Narayanan et al. 2021)
+ *                interleaving, Narayanan et al. 2021; torch.distributed.pipelining's
+ *                Schedule1F1B runs min(pp - s, m) forwards, then a backward and a forward
+ *                alternately: the same sequence)
  *   interleaved  v model chunks per stage, model chunk c x pp + s on stage s; the m x v
  *                chunk steps are taken in groups of pp micro-batches per chunk: virtual step
  *                k runs chunk (k mod pp v) / pp (backward: v - 1 minus it) of micro-batch
  *                (k / (pp v)) pp + k mod pp; stage s runs (pp - s - 1) x 2 + (v - 1) x pp
- *                warm-up forwards (every forward first when m == pp), then one forward and
- *                one backward alternately, then the rest of the backwards (Megatron-LM's
- *                forward_backward_pipelining_with_interleaving; it needs m a multiple of
- *                pp). */
+ *                warm-up forwards, then one forward and one backward alternately, then the
+ *                rest of the backwards (Megatron-LM's forward_backward_pipelining_with_
+ *                interleaving; it needs m a multiple of pp). The flavors differ in one
+ *                case: with m == pp Megatron-LM runs every forward first on every stage
+ *                (its all_warmup_microbatches), torch.distributed.pipelining's
+ *                ScheduleInterleaved1F1B keeps the formula (its get_rank_warmup_ops, capped
+ *                at m x v only), so its last stage starts backwards after (v - 1) x pp
+ *                forwards and holds fewer chunks. Everything else is the same in both. */
 #include "exec/schedule.h"
 
 /* Megatron's chunk and micro-batch of virtual step k (forward or backward). */
@@ -29,9 +35,12 @@ static mp_pp_step interleaved_step(int pp, int v, int64_t k, int bwd) {
   return s;
 }
 
-static int64_t order_interleaved(int pp, int v, int64_t m, int stage, mp_pp_step *out) {
+static int64_t order_interleaved(int pp, int v, int64_t m, int stage, mp_pp_flavor flavor,
+                                 mp_pp_step *out) {
   const int64_t total = m * v;
-  int64_t warm = m == pp ? total : (int64_t)(pp - stage - 1) * 2 + (int64_t)(v - 1) * pp;
+  int64_t warm = m == pp && flavor == MP_PP_FLAVOR_MEGATRON
+                     ? total
+                     : (int64_t)(pp - stage - 1) * 2 + (int64_t)(v - 1) * pp;
   if (warm > total) warm = total;
   int64_t n = 0;
   for (int64_t k = 0; k < warm; k++) out[n++] = interleaved_step(pp, v, k, 0);
@@ -62,8 +71,8 @@ static int64_t order_gpipe(int64_t m, mp_pp_step *out) {
   return n;
 }
 
-mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro, int stage,
-                      mp_pp_step *out, int64_t *n_out) {
+mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp, int v,
+                      int64_t n_micro, int stage, mp_pp_step *out, int64_t *n_out) {
   *n_out = 0;
   if (pp < 1 || stage < 0 || stage >= pp || n_micro < 1 || n_micro > INT32_MAX || v < 1 ||
       v > MP_PP_MAX_VIRTUAL)
@@ -76,7 +85,7 @@ mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n
                       "the interleaved schedule runs micro-batches in groups of pp=%d; %lld "
                       "micro-batches are not a multiple of it",
                       pp, (long long)n_micro);
-    *n_out = order_interleaved(pp, v, n_micro, stage, out);
+    *n_out = order_interleaved(pp, v, n_micro, stage, flavor, out);
   } else if (v > 1) {
     return mp_error(ctx, MP_ERR_INVALID, "pipeline order: %d chunks per stage need the "
                     "interleaved schedule", v);

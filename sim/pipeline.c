@@ -34,7 +34,7 @@ static _Thread_local size_t g_pos_cap;
  * stages' own (mp_sim_pp_held_extra), so a handful are kept, the oldest replaced. */
 #define ORDER_CACHE 12
 typedef struct order_entry {
-  int kind, pp, v, stage; /* stage -1: every stage's, one after the other */
+  int kind, flavor, pp, v, stage; /* stage -1: every stage's, one after the other */
   int64_t n_micro;
   mp_pp_step *steps;
   size_t cap;
@@ -66,12 +66,12 @@ static int grow(void **p, size_t *cap, size_t n, size_t elem) {
 
 /* The order of stage `stage` (-1: of every stage, per steps each), found in the cache or
  * built; NULL with the error on ctx. */
-static const mp_pp_step *orders(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro,
-                                int stage, int64_t per) {
+static const mp_pp_step *orders(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp,
+                                int v, int64_t n_micro, int stage, int64_t per) {
   for (int i = 0; i < ORDER_CACHE; i++) {
     const order_entry *e = &g_orders[i];
-    if (e->steps && e->kind == (int)kind && e->pp == pp && e->v == v && e->stage == stage &&
-        e->n_micro == n_micro)
+    if (e->steps && e->kind == (int)kind && e->flavor == (int)flavor && e->pp == pp &&
+        e->v == v && e->stage == stage && e->n_micro == n_micro)
       return e->steps;
   }
   order_entry *e = &g_orders[g_orders_next];
@@ -84,10 +84,12 @@ static const mp_pp_step *orders(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v,
   }
   for (int s = s0; s < s1; s++) {
     int64_t n = 0;
-    if (mp_pp_order(ctx, kind, pp, v, n_micro, s, e->steps + (size_t)(s - s0) * per, &n) != MP_OK)
+    if (mp_pp_order(ctx, kind, flavor, pp, v, n_micro, s, e->steps + (size_t)(s - s0) * per,
+                    &n) != MP_OK)
       return NULL;
   }
   e->kind = (int)kind;
+  e->flavor = (int)flavor;
   e->pp = pp;
   e->v = v;
   e->stage = stage;
@@ -114,15 +116,16 @@ static double ready_s(const mp_pp_step *q, int s, int pp, int K, int64_t m, cons
 }
 
 /* The timeline run step by step over n_micro micro-batches (see mp_sim_pipeline). */
-static mp_status timeline(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro,
-                          const mp_pp_stage_times *const *stage, double *finish) {
+static mp_status timeline(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp, int v,
+                          int64_t n_micro, const mp_pp_stage_times *const *stage,
+                          double *finish) {
   const int64_t per = 2 * n_micro * v; /* steps per stage */
   const int K = pp * v;
   if (!grow((void **)&g_ends, &g_ends_cap, (size_t)(2 * n_micro * K + pp), sizeof *g_ends) ||
       !grow((void **)&g_pos, &g_pos_cap, (size_t)pp, sizeof *g_pos))
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline timeline of %d stages",
                     pp);
-  const mp_pp_step *all = orders(ctx, kind, pp, v, n_micro, -1, per);
+  const mp_pp_step *all = orders(ctx, kind, flavor, pp, v, n_micro, -1, per);
   if (all == NULL) return ctx->last;
   double *end = g_ends, *free_t = g_ends + 2 * n_micro * K;
   int64_t *pos = g_pos;
@@ -168,20 +171,21 @@ static mp_status timeline(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64
  * once the warm-up has passed). Long pipelines are therefore run for m0, m0 + pp and m0 + 2pp
  * micro-batches (m0 the first multiple of pp from 2 pp + 8 on); when the last two groups
  * add the same to every stage, the rest is that much per group, else the whole step is run. */
-mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro,
-                          const mp_pp_stage_times *const *stage, double *finish) {
+mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp, int v,
+                          int64_t n_micro, const mp_pp_stage_times *const *stage,
+                          double *finish) {
   const int64_t m0 = ((2 * (int64_t)pp + 8 + pp - 1) / pp) * pp;
   if (n_micro <= m0 + 2 * pp || (n_micro - m0) % pp != 0)
-    return timeline(ctx, kind, pp, v, n_micro, stage, finish);
+    return timeline(ctx, kind, flavor, pp, v, n_micro, stage, finish);
   double a[MP_MAX_LAYERS], b[MP_MAX_LAYERS], c[MP_MAX_LAYERS];
-  if (pp > MP_MAX_LAYERS) return timeline(ctx, kind, pp, v, n_micro, stage, finish);
-  MP_CHECK(timeline(ctx, kind, pp, v, m0, stage, a));
-  MP_CHECK(timeline(ctx, kind, pp, v, m0 + pp, stage, b));
-  MP_CHECK(timeline(ctx, kind, pp, v, m0 + 2 * pp, stage, c));
+  if (pp > MP_MAX_LAYERS) return timeline(ctx, kind, flavor, pp, v, n_micro, stage, finish);
+  MP_CHECK(timeline(ctx, kind, flavor, pp, v, m0, stage, a));
+  MP_CHECK(timeline(ctx, kind, flavor, pp, v, m0 + pp, stage, b));
+  MP_CHECK(timeline(ctx, kind, flavor, pp, v, m0 + 2 * pp, stage, c));
   for (int s = 0; s < pp; s++) {
     const double d1 = b[s] - a[s], d2 = c[s] - b[s];
     if (fabs(d1 - d2) > 1e-9 * fabs(d2) + 1e-15)
-      return timeline(ctx, kind, pp, v, n_micro, stage, finish);
+      return timeline(ctx, kind, flavor, pp, v, n_micro, stage, finish);
   }
   const double groups = (double)((n_micro - m0 - 2 * pp) / pp);
   for (int s = 0; s < pp; s++) finish[s] = c[s] + groups * (c[s] - b[s]);
@@ -200,8 +204,9 @@ static int64_t held_most(const mp_pp_step *ord, int64_t n, const int64_t *held) 
   return most;
 }
 
-mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro,
-                               int stage, const int64_t *held, int64_t *extra) {
+mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp,
+                               int v, int64_t n_micro, int stage, const int64_t *held,
+                               int64_t *extra) {
   /* 1F1B and interleaved hold the most once their warm-up is done, (pp - 1) x 2 + (v - 1)
    * x pp + 1 chunk steps at most: a shorter order of whole groups of pp micro-batches holds
    * as much; GPipe holds every micro-batch */
@@ -211,7 +216,7 @@ mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, 
   const int64_t per = 2 * n_micro * v;
   if (stage < 0 || stage >= pp)
     return mp_error(ctx, MP_ERR_INVALID, "pipeline order: stage %d of pp=%d", stage, pp);
-  const mp_pp_step *ord = orders(ctx, kind, pp, v, n_micro, stage, per);
+  const mp_pp_step *ord = orders(ctx, kind, flavor, pp, v, n_micro, stage, per);
   if (ord == NULL) return ctx->last;
   const int64_t all = held_most(ord, per, held);
   /* one micro-batch alone: its chunks' forwards in order, then their backwards */

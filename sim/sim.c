@@ -174,7 +174,8 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
   if (pp > MP_MAX_LAYERS)
     return mp_error(ctx, MP_ERR_INVALID, "pp=%d: at most %d pipeline stages", pp, MP_MAX_LAYERS);
   for (int k = 0; k < pp; k++) times[k] = &stage[k]->t;
-  MP_CHECK(mp_sim_pipeline(ctx, p->opts.pp_schedule, pp, v, n_micro, times, finish));
+  MP_CHECK(mp_sim_pipeline(ctx, p->opts.pp_schedule, prof->pp_flavor, pp, v, n_micro, times,
+                           finish));
   int crit = 0, full = 0;
   double step = -1.0;
   int64_t peak = -1, extra_full = 0;
@@ -189,7 +190,8 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
     for (int j = 0; j < k && !seen; j++) seen = stage[j] == x;
     if (seen && mem_stage < 0) continue;
     int64_t extra = 0;
-    MP_CHECK(mp_sim_pp_held_extra(ctx, p->opts.pp_schedule, pp, v, n_micro, k, x->held, &extra));
+    MP_CHECK(mp_sim_pp_held_extra(ctx, p->opts.pp_schedule, prof->pp_flavor, pp, v, n_micro, k,
+                                  x->held, &extra));
     mp_sim_result m;
     fill_memory(x->r.mem_at_peak, x->r.mem_max, x->alloc_peak, extra, cfg, prof, &m);
     if (m.peak_mem_bytes > peak) peak = m.peak_mem_bytes, full = k, extra_full = extra;

@@ -90,6 +90,11 @@ typedef struct mp_stack_profile {
    * required setting, as Megatron-LM's --micro-batch-size). meshplan validate uses it for
    * a row that publishes no micro-batch. */
   int pp_mb_stages;
+  /* Whose pipeline schedules the stack runs: JSON "pp_order", optional: "megatron" (the
+   * default: Megatron-LM's orders, which the meshplan runtime executes) or "torch"
+   * (torch.distributed.pipelining's, torchtitan's); exec/schedule_pp.c says where they
+   * differ. */
+  mp_pp_flavor pp_flavor;
   /* The GPU the efficiencies above were fitted on (JSON "fit_gpu", optional: a data/gpus
    * stem) and that GPU's reference kernel fractions, read from its profile when the stack
    * is loaded. gemm_eff_max, fp8_gemm_eff_max and attention_eff are fractions of peak on
@@ -219,12 +224,14 @@ typedef struct mp_pp_stage_times {
 } mp_pp_stage_times;
 
 /* The pipeline timeline of a step: every stage (stage[s], pp of them; stages may share
- * one) runs its mp_pp_order under schedule `kind` with v chunks for n_micro micro-batches,
+ * one) runs its mp_pp_order under schedule `kind` as `flavor` implements it (the stack's
+ * pp_order) with v chunks for n_micro micro-batches,
  * each step when its stage is free and its input has arrived; finish[s] receives when stage
  * s ends its last step (time 0: the first forward starts). MP_ERR_INVALID for orders the
  * schedule refuses. */
-mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro,
-                          const mp_pp_stage_times *const *stage, double *finish);
+mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp, int v,
+                          int64_t n_micro, const mp_pp_stage_times *const *stage,
+                          double *finish);
 
 /* Duration of one COMPUTE op (exposed for tests): the roofline max of
  * FLOPs / (peak of its dtype x efficiency) and bytes / (HBM x hbm_eff), plus the stack's

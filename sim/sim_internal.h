@@ -53,8 +53,9 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
                                  mp_sim_result *out);
 /* The activations stage `stage` holds at most walking its pipeline order, beyond what it
  * holds with one micro-batch alone (held: per chunk what its forward leaves held). */
-mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t n_micro,
-                               int stage, const int64_t *held, int64_t *extra);
+mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp,
+                               int v, int64_t n_micro, int stage, const int64_t *held,
+                               int64_t *extra);
 
 /* mp_simulate with the links of every group (indexed by mp_group, as mp_sim_group_link
  * gives them for the schedule's rank) looked up beforehand; links NULL looks them up. */

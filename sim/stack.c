@@ -55,6 +55,10 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
   static const char *const ppmb[] = {"unstated", "stages"};
   p->pp_mb_stages = 0;
   MP_CHECK(get_choice(ctx, j, origin, "pp_microbatches", ppmb, 2, &p->pp_mb_stages));
+  static const char *const ppo[] = {"megatron", "torch"};
+  int flavor = MP_PP_FLAVOR_MEGATRON;
+  MP_CHECK(get_choice(ctx, j, origin, "pp_order", ppo, 2, &flavor));
+  p->pp_flavor = (mp_pp_flavor)flavor;
   p->ac_policies = p->mem_model == MP_MEM_MODEL_TORCHTITAN
                        ? (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_OP) | (1u << MP_AC_FULL)
                        : (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_CORE) | (1u << MP_AC_FULL);

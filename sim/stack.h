@@ -8,7 +8,7 @@
  * comm_overhead_us, frag_factor, source. Efficiencies lie in (0, 1]; frag_factor in
  * [1, 16]; overheads in [0, 1e6] us; gemm_eff_half_mnk in [0, 1e18] (common/limits.h).
  * Optional: saved_act_factor, memory_model ("torchtitan", "meshplan-cpu", "meshplan-cuda" or
- * "megatron"), attention, loss, sequence_parallel, ac_policies, fit_gpu, pp_microbatches (sim.h's
+ * "megatron"), attention, loss, sequence_parallel, ac_policies, fit_gpu, pp_microbatches, pp_order (sim.h's
  * mp_stack_profile says what each means).
  *
  * Kernel efficiencies across GPUs. A stack's GEMM, float8 GEMM and attention efficiencies

@@ -87,7 +87,7 @@ mp_status mp_rt_pp_init(mp_ctx *ctx, mp_runtime *rt) {
   const mp_pp_schedule kind = rt->pp > 1 ? p->opts.pp_schedule : MP_PP_1F1B;
   rt->order = malloc(sizeof *rt->order * (size_t)(2 * rt->n_micro * rt->vst));
   MP_CHECK_ALLOC(ctx, rt->order);
-  MP_CHECK(mp_pp_order(ctx, kind, rt->pp, rt->vst, rt->n_micro, rt->pp_stage, rt->order, &rt->n_order));
+  MP_CHECK(mp_pp_order(ctx, kind, MP_PP_FLAVOR_MEGATRON, rt->pp, rt->vst, rt->n_micro, rt->pp_stage, rt->order, &rt->n_order));
   rt->n_mic = rt->pp > 1 ? (int)rt->n_micro : 1;
   rt->mic = calloc((size_t)rt->n_mic, sizeof *rt->mic);
   MP_CHECK_ALLOC(ctx, rt->mic);

@@ -16,12 +16,13 @@
 
 namespace {
 
-std::vector<mp_pp_step> Order(mp_pp_schedule k, int pp, int v, int64_t m, int stage) {
+std::vector<mp_pp_step> Order(mp_pp_schedule k, int pp, int v, int64_t m, int stage,
+                              mp_pp_flavor flavor = MP_PP_FLAVOR_MEGATRON) {
   std::vector<mp_pp_step> o((size_t)(2 * m * v));
   int64_t n = 0;
   mp_ctx ctx;
   mp_ctx_init(&ctx);
-  EXPECT_EQ(mp_pp_order(&ctx, k, pp, v, m, stage, o.data(), &n), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_pp_order(&ctx, k, flavor, pp, v, m, stage, o.data(), &n), MP_OK) << mp_errmsg(&ctx);
   o.resize((size_t)n);
   return o;
 }
@@ -95,14 +96,40 @@ TEST(PipelineOrder, InterleavedFollowsMegatron) {
   EXPECT_EQ(mp_pp_inflight(a.data(), (int64_t)a.size()), 8);
 }
 
+TEST(PipelineOrder, TorchInterleavedKeepsItsWarmUpWithPpMicroBatches) {
+  // torch.distributed.pipelining's ScheduleInterleaved1F1B warms rank r up with
+  // min((v - 1) x pp + 2 (pp - 1 - r), m x v) forwards, also when m == pp (torchtitan's
+  // default): pp=4, v=2, m=4 holds all 8 chunks on stages 0 and 1 (the warm-up capped at m
+  // x v), 4 + 2 + 1 = 7 on stage 2 and 4 + 1 on the last, where Megatron-LM's order holds all
+  // 8 on every stage.
+  const int want[4] = {8, 8, 7, 5};
+  for (int s = 0; s < 4; s++) {
+    auto t = Order(MP_PP_INTERLEAVED, 4, 2, 4, s, MP_PP_FLAVOR_TORCH);
+    ExpectComplete(t, 4, 2);
+    EXPECT_EQ(mp_pp_inflight(t.data(), (int64_t)t.size()), want[s]) << s;
+    auto g = Order(MP_PP_INTERLEAVED, 4, 2, 4, s);
+    EXPECT_EQ(mp_pp_inflight(g.data(), (int64_t)g.size()), 8) << s;
+  }
+  // with more micro-batches than stages, and for 1F1B and GPipe, the two are one order
+  for (mp_pp_schedule k : {MP_PP_1F1B, MP_PP_INTERLEAVED, MP_PP_GPIPE})
+    for (int s = 0; s < 4; s++) {
+      const int v = k == MP_PP_INTERLEAVED ? 2 : 1;
+      auto a = Order(k, 4, v, 8, s), b = Order(k, 4, v, 8, s, MP_PP_FLAVOR_TORCH);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); i++)
+        EXPECT_TRUE(a[i].bwd == b[i].bwd && a[i].chunk == b[i].chunk && a[i].micro == b[i].micro)
+            << k << " stage " << s << " step " << i;
+    }
+}
+
 TEST(PipelineOrder, RefusesWhatMegatronRefuses) {
   std::vector<mp_pp_step> o(64);
   int64_t n = 0;
   mp_ctx ctx;
   mp_ctx_init(&ctx);
-  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_INTERLEAVED, 4, 2, 6, 0, o.data(), &n), MP_ERR_INVALID);
-  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_1F1B, 4, 2, 8, 0, o.data(), &n), MP_ERR_INVALID);
-  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_1F1B, 4, 1, 8, 4, o.data(), &n), MP_ERR_INVALID);
+  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON, 4, 2, 6, 0, o.data(), &n), MP_ERR_INVALID);
+  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_1F1B, MP_PP_FLAVOR_MEGATRON, 4, 2, 8, 0, o.data(), &n), MP_ERR_INVALID);
+  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_1F1B, MP_PP_FLAVOR_MEGATRON, 4, 1, 8, 4, o.data(), &n), MP_ERR_INVALID);
 }
 
 // ---- a stage's schedule ----------------------------------------------------------------
@@ -287,9 +314,55 @@ TEST(PipelineSchedule, TiedEmbeddingsAcrossStages) {
   EXPECT_EQ(st.plan->params[i].tp_shape[0], 51200 / 8);
 }
 
-TEST(PipelineSchedule, UnevenSplitLeavesTheLastStageFewer) {
-  // llama3.1-8b's 32 layers on pp=5: 7 per stage, the last holds 4; pp=6 x 2 chunks would
-  // leave the last of 12 chunks empty (3 each: 11 x 3 > 32), refused.
+// The layers of every model chunk of `model` on pp stages x v chunks (interleaved when v >
+// 1), chunk k = c x pp + s in order, or empty with the refusal in *err.
+std::vector<int> ChunkSizes(const char *model, int pp, int v, std::string *err = nullptr) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  EXPECT_EQ(mp_model_load(&ctx, model, &m), MP_OK);
+  mp_mesh mesh;
+  EXPECT_EQ(mp_mesh_parse(&ctx, ("pp=" + std::to_string(pp)).c_str(), 0, &mesh), MP_OK);
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  if (v > 1) o.pp_schedule = MP_PP_INTERLEAVED, o.pp_virtual = v;
+  mp_plan *p = nullptr;
+  std::vector<int> sizes;
+  if (mp_build_plan(&ctx, &m, &mesh, &o, &p) != MP_OK) {
+    if (err) *err = mp_errmsg(&ctx);
+    return sizes;
+  }
+  int64_t next = 0;
+  for (int c = 0; c < v; c++)
+    for (int s = 0; s < pp; s++) {
+      int64_t l0, l1;
+      mp_plan_chunk_layers(p, s, c, &l0, &l1);
+      EXPECT_EQ(l0, next) << "chunks cover the layers in order";
+      next = l1;
+      sizes.push_back((int)(l1 - l0));
+      for (int64_t l = l0; l < l1; l++) EXPECT_EQ(mp_plan_layer_stage(p, l), s) << l;
+    }
+  EXPECT_EQ(next, m.n_layers);
+  mp_plan_destroy(p);
+  return sizes;
+}
+
+TEST(PipelineSchedule, UnevenSplitAsTorchtitan) {
+  // torchtitan's generate_split_points: base = L / K layers a chunk, the L mod K left over
+  // one each to the chunks after the first, the last takes the rest.
+  // Llama 3.1 405B, 126 layers on pp=8 (Table 5's layout): 15, 16 x 6, 15.
+  EXPECT_EQ(ChunkSizes("llama3.1-405b", 8, 1), (std::vector<int>{15, 16, 16, 16, 16, 16, 16, 15}));
+  // interleaved x2: 16 chunks of 126 / 16 = 7, 14 left over: 7, 8 x 14, 7; stage 0 holds
+  // chunks 0 and 8 (7 + 8), stage 7 chunks 7 and 15 (8 + 7), the others 16
+  std::vector<int> want(16, 8);
+  want[0] = want[15] = 7;
+  EXPECT_EQ(ChunkSizes("llama3.1-405b", 8, 2), want);
+  // 32 layers on pp=5: 6, 7, 7, 6, 6; on pp=6 x 2: 2, 3 x 8, 2, 2, 2
+  EXPECT_EQ(ChunkSizes("llama3.1-8b", 5, 1), (std::vector<int>{6, 7, 7, 6, 6}));
+  EXPECT_EQ(ChunkSizes("llama3.1-8b", 6, 2), (std::vector<int>{2, 3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2}));
+  // every layer its own chunk (K == L)
+  EXPECT_EQ(ChunkSizes("llama3.1-8b", 8, 4), std::vector<int>(32, 1));
+  // the schedule of the last stage of pp=5 runs layers 26..31
   Stage st;
   st.Build("llama3.1-8b", "pp=5", 4);
   std::set<int> layers;
@@ -297,21 +370,13 @@ TEST(PipelineSchedule, UnevenSplitLeavesTheLastStageFewer) {
   mp_schedule_iter_begin(st.s, &it);
   while (mp_schedule_iter_next(&it))
     if (it.layer >= 0) layers.insert(it.layer);
-  EXPECT_EQ(layers.size(), 4u);
-  EXPECT_EQ(*layers.begin(), 28);
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  mp_model m;
-  ASSERT_EQ(mp_model_load(&ctx, "llama3.1-8b", &m), MP_OK);
-  mp_mesh mesh;
-  ASSERT_EQ(mp_mesh_parse(&ctx, "pp=6", 0, &mesh), MP_OK);
-  mp_plan_options o;
-  mp_plan_options_init(&o);
-  o.pp_schedule = MP_PP_INTERLEAVED;
-  o.pp_virtual = 2;
-  mp_plan *p = nullptr;
-  EXPECT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_ERR_INVALID);
-  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("empty"), std::string::npos) << mp_errmsg(&ctx);
+  EXPECT_EQ(layers.size(), 6u);
+  EXPECT_EQ(*layers.begin(), 26);
+  // more chunks than layers: refused, naming the bound
+  std::string err;
+  EXPECT_TRUE(ChunkSizes("llama3.1-8b", 8, 8, &err).empty());
+  EXPECT_NE(err.find("64 model chunks for the 32 layers"), std::string::npos) << err;
+  EXPECT_NE(err.find("<= 32"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ namespace {
 
 // Makespan of a pipeline of pp equal stages: each chunk's forward f / v, backward b / v.
 double Makespan(mp_pp_schedule kind, int pp, int v, int64_t m, double f, double b,
-                double send = 0.0) {
+                double send = 0.0, mp_pp_flavor flavor = MP_PP_FLAVOR_MEGATRON) {
   mp_pp_stage_times t;
   memset(&t, 0, sizeof t);
   for (int c = 0; c < v; c++) {
@@ -26,7 +26,7 @@ double Makespan(mp_pp_schedule kind, int pp, int v, int64_t m, double f, double 
   std::vector<double> finish(pp);
   mp_ctx ctx;
   mp_ctx_init(&ctx);
-  EXPECT_EQ(mp_sim_pipeline(&ctx, kind, pp, v, m, st.data(), finish.data()), MP_OK)
+  EXPECT_EQ(mp_sim_pipeline(&ctx, kind, flavor, pp, v, m, st.data(), finish.data()), MP_OK)
       << mp_errmsg(&ctx);
   double most = 0;
   for (double x : finish) most = std::max(most, x);
@@ -57,6 +57,9 @@ TEST(PipelineTimeline, InterleavedBubbleIsPMinusOneOverVM) {
         const double t = Makespan(MP_PP_INTERLEAVED, pp, v, m, f, b);
         EXPECT_NEAR(t, m * (f + b) + (pp - 1) * (f + b) / v, 1e-9)
             << "pp=" << pp << " v=" << v << " m=" << m;
+        // torch.distributed.pipelining's order (no every-forward-first warm-up at m == pp)
+        EXPECT_NEAR(Makespan(MP_PP_INTERLEAVED, pp, v, m, f, b, 0.0, MP_PP_FLAVOR_TORCH), t, 1e-9)
+            << "pp=" << pp << " v=" << v << " m=" << m;
         EXPECT_NEAR((t - m * (f + b)) / (m * (f + b)), (pp - 1) / (double)(v * m), 1e-9);
       }
 }
@@ -75,7 +78,7 @@ TEST(PipelineTimeline, TransfersOnOneFOneBsCriticalPath) {
   double finish[2];
   mp_ctx ctx;
   mp_ctx_init(&ctx);
-  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, 2, 1, 3, st, finish), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, MP_PP_FLAVOR_MEGATRON, 2, 1, 3, st, finish), MP_OK) << mp_errmsg(&ctx);
   EXPECT_NEAR(finish[0], 12.4, 1e-12);
   EXPECT_NEAR(finish[1], 10.3, 1e-12);
 }
@@ -96,7 +99,7 @@ TEST(PipelineTimeline, UnevenStagesWorkedStepByStep) {
   double finish[2];
   mp_ctx ctx;
   mp_ctx_init(&ctx);
-  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, 2, 1, 2, st, finish), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, MP_PP_FLAVOR_MEGATRON, 2, 1, 2, st, finish), MP_OK) << mp_errmsg(&ctx);
   EXPECT_DOUBLE_EQ(finish[0], 13.75);
   EXPECT_DOUBLE_EQ(finish[1], 11.5);
 }
@@ -118,8 +121,8 @@ TEST(PipelineTimeline, LongPipelinesSettleIntoTheirCycle) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   double a[4], b[4];
-  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, 4, 1, 400, st, a), MP_OK);
-  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, 4, 1, 404, st, b), MP_OK);
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, MP_PP_FLAVOR_MEGATRON, 4, 1, 400, st, a), MP_OK);
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, MP_PP_FLAVOR_MEGATRON, 4, 1, 404, st, b), MP_OK);
   for (int s = 0; s < 4; s++) EXPECT_NEAR(b[s] - a[s], 4 * 6.0, 1e-9) << "stage " << s;
 }
 
@@ -131,7 +134,7 @@ TEST(PipelineTimeline, RefusesWhatTheScheduleRefuses) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   // interleaved needs m a multiple of pp
-  EXPECT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, 4, 2, 6, st, finish), MP_ERR_INVALID);
+  EXPECT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON, 4, 2, 6, st, finish), MP_ERR_INVALID);
   EXPECT_NE(std::string(mp_errmsg(&ctx)).find("groups of pp=4"), std::string::npos);
 }
 

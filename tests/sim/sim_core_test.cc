@@ -577,7 +577,7 @@ TEST(Pipeline, TimelineAndInflightActivations) {
     double finish[4];
     mp_ctx ctx;
     mp_ctx_init(&ctx);
-    ASSERT_EQ(mp_sim_pipeline(&ctx, b.plan.opts.pp_schedule, 4, v, 8, st, finish), MP_OK);
+    ASSERT_EQ(mp_sim_pipeline(&ctx, b.plan.opts.pp_schedule, MP_PP_FLAVOR_MEGATRON, 4, v, 8, st, finish), MP_OK);
     EXPECT_NEAR(r.step_time_s, *std::max_element(finish, finish + 4), 1e-12);
     const double free_transfers = interleaved ? 28.5e-3 : 33e-3;
     EXPECT_GT(r.step_time_s, free_transfers);

@@ -263,4 +263,24 @@ TEST(Stacks, PipelineMicroBatching) {
   EXPECT_STREQ(mp_errmsg(&ctx), "x.json: pp_microbatches 'layers' is unknown; choose unstated, stages");
 }
 
+// pp_order: torchtitan's profiles run torch.distributed.pipelining's schedules, every other
+// profile (Megatron-LM, the meshplan runtimes) Megatron-LM's orders, the default; a value
+// other than the two is refused with the choices.
+TEST(Stacks, PipelineOrderFlavor) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_stack_profile p;
+  for (const char *n : {"torchtitan-eager", "torchtitan-compile"}) {
+    ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(p.pp_flavor, MP_PP_FLAVOR_TORCH) << n;
+  }
+  for (const char *n : {"megatron-lm", "meshplan-cpu", "meshplan-cuda", "llm.c"}) {
+    ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(p.pp_flavor, MP_PP_FLAVOR_MEGATRON) << n;
+  }
+  EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"pp_order\":\"gpipe\"").c_str(), "x.json", &p),
+            MP_ERR_INVALID);
+  EXPECT_STREQ(mp_errmsg(&ctx), "x.json: pp_order 'gpipe' is unknown; choose megatron, torch");
+}
+
 }  // namespace
