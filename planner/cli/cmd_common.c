@@ -59,6 +59,22 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
   return MP_OK;
 }
 
+mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
+  const char *ps = mp_args_get(spec, "--pp-schedule");
+  if (ps) {
+    if (strcmp(ps, "1f1b") == 0) o->pp_schedule = MP_PP_1F1B;
+    else if (strcmp(ps, "interleaved") == 0) o->pp_schedule = MP_PP_INTERLEAVED;
+    else if (strcmp(ps, "gpipe") == 0) o->pp_schedule = MP_PP_GPIPE;
+    else
+      return mp_error(ctx, MP_ERR_USAGE, "--pp-schedule '%s': choose 1f1b, interleaved or gpipe", ps);
+  }
+  /* a virtual stage holds at least one layer */
+  long long pv = 2;
+  MP_CHECK(mp_args_int(ctx, spec, "--pp-virtual", 1, MP_MAX_LAYERS, &pv));
+  o->pp_virtual = o->pp_schedule == MP_PP_INTERLEAVED ? (int)pv : 1;
+  return MP_OK;
+}
+
 mp_status mp_cmd_load_model(mp_ctx *ctx, const mp_cmd_spec *spec, const char *dflt, mp_model *m) {
   const char *hf = mp_args_get(spec, "--hf-config");
   const char *model = mp_args_get(spec, "--model");

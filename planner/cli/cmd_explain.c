@@ -6,7 +6,10 @@
  * units, the per-rank totals; --param FQN adds a tile diagram of one weight (one
  * character grid per rank: '#' rows/columns the rank stores, '+' a cell it stores part
  * of, '.' nothing); --schedule the rank's step schedule (exec/schedule.h); --json all
- * of it as one JSON document (cJSON).
+ * of it as one JSON document (cJSON). With cp > 1 a "context parallel" section says how the
+ * ring runs; with pp > 1 a "pipeline" section gives the layer split, the rank's warm-up and
+ * in-flight chunks in the stack's schedule implementation, the bubble and the boundary
+ * transfers.
  *
  * Text tables collapse consecutive layers whose rows are identical ("layers.0-31.mlp.
  * up_proj.weight"); the JSON lists every parameter. Errors (bad mesh, a pass refusing,
@@ -35,6 +38,8 @@ static mp_opt k_opts[] = {
     MP_OPT_FP8(""),
     MP_OPT_SP,
     MP_OPT_NO_SP,
+    MP_OPT_PP_SCHEDULE,
+    MP_OPT_PP_VIRTUAL,
     {"--pad-vocab", NULL, "pad the vocabulary to a multiple of tp instead of refusing", NULL},
     {"--param", "FQN", "tile diagram of one parameter, e.g. layers.0.mlp.up_proj.weight", NULL},
     {"--rank", "R", "rank whose at-rest shapes and totals are shown (default 0)", NULL},
@@ -58,7 +63,8 @@ static mp_opt k_opts[] = {
 
 static mp_cmd_spec k_spec = {
     "explain", "Show the sharding passes, parameter shapes, FSDP units and schedule of one plan.",
-    "[--model M | --hf-config PATH] [--mesh SPEC] [--ep N] [--ac MODE] [--fp8] [--sp|--no-sp] [--param FQN] [--rank R] [--json] "
+    "[--model M | --hf-config PATH] [--mesh SPEC] [--ep N] [--pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V]] "
+    "[--ac MODE] [--fp8] [--sp|--no-sp] [--param FQN] [--rank R] [--json] "
     "[--schedule] [--summary] [--cluster C | --gpus N] [--seq S] [--micro-batch B] [--global-batch G]",
     k_opts, 0};
 
@@ -133,6 +139,15 @@ typedef struct explain {
   cJSON *kernels_json;    /* the same for --json (mp_cmd_kernel_scale_json), owned */
   int64_t local_batch; /* sequences per data-parallel rank per step */
   int64_t n_micro;     /* micro-batches per step */
+  /* pp > 1: the rank's pipeline (pipeline_facts) */
+  char pp_note[1024];
+  mp_pp_flavor pp_flavor;
+  int pp_warmup;          /* forwards before the rank's first backward */
+  int64_t pp_inflight;    /* the most chunk activations the rank holds at once */
+  double pp_bubble;       /* (pp - 1) / m, or / (v m) interleaved: equal stages' idle share */
+  double pp_send_bytes;   /* one stage boundary's activation (or its gradient) per micro-batch */
+  int pp_chunk_layers[MP_MAX_LAYERS]; /* layers of model chunk k = c x pp + s */
+  int pp_chunks;
 } explain;
 
 /* Row of the collapsed parameter table. */
@@ -271,6 +286,93 @@ static void cp_note(const mp_plan *p, char *buf, size_t cap) {
            "to the next rank after every backward step (torchtitan's %s)",
            mla ? "at their decompressed widths" : "expanded to every query head", a, g, d,
            mla ? "allgather rotate method" : "repeat_kv and allgather rotate method");
+}
+
+/* "15, 16 x 6, 15": n counts with runs collapsed. */
+static void fmt_runs(const int *v, int n, char *buf, size_t cap) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < n && used < cap;) {
+    int j = i;
+    while (j < n && v[j] == v[i]) j++;
+    used += (size_t)snprintf(buf + used, cap - used, j - i > 1 ? "%s%d x %d" : "%s%d", i ? ", " : "",
+                             v[i], j - i);
+    i = j;
+  }
+}
+
+/* With pp > 1, the rank's pipeline: the layer split, its stage's warm-up and in-flight
+ * chunks walking mp_pp_order as the stack's implementation runs it, the bubble of equal
+ * stages and what crosses a stage boundary; e->pp_note the sentence. MP_ERR_INVALID where
+ * the schedule refuses the micro-batch count (the interleaved schedule's groups of pp). */
+static mp_status pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_profile *prof) {
+  const mp_plan *p = e->plan;
+  const int pp = p->mesh.size[MP_DIM_PP], v = mp_plan_virtual_stages(p);
+  e->pp_note[0] = '\0';
+  if (pp <= 1) return MP_OK;
+  e->pp_flavor = prof->pp_flavor;
+  const int stage = mp_plan_rank_stage(p, e->rank);
+  e->pp_chunks = pp * v;
+  for (int c = 0; c < v; c++)
+    for (int s = 0; s < pp; s++) {
+      int64_t l0, l1;
+      mp_plan_chunk_layers(p, s, c, &l0, &l1);
+      e->pp_chunk_layers[c * pp + s] = (int)(l1 - l0);
+    }
+  const size_t n = (size_t)(2 * e->n_micro * v);
+  mp_pp_step *ord = malloc(n * sizeof *ord);
+  if (ord == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline order");
+  int64_t got = 0;
+  mp_status st = mp_pp_order(ctx, p->opts.pp_schedule, e->pp_flavor, pp, v, e->n_micro, stage, ord, &got);
+  if (st != MP_OK) {
+    free(ord);
+    return st;
+  }
+  e->pp_warmup = 0;
+  while (e->pp_warmup < got && !ord[e->pp_warmup].bwd) e->pp_warmup++;
+  e->pp_inflight = mp_pp_inflight(ord, got);
+  free(ord);
+  const int interleaved = p->opts.pp_schedule == MP_PP_INTERLEAVED && v > 1;
+  e->pp_bubble = (double)(pp - 1) / (double)((interleaved ? v : 1) * e->n_micro);
+  const int tp = p->mesh.size[MP_DIM_TP];
+  int64_t T = p->opts.micro_batch * (p->opts.seq / p->mesh.size[MP_DIM_CP]);
+  if (p->opts.sp && tp > 1) T /= tp;
+  e->pp_send_bytes = (double)T * (double)p->model.d_model * 2.0;
+  char split[256], mine[160], sb[32];
+  fmt_runs(e->pp_chunk_layers, e->pp_chunks, split, sizeof split);
+  size_t u = 0;
+  mine[0] = '\0';
+  for (int c = 0; c < v && u < sizeof mine; c++) {
+    int64_t l0, l1;
+    mp_plan_chunk_layers(p, stage, c, &l0, &l1);
+    u += (size_t)snprintf(mine + u, sizeof mine - u, "%s%lld-%lld", c ? " and " : "", (long long)l0,
+                          (long long)l1 - 1);
+  }
+  fmt_bytes(e->pp_send_bytes, sb, sizeof sb);
+  char sched[48];
+  if (interleaved) snprintf(sched, sizeof sched, "interleaved 1F1B x%d", v);
+  else snprintf(sched, sizeof sched, "%s", p->opts.pp_schedule == MP_PP_GPIPE ? "GPipe" : "1F1B");
+  snprintf(e->pp_note, sizeof e->pp_note,
+           "pp=%d, %s as %s runs it (stack %s), %lld micro-batches a step; layers %s over the "
+           "%d model chunks%s%s; rank %d (stage %d) holds layers %s, runs %d forwards before its "
+           "first backward and holds at most %lld chunk activations (micro-batch x chunk); "
+           "bubble with equal stages (pp - 1) / %s = %.3f of the busy time; a stage boundary "
+           "passes the %s activation forward and its gradient back, %s a micro-batch each way",
+           pp, sched,
+           e->pp_flavor == MP_PP_FLAVOR_TORCH ? "torch.distributed.pipelining" : "Megatron-LM",
+           prof->name, (long long)e->n_micro, split, e->pp_chunks,
+           interleaved ? ", chunk c x pp + s on stage s" : "",
+           p->model.n_layers % e->pp_chunks ? ", the remainder one each to the chunks after the "
+                                              "first (torchtitan's split)"
+                                            : "",
+           e->rank, stage, mine, e->pp_warmup,
+           (long long)e->pp_inflight, interleaved ? "(v m)" : "m", e->pp_bubble,
+           p->opts.sp && tp > 1 ? "[T/tp, H] bf16" : "[T, H] bf16", sb);
+  return MP_OK;
+}
+
+static void print_pipeline(const explain *e) {
+  if (e->pp_note[0]) printf("\npipeline\n  %s\n", e->pp_note);
 }
 
 static void print_cp(const mp_plan *p) {
@@ -494,20 +596,25 @@ static mp_status explain_cluster(mp_ctx *ctx, const explain *e, mp_cluster *c) {
 /* The rank's expanded schedule, simulated with its trace: each op's predicted duration
  * (e->dur) and the step's busy time by class (e->busy). The ops are the plan's as explain
  * built it; the cost figures are the stack's on the cluster's GPU. */
+/* The cluster explain predicts on and the stack: --stack, else the GPU's default. */
+static mp_status explain_stack(mp_ctx *ctx, const explain *e, mp_cluster *c, mp_stack_profile *prof) {
+  MP_CHECK(explain_cluster(ctx, e, c));
+  const char *stack = mp_args_get(&k_spec, "--stack");
+  if (stack) return mp_stack_load(ctx, stack, prof);
+  return mp_stack_default(ctx, &c->gpu, prof);
+}
+
 static mp_status build_schedule(mp_ctx *ctx, explain *e, mp_arena **arena, mp_schedule **s) {
   *arena = mp_arena_create();
   if (*arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the schedule");
   MP_CHECK(mp_schedule_build(ctx, e->plan, e->rank, MP_SCHEDULE_EXPANDED, *arena, s));
   mp_cluster c;
   mp_stack_profile prof;
-  MP_CHECK(explain_cluster(ctx, e, &c));
+  MP_CHECK(explain_stack(ctx, e, &c, &prof));
   if (mp_mesh_world(&e->plan->mesh) > mp_cluster_n_gpus(&c))
     return mp_error(ctx, MP_ERR_USAGE, "the mesh has %d ranks and cluster %s %d GPUs; give --gpus %d or a larger "
                     "--cluster", mp_mesh_world(&e->plan->mesh), c.name, mp_cluster_n_gpus(&c),
                     mp_mesh_world(&e->plan->mesh));
-  const char *stack = mp_args_get(&k_spec, "--stack");
-  if (stack) MP_CHECK(mp_stack_load(ctx, stack, &prof));
-  else MP_CHECK(mp_stack_default(ctx, &c.gpu, &prof));
   mp_sim_config cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.cluster = &c;
@@ -726,6 +833,24 @@ static cJSON *plan_json(const explain *e) {
   char cpn[640];
   cp_note(p, cpn, sizeof cpn);
   if (cpn[0]) cJSON_AddStringToObject(root, "context_parallel", cpn);
+  if (e->pp_note[0]) {
+    const mp_plan *q = e->plan;
+    cJSON *pl = cJSON_AddObjectToObject(root, "pipeline");
+    cJSON_AddStringToObject(pl, "schedule", q->opts.pp_schedule == MP_PP_INTERLEAVED ? "interleaved"
+                                            : q->opts.pp_schedule == MP_PP_GPIPE    ? "gpipe"
+                                                                                    : "1f1b");
+    cJSON_AddNumberToObject(pl, "pp_virtual", mp_plan_virtual_stages(q));
+    cJSON_AddStringToObject(pl, "order", e->pp_flavor == MP_PP_FLAVOR_TORCH ? "torch" : "megatron");
+    cJSON_AddNumberToObject(pl, "n_micro", (double)e->n_micro);
+    cJSON *cl = cJSON_AddArrayToObject(pl, "chunk_layers");
+    for (int k = 0; k < e->pp_chunks; k++) cJSON_AddItemToArray(cl, cJSON_CreateNumber(e->pp_chunk_layers[k]));
+    cJSON_AddNumberToObject(pl, "stage", mp_plan_rank_stage(q, e->rank));
+    cJSON_AddNumberToObject(pl, "warmup_forwards", e->pp_warmup);
+    cJSON_AddNumberToObject(pl, "max_chunks_in_flight", (double)e->pp_inflight);
+    cJSON_AddNumberToObject(pl, "bubble_fraction", e->pp_bubble);
+    cJSON_AddNumberToObject(pl, "boundary_bytes", e->pp_send_bytes);
+    cJSON_AddStringToObject(pl, "note", e->pp_note);
+  }
   cJSON *params = cJSON_AddArrayToObject(root, "params");
   const int mb = mp_dtype_bytes(p->opts.master_dtype);
   const char *axes[MP_AXIS_COUNT] = {"dp_replicate", "fsdp", "ep", "tp"};
@@ -815,6 +940,7 @@ static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_
   MP_CHECK(mp_cmd_mesh_ep(ctx, &k_spec, mesh));
   mp_plan_options_init(o);
   MP_CHECK(mp_cmd_plan_options(ctx, &k_spec, o));
+  MP_CHECK(mp_cmd_pp_schedule(ctx, &k_spec, o));
   const int64_t seq = o->seq > 0 ? o->seq : (m->max_seq < 8192 ? m->max_seq : 8192);
   MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, m, seq));
   MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, seq, &o->global_batch));
@@ -861,6 +987,7 @@ static void print_text(const explain *e, const mp_param *prm, const mp_schedule 
   print_header(e);
   print_passes(e->plan);
   print_cp(e->plan);
+  print_pipeline(e);
   print_other_notes(e->plan);
   print_params(e);
   print_units(e);
@@ -900,6 +1027,12 @@ static int run_explain(mp_ctx *ctx, const mp_cmd_call *call) {
   if (st != MP_OK) return mp_cmd_fail(ctx, st);
   MP_CHECK_GOTO(find_param(ctx, &e, &m, &prm), st, out);
   MP_CHECK_GOTO(mp_plan_batch(ctx, e.plan, &e.local_batch, &e.n_micro), st, out);
+  if (mesh.size[MP_DIM_PP] > 1) {
+    mp_cluster c;
+    mp_stack_profile prof;
+    MP_CHECK_GOTO(explain_stack(ctx, &e, &c, &prof), st, out);
+    MP_CHECK_GOTO(pipeline_facts(ctx, &e, &prof), st, out);
+  }
   if (e.schedule || e.summary) MP_CHECK_GOTO(build_schedule(ctx, &e, &sarena, &sched), st, out);
   if (e.json)
     print_json(&e, prm, sched);

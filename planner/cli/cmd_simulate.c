@@ -34,8 +34,8 @@ static mp_opt k_opts[] = {
     MP_OPT_MESH("-1 for one dim: the rest of the GPUs; default dp_shard over the GPUs --pp and --cp leave"),
     MP_OPT_EP(""),
     {"--pp", "N", "pipeline stages", NULL},
-    {"--pp-schedule", "S", "1f1b | interleaved | gpipe (default 1f1b)", NULL},
-    {"--pp-virtual", "N", "virtual stages per rank for interleaved (default 2)", NULL},
+    MP_OPT_PP_SCHEDULE,
+    MP_OPT_PP_VIRTUAL,
     {"--cp", "N", "context parallel degree", NULL},
     MP_OPT_AC(""),
     MP_OPT_FP8(""),
@@ -194,8 +194,8 @@ static mp_status load_calibration(mp_ctx *ctx, sim_job *j) {
 }
 
 /* --mesh with --ep, --pp and --cp on top (without --mesh, dp_shard takes the GPUs the
- * others leave), checked against the cluster's world; --pp-virtual into *pp_virtual. */
-static mp_status read_mesh(mp_ctx *ctx, const mp_cluster *c, mp_mesh *mesh, long long *pp_virtual) {
+ * others leave), checked against the cluster's world. */
+static mp_status read_mesh(mp_ctx *ctx, const mp_cluster *c, mp_mesh *mesh) {
   const int world = mp_cluster_n_gpus(c);
   const char *spec = mp_args_get(&k_spec, "--mesh");
   if (spec)
@@ -206,8 +206,6 @@ static mp_status read_mesh(mp_ctx *ctx, const mp_cluster *c, mp_mesh *mesh, long
   MP_CHECK(mp_args_int(ctx, &k_spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
   MP_CHECK(mp_args_int(ctx, &k_spec, "--pp", 1, MP_MESH_MAX_WORLD, &pp));
   MP_CHECK(mp_args_int(ctx, &k_spec, "--cp", 1, MP_MESH_MAX_WORLD, &cp));
-  /* a virtual stage holds at least one layer */
-  MP_CHECK(mp_args_int(ctx, &k_spec, "--pp-virtual", 1, MP_MAX_LAYERS, pp_virtual));
   MP_CHECK(set_dim(ctx, "--pp", pp, &mesh->size[MP_DIM_PP]));
   MP_CHECK(set_dim(ctx, "--cp", cp, &mesh->size[MP_DIM_CP]));
   MP_CHECK(set_dim(ctx, "--ep", ep, &mesh->ep));
@@ -225,20 +223,11 @@ static mp_status read_mesh(mp_ctx *ctx, const mp_cluster *c, mp_mesh *mesh, long
   return MP_OK;
 }
 
-/* The shared plan options, with --pp-schedule and its virtual stages pv. */
-static mp_status read_options(mp_ctx *ctx, long long pv, mp_plan_options *o) {
+/* The shared plan options, with --pp-schedule and --pp-virtual. */
+static mp_status read_options(mp_ctx *ctx, mp_plan_options *o) {
   mp_plan_options_init(o);
   MP_CHECK(mp_cmd_plan_options(ctx, &k_spec, o));
-  const char *ps = mp_args_get(&k_spec, "--pp-schedule");
-  if (ps) {
-    if (strcmp(ps, "1f1b") == 0) o->pp_schedule = MP_PP_1F1B;
-    else if (strcmp(ps, "interleaved") == 0) o->pp_schedule = MP_PP_INTERLEAVED;
-    else if (strcmp(ps, "gpipe") == 0) o->pp_schedule = MP_PP_GPIPE;
-    else
-      return mp_error(ctx, MP_ERR_USAGE, "--pp-schedule '%s': choose 1f1b, interleaved or gpipe", ps);
-  }
-  o->pp_virtual = o->pp_schedule == MP_PP_INTERLEAVED ? (int)pv : 1;
-  return MP_OK;
+  return mp_cmd_pp_schedule(ctx, &k_spec, o);
 }
 
 /* --stack, else meshplan-cuda under a cuda calibration, else the GPU's default; a
@@ -286,9 +275,8 @@ static mp_status simulate_job(mp_ctx *ctx, sim_job *j, mp_sim_result *r) {
   MP_CHECK(mp_cmd_load_model(ctx, &k_spec, "llama3.1-8b", &j->m));
   MP_CHECK(mp_cmd_load_cluster(ctx, &k_spec, &j->c));
   MP_CHECK(load_calibration(ctx, j));
-  long long pp_virtual = 2;
-  MP_CHECK(read_mesh(ctx, &j->c, &j->mesh, &pp_virtual));
-  MP_CHECK(read_options(ctx, pp_virtual, &j->o));
+  MP_CHECK(read_mesh(ctx, &j->c, &j->mesh));
+  MP_CHECK(read_options(ctx, &j->o));
   const int64_t seq = j->o.seq > 0 ? j->o.seq : (j->m.max_seq < 8192 ? j->m.max_seq : 8192);
   MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, &j->m, seq));
   MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, seq, &j->o.global_batch));

@@ -55,6 +55,10 @@ int mp_command_main(const mp_command *cmd, int argc, char **argv);
  * --micro-batch B, --global-batch G. The caller sets its defaults first
  * (mp_plan_options_init, or its own). */
 mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
+/* --pp-schedule S (1f1b, interleaved or gpipe; default 1f1b) and --pp-virtual N (model
+ * chunks per stage under the interleaved schedule, default 2; 1 under the others) into *o
+ * (explain, simulate). An unknown schedule is a usage error naming the three. */
+mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
 /* --ep N (explain, train): expert parallelism of degree N carved out of dp_shard, the same
  * as ep=N in --mesh; merged into *mesh (a different ep there is a usage error) and the
  * mesh validated. Nothing when --ep was not given. */

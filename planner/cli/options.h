@@ -68,6 +68,10 @@
     "a reduce-scatter out of each TP region (default: on where the stack runs it)", NULL }
 #define MP_OPT_NO_SP                                                                               \
   { "--no-sp", NULL, "tensor parallelism without sequence parallelism (the all-reduce form)", NULL }
+/* explain and simulate: one plan's pipeline schedule (mp_cmd_pp_schedule) */
+#define MP_OPT_PP_SCHEDULE { "--pp-schedule", "S", "1f1b | interleaved | gpipe (default 1f1b)", NULL }
+#define MP_OPT_PP_VIRTUAL                                                                          \
+  { "--pp-virtual", "N", "virtual stages per rank for interleaved (default 2)", NULL }
 #define MP_OPT_SEQ(dflt) { "--seq", "S", "tokens per sequence (default " dflt ")", NULL }
 #define MP_OPT_ALLOW_LONG_SEQ                                                                      \
   { "--allow-long-seq", NULL, "accept --seq beyond the model's max_seq (positions it was not trained on)", NULL }

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""meshplan explain's pipeline section against hand-derived figures: the layer split over the
+model chunks, the rank's warm-up and in-flight chunks in the stack's schedule implementation,
+the bubble of equal stages and the bytes at a stage boundary; --pp-schedule and --pp-virtual.
+
+Usage: explain_pp_test.py MESHPLAN"""
+import json
+import sys
+
+import cli_check
+from cli_check import check, fails, run
+
+cli_check.BIN = sys.argv[1]
+
+# Llama 3.1 405B (126 layers, d_model 16384) as torchtitan's Table 5 ran it: pp=8, tp=8 with
+# SP, local batch 32 in 8 micro-batches of 4 x 8192 tokens. 16 chunks: 126 / 16 = 7 and 14 left
+# over, one each to chunks 1..14: 7, 8 x 14, 7. The last rank (stage 7) holds chunks 7 (layers
+# 7 + 6 x 8 ... = 55-62) and 15 (119-125). torch.distributed.pipelining warms it up with
+# (v - 1) x pp + 0 = 8 forwards, the first steady forward makes 9 before a backward, and 9
+# chunks held at most; Megatron-LM's order runs all 16 forwards first when m == pp. Bubble
+# (pp - 1) / (v m) = 7 / 16 = 0.4375. The boundary: 4 x 8192 / 8 tokens x 16384 x 2 bytes =
+# 134,217,728 = 128 MiB.
+base = ["explain", "--model", "llama3.1-405b", "--gpus", "512", "--gpu", "h100-96gb-500w",
+        "--mesh", "pp=8,dp_shard=8,tp=8", "--pp-schedule", "interleaved", "--micro-batch", "4",
+        "--global-batch", "256", "--ac", "full", "--rank", "511"]
+p = run(*base)
+check(p.returncode == 0, "405B interleaved: explain failed: " + p.stderr)
+check("interleaved 1F1B x2 as torch.distributed.pipelining runs it (stack torchtitan-compile), "
+      "8 micro-batches a step; layers 7, 8 x 14, 7 over the 16 model chunks" in p.stdout,
+      "405B interleaved: the schedule, micro-batches or split")
+check("rank 511 (stage 7) holds layers 55-62 and 119-125, runs 9 forwards before its first backward "
+      "and holds at most 9 chunk activations" in p.stdout, "405B interleaved: the last rank's warm-up")
+check("(pp - 1) / (v m) = 0.438" in p.stdout, "405B interleaved: the bubble")
+check("128.00 MiB a micro-batch each way" in p.stdout, "405B interleaved: the boundary bytes")
+p = run(*base, "--stack", "megatron-lm", "--gpu", "a100-80gb-sxm")
+check("as Megatron-LM runs it" in p.stdout and "runs 16 forwards before its first backward and holds "
+      "at most 16 chunk activations" in p.stdout, "405B interleaved, Megatron-LM: every forward first")
+p = run(*base, "--json")
+if p.returncode == 0:
+    pl = json.loads(p.stdout).get("pipeline", {})
+    check(pl.get("chunk_layers") == [7] + [8] * 14 + [7], "--json chunk_layers")
+    check(pl.get("warmup_forwards") == 9 and pl.get("max_chunks_in_flight") == 9, "--json warm-up")
+    check(pl.get("order") == "torch" and pl.get("pp_virtual") == 2 and pl.get("n_micro") == 8,
+          "--json order, chunks, micro-batches")
+    check(pl.get("boundary_bytes") == 134217728, "--json boundary bytes")
+
+# 1F1B on 8B (32 layers) over pp=4 without TP: 8 layers a stage, rank 0 runs pp - 0 = 4
+# forwards and holds 4 micro-batches; bubble 3 / 8; the boundary [8192, 4096] bf16 = 64 MiB.
+p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--global-batch", "16")
+check("pp=4, 1F1B as torch.distributed.pipelining runs it" in p.stdout and "layers 8 x 4 over the 4 "
+      "model chunks; rank 0 (stage 0) holds layers 0-7, runs 4 forwards before its first backward "
+      "and holds at most 4 chunk activations" in p.stdout, "8B 1F1B: split or warm-up")
+check("(pp - 1) / m = 0.375" in p.stdout and "[T, H] bf16 activation" in p.stdout and
+      "64.00 MiB a micro-batch" in p.stdout, "8B 1F1B: bubble or boundary")
+check("the remainder" not in p.stdout, "an even split says nothing of a remainder")
+
+# refusals: an unknown schedule, and the interleaved schedule's groups of pp micro-batches
+p = run("explain", "--pp-schedule", "zigzag", want_rc=2)
+check(p.returncode == 2 and "choose 1f1b, interleaved or gpipe" in p.stderr, "unknown --pp-schedule")
+p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--pp-schedule", "interleaved",
+        "--global-batch", "12", want_rc=2)
+check(p.returncode == 2 and "groups of pp=4" in p.stderr, "interleaved with 6 micro-batches on pp=4")
+# no pipeline, no section
+p = run("explain", "--model", "llama3.1-8b", "--json")
+if p.returncode == 0:
+    check("pipeline" not in json.loads(p.stdout), "pp=1 should have no pipeline section")
+
+for f in fails:
+    print("FAIL:", f)
+print(f"explain_pp_test: {len(fails)} failures")
+sys.exit(1 if fails else 0)
