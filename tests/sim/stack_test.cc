@@ -243,41 +243,30 @@ TEST(KernelScale, FitGpuRefusals) {
   EXPECT_EQ(p.fit_kernel_eff.fp8_gemm, 0.0);
 }
 
-// pp_microbatches: torchtitan's profiles state its pipeline default (pp micro-batches);
-// Megatron-LM's micro-batch is a required setting, so its profile states none; a value
-// other than the two is refused with the choices.
-TEST(Stacks, PipelineMicroBatching) {
+// The pipeline settings a profile states. pp_microbatches: torchtitan's profiles state its
+// pipeline default (pp micro-batches); Megatron-LM's micro-batch is a required setting, so
+// its profile states none. pp_order: torchtitan's profiles run torch.distributed.pipelining's
+// schedules, every other profile (Megatron-LM, the meshplan runtimes, llm.c) Megatron-LM's
+// orders, the default. A value other than the choices is refused with them.
+TEST(Stacks, PipelineSettings) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_stack_profile p;
   for (const char *n : {"torchtitan-eager", "torchtitan-compile"}) {
     ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
     EXPECT_EQ(p.pp_mb_stages, 1) << n;
+    EXPECT_EQ(p.pp_flavor, MP_PP_FLAVOR_TORCH) << n;
   }
-  ASSERT_EQ(mp_stack_load(&ctx, "megatron-lm", &p), MP_OK) << mp_errmsg(&ctx);
-  EXPECT_EQ(p.pp_mb_stages, 0);
+  for (const char *n : {"megatron-lm", "meshplan-cpu", "meshplan-cuda", "llm.c"}) {
+    ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(p.pp_mb_stages, 0) << n;
+    EXPECT_EQ(p.pp_flavor, MP_PP_FLAVOR_MEGATRON) << n;
+  }
   ASSERT_EQ(mp_stack_from_text(&ctx, StackJson("\"pp_microbatches\":\"unstated\"").c_str(), "x.json", &p), MP_OK);
   EXPECT_EQ(p.pp_mb_stages, 0);
   EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"pp_microbatches\":\"layers\"").c_str(), "x.json", &p),
             MP_ERR_INVALID);
   EXPECT_STREQ(mp_errmsg(&ctx), "x.json: pp_microbatches 'layers' is unknown; choose unstated, stages");
-}
-
-// pp_order: torchtitan's profiles run torch.distributed.pipelining's schedules, every other
-// profile (Megatron-LM, the meshplan runtimes) Megatron-LM's orders, the default; a value
-// other than the two is refused with the choices.
-TEST(Stacks, PipelineOrderFlavor) {
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  mp_stack_profile p;
-  for (const char *n : {"torchtitan-eager", "torchtitan-compile"}) {
-    ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
-    EXPECT_EQ(p.pp_flavor, MP_PP_FLAVOR_TORCH) << n;
-  }
-  for (const char *n : {"megatron-lm", "meshplan-cpu", "meshplan-cuda", "llm.c"}) {
-    ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
-    EXPECT_EQ(p.pp_flavor, MP_PP_FLAVOR_MEGATRON) << n;
-  }
   EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"pp_order\":\"gpipe\"").c_str(), "x.json", &p),
             MP_ERR_INVALID);
   EXPECT_STREQ(mp_errmsg(&ctx), "x.json: pp_order 'gpipe' is unknown; choose megatron, torch");
