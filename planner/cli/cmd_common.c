@@ -146,6 +146,21 @@ void mp_cmd_default_batch(const mp_model *m, const mp_mesh *mesh, int64_t seq, i
   *global_batch = gb;
 }
 
+void mp_cmd_stack_micro_batch(const mp_cmd_spec *spec, const mp_stack_profile *prof,
+                              const mp_mesh *mesh, mp_plan_options *o, char *note, size_t cap) {
+  note[0] = '\0';
+  const int64_t pp = mesh->size[MP_DIM_PP], dp = mp_mesh_group_size(mesh, MP_GROUP_DP);
+  if (mp_args_has(spec, "--micro-batch") || !prof->pp_mb_stages || pp <= 1 || dp < 1 ||
+      o->global_batch <= 0 || o->global_batch % dp != 0)
+    return;
+  const int64_t local = o->global_batch / dp;
+  if (local % pp != 0) return;
+  o->micro_batch = local / pp;
+  snprintf(note, cap, "%lld sequences per data-parallel rank as %lld micro-batches of %lld: stack %s "
+           "splits the local batch into pp micro-batches unless --micro-batch says otherwise",
+           (long long)local, (long long)pp, (long long)o->micro_batch, prof->name);
+}
+
 int mp_cmd_print_json(cJSON *root) {
   char *text = root ? cJSON_Print(root) : NULL;
   cJSON_Delete(root);

@@ -45,7 +45,7 @@ static mp_opt k_opts[] = {
     {"--rank", "R", "rank whose at-rest shapes and totals are shown (default 0)", NULL},
     MP_OPT_SEQ("min(8192, the model's max_seq)"),
     MP_OPT_ALLOW_LONG_SEQ,
-    MP_OPT_MICRO_BATCH("1"),
+    MP_OPT_MICRO_BATCH("1; with pp > 1 under a stack that splits its local batch into pp micro-batches, as torchtitan does, that split"),
     MP_OPT_GLOBAL_BATCH_RULE,
     MP_OPT_GLOBAL_BATCH_TOKENS,
     {"--schedule", NULL, "print the rank's step schedule, each op with its predicted duration", NULL},
@@ -141,6 +141,7 @@ typedef struct explain {
   int64_t n_micro;     /* micro-batches per step */
   /* pp > 1: the rank's pipeline (pipeline_facts) */
   char pp_note[1024];
+  char mb_rule[300];      /* the stack's pipeline micro-batching (mp_cmd_stack_micro_batch) */
   mp_pp_flavor pp_flavor;
   int pp_warmup;          /* forwards before the rank's first backward */
   int64_t pp_inflight;    /* the most chunk activations the rank holds at once */
@@ -373,6 +374,7 @@ static mp_status pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_profile 
 
 static void print_pipeline(const explain *e) {
   if (e->pp_note[0]) printf("\npipeline\n  %s\n", e->pp_note);
+  if (e->mb_rule[0]) printf("  micro-batches: %s\n", e->mb_rule);
 }
 
 static void print_cp(const mp_plan *p) {
@@ -850,6 +852,7 @@ static cJSON *plan_json(const explain *e) {
     cJSON_AddNumberToObject(pl, "bubble_fraction", e->pp_bubble);
     cJSON_AddNumberToObject(pl, "boundary_bytes", e->pp_send_bytes);
     cJSON_AddStringToObject(pl, "note", e->pp_note);
+    if (e->mb_rule[0]) cJSON_AddStringToObject(pl, "micro_batches", e->mb_rule);
   }
   cJSON *params = cJSON_AddArrayToObject(root, "params");
   const int mb = mp_dtype_bytes(p->opts.master_dtype);
@@ -1021,18 +1024,20 @@ static int run_explain(mp_ctx *ctx, const mp_cmd_call *call) {
   const mp_param *prm = NULL;
   mp_arena *sarena = NULL;
   mp_schedule *sched = NULL;
+  mp_cluster c;
+  mp_stack_profile prof;
   mp_status st = parse_options(ctx, &m, &mesh, &o, &e);
   if (st != MP_OK) return mp_cmd_fail(ctx, st);
+  if (mesh.size[MP_DIM_PP] > 1) { /* the stack's pipeline order and micro-batching */
+    st = explain_stack(ctx, &e, &c, &prof);
+    if (st != MP_OK) return mp_cmd_fail(ctx, st);
+    mp_cmd_stack_micro_batch(&k_spec, &prof, &mesh, &o, e.mb_rule, sizeof e.mb_rule);
+  }
   st = mp_build_plan(ctx, &m, &mesh, &o, &e.plan);
   if (st != MP_OK) return mp_cmd_fail(ctx, st);
   MP_CHECK_GOTO(find_param(ctx, &e, &m, &prm), st, out);
   MP_CHECK_GOTO(mp_plan_batch(ctx, e.plan, &e.local_batch, &e.n_micro), st, out);
-  if (mesh.size[MP_DIM_PP] > 1) {
-    mp_cluster c;
-    mp_stack_profile prof;
-    MP_CHECK_GOTO(explain_stack(ctx, &e, &c, &prof), st, out);
-    MP_CHECK_GOTO(pipeline_facts(ctx, &e, &prof), st, out);
-  }
+  if (mesh.size[MP_DIM_PP] > 1) MP_CHECK_GOTO(pipeline_facts(ctx, &e, &prof), st, out);
   if (e.schedule || e.summary) MP_CHECK_GOTO(build_schedule(ctx, &e, &sarena, &sched), st, out);
   if (e.json)
     print_json(&e, prm, sched);

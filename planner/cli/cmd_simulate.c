@@ -43,7 +43,7 @@ static mp_opt k_opts[] = {
     MP_OPT_NO_SP,
     MP_OPT_SEQ("min(8192, the model's max_seq)"),
     MP_OPT_ALLOW_LONG_SEQ,
-    MP_OPT_MICRO_BATCH("1"),
+    MP_OPT_MICRO_BATCH("1; with pp > 1 under a stack that splits its local batch into pp micro-batches, as torchtitan does, that split"),
     MP_OPT_GLOBAL_BATCH_RULE,
     MP_OPT_GLOBAL_BATCH_TOKENS,
     MP_OPT_STACK("torchtitan-compile on GPUs, meshplan-cpu on the CPU, meshplan-cuda with a cuda --calibration"),
@@ -178,6 +178,7 @@ typedef struct sim_job {
   mp_arena *arena;             /* --trace: the schedule's */
   mp_sim_trace *trace;
   char batch_rule[400];        /* the default batch rule's line, "" with --global-batch */
+  char mb_rule[300];           /* the stack's pipeline micro-batching (mp_cmd_stack_micro_batch) */
 } sim_job;
 
 /* --calibration: measured rates replace the CPU profile's before anything is simulated;
@@ -284,6 +285,7 @@ static mp_status simulate_job(mp_ctx *ctx, sim_job *j, mp_sim_result *r) {
     mp_cmd_default_batch(&j->m, &j->mesh, seq, j->o.micro_batch, &j->o.global_batch, j->batch_rule,
                          sizeof j->batch_rule);
   MP_CHECK(load_stack(ctx, j));
+  mp_cmd_stack_micro_batch(&k_spec, &j->prof, &j->mesh, &j->o, j->mb_rule, sizeof j->mb_rule);
   MP_CHECK(mp_simulate_plan(ctx, &j->m, &j->mesh, &j->o, &j->cfg, r));
   /* the plan resolves defaults (seq, global batch): show the resolved ones */
   MP_CHECK(mp_build_plan(ctx, &j->m, &j->mesh, &j->o, &j->plan));
@@ -306,6 +308,7 @@ static int run_simulate(mp_ctx *ctx, const mp_cmd_call *call) {
   } else {
     print_text(&r, &j->m, &j->c, &j->mesh, &j->o, &j->prof);
     if (j->batch_rule[0]) printf("batch   %s\n", j->batch_rule);
+    if (j->mb_rule[0]) printf("micro   %s\n", j->mb_rule);
     const char *cal_db = mp_args_get(&k_spec, "--calibration"), *tpath = mp_args_get(&k_spec, "--trace");
     if (cal_db) printf("calibration applied: %s from %s\n", j->calib_line, cal_db);
     if (tpath) printf("trace   %s\n", tpath);

@@ -81,6 +81,15 @@ mp_status mp_cmd_batch_tokens(mp_ctx *ctx, const mp_cmd_spec *spec, int64_t seq,
  * rule (with the batch it gave). */
 void mp_cmd_default_batch(const mp_model *m, const mp_mesh *mesh, int64_t seq, int64_t micro_batch,
                           int64_t *global_batch, char *rule, size_t cap);
+/* Without --micro-batch, a pipelined plan under a stack that states its own pipeline
+ * micro-batching (the profile's pp_microbatches "stages": torchtitan runs the local batch as
+ * pp micro-batches unless told otherwise) takes that split, as the stack would run it:
+ * o->micro_batch = local batch / pp where pp divides the local batch (global_batch over the
+ * data-parallel ranks), and a line saying so into note; otherwise nothing changes and note
+ * is "" (simulate, explain). */
+struct mp_stack_profile;
+void mp_cmd_stack_micro_batch(const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                              const mp_mesh *mesh, mp_plan_options *o, char *note, size_t cap);
 /* --db's value, or "meshplan.db" when it was not given (plan, report, calibrate). */
 const char *mp_cmd_db_path(const mp_cmd_spec *spec);
 /* Prints root as formatted JSON and a newline on stdout, then deletes it. Returns 0, or

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """meshplan explain's pipeline section against hand-derived figures: the layer split over the
 model chunks, the rank's warm-up and in-flight chunks in the stack's schedule implementation,
-the bubble of equal stages and the bytes at a stage boundary; --pp-schedule and --pp-virtual.
+the bubble of equal stages and the bytes at a stage boundary; --pp-schedule and --pp-virtual;
+and, in explain and simulate alike, the micro-batching a stack states for its pipelines.
 
 Usage: explain_pp_test.py MESHPLAN"""
 import json
@@ -44,15 +45,38 @@ if p.returncode == 0:
           "--json order, chunks, micro-batches")
     check(pl.get("boundary_bytes") == 134217728, "--json boundary bytes")
 
-# 1F1B on 8B (32 layers) over pp=4 without TP: 8 layers a stage, rank 0 runs pp - 0 = 4
-# forwards and holds 4 micro-batches; bubble 3 / 8; the boundary [8192, 4096] bf16 = 64 MiB.
-p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--global-batch", "16")
+# 1F1B on 8B (32 layers) over pp=4 without TP, 8 sequences a rank in micro-batches of 1: 8
+# layers a stage, rank 0 runs pp - 0 = 4 forwards and holds 4 micro-batches; bubble 3 / 8;
+# the boundary [8192, 4096] bf16 = 64 MiB.
+p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--global-batch", "16",
+        "--micro-batch", "1")
 check("pp=4, 1F1B as torch.distributed.pipelining runs it" in p.stdout and "layers 8 x 4 over the 4 "
       "model chunks; rank 0 (stage 0) holds layers 0-7, runs 4 forwards before its first backward "
       "and holds at most 4 chunk activations" in p.stdout, "8B 1F1B: split or warm-up")
 check("(pp - 1) / m = 0.375" in p.stdout and "[T, H] bf16 activation" in p.stdout and
       "64.00 MiB a micro-batch" in p.stdout, "8B 1F1B: bubble or boundary")
 check("the remainder" not in p.stdout, "an even split says nothing of a remainder")
+
+# Without --micro-batch, torchtitan's profiles split the local batch into pp micro-batches
+# (its pipeline_parallel_microbatches default): 256 over dp_shard 8 is 32 a rank, 8 of 4.
+# Megatron-LM's micro-batch is a required setting, so its profile keeps the default 1; an
+# explicit --micro-batch wins.
+tt = ["--model", "llama3.1-405b", "--gpus", "512", "--gpu", "h100-96gb-500w", "--mesh",
+      "pp=8,dp_shard=8,tp=8", "--ac", "full", "--global-batch", "256"]
+for cmd in ("explain", "simulate"):
+    p = run(cmd, *tt)
+    check("32 sequences per data-parallel rank as 8 micro-batches of 4: stack torchtitan-compile" in p.stdout,
+          cmd + ": torchtitan's pipeline micro-batching not taken or not said")
+    p = run(cmd, *tt, "--micro-batch", "2")
+    check("micro-batches of 4" not in p.stdout and "micro-batch 2" in p.stdout.replace("micro-batches of 2", "micro-batch 2"),
+          cmd + ": an explicit --micro-batch must win")
+p = run("simulate", *tt)
+check("micro-batch 4, global batch 256" in p.stdout, "simulate: the plan line's micro-batch")
+mg = ["--model", "gpt3-175b", "--gpus", "64", "--gpu", "a100-80gb-sxm", "--stack", "megatron-lm", "--mesh",
+      "pp=8,tp=8", "--seq", "2048", "--global-batch", "64"]
+p = run("simulate", *mg)
+check("micro-batch 1, global batch 64" in p.stdout and "splits the local batch" not in p.stdout,
+      "simulate, Megatron-LM: the micro-batch stays 1")
 
 # refusals: an unknown schedule, and the interleaved schedule's groups of pp micro-batches
 p = run("explain", "--pp-schedule", "zigzag", want_rc=2)
