@@ -17,7 +17,13 @@ typedef struct mp_data_entry {
 
 /* All entries, sorted by kind then name. */
 const mp_data_entry *mp_data_entries(size_t *n);
-/* The text of kind/name, or NULL. */
+/* The entry of kind/name, or NULL. A name matches its file's stem exactly or, failing
+ * that, equal but for case and the separators - _ . and space ("Llama-3.1-8B" finds
+ * llama3.1-8b) where exactly one stem of the kind is so alike. */
+const mp_data_entry *mp_data_lookup(const char *kind, const char *name);
+/* 1 when a and b are equal but for case and the separators - _ . and space. */
+int mp_data_name_alike(const char *a, const char *b);
+/* The text of mp_data_lookup's entry, or NULL. */
 const char *mp_data_find(const char *kind, const char *name);
 /* Writes "a, b, c" of a kind's names into buf (truncated with "..."). */
 void mp_data_list_names(const char *kind, char *buf, size_t cap);

@@ -32,22 +32,42 @@ static int is_path(const char *s) {
   return strchr(s, '/') != NULL || (n > 5 && strcmp(s + n - 5, ".json") == 0);
 }
 
-/* Loads the JSON of kind/name (embedded) or a path; *origin gets a name for messages. */
+/* Other names the GPU profiles go by: the datasheet's memory, form factor and power limit
+ * spelled out, as published measurements name the part (shared/validation writes
+ * a100-80gb-sxm and h100-96gb-500w). Each maps to the profile of the same part; names and
+ * aliases match ignoring case and the separators - _ . and space (data/embedded.h). */
+static const char *const k_gpu_alias[][2] = {
+    {"h100-80gb-sxm", "h100-sxm"},       {"h100-sxm-80gb", "h100-sxm"},
+    {"h100-sxm5", "h100-sxm"},           {"h100-80gb-sxm-700w", "h100-sxm"},
+    {"h100-sxm-700w", "h100-sxm"},       {"h100-94gb-500w", "h100-96gb-500w"},
+    {"h100-95gb-500w", "h100-96gb-500w"}, {"h100-96gb-sxm-500w", "h100-96gb-500w"},
+    {"a100-sxm-80gb", "a100-80gb-sxm"},  {"a100-sxm4-80gb", "a100-80gb-sxm"},
+    {"h200-141gb-sxm", "h200"},          {"h200-sxm", "h200"},
+    {"b200-180gb-sxm", "b200"},          {"b200-sxm", "b200"},
+};
+
+/* Loads the JSON of kind/name (embedded, a GPU also by an alias) or a path; *origin gets a
+ * name for messages. */
 static mp_status load_json(mp_ctx *ctx, const char *kind, const char *what, const char *name,
                            cJSON **out, char *origin, size_t cap) {
   if (is_path(name)) {
     snprintf(origin, cap, "%s", name);
     return mp_json_parse_file(ctx, name, out);
   }
-  const char *text = mp_data_find(kind, name);
-  if (text == NULL) {
+  const mp_data_entry *e = mp_data_lookup(kind, name);
+  for (size_t i = 0; e == NULL && strcmp(kind, "gpus") == 0 &&
+                     i < sizeof k_gpu_alias / sizeof k_gpu_alias[0];
+       i++)
+    if (mp_data_name_alike(k_gpu_alias[i][0], name)) e = mp_data_lookup(kind, k_gpu_alias[i][1]);
+  if (e == NULL) {
     char names[1024];
     mp_data_list_names(kind, names, sizeof names);
-    return mp_error(ctx, MP_ERR_NOT_FOUND, "unknown %s '%s'; known: %s (or give a path to a .json file)",
-                    what, name, names);
+    return mp_error(ctx, MP_ERR_NOT_FOUND,
+                    "unknown %s '%s'; known: %s%s (or give a path to a .json file)", what, name,
+                    names, strcmp(kind, "gpus") == 0 ? ", or a datasheet name such as h100-80gb-sxm" : "");
   }
-  snprintf(origin, cap, "%s.json", name);
-  return mp_json_parse(ctx, text, origin, out);
+  snprintf(origin, cap, "%s.json", e->name);
+  return mp_json_parse(ctx, e->text, origin, out);
 }
 
 /* "kernel_eff" (cluster.h, mp_kernel_eff): optional as a whole, a profile without it

@@ -633,8 +633,8 @@ mp_status mp_model_load(mp_ctx *ctx, const char *name_or_path, mp_model *out) {
     }
     return st;
   }
-  const char *text = mp_data_find("models", name_or_path);
-  if (text == NULL) {
+  const mp_data_entry *entry = mp_data_lookup("models", name_or_path);
+  if (entry == NULL) {
     char names[1024];
     mp_data_list_names("models", names, sizeof names);
     return mp_error(ctx, MP_ERR_NOT_FOUND,
@@ -642,9 +642,9 @@ mp_status mp_model_load(mp_ctx *ctx, const char *name_or_path, mp_model *out) {
                     name_or_path, names);
   }
   char origin[MP_NAME_MAX + 16];
-  snprintf(origin, sizeof origin, "%s.json", name_or_path);
-  MP_CHECK(mp_model_from_text(ctx, text, origin, out));
-  snprintf(out->name, sizeof out->name, "%s", name_or_path);
+  snprintf(origin, sizeof origin, "%s.json", entry->name);
+  MP_CHECK(mp_model_from_text(ctx, entry->text, origin, out));
+  snprintf(out->name, sizeof out->name, "%s", entry->name);
   return MP_OK;
 }
 

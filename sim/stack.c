@@ -226,8 +226,8 @@ mp_status mp_stack_load(mp_ctx *ctx, const char *name_or_path, mp_stack_profile 
     free(text);
     return st;
   }
-  const char *text = mp_data_find("stacks", name_or_path);
-  if (text == NULL) {
+  const mp_data_entry *e = mp_data_lookup("stacks", name_or_path);
+  if (e == NULL) {
     char names[1024];
     mp_data_list_names("stacks", names, sizeof names);
     return mp_error(ctx, MP_ERR_NOT_FOUND,
@@ -235,8 +235,8 @@ mp_status mp_stack_load(mp_ctx *ctx, const char *name_or_path, mp_stack_profile 
                     name_or_path, names);
   }
   char origin[128];
-  snprintf(origin, sizeof origin, "%s.json", name_or_path);
-  return mp_stack_from_text(ctx, text, origin, out);
+  snprintf(origin, sizeof origin, "%s.json", e->name);
+  return mp_stack_from_text(ctx, e->text, origin, out);
 }
 
 /* GPUs default to torchtitan-compile: the one GPU stack whose efficiencies were checked

@@ -137,6 +137,26 @@ TEST(Cluster, MakeRejectsPartialNodesAndNonPositiveCounts) {
   EXPECT_TRUE(Contains(mp_errmsg(&ctx), "unknown GPU 'v100'")) << mp_errmsg(&ctx);
 }
 
+// A GPU is found by its profile's stem ignoring case and the separators - _ . and space,
+// and by the datasheet names published measurements use (memory, form factor, power limit
+// spelled out); the profile loaded is the part's own.
+TEST(Cluster, GpuByItsOtherNames) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_gpu g;
+  const char *const want[][2] = {{"H100-SXM", "h100-sxm"},          {"h100-80gb-sxm", "h100-sxm"},
+                                 {"H100_80GB_SXM", "h100-sxm"},     {"h100 sxm5", "h100-sxm"},
+                                 {"h100-94gb-500w", "h100-96gb-500w"}, {"A100-SXM4-80GB", "a100-80gb-sxm"},
+                                 {"h200-141gb-sxm", "h200"},        {"B200", "b200"}};
+  for (const auto &w : want) {
+    ASSERT_EQ(mp_gpu_load(&ctx, w[0], &g), MP_OK) << w[0] << ": " << mp_errmsg(&ctx);
+    EXPECT_STREQ(g.name, w[1]) << w[0];
+  }
+  // a name alike to none stays unknown, and the message names the datasheet form
+  EXPECT_EQ(mp_gpu_load(&ctx, "h100-pcie", &g), MP_ERR_NOT_FOUND);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "or a datasheet name such as h100-80gb-sxm")) << mp_errmsg(&ctx);
+}
+
 TEST(Cluster, UnknownNamesListTheKnownOnes) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);

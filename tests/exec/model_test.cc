@@ -64,6 +64,36 @@ TEST_F(ModelTest, Llama31_70bAnd405b) {
   EXPECT_EQ(mp_model_param_count(&m), 405853388800LL);
 }
 
+// Llama 2 (V=32000, 4096 positions, RoPE theta 10000), Meta's published sizes:
+// 7B (H=4096, L=32, 32 heads, MHA, d_ff 11008): attention 4*4096^2 = 67,108,864; MLP
+//   3*4096*11008 = 135,266,304; norms 8,192; layer 202,383,360 (x32 = 6,476,267,520);
+//   embeddings 2*32000*4096 = 262,144,000; final norm 4,096; total 6,738,415,616.
+// 13B (H=5120, L=40, 40 heads, MHA, d_ff 13824): attention 4*5120^2 = 104,857,600; MLP
+//   3*5120*13824 = 212,336,640; norms 10,240; layer 317,204,480 (x40 = 12,688,179,200);
+//   embeddings 2*32000*5120 = 327,680,000; final norm 5,120; total 13,015,864,320.
+// 70B (Llama 3.1 70B's blocks, 855,654,400 each, x80 = 68,452,352,000): embeddings
+//   2*32000*8192 = 524,288,000; final norm 8,192; total 68,976,648,192.
+// Llama 3 8B and 70B are Llama 3.1's shapes with 8192 positions: the same counts.
+TEST_F(ModelTest, Llama2AndLlama3) {
+  Load("llama2-7b");
+  EXPECT_EQ(mp_model_block_params(&m, 0), 202383360);
+  EXPECT_EQ(mp_model_param_count(&m), 6738415616LL);
+  EXPECT_EQ(m.n_kv_heads, m.n_heads);
+  Load("llama2-13b");
+  EXPECT_EQ(mp_model_block_params(&m, 0), 317204480);
+  EXPECT_EQ(mp_model_param_count(&m), 13015864320LL);
+  Load("llama2-70b");
+  EXPECT_EQ(mp_model_block_params(&m, 0), 855654400);
+  EXPECT_EQ(mp_model_param_count(&m), 68976648192LL);
+  EXPECT_EQ(m.max_seq, 4096);
+  Load("llama3-8b");
+  EXPECT_EQ(mp_model_param_count(&m), 8030261248LL);
+  EXPECT_EQ(m.max_seq, 8192);
+  Load("llama3-70b");
+  EXPECT_EQ(mp_model_param_count(&m), 70553706496LL);
+  EXPECT_EQ(m.max_seq, 8192);
+}
+
 // GPT-2 small (H=768, L=12, 12 heads, d_ff 3072, V=50257, 1024 positions, tied head):
 //   token embeddings 50257*768 = 38,597,376; positions 1024*768 = 786,432
 //   attention  4*768^2 + biases (3*768 qkv + 768 proj) = 2,359,296 + 3,072 = 2,362,368
@@ -247,12 +277,29 @@ TEST_F(ModelTest, EveryDataModelLoads) {
     EXPECT_EQ(sum, mp_model_param_count(&m));
     for (int64_t l = m.n_layers; l < MP_MAX_LAYERS; l++) ASSERT_FALSE(m.moe_layer[l]) << l;
   }
-  // The embedded models: 11 named ones and the two tiny ones.
-  EXPECT_GE(models, 13);
+  // The embedded models: 16 named ones and the two tiny ones.
+  EXPECT_GE(models, 18);
   for (const char *want : {"gpt2-124m", "gpt-22b", "gpt3-175b", "turing-530b", "megatron-1t",
+                           "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b",
                            "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "qwen3-8b",
                            "qwen3-30b-a3b", "mixtral-8x7b", "tiny-dense", "tiny-moe"})
     EXPECT_NE(mp_data_find("models", want), nullptr) << want;
+}
+
+// A model is found by its file's stem ignoring case and the separators - _ . and space,
+// and takes the stem as its name; names alike to two stems, or to none, are not found.
+TEST_F(ModelTest, ModelByNameAlike) {
+  for (const char *n : {"Llama-3.1-8B", "LLAMA3.1_8B", "llama 3.1 8b"}) {
+    ASSERT_EQ(mp_model_load(&ctx, n, &m), MP_OK) << n << ": " << msg();
+    EXPECT_STREQ(m.name, "llama3.1-8b") << n;
+  }
+  ASSERT_EQ(mp_model_load(&ctx, "Meta-Llama3-8B", &m), MP_ERR_NOT_FOUND) << "a prefix is not a separator";
+  ASSERT_EQ(mp_model_load(&ctx, "Llama-3-8B", &m), MP_OK) << msg();
+  EXPECT_STREQ(m.name, "llama3-8b");
+  EXPECT_EQ(mp_data_name_alike("llama3.1-8b", "LLAMA_3_1_8B"), 1);
+  EXPECT_EQ(mp_data_name_alike("llama3.1-8b", "llama3-8b"), 0);
+  EXPECT_EQ(mp_data_name_alike("llama3-8b", "llama3-8"), 0);
+  EXPECT_EQ(mp_data_name_alike("-a-", "A"), 1);
 }
 
 TEST_F(ModelTest, UnknownModelListsTheKnownOnes) {
