@@ -237,6 +237,18 @@ static int32_t emit_forward_head(gen *g, const stage_info *st, carry *c, int fir
   return root_g[0];
 }
 
+/* The output a chunk sends on, [Ts, H] bf16, held until the chunk's backward under the
+ * torchtitan memory model: torch.distributed.pipelining's stage keeps each micro-batch's
+ * output in its fwd_cache to run the backward from it (stage.py, forward_one_chunk), where
+ * Megatron-LM frees the sent tensor's storage (deallocate_pipeline_outputs) and the meshplan
+ * runtimes account for x[l1] themselves. */
+static void pp_out_mem(gen *g, int alloc) {
+  if (g->rt || g->mg) return;
+  const int32_t i = mem(g, alloc ? MP_OP_ALLOC : MP_OP_FREE, MP_MEM_ACTIVATIONS, BUF_PP_OUT,
+                        2 * g->sh.Ts * g->sh.H, -1, -1, MP_STREAM_COMPUTE);
+  if (i >= 0) g->ops[i].variant = MP_MEM_KEPT;
+}
+
 /* Forward tail of a chunk: head and loss (the model's last chunk), or the send to the next
  * virtual stage. */
 static void emit_forward_tail(gen *g, const stage_info *st, int32_t root_gather) {
@@ -247,6 +259,7 @@ static void emit_forward_tail(gen *g, const stage_info *st, int32_t root_gather)
   } else {
     const int32_t send = stage_p2p(g, MP_COLL_SEND, MP_PEER_NEXT);
     add_dep(g, send, g->last_c, 0);
+    pp_out_mem(g, 1);
   }
   mp_sched_seg_close(g, MP_PHASE_FORWARD, 1, 0, 0);
 }
@@ -265,6 +278,7 @@ static void emit_backward_head(gen *g, const stage_info *st, carry *c, int first
   if (st->last && g->rt) mp_sched_head_bwd_rt(g);
   else if (st->last) mp_sched_head_bwd(g);
   else mp_sched_rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 1); /* the runtimes: the gradient in */
+  if (!st->last) pp_out_mem(g, 0);
   mp_sched_seg_close(g, MP_PHASE_BACKWARD, 1, 0, 0);
   if (recv >= 0) pend_dep(g, recv, 0);
 }

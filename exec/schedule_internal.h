@@ -46,6 +46,7 @@ enum {
   BUF_GRAD_RS_IN,
   BUF_FP8,
   BUF_ACT_HEAD,
+  BUF_PP_OUT,     /* a pipeline stage's output, kept until its backward (torchtitan) */
   BUF_LOGITS,
   BUF_LOGITS_F32,
   BUF_DLOGITS_F32,

@@ -54,6 +54,7 @@ mp_status mp_sim_evaluator_init(mp_ctx *ctx, mp_sim_evaluator *ev, const mp_mode
   ev->sim.stack = &ev->stack;
   ev->sim.mem_headroom = headroom;
   ev->sim.record_trace = 0;
+  ev->sim.stage_peak_bytes = NULL;
   /* The module tree once per search: every candidate's plan copies it instead of
    * formatting ~10 FQNs per layer again (the bulk of a plan's cost for a large model). */
   MP_CHECK(mp_plan_template_create(ctx, m, &ev->tmpl));

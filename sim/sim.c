@@ -188,12 +188,13 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
      * stage's warm-up, and so what it holds in flight, shrinks with its index */
     int seen = 0;
     for (int j = 0; j < k && !seen; j++) seen = stage[j] == x;
-    if (seen && mem_stage < 0) continue;
+    if (seen && mem_stage < 0 && cfg->stage_peak_bytes == NULL) continue;
     int64_t extra = 0;
     MP_CHECK(mp_sim_pp_held_extra(ctx, p->opts.pp_schedule, prof->pp_flavor, pp, v, n_micro, k,
                                   x->held, &extra));
     mp_sim_result m;
     fill_memory(x->r.mem_at_peak, x->r.mem_max, x->alloc_peak, extra, cfg, prof, &m);
+    if (cfg->stage_peak_bytes) cfg->stage_peak_bytes[k] = m.peak_mem_bytes;
     if (m.peak_mem_bytes > peak) peak = m.peak_mem_bytes, full = k, extra_full = extra;
   }
   const mp_sim_stage *c = stage[crit], *f = stage[full];

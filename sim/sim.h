@@ -110,6 +110,9 @@ typedef struct mp_sim_config {
   const mp_stack_profile *stack; /* NULL: the default profile for the cluster's GPU */
   double mem_headroom;           /* fraction of GPU memory kept free (0.0 .. 0.5) */
   int record_trace;              /* keep per-op start/end for mp_sim_trace_write */
+  int64_t *stage_peak_bytes;     /* optional, room for pp: under pipeline parallelism each
+                                    stage's peak memory, reckoned as peak_mem_bytes (the
+                                    result's is the largest); NULL: not wanted */
 } mp_sim_config;
 
 typedef struct mp_sim_result {

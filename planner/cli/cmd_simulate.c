@@ -88,9 +88,26 @@ static void fmt_sp_pp(const mp_mesh *mesh, const mp_plan_options *o, char *buf, 
     snprintf(buf + n, cap - (size_t)n, ", %s", ps);
 }
 
+/* "73.90, 73.40 x 6, 61.85": each stage's peak in GiB, runs collapsed; the fullest stage
+ * into *full. */
+static void fmt_stage_peaks(const int64_t *b, int pp, char *buf, size_t cap, int *full) {
+  size_t used = 0;
+  buf[0] = '\0';
+  *full = 0;
+  for (int k = 0; k < pp; k++)
+    if (b[k] > b[*full]) *full = k;
+  for (int i = 0; i < pp && used < cap;) {
+    int e = i;
+    while (e < pp && b[e] == b[i]) e++;
+    used += (size_t)snprintf(buf + used, cap - used, e - i > 1 ? "%s%.2f x %d" : "%s%.2f", i ? ", " : "",
+                             (double)b[i] / 1073741824.0, e - i);
+    i = e;
+  }
+}
+
 static void print_text(const mp_sim_result *r, const mp_model *m, const mp_cluster *c,
                        const mp_mesh *mesh, const mp_plan_options *o,
-                       const mp_stack_profile *prof) {
+                       const mp_stack_profile *prof, const int64_t *stage_peak) {
   char ms[128], ac[32];
   mp_mesh_format(mesh, ms, sizeof ms);
   mp_ac_format(o->ac, o->ac_every, ac, sizeof ac);
@@ -118,11 +135,17 @@ static void print_text(const mp_sim_result *r, const mp_model *m, const mp_clust
       printf("  %-12s %8.2f GiB\n", mp_mem_cat_name((mp_mem_cat)k), r->mem_at_peak[k] / gib);
   printf("  %-12s %8.2f GiB (runtime %.2f GiB + fragmentation x%.2f)\n", "overhead",
          r->overhead_bytes / gib, c->gpu.runtime_overhead_gib, prof->frag_factor);
+  if (mesh->size[MP_DIM_PP] > 1 && stage_peak) {
+    char peaks[2048];
+    int full;
+    fmt_stage_peaks(stage_peak, mesh->size[MP_DIM_PP], peaks, sizeof peaks, &full);
+    printf("stages  peak by pipeline stage, GiB: %s (the fullest: stage %d, shown above)\n", peaks, full);
+  }
 }
 
 static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluster *c,
                       const mp_mesh *mesh, const mp_plan_options *o,
-                      const mp_stack_profile *prof) {
+                      const mp_stack_profile *prof, const int64_t *stage_peak) {
   char ms[128], ac[32];
   mp_mesh_format(mesh, ms, sizeof ms);
   mp_ac_format(o->ac, o->ac_every, ac, sizeof ac);
@@ -160,6 +183,11 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   cJSON_AddNumberToObject(j, "overhead_bytes", (double)r->overhead_bytes);
   cJSON_AddNumberToObject(j, "capacity_bytes", (double)r->capacity_bytes);
   cJSON_AddBoolToObject(j, "fits", r->fits);
+  if (mesh->size[MP_DIM_PP] > 1 && stage_peak) {
+    cJSON *sp = cJSON_AddArrayToObject(j, "stage_peak_mem_bytes");
+    for (int k = 0; sp && k < mesh->size[MP_DIM_PP]; k++)
+      cJSON_AddItemToArray(sp, cJSON_CreateNumber((double)stage_peak[k]));
+  }
   return mp_cmd_print_json(j);
 }
 
@@ -179,6 +207,7 @@ typedef struct sim_job {
   mp_sim_trace *trace;
   char batch_rule[400];        /* the default batch rule's line, "" with --global-batch */
   char mb_rule[300];           /* the stack's pipeline micro-batching (mp_cmd_stack_micro_batch) */
+  int64_t stage_peak[MP_MAX_LAYERS]; /* pp > 1: each stage's peak memory */
 } sim_job;
 
 /* --calibration: measured rates replace the CPU profile's before anything is simulated;
@@ -286,7 +315,9 @@ static mp_status simulate_job(mp_ctx *ctx, sim_job *j, mp_sim_result *r) {
                          sizeof j->batch_rule);
   MP_CHECK(load_stack(ctx, j));
   mp_cmd_stack_micro_batch(&k_spec, &j->prof, &j->mesh, &j->o, j->mb_rule, sizeof j->mb_rule);
+  if (j->mesh.size[MP_DIM_PP] > 1) j->cfg.stage_peak_bytes = j->stage_peak;
   MP_CHECK(mp_simulate_plan(ctx, &j->m, &j->mesh, &j->o, &j->cfg, r));
+  j->cfg.stage_peak_bytes = NULL;
   /* the plan resolves defaults (seq, global batch): show the resolved ones */
   MP_CHECK(mp_build_plan(ctx, &j->m, &j->mesh, &j->o, &j->plan));
   j->o = j->plan->opts;
@@ -304,9 +335,9 @@ static int run_simulate(mp_ctx *ctx, const mp_cmd_call *call) {
   if (st != MP_OK) {
     rc = mp_cmd_fail(ctx, st);
   } else if (mp_args_has(&k_spec, "--json")) {
-    rc = print_json(&r, &j->m, &j->c, &j->mesh, &j->o, &j->prof);
+    rc = print_json(&r, &j->m, &j->c, &j->mesh, &j->o, &j->prof, j->stage_peak);
   } else {
-    print_text(&r, &j->m, &j->c, &j->mesh, &j->o, &j->prof);
+    print_text(&r, &j->m, &j->c, &j->mesh, &j->o, &j->prof, j->stage_peak);
     if (j->batch_rule[0]) printf("batch   %s\n", j->batch_rule);
     if (j->mb_rule[0]) printf("micro   %s\n", j->mb_rule);
     const char *cal_db = mp_args_get(&k_spec, "--calibration"), *tpath = mp_args_get(&k_spec, "--trace");

@@ -40,6 +40,13 @@ struct PlanCase {
     cfg.cluster = &c;
     cfg.stack = &prof;
   }
+  // Full AC over one sequence of seq tokens a micro-batch, global batch gb.
+  void FullAcOneSequence(int64_t seq, int64_t gb) {
+    o.seq = seq;
+    o.micro_batch = 1;
+    o.global_batch = gb;
+    o.ac = MP_AC_FULL;
+  }
   mp_sim_result Sim() {
     mp_sim_result r;
     EXPECT_EQ(mp_simulate_plan(&ctx, &m, &mesh, &o, &cfg, &r), MP_OK) << mp_errmsg(&ctx);
@@ -55,10 +62,7 @@ struct PlanCase {
 //   params 4.015e9 B, grads 4.015e9 B, optimizer 8.03e9 B per GPU.
 TEST(PlanMemory, Llama8bFsdp8ResidentBytes) {
   PlanCase s("llama3.1-8b", "h100-8", "dp_shard=8");
-  s.o.seq = 8192;
-  s.o.micro_batch = 1;
-  s.o.global_batch = 8;
-  s.o.ac = MP_AC_FULL;
+  s.FullAcOneSequence(8192, 8);
   mp_sim_result r = s.Sim();
   const double N = (double)mp_model_param_count(&s.m);
   EXPECT_NEAR(N, 8.03e9, 0.01e9);
@@ -311,9 +315,9 @@ TEST(PlanPipeline, DistinctStagesEqualAllStages) {
       {"llama3.1-8b", 8, 8, "pp=4,dp_shard=2", MP_PP_1F1B},
       {"llama3.1-8b", 8, 8, "pp=8", MP_PP_1F1B},
       {"llama3.1-8b", 8, 8, "pp=8", MP_PP_GPIPE},
-      {"llama3.1-8b", 40, 8, "pp=5,tp=8", MP_PP_1F1B},          // 7,7,7,7,4 layers
-      {"llama3.1-8b", 96, 8, "pp=6,dp_shard=2,tp=8", MP_PP_1F1B}, // 6 x 5, then 2
-      {"llama3.1-8b", 28, 4, "pp=7,tp=4", MP_PP_1F1B},            // 5 x 6, then 2
+      {"llama3.1-8b", 40, 8, "pp=5,tp=8", MP_PP_1F1B},          // 6,7,7,6,6 layers
+      {"llama3.1-8b", 96, 8, "pp=6,dp_shard=2,tp=8", MP_PP_1F1B}, // 5,6,6,5,5,5
+      {"llama3.1-8b", 28, 4, "pp=7,tp=4", MP_PP_1F1B},            // 4,5,5,5,5,4,4
       {"llama3.1-8b", 72, 8, "pp=6,dp_shard=3,tp=4", MP_PP_1F1B}, // fallback: 12 vs 8
       {"gpt2-124m", 6, 8, "pp=3,dp_shard=2", MP_PP_1F1B},
       {"gpt2-124m", 8, 8, "pp=4,dp_shard=2", MP_PP_1F1B},
@@ -333,6 +337,27 @@ TEST(PlanPipeline, DistinctStagesEqualAllStages) {
     s.o.pp_schedule = c.sched;
     CheckDistinctStages(s, what);
   }
+}
+
+// Each stage's peak (mp_sim_config.stage_peak_bytes): Llama-3.1-8B on pp=4 (8 layers a
+// stage), full AC, 8 micro-batches of one 8192-token sequence under 1F1B. Stage s holds pp -
+// s micro-batches at once, so the two middle stages, which run the same schedule, differ by
+// one micro-batch's held activations: the 8 layers' checkpointed inputs and the stage's
+// output kept for its backward, 9 x 8192 x 4096 x 2 bytes = 603,979,776, times the stack's
+// fragmentation factor. The result's peak is the fullest stage's.
+TEST(PlanPipeline, StagePeaksStepByOneMicroBatch) {
+  PlanCase s("llama3.1-8b", "h100-8", "pp=4,dp_shard=2");
+  s.FullAcOneSequence(8192, 16);
+  int64_t peak[4] = {0, 0, 0, 0};
+  s.cfg.stage_peak_bytes = peak;
+  const mp_sim_result r = s.Sim();
+  const double held = 9.0 * 8192 * 4096 * 2 * s.prof.frag_factor;
+  EXPECT_NEAR((double)(peak[1] - peak[2]), held, 2.0);
+  EXPECT_GT(peak[0], peak[1]);
+  // the last stage holds one micro-batch but the loss's fp32 logits, 8192 x 128256 x 4
+  // bytes three times over
+  EXPECT_GT(peak[3], peak[2]);
+  EXPECT_EQ(r.peak_mem_bytes, *std::max_element(peak, peak + 4));
 }
 
 // mp_sim_plan_prep: one prep of a plan serves the plans derived from it (micro-batch, AC,
