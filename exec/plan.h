@@ -445,6 +445,15 @@ static inline const char *mp_ac_mode_name(mp_ac_mode m) {
                                                  "selective-core", "full"};
   return (unsigned)m < MP_AC_COUNT ? names[m] : "?";
 }
+/* "1f1b", "interleaved", "gpipe" ("?" out of range), the names the CLI and the validation
+ * CSV use. */
+static inline const char *mp_pp_schedule_name(mp_pp_schedule k) {
+  static const char *const names[] = {"1f1b", "interleaved", "gpipe"};
+  return (unsigned)k <= MP_PP_GPIPE ? names[k] : "?";
+}
+/* The schedule named s (mp_pp_schedule_name's names) into *out: 1, or 0 for any other
+ * string (*out untouched); the caller words the refusal. */
+int mp_pp_schedule_parse(const char *s, mp_pp_schedule *out);
 /* The policy with its block frequency: "full:4" for FULL every 4th block, else the mode's
  * name. */
 void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap);

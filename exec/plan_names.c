@@ -61,6 +61,15 @@ void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap) {
   else snprintf(buf, cap, "%s", mp_ac_mode_name(m));
 }
 
+int mp_pp_schedule_parse(const char *s, mp_pp_schedule *out) {
+  for (int k = MP_PP_1F1B; k <= MP_PP_GPIPE; k++)
+    if (s && strcmp(s, mp_pp_schedule_name((mp_pp_schedule)k)) == 0) {
+      *out = (mp_pp_schedule)k;
+      return 1;
+    }
+  return 0;
+}
+
 mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every) {
   *every = 1;
   for (int m = 0; s && m < MP_AC_COUNT; m++)

@@ -61,13 +61,8 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
 
 mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
   const char *ps = mp_args_get(spec, "--pp-schedule");
-  if (ps) {
-    if (strcmp(ps, "1f1b") == 0) o->pp_schedule = MP_PP_1F1B;
-    else if (strcmp(ps, "interleaved") == 0) o->pp_schedule = MP_PP_INTERLEAVED;
-    else if (strcmp(ps, "gpipe") == 0) o->pp_schedule = MP_PP_GPIPE;
-    else
-      return mp_error(ctx, MP_ERR_USAGE, "--pp-schedule '%s': choose 1f1b, interleaved or gpipe", ps);
-  }
+  if (ps && !mp_pp_schedule_parse(ps, &o->pp_schedule))
+    return mp_error(ctx, MP_ERR_USAGE, "--pp-schedule '%s': choose 1f1b, interleaved or gpipe", ps);
   /* a virtual stage holds at least one layer */
   long long pv = 2;
   MP_CHECK(mp_args_int(ctx, spec, "--pp-virtual", 1, MP_MAX_LAYERS, &pv));
@@ -144,6 +139,23 @@ void mp_cmd_default_batch(const mp_model *m, const mp_mesh *mesh, int64_t seq, i
              (long long)target, (long long)seq, words);
   }
   *global_batch = gb;
+}
+
+void mp_cmd_fmt_runs(const double *v, int n, const char *fmt, char *buf, size_t cap) {
+  size_t used = 0;
+  if (cap == 0) return;
+  buf[0] = '\0';
+  for (int i = 0; i < n && used < cap;) {
+    int e = i;
+    while (e < n && v[e] == v[i]) e++;
+    char one[64];
+    snprintf(one, sizeof one, fmt, v[i]);
+    int w = e - i > 1 ? snprintf(buf + used, cap - used, "%s%s x %d", i ? ", " : "", one, e - i)
+                      : snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", one);
+    if (w < 0) return;
+    used += (size_t)w;
+    i = e;
+  }
 }
 
 void mp_cmd_stack_micro_batch(const mp_cmd_spec *spec, const mp_stack_profile *prof,

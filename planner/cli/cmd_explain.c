@@ -147,7 +147,7 @@ typedef struct explain {
   int64_t pp_inflight;    /* the most chunk activations the rank holds at once */
   double pp_bubble;       /* (pp - 1) / m, or / (v m) interleaved: equal stages' idle share */
   double pp_send_bytes;   /* one stage boundary's activation (or its gradient) per micro-batch */
-  int pp_chunk_layers[MP_MAX_LAYERS]; /* layers of model chunk k = c x pp + s */
+  double pp_chunk_layers[MP_MAX_LAYERS]; /* layers of model chunk k = c x pp + s */
   int pp_chunks;
 } explain;
 
@@ -289,19 +289,6 @@ static void cp_note(const mp_plan *p, char *buf, size_t cap) {
            mla ? "allgather rotate method" : "repeat_kv and allgather rotate method");
 }
 
-/* "15, 16 x 6, 15": n counts with runs collapsed. */
-static void fmt_runs(const int *v, int n, char *buf, size_t cap) {
-  size_t used = 0;
-  buf[0] = '\0';
-  for (int i = 0; i < n && used < cap;) {
-    int j = i;
-    while (j < n && v[j] == v[i]) j++;
-    used += (size_t)snprintf(buf + used, cap - used, j - i > 1 ? "%s%d x %d" : "%s%d", i ? ", " : "",
-                             v[i], j - i);
-    i = j;
-  }
-}
-
 /* With pp > 1, the rank's pipeline: the layer split, its stage's warm-up and in-flight
  * chunks walking mp_pp_order as the stack's implementation runs it, the bubble of equal
  * stages and what crosses a stage boundary; e->pp_note the sentence. MP_ERR_INVALID where
@@ -318,7 +305,7 @@ static mp_status pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_profile 
     for (int s = 0; s < pp; s++) {
       int64_t l0, l1;
       mp_plan_chunk_layers(p, s, c, &l0, &l1);
-      e->pp_chunk_layers[c * pp + s] = (int)(l1 - l0);
+      e->pp_chunk_layers[c * pp + s] = (double)(l1 - l0);
     }
   const size_t n = (size_t)(2 * e->n_micro * v);
   mp_pp_step *ord = malloc(n * sizeof *ord);
@@ -340,7 +327,7 @@ static mp_status pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_profile 
   if (p->opts.sp && tp > 1) T /= tp;
   e->pp_send_bytes = (double)T * (double)p->model.d_model * 2.0;
   char split[256], mine[160], sb[32];
-  fmt_runs(e->pp_chunk_layers, e->pp_chunks, split, sizeof split);
+  mp_cmd_fmt_runs(e->pp_chunk_layers, e->pp_chunks, "%.0f", split, sizeof split);
   size_t u = 0;
   mine[0] = '\0';
   for (int c = 0; c < v && u < sizeof mine; c++) {
@@ -838,9 +825,7 @@ static cJSON *plan_json(const explain *e) {
   if (e->pp_note[0]) {
     const mp_plan *q = e->plan;
     cJSON *pl = cJSON_AddObjectToObject(root, "pipeline");
-    cJSON_AddStringToObject(pl, "schedule", q->opts.pp_schedule == MP_PP_INTERLEAVED ? "interleaved"
-                                            : q->opts.pp_schedule == MP_PP_GPIPE    ? "gpipe"
-                                                                                    : "1f1b");
+    cJSON_AddStringToObject(pl, "schedule", mp_pp_schedule_name(q->opts.pp_schedule));
     cJSON_AddNumberToObject(pl, "pp_virtual", mp_plan_virtual_stages(q));
     cJSON_AddStringToObject(pl, "order", e->pp_flavor == MP_PP_FLAVOR_TORCH ? "torch" : "megatron");
     cJSON_AddNumberToObject(pl, "n_micro", (double)e->n_micro);

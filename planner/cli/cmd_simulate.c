@@ -72,14 +72,10 @@ static mp_status set_dim(mp_ctx *ctx, const char *opt, long long v, int *dim) {
   return MP_OK;
 }
 
-static const char *pp_schedule_name(mp_pp_schedule k) {
-  return k == MP_PP_INTERLEAVED ? "interleaved" : k == MP_PP_GPIPE ? "gpipe" : "1f1b";
-}
-
 /* ", sp" under sequence parallelism and the pipeline's schedule with pp > 1 (", 1f1b",
  * ", interleaved x2", ", gpipe"), into buf. */
 static void fmt_sp_pp(const mp_mesh *mesh, const mp_plan_options *o, char *buf, size_t cap) {
-  const char *ps = pp_schedule_name(o->pp_schedule);
+  const char *ps = mp_pp_schedule_name(o->pp_schedule);
   int n = snprintf(buf, cap, "%s", o->sp > 0 ? ", sp" : "");
   if (n < 0 || (size_t)n >= cap || mesh->size[MP_DIM_PP] <= 1) return;
   if (o->pp_virtual > 1)
@@ -88,22 +84,6 @@ static void fmt_sp_pp(const mp_mesh *mesh, const mp_plan_options *o, char *buf, 
     snprintf(buf + n, cap - (size_t)n, ", %s", ps);
 }
 
-/* "73.90, 73.40 x 6, 61.85": each stage's peak in GiB, runs collapsed; the fullest stage
- * into *full. */
-static void fmt_stage_peaks(const int64_t *b, int pp, char *buf, size_t cap, int *full) {
-  size_t used = 0;
-  buf[0] = '\0';
-  *full = 0;
-  for (int k = 0; k < pp; k++)
-    if (b[k] > b[*full]) *full = k;
-  for (int i = 0; i < pp && used < cap;) {
-    int e = i;
-    while (e < pp && b[e] == b[i]) e++;
-    used += (size_t)snprintf(buf + used, cap - used, e - i > 1 ? "%s%.2f x %d" : "%s%.2f", i ? ", " : "",
-                             (double)b[i] / 1073741824.0, e - i);
-    i = e;
-  }
-}
 
 static void print_text(const mp_sim_result *r, const mp_model *m, const mp_cluster *c,
                        const mp_mesh *mesh, const mp_plan_options *o,
@@ -136,9 +116,15 @@ static void print_text(const mp_sim_result *r, const mp_model *m, const mp_clust
   printf("  %-12s %8.2f GiB (runtime %.2f GiB + fragmentation x%.2f)\n", "overhead",
          r->overhead_bytes / gib, c->gpu.runtime_overhead_gib, prof->frag_factor);
   if (mesh->size[MP_DIM_PP] > 1 && stage_peak) {
+    const int pp = mesh->size[MP_DIM_PP];
+    double g[MP_MAX_LAYERS];
+    int full = 0;
+    for (int k = 0; k < pp; k++) {
+      g[k] = stage_peak[k] / gib;
+      if (stage_peak[k] > stage_peak[full]) full = k;
+    }
     char peaks[2048];
-    int full;
-    fmt_stage_peaks(stage_peak, mesh->size[MP_DIM_PP], peaks, sizeof peaks, &full);
+    mp_cmd_fmt_runs(g, pp, "%.2f", peaks, sizeof peaks);
     printf("stages  peak by pipeline stage, GiB: %s (the fullest: stage %d, shown above)\n", peaks, full);
   }
 }
@@ -158,7 +144,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   cJSON_AddBoolToObject(j, "fp8", o->fp8);
   cJSON_AddBoolToObject(j, "sp", o->sp > 0);
   if (mesh->size[MP_DIM_PP] > 1) {
-    cJSON_AddStringToObject(j, "pp_schedule", pp_schedule_name(o->pp_schedule));
+    cJSON_AddStringToObject(j, "pp_schedule", mp_pp_schedule_name(o->pp_schedule));
     cJSON_AddNumberToObject(j, "pp_virtual", o->pp_virtual > 1 ? o->pp_virtual : 1);
   }
   cJSON_AddNumberToObject(j, "seq", (double)o->seq);

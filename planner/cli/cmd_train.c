@@ -388,10 +388,8 @@ static mp_status read_pp_schedule(train_job *j) {
   const char *ps = mp_args_get(&k_spec, "--pp-schedule");
   long long v = 0;
   MP_CHECK(mp_args_int(j->ctx, &k_spec, "--pp-virtual", 2, MP_PP_MAX_VIRTUAL, &v));
-  if (ps && strcmp(ps, "1f1b") == 0) j->po.pp_schedule = MP_PP_1F1B;
-  else if (ps && strcmp(ps, "interleaved") == 0) j->po.pp_schedule = MP_PP_INTERLEAVED;
-  else if (ps && strcmp(ps, "gpipe") == 0) j->po.pp_schedule = MP_PP_GPIPE;
-  else if (ps) return mp_error(j->ctx, MP_ERR_USAGE, "--pp-schedule '%s': choose 1f1b, interleaved or gpipe", ps);
+  if (ps && !mp_pp_schedule_parse(ps, &j->po.pp_schedule))
+    return mp_error(j->ctx, MP_ERR_USAGE, "--pp-schedule '%s': choose 1f1b, interleaved or gpipe", ps);
   if (v && j->po.pp_schedule != MP_PP_INTERLEAVED)
     return mp_error(j->ctx, MP_ERR_USAGE, "--pp-virtual %lld needs --pp-schedule interleaved", v);
   j->po.pp_virtual = j->po.pp_schedule == MP_PP_INTERLEAVED ? (int)(v ? v : 2) : 1;

@@ -104,10 +104,10 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   o->fp8 = v->fp8 != 0;
   if (v->sp >= 0) o->sp = v->sp;
   const char *pps = v->pp_schedule;
-  if (pps[0] == '\0' || strcmp(pps, "1f1b") == 0) o->pp_schedule = MP_PP_1F1B;
-  else if (strcmp(pps, "interleaved") == 0) o->pp_schedule = MP_PP_INTERLEAVED, o->pp_virtual = v->pp_virtual ? (int)v->pp_virtual : 2;
-  else if (strcmp(pps, "gpipe") == 0) o->pp_schedule = MP_PP_GPIPE;
-  else return mp_error(ctx, MP_ERR_INVALID, "%s: pp_schedule '%s': expected 1f1b, interleaved or gpipe", where, pps);
+  o->pp_schedule = MP_PP_1F1B;
+  if (pps[0] != '\0' && !mp_pp_schedule_parse(pps, &o->pp_schedule))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: pp_schedule '%s': expected 1f1b, interleaved or gpipe", where, pps);
+  if (o->pp_schedule == MP_PP_INTERLEAVED) o->pp_virtual = v->pp_virtual ? (int)v->pp_virtual : 2;
   j->local_batch = v->local_batch;
   j->micro_batch = v->micro_batch;
   o->seq = v->seq;

@@ -87,6 +87,9 @@ void mp_cmd_default_batch(const mp_model *m, const mp_mesh *mesh, int64_t seq, i
  * o->micro_batch = local batch / pp where pp divides the local batch (global_batch over the
  * data-parallel ranks), and a line saying so into note; otherwise nothing changes and note
  * is "" (simulate, explain). */
+/* "15, 16 x 6, 15": the n values each printed with fmt (one double, e.g. "%.0f"), runs of
+ * equal values collapsed into "value x count"; truncated at cap. */
+void mp_cmd_fmt_runs(const double *v, int n, const char *fmt, char *buf, size_t cap);
 struct mp_stack_profile;
 void mp_cmd_stack_micro_batch(const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                               const mp_mesh *mesh, mp_plan_options *o, char *note, size_t cap);
