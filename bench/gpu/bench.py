@@ -55,7 +55,8 @@ def run_meshplan(args, fp8, cfg, peak):
     row = {"impl": "meshplan", "mode": "float8" if fp8 else "bf16", "ok": p.returncode == 0, "log": out[-2000:]}
     if p.returncode != 0:
         return row
-    m = re.search(r"done: \d+ steps, final loss ([0-9.eE+-]+|nan), ([0-9.]+) tokens/s .*peak memory (\d+) bytes", out)
+    m = re.search(r"done: \d+ steps(?: \([0-9.]+\))?, final loss ([0-9.eE+-]+|nan), ([0-9.]+) tokens/s "
+                  r".*peak memory (\d+) bytes", out)
     pv = re.search(r"predicted vs measured: step time ([0-9.]+) ms vs ([0-9.]+) ms \(median, ([+-]?[0-9.]+)%\), "
                    r"peak memory ([0-9.]+) MiB vs ([0-9.]+) MiB \(([+-]?[0-9.]+)%", out)
     if not m:
@@ -114,6 +115,13 @@ def main():
                 r["ok"] = True
                 gpu_name = r.get("gpu", gpu_name)
                 rows.append(r)
+    if gpu_name == "?":  # no PyTorch rows name it: ask the driver
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True)
+            gpu_name = (smi.stdout.splitlines() or ["?"])[0].strip() or "?"
+        except OSError:
+            pass
 
     def f(v, fmt):
         return fmt % v if v is not None else "-"

@@ -11,6 +11,8 @@
 #   attnsweep bench/attention_bench: every flash-attention configuration; the fastest
 #             (OUT/attn_best.env) is exported to the steps after it
 #   torch     bench/gpu/torch_llama.py: PyTorch eager and torch.compile on the 1B model
+#   cpprobe   bench/gpu/cp_probe.py: SDPA per backend at the ring's step shapes, and one
+#             rank of torch's context-parallel ring on a fake process group (OUT/cp_probe.jsonl)
 #   mpi       mpirun works: 2 CPU ranks train tiny-dense with dp_shard=2
 #   gputrain  tests/runtime/gpu_parity.py: the tiny models on CUDA vs the CPU run; the
 #             4-rank plan on the one GPU through MPI staging vs the single-rank GPU run
@@ -18,6 +20,7 @@
 #   bench     bench/gpu/bench.py: meshplan bf16 and float8 and PyTorch eager/compile on the
 #             1B model, with the predictions (calibrated when calib ran first); the table
 #             goes to OUT/bench.md
+#   benchmp   the same, meshplan's rows alone (no PyTorch runs)
 # The last lines of every log are printed at the end, so the reply's output tail holds them.
 set -uo pipefail
 kit=$(cd "$1" && pwd)
@@ -78,6 +81,7 @@ step_attnsweep() {
   [ -n "$best" ] && printf 'export %s\n' "$best" >"$out/attn_best.env"
 }
 step_torch() { PYTHONUNBUFFERED=1 timeout 300 env -u LD_LIBRARY_PATH python3 bench/gpu/torch_llama.py --out "$out/torch.jsonl"; }
+step_cpprobe() { PYTHONUNBUFFERED=1 timeout 300 env -u LD_LIBRARY_PATH python3 bench/gpu/cp_probe.py --out "$out/cp_probe.jsonl"; }
 step_gputrain() { timeout 900 python3 tests/runtime/gpu_parity.py "$mp"; }
 step_gpusingle() { MP_GPU_PARITY_SINGLE_ONLY=1 timeout 900 python3 tests/runtime/gpu_parity.py "$mp"; }
 step_calib() { rm -f "$out/calib.db"; timeout 300 "$mp" calibrate --device cuda --db "$out/calib.db"; }
@@ -87,8 +91,9 @@ step_bench() {
   local reuse=()
   [ -s "$out/torch.jsonl" ] && reuse=(--torch-json "$out/torch.jsonl") # the torch step ran in this call
   [ ${#reuse[@]} -eq 0 ] && [ -s "$kit/torch.jsonl" ] && reuse=(--torch-json "$kit/torch.jsonl") # an earlier call's
-  PYTHONUNBUFFERED=1 timeout 900 python3 bench/gpu/bench.py --meshplan "$mp" --db $db --out "$out/bench.md" "${reuse[@]}"
+  PYTHONUNBUFFERED=1 timeout 900 python3 bench/gpu/bench.py --meshplan "$mp" --db $db --out "$out/bench.md" "${reuse[@]}" "$@"
 }
+step_benchmp() { step_bench --skip-torch; }
 step_mpi() {
   timeout 120 mpirun -np 2 "$mp" train --model tiny-dense --mesh dp_shard=2 --steps 3 --seq 64 --micro-batch 2
 }
