@@ -13,6 +13,9 @@
 #   torch     bench/gpu/torch_llama.py: PyTorch eager and torch.compile on the 1B model
 #   cpprobe   bench/gpu/cp_probe.py: SDPA per backend at the ring's step shapes, and one
 #             rank of torch's context-parallel ring on a fake process group (OUT/cp_probe.jsonl)
+#   tpmem     bench/gpu/tp_mem_probe.py: the memory PyTorch allocates for one rank of a
+#             torchtitan-style Llama step (TP + SP, FSDP, full AC) on a fake process group
+#             (OUT/tp_mem.jsonl)
 #   mpi       mpirun works: 2 CPU ranks train tiny-dense with dp_shard=2
 #   gputrain  tests/runtime/gpu_parity.py: the tiny models on CUDA vs the CPU run; the
 #             4-rank plan on the one GPU through MPI staging vs the single-rank GPU run
@@ -82,6 +85,10 @@ step_attnsweep() {
 }
 step_torch() { PYTHONUNBUFFERED=1 timeout 300 env -u LD_LIBRARY_PATH python3 bench/gpu/torch_llama.py --out "$out/torch.jsonl"; }
 step_cpprobe() { PYTHONUNBUFFERED=1 timeout 300 env -u LD_LIBRARY_PATH python3 bench/gpu/cp_probe.py --out "$out/cp_probe.jsonl"; }
+step_tpmem() {
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1 timeout 400 env -u LD_LIBRARY_PATH \
+    python3 bench/gpu/tp_mem_probe.py --out "$out/tp_mem.jsonl"
+}
 step_gputrain() { timeout 900 python3 tests/runtime/gpu_parity.py "$mp"; }
 step_gpusingle() { MP_GPU_PARITY_SINGLE_ONLY=1 timeout 900 python3 tests/runtime/gpu_parity.py "$mp"; }
 step_calib() { rm -f "$out/calib.db"; timeout 300 "$mp" calibrate --device cuda --db "$out/calib.db"; }
