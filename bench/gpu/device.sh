@@ -16,6 +16,8 @@
 #   tpmem     bench/gpu/tp_mem_probe.py: the memory PyTorch allocates for one rank of a
 #             torchtitan-style Llama step (TP + SP, FSDP, full AC) on a fake process group
 #             (OUT/tp_mem.jsonl)
+#   power     bench/gpu/power_probe.py: power draw, SM clock and bf16 GEMM TFLOP/s under 20 s
+#             of sustained matrix load, random data then zeros (OUT/power.jsonl)
 #   mpi       mpirun works: 2 CPU ranks train tiny-dense with dp_shard=2
 #   gputrain  tests/runtime/gpu_parity.py: the tiny models on CUDA vs the CPU run; the
 #             4-rank plan on the one GPU through MPI staging vs the single-rank GPU run
@@ -89,6 +91,7 @@ step_tpmem() {
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1 timeout 400 env -u LD_LIBRARY_PATH \
     python3 bench/gpu/tp_mem_probe.py --out "$out/tp_mem.jsonl"
 }
+step_power() { PYTHONUNBUFFERED=1 timeout 120 env -u LD_LIBRARY_PATH python3 bench/gpu/power_probe.py --out "$out/power.jsonl"; }
 step_gputrain() { timeout 900 python3 tests/runtime/gpu_parity.py "$mp"; }
 step_gpusingle() { MP_GPU_PARITY_SINGLE_ONLY=1 timeout 900 python3 tests/runtime/gpu_parity.py "$mp"; }
 step_calib() { rm -f "$out/calib.db"; timeout 300 "$mp" calibrate --device cuda --db "$out/calib.db"; }

@@ -600,7 +600,10 @@ static void TorchtitanEager8b(PlanCase *s) {
 //              output) = 33,353,105,408, and the head's: final norm's input 2TH, its rstd
 //              4T, the head GEMM's input 2TH = 268,500,992
 //   logits     eager cross-entropy's fp32 log_softmax output (saved), nll's fp32 gradient
-//              and log_softmax's fp32 input gradient: 3 x 4 x T x V = 25,216,155,648
+//              and log_softmax's fp32 input gradient: 3 x 4 x T x V = 25,216,155,648 (on an
+//              H100, PyTorch 2.11 allocates the two gradients, 8 T V bytes to the byte,
+//              between `del pred` and this peak: bench/gpu/tp_mem_probe.py,
+//              bench/gpu/RESULTS.md)
 // The reserved peak is that x 1.114 (torchtitan-eager's frag_factor) + 2.5 GiB.
 TEST(PlanMemory, TorchtitanLlama8bFsdp8ByteForByte) {
   PlanCase s("llama3.1-8b", "h100-8", "dp_shard=8");
@@ -629,7 +632,9 @@ TEST(PlanMemory, TorchtitanLlama8bFsdp8ByteForByte) {
 // full AC (the head's backward is the peak): T = 16384, V/tp = 64128, so the logits at the
 // peak are 4 x 4 x 16384 x 64128 = 16,810,770,432 bytes; with the logits gathered over tp
 // instead (shard_logits off: aten's cross-entropy on the full vocab) 3 x 4 x T x 128256 =
-// 25,216,155,648.
+// 25,216,155,648. PyTorch 2.11 on an H100 adds the three besides the saved output, 12 T V/tp
+// bytes, and 3-4 MB of per-row statistics between `del pred` and the peak
+// (bench/gpu/tp_mem_probe.py, bench/gpu/RESULTS.md).
 TEST(PlanMemory, TorchtitanLossParallelHoldsFourFp32Shards) {
   for (int shard = 1; shard >= 0; shard--) {
     PlanCase s("llama3.1-8b", "h100-8", "dp_shard=4,tp=2");
