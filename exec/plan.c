@@ -146,6 +146,7 @@ void mp_plan_options_init(mp_plan_options *o) {
   o->fsdp.reduce_dtype = MP_DTYPE_FP32;
   o->pp_schedule = MP_PP_1F1B;
   o->pp_virtual = 1;
+  o->cp_rotate = MP_CP_ROTATE_ALLGATHER;
   o->seq = 0;          /* resolved by mp_plan_create */
   o->micro_batch = 1;
   o->global_batch = 0; /* resolved by mp_plan_create */
@@ -668,7 +669,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
       opts->pp_virtual != b->pp_virtual || seq != b->seq || opts->master_dtype != b->master_dtype ||
       opts->mem_model != b->mem_model || opts->attn != b->attn || opts->loss != b->loss ||
-      opts->dp_overlap != b->dp_overlap ||
+      opts->dp_overlap != b->dp_overlap || opts->cp_rotate != b->cp_rotate ||
       (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,
                     "mp_plan_derive: options differ from the base plan's in more than "

@@ -203,6 +203,11 @@ typedef enum mp_pp_schedule { MP_PP_1F1B = 0, MP_PP_INTERLEAVED, MP_PP_GPIPE } m
  * as many micro-batches as stages; exec/schedule_pp.c): Megatron-LM's (and the meshplan
  * runtime's) or torch.distributed.pipelining's (torchtitan's). */
 typedef enum mp_pp_flavor { MP_PP_FLAVOR_MEGATRON = 0, MP_PP_FLAVOR_TORCH } mp_pp_flavor;
+/* How PyTorch's context-parallel ring (torchtitan's experimental.context_parallel_rotate_method)
+ * moves K and V between the cp ranks (exec/schedule_cp.c): one all-gather of every rank's
+ * K and V per attention pass (torchtitan's default), or a shift to the next rank before
+ * every step but the last. The meshplan runtimes run their own ring, which shifts. */
+typedef enum mp_cp_rotate { MP_CP_ROTATE_ALLGATHER = 0, MP_CP_ROTATE_ALLTOALL } mp_cp_rotate;
 
 /* Whose memory the schedule's ALLOC/FREE events describe: a property of the runtime that
  * executes the plan, named by its stack profile (sim/stack.h, key "memory_model"). It
@@ -262,6 +267,8 @@ typedef struct mp_plan_options {
   mp_fsdp_options fsdp;
   mp_pp_schedule pp_schedule;
   int pp_virtual;        /* virtual stages per rank for interleaved (>= 1) */
+  mp_cp_rotate cp_rotate; /* PyTorch's ring with cp > 1: how K and V travel (default
+                             ALLGATHER). Set from the stack (key "cp_rotate") */
   int64_t seq;           /* tokens per sequence (0: min(max_seq, 8192), set by mp_plan_create) */
   int64_t micro_batch;   /* sequences per micro-batch per data-parallel rank */
   int64_t global_batch;  /* sequences per step over all data-parallel ranks (0: one
@@ -454,6 +461,13 @@ static inline const char *mp_pp_schedule_name(mp_pp_schedule k) {
 /* The schedule named s (mp_pp_schedule_name's names) into *out: 1, or 0 for any other
  * string (*out untouched); the caller words the refusal. */
 int mp_pp_schedule_parse(const char *s, mp_pp_schedule *out);
+/* "allgather", "alltoall" ("?" out of range): torchtitan's names of the rotate methods. */
+static inline const char *mp_cp_rotate_name(mp_cp_rotate r) {
+  static const char *const names[] = {"allgather", "alltoall"};
+  return (unsigned)r <= MP_CP_ROTATE_ALLTOALL ? names[r] : "?";
+}
+/* The rotate method named s into *out: 1, or 0 for any other string (*out untouched). */
+int mp_cp_rotate_parse(const char *s, mp_cp_rotate *out);
 /* The policy with its block frequency: "full:4" for FULL every 4th block, else the mode's
  * name. */
 void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap);

@@ -70,6 +70,15 @@ int mp_pp_schedule_parse(const char *s, mp_pp_schedule *out) {
   return 0;
 }
 
+int mp_cp_rotate_parse(const char *s, mp_cp_rotate *out) {
+  for (int k = MP_CP_ROTATE_ALLGATHER; k <= MP_CP_ROTATE_ALLTOALL; k++)
+    if (s && strcmp(s, mp_cp_rotate_name((mp_cp_rotate)k)) == 0) {
+      *out = (mp_cp_rotate)k;
+      return 1;
+    }
+  return 0;
+}
+
 mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every) {
   *every = 1;
   for (int m = 0; s && m < MP_AC_COUNT; m++)

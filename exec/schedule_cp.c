@@ -17,13 +17,17 @@
  * "allgather", PyTorch's _AllGatherRotater): the rank's K and V, concatenated into one send
  * buffer, are gathered from all cp ranks once, issued with step 0 and waited for by step 1,
  * so the gather overlaps step 0 alone and the whole sequence's K and V stay in memory
- * through the ring. The fp32 dK, dV pass from rank to rank after every backward step
- * (_AllToAllRotater's permute, one peer: a ring shift).
+ * through the ring. Under the other rotate method, "alltoall" (_AllToAllRotater, the plan's
+ * cp_rotate), the K and V in use are copied (torch.cat) and shifted to the next rank before
+ * every step but the last, the next step waiting for them: the rank holds the K, V in use,
+ * the copy sent and the one arriving, three ranks' (two at cp = 2, whose only send is at step
+ * 0), in forward and backward alike. The fp32 dK, dV pass from rank to rank after every
+ * backward step (_AllToAllRotater's permute, one peer: a ring shift) under both.
  *
- * Per layer, forward: the K, V gather (cp x 2 T (kw + vw) bytes; its send buffer a copy);
- * cp steps of a partial flash attention (FLOPs: the core's / cp); after step i > 0 the
- * online-softmax merge of the partial output into the fp32 accumulator (out and lse read
- * and written, the partial read: 10 T q + 16 T nh bytes). Backward: the K, V gathered
+ * Per layer under allgather, forward: the K, V gather (cp x 2 T (kw + vw) bytes; its send
+ * buffer a copy); cp steps of a partial flash attention (FLOPs: the core's / cp); after step
+ * i > 0 the online-softmax merge of the partial output into the fp32 accumulator (out and
+ * lse read and written, the partial read: 10 T q + 16 T nh bytes). Backward: the K, V gathered
  * again; cp steps of a partial attention backward (twice the forward's FLOPs); the fp32
  * dK, dV accumulated with the ones that arrive and passed on after every step (cp shifts
  * of 4 T (kw + vw) bytes, SENDRECV to the next rank; the last brings the rank's own back);
@@ -34,11 +38,12 @@
  *
  * Memory (torchtitan model): forward keeps the fp32 output and log-sum-exp accumulators
  * (4 T q + 4 T nh) and the gathered K, V with the send buffer ((cp + 1) x 2 T (kw + vw),
- * COMM) through the ring; backward the fp32 dQ, dK, dV accumulators (4 T (q + kw + vw)),
- * the gathered K, V with the send buffer and two fp32 dK, dV buffers (2 x 4 T (kw + vw),
- * COMM). The saved tensors are those of the local attention (schedule_act.c). Under
- * multi-head latent attention the decompressed K (heads x (qk_nope + qk_rope)) and V
- * (heads x v_head_dim) travel, each at its own width, and the output is v wide. */
+ * COMM; alltoall: min(cp, 3) x 2 T (kw + vw)) through the ring; backward the fp32 dQ, dK,
+ * dV accumulators (4 T (q + kw + vw)), the same K, V buffers and two fp32 dK, dV buffers
+ * (2 x 4 T (kw + vw), COMM). The saved tensors are those of the local attention
+ * (schedule_act.c). Under multi-head latent attention the decompressed K (heads x (qk_nope +
+ * qk_rope)) and V (heads x v_head_dim) travel, each at its own width, and the output is v
+ * wide. */
 #include "exec/schedule_internal.h"
 
 /* Op i stands for n identical ones back to back (mp_op.count). */
@@ -66,7 +71,10 @@ static int32_t ring_shift(gen *g, double bytes, mp_dtype dt, int32_t after, int 
  * number of rounds; *fold: the folded round's steps (0: none). */
 static int ring_rounds(const gen *g, int *fold) {
   const int cp = g->sh.cp;
-  *fold = g->s->mode == MP_SCHEDULE_COMPACT && cp >= 5 ? cp - 3 : 0;
+  /* alltoall's K, V shifts interleave with the dK, dV ones on the point-to-point stream
+   * step by step, which a folded round would reorder: its rings stay expanded */
+  const int a2a = g->p->opts.cp_rotate == MP_CP_ROTATE_ALLTOALL;
+  *fold = g->s->mode == MP_SCHEDULE_COMPACT && cp >= 5 && !a2a ? cp - 3 : 0;
   return *fold ? 4 : cp;
 }
 
@@ -95,6 +103,26 @@ static int32_t kv_gather(gen *g, double kvb, mp_variant v) {
   return i;
 }
 
+/* The ring's K, V buffers a rank holds while its attention runs, in units of its own K and V
+ * (the file comment): the all-gathered cp and the send buffer, or under alltoall the K, V in
+ * use, the copy being sent and the buffer arriving (two at cp = 2, whose last step sends
+ * nothing). */
+static int kv_units(const gen *g) {
+  const int cp = g->sh.cp;
+  if (g->p->opts.cp_rotate == MP_CP_ROTATE_ALLTOALL) return cp < 3 ? cp : 3;
+  return cp + 1;
+}
+
+/* alltoall: before round r's compute, wait for the K, V the round before shifted (`prev`),
+ * then copy the K, V in use into a send buffer and shift it to the next rank for every
+ * step of the round but the ring's last; returns that shift (-1: none). */
+static int32_t kv_shift(gen *g, double kvb, mp_variant v, int r, int R, int k, int32_t prev) {
+  if (r > 0) pend_dep(g, prev, 0);
+  if (r == R - 1) return -1;
+  times(g, elementwise(g, MP_KERNEL_COPY, v, -1, (int64_t)(kvb / 2.0), 0.0, 2.0 * kvb), k);
+  return ring_shift(g, kvb, MP_DTYPE_BF16, g->last_c, k);
+}
+
 void mp_sched_cp_attention_fwd(gen *g) {
   const shapes *sh = &g->sh;
   const int cp = sh->cp;
@@ -102,15 +130,18 @@ void mp_sched_cp_attention_fwd(gen *g) {
   int64_t kw, vw;
   ring_widths(g, &kw, &vw);
   const double kv = 2.0 * (double)(T * (kw + vw)); /* K and V, bf16 */
-  const int64_t acc = 4 * T * sh->ao + 4 * T * sh->nh, held = (int64_t)(kv * (cp + 1));
+  const int64_t acc = 4 * T * sh->ao + 4 * T * sh->nh, held = (int64_t)(kv * kv_units(g));
+  const int a2a = g->p->opts.cp_rotate == MP_CP_ROTATE_ALLTOALL;
   int fold;
   const int R = ring_rounds(g, &fold);
   pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 1);
   pair(g, MP_MEM_COMM, BUF_CP_KV, held, 1);
-  const int32_t gather = kv_gather(g, kv, MP_VAR_FWD);
+  const int32_t gather = a2a ? -1 : kv_gather(g, kv, MP_VAR_FWD);
+  int32_t shift = -1;
   for (int r = 0; r < R; r++) {
     const int k = round_steps(fold, r);
-    if (r == 1) pend_dep(g, gather, 0);
+    if (a2a) shift = kv_shift(g, kv, MP_VAR_FWD, r, R, k, shift);
+    else if (r == 1) pend_dep(g, gather, 0);
     times(g,
           compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq / cp, sh->hd, sh->nh,
                   attn_core_fwd_flops(sh) / cp,
@@ -134,18 +165,20 @@ void mp_sched_cp_attention_bwd(gen *g) {
   int64_t kw, vw;
   ring_widths(g, &kw, &vw);
   const double kv = 2.0 * (double)(T * (kw + vw)), dkv = 4.0 * (double)(T * (kw + vw));
-  const int64_t acc = 4 * T * (sh->q + kw + vw), held = (int64_t)(kv * (cp + 1) + 2 * dkv);
+  const int64_t acc = 4 * T * (sh->q + kw + vw), held = (int64_t)(kv * kv_units(g) + 2 * dkv);
+  const int a2a = g->p->opts.cp_rotate == MP_CP_ROTATE_ALLTOALL;
   int fold;
   const int R = ring_rounds(g, &fold);
   pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 1);
   pair(g, MP_MEM_COMM, BUF_CP_KV, held, 1);
-  const int32_t gather = kv_gather(g, kv, MP_VAR_BWD);
-  int32_t dshift = -1;
+  const int32_t gather = a2a ? -1 : kv_gather(g, kv, MP_VAR_BWD);
+  int32_t dshift = -1, shift = -1;
   for (int r = 0; r < R; r++) {
     const int k = round_steps(fold, r);
+    if (a2a) shift = kv_shift(g, kv, MP_VAR_BWD, r, R, k, shift);
     int32_t ahead = -1; /* a folded round: the dK, dV shifts of all its steps but the last */
     if (r > 0 && k > 1) ahead = ring_shift(g, dkv, MP_DTYPE_FP32, g->last_c, k - 1);
-    if (r == 1) pend_dep(g, gather, 0);
+    if (!a2a && r == 1) pend_dep(g, gather, 0);
     times(g,
           compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq / cp, sh->hd, sh->nh,
                   2.0 * attn_core_fwd_flops(sh) / cp,

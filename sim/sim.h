@@ -95,6 +95,10 @@ typedef struct mp_stack_profile {
    * (torch.distributed.pipelining's, torchtitan's); exec/schedule_pp.c says where they
    * differ. */
   mp_pp_flavor pp_flavor;
+  /* How the stack's context-parallel ring moves K and V: JSON "cp_rotate", optional:
+   * "allgather" (the default, torchtitan's) or "alltoall" (exec/schedule_cp.c). The meshplan
+   * runtimes' profiles may not set it: their ring is their own. */
+  mp_cp_rotate cp_rotate;
   /* The GPU the efficiencies above were fitted on (JSON "fit_gpu", optional: a data/gpus
    * stem) and that GPU's reference kernel fractions, read from its profile when the stack
    * is loaded. gemm_eff_max, fp8_gemm_eff_max and attention_eff are fractions of peak on

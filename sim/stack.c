@@ -59,6 +59,14 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
   int flavor = MP_PP_FLAVOR_MEGATRON;
   MP_CHECK(get_choice(ctx, j, origin, "pp_order", ppo, 2, &flavor));
   p->pp_flavor = (mp_pp_flavor)flavor;
+  static const char *const rot[] = {"allgather", "alltoall"};
+  int rotate = MP_CP_ROTATE_ALLGATHER;
+  if (mp_mem_model_is_runtime(p->mem_model) && cJSON_GetObjectItemCaseSensitive(j, "cp_rotate"))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: cp_rotate names PyTorch's context-parallel ring; the "
+                    "meshplan runtimes run their own, which shifts K and V to the next rank every "
+                    "step: remove the key", origin);
+  MP_CHECK(get_choice(ctx, j, origin, "cp_rotate", rot, 2, &rotate));
+  p->cp_rotate = (mp_cp_rotate)rotate;
   p->ac_policies = p->mem_model == MP_MEM_MODEL_TORCHTITAN
                        ? (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_OP) | (1u << MP_AC_FULL)
                        : (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_CORE) | (1u << MP_AC_FULL);
@@ -200,6 +208,7 @@ void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o) {
   o->attn = p->attn;
   o->loss = p->loss;
   o->dp_overlap = p->dp_overlap;
+  o->cp_rotate = p->cp_rotate;
   if (!p->sp) o->sp = 0;
   if (p->mem_model == MP_MEM_MODEL_MEGATRON) {
     /* fp16/bf16 parameters beside fp32 master weights; gradients accumulated and

@@ -70,6 +70,20 @@ mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_optio
   return MP_OK;
 }
 
+mp_status mp_cmd_cp_rotate(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                           mp_plan_options *o) {
+  const char *s = mp_args_get(spec, "--cp-rotate");
+  if (s == NULL) return MP_OK;
+  if (!mp_cp_rotate_parse(s, &o->cp_rotate))
+    return mp_error(ctx, MP_ERR_USAGE, "--cp-rotate '%s': choose allgather or alltoall", s);
+  if (prof && mp_mem_model_is_runtime(prof->mem_model))
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--cp-rotate names PyTorch's context-parallel ring; stack %s runs meshplan's "
+                    "own, which passes K and V to the next rank every step: drop --cp-rotate or "
+                    "name a torchtitan stack", prof->name);
+  return MP_OK;
+}
+
 mp_status mp_cmd_load_model(mp_ctx *ctx, const mp_cmd_spec *spec, const char *dflt, mp_model *m) {
   const char *hf = mp_args_get(spec, "--hf-config");
   const char *model = mp_args_get(spec, "--model");

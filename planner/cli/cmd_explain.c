@@ -40,6 +40,7 @@ static mp_opt k_opts[] = {
     MP_OPT_NO_SP,
     MP_OPT_PP_SCHEDULE,
     MP_OPT_PP_VIRTUAL,
+    MP_OPT_CP_ROTATE,
     {"--pad-vocab", NULL, "pad the vocabulary to a multiple of tp instead of refusing", NULL},
     {"--param", "FQN", "tile diagram of one parameter, e.g. layers.0.mlp.up_proj.weight", NULL},
     {"--rank", "R", "rank whose at-rest shapes and totals are shown (default 0)", NULL},
@@ -64,7 +65,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "explain", "Show the sharding passes, parameter shapes, FSDP units and schedule of one plan.",
     "[--model M | --hf-config PATH] [--mesh SPEC] [--ep N] [--pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V]] "
-    "[--ac MODE] [--fp8] [--sp|--no-sp] [--param FQN] [--rank R] [--json] "
+    "[--cp-rotate M] [--ac MODE] [--fp8] [--sp|--no-sp] [--param FQN] [--rank R] [--json] "
     "[--schedule] [--summary] [--cluster C | --gpus N] [--seq S] [--micro-batch B] [--global-batch G]",
     k_opts, 0};
 
@@ -281,6 +282,17 @@ static void cp_note(const mp_plan *p, char *buf, size_t cap) {
   fmt_bytes(kv, a, sizeof a);
   fmt_bytes(kv * cp, g, sizeof g);
   fmt_bytes(2.0 * kv, d, sizeof d);
+  if (p->opts.cp_rotate == MP_CP_ROTATE_ALLTOALL) {
+    fmt_bytes(kv * (cp < 3 ? cp : 3), g, sizeof g);
+    snprintf(buf + n, cap - (size_t)n,
+             "K and V %s (%s a rank), copied and passed to the next rank before every step but "
+             "the last, each transfer hidden behind that step's attention (%s held: the K, V in "
+             "use, the copy sent, the one arriving), the fp32 dK, dV (%s) passed to the next "
+             "rank after every backward step (torchtitan's %s)",
+             mla ? "at their decompressed widths" : "expanded to every query head", a, g, d,
+             mla ? "alltoall rotate method" : "repeat_kv and alltoall rotate method");
+    return;
+  }
   snprintf(buf + n, cap - (size_t)n,
            "K and V %s, all-gathered on the CP group once per pass (%s a rank, %s gathered and "
            "held through the ring; only step 0 hides the gather), the fp32 dK, dV (%s) passed "
@@ -929,6 +941,7 @@ static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_
   mp_plan_options_init(o);
   MP_CHECK(mp_cmd_plan_options(ctx, &k_spec, o));
   MP_CHECK(mp_cmd_pp_schedule(ctx, &k_spec, o));
+  MP_CHECK(mp_cmd_cp_rotate(ctx, &k_spec, NULL, o));
   const int64_t seq = o->seq > 0 ? o->seq : (m->max_seq < 8192 ? m->max_seq : 8192);
   MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, m, seq));
   MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, seq, &o->global_batch));

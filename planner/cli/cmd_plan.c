@@ -46,6 +46,7 @@ static mp_opt k_opts[] = {
     MP_OPT_AC("; in plan: search this policy alone, default every policy the stack runs"),
     MP_OPT_MICRO_BATCH("in plan: searched, powers of two up to the per-rank batch; given: this one alone"),
     MP_OPT_SP,
+    MP_OPT_CP_ROTATE,
     {"--fp8", "[on|off|auto]", "float8 Linear layers: bare or on, float8 plans only; off (default), bf16 only; "
                                "auto, both where the GPU has float8", NULL},
     {"--no-sp", NULL, "search tensor parallelism without sequence parallelism (the all-reduce form; "
@@ -512,8 +513,10 @@ static void print_text(const plan_view *v) {
   const plan_args *a = v->a;
   const mp_planner_result *res = v->res;
   const mp_search *s = res->search;
-  printf("%s on %s (%d x %s, %d per node), seq %lld, stack %s, objective %s\n", a->m.name, a->c.name,
+  printf("%s on %s (%d x %s, %d per node), seq %lld, stack %s%s%s, objective %s\n", a->m.name, a->c.name,
          mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, a->seq, v->ev->stack.name,
+         v->ev->base.cp_rotate != MP_CP_ROTATE_ALLGATHER ? " with cp rotating K, V by " : "",
+         v->ev->base.cp_rotate != MP_CP_ROTATE_ALLGATHER ? mp_cp_rotate_name(v->ev->base.cp_rotate) : "",
          mp_objective_name(a->obj));
   if (a->target_seqs > 0)
     printf("global batch: %lld sequences (%lld tokens) by the default rule, %s; each plan runs the nearest "
@@ -683,6 +686,7 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
   if (st == MP_OK) st = read_args(ctx, a);
   if (st == MP_OK)
     st = mp_sim_evaluator_init(ctx, ev, &a->m, &a->c, a->seq, a->gb, a->headroom, mp_args_get(&k_spec, "--stack"));
+  if (st == MP_OK) st = mp_cmd_cp_rotate(ctx, &k_spec, &ev->stack, &ev->base);
   if (st == MP_OK) st = search_and_report(ctx, a, ev, call->argc, call->argv);
   mp_sim_evaluator_free(ev);
   free(ev);

@@ -37,6 +37,7 @@ static mp_opt k_opts[] = {
     MP_OPT_PP_SCHEDULE,
     MP_OPT_PP_VIRTUAL,
     {"--cp", "N", "context parallel degree", NULL},
+    MP_OPT_CP_ROTATE,
     MP_OPT_AC(""),
     MP_OPT_FP8(""),
     MP_OPT_SP,
@@ -59,7 +60,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "simulate", "Predict step time and memory of one plan.",
     "[--model M | --hf-config PATH] [--cluster C | --gpus N [--gpu G] [--gpus-per-node K]] [--mesh SPEC] [--ep N] "
-    "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V]] [--cp N] [--ac POLICY] [--fp8] [--sp|--no-sp] [--seq S] "
+    "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V]] [--cp N [--cp-rotate M]] [--ac POLICY] [--fp8] [--sp|--no-sp] [--seq S] "
     "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] [--json]",
     k_opts, 0};
 
@@ -72,16 +73,19 @@ static mp_status set_dim(mp_ctx *ctx, const char *opt, long long v, int *dim) {
   return MP_OK;
 }
 
-/* ", sp" under sequence parallelism and the pipeline's schedule with pp > 1 (", 1f1b",
- * ", interleaved x2", ", gpipe"), into buf. */
-static void fmt_sp_pp(const mp_mesh *mesh, const mp_plan_options *o, char *buf, size_t cap) {
+/* ", sp" under sequence parallelism, the pipeline's schedule with pp > 1 (", 1f1b",
+ * ", interleaved x2", ", gpipe") and PyTorch's ring's rotate method with cp > 1 (", cp
+ * alltoall"; the meshplan runtimes run their own ring), into buf. */
+static void fmt_plan_extras(const mp_mesh *mesh, const mp_plan_options *o, char *buf, size_t cap) {
   const char *ps = mp_pp_schedule_name(o->pp_schedule);
   int n = snprintf(buf, cap, "%s", o->sp > 0 ? ", sp" : "");
-  if (n < 0 || (size_t)n >= cap || mesh->size[MP_DIM_PP] <= 1) return;
-  if (o->pp_virtual > 1)
-    snprintf(buf + n, cap - (size_t)n, ", %s x%d", ps, o->pp_virtual);
-  else
-    snprintf(buf + n, cap - (size_t)n, ", %s", ps);
+  if (n >= 0 && (size_t)n < cap && mesh->size[MP_DIM_PP] > 1) {
+    int k = o->pp_virtual > 1 ? snprintf(buf + n, cap - (size_t)n, ", %s x%d", ps, o->pp_virtual)
+                              : snprintf(buf + n, cap - (size_t)n, ", %s", ps);
+    n = k < 0 ? -1 : n + k;
+  }
+  if (n >= 0 && (size_t)n < cap && mesh->size[MP_DIM_CP] > 1 && !mp_mem_model_is_runtime(o->mem_model))
+    snprintf(buf + n, cap - (size_t)n, ", cp %s", mp_cp_rotate_name(o->cp_rotate));
 }
 
 
@@ -93,7 +97,7 @@ static void print_text(const mp_sim_result *r, const mp_model *m, const mp_clust
   mp_ac_format(o->ac, o->ac_every, ac, sizeof ac);
   const double gib = 1073741824.0;
   char more[64];
-  fmt_sp_pp(mesh, o, more, sizeof more);
+  fmt_plan_extras(mesh, o, more, sizeof more);
   printf("plan    %s on %s: mesh %s, ac %s%s%s, seq %lld, micro-batch %lld, global batch %lld\n",
          m->name, c->name, ms, ac, o->fp8 ? ", fp8" : "", more, (long long)o->seq,
          (long long)o->micro_batch, (long long)o->global_batch);
@@ -147,6 +151,8 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
     cJSON_AddStringToObject(j, "pp_schedule", mp_pp_schedule_name(o->pp_schedule));
     cJSON_AddNumberToObject(j, "pp_virtual", o->pp_virtual > 1 ? o->pp_virtual : 1);
   }
+  if (mesh->size[MP_DIM_CP] > 1 && !mp_mem_model_is_runtime(o->mem_model))
+    cJSON_AddStringToObject(j, "cp_rotate", mp_cp_rotate_name(o->cp_rotate));
   cJSON_AddNumberToObject(j, "seq", (double)o->seq);
   cJSON_AddNumberToObject(j, "micro_batch", (double)o->micro_batch);
   cJSON_AddNumberToObject(j, "global_batch", (double)o->global_batch);
@@ -267,6 +273,7 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
     return mp_error(ctx, MP_ERR_USAGE,
                     "meshplan simulate: --sp: stack %s does not run sequence parallelism", j->prof.name);
   mp_stack_plan_options(&j->prof, &j->o);
+  MP_CHECK(mp_cmd_cp_rotate(ctx, &k_spec, &j->prof, &j->o));
   memset(&j->cfg, 0, sizeof j->cfg);
   j->cfg.cluster = &j->c;
   j->cfg.stack = &j->prof;

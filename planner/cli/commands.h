@@ -59,6 +59,11 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
  * chunks per stage under the interleaved schedule, default 2; 1 under the others) into *o
  * (explain, simulate). An unknown schedule is a usage error naming the three. */
 mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
+/* --cp-rotate into o->cp_rotate (untouched without it); refused under a meshplan runtime's
+ * stack (prof, or NULL where the command has none yet), whose ring is its own. */
+struct mp_stack_profile;
+mp_status mp_cmd_cp_rotate(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                           mp_plan_options *o);
 /* --ep N (explain, train): expert parallelism of degree N carved out of dp_shard, the same
  * as ep=N in --mesh; merged into *mesh (a different ep there is a usage error) and the
  * mesh validated. Nothing when --ep was not given. */

@@ -72,6 +72,11 @@
 #define MP_OPT_PP_SCHEDULE { "--pp-schedule", "S", "1f1b | interleaved | gpipe (default 1f1b)", NULL }
 #define MP_OPT_PP_VIRTUAL                                                                          \
   { "--pp-virtual", "N", "virtual stages per rank for interleaved (default 2)", NULL }
+/* simulate, explain and plan: PyTorch's context-parallel ring (mp_cmd_cp_rotate) */
+#define MP_OPT_CP_ROTATE                                                                           \
+  { "--cp-rotate", "M", "with cp > 1, how PyTorch's ring moves K and V (torchtitan's "              \
+    "context_parallel_rotate_method): allgather, every rank's once per pass, or alltoall, one "      \
+    "rank's to the next before each step (default: the stack's, allgather)", NULL }
 #define MP_OPT_SEQ(dflt) { "--seq", "S", "tokens per sequence (default " dflt ")", NULL }
 #define MP_OPT_ALLOW_LONG_SEQ                                                                      \
   { "--allow-long-seq", NULL, "accept --seq beyond the model's max_seq (positions it was not trained on)", NULL }

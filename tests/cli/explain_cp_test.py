@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """meshplan explain's context-parallel section against hand-derived figures: the chunks a rank
 holds, the K and V it contributes to the ring's all-gather, the gathered total and the fp32
-dK, dV it passes on (exec/schedule_cp.c prices the same tensors).
+dK, dV it passes on (exec/schedule_cp.c prices the same tensors); the alltoall rotate method's
+shifts and what they hold; --cp-rotate's refusals.
 
 Usage: explain_cp_test.py MESHPLAN"""
 import json
@@ -36,6 +37,34 @@ p = run("explain", "--model", "deepseek-v2-lite", "--gpus", "8", "--mesh", "dp_s
 check("K and V at their decompressed widths, all-gathered on the CP group once per pass (40.00 MiB a "
       "rank, 80.00 MiB gathered" in p.stdout, "V2-Lite cp=2: the decompressed K, V sizes")
 check("repeat_kv" not in p.stdout, "V2-Lite: MLA has no repeat_kv")
+
+# The alltoall rotate method (torchtitan's other context_parallel_rotate_method): the same
+# 128 MiB a rank shifted before every step but the last; at cp=4 the K, V in use, the copy
+# sent and the one arriving are held, 3 x 128 MiB; at cp=2 two (only step 0 sends).
+for cp, held in ((4, "384.00 MiB"), (2, "256.00 MiB")):
+    p = run("explain", "--model", "llama3.1-8b", "--gpus", "8", "--mesh", "dp_shard=%d,cp=%d" % (8 // cp, cp),
+            "--seq", str(8192 * cp), "--cp-rotate", "alltoall")
+    check("copied and passed to the next rank before every step but the last" in p.stdout and
+          "(%s held" % held in p.stdout and "alltoall rotate method" in p.stdout,
+          "8B cp=%d alltoall: the shifted K, V and what is held" % cp)
+    check("all-gathered" not in p.stdout, "8B cp=%d alltoall: no all-gather" % cp)
+# a rotate method that does not exist, and the runtimes' own ring: refused, exit 2
+p = run("explain", "--mesh", "dp_shard=4,cp=2", "--cp-rotate", "ring", want_rc=2)
+check("--cp-rotate 'ring': choose allgather or alltoall" in p.stderr,
+      "explain --cp-rotate ring: refused with the two names")
+p = run("simulate", "--model", "tiny-dense", "--gpus", "2", "--gpu", "cpu", "--mesh", "cp=2", "--stack", "meshplan-cpu",
+        "--cp-rotate", "alltoall", want_rc=2)
+check("stack meshplan-cpu runs meshplan's own" in p.stderr,
+      "simulate --cp-rotate under meshplan-cpu: refused")
+# simulate takes it and predicts the ring's shifts (the default allgather otherwise)
+a = run("simulate", "--model", "llama3.1-8b", "--gpus", "8", "--mesh", "dp_shard=2,cp=4", "--seq", "32768", "--json")
+b = run("simulate", "--model", "llama3.1-8b", "--gpus", "8", "--mesh", "dp_shard=2,cp=4", "--seq", "32768", "--json",
+        "--cp-rotate", "alltoall")
+if a.returncode == 0 and b.returncode == 0:
+    ja, jb = json.loads(a.stdout), json.loads(b.stdout)
+    check(ja["step_time_s"] != jb["step_time_s"], "simulate --cp-rotate alltoall: the same step as allgather")
+else:
+    check(False, "simulate with --cp-rotate failed: " + a.stderr + b.stderr)
 
 for f in fails:
     print("FAIL:", f)

@@ -40,6 +40,7 @@ struct Opts {
   int rank = 0;
   mp_pp_schedule pp_schedule = MP_PP_1F1B;
   int pp_virtual = 1;
+  mp_cp_rotate cp_rotate = MP_CP_ROTATE_ALLGATHER;
   mp_schedule_mode mode = MP_SCHEDULE_EXPANDED;
 };
 
@@ -62,6 +63,7 @@ inline void Build(Built *b, const Opts &o) {
   po.seq = o.seq;
   po.pp_schedule = o.pp_schedule;
   po.pp_virtual = o.pp_virtual;
+  po.cp_rotate = o.cp_rotate;
   ASSERT_EQ(mp_build_plan(&b->ctx, &b->model, &mesh, &po, &b->plan), MP_OK) << mp_errmsg(&b->ctx);
   b->arena = mp_arena_create();
   ASSERT_EQ(mp_schedule_build(&b->ctx, b->plan, o.rank, o.mode, b->arena, &b->s), MP_OK)

@@ -403,6 +403,58 @@ TEST(Schedule, ContextParallelRingAttention) {
   EXPECT_EQ(mp_mesh_group_size(&b.plan->mesh, MP_GROUP_FSDP), 8);
 }
 
+TEST(Schedule, ContextParallelRotateMethodsHoldAndMoveKAndV) {
+  // The same ring as above (llama3.1-8b, dp_shard=2 x cp=4, seq 8192: kv = 32 MiB of K and
+  // V a rank, dkv = 64 MiB of their fp32 gradients) under both of PyTorch's rotate methods
+  // (torch/distributed/tensor/experimental/_context_parallel/_attention.py,
+  // _templated_ring_attention and its backward). allgather: one all-gather of 4 x kv a
+  // pass; held the 4 gathered and the send buffer, 5 kv forward, 5 kv + 2 dkv backward.
+  // alltoall (_AllToAllRotater): before every step but the last, the K, V in use copied
+  // (torch.cat) and shifted to the next rank, 3 shifts of kv a pass, the next step waiting
+  // for the shift; held the K, V in use, the copy sent and the one arriving, 3 kv (2 at
+  // cp = 2, whose only send is at step 0), and 2 dkv more backward. On an H100 PyTorch 2.11
+  // holds 512 MiB more per cp rank under allgather at 32 heads and 32768 tokens (one kv
+  // there) and the same from cp 4 to 8 under alltoall: bench/gpu/RESULTS.md.
+  const double kv = 2.0 * 2048 * (4096 + 4096), dkv = 4.0 * 2048 * (4096 + 4096);
+  for (int a2a = 0; a2a <= 1; a2a++) {
+    for (int cp : {2, 4}) {
+      SCOPED_TRACE((a2a ? "alltoall cp=" : "allgather cp=") + std::to_string(cp));
+      Built b;
+      Opts o;
+      o.mesh = cp == 2 ? "dp_shard=4,cp=2" : "dp_shard=2,cp=4";
+      o.cp_rotate = a2a ? MP_CP_ROTATE_ALLTOALL : MP_CP_ROTATE_ALLGATHER;
+      Build(&b, o);
+      const double kvr = kv * 4 / cp; /* a rank's K, V at this cp */
+      const double units = a2a ? (cp < 3 ? cp : 3) : cp + 1;
+      int gathers = 0, shifts[2] = {0, 0}, dshifts = 0;
+      int64_t held[2] = {0, 0};
+      for (const Inst &x : Expand(b.s)) {
+        if (x.layer != 5) continue;
+        const int bwd = x.op->phase == MP_PHASE_BACKWARD;
+        if (x.op->type == MP_OP_ALLOC && x.op->mem_cat == MP_MEM_COMM) held[bwd] = x.op->mem_bytes;
+        if (x.op->type != MP_OP_COMM || x.op->group != MP_GROUP_CP) continue;
+        if (x.op->coll == MP_COLL_ALL_GATHER) {
+          EXPECT_EQ(x.op->bytes, cp * kvr);
+          gathers++;
+        } else if (x.op->dtype == MP_DTYPE_BF16) {
+          EXPECT_EQ(x.op->coll, MP_COLL_SENDRECV);
+          EXPECT_EQ(x.op->bytes, kvr);
+          shifts[bwd]++;
+        } else {
+          EXPECT_EQ(x.op->bytes, dkv * 4 / cp);
+          dshifts++;
+        }
+      }
+      EXPECT_EQ(gathers, a2a ? 0 : 2);
+      EXPECT_EQ(shifts[0], a2a ? cp - 1 : 0);
+      EXPECT_EQ(shifts[1], a2a ? cp - 1 : 0);
+      EXPECT_EQ(dshifts, cp);
+      EXPECT_EQ(held[0], (int64_t)(units * kvr));
+      EXPECT_EQ(held[1], (int64_t)(units * kvr + 2 * dkv * 4 / cp));
+    }
+  }
+}
+
 TEST(Schedule, Float8TensorParallelCastsBeforeItsGather) {
   // llama3.1-8b, tp=2 with SP, float8, seq 8192, micro-batch 1: T = 8192, Ts = 4096. As
   // torchao's float8 TP runs in torchtitan, the attention's and the MLP's input is cast to

@@ -530,49 +530,55 @@ TEST(PlanTime, ContextParallelRingOverlapsItsSteps) {
 // with mp_op.count (exec/schedule_cp.c); the expanded schedule writes every step. Both give
 // the same step, with the ring compute-bound (NVLink) and transfer-bound (a link at 1/40 of
 // it, the K, V and fp32 dK, dV shifts longer than the steps), for cp = 5 (a fold of 2), 8
-// and 16 on 2 nodes of h100-8 (cp 16 crosses the nodes).
+// and 16 on 2 nodes of h100-8 (cp 16 crosses the nodes). Under the alltoall rotate method,
+// whose K, V shifts interleave with the dK, dV ones step by step, the ring is not folded
+// (no op of the compact schedule counts several), and the two give the same step.
 TEST(PlanTime, FoldedRingEqualsTheExpandedOne) {
-  struct Case {
-    const char *mesh;
-    int64_t seq;
-    double link_scale;
-  } cases[] = {{"dp_shard=1,cp=5", 10240, 1.0},  {"dp_shard=1,cp=5", 10240, 1.0 / 40},
-               {"dp_shard=1,cp=8", 8192, 1.0},   {"dp_shard=1,cp=8", 8192, 1.0 / 40},
-               {"dp_shard=1,cp=16", 16384, 1.0}, {"dp_shard=1,cp=16", 16384, 1.0 / 40}};
-  for (const Case &k : cases) {
-    PlanCase s("llama3.1-8b", "h100-8", "dp_shard=8");
-    s.c.n_nodes = 2;
-    s.c.intra_node_GBps_per_gpu *= k.link_scale;
-    s.c.inter_node_Gbitps_per_gpu *= k.link_scale;
-    ASSERT_EQ(mp_mesh_parse(&s.ctx, k.mesh, 0, &s.mesh), MP_OK) << mp_errmsg(&s.ctx);
-    s.o.seq = k.seq;
-    s.o.micro_batch = 1;
-    s.o.global_batch = 4;
-    s.o.ac = MP_AC_SELECTIVE_OP;
-    mp_plan *p = NULL;
-    ASSERT_EQ(mp_build_plan(&s.ctx, &s.m, &s.mesh, &s.o, &p), MP_OK) << mp_errmsg(&s.ctx);
-    mp_arena *a = mp_arena_create();
-    mp_schedule *sc = NULL, *se = NULL;
-    ASSERT_EQ(mp_schedule_build(&s.ctx, p, 0, MP_SCHEDULE_COMPACT, a, &sc), MP_OK);
-    ASSERT_EQ(mp_schedule_build(&s.ctx, p, 0, MP_SCHEDULE_EXPANDED, a, &se), MP_OK);
-    int folded = 0;
-    for (int32_t i = 0; i < sc->n_ops; i++) folded += sc->ops[i].count > 1;
-    EXPECT_GT(folded, 0) << k.mesh;
-    mp_schedule_totals tc, te;
-    mp_schedule_totals_compute(sc, &tc);
-    mp_schedule_totals_compute(se, &te);
-    EXPECT_NEAR(tc.flops, te.flops, 1e-9 * te.flops) << k.mesh;
-    EXPECT_EQ(tc.n_comm[MP_COLL_SENDRECV][MP_GROUP_CP], te.n_comm[MP_COLL_SENDRECV][MP_GROUP_CP]);
-    mp_sim_result rc, re;
-    ASSERT_EQ(mp_simulate(&s.ctx, sc, &s.cfg, &rc, NULL), MP_OK) << mp_errmsg(&s.ctx);
-    ASSERT_EQ(mp_simulate(&s.ctx, se, &s.cfg, &re, NULL), MP_OK) << mp_errmsg(&s.ctx);
-    EXPECT_NEAR(rc.step_time_s, re.step_time_s, 1e-9 * re.step_time_s)
-        << k.mesh << " link x" << k.link_scale;
-    EXPECT_NEAR(rc.exposed_comm_s, re.exposed_comm_s, 1e-9 * re.step_time_s) << k.mesh;
-    EXPECT_NEAR(rc.comm_s[MP_STREAM_P2P], re.comm_s[MP_STREAM_P2P], 1e-9 * re.step_time_s);
-    EXPECT_EQ(rc.peak_mem_bytes, re.peak_mem_bytes) << k.mesh;
-    mp_arena_destroy(a);
-    mp_plan_destroy(p);
+  for (int a2a = 0; a2a <= 1; a2a++) {
+    struct Case {
+      const char *mesh;
+      int64_t seq;
+      double link_scale;
+    } cases[] = {{"dp_shard=1,cp=5", 10240, 1.0},  {"dp_shard=1,cp=5", 10240, 1.0 / 40},
+                 {"dp_shard=1,cp=8", 8192, 1.0},   {"dp_shard=1,cp=8", 8192, 1.0 / 40},
+                 {"dp_shard=1,cp=16", 16384, 1.0}, {"dp_shard=1,cp=16", 16384, 1.0 / 40}};
+    for (const Case &k : cases) {
+      PlanCase s("llama3.1-8b", "h100-8", "dp_shard=8");
+      s.c.n_nodes = 2;
+      s.c.intra_node_GBps_per_gpu *= k.link_scale;
+      s.c.inter_node_Gbitps_per_gpu *= k.link_scale;
+      ASSERT_EQ(mp_mesh_parse(&s.ctx, k.mesh, 0, &s.mesh), MP_OK) << mp_errmsg(&s.ctx);
+      s.o.seq = k.seq;
+      s.o.micro_batch = 1;
+      s.o.global_batch = 4;
+      s.o.ac = MP_AC_SELECTIVE_OP;
+      s.o.cp_rotate = a2a ? MP_CP_ROTATE_ALLTOALL : MP_CP_ROTATE_ALLGATHER;
+      SCOPED_TRACE(a2a ? "alltoall" : "allgather");
+      mp_plan *p = NULL;
+      ASSERT_EQ(mp_build_plan(&s.ctx, &s.m, &s.mesh, &s.o, &p), MP_OK) << mp_errmsg(&s.ctx);
+      mp_arena *a = mp_arena_create();
+      mp_schedule *sc = NULL, *se = NULL;
+      ASSERT_EQ(mp_schedule_build(&s.ctx, p, 0, MP_SCHEDULE_COMPACT, a, &sc), MP_OK);
+      ASSERT_EQ(mp_schedule_build(&s.ctx, p, 0, MP_SCHEDULE_EXPANDED, a, &se), MP_OK);
+      int folded = 0;
+      for (int32_t i = 0; i < sc->n_ops; i++) folded += sc->ops[i].count > 1;
+      EXPECT_EQ(folded > 0, !a2a) << k.mesh;
+      mp_schedule_totals tc, te;
+      mp_schedule_totals_compute(sc, &tc);
+      mp_schedule_totals_compute(se, &te);
+      EXPECT_NEAR(tc.flops, te.flops, 1e-9 * te.flops) << k.mesh;
+      EXPECT_EQ(tc.n_comm[MP_COLL_SENDRECV][MP_GROUP_CP], te.n_comm[MP_COLL_SENDRECV][MP_GROUP_CP]);
+      mp_sim_result rc, re;
+      ASSERT_EQ(mp_simulate(&s.ctx, sc, &s.cfg, &rc, NULL), MP_OK) << mp_errmsg(&s.ctx);
+      ASSERT_EQ(mp_simulate(&s.ctx, se, &s.cfg, &re, NULL), MP_OK) << mp_errmsg(&s.ctx);
+      EXPECT_NEAR(rc.step_time_s, re.step_time_s, 1e-9 * re.step_time_s)
+          << k.mesh << " link x" << k.link_scale;
+      EXPECT_NEAR(rc.exposed_comm_s, re.exposed_comm_s, 1e-9 * re.step_time_s) << k.mesh;
+      EXPECT_NEAR(rc.comm_s[MP_STREAM_P2P], re.comm_s[MP_STREAM_P2P], 1e-9 * re.step_time_s);
+      EXPECT_EQ(rc.peak_mem_bytes, re.peak_mem_bytes) << k.mesh;
+      mp_arena_destroy(a);
+      mp_plan_destroy(p);
+    }
   }
 }
 

@@ -272,4 +272,32 @@ TEST(Stacks, PipelineSettings) {
   EXPECT_STREQ(mp_errmsg(&ctx), "x.json: pp_order 'gpipe' is unknown; choose megatron, torch");
 }
 
+// cp_rotate: the torchtitan profiles state torchtitan's default, allgather; alltoall is read;
+// an unknown method and the key on a meshplan runtime's profile (whose ring is its own) are
+// refused.
+TEST(Stacks, ContextParallelRotateMethod) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_stack_profile p;
+  for (const char *n : {"torchtitan-eager", "torchtitan-compile"}) {
+    ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(p.cp_rotate, MP_CP_ROTATE_ALLGATHER) << n;
+  }
+  ASSERT_EQ(mp_stack_from_text(&ctx, StackJson("\"cp_rotate\":\"alltoall\"").c_str(), "x.json", &p), MP_OK);
+  EXPECT_EQ(p.cp_rotate, MP_CP_ROTATE_ALLTOALL);
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  mp_stack_plan_options(&p, &o);
+  EXPECT_EQ(o.cp_rotate, MP_CP_ROTATE_ALLTOALL);
+  EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"cp_rotate\":\"ring\"").c_str(), "x.json", &p),
+            MP_ERR_INVALID);
+  EXPECT_STREQ(mp_errmsg(&ctx), "x.json: cp_rotate 'ring' is unknown; choose allgather, alltoall");
+  EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"memory_model\":\"meshplan-cpu\",\"cp_rotate\":\"allgather\"")
+                                         .c_str(),
+                               "x.json", &p),
+            MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("cp_rotate names PyTorch's context-parallel ring"),
+            std::string::npos);
+}
+
 }  // namespace
