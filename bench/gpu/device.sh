@@ -18,6 +18,9 @@
 #             (OUT/tp_mem.jsonl)
 #   power     bench/gpu/power_probe.py: power draw, SM clock and bf16 GEMM TFLOP/s under 20 s
 #             of sustained matrix load, random data then zeros (OUT/power.jsonl)
+#   trainpower  meshplan train on llama-1b-bench for 120 steps on the GPU while nvidia-smi
+#             samples power draw and SM clock every 200 ms (OUT/smi_train.csv): whether a
+#             training step, not a GEMM loop, runs at the power cap
 #   mpi       mpirun works: 2 CPU ranks train tiny-dense with dp_shard=2
 #   gputrain  tests/runtime/gpu_parity.py: the tiny models on CUDA vs the CPU run; the
 #             4-rank plan on the one GPU through MPI staging vs the single-rank GPU run
@@ -92,6 +95,16 @@ step_tpmem() {
     python3 bench/gpu/tp_mem_probe.py --out "$out/tp_mem.jsonl"
 }
 step_power() { PYTHONUNBUFFERED=1 timeout 120 env -u LD_LIBRARY_PATH python3 bench/gpu/power_probe.py --out "$out/power.jsonl"; }
+step_trainpower() {
+  nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm,clocks_event_reasons.active --format=csv,noheader,nounits \
+    -lms 200 >"$out/smi_train.csv" &
+  local smi=$!
+  timeout 120 "$mp" train --model llama-1b-bench --device cuda --seq 2048 --micro-batch 4 --global-batch 4 \
+    --steps 120 --data synthetic --quiet
+  local rc=$?
+  kill $smi
+  return $rc
+}
 step_gputrain() { timeout 900 python3 tests/runtime/gpu_parity.py "$mp"; }
 step_gpusingle() { MP_GPU_PARITY_SINGLE_ONLY=1 timeout 900 python3 tests/runtime/gpu_parity.py "$mp"; }
 step_calib() { rm -f "$out/calib.db"; timeout 300 "$mp" calibrate --device cuda --db "$out/calib.db"; }
