@@ -250,6 +250,11 @@ mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule
  * head_dim each; MLA's decompressed K (n_heads / tp) x (qk_nope + qk_rope) and V
  * (n_heads / tp) x v_head_dim. The schedule prices them; explain describes them. */
 void mp_cp_ring_widths(const mp_model *m, int tp, int64_t *kw, int64_t *vw);
+/* The K, V buffers a rank of PyTorch's ring holds while its attention runs, in units of
+ * its own K and V (2 T (kw + vw) bytes): cp gathered and the send buffer under allgather;
+ * under alltoall the K, V in use, the copy being sent and the one arriving, min(cp, 3) (at
+ * cp = 2 the last step sends nothing). */
+int mp_cp_ring_kv_units(int cp, mp_cp_rotate rotate);
 
 /* For the planner's speed: what mp_schedule_build reads from a plan's parameters for
  * one rank (the FSDP units as the rank's stage sees them, the tp-local shapes, the runs of

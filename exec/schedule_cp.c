@@ -103,15 +103,12 @@ static int32_t kv_gather(gen *g, double kvb, mp_variant v) {
   return i;
 }
 
-/* The ring's K, V buffers a rank holds while its attention runs, in units of its own K and V
- * (the file comment): the all-gathered cp and the send buffer, or under alltoall the K, V in
- * use, the copy being sent and the buffer arriving (two at cp = 2, whose last step sends
- * nothing). */
-static int kv_units(const gen *g) {
-  const int cp = g->sh.cp;
-  if (g->p->opts.cp_rotate == MP_CP_ROTATE_ALLTOALL) return cp < 3 ? cp : 3;
+int mp_cp_ring_kv_units(int cp, mp_cp_rotate rotate) {
+  if (rotate == MP_CP_ROTATE_ALLTOALL) return cp < 3 ? cp : 3;
   return cp + 1;
 }
+
+static int kv_units(const gen *g) { return mp_cp_ring_kv_units(g->sh.cp, g->p->opts.cp_rotate); }
 
 /* alltoall: before round r's compute, wait for the K, V the round before shifted (`prev`),
  * then copy the K, V in use into a send buffer and shift it to the next rank for every

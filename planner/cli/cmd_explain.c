@@ -283,7 +283,7 @@ static void cp_note(const mp_plan *p, char *buf, size_t cap) {
   fmt_bytes(kv * cp, g, sizeof g);
   fmt_bytes(2.0 * kv, d, sizeof d);
   if (p->opts.cp_rotate == MP_CP_ROTATE_ALLTOALL) {
-    fmt_bytes(kv * (cp < 3 ? cp : 3), g, sizeof g);
+    fmt_bytes(kv * mp_cp_ring_kv_units(cp, MP_CP_ROTATE_ALLTOALL), g, sizeof g);
     snprintf(buf + n, cap - (size_t)n,
              "K and V %s (%s a rank), copied and passed to the next rank before every step but "
              "the last, each transfer hidden behind that step's attention (%s held: the K, V in "
