@@ -286,9 +286,9 @@ static void cp_note(const mp_plan *p, char *buf, size_t cap) {
     fmt_bytes(kv * mp_cp_ring_kv_units(cp, MP_CP_ROTATE_ALLTOALL), g, sizeof g);
     snprintf(buf + n, cap - (size_t)n,
              "K and V %s (%s a rank), copied and passed to the next rank before every step but "
-             "the last, each transfer hidden behind that step's attention (%s held: the K, V in "
-             "use, the copy sent, the one arriving), the fp32 dK, dV (%s) passed to the next "
-             "rank after every backward step (torchtitan's %s)",
+             "the last, each transfer beside that step's attention and waited for by the next "
+             "step (%s held: the K, V in use, the copy sent, the one arriving), the fp32 dK, dV "
+             "(%s) passed to the next rank after every backward step (torchtitan's %s)",
              mla ? "at their decompressed widths" : "expanded to every query head", a, g, d,
              mla ? "alltoall rotate method" : "repeat_kv and alltoall rotate method");
     return;
