@@ -69,12 +69,13 @@ static int32_t ring_shift(gen *g, double bytes, mp_dtype dt, int32_t after, int 
  * which keeps each of those sums, and the last step starts, and the ring ends, when the
  * unfolded ring's would (tests/sim/sim_plan_test.cc holds the two equal). Returns the
  * number of rounds; *fold: the folded round's steps (0: none). */
+static int alltoall(const gen *g) { return g->p->opts.cp_rotate == MP_CP_ROTATE_ALLTOALL; }
+
 static int ring_rounds(const gen *g, int *fold) {
   const int cp = g->sh.cp;
   /* alltoall's K, V shifts interleave with the dK, dV ones on the point-to-point stream
    * step by step, which a folded round would reorder: its rings stay expanded */
-  const int a2a = g->p->opts.cp_rotate == MP_CP_ROTATE_ALLTOALL;
-  *fold = g->s->mode == MP_SCHEDULE_COMPACT && cp >= 5 && !a2a ? cp - 3 : 0;
+  *fold = g->s->mode == MP_SCHEDULE_COMPACT && cp >= 5 && !alltoall(g) ? cp - 3 : 0;
   return *fold ? 4 : cp;
 }
 
@@ -128,7 +129,7 @@ void mp_sched_cp_attention_fwd(gen *g) {
   ring_widths(g, &kw, &vw);
   const double kv = 2.0 * (double)(T * (kw + vw)); /* K and V, bf16 */
   const int64_t acc = 4 * T * sh->ao + 4 * T * sh->nh, held = (int64_t)(kv * kv_units(g));
-  const int a2a = g->p->opts.cp_rotate == MP_CP_ROTATE_ALLTOALL;
+  const int a2a = alltoall(g);
   int fold;
   const int R = ring_rounds(g, &fold);
   pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 1);
@@ -163,7 +164,7 @@ void mp_sched_cp_attention_bwd(gen *g) {
   ring_widths(g, &kw, &vw);
   const double kv = 2.0 * (double)(T * (kw + vw)), dkv = 4.0 * (double)(T * (kw + vw));
   const int64_t acc = 4 * T * (sh->q + kw + vw), held = (int64_t)(kv * kv_units(g) + 2 * dkv);
-  const int a2a = g->p->opts.cp_rotate == MP_CP_ROTATE_ALLTOALL;
+  const int a2a = alltoall(g);
   int fold;
   const int R = ring_rounds(g, &fold);
   pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 1);

@@ -59,7 +59,8 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
   int flavor = MP_PP_FLAVOR_MEGATRON;
   MP_CHECK(get_choice(ctx, j, origin, "pp_order", ppo, 2, &flavor));
   p->pp_flavor = (mp_pp_flavor)flavor;
-  static const char *const rot[] = {"allgather", "alltoall"};
+  const char *const rot[] = {mp_cp_rotate_name(MP_CP_ROTATE_ALLGATHER),
+                             mp_cp_rotate_name(MP_CP_ROTATE_ALLTOALL)};
   int rotate = MP_CP_ROTATE_ALLGATHER;
   if (mp_mem_model_is_runtime(p->mem_model) && cJSON_GetObjectItemCaseSensitive(j, "cp_rotate"))
     return mp_error(ctx, MP_ERR_INVALID, "%s: cp_rotate names PyTorch's context-parallel ring; the "

@@ -278,27 +278,27 @@ static void cp_note(const mp_plan *p, char *buf, size_t cap) {
   int64_t kw, vw;
   mp_cp_ring_widths(m, tp, &kw, &vw);
   const double kv = 2.0 * (double)(T * (kw + vw));
-  char a[32], g[32], d[32];
+  const mp_cp_rotate rot = p->opts.cp_rotate;
+  char a[32], g[32], d[32], moved[320];
   fmt_bytes(kv, a, sizeof a);
-  fmt_bytes(kv * cp, g, sizeof g);
   fmt_bytes(2.0 * kv, d, sizeof d);
-  if (p->opts.cp_rotate == MP_CP_ROTATE_ALLTOALL) {
-    fmt_bytes(kv * mp_cp_ring_kv_units(cp, MP_CP_ROTATE_ALLTOALL), g, sizeof g);
-    snprintf(buf + n, cap - (size_t)n,
-             "K and V %s (%s a rank), copied and passed to the next rank before every step but "
-             "the last, each transfer beside that step's attention and waited for by the next "
-             "step (%s held: the K, V in use, the copy sent, the one arriving), the fp32 dK, dV "
-             "(%s) passed to the next rank after every backward step (torchtitan's %s)",
-             mla ? "at their decompressed widths" : "expanded to every query head", a, g, d,
-             mla ? "alltoall rotate method" : "repeat_kv and alltoall rotate method");
-    return;
+  if (rot == MP_CP_ROTATE_ALLTOALL) {
+    fmt_bytes(kv * mp_cp_ring_kv_units(cp, rot), g, sizeof g);
+    snprintf(moved, sizeof moved,
+             " (%s a rank), copied and passed to the next rank before every step but the last, "
+             "each transfer beside that step's attention and waited for by the next step (%s "
+             "held: the K, V in use, the copy sent, the one arriving)", a, g);
+  } else {
+    fmt_bytes(kv * cp, g, sizeof g);
+    snprintf(moved, sizeof moved,
+             ", all-gathered on the CP group once per pass (%s a rank, %s gathered and held "
+             "through the ring; only step 0 hides the gather)", a, g);
   }
   snprintf(buf + n, cap - (size_t)n,
-           "K and V %s, all-gathered on the CP group once per pass (%s a rank, %s gathered and "
-           "held through the ring; only step 0 hides the gather), the fp32 dK, dV (%s) passed "
-           "to the next rank after every backward step (torchtitan's %s)",
-           mla ? "at their decompressed widths" : "expanded to every query head", a, g, d,
-           mla ? "allgather rotate method" : "repeat_kv and allgather rotate method");
+           "K and V %s%s, the fp32 dK, dV (%s) passed to the next rank after every backward step "
+           "(torchtitan's %s%s rotate method)",
+           mla ? "at their decompressed widths" : "expanded to every query head", moved, d,
+           mla ? "" : "repeat_kv and ", mp_cp_rotate_name(rot));
 }
 
 /* With pp > 1, the rank's pipeline: the layer split, its stage's warm-up and in-flight

@@ -513,10 +513,11 @@ static void print_text(const plan_view *v) {
   const plan_args *a = v->a;
   const mp_planner_result *res = v->res;
   const mp_search *s = res->search;
-  printf("%s on %s (%d x %s, %d per node), seq %lld, stack %s%s%s, objective %s\n", a->m.name, a->c.name,
-         mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, a->seq, v->ev->stack.name,
-         v->ev->base.cp_rotate != MP_CP_ROTATE_ALLGATHER ? " with cp rotating K, V by " : "",
-         v->ev->base.cp_rotate != MP_CP_ROTATE_ALLGATHER ? mp_cp_rotate_name(v->ev->base.cp_rotate) : "",
+  char rot[64] = ""; /* named where it is not torchtitan's default */
+  if (v->ev->base.cp_rotate != MP_CP_ROTATE_ALLGATHER)
+    snprintf(rot, sizeof rot, " with cp rotating K, V by %s", mp_cp_rotate_name(v->ev->base.cp_rotate));
+  printf("%s on %s (%d x %s, %d per node), seq %lld, stack %s%s, objective %s\n", a->m.name, a->c.name,
+         mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, a->seq, v->ev->stack.name, rot,
          mp_objective_name(a->obj));
   if (a->target_seqs > 0)
     printf("global batch: %lld sequences (%lld tokens) by the default rule, %s; each plan runs the nearest "

@@ -73,6 +73,13 @@ static mp_status set_dim(mp_ctx *ctx, const char *opt, long long v, int *dim) {
   return MP_OK;
 }
 
+/* The rotate method of PyTorch's ring when the plan runs one (cp > 1 under a stack that is
+ * not a meshplan runtime, whose ring is its own), else NULL. */
+static const char *ring_rotate(const mp_mesh *mesh, const mp_plan_options *o) {
+  if (mesh->size[MP_DIM_CP] <= 1 || mp_mem_model_is_runtime(o->mem_model)) return NULL;
+  return mp_cp_rotate_name(o->cp_rotate);
+}
+
 /* ", sp" under sequence parallelism, the pipeline's schedule with pp > 1 (", 1f1b",
  * ", interleaved x2", ", gpipe") and PyTorch's ring's rotate method with cp > 1 (", cp
  * alltoall"; the meshplan runtimes run their own ring), into buf. */
@@ -84,8 +91,8 @@ static void fmt_plan_extras(const mp_mesh *mesh, const mp_plan_options *o, char 
                               : snprintf(buf + n, cap - (size_t)n, ", %s", ps);
     n = k < 0 ? -1 : n + k;
   }
-  if (n >= 0 && (size_t)n < cap && mesh->size[MP_DIM_CP] > 1 && !mp_mem_model_is_runtime(o->mem_model))
-    snprintf(buf + n, cap - (size_t)n, ", cp %s", mp_cp_rotate_name(o->cp_rotate));
+  const char *rot = ring_rotate(mesh, o);
+  if (n >= 0 && (size_t)n < cap && rot) snprintf(buf + n, cap - (size_t)n, ", cp %s", rot);
 }
 
 
@@ -151,8 +158,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
     cJSON_AddStringToObject(j, "pp_schedule", mp_pp_schedule_name(o->pp_schedule));
     cJSON_AddNumberToObject(j, "pp_virtual", o->pp_virtual > 1 ? o->pp_virtual : 1);
   }
-  if (mesh->size[MP_DIM_CP] > 1 && !mp_mem_model_is_runtime(o->mem_model))
-    cJSON_AddStringToObject(j, "cp_rotate", mp_cp_rotate_name(o->cp_rotate));
+  if (ring_rotate(mesh, o)) cJSON_AddStringToObject(j, "cp_rotate", ring_rotate(mesh, o));
   cJSON_AddNumberToObject(j, "seq", (double)o->seq);
   cJSON_AddNumberToObject(j, "micro_batch", (double)o->micro_batch);
   cJSON_AddNumberToObject(j, "global_batch", (double)o->global_batch);
