@@ -24,7 +24,11 @@
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
  * mean absolute percentage error and Kendall's tau-b between predicted and measured.
- * A row naming an unknown model, GPU or stack is an error naming the row (exit 2). */
+ * A row the file gets wrong (an unknown model, GPU or stack, a mesh that does not match
+ * its gpus, a malformed value) is an error naming the row, and nothing is simulated
+ * (exit 2). A well-formed row whose plan the simulator refuses (a combination outside
+ * what meshplan models, such as MoE with pp) is listed with the rule that refuses it and
+ * left out of the summary; the other rows are still reported, and the exit status is 2. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +59,7 @@ typedef struct row {
   int64_t micro_batch; /* the micro-batch simulated */
   int picked;          /* no micro_batch given: 1 chosen among the divisors of local_batch,
                           2 the stack's own pipeline micro-batching */
+  char refused[512];   /* non-empty: the simulator's rule that refuses the row's plan */
 } row;
 
 /* The row's model: a data/models name, or a .json path taken relative to the CSV's folder
@@ -177,7 +182,14 @@ static mp_status run_row(mp_ctx *ctx, const char *where, const char *dir, const 
   if (st == MP_OK) st = read_options(ctx, where, v, j);
   mp_sim_result res;
   memset(&res, 0, sizeof res);
-  if (st == MP_OK) st = simulate_row(ctx, j, r, &res);
+  if (st == MP_OK) {
+    st = simulate_row(ctx, j, r, &res);
+    if (st == MP_ERR_INVALID) { /* a well-formed row whose plan the simulator refuses */
+      snprintf(r->refused, sizeof r->refused, "%s", mp_errmsg(ctx));
+      free(j);
+      return MP_OK;
+    }
+  }
   if (st == MP_OK) {
     if (strcmp(v->metric, "tokens_per_s_per_gpu") == 0)
       r->predicted = res.tokens_per_s_per_gpu;
@@ -238,7 +250,14 @@ static mp_status read_rows(mp_ctx *ctx, const char *path, char *text, row *rows,
 static mp_status print_results(mp_ctx *ctx, const row *rows, int n) {
   printf("%-30s %-22s %5s %12s %12s %8s\n", "case", "metric", "mb", "predicted", "published",
          "error");
+  int n_refused = 0;
   for (int i = 0; i < n; i++) {
+    if (rows[i].refused[0]) {
+      printf("%-30s %-22s %5s %12s %12.4g %8s\n", rows[i].name, rows[i].metric, "-", "refused",
+             rows[i].measured, "-");
+      n_refused++;
+      continue;
+    }
     char mb[24];
     snprintf(mb, sizeof mb, "%lld%s", (long long)rows[i].micro_batch,
              rows[i].picked == 2 ? "s" : rows[i].picked ? "*" : "");
@@ -249,6 +268,8 @@ static mp_status print_results(mp_ctx *ctx, const row *rows, int n) {
   printf("(mb: the micro-batch simulated; * the fastest that fits among the divisors of "
          "local_batch, none being published; s the stack's own pipeline micro-batching, "
          "none being published)\n");
+  for (int i = 0; i < n; i++)
+    if (rows[i].refused[0]) printf("refused: %s: %s\n", rows[i].name, rows[i].refused);
   printf("\n%-22s %5s %8s %12s\n", "metric", "rows", "MAPE", "Kendall tau");
   const char *metrics[] = {"tokens_per_s_per_gpu", "peak_mem_gib", "step_time_s"};
   double *x = (double *)calloc((size_t)n, sizeof *x), *y = (double *)calloc((size_t)n, sizeof *y);
@@ -261,7 +282,7 @@ static mp_status print_results(mp_ctx *ctx, const row *rows, int n) {
     int cnt = 0;
     double ape = 0;
     for (int i = 0; i < n; i++)
-      if (strcmp(rows[i].metric, metrics[k]) == 0) {
+      if (!rows[i].refused[0] && strcmp(rows[i].metric, metrics[k]) == 0) {
         x[cnt] = rows[i].predicted;
         y[cnt] = rows[i].measured;
         ape += fabs(rows[i].predicted - rows[i].measured) / rows[i].measured;
@@ -276,6 +297,10 @@ static mp_status print_results(mp_ctx *ctx, const row *rows, int n) {
   }
   free(x);
   free(y);
+  if (n_refused > 0)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%d of %d rows refused by the simulator's rules (listed above) and left out "
+                    "of the summary; the rest are reported", n_refused, n);
   return MP_OK;
 }
 
