@@ -18,8 +18,8 @@ static const char *k_dim_names[MP_MESH_NDIMS] = {"pp", "dp_replicate", "dp_shard
 const char *mp_mesh_dim_name(mp_mesh_dim d) { return d < MP_MESH_NDIMS ? k_dim_names[d] : "?"; }
 
 const char *mp_group_name(mp_group g) {
-  static const char *n[MP_GROUP_COUNT] = {"pp", "dp_replicate", "dp_shard", "cp",   "tp",
-                                          "ep", "efsdp",        "dp",       "fsdp", "world"};
+  static const char *n[MP_GROUP_COUNT] = {"pp", "dp_replicate", "dp_shard", "cp",    "tp",   "ep",
+                                          "efsdp", "dp",        "fsdp",     "dp_cp", "world"};
   return g < MP_GROUP_COUNT ? n[g] : "?";
 }
 
@@ -209,6 +209,7 @@ static unsigned varying(mp_group g) {
     case MP_GROUP_EFSDP: return 1u << X_EFSDP;
     case MP_GROUP_DP: return (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_EP);
     case MP_GROUP_FSDP: return (1u << X_EFSDP) | (1u << X_EP) | (1u << X_CP);
+    case MP_GROUP_DP_CP: return (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_EP) | (1u << X_CP);
     case MP_GROUP_WORLD: return (1u << X_N) - 1;
     default: return 0;
   }

@@ -38,6 +38,8 @@ typedef enum mp_group {
   MP_GROUP_EFSDP,    /* expert-FSDP: dp_shard / ep */
   MP_GROUP_DP,       /* dp_replicate x dp_shard: every data-parallel rank (loss mean) */
   MP_GROUP_FSDP,     /* dp_shard x cp: where dense parameters are sharded (torchtitan) */
+  MP_GROUP_DP_CP,    /* dp_replicate x dp_shard x cp: Megatron-LM's data-parallel group with
+                        context parallelism, over which replicated gradients are all-reduced */
   MP_GROUP_WORLD,
   MP_GROUP_COUNT
 } mp_group;

@@ -355,12 +355,18 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
     return mp_error(ctx, MP_ERR_INVALID, "attention kind %d, loss kind %d or sp=%d out of range",
                     (int)o->attn, (int)o->loss, o->sp);
   if (o->mem_model == MP_MEM_MODEL_MEGATRON) {
-    if (mesh->size[MP_DIM_DP_SHARD] > 1 || mesh->size[MP_DIM_CP] > 1)
+    if (mesh->size[MP_DIM_DP_SHARD] > 1)
       return mp_error(ctx, MP_ERR_INVALID,
                       "the megatron memory model replicates parameters over data parallelism "
-                      "(dp_replicate, gradients all-reduced), without FSDP or context "
-                      "parallelism; use dp_replicate instead of dp_shard=%d, cp=%d",
-                      mesh->size[MP_DIM_DP_SHARD], mesh->size[MP_DIM_CP]);
+                      "(dp_replicate and cp, gradients all-reduced), without FSDP; use "
+                      "dp_replicate=%d instead of dp_shard=%d",
+                      mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD],
+                      mesh->size[MP_DIM_DP_SHARD]);
+    if (mesh->size[MP_DIM_CP] > 1 && o->cp_rotate != MP_CP_ROTATE_ALLTOALL)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "cp_rotate %s: Megatron-LM's context parallelism (Transformer Engine's "
+                      "p2p ring) sends K and V to the next rank before every step; use "
+                      "alltoall", mp_cp_rotate_name(o->cp_rotate));
     if (o->ac == MP_AC_SELECTIVE || o->ac == MP_AC_SELECTIVE_OP)
       return mp_error(ctx, MP_ERR_INVALID,
                       "AC %s: Megatron-LM recomputes the core attention (selective-core) or "

@@ -312,10 +312,10 @@ static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {
    * gradients reduced once the last micro-batch's backward of the chunk is done */
   if (g->ppf) mp_sched_pp_fsdp_reduce(g, st->l0, st->l1, last_chunk && g->root_unit >= 0);
   /* Megatron-LM without overlap: the whole stage's gradients all-reduced over dp_replicate
-   * once its last micro-batch's backward is done */
-  const int rep = g->p->mesh.size[MP_DIM_DP_REPLICATE];
-  if (g->mg && !g->p->opts.dp_overlap && last_chunk && rep > 1) {
-    const int32_t i = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, g->stage_grad_bytes,
+   * (x cp) once its last micro-batch's backward is done */
+  const mp_group ddp = mp_sched_ddp_group(g);
+  if (g->mg && !g->p->opts.dp_overlap && last_chunk && mp_mesh_group_size(&g->p->mesh, ddp) > 1) {
+    const int32_t i = grad_comm(g, MP_COLL_ALL_REDUCE, ddp, g->stage_grad_bytes,
                                 -1, -1, g->last_c);
     if (i >= 0) g->ops[i].when = MP_WHEN_LAST_MICRO;
   }

@@ -245,11 +245,13 @@ typedef struct mp_schedule {
 mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_mode mode,
                             mp_arena *arena, mp_schedule **out);
 
-/* The K and V widths (features per token on one tp rank) that torchtitan's context-parallel
- * ring carries (exec/schedule_cp.c): every query head's under repeat_kv, (n_heads / tp) x
- * head_dim each; MLA's decompressed K (n_heads / tp) x (qk_nope + qk_rope) and V
- * (n_heads / tp) x v_head_dim. The schedule prices them; explain describes them. */
-void mp_cp_ring_widths(const mp_model *m, int tp, int64_t *kw, int64_t *vw);
+/* The K and V widths (features per token on one tp rank) a context-parallel ring carries
+ * (exec/schedule_cp.c): under torchtitan every query head's, repeat_kv expanding grouped K
+ * and V before SDPA, (n_heads / tp) x head_dim each; under Megatron-LM (grouped != 0)
+ * Transformer Engine's ring passes the grouped K and V, (n_kv_heads / tp, at least one) x
+ * head_dim; MLA's decompressed K (n_heads / tp) x (qk_nope + qk_rope) and V (n_heads / tp) x
+ * v_head_dim either way. The schedule prices them; explain describes them. */
+void mp_cp_ring_widths(const mp_model *m, int tp, int grouped, int64_t *kw, int64_t *vw);
 /* The K, V buffers a rank of PyTorch's ring holds while its attention runs, in units of
  * its own K and V (2 T (kw + vw) bytes): cp gathered and the send buffer under allgather;
  * under alltoall the K, V in use, the copy being sent and the one arriving, min(cp, 3) (at

@@ -256,7 +256,10 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
 
 /* The block's saved tensors under the plan's memory model and the layer's policy. */
 static void block_act_of(const gen *g, int kind, mp_ac_mode ac, block_act *a) {
-  if (g->mg) block_act_mg(&g->sh, kind, ac, g->p->opts.attn == MP_ATTN_MATERIALIZED, a);
+  /* with cp > 1 the core is the ring's flash attention (Transformer Engine's under
+   * Megatron-LM), whatever the stack runs without it */
+  if (g->mg)
+    block_act_mg(&g->sh, kind, ac, g->p->opts.attn == MP_ATTN_MATERIALIZED && g->sh.cp == 1, a);
   else block_act_tt(&g->sh, kind, ac, a);
 }
 

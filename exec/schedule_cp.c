@@ -43,7 +43,16 @@
  * (2 x 4 T (kw + vw), COMM). The saved tensors are those of the local attention
  * (schedule_act.c). Under multi-head latent attention the decompressed K (heads x (qk_nope +
  * qk_rope)) and V (heads x v_head_dim) travel, each at its own width, and the output is v
- * wide. */
+ * wide.
+ *
+ * Megatron-LM (the megatron memory model) runs context parallelism through Transformer
+ * Engine's ring (AttnFuncWithCPAndKVP2P, Megatron-Core's default cp_comm_type "p2p"): the
+ * same 2 x cp load-balanced chunks and per-step partial attention with the online-softmax
+ * merge, the K and V sent to the next rank before each step as the alltoall rotate method
+ * sends them (the plan must say alltoall), and the dK, dV passed on after each backward
+ * step. Its K and V are the grouped ones, n_kv_heads / tp heads (no repeat_kv), and its
+ * parameters are replicated over cp: their gradients are all-reduced over dp_replicate x cp
+ * (mp_sched_ddp_group), not reduce-scattered over dp_shard x cp as under FSDP. */
 #include "exec/schedule_internal.h"
 
 /* Op i stands for n identical ones back to back (mp_op.count). */
@@ -82,16 +91,17 @@ static int ring_rounds(const gen *g, int *fold) {
 /* The steps round r stands for. */
 static int round_steps(int fold, int r) { return fold && r == 2 ? fold : 1; }
 
-void mp_cp_ring_widths(const mp_model *m, int tp, int64_t *kw, int64_t *vw) {
-  const int64_t heads = m->n_heads / tp;
+void mp_cp_ring_widths(const mp_model *m, int tp, int grouped, int64_t *kw, int64_t *vw) {
   const int mla = mp_model_is_mla(m);
+  const int64_t kvh = m->n_kv_heads / tp > 0 ? m->n_kv_heads / tp : 1;
+  const int64_t heads = grouped && !mla ? kvh : m->n_heads / tp;
   *kw = heads * (mla ? m->qk_nope_head_dim + m->qk_rope_head_dim : m->head_dim);
   *vw = heads * (mla ? m->v_head_dim : m->head_dim);
 }
 
 /* The K and V widths the ring carries (the file comment). */
 static void ring_widths(const gen *g, int64_t *kw, int64_t *vw) {
-  mp_cp_ring_widths(&g->p->model, g->sh.tp, kw, vw);
+  mp_cp_ring_widths(&g->p->model, g->sh.tp, g->mg, kw, vw);
 }
 
 /* The all-gather of the ring's K, V (bf16, kvb bytes a rank) after the compute issued so

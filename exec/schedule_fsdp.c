@@ -178,11 +178,13 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
     const unit_info *ui = &g->ui[u];
     if (ui->numel_tp == 0) continue;
     if (!g->has_fsdp) {
-      /* DDP-style: all-reduce the block's gradients over dp_replicate; Megatron-LM only in
-       * the last micro-batch (gradients accumulate in main_grad until then), here with
-       * overlap (a bucket per block), else once after the backward (schedule.c) */
-      if (rep > 1 && (!g->mg || g->p->opts.dp_overlap)) {
-        const int32_t i = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE,
+      /* DDP-style: all-reduce the block's gradients over dp_replicate (x cp:
+       * mp_sched_ddp_group); Megatron-LM only in the last micro-batch (gradients accumulate
+       * in main_grad until then), here with overlap (a bucket per block), else once after
+       * the backward (schedule.c) */
+      if (mp_mesh_group_size(&g->p->mesh, mp_sched_ddp_group(g)) > 1 &&
+          (!g->mg || g->p->opts.dp_overlap)) {
+        const int32_t i = grad_comm(g, MP_COLL_ALL_REDUCE, mp_sched_ddp_group(g),
                                     ui->numel_tp * mp_dtype_bytes(g->rdt), layer, u, after);
         if (i >= 0 && (g->mg || g->p->mesh.size[MP_DIM_PP] > 1)) g->ops[i].when = MP_WHEN_LAST_MICRO;
       }

@@ -179,9 +179,9 @@ typedef struct gen {
   /* memory model (p->opts.mem_model; see the file comment) */
   int rt;                  /* a meshplan runtime's: MESHPLAN_CPU or MESHPLAN_CUDA */
   int mg;                  /* Megatron-LM's (MEGATRON): no FSDP, fp32 main gradients
-                              all-reduced over dp_replicate in the last micro-batch, SP
-                              re-gathering the sharded inputs of its column-parallel
-                              Linears in backward */
+                              all-reduced over dp_replicate (x cp: mp_sched_ddp_group) in the
+                              last micro-batch, SP re-gathering the sharded inputs of its
+                              column-parallel Linears in backward */
   int64_t stage_grad_bytes; /* mg: the stage's gradients in the reduce dtype */
   int xs;                  /* bytes of an activation (X) element: bf16 under torchtitan, the
                               backend's x_dtype in the runtimes (4 CPU, 2 CUDA) */
@@ -278,6 +278,14 @@ struct mp_schedule_prep {
 /* ---- emission primitives (schedule_ops.c holds their slow paths) ------------------------ */
 
 /* Whether the current op is one the recompute under way does not run. */
+/* The group replicated gradients are all-reduced over without FSDP: dp_replicate, or under
+ * Megatron-LM with context parallelism dp_replicate x cp (Megatron-Core's data-parallel
+ * group with context parallelism: a cp rank holds every parameter and computes its
+ * gradient from its part of the sequence). */
+static inline mp_group mp_sched_ddp_group(const gen *g) {
+  return g->mg && g->p->mesh.size[MP_DIM_CP] > 1 ? MP_GROUP_DP_CP : MP_GROUP_DP_REPLICATE;
+}
+
 static inline int skipped(const gen *g, uint32_t bit) {
   return g->phase == MP_PHASE_RECOMPUTE && (g->rc_skip & bit) != 0;
 }

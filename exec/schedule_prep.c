@@ -142,7 +142,7 @@ static void add_param(gen *g, const mp_param *prm, unit_info *ui, int gs, int gi
   const int f8 = g->sh.fp8_ag && prm->float8;
   ui->gather_bytes += (double)n * (f8 ? 1 : mp_dtype_bytes(g->pdt));
   ui->gsize = gs;
-  ui->group = (uint8_t)(g->has_fsdp ? prm->fsdp_group : MP_GROUP_DP_REPLICATE);
+  ui->group = (uint8_t)(g->has_fsdp ? prm->fsdp_group : mp_sched_ddp_group(g));
   ui->gather_dtype = (uint8_t)g->pdt;
 }
 
@@ -313,6 +313,7 @@ mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedul
   g.ctx = ctx;
   g.arena = arena;
   g.p = p;
+  g.mg = p->opts.mem_model == MP_MEM_MODEL_MEGATRON; /* for mp_sched_ddp_group */
   gen_dtypes(p, &g.pdt, &g.rdt);
   const mp_mesh *mesh = &p->mesh;
   int coords[MP_MESH_NDIMS];

@@ -222,7 +222,7 @@ static mp_reject prune_options(const mp_search_config *cfg, const mp_candidate *
   if (c->fp8 && !mp_gpu_has_float8(&cfg->cluster->gpu)) return MP_REJECT_FP8_GPU;
   if (c->fp8 && !fp8_dims_ok(cfg->model, mesh->size[MP_DIM_TP])) return MP_REJECT_FP8_DIMS;
   /* the FSDP group is dp_shard x cp (MP_GROUP_FSDP) */
-  if (c->reshard && (mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] == 1 ||
+  if (c->reshard && (cfg->no_fsdp || mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] == 1 ||
                      (cfg->pp_keeps_params && mesh->size[MP_DIM_PP] > 1)))
     return MP_REJECT_RESHARD_NOOP;
   if (cfg->mem_capacity_bytes > 0 && mem_lower_bound_bytes(cfg, mesh, n_params) > (double)cfg->mem_capacity_bytes)
@@ -303,7 +303,10 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                (long long)(m->n_heads * m->head_dim / tp));
       break;
     case MP_REJECT_RESHARD_NOOP:
-      if (mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] == 1)
+      if (cfg->no_fsdp)
+        snprintf(buf, cap, "reshard_after_forward has no effect: the stack replicates parameters "
+                           "(no FSDP; same as reshard off)");
+      else if (mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] == 1)
         snprintf(buf, cap, "reshard_after_forward has no effect with dp_shard=1 (same as reshard off)");
       else
         snprintf(buf, cap,

@@ -25,7 +25,8 @@
  *   duplicate of reshard off; interleaving that leaves a
  *   model chunk empty or runs a number of micro-batches pp does not divide; SP with tp not
  *   dividing seq / cp; reshard_after_forward with
- *   dp_shard == 1 changes nothing and is pruned as a duplicate of reshard off; and a
+ *   dp_shard == 1, or on a stack without FSDP (no_fsdp), changes nothing and is pruned as a
+ *   duplicate of reshard off; and a
  *   memory lower bound (when mem_capacity_bytes > 0): the fp32 master parameters and
  *   AdamW m and v are resident through the step, 12 bytes per parameter held, and a rank
  *   holds at least n_params / (dp_shard x cp x tp x pp) of them (replicated norms, FSDP
@@ -171,6 +172,9 @@ typedef struct mp_search_config {
   int pp_keeps_params;  /* the stack keeps a pipeline stage's FSDP parameters gathered
                            through the step (torchtitan): reshard with pp > 1 is a duplicate
                            of reshard off (MP_REJECT_RESHARD_NOOP) */
+  int no_fsdp;          /* the stack replicates parameters over data and context parallelism
+                           (Megatron-LM's memory model): reshard_after_forward is always a
+                           duplicate (MP_REJECT_RESHARD_NOOP) */
   int prune_dominated;  /* time objectives: an AC policy whose recompute is a superset of a
                            fitting sibling's (same mesh, chunks, micro-batch, float8,
                            reshard, SP) is not simulated (MP_REJECT_DOMINATED) */

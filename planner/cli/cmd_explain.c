@@ -276,7 +276,8 @@ static void cp_note(const mp_plan *p, char *buf, size_t cap) {
     return;
   }
   int64_t kw, vw;
-  mp_cp_ring_widths(m, tp, &kw, &vw);
+  const int mg = p->opts.mem_model == MP_MEM_MODEL_MEGATRON;
+  mp_cp_ring_widths(m, tp, mg, &kw, &vw);
   const double kv = 2.0 * (double)(T * (kw + vw));
   const mp_cp_rotate rot = p->opts.cp_rotate;
   char a[32], g[32], d[32], moved[320];
@@ -293,6 +294,14 @@ static void cp_note(const mp_plan *p, char *buf, size_t cap) {
     snprintf(moved, sizeof moved,
              ", all-gathered on the CP group once per pass (%s a rank, %s gathered and held "
              "through the ring; only step 0 hides the gather)", a, g);
+  }
+  if (mg) {
+    snprintf(buf + n, cap - (size_t)n,
+             "K and V %s%s, the fp32 dK, dV (%s) passed to the next rank after every backward "
+             "step (Megatron-LM's context parallelism: Transformer Engine's p2p ring; gradients "
+             "all-reduced over dp_replicate x cp)",
+             mla ? "at their decompressed widths" : "of the kv heads", moved, d);
+    return;
   }
   snprintf(buf + n, cap - (size_t)n,
            "K and V %s%s, the fp32 dK, dV (%s) passed to the next rank after every backward step "

@@ -335,16 +335,36 @@ TEST(SearchPrune, ReshardWithoutShardingIsADuplicate) {
   EXPECT_EQ(c->reject, MP_REJECT_RESHARD_NOOP);
   EXPECT_EQ(t.find(1, 8, 1, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
   EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 1)->reject, MP_REJECT_NONE);
-  // A stack that keeps a pipeline stage's parameters gathered: reshard with pp > 1 too.
   EXPECT_EQ(t.find(2, 1, 4, 1, 1, 1, 1, 0, 0, 1)->reject, MP_REJECT_NONE);
-  Search k(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
-  k.cfg.pp_keeps_params = 1;
-  k.enumerate();
-  const mp_candidate *kp = k.find(2, 1, 4, 1, 1, 1, 1, 0, 0, 1);
-  EXPECT_EQ(kp->reject, MP_REJECT_RESHARD_NOOP);
-  EXPECT_EQ(k.reason(kp), "reshard_after_forward has no effect with pp=2: the stack keeps a pipeline "
-                         "stage's parameters gathered through the step (same as reshard off)");
-  EXPECT_EQ(k.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 1)->reject, MP_REJECT_NONE);
+  EXPECT_EQ(t.find(1, 2, 1, 4, 1, 1, 1, 0, 0, 1)->reject, MP_REJECT_NONE);
+  // A stack that keeps a pipeline stage's parameters gathered: reshard with pp > 1 too
+  // (pp=2, dp_shard=4). A stack without FSDP (Megatron-LM's replicated parameters): on
+  // every mesh, cp > 1 included (dp_replicate=2, cp=4), where the FSDP group dp_shard x cp
+  // would otherwise be > 1.
+  struct Case {
+    int keeps, no_fsdp, pp, dpr, dps, cp;
+    const char *reason;
+  } cases[] = {
+      {1, 0, 2, 1, 4, 1,
+       "reshard_after_forward has no effect with pp=2: the stack keeps a pipeline stage's "
+       "parameters gathered through the step (same as reshard off)"},
+      {0, 1, 1, 2, 1, 4,
+       "reshard_after_forward has no effect: the stack replicates parameters (no FSDP; same as "
+       "reshard off)"},
+  };
+  for (const Case &k : cases) {
+    Search r(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
+    r.cfg.pp_keeps_params = k.keeps;
+    r.cfg.no_fsdp = k.no_fsdp;
+    r.enumerate();
+    const mp_candidate *rc = r.find(k.pp, k.dpr, k.dps, k.cp, 1, 1, 1, 0, 0, 1);
+    EXPECT_EQ(rc->reject, MP_REJECT_RESHARD_NOOP) << k.reason;
+    EXPECT_EQ(r.reason(rc), k.reason);
+    EXPECT_EQ(r.find(k.pp, k.dpr, k.dps, k.cp, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+    // FSDP over dp_shard=8 without pp: resharding matters, except on a stack without FSDP
+    EXPECT_EQ(r.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 1)->reject,
+              k.no_fsdp ? MP_REJECT_RESHARD_NOOP : MP_REJECT_NONE);
+  }
 }
 
 TEST(SearchEnumerate, InterleavedChunksOnlyWithPipelines) {

@@ -455,6 +455,77 @@ TEST(Schedule, ContextParallelRotateMethodsHoldAndMoveKAndV) {
   }
 }
 
+TEST(Schedule, MegatronContextParallelPassesGroupedKVAndAllReducesOverDpTimesCp) {
+  // Megatron-LM's context parallelism (Transformer Engine's p2p ring, Megatron-Core's
+  // default cp_comm_type): llama3.1-8b on dp_replicate=2 x cp=4, seq 8192, T = 2048 tokens
+  // a rank. The ring passes the grouped K and V (8 kv heads x 128, no repeat_kv): before
+  // each of the 3 steps but the last, one rank's K and V, 2 x 2048 x (1024 + 1024) = 8 MiB
+  // in bf16, to the next rank, in forward and backward; after every backward step the
+  // fp32 dK, dV, 16 MiB. The parameters are replicated over cp, so the stage's fp32
+  // gradients, 4 bytes a parameter, are all-reduced once over dp_replicate x cp (8 ranks),
+  // none over dp_replicate alone and no FSDP collective.
+  Built b;
+  Opts o;
+  o.mesh = "dp_replicate=2,cp=4";
+  o.mem_model = MP_MEM_MODEL_MEGATRON;
+  o.attn = MP_ATTN_MATERIALIZED;  // the megatron-lm stack's; the ring's core is flash
+  o.cp_rotate = MP_CP_ROTATE_ALLTOALL;
+  o.ac = MP_AC_FULL;
+  Build(&b, o);
+  ASSERT_EQ(mp_schedule_check(&b.ctx, b.s), MP_OK) << mp_errmsg(&b.ctx);
+  const double kv = 2.0 * 2048 * (1024 + 1024), dkv = 4.0 * 2048 * (1024 + 1024);
+  int shifts[2] = {0, 0}, dshifts = 0, scores = 0;
+  for (const Inst &x : Expand(b.s)) {
+    if (x.layer != 5) continue;
+    if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_GEMM && x.op->batch > 1) scores++;
+    if (x.op->type != MP_OP_COMM || x.op->group != MP_GROUP_CP) continue;
+    EXPECT_EQ(x.op->coll, MP_COLL_SENDRECV);
+    if (x.op->dtype == MP_DTYPE_BF16) {
+      EXPECT_EQ(x.op->bytes, kv);
+      shifts[x.op->phase == MP_PHASE_BACKWARD]++;
+    } else {
+      EXPECT_EQ(x.op->bytes, dkv);
+      dshifts++;
+    }
+  }
+  // forward and its recompute under full AC, then backward
+  EXPECT_EQ(shifts[0], 2 * 3);
+  EXPECT_EQ(shifts[1], 3);
+  EXPECT_EQ(dshifts, 4);
+  EXPECT_EQ(scores, 0) << "no materialized QK^T under the ring";
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(b.s, &t);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_DP_CP], 1);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_DP_REPLICATE], 0);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_FSDP], 0);
+  EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_FSDP], 0);
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_REDUCE][MP_GROUP_DP_CP],
+                   4.0 * mp_model_param_count(&b.model));
+  EXPECT_EQ(mp_mesh_group_size(&b.plan->mesh, MP_GROUP_DP_CP), 8);
+}
+
+TEST(Schedule, MegatronContextParallelNeedsTheP2pRing) {
+  // Megatron-LM's ring sends K and V step by step; the all-gather rotate method is
+  // PyTorch's and is refused under the megatron memory model, as is FSDP.
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  ASSERT_EQ(mp_model_load(&ctx, "llama3.1-8b", &m), MP_OK);
+  for (const char *spec : {"dp_replicate=2,cp=4", "dp_shard=2,cp=4"}) {
+    mp_mesh mesh;
+    ASSERT_EQ(mp_mesh_parse(&ctx, spec, 0, &mesh), MP_OK);
+    mp_plan_options po;
+    mp_plan_options_init(&po);
+    po.mem_model = MP_MEM_MODEL_MEGATRON;
+    po.cp_rotate = MP_CP_ROTATE_ALLGATHER;
+    mp_plan *p = nullptr;
+    EXPECT_EQ(mp_build_plan(&ctx, &m, &mesh, &po, &p), MP_ERR_INVALID) << spec;
+    EXPECT_NE(strstr(mp_errmsg(&ctx), spec[3] == 's' ? "without FSDP" : "use alltoall"), nullptr)
+        << mp_errmsg(&ctx);
+    mp_plan_destroy(p);
+  }
+}
+
 TEST(Schedule, Float8TensorParallelCastsBeforeItsGather) {
   // llama3.1-8b, tp=2 with SP, float8, seq 8192, micro-batch 1: T = 8192, Ts = 4096. As
   // torchao's float8 TP runs in torchtitan, the attention's and the MLP's input is cast to

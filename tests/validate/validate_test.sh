@@ -36,21 +36,21 @@ if ! "$BIN" validate "$pick" >"$out.pick" 2>&1 || ! grep -qE '^pick_interleaved 
   exit 1
 fi
 rm -f "$out.pick"
-# A well-formed row whose plan the simulator refuses (context parallelism under the megatron
-# memory model) is listed with its rule and left out of the summary; the other row is still
-# reported, and the exit status is 2 with one line on stderr.
+# A well-formed row whose plan the simulator refuses (FSDP under the megatron memory model,
+# which replicates parameters) is listed with its rule and left out of the summary; the other
+# row is still reported, and the exit status is 2 with one line on stderr.
 cat >"$pick" <<'CSV'
 case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,stack,metric,value,notes
 kept,test,llama3.1-8b,8,h100-sxm,8,400,1,8,1,1,,,1,1,2048,1,1,8,full,0,0,torchtitan-compile,tokens_per_s_per_gpu,1000,
-mg_cp,test,llama3.1-8b,8,h100-sxm,8,400,4,1,1,1,,,2,1,8192,1,1,4,full,0,0,megatron-lm,tokens_per_s_per_gpu,1000,
+mg_fsdp,test,llama3.1-8b,8,h100-sxm,8,400,1,8,1,1,,,1,1,2048,1,1,8,full,0,0,megatron-lm,tokens_per_s_per_gpu,1000,
 CSV
 "$BIN" validate "$pick" >"$out.pick" 2>"$out.err"
 rc=$?
 if [ "$rc" != 2 ] || [ "$(wc -l <"$out.err")" != 1 ] ||
    ! grep -q '1 of 2 rows refused by the simulator' "$out.err" ||
    ! grep -qE '^kept +tokens_per_s_per_gpu +1 +[0-9]' "$out.pick" ||
-   ! grep -qE '^mg_cp +tokens_per_s_per_gpu +- +refused ' "$out.pick" ||
-   ! grep -q '^refused: mg_cp: the megatron memory model' "$out.pick" ||
+   ! grep -qE '^mg_fsdp +tokens_per_s_per_gpu +- +refused ' "$out.pick" ||
+   ! grep -q '^refused: mg_fsdp: the megatron memory model replicates parameters' "$out.pick" ||
    ! grep -qE '^tokens_per_s_per_gpu +1 ' "$out.pick"; then
   echo "FAIL: a refused row among reported ones (exit $rc):" >&2
   cat "$out.pick" "$out.err" >&2
