@@ -1,6 +1,8 @@
 /* meshplan explain: what a plan does to a model on a mesh, pass by pass.
  *
- * Builds the plan with mp_build_plan (TP -> EP -> Float8 -> AC -> FSDP) and prints: the
+ * Builds the plan the stack runs (--stack, else the GPU's default: its memory model,
+ * attention, loss, SP and context-parallel ring, as simulate builds it) with mp_build_plan
+ * (TP -> EP -> Float8 -> AC -> FSDP) and prints: the
  * passes applied and what each changed (the plan's notes), a per-parameter table (global
  * shape, after TP/EP, at rest on --rank, bytes at rest in the master dtype), the FSDP
  * units, the per-rank totals; --param FQN adds a tile diagram of one weight (one
@@ -603,9 +605,6 @@ static mp_status explain_cluster(mp_ctx *ctx, const explain *e, mp_cluster *c) {
   return mp_cluster_make(ctx, "h100-sxm", e->world, e->world < 8 ? e->world : 8, c);
 }
 
-/* The rank's expanded schedule, simulated with its trace: each op's predicted duration
- * (e->dur) and the step's busy time by class (e->busy). The ops are the plan's as explain
- * built it; the cost figures are the stack's on the cluster's GPU. */
 /* The cluster explain predicts on and the stack: --stack, else the GPU's default. */
 static mp_status explain_stack(mp_ctx *ctx, const explain *e, mp_cluster *c, mp_stack_profile *prof) {
   MP_CHECK(explain_cluster(ctx, e, c));
@@ -614,6 +613,9 @@ static mp_status explain_stack(mp_ctx *ctx, const explain *e, mp_cluster *c, mp_
   return mp_stack_default(ctx, &c->gpu, prof);
 }
 
+/* The rank's expanded schedule, simulated with its trace: each op's predicted duration
+ * (e->dur) and the step's busy time by class (e->busy); the cost figures are the stack's on
+ * the cluster's GPU. */
 static mp_status build_schedule(mp_ctx *ctx, explain *e, mp_arena **arena, mp_schedule **s) {
   *arena = mp_arena_create();
   if (*arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the schedule");
@@ -950,7 +952,17 @@ static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_
   mp_plan_options_init(o);
   MP_CHECK(mp_cmd_plan_options(ctx, &k_spec, o));
   MP_CHECK(mp_cmd_pp_schedule(ctx, &k_spec, o));
-  MP_CHECK(mp_cmd_cp_rotate(ctx, &k_spec, NULL, o));
+  e->world = mp_mesh_world(mesh);
+  /* the plan the stack runs, as simulate builds it: its memory model, attention, loss, SP
+   * and context-parallel ring */
+  mp_cluster c;
+  mp_stack_profile prof;
+  MP_CHECK(explain_stack(ctx, e, &c, &prof));
+  if (o->sp == 1 && !prof.sp)
+    return mp_error(ctx, MP_ERR_USAGE, "--sp: stack %s does not run sequence parallelism",
+                    prof.name);
+  mp_stack_plan_options(&prof, o);
+  MP_CHECK(mp_cmd_cp_rotate(ctx, &k_spec, &prof, o));
   const int64_t seq = o->seq > 0 ? o->seq : (m->max_seq < 8192 ? m->max_seq : 8192);
   MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, m, seq));
   MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, seq, &o->global_batch));
@@ -961,7 +973,6 @@ static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_
   o->tp.pad_vocab = mp_args_has(&k_spec, "--pad-vocab");
   long long rank = 0;
   MP_CHECK(mp_args_int(ctx, &k_spec, "--rank", 0, MP_MESH_MAX_WORLD - 1, &rank));
-  e->world = mp_mesh_world(mesh);
   if (rank >= e->world)
     return mp_error(ctx, MP_ERR_USAGE, "--rank %lld is outside the mesh's %d ranks "
                     "(0..%d)", rank, e->world, e->world - 1);

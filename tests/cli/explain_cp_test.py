@@ -2,7 +2,7 @@
 """meshplan explain's context-parallel section against hand-derived figures: the chunks a rank
 holds, the K and V it contributes to the ring's all-gather, the gathered total and the fp32
 dK, dV it passes on (exec/schedule_cp.c prices the same tensors); the alltoall rotate method's
-shifts and what they hold; --cp-rotate's refusals.
+shifts and what they hold; Megatron-LM's ring of grouped K and V; --cp-rotate's refusals.
 
 Usage: explain_cp_test.py MESHPLAN"""
 import json
@@ -65,6 +65,23 @@ if a.returncode == 0 and b.returncode == 0:
     check(ja["step_time_s"] != jb["step_time_s"], "simulate --cp-rotate alltoall: the same step as allgather")
 else:
     check(False, "simulate with --cp-rotate failed: " + a.stderr + b.stderr)
+
+# Megatron-LM (--stack megatron-lm): Transformer Engine's p2p ring passes the grouped K and V,
+# 8 kv heads x 128 = 1024 wide each: 2 x 8192 x (1024 + 1024) = 33,554,432 = 32 MiB a rank at
+# seq 32768 over cp=4, three of them held (96 MiB), the fp32 gradients twice that; explain and
+# simulate build the plan the stack runs, so both refuse FSDP and the allgather ring there.
+mg = ["--model", "llama3.1-8b", "--gpus", "8", "--gpu", "a100-80gb-sxm", "--stack", "megatron-lm",
+      "--seq", "32768"]
+p = run("explain", *mg, "--mesh", "dp_replicate=2,cp=4")
+check("K and V of the kv heads (32.00 MiB a rank), copied and passed to the next rank before every "
+      "step but the last" in p.stdout and "(96.00 MiB held" in p.stdout and
+      "the fp32 dK, dV (64.00 MiB)" in p.stdout and "all-reduced over dp_replicate x cp" in p.stdout,
+      "8B cp=4 under Megatron-LM: the grouped K, V and the gradient all-reduce")
+for cmd in ("explain", "simulate"):
+    p = run(cmd, *mg, "--mesh", "dp_shard=2,cp=4", want_rc=2)
+    check("without FSDP" in p.stderr, cmd + " --stack megatron-lm on dp_shard: refused")
+    p = run(cmd, *mg, "--mesh", "dp_replicate=2,cp=4", "--cp-rotate", "allgather", want_rc=2)
+    check("use alltoall" in p.stderr, cmd + " --stack megatron-lm --cp-rotate allgather: refused")
 
 for f in fails:
     print("FAIL:", f)

@@ -33,7 +33,9 @@ check("rank 511 (stage 7) holds layers 55-62 and 119-125, runs 9 forwards before
       "and holds at most 9 chunk activations" in p.stdout, "405B interleaved: the last rank's warm-up")
 check("(pp - 1) / (v m) = 0.438" in p.stdout, "405B interleaved: the bubble")
 check("128.00 MiB a micro-batch each way" in p.stdout, "405B interleaved: the boundary bytes")
-p = run(*base, "--stack", "megatron-lm", "--gpu", "a100-80gb-sxm")
+# Megatron-LM replicates parameters over data parallelism: the same pipeline on dp_replicate
+mg_base = [a if a != "pp=8,dp_shard=8,tp=8" else "pp=8,dp_replicate=8,tp=8" for a in base]
+p = run(*mg_base, "--stack", "megatron-lm", "--gpu", "a100-80gb-sxm")
 check("as Megatron-LM runs it" in p.stdout and "runs 16 forwards before its first backward and holds "
       "at most 16 chunk activations" in p.stdout, "405B interleaved, Megatron-LM: every forward first")
 p = run(*base, "--json")
