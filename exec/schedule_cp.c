@@ -50,7 +50,8 @@
  * same 2 x cp load-balanced chunks and per-step partial attention with the online-softmax
  * merge, the K and V sent to the next rank before each step as the alltoall rotate method
  * sends them (the plan must say alltoall), and the dK, dV passed on after each backward
- * step. Its K and V are the grouped ones, n_kv_heads / tp heads (no repeat_kv), and its
+ * step; it keeps every step's K, V buffer until the pass ends, cp of them (kv_units). Its K
+ * and V are the grouped ones, n_kv_heads / tp heads (no repeat_kv), and its
  * parameters are replicated over cp: their gradients are all-reduced over dp_replicate x cp
  * (mp_sched_ddp_group), not reduce-scattered over dp_shard x cp as under FSDP. */
 #include "exec/schedule_internal.h"
@@ -119,7 +120,12 @@ int mp_cp_ring_kv_units(int cp, mp_cp_rotate rotate) {
   return cp + 1;
 }
 
-static int kv_units(const gen *g) { return mp_cp_ring_kv_units(g->sh.cp, g->p->opts.cp_rotate); }
+/* Transformer Engine's ring (Megatron-LM) keeps every step's K, V buffer in its
+ * p2p_comm_buffers list until the pass ends (AttnFuncWithCPAndKVP2P: p2p_comm_buffers[i + 1]
+ * = torch.empty_like(p2p_comm_buffers[i]), none released in the loop): cp of them. */
+static int kv_units(const gen *g) {
+  return g->mg ? g->sh.cp : mp_cp_ring_kv_units(g->sh.cp, g->p->opts.cp_rotate);
+}
 
 /* alltoall: before round r's compute, wait for the K, V the round before shifted (`prev`),
  * then copy the K, V in use into a send buffer and shift it to the next rank for every

@@ -285,7 +285,13 @@ static void cp_note(const mp_plan *p, char *buf, size_t cap) {
   char a[32], g[32], d[32], moved[320];
   fmt_bytes(kv, a, sizeof a);
   fmt_bytes(2.0 * kv, d, sizeof d);
-  if (rot == MP_CP_ROTATE_ALLTOALL) {
+  if (mg) {
+    fmt_bytes(kv * cp, g, sizeof g);
+    snprintf(moved, sizeof moved,
+             " (%s a rank), passed to the next rank before every step but the last, each "
+             "transfer beside that step's attention and waited for by the next step (%s held: "
+             "every step's K, V buffer is kept until the pass ends)", a, g);
+  } else if (rot == MP_CP_ROTATE_ALLTOALL) {
     fmt_bytes(kv * mp_cp_ring_kv_units(cp, rot), g, sizeof g);
     snprintf(moved, sizeof moved,
              " (%s a rank), copied and passed to the next rank before every step but the last, "

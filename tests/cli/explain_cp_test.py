@@ -68,13 +68,14 @@ else:
 
 # Megatron-LM (--stack megatron-lm): Transformer Engine's p2p ring passes the grouped K and V,
 # 8 kv heads x 128 = 1024 wide each: 2 x 8192 x (1024 + 1024) = 33,554,432 = 32 MiB a rank at
-# seq 32768 over cp=4, three of them held (96 MiB), the fp32 gradients twice that; explain and
+# seq 32768 over cp=4, every step's kept until the pass ends (4 x 32 = 128 MiB, as
+# Transformer Engine's p2p_comm_buffers list holds them), the fp32 gradients twice that; explain and
 # simulate build the plan the stack runs, so both refuse FSDP and the allgather ring there.
 mg = ["--model", "llama3.1-8b", "--gpus", "8", "--gpu", "a100-80gb-sxm", "--stack", "megatron-lm",
       "--seq", "32768"]
 p = run("explain", *mg, "--mesh", "dp_replicate=2,cp=4")
-check("K and V of the kv heads (32.00 MiB a rank), copied and passed to the next rank before every "
-      "step but the last" in p.stdout and "(96.00 MiB held" in p.stdout and
+check("K and V of the kv heads (32.00 MiB a rank), passed to the next rank before every "
+      "step but the last" in p.stdout and "(128.00 MiB held" in p.stdout and
       "the fp32 dK, dV (64.00 MiB)" in p.stdout and "all-reduced over dp_replicate x cp" in p.stdout,
       "8B cp=4 under Megatron-LM: the grouped K, V and the gradient all-reduce")
 for cmd in ("explain", "simulate"):

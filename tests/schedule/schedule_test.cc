@@ -461,7 +461,9 @@ TEST(Schedule, MegatronContextParallelPassesGroupedKVAndAllReducesOverDpTimesCp)
   // a rank. The ring passes the grouped K and V (8 kv heads x 128, no repeat_kv): before
   // each of the 3 steps but the last, one rank's K and V, 2 x 2048 x (1024 + 1024) = 8 MiB
   // in bf16, to the next rank, in forward and backward; after every backward step the
-  // fp32 dK, dV, 16 MiB. The parameters are replicated over cp, so the stage's fp32
+  // fp32 dK, dV, 16 MiB. Transformer Engine keeps every step's K, V buffer until the pass
+  // ends (its p2p_comm_buffers list): 4 x 8 MiB held in forward, and in backward with the
+  // two fp32 dK, dV buffers. The parameters are replicated over cp, so the stage's fp32
   // gradients, 4 bytes a parameter, are all-reduced once over dp_replicate x cp (8 ranks),
   // none over dp_replicate alone and no FSDP collective.
   Built b;
@@ -475,8 +477,11 @@ TEST(Schedule, MegatronContextParallelPassesGroupedKVAndAllReducesOverDpTimesCp)
   ASSERT_EQ(mp_schedule_check(&b.ctx, b.s), MP_OK) << mp_errmsg(&b.ctx);
   const double kv = 2.0 * 2048 * (1024 + 1024), dkv = 4.0 * 2048 * (1024 + 1024);
   int shifts[2] = {0, 0}, dshifts = 0, scores = 0;
+  int64_t held[2] = {0, 0};
   for (const Inst &x : Expand(b.s)) {
     if (x.layer != 5) continue;
+    const int bwd = x.op->phase == MP_PHASE_BACKWARD;
+    if (x.op->type == MP_OP_ALLOC && x.op->mem_cat == MP_MEM_COMM) held[bwd] = x.op->mem_bytes;
     if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_GEMM && x.op->batch > 1) scores++;
     if (x.op->type != MP_OP_COMM || x.op->group != MP_GROUP_CP) continue;
     EXPECT_EQ(x.op->coll, MP_COLL_SENDRECV);
@@ -493,6 +498,8 @@ TEST(Schedule, MegatronContextParallelPassesGroupedKVAndAllReducesOverDpTimesCp)
   EXPECT_EQ(shifts[1], 3);
   EXPECT_EQ(dshifts, 4);
   EXPECT_EQ(scores, 0) << "no materialized QK^T under the ring";
+  EXPECT_EQ(held[0], (int64_t)(4 * kv));
+  EXPECT_EQ(held[1], (int64_t)(4 * kv + 2 * dkv));
   mp_schedule_totals t;
   mp_schedule_totals_compute(b.s, &t);
   EXPECT_EQ(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_DP_CP], 1);
