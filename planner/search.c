@@ -65,7 +65,7 @@ const char *mp_reject_name(mp_reject r) {
       "", "pp_layers", "moe_pp", "tp_heads", "tp_kv_heads", "tp_d_ff", "tp_d_model",
       "tp_cross_node", "ep_experts", "cp_seq", "batch", "fp8_gpu", "fp8_dims",
       "reshard_noop", "memory_bound", "memory", "eval_error", "pp_virtual", "sp_seq",
-      "dominated", "memory_mb", "memory_ac"};
+      "dominated", "memory_mb", "memory_ac", "no_fsdp"};
   return (unsigned)r < MP_REJECT_COUNT ? names[r] : "?";
 }
 
@@ -172,6 +172,7 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
   if (m->d_model % tp) return MP_REJECT_TP_D_MODEL;
   if (!cfg->allow_cross_node_tp && cfg->cluster->gpus_per_node % tp) return MP_REJECT_TP_CROSS_NODE;
   if (mp_model_is_moe(m) && m->n_experts % mesh->ep) return MP_REJECT_EP_EXPERTS;
+  if (cfg->no_fsdp && mesh->size[MP_DIM_DP_SHARD] > 1) return MP_REJECT_NO_FSDP;
   /* ring attention's load balancing cuts a sequence into 2 cp chunks (torch's
    * context_parallel needs seq divisible by 2 cp); a chunk under one 128-token tile of the
    * flash kernel leaves its steps mostly idle (and the schedule a ring of cp steps per
@@ -355,6 +356,13 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
     case MP_REJECT_MEMORY_AC:
       snprintf(buf, cap, "ac=%s saves less memory than ac=full, over capacity",
                mp_search_ac_name(c->ac));
+      break;
+    case MP_REJECT_NO_FSDP:
+      snprintf(buf, cap,
+               "dp_shard=%d: the stack replicates parameters over data parallelism (no FSDP); "
+               "the same mesh with dp_replicate=%d is searched",
+               mesh->size[MP_DIM_DP_SHARD],
+               mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD]);
       break;
     default: snprintf(buf, cap, "unknown reason"); break;
   }
@@ -775,7 +783,8 @@ const char *mp_reject_words(mp_reject r) {
       "sequence parallelism: tp does not divide seq / cp",
       "an AC policy with less recompute fits (never slower)",
       "half the micro-batch is already over capacity",
-      "full AC is already over capacity"};
+      "full AC is already over capacity",
+      "dp_shard on a stack without FSDP (dp_replicate searched instead)"};
   return (unsigned)r < MP_REJECT_COUNT ? words[r] : "?";
 }
 

@@ -16,7 +16,8 @@
  *   pp > n_layers or a pipeline stage left empty (stages hold ceil(n_layers / pp) layers,
  *   so (pp - 1) * ceil(n_layers / pp) >= n_layers leaves the last one none); MoE with pp > 1; tp must divide n_heads, n_kv_heads, d_ff (models with
  *   dense MLP layers), d_model; tp must divide gpus_per_node (a TP group stays in one
- *   NVLink domain) unless allow_cross_node_tp; ep must divide n_experts; cp must divide
+ *   NVLink domain) unless allow_cross_node_tp; ep must divide n_experts; on a stack without
+ *   FSDP (no_fsdp) dp_shard must be 1 (dp_replicate is the same mesh); cp must divide
  *   seq into 2 cp load-balanced chunks of at least 128 tokens; the candidate's global batch (the config's, or the rule's nearest multiple of dp to its
  *   target, none when dp is over twice the target) must be divisible by dp x micro_batch; float8 needs an fp8 peak and
  *   compute capability >= 89, and GEMM dims (d_model, and d_ff, n_heads x head_dim,
@@ -101,6 +102,8 @@ typedef enum mp_reject {
                               capacity: more memory cannot fit (not simulated) */
   MP_REJECT_MEMORY_AC,     /* full AC, every other option the same, is over capacity: a
                               policy saving more cannot fit (not simulated) */
+  MP_REJECT_NO_FSDP,       /* dp_shard > 1 on a stack without FSDP (no_fsdp): the same mesh
+                              on dp_replicate, which is searched */
   MP_REJECT_COUNT
 } mp_reject;
 

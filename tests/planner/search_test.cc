@@ -361,10 +361,28 @@ TEST(SearchPrune, ReshardWithoutShardingIsADuplicate) {
     EXPECT_EQ(rc->reject, MP_REJECT_RESHARD_NOOP) << k.reason;
     EXPECT_EQ(r.reason(rc), k.reason);
     EXPECT_EQ(r.find(k.pp, k.dpr, k.dps, k.cp, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
-    // FSDP over dp_shard=8 without pp: resharding matters, except on a stack without FSDP
+    // FSDP over dp_shard=8 without pp: resharding matters; a stack without FSDP searches
+    // that mesh as dp_replicate=8 instead (MP_REJECT_NO_FSDP)
     EXPECT_EQ(r.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 1)->reject,
-              k.no_fsdp ? MP_REJECT_RESHARD_NOOP : MP_REJECT_NONE);
+              k.no_fsdp ? MP_REJECT_NO_FSDP : MP_REJECT_NONE);
   }
+}
+
+TEST(SearchPrune, DpShardOnAStackWithoutFsdpIsDpReplicate) {
+  // Megatron-LM's memory model replicates parameters: dp_shard=4 is the mesh dp_replicate=4,
+  // which is searched; the rule comes before the batch and option rules.
+  Search r(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
+  r.cfg.no_fsdp = 1;
+  r.enumerate();
+  const mp_candidate *c = r.find(1, 1, 4, 1, 2, 1, 1, 0, 0, 0);
+  EXPECT_EQ(c->reject, MP_REJECT_NO_FSDP);
+  EXPECT_EQ(r.reason(c), "dp_shard=4: the stack replicates parameters over data parallelism (no "
+                         "FSDP); the same mesh with dp_replicate=4 is searched");
+  EXPECT_EQ(r.find(1, 4, 1, 1, 2, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+  EXPECT_STREQ(mp_reject_name(MP_REJECT_NO_FSDP), "no_fsdp");
+  Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
+  t.enumerate();
+  EXPECT_EQ(t.find(1, 1, 4, 1, 2, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
 }
 
 TEST(SearchEnumerate, InterleavedChunksOnlyWithPipelines) {
