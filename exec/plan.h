@@ -269,6 +269,12 @@ typedef struct mp_plan_options {
   int pp_virtual;        /* virtual stages per rank for interleaved (>= 1) */
   mp_cp_rotate cp_rotate; /* PyTorch's ring with cp > 1: how K and V travel (default
                              ALLGATHER). Set from the stack (key "cp_rotate") */
+  int async_tp;          /* torchtitan's AsyncTP (experimental.enable_async_tensor_parallel,
+                            torch.compile's micro-pipelined TP): with tp > 1 and SP, the
+                            all-gathers into the column-parallel Linears and the
+                            reduce-scatters out of the row-parallel ones run in tp chunks
+                            beside those GEMMs (exec/schedule_ops.c). 0: off (default); the
+                            torchtitan memory model only */
   int64_t seq;           /* tokens per sequence (0: min(max_seq, 8192), set by mp_plan_create) */
   int64_t micro_batch;   /* sequences per micro-batch per data-parallel rank */
   int64_t global_batch;  /* sequences per step over all data-parallel ranks (0: one

@@ -205,7 +205,22 @@ typedef struct mp_op {
                       its stream, flops and bytes (and time) those of one (a compact
                       schedule's fold of ring attention's identical middle steps,
                       schedule_cp.c) */
+  uint8_t fused;   /* mp_fuse: AsyncTP's micro-pipelined TP collectives (plan async_tp) */
 } mp_op;
+
+/* AsyncTP (torch's micro-pipeline TP, torch/_inductor/fx_passes/micro_pipeline_tp.py, as
+ * torchtitan enables it): a TP all-gather whose output feeds GEMMs runs as tp - 1
+ * point-to-point copies beside those GEMMs split into tp chunks along the tokens
+ * (fused_all_gather_matmul), and a GEMM whose output is reduce-scattered runs chunk by
+ * chunk, each chunk's partial sum sent while the next is computed
+ * (fused_matmul_reduce_scatter). The TP collective and the GEMMs of one fused pair carry the
+ * same mark: an all-gather and the GEMMs after it up to the next collective, a
+ * reduce-scatter and the GEMMs before it. The simulator prices the pair (sim/cost.c). */
+typedef enum mp_fuse {
+  MP_FUSE_NONE = 0,
+  MP_FUSE_GATHER,  /* all-gather -> matmul */
+  MP_FUSE_SCATTER  /* matmul -> reduce-scatter */
+} mp_fuse;
 
 typedef struct mp_segment {
   int32_t first_op, n_ops; /* ops[first_op .. first_op + n_ops) */

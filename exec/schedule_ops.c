@@ -306,6 +306,40 @@ static void tp_region_in_bwd(gen *g, int on, int module) {
   if (on) tp_coll(g, g->sh.sp ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, module);
 }
 
+/* AsyncTP (mp_fuse, schedule.h): the plan asks for it and the block's TP regions run SP's
+ * all-gathers and reduce-scatters (torchtitan's model: the meshplan runtimes and Megatron-LM
+ * have no such fusion here; the plan refuses async_tp under their memory models). */
+static int async_tp(const gen *g) {
+  return g->p->opts.async_tp && g->sh.sp && g->sh.tp > 1 && !g->rt && !g->mg;
+}
+
+/* Marks the TP collective of `kind` (all-gather or reduce-scatter) emitted since op `from`
+ * and the GEMMs of variant v emitted since then as one fused pair. The patterns torch's
+ * micro-pipeline pass fuses in a torchtitan block: the sequence all-gather into q, k, v
+ * and into gate, up; o's and down's output into their reduce-scatter (forward, and the
+ * recompute under AC); in backward the all-gather of o's and down's output gradient into
+ * their input-gradient GEMMs. The reduce-scatters of the regions' input gradients are not
+ * fused: each sums several GEMMs' outputs (q, k and v; gate and up) before it, and the
+ * weight-gradient GEMMs take the gathered tensor transposed, which the pass does not
+ * match. */
+static void fuse_tp(gen *g, int32_t from, mp_fuse kind, mp_variant v) {
+  if (!async_tp(g)) return;
+  const mp_coll c = kind == MP_FUSE_GATHER ? MP_COLL_ALL_GATHER : MP_COLL_REDUCE_SCATTER;
+  int32_t coll = -1;
+  for (int32_t i = from; i < g->n_ops && coll < 0; i++)
+    if (g->ops[i].type == MP_OP_COMM && g->ops[i].group == MP_GROUP_TP && g->ops[i].coll == c &&
+        g->ops[i].stream == MP_STREAM_COMPUTE)
+      coll = i;
+  if (coll < 0) return; /* none (a recompute that keeps the region's output) */
+  g->ops[coll].fused = (uint8_t)kind;
+  for (int32_t i = from; i < g->n_ops; i++) {
+    mp_op *op = &g->ops[i];
+    if (op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_GEMM && op->variant == v &&
+        (kind == MP_FUSE_GATHER ? i > coll : i < coll))
+      op->fused = (uint8_t)kind;
+  }
+}
+
 static void ep_alltoall(gen *g, int module) {
   const shapes *sh = &g->sh;
   if (sh->ep <= 1) return;
@@ -460,10 +494,12 @@ void mp_sched_attention_fwd(gen *g, const part_deps *pd) {
     mp_sched_attention_core_fwd(g);
     return;
   }
+  const int32_t qkv = g->n_ops;
   tp_region_in_fwd(g, sh->ar_qkv, MP_MOD_Q, f8_input(g, MP_MOD_Q));
   linear_fwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
   linear_fwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
   linear_fwd(g, MP_MOD_V, (double)T, sh->kv, H, 1);
+  if (sh->ar_qkv) fuse_tp(g, qkv, MP_FUSE_GATHER, MP_VAR_FWD);
   if (sh->qk_norm) {
     norm_fwd(g, MP_MOD_Q_NORM, T * sh->nh, sh->hd);
     norm_fwd(g, MP_MOD_K_NORM, T * sh->nkv, sh->hd);
@@ -476,8 +512,10 @@ void mp_sched_attention_fwd(gen *g, const part_deps *pd) {
 void mp_sched_attention_out_fwd(gen *g) {
   const shapes *sh = &g->sh;
   mp_sched_rt_sp(g, 1);
+  const int32_t o = g->n_ops;
   linear_fwd(g, MP_MOD_O, (double)sh->T, sh->H, sh->ao, 1);
   tp_region_out_fwd(g, sh->ar_o, MP_MOD_O);
+  if (sh->ar_o) fuse_tp(g, o, MP_FUSE_SCATTER, MP_VAR_FWD);
   mp_sched_rt_sp(g, 0);
   residual(g, MP_VAR_FWD, sh->Ts * sh->H);
 }
@@ -557,22 +595,27 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
   norm_fwd(g, MP_MOD_FFN_NORM, sh->Ts, H);
   /* the MLP's region: the dense MLP's colwise Linears; a MoE block's router and experts
    * read the whole sequence too (the routed experts are replicated over tp) */
+  const int32_t in = g->n_ops;
   tp_region_in_fwd(g, kind == KIND_DENSE ? sh->ar_gateup : sh->tp > 1, MP_MOD_UP,
                    kind == KIND_DENSE && f8_input(g, MP_MOD_UP));
   if (kind == KIND_DENSE) {
     if (sh->gpt) {
       linear_fwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
+      if (sh->ar_gateup) fuse_tp(g, in, MP_FUSE_GATHER, MP_VAR_FWD);
       elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, MP_MOD_UP, T * sh->f, FLOPS_GELU_FWD,
                   4.0 * (double)(T * sh->f));
     } else {
       linear_fwd(g, MP_MOD_GATE, (double)T, sh->f, H, 1);
       linear_fwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
+      if (sh->ar_gateup) fuse_tp(g, in, MP_FUSE_GATHER, MP_VAR_FWD);
       swiglu(g, MP_VAR_FWD, MP_MOD_GATE, T * sh->f);
     }
     if (!out) return;
     mp_sched_rt_sp(g, 1);
+    const int32_t down = g->n_ops;
     linear_fwd(g, MP_MOD_DOWN, (double)T, H, sh->f, 1);
     tp_region_out_fwd(g, sh->ar_down, MP_MOD_DOWN);
+    if (sh->ar_down) fuse_tp(g, down, MP_FUSE_SCATTER, MP_VAR_FWD);
     mp_sched_rt_sp(g, 0);
   } else {
     const int64_t Tk = T * sh->topk;
@@ -620,8 +663,10 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
   attach(g, pd, PART_MOE);
   if (kind == KIND_DENSE) {
     mp_sched_rt_sp(g, 1);
+    const int32_t down = g->n_ops;
     tp_region_out_bwd(g, sh->ar_down, MP_MOD_DOWN);
     linear_bwd(g, MP_MOD_DOWN, (double)T, H, sh->f, 1);
+    if (sh->ar_down) fuse_tp(g, down, MP_FUSE_GATHER, MP_VAR_DGRAD);
     mp_sched_rt_sp(g, 0);
     const int32_t first = g->n_ops, ag = mg_regather(g, sh->ar_gateup, MP_MOD_UP);
     if (sh->gpt) {
@@ -677,8 +722,10 @@ void mp_sched_attention_bwd(gen *g, const part_deps *pd) {
   const int64_t T = sh->T, H = sh->H;
   attach(g, pd, PART_ATTN);
   mp_sched_rt_sp(g, 1);
+  const int32_t o = g->n_ops;
   tp_region_out_bwd(g, sh->ar_o, MP_MOD_O);
   linear_bwd(g, MP_MOD_O, (double)T, H, sh->ao, 1);
+  if (sh->ar_o) fuse_tp(g, o, MP_FUSE_GATHER, MP_VAR_DGRAD);
   mp_sched_rt_sp(g, 0);
   mp_sched_attention_core_bwd(g);
   if (sh->mla) {

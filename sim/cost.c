@@ -208,6 +208,45 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
   return MP_OK;
 }
 
+/* A GEMM of a fused AsyncTP pair run as tp chunks of its tokens (rows): tp launches, each
+ * reading the whole weight. */
+static double chunked_gemm_s(const mp_op *op, int tp, const op_costs *k) {
+  mp_op ch = *op;
+  ch.m = (op->m + tp - 1) / tp;
+  ch.flops = op->flops / tp;
+  const double in_b = op->dtype == MP_DTYPE_FP8_E4M3 || op->dtype == MP_DTYPE_FP8_E5M2 ? 1.0
+                      : op->dtype == MP_DTYPE_FP32                                     ? 4.0
+                                                                                      : 2.0;
+  const double mc = (double)ch.m, n = (double)op->n, kk = (double)op->k;
+  ch.bytes = (double)(op->batch > 0 ? op->batch : 1) * ((mc * kk + kk * n) * in_b + mc * n * 2.0);
+  return tp * op_compute_s(&ch, k);
+}
+
+/* AsyncTP's fused pairs (mp_fuse, exec/schedule.h): the GEMMs run as tp chunks, and the
+ * collective's time shows only where it exceeds the chunks it runs beside. An all-gather's
+ * tp - 1 copies go with chunks 1..tp-1 of the GEMMs after it (chunk 0, the rank's own
+ * shard, needs no copy: fused_all_gather_matmul); a reduce-scatter's sends go with the
+ * chunks after the first of the GEMMs before it (fused_matmul_reduce_scatter). So a pair
+ * takes max(G, G / tp + C) for chunked GEMMs G and the collective's own time C, of which
+ * the collective's op keeps max(0, C - G (tp - 1) / tp). */
+static void price_fused(const mp_schedule *s, int tp, const op_costs *k, cop *cops, double *dur) {
+  for (int32_t i = 0; i < s->n_ops; i++) {
+    const mp_op *op = &s->ops[i];
+    if (op->type != MP_OP_COMM || op->fused == MP_FUSE_NONE) continue;
+    const int step = op->fused == MP_FUSE_GATHER ? 1 : -1;
+    double g = 0.0;
+    for (int32_t j = i + step; j >= 0 && j < s->n_ops; j += step) {
+      const mp_op *x = &s->ops[j];
+      if (x->type == MP_OP_COMM && x->stream == MP_STREAM_COMPUTE) break;
+      if (x->type != MP_OP_COMPUTE || x->fused != op->fused || x->layer != op->layer) continue;
+      dur[j] = cops[j].dur = chunked_gemm_s(x, tp, k) * (x->count > 1 ? x->count : 1);
+      g += dur[j];
+    }
+    const double left = dur[i] - g * (tp - 1) / tp;
+    dur[i] = cops[i].dur = left > 0.0 ? left : 0.0;
+  }
+}
+
 mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster *cl, const mp_stack_profile *prof,
                              const mp_sim_link *links, sim_bufs *b, double p2p[2]) {
   const mp_mesh *mesh = &s->plan->mesh;
@@ -264,6 +303,8 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
     dur[i] = d;
     c->dur = d;
   }
+  if (s->plan->opts.async_tp && mesh->size[MP_DIM_TP] > 1)
+    price_fused(s, mesh->size[MP_DIM_TP], &kc, cops, dur);
   /* a malformed forward dependency still reads a kept end */
   if (fwd_dep)
     for (int32_t i = 0; i < s->n_ops; i++)

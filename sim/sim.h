@@ -99,6 +99,11 @@ typedef struct mp_stack_profile {
    * "allgather" (the default, torchtitan's) or "alltoall" (exec/schedule_cp.c). The meshplan
    * runtimes' profiles may not set it: their ring is their own. */
   mp_cp_rotate cp_rotate;
+  /* Whether the stack can run AsyncTP (JSON "async_tp", optional, default false): torchtitan
+   * under torch.compile (experimental.enable_async_tensor_parallel); a plan turns it on
+   * (plan option async_tp, --async-tp), exec/schedule.h's mp_fuse says what it changes. Only
+   * the torchtitan memory model may set it. */
+  int async_tp;
   /* The GPU the efficiencies above were fitted on (JSON "fit_gpu", optional: a data/gpus
    * stem) and that GPU's reference kernel fractions, read from its profile when the stack
    * is loaded. gemm_eff_max, fp8_gemm_eff_max and attention_eff are fractions of peak on

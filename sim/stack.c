@@ -68,6 +68,11 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
                     "step: remove the key", origin);
   MP_CHECK(get_choice(ctx, j, origin, "cp_rotate", rot, 2, &rotate));
   p->cp_rotate = (mp_cp_rotate)rotate;
+  p->async_tp = 0;
+  MP_CHECK(mp_json_get_bool(ctx, j, origin, "async_tp", 0, &p->async_tp));
+  if (p->async_tp && p->mem_model != MP_MEM_MODEL_TORCHTITAN)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp is torchtitan's AsyncTP; the %s memory "
+                    "model does not run it: remove the key", origin, mp_mem_model_name(p->mem_model));
   p->ac_policies = p->mem_model == MP_MEM_MODEL_TORCHTITAN
                        ? (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_OP) | (1u << MP_AC_FULL)
                        : (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_CORE) | (1u << MP_AC_FULL);

@@ -84,6 +84,21 @@ mp_status mp_cmd_cp_rotate(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp
   return MP_OK;
 }
 
+mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                          mp_plan_options *o) {
+  if (!mp_args_has(spec, "--async-tp")) return MP_OK;
+  if (!prof->async_tp)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--async-tp: stack %s does not run AsyncTP (torchtitan's "
+                    "experimental.enable_async_tensor_parallel needs torch.compile); use "
+                    "torchtitan-compile or drop --async-tp", prof->name);
+  if (o->sp == 0)
+    return mp_error(ctx, MP_ERR_USAGE, "--async-tp fuses sequence parallelism's all-gathers and "
+                    "reduce-scatters with their GEMMs; it needs SP: drop --no-sp");
+  o->async_tp = 1;
+  return MP_OK;
+}
+
 mp_status mp_cmd_load_model(mp_ctx *ctx, const mp_cmd_spec *spec, const char *dflt, mp_model *m) {
   const char *hf = mp_args_get(spec, "--hf-config");
   const char *model = mp_args_get(spec, "--model");

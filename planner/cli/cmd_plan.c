@@ -47,6 +47,7 @@ static mp_opt k_opts[] = {
     MP_OPT_MICRO_BATCH("in plan: searched, powers of two up to the per-rank batch; given: this one alone"),
     MP_OPT_SP,
     MP_OPT_CP_ROTATE,
+    MP_OPT_ASYNC_TP,
     {"--fp8", "[on|off|auto]", "float8 Linear layers: bare or on, float8 plans only; off (default), bf16 only; "
                                "auto, both where the GPU has float8", NULL},
     {"--no-sp", NULL, "search tensor parallelism without sequence parallelism (the all-reduce form; "
@@ -513,9 +514,12 @@ static void print_text(const plan_view *v) {
   const plan_args *a = v->a;
   const mp_planner_result *res = v->res;
   const mp_search *s = res->search;
-  char rot[64] = ""; /* named where it is not torchtitan's default */
+  char rot[96] = ""; /* named where it is not torchtitan's default */
   if (v->ev->base.cp_rotate != MP_CP_ROTATE_ALLGATHER)
     snprintf(rot, sizeof rot, " with cp rotating K, V by %s", mp_cp_rotate_name(v->ev->base.cp_rotate));
+  if (v->ev->base.async_tp)
+    snprintf(rot + strlen(rot), sizeof rot - strlen(rot), "%s AsyncTP on its TP plans",
+             rot[0] ? " and" : " with");
   printf("%s on %s (%d x %s, %d per node), seq %lld, stack %s%s, objective %s\n", a->m.name, a->c.name,
          mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, a->seq, v->ev->stack.name, rot,
          mp_objective_name(a->obj));
@@ -688,6 +692,10 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
   if (st == MP_OK)
     st = mp_sim_evaluator_init(ctx, ev, &a->m, &a->c, a->seq, a->gb, a->headroom, mp_args_get(&k_spec, "--stack"));
   if (st == MP_OK) st = mp_cmd_cp_rotate(ctx, &k_spec, &ev->stack, &ev->base);
+  if (st == MP_OK && mp_args_has(&k_spec, "--async-tp") && mp_args_has(&k_spec, "--no-sp"))
+    st = mp_error(ctx, MP_ERR_USAGE, "--async-tp fuses sequence parallelism's all-gathers and "
+                  "reduce-scatters with their GEMMs; it needs SP: drop --no-sp");
+  if (st == MP_OK) st = mp_cmd_async_tp(ctx, &k_spec, &ev->stack, &ev->base);
   if (st == MP_OK) st = search_and_report(ctx, a, ev, call->argc, call->argv);
   mp_sim_evaluator_free(ev);
   free(ev);

@@ -38,6 +38,7 @@ static mp_opt k_opts[] = {
     MP_OPT_PP_VIRTUAL,
     {"--cp", "N", "context parallel degree", NULL},
     MP_OPT_CP_ROTATE,
+    MP_OPT_ASYNC_TP,
     MP_OPT_AC(""),
     MP_OPT_FP8(""),
     MP_OPT_SP,
@@ -80,12 +81,13 @@ static const char *ring_rotate(const mp_mesh *mesh, const mp_plan_options *o) {
   return mp_cp_rotate_name(o->cp_rotate);
 }
 
-/* ", sp" under sequence parallelism, the pipeline's schedule with pp > 1 (", 1f1b",
- * ", interleaved x2", ", gpipe") and PyTorch's ring's rotate method with cp > 1 (", cp
- * alltoall"; the meshplan runtimes run their own ring), into buf. */
+/* ", sp" under sequence parallelism (", sp, async-tp" with AsyncTP), the pipeline's
+ * schedule with pp > 1 (", 1f1b", ", interleaved x2", ", gpipe") and PyTorch's ring's rotate
+ * method with cp > 1 (", cp alltoall"; the meshplan runtimes run their own ring), into buf. */
 static void fmt_plan_extras(const mp_mesh *mesh, const mp_plan_options *o, char *buf, size_t cap) {
   const char *ps = mp_pp_schedule_name(o->pp_schedule);
-  int n = snprintf(buf, cap, "%s", o->sp > 0 ? ", sp" : "");
+  int n = snprintf(buf, cap, "%s%s", o->sp > 0 ? ", sp" : "",
+                   o->sp > 0 && o->async_tp && mesh->size[MP_DIM_TP] > 1 ? ", async-tp" : "");
   if (n >= 0 && (size_t)n < cap && mesh->size[MP_DIM_PP] > 1) {
     int k = o->pp_virtual > 1 ? snprintf(buf + n, cap - (size_t)n, ", %s x%d", ps, o->pp_virtual)
                               : snprintf(buf + n, cap - (size_t)n, ", %s", ps);
@@ -154,6 +156,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   cJSON_AddStringToObject(j, "ac", ac);
   cJSON_AddBoolToObject(j, "fp8", o->fp8);
   cJSON_AddBoolToObject(j, "sp", o->sp > 0);
+  cJSON_AddBoolToObject(j, "async_tp", o->sp > 0 && o->async_tp && mesh->size[MP_DIM_TP] > 1);
   if (mesh->size[MP_DIM_PP] > 1) {
     cJSON_AddStringToObject(j, "pp_schedule", mp_pp_schedule_name(o->pp_schedule));
     cJSON_AddNumberToObject(j, "pp_virtual", o->pp_virtual > 1 ? o->pp_virtual : 1);
@@ -280,6 +283,7 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
                     "meshplan simulate: --sp: stack %s does not run sequence parallelism", j->prof.name);
   mp_stack_plan_options(&j->prof, &j->o);
   MP_CHECK(mp_cmd_cp_rotate(ctx, &k_spec, &j->prof, &j->o));
+  MP_CHECK(mp_cmd_async_tp(ctx, &k_spec, &j->prof, &j->o));
   memset(&j->cfg, 0, sizeof j->cfg);
   j->cfg.cluster = &j->c;
   j->cfg.stack = &j->prof;

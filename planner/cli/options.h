@@ -77,6 +77,11 @@
   { "--cp-rotate", "M", "with cp > 1, how PyTorch's ring moves K and V (torchtitan's "              \
     "context_parallel_rotate_method): allgather, every rank's once per pass, or alltoall, one "      \
     "rank's to the next before each step (default: the stack's, allgather)", NULL }
+/* simulate, explain and plan: torchtitan's AsyncTP (mp_cmd_async_tp) */
+#define MP_OPT_ASYNC_TP                                                                            \
+  { "--async-tp", NULL, "torchtitan's AsyncTP (with tp > 1 and SP): the all-gathers into and the " \
+    "reduce-scatters out of the TP regions run in tp chunks beside their GEMMs; stacks that run " \
+    "it only (torchtitan-compile)", NULL }
 #define MP_OPT_SEQ(dflt) { "--seq", "S", "tokens per sequence (default " dflt ")", NULL }
 #define MP_OPT_ALLOW_LONG_SEQ                                                                      \
   { "--allow-long-seq", NULL, "accept --seq beyond the model's max_seq (positions it was not trained on)", NULL }

@@ -157,6 +157,13 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
     MP_CHECK(int_in(r, "sp", sps, 0, 1, &sp));
     row->sp = (int)sp;
   }
+  row->async_tp = 0;
+  const char *ats = field(r, "async_tp");
+  if (ats && ats[0]) {
+    int64_t at = 0;
+    MP_CHECK(int_in(r, "async_tp", ats, 0, 1, &at));
+    row->async_tp = (int)at;
+  }
   return MP_OK;
 }
 

@@ -27,6 +27,7 @@ cluster '"intra_node_GBps_per_gpu": 0, "inter_node_Gbitps_per_gpu": 400' zero_bw
 cluster '"intra_node_GBps_per_gpu": 450, "inter_node_Gbitps_per_gpu": 400, "inter_node_latency_us": -3' neg_lat.json
 cluster '"intra_node_GBps_per_gpu": 450, "inter_node_Gbitps_per_gpu": 1e999' inf_bw.json
 printf '{"name": "s", "gemm_eff_max": 0.8, "gemm_eff_half_mnk": 1e9, "fp8_gemm_eff_max": 0.8, "attention_eff": 0.5, "hbm_eff": 0.8, "link_eff": 0.8, "kernel_overhead_us": -4, "comm_overhead_us": 5, "frag_factor": 1.1, "source": "t"}' >"$d/neg_stack.json"
+printf '{"name": "m", "gemm_eff_max": 0.8, "gemm_eff_half_mnk": 1e9, "fp8_gemm_eff_max": 0.8, "attention_eff": 0.5, "hbm_eff": 0.8, "link_eff": 0.8, "kernel_overhead_us": 4, "comm_overhead_us": 5, "frag_factor": 1.1, "memory_model": "megatron", "async_tp": true, "source": "t"}' >"$d/mg_async.json"
 hdr="case,model,gpu,gpus,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,cp,ep,seq,local_batch,global_batch,ac,fp8,stack,metric,value"
 csv() { printf '%s\n%s\n' "$hdr" "$1" >"$d/$2"; }
 csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,nan' nan.csv
@@ -192,6 +193,12 @@ row 2 "key 'norm_eps': expected a finite number, got inf" plan --no-db --model "
 row 2 "vocab = -5 is out of range; accepted 1..4194304" plan --no-db --model "$d/neg_vocab.json"
 row 2 "key 'inter_node_Gbitps_per_gpu': expected a finite number, got inf" plan --no-db --model tiny-dense --cluster "$d/inf_bw.json"
 row 2 "kernel_overhead_us = -4 is out of range; accepted [0, 1e+06]" simulate --model tiny-dense --stack "$d/neg_stack.json"
+# AsyncTP: torchtitan-compile's alone, and only with SP to fuse
+row 2 "async_tp is torchtitan's AsyncTP; the megatron memory model does not run it" simulate --model tiny-dense --stack "$d/mg_async.json"
+row 2 "--async-tp: stack torchtitan-eager does not run AsyncTP" simulate --model tiny-dense --gpus 2 --mesh tp=2 --stack torchtitan-eager --async-tp
+row 2 "--async-tp: stack meshplan-cpu does not run AsyncTP" explain --model tiny-dense --gpus 2 --gpu cpu --mesh tp=2 --async-tp
+row 2 "it needs SP: drop --no-sp" simulate --model tiny-dense --gpus 2 --mesh tp=2 --async-tp --no-sp
+row 2 "it needs SP: drop --no-sp" plan --no-db --model tiny-dense --gpus 2 --async-tp --no-sp
 row 2 "column 'inter_node_gbps_per_gpu' = 'inf': expected a finite number in (0, 100000]" validate "$d/inf_bw.csv"
 row 2 "column 'seq' = '9223372036854775807': expected an integer in 1..16777216" validate "$d/seq.csv"
 row 2 "metric 'flops': expected tokens_per_s_per_gpu, peak_mem_gib or step_time_s" validate "$d/metric.csv"
