@@ -153,6 +153,8 @@ typedef struct explain {
   double pp_send_bytes;   /* one stage boundary's activation (or its gradient) per micro-batch */
   double pp_chunk_layers[MP_MAX_LAYERS]; /* layers of model chunk k = c x pp + s */
   int pp_chunks;
+  mp_cluster cluster;     /* the cluster predicted on and the stack (explain_stack) */
+  mp_stack_profile prof;
 } explain;
 
 /* Row of the collapsed parameter table. */
@@ -627,17 +629,16 @@ static mp_status build_schedule(mp_ctx *ctx, explain *e, mp_arena **arena, mp_sc
   *arena = mp_arena_create();
   if (*arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the schedule");
   MP_CHECK(mp_schedule_build(ctx, e->plan, e->rank, MP_SCHEDULE_EXPANDED, *arena, s));
-  mp_cluster c;
-  mp_stack_profile prof;
-  MP_CHECK(explain_stack(ctx, e, &c, &prof));
-  if (mp_mesh_world(&e->plan->mesh) > mp_cluster_n_gpus(&c))
+  const mp_cluster *c = &e->cluster;
+  const mp_stack_profile *prof = &e->prof;
+  if (mp_mesh_world(&e->plan->mesh) > mp_cluster_n_gpus(c))
     return mp_error(ctx, MP_ERR_USAGE, "the mesh has %d ranks and cluster %s %d GPUs; give --gpus %d or a larger "
-                    "--cluster", mp_mesh_world(&e->plan->mesh), c.name, mp_cluster_n_gpus(&c),
+                    "--cluster", mp_mesh_world(&e->plan->mesh), c->name, mp_cluster_n_gpus(c),
                     mp_mesh_world(&e->plan->mesh));
   mp_sim_config cfg;
   memset(&cfg, 0, sizeof cfg);
-  cfg.cluster = &c;
-  cfg.stack = &prof;
+  cfg.cluster = c;
+  cfg.stack = prof;
   cfg.mem_headroom = 0.05;
   cfg.record_trace = 1;
   mp_sim_trace *t = NULL;
@@ -650,10 +651,10 @@ static mp_status build_schedule(mp_ctx *ctx, explain *e, mp_arena **arena, mp_sc
   mp_sim_trace_op_durations(t, e->dur, (*s)->n_ops);
   mp_sim_trace_busy(t, &e->busy);
   mp_sim_trace_destroy(t);
-  snprintf(e->predicted_on, sizeof e->predicted_on, "%d x %s, stack %s", mp_cluster_n_gpus(&c), c.gpu.name,
-           prof.name);
-  mp_stack_kernel_scale_format(&prof, &c.gpu, e->kernels, sizeof e->kernels);
-  e->kernels_json = mp_cmd_kernel_scale_json(&prof, &c.gpu);
+  snprintf(e->predicted_on, sizeof e->predicted_on, "%d x %s, stack %s", mp_cluster_n_gpus(c), c->gpu.name,
+           prof->name);
+  mp_stack_kernel_scale_format(prof, &c->gpu, e->kernels, sizeof e->kernels);
+  e->kernels_json = mp_cmd_kernel_scale_json(prof, &c->gpu);
   return MP_OK;
 }
 
@@ -962,15 +963,13 @@ static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_
   e->world = mp_mesh_world(mesh);
   /* the plan the stack runs, as simulate builds it: its memory model, attention, loss, SP
    * and context-parallel ring */
-  mp_cluster c;
-  mp_stack_profile prof;
-  MP_CHECK(explain_stack(ctx, e, &c, &prof));
-  if (o->sp == 1 && !prof.sp)
+  MP_CHECK(explain_stack(ctx, e, &e->cluster, &e->prof));
+  if (o->sp == 1 && !e->prof.sp)
     return mp_error(ctx, MP_ERR_USAGE, "--sp: stack %s does not run sequence parallelism",
-                    prof.name);
-  mp_stack_plan_options(&prof, o);
-  MP_CHECK(mp_cmd_cp_rotate(ctx, &k_spec, &prof, o));
-  MP_CHECK(mp_cmd_async_tp(ctx, &k_spec, &prof, o));
+                    e->prof.name);
+  mp_stack_plan_options(&e->prof, o);
+  MP_CHECK(mp_cmd_cp_rotate(ctx, &k_spec, &e->prof, o));
+  MP_CHECK(mp_cmd_async_tp(ctx, &k_spec, &e->prof, o));
   const int64_t seq = o->seq > 0 ? o->seq : (m->max_seq < 8192 ? m->max_seq : 8192);
   MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, m, seq));
   MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, seq, &o->global_batch));
@@ -1050,20 +1049,15 @@ static int run_explain(mp_ctx *ctx, const mp_cmd_call *call) {
   const mp_param *prm = NULL;
   mp_arena *sarena = NULL;
   mp_schedule *sched = NULL;
-  mp_cluster c;
-  mp_stack_profile prof;
   mp_status st = parse_options(ctx, &m, &mesh, &o, &e);
   if (st != MP_OK) return mp_cmd_fail(ctx, st);
-  if (mesh.size[MP_DIM_PP] > 1) { /* the stack's pipeline order and micro-batching */
-    st = explain_stack(ctx, &e, &c, &prof);
-    if (st != MP_OK) return mp_cmd_fail(ctx, st);
-    mp_cmd_stack_micro_batch(&k_spec, &prof, &mesh, &o, e.mb_rule, sizeof e.mb_rule);
-  }
+  if (mesh.size[MP_DIM_PP] > 1) /* the stack's pipeline order and micro-batching */
+    mp_cmd_stack_micro_batch(&k_spec, &e.prof, &mesh, &o, e.mb_rule, sizeof e.mb_rule);
   st = mp_build_plan(ctx, &m, &mesh, &o, &e.plan);
   if (st != MP_OK) return mp_cmd_fail(ctx, st);
   MP_CHECK_GOTO(find_param(ctx, &e, &m, &prm), st, out);
   MP_CHECK_GOTO(mp_plan_batch(ctx, e.plan, &e.local_batch, &e.n_micro), st, out);
-  if (mesh.size[MP_DIM_PP] > 1) MP_CHECK_GOTO(pipeline_facts(ctx, &e, &prof), st, out);
+  if (mesh.size[MP_DIM_PP] > 1) MP_CHECK_GOTO(pipeline_facts(ctx, &e, &e.prof), st, out);
   if (e.schedule || e.summary) MP_CHECK_GOTO(build_schedule(ctx, &e, &sarena, &sched), st, out);
   if (e.json)
     print_json(&e, prm, sched);

@@ -692,9 +692,6 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
   if (st == MP_OK)
     st = mp_sim_evaluator_init(ctx, ev, &a->m, &a->c, a->seq, a->gb, a->headroom, mp_args_get(&k_spec, "--stack"));
   if (st == MP_OK) st = mp_cmd_cp_rotate(ctx, &k_spec, &ev->stack, &ev->base);
-  if (st == MP_OK && mp_args_has(&k_spec, "--async-tp") && mp_args_has(&k_spec, "--no-sp"))
-    st = mp_error(ctx, MP_ERR_USAGE, "--async-tp fuses sequence parallelism's all-gathers and "
-                  "reduce-scatters with their GEMMs; it needs SP: drop --no-sp");
   if (st == MP_OK) st = mp_cmd_async_tp(ctx, &k_spec, &ev->stack, &ev->base);
   if (st == MP_OK) st = search_and_report(ctx, a, ev, call->argc, call->argv);
   mp_sim_evaluator_free(ev);

@@ -81,13 +81,17 @@ static const char *ring_rotate(const mp_mesh *mesh, const mp_plan_options *o) {
   return mp_cp_rotate_name(o->cp_rotate);
 }
 
+/* Whether the plan runs AsyncTP: asked for, with SP over tp > 1. */
+static int async_tp_on(const mp_mesh *mesh, const mp_plan_options *o) {
+  return o->sp > 0 && o->async_tp && mesh->size[MP_DIM_TP] > 1;
+}
+
 /* ", sp" under sequence parallelism (", sp, async-tp" with AsyncTP), the pipeline's
  * schedule with pp > 1 (", 1f1b", ", interleaved x2", ", gpipe") and PyTorch's ring's rotate
  * method with cp > 1 (", cp alltoall"; the meshplan runtimes run their own ring), into buf. */
 static void fmt_plan_extras(const mp_mesh *mesh, const mp_plan_options *o, char *buf, size_t cap) {
   const char *ps = mp_pp_schedule_name(o->pp_schedule);
-  int n = snprintf(buf, cap, "%s%s", o->sp > 0 ? ", sp" : "",
-                   o->sp > 0 && o->async_tp && mesh->size[MP_DIM_TP] > 1 ? ", async-tp" : "");
+  int n = snprintf(buf, cap, "%s%s", o->sp > 0 ? ", sp" : "", async_tp_on(mesh, o) ? ", async-tp" : "");
   if (n >= 0 && (size_t)n < cap && mesh->size[MP_DIM_PP] > 1) {
     int k = o->pp_virtual > 1 ? snprintf(buf + n, cap - (size_t)n, ", %s x%d", ps, o->pp_virtual)
                               : snprintf(buf + n, cap - (size_t)n, ", %s", ps);
@@ -156,7 +160,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   cJSON_AddStringToObject(j, "ac", ac);
   cJSON_AddBoolToObject(j, "fp8", o->fp8);
   cJSON_AddBoolToObject(j, "sp", o->sp > 0);
-  cJSON_AddBoolToObject(j, "async_tp", o->sp > 0 && o->async_tp && mesh->size[MP_DIM_TP] > 1);
+  cJSON_AddBoolToObject(j, "async_tp", async_tp_on(mesh, o));
   if (mesh->size[MP_DIM_PP] > 1) {
     cJSON_AddStringToObject(j, "pp_schedule", mp_pp_schedule_name(o->pp_schedule));
     cJSON_AddNumberToObject(j, "pp_virtual", o->pp_virtual > 1 ? o->pp_virtual : 1);

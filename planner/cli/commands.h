@@ -65,7 +65,8 @@ struct mp_stack_profile;
 mp_status mp_cmd_cp_rotate(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                            mp_plan_options *o);
 /* --async-tp into o->async_tp (untouched without it); refused under a stack that does not
- * run AsyncTP (its "async_tp" key) and under --no-sp, which leaves nothing to fuse. */
+ * run AsyncTP (its "async_tp" key) and without SP (--no-sp, or o->sp 0), which leaves
+ * nothing to fuse. */
 mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                           mp_plan_options *o);
 /* --ep N (explain, train): expert parallelism of degree N carved out of dp_shard, the same
