@@ -35,6 +35,9 @@ csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step
 csv 'a,tiny-dense,h100-sxm,8,8,inf,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,1' inf_bw.csv
 csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,9223372036854775807,1,8,none,0,torchtitan-eager,step_time_s,1' seq.csv
 csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,flops,1' metric.csv
+# the optional async_tp column: 0 or 1, and 1 only under a stack that runs AsyncTP
+printf '%s,async_tp\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,4,2,1,,1,1,64,1,4,none,0,torchtitan-compile,step_time_s,1,2' >"$d/async2.csv"
+printf '%s,async_tp\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,4,2,1,,1,1,64,1,4,none,0,torchtitan-eager,step_time_s,1,1' >"$d/async_eager.csv"
 # another program's SQLite files: a schema_version holding text; an application_id of its own
 sqlite3 "$d/foreign.db" "CREATE TABLE schema_version(version TEXT); INSERT INTO schema_version VALUES ('abc'); CREATE TABLE songs(x);"
 sqlite3 "$d/other_app.db" "PRAGMA application_id=1234; CREATE TABLE t(x);"
@@ -202,6 +205,8 @@ row 2 "it needs SP: drop --no-sp" plan --no-db --model tiny-dense --gpus 2 --asy
 row 2 "column 'inter_node_gbps_per_gpu' = 'inf': expected a finite number in (0, 100000]" validate "$d/inf_bw.csv"
 row 2 "column 'seq' = '9223372036854775807': expected an integer in 1..16777216" validate "$d/seq.csv"
 row 2 "metric 'flops': expected tokens_per_s_per_gpu, peak_mem_gib or step_time_s" validate "$d/metric.csv"
+row 2 "column 'async_tp' = '2'" validate "$d/async2.csv"
+row 2 "async_tp = 1: stack torchtitan-eager does not run AsyncTP" validate "$d/async_eager.csv"
 row 2 "--gpus '2097152': expected an integer in 1..1048576" plan --no-db --model tiny-dense --gpus 2097152 --gpu h100-sxm
 row 2 "--gpus-per-node '0': expected an integer in 1..4096" simulate --model tiny-dense --gpus 8 --gpus-per-node 0
 row 2 "--inter-gbps 'nan': expected a number in (0, 100000]" simulate --model tiny-dense --gpus 16 --inter-gbps nan
