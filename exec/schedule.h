@@ -208,6 +208,12 @@ typedef struct mp_op {
   uint8_t fused;   /* mp_fuse: AsyncTP's micro-pipelined TP collectives (plan async_tp) */
 } mp_op;
 
+/* A GEMM op's device-memory bytes (mp_op.bytes): [m, k] and [k, n] read at in_b bytes an
+ * element, [m, n] written in bf16, batch times. */
+static inline double mp_gemm_bytes(double m, double n, double k, double batch, int in_b) {
+  return batch * ((m * k + k * n) * in_b + m * n * 2.0);
+}
+
 /* AsyncTP (torch's micro-pipeline TP, torch/_inductor/fx_passes/micro_pipeline_tp.py, as
  * torchtitan enables it): a TP all-gather whose output feeds GEMMs runs as tp - 1
  * point-to-point copies beside those GEMMs split into tp chunks along the tokens
@@ -262,16 +268,19 @@ mp_status mp_schedule_build(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule
 
 /* The K and V widths (features per token on one tp rank) a context-parallel ring carries
  * (exec/schedule_cp.c): under torchtitan every query head's, repeat_kv expanding grouped K
- * and V before SDPA, (n_heads / tp) x head_dim each; under Megatron-LM (grouped != 0)
+ * and V before SDPA, (n_heads / tp) x head_dim each; under Megatron-LM (megatron != 0)
  * Transformer Engine's ring passes the grouped K and V, (n_kv_heads / tp, at least one) x
  * head_dim; MLA's decompressed K (n_heads / tp) x (qk_nope + qk_rope) and V (n_heads / tp) x
  * v_head_dim either way. The schedule prices them; explain describes them. */
-void mp_cp_ring_widths(const mp_model *m, int tp, int grouped, int64_t *kw, int64_t *vw);
-/* The K, V buffers a rank of PyTorch's ring holds while its attention runs, in units of
- * its own K and V (2 T (kw + vw) bytes): cp gathered and the send buffer under allgather;
+void mp_cp_ring_widths(const mp_model *m, int tp, int megatron, int64_t *kw, int64_t *vw);
+/* The K, V buffers a rank of the ring holds while its attention runs, in units of its own K
+ * and V (2 T (kw + vw) bytes). PyTorch's: cp gathered and the send buffer under allgather;
  * under alltoall the K, V in use, the copy being sent and the one arriving, min(cp, 3) (at
- * cp = 2 the last step sends nothing). */
-int mp_cp_ring_kv_units(int cp, mp_cp_rotate rotate);
+ * cp = 2 the last step sends nothing). Transformer Engine's (megatron != 0) keeps every
+ * step's buffer in its p2p_comm_buffers list until the pass ends (AttnFuncWithCPAndKVP2P:
+ * p2p_comm_buffers[i + 1] = torch.empty_like(p2p_comm_buffers[i]), none released in the
+ * loop): cp. */
+int mp_cp_ring_kv_units(int cp, mp_cp_rotate rotate, int megatron);
 
 /* For the planner's speed: what mp_schedule_build reads from a plan's parameters for
  * one rank (the FSDP units as the rank's stage sees them, the tp-local shapes, the runs of

@@ -50,7 +50,7 @@
  * same 2 x cp load-balanced chunks and per-step partial attention with the online-softmax
  * merge, the K and V sent to the next rank before each step as the alltoall rotate method
  * sends them (the plan must say alltoall), and the dK, dV passed on after each backward
- * step; it keeps every step's K, V buffer until the pass ends, cp of them (kv_units). Its K
+ * step; it keeps every step's K, V buffer until the pass ends, cp of them (mp_cp_ring_kv_units). Its K
  * and V are the grouped ones, n_kv_heads / tp heads (no repeat_kv), and its
  * parameters are replicated over cp: their gradients are all-reduced over dp_replicate x cp
  * (mp_sched_ddp_group), not reduce-scattered over dp_shard x cp as under FSDP. */
@@ -92,10 +92,10 @@ static int ring_rounds(const gen *g, int *fold) {
 /* The steps round r stands for. */
 static int round_steps(int fold, int r) { return fold && r == 2 ? fold : 1; }
 
-void mp_cp_ring_widths(const mp_model *m, int tp, int grouped, int64_t *kw, int64_t *vw) {
+void mp_cp_ring_widths(const mp_model *m, int tp, int megatron, int64_t *kw, int64_t *vw) {
   const int mla = mp_model_is_mla(m);
   const int64_t kvh = m->n_kv_heads / tp > 0 ? m->n_kv_heads / tp : 1;
-  const int64_t heads = grouped && !mla ? kvh : m->n_heads / tp;
+  const int64_t heads = megatron && !mla ? kvh : m->n_heads / tp;
   *kw = heads * (mla ? m->qk_nope_head_dim + m->qk_rope_head_dim : m->head_dim);
   *vw = heads * (mla ? m->v_head_dim : m->head_dim);
 }
@@ -115,16 +115,14 @@ static int32_t kv_gather(gen *g, double kvb, mp_variant v) {
   return i;
 }
 
-int mp_cp_ring_kv_units(int cp, mp_cp_rotate rotate) {
+int mp_cp_ring_kv_units(int cp, mp_cp_rotate rotate, int megatron) {
+  if (megatron) return cp;
   if (rotate == MP_CP_ROTATE_ALLTOALL) return cp < 3 ? cp : 3;
   return cp + 1;
 }
 
-/* Transformer Engine's ring (Megatron-LM) keeps every step's K, V buffer in its
- * p2p_comm_buffers list until the pass ends (AttnFuncWithCPAndKVP2P: p2p_comm_buffers[i + 1]
- * = torch.empty_like(p2p_comm_buffers[i]), none released in the loop): cp of them. */
 static int kv_units(const gen *g) {
-  return g->mg ? g->sh.cp : mp_cp_ring_kv_units(g->sh.cp, g->p->opts.cp_rotate);
+  return mp_cp_ring_kv_units(g->sh.cp, g->p->opts.cp_rotate, g->mg);
 }
 
 /* alltoall: before round r's compute, wait for the K, V the round before shifted (`prev`),

@@ -283,7 +283,9 @@ struct mp_schedule_prep {
  * group with context parallelism: a cp rank holds every parameter and computes its
  * gradient from its part of the sequence). */
 static inline mp_group mp_sched_ddp_group(const gen *g) {
-  return g->mg && g->p->mesh.size[MP_DIM_CP] > 1 ? MP_GROUP_DP_CP : MP_GROUP_DP_REPLICATE;
+  return g->p->opts.mem_model == MP_MEM_MODEL_MEGATRON && g->p->mesh.size[MP_DIM_CP] > 1
+             ? MP_GROUP_DP_CP
+             : MP_GROUP_DP_REPLICATE;
 }
 
 static inline int skipped(const gen *g, uint32_t bit) {
@@ -429,16 +431,12 @@ static inline void pair(gen *g, mp_mem_cat cat, int buf, int64_t bytes, int allo
 
 /* ---- GEMMs -------------------------------------------------------------------------- */
 
-static inline double gemm_bytes(double m, double n, double k, double batch, int in_b) {
-  return batch * ((m * k + k * n) * in_b + m * n * 2.0);
-}
-
 static inline int32_t gemm(gen *g, mp_variant v, int module, double m, int64_t n, int64_t k,
                            int64_t batch, mp_dtype dt) {
   const int in_b = mp_dtype_bytes(dt);
   return compute(g, MP_KERNEL_GEMM, v, module, (int64_t)ceil(m), n, k, batch,
                  2.0 * m * (double)n * (double)k * (double)batch,
-                 gemm_bytes(m, (double)n, (double)k, (double)batch, in_b), dt);
+                 mp_gemm_bytes(m, (double)n, (double)k, (double)batch, in_b), dt);
 }
 
 /* The pending dependencies of a block part's first op (the gathers it waits for). */

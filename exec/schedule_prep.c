@@ -313,7 +313,6 @@ mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedul
   g.ctx = ctx;
   g.arena = arena;
   g.p = p;
-  g.mg = p->opts.mem_model == MP_MEM_MODEL_MEGATRON; /* for mp_sched_ddp_group */
   gen_dtypes(p, &g.pdt, &g.rdt);
   const mp_mesh *mesh = &p->mesh;
   int coords[MP_MESH_NDIMS];

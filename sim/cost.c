@@ -214,11 +214,8 @@ static double chunked_gemm_s(const mp_op *op, int tp, const op_costs *k) {
   mp_op ch = *op;
   ch.m = (op->m + tp - 1) / tp;
   ch.flops = op->flops / tp;
-  const double in_b = op->dtype == MP_DTYPE_FP8_E4M3 || op->dtype == MP_DTYPE_FP8_E5M2 ? 1.0
-                      : op->dtype == MP_DTYPE_FP32                                     ? 4.0
-                                                                                      : 2.0;
-  const double mc = (double)ch.m, n = (double)op->n, kk = (double)op->k;
-  ch.bytes = (double)(op->batch > 0 ? op->batch : 1) * ((mc * kk + kk * n) * in_b + mc * n * 2.0);
+  ch.bytes = mp_gemm_bytes((double)ch.m, (double)op->n, (double)op->k,
+                           (double)(op->batch > 0 ? op->batch : 1), mp_dtype_bytes((mp_dtype)op->dtype));
   return tp * op_compute_s(&ch, k);
 }
 

@@ -288,31 +288,28 @@ static void cp_note(const mp_plan *p, char *buf, size_t cap) {
   char a[32], g[32], d[32], moved[320];
   fmt_bytes(kv, a, sizeof a);
   fmt_bytes(2.0 * kv, d, sizeof d);
+  fmt_bytes(kv * mp_cp_ring_kv_units(cp, rot, mg), g, sizeof g);
   if (mg) {
-    fmt_bytes(kv * cp, g, sizeof g);
-    snprintf(moved, sizeof moved,
-             " (%s a rank), passed to the next rank before every step but the last, each "
-             "transfer beside that step's attention and waited for by the next step (%s held: "
-             "every step's K, V buffer is kept until the pass ends)", a, g);
-  } else if (rot == MP_CP_ROTATE_ALLTOALL) {
-    fmt_bytes(kv * mp_cp_ring_kv_units(cp, rot), g, sizeof g);
+    snprintf(buf + n, cap - (size_t)n,
+             "K and V %s (%s a rank), passed to the next rank before every step but the last, "
+             "each transfer beside that step's attention and waited for by the next step (%s "
+             "held: every step's K, V buffer is kept until the pass ends), the fp32 dK, dV (%s) "
+             "passed to the next rank after every backward step (Megatron-LM's context "
+             "parallelism: Transformer Engine's p2p ring; gradients all-reduced over "
+             "dp_replicate x cp)",
+             mla ? "at their decompressed widths" : "of the kv heads", a, g, d);
+    return;
+  }
+  if (rot == MP_CP_ROTATE_ALLTOALL) {
     snprintf(moved, sizeof moved,
              " (%s a rank), copied and passed to the next rank before every step but the last, "
              "each transfer beside that step's attention and waited for by the next step (%s "
              "held: the K, V in use, the copy sent, the one arriving)", a, g);
   } else {
-    fmt_bytes(kv * cp, g, sizeof g);
+    fmt_bytes(kv * cp, g, sizeof g); /* the gathered ones, the send buffer aside */
     snprintf(moved, sizeof moved,
              ", all-gathered on the CP group once per pass (%s a rank, %s gathered and held "
              "through the ring; only step 0 hides the gather)", a, g);
-  }
-  if (mg) {
-    snprintf(buf + n, cap - (size_t)n,
-             "K and V %s%s, the fp32 dK, dV (%s) passed to the next rank after every backward "
-             "step (Megatron-LM's context parallelism: Transformer Engine's p2p ring; gradients "
-             "all-reduced over dp_replicate x cp)",
-             mla ? "at their decompressed widths" : "of the kv heads", moved, d);
-    return;
   }
   snprintf(buf + n, cap - (size_t)n,
            "K and V %s%s, the fp32 dK, dV (%s) passed to the next rank after every backward step "
