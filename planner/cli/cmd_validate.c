@@ -251,6 +251,16 @@ static mp_status read_rows(mp_ctx *ctx, const char *path, char *text, row *rows,
   return st;
 }
 
+/* A figure in four significant digits, whole numbers from 10,000 up (tokens per second are
+ * read as counts, not in exponent form). */
+static const char *fig(char *buf, size_t cap, double x) {
+  if (fabs(x) >= 1e4 && fabs(x) < 1e15)
+    snprintf(buf, cap, "%.0f", x);
+  else
+    snprintf(buf, cap, "%.4g", x);
+  return buf;
+}
+
 /* Every row's predicted vs published figure, then per metric the MAPE and Kendall's tau. */
 static mp_status print_results(mp_ctx *ctx, const row *rows, int n) {
   printf("%-30s %-22s %5s %12s %12s %8s\n", "case", "metric", "mb", "predicted", "published",
@@ -258,16 +268,18 @@ static mp_status print_results(mp_ctx *ctx, const row *rows, int n) {
   int n_refused = 0;
   for (int i = 0; i < n; i++) {
     if (rows[i].refused[0]) {
-      printf("%-30s %-22s %5s %12s %12.4g %8s\n", rows[i].name, rows[i].metric, "-", "refused",
-             rows[i].measured, "-");
+      char pub[32];
+      printf("%-30s %-22s %5s %12s %12s %8s\n", rows[i].name, rows[i].metric, "-", "refused",
+             fig(pub, sizeof pub, rows[i].measured), "-");
       n_refused++;
       continue;
     }
     char mb[24];
     snprintf(mb, sizeof mb, "%lld%s", (long long)rows[i].micro_batch,
              rows[i].picked == 2 ? "s" : rows[i].picked ? "*" : "");
-    printf("%-30s %-22s %5s %12.4g %12.4g %+7.1f%%\n", rows[i].name, rows[i].metric, mb,
-           rows[i].predicted, rows[i].measured,
+    char pred[32], pub[32];
+    printf("%-30s %-22s %5s %12s %12s %+7.1f%%\n", rows[i].name, rows[i].metric, mb,
+           fig(pred, sizeof pred, rows[i].predicted), fig(pub, sizeof pub, rows[i].measured),
            100.0 * (rows[i].predicted - rows[i].measured) / rows[i].measured);
   }
   printf("(mb: the micro-batch simulated; * the fastest that fits among the divisors of "
