@@ -55,7 +55,7 @@ typedef struct mp_stack_kernel_scale {
  * p names no fit GPU, when g is that GPU, or when either states no figure for the class. */
 void mp_stack_kernel_scale_of(const mp_stack_profile *p, const mp_gpu *g, mp_stack_kernel_scale *out);
 /* One line for a user: "torchtitan-eager fitted on h100-96gb-500w; on a100-80gb-sxm GEMM
- * x1.082, flash attention x1.771, fp8 GEMM x1 (a100-80gb-sxm has no fp8 units)", or
+ * x1.203, flash attention x1.771, fp8 GEMM x1 (a100-80gb-sxm has no fp8 units)", or
  * "meshplan-cuda: efficiencies as stated on every GPU (no fit GPU)". */
 void mp_stack_kernel_scale_format(const mp_stack_profile *p, const mp_gpu *g, char *buf, size_t cap);
 
