@@ -160,6 +160,25 @@ mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
 void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o) {
   const mp_mesh *mesh = &p->mesh;
   const int ep_on = (p->applied & MP_PASS_EP) && mesh->ep > 1;
+  if (p->opts.mem_model == MP_MEM_MODEL_MEGATRON) {
+    /* Megatron-LM replicates the parameters over its data-parallel group (x cp) */
+    const int d = mp_mesh_group_size(
+        mesh, mesh->size[MP_DIM_CP] > 1 ? MP_GROUP_DP_CP : MP_GROUP_DP_REPLICATE);
+    mp_plan_note(p,
+                 "FSDP: not run by Megatron-LM: parameters replicated over dp_replicate x cp = "
+                 "%d, fp32 main gradients %s%s",
+                 d,
+                 p->opts.dist_opt
+                     ? "reduce-scattered over them, and the distributed optimizer's fp32 "
+                       "master weights and Adam state sharded over them (6 + 12/d bytes a "
+                       "parameter), its updated 16-bit parameters all-gathered back"
+                     : "all-reduced over them (18 bytes a parameter at rest)",
+                 !p->opts.dp_overlap ? ", after the step's last backward"
+                 : p->opts.dist_opt  ? ", bucket by bucket as the backward ends and the "
+                                       "gathers in the next forward"
+                                     : ", bucket by bucket as the backward ends");
+    return;
+  }
   mp_plan_note(p,
                "FSDP: %d units; dense parameters Shard(0) over dp_shard x cp = %d%s%.0d; params "
                "gathered in %s, gradients reduced in %s, %s",

@@ -158,10 +158,13 @@ mp_status mp_apply_tensor_parallel(mp_ctx *ctx, mp_plan *p, const mp_tp_options 
       mp_plan_note(p, "TP: no sequence parallelism: activations replicated over tp, every TP "
                       "region closed by an all-reduce");
     if (p->opts.sp == 1 && p->opts.async_tp)
-      mp_plan_note(p, "TP: AsyncTP: the all-gathers into q/k/v and gate/up and the "
+      mp_plan_note(p, "TP: %s: the all-gathers into q/k/v and gate/up and the "
                       "reduce-scatters out of o and down (and in backward the output-gradient "
                       "all-gathers into o's and down's input-gradient GEMMs) run in %d chunks "
                       "beside those GEMMs",
+                   p->opts.mem_model == MP_MEM_MODEL_MEGATRON
+                       ? "tp comm overlap (Transformer Engine's userbuffers)"
+                       : "AsyncTP",
                    tp);
     if (p->model.tied_embeddings)
       mp_plan_note(p, "TP: output head tied to tok_embeddings: it uses the vocab-sharded "

@@ -354,11 +354,19 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
       o->sp < -1 || o->sp > 1)
     return mp_error(ctx, MP_ERR_INVALID, "attention kind %d, loss kind %d or sp=%d out of range",
                     (int)o->attn, (int)o->loss, o->sp);
-  if (o->async_tp && o->mem_model != MP_MEM_MODEL_TORCHTITAN)
+  if (o->async_tp && mp_mem_model_is_runtime(o->mem_model))
     return mp_error(ctx, MP_ERR_INVALID,
                     "AsyncTP is torchtitan's (experimental.enable_async_tensor_parallel with "
-                    "torch.compile); the %s memory model does not run it: drop async_tp",
+                    "torch.compile) or Megatron-Core's (--tp-comm-overlap); the %s memory model "
+                    "does not run it: drop async_tp",
                     mp_mem_model_name(o->mem_model));
+  if (o->dist_opt && o->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "the distributed optimizer is Megatron-LM's (--use-distributed-optimizer); "
+                    "the %s memory model shards its optimizer state %s: drop dist_opt",
+                    mp_mem_model_name(o->mem_model),
+                    o->mem_model == MP_MEM_MODEL_TORCHTITAN ? "with FSDP (dp_shard)"
+                                                            : "its own way");
   if (o->mem_model == MP_MEM_MODEL_MEGATRON) {
     if (mesh->size[MP_DIM_DP_SHARD] > 1)
       return mp_error(ctx, MP_ERR_INVALID,
@@ -680,7 +688,8 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
       opts->pp_virtual != b->pp_virtual || seq != b->seq || opts->master_dtype != b->master_dtype ||
       opts->mem_model != b->mem_model || opts->attn != b->attn || opts->loss != b->loss ||
-      opts->dp_overlap != b->dp_overlap || opts->cp_rotate != b->cp_rotate ||
+      opts->dp_overlap != b->dp_overlap || opts->dist_opt != b->dist_opt ||
+      opts->cp_rotate != b->cp_rotate ||
       opts->async_tp != b->async_tp ||
       (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,

@@ -264,17 +264,27 @@ typedef struct mp_plan_options {
                             dp_replicate as each block's backward ends, overlapping the
                             rest (Megatron-LM's --overlap-grad-reduce); 0: after the step's
                             last backward. Set from the stack (key "dp_overlap") */
+  int dist_opt;          /* the megatron memory model: Megatron-LM's distributed optimizer
+                            (--use-distributed-optimizer, megatron/core/optimizer/
+                            distrib_optimizer.py): fp32 master weights and Adam state sharded
+                            over the data-parallel group (x cp), the fp32 gradients
+                            reduce-scattered over it and the updated bf16 parameters
+                            all-gathered back (with dp_overlap, block by block in the next
+                            forward: --overlap-param-gather). 0: replicated (default). Set
+                            from the stack (key "distributed_optimizer") */
   mp_fsdp_options fsdp;
   mp_pp_schedule pp_schedule;
   int pp_virtual;        /* virtual stages per rank for interleaved (>= 1) */
   mp_cp_rotate cp_rotate; /* PyTorch's ring with cp > 1: how K and V travel (default
                              ALLGATHER). Set from the stack (key "cp_rotate") */
   int async_tp;          /* torchtitan's AsyncTP (experimental.enable_async_tensor_parallel,
-                            torch.compile's micro-pipelined TP): with tp > 1 and SP, the
-                            all-gathers into the column-parallel Linears and the
+                            torch.compile's micro-pipelined TP), or under the megatron memory
+                            model Megatron-Core's --tp-comm-overlap (Transformer Engine's
+                            userbuffers, which pipeline the same pairs): with tp > 1 and SP,
+                            the all-gathers into the column-parallel Linears and the
                             reduce-scatters out of the row-parallel ones run in tp chunks
-                            beside those GEMMs (exec/schedule_ops.c). 0: off (default); the
-                            torchtitan memory model only */
+                            beside those GEMMs (exec/schedule_ops.c). 0: off (default); not
+                            under the runtimes' memory models */
   int64_t seq;           /* tokens per sequence (0: min(max_seq, 8192), set by mp_plan_create) */
   int64_t micro_batch;   /* sequences per micro-batch per data-parallel rank */
   int64_t global_batch;  /* sequences per step over all data-parallel ranks (0: one

@@ -55,6 +55,7 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   if (g->prefetch && mp_sched_kind_of(g, l + 1, st) != KIND_NONE)
     mp_sched_gather_block(g, l + 1, next_g, prev_last, patch, &n_patch);
   if (!g->prefetch) mp_sched_gather_units(g, l, u0, nu, own_g, prev_last, patch, &n_patch);
+  const int32_t dopt_g = mp_sched_dopt_gather(g, l, u0, nu);
   part_deps pd;
   for (int k = 0; k < N_PARTS; k++) {
     /* part k's unit: a single-unit block has everything in its unit 0 */
@@ -64,6 +65,7 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
     pd.dep[k][1] = g->prefetch && src >= 0 && repeat > 1 ? next_g[src] : -1;
     pd.flags[k][1] = MP_DEP_PREV_REP;
   }
+  if (dopt_g >= 0) pd.dep[0][0] = dopt_g; /* the block's first op waits for its parameters */
   if (g->rt) mp_sched_rt_block_fwd(g, kind, &pd);
   else mp_sched_block_fwd_tt(g, kind, &pd);
   if (g->reshard) mp_sched_free_units(g, l, u0, nu, 0, N_PARTS - 1);
@@ -145,6 +147,7 @@ static void gen_init(gen *g, mp_ctx *ctx, const mp_plan *p, const mp_schedule_pr
   const int cuda = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CUDA;
   g->rt = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CPU || cuda;
   g->mg = p->opts.mem_model == MP_MEM_MODEL_MEGATRON;
+  g->dopt = g->mg && p->opts.dist_opt;
   g->stage_grad_bytes = pr->params_numel * mp_dtype_bytes(g->rdt);
   g->xs = g->rt && !cuda ? 4 : 2;
   g->f8c = cuda || (g->rt && p->opts.f8_codes);
@@ -181,7 +184,10 @@ static void resident(gen *g, mp_mem_cat cat, int buf, int64_t bytes) {
 /* Prologue: the resident state. The torchtitan model: the rank's shards in the master
  * dtype, as many gradients and two AdamW states. The megatron model: the stage's
  * parameters in the model dtype besides, gradients in the fp32 main_grad buffers (2 + 4 +
- * 4 + 8 = 18 bytes per parameter, Megatron-LM's mixed precision). The runtime models: fp32 master,
+ * 4 + 8 = 18 bytes per parameter, Megatron-LM's mixed precision); with the distributed
+ * optimizer the fp32 masters and Adam state are the rank's 1/d of them, d the data-parallel
+ * ranks, 6 + 12/d bytes per parameter (Megatron-LM docs, distributed optimizer: "bf16 param,
+ * fp32 grads"; the buffers' padding to a multiple of d is left out). The runtime models: fp32 master,
  * gradient and AdamW m, v of the padded shards; X compute copies of the parameters not
  * sharded when X is not fp32; the resident tensors of the activation layout; the float8
  * codes of unsharded weights. */
@@ -195,6 +201,11 @@ static void emit_prologue(gen *g, const mp_schedule_prep *pr) {
   } else if (g->mg) { /* fp16/bf16 model parameters beside the fp32 masters; fp32 main_grad */
     param_bytes += n * mp_dtype_bytes(g->pdt);
     grad_bytes = n * mp_dtype_bytes(g->rdt);
+    if (g->dopt) {
+      const int64_t shard = (n + mp_sched_dopt_ways(g) - 1) / mp_sched_dopt_ways(g);
+      param_bytes = n * mp_dtype_bytes(g->pdt) + shard * mb;
+      optimizer_bytes = 2 * shard * mb;
+    }
   }
   mp_sched_seg_open(g, MP_PHASE_PROLOGUE, -1, 0);
   resident(g, MP_MEM_PARAMS, BUF_PARAMS, param_bytes);
@@ -223,8 +234,11 @@ static int32_t emit_forward_head(gen *g, const stage_info *st, carry *c, int fir
   int32_t recv = -1;
   if (first_chunk) mp_sched_rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 1);
   if (!st->first) recv = stage_p2p(g, MP_COLL_RECV, MP_PEER_PREV);
-  if (first_chunk && g->root_unit >= 0)
+  if (first_chunk && g->root_unit >= 0) {
     mp_sched_gather_units(g, -1, g->root_unit, 1, root_g, -1, NULL, NULL);
+    const int32_t dg = mp_sched_dopt_gather(g, -1, g->root_unit, 1);
+    if (dg >= 0) root_g[0] = dg;
+  }
   if (g->prefetch && st->l1 > st->l0)
     mp_sched_gather_block(g, st->l0, c->gather, -1, NULL, NULL);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 1); /* the runtimes: x[0], the stage's input */
@@ -311,12 +325,13 @@ static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {
   /* FSDP under a pipeline: the chunk's (and with its last, the root unit's) accumulated
    * gradients reduced once the last micro-batch's backward of the chunk is done */
   if (g->ppf) mp_sched_pp_fsdp_reduce(g, st->l0, st->l1, last_chunk && g->root_unit >= 0);
-  /* Megatron-LM without overlap: the whole stage's gradients all-reduced over dp_replicate
-   * (x cp) once its last micro-batch's backward is done */
+  /* Megatron-LM without overlap: the whole stage's gradients all-reduced (reduce-scattered
+   * under the distributed optimizer) over dp_replicate (x cp) once its last micro-batch's
+   * backward is done */
   const mp_group ddp = mp_sched_ddp_group(g);
   if (g->mg && !g->p->opts.dp_overlap && last_chunk && mp_mesh_group_size(&g->p->mesh, ddp) > 1) {
-    const int32_t i = grad_comm(g, MP_COLL_ALL_REDUCE, ddp, g->stage_grad_bytes,
-                                -1, -1, g->last_c);
+    const int32_t i = grad_comm(g, g->dopt ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, ddp,
+                                g->stage_grad_bytes, -1, -1, g->last_c);
     if (i >= 0) g->ops[i].when = MP_WHEN_LAST_MICRO;
   }
   mp_sched_seg_close(g, MP_PHASE_BACKWARD, 1, 0, 0);
@@ -333,7 +348,11 @@ static void emit_tied_all_reduce(gen *g, const mp_schedule_prep *pr) {
   add_dep(g, i, g->last_reduce, 0);
 }
 
-/* Optimizer: global gradient norm (clipping), AdamW on the shard. */
+/* Optimizer: global gradient norm (clipping), AdamW on the shard. Megatron-LM's
+ * distributed optimizer steps its 1/d of the parameters and, without overlap, all-gathers
+ * the updated model-dtype parameters over the data-parallel group here; with overlap
+ * (--overlap-param-gather) the next forward gathers them block by block
+ * (mp_sched_dopt_gather). */
 static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
   const int world_reduce = mp_mesh_world(&g->p->mesh) > 1;
   mp_sched_seg_open(g, MP_PHASE_OPTIMIZER, -1, 0);
@@ -341,7 +360,8 @@ static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
   if (g->rt) {
     mp_sched_rt_optimizer(g, &pr->rest, world_reduce);
   } else {
-    const double shard = (double)pr->params_numel;
+    const int64_t d = g->dopt ? mp_sched_dopt_ways(g) : 1;
+    const double shard = (double)((pr->params_numel + d - 1) / d);
     int32_t gn = compute(g, MP_KERNEL_GRAD_NORM, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1,
                          2.0 * shard, 4.0 * shard, MP_DTYPE_FP32);
     add_dep(g, gn, g->last_reduce, 0);
@@ -352,6 +372,9 @@ static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
     if (g->mg) /* the model dtype's parameters refreshed from the masters */
       compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
               (4.0 + mp_dtype_bytes(g->pdt)) * shard, MP_DTYPE_FP32);
+    if (g->dopt && !g->p->opts.dp_overlap && d > 1)
+      comm(g, MP_COLL_ALL_GATHER, mp_sched_ddp_group(g), MP_STREAM_COMPUTE,
+           (double)(pr->params_numel * mp_dtype_bytes(g->pdt)), g->pdt, -1);
   }
   mp_sched_seg_close(g, MP_PHASE_OPTIMIZER, 1, 0, 0);
 }

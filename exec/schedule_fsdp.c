@@ -92,6 +92,28 @@ void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t 
   }
 }
 
+/* Megatron-LM's distributed optimizer with --overlap-param-gather: the updated
+ * model-dtype parameters of units [unit0, unit0 + n) (block `layer`, or the root unit)
+ * all-gathered over the data-parallel group on the gather stream in the first
+ * micro-batch's forward, issued ahead of the compute (Megatron dispatches the next
+ * bucket's gather as the forward reaches a bucket; issued at once, the gather stream runs
+ * them in the same order), the block waiting for its own. Returns the gather, -1 where
+ * there is none. */
+int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n) {
+  if (!g->dopt || !g->p->opts.dp_overlap || mp_sched_dopt_ways(g) <= 1) return -1;
+  int64_t numel = 0;
+  for (int k = 0; k < n; k++) numel += g->ui[unit0 + k].numel_tp;
+  if (numel == 0) return -1;
+  const int32_t i = comm(g, MP_COLL_ALL_GATHER, mp_sched_ddp_group(g), MP_STREAM_GATHER,
+                         (double)(numel * mp_dtype_bytes(g->pdt)), g->pdt, -1);
+  if (i >= 0) {
+    g->ops[i].layer = layer;
+    g->ops[i].unit = unit0;
+    g->ops[i].when = MP_WHEN_FIRST_MICRO;
+  }
+  return i;
+}
+
 /* The all-gathers of every unit of block l (see mp_sched_gather_units). */
 void mp_sched_gather_block(gen *g, int32_t l, int32_t gidx[N_PARTS], int32_t dep_prev,
                            int32_t *patch, int *n_patch) {
@@ -184,8 +206,9 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
        * the backward (schedule.c) */
       if (mp_mesh_group_size(&g->p->mesh, mp_sched_ddp_group(g)) > 1 &&
           (!g->mg || g->p->opts.dp_overlap)) {
-        const int32_t i = grad_comm(g, MP_COLL_ALL_REDUCE, mp_sched_ddp_group(g),
-                                    ui->numel_tp * mp_dtype_bytes(g->rdt), layer, u, after);
+        const int32_t i = grad_comm(g, g->dopt ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE,
+                                    mp_sched_ddp_group(g), ui->numel_tp * mp_dtype_bytes(g->rdt),
+                                    layer, u, after);
         if (i >= 0 && (g->mg || g->p->mesh.size[MP_DIM_PP] > 1)) g->ops[i].when = MP_WHEN_LAST_MICRO;
       }
       continue;

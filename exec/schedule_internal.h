@@ -182,6 +182,10 @@ typedef struct gen {
                               all-reduced over dp_replicate (x cp: mp_sched_ddp_group) in the
                               last micro-batch, SP re-gathering the sharded inputs of its
                               column-parallel Linears in backward */
+  int dopt;                /* mg with Megatron-LM's distributed optimizer (dist_opt): the
+                              gradients reduce-scattered over the DDP group instead of
+                              all-reduced, the optimizer on the rank's 1/d of them, the
+                              updated parameters all-gathered back */
   int64_t stage_grad_bytes; /* mg: the stage's gradients in the reduce dtype */
   int xs;                  /* bytes of an activation (X) element: bf16 under torchtitan, the
                               backend's x_dtype in the runtimes (4 CPU, 2 CUDA) */
@@ -286,6 +290,11 @@ static inline mp_group mp_sched_ddp_group(const gen *g) {
   return g->p->opts.mem_model == MP_MEM_MODEL_MEGATRON && g->p->mesh.size[MP_DIM_CP] > 1
              ? MP_GROUP_DP_CP
              : MP_GROUP_DP_REPLICATE;
+}
+
+/* The data-parallel ranks the distributed optimizer shards over (the DDP group's size). */
+static inline int64_t mp_sched_dopt_ways(const gen *g) {
+  return mp_mesh_group_size(&g->p->mesh, mp_sched_ddp_group(g));
 }
 
 static inline int skipped(const gen *g, uint32_t bit) {
@@ -508,6 +517,7 @@ void mp_sched_cp_attention_fwd(gen *g);
 void mp_sched_free_units(gen *g, int32_t layer, int32_t unit0, int n, int part_lo, int part_hi);
 void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t gidx[N_PARTS],
                            int32_t dep_prev, int32_t *patch, int *n_patch);
+int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n);
 void mp_sched_gather_block(gen *g, int32_t l, int32_t gidx[N_PARTS], int32_t dep_prev,
                            int32_t *patch, int *n_patch);
 void mp_sched_grads_alloc(gen *g, int32_t layer, int32_t unit0, int n);

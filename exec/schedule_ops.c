@@ -307,10 +307,17 @@ static void tp_region_in_bwd(gen *g, int on, int module) {
 }
 
 /* AsyncTP (mp_fuse, schedule.h): the plan asks for it and the block's TP regions run SP's
- * all-gathers and reduce-scatters (torchtitan's model: the meshplan runtimes and Megatron-LM
- * have no such fusion here; the plan refuses async_tp under their memory models). */
+ * all-gathers and reduce-scatters. torchtitan's is torch.compile's micro-pipeline pass;
+ * Megatron-Core's --tp-comm-overlap pipelines the same pairs in Transformer Engine
+ * (userbuffers: ring-exchange all-gather into the qkv and fc1 GEMMs, pipelined
+ * reduce-scatter out of proj and fc2, the output-gradient all-gather into proj's and fc2's
+ * input-gradient GEMMs; transformer_engine/pytorch/module/base.py, initialize_ub). TE's
+ * "bulk" overlaps in backward (the input-gradient reduce-scatter beside the weight-gradient
+ * GEMM, the input's re-gather beside the input-gradient GEMM, which mg_regather runs on the
+ * gather stream) are not priced as fused. The meshplan runtimes have no such fusion; the
+ * plan refuses async_tp under their memory models. */
 static int async_tp(const gen *g) {
-  return g->p->opts.async_tp && g->sh.sp && g->sh.tp > 1 && !g->rt && !g->mg;
+  return g->p->opts.async_tp && g->sh.sp && g->sh.tp > 1 && !g->rt;
 }
 
 /* Marks the TP collective of `kind` (all-gather or reduce-scatter) emitted since op `from`

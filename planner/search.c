@@ -196,12 +196,29 @@ static int fp8_dims_ok(const mp_model *m, int tp) {
   return 1;
 }
 
-/* Lower bound of a rank's peak memory (see search.h): 12 bytes per parameter held. */
+/* The resident bytes per parameter a rank holds, and over how many ranks the parameters
+ * are cut (see search.h): FSDP stacks 12 over dp_shard x cp x tp x pp; without FSDP
+ * (Megatron-LM) 18 over tp x pp, or with the distributed optimizer 6 + 12 / (dp_replicate
+ * x cp). */
+static double bound_bytes_per_param(const mp_search_config *cfg, const mp_mesh *mesh,
+                                    int64_t *shards) {
+  const int64_t tp_pp = (int64_t)mesh->size[MP_DIM_TP] * mesh->size[MP_DIM_PP];
+  if (!cfg->no_fsdp) {
+    *shards = (int64_t)mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * tp_pp;
+    return 12.0;
+  }
+  *shards = tp_pp;
+  return cfg->dist_opt
+             ? 6.0 + 12.0 / ((double)mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_CP])
+             : 18.0;
+}
+
+/* Lower bound of a rank's peak memory (see search.h). */
 static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *mesh,
                                     double n_params) {
-  double shards = (double)mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] *
-                  mesh->size[MP_DIM_TP] * mesh->size[MP_DIM_PP];
-  return 12.0 * n_params / shards +
+  int64_t shards;
+  const double b = bound_bytes_per_param(cfg, mesh, &shards);
+  return b * n_params / (double)shards +
          cfg->cluster->gpu.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0;
 }
 
@@ -315,14 +332,19 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                  "stage's parameters gathered through the step (same as reshard off)", pp);
       break;
     case MP_REJECT_MEMORY_BOUND:
+    {
+      int64_t shards;
+      const double b = bound_bytes_per_param(cfg, mesh, &shards);
       snprintf(buf, cap,
-               "fp32 parameters and AdamW state alone need %.2f GiB per GPU (12 B x %.4g params / "
+               "%s alone need %.2f GiB per GPU (%.4g B x %.4g params / "
                "%lld shards + %.2f GiB runtime), over capacity %.2f GiB",
+               cfg->no_fsdp ? "parameters, main gradients, fp32 masters and Adam state"
+                            : "fp32 parameters and AdamW state",
                mem_lower_bound_bytes(cfg, mesh, (double)mp_model_param_count(m)) /
                    (1024.0 * 1024.0 * 1024.0),
-               (double)mp_model_param_count(m),
-               (long long)mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * tp * pp,
+               b, (double)mp_model_param_count(m), (long long)shards,
                cfg->cluster->gpu.runtime_overhead_gib, gib(cfg->mem_capacity_bytes));
+    }
       break;
     case MP_REJECT_MEMORY:
       snprintf(buf, cap, "peak %.2f GiB exceeds capacity %.2f GiB", gib(c->res.peak_mem_bytes),
@@ -776,7 +798,7 @@ const char *mp_reject_words(mp_reject r) {
       "float8 on a GPU without float8",
       "float8 with GEMM dims not multiples of 16",
       "reshard_after_forward changes nothing (duplicate)",
-      "fp32 parameters and AdamW state alone over capacity",
+      "resident parameters and optimizer state alone over capacity",
       "simulated peak memory over capacity",
       "the simulator refused the plan",
       "interleaved pipeline chunks empty or micro-batches not a multiple of pp",

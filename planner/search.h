@@ -31,8 +31,11 @@
  *   memory lower bound (when mem_capacity_bytes > 0): the fp32 master parameters and
  *   AdamW m and v are resident through the step, 12 bytes per parameter held, and a rank
  *   holds at least n_params / (dp_shard x cp x tp x pp) of them (replicated norms, FSDP
- *   padding and uneven stages only add), plus the GPU's runtime overhead; a plan whose
- *   bound exceeds the capacity cannot fit, so it is not simulated.
+ *   padding and uneven stages only add), plus the GPU's runtime overhead; on a stack
+ *   without FSDP (no_fsdp) a rank holds n_params / (tp x pp) with 18 bytes each (the
+ *   16-bit parameter and fp32 main gradient besides), or with the distributed optimizer
+ *   6 + 12 / (dp_replicate x cp); a plan whose bound exceeds the capacity cannot fit, so
+ *   it is not simulated.
  * A vocab that tp does not divide is padded (the candidate says so), not rejected.
  * After evaluation, a plan whose peak memory exceeds the capacity (GPU memory less the
  * headroom; the evaluator's `fits`) is infeasible with the figures as its reason. Siblings
@@ -178,6 +181,8 @@ typedef struct mp_search_config {
   int no_fsdp;          /* the stack replicates parameters over data and context parallelism
                            (Megatron-LM's memory model): reshard_after_forward is always a
                            duplicate (MP_REJECT_RESHARD_NOOP) */
+  int dist_opt;         /* no_fsdp with Megatron-LM's distributed optimizer: master weights
+                           and Adam state sharded over dp_replicate x cp (the memory bound) */
   int prune_dominated;  /* time objectives: an AC policy whose recompute is a superset of a
                            fitting sibling's (same mesh, chunks, micro-batch, float8,
                            reshard, SP) is not simulated (MP_REJECT_DOMINATED) */

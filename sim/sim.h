@@ -83,6 +83,13 @@ typedef struct mp_stack_profile {
   unsigned ac_policies; /* bit 1 << mp_ac_mode */
   int dp_overlap;       /* JSON "dp_overlap", optional (default false): the megatron memory
                            model's gradient all-reduces overlap the backward */
+  int tp_comm_overlap;  /* JSON "tp_comm_overlap", optional (default false), the megatron
+                           memory model only: Megatron-Core's --tp-comm-overlap (Transformer
+                           Engine's userbuffers) on by default: the plan's async_tp pairs
+                           (exec/schedule.h, mp_fuse) run fused; also sets async_tp */
+  int dist_opt;         /* JSON "distributed_optimizer", optional (default false): the
+                           megatron memory model's optimizer state sharded over data
+                           parallelism (mp_plan_options.dist_opt) */
   /* The stack's own pipeline micro-batching where a run does not set it: JSON
    * "pp_microbatches", optional: "stages" (as many micro-batches as pipeline ranks, the
    * rank's local batch split pp ways: torchtitan's pipeline_parallel_microbatches default)

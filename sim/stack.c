@@ -52,6 +52,11 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
   p->sp = 1; /* every stack's TP runs SP unless its profile says otherwise (llm.c) */
   MP_CHECK(mp_json_get_bool(ctx, j, origin, "sequence_parallel", 0, &p->sp));
   MP_CHECK(mp_json_get_bool(ctx, j, origin, "dp_overlap", 0, &p->dp_overlap));
+  p->dist_opt = 0;
+  MP_CHECK(mp_json_get_bool(ctx, j, origin, "distributed_optimizer", 0, &p->dist_opt));
+  if (p->dist_opt && p->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: distributed_optimizer is Megatron-LM's; the %s memory "
+                    "model does not run it: remove the key", origin, mp_mem_model_name(p->mem_model));
   static const char *const ppmb[] = {"unstated", "stages"};
   p->pp_mb_stages = 0;
   MP_CHECK(get_choice(ctx, j, origin, "pp_microbatches", ppmb, 2, &p->pp_mb_stages));
@@ -73,6 +78,13 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
   if (p->async_tp && p->mem_model != MP_MEM_MODEL_TORCHTITAN)
     return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp is torchtitan's AsyncTP; the %s memory "
                     "model does not run it: remove the key", origin, mp_mem_model_name(p->mem_model));
+  p->tp_comm_overlap = 0;
+  MP_CHECK(mp_json_get_bool(ctx, j, origin, "tp_comm_overlap", 0, &p->tp_comm_overlap));
+  if (p->tp_comm_overlap && p->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: tp_comm_overlap is Megatron-Core's (Transformer "
+                    "Engine's userbuffers); the %s memory model does not run it: remove the key",
+                    origin, mp_mem_model_name(p->mem_model));
+  if (p->tp_comm_overlap) p->async_tp = 1;
   p->ac_policies = p->mem_model == MP_MEM_MODEL_TORCHTITAN
                        ? (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_OP) | (1u << MP_AC_FULL)
                        : (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_CORE) | (1u << MP_AC_FULL);
@@ -214,6 +226,8 @@ void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o) {
   o->attn = p->attn;
   o->loss = p->loss;
   o->dp_overlap = p->dp_overlap;
+  o->dist_opt = p->dist_opt;
+  if (p->tp_comm_overlap) o->async_tp = 1;
   o->cp_rotate = p->cp_rotate;
   if (!p->sp) o->sp = 0;
   if (p->mem_model == MP_MEM_MODEL_MEGATRON) {

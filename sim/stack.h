@@ -8,14 +8,16 @@
  * comm_overhead_us, frag_factor, source. Efficiencies lie in (0, 1]; frag_factor in
  * [1, 16]; overheads in [0, 1e6] us; gemm_eff_half_mnk in [0, 1e18] (common/limits.h).
  * Optional: saved_act_factor, memory_model ("torchtitan", "meshplan-cpu", "meshplan-cuda" or
- * "megatron"), attention, loss, sequence_parallel, ac_policies, fit_gpu, pp_microbatches, pp_order (sim.h's
- * mp_stack_profile says what each means).
+ * "megatron"), attention, loss, sequence_parallel, ac_policies, fit_gpu, pp_microbatches, pp_order,
+ * cp_rotate, dp_overlap, async_tp (torchtitan), distributed_optimizer and tp_comm_overlap
+ * (megatron) (sim.h's mp_stack_profile says what each means).
  *
  * Kernel efficiencies across GPUs. A stack's GEMM, float8 GEMM and attention efficiencies
  * are fitted on one GPU (fit_gpu) as fractions of that GPU's peak. The same kernels reach
- * different fractions of peak on different GPUs (cuBLAS: 86.9 % of the A100's bf16 peak,
- * 80.3 % of the H100 SXM's; FlashAttention-2: 50-73 % of the A100's, about 35 % of the
- * H100's), so each GPU profile states the fractions the reference kernels reach on it
+ * different fractions of peak on different GPUs (cuBLAS sustains 82.4 % of the A100's bf16
+ * peak on random data and 68.5 % of the 700 W H100 SXM's, whose power cap takes more of its
+ * clock; FlashAttention-2: 50-73 % of the A100's, about 35 % of the H100's), so each GPU
+ * profile states the fractions the reference kernels reach on it
  * (exec/cluster.h, mp_kernel_eff, with sources) and a stack evaluated on GPU g runs at
  *
  *   eff_on_g = min(1, eff_fitted x kernel_eff(g) / kernel_eff(fit_gpu))

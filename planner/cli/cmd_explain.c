@@ -452,7 +452,8 @@ static int same_unit(const mp_plan *p, const mp_fsdp_unit *a, const mp_fsdp_unit
  * runs interleave, so printed units are marked rather than skipped by position. */
 static void print_units(const explain *e) {
   const mp_plan *p = e->plan;
-  if (!(p->applied & MP_PASS_FSDP)) return;
+  /* Megatron-LM runs no FSDP: its units only carry the per-block gradient buckets */
+  if (!(p->applied & MP_PASS_FSDP) || p->opts.mem_model == MP_MEM_MODEL_MEGATRON) return;
   const int pb = mp_dtype_bytes(p->opts.fsdp.param_dtype);
   printf("\nFSDP units (%d; params gathered in %s, gradients reduced in %s, %s after forward):\n",
          p->n_units, mp_dtype_name(p->opts.fsdp.param_dtype),
@@ -492,9 +493,44 @@ static void print_units(const explain *e) {
   free(done);
 }
 
+/* Megatron-LM's resident state on the rank (exec/schedule.c's prologue): the 16-bit
+ * parameters and fp32 main gradients whole, the fp32 master weights and Adam m, v on the
+ * rank's 1/d of them under the distributed optimizer (d: dp_replicate x cp), else whole. */
+static void print_totals_megatron(const explain *e, const mp_plan_totals *t) {
+  const mp_plan *p = e->plan;
+  const int64_t n = t->params_numel;
+  const int64_t d = p->opts.dist_opt ? mp_mesh_group_size(&p->mesh, p->mesh.size[MP_DIM_CP] > 1
+                                                                        ? MP_GROUP_DP_CP
+                                                                        : MP_GROUP_DP_REPLICATE)
+                                     : 1;
+  const int64_t shard = (n + d - 1) / d, pb = mp_dtype_bytes(p->opts.fsdp.param_dtype);
+  char a[32], m[32], b[32], c[32], s[32];
+  fmt_bytes((double)(n * pb), a, sizeof a);
+  fmt_bytes((double)(shard * 4), m, sizeof m);
+  fmt_bytes((double)(n * 4), b, sizeof b);
+  fmt_bytes((double)(shard * 8), c, sizeof c);
+  fmt_bytes((double)(n * pb + shard * 12 + n * 4), s, sizeof s);
+  printf("\nper-rank totals at rest (rank %d, Megatron-LM: %s parameters, fp32 main gradients, "
+         "fp32 master weights and Adam state%s):\n",
+         e->rank, mp_dtype_name(p->opts.fsdp.param_dtype),
+         d > 1 ? " on the rank's shard (distributed optimizer)" : "");
+  printf("  parameters        %lld elements, %s\n", (long long)n, a);
+  if (d > 1)
+    printf("  master weights    %lld elements (1/%lld), %s\n", (long long)shard, (long long)d, m);
+  else
+    printf("  master weights    %s\n", m);
+  printf("  gradients         %s\n", b);
+  printf("  optimizer (m, v)  %s\n", c);
+  printf("  sum               %s\n", s);
+}
+
 static void print_totals(const explain *e) {
   mp_plan_totals t;
   mp_plan_rank_totals(e->plan, e->rank, &t);
+  if (e->plan->opts.mem_model == MP_MEM_MODEL_MEGATRON) {
+    print_totals_megatron(e, &t);
+    return;
+  }
   char a[32], b[32], c[32], d[32], s[32];
   fmt_bytes((double)t.param_bytes, a, sizeof a);
   fmt_bytes((double)t.grad_bytes, b, sizeof b);

@@ -19,8 +19,10 @@
  * (the profile's pp_microbatches "stages": torchtitan splits the local batch into pp
  * micro-batches unless told otherwise) runs that one, marked 's', since the published run
  * ran it; a split the plan refuses falls back to the pick), pp_virtual (empty: 2 for the interleaved schedule), sp (empty:
- * the plan's default, on with tp > 1 where the stack runs it), async_tp (1: torchtitan's
- * AsyncTP, as the published run enabled it; empty or absent: off). The stack's options
+ * the plan's default, on with tp > 1 where the stack runs it), async_tp (1: the TP
+ * collectives fused with their GEMMs, torchtitan's AsyncTP as the published run enabled it;
+ * 0: not; empty or absent: the stack's default, off but under megatron-core, whose
+ * --tp-comm-overlap is on). The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
@@ -109,10 +111,10 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   MP_CHECK(mp_ac_parse(ctx, v->ac, &o->ac, &o->ac_every));
   o->fp8 = v->fp8 != 0;
   if (v->sp >= 0) o->sp = v->sp;
-  if (v->async_tp && !j->prof.async_tp)
+  if (v->async_tp == 1 && !j->prof.async_tp)
     return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp = 1: stack %s does not run AsyncTP "
-                    "(torchtitan-compile does)", where, j->prof.name);
-  o->async_tp = v->async_tp;
+                    "(torchtitan-compile and megatron-core do)", where, j->prof.name);
+  if (v->async_tp >= 0) o->async_tp = v->async_tp;
   const char *pps = v->pp_schedule;
   o->pp_schedule = MP_PP_1F1B;
   if (pps[0] != '\0' && !mp_pp_schedule_parse(pps, &o->pp_schedule))

@@ -157,7 +157,7 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
     MP_CHECK(int_in(r, "sp", sps, 0, 1, &sp));
     row->sp = (int)sp;
   }
-  row->async_tp = 0;
+  row->async_tp = -1;
   const char *ats = field(r, "async_tp");
   if (ats && ats[0]) {
     int64_t at = 0;

@@ -44,7 +44,9 @@ typedef struct mp_vrow {
                            or empty (the schedule's default) */
   int fp8;              /* 0 or 1 */
   int sp;               /* 0 or 1; -1 when absent or empty (the stack's default) */
-  int async_tp;         /* 0 or 1: torchtitan's AsyncTP; 0 when the column is absent or empty */
+  int async_tp;         /* 0 or 1: the TP collectives fused with their GEMMs (torchtitan's
+                           AsyncTP, Megatron-Core's --tp-comm-overlap); -1 when the column is
+                           absent or empty: the stack's default (on under megatron-core) */
   double inter_node_gbps; /* Gbit/s per GPU in (0, 1e5]; 0 when the field is empty */
   double value;           /* the published figure, finite and > 0 */
 } mp_vrow;

@@ -511,6 +511,81 @@ TEST(Schedule, MegatronContextParallelPassesGroupedKVAndAllReducesOverDpTimesCp)
   EXPECT_EQ(mp_mesh_group_size(&b.plan->mesh, MP_GROUP_DP_CP), 8);
 }
 
+TEST(Schedule, MegatronDistributedOptimizerShardsTheStateAndReduceScattersTheGradients) {
+  // Megatron-LM's distributed optimizer (--use-distributed-optimizer) on llama3.1-8b over
+  // dp_replicate=4, global batch 8 (2 micro-batches a rank), n the model's parameters. Per
+  // parameter (Megatron-LM docs, "bf16 param, fp32 grads": 6 + 12/d bytes): the bf16 model
+  // parameter (2) and fp32 main gradient (4) whole, the fp32 master (4) and Adam m, v (8)
+  // on the rank's n/4. The step's gradients, 4 n bytes, are reduce-scattered over the 4
+  // ranks instead of all-reduced; AdamW and the master-to-bf16 copy run on n/4; the updated
+  // bf16 parameters, 2 n bytes, are all-gathered back. Without overlap: one reduce-scatter
+  // after the last backward, one all-gather after the optimizer on the compute stream.
+  // With it (--overlap-grad-reduce --overlap-param-gather): a reduce-scatter per block
+  // (and one for the embeddings, norm and head) in the last micro-batch, and the
+  // all-gathers block by block on the gather stream in the first micro-batch's forward,
+  // each block's first op waiting for its own; the bytes are the same.
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  ASSERT_EQ(mp_model_load(&ctx, "llama3.1-8b", &m), MP_OK);
+  const int64_t n = mp_model_param_count(&m), shard = (n + 3) / 4;
+  for (int overlap = 0; overlap <= 1; overlap++) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    Built b;
+    Opts o;
+    o.mesh = "dp_replicate=4";
+    o.mem_model = MP_MEM_MODEL_MEGATRON;
+    o.global_batch = 8;
+    o.dist_opt = 1;
+    o.dp_overlap = overlap;
+    Build(&b, o);
+    EXPECT_EQ(b.s->n_micro, 2);
+    EXPECT_EQ(b.s->resident_bytes[MP_MEM_PARAMS], 2 * n + 4 * shard);
+    EXPECT_EQ(b.s->resident_bytes[MP_MEM_OPTIMIZER], 8 * shard);
+    EXPECT_EQ(b.s->resident_bytes[MP_MEM_GRADS], 4 * n);
+    mp_schedule_totals t;
+    mp_schedule_totals_compute(b.s, &t);
+    const int64_t blocks = overlap ? m.n_layers + 1 : 1;
+    EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_DP_REPLICATE], blocks);
+    EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_DP_REPLICATE], blocks);
+    EXPECT_EQ(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_DP_REPLICATE], 0);
+    EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_REDUCE_SCATTER][MP_GROUP_DP_REPLICATE], 4.0 * n);
+    EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_DP_REPLICATE], 2.0 * n);
+    int optimizer = 0, waited = 0;
+    std::vector<Inst> v = Expand(b.s);
+    for (const Inst &x : v) {
+      if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_OPTIMIZER) {
+        EXPECT_EQ(x.op->m, shard);
+        optimizer++;
+      }
+      if (x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_ALL_GATHER) {
+        EXPECT_EQ(x.op->stream, overlap ? MP_STREAM_GATHER : MP_STREAM_COMPUTE);
+        EXPECT_EQ(x.op->when, overlap ? MP_WHEN_FIRST_MICRO : MP_WHEN_ONCE);
+        EXPECT_EQ(x.op->phase, overlap ? MP_PHASE_FORWARD : MP_PHASE_OPTIMIZER);
+      }
+      if (x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_REDUCE_SCATTER) {
+        EXPECT_EQ(x.op->when, MP_WHEN_LAST_MICRO);
+      }
+      for (int64_t d : x.deps)
+        if (d >= 0 && v[d].op->type == MP_OP_COMM && v[d].op->coll == MP_COLL_ALL_GATHER) {
+          EXPECT_EQ(v[d].layer, x.layer);
+          waited++;
+        }
+    }
+    EXPECT_EQ(optimizer, 1);
+    EXPECT_EQ(waited, overlap ? m.n_layers + 2 : 0);  // each block, the embedding and the head
+  }
+  // a plan under another memory model refuses it
+  mp_mesh mesh;
+  ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=4", 0, &mesh), MP_OK);
+  mp_plan_options po;
+  mp_plan_options_init(&po);
+  po.dist_opt = 1;
+  mp_plan *p = nullptr;
+  EXPECT_EQ(mp_build_plan(&ctx, &m, &mesh, &po, &p), MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "with FSDP (dp_shard)"), nullptr) << mp_errmsg(&ctx);
+}
+
 TEST(Schedule, MegatronContextParallelNeedsTheP2pRing) {
   // Megatron-LM's ring sends K and V step by step; the all-gather rotate method is
   // PyTorch's and is refused under the megatron memory model, as is FSDP.

@@ -662,64 +662,73 @@ TEST(PlanMemory, TorchtitanLossParallelHoldsFourFp32Shards) {
 // ones (the output-gradient all-gathers into o's and down's input-gradient GEMMs); the
 // input-gradient reduce-scatters keep their time. The step is shorter.
 TEST(PlanTime, AsyncTpRunsTpCollectivesBesideTheirGemms) {
-  PlanCase s("llama3.1-8b", "h100-8", "tp=8");
-  s.o.seq = 8192;
-  s.o.global_batch = 1;
-  std::vector<double> d[2];
-  std::vector<mp_op> ops;
-  mp_sim_result r[2];
-  for (int at = 0; at <= 1; at++) {
-    s.o.async_tp = at;
-    mp_plan *p = nullptr;
-    ASSERT_EQ(mp_build_plan(&s.ctx, &s.m, &s.mesh, &s.o, &p), MP_OK) << mp_errmsg(&s.ctx);
-    mp_arena *a = mp_arena_create();
-    mp_schedule *sc = nullptr;
-    ASSERT_EQ(mp_schedule_build(&s.ctx, p, 0, MP_SCHEDULE_EXPANDED, a, &sc), MP_OK);
-    s.cfg.record_trace = 1;
-    mp_sim_trace *t = nullptr;
-    ASSERT_EQ(mp_simulate(&s.ctx, sc, &s.cfg, &r[at], &t), MP_OK) << mp_errmsg(&s.ctx);
-    d[at].resize((size_t)sc->n_ops);
-    mp_sim_trace_op_durations(t, d[at].data(), sc->n_ops);
-    if (at) ops.assign(sc->ops, sc->ops + sc->n_ops);
-    for (int32_t i = 0; !at && i < sc->n_ops; i++) EXPECT_EQ(sc->ops[i].fused, MP_FUSE_NONE);
-    mp_sim_trace_destroy(t);
-    mp_arena_destroy(a);
-    mp_plan_destroy(p);
-  }
-  ASSERT_EQ(d[0].size(), d[1].size());
-  int pairs[MP_PHASE_COUNT] = {0}, unfused_rs = 0;
-  for (size_t i = 0; i < ops.size(); i++) {
-    const mp_op &op = ops[i];
-    if (op.layer != 5 || op.type != MP_OP_COMM || op.group != MP_GROUP_TP) continue;
-    if (op.fused == MP_FUSE_NONE) {
-      EXPECT_EQ(op.coll, MP_COLL_REDUCE_SCATTER);
-      EXPECT_DOUBLE_EQ(d[1][i], d[0][i]);
-      unfused_rs++;
-      continue;
+  // torchtitan's AsyncTP and Megatron-Core's --tp-comm-overlap (the megatron memory model)
+  // fuse the same pairs; Megatron's backward re-gather of a column-parallel region's input
+  // runs on the gather stream beside the input-gradient GEMMs, fused with none.
+  for (mp_mem_model mm : {MP_MEM_MODEL_TORCHTITAN, MP_MEM_MODEL_MEGATRON}) {
+    SCOPED_TRACE(mp_mem_model_name(mm));
+    PlanCase s("llama3.1-8b", "h100-8", "tp=8");
+    s.o.mem_model = mm;
+    s.o.seq = 8192;
+    s.o.global_batch = 1;
+    std::vector<double> d[2];
+    std::vector<mp_op> ops;
+    mp_sim_result r[2];
+    for (int at = 0; at <= 1; at++) {
+      s.o.async_tp = at;
+      mp_plan *p = nullptr;
+      ASSERT_EQ(mp_build_plan(&s.ctx, &s.m, &s.mesh, &s.o, &p), MP_OK) << mp_errmsg(&s.ctx);
+      mp_arena *a = mp_arena_create();
+      mp_schedule *sc = nullptr;
+      ASSERT_EQ(mp_schedule_build(&s.ctx, p, 0, MP_SCHEDULE_EXPANDED, a, &sc), MP_OK);
+      s.cfg.record_trace = 1;
+      mp_sim_trace *t = nullptr;
+      ASSERT_EQ(mp_simulate(&s.ctx, sc, &s.cfg, &r[at], &t), MP_OK) << mp_errmsg(&s.ctx);
+      d[at].resize((size_t)sc->n_ops);
+      mp_sim_trace_op_durations(t, d[at].data(), sc->n_ops);
+      if (at) ops.assign(sc->ops, sc->ops + sc->n_ops);
+      for (int32_t i = 0; !at && i < sc->n_ops; i++) EXPECT_EQ(sc->ops[i].fused, MP_FUSE_NONE);
+      mp_sim_trace_destroy(t);
+      mp_arena_destroy(a);
+      mp_plan_destroy(p);
     }
-    pairs[op.phase]++;
-    const int step = op.fused == MP_FUSE_GATHER ? 1 : -1;
-    double g = 0.0;
-    int gemms = 0, first_module = -1;
-    for (long j = (long)i + step; j >= 0 && j < (long)ops.size(); j += step) {
-      if (ops[j].type == MP_OP_COMM && ops[j].stream == MP_STREAM_COMPUTE) break;
-      if (ops[j].fused != op.fused || ops[j].type != MP_OP_COMPUTE) continue;
-      EXPECT_EQ(ops[j].kernel, MP_KERNEL_GEMM);
-      EXPECT_GT(d[1][j], d[0][j]);
-      if (first_module < 0) first_module = ops[j].module;
-      g += d[1][j];
-      gemms++;
+    ASSERT_EQ(d[0].size(), d[1].size());
+    int pairs[MP_PHASE_COUNT] = {0}, unfused_rs = 0;
+    for (size_t i = 0; i < ops.size(); i++) {
+      const mp_op &op = ops[i];
+      if (op.layer != 5 || op.type != MP_OP_COMM || op.group != MP_GROUP_TP ||
+          op.stream != MP_STREAM_COMPUTE)
+        continue;
+      if (op.fused == MP_FUSE_NONE) {
+        EXPECT_EQ(op.coll, MP_COLL_REDUCE_SCATTER);
+        EXPECT_DOUBLE_EQ(d[1][i], d[0][i]);
+        unfused_rs++;
+        continue;
+      }
+      pairs[op.phase]++;
+      const int step = op.fused == MP_FUSE_GATHER ? 1 : -1;
+      double g = 0.0;
+      int gemms = 0, first_module = -1;
+      for (long j = (long)i + step; j >= 0 && j < (long)ops.size(); j += step) {
+        if (ops[j].type == MP_OP_COMM && ops[j].stream == MP_STREAM_COMPUTE) break;
+        if (ops[j].fused != op.fused || ops[j].type != MP_OP_COMPUTE) continue;
+        EXPECT_EQ(ops[j].kernel, MP_KERNEL_GEMM);
+        EXPECT_GT(d[1][j], d[0][j]);
+        if (first_module < 0) first_module = ops[j].module;
+        g += d[1][j];
+        gemms++;
+      }
+      // q, k, v or gate, up after a forward all-gather; one GEMM otherwise
+      const int want = op.phase != MP_PHASE_BACKWARD && op.fused == MP_FUSE_GATHER
+                           ? (first_module == MP_MOD_Q ? 3 : 2)
+                           : 1;
+      EXPECT_EQ(gemms, want) << mp_phase_name((mp_phase)op.phase);
+      EXPECT_NEAR(d[1][i], std::max(0.0, d[0][i] - g * 7 / 8), 1e-12);
     }
-    // q, k, v or gate, up after a forward all-gather; one GEMM otherwise
-    const int want = op.phase != MP_PHASE_BACKWARD && op.fused == MP_FUSE_GATHER
-                         ? (first_module == MP_MOD_Q ? 3 : 2)
-                         : 1;
-    EXPECT_EQ(gemms, want) << mp_phase_name((mp_phase)op.phase);
-    EXPECT_NEAR(d[1][i], std::max(0.0, d[0][i] - g * 7 / 8), 1e-12);
+    EXPECT_EQ(pairs[MP_PHASE_FORWARD], 4);
+    EXPECT_EQ(pairs[MP_PHASE_BACKWARD], 2);
+    EXPECT_EQ(unfused_rs, 2);
+    EXPECT_LT(r[1].step_time_s, r[0].step_time_s);
+    EXPECT_LT(r[1].exposed_comm_s, r[0].exposed_comm_s);
   }
-  EXPECT_EQ(pairs[MP_PHASE_FORWARD], 4);
-  EXPECT_EQ(pairs[MP_PHASE_BACKWARD], 2);
-  EXPECT_EQ(unfused_rs, 2);
-  EXPECT_LT(r[1].step_time_s, r[0].step_time_s);
-  EXPECT_LT(r[1].exposed_comm_s, r[0].exposed_comm_s);
 }

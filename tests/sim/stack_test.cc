@@ -260,7 +260,7 @@ TEST(Stacks, PipelineSettings) {
     EXPECT_EQ(p.pp_flavor, MP_PP_FLAVOR_TORCH) << n;
     EXPECT_EQ(p.cp_rotate, MP_CP_ROTATE_ALLGATHER) << n;
   }
-  for (const char *n : {"megatron-lm", "meshplan-cpu", "meshplan-cuda", "llm.c"}) {
+  for (const char *n : {"megatron-lm", "megatron-core", "meshplan-cpu", "meshplan-cuda", "llm.c"}) {
     ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
     EXPECT_EQ(p.pp_mb_stages, 0) << n;
     EXPECT_EQ(p.pp_flavor, MP_PP_FLAVOR_MEGATRON) << n;
@@ -297,6 +297,44 @@ TEST(Stacks, ContextParallelRotateMethod) {
             MP_ERR_INVALID);
   EXPECT_NE(std::string(mp_errmsg(&ctx)).find("cp_rotate names PyTorch's context-parallel ring"),
             std::string::npos);
+}
+
+// Megatron-Core's switches: megatron-core turns on the distributed optimizer, overlapped
+// gradient reduce-scatters and parameter gathers, and Transformer Engine's TP comm overlap
+// (the plan's async_tp); megatron-lm (the 2021-22 code of its fit rows) none of them. Each
+// key is the megatron memory model's alone.
+TEST(Stacks, MegatronCoreSwitches) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_stack_profile p;
+  for (int core = 0; core <= 1; core++) {
+    const char *n = core ? "megatron-core" : "megatron-lm";
+    ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
+    mp_plan_options o;
+    mp_plan_options_init(&o);
+    mp_stack_plan_options(&p, &o);
+    EXPECT_EQ(o.mem_model, MP_MEM_MODEL_MEGATRON) << n;
+    EXPECT_EQ(o.dist_opt, core) << n;
+    EXPECT_EQ(o.dp_overlap, core) << n;
+    EXPECT_EQ(o.async_tp, core) << n;
+    EXPECT_EQ(p.async_tp, core) << n;  // --async-tp accepted where the stack runs it
+    EXPECT_EQ(o.attn, core ? MP_ATTN_FLASH : MP_ATTN_MATERIALIZED) << n;
+    EXPECT_STREQ(p.fit_gpu, "a100-80gb-sxm");
+  }
+  for (const char *key : {"distributed_optimizer", "tp_comm_overlap"}) {
+    EXPECT_EQ(mp_stack_from_text(&ctx, StackJson(std::string("\"") + key + "\":true").c_str(), "x.json", &p),
+              MP_ERR_INVALID)
+        << key;
+    EXPECT_NE(std::string(mp_errmsg(&ctx)).find("the torchtitan memory model does not run it"),
+              std::string::npos)
+        << mp_errmsg(&ctx);
+    ASSERT_EQ(mp_stack_from_text(&ctx,
+                                 StackJson(std::string("\"memory_model\":\"megatron\",\"") + key + "\":true")
+                                     .c_str(),
+                                 "x.json", &p),
+              MP_OK)
+        << mp_errmsg(&ctx);
+  }
 }
 
 }  // namespace
