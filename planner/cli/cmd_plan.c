@@ -514,11 +514,15 @@ static void print_text(const plan_view *v) {
   const plan_args *a = v->a;
   const mp_planner_result *res = v->res;
   const mp_search *s = res->search;
-  char rot[96] = ""; /* named where it is not torchtitan's default */
+  char rot[160] = ""; /* named where it is not torchtitan's default */
   if (v->ev->base.cp_rotate != MP_CP_ROTATE_ALLGATHER)
     snprintf(rot, sizeof rot, " with cp rotating K, V by %s", mp_cp_rotate_name(v->ev->base.cp_rotate));
   if (v->ev->base.async_tp)
-    snprintf(rot + strlen(rot), sizeof rot - strlen(rot), "%s AsyncTP on its TP plans",
+    snprintf(rot + strlen(rot), sizeof rot - strlen(rot), "%s %s on its TP plans",
+             rot[0] ? " and" : " with",
+             v->ev->base.mem_model == MP_MEM_MODEL_MEGATRON ? "TP comm overlap" : "AsyncTP");
+  if (v->ev->base.dist_opt)
+    snprintf(rot + strlen(rot), sizeof rot - strlen(rot), "%s the distributed optimizer",
              rot[0] ? " and" : " with");
   printf("%s on %s (%d x %s, %d per node), seq %lld, stack %s%s, objective %s\n", a->m.name, a->c.name,
          mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, a->seq, v->ev->stack.name, rot,

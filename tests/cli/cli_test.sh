@@ -95,6 +95,16 @@ expect_error "--sp and --no-sp contradict each other" simulate --model tiny-dens
 expect_error "stack llm.c does not run sequence parallelism" \
   simulate --model tiny-dense --mesh dp_shard=4,tp=2 --sp --stack llm.c
 
+# A Megatron-Core plan names what the stack runs: TP comm overlap and the distributed
+# optimizer; explain states Megatron's data parallelism and its optimizer's shard.
+run plan --no-db --model tiny-dense --gpus 8 --stack megatron-core
+[ "$rc" -eq 0 ] && head -n 1 "$out" | grep -qF "TP comm overlap on its TP plans and the distributed optimizer" ||
+  fail "meshplan plan --stack megatron-core: header does not name TP comm overlap and the distributed optimizer"
+run explain --model tiny-dense --gpus 8 --mesh dp_replicate=4,tp=2 --stack megatron-core
+[ "$rc" -eq 0 ] && grep -qF "not run by Megatron-LM: parameters replicated over dp_replicate x cp = 4" "$out" &&
+  grep -qF "master weights" "$out" && grep -qF "(1/4)" "$out" && ! grep -qF "FSDP units" "$out" ||
+  fail "meshplan explain --stack megatron-core: no Megatron data-parallel note or optimizer shard"
+
 # An unknown mesh dim through `meshplan explain --mesh`: one line, exit 2, naming 'foo'.
 expect_error "'foo'" explain --model tiny-dense --mesh foo=2
 
