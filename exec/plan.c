@@ -371,7 +371,7 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
     if (mesh->size[MP_DIM_DP_SHARD] > 1)
       return mp_error(ctx, MP_ERR_INVALID,
                       "the megatron memory model replicates parameters over data parallelism "
-                      "(dp_replicate and cp, gradients all-reduced), without FSDP; use "
+                      "(dp_replicate and cp), without FSDP; use "
                       "dp_replicate=%d instead of dp_shard=%d",
                       mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD],
                       mesh->size[MP_DIM_DP_SHARD]);

@@ -91,7 +91,8 @@ mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
     return mp_error(ctx, MP_ERR_USAGE,
                     "--async-tp: stack %s does not run AsyncTP (torchtitan's "
                     "experimental.enable_async_tensor_parallel needs torch.compile); use "
-                    "torchtitan-compile or drop --async-tp", prof->name);
+                    "torchtitan-compile (or megatron-core, whose TP comm overlap is on) or drop "
+                    "--async-tp", prof->name);
   if (o->sp == 0 || mp_args_has(spec, "--no-sp"))
     return mp_error(ctx, MP_ERR_USAGE, "--async-tp fuses sequence parallelism's all-gathers and "
                     "reduce-scatters with their GEMMs; it needs SP: drop --no-sp");

@@ -81,7 +81,7 @@
 #define MP_OPT_ASYNC_TP                                                                            \
   { "--async-tp", NULL, "torchtitan's AsyncTP (with tp > 1 and SP): the all-gathers into and the " \
     "reduce-scatters out of the TP regions run in tp chunks beside their GEMMs; stacks that run " \
-    "it only (torchtitan-compile)", NULL }
+    "it only (torchtitan-compile; megatron-core runs its TP comm overlap so by default)", NULL }
 #define MP_OPT_SEQ(dflt) { "--seq", "S", "tokens per sequence (default " dflt ")", NULL }
 #define MP_OPT_ALLOW_LONG_SEQ                                                                      \
   { "--allow-long-seq", NULL, "accept --seq beyond the model's max_seq (positions it was not trained on)", NULL }
