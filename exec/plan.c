@@ -360,6 +360,11 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
                     "torch.compile) or Megatron-Core's (--tp-comm-overlap); the %s memory model "
                     "does not run it: drop async_tp",
                     mp_mem_model_name(o->mem_model));
+  if (o->cp_sync && o->mem_model != MP_MEM_MODEL_TORCHTITAN)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "cp_sync is torchtitan's compiled ring (collectives waited where issued); "
+                    "the %s memory model runs its own: drop cp_sync",
+                    mp_mem_model_name(o->mem_model));
   if (o->dist_opt && o->mem_model != MP_MEM_MODEL_MEGATRON)
     return mp_error(ctx, MP_ERR_INVALID,
                     "the distributed optimizer is Megatron-LM's (--use-distributed-optimizer); "
@@ -689,7 +694,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->pp_virtual != b->pp_virtual || seq != b->seq || opts->master_dtype != b->master_dtype ||
       opts->mem_model != b->mem_model || opts->attn != b->attn || opts->loss != b->loss ||
       opts->dp_overlap != b->dp_overlap || opts->dist_opt != b->dist_opt ||
-      opts->cp_rotate != b->cp_rotate ||
+      opts->cp_rotate != b->cp_rotate || opts->cp_sync != b->cp_sync ||
       opts->async_tp != b->async_tp ||
       (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,

@@ -277,6 +277,17 @@ typedef struct mp_plan_options {
   int pp_virtual;        /* virtual stages per rank for interleaved (>= 1) */
   mp_cp_rotate cp_rotate; /* PyTorch's ring with cp > 1: how K and V travel (default
                              ALLGATHER). Set from the stack (key "cp_rotate") */
+  int cp_sync;            /* the torchtitan memory model with cp > 1: the ring's collectives
+                             are waited for where they are issued, beside no attention step.
+                             torchtitan compiles each block whole (torch.compile, fullgraph),
+                             so the ring is traced into the block's graph, where a functional
+                             collective is followed by its wait at once
+                             (torch/distributed/_functional_collectives.py, _maybe_wrap_tensor)
+                             and Inductor moves no wait (reorder_for_compute_comm_overlap is
+                             off by default). 0 (default): each transfer runs beside the
+                             compute before its first use (eager PyTorch's
+                             AsyncCollectiveTensor, Transformer Engine's streams). Set from
+                             the stack (key "cp_overlap" false) */
   int async_tp;          /* torchtitan's AsyncTP (experimental.enable_async_tensor_parallel,
                             torch.compile's micro-pipelined TP), or under the megatron memory
                             model Megatron-Core's --tp-comm-overlap (Transformer Engine's

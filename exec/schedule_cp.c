@@ -34,7 +34,10 @@
  * then the fp32 gradients cast back and repeat_kv's backward summing each head group.
  * Every transfer runs on MP_STREAM_P2P and a step waits only for what it needs, so a
  * transfer is exposed only where the compute before it is shorter (the dependencies say
- * so, the simulator times it).
+ * so, the simulator times it). Under torch.compile (the plan's cp_sync: torchtitan compiles
+ * each block with the ring traced into it, where every functional collective is waited
+ * for as it is issued and Inductor reorders none by default) each transfer runs on the
+ * compute stream instead, between the steps, beside no compute.
  *
  * Memory (torchtitan model): forward keeps the fp32 output and log-sum-exp accumulators
  * (4 T q + 4 T nh) and the gathered K, V with the send buffer ((cp + 1) x 2 T (kw + vw),
@@ -61,10 +64,16 @@ static void times(gen *g, int32_t i, int n) {
   if (i >= 0 && n > 1) g->ops[i].count = (uint16_t)n;
 }
 
+/* The stream of the ring's transfers: their own, or the compute stream where the plan's
+ * compiled ring waits for each where it is issued (cp_sync). */
+static mp_stream ring_stream(const gen *g) {
+  return g->p->opts.cp_sync ? MP_STREAM_COMPUTE : MP_STREAM_P2P;
+}
+
 /* A ring shift of `bytes` on the CP group, n of them back to back, after `after` (-1:
  * none). */
 static int32_t ring_shift(gen *g, double bytes, mp_dtype dt, int32_t after, int n) {
-  const int32_t i = comm(g, MP_COLL_SENDRECV, MP_GROUP_CP, MP_STREAM_P2P, bytes, dt, -1);
+  const int32_t i = comm(g, MP_COLL_SENDRECV, MP_GROUP_CP, ring_stream(g), bytes, dt, -1);
   if (i >= 0) g->ops[i].peer = MP_PEER_NEXT;
   add_dep(g, i, after, 0);
   times(g, i, n);
@@ -109,7 +118,7 @@ static void ring_widths(const gen *g, int64_t *kw, int64_t *vw) {
  * far, on the point-to-point stream, its send buffer a copy of the rank's K and V. */
 static int32_t kv_gather(gen *g, double kvb, mp_variant v) {
   elementwise(g, MP_KERNEL_COPY, v, -1, (int64_t)(kvb / 2.0), 0.0, 2.0 * kvb);
-  const int32_t i = comm(g, MP_COLL_ALL_GATHER, MP_GROUP_CP, MP_STREAM_P2P, kvb * g->sh.cp,
+  const int32_t i = comm(g, MP_COLL_ALL_GATHER, MP_GROUP_CP, ring_stream(g), kvb * g->sh.cp,
                          MP_DTYPE_BF16, -1);
   add_dep(g, i, g->last_c, 0);
   return i;

@@ -87,6 +87,10 @@ typedef struct mp_stack_profile {
                            memory model only: Megatron-Core's --tp-comm-overlap (Transformer
                            Engine's userbuffers) on by default: the plan's async_tp pairs
                            (exec/schedule.h, mp_fuse) run fused; also sets async_tp */
+  int cp_sync;          /* JSON "cp_overlap", optional (default true), the torchtitan memory
+                           model only: false where the stack compiles the ring with its
+                           blocks, so its collectives wait where issued
+                           (mp_plan_options.cp_sync) */
   int dist_opt;         /* JSON "distributed_optimizer", optional (default false): the
                            megatron memory model's optimizer state sharded over data
                            parallelism (mp_plan_options.dist_opt) */

@@ -78,6 +78,13 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
   if (p->async_tp && p->mem_model != MP_MEM_MODEL_TORCHTITAN)
     return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp is torchtitan's AsyncTP; the %s memory "
                     "model does not run it: remove the key", origin, mp_mem_model_name(p->mem_model));
+  int cp_overlap = 1;
+  MP_CHECK(mp_json_get_bool(ctx, j, origin, "cp_overlap", 0, &cp_overlap));
+  if (!cp_overlap && p->mem_model != MP_MEM_MODEL_TORCHTITAN)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: cp_overlap false names torchtitan's compiled ring, "
+                    "whose collectives wait where issued; the %s memory model runs its own: "
+                    "remove the key", origin, mp_mem_model_name(p->mem_model));
+  p->cp_sync = !cp_overlap;
   p->tp_comm_overlap = 0;
   MP_CHECK(mp_json_get_bool(ctx, j, origin, "tp_comm_overlap", 0, &p->tp_comm_overlap));
   if (p->tp_comm_overlap && p->mem_model != MP_MEM_MODEL_MEGATRON)
@@ -229,6 +236,7 @@ void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o) {
   o->dist_opt = p->dist_opt;
   if (p->tp_comm_overlap) o->async_tp = 1;
   o->cp_rotate = p->cp_rotate;
+  o->cp_sync = p->cp_sync;
   if (!p->sp) o->sp = 0;
   if (p->mem_model == MP_MEM_MODEL_MEGATRON) {
     /* fp16/bf16 parameters beside fp32 master weights; gradients accumulated and

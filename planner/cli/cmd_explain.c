@@ -300,22 +300,29 @@ static void cp_note(const mp_plan *p, char *buf, size_t cap) {
              mla ? "at their decompressed widths" : "of the kv heads", a, g, d);
     return;
   }
+  const int sync = p->opts.cp_sync;
   if (rot == MP_CP_ROTATE_ALLTOALL) {
     snprintf(moved, sizeof moved,
              " (%s a rank), copied and passed to the next rank before every step but the last, "
-             "each transfer beside that step's attention and waited for by the next step (%s "
-             "held: the K, V in use, the copy sent, the one arriving)", a, g);
+             "each transfer %s and waited for by the next step (%s held: the K, V in use, the "
+             "copy sent, the one arriving)",
+             a, sync ? "between two steps" : "beside that step's attention", g);
   } else {
     fmt_bytes(kv * cp, g, sizeof g); /* the gathered ones, the send buffer aside */
     snprintf(moved, sizeof moved,
              ", all-gathered on the CP group once per pass (%s a rank, %s gathered and held "
-             "through the ring; only step 0 hides the gather)", a, g);
+             "through the ring; %s)",
+             a, g, sync ? "before step 0" : "only step 0 hides the gather");
   }
   snprintf(buf + n, cap - (size_t)n,
            "K and V %s%s, the fp32 dK, dV (%s) passed to the next rank after every backward step "
-           "(torchtitan's %s%s rotate method)",
+           "(torchtitan's %s%s rotate method)%s",
            mla ? "at their decompressed widths" : "expanded to every query head", moved, d,
-           mla ? "" : "repeat_kv and ", mp_cp_rotate_name(rot));
+           mla ? "" : "repeat_kv and ", mp_cp_rotate_name(rot),
+           sync ? "; the ring is compiled with its block (torch.compile), where each of these "
+                  "collectives is waited for where it is issued, so none runs beside an "
+                  "attention step"
+                : "");
 }
 
 /* With pp > 1, the rank's pipeline: the layer split, its stage's warm-up and in-flight
@@ -394,7 +401,7 @@ static void print_pipeline(const explain *e) {
 }
 
 static void print_cp(const mp_plan *p) {
-  char note[640];
+  char note[1024];
   cp_note(p, note, sizeof note);
   if (note[0]) printf("\ncontext parallel\n  %s\n", note);
 }
@@ -883,7 +890,7 @@ static cJSON *plan_json(const explain *e) {
         cJSON_AddItemToArray(notes, cJSON_CreateString(p->notes[k] + nl + 2));
     cJSON_AddItemToArray(passes, ps);
   }
-  char cpn[640];
+  char cpn[1024];
   cp_note(p, cpn, sizeof cpn);
   if (cpn[0]) cJSON_AddStringToObject(root, "context_parallel", cpn);
   if (e->pp_note[0]) {

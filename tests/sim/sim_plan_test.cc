@@ -526,6 +526,29 @@ TEST(PlanTime, ContextParallelRingOverlapsItsSteps) {
   }
 }
 
+// The same ring compiled with its block (plan cp_sync, torchtitan-compile): each transfer
+// is waited for where it is issued, on the compute stream between the attention steps. The
+// p2p stream carries nothing, the compute stream carries the ring's whole busy time above
+// (32 layers x `per`), and the step grows by what the overlapped ring hid: at most that
+// busy time, and more than half of it here (only the gather outlasts its step).
+TEST(PlanTime, CompiledContextParallelRingWaitsForEachTransfer) {
+  mp_sim_result r[2];
+  for (int sync = 0; sync <= 1; sync++) {
+    PlanCase s("llama3.1-8b", "h100-8", "dp_shard=2,cp=4");
+    s.o.seq = 8192;
+    s.o.cp_sync = sync;
+    r[sync] = s.Sim();
+  }
+  const double kv = 2.0 * 2048 * 4096 * 2, dkv = 2.0 * kv, bw = 450e9 * 0.8;
+  const double per = 2 * (0.75 * 4 * kv / bw + 3 * 3e-6 + 20e-6) + 4 * (dkv / bw + 3e-6 + 20e-6);
+  EXPECT_NEAR(r[0].comm_s[MP_STREAM_P2P], 32 * per, 1e-9);
+  EXPECT_EQ(r[1].comm_s[MP_STREAM_P2P], 0.0);
+  EXPECT_NEAR(r[1].comm_s[MP_STREAM_COMPUTE] - r[0].comm_s[MP_STREAM_COMPUTE], 32 * per, 1e-9);
+  const double grew = r[1].step_time_s - r[0].step_time_s;
+  EXPECT_GT(grew, 0.5 * 32 * per);
+  EXPECT_LE(grew, 32 * per + 1e-9);
+}
+
 // The compact schedule folds ring attention's cp - 3 middle steps into one round of ops
 // with mp_op.count (exec/schedule_cp.c); the expanded schedule writes every step. Both give
 // the same step, with the ring compute-bound (NVLink) and transfer-bound (a link at 1/40 of

@@ -303,6 +303,29 @@ TEST(Stacks, ContextParallelRotateMethod) {
 // gradient reduce-scatters and parameter gathers, and Transformer Engine's TP comm overlap
 // (the plan's async_tp); megatron-lm (the 2021-22 code of its fit rows) none of them. Each
 // key is the megatron memory model's alone.
+// cp_overlap: torchtitan-compile compiles the ring with its blocks, so its collectives
+// wait where issued (the plan's cp_sync); torchtitan-eager's overlap. The key names
+// torchtitan's ring: refused under another memory model.
+TEST(Stacks, CompiledRingWaits) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_stack_profile p;
+  for (int compiled = 0; compiled <= 1; compiled++) {
+    const char *n = compiled ? "torchtitan-compile" : "torchtitan-eager";
+    ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
+    mp_plan_options o;
+    mp_plan_options_init(&o);
+    mp_stack_plan_options(&p, &o);
+    EXPECT_EQ(o.cp_sync, compiled) << n;
+  }
+  EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"memory_model\":\"megatron\",\"cp_overlap\":false").c_str(),
+                               "x.json", &p),
+            MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("cp_overlap false names torchtitan's compiled ring"),
+            std::string::npos)
+      << mp_errmsg(&ctx);
+}
+
 TEST(Stacks, MegatronCoreSwitches) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
