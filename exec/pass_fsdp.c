@@ -138,6 +138,22 @@ int mp_plan_pp_fsdp(const mp_plan *p) {
   return p->mesh.size[MP_DIM_PP] > 1 && p->opts.mem_model == MP_MEM_MODEL_TORCHTITAN;
 }
 
+mp_group mp_plan_ddp_group(const mp_plan *p) {
+  return p->opts.mem_model == MP_MEM_MODEL_MEGATRON && p->mesh.size[MP_DIM_CP] > 1
+             ? MP_GROUP_DP_CP
+             : MP_GROUP_DP_REPLICATE;
+}
+
+void mp_plan_megatron_state(const mp_plan *p, int64_t n, int64_t *param_bytes,
+                            int64_t *grad_bytes, int64_t *optimizer_bytes, int64_t *shard) {
+  const int64_t d = p->opts.dist_opt ? mp_mesh_group_size(&p->mesh, mp_plan_ddp_group(p)) : 1;
+  const int64_t mb = mp_dtype_bytes(p->opts.master_dtype);
+  *shard = (n + d - 1) / d;
+  *param_bytes = n * mp_dtype_bytes(p->opts.fsdp.param_dtype) + *shard * mb;
+  *grad_bytes = n * mp_dtype_bytes(p->opts.fsdp.reduce_dtype);
+  *optimizer_bytes = 2 * *shard * mb;
+}
+
 mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
   const int ep_on = (p->applied & MP_PASS_EP) && p->mesh.ep > 1;
   mp_fsdp_options def = {1, 0, MP_DTYPE_BF16, MP_DTYPE_FP32}, kept;
@@ -162,8 +178,7 @@ void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o) {
   const int ep_on = (p->applied & MP_PASS_EP) && mesh->ep > 1;
   if (p->opts.mem_model == MP_MEM_MODEL_MEGATRON) {
     /* Megatron-LM replicates the parameters over its data-parallel group (x cp) */
-    const int d = mp_mesh_group_size(
-        mesh, mesh->size[MP_DIM_CP] > 1 ? MP_GROUP_DP_CP : MP_GROUP_DP_REPLICATE);
+    const int d = mp_mesh_group_size(mesh, mp_plan_ddp_group(p));
     mp_plan_note(p,
                  "FSDP: not run by Megatron-LM: parameters replicated over dp_replicate x cp = "
                  "%d, fp32 main gradients %s%s",

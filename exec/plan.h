@@ -455,6 +455,20 @@ void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o);
  * accumulate unsharded until the stage's last backward (torch.distributed.pipelining
  * turns FSDP's gradient sync off until then). */
 int mp_plan_pp_fsdp(const mp_plan *p);
+/* The group replicated parameters' gradients are reduced over without FSDP: dp_replicate,
+ * or under Megatron-LM with context parallelism dp_replicate x cp (Megatron-Core's
+ * data-parallel group with context parallelism: a cp rank holds every parameter and
+ * computes its gradient from its part of the sequence); the distributed optimizer shards
+ * over it. */
+mp_group mp_plan_ddp_group(const mp_plan *p);
+/* Megatron-LM's resident state for a rank holding n parameters: the model-dtype
+ * parameters beside the fp32 masters, the fp32 main gradients, Adam's m and v (2 + 4 + 4 +
+ * 8 = 18 bytes a parameter); with the distributed optimizer (dist_opt) the masters and
+ * Adam state on the rank's ceil(n / d), d the DDP group's size (6 + 12/d; Megatron-LM's
+ * docs, distributed optimizer, "bf16 param, fp32 grads"; the buffers' padding to a multiple
+ * of d left out). *shard: the parameters the optimizer steps (n without it). */
+void mp_plan_megatron_state(const mp_plan *p, int64_t n, int64_t *param_bytes,
+                            int64_t *grad_bytes, int64_t *optimizer_bytes, int64_t *shard);
 /* Pipeline stage of a rank (its pp coordinate). */
 int mp_plan_rank_stage(const mp_plan *p, int rank);
 /* Model chunks a pipeline stage holds: pp_virtual under the interleaved schedule with

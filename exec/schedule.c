@@ -183,11 +183,9 @@ static void resident(gen *g, mp_mem_cat cat, int buf, int64_t bytes) {
 
 /* Prologue: the resident state. The torchtitan model: the rank's shards in the master
  * dtype, as many gradients and two AdamW states. The megatron model: the stage's
- * parameters in the model dtype besides, gradients in the fp32 main_grad buffers (2 + 4 +
- * 4 + 8 = 18 bytes per parameter, Megatron-LM's mixed precision); with the distributed
- * optimizer the fp32 masters and Adam state are the rank's 1/d of them, d the data-parallel
- * ranks, 6 + 12/d bytes per parameter (Megatron-LM docs, distributed optimizer: "bf16 param,
- * fp32 grads"; the buffers' padding to a multiple of d is left out). The runtime models: fp32 master,
+ * parameters in the model dtype besides, gradients in the fp32 main_grad buffers, the
+ * masters and Adam state whole or, under the distributed optimizer, the rank's 1/d
+ * (mp_plan_megatron_state). The runtime models: fp32 master,
  * gradient and AdamW m, v of the padded shards; X compute copies of the parameters not
  * sharded when X is not fp32; the resident tensors of the activation layout; the float8
  * codes of unsharded weights. */
@@ -199,13 +197,8 @@ static void emit_prologue(gen *g, const mp_schedule_prep *pr) {
     optimizer_bytes = 8 * pr->rest.numel_pad;
     if (g->xs != 4) param_bytes += g->xs * pr->rest.numel_rep;
   } else if (g->mg) { /* fp16/bf16 model parameters beside the fp32 masters; fp32 main_grad */
-    param_bytes += n * mp_dtype_bytes(g->pdt);
-    grad_bytes = n * mp_dtype_bytes(g->rdt);
-    if (g->dopt) {
-      const int64_t shard = (n + mp_sched_dopt_ways(g) - 1) / mp_sched_dopt_ways(g);
-      param_bytes = n * mp_dtype_bytes(g->pdt) + shard * mb;
-      optimizer_bytes = 2 * shard * mb;
-    }
+    int64_t shard;
+    mp_plan_megatron_state(g->p, n, &param_bytes, &grad_bytes, &optimizer_bytes, &shard);
   }
   mp_sched_seg_open(g, MP_PHASE_PROLOGUE, -1, 0);
   resident(g, MP_MEM_PARAMS, BUF_PARAMS, param_bytes);
@@ -360,8 +353,12 @@ static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
   if (g->rt) {
     mp_sched_rt_optimizer(g, &pr->rest, world_reduce);
   } else {
-    const int64_t d = g->dopt ? mp_sched_dopt_ways(g) : 1;
-    const double shard = (double)((pr->params_numel + d - 1) / d);
+    int64_t shard_n = pr->params_numel;
+    if (g->mg) {
+      int64_t pb, gb, ob;
+      mp_plan_megatron_state(g->p, pr->params_numel, &pb, &gb, &ob, &shard_n);
+    }
+    const double shard = (double)shard_n;
     int32_t gn = compute(g, MP_KERNEL_GRAD_NORM, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1,
                          2.0 * shard, 4.0 * shard, MP_DTYPE_FP32);
     add_dep(g, gn, g->last_reduce, 0);
@@ -372,7 +369,7 @@ static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
     if (g->mg) /* the model dtype's parameters refreshed from the masters */
       compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
               (4.0 + mp_dtype_bytes(g->pdt)) * shard, MP_DTYPE_FP32);
-    if (g->dopt && !g->p->opts.dp_overlap && d > 1)
+    if (g->dopt && !g->p->opts.dp_overlap && mp_sched_dopt_ways(g) > 1)
       comm(g, MP_COLL_ALL_GATHER, mp_sched_ddp_group(g), MP_STREAM_COMPUTE,
            (double)(pr->params_numel * mp_dtype_bytes(g->pdt)), g->pdt, -1);
   }

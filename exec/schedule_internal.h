@@ -282,15 +282,8 @@ struct mp_schedule_prep {
 /* ---- emission primitives (schedule_ops.c holds their slow paths) ------------------------ */
 
 /* Whether the current op is one the recompute under way does not run. */
-/* The group replicated gradients are all-reduced over without FSDP: dp_replicate, or under
- * Megatron-LM with context parallelism dp_replicate x cp (Megatron-Core's data-parallel
- * group with context parallelism: a cp rank holds every parameter and computes its
- * gradient from its part of the sequence). */
-static inline mp_group mp_sched_ddp_group(const gen *g) {
-  return g->p->opts.mem_model == MP_MEM_MODEL_MEGATRON && g->p->mesh.size[MP_DIM_CP] > 1
-             ? MP_GROUP_DP_CP
-             : MP_GROUP_DP_REPLICATE;
-}
+/* The group replicated gradients are reduced over without FSDP (mp_plan_ddp_group). */
+static inline mp_group mp_sched_ddp_group(const gen *g) { return mp_plan_ddp_group(g->p); }
 
 /* The data-parallel ranks the distributed optimizer shards over (the DDP group's size). */
 static inline int64_t mp_sched_dopt_ways(const gen *g) {

@@ -506,17 +506,16 @@ static void print_units(const explain *e) {
 static void print_totals_megatron(const explain *e, const mp_plan_totals *t) {
   const mp_plan *p = e->plan;
   const int64_t n = t->params_numel;
-  const int64_t d = p->opts.dist_opt ? mp_mesh_group_size(&p->mesh, p->mesh.size[MP_DIM_CP] > 1
-                                                                        ? MP_GROUP_DP_CP
-                                                                        : MP_GROUP_DP_REPLICATE)
-                                     : 1;
-  const int64_t shard = (n + d - 1) / d, pb = mp_dtype_bytes(p->opts.fsdp.param_dtype);
+  int64_t param_bytes, grad_bytes, opt_bytes, shard;
+  mp_plan_megatron_state(p, n, &param_bytes, &grad_bytes, &opt_bytes, &shard);
+  const int64_t d = p->opts.dist_opt ? mp_mesh_group_size(&p->mesh, mp_plan_ddp_group(p)) : 1;
+  const int64_t pb = mp_dtype_bytes(p->opts.fsdp.param_dtype);
   char a[32], m[32], b[32], c[32], s[32];
   fmt_bytes((double)(n * pb), a, sizeof a);
-  fmt_bytes((double)(shard * 4), m, sizeof m);
-  fmt_bytes((double)(n * 4), b, sizeof b);
-  fmt_bytes((double)(shard * 8), c, sizeof c);
-  fmt_bytes((double)(n * pb + shard * 12 + n * 4), s, sizeof s);
+  fmt_bytes((double)(param_bytes - n * pb), m, sizeof m);
+  fmt_bytes((double)grad_bytes, b, sizeof b);
+  fmt_bytes((double)opt_bytes, c, sizeof c);
+  fmt_bytes((double)(param_bytes + grad_bytes + opt_bytes), s, sizeof s);
   printf("\nper-rank totals at rest (rank %d, Megatron-LM: %s parameters, fp32 main gradients, "
          "fp32 master weights and Adam state%s):\n",
          e->rank, mp_dtype_name(p->opts.fsdp.param_dtype),
