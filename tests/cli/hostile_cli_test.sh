@@ -30,6 +30,7 @@ printf '{"name": "s", "gemm_eff_max": 0.8, "gemm_eff_half_mnk": 1e9, "fp8_gemm_e
 printf '{"name": "m", "gemm_eff_max": 0.8, "gemm_eff_half_mnk": 1e9, "fp8_gemm_eff_max": 0.8, "attention_eff": 0.5, "hbm_eff": 0.8, "link_eff": 0.8, "kernel_overhead_us": 4, "comm_overhead_us": 5, "frag_factor": 1.1, "memory_model": "megatron", "async_tp": true, "source": "t"}' >"$d/mg_async.json"
 printf '{"name": "d", "gemm_eff_max": 0.8, "gemm_eff_half_mnk": 1e9, "fp8_gemm_eff_max": 0.8, "attention_eff": 0.5, "hbm_eff": 0.8, "link_eff": 0.8, "kernel_overhead_us": 4, "comm_overhead_us": 5, "frag_factor": 1.1, "distributed_optimizer": true, "source": "t"}' >"$d/tt_distopt.json"
 printf '{"name": "o", "gemm_eff_max": 0.8, "gemm_eff_half_mnk": 1e9, "fp8_gemm_eff_max": 0.8, "attention_eff": 0.5, "hbm_eff": 0.8, "link_eff": 0.8, "kernel_overhead_us": 4, "comm_overhead_us": 5, "frag_factor": 1.1, "tp_comm_overlap": true, "source": "t"}' >"$d/tt_tpoverlap.json"
+printf '{"name": "r", "gemm_eff_max": 0.8, "gemm_eff_half_mnk": 1e9, "fp8_gemm_eff_max": 0.8, "attention_eff": 0.5, "hbm_eff": 0.8, "link_eff": 0.8, "kernel_overhead_us": 4, "comm_overhead_us": 5, "frag_factor": 1.1, "memory_model": "megatron", "cp_overlap": false, "source": "t"}' >"$d/mg_cpsync.json"
 hdr="case,model,gpu,gpus,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,cp,ep,seq,local_batch,global_batch,ac,fp8,stack,metric,value"
 csv() { printf '%s\n%s\n' "$hdr" "$1" >"$d/$2"; }
 csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,nan' nan.csv
@@ -201,6 +202,8 @@ row 2 "kernel_overhead_us = -4 is out of range; accepted [0, 1e+06]" simulate --
 # the distributed optimizer is Megatron-LM's; torchtitan shards its state with FSDP
 row 2 "distributed_optimizer is Megatron-LM's; the torchtitan memory model does not run it" simulate --model tiny-dense --stack "$d/tt_distopt.json"
 row 2 "tp_comm_overlap is Megatron-Core's (Transformer Engine's userbuffers); the torchtitan memory model does not run it" plan --no-db --model tiny-dense --stack "$d/tt_tpoverlap.json"
+# cp_overlap false names torchtitan's compiled ring; Megatron-LM's runs Transformer Engine's
+row 2 "cp_overlap false names torchtitan's compiled ring, whose collectives wait where issued; the megatron memory model runs its own" simulate --model tiny-dense --stack "$d/mg_cpsync.json"
 # AsyncTP: torchtitan-compile's alone, and only with SP to fuse
 row 2 "async_tp is torchtitan's AsyncTP; the megatron memory model does not run it" simulate --model tiny-dense --stack "$d/mg_async.json"
 row 2 "--async-tp: stack torchtitan-eager does not run AsyncTP" simulate --model tiny-dense --gpus 2 --mesh tp=2 --stack torchtitan-eager --async-tp
