@@ -39,6 +39,20 @@ static mp_status get_choice(mp_ctx *ctx, const cJSON *j, const char *origin, con
   return mp_error(ctx, MP_ERR_INVALID, "%s: %s '%s' is unknown; choose %s", origin, key, v, list);
 }
 
+/* A boolean key (default dflt) that names one memory model's mechanism: read into *out,
+ * and refused with "<origin>: <claim>; the <model> memory model <tail>: remove the key"
+ * where a profile of another memory model sets it away from its default. */
+static mp_status owned_bool(mp_ctx *ctx, const cJSON *j, const char *origin, const char *key,
+                            int dflt, mp_mem_model owner, const mp_stack_profile *p,
+                            const char *claim, const char *tail, int *out) {
+  *out = dflt;
+  MP_CHECK(mp_json_get_bool(ctx, j, origin, key, 0, out));
+  if (*out != dflt && p->mem_model != owner)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: %s; the %s memory model %s: remove the key", origin,
+                    claim, mp_mem_model_name(p->mem_model), tail);
+  return MP_OK;
+}
+
 /* What the stack runs (stack.h, sim.h's mp_stack_profile): attention, loss, SP and the AC
  * policies, with their defaults by memory model. */
 static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
@@ -52,11 +66,8 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
   p->sp = 1; /* every stack's TP runs SP unless its profile says otherwise (llm.c) */
   MP_CHECK(mp_json_get_bool(ctx, j, origin, "sequence_parallel", 0, &p->sp));
   MP_CHECK(mp_json_get_bool(ctx, j, origin, "dp_overlap", 0, &p->dp_overlap));
-  p->dist_opt = 0;
-  MP_CHECK(mp_json_get_bool(ctx, j, origin, "distributed_optimizer", 0, &p->dist_opt));
-  if (p->dist_opt && p->mem_model != MP_MEM_MODEL_MEGATRON)
-    return mp_error(ctx, MP_ERR_INVALID, "%s: distributed_optimizer is Megatron-LM's; the %s memory "
-                    "model does not run it: remove the key", origin, mp_mem_model_name(p->mem_model));
+  MP_CHECK(owned_bool(ctx, j, origin, "distributed_optimizer", 0, MP_MEM_MODEL_MEGATRON, p,
+                      "distributed_optimizer is Megatron-LM's", "does not run it", &p->dist_opt));
   static const char *const ppmb[] = {"unstated", "stages"};
   p->pp_mb_stages = 0;
   MP_CHECK(get_choice(ctx, j, origin, "pp_microbatches", ppmb, 2, &p->pp_mb_stages));
@@ -73,24 +84,17 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
                     "step: remove the key", origin);
   MP_CHECK(get_choice(ctx, j, origin, "cp_rotate", rot, 2, &rotate));
   p->cp_rotate = (mp_cp_rotate)rotate;
-  p->async_tp = 0;
-  MP_CHECK(mp_json_get_bool(ctx, j, origin, "async_tp", 0, &p->async_tp));
-  if (p->async_tp && p->mem_model != MP_MEM_MODEL_TORCHTITAN)
-    return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp is torchtitan's AsyncTP; the %s memory "
-                    "model does not run it: remove the key", origin, mp_mem_model_name(p->mem_model));
-  int cp_overlap = 1;
-  MP_CHECK(mp_json_get_bool(ctx, j, origin, "cp_overlap", 0, &cp_overlap));
-  if (!cp_overlap && p->mem_model != MP_MEM_MODEL_TORCHTITAN)
-    return mp_error(ctx, MP_ERR_INVALID, "%s: cp_overlap false names torchtitan's compiled ring, "
-                    "whose collectives wait where issued; the %s memory model runs its own: "
-                    "remove the key", origin, mp_mem_model_name(p->mem_model));
+  MP_CHECK(owned_bool(ctx, j, origin, "async_tp", 0, MP_MEM_MODEL_TORCHTITAN, p,
+                      "async_tp is torchtitan's AsyncTP", "does not run it", &p->async_tp));
+  int cp_overlap;
+  MP_CHECK(owned_bool(ctx, j, origin, "cp_overlap", 1, MP_MEM_MODEL_TORCHTITAN, p,
+                      "cp_overlap false names torchtitan's compiled ring, whose collectives wait "
+                      "where issued",
+                      "runs its own", &cp_overlap));
   p->cp_sync = !cp_overlap;
-  p->tp_comm_overlap = 0;
-  MP_CHECK(mp_json_get_bool(ctx, j, origin, "tp_comm_overlap", 0, &p->tp_comm_overlap));
-  if (p->tp_comm_overlap && p->mem_model != MP_MEM_MODEL_MEGATRON)
-    return mp_error(ctx, MP_ERR_INVALID, "%s: tp_comm_overlap is Megatron-Core's (Transformer "
-                    "Engine's userbuffers); the %s memory model does not run it: remove the key",
-                    origin, mp_mem_model_name(p->mem_model));
+  MP_CHECK(owned_bool(ctx, j, origin, "tp_comm_overlap", 0, MP_MEM_MODEL_MEGATRON, p,
+                      "tp_comm_overlap is Megatron-Core's (Transformer Engine's userbuffers)",
+                      "does not run it", &p->tp_comm_overlap));
   if (p->tp_comm_overlap) p->async_tp = 1;
   p->ac_policies = p->mem_model == MP_MEM_MODEL_TORCHTITAN
                        ? (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_OP) | (1u << MP_AC_FULL)

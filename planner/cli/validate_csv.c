@@ -89,6 +89,17 @@ static mp_status need_int(const reader *r, const char *name, int64_t lo, int64_t
   return int_in(r, name, v, lo, hi, out);
 }
 
+/* An optional 0/1 column: -1 where it is absent or empty. */
+static mp_status opt_flag(const reader *r, const char *name, int *out) {
+  *out = -1;
+  const char *v = field(r, name);
+  if (!v || !v[0]) return MP_OK;
+  int64_t x = 0;
+  MP_CHECK(int_in(r, name, v, 0, 1, &x));
+  *out = (int)x;
+  return MP_OK;
+}
+
 /* A finite number in (lo, hi]: strtod reads "nan" and "inf", and 1e999 as inf. */
 static mp_status positive_in(const reader *r, const char *name, const char *v, double lo, double hi,
                              double *out) {
@@ -150,21 +161,8 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   row->pp_virtual = 0;
   const char *pvs = field(r, "pp_virtual");
   if (pvs && pvs[0]) MP_CHECK(int_in(r, "pp_virtual", pvs, 1, MP_LIM_PP_VIRTUAL, &row->pp_virtual));
-  row->sp = -1;
-  const char *sps = field(r, "sp");
-  if (sps && sps[0]) {
-    int64_t sp = 0;
-    MP_CHECK(int_in(r, "sp", sps, 0, 1, &sp));
-    row->sp = (int)sp;
-  }
-  row->async_tp = -1;
-  const char *ats = field(r, "async_tp");
-  if (ats && ats[0]) {
-    int64_t at = 0;
-    MP_CHECK(int_in(r, "async_tp", ats, 0, 1, &at));
-    row->async_tp = (int)at;
-  }
-  return MP_OK;
+  MP_CHECK(opt_flag(r, "sp", &row->sp));
+  return opt_flag(r, "async_tp", &row->async_tp);
 }
 
 mp_status mp_vcsv_read(mp_ctx *ctx, char *text, const char *origin, mp_vrow **rows_out, int *n_out) {
