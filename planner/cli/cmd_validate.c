@@ -26,7 +26,8 @@
  * (memory model, attention and loss kernels) apply to the plan.
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
- * mean absolute percentage error and Kendall's tau-b between predicted and measured.
+ * mean absolute percentage error and Kendall's tau-b between predicted and measured
+ * (common/stats.h); --json prints the same as one object at full precision.
  * A row the file gets wrong (an unknown model, GPU or stack, a mesh that does not match
  * its gpus, a malformed value) is an error naming the row, and nothing is simulated
  * (exit 2). A well-formed row whose plan the simulator refuses (a combination outside
@@ -37,7 +38,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/json.h"
+#include "common/stats.h"
 #include "exec/cluster.h"
 #include "exec/mesh.h"
 #include "exec/model.h"
@@ -48,12 +52,13 @@
 #include "sim/stack.h"
 
 static mp_opt k_opts[] = {
+    MP_OPT_JSON("every row and the summary"),
     MP_OPT_END,
 };
 
 static mp_cmd_spec k_spec = {"validate",
                              "Compare predictions with published measurements (CSV rows).",
-                             "FILE.csv", k_opts, 1};
+                             "FILE.csv [--json]", k_opts, 1};
 
 typedef struct row {
   char name[96];
@@ -210,23 +215,6 @@ static mp_status run_row(mp_ctx *ctx, const char *where, const char *dir, const 
   return st;
 }
 
-/* Kendall's tau-b of two samples (ties in either counted as neither concordant nor
- * discordant, normalised by the untied pairs of each). */
-static double kendall_tau(const double *x, const double *y, int n) {
-  double conc = 0, disc = 0, tx = 0, ty = 0;
-  for (int i = 0; i < n; i++)
-    for (int j = i + 1; j < n; j++) {
-      double a = x[i] - x[j], b = y[i] - y[j];
-      if (a == 0 && b == 0) continue;
-      if (a == 0) tx++;
-      else if (b == 0) ty++;
-      else if ((a > 0) == (b > 0)) conc++;
-      else disc++;
-    }
-  double d = sqrt((conc + disc + tx) * (conc + disc + ty));
-  return d > 0 ? (conc - disc) / d : NAN;
-}
-
 /* Reads the CSV text (split in place: validate_csv.h) and simulates every row into
  * rows[0..*n); the first bad row is an error naming it (path, line and case). */
 static mp_status read_rows(mp_ctx *ctx, const char *path, char *text, row *rows, int *n_out) {
@@ -263,17 +251,42 @@ static const char *fig(char *buf, size_t cap, double x) {
   return buf;
 }
 
+static const char *const k_metrics[] = {"tokens_per_s_per_gpu", "peak_mem_gib", "step_time_s"};
+enum { N_METRICS = 3 };
+
+/* One metric's summary over the rows the simulator ran: their count, MAPE (a fraction) and
+ * Kendall's tau-b (NAN when undefined). x, y: scratch of n doubles each. */
+typedef struct metric_sum {
+  int rows;
+  double mape, tau;
+} metric_sum;
+
+static metric_sum summarize(const row *rows, int n, const char *metric, double *x, double *y) {
+  metric_sum s = {0, 0, NAN};
+  for (int i = 0; i < n; i++)
+    if (!rows[i].refused[0] && strcmp(rows[i].metric, metric) == 0) {
+      x[s.rows] = rows[i].predicted;
+      y[s.rows] = rows[i].measured;
+      s.rows++;
+    }
+  if (s.rows > 0) {
+    s.mape = mp_mape(x, y, (size_t)s.rows);
+    s.tau = mp_kendall_tau_b(x, y, (size_t)s.rows);
+  }
+  return s;
+}
+
+static double row_error(const row *r) { return (r->predicted - r->measured) / r->measured; }
+
 /* Every row's predicted vs published figure, then per metric the MAPE and Kendall's tau. */
-static mp_status print_results(mp_ctx *ctx, const row *rows, int n) {
+static void print_table(const row *rows, int n, const metric_sum *sums) {
   printf("%-30s %-22s %5s %12s %12s %8s\n", "case", "metric", "mb", "predicted", "published",
          "error");
-  int n_refused = 0;
   for (int i = 0; i < n; i++) {
     if (rows[i].refused[0]) {
       char pub[32];
       printf("%-30s %-22s %5s %12s %12s %8s\n", rows[i].name, rows[i].metric, "-", "refused",
              fig(pub, sizeof pub, rows[i].measured), "-");
-      n_refused++;
       continue;
     }
     char mb[24];
@@ -282,7 +295,7 @@ static mp_status print_results(mp_ctx *ctx, const row *rows, int n) {
     char pred[32], pub[32];
     printf("%-30s %-22s %5s %12s %12s %+7.1f%%\n", rows[i].name, rows[i].metric, mb,
            fig(pred, sizeof pred, rows[i].predicted), fig(pub, sizeof pub, rows[i].measured),
-           100.0 * (rows[i].predicted - rows[i].measured) / rows[i].measured);
+           100.0 * row_error(&rows[i]));
   }
   printf("(mb: the micro-batch simulated; * the fastest that fits among the divisors of "
          "local_batch, none being published; s the stack's own pipeline micro-batching, "
@@ -290,32 +303,71 @@ static mp_status print_results(mp_ctx *ctx, const row *rows, int n) {
   for (int i = 0; i < n; i++)
     if (rows[i].refused[0]) printf("refused: %s: %s\n", rows[i].name, rows[i].refused);
   printf("\n%-22s %5s %8s %12s\n", "metric", "rows", "MAPE", "Kendall tau");
-  const char *metrics[] = {"tokens_per_s_per_gpu", "peak_mem_gib", "step_time_s"};
-  double *x = (double *)calloc((size_t)n, sizeof *x), *y = (double *)calloc((size_t)n, sizeof *y);
+  for (int k = 0; k < N_METRICS; k++) {
+    const metric_sum *s = &sums[k];
+    if (s->rows == 0) continue;
+    if (isnan(s->tau))
+      printf("%-22s %5d %7.1f%% %12s\n", k_metrics[k], s->rows, 100.0 * s->mape, "n/a");
+    else
+      printf("%-22s %5d %7.1f%% %12.3f\n", k_metrics[k], s->rows, 100.0 * s->mape, s->tau);
+  }
+}
+
+/* The same as one JSON object: "rows" (case, metric, micro_batch and how it was chosen,
+ * predicted, published and the error as a fraction, or the refusal) and "summary" per metric
+ * (rows, MAPE as a fraction, Kendall's tau-b or null), figures at full precision. */
+static mp_status print_json(mp_ctx *ctx, const row *rows, int n, const metric_sum *sums) {
+  cJSON *j = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(j, "rows");
+  cJSON *sum = cJSON_AddObjectToObject(j, "summary");
+  for (int i = 0; i < n && arr; i++) {
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddItemToArray(arr, r);
+    cJSON_AddStringToObject(r, "case", rows[i].name);
+    cJSON_AddStringToObject(r, "metric", rows[i].metric);
+    cJSON_AddNumberToObject(r, "published", rows[i].measured);
+    if (rows[i].refused[0]) {
+      cJSON_AddStringToObject(r, "refused", rows[i].refused);
+      continue;
+    }
+    cJSON_AddNumberToObject(r, "micro_batch", (double)rows[i].micro_batch);
+    cJSON_AddStringToObject(r, "micro_batch_from",
+                            rows[i].picked == 2 ? "stack" : rows[i].picked ? "fastest" : "row");
+    cJSON_AddNumberToObject(r, "predicted", rows[i].predicted);
+    cJSON_AddNumberToObject(r, "error", row_error(&rows[i]));
+  }
+  for (int k = 0; k < N_METRICS && sum; k++) {
+    if (sums[k].rows == 0) continue;
+    cJSON *m = cJSON_AddObjectToObject(sum, k_metrics[k]);
+    cJSON_AddNumberToObject(m, "rows", sums[k].rows);
+    cJSON_AddNumberToObject(m, "mape", sums[k].mape);
+    if (isnan(sums[k].tau)) cJSON_AddNullToObject(m, "kendall_tau_b");
+    else cJSON_AddNumberToObject(m, "kendall_tau_b", sums[k].tau);
+  }
+  char *text = cJSON_Print(j);
+  cJSON_Delete(j);
+  if (text == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory");
+  printf("%s\n", text);
+  cJSON_free(text);
+  return MP_OK;
+}
+
+/* Prints the rows and the summary (a table, or JSON); an error when the simulator refused
+ * a row. */
+static mp_status print_results(mp_ctx *ctx, const row *rows, int n, int json) {
+  double *x = (double *)calloc((size_t)n + 1, sizeof *x), *y = (double *)calloc((size_t)n + 1, sizeof *y);
   if (x == NULL || y == NULL) {
     free(x);
     free(y);
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory");
   }
-  for (int k = 0; k < 3; k++) {
-    int cnt = 0;
-    double ape = 0;
-    for (int i = 0; i < n; i++)
-      if (!rows[i].refused[0] && strcmp(rows[i].metric, metrics[k]) == 0) {
-        x[cnt] = rows[i].predicted;
-        y[cnt] = rows[i].measured;
-        ape += fabs(rows[i].predicted - rows[i].measured) / rows[i].measured;
-        cnt++;
-      }
-    if (cnt == 0) continue;
-    double tau = kendall_tau(x, y, cnt);
-    if (isnan(tau))
-      printf("%-22s %5d %7.1f%% %12s\n", metrics[k], cnt, 100.0 * ape / cnt, "n/a");
-    else
-      printf("%-22s %5d %7.1f%% %12.3f\n", metrics[k], cnt, 100.0 * ape / cnt, tau);
-  }
+  metric_sum sums[N_METRICS];
+  for (int k = 0; k < N_METRICS; k++) sums[k] = summarize(rows, n, k_metrics[k], x, y);
   free(x);
   free(y);
+  if (json) MP_CHECK(print_json(ctx, rows, n, sums));
+  else print_table(rows, n, sums);
+  int n_refused = 0;
+  for (int i = 0; i < n; i++) n_refused += rows[i].refused[0] != 0;
   if (n_refused > 0)
     return mp_error(ctx, MP_ERR_INVALID,
                     "%d of %d rows refused by the simulator's rules (listed above) and left out "
@@ -338,7 +390,7 @@ static int run_validate(mp_ctx *ctx, const mp_cmd_call *call) {
   }
   int n = 0;
   st = read_rows(ctx, path, text, rows, &n);
-  if (st == MP_OK) st = print_results(ctx, rows, n);
+  if (st == MP_OK) st = print_results(ctx, rows, n, mp_args_has(&k_spec, "--json"));
   free(rows);
   free(text);
   return st != MP_OK ? mp_cmd_fail(ctx, st) : 0;

@@ -2,22 +2,24 @@
 # meshplan validate on tests/data/validation/published_check.csv: published multi-dimensional
 # runs outside the dev set (torchtitan's TP, PP and CP tables, its A100 and H200 runs,
 # Megatron-LM's selective-recompute iteration times, Megatron-Core's H100 weak-scaling table),
-# checked, never fitted. Every row's prediction stays
-# within 1 % of the one recorded in check_expected.txt, so a change that moves a published
-# prediction fails here and updates that file on purpose; per metric the mean absolute
-# percentage error and Kendall's tau stay within the bounds below, which are the errors
-# docs/validation.md states (rows over 10 % are explained there), not targets. Runs from
-# the runfiles root.
+# checked, never fitted. bands.py recomputes every error, MAPE and Kendall tau-b from the
+# predicted and published figures and holds:
+#   - each prediction within 1 % of check_expected.txt (a change that moves a published
+#     prediction fails here and updates that file on purpose);
+#   - each row within 15 % of its published figure: a prediction further off than that
+#     would misrank plans whose step times differ by 15 %, far wider than the planner's 1 %
+#     tie window. The rows docs/validation.md explains carry their own limit and reason in
+#     check_row_limits.txt;
+#   - per metric a MAPE of at most 10 %: the accuracy meshplan states for runs no constant is
+#     fitted to; a change past it is a regression to explain in docs/validation.md, not a
+#     bound to raise;
+#   - Kendall tau-b at least 0.9 for throughput and step time (the ranking is the planner's
+#     product: 0.9 leaves at most 5 % of the pairs misordered) and 0.5 for memory (its 12 rows
+#     sit within a few GiB of each other in three tables, where a 2-3 % error reorders
+#     neighbours; 0.5 still requires the order to hold across the tables).
+# Runs from the runfiles root.
 set -u
-BIN=planner/meshplan
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
-if ! "$BIN" validate tests/data/validation/published_check.csv >"$out" 2>&1; then
-  echo "FAIL: meshplan validate exited non-zero:" >&2
-  cat "$out" >&2
-  exit 1
-fi
-cat "$out"
-awk -v expected=tests/validate/check_expected.txt -v pub_band=0 -v min_rows=57 -v label=check_test \
-  -v limits="tokens_per_s_per_gpu:9.3:0.95,peak_mem_gib:9.1:0.45,step_time_s:3.8:0.95" \
-  -f tests/validate/bands.awk "$out"
+exec /usr/bin/python3 tests/validate/bands.py planner/meshplan tests/data/validation/published_check.csv \
+  --label check_test --expected tests/validate/check_expected.txt --min-rows 57 \
+  --row-limit 15 --row-limits tests/validate/check_row_limits.txt \
+  --limits tokens_per_s_per_gpu:10:0.9,peak_mem_gib:10:0.5,step_time_s:10:0.9
