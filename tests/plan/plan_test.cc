@@ -88,6 +88,45 @@ TEST(PlanSeed, UnevenChunks) {
   mp_plan_destroy(p);
 }
 
+// Padded FSDP shards by hand (FSDP2 pads every rank's shard to the chunk, torch.chunk's
+// ceil(rows / n) rows; what each rank stores, gathers and reduce-scatters into). tiny-odd:
+// vocab 250, d_model 48, 6 heads and 3 KV heads of 8, d_ff 136.
+//   dp_shard=3: tok_embeddings ceil(250/3) = 84 rows x 48 = 4032 (floor: 83 -> 3984);
+//     gate/up [136, 48]: 46 x 48 = 2208 (floor: 45 -> 2160); down [48, 136]: 16 x 136 = 2176;
+//     q, o [48, 48]: 16 x 48 = 768; k, v [24, 48]: 8 x 48 = 384; norms [48]: 16.
+//     A block's unit: 2 x 768 + 2 x 384 + 2 x 2208 + 2176 + 2 x 16 = 8928 a rank.
+//   dp_shard=4: tok_embeddings 63 x 48 = 3024 (floor: 62 -> 2976); gate/up 34 x 48 = 1632;
+//     down 12 x 136 = 1632; q, o 12 x 48 = 576; k, v 6 x 48 = 288; norms 12.
+//     A block's unit: 2 x 576 + 2 x 288 + 2 x 1632 + 1632 + 2 x 12 = 6648.
+// The tail rank stores the rows left: 250 - 2 x 84 = 82 on dp_shard=3, 250 - 3 x 63 = 61 on 4.
+TEST(PlanTinyOdd, PaddedShardsAreCeilChunks) {
+  mp_model m = LoadModel("tiny-odd");
+  struct Want {
+    const char *mesh;
+    int g;
+    int64_t emb, gate, down, q, k, norm, unit, tail_rows;
+  } want[] = {{"dp_shard=3", 3, 4032, 2208, 2176, 768, 384, 16, 8928, 82},
+              {"dp_shard=4", 4, 3024, 1632, 1632, 576, 288, 12, 6648, 61}};
+  for (const Want &w : want) {
+    SCOPED_TRACE(w.mesh);
+    mp_plan *p = Build(m, w.mesh);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(mp_param_padded_shard_numel(&Param(p, "tok_embeddings.weight"), w.g), w.emb);
+    EXPECT_EQ(mp_param_padded_shard_numel(&Param(p, "output.weight"), w.g), w.emb);
+    EXPECT_EQ(mp_param_padded_shard_numel(&Param(p, "layers.5.mlp.gate_proj.weight"), w.g), w.gate);
+    EXPECT_EQ(mp_param_padded_shard_numel(&Param(p, "layers.5.mlp.up_proj.weight"), w.g), w.gate);
+    EXPECT_EQ(mp_param_padded_shard_numel(&Param(p, "layers.5.mlp.down_proj.weight"), w.g), w.down);
+    EXPECT_EQ(mp_param_padded_shard_numel(&Param(p, "layers.5.attention.q_proj.weight"), w.g), w.q);
+    EXPECT_EQ(mp_param_padded_shard_numel(&Param(p, "layers.5.attention.k_proj.weight"), w.g), w.k);
+    EXPECT_EQ(mp_param_padded_shard_numel(&Param(p, "layers.5.ffn_norm.weight"), w.g), w.norm);
+    const mp_fsdp_unit &u = p->units[Param(p, "layers.5.mlp.down_proj.weight").fsdp_unit];
+    EXPECT_STREQ(u.name, "layers.5");
+    EXPECT_EQ(u.numel_shard, w.unit);
+    EXPECT_EQ(RestShape(p, "tok_embeddings.weight", w.g - 1), (V{w.tail_rows, 48}));
+    mp_plan_destroy(p);
+  }
+}
+
 // The checker itself can fail: a plan whose TP tile is too small leaves a gap; a plan
 // that forgets the FSDP split holds rows twice.
 TEST(PlanSeed, CoverCheckerDetectsGapsAndOverlaps) {

@@ -9,7 +9,14 @@
  *            with r = 0, 1, 2 for ac none, selective-core, full (the search's default
  *            policies; any other counts as selective-core)
  *   fits   = peak <= capacity (40 GiB)
- * A candidate with tp == 2 and ac == full fails with "fake refusal" when fail_tp2_full. */
+ * A candidate with tp == 2 and ac == full fails with "fake refusal" when fail_tp2_full.
+ * With ep_cp_effects, expert and context parallelism act as they do on a real cluster, a
+ * little better than the plan without them, so that only the tie rule keeps the simpler
+ * plan first:
+ *   peak  = 64 GiB / (dp_shard * tp * pp * cp) + micro_batch * act / cp GiB - (ep > 1 ? 1 : 0) GiB
+ *           - (fp8 ? 1 : 0) GiB   (cp splits the sequence's activations; EP shards the experts)
+ *   step  = 10 / (dp_replicate * dp_shard * cp * tp) s * (1 + 0.25 * r) * (fp8 ? 0.8 : 1)
+ *           * (ep > 1 ? 0.995 : 1) * (cp > 1 ? 0.995 : 1) + 0.001 * reshard + 0.01 / micro_batch */
 #ifndef MP_TESTS_PLANNER_FAKE_H
 #define MP_TESTS_PLANNER_FAKE_H
 
@@ -23,6 +30,7 @@ static const int64_t kGiB = 1024LL * 1024 * 1024;
 struct FakeEval {
   int fail_tp2_full = 0;
   int delay_us = 0; /* each evaluation sleeps this long: a search that takes its time */
+  int ep_cp_effects = 0; /* the model with EP and cp effects (above) */
 };
 
 static inline mp_status fake_eval(void *user, mp_ctx *ctx, mp_arena *scratch,
@@ -36,16 +44,19 @@ static inline mp_status fake_eval(void *user, mp_ctx *ctx, mp_arena *scratch,
     return mp_error(ctx, MP_ERR_ORDER, "fake refusal tp=2 full");
   const int r = c->ac == MP_AC_NONE ? 0 : c->ac == MP_AC_FULL ? 2 : 1;
   int64_t act = r == 0 ? 8 : r == 1 ? 4 : 1;
+  const int fx = fe && fe->ep_cp_effects, cp = m.size[MP_DIM_CP];
   memset(out, 0, sizeof *out);
   out->peak_mem_bytes = 64 * kGiB / ((int64_t)m.size[MP_DIM_DP_SHARD] * m.size[MP_DIM_TP] *
-                                     m.size[MP_DIM_PP] * m.size[MP_DIM_CP]) +
-                        c->micro_batch * act * kGiB - (c->fp8 ? kGiB : 0);
+                                     m.size[MP_DIM_PP] * cp) +
+                        c->micro_batch * act * kGiB / (fx ? cp : 1) - (c->fp8 ? kGiB : 0) -
+                        (fx && m.ep > 1 ? kGiB : 0);
   out->mem_at_peak[MP_MEM_PARAMS] = out->peak_mem_bytes / 2;
   out->mem_at_peak[MP_MEM_ACTIVATIONS] = out->peak_mem_bytes - out->peak_mem_bytes / 2;
   out->capacity_bytes = 40 * kGiB;
   out->fits = out->peak_mem_bytes <= out->capacity_bytes;
-  double dp = (double)m.size[MP_DIM_DP_REPLICATE] * m.size[MP_DIM_DP_SHARD];
-  out->step_time_s = 10.0 / (dp * m.size[MP_DIM_TP]) * (1 + 0.25 * r) * (c->fp8 ? 0.8 : 1.0) +
+  double dp = (double)m.size[MP_DIM_DP_REPLICATE] * m.size[MP_DIM_DP_SHARD] * (fx ? cp : 1);
+  out->step_time_s = 10.0 / (dp * m.size[MP_DIM_TP]) * (1 + 0.25 * r) * (c->fp8 ? 0.8 : 1.0) *
+                         (fx && m.ep > 1 ? 0.995 : 1.0) * (fx && cp > 1 ? 0.995 : 1.0) +
                      0.001 * c->reshard + 0.01 / (double)c->micro_batch;
   out->tokens_per_s_per_gpu = 1000.0 / out->step_time_s;
   out->mfu = 0.4;

@@ -655,6 +655,43 @@ TEST(SearchRank, TimeWithTiesToTheSimplerPlanAndOtherObjectives) {
   EXPECT_DOUBLE_EQ(mp_tokens_per_dollar(&c, 2.0), 1.8e6);
 }
 
+// The tie rule counts expert and context parallelism as the complications they are. On 8
+// GPUs of one node, fixed to tp 1, pp 1, no AC, bf16, micro-batch 1, the MoE model's meshes
+// are dp_shard x cp = 8 with ep dividing dp_shard. With the fake's EP and cp effects each
+// is 0.5 % faster and lighter than the plan without it: 10/8 s x 0.995^k + 0.01 s, i.e.
+// 1.26 s (neither), 1.25375 s (one), 1.2475625 s (both), all within 1 % of the fastest
+// (1.2475625 x 1.01 = 1.26004), so simplicity alone orders them:
+//   1. dp_shard=8 (one mesh dim, 16 GiB), though it is the slowest and the heaviest;
+//   2-4. dp_shard=8 with ep 2, 4, 8 (two dims: dp_shard and ep; 15 GiB each);
+//   then every plan with cp (cp outranks the dim count).
+// Were ep not counted as a mesh dim, an EP plan (less memory, faster) would rank first;
+// were cp not counted, cp=8 (one dim, 12 GiB) would.
+TEST(SearchRank, TiesGoToThePlanWithoutExpertOrContextParallelism) {
+  Search t(fake_moe_model(8), fake_cluster(1, 8), 4096, 8);
+  t.fe.ep_cp_effects = 1;
+  t.cfg.search_fp8 = 0;
+  ASSERT_EQ(mp_search_fix_parse(&t.ctx, "tp=1,pp=1,dp_rep=1,ac=none,mb=1,reshard=0", &t.cfg.fix), MP_OK)
+      << mp_errmsg(&t.ctx);
+  t.run();
+  int64_t *order = nullptr, n = 0;
+  ASSERT_EQ(mp_search_rank(&t.ctx, t.s, MP_OBJECTIVE_TIME, 0, &order, &n), MP_OK);
+  // dp_shard x cp = 8: (8, 1) with ep 1, 2, 4, 8; (4, 2) with 1, 2, 4; (2, 4) with 1, 2; (1, 8)
+  ASSERT_EQ(n, 10);
+  const mp_candidate &first = t.s->cands[order[0]];
+  EXPECT_EQ(first.mesh.size[MP_DIM_DP_SHARD], 8);
+  EXPECT_EQ(first.mesh.ep, 1);
+  EXPECT_EQ(first.mesh.size[MP_DIM_CP], 1);
+  EXPECT_NEAR(first.res.step_time_s, 1.26, 1e-12);
+  for (int r = 1; r < 4; r++) {
+    const mp_candidate &c = t.s->cands[order[r]];
+    EXPECT_EQ(c.mesh.size[MP_DIM_CP], 1) << "rank " << r + 1;
+    EXPECT_EQ(c.mesh.size[MP_DIM_DP_SHARD], 8) << "rank " << r + 1;
+    EXPECT_GT(c.mesh.ep, 1) << "rank " << r + 1;
+    EXPECT_NEAR(c.res.step_time_s, 1.25375, 1e-12) << "rank " << r + 1;
+  }
+  for (int r = 4; r < 10; r++) EXPECT_GT(t.s->cands[order[r]].mesh.size[MP_DIM_CP], 1) << "rank " << r + 1;
+}
+
 TEST(SearchConstraints, FixAndExecutableOnly) {
   Search t(fake_dense_model(), fake_cluster(2, 8), 4096, 16);
   ASSERT_EQ(mp_search_fix_parse(&t.ctx, "tp=8,pp=1", &t.cfg.fix), MP_OK);

@@ -62,6 +62,31 @@ TEST(Lr, WarmupThenEachShape) {
   EXPECT_DOUBLE_EQ(mp_lr_at(&s, 1), 1.0);
 }
 
+// The shapes at p = 0.25 and 0.75, where cosine, linear and a square root differ (at p = 0.5
+// and 1 cosine and linear agree). lr 1, min 0.1, no warmup, 8 steps: p = step / 8.
+//   cosine: 0.1 + 0.45 (1 + cos(pi p)): p = 1/4 -> 0.1 + 0.45 (1 + 0.70710678) = 0.86819805,
+//           p = 3/4 -> 0.1 + 0.45 (1 - 0.70710678) = 0.23180195
+//   linear: 1 - 0.9 p: 0.775 and 0.325
+//   wsd with decay_frac 0.5: D = 8 - round(0.5 x 8) = 4, q = (step - 4) / 4: step 5 ->
+//           0.1 + 0.9 (1 - sqrt(1/4)) = 0.55, step 7 -> 0.1 + 0.9 (1 - sqrt(3/4)) = 0.22057714
+TEST(Lr, AsymmetricPointsTellTheShapesApart) {
+  mp_lr_schedule s = {MP_LR_COSINE, 1.0, 0.1, 0, 8, 0.5};
+  EXPECT_NEAR(mp_lr_at(&s, 2), 0.86819805153394639, 1e-12);
+  EXPECT_NEAR(mp_lr_at(&s, 6), 0.23180194846605361, 1e-12);
+  s.kind = MP_LR_LINEAR;
+  EXPECT_NEAR(mp_lr_at(&s, 2), 0.775, 1e-12);
+  EXPECT_NEAR(mp_lr_at(&s, 6), 0.325, 1e-12);
+  s.kind = MP_LR_WSD;
+  EXPECT_DOUBLE_EQ(mp_lr_at(&s, 4), 1.0);
+  EXPECT_NEAR(mp_lr_at(&s, 5), 0.55, 1e-12);
+  EXPECT_NEAR(mp_lr_at(&s, 7), 0.22057713659400527, 1e-12);
+  // with 4 warmup steps over 12, p = (step - 4) / 8 again: the same values 4 steps later
+  s = {MP_LR_COSINE, 1.0, 0.1, 4, 12, 0.5};
+  EXPECT_NEAR(mp_lr_at(&s, 3), 0.75, 1e-12);  // warmup: 3/4 of the peak
+  EXPECT_NEAR(mp_lr_at(&s, 6), 0.86819805153394639, 1e-12);
+  EXPECT_NEAR(mp_lr_at(&s, 10), 0.23180194846605361, 1e-12);
+}
+
 TEST(Lr, NamesAndRefusals) {
   Ctx c;
   mp_lr_kind k;

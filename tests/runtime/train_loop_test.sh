@@ -137,6 +137,29 @@ got = [(o['step'], o['lr']) for o in map(json.loads, open(sys.argv[1]))]
 sys.exit(0 if len(got) == 20 and all(abs(l - want(s)) <= 1e-7 * want(s) for s, l in got) else 1)
 EOF"
 
+# cosine and linear through the metrics, with 4 warmup steps over 20: p = (step - 4) / 16, so
+# steps 8 and 16 are p = 0.25 and 0.75, where the two shapes (and a cosine mistaken for a
+# line) differ: cosine 1e-3 + 9e-3 (1 + cos(pi p)) / 2 = 8.6820e-3 and 2.3180e-3, linear
+# 1e-2 - 9e-3 p = 7.75e-3 and 3.25e-3
+for kind in cosine linear; do
+  "$bin" train --model tiny-dense --steps 20 --seq 16 --micro-batch 2 --global-batch 4 --quiet --lr 1e-2 \
+    --lr-schedule $kind --warmup 4 --min-lr 1e-3 --metrics "$tmp/$kind.jsonl" >/dev/null 2>&1
+  check "$kind lr per step equals the formula (p = 0.25 and 0.75 among them)" "$PY - $tmp/$kind.jsonl $kind <<'EOF'
+import json, math, sys
+lr, mn, W, S = 1e-2, 1e-3, 4, 20
+def want(s):
+    if s <= W: return lr * s / W
+    p = (s - W) / (S - W)
+    if sys.argv[2] == 'cosine': return mn + (lr - mn) * 0.5 * (1 + math.cos(math.pi * p))
+    return lr + (mn - lr) * p
+pin = {'cosine': {8: 8.6819805e-3, 16: 2.3180195e-3}, 'linear': {8: 7.75e-3, 16: 3.25e-3}}[sys.argv[2]]
+got = dict((o['step'], o['lr']) for o in map(json.loads, open(sys.argv[1])))
+ok = len(got) == 20 and all(abs(l - want(s)) <= 1e-7 * want(s) for s, l in got.items())
+ok = ok and all(abs(got[s] - v) <= 1e-7 for s, v in pin.items())
+sys.exit(0 if ok else 1)
+EOF"
+done
+
 # token shards: uint16 and uint32 of the same tokens train alike (by glob, two files each);
 # an id beyond the vocabulary is refused naming the file and position
 "$bin" train --model tiny-dense --steps 2 --seq 16 --micro-batch 2 --global-batch 4 --quiet \
