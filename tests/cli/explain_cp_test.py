@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """meshplan explain's context-parallel section against hand-derived figures: the chunks a rank
 holds, the K and V it contributes to the ring's all-gather, the gathered total and the fp32
-dK, dV it passes on (exec/schedule_cp.c prices the same tensors); the alltoall rotate method's
-shifts and what they hold; Megatron-LM's ring of grouped K and V; --cp-rotate's refusals.
+dK, dV it passes on; the alltoall rotate method's shifts and what they hold; Megatron-LM's
+ring of grouped K and V; --cp-rotate's refusals. Then the same sizes in what the schedule
+prices (exec/schedule_cp.c): each layer's CP collectives in `explain --schedule --json`, their
+pass, kind, payload, count and stream.
 
 Usage: explain_cp_test.py MESHPLAN"""
 import json
@@ -83,6 +85,51 @@ for cmd in ("explain", "simulate"):
     check("without FSDP" in p.stderr, cmd + " --stack megatron-lm on dp_shard: refused")
     p = run(cmd, *mg, "--mesh", "dp_replicate=2,cp=4", "--cp-rotate", "allgather", want_rc=2)
     check("use alltoall" in p.stderr, cmd + " --stack megatron-lm --cp-rotate allgather: refused")
+
+# What the schedule prices (exec/schedule_cp.c), op by op, not explain's prose: the CP group's
+# collectives of one layer in `explain --schedule --json`, against the sizes derived above.
+# Per layer, at seq 32768 over cp=4 (8192 tokens a rank):
+#   torchtitan, allgather: forward one all-gather of the 4 ranks' expanded K, V, 4 x 128 MiB =
+#     536,870,912 B, backward the same once more (K, V gathered again for the backward pass),
+#     and the fp32 dK, dV, 8192 x (4096 + 4096) x 4 = 268,435,456 B, passed on after each of
+#     the 4 backward steps; compiled with the block (torchtitan-compile, the H100's default):
+#     every transfer on the compute stream;
+#   torchtitan, alltoall: the 128 MiB K, V shifted before every step but the last, 3 in
+#     forward and 3 in backward, beside the 4 dK, dV shifts;
+#   Megatron-LM: the grouped K, V, 8192 x (1024 + 1024) x 2 = 33,554,432 B, 3 shifts a pass,
+#     the fp32 dK, dV 67,108,864 B 4 times, on Transformer Engine's own (p2p) stream.
+def cp_ops(*args):
+    p = run("explain", *args, "--schedule", "--json")
+    if p.returncode != 0:
+        return None
+    ops = json.loads(p.stdout)["schedule"]["ops"]
+    per_layer = {}
+    for o in ops:
+        if o.get("group") == "cp":
+            k = (o["phase"], o["coll"], o["bytes"], o["stream"])
+            per_layer.setdefault(o["layer"], {})
+            per_layer[o["layer"]][k] = per_layer[o["layer"]].get(k, 0) + (o.get("count") or 1)
+    return per_layer
+
+
+base = ["--model", "llama3.1-8b", "--gpus", "8", "--mesh", "dp_shard=2,cp=4", "--seq", "32768"]
+for args, want in (
+        (base, {("forward", "all_gather", 536870912, "compute"): 1,
+                ("backward", "all_gather", 536870912, "compute"): 1,
+                ("backward", "sendrecv", 268435456, "compute"): 4}),
+        (base + ["--cp-rotate", "alltoall"], {("forward", "sendrecv", 134217728, "compute"): 3,
+                                              ("backward", "sendrecv", 134217728, "compute"): 3,
+                                              ("backward", "sendrecv", 268435456, "compute"): 4}),
+        (mg + ["--mesh", "dp_replicate=2,cp=4"], {("forward", "sendrecv", 33554432, "p2p"): 3,
+                                                   ("backward", "sendrecv", 33554432, "p2p"): 3,
+                                                   ("backward", "sendrecv", 67108864, "p2p"): 4})):
+    got = cp_ops(*args)
+    what = " ".join(a for a in args if a.startswith("--") is False)[-60:]
+    check(got is not None and sorted(got) == list(range(32)),
+          "schedule of %s: the CP ops of 32 layers (got layers %s)" % (what, sorted(got) if got else None))
+    if got:
+        bad = {l: v for l, v in got.items() if v != want}
+        check(not bad, "schedule of %s: per layer %s, want %s" % (what, next(iter(bad.values()), None), want))
 
 for f in fails:
     print("FAIL:", f)

@@ -9,14 +9,13 @@ Checks, each over STEPS steps of `meshplan train` with the same seed, data and b
   2. tiny-dense, meshes dp_shard=2,tp=2 (4 ranks), tp=2 with sequence parallelism,
      tp=2 --no-sp and cp=2 (ring attention; 2 ranks) under `mpirun -np N ... --device
      cuda` on one GPU (every rank on GPU 0, collectives through MPI with host staging):
-     per-step losses equal the
-     single-rank GPU run within BF16_TOL relative.
+     per-step losses equal the single-rank GPU run within SPLIT_TOL relative.
   3. pipeline stages on the GPU: tiny-dense pp=2 (1F1B) and tiny-tied pp=2 (the tied
      embedding's two copies) under `mpirun -np 2 ... --device cuda` (activations and
      gradients between stages through MPI with host staging): per-step losses equal the
-     single-rank GPU run within BF16_TOL relative.
+     single-rank GPU run within PP_TOL relative.
 
-Tolerance. bf16 keeps 8 significant bits (relative rounding up to 2^-9 = 2e-3 per
+Tolerances. The GPU against the CPU: (relative rounding up to 2^-9 = 2e-3 per
 stored value); the GPU run rounds every activation and the compute copy of every weight,
 so its losses differ from the fp32 CPU run by ~1e-3 relative, growing slowly over the
 steps. BF16_TOL = 2e-2 bounds that with margin, while a wrong gradient (a missing
@@ -25,6 +24,17 @@ more: the untrained loss is ln(256) = 5.55 and 20 steps take it below 4. Float8 
 forward, E5M2 gradients, 3 and 2 mantissa bits) is held to FP8_TOL = 5e-2: the CPU
 emulates the same quantization, but E4M3 code flips from bf16-vs-fp32 input differences
 are up to 1/16 of a value each.
+The multi-rank GPU runs against the single-rank GPU run compute the same sums with the same
+kernels and bf16 storage, split differently (reduction order): tp splits the rowwise GEMMs'
+sums and rounds each partial sum to bf16 once more before it is reduced, dp_shard sums the
+ranks' fp32 gradients in another order, cp merges the ring's partial attentions in fp32. A
+value touched by an extra bf16 rounding moves by at most 2^-9 of itself, with either sign;
+the loss, a mean over the 512 tokens of the batch, averages those moves rather than adding
+them, so no step's loss may differ by more than one bf16 rounding of the loss itself:
+SPLIT_TOL = 2^-9 = 1.95e-3 (the 2026-11-26 H100 run measured 2.7e-4 to 4.6e-4). Pipeline
+stages split no sum (activations cross stages in bf16 unchanged, exactly); only the tied
+embedding's two fp32 gradient copies are added in another order, so pp is held to fp32's
+reduction order grown over 20 AdamW steps: PP_TOL = 1e-4 (measured 4.5e-8 and 1.1e-5).
 
 Usage: gpu_parity.py MESHPLAN [--mpirun MPIRUN]. Exits 0 with "SKIP" when no CUDA device is
 visible (nvidia-smi -L fails), 1 on a mismatch."""
@@ -37,6 +47,8 @@ import tempfile
 STEPS = 20
 BF16_TOL = 2e-2
 FP8_TOL = 5e-2
+SPLIT_TOL = 2.0 ** -9
+PP_TOL = 1e-4
 
 
 def run(cmd, env, timeout=600):
@@ -109,7 +121,7 @@ def main():
             got, _ = losses(meshplan, tmp, "dense-%s%s-cuda" % (mesh.replace(",", "_").replace("=", ""),
                                                                 "".join(extra)),
                             ["--model", "tiny-dense", "--device", "cuda", "--mesh", mesh] + extra, env, launcher)
-            ok &= compare(name, got, one, BF16_TOL)
+            ok &= compare(name, got, one, SPLIT_TOL)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             print("FAIL %s: %s" % (name, e), flush=True)
             ok = False
@@ -120,7 +132,7 @@ def main():
             one, _ = losses(meshplan, tmp, model + "-1rank-cuda", ["--model", model, "--device", "cuda"], env)
             two, _ = losses(meshplan, tmp, model + "-pp2-cuda",
                             ["--model", model, "--device", "cuda", "--mesh", "pp=2"], env, launcher2)
-            ok &= compare("%s pp=2 (2 stages, 1 GPU) vs 1 rank" % model, two, one, BF16_TOL)
+            ok &= compare("%s pp=2 (2 stages, 1 GPU) vs 1 rank" % model, two, one, PP_TOL)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             print("FAIL %s pp=2 staging: %s" % (model, e), flush=True)
             ok = False

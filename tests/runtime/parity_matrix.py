@@ -6,8 +6,9 @@ and compared with the single-rank run of the same model, AC mode, float8 setting
 batch (same seed, micro-batch and data):
   - per-step losses over STEPS steps equal within 1e-5 relative;
   - the full gradients after step 1 (gathered from the shards by --dump-grads) equal
-    within 1e-5 relative (L2 norm of the difference over the L2 norm, per parameter,
-    plus a max-abs check against the tensor's scale).
+    within 1e-5 relative, per parameter, twice: the L2 norm of the difference over the L2
+    norm, and the largest element-wise difference over the tensor's largest magnitude (a
+    few wrong elements of a large tensor hide in the L2 norm, not in the max).
 Meshes: 1 rank (the reference), dp_shard=4, dp_replicate=2 x dp_shard=2, tp=2, tp=4,
 dp_shard=2 x tp=2; for the MoE model also ep=2 (dp_shard=2), ep=4 (dp_shard=4) and
 ep=2 x tp=2; for the dense model also cp=2, cp=4, dp_shard=2 x cp=2 x tp=2 and pp=2 x cp=2
@@ -29,12 +30,13 @@ tagged manual and nightly (`scripts/test --full`, or bazel test it by name). doc
 lists both with their times on the 2-core machine. `--only S` keeps the rows whose name
 contains S.
 
-Memory (the measured peak memory per rank equals the simulator's prediction for the CPU
-profile within 2 %, docs/design.md, "Numbers that matter"): every run, the single-rank references included, also records the
-plan's prediction (train --db: the planner on the meshplan-cpu stack, whose memory model is
-the runtime's layout, exec/act_layout.h) and prints its measured peak (the largest rank's, over
-the 20 steps). Non-EP plans: |predicted - measured| <= MEM_TOL of measured (they agree to
-the byte: both count the same allocations). EP plans: see ep_mem_bound.
+Memory (the measured peak memory per rank equals the simulator's prediction to the byte):
+every run, the single-rank references included, also records the plan's prediction (train
+--db: the planner on the meshplan-cpu stack, whose memory model is the runtime's layout,
+exec/act_layout.h) and prints its measured peak (the largest rank's, over the 20 steps).
+Non-EP plans: predicted == measured (MEM_TOL 0: both count the same allocations; the layout
+itself is held to hand-derived sizes by tests/schedule:runtime_layout_test). EP plans: see
+ep_mem_bound.
 
 Usage: parity_matrix.py MESHPLAN [--quick] [--fp8-only] [--only S]
 """
@@ -60,6 +62,11 @@ TOL = 1e-5
 # apart at 1e-4 to 1e-3 over 20 steps: bounded, not a wrong gradient (a wrong gradient shows at
 # step 1, which is held to 1e-5).
 FP8_LOSS_TOL = 5e-3
+# Float8 plans' step-1 gradients, element by element: the same ~1e-8 differences can flip an
+# E4M3 code of an activation already in step 1's forward (a value at a rounding boundary).
+# A flip moves that element by one E4M3 step, at most 2^-3 of it, and a weight gradient
+# element sums MICRO_BATCH x SEQ = 64 token rows, one of which carries the flip: at most
+# 2^-3 / 64 = 2.0e-3 of the tensor's largest element. The L2 check stays at TOL.
 
 MEM_TOL = 0  # non-EP plans: the prediction is the runtime's allocations, byte for byte
 # EP plans: the expert side of a MoE layer (received rows; their gate, up and hidden; the
@@ -78,6 +85,7 @@ MEM_TOL = 0  # non-EP plans: the prediction is the runtime's allocations, byte f
 # tiny-moe (data/models/tiny-moe.json): d_model 64, d_ff_expert 32, top_k 2, 2 MoE layers.
 MOE_DIMS = {"tiny-moe": dict(C=64, Fe=32, K=2, L_moe=2)}
 SEQ, MICRO_BATCH = 32, 2
+FP8_GRAD_MAXABS_TOL = 2.0 ** -3 / (MICRO_BATCH * SEQ)
 
 
 def ep_mem_bound(model, rows_max):
@@ -121,7 +129,9 @@ def build_rows():
     # inside a pipeline
     for ac in ("none", "selective-core", "full"):
         for mesh in ("cp=2", "cp=4", "dp_shard=2,cp=2,tp=2", "pp=2,cp=2"):
-            rows.append(row("tiny-dense", mesh, ac, quick=ac == "full" and mesh in ("cp=2", "pp=2,cp=2")))
+            # quick: cp=2, and cp=4, whose ring tells its two directions apart (on two ranks
+            # the previous rank is the next)
+            rows.append(row("tiny-dense", mesh, ac, quick=ac == "full" and mesh in ("cp=2", "cp=4", "pp=2,cp=2")))
     # tensor parallelism without SP: the all-reduce form
     for ac in ("none", "full"):
         rows.append(row("tiny-dense", "tp=2", ac, args=["--no-sp"], quick=ac == "full"))
@@ -140,7 +150,9 @@ def build_rows():
         rows.append(row("tiny-odd", "pp=4", ac))
         rows.append(row("tiny-odd", "pp=4", ac, args=gpipe))
         rows.append(row("tiny-odd", "pp=2", ac, args=inter, quick=q))
-        rows.append(row("tiny-odd", "pp=4", ac, args=inter))
+        # quick: pp=4 interleaved, 8 model chunks over 4 stages with as many micro-batches
+        # as stages (the warm-up runs every forward first), transfers between middle stages
+        rows.append(row("tiny-odd", "pp=4", ac, args=inter, quick=q))
         rows.append(row("tiny-tied", "pp=2", ac, quick=q))
         rows.append(row("tiny-tied", "pp=4", ac))
         rows.append(row("tiny-tied", "pp=2", ac, args=inter))
@@ -274,7 +286,7 @@ def main():
         ltol = FP8_LOSS_TOL if fp8 else TOL
         worst_l = max(abs(x - y) / abs(x) for x, y in zip(la, lb))
         bad = [(i + 1, x, y) for i, (x, y) in enumerate(zip(la, lb)) if abs(x - y) > ltol * abs(x)]
-        worst_g, worst_name = 0.0, ""
+        worst_g, worst_name, worst_m, worst_mname = 0.0, "", 0.0, ""
         for pname, g in ga.items():
             h = gb.get(pname)
             if h is None or h.shape != g.shape:
@@ -282,17 +294,23 @@ def main():
                 continue
             den = np.linalg.norm(g)
             rel = np.linalg.norm(g - h) / den if den > 0 else np.linalg.norm(h)
+            scale = np.max(np.abs(g)) if g.size else 0.0
+            relm = np.max(np.abs(g - h)) / scale if scale > 0 else (np.max(np.abs(h)) if h.size else 0.0)
             if rel > worst_g:
                 worst_g, worst_name = rel, pname
+            if relm > worst_m:
+                worst_m, worst_mname = relm, pname
         if worst_g > TOL:
             bad.append(("grad", worst_name, worst_g))
+        if worst_m > (FP8_GRAD_MAXABS_TOL if fp8 else TOL):
+            bad.append(("grad max-abs", worst_mname, worst_m))
         if bad or len(la) != len(lb):
             print("FAIL %s: %s" % (name, bad[:3]))
             fails += 1
         else:
             n_ok += 1
-            print("ok   %s: %d losses within %.0e (worst %.1e; %.6f..%.6f), step-1 gradients worst rel %.1e (%s)"
-                  % (name, len(lb), ltol, worst_l, lb[0], lb[-1], worst_g, worst_name))
+            print("ok   %s: %d losses within %.0e (worst %.1e; %.6f..%.6f), step-1 gradients worst rel %.1e (%s), "
+                  "max-abs %.1e" % (name, len(lb), ltol, worst_l, lb[0], lb[-1], worst_g, worst_name, worst_m))
     print("%d plans match, %d fail; peak memory: %d predictions within their bound, %d off"
           % (n_ok, fails, mem_n[True], mem_n[False]))
     sys.exit(1 if fails or mem_n[False] else 0)
