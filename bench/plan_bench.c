@@ -19,11 +19,11 @@
 
 #include "common/stats.h"
 #include "common/timeutil.h"
-#include "exec/cluster.h"
+#include "sim/cluster.h"
 #include "exec/model.h"
 #include "planner/batch.h"
-#include "planner/cli/args.h"
-#include "planner/cli/options.h"
+#include "app/args.h"
+#include "app/options.h"
 #include "planner/evaluate.h"
 #include "planner/planner.h"
 

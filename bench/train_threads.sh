@@ -4,9 +4,9 @@
 # OMP_NUM_THREADS=<CPUs> as it is without the runtime's choice) beside the runtime's
 # choice (OMP_NUM_THREADS unset), alternating, REPS times each; prints every run, the
 # medians and their ratio.
-# Usage: bench/train_threads.sh [MESHPLAN] [REPS]   (default bazel-bin/planner/meshplan, 5)
+# Usage: bench/train_threads.sh [MESHPLAN] [REPS]   (default bazel-bin/app/meshplan, 5)
 set -u
-bin="${1:-bazel-bin/planner/meshplan}"
+bin="${1:-bazel-bin/app/meshplan}"
 reps="${2:-5}"
 cpus=$(nproc)
 root=()

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "exec/cluster.h"
+#include "sim/cluster.h"
 #include "exec/comm/comm.h"
 #include "exec/model.h"
 #include "kernels/ops.h"

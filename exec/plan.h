@@ -32,7 +32,7 @@
 #include "common/arena.h"
 #include "common/limits.h"
 #include "common/status.h"
-#include "exec/cluster.h"
+#include "exec/dtype.h"
 #include "exec/mesh.h"
 #include "exec/model.h"
 

@@ -67,7 +67,7 @@
 
 #include "common/arena.h"
 #include "common/status.h"
-#include "exec/cluster.h"
+#include "sim/cluster.h"
 #include "exec/mesh.h"
 #include "exec/model.h"
 #include "sim/sim.h"

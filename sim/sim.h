@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "exec/cluster.h"
+#include "sim/cluster.h"
 #include "exec/plan.h"
 #include "exec/schedule.h"
 

@@ -30,7 +30,7 @@
 #define MP_SIM_STACK_H
 
 #include "common/status.h"
-#include "exec/cluster.h"
+#include "sim/cluster.h"
 #include "sim/sim.h"
 
 #ifdef __cplusplus

@@ -32,10 +32,10 @@ if [ "${1:-}" = "--no-mpi" ]; then with_mpi=0; shift; fi
 out=${1:-.devkit}
 # every GoogleTest target tagged gpu (sh_tests run their scripts from the tree instead)
 gpu_tests=$(bazel query 'kind(cc_test, attr(tags, "\bgpu\b", tests(//...)))' 2>/dev/null)
-bazel build --dynamic_mode=off //planner:meshplan //bench:kernels_bench //bench:attention_bench $gpu_tests >/dev/null
+bazel build --dynamic_mode=off //app:meshplan //bench:kernels_bench //bench:attention_bench $gpu_tests >/dev/null
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/mpilib" "$out/root"
-cp -L bazel-bin/planner/meshplan bazel-bin/bench/kernels_bench bazel-bin/bench/attention_bench "$out/bin/"
+cp -L bazel-bin/app/meshplan bazel-bin/bench/kernels_bench bazel-bin/bench/attention_bench "$out/bin/"
 for t in $gpu_tests; do # //tests/x:y -> bazel-bin/tests/x/y
   p=${t#//}
   cp -L "bazel-bin/${p%%:*}/${p##*:}" "$out/bin/"

@@ -104,7 +104,7 @@ mp_status mp_comm_timeout_error(mp_ctx *ctx, mp_status code, const char *descrip
 /* ---- the launcher (comm.c; no MPI) ---- */
 
 /* 1 when a launcher's environment names this process one rank of a job
- * (OMPI_COMM_WORLD_SIZE, PMI_SIZE, as planner/cli/cmd_common.c's mp_cmd_launch reads them). */
+ * (OMPI_COMM_WORLD_SIZE, PMI_SIZE, as app/cmd_common.c's mp_cmd_launch reads them). */
 int mp_comm_env_launched(void);
 
 /* ---- MPI bootstrap, shared by the MPI-based backends ("mpi", "mpi-staged") and the NCCL

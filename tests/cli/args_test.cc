@@ -1,4 +1,4 @@
-// planner/cli/args.h: flags with values, switches, --flag=value, positionals, usage errors that
+// app/args.h: flags with values, switches, --flag=value, positionals, usage errors that
 // name the flag, and integer/number conversion.
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "planner/cli/args.h"
+#include "app/args.h"
 
 namespace {
 

@@ -1,10 +1,10 @@
 #!/bin/bash
 # CLI error contract of meshplan: bad input and bad usage give exactly one line on stderr
 # and exit 2; --version and every subcommand's --help exit 0.
-# Runs from the runfiles root, where planner/meshplan and tests/data/ are.
+# Runs from the runfiles root, where app/meshplan and tests/data/ are.
 set -u
 
-BIN=planner/meshplan
+BIN=app/meshplan
 fails=0
 n=0
 out=$(mktemp)

@@ -1,12 +1,12 @@
-/* libFuzzer harness: the command-line parser (planner/cli/args.h) on any argv (the input
+/* libFuzzer harness: the command-line parser (app/args.h) on any argv (the input
  * split at NUL bytes), against `meshplan train`'s option table, then every number read
  * with its range as the commands read them. An accepted number must lie in its range and
  * be finite; a refusal must be one line. */
 #include <math.h>
 
 #include "common/limits.h"
-#include "planner/cli/args.h"
-#include "planner/cli/options.h"
+#include "app/args.h"
+#include "app/options.h"
 #include "tests/fuzz/fuzz_util.h"
 
 static mp_opt k_opts[] = {

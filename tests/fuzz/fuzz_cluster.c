@@ -4,7 +4,7 @@
 #include <math.h>
 
 #include "common/limits.h"
-#include "exec/cluster.h"
+#include "sim/cluster.h"
 #include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

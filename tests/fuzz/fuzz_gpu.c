@@ -3,7 +3,7 @@
  * kernel fractions whole or not at all. */
 #include <math.h>
 
-#include "exec/cluster.h"
+#include "sim/cluster.h"
 #include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -1,8 +1,8 @@
-/* libFuzzer harness: the rows of `meshplan validate FILE.csv` (planner/cli/validate_csv.h),
+/* libFuzzer harness: the rows of `meshplan validate FILE.csv` (app/validate_csv.h),
  * read and range-checked as the command reads them before it simulates anything. Every
  * accepted row must hold values within the ranges the header states. */
 #include "common/limits.h"
-#include "planner/cli/validate_csv.h"
+#include "app/validate_csv.h"
 #include "tests/fuzz/fuzz_util.h"
 
 #include <math.h>

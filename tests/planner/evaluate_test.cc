@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "exec/cluster.h"
+#include "sim/cluster.h"
 #include "exec/model.h"
 #include "planner/evaluate.h"
 #include "planner/search.h"

@@ -59,7 +59,7 @@ def find_meshplan():
     p = os.environ.get("MP_MESHPLAN")
     if p and os.path.exists(p):
         return p
-    subprocess.run(["bazel", "build", "//planner:meshplan"], cwd=ROOT, check=True,
+    subprocess.run(["bazel", "build", "//app:meshplan"], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = subprocess.run(["bazel", "info", "bazel-bin"], cwd=ROOT, check=True, capture_output=True, text=True)
     return os.path.join(out.stdout.strip(), "planner", "meshplan")

@@ -19,7 +19,7 @@
 #     neighbours; 0.5 still requires the order to hold across the tables).
 # Runs from the runfiles root.
 set -u
-exec /usr/bin/python3 tests/validate/bands.py planner/meshplan tests/data/validation/published_check.csv \
+exec /usr/bin/python3 tests/validate/bands.py app/meshplan tests/data/validation/published_check.csv \
   --label check_test --expected tests/validate/check_expected.txt --min-rows 57 \
   --row-limit 15 --row-limits tests/validate/check_row_limits.txt \
   --limits tokens_per_s_per_gpu:10:0.9,peak_mem_gib:10:0.5,step_time_s:10:0.9

@@ -8,7 +8,7 @@
 # checks tau-b against its hand-derived value.
 # Runs from the runfiles root.
 set -u
-BIN=planner/meshplan
+BIN=app/meshplan
 CSV=tests/data/validation/published_dev.csv
 EXPECTED=tests/validate/expected.txt
 out=$(mktemp)

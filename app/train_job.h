@@ -5,8 +5,8 @@
  *                 validation), --init-from and --resume, checkpoints, the LR schedule,
  *                 the steps with eval, metrics (JSONL and the database), divergence,
  *                 the OpenMP threads of a rank */
-#ifndef MP_PLANNER_CLI_TRAIN_JOB_H
-#define MP_PLANNER_CLI_TRAIN_JOB_H
+#ifndef MP_APP_TRAIN_JOB_H
+#define MP_APP_TRAIN_JOB_H
 
 #include <stdio.h>
 
@@ -21,7 +21,7 @@
 #include "exec/runtime/lr.h"
 #include "exec/runtime/runtime.h"
 #include "kernels/cuda/cuda.h"
-#include "planner/cli/commands.h"
+#include "app/commands.h"
 #include "planner/store.h"
 #include "sim/sim.h"
 

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "planner/cli/commands.h"
+#include "app/commands.h"
 #include "planner/plot.h"
 #include "planner/search.h"
 #include "planner/store.h"

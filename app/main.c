@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "planner/cli/commands.h"
+#include "app/commands.h"
 
 /* In the order `meshplan --help` lists them. */
 static const mp_command *const k_commands[] = {

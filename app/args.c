@@ -1,5 +1,5 @@
 /* Command-line parsing (see args.h). Accepts "--flag value" and "--flag=value". */
-#include "planner/cli/args.h"
+#include "app/args.h"
 
 #include <errno.h>
 #include <math.h>

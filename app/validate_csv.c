@@ -1,5 +1,5 @@
 /* validate's CSV rows (see validate_csv.h). */
-#include "planner/cli/validate_csv.h"
+#include "app/validate_csv.h"
 
 #include <errno.h>
 #include <math.h>

@@ -42,12 +42,12 @@
 
 #include "common/json.h"
 #include "common/stats.h"
-#include "exec/cluster.h"
+#include "sim/cluster.h"
 #include "exec/mesh.h"
 #include "exec/model.h"
 #include "exec/plan.h"
-#include "planner/cli/commands.h"
-#include "planner/cli/validate_csv.h"
+#include "app/commands.h"
+#include "app/validate_csv.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
 

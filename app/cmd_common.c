@@ -8,7 +8,7 @@
 #include "common/limits.h"
 #include "exec/comm/comm.h"
 #include "planner/batch.h"
-#include "planner/cli/commands.h"
+#include "app/commands.h"
 #include "sim/stack.h"
 
 /* The running command's name, for the prefix of its messages (one command per process). */

@@ -26,7 +26,7 @@
 #include "exec/mesh.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cuda/cuda.h"
-#include "planner/cli/commands.h"
+#include "app/commands.h"
 #include "sim/stack.h"
 
 static mp_opt k_opts[] = {

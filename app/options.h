@@ -13,10 +13,10 @@
  * A command reads a shared option with the same parser wherever it is read
  * (mp_cmd_plan_options for --ac, --fp8, --sp, --no-sp, --seq, --micro-batch and --global-batch;
  * mp_cmd_mesh_ep for --ep), so the same flag means the same everywhere. */
-#ifndef MP_PLANNER_CLI_OPTIONS_H
-#define MP_PLANNER_CLI_OPTIONS_H
+#ifndef MP_APP_OPTIONS_H
+#define MP_APP_OPTIONS_H
 
-#include "planner/cli/args.h"
+#include "app/args.h"
 
 /* ---- what to plan for -------------------------------------------------------------------- */
 

@@ -1,31 +1,19 @@
-/* GPU profiles (data/gpus) and clusters (data/clusters).
+/* GPU profiles (data/gpus) and clusters (data/clusters): the simulator's inputs.
  *
  * Units are in the names: TFLOP/s dense peaks per dtype, GiB of memory, GB/s (1e9 bytes)
  * of HBM and NVLink bandwidth per direction, Gbit/s of inter-node bandwidth per GPU. */
-#ifndef MP_EXEC_CLUSTER_H
-#define MP_EXEC_CLUSTER_H
+#ifndef MP_SIM_CLUSTER_H
+#define MP_SIM_CLUSTER_H
 
 #include <stdint.h>
 
 #include "common/status.h"
+#include "exec/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum mp_dtype {
-  MP_DTYPE_FP32 = 0,
-  MP_DTYPE_TF32,
-  MP_DTYPE_BF16,
-  MP_DTYPE_FP16,
-  MP_DTYPE_FP8_E4M3,
-  MP_DTYPE_FP8_E5M2,
-  MP_DTYPE_COUNT
-} mp_dtype;
-
-/* Bytes per element (float8: 1). */
-int mp_dtype_bytes(mp_dtype t);
-const char *mp_dtype_name(mp_dtype t);
 
 /* The fraction of a GPU's dense peak that the reference kernels reach on it, from
  * published measurements (each GPU profile's "kernel_eff" object names its sources): a

@@ -27,7 +27,7 @@
 #include "exec/model.h"
 #include "exec/plan.h"
 #include "exec/schedule.h"
-#include "planner/cli/commands.h"
+#include "app/commands.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
 

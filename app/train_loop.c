@@ -23,11 +23,11 @@
 #include "common/json.h"
 #include "common/limits.h"
 #include "common/timeutil.h"
-#include "exec/cluster.h"
+#include "sim/cluster.h"
 #include "exec/runtime/hf.h"
 #include "exec/runtime/threads.h"
 #include "exec/runtime/weights.h"
-#include "planner/cli/train_job.h"
+#include "app/train_job.h"
 
 /* ---- the test hook ---------------------------------------------------------------------- */
 

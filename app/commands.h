@@ -6,17 +6,17 @@
  * usage error (one line, exit 2), and otherwise runs the command with a fresh context.
  * A command returns the process exit code (0 ok, 2 usage or input error, 1 other
  * failure); only the commands and main() print errors to the user. One file per
- * subcommand: planner/cli/cmd_<name>.c. */
-#ifndef MP_PLANNER_CLI_COMMANDS_H
-#define MP_PLANNER_CLI_COMMANDS_H
+ * subcommand: app/cmd_<name>.c. */
+#ifndef MP_APP_COMMANDS_H
+#define MP_APP_COMMANDS_H
 
 #include "common/status.h"
-#include "exec/cluster.h"
+#include "sim/cluster.h"
 #include "exec/mesh.h"
 #include "exec/model.h"
 #include "exec/plan.h"
-#include "planner/cli/args.h"
-#include "planner/cli/options.h"
+#include "app/args.h"
+#include "app/options.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -12,10 +12,10 @@
 #include <string.h>
 
 #include "common/limits.h"
-#include "exec/cluster.h"
+#include "sim/cluster.h"
 #include "exec/model.h"
 #include "planner/batch.h"
-#include "planner/cli/commands.h"
+#include "app/commands.h"
 #include "planner/evaluate.h"
 #include "planner/planner.h"
 #include "planner/plot.h"

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "data/embedded.h"
-#include "exec/cluster.h"
+#include "sim/cluster.h"
 
 namespace {
 

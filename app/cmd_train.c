@@ -41,11 +41,11 @@
 #include "exec/runtime/weights.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cuda/cuda.h"
-#include "planner/cli/commands.h"
+#include "app/commands.h"
 #include "planner/evaluate.h"
 #include "planner/planner.h"
 #include "planner/search.h"
-#include "planner/cli/train_job.h"
+#include "app/train_job.h"
 #include "planner/store.h"
 
 static mp_opt k_opts[] = {

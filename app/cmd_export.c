@@ -7,7 +7,7 @@
 
 #include "exec/runtime/ckpt.h"
 #include "exec/runtime/hf.h"
-#include "planner/cli/commands.h"
+#include "app/commands.h"
 
 static mp_opt k_opts[] = {
     {"--checkpoint", "D", "a checkpoint folder (its newest step) or one step_N folder", NULL},

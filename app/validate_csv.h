@@ -9,8 +9,8 @@
  * metric is one of three names. The first bad row is one MP_ERR_INVALID line naming the
  * file, the line, the row's case and the column. Nothing here loads a model or simulates:
  * the command does that with the rows (and the fuzz harness reads rows without it). */
-#ifndef MP_PLANNER_CLI_VALIDATE_CSV_H
-#define MP_PLANNER_CLI_VALIDATE_CSV_H
+#ifndef MP_APP_VALIDATE_CSV_H
+#define MP_APP_VALIDATE_CSV_H
 
 #include <stdint.h>
 

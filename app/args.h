@@ -3,8 +3,8 @@
  * Each subcommand declares its options; the parser fills the values, rejects unknown
  * flags and missing values with one line naming the flag and what it takes, and prints
  * --help from the same table, so the help shown and the flags accepted never differ. */
-#ifndef MP_PLANNER_CLI_ARGS_H
-#define MP_PLANNER_CLI_ARGS_H
+#ifndef MP_APP_ARGS_H
+#define MP_APP_ARGS_H
 
 #include <stdio.h>
 
