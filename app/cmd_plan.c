@@ -342,26 +342,6 @@ static int rules_by_count(const int64_t by[MP_REJECT_COUNT], int order[MP_REJECT
   return n;
 }
 
-/* What to do about a rule that rejected candidates, for the "no plan fits" hint. */
-static const char *rule_remedy(mp_reject r) {
-  switch (r) {
-    case MP_REJECT_BATCH:
-      return "a --global-batch that the data-parallel sizes divide (or the default batch rule)";
-    case MP_REJECT_MEMORY: case MP_REJECT_MEMORY_BOUND: case MP_REJECT_MEMORY_MB: case MP_REJECT_MEMORY_AC:
-      return "more GPUs, --headroom 0, a smaller --seq, or activation checkpointing (--fix ac=full)";
-    case MP_REJECT_TP_CROSS_NODE: return "--allow-cross-node-tp, or more GPUs per node";
-    case MP_REJECT_TP_HEADS: case MP_REJECT_TP_KV_HEADS: case MP_REJECT_TP_D_FF: case MP_REJECT_TP_D_MODEL:
-      return "a tp that divides the model's heads and widths (drop tp from --fix)";
-    case MP_REJECT_CP_SEQ: case MP_REJECT_SP_SEQ: return "a --seq that cp and tp divide, or drop cp/sp from --fix";
-    case MP_REJECT_PP_LAYERS: case MP_REJECT_PP_VIRTUAL: case MP_REJECT_MOE_PP:
-      return "a smaller pp (drop pp or pp_virtual from --fix)";
-    case MP_REJECT_FP8_GPU: case MP_REJECT_FP8_DIMS: return "--fp8 off";
-    case MP_REJECT_EP_EXPERTS: return "an ep that divides the experts";
-    case MP_REJECT_EVAL_ERROR: return "the reasons in the database (meshplan report)";
-    default: return NULL;
-  }
-}
-
 static void print_reject_words(const mp_search *s) {
   int64_t by[MP_REJECT_COUNT];
   int order[MP_REJECT_COUNT];
@@ -384,7 +364,7 @@ static void print_no_plan(const mp_search *s) {
   for (int i = 0, shown = 0; i < n && shown < 3; i++) {
     const mp_reject r = (mp_reject)order[i];
     if (r == MP_REJECT_DOMINATED || r == MP_REJECT_RESHARD_NOOP) continue; /* duplicates, not causes */
-    const char *fix = rule_remedy(r);
+    const char *fix = mp_reject_remedy(r);
     printf("%s %lld of %lld candidates: %s%s%s", shown ? ";" : "", (long long)by[r], (long long)s->n,
            mp_reject_words(r), fix ? "; try " : "", fix ? fix : "");
     shown++;
@@ -575,17 +555,12 @@ static mp_status print_why(mp_ctx *ctx, const plan_view *v) {
          (long long)c->global_batch, c->reshard ? "on" : "off", c->sp ? ", sp" : "");
   /* every rule in the order the search applies them (search.h): the mesh's, the options',
    * the siblings', then the simulation's; those after the deciding one are not reached */
-  static const mp_reject order[] = {
-      MP_REJECT_PP_LAYERS, MP_REJECT_MOE_PP, MP_REJECT_TP_HEADS, MP_REJECT_TP_KV_HEADS,
-      MP_REJECT_TP_D_FF, MP_REJECT_TP_D_MODEL, MP_REJECT_TP_CROSS_NODE, MP_REJECT_EP_EXPERTS,
-      MP_REJECT_CP_SEQ, MP_REJECT_BATCH, MP_REJECT_PP_VIRTUAL, MP_REJECT_SP_SEQ, MP_REJECT_FP8_GPU,
-      MP_REJECT_FP8_DIMS, MP_REJECT_RESHARD_NOOP, MP_REJECT_MEMORY_BOUND, MP_REJECT_MEMORY_MB,
-      MP_REJECT_MEMORY_AC, MP_REJECT_DOMINATED, MP_REJECT_EVAL_ERROR, MP_REJECT_MEMORY};
   printf("  rule (does it reject this candidate? no / YES / - not reached)\n");
   int reached = 1;
-  for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) {
-    const int failed = c->reject == order[k];
-    printf("  %-4s %s\n", failed ? "YES" : reached ? "no" : "-", mp_reject_words(order[k]));
+  for (int k = 0; k < mp_search_n_rule_order; k++) {
+    const mp_reject r = mp_search_rule_order[k];
+    const int failed = c->reject == r;
+    printf("  %-4s %s\n", failed ? "YES" : reached ? "no" : "-", mp_reject_words(r));
     if (failed) reached = 0;
   }
   if (c->reject != MP_REJECT_NONE) {

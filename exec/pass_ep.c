@@ -8,6 +8,7 @@
  * FSDP (the experts would already be sharded over the whole FSDP group) and the generic
  * order rules. */
 #include "exec/plan.h"
+#include "exec/rules.h"
 
 mp_status mp_apply_expert_parallel(mp_ctx *ctx, mp_plan *p) {
   const mp_model *m = &p->model;
@@ -24,7 +25,7 @@ mp_status mp_apply_expert_parallel(mp_ctx *ctx, mp_plan *p) {
                     "EP on a dense model: %s has no routed experts, so ep=%d would partition "
                     "nothing while its ranks still wait in all-to-alls; set ep=1",
                     m->name, ep);
-  if (m->n_experts % ep != 0)
+  if (!mp_rule_ep_ok(m, ep))
     return mp_error(ctx, MP_ERR_INVALID,
                     "ep=%d does not divide n_experts=%lld of %s; each EP rank must hold the same "
                     "number of whole experts",

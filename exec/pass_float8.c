@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "exec/plan.h"
+#include "exec/rules.h"
 
 /* torchtitan's name filter, decided on the module kind: the FQNs containing "experts",
  * "shared_expert" or "router" are exactly those of the routed experts, the shared expert
@@ -54,7 +55,7 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   for (int i = 0; i < p->n_params; i++) {
     mp_param *prm = &p->params[i];
     if (!prm->is_linear || prm->ndim != 2 || excluded_by_name(prm)) continue;
-    if (prm->tp_shape[0] % 16 != 0 || prm->tp_shape[1] % 16 != 0) {
+    if (!mp_rule_fp8_linear_ok(prm->tp_shape[0], prm->tp_shape[1])) {
       if (n_dims++ == 0) first_dims = prm;
       continue;
     }
@@ -74,5 +75,22 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
                  n_dims, first_dims->module_fqn, (long long)first_dims->tp_shape[0],
                  (long long)first_dims->tp_shape[1]);
   mp_plan_mark_applied(p, MP_PASS_FLOAT8);
+  return MP_OK;
+}
+
+mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, int *n_fp8) {
+  *n_fp8 = 0;
+  mp_mesh mesh;
+  mp_mesh_init(&mesh);
+  mesh.size[MP_DIM_TP] = tp;
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.fp8 = 1;
+  o.tp.pad_vocab = 1;
+  o.sp = 0;
+  mp_plan *p = NULL;
+  MP_CHECK(mp_build_plan(ctx, m, &mesh, &o, &p));
+  for (int i = 0; i < p->n_params; i++) *n_fp8 += p->params[i].float8;
+  mp_plan_destroy(p);
   return MP_OK;
 }

@@ -21,62 +21,15 @@
  * with shard_logits=0 the logits are all-gathered over tp before the loss (each rank
  * holds [B, S, vocab]). The choice is recorded on the plan (opts.tp) and in a note.
  *
- * Checks: tp divides n_heads (under MLA the heads kv_b_proj decompresses), n_kv_heads, d_model, d_ff (when a dense MLP exists),
- * d_ff_shared (when shared experts exist) and vocab; vocab may instead be padded up to a
- * multiple of tp (pad_vocab=1), which enlarges tok_embeddings and output and is noted. */
+ * Checks (exec/rules.h, mp_rule_tp_check): tp divides n_heads (under MLA the heads kv_b_proj
+ * decompresses), n_kv_heads, d_ff (when a dense MLP exists), d_model, d_ff_shared (when
+ * shared experts exist) and vocab; vocab may instead be padded up to a multiple of tp
+ * (pad_vocab=1), which enlarges tok_embeddings and output and is noted. */
 #include <stdio.h>
 #include <string.h>
 
-#include "common/intmath.h"
 #include "exec/plan.h"
-
-/* "{1,2,4,8}": the tp sizes that satisfy every constraint (divisors of their gcd). */
-static void valid_choices(int64_t g, char *buf, size_t cap) {
-  size_t used = 0;
-  int n = 0;
-  buf[0] = 0;
-  used += (size_t)snprintf(buf, cap, "{");
-  for (int64_t d = 1; d <= g && used < cap; d++) {
-    if (g % d != 0) continue;
-    if (n == 16) {
-      used += (size_t)snprintf(buf + used, cap - used, ",...");
-      break;
-    }
-    used += (size_t)snprintf(buf + used, cap - used, "%s%lld", n ? "," : "", (long long)d);
-    n++;
-  }
-  if (used < cap) snprintf(buf + used, cap - used, "}");
-}
-
-static mp_status check_divisible(mp_ctx *ctx, const mp_plan *p, int tp, int pad_vocab) {
-  const mp_model *m = &p->model;
-  struct {
-    const char *name;
-    int64_t v;
-    int used;
-  } c[] = {
-      {"n_heads", m->n_heads, 1},
-      {"n_kv_heads", m->n_kv_heads, 1},
-      {"d_model", m->d_model, 1},
-      {"d_ff", m->d_ff, mp_model_n_moe_layers(m) < m->n_layers},
-      {"d_ff_shared", m->d_ff_shared, mp_model_is_moe(m) && m->n_shared_experts > 0},
-      {"vocab", m->vocab, !pad_vocab},
-  };
-  const int n = (int)(sizeof c / sizeof c[0]);
-  int64_t g = 0;
-  for (int i = 0; i < n; i++)
-    if (c[i].used) g = mp_gcd64(g, c[i].v);
-  for (int i = 0; i < n; i++) {
-    if (!c[i].used || c[i].v % tp == 0) continue;
-    char choices[160];
-    valid_choices(g, choices, sizeof choices);
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "tp=%d does not divide %s=%lld; choose tp in %s%s", tp, c[i].name,
-                    (long long)c[i].v, choices,
-                    strcmp(c[i].name, "vocab") == 0 ? " or pad the vocabulary (pad_vocab, meshplan --pad-vocab)" : "");
-  }
-  return MP_OK;
-}
+#include "exec/rules.h"
 
 static void shard(mp_param *prm, mp_tp_style style, int dim, int tp) {
   prm->tp_style = style;
@@ -95,7 +48,7 @@ mp_status mp_apply_tensor_parallel(mp_ctx *ctx, mp_plan *p, const mp_tp_options 
   mp_tp_options def = {1, 0};
   if (o == NULL) o = &def;
   const int tp = p->mesh.size[MP_DIM_TP];
-  MP_CHECK(check_divisible(ctx, p, tp, o->pad_vocab));
+  MP_CHECK(mp_rule_tp_check(ctx, &p->model, tp, o->pad_vocab));
 
   const int64_t vocab = p->model.vocab;
   p->vocab_padded = (vocab + tp - 1) / tp * tp;

@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "exec/rules.h"
+
 /* ---- pass bookkeeping -------------------------------------------------------------- */
 
 mp_status mp_plan_check_pass(mp_ctx *ctx, const mp_plan *p, unsigned bit) {
@@ -416,18 +418,7 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
                                const mp_plan_options *o) {
   MP_CHECK(mp_mesh_validate(ctx, mesh));
   int pp = mesh->size[MP_DIM_PP], cp = mesh->size[MP_DIM_CP];
-  if (pp > 1 && mp_model_is_moe(m))
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "MoE with pipeline parallelism is not supported: %s has routed experts and "
-                    "pp=%d; EP's all-to-alls inside a pipeline stage would interleave with the "
-                    "stage's sends and receives differently on each rank; use pp=1",
-                    m->name, pp);
-  if (mp_model_is_moe(m) && mesh->ep > 1 && m->n_experts % mesh->ep != 0)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "ep=%d does not divide n_experts=%lld of %s; each EP rank must hold the same "
-                    "number of experts: choose ep dividing both %lld and dp_shard=%d",
-                    mesh->ep, (long long)m->n_experts, m->name, (long long)m->n_experts,
-                    mesh->size[MP_DIM_DP_SHARD]);
+  MP_CHECK(mp_rule_experts_check(ctx, m, mesh));
   if (pp > m->n_layers)
     return mp_error(ctx, MP_ERR_INVALID,
                     "pp=%d exceeds the %lld layers of %s; a stage needs at least one layer", pp,
@@ -443,7 +434,7 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
   if (pp > 1) {
     const int v = virtual_stages(mesh, o);
     const int64_t K = (int64_t)pp * v;
-    if (K > m->n_layers)
+    if (!mp_rule_pp_chunks_ok(m->n_layers, pp, v))
       return mp_error(ctx, MP_ERR_INVALID,
                       "pp=%d x pp_virtual=%d makes %lld model chunks for the %lld layers of %s; "
                       "a chunk needs at least one layer: choose pp x pp_virtual <= %lld",

@@ -420,6 +420,12 @@ int64_t mp_param_local_numel(const mp_plan *p, const mp_param *prm, int rank);
 /* Looks a parameter up by FQN; -1 when absent. */
 int mp_plan_find_param(const mp_plan *p, const char *fqn);
 
+/* How many Linear layers run float8 on a rank of a tp-way plan of model m: the Float8
+ * pass's filter (torchtitan's names, GEMM dims multiples of 16: exec/rules.h) on the TP
+ * pass's local shapes, from a plan built for it. A float8 plan differs from bf16 exactly
+ * when *n_fp8 > 0. The TP rules must hold (mp_rule_tp_dim). */
+mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, int *n_fp8);
+
 /* Per-rank totals at rest. */
 typedef struct mp_plan_totals {
   int64_t params_numel;      /* elements stored at rest on the rank */

@@ -18,6 +18,7 @@
 
 #include "common/limits.h"
 #include "common/timeutil.h"
+#include "exec/rules.h"
 #include "exec/runtime/check.h"
 #include "planner/batch.h"
 
@@ -29,25 +30,22 @@ void mp_candidate_ac_str(const mp_candidate *c, char *buf, size_t cap) {
 }
 
 /* executable_only: whether exec/runtime executes the candidate, by the runtime's own rules
- * (mp_runtime_plan_check) read on the candidate's plan header: model, mesh, the options
- * the rules read (sequence parallelism, float8, the pipeline schedule) and the FSDP pass
- * that a dp_shard group applies; no parameter is built. */
+ * (mp_runtime_check) on the options the candidate's plan would have and the passes it would
+ * apply (FSDP where dp_shard > 1, Float8 where float8 is on); no plan is built. */
 static int executable(const mp_search_config *cfg, const mp_candidate *c) {
-  static _Thread_local mp_plan p;
-  memset(&p, 0, sizeof p);
-  p.model = *cfg->model;
-  p.mesh = c->mesh;
-  mp_plan_options_init(&p.opts);
-  p.opts.sp = c->sp;
-  p.opts.fp8 = c->fp8;
-  p.opts.micro_batch = c->micro_batch;
-  p.opts.ac = (mp_ac_mode)c->ac;
-  p.opts.pp_virtual = c->pp_virtual;
-  if (c->pp_virtual > 1) p.opts.pp_schedule = MP_PP_INTERLEAVED;
-  if (c->mesh.size[MP_DIM_DP_SHARD] > 1) p.applied |= MP_PASS_FSDP;
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.seq = cfg->seq;
+  o.sp = c->sp;
+  o.fp8 = c->fp8;
+  o.micro_batch = c->micro_batch;
+  o.ac = (mp_ac_mode)c->ac;
+  o.pp_virtual = c->pp_virtual;
+  if (c->pp_virtual > 1) o.pp_schedule = MP_PP_INTERLEAVED;
+  const unsigned applied = (c->mesh.size[MP_DIM_DP_SHARD] > 1 ? MP_PASS_FSDP : 0) | (c->fp8 ? MP_PASS_FLOAT8 : 0);
   mp_ctx ctx;
   mp_ctx_init(&ctx);
-  return mp_runtime_plan_check(&ctx, &p) == MP_OK;
+  return mp_runtime_check(&ctx, cfg->model, &c->mesh, &o, applied) == MP_OK;
 }
 
 /* The shortest load-balanced chunk of a sequence the search lets context parallelism cut
@@ -60,14 +58,27 @@ static unsigned ac_mask_of(const mp_search_config *cfg) {
                       : (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_CORE) | (1u << MP_AC_FULL);
 }
 
-const char *mp_reject_name(mp_reject r) {
-  static const char *const names[MP_REJECT_COUNT] = {
-      "", "pp_layers", "moe_pp", "tp_heads", "tp_kv_heads", "tp_d_ff", "tp_d_model",
-      "tp_cross_node", "ep_experts", "cp_seq", "batch", "fp8_gpu", "fp8_dims",
-      "reshard_noop", "memory_bound", "memory", "eval_error", "pp_virtual", "sp_seq",
-      "dominated", "memory_mb", "memory_ac", "no_fsdp"};
-  return (unsigned)r < MP_REJECT_COUNT ? names[r] : "?";
-}
+#define MP_REJECT_NAME_(e, name, words, remedy) name,
+#define MP_REJECT_WORDS_(e, name, words, remedy) words,
+#define MP_REJECT_REMEDY_(e, name, words, remedy) remedy,
+static const char *const k_reject_name[MP_REJECT_COUNT] = {MP_REJECTS(MP_REJECT_NAME_)};
+static const char *const k_reject_words[MP_REJECT_COUNT] = {MP_REJECTS(MP_REJECT_WORDS_)};
+static const char *const k_reject_remedy[MP_REJECT_COUNT] = {MP_REJECTS(MP_REJECT_REMEDY_)};
+#undef MP_REJECT_NAME_
+#undef MP_REJECT_WORDS_
+#undef MP_REJECT_REMEDY_
+
+const char *mp_reject_name(mp_reject r) { return (unsigned)r < MP_REJECT_COUNT ? k_reject_name[r] : "?"; }
+const char *mp_reject_words(mp_reject r) { return (unsigned)r < MP_REJECT_COUNT ? k_reject_words[r] : "?"; }
+const char *mp_reject_remedy(mp_reject r) { return (unsigned)r < MP_REJECT_COUNT ? k_reject_remedy[r] : NULL; }
+
+const mp_reject mp_search_rule_order[] = {
+    MP_REJECT_PP_LAYERS, MP_REJECT_MOE_PP, MP_REJECT_TP_HEADS, MP_REJECT_TP_KV_HEADS,
+    MP_REJECT_TP_D_FF, MP_REJECT_TP_D_MODEL, MP_REJECT_TP_CROSS_NODE, MP_REJECT_EP_EXPERTS,
+    MP_REJECT_CP_SEQ, MP_REJECT_BATCH, MP_REJECT_PP_VIRTUAL, MP_REJECT_SP_SEQ, MP_REJECT_FP8_GPU,
+    MP_REJECT_FP8_DIMS, MP_REJECT_RESHARD_NOOP, MP_REJECT_MEMORY_BOUND, MP_REJECT_MEMORY_MB,
+    MP_REJECT_MEMORY_AC, MP_REJECT_DOMINATED, MP_REJECT_EVAL_ERROR, MP_REJECT_MEMORY};
+const int mp_search_n_rule_order = (int)(sizeof mp_search_rule_order / sizeof mp_search_rule_order[0]);
 
 void mp_search_fix_init(mp_search_fix *f) {
   f->pp = f->dp_replicate = f->dp_shard = f->cp = f->tp = f->ep = -1;
@@ -154,46 +165,36 @@ void mp_search_config_init(mp_search_config *cfg) {
 
 /* ---- pruning -------------------------------------------------------------------------- */
 
-static int model_has_dense_mlp(const mp_model *m) {
-  return !mp_model_is_moe(m) || mp_model_n_moe_layers(m) < m->n_layers;
+/* The reject code of the first model size tp does not divide (exec/rules.h; the search
+ * pads the vocabulary, as the plans it builds do). */
+static mp_reject tp_reject(const mp_model *m, int tp) {
+  switch (mp_rule_tp_dim(m, tp, 1)) {
+    case MP_TP_DIM_HEADS: return MP_REJECT_TP_HEADS;
+    case MP_TP_DIM_KV_HEADS: return MP_REJECT_TP_KV_HEADS;
+    case MP_TP_DIM_D_FF:
+    case MP_TP_DIM_D_FF_SHARED: return MP_REJECT_TP_D_FF;
+    case MP_TP_DIM_D_MODEL: return MP_REJECT_TP_D_MODEL;
+    default: return MP_REJECT_NONE;
+  }
 }
 
 /* Rules that depend only on the mesh (shared by every option of it). */
 static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
   const mp_model *m = cfg->model;
   int pp = mesh->size[MP_DIM_PP], tp = mesh->size[MP_DIM_TP], cp = mesh->size[MP_DIM_CP];
-  if (pp > m->n_layers) return MP_REJECT_PP_LAYERS;
-  if (pp > 1 && (int64_t)(pp - 1) * ((m->n_layers + pp - 1) / pp) >= m->n_layers)
-    return MP_REJECT_PP_LAYERS;
-  if (mp_model_is_moe(m) && pp > 1) return MP_REJECT_MOE_PP;
-  if (m->n_heads % tp) return MP_REJECT_TP_HEADS;
-  if (m->n_kv_heads % tp) return MP_REJECT_TP_KV_HEADS;
-  if (model_has_dense_mlp(m) && m->d_ff % tp) return MP_REJECT_TP_D_FF;
-  if (m->d_model % tp) return MP_REJECT_TP_D_MODEL;
+  if (!mp_rule_pp_chunks_ok(m->n_layers, pp, 1)) return MP_REJECT_PP_LAYERS;
+  if (!mp_rule_moe_pp_ok(m, pp)) return MP_REJECT_MOE_PP;
+  const mp_reject tpr = tp_reject(m, tp);
+  if (tpr != MP_REJECT_NONE) return tpr;
   if (!cfg->allow_cross_node_tp && cfg->cluster->gpus_per_node % tp) return MP_REJECT_TP_CROSS_NODE;
-  if (mp_model_is_moe(m) && m->n_experts % mesh->ep) return MP_REJECT_EP_EXPERTS;
+  if (!mp_rule_ep_ok(m, mesh->ep)) return MP_REJECT_EP_EXPERTS;
   if (cfg->no_fsdp && mesh->size[MP_DIM_DP_SHARD] > 1) return MP_REJECT_NO_FSDP;
-  /* ring attention's load balancing cuts a sequence into 2 cp chunks (torch's
-   * context_parallel needs seq divisible by 2 cp); a chunk under one 128-token tile of the
-   * flash kernel leaves its steps mostly idle (and the schedule a ring of cp steps per
-   * layer for nothing): a search leaves such chunks out, a cp the caller pins is evaluated */
-  if (cp > 1 && (cfg->seq % (2 * cp) || (cfg->seq / (2 * cp) < MP_CP_MIN_CHUNK && cfg->fix.cp < 0)))
+  /* a chunk under one 128-token tile of the flash kernel leaves the ring's steps mostly
+   * idle (and the schedule a ring of cp steps per layer for nothing): a search leaves such
+   * chunks out, a cp the caller pins is evaluated */
+  if (cp > 1 && (!mp_rule_cp_ring_ok(cfg->seq, cp) || (cfg->seq / (2 * cp) < MP_CP_MIN_CHUNK && cfg->fix.cp < 0)))
     return MP_REJECT_CP_SEQ;
   return MP_REJECT_NONE;
-}
-
-/* The float8 GEMM dims after TP: torchao's float8 GEMMs need multiples of 16. */
-static int fp8_dims_ok(const mp_model *m, int tp) {
-  if (m->d_model % 16) return 0;
-  if ((m->n_heads * m->head_dim / tp) % 16 || (m->n_kv_heads * m->head_dim / tp) % 16) return 0;
-  /* MLA: the latents (replicated) and kv_b's and o's head-split widths */
-  if (mp_model_is_mla(m) &&
-      (m->q_lora_rank % 16 || m->kv_lora_rank % 16 || (m->kv_lora_rank + m->qk_rope_head_dim) % 16 ||
-       (m->n_heads * (m->qk_nope_head_dim + m->v_head_dim) / tp) % 16 ||
-       (m->n_heads * m->v_head_dim / tp) % 16))
-    return 0;
-  if (model_has_dense_mlp(m) && (m->d_ff / tp) % 16) return 0;
-  return 1;
 }
 
 /* The resident bytes per parameter a rank holds, and over how many ranks the parameters
@@ -222,23 +223,24 @@ static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *
          cfg->cluster->gpu.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0;
 }
 
-/* Interleaving: pp x v model chunks of ceil(n_layers / (pp v)) layers leave none empty, and
- * the micro-batches come in groups of pp (Megatron-LM's rules). */
+/* Interleaving: the pp x v model chunks hold a layer each and the micro-batches come in
+ * groups of pp (exec/rules.h). */
 static int pp_virtual_ok(const mp_search_config *cfg, const mp_candidate *c, int64_t n_micro) {
   if (c->pp_virtual <= 1) return 1;
-  const int64_t pp = c->mesh.size[MP_DIM_PP], K = pp * c->pp_virtual, L = cfg->model->n_layers;
-  return (K - 1) * ((L + K - 1) / K) < L && n_micro % pp == 0;
+  const int pp = c->mesh.size[MP_DIM_PP];
+  return mp_rule_pp_chunks_ok(cfg->model->n_layers, pp, c->pp_virtual) &&
+         mp_rule_pp_micro_ok(n_micro, pp, c->pp_virtual);
 }
 
 static mp_reject prune_options(const mp_search_config *cfg, const mp_candidate *c,
-                               double n_params) {
+                               double n_params, int fp8_linears) {
   const mp_mesh *mesh = &c->mesh;
   int64_t dp = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD];
   if (c->global_batch < 1 || c->global_batch % (dp * c->micro_batch)) return MP_REJECT_BATCH;
   if (!pp_virtual_ok(cfg, c, c->global_batch / (dp * c->micro_batch))) return MP_REJECT_PP_VIRTUAL;
-  if (c->sp && (cfg->seq / mesh->size[MP_DIM_CP]) % mesh->size[MP_DIM_TP]) return MP_REJECT_SP_SEQ;
+  if (c->sp && !mp_rule_sp_ok(cfg->seq, mesh->size[MP_DIM_CP], mesh->size[MP_DIM_TP])) return MP_REJECT_SP_SEQ;
   if (c->fp8 && !mp_gpu_has_float8(&cfg->cluster->gpu)) return MP_REJECT_FP8_GPU;
-  if (c->fp8 && !fp8_dims_ok(cfg->model, mesh->size[MP_DIM_TP])) return MP_REJECT_FP8_DIMS;
+  if (c->fp8 && fp8_linears == 0) return MP_REJECT_FP8_DIMS;
   /* the FSDP group is dp_shard x cp (MP_GROUP_FSDP) */
   if (c->reshard && (cfg->no_fsdp || mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] == 1 ||
                      (cfg->pp_keeps_params && mesh->size[MP_DIM_PP] > 1)))
@@ -259,14 +261,8 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
   switch ((mp_reject)c->reject) {
     case MP_REJECT_NONE: snprintf(buf, cap, "%s", ""); break;
     case MP_REJECT_PP_LAYERS:
-      if (pp > m->n_layers)
-        snprintf(buf, cap, "pp=%d exceeds n_layers=%lld", pp, (long long)m->n_layers);
-      else
-        snprintf(buf, cap,
-                 "pp=%d leaves a pipeline stage empty: %lld layers at %lld per stage fill only %lld "
-                 "stages", pp, (long long)m->n_layers,
-                 (long long)((m->n_layers + pp - 1) / pp),
-                 (long long)((m->n_layers + (m->n_layers + pp - 1) / pp - 1) / ((m->n_layers + pp - 1) / pp)));
+      snprintf(buf, cap, "pp=%d exceeds n_layers=%lld: a stage needs at least one layer", pp,
+               (long long)m->n_layers);
       break;
     case MP_REJECT_MOE_PP:
       snprintf(buf, cap, "MoE model with pp=%d: pipeline parallelism with MoE is not supported", pp);
@@ -316,8 +312,9 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
       break;
     case MP_REJECT_FP8_DIMS:
       snprintf(buf, cap,
-               "float8 needs GEMM dims that are multiples of 16 (d_model=%lld, d_ff/tp=%lld, "
-               "heads x head_dim/tp=%lld)", (long long)m->d_model, (long long)(m->d_ff / tp),
+               "float8 changes nothing at tp=%d: no Linear layer's GEMM dims are multiples of 16 "
+               "(d_model=%lld, d_ff/tp=%lld, heads x head_dim/tp=%lld), so none runs in float8",
+               tp, (long long)m->d_model, (long long)(m->d_ff / tp),
                (long long)(m->n_heads * m->head_dim / tp));
       break;
     case MP_REJECT_RESHARD_NOOP:
@@ -404,7 +401,24 @@ typedef struct enum_state {
   int64_t cap;
   mp_ctx *ctx;
   double n_params; /* mp_model_param_count, once */
+  int fp8_tp[64], fp8_n[64], n_fp8; /* float8 Linears per tp asked so far */
 } enum_state;
+
+/* The Linear layers that run float8 on a rank of tp (mp_plan_fp8_linears), asked once per tp;
+ * -1 when the plan cannot be built (its TP rule fails: pruned before this matters). */
+static int fp8_linears_at(enum_state *e, int tp) {
+  for (int i = 0; i < e->n_fp8; i++)
+    if (e->fp8_tp[i] == tp) return e->fp8_n[i];
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  int n = 0;
+  if (mp_plan_fp8_linears(&ctx, e->cfg->model, tp, &n) != MP_OK) n = -1;
+  if (e->n_fp8 < 64) {
+    e->fp8_tp[e->n_fp8] = tp;
+    e->fp8_n[e->n_fp8++] = n;
+  }
+  return n;
+}
 
 static mp_status push(enum_state *e, const mp_candidate *c) {
   mp_search *s = e->s;
@@ -476,8 +490,10 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
             c.sp = (uint8_t)sp;
             c.pp_virtual = (uint8_t)vs[iv];
             if (cfg->executable_only && !executable(cfg, &c)) continue;
-            c.reject = (uint8_t)(mesh_rej != MP_REJECT_NONE ? mesh_rej
-                                                             : prune_options(cfg, &c, e->n_params));
+            c.reject = (uint8_t)(mesh_rej != MP_REJECT_NONE
+                                     ? mesh_rej
+                                     : prune_options(cfg, &c, e->n_params,
+                                                     fp8 ? fp8_linears_at(e, mesh->size[MP_DIM_TP]) : -1));
             if (c.reject != MP_REJECT_NONE) e->s->n_pruned++;
             MP_CHECK(push(e, &c));
           }
@@ -515,7 +531,7 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
   int divs[1024], nd = 0;
   for (int d = 1; d <= n && nd < 1024; d++)
     if (n % d == 0) divs[nd++] = d;
-  enum_state e = {cfg, s, 0, ctx, (double)mp_model_param_count(cfg->model)};
+  enum_state e = {cfg, s, 0, ctx, (double)mp_model_param_count(cfg->model), {0}, {0}, 0};
   const mp_search_fix *fx = &cfg->fix;
   int moe = mp_model_is_moe(cfg->model);
   mp_status st = MP_OK;
@@ -780,34 +796,6 @@ void mp_search_reject_counts(const mp_search *s, int64_t by[MP_REJECT_COUNT]) {
   memset(by, 0, sizeof(int64_t) * MP_REJECT_COUNT);
   for (int64_t i = 0; i < s->n; i++)
     if (s->cands[i].reject < MP_REJECT_COUNT) by[s->cands[i].reject]++;
-}
-
-const char *mp_reject_words(mp_reject r) {
-  static const char *const words[MP_REJECT_COUNT] = {
-      "ranked",
-      "pp over the layers, or a pipeline stage left empty",
-      "MoE with pipeline parallelism",
-      "tp does not divide the attention heads",
-      "tp does not divide the key/value heads",
-      "tp does not divide the MLP width",
-      "tp does not divide the model width",
-      "tp larger than a node (--allow-cross-node-tp to allow)",
-      "ep does not divide the experts",
-      "cp does not cut seq into 2 cp chunks of 128+ tokens",
-      "the global batch does not divide over dp x micro-batch (or dp is over the batch rule's)",
-      "float8 on a GPU without float8",
-      "float8 with GEMM dims not multiples of 16",
-      "reshard_after_forward changes nothing (duplicate)",
-      "resident parameters and optimizer state alone over capacity",
-      "simulated peak memory over capacity",
-      "the simulator refused the plan",
-      "interleaved pipeline chunks empty or micro-batches not a multiple of pp",
-      "sequence parallelism: tp does not divide seq / cp",
-      "an AC policy with less recompute fits (never slower)",
-      "half the micro-batch is already over capacity",
-      "full AC is already over capacity",
-      "dp_shard on a stack without FSDP (dp_replicate searched instead)"};
-  return (unsigned)r < MP_REJECT_COUNT ? words[r] : "?";
 }
 
 static int fix_matches(const mp_search_fix *f, const mp_candidate *c) {

@@ -76,42 +76,86 @@
 extern "C" {
 #endif
 
-/* Why a candidate was not ranked. The first failing rule is kept. */
+/* Why a candidate was not ranked (the first failing rule is kept): one row per reason,
+ *   X(ENUM, name, words, remedy)
+ * ENUM the mp_reject value MP_REJECT_<ENUM>; name its short stable name (the database's
+ * plans.reject_rule, --json's "rule"); words what `plan` prints in its counts and --why;
+ * remedy what to change when the reason rejected the most candidates and nothing fits (NULL:
+ * nothing to suggest). The model x mesh rules are exec/rules.h's predicates. */
+/* clang-format off */
+#define MP_REJECTS(X)                                                                       \
+  X(NONE, "", "ranked", NULL)                                                               \
+  /* pp x chunks over the layers (mp_rule_pp_chunks_ok) */                                \
+  X(PP_LAYERS, "pp_layers", "pp over the layers",                                          \
+    "a smaller pp (drop pp or pp_virtual from --fix)")                                      \
+  X(MOE_PP, "moe_pp", "MoE with pipeline parallelism",                                      \
+    "a smaller pp (drop pp or pp_virtual from --fix)")                                      \
+  /* tp does not divide a size the TP pass shards (mp_rule_tp_dim) */                       \
+  X(TP_HEADS, "tp_heads", "tp does not divide the attention heads",                         \
+    "a tp that divides the model's heads and widths (drop tp from --fix)")                   \
+  X(TP_KV_HEADS, "tp_kv_heads", "tp does not divide the key/value heads",                   \
+    "a tp that divides the model's heads and widths (drop tp from --fix)")                   \
+  X(TP_D_FF, "tp_d_ff", "tp does not divide the MLP width",                                 \
+    "a tp that divides the model's heads and widths (drop tp from --fix)")                   \
+  X(TP_D_MODEL, "tp_d_model", "tp does not divide the model width",                         \
+    "a tp that divides the model's heads and widths (drop tp from --fix)")                   \
+  X(TP_CROSS_NODE, "tp_cross_node", "tp larger than a node (--allow-cross-node-tp to allow)", \
+    "--allow-cross-node-tp, or more GPUs per node")                                         \
+  X(EP_EXPERTS, "ep_experts", "ep does not divide the experts",                             \
+    "an ep that divides the experts")                                                       \
+  /* ring attention's 2 cp chunks (mp_rule_cp_ring_ok), each at least one flash tile */     \
+  X(CP_SEQ, "cp_seq", "cp does not cut seq into 2 cp chunks of 128+ tokens",                \
+    "a --seq that cp and tp divide, or drop cp/sp from --fix")                              \
+  X(BATCH, "batch",                                                                         \
+    "the global batch does not divide over dp x micro-batch (or dp is over the batch rule's)", \
+    "a --global-batch that the data-parallel sizes divide (or the default batch rule)")      \
+  X(FP8_GPU, "fp8_gpu", "float8 on a GPU without float8", "--fp8 off")                      \
+  X(FP8_DIMS, "fp8_dims", "float8 with no Linear whose GEMM dims are multiples of 16",      \
+    "--fp8 off")                                                                            \
+  X(RESHARD_NOOP, "reshard_noop", "reshard_after_forward changes nothing (duplicate)", NULL) \
+  X(MEMORY_BOUND, "memory_bound", "resident parameters and optimizer state alone over capacity", \
+    "more GPUs, --headroom 0, a smaller --seq, or activation checkpointing (--fix ac=full)") \
+  X(MEMORY, "memory", "simulated peak memory over capacity",                                \
+    "more GPUs, --headroom 0, a smaller --seq, or activation checkpointing (--fix ac=full)") \
+  X(EVAL_ERROR, "eval_error", "the simulator refused the plan",                             \
+    "the reasons in the database (meshplan report)")                                        \
+  /* interleaving: chunks over the layers, micro-batches in groups of pp */                 \
+  X(PP_VIRTUAL, "pp_virtual",                                                               \
+    "interleaved pipeline chunks empty or micro-batches not a multiple of pp",              \
+    "a smaller pp (drop pp or pp_virtual from --fix)")                                      \
+  X(SP_SEQ, "sp_seq", "sequence parallelism: tp does not divide seq / cp",                  \
+    "a --seq that cp and tp divide, or drop cp/sp from --fix")                              \
+  /* an AC policy recomputing a subset of this one's ops fits with every other option the  \
+     same: never slower (time objectives), so not simulated */                              \
+  X(DOMINATED, "dominated", "an AC policy with less recompute fits (never slower)", NULL)   \
+  /* half this micro-batch, every other option the same, is over capacity: not simulated */ \
+  X(MEMORY_MB, "memory_mb", "half the micro-batch is already over capacity",                \
+    "more GPUs, --headroom 0, a smaller --seq, or activation checkpointing (--fix ac=full)") \
+  /* full AC, every other option the same, is over capacity: not simulated */               \
+  X(MEMORY_AC, "memory_ac", "full AC is already over capacity",                             \
+    "more GPUs, --headroom 0, a smaller --seq, or activation checkpointing (--fix ac=full)") \
+  /* dp_shard > 1 on a stack without FSDP: the same mesh on dp_replicate is searched */     \
+  X(NO_FSDP, "no_fsdp", "dp_shard on a stack without FSDP (dp_replicate searched instead)", NULL)
+/* clang-format on */
+
 typedef enum mp_reject {
-  MP_REJECT_NONE = 0,
-  MP_REJECT_PP_LAYERS,     /* pp > n_layers, or a stage left empty by ceil(n_layers/pp) */
-  MP_REJECT_MOE_PP,        /* MoE model with pp > 1 */
-  MP_REJECT_TP_HEADS,      /* tp does not divide n_heads */
-  MP_REJECT_TP_KV_HEADS,   /* tp does not divide n_kv_heads */
-  MP_REJECT_TP_D_FF,       /* tp does not divide d_ff */
-  MP_REJECT_TP_D_MODEL,    /* tp does not divide d_model */
-  MP_REJECT_TP_CROSS_NODE, /* tp does not divide gpus_per_node */
-  MP_REJECT_EP_EXPERTS,    /* ep does not divide n_experts */
-  MP_REJECT_CP_SEQ,        /* cp does not divide seq */
-  MP_REJECT_BATCH,         /* global batch not divisible by dp x micro_batch */
-  MP_REJECT_FP8_GPU,       /* no fp8 peak or compute capability < 89 */
-  MP_REJECT_FP8_DIMS,      /* a GEMM dim is not a multiple of 16 */
-  MP_REJECT_RESHARD_NOOP,  /* reshard_after_forward with dp_shard == 1: a duplicate */
-  MP_REJECT_MEMORY_BOUND,  /* resident fp32 params + AdamW state alone exceed capacity */
-  MP_REJECT_MEMORY,        /* simulated, peak memory over capacity */
-  MP_REJECT_EVAL_ERROR,    /* the evaluator refused the plan (message kept) */
-  MP_REJECT_PP_VIRTUAL,    /* interleaving leaves a model chunk empty, or the micro-batches
-                              are not a multiple of pp */
-  MP_REJECT_SP_SEQ,        /* sequence parallelism: tp does not divide seq / cp */
-  MP_REJECT_DOMINATED,     /* an AC policy recomputing a subset of this one's ops fits
-                              with every other option the same: never slower (time
-                              objectives), so not simulated */
-  MP_REJECT_MEMORY_MB,     /* half this micro-batch, every other option the same, is over
-                              capacity: more memory cannot fit (not simulated) */
-  MP_REJECT_MEMORY_AC,     /* full AC, every other option the same, is over capacity: a
-                              policy saving more cannot fit (not simulated) */
-  MP_REJECT_NO_FSDP,       /* dp_shard > 1 on a stack without FSDP (no_fsdp): the same mesh
-                              on dp_replicate, which is searched */
+#define MP_REJECT_ENUM_(e, name, words, remedy) MP_REJECT_##e,
+  MP_REJECTS(MP_REJECT_ENUM_)
+#undef MP_REJECT_ENUM_
   MP_REJECT_COUNT
 } mp_reject;
 
 /* Short stable name of a rule ("tp_heads", "memory", ...), for the database and tests. */
 const char *mp_reject_name(mp_reject r);
+/* The rule in words, as `plan` prints its counts. */
+const char *mp_reject_words(mp_reject r);
+/* What to change when the rule rejected the most candidates; NULL when nothing helps. */
+const char *mp_reject_remedy(mp_reject r);
+/* The rules in the order the search applies them (the mesh's, the options', the
+ * siblings', then the simulation's): every rule but NONE and NO_FSDP (a mesh searched under
+ * another name). What --why walks. */
+extern const mp_reject mp_search_rule_order[];
+extern const int mp_search_n_rule_order;
 
 typedef struct mp_candidate {
   mp_mesh mesh;         /* pp, dp_replicate, dp_shard, cp, tp sizes and ep */
@@ -232,9 +276,6 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
 
 /* The counts of candidates by reject reason, by[0] the ranked ones. */
 void mp_search_reject_counts(const mp_search *s, int64_t by[MP_REJECT_COUNT]);
-/* A rule in words for the summary ("the global batch does not divide over dp x
- * micro-batch"). */
-const char *mp_reject_words(mp_reject r);
 /* The index of the candidate whose mesh and options match `fix` on every field it sets
  * (the first in enumeration order when several do), or -1. */
 int64_t mp_search_find(const mp_search *s, const mp_search_fix *fix);

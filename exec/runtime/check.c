@@ -4,14 +4,18 @@
 
 #include "exec/mesh.h"
 #include "exec/model.h"
+#include "exec/rules.h"
 
 mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p) {
-  const mp_model *m = &p->model;
-  const mp_mesh *mesh = &p->mesh;
+  return mp_runtime_check(ctx, &p->model, &p->mesh, &p->opts, p->applied);
+}
+
+mp_status mp_runtime_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh, const mp_plan_options *o,
+                           unsigned applied) {
   char mb[128];
   mp_mesh_format(mesh, mb, sizeof mb);
   const int pp = mesh->size[MP_DIM_PP], cp = mesh->size[MP_DIM_CP];
-  if (cp > 1 && p->opts.seq % (2 * cp))
+  if (!mp_rule_cp_ring_ok(o->seq, cp))
     return mp_error(ctx, MP_ERR_INVALID, "mesh %s: context parallelism cuts each sequence into 2 x cp = %d "
                     "chunks; choose seq a multiple of %d", mb, 2 * cp, 2 * cp);
   if (cp > 1 && mesh->ep > 1)
@@ -20,26 +24,26 @@ mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p) {
                     "or cp=1", mb);
   /* pipeline stages (runtime_pp.c): every schedule; float8 keeps per-layer scales from a
    * block's forward for its backward, one micro-batch at a time */
-  if (pp > 1 && p->opts.fp8)
+  if (pp > 1 && o->fp8)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: float8 with pipeline parallelism is not executed (a "
                     "stage holds several micro-batches between forward and backward); drop --fp8 or use pp=1", mb);
-  if (mesh->size[MP_DIM_TP] > 1 && p->opts.sp == 1) {
+  if (mesh->size[MP_DIM_TP] > 1 && o->sp == 1) {
     const int tp = mesh->size[MP_DIM_TP];
-    const int64_t tokens = p->opts.micro_batch * p->opts.seq;
+    const int64_t tokens = o->micro_batch * o->seq;
     /* the residual stream's sequence shards: N / tp rows each, every rank the same */
-    if (p->opts.micro_batch > 0 && tokens % tp)
+    if (o->micro_batch > 0 && tokens % tp)
       return mp_error(ctx, MP_ERR_INVALID, "mesh %s: sequence parallelism splits a micro-batch's %lld tokens "
                       "(micro_batch x seq) into tp=%d shards; choose micro_batch x seq divisible by %d, or "
                       "--no-sp", mb, (long long)tokens, tp, tp);
-    if (p->applied & MP_PASS_FLOAT8)
+    if (applied & MP_PASS_FLOAT8)
       return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute float8 Linears with "
                       "sequence parallelism (their amax would cover one sequence shard); train with --no-sp "
                       "or without float8", mb);
   }
-  if (mesh->size[MP_DIM_DP_SHARD] > 1 && !(p->applied & MP_PASS_FSDP))
+  if (mesh->size[MP_DIM_DP_SHARD] > 1 && !(applied & MP_PASS_FSDP))
     return mp_error(ctx, MP_ERR_INTERNAL, "mesh %s has dp_shard > 1 but the plan has no FSDP pass", mb);
-  MP_CHECK(mp_runtime_model_check(ctx, m, p->opts.seq));
-  if (mesh->size[MP_DIM_TP] > 1 && !p->opts.tp.shard_logits)
+  MP_CHECK(mp_runtime_model_check(ctx, m, o->seq));
+  if (mesh->size[MP_DIM_TP] > 1 && !o->tp.shard_logits)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "tp=%d with logits gathered over tp (shard_logits=0) is not "
                     "executed; the runtime computes the loss vocab-parallel (the default)", mesh->size[MP_DIM_TP]);
   if (mesh->size[MP_DIM_TP] > 1 && m->tied_embeddings)

@@ -16,6 +16,12 @@ extern "C" {
  * runtime does not implement) or MP_ERR_INVALID/MP_ERR_INTERNAL (a plan that no runtime
  * could execute) with one line on ctx naming the feature or rule and what to do. */
 mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p);
+/* The same rules read from what they depend on, without a plan: the model, the mesh, the
+ * options (sequence parallelism, float8, the pipeline schedule, the batch) and the passes
+ * applied (MP_PASS_* bits: FSDP where dp_shard > 1, Float8). The planner's search asks it
+ * for each candidate before any plan is built. */
+mp_status mp_runtime_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh, const mp_plan_options *o,
+                           unsigned applied);
 
 /* The model's part of those rules (its family, biases and norms, RoPE's head_dim, a
  * sliding window shorter than seq), for a caller that has a model and a sequence length

@@ -144,24 +144,42 @@ TEST(SearchPrune, PipelineDeeperThanLayers) {
   const mp_candidate *c = t.find(4, 1, 1, 1, 1, 1, 1, 0, 0, 0);
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->reject, MP_REJECT_PP_LAYERS);
-  EXPECT_EQ(t.reason(c), "pp=4 exceeds n_layers=2");
+  EXPECT_EQ(t.reason(c), "pp=4 exceeds n_layers=2: a stage needs at least one layer");
   EXPECT_EQ(t.find(2, 1, 1, 1, 2, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
 }
 
-TEST(SearchPrune, PipelineStageLeftEmpty) {
-  // 6 layers: pp=4 puts ceil(6/4) = 2 layers per stage, so 3 stages hold all 6 and the
-  // fourth is empty; pp=3 (2 each) and pp=2 (3 each) are fine.
+// 6 layers on pp=4: the plan splits them as torchtitan does (exec/plan.c: 6 / 4 = 1 a stage,
+// the 2 left over one each to the stages after the first: 1, 2, 2, 1), so no stage is empty
+// and the search keeps the mesh, as the plan builder does; pp=6 (one each) too, and pp=8 on
+// 6 layers would leave two stages empty.
+TEST(SearchPrune, PipelineStagesFollowThePlansSplit) {
   mp_model m = fake_dense_model();
   m.n_layers = 6;
   Search t(m, fake_cluster(1, 4), 4096, 4);
   t.enumerate();
-  const mp_candidate *c = t.find(4, 1, 1, 1, 1, 1, 1, 0, 0, 0);
-  EXPECT_EQ(c->reject, MP_REJECT_PP_LAYERS);
-  EXPECT_EQ(t.reason(c), "pp=4 leaves a pipeline stage empty: 6 layers at 2 per stage fill only 3 stages");
+  EXPECT_EQ(t.find(4, 1, 1, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
   EXPECT_EQ(t.find(2, 1, 2, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
-  Search u(m, fake_cluster(1, 3), 4096, 3);
+  Search u(m, fake_cluster(1, 8), 4096, 8);
   u.enumerate();
-  EXPECT_EQ(u.find(3, 1, 1, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+  const mp_candidate *c = u.find(8, 1, 1, 1, 1, 1, 1, 0, 0, 0);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->reject, MP_REJECT_PP_LAYERS);
+  // the builder agrees: the stages of pp=4
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_mesh mesh;
+  mp_mesh_init(&mesh);
+  mesh.size[MP_DIM_PP] = 4;
+  mp_plan *p = nullptr;
+  ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, nullptr, &p), MP_OK) << mp_errmsg(&ctx);
+  const int64_t want[4][2] = {{0, 1}, {1, 3}, {3, 5}, {5, 6}};
+  for (int st = 0; st < 4; st++) {
+    int64_t l0 = 0, l1 = 0;
+    mp_plan_chunk_layers(p, st, 0, &l0, &l1);
+    EXPECT_EQ(l0, want[st][0]) << "stage " << st;
+    EXPECT_EQ(l1, want[st][1]) << "stage " << st;
+  }
+  mp_plan_destroy(p);
 }
 
 TEST(SearchPrune, MemoryLowerBoundSkipsHopelessPlans) {
@@ -307,24 +325,35 @@ TEST(SearchPrune, Float8NeedsGpuAndDims) {
     EXPECT_EQ(t.find(1, 1, 8, 1, 1, 1, 1, 0, 1, 0)->reject, MP_REJECT_NONE);
   }
   {
-    // d_ff = 4104: divisible by 8 (tp=8 allowed) but 4104/8 = 513 is not a multiple of 16;
-    // with tp=1, 4104 % 16 = 8 as well. d_model 1024 and heads are fine.
+    // A Linear whose dims are not multiples of 16 stays in bf16 (the Float8 pass's filter,
+    // torchao's): d_ff = 4104 (4104 % 16 = 8, and 513 on tp=8) leaves gate, up and down in
+    // bf16, while q, k, v and o (1024 wide) run float8, so the float8 plan is a real one.
     mp_model m = fake_dense_model();
     m.d_ff = 4104;
     Search t(m, fake_cluster(1, 8, 90), 4096, 8);
     t.enumerate();
-    const mp_candidate *c = t.find(1, 1, 1, 1, 8, 1, 1, 0, 1, 0);
-    EXPECT_EQ(c->reject, MP_REJECT_FP8_DIMS);
-    EXPECT_EQ(t.find(1, 1, 1, 1, 8, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+    EXPECT_EQ(t.find(1, 1, 1, 1, 8, 1, 1, 0, 1, 0)->reject, MP_REJECT_NONE);
+    int n = 0;
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    ASSERT_EQ(mp_plan_fp8_linears(&ctx, &m, 8, &n), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(n, 16 * 4);  // 16 layers x q, k, v, o
   }
   {
-    // d_ff = 4128 = 16 * 258: tp=1 and tp=2 (2064 = 16 * 129) fine, tp=4 (1032) not.
+    // d_model = 1032 (= 8 x 129: tp 1, 2, 4, 8 divide it; not a multiple of 16): every Linear
+    // reads or writes d_model, so none runs float8 and float8 would change nothing.
     mp_model m = fake_dense_model();
-    m.d_ff = 4128;
+    m.d_model = 1032;
+    m.head_dim = 129;
+    m.n_heads = 8;
+    m.n_kv_heads = 8;
     Search t(m, fake_cluster(1, 8, 90), 4096, 8);
     t.enumerate();
-    EXPECT_EQ(t.find(1, 1, 4, 1, 2, 1, 1, 0, 1, 0)->reject, MP_REJECT_NONE);
-    EXPECT_EQ(t.find(1, 1, 2, 1, 4, 1, 1, 0, 1, 0)->reject, MP_REJECT_FP8_DIMS);
+    const mp_candidate *c = t.find(1, 1, 4, 1, 2, 1, 1, 0, 1, 0);
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(c->reject, MP_REJECT_FP8_DIMS);
+    EXPECT_EQ(t.reason(c).rfind("float8 changes nothing at tp=2", 0), 0u) << t.reason(c);
+    EXPECT_EQ(t.find(1, 1, 4, 1, 2, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
   }
 }
 

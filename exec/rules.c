@@ -1,0 +1,109 @@
+/* The plan's rules (rules.h): each predicate and, where the plan builder refuses with it,
+ * the one message it refuses with. */
+#include "exec/rules.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "common/intmath.h"
+
+/* ---- tensor parallelism ------------------------------------------------------------------ */
+
+typedef struct tp_size {
+  const char *name;
+  int64_t v;
+  int used;
+} tp_size;
+
+/* The sizes tp must divide, in the order mp_rule_tp_dim reports them. */
+static int tp_sizes(const mp_model *m, int pad_vocab, tp_size out[6]) {
+  const tp_size c[6] = {
+      {"n_heads", m->n_heads, 1},
+      {"n_kv_heads", m->n_kv_heads, 1},
+      {"d_ff", m->d_ff, mp_model_n_moe_layers(m) < m->n_layers},
+      {"d_model", m->d_model, 1},
+      {"d_ff_shared", m->d_ff_shared, mp_model_is_moe(m) && m->n_shared_experts > 0},
+      {"vocab", m->vocab, !pad_vocab},
+  };
+  memcpy(out, c, sizeof c);
+  return 6;
+}
+
+mp_tp_dim mp_rule_tp_dim(const mp_model *m, int tp, int pad_vocab) {
+  tp_size c[6];
+  const int n = tp_sizes(m, pad_vocab, c);
+  for (int i = 0; i < n; i++)
+    if (c[i].used && c[i].v % tp != 0) return (mp_tp_dim)(MP_TP_DIM_HEADS + i);
+  return MP_TP_DIM_NONE;
+}
+
+/* "{1,2,4,8}": the tp sizes that satisfy every constraint (divisors of their gcd). */
+static void valid_choices(int64_t g, char *buf, size_t cap) {
+  size_t used = (size_t)snprintf(buf, cap, "{");
+  int n = 0;
+  for (int64_t d = 1; d <= g && used < cap; d++) {
+    if (g % d != 0) continue;
+    if (n == 16) {
+      used += (size_t)snprintf(buf + used, cap - used, ",...");
+      break;
+    }
+    used += (size_t)snprintf(buf + used, cap - used, "%s%lld", n ? "," : "", (long long)d);
+    n++;
+  }
+  if (used < cap) snprintf(buf + used, cap - used, "}");
+}
+
+mp_status mp_rule_tp_check(mp_ctx *ctx, const mp_model *m, int tp, int pad_vocab) {
+  const mp_tp_dim bad = mp_rule_tp_dim(m, tp, pad_vocab);
+  if (bad == MP_TP_DIM_NONE) return MP_OK;
+  tp_size c[6];
+  const int n = tp_sizes(m, pad_vocab, c);
+  int64_t g = 0;
+  for (int i = 0; i < n; i++)
+    if (c[i].used) g = mp_gcd64(g, c[i].v);
+  const tp_size *s = &c[bad - MP_TP_DIM_HEADS];
+  char choices[160];
+  valid_choices(g, choices, sizeof choices);
+  return mp_error(ctx, MP_ERR_INVALID, "tp=%d does not divide %s=%lld; choose tp in %s%s", tp, s->name,
+                  (long long)s->v, choices,
+                  bad == MP_TP_DIM_VOCAB ? " or pad the vocabulary (pad_vocab, meshplan --pad-vocab)" : "");
+}
+
+/* ---- expert parallelism ------------------------------------------------------------------ */
+
+int mp_rule_ep_ok(const mp_model *m, int ep) { return !mp_model_is_moe(m) || m->n_experts % ep == 0; }
+
+int mp_rule_moe_pp_ok(const mp_model *m, int pp) { return pp <= 1 || !mp_model_is_moe(m); }
+
+mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh) {
+  const int pp = mesh->size[MP_DIM_PP];
+  if (!mp_rule_moe_pp_ok(m, pp))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "MoE with pipeline parallelism is not supported: %s has routed experts and "
+                    "pp=%d; EP's all-to-alls inside a pipeline stage would interleave with the "
+                    "stage's sends and receives differently on each rank; use pp=1",
+                    m->name, pp);
+  if (mesh->ep > 1 && !mp_rule_ep_ok(m, mesh->ep))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "ep=%d does not divide n_experts=%lld of %s; each EP rank must hold the same "
+                    "number of experts: choose ep dividing both %lld and dp_shard=%d",
+                    mesh->ep, (long long)m->n_experts, m->name, (long long)m->n_experts,
+                    mesh->size[MP_DIM_DP_SHARD]);
+  return MP_OK;
+}
+
+/* ---- pipeline parallelism ---------------------------------------------------------------- */
+
+int mp_rule_pp_chunks_ok(int64_t n_layers, int pp, int v) { return (int64_t)pp * v <= n_layers; }
+
+int mp_rule_pp_micro_ok(int64_t n_micro, int pp, int v) { return v <= 1 || n_micro % pp == 0; }
+
+/* ---- context and sequence parallelism ---------------------------------------------------- */
+
+int mp_rule_cp_ring_ok(int64_t seq, int cp) { return cp <= 1 || seq % (2 * (int64_t)cp) == 0; }
+
+int mp_rule_sp_ok(int64_t seq, int cp, int tp) { return (seq / cp) % tp == 0; }
+
+/* ---- float8 ------------------------------------------------------------------------------- */
+
+int mp_rule_fp8_linear_ok(int64_t rows, int64_t cols) { return rows % 16 == 0 && cols % 16 == 0; }

@@ -1,0 +1,80 @@
+/* The plan's rules: what a model, a mesh and the plan options must satisfy, each written once
+ * here and asked by everyone who needs it. The plan builder and its passes refuse with the
+ * rule's message (MP_ERR_INVALID); the planner's search prunes candidates with the same
+ * predicate and its own reject code (planner/search.h); `validate` goes through the plan
+ * builder; the runtime's check (exec/runtime/check.c) asks the rules it adds on top. A
+ * predicate reads plain values (a model, a mesh, sizes), never a plan, so the search can
+ * ask it before any plan exists.
+ *
+ * Invariants: every predicate is pure (no state, no allocation) and cheap enough for the
+ * search to call on every candidate; a *_check function returns MP_OK exactly when its
+ * predicate holds. */
+#ifndef MP_EXEC_RULES_H
+#define MP_EXEC_RULES_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "exec/mesh.h"
+#include "exec/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- tensor parallelism ------------------------------------------------------------------ */
+
+/* The model sizes tp must divide (pass_tp.c shards them), in the order they are checked. */
+typedef enum mp_tp_dim {
+  MP_TP_DIM_NONE = 0,
+  MP_TP_DIM_HEADS,     /* n_heads: q's heads (under MLA the heads kv_b_proj decompresses) */
+  MP_TP_DIM_KV_HEADS,  /* n_kv_heads */
+  MP_TP_DIM_D_FF,      /* d_ff, when a dense MLP exists */
+  MP_TP_DIM_D_MODEL,   /* d_model */
+  MP_TP_DIM_D_FF_SHARED, /* d_ff_shared, when shared experts exist */
+  MP_TP_DIM_VOCAB,     /* vocab, unless the plan pads it */
+} mp_tp_dim;
+
+/* The first model size tp does not divide, MP_TP_DIM_NONE when it divides them all. */
+mp_tp_dim mp_rule_tp_dim(const mp_model *m, int tp, int pad_vocab);
+/* MP_ERR_INVALID naming the size and the tp that would divide every one, e.g. "tp=3 does
+ * not divide n_kv_heads=8; choose tp in {1,2,4,8}". */
+mp_status mp_rule_tp_check(mp_ctx *ctx, const mp_model *m, int tp, int pad_vocab);
+
+/* ---- expert parallelism ------------------------------------------------------------------ */
+
+/* ep divides the routed experts (a dense model: ep 1 only matters to the mesh). */
+int mp_rule_ep_ok(const mp_model *m, int ep);
+/* MoE with pipeline parallelism: routed experts and pp > 1. */
+int mp_rule_moe_pp_ok(const mp_model *m, int pp);
+/* The model x mesh rules of experts: MoE with pp, ep dividing the experts. */
+mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh);
+
+/* ---- pipeline parallelism ---------------------------------------------------------------- */
+
+/* pp x v model chunks of the model's layers, split as the plan splits them (exec/plan.c,
+ * torchtitan's generate_split_points: L / K a chunk, the remainder one each to the chunks
+ * after the first), leave none empty: K <= L. */
+int mp_rule_pp_chunks_ok(int64_t n_layers, int pp, int v);
+/* The interleaved schedule's micro-batches come in groups of pp (Megatron-LM's and
+ * torch.distributed.pipelining's interleaved 1F1B). */
+int mp_rule_pp_micro_ok(int64_t n_micro, int pp, int v);
+
+/* ---- context and sequence parallelism ---------------------------------------------------- */
+
+/* Ring attention's causal load balancing cuts a sequence into 2 cp chunks (torch's
+ * context_parallel, Transformer Engine's p2p ring): 2 cp divides seq. */
+int mp_rule_cp_ring_ok(int64_t seq, int cp);
+/* Sequence parallelism shards the residual stream's seq / cp tokens over tp. */
+int mp_rule_sp_ok(int64_t seq, int cp, int tp);
+
+/* ---- float8 ------------------------------------------------------------------------------- */
+
+/* A Linear's GEMM runs in float8 when both dims of its rank's weight are multiples of 16
+ * (torch._scaled_mm's requirement; torchao's filter skips the others). */
+int mp_rule_fp8_linear_ok(int64_t rows, int64_t cols);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
