@@ -1,4 +1,5 @@
-/* Calibrations in the planner's database (see store.h).
+/* Calibrations in the meshplan database (see store.h); the file, its checks and settings
+ * are store/db.h's.
  *
  * Invariants: a save is one BEGIN IMMEDIATE transaction (table creation, id allocation
  * and every row), rolled back on any failure; a load reads one calibration id's rows in
@@ -14,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "planner/store.h"
+#include "store/db.h"
 
 static const char k_schema[] =
     "CREATE TABLE IF NOT EXISTS calibrations ("
@@ -29,52 +30,16 @@ static const char k_schema[] =
     "  id INTEGER NOT NULL, key TEXT NOT NULL, text TEXT NOT NULL);"
     "CREATE INDEX IF NOT EXISTS calibration_notes_id ON calibration_notes(id);";
 
-static mp_status db_fail(mp_ctx *ctx, sqlite3 *db, const char *path, int rc, const char *what) {
-  if (rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT)
-    return mp_error(ctx, MP_ERR_DB, "%s is not a meshplan database or is corrupt; move it aside or pass --db",
-                    path);
-  return mp_error(ctx, MP_ERR_DB, "%s: %s: %s", path, what, db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
-}
-
-/* Checks (and, for a new file, creates) the planner schema through the store, then opens
- * this module's own connection with the store's settings. */
-static mp_status open_db(mp_ctx *ctx, const char *path, sqlite3 **out) {
-  *out = NULL;
-  mp_store *st = NULL;
-  MP_CHECK(mp_store_open(ctx, path, &st));
-  mp_store_close(st);
-  sqlite3 *db = NULL;
-  int rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
-  if (rc != SQLITE_OK) {
-    mp_status s = mp_error(ctx, MP_ERR_IO, "cannot open database %s: %s", path,
-                           db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
-    sqlite3_close(db);
-    return s;
-  }
-  sqlite3_busy_timeout(db, MP_STORE_BUSY_TIMEOUT_MS);
-  /* mp_store_open left the file in WAL mode (persistent); saying so again is a no-op
-   * that keeps this connection's settings explicit. */
-  rc = sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL", NULL, NULL, NULL);
-  if (rc != SQLITE_OK) {
-    mp_status s = db_fail(ctx, db, path, rc, "setting WAL mode");
-    sqlite3_close(db);
-    return s;
-  }
-  *out = db;
-  return MP_OK;
-}
-
 mp_status mp_calib_store_check(mp_ctx *ctx, const char *db_path) {
-  sqlite3 *db = NULL;
-  MP_CHECK(open_db(ctx, db_path, &db));
-  sqlite3_close(db);
+  mp_db *db = NULL;
+  MP_CHECK(mp_db_open(ctx, db_path, &db));
+  mp_db_close(db);
   return MP_OK;
 }
 
 typedef struct writer {
-  sqlite3 *db;
+  mp_db *db;
   sqlite3_stmt *ins, *note;
-  const char *path;
   const mp_calib *c;
 } writer;
 
@@ -93,7 +58,7 @@ static mp_status put(mp_ctx *ctx, writer *w, const char *key, int group_size, do
   sqlite3_bind_double(q, 9, value);
   sqlite3_bind_text(q, 10, unit, -1, SQLITE_STATIC);
   int rc = sqlite3_step(q);
-  return rc == SQLITE_DONE ? MP_OK : db_fail(ctx, w->db, w->path, rc, "inserting a calibration row");
+  return rc == SQLITE_DONE ? MP_OK : mp_db_err(ctx, w->db, rc, "inserting a calibration row");
 }
 
 static mp_status put_note(mp_ctx *ctx, writer *w, const char *key, const char *text) {
@@ -104,7 +69,7 @@ static mp_status put_note(mp_ctx *ctx, writer *w, const char *key, const char *t
   sqlite3_bind_text(q, 2, key, -1, SQLITE_STATIC);
   sqlite3_bind_text(q, 3, text, -1, SQLITE_TRANSIENT);
   int rc = sqlite3_step(q);
-  return rc == SQLITE_DONE ? MP_OK : db_fail(ctx, w->db, w->path, rc, "inserting a calibration note");
+  return rc == SQLITE_DONE ? MP_OK : mp_db_err(ctx, w->db, rc, "inserting a calibration note");
 }
 
 /* The kernel rows (see store.h for the keys): every one for cuda; for cpu those it holds
@@ -186,55 +151,43 @@ static mp_status write_rows(mp_ctx *ctx, writer *w) {
   return MP_OK;
 }
 
-mp_status mp_calib_store_save(mp_ctx *ctx, const char *db_path, mp_calib *c) {
-  sqlite3 *db = NULL;
-  MP_CHECK(open_db(ctx, db_path, &db));
-  writer w = {db, NULL, NULL, db_path, c};
-  mp_status s = MP_OK;
-  sqlite3_stmt *q = NULL;
-  int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-  if (rc != SQLITE_OK) {
-    s = db_fail(ctx, db, db_path, rc, "locking for a calibration");
-    goto done;
-  }
-  rc = sqlite3_exec(db, k_schema, NULL, NULL, NULL);
-  if (rc != SQLITE_OK) {
-    s = db_fail(ctx, db, db_path, rc, "creating the calibrations table");
-    goto done;
-  }
-  rc = sqlite3_prepare_v2(db, "SELECT coalesce(max(id), 0) + 1 FROM calibrations", -1, &q, NULL);
-  if (rc == SQLITE_OK) rc = sqlite3_step(q);
-  if (rc != SQLITE_ROW) {
-    s = db_fail(ctx, db, db_path, rc, "allocating a calibration id");
-    goto done;
-  }
-  int64_t id = sqlite3_column_int64(q, 0);
-  sqlite3_finalize(q);
-  q = NULL;
-  rc = sqlite3_prepare_v2(db,
-                          "INSERT INTO calibrations (id, created_at, device, host, threads, world, key,"
-                          " group_size, value, unit) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                          -1, &w.ins, NULL);
+/* The two inserts of a save, on w->db. */
+static mp_status prepare_writer(mp_ctx *ctx, writer *w) {
+  sqlite3 *h = mp_db_sqlite(w->db);
+  int rc = sqlite3_prepare_v2(h,
+                              "INSERT INTO calibrations (id, created_at, device, host, threads, world, key,"
+                              " group_size, value, unit) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                              -1, &w->ins, NULL);
   if (rc == SQLITE_OK)
-    rc = sqlite3_prepare_v2(db, "INSERT INTO calibration_notes (id, key, text) VALUES (?,?,?)", -1, &w.note, NULL);
-  if (rc != SQLITE_OK) {
-    s = db_fail(ctx, db, db_path, rc, "preparing the calibration insert");
-    goto done;
-  }
-  int64_t old_id = c->id;
-  c->id = id;
-  s = write_rows(ctx, &w);
+    rc = sqlite3_prepare_v2(h, "INSERT INTO calibration_notes (id, key, text) VALUES (?,?,?)", -1, &w->note, NULL);
+  return rc == SQLITE_OK ? MP_OK : mp_db_err(ctx, w->db, rc, "preparing the calibration insert");
+}
+
+mp_status mp_calib_store_save(mp_ctx *ctx, const char *db_path, mp_calib *c) {
+  mp_db *db = NULL;
+  MP_CHECK(mp_db_open(ctx, db_path, &db));
+  writer w = {db, NULL, NULL, c};
+  int64_t id = 0;
+  /* One attempt at the lock: a save waits the busy timeout (MP_STORE_BUSY_TIMEOUT_MS) for
+   * another writer, then fails (mp_db_begin_write would keep asking for
+   * MP_STORE_WRITE_WAIT_S). */
+  mp_status s = mp_db_exec(ctx, db, "BEGIN IMMEDIATE", "locking for a calibration");
+  if (s == MP_OK) s = mp_db_exec(ctx, db, k_schema, "creating the calibrations table");
+  if (s == MP_OK)
+    s = mp_db_query_i64(ctx, db, "SELECT coalesce(max(id), 0) + 1 FROM calibrations", "allocating a calibration id",
+                        &id);
+  if (s == MP_OK) s = prepare_writer(ctx, &w);
   if (s == MP_OK) {
-    rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
-    if (rc != SQLITE_OK) s = db_fail(ctx, db, db_path, rc, "committing the calibration");
+    int64_t old_id = c->id;
+    c->id = id;
+    s = write_rows(ctx, &w);
+    if (s == MP_OK) s = mp_db_exec(ctx, db, "COMMIT", "committing the calibration");
+    if (s != MP_OK) c->id = old_id;
   }
-  if (s != MP_OK) c->id = old_id;
-done:
-  sqlite3_finalize(q);
   sqlite3_finalize(w.ins);
   sqlite3_finalize(w.note);
-  if (s != MP_OK) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-  sqlite3_close(db);
+  if (s != MP_OK) mp_db_rollback(db);
+  mp_db_close(db);
   return s;
 }
 
@@ -409,23 +362,17 @@ bad:
 /* The notes of calibration out->id (none when the table is absent: a file whose
  * calibrations all predate it). Its rows were committed with the figures' rows, so
  * reading them after those needs no shared snapshot. */
-static mp_status read_notes(mp_ctx *ctx, sqlite3 *db, const char *path, mp_calib *out) {
+static mp_status read_notes(mp_ctx *ctx, mp_db *db, mp_calib *out) {
+  int64_t has = 0;
+  MP_CHECK(mp_db_query_i64(ctx, db, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='calibration_notes'",
+                           "looking for calibration notes", &has));
+  if (!has) return MP_OK;
   sqlite3_stmt *q = NULL;
   mp_status s = MP_OK;
-  int rc = sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='calibration_notes'",
+  int rc = sqlite3_prepare_v2(mp_db_sqlite(db), "SELECT key, text FROM calibration_notes WHERE id = ?1 ORDER BY rowid",
                               -1, &q, NULL);
-  if (rc == SQLITE_OK) rc = sqlite3_step(q);
-  if (rc != SQLITE_ROW) {
-    s = db_fail(ctx, db, path, rc, "looking for calibration notes");
-    goto done;
-  }
-  int64_t has = sqlite3_column_int64(q, 0);
-  sqlite3_finalize(q);
-  q = NULL;
-  if (!has) goto done;
-  rc = sqlite3_prepare_v2(db, "SELECT key, text FROM calibration_notes WHERE id = ?1 ORDER BY rowid", -1, &q, NULL);
   if (rc != SQLITE_OK) {
-    s = db_fail(ctx, db, path, rc, "reading calibration notes");
+    s = mp_db_err(ctx, db, rc, "reading calibration notes");
     goto done;
   }
   sqlite3_bind_int64(q, 1, out->id);
@@ -439,12 +386,47 @@ static mp_status read_notes(mp_ctx *ctx, sqlite3 *db, const char *path, mp_calib
     else if (key && strcmp(key, "f8.unavailable") == 0) dst = out->f8_unavailable, cap = sizeof out->f8_unavailable;
     if (dst == NULL) {
       s = mp_error(ctx, MP_ERR_DB, "%s: calibration %lld has a note this meshplan cannot read (key '%s'); "
-                   "recalibrate with meshplan calibrate", path, (long long)out->id, key ? key : "(null)");
+                   "recalibrate with meshplan calibrate", mp_db_path(db), (long long)out->id, key ? key : "(null)");
       goto done;
     }
     snprintf(dst, cap, "%s", text ? text : "");
   }
-  if (rc != SQLITE_DONE) s = db_fail(ctx, db, path, rc, "reading calibration notes");
+  if (rc != SQLITE_DONE) s = mp_db_err(ctx, db, rc, "reading calibration notes");
+done:
+  sqlite3_finalize(q);
+  return s;
+}
+
+/* The rows of device's newest calibration into *out (out->id stays 0 when there is none). */
+static mp_status read_newest(mp_ctx *ctx, mp_db *db, const char *device, mp_calib *out) {
+  /* One statement: the newest id and its rows in one read, so a calibration saved in
+   * between cannot mix with it. */
+  sqlite3_stmt *q = NULL;
+  mp_status s = MP_OK;
+  int rc = sqlite3_prepare_v2(mp_db_sqlite(db),
+                              "SELECT id, created_at, host, threads, world, key, group_size, value FROM calibrations"
+                              " WHERE device = ?1 AND id = (SELECT max(id) FROM calibrations WHERE device = ?1)"
+                              " ORDER BY rowid",
+                              -1, &q, NULL);
+  if (rc != SQLITE_OK) {
+    s = mp_db_err(ctx, db, rc, "reading calibrations");
+    goto done;
+  }
+  sqlite3_bind_text(q, 1, device, -1, SQLITE_TRANSIENT);
+  while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+    if (out->id == 0) {
+      out->id = sqlite3_column_int64(q, 0);
+      snprintf(out->created_at, sizeof out->created_at, "%s", (const char *)sqlite3_column_text(q, 1));
+      snprintf(out->device, sizeof out->device, "%s", device);
+      snprintf(out->host, sizeof out->host, "%s", (const char *)sqlite3_column_text(q, 2));
+      out->threads = sqlite3_column_int(q, 3);
+      out->world = sqlite3_column_int(q, 4);
+    }
+    s = read_row(ctx, mp_db_path(db), out, (const char *)sqlite3_column_text(q, 5), sqlite3_column_int(q, 6),
+                 sqlite3_column_double(q, 7));
+    if (s != MP_OK) goto done;
+  }
+  if (rc != SQLITE_DONE) s = mp_db_err(ctx, db, rc, "reading calibrations");
 done:
   sqlite3_finalize(q);
   return s;
@@ -455,62 +437,16 @@ mp_status mp_calib_store_load(mp_ctx *ctx, const char *db_path, const char *devi
   if (access(db_path, F_OK) != 0)
     return mp_error(ctx, MP_ERR_NOT_FOUND, "no database at %s; run `meshplan calibrate --device %s --db %s` first",
                     db_path, device, db_path);
-  sqlite3 *db = NULL;
-  MP_CHECK(open_db(ctx, db_path, &db));
-  mp_status s = MP_OK;
-  sqlite3_stmt *q = NULL;
+  mp_db *db = NULL;
+  MP_CHECK(mp_db_open(ctx, db_path, &db));
   int64_t has_table = 0;
-  int rc = sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='calibrations'",
-                              -1, &q, NULL);
-  if (rc == SQLITE_OK) rc = sqlite3_step(q);
-  if (rc != SQLITE_ROW) {
-    s = db_fail(ctx, db, db_path, rc, "looking for calibrations");
-    goto done;
-  }
-  has_table = sqlite3_column_int64(q, 0);
-  sqlite3_finalize(q);
-  q = NULL;
-  if (has_table) {
-    /* One statement: the newest id and its rows in one read, so a calibration saved in
-     * between cannot mix with it. */
-    rc = sqlite3_prepare_v2(db,
-                            "SELECT id, created_at, host, threads, world, key, group_size, value FROM calibrations"
-                            " WHERE device = ?1 AND id = (SELECT max(id) FROM calibrations WHERE device = ?1)"
-                            " ORDER BY rowid",
-                            -1, &q, NULL);
-    if (rc != SQLITE_OK) {
-      s = db_fail(ctx, db, db_path, rc, "reading calibrations");
-      goto done;
-    }
-    sqlite3_bind_text(q, 1, device, -1, SQLITE_TRANSIENT);
-    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
-      if (out->id == 0) {
-        out->id = sqlite3_column_int64(q, 0);
-        snprintf(out->created_at, sizeof out->created_at, "%s", (const char *)sqlite3_column_text(q, 1));
-        snprintf(out->device, sizeof out->device, "%s", device);
-        snprintf(out->host, sizeof out->host, "%s", (const char *)sqlite3_column_text(q, 2));
-        out->threads = sqlite3_column_int(q, 3);
-        out->world = sqlite3_column_int(q, 4);
-      }
-      s = read_row(ctx, db_path, out, (const char *)sqlite3_column_text(q, 5), sqlite3_column_int(q, 6),
-                   sqlite3_column_double(q, 7));
-      if (s != MP_OK) goto done;
-    }
-    if (rc != SQLITE_DONE) {
-      s = db_fail(ctx, db, db_path, rc, "reading calibrations");
-      goto done;
-    }
-  }
-  if (out->id == 0) {
+  mp_status s = mp_db_query_i64(ctx, db, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='calibrations'",
+                                "looking for calibrations", &has_table);
+  if (s == MP_OK && has_table) s = read_newest(ctx, db, device, out);
+  if (s == MP_OK && out->id == 0)
     s = mp_error(ctx, MP_ERR_NOT_FOUND, "%s holds no %s calibration; run `meshplan calibrate --device %s --db %s`",
                  db_path, device, device, db_path);
-    goto done;
-  }
-  sqlite3_finalize(q);
-  q = NULL;
-  s = read_notes(ctx, db, db_path, out);
-done:
-  sqlite3_finalize(q);
-  sqlite3_close(db);
+  if (s == MP_OK) s = read_notes(ctx, db, out);
+  mp_db_close(db);
   return s;
 }

@@ -1,4 +1,5 @@
-/* Calibrations in the planner's database (the file of planner/store.h).
+/* Calibrations in the meshplan database (the file of store/db.h, beside the planner's
+ * tables of planner/store.h).
  *
  * Table `calibrations`, one row per measured figure, created on first save (CREATE TABLE
  * IF NOT EXISTS inside the saving transaction, so the planner's schema version does not
@@ -55,11 +56,11 @@
  * calibration ("a row this meshplan cannot read; recalibrate") rather than read half of
  * it. A calibration is one transaction: readers never see half of one.
  *
- * The file is opened and checked through mp_store_open first (created with the planner's
+ * The file is opened and checked by mp_db_open (store/db.h; created with the planner's
  * schema when absent), so a corrupt or foreign file is MP_ERR_DB with the store's
- * message, and a file made by `meshplan calibrate` is a valid planner database. Then this
- * module opens its own connection with the store's settings (WAL, busy timeout
- * MP_STORE_BUSY_TIMEOUT_MS, writes in BEGIN IMMEDIATE). */
+ * message, and a file made by `meshplan calibrate` is a valid planner database. Its
+ * connection has the file's settings (WAL, busy timeout MP_STORE_BUSY_TIMEOUT_MS); a save
+ * takes the write lock with one BEGIN IMMEDIATE. */
 #ifndef MP_CALIB_STORE_H
 #define MP_CALIB_STORE_H
 

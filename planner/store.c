@@ -1,9 +1,11 @@
-/* The planner's SQLite store (see store.h).
+/* The planner's SQLite store (see store.h): the rows of runs, plans, predictions and
+ * measurements, on a connection of store/db.h (which owns the file, its schema and its
+ * write lock).
  *
  * Invariants: at most one run transaction is open per connection (st->in_run); every
- * write transaction begins IMMEDIATE so that the busy timeout, not a deadlock error,
- * arbitrates between concurrent planners; prepared statements are created once per
- * connection and reset after each use. */
+ * write transaction begins IMMEDIATE (mp_db_begin_write) so that the busy timeout, not a
+ * deadlock error, arbitrates between concurrent planners; prepared statements are created
+ * once per connection and reset after each use. */
 #define _GNU_SOURCE
 #include "planner/store.h"
 
@@ -11,328 +13,37 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "common/file.h"
 #include "common/timeutil.h"
 
 struct mp_store {
-  sqlite3 *db;
-  char path[1024];
+  mp_db *db;
   int in_run;
   int64_t fault_after; /* < 0: off */
   sqlite3_stmt *ins_plan, *ins_pred, *set_rank;
 };
 
-/* Migrations: migration[i] brings the schema from version i to i + 1. */
-static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
-    /* 0 -> 1 */
-    "CREATE TABLE runs ("
-    "  id INTEGER PRIMARY KEY,"
-    "  created_at TEXT NOT NULL,"
-    "  tool_version TEXT NOT NULL,"
-    "  model TEXT NOT NULL, cluster TEXT NOT NULL, gpu TEXT NOT NULL,"
-    "  n_gpus INTEGER NOT NULL, gpus_per_node INTEGER NOT NULL,"
-    "  seq INTEGER NOT NULL, global_batch INTEGER NOT NULL,"
-    "  objective TEXT NOT NULL, options TEXT, command TEXT,"
-    "  n_candidates INTEGER, n_pruned INTEGER, n_evaluated INTEGER, n_feasible INTEGER,"
-    "  best_plan_id INTEGER, wall_s REAL);"
-    "CREATE TABLE plans ("
-    "  id INTEGER PRIMARY KEY,"
-    "  run_id INTEGER NOT NULL REFERENCES runs(id),"
-    "  idx INTEGER NOT NULL,"
-    "  pp INTEGER NOT NULL, dp_replicate INTEGER NOT NULL, dp_shard INTEGER NOT NULL,"
-    "  cp INTEGER NOT NULL, tp INTEGER NOT NULL, ep INTEGER NOT NULL,"
-    "  ac TEXT NOT NULL, fp8 INTEGER NOT NULL, micro_batch INTEGER NOT NULL,"
-    "  reshard INTEGER NOT NULL, evaluated INTEGER NOT NULL, feasible INTEGER NOT NULL,"
-    "  rank INTEGER, reject_rule TEXT, reject_reason TEXT);"
-    "CREATE INDEX plans_run_rank ON plans(run_id, rank);"
-    "CREATE TABLE predictions ("
-    "  plan_id INTEGER PRIMARY KEY REFERENCES plans(id),"
-    "  step_time_s REAL, tokens_per_s_per_gpu REAL, mfu REAL,"
-    "  peak_mem_bytes INTEGER, capacity_bytes INTEGER,"
-    "  mem_params_bytes INTEGER, mem_optimizer_bytes INTEGER, mem_grads_bytes INTEGER,"
-    "  mem_gathered_bytes INTEGER, mem_activations_bytes INTEGER, mem_temp_bytes INTEGER,"
-    "  mem_comm_bytes INTEGER, mem_fp8_bytes INTEGER, mem_logits_bytes INTEGER,"
-    "  mem_overhead_bytes INTEGER,"
-    "  compute_s REAL, exposed_comm_s REAL, bubble_s REAL, optimizer_s REAL);"
-    "CREATE TABLE measurements ("
-    "  id INTEGER PRIMARY KEY,"
-    "  run_id INTEGER NOT NULL REFERENCES runs(id),"
-    "  plan_id INTEGER NOT NULL REFERENCES plans(id),"
-    "  step INTEGER NOT NULL, step_time_s REAL, peak_mem_bytes INTEGER, loss REAL,"
-    "  tokens_per_s REAL, device TEXT, measured_at TEXT NOT NULL);"
-    "CREATE INDEX measurements_plan ON measurements(plan_id);",
-    /* 1 -> 2: the rank index holds ranked plans only (see store.h) */
-    "DROP INDEX plans_run_rank;"
-    "CREATE INDEX plans_run_rank ON plans(run_id, rank) WHERE rank IS NOT NULL;",
-    /* 2 -> 3: training runs' state and per-step training figures (see store.h) */
-    "ALTER TABLE runs ADD COLUMN train_status TEXT;"
-    "ALTER TABLE measurements ADD COLUMN eval_loss REAL;"
-    "ALTER TABLE measurements ADD COLUMN lr REAL;"
-    "ALTER TABLE measurements ADD COLUMN grad_norm REAL;"
-    "CREATE INDEX measurements_plan_step ON measurements(plan_id, step);",
-    /* 3 -> 4: a plan's sequence parallelism and model chunks per pipeline stage (ac holds
-     * the policy as the CLI names it, full:N included) */
-    "ALTER TABLE plans ADD COLUMN sp INTEGER NOT NULL DEFAULT 0;"
-    "ALTER TABLE plans ADD COLUMN pp_virtual INTEGER NOT NULL DEFAULT 1;",
-    /* 4 -> 5: each plan's own global batch, the batch rule's target rounded to its data-
-     * parallel size (NULL on the rows of runs written before: not recorded then) */
-    "ALTER TABLE plans ADD COLUMN global_batch INTEGER;",
-};
-
-static mp_status corrupt(mp_ctx *ctx, const mp_store *st) {
-  return mp_error(ctx, MP_ERR_DB, "%s is not a meshplan database or is corrupt; move it aside or pass --db",
-                  st->path);
-}
-
-static mp_status db_err(mp_ctx *ctx, mp_store *st, int rc, const char *what) {
-  if (rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT) return corrupt(ctx, st);
-  return mp_error(ctx, MP_ERR_DB, "%s: %s: %s", st->path, what,
-                  st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
-}
-
-static mp_status exec_sql(mp_ctx *ctx, mp_store *st, const char *sql, const char *what) {
-  int rc = sqlite3_exec(st->db, sql, NULL, NULL, NULL);
-  return rc == SQLITE_OK ? MP_OK : db_err(ctx, st, rc, what);
-}
-
-/* BEGIN IMMEDIATE: takes the write lock now, so a transaction never fails half-way for
- * want of it. The busy handler waits MP_STORE_BUSY_TIMEOUT_MS for another writer; when that
- * runs out (or SQLite answers busy without waiting, as during another connection's WAL
- * recovery) the attempt is repeated, for MP_STORE_WRITE_WAIT_S in all. Writers hold the
- * lock for one short transaction (a run is computed before it is written), so a queue of
- * them drains in seconds. */
-static mp_status begin_write(mp_ctx *ctx, mp_store *st, const char *what) {
-  const double t0 = mp_now_s();
-  for (;;) {
-    int rc = sqlite3_exec(st->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-    if (rc == SQLITE_OK) return MP_OK;
-    if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED) return db_err(ctx, st, rc, what);
-    if (mp_now_s() - t0 > MP_STORE_WRITE_WAIT_S)
-      return mp_error(ctx, MP_ERR_DB,
-                      "%s: %s: the database stayed locked by other writers for %d s; try again or "
-                      "pass another --db",
-                      st->path, what, MP_STORE_WRITE_WAIT_S);
-    usleep(50000);
-  }
-}
+static sqlite3 *conn(mp_store *st) { return mp_db_sqlite(st->db); }
 
 mp_status mp_store_query_i64(mp_ctx *ctx, mp_store *st, const char *sql, int64_t *out) {
-  sqlite3_stmt *q = NULL;
-  int rc = sqlite3_prepare_v2(st->db, sql, -1, &q, NULL);
-  if (rc != SQLITE_OK) return db_err(ctx, st, rc, "query");
-  rc = sqlite3_step(q);
-  if (rc == SQLITE_ROW) {
-    *out = sqlite3_column_int64(q, 0);
-    rc = SQLITE_OK;
-  } else if (rc == SQLITE_DONE) {
-    *out = 0;
-    rc = SQLITE_OK;
-  }
-  sqlite3_finalize(q);
-  return rc == SQLITE_OK ? MP_OK : db_err(ctx, st, rc, "query");
-}
-
-/* ---- identity: is this file meshplan's, and of which version? ----------------------------
- *
- * A meshplan database carries MP_STORE_APPLICATION_ID in its header (PRAGMA application_id)
- * and its schema version twice: in the schema_version table (what migrations maintain) and
- * in the header's user_version (readable without trusting any table). Files made before the
- * header was stamped carry application_id 0 and are recognised by their tables. A file is
- * meshplan's at version v when
- *   - application_id is ours (or 0 and the file has tables: a file from before the stamp),
- *   - schema_version holds one integer v in 1..MP_STORE_SCHEMA_VERSION (a newer v is
- *     refused with "upgrade meshplan"), equal to user_version when the stamp is there,
- *   - and every table the migrations create up to version v exists with exactly their
- *     columns, in order (the reference is built by running k_migrations on an in-memory
- *     database, so it follows any migration added later). Other tables (calibrations,
- *     calib/store.c) may exist beside them.
- * Anything else is not meshplan's and is never written: the checks only read, and every
- * write (the creation, a migration, the WAL switch) comes after them. An empty file (no
- * tables, no stamp) is a new database. */
-
-typedef enum db_kind { DB_EMPTY, DB_OURS, DB_FOREIGN, DB_NEWER } db_kind;
-
-/* Column names of table `t` in db, "a,b,c" (empty when there is no such table). */
-static int table_columns(sqlite3 *db, const char *t, char *out, size_t cap) {
-  char sql[256];
-  snprintf(sql, sizeof sql, "SELECT name FROM pragma_table_info('%s') ORDER BY cid", t);
-  sqlite3_stmt *q = NULL;
-  int rc = sqlite3_prepare_v2(db, sql, -1, &q, NULL);
-  size_t used = 0;
-  out[0] = '\0';
-  while (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
-    const unsigned char *n = sqlite3_column_text(q, 0);
-    int w = snprintf(out + used, cap - used, "%s%s", used ? "," : "", n ? (const char *)n : "");
-    if (w < 0 || (size_t)w >= cap - used) break;
-    used += (size_t)w;
-    rc = SQLITE_OK;
-  }
-  sqlite3_finalize(q);
-  return rc == SQLITE_DONE || rc == SQLITE_OK ? SQLITE_OK : rc;
-}
-
-/* The tables of schema version v (k_migrations[0..v) on an in-memory database) are in db
- * with the same columns: *match 1. */
-static mp_status schema_matches(mp_ctx *ctx, mp_store *st, int64_t v, int *match) {
-  *match = 0;
-  sqlite3 *ref = NULL;
-  int rc = sqlite3_open_v2(":memory:", &ref, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
-  for (int64_t i = 0; rc == SQLITE_OK && i < v; i++) rc = sqlite3_exec(ref, k_migrations[i], NULL, NULL, NULL);
-  sqlite3_stmt *q = NULL;
-  if (rc == SQLITE_OK)
-    rc = sqlite3_prepare_v2(ref, "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name", -1, &q,
-                            NULL);
-  int ok = 1;
-  char want[2048], got[2048];
-  while (rc == SQLITE_OK && ok && (rc = sqlite3_step(q)) == SQLITE_ROW) {
-    const char *t = (const char *)sqlite3_column_text(q, 0);
-    rc = table_columns(ref, t, want, sizeof want);
-    if (rc == SQLITE_OK) rc = table_columns(st->db, t, got, sizeof got);
-    if (rc == SQLITE_OK) ok = strcmp(want, got) == 0;
-  }
-  sqlite3_finalize(q);
-  if (rc != SQLITE_DONE && rc != SQLITE_OK) {
-    mp_status s = rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT
-                      ? corrupt(ctx, st)
-                      : mp_error(ctx, MP_ERR_DB, "%s: checking the schema: %s", st->path, sqlite3_errstr(rc));
-    sqlite3_close(ref);
-    return s;
-  }
-  sqlite3_close(ref);
-  *match = ok;
-  return MP_OK;
-}
-
-/* What the file is (see above); *version its schema version when DB_OURS or DB_NEWER. */
-static mp_status identify(mp_ctx *ctx, mp_store *st, db_kind *kind, int64_t *version, int *stamped) {
-  int64_t app = 0, user = 0, n_tables = 0, has_version = 0, n_versions = 0, n_int = 0;
-  *version = 0;
-  *stamped = 0;
-  /* the first reads of the file: SQLITE_NOTADB / SQLITE_CORRUPT surface here */
-  MP_CHECK(mp_store_query_i64(ctx, st, "PRAGMA application_id", &app));
-  MP_CHECK(mp_store_query_i64(ctx, st, "PRAGMA user_version", &user));
-  *stamped = app == MP_STORE_APPLICATION_ID;
-  MP_CHECK(mp_store_query_i64(ctx, st, "SELECT count(*) FROM sqlite_master", &n_tables));
-  if (app == 0 && user == 0 && n_tables == 0) {
-    *kind = DB_EMPTY;
-    return MP_OK;
-  }
-  *kind = DB_FOREIGN;
-  if (app != 0 && app != MP_STORE_APPLICATION_ID) return MP_OK;
-  MP_CHECK(mp_store_query_i64(
-      ctx, st, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='schema_version'", &has_version));
-  if (!has_version) return MP_OK;
-  /* one row holding an integer: a text, real or blob version is someone else's table */
-  MP_CHECK(mp_store_query_i64(ctx, st, "SELECT count(*) FROM schema_version", &n_versions));
-  MP_CHECK(mp_store_query_i64(ctx, st, "SELECT count(*) FROM schema_version WHERE typeof(version)='integer'",
-                              &n_int));
-  if (n_versions != 1 || n_int != 1) return MP_OK;
-  MP_CHECK(mp_store_query_i64(ctx, st, "SELECT version FROM schema_version", version));
-  if (*version < 1) return MP_OK;
-  if (app == MP_STORE_APPLICATION_ID && user != *version) return MP_OK;
-  if (*version > MP_STORE_SCHEMA_VERSION) {
-    *kind = DB_NEWER;
-    return MP_OK;
-  }
-  int match = 0;
-  MP_CHECK(schema_matches(ctx, st, *version, &match));
-  if (match) *kind = DB_OURS;
-  return MP_OK;
-}
-
-static mp_status refuse(mp_ctx *ctx, mp_store *st, db_kind kind, int64_t version) {
-  if (kind == DB_NEWER)
-    return mp_error(ctx, MP_ERR_DB,
-                    "%s has schema version %lld, newer than this meshplan (%d); upgrade meshplan "
-                    "or pass --db", st->path, (long long)version, MP_STORE_SCHEMA_VERSION);
-  return corrupt(ctx, st);
-}
-
-/* Brings the file to MP_STORE_SCHEMA_VERSION: nothing for a current meshplan database; for
- * an empty file or an older version, the migrations in one transaction, the header stamped
- * (application_id, user_version) in the same one. Another planner may be doing the same at
- * the same moment: the file is identified again once the write lock is held. */
-static mp_status migrate(mp_ctx *ctx, mp_store *st) {
-  db_kind kind;
-  int64_t version = 0;
-  int stamped = 0;
-  MP_CHECK(identify(ctx, st, &kind, &version, &stamped));
-  if (kind == DB_FOREIGN || kind == DB_NEWER) return refuse(ctx, st, kind, version);
-  if (kind == DB_OURS && version == MP_STORE_SCHEMA_VERSION && stamped) return MP_OK;
-  MP_CHECK(begin_write(ctx, st, "locking for migration"));
-  mp_status s = identify(ctx, st, &kind, &version, &stamped);
-  if (s == MP_OK && (kind == DB_FOREIGN || kind == DB_NEWER)) s = refuse(ctx, st, kind, version);
-  if (s == MP_OK && kind == DB_EMPTY)
-    s = exec_sql(ctx, st, "CREATE TABLE schema_version (version INTEGER NOT NULL)", "creating schema");
-  for (int64_t v = version; s == MP_OK && v < MP_STORE_SCHEMA_VERSION; v++) {
-    s = exec_sql(ctx, st, k_migrations[v], "migrating schema");
-    if (s == MP_OK) {
-      char sql[160];
-      snprintf(sql, sizeof sql, "DELETE FROM schema_version; INSERT INTO schema_version VALUES (%lld)",
-               (long long)(v + 1));
-      s = exec_sql(ctx, st, sql, "recording schema version");
-    }
-  }
-  if (s == MP_OK) {
-    char sql[96];
-    snprintf(sql, sizeof sql, "PRAGMA application_id=%d; PRAGMA user_version=%d", MP_STORE_APPLICATION_ID,
-             MP_STORE_SCHEMA_VERSION);
-    s = exec_sql(ctx, st, sql, "stamping the file as meshplan's");
-  }
-  if (s == MP_OK) s = exec_sql(ctx, st, "COMMIT", "committing migration");
-  if (s != MP_OK) sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
-  return s;
+  return mp_db_query_i64(ctx, st->db, sql, "query", out);
 }
 
 static mp_status prepare(mp_ctx *ctx, mp_store *st, const char *sql, sqlite3_stmt **out) {
-  int rc = sqlite3_prepare_v3(st->db, sql, -1, SQLITE_PREPARE_PERSISTENT, out, NULL);
-  return rc == SQLITE_OK ? MP_OK : db_err(ctx, st, rc, "preparing a statement");
+  int rc = sqlite3_prepare_v3(conn(st), sql, -1, SQLITE_PREPARE_PERSISTENT, out, NULL);
+  return rc == SQLITE_OK ? MP_OK : mp_db_err(ctx, st->db, rc, "preparing a statement");
 }
 
 mp_status mp_store_open(mp_ctx *ctx, const char *path, mp_store **out) {
   *out = NULL;
   mp_store *st = calloc(1, sizeof *st);
   MP_CHECK_ALLOC(ctx, st);
-  snprintf(st->path, sizeof st->path, "%s", path);
   st->fault_after = -1;
   mp_status s = MP_OK;
-  /* a directory, FIFO or device is not a database file (SQLite would report "disk I/O
-   * error" for some of them) */
-  MP_CHECK_GOTO(mp_file_check_regular_or_absent(ctx, path), s, fail);
-  int rc = sqlite3_open_v2(path, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                           NULL);
-  if (rc != SQLITE_OK) {
-    s = mp_error(ctx, MP_ERR_IO, "cannot open database %s: %s; check the directory exists or pass --db",
-                 path, st->db ? sqlite3_errmsg(st->db) : sqlite3_errstr(rc));
-    goto fail;
-  }
-  sqlite3_busy_timeout(st->db, MP_STORE_BUSY_TIMEOUT_MS);
-  sqlite3_extended_result_codes(st->db, 0);
-  /* A new database gets 64 KiB pages: a run writes tens of megabytes in one transaction
-   * and SQLite moves them a page per system call (WAL append, then the checkpoint's read
-   * and write), so large pages cut those calls 16-fold. Has no effect on an existing file
-   * (its page size is fixed), nor once the first table exists. */
-  MP_CHECK_GOTO(exec_sql(ctx, st, "PRAGMA page_size=65536", "setting the page size"), s, fail);
-  MP_CHECK_GOTO(migrate(ctx, st), s, fail);
-  /* WAL lets readers (report) run beside a writer; NORMAL sync is durable in WAL mode
-   * except for the last transactions on power loss, which a planner can redo. Switching
-   * to WAL needs a moment of exclusive access: retry while another connection holds it. */
-  for (int tries = 0;; tries++) {
-    rc = sqlite3_exec(st->db, "PRAGMA journal_mode=WAL", NULL, NULL, NULL);
-    if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED) break;
-    if (tries > 600) break;
-    usleep(100000);
-  }
-  if (rc != SQLITE_OK) {
-    s = db_err(ctx, st, rc, "setting WAL mode");
-    goto fail;
-  }
-  MP_CHECK_GOTO(exec_sql(ctx, st, "PRAGMA synchronous=NORMAL", "setting synchronous"), s, fail);
+  MP_CHECK_GOTO(mp_db_open(ctx, path, &st->db), s, fail);
   /* A run writes a few hundred thousand rows in one transaction: a page cache that holds
    * them (64 MiB) keeps SQLite from spilling dirty pages to the WAL mid-transaction. */
-  MP_CHECK_GOTO(exec_sql(ctx, st, "PRAGMA cache_size=-65536", "setting the page cache"), s, fail);
+  MP_CHECK_GOTO(mp_db_exec(ctx, st->db, "PRAGMA cache_size=-65536", "setting the page cache"), s, fail);
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO plans (run_id, idx, pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8,"
                         " micro_batch, reshard, evaluated, feasible, rank, reject_rule, reject_reason,"
@@ -356,11 +67,11 @@ void mp_store_close(mp_store *st) {
   sqlite3_finalize(st->ins_plan);
   sqlite3_finalize(st->ins_pred);
   sqlite3_finalize(st->set_rank);
-  sqlite3_close(st->db);
+  mp_db_close(st->db);
   free(st);
 }
 
-const char *mp_store_path(const mp_store *st) { return st->path; }
+const char *mp_store_path(const mp_store *st) { return mp_db_path(st->db); }
 
 void mp_store_inject_fault_after(mp_store *st, int64_t n) { st->fault_after = n; }
 
@@ -370,11 +81,11 @@ static void bind_text(sqlite3_stmt *q, int i, const char *s) {
 
 mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
                              int64_t *run_id) {
-  if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is already open on %s", st->path);
-  MP_CHECK(begin_write(ctx, st, "starting the run"));
+  if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is already open on %s", mp_store_path(st));
+  MP_CHECK(mp_db_begin_write(ctx, st->db, "starting the run"));
   st->in_run = 1;
   sqlite3_stmt *q = NULL;
-  int rc = sqlite3_prepare_v2(st->db,
+  int rc = sqlite3_prepare_v2(conn(st),
                               "INSERT INTO runs (created_at, tool_version, model, cluster, gpu, n_gpus,"
                               " gpus_per_node, seq, global_batch, objective, options, command)"
                               " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -399,11 +110,11 @@ mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
   }
   sqlite3_finalize(q);
   if (rc != SQLITE_OK) {
-    mp_status s = db_err(ctx, st, rc, "recording the run");
+    mp_status s = mp_db_err(ctx, st->db, rc, "recording the run");
     mp_store_run_abort(st);
     return s;
   }
-  *run_id = sqlite3_last_insert_rowid(st->db);
+  *run_id = sqlite3_last_insert_rowid(conn(st));
   return MP_OK;
 }
 
@@ -411,14 +122,14 @@ mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
 static mp_status step_reset(mp_ctx *ctx, mp_store *st, sqlite3_stmt *q, const char *what) {
   int rc = sqlite3_step(q);
   sqlite3_reset(q);
-  return rc == SQLITE_DONE ? MP_OK : db_err(ctx, st, rc, what);
+  return rc == SQLITE_DONE ? MP_OK : mp_db_err(ctx, st->db, rc, what);
 }
 
 mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t index,
                                  mp_candidate *c, const char *reason) {
-  if (!st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "no run is open on %s", st->path);
+  if (!st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "no run is open on %s", mp_store_path(st));
   if (st->fault_after >= 0 && st->fault_after-- == 0)
-    return mp_error(ctx, MP_ERR_DB, "%s: injected fault while writing candidate %lld", st->path,
+    return mp_error(ctx, MP_ERR_DB, "%s: injected fault while writing candidate %lld", mp_store_path(st),
                     (long long)index);
   sqlite3_stmt *q = st->ins_plan;
   const mp_mesh *m = &c->mesh;
@@ -451,7 +162,7 @@ mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int6
   sqlite3_bind_int(q, 18, c->pp_virtual > 0 ? c->pp_virtual : 1);
   sqlite3_bind_int64(q, 19, c->global_batch);
   MP_CHECK(step_reset(ctx, st, q, "writing a plan"));
-  c->plan_id = sqlite3_last_insert_rowid(st->db);
+  c->plan_id = sqlite3_last_insert_rowid(conn(st));
   if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR) return MP_OK;
   const mp_sim_result *r = &c->res;
   q = st->ins_pred;
@@ -479,9 +190,9 @@ mp_status mp_store_set_rank(mp_ctx *ctx, mp_store *st, int64_t plan_id, int64_t 
 
 mp_status mp_store_run_commit(mp_ctx *ctx, mp_store *st, int64_t run_id,
                               const mp_run_summary *sum) {
-  if (!st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "no run is open on %s", st->path);
+  if (!st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "no run is open on %s", mp_store_path(st));
   sqlite3_stmt *q = NULL;
-  int rc = sqlite3_prepare_v2(st->db,
+  int rc = sqlite3_prepare_v2(conn(st),
                               "UPDATE runs SET n_candidates=?, n_pruned=?, n_evaluated=?, n_feasible=?,"
                               " best_plan_id=?, wall_s=? WHERE id=?",
                               -1, &q, NULL);
@@ -497,9 +208,9 @@ mp_status mp_store_run_commit(mp_ctx *ctx, mp_store *st, int64_t run_id,
     if (rc == SQLITE_DONE) rc = SQLITE_OK;
   }
   sqlite3_finalize(q);
-  if (rc == SQLITE_OK) rc = sqlite3_exec(st->db, "COMMIT", NULL, NULL, NULL);
+  if (rc == SQLITE_OK) rc = sqlite3_exec(conn(st), "COMMIT", NULL, NULL, NULL);
   if (rc != SQLITE_OK) {
-    mp_status s = db_err(ctx, st, rc, "committing the run");
+    mp_status s = mp_db_err(ctx, st->db, rc, "committing the run");
     mp_store_run_abort(st);
     return s;
   }
@@ -509,16 +220,16 @@ mp_status mp_store_run_commit(mp_ctx *ctx, mp_store *st, int64_t run_id,
 
 void mp_store_run_abort(mp_store *st) {
   if (!st || !st->in_run) return;
-  sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+  mp_db_rollback(st->db);
   st->in_run = 0;
 }
 
 mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measurement *m) {
-  if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is open on %s", st->path);
-  MP_CHECK(begin_write(ctx, st, "starting a measurement"));
+  if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is open on %s", mp_store_path(st));
+  MP_CHECK(mp_db_begin_write(ctx, st->db, "starting a measurement"));
   sqlite3_stmt *q = NULL;
   mp_status s = MP_OK;
-  int rc = sqlite3_prepare_v2(st->db,
+  int rc = sqlite3_prepare_v2(conn(st),
                               "INSERT INTO measurements (run_id, plan_id, step, step_time_s,"
                               " peak_mem_bytes, loss, tokens_per_s, device, measured_at, eval_loss, lr,"
                               " grad_norm) SELECT run_id, id, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? FROM plans WHERE id=?",
@@ -544,19 +255,19 @@ mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measureme
     if (rc == SQLITE_DONE) rc = SQLITE_OK;
   }
   sqlite3_finalize(q);
-  if (rc != SQLITE_OK) s = db_err(ctx, st, rc, "writing a measurement");
-  else if (sqlite3_changes(st->db) != 1)
-    s = mp_error(ctx, MP_ERR_NOT_FOUND, "%s: no plan with id %lld; see meshplan report", st->path,
+  if (rc != SQLITE_OK) s = mp_db_err(ctx, st->db, rc, "writing a measurement");
+  else if (sqlite3_changes(conn(st)) != 1)
+    s = mp_error(ctx, MP_ERR_NOT_FOUND, "%s: no plan with id %lld; see meshplan report", mp_store_path(st),
                  (long long)m->plan_id);
-  if (s == MP_OK) s = exec_sql(ctx, st, "COMMIT", "committing a measurement");
-  if (s != MP_OK) sqlite3_exec(st->db, "ROLLBACK", NULL, NULL, NULL);
+  if (s == MP_OK) s = mp_db_exec(ctx, st->db, "COMMIT", "committing a measurement");
+  if (s != MP_OK) mp_db_rollback(st->db);
   return s;
 }
 
 mp_status mp_store_set_train_status(mp_ctx *ctx, mp_store *st, int64_t plan_id, const char *status) {
-  if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is open on %s", st->path);
+  if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is open on %s", mp_store_path(st));
   sqlite3_stmt *q = NULL;
-  int rc = sqlite3_prepare_v2(st->db,
+  int rc = sqlite3_prepare_v2(conn(st),
                               "UPDATE runs SET train_status=? WHERE id=(SELECT run_id FROM plans WHERE id=?)", -1,
                               &q, NULL);
   if (rc == SQLITE_OK) {
@@ -566,9 +277,9 @@ mp_status mp_store_set_train_status(mp_ctx *ctx, mp_store *st, int64_t plan_id, 
     if (rc == SQLITE_DONE) rc = SQLITE_OK;
   }
   sqlite3_finalize(q);
-  if (rc != SQLITE_OK) return db_err(ctx, st, rc, "recording the training run's status");
-  if (sqlite3_changes(st->db) != 1)
-    return mp_error(ctx, MP_ERR_NOT_FOUND, "%s: no plan with id %lld; see meshplan report", st->path,
+  if (rc != SQLITE_OK) return mp_db_err(ctx, st->db, rc, "recording the training run's status");
+  if (sqlite3_changes(conn(st)) != 1)
+    return mp_error(ctx, MP_ERR_NOT_FOUND, "%s: no plan with id %lld; see meshplan report", mp_store_path(st),
                     (long long)plan_id);
   return MP_OK;
 }
@@ -619,21 +330,21 @@ mp_status mp_store_list_runs(mp_ctx *ctx, mp_store *st, mp_arena *a, mp_run_row 
   *rows = mp_arena_alloc(a, (size_t)(count > 0 ? count : 1) * sizeof **rows);
   MP_CHECK_ALLOC(ctx, *rows);
   sqlite3_stmt *q = NULL;
-  int rc = sqlite3_prepare_v2(st->db, "SELECT " RUN_COLS " ORDER BY r.id DESC", -1, &q, NULL);
+  int rc = sqlite3_prepare_v2(conn(st), "SELECT " RUN_COLS " ORDER BY r.id DESC", -1, &q, NULL);
   int64_t i = 0;
   while (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
     if (i < count) read_run(q, &(*rows)[i++]);
     rc = SQLITE_OK;
   }
   sqlite3_finalize(q);
-  if (rc != SQLITE_DONE && rc != SQLITE_OK) return db_err(ctx, st, rc, "listing runs");
+  if (rc != SQLITE_DONE && rc != SQLITE_OK) return mp_db_err(ctx, st->db, rc, "listing runs");
   *n = i;
   return MP_OK;
 }
 
 mp_status mp_store_get_run(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_run_row *out) {
   sqlite3_stmt *q = NULL;
-  int rc = sqlite3_prepare_v2(st->db, "SELECT " RUN_COLS " WHERE r.id=?", -1, &q, NULL);
+  int rc = sqlite3_prepare_v2(conn(st), "SELECT " RUN_COLS " WHERE r.id=?", -1, &q, NULL);
   int found = 0;
   if (rc == SQLITE_OK) {
     sqlite3_bind_int64(q, 1, run_id);
@@ -647,10 +358,10 @@ mp_status mp_store_get_run(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_run_row
     }
   }
   sqlite3_finalize(q);
-  if (rc != SQLITE_OK) return db_err(ctx, st, rc, "reading a run");
+  if (rc != SQLITE_OK) return mp_db_err(ctx, st->db, rc, "reading a run");
   if (!found)
     return mp_error(ctx, MP_ERR_NOT_FOUND, "%s has no run %lld; `meshplan report` lists the runs",
-                    st->path, (long long)run_id);
+                    mp_store_path(st), (long long)run_id);
   return MP_OK;
 }
 
@@ -681,7 +392,7 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
    * computed below from the ordered list; peak: the largest measured. */
   sqlite3_stmt *q = NULL, *mq = NULL;
   int rc = sqlite3_prepare_v2(
-      st->db,
+      conn(st),
       "SELECT pl.id, pl.run_id, pl.idx, pl.rank, pl.pp, pl.dp_replicate, pl.dp_shard, pl.cp, pl.tp,"
       " pl.ep, pl.ac, pl.fp8, pl.reshard, pl.evaluated, pl.feasible, pl.micro_batch, pl.sp, pl.pp_virtual,"
       " coalesce(pl.global_batch, 0),"
@@ -692,7 +403,7 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
       " WHERE pl.run_id=? AND pl.rank IS NOT NULL ORDER BY pl.rank LIMIT ?",
       -1, &q, NULL);
   if (rc == SQLITE_OK)
-    rc = sqlite3_prepare_v2(st->db,
+    rc = sqlite3_prepare_v2(conn(st),
                             "SELECT step_time_s, peak_mem_bytes, tokens_per_s FROM measurements m"
                             " WHERE plan_id=? AND id = (SELECT max(id) FROM measurements"
                             " WHERE plan_id = m.plan_id AND step = m.step) ORDER BY step_time_s",
@@ -766,7 +477,7 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
   }
   sqlite3_finalize(q);
   sqlite3_finalize(mq);
-  if (rc != SQLITE_DONE && rc != SQLITE_OK) return db_err(ctx, st, rc, "reading plans");
+  if (rc != SQLITE_DONE && rc != SQLITE_OK) return mp_db_err(ctx, st->db, rc, "reading plans");
   *n = i;
   return MP_OK;
 }
@@ -780,7 +491,7 @@ mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena
   *rows = mp_arena_alloc(a, (size_t)(count > 0 ? count : 1) * sizeof **rows);
   MP_CHECK_ALLOC(ctx, *rows);
   sqlite3_stmt *q = NULL;
-  int rc = sqlite3_prepare_v2(st->db,
+  int rc = sqlite3_prepare_v2(conn(st),
                               "SELECT plan_id, step, coalesce(loss, 0), coalesce(tokens_per_s, 0),"
                               " coalesce(step_time_s, 0), coalesce(lr, 0), coalesce(grad_norm, 0), eval_loss"
                               " FROM measurements m WHERE run_id=? AND id = (SELECT max(id) FROM measurements"
@@ -803,7 +514,7 @@ mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena
     r->eval_loss = r->has_eval ? sqlite3_column_double(q, 7) : 0;
   }
   sqlite3_finalize(q);
-  if (rc != SQLITE_DONE && rc != SQLITE_OK) return db_err(ctx, st, rc, "reading measurements");
+  if (rc != SQLITE_DONE && rc != SQLITE_OK) return mp_db_err(ctx, st->db, rc, "reading measurements");
   *n = i;
   return MP_OK;
 }

@@ -1,8 +1,9 @@
 /* The planner's SQLite store: every run, every candidate with its reason, every
  * prediction, and the executor's measurements, in one database file (default meshplan.db).
  *
- * Tables (schema version 5; `schema_version` holds the version, and opening a file of a
- * lower version migrates it in order inside one transaction; the plans(run_id, rank)
+ * Tables (schema version 5, created and altered by the migrations of store/db.c;
+ * `schema_version` holds the version, and opening a file of a lower version migrates it in
+ * order inside one transaction; the plans(run_id, rank)
  * index is partial, WHERE rank IS NOT NULL: only ranked plans are looked up by rank, so a
  * run's hundreds of thousands of unranked rows pay no index insert):
  *   runs          what was asked (model, cluster, GPUs, seq, batch, objective, options as
@@ -26,24 +27,18 @@
  * (planner/batch.h), which plans.micro_batch divides into micro-batches per rank; NULL on
  * rows written before version 5.
  *
- * Concurrency: WAL mode, a busy timeout (MP_STORE_BUSY_TIMEOUT_MS), and every write
- * transaction starts with BEGIN IMMEDIATE, repeated while other writers hold the lock for
- * up to MP_STORE_WRITE_WAIT_S, so a second planner waits for the first instead of failing.
- * Writers hold the lock briefly: the planner computes a whole search before it opens the
- * run's transaction (planner.h), so the lock covers the writing, not the search.
+ * The file itself (opening, the identity check and its refusals, the migrations that
+ * create these tables, WAL, the busy timeout and the write lock) is store/db.h's;
+ * mp_store_open refuses what mp_db_open refuses, with the same messages.
+ *
+ * Concurrency: every write transaction starts with BEGIN IMMEDIATE (mp_db_begin_write),
+ * repeated while other writers hold the lock for up to MP_STORE_WRITE_WAIT_S, so a second
+ * planner waits for the first instead of failing. Writers hold the lock briefly: the
+ * planner computes a whole search before it opens the run's transaction (planner.h), so
+ * the lock covers the writing, not the search.
  * Atomicity: a run (its runs row, plans, predictions) is one transaction;
  * mp_store_run_abort or any failure rolls it back, leaving earlier runs intact and no
- * partial run.
- *
- * Identity: the file's header carries MP_STORE_APPLICATION_ID and the schema version
- * (PRAGMA application_id, user_version), and its tables must be exactly those of its
- * version (the migrations, replayed in memory, are the reference); a meshplan file from
- * before the header was stamped is recognised by its tables and stamped on its next
- * migration. A file that is not SQLite, is corrupt, or is any other program's database
- * (another application_id, another schema, a schema_version table that does not hold one
- * integer) is MP_ERR_DB with "<path> is not a meshplan database or is corrupt; move it
- * aside or pass --db", and nothing is written into it. A path that is a directory, FIFO
- * or device is MP_ERR_INVALID. */
+ * partial run. */
 #ifndef MP_PLANNER_STORE_H
 #define MP_PLANNER_STORE_H
 
@@ -52,21 +47,16 @@
 #include "common/arena.h"
 #include "common/status.h"
 #include "planner/search.h"
+#include "store/db.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define MP_STORE_SCHEMA_VERSION 5
-/* PRAGMA application_id of a meshplan database: "MPLN" in ASCII. */
-#define MP_STORE_APPLICATION_ID 0x4D504C4E
-#define MP_STORE_BUSY_TIMEOUT_MS 60000
-/* How long a writer keeps asking for the write lock before giving up, seconds. */
-#define MP_STORE_WRITE_WAIT_S 600
-
 typedef struct mp_store mp_store;
 
-/* Opens (creating when absent) and migrates the database. */
+/* Opens (creating when absent) and migrates the database: mp_db_open (store/db.h), its
+ * refusals included, then prepares this module's statements. */
 mp_status mp_store_open(mp_ctx *ctx, const char *path, mp_store **out);
 void mp_store_close(mp_store *st); /* NULL is a no-op; rolls back an open run */
 const char *mp_store_path(const mp_store *st);
