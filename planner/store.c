@@ -378,6 +378,73 @@ static int ac_code(const char *s, int *every) {
   return -1;
 }
 
+/* One row of the ranked-plans query (mp_store_top_plans) into *r: the plan and its
+ * prediction; the measured figures zero. */
+static void read_plan(sqlite3_stmt *q, mp_plan_row *r) {
+  memset(r, 0, sizeof *r);
+  int c = 0;
+  r->id = sqlite3_column_int64(q, c++);
+  r->run_id = sqlite3_column_int64(q, c++);
+  r->index = sqlite3_column_int64(q, c++);
+  r->rank = sqlite3_column_int64(q, c++);
+  r->pp = sqlite3_column_int(q, c++);
+  r->dp_replicate = sqlite3_column_int(q, c++);
+  r->dp_shard = sqlite3_column_int(q, c++);
+  r->cp = sqlite3_column_int(q, c++);
+  r->tp = sqlite3_column_int(q, c++);
+  r->ep = sqlite3_column_int(q, c++);
+  const unsigned char *ac = sqlite3_column_text(q, c++);
+  r->ac = ac_code(ac ? (const char *)ac : "", &r->ac_every);
+  r->fp8 = sqlite3_column_int(q, c++);
+  r->reshard = sqlite3_column_int(q, c++);
+  r->evaluated = sqlite3_column_int(q, c++);
+  r->feasible = sqlite3_column_int(q, c++);
+  r->micro_batch = sqlite3_column_int64(q, c++);
+  r->sp = sqlite3_column_int(q, c++);
+  r->pp_virtual = sqlite3_column_int(q, c++);
+  r->global_batch = sqlite3_column_int64(q, c++);
+  col_text(q, c++, r->reject_rule, sizeof r->reject_rule);
+  col_text(q, c++, r->reject_reason, sizeof r->reject_reason);
+  r->step_time_s = sqlite3_column_double(q, c++);
+  r->tokens_per_s_per_gpu = sqlite3_column_double(q, c++);
+  r->mfu = sqlite3_column_double(q, c++);
+  r->compute_s = sqlite3_column_double(q, c++);
+  r->exposed_comm_s = sqlite3_column_double(q, c++);
+  r->bubble_s = sqlite3_column_double(q, c++);
+  r->peak_mem_bytes = sqlite3_column_int64(q, c++);
+  r->capacity_bytes = sqlite3_column_int64(q, c++);
+  r->alloc_peak_bytes = sqlite3_column_int64(q, c++);
+}
+
+/* Plan r->id's measurements into r, mq being the measurements query of mp_store_top_plans
+ * (each step's last record, ordered by step time): their count, the median step time
+ * (robust to a slow first step; over the fastest 4096 when there are more), the largest
+ * peak, the mean tokens/s. SQLITE_DONE when read whole, else SQLite's error (r's measured
+ * figures then incomplete). */
+static int read_measured(sqlite3_stmt *mq, mp_plan_row *r) {
+  sqlite3_reset(mq);
+  sqlite3_bind_int64(mq, 1, r->id);
+  double times[4096];
+  double tps_sum = 0;
+  int64_t nm = 0;
+  int mrc;
+  while ((mrc = sqlite3_step(mq)) == SQLITE_ROW) {
+    if (nm < 4096) times[nm] = sqlite3_column_double(mq, 0);
+    int64_t pk = sqlite3_column_int64(mq, 1);
+    if (pk > r->measured_peak_mem_bytes) r->measured_peak_mem_bytes = pk;
+    tps_sum += sqlite3_column_double(mq, 2);
+    nm++;
+  }
+  if (mrc != SQLITE_DONE) return mrc;
+  r->n_measured = nm;
+  if (nm > 0) {
+    int64_t m = nm < 4096 ? nm : 4096;
+    r->measured_step_time_s = m % 2 ? times[m / 2] : 0.5 * (times[m / 2 - 1] + times[m / 2]);
+    r->measured_tokens_per_s = tps_sum / (double)nm;
+  }
+  return SQLITE_DONE;
+}
+
 mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t k, mp_arena *a,
                              mp_plan_row **rows, int64_t *n) {
   int64_t count = 0;
@@ -388,8 +455,6 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
   if (k > 0 && count > k) count = k;
   *rows = mp_arena_alloc(a, (size_t)(count > 0 ? count : 1) * sizeof **rows);
   MP_CHECK_ALLOC(ctx, *rows);
-  /* Measured step time: the median over the measured steps (robust to a slow first step),
-   * computed below from the ordered list; peak: the largest measured. */
   sqlite3_stmt *q = NULL, *mq = NULL;
   int rc = sqlite3_prepare_v2(
       conn(st),
@@ -417,62 +482,11 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
     rc = SQLITE_OK;
     if (i >= count) continue;
     mp_plan_row *r = &(*rows)[i++];
-    memset(r, 0, sizeof *r);
-    int c = 0;
-    r->id = sqlite3_column_int64(q, c++);
-    r->run_id = sqlite3_column_int64(q, c++);
-    r->index = sqlite3_column_int64(q, c++);
-    r->rank = sqlite3_column_int64(q, c++);
-    r->pp = sqlite3_column_int(q, c++);
-    r->dp_replicate = sqlite3_column_int(q, c++);
-    r->dp_shard = sqlite3_column_int(q, c++);
-    r->cp = sqlite3_column_int(q, c++);
-    r->tp = sqlite3_column_int(q, c++);
-    r->ep = sqlite3_column_int(q, c++);
-    const unsigned char *ac = sqlite3_column_text(q, c++);
-    r->ac = ac_code(ac ? (const char *)ac : "", &r->ac_every);
-    r->fp8 = sqlite3_column_int(q, c++);
-    r->reshard = sqlite3_column_int(q, c++);
-    r->evaluated = sqlite3_column_int(q, c++);
-    r->feasible = sqlite3_column_int(q, c++);
-    r->micro_batch = sqlite3_column_int64(q, c++);
-    r->sp = sqlite3_column_int(q, c++);
-    r->pp_virtual = sqlite3_column_int(q, c++);
-    r->global_batch = sqlite3_column_int64(q, c++);
-    col_text(q, c++, r->reject_rule, sizeof r->reject_rule);
-    col_text(q, c++, r->reject_reason, sizeof r->reject_reason);
-    r->step_time_s = sqlite3_column_double(q, c++);
-    r->tokens_per_s_per_gpu = sqlite3_column_double(q, c++);
-    r->mfu = sqlite3_column_double(q, c++);
-    r->compute_s = sqlite3_column_double(q, c++);
-    r->exposed_comm_s = sqlite3_column_double(q, c++);
-    r->bubble_s = sqlite3_column_double(q, c++);
-    r->peak_mem_bytes = sqlite3_column_int64(q, c++);
-    r->capacity_bytes = sqlite3_column_int64(q, c++);
-    r->alloc_peak_bytes = sqlite3_column_int64(q, c++);
-    /* measurements */
-    sqlite3_reset(mq);
-    sqlite3_bind_int64(mq, 1, r->id);
-    double times[4096];
-    double tps_sum = 0;
-    int64_t nm = 0;
-    int mrc;
-    while ((mrc = sqlite3_step(mq)) == SQLITE_ROW) {
-      if (nm < 4096) times[nm] = sqlite3_column_double(mq, 0);
-      int64_t pk = sqlite3_column_int64(mq, 1);
-      if (pk > r->measured_peak_mem_bytes) r->measured_peak_mem_bytes = pk;
-      tps_sum += sqlite3_column_double(mq, 2);
-      nm++;
-    }
+    read_plan(q, r);
+    int mrc = read_measured(mq, r);
     if (mrc != SQLITE_DONE) {
       rc = mrc;
       break;
-    }
-    r->n_measured = nm;
-    if (nm > 0) {
-      int64_t m = nm < 4096 ? nm : 4096;
-      r->measured_step_time_s = m % 2 ? times[m / 2] : 0.5 * (times[m / 2 - 1] + times[m / 2]);
-      r->measured_tokens_per_s = tps_sum / (double)nm;
     }
   }
   sqlite3_finalize(q);
