@@ -96,7 +96,7 @@ mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
   if (o->sp == 0 || mp_args_has(spec, "--no-sp"))
     return mp_error(ctx, MP_ERR_USAGE, "--async-tp fuses sequence parallelism's all-gathers and "
                     "reduce-scatters with their GEMMs; it needs SP: drop --no-sp");
-  o->async_tp = 1;
+  o->tp_comm_fused = 1;
   return MP_OK;
 }
 

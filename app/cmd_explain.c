@@ -300,7 +300,7 @@ static void cp_note(const mp_plan *p, char *buf, size_t cap) {
              mla ? "at their decompressed widths" : "of the kv heads", a, g, d);
     return;
   }
-  const int sync = p->opts.cp_sync;
+  const int sync = p->opts.cp_wait_at_issue;
   if (rot == MP_CP_ROTATE_ALLTOALL) {
     snprintf(moved, sizeof moved,
              " (%s a rank), copied and passed to the next rank before every step but the last, "
@@ -507,8 +507,8 @@ static void print_totals_megatron(const explain *e, const mp_plan_totals *t) {
   const mp_plan *p = e->plan;
   const int64_t n = t->params_numel;
   int64_t param_bytes, grad_bytes, opt_bytes, shard;
-  mp_plan_megatron_state(p, n, &param_bytes, &grad_bytes, &opt_bytes, &shard);
-  const int64_t d = p->opts.dist_opt ? mp_mesh_group_size(&p->mesh, mp_plan_ddp_group(p)) : 1;
+  mp_plan_ddp_state(p, n, &param_bytes, &grad_bytes, &opt_bytes, &shard);
+  const int64_t d = p->opts.ddp.shard_optimizer ? mp_mesh_group_size(&p->mesh, mp_plan_ddp_group(p)) : 1;
   const int64_t pb = mp_dtype_bytes(p->opts.fsdp.param_dtype);
   char a[32], m[32], b[32], c[32], s[32];
   fmt_bytes((double)(n * pb), a, sizeof a);

@@ -497,11 +497,11 @@ static void print_text(const plan_view *v) {
   char rot[160] = ""; /* named where it is not torchtitan's default */
   if (v->ev->base.cp_rotate != MP_CP_ROTATE_ALLGATHER)
     snprintf(rot, sizeof rot, " with cp rotating K, V by %s", mp_cp_rotate_name(v->ev->base.cp_rotate));
-  if (v->ev->base.async_tp)
+  if (v->ev->base.tp_comm_fused)
     snprintf(rot + strlen(rot), sizeof rot - strlen(rot), "%s %s on its TP plans",
              rot[0] ? " and" : " with",
              v->ev->base.mem_model == MP_MEM_MODEL_MEGATRON ? "TP comm overlap" : "AsyncTP");
-  if (v->ev->base.dist_opt)
+  if (v->ev->base.ddp.shard_optimizer)
     snprintf(rot + strlen(rot), sizeof rot - strlen(rot), "%s the distributed optimizer",
              rot[0] ? " and" : " with");
   printf("%s on %s (%d x %s, %d per node), seq %lld, stack %s%s, objective %s\n", a->m.name, a->c.name,

@@ -83,7 +83,7 @@ static const char *ring_rotate(const mp_mesh *mesh, const mp_plan_options *o) {
 
 /* Whether the plan runs AsyncTP: asked for, with SP over tp > 1. */
 static int async_tp_on(const mp_mesh *mesh, const mp_plan_options *o) {
-  return o->sp > 0 && o->async_tp && mesh->size[MP_DIM_TP] > 1;
+  return o->sp > 0 && o->tp_comm_fused && mesh->size[MP_DIM_TP] > 1;
 }
 
 /* ", sp" under sequence parallelism (", sp, async-tp" with AsyncTP), the pipeline's

@@ -119,7 +119,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (v->async_tp == 1 && !j->prof.async_tp)
     return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp = 1: stack %s does not run AsyncTP "
                     "(torchtitan-compile and megatron-core do)", where, j->prof.name);
-  if (v->async_tp >= 0) o->async_tp = v->async_tp;
+  if (v->async_tp >= 0) o->tp_comm_fused = v->async_tp;
   const char *pps = v->pp_schedule;
   o->pp_schedule = MP_PP_1F1B;
   if (pps[0] != '\0' && !mp_pp_schedule_parse(pps, &o->pp_schedule))

@@ -64,7 +64,7 @@ mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_optio
 struct mp_stack_profile;
 mp_status mp_cmd_cp_rotate(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                            mp_plan_options *o);
-/* --async-tp into o->async_tp (untouched without it); refused under a stack that does not
+/* --async-tp into o->tp_comm_fused (untouched without it); refused under a stack that does not
  * run AsyncTP (its "async_tp" key) and without SP (--no-sp, or o->sp 0), which leaves
  * nothing to fuse. */
 mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,

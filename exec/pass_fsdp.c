@@ -120,8 +120,12 @@ static mp_status assign_params(mp_ctx *ctx, mp_plan *p, int ep_on, const int *ba
     u->numel_tp += mp_param_tp_numel(prm);
     u->numel_shard += mp_param_padded_shard_numel(prm, g);
   }
+  return mp_plan_list_unit_params(ctx, p);
+}
+
+mp_status mp_plan_list_unit_params(mp_ctx *ctx, mp_plan *p) {
   int *lists = mp_arena_alloc(p->arena, sizeof(int) * (size_t)(p->n_params + p->n_units));
-  if (lists == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory building FSDP units");
+  if (lists == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory listing the parameters of %d units", p->n_units);
   for (int u = 0; u < p->n_units; u++) {
     p->units[u].params = lists;
     lists += p->units[u].n_params + 1;
@@ -136,22 +140,6 @@ static mp_status assign_params(mp_ctx *ctx, mp_plan *p, int ep_on, const int *ba
 
 int mp_plan_pp_fsdp(const mp_plan *p) {
   return p->mesh.size[MP_DIM_PP] > 1 && p->opts.mem_model == MP_MEM_MODEL_TORCHTITAN;
-}
-
-mp_group mp_plan_ddp_group(const mp_plan *p) {
-  return p->opts.mem_model == MP_MEM_MODEL_MEGATRON && p->mesh.size[MP_DIM_CP] > 1
-             ? MP_GROUP_DP_CP
-             : MP_GROUP_DP_REPLICATE;
-}
-
-void mp_plan_megatron_state(const mp_plan *p, int64_t n, int64_t *param_bytes,
-                            int64_t *grad_bytes, int64_t *optimizer_bytes, int64_t *shard) {
-  const int64_t d = p->opts.dist_opt ? mp_mesh_group_size(&p->mesh, mp_plan_ddp_group(p)) : 1;
-  const int64_t mb = mp_dtype_bytes(p->opts.master_dtype);
-  *shard = (n + d - 1) / d;
-  *param_bytes = n * mp_dtype_bytes(p->opts.fsdp.param_dtype) + *shard * mb;
-  *grad_bytes = n * mp_dtype_bytes(p->opts.fsdp.reduce_dtype);
-  *optimizer_bytes = 2 * *shard * mb;
 }
 
 mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
@@ -176,24 +164,6 @@ mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
 void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o) {
   const mp_mesh *mesh = &p->mesh;
   const int ep_on = (p->applied & MP_PASS_EP) && mesh->ep > 1;
-  if (p->opts.mem_model == MP_MEM_MODEL_MEGATRON) {
-    /* Megatron-LM replicates the parameters over its data-parallel group (x cp) */
-    const int d = mp_mesh_group_size(mesh, mp_plan_ddp_group(p));
-    mp_plan_note(p,
-                 "FSDP: not run by Megatron-LM: parameters replicated over dp_replicate x cp = "
-                 "%d, fp32 main gradients %s%s",
-                 d,
-                 p->opts.dist_opt
-                     ? "reduce-scattered over them, and the distributed optimizer's fp32 "
-                       "master weights and Adam state sharded over them (6 + 12/d bytes a "
-                       "parameter), its updated 16-bit parameters all-gathered back"
-                     : "all-reduced over them (18 bytes a parameter at rest)",
-                 !p->opts.dp_overlap ? ", after the step's last backward"
-                 : p->opts.dist_opt  ? ", bucket by bucket as the backward ends and the "
-                                       "gathers in the next forward"
-                                     : ", bucket by bucket as the backward ends");
-    return;
-  }
   mp_plan_note(p,
                "FSDP: %d units; dense parameters Shard(0) over dp_shard x cp = %d%s%.0d; params "
                "gathered in %s, gradients reduced in %s, %s",

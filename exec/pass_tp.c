@@ -110,7 +110,7 @@ mp_status mp_apply_tensor_parallel(mp_ctx *ctx, mp_plan *p, const mp_tp_options 
     else
       mp_plan_note(p, "TP: no sequence parallelism: activations replicated over tp, every TP "
                       "region closed by an all-reduce");
-    if (p->opts.sp == 1 && p->opts.async_tp)
+    if (p->opts.sp == 1 && p->opts.tp_comm_fused)
       mp_plan_note(p, "TP: %s: the all-gathers into q/k/v and gate/up and the "
                       "reduce-scatters out of o and down (and in backward the output-gradient "
                       "all-gathers into o's and down's input-gradient GEMMs) run in %d chunks "

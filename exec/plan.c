@@ -32,9 +32,16 @@ mp_status mp_plan_check_pass(mp_ctx *ctx, const mp_plan *p, unsigned bit) {
                     "%s pass applied twice: each pass runs once, a second %s would rewrite "
                     "tensors it already transformed (shards of shards); build a fresh plan",
                     name, name);
-  /* Bits are numbered in the canonical order, so every higher bit is a later pass. */
-  for (unsigned later = bit << 1; later <= MP_PASS_FSDP; later <<= 1)
-    if (p->applied & later)
+  const unsigned dp = MP_PASS_FSDP | MP_PASS_DDP;
+  if ((bit & dp) && (p->applied & dp))
+    return mp_error(ctx, MP_ERR_ORDER,
+                    "%s after %s: a plan's data parallelism is FSDP (sharded) or DDP (replicated), "
+                    "not both; build the plan with one (opts.dp)",
+                    name, mp_pass_name(p->applied & dp));
+  /* Bits are numbered in the canonical order, so every higher bit is a later pass (FSDP and
+   * DDP are the fifth pass both). */
+  for (unsigned later = bit << 1; later <= MP_PASS_DDP; later <<= 1)
+    if ((p->applied & later) && !((bit & dp) && (later & dp)))
       return mp_error(ctx, MP_ERR_ORDER,
                       "%s applied after %s: passes run in the order TP -> EP -> Float8 -> AC "
                       "-> FSDP, and %s would see modules %s has already rewritten, so its "
@@ -154,6 +161,14 @@ void mp_plan_options_init(mp_plan_options *o) {
   o->global_batch = 0; /* resolved by mp_plan_create */
   o->master_dtype = MP_DTYPE_FP32;
   o->mem_model = MP_MEM_MODEL_TORCHTITAN;
+  o->dp = MP_DP_AUTO; /* resolved by mp_plan_create: DDP under the megatron memory model */
+}
+
+/* The data parallelism the options ask for, MP_DP_AUTO resolved: Megatron-LM's memory is
+ * its DDP's; every other memory model's runtime shards with FSDP. */
+static mp_dp_kind dp_of(const mp_plan_options *o) {
+  if (o->dp != MP_DP_AUTO) return o->dp;
+  return o->mem_model == MP_MEM_MODEL_MEGATRON ? MP_DP_DDP : MP_DP_FSDP;
 }
 
 /* Builds the module tree into `params` (capacity cap). Everything mp_plan_create sets but
@@ -356,32 +371,40 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
       o->sp < -1 || o->sp > 1)
     return mp_error(ctx, MP_ERR_INVALID, "attention kind %d, loss kind %d or sp=%d out of range",
                     (int)o->attn, (int)o->loss, o->sp);
-  if (o->async_tp && mp_mem_model_is_runtime(o->mem_model))
+  if (o->tp_comm_fused && mp_mem_model_is_runtime(o->mem_model))
     return mp_error(ctx, MP_ERR_INVALID,
-                    "AsyncTP is torchtitan's (experimental.enable_async_tensor_parallel with "
-                    "torch.compile) or Megatron-Core's (--tp-comm-overlap); the %s memory model "
-                    "does not run it: drop async_tp",
+                    "TP comm fused with its GEMMs (torchtitan's AsyncTP with torch.compile, "
+                    "Megatron-Core's --tp-comm-overlap): the %s memory model does not run it: "
+                    "drop tp_comm_fused",
                     mp_mem_model_name(o->mem_model));
-  if (o->cp_sync && o->mem_model != MP_MEM_MODEL_TORCHTITAN)
+  if (o->cp_wait_at_issue && o->mem_model != MP_MEM_MODEL_TORCHTITAN)
     return mp_error(ctx, MP_ERR_INVALID,
-                    "cp_sync is torchtitan's compiled ring (collectives waited where issued); "
-                    "the %s memory model runs its own: drop cp_sync",
+                    "cp_wait_at_issue is torchtitan's compiled ring (collectives waited where "
+                    "issued); the %s memory model runs its own: drop cp_wait_at_issue",
                     mp_mem_model_name(o->mem_model));
-  if (o->dist_opt && o->mem_model != MP_MEM_MODEL_MEGATRON)
+  const mp_dp_kind dp = dp_of(o);
+  if ((unsigned)dp > MP_DP_DDP)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown data parallelism %d; choose FSDP or DDP", (int)o->dp);
+  if (dp != MP_DP_DDP && (o->ddp.shard_optimizer || o->ddp.overlap))
     return mp_error(ctx, MP_ERR_INVALID,
-                    "the distributed optimizer is Megatron-LM's (--use-distributed-optimizer); "
-                    "the %s memory model shards its optimizer state %s: drop dist_opt",
-                    mp_mem_model_name(o->mem_model),
-                    o->mem_model == MP_MEM_MODEL_TORCHTITAN ? "with FSDP (dp_shard)"
-                                                            : "its own way");
+                    "the sharded optimizer and overlapped buckets are DDP's (Megatron-LM's "
+                    "--use-distributed-optimizer, --overlap-grad-reduce); FSDP shards its "
+                    "optimizer state with the parameters: drop them or use DDP");
+  if ((o->mem_model == MP_MEM_MODEL_MEGATRON) != (dp == MP_DP_DDP))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "the %s memory model's data parallelism is %s (%s); %s is not its own",
+                    mp_mem_model_name(o->mem_model), dp == MP_DP_DDP ? "FSDP" : "DDP",
+                    o->mem_model == MP_MEM_MODEL_MEGATRON ? "Megatron-LM's DDP, parameters replicated"
+                                                          : "sharded parameters",
+                    dp == MP_DP_DDP ? "DDP" : "FSDP");
+  if (dp == MP_DP_DDP && mesh->size[MP_DIM_DP_SHARD] > 1)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "the megatron memory model replicates parameters over data parallelism "
+                    "(dp_replicate and cp), without FSDP; use "
+                    "dp_replicate=%d instead of dp_shard=%d",
+                    mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD],
+                    mesh->size[MP_DIM_DP_SHARD]);
   if (o->mem_model == MP_MEM_MODEL_MEGATRON) {
-    if (mesh->size[MP_DIM_DP_SHARD] > 1)
-      return mp_error(ctx, MP_ERR_INVALID,
-                      "the megatron memory model replicates parameters over data parallelism "
-                      "(dp_replicate and cp), without FSDP; use "
-                      "dp_replicate=%d instead of dp_shard=%d",
-                      mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD],
-                      mesh->size[MP_DIM_DP_SHARD]);
     if (mesh->size[MP_DIM_CP] > 1 && o->cp_rotate != MP_CP_ROTATE_ALLTOALL)
       return mp_error(ctx, MP_ERR_INVALID,
                       "cp_rotate %s: Megatron-LM's context parallelism (Transformer Engine's "
@@ -489,6 +512,7 @@ static mp_status plan_init(mp_ctx *ctx, mp_arena *arena, const mp_model *m, cons
   if (p->opts.sp < 0) p->opts.sp = !(mp_mem_model_is_runtime(p->opts.mem_model) && p->opts.fp8);
   if (mesh->size[MP_DIM_TP] == 1) p->opts.sp = 0;
   if (p->opts.ac_every < 1 || p->opts.ac != MP_AC_FULL) p->opts.ac_every = 1;
+  p->opts.dp = dp_of(&p->opts);
   p->vocab_padded = m->vocab;
   p->ac = MP_AC_NONE;
   const int64_t K = model_chunks(p);
@@ -552,7 +576,8 @@ static mp_status run_passes(mp_ctx *ctx, mp_plan *p, const mp_plan_options *opts
   if (mesh->ep > 1) MP_CHECK(mp_apply_expert_parallel(ctx, p));
   if (opts->fp8) MP_CHECK(mp_apply_float8(ctx, p, &opts->fp8_opts));
   MP_CHECK(mp_apply_ac(ctx, p, opts->ac));
-  MP_CHECK(mp_apply_fsdp(ctx, p, &opts->fsdp));
+  if (p->opts.dp == MP_DP_DDP) MP_CHECK(mp_apply_ddp(ctx, p, &opts->ddp));
+  else MP_CHECK(mp_apply_fsdp(ctx, p, &opts->fsdp));
   return MP_OK;
 }
 
@@ -670,7 +695,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
   *out = NULL;
   if (base == NULL || opts == NULL || arena == NULL)
     return mp_error(ctx, MP_ERR_INVALID, "mp_plan_derive needs a base plan, options and an arena");
-  if (!(base->applied & MP_PASS_FSDP) || !(base->applied & MP_PASS_AC))
+  if (!(base->applied & (MP_PASS_FSDP | MP_PASS_DDP)) || !(base->applied & MP_PASS_AC))
     return mp_error(ctx, MP_ERR_INVALID,
                     "mp_plan_derive needs a base built with every pass (mp_build_plan)");
   /* Everything else must match the base's options (seq once resolved): those fields
@@ -684,9 +709,10 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
       opts->pp_virtual != b->pp_virtual || seq != b->seq || opts->master_dtype != b->master_dtype ||
       opts->mem_model != b->mem_model || opts->attn != b->attn || opts->loss != b->loss ||
-      opts->dp_overlap != b->dp_overlap || opts->dist_opt != b->dist_opt ||
-      opts->cp_rotate != b->cp_rotate || opts->cp_sync != b->cp_sync ||
-      opts->async_tp != b->async_tp ||
+      dp_of(opts) != b->dp || opts->ddp.overlap != b->ddp.overlap ||
+      opts->ddp.shard_optimizer != b->ddp.shard_optimizer ||
+      opts->cp_rotate != b->cp_rotate || opts->cp_wait_at_issue != b->cp_wait_at_issue ||
+      opts->tp_comm_fused != b->tp_comm_fused ||
       (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,
                     "mp_plan_derive: options differ from the base plan's in more than "
@@ -702,6 +728,8 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
   p->opts = *opts;
   p->opts.seq = seq;
   p->opts.sp = b->sp;
+  p->opts.dp = b->dp;
+  p->opts.ddp = b->ddp;
   if (mp_plan_pp_fsdp(p)) p->opts.fsdp.reshard_after_forward = 0; /* as mp_apply_fsdp */
   if (p->opts.ac_every < 1 || p->opts.ac != MP_AC_FULL) p->opts.ac_every = 1;
   if (p->opts.global_batch == 0)
@@ -719,14 +747,15 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
     const char *fsdp_note = NULL;
     for (int i = 0; i < base->n_notes; i++) {
       if (starts_with(base->notes[i], "AC: ")) continue;
-      if (starts_with(base->notes[i], "FSDP: ")) {
+      if (starts_with(base->notes[i], "FSDP: ") || starts_with(base->notes[i], "DDP: ")) {
         fsdp_note = base->notes[i];
         continue;
       }
       p->notes[p->n_notes++] = base->notes[i];
     }
     mp_plan_note_ac(p, &p->opts);
-    if (p->opts.fsdp.reshard_after_forward == base->opts.fsdp.reshard_after_forward && fsdp_note)
+    if ((p->opts.fsdp.reshard_after_forward == base->opts.fsdp.reshard_after_forward || p->opts.dp == MP_DP_DDP) &&
+        fsdp_note)
       p->notes[p->n_notes++] = fsdp_note;
     else
       mp_plan_note_fsdp(p, &p->opts.fsdp);

@@ -6,7 +6,8 @@
  *   mp_apply_expert_parallel   (2) routed experts split over the ep group
  *   mp_apply_float8            (3) Linear layers marked float8
  *   mp_apply_ac                (4) activation checkpointing per block
- *   mp_apply_fsdp              (5) FSDP units, parameters sharded dim 0 over their group
+ *   mp_apply_fsdp              (5) FSDP units, parameters sharded dim 0 over their group,
+ *   or mp_apply_ddp                gradient buckets, parameters replicated (opts.dp)
  *   mp_build_plan         all five in order, from options
  *
  * Each pass checks the plan's state and refuses a wrong order or combination with
@@ -245,6 +246,32 @@ static inline int mp_mem_model_is_runtime(mp_mem_model m) {
   return m == MP_MEM_MODEL_MESHPLAN_CPU || m == MP_MEM_MODEL_MESHPLAN_CUDA;
 }
 
+/* How data parallelism holds the parameters, the plan's data-parallel pass (the fifth):
+ *   FSDP  sharded (mp_apply_fsdp): every parameter's tp-local tensor on dim 0 over its FSDP
+ *         group (dp_shard x cp), all-gathered before use, gradients reduce-scattered; FSDP2
+ *         as torchtitan and the meshplan runtime run it (ZeRO stage 3)
+ *   DDP   replicated (mp_apply_ddp) over the data-parallel group (dp_replicate, x cp with
+ *         context parallelism: a cp rank holds every parameter), gradients all-reduced in
+ *         one bucket per block; Megatron-LM's DDP, optionally with the optimizer state
+ *         sharded (mp_ddp_options) */
+typedef enum mp_dp_kind { MP_DP_AUTO = -1, MP_DP_FSDP = 0, MP_DP_DDP } mp_dp_kind;
+
+/* DDP's options (dp DDP). */
+typedef struct mp_ddp_options {
+  int shard_optimizer; /* the fp32 master weights and Adam state sharded over the data-
+                          parallel group (ZeRO stage 1, Rajbhandari et al. 2020; Megatron-LM's
+                          --use-distributed-optimizer, megatron/core/optimizer/
+                          distrib_optimizer.py): the fp32 gradients reduce-scattered over it
+                          and the updated model-dtype parameters all-gathered back. 0:
+                          replicated (default). Set from the stack (key
+                          "distributed_optimizer") */
+  int overlap;         /* the buckets reduced as each block's backward ends, overlapping the
+                          rest (Megatron-LM's --overlap-grad-reduce), and with
+                          shard_optimizer the parameters gathered block by block in the next
+                          forward (--overlap-param-gather); 0: once after the step's last
+                          backward. Set from the stack (key "dp_overlap") */
+} mp_ddp_options;
+
 /* What mp_build_plan needs besides the model and mesh. Defaults: mp_plan_options_init. */
 typedef struct mp_plan_options {
   mp_tp_options tp;
@@ -260,42 +287,34 @@ typedef struct mp_plan_options {
                             runtime runs it (torchtitan, megatron), resolved by mp_plan_create */
   mp_attn_impl attn;     /* the attention kernel (default FLASH) */
   mp_loss_impl loss;     /* the cross-entropy's implementation (default EAGER) */
-  int dp_overlap;        /* the megatron memory model: gradient buckets all-reduced over
-                            dp_replicate as each block's backward ends, overlapping the
-                            rest (Megatron-LM's --overlap-grad-reduce); 0: after the step's
-                            last backward. Set from the stack (key "dp_overlap") */
-  int dist_opt;          /* the megatron memory model: Megatron-LM's distributed optimizer
-                            (--use-distributed-optimizer, megatron/core/optimizer/
-                            distrib_optimizer.py): fp32 master weights and Adam state sharded
-                            over the data-parallel group (x cp), the fp32 gradients
-                            reduce-scattered over it and the updated bf16 parameters
-                            all-gathered back (with dp_overlap, block by block in the next
-                            forward: --overlap-param-gather). 0: replicated (default). Set
-                            from the stack (key "distributed_optimizer") */
+  mp_dp_kind dp;         /* how data parallelism holds the parameters: FSDP (sharded) or
+                            DDP (replicated); MP_DP_AUTO (default): DDP under the megatron
+                            memory model, FSDP otherwise, resolved by mp_plan_create */
+  mp_ddp_options ddp;    /* DDP's gradient reduction and optimizer (dp DDP) */
   mp_fsdp_options fsdp;
   mp_pp_schedule pp_schedule;
   int pp_virtual;        /* virtual stages per rank for interleaved (>= 1) */
   mp_cp_rotate cp_rotate; /* PyTorch's ring with cp > 1: how K and V travel (default
                              ALLGATHER). Set from the stack (key "cp_rotate") */
-  int cp_sync;            /* the torchtitan memory model with cp > 1: the ring's collectives
-                             are waited for where they are issued, beside no attention step.
-                             torchtitan compiles each block whole (torch.compile, fullgraph),
-                             so the ring is traced into the block's graph, where a functional
-                             collective is followed by its wait at once
-                             (torch/distributed/_functional_collectives.py, _maybe_wrap_tensor)
-                             and Inductor moves no wait (reorder_for_compute_comm_overlap is
-                             off by default). 0 (default): each transfer runs beside the
-                             compute before its first use (eager PyTorch's
-                             AsyncCollectiveTensor, Transformer Engine's streams). Set from
-                             the stack (key "cp_overlap" false) */
-  int async_tp;          /* torchtitan's AsyncTP (experimental.enable_async_tensor_parallel,
-                            torch.compile's micro-pipelined TP), or under the megatron memory
-                            model Megatron-Core's --tp-comm-overlap (Transformer Engine's
-                            userbuffers, which pipeline the same pairs): with tp > 1 and SP,
-                            the all-gathers into the column-parallel Linears and the
-                            reduce-scatters out of the row-parallel ones run in tp chunks
-                            beside those GEMMs (exec/schedule_ops.c). 0: off (default); not
-                            under the runtimes' memory models */
+  int cp_wait_at_issue;   /* with cp > 1: the ring's collectives are waited for where they
+                             are issued, beside no attention step, so the transfers run on the
+                             compute stream between the steps. torchtitan compiles each block
+                             whole (torch.compile, fullgraph), so the ring is traced into the
+                             block's graph, where a functional collective is followed by its
+                             wait at once (torch/distributed/_functional_collectives.py,
+                             _maybe_wrap_tensor) and Inductor moves no wait
+                             (reorder_for_compute_comm_overlap is off by default). 0 (default):
+                             each transfer runs beside the compute before its first use (eager
+                             PyTorch's AsyncCollectiveTensor, Transformer Engine's streams).
+                             Set from the stack (key "cp_overlap" false); the torchtitan memory
+                             model only */
+  int tp_comm_fused;     /* with tp > 1 and SP: the all-gathers into the column-parallel
+                            Linears and the reduce-scatters out of the row-parallel ones run in
+                            tp chunks beside those GEMMs (exec/schedule_ops.c): torchtitan's
+                            AsyncTP (experimental.enable_async_tensor_parallel, torch.compile's
+                            micro-pipelined TP) and Megatron-Core's --tp-comm-overlap
+                            (Transformer Engine's userbuffers, which pipeline the same pairs).
+                            0: off (default); not under the runtimes' memory models */
   int64_t seq;           /* tokens per sequence (0: min(max_seq, 8192), set by mp_plan_create) */
   int64_t micro_batch;   /* sequences per micro-batch per data-parallel rank */
   int64_t global_batch;  /* sequences per step over all data-parallel ranks (0: one
@@ -313,6 +332,7 @@ enum {
   MP_PASS_FLOAT8 = 1 << 2,
   MP_PASS_AC = 1 << 3,
   MP_PASS_FSDP = 1 << 4,
+  MP_PASS_DDP = 1 << 5, /* the fifth pass instead of FSDP (opts.dp) */
 };
 
 typedef struct mp_plan {
@@ -371,6 +391,13 @@ mp_status mp_apply_expert_parallel(mp_ctx *ctx, mp_plan *p);
 mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o);
 mp_status mp_apply_ac(mp_ctx *ctx, mp_plan *p, mp_ac_mode mode);
 mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o);
+/* The data-parallel passes' last step: each unit's list of parameter indices (units[u].params,
+ * in the plan's order), from every parameter's fsdp_unit and each unit's n_params count. */
+mp_status mp_plan_list_unit_params(mp_ctx *ctx, mp_plan *p);
+/* DDP (exec/pass_ddp.c): parameters replicated over the data-parallel group, one gradient
+ * bucket per block and one for the root's parameters (the units, group mp_plan_ddp_group,
+ * nothing sharded); refused after FSDP or twice, before TP or EP, with dp_shard > 1. */
+mp_status mp_apply_ddp(mp_ctx *ctx, mp_plan *p, const mp_ddp_options *o);
 /* mp_plan_create then the five passes in order (TP only when tp > 1, EP only when
  * ep > 1, float8 only when opts->fp8). */
 mp_status mp_build_plan(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
@@ -452,29 +479,41 @@ void mp_plan_mark_applied(mp_plan *p, unsigned bit);
 /* Appends a note (copied into the arena); notes beyond the 16th are dropped, the last
  * slot then saying so. */
 void mp_plan_note(mp_plan *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* The notes mp_apply_ac and mp_apply_fsdp record (mp_plan_derive writes them too). */
+/* The notes mp_apply_ac, mp_apply_fsdp and mp_apply_ddp record (mp_plan_derive writes
+ * them too). */
 void mp_plan_note_ac(mp_plan *p, const mp_plan_options *o);
 void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o);
+void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o);
 /* FSDP under a pipeline as torchtitan runs it (the TORCHTITAN memory model with pp > 1):
  * a stage's parameters stay gathered from their first use to the end of the step
  * (parallelize_llama's reshard_after_forward = not pp_enabled) and its gradients
  * accumulate unsharded until the stage's last backward (torch.distributed.pipelining
  * turns FSDP's gradient sync off until then). */
 int mp_plan_pp_fsdp(const mp_plan *p);
-/* The group replicated parameters' gradients are reduced over without FSDP: dp_replicate,
- * or under Megatron-LM with context parallelism dp_replicate x cp (Megatron-Core's
- * data-parallel group with context parallelism: a cp rank holds every parameter and
- * computes its gradient from its part of the sequence); the distributed optimizer shards
- * over it. */
+/* The group DDP reduces replicated gradients over (and its optimizer shards over):
+ * dp_replicate, or with context parallelism dp_replicate x cp (Megatron-Core's data-parallel
+ * group with context parallelism: a cp rank holds every parameter and computes its gradient
+ * from its part of the sequence). */
 mp_group mp_plan_ddp_group(const mp_plan *p);
-/* Megatron-LM's resident state for a rank holding n parameters: the model-dtype
- * parameters beside the fp32 masters, the fp32 main gradients, Adam's m and v (2 + 4 + 4 +
- * 8 = 18 bytes a parameter); with the distributed optimizer (dist_opt) the masters and
- * Adam state on the rank's ceil(n / d), d the DDP group's size (6 + 12/d; Megatron-LM's
- * docs, distributed optimizer, "bf16 param, fp32 grads"; the buffers' padding to a multiple
- * of d left out). *shard: the parameters the optimizer steps (n without it). */
-void mp_plan_megatron_state(const mp_plan *p, int64_t n, int64_t *param_bytes,
-                            int64_t *grad_bytes, int64_t *optimizer_bytes, int64_t *shard);
+/* The data-parallel state a rank keeps at rest per parameter it holds, split into what is
+ * replicated and what is cut over `ways` ranks, at the plan options' dtypes:
+ *   FSDP  nothing replicated; the fp32 master and AdamW's m and v cut with the parameter
+ *         (12 bytes at the defaults; the gradient shard is left out: a lower bound);
+ *   DDP   the model-dtype parameter and the reduce-dtype main gradient replicated (2 + 4),
+ *         the fp32 master and m, v (12) replicated too or, with shard_optimizer, cut over
+ *         the DDP group: 18, or 6 + 12/d bytes a parameter (Megatron-LM's docs, distributed
+ *         optimizer, "bf16 param, fp32 grads").
+ * bytes[0] the replicated bytes, bytes[1] the bytes cut over *ways ranks (the DDP group with
+ * shard_optimizer; 1 otherwise: FSDP's cut is the caller's sharding). o->dp must be resolved
+ * (not MP_DP_AUTO). */
+void mp_plan_dp_state_bytes(const mp_mesh *mesh, const mp_plan_options *o, double bytes[2], int64_t *ways);
+/* DDP's resident state for a rank holding n parameters, in bytes (mp_plan_dp_state_bytes
+ * per tensor): the model-dtype parameters beside the fp32 masters, the main gradients,
+ * Adam's m and v; with shard_optimizer the masters and Adam state on the rank's
+ * ceil(n / d) (the buffers' padding to a multiple of d left out). *shard: the parameters
+ * the optimizer steps (n without sharding). */
+void mp_plan_ddp_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,
+                       int64_t *optimizer_bytes, int64_t *shard);
 /* Pipeline stage of a rank (its pp coordinate). */
 int mp_plan_rank_stage(const mp_plan *p, int rank);
 /* Model chunks a pipeline stage holds: pp_virtual under the interleaved schedule with

@@ -145,6 +145,7 @@ const char *mp_pass_name(unsigned bit) {
     case MP_PASS_FLOAT8: return "Float8";
     case MP_PASS_AC: return "AC";
     case MP_PASS_FSDP: return "FSDP";
+    case MP_PASS_DDP: return "DDP";
   }
   return "?";
 }

@@ -147,7 +147,7 @@ static void gen_init(gen *g, mp_ctx *ctx, const mp_plan *p, const mp_schedule_pr
   const int cuda = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CUDA;
   g->rt = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CPU || cuda;
   g->mg = p->opts.mem_model == MP_MEM_MODEL_MEGATRON;
-  g->dopt = g->mg && p->opts.dist_opt;
+  g->dopt = p->opts.dp == MP_DP_DDP && p->opts.ddp.shard_optimizer;
   g->stage_grad_bytes = pr->params_numel * mp_dtype_bytes(g->rdt);
   g->xs = g->rt && !cuda ? 4 : 2;
   g->f8c = cuda || (g->rt && p->opts.f8_codes);
@@ -185,7 +185,7 @@ static void resident(gen *g, mp_mem_cat cat, int buf, int64_t bytes) {
  * dtype, as many gradients and two AdamW states. The megatron model: the stage's
  * parameters in the model dtype besides, gradients in the fp32 main_grad buffers, the
  * masters and Adam state whole or, under the distributed optimizer, the rank's 1/d
- * (mp_plan_megatron_state). The runtime models: fp32 master,
+ * (mp_plan_ddp_state). The runtime models: fp32 master,
  * gradient and AdamW m, v of the padded shards; X compute copies of the parameters not
  * sharded when X is not fp32; the resident tensors of the activation layout; the float8
  * codes of unsharded weights. */
@@ -198,7 +198,7 @@ static void emit_prologue(gen *g, const mp_schedule_prep *pr) {
     if (g->xs != 4) param_bytes += g->xs * pr->rest.numel_rep;
   } else if (g->mg) { /* fp16/bf16 model parameters beside the fp32 masters; fp32 main_grad */
     int64_t shard;
-    mp_plan_megatron_state(g->p, n, &param_bytes, &grad_bytes, &optimizer_bytes, &shard);
+    mp_plan_ddp_state(g->p, n, &param_bytes, &grad_bytes, &optimizer_bytes, &shard);
   }
   mp_sched_seg_open(g, MP_PHASE_PROLOGUE, -1, 0);
   resident(g, MP_MEM_PARAMS, BUF_PARAMS, param_bytes);
@@ -322,7 +322,7 @@ static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {
    * under the distributed optimizer) over dp_replicate (x cp) once its last micro-batch's
    * backward is done */
   const mp_group ddp = mp_sched_ddp_group(g);
-  if (g->mg && !g->p->opts.dp_overlap && last_chunk && mp_mesh_group_size(&g->p->mesh, ddp) > 1) {
+  if (g->mg && !g->p->opts.ddp.overlap && last_chunk && mp_mesh_group_size(&g->p->mesh, ddp) > 1) {
     const int32_t i = grad_comm(g, g->dopt ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, ddp,
                                 g->stage_grad_bytes, -1, -1, g->last_c);
     if (i >= 0) g->ops[i].when = MP_WHEN_LAST_MICRO;
@@ -356,7 +356,7 @@ static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
     int64_t shard_n = pr->params_numel;
     if (g->mg) {
       int64_t pb, gb, ob;
-      mp_plan_megatron_state(g->p, pr->params_numel, &pb, &gb, &ob, &shard_n);
+      mp_plan_ddp_state(g->p, pr->params_numel, &pb, &gb, &ob, &shard_n);
     }
     const double shard = (double)shard_n;
     int32_t gn = compute(g, MP_KERNEL_GRAD_NORM, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1,
@@ -369,7 +369,7 @@ static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
     if (g->mg) /* the model dtype's parameters refreshed from the masters */
       compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
               (4.0 + mp_dtype_bytes(g->pdt)) * shard, MP_DTYPE_FP32);
-    if (g->dopt && !g->p->opts.dp_overlap && mp_sched_dopt_ways(g) > 1)
+    if (g->dopt && !g->p->opts.ddp.overlap && mp_sched_dopt_ways(g) > 1)
       comm(g, MP_COLL_ALL_GATHER, mp_sched_ddp_group(g), MP_STREAM_COMPUTE,
            (double)(pr->params_numel * mp_dtype_bytes(g->pdt)), g->pdt, -1);
   }

@@ -34,7 +34,7 @@
  * then the fp32 gradients cast back and repeat_kv's backward summing each head group.
  * Every transfer runs on MP_STREAM_P2P and a step waits only for what it needs, so a
  * transfer is exposed only where the compute before it is shorter (the dependencies say
- * so, the simulator times it). Under torch.compile (the plan's cp_sync: torchtitan compiles
+ * so, the simulator times it). Under torch.compile (the plan's cp_wait_at_issue: torchtitan compiles
  * each block with the ring traced into it, where every functional collective is waited
  * for as it is issued and Inductor reorders none by default) each transfer runs on the
  * compute stream instead, between the steps, beside no compute.
@@ -65,9 +65,9 @@ static void times(gen *g, int32_t i, int n) {
 }
 
 /* The stream of the ring's transfers: their own, or the compute stream where the plan's
- * compiled ring waits for each where it is issued (cp_sync). */
+ * compiled ring waits for each where it is issued (cp_wait_at_issue). */
 static mp_stream ring_stream(const gen *g) {
-  return g->p->opts.cp_sync ? MP_STREAM_COMPUTE : MP_STREAM_P2P;
+  return g->p->opts.cp_wait_at_issue ? MP_STREAM_COMPUTE : MP_STREAM_P2P;
 }
 
 /* A ring shift of `bytes` on the CP group, n of them back to back, after `after` (-1:

@@ -100,7 +100,7 @@ void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t 
  * them in the same order), the block waiting for its own. Returns the gather, -1 where
  * there is none. */
 int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n) {
-  if (!g->dopt || !g->p->opts.dp_overlap || mp_sched_dopt_ways(g) <= 1) return -1;
+  if (!g->dopt || !g->p->opts.ddp.overlap || mp_sched_dopt_ways(g) <= 1) return -1;
   int64_t numel = 0;
   for (int k = 0; k < n; k++) numel += g->ui[unit0 + k].numel_tp;
   if (numel == 0) return -1;
@@ -205,7 +205,7 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
        * in main_grad until then), here with overlap (a bucket per block), else once after
        * the backward (schedule.c) */
       if (mp_mesh_group_size(&g->p->mesh, mp_sched_ddp_group(g)) > 1 &&
-          (!g->mg || g->p->opts.dp_overlap)) {
+          (!g->mg || g->p->opts.ddp.overlap)) {
         const int32_t i = grad_comm(g, g->dopt ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE,
                                     mp_sched_ddp_group(g), ui->numel_tp * mp_dtype_bytes(g->rdt),
                                     layer, u, after);

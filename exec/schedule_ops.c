@@ -315,9 +315,9 @@ static void tp_region_in_bwd(gen *g, int on, int module) {
  * "bulk" overlaps in backward (the input-gradient reduce-scatter beside the weight-gradient
  * GEMM, the input's re-gather beside the input-gradient GEMM, which mg_regather runs on the
  * gather stream) are not priced as fused. The meshplan runtimes have no such fusion; the
- * plan refuses async_tp under their memory models. */
+ * plan refuses tp_comm_fused under their memory models. */
 static int async_tp(const gen *g) {
-  return g->p->opts.async_tp && g->sh.sp && g->sh.tp > 1 && !g->rt;
+  return g->p->opts.tp_comm_fused && g->sh.sp && g->sh.tp > 1 && !g->rt;
 }
 
 /* Marks the TP collective of `kind` (all-gather or reduce-scatter) emitted since op `from`

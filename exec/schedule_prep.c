@@ -104,8 +104,7 @@ static mp_status units_alloc(gen *g, rt_rest *rest) {
   const mp_plan *p = g->p;
   const int L = (int)p->model.n_layers;
   const size_t np = (size_t)(p->n_params > 0 ? p->n_params : 1);
-  g->has_fsdp = (p->applied & MP_PASS_FSDP) && p->n_units > 0 &&
-                p->opts.mem_model != MP_MEM_MODEL_MEGATRON;
+  g->has_fsdp = (p->applied & MP_PASS_FSDP) && p->n_units > 0;
   g->first_unit = mp_arena_alloc(g->arena, sizeof(int32_t) * (size_t)(L + 1));
   g->n_units = mp_arena_alloc(g->arena, (size_t)(L + 1));
   g->n_ui = g->has_fsdp ? p->n_units : L + 1;

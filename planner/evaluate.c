@@ -74,8 +74,8 @@ void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_
   cfg->sp = ev->stack.sp && ev->base.sp != 0;
   cfg->pp_virtual_max = 4;
   cfg->pp_keeps_params = ev->stack.mem_model == MP_MEM_MODEL_TORCHTITAN; /* mp_plan_pp_fsdp */
-  cfg->no_fsdp = ev->stack.mem_model == MP_MEM_MODEL_MEGATRON;
-  cfg->dist_opt = cfg->no_fsdp && ev->stack.dist_opt;
+  cfg->dp = ev->base.dp;
+  cfg->ddp_shard_optimizer = ev->base.dp == MP_DP_DDP && ev->base.ddp.shard_optimizer;
   cfg->prune_dominated = 1; /* the default objective is time */
   cfg->eval = mp_sim_evaluate;
   cfg->eval_user = ev;

@@ -188,7 +188,7 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
   if (tpr != MP_REJECT_NONE) return tpr;
   if (!cfg->allow_cross_node_tp && cfg->cluster->gpus_per_node % tp) return MP_REJECT_TP_CROSS_NODE;
   if (!mp_rule_ep_ok(m, mesh->ep)) return MP_REJECT_EP_EXPERTS;
-  if (cfg->no_fsdp && mesh->size[MP_DIM_DP_SHARD] > 1) return MP_REJECT_NO_FSDP;
+  if (cfg->dp == MP_DP_DDP && mesh->size[MP_DIM_DP_SHARD] > 1) return MP_REJECT_NO_FSDP;
   /* a chunk under one 128-token tile of the flash kernel leaves the ring's steps mostly
    * idle (and the schedule a ring of cp steps per layer for nothing): a search leaves such
    * chunks out, a cp the caller pins is evaluated */
@@ -197,21 +197,21 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
   return MP_REJECT_NONE;
 }
 
-/* The resident bytes per parameter a rank holds, and over how many ranks the parameters
- * are cut (see search.h): FSDP stacks 12 over dp_shard x cp x tp x pp; without FSDP
- * (Megatron-LM) 18 over tp x pp, or with the distributed optimizer 6 + 12 / (dp_replicate
- * x cp). */
+/* The resident bytes per parameter a rank holds (exec's mp_plan_dp_state_bytes at the
+ * default dtypes), and over how many ranks the parameters are cut (see search.h): FSDP over
+ * dp_shard x cp x tp x pp, DDP over tp x pp. */
 static double bound_bytes_per_param(const mp_search_config *cfg, const mp_mesh *mesh,
                                     int64_t *shards) {
   const int64_t tp_pp = (int64_t)mesh->size[MP_DIM_TP] * mesh->size[MP_DIM_PP];
-  if (!cfg->no_fsdp) {
-    *shards = (int64_t)mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * tp_pp;
-    return 12.0;
-  }
-  *shards = tp_pp;
-  return cfg->dist_opt
-             ? 6.0 + 12.0 / ((double)mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_CP])
-             : 18.0;
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.dp = cfg->dp;
+  o.ddp.shard_optimizer = cfg->ddp_shard_optimizer;
+  double b[2];
+  int64_t ways = 1;
+  mp_plan_dp_state_bytes(mesh, &o, b, &ways);
+  *shards = cfg->dp == MP_DP_DDP ? tp_pp : (int64_t)mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * tp_pp;
+  return b[0] + b[1] / (double)ways;
 }
 
 /* Lower bound of a rank's peak memory (see search.h). */
@@ -242,7 +242,7 @@ static mp_reject prune_options(const mp_search_config *cfg, const mp_candidate *
   if (c->fp8 && !mp_gpu_has_float8(&cfg->cluster->gpu)) return MP_REJECT_FP8_GPU;
   if (c->fp8 && fp8_linears == 0) return MP_REJECT_FP8_DIMS;
   /* the FSDP group is dp_shard x cp (MP_GROUP_FSDP) */
-  if (c->reshard && (cfg->no_fsdp || mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] == 1 ||
+  if (c->reshard && (cfg->dp == MP_DP_DDP || mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] == 1 ||
                      (cfg->pp_keeps_params && mesh->size[MP_DIM_PP] > 1)))
     return MP_REJECT_RESHARD_NOOP;
   if (cfg->mem_capacity_bytes > 0 && mem_lower_bound_bytes(cfg, mesh, n_params) > (double)cfg->mem_capacity_bytes)
@@ -318,7 +318,7 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                (long long)(m->n_heads * m->head_dim / tp));
       break;
     case MP_REJECT_RESHARD_NOOP:
-      if (cfg->no_fsdp)
+      if (cfg->dp == MP_DP_DDP)
         snprintf(buf, cap, "reshard_after_forward has no effect: the stack replicates parameters "
                            "(no FSDP; same as reshard off)");
       else if (mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] == 1)
@@ -335,7 +335,7 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
       snprintf(buf, cap,
                "%s alone need %.2f GiB per GPU (%.4g B x %.4g params / "
                "%lld shards + %.2f GiB runtime), over capacity %.2f GiB",
-               cfg->no_fsdp ? "parameters, main gradients, fp32 masters and Adam state"
+               cfg->dp == MP_DP_DDP ? "parameters, main gradients, fp32 masters and Adam state"
                             : "fp32 parameters and AdamW state",
                mem_lower_bound_bytes(cfg, mesh, (double)mp_model_param_count(m)) /
                    (1024.0 * 1024.0 * 1024.0),

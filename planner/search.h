@@ -12,30 +12,27 @@
  * or fix.fp8) and reshard_after_forward {off, on}, in that nesting order. Candidates are numbered in
  * enumeration order and that order is stable (tests and the database rely on it).
  *
- * Pruning (cheap, before any simulation), first failing rule wins, in this order:
- *   pp > n_layers or a pipeline stage left empty (stages hold ceil(n_layers / pp) layers,
- *   so (pp - 1) * ceil(n_layers / pp) >= n_layers leaves the last one none); MoE with pp > 1; tp must divide n_heads, n_kv_heads, d_ff (models with
- *   dense MLP layers), d_model; tp must divide gpus_per_node (a TP group stays in one
- *   NVLink domain) unless allow_cross_node_tp; ep must divide n_experts; on a stack without
- *   FSDP (no_fsdp) dp_shard must be 1 (dp_replicate is the same mesh); cp must divide
- *   seq into 2 cp load-balanced chunks of at least 128 tokens; the candidate's global batch (the config's, or the rule's nearest multiple of dp to its
- *   target, none when dp is over twice the target) must be divisible by dp x micro_batch; float8 needs an fp8 peak and
- *   compute capability >= 89, and GEMM dims (d_model, and d_ff, n_heads x head_dim,
- *   n_kv_heads x head_dim after TP) that are multiples of 16; reshard_after_forward with
- *   pp > 1 on a stack that keeps a stage's parameters gathered (pp_keeps_params) is a
- *   duplicate of reshard off; interleaving that leaves a
- *   model chunk empty or runs a number of micro-batches pp does not divide; SP with tp not
- *   dividing seq / cp; reshard_after_forward with
- *   dp_shard == 1, or on a stack without FSDP (no_fsdp), changes nothing and is pruned as a
- *   duplicate of reshard off; and a
- *   memory lower bound (when mem_capacity_bytes > 0): the fp32 master parameters and
- *   AdamW m and v are resident through the step, 12 bytes per parameter held, and a rank
- *   holds at least n_params / (dp_shard x cp x tp x pp) of them (replicated norms, FSDP
- *   padding and uneven stages only add), plus the GPU's runtime overhead; on a stack
- *   without FSDP (no_fsdp) a rank holds n_params / (tp x pp) with 18 bytes each (the
- *   16-bit parameter and fp32 main gradient besides), or with the distributed optimizer
- *   6 + 12 / (dp_replicate x cp); a plan whose bound exceeds the capacity cannot fit, so
- *   it is not simulated.
+ * Pruning (cheap, before any simulation), first failing rule wins, in this order (the model
+ * x mesh rules are exec/rules.h's, which the plan builder and the runtime ask too):
+ *   pp x its model chunks over the layers (each chunk must hold one: the plan's split);
+ *   MoE with pp > 1; tp must divide n_heads, n_kv_heads, d_ff (models with dense MLP layers),
+ *   d_model and d_ff_shared; tp must divide gpus_per_node (a TP group stays in one NVLink
+ *   domain) unless allow_cross_node_tp; ep must divide n_experts; with DDP (dp) dp_shard
+ *   must be 1 (dp_replicate is the same mesh); cp must cut seq into 2 cp load-balanced
+ *   chunks of at least 128 tokens; the candidate's global batch (the config's, or the rule's
+ *   nearest multiple of dp to its target, none when dp is over twice the target) must be
+ *   divisible by dp x micro_batch; interleaving needs micro-batches in groups of pp; SP
+ *   needs tp dividing seq / cp; float8 needs an fp8 peak and compute capability >= 89, and
+ *   at least one Linear whose GEMM dims are multiples of 16 on the rank (the Float8 pass
+ *   leaves the others in bf16; with none, float8 changes nothing); reshard_after_forward
+ *   with dp_shard x cp == 1, with DDP, or with pp > 1 on a stack that keeps a stage's
+ *   parameters gathered (pp_keeps_params) is a duplicate of reshard off; and a memory lower
+ *   bound (when mem_capacity_bytes > 0): the data-parallel state a rank keeps at rest per
+ *   parameter (mp_plan_dp_state_bytes: FSDP's fp32 master and AdamW m and v, 12 bytes, on
+ *   n_params / (dp_shard x cp x tp x pp) of them, replicated norms, FSDP padding and uneven
+ *   stages only adding; DDP's 18 bytes on n_params / (tp x pp), or with its optimizer
+ *   sharded 6 + 12 / (dp_replicate x cp)), plus the GPU's runtime overhead; a plan whose
+ *   bound exceeds the capacity cannot fit, so it is not simulated.
  * A vocab that tp does not divide is padded (the candidate says so), not rejected.
  * After evaluation, a plan whose peak memory exceeds the capacity (GPU memory less the
  * headroom; the evaluator's `fits`) is infeasible with the figures as its reason. Siblings
@@ -222,11 +219,11 @@ typedef struct mp_search_config {
   int pp_keeps_params;  /* the stack keeps a pipeline stage's FSDP parameters gathered
                            through the step (torchtitan): reshard with pp > 1 is a duplicate
                            of reshard off (MP_REJECT_RESHARD_NOOP) */
-  int no_fsdp;          /* the stack replicates parameters over data and context parallelism
-                           (Megatron-LM's memory model): reshard_after_forward is always a
-                           duplicate (MP_REJECT_RESHARD_NOOP) */
-  int dist_opt;         /* no_fsdp with Megatron-LM's distributed optimizer: master weights
-                           and Adam state sharded over dp_replicate x cp (the memory bound) */
+  mp_dp_kind dp;        /* the stack's data parallelism: FSDP (0, the default) or DDP, which
+                           replicates parameters: dp_shard is searched as dp_replicate
+                           (MP_REJECT_NO_FSDP) and reshard_after_forward is always a duplicate
+                           (MP_REJECT_RESHARD_NOOP) */
+  int ddp_shard_optimizer; /* DDP with its optimizer state sharded (ZeRO-1): the memory bound */
   int prune_dominated;  /* time objectives: an AC policy whose recompute is a superset of a
                            fitting sibling's (same mesh, chunks, micro-batch, float8,
                            reshard, SP) is not simulated (MP_REJECT_DOMINATED) */

@@ -300,7 +300,7 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
     dur[i] = d;
     c->dur = d;
   }
-  if (s->plan->opts.async_tp && mesh->size[MP_DIM_TP] > 1)
+  if (s->plan->opts.tp_comm_fused && mesh->size[MP_DIM_TP] > 1)
     price_fused(s, mesh->size[MP_DIM_TP], &kc, cops, dur);
   /* a malformed forward dependency still reads a kept end */
   if (fwd_dep)

@@ -90,10 +90,10 @@ typedef struct mp_stack_profile {
   int cp_sync;          /* JSON "cp_overlap", optional (default true), the torchtitan memory
                            model only: false where the stack compiles the ring with its
                            blocks, so its collectives wait where issued
-                           (mp_plan_options.cp_sync) */
+                           (mp_plan_options.cp_wait_at_issue) */
   int dist_opt;         /* JSON "distributed_optimizer", optional (default false): the
                            megatron memory model's optimizer state sharded over data
-                           parallelism (mp_plan_options.dist_opt) */
+                           parallelism (mp_plan_options.ddp.shard_optimizer) */
   /* The stack's own pipeline micro-batching where a run does not set it: JSON
    * "pp_microbatches", optional: "stages" (as many micro-batches as pipeline ranks, the
    * rank's local batch split pp ways: torchtitan's pipeline_parallel_microbatches default)

@@ -236,11 +236,12 @@ void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o) {
   o->mem_model = p->mem_model;
   o->attn = p->attn;
   o->loss = p->loss;
-  o->dp_overlap = p->dp_overlap;
-  o->dist_opt = p->dist_opt;
-  if (p->tp_comm_overlap) o->async_tp = 1;
+  o->dp = p->mem_model == MP_MEM_MODEL_MEGATRON ? MP_DP_DDP : MP_DP_FSDP;
+  o->ddp.overlap = p->dp_overlap;
+  o->ddp.shard_optimizer = p->dist_opt;
+  if (p->tp_comm_overlap) o->tp_comm_fused = 1;
   o->cp_rotate = p->cp_rotate;
-  o->cp_sync = p->cp_sync;
+  o->cp_wait_at_issue = p->cp_sync;
   if (!p->sp) o->sp = 0;
   if (p->mem_model == MP_MEM_MODEL_MEGATRON) {
     /* fp16/bf16 parameters beside fp32 master weights; gradients accumulated and

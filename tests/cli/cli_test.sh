@@ -101,7 +101,7 @@ run plan --no-db --model tiny-dense --gpus 8 --stack megatron-core
 [ "$rc" -eq 0 ] && head -n 1 "$out" | grep -qF "TP comm overlap on its TP plans and the distributed optimizer" ||
   fail "meshplan plan --stack megatron-core: header does not name TP comm overlap and the distributed optimizer"
 run explain --model tiny-dense --gpus 8 --mesh dp_replicate=4,tp=2 --stack megatron-core
-[ "$rc" -eq 0 ] && grep -qF "not run by Megatron-LM: parameters replicated over dp_replicate x cp = 4" "$out" &&
+[ "$rc" -eq 0 ] && grep -qF "DDP: parameters replicated over dp_replicate x cp = 4" "$out" &&
   grep -qF "master weights" "$out" && grep -qF "(1/4)" "$out" && ! grep -qF "FSDP units" "$out" ||
   fail "meshplan explain --stack megatron-core: no Megatron data-parallel note or optimizer shard"
 

@@ -349,6 +349,76 @@ TEST(PassFsdp, OptionsRecorded) {
   EXPECT_EQ(Param(f.p, "layers.0.mlp.up_proj.weight").fsdp_unit, 1);
 }
 
+// DDP, the other fifth pass: parameters replicated, one bucket per block and the root's.
+TEST(PassDdp, BucketsHoldWholeTiles) {
+  Fixture f(SeedModel(), "dp_replicate=2,tp=2");
+  ASSERT_EQ(f.Tp(), MP_OK);
+  mp_ddp_options o = {1, 1};
+  ASSERT_EQ(mp_apply_ddp(&f.ctx, f.p, &o), MP_OK) << mp_errmsg(&f.ctx);
+  EXPECT_EQ(f.p->opts.ddp.shard_optimizer, 1);
+  ASSERT_EQ(f.p->n_units, 2);  // root + layers.0
+  EXPECT_STREQ(f.p->units[1].name, "layers.0");
+  EXPECT_EQ(f.p->units[1].group, MP_GROUP_DP_REPLICATE);
+  // up [24, 8] -> [12, 8] after TP, whole at rest: DDP cuts nothing
+  const mp_param &up = Param(f.p, "layers.0.mlp.up_proj.weight");
+  EXPECT_EQ(up.fsdp_unit, 1);
+  EXPECT_EQ(up.place[MP_AXIS_FSDP].kind, MP_PLACEMENT_REPLICATE);
+  EXPECT_EQ(RestShape(f.p, "layers.0.mlp.up_proj.weight", 0), (V{12, 8}));
+  EXPECT_EQ(f.p->units[1].numel_shard, f.p->units[1].numel_tp);
+}
+
+// With cp the DDP group is dp_replicate x cp and every cp rank holds the whole tile, where
+// the FSDP pass would have cut it over dp_shard x cp.
+TEST(PassDdp, ContextParallelRanksHoldWholeTiles) {
+  mp_model m = SeedModel();
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.mem_model = MP_MEM_MODEL_MEGATRON;
+  o.seq = 16;
+  o.cp_rotate = MP_CP_ROTATE_ALLTOALL;
+  mp_plan *p = Build(m, "dp_replicate=2,cp=2", &o);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->opts.dp, MP_DP_DDP);
+  EXPECT_TRUE(p->applied & MP_PASS_DDP);
+  EXPECT_FALSE(p->applied & MP_PASS_FSDP);
+  EXPECT_EQ(p->units[1].group, MP_GROUP_DP_CP);
+  for (int r = 0; r < 4; r++) EXPECT_EQ(RestShape(p, "layers.0.mlp.up_proj.weight", r), (V{24, 8})) << r;
+  mp_plan_destroy(p);
+}
+
+TEST(PassDdp, Refusals) {
+  {
+    Fixture f(SeedModel(), "dp_shard=2");
+    EXPECT_REFUSED(f, mp_apply_ddp(&f.ctx, f.p, nullptr), MP_ERR_INVALID, "use dp_replicate=2 instead of dp_shard=2");
+  }
+  {
+    Fixture f(SeedModel(), "tp=2");
+    EXPECT_REFUSED(f, mp_apply_ddp(&f.ctx, f.p, nullptr), MP_ERR_ORDER, "DDP before TP");
+  }
+  {
+    Fixture f(SeedModel(), "dp_replicate=2");
+    ASSERT_EQ(f.Fsdp(), MP_OK);
+    EXPECT_REFUSED(f, mp_apply_ddp(&f.ctx, f.p, nullptr), MP_ERR_ORDER, "FSDP (sharded) or DDP (replicated), not both");
+  }
+  {
+    Fixture f(SeedModel(), "dp_replicate=2");
+    ASSERT_EQ(mp_apply_ddp(&f.ctx, f.p, nullptr), MP_OK);
+    EXPECT_REFUSED(f, f.Fsdp(), MP_ERR_ORDER, "not both");
+    EXPECT_REFUSED(f, f.Ac(), MP_ERR_ORDER, "AC applied after DDP");
+  }
+  // the options: DDP's own under FSDP, and a memory model whose data parallelism is the other
+  mp_model m = SeedModel();
+  mp_mesh mesh = Mesh("dp_replicate=2");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.dp = MP_DP_DDP;
+  mp_plan *p = nullptr;
+  EXPECT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "the torchtitan memory model's data parallelism is FSDP"), nullptr) << mp_errmsg(&ctx);
+}
+
 TEST(PlanCreate, Refusals) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);

@@ -384,7 +384,7 @@ TEST(SearchPrune, ReshardWithoutShardingIsADuplicate) {
   for (const Case &k : cases) {
     Search r(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
     r.cfg.pp_keeps_params = k.keeps;
-    r.cfg.no_fsdp = k.no_fsdp;
+    r.cfg.dp = k.no_fsdp ? MP_DP_DDP : MP_DP_FSDP;
     r.enumerate();
     const mp_candidate *rc = r.find(k.pp, k.dpr, k.dps, k.cp, 1, 1, 1, 0, 0, 1);
     EXPECT_EQ(rc->reject, MP_REJECT_RESHARD_NOOP) << k.reason;
@@ -401,7 +401,7 @@ TEST(SearchPrune, DpShardOnAStackWithoutFsdpIsDpReplicate) {
   // Megatron-LM's memory model replicates parameters: dp_shard=4 is the mesh dp_replicate=4,
   // which is searched; the rule comes before the batch and option rules.
   Search r(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
-  r.cfg.no_fsdp = 1;
+  r.cfg.dp = MP_DP_DDP;
   r.enumerate();
   const mp_candidate *c = r.find(1, 1, 4, 1, 2, 1, 1, 0, 0, 0);
   EXPECT_EQ(c->reject, MP_REJECT_NO_FSDP);

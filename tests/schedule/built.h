@@ -66,8 +66,8 @@ inline void Build(Built *b, const Opts &o) {
   po.pp_schedule = o.pp_schedule;
   po.pp_virtual = o.pp_virtual;
   po.cp_rotate = o.cp_rotate;
-  po.dp_overlap = o.dp_overlap;
-  po.dist_opt = o.dist_opt;
+  po.ddp.overlap = o.dp_overlap;
+  po.ddp.shard_optimizer = o.dist_opt;
   ASSERT_EQ(mp_build_plan(&b->ctx, &b->model, &mesh, &po, &b->plan), MP_OK) << mp_errmsg(&b->ctx);
   b->arena = mp_arena_create();
   ASSERT_EQ(mp_schedule_build(&b->ctx, b->plan, o.rank, o.mode, b->arena, &b->s), MP_OK)

@@ -575,15 +575,17 @@ TEST(Schedule, MegatronDistributedOptimizerShardsTheStateAndReduceScattersTheGra
     EXPECT_EQ(optimizer, 1);
     EXPECT_EQ(waited, overlap ? m.n_layers + 2 : 0);  // each block, the embedding and the head
   }
-  // a plan under another memory model refuses it
+  // a plan whose data parallelism is FSDP refuses it: FSDP shards the optimizer state with
+  // the parameters
   mp_mesh mesh;
   ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=4", 0, &mesh), MP_OK);
   mp_plan_options po;
   mp_plan_options_init(&po);
-  po.dist_opt = 1;
+  po.ddp.shard_optimizer = 1;
   mp_plan *p = nullptr;
   EXPECT_EQ(mp_build_plan(&ctx, &m, &mesh, &po, &p), MP_ERR_INVALID);
-  EXPECT_NE(strstr(mp_errmsg(&ctx), "with FSDP (dp_shard)"), nullptr) << mp_errmsg(&ctx);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "FSDP shards its optimizer state with the parameters"), nullptr)
+      << mp_errmsg(&ctx);
 }
 
 TEST(Schedule, MegatronContextParallelNeedsTheP2pRing) {

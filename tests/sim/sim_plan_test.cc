@@ -536,7 +536,7 @@ TEST(PlanTime, CompiledContextParallelRingWaitsForEachTransfer) {
   for (int sync = 0; sync <= 1; sync++) {
     PlanCase s("llama3.1-8b", "h100-8", "dp_shard=2,cp=4");
     s.o.seq = 8192;
-    s.o.cp_sync = sync;
+    s.o.cp_wait_at_issue = sync;
     r[sync] = s.Sim();
   }
   const double kv = 2.0 * 2048 * 4096 * 2, dkv = 2.0 * kv, bw = 450e9 * 0.8;
@@ -698,7 +698,7 @@ TEST(PlanTime, AsyncTpRunsTpCollectivesBesideTheirGemms) {
     std::vector<mp_op> ops;
     mp_sim_result r[2];
     for (int at = 0; at <= 1; at++) {
-      s.o.async_tp = at;
+      s.o.tp_comm_fused = at;
       mp_plan *p = nullptr;
       ASSERT_EQ(mp_build_plan(&s.ctx, &s.m, &s.mesh, &s.o, &p), MP_OK) << mp_errmsg(&s.ctx);
       mp_arena *a = mp_arena_create();

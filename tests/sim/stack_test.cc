@@ -316,7 +316,7 @@ TEST(Stacks, CompiledRingWaits) {
     mp_plan_options o;
     mp_plan_options_init(&o);
     mp_stack_plan_options(&p, &o);
-    EXPECT_EQ(o.cp_sync, compiled) << n;
+    EXPECT_EQ(o.cp_wait_at_issue, compiled) << n;
   }
   EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"memory_model\":\"megatron\",\"cp_overlap\":false").c_str(),
                                "x.json", &p),
@@ -337,9 +337,9 @@ TEST(Stacks, MegatronCoreSwitches) {
     mp_plan_options_init(&o);
     mp_stack_plan_options(&p, &o);
     EXPECT_EQ(o.mem_model, MP_MEM_MODEL_MEGATRON) << n;
-    EXPECT_EQ(o.dist_opt, core) << n;
-    EXPECT_EQ(o.dp_overlap, core) << n;
-    EXPECT_EQ(o.async_tp, core) << n;
+    EXPECT_EQ(o.ddp.shard_optimizer, core) << n;
+    EXPECT_EQ(o.ddp.overlap, core) << n;
+    EXPECT_EQ(o.tp_comm_fused, core) << n;
     EXPECT_EQ(p.async_tp, core) << n;  // --async-tp accepted where the stack runs it
     EXPECT_EQ(o.attn, core ? MP_ATTN_FLASH : MP_ATTN_MATERIALIZED) << n;
     EXPECT_STREQ(p.fit_gpu, "a100-80gb-sxm");
