@@ -48,29 +48,28 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   const int nu = g->n_units[l];
   const int32_t u0 = g->first_unit[l];
   mp_sched_seg_open(g, MP_PHASE_FORWARD, l, 1);
-  const int32_t prev_last = g->last_c;
+  const int32_t prev_last = g->last_compute;
   /* prefetch the next block's units, or (no prefetch) gather this block's own */
   int32_t patch[N_PARTS], n_patch = 0;
   int32_t next_g[N_PARTS] = {-1, -1, -1}, own_g[N_PARTS] = {-1, -1, -1};
-  if (g->prefetch && mp_sched_kind_of(g, l + 1, st) != KIND_NONE)
+  if (g->ms->prefetch && mp_sched_kind_of(g, l + 1, st) != KIND_NONE)
     mp_sched_gather_block(g, l + 1, next_g, prev_last, patch, &n_patch);
-  if (!g->prefetch) mp_sched_gather_units(g, l, u0, nu, own_g, prev_last, patch, &n_patch);
+  if (!g->ms->prefetch) mp_sched_gather_units(g, l, u0, nu, own_g, prev_last, patch, &n_patch);
   const int32_t dopt_g = mp_sched_dopt_gather(g, l, u0, nu);
   part_deps pd;
   for (int k = 0; k < N_PARTS; k++) {
     /* part k's unit: a single-unit block has everything in its unit 0 */
     const int src = nu == 1 ? (k == 0 ? 0 : -1) : k;
-    pd.dep[k][0] = src >= 0 ? (g->prefetch ? c->gather[src] : own_g[src]) : -1;
+    pd.dep[k][0] = src >= 0 ? (g->ms->prefetch ? c->gather[src] : own_g[src]) : -1;
     pd.flags[k][0] = 0;
-    pd.dep[k][1] = g->prefetch && src >= 0 && repeat > 1 ? next_g[src] : -1;
+    pd.dep[k][1] = g->ms->prefetch && src >= 0 && repeat > 1 ? next_g[src] : -1;
     pd.flags[k][1] = MP_DEP_PREV_REP;
   }
   if (dopt_g >= 0) pd.dep[0][0] = dopt_g; /* the block's first op waits for its parameters */
-  if (g->rt) mp_sched_rt_block_fwd(g, kind, &pd);
-  else mp_sched_block_fwd_tt(g, kind, &pd);
+  g->ms->block_fwd(g, kind, &pd);
   if (g->reshard) mp_sched_free_units(g, l, u0, nu, 0, N_PARTS - 1);
   /* the segment's last compute-stream op: what the next segment's gathers wait for */
-  const int32_t block_last = g->last_c;
+  const int32_t block_last = g->last_compute;
   /* a gather issued in this segment waits for the previous repetition's compute */
   for (int i = 0; i < n_patch; i++) add_dep(g, patch[i], block_last, MP_DEP_PREV_REP);
   mp_sched_seg_close(g, MP_PHASE_FORWARD, repeat, 1, nu);
@@ -83,16 +82,16 @@ static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   const int nu = g->n_units[l];
   const int32_t u0 = g->first_unit[l];
   mp_sched_seg_open(g, MP_PHASE_BACKWARD, l, -1);
-  const int32_t prev_last = g->last_c;
+  const int32_t prev_last = g->last_compute;
   /* the runtimes: x[l + 1] goes as the block above (or the head) finishes its backward */
   mp_sched_rt_mem(g, MP_ACT_ALLOC_X, kind, 0);
   int32_t patch[N_PARTS], n_patch = 0;
   int32_t next_g[N_PARTS] = {-1, -1, -1}, own_g[N_PARTS] = {-1, -1, -1};
   /* resharded, a block gathers its own units without prefetch; with it, the block above
    * prefetched them, but the runtime's top block gathers its own once the head is done */
-  const int own = g->reshard && (!g->prefetch || (g->rt && l == st->l1 - 1));
+  const int own = g->reshard && (!g->ms->prefetch || (g->ms->top_gathers_own && l == st->l1 - 1));
   if (own) mp_sched_gather_units(g, l, u0, nu, own_g, prev_last, patch, &n_patch);
-  if (g->prefetch && g->reshard && mp_sched_kind_of(g, l - 1, st) != KIND_NONE)
+  if (g->ms->prefetch && g->reshard && mp_sched_kind_of(g, l - 1, st) != KIND_NONE)
     mp_sched_gather_block(g, l - 1, next_g, prev_last, patch, &n_patch);
   /* resharded: each part's first use waits for its gather, issued by the block above
    * (the previous segment, or the previous repetition of this one), or by this block */
@@ -101,20 +100,19 @@ static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
     const int src = nu == 1 ? (k == 0 ? 0 : -1) : k;
     pd.dep[k][0] = g->reshard && src >= 0 ? (own ? own_g[src] : c->gather[src]) : -1;
     pd.flags[k][0] = 0;
-    pd.dep[k][1] = g->prefetch && g->reshard && src >= 0 && repeat > 1 ? next_g[src] : -1;
+    pd.dep[k][1] = g->ms->prefetch && g->reshard && src >= 0 && repeat > 1 ? next_g[src] : -1;
     pd.flags[k][1] = MP_DEP_PREV_REP;
   }
   mp_sched_grads_alloc(g, l, u0, nu);
-  if (g->rt) mp_sched_rt_block_bwd(g, l, kind, &pd);
-  else mp_sched_block_bwd_tt(g, l, kind, &pd);
-  const int32_t block_last = g->last_c;
+  g->ms->block_bwd(g, l, kind, &pd);
+  const int32_t block_last = g->last_compute;
   for (int i = 0; i < n_patch; i++) add_dep(g, patch[i], block_last, MP_DEP_PREV_REP);
   mp_sched_seg_close(g, MP_PHASE_BACKWARD, repeat, -1, -nu);
   for (int k = 0; k < N_PARTS; k++) c->gather[k] = next_g[k];
   /* NCCL: the reduce-scatter in flight after the segment is the last repetition's */
-  if (g->rs_fl.on && g->rs_fl.layer == l) {
-    g->rs_fl.layer -= repeat - 1;
-    g->rs_fl.unit -= (repeat - 1) * nu;
+  if (g->rs_in_flight.on && g->rs_in_flight.layer == l) {
+    g->rs_in_flight.layer -= repeat - 1;
+    g->rs_in_flight.unit -= (repeat - 1) * nu;
   }
 }
 
@@ -129,33 +127,26 @@ static void gen_init(gen *g, mp_ctx *ctx, const mp_plan *p, const mp_schedule_pr
   g->arena = arena;
   g->p = p;
   g->s = s;
-  g->last_c = g->last_reduce = -1;
+  g->last_compute = g->last_reduce = -1;
   g->reshard = p->opts.fsdp.reshard_after_forward;
-  g->pdt = pr->pdt;
-  g->rdt = pr->rdt;
+  g->param_dtype = pr->param_dtype;
+  g->reduce_dtype = pr->reduce_dtype;
   g->sh = pr->sh;
   mp_sched_shapes_for_batch(&g->sh, p, p->opts.micro_batch);
   g->has_fsdp = pr->has_fsdp;
-  g->ppf = pr->has_fsdp && mp_plan_pp_fsdp(p);
+  g->pp_fsdp = pr->has_fsdp && mp_plan_pp_fsdp(p);
   g->ui = pr->ui;
   g->n_ui = pr->n_ui;
   g->first_unit = pr->first_unit;
   g->n_units = pr->n_units;
   g->root_unit = pr->root_unit;
-  /* the runtime models differ in the backend's X dtype and memory, and in the comm: the
-   * CPU's blocking MPI collectives, or (CUDA, a GPU per rank) NCCL's overlap */
-  const int cuda = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CUDA;
-  g->rt = p->opts.mem_model == MP_MEM_MODEL_MESHPLAN_CPU || cuda;
-  g->mg = p->opts.mem_model == MP_MEM_MODEL_MEGATRON;
-  g->dopt = p->opts.dp == MP_DP_DDP && p->opts.ddp.shard_optimizer;
-  g->stage_grad_bytes = pr->params_numel * mp_dtype_bytes(g->rdt);
-  g->xs = g->rt && !cuda ? 4 : 2;
-  g->f8c = cuda || (g->rt && p->opts.f8_codes);
-  g->host_mem = !cuda;
-  g->overlap = cuda;
-  g->prefetch = !g->rt || g->overlap;
-  g->f8w_sharded = g->has_fsdp && mp_mesh_group_size(&p->mesh, MP_GROUP_FSDP) > 1;
-  if (g->rt) mp_sched_rt_layout_fill(g, p->opts.micro_batch);
+  g->ms = mp_sched_strategy(p->opts.mem_model);
+  g->ddp = p->opts.dp == MP_DP_DDP;
+  g->shard_optimizer = g->ddp && p->opts.ddp.shard_optimizer;
+  g->stage_grad_bytes = pr->params_numel * mp_dtype_bytes(g->reduce_dtype);
+  g->fp8_codes = g->ms->f8_codes || (g->ms->runtime && p->opts.f8_codes);
+  g->fp8_weights_sharded = g->has_fsdp && mp_mesh_group_size(&p->mesh, MP_GROUP_FSDP) > 1;
+  if (g->ms->runtime) mp_sched_rt_layout_fill(g, p->opts.micro_batch);
 }
 
 /* The schedule's header: who, how many micro-batches, and the model FLOPs for MFU. */
@@ -176,43 +167,22 @@ static void schedule_header(mp_schedule *s, const mp_plan *p, const mp_schedule_
 }
 
 /* A resident allocation of the prologue. */
-static void resident(gen *g, mp_mem_cat cat, int buf, int64_t bytes) {
+void mp_sched_resident(gen *g, mp_mem_cat cat, int buf, int64_t bytes) {
   g->s->resident_bytes[cat] = bytes;
   mem(g, MP_OP_ALLOC, cat, buf, bytes, -1, -1, MP_STREAM_COMPUTE);
 }
 
-/* Prologue: the resident state. The torchtitan model: the rank's shards in the master
- * dtype, as many gradients and two AdamW states. The megatron model: the stage's
- * parameters in the model dtype besides, gradients in the fp32 main_grad buffers, the
- * masters and Adam state whole or, under the distributed optimizer, the rank's 1/d
- * (mp_plan_ddp_state). The runtime models: fp32 master,
- * gradient and AdamW m, v of the padded shards; X compute copies of the parameters not
- * sharded when X is not fp32; the resident tensors of the activation layout; the float8
- * codes of unsharded weights. */
+/* Prologue: the resident state, as the memory model holds it (mem_strategy.resident). */
 static void emit_prologue(gen *g, const mp_schedule_prep *pr) {
-  const int64_t mb = mp_dtype_bytes(g->p->opts.master_dtype), n = pr->params_numel;
-  int64_t param_bytes = n * mb, grad_bytes = n * mb, optimizer_bytes = 2 * n * mb;
-  if (g->rt) {
-    param_bytes = grad_bytes = 4 * pr->rest.numel_pad;
-    optimizer_bytes = 8 * pr->rest.numel_pad;
-    if (g->xs != 4) param_bytes += g->xs * pr->rest.numel_rep;
-  } else if (g->mg) { /* fp16/bf16 model parameters beside the fp32 masters; fp32 main_grad */
-    int64_t shard;
-    mp_plan_ddp_state(g->p, n, &param_bytes, &grad_bytes, &optimizer_bytes, &shard);
-  }
   mp_sched_seg_open(g, MP_PHASE_PROLOGUE, -1, 0);
-  resident(g, MP_MEM_PARAMS, BUF_PARAMS, param_bytes);
-  resident(g, MP_MEM_OPTIMIZER, BUF_OPTIMIZER, optimizer_bytes);
-  resident(g, MP_MEM_GRADS, BUF_GRADS, grad_bytes);
-  if (g->rt) resident(g, MP_MEM_TEMP, BUF_RT_RESIDENT, mp_act_resident_bytes(&g->lay[KIND_DENSE]));
-  if (g->f8c && pr->rest.f8w_bytes > 0) resident(g, MP_MEM_FP8, BUF_RT_F8W, pr->rest.f8w_bytes);
+  g->ms->resident(g, pr);
   mp_sched_seg_close(g, MP_PHASE_PROLOGUE, 1, 0, 0);
 }
 
 /* Activations crossing a pipeline stage boundary, [Ts, H] bf16 (sequence-sharded under
  * SP), to or from the neighbouring virtual stage. */
 static int32_t stage_p2p(gen *g, mp_coll c, mp_peer peer) {
-  const int32_t i = comm(g, c, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g->sh.Ts * g->sh.H),
+  const int32_t i = comm(g, c, MP_GROUP_PP, MP_STREAM_P2P, 2.0 * (double)(g->sh.tokens_sp * g->sh.d_model),
                          MP_DTYPE_BF16, -1);
   if (i >= 0) g->ops[i].peer = (uint8_t)peer;
   return i;
@@ -232,7 +202,7 @@ static int32_t emit_forward_head(gen *g, const stage_info *st, carry *c, int fir
     const int32_t dg = mp_sched_dopt_gather(g, -1, g->root_unit, 1);
     if (dg >= 0) root_g[0] = dg;
   }
-  if (g->prefetch && st->l1 > st->l0)
+  if (g->ms->prefetch && st->l1 > st->l0)
     mp_sched_gather_block(g, st->l0, c->gather, -1, NULL, NULL);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 1); /* the runtimes: x[0], the stage's input */
   if (st->first) {
@@ -250,9 +220,9 @@ static int32_t emit_forward_head(gen *g, const stage_info *st, carry *c, int fir
  * Megatron-LM frees the sent tensor's storage (deallocate_pipeline_outputs) and the meshplan
  * runtimes account for x[l1] themselves. */
 static void pp_out_mem(gen *g, int alloc) {
-  if (g->rt || g->mg) return;
+  if (!g->ms->keeps_stage_output) return;
   const int32_t i = mem(g, alloc ? MP_OP_ALLOC : MP_OP_FREE, MP_MEM_ACTIVATIONS, BUF_PP_OUT,
-                        2 * g->sh.Ts * g->sh.H, -1, -1, MP_STREAM_COMPUTE);
+                        2 * g->sh.tokens_sp * g->sh.d_model, -1, -1, MP_STREAM_COMPUTE);
   if (i >= 0) g->ops[i].variant = MP_MEM_KEPT;
 }
 
@@ -262,10 +232,10 @@ static void emit_forward_tail(gen *g, const stage_info *st, int32_t root_gather)
   mp_sched_seg_open(g, MP_PHASE_FORWARD, -1, 0);
   if (st->last) {
     pend_dep(g, root_gather, 0);
-    mp_sched_head_fwd(g);
+    g->ms->head_fwd(g);
   } else {
     const int32_t send = stage_p2p(g, MP_COLL_SEND, MP_PEER_NEXT);
-    add_dep(g, send, g->last_c, 0);
+    add_dep(g, send, g->last_compute, 0);
     pp_out_mem(g, 1);
   }
   mp_sched_seg_close(g, MP_PHASE_FORWARD, 1, 0, 0);
@@ -280,10 +250,9 @@ static void emit_backward_head(gen *g, const stage_info *st, carry *c, int first
   if (first_chunk && g->root_unit >= 0) mp_sched_grads_alloc(g, -1, g->root_unit, 1);
   const int32_t recv = st->last ? -1 : stage_p2p(g, MP_COLL_RECV, MP_PEER_NEXT);
   for (int k = 0; k < N_PARTS; k++) c->gather[k] = -1;
-  if (g->prefetch && g->reshard && st->l1 > st->l0 && !g->rt)
-    mp_sched_gather_block(g, st->l1 - 1, c->gather, g->last_c, NULL, NULL);
-  if (st->last && g->rt) mp_sched_head_bwd_rt(g);
-  else if (st->last) mp_sched_head_bwd(g);
+  if (g->ms->prefetch && g->reshard && st->l1 > st->l0 && !g->ms->top_gathers_own)
+    mp_sched_gather_block(g, st->l1 - 1, c->gather, g->last_compute, NULL, NULL);
+  if (st->last) g->ms->head_bwd(g);
   else mp_sched_rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 1); /* the runtimes: the gradient in */
   if (!st->last) pp_out_mem(g, 0);
   mp_sched_seg_close(g, MP_PHASE_BACKWARD, 1, 0, 0);
@@ -298,33 +267,19 @@ static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {
     mp_sched_embedding_bwd(g);
   } else {
     const int32_t send = stage_p2p(g, MP_COLL_SEND, MP_PEER_PREV);
-    add_dep(g, send, g->last_c, 0);
+    add_dep(g, send, g->last_compute, 0);
   }
-  if (g->rt) {
-    /* the runtime's end of the micro-batch: dres, x[0], the root's reduce-scatter (and
-     * every one still in flight), its gathered parameters, the token ids */
-    mp_sched_rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 0);
-    mp_sched_rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 0);
-    if (last_chunk) {
-      if (g->root_unit >= 0) mp_sched_reduce_units(g, -1, g->root_unit, 1, 0, 0);
-      mp_sched_rt_rs_finish(g);
-      if (g->root_unit >= 0) mp_sched_free_units(g, -1, g->root_unit, 1, 0, 0);
-      mp_sched_rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 0);
-    }
-  } else if (last_chunk && g->root_unit >= 0) {
-    mp_sched_free_units(g, -1, g->root_unit, 1, 0, 0);
-    mp_sched_reduce_units(g, -1, g->root_unit, 1, 0, 0);
-  }
+  g->ms->chunk_bwd_end(g, last_chunk);
   /* FSDP under a pipeline: the chunk's (and with its last, the root unit's) accumulated
    * gradients reduced once the last micro-batch's backward of the chunk is done */
-  if (g->ppf) mp_sched_pp_fsdp_reduce(g, st->l0, st->l1, last_chunk && g->root_unit >= 0);
-  /* Megatron-LM without overlap: the whole stage's gradients all-reduced (reduce-scattered
-   * under the distributed optimizer) over dp_replicate (x cp) once its last micro-batch's
-   * backward is done */
+  if (g->pp_fsdp) mp_sched_pp_fsdp_reduce(g, st->l0, st->l1, last_chunk && g->root_unit >= 0);
+  /* DDP without overlap: the whole stage's gradients all-reduced (reduce-scattered with the
+   * optimizer sharded) over dp_replicate (x cp) once its last micro-batch's backward is
+   * done */
   const mp_group ddp = mp_sched_ddp_group(g);
-  if (g->mg && !g->p->opts.ddp.overlap && last_chunk && mp_mesh_group_size(&g->p->mesh, ddp) > 1) {
-    const int32_t i = grad_comm(g, g->dopt ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, ddp,
-                                g->stage_grad_bytes, -1, -1, g->last_c);
+  if (g->ddp && !g->p->opts.ddp.overlap && last_chunk && mp_mesh_group_size(&g->p->mesh, ddp) > 1) {
+    const int32_t i = grad_comm(g, g->shard_optimizer ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, ddp,
+                                g->stage_grad_bytes, -1, -1, g->last_compute);
     if (i >= 0) g->ops[i].when = MP_WHEN_LAST_MICRO;
   }
   mp_sched_seg_close(g, MP_PHASE_BACKWARD, 1, 0, 0);
@@ -336,43 +291,18 @@ static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {
 static void emit_tied_all_reduce(gen *g, const mp_schedule_prep *pr) {
   if (pr->tied_grad_bytes <= 0) return;
   int32_t i = comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_PP, MP_STREAM_COMPUTE,
-                   (double)pr->tied_grad_bytes, g->rdt, MP_MOD_TOK_EMBEDDINGS);
+                   (double)pr->tied_grad_bytes, g->reduce_dtype, MP_MOD_TOK_EMBEDDINGS);
   if (i >= 0) g->ops[i].peer = MP_PEER_ENDS;
   add_dep(g, i, g->last_reduce, 0);
 }
 
-/* Optimizer: global gradient norm (clipping), AdamW on the shard. Megatron-LM's
- * distributed optimizer steps its 1/d of the parameters and, without overlap, all-gathers
- * the updated model-dtype parameters over the data-parallel group here; with overlap
- * (--overlap-param-gather) the next forward gathers them block by block
- * (mp_sched_dopt_gather). */
+/* Optimizer: the tied embedding's all-reduce, then the memory model's step
+ * (mem_strategy.optimizer). */
 static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
   const int world_reduce = mp_mesh_world(&g->p->mesh) > 1;
   mp_sched_seg_open(g, MP_PHASE_OPTIMIZER, -1, 0);
   emit_tied_all_reduce(g, pr);
-  if (g->rt) {
-    mp_sched_rt_optimizer(g, &pr->rest, world_reduce);
-  } else {
-    int64_t shard_n = pr->params_numel;
-    if (g->mg) {
-      int64_t pb, gb, ob;
-      mp_plan_ddp_state(g->p, pr->params_numel, &pb, &gb, &ob, &shard_n);
-    }
-    const double shard = (double)shard_n;
-    int32_t gn = compute(g, MP_KERNEL_GRAD_NORM, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1,
-                         2.0 * shard, 4.0 * shard, MP_DTYPE_FP32);
-    add_dep(g, gn, g->last_reduce, 0);
-    if (world_reduce)
-      comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_WORLD, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, -1);
-    compute(g, MP_KERNEL_OPTIMIZER, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, FLOPS_ADAMW * shard,
-            BYTES_ADAMW * shard, MP_DTYPE_FP32);
-    if (g->mg) /* the model dtype's parameters refreshed from the masters */
-      compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
-              (4.0 + mp_dtype_bytes(g->pdt)) * shard, MP_DTYPE_FP32);
-    if (g->dopt && !g->p->opts.ddp.overlap && mp_sched_dopt_ways(g) > 1)
-      comm(g, MP_COLL_ALL_GATHER, mp_sched_ddp_group(g), MP_STREAM_COMPUTE,
-           (double)(pr->params_numel * mp_dtype_bytes(g->pdt)), g->pdt, -1);
-  }
+  g->ms->optimizer(g, pr, world_reduce);
   mp_sched_seg_close(g, MP_PHASE_OPTIMIZER, 1, 0, 0);
 }
 
@@ -461,7 +391,7 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
   }
   g.chunk = 0;
   emit_optimizer(&g, pr);
-  if (g.st != MP_OK) return g.st; /* its message is on ctx */
+  if (g.status != MP_OK) return g.status; /* its message is on ctx */
   schedule_finish(s, &g);
   *out = s;
   return MP_OK;

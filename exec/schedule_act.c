@@ -77,30 +77,30 @@ static int64_t stat_bytes(const shapes *sh) { return sh->gpt ? 8 : 4; }
 
 /* A: everything the attention part saves without AC. */
 static int64_t attn_all(const shapes *sh) {
-  const int64_t T = sh->T;
-  if (sh->mla) return mp_sched_mla_attn_saved(sh, 2 * T * sh->H); /* schedule_mla.c's list */
-  int64_t b = stat_bytes(sh) * sh->Ts + 2 * T * sh->H + 2 * T * (sh->q + 2 * sh->kv) +
-              2 * T * sh->q + 4 * T * sh->nh;
-  if (sh->qk_norm) b += 2 * T * (sh->q + sh->kv) + 4 * T * (sh->nh + sh->nkv);
+  const int64_t T = sh->tokens;
+  if (sh->mla) return mp_sched_mla_attn_saved(sh, 2 * T * sh->d_model); /* schedule_mla.c's list */
+  int64_t b = stat_bytes(sh) * sh->tokens_sp + 2 * T * sh->d_model + 2 * T * (sh->q_width + 2 * sh->kv_width) +
+              2 * T * sh->q_width + 4 * T * sh->heads;
+  if (sh->qk_norm) b += 2 * T * (sh->q_width + sh->kv_width) + 4 * T * (sh->heads + sh->kv_heads);
   return b;
 }
 
 /* M: everything the MLP part saves without AC. */
 static int64_t mlp_all(const shapes *sh, int kind) {
-  const int64_t T = sh->T;
-  int64_t b = 2 * sh->Ts * sh->H + stat_bytes(sh) * sh->Ts + 2 * T * sh->H;
-  if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 4) * 2 * T * sh->f;
-  b += 4 * T * sh->E + 12 * T * sh->topk + 2 * T * sh->topk * sh->H +
-       4 * 2 * T * sh->topk * sh->fe + 2 * T * sh->topk * sh->H;
-  if (sh->has_shared) b += 4 * 2 * T * sh->fs;
+  const int64_t T = sh->tokens;
+  int64_t b = 2 * sh->tokens_sp * sh->d_model + stat_bytes(sh) * sh->tokens_sp + 2 * T * sh->d_model;
+  if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 4) * 2 * T * sh->d_ff;
+  b += 4 * T * sh->experts + 12 * T * sh->top_k + 2 * T * sh->top_k * sh->d_model +
+       4 * 2 * T * sh->top_k * sh->d_ff_expert + 2 * T * sh->top_k * sh->d_model;
+  if (sh->has_shared) b += 4 * 2 * T * sh->d_ff_shared;
   return b;
 }
 
 static int64_t bwd_workspace(const shapes *sh, int kind) {
-  const int64_t T = sh->T;
-  int64_t b = 2 * 2 * T * sh->H;
-  if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 3) * 2 * T * sh->f;
-  return b + 3 * 2 * T * sh->topk * sh->fe + 2 * T * sh->topk * sh->H;
+  const int64_t T = sh->tokens;
+  int64_t b = 2 * 2 * T * sh->d_model;
+  if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 3) * 2 * T * sh->d_ff;
+  return b + 3 * 2 * T * sh->top_k * sh->d_ff_expert + 2 * T * sh->top_k * sh->d_model;
 }
 
 /* A block's saved bytes under one policy: the block input, what each part keeps past its
@@ -122,62 +122,62 @@ typedef struct block_act {
  * of an MoE block. */
 static void op_sac_mlp(const shapes *sh, int kind, int shifted, int64_t *keep, int64_t *in_all,
                        uint32_t *skip) {
-  const int64_t T = sh->T, rs = sh->sp ? 2 * sh->Ts * sh->H : 0;
+  const int64_t T = sh->tokens, rs = sh->sp ? 2 * sh->tokens_sp * sh->d_model : 0;
   if (shifted && kind == KIND_MOE) {
-    *keep = (sh->has_shared ? 2 * T * sh->fs + 2 * T * sh->H : 0) + rs;
-    *in_all = sh->has_shared ? 2 * T * sh->fs : 0; /* shared gate is silu's saved input */
+    *keep = (sh->has_shared ? 2 * T * sh->d_ff_shared + 2 * T * sh->d_model : 0) + rs;
+    *in_all = sh->has_shared ? 2 * T * sh->d_ff_shared : 0; /* shared gate is silu's saved input */
     if (sh->has_shared) *skip |= SKIP_MOD(MP_MOD_SHARED_GATE) | SKIP_MOD(MP_MOD_SHARED_DOWN);
   } else if (shifted) {
-    *keep = 2 * T * sh->f + rs; /* up #7, saved by the product */
-    *in_all = 2 * T * sh->f;
+    *keep = 2 * T * sh->d_ff + rs; /* up #7, saved by the product */
+    *in_all = 2 * T * sh->d_ff;
     *skip |= SKIP_MOD(MP_MOD_UP);
   } else if (kind == KIND_MOE) {
     /* router #5 (its logits), shared up #7 */
-    *keep = 2 * T * sh->E + (sh->has_shared ? 2 * T * sh->fs : 0) + rs;
-    *in_all = sh->has_shared ? 2 * T * sh->fs : 0;
+    *keep = 2 * T * sh->experts + (sh->has_shared ? 2 * T * sh->d_ff_shared : 0) + rs;
+    *in_all = sh->has_shared ? 2 * T * sh->d_ff_shared : 0;
     *skip |= SKIP_MOD(MP_MOD_ROUTER) | SKIP_MOD(MP_MOD_SHARED_UP);
   } else if (sh->gpt) {
-    *keep = 2 * T * sh->f; /* up #5: the GELU's input */
+    *keep = 2 * T * sh->d_ff; /* up #5: the GELU's input */
     *in_all = *keep;
     *skip |= SKIP_MOD(MP_MOD_UP);
   } else {
-    *keep = 2 * T * sh->f + 2 * T * sh->H + rs; /* gate #5, down #7 */
-    *in_all = 2 * T * sh->f;                    /* gate is silu's saved input */
+    *keep = 2 * T * sh->d_ff + 2 * T * sh->d_model + rs; /* gate #5, down #7 */
+    *in_all = 2 * T * sh->d_ff;                    /* gate is silu's saved input */
     *skip |= SKIP_MOD(MP_MOD_GATE) | SKIP_MOD(MP_MOD_DOWN);
   }
 }
 
 static void block_act_tt(const shapes *sh, int kind, mp_ac_mode ac, block_act *a) {
   memset(a, 0, sizeof *a);
-  const int64_t T = sh->T, A = attn_all(sh), M = mlp_all(sh, kind);
-  const int64_t core = 2 * T * sh->ao + 4 * T * sh->nh;
-  a->x = 2 * sh->Ts * sh->H;
+  const int64_t T = sh->tokens, A = attn_all(sh), M = mlp_all(sh, kind);
+  const int64_t core = 2 * T * sh->attn_out + 4 * T * sh->heads;
+  a->x = 2 * sh->tokens_sp * sh->d_model;
   a->attn = A;
   a->mlp = M;
   switch (ac) {
     case MP_AC_NONE: break;
     case MP_AC_SELECTIVE: {
-      const int64_t in = stat_bytes(sh) * sh->Ts + 2 * sh->Ts * sh->H;
+      const int64_t in = stat_bytes(sh) * sh->tokens_sp + 2 * sh->tokens_sp * sh->d_model;
       a->attn = in;
       a->attn_tmp = A - in;
-      a->rc_attn = A - stat_bytes(sh) * sh->Ts;
+      a->rc_attn = A - stat_bytes(sh) * sh->tokens_sp;
       a->kept = 1;
       a->skip = SKIP_MOD(MP_MOD_ATTN_NORM) | SKIP_RESIDUAL;
       break;
     }
     case MP_AC_SELECTIVE_OP: {
-      const int64_t rs = sh->sp ? 2 * sh->Ts * sh->H : 0;
+      const int64_t rs = sh->sp ? 2 * sh->tokens_sp * sh->d_model : 0;
       int64_t mk = 0, m_in_all = 0;
       a->skip = SKIP_CORE | SKIP_RS;
-      op_sac_mlp(sh, kind, sh->mla && sh->ql > 0, &mk, &m_in_all, &a->skip);
+      op_sac_mlp(sh, kind, sh->mla && sh->q_lora > 0, &mk, &m_in_all, &a->skip);
       if (sh->mla) { /* schedule_mla.c's matmuls */
         int64_t in_a = 0;
         a->attn = mp_sched_mla_op_sac(sh, &in_a, &a->skip) + core + rs;
         a->attn_tmp = A - (in_a + core);
       } else {
         a->skip |= SKIP_MOD(MP_MOD_Q) | SKIP_MOD(MP_MOD_V);
-        a->attn = 2 * T * sh->q + 2 * T * sh->kv + core + rs;
-        a->attn_tmp = A - (2 * T * sh->kv + core);
+        a->attn = 2 * T * sh->q_width + 2 * T * sh->kv_width + core + rs;
+        a->attn_tmp = A - (2 * T * sh->kv_width + core);
       }
       a->rc_attn = a->attn_tmp;
       a->mlp = mk;
@@ -188,8 +188,8 @@ static void block_act_tt(const shapes *sh, int kind, mp_ac_mode ac, block_act *a
       break;
     }
     case MP_AC_SELECTIVE_CORE:
-      a->attn = A - 4 * T * sh->nh;
-      a->attn_tmp = 4 * T * sh->nh;
+      a->attn = A - 4 * T * sh->heads;
+      a->attn_tmp = 4 * T * sh->heads;
       a->rc_attn = core;
       break;
     case MP_AC_FULL:
@@ -225,18 +225,18 @@ static void block_act_tt(const shapes *sh, int kind, mp_ac_mode ac, block_act *a
 static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int materialized,
                          block_act *a) {
   memset(a, 0, sizeof *a);
-  const int64_t T = sh->T, Ts = sh->Ts, H = sh->H, st = stat_bytes(sh), drop = sh->gpt;
+  const int64_t T = sh->tokens, Ts = sh->tokens_sp, H = sh->d_model, st = stat_bytes(sh), drop = sh->gpt;
   const int64_t in = sh->sp ? 2 * Ts * H : 2 * T * H;
   const int64_t sT = sh->seq * T;
-  const int64_t core = materialized ? 2 * sh->nh * sT + drop * 3 * sh->nh * sT : 4 * T * sh->nh;
-  int64_t A = st * Ts + in + 2 * T * (sh->q + sh->kv) + 2 * T * sh->kv + core + 2 * T * sh->q +
+  const int64_t core = materialized ? 2 * sh->heads * sT + drop * 3 * sh->heads * sT : 4 * T * sh->heads;
+  int64_t A = st * Ts + in + 2 * T * (sh->q_width + sh->kv_width) + 2 * T * sh->kv_width + core + 2 * T * sh->q_width +
               drop * Ts * H;
-  if (sh->qk_norm) A += 2 * T * (sh->q + sh->kv) + 4 * T * (sh->nh + sh->nkv);
+  if (sh->qk_norm) A += 2 * T * (sh->q_width + sh->kv_width) + 4 * T * (sh->heads + sh->kv_heads);
   if (sh->mla) /* Megatron-LM's MLA saves what torchtitan's does, its input SP-sharded */
-    A = mp_sched_mla_attn_saved(sh, in) - 4 * T * sh->nh + core;
+    A = mp_sched_mla_attn_saved(sh, in) - 4 * T * sh->heads + core;
   int64_t M;
   if (kind == KIND_DENSE)
-    M = 2 * Ts * H + st * Ts + in + (sh->gpt ? 2 : 4) * 2 * T * sh->f + drop * Ts * H;
+    M = 2 * Ts * H + st * Ts + in + (sh->gpt ? 2 : 4) * 2 * T * sh->d_ff + drop * Ts * H;
   else
     M = mlp_all(sh, kind); /* MoE: as the torchtitan model counts it */
   a->x = 2 * Ts * H;
@@ -245,7 +245,7 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
   if (ac == MP_AC_SELECTIVE_CORE) {
     a->attn = A - core;
     a->attn_tmp = core;
-    a->rc_attn = core + 2 * T * sh->ao;
+    a->rc_attn = core + 2 * T * sh->attn_out;
   } else if (ac == MP_AC_FULL) {
     a->attn = a->mlp = 0;
     a->attn_tmp = a->rc_attn = A;
@@ -258,7 +258,7 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
 static void block_act_of(const gen *g, int kind, mp_ac_mode ac, block_act *a) {
   /* with cp > 1 the core is the ring's flash attention (Transformer Engine's under
    * Megatron-LM), whatever the stack runs without it */
-  if (g->mg)
+  if (g->ms->saved == SAVED_KORTHIKANTI)
     block_act_mg(&g->sh, kind, ac, g->p->opts.attn == MP_ATTN_MATERIALIZED && g->sh.cp == 1, a);
   else block_act_tt(&g->sh, kind, ac, a);
 }
@@ -294,7 +294,7 @@ void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd) {
  * policy keeps. */
 static void recompute(gen *g, const block_act *a, int kind, const part_deps *pd, int whole) {
   g->phase = MP_PHASE_RECOMPUTE;
-  g->rc_skip = a->skip;
+  g->recompute_skips = a->skip;
   if (whole) {
     act(g, BUF_RC_ATTN, a->rc_attn, 1, 0);
     act(g, BUF_RC_MLP, a->rc_mlp, 1, 0);
@@ -310,7 +310,7 @@ static void recompute(gen *g, const block_act *a, int kind, const part_deps *pd,
       mp_sched_attention_core_fwd(g);
     }
   }
-  g->rc_skip = 0;
+  g->recompute_skips = 0;
   g->phase = MP_PHASE_BACKWARD;
 }
 

@@ -111,7 +111,7 @@ void mp_cp_ring_widths(const mp_model *m, int tp, int megatron, int64_t *kw, int
 
 /* The K and V widths the ring carries (the file comment). */
 static void ring_widths(const gen *g, int64_t *kw, int64_t *vw) {
-  mp_cp_ring_widths(&g->p->model, g->sh.tp, g->mg, kw, vw);
+  mp_cp_ring_widths(&g->p->model, g->sh.tp, g->ms->cp_kv_grouped, kw, vw);
 }
 
 /* The all-gather of the ring's K, V (bf16, kvb bytes a rank) after the compute issued so
@@ -120,7 +120,7 @@ static int32_t kv_gather(gen *g, double kvb, mp_variant v) {
   elementwise(g, MP_KERNEL_COPY, v, -1, (int64_t)(kvb / 2.0), 0.0, 2.0 * kvb);
   const int32_t i = comm(g, MP_COLL_ALL_GATHER, MP_GROUP_CP, ring_stream(g), kvb * g->sh.cp,
                          MP_DTYPE_BF16, -1);
-  add_dep(g, i, g->last_c, 0);
+  add_dep(g, i, g->last_compute, 0);
   return i;
 }
 
@@ -131,7 +131,7 @@ int mp_cp_ring_kv_units(int cp, mp_cp_rotate rotate, int megatron) {
 }
 
 static int kv_units(const gen *g) {
-  return mp_cp_ring_kv_units(g->sh.cp, g->p->opts.cp_rotate, g->mg);
+  return mp_cp_ring_kv_units(g->sh.cp, g->p->opts.cp_rotate, g->ms->cp_kv_grouped);
 }
 
 /* alltoall: before round r's compute, wait for the K, V the round before shifted (`prev`),
@@ -141,17 +141,17 @@ static int32_t kv_shift(gen *g, double kvb, mp_variant v, int r, int R, int k, i
   if (r > 0) pend_dep(g, prev, 0);
   if (r == R - 1) return -1;
   times(g, elementwise(g, MP_KERNEL_COPY, v, -1, (int64_t)(kvb / 2.0), 0.0, 2.0 * kvb), k);
-  return ring_shift(g, kvb, MP_DTYPE_BF16, g->last_c, k);
+  return ring_shift(g, kvb, MP_DTYPE_BF16, g->last_compute, k);
 }
 
 void mp_sched_cp_attention_fwd(gen *g) {
   const shapes *sh = &g->sh;
   const int cp = sh->cp;
-  const int64_t T = sh->T;
+  const int64_t T = sh->tokens;
   int64_t kw, vw;
   ring_widths(g, &kw, &vw);
   const double kv = 2.0 * (double)(T * (kw + vw)); /* K and V, bf16 */
-  const int64_t acc = 4 * T * sh->ao + 4 * T * sh->nh, held = (int64_t)(kv * kv_units(g));
+  const int64_t acc = 4 * T * sh->attn_out + 4 * T * sh->heads, held = (int64_t)(kv * kv_units(g));
   const int a2a = alltoall(g);
   int fold;
   const int R = ring_rounds(g, &fold);
@@ -164,15 +164,15 @@ void mp_sched_cp_attention_fwd(gen *g) {
     if (a2a) shift = kv_shift(g, kv, MP_VAR_FWD, r, R, k, shift);
     else if (r == 1) pend_dep(g, gather, 0);
     times(g,
-          compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq / cp, sh->hd, sh->nh,
+          compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq / cp, sh->head_dim, sh->heads,
                   attn_core_fwd_flops(sh) / cp,
-                  2.0 * (double)(T * (sh->q + sh->ao + kw + vw)) + 4.0 * (double)(T * sh->nh),
+                  2.0 * (double)(T * (sh->q_width + sh->attn_out + kw + vw)) + 4.0 * (double)(T * sh->heads),
                   MP_DTYPE_BF16),
           k);
     if (r > 0) /* the online-softmax merge */
       times(g,
-            elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T * sh->ao, 4.0,
-                        10.0 * (double)(T * sh->ao) + 16.0 * (double)(T * sh->nh)),
+            elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T * sh->attn_out, 4.0,
+                        10.0 * (double)(T * sh->attn_out) + 16.0 * (double)(T * sh->heads)),
             k);
   }
   pair(g, MP_MEM_COMM, BUF_CP_KV, held, 0);
@@ -182,11 +182,11 @@ void mp_sched_cp_attention_fwd(gen *g) {
 void mp_sched_cp_attention_bwd(gen *g) {
   const shapes *sh = &g->sh;
   const int cp = sh->cp;
-  const int64_t T = sh->T;
+  const int64_t T = sh->tokens;
   int64_t kw, vw;
   ring_widths(g, &kw, &vw);
   const double kv = 2.0 * (double)(T * (kw + vw)), dkv = 4.0 * (double)(T * (kw + vw));
-  const int64_t acc = 4 * T * (sh->q + kw + vw), held = (int64_t)(kv * kv_units(g) + 2 * dkv);
+  const int64_t acc = 4 * T * (sh->q_width + kw + vw), held = (int64_t)(kv * kv_units(g) + 2 * dkv);
   const int a2a = alltoall(g);
   int fold;
   const int R = ring_rounds(g, &fold);
@@ -198,13 +198,13 @@ void mp_sched_cp_attention_bwd(gen *g) {
     const int k = round_steps(fold, r);
     if (a2a) shift = kv_shift(g, kv, MP_VAR_BWD, r, R, k, shift);
     int32_t ahead = -1; /* a folded round: the dK, dV shifts of all its steps but the last */
-    if (r > 0 && k > 1) ahead = ring_shift(g, dkv, MP_DTYPE_FP32, g->last_c, k - 1);
+    if (r > 0 && k > 1) ahead = ring_shift(g, dkv, MP_DTYPE_FP32, g->last_compute, k - 1);
     if (!a2a && r == 1) pend_dep(g, gather, 0);
     times(g,
-          compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq / cp, sh->hd, sh->nh,
+          compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq / cp, sh->head_dim, sh->heads,
                   2.0 * attn_core_fwd_flops(sh) / cp,
-                  2.0 * (double)(T * (2 * (sh->q + sh->ao) + 2 * (kw + vw))) +
-                      4.0 * (double)(T * sh->nh),
+                  2.0 * (double)(T * (2 * (sh->q_width + sh->attn_out) + 2 * (kw + vw))) +
+                      4.0 * (double)(T * sh->heads),
                   MP_DTYPE_BF16),
           k);
     if (r > 0) { /* the dK, dV that arrived, added to this step's */
@@ -214,13 +214,13 @@ void mp_sched_cp_attention_bwd(gen *g) {
                         12.0 * (double)(T * (kw + vw))),
             k);
     }
-    dshift = ring_shift(g, dkv, MP_DTYPE_FP32, g->last_c, 1); /* passed on to the next rank */
+    dshift = ring_shift(g, dkv, MP_DTYPE_FP32, g->last_compute, 1); /* passed on to the next rank */
   }
   pend_dep(g, dshift, 0); /* the rank's own dK, dV back before they are used */
   /* dQ, dK, dV from fp32 to bf16, and repeat_kv's backward summing each head group */
-  elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T * (sh->q + kw + vw), 1.0,
-              6.0 * (double)(T * (sh->q + kw + vw)) +
-                  (kw != sh->kv ? 2.0 * (double)(T * (kw + vw + sh->kv + sh->v)) : 0.0));
+  elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T * (sh->q_width + kw + vw), 1.0,
+              6.0 * (double)(T * (sh->q_width + kw + vw)) +
+                  (kw != sh->kv_width ? 2.0 * (double)(T * (kw + vw + sh->kv_width + sh->v_width)) : 0.0));
   pair(g, MP_MEM_COMM, BUF_CP_KV, held, 0);
   pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 0);
 }
@@ -235,35 +235,35 @@ void mp_sched_cp_attention_bwd(gen *g) {
  * local K, V copied; per step the span backward into dQ and the travelling dK, dV; after
  * every step but the last the K, V passed on, after every step the dK, dV (the last
  * transfer brings the rank's own back); those added into the block's dK, dV. */
-static mp_dtype rt_x_dtype(const gen *g) { return g->xs == 4 ? MP_DTYPE_FP32 : MP_DTYPE_BF16; }
+static mp_dtype rt_x_dtype(const gen *g) { return g->ms->x_bytes == 4 ? MP_DTYPE_FP32 : MP_DTYPE_BF16; }
 
 /* The ring, forward (bwd = 0) or backward (1), in the runtime's order. */
 static void rt_ring(gen *g, int bwd) {
   const shapes *sh = &g->sh;
   const int cp = sh->cp;
-  const int64_t T = sh->T, kv = 2 * T * sh->kv;
-  const double kvb = (double)g->xs * (double)kv;
+  const int64_t T = sh->tokens, kv = 2 * T * sh->kv_width;
+  const double kvb = (double)g->ms->x_bytes * (double)kv;
   const mp_variant v = bwd ? MP_VAR_BWD : MP_VAR_FWD;
   const mp_act_alloc state = bwd ? MP_ACT_ALLOC_CP_BWD : MP_ACT_ALLOC_CP_FWD;
   mp_sched_rt_mem(g, state, KIND_DENSE, 1);
   if (bwd) /* D = rowsum(dout * out) */
-    elementwise(g, MP_KERNEL_ATTENTION, v, -1, T * sh->q, 2.0,
-                2.0 * g->xs * (double)(T * sh->q) + 4.0 * (double)(T * sh->nh));
+    elementwise(g, MP_KERNEL_ATTENTION, v, -1, T * sh->q_width, 2.0,
+                2.0 * g->ms->x_bytes * (double)(T * sh->q_width) + 4.0 * (double)(T * sh->heads));
   elementwise(g, MP_KERNEL_COPY, v, -1, kv, 0.0, 2.0 * kvb);
   for (int s = 0; s < cp; s++) {
     const int q_kv = bwd ? 4 : 2;
-    compute(g, MP_KERNEL_ATTENTION, v, -1, T, sh->seq / cp, sh->hd, sh->nh,
+    compute(g, MP_KERNEL_ATTENTION, v, -1, T, sh->seq / cp, sh->head_dim, sh->heads,
             (bwd ? 2.0 : 1.0) * attn_core_fwd_flops(sh) / cp,
-            2.0 * (double)(T * (q_kv * sh->q + q_kv * sh->kv)) + 4.0 * (double)(T * sh->nh),
+            2.0 * (double)(T * (q_kv * sh->q_width + q_kv * sh->kv_width)) + 4.0 * (double)(T * sh->heads),
             rt_x_dtype(g));
-    if (s + 1 < cp) ring_shift(g, kvb, rt_x_dtype(g), g->last_c, 1);
-    if (bwd) ring_shift(g, kvb, rt_x_dtype(g), g->last_c, 1); /* the dK, dV */
+    if (s + 1 < cp) ring_shift(g, kvb, rt_x_dtype(g), g->last_compute, 1);
+    if (bwd) ring_shift(g, kvb, rt_x_dtype(g), g->last_compute, 1); /* the dK, dV */
   }
   if (bwd) /* the rank's own dK, dV into the block's */
     elementwise(g, MP_KERNEL_RESIDUAL, v, -1, kv, 1.0, 3.0 * kvb);
   else /* the finalize */
-    elementwise(g, MP_KERNEL_ATTENTION, v, -1, T * sh->q, 1.0,
-                (4.0 + g->xs) * (double)(T * sh->q) + 4.0 * (double)(T * sh->nh));
+    elementwise(g, MP_KERNEL_ATTENTION, v, -1, T * sh->q_width, 1.0,
+                (4.0 + g->ms->x_bytes) * (double)(T * sh->q_width) + 4.0 * (double)(T * sh->heads));
   mp_sched_rt_mem(g, state, KIND_DENSE, 0);
 }
 

@@ -42,7 +42,7 @@
 
 /* A unit's shard in the reduce dtype: what the dp_replicate all-reduce carries. */
 static int64_t shard_bytes(const gen *g, const unit_info *ui) {
-  return ui->numel_shard * mp_dtype_bytes(g->rdt);
+  return ui->numel_shard * mp_dtype_bytes(g->reduce_dtype);
 }
 
 /* A unit's gathered parameters in bytes: in the param dtype (torchtitan; float8 weights
@@ -50,16 +50,16 @@ static int64_t shard_bytes(const gen *g, const unit_info *ui) {
  * with nothing on this stage, and for one the runtimes use in place (a one-rank group). */
 static int64_t gathered_bytes(const gen *g, const unit_info *ui) {
   if (ui->numel_tp == 0) return 0;
-  if (!g->rt) return (int64_t)ui->gather_bytes;
-  return ui->gsize > 1 ? (g->xs == 2 ? ui->rt_gather_x2 : ui->rt_gather_x4) : 0;
+  if (!g->ms->runtime) return (int64_t)ui->gather_bytes;
+  return ui->gsize > 1 ? (g->ms->x_bytes == 2 ? ui->rt_gather_x2 : ui->rt_gather_x4) : 0;
 }
 
 /* A unit's unsharded gradients in bytes: in the param dtype (torchtitan), or fp32 slots of
  * the runtime's gathered layout (as many elements as the gathered slots hold); 0 where the
  * runtimes accumulate into the resident gradients (a one-rank group). */
 static int64_t unsharded_grad_bytes(const gen *g, const unit_info *ui) {
-  if (!g->rt) return ui->numel_tp * mp_dtype_bytes(g->pdt);
-  return gathered_bytes(g, ui) / g->xs * 4;
+  if (!g->ms->runtime) return ui->numel_tp * mp_dtype_bytes(g->param_dtype);
+  return gathered_bytes(g, ui) / g->ms->x_bytes * 4;
 }
 
 /* Issues the all-gathers of block `layer`'s units (or the root unit when layer < 0 and
@@ -74,13 +74,13 @@ void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t 
     const int64_t gb = gathered_bytes(g, ui);
     if (gb == 0) continue;
     int32_t i = mem(g, MP_OP_ALLOC, MP_MEM_GATHERED, BUF_GATHERED, gb, layer, u, MP_STREAM_GATHER);
-    if (i >= 0 && g->ppf) g->ops[i].when = MP_WHEN_FIRST_MICRO;
+    if (i >= 0 && g->pp_fsdp) g->ops[i].when = MP_WHEN_FIRST_MICRO;
     /* one-rank group: the cast to the param dtype is local; the dependency anchor stays the
      * ALLOC, so users still wait for "the gathered parameters" */
     if (ui->gsize > 1) {
       i = comm(g, MP_COLL_ALL_GATHER, (mp_group)ui->group, MP_STREAM_GATHER, ui->gather_bytes,
                (mp_dtype)ui->gather_dtype, -1);
-      if (i >= 0 && g->ppf) g->ops[i].when = MP_WHEN_FIRST_MICRO;
+      if (i >= 0 && g->pp_fsdp) g->ops[i].when = MP_WHEN_FIRST_MICRO;
     }
     if (i >= 0) {
       g->ops[i].layer = layer;
@@ -100,12 +100,12 @@ void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t 
  * them in the same order), the block waiting for its own. Returns the gather, -1 where
  * there is none. */
 int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n) {
-  if (!g->dopt || !g->p->opts.ddp.overlap || mp_sched_dopt_ways(g) <= 1) return -1;
+  if (!g->shard_optimizer || !g->p->opts.ddp.overlap || mp_sched_dopt_ways(g) <= 1) return -1;
   int64_t numel = 0;
   for (int k = 0; k < n; k++) numel += g->ui[unit0 + k].numel_tp;
   if (numel == 0) return -1;
   const int32_t i = comm(g, MP_COLL_ALL_GATHER, mp_sched_ddp_group(g), MP_STREAM_GATHER,
-                         (double)(numel * mp_dtype_bytes(g->pdt)), g->pdt, -1);
+                         (double)(numel * mp_dtype_bytes(g->param_dtype)), g->param_dtype, -1);
   if (i >= 0) {
     g->ops[i].layer = layer;
     g->ops[i].unit = unit0;
@@ -127,7 +127,7 @@ void mp_sched_free_units(gen *g, int32_t layer, int32_t unit0, int n, int part_l
     const int64_t gb = gathered_bytes(g, &g->ui[u]);
     if (gb <= 0) continue;
     const int32_t i = mem(g, MP_OP_FREE, MP_MEM_GATHERED, BUF_GATHERED, gb, layer, u, MP_STREAM_COMPUTE);
-    if (i >= 0 && g->ppf) g->ops[i].when = MP_WHEN_LAST_MICRO;
+    if (i >= 0 && g->pp_fsdp) g->ops[i].when = MP_WHEN_LAST_MICRO;
   }
 }
 
@@ -143,12 +143,12 @@ void mp_sched_grads_alloc(gen *g, int32_t layer, int32_t unit0, int n) {
 /* NCCL: the reduce-scatter in flight is finished (the runtime's unit_rs_finish): its output
  * and the unit's unsharded gradients go. */
 void mp_sched_rt_rs_finish(gen *g) {
-  if (!g->rs_fl.on) return;
-  mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_RT_RS, g->rs_fl.rs, g->rs_fl.layer, g->rs_fl.unit,
+  if (!g->rs_in_flight.on) return;
+  mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_RT_RS, g->rs_in_flight.rs, g->rs_in_flight.layer, g->rs_in_flight.unit,
       MP_STREAM_COMPUTE);
-  mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, g->rs_fl.gbuf, g->rs_fl.layer, g->rs_fl.unit,
+  mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, g->rs_in_flight.gbuf, g->rs_in_flight.layer, g->rs_in_flight.unit,
       MP_STREAM_COMPUTE);
-  g->rs_fl.on = 0;
+  g->rs_in_flight.on = 0;
 }
 
 /* Runtime models: unit u's gradients after its backward (the runtime's unit_grad_end).
@@ -161,9 +161,9 @@ void mp_sched_rt_rs_finish(gen *g) {
 static void rt_reduce_unit(gen *g, int32_t layer, int32_t u, int rep, int32_t after) {
   const unit_info *ui = &g->ui[u];
   const int sharded = ui->gsize > 1;
-  const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->rdt), stage = ui->rt_max_pad * 4,
+  const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype), stage = ui->rt_max_pad * 4,
                 out = ui->rt_rs_numel * 4;
-  if (sharded && g->overlap) {
+  if (sharded && g->ms->overlap) {
     mp_sched_rt_rs_finish(g);
     mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_RT_RS, out, layer, u, MP_STREAM_COMPUTE);
   } else if (sharded) {
@@ -176,12 +176,12 @@ static void rt_reduce_unit(gen *g, int32_t layer, int32_t u, int rep, int32_t af
     last = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, shard_bytes(g, ui), layer, u,
                      last >= 0 ? last : after);
   if (!sharded) return;
-  if (g->overlap) {
-    g->rs_fl.on = 1;
-    g->rs_fl.layer = layer;
-    g->rs_fl.unit = u;
-    g->rs_fl.rs = out;
-    g->rs_fl.gbuf = unsharded_grad_bytes(g, ui);
+  if (g->ms->overlap) {
+    g->rs_in_flight.on = 1;
+    g->rs_in_flight.layer = layer;
+    g->rs_in_flight.unit = u;
+    g->rs_in_flight.rs = out;
+    g->rs_in_flight.gbuf = unsharded_grad_bytes(g, ui);
     return;
   }
   int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, stage, layer, u, MP_STREAM_REDUCE);
@@ -194,7 +194,7 @@ static void rt_reduce_unit(gen *g, int32_t layer, int32_t u, int rep, int32_t af
  * reduce-scatter, all-reduce over dp_replicate, free. */
 void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, int hi) {
   const int rep = g->p->mesh.size[MP_DIM_DP_REPLICATE];
-  const int32_t after = g->last_c;
+  const int32_t after = g->last_compute;
   for (int k = lo; k < n && k <= hi; k++) {
     const int32_t u = unit0 + k;
     const unit_info *ui = &g->ui[u];
@@ -205,31 +205,31 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
        * in main_grad until then), here with overlap (a bucket per block), else once after
        * the backward (schedule.c) */
       if (mp_mesh_group_size(&g->p->mesh, mp_sched_ddp_group(g)) > 1 &&
-          (!g->mg || g->p->opts.ddp.overlap)) {
-        const int32_t i = grad_comm(g, g->dopt ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE,
-                                    mp_sched_ddp_group(g), ui->numel_tp * mp_dtype_bytes(g->rdt),
+          (!g->ddp || g->p->opts.ddp.overlap)) {
+        const int32_t i = grad_comm(g, g->shard_optimizer ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE,
+                                    mp_sched_ddp_group(g), ui->numel_tp * mp_dtype_bytes(g->reduce_dtype),
                                     layer, u, after);
-        if (i >= 0 && (g->mg || g->p->mesh.size[MP_DIM_PP] > 1)) g->ops[i].when = MP_WHEN_LAST_MICRO;
+        if (i >= 0 && (g->ddp || g->p->mesh.size[MP_DIM_PP] > 1)) g->ops[i].when = MP_WHEN_LAST_MICRO;
       }
       continue;
     }
-    if (g->rt) {
+    if (g->ms->runtime) {
       rt_reduce_unit(g, layer, u, rep, after);
       continue;
     }
-    if (g->ppf) { /* accumulated; reduced after the chunk's last backward */
-      const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->rdt);
+    if (g->pp_fsdp) { /* accumulated; reduced after the chunk's last backward */
+      const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
       int32_t a = mem(g, MP_OP_ALLOC, MP_MEM_GRADS, BUF_GRAD_ACC, rb, layer, u, MP_STREAM_COMPUTE);
       if (a >= 0) g->ops[a].when = MP_WHEN_FIRST_MICRO;
       a = compute(g, MP_KERNEL_COPY, MP_VAR_BWD, -1, ui->numel_tp, 0, 0, 1, (double)ui->numel_tp,
-                  (double)(ui->numel_tp * mp_dtype_bytes(g->pdt) + 2 * rb), g->rdt);
+                  (double)(ui->numel_tp * mp_dtype_bytes(g->param_dtype) + 2 * rb), g->reduce_dtype);
       if (a >= 0) g->ops[a].unit = u;
-      mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, ui->numel_tp * mp_dtype_bytes(g->pdt),
+      mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, ui->numel_tp * mp_dtype_bytes(g->param_dtype),
           layer, u, MP_STREAM_COMPUTE);
       continue;
     }
-    const int64_t gb = ui->numel_tp * mp_dtype_bytes(g->pdt);
-    const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->rdt);
+    const int64_t gb = ui->numel_tp * mp_dtype_bytes(g->param_dtype);
+    const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
     mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_COMPUTE);
     mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, gb, layer, u, MP_STREAM_COMPUTE);
     int32_t last = -1;
@@ -249,14 +249,14 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
  * stream in unit order once the chunk's backward compute is done. */
 void mp_sched_pp_fsdp_reduce(gen *g, int32_t l0, int32_t l1, int root) {
   const int rep = g->p->mesh.size[MP_DIM_DP_REPLICATE];
-  const int32_t after = g->last_c;
+  const int32_t after = g->last_compute;
   for (int32_t k = root ? -1 : 0; k < l1 - l0; k++) {
     const int32_t l = k < 0 ? -1 : l0 + k; /* the root unit first */
     const int32_t u0 = l < 0 ? g->root_unit : g->first_unit[l], n = l < 0 ? 1 : g->n_units[l];
     for (int32_t u = u0; u < u0 + n; u++) {
       const unit_info *ui = &g->ui[u];
       if (ui->numel_tp == 0) continue;
-      const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->rdt);
+      const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
       int32_t last = -1;
       if (ui->gsize > 1)
         last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, l, u, after);

@@ -2,7 +2,7 @@
  * interface for other modules.
  *
  * Invariants: gen is the only state of one build; ops are emitted into the open segment
- * (seg_open / seg_close) in issue order; a dependency never points forward; once gen.st is
+ * (seg_open / seg_close) in issue order; a dependency never points forward; once gen.status is
  * a failure every emission is a no-op (new_op hands out the dummy op, index -1). The
  * emission primitives are inline here: they run for every op of every schedule the planner
  * builds. */
@@ -111,34 +111,49 @@ typedef struct unit_info {
   int64_t rt_gather_x4, rt_gather_x2, rt_rs_numel, rt_max_pad;
 } unit_info;
 
-/* Per-kind local shapes and flags, read from the plan's parameters. */
+/* One rank's local sizes for a micro-batch, read from the plan's parameters (what TP, EP
+ * and CP left of the model's dims on this rank) and its batch. */
 typedef struct shapes {
-  int64_t T, seq, H, hd, q, kv, nh, nkv, f;          /* f: dense d_ff, tp-local */
-  int64_t Ts;                                        /* tokens of the residual stream, norms
-                                                        and dropout on the rank: T / tp under
-                                                        sequence parallelism, else T */
-  int64_t E, E_l, topk, fe, fs;                      /* MoE; fs: shared, tp-local */
-  double m_exp;                                      /* tokens per local expert */
-  double attended;                                   /* keys a query attends to on average
-                                                        (mp_model_attended_keys) */
-  int64_t V_l, V_loss;                               /* head rows on the rank; loss width */
-  int64_t vd, v, ao;                                 /* value head, v's width, the attention
-                                                        output's width (tp-local): hd, kv and q
-                                                        without MLA */
-  int mla;                                           /* multi-head latent attention */
-  int64_t ql, kvl, rope, kvb;                        /* MLA: q_lora_rank (0: q_proj),
-                                                        kv_lora_rank, qk_rope_head_dim,
-                                                        kv_b_proj's rows (tp-local) */
-  int ar_mla;                                        /* MLA: its up projections colwise */
+  /* tokens */
+  int64_t tokens;           /* of the micro-batch on the rank: micro_batch x seq / cp */
+  int64_t tokens_sp;        /* of the residual stream, norms and dropout on the rank:
+                               tokens / tp under sequence parallelism, else tokens */
+  int64_t seq;              /* tokens per sequence (the whole sequence, before cp) */
+  double attended;          /* keys a query attends to on average (mp_model_attended_keys) */
+  /* widths, tp-local where TP splits them */
+  int64_t d_model, head_dim;
+  int64_t q_width, kv_width;  /* q's and k's output width (heads x head_dim) */
+  int64_t heads, kv_heads;
+  int64_t v_head_dim, v_width; /* v's head and output width: head_dim and kv_width without MLA */
+  int64_t attn_out;         /* the attention output's width (o's input): q_width without MLA */
+  int64_t d_ff;             /* the dense MLP's width */
+  /* MoE */
+  int64_t experts, experts_local, top_k;
+  int64_t d_ff_expert;      /* an expert's width (experts are not split over tp) */
+  int64_t d_ff_shared;      /* the shared experts' width */
+  double tokens_per_expert; /* tokens per local expert, balanced */
+  /* multi-head latent attention */
+  int mla;
+  int64_t q_lora, kv_lora, rope_dim; /* q_lora_rank (0: q_proj), kv_lora_rank, qk_rope_head_dim */
+  int64_t kv_b_rows;        /* kv_b_proj's output rows */
+  /* the vocabulary */
+  int64_t vocab_local, vocab_loss; /* the head's rows on the rank; the loss's width */
   int gpt, qk_norm, has_shared, tied;
+  /* parallelism */
   int tp, ep, cp;
-  int sp;                                            /* sequence parallelism (tp > 1) */
-  int ar_o, ar_down, ar_qkv, ar_gateup, ar_sdown, ar_sgateup, ar_head_in, ar_emb;
+  int sp;                   /* sequence parallelism (tp > 1) */
+  /* TP regions: where a region is entered (its all-gather under SP) and closed (its
+   * all-reduce or reduce-scatter), per the Linears TP split */
+  int tp_opens_qkv, tp_closes_o, tp_opens_gateup, tp_closes_down;
+  int tp_opens_shared_gateup, tp_closes_shared_down;
+  int tp_opens_mla;         /* MLA: its up projections colwise */
+  int tp_head_split;        /* the head's rows split: its input gradient a partial sum */
+  int tp_emb_vocab;         /* the embedding vocab-parallel */
   int loss_parallel, logits_gather;
-  int fp8[MP_MOD_COUNT];
-  int fp8_ag;
-  int f8tp;                                          /* float8 with tp > 1 under torchtitan:
-                                                        torchao's float8 TP (schedule_ops.c) */
+  /* float8 */
+  int fp8[MP_MOD_COUNT];    /* per module: its Linear runs float8 */
+  int fp8_all_gather;       /* FSDP all-gathers float8 weights */
+  int fp8_tp_codes;         /* float8 with tp > 1: torchao's float8 TP (mem_strategy) */
 } shapes;
 
 typedef struct gen {
@@ -151,7 +166,7 @@ typedef struct gen {
   int32_t n_ops, cap_ops;
   mp_segment *segs;
   int32_t n_segs, cap_segs;
-  mp_status st;            /* sticky: the first failure (its message on ctx); from then on
+  mp_status status;        /* sticky: the first failure (its message on ctx); from then on
                               every emission is a no-op writing into `dummy` */
   mp_op dummy;
   /* current emission state */
@@ -159,7 +174,7 @@ typedef struct gen {
   uint8_t chunk;           /* the model chunk being written (segments record it) */
   int32_t layer;           /* layer of the block being written (first repetition) */
   int32_t seg_first;       /* first op of the open segment */
-  int32_t last_c;          /* last op on the compute stream */
+  int32_t last_compute;    /* last op on the compute stream */
   int32_t last_reduce;     /* last op on the reduce stream */
   /* deps for the next compute op */
   int32_t pend[MP_OP_MAX_DEPS];
@@ -173,38 +188,31 @@ typedef struct gen {
   int8_t *n_units;         /* per layer */
   int32_t root_unit;       /* -1 when this stage holds no root parameter */
   int reshard;
-  int ppf;                 /* FSDP under a pipeline (mp_plan_pp_fsdp): gathers in the first
+  int pp_fsdp;             /* FSDP under a pipeline (mp_plan_pp_fsdp): gathers in the first
                               micro-batch, parameters freed and gradients reduced in the last */
-  mp_dtype pdt, rdt;
-  /* memory model (p->opts.mem_model; see the file comment) */
-  int rt;                  /* a meshplan runtime's: MESHPLAN_CPU or MESHPLAN_CUDA */
-  int mg;                  /* Megatron-LM's (MEGATRON): no FSDP, fp32 main gradients
-                              all-reduced over dp_replicate (x cp: mp_sched_ddp_group) in the
-                              last micro-batch, SP re-gathering the sharded inputs of its
-                              column-parallel Linears in backward */
-  int dopt;                /* mg with Megatron-LM's distributed optimizer (dist_opt): the
-                              gradients reduce-scattered over the DDP group instead of
+  mp_dtype param_dtype, reduce_dtype; /* FSDP's (or DDP's) gather and reduce dtypes */
+  const struct mem_strategy *ms; /* the plan's memory model's strategy (schedule_mem.c) */
+  int ddp;                 /* data parallelism by DDP (opts.dp): replicated parameters,
+                              gradient buckets all-reduced over the DDP group
+                              (mp_sched_ddp_group) in the last micro-batch */
+  int shard_optimizer;     /* DDP with its optimizer sharded (ddp.shard_optimizer, ZeRO-1):
+                              the gradients reduce-scattered over the DDP group instead of
                               all-reduced, the optimizer on the rank's 1/d of them, the
                               updated parameters all-gathered back */
-  int64_t stage_grad_bytes; /* mg: the stage's gradients in the reduce dtype */
-  int xs;                  /* bytes of an activation (X) element: bf16 under torchtitan, the
-                              backend's x_dtype in the runtimes (4 CPU, 2 CUDA) */
-  int host_mem;            /* rt: the backend's memory is host memory (no staging buffer) */
-  int overlap;             /* rt: NCCL's prefetched gathers and deferred reduce-scatters */
-  int prefetch;            /* FSDP gathers one block ahead (torchtitan, NCCL), or at use */
-  int f8c;                 /* rt: float8 Linears on codes (meshplan-cuda; meshplan-cpu with the
-                              plan's f8_codes), else the CPU's fp32 emulation */
-  int f8w_sharded;         /* rt, float8 on codes: block weights FSDP-sharded (per-GEMM codes) */
-  unsigned f8_scope;       /* rt, float8 on codes: the open block's quantized activations */
-  int64_t f8_scope_bytes[4];
+  int64_t stage_grad_bytes; /* DDP: the stage's gradients in the reduce dtype */
+  int fp8_codes;           /* float8 Linears on codes (the strategy's, or meshplan-cpu with
+                              the plan's f8_codes), else the CPU's fp32 emulation */
+  int fp8_weights_sharded; /* float8 on codes: block weights FSDP-sharded (per-GEMM codes) */
+  unsigned fp8_scope;      /* float8 on codes: the open block's quantized activations */
+  int64_t fp8_scope_bytes[4];
   struct {                 /* overlap: the reduce-scatter in flight (one unit at most) */
     int on;
     int32_t layer, unit;
     int64_t rs, gbuf;
-  } rs_fl;
-  uint32_t rc_skip;        /* under MP_PHASE_RECOMPUTE: what the block's AC policy keeps
+  } rs_in_flight;
+  uint32_t recompute_skips; /* under MP_PHASE_RECOMPUTE: what the block's AC policy keeps
                               and the recompute therefore does not run (SKIP_*) */
-  mp_act_layout lay[2];    /* rt: the activation layout (exec/act_layout.h) of a dense and of
+  mp_act_layout layout[2]; /* runtimes: the activation layout (exec/act_layout.h) of a dense and of
                               an MoE block; under EP with balanced routing, N x top_k rows on
                               the expert side */
 } gen;
@@ -249,7 +257,7 @@ struct mp_schedule_prep {
   mp_mesh mesh;
   int64_t seq;
   int fp8_all_gather;
-  mp_dtype pdt, rdt;
+  mp_dtype param_dtype, reduce_dtype; /* FSDP's (or DDP's) gather and reduce dtypes */
   /* what it holds */
   int rank, stage;
   mp_schedule_mode mode;
@@ -272,7 +280,58 @@ struct mp_schedule_prep {
   double flops_per_token;
 };
 
-/* What a recompute skips (gen.rc_skip): a module's ops (its Linear's GEMMs, a norm) by the
+/* ---- the memory model's strategy --------------------------------------------------------- */
+
+/* How the runtime a plan is for (its memory model, exec/plan.h) holds its state and runs a
+ * step: one table per memory model (schedule_mem.c), chosen once per build. The builder
+ * calls its steps and reads its properties; nothing else in the builder asks which memory
+ * model it is. A new memory model is a table there, the steps it does not share, and its
+ * name in exec/plan.h. */
+typedef enum saved_model {
+  SAVED_AUTOGRAD = 0, /* what PyTorch's autograd saves per op (schedule_act.c) */
+  SAVED_KORTHIKANTI,  /* Megatron-LM's, as Korthikanti et al. 2022 count them */
+  SAVED_LAYOUT,       /* the meshplan runtime's activation layout (exec/act_layout.h) */
+} saved_model;
+
+typedef struct mem_strategy {
+  /* properties */
+  uint8_t runtime;      /* meshplan's runtime: memory events replay its allocations, sized
+                           by the activation layout (schedule_rt.c) */
+  uint8_t x_bytes;      /* an activation element: 2 (bf16), or 4 (the CPU runtime's fp32) */
+  uint8_t f8_codes;     /* float8 Linears on real codes, whatever the plan asks */
+  uint8_t host_mem;     /* the backend's memory is host memory (no staging buffer) */
+  uint8_t overlap;      /* collectives overlapped as NCCL runs them: a unit's reduce-scatter
+                           finished one unit later (schedule_fsdp.c) */
+  uint8_t prefetch;     /* FSDP gathers issued one block ahead (else as a block starts) */
+  uint8_t top_gathers_own; /* backward: the stage's top block gathers its own units once the
+                              head is done, not prefetched before it (the runtime's order) */
+  uint8_t keeps_stage_output; /* a pipeline stage holds each micro-batch's output until its
+                                 backward (torch.distributed.pipelining's fwd_cache) */
+  uint8_t sp_regathers; /* SP saves a column-parallel region's input on the sequence shard and
+                           all-gathers it again in backward (Megatron-LM) */
+  uint8_t cp_kv_grouped; /* the ring moves grouped K, V (no repeat_kv) and keeps every step's
+                            buffer to the pass's end (Transformer Engine's p2p ring) */
+  uint8_t saved;        /* saved_model: what a block keeps for its backward */
+  uint8_t fp8_tp_codes; /* float8 with tp > 1: a colwise region's input cast to float8 before
+                           its all-gather and the output gradient before the reduce-scatter's
+                           backward (torchao's float8 tensor parallel, as torchtitan applies
+                           it: schedule_ops.c) */
+  /* steps */
+  void (*resident)(gen *g, const mp_schedule_prep *pr); /* the prologue's allocations */
+  void (*block_fwd)(gen *g, int kind, const part_deps *pd);
+  void (*block_bwd)(gen *g, int32_t l, int kind, const part_deps *pd);
+  void (*head_fwd)(gen *g);
+  void (*head_bwd)(gen *g);
+  /* the end of a chunk's backward: the root's gradients (last_chunk) and what the
+   * micro-batch held */
+  void (*chunk_bwd_end)(gen *g, int last_chunk);
+  void (*optimizer)(gen *g, const mp_schedule_prep *pr, int world_reduce);
+} mem_strategy;
+
+/* The strategy of memory model m (schedule_mem.c); NULL when m is not one. */
+const mem_strategy *mp_sched_strategy(mp_mem_model m);
+
+/* What a recompute skips (gen.recompute_skips): a module's ops (its Linear's GEMMs, a norm) by the
  * bit 1 << module, and these. */
 #define SKIP_CORE (1u << 29)     /* the attention core */
 #define SKIP_RS (1u << 30)       /* a TP region's closing reduce-scatter (its output kept) */
@@ -291,7 +350,7 @@ static inline int64_t mp_sched_dopt_ways(const gen *g) {
 }
 
 static inline int skipped(const gen *g, uint32_t bit) {
-  return g->phase == MP_PHASE_RECOMPUTE && (g->rc_skip & bit) != 0;
+  return g->phase == MP_PHASE_RECOMPUTE && (g->recompute_skips & bit) != 0;
 }
 
 /* Records the builder's first failure (its message on ctx); later ones are dropped. */
@@ -311,7 +370,7 @@ static inline mp_op *no_op(gen *g, int32_t *idx) {
 /* A new op of the open segment, initialised from the emission state; the dummy op (index
  * -1) once the builder has failed. */
 static inline mp_op *new_op(gen *g, mp_op_type type, mp_stream stream, int32_t *idx) {
-  if (g->st != MP_OK || (g->n_ops == g->cap_ops && !mp_sched_grow_ops(g))) return no_op(g, idx);
+  if (g->status != MP_OK || (g->n_ops == g->cap_ops && !mp_sched_grow_ops(g))) return no_op(g, idx);
   int32_t i = g->n_ops++;
   mp_op *op = &g->ops[i];
   /* a copy of an all-zero op, not memset: gcc turns a small memset into `rep stos`, slow
@@ -327,14 +386,14 @@ static inline mp_op *new_op(gen *g, mp_op_type type, mp_stream stream, int32_t *
   op->unit = -1;
   op->batch = 1;
   op->dtype = MP_DTYPE_BF16;
-  if (stream == MP_STREAM_COMPUTE) g->last_c = i;
+  if (stream == MP_STREAM_COMPUTE) g->last_compute = i;
   if (stream == MP_STREAM_REDUCE) g->last_reduce = i;
   if (idx) *idx = i;
   return op;
 }
 
 static inline void add_dep(gen *g, int32_t op, int32_t dep, uint8_t flags) {
-  if (op < 0 || dep < 0 || g->st != MP_OK) return;
+  if (op < 0 || dep < 0 || g->status != MP_OK) return;
   mp_op *o = &g->ops[op];
   for (int i = 0; i < o->n_dep; i++)
     if (o->dep[i] == dep && o->dep_flags[i] == flags) return;
@@ -396,7 +455,7 @@ static inline int32_t comm(gen *g, mp_coll c, mp_group grp, mp_stream stream, do
  * or the all-reduce over dp_replicate), tagged with its layer and unit, after `after`. */
 static inline int32_t grad_comm(gen *g, mp_coll c, mp_group grp, int64_t bytes, int32_t layer,
                                 int32_t u, int32_t after) {
-  int32_t i = comm(g, c, grp, MP_STREAM_REDUCE, (double)bytes, g->rdt, -1);
+  int32_t i = comm(g, c, grp, MP_STREAM_REDUCE, (double)bytes, g->reduce_dtype, -1);
   if (i >= 0) {
     g->ops[i].layer = layer;
     g->ops[i].unit = u;
@@ -423,7 +482,7 @@ static inline int32_t mem(gen *g, mp_op_type type, mp_mem_cat cat, int buf, int6
  * sliding window the band flash attention computes (FlashAttention-2's window_size skips the
  * tiles outside it). */
 static inline double attn_core_fwd_flops(const shapes *sh) {
-  return 2.0 * (double)sh->T * sh->attended * (double)sh->nh * (double)(sh->hd + sh->vd);
+  return 2.0 * (double)sh->tokens * sh->attended * (double)sh->heads * (double)(sh->head_dim + sh->v_head_dim);
 }
 
 static inline void pair(gen *g, mp_mem_cat cat, int buf, int64_t bytes, int alloc) {
@@ -446,6 +505,10 @@ static inline void attach(gen *g, const part_deps *pd, int part) {
   if (pd == NULL) return;
   for (int i = 0; i < 2; i++) pend_dep(g, pd->dep[part][i], pd->flags[part][i]);
 }
+
+/* schedule.c: a resident allocation of the prologue (its bytes in the schedule's
+ * resident_bytes) */
+void mp_sched_resident(gen *g, mp_mem_cat cat, int buf, int64_t bytes);
 
 /* schedule_act.c */
 void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd);
@@ -480,6 +543,7 @@ void mp_sched_embedding_fwd(gen *g);
 void mp_sched_head_bwd(gen *g);
 void mp_sched_head_bwd_rt(gen *g);
 void mp_sched_head_fwd(gen *g);
+void mp_sched_head_fwd_rt(gen *g);
 void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd);
 void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd);
 void mp_sched_seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_step,
@@ -500,7 +564,9 @@ void mp_sched_rt_mem(gen *g, mp_act_alloc a, int kind, int alloc);
 void mp_sched_rt_sp(gen *g, int alloc);
 void mp_sched_rt_cp_attention_fwd(gen *g);
 void mp_sched_rt_cp_attention_bwd(gen *g);
-void mp_sched_rt_optimizer(gen *g, const rt_rest *r, int world_reduce);
+void mp_sched_rt_optimizer(gen *g, const mp_schedule_prep *pr, int world_reduce);
+void mp_sched_rt_resident(gen *g, const mp_schedule_prep *pr);
+void mp_sched_rt_chunk_bwd_end(gen *g, int last_chunk);
 
 /* schedule_cp.c */
 void mp_sched_cp_attention_bwd(gen *g);

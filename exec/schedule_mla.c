@@ -34,29 +34,29 @@
  * kv_b #4 recomputed); without, q_proj #1 [T, q] and kv_b #3 [T, kvb] (kv_a #2 and o #4
  * recomputed). */
 int64_t mp_sched_mla_op_sac(const shapes *sh, int64_t *in_saved, uint32_t *skip) {
-  const int64_t T = sh->T;
-  if (sh->ql > 0) {
+  const int64_t T = sh->tokens;
+  if (sh->q_lora > 0) {
     *skip |= SKIP_MOD(MP_MOD_Q_A) | SKIP_MOD(MP_MOD_KV_A) | SKIP_MOD(MP_MOD_O);
-    *in_saved = 2 * T * sh->ql + 2 * T * (sh->kvl + sh->rope); /* both are saved without AC */
-    return *in_saved + 2 * T * sh->H;
+    *in_saved = 2 * T * sh->q_lora + 2 * T * (sh->kv_lora + sh->rope_dim); /* both are saved without AC */
+    return *in_saved + 2 * T * sh->d_model;
   }
   *skip |= SKIP_MOD(MP_MOD_Q) | SKIP_MOD(MP_MOD_KV_B);
-  *in_saved = 2 * T * sh->kvb; /* v's base; q_proj's output is not saved without AC */
-  return 2 * T * sh->q + *in_saved;
+  *in_saved = 2 * T * sh->kv_b_rows; /* v's base; q_proj's output is not saved without AC */
+  return 2 * T * sh->q_width + *in_saved;
 }
 
 int64_t mp_sched_mla_attn_saved(const shapes *sh, int64_t in) {
-  const int64_t T = sh->T;
-  int64_t b = 4 * sh->Ts + in;
-  if (sh->ql > 0) b += 2 * T * sh->ql + 4 * T + 2 * T * sh->ql;
-  b += 2 * T * (sh->kvl + sh->rope) + 4 * T + 2 * T * sh->kvl + 2 * T * sh->kvb;
-  return b + 2 * T * (sh->q + sh->kv) + 2 * T * sh->ao + 4 * T * sh->nh;
+  const int64_t T = sh->tokens;
+  int64_t b = 4 * sh->tokens_sp + in;
+  if (sh->q_lora > 0) b += 2 * T * sh->q_lora + 4 * T + 2 * T * sh->q_lora;
+  b += 2 * T * (sh->kv_lora + sh->rope_dim) + 4 * T + 2 * T * sh->kv_lora + 2 * T * sh->kv_b_rows;
+  return b + 2 * T * (sh->q_width + sh->kv_width) + 2 * T * sh->attn_out + 4 * T * sh->heads;
 }
 
 /* RoPE on the query's rope part of every local head and on the one shared key head. */
 static void mla_rope(gen *g, mp_variant v) {
   const shapes *sh = &g->sh;
-  const int64_t e = sh->T * (sh->nh + 1) * sh->rope;
+  const int64_t e = sh->tokens * (sh->heads + 1) * sh->rope_dim;
   elementwise(g, MP_KERNEL_ROPE, v, -1, e, FLOPS_ROPE, 4.0 * (double)e);
 }
 
@@ -64,57 +64,57 @@ static void mla_rope(gen *g, mp_variant v) {
  * the reverse, the rope key's gradient summed over the heads). */
 static void mla_assemble(gen *g, mp_variant v) {
   const shapes *sh = &g->sh;
-  const int64_t e = sh->T * (sh->q + sh->kv);
+  const int64_t e = sh->tokens * (sh->q_width + sh->kv_width);
   elementwise(g, MP_KERNEL_COPY, v, -1, e, v == MP_VAR_BWD ? 1.0 : 0.0, 4.0 * (double)e);
 }
 
 /* The latent's gradient summed over tp (see the file comment). */
 static void latent_all_reduce(gen *g, int module, int64_t width) {
   const shapes *sh = &g->sh;
-  if (!sh->ar_mla) return;
+  if (!sh->tp_opens_mla) return;
   comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE,
-       (double)g->xs * (double)(sh->T * width), g->xs == 4 ? MP_DTYPE_FP32 : MP_DTYPE_BF16,
+       (double)g->ms->x_bytes * (double)(sh->tokens * width), g->ms->x_bytes == 4 ? MP_DTYPE_FP32 : MP_DTYPE_BF16,
        module);
 }
 
 void mp_sched_mla_fwd(gen *g) {
   const shapes *sh = &g->sh;
-  const double T = (double)sh->T;
-  const int64_t H = sh->H;
+  const double T = (double)sh->tokens;
+  const int64_t H = sh->d_model;
   mp_sched_tp_region_in(g, 0, sh->tp > 1, MP_MOD_KV_A);
-  if (sh->ql > 0) {
-    mp_sched_linear(g, 0, MP_MOD_Q_A, T, sh->ql, H);
-    mp_sched_norm(g, 0, MP_MOD_Q_A_NORM, sh->T, sh->ql);
-    mp_sched_linear(g, 0, MP_MOD_Q_B, T, sh->q, sh->ql);
+  if (sh->q_lora > 0) {
+    mp_sched_linear(g, 0, MP_MOD_Q_A, T, sh->q_lora, H);
+    mp_sched_norm(g, 0, MP_MOD_Q_A_NORM, sh->tokens, sh->q_lora);
+    mp_sched_linear(g, 0, MP_MOD_Q_B, T, sh->q_width, sh->q_lora);
   } else {
-    mp_sched_linear(g, 0, MP_MOD_Q, T, sh->q, H);
+    mp_sched_linear(g, 0, MP_MOD_Q, T, sh->q_width, H);
   }
-  mp_sched_linear(g, 0, MP_MOD_KV_A, T, sh->kvl + sh->rope, H);
-  mp_sched_norm(g, 0, MP_MOD_KV_A_NORM, sh->T, sh->kvl);
-  mp_sched_linear(g, 0, MP_MOD_KV_B, T, sh->kvb, sh->kvl);
+  mp_sched_linear(g, 0, MP_MOD_KV_A, T, sh->kv_lora + sh->rope_dim, H);
+  mp_sched_norm(g, 0, MP_MOD_KV_A_NORM, sh->tokens, sh->kv_lora);
+  mp_sched_linear(g, 0, MP_MOD_KV_B, T, sh->kv_b_rows, sh->kv_lora);
   mla_rope(g, MP_VAR_FWD);
   mla_assemble(g, MP_VAR_FWD);
 }
 
 void mp_sched_mla_bwd(gen *g) {
   const shapes *sh = &g->sh;
-  const double T = (double)sh->T;
-  const int64_t H = sh->H;
+  const double T = (double)sh->tokens;
+  const int64_t H = sh->d_model;
   mla_assemble(g, MP_VAR_BWD);
   mla_rope(g, MP_VAR_BWD);
   const int32_t first = g->n_ops, ag = mp_sched_mg_regather(g, sh->tp > 1, MP_MOD_KV_A);
-  mp_sched_linear(g, 1, MP_MOD_KV_B, T, sh->kvb, sh->kvl);
-  latent_all_reduce(g, MP_MOD_KV_B, sh->kvl + sh->rope);
-  mp_sched_norm(g, 1, MP_MOD_KV_A_NORM, sh->T, sh->kvl);
-  mp_sched_linear(g, 1, MP_MOD_KV_A, T, sh->kvl + sh->rope, H);
-  if (sh->ql > 0) {
-    mp_sched_linear(g, 1, MP_MOD_Q_B, T, sh->q, sh->ql);
-    latent_all_reduce(g, MP_MOD_Q_B, sh->ql);
-    mp_sched_norm(g, 1, MP_MOD_Q_A_NORM, sh->T, sh->ql);
-    mp_sched_linear(g, 1, MP_MOD_Q_A, T, sh->ql, H);
+  mp_sched_linear(g, 1, MP_MOD_KV_B, T, sh->kv_b_rows, sh->kv_lora);
+  latent_all_reduce(g, MP_MOD_KV_B, sh->kv_lora + sh->rope_dim);
+  mp_sched_norm(g, 1, MP_MOD_KV_A_NORM, sh->tokens, sh->kv_lora);
+  mp_sched_linear(g, 1, MP_MOD_KV_A, T, sh->kv_lora + sh->rope_dim, H);
+  if (sh->q_lora > 0) {
+    mp_sched_linear(g, 1, MP_MOD_Q_B, T, sh->q_width, sh->q_lora);
+    latent_all_reduce(g, MP_MOD_Q_B, sh->q_lora);
+    mp_sched_norm(g, 1, MP_MOD_Q_A_NORM, sh->tokens, sh->q_lora);
+    mp_sched_linear(g, 1, MP_MOD_Q_A, T, sh->q_lora, H);
   } else {
-    mp_sched_linear(g, 1, MP_MOD_Q, T, sh->q, H);
+    mp_sched_linear(g, 1, MP_MOD_Q, T, sh->q_width, H);
   }
   mp_sched_mg_regather_wait(g, ag, first);
-  mp_sched_tp_region_in(g, 1, sh->ql == 0 && sh->ar_mla, MP_MOD_Q);
+  mp_sched_tp_region_in(g, 1, sh->q_lora == 0 && sh->tp_opens_mla, MP_MOD_Q);
 }

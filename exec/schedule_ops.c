@@ -58,10 +58,10 @@ static _Thread_local int32_t g_ops_hint;
 void mp_sched_ops_hint_set(int32_t n_ops) { g_ops_hint = n_ops; }
 
 void mp_sched_fail(gen *g, mp_status code, const char *fmt, ...) {
-  if (g->st != MP_OK) return;
+  if (g->status != MP_OK) return;
   va_list ap;
   va_start(ap, fmt);
-  g->st = mp_verror(g->ctx, code, fmt, ap);
+  g->status = mp_verror(g->ctx, code, fmt, ap);
   va_end(ap);
 }
 
@@ -90,7 +90,7 @@ void mp_sched_seg_open(gen *g, mp_phase phase, int32_t layer, int32_t layer_step
 
 void mp_sched_seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_step,
                         int32_t unit_step) {
-  if (g->st != MP_OK) return;
+  if (g->status != MP_OK) return;
   if (g->n_ops == g->seg_first) return; /* nothing emitted (e.g. a middle stage's head) */
   if (g->n_segs == g->cap_segs) {
     int32_t cap = g->cap_segs ? 2 * g->cap_segs : 32;
@@ -128,10 +128,10 @@ static void cast(gen *g, int module, int64_t elems, mp_variant v) {
  * Linear `module` reads such an input. */
 static int f8_input(const gen *g, int module) {
   const shapes *sh = &g->sh;
-  if (!sh->f8tp) return 0;
+  if (!sh->fp8_tp_codes) return 0;
   if (module == MP_MOD_Q || module == MP_MOD_K || module == MP_MOD_V)
-    return sh->ar_qkv && sh->fp8[MP_MOD_Q];
-  if (module == MP_MOD_GATE || module == MP_MOD_UP) return sh->ar_gateup && sh->fp8[MP_MOD_UP];
+    return sh->tp_opens_qkv && sh->fp8[MP_MOD_Q];
+  if (module == MP_MOD_GATE || module == MP_MOD_UP) return sh->tp_opens_gateup && sh->fp8[MP_MOD_UP];
   return 0;
 }
 
@@ -144,9 +144,9 @@ static int f8_input(const gen *g, int module) {
  * under sequence parallelism. */
 static int f8_grad_out(const gen *g, int module) {
   const shapes *sh = &g->sh;
-  if (!sh->f8tp || !sh->sp) return 0;
-  if (module == MP_MOD_O) return sh->ar_o && sh->fp8[MP_MOD_O];
-  if (module == MP_MOD_DOWN) return sh->ar_down && sh->fp8[MP_MOD_DOWN];
+  if (!sh->fp8_tp_codes || !sh->sp) return 0;
+  if (module == MP_MOD_O) return sh->tp_closes_o && sh->fp8[MP_MOD_O];
+  if (module == MP_MOD_DOWN) return sh->tp_closes_down && sh->fp8[MP_MOD_DOWN];
   return 0;
 }
 
@@ -166,13 +166,13 @@ static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, in
   }
   const int64_t mi = (int64_t)ceil(m) * batch;
   const int64_t w = out * in * batch, x = mi * in;
-  if (g->f8c) {
+  if (g->fp8_codes) {
     /* codes: the input's (shared in the block; its amax from RMSNorm's or SwiGLU's kernel,
      * the attention output's read for it), then the weight's when FSDP-sharded (else the
      * resident codes, quantized once per step: rt_optimizer) */
-    const int64_t wb = g->f8w_sharded ? mp_act_f8_operand_bytes(w) : 0;
+    const int64_t wb = g->fp8_weights_sharded ? mp_act_f8_operand_bytes(w) : 0;
     const int src = mp_sched_f8_source(module);
-    if (!(g->f8_scope & (1u << src))) mp_sched_rt_f8_cast(g, module, x, src == 1, 1, MP_VAR_FWD);
+    if (!(g->fp8_scope & (1u << src))) mp_sched_rt_f8_cast(g, module, x, src == 1, 1, MP_VAR_FWD);
     mp_sched_rt_f8_act(g, module, x);
     pair(g, MP_MEM_FP8, BUF_F8_W, wb, 1);
     if (wb) mp_sched_rt_f8_cast(g, module, w, 1, 2, MP_VAR_FWD);
@@ -180,11 +180,11 @@ static void linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, in
     pair(g, MP_MEM_FP8, BUF_F8_W, wb, 0);
     return;
   }
-  if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_FWD);
+  if (!g->sh.fp8_all_gather) cast(g, module, w, MP_VAR_FWD);
   if (!f8_input(g, module)) cast(g, module, x, MP_VAR_FWD);
   /* meshplan-cpu emulates float8 in fp32: one buffer of the quantized input (aligned) and
    * weight; the runtimes never all-gather float8 */
-  const int64_t fb = g->rt ? mp_act_f8_emul_fwd_floats(x, w) * 4 : (g->sh.fp8_ag ? 0 : w) + x;
+  const int64_t fb = g->ms->runtime ? mp_act_f8_emul_fwd_floats(x, w) * 4 : (g->sh.fp8_all_gather ? 0 : w) + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
   gemm(g, MP_VAR_FWD, module, m, out, in, batch, MP_DTYPE_FP8_E4M3);
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 0);
@@ -199,12 +199,12 @@ static void linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, in
   }
   const int64_t mi = (int64_t)ceil(m) * batch;
   const int64_t w = out * in * batch, x = mi * in, dy = mi * out;
-  if (g->f8c) {
+  if (g->fp8_codes) {
     /* codes: dy's (E5M2, both orientations; gate's and up's amax from SwiGLU's backward
      * kernel), the weight's when sharded, DGRAD adding into the input gradient, then the
      * input's transposed codes (shared in the block; the amax its forward kept) */
     const int64_t db = mp_act_f8_operand_bytes(dy);
-    const int64_t wb = g->f8w_sharded ? mp_act_f8_operand_bytes(w) : 0;
+    const int64_t wb = g->fp8_weights_sharded ? mp_act_f8_operand_bytes(w) : 0;
     const int dy_known = (module == MP_MOD_GATE || module == MP_MOD_UP) && !g->sh.gpt &&
                          g->sh.fp8[MP_MOD_GATE] && g->sh.fp8[MP_MOD_UP];
     const int src = mp_sched_f8_source(module);
@@ -213,7 +213,7 @@ static void linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, in
     pair(g, MP_MEM_FP8, BUF_F8_W, wb, 1);
     if (wb) mp_sched_rt_f8_cast(g, module, w, 1, 2, MP_VAR_BWD);
     gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_FP8_E5M2);
-    if (!(g->f8_scope & (1u << src))) mp_sched_rt_f8_cast(g, module, x, 0, 1, MP_VAR_BWD);
+    if (!(g->fp8_scope & (1u << src))) mp_sched_rt_f8_cast(g, module, x, 0, 1, MP_VAR_BWD);
     mp_sched_rt_f8_act(g, module, x);
     gemm(g, MP_VAR_WGRAD, module, out, in, (int64_t)ceil(m), batch, MP_DTYPE_FP8_E5M2);
     pair(g, MP_MEM_FP8, BUF_F8_W, wb, 0);
@@ -221,13 +221,13 @@ static void linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, in
     return;
   }
   if (!f8_grad_out(g, module)) cast(g, module, dy, MP_VAR_BWD);
-  if (!g->sh.fp8_ag) cast(g, module, w, MP_VAR_BWD);
+  if (!g->sh.fp8_all_gather) cast(g, module, w, MP_VAR_BWD);
   if (f8_input(g, module))
     transpose8(g, module, x, MP_VAR_BWD);
   else
     cast(g, module, x, MP_VAR_BWD);
   const int64_t fb =
-      g->rt ? mp_act_f8_emul_bwd_floats(dy, x, w) * 4 : dy + (g->sh.fp8_ag ? 0 : w) + x;
+      g->ms->runtime ? mp_act_f8_emul_bwd_floats(dy, x, w) * 4 : dy + (g->sh.fp8_all_gather ? 0 : w) + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
   gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_FP8_E5M2);
   /* WGRAD's FLOPs with the exact token count: dW[out, in] = dy^T x, k = m x batch tokens
@@ -250,9 +250,9 @@ static void fix_wgrad_flops(gen *g, int32_t first, double m_tokens) {
 /* ---- tensor- and expert-parallel collectives ------------------------------------------ */
 
 /* Activations travel as X elements: bf16 under torchtitan, the runtimes' X (fp32 on the CPU). */
-static double act_comm_bytes(const gen *g) { return (double)g->xs; }
+static double act_comm_bytes(const gen *g) { return (double)g->ms->x_bytes; }
 
-static mp_dtype act_comm_dtype(const gen *g) { return g->xs == 4 ? MP_DTYPE_FP32 : MP_DTYPE_BF16; }
+static mp_dtype act_comm_dtype(const gen *g) { return g->ms->x_bytes == 4 ? MP_DTYPE_FP32 : MP_DTYPE_BF16; }
 
 /* A TP region's boundary collectives on [T, H] X elements (payload: the full tensor, as
  * schedule.h counts all-gather, reduce-scatter and all-reduce alike). A region is the
@@ -267,7 +267,7 @@ static mp_dtype act_comm_dtype(const gen *g) { return g->xs == 4 ? MP_DTYPE_FP32
  * whose output the AC policy keeps is skipped (SKIP_RS). */
 static void tp_coll(gen *g, mp_coll c, int module) {
   const shapes *sh = &g->sh;
-  comm(g, c, MP_GROUP_TP, MP_STREAM_COMPUTE, act_comm_bytes(g) * (double)(sh->T * sh->H),
+  comm(g, c, MP_GROUP_TP, MP_STREAM_COMPUTE, act_comm_bytes(g) * (double)(sh->tokens * sh->d_model),
        act_comm_dtype(g), module);
 }
 
@@ -276,10 +276,10 @@ static void tp_coll(gen *g, mp_coll c, int module) {
 static void tp_region_in_fwd(gen *g, int on, int module, int f8) {
   const shapes *sh = &g->sh;
   if (!on) return;
-  if (f8) cast(g, module, sh->Ts * sh->H, MP_VAR_FWD);
+  if (f8) cast(g, module, sh->tokens_sp * sh->d_model, MP_VAR_FWD);
   if (!sh->sp) return;
   if (f8)
-    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->T * sh->H),
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->tokens * sh->d_model),
          MP_DTYPE_FP8_E4M3, module);
   else
     tp_coll(g, MP_COLL_ALL_GATHER, module);
@@ -294,8 +294,8 @@ static void tp_region_out_bwd(gen *g, int on, int module) {
   const shapes *sh = &g->sh;
   if (!on || !sh->sp) return;
   if (f8_grad_out(g, module)) { /* cast on the rank's shard, gathered in float8 */
-    cast(g, module, sh->Ts * sh->H, MP_VAR_BWD);
-    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->T * sh->H),
+    cast(g, module, sh->tokens_sp * sh->d_model, MP_VAR_BWD);
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->tokens * sh->d_model),
          MP_DTYPE_FP8_E5M2, module);
     return;
   }
@@ -317,7 +317,7 @@ static void tp_region_in_bwd(gen *g, int on, int module) {
  * gather stream) are not priced as fused. The meshplan runtimes have no such fusion; the
  * plan refuses tp_comm_fused under their memory models. */
 static int async_tp(const gen *g) {
-  return g->p->opts.tp_comm_fused && g->sh.sp && g->sh.tp > 1 && !g->rt;
+  return g->p->opts.tp_comm_fused && g->sh.sp && g->sh.tp > 1 && !g->ms->runtime;
 }
 
 /* Marks the TP collective of `kind` (all-gather or reduce-scatter) emitted since op `from`
@@ -351,7 +351,7 @@ static void ep_alltoall(gen *g, int module) {
   const shapes *sh = &g->sh;
   if (sh->ep <= 1) return;
   comm(g, MP_COLL_ALL_TO_ALL, MP_GROUP_EP, MP_STREAM_COMPUTE,
-       act_comm_bytes(g) * (double)(sh->T * sh->topk * sh->H), act_comm_dtype(g), module);
+       act_comm_bytes(g) * (double)(sh->tokens * sh->top_k * sh->d_model), act_comm_dtype(g), module);
 }
 
 /* Megatron-LM's sequence parallelism saves a column-parallel region's input on the
@@ -362,11 +362,11 @@ static void ep_alltoall(gen *g, int module) {
  * first weight gradient wait for it. Returns the gather, -1 where there is none. */
 static int32_t mg_regather(gen *g, int on, int module) {
   const shapes *sh = &g->sh;
-  if (!(g->mg && sh->sp && on)) return -1;
-  pair(g, MP_MEM_TEMP, BUF_SP_GATHER, 2 * sh->T * sh->H, 1);
+  if (!(g->ms->sp_regathers && sh->sp && on)) return -1;
+  pair(g, MP_MEM_TEMP, BUF_SP_GATHER, 2 * sh->tokens * sh->d_model, 1);
   const int32_t i = comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_GATHER,
-                         2.0 * (double)(sh->T * sh->H), MP_DTYPE_BF16, module);
-  add_dep(g, i, g->last_c, 0);
+                         2.0 * (double)(sh->tokens * sh->d_model), MP_DTYPE_BF16, module);
+  add_dep(g, i, g->last_compute, 0);
   return i;
 }
 
@@ -378,7 +378,7 @@ static void mg_regather_wait(gen *g, int32_t gather, int32_t first_op) {
       add_dep(g, i, gather, 0);
       break;
     }
-  pair(g, MP_MEM_TEMP, BUF_SP_GATHER, 2 * g->sh.T * g->sh.H, 0);
+  pair(g, MP_MEM_TEMP, BUF_SP_GATHER, 2 * g->sh.tokens * g->sh.d_model, 0);
 }
 
 /* ---- one block ------------------------------------------------------------------------ */
@@ -403,8 +403,8 @@ static void residual(gen *g, mp_variant v, int64_t elems) {
 static void rope(gen *g, mp_variant v) {
   const shapes *sh = &g->sh;
   if (sh->gpt) return;
-  const int64_t eq = sh->T * sh->q, ek = sh->T * sh->kv;
-  if (g->rt) {
+  const int64_t eq = sh->tokens * sh->q_width, ek = sh->tokens * sh->kv_width;
+  if (g->ms->runtime) {
     elementwise(g, MP_KERNEL_ROPE, v, -1, eq, FLOPS_ROPE, 4.0 * (double)eq);
     elementwise(g, MP_KERNEL_ROPE, v, -1, ek, FLOPS_ROPE, 4.0 * (double)ek);
   } else {
@@ -415,7 +415,7 @@ static void rope(gen *g, mp_variant v) {
 /* The residual stream's gradient: an add of its own in autograd; the runtimes' backward
  * kernels accumulate into it (ops.h: gradients accumulate), so nothing. */
 static void residual_bwd(gen *g, int64_t elems) {
-  if (!g->rt) residual(g, MP_VAR_BWD, elems);
+  if (!g->ms->runtime) residual(g, MP_VAR_BWD, elems);
 }
 
 /* Megatron-LM's materialized core attention on s x s scores per sequence and head
@@ -426,28 +426,28 @@ static void residual_bwd(gen *g, int64_t elems) {
  * and softmax backwards, dQ = dS K and dK = dS^T Q; dP lives as a TEMP. */
 static void core_materialized(gen *g, int bwd) {
   const shapes *sh = &g->sh;
-  const double s = (double)sh->seq, scores = (double)sh->T * s * (double)sh->nh;
-  const int64_t batch = sh->T / sh->seq * sh->nh;
+  const double s = (double)sh->seq, scores = (double)sh->tokens * s * (double)sh->heads;
+  const int64_t batch = sh->tokens / sh->seq * sh->heads;
   if (!bwd) {
-    gemm(g, MP_VAR_FWD, -1, s, sh->seq, sh->hd, batch, MP_DTYPE_BF16);
+    gemm(g, MP_VAR_FWD, -1, s, sh->seq, sh->head_dim, batch, MP_DTYPE_BF16);
     compute(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, -1, (int64_t)scores, 0, 0, 1, 5.0 * scores,
             4.0 * scores, MP_DTYPE_BF16);
     if (sh->gpt)
       compute(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, -1, (int64_t)scores, 0, 0, 1, 2.0 * scores,
               5.0 * scores, MP_DTYPE_BF16);
-    gemm(g, MP_VAR_FWD, -1, s, sh->vd, sh->seq, batch, MP_DTYPE_BF16);
+    gemm(g, MP_VAR_FWD, -1, s, sh->v_head_dim, sh->seq, batch, MP_DTYPE_BF16);
     return;
   }
   pair(g, MP_MEM_TEMP, BUF_SCORES_GRAD, (int64_t)(2.0 * scores), 1);
-  gemm(g, MP_VAR_DGRAD, -1, s, sh->vd, sh->seq, batch, MP_DTYPE_BF16);
-  gemm(g, MP_VAR_DGRAD, -1, s, sh->seq, sh->vd, batch, MP_DTYPE_BF16);
+  gemm(g, MP_VAR_DGRAD, -1, s, sh->v_head_dim, sh->seq, batch, MP_DTYPE_BF16);
+  gemm(g, MP_VAR_DGRAD, -1, s, sh->seq, sh->v_head_dim, batch, MP_DTYPE_BF16);
   if (sh->gpt)
     compute(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, -1, (int64_t)scores, 0, 0, 1, 2.0 * scores,
             5.0 * scores, MP_DTYPE_BF16);
   compute(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, -1, (int64_t)scores, 0, 0, 1, 4.0 * scores,
           6.0 * scores, MP_DTYPE_BF16);
-  gemm(g, MP_VAR_DGRAD, -1, s, sh->hd, sh->seq, batch, MP_DTYPE_BF16);
-  gemm(g, MP_VAR_DGRAD, -1, s, sh->hd, sh->seq, batch, MP_DTYPE_BF16);
+  gemm(g, MP_VAR_DGRAD, -1, s, sh->head_dim, sh->seq, batch, MP_DTYPE_BF16);
+  gemm(g, MP_VAR_DGRAD, -1, s, sh->head_dim, sh->seq, batch, MP_DTYPE_BF16);
   pair(g, MP_MEM_TEMP, BUF_SCORES_GRAD, (int64_t)(2.0 * scores), 0);
 }
 
@@ -455,7 +455,7 @@ void mp_sched_attention_core_fwd(gen *g) {
   if (skipped(g, SKIP_CORE)) return;
   const shapes *sh = &g->sh;
   if (sh->cp > 1) { /* ring attention (schedule_cp.c) */
-    if (g->rt) mp_sched_rt_cp_attention_fwd(g);
+    if (g->ms->runtime) mp_sched_rt_cp_attention_fwd(g);
     else mp_sched_cp_attention_fwd(g);
     return;
   }
@@ -463,17 +463,17 @@ void mp_sched_attention_core_fwd(gen *g) {
     core_materialized(g, 0);
     return;
   }
-  const int64_t T = sh->T;
-  compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq, sh->hd, sh->nh,
+  const int64_t T = sh->tokens;
+  compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq, sh->head_dim, sh->heads,
           attn_core_fwd_flops(sh),
-          2.0 * (double)(T * (sh->q + sh->ao + sh->kv + sh->v)) + 4.0 * (double)(T * sh->nh),
+          2.0 * (double)(T * (sh->q_width + sh->attn_out + sh->kv_width + sh->v_width)) + 4.0 * (double)(T * sh->heads),
           MP_DTYPE_BF16);
 }
 
 void mp_sched_attention_core_bwd(gen *g) {
   const shapes *sh = &g->sh;
   if (sh->cp > 1) {
-    if (g->rt) mp_sched_rt_cp_attention_bwd(g);
+    if (g->ms->runtime) mp_sched_rt_cp_attention_bwd(g);
     else mp_sched_cp_attention_bwd(g);
     return;
   }
@@ -481,11 +481,11 @@ void mp_sched_attention_core_bwd(gen *g) {
     core_materialized(g, 1);
     return;
   }
-  const int64_t T = sh->T;
-  compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq, sh->hd, sh->nh,
+  const int64_t T = sh->tokens;
+  compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq, sh->head_dim, sh->heads,
           2.0 * attn_core_fwd_flops(sh),
-          2.0 * (double)(T * (2 * (sh->q + sh->ao) + 2 * (sh->kv + sh->v))) +
-              4.0 * (double)(T * sh->nh),
+          2.0 * (double)(T * (2 * (sh->q_width + sh->attn_out) + 2 * (sh->kv_width + sh->v_width))) +
+              4.0 * (double)(T * sh->heads),
           MP_DTYPE_BF16);
 }
 
@@ -493,23 +493,23 @@ void mp_sched_attention_core_bwd(gen *g) {
  * entered (SP: all-gather to [T, H]), q/k/v, q/k norms, RoPE, the core. */
 void mp_sched_attention_fwd(gen *g, const part_deps *pd) {
   const shapes *sh = &g->sh;
-  const int64_t T = sh->T, H = sh->H;
+  const int64_t T = sh->tokens, H = sh->d_model;
   attach(g, pd, PART_ATTN);
-  norm_fwd(g, MP_MOD_ATTN_NORM, sh->Ts, H);
+  norm_fwd(g, MP_MOD_ATTN_NORM, sh->tokens_sp, H);
   if (sh->mla) {
     mp_sched_mla_fwd(g);
     mp_sched_attention_core_fwd(g);
     return;
   }
   const int32_t qkv = g->n_ops;
-  tp_region_in_fwd(g, sh->ar_qkv, MP_MOD_Q, f8_input(g, MP_MOD_Q));
-  linear_fwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
-  linear_fwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
-  linear_fwd(g, MP_MOD_V, (double)T, sh->kv, H, 1);
-  if (sh->ar_qkv) fuse_tp(g, qkv, MP_FUSE_GATHER, MP_VAR_FWD);
+  tp_region_in_fwd(g, sh->tp_opens_qkv, MP_MOD_Q, f8_input(g, MP_MOD_Q));
+  linear_fwd(g, MP_MOD_Q, (double)T, sh->q_width, H, 1);
+  linear_fwd(g, MP_MOD_K, (double)T, sh->kv_width, H, 1);
+  linear_fwd(g, MP_MOD_V, (double)T, sh->kv_width, H, 1);
+  if (sh->tp_opens_qkv) fuse_tp(g, qkv, MP_FUSE_GATHER, MP_VAR_FWD);
   if (sh->qk_norm) {
-    norm_fwd(g, MP_MOD_Q_NORM, T * sh->nh, sh->hd);
-    norm_fwd(g, MP_MOD_K_NORM, T * sh->nkv, sh->hd);
+    norm_fwd(g, MP_MOD_Q_NORM, T * sh->heads, sh->head_dim);
+    norm_fwd(g, MP_MOD_K_NORM, T * sh->kv_heads, sh->head_dim);
   }
   rope(g, MP_VAR_FWD);
   mp_sched_attention_core_fwd(g);
@@ -520,11 +520,11 @@ void mp_sched_attention_out_fwd(gen *g) {
   const shapes *sh = &g->sh;
   mp_sched_rt_sp(g, 1);
   const int32_t o = g->n_ops;
-  linear_fwd(g, MP_MOD_O, (double)sh->T, sh->H, sh->ao, 1);
-  tp_region_out_fwd(g, sh->ar_o, MP_MOD_O);
-  if (sh->ar_o) fuse_tp(g, o, MP_FUSE_SCATTER, MP_VAR_FWD);
+  linear_fwd(g, MP_MOD_O, (double)sh->tokens, sh->d_model, sh->attn_out, 1);
+  tp_region_out_fwd(g, sh->tp_closes_o, MP_MOD_O);
+  if (sh->tp_closes_o) fuse_tp(g, o, MP_FUSE_SCATTER, MP_VAR_FWD);
   mp_sched_rt_sp(g, 0);
-  residual(g, MP_VAR_FWD, sh->Ts * sh->H);
+  residual(g, MP_VAR_FWD, sh->tokens_sp * sh->d_model);
 }
 
 static void swiglu(gen *g, mp_variant v, int module, int64_t elems) {
@@ -542,9 +542,9 @@ static void swiglu(gen *g, mp_variant v, int module, int64_t elems) {
  * experts keep the grouped op (the runtimes run their experts without float8). */
 static int expert_blocks(const gen *g) {
   const shapes *sh = &g->sh;
-  return g->rt && !sh->fp8[MP_MOD_EXPERTS_GATE] && !sh->fp8[MP_MOD_EXPERTS_UP] &&
+  return g->ms->runtime && !sh->fp8[MP_MOD_EXPERTS_GATE] && !sh->fp8[MP_MOD_EXPERTS_UP] &&
                  !sh->fp8[MP_MOD_EXPERTS_DOWN]
-             ? sh->ep * sh->E_l
+             ? sh->ep * sh->experts_local
              : 0;
 }
 
@@ -552,20 +552,20 @@ static void experts_gate_up_fwd(gen *g, int64_t H) {
   const shapes *sh = &g->sh;
   const int nb = expert_blocks(g);
   if (nb == 0) {
-    linear_fwd(g, MP_MOD_EXPERTS_GATE, sh->m_exp, sh->fe, H, sh->E_l);
-    linear_fwd(g, MP_MOD_EXPERTS_UP, sh->m_exp, sh->fe, H, sh->E_l);
+    linear_fwd(g, MP_MOD_EXPERTS_GATE, sh->tokens_per_expert, sh->d_ff_expert, H, sh->experts_local);
+    linear_fwd(g, MP_MOD_EXPERTS_UP, sh->tokens_per_expert, sh->d_ff_expert, H, sh->experts_local);
   }
   for (int b = 0; b < nb; b++) {
-    linear_fwd(g, MP_MOD_EXPERTS_GATE, sh->m_exp / sh->ep, sh->fe, H, 1);
-    linear_fwd(g, MP_MOD_EXPERTS_UP, sh->m_exp / sh->ep, sh->fe, H, 1);
+    linear_fwd(g, MP_MOD_EXPERTS_GATE, sh->tokens_per_expert / sh->ep, sh->d_ff_expert, H, 1);
+    linear_fwd(g, MP_MOD_EXPERTS_UP, sh->tokens_per_expert / sh->ep, sh->d_ff_expert, H, 1);
   }
 }
 
 static void experts_down_fwd(gen *g, int64_t H) {
   const shapes *sh = &g->sh;
   const int nb = expert_blocks(g);
-  if (nb == 0) linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->m_exp, H, sh->fe, sh->E_l);
-  for (int b = 0; b < nb; b++) linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->m_exp / sh->ep, H, sh->fe, 1);
+  if (nb == 0) linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->tokens_per_expert, H, sh->d_ff_expert, sh->experts_local);
+  for (int b = 0; b < nb; b++) linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->tokens_per_expert / sh->ep, H, sh->d_ff_expert, 1);
 }
 
 /* The routed experts' backward, their SwiGLU's between down and gate/up; WGRAD FLOPs with
@@ -575,60 +575,60 @@ static void experts_bwd(gen *g, int64_t H, int64_t Tk) {
   const int nb = expert_blocks(g);
   const int32_t first = g->n_ops;
   if (nb == 0) {
-    linear_bwd(g, MP_MOD_EXPERTS_DOWN, sh->m_exp, H, sh->fe, sh->E_l);
-    swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
-    linear_bwd(g, MP_MOD_EXPERTS_GATE, sh->m_exp, sh->fe, H, sh->E_l);
-    linear_bwd(g, MP_MOD_EXPERTS_UP, sh->m_exp, sh->fe, H, sh->E_l);
+    linear_bwd(g, MP_MOD_EXPERTS_DOWN, sh->tokens_per_expert, H, sh->d_ff_expert, sh->experts_local);
+    swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, Tk * sh->d_ff_expert);
+    linear_bwd(g, MP_MOD_EXPERTS_GATE, sh->tokens_per_expert, sh->d_ff_expert, H, sh->experts_local);
+    linear_bwd(g, MP_MOD_EXPERTS_UP, sh->tokens_per_expert, sh->d_ff_expert, H, sh->experts_local);
   } else {
-    const double m = sh->m_exp / sh->ep;
-    for (int b = 0; b < nb; b++) linear_bwd(g, MP_MOD_EXPERTS_DOWN, m, H, sh->fe, 1);
-    swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
+    const double m = sh->tokens_per_expert / sh->ep;
+    for (int b = 0; b < nb; b++) linear_bwd(g, MP_MOD_EXPERTS_DOWN, m, H, sh->d_ff_expert, 1);
+    swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, Tk * sh->d_ff_expert);
     for (int b = 0; b < nb; b++) {
-      linear_bwd(g, MP_MOD_EXPERTS_GATE, m, sh->fe, H, 1);
-      linear_bwd(g, MP_MOD_EXPERTS_UP, m, sh->fe, H, 1);
+      linear_bwd(g, MP_MOD_EXPERTS_GATE, m, sh->d_ff_expert, H, 1);
+      linear_bwd(g, MP_MOD_EXPERTS_UP, m, sh->d_ff_expert, H, 1);
     }
   }
-  if (g->st == MP_OK) fix_wgrad_flops(g, first, nb == 0 ? sh->m_exp : sh->m_exp / sh->ep);
+  if (g->status == MP_OK) fix_wgrad_flops(g, first, nb == 0 ? sh->tokens_per_expert : sh->tokens_per_expert / sh->ep);
 }
 
 void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
   const shapes *sh = &g->sh;
-  const int64_t T = sh->T, H = sh->H;
+  const int64_t T = sh->tokens, H = sh->d_model;
   /* the runtimes' full-AC recompute refills the block's saved tensors and stops there: no
    * down projection, unpermute or shared-expert output (the runtime's block_forward without
    * x_out) */
-  const int out = !(g->rt && g->phase == MP_PHASE_RECOMPUTE);
+  const int out = !(g->ms->runtime && g->phase == MP_PHASE_RECOMPUTE);
   attach(g, pd, PART_MOE);
-  norm_fwd(g, MP_MOD_FFN_NORM, sh->Ts, H);
+  norm_fwd(g, MP_MOD_FFN_NORM, sh->tokens_sp, H);
   /* the MLP's region: the dense MLP's colwise Linears; a MoE block's router and experts
    * read the whole sequence too (the routed experts are replicated over tp) */
   const int32_t in = g->n_ops;
-  tp_region_in_fwd(g, kind == KIND_DENSE ? sh->ar_gateup : sh->tp > 1, MP_MOD_UP,
+  tp_region_in_fwd(g, kind == KIND_DENSE ? sh->tp_opens_gateup : sh->tp > 1, MP_MOD_UP,
                    kind == KIND_DENSE && f8_input(g, MP_MOD_UP));
   if (kind == KIND_DENSE) {
     if (sh->gpt) {
-      linear_fwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
-      if (sh->ar_gateup) fuse_tp(g, in, MP_FUSE_GATHER, MP_VAR_FWD);
-      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, MP_MOD_UP, T * sh->f, FLOPS_GELU_FWD,
-                  4.0 * (double)(T * sh->f));
+      linear_fwd(g, MP_MOD_UP, (double)T, sh->d_ff, H, 1);
+      if (sh->tp_opens_gateup) fuse_tp(g, in, MP_FUSE_GATHER, MP_VAR_FWD);
+      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, MP_MOD_UP, T * sh->d_ff, FLOPS_GELU_FWD,
+                  4.0 * (double)(T * sh->d_ff));
     } else {
-      linear_fwd(g, MP_MOD_GATE, (double)T, sh->f, H, 1);
-      linear_fwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
-      if (sh->ar_gateup) fuse_tp(g, in, MP_FUSE_GATHER, MP_VAR_FWD);
-      swiglu(g, MP_VAR_FWD, MP_MOD_GATE, T * sh->f);
+      linear_fwd(g, MP_MOD_GATE, (double)T, sh->d_ff, H, 1);
+      linear_fwd(g, MP_MOD_UP, (double)T, sh->d_ff, H, 1);
+      if (sh->tp_opens_gateup) fuse_tp(g, in, MP_FUSE_GATHER, MP_VAR_FWD);
+      swiglu(g, MP_VAR_FWD, MP_MOD_GATE, T * sh->d_ff);
     }
     if (!out) return;
     mp_sched_rt_sp(g, 1);
     const int32_t down = g->n_ops;
-    linear_fwd(g, MP_MOD_DOWN, (double)T, H, sh->f, 1);
-    tp_region_out_fwd(g, sh->ar_down, MP_MOD_DOWN);
-    if (sh->ar_down) fuse_tp(g, down, MP_FUSE_SCATTER, MP_VAR_FWD);
+    linear_fwd(g, MP_MOD_DOWN, (double)T, H, sh->d_ff, 1);
+    tp_region_out_fwd(g, sh->tp_closes_down, MP_MOD_DOWN);
+    if (sh->tp_closes_down) fuse_tp(g, down, MP_FUSE_SCATTER, MP_VAR_FWD);
     mp_sched_rt_sp(g, 0);
   } else {
-    const int64_t Tk = T * sh->topk;
-    linear_fwd(g, MP_MOD_ROUTER, (double)T, sh->E, H, 1);
-    elementwise(g, MP_KERNEL_ROUTER, MP_VAR_FWD, MP_MOD_ROUTER, T * sh->E, FLOPS_ROUTER,
-                6.0 * (double)(T * sh->E) + 12.0 * (double)Tk);
+    const int64_t Tk = T * sh->top_k;
+    linear_fwd(g, MP_MOD_ROUTER, (double)T, sh->experts, H, 1);
+    elementwise(g, MP_KERNEL_ROUTER, MP_VAR_FWD, MP_MOD_ROUTER, T * sh->experts, FLOPS_ROUTER,
+                6.0 * (double)(T * sh->experts) + 12.0 * (double)Tk);
     elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_FWD, -1, Tk * H, 0.0,
                 2.0 * (double)(T * H) + 2.0 * (double)(Tk * H));
     /* the runtimes under EP: the expert side (sized by the rows received) is saved for
@@ -638,7 +638,7 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 1);
     attach(g, pd, PART_EXPERTS);
     experts_gate_up_fwd(g, H);
-    swiglu(g, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, Tk * sh->fe);
+    swiglu(g, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, Tk * sh->d_ff_expert);
     experts_down_fwd(g, H);
     ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 0);
@@ -648,60 +648,60 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
                   2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
     }
     if (sh->has_shared) {
-      linear_fwd(g, MP_MOD_SHARED_GATE, (double)T, sh->fs, H, 1);
-      linear_fwd(g, MP_MOD_SHARED_UP, (double)T, sh->fs, H, 1);
-      swiglu(g, MP_VAR_FWD, MP_MOD_SHARED_GATE, T * sh->fs);
+      linear_fwd(g, MP_MOD_SHARED_GATE, (double)T, sh->d_ff_shared, H, 1);
+      linear_fwd(g, MP_MOD_SHARED_UP, (double)T, sh->d_ff_shared, H, 1);
+      swiglu(g, MP_VAR_FWD, MP_MOD_SHARED_GATE, T * sh->d_ff_shared);
       if (!out) return;
       mp_sched_rt_mem(g, MP_ACT_ALLOC_SHARED_OUT, kind, 1); /* the runtimes' partial sum */
-      linear_fwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->fs, 1);
-      tp_region_out_fwd(g, sh->ar_sdown, MP_MOD_SHARED_DOWN);
-      residual(g, MP_VAR_FWD, sh->Ts * H); /* routed + shared */
+      linear_fwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->d_ff_shared, 1);
+      tp_region_out_fwd(g, sh->tp_closes_shared_down, MP_MOD_SHARED_DOWN);
+      residual(g, MP_VAR_FWD, sh->tokens_sp * H); /* routed + shared */
       mp_sched_rt_mem(g, MP_ACT_ALLOC_SHARED_OUT, kind, 0);
     }
     if (!out) return;
     mp_sched_rt_sp(g, 0); /* its rows on the shard taken */
   }
-  residual(g, MP_VAR_FWD, sh->Ts * H);
+  residual(g, MP_VAR_FWD, sh->tokens_sp * H);
 }
 
 void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
   const shapes *sh = &g->sh;
-  const int64_t T = sh->T, H = sh->H;
+  const int64_t T = sh->tokens, H = sh->d_model;
   attach(g, pd, PART_MOE);
   if (kind == KIND_DENSE) {
     mp_sched_rt_sp(g, 1);
     const int32_t down = g->n_ops;
-    tp_region_out_bwd(g, sh->ar_down, MP_MOD_DOWN);
-    linear_bwd(g, MP_MOD_DOWN, (double)T, H, sh->f, 1);
-    if (sh->ar_down) fuse_tp(g, down, MP_FUSE_GATHER, MP_VAR_DGRAD);
+    tp_region_out_bwd(g, sh->tp_closes_down, MP_MOD_DOWN);
+    linear_bwd(g, MP_MOD_DOWN, (double)T, H, sh->d_ff, 1);
+    if (sh->tp_closes_down) fuse_tp(g, down, MP_FUSE_GATHER, MP_VAR_DGRAD);
     mp_sched_rt_sp(g, 0);
-    const int32_t first = g->n_ops, ag = mg_regather(g, sh->ar_gateup, MP_MOD_UP);
+    const int32_t first = g->n_ops, ag = mg_regather(g, sh->tp_opens_gateup, MP_MOD_UP);
     if (sh->gpt) {
-      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, MP_MOD_UP, T * sh->f, FLOPS_GELU_BWD,
-                  6.0 * (double)(T * sh->f));
-      linear_bwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
+      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, MP_MOD_UP, T * sh->d_ff, FLOPS_GELU_BWD,
+                  6.0 * (double)(T * sh->d_ff));
+      linear_bwd(g, MP_MOD_UP, (double)T, sh->d_ff, H, 1);
     } else {
-      swiglu(g, MP_VAR_BWD, MP_MOD_GATE, T * sh->f);
-      linear_bwd(g, MP_MOD_GATE, (double)T, sh->f, H, 1);
-      linear_bwd(g, MP_MOD_UP, (double)T, sh->f, H, 1);
+      swiglu(g, MP_VAR_BWD, MP_MOD_GATE, T * sh->d_ff);
+      linear_bwd(g, MP_MOD_GATE, (double)T, sh->d_ff, H, 1);
+      linear_bwd(g, MP_MOD_UP, (double)T, sh->d_ff, H, 1);
     }
     mg_regather_wait(g, ag, first);
-    tp_region_in_bwd(g, sh->ar_gateup, MP_MOD_UP);
+    tp_region_in_bwd(g, sh->tp_opens_gateup, MP_MOD_UP);
   } else {
-    const int64_t Tk = T * sh->topk;
+    const int64_t Tk = T * sh->top_k;
     /* the runtimes' SP: the residual gradient all-gathered once for the shared expert and
      * the routed side (exec/runtime/runtime_sp.c); the routed side's input gradient is whole
      * on every tp rank, which keeps its rows on the shard: no reduce-scatter of its own */
-    const int rt_sp = g->rt && sh->sp;
+    const int rt_sp = g->ms->runtime && sh->sp;
     mp_sched_rt_sp(g, 1);
-    if (rt_sp && !sh->ar_sdown) tp_region_out_bwd(g, 1, MP_MOD_ROUTER);
+    if (rt_sp && !sh->tp_closes_shared_down) tp_region_out_bwd(g, 1, MP_MOD_ROUTER);
     if (sh->has_shared) {
-      tp_region_out_bwd(g, sh->ar_sdown, MP_MOD_SHARED_DOWN);
-      linear_bwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->fs, 1);
-      swiglu(g, MP_VAR_BWD, MP_MOD_SHARED_GATE, T * sh->fs);
-      linear_bwd(g, MP_MOD_SHARED_GATE, (double)T, sh->fs, H, 1);
-      linear_bwd(g, MP_MOD_SHARED_UP, (double)T, sh->fs, H, 1);
-      tp_region_in_bwd(g, sh->ar_sgateup, MP_MOD_SHARED_UP);
+      tp_region_out_bwd(g, sh->tp_closes_shared_down, MP_MOD_SHARED_DOWN);
+      linear_bwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->d_ff_shared, 1);
+      swiglu(g, MP_VAR_BWD, MP_MOD_SHARED_GATE, T * sh->d_ff_shared);
+      linear_bwd(g, MP_MOD_SHARED_GATE, (double)T, sh->d_ff_shared, H, 1);
+      linear_bwd(g, MP_MOD_SHARED_UP, (double)T, sh->d_ff_shared, H, 1);
+      tp_region_in_bwd(g, sh->tp_opens_shared_gateup, MP_MOD_SHARED_UP);
     } else if (sh->sp && !rt_sp) {
       tp_region_in_bwd(g, sh->tp > 1, MP_MOD_ROUTER); /* the routed side's to its shard */
     }
@@ -716,50 +716,50 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 0);
     elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_BWD, -1, Tk * H, 1.0,
                 2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
-    elementwise(g, MP_KERNEL_ROUTER, MP_VAR_BWD, MP_MOD_ROUTER, T * sh->E, FLOPS_ROUTER,
-                10.0 * (double)(T * sh->E));
-    linear_bwd(g, MP_MOD_ROUTER, (double)T, sh->E, H, 1);
+    elementwise(g, MP_KERNEL_ROUTER, MP_VAR_BWD, MP_MOD_ROUTER, T * sh->experts, FLOPS_ROUTER,
+                10.0 * (double)(T * sh->experts));
+    linear_bwd(g, MP_MOD_ROUTER, (double)T, sh->experts, H, 1);
   }
-  norm_bwd(g, MP_MOD_FFN_NORM, sh->Ts, H);
-  residual_bwd(g, sh->Ts * H);
+  norm_bwd(g, MP_MOD_FFN_NORM, sh->tokens_sp, H);
+  residual_bwd(g, sh->tokens_sp * H);
 }
 
 void mp_sched_attention_bwd(gen *g, const part_deps *pd) {
   const shapes *sh = &g->sh;
-  const int64_t T = sh->T, H = sh->H;
+  const int64_t T = sh->tokens, H = sh->d_model;
   attach(g, pd, PART_ATTN);
   mp_sched_rt_sp(g, 1);
   const int32_t o = g->n_ops;
-  tp_region_out_bwd(g, sh->ar_o, MP_MOD_O);
-  linear_bwd(g, MP_MOD_O, (double)T, H, sh->ao, 1);
-  if (sh->ar_o) fuse_tp(g, o, MP_FUSE_GATHER, MP_VAR_DGRAD);
+  tp_region_out_bwd(g, sh->tp_closes_o, MP_MOD_O);
+  linear_bwd(g, MP_MOD_O, (double)T, H, sh->attn_out, 1);
+  if (sh->tp_closes_o) fuse_tp(g, o, MP_FUSE_GATHER, MP_VAR_DGRAD);
   mp_sched_rt_sp(g, 0);
   mp_sched_attention_core_bwd(g);
   if (sh->mla) {
     mp_sched_mla_bwd(g);
-    norm_bwd(g, MP_MOD_ATTN_NORM, sh->Ts, H);
-    residual_bwd(g, sh->Ts * H);
+    norm_bwd(g, MP_MOD_ATTN_NORM, sh->tokens_sp, H);
+    residual_bwd(g, sh->tokens_sp * H);
     return;
   }
   rope(g, MP_VAR_BWD);
   if (sh->qk_norm) {
-    norm_bwd(g, MP_MOD_K_NORM, T * sh->nkv, sh->hd);
-    norm_bwd(g, MP_MOD_Q_NORM, T * sh->nh, sh->hd);
+    norm_bwd(g, MP_MOD_K_NORM, T * sh->kv_heads, sh->head_dim);
+    norm_bwd(g, MP_MOD_Q_NORM, T * sh->heads, sh->head_dim);
   }
-  const int32_t first = g->n_ops, ag = mg_regather(g, sh->ar_qkv, MP_MOD_Q);
-  if (g->rt) { /* the runtime's order (its float8 operand of xn1 comes with q) */
-    linear_bwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
-    linear_bwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
-    linear_bwd(g, MP_MOD_V, (double)T, sh->kv, H, 1);
+  const int32_t first = g->n_ops, ag = mg_regather(g, sh->tp_opens_qkv, MP_MOD_Q);
+  if (g->ms->runtime) { /* the runtime's order (its float8 operand of xn1 comes with q) */
+    linear_bwd(g, MP_MOD_Q, (double)T, sh->q_width, H, 1);
+    linear_bwd(g, MP_MOD_K, (double)T, sh->kv_width, H, 1);
+    linear_bwd(g, MP_MOD_V, (double)T, sh->kv_width, H, 1);
   } else {
-    linear_bwd(g, MP_MOD_V, (double)T, sh->kv, H, 1);
-    linear_bwd(g, MP_MOD_K, (double)T, sh->kv, H, 1);
-    linear_bwd(g, MP_MOD_Q, (double)T, sh->q, H, 1);
+    linear_bwd(g, MP_MOD_V, (double)T, sh->kv_width, H, 1);
+    linear_bwd(g, MP_MOD_K, (double)T, sh->kv_width, H, 1);
+    linear_bwd(g, MP_MOD_Q, (double)T, sh->q_width, H, 1);
   }
   mg_regather_wait(g, ag, first);
-  tp_region_in_bwd(g, sh->ar_qkv, MP_MOD_Q);
-  norm_bwd(g, MP_MOD_ATTN_NORM, sh->Ts, H);
-  residual_bwd(g, sh->Ts * H);
+  tp_region_in_bwd(g, sh->tp_opens_qkv, MP_MOD_Q);
+  norm_bwd(g, MP_MOD_ATTN_NORM, sh->tokens_sp, H);
+  residual_bwd(g, sh->tokens_sp * H);
 }
 
 /* ---- the building blocks schedule_mla.c shares (schedule_internal.h) ------------------ */
@@ -792,11 +792,11 @@ void mp_sched_mg_regather_wait(gen *g, int32_t gather, int32_t first_op) {
  * positions added on the rank's [Ts, H]. */
 void mp_sched_embedding_fwd(gen *g) {
   const shapes *sh = &g->sh;
-  const int64_t e = sh->T * sh->H, es = sh->Ts * sh->H;
+  const int64_t e = sh->tokens * sh->d_model, es = sh->tokens_sp * sh->d_model;
   mp_sched_rt_sp(g, 1);
   elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_FWD, MP_MOD_TOK_EMBEDDINGS, e, 0.0,
-              4.0 * (double)e + 8.0 * (double)sh->T);
-  tp_region_out_fwd(g, sh->ar_emb, MP_MOD_TOK_EMBEDDINGS);
+              4.0 * (double)e + 8.0 * (double)sh->tokens);
+  tp_region_out_fwd(g, sh->tp_emb_vocab, MP_MOD_TOK_EMBEDDINGS);
   mp_sched_rt_sp(g, 0);
   if (sh->gpt) {
     elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_FWD, MP_MOD_POS_EMBEDDINGS, es, 0.0,
@@ -807,14 +807,14 @@ void mp_sched_embedding_fwd(gen *g) {
 
 void mp_sched_embedding_bwd(gen *g) {
   const shapes *sh = &g->sh;
-  const int64_t e = sh->T * sh->H, es = sh->Ts * sh->H;
+  const int64_t e = sh->tokens * sh->d_model, es = sh->tokens_sp * sh->d_model;
   if (sh->gpt)
     elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_BWD, MP_MOD_POS_EMBEDDINGS, es, 1.0,
                 6.0 * (double)es);
   mp_sched_rt_sp(g, 1);
-  tp_region_out_bwd(g, sh->ar_emb, MP_MOD_TOK_EMBEDDINGS);
+  tp_region_out_bwd(g, sh->tp_emb_vocab, MP_MOD_TOK_EMBEDDINGS);
   elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_BWD, MP_MOD_TOK_EMBEDDINGS, e, 1.0,
-              6.0 * (double)e + 8.0 * (double)sh->T);
+              6.0 * (double)e + 8.0 * (double)sh->tokens);
   mp_sched_rt_sp(g, 0);
 }
 
@@ -825,7 +825,7 @@ static int head_module(const shapes *sh) {
 /* What the head saves besides the logits: the final norm's input [Ts, H] and statistics,
  * the head GEMM's input (normed; all-gathered to [T, H] under SP). */
 static int64_t head_act_bytes(const shapes *sh) {
-  return 2 * sh->Ts * sh->H + (sh->gpt ? 8 : 4) * sh->Ts + 2 * sh->T * sh->H;
+  return 2 * sh->tokens_sp * sh->d_model + (sh->gpt ? 8 : 4) * sh->tokens_sp + 2 * sh->tokens * sh->d_model;
 }
 
 /* The loss forward's memory and op under the plan's cross-entropy (mp_loss_impl): on entry
@@ -840,7 +840,7 @@ static int64_t head_act_bytes(const shapes *sh) {
  * live at once. */
 static void loss_fwd(gen *g) {
   const shapes *sh = &g->sh;
-  const int64_t TV = sh->T * sh->V_loss;
+  const int64_t TV = sh->tokens * sh->vocab_loss;
   const mp_loss_impl li = g->p->opts.loss;
   const int dtensor = li == MP_LOSS_EAGER && sh->loss_parallel;
   double bytes = 10.0 * (double)TV;
@@ -861,10 +861,10 @@ static void loss_fwd(gen *g) {
   elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), TV, FLOPS_LOSS, bytes);
   if (sh->loss_parallel)
     for (int i = 0; i < 3; i++)
-      comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)sh->T,
+      comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)sh->tokens,
            MP_DTYPE_FP32, head_module(sh));
   if (li == MP_LOSS_FUSED) {
-    pair(g, MP_MEM_LOGITS, BUF_LSE, 4 * sh->T, 1); /* the bf16 logits stay, with the lse */
+    pair(g, MP_MEM_LOGITS, BUF_LSE, 4 * sh->tokens, 1); /* the bf16 logits stay, with the lse */
     return;
   }
   if (li == MP_LOSS_EAGER) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 0);
@@ -875,7 +875,7 @@ static void loss_fwd(gen *g) {
  * allocated on exit), everything loss_fwd held released. */
 static void loss_bwd(gen *g) {
   const shapes *sh = &g->sh;
-  const int64_t TV = sh->T * sh->V_loss, dl = 2 * sh->T * sh->V_l;
+  const int64_t TV = sh->tokens * sh->vocab_loss, dl = 2 * sh->tokens * sh->vocab_local;
   const mp_loss_impl li = g->p->opts.loss;
   const int dtensor = li == MP_LOSS_EAGER && sh->loss_parallel;
   double bytes = 8.0 * (double)TV;
@@ -901,35 +901,47 @@ static void loss_bwd(gen *g) {
   if (li == MP_LOSS_EAGER) pair(g, MP_MEM_LOGITS, BUF_DLSM_F32, 4 * TV, 0);
   if (li == MP_LOSS_INPLACE) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 0);
   if (li == MP_LOSS_FUSED) {
-    pair(g, MP_MEM_LOGITS, BUF_LSE, 4 * sh->T, 0);
+    pair(g, MP_MEM_LOGITS, BUF_LSE, 4 * sh->tokens, 0);
     pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * TV, 0);
   }
 }
 
-/* Final norm on [Ts, H], the head's region entered (SP: all-gather), the head GEMM, the
- * logits gathered when not kept vocab-sharded, the loss. */
-void mp_sched_head_fwd(gen *g) {
+/* The head's forward ops up to the logits: the final norm on [Ts, H], the head's region
+ * entered (SP: all-gather), the head GEMM, the logits gathered when not kept vocab-sharded;
+ * `logits` is called where the logits' memory is allocated (before the GEMM). */
+static void head_fwd_ops(gen *g, void (*logits)(gen *g)) {
   const shapes *sh = &g->sh;
-  const int64_t T = sh->T, H = sh->H;
-  /* the runtimes: xf and rstdf in one block; one LOGITS block of the X logits, the
-   * per-token losses and log-sum-exp (and the vocab-parallel reductions), kept for the
-   * backward */
-  if (g->rt) mp_sched_rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 1);
-  else pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 1);
-  norm_fwd(g, MP_MOD_FINAL_NORM, sh->Ts, H);
+  const int64_t T = sh->tokens, H = sh->d_model;
+  norm_fwd(g, MP_MOD_FINAL_NORM, sh->tokens_sp, H);
   tp_region_in_fwd(g, sh->tp > 1, head_module(sh), 0);
-  if (g->rt) mp_sched_rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 1);
-  else pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * sh->V_loss, 1);
-  linear_fwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
+  logits(g);
+  linear_fwd(g, head_module(sh), (double)T, sh->vocab_local, H, 1);
   if (sh->logits_gather)
-    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, 2.0 * (double)(T * sh->V_loss),
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, 2.0 * (double)(T * sh->vocab_loss),
          MP_DTYPE_BF16, head_module(sh));
-  if (!g->rt) {
-    loss_fwd(g);
-    return;
-  }
-  elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), T * sh->V_loss, FLOPS_LOSS,
-              10.0 * (double)(T * sh->V_loss));
+}
+
+static void logits_tt(gen *g) { pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * g->sh.tokens * g->sh.vocab_loss, 1); }
+static void logits_rt(gen *g) { mp_sched_rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 1); }
+
+/* The head and the loss under PyTorch's autograd (torchtitan, Megatron-LM): the final norm's
+ * saved tensors, the logits, the loss as the stack computes it (loss_fwd). */
+void mp_sched_head_fwd(gen *g) {
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(&g->sh), 1);
+  head_fwd_ops(g, logits_tt);
+  loss_fwd(g);
+}
+
+/* The runtimes' head: xf and rstdf in one block; one LOGITS block of the X logits, the
+ * per-token losses and log-sum-exp (and the vocab-parallel reductions), kept for the
+ * backward; the loss one kernel, its vocab-parallel max, sum and target all-reduced. */
+void mp_sched_head_fwd_rt(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->tokens;
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 1);
+  head_fwd_ops(g, logits_rt);
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), T * sh->vocab_loss, FLOPS_LOSS,
+              10.0 * (double)(T * sh->vocab_loss));
   if (sh->loss_parallel)
     for (int i = 0; i < 3; i++)
       comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)T, MP_DTYPE_FP32,
@@ -940,30 +952,30 @@ void mp_sched_head_fwd(gen *g) {
  * (kept through the blocks' backward) and dxf; the logits go after the head's GEMMs. */
 void mp_sched_head_bwd_rt(gen *g) {
   const shapes *sh = &g->sh;
-  const int64_t T = sh->T, H = sh->H;
+  const int64_t T = sh->tokens, H = sh->d_model;
   mp_sched_rt_mem(g, MP_ACT_ALLOC_DLOGITS, KIND_DENSE, 1);
-  elementwise(g, MP_KERNEL_LOSS, MP_VAR_BWD, head_module(sh), T * sh->V_loss, 2.0,
-              8.0 * (double)(T * sh->V_loss));
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_BWD, head_module(sh), T * sh->vocab_loss, 2.0,
+              8.0 * (double)(T * sh->vocab_loss));
   mp_sched_rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 1);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_DXF, KIND_DENSE, 1);
   mp_sched_rt_sp(g, 1); /* SP: the head's partial input gradient on all T rows */
-  linear_bwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
-  tp_region_in_bwd(g, sh->ar_head_in, head_module(sh));
+  linear_bwd(g, head_module(sh), (double)T, sh->vocab_local, H, 1);
+  tp_region_in_bwd(g, sh->tp_head_split, head_module(sh));
   mp_sched_rt_sp(g, 0);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_DLOGITS, KIND_DENSE, 0);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 0);
-  norm_bwd(g, MP_MOD_FINAL_NORM, sh->Ts, H);
+  norm_bwd(g, MP_MOD_FINAL_NORM, sh->tokens_sp, H);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_DXF, KIND_DENSE, 0);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 0);
 }
 
 void mp_sched_head_bwd(gen *g) {
   const shapes *sh = &g->sh;
-  const int64_t T = sh->T, H = sh->H;
+  const int64_t T = sh->tokens, H = sh->d_model;
   loss_bwd(g);
-  linear_bwd(g, head_module(sh), (double)T, sh->V_l, H, 1);
-  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, 2 * T * sh->V_l, 0);
-  tp_region_in_bwd(g, sh->ar_head_in, head_module(sh));
-  norm_bwd(g, MP_MOD_FINAL_NORM, sh->Ts, H);
+  linear_bwd(g, head_module(sh), (double)T, sh->vocab_local, H, 1);
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, 2 * T * sh->vocab_local, 0);
+  tp_region_in_bwd(g, sh->tp_head_split, head_module(sh));
+  norm_bwd(g, MP_MOD_FINAL_NORM, sh->tokens_sp, H);
   pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 0);
 }

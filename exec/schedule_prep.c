@@ -15,9 +15,9 @@ void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch
   const int cp = p->mesh.size[MP_DIM_CP];
   sh->seq = p->opts.seq;
   sh->attended = mp_model_attended_keys(&p->model, p->opts.seq);
-  sh->T = micro_batch * p->opts.seq / cp;
-  sh->Ts = sh->sp ? sh->T / sh->tp : sh->T;
-  sh->m_exp = sh->E > 0 ? (double)sh->T * (double)sh->topk * (double)sh->ep / (double)sh->E : 0.0;
+  sh->tokens = micro_batch * p->opts.seq / cp;
+  sh->tokens_sp = sh->sp ? sh->tokens / sh->tp : sh->tokens;
+  sh->tokens_per_expert = sh->experts > 0 ? (double)sh->tokens * (double)sh->top_k * (double)sh->ep / (double)sh->experts : 0.0;
 }
 
 /* Everything else: from the model and the plan's parameters (mp_schedule_prep keeps it). */
@@ -30,31 +30,30 @@ static void read_shapes(gen *g) {
   sh->cp = p->mesh.size[MP_DIM_CP];
   sh->sp = sh->tp > 1 && p->opts.sp == 1;
   sh->ep = p->mesh.ep > 1 && (p->applied & MP_PASS_EP) ? p->mesh.ep : 1;
-  sh->H = m->d_model;
-  sh->hd = m->head_dim;
+  sh->d_model = m->d_model;
+  sh->head_dim = m->head_dim;
   sh->gpt = m->family == MP_FAMILY_GPT;
   sh->qk_norm = m->qk_norm;
   sh->tied = m->tied_embeddings;
-  sh->E = m->n_experts;
-  sh->topk = m->top_k;
+  sh->experts = m->n_experts;
+  sh->top_k = m->top_k;
   sh->has_shared = m->n_shared_experts > 0;
-  sh->fp8_ag = p->opts.fp8_opts.all_gather && (p->applied & MP_PASS_FLOAT8) && sh->tp == 1;
-  sh->f8tp = sh->tp > 1 && (p->applied & MP_PASS_FLOAT8) &&
-             p->opts.mem_model == MP_MEM_MODEL_TORCHTITAN;
+  sh->fp8_all_gather = p->opts.fp8_opts.all_gather && (p->applied & MP_PASS_FLOAT8) && sh->tp == 1;
+  sh->fp8_tp_codes = sh->tp > 1 && (p->applied & MP_PASS_FLOAT8) && mp_sched_strategy(p->opts.mem_model)->fp8_tp_codes;
   /* defaults before TP */
-  sh->q = m->n_heads * m->head_dim;
-  sh->kv = m->n_kv_heads * m->head_dim;
-  sh->f = m->d_ff;
-  sh->fe = m->d_ff_expert;
-  sh->fs = m->d_ff_shared;
-  sh->E_l = m->n_experts;
-  sh->V_l = p->vocab_padded;
+  sh->q_width = m->n_heads * m->head_dim;
+  sh->kv_width = m->n_kv_heads * m->head_dim;
+  sh->d_ff = m->d_ff;
+  sh->d_ff_expert = m->d_ff_expert;
+  sh->d_ff_shared = m->d_ff_shared;
+  sh->experts_local = m->n_experts;
+  sh->vocab_local = p->vocab_padded;
   sh->mla = mp_model_is_mla(m);
-  sh->vd = mp_model_v_head_dim(m);
-  sh->ql = m->q_lora_rank;
-  sh->kvl = m->kv_lora_rank;
-  sh->rope = m->qk_rope_head_dim;
-  sh->kvb = m->n_heads * (m->qk_nope_head_dim + m->v_head_dim);
+  sh->v_head_dim = mp_model_v_head_dim(m);
+  sh->q_lora = m->q_lora_rank;
+  sh->kv_lora = m->kv_lora_rank;
+  sh->rope_dim = m->qk_rope_head_dim;
+  sh->kv_b_rows = m->n_heads * (m->qk_nope_head_dim + m->v_head_dim);
   int seen[MP_MOD_COUNT] = {0};
   for (int i = 0; i < p->n_params; i++) {
     const mp_param *prm = &p->params[i];
@@ -64,38 +63,38 @@ static void read_shapes(gen *g) {
     const int col = prm->tp_style == MP_TP_COLWISE, row = prm->tp_style == MP_TP_ROWWISE;
     switch (prm->module) {
       case MP_MOD_TOK_EMBEDDINGS:
-        sh->ar_emb = prm->tp_style == MP_TP_VOCAB;
-        if (sh->tied) sh->V_l = prm->tp_shape[0];
+        sh->tp_emb_vocab = prm->tp_style == MP_TP_VOCAB;
+        if (sh->tied) sh->vocab_local = prm->tp_shape[0];
         break;
-      case MP_MOD_Q: sh->q = prm->tp_shape[0]; sh->ar_qkv = col; break;
-      case MP_MOD_Q_B: sh->q = prm->tp_shape[0]; break;
-      case MP_MOD_KV_B: sh->kvb = prm->tp_shape[0]; sh->ar_mla = col; break;
-      case MP_MOD_K: sh->kv = prm->tp_shape[0]; break;
-      case MP_MOD_O: sh->ar_o = row; break;
-      case MP_MOD_UP: sh->f = prm->tp_shape[0]; sh->ar_gateup = col; break;
-      case MP_MOD_DOWN: sh->ar_down = row; break;
-      case MP_MOD_EXPERTS_GATE: sh->E_l = prm->tp_shape[0]; break;
-      case MP_MOD_SHARED_UP: sh->fs = prm->tp_shape[0]; sh->ar_sgateup = col; break;
-      case MP_MOD_SHARED_DOWN: sh->ar_sdown = row; break;
-      case MP_MOD_OUTPUT: sh->V_l = prm->tp_shape[0]; break;
+      case MP_MOD_Q: sh->q_width = prm->tp_shape[0]; sh->tp_opens_qkv = col; break;
+      case MP_MOD_Q_B: sh->q_width = prm->tp_shape[0]; break;
+      case MP_MOD_KV_B: sh->kv_b_rows = prm->tp_shape[0]; sh->tp_opens_mla = col; break;
+      case MP_MOD_K: sh->kv_width = prm->tp_shape[0]; break;
+      case MP_MOD_O: sh->tp_closes_o = row; break;
+      case MP_MOD_UP: sh->d_ff = prm->tp_shape[0]; sh->tp_opens_gateup = col; break;
+      case MP_MOD_DOWN: sh->tp_closes_down = row; break;
+      case MP_MOD_EXPERTS_GATE: sh->experts_local = prm->tp_shape[0]; break;
+      case MP_MOD_SHARED_UP: sh->d_ff_shared = prm->tp_shape[0]; sh->tp_opens_shared_gateup = col; break;
+      case MP_MOD_SHARED_DOWN: sh->tp_closes_shared_down = row; break;
+      case MP_MOD_OUTPUT: sh->vocab_local = prm->tp_shape[0]; break;
       default: break;
     }
   }
   if (sh->tied && seen[MP_MOD_TOK_EMBEDDINGS]) sh->fp8[MP_MOD_TOK_EMBEDDINGS] = 0;
   if (sh->mla) { /* one decompressed key per query head; v and the output v_head_dim wide */
-    sh->kv = sh->q;
-    sh->ar_qkv = 0; /* MLA's region has no float8 input of its own (schedule_mla.c) */
+    sh->kv_width = sh->q_width;
+    sh->tp_opens_qkv = 0; /* MLA's region has no float8 input of its own (schedule_mla.c) */
   }
-  sh->nh = sh->q / sh->hd;
-  sh->nkv = sh->kv / sh->hd;
-  sh->v = sh->mla ? sh->nh * sh->vd : sh->kv;
-  sh->ao = sh->mla ? sh->nh * sh->vd : sh->q;
+  sh->heads = sh->q_width / sh->head_dim;
+  sh->kv_heads = sh->kv_width / sh->head_dim;
+  sh->v_width = sh->mla ? sh->heads * sh->v_head_dim : sh->kv_width;
+  sh->attn_out = sh->mla ? sh->heads * sh->v_head_dim : sh->q_width;
   /* the head is colwise whenever its rows are split; its input gradient is partial */
-  const int head_split = sh->V_l != p->vocab_padded;
-  sh->ar_head_in = head_split;
+  const int head_split = sh->vocab_local != p->vocab_padded;
+  sh->tp_head_split = head_split;
   sh->loss_parallel = head_split && p->opts.tp.shard_logits;
   sh->logits_gather = head_split && !p->opts.tp.shard_logits;
-  sh->V_loss = sh->logits_gather ? p->vocab_padded : sh->V_l;
+  sh->vocab_loss = sh->logits_gather ? p->vocab_padded : sh->vocab_local;
 }
 
 /* The builder's unit tables (per plan unit, or per pseudo unit without FSDP) and the
@@ -138,11 +137,11 @@ static void add_param(gen *g, const mp_param *prm, unit_info *ui, int gs, int gi
   ui->numel_tp += n;
   ui->numel_shard += mp_param_padded_shard_numel(prm, gs);
   mp_sched_rt_add_param(rest, ui, prm, gs, local, n);
-  const int f8 = g->sh.fp8_ag && prm->float8;
-  ui->gather_bytes += (double)n * (f8 ? 1 : mp_dtype_bytes(g->pdt));
+  const int f8 = g->sh.fp8_all_gather && prm->float8;
+  ui->gather_bytes += (double)n * (f8 ? 1 : mp_dtype_bytes(g->param_dtype));
   ui->gsize = gs;
   ui->group = (uint8_t)(g->has_fsdp ? prm->fsdp_group : mp_sched_ddp_group(g));
-  ui->gather_dtype = (uint8_t)g->pdt;
+  ui->gather_dtype = (uint8_t)g->param_dtype;
 }
 
 /* Each layer's first unit and unit count, and the root unit; a block's units must be
@@ -207,7 +206,7 @@ static int64_t tied_grad_bytes(const gen *g, int stage, int rank) {
     const int64_t n = g->has_fsdp && prm->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD
                           ? mp_param_local_numel(p, prm, rank)
                           : mp_param_tp_numel(prm);
-    return n * mp_dtype_bytes(g->rdt);
+    return n * mp_dtype_bytes(g->reduce_dtype);
   }
   return 0;
 }
@@ -264,7 +263,7 @@ static void find_runs(gen *g, const stage_info *st, mp_schedule_mode mode, int32
  * models (the runtime does not execute it). */
 mp_status mp_sched_check_mla(mp_ctx *ctx, const mp_plan *p) {
   if (!mp_model_is_mla(&p->model)) return MP_OK;
-  if (mp_mem_model_is_runtime(p->opts.mem_model))
+  if (mp_sched_strategy(p->opts.mem_model)->runtime)
     return mp_error(ctx, MP_ERR_UNSUPPORTED,
                     "model %s has multi-head latent attention, which the meshplan runtime does not "
                     "execute, so the %s memory model has no layout for it; use the torchtitan or "
@@ -312,7 +311,7 @@ mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedul
   g.ctx = ctx;
   g.arena = arena;
   g.p = p;
-  gen_dtypes(p, &g.pdt, &g.rdt);
+  gen_dtypes(p, &g.param_dtype, &g.reduce_dtype);
   const mp_mesh *mesh = &p->mesh;
   int coords[MP_MESH_NDIMS];
   mp_mesh_coords(mesh, rank, coords);
@@ -342,8 +341,8 @@ mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedul
   pr->mesh = *mesh;
   pr->seq = p->opts.seq;
   pr->fp8_all_gather = p->opts.fp8_opts.all_gather;
-  pr->pdt = g.pdt;
-  pr->rdt = g.rdt;
+  pr->param_dtype = g.param_dtype;
+  pr->reduce_dtype = g.reduce_dtype;
   pr->rank = rank;
   pr->stage = stage;
   pr->mode = mode;
@@ -379,6 +378,6 @@ int mp_sched_prep_serves(const mp_schedule_prep *pr, const mp_plan *p) {
   return pr->params == p->params && pr->units == p->units && pr->n_params == p->n_params &&
          pr->n_plan_units == p->n_units && pr->applied == p->applied &&
          memcmp(&pr->mesh, &p->mesh, sizeof pr->mesh) == 0 && pr->seq == p->opts.seq &&
-         pr->fp8_all_gather == p->opts.fp8_opts.all_gather && pr->pdt == pdt && pr->rdt == rdt &&
+         pr->fp8_all_gather == p->opts.fp8_opts.all_gather && pr->param_dtype == pdt && pr->reduce_dtype == rdt &&
          pr->sh.sp == (p->mesh.size[MP_DIM_TP] > 1 && p->opts.sp == 1);
 }

@@ -94,8 +94,8 @@ mp_status mp_schedule_step_program(mp_ctx *ctx, const mp_schedule *s, mp_arena *
                                    mp_step_action **out, int32_t *n_out) {
   *out = NULL;
   *n_out = 0;
-  const mp_mem_model mm = s->plan->opts.mem_model;
-  if (mm != MP_MEM_MODEL_MESHPLAN_CPU && mm != MP_MEM_MODEL_MESHPLAN_CUDA)
+  const mem_strategy *ms = mp_sched_strategy(s->plan->opts.mem_model);
+  if (ms == NULL || !ms->runtime)
     return mp_error(ctx, MP_ERR_INVALID,
                     "step program: the schedule has no runtime memory model (build the plan "
                     "with the meshplan-cpu or meshplan-cuda stack's options)");

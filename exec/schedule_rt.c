@@ -33,8 +33,8 @@
  *     is received), so the busiest rank measures more (tests/runtime/parity_matrix.py
  *     bounds the excess by the rows the run really received).
  * MP_MEM_MODEL_MESHPLAN_CUDA is the same runtime on the CUDA backend (bf16 X tensors), also
- * event for event: the model above with the backend's properties (gen.rt, .xs, .host_mem,
- * .overlap), not a copy of it (checked byte for byte, per category, against an accounting
+ * event for event: the model above with the backend's properties (its mem_strategy: x_bytes,
+ * host_mem, overlap), not a copy of it (checked byte for byte, per category, against an accounting
  * backend with bf16 X tensors by tests/runtime/schedule_memory_test). Its differences:
  *   - X tensors (activations, their gradients, logits, compute copies) are bf16, 2 bytes;
  *     statistics (rstd, lse, router probabilities, losses) stay fp32 and ids int32 (the
@@ -69,7 +69,7 @@
  * gives it no bytes: the expert side without EP, say) and nothing under the torchtitan
  * model, whose memory has events of its own. */
 void mp_sched_rt_mem(gen *g, mp_act_alloc a, int kind, int alloc) {
-  if (!g->rt) return;
+  if (!g->ms->runtime) return;
   static const struct {
     uint8_t cat, buf;
   } k_ev[MP_ACT_ALLOC_COUNT] = {
@@ -91,7 +91,7 @@ void mp_sched_rt_mem(gen *g, mp_act_alloc a, int kind, int alloc) {
       [MP_ACT_ALLOC_CP_FWD] = {MP_MEM_TEMP, BUF_RT_CP},
       [MP_ACT_ALLOC_CP_BWD] = {MP_MEM_TEMP, BUF_RT_CP},
   };
-  pair(g, (mp_mem_cat)k_ev[a].cat, k_ev[a].buf, (int64_t)g->lay[kind].bytes[a], alloc);
+  pair(g, (mp_mem_cat)k_ev[a].cat, k_ev[a].buf, (int64_t)g->layout[kind].bytes[a], alloc);
 }
 
 /* The runtimes' SP: the [N, C] side of a region's boundary collective (SP_FULL) allocated
@@ -100,25 +100,25 @@ void mp_sched_rt_mem(gen *g, mp_act_alloc a, int kind, int alloc) {
  * after the Linear's backward that reads it (exec/runtime/runtime_sp.c). Nothing without
  * SP or outside the runtime models. */
 void mp_sched_rt_sp(gen *g, int alloc) {
-  if (g->rt && g->sh.sp) mp_sched_rt_mem(g, MP_ACT_ALLOC_SP_FULL, KIND_DENSE, alloc);
+  if (g->ms->runtime && g->sh.sp) mp_sched_rt_mem(g, MP_ACT_ALLOC_SP_FULL, KIND_DENSE, alloc);
 }
 
 /* Runtime models: the activation layout (exec/act_layout.h) for one micro-batch of this
- * rank, from its local shapes. X elements are g->xs bytes (fp32 on the CPU, bf16 on CUDA).
+ * rank, from its local shapes. X elements are g->ms->x_bytes bytes (fp32 on the CPU, bf16 on CUDA).
  * Under EP the expert side is sized by the rows a rank receives, which routing decides at
  * run time: the balanced count N x top_k is used (each rank sends N x top_k rows; with
  * uniform routing it receives as many). */
 void mp_sched_rt_layout_fill(gen *g, int64_t micro_batch) {
   const shapes *sh = &g->sh;
-  const mp_act_dims d = {.B = micro_batch, .S = sh->seq / sh->cp, .N = sh->T, .NS = sh->Ts, .C = sh->H,
-                         .HD = sh->hd,
-                         .NH = sh->nh, .NKV = sh->nkv, .F = sh->f, .E = sh->E, .K = sh->topk,
-                         .Fe = sh->fe, .Fs = sh->has_shared ? sh->fs : 0, .Vl = sh->V_l,
-                         .R = sh->T * sh->topk, .L = g->p->model.n_layers,
-                         .NP = g->p->n_params, .xs = g->xs, .tp = sh->tp, .ep = sh->ep,
-                         .sp = sh->sp, .cp = sh->cp, .host_mem = g->host_mem};
-  mp_act_layout_fill(&g->lay[KIND_DENSE], &d, 0);
-  mp_act_layout_fill(&g->lay[KIND_MOE], &d, 1);
+  const mp_act_dims d = {.B = micro_batch, .S = sh->seq / sh->cp, .N = sh->tokens, .NS = sh->tokens_sp, .C = sh->d_model,
+                         .HD = sh->head_dim,
+                         .NH = sh->heads, .NKV = sh->kv_heads, .F = sh->d_ff, .E = sh->experts, .K = sh->top_k,
+                         .Fe = sh->d_ff_expert, .Fs = sh->has_shared ? sh->d_ff_shared : 0, .Vl = sh->vocab_local,
+                         .R = sh->tokens * sh->top_k, .L = g->p->model.n_layers,
+                         .NP = g->p->n_params, .xs = g->ms->x_bytes, .tp = sh->tp, .ep = sh->ep,
+                         .sp = sh->sp, .cp = sh->cp, .host_mem = g->ms->host_mem};
+  mp_act_layout_fill(&g->layout[KIND_DENSE], &d, 0);
+  mp_act_layout_fill(&g->layout[KIND_MOE], &d, 1);
 }
 
 /* ---- float8 on codes (meshplan-cuda, and meshplan-cpu with f8_codes) ------------------ */
@@ -137,10 +137,10 @@ int mp_sched_f8_source(int module) {
  * temporary), into an operand of the same size. */
 void mp_sched_rt_f8_act(gen *g, int module, int64_t elems) {
   const int src = mp_sched_f8_source(module);
-  if (g->f8_scope & (1u << src)) return;
-  g->f8_scope |= 1u << src;
-  g->f8_scope_bytes[src] = mp_act_f8_operand_bytes(elems);
-  pair(g, MP_MEM_FP8, BUF_F8_ACT + src, g->f8_scope_bytes[src], 1);
+  if (g->fp8_scope & (1u << src)) return;
+  g->fp8_scope |= 1u << src;
+  g->fp8_scope_bytes[src] = mp_act_f8_operand_bytes(elems);
+  pair(g, MP_MEM_FP8, BUF_F8_ACT + src, g->fp8_scope_bytes[src], 1);
 }
 
 /* The runtime's float8 cast on codes (f8_quant), kernel by kernel: f8_amax over the X
@@ -150,17 +150,17 @@ void mp_sched_rt_f8_act(gen *g, int module, int64_t elems) {
 void mp_sched_rt_f8_cast(gen *g, int module, int64_t elems, int amax, int orient, mp_variant v) {
   if (amax)
     compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, 2.0 * (double)elems,
-            (double)g->xs * (double)elems, MP_DTYPE_BF16);
+            (double)g->ms->x_bytes * (double)elems, MP_DTYPE_BF16);
   compute(g, MP_KERNEL_FP8_CAST, v, module, 1, 0, 0, 1, 1.0, 8.0, MP_DTYPE_FP32);
   compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, FLOPS_CAST * (double)elems,
-          (double)(g->xs + orient) * (double)elems, MP_DTYPE_BF16);
+          (double)(g->ms->x_bytes + orient) * (double)elems, MP_DTYPE_BF16);
 }
 
 /* The end of a block's forward or backward: its activation operands go. */
 void mp_sched_rt_f8_scope_close(gen *g) {
   for (int src = 0; src < 4; src++)
-    if (g->f8_scope & (1u << src)) pair(g, MP_MEM_FP8, BUF_F8_ACT + src, g->f8_scope_bytes[src], 0);
-  g->f8_scope = 0;
+    if (g->fp8_scope & (1u << src)) pair(g, MP_MEM_FP8, BUF_F8_ACT + src, g->fp8_scope_bytes[src], 0);
+  g->fp8_scope = 0;
 }
 
 /* ---- a block, the resident state, the optimizer --------------------------------------- */
@@ -224,6 +224,32 @@ void mp_sched_rt_block_bwd(gen *g, int32_t l, int kind, const part_deps *pd) {
   mp_sched_free_units(g, l, g->first_unit[l], g->n_units[l], 0, N_PARTS - 1);
 }
 
+/* The runtimes' resident state: fp32 master, gradient and AdamW m, v of the padded shards;
+ * X compute copies of the parameters not sharded when X is not fp32; the resident tensors
+ * of the activation layout; the float8 codes of the weights not sharded. */
+void mp_sched_rt_resident(gen *g, const mp_schedule_prep *pr) {
+  int64_t param_bytes = 4 * pr->rest.numel_pad;
+  if (g->ms->x_bytes != 4) param_bytes += g->ms->x_bytes * pr->rest.numel_rep;
+  mp_sched_resident(g, MP_MEM_PARAMS, BUF_PARAMS, param_bytes);
+  mp_sched_resident(g, MP_MEM_OPTIMIZER, BUF_OPTIMIZER, 8 * pr->rest.numel_pad);
+  mp_sched_resident(g, MP_MEM_GRADS, BUF_GRADS, 4 * pr->rest.numel_pad);
+  mp_sched_resident(g, MP_MEM_TEMP, BUF_RT_RESIDENT, mp_act_resident_bytes(&g->layout[KIND_DENSE]));
+  if (g->fp8_codes && pr->rest.f8w_bytes > 0) mp_sched_resident(g, MP_MEM_FP8, BUF_RT_F8W, pr->rest.f8w_bytes);
+}
+
+/* The runtime's end of a chunk's backward: dres and x[0] go; after the stage's last chunk
+ * the root's reduce-scatter (and every one still in flight), its gathered parameters and
+ * the token ids. */
+void mp_sched_rt_chunk_bwd_end(gen *g, int last_chunk) {
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 0);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 0);
+  if (!last_chunk) return;
+  if (g->root_unit >= 0) mp_sched_reduce_units(g, -1, g->root_unit, 1, 0, 0);
+  mp_sched_rt_rs_finish(g);
+  if (g->root_unit >= 0) mp_sched_free_units(g, -1, g->root_unit, 1, 0, 0);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_TOKENS, KIND_DENSE, 0);
+}
+
 /* What the runtime models hold of one parameter of the stage (sharded over a group of
  * gs, its tile `local` elements of n tp-local ones). A sharded parameter keeps the padded
  * chunk on every rank of its group (FSDP2's equal shards), whatever its own tile; the
@@ -260,7 +286,8 @@ void mp_sched_rt_add_param(rt_rest *rest, unit_info *ui, const mp_param *prm, in
  * runtime's launches do. (The runtime sums squares only of the tensors this rank owns
  * once over tp and dp_replicate; every local tensor is counted here, a few norm weights
  * more under tp.) */
-void mp_sched_rt_optimizer(gen *g, const rt_rest *r, int world_reduce) {
+void mp_sched_rt_optimizer(gen *g, const mp_schedule_prep *pr, int world_reduce) {
+  const rt_rest *r = &pr->rest;
   /* SP: each norm weight's gradient summed over the sequence shards, in place over tp
    * (Megatron-LM's all-reduce of the sequence-parallel norms' gradients, finalize_model_grads),
    * once per step before the norm */
@@ -290,12 +317,12 @@ void mp_sched_rt_optimizer(gen *g, const rt_rest *r, int world_reduce) {
     const int64_t n = r->t_pad[t];
     compute(g, MP_KERNEL_OPTIMIZER, MP_VAR_FWD, -1, n, 0, 0, 1, FLOPS_ADAMW * (double)n,
             BYTES_ADAMW * (double)n, MP_DTYPE_FP32);
-    if (r->t_rep[t] && g->xs != 4)
-      compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, n, 0, 0, 1, 0.0, (4.0 + g->xs) * (double)n,
+    if (r->t_rep[t] && g->ms->x_bytes != 4)
+      compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, n, 0, 0, 1, 0.0, (4.0 + g->ms->x_bytes) * (double)n,
               MP_DTYPE_FP32);
     /* the resident codes of an updated float8 weight: the runtime quantizes them again at
      * their first GEMM of the next step (f8_weight), costed here, once per step */
-    if (g->f8c && r->t_f8[t]) mp_sched_rt_f8_cast(g, -1, n, 1, 2, MP_VAR_FWD);
+    if (g->fp8_codes && r->t_f8[t]) mp_sched_rt_f8_cast(g, -1, n, 1, 2, MP_VAR_FWD);
   }
   for (int32_t t = 0; t < r->n_t; t++)
     compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, r->t_pad[t], 0, 0, 1, 0.0, 4.0 * (double)r->t_pad[t],

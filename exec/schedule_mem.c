@@ -1,0 +1,107 @@
+/* Step schedule builder: one strategy table per memory model (mem_strategy,
+ * schedule_internal.h), and the steps the autograd runtimes share (the builder's overview:
+ * schedule.c).
+ *
+ *   torchtitan     PyTorch FSDP2 as torchtitan runs it: bf16 activations, what autograd
+ *                  saves, one block of gather prefetch, a pipeline stage's outputs kept
+ *   megatron       Megatron-LM: the tensors Korthikanti et al. count, DDP's state (main
+ *                  gradients, masters, Adam; sharded with the distributed optimizer), SP
+ *                  re-gathering its inputs in backward, Transformer Engine's p2p ring
+ *   meshplan-cpu   meshplan's runtime on the CPU: its activation layout in fp32, blocking
+ *                  MPI collectives, float8 emulated (or on codes when the plan asks)
+ *   meshplan-cuda  the same runtime on CUDA: bf16, NCCL's overlap, float8 on codes
+ * The steps are the autograd runtimes' (here and in schedule_ops.c, schedule_act.c) or the
+ * meshplan runtimes' (schedule_rt.c). */
+#include "exec/schedule_internal.h"
+
+/* ---- the autograd runtimes' steps (torchtitan, Megatron-LM) ----------------------------- */
+
+/* The resident state: the rank's shards in the master dtype, as many gradients and two AdamW
+ * states (FSDP); under DDP the model-dtype parameters beside the fp32 masters, the fp32
+ * main gradients, the masters and Adam state whole or on the rank's 1/d
+ * (mp_plan_ddp_state). */
+static void autograd_resident(gen *g, const mp_schedule_prep *pr) {
+  const int64_t mb = mp_dtype_bytes(g->p->opts.master_dtype), n = pr->params_numel;
+  int64_t param_bytes = n * mb, grad_bytes = n * mb, optimizer_bytes = 2 * n * mb;
+  if (g->ddp) {
+    int64_t shard;
+    mp_plan_ddp_state(g->p, n, &param_bytes, &grad_bytes, &optimizer_bytes, &shard);
+  }
+  mp_sched_resident(g, MP_MEM_PARAMS, BUF_PARAMS, param_bytes);
+  mp_sched_resident(g, MP_MEM_OPTIMIZER, BUF_OPTIMIZER, optimizer_bytes);
+  mp_sched_resident(g, MP_MEM_GRADS, BUF_GRADS, grad_bytes);
+}
+
+/* The end of a chunk's backward: after the stage's last chunk the root unit's parameters
+ * are freed and its gradients reduced. */
+static void autograd_chunk_bwd_end(gen *g, int last_chunk) {
+  if (!last_chunk || g->root_unit < 0) return;
+  mp_sched_free_units(g, -1, g->root_unit, 1, 0, 0);
+  mp_sched_reduce_units(g, -1, g->root_unit, 1, 0, 0);
+}
+
+/* The optimizer: the global gradient norm (clipping), AdamW on the shard. Under DDP with
+ * its optimizer sharded the rank steps its 1/d of the parameters, refreshes its
+ * model-dtype copy and, without overlap, all-gathers the updated parameters over the
+ * data-parallel group here; with overlap (--overlap-param-gather) the next forward gathers
+ * them block by block (mp_sched_dopt_gather). */
+static void autograd_optimizer(gen *g, const mp_schedule_prep *pr, int world_reduce) {
+  int64_t shard_n = pr->params_numel;
+  if (g->ddp) {
+    int64_t pb, gb, ob;
+    mp_plan_ddp_state(g->p, pr->params_numel, &pb, &gb, &ob, &shard_n);
+  }
+  const double shard = (double)shard_n;
+  int32_t gn = compute(g, MP_KERNEL_GRAD_NORM, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 2.0 * shard,
+                       4.0 * shard, MP_DTYPE_FP32);
+  add_dep(g, gn, g->last_reduce, 0);
+  if (world_reduce) comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_WORLD, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, -1);
+  compute(g, MP_KERNEL_OPTIMIZER, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, FLOPS_ADAMW * shard,
+          BYTES_ADAMW * shard, MP_DTYPE_FP32);
+  if (g->ddp) /* the model dtype's parameters refreshed from the masters */
+    compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
+            (4.0 + mp_dtype_bytes(g->param_dtype)) * shard, MP_DTYPE_FP32);
+  if (g->shard_optimizer && !g->p->opts.ddp.overlap && mp_sched_dopt_ways(g) > 1)
+    comm(g, MP_COLL_ALL_GATHER, mp_sched_ddp_group(g), MP_STREAM_COMPUTE,
+         (double)(pr->params_numel * mp_dtype_bytes(g->param_dtype)), g->param_dtype, -1);
+}
+
+/* ---- the tables ------------------------------------------------------------------------ */
+
+static const mem_strategy k_torchtitan = {
+    .x_bytes = 2, .prefetch = 1, .keeps_stage_output = 1, .saved = SAVED_AUTOGRAD, .fp8_tp_codes = 1,
+    .resident = autograd_resident, .block_fwd = mp_sched_block_fwd_tt, .block_bwd = mp_sched_block_bwd_tt,
+    .head_fwd = mp_sched_head_fwd, .head_bwd = mp_sched_head_bwd, .chunk_bwd_end = autograd_chunk_bwd_end,
+    .optimizer = autograd_optimizer,
+};
+
+static const mem_strategy k_megatron = {
+    .x_bytes = 2, .prefetch = 1, .sp_regathers = 1, .cp_kv_grouped = 1, .saved = SAVED_KORTHIKANTI,
+    .resident = autograd_resident, .block_fwd = mp_sched_block_fwd_tt, .block_bwd = mp_sched_block_bwd_tt,
+    .head_fwd = mp_sched_head_fwd, .head_bwd = mp_sched_head_bwd, .chunk_bwd_end = autograd_chunk_bwd_end,
+    .optimizer = autograd_optimizer,
+};
+
+static const mem_strategy k_meshplan_cpu = {
+    .runtime = 1, .x_bytes = 4, .host_mem = 1, .top_gathers_own = 1, .saved = SAVED_LAYOUT,
+    .resident = mp_sched_rt_resident, .block_fwd = mp_sched_rt_block_fwd, .block_bwd = mp_sched_rt_block_bwd,
+    .head_fwd = mp_sched_head_fwd_rt, .head_bwd = mp_sched_head_bwd_rt, .chunk_bwd_end = mp_sched_rt_chunk_bwd_end,
+    .optimizer = mp_sched_rt_optimizer,
+};
+
+static const mem_strategy k_meshplan_cuda = {
+    .runtime = 1, .x_bytes = 2, .f8_codes = 1, .overlap = 1, .prefetch = 1, .top_gathers_own = 1,
+    .saved = SAVED_LAYOUT, .resident = mp_sched_rt_resident, .block_fwd = mp_sched_rt_block_fwd,
+    .block_bwd = mp_sched_rt_block_bwd, .head_fwd = mp_sched_head_fwd_rt, .head_bwd = mp_sched_head_bwd_rt,
+    .chunk_bwd_end = mp_sched_rt_chunk_bwd_end, .optimizer = mp_sched_rt_optimizer,
+};
+
+const mem_strategy *mp_sched_strategy(mp_mem_model m) {
+  switch (m) {
+    case MP_MEM_MODEL_TORCHTITAN: return &k_torchtitan;
+    case MP_MEM_MODEL_MEGATRON: return &k_megatron;
+    case MP_MEM_MODEL_MESHPLAN_CPU: return &k_meshplan_cpu;
+    case MP_MEM_MODEL_MESHPLAN_CUDA: return &k_meshplan_cuda;
+    default: return NULL;
+  }
+}
