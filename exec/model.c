@@ -2,14 +2,13 @@
 #include "exec/model.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "common/checked.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "common/validate.h"
-#include "data/embedded.h"
+#include "data/load.h"
 
 static void set_moe_layers(mp_model *m, int64_t first_dense, int64_t freq) {
   memset(m->moe_layer, 0, sizeof m->moe_layer);
@@ -616,35 +615,22 @@ mp_status mp_model_from_text(mp_ctx *ctx, const char *text, const char *origin, 
   return MP_OK;
 }
 
-static int is_path(const char *s) {
-  size_t n = strlen(s);
-  return strchr(s, '/') != NULL || (n > 5 && strcmp(s + n - 5, ".json") == 0);
+static mp_status parse_model(mp_ctx *ctx, const char *text, const char *origin, void *out) {
+  return mp_model_from_text(ctx, text, origin, (mp_model *)out);
 }
 
+/* An embedded model is named by its stem; one read from a path keeps its "name", or takes
+ * the file's name when it has none. */
 mp_status mp_model_load(mp_ctx *ctx, const char *name_or_path, mp_model *out) {
-  if (is_path(name_or_path)) {
-    char *text = NULL;
-    MP_CHECK(mp_read_file_max(ctx, name_or_path, MP_FILE_MAX_CONFIG_BYTES, &text, NULL));
-    mp_status st = mp_model_from_text(ctx, text, name_or_path, out);
-    free(text);
-    if (st == MP_OK && out->name[0] == '\0') {
-      const char *base = strrchr(name_or_path, '/');
-      snprintf(out->name, sizeof out->name, "%s", base ? base + 1 : name_or_path);
-    }
-    return st;
+  static const mp_data_kind models = {"models", "model", "known models", "", NULL, 0};
+  const mp_data_entry *entry = NULL;
+  MP_CHECK(mp_data_load(ctx, &models, name_or_path, parse_model, out, &entry));
+  if (entry) {
+    snprintf(out->name, sizeof out->name, "%s", entry->name);
+  } else if (out->name[0] == '\0') {
+    const char *base = strrchr(name_or_path, '/');
+    snprintf(out->name, sizeof out->name, "%s", base ? base + 1 : name_or_path);
   }
-  const mp_data_entry *entry = mp_data_lookup("models", name_or_path);
-  if (entry == NULL) {
-    char names[1024];
-    mp_data_list_names("models", names, sizeof names);
-    return mp_error(ctx, MP_ERR_NOT_FOUND,
-                    "unknown model '%s'; known models: %s (or give a path to a .json file)",
-                    name_or_path, names);
-  }
-  char origin[MP_NAME_MAX + 16];
-  snprintf(origin, sizeof origin, "%s.json", entry->name);
-  MP_CHECK(mp_model_from_text(ctx, entry->text, origin, out));
-  snprintf(out->name, sizeof out->name, "%s", entry->name);
   return MP_OK;
 }
 

@@ -2,17 +2,11 @@
 #include "sim/cluster.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "common/json.h"
 #include "common/validate.h"
-#include "data/embedded.h"
-
-static int is_path(const char *s) {
-  size_t n = strlen(s);
-  return strchr(s, '/') != NULL || (n > 5 && strcmp(s + n - 5, ".json") == 0);
-}
+#include "data/load.h"
 
 /* Other names the GPU profiles go by: the datasheet's memory, form factor and power limit
  * spelled out, as published measurements name the part (shared/validation writes
@@ -27,30 +21,6 @@ static const char *const k_gpu_alias[][2] = {
     {"h200-141gb-sxm", "h200"},          {"h200-sxm", "h200"},
     {"b200-180gb-sxm", "b200"},          {"b200-sxm", "b200"},
 };
-
-/* Loads the JSON of kind/name (embedded, a GPU also by an alias) or a path; *origin gets a
- * name for messages. */
-static mp_status load_json(mp_ctx *ctx, const char *kind, const char *what, const char *name,
-                           cJSON **out, char *origin, size_t cap) {
-  if (is_path(name)) {
-    snprintf(origin, cap, "%s", name);
-    return mp_json_parse_file(ctx, name, out);
-  }
-  const mp_data_entry *e = mp_data_lookup(kind, name);
-  for (size_t i = 0; e == NULL && strcmp(kind, "gpus") == 0 &&
-                     i < sizeof k_gpu_alias / sizeof k_gpu_alias[0];
-       i++)
-    if (mp_data_name_alike(k_gpu_alias[i][0], name)) e = mp_data_lookup(kind, k_gpu_alias[i][1]);
-  if (e == NULL) {
-    char names[1024];
-    mp_data_list_names(kind, names, sizeof names);
-    return mp_error(ctx, MP_ERR_NOT_FOUND,
-                    "unknown %s '%s'; known: %s%s (or give a path to a .json file)", what, name,
-                    names, strcmp(kind, "gpus") == 0 ? ", or a datasheet name such as h100-80gb-sxm" : "");
-  }
-  snprintf(origin, cap, "%s.json", e->name);
-  return mp_json_parse(ctx, e->text, origin, out);
-}
 
 /* "kernel_eff" (cluster.h, mp_kernel_eff): optional as a whole, a profile without it
  * stating no kernel fractions; inside it bf16_gemm, flash_attention and a non-empty source
@@ -167,33 +137,51 @@ mp_status mp_cluster_validate(mp_ctx *ctx, const mp_cluster *c, const char *orig
 /* A profile's JSON to its struct (gpu_from_json, cluster_from_json). */
 typedef mp_status (*from_json_fn)(mp_ctx *ctx, const cJSON *j, const char *origin, void *out);
 
-/* The JSON of text (origin names it) or, when text is NULL, of kind/name loaded by name
- * or path, converted into out by fn. */
-static mp_status load_with(mp_ctx *ctx, const char *kind, const char *what, const char *name,
-                           const char *text, from_json_fn fn, void *out) {
+/* What load_with's parse step turns a file's text into. */
+typedef struct profile_parse {
+  from_json_fn fn;
+  void *out;
+} profile_parse;
+
+/* text as JSON, converted by fn. The profile's own messages name it by at most 511 bytes
+ * of origin. */
+static mp_status parse_profile(mp_ctx *ctx, const char *text, const char *origin, void *arg) {
+  const profile_parse *p = (const profile_parse *)arg;
   cJSON *j = NULL;
-  char origin[512];
-  if (text) {
-    snprintf(origin, sizeof origin, "%s", name);
-    MP_CHECK(mp_json_parse(ctx, text, origin, &j));
-  } else {
-    MP_CHECK(load_json(ctx, kind, what, name, &j, origin, sizeof origin));
-  }
-  mp_status st = fn(ctx, j, origin, out);
+  MP_CHECK(mp_json_parse(ctx, text, origin, &j));
+  char name[512];
+  snprintf(name, sizeof name, "%s", origin);
+  mp_status st = p->fn(ctx, j, name, p->out);
   cJSON_Delete(j);
   return st;
 }
+
+/* The profile of text (origin names it) or, when text is NULL, of kind loaded by name or
+ * path (data/load.h; a GPU also by a datasheet alias), converted into out by fn. */
+static mp_status load_with(mp_ctx *ctx, const mp_data_kind *kind, const char *name,
+                           const char *text, from_json_fn fn, void *out) {
+  profile_parse p = {fn, out};
+  if (text == NULL) return mp_data_load(ctx, kind, name, parse_profile, &p, NULL);
+  char origin[512];
+  snprintf(origin, sizeof origin, "%s", name);
+  return parse_profile(ctx, text, origin, &p);
+}
+
+static const mp_data_kind k_gpus = {"gpus", "GPU", "known",
+                                    ", or a datasheet name such as h100-80gb-sxm", k_gpu_alias,
+                                    sizeof k_gpu_alias / sizeof k_gpu_alias[0]};
+static const mp_data_kind k_clusters = {"clusters", "cluster", "known", "", NULL, 0};
 
 static mp_status gpu_fn(mp_ctx *ctx, const cJSON *j, const char *origin, void *out) {
   return gpu_from_json(ctx, j, origin, (mp_gpu *)out);
 }
 
 mp_status mp_gpu_from_text(mp_ctx *ctx, const char *text, const char *origin, mp_gpu *out) {
-  return load_with(ctx, "gpus", "GPU", origin, text, gpu_fn, out);
+  return load_with(ctx, &k_gpus, origin, text, gpu_fn, out);
 }
 
 mp_status mp_gpu_load(mp_ctx *ctx, const char *name_or_path, mp_gpu *out) {
-  return load_with(ctx, "gpus", "GPU", name_or_path, NULL, gpu_fn, out);
+  return load_with(ctx, &k_gpus, name_or_path, NULL, gpu_fn, out);
 }
 
 /* The cluster described by j; its "gpu" is loaded by name or path (mp_gpu_load). */
@@ -234,11 +222,11 @@ static mp_status cluster_fn(mp_ctx *ctx, const cJSON *j, const char *origin, voi
 }
 
 mp_status mp_cluster_from_text(mp_ctx *ctx, const char *text, const char *origin, mp_cluster *out) {
-  return load_with(ctx, "clusters", "cluster", origin, text, cluster_fn, out);
+  return load_with(ctx, &k_clusters, origin, text, cluster_fn, out);
 }
 
 mp_status mp_cluster_load(mp_ctx *ctx, const char *name_or_path, mp_cluster *out) {
-  return load_with(ctx, "clusters", "cluster", name_or_path, NULL, cluster_fn, out);
+  return load_with(ctx, &k_clusters, name_or_path, NULL, cluster_fn, out);
 }
 
 mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int64_t n_gpus, int64_t gpus_per_node,

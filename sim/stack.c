@@ -2,17 +2,11 @@
 #include "sim/stack.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "common/json.h"
 #include "common/validate.h"
-#include "data/embedded.h"
-
-static int is_path(const char *s) {
-  size_t n = strlen(s);
-  return strchr(s, '/') != NULL || (n > 5 && strcmp(s + n - 5, ".json") == 0);
-}
+#include "data/load.h"
 
 /* An efficiency in (0, 1]. */
 static mp_status get_eff(mp_ctx *ctx, const cJSON *j, const char *origin, const char *key,
@@ -259,26 +253,13 @@ void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o) {
   }
 }
 
+static mp_status parse_stack(mp_ctx *ctx, const char *text, const char *origin, void *out) {
+  return mp_stack_from_text(ctx, text, origin, (mp_stack_profile *)out);
+}
+
 mp_status mp_stack_load(mp_ctx *ctx, const char *name_or_path, mp_stack_profile *out) {
-  if (is_path(name_or_path)) {
-    char *text = NULL;
-    size_t len = 0;
-    MP_CHECK(mp_read_file_max(ctx, name_or_path, MP_FILE_MAX_CONFIG_BYTES, &text, &len));
-    mp_status st = mp_stack_from_text(ctx, text, name_or_path, out);
-    free(text);
-    return st;
-  }
-  const mp_data_entry *e = mp_data_lookup("stacks", name_or_path);
-  if (e == NULL) {
-    char names[1024];
-    mp_data_list_names("stacks", names, sizeof names);
-    return mp_error(ctx, MP_ERR_NOT_FOUND,
-                    "unknown stack profile '%s'; known: %s (or give a path to a .json file)",
-                    name_or_path, names);
-  }
-  char origin[128];
-  snprintf(origin, sizeof origin, "%s.json", e->name);
-  return mp_stack_from_text(ctx, e->text, origin, out);
+  static const mp_data_kind stacks = {"stacks", "stack profile", "known", "", NULL, 0};
+  return mp_data_load(ctx, &stacks, name_or_path, parse_stack, out, NULL);
 }
 
 /* GPUs default to torchtitan-compile: the one GPU stack whose efficiencies were checked
