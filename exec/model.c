@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/validate.h"
 #include "data/load.h"
+#include "exec/model_internal.h"
 
 static void set_moe_layers(mp_model *m, int64_t first_dense, int64_t freq) {
   memset(m->moe_layer, 0, sizeof m->moe_layer);
@@ -47,7 +48,7 @@ static double param_count_f64(const mp_model *m) {
  * has no place for (q/k/v biases, q/k norms, a sliding window). A model without MLA has no
  * MLA sizes. */
 static mp_status validate_mla(mp_ctx *ctx, const mp_model *m, const char *origin) {
-  MP_CHECK(mp_check_i64(ctx, origin, "kv_lora_rank", m->kv_lora_rank, 0, MP_LIM_D_MODEL));
+  MP_CHECK(mp_model_check_field(ctx, m, origin, MP_MODEL_FIELD_kv_lora_rank, NULL));
   if (m->kv_lora_rank == 0) {
     if (m->q_lora_rank || m->qk_nope_head_dim || m->qk_rope_head_dim || m->v_head_dim)
       return mp_error(ctx, MP_ERR_INVALID,
@@ -59,10 +60,7 @@ static mp_status validate_mla(mp_ctx *ctx, const mp_model *m, const char *origin
   if (m->family != MP_FAMILY_LLAMA)
     return mp_error(ctx, MP_ERR_INVALID,
                     "%s: multi-head latent attention is supported on the llama family only", origin);
-  MP_CHECK(mp_check_i64(ctx, origin, "q_lora_rank", m->q_lora_rank, 0, MP_LIM_D_MODEL));
-  MP_CHECK(mp_check_i64(ctx, origin, "qk_nope_head_dim", m->qk_nope_head_dim, 1, MP_LIM_HEAD_DIM));
-  MP_CHECK(mp_check_i64(ctx, origin, "qk_rope_head_dim", m->qk_rope_head_dim, 2, MP_LIM_HEAD_DIM));
-  MP_CHECK(mp_check_i64(ctx, origin, "v_head_dim", m->v_head_dim, 1, MP_LIM_HEAD_DIM));
+  MP_CHECK(mp_model_check_fields(ctx, m, origin, MP_MODEL_CHECK_MLA));
   if (m->qk_rope_head_dim % 2)
     return mp_error(ctx, MP_ERR_INVALID,
                     "%s: qk_rope_head_dim=%lld must be even (RoPE rotates pairs of features)", origin,
@@ -90,15 +88,10 @@ static mp_status validate_mla(mp_ctx *ctx, const mp_model *m, const char *origin
   return MP_OK;
 }
 
+/* The ranges come from MP_MODEL_FIELDS (the check column says where each is checked); the
+ * rules between fields are written here, in the order a refusal reports them. */
 mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) {
-  MP_CHECK(mp_check_i64(ctx, origin, "vocab", m->vocab, 1, MP_LIM_VOCAB));
-  MP_CHECK(mp_check_i64(ctx, origin, "d_model", m->d_model, 1, MP_LIM_D_MODEL));
-  MP_CHECK(mp_check_i64(ctx, origin, "n_layers", m->n_layers, 1, MP_MAX_LAYERS));
-  MP_CHECK(mp_check_i64(ctx, origin, "n_heads", m->n_heads, 1, MP_LIM_HEADS));
-  MP_CHECK(mp_check_i64(ctx, origin, "n_kv_heads", m->n_kv_heads, 1, m->n_heads));
-  MP_CHECK(mp_check_i64(ctx, origin, "head_dim", m->head_dim, 1, MP_LIM_HEAD_DIM));
-  MP_CHECK(mp_check_i64(ctx, origin, "max_seq", m->max_seq, 1, MP_LIM_SEQ));
-  MP_CHECK(mp_check_i64(ctx, origin, "sliding_window", m->sliding_window, 0, MP_LIM_SEQ));
+  MP_CHECK(mp_model_check_fields(ctx, m, origin, MP_MODEL_CHECK_FIRST));
   if (m->n_heads % m->n_kv_heads != 0)
     return mp_error(ctx, MP_ERR_INVALID,
                     "%s: n_kv_heads=%lld does not divide n_heads=%lld (grouped-query attention "
@@ -112,16 +105,15 @@ mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) 
                     origin, (long long)m->n_heads, (long long)m->head_dim,
                     (long long)(m->n_heads * m->head_dim), (long long)MP_LIM_D_MODEL);
   MP_CHECK(validate_mla(ctx, m, origin));
-  MP_CHECK(mp_check_i64(ctx, origin, "d_ff", m->d_ff, 0, MP_LIM_D_FF));
+  MP_CHECK(mp_model_check_field(ctx, m, origin, MP_MODEL_FIELD_d_ff, NULL));
   int all_moe = m->n_experts > 0;
   for (int64_t l = 0; l < m->n_layers && all_moe; l++) all_moe = m->moe_layer[l];
   if (m->d_ff <= 0 && !all_moe)
     return mp_error(ctx, MP_ERR_INVALID, "%s: 'd_ff' must be positive for dense layers", origin);
-  MP_CHECK(mp_check_f64(ctx, origin, "norm_eps", m->norm_eps, 0, 1, MP_RANGE_OPEN_LO));
+  MP_CHECK(mp_model_check_field(ctx, m, origin, MP_MODEL_FIELD_norm_eps, NULL));
   if (m->family == MP_FAMILY_LLAMA) /* gpt has learned positions, no RoPE */
-    MP_CHECK(mp_check_f64(ctx, origin, "rope_theta", m->rope_theta, 0, MP_LIM_ROPE_THETA,
-                          MP_RANGE_OPEN_LO));
-  MP_CHECK(mp_check_i64(ctx, origin, "n_experts", m->n_experts, 0, MP_LIM_EXPERTS));
+    MP_CHECK(mp_model_check_field(ctx, m, origin, MP_MODEL_FIELD_rope_theta, NULL));
+  MP_CHECK(mp_model_check_field(ctx, m, origin, MP_MODEL_FIELD_n_experts, NULL));
   if (m->n_experts > 0) {
     if (m->family != MP_FAMILY_LLAMA)
       return mp_error(ctx, MP_ERR_INVALID,
@@ -132,14 +124,11 @@ mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) 
     if (m->d_ff_expert <= 0)
       return mp_error(ctx, MP_ERR_INVALID, "%s: 'd_ff_expert' must be positive for a MoE model",
                       origin);
-    MP_CHECK(mp_check_i64(ctx, origin, "d_ff_expert", m->d_ff_expert, 1, MP_LIM_D_FF));
-    MP_CHECK(mp_check_i64(ctx, origin, "n_shared_experts", m->n_shared_experts, 0,
-                          MP_LIM_SHARED_EXPERTS));
-    MP_CHECK(mp_check_i64(ctx, origin, "d_ff_shared", m->d_ff_shared, 0, MP_LIM_D_FF));
+    MP_CHECK(mp_model_check_fields(ctx, m, origin, MP_MODEL_CHECK_MOE));
     if (m->n_shared_experts > 0 && m->d_ff_shared <= 0)
       return mp_error(ctx, MP_ERR_INVALID,
                       "%s: 'd_ff_shared' must be positive when n_shared_experts > 0", origin);
-    MP_CHECK(mp_check_f64(ctx, origin, "aux_loss_coef", m->aux_loss_coef, 0, 1, MP_RANGE_CLOSED));
+    MP_CHECK(mp_model_check_field(ctx, m, origin, MP_MODEL_FIELD_aux_loss_coef, NULL));
   }
   const double params = param_count_f64(m);
   if (params > (double)MP_LIM_PARAMS)
@@ -206,11 +195,8 @@ static const char *family_name(mp_family f) { return f == MP_FAMILY_GPT ? "gpt" 
 /* MLA's five keys, named alike in meshplan's "mla" object and in DeepSeek's config.json
  * (q_lora_rank absent or null: 0), and head_dim as the query/key head they give. */
 static mp_status read_mla_keys(mp_ctx *ctx, const cJSON *obj, const char *where, mp_model *m) {
-  MP_CHECK(mp_json_get_i64(ctx, obj, where, "q_lora_rank", 0, &m->q_lora_rank));
-  MP_CHECK(mp_json_get_i64(ctx, obj, where, "kv_lora_rank", 1, &m->kv_lora_rank));
-  MP_CHECK(mp_json_get_i64(ctx, obj, where, "qk_nope_head_dim", 1, &m->qk_nope_head_dim));
-  MP_CHECK(mp_json_get_i64(ctx, obj, where, "qk_rope_head_dim", 1, &m->qk_rope_head_dim));
-  MP_CHECK(mp_json_get_i64(ctx, obj, where, "v_head_dim", 1, &m->v_head_dim));
+  MP_CHECK(mp_model_read_fields(ctx, obj, where, MP_MODEL_OBJ_MLA, MP_MODEL_FIELD_FIRST,
+                                MP_MODEL_FIELD_LAST, m));
   if (m->kv_lora_rank <= 0)
     return mp_error(ctx, MP_ERR_INVALID, "%s: 'kv_lora_rank' must be positive (got %lld)", where,
                     (long long)m->kv_lora_rank);
@@ -218,17 +204,52 @@ static mp_status read_mla_keys(mp_ctx *ctx, const cJSON *obj, const char *where,
   return MP_OK;
 }
 
-static mp_status read_mla(mp_ctx *ctx, const cJSON *j, const char *origin, mp_model *m) {
-  const cJSON *mla = cJSON_GetObjectItemCaseSensitive(j, "mla");
-  if (mla == NULL || cJSON_IsNull(mla)) return MP_OK;
-  if (!cJSON_IsObject(mla))
-    return mp_error(ctx, MP_ERR_INVALID, "%s: key 'mla': expected an object", origin);
-  char sub[256];
-  snprintf(sub, sizeof sub, "%s: mla", origin);
-  return read_mla_keys(ctx, mla, sub, m);
+/* The object under key in j (meshplan's "mla" or "moe"): *out NULL when the key is absent
+ * or null; sub names it in messages ("<origin>: <key>"). */
+static mp_status sub_object(mp_ctx *ctx, const cJSON *j, const char *origin, const char *key,
+                            const cJSON **out, char *sub, size_t cap) {
+  *out = cJSON_GetObjectItemCaseSensitive(j, key);
+  if (*out == NULL || cJSON_IsNull(*out)) {
+    *out = NULL;
+    return MP_OK;
+  }
+  if (!cJSON_IsObject(*out))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: key '%s': expected an object", origin, key);
+  snprintf(sub, cap, "%s: %s", origin, key);
+  return MP_OK;
 }
 
-/* meshplan's own format: see data/models/README.md. */
+static mp_status read_mla(mp_ctx *ctx, const cJSON *j, const char *origin, mp_model *m) {
+  const cJSON *mla;
+  char sub[256];
+  MP_CHECK(sub_object(ctx, j, origin, "mla", &mla, sub, sizeof sub));
+  return mla ? read_mla_keys(ctx, mla, sub, m) : MP_OK;
+}
+
+/* meshplan's "moe" object: the rows of MOE, and between them the MoE layers as
+ * first_dense_layers and layer_freq. */
+static mp_status read_moe(mp_ctx *ctx, const cJSON *j, const char *origin, mp_model *m) {
+  const cJSON *moe;
+  char sub[256];
+  MP_CHECK(sub_object(ctx, j, origin, "moe", &moe, sub, sizeof sub));
+  if (moe == NULL) return MP_OK;
+  int64_t first_dense = 0, freq = 1;
+  MP_CHECK(mp_model_read_fields(ctx, moe, sub, MP_MODEL_OBJ_MOE, MP_MODEL_FIELD_FIRST,
+                                MP_MODEL_FIELD_d_ff_shared, m));
+  MP_CHECK(mp_json_get_i64(ctx, moe, sub, "first_dense_layers", 0, &first_dense));
+  MP_CHECK(mp_json_get_i64(ctx, moe, sub, "layer_freq", 0, &freq));
+  MP_CHECK(mp_model_read_fields(ctx, moe, sub, MP_MODEL_OBJ_MOE, MP_MODEL_FIELD_aux_loss_coef,
+                                MP_MODEL_FIELD_LAST, m));
+  if (m->n_layers > MP_MAX_LAYERS) return mp_model_validate(ctx, m, origin);
+  const int64_t nl = m->n_layers > 0 ? m->n_layers : 1;
+  MP_CHECK(mp_check_i64(ctx, sub, "first_dense_layers", first_dense, 0, nl));
+  MP_CHECK(mp_check_i64(ctx, sub, "layer_freq", freq, 1, nl));
+  set_moe_layers(m, first_dense, freq);
+  return MP_OK;
+}
+
+/* meshplan's own format: see data/models/README.md. The rows of the model object are read
+ * in table order, "mla" before head_dim (its head parts give head_dim's default). */
 static mp_status from_ours(mp_ctx *ctx, const cJSON *j, const char *origin, mp_model *m) {
   char fam[16] = "llama";
   MP_CHECK(mp_json_get_str(ctx, j, origin, "name", 0, m->name, sizeof m->name));
@@ -238,56 +259,46 @@ static mp_status from_ours(mp_ctx *ctx, const cJSON *j, const char *origin, mp_m
   else
     return mp_error(ctx, MP_ERR_INVALID, "%s: key 'family': expected \"gpt\" or \"llama\", got \"%s\"",
                     origin, fam);
-  MP_CHECK(mp_json_get_i64(ctx, j, origin, "vocab", 1, &m->vocab));
-  MP_CHECK(mp_json_get_i64(ctx, j, origin, "d_model", 1, &m->d_model));
-  MP_CHECK(mp_json_get_i64(ctx, j, origin, "n_layers", 1, &m->n_layers));
-  MP_CHECK(mp_json_get_i64(ctx, j, origin, "n_heads", 1, &m->n_heads));
-  m->n_kv_heads = m->n_heads;
-  MP_CHECK(mp_json_get_i64(ctx, j, origin, "n_kv_heads", 0, &m->n_kv_heads));
+  MP_CHECK(mp_model_read_fields(ctx, j, origin, MP_MODEL_OBJ_TOP, MP_MODEL_FIELD_FIRST,
+                                MP_MODEL_FIELD_n_kv_heads, m));
   MP_CHECK(read_mla(ctx, j, origin, m));
   if (m->kv_lora_rank == 0) MP_CHECK(default_head_dim(ctx, j, origin, "head_dim", m));
-  MP_CHECK(mp_json_get_i64(ctx, j, origin, "head_dim", 0, &m->head_dim));
-  m->d_ff = 0;
-  MP_CHECK(mp_json_get_i64(ctx, j, origin, "d_ff", 0, &m->d_ff));
-  m->max_seq = 2048;
-  MP_CHECK(mp_json_get_i64(ctx, j, origin, "max_seq", 0, &m->max_seq));
-  m->tied_embeddings = m->family == MP_FAMILY_GPT;
-  MP_CHECK(mp_json_get_bool(ctx, j, origin, "tied_embeddings", 0, &m->tied_embeddings));
-  m->bias = m->family == MP_FAMILY_GPT;
-  MP_CHECK(mp_json_get_bool(ctx, j, origin, "bias", 0, &m->bias));
-  MP_CHECK(mp_json_get_bool(ctx, j, origin, "qkv_bias", 0, &m->qkv_bias));
-  MP_CHECK(mp_json_get_bool(ctx, j, origin, "qk_norm", 0, &m->qk_norm));
-  MP_CHECK(mp_json_get_i64(ctx, j, origin, "sliding_window", 0, &m->sliding_window));
-  m->norm_eps = 1e-5;
-  MP_CHECK(mp_json_get_f64(ctx, j, origin, "norm_eps", 0, &m->norm_eps));
-  m->rope_theta = 10000.0;
-  MP_CHECK(mp_json_get_f64(ctx, j, origin, "rope_theta", 0, &m->rope_theta));
-  const cJSON *moe = cJSON_GetObjectItemCaseSensitive(j, "moe");
-  if (moe && !cJSON_IsNull(moe)) {
-    if (!cJSON_IsObject(moe))
-      return mp_error(ctx, MP_ERR_INVALID, "%s: key 'moe': expected an object", origin);
-    char sub[256];
-    snprintf(sub, sizeof sub, "%s: moe", origin);
-    int64_t first_dense = 0, freq = 1;
-    MP_CHECK(mp_json_get_i64(ctx, moe, sub, "n_experts", 1, &m->n_experts));
-    MP_CHECK(mp_json_get_i64(ctx, moe, sub, "top_k", 1, &m->top_k));
-    MP_CHECK(mp_json_get_i64(ctx, moe, sub, "d_ff_expert", 1, &m->d_ff_expert));
-    MP_CHECK(mp_json_get_i64(ctx, moe, sub, "n_shared_experts", 0, &m->n_shared_experts));
-    MP_CHECK(mp_json_get_i64(ctx, moe, sub, "d_ff_shared", 0, &m->d_ff_shared));
-    MP_CHECK(mp_json_get_i64(ctx, moe, sub, "first_dense_layers", 0, &first_dense));
-    MP_CHECK(mp_json_get_i64(ctx, moe, sub, "layer_freq", 0, &freq));
-    m->aux_loss_coef = 0.01;
-    MP_CHECK(mp_json_get_f64(ctx, moe, sub, "aux_loss_coef", 0, &m->aux_loss_coef));
-    m->norm_topk_prob = 1;
-    MP_CHECK(mp_json_get_bool(ctx, moe, sub, "norm_topk_prob", 0, &m->norm_topk_prob));
-    if (m->n_layers > MP_MAX_LAYERS) return mp_model_validate(ctx, m, origin);
-    const int64_t nl = m->n_layers > 0 ? m->n_layers : 1;
-    MP_CHECK(mp_check_i64(ctx, sub, "first_dense_layers", first_dense, 0, nl));
-    MP_CHECK(mp_check_i64(ctx, sub, "layer_freq", freq, 1, nl));
-    set_moe_layers(m, first_dense, freq);
-  }
-  (void)family_name;
-  return MP_OK;
+  MP_CHECK(mp_model_read_fields(ctx, j, origin, MP_MODEL_OBJ_TOP, MP_MODEL_FIELD_head_dim,
+                                MP_MODEL_FIELD_LAST, m));
+  return read_moe(ctx, j, origin, m);
+}
+
+/* The inverse of from_ours for the rows whose saved column is 1 (model.h). */
+cJSON *mp_model_to_json(const mp_model *m) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return NULL;
+  cJSON_AddStringToObject(o, "name", m->name);
+  cJSON_AddStringToObject(o, "family", family_name(m->family));
+  mp_model_write_fields(o, m, MP_MODEL_OBJ_TOP, MP_MODEL_FIELD_FIRST, MP_MODEL_FIELD_LAST);
+  if (!mp_model_is_moe(m)) return o;
+  /* the MoE layers as the format states them: the first first_dense_layers dense, then
+   * every layer_freq-th */
+  int64_t first = -1, second = -1;
+  for (int64_t l = 0; l < m->n_layers; l++)
+    if (mp_model_layer_is_moe(m, l)) {
+      if (first < 0)
+        first = l;
+      else if (second < 0)
+        second = l;
+    }
+  cJSON *moe = cJSON_AddObjectToObject(o, "moe");
+  mp_model_write_fields(moe, m, MP_MODEL_OBJ_MOE, MP_MODEL_FIELD_FIRST, MP_MODEL_FIELD_d_ff_shared);
+  cJSON_AddNumberToObject(moe, "first_dense_layers", (double)(first < 0 ? 0 : first));
+  cJSON_AddNumberToObject(moe, "layer_freq", (double)(second > first ? second - first : 1));
+  mp_model_write_fields(moe, m, MP_MODEL_OBJ_MOE, MP_MODEL_FIELD_aux_loss_coef, MP_MODEL_FIELD_LAST);
+  return o;
+}
+
+/* Field f from a Hugging Face config under its llama-family key (the hf column of
+ * MP_MODEL_FIELDS; only for rows that have one). */
+static mp_status hf_get(mp_ctx *ctx, const cJSON *j, const char *where, mp_model_field f,
+                        int required, mp_model *m) {
+  return mp_model_get_field(ctx, j, where, mp_model_field_hf_key(f), required, f, m);
 }
 
 /* Hugging Face config.json. Field names per architecture:
@@ -340,7 +351,7 @@ static mp_status hf_gpt2(mp_ctx *ctx, const cJSON *j, const char *where, mp_mode
 /* Mixtral's experts: every layer MoE, experts as wide as the dense d_ff. */
 static mp_status hf_mixtral_moe(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m) {
   MP_CHECK(mp_json_get_i64(ctx, j, where, "num_local_experts", 1, &m->n_experts));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_experts_per_tok", 1, &m->top_k));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_top_k, 1, m));
   m->d_ff_expert = m->d_ff;
   m->aux_loss_coef = 0.02;
   MP_CHECK(mp_json_get_f64(ctx, j, where, "router_aux_loss_coef", 0, &m->aux_loss_coef));
@@ -355,7 +366,7 @@ static mp_status hf_qwen_moe(mp_ctx *ctx, const cJSON *j, const char *where, con
                              mp_model *m) {
   int64_t step = 1;
   MP_CHECK(mp_json_get_i64(ctx, j, where, "num_experts", 1, &m->n_experts));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_experts_per_tok", 1, &m->top_k));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_top_k, 1, m));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "moe_intermediate_size", 1, &m->d_ff_expert));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "decoder_sparse_step", 0, &step));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "shared_expert_intermediate_size", 0, &m->d_ff_shared));
@@ -363,7 +374,7 @@ static mp_status hf_qwen_moe(mp_ctx *ctx, const cJSON *j, const char *where, con
   m->aux_loss_coef = 0.001;
   MP_CHECK(mp_json_get_f64(ctx, j, where, "router_aux_loss_coef", 0, &m->aux_loss_coef));
   m->norm_topk_prob = strcmp(type, "qwen3_moe") == 0;
-  MP_CHECK(mp_json_get_bool(ctx, j, where, "norm_topk_prob", 0, &m->norm_topk_prob));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_norm_topk_prob, 0, m));
   if (m->n_layers > MP_MAX_LAYERS) return mp_model_validate(ctx, m, where);
   const int64_t nl = m->n_layers > 0 ? m->n_layers : 1;
   MP_CHECK(mp_check_i64(ctx, where, "decoder_sparse_step", step, 1, nl));
@@ -388,13 +399,13 @@ static mp_status hf_qwen_moe(mp_ctx *ctx, const cJSON *j, const char *where, con
 /* sliding_window (Mistral; null or absent: none), off where use_sliding_window is false
  * (Qwen2's configs carry a window they do not use). */
 static mp_status hf_sliding_window(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m) {
-  const cJSON *w = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
+  const char *key = mp_model_field_hf_key(MP_MODEL_FIELD_sliding_window);
+  const cJSON *w = cJSON_GetObjectItemCaseSensitive(j, key);
   if (w == NULL || cJSON_IsNull(w)) return MP_OK;
   int use = 1;
   MP_CHECK(mp_json_get_bool(ctx, j, where, "use_sliding_window", 0, &use));
-  int64_t win = 0;
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "sliding_window", 0, &win));
-  m->sliding_window = use ? win : 0;
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_sliding_window, 0, m));
+  if (!use) m->sliding_window = 0;
   return MP_OK;
 }
 
@@ -422,24 +433,24 @@ static mp_status hf_refuse_unread(mp_ctx *ctx, const cJSON *j, const char *where
 /* The llama family's sizes (vocab_size, hidden_size, num_hidden_layers, num_attention_heads,
  * num_key_value_heads defaulting to the heads), as every llama-style config names them. */
 static mp_status hf_llama_sizes(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m) {
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m->vocab));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "hidden_size", 1, &m->d_model));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_hidden_layers", 1, &m->n_layers));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_attention_heads", 1, &m->n_heads));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_vocab, 1, m));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_d_model, 1, m));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_n_layers, 1, m));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_n_heads, 1, m));
   m->n_kv_heads = m->n_heads;
-  return mp_json_get_i64(ctx, j, where, "num_key_value_heads", 0, &m->n_kv_heads);
+  return hf_get(ctx, j, where, MP_MODEL_FIELD_n_kv_heads, 0, m);
 }
 
 /* Their context, embeddings and norm/RoPE constants (max_position_embeddings default 4096,
  * tie_word_embeddings, rms_norm_eps default 1e-6, rope_theta default 10000). */
 static mp_status hf_llama_context(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m) {
   m->max_seq = 4096;
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "max_position_embeddings", 0, &m->max_seq));
-  MP_CHECK(mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m->tied_embeddings));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_max_seq, 0, m));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_tied_embeddings, 0, m));
   m->norm_eps = 1e-6;
-  MP_CHECK(mp_json_get_f64(ctx, j, where, "rms_norm_eps", 0, &m->norm_eps));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_norm_eps, 0, m));
   m->rope_theta = 10000.0;
-  return mp_json_get_f64(ctx, j, where, "rope_theta", 0, &m->rope_theta);
+  return hf_get(ctx, j, where, MP_MODEL_FIELD_rope_theta, 0, m);
 }
 
 /* DeepSeek-V2's and V3's experts (modeling_deepseek): block l is MoE when l >=
@@ -455,18 +466,19 @@ static mp_status hf_deepseek_moe(mp_ctx *ctx, const cJSON *j, const char *where,
   if (r == NULL || cJSON_IsNull(r)) return MP_OK; /* dense */
   int64_t first = 0, freq = 1;
   MP_CHECK(mp_json_get_i64(ctx, j, where, "n_routed_experts", 1, &m->n_experts));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_experts_per_tok", 1, &m->top_k));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_top_k, 1, m));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "moe_intermediate_size", 1, &m->d_ff_expert));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "n_shared_experts", 0, &m->n_shared_experts));
-  MP_CHECK(mp_check_i64(ctx, where, "n_shared_experts", m->n_shared_experts, 0, MP_LIM_SHARED_EXPERTS));
-  MP_CHECK(mp_check_i64(ctx, where, "moe_intermediate_size", m->d_ff_expert, 1, MP_LIM_D_FF));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_n_shared_experts, 0, m));
+  /* before d_ff_shared's product: the ranges of the table, under DeepSeek's names */
+  MP_CHECK(mp_model_check_field(ctx, m, where, MP_MODEL_FIELD_n_shared_experts, NULL));
+  MP_CHECK(mp_model_check_field(ctx, m, where, MP_MODEL_FIELD_d_ff_expert, "moe_intermediate_size"));
   m->d_ff_shared = m->n_shared_experts * m->d_ff_expert;
   MP_CHECK(mp_json_get_i64(ctx, j, where, "first_k_dense_replace", 0, &first));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "moe_layer_freq", 0, &freq));
   m->aux_loss_coef = 0.001;
   MP_CHECK(mp_json_get_f64(ctx, j, where, "aux_loss_alpha", 0, &m->aux_loss_coef));
   m->norm_topk_prob = v3;
-  MP_CHECK(mp_json_get_bool(ctx, j, where, "norm_topk_prob", 0, &m->norm_topk_prob));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_norm_topk_prob, 0, m));
   if (m->n_layers > MP_MAX_LAYERS) return mp_model_validate(ctx, m, where);
   const int64_t nl = m->n_layers > 0 ? m->n_layers : 1;
   MP_CHECK(mp_check_i64(ctx, where, "first_k_dense_replace", first, 0, nl));
@@ -487,10 +499,10 @@ static mp_status hf_deepseek(mp_ctx *ctx, const cJSON *j, const char *where, con
   const int v3 = strcmp(type, "deepseek_v3") == 0 || strncmp(arch, "DeepseekV3", 10) == 0;
   m->family = MP_FAMILY_LLAMA;
   MP_CHECK(hf_llama_sizes(ctx, j, where, m));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "intermediate_size", 1, &m->d_ff));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_d_ff, 1, m));
   MP_CHECK(read_mla_keys(ctx, j, where, m));
   MP_CHECK(hf_llama_context(ctx, j, where, m));
-  MP_CHECK(mp_json_get_bool(ctx, j, where, "attention_bias", 0, &m->qkv_bias));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_qkv_bias, 0, m));
   int64_t mtp = 0;
   MP_CHECK(mp_json_get_i64(ctx, j, where, "num_nextn_predict_layers", 0, &mtp));
   if (mtp > 0)
@@ -508,14 +520,14 @@ static mp_status hf_llama(mp_ctx *ctx, const cJSON *j, const char *where, const 
   m->family = MP_FAMILY_LLAMA;
   MP_CHECK(hf_refuse_unread(ctx, j, where));
   MP_CHECK(hf_llama_sizes(ctx, j, where, m));
-  MP_CHECK(default_head_dim(ctx, j, where, "head_dim", m));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "head_dim", 0, &m->head_dim));
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "intermediate_size", 1, &m->d_ff));
+  MP_CHECK(default_head_dim(ctx, j, where, mp_model_field_hf_key(MP_MODEL_FIELD_head_dim), m));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_head_dim, 0, m));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_d_ff, 1, m));
   MP_CHECK(hf_llama_context(ctx, j, where, m));
   int is_qwen2 = strncmp(type, "qwen2", 5) == 0 || strncmp(arch, "Qwen2", 5) == 0;
   int is_qwen3 = strncmp(type, "qwen3", 5) == 0 || strncmp(arch, "Qwen3", 5) == 0;
   m->qkv_bias = is_qwen2;
-  MP_CHECK(mp_json_get_bool(ctx, j, where, "attention_bias", 0, &m->qkv_bias));
+  MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_qkv_bias, 0, m));
   m->qk_norm = is_qwen3;
   MP_CHECK(hf_sliding_window(ctx, j, where, m));
   int is_mixtral = strcmp(type, "mixtral") == 0 || strncmp(arch, "Mixtral", 7) == 0;

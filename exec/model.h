@@ -29,7 +29,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/limits.h"
 #include "common/status.h"
+
+struct cJSON;
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,42 +43,110 @@ extern "C" {
 
 typedef enum mp_family { MP_FAMILY_GPT = 0, MP_FAMILY_LLAMA = 1 } mp_family;
 
+/* The model's fields, one row each; mp_model's members are its rows. Derived from it:
+ * meshplan's format read and written (data/models/README.md; mp_model_to_json), the ranges
+ * mp_model_validate checks, the Hugging Face keys the llama-family readers and the export
+ * use, and the field-by-field comparisons of a checkpoint's or a config's model with the
+ * model given. What differs per consumer stays with it: which fields a comparison checks
+ * and in what order, the rules between fields, each architecture's own key names.
+ *
+ *   field    the C member, and meshplan's JSON key (the same word)
+ *   type     I64 (int64_t), BOOL (int, 0 or 1; JSON true or false) or F64 (double)
+ *   obj      where meshplan's format has the key: TOP (the model object), MLA (its "mla"
+ *            object), MOE (its "moe" object)
+ *   req      1: the key is required in its object; 0: absent or null gives the default
+ *   default  an expression of m, the model being read (the rows before it are read)
+ *   lo, hi   the accepted range (common/limits.h gives each bound's reason); ends: CLOSED
+ *            [lo, hi] or OPEN_LO (lo, hi]
+ *   check    where mp_model_validate checks the range: FIRST (every model, before any rule,
+ *            in table order), MLA (models with MLA, in table order), MOE (MoE models,
+ *            likewise), RULE (by name, where the rules around it need it), NONE (a flag, or
+ *            top_k, whose rule 1..n_experts has its own message)
+ *   saved    1: mp_model_to_json writes it (the checkpoint manifest's model); 0: it does not:
+ *            multi-head latent attention, which the runtime does not train, and
+ *            sliding_window, which the manifest has never recorded (a model read back from
+ *            a checkpoint has no window)
+ *   hf       its key in Hugging Face's llama-family configs (LlamaConfig's names, which
+ *            Mistral, Qwen2/3, Mixtral and DeepSeek-V2/V3 share where they have the field),
+ *            or NULL where the architectures name it differently (each reader names it)
+ *
+ * The rows are in the order meshplan's format reads them: the attention's sizes, then
+ * "mla" (whose head parts give head_dim's default), then the rest; in "moe",
+ * first_dense_layers and layer_freq (which give moe_layer, not a row) are read between
+ * d_ff_shared and aux_loss_coef. */
+/* clang-format off */
+#define MP_MODEL_FIELDS(F)                                                                                                                                                      \
+  /* field            type  obj  req  default                     lo  hi                     ends     check  saved  hf                            meaning */                    \
+  F(vocab,            I64,  TOP, 1,   0,                          1,  MP_LIM_VOCAB,          CLOSED,  FIRST, 1,     "vocab_size")              /* tokens in the vocabulary   */ \
+  F(d_model,          I64,  TOP, 1,   0,                          1,  MP_LIM_D_MODEL,        CLOSED,  FIRST, 1,     "hidden_size")             /* hidden size H              */ \
+  F(n_layers,         I64,  TOP, 1,   0,                          1,  MP_MAX_LAYERS,         CLOSED,  FIRST, 1,     "num_hidden_layers")       /* transformer blocks L       */ \
+  F(n_heads,          I64,  TOP, 1,   0,                          1,  MP_LIM_HEADS,          CLOSED,  FIRST, 1,     "num_attention_heads")     /* query heads                */ \
+  F(n_kv_heads,       I64,  TOP, 0,   m->n_heads,                 1,  m->n_heads,            CLOSED,  FIRST, 1,     "num_key_value_heads")     /* key/value heads            */ \
+  /* multi-head latent attention (kv_lora_rank == 0: none); the head parts are per head */                                                                                      \
+  F(q_lora_rank,      I64,  MLA, 0,   0,                          0,  MP_LIM_D_MODEL,        CLOSED,  MLA,   0,     "q_lora_rank")             /* query latent (0: q_proj)   */ \
+  F(kv_lora_rank,     I64,  MLA, 1,   0,                          0,  MP_LIM_D_MODEL,        CLOSED,  RULE,  0,     "kv_lora_rank")            /* key/value latent           */ \
+  F(qk_nope_head_dim, I64,  MLA, 1,   0,                          1,  MP_LIM_HEAD_DIM,       CLOSED,  MLA,   0,     "qk_nope_head_dim")        /* query/key part, no RoPE    */ \
+  F(qk_rope_head_dim, I64,  MLA, 1,   0,                          2,  MP_LIM_HEAD_DIM,       CLOSED,  MLA,   0,     "qk_rope_head_dim")        /* ... with RoPE (shared key) */ \
+  F(v_head_dim,       I64,  MLA, 1,   0,                          1,  MP_LIM_HEAD_DIM,       CLOSED,  MLA,   0,     "v_head_dim")              /* value head width           */ \
+  /* head_dim's default, d_model / n_heads or MLA's qk_nope + qk_rope, is set before its row */                                                                                 \
+  F(head_dim,         I64,  TOP, 0,   m->head_dim,                1,  MP_LIM_HEAD_DIM,       CLOSED,  FIRST, 1,     "head_dim")                /* query/key head width       */ \
+  F(d_ff,             I64,  TOP, 0,   0,                          0,  MP_LIM_D_FF,           CLOSED,  RULE,  1,     "intermediate_size")       /* dense MLP hidden size      */ \
+  F(max_seq,          I64,  TOP, 0,   2048,                       1,  MP_LIM_SEQ,            CLOSED,  FIRST, 1,     "max_position_embeddings") /* context length             */ \
+  F(tied_embeddings,  BOOL, TOP, 0,   m->family == MP_FAMILY_GPT, 0,  1,                     CLOSED,  NONE,  1,     "tie_word_embeddings")     /* output = tok_embeddings    */ \
+  F(bias,             BOOL, TOP, 0,   m->family == MP_FAMILY_GPT, 0,  1,                     CLOSED,  NONE,  1,     NULL)                      /* gpt: biases everywhere     */ \
+  F(qkv_bias,         BOOL, TOP, 0,   0,                          0,  1,                     CLOSED,  NONE,  1,     "attention_bias")          /* Qwen2: q/k/v biases only   */ \
+  F(qk_norm,          BOOL, TOP, 0,   0,                          0,  1,                     CLOSED,  NONE,  1,     NULL)                      /* Qwen3: RMSNorm on q and k  */ \
+  /* sliding_window > 0: a query attends to the last sliding_window positions, itself included */                                                                               \
+  /* (Mistral 7B, Jiang et al. 2023); 0: to the whole causal prefix */                                                                                                          \
+  F(sliding_window,   I64,  TOP, 0,   0,                          0,  MP_LIM_SEQ,            CLOSED,  FIRST, 0,     "sliding_window")          /* attention window           */ \
+  F(norm_eps,         F64,  TOP, 0,   1e-5,                       0,  1,                     OPEN_LO, RULE,  1,     "rms_norm_eps")            /* RMSNorm/LayerNorm epsilon  */ \
+  F(rope_theta,       F64,  TOP, 0,   10000.0,                    0,  MP_LIM_ROPE_THETA,     OPEN_LO, RULE,  1,     "rope_theta")              /* RoPE base (llama)          */ \
+  /* mixture of experts (n_experts == 0: dense) */                                                                                                                              \
+  F(n_experts,        I64,  MOE, 1,   0,                          0,  MP_LIM_EXPERTS,        CLOSED,  RULE,  1,     NULL)                      /* routed experts per layer   */ \
+  F(top_k,            I64,  MOE, 1,   0,                          1,  m->n_experts,          CLOSED,  NONE,  1,     "num_experts_per_tok")     /* experts per token          */ \
+  F(d_ff_expert,      I64,  MOE, 1,   0,                          1,  MP_LIM_D_FF,           CLOSED,  MOE,   1,     NULL)                      /* routed expert hidden size  */ \
+  F(n_shared_experts, I64,  MOE, 0,   0,                          0,  MP_LIM_SHARED_EXPERTS, CLOSED,  MOE,   1,     "n_shared_experts")        /* experts every token uses   */ \
+  F(d_ff_shared,      I64,  MOE, 0,   0,                          0,  MP_LIM_D_FF,           CLOSED,  MOE,   1,     NULL)                      /* all shared experts' width  */ \
+  F(aux_loss_coef,    F64,  MOE, 0,   0.01,                       0,  1,                     CLOSED,  RULE,  1,     NULL)                      /* load-balancing loss        */ \
+  F(norm_topk_prob,   BOOL, MOE, 0,   1,                          0,  1,                     CLOSED,  NONE,  1,     "norm_topk_prob")          /* renormalise top-k weights  */
+/* clang-format on */
+
+#define MP_MODEL_CTYPE_I64 int64_t
+#define MP_MODEL_CTYPE_BOOL int
+#define MP_MODEL_CTYPE_F64 double
+
+/* Invariant after a successful load: see the file comment. */
 typedef struct mp_model {
   char name[MP_NAME_MAX];
   mp_family family;
-  int64_t vocab;       /* tokens in the vocabulary */
-  int64_t d_model;     /* hidden size H */
-  int64_t n_layers;    /* transformer blocks L */
-  int64_t n_heads;     /* query heads */
-  int64_t n_kv_heads;  /* key/value heads (== n_heads for MHA) */
-  int64_t head_dim;    /* per head; usually d_model / n_heads */
-  int64_t d_ff;        /* dense MLP hidden size */
-  int64_t max_seq;     /* learned positions (gpt) or context length */
-  int tied_embeddings; /* output head shares tok_embeddings */
-  int bias;            /* gpt: biases on Linear layers and LayerNorm */
-  int qkv_bias;        /* Qwen2: biases on q/k/v only */
-  int qk_norm;         /* Qwen3: RMSNorm over head_dim on q and k */
-  int64_t sliding_window; /* > 0: each query attends to the last sliding_window positions
-                             (itself included; Mistral 7B, Jiang et al. 2023); 0: the whole
-                             causal prefix */
-  double norm_eps;
-  double rope_theta;
-  /* mixture of experts (n_experts == 0: dense) */
-  int64_t n_experts;       /* routed experts per MoE layer */
-  int64_t top_k;           /* experts per token */
-  int64_t n_shared_experts;
-  int64_t d_ff_expert;     /* routed expert hidden size */
-  int64_t d_ff_shared;     /* hidden size of the shared expert block (all shared experts) */
-  double aux_loss_coef;    /* load-balancing loss weight */
-  int norm_topk_prob;      /* renormalise the top-k probabilities */
-  /* multi-head latent attention (kv_lora_rank == 0: none) */
-  int64_t q_lora_rank;      /* query latent; 0: q_proj straight from the hidden state */
-  int64_t kv_lora_rank;     /* key/value latent */
-  int64_t qk_nope_head_dim; /* per head: the query/key features without RoPE */
-  int64_t qk_rope_head_dim; /* per head: the query/key features with RoPE (the key's shared) */
-  int64_t v_head_dim;       /* per head: value and attention output features */
-  unsigned char moe_layer[MP_MAX_LAYERS];
+#define MP_MODEL_MEMBER_(field, type, ...) MP_MODEL_CTYPE_##type field;
+  MP_MODEL_FIELDS(MP_MODEL_MEMBER_)
+#undef MP_MODEL_MEMBER_
+  unsigned char moe_layer[MP_MAX_LAYERS]; /* 1: layer l's MLP is a MoE */
 } mp_model;
+
+/* One value per row of MP_MODEL_FIELDS, in table order. */
+typedef enum mp_model_field {
+#define MP_MODEL_FIELD_ID_(field, ...) MP_MODEL_FIELD_##field,
+  MP_MODEL_FIELDS(MP_MODEL_FIELD_ID_)
+#undef MP_MODEL_FIELD_ID_
+  MP_MODEL_FIELD_COUNT
+} mp_model_field;
+
+/* Row f's meshplan key (its C name) and its Hugging Face key (NULL: none in the table). */
+const char *mp_model_field_key(mp_model_field f);
+const char *mp_model_field_hf_key(mp_model_field f);
+/* m's value of field f (a flag as 0 or 1; every integer in range is exact in a double). */
+double mp_model_field_value(const mp_model *m, mp_model_field f);
+/* The index in fields[0..n) of the first field on which a and b differ, or -1. */
+int mp_model_first_difference(const mp_model *a, const mp_model *b, const mp_model_field *fields,
+                              int n);
+/* Adds m's field f to the JSON object o under key: a number, or a boolean for a flag. */
+void mp_model_field_to_json(struct cJSON *o, const char *key, const mp_model *m, mp_model_field f);
+/* m in meshplan's format, which mp_model_from_text reads back: name, family, the rows whose
+ * saved column is 1 and, for a MoE model, "moe" with the MoE layers as first_dense_layers
+ * and layer_freq. NULL when out of memory. */
+struct cJSON *mp_model_to_json(const mp_model *m);
 
 /* Loads by name (a file stem under data/models, embedded in the binary, e.g.
  * "llama3.1-8b") or by path (anything containing '/' or ending in .json). The file may

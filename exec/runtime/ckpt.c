@@ -207,49 +207,6 @@ static mp_status prune(mp_ctx *ctx, const char *dir, int keep) {
 
 /* ---- the save ------------------------------------------------------------------------------ */
 
-/* In meshplan's model format (data/models/README.md), so mp_model_from_text reads it back. */
-cJSON *mp_ckpt_model_json(const mp_model *m) {
-  cJSON *o = cJSON_CreateObject();
-  if (!o) return NULL;
-  cJSON_AddStringToObject(o, "name", m->name);
-  cJSON_AddStringToObject(o, "family", m->family == MP_FAMILY_LLAMA ? "llama" : "gpt");
-  const struct {
-    const char *k;
-    int64_t v;
-  } ints[] = {{"vocab", m->vocab},       {"d_model", m->d_model},     {"n_layers", m->n_layers},
-              {"n_heads", m->n_heads},   {"n_kv_heads", m->n_kv_heads}, {"head_dim", m->head_dim},
-              {"d_ff", m->d_ff},         {"max_seq", m->max_seq}};
-  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) cJSON_AddNumberToObject(o, ints[i].k, (double)ints[i].v);
-  cJSON_AddBoolToObject(o, "tied_embeddings", m->tied_embeddings);
-  cJSON_AddBoolToObject(o, "bias", m->bias);
-  cJSON_AddBoolToObject(o, "qkv_bias", m->qkv_bias);
-  cJSON_AddBoolToObject(o, "qk_norm", m->qk_norm);
-  cJSON_AddNumberToObject(o, "norm_eps", m->norm_eps);
-  cJSON_AddNumberToObject(o, "rope_theta", m->rope_theta);
-  if (!mp_model_is_moe(m)) return o;
-  /* the MoE layers as the format states them: the first first_dense_layers dense, then
-   * every layer_freq-th */
-  int64_t first = -1, second = -1;
-  for (int64_t l = 0; l < m->n_layers; l++)
-    if (mp_model_layer_is_moe(m, l)) {
-      if (first < 0)
-        first = l;
-      else if (second < 0)
-        second = l;
-    }
-  cJSON *moe = cJSON_AddObjectToObject(o, "moe");
-  cJSON_AddNumberToObject(moe, "n_experts", (double)m->n_experts);
-  cJSON_AddNumberToObject(moe, "top_k", (double)m->top_k);
-  cJSON_AddNumberToObject(moe, "d_ff_expert", (double)m->d_ff_expert);
-  cJSON_AddNumberToObject(moe, "n_shared_experts", (double)m->n_shared_experts);
-  cJSON_AddNumberToObject(moe, "d_ff_shared", (double)m->d_ff_shared);
-  cJSON_AddNumberToObject(moe, "first_dense_layers", (double)(first < 0 ? 0 : first));
-  cJSON_AddNumberToObject(moe, "layer_freq", (double)(second > first ? second - first : 1));
-  cJSON_AddNumberToObject(moe, "aux_loss_coef", m->aux_loss_coef);
-  cJSON_AddBoolToObject(moe, "norm_topk_prob", m->norm_topk_prob);
-  return o;
-}
-
 static cJSON *i64_array(const int64_t *v, int n) {
   cJSON *a = cJSON_CreateArray();
   for (int i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
@@ -399,7 +356,7 @@ static mp_status publish(mp_ctx *ctx, save_job *sj, int keep, const mp_ckpt_meta
   cJSON_AddStringToObject(man, "seed", seed); /* a string: a double holds 53 bits */
   cJSON_AddStringToObject(man, "saved_by_mesh", mesh);
   cJSON_AddNumberToObject(man, "chunk_bytes", MP_CKPT_CHUNK_BYTES);
-  cJSON_AddItemToObject(man, "model", mp_ckpt_model_json(&plan->model));
+  cJSON_AddItemToObject(man, "model", mp_model_to_json(&plan->model));
   if (meta->train) cJSON_AddItemToObject(man, "train", cJSON_Duplicate(meta->train, 1));
   mp_status st = merge_indexes(ctx, sj, man);
   char *text = st == MP_OK ? cJSON_Print(man) : NULL;

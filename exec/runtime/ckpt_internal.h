@@ -16,8 +16,6 @@ static inline void ckpt_tensor_name(char *out, size_t cap, const char *fqn, mp_s
     snprintf(out, cap, "optim.%s.%s", fqn, k == MP_STATE_EXP_AVG ? "exp_avg" : "exp_avg_sq");
 }
 
-/* The model's dims as the manifest's "model" object records them (ckpt.c). */
-cJSON *mp_ckpt_model_json(const mp_model *m);
 /* fn(ctx, rt, i, buf, arg) for every parameter i, buf a host buffer of at least the
  * rank's tile of it (numel of mp_runtime_param_tile; 1 when empty); stops at the first
  * failure. (ckpt_read.c) */

@@ -389,22 +389,16 @@ mp_status mp_ckpt_model(mp_ctx *ctx, const mp_ckpt_manifest *man, mp_model *out)
 static mp_status check_model(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_model *model) {
   mp_model saved;
   MP_CHECK(mp_ckpt_model(ctx, m, &saved));
-  const struct {
-    const char *k;
-    double a, b;
-  } f[] = {{"rope_theta", saved.rope_theta, model->rope_theta},
-           {"norm_eps", saved.norm_eps, model->norm_eps},
-           {"n_heads", (double)saved.n_heads, (double)model->n_heads},
-           {"n_kv_heads", (double)saved.n_kv_heads, (double)model->n_kv_heads},
-           {"top_k", (double)saved.top_k, (double)model->top_k},
-           {"norm_topk_prob", saved.norm_topk_prob, model->norm_topk_prob},
-           {"tied_embeddings", saved.tied_embeddings, model->tied_embeddings}};
-  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-    if (f[i].a != f[i].b)
-      return mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: the checkpoint's model %s has %s = %g, model %s has %g; "
-                      "resume with the model it was saved with", m->dir, saved.name, f[i].k, f[i].a, model->name,
-                      f[i].b);
-  return MP_OK;
+  static const mp_model_field forward[] = {MP_MODEL_FIELD_rope_theta, MP_MODEL_FIELD_norm_eps,
+                                           MP_MODEL_FIELD_n_heads,    MP_MODEL_FIELD_n_kv_heads,
+                                           MP_MODEL_FIELD_top_k,      MP_MODEL_FIELD_norm_topk_prob,
+                                           MP_MODEL_FIELD_tied_embeddings};
+  const int i = mp_model_first_difference(&saved, model, forward, (int)(sizeof forward / sizeof forward[0]));
+  if (i < 0) return MP_OK;
+  const mp_model_field f = forward[i];
+  return mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: the checkpoint's model %s has %s = %g, model %s has %g; "
+                  "resume with the model it was saved with", m->dir, saved.name, mp_model_field_key(f),
+                  mp_model_field_value(&saved, f), model->name, mp_model_field_value(model, f));
 }
 
 /* Every tensor of the manifest is one the plan has (no tensor left behind unloaded). */

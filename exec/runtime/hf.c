@@ -64,6 +64,14 @@ int mp_hf_name(const char *fqn, int expert, char *out, size_t cap) {
 
 /* ---- config.json ---------------------------------------------------------------------------- */
 
+/* The key of field f in the config.json the export writes: Llama's names (the hf column of
+ * MP_MODEL_FIELDS), Mixtral's for the experts' count and loss weight. */
+static const char *export_key(mp_model_field f) {
+  if (f == MP_MODEL_FIELD_n_experts) return "num_local_experts";
+  if (f == MP_MODEL_FIELD_aux_loss_coef) return "router_aux_loss_coef";
+  return mp_model_field_hf_key(f);
+}
+
 mp_status mp_hf_config(mp_ctx *ctx, const mp_model *m, cJSON **out) {
   *out = NULL;
   if (m->family != MP_FAMILY_LLAMA || m->bias || m->qkv_bias || m->qk_norm)
@@ -74,29 +82,27 @@ mp_status mp_hf_config(mp_ctx *ctx, const mp_model *m, cJSON **out) {
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: an MoE exports as Mixtral, which has every layer MoE, "
                     "renormalised top-k and no shared expert; this model differs (transformers has no "
                     "architecture for it)", m->name);
+  /* in the export's key order; Mixtral's intermediate_size is the expert's */
+  static const mp_model_field dims[] = {
+      MP_MODEL_FIELD_vocab,    MP_MODEL_FIELD_d_model,  MP_MODEL_FIELD_d_ff,     MP_MODEL_FIELD_n_layers,
+      MP_MODEL_FIELD_n_heads,  MP_MODEL_FIELD_n_kv_heads, MP_MODEL_FIELD_head_dim, MP_MODEL_FIELD_max_seq,
+      MP_MODEL_FIELD_norm_eps, MP_MODEL_FIELD_rope_theta, MP_MODEL_FIELD_tied_embeddings};
+  static const mp_model_field experts[] = {MP_MODEL_FIELD_n_experts, MP_MODEL_FIELD_top_k,
+                                           MP_MODEL_FIELD_aux_loss_coef};
   cJSON *c = cJSON_CreateObject();
   MP_CHECK_ALLOC(ctx, c);
   cJSON *arch = cJSON_AddArrayToObject(c, "architectures");
   cJSON_AddItemToArray(arch, cJSON_CreateString(moe ? "MixtralForCausalLM" : "LlamaForCausalLM"));
   cJSON_AddStringToObject(c, "model_type", moe ? "mixtral" : "llama");
-  cJSON_AddNumberToObject(c, "vocab_size", (double)m->vocab);
-  cJSON_AddNumberToObject(c, "hidden_size", (double)m->d_model);
-  cJSON_AddNumberToObject(c, "intermediate_size", (double)(moe ? m->d_ff_expert : m->d_ff));
-  cJSON_AddNumberToObject(c, "num_hidden_layers", (double)m->n_layers);
-  cJSON_AddNumberToObject(c, "num_attention_heads", (double)m->n_heads);
-  cJSON_AddNumberToObject(c, "num_key_value_heads", (double)m->n_kv_heads);
-  cJSON_AddNumberToObject(c, "head_dim", (double)m->head_dim);
-  cJSON_AddNumberToObject(c, "max_position_embeddings", (double)m->max_seq);
-  cJSON_AddNumberToObject(c, "rms_norm_eps", m->norm_eps);
-  cJSON_AddNumberToObject(c, "rope_theta", m->rope_theta);
-  cJSON_AddBoolToObject(c, "tie_word_embeddings", m->tied_embeddings);
+  for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+    mp_model_field_to_json(c, export_key(dims[i]), m,
+                           moe && dims[i] == MP_MODEL_FIELD_d_ff ? MP_MODEL_FIELD_d_ff_expert : dims[i]);
   cJSON_AddStringToObject(c, "hidden_act", "silu");
   cJSON_AddBoolToObject(c, "attention_bias", 0);
   cJSON_AddStringToObject(c, "torch_dtype", "float32");
   if (moe) {
-    cJSON_AddNumberToObject(c, "num_local_experts", (double)m->n_experts);
-    cJSON_AddNumberToObject(c, "num_experts_per_tok", (double)m->top_k);
-    cJSON_AddNumberToObject(c, "router_aux_loss_coef", m->aux_loss_coef);
+    for (size_t i = 0; i < sizeof experts / sizeof experts[0]; i++)
+      mp_model_field_to_json(c, export_key(experts[i]), m, experts[i]);
   } else {
     cJSON_AddBoolToObject(c, "mlp_bias", 0);
   }
@@ -104,28 +110,21 @@ mp_status mp_hf_config(mp_ctx *ctx, const mp_model *m, cJSON **out) {
   return MP_OK;
 }
 
+/* The fields that decide the checkpoint's tensors and forward, named as the export names
+ * them (the expert's intermediate_size told apart from the dense one). */
 mp_status mp_hf_check_config(mp_ctx *ctx, const mp_model *hf, const mp_model *m, const char *origin) {
-  const struct {
-    const char *k;
-    double a, b;
-  } f[] = {{"vocab_size", (double)hf->vocab, (double)m->vocab},
-           {"hidden_size", (double)hf->d_model, (double)m->d_model},
-           {"num_hidden_layers", (double)hf->n_layers, (double)m->n_layers},
-           {"num_attention_heads", (double)hf->n_heads, (double)m->n_heads},
-           {"num_key_value_heads", (double)hf->n_kv_heads, (double)m->n_kv_heads},
-           {"head_dim", (double)hf->head_dim, (double)m->head_dim},
-           {"intermediate_size", (double)hf->d_ff, (double)m->d_ff},
-           {"tie_word_embeddings", hf->tied_embeddings, m->tied_embeddings},
-           {"rms_norm_eps", hf->norm_eps, m->norm_eps},
-           {"rope_theta", hf->rope_theta, m->rope_theta},
-           {"num_local_experts", (double)hf->n_experts, (double)m->n_experts},
-           {"num_experts_per_tok", (double)hf->top_k, (double)m->top_k},
-           {"expert intermediate_size", (double)hf->d_ff_expert, (double)m->d_ff_expert}};
-  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-    if (f[i].a != f[i].b)
-      return mp_error(ctx, MP_ERR_INVALID, "%s: %s is %g but model %s has %g; drop --model to train the config's "
-                      "model, or init from a checkpoint of %s", origin, f[i].k, f[i].a, m->name, f[i].b, m->name);
-  return MP_OK;
+  static const mp_model_field same[] = {
+      MP_MODEL_FIELD_vocab,           MP_MODEL_FIELD_d_model,  MP_MODEL_FIELD_n_layers,   MP_MODEL_FIELD_n_heads,
+      MP_MODEL_FIELD_n_kv_heads,      MP_MODEL_FIELD_head_dim, MP_MODEL_FIELD_d_ff,       MP_MODEL_FIELD_tied_embeddings,
+      MP_MODEL_FIELD_norm_eps,        MP_MODEL_FIELD_rope_theta, MP_MODEL_FIELD_n_experts, MP_MODEL_FIELD_top_k,
+      MP_MODEL_FIELD_d_ff_expert};
+  const int i = mp_model_first_difference(hf, m, same, (int)(sizeof same / sizeof same[0]));
+  if (i < 0) return MP_OK;
+  const mp_model_field f = same[i];
+  return mp_error(ctx, MP_ERR_INVALID, "%s: %s is %g but model %s has %g; drop --model to train the config's "
+                  "model, or init from a checkpoint of %s", origin,
+                  f == MP_MODEL_FIELD_d_ff_expert ? "expert intermediate_size" : export_key(f),
+                  mp_model_field_value(hf, f), m->name, mp_model_field_value(m, f), m->name);
 }
 
 /* ---- initialization from safetensors --------------------------------------------------------- */

@@ -1,8 +1,10 @@
 // exec/model.h: loading (meshplan JSON and Hugging Face config.json) and the parameter and
 // FLOP counts, against figures derived by hand in the comments (and, where one exists, the
 // figure the model's authors publish).
+#include <cjson/cJSON.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -13,6 +15,30 @@ namespace {
 
 bool Contains(const std::string &s, const std::string &sub) {
   return s.find(sub) != std::string::npos;
+}
+
+// mp_model_to_json writes what mp_model_from_text reads back (the rows of MP_MODEL_FIELDS
+// whose saved column is 1, and the MoE layers): a model without multi-head latent attention
+// or a sliding window (neither is saved) comes back field for field.
+void ExpectSurvivesItsJson(mp_ctx *ctx, const mp_model &m) {
+  if (mp_model_is_mla(&m) || m.sliding_window > 0) return;
+  cJSON *j = mp_model_to_json(&m);
+  ASSERT_NE(j, nullptr);
+  char *text = cJSON_PrintUnformatted(j);
+  cJSON_Delete(j);
+  ASSERT_NE(text, nullptr);
+  mp_model back;
+  memset(&back, 0, sizeof back);
+  const mp_status st = mp_model_from_text(ctx, text, m.name, &back);
+  EXPECT_EQ(st, MP_OK) << mp_errmsg(ctx) << "\n" << text;
+  free(text);
+  if (st != MP_OK) return;
+  EXPECT_STREQ(back.name, m.name);
+  EXPECT_EQ(back.family, m.family);
+  for (int f = 0; f < MP_MODEL_FIELD_COUNT; f++)
+    EXPECT_EQ(mp_model_field_value(&back, (mp_model_field)f), mp_model_field_value(&m, (mp_model_field)f))
+        << mp_model_field_key((mp_model_field)f);
+  EXPECT_EQ(memcmp(back.moe_layer, m.moe_layer, sizeof m.moe_layer), 0);
 }
 
 struct ModelTest : ::testing::Test {
@@ -276,6 +302,7 @@ TEST_F(ModelTest, EveryDataModelLoads) {
     for (int64_t l = 0; l < m.n_layers; l++) sum += mp_model_block_params(&m, l);
     EXPECT_EQ(sum, mp_model_param_count(&m));
     for (int64_t l = m.n_layers; l < MP_MAX_LAYERS; l++) ASSERT_FALSE(m.moe_layer[l]) << l;
+    ExpectSurvivesItsJson(&ctx, m);
   }
   // The embedded models: 16 named ones and the two tiny ones.
   EXPECT_GE(models, 18);

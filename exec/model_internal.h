@@ -1,0 +1,52 @@
+/* The model spec's internals shared by its files (model.h is the interface):
+ *   model_fields.c  the rows of MP_MODEL_FIELDS read, checked and written field by field
+ *   model.c         meshplan's format, the Hugging Face configs, validation and counts */
+#ifndef MP_EXEC_MODEL_INTERNAL_H
+#define MP_EXEC_MODEL_INTERNAL_H
+
+#include <cjson/cJSON.h>
+
+#include "exec/model.h"
+
+/* The whole table, for mp_model_read_fields and mp_model_write_fields. */
+#define MP_MODEL_FIELD_FIRST ((mp_model_field)0)
+#define MP_MODEL_FIELD_LAST ((mp_model_field)(MP_MODEL_FIELD_COUNT - 1))
+
+/* Where meshplan's format has a row's key (the obj column). */
+typedef enum mp_model_obj {
+  MP_MODEL_OBJ_TOP = 0, /* the model object */
+  MP_MODEL_OBJ_MLA,     /* its "mla" object */
+  MP_MODEL_OBJ_MOE      /* its "moe" object */
+} mp_model_obj;
+
+/* Reads field f of m from obj under key (NULL: the field's meshplan key) with required as
+ * given; a missing or null key leaves the field as it is (mp_json_get_*). where names obj in
+ * messages. */
+mp_status mp_model_get_field(mp_ctx *ctx, const cJSON *obj, const char *where, const char *key,
+                             int required, mp_model_field f, mp_model *m);
+/* Reads from json the rows of object obj among first..last, in table order, as meshplan's
+ * format has them: an optional field takes its default, then the key's value if given. */
+mp_status mp_model_read_fields(mp_ctx *ctx, const cJSON *json, const char *where, mp_model_obj obj,
+                               mp_model_field first, mp_model_field last, mp_model *m);
+/* Adds to json the rows of object obj among first..last whose saved column is 1, in table
+ * order (mp_model_field_to_json). */
+void mp_model_write_fields(cJSON *json, const mp_model *m, mp_model_obj obj, mp_model_field first,
+                           mp_model_field last);
+
+/* Where mp_model_validate checks a row's range (the check column). */
+typedef enum mp_model_check {
+  MP_MODEL_CHECK_NONE = 0,
+  MP_MODEL_CHECK_FIRST,
+  MP_MODEL_CHECK_MLA,
+  MP_MODEL_CHECK_MOE,
+  MP_MODEL_CHECK_RULE
+} mp_model_check;
+
+/* Field f of m within its row's range (lo, hi, ends), named label in the message (NULL: its
+ * meshplan key); always MP_OK for a flag. */
+mp_status mp_model_check_field(mp_ctx *ctx, const mp_model *m, const char *origin, mp_model_field f,
+                               const char *label);
+/* Every row whose check column is `check`, in table order; the first out of range fails. */
+mp_status mp_model_check_fields(mp_ctx *ctx, const mp_model *m, const char *origin, mp_model_check check);
+
+#endif
