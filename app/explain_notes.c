@@ -1,0 +1,143 @@
+/* meshplan explain's "context parallel" and "pipeline" sections (explain.h): how the
+ * context-parallel ring runs for the plan's memory model and stack, and the rank's
+ * pipeline (the layer split, the warm-up and in-flight chunks of the stack's schedule
+ * implementation, the bubble, the boundary transfers), each said in one sentence that the
+ * text and the JSON report both print. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "app/commands.h"
+#include "app/explain.h"
+
+void mp_explain_cp_note(const mp_plan *p, char *buf, size_t cap) {
+  buf[0] = '\0';
+  const int cp = p->mesh.size[MP_DIM_CP], tp = p->mesh.size[MP_DIM_TP];
+  if (cp <= 1) return;
+  const mp_model *m = &p->model;
+  const int64_t T = p->opts.seq / cp * p->opts.micro_batch;
+  const int mla = mp_model_is_mla(m);
+  int n = snprintf(buf, cap,
+                   "cp=%d: ring attention with causal load balancing, the sequence in %d chunks, "
+                   "rank i holding chunks i and %d - i (%lld tokens a micro-batch); ",
+                   cp, 2 * cp, 2 * cp - 1, (long long)T);
+  if (n < 0 || (size_t)n >= cap) return;
+  if (mp_mem_model_is_runtime(p->opts.mem_model)) {
+    snprintf(buf + n, cap - (size_t)n,
+             "the rank's K and V (its %lld kv heads) passed to the next rank after every step, "
+             "and in backward their gradients too, each transfer blocking (meshplan's runtime)",
+             (long long)(m->n_kv_heads / tp));
+    return;
+  }
+  int64_t kw, vw;
+  const int mg = p->opts.mem_model == MP_MEM_MODEL_MEGATRON;
+  mp_cp_ring_widths(m, tp, mg, &kw, &vw);
+  const double kv = 2.0 * (double)(T * (kw + vw));
+  const mp_cp_rotate rot = p->opts.cp_rotate;
+  char a[32], g[32], d[32], moved[320];
+  mp_explain_fmt_bytes(kv, a, sizeof a);
+  mp_explain_fmt_bytes(2.0 * kv, d, sizeof d);
+  mp_explain_fmt_bytes(kv * mp_cp_ring_kv_units(cp, rot, mg), g, sizeof g);
+  if (mg) {
+    snprintf(buf + n, cap - (size_t)n,
+             "K and V %s (%s a rank), passed to the next rank before every step but the last, "
+             "each transfer beside that step's attention and waited for by the next step (%s "
+             "held: every step's K, V buffer is kept until the pass ends), the fp32 dK, dV (%s) "
+             "passed to the next rank after every backward step (Megatron-LM's context "
+             "parallelism: Transformer Engine's p2p ring; gradients all-reduced over "
+             "dp_replicate x cp)",
+             mla ? "at their decompressed widths" : "of the kv heads", a, g, d);
+    return;
+  }
+  const int sync = p->opts.cp_wait_at_issue;
+  if (rot == MP_CP_ROTATE_ALLTOALL) {
+    snprintf(moved, sizeof moved,
+             " (%s a rank), copied and passed to the next rank before every step but the last, "
+             "each transfer %s and waited for by the next step (%s held: the K, V in use, the "
+             "copy sent, the one arriving)",
+             a, sync ? "between two steps" : "beside that step's attention", g);
+  } else {
+    mp_explain_fmt_bytes(kv * cp, g, sizeof g); /* the gathered ones, the send buffer aside */
+    snprintf(moved, sizeof moved,
+             ", all-gathered on the CP group once per pass (%s a rank, %s gathered and held "
+             "through the ring; %s)",
+             a, g, sync ? "before step 0" : "only step 0 hides the gather");
+  }
+  snprintf(buf + n, cap - (size_t)n,
+           "K and V %s%s, the fp32 dK, dV (%s) passed to the next rank after every backward step "
+           "(torchtitan's %s%s rotate method)%s",
+           mla ? "at their decompressed widths" : "expanded to every query head", moved, d,
+           mla ? "" : "repeat_kv and ", mp_cp_rotate_name(rot),
+           sync ? "; the ring is compiled with its block (torch.compile), where each of these "
+                  "collectives is waited for where it is issued, so none runs beside an "
+                  "attention step"
+                : "");
+}
+
+/* With pp > 1, the rank's pipeline: the layer split, its stage's warm-up and in-flight
+ * chunks walking mp_pp_order as the stack's implementation runs it, the bubble of equal
+ * stages and what crosses a stage boundary; e->pp_note the sentence. */
+mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_profile *prof) {
+  const mp_plan *p = e->plan;
+  const int pp = p->mesh.size[MP_DIM_PP], v = mp_plan_virtual_stages(p);
+  e->pp_note[0] = '\0';
+  if (pp <= 1) return MP_OK;
+  e->pp_flavor = prof->pp_flavor;
+  const int stage = mp_plan_rank_stage(p, e->rank);
+  e->pp_chunks = pp * v;
+  for (int c = 0; c < v; c++)
+    for (int s = 0; s < pp; s++) {
+      int64_t l0, l1;
+      mp_plan_chunk_layers(p, s, c, &l0, &l1);
+      e->pp_chunk_layers[c * pp + s] = (double)(l1 - l0);
+    }
+  const size_t n = (size_t)(2 * e->n_micro * v);
+  mp_pp_step *ord = malloc(n * sizeof *ord);
+  if (ord == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline order");
+  int64_t got = 0;
+  mp_status st = mp_pp_order(ctx, p->opts.pp_schedule, e->pp_flavor, pp, v, e->n_micro, stage, ord, &got);
+  if (st != MP_OK) {
+    free(ord);
+    return st;
+  }
+  e->pp_warmup = 0;
+  while (e->pp_warmup < got && !ord[e->pp_warmup].bwd) e->pp_warmup++;
+  e->pp_inflight = mp_pp_inflight(ord, got);
+  free(ord);
+  const int interleaved = p->opts.pp_schedule == MP_PP_INTERLEAVED && v > 1;
+  e->pp_bubble = (double)(pp - 1) / (double)((interleaved ? v : 1) * e->n_micro);
+  const int tp = p->mesh.size[MP_DIM_TP];
+  int64_t T = p->opts.micro_batch * (p->opts.seq / p->mesh.size[MP_DIM_CP]);
+  if (p->opts.sp && tp > 1) T /= tp;
+  e->pp_send_bytes = (double)T * (double)p->model.d_model * 2.0;
+  char split[256], mine[160], sb[32];
+  mp_cmd_fmt_runs(e->pp_chunk_layers, e->pp_chunks, "%.0f", split, sizeof split);
+  size_t u = 0;
+  mine[0] = '\0';
+  for (int c = 0; c < v && u < sizeof mine; c++) {
+    int64_t l0, l1;
+    mp_plan_chunk_layers(p, stage, c, &l0, &l1);
+    u += (size_t)snprintf(mine + u, sizeof mine - u, "%s%lld-%lld", c ? " and " : "", (long long)l0,
+                          (long long)l1 - 1);
+  }
+  mp_explain_fmt_bytes(e->pp_send_bytes, sb, sizeof sb);
+  char sched[48];
+  if (interleaved) snprintf(sched, sizeof sched, "interleaved 1F1B x%d", v);
+  else snprintf(sched, sizeof sched, "%s", p->opts.pp_schedule == MP_PP_GPIPE ? "GPipe" : "1F1B");
+  snprintf(e->pp_note, sizeof e->pp_note,
+           "pp=%d, %s as %s runs it (stack %s), %lld micro-batches a step; layers %s over the "
+           "%d model chunks%s%s; rank %d (stage %d) holds layers %s, runs %d forwards before its "
+           "first backward and holds at most %lld chunk activations (micro-batch x chunk); "
+           "bubble with equal stages (pp - 1) / %s = %.3f of the busy time; a stage boundary "
+           "passes the %s activation forward and its gradient back, %s a micro-batch each way",
+           pp, sched,
+           e->pp_flavor == MP_PP_FLAVOR_TORCH ? "torch.distributed.pipelining" : "Megatron-LM",
+           prof->name, (long long)e->n_micro, split, e->pp_chunks,
+           interleaved ? ", chunk c x pp + s on stage s" : "",
+           p->model.n_layers % e->pp_chunks ? ", the remainder one each to the chunks after the "
+                                              "first (torchtitan's split)"
+                                            : "",
+           e->rank, stage, mine, e->pp_warmup,
+           (long long)e->pp_inflight, interleaved ? "(v m)" : "m", e->pp_bubble,
+           p->opts.sp && tp > 1 ? "[T/tp, H] bf16" : "[T, H] bf16", sb);
+  return MP_OK;
+}
