@@ -627,30 +627,94 @@ static void print_row(const shape *s, const char *kern, int cfg, const char *des
          bl, t, tf, df, note && *note ? "  " : "", note ? note : "");
 }
 
+/* Host copies of one kernel's outputs, configuration 0's (ref) and the current one's
+ * (cur): ref0, cur0 the forward's out, dK/dV's dk or dQ's dq; ref1, cur1 dK/dV's dv;
+ * lref, lcur the forward's lse. */
+typedef struct host_outs {
+  size_t n_main; /* elements of ref0, ref1, cur0, cur1 */
+  uint16_t *ref0, *ref1, *cur0, *cur1;
+  float *lref, *lcur;
+} host_outs;
+
+static void host_outs_free(host_outs *h) {
+  free(h->ref0);
+  free(h->ref1);
+  free(h->cur0);
+  free(h->cur1);
+  free(h->lref);
+  free(h->lcur);
+}
+
+static mp_status host_outs_alloc(host_outs *h, const bufs *b, int kernel) {
+  h->n_main = kernel == MP_FA2_DKDV ? b->nkv : b->nq;
+  h->ref0 = malloc(h->n_main * 2);
+  h->ref1 = malloc(h->n_main * 2);
+  h->cur0 = malloc(h->n_main * 2);
+  h->cur1 = malloc(h->n_main * 2);
+  h->lref = malloc(b->nl * 4);
+  h->lcur = malloc(b->nl * 4);
+  if (!h->ref0 || !h->ref1 || !h->cur0 || !h->cur1 || !h->lref || !h->lcur)
+    return mp_error(&g_err, MP_ERR_NOMEM, "attention_bench: out of host memory");
+  return MP_OK;
+}
+
+/* One checked forward of configuration c: out and lse fetched (configuration 0's as the
+ * reference) and, for c > 0, compared with the reference into *d. */
+static mp_status check_fwd(const op *o, const bufs *b, int c, host_outs *h, diff *d) {
+  mp_status rs = run_op(o);
+  if (rs == MP_OK) rs = fetch(c == 0 ? h->ref0 : h->cur0, o->out, b->nq * 2);
+  if (rs == MP_OK) rs = fetch(c == 0 ? h->lref : h->lcur, o->lse, b->nl * 4);
+  if (rs == MP_OK && c > 0) {
+    diff_add(d, h->cur0, h->ref0, b->nq, 0);
+    diff_add(d, h->lcur, h->lref, b->nl, 1);
+  }
+  return rs;
+}
+
+/* One checked dK/dV or dQ of configuration c from a known state: D into the scratch, the
+ * gradients zeroed, the kernel alone; its gradients fetched and, for c > 0, compared with
+ * configuration 0's into *d. */
+static mp_status check_bwd(const op *o, const bufs *b, int kernel, int c, host_outs *h, diff *d) {
+  void *g0 = kernel == MP_FA2_DKDV ? b->dk : b->dq, *g1 = kernel == MP_FA2_DKDV ? b->dv : NULL;
+  mp_cuda_attention_fa2_bwd_kernels(1u << MP_FA2_DOT); /* D into the scratch */
+  mp_status rs = run_op(o);
+  if (rs == MP_OK) rs = g_be->memset_zero(&g_kc, g0, h->n_main * 2);
+  if (rs == MP_OK && g1) rs = g_be->memset_zero(&g_kc, g1, h->n_main * 2);
+  mp_cuda_attention_fa2_bwd_kernels(1u << kernel);
+  if (rs == MP_OK) rs = run_op(o);
+  if (rs == MP_OK) rs = fetch(c == 0 ? h->ref0 : h->cur0, g0, h->n_main * 2);
+  if (rs == MP_OK && g1) rs = fetch(c == 0 ? h->ref1 : h->cur1, g1, h->n_main * 2);
+  if (rs == MP_OK && c > 0) {
+    diff_add(d, h->cur0, h->ref0, h->n_main, 0);
+    if (g1) diff_add(d, h->cur1, h->ref1, h->n_main, 0);
+  }
+  return rs;
+}
+
+/* Configuration c of kernel (forced already): one checked run, its difference from
+ * configuration 0 into r->diff, then its median time into r->ms. */
+static mp_status measure_config(const op *o, const bufs *b, int kernel, int c, host_outs *h,
+                                row *r) {
+  diff d = {0, 0};
+  mp_status rs = kernel == MP_FA2_FWD ? check_fwd(o, b, c, h, &d) : check_bwd(o, b, kernel, c, h, &d);
+  if (rs != MP_OK) return rs;
+  r->diff = c > 0 ? diff_of(&d) : 0.0;
+  r->ms = time_op(o);
+  return r->ms < 0 ? MP_ERR_CUDA : MP_OK;
+}
+
 /* Sweeps one kernel's configurations; rows[c] gets each result. The forward writes cfg
  * 0's outputs into out0 / lse0 (the backward's inputs), the others into out / lse. */
 static mp_status sweep(const shape *s, bufs *b, int kernel, double G, row *rows, int *n_rows) {
   const int n = mp_cuda_attention_fa2_n_configs(kernel);
   const double flops = (kernel == MP_FA2_FWD ? 2 : kernel == MP_FA2_DKDV ? 4 : 3) * G;
-  const unsigned mask = 1u << kernel;
-  /* Host copies of configuration 0's outputs and of the current one's. */
-  const size_t n_main = kernel == MP_FA2_DKDV ? b->nkv : b->nq;
-  uint16_t *ref0 = malloc(n_main * 2), *ref1 = malloc(n_main * 2), *cur0 = malloc(n_main * 2),
-           *cur1 = malloc(n_main * 2);
-  float *lref = malloc(b->nl * 4), *lcur = malloc(b->nl * 4);
-  mp_status st = MP_OK;
-  if (!ref0 || !ref1 || !cur0 || !cur1 || !lref || !lcur) {
-    st = mp_error(&g_err, MP_ERR_NOMEM, "attention_bench: out of host memory");
-    goto done;
-  }
+  host_outs h;
+  mp_status st = host_outs_alloc(&h, b, kernel);
+  if (st != MP_OK) goto done;
   *n_rows = n;
   for (int c = 0; c < n; c++) {
     row *r = &rows[c];
-    r->kernel = kernel;
-    r->cfg = c;
-    r->ms = -1.0f;
-    r->diff = INFINITY;
-    r->ok = 0;
+    *r = (row){.kernel = kernel, .cfg = c, .ms = -1.0f, .diff = INFINITY, .ok = 0};
     char desc[64] = "", note[200] = "";
     int regs = 0, smem = 0, local = 0, blocks = 0;
     if (mp_cuda_attention_fa2_config_info(&g_kc, kernel, c, s->hd, desc, sizeof(desc), &regs,
@@ -659,37 +723,7 @@ static mp_status sweep(const shape *s, bufs *b, int kernel, double G, row *rows,
     mp_cuda_attention_fa2_force_config(kernel, c);
     op o = {kernel == MP_FA2_FWD ? OP_FWD : OP_BWD, s, b, c == 0 ? b->out0 : b->out,
             c == 0 ? b->lse0 : b->lse};
-    diff d = {0, 0};
-    mp_status rs = MP_OK;
-    /* One checked run from a known state. */
-    if (kernel == MP_FA2_FWD) {
-      rs = run_op(&o);
-      if (rs == MP_OK) rs = fetch(c == 0 ? ref0 : cur0, o.out, b->nq * 2);
-      if (rs == MP_OK) rs = fetch(c == 0 ? lref : lcur, o.lse, b->nl * 4);
-      if (rs == MP_OK && c > 0) {
-        diff_add(&d, cur0, ref0, b->nq, 0);
-        diff_add(&d, lcur, lref, b->nl, 1);
-      }
-    } else {
-      void *g0 = kernel == MP_FA2_DKDV ? b->dk : b->dq, *g1 = kernel == MP_FA2_DKDV ? b->dv : NULL;
-      mp_cuda_attention_fa2_bwd_kernels(1u << MP_FA2_DOT); /* D into the scratch */
-      rs = run_op(&o);
-      if (rs == MP_OK) rs = g_be->memset_zero(&g_kc, g0, n_main * 2);
-      if (rs == MP_OK && g1) rs = g_be->memset_zero(&g_kc, g1, n_main * 2);
-      mp_cuda_attention_fa2_bwd_kernels(mask);
-      if (rs == MP_OK) rs = run_op(&o);
-      if (rs == MP_OK) rs = fetch(c == 0 ? ref0 : cur0, g0, n_main * 2);
-      if (rs == MP_OK && g1) rs = fetch(c == 0 ? ref1 : cur1, g1, n_main * 2);
-      if (rs == MP_OK && c > 0) {
-        diff_add(&d, cur0, ref0, n_main, 0);
-        if (g1) diff_add(&d, cur1, ref1, n_main, 0);
-      }
-    }
-    if (rs == MP_OK) {
-      r->diff = c > 0 ? diff_of(&d) : 0.0;
-      r->ms = time_op(&o);
-      if (r->ms < 0) rs = MP_ERR_CUDA;
-    }
+    mp_status rs = measure_config(&o, b, kernel, c, &h, r);
     if (rs != MP_OK) {
       snprintf(note, sizeof(note), "skipped: %s", mp_errmsg(&g_err));
       r->ms = -1.0f;
@@ -710,12 +744,7 @@ static mp_status sweep(const shape *s, bufs *b, int kernel, double G, row *rows,
 done:
   mp_cuda_attention_fa2_force_config(kernel, -1);
   mp_cuda_attention_fa2_bwd_kernels(0);
-  free(ref0);
-  free(ref1);
-  free(cur0);
-  free(cur1);
-  free(lref);
-  free(lcur);
+  host_outs_free(&h);
   return st;
 }
 

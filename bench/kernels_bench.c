@@ -69,7 +69,16 @@ static const mp_backend *g_be;
     }                                                                            \
   } while (0)
 
-static mp_status run_op(const bench_case *bc, const bufs *b) {
+/* The GEMMs, bf16 and float8: timed in FLOP/s against the bf16 GEMM peak. */
+static int is_gemm(op_kind k) {
+  return k == OP_FWD || k == OP_DGRAD || k == OP_WGRAD || k == OP_F8 || k == OP_F8_FAST ||
+         k == OP_F8_DGRAD || k == OP_F8_WGRAD;
+}
+
+static int is_attention(op_kind k) { return k == OP_ATTN_FWD || k == OP_ATTN_BWD; }
+
+/* One run of a GEMM or the attention (is_gemm, is_attention). */
+static mp_status run_compute_op(const bench_case *bc, const bufs *b) {
   mp_kctx *kc = &g_kc;
   switch (bc->kind) {
     case OP_FWD:
@@ -104,6 +113,16 @@ static mp_status run_op(const bench_case *bc, const bufs *b) {
     case OP_F8_WGRAD:
       return g_be->matmul_f8(kc, NULL, b->f0, (const uint8_t *)b->x0, b->scale, MP_F8_E5M2,
                              (const uint8_t *)b->x1, b->scale, MP_F8_E4M3, bc->c, bc->a, bc->b, 0);
+    default:
+      return MP_ERR_INTERNAL;
+  }
+}
+
+/* One run of a memory-bound op: the norms, activations, copy, residual, loss, optimizer
+ * and the float8 casts. */
+static mp_status run_memory_op(const bench_case *bc, const bufs *b) {
+  mp_kctx *kc = &g_kc;
+  switch (bc->kind) {
     case OP_RMSNORM_AMAX:
       return g_be->rmsnorm_forward_amax(kc, b->x2, b->f1, b->x0, b->x1, bc->a, bc->b, 1e-5f,
                                         b->f2);
@@ -150,8 +169,14 @@ static mp_status run_op(const bench_case *bc, const bufs *b) {
                                  bc->a, bc->b, MP_F8_E5M2);
       return st;
     }
+    default:
+      return MP_ERR_INTERNAL;
   }
-  return MP_ERR_INTERNAL;
+}
+
+static mp_status run_op(const bench_case *bc, const bufs *b) {
+  if (is_gemm(bc->kind) || is_attention(bc->kind)) return run_compute_op(bc, b);
+  return run_memory_op(bc, b);
 }
 
 static int cmp_float(const void *a, const void *b) {
@@ -188,14 +213,9 @@ out:
 static double work_of(const bench_case *bc, int *is_bytes) {
   double attn = 4.0 * MB * NH * (double)SEQ * SEQ * HD / 2.0;
   *is_bytes = 0;
-  switch (bc->kind) {
-    case OP_FWD: case OP_DGRAD: case OP_WGRAD: case OP_F8: case OP_F8_FAST: case OP_F8_DGRAD:
-    case OP_F8_WGRAD:
-      return 2.0 * bc->a * (double)bc->b * bc->c;
-    case OP_ATTN_FWD: return attn;
-    case OP_ATTN_BWD: return 2.5 * attn;
-    default: break;
-  }
+  if (is_gemm(bc->kind)) return 2.0 * bc->a * (double)bc->b * bc->c;
+  if (bc->kind == OP_ATTN_FWD) return attn;
+  if (bc->kind == OP_ATTN_BWD) return 2.5 * attn;
   *is_bytes = 1;
   double n = (double)bc->a * bc->b;
   switch (bc->kind) {
@@ -277,6 +297,102 @@ static int alloc_bufs(bufs *b) {
   return g_be->synchronize(&g_kc) == MP_OK ? 0 : -1;
 }
 
+/* The table's rows: the model's GEMMs (bf16, then float8 as the runtime runs them), the
+ * attention, the memory-bound ops and the float8 casts. */
+static const bench_case k_cases[] = {
+    {"qkv fwd", OP_FWD, NTOK, D, D + 2 * NKV * HD},
+    {"qkv dgrad", OP_DGRAD, NTOK, D, D + 2 * NKV * HD},
+    {"qkv wgrad", OP_WGRAD, NTOK, D, D + 2 * NKV * HD},
+    {"attn-out fwd", OP_FWD, NTOK, D, D},
+    {"attn-out dgrad", OP_DGRAD, NTOK, D, D},
+    {"attn-out wgrad", OP_WGRAD, NTOK, D, D},
+    {"mlp gate/up fwd", OP_FWD, NTOK, D, FF},
+    {"mlp gate/up dgrad", OP_DGRAD, NTOK, D, FF},
+    {"mlp gate/up wgrad", OP_WGRAD, NTOK, D, FF},
+    {"mlp down fwd", OP_FWD, NTOK, FF, D},
+    {"mlp down dgrad", OP_DGRAD, NTOK, FF, D},
+    {"mlp down wgrad", OP_WGRAD, NTOK, FF, D},
+    {"lm-head fwd", OP_FWD, NTOK, D, VOCAB},
+    {"lm-head dgrad", OP_DGRAD, NTOK, D, VOCAB},
+    {"lm-head wgrad", OP_WGRAD, NTOK, D, VOCAB},
+    {"attention fwd (flash)", OP_ATTN_FWD, 0, 0, 0},
+    {"attention bwd (flash)", OP_ATTN_BWD, 0, 0, 0},
+    {"fp8 e4m3 GEMM gate/up", OP_F8, NTOK, D, FF},
+    {"fp8 qkv fwd fast", OP_F8_FAST, NTOK, D, D + 2 * NKV * HD},
+    {"fp8 qkv dgrad add", OP_F8_DGRAD, NTOK, D, D + 2 * NKV * HD},
+    {"fp8 qkv wgrad", OP_F8_WGRAD, NTOK, D, D + 2 * NKV * HD},
+    {"fp8 attn-out fwd fast", OP_F8_FAST, NTOK, D, D},
+    {"fp8 attn-out dgrad add", OP_F8_DGRAD, NTOK, D, D},
+    {"fp8 attn-out wgrad", OP_F8_WGRAD, NTOK, D, D},
+    {"fp8 gate/up fwd fast", OP_F8_FAST, NTOK, D, FF},
+    {"fp8 gate/up dgrad add", OP_F8_DGRAD, NTOK, D, FF},
+    {"fp8 gate/up wgrad", OP_F8_WGRAD, NTOK, D, FF},
+    {"fp8 down fwd", OP_F8, NTOK, FF, D},
+    {"fp8 down fwd fast", OP_F8_FAST, NTOK, FF, D},
+    {"fp8 down dgrad add", OP_F8_DGRAD, NTOK, FF, D},
+    {"fp8 down wgrad", OP_F8_WGRAD, NTOK, FF, D},
+    {"rmsnorm fwd", OP_RMSNORM, NTOK, D, 0},
+    {"rmsnorm fwd + amax", OP_RMSNORM_AMAX, NTOK, D, 0},
+    {"swiglu fwd", OP_SWIGLU, NTOK, FF, 0},
+    {"swiglu fwd + amax", OP_SWIGLU_AMAX, NTOK, FF, 0},
+    {"swiglu bwd", OP_SWIGLU_BWD, NTOK, FF, 0},
+    {"swiglu bwd + 2 amax", OP_SWIGLU_BWD_AMAX, NTOK, FF, 0},
+    {"residual fwd", OP_RESIDUAL, NTOK, D, 0},
+    {"cross-entropy fwd", OP_CE, NTOK, VOCAB, 0},
+    {"adamw 64M params", OP_ADAMW, 64, 1 << 20, 0},
+    {"f8 amax", OP_F8_AMAX, 8192, 8192, 0},
+    {"f8 quantize e4m3", OP_F8_QUANT, 8192, 8192, 0},
+    {"f8 quantize_t e5m2", OP_F8_QUANT_T, 8192, 8192, 0},
+    {"f8 transpose", OP_F8_TRANSPOSE, 8192, 8192, 0},
+    {"f8 cast amax+scale+q_t", OP_F8_CAST, 8192, 8192, 0},
+};
+
+/* The device's measured peaks, which the table's % column divides by. */
+typedef struct peaks {
+  float gemm_ms, copy_ms; /* the peak cases' medians; negative where one failed */
+  double tflops, gbps;    /* 0 where its case failed */
+} peaks;
+
+static void measure_peaks(const bufs *b, peaks *pk) {
+  const bench_case peak_gemm = {"peak bf16 GEMM 8192^3", OP_FWD, 8192, 8192, 8192};
+  const bench_case peak_copy = {"peak d2d copy 1 GiB", OP_COPY, 1024, 0, 0};
+  pk->gemm_ms = time_case(&peak_gemm, b);
+  pk->copy_ms = time_case(&peak_copy, b);
+  int isb;
+  pk->tflops = pk->gemm_ms > 0 ? work_of(&peak_gemm, &isb) / (pk->gemm_ms * 1e-3) / 1e12 : 0;
+  pk->gbps = pk->copy_ms > 0 ? work_of(&peak_copy, &isb) / (pk->copy_ms * 1e-3) / 1e9 : 0;
+}
+
+/* The shape column: N x K x M of a GEMM, the attention's batch, sequence, heads and head
+ * dim, else the op's rows x columns. */
+static void case_shape(const bench_case *bc, char *shape, size_t cap) {
+  if (is_gemm(bc->kind))
+    snprintf(shape, cap, "%dx%dx%d", bc->a, bc->b, bc->c);
+  else if (is_attention(bc->kind))
+    snprintf(shape, cap, "B%d T%d h%d/%d d%d", MB, SEQ, NH, NKV, HD);
+  else
+    snprintf(shape, cap, "%dx%d", bc->a, bc->b);
+}
+
+/* bc timed, and its row: milliseconds, the achieved rate and its share of the peak. */
+static void print_case(const bench_case *bc, const bufs *b, const peaks *pk) {
+  char shape[32];
+  case_shape(bc, shape, sizeof(shape));
+  float t = time_case(bc, b);
+  if (t < 0) {
+    printf("%-24s %-20s %10s %12s %8s\n", bc->name, shape, "-", "skipped", "-");
+    return;
+  }
+  int isb;
+  double w = work_of(bc, &isb);
+  double rate = w / (t * 1e-3) / (isb ? 1e9 : 1e12);
+  double peak = isb ? pk->gbps : pk->tflops;
+  char ach[24];
+  snprintf(ach, sizeof(ach), "%.1f %s", rate, isb ? "GB/s" : "TF/s");
+  printf("%-24s %-20s %10.3f %12s %7.0f%%\n", bc->name, shape, t, ach,
+         peak > 0 ? 100.0 * rate / peak : 0.0);
+}
+
 int main(void) {
   if (mp_cuda_device_count() == 0) {
     printf("no CUDA device\n");
@@ -294,90 +410,14 @@ int main(void) {
     fprintf(stderr, "kernels_bench: allocation failed: %s\n", mp_errmsg(&g_err));
     return 1;
   }
-
-  const bench_case peak_gemm = {"peak bf16 GEMM 8192^3", OP_FWD, 8192, 8192, 8192};
-  const bench_case peak_copy = {"peak d2d copy 1 GiB", OP_COPY, 1024, 0, 0};
-  float t_gemm = time_case(&peak_gemm, &b), t_copy = time_case(&peak_copy, &b);
-  int isb;
-  double peak_tflops = t_gemm > 0 ? work_of(&peak_gemm, &isb) / (t_gemm * 1e-3) / 1e12 : 0;
-  double peak_gbps = t_copy > 0 ? work_of(&peak_copy, &isb) / (t_copy * 1e-3) / 1e9 : 0;
-
-  const bench_case cases[] = {
-      {"qkv fwd", OP_FWD, NTOK, D, D + 2 * NKV * HD},
-      {"qkv dgrad", OP_DGRAD, NTOK, D, D + 2 * NKV * HD},
-      {"qkv wgrad", OP_WGRAD, NTOK, D, D + 2 * NKV * HD},
-      {"attn-out fwd", OP_FWD, NTOK, D, D},
-      {"attn-out dgrad", OP_DGRAD, NTOK, D, D},
-      {"attn-out wgrad", OP_WGRAD, NTOK, D, D},
-      {"mlp gate/up fwd", OP_FWD, NTOK, D, FF},
-      {"mlp gate/up dgrad", OP_DGRAD, NTOK, D, FF},
-      {"mlp gate/up wgrad", OP_WGRAD, NTOK, D, FF},
-      {"mlp down fwd", OP_FWD, NTOK, FF, D},
-      {"mlp down dgrad", OP_DGRAD, NTOK, FF, D},
-      {"mlp down wgrad", OP_WGRAD, NTOK, FF, D},
-      {"lm-head fwd", OP_FWD, NTOK, D, VOCAB},
-      {"lm-head dgrad", OP_DGRAD, NTOK, D, VOCAB},
-      {"lm-head wgrad", OP_WGRAD, NTOK, D, VOCAB},
-      {"attention fwd (flash)", OP_ATTN_FWD, 0, 0, 0},
-      {"attention bwd (flash)", OP_ATTN_BWD, 0, 0, 0},
-      {"fp8 e4m3 GEMM gate/up", OP_F8, NTOK, D, FF},
-      {"fp8 qkv fwd fast", OP_F8_FAST, NTOK, D, D + 2 * NKV * HD},
-      {"fp8 qkv dgrad add", OP_F8_DGRAD, NTOK, D, D + 2 * NKV * HD},
-      {"fp8 qkv wgrad", OP_F8_WGRAD, NTOK, D, D + 2 * NKV * HD},
-      {"fp8 attn-out fwd fast", OP_F8_FAST, NTOK, D, D},
-      {"fp8 attn-out dgrad add", OP_F8_DGRAD, NTOK, D, D},
-      {"fp8 attn-out wgrad", OP_F8_WGRAD, NTOK, D, D},
-      {"fp8 gate/up fwd fast", OP_F8_FAST, NTOK, D, FF},
-      {"fp8 gate/up dgrad add", OP_F8_DGRAD, NTOK, D, FF},
-      {"fp8 gate/up wgrad", OP_F8_WGRAD, NTOK, D, FF},
-      {"fp8 down fwd", OP_F8, NTOK, FF, D},
-      {"fp8 down fwd fast", OP_F8_FAST, NTOK, FF, D},
-      {"fp8 down dgrad add", OP_F8_DGRAD, NTOK, FF, D},
-      {"fp8 down wgrad", OP_F8_WGRAD, NTOK, FF, D},
-      {"rmsnorm fwd", OP_RMSNORM, NTOK, D, 0},
-      {"rmsnorm fwd + amax", OP_RMSNORM_AMAX, NTOK, D, 0},
-      {"swiglu fwd", OP_SWIGLU, NTOK, FF, 0},
-      {"swiglu fwd + amax", OP_SWIGLU_AMAX, NTOK, FF, 0},
-      {"swiglu bwd", OP_SWIGLU_BWD, NTOK, FF, 0},
-      {"swiglu bwd + 2 amax", OP_SWIGLU_BWD_AMAX, NTOK, FF, 0},
-      {"residual fwd", OP_RESIDUAL, NTOK, D, 0},
-      {"cross-entropy fwd", OP_CE, NTOK, VOCAB, 0},
-      {"adamw 64M params", OP_ADAMW, 64, 1 << 20, 0},
-      {"f8 amax", OP_F8_AMAX, 8192, 8192, 0},
-      {"f8 quantize e4m3", OP_F8_QUANT, 8192, 8192, 0},
-      {"f8 quantize_t e5m2", OP_F8_QUANT_T, 8192, 8192, 0},
-      {"f8 transpose", OP_F8_TRANSPOSE, 8192, 8192, 0},
-      {"f8 cast amax+scale+q_t", OP_F8_CAST, 8192, 8192, 0},
-  };
-
+  peaks pk;
+  measure_peaks(&b, &pk);
   printf("device: %s (cc %d.%d, %d SMs)\n", prop.name, prop.major, prop.minor,
          prop.multiProcessorCount);
   printf("measured peaks: bf16 GEMM %.1f TFLOP/s (%.3f ms), d2d copy %.0f GB/s (%.3f ms)\n",
-         peak_tflops, t_gemm, peak_gbps, t_copy);
+         pk.tflops, pk.gemm_ms, pk.gbps, pk.copy_ms);
   printf("%-24s %-20s %10s %12s %8s\n", "kernel", "shape", "ms", "achieved", "% peak");
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    const bench_case *bc = &cases[i];
-    char shape[32];
-    if (bc->kind <= OP_WGRAD || bc->kind == OP_F8 || bc->kind == OP_F8_FAST ||
-        bc->kind == OP_F8_DGRAD || bc->kind == OP_F8_WGRAD)
-      snprintf(shape, sizeof(shape), "%dx%dx%d", bc->a, bc->b, bc->c);
-    else if (bc->kind == OP_ATTN_FWD || bc->kind == OP_ATTN_BWD)
-      snprintf(shape, sizeof(shape), "B%d T%d h%d/%d d%d", MB, SEQ, NH, NKV, HD);
-    else
-      snprintf(shape, sizeof(shape), "%dx%d", bc->a, bc->b);
-    float t = time_case(bc, &b);
-    if (t < 0) {
-      printf("%-24s %-20s %10s %12s %8s\n", bc->name, shape, "-", "skipped", "-");
-      continue;
-    }
-    double w = work_of(bc, &isb);
-    double rate = w / (t * 1e-3) / (isb ? 1e9 : 1e12);
-    double peak = isb ? peak_gbps : peak_tflops;
-    char ach[24];
-    snprintf(ach, sizeof(ach), "%.1f %s", rate, isb ? "GB/s" : "TF/s");
-    printf("%-24s %-20s %10.3f %12s %7.0f%%\n", bc->name, shape, t, ach,
-           peak > 0 ? 100.0 * rate / peak : 0.0);
-  }
+  for (size_t i = 0; i < sizeof(k_cases) / sizeof(k_cases[0]); i++) print_case(&k_cases[i], &b, &pk);
   printf("fp8 %% is against the bf16 GEMM peak (float8 tensor cores peak at ~2x bf16).\n");
   printf("f8 cast rows: bytes = bf16 read + code writes (transpose: codes read + written), "
          "%% against the copy peak.\n");

@@ -49,120 +49,161 @@ static double cpu_s(void) {
          (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
 }
 
+/* The benchmark's inputs, from the command line. */
+typedef struct bench_opts {
+  long long seq, gb, runs, threads; /* gb: the global batch, fixed or the default rule's */
+  mp_model model;
+  mp_cluster cluster;
+  const char *dir; /* where each run's database is made */
+} bench_opts;
+
+/* One run's figures, for the medians. */
+typedef struct run_figures {
+  double wall_s;
+  double cand_per_s; /* candidates enumerated (and logged) per second */
+  double sim_per_s;  /* candidates simulated per second */
+} run_figures;
+
+static const double k_headroom = 0.05; /* meshplan plan's default */
+
+static int fail(const mp_ctx *ctx, int code) {
+  fprintf(stderr, "plan_bench: %s\n", mp_errmsg(ctx));
+  return code;
+}
+
+/* meshplan plan's default batch rule for the model on the cluster: sequences of seq. */
+static long long default_batch(const bench_opts *o) {
+  return mp_batch_rule_seqs(
+      mp_batch_rule_tokens((double)mp_model_param_count(&o->model), mp_cluster_n_gpus(&o->cluster)),
+      o->seq);
+}
+
+/* The numbers, the model and the cluster, the database directory; gb the default rule's
+ * unless --global-batch fixes it. */
+static mp_status read_options(mp_ctx *ctx, bench_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->seq = 8192;
+  o->runs = 5;
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--seq", 1, MP_LIM_SEQ, &o->seq));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--global-batch", 1, MP_LIM_GLOBAL_BATCH, &o->gb));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--runs", 1, 1000, &o->runs));
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--threads", 1, MP_LIM_THREADS, &o->threads));
+  if (o->runs > 99) o->runs = 99;
+  const char *mname = mp_args_get(&k_spec, "--model"), *cname = mp_args_get(&k_spec, "--cluster");
+  MP_CHECK(mp_model_load(ctx, mname ? mname : "llama3.1-405b", &o->model));
+  MP_CHECK(mp_cluster_load(ctx, cname ? cname : "h100-16k", &o->cluster));
+  if (o->gb == 0) o->gb = default_batch(o);
+  o->dir = mp_args_get(&k_spec, "--db");
+  if (!o->dir) o->dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+  return MP_OK;
+}
+
+/* The request meshplan plan makes for the model on the cluster: the time objective, each
+ * mesh at the default rule's batch unless --global-batch fixes it. */
+static void make_request(const bench_opts *o, mp_sim_evaluator *ev, int search_fp8,
+                         mp_planner_request *req) {
+  const mp_model *m = &o->model;
+  const mp_cluster *c = &o->cluster;
+  memset(req, 0, sizeof *req);
+  mp_sim_search_config(&req->search, ev, c, k_headroom);
+  if (!mp_args_has(&k_spec, "--global-batch")) req->search.target_batch = default_batch(o);
+  req->search.n_threads = (int)o->threads;
+  req->search.search_fp8 = search_fp8;
+  req->objective = MP_OBJECTIVE_TIME;
+  req->info = (mp_run_info){m->name, c->name, c->gpu.name, mp_cluster_n_gpus(c), c->gpus_per_node,
+                            o->seq, o->gb, "time", "{}", "plan_bench", "bench"};
+}
+
+static void print_header(const bench_opts *o, const mp_planner_request *req, long ncpu) {
+  printf("plan_bench: %s on %s (%d GPUs), seq %lld, global batch %lld%s, float8 %s; %ld CPUs, %s threads\n",
+         o->model.name, o->cluster.name, mp_cluster_n_gpus(&o->cluster), o->seq, o->gb,
+         req->search.target_batch ? " (the default rule, per mesh the nearest multiple of dp)" : "",
+         req->search.search_fp8 ? "searched" : "off", ncpu,
+         o->threads ? "given" : "one per CPU");
+  printf("%4s %10s %8s %10s %10s %8s %8s %12s %12s %12s %7s %7s %7s\n", "run", "candidates",
+         "pruned", "simulated", "logged", "wall s", "cpu s", "cand/s", "sim/s", "logged/s",
+         "enum s", "eval s", "write s");
+}
+
+/* The database file at path and its WAL and shared-memory files, gone. */
+static void remove_db(const char *path) {
+  char side[1100];
+  snprintf(side, sizeof side, "%s-wal", path);
+  unlink(side);
+  snprintf(side, sizeof side, "%s-shm", path);
+  unlink(side);
+  unlink(path);
+}
+
+/* Run r: the full search into a fresh database in dir, timed, and its row printed. */
+static mp_status run_once(mp_ctx *ctx, const mp_planner_request *req, const char *dir, int r,
+                          run_figures *out) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/plan_bench.%d.%d.db", dir, (int)getpid(), r);
+  mp_store *store = NULL;
+  MP_CHECK(mp_store_open(ctx, path, &store));
+  mp_planner_result res;
+  double c0 = cpu_s(), t0 = mp_now_s();
+  mp_status st = mp_planner_run(ctx, req, store, &res);
+  double t = mp_now_s() - t0, cpu = cpu_s() - c0;
+  int64_t logged = 0;
+  if (st == MP_OK) st = mp_store_query_i64(ctx, store, "SELECT count(*) FROM plans", &logged);
+  mp_store_close(store);
+  remove_db(path);
+  if (st != MP_OK) return st;
+  const int64_t n_cand = res.search->n, n_sim = res.search->n_evaluated;
+  out->wall_s = t;
+  out->cand_per_s = (double)n_cand / t;
+  out->sim_per_s = (double)n_sim / t;
+  /* phases: enumeration (one thread), evaluation (the workers), then ranking and the
+   * store's one transaction (one thread; "write s" is about how long the write lock is
+   * held) */
+  const double t_enum = res.search->enumerate_s, t_eval = res.search->run_s;
+  printf("%4d %10lld %8lld %10lld %10lld %8.3f %8.3f %12.0f %12.0f %12.0f %7.3f %7.3f %7.3f\n",
+         r + 1, (long long)n_cand, (long long)res.search->n_pruned, (long long)n_sim,
+         (long long)logged, t, cpu, out->cand_per_s, out->sim_per_s, (double)logged / t, t_enum,
+         t_eval, t - t_enum - t_eval);
+  mp_planner_result_free(&res);
+  return MP_OK;
+}
+
 int main(int argc, char **argv) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   const char *pos[1];
   int n_pos = 0, help = 0;
-  mp_status st = mp_args_parse(&ctx, &k_spec, argc - 1, argv + 1, pos, &n_pos, &help);
-  if (st != MP_OK) {
-    fprintf(stderr, "plan_bench: %s\n", mp_errmsg(&ctx));
-    return 2;
-  }
+  if (mp_args_parse(&ctx, &k_spec, argc - 1, argv + 1, pos, &n_pos, &help) != MP_OK) return fail(&ctx, 2);
   if (help) {
     mp_args_print_help(&k_spec, stdout);
     return 0;
   }
-  long long seq = 8192, gb = 0, runs = 5, threads = 0;
-  if ((st = mp_args_int(&ctx, &k_spec, "--seq", 1, MP_LIM_SEQ, &seq)) != MP_OK ||
-      (st = mp_args_int(&ctx, &k_spec, "--global-batch", 1, MP_LIM_GLOBAL_BATCH, &gb)) != MP_OK ||
-      (st = mp_args_int(&ctx, &k_spec, "--runs", 1, 1000, &runs)) != MP_OK ||
-      (st = mp_args_int(&ctx, &k_spec, "--threads", 1, MP_LIM_THREADS, &threads)) != MP_OK) {
-    fprintf(stderr, "plan_bench: %s\n", mp_errmsg(&ctx));
-    return 2;
-  }
-  if (runs > 99) runs = 99;
-  const char *mname = mp_args_get(&k_spec, "--model"), *cname = mp_args_get(&k_spec, "--cluster");
-  mp_model m;
-  mp_cluster c;
-  if ((st = mp_model_load(&ctx, mname ? mname : "llama3.1-405b", &m)) != MP_OK ||
-      (st = mp_cluster_load(&ctx, cname ? cname : "h100-16k", &c)) != MP_OK) {
-    fprintf(stderr, "plan_bench: %s\n", mp_errmsg(&ctx));
-    return 2;
-  }
-  const double headroom = 0.05; /* meshplan plan's default */
-  if (gb == 0) gb = mp_batch_rule_seqs(mp_batch_rule_tokens((double)mp_model_param_count(&m), mp_cluster_n_gpus(&c)), seq);
+  bench_opts o;
+  if (read_options(&ctx, &o) != MP_OK) return fail(&ctx, 2);
   static mp_sim_evaluator ev;
-  if ((st = mp_sim_evaluator_init(&ctx, &ev, &m, &c, seq, gb, headroom, NULL)) != MP_OK) {
-    fprintf(stderr, "plan_bench: %s\n", mp_errmsg(&ctx));
-    return 1;
-  }
-  mp_planner_request req;
-  memset(&req, 0, sizeof req);
-  mp_sim_search_config(&req.search, &ev, &c, headroom);
-  if (!mp_args_has(&k_spec, "--global-batch"))
-    req.search.target_batch = mp_batch_rule_seqs(
-        mp_batch_rule_tokens((double)mp_model_param_count(&m), mp_cluster_n_gpus(&c)), seq);
-  req.search.n_threads = (int)threads;
+  if (mp_sim_evaluator_init(&ctx, &ev, &o.model, &o.cluster, o.seq, o.gb, k_headroom, NULL) != MP_OK)
+    return fail(&ctx, 1);
   const char *fp8 = mp_args_get(&k_spec, "--fp8");
   if (fp8 && strcmp(fp8, "off") != 0 && strcmp(fp8, "auto") != 0) {
     fprintf(stderr, "plan_bench: --fp8 '%s': choose off or auto\n", fp8);
     return 2;
   }
-  req.search.search_fp8 = fp8 && strcmp(fp8, "auto") == 0;
-  req.objective = MP_OBJECTIVE_TIME;
-  req.info = (mp_run_info){m.name, c.name, c.gpu.name, mp_cluster_n_gpus(&c), c.gpus_per_node, seq, gb,
-                           "time", "{}", "plan_bench", "bench"};
-  const char *dir = mp_args_get(&k_spec, "--db");
-  if (!dir) dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+  mp_planner_request req;
+  make_request(&o, &ev, fp8 && strcmp(fp8, "auto") == 0, &req);
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  printf("plan_bench: %s on %s (%d GPUs), seq %lld, global batch %lld%s, float8 %s; %ld CPUs, %s threads\n",
-         m.name, c.name, mp_cluster_n_gpus(&c), seq, gb,
-         req.search.target_batch ? " (the default rule, per mesh the nearest multiple of dp)" : "",
-         req.search.search_fp8 ? "searched" : "off", ncpu,
-         threads ? "given" : "one per CPU");
-  printf("%4s %10s %8s %10s %10s %8s %8s %12s %12s %12s %7s %7s %7s\n", "run", "candidates",
-         "pruned", "simulated", "logged", "wall s", "cpu s", "cand/s", "sim/s", "logged/s",
-         "enum s", "eval s", "write s");
-  double wall[100], cps[100], sps[100], lps[100];
-  int64_t n_cand = 0, n_sim = 0;
-  for (int r = 0; r < runs; r++) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/plan_bench.%d.%d.db", dir, (int)getpid(), r);
-    mp_store *store = NULL;
-    if ((st = mp_store_open(&ctx, path, &store)) != MP_OK) {
-      fprintf(stderr, "plan_bench: %s\n", mp_errmsg(&ctx));
-      return 1;
-    }
-    mp_planner_result res;
-    double c0 = cpu_s(), t0 = mp_now_s();
-    st = mp_planner_run(&ctx, &req, store, &res);
-    double t = mp_now_s() - t0, cpu = cpu_s() - c0;
-    int64_t logged = 0;
-    if (st == MP_OK) st = mp_store_query_i64(&ctx, store, "SELECT count(*) FROM plans", &logged);
-    mp_store_close(store);
-    char side[1100];
-    snprintf(side, sizeof side, "%s-wal", path);
-    unlink(side);
-    snprintf(side, sizeof side, "%s-shm", path);
-    unlink(side);
-    unlink(path);
-    if (st != MP_OK) {
-      fprintf(stderr, "plan_bench: %s\n", mp_errmsg(&ctx));
-      return 1;
-    }
-    n_cand = res.search->n;
-    n_sim = res.search->n_evaluated;
-    wall[r] = t;
-    cps[r] = (double)n_cand / t;
-    sps[r] = (double)n_sim / t;
-    lps[r] = (double)logged / t;
-    /* phases: enumeration (one thread), evaluation (the workers), then ranking and the
-     * store's one transaction (one thread; "write s" is about how long the write lock is
-     * held) */
-    const double t_enum = res.search->enumerate_s, t_eval = res.search->run_s;
-    printf("%4d %10lld %8lld %10lld %10lld %8.3f %8.3f %12.0f %12.0f %12.0f %7.3f %7.3f %7.3f\n",
-           r + 1, (long long)n_cand, (long long)res.search->n_pruned, (long long)n_sim,
-           (long long)logged, t, cpu, cps[r], sps[r], lps[r], t_enum, t_eval,
-           t - t_enum - t_eval);
-    mp_planner_result_free(&res);
+  print_header(&o, &req, ncpu);
+  double wall[100], cps[100], sps[100];
+  for (int r = 0; r < o.runs; r++) {
+    run_figures f;
+    if (run_once(&ctx, &req, o.dir, r, &f) != MP_OK) return fail(&ctx, 1);
+    wall[r] = f.wall_s;
+    cps[r] = f.cand_per_s;
+    sps[r] = f.sim_per_s;
   }
-  double w = mp_median(wall, (size_t)runs);
+  const size_t n = (size_t)o.runs;
   printf("median of %lld: wall %.3f s; %.0f candidates/s enumerated+logged, %.0f simulated/s "
          "(%.0f per core); reference: Calculon ~80-100 configurations/s/core\n",
-         runs, w, mp_median(cps, (size_t)runs), mp_median(sps, (size_t)runs),
-         mp_median(sps, (size_t)runs) / (double)(ncpu > 0 ? ncpu : 1));
-  (void)lps;
+         o.runs, mp_median(wall, n), mp_median(cps, n), mp_median(sps, n),
+         mp_median(sps, n) / (double)(ncpu > 0 ? ncpu : 1));
   mp_sim_evaluator_free(&ev);
   return 0;
 }
