@@ -165,56 +165,66 @@ static void short_plan(const mp_candidate *c, char *buf, size_t cap) {
   if (j < cap) snprintf(buf + j, cap - j, " mb=%lld", (long long)c->micro_batch);
 }
 
-mp_status mp_plot_candidates(mp_ctx *ctx, const char *dir, const mp_search *s,
-                             const int64_t *order, int64_t n_order, double capacity_gib,
-                             const char *title) {
-  MP_CHECK(mp_plot_check_gnuplot(ctx));
+/* What candidates.dat holds: the points in each block and their time and memory ranges. */
+typedef struct scatter {
+  int64_t n_feas, n_oom;         /* points in block 0 (fits) and block 1 (over memory) */
+  double tmin, tmax, mmin, mmax; /* step time (s) and peak memory per GPU (GiB) */
+} scatter;
+
+/* One data block of candidates.dat: every evaluated candidate that fits (feasible) or is
+ * over memory (!feasible), "NaN NaN -1" where there is none (the block must stay);
+ * returns how many points it wrote and widens sc's ranges to them. */
+static int64_t write_block(FILE *f, const mp_search *s, int feasible, scatter *sc) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < s->n; i++) {
+    const mp_candidate *c = &s->cands[i];
+    if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR) continue;
+    if ((c->reject == MP_REJECT_NONE) != feasible) continue;
+    double m = (double)c->res.peak_mem_bytes / kGiB, t = c->res.step_time_s;
+    if (!(t > 0) || !(m > 0)) continue; /* possibly log axes */
+    fprintf(f, "%.6g %.6g %lld\n", m, t, (long long)i);
+    n++;
+    if (t < sc->tmin) sc->tmin = t;
+    if (t > sc->tmax) sc->tmax = t;
+    if (m < sc->mmin) sc->mmin = m;
+    if (m > sc->mmax) sc->mmax = m;
+  }
+  if (n == 0) fprintf(f, "NaN NaN -1\n"); /* keep the block */
+  return n;
+}
+
+/* candidates.dat in three data blocks (gnuplot `index`): 0 feasible, 1 over memory, 2 the
+ * chosen plan (order[0], whose short label goes into chosen). */
+static mp_status write_candidates_dat(mp_ctx *ctx, const char *dir, const mp_search *s,
+                                      const int64_t *order, int64_t n_order, scatter *sc,
+                                      char *chosen, size_t cap) {
   mp_status st;
   FILE *f = open_in(ctx, dir, "candidates.dat", &st);
   if (!f) return st;
-  /* Three data blocks (gnuplot `index`): 0 feasible, 1 over memory, 2 the chosen plan. */
   fprintf(f, "# every evaluated candidate: peak memory per GPU (GiB), predicted step time (s), "
              "candidate index\n# block 0: feasible\n");
-  int64_t n_feas = 0, n_oom = 0;
-  double tmin = 1e300, tmax = 0, mmin = 1e300, mmax = 0;
-  for (int pass = 0; pass < 2; pass++) {
-    if (pass == 1) fprintf(f, "\n\n# block 1: over memory capacity\n");
-    for (int64_t i = 0; i < s->n; i++) {
-      const mp_candidate *c = &s->cands[i];
-      if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR) continue;
-      int feasible = c->reject == MP_REJECT_NONE;
-      if (feasible != (pass == 0)) continue;
-      double m = (double)c->res.peak_mem_bytes / kGiB, t = c->res.step_time_s;
-      if (!(t > 0) || !(m > 0)) continue; /* possibly log axes */
-      fprintf(f, "%.6g %.6g %lld\n", m, t, (long long)i);
-      if (feasible) n_feas++;
-      else n_oom++;
-      if (t < tmin) tmin = t;
-      if (t > tmax) tmax = t;
-      if (m < mmin) mmin = m;
-      if (m > mmax) mmax = m;
-    }
-    if ((pass == 0 ? n_feas : n_oom) == 0) fprintf(f, "NaN NaN -1\n"); /* keep the block */
-  }
-  char chosen[160] = "";
+  *sc = (scatter){.n_feas = 0, .n_oom = 0, .tmin = 1e300, .tmax = 0, .mmin = 1e300, .mmax = 0};
+  sc->n_feas = write_block(f, s, 1, sc);
+  fprintf(f, "\n\n# block 1: over memory capacity\n");
+  sc->n_oom = write_block(f, s, 0, sc);
   fprintf(f, "\n\n# block 2: chosen plan\n");
   if (n_order > 0) {
     const mp_candidate *c = &s->cands[order[0]];
-    short_plan(c, chosen, sizeof chosen);
+    short_plan(c, chosen, cap);
     fprintf(f, "%.6g %.6g %lld\n", (double)c->res.peak_mem_bytes / kGiB, c->res.step_time_s,
             (long long)order[0]);
   } else {
     fprintf(f, "NaN NaN -1\n");
   }
-  MP_CHECK(close_checked(ctx, f, dir, "candidates.dat"));
-  if (n_feas + n_oom == 0) {
-    tmin = mmin = 0.1;
-    tmax = mmax = 10;
-  }
-  if (capacity_gib > mmax) mmax = capacity_gib;
-  if (capacity_gib > 0 && capacity_gib < mmin) mmin = capacity_gib;
+  return close_checked(ctx, f, dir, "candidates.dat");
+}
 
-  f = open_in(ctx, dir, "candidates.gp", &st);
+/* candidates.gp: the scatter of candidates.dat over sc's ranges, the capacity line where
+ * capacity_gib > 0, the chosen plan labelled. */
+static mp_status write_candidates_gp(mp_ctx *ctx, const char *dir, const scatter *sc,
+                                     double capacity_gib, const char *title, const char *chosen) {
+  mp_status st;
+  FILE *f = open_in(ctx, dir, "candidates.gp", &st);
   if (!f) return st;
   char qt[600], qc[400];
   gp_quote(title, qt, sizeof qt);
@@ -223,7 +233,7 @@ mp_status mp_plot_candidates(mp_ctx *ctx, const char *dir, const mp_search *s,
   gp_quote(chosen_label, qc, sizeof qc);
   /* Log axes only where the points span more than a decade (a narrower range on a log
    * axis shows one labelled tick); then every 1-2-5 step is labelled. */
-  const int logx = mmax / mmin > 10.0, logy = tmax / tmin > 10.0;
+  const int logx = sc->mmax / sc->mmin > 10.0, logy = sc->tmax / sc->tmin > 10.0;
   fprintf(f,
           "# Predicted step time vs peak memory per GPU of every evaluated candidate.\n"
           "# Redraw: gnuplot candidates.gp (reads candidates.dat)\n"
@@ -245,8 +255,9 @@ mp_status mp_plot_candidates(mp_ctx *ctx, const char *dir, const mp_search *s,
           logy ? "set logscale y\nset ytics (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, "
                  "20, 50, 100, 200, 500, 1000, 2000, 5000)\n"
                : "set mytics 5\n",
-          logx ? mmin / 1.3 : 0.0, mmax * (logx ? 1.3 : 1.08), logy ? tmin / 1.3 : tmin - 0.08 * (tmax - tmin + 1e-9),
-          tmax * (logy ? 1.3 : 1.0) + (logy ? 0.0 : 0.08 * (tmax - tmin + 1e-9)));
+          logx ? sc->mmin / 1.3 : 0.0, sc->mmax * (logx ? 1.3 : 1.08),
+          logy ? sc->tmin / 1.3 : sc->tmin - 0.08 * (sc->tmax - sc->tmin + 1e-9),
+          sc->tmax * (logy ? 1.3 : 1.0) + (logy ? 0.0 : 0.08 * (sc->tmax - sc->tmin + 1e-9)));
   if (capacity_gib > 0)
     fprintf(f,
             "set arrow 1 from %.6g, graph 0 to %.6g, graph 1 nohead lw 2 dt 2 lc rgb '#444444'\n"
@@ -259,8 +270,24 @@ mp_status mp_plot_candidates(mp_ctx *ctx, const char *dir, const mp_search *s,
           "title 'over memory (%lld)', \\\n"
           "     'candidates.dat' index 2 using 1:2 with points pt 3 ps 4 lw 3 lc rgb '#2ca02c' "
           "title %s\n",
-          (long long)n_feas, (long long)n_oom, qc);
-  MP_CHECK(close_checked(ctx, f, dir, "candidates.gp"));
+          (long long)sc->n_feas, (long long)sc->n_oom, qc);
+  return close_checked(ctx, f, dir, "candidates.gp");
+}
+
+mp_status mp_plot_candidates(mp_ctx *ctx, const char *dir, const mp_search *s,
+                             const int64_t *order, int64_t n_order, double capacity_gib,
+                             const char *title) {
+  MP_CHECK(mp_plot_check_gnuplot(ctx));
+  scatter sc;
+  char chosen[160] = "";
+  MP_CHECK(write_candidates_dat(ctx, dir, s, order, n_order, &sc, chosen, sizeof chosen));
+  if (sc.n_feas + sc.n_oom == 0) {
+    sc.tmin = sc.mmin = 0.1;
+    sc.tmax = sc.mmax = 10;
+  }
+  if (capacity_gib > sc.mmax) sc.mmax = capacity_gib;
+  if (capacity_gib > 0 && capacity_gib < sc.mmin) sc.mmin = capacity_gib;
+  MP_CHECK(write_candidates_gp(ctx, dir, &sc, capacity_gib, title, chosen));
   return mp_plot_run_gnuplot(ctx, dir, "candidates.gp");
 }
 
