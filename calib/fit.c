@@ -456,6 +456,93 @@ void mp_calib_fit_run(const mp_calib *c, const mp_calib_run *run, mp_calib_stack
   if (hbm > 0) out->hbm_eff = hbm;
 }
 
+/* bf16: the efficiency curve through the linear passes' points pts[0..n) and the by-shape
+ * table's leave-one-out error, against the GPU profile's bf16 peak. */
+static mp_status fit_bf16_gemm(mp_ctx *ctx, mp_calib *c, const mp_calib_gemm *pts, int n,
+                               double ovh) {
+  mp_calib_stack_fit *f = &c->fit;
+  const double peak = c->ref_bf16_tflops * 1e12;
+  if (!(peak > 0))
+    return mp_error(ctx, MP_ERR_INVALID, "calibrate: calibration of %s has no reference bf16 peak; it needs "
+                    "the GPU profile it is relative to", c->gpu_name[0] ? c->gpu_name : c->device);
+  if (n == 0)
+    return mp_error(ctx, MP_ERR_INVALID, "calibrate: no bf16 GEMM point (fwd, dgrad or wgrad) to fit the "
+                    "efficiency curve to");
+  MP_CHECK(mp_calib_fit_gemm_curve(ctx, pts, n, peak, ovh, &f->gemm_eff_max, &f->gemm_eff_half_mnk,
+                                   &f->gemm_curve_rms));
+  f->kernel_overhead_us = ovh * 1e6;
+  const gemm_curve cv = bf16_curve(c);
+  MP_CHECK(table_loo_rms(ctx, c->gemm, c->n_gemm, &cv, &f->gemm_table_rms));
+  f->gemm_table = table_pays(f->gemm_curve_rms, f->gemm_table_rms);
+  return MP_OK;
+}
+
+/* float8 on a GPU, every point (forward, dgrad, wgrad): the bf16 curve's knee (the stack
+ * has one knee), the fp8 peak; minimise sum (w_i / E - 1)^2 with w_i = the curve's time at
+ * E = 1 over the measured compute time (w_i is the point's efficiency as the curve's shape
+ * sees it). Then the float8 by-shape correction against that curve, kept on the same terms
+ * as the bf16 one: what one number cannot say (the passes differ: fast accumulation in the
+ * forward only, an fp32 output for wgrad) the points of each pass say by shape. Nothing
+ * without points or without the profile's fp8 peak. */
+static mp_status fit_fp8_gemm(mp_ctx *ctx, mp_calib *c, double ovh) {
+  mp_calib_stack_fit *f = &c->fit;
+  const double peak8 = c->ref_fp8_tflops * 1e12;
+  if (!(c->n_f8 > 0 && peak8 > 0)) return MP_OK;
+  double sw = 0, sww = 0;
+  for (int i = 0; i < c->n_f8; i++) {
+    const mp_calib_gemm *g = &c->f8[i];
+    if (!(g->flops_per_s > 0)) continue;
+    const double flops = mp_calib_gemm_flops(g->pass, g->N, g->K, g->M);
+    const double x = (double)g->N * g->K * g->M;
+    const double w = curve_time(flops, x, peak8, 1.0, f->gemm_eff_half_mnk) / compute_time(flops / g->flops_per_s, ovh);
+    sw += w;
+    sww += w * w;
+  }
+  f->fp8_gemm_eff_max = eff_lsq(sw, sww);
+  if (f->fp8_gemm_eff_max > 1.0) f->fp8_gemm_eff_max = 1.0;
+  if (f->fp8_gemm_eff_max > 0) {
+    const gemm_curve cv8 = fp8_curve(c);
+    f->fp8_gemm_curve_rms = curve_rms(c->f8, c->n_f8, &cv8);
+    MP_CHECK(table_loo_rms(ctx, c->f8, c->n_f8, &cv8, &f->fp8_gemm_table_rms));
+    f->fp8_gemm_table = table_pays(f->fp8_gemm_curve_rms, f->fp8_gemm_table_rms);
+  }
+  return MP_OK;
+}
+
+/* cuda: attention, the FLOP total over the time total, forward and backward together
+ * (the large GPU shapes run at one rate) */
+static void fit_cuda_attention(mp_calib *c, double ovh) {
+  const double peak = c->ref_bf16_tflops * 1e12;
+  double fl = 0, ts = 0;
+  for (int i = 0; i < c->n_attn; i++) {
+    const mp_calib_attn *a = &c->attn[i];
+    if (!(a->flops_per_s > 0)) continue;
+    const double flops = mp_calib_attn_flops(a->backward, a->B, a->T, a->nh, a->hd);
+    fl += flops;
+    ts += compute_time(flops / a->flops_per_s, ovh);
+  }
+  if (ts > 0) {
+    c->fit.attention_eff = fl / (peak * ts);
+    if (c->fit.attention_eff > 1.0) c->fit.attention_eff = 1.0;
+  }
+}
+
+/* cuda: HBM, the element-wise kernels' bytes over their time, against the datasheet */
+static void fit_cuda_hbm(mp_calib *c, double ovh) {
+  double by = 0, ts = 0;
+  for (int i = 0; i < c->n_bw; i++) {
+    const mp_calib_bw *b = &c->bw[i];
+    if (!(b->GBps > 0)) continue;
+    const double bytes = mp_calib_bw_bytes(b->kernel, b->elems);
+    by += bytes;
+    ts += compute_time(bytes / (b->GBps * 1e9), ovh);
+  }
+  if (ts > 0 && c->ref_hbm_GBps > 0) {
+    c->fit.hbm_eff = by / (c->ref_hbm_GBps * 1e9 * ts);
+    if (c->fit.hbm_eff > 1.0) c->fit.hbm_eff = 1.0;
+  }
+}
+
 mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c) {
   mp_calib_stack_fit *f = &c->fit;
   memset(f, 0, sizeof *f);
@@ -471,82 +558,16 @@ mp_status mp_calib_fit_stack(mp_ctx *ctx, mp_calib *c) {
     if (n == 0) return MP_OK;
     MP_CHECK(cpu_refs(ctx, c, pts, n, ovh));
   }
-  const double peak = c->ref_bf16_tflops * 1e12;
-  if (!(peak > 0))
-    return mp_error(ctx, MP_ERR_INVALID, "calibrate: calibration of %s has no reference bf16 peak; it needs "
-                    "the GPU profile it is relative to", c->gpu_name[0] ? c->gpu_name : c->device);
-  if (n == 0)
-    return mp_error(ctx, MP_ERR_INVALID, "calibrate: no bf16 GEMM point (fwd, dgrad or wgrad) to fit the "
-                    "efficiency curve to");
-  MP_CHECK(mp_calib_fit_gemm_curve(ctx, pts, n, peak, ovh, &f->gemm_eff_max, &f->gemm_eff_half_mnk,
-                                   &f->gemm_curve_rms));
-  f->kernel_overhead_us = ovh * 1e6;
-  const gemm_curve cv = bf16_curve(c);
-  MP_CHECK(table_loo_rms(ctx, c->gemm, c->n_gemm, &cv, &f->gemm_table_rms));
-  f->gemm_table = table_pays(f->gemm_curve_rms, f->gemm_table_rms);
-
-  /* float8, every point (forward, dgrad, wgrad): the bf16 curve's knee (the stack has one
-   * knee), the fp8 peak; minimise sum (w_i / E - 1)^2 with w_i = the curve's time at E = 1
-   * over the measured compute time (w_i is the point's efficiency as the curve's shape
-   * sees it). Then the float8 by-shape correction against that curve, kept on the same
-   * terms as the bf16 one: what one number cannot say (the passes differ: fast
-   * accumulation in the forward only, an fp32 output for wgrad) the points of each pass
-   * say by shape. The CPU emulates float8 through its fp32 GEMM: the curve's own
-   * efficiency, no points. */
-  const double peak8 = c->ref_fp8_tflops * 1e12;
+  MP_CHECK(fit_bf16_gemm(ctx, c, pts, n, ovh));
   if (cpu) {
+    /* The CPU emulates float8 through its fp32 GEMM: the curve's own efficiency, no
+     * points; then the log-ratio fits, every point weighing the same (cpu_kernel_fit) */
     f->fp8_gemm_eff_max = f->gemm_eff_max;
-  } else if (c->n_f8 > 0 && peak8 > 0) {
-    double sw = 0, sww = 0;
-    for (int i = 0; i < c->n_f8; i++) {
-      const mp_calib_gemm *g = &c->f8[i];
-      if (!(g->flops_per_s > 0)) continue;
-      const double flops = mp_calib_gemm_flops(g->pass, g->N, g->K, g->M);
-      const double x = (double)g->N * g->K * g->M;
-      const double w = curve_time(flops, x, peak8, 1.0, f->gemm_eff_half_mnk) / compute_time(flops / g->flops_per_s, ovh);
-      sw += w;
-      sww += w * w;
-    }
-    f->fp8_gemm_eff_max = eff_lsq(sw, sww);
-    if (f->fp8_gemm_eff_max > 1.0) f->fp8_gemm_eff_max = 1.0;
-    if (f->fp8_gemm_eff_max > 0) {
-      const gemm_curve cv8 = fp8_curve(c);
-      f->fp8_gemm_curve_rms = curve_rms(c->f8, c->n_f8, &cv8);
-      MP_CHECK(table_loo_rms(ctx, c->f8, c->n_f8, &cv8, &f->fp8_gemm_table_rms));
-      f->fp8_gemm_table = table_pays(f->fp8_gemm_curve_rms, f->fp8_gemm_table_rms);
-    }
-  }
-  if (cpu) { /* the log-ratio fits, every point weighing the same (cpu_kernel_fit) */
     cpu_kernel_fit(c, NULL, &f->attention_eff, &f->hbm_eff, NULL);
     return MP_OK;
   }
-  /* cuda: attention, the FLOP total over the time total, forward and backward together
-   * (the large GPU shapes run at one rate) */
-  double fl = 0, ts = 0;
-  for (int i = 0; i < c->n_attn; i++) {
-    const mp_calib_attn *a = &c->attn[i];
-    if (!(a->flops_per_s > 0)) continue;
-    const double flops = mp_calib_attn_flops(a->backward, a->B, a->T, a->nh, a->hd);
-    fl += flops;
-    ts += compute_time(flops / a->flops_per_s, ovh);
-  }
-  if (ts > 0) {
-    f->attention_eff = fl / (peak * ts);
-    if (f->attention_eff > 1.0) f->attention_eff = 1.0;
-  }
-  /* cuda: HBM, the element-wise kernels' bytes over their time, against the datasheet */
-  double by = 0;
-  ts = 0;
-  for (int i = 0; i < c->n_bw; i++) {
-    const mp_calib_bw *b = &c->bw[i];
-    if (!(b->GBps > 0)) continue;
-    const double bytes = mp_calib_bw_bytes(b->kernel, b->elems);
-    by += bytes;
-    ts += compute_time(bytes / (b->GBps * 1e9), ovh);
-  }
-  if (ts > 0 && c->ref_hbm_GBps > 0) {
-    f->hbm_eff = by / (c->ref_hbm_GBps * 1e9 * ts);
-    if (f->hbm_eff > 1.0) f->hbm_eff = 1.0;
-  }
+  MP_CHECK(fit_fp8_gemm(ctx, c, ovh));
+  fit_cuda_attention(c, ovh);
+  fit_cuda_hbm(c, ovh);
   return MP_OK;
 }
