@@ -118,6 +118,17 @@ static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
 
 /* ---- the builder's steps -------------------------------------------------------------- */
 
+/* The op array's initial capacity: about what the step takes (a prologue and optimizer,
+ * per chunk a head and a tail, per run of identical blocks a forward and a backward segment
+ * of up to ~100 ops), so that it rarely grows. Only an allocation size: it never changes a
+ * schedule. */
+static int32_t ops_estimate(const mp_schedule_prep *pr) {
+  int32_t runs = 0;
+  for (int c = 0; c < pr->v; c++)
+    for (int32_t l = pr->chunk[c].l0; l < pr->chunk[c].l1; l++) runs += pr->run_len[l] > 0;
+  return 256 + 200 * runs;
+}
+
 /* The builder's state for plan p from its prep: the prep's tables (read only from here
  * on), the micro-batch's shapes, and the memory model's properties. */
 static void gen_init(gen *g, mp_ctx *ctx, const mp_plan *p, const mp_schedule_prep *pr,
@@ -140,6 +151,7 @@ static void gen_init(gen *g, mp_ctx *ctx, const mp_plan *p, const mp_schedule_pr
   g->first_unit = pr->first_unit;
   g->n_units = pr->n_units;
   g->root_unit = pr->root_unit;
+  g->ops_hint = ops_estimate(pr);
   g->ms = mp_sched_strategy(p->opts.mem_model);
   g->ddp = p->opts.dp == MP_DP_DDP;
   g->shard_optimizer = g->ddp && p->opts.ddp.shard_optimizer;
@@ -353,7 +365,6 @@ static void emit_blocks(gen *g, const mp_schedule_prep *pr, const stage_info *st
 static void schedule_finish(mp_schedule *s, const gen *g) {
   s->ops = g->ops;
   s->n_ops = g->n_ops;
-  mp_sched_ops_hint_set(g->n_ops);
   s->segs = g->segs;
   s->n_segs = g->n_segs;
   int64_t idx = 0;

@@ -164,6 +164,7 @@ typedef struct gen {
   shapes sh;
   mp_op *ops;
   int32_t n_ops, cap_ops;
+  int32_t ops_hint;        /* the op array's first capacity (schedule.c, ops_estimate) */
   mp_segment *segs;
   int32_t n_segs, cap_segs;
   mp_status status;        /* sticky: the first failure (its message on ctx); from then on
@@ -358,8 +359,6 @@ void mp_sched_fail(gen *g, mp_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Doubles the op array; 0 (and the failure recorded) when the arena is out of memory. */
 int mp_sched_grow_ops(gen *g);
-/* The op count of the last schedule built on this thread: the next one's initial capacity. */
-void mp_sched_ops_hint_set(int32_t n_ops);
 
 static inline mp_op *no_op(gen *g, int32_t *idx) {
   memset(&g->dummy, 0, sizeof g->dummy);

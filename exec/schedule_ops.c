@@ -50,13 +50,6 @@
 
 /* ---- emission primitives -------------------------------------------------------------- */
 
-/* Initial capacity of the op array: the last schedule's op count on this thread (the
- * planner builds schedules of one size over and over), so the array rarely grows. Only an
- * allocation size: it never changes a schedule. */
-static _Thread_local int32_t g_ops_hint;
-
-void mp_sched_ops_hint_set(int32_t n_ops) { g_ops_hint = n_ops; }
-
 void mp_sched_fail(gen *g, mp_status code, const char *fmt, ...) {
   if (g->status != MP_OK) return;
   va_list ap;
@@ -66,7 +59,7 @@ void mp_sched_fail(gen *g, mp_status code, const char *fmt, ...) {
 }
 
 int mp_sched_grow_ops(gen *g) {
-  int32_t cap = g->cap_ops ? 2 * g->cap_ops : (g_ops_hint > 192 ? g_ops_hint + 64 : 256);
+  int32_t cap = g->cap_ops ? 2 * g->cap_ops : g->ops_hint;
   /* not zeroed: ops are copied in or cleared one by one (new_op) */
   mp_op *n = mp_arena_alloc_raw(g->arena, sizeof(mp_op) * (size_t)cap);
   if (n == NULL) {
