@@ -652,11 +652,12 @@ typedef struct run_shared {
   pthread_cond_t cv;
 } run_shared;
 
-static void eval_one(run_shared *sh, mp_ctx *ctx, mp_arena *scratch, mp_candidate *c) {
+static void eval_one(run_shared *sh, void *user, mp_ctx *ctx, mp_arena *scratch,
+                     mp_candidate *c) {
   mp_ctx_init(ctx);
   mp_sim_result r;
   memset(&r, 0, sizeof r);
-  mp_status st = sh->cfg->eval(sh->cfg->eval_user, ctx, scratch, c, &r);
+  mp_status st = sh->cfg->eval(user, ctx, scratch, c, &r);
   mp_arena_reset(scratch);
   c->evaluated = 1;
   if (st != MP_OK) {
@@ -672,20 +673,35 @@ static void eval_one(run_shared *sh, mp_ctx *ctx, mp_arena *scratch, mp_candidat
   c->reject = r.fits ? MP_REJECT_NONE : MP_REJECT_MEMORY;
 }
 
+/* A worker's set-up: its scratch arena and the evaluator's state for it (*user, from
+ * eval_thread_init). 0 when either fails: the search then stops with the error. */
+static int worker_start(run_shared *sh, mp_ctx *ctx, mp_arena **scratch, void **user) {
+  *user = sh->cfg->eval_user;
+  *scratch = mp_arena_create();
+  mp_status st = *scratch ? MP_OK
+                          : mp_error(ctx, MP_ERR_NOMEM, "out of memory creating a worker arena");
+  if (st == MP_OK && sh->cfg->eval_thread_init)
+    st = sh->cfg->eval_thread_init(sh->cfg->eval_user, ctx, user);
+  if (st == MP_OK) return 1;
+  mp_arena_destroy(*scratch);
+  pthread_mutex_lock(&sh->mu);
+  if (sh->fatal == MP_OK) {
+    sh->fatal = st;
+    sh->fatal_ctx = *ctx;
+  }
+  sh->stop = 1;
+  pthread_cond_broadcast(&sh->cv);
+  pthread_mutex_unlock(&sh->mu);
+  return 0;
+}
+
 static void *worker_main(void *arg) {
   run_shared *sh = arg;
   mp_ctx ctx;
   mp_ctx_init(&ctx);
-  mp_arena *scratch = mp_arena_create();
-  if (!scratch) {
-    pthread_mutex_lock(&sh->mu);
-    if (sh->fatal == MP_OK)
-      sh->fatal = mp_error(&sh->fatal_ctx, MP_ERR_NOMEM, "out of memory creating a worker arena");
-    sh->stop = 1;
-    pthread_cond_broadcast(&sh->cv);
-    pthread_mutex_unlock(&sh->mu);
-    return NULL;
-  }
+  mp_arena *scratch = NULL;
+  void *user = NULL;
+  if (!worker_start(sh, &ctx, &scratch, &user)) return NULL;
   for (;;) {
     pthread_mutex_lock(&sh->mu);
     int64_t ch = sh->stop ? sh->n_chunks : sh->next_chunk++;
@@ -699,7 +715,7 @@ static void *worker_main(void *arg) {
       if (v != MP_REJECT_NONE)
         c->reject = (uint8_t)v;
       else
-        eval_one(sh, &ctx, scratch, c);
+        eval_one(sh, user, &ctx, scratch, c);
     }
     pthread_mutex_lock(&sh->mu);
     sh->done[ch] = 1;
@@ -707,7 +723,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&sh->mu);
   }
   mp_arena_destroy(scratch);
-  if (sh->cfg->eval_thread_done) sh->cfg->eval_thread_done(sh->cfg->eval_user);
+  if (sh->cfg->eval_thread_done) sh->cfg->eval_thread_done(user);
   return NULL;
 }
 

@@ -191,8 +191,9 @@ void mp_search_fix_init(mp_search_fix *f);
  * to what f holds; a repeated or unknown key or a bad value is MP_ERR_USAGE naming it. */
 mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f);
 
-/* Evaluates one candidate (never a pruned one). scratch is the worker's arena, reset
- * after each call; ctx is the worker's. A failure marks the candidate
+/* Evaluates one candidate (never a pruned one). user is the config's eval_user, or on a
+ * worker that eval_thread_init set up, the pointer it gave that worker; scratch is the
+ * worker's arena, reset after each call; ctx is the worker's. A failure marks the candidate
  * MP_REJECT_EVAL_ERROR with ctx's message and the search goes on. */
 typedef mp_status (*mp_search_eval_fn)(void *user, mp_ctx *ctx, mp_arena *scratch,
                                        const mp_candidate *c, mp_sim_result *out);
@@ -232,9 +233,15 @@ typedef struct mp_search_config {
   int64_t mem_capacity_bytes; /* GPU memory less headroom, for the lower-bound prune; 0: off */
   mp_search_eval_fn eval;
   void *eval_user;
-  /* Called by each worker thread before it exits (may be NULL): releases per-thread
-   * state the evaluator keeps, e.g. the simulator's scratch buffers. */
-  void (*eval_thread_done)(void *eval_user);
+  /* Per-worker state for the evaluator, e.g. its caches and the simulator's workspace, so
+   * that workers share nothing they write. eval_thread_init (may be NULL) runs on each
+   * worker thread before its first candidate: from eval_user it makes the worker's state
+   * and stores in *worker_user what eval then receives on that worker; an error stops the
+   * search with its message (the hook frees what it made). eval_thread_done (may be NULL)
+   * runs on the worker before it exits with the same pointer (eval_user without an init
+   * hook) and frees what eval_thread_init made. */
+  mp_status (*eval_thread_init)(void *eval_user, mp_ctx *ctx, void **worker_user);
+  void (*eval_thread_done)(void *worker_user);
 } mp_search_config;
 
 /* Defaults: no constraints, threads = CPUs. Caller sets model, cluster, seq, batch, eval. */

@@ -2,7 +2,9 @@
 // brute-force counts, each pruning rule with its reason, the evaluator's verdicts, ranking,
 // constraints and the parallel run's ordering. Uses the fake evaluator (fake.h).
 #include <algorithm>
+#include <atomic>
 #include <gtest/gtest.h>
+#include <thread>
 
 #include <string>
 #include <vector>
@@ -623,6 +625,75 @@ TEST(SearchRun, SinkErrorStopsTheRun) {
   };
   EXPECT_EQ(mp_search_run(&t.ctx, &t.cfg, t.s, sink, nullptr, nullptr, nullptr), MP_ERR_DB);
   EXPECT_STREQ(mp_errmsg(&t.ctx), "stop at 100");
+}
+
+// Per-worker evaluator state (eval_thread_init, eval_thread_done): each worker makes its
+// own from eval_user, the evaluator receives it on that worker only, and the worker frees
+// it once; the results are those of the shared evaluator. A failed init stops the search
+// with its message.
+struct WorkerLog {
+  FakeEval *fe;
+  int fail;
+  std::atomic<int> inits{0}, dones{0}, foreign{0};
+};
+struct WorkerState {
+  WorkerLog *log;
+  std::thread::id thread;
+};
+mp_status worker_init(void *user, mp_ctx *ctx, void **worker) {
+  WorkerLog *log = static_cast<WorkerLog *>(user);
+  if (log->fail) return mp_error(ctx, MP_ERR_NOMEM, "no room for the worker");
+  log->inits++;
+  *worker = new WorkerState{log, std::this_thread::get_id()};
+  return MP_OK;
+}
+void worker_done(void *worker) {
+  WorkerState *w = static_cast<WorkerState *>(worker);
+  if (w->thread != std::this_thread::get_id()) w->log->foreign++;
+  w->log->dones++;
+  delete w;
+}
+mp_status worker_eval(void *user, mp_ctx *ctx, mp_arena *scratch, const mp_candidate *c,
+                      mp_sim_result *out) {
+  WorkerState *w = static_cast<WorkerState *>(user);
+  if (w->thread != std::this_thread::get_id()) w->log->foreign++;
+  return fake_eval(w->log->fe, ctx, scratch, c, out);
+}
+
+// The search t with the worker hooks above, logging to log (its init fails with fail).
+void UseWorkerHooks(Search &t, WorkerLog &log, int fail) {
+  log.fe = &t.fe;
+  log.fail = fail;
+  t.cfg.eval = worker_eval;
+  t.cfg.eval_user = &log;
+  t.cfg.eval_thread_init = worker_init;
+  t.cfg.eval_thread_done = worker_done;
+}
+
+TEST(SearchRun, EachWorkerHasItsOwnEvaluatorState) {
+  Search shared(fake_dense_model(), fake_cluster(2, 8), 4096, 64);
+  shared.run();
+  Search t(fake_dense_model(), fake_cluster(2, 8), 4096, 64);
+  WorkerLog log;
+  UseWorkerHooks(t, log, 0);
+  t.run();
+  EXPECT_EQ(log.inits.load(), t.cfg.n_threads);
+  EXPECT_EQ(log.dones.load(), log.inits.load());
+  EXPECT_EQ(log.foreign.load(), 0);
+  ASSERT_EQ(shared.s->n, t.s->n);
+  EXPECT_GT(t.s->n_evaluated, 0);
+  for (int64_t i = 0; i < t.s->n; i++) {
+    EXPECT_EQ(shared.s->cands[i].reject, t.s->cands[i].reject);
+    EXPECT_EQ(shared.s->cands[i].res.step_time_s, t.s->cands[i].res.step_time_s);
+  }
+
+  Search f(fake_dense_model(), fake_cluster(2, 8), 4096, 64);
+  WorkerLog bad;
+  UseWorkerHooks(f, bad, 1);
+  f.enumerate();
+  EXPECT_EQ(mp_search_run(&f.ctx, &f.cfg, f.s, nullptr, nullptr, nullptr, nullptr), MP_ERR_NOMEM);
+  EXPECT_STREQ(mp_errmsg(&f.ctx), "no room for the worker");
+  EXPECT_EQ(bad.dones.load(), 0);
 }
 
 TEST(SearchRank, TimeWithTiesToTheSimplerPlanAndOtherObjectives) {
