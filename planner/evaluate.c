@@ -1,13 +1,13 @@
 /* The simulator as the planner's evaluator (see evaluate.h). */
 #include "planner/evaluate.h"
 
-#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "exec/runtime/check.h"
 
-/* Per-thread cache of the current mesh's plans (see evaluate.h). */
+/* A worker's cache of the current mesh's plans (see evaluate.h). */
 #define CACHE_PLANS 24
 typedef struct cached_plan {
   int fp8, all_gather, pad_vocab, reshard, sp, pp_virtual; /* the options a derived plan
@@ -16,28 +16,29 @@ typedef struct cached_plan {
   mp_sim_plan_prep *prep;
 } cached_plan;
 
-typedef struct eval_cache {
-  uint64_t ev_id; /* 0: empty */
-  mp_mesh mesh;
-  mp_arena *arena; /* the plans and preps */
+struct mp_sim_eval_worker {
+  const mp_sim_evaluator *ev;
+  mp_sim_config sim;   /* ev->sim with the worker's workspace */
+  mp_sim_workspace *ws;
+  int have_mesh;       /* 0: the cache is empty */
+  mp_mesh mesh;        /* the mesh of the cached plans */
+  mp_arena *arena;     /* the cached plans and preps */
   cached_plan ent[CACHE_PLANS];
   int n;
-} eval_cache;
+};
 
-static _Thread_local eval_cache g_cache;
-static atomic_uint_fast64_t g_next_id = 1;
-
-static void cache_clear(eval_cache *ca) {
-  if (ca->arena) mp_arena_reset(ca->arena);
-  ca->n = 0;
-  ca->ev_id = 0;
+/* Empties the cache and ties it to mesh m. */
+static void cache_reset(mp_sim_eval_worker *w, const mp_mesh *m) {
+  mp_arena_reset(w->arena);
+  w->n = 0;
+  w->have_mesh = 1;
+  w->mesh = *m;
 }
 
 mp_status mp_sim_evaluator_init(mp_ctx *ctx, mp_sim_evaluator *ev, const mp_model *m,
                                 const mp_cluster *c, int64_t seq, int64_t global_batch,
                                 double headroom, const char *stack_name) {
   memset(ev, 0, sizeof *ev);
-  ev->id = (uint64_t)atomic_fetch_add(&g_next_id, 1);
   if (!(headroom >= 0 && headroom <= 0.5))
     return mp_error(ctx, MP_ERR_USAGE, "--headroom %g: use a fraction between 0 and 0.5", headroom);
   ev->model = m;
@@ -79,6 +80,7 @@ void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_
   cfg->prune_dominated = 1; /* the default objective is time */
   cfg->eval = mp_sim_evaluate;
   cfg->eval_user = ev;
+  cfg->eval_thread_init = mp_sim_evaluator_thread_init;
   cfg->eval_thread_done = mp_sim_evaluator_thread_done;
 }
 
@@ -109,21 +111,38 @@ void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
                                                           : MP_PP_1F1B;
 }
 
+mp_status mp_sim_evaluator_thread_init(void *user, mp_ctx *ctx, void **worker) {
+  *worker = NULL;
+  mp_sim_eval_worker *w = (mp_sim_eval_worker *)calloc(1, sizeof *w);
+  if (w == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating a search worker");
+  w->ev = (const mp_sim_evaluator *)user;
+  w->arena = mp_arena_create();
+  mp_status st = w->arena ? mp_sim_workspace_create(ctx, &w->ws)
+                          : mp_error(ctx, MP_ERR_NOMEM, "out of memory creating an arena");
+  if (st != MP_OK) {
+    mp_sim_evaluator_thread_done(w);
+    return st;
+  }
+  w->sim = w->ev->sim;
+  w->sim.ws = w->ws;
+  *worker = w;
+  return MP_OK;
+}
+
+void mp_sim_evaluator_thread_done(void *worker) {
+  mp_sim_eval_worker *w = (mp_sim_eval_worker *)worker;
+  if (w == NULL) return;
+  mp_sim_workspace_destroy(w->ws);
+  mp_arena_destroy(w->arena);
+  free(w);
+}
+
 /* The cached plan of c's mesh for options o, built (with its prep) on a miss. */
-static mp_status cached_base(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
+static mp_status cached_base(mp_ctx *ctx, mp_sim_eval_worker *w, const mp_candidate *c,
                              const mp_plan_options *o, cached_plan **out) {
-  eval_cache *ca = &g_cache;
-  if (ca->arena == NULL) {
-    ca->arena = mp_arena_create();
-    if (ca->arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating an arena");
-  }
-  if (ca->ev_id != ev->id || memcmp(&ca->mesh, &c->mesh, sizeof ca->mesh) != 0) {
-    cache_clear(ca);
-    ca->ev_id = ev->id;
-    ca->mesh = c->mesh;
-  }
-  for (int i = 0; i < ca->n; i++) {
-    cached_plan *e = &ca->ent[i];
+  if (!w->have_mesh || memcmp(&w->mesh, &c->mesh, sizeof w->mesh) != 0) cache_reset(w, &c->mesh);
+  for (int i = 0; i < w->n; i++) {
+    cached_plan *e = &w->ent[i];
     if (e->fp8 == o->fp8 && e->all_gather == o->fp8_opts.all_gather &&
         e->pad_vocab == o->tp.pad_vocab && e->reshard == o->fsdp.reshard_after_forward &&
         e->sp == o->sp && e->pp_virtual == o->pp_virtual) {
@@ -131,35 +150,33 @@ static mp_status cached_base(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_c
       return MP_OK;
     }
   }
-  if (ca->n == CACHE_PLANS) { /* not reached by the search's candidates; stay correct */
-    cache_clear(ca);
-    ca->ev_id = ev->id;
-    ca->mesh = c->mesh;
-  }
+  /* not reached by the search's candidates; stay correct */
+  if (w->n == CACHE_PLANS) cache_reset(w, &c->mesh);
   cached_plan e = {o->fp8, o->fp8_opts.all_gather, o->tp.pad_vocab,
                    o->fsdp.reshard_after_forward, o->sp, o->pp_virtual, NULL, NULL};
-  MP_CHECK(mp_build_plan_from(ctx, ev->tmpl, &c->mesh, o, ca->arena, &e.base));
-  MP_CHECK(mp_sim_plan_prep_create(ctx, e.base, &ev->sim, ca->arena, &e.prep));
-  ca->ent[ca->n] = e;
-  *out = &ca->ent[ca->n++];
+  MP_CHECK(mp_build_plan_from(ctx, w->ev->tmpl, &c->mesh, o, w->arena, &e.base));
+  MP_CHECK(mp_sim_plan_prep_create(ctx, e.base, &w->sim, w->arena, &e.prep));
+  w->ent[w->n] = e;
+  *out = &w->ent[w->n++];
   return MP_OK;
 }
 
 mp_status mp_sim_evaluate(void *user, mp_ctx *ctx, mp_arena *scratch, const mp_candidate *c,
                           mp_sim_result *out) {
-  const mp_sim_evaluator *ev = user;
+  mp_sim_eval_worker *w = user;
+  const mp_sim_evaluator *ev = w->ev;
   mp_plan_options o;
   mp_sim_evaluator_options(ev, c, &o);
   if (ev->tmpl == NULL || scratch == NULL)
-    return mp_simulate_plan(ctx, ev->model, &c->mesh, &o, &ev->sim, out);
+    return mp_simulate_plan(ctx, ev->model, &c->mesh, &o, &w->sim, out);
   /* The candidate's plan is derived in the worker's scratch arena (the search resets it
    * after each candidate) from the cached plan of its mesh and float8 setting, and its
    * schedules are built there too from the cached preps. */
   cached_plan *e = NULL;
-  MP_CHECK(cached_base(ctx, ev, c, &o, &e));
+  MP_CHECK(cached_base(ctx, w, c, &o, &e));
   mp_plan *p = NULL;
   MP_CHECK(mp_plan_derive(ctx, e->base, &o, scratch, &p));
-  return mp_simulate_prepped(ctx, p, e->prep, &ev->sim, scratch, out);
+  return mp_simulate_prepped(ctx, p, e->prep, &w->sim, scratch, out);
 }
 
 /* The candidate's plan on its own (not derived in a worker's scratch arena): its options
@@ -217,11 +234,4 @@ mp_status mp_sim_evaluator_runs(mp_ctx *ctx, const mp_sim_evaluator *ev, const m
   snprintf(why, cap, "%s", *runs ? "" : mp_errmsg(&check));
   mp_plan_destroy(p);
   return MP_OK;
-}
-
-void mp_sim_evaluator_thread_done(void *user) {
-  (void)user;
-  mp_arena_destroy(g_cache.arena);
-  memset(&g_cache, 0, sizeof g_cache);
-  mp_sim_thread_release();
 }

@@ -2,17 +2,21 @@
  * (exec/plan.h) and is costed by mp_simulate_plan (sim/sim.h). Also draws the chosen
  * plan's simulated timeline as a Chrome trace for the plots.
  *
- * Thread safety: mp_sim_evaluate only reads the evaluator (its plan template included,
- * read-only after init), so the search's workers share one; each builds its plans and
- * schedules in its own scratch arena.
+ * Thread safety: the search's workers share one evaluator and only read it (its plan
+ * template included, read-only after init). What a worker writes is its own: its state
+ * (mp_sim_evaluator_thread_init: its plan cache and its simulator workspace, sim/sim.h)
+ * and its scratch arena, where it builds each candidate's plan and schedules.
  *
  * Speed: the candidates of one mesh differ in float8, reshard_after_forward, AC and
  * micro-batch; only float8 (and the mesh) changes a plan's parameters and units. Each
- * worker therefore keeps, per thread, the plans of the mesh it is on, one per (float8,
- * reshard, vocab padding, float8 all-gather), with their simulator preps
+ * worker therefore keeps the plans of the mesh it is on, one per (float8, reshard, vocab
+ * padding, float8 all-gather, SP, pipeline chunks), with their simulator preps
  * (mp_sim_plan_prep_create), and derives each candidate's plan from one (mp_plan_derive):
- * the same plan and schedules mp_build_plan_from would give, without the passes. The
- * cache is dropped when the mesh changes and freed by mp_sim_evaluator_thread_done. */
+ * the same plan and schedules mp_build_plan_from would give, without the passes. The key
+ * is complete: mp_plan_derive changes only micro-batch, AC, resharding and the global
+ * batch and refuses any other difference, so a prediction does not depend on which
+ * candidate built the cached plan (tests/planner/evaluate_test.cc). The cache is dropped
+ * when the mesh changes and freed with the worker's state. */
 #ifndef MP_PLANNER_EVALUATE_H
 #define MP_PLANNER_EVALUATE_H
 
@@ -32,7 +36,6 @@ typedef struct mp_sim_evaluator {
   mp_sim_config sim;    /* sim.stack points at stack */
   mp_plan_template *tmpl; /* the model's module tree, built once by init, read-only after:
                              the workers build their plans from it (mp_build_plan_from) */
-  uint64_t id;            /* unique per init, keys the workers' per-thread caches */
 } mp_sim_evaluator;
 
 /* stack_name NULL: the default profile for the cluster's GPU. headroom: fraction of GPU
@@ -45,7 +48,7 @@ mp_status mp_sim_evaluator_init(mp_ctx *ctx, mp_sim_evaluator *ev, const mp_mode
  * initialised. */
 void mp_sim_evaluator_free(mp_sim_evaluator *ev);
 /* The search of ev's model on cluster c at ev's seq and global batch, with ev as the
- * evaluator (mp_sim_evaluate, mp_sim_evaluator_thread_done), a capacity of the GPU's
+ * evaluator (mp_sim_evaluate, one mp_sim_eval_worker per worker), a capacity of the GPU's
  * memory less the fraction headroom, and what ev's stack runs: its AC policies, SP with
  * tp > 1 where it runs it, interleaved pipelines of 2 and 4 chunks outside the meshplan
  * runtime; dominated AC policies pruned (the time objective; a caller ranking by memory
@@ -57,11 +60,17 @@ void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_
  * pipeline schedule (interleaved with its chunks, else 1F1B). */
 void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
                               mp_plan_options *out);
-/* mp_search_eval_fn: user is an mp_sim_evaluator. */
+/* One search worker's state (opaque): the evaluator it serves, the plan cache of the mesh
+ * it is on (above) and its simulator workspace. Used by one thread at a time. */
+typedef struct mp_sim_eval_worker mp_sim_eval_worker;
+/* For mp_search_config.eval_thread_init: user is the mp_sim_evaluator (which must outlive
+ * the worker); *worker receives a new mp_sim_eval_worker. MP_ERR_NOMEM when out of memory. */
+mp_status mp_sim_evaluator_thread_init(void *user, mp_ctx *ctx, void **worker);
+/* For mp_search_config.eval_thread_done: frees the mp_sim_eval_worker (NULL: a no-op). */
+void mp_sim_evaluator_thread_done(void *worker);
+/* mp_search_eval_fn: user is the calling worker's mp_sim_eval_worker. */
 mp_status mp_sim_evaluate(void *user, mp_ctx *ctx, mp_arena *scratch, const mp_candidate *c,
                           mp_sim_result *out);
-/* For mp_search_config.eval_thread_done: releases the worker's simulator buffers. */
-void mp_sim_evaluator_thread_done(void *user);
 /* Whether the runtime executes the candidate's plan: the runtime's own check
  * (exec/runtime/check.h, mp_runtime_plan_check) on the plan built for it. *runs 1, or 0
  * with the check's one-line reason in why. A plan that cannot be built is an error. */

@@ -21,6 +21,7 @@
 #include "sim/engine.h"
 #include "sim/gemm_table.h"
 #include "sim/stack.h"
+#include "sim/workspace.h"
 
 /* ---- compute ------------------------------------------------------------------------ */
 
@@ -102,20 +103,19 @@ double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_prof
   return op_compute_s(op, &k);
 }
 
-static _Thread_local mp_stack_profile g_default_stack[2];
-static _Thread_local int g_default_loaded[2];
-
 mp_status mp_sim_resolve_stack(mp_ctx *ctx, const mp_sim_config *cfg, const mp_stack_profile **out) {
   if (cfg->stack) {
     *out = cfg->stack;
     return MP_OK;
   }
+  /* mp_stack_default reads only whether the GPU is a CPU: that bit keys the profile kept */
+  mp_sim_workspace *ws = cfg->ws;
   int i = !mp_gpu_is_cpu(&cfg->cluster->gpu);
-  if (!g_default_loaded[i]) {
-    MP_CHECK(mp_stack_default(ctx, &cfg->cluster->gpu, &g_default_stack[i]));
-    g_default_loaded[i] = 1;
+  if (!ws->default_loaded[i]) {
+    MP_CHECK(mp_stack_default(ctx, &cfg->cluster->gpu, &ws->default_stack[i]));
+    ws->default_loaded[i] = 1;
   }
-  *out = &g_default_stack[i];
+  *out = &ws->default_stack[i];
   return MP_OK;
 }
 

@@ -21,106 +21,45 @@
  * the same floating-point operations in the same order as op by op, so results are
  * identical to the bit (the trace path, which runs op by op, is the reference).
  *
- * No allocation per op: per-op arrays live in per-thread scratch buffers that grow to
- * the largest schedule seen and are reused. */
+ * No allocation per op: per-op arrays live in the caller's workspace (sim/workspace.h),
+ * grown to the largest schedule seen and reused. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "sim/engine.h"
+#include "sim/workspace.h"
 
-/* ---- per-thread buffers ------------------------------------------------------------- */
-
-static _Thread_local double *g_scratch;
-static _Thread_local size_t g_scratch_cap;
-
-static _Thread_local cop *g_cops;
-static _Thread_local size_t g_cops_cap;
-
-static cop *cop_buf(size_t n) {
-  if (n > g_cops_cap) {
-    cop *p = (cop *)realloc(g_cops, n * sizeof *p);
-    if (p == NULL) return NULL;
-    g_cops = p;
-    g_cops_cap = n;
-  }
-  return g_cops;
-}
-
-static _Thread_local prog_buf g_prog;
-
-static int grow(void **p, size_t *cap, size_t n, size_t elem) {
-  if (n <= *cap) return 1;
-  void *q = realloc(*p, n * elem);
-  if (q == NULL) return 0;
-  *p = q;
-  *cap = n;
-  return 1;
-}
-
-static void prog_release(prog_buf *b) {
-  free(b->keep);
-  free(b->seg_plain);
-  free(b->seg_step);
-  free(b->steps);
-  free(b->t);
-  free(b->c);
-  free(b->k);
-  free(b->m);
-  memset(b, 0, sizeof *b);
-}
+/* ---- the workspace's buffers -------------------------------------------------------- */
 
 /* Room for a schedule of n_ops ops in n_segs segments. */
 static int prog_reserve(prog_buf *b, size_t n_ops, size_t n_segs) {
   n_ops = n_ops > 0 ? n_ops : 1;
-  return grow((void **)&b->keep, &b->keep_cap, n_ops, sizeof *b->keep) &&
-         grow((void **)&b->seg_plain, &b->seg_plain_cap, n_segs + 1, 1) &&
-         grow((void **)&b->seg_step, &b->seg_step_cap, n_segs + 1, sizeof *b->seg_step) &&
-         grow((void **)&b->steps, &b->steps_cap, n_ops + n_segs, sizeof *b->steps) &&
-         grow((void **)&b->t, &b->t_cap, n_ops, sizeof *b->t) &&
-         grow((void **)&b->c, &b->c_cap, n_ops, sizeof *b->c) &&
-         grow((void **)&b->k, &b->k_cap, n_ops, sizeof *b->k) &&
-         grow((void **)&b->m, &b->m_cap, n_ops, sizeof *b->m);
+  return mp_sim_grow((void **)&b->keep, &b->keep_cap, n_ops, sizeof *b->keep) &&
+         mp_sim_grow((void **)&b->seg_plain, &b->seg_plain_cap, n_segs + 1, 1) &&
+         mp_sim_grow((void **)&b->seg_step, &b->seg_step_cap, n_segs + 1, sizeof *b->seg_step) &&
+         mp_sim_grow((void **)&b->steps, &b->steps_cap, n_ops + n_segs, sizeof *b->steps) &&
+         mp_sim_grow((void **)&b->t, &b->t_cap, n_ops, sizeof *b->t) &&
+         mp_sim_grow((void **)&b->c, &b->c_cap, n_ops, sizeof *b->c) &&
+         mp_sim_grow((void **)&b->k, &b->k_cap, n_ops, sizeof *b->k) &&
+         mp_sim_grow((void **)&b->m, &b->m_cap, n_ops, sizeof *b->m);
 }
 
-static double *scratch(size_t n) {
-  if (n > g_scratch_cap) {
-    double *p = (double *)realloc(g_scratch, n * sizeof *p);
-    if (p == NULL) return NULL;
-    g_scratch = p;
-    g_scratch_cap = n;
-  }
-  return g_scratch;
-}
-
-void mp_sim_thread_release(void) {
-  free(g_scratch);
-  g_scratch = NULL;
-  g_scratch_cap = 0;
-  free(g_cops);
-  g_cops = NULL;
-  g_cops_cap = 0;
-  prog_release(&g_prog);
-  mp_sim_network_release();
-  mp_sim_plan_release();
-  mp_sim_pipeline_release();
-}
-
-mp_status mp_sim_bufs_get(mp_ctx *ctx, const mp_schedule *s, sim_bufs *out) {
-  double *buf = scratch((size_t)(s->n_ops > 0 ? s->n_ops : 1) * 3);
-  cop *cops = cop_buf((size_t)(s->n_ops > 0 ? s->n_ops : 1));
-  if (buf == NULL || cops == NULL)
+mp_status mp_sim_bufs_get(mp_ctx *ctx, mp_sim_workspace *ws, const mp_schedule *s,
+                          sim_bufs *out) {
+  const size_t n = (size_t)(s->n_ops > 0 ? s->n_ops : 1);
+  if (!mp_sim_grow((void **)&ws->op_times, &ws->op_times_cap, n * 3, sizeof *ws->op_times) ||
+      !mp_sim_grow((void **)&ws->cops, &ws->cops_cap, n, sizeof *ws->cops) ||
+      !prog_reserve(&ws->prog, (size_t)s->n_ops, (size_t)s->n_segs))
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory simulating %d ops", s->n_ops);
-  prog_buf *pb = &g_prog;
-  if (!prog_reserve(pb, (size_t)s->n_ops, (size_t)s->n_segs))
-    return mp_error(ctx, MP_ERR_NOMEM, "out of memory simulating %d ops", s->n_ops);
+  double *buf = ws->op_times;
   out->dur = buf;
   out->end_cur = buf + s->n_ops;
   out->end_prev = buf + 2 * (size_t)s->n_ops;
-  out->cops = cops;
-  out->prog = pb;
+  out->cops = ws->cops;
+  out->prog = &ws->prog;
   memset(out->end_cur, 0, 2 * (size_t)s->n_ops * sizeof *out->end_cur);
-  memset(pb->seg_plain, 1, (size_t)s->n_segs);
+  memset(ws->prog.seg_plain, 1, (size_t)s->n_segs);
   return MP_OK;
 }
 

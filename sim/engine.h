@@ -55,7 +55,7 @@ typedef struct mev {
   int32_t cat;
 } mev;
 
-/* Per-thread buffers of the compiled schedule, grown to the largest schedule seen: the
+/* Buffers of the compiled schedule (a workspace's), grown to the largest schedule seen: the
  * ops whose end time is kept (ascending), per segment whether every op runs in every
  * micro-batch (no `when` filtering) and its first step, the steps and the runs' arrays. */
 typedef struct prog_buf {
@@ -125,8 +125,8 @@ typedef struct sim {
 #define MP_SIM_TRACE_MAX_EVENTS ((size_t)1 << 20)
 enum { MP_SIM_TRACE_FAILED_NOMEM = 1, MP_SIM_TRACE_FAILED_TOO_LONG = 2 };
 
-/* The per-thread buffers of one simulation, sized for its schedule (engine.c owns them;
- * mp_sim_thread_release frees them). */
+/* The buffers of one simulation, sized for its schedule: views into the workspace
+ * (sim/workspace.h), valid until its next simulation. */
 typedef struct sim_bufs {
   double *dur, *end_cur, *end_prev; /* per op: duration, end of the current and the
                                        previous instance */
@@ -138,7 +138,8 @@ typedef struct sim_bufs {
 
 /* Buffers for s: end times zeroed, every segment plain (cost.c clears seg_plain where an
  * op's `when` filters). MP_ERR_NOMEM when they cannot grow. */
-mp_status mp_sim_bufs_get(mp_ctx *ctx, const mp_schedule *s, sim_bufs *out);
+mp_status mp_sim_bufs_get(mp_ctx *ctx, mp_sim_workspace *ws, const mp_schedule *s,
+                          sim_bufs *out);
 /* x ready to run s from the compiled ops in b (their programs compiled here);
  * extrapolate 0 runs every instance (with a trace). */
 void mp_sim_engine_init(sim *x, const mp_schedule *s, const sim_bufs *b, int extrapolate);
@@ -150,7 +151,8 @@ void mp_sim_run_step(sim *x);
 
 /* Peak FLOP/s of a dtype on g (the bf16 one where g states none for it). */
 double mp_sim_peak_flops(const mp_gpu *g, int dtype);
-/* cfg's stack, or the default one of its cluster's GPU (loaded once per thread). */
+/* cfg's stack, or the default one of its cluster's GPU (loaded once per workspace,
+ * cfg->ws, which must be set). */
 mp_status mp_sim_resolve_stack(mp_ctx *ctx, const mp_sim_config *cfg, const mp_stack_profile **out);
 /* Compiles s's ops into b->cops and b->dur with the costs of cluster cl and stack prof
  * (links: the groups' links, or NULL to look them up), and clears b->prog->seg_plain of

@@ -19,9 +19,6 @@
  * the slower of the two: bw = min(intra, per_node x inter), with the inter-node latency per
  * step. Groups are regular (products of mesh dims), so every node holds the same number of
  * members as the node of the rank asked about. */
-#include <stdlib.h>
-#include <string.h>
-
 #include "sim/sim.h"
 #include "sim/sim_internal.h"
 
@@ -45,55 +42,8 @@ double mp_sim_collective_s(mp_coll c, double bytes, int n, double bw_GBps, doubl
   }
 }
 
-/* Scratch for group member lists, grown per thread, never freed per call. */
-static _Thread_local int *g_ranks;
-static _Thread_local size_t g_ranks_cap;
-
-void mp_sim_network_release(void) {
-  free(g_ranks);
-  g_ranks = NULL;
-  g_ranks_cap = 0;
-}
-
-/* Listing a large group's ranks costs microseconds, the planner asks for the same few
- * groups over and over: a small per-thread cache keyed by everything the answer depends
- * on (round-robin replacement). */
-typedef struct link_key {
-  int size[MP_MESH_NDIMS], ep, rank, group, gpn;
-  double intra, inter, lat_in, lat_out;
-} link_key;
-#define LINK_CACHE 32
-static _Thread_local link_key g_key[LINK_CACHE];
-static _Thread_local mp_sim_link g_val[LINK_CACHE];
-static _Thread_local int g_n, g_next;
-
-static mp_status group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
-                            int rank, mp_sim_link *out);
-
-mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
-                            int rank, mp_sim_link *out) {
-  link_key k;
-  memset(&k, 0, sizeof k);
-  memcpy(k.size, mesh->size, sizeof k.size);
-  k.ep = mesh->ep;
-  k.rank = rank;
-  k.group = (int)g;
-  k.gpn = c->gpus_per_node;
-  k.intra = c->intra_node_GBps_per_gpu;
-  k.inter = c->inter_node_Gbitps_per_gpu;
-  k.lat_in = c->intra_node_latency_us;
-  k.lat_out = c->inter_node_latency_us;
-  for (int i = 0; i < g_n; i++)
-    if (memcmp(&g_key[i], &k, sizeof k) == 0) {
-      *out = g_val[i];
-      return MP_OK;
-    }
-  MP_CHECK(group_link(ctx, c, mesh, g, rank, out));
-  int slot = g_n < LINK_CACHE ? g_n++ : (g_next++ % LINK_CACHE);
-  g_key[slot] = k;
-  g_val[slot] = *out;
-  return MP_OK;
-}
+/* Groups up to this size are listed (on the stack) to count a node's members. */
+#define SMALL_GROUP 64
 
 mp_status mp_sim_link_of(mp_ctx *ctx, const mp_sim_link *links, const mp_cluster *c, const mp_mesh *mesh,
                          mp_group g, int rank, mp_sim_link *out) {
@@ -102,8 +52,9 @@ mp_status mp_sim_link_of(mp_ctx *ctx, const mp_sim_link *links, const mp_cluster
   return MP_OK;
 }
 
-static mp_status group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
+mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
                             int rank, mp_sim_link *out) {
+  (void)ctx; /* nothing fails: the status is the interface's */
   int n = mp_mesh_group_size(mesh, g);
   out->n = n;
   int gpn = c->gpus_per_node > 0 ? c->gpus_per_node : 1;
@@ -112,16 +63,11 @@ static mp_status group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mes
   int node = rank / gpn, per_node = 0;
   const int world = mp_mesh_world(mesh), id = mp_mesh_group_id(mesh, g, rank);
   const int lo = node * gpn, hi = lo + gpn < world ? lo + gpn : world;
-  if (n <= gpn) {
-    /* a small group: listing it is cheaper than walking the node */
-    if ((size_t)n > g_ranks_cap) {
-      int *p = (int *)realloc(g_ranks, (size_t)n * sizeof *p);
-      if (p == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory listing a group of %d ranks", n);
-      g_ranks = p;
-      g_ranks_cap = (size_t)n;
-    }
-    mp_mesh_group_ranks(mesh, g, rank, g_ranks);
-    for (int i = 0; i < n; i++) per_node += (g_ranks[i] / gpn == node);
+  if (n <= gpn && n <= SMALL_GROUP) {
+    /* a small group: listing it is cheaper than walking the node (the same members) */
+    int ranks[SMALL_GROUP];
+    mp_mesh_group_ranks(mesh, g, rank, ranks);
+    for (int i = 0; i < n; i++) per_node += (ranks[i] / gpn == node);
   } else {
     for (int r = lo; r < hi; r++) per_node += mp_mesh_group_id(mesh, g, r) == id;
   }

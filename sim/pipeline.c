@@ -22,79 +22,26 @@
 #include <string.h>
 
 #include "sim/sim_internal.h"
+#include "sim/workspace.h"
 
-/* Per-thread scratch for the end times, grown to the largest pipeline. */
-static _Thread_local double *g_ends;
-static _Thread_local size_t g_ends_cap;
-static _Thread_local int64_t *g_pos;
-static _Thread_local size_t g_pos_cap;
-
-/* The orders last built (per thread): a search times many plans of one pipeline shape in a
- * row, each needing every stage's order for three lengths (mp_sim_pipeline) and a few
- * stages' own (mp_sim_pp_held_extra), so a handful are kept, the oldest replaced. */
-#define ORDER_CACHE 12
-typedef struct order_entry {
-  int kind, flavor, pp, v, stage; /* stage -1: every stage's, one after the other */
-  int64_t n_micro;
-  mp_pp_step *steps;
-  size_t cap;
-} order_entry;
-static _Thread_local order_entry g_orders[ORDER_CACHE];
-static _Thread_local int g_orders_next;
-
-void mp_sim_pipeline_release(void) {
-  for (int i = 0; i < ORDER_CACHE; i++) {
-    free(g_orders[i].steps);
-    memset(&g_orders[i], 0, sizeof g_orders[i]);
-  }
-  g_orders_next = 0;
-  free(g_ends);
-  free(g_pos);
-  g_ends = NULL;
-  g_pos = NULL;
-  g_ends_cap = g_pos_cap = 0;
-}
-
-static int grow(void **p, size_t *cap, size_t n, size_t elem) {
-  if (n <= *cap) return 1;
-  void *q = realloc(*p, n * elem);
-  if (q == NULL) return 0;
-  *p = q;
-  *cap = n;
-  return 1;
-}
-
-/* The order of stage `stage` (-1: of every stage, per steps each), found in the cache or
- * built; NULL with the error on ctx. */
-static const mp_pp_step *orders(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp,
-                                int v, int64_t n_micro, int stage, int64_t per) {
-  for (int i = 0; i < ORDER_CACHE; i++) {
-    const order_entry *e = &g_orders[i];
-    if (e->steps && e->kind == (int)kind && e->flavor == (int)flavor && e->pp == pp &&
-        e->v == v && e->stage == stage && e->n_micro == n_micro)
-      return e->steps;
-  }
-  order_entry *e = &g_orders[g_orders_next];
-  g_orders_next = (g_orders_next + 1) % ORDER_CACHE;
-  e->kind = -1;
+/* The order of stage `stage` (-1: of every stage, per steps each) built into the
+ * workspace's steps (valid until the next call); NULL with the error on ctx. */
+static const mp_pp_step *orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
+                                mp_pp_flavor flavor, int pp, int v, int64_t n_micro, int stage,
+                                int64_t per) {
   const int s0 = stage < 0 ? 0 : stage, s1 = stage < 0 ? pp : stage + 1;
-  if (!grow((void **)&e->steps, &e->cap, (size_t)(per * (s1 - s0)), sizeof *e->steps)) {
+  if (!mp_sim_grow((void **)&ws->steps, &ws->steps_cap, (size_t)(per * (s1 - s0)),
+                   sizeof *ws->steps)) {
     mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline orders of %d stages", pp);
     return NULL;
   }
   for (int s = s0; s < s1; s++) {
     int64_t n = 0;
-    if (mp_pp_order(ctx, kind, flavor, pp, v, n_micro, s, e->steps + (size_t)(s - s0) * per,
+    if (mp_pp_order(ctx, kind, flavor, pp, v, n_micro, s, ws->steps + (size_t)(s - s0) * per,
                     &n) != MP_OK)
       return NULL;
   }
-  e->kind = (int)kind;
-  e->flavor = (int)flavor;
-  e->pp = pp;
-  e->v = v;
-  e->stage = stage;
-  e->n_micro = n_micro;
-  return e->steps;
+  return ws->steps;
 }
 
 /* The ready time of step q of stage s: when its input (forward) or output gradient
@@ -115,20 +62,22 @@ static double ready_s(const mp_pp_step *q, int s, int pp, int K, int64_t m, cons
   return isnan(e) ? NAN : e + st[sn]->send_b;
 }
 
-/* The timeline run step by step over n_micro micro-batches (see mp_sim_pipeline). */
-static mp_status timeline(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp, int v,
-                          int64_t n_micro, const mp_pp_stage_times *const *stage,
-                          double *finish) {
+/* The timeline run step by step over n_micro micro-batches (see mp_sim_pipeline), in the
+ * workspace's buffers. */
+static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
+                          mp_pp_flavor flavor, int pp, int v, int64_t n_micro,
+                          const mp_pp_stage_times *const *stage, double *finish) {
   const int64_t per = 2 * n_micro * v; /* steps per stage */
   const int K = pp * v;
-  if (!grow((void **)&g_ends, &g_ends_cap, (size_t)(2 * n_micro * K + pp), sizeof *g_ends) ||
-      !grow((void **)&g_pos, &g_pos_cap, (size_t)pp, sizeof *g_pos))
+  if (!mp_sim_grow((void **)&ws->ends, &ws->ends_cap, (size_t)(2 * n_micro * K + pp),
+                   sizeof *ws->ends) ||
+      !mp_sim_grow((void **)&ws->pos, &ws->pos_cap, (size_t)pp, sizeof *ws->pos))
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline timeline of %d stages",
                     pp);
-  const mp_pp_step *all = orders(ctx, kind, flavor, pp, v, n_micro, -1, per);
+  const mp_pp_step *all = orders(ctx, ws, kind, flavor, pp, v, n_micro, -1, per);
   if (all == NULL) return ctx->last;
-  double *end = g_ends, *free_t = g_ends + 2 * n_micro * K;
-  int64_t *pos = g_pos;
+  double *end = ws->ends, *free_t = ws->ends + 2 * n_micro * K;
+  int64_t *pos = ws->pos;
   for (int64_t i = 0; i < 2 * n_micro * K; i++) end[i] = NAN;
   for (int s = 0; s < pp; s++) {
     free_t[s] = 0.0;
@@ -171,25 +120,35 @@ static mp_status timeline(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor,
  * once the warm-up has passed). Long pipelines are therefore run for m0, m0 + pp and m0 + 2pp
  * micro-batches (m0 the first multiple of pp from 2 pp + 8 on); when the last two groups
  * add the same to every stage, the rest is that much per group, else the whole step is run. */
-mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp, int v,
-                          int64_t n_micro, const mp_pp_stage_times *const *stage,
-                          double *finish) {
+mp_status mp_sim_pipeline_ws(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
+                             mp_pp_flavor flavor, int pp, int v, int64_t n_micro,
+                             const mp_pp_stage_times *const *stage, double *finish) {
   const int64_t m0 = ((2 * (int64_t)pp + 8 + pp - 1) / pp) * pp;
   if (n_micro <= m0 + 2 * pp || (n_micro - m0) % pp != 0)
-    return timeline(ctx, kind, flavor, pp, v, n_micro, stage, finish);
+    return timeline(ctx, ws, kind, flavor, pp, v, n_micro, stage, finish);
   double a[MP_MAX_LAYERS], b[MP_MAX_LAYERS], c[MP_MAX_LAYERS];
-  if (pp > MP_MAX_LAYERS) return timeline(ctx, kind, flavor, pp, v, n_micro, stage, finish);
-  MP_CHECK(timeline(ctx, kind, flavor, pp, v, m0, stage, a));
-  MP_CHECK(timeline(ctx, kind, flavor, pp, v, m0 + pp, stage, b));
-  MP_CHECK(timeline(ctx, kind, flavor, pp, v, m0 + 2 * pp, stage, c));
+  if (pp > MP_MAX_LAYERS) return timeline(ctx, ws, kind, flavor, pp, v, n_micro, stage, finish);
+  MP_CHECK(timeline(ctx, ws, kind, flavor, pp, v, m0, stage, a));
+  MP_CHECK(timeline(ctx, ws, kind, flavor, pp, v, m0 + pp, stage, b));
+  MP_CHECK(timeline(ctx, ws, kind, flavor, pp, v, m0 + 2 * pp, stage, c));
   for (int s = 0; s < pp; s++) {
     const double d1 = b[s] - a[s], d2 = c[s] - b[s];
     if (fabs(d1 - d2) > 1e-9 * fabs(d2) + 1e-15)
-      return timeline(ctx, kind, flavor, pp, v, n_micro, stage, finish);
+      return timeline(ctx, ws, kind, flavor, pp, v, n_micro, stage, finish);
   }
   const double groups = (double)((n_micro - m0 - 2 * pp) / pp);
   for (int s = 0; s < pp; s++) finish[s] = c[s] + groups * (c[s] - b[s]);
   return MP_OK;
+}
+
+mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp, int v,
+                          int64_t n_micro, const mp_pp_stage_times *const *stage,
+                          double *finish) {
+  mp_sim_workspace *ws = NULL;
+  MP_CHECK(mp_sim_workspace_create(ctx, &ws));
+  const mp_status st = mp_sim_pipeline_ws(ctx, ws, kind, flavor, pp, v, n_micro, stage, finish);
+  mp_sim_workspace_destroy(ws);
+  return st;
 }
 
 /* The most a stage holds at the start of a step, walking `n` steps of `ord` (a forward's
@@ -204,9 +163,9 @@ static int64_t held_most(const mp_pp_step *ord, int64_t n, const int64_t *held) 
   return most;
 }
 
-mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp,
-                               int v, int64_t n_micro, int stage, const int64_t *held,
-                               int64_t *extra) {
+mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
+                               mp_pp_flavor flavor, int pp, int v, int64_t n_micro, int stage,
+                               const int64_t *held, int64_t *extra) {
   /* 1F1B and interleaved hold the most once their warm-up is done, (pp - 1) x 2 + (v - 1)
    * x pp + 1 chunk steps at most: a shorter order of whole groups of pp micro-batches holds
    * as much; GPipe holds every micro-batch */
@@ -216,7 +175,7 @@ mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor fl
   const int64_t per = 2 * n_micro * v;
   if (stage < 0 || stage >= pp)
     return mp_error(ctx, MP_ERR_INVALID, "pipeline order: stage %d of pp=%d", stage, pp);
-  const mp_pp_step *ord = orders(ctx, kind, flavor, pp, v, n_micro, stage, per);
+  const mp_pp_step *ord = orders(ctx, ws, kind, flavor, pp, v, n_micro, stage, per);
   if (ord == NULL) return ctx->last;
   const int64_t all = held_most(ord, per, held);
   /* one micro-batch alone: its chunks' forwards in order, then their backwards */

@@ -35,19 +35,26 @@
  * rematerialisation leaves saved), except those flagged MP_MEM_KEPT.
  *
  * The pieces: cost.c costs every op and compiles the schedule into the engine's form;
- * engine.c runs it (periodicity, the hot loop, per-thread buffers); pipeline.c the
- * pipeline timeline; this file checks the request, runs them, and turns the engine's state
- * into the result: step time, throughput, MFU and memory. */
+ * engine.c runs it (periodicity, the hot loop); pipeline.c the pipeline timeline;
+ * workspace.c the caller's scratch they run in (mp_sim_workspace); this file checks the
+ * request, runs them, and turns the engine's state into the result: step time,
+ * throughput, MFU and memory. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "sim/engine.h"
 #include "sim/sim.h"
 #include "sim/sim_internal.h"
+#include "sim/workspace.h"
 
 mp_status mp_simulate(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
                       mp_sim_result *out, mp_sim_trace **trace) {
-  return mp_simulate_with_links(ctx, s, cfg, NULL, out, trace);
+  mp_sim_config local;
+  const mp_sim_config *use = NULL;
+  MP_CHECK(mp_sim_ws_begin(ctx, cfg, &local, &use));
+  const mp_status st = mp_simulate_with_links(ctx, s, use, NULL, out, trace);
+  mp_sim_ws_end(use, cfg);
+  return st;
 }
 
 static mp_status check_request(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
@@ -117,7 +124,7 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
   memset(out, 0, sizeof *out);
   if (trace) *trace = NULL;
   sim_bufs b;
-  MP_CHECK(mp_sim_bufs_get(ctx, s, &b));
+  MP_CHECK(mp_sim_bufs_get(ctx, cfg->ws, s, &b));
   double p2p[2];
   MP_CHECK(mp_sim_compile_ops(ctx, s, cfg->cluster, prof, links, &b, p2p));
 
@@ -174,8 +181,8 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
   if (pp > MP_MAX_LAYERS)
     return mp_error(ctx, MP_ERR_INVALID, "pp=%d: at most %d pipeline stages", pp, MP_MAX_LAYERS);
   for (int k = 0; k < pp; k++) times[k] = &stage[k]->t;
-  MP_CHECK(mp_sim_pipeline(ctx, p->opts.pp_schedule, prof->pp_flavor, pp, v, n_micro, times,
-                           finish));
+  MP_CHECK(mp_sim_pipeline_ws(ctx, cfg->ws, p->opts.pp_schedule, prof->pp_flavor, pp, v,
+                              n_micro, times, finish));
   int crit = 0, full = 0;
   double step = -1.0;
   int64_t peak = -1, extra_full = 0;
@@ -190,8 +197,8 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
     for (int j = 0; j < k && !seen; j++) seen = stage[j] == x;
     if (seen && mem_stage < 0 && cfg->stage_peak_bytes == NULL) continue;
     int64_t extra = 0;
-    MP_CHECK(mp_sim_pp_held_extra(ctx, p->opts.pp_schedule, prof->pp_flavor, pp, v, n_micro, k,
-                                  x->held, &extra));
+    MP_CHECK(mp_sim_pp_held_extra(ctx, cfg->ws, p->opts.pp_schedule, prof->pp_flavor, pp, v,
+                                  n_micro, k, x->held, &extra));
     mp_sim_result m;
     fill_memory(x->r.mem_at_peak, x->r.mem_max, x->alloc_peak, extra, cfg, prof, &m);
     if (cfg->stage_peak_bytes) cfg->stage_peak_bytes[k] = m.peak_mem_bytes;

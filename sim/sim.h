@@ -125,6 +125,26 @@ typedef struct mp_stack_profile {
   mp_kernel_eff fit_kernel_eff;
 } mp_stack_profile;
 
+/* A simulator workspace: the scratch one thread's simulations reuse instead of allocating
+ * per call. It holds, grown to the largest request seen and freed only by destroy: per op,
+ * the durations, end times, compiled ops and segment programs; per pipeline stage, the
+ * stage runs and the grouping of alike stages; the pipeline timeline's end times and
+ * orders; an arena for the schedules mp_simulate_plan and mp_simulate_built_plan build when
+ * the caller passes none; and the default stack profile once loaded. It holds no result:
+ * a simulation's figures are the same to the bit whatever the workspace simulated before,
+ * and the same as with a fresh one. Nothing a call returns points into it.
+ *
+ * Thread safety: one thread at a time (a simulation writes into it); threads that simulate
+ * at once each use their own, e.g. the planner one per search worker
+ * (planner/evaluate.h). The caller owns it: mp_sim_config.ws names it for a call; a config
+ * without one makes the call create a temporary workspace and free it before returning,
+ * which is what one-shot callers want (a loop of many simulations passes one). */
+typedef struct mp_sim_workspace mp_sim_workspace;
+/* An empty workspace: its buffers grow on first use. MP_ERR_NOMEM when out of memory. */
+mp_status mp_sim_workspace_create(mp_ctx *ctx, mp_sim_workspace **out);
+/* Frees the workspace and every buffer it grew; NULL is a no-op. */
+void mp_sim_workspace_destroy(mp_sim_workspace *ws);
+
 typedef struct mp_sim_config {
   const mp_cluster *cluster;
   const mp_stack_profile *stack; /* NULL: the default profile for the cluster's GPU */
@@ -133,6 +153,8 @@ typedef struct mp_sim_config {
   int64_t *stage_peak_bytes;     /* optional, room for pp: under pipeline parallelism each
                                     stage's peak memory, reckoned as peak_mem_bytes (the
                                     result's is the largest); NULL: not wanted */
+  mp_sim_workspace *ws;          /* the calling thread's scratch (mp_sim_workspace); NULL: a
+                                    temporary one for the call */
 } mp_sim_config;
 
 typedef struct mp_sim_result {
@@ -160,10 +182,6 @@ typedef struct mp_sim_trace mp_sim_trace; /* opaque: per-op times of one simulat
  * mp_sim_trace_destroy); trace may be NULL otherwise. */
 mp_status mp_simulate(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
                       mp_sim_result *out, mp_sim_trace **trace);
-/* Frees the calling thread's reusable buffers (simulation scratch, group lists, stage
- * arena). Call it before a thread that simulated exits; the next call on the thread
- * grows them again. */
-void mp_sim_thread_release(void);
 
 /* Chrome trace JSON (Perfetto opens it): one track per stream, ops named by FQN. */
 mp_status mp_sim_trace_write(mp_ctx *ctx, const mp_sim_trace *t, const char *path);
@@ -192,9 +210,9 @@ mp_status mp_simulate_plan(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                            mp_sim_result *out);
 
 /* The planner's hot path (sim/sim_plan.c): mp_simulate_plan with the caller's
- * scratch arena for the schedules instead of the per-thread one: scratch is only
+ * scratch arena for the schedules instead of the workspace's: scratch is only
  * allocated from, never reset here (the caller resets it after the call, e.g. the search
- * after each candidate); NULL uses the per-thread arena. */
+ * after each candidate); NULL uses the workspace's arena. */
 mp_status mp_simulate_plan_scratch(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                                    const mp_plan_options *opts, const mp_sim_config *cfg,
                                    mp_arena *scratch, mp_sim_result *out);
@@ -219,7 +237,7 @@ mp_status mp_simulate_built_plan_all_stages(mp_ctx *ctx, const mp_plan *p,
 typedef struct mp_sim_plan_prep mp_sim_plan_prep;
 mp_status mp_sim_plan_prep_create(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                   mp_arena *arena, mp_sim_plan_prep **out);
-/* scratch as for mp_simulate_built_plan (only allocated from; NULL: the per-thread arena). */
+/* scratch as for mp_simulate_built_plan (only allocated from; NULL: the workspace's arena). */
 mp_status mp_simulate_prepped(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_prep *prep,
                               const mp_sim_config *cfg, mp_arena *scratch, mp_sim_result *out);
 
@@ -251,7 +269,7 @@ typedef struct mp_pp_stage_times {
  * pp_order) with v chunks for n_micro micro-batches,
  * each step when its stage is free and its input has arrived; finish[s] receives when stage
  * s ends its last step (time 0: the first forward starts). MP_ERR_INVALID for orders the
- * schedule refuses. */
+ * schedule refuses. Runs in a temporary workspace (the simulator passes its own). */
 mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp, int v,
                           int64_t n_micro, const mp_pp_stage_times *const *stage,
                           double *finish);

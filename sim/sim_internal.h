@@ -40,6 +40,9 @@ typedef struct mp_sim_stage {
   double tokens, model_flops; /* the rank's tokens and model FLOPs per step (its share) */
 } mp_sim_stage;
 
+/* Below, a cfg is one with a workspace (cfg->ws set: the public entry points give a
+ * config without one a temporary workspace, mp_sim_ws_begin in sim/workspace.h). */
+
 /* The stage run of s: links as for mp_simulate_with_links; *trace with cfg->record_trace. */
 mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
                            const mp_sim_link *links, mp_sim_stage *out, mp_sim_trace **trace);
@@ -51,11 +54,16 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
 mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                  const mp_sim_stage *const *stage, int mem_stage,
                                  mp_sim_result *out);
+/* mp_sim_pipeline in the workspace ws. */
+mp_status mp_sim_pipeline_ws(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
+                             mp_pp_flavor flavor, int pp, int v, int64_t n_micro,
+                             const mp_pp_stage_times *const *stage, double *finish);
 /* The activations stage `stage` holds at most walking its pipeline order, beyond what it
- * holds with one micro-batch alone (held: per chunk what its forward leaves held). */
-mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp,
-                               int v, int64_t n_micro, int stage, const int64_t *held,
-                               int64_t *extra);
+ * holds with one micro-batch alone (held: per chunk what its forward leaves held); its
+ * order is built in ws. */
+mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
+                               mp_pp_flavor flavor, int pp, int v, int64_t n_micro, int stage,
+                               const int64_t *held, int64_t *extra);
 
 /* mp_simulate with the links of every group (indexed by mp_group, as mp_sim_group_link
  * gives them for the schedule's rank) looked up beforehand; links NULL looks them up. */
@@ -67,10 +75,5 @@ mp_status mp_simulate_with_links(mp_ctx *ctx, const mp_schedule *s, const mp_sim
  * beforehand (links not NULL), else mp_sim_group_link. */
 mp_status mp_sim_link_of(mp_ctx *ctx, const mp_sim_link *links, const mp_cluster *c, const mp_mesh *mesh,
                          mp_group g, int rank, mp_sim_link *out);
-
-/* Per-file parts of mp_sim_thread_release. */
-void mp_sim_network_release(void);
-void mp_sim_plan_release(void);
-void mp_sim_pipeline_release(void);
 
 #endif

@@ -18,39 +18,15 @@
  * otherwise every stage is simulated. mp_simulate_built_plan_all_stages is the reference
  * the tests compare against.
  *
- * Schedules are built in a per-thread arena that is reset, not freed, between stages, or
- * in the caller's scratch arena (never reset here: it may hold the caller's plan). */
+ * Schedules are built in the workspace's arena, reset (not freed) between stages, or in
+ * the caller's scratch arena (never reset here: it may hold the caller's plan). The stage
+ * grouping and the stage runs live in the workspace's buffers (sim/workspace.h). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "sim/sim.h"
 #include "sim/sim_internal.h"
-
-static _Thread_local mp_arena *g_arena;
-/* Reused across calls (no allocation per call once grown): [0, pp + 2) stage offsets,
- * then the block parameters grouped by stage (counting sort), then the selected stages. */
-static _Thread_local int *g_buf;
-static _Thread_local size_t g_buf_cap;
-static _Thread_local const int *g_idx; /* set by pick_stages: parameter indices, after the offsets */
-
-static _Thread_local mp_sim_stage *g_stages;
-static _Thread_local size_t g_stages_cap;
-static _Thread_local const mp_sim_stage **g_stage_of;
-static _Thread_local size_t g_stage_of_cap;
-
-void mp_sim_plan_release(void) {
-  free(g_stages);
-  free((void *)g_stage_of);
-  g_stages = NULL;
-  g_stage_of = NULL;
-  g_stages_cap = g_stage_of_cap = 0;
-  mp_arena_destroy(g_arena);
-  g_arena = NULL;
-  free(g_buf);
-  g_buf = NULL;
-  g_buf_cap = 0;
-  g_idx = NULL;
-}
+#include "sim/workspace.h"
 
 /* The stage run of `stage`'s first rank, its compact schedule built in arena. */
 static mp_status sim_stage(mp_ctx *ctx, const mp_plan *p, int stage, const mp_sim_config *cfg,
@@ -86,8 +62,9 @@ static int param_alike(const mp_param *a, const mp_param *b, int la0, int lb0, i
   return 1;
 }
 
-/* Middle stages a and b build the same schedule but for the stage index. */
-static int stages_alike(const mp_plan *p, const int *start, int a, int b) {
+/* Middle stages a and b build the same schedule but for the stage index (start, idx: the
+ * block parameters grouped by stage, pick_stages). */
+static int stages_alike(const mp_plan *p, const int *start, const int *idx, int a, int b) {
   const int v = mp_plan_virtual_stages(p);
   int la0 = 0, lb0 = 0;
   for (int c = 0; c < v; c++) {
@@ -103,16 +80,17 @@ static int stages_alike(const mp_plan *p, const int *start, int a, int b) {
   int na = start[a + 1] - start[a], nb = start[b + 1] - start[b];
   if (na != nb) return 0;
   if (na == 0) return 1;
-  const mp_param *pa0 = &p->params[g_idx[start[a]]], *pb0 = &p->params[g_idx[start[b]]];
+  const mp_param *pa0 = &p->params[idx[start[a]]], *pb0 = &p->params[idx[start[b]]];
   for (int i = 0; i < na; i++)
-    if (!param_alike(&p->params[g_idx[start[a] + i]], &p->params[g_idx[start[b] + i]], la0, lb0,
+    if (!param_alike(&p->params[idx[start[a] + i]], &p->params[idx[start[b] + i]], la0, lb0,
                      pa0->fsdp_unit, pb0->fsdp_unit))
       return 0;
   return 1;
 }
 
 /* Which stages to simulate, in increasing order: *n_out of them into sel (capacity pp); and
- * for every stage k the index rep[k] into sel of the stage that stands for it. */
+ * for every stage k the index rep[k] into sel of the stage that stands for it. The stage
+ * grouping goes to the workspace's stage_buf, which buf_room has sized. */
 static mp_status pick_stages(const mp_plan *p, const mp_sim_config *cfg, int *sel, int *rep,
                              int *n_out) {
   const int pp = p->mesh.size[MP_DIM_PP];
@@ -126,7 +104,7 @@ static mp_status pick_stages(const mp_plan *p, const mp_sim_config *cfg, int *se
     return MP_OK;
   }
   /* counting sort of the block parameters by stage */
-  int *start = g_buf, *idx = g_buf + pp + 2;
+  int *start = cfg->ws->stage_buf, *idx = start + pp + 2;
   memset(start, 0, ((size_t)pp + 2) * sizeof *start);
   for (int i = 0; i < p->n_params; i++) {
     const mp_param *q = &p->params[i];
@@ -138,14 +116,13 @@ static mp_status pick_stages(const mp_plan *p, const mp_sim_config *cfg, int *se
     if (q->layer >= 0 && q->pp_stage >= 0 && q->pp_stage < pp) idx[start[q->pp_stage + 1]++] = i;
   }
   /* from here start[k] .. start[k + 1] are stage k's block parameters, in parameter order */
-  g_idx = idx;
   rep[0] = n;
   sel[n++] = 0;
   int first_mid = n;
   for (int k = 1; k < pp - 1; k++) {
     int dup = -1;
     for (int j = first_mid; j < n && dup < 0; j++)
-      if (stages_alike(p, start, sel[j], k)) dup = j;
+      if (stages_alike(p, start, idx, sel[j], k)) dup = j;
     if (dup < 0) dup = n, sel[n++] = k;
     rep[k] = dup;
   }
@@ -155,63 +132,57 @@ static mp_status pick_stages(const mp_plan *p, const mp_sim_config *cfg, int *se
   return MP_OK;
 }
 
-/* Room for the stage runs of up to n stages, and for pp stage pointers (per thread). */
-static mp_status stage_room(mp_ctx *ctx, size_t n, size_t pp) {
-  if (n > g_stages_cap) {
-    mp_sim_stage *q = (mp_sim_stage *)realloc(g_stages, n * sizeof *q);
-    if (q == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory simulating %zu stages", n);
-    g_stages = q;
-    g_stages_cap = n;
-  }
-  if (pp > g_stage_of_cap) {
-    const mp_sim_stage **q = (const mp_sim_stage **)realloc((void *)g_stage_of, pp * sizeof *q);
-    if (q == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory simulating %zu stages", pp);
-    g_stage_of = q;
-    g_stage_of_cap = pp;
-  }
+/* Room in ws for the stage runs of up to n stages, and for pp stage pointers. */
+static mp_status stage_room(mp_ctx *ctx, mp_sim_workspace *ws, size_t n, size_t pp) {
+  if (!mp_sim_grow((void **)&ws->stages, &ws->stages_cap, n, sizeof *ws->stages))
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory simulating %zu stages", n);
+  if (!mp_sim_grow((void **)&ws->stage_of, &ws->stage_of_cap, pp, sizeof *ws->stage_of))
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory simulating %zu stages", pp);
   return MP_OK;
 }
 
-/* The plan's result from the stage runs g_stages[0 .. n) standing for the stages by rep. */
+/* The plan's result from the stage runs ws->stages[0 .. n) standing for the stages by rep. */
 static mp_status finish_plan(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                              const int *rep, mp_sim_result *out) {
   const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
-  for (int k = 0; k < pp; k++) g_stage_of[k] = &g_stages[rep[k]];
-  return mp_sim_pipeline_result(ctx, p, cfg, g_stage_of, -1, out);
+  mp_sim_workspace *ws = cfg->ws;
+  for (int k = 0; k < pp; k++) ws->stage_of[k] = &ws->stages[rep[k]];
+  return mp_sim_pipeline_result(ctx, p, cfg, ws->stage_of, -1, out);
 }
 
-/* g_buf with room for the stage grouping of p: the offsets and parameter indices, the
- * selected stages, and rep. */
-static mp_status buf_room(mp_ctx *ctx, const mp_plan *p, int **sel, int **rep) {
+/* ws->stage_buf with room for the stage grouping of p: the offsets and parameter indices,
+ * the selected stages, and rep. */
+static mp_status buf_room(mp_ctx *ctx, mp_sim_workspace *ws, const mp_plan *p, int **sel,
+                          int **rep) {
   const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
   size_t need = (size_t)p->n_params + 3 * (size_t)pp + 2;
-  if (need > g_buf_cap) {
-    int *q = (int *)realloc(g_buf, need * sizeof *q);
-    if (q == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory grouping pipeline stages");
-    g_buf = q;
-    g_buf_cap = need;
-  }
-  *sel = g_buf + (size_t)p->n_params + (size_t)pp + 2;
+  if (!mp_sim_grow((void **)&ws->stage_buf, &ws->stage_buf_cap, need, sizeof *ws->stage_buf))
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory grouping pipeline stages");
+  *sel = ws->stage_buf + (size_t)p->n_params + (size_t)pp + 2;
   *rep = *sel + pp;
   return MP_OK;
 }
 
-static mp_status simulate_built(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
-                                mp_arena *scratch, int all, mp_sim_result *out) {
-  if (p == NULL || cfg == NULL || cfg->cluster == NULL || out == NULL)
-    return mp_error(ctx, MP_ERR_INVALID, "mp_simulate_built_plan needs a plan, a config with a "
-                                         "cluster and an output");
-  int reset = scratch == NULL;
-  if (scratch == NULL) {
-    if (g_arena == NULL) {
-      g_arena = mp_arena_create();
-      if (g_arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating an arena");
-    }
-    scratch = g_arena;
+/* scratch, or the workspace's arena (created on first use) when scratch is NULL. */
+static mp_status schedule_arena(mp_ctx *ctx, mp_sim_workspace *ws, mp_arena *scratch,
+                                mp_arena **out) {
+  if (scratch == NULL && ws->arena == NULL) {
+    ws->arena = mp_arena_create();
+    if (ws->arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating an arena");
   }
+  *out = scratch ? scratch : ws->arena;
+  return MP_OK;
+}
+
+/* simulate_built in cfg->ws. */
+static mp_status simulate_built_in(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                                   mp_arena *scratch, int all, mp_sim_result *out) {
+  mp_sim_workspace *ws = cfg->ws;
+  const int reset = scratch == NULL;
+  MP_CHECK(schedule_arena(ctx, ws, scratch, &scratch));
   const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
   int *sel = NULL, *rep = NULL;
-  MP_CHECK(buf_room(ctx, p, &sel, &rep));
+  MP_CHECK(buf_room(ctx, ws, p, &sel, &rep));
   int n = 0;
   mp_status st = MP_OK;
   if (all) {
@@ -219,12 +190,25 @@ static mp_status simulate_built(mp_ctx *ctx, const mp_plan *p, const mp_sim_conf
   } else {
     MP_CHECK_GOTO(pick_stages(p, cfg, sel, rep, &n), st, done);
   }
-  MP_CHECK_GOTO(stage_room(ctx, (size_t)n, (size_t)pp), st, done);
+  MP_CHECK_GOTO(stage_room(ctx, ws, (size_t)n, (size_t)pp), st, done);
   for (int i = 0; i < n; i++)
-    MP_CHECK_GOTO(sim_stage(ctx, p, sel[i], cfg, scratch, reset, &g_stages[i]), st, done);
+    MP_CHECK_GOTO(sim_stage(ctx, p, sel[i], cfg, scratch, reset, &ws->stages[i]), st, done);
   st = finish_plan(ctx, p, cfg, rep, out);
 done:
   if (reset) mp_arena_reset(scratch);
+  return st;
+}
+
+static mp_status simulate_built(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                                mp_arena *scratch, int all, mp_sim_result *out) {
+  if (p == NULL || cfg == NULL || cfg->cluster == NULL || out == NULL)
+    return mp_error(ctx, MP_ERR_INVALID, "mp_simulate_built_plan needs a plan, a config with a "
+                                         "cluster and an output");
+  mp_sim_config local;
+  const mp_sim_config *use = NULL;
+  MP_CHECK(mp_sim_ws_begin(ctx, cfg, &local, &use));
+  const mp_status st = simulate_built_in(ctx, p, use, scratch, all, out);
+  mp_sim_ws_end(use, cfg);
   return st;
 }
 
@@ -239,15 +223,12 @@ struct mp_sim_plan_prep {
   mp_sim_link (*links)[MP_GROUP_COUNT]; /* per selected stage: every group's link */
 };
 
-mp_status mp_sim_plan_prep_create(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
-                                  mp_arena *arena, mp_sim_plan_prep **out) {
-  *out = NULL;
-  if (p == NULL || cfg == NULL || cfg->cluster == NULL || arena == NULL)
-    return mp_error(ctx, MP_ERR_INVALID, "mp_sim_plan_prep_create needs a plan, a config with a "
-                                         "cluster and an arena");
+/* mp_sim_plan_prep_create in cfg->ws (its stage grouping). */
+static mp_status prep_create_in(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                                mp_arena *arena, mp_sim_plan_prep **out) {
   const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
   int *sel = NULL, *rep = NULL;
-  MP_CHECK(buf_room(ctx, p, &sel, &rep));
+  MP_CHECK(buf_room(ctx, cfg->ws, p, &sel, &rep));
   int n = 0;
   MP_CHECK(pick_stages(p, cfg, sel, rep, &n));
   mp_sim_plan_prep *pr = mp_arena_alloc(arena, sizeof *pr);
@@ -276,6 +257,40 @@ mp_status mp_sim_plan_prep_create(mp_ctx *ctx, const mp_plan *p, const mp_sim_co
   return MP_OK;
 }
 
+mp_status mp_sim_plan_prep_create(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                                  mp_arena *arena, mp_sim_plan_prep **out) {
+  *out = NULL;
+  if (p == NULL || cfg == NULL || cfg->cluster == NULL || arena == NULL)
+    return mp_error(ctx, MP_ERR_INVALID, "mp_sim_plan_prep_create needs a plan, a config with a "
+                                         "cluster and an arena");
+  mp_sim_config local;
+  const mp_sim_config *use = NULL;
+  MP_CHECK(mp_sim_ws_begin(ctx, cfg, &local, &use));
+  const mp_status st = prep_create_in(ctx, p, use, arena, out);
+  mp_sim_ws_end(use, cfg);
+  return st;
+}
+
+/* mp_simulate_prepped in cfg->ws. */
+static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_prep *prep,
+                                     const mp_sim_config *cfg, mp_arena *scratch,
+                                     mp_sim_result *out) {
+  mp_sim_workspace *ws = cfg->ws;
+  const int reset = scratch == NULL;
+  MP_CHECK(schedule_arena(ctx, ws, scratch, &scratch));
+  const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
+  mp_status st = stage_room(ctx, ws, (size_t)prep->n_sel, (size_t)pp);
+  for (int i = 0; i < prep->n_sel && st == MP_OK; i++) {
+    if (reset) mp_arena_reset(scratch);
+    mp_schedule *s = NULL;
+    st = mp_schedule_build_prepped(ctx, p, prep->sched[i], scratch, &s);
+    if (st == MP_OK) st = mp_sim_stage_run(ctx, s, cfg, prep->links[i], &ws->stages[i], NULL);
+  }
+  if (st == MP_OK) st = finish_plan(ctx, p, cfg, prep->rep, out);
+  if (reset) mp_arena_reset(scratch);
+  return st;
+}
+
 mp_status mp_simulate_prepped(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_prep *prep,
                               const mp_sim_config *cfg, mp_arena *scratch, mp_sim_result *out) {
   if (p == NULL || prep == NULL || cfg == NULL || cfg->cluster == NULL || out == NULL)
@@ -284,24 +299,11 @@ mp_status mp_simulate_prepped(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_p
   if (cfg->cluster != prep->cluster)
     return mp_error(ctx, MP_ERR_INVALID, "the simulator prep was made for another cluster; make "
                                          "one with mp_sim_plan_prep_create for this config");
-  int reset = scratch == NULL;
-  if (scratch == NULL) {
-    if (g_arena == NULL) {
-      g_arena = mp_arena_create();
-      if (g_arena == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory creating an arena");
-    }
-    scratch = g_arena;
-  }
-  const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
-  mp_status st = stage_room(ctx, (size_t)prep->n_sel, (size_t)pp);
-  for (int i = 0; i < prep->n_sel && st == MP_OK; i++) {
-    if (reset) mp_arena_reset(scratch);
-    mp_schedule *s = NULL;
-    st = mp_schedule_build_prepped(ctx, p, prep->sched[i], scratch, &s);
-    if (st == MP_OK) st = mp_sim_stage_run(ctx, s, cfg, prep->links[i], &g_stages[i], NULL);
-  }
-  if (st == MP_OK) st = finish_plan(ctx, p, cfg, prep->rep, out);
-  if (reset) mp_arena_reset(scratch);
+  mp_sim_config local;
+  const mp_sim_config *use = NULL;
+  MP_CHECK(mp_sim_ws_begin(ctx, cfg, &local, &use));
+  const mp_status st = simulate_prepped_in(ctx, p, prep, use, scratch, out);
+  mp_sim_ws_end(use, cfg);
   return st;
 }
 

@@ -1,9 +1,9 @@
-// planner/evaluate.h: the evaluator's per-thread cache (one built plan per mesh and float8
-// setting, the other candidates' plans derived from it, simulator preps reused) must give
-// the same prediction as simulating each candidate's plan from scratch
-// (mp_simulate_plan), for every candidate of a real search run on two worker threads;
-// and the search must deliver every candidate once, in enumeration order, whatever the
-// chunking.
+// planner/evaluate.h: the evaluator's per-worker cache (one built plan per mesh and float8
+// setting, the other candidates' plans derived from it, simulator preps reused, each
+// worker's own simulator workspace) must give the same prediction as simulating each
+// candidate's plan from scratch (mp_simulate_plan), for every candidate of a real search
+// run on two worker threads; and the search must deliver every candidate once, in
+// enumeration order, whatever the chunking.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -63,6 +63,7 @@ void RunAndCompare(const char *model, const char *gpu, int gpus, int per_node, i
   cfg.n_threads = 2;
   cfg.eval = mp_sim_evaluate;
   cfg.eval_user = &ev;
+  cfg.eval_thread_init = mp_sim_evaluator_thread_init;
   cfg.eval_thread_done = mp_sim_evaluator_thread_done;
   mp_search *s = nullptr;
   ASSERT_EQ(mp_search_enumerate(&ctx, &cfg, &s), MP_OK) << mp_errmsg(&ctx);

@@ -106,7 +106,6 @@ void SimBusy(mp_plan_options o, mp_sim_busy *b, mp_sim_result *r) {
   mp_sim_trace_destroy(t);
   mp_arena_destroy(a);
   mp_plan_destroy(p);
-  mp_sim_thread_release();
 }
 
 }  // namespace

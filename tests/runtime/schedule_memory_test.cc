@@ -119,7 +119,6 @@ void CheckCase(const Case &k) {
   mp_comm_destroy(comm);
   mp_arena_destroy(a);
   mp_plan_destroy(p);
-  mp_sim_thread_release();
 }
 
 TEST(ScheduleMemory, CpuModelEqualsTrackedAllocator) {
@@ -231,7 +230,6 @@ void CheckCudaCase(const CudaCase &k, const mp_backend *be) {
   mp_comm_destroy(comm);
   mp_arena_destroy(a);
   mp_plan_destroy(p);
-  mp_sim_thread_release();
 }
 
 TEST(ScheduleMemory, CudaModelEqualsTrackedAllocatorOnBf16Backend) {

@@ -399,15 +399,15 @@ TEST(PlanPrep, PreppedEqualsBuiltOnDerivedPlans) {
           o.fsdp.reshard_after_forward = rs;
           mp_plan *d = nullptr;
           ASSERT_EQ(mp_plan_derive(&s.ctx, base, &o, a, &d), MP_OK) << mp_errmsg(&s.ctx);
-          mp_sim_result ref, got, got_thread_arena;
+          mp_sim_result ref, got, got_ws_arena;
           ASSERT_EQ(mp_simulate_built_plan(&s.ctx, d, &s.cfg, nullptr, &ref), MP_OK)
               << what << mp_errmsg(&s.ctx);
           ASSERT_EQ(mp_simulate_prepped(&s.ctx, d, prep, &s.cfg, a, &got), MP_OK)
               << what << mp_errmsg(&s.ctx);
-          ASSERT_EQ(mp_simulate_prepped(&s.ctx, d, prep, &s.cfg, nullptr, &got_thread_arena), MP_OK)
+          ASSERT_EQ(mp_simulate_prepped(&s.ctx, d, prep, &s.cfg, nullptr, &got_ws_arena), MP_OK)
               << what << mp_errmsg(&s.ctx);
           ExpectSameResult(got, ref, what);
-          ExpectSameResult(got_thread_arena, ref, what + " (thread arena)");
+          ExpectSameResult(got_ws_arena, ref, what + " (workspace arena)");
           EXPECT_GT(ref.step_time_s, 0.0) << what;
         }
     mp_cluster other = s.c;
@@ -754,4 +754,69 @@ TEST(PlanTime, AsyncTpRunsTpCollectivesBesideTheirGemms) {
     EXPECT_LT(r[1].step_time_s, r[0].step_time_s);
     EXPECT_LT(r[1].exposed_comm_s, r[0].exposed_comm_s);
   }
+}
+
+// mp_sim_workspace holds no result: one workspace reused across plans of other shapes (a
+// pipeline and a plan without one, larger and smaller schedules, a GPU and a CPU cluster
+// each on its default stack) gives every plan, whatever ran in it before, the figures of
+// a call without a workspace (a temporary one each), through every entry point.
+TEST(Workspace, ReuseChangesNoResult) {
+  struct Case {
+    const char *model, *gpu;
+    int gpus, per_node;
+    const char *mesh;
+  } cases[] = {
+      {"llama3.1-8b", "h100-sxm", 64, 8, "pp=4,dp_shard=2,tp=8"},
+      {"tiny-dense", "cpu", 4, 4, "dp_shard=4"},
+      {"llama3.1-8b", "h100-sxm", 8, 8, "dp_shard=8"},
+  };
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_sim_workspace *ws = nullptr;
+  ASSERT_EQ(mp_sim_workspace_create(&ctx, &ws), MP_OK) << mp_errmsg(&ctx);
+  for (int round = 0; round < 2; round++)
+    for (const Case &c : cases) {
+      const std::string what =
+          std::string(c.model) + " " + c.mesh + " round " + std::to_string(round);
+      mp_model m;
+      mp_cluster cl;
+      mp_mesh mesh;
+      mp_stack_profile def;
+      ASSERT_EQ(mp_model_load(&ctx, c.model, &m), MP_OK) << mp_errmsg(&ctx);
+      ASSERT_EQ(mp_cluster_make(&ctx, c.gpu, c.gpus, c.per_node, &cl), MP_OK) << mp_errmsg(&ctx);
+      ASSERT_EQ(mp_mesh_parse(&ctx, c.mesh, c.gpus, &mesh), MP_OK) << mp_errmsg(&ctx);
+      ASSERT_EQ(mp_stack_default(&ctx, &cl.gpu, &def), MP_OK) << mp_errmsg(&ctx);
+      mp_plan_options o;
+      mp_plan_options_init(&o);
+      mp_stack_plan_options(&def, &o);
+      o.seq = 1024;
+      o.micro_batch = 1;
+      o.global_batch = 32;
+      mp_sim_config cfg;
+      memset(&cfg, 0, sizeof cfg);
+      cfg.cluster = &cl; // no stack: the workspace keeps the default one per kind of device
+      mp_sim_result fresh, reused, one;
+      ASSERT_EQ(mp_simulate_plan(&ctx, &m, &mesh, &o, &cfg, &fresh), MP_OK)
+          << what << mp_errmsg(&ctx);
+      cfg.ws = ws;
+      ASSERT_EQ(mp_simulate_plan(&ctx, &m, &mesh, &o, &cfg, &reused), MP_OK)
+          << what << mp_errmsg(&ctx);
+      ExpectSameResult(reused, fresh, what);
+      // one schedule (a pipeline stage stands for every stage)
+      mp_plan *p = nullptr;
+      ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_OK) << mp_errmsg(&ctx);
+      mp_arena *a = mp_arena_create();
+      mp_schedule *s = nullptr;
+      ASSERT_EQ(mp_schedule_build(&ctx, p, 0, MP_SCHEDULE_COMPACT, a, &s), MP_OK)
+          << mp_errmsg(&ctx);
+      ASSERT_EQ(mp_simulate(&ctx, s, &cfg, &reused, nullptr), MP_OK) << what << mp_errmsg(&ctx);
+      cfg.ws = nullptr;
+      ASSERT_EQ(mp_simulate(&ctx, s, &cfg, &one, nullptr), MP_OK) << what << mp_errmsg(&ctx);
+      ExpectSameResult(reused, one, what + " (one schedule)");
+      mp_arena_destroy(a);
+      mp_plan_destroy(p);
+      EXPECT_GT(fresh.step_time_s, 0.0) << what;
+    }
+  mp_sim_workspace_destroy(ws);
+  mp_sim_workspace_destroy(nullptr); // a no-op
 }
