@@ -38,22 +38,8 @@ static void shard(mp_param *prm, mp_tp_style style, int dim, int tp) {
   prm->tp_shape[dim] = prm->shape[dim] / tp;
 }
 
-mp_status mp_apply_tensor_parallel(mp_ctx *ctx, mp_plan *p, const mp_tp_options *o) {
-  if (p->applied & MP_PASS_FSDP)
-    return mp_error(ctx, MP_ERR_ORDER,
-                    "TP after FSDP: FSDP has already replaced the Linear weights by sharded "
-                    "parameters, so TP would match no Linear; the run would be data-parallel "
-                    "only with wrong gradients; apply TP before FSDP");
-  MP_CHECK(mp_plan_check_pass(ctx, p, MP_PASS_TP));
-  mp_tp_options def = {1, 0};
-  if (o == NULL) o = &def;
-  const int tp = p->mesh.size[MP_DIM_TP];
-  MP_CHECK(mp_rule_tp_check(ctx, &p->model, tp, o->pad_vocab));
-
-  const int64_t vocab = p->model.vocab;
-  p->vocab_padded = (vocab + tp - 1) / tp * tp;
-  p->opts.tp = *o;
-
+/* Every parameter's TP placement (the file comment), the vocabulary rows padded. */
+static void shard_params(mp_plan *p, int tp) {
   for (int i = 0; i < p->n_params; i++) {
     mp_param *prm = &p->params[i];
     if (prm->module == MP_MOD_TOK_EMBEDDINGS || prm->module == MP_MOD_OUTPUT) {
@@ -84,7 +70,10 @@ mp_status mp_apply_tensor_parallel(mp_ctx *ctx, mp_plan *p, const mp_tp_options 
                          latent norms: replicated over tp */
     }
   }
+}
 
+/* What the pass did, in the plan's notes. */
+static void note_tp(mp_plan *p, const mp_tp_options *o, int tp, int64_t vocab) {
   if (tp > 1 && mp_model_is_mla(&p->model))
     mp_plan_note(p,
                  "TP: tp=%d: %s, kv_b_proj, gate/up%s and output colwise (%lld heads per rank); "
@@ -134,6 +123,27 @@ mp_status mp_apply_tensor_parallel(mp_ctx *ctx, mp_plan *p, const mp_tp_options 
                  (long long)vocab, (long long)p->vocab_padded, tp,
                  (long long)(p->vocab_padded - vocab),
                  p->model.tied_embeddings ? "" : " and output");
+}
+
+mp_status mp_apply_tensor_parallel(mp_ctx *ctx, mp_plan *p, const mp_tp_options *o) {
+  if (p->applied & MP_PASS_FSDP)
+    return mp_error(ctx, MP_ERR_ORDER,
+                    "TP after FSDP: FSDP has already replaced the Linear weights by sharded "
+                    "parameters, so TP would match no Linear; the run would be data-parallel "
+                    "only with wrong gradients; apply TP before FSDP");
+  MP_CHECK(mp_plan_check_pass(ctx, p, MP_PASS_TP));
+  mp_tp_options def = {1, 0};
+  if (o == NULL) o = &def;
+  const int tp = p->mesh.size[MP_DIM_TP];
+  MP_CHECK(mp_rule_tp_check(ctx, &p->model, tp, o->pad_vocab));
+
+  const int64_t vocab = p->model.vocab;
+  p->vocab_padded = (vocab + tp - 1) / tp * tp;
+  p->opts.tp = *o;
+
+  shard_params(p, tp);
+
+  note_tp(p, o, tp, vocab);
   mp_plan_mark_applied(p, MP_PASS_TP);
   return MP_OK;
 }

@@ -4,16 +4,21 @@
  *
  * The builder's files:
  *   schedule.c          the builder's steps, the block segments
- *   schedule_act.c      what a block saves under each AC policy, its recompute (the
- *                       torchtitan model)
+ *   schedule_mem.c      one strategy table per memory model (mem_strategy), the autograd
+ *                       runtimes' resident state and optimizer
  *   schedule_prep.c     what the builder reads from a plan once (shapes, FSDP units, runs
  *                       of identical blocks)
- *   schedule_ops.c      emission primitives, GEMMs and Linears, a block's and the head's
- *                       ops (the FLOP and byte conventions)
+ *   schedule_block.c    a block's ops, forward and backward, in the step's order
+ *   schedule_head.c     the embedding, the head and the loss
+ *   schedule_ops.c      emission primitives, GEMMs and Linears, TP and EP collectives,
+ *                       norms (the FLOP and byte conventions)
+ *   schedule_act.c      what a block saves under each AC policy, its recompute (the
+ *                       autograd runtimes)
+ *   schedule_mla.c      multi-head latent attention's projections
  *   schedule_cp.c       context parallelism's ring attention
  *   schedule_pp.c       the pipeline order of a stage (mp_pp_order)
- *   schedule_fsdp.c     FSDP: gathers, reshards, gradient reductions
- *   schedule_rt.c       the meshplan runtimes' memory models
+ *   schedule_fsdp.c     FSDP's gathers, reshards and gradient reductions; DDP's buckets
+ *   schedule_rt.c       the meshplan runtimes' memory (their activation layout's events)
  *   schedule_program.c  the step program the runtime walks
  *   schedule_walk.c     iteration, self-check, totals, names
  *   schedule_internal.h the builder's state (gen) shared by them

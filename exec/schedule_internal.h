@@ -513,22 +513,45 @@ void mp_sched_resident(gen *g, mp_mem_cat cat, int buf, int64_t bytes);
 void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd);
 void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd);
 
-/* schedule_ops.c */
+/* schedule_ops.c: what a block's, the embedding's and the head's ops are made of */
+/* A Linear's forward or backward GEMMs (float8 casts included) on m tokens (batch > 1:
+ * grouped expert GEMMs); a weight gradient's FLOPs from m_tokens rows (ops from `first` on). */
+void mp_sched_linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, int64_t batch);
+void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, int64_t batch);
+void mp_sched_fix_wgrad_flops(gen *g, int32_t first, double m_tokens);
+/* Whether Linear `module` reads torchao's float8-gathered input (f8 TP). */
+int mp_sched_f8_input(const gen *g, int module);
+/* A TP region entered (SP: all-gather; f8: in float8) and closed (SP: reduce-scatter; else
+ * all-reduce), forward and backward; nothing where `on` is 0. */
+void mp_sched_tp_region_in_fwd(gen *g, int on, int module, int f8);
+void mp_sched_tp_region_out_fwd(gen *g, int on, int module);
+void mp_sched_tp_region_out_bwd(gen *g, int on, int module);
+void mp_sched_tp_region_in_bwd(gen *g, int on, int module);
+/* AsyncTP / TP comm overlap: the collective and GEMMs from op `from` fused as `kind`. */
+void mp_sched_fuse_tp(gen *g, int32_t from, mp_fuse kind, mp_variant v);
+/* The MoE's dispatch or combine all-to-all over ep. */
+void mp_sched_ep_alltoall(gen *g, int module);
+/* Megatron-LM's SP re-gather of a region's input in backward (-1: none), and its wait. */
+int32_t mp_sched_mg_regather(gen *g, int on, int module);
+void mp_sched_mg_regather_wait(gen *g, int32_t gather, int32_t first_op);
+void mp_sched_norm_fwd(gen *g, int module, int64_t rows, int64_t width);
+void mp_sched_norm_bwd(gen *g, int module, int64_t rows, int64_t width);
+void mp_sched_residual(gen *g, mp_variant v, int64_t elems);
+void mp_sched_seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_step,
+                        int32_t unit_step);
+void mp_sched_seg_open(gen *g, mp_phase phase, int32_t layer, int32_t layer_step);
+
+/* schedule_block.c: a block's attention and MLP (or MoE), forward and backward */
 void mp_sched_attention_bwd(gen *g, const part_deps *pd);
 void mp_sched_attention_core_bwd(gen *g);
 void mp_sched_attention_core_fwd(gen *g);
 void mp_sched_attention_fwd(gen *g, const part_deps *pd);
 void mp_sched_attention_out_fwd(gen *g);
-/* The building blocks schedule_mla.c shares (schedule_ops.c): a Linear's forward or backward
- * GEMMs (float8 casts included), a norm, a TP region's entering collective, Megatron-LM's SP
- * re-gather of a region's input and the wait on it. */
-void mp_sched_linear(gen *g, int bwd, int module, double m, int64_t out, int64_t in);
-void mp_sched_norm(gen *g, int bwd, int module, int64_t rows, int64_t width);
-void mp_sched_tp_region_in(gen *g, int bwd, int on, int module);
-int32_t mp_sched_mg_regather(gen *g, int on, int module);
-void mp_sched_mg_regather_wait(gen *g, int32_t gather, int32_t first_op);
-/* Multi-head latent attention's projections (schedule_mla.c): forward from the normed input
- * to q, k and v ready for the core; backward from their gradients to the input's. */
+void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd);
+void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd);
+
+/* schedule_mla.c: multi-head latent attention's projections, forward from the normed input
+ * to q, k and v ready for the core; backward from their gradients to the input's */
 void mp_sched_mla_fwd(gen *g);
 void mp_sched_mla_bwd(gen *g);
 /* Bytes an MLA block's attention part saves without AC (schedule_mla.c), the attention
@@ -537,17 +560,14 @@ int64_t mp_sched_mla_attn_saved(const shapes *sh, int64_t in);
 /* What selective-op AC keeps of an MLA attention's matmul outputs (bytes), *in_saved the part
  * of it the attention saves without AC too, the recompute's skips added to *skip. */
 int64_t mp_sched_mla_op_sac(const shapes *sh, int64_t *in_saved, uint32_t *skip);
+
+/* schedule_head.c: the embedding, the head and the loss */
 void mp_sched_embedding_bwd(gen *g);
 void mp_sched_embedding_fwd(gen *g);
 void mp_sched_head_bwd(gen *g);
 void mp_sched_head_bwd_rt(gen *g);
 void mp_sched_head_fwd(gen *g);
 void mp_sched_head_fwd_rt(gen *g);
-void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd);
-void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd);
-void mp_sched_seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_step,
-                        int32_t unit_step);
-void mp_sched_seg_open(gen *g, mp_phase phase, int32_t layer, int32_t layer_step);
 
 /* schedule_rt.c */
 int mp_sched_f8_source(int module);

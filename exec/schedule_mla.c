@@ -81,17 +81,17 @@ void mp_sched_mla_fwd(gen *g) {
   const shapes *sh = &g->sh;
   const double T = (double)sh->tokens;
   const int64_t H = sh->d_model;
-  mp_sched_tp_region_in(g, 0, sh->tp > 1, MP_MOD_KV_A);
+  mp_sched_tp_region_in_fwd(g, sh->tp > 1, MP_MOD_KV_A, 0);
   if (sh->q_lora > 0) {
-    mp_sched_linear(g, 0, MP_MOD_Q_A, T, sh->q_lora, H);
-    mp_sched_norm(g, 0, MP_MOD_Q_A_NORM, sh->tokens, sh->q_lora);
-    mp_sched_linear(g, 0, MP_MOD_Q_B, T, sh->q_width, sh->q_lora);
+    mp_sched_linear_fwd(g, MP_MOD_Q_A, T, sh->q_lora, H, 1);
+    mp_sched_norm_fwd(g, MP_MOD_Q_A_NORM, sh->tokens, sh->q_lora);
+    mp_sched_linear_fwd(g, MP_MOD_Q_B, T, sh->q_width, sh->q_lora, 1);
   } else {
-    mp_sched_linear(g, 0, MP_MOD_Q, T, sh->q_width, H);
+    mp_sched_linear_fwd(g, MP_MOD_Q, T, sh->q_width, H, 1);
   }
-  mp_sched_linear(g, 0, MP_MOD_KV_A, T, sh->kv_lora + sh->rope_dim, H);
-  mp_sched_norm(g, 0, MP_MOD_KV_A_NORM, sh->tokens, sh->kv_lora);
-  mp_sched_linear(g, 0, MP_MOD_KV_B, T, sh->kv_b_rows, sh->kv_lora);
+  mp_sched_linear_fwd(g, MP_MOD_KV_A, T, sh->kv_lora + sh->rope_dim, H, 1);
+  mp_sched_norm_fwd(g, MP_MOD_KV_A_NORM, sh->tokens, sh->kv_lora);
+  mp_sched_linear_fwd(g, MP_MOD_KV_B, T, sh->kv_b_rows, sh->kv_lora, 1);
   mla_rope(g, MP_VAR_FWD);
   mla_assemble(g, MP_VAR_FWD);
 }
@@ -103,18 +103,18 @@ void mp_sched_mla_bwd(gen *g) {
   mla_assemble(g, MP_VAR_BWD);
   mla_rope(g, MP_VAR_BWD);
   const int32_t first = g->n_ops, ag = mp_sched_mg_regather(g, sh->tp > 1, MP_MOD_KV_A);
-  mp_sched_linear(g, 1, MP_MOD_KV_B, T, sh->kv_b_rows, sh->kv_lora);
+  mp_sched_linear_bwd(g, MP_MOD_KV_B, T, sh->kv_b_rows, sh->kv_lora, 1);
   latent_all_reduce(g, MP_MOD_KV_B, sh->kv_lora + sh->rope_dim);
-  mp_sched_norm(g, 1, MP_MOD_KV_A_NORM, sh->tokens, sh->kv_lora);
-  mp_sched_linear(g, 1, MP_MOD_KV_A, T, sh->kv_lora + sh->rope_dim, H);
+  mp_sched_norm_bwd(g, MP_MOD_KV_A_NORM, sh->tokens, sh->kv_lora);
+  mp_sched_linear_bwd(g, MP_MOD_KV_A, T, sh->kv_lora + sh->rope_dim, H, 1);
   if (sh->q_lora > 0) {
-    mp_sched_linear(g, 1, MP_MOD_Q_B, T, sh->q_width, sh->q_lora);
+    mp_sched_linear_bwd(g, MP_MOD_Q_B, T, sh->q_width, sh->q_lora, 1);
     latent_all_reduce(g, MP_MOD_Q_B, sh->q_lora);
-    mp_sched_norm(g, 1, MP_MOD_Q_A_NORM, sh->tokens, sh->q_lora);
-    mp_sched_linear(g, 1, MP_MOD_Q_A, T, sh->q_lora, H);
+    mp_sched_norm_bwd(g, MP_MOD_Q_A_NORM, sh->tokens, sh->q_lora);
+    mp_sched_linear_bwd(g, MP_MOD_Q_A, T, sh->q_lora, H, 1);
   } else {
-    mp_sched_linear(g, 1, MP_MOD_Q, T, sh->q_width, H);
+    mp_sched_linear_bwd(g, MP_MOD_Q, T, sh->q_width, H, 1);
   }
   mp_sched_mg_regather_wait(g, ag, first);
-  mp_sched_tp_region_in(g, 1, sh->q_lora == 0 && sh->tp_opens_mla, MP_MOD_Q);
+  mp_sched_tp_region_in_bwd(g, sh->q_lora == 0 && sh->tp_opens_mla, MP_MOD_Q);
 }

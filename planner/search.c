@@ -252,14 +252,13 @@ static mp_reject prune_options(const mp_search_config *cfg, const mp_candidate *
 
 static double gib(int64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
-void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, char *buf,
-                         size_t cap) {
+/* The reason of a rule of the model and mesh (exec/rules.h) in words with the numbers; 0 when
+ * c's reason is another kind. */
+static int mesh_reason(const mp_search_config *cfg, const mp_candidate *c, char *buf, size_t cap) {
   const mp_model *m = cfg->model;
   const mp_mesh *mesh = &c->mesh;
-  int pp = mesh->size[MP_DIM_PP], tp = mesh->size[MP_DIM_TP], cp = mesh->size[MP_DIM_CP];
-  int64_t dp = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD];
+  const int pp = mesh->size[MP_DIM_PP], tp = mesh->size[MP_DIM_TP], cp = mesh->size[MP_DIM_CP];
   switch ((mp_reject)c->reject) {
-    case MP_REJECT_NONE: snprintf(buf, cap, "%s", ""); break;
     case MP_REJECT_PP_LAYERS:
       snprintf(buf, cap, "pp=%d exceeds n_layers=%lld: a stage needs at least one layer", pp,
                (long long)m->n_layers);
@@ -296,6 +295,26 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                  "divide it and hold at least %d tokens (one flash-attention tile)",
                  cp, (long long)cfg->seq, 2 * cp, MP_CP_MIN_CHUNK);
       break;
+    case MP_REJECT_NO_FSDP:
+      snprintf(buf, cap,
+               "dp_shard=%d: the stack replicates parameters over data parallelism (no FSDP); "
+               "the same mesh with dp_replicate=%d is searched",
+               mesh->size[MP_DIM_DP_SHARD],
+               mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD]);
+      break;
+    default: return 0;
+  }
+  return 1;
+}
+
+/* The same for the rules of the options (batch, float8, resharding, interleaving, SP). */
+static int options_reason(const mp_search_config *cfg, const mp_candidate *c, char *buf, size_t cap) {
+  const mp_model *m = cfg->model;
+  const mp_mesh *mesh = &c->mesh;
+  const int pp = mesh->size[MP_DIM_PP], tp = mesh->size[MP_DIM_TP], cp = mesh->size[MP_DIM_CP];
+  const int64_t dp = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD];
+  switch ((mp_reject)c->reject) {
+    case MP_REJECT_NONE: snprintf(buf, cap, "%s", ""); break;
     case MP_REJECT_BATCH:
       if (c->global_batch < 1)
         snprintf(buf, cap,
@@ -328,6 +347,27 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                  "reshard_after_forward has no effect with pp=%d: the stack keeps a pipeline "
                  "stage's parameters gathered through the step (same as reshard off)", pp);
       break;
+    case MP_REJECT_PP_VIRTUAL:
+      snprintf(buf, cap,
+               "pp=%d x %d chunks: the interleaved schedule needs every one of the %d model "
+               "chunks of %lld layers non-empty and a multiple of pp micro-batches (%lld here)",
+               pp, c->pp_virtual, pp * c->pp_virtual, (long long)m->n_layers,
+               (long long)(c->global_batch / (dp * c->micro_batch)));
+      break;
+    case MP_REJECT_SP_SEQ:
+      snprintf(buf, cap, "sequence parallelism: tp=%d does not divide seq/cp=%lld", tp,
+               (long long)(cfg->seq / cp));
+      break;
+    default: return 0;
+  }
+  return 1;
+}
+
+/* The same for memory, the siblings' verdicts and the evaluator's. */
+static int memory_reason(const mp_search_config *cfg, const mp_candidate *c, char *buf, size_t cap) {
+  const mp_model *m = cfg->model;
+  const mp_mesh *mesh = &c->mesh;
+  switch ((mp_reject)c->reject) {
     case MP_REJECT_MEMORY_BOUND:
     {
       int64_t shards;
@@ -350,17 +390,6 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
     case MP_REJECT_EVAL_ERROR:
       snprintf(buf, cap, "%s", c->error ? c->error : "evaluation failed");
       break;
-    case MP_REJECT_PP_VIRTUAL:
-      snprintf(buf, cap,
-               "pp=%d x %d chunks: the interleaved schedule needs every one of the %d model "
-               "chunks of %lld layers non-empty and a multiple of pp micro-batches (%lld here)",
-               pp, c->pp_virtual, pp * c->pp_virtual, (long long)m->n_layers,
-               (long long)(c->global_batch / (dp * c->micro_batch)));
-      break;
-    case MP_REJECT_SP_SEQ:
-      snprintf(buf, cap, "sequence parallelism: tp=%d does not divide seq/cp=%lld", tp,
-               (long long)(cfg->seq / cp));
-      break;
     case MP_REJECT_DOMINATED:
       snprintf(buf, cap,
                "ac=%s recomputes everything a fitting sibling with less recompute does, and more: "
@@ -376,15 +405,15 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
       snprintf(buf, cap, "ac=%s saves less memory than ac=full, over capacity",
                mp_search_ac_name(c->ac));
       break;
-    case MP_REJECT_NO_FSDP:
-      snprintf(buf, cap,
-               "dp_shard=%d: the stack replicates parameters over data parallelism (no FSDP); "
-               "the same mesh with dp_replicate=%d is searched",
-               mesh->size[MP_DIM_DP_SHARD],
-               mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD]);
-      break;
-    default: snprintf(buf, cap, "unknown reason"); break;
+    default: return 0;
   }
+  return 1;
+}
+
+void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, char *buf,
+                         size_t cap) {
+  if (!mesh_reason(cfg, c, buf, cap) && !options_reason(cfg, c, buf, cap) && !memory_reason(cfg, c, buf, cap))
+    snprintf(buf, cap, "unknown reason");
 }
 
 void mp_candidate_mesh_str(const mp_candidate *c, char *buf, size_t cap) {

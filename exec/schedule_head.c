@@ -1,0 +1,205 @@
+/* Step schedule builder: the token embedding, the output head and the loss (the builder's
+ * overview: schedule.c; the FLOP and byte conventions: schedule_ops.c).
+ *
+ * Head and loss memory under torchtitan (LOGITS): bf16 logits [T, V_l] from the head GEMM,
+ * an fp32 copy for the cross-entropy (log-softmax saved for backward); the bf16 logits are
+ * freed after the loss's forward. Backward: fp32 gradient of the logits, then its bf16 cast
+ * for the head's GEMMs; the saved fp32 is freed. V_l = V/tp with sharded logits, V after
+ * the all-gather. The runtimes keep the head's tensors in the activation layout's HEAD,
+ * LOGITS and DLOGITS allocations (exec/act_layout.h). */
+#include "exec/schedule_internal.h"
+
+/* ---- embedding, head and loss --------------------------------------------------------- */
+
+/* The token embedding: a masked lookup of the rank's vocabulary rows for all T tokens, the
+ * partial sums combined (SP: reduce-scatter to [Ts, H]; else all-reduce); GPT's learned
+ * positions added on the rank's [Ts, H]. */
+void mp_sched_embedding_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t e = sh->tokens * sh->d_model, es = sh->tokens_sp * sh->d_model;
+  mp_sched_rt_sp(g, 1);
+  elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_FWD, MP_MOD_TOK_EMBEDDINGS, e, 0.0,
+              4.0 * (double)e + 8.0 * (double)sh->tokens);
+  mp_sched_tp_region_out_fwd(g, sh->tp_emb_vocab, MP_MOD_TOK_EMBEDDINGS);
+  mp_sched_rt_sp(g, 0);
+  if (sh->gpt) {
+    elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_FWD, MP_MOD_POS_EMBEDDINGS, es, 0.0,
+                4.0 * (double)es);
+    mp_sched_residual(g, MP_VAR_FWD, es);
+  }
+}
+
+void mp_sched_embedding_bwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t e = sh->tokens * sh->d_model, es = sh->tokens_sp * sh->d_model;
+  if (sh->gpt)
+    elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_BWD, MP_MOD_POS_EMBEDDINGS, es, 1.0,
+                6.0 * (double)es);
+  mp_sched_rt_sp(g, 1);
+  mp_sched_tp_region_out_bwd(g, sh->tp_emb_vocab, MP_MOD_TOK_EMBEDDINGS);
+  elementwise(g, MP_KERNEL_EMBEDDING, MP_VAR_BWD, MP_MOD_TOK_EMBEDDINGS, e, 1.0,
+              6.0 * (double)e + 8.0 * (double)sh->tokens);
+  mp_sched_rt_sp(g, 0);
+}
+
+static int head_module(const shapes *sh) {
+  return sh->tied ? MP_MOD_TOK_EMBEDDINGS : MP_MOD_OUTPUT;
+}
+
+/* What the head saves besides the logits: the final norm's input [Ts, H] and statistics,
+ * the head GEMM's input (normed; all-gathered to [T, H] under SP). */
+static int64_t head_act_bytes(const shapes *sh) {
+  return 2 * sh->tokens_sp * sh->d_model + (sh->gpt ? 8 : 4) * sh->tokens_sp + 2 * sh->tokens * sh->d_model;
+}
+
+/* The loss forward's memory and op under the plan's cross-entropy (mp_loss_impl): on entry
+ * the bf16 logits [T, V_loss] are allocated (LOGITS); on exit what backward reads is held.
+ * EAGER with vocab-sharded logits is DTensor's loss_parallel (torchtitan's default with tp > 1;
+ * torch/distributed/tensor/parallel/loss.py), which replaces aten's fused log_softmax and nll
+ * by decomposed element-wise ops on the rank's fp32 [T, V/tp] shard: forward
+ * shifted = x - amax (all-reduced), exp(shifted) summed (all-reduced), result = shifted -
+ * log(sum), so x, shifted and exp(shifted) (then result) are live at once beside the bf16
+ * logits; backward (nll and log_softmax fused) grad_input = zeros_like(x) with -1 scattered,
+ * (grad_input + exp(x)) * grad_output: the saved output, grad_input, the sum and the product
+ * live at once. */
+static void loss_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t TV = sh->tokens * sh->vocab_loss;
+  const mp_loss_impl li = g->p->opts.loss;
+  const int dtensor = li == MP_LOSS_EAGER && sh->loss_parallel;
+  double bytes = 10.0 * (double)TV;
+  if (li == MP_LOSS_EAGER) {
+    pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 1); /* pred.float() */
+    if (dtensor) {
+      pair(g, MP_MEM_LOGITS, BUF_LP_SHIFTED, 4 * TV, 1);
+      pair(g, MP_MEM_LOGITS, BUF_LP_EXP, 4 * TV, 1);
+      pair(g, MP_MEM_LOGITS, BUF_LP_EXP, 4 * TV, 0); /* summed, released */
+      /* the cast 2+4, amax 4, sub 4+4, exp 4+4, sum 4, sub 4+4 bytes per element */
+      bytes = 38.0 * (double)TV;
+    }
+    pair(g, MP_MEM_LOGITS, BUF_LOGITS_LSM, 4 * TV, 1); /* log_softmax's output, saved */
+    if (dtensor) pair(g, MP_MEM_LOGITS, BUF_LP_SHIFTED, 4 * TV, 0);
+  } else if (li == MP_LOSS_INPLACE) {
+    pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 1); /* the softmax, in place, saved */
+  }
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), TV, FLOPS_LOSS, bytes);
+  if (sh->loss_parallel)
+    for (int i = 0; i < 3; i++)
+      comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)sh->tokens,
+           MP_DTYPE_FP32, head_module(sh));
+  if (li == MP_LOSS_FUSED) {
+    pair(g, MP_MEM_LOGITS, BUF_LSE, 4 * sh->tokens, 1); /* the bf16 logits stay, with the lse */
+    return;
+  }
+  if (li == MP_LOSS_EAGER) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 0);
+  pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * TV, 0); /* torchtitan's `del pred` */
+}
+
+/* The loss backward down to the bf16 gradient of the rank's V_l logit columns (DLOGITS,
+ * allocated on exit), everything loss_fwd held released. */
+static void loss_bwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t TV = sh->tokens * sh->vocab_loss, dl = 2 * sh->tokens * sh->vocab_local;
+  const mp_loss_impl li = g->p->opts.loss;
+  const int dtensor = li == MP_LOSS_EAGER && sh->loss_parallel;
+  double bytes = 8.0 * (double)TV;
+  if (dtensor) {
+    pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * TV, 1); /* grad_input = zeros_like(x) */
+    pair(g, MP_MEM_LOGITS, BUF_LP_EXP, 4 * TV, 1);      /* exp(x) */
+    pair(g, MP_MEM_LOGITS, BUF_LP_SUM, 4 * TV, 1);      /* grad_input + exp(x) */
+    pair(g, MP_MEM_LOGITS, BUF_LP_EXP, 4 * TV, 0);
+    pair(g, MP_MEM_LOGITS, BUF_DLSM_F32, 4 * TV, 1);    /* ... * grad_output */
+    pair(g, MP_MEM_LOGITS, BUF_LP_SUM, 4 * TV, 0);
+    /* zeros 4, exp 4+4, add 8+4, mul 4+4, the bf16 cast 4+2 bytes per element */
+    bytes = 38.0 * (double)TV;
+  } else if (li == MP_LOSS_EAGER) {
+    pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * TV, 1); /* nll_loss's gradient */
+    pair(g, MP_MEM_LOGITS, BUF_DLSM_F32, 4 * TV, 1);    /* log_softmax's input gradient */
+  }
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_BWD, head_module(sh), TV, 2.0, bytes);
+  if (li == MP_LOSS_EAGER) {
+    pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * TV, 0);
+    pair(g, MP_MEM_LOGITS, BUF_LOGITS_LSM, 4 * TV, 0);
+  }
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, dl, 1); /* the bf16 cast (a slice when gathered) */
+  if (li == MP_LOSS_EAGER) pair(g, MP_MEM_LOGITS, BUF_DLSM_F32, 4 * TV, 0);
+  if (li == MP_LOSS_INPLACE) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 0);
+  if (li == MP_LOSS_FUSED) {
+    pair(g, MP_MEM_LOGITS, BUF_LSE, 4 * sh->tokens, 0);
+    pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * TV, 0);
+  }
+}
+
+/* The head's forward ops up to the logits: the final norm on [Ts, H], the head's region
+ * entered (SP: all-gather), the head GEMM, the logits gathered when not kept vocab-sharded;
+ * `logits` is called where the logits' memory is allocated (before the GEMM). */
+static void head_fwd_ops(gen *g, void (*logits)(gen *g)) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->tokens, H = sh->d_model;
+  mp_sched_norm_fwd(g, MP_MOD_FINAL_NORM, sh->tokens_sp, H);
+  mp_sched_tp_region_in_fwd(g, sh->tp > 1, head_module(sh), 0);
+  logits(g);
+  mp_sched_linear_fwd(g, head_module(sh), (double)T, sh->vocab_local, H, 1);
+  if (sh->logits_gather)
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, 2.0 * (double)(T * sh->vocab_loss),
+         MP_DTYPE_BF16, head_module(sh));
+}
+
+static void logits_tt(gen *g) { pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * g->sh.tokens * g->sh.vocab_loss, 1); }
+static void logits_rt(gen *g) { mp_sched_rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 1); }
+
+/* The head and the loss under PyTorch's autograd (torchtitan, Megatron-LM): the final norm's
+ * saved tensors, the logits, the loss as the stack computes it (loss_fwd). */
+void mp_sched_head_fwd(gen *g) {
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(&g->sh), 1);
+  head_fwd_ops(g, logits_tt);
+  loss_fwd(g);
+}
+
+/* The runtimes' head: xf and rstdf in one block; one LOGITS block of the X logits, the
+ * per-token losses and log-sum-exp (and the vocab-parallel reductions), kept for the
+ * backward; the loss one kernel, its vocab-parallel max, sum and target all-reduced. */
+void mp_sched_head_fwd_rt(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->tokens;
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 1);
+  head_fwd_ops(g, logits_rt);
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), T * sh->vocab_loss, FLOPS_LOSS,
+              10.0 * (double)(T * sh->vocab_loss));
+  if (sh->loss_parallel)
+    for (int i = 0; i < 3; i++)
+      comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)T, MP_DTYPE_FP32,
+           head_module(sh));
+}
+
+/* The runtimes' head backward: dlogits (X), the residual-stream gradient dres
+ * (kept through the blocks' backward) and dxf; the logits go after the head's GEMMs. */
+void mp_sched_head_bwd_rt(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->tokens, H = sh->d_model;
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_DLOGITS, KIND_DENSE, 1);
+  elementwise(g, MP_KERNEL_LOSS, MP_VAR_BWD, head_module(sh), T * sh->vocab_loss, 2.0,
+              8.0 * (double)(T * sh->vocab_loss));
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 1);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_DXF, KIND_DENSE, 1);
+  mp_sched_rt_sp(g, 1); /* SP: the head's partial input gradient on all T rows */
+  mp_sched_linear_bwd(g, head_module(sh), (double)T, sh->vocab_local, H, 1);
+  mp_sched_tp_region_in_bwd(g, sh->tp_head_split, head_module(sh));
+  mp_sched_rt_sp(g, 0);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_DLOGITS, KIND_DENSE, 0);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 0);
+  mp_sched_norm_bwd(g, MP_MOD_FINAL_NORM, sh->tokens_sp, H);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_DXF, KIND_DENSE, 0);
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 0);
+}
+
+void mp_sched_head_bwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->tokens, H = sh->d_model;
+  loss_bwd(g);
+  mp_sched_linear_bwd(g, head_module(sh), (double)T, sh->vocab_local, H, 1);
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, 2 * T * sh->vocab_local, 0);
+  mp_sched_tp_region_in_bwd(g, sh->tp_head_split, head_module(sh));
+  mp_sched_norm_bwd(g, MP_MOD_FINAL_NORM, sh->tokens_sp, H);
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 0);
+}
