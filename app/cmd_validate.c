@@ -31,8 +31,9 @@
  * A row the file gets wrong (an unknown model, GPU or stack, a mesh that does not match
  * its gpus, a malformed value) is an error naming the row, and nothing is simulated
  * (exit 2). A well-formed row whose plan the simulator refuses (a combination outside
- * what meshplan models, such as MoE with pp) is listed with the rule that refuses it and
- * left out of the summary; the other rows are still reported, and the exit status is 2. */
+ * what meshplan models, such as MoE with pp) is listed with the rule that refuses it,
+ * counted and left out of the summary; the other rows are still reported and the exit
+ * status is 0. --by stack|gpu|feature adds the summary per group. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,12 +54,18 @@
 
 static mp_opt k_opts[] = {
     MP_OPT_JSON("every row and the summary"),
+    {"--by", "KEY", "also summarize per stack, gpu or feature (fp8, tp, sp, async_tp, pp, interleaved, cp, ep, fsdp, ddp)", NULL},
     MP_OPT_END,
 };
 
 static mp_cmd_spec k_spec = {"validate",
                              "Compare predictions with published measurements (CSV rows).",
-                             "FILE.csv [--json]", k_opts, 1};
+                             "FILE.csv [--json] [--by stack|gpu|feature]", k_opts, 1};
+
+/* A row's features, for --by feature: what its plan runs. */
+enum { F_FP8, F_TP, F_SP, F_ASYNC_TP, F_PP, F_INTERLEAVED, F_CP, F_EP, F_FSDP, F_DDP, N_FEATURES };
+static const char *const k_features[N_FEATURES] = {"fp8", "tp", "sp", "async_tp", "pp",
+                                                   "interleaved", "cp", "ep", "fsdp", "ddp"};
 
 typedef struct row {
   char name[96];
@@ -68,6 +75,8 @@ typedef struct row {
   int picked;          /* no micro_batch given: 1 chosen among the divisors of local_batch,
                           2 the stack's own pipeline micro-batching */
   char refused[512];   /* non-empty: the simulator's rule that refuses the row's plan */
+  char stack[64], gpu[64]; /* as the row names them, for --by */
+  unsigned features;   /* 1 << F_*: what the row's plan runs, for --by feature */
 } row;
 
 /* The row's model: a data/models name, or a .json path taken relative to the CSV's folder
@@ -178,6 +187,19 @@ static mp_status simulate_row(mp_ctx *ctx, row_job *j, row *r, mp_sim_result *re
   return have ? MP_OK : ctx->last;
 }
 
+/* What the row's plan runs (F_* bits), from its mesh and options. */
+static unsigned row_features(const row_job *j) {
+  const mp_mesh *m = &j->mesh;
+  const mp_plan_options *o = &j->o;
+  const int tp = m->size[MP_DIM_TP] > 1;
+  const int ddp = o->dp == MP_DP_DDP || (o->dp == MP_DP_AUTO && o->mem_model == MP_MEM_MODEL_MEGATRON);
+  return (unsigned)(o->fp8 << F_FP8 | tp << F_TP | (tp && o->sp != 0) << F_SP |
+                    (tp && o->tp_comm_fused) << F_ASYNC_TP | (m->size[MP_DIM_PP] > 1) << F_PP |
+                    (o->pp_schedule == MP_PP_INTERLEAVED) << F_INTERLEAVED |
+                    (m->size[MP_DIM_CP] > 1) << F_CP | (m->ep > 1) << F_EP |
+                    (!ddp && m->size[MP_DIM_DP_SHARD] > 1) << F_FSDP | ddp << F_DDP);
+}
+
 /* Simulates one row; r gets the figure of the row's metric beside the published one. dir:
  * the CSV's folder. */
 static mp_status run_row(mp_ctx *ctx, const char *where, const char *dir, const mp_vrow *v, row *r) {
@@ -192,6 +214,9 @@ static mp_status run_row(mp_ctx *ctx, const char *where, const char *dir, const 
   if (st == MP_OK) st = mp_stack_load(ctx, v->stack, &j->prof);
   if (st == MP_OK) st = read_mesh(ctx, where, v, &j->mesh);
   if (st == MP_OK) st = read_options(ctx, where, v, j);
+  snprintf(r->stack, sizeof r->stack, "%s", v->stack);
+  snprintf(r->gpu, sizeof r->gpu, "%s", v->gpu);
+  if (st == MP_OK) r->features = row_features(j);
   mp_sim_result res;
   memset(&res, 0, sizeof res);
   if (st == MP_OK) {
@@ -254,17 +279,34 @@ static const char *fig(char *buf, size_t cap, double x) {
 static const char *const k_metrics[] = {"tokens_per_s_per_gpu", "peak_mem_gib", "step_time_s"};
 enum { N_METRICS = 3 };
 
-/* One metric's summary over the rows the simulator ran: their count, MAPE (a fraction) and
- * Kendall's tau-b (NAN when undefined). x, y: scratch of n doubles each. */
+/* The rows a summary covers: all of them, or one stack's, one GPU's, one feature's. */
+typedef struct group {
+  int kind; /* 0 all, 1 stack, 2 gpu, 3 feature */
+  const char *key;
+  int feature;
+} group;
+
+static int in_group(const row *r, const group *g) {
+  switch (g->kind) {
+    case 1: return strcmp(r->stack, g->key) == 0;
+    case 2: return strcmp(r->gpu, g->key) == 0;
+    case 3: return (r->features >> g->feature) & 1u;
+    default: return 1;
+  }
+}
+
+/* One metric's summary over a group's rows the simulator ran: their count, MAPE (a
+ * fraction) and Kendall's tau-b (NAN when undefined). x, y: scratch of n doubles each. */
 typedef struct metric_sum {
   int rows;
   double mape, tau;
 } metric_sum;
 
-static metric_sum summarize(const row *rows, int n, const char *metric, double *x, double *y) {
+static metric_sum summarize(const row *rows, int n, const char *metric, const group *g, double *x,
+                            double *y) {
   metric_sum s = {0, 0, NAN};
   for (int i = 0; i < n; i++)
-    if (!rows[i].refused[0] && strcmp(rows[i].metric, metric) == 0) {
+    if (!rows[i].refused[0] && strcmp(rows[i].metric, metric) == 0 && in_group(&rows[i], g)) {
       x[s.rows] = rows[i].predicted;
       y[s.rows] = rows[i].measured;
       s.rows++;
@@ -278,71 +320,119 @@ static metric_sum summarize(const row *rows, int n, const char *metric, double *
 
 static double row_error(const row *r) { return (r->predicted - r->measured) / r->measured; }
 
-/* Every row's predicted vs published figure, then per metric the MAPE and Kendall's tau. */
-static void print_table(const row *rows, int n, const metric_sum *sums) {
-  printf("%-30s %-22s %5s %12s %12s %8s\n", "case", "metric", "mb", "predicted", "published",
-         "error");
-  for (int i = 0; i < n; i++) {
-    if (rows[i].refused[0]) {
-      char pub[32];
-      printf("%-30s %-22s %5s %12s %12s %8s\n", rows[i].name, rows[i].metric, "-", "refused",
-             fig(pub, sizeof pub, rows[i].measured), "-");
-      continue;
-    }
-    char mb[24];
-    snprintf(mb, sizeof mb, "%lld%s", (long long)rows[i].micro_batch,
-             rows[i].picked == 2 ? "s" : rows[i].picked ? "*" : "");
-    char pred[32], pub[32];
-    printf("%-30s %-22s %5s %12s %12s %+7.1f%%\n", rows[i].name, rows[i].metric, mb,
-           fig(pred, sizeof pred, rows[i].predicted), fig(pub, sizeof pub, rows[i].measured),
-           100.0 * row_error(&rows[i]));
+/* The groups --by asks for (none without it): each stack or GPU the simulated rows name, in
+ * the order they first appear, or each feature some simulated row has. */
+static int groups_of(const row *rows, int n, const char *by, group *out) {
+  int ng = 0;
+  if (by == NULL) return 0;
+  if (strcmp(by, "feature") == 0) {
+    for (int f = 0; f < N_FEATURES; f++)
+      for (int i = 0; i < n; i++)
+        if (!rows[i].refused[0] && ((rows[i].features >> f) & 1u)) {
+          out[ng++] = (group){3, k_features[f], f};
+          break;
+        }
+    return ng;
   }
+  const int kind = strcmp(by, "stack") == 0 ? 1 : 2;
+  for (int i = 0; i < n; i++) {
+    if (rows[i].refused[0]) continue;
+    const char *key = kind == 1 ? rows[i].stack : rows[i].gpu;
+    int seen = 0;
+    for (int k = 0; k < ng && !seen; k++) seen = strcmp(out[k].key, key) == 0;
+    if (!seen) out[ng++] = (group){kind, key, 0};
+  }
+  return ng;
+}
+
+static void print_row(const row *r) {
+  char pub[32], pred[32], mb[24];
+  if (r->refused[0]) {
+    printf("%-30s %-22s %5s %12s %12s %8s\n", r->name, r->metric, "-", "refused",
+           fig(pub, sizeof pub, r->measured), "-");
+    return;
+  }
+  snprintf(mb, sizeof mb, "%lld%s", (long long)r->micro_batch, r->picked == 2 ? "s" : r->picked ? "*" : "");
+  printf("%-30s %-22s %5s %12s %12s %+7.1f%%\n", r->name, r->metric, mb,
+         fig(pred, sizeof pred, r->predicted), fig(pub, sizeof pub, r->measured), 100.0 * row_error(r));
+}
+
+/* A group's summary lines, one per metric with rows (label: "" for all rows). */
+static void print_summary(const row *rows, int n, const group *g, const char *label, double *x, double *y) {
+  for (int k = 0; k < N_METRICS; k++) {
+    const metric_sum s = summarize(rows, n, k_metrics[k], g, x, y);
+    if (s.rows == 0) continue;
+    char tau[16];
+    snprintf(tau, sizeof tau, isnan(s.tau) ? "n/a" : "%.3f", s.tau);
+    if (label[0]) printf("%-22s %-22s %5d %7.1f%% %12s\n", label, k_metrics[k], s.rows, 100.0 * s.mape, tau);
+    else printf("%-22s %5d %7.1f%% %12s\n", k_metrics[k], s.rows, 100.0 * s.mape, tau);
+  }
+}
+
+/* Every row's predicted vs published figure, the refusals, then per metric the MAPE and
+ * Kendall's tau, over all rows and per group. */
+static void print_table(const row *rows, int n, const group *gs, int ng, int n_refused, double *x, double *y) {
+  printf("%-30s %-22s %5s %12s %12s %8s\n", "case", "metric", "mb", "predicted", "published", "error");
+  for (int i = 0; i < n; i++) print_row(&rows[i]);
   printf("(mb: the micro-batch simulated; * the fastest that fits among the divisors of "
          "local_batch, none being published; s the stack's own pipeline micro-batching, "
          "none being published)\n");
   for (int i = 0; i < n; i++)
     if (rows[i].refused[0]) printf("refused: %s: %s\n", rows[i].name, rows[i].refused);
+  if (n_refused > 0)
+    printf("%d of %d rows refused by the simulator's rules (listed above), left out of the summary\n",
+           n_refused, n);
   printf("\n%-22s %5s %8s %12s\n", "metric", "rows", "MAPE", "Kendall tau");
-  for (int k = 0; k < N_METRICS; k++) {
-    const metric_sum *s = &sums[k];
-    if (s->rows == 0) continue;
-    if (isnan(s->tau))
-      printf("%-22s %5d %7.1f%% %12s\n", k_metrics[k], s->rows, 100.0 * s->mape, "n/a");
-    else
-      printf("%-22s %5d %7.1f%% %12.3f\n", k_metrics[k], s->rows, 100.0 * s->mape, s->tau);
+  const group all = {0, NULL, 0};
+  print_summary(rows, n, &all, "", x, y);
+  if (ng > 0) printf("\n%-22s %-22s %5s %8s %12s\n", "group", "metric", "rows", "MAPE", "Kendall tau");
+  for (int k = 0; k < ng; k++) print_summary(rows, n, &gs[k], gs[k].key, x, y);
+}
+
+static cJSON *row_json(const row *r) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "case", r->name);
+  cJSON_AddStringToObject(o, "metric", r->metric);
+  cJSON_AddNumberToObject(o, "published", r->measured);
+  if (r->refused[0]) {
+    cJSON_AddStringToObject(o, "refused", r->refused);
+    return o;
   }
+  cJSON_AddNumberToObject(o, "micro_batch", (double)r->micro_batch);
+  cJSON_AddStringToObject(o, "micro_batch_from", r->picked == 2 ? "stack" : r->picked ? "fastest" : "row");
+  cJSON_AddNumberToObject(o, "predicted", r->predicted);
+  cJSON_AddNumberToObject(o, "error", row_error(r));
+  return o;
+}
+
+/* A group's summary as {metric: {rows, mape, kendall_tau_b}}. */
+static cJSON *summary_json(const row *rows, int n, const group *g, double *x, double *y) {
+  cJSON *sum = cJSON_CreateObject();
+  for (int k = 0; k < N_METRICS && sum; k++) {
+    const metric_sum s = summarize(rows, n, k_metrics[k], g, x, y);
+    if (s.rows == 0) continue;
+    cJSON *m = cJSON_AddObjectToObject(sum, k_metrics[k]);
+    cJSON_AddNumberToObject(m, "rows", s.rows);
+    cJSON_AddNumberToObject(m, "mape", s.mape);
+    if (isnan(s.tau)) cJSON_AddNullToObject(m, "kendall_tau_b");
+    else cJSON_AddNumberToObject(m, "kendall_tau_b", s.tau);
+  }
+  return sum;
 }
 
 /* The same as one JSON object: "rows" (case, metric, micro_batch and how it was chosen,
- * predicted, published and the error as a fraction, or the refusal) and "summary" per metric
- * (rows, MAPE as a fraction, Kendall's tau-b or null), figures at full precision. */
-static mp_status print_json(mp_ctx *ctx, const row *rows, int n, const metric_sum *sums) {
+ * predicted, published and the error as a fraction, or the refusal), "refused" (their
+ * count), "summary" per metric (rows, MAPE as a fraction, Kendall's tau-b or null) and, with
+ * --by, "by" per group; figures at full precision. */
+static mp_status print_json(mp_ctx *ctx, const row *rows, int n, const group *gs, int ng, int n_refused,
+                            double *x, double *y) {
   cJSON *j = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(j, "rows");
-  cJSON *sum = cJSON_AddObjectToObject(j, "summary");
-  for (int i = 0; i < n && arr; i++) {
-    cJSON *r = cJSON_CreateObject();
-    cJSON_AddItemToArray(arr, r);
-    cJSON_AddStringToObject(r, "case", rows[i].name);
-    cJSON_AddStringToObject(r, "metric", rows[i].metric);
-    cJSON_AddNumberToObject(r, "published", rows[i].measured);
-    if (rows[i].refused[0]) {
-      cJSON_AddStringToObject(r, "refused", rows[i].refused);
-      continue;
-    }
-    cJSON_AddNumberToObject(r, "micro_batch", (double)rows[i].micro_batch);
-    cJSON_AddStringToObject(r, "micro_batch_from",
-                            rows[i].picked == 2 ? "stack" : rows[i].picked ? "fastest" : "row");
-    cJSON_AddNumberToObject(r, "predicted", rows[i].predicted);
-    cJSON_AddNumberToObject(r, "error", row_error(&rows[i]));
-  }
-  for (int k = 0; k < N_METRICS && sum; k++) {
-    if (sums[k].rows == 0) continue;
-    cJSON *m = cJSON_AddObjectToObject(sum, k_metrics[k]);
-    cJSON_AddNumberToObject(m, "rows", sums[k].rows);
-    cJSON_AddNumberToObject(m, "mape", sums[k].mape);
-    if (isnan(sums[k].tau)) cJSON_AddNullToObject(m, "kendall_tau_b");
-    else cJSON_AddNumberToObject(m, "kendall_tau_b", sums[k].tau);
-  }
+  for (int i = 0; i < n && arr; i++) cJSON_AddItemToArray(arr, row_json(&rows[i]));
+  cJSON_AddNumberToObject(j, "refused", n_refused);
+  const group all = {0, NULL, 0};
+  cJSON_AddItemToObject(j, "summary", summary_json(rows, n, &all, x, y));
+  cJSON *by = ng > 0 ? cJSON_AddObjectToObject(j, "by") : NULL;
+  for (int k = 0; k < ng && by; k++) cJSON_AddItemToObject(by, gs[k].key, summary_json(rows, n, &gs[k], x, y));
   char *text = cJSON_Print(j);
   cJSON_Delete(j);
   if (text == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory");
@@ -351,34 +441,33 @@ static mp_status print_json(mp_ctx *ctx, const row *rows, int n, const metric_su
   return MP_OK;
 }
 
-/* Prints the rows and the summary (a table, or JSON); an error when the simulator refused
- * a row. */
-static mp_status print_results(mp_ctx *ctx, const row *rows, int n, int json) {
+/* Prints the rows and the summary (a table, or JSON), per group with --by. Refused rows are
+ * listed and counted, not an error: every row that could be simulated is reported. */
+static mp_status print_results(mp_ctx *ctx, const row *rows, int n, int json, const char *by) {
   double *x = (double *)calloc((size_t)n + 1, sizeof *x), *y = (double *)calloc((size_t)n + 1, sizeof *y);
-  if (x == NULL || y == NULL) {
-    free(x);
-    free(y);
-    return mp_error(ctx, MP_ERR_NOMEM, "out of memory");
+  group *gs = (group *)calloc((size_t)n + N_FEATURES + 1, sizeof *gs);
+  mp_status st = MP_OK;
+  if (x == NULL || y == NULL || gs == NULL) st = mp_error(ctx, MP_ERR_NOMEM, "out of memory");
+  if (st == MP_OK) {
+    const int ng = groups_of(rows, n, by, gs);
+    int n_refused = 0;
+    for (int i = 0; i < n; i++) n_refused += rows[i].refused[0] != 0;
+    if (json) st = print_json(ctx, rows, n, gs, ng, n_refused, x, y);
+    else print_table(rows, n, gs, ng, n_refused, x, y);
   }
-  metric_sum sums[N_METRICS];
-  for (int k = 0; k < N_METRICS; k++) sums[k] = summarize(rows, n, k_metrics[k], x, y);
   free(x);
   free(y);
-  if (json) MP_CHECK(print_json(ctx, rows, n, sums));
-  else print_table(rows, n, sums);
-  int n_refused = 0;
-  for (int i = 0; i < n; i++) n_refused += rows[i].refused[0] != 0;
-  if (n_refused > 0)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "%d of %d rows refused by the simulator's rules (listed above) and left out "
-                    "of the summary; the rest are reported", n_refused, n);
-  return MP_OK;
+  free(gs);
+  return st;
 }
 
 static int run_validate(mp_ctx *ctx, const mp_cmd_call *call) {
   if (call->n_pos != 1)
     return mp_cmd_fail(ctx, mp_error(ctx, MP_ERR_USAGE, "give one CSV file (see meshplan validate --help)"));
   const char *path = call->pos[0];
+  const char *by = mp_args_get(&k_spec, "--by");
+  if (by && strcmp(by, "stack") != 0 && strcmp(by, "gpu") != 0 && strcmp(by, "feature") != 0)
+    return mp_cmd_fail(ctx, mp_error(ctx, MP_ERR_USAGE, "--by %s: choose stack, gpu or feature", by));
   char *text = NULL;
   size_t len = 0;
   mp_status st = mp_read_file_max(ctx, path, MP_FILE_MAX_CONFIG_BYTES, &text, &len);
@@ -390,7 +479,7 @@ static int run_validate(mp_ctx *ctx, const mp_cmd_call *call) {
   }
   int n = 0;
   st = read_rows(ctx, path, text, rows, &n);
-  if (st == MP_OK) st = print_results(ctx, rows, n, mp_args_has(&k_spec, "--json"));
+  if (st == MP_OK) st = print_results(ctx, rows, n, mp_args_has(&k_spec, "--json"), by);
   free(rows);
   free(text);
   return st != MP_OK ? mp_cmd_fail(ctx, st) : 0;
