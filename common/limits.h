@@ -81,9 +81,11 @@
  * elements are 4 TiB, 20x the memory of the largest GPU; with 512 layers and the dozen
  * tensors a layer saves, activation bytes stay below 2^56. */
 #define MP_LIM_MICRO_ELEMS (1LL << 40)
-/* Model chunks per pipeline stage (interleaved 1F1B): Megatron-LM's published runs use
- * 2-8 (Narayanan et al. 2021); 16 is twice the largest. */
-#define MP_LIM_PP_VIRTUAL 16
+/* Model chunks per pipeline stage (interleaved 1F1B): up to one layer a chunk, which
+ * published NeMo layouts come close to (virtual pipeline 20 and more on 80 layers); the
+ * plan's rule keeps pp x chunks within the layers (exec/rules.h), so with pp >= 2 and at most
+ * MP_MAX_LAYERS = 512 layers, 256. */
+#define MP_LIM_PP_VIRTUAL 256
 /* Training steps of one run: Llama 3 pre-training took about 1.2M steps; 2^24 = 16.8M. */
 #define MP_LIM_STEPS (1LL << 24)
 /* AdamW learning rate and weight decay: published recipes use lr <= 1e-2 and decay

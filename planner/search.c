@@ -517,7 +517,7 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
             c.reshard = (uint8_t)rs;
             c.pads_vocab = (uint8_t)pads_vocab;
             c.sp = (uint8_t)sp;
-            c.pp_virtual = (uint8_t)vs[iv];
+            c.pp_virtual = (uint16_t)vs[iv];
             if (cfg->executable_only && !executable(cfg, &c)) continue;
             c.reject = (uint8_t)(mesh_rej != MP_REJECT_NONE
                                      ? mesh_rej

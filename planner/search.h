@@ -160,7 +160,7 @@ typedef struct mp_candidate {
   uint8_t ac;           /* mp_ac_mode */
   uint16_t ac_every;    /* full AC on every ac_every-th block (1: every block) */
   uint8_t sp;           /* sequence parallelism (tp > 1) */
-  uint8_t pp_virtual;   /* model chunks per pipeline stage: 1 (1F1B), more: interleaved */
+  uint16_t pp_virtual;  /* model chunks per pipeline stage: 1 (1F1B), more: interleaved */
   uint8_t fp8;          /* 1: float8 Linear layers */
   uint8_t reshard;      /* 1: reshard_after_forward */
   uint8_t reject;       /* mp_reject */

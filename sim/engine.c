@@ -463,7 +463,8 @@ static void run_micro(sim *x, int32_t micro) {
     const double t0 = x->a.free_t[MP_STREAM_COMPUTE];
     const int64_t a0 = held_level(x);
     run_segment(x, g, micro);
-    const int c = g->chunk < MP_PP_MAX_VIRTUAL ? g->chunk : 0, bwd = g->phase != MP_PHASE_FORWARD;
+    /* a segment's chunk is below the plan's pp_virtual <= MP_PP_MAX_VIRTUAL */
+    const int c = g->chunk, bwd = g->phase != MP_PHASE_FORWARD;
     if (rec) x->chunk_s[bwd][c] += x->a.free_t[MP_STREAM_COMPUTE] - t0;
     if (held && !bwd) x->chunk_held[c] += held_level(x) - a0;
   }

@@ -76,6 +76,24 @@ if ! grep -qE '^torchtitan-compile +tokens_per_s_per_gpu +1 ' "$out.pick" ||
   exit 1
 fi
 rm -f "$out.pick" "$out.err"
+# NeMo-style interleaving: 80 layers of Llama 3 70B on pp=4 with 20 model chunks a stage (one
+# layer a chunk) is a layout published runs use; it is simulated, not refused. 84 chunks a
+# stage would leave chunks empty: refused by name (counted, exit 0).
+cat >"$pick" <<'CSV'
+case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,stack,metric,value,notes
+vp20,test,llama3.1-70b,64,h100-sxm,8,400,2,1,8,4,interleaved,20,1,1,8192,32,1,64,none,0,1,megatron-core,tokens_per_s_per_gpu,500,
+vp21,test,llama3.1-70b,64,h100-sxm,8,400,2,1,8,4,interleaved,21,1,1,8192,32,1,64,none,0,1,megatron-core,tokens_per_s_per_gpu,500,
+CSV
+"$BIN" validate "$pick" >"$out.pick" 2>&1
+rc=$?
+if [ "$rc" != 0 ] || ! grep -qE '^vp20 +tokens_per_s_per_gpu +1 +[0-9]' "$out.pick" ||
+   ! grep -q '^refused: vp21: pp=4 x pp_virtual=21 makes 84 model chunks' "$out.pick"; then
+  echo "FAIL: pp_virtual up to the layers (exit $rc):" >&2
+  cat "$out.pick" >&2
+  rm -f "$out.pick"
+  exit 1
+fi
+rm -f "$out.pick"
 # A small fixed file whose Kendall tau-b is known from its order alone: two identical rows
 # under full AC (the same prediction: a tie in x) and two identical rows without AC (more
 # memory than full AC), published 30, 40 | 40, 50 GiB. Pairs: 2 tied in x alone, 1 tied in y
