@@ -116,6 +116,22 @@ static mp_status positive_in(const reader *r, const char *name, const char *v, d
   return MP_OK;
 }
 
+/* local_batch is one data-parallel rank's share of global_batch, and the data-parallel ranks
+ * are dp_replicate x dp_shard (tp, pp and cp ranks work on the same sequences; ep is carved
+ * out of the data-parallel ranks): a row whose three numbers disagree states two batches,
+ * and the simulator would take one of them without a word. Division, not a product that
+ * could leave int64 (2^24 x 2^20 x 2^20). */
+static mp_status check_batch(const reader *r, const mp_vrow *row) {
+  const int64_t dp = row->dp_replicate * row->dp_shard; /* each at most 2^20 */
+  if (row->global_batch % dp == 0 && row->global_batch / dp == row->local_batch) return MP_OK;
+  return mp_error(r->ctx, MP_ERR_INVALID,
+                  "%s: local_batch %lld x %lld data-parallel ranks (dp_replicate %lld x dp_shard %lld) "
+                  "is not global_batch %lld; the rule is global_batch = local_batch x dp_replicate x "
+                  "dp_shard (local_batch: sequences per data-parallel rank); fix the row",
+                  r->where, (long long)row->local_batch, (long long)dp, (long long)row->dp_replicate,
+                  (long long)row->dp_shard, (long long)row->global_batch);
+}
+
 static mp_status read_row(const reader *r, mp_vrow *row) {
   const char *v;
   MP_CHECK(need_str(r, "model", 0, row->model, sizeof row->model));
@@ -147,6 +163,7 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   MP_CHECK(need_int(r, "seq", 1, MP_LIM_SEQ, &row->seq));
   MP_CHECK(need_int(r, "local_batch", 1, MP_LIM_GLOBAL_BATCH, &row->local_batch));
   MP_CHECK(need_int(r, "global_batch", 1, MP_LIM_GLOBAL_BATCH, &row->global_batch));
+  MP_CHECK(check_batch(r, row));
   int64_t fp8 = 0;
   MP_CHECK(need_int(r, "fp8", 0, 1, &fp8));
   row->fp8 = (int)fp8;

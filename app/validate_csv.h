@@ -6,9 +6,11 @@
  * Each row is read into an mp_vrow with every value checked against its range (common/
  * limits.h): counts are integers within their bounds, the measured value and the
  * inter-node rate are finite and positive ("nan", "inf" and "1e999" are refused), the
- * metric is one of three names. The first bad row is one MP_ERR_INVALID line naming the
- * file, the line, the row's case and the column. Nothing here loads a model or simulates:
- * the command does that with the rows (and the fuzz harness reads rows without it). */
+ * metric is one of three names, global_batch = local_batch x dp_replicate x dp_shard. The
+ * first bad row is one MP_ERR_INVALID line naming the file, the line, the row's case and
+ * the column (or the numbers a rule between columns ties). Nothing here loads a model or
+ * simulates: the command does that with the rows (and the fuzz harness reads rows without
+ * it). */
 #ifndef MP_APP_VALIDATE_CSV_H
 #define MP_APP_VALIDATE_CSV_H
 
@@ -36,7 +38,8 @@ typedef struct mp_vrow {
   int64_t gpus_per_node; /* 1..4096 */
   int64_t dp_replicate, dp_shard, tp, pp, cp, ep; /* each 1..2^20 */
   int64_t seq;          /* 1..2^24 */
-  int64_t local_batch;  /* sequences per data-parallel rank per step, 1..2^24 */
+  int64_t local_batch;  /* sequences per data-parallel rank per step, 1..2^24: global_batch /
+                           (dp_replicate x dp_shard) exactly */
   int64_t global_batch; /* 1..2^24 */
   int64_t micro_batch;  /* 1..local_batch dividing it; 0 when the column is absent or empty
                            (not published: the command picks the fastest that fits) */

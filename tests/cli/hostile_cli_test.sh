@@ -38,6 +38,8 @@ csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step
 csv 'a,tiny-dense,h100-sxm,8,8,inf,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,1' inf_bw.csv
 csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,9223372036854775807,1,8,none,0,torchtitan-eager,step_time_s,1' seq.csv
 csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,flops,1' metric.csv
+# local_batch 2 on 2 x 4 data-parallel ranks is 16 sequences, not the row's global_batch 8
+csv 'lb,tiny-dense,h100-sxm,8,8,,2,4,1,1,,1,1,64,2,8,none,0,torchtitan-eager,step_time_s,1' local_batch.csv
 # the optional async_tp column: 0 or 1, and 1 only under a stack that runs AsyncTP
 printf '%s,async_tp\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,4,2,1,,1,1,64,1,4,none,0,torchtitan-compile,step_time_s,1,2' >"$d/async2.csv"
 printf '%s,async_tp\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,4,2,1,,1,1,64,1,4,none,0,torchtitan-eager,step_time_s,1,1' >"$d/async_eager.csv"
@@ -236,6 +238,9 @@ row 2 "--seq 65 is longer than tiny-dense's max_seq 64" plan --no-db --model tin
 row 2 "mesh dim tp='0': expected an integer in 1..1048576" explain --model tiny-dense --mesh tp=0
 row 2 "--fix: tp=0 out of range (1..1048576)" plan --no-db --model tiny-dense --fix tp=0
 row 2 "--fix: mb=99999999999 out of range (1..16777216)" plan --no-db --model tiny-dense --fix mb=99999999999
+
+# ---- silent readings made refusals ----------------------------------------------------------
+row 2 "local_batch 2 x 8 data-parallel ranks (dp_replicate 2 x dp_shard 4) is not global_batch 8" validate "$d/local_batch.csv"
 
 # ---- the training loop's inputs: data, --init-from, --resume, their numbers ----------------
 row 2 "$d/fifo.bin: is a named pipe (FIFO), not a regular file" train --model tiny-dense --steps 1 --init-from "$d/fifo.bin"
