@@ -3,6 +3,7 @@
 #ifndef MP_COMMON_JSON_H
 #define MP_COMMON_JSON_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
@@ -14,8 +15,16 @@
 extern "C" {
 #endif
 
-/* Parses text; origin names it in messages (a file name). *out is freed by cJSON_Delete. */
+/* The one way JSON input is read. Parses text (NUL-terminated) into an object; origin
+ * names it in messages (a file name). *out is freed by cJSON_Delete. Refused, each as one
+ * MP_ERR_INVALID line: malformed JSON (its line and column), anything but an object at
+ * the top level, and a key given twice in one object, at any depth ("<origin>: key \"k\"
+ * appears twice (line N); remove one", N the line of its second occurrence): cJSON's
+ * lookups would take the first where Python's json and transformers take the last. */
 mp_status mp_json_parse(mp_ctx *ctx, const char *text, const char *origin, cJSON **out);
+/* The same for the len bytes at text, which need no NUL (a safetensors header within its
+ * file): after the value only whitespace (bytes up to ' ') may follow. */
+mp_status mp_json_parse_len(mp_ctx *ctx, const char *text, size_t len, const char *origin, cJSON **out);
 mp_status mp_json_parse_file(mp_ctx *ctx, const char *path, cJSON **out);
 
 /* Getters. With required=0 a missing key leaves *out untouched and returns MP_OK;

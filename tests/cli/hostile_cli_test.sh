@@ -22,10 +22,17 @@ model '"d_model": 64, "n_heads": 7' heads7.json
 model '"d_model": 64, "n_heads": 8, "norm_eps": 1e999' inf_eps.json
 printf '{"name": "x", "family": "llama", "vocab": -5, "n_layers": 2, "d_ff": 128, "d_model": 64, "n_heads": 8}' >"$d/neg_vocab.json"
 printf '{"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 7, "intermediate_size": 128}' >"$d/hf_heads7.json"
+# a key twice (cJSON reads the first, Python the last), in every reader's files
+model '"d_model": 64, "n_heads": 8,
+ "n_heads": 4' twice.json
+printf '{"model_type": "qwen2", "vocab_size": 256, "hidden_size": 64,\n "num_hidden_layers": 2, "num_attention_heads": 8, "intermediate_size": 128,\n "hidden_size": 128}' >"$d/hf_twice.json"
+printf '{"name": "g", "peak_tflops": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9, "fp8": 1978.9},\n "mem_gib": 80.0, "hbm_GBps": 3350.0, "nvlink_GBps_per_dir": 450.0, "mem_gib": 40.0, "source": "t"}' >"$d/gpu_twice.json"
+printf '{"name": "s", "gemm_eff_max": 0.8, "gemm_eff_half_mnk": 1e9, "fp8_gemm_eff_max": 0.8, "attention_eff": 0.5, "hbm_eff": 0.8, "link_eff": 0.8, "kernel_overhead_us": 4, "comm_overhead_us": 5, "frag_factor": 1.1, "source": "t", "gemm_eff_max": 0.5}' >"$d/stack_twice.json"
 cluster() { printf '{"name": "c", "gpu": "h100-sxm", "gpus_per_node": 8, "n_nodes": 2, %s}' "$1" >"$d/$2"; }
 cluster '"intra_node_GBps_per_gpu": 0, "inter_node_Gbitps_per_gpu": 400' zero_bw.json
 cluster '"intra_node_GBps_per_gpu": 450, "inter_node_Gbitps_per_gpu": 400, "inter_node_latency_us": -3' neg_lat.json
 cluster '"intra_node_GBps_per_gpu": 450, "inter_node_Gbitps_per_gpu": 1e999' inf_bw.json
+cluster '"intra_node_GBps_per_gpu": 450, "inter_node_Gbitps_per_gpu": 400, "n_nodes": 4' cluster_twice.json
 printf '{"name": "s", "gemm_eff_max": 0.8, "gemm_eff_half_mnk": 1e9, "fp8_gemm_eff_max": 0.8, "attention_eff": 0.5, "hbm_eff": 0.8, "link_eff": 0.8, "kernel_overhead_us": -4, "comm_overhead_us": 5, "frag_factor": 1.1, "source": "t"}' >"$d/neg_stack.json"
 printf '{"name": "m", "gemm_eff_max": 0.8, "gemm_eff_half_mnk": 1e9, "fp8_gemm_eff_max": 0.8, "attention_eff": 0.5, "hbm_eff": 0.8, "link_eff": 0.8, "kernel_overhead_us": 4, "comm_overhead_us": 5, "frag_factor": 1.1, "memory_model": "megatron", "async_tp": true, "source": "t"}' >"$d/mg_async.json"
 printf '{"name": "d", "gemm_eff_max": 0.8, "gemm_eff_half_mnk": 1e9, "fp8_gemm_eff_max": 0.8, "attention_eff": 0.5, "hbm_eff": 0.8, "link_eff": 0.8, "kernel_overhead_us": 4, "comm_overhead_us": 5, "frag_factor": 1.1, "distributed_optimizer": true, "source": "t"}' >"$d/tt_distopt.json"
@@ -70,6 +77,8 @@ PY
 ckpt_variant ck_dotdot 'm["files"][0]["name"] = "../ck/step_00000001/rank_00000.bin"'
 ckpt_variant ck_dots 'm["files"][0]["name"] = ".."'
 ckpt_variant ck_consumed 'm["data_consumed"] = 1e300'
+ckpt_variant ck_twice 'pass'
+sed -i 's/"step": \([0-9]*\),/"step": \1, "step": \1,/' "$d/ck_twice/manifest.json"
 # q_proj [64, 64] as two shards of 32 rows holding k_proj's and v_proj's bytes (checksums
 # intact), the second at row 16: rows 16..31 twice, rows 48..63 never; the element count
 # matches the tensor's
@@ -93,6 +102,7 @@ PY
 }
 st_file st_long.safetensors '{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}' 8 1000000
 st_file st_huge_shape.safetensors '{"x":{"dtype":"F32","shape":[1e300],"data_offsets":[0,8]}}' 8
+st_file st_twice.safetensors '{"x":{"dtype":"F32","shape":[2],"dtype":"BF16","data_offsets":[0,8]}}' 8
 st_file st_overflow.safetensors '{"x":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}}' 8
 mkdir -p "$d/hf_fifo"; mkfifo "$d/hf_fifo/model.safetensors"
 
@@ -241,6 +251,13 @@ row 2 "--fix: mb=99999999999 out of range (1..16777216)" plan --no-db --model ti
 
 # ---- silent readings made refusals ----------------------------------------------------------
 row 2 "local_batch 2 x 8 data-parallel ranks (dp_replicate 2 x dp_shard 4) is not global_batch 8" validate "$d/local_batch.csv"
+row 2 "$d/twice.json: key \"n_heads\" appears twice (line 2); remove one" plan --no-db --model "$d/twice.json"
+row 2 "$d/hf_twice.json: key \"hidden_size\" appears twice (line 3); remove one" plan --no-db --hf-config "$d/hf_twice.json"
+row 2 "$d/gpu_twice.json: key \"mem_gib\" appears twice (line 2); remove one" simulate --model tiny-dense --gpus 8 --gpu "$d/gpu_twice.json"
+row 2 "$d/cluster_twice.json: key \"n_nodes\" appears twice (line 1); remove one" simulate --model tiny-dense --cluster "$d/cluster_twice.json"
+row 2 "$d/stack_twice.json: key \"gemm_eff_max\" appears twice (line 1); remove one" simulate --model tiny-dense --stack "$d/stack_twice.json"
+row 2 "manifest.json: key \"step\" appears twice (line 1); remove one" train --model tiny-dense --steps 1 --resume "$d/ck_twice"
+row 2 "st_twice.safetensors (its JSON header): key \"dtype\" appears twice (line 1); remove one" train --model tiny-dense --steps 1 --init-from "$d/st_twice.safetensors"
 
 # ---- the training loop's inputs: data, --init-from, --resume, their numbers ----------------
 row 2 "$d/fifo.bin: is a named pipe (FIFO), not a regular file" train --model tiny-dense --steps 1 --init-from "$d/fifo.bin"

@@ -1,5 +1,6 @@
-// common/checked.h, common/validate.h and common/file.h: overflow-safe size arithmetic,
-// range checks with one message form, and inputs that are regular files only.
+// common/checked.h, common/validate.h, common/file.h and common/json.h: overflow-safe size
+// arithmetic, range checks with one message form, inputs that are regular files only, and
+// JSON that means one thing to every reader.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -95,6 +96,66 @@ TEST(Json, InfinityIsNotANumberWeAccept) {
   EXPECT_EQ(mp_json_get_f64(&ctx, j, "t.json", "y", 1, &d), MP_ERR_INVALID);
   EXPECT_EQ(d, 3);
   cJSON_Delete(j);
+}
+
+// A key given twice: cJSON keeps both members and its lookups return the first, Python's
+// json (transformers, the scripts that write these files) keeps the last, so the same file
+// meant two models. Every reader parses through mp_json_parse, which refuses it, naming
+// the key and the line of its second occurrence.
+std::string ParseError(const std::string &text) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  cJSON *j = nullptr;
+  const mp_status st = mp_json_parse(&ctx, text.c_str(), "t.json", &j);
+  cJSON_Delete(j);
+  return st == MP_OK ? "OK" : mp_errmsg(&ctx);
+}
+
+TEST(Json, AKeyGivenTwiceIsRefusedWithItsLine) {
+  EXPECT_EQ(ParseError("{\"n_heads\": 32,\n \"d_model\": 4096,\n \"n_heads\": 8}"),
+            "t.json: key \"n_heads\" appears twice (line 3); remove one");
+  // at any depth: in an object inside an array inside an object
+  EXPECT_EQ(ParseError("{\"t\": [{\"k\": 1},\n {\"k\": 1,\n\n \"k\": 2}]}"),
+            "t.json: key \"k\" appears twice (line 4); remove one");
+  // the same key spelled with an escape is the same key to both readers
+  EXPECT_EQ(ParseError("{\"a\": 1, \"\\u0061\": 2}"), "t.json: key \"a\" appears twice (line 1); remove one");
+  // the repeat met first in the text is named: the inner one, before the outer's second "a"
+  EXPECT_EQ(ParseError("{\"a\": {\"b\": 1,\n \"b\": 2},\n \"a\": 3}"),
+            "t.json: key \"b\" appears twice (line 2); remove one");
+  EXPECT_EQ(ParseError("{\"a\": 1,\n \"z\": {\"b\": 1,\n \"b\": 2},\n \"a\": 3}"),
+            "t.json: key \"b\" appears twice (line 3); remove one");
+  // strings holding braces, brackets, commas and escaped quotes do not lose the line
+  EXPECT_EQ(ParseError("\xEF\xBB\xBF{\"s\": \"}{,[\\\"\", \"u\": [1, \"]\", {\"v\": \"\\\\\"}],\n \"s\": 2}"),
+            "t.json: key \"s\" appears twice (line 2); remove one");
+  // a large object (sorted, not compared pairwise): 100 keys, k50 again on the last line
+  std::string big = "{";
+  for (int i = 0; i < 100; i++) big += "\"k" + std::to_string(i) + "\": " + std::to_string(i) + ",\n";
+  big += "\"k50\": 0}";
+  EXPECT_EQ(ParseError(big), "t.json: key \"k50\" appears twice (line 101); remove one");
+  // keys that differ (in case only, or in separate objects) are not repeats
+  EXPECT_EQ(ParseError("{\"a\": 1, \"A\": 2, \"o\": {\"a\": 3}, \"p\": [{\"a\": 1}, {\"a\": 2}]}"), "OK");
+  big.resize(big.rfind(",\n\"k50\""));
+  EXPECT_EQ(ParseError(big + "}"), "OK");
+}
+
+// The entry point for bytes without a NUL (a safetensors header inside its file): the
+// same refusals, the length respected, nothing but whitespace after the value.
+TEST(Json, ParseLenReadsExactlyItsBytes) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  cJSON *j = nullptr;
+  const char buf[] = "{\"x\": 1}   {\"y\": 2}";  // the first 11 bytes: an object and spaces
+  ASSERT_EQ(mp_json_parse_len(&ctx, buf, 11, "h", &j), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(cJSON_GetArraySize(j), 1);
+  cJSON_Delete(j);
+  EXPECT_EQ(mp_json_parse_len(&ctx, buf, sizeof buf - 1, "h", &j), MP_ERR_INVALID);
+  EXPECT_STREQ(mp_errmsg(&ctx), "h: malformed JSON at line 1, column 12; fix the file");
+  EXPECT_EQ(mp_json_parse_len(&ctx, buf, 5, "h", &j), MP_ERR_INVALID);  // cut inside the object
+  const char twice[] = "{\"x\": 1, \"x\": 2}";
+  EXPECT_EQ(mp_json_parse_len(&ctx, twice, sizeof twice - 1, "h", &j), MP_ERR_INVALID);
+  EXPECT_STREQ(mp_errmsg(&ctx), "h: key \"x\" appears twice (line 1); remove one");
+  EXPECT_EQ(mp_json_parse_len(&ctx, "[1]", 3, "h", &j), MP_ERR_INVALID);
+  EXPECT_STREQ(mp_errmsg(&ctx), "h: expected a JSON object at the top level");
 }
 
 // A FIFO with no writer: fopen would block forever; the input opener refuses it at once.

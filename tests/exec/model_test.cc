@@ -499,6 +499,29 @@ TEST_F(ModelTest, HfErrorsPerArchitecture) {
   }
 }
 
+// A key given twice (cJSON's first against Python's last: two models) is refused in
+// meshplan's format, in its "moe" object and in a Hugging Face config (common/json.c).
+TEST_F(ModelTest, AKeyGivenTwiceIsRefused) {
+  const struct {
+    const char *text, *want;
+  } cases[] = {
+      {"{\"family\": \"llama\", \"vocab\": 16, \"d_model\": 8, \"n_layers\": 2,\n"
+       " \"n_heads\": 2, \"d_ff\": 16,\n \"n_heads\": 4}",
+       "m.json: key \"n_heads\" appears twice (line 3); remove one"},
+      {"{\"family\": \"llama\", \"vocab\": 16, \"d_model\": 8, \"n_layers\": 2, \"n_heads\": 2, \"d_ff\": 16,\n"
+       " \"moe\": {\"n_experts\": 4, \"top_k\": 2,\n \"d_ff_expert\": 4, \"top_k\": 1}}",
+       "m.json: key \"top_k\" appears twice (line 3); remove one"},
+      {"{\"model_type\": \"qwen2\", \"vocab_size\": 1000, \"hidden_size\": 64,\n"
+       " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"intermediate_size\": 128,\n"
+       " \"num_key_value_heads\": 2,\n \"num_key_value_heads\": 4}",
+       "m.json: key \"num_key_value_heads\" appears twice (line 4); remove one"},
+  };
+  for (const auto &c : cases) {
+    EXPECT_EQ(mp_model_from_text(&ctx, c.text, "m.json", &m), MP_ERR_INVALID) << c.text;
+    EXPECT_EQ(msg(), c.want);
+  }
+}
+
 // Zero heads must be a clear error, not a division by zero computing head_dim.
 TEST_F(ModelTest, HfZeroHeadsIsAnErrorNotACrash) {
   const char *llama =

@@ -48,6 +48,12 @@ def dataset(out):
 
 # ---- safetensors (fuzz_safetensors.c) ------------------------------------------------------
 
+def handmade(header, data_bytes):
+    """A safetensors file of this header text and data_bytes zero bytes of data."""
+    h = header.encode()
+    return struct.pack("<Q", len(h)) + h + bytes(data_bytes)
+
+
 def safetensors(out, exports):
     import torch
     from safetensors.torch import save
@@ -64,6 +70,11 @@ def safetensors(out, exports):
                             "z": torch.randn(1, 2, generator=g).to(torch.bfloat16), "e": torch.zeros(0, 3),
                             "s": torch.tensor(2.0)}))
     put(out, "4d", save({"k": torch.randn(1, 2, 2, 2, generator=g)}))
+    # a key given twice, refused by the JSON layer: a tensor's name, and a field of its entry
+    # (cJSON would read the first dtype, Python's reader the last)
+    entry = '{"dtype":"F32","shape":[2],"data_offsets":[%d,%d]}'
+    put(out, "name_twice", handmade('{"a":%s,"a":%s}' % (entry % (0, 8), entry % (8, 16)), 16))
+    put(out, "dtype_twice", handmade('{"a":{"dtype":"F32","shape":[4],"dtype":"BF16","data_offsets":[0,8]}}', 8))
     for i, d in enumerate(exports):
         st = open(os.path.join(d, "model.safetensors"), "rb").read()
         put(out, "export%d" % i, st)
@@ -143,6 +154,11 @@ def ckpt_manifest(out, steps):
         for k, f in enumerate(man["files"]):
             f["name"] = "in_%d.bin" % k
         put(out, "ckpt%d" % i, framed(man, data))
+        # "step" given twice (cJSON would read the first, Python the last): refused
+        text = json.dumps(man, indent=1)
+        at = text.index('"step": ')
+        put(out, "ckpt%d_step_twice" % i, (text[:at] + '"step": 0,\n ' + text[at:]).encode() + b"\0" +
+            b"".join(struct.pack("<I", len(d)) + d for d in data))
         # the same with 64-byte checksum chunks: a shard spans many chunks
         cb = 64
         man["chunk_bytes"] = cb

@@ -135,7 +135,9 @@ TEST(SafetensorsRegress, ShapesAndOffsetsMustBeWholeSizes) {
 }
 
 // One header naming a tensor twice (JSON allows a repeated key): refused by name, as
-// across the files of a folder.
+// across the files of a folder; the header is parsed through common/json.c, which refuses
+// a key given twice in any of its objects. A tensor's own entry with "dtype" twice was
+// read as its first (BF16 data read as F32) where Python's reader takes the last.
 TEST(SafetensorsRegress, ANameTwiceInOneHeaderIsRefused) {
   Ctx c;
   const std::string f = Handmade("{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
@@ -143,7 +145,21 @@ TEST(SafetensorsRegress, ANameTwiceInOneHeaderIsRefused) {
                                  std::string(16, '\0'));
   mp_st_set *s = nullptr;
   EXPECT_EQ(mp_st_from_bytes(&c.c, f.data(), f.size(), "d.safetensors", &s), MP_ERR_INVALID);
-  EXPECT_TRUE(c.says("tensor x appears twice")) << c.msg();
+  EXPECT_TRUE(c.says("d.safetensors (its JSON header): key \"x\" appears twice (line 1); remove one")) << c.msg();
+  const std::string g = Handmade("{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\n\"dtype\":\"BF16\",\"data_offsets\":[0,8]}}",
+                                 std::string(8, '\0'));
+  EXPECT_EQ(mp_st_from_bytes(&c.c, g.data(), g.size(), "g.safetensors", &s), MP_ERR_INVALID);
+  EXPECT_TRUE(c.says("g.safetensors (its JSON header): key \"dtype\" appears twice (line 2); remove one"))
+      << c.msg();
+  // the header may be padded with spaces (the format's alignment), not followed by text
+  const std::string pad = Handmade("{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}   ",
+                                   std::string(8, '\0'));
+  ASSERT_EQ(mp_st_from_bytes(&c.c, pad.data(), pad.size(), "p.safetensors", &s), MP_OK) << c.msg();
+  mp_st_close(s);
+  const std::string more = Handmade("{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}{}",
+                                    std::string(8, '\0'));
+  EXPECT_EQ(mp_st_from_bytes(&c.c, more.data(), more.size(), "m.safetensors", &s), MP_ERR_INVALID);
+  EXPECT_TRUE(c.says("m.safetensors (its JSON header): malformed JSON at line 1, column 55")) << c.msg();
 }
 
 // Names are found through a sorted index (a header of millions of entries was searched,
@@ -285,6 +301,19 @@ TEST(CkptRegress, NumbersAndNamesOutOfRangeAreRefused) {
   ASSERT_EQ(mp_ckpt_manifest_parse(&c.c, k.dir.c_str(), k.Manifest(ok).c_str(), &m), MP_OK) << c.msg();
   EXPECT_EQ(m.meta.data_consumed, 4);
   EXPECT_EQ(m.meta.seed, 1234u);
+  mp_ckpt_manifest_free(&m);
+}
+
+// A manifest key given twice: the first was read ("step": 1 resumed at step 1 where
+// Python's json, reading the same manifest, says 7). Refused by the JSON layer.
+TEST(CkptRegress, AKeyGivenTwiceIsRefused) {
+  Ctx c;
+  Ckpt k("ck_twice");
+  std::string text = k.Manifest(k.Shard(0, 4, 0));
+  text.replace(text.find("\"step\": 1, "), 11, "\"step\": 1,\n\"step\": 7, ");
+  mp_ckpt_manifest m;
+  EXPECT_EQ(mp_ckpt_manifest_parse(&c.c, k.dir.c_str(), text.c_str(), &m), MP_ERR_INVALID) << text;
+  EXPECT_TRUE(c.says("manifest.json: key \"step\" appears twice (line 2); remove one")) << c.msg();
   mp_ckpt_manifest_free(&m);
 }
 
