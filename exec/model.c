@@ -235,6 +235,14 @@ static mp_status read_moe(mp_ctx *ctx, const cJSON *j, const char *origin, mp_mo
   if (moe == NULL) return MP_OK;
   int64_t first_dense = 0, freq = 1;
   MP_CHECK(mp_model_read_fields(ctx, moe, sub, MP_MODEL_OBJ_MOE, MP_MODEL_FIELD_FIRST,
+                                MP_MODEL_FIELD_n_experts, m));
+  /* n_experts 0 would make the model dense (model.h) whatever the object's other keys say:
+   * a "moe" object always describes experts, a dense model has none */
+  if (m->n_experts < 1)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: moe.n_experts = %lld: a MoE block needs at least one expert; drop the moe "
+                    "object for a dense model", origin, (long long)m->n_experts);
+  MP_CHECK(mp_model_read_fields(ctx, moe, sub, MP_MODEL_OBJ_MOE, MP_MODEL_FIELD_top_k,
                                 MP_MODEL_FIELD_d_ff_shared, m));
   MP_CHECK(mp_json_get_i64(ctx, moe, sub, "first_dense_layers", 0, &first_dense));
   MP_CHECK(mp_json_get_i64(ctx, moe, sub, "layer_freq", 0, &freq));
@@ -309,6 +317,10 @@ static mp_status hf_get(mp_ctx *ctx, const cJSON *j, const char *where, mp_model
  *   Qwen3MoE/Qwen2MoE: num_experts, num_experts_per_tok, moe_intermediate_size,
  *     decoder_sparse_step, mlp_only_layers, shared_expert_intermediate_size
  *   GPT2: vocab_size, n_embd, n_layer, n_head, n_positions, n_inner, layer_norm_epsilon */
+#define HF_SUPPORTED                                                                              \
+  "llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, deepseek_v2, deepseek_v3 and gpt2"
+
+/* type or arch names a supported llama-family architecture (gpt2 is told apart before). */
 static int hf_type_supported(const char *type, const char *arch) {
   static const char *types[] = {"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                                 "mixtral", "deepseek_v2", "deepseek_v3"};
@@ -320,12 +332,17 @@ static int hf_type_supported(const char *type, const char *arch) {
       if (strcmp(type, types[i]) == 0) return 1;
     return 0;
   }
-  if (arch[0]) {
-    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
-      if (strncmp(arch, archs[i], strlen(archs[i])) == 0) return 1;
-    return 0;
-  }
-  return 1; /* neither named: read the llama field names and let the required keys decide */
+  for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+    if (strncmp(arch, archs[i], strlen(archs[i])) == 0) return 1;
+  return 0;
+}
+
+/* The routed experts under an architecture's key (required), within the table's range
+ * 0..MP_LIM_EXPERTS; what 0 means is each architecture's (its reader says). */
+static mp_status hf_experts(mp_ctx *ctx, const cJSON *j, const char *where, const char *key,
+                            mp_model *m) {
+  MP_CHECK(mp_json_get_i64(ctx, j, where, key, 1, &m->n_experts));
+  return mp_model_check_field(ctx, m, where, MP_MODEL_FIELD_n_experts, key);
 }
 
 /* GPT-2's config (model_type gpt2): LayerNorm with biases, tied embeddings, d_ff 4 x d_model
@@ -350,7 +367,11 @@ static mp_status hf_gpt2(mp_ctx *ctx, const cJSON *j, const char *where, mp_mode
 
 /* Mixtral's experts: every layer MoE, experts as wide as the dense d_ff. */
 static mp_status hf_mixtral_moe(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m) {
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_local_experts", 1, &m->n_experts));
+  MP_CHECK(hf_experts(ctx, j, where, "num_local_experts", m));
+  if (m->n_experts == 0) /* transformers' MixtralSparseMoeBlock routes top-k of none and fails */
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: num_local_experts = 0: a Mixtral block needs at least one expert; give "
+                    "num_local_experts >= 1, or model_type \"mistral\" for the dense model", where);
   MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_top_k, 1, m));
   m->d_ff_expert = m->d_ff;
   m->aux_loss_coef = 0.02;
@@ -365,7 +386,12 @@ static mp_status hf_mixtral_moe(mp_ctx *ctx, const cJSON *j, const char *where, 
 static mp_status hf_qwen_moe(mp_ctx *ctx, const cJSON *j, const char *where, const char *type,
                              mp_model *m) {
   int64_t step = 1;
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_experts", 1, &m->n_experts));
+  MP_CHECK(hf_experts(ctx, j, where, "num_experts", m));
+  if (m->n_experts == 0) { /* transformers builds a MoE block only where num_experts > 0 */
+    mp_log(MP_LOG_WARN, "%s: num_experts = 0: read as transformers builds it, a dense model (every "
+           "block's MLP of intermediate_size)", where);
+    return MP_OK;
+  }
   MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_top_k, 1, m));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "moe_intermediate_size", 1, &m->d_ff_expert));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "decoder_sparse_step", 0, &step));
@@ -465,7 +491,11 @@ static mp_status hf_deepseek_moe(mp_ctx *ctx, const cJSON *j, const char *where,
   const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "n_routed_experts");
   if (r == NULL || cJSON_IsNull(r)) return MP_OK; /* dense */
   int64_t first = 0, freq = 1;
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "n_routed_experts", 1, &m->n_experts));
+  MP_CHECK(hf_experts(ctx, j, where, "n_routed_experts", m));
+  if (m->n_experts == 0) /* modeling_deepseek builds its MoE blocks whenever the key is not null */
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "%s: n_routed_experts = 0: DeepSeek's MoE blocks need at least one routed "
+                    "expert; give n_routed_experts >= 1, or null for a dense model", where);
   MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_top_k, 1, m));
   MP_CHECK(mp_json_get_i64(ctx, j, where, "moe_intermediate_size", 1, &m->d_ff_expert));
   MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_n_shared_experts, 0, m));
@@ -570,7 +600,16 @@ mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origi
     snprintf(arch, sizeof arch, "%s", cJSON_GetArrayItem(archs, 0)->valuestring);
   MP_CHECK_GOTO(mp_json_get_str(ctx, j, origin, "model_type", 0, type, sizeof type), st, done);
   char where[300];
-  snprintf(where, sizeof where, "%s (%s)", origin, arch[0] ? arch : (type[0] ? type : "HF config"));
+  snprintf(where, sizeof where, "%s (%s)", origin, arch[0] ? arch : type);
+  /* Without either the keys' meaning is unknown: read as llama, a Qwen2 config would lose
+   * its q/k/v biases (they are Qwen2's by default, not by a key) without a word. */
+  if (!type[0] && !arch[0]) {
+    st = mp_error(ctx, MP_ERR_INVALID,
+                  "%s: neither 'model_type' nor 'architectures' is given, so the architecture (and "
+                  "what its keys mean) is unknown; add model_type, one of " HF_SUPPORTED,
+                  origin);
+    goto done;
+  }
   int is_gpt2 = strcmp(type, "gpt2") == 0 || strncmp(arch, "GPT2", 4) == 0;
   /* Other architectures (Gemma, ...) have parts this spec cannot describe; reading
    * them as llama would give silently wrong counts, so they are refused by name. */
@@ -585,9 +624,7 @@ mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origi
     }
     st = mp_error(ctx, MP_ERR_INVALID,
                   "%s: unsupported architecture '%s'; meshplan reads Hugging Face configs of "
-                  "llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, deepseek_v2, "
-                  "deepseek_v3 and gpt2 "
-                  "(or write the model in meshplan's JSON format)",
+                  HF_SUPPORTED " (or write the model in meshplan's JSON format)",
                   origin, type[0] ? type : arch);
     goto done;
   }

@@ -22,6 +22,10 @@ model '"d_model": 64, "n_heads": 7' heads7.json
 model '"d_model": 64, "n_heads": 8, "norm_eps": 1e999' inf_eps.json
 printf '{"name": "x", "family": "llama", "vocab": -5, "n_layers": 2, "d_ff": 128, "d_model": 64, "n_heads": 8}' >"$d/neg_vocab.json"
 printf '{"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 7, "intermediate_size": 128}' >"$d/hf_heads7.json"
+# silent readings: a moe object without experts, a Mixtral of none, a config naming no architecture
+model '"d_model": 64, "n_heads": 8, "moe": {"n_experts": 0, "top_k": 1, "d_ff_expert": 32}' moe0.json
+printf '{"model_type": "mixtral", "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "intermediate_size": 128, "num_local_experts": 0, "num_experts_per_tok": 2}' >"$d/hf_mixtral0.json"
+printf '{"vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "intermediate_size": 128}' >"$d/hf_noarch.json"
 # a key twice (cJSON reads the first, Python the last), in every reader's files
 model '"d_model": 64, "n_heads": 8,
  "n_heads": 4' twice.json
@@ -250,6 +254,10 @@ row 2 "--fix: tp=0 out of range (1..1048576)" plan --no-db --model tiny-dense --
 row 2 "--fix: mb=99999999999 out of range (1..16777216)" plan --no-db --model tiny-dense --fix mb=99999999999
 
 # ---- silent readings made refusals ----------------------------------------------------------
+row 2 "moe.n_experts = 0: a MoE block needs at least one expert; drop the moe object for a dense model" plan --no-db --model "$d/moe0.json"
+row 2 "num_local_experts = 0: a Mixtral block needs at least one expert" plan --no-db --hf-config "$d/hf_mixtral0.json"
+row 2 "neither 'model_type' nor 'architectures' is given" plan --no-db --hf-config "$d/hf_noarch.json"
+row 2 "neither 'model_type' nor 'architectures' is given" plan --no-db --model "$d/hf_noarch.json"
 row 2 "local_batch 2 x 8 data-parallel ranks (dp_replicate 2 x dp_shard 4) is not global_batch 8" validate "$d/local_batch.csv"
 row 2 "$d/twice.json: key \"n_heads\" appears twice (line 2); remove one" plan --no-db --model "$d/twice.json"
 row 2 "$d/hf_twice.json: key \"hidden_size\" appears twice (line 3); remove one" plan --no-db --hf-config "$d/hf_twice.json"

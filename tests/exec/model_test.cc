@@ -499,6 +499,69 @@ TEST_F(ModelTest, HfErrorsPerArchitecture) {
   }
 }
 
+// Zero routed experts, per architecture, as transformers reads the config: Mixtral's and
+// DeepSeek's blocks would route among none (transformers fails building or running them),
+// so 0 is refused naming the key and the dense alternative; Qwen2-MoE and Qwen3-MoE build
+// a MoE block only where num_experts > 0, so 0 is their dense model, read so (a notice
+// says it). Before, all three were read as dense without a word.
+TEST_F(ModelTest, HfZeroExpertsAreReadAsTransformersReadsThem) {
+  const std::string common =
+      " \"vocab_size\": 1000, \"hidden_size\": 64, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
+      " \"intermediate_size\": 128, \"num_experts_per_tok\": 2,";
+  const std::string mixtral = "{\"model_type\": \"mixtral\"," + common + " \"num_local_experts\": 0}";
+  EXPECT_EQ(mp_model_from_text(&ctx, mixtral.c_str(), "mx.json", &m), MP_ERR_INVALID);
+  EXPECT_EQ(msg(), "mx.json (mixtral): num_local_experts = 0: a Mixtral block needs at least one expert; give "
+                   "num_local_experts >= 1, or model_type \"mistral\" for the dense model");
+  const std::string ds =
+      "{\"model_type\": \"deepseek_v2\"," + common +
+      " \"kv_lora_rank\": 32, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16,"
+      " \"moe_intermediate_size\": 32, \"n_routed_experts\": 0}";
+  EXPECT_EQ(mp_model_from_text(&ctx, ds.c_str(), "ds.json", &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "ds.json (deepseek_v2): n_routed_experts = 0: DeepSeek's MoE blocks need at "
+                              "least one routed expert; give n_routed_experts >= 1, or null for a dense model"))
+      << msg();
+  std::string ds4 = ds;  // the same config with 4 routed experts is read (the refusal is the zero's)
+  ds4.replace(ds4.find("\"n_routed_experts\": 0"), 21, "\"n_routed_experts\": 4");
+  ASSERT_EQ(mp_model_from_text(&ctx, ds4.c_str(), "ds.json", &m), MP_OK) << msg();
+  EXPECT_EQ(m.n_experts, 4);
+  const std::string neg = "{\"model_type\": \"mixtral\"," + common + " \"num_local_experts\": -1}";
+  EXPECT_EQ(mp_model_from_text(&ctx, neg.c_str(), "mx.json", &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "num_local_experts = -1 is out of range; accepted 0..")) << msg();
+  // Qwen2-MoE with num_experts 0: HfQwen2MoeLayerSelection's config made dense, four
+  // blocks of 37,120 (q/k/v biases kept) and embeddings and final norm 128,064: 276,544.
+  const std::string qwen = "{\"model_type\": \"qwen2_moe\"," + common +
+                           " \"num_key_value_heads\": 2, \"num_experts\": 0, \"moe_intermediate_size\": 32,"
+                           " \"decoder_sparse_step\": 2}";
+  ASSERT_EQ(mp_model_from_text(&ctx, qwen.c_str(), "q.json", &m), MP_OK) << msg();
+  EXPECT_FALSE(mp_model_is_moe(&m));
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 0);
+  EXPECT_EQ(m.d_ff, 128);
+  EXPECT_EQ(m.qkv_bias, 1);
+  EXPECT_EQ(mp_model_param_count(&m), 276544);
+}
+
+// A config that names no architecture was read as llama: a Qwen2 config lost its q/k/v
+// biases (Qwen2's by default, not by a key) and Qwen3's q/k norms, silently. Refused,
+// naming both keys and what is read.
+TEST_F(ModelTest, HfConfigNamingNoArchitectureIsRefused) {
+  const std::string sizes =
+      "\"vocab_size\": 1000, \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+      " \"num_key_value_heads\": 2, \"intermediate_size\": 128}";
+  for (const std::string &head : {std::string("{"), std::string("{\"model_type\": \"\", \"architectures\": [], "),
+                                   std::string("{\"model_type\": null, \"architectures\": [7], ")}) {
+    EXPECT_EQ(mp_model_from_text(&ctx, (head + sizes).c_str(), "cfg.json", &m), MP_ERR_INVALID) << head;
+    EXPECT_EQ(msg(), "cfg.json: neither 'model_type' nor 'architectures' is given, so the architecture (and what "
+                     "its keys mean) is unknown; add model_type, one of llama, mistral, qwen2, qwen2_moe, qwen3, "
+                     "qwen3_moe, mixtral, deepseek_v2, deepseek_v3 and gpt2") << head;
+  }
+  // either key alone names it
+  ASSERT_EQ(mp_model_from_text(&ctx, ("{\"model_type\": \"qwen2\", " + sizes).c_str(), "cfg.json", &m), MP_OK);
+  EXPECT_EQ(m.qkv_bias, 1);
+  ASSERT_EQ(mp_model_from_text(&ctx, ("{\"architectures\": [\"Qwen2ForCausalLM\"], " + sizes).c_str(), "cfg.json",
+                               &m), MP_OK);
+  EXPECT_EQ(m.qkv_bias, 1);
+}
+
 // A key given twice (cJSON's first against Python's last: two models) is refused in
 // meshplan's format, in its "moe" object and in a Hugging Face config (common/json.c).
 TEST_F(ModelTest, AKeyGivenTwiceIsRefused) {
@@ -735,6 +798,32 @@ TEST_F(ModelTest, OwnFormatErrors) {
     EXPECT_EQ(mp_model_from_text(&ctx, c.text, "m.json", &m), MP_ERR_INVALID) << c.want;
     EXPECT_TRUE(Contains(msg(), c.want)) << msg();
   }
+}
+
+// A "moe" object with no experts was read as a dense model (n_experts 0 means dense inside
+// mp_model) whatever else it said, or refused for a missing top_k when alone. The object
+// always describes experts: 0 (or fewer) is refused, naming the way to a dense model. One
+// expert is a MoE as written (a router over one expert, as transformers builds it).
+TEST_F(ModelTest, OwnFormatMoeWithoutExpertsIsRefused) {
+  const std::string base =
+      "{\"family\": \"llama\", \"vocab\": 16, \"d_model\": 8, \"n_layers\": 2, \"n_heads\": 2,"
+      " \"d_ff\": 16, \"moe\": ";
+  for (const char *moe : {"{\"n_experts\": 0}", "{\"n_experts\": 0, \"top_k\": 1, \"d_ff_expert\": 4}",
+                          "{\"n_experts\": 0, \"top_k\": 2, \"d_ff_expert\": 4, \"n_shared_experts\": 1,"
+                          " \"d_ff_shared\": 8}"}) {
+    EXPECT_EQ(mp_model_from_text(&ctx, (base + moe + "}").c_str(), "m.json", &m), MP_ERR_INVALID) << moe;
+    EXPECT_EQ(msg(), "m.json: moe.n_experts = 0: a MoE block needs at least one expert; drop the moe "
+                     "object for a dense model") << moe;
+  }
+  EXPECT_EQ(mp_model_from_text(&ctx, (base + "{\"n_experts\": -3, \"top_k\": 1, \"d_ff_expert\": 4}}").c_str(),
+                               "m.json", &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "moe.n_experts = -3")) << msg();
+  // null, like absent, is the dense model; one expert is a MoE of one
+  ASSERT_EQ(mp_model_from_text(&ctx, (base + "null}").c_str(), "m.json", &m), MP_OK) << msg();
+  EXPECT_FALSE(mp_model_is_moe(&m));
+  ASSERT_EQ(mp_model_from_text(&ctx, (base + "{\"n_experts\": 1, \"top_k\": 1, \"d_ff_expert\": 4}}").c_str(),
+                               "m.json", &m), MP_OK) << msg();
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 2);
 }
 
 // A MoE model where every layer is MoE needs no dense d_ff; first_dense_layers keeps the
