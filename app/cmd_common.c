@@ -231,6 +231,37 @@ cJSON *mp_cmd_kernel_scale_json(const mp_stack_profile *p, const mp_gpu *g) {
   return o;
 }
 
+/* n in billions ("70.55B") or millions below one billion ("124.44M"). */
+static void fmt_count(int64_t n, char *buf, size_t cap) {
+  if (n >= 1000000000) snprintf(buf, cap, "%.2fB", (double)n / 1e9);
+  else snprintf(buf, cap, "%.2fM", (double)n / 1e6);
+}
+
+void mp_cmd_params_str(const mp_model *m, char *buf, size_t cap) {
+  char total[32], active[32];
+  fmt_count(mp_model_param_count(m), total, sizeof total);
+  if (!mp_model_is_moe(m)) {
+    snprintf(buf, cap, "%s parameters", total);
+    return;
+  }
+  fmt_count(mp_model_matmul_param_count(m), active, sizeof active);
+  snprintf(buf, cap, "%s parameters, %s active per token (matmul weights)", total, active);
+}
+
+void mp_cmd_params_json(const mp_model *m, cJSON *o) {
+  cJSON_AddNumberToObject(o, "params", (double)mp_model_param_count(m));
+  if (mp_model_is_moe(m)) cJSON_AddNumberToObject(o, "active_params", (double)mp_model_matmul_param_count(m));
+}
+
+void mp_cmd_gpu_note(const mp_gpu *g, char *buf, size_t cap) {
+  if (mp_gpu_runtime_drives(g)) {
+    snprintf(buf, cap, "%s", "");
+    return;
+  }
+  snprintf(buf, cap, "%s has no CUDA (%s): planned and simulated only; meshplan train cannot run on it", g->name,
+           mp_gpu_api_name(mp_gpu_api_of(g)));
+}
+
 const char *mp_cmd_db_path(const mp_cmd_spec *spec) {
   const char *db = mp_args_get(spec, "--db");
   return db ? db : "meshplan.db";

@@ -400,8 +400,12 @@ static void print_json(const plan_view *v) {
     return;
   }
   cJSON_AddStringToObject(root, "model", a->m.name);
+  mp_cmd_params_json(&a->m, root);
   cJSON_AddStringToObject(root, "cluster", a->c.name);
   cJSON_AddStringToObject(root, "gpu", a->c.gpu.name);
+  char note[160];
+  mp_cmd_gpu_note(&a->c.gpu, note, sizeof note);
+  if (note[0]) cJSON_AddStringToObject(root, "gpu_note", note);
   cJSON_AddNumberToObject(root, "n_gpus", mp_cluster_n_gpus(&a->c));
   cJSON_AddStringToObject(root, "stack", v->ev->stack.name);
   cJSON_AddItemToObject(root, "kernels", mp_cmd_kernel_scale_json(&v->ev->stack, &a->c.gpu));
@@ -504,9 +508,13 @@ static void print_text(const plan_view *v) {
   if (v->ev->base.ddp.shard_optimizer)
     snprintf(rot + strlen(rot), sizeof rot - strlen(rot), "%s the distributed optimizer",
              rot[0] ? " and" : " with");
-  printf("%s on %s (%d x %s, %d per node), seq %lld, stack %s%s, objective %s\n", a->m.name, a->c.name,
-         mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, a->seq, v->ev->stack.name, rot,
+  char params[160], note[160];
+  mp_cmd_params_str(&a->m, params, sizeof params);
+  printf("%s (%s) on %s (%d x %s, %d per node), seq %lld, stack %s%s, objective %s\n", a->m.name, params,
+         a->c.name, mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, a->seq, v->ev->stack.name, rot,
          mp_objective_name(a->obj));
+  mp_cmd_gpu_note(&a->c.gpu, note, sizeof note);
+  if (note[0]) printf("note: %s\n", note);
   if (a->target_seqs > 0)
     printf("global batch: %lld sequences (%lld tokens) by the default rule, %s; each plan runs the nearest "
            "multiple of its dp (column batch)\n",

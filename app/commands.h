@@ -115,6 +115,15 @@ int mp_cmd_print_json(struct cJSON *root);
  * prints}. NULL when out of memory. */
 struct mp_stack_profile;
 struct cJSON *mp_cmd_kernel_scale_json(const struct mp_stack_profile *p, const mp_gpu *g);
+/* The model's size for a header: "70.55B parameters", for a MoE model "46.70B parameters,
+ * 12.88B active per token" (mp_model_param_count, mp_model_matmul_param_count: the
+ * published activated counts are the matmuls' parameters). */
+void mp_cmd_params_str(const mp_model *m, char *buf, size_t cap);
+/* The same into JSON object o: "params", and for a MoE model "active_params". */
+void mp_cmd_params_json(const mp_model *m, struct cJSON *o);
+/* One line where meshplan's runtime cannot drive g (a GPU without CUDA), "" where it can:
+ * "mi300x has no CUDA (rocm): planned and simulated only; meshplan train cannot run on it". */
+void mp_cmd_gpu_note(const mp_gpu *g, char *buf, size_t cap);
 /* How this process was launched, read before MPI_Init from the launcher's environment
  * (OpenMPI's OMPI_COMM_WORLD_SIZE/RANK, else PMI_SIZE/RANK as Slurm and MPICH set them):
  * under_mpi 0 with world 1, rank 0 when it runs alone. */

@@ -33,6 +33,7 @@ void mp_candidate_ac_str(const mp_candidate *c, char *buf, size_t cap) {
  * (mp_runtime_check) on the options the candidate's plan would have and the passes it would
  * apply (FSDP where dp_shard > 1, Float8 where float8 is on); no plan is built. */
 static int executable(const mp_search_config *cfg, const mp_candidate *c) {
+  if (!mp_gpu_runtime_drives(&cfg->cluster->gpu)) return 0; /* a GPU without CUDA */
   mp_plan_options o;
   mp_plan_options_init(&o);
   o.seq = cfg->seq;

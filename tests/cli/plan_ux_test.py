@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""What a user trying the planner meets, through the binary: the model's parameter count in
+plan's and simulate's headers and JSON; GPUs by the names people rent them by, and a GPU the
+runtime cannot drive planned and simulated with one line saying so.
+
+Usage: plan_ux_test.py MESHPLAN"""
+import json
+import sys
+
+import cli_check
+from cli_check import check, fails, run
+
+cli_check.BIN = sys.argv[1]
+
+
+def plan_json(*args, want_rc=0):
+    p = run("plan", "--no-db", "--json", *args, want_rc=want_rc)
+    return json.loads(p.stdout) if p.stdout.strip().startswith("{") else None
+
+
+# ---- the parameter count ---------------------------------------------------------------
+# Llama 3.1 8B: vocab 128,256 x 4,096 embedding and head (untied) = 1,050,673,152; 32 blocks
+# of q 4096x4096, k and v 1024x4096 each, o 4096x4096 (41,943,040) and gate, up, down
+# 3 x 14336x4096 (176,160,768) and two norms of 4,096: 218,112,000 each = 6,979,584,000;
+# final norm 4,096: 8,030,261,248 in all, Meta's "8.03B".
+j = plan_json("--model", "llama3.1-8b", "--gpus", "8", "--top", "1")
+if j:
+    check(j.get("params") == 8030261248, f"plan --json params {j.get('params')}, want 8030261248")
+    check("active_params" not in j, "a dense model reports active parameters")
+p = run("plan", "--no-db", "--model", "llama3.1-8b", "--gpus", "8", "--top", "1")
+check("llama3.1-8b (8.03B parameters) on 8xh100-sxm" in p.stdout.splitlines()[0], "plan's header: " + p.stdout[:200])
+# Mixtral 8x7B: 46,702,792,704 in all; a token's matmuls use 2 of the 8 experts: the 32
+# blocks' attention (4096x4096 q and o, 1024x4096 k and v: 41,943,040) and router (8x4096),
+# 2 experts of 3 x 14336x4096, and the 32,000 x 4,096 head: 32 x (41,943,040 + 32,768 +
+# 352,321,536) + 131,072,000 = 12,748,853,248.
+s = run("simulate", "--json", "--model", "mixtral-8x7b", "--gpus", "8", "--mesh", "dp_shard=8,ep=8", "--ac", "full")
+if s.returncode == 0:
+    sj = json.loads(s.stdout)
+    check(sj.get("params") == 46702792704 and sj.get("active_params") == 12748853248,
+          f"simulate --json params {sj.get('params')} active {sj.get('active_params')}")
+s = run("simulate", "--model", "mixtral-8x7b", "--gpus", "8", "--mesh", "dp_shard=8,ep=8", "--ac", "full")
+check("model   46.70B parameters, 12.75B active per token" in s.stdout, "simulate's header: " + s.stdout[:400])
+
+# ---- GPUs by their common names; a GPU without CUDA ----------------------------------------
+for name, profile in (("h100", "h100-sxm"), ("a100", "a100-80gb-sxm"), ("H100 PCIe", "h100-pcie"), ("l40s", "l40s"),
+                      ("mi300x", "mi300x"), ("a100-40gb", "a100-40gb-sxm"), ("h100-nvl", "h100-nvl")):
+    j = plan_json("--model", "llama3.1-8b", "--gpus", "8", "--gpu", name, "--top", "1")
+    check(j is not None and j["gpu"] == profile, f"--gpu {name}: {j and j['gpu']}")
+p = run("plan", "--no-db", "--gpus", "8", "--gpu", "h100-sxm6", want_rc=2)
+check("known: a100-40gb-sxm, a100-80gb-sxm, b200, cpu, h100-96gb-500w, h100-nvl, h100-pcie, h100-sxm, h200, l40s, "
+      "mi300x" in p.stderr, "an unknown GPU does not list the profiles: " + p.stderr)
+# MI300X: planned and simulated, with one line saying the runtime cannot drive it; its plans
+# do not run; the runtime's CUDA stack is refused by name
+p = run("plan", "--no-db", "--model", "llama3.1-8b", "--gpus", "8", "--gpu", "mi300x", "--top", "2")
+note = "note: mi300x has no CUDA (rocm): planned and simulated only; meshplan train cannot run on it"
+check(p.stdout.count(note) == 1, "plan on mi300x: no note line: " + p.stdout[:600])
+j = plan_json("--model", "llama3.1-8b", "--gpus", "8", "--gpu", "mi300x")
+check(j is not None and len(j["plans"]) > 0 and not any(x["runs"] for x in j["plans"]), "mi300x plans said to run")
+s = run("simulate", "--gpus", "8", "--gpu", "mi300x")
+check("note    mi300x has no CUDA (rocm)" in s.stdout, "simulate on mi300x: no note line: " + s.stdout[:400])
+s = run("simulate", "--gpus", "8", "--gpu", "mi300x", "--stack", "meshplan-cuda", want_rc=2)
+check("GPU mi300x has no CUDA (rocm): meshplan's CUDA runtime (stack meshplan-cuda) cannot drive it" in s.stderr,
+      "meshplan-cuda on mi300x: " + s.stderr)
+p = run("plan", "--no-db", "--gpus", "8", "--gpu", "h100", "--top", "1")
+check("note:" not in p.stdout.split("rank")[0], "a note for a CUDA GPU")
+
+if fails:
+    print("\n".join("FAIL: " + f for f in fails))
+    sys.exit(1)
+print("plan ux: all checks passed")
