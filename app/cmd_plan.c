@@ -21,6 +21,7 @@
 #include "planner/plot.h"
 #include "planner/search.h"
 #include "planner/store.h"
+#include "planner/why.h"
 
 /* The rows' order is the order of the options in the runs table's options column. */
 static mp_opt k_opts[] = {
@@ -61,7 +62,8 @@ static mp_opt k_opts[] = {
     {"--no-db", NULL, "do not write a database", NULL},
     {"--plot", "DIR", "write gnuplot plots (PNG, data, scripts) into DIR (needs gnuplot)", NULL},
     {"--why", "K=V,...", "explain one candidate's fate, e.g. 'dp_shard=64,tp=1': every rule it passed or "
-                         "failed, its prediction, its rank (keys as --fix; the first match in enumeration order)",
+                         "failed, its prediction, its rank (keys as --fix) for the best matching candidate (the best "
+                         "ranked, else the one the search took furthest), then the other matches' fates, one line each",
      NULL},
     MP_OPT_JSON("the ranked plans"),
     {"--csv", NULL, "print the ranked plans as CSV", NULL},
@@ -541,28 +543,11 @@ static void print_text(const plan_view *v) {
   print_reject_words(s);
 }
 
-/* --why: one candidate's fate. The candidate is the first in enumeration order that
- * matches the spec; its mesh rules and option rules are listed with their verdicts. */
-static mp_status print_why(mp_ctx *ctx, const plan_view *v) {
-  mp_search_fix f;
-  mp_search_fix_init(&f);
-  MP_CHECK(mp_search_fix_parse(ctx, v->a->why, &f));
-  const mp_search *s = v->res->search;
-  const int64_t i = mp_search_find(s, &f);
-  if (i < 0)
-    return mp_error(ctx, MP_ERR_USAGE,
-                    "--why %s: no candidate of this search matches (a dim the GPUs do not factor into, "
-                    "or one --fix excluded); the mesh dims multiply to %d", v->a->why,
-                    mp_cluster_n_gpus(&v->a->c));
-  const mp_candidate *c = &s->cands[i];
-  char mesh[128], ac[32], reason[512];
-  mp_candidate_mesh_str(c, mesh, sizeof mesh);
-  mp_candidate_ac_str(c, ac, sizeof ac);
-  printf("\nwhy %s: candidate %lld of %lld: %s, ac=%s, fp8=%s, micro-batch %lld, global batch %lld, reshard=%s%s\n",
-         v->a->why, (long long)i + 1, (long long)s->n, mesh, ac, c->fp8 ? "on" : "off", (long long)c->micro_batch,
-         (long long)c->global_batch, c->reshard ? "on" : "off", c->sp ? ", sp" : "");
-  /* every rule in the order the search applies them (search.h): the mesh's, the options',
-   * the siblings', then the simulation's; those after the deciding one are not reached */
+/* --why's rule walk of candidate c: every rule in the order the search applies them
+ * (search.h): the mesh's, the options', the siblings', then the simulation's; those after the
+ * deciding one are not reached. Then the verdict, the prediction and the rank. */
+static void why_rules(const plan_view *v, const mp_candidate *c, int64_t rank) {
+  char reason[512];
   printf("  rule (does it reject this candidate? no / YES / - not reached)\n");
   int reached = 1;
   for (int k = 0; k < mp_search_n_rule_order; k++) {
@@ -581,11 +566,70 @@ static mp_status print_why(mp_ctx *ctx, const plan_view *v) {
            (double)c->res.capacity_bytes / kGiB);
   else if (!c->evaluated)
     printf("prediction: none (not simulated: a rule or a sibling decided it)\n");
-  for (int64_t r = 0; r < v->res->n_order; r++)
-    if (v->res->order[r] == i) {
-      printf("rank: %lld of %lld\n", (long long)r + 1, (long long)v->res->n_order);
-      break;
+  if (rank > 0) printf("rank: %lld of %lld\n", (long long)rank, (long long)v->res->n_order);
+}
+
+/* The most other matches --why lists one per line; the rest are counted by rule. */
+#define WHY_MAX_OTHERS 40
+
+/* --why's other matches, best first, one line each: options, verdict, rank or rule. */
+static void why_others(const plan_view *v, const int64_t *idx, int64_t n) {
+  const mp_search *s = v->res->search;
+  if (n <= 1) return;
+  printf("the other %lld matching candidates, best first:\n", (long long)(n - 1));
+  int64_t by[MP_REJECT_COUNT] = {0};
+  for (int64_t j = 1; j < n; j++) {
+    const mp_candidate *c = &s->cands[idx[j]];
+    if (j > WHY_MAX_OTHERS) {
+      by[c->reject]++;
+      continue;
     }
+    char opts[192], reason[512];
+    mp_candidate_options_str(c, opts, sizeof opts);
+    const int64_t rank = mp_search_rank_of(v->res->order, v->res->n_order, idx[j]);
+    if (rank > 0) {
+      printf("  %-44s ranked %lld (step %.4f s, peak %.2f GiB)\n", opts, (long long)rank, c->res.step_time_s,
+             (double)c->res.peak_mem_bytes / kGiB);
+      continue;
+    }
+    mp_candidate_reason(v->cfg, c, reason, sizeof reason);
+    printf("  %-44s rejected (%s): %s\n", opts, mp_reject_name((mp_reject)c->reject), reason);
+  }
+  if (n - 1 > WHY_MAX_OTHERS) {
+    printf("  ... and %lld more:", (long long)(n - 1 - WHY_MAX_OTHERS));
+    for (int r = 0; r < MP_REJECT_COUNT; r++)
+      if (by[r]) printf(" %lld %s", (long long)by[r], r == MP_REJECT_NONE ? "ranked" : mp_reject_name((mp_reject)r));
+    printf("\n");
+  }
+}
+
+/* --why: the fate of the candidates the spec matches. The one shown in full is the best of
+ * them (planner/why.h: the best ranked, else the one the search took furthest); the others
+ * follow one line each. */
+static mp_status print_why(mp_ctx *ctx, const plan_view *v) {
+  mp_search_fix f;
+  mp_search_fix_init(&f);
+  MP_CHECK(mp_search_fix_parse(ctx, v->a->why, &f));
+  const mp_search *s = v->res->search;
+  int64_t *idx = NULL, n = 0;
+  MP_CHECK(mp_search_matches(ctx, s, &f, v->res->order, v->res->n_order, &idx, &n));
+  if (n == 0)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--why %s: no candidate of this search matches (a dim the GPUs do not factor into, "
+                    "or one --fix excluded); the mesh dims multiply to %d", v->a->why,
+                    mp_cluster_n_gpus(&v->a->c));
+  const mp_candidate *c = &s->cands[idx[0]];
+  const int64_t rank = mp_search_rank_of(v->res->order, v->res->n_order, idx[0]);
+  char mesh[128], ac[32];
+  mp_candidate_mesh_str(c, mesh, sizeof mesh);
+  mp_candidate_ac_str(c, ac, sizeof ac);
+  printf("\nwhy %s: %lld candidate%s match; the best %s, candidate %lld of %lld: %s, ac=%s, fp8=%s, micro-batch %lld, "
+         "global batch %lld, reshard=%s%s\n",
+         v->a->why, (long long)n, n == 1 ? "" : "s", rank > 0 ? "ranked" : "(none is ranked: the one the search took "
+         "furthest)", (long long)idx[0] + 1, (long long)s->n, mesh, ac, c->fp8 ? "on" : "off",
+         (long long)c->micro_batch, (long long)c->global_batch, c->reshard ? "on" : "off", c->sp ? ", sp" : "");
+  why_rules(v, c, rank);
+  why_others(v, idx, n);
   return MP_OK;
 }
 

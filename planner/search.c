@@ -844,7 +844,7 @@ void mp_search_reject_counts(const mp_search *s, int64_t by[MP_REJECT_COUNT]) {
     if (s->cands[i].reject < MP_REJECT_COUNT) by[s->cands[i].reject]++;
 }
 
-static int fix_matches(const mp_search_fix *f, const mp_candidate *c) {
+int mp_search_fix_matches(const mp_search_fix *f, const mp_candidate *c) {
   const mp_mesh *m = &c->mesh;
   return (f->pp < 0 || f->pp == m->size[MP_DIM_PP]) &&
          (f->dp_replicate < 0 || f->dp_replicate == m->size[MP_DIM_DP_REPLICATE]) &&
@@ -859,6 +859,6 @@ static int fix_matches(const mp_search_fix *f, const mp_candidate *c) {
 
 int64_t mp_search_find(const mp_search *s, const mp_search_fix *fix) {
   for (int64_t i = 0; i < s->n; i++)
-    if (fix_matches(fix, &s->cands[i])) return i;
+    if (mp_search_fix_matches(fix, &s->cands[i])) return i;
   return -1;
 }

@@ -280,6 +280,8 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
 
 /* The counts of candidates by reject reason, by[0] the ranked ones. */
 void mp_search_reject_counts(const mp_search *s, int64_t by[MP_REJECT_COUNT]);
+/* Whether c's mesh and options match `fix` on every field it sets. */
+int mp_search_fix_matches(const mp_search_fix *fix, const mp_candidate *c);
 /* The index of the candidate whose mesh and options match `fix` on every field it sets
  * (the first in enumeration order when several do), or -1. */
 int64_t mp_search_find(const mp_search *s, const mp_search_fix *fix);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What a user trying the planner meets, through the binary: the model's parameter count in
 plan's and simulate's headers and JSON; GPUs by the names people rent them by, and a GPU the
-runtime cannot drive planned and simulated with one line saying so.
+runtime cannot drive planned and simulated with one line saying so; --why answering for the
+best matching candidate and listing the others.
 
 Usage: plan_ux_test.py MESHPLAN"""
 import json
@@ -63,6 +64,34 @@ check("GPU mi300x has no CUDA (rocm): meshplan's CUDA runtime (stack meshplan-cu
       "meshplan-cuda on mi300x: " + s.stderr)
 p = run("plan", "--no-db", "--gpus", "8", "--gpu", "h100", "--top", "1")
 check("note:" not in p.stdout.split("rank")[0], "a note for a CUDA GPU")
+
+# ---- --why: the best matching candidate ----------------------------------------------------
+# 70B on 64 GPUs, dp_shard=64: the default batch is 512 sequences, 8 per rank, so micro-batches
+# 1, 2, 4, 8 x AC none, full, selective-op (torchtitan-compile's) x reshard off/on = 24
+# candidates. Without AC, 70B's activations cannot fit 76 GiB; with full AC one does: --why
+# answers for it (ranked), not for the first enumerated (ac none, rejected).
+p = run("plan", "--no-db", "--model", "llama3.1-70b", "--gpus", "64", "--why", "dp_shard=64")
+why = p.stdout.split("\nwhy ")[-1]
+head = why.splitlines()[0] if why else ""
+check(head.startswith("dp_shard=64: 24 candidates match; the best ranked") and "ac=full" in head,
+      "--why dp_shard=64 does not answer for the best (ranked, full AC) candidate: " + head)
+rank = [ln for ln in why.splitlines() if ln.startswith("rank: ")]
+check(len(rank) == 1, "--why of a ranked candidate gives no rank")
+others = why.split("the other 23 matching candidates, best first:\n")
+check(len(others) == 2, "--why does not list the 23 other matches")
+if len(rank) == 1 and len(others) == 2:
+    r0 = int(rank[0].split()[1])
+    lines = [ln for ln in others[1].splitlines() if ln.startswith("  dp_shard=64")]
+    check(len(lines) == 23, f"{len(lines)} lines for the 23 other matches")
+    ranked = [int(ln.split("ranked ")[1].split()[0]) for ln in lines if " ranked " in ln]
+    check(all(r > r0 for r in ranked), f"a match ranked before the one shown: {ranked} vs {r0}")
+    check(any("ac=none mb=1  " in ln and "rejected (memory): peak" in ln for ln in lines),
+          "the first enumerated candidate (ac none, over memory) is not among the others")
+# none ranked: the one the search took furthest (simulated, the lowest peak)
+p = run("plan", "--no-db", "--model", "llama3.1-70b", "--gpus", "64", "--why", "dp_shard=64,ac=none")
+check("the best (none is ranked: the one the search took furthest)" in p.stdout and "mb=" not in p.stdout.split(
+    "\nwhy ")[-1].splitlines()[0] and "YES  simulated peak memory over capacity" in p.stdout,
+      "--why of unranked matches: " + p.stdout.split("\nwhy ")[-1][:600])
 
 if fails:
     print("\n".join("FAIL: " + f for f in fails))

@@ -54,28 +54,7 @@ std::vector<int> block_lines(const std::string &text) {
   return n;
 }
 
-struct Fixture {
-  mp_model model = fake_dense_model();
-  mp_cluster cluster = fake_cluster(1, 8);
-  mp_search_config cfg;
-  mp_search *s = nullptr;
-  int64_t *order = nullptr, n_order = 0;
-  mp_ctx ctx;
-  Fixture() {
-    mp_ctx_init(&ctx);
-    mp_search_config_init(&cfg);
-    cfg.model = &model;
-    cfg.cluster = &cluster;
-    cfg.seq = 4096;
-    cfg.global_batch = 32;
-    cfg.eval = fake_eval;
-    cfg.n_threads = 2;
-    EXPECT_EQ(mp_search_enumerate(&ctx, &cfg, &s), MP_OK);
-    EXPECT_EQ(mp_search_run(&ctx, &cfg, s, nullptr, nullptr, nullptr, nullptr), MP_OK);
-    EXPECT_EQ(mp_search_rank(&ctx, s, MP_OBJECTIVE_TIME, 0, &order, &n_order), MP_OK);
-  }
-  ~Fixture() { mp_search_destroy(s); }
-};
+using Fixture = FakeRankedSearch;
 
 TEST(Plot, CandidatesScatter) {
   Fixture fx;
