@@ -58,8 +58,10 @@ static mp_opt k_opts[] = {
     MP_OPT_HEADROOM("0.05"),
     MP_OPT_STACK("torchtitan-compile on GPUs, meshplan-cpu on the CPU"),
     MP_OPT_THREADS,
-    MP_OPT_DB("that logs every candidate (default meshplan.db)"),
+    MP_OPT_DB("that logs the run, its ranked plans and its rejection counts by rule (default meshplan.db)"),
     {"--no-db", NULL, "do not write a database", NULL},
+    {"--log-all", NULL, "log every candidate to the database with the rule that rejected it, not only the "
+                        "ranked plans (tens of megabytes for a search of thousands of GPUs)", NULL},
     {"--plot", "DIR", "write gnuplot plots (PNG, data, scripts) into DIR (needs gnuplot)", NULL},
     {"--why", "K=V,...", "explain one candidate's fate, e.g. 'dp_shard=64,tp=1': every rule it passed or "
                          "failed, its prediction, its rank (keys as --fix) for the best matching candidate (the best "
@@ -224,6 +226,8 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
     MP_CHECK(mp_plot_make_dir(ctx, a->plot_dir));
   }
   a->db = mp_args_has(&k_spec, "--no-db") ? NULL : mp_cmd_db_path(&k_spec);
+  if (!a->db && mp_args_has(&k_spec, "--log-all"))
+    return mp_error(ctx, MP_ERR_USAGE, "--log-all logs every candidate to the database; drop --no-db");
   return MP_OK;
 }
 
@@ -313,6 +317,7 @@ static mp_status make_request(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator 
   req->info.options_json = opts_json;
   req->info.command = cmdline;
   req->info.tool_version = MESHPLAN_VERSION;
+  req->info.log_all = mp_args_has(&k_spec, "--log-all");
   return MP_OK;
 }
 
@@ -536,8 +541,9 @@ static void print_text(const plan_view *v) {
          (long long)s->n_dominated, (long long)s->n_implied, (long long)s->n_evaluated,
          (long long)s->n_feasible, (long long)s->n_failed, res->wall_s);
   if (v->stored)
-    printf("database: %s (run %lld; meshplan report --db %s --run %lld)\n", a->db,
-           (long long)res->run_id, a->db, (long long)res->run_id);
+    printf("database: %s (run %lld: %s and the rejection counts; meshplan report --db %s --run %lld)\n",
+           a->db, (long long)res->run_id, mp_args_has(&k_spec, "--log-all") ? "every candidate" : "the ranked plans",
+           a->db, (long long)res->run_id);
   else
     printf("database: none (--no-db)\n");
   print_reject_words(s);

@@ -1,6 +1,7 @@
 /* One planner run (see planner.h). The search runs to the end first; then one store
- * transaction writes the run, its candidates and ranks, so a failure anywhere leaves no
- * partial run and other writers wait only for the writing. */
+ * transaction writes the run, its ranked plans (or every candidate), ranks and rejection
+ * counts, so a failure anywhere leaves no partial run and other writers wait only for the
+ * writing. */
 #include "planner/planner.h"
 
 #include <string.h>
@@ -8,15 +9,18 @@
 #include "common/progress.h"
 #include "common/timeutil.h"
 
-/* The run into the store, after the search: its runs row, every candidate in enumeration
- * order with its reason, the ranks and the summary, in one transaction. Other writers wait
- * only for this, not for the search. */
+/* The run into the store, after the search: its runs row, its candidates (the ranked ones
+ * by default, in rank order; with info.log_all every one in enumeration order with its
+ * reason), the ranks, the rejection counts by rule and the summary, in one transaction.
+ * Other writers wait only for this, not for the search. */
 static mp_status store_run(mp_ctx *ctx, const mp_planner_request *req, mp_store *store, mp_search *s,
                            const mp_planner_result *out, double t0, int64_t *run_id) {
   MP_CHECK(mp_store_run_begin(ctx, store, &req->info, run_id));
   char reason[512];
   mp_status st = MP_OK;
-  for (int64_t i = 0; i < s->n && st == MP_OK; i++) {
+  const int64_t n = req->info.log_all ? s->n : out->n_order;
+  for (int64_t k = 0; k < n && st == MP_OK; k++) {
+    const int64_t i = req->info.log_all ? k : out->order[k];
     mp_candidate *c = &s->cands[i];
     reason[0] = '\0';
     if (c->reject != MP_REJECT_NONE) mp_candidate_reason(&req->search, c, reason, sizeof reason);
@@ -24,6 +28,11 @@ static mp_status store_run(mp_ctx *ctx, const mp_planner_request *req, mp_store 
   }
   for (int64_t r = 0; r < out->n_order && st == MP_OK; r++)
     st = mp_store_set_rank(ctx, store, s->cands[out->order[r]].plan_id, r + 1);
+  if (st == MP_OK) {
+    int64_t by[MP_REJECT_COUNT];
+    mp_search_reject_counts(s, by);
+    st = mp_store_add_rejections(ctx, store, *run_id, by);
+  }
   if (st == MP_OK) {
     mp_run_summary sum = {s->n, s->n_pruned, s->n_evaluated, s->n_feasible,
                           out->n_order ? s->cands[out->order[0]].plan_id : 0, mp_now_s() - t0};

@@ -1,6 +1,7 @@
 /* One planner run: enumerate and prune (search.h), evaluate on worker threads, rank by the
- * objective, then write the run, every candidate and the ranks to the store (store.h) in
- * one transaction from the calling thread. The search is finished before the transaction
+ * objective, then write the run, its ranked plans (every candidate with info.log_all), the
+ * ranks and the rejection counts by rule to the store (store.h) in one transaction from the
+ * calling thread. The search is finished before the transaction
  * opens, so concurrent planners on one database queue for the seconds of writing, not for
  * each other's searches. Shared by `meshplan plan` and the
  * benchmark; the evaluator is whatever the search config names (the simulator in the CLI,

@@ -168,20 +168,39 @@ static void short_plan(const mp_candidate *c, char *buf, size_t cap) {
 /* What candidates.dat holds: the points in each block and their time and memory ranges. */
 typedef struct scatter {
   int64_t n_feas, n_oom;         /* points in block 0 (fits) and block 1 (over memory) */
+  int64_t n_oom_all;             /* simulated candidates over memory, drawn or not */
   double tmin, tmax, mmin, mmax; /* step time (s) and peak memory per GPU (GiB) */
 } scatter;
 
-/* One data block of candidates.dat: every evaluated candidate that fits (feasible) or is
- * over memory (!feasible), "NaN NaN -1" where there is none (the block must stay);
- * returns how many points it wrote and widens sc's ranges to them. */
-static int64_t write_block(FILE *f, const mp_search *s, int feasible, scatter *sc) {
-  int64_t n = 0;
-  for (int64_t i = 0; i < s->n; i++) {
+/* The most over-memory candidates candidates.png draws: an even sample of them (every
+ * k-th in enumeration order) shows where they lie; a search of thousands of GPUs simulates
+ * thousands, and every one made the plot slow to draw and to read. The plans that fit are
+ * all drawn: they are what the plot is for. */
+#define PLOT_OVER_MEMORY_MAX 1000
+
+/* Whether the candidate is simulated with a figure to draw, and fits (feasible) or not. */
+static int drawable(const mp_candidate *c, int feasible) {
+  if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR) return 0;
+  if ((c->reject == MP_REJECT_NONE) != feasible) return 0;
+  return c->res.step_time_s > 0 && c->res.peak_mem_bytes > 0; /* possibly log axes */
+}
+
+/* One data block of candidates.dat: the simulated candidates that fit (feasible) or are over
+ * memory (!feasible; at most PLOT_OVER_MEMORY_MAX of them, evenly spread), "NaN NaN -1"
+ * where there is none (the block must stay); returns how many points it wrote, *n_all how
+ * many there were, and widens sc's ranges to the points. */
+static int64_t write_block(FILE *f, const mp_search *s, int feasible, scatter *sc, int64_t *n_all) {
+  int64_t all = 0, n = 0;
+  for (int64_t i = 0; i < s->n; i++) all += drawable(&s->cands[i], feasible);
+  const int64_t cap = feasible ? all : PLOT_OVER_MEMORY_MAX;
+  for (int64_t i = 0, k = 0; i < s->n; i++) {
     const mp_candidate *c = &s->cands[i];
-    if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR) continue;
-    if ((c->reject == MP_REJECT_NONE) != feasible) continue;
+    if (!drawable(c, feasible)) continue;
+    /* the k-th of `all` is drawn where a new one of `cap` equal slices starts */
+    const int take = all <= cap || k == 0 || (k * cap) / all != ((k - 1) * cap) / all;
+    k++;
+    if (!take) continue;
     double m = (double)c->res.peak_mem_bytes / kGiB, t = c->res.step_time_s;
-    if (!(t > 0) || !(m > 0)) continue; /* possibly log axes */
     fprintf(f, "%.6g %.6g %lld\n", m, t, (long long)i);
     n++;
     if (t < sc->tmin) sc->tmin = t;
@@ -190,6 +209,7 @@ static int64_t write_block(FILE *f, const mp_search *s, int feasible, scatter *s
     if (m > sc->mmax) sc->mmax = m;
   }
   if (n == 0) fprintf(f, "NaN NaN -1\n"); /* keep the block */
+  *n_all = all;
   return n;
 }
 
@@ -201,12 +221,13 @@ static mp_status write_candidates_dat(mp_ctx *ctx, const char *dir, const mp_sea
   mp_status st;
   FILE *f = open_in(ctx, dir, "candidates.dat", &st);
   if (!f) return st;
-  fprintf(f, "# every evaluated candidate: peak memory per GPU (GiB), predicted step time (s), "
-             "candidate index\n# block 0: feasible\n");
-  *sc = (scatter){.n_feas = 0, .n_oom = 0, .tmin = 1e300, .tmax = 0, .mmin = 1e300, .mmax = 0};
-  sc->n_feas = write_block(f, s, 1, sc);
-  fprintf(f, "\n\n# block 1: over memory capacity\n");
-  sc->n_oom = write_block(f, s, 0, sc);
+  fprintf(f, "# the simulated candidates: peak memory per GPU (GiB), predicted step time (s), "
+             "candidate index\n# block 0: feasible, every one\n");
+  *sc = (scatter){.n_feas = 0, .n_oom = 0, .n_oom_all = 0, .tmin = 1e300, .tmax = 0, .mmin = 1e300, .mmax = 0};
+  int64_t n_feas_all = 0; /* all drawn */
+  sc->n_feas = write_block(f, s, 1, sc, &n_feas_all);
+  fprintf(f, "\n\n# block 1: over memory capacity, an even sample of at most %d\n", PLOT_OVER_MEMORY_MAX);
+  sc->n_oom = write_block(f, s, 0, sc, &sc->n_oom_all);
   fprintf(f, "\n\n# block 2: chosen plan\n");
   if (n_order > 0) {
     const mp_candidate *c = &s->cands[order[0]];
@@ -234,8 +255,10 @@ static mp_status write_candidates_gp(mp_ctx *ctx, const char *dir, const scatter
   /* Log axes only where the points span more than a decade (a narrower range on a log
    * axis shows one labelled tick); then every 1-2-5 step is labelled. */
   const int logx = sc->mmax / sc->mmin > 10.0, logy = sc->tmax / sc->tmin > 10.0;
+  char oom_note[64] = "";
+  if (sc->n_oom < sc->n_oom_all) snprintf(oom_note, sizeof oom_note, ", %lld drawn", (long long)sc->n_oom);
   fprintf(f,
-          "# Predicted step time vs peak memory per GPU of every evaluated candidate.\n"
+          "# Predicted step time vs peak memory per GPU of the simulated candidates.\n"
           "# Redraw: gnuplot candidates.gp (reads candidates.dat)\n"
           "set terminal pngcairo noenhanced size 1400,800 font 'DejaVu Sans,12'\n"
           "set output 'candidates.png'\n"
@@ -267,10 +290,10 @@ static mp_status write_candidates_gp(mp_ctx *ctx, const char *dir, const scatter
           "plot 'candidates.dat' index 0 using 1:2 with points pt 7 ps 0.6 lc rgb '#1f77b4' "
           "title 'fits (%lld)', \\\n"
           "     'candidates.dat' index 1 using 1:2 with points pt 2 ps 0.6 lc rgb '#d62728' "
-          "title 'over memory (%lld)', \\\n"
+          "title 'over memory (%lld%s)', \\\n"
           "     'candidates.dat' index 2 using 1:2 with points pt 3 ps 4 lw 3 lc rgb '#2ca02c' "
           "title %s\n",
-          (long long)sc->n_feas, (long long)sc->n_oom, qc);
+          (long long)sc->n_feas, (long long)sc->n_oom_all, oom_note, qc);
   return close_checked(ctx, f, dir, "candidates.gp");
 }
 

@@ -4,7 +4,8 @@
  * user edits the style) and NAME.png (pngcairo), drawn by running gnuplot as a subprocess
  * in DIR. gnuplot's messages go to NAME.log.
  *
- *   candidates  every evaluated candidate: predicted step time vs peak memory per GPU,
+ *   candidates  the simulated candidates (those over memory an even sample of at most
+ *               1,000): predicted step time vs peak memory per GPU,
  *               feasible and over-memory in different marks, the memory capacity as a
  *               vertical line, the chosen plan marked and labelled
  *   memory      stacked bars of the memory breakdown at the peak of the top plans

@@ -2,11 +2,15 @@
 """What a user trying the planner meets, through the binary: the model's parameter count in
 plan's and simulate's headers and JSON; GPUs by the names people rent them by, and a GPU the
 runtime cannot drive planned and simulated with one line saying so; --why answering for the
-best matching candidate and listing the others.
+best matching candidate and listing the others; the database holding a run's ranked plans
+and rejection counts (every candidate with --log-all), report reading old and new databases.
 
 Usage: plan_ux_test.py MESHPLAN"""
 import json
+import os
+import sqlite3
 import sys
+import tempfile
 
 import cli_check
 from cli_check import check, fails, run
@@ -92,6 +96,49 @@ p = run("plan", "--no-db", "--model", "llama3.1-70b", "--gpus", "64", "--why", "
 check("the best (none is ranked: the one the search took furthest)" in p.stdout and "mb=" not in p.stdout.split(
     "\nwhy ")[-1].splitlines()[0] and "YES  simulated peak memory over capacity" in p.stdout,
       "--why of unranked matches: " + p.stdout.split("\nwhy ")[-1][:600])
+
+# ---- the database: the ranked plans and the counts by rule ---------------------------------
+tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+db = os.path.join(tmp, "plans.db")
+args = ("--model", "llama3.1-70b", "--gpus", "64", "--top", "0", "--json")
+p = run("plan", *args, "--db", db)
+j = json.loads(p.stdout) if p.returncode == 0 else None
+if j:
+    con = sqlite3.connect(db)
+    n_plans = con.execute("SELECT count(*) FROM plans WHERE run_id=1").fetchone()[0]
+    check(n_plans == len(j["plans"]) == j["feasible"], f"{n_plans} plans rows for {len(j['plans'])} ranked plans")
+    check(con.execute("SELECT count(*) FROM plans WHERE run_id=1 AND rank IS NULL").fetchone()[0] == 0,
+          "an unranked candidate logged by default")
+    rej = dict(con.execute("SELECT rule, count FROM rejections WHERE run_id=1").fetchall())
+    check(rej == {r["rule"]: r["count"] for r in j["rejected"]}, f"rejections {rej} != the search's {j['rejected']}")
+    check(sum(rej.values()) + j["feasible"] == j["candidates"], "the counts do not add up to the candidates")
+    check(con.execute("SELECT logged FROM runs WHERE id=1").fetchone()[0] == "ranked", "runs.logged is not 'ranked'")
+    con.close()
+    p = run("plan", *args, "--db", db, "--log-all")
+    con = sqlite3.connect(db)
+    check(con.execute("SELECT count(*) FROM plans WHERE run_id=2").fetchone()[0] == j["candidates"],
+          "--log-all does not log every candidate")
+    check(con.execute("SELECT logged FROM runs WHERE id=2").fetchone()[0] == "all", "runs.logged is not 'all'")
+    con.close()
+    r = run("report", "--db", db, "--run", "1")
+    check("rank" in r.stdout and " 1 " in r.stdout, "report of a new database: " + r.stdout[:300] + r.stderr)
+# an old (version 5) database, as meshplan wrote it before: every candidate logged, no counts
+# table; report reads it (migrating it), and the next plan adds its run
+old = os.path.join(tmp, "old.db")
+run("plan", *args, "--db", old, "--log-all")
+con = sqlite3.connect(old)
+con.executescript("DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; UPDATE schema_version SET version=5;"
+                  " PRAGMA user_version=5;")
+con.close()
+r = run("report", "--db", old)
+check("llama3.1-70b" in r.stdout, "report of a version-5 database: " + r.stdout + r.stderr)
+r = run("report", "--db", old, "--run", "1", "--json")
+check(r.returncode == 0 and len(json.loads(r.stdout)["plans"]) == 10, "report --run of a version-5 database")
+run("plan", *args, "--db", old)
+con = sqlite3.connect(old)
+check(con.execute("SELECT count(*), max(version) FROM runs, schema_version").fetchone() == (2, 6), "old db not migrated")
+con.close()
+run("plan", "--no-db", "--log-all", want_rc=2)
 
 if fails:
     print("\n".join("FAIL: " + f for f in fails))

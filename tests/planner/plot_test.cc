@@ -74,6 +74,41 @@ TEST(Plot, CandidatesScatter) {
   EXPECT_NE(gp.find("capacity 40.0 GiB"), std::string::npos);
 }
 
+// A search of thousands of simulated candidates over memory draws an even sample of 1,000 of
+// them, says how many there were, and every plan that fits (the fake model on 64 nodes of 8:
+// 64 GiB of state over few shards with micro-batches up to 64 is over 40 GiB thousands of times).
+TEST(Plot, CandidatesOverMemoryAreSampled) {
+  mp_model model = fake_dense_model();
+  mp_cluster cluster = fake_cluster(64, 8);
+  mp_search_config cfg;
+  mp_search_config_init(&cfg);
+  cfg.model = &model;
+  cfg.cluster = &cluster;
+  cfg.seq = 4096;
+  cfg.global_batch = 512 * 64;
+  cfg.eval = fake_eval;
+  cfg.n_threads = 2;
+  cfg.prune_dominated = 1;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_search *s = nullptr;
+  ASSERT_EQ(mp_search_enumerate(&ctx, &cfg, &s), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_search_run(&ctx, &cfg, s, nullptr, nullptr, nullptr, nullptr), MP_OK) << mp_errmsg(&ctx);
+  int64_t *order = nullptr, n_order = 0;
+  ASSERT_EQ(mp_search_rank(&ctx, s, MP_OBJECTIVE_TIME, 0, &order, &n_order), MP_OK);
+  const int64_t over = s->n_evaluated - s->n_feasible;
+  ASSERT_GT(over, 1000);
+  std::string dir = tmp_dir("plot_sampled");
+  ASSERT_EQ(mp_plot_candidates(&ctx, dir.c_str(), s, order, n_order, 40.0, "big"), MP_OK) << mp_errmsg(&ctx);
+  std::vector<int> blocks = block_lines(slurp(dir + "/candidates.dat"));
+  ASSERT_EQ(blocks.size(), 3u);
+  EXPECT_EQ(blocks[0], s->n_feasible);
+  EXPECT_EQ(blocks[1], 1000);
+  EXPECT_NE(slurp(dir + "/candidates.gp").find("over memory (" + std::to_string(over) + ", 1000 drawn)"),
+            std::string::npos);
+  mp_search_destroy(s);
+}
+
 TEST(Plot, MemoryBreakdown) {
   Fixture fx;
   std::string dir = tmp_dir("plot_memory");
