@@ -19,6 +19,9 @@
 #include "planner/evaluate.h"
 #include "planner/planner.h"
 #include "planner/plot.h"
+#include "planner/probe.h"
+#include "planner/report.h"
+#include "planner/advise.h"
 #include "planner/search.h"
 #include "planner/store.h"
 #include "planner/why.h"
@@ -85,10 +88,6 @@ static mp_cmd_spec k_spec = {
 
 static const double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-static const char *const k_mem_keys[MP_MEM_COUNT] = {
-    "params_bytes", "optimizer_bytes", "grads_bytes", "gathered_bytes", "activations_bytes",
-    "temp_bytes", "comm_bytes", "fp8_bytes", "logits_bytes"};
-
 /* Every option given, as JSON, for the runs table. */
 static char *options_json(void) {
   cJSON *o = cJSON_CreateObject();
@@ -113,58 +112,14 @@ static char *command_line(int argc, char **argv) {
   return s;
 }
 
-static cJSON *plan_json(const mp_candidate *c, int64_t rank, double price) {
-  cJSON *j = cJSON_CreateObject(), *mesh = cJSON_CreateObject(), *mem = cJSON_CreateObject();
-  if (!j || !mesh || !mem) {
-    cJSON_Delete(j);
-    cJSON_Delete(mesh);
-    cJSON_Delete(mem);
-    return NULL;
-  }
-  cJSON_AddNumberToObject(j, "rank", (double)rank);
-  if (c->plan_id) cJSON_AddNumberToObject(j, "plan_id", (double)c->plan_id);
-  cJSON_AddNumberToObject(mesh, "dp_replicate", c->mesh.size[MP_DIM_DP_REPLICATE]);
-  cJSON_AddNumberToObject(mesh, "dp_shard", c->mesh.size[MP_DIM_DP_SHARD]);
-  cJSON_AddNumberToObject(mesh, "tp", c->mesh.size[MP_DIM_TP]);
-  cJSON_AddNumberToObject(mesh, "ep", c->mesh.ep);
-  cJSON_AddNumberToObject(mesh, "pp", c->mesh.size[MP_DIM_PP]);
-  cJSON_AddNumberToObject(mesh, "cp", c->mesh.size[MP_DIM_CP]);
-  cJSON_AddItemToObject(j, "mesh", mesh);
-  char ac[32];
-  mp_candidate_ac_str(c, ac, sizeof ac);
-  cJSON_AddNumberToObject(mesh, "pp_virtual", c->pp_virtual);
-  cJSON_AddStringToObject(j, "ac", ac);
-  cJSON_AddBoolToObject(j, "sp", c->sp);
-  cJSON_AddBoolToObject(j, "fp8", c->fp8);
-  cJSON_AddNumberToObject(j, "micro_batch", (double)c->micro_batch);
-  cJSON_AddBoolToObject(j, "reshard_after_forward", c->reshard);
-  cJSON_AddBoolToObject(j, "vocab_padded", c->pads_vocab);
-  cJSON_AddNumberToObject(j, "step_time_s", c->res.step_time_s);
-  cJSON_AddNumberToObject(j, "tokens_per_s_per_gpu", c->res.tokens_per_s_per_gpu);
-  cJSON_AddNumberToObject(j, "mfu", c->res.mfu);
-  if (price > 0) cJSON_AddNumberToObject(j, "tokens_per_dollar", mp_tokens_per_dollar(c, price));
-  cJSON_AddNumberToObject(j, "peak_mem_bytes", (double)c->res.peak_mem_bytes);
-  cJSON_AddNumberToObject(j, "capacity_bytes", (double)c->res.capacity_bytes);
-  cJSON_AddBoolToObject(j, "fits", c->res.fits);
-  for (int k = 0; k < MP_MEM_COUNT; k++)
-    cJSON_AddNumberToObject(mem, k_mem_keys[k], (double)c->res.mem_at_peak[k]);
-  cJSON_AddNumberToObject(mem, "overhead_bytes", (double)c->res.overhead_bytes);
-  cJSON_AddItemToObject(j, "mem_at_peak", mem);
-  cJSON_AddNumberToObject(j, "compute_s", c->res.compute_s);
-  cJSON_AddNumberToObject(j, "exposed_comm_s", c->res.exposed_comm_s);
-  cJSON_AddNumberToObject(j, "bubble_s", c->res.bubble_s);
-  return j;
-}
-
 /* What the command line asks for, read and checked before the search. */
 typedef struct plan_args {
   mp_model m;
   mp_cluster c;
+  mp_plan_setup setup;  /* the search apart from its cluster (planner/probe.h) */
   long long seq, gb, top, threads;
   int64_t target_seqs;  /* > 0: the default batch rule's target (gb is then not used) */
   char rule[320];       /* the rule in words, with its figures */
-  int search_fp8;       /* --fp8 auto on a GPU with float8 */
-  int fp8_fixed;        /* -1: not given; 0 off; 1 on */
   const char *why;      /* --why's spec, or NULL */
   double headroom, price;
   int as_json, as_csv;
@@ -172,6 +127,31 @@ typedef struct plan_args {
   const char *plot_dir; /* NULL: no plots */
   const char *db;       /* NULL: --no-db */
 } plan_args;
+
+/* The setup's fields that the options other than the constraints give (build_fix gives
+ * those), and the batch on the user's cluster. */
+static void fill_setup(plan_args *a, int64_t explicit_gb) {
+  mp_plan_setup *s = &a->setup;
+  s->model = &a->m;
+  s->seq = a->seq;
+  s->global_batch = explicit_gb;
+  s->headroom = a->headroom;
+  s->stack = mp_args_get(&k_spec, "--stack");
+  const char *fp8 = mp_args_get(&k_spec, "--fp8");
+  s->fp8_auto = fp8 && strcmp(fp8, "auto") == 0;
+  s->allow_cross_node_tp = mp_args_has(&k_spec, "--allow-cross-node-tp");
+  s->executable_only = mp_args_has(&k_spec, "--executable-only");
+  s->n_threads = (int)a->threads;
+  /* a cluster file's nodes, or --gpus-per-node, stay their size on more GPUs */
+  s->gpus_per_node = mp_args_has(&k_spec, "--gpus") && !mp_args_has(&k_spec, "--gpus-per-node") ? 0 : a->c.gpus_per_node;
+  s->objective = a->obj;
+  s->price_per_gpu_hour = a->price;
+  mp_search_fix_init(&s->fix);
+  int64_t gb = 0, target = 0;
+  mp_plan_setup_batch(s, &a->c, &gb, &target, a->rule, sizeof a->rule);
+  a->gb = gb;
+  a->target_seqs = target;
+}
 
 /* Everything but the search's own options, with the checks that need no search: the
  * model, the cluster, the numbers, the output form, the objective and its price, and
@@ -191,25 +171,9 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   MP_CHECK(mp_args_int(ctx, &k_spec, "--threads", 1, MP_LIM_THREADS, &a->threads));
   MP_CHECK(mp_args_double(ctx, &k_spec, "--headroom", 0, 1, MP_RANGE_OPEN_HI, &a->headroom));
   MP_CHECK(mp_args_double(ctx, &k_spec, "--price", 0, MP_LIM_PRICE, MP_RANGE_CLOSED, &a->price));
-  {
-    int64_t gb = a->gb;
-    MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, a->seq, &gb));
-    a->gb = gb;
-  }
+  int64_t gb = a->gb;
+  MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, a->seq, &gb));
   MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, &a->m, a->seq));
-  if (a->gb == 0) {
-    /* the default rule (planner/batch.h) */
-    const double n_params = (double)mp_model_param_count(&a->m);
-    const int64_t n_gpus = mp_cluster_n_gpus(&a->c);
-    const int64_t tokens = mp_batch_rule_tokens(n_params, n_gpus);
-    a->target_seqs = mp_batch_rule_seqs(tokens, a->seq);
-    a->gb = a->target_seqs;
-    mp_batch_rule_str(n_params, n_gpus, a->rule, sizeof a->rule);
-  }
-  MP_CHECK(mp_model_check_step(ctx, &a->m, a->seq, 1, a->target_seqs > 0 ? 2 * a->gb : a->gb));
-  const char *fp8 = mp_args_get(&k_spec, "--fp8");
-  a->fp8_fixed = !fp8 ? -1 : strcmp(fp8, "off") == 0 ? 0 : strcmp(fp8, "auto") == 0 ? -1 : 1;
-  a->search_fp8 = fp8 && strcmp(fp8, "auto") == 0 && mp_gpu_has_float8(&a->c.gpu);
   a->why = mp_args_get(&k_spec, "--why");
   a->as_json = mp_args_has(&k_spec, "--json");
   a->as_csv = mp_args_has(&k_spec, "--csv");
@@ -220,6 +184,8 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   if (a->obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR && !(a->price > 0))
     return mp_error(ctx, MP_ERR_USAGE, "--objective tokens-per-dollar needs a price: cluster %s has no "
                     "price_per_gpu_hour; pass --price USD_PER_GPU_HOUR", a->c.name);
+  fill_setup(a, gb);
+  MP_CHECK(mp_model_check_step(ctx, &a->m, a->seq, 1, a->target_seqs > 0 ? 2 * a->gb : a->gb));
   a->plot_dir = mp_args_get(&k_spec, "--plot");
   if (a->plot_dir) {
     MP_CHECK(mp_plot_check_gnuplot(ctx));
@@ -275,34 +241,36 @@ static mp_status one_plan_options(mp_ctx *ctx, const plan_args *a, mp_search_fix
   return MP_OK;
 }
 
-/* The planner request for a: the search with the simulator ev (initialised for a) as its
- * evaluator, and what the runs table records (opts_json and cmdline stay the caller's). */
-static mp_status make_request(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator *ev, const char *opts_json,
-                              const char *cmdline, mp_planner_request *req) {
-  memset(req, 0, sizeof *req);
-  mp_sim_search_config(&req->search, ev, &a->c, a->headroom);
-  req->search.allow_cross_node_tp = mp_args_has(&k_spec, "--allow-cross-node-tp");
-  req->search.executable_only = mp_args_has(&k_spec, "--executable-only");
-  req->search.n_threads = (int)a->threads;
+/* The search's constraints (--fix, --fp8, --sp, --no-sp and the options that name one plan)
+ * into a->setup.fix, then the usage mistakes among them (planner/advise.h). */
+static mp_status build_fix(mp_ctx *ctx, plan_args *a) {
+  mp_search_fix *f = &a->setup.fix;
   const char *fix = mp_args_get(&k_spec, "--fix");
-  if (fix) MP_CHECK(mp_search_fix_parse(ctx, fix, &req->search.fix));
-  req->search.target_batch = a->target_seqs;
-  req->search.search_fp8 = a->search_fp8;
-  if (a->fp8_fixed >= 0) {
-    if (req->search.fix.fp8 >= 0 && req->search.fix.fp8 != a->fp8_fixed)
-      return mp_error(ctx, MP_ERR_USAGE, "--fp8 contradicts fp8=%d in --fix; give one", req->search.fix.fp8);
-    req->search.fix.fp8 = a->fp8_fixed;
+  if (fix) MP_CHECK(mp_search_fix_parse(ctx, fix, f));
+  const char *fp8 = mp_args_get(&k_spec, "--fp8");
+  const int fp8_fixed = !fp8 ? -1 : strcmp(fp8, "off") == 0 ? 0 : strcmp(fp8, "auto") == 0 ? -1 : 1;
+  if (fp8_fixed >= 0) {
+    if (f->fp8 >= 0 && f->fp8 != fp8_fixed)
+      return mp_error(ctx, MP_ERR_USAGE, "--fp8 contradicts fp8=%d in --fix; give one", f->fp8);
+    f->fp8 = fp8_fixed;
   }
   if (mp_args_has(&k_spec, "--sp") && mp_args_has(&k_spec, "--no-sp"))
     return mp_error(ctx, MP_ERR_USAGE, "--sp and --no-sp contradict each other; give one");
-  MP_CHECK(one_plan_options(ctx, a, &req->search.fix));
+  MP_CHECK(one_plan_options(ctx, a, f));
   if (mp_args_has(&k_spec, "--no-sp")) {
-    if (req->search.fix.sp == 1)
-      return mp_error(ctx, MP_ERR_USAGE, "meshplan plan: --no-sp contradicts sp=1 in --fix; give one");
-    req->search.fix.sp = 0;
+    if (f->sp == 1) return mp_error(ctx, MP_ERR_USAGE, "meshplan plan: --no-sp contradicts sp=1 in --fix; give one");
+    f->sp = 0;
   }
-  /* a policy recomputing more is never faster: pruned when ranking by time */
-  req->search.prune_dominated = a->obj != MP_OBJECTIVE_MEMORY;
+  return mp_plan_setup_check(ctx, &a->setup, &a->c);
+}
+
+/* The planner request for a: the search of a->setup with the simulator ev (initialised for
+ * a) as its evaluator, and what the runs table records (opts_json and cmdline stay the
+ * caller's). */
+static void make_request(const plan_args *a, mp_sim_evaluator *ev, const char *opts_json, const char *cmdline,
+                         mp_planner_request *req) {
+  memset(req, 0, sizeof *req);
+  mp_plan_setup_search(&a->setup, &a->c, ev, &req->search);
   req->objective = a->obj;
   req->price_per_gpu_hour = a->price;
   req->show_progress = 1;
@@ -318,7 +286,6 @@ static mp_status make_request(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator 
   req->info.command = cmdline;
   req->info.tool_version = MESHPLAN_VERSION;
   req->info.log_all = mp_args_has(&k_spec, "--log-all");
-  return MP_OK;
 }
 
 /* What the output shows: the run, the search's config (for the reasons), the evaluator
@@ -333,67 +300,76 @@ typedef struct plan_view {
   int stored;
   int *runs;           /* per shown rank: 1 the runtime executes it */
   char (*not_runs)[256]; /* per shown rank: the runtime's reason when it does not */
+  mp_advice advice[MP_ADVICE_MAX]; /* no plan: the changes that fit, smallest first */
+  int n_advice;
 } plan_view;
-
-/* The rules that rejected candidates, largest count first (ties: rule order). */
-static int rules_by_count(const int64_t by[MP_REJECT_COUNT], int order[MP_REJECT_COUNT]) {
-  int n = 0;
-  for (int r = 1; r < MP_REJECT_COUNT; r++)
-    if (by[r]) order[n++] = r;
-  for (int i = 1; i < n; i++)
-    for (int j = i; j > 0 && by[order[j]] > by[order[j - 1]]; j--) {
-      int t = order[j];
-      order[j] = order[j - 1];
-      order[j - 1] = t;
-    }
-  return n;
-}
 
 static void print_reject_words(const mp_search *s) {
   int64_t by[MP_REJECT_COUNT];
   int order[MP_REJECT_COUNT];
   mp_search_reject_counts(s, by);
-  const int n = rules_by_count(by, order);
+  const int n = mp_reject_order_by_count(by, order);
   printf("rejected by rule:%s\n", n ? "" : " none");
   for (int i = 0; i < n; i++)
     printf("  %8lld  %s (%s)\n", (long long)by[order[i]], mp_reject_words((mp_reject)order[i]),
            mp_reject_name((mp_reject)order[i]));
 }
 
-/* "no plan fits", with the rules that rejected the most candidates first and what to do. */
-static void print_no_plan(const mp_search *s) {
+/* "no plan fits": the rules that rejected the most candidates first, then the changes that
+ * would fit, each searched (planner/advise.h), the smallest first. */
+static void print_no_plan(const plan_view *v) {
+  const mp_search *s = v->res->search;
   int64_t by[MP_REJECT_COUNT];
   int order[MP_REJECT_COUNT];
   mp_search_reject_counts(s, by);
-  const int n = rules_by_count(by, order);
+  const int n = mp_reject_order_by_count(by, order);
   printf("\nno plan fits:");
-  if (n == 0) printf(" no candidate was enumerated (check --fix)");
+  if (n == 0) printf(" no candidate: the constraints given exclude every mesh of %d GPUs", mp_cluster_n_gpus(&v->a->c));
   for (int i = 0, shown = 0; i < n && shown < 3; i++) {
     const mp_reject r = (mp_reject)order[i];
     if (r == MP_REJECT_DOMINATED || r == MP_REJECT_RESHARD_NOOP) continue; /* duplicates, not causes */
-    const char *fix = mp_reject_remedy(r);
-    printf("%s %lld of %lld candidates: %s%s%s", shown ? ";" : "", (long long)by[r], (long long)s->n,
-           mp_reject_words(r), fix ? "; try " : "", fix ? fix : "");
+    printf("%s %lld of %lld candidates: %s", shown ? ";" : "", (long long)by[r], (long long)s->n, mp_reject_words(r));
     shown++;
   }
   printf("\n");
+  if (v->n_advice == 0) {
+    printf("none of the changes tried fits: the constraints given relaxed, more GPUs (doubled up to %d), a GPU "
+           "with more memory\n", MP_MESH_MAX_WORLD);
+    return;
+  }
+  printf("what would fit, each change searched:\n");
+  for (int k = 0; k < v->n_advice; k++) {
+    const mp_advice *h = &v->advice[k];
+    const mp_candidate *c = &h->probe.best;
+    char opts[192];
+    mp_candidate_options_str(c, opts, sizeof opts);
+    printf("  %s: %s; the best, %s: step %.4f s, %.0f tokens/s/GPU, peak %.2f GiB\n", h->change, h->words, opts,
+           c->res.step_time_s, c->res.tokens_per_s_per_gpu, (double)c->res.peak_mem_bytes / kGiB);
+  }
+  printf("the smallest change: %s\n", v->advice[0].change);
 }
 
-static cJSON *rejected_json(const mp_search *s) {
-  int64_t by[MP_REJECT_COUNT];
-  int order[MP_REJECT_COUNT];
-  mp_search_reject_counts(s, by);
-  const int n = rules_by_count(by, order);
-  cJSON *arr = cJSON_CreateArray();
-  for (int i = 0; arr && i < n; i++) {
-    cJSON *o = cJSON_CreateObject();
-    if (!o) break;
-    cJSON_AddStringToObject(o, "rule", mp_reject_name((mp_reject)order[i]));
-    cJSON_AddStringToObject(o, "words", mp_reject_words((mp_reject)order[i]));
-    cJSON_AddNumberToObject(o, "count", (double)by[order[i]]);
-    cJSON_AddItemToArray(arr, o);
+/* The same as --json's "no_plan": {"hints": [{change, words, n_gpus, gpu, plan}]}. */
+static cJSON *no_plan_json(const plan_view *v) {
+  cJSON *o = cJSON_CreateObject(), *arr = cJSON_CreateArray();
+  if (!o || !arr) {
+    cJSON_Delete(o);
+    cJSON_Delete(arr);
+    return NULL;
   }
-  return arr;
+  for (int k = 0; k < v->n_advice; k++) {
+    const mp_advice *h = &v->advice[k];
+    cJSON *j = cJSON_CreateObject();
+    if (!j) break;
+    cJSON_AddStringToObject(j, "change", h->change);
+    cJSON_AddStringToObject(j, "words", h->words);
+    cJSON_AddNumberToObject(j, "n_gpus", mp_cluster_n_gpus(&h->cluster));
+    cJSON_AddStringToObject(j, "gpu", h->cluster.gpu.name);
+    cJSON_AddItemToObject(j, "plan", mp_candidate_json(&h->probe.best, 1, 0));
+    cJSON_AddItemToArray(arr, j);
+  }
+  cJSON_AddItemToObject(o, "hints", arr);
+  return o;
 }
 
 static void print_json(const plan_view *v) {
@@ -432,7 +408,7 @@ static void print_json(const plan_view *v) {
   cJSON_AddNumberToObject(root, "simulated", (double)s->n_evaluated);
   cJSON_AddNumberToObject(root, "feasible", (double)s->n_feasible);
   cJSON_AddNumberToObject(root, "failed", (double)s->n_failed);
-  cJSON_AddItemToObject(root, "rejected", rejected_json(s));
+  cJSON_AddItemToObject(root, "rejected", mp_reject_counts_json(s));
   cJSON_AddNumberToObject(root, "wall_s", res->wall_s);
   if (v->stored) {
     cJSON_AddStringToObject(root, "db", a->db);
@@ -440,7 +416,7 @@ static void print_json(const plan_view *v) {
   }
   for (int64_t r = 0; r < v->n_show; r++) {
     const mp_candidate *c = &s->cands[res->order[r]];
-    cJSON *pj = plan_json(c, r + 1, v->price);
+    cJSON *pj = mp_candidate_json(c, r + 1, v->price);
     if (!pj) continue;
     cJSON_AddNumberToObject(pj, "global_batch", (double)c->global_batch);
     cJSON_AddBoolToObject(pj, "runs", v->runs[r]);
@@ -448,6 +424,7 @@ static void print_json(const plan_view *v) {
     cJSON_AddItemToArray(plans, pj);
   }
   cJSON_AddItemToObject(root, "plans", plans);
+  if (res->n_order == 0) cJSON_AddItemToObject(root, "no_plan", no_plan_json(v));
   mp_cmd_print_json(root);
 }
 
@@ -533,7 +510,7 @@ static void print_text(const plan_view *v) {
     printf("ties: plans within %.0f %% of the fastest unranked one go to the simpler plan (meshplan plan --help)\n",
            100.0 * MP_RANK_TIE_TOL);
   } else {
-    print_no_plan(s);
+    print_no_plan(v);
   }
   printf("\ncandidates: %lld enumerated, %lld pruned, %lld decided by siblings (%lld dominated, "
          "%lld over capacity), %lld simulated (%lld fit, %lld failed) in %.2f s\n",
@@ -682,38 +659,44 @@ static mp_status plot(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator *ev, con
 /* The search with the simulator as evaluator, logged to the database (unless --no-db),
  * then the output and the plots. */
 static mp_status search_and_report(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator *ev, int argc,
-                                   char **argv) {
+                                   char **argv, plan_view *v) {
   mp_planner_request req;
   mp_planner_result res;
   memset(&res, 0, sizeof res);
   mp_store *store = NULL;
   char *opts_json = options_json(), *cmdline = command_line(argc, argv);
-  mp_status st = make_request(ctx, a, ev, opts_json, cmdline, &req);
+  make_request(a, ev, opts_json, cmdline, &req);
+  mp_status st = opts_json && cmdline ? MP_OK : mp_error(ctx, MP_ERR_NOMEM, "out of memory");
   if (st == MP_OK && a->db) st = mp_store_open(ctx, a->db, &store);
   if (st == MP_OK) st = mp_planner_run(ctx, &req, store, &res);
-  plan_view v = {a, &res, &req.search, ev, 0, 0, store != NULL, NULL, NULL};
+  *v = (plan_view){a, &res, &req.search, ev, 0, 0, store != NULL, NULL, NULL, {{0}}, 0};
   if (st == MP_OK) {
-    v.n_show = a->top == 0 || a->top > res.n_order ? res.n_order : a->top;
-    v.price = a->obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR ? a->price : 0;
-    v.runs = calloc((size_t)v.n_show + 1, sizeof *v.runs);
-    v.not_runs = calloc((size_t)v.n_show + 1, sizeof *v.not_runs);
-    if (!v.runs || !v.not_runs) st = mp_error(ctx, MP_ERR_NOMEM, "out of memory");
-    for (int64_t r = 0; r < v.n_show && st == MP_OK; r++)
-      st = mp_sim_evaluator_runs(ctx, ev, &res.search->cands[res.order[r]], &v.runs[r], v.not_runs[r],
-                                 sizeof v.not_runs[r]);
+    v->n_show = a->top == 0 || a->top > res.n_order ? res.n_order : a->top;
+    v->price = a->obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR ? a->price : 0;
+    v->runs = calloc((size_t)v->n_show + 1, sizeof *v->runs);
+    v->not_runs = calloc((size_t)v->n_show + 1, sizeof *v->not_runs);
+    if (!v->runs || !v->not_runs) st = mp_error(ctx, MP_ERR_NOMEM, "out of memory");
+    for (int64_t r = 0; r < v->n_show && st == MP_OK; r++)
+      st = mp_sim_evaluator_runs(ctx, ev, &res.search->cands[res.order[r]], &v->runs[r], v->not_runs[r],
+                                 sizeof v->not_runs[r]);
   }
+  if (st == MP_OK && res.n_order == 0) st = mp_advise(ctx, &a->setup, &a->c, res.search, v->advice, &v->n_advice);
   if (st == MP_OK) {
     if (a->as_json)
-      print_json(&v);
+      print_json(v);
     else if (a->as_csv)
-      print_csv(&v);
+      print_csv(v);
     else
-      print_text(&v);
-    if (a->why) st = print_why(ctx, &v);
-    if (st == MP_OK && a->plot_dir) st = plot(ctx, a, ev, &res, v.n_show);
+      print_text(v);
+    if (a->why) st = print_why(ctx, v);
+    if (st == MP_OK && a->plot_dir) st = plot(ctx, a, ev, &res, v->n_show);
   }
-  free(v.runs);
-  free(v.not_runs);
+  free(v->runs);
+  free(v->not_runs);
+  v->runs = NULL;
+  v->not_runs = NULL;
+  v->res = NULL;
+  v->cfg = NULL;
   mp_planner_result_free(&res);
   mp_store_close(store);
   free(opts_json);
@@ -727,14 +710,35 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
   mp_status st = a && ev ? MP_OK : mp_error(ctx, MP_ERR_NOMEM, "out of memory");
   if (st == MP_OK) st = read_args(ctx, a);
   if (st == MP_OK)
-    st = mp_sim_evaluator_init(ctx, ev, &a->m, &a->c, a->seq, a->gb, a->headroom, mp_args_get(&k_spec, "--stack"));
+    st = mp_sim_evaluator_init(ctx, ev, &a->m, &a->c, a->seq, a->gb, a->headroom, a->setup.stack);
   if (st == MP_OK) st = mp_cmd_cp_rotate(ctx, &k_spec, &ev->stack, &ev->base);
   if (st == MP_OK) st = mp_cmd_async_tp(ctx, &k_spec, &ev->stack, &ev->base);
-  if (st == MP_OK) st = search_and_report(ctx, a, ev, call->argc, call->argv);
+  if (st == MP_OK) {
+    /* as checked against the user's stack; on other clusters where their stacks run them */
+    a->setup.cp_rotate_given = mp_args_has(&k_spec, "--cp-rotate");
+    a->setup.cp_rotate = ev->base.cp_rotate;
+    a->setup.async_tp = ev->base.tp_comm_fused;
+    st = build_fix(ctx, a);
+  }
+  plan_view *v = st == MP_OK ? calloc(1, sizeof *v) : NULL;
+  if (st == MP_OK && !v) st = mp_error(ctx, MP_ERR_NOMEM, "out of memory");
+  int64_t n_ranked = -1;
+  if (st == MP_OK) st = search_and_report(ctx, a, ev, call->argc, call->argv, v);
+  if (st == MP_OK) n_ranked = v->n_show > 0 ? 1 : 0;
+  int rc = st != MP_OK ? mp_cmd_fail(ctx, st) : 0;
+  if (n_ranked == 0) {
+    /* accepted work that found nothing: the hints on stdout say what would fit */
+    mp_error(ctx, MP_ERR_NOT_FOUND, "no plan fits %s on %d x %s; %s%s", a->m.name, mp_cluster_n_gpus(&a->c),
+             a->c.gpu.name, v->n_advice ? "the smallest change that fits, searched: " : "none of the changes tried fits",
+             v->n_advice ? v->advice[0].change : "");
+    mp_cmd_fail(ctx, MP_ERR_NOT_FOUND);
+    rc = MP_CMD_EXIT_NO_PLAN;
+  }
+  free(v);
   mp_sim_evaluator_free(ev);
   free(ev);
   free(a);
-  return st != MP_OK ? mp_cmd_fail(ctx, st) : 0;
+  return rc;
 }
 
 const mp_command mp_command_plan = {

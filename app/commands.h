@@ -23,6 +23,9 @@ extern "C" {
 #endif
 
 #define MESHPLAN_VERSION "0.1.0"
+/* The exit status of accepted work that found nothing: `plan` where no plan fits (its output
+ * says what would). Usage and input errors exit 2, other failures 1 as well. */
+#define MP_CMD_EXIT_NO_PLAN 1
 #define MP_CMD_MAX_POSITIONAL 4 /* the most any spec's max_positional may be */
 
 /* A parsed command line, as the command's run function receives it. */

@@ -59,19 +59,15 @@ static unsigned ac_mask_of(const mp_search_config *cfg) {
                       : (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_CORE) | (1u << MP_AC_FULL);
 }
 
-#define MP_REJECT_NAME_(e, name, words, remedy) name,
-#define MP_REJECT_WORDS_(e, name, words, remedy) words,
-#define MP_REJECT_REMEDY_(e, name, words, remedy) remedy,
+#define MP_REJECT_NAME_(e, name, words) name,
+#define MP_REJECT_WORDS_(e, name, words) words,
 static const char *const k_reject_name[MP_REJECT_COUNT] = {MP_REJECTS(MP_REJECT_NAME_)};
 static const char *const k_reject_words[MP_REJECT_COUNT] = {MP_REJECTS(MP_REJECT_WORDS_)};
-static const char *const k_reject_remedy[MP_REJECT_COUNT] = {MP_REJECTS(MP_REJECT_REMEDY_)};
 #undef MP_REJECT_NAME_
 #undef MP_REJECT_WORDS_
-#undef MP_REJECT_REMEDY_
 
 const char *mp_reject_name(mp_reject r) { return (unsigned)r < MP_REJECT_COUNT ? k_reject_name[r] : "?"; }
 const char *mp_reject_words(mp_reject r) { return (unsigned)r < MP_REJECT_COUNT ? k_reject_words[r] : "?"; }
-const char *mp_reject_remedy(mp_reject r) { return (unsigned)r < MP_REJECT_COUNT ? k_reject_remedy[r] : NULL; }
 
 const mp_reject mp_search_rule_order[] = {
     MP_REJECT_PP_LAYERS, MP_REJECT_MOE_PP, MP_REJECT_TP_HEADS, MP_REJECT_TP_KV_HEADS,

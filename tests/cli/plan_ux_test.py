@@ -3,7 +3,9 @@
 plan's and simulate's headers and JSON; GPUs by the names people rent them by, and a GPU the
 runtime cannot drive planned and simulated with one line saying so; --why answering for the
 best matching candidate and listing the others; the database holding a run's ranked plans
-and rejection counts (every candidate with --log-all), report reading old and new databases.
+and rejection counts (every candidate with --log-all), report reading old and new databases;
+when nothing fits, exit 1 and the changes that would fit, each true when searched, and the
+constraints that are usage mistakes refused with exit 2.
 
 Usage: plan_ux_test.py MESHPLAN"""
 import json
@@ -139,6 +141,49 @@ con = sqlite3.connect(old)
 check(con.execute("SELECT count(*), max(version) FROM runs, schema_version").fetchone() == (2, 6), "old db not migrated")
 con.close()
 run("plan", "--no-db", "--log-all", want_rc=2)
+
+# ---- nothing fits: verified hints, exit 1 -------------------------------------------------------
+def smallest(out):
+    tail = [ln for ln in out.splitlines() if ln.startswith("the smallest change: ")]
+    return tail[0][len("the smallest change: "):] if tail else None
+
+
+# 70B on one H100: its 70.55B parameters' state alone is over 76 GiB. Neither a shorter
+# sequence nor AC helps, so neither is suggested; the hint is how many GPUs, and it is true:
+# that count fits, the one below it (said in the hint) does not.
+p = run("plan", "--no-db", "--model", "llama3.1-70b", "--gpus", "1", want_rc=1)
+hint = smallest(p.stdout)
+check(hint is not None and hint.startswith("--gpus "), "70B on 1 GPU: no GPU-count hint: " + p.stdout)
+block = p.stdout.split("no plan fits")[-1].split("\ncandidates:")[0]
+check("--seq" not in block and "activation checkpointing" not in block and "check --fix" not in p.stdout,
+      "70B on 1 GPU: a hint that cannot help: " + block)
+check(p.stderr.count("\n") == 1 and p.stderr.startswith("meshplan plan: no plan fits llama3.1-70b on 1 x h100-sxm")
+      and hint and hint in p.stderr, "70B on 1 GPU: stderr " + p.stderr)
+if hint and hint.startswith("--gpus "):
+    n = hint.split()[1]
+    none = block.split(f"fit on {n} x h100-sxm (")[-1].split(" GPUs: none)")[0]
+    run("plan", "--no-db", "--model", "llama3.1-70b", "--gpus", n, "--top", "1")
+    run("plan", "--no-db", "--model", "llama3.1-70b", "--gpus", none, "--top", "1", want_rc=1)
+# 70B on 16 GPUs without AC: full AC fits, and more GPUs without AC do too; the smallest is AC
+p = run("plan", "--no-db", "--model", "llama3.1-70b", "--gpus", "16", "--ac", "none", want_rc=1)
+check(smallest(p.stdout) == "--ac full", "--ac none on 16 GPUs: " + p.stdout[-900:])
+run("plan", "--no-db", "--model", "llama3.1-70b", "--gpus", "16", "--ac", "full", "--top", "1")
+# the micro-batch larger than every rank's share under the default rule: no candidate; the
+# micro-batch searched fits
+p = run("plan", "--no-db", "--model", "llama3.1-8b", "--gpus", "8", "--micro-batch", "1024", want_rc=1)
+check((smallest(p.stdout) or "").startswith("--micro-batch ") and "check --fix" not in p.stdout,
+      "--micro-batch 1024: " + p.stdout[-600:])
+# JSON: the hints with their plans
+j = plan_json("--model", "llama3.1-70b", "--gpus", "1", want_rc=1)
+check(j is not None and j["plans"] == [] and j["no_plan"]["hints"][0]["change"] == hint
+      and j["no_plan"]["hints"][0]["plan"]["fits"], "--json no_plan: " + str(j and j.get("no_plan")))
+# usage mistakes: exit 2, one line naming the rule
+p = run("plan", "--no-db", "--model", "mixtral-8x7b", "--ep", "3", want_rc=2)
+check("ep=3 does not divide the 8 experts of mixtral-8x7b" in p.stderr and "{1, 2, 4, 8}" in p.stderr, p.stderr)
+p = run("plan", "--no-db", "--ep", "2", want_rc=2)
+check("ep=2: llama3.1-8b is dense (no routed experts)" in p.stderr, p.stderr)
+p = run("plan", "--no-db", "--micro-batch", "1024", "--global-batch", "8", want_rc=2)
+check("--micro-batch 1024 is larger than --global-batch 8" in p.stderr, p.stderr)
 
 if fails:
     print("\n".join("FAIL: " + f for f in fails))
