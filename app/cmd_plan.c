@@ -31,7 +31,7 @@ static mp_opt k_opts[] = {
     MP_OPT_MODEL("llama3.1-8b"),
     MP_OPT_HF_CONFIG,
     MP_OPT_CLUSTER("h100-8"),
-    MP_OPT_GPUS,
+    MP_OPT_GPUS_OR_SWEEP,
     MP_OPT_GPU_OF_GPUS("default h100-sxm"),
     MP_OPT_GPUS_PER_NODE("8, or N when N < 8"),
     MP_OPT_INTER_GBPS,
@@ -41,8 +41,14 @@ static mp_opt k_opts[] = {
                         "1,024 tokens per GPU (Llama 3 405B), the nearest multiple of each plan's dp"),
     MP_OPT_GLOBAL_BATCH_TOKENS,
     MP_OPT_TOP(""),
-    {"--objective", "O", "time (default), memory, or tokens-per-dollar (needs a price)", NULL},
-    {"--price", "USD", "price per GPU-hour for tokens-per-dollar (default: the cluster's)", NULL},
+    {"--objective", "O", "time (default), memory, tokens-per-dollar (needs a price), days or cost (need --tokens; "
+                         "cost a price): on one size days rank as time and cost as tokens-per-dollar, across a "
+                         "sweep's sizes they pick the size", NULL},
+    {"--price", "USD", "price per GPU-hour, for tokens-per-dollar and the cost of --tokens (default: the cluster's)",
+     NULL},
+    {"--price-per-gpu-hour", "USD", "the same as --price", NULL},
+    {"--tokens", "T", "tokens to train (15T, 300B, 1.5e12): each plan's days to train them and, with a price, "
+                      "their cost", NULL},
     {"--fix", "K=V,...", "constrain the search, e.g. tp=8,pp=1,ac=full,fp8=0,mb=2,reshard=1,sp=1,pp_virtual=2",
      NULL},
     MP_OPT_MESH("in plan: search this mesh alone, the same as fixing every dim in --fix"),
@@ -112,12 +118,18 @@ static char *command_line(int argc, char **argv) {
   return s;
 }
 
+/* The most sizes a sweep (--gpus A..B) searches. */
+#define PLAN_SWEEP_MAX 64
+
 /* What the command line asks for, read and checked before the search. */
 typedef struct plan_args {
   mp_model m;
   mp_cluster c;
   mp_plan_setup setup;  /* the search apart from its cluster (planner/probe.h) */
   long long seq, gb, top, threads;
+  double tokens;        /* --tokens, 0 without */
+  int64_t sweep[PLAN_SWEEP_MAX]; /* --gpus A..B: the sizes; n_sweep 0: one cluster */
+  int n_sweep;
   int64_t target_seqs;  /* > 0: the default batch rule's target (gb is then not used) */
   char rule[320];       /* the rule in words, with its figures */
   const char *why;      /* --why's spec, or NULL */
@@ -153,12 +165,60 @@ static void fill_setup(plan_args *a, int64_t explicit_gb) {
   a->target_seqs = target;
 }
 
+/* --gpus A..B (powers of two from A up to B) or A..B:S (steps of S) into a->sweep; a plain
+ * count leaves n_sweep 0. */
+static mp_status read_sweep(mp_ctx *ctx, plan_args *a) {
+  const char *v = mp_args_get(&k_spec, "--gpus");
+  a->n_sweep = 0;
+  if (!v || !strstr(v, "..")) return MP_OK;
+  long long lo = 0, hi = 0, step = 0;
+  int used = 0;
+  const int n = sscanf(v, "%lld..%lld%n:%lld%n", &lo, &hi, &used, &step, &used);
+  if (n < 2 || v[used] || lo < 1 || hi < lo || hi > MP_LIM_GPUS || (n == 3 && step < 1))
+    return mp_error(ctx, MP_ERR_USAGE, "--gpus '%s': expected N, A..B (the powers of two from A to B) or A..B:S "
+                    "(steps of S), 1 <= A <= B <= %lld", v, (long long)MP_LIM_GPUS);
+  /* powers of two up to 2^20 are at most 21 sizes */
+  if (n == 3 && (hi - lo) / step + 1 > PLAN_SWEEP_MAX)
+    return mp_error(ctx, MP_ERR_USAGE, "--gpus '%s': %lld sizes, more than %d; a larger step", v,
+                    (hi - lo) / step + 1, PLAN_SWEEP_MAX);
+  for (long long g = lo; g <= hi; g = n == 3 ? g + step : 2 * g) a->sweep[a->n_sweep++] = g;
+  if (mp_args_has(&k_spec, "--cluster"))
+    return mp_error(ctx, MP_ERR_USAGE, "--gpus %s sweeps GPUs of --gpu TYPE; give it or --cluster, not both", v);
+  static const char *const one_search[] = {"--why", "--plot", "--db", "--log-all", "--mesh"};
+  for (size_t i = 0; i < sizeof one_search / sizeof one_search[0]; i++)
+    if (mp_args_has(&k_spec, one_search[i]))
+      return mp_error(ctx, MP_ERR_USAGE, "%s is for one search: give --gpus N, not the sweep %s (a sweep writes no "
+                      "database)", one_search[i], v);
+  return MP_OK;
+}
+
+/* --price or --price-per-gpu-hour (the same), --tokens, and what the objective needs. */
+static mp_status read_price_tokens(mp_ctx *ctx, plan_args *a) {
+  if (mp_args_has(&k_spec, "--price") && mp_args_has(&k_spec, "--price-per-gpu-hour"))
+    return mp_error(ctx, MP_ERR_USAGE, "--price and --price-per-gpu-hour are the same; give one");
+  MP_CHECK(mp_args_double(ctx, &k_spec, "--price", 0, MP_LIM_PRICE, MP_RANGE_CLOSED, &a->price));
+  MP_CHECK(mp_args_double(ctx, &k_spec, "--price-per-gpu-hour", 0, MP_LIM_PRICE, MP_RANGE_CLOSED, &a->price));
+  MP_CHECK(mp_cmd_count(ctx, &k_spec, "--tokens", MP_CMD_MAX_TOKENS, &a->tokens));
+  a->obj = MP_OBJECTIVE_TIME;
+  const char *objs = mp_args_get(&k_spec, "--objective");
+  if (objs) MP_CHECK(mp_objective_parse(ctx, objs, &a->obj));
+  if (mp_objective_needs_price(a->obj) && !(a->price > 0))
+    return mp_error(ctx, MP_ERR_USAGE, "--objective %s needs a price: cluster %s has no price_per_gpu_hour; pass "
+                    "--price-per-gpu-hour USD", mp_objective_name(a->obj), a->c.name);
+  if ((a->obj == MP_OBJECTIVE_DAYS || a->obj == MP_OBJECTIVE_COST) && !(a->tokens > 0))
+    return mp_error(ctx, MP_ERR_USAGE, "--objective %s needs --tokens T (the tokens to train, e.g. 15T)",
+                    mp_objective_name(a->obj));
+  return MP_OK;
+}
+
 /* Everything but the search's own options, with the checks that need no search: the
  * model, the cluster, the numbers, the output form, the objective and its price, and
  * gnuplot and the plot directory (a search is not wasted on a plot that cannot be made). */
 static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   MP_CHECK(mp_cmd_load_model(ctx, &k_spec, "llama3.1-8b", &a->m));
-  MP_CHECK(mp_cmd_load_cluster(ctx, &k_spec, &a->c));
+  MP_CHECK(read_sweep(ctx, a));
+  if (a->n_sweep) MP_CHECK(mp_cmd_load_cluster_n(ctx, &k_spec, a->sweep[0], &a->c));
+  else MP_CHECK(mp_cmd_load_cluster(ctx, &k_spec, &a->c));
   a->seq = a->m.max_seq < 8192 ? a->m.max_seq : 8192;
   a->gb = 0;
   a->top = 10;
@@ -170,7 +230,6 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   MP_CHECK(mp_args_int(ctx, &k_spec, "--top", 0, INT32_MAX, &a->top));
   MP_CHECK(mp_args_int(ctx, &k_spec, "--threads", 1, MP_LIM_THREADS, &a->threads));
   MP_CHECK(mp_args_double(ctx, &k_spec, "--headroom", 0, 1, MP_RANGE_OPEN_HI, &a->headroom));
-  MP_CHECK(mp_args_double(ctx, &k_spec, "--price", 0, MP_LIM_PRICE, MP_RANGE_CLOSED, &a->price));
   int64_t gb = a->gb;
   MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, a->seq, &gb));
   MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, &a->m, a->seq));
@@ -178,12 +237,7 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   a->as_json = mp_args_has(&k_spec, "--json");
   a->as_csv = mp_args_has(&k_spec, "--csv");
   if (a->as_json && a->as_csv) return mp_error(ctx, MP_ERR_USAGE, "give --json or --csv, not both");
-  a->obj = MP_OBJECTIVE_TIME;
-  const char *objs = mp_args_get(&k_spec, "--objective");
-  if (objs) MP_CHECK(mp_objective_parse(ctx, objs, &a->obj));
-  if (a->obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR && !(a->price > 0))
-    return mp_error(ctx, MP_ERR_USAGE, "--objective tokens-per-dollar needs a price: cluster %s has no "
-                    "price_per_gpu_hour; pass --price USD_PER_GPU_HOUR", a->c.name);
+  MP_CHECK(read_price_tokens(ctx, a));
   fill_setup(a, gb);
   MP_CHECK(mp_model_check_step(ctx, &a->m, a->seq, 1, a->target_seqs > 0 ? 2 * a->gb : a->gb));
   a->plot_dir = mp_args_get(&k_spec, "--plot");
@@ -393,6 +447,8 @@ static void print_json(const plan_view *v) {
   cJSON_AddStringToObject(root, "stack", v->ev->stack.name);
   cJSON_AddItemToObject(root, "kernels", mp_cmd_kernel_scale_json(&v->ev->stack, &a->c.gpu));
   cJSON_AddNumberToObject(root, "seq", (double)a->seq);
+  if (a->tokens > 0) cJSON_AddNumberToObject(root, "tokens", a->tokens);
+  if (a->tokens > 0 && a->price > 0) cJSON_AddNumberToObject(root, "price_per_gpu_hour", a->price);
   if (a->target_seqs > 0) {
     cJSON_AddNumberToObject(root, "batch_target", (double)a->target_seqs);
     cJSON_AddStringToObject(root, "batch_rule", a->rule);
@@ -419,6 +475,7 @@ static void print_json(const plan_view *v) {
     cJSON *pj = mp_candidate_json(c, r + 1, v->price);
     if (!pj) continue;
     cJSON_AddNumberToObject(pj, "global_batch", (double)c->global_batch);
+    if (a->tokens > 0) mp_train_json(pj, c, mp_cluster_n_gpus(&a->c), a->tokens, a->price);
     cJSON_AddBoolToObject(pj, "runs", v->runs[r]);
     if (!v->runs[r]) cJSON_AddStringToObject(pj, "runs_not_because", v->not_runs[r]);
     cJSON_AddItemToArray(plans, pj);
@@ -432,12 +489,13 @@ static void print_csv(const plan_view *v) {
   const mp_search *s = v->res->search;
   printf("rank,dp_replicate,dp_shard,tp,ep,pp,cp,ac,fp8,micro_batch,reshard_after_forward,"
          "step_time_s,tokens_per_s_per_gpu,mfu,peak_mem_bytes,fits,compute_s,exposed_comm_s,"
-         "bubble_s,plan_id,sp,pp_virtual,global_batch,runs\n");
+         "bubble_s,plan_id,sp,pp_virtual,global_batch,runs%s\n",
+         v->a->tokens > 0 ? ",train_days,train_cost_usd" : "");
   for (int64_t r = 0; r < v->n_show; r++) {
     const mp_candidate *x = &s->cands[v->res->order[r]];
     char ac[32];
     mp_candidate_ac_str(x, ac, sizeof ac);
-    printf("%lld,%d,%d,%d,%d,%d,%d,%s,%d,%lld,%d,%.9g,%.9g,%.6g,%lld,%d,%.9g,%.9g,%.9g,%lld,%d,%d,%lld,%d\n",
+    printf("%lld,%d,%d,%d,%d,%d,%d,%s,%d,%lld,%d,%.9g,%.9g,%.6g,%lld,%d,%.9g,%.9g,%.9g,%lld,%d,%d,%lld,%d",
            (long long)(r + 1), x->mesh.size[MP_DIM_DP_REPLICATE], x->mesh.size[MP_DIM_DP_SHARD],
            x->mesh.size[MP_DIM_TP], x->mesh.ep, x->mesh.size[MP_DIM_PP], x->mesh.size[MP_DIM_CP],
            ac, x->fp8, (long long)x->micro_batch, x->reshard,
@@ -445,16 +503,40 @@ static void print_csv(const plan_view *v) {
            (long long)x->res.peak_mem_bytes, x->res.fits, x->res.compute_s, x->res.exposed_comm_s,
            x->res.bubble_s, (long long)x->plan_id, x->sp, x->pp_virtual, (long long)x->global_batch,
            v->runs[r]);
+    if (v->a->tokens > 0)
+      printf(",%.9g,%.9g", mp_train_days(x, mp_cluster_n_gpus(&v->a->c), v->a->tokens),
+             mp_train_cost(x, v->a->tokens, v->a->price));
+    printf("\n");
   }
 }
 
-/* The ranked plans as a table (with tokens/$ when that is the objective). */
+/* Dollars in the unit that keeps them short: "$69.46M", "$85.4K", "$950". */
+static void fmt_usd(double d, char *buf, size_t cap) {
+  if (d >= 1e9) snprintf(buf, cap, "$%.2fB", d / 1e9);
+  else if (d >= 1e6) snprintf(buf, cap, "$%.2fM", d / 1e6);
+  else if (d >= 1e3) snprintf(buf, cap, "$%.1fK", d / 1e3);
+  else snprintf(buf, cap, "$%.4g", d);
+}
+
+/* " days  cost" for --tokens on n_gpus GPUs (the cost with a price), or "". */
+static void train_cols(const plan_args *a, const mp_candidate *x, int64_t n_gpus, char *buf, size_t cap) {
+  buf[0] = '\0';
+  if (!(a->tokens > 0)) return;
+  char usd[32];
+  fmt_usd(mp_train_cost(x, a->tokens, a->price), usd, sizeof usd);
+  snprintf(buf, cap, " %8.1f %10s", mp_train_days(x, n_gpus, a->tokens), a->price > 0 ? usd : "");
+}
+
+/* The ranked plans as a table (with tokens/$ when that is the objective, days and cost with
+ * --tokens). */
 static void print_ranking(const plan_view *v) {
   const plan_args *a = v->a;
   const mp_search *s = v->res->search;
-  printf("\n%4s %6s %8s %3s %2s %3s %4s %3s  %-14s %3s %3s %6s %7s %10s %10s %6s %8s %4s%s\n",
+  char head[64] = "";
+  if (a->tokens > 0) snprintf(head, sizeof head, " %8s %10s", "days", a->price > 0 ? "cost" : "");
+  printf("\n%4s %6s %8s %3s %2s %3s %4s %3s  %-14s %3s %3s %6s %7s %10s %10s %6s %8s %4s%s%s\n",
          "rank", "dp_rep", "dp_shard", "tp", "sp", "ep", "pp", "cp", "AC", "fp8", "mb", "batch", "reshard",
-         "step (s)", "tok/s/GPU", "MFU", "peak GiB", "runs", v->price > 0 ? "   tokens/$" : "");
+         "step (s)", "tok/s/GPU", "MFU", "peak GiB", "runs", v->price > 0 ? "   tokens/$" : "", head);
   for (int64_t r = 0; r < v->n_show; r++) {
     const mp_candidate *x = &s->cands[v->res->order[r]];
     char ac[32], pp[16];
@@ -469,7 +551,9 @@ static void print_ranking(const plan_view *v) {
            x->reshard ? "yes" : "no", x->res.step_time_s, x->res.tokens_per_s_per_gpu,
            100.0 * x->res.mfu, (double)x->res.peak_mem_bytes / kGiB, v->runs[r] ? "yes" : "no");
     if (v->price > 0) printf(" %11.4g", mp_tokens_per_dollar(x, v->price));
-    printf("\n");
+    char cols[64];
+    train_cols(a, x, mp_cluster_n_gpus(&a->c), cols, sizeof cols);
+    printf("%s\n", cols);
   }
   const mp_candidate *best = &s->cands[v->res->order[0]];
   if (best->pads_vocab)
@@ -526,94 +610,10 @@ static void print_text(const plan_view *v) {
   print_reject_words(s);
 }
 
-/* --why's rule walk of candidate c: every rule in the order the search applies them
- * (search.h): the mesh's, the options', the siblings', then the simulation's; those after the
- * deciding one are not reached. Then the verdict, the prediction and the rank. */
-static void why_rules(const plan_view *v, const mp_candidate *c, int64_t rank) {
-  char reason[512];
-  printf("  rule (does it reject this candidate? no / YES / - not reached)\n");
-  int reached = 1;
-  for (int k = 0; k < mp_search_n_rule_order; k++) {
-    const mp_reject r = mp_search_rule_order[k];
-    const int failed = c->reject == r;
-    printf("  %-4s %s\n", failed ? "YES" : reached ? "no" : "-", mp_reject_words(r));
-    if (failed) reached = 0;
-  }
-  if (c->reject != MP_REJECT_NONE) {
-    mp_candidate_reason(v->cfg, c, reason, sizeof reason);
-    printf("verdict: rejected (%s): %s\n", mp_reject_name((mp_reject)c->reject), reason);
-  }
-  if (c->evaluated && c->reject != MP_REJECT_EVAL_ERROR)
-    printf("prediction: step %.4f s, %.0f tokens/s/GPU, MFU %.1f %%, peak %.2f GiB of %.2f GiB\n", c->res.step_time_s,
-           c->res.tokens_per_s_per_gpu, 100.0 * c->res.mfu, (double)c->res.peak_mem_bytes / kGiB,
-           (double)c->res.capacity_bytes / kGiB);
-  else if (!c->evaluated)
-    printf("prediction: none (not simulated: a rule or a sibling decided it)\n");
-  if (rank > 0) printf("rank: %lld of %lld\n", (long long)rank, (long long)v->res->n_order);
-}
-
-/* The most other matches --why lists one per line; the rest are counted by rule. */
-#define WHY_MAX_OTHERS 40
-
-/* --why's other matches, best first, one line each: options, verdict, rank or rule. */
-static void why_others(const plan_view *v, const int64_t *idx, int64_t n) {
-  const mp_search *s = v->res->search;
-  if (n <= 1) return;
-  printf("the other %lld matching candidates, best first:\n", (long long)(n - 1));
-  int64_t by[MP_REJECT_COUNT] = {0};
-  for (int64_t j = 1; j < n; j++) {
-    const mp_candidate *c = &s->cands[idx[j]];
-    if (j > WHY_MAX_OTHERS) {
-      by[c->reject]++;
-      continue;
-    }
-    char opts[192], reason[512];
-    mp_candidate_options_str(c, opts, sizeof opts);
-    const int64_t rank = mp_search_rank_of(v->res->order, v->res->n_order, idx[j]);
-    if (rank > 0) {
-      printf("  %-44s ranked %lld (step %.4f s, peak %.2f GiB)\n", opts, (long long)rank, c->res.step_time_s,
-             (double)c->res.peak_mem_bytes / kGiB);
-      continue;
-    }
-    mp_candidate_reason(v->cfg, c, reason, sizeof reason);
-    printf("  %-44s rejected (%s): %s\n", opts, mp_reject_name((mp_reject)c->reject), reason);
-  }
-  if (n - 1 > WHY_MAX_OTHERS) {
-    printf("  ... and %lld more:", (long long)(n - 1 - WHY_MAX_OTHERS));
-    for (int r = 0; r < MP_REJECT_COUNT; r++)
-      if (by[r]) printf(" %lld %s", (long long)by[r], r == MP_REJECT_NONE ? "ranked" : mp_reject_name((mp_reject)r));
-    printf("\n");
-  }
-}
-
-/* --why: the fate of the candidates the spec matches. The one shown in full is the best of
- * them (planner/why.h: the best ranked, else the one the search took furthest); the others
- * follow one line each. */
+/* --why: the fate of the candidates the spec matches (planner/why.h). */
 static mp_status print_why(mp_ctx *ctx, const plan_view *v) {
-  mp_search_fix f;
-  mp_search_fix_init(&f);
-  MP_CHECK(mp_search_fix_parse(ctx, v->a->why, &f));
-  const mp_search *s = v->res->search;
-  int64_t *idx = NULL, n = 0;
-  MP_CHECK(mp_search_matches(ctx, s, &f, v->res->order, v->res->n_order, &idx, &n));
-  if (n == 0)
-    return mp_error(ctx, MP_ERR_USAGE,
-                    "--why %s: no candidate of this search matches (a dim the GPUs do not factor into, "
-                    "or one --fix excluded); the mesh dims multiply to %d", v->a->why,
-                    mp_cluster_n_gpus(&v->a->c));
-  const mp_candidate *c = &s->cands[idx[0]];
-  const int64_t rank = mp_search_rank_of(v->res->order, v->res->n_order, idx[0]);
-  char mesh[128], ac[32];
-  mp_candidate_mesh_str(c, mesh, sizeof mesh);
-  mp_candidate_ac_str(c, ac, sizeof ac);
-  printf("\nwhy %s: %lld candidate%s match; the best %s, candidate %lld of %lld: %s, ac=%s, fp8=%s, micro-batch %lld, "
-         "global batch %lld, reshard=%s%s\n",
-         v->a->why, (long long)n, n == 1 ? "" : "s", rank > 0 ? "ranked" : "(none is ranked: the one the search took "
-         "furthest)", (long long)idx[0] + 1, (long long)s->n, mesh, ac, c->fp8 ? "on" : "off",
-         (long long)c->micro_batch, (long long)c->global_batch, c->reshard ? "on" : "off", c->sp ? ", sp" : "");
-  why_rules(v, c, rank);
-  why_others(v, idx, n);
-  return MP_OK;
+  const mp_planner_result *res = v->res;
+  return mp_why_print(ctx, stdout, res->search, v->cfg, res->order, res->n_order, v->a->why);
 }
 
 /* --plot: the candidates, the memory of the top plans and the simulated timeline of the
@@ -672,7 +672,7 @@ static mp_status search_and_report(mp_ctx *ctx, const plan_args *a, mp_sim_evalu
   *v = (plan_view){a, &res, &req.search, ev, 0, 0, store != NULL, NULL, NULL, {{0}}, 0};
   if (st == MP_OK) {
     v->n_show = a->top == 0 || a->top > res.n_order ? res.n_order : a->top;
-    v->price = a->obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR ? a->price : 0;
+    v->price = a->obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR ? a->price : 0; /* the tokens/$ column */
     v->runs = calloc((size_t)v->n_show + 1, sizeof *v->runs);
     v->not_runs = calloc((size_t)v->n_show + 1, sizeof *v->not_runs);
     if (!v->runs || !v->not_runs) st = mp_error(ctx, MP_ERR_NOMEM, "out of memory");
@@ -704,6 +704,136 @@ static mp_status search_and_report(mp_ctx *ctx, const plan_args *a, mp_sim_evalu
   return st;
 }
 
+/* ---- --gpus A..B: a sweep of cluster sizes ------------------------------------------------- */
+
+/* One size of a sweep: its cluster and what the search of a->setup found on it. */
+typedef struct sweep_row {
+  mp_cluster c;
+  mp_probe_result r;
+} sweep_row;
+
+/* The sizes with the fewest days and the least cost (-1: none fits, or no price). */
+static void sweep_best(const plan_args *a, const sweep_row *rows, int *fastest, int *cheapest) {
+  *fastest = *cheapest = -1;
+  for (int k = 0; k < a->n_sweep; k++) {
+    if (rows[k].r.n_ranked == 0) continue;
+    const mp_candidate *c = &rows[k].r.best;
+    const double d = mp_train_days(c, a->sweep[k], a->tokens), usd = mp_train_cost(c, a->tokens, a->price);
+    if (*fastest < 0 || d < mp_train_days(&rows[*fastest].r.best, a->sweep[*fastest], a->tokens)) *fastest = k;
+    if (a->price > 0 && (*cheapest < 0 || usd < mp_train_cost(&rows[*cheapest].r.best, a->tokens, a->price)))
+      *cheapest = k;
+  }
+}
+
+static void print_sweep_text(const plan_args *a, const mp_sim_evaluator *ev, const sweep_row *rows) {
+  char params[160], head[64] = "", usd[32] = "";
+  mp_cmd_params_str(&a->m, params, sizeof params);
+  printf("%s (%s), seq %lld, on %lld to %lld x %s, stack %s, objective %s", a->m.name, params, a->seq,
+         (long long)a->sweep[0], (long long)a->sweep[a->n_sweep - 1], a->c.gpu.name, ev->stack.name,
+         mp_objective_name(a->obj));
+  fmt_usd(a->price, usd, sizeof usd);
+  if (a->tokens > 0)
+    printf("; %.4gT tokens%s%s%s", a->tokens / 1e12, a->price > 0 ? " at " : "", a->price > 0 ? usd : "",
+           a->price > 0 ? " a GPU-hour" : "");
+  if (a->tokens > 0) snprintf(head, sizeof head, " %8s %10s", "days", a->price > 0 ? "cost" : "");
+  printf("\n\n%7s %7s %10s %10s %6s %8s%s  %s\n", "GPUs", "batch", "step (s)", "tok/s/GPU", "MFU", "peak GiB", head,
+         "best plan");
+  for (int k = 0; k < a->n_sweep; k++) {
+    const mp_candidate *c = &rows[k].r.best;
+    if (rows[k].r.n_ranked == 0) {
+      printf("%7lld %7lld  no plan fits (meshplan plan --gpus %lld says what would)\n", (long long)a->sweep[k],
+             (long long)rows[k].r.global_batch, (long long)a->sweep[k]);
+      continue;
+    }
+    char opts[192], cols[64];
+    mp_candidate_options_str(c, opts, sizeof opts);
+    train_cols(a, c, a->sweep[k], cols, sizeof cols);
+    printf("%7lld %7lld %10.4f %10.0f %5.1f%% %8.2f%s  %s\n", (long long)a->sweep[k], (long long)c->global_batch,
+           c->res.step_time_s, c->res.tokens_per_s_per_gpu, 100.0 * c->res.mfu, (double)c->res.peak_mem_bytes / kGiB,
+           cols, opts);
+  }
+  int fastest, cheapest;
+  sweep_best(a, rows, &fastest, &cheapest);
+  if (a->tokens > 0 && fastest >= 0)
+    printf("\nfastest: %lld GPUs, %.1f days\n", (long long)a->sweep[fastest],
+           mp_train_days(&rows[fastest].r.best, a->sweep[fastest], a->tokens));
+  if (a->tokens > 0 && cheapest >= 0) {
+    fmt_usd(mp_train_cost(&rows[cheapest].r.best, a->tokens, a->price), usd, sizeof usd);
+    printf("cheapest: %lld GPUs, %s (%.1f days)\n", (long long)a->sweep[cheapest], usd,
+           mp_train_days(&rows[cheapest].r.best, a->sweep[cheapest], a->tokens));
+  }
+  printf("(each size's own search, not logged to a database; meshplan plan --gpus N for one size's plans)\n");
+}
+
+static void print_sweep_json(const plan_args *a, const sweep_row *rows) {
+  cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
+  if (!root || !arr) {
+    cJSON_Delete(root);
+    cJSON_Delete(arr);
+    return;
+  }
+  cJSON_AddStringToObject(root, "model", a->m.name);
+  mp_cmd_params_json(&a->m, root);
+  cJSON_AddStringToObject(root, "gpu", a->c.gpu.name);
+  cJSON_AddNumberToObject(root, "seq", (double)a->seq);
+  cJSON_AddStringToObject(root, "objective", mp_objective_name(a->obj));
+  if (a->tokens > 0) cJSON_AddNumberToObject(root, "tokens", a->tokens);
+  if (a->tokens > 0 && a->price > 0) cJSON_AddNumberToObject(root, "price_per_gpu_hour", a->price);
+  for (int k = 0; k < a->n_sweep; k++) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) break;
+    cJSON_AddNumberToObject(o, "n_gpus", (double)a->sweep[k]);
+    cJSON_AddNumberToObject(o, "candidates", (double)rows[k].r.n_candidates);
+    cJSON_AddNumberToObject(o, "feasible", (double)rows[k].r.n_ranked);
+    if (rows[k].r.n_ranked == 0) cJSON_AddNullToObject(o, "plan");
+    else cJSON_AddItemToObject(o, "plan", mp_candidate_json(&rows[k].r.best, 1, 0));
+    if (rows[k].r.n_ranked > 0 && a->tokens > 0) mp_train_json(o, &rows[k].r.best, a->sweep[k], a->tokens, a->price);
+    cJSON_AddItemToArray(arr, o);
+  }
+  cJSON_AddItemToObject(root, "sweep", arr);
+  int fastest, cheapest;
+  sweep_best(a, rows, &fastest, &cheapest);
+  if (a->tokens > 0 && fastest >= 0) cJSON_AddNumberToObject(root, "fastest_n_gpus", (double)a->sweep[fastest]);
+  if (a->tokens > 0 && cheapest >= 0) cJSON_AddNumberToObject(root, "cheapest_n_gpus", (double)a->sweep[cheapest]);
+  mp_cmd_print_json(root);
+}
+
+static void print_sweep_csv(const plan_args *a, const sweep_row *rows) {
+  printf("n_gpus,global_batch,feasible,dp_replicate,dp_shard,tp,ep,pp,cp,ac,micro_batch,step_time_s,"
+         "tokens_per_s_per_gpu,mfu,peak_mem_bytes,train_days,train_cost_usd\n");
+  for (int k = 0; k < a->n_sweep; k++) {
+    const mp_candidate *c = &rows[k].r.best;
+    char ac[32] = "";
+    if (rows[k].r.n_ranked) mp_candidate_ac_str(c, ac, sizeof ac);
+    printf("%lld,%lld,%lld,%d,%d,%d,%d,%d,%d,%s,%lld,%.9g,%.9g,%.6g,%lld,%.9g,%.9g\n", (long long)a->sweep[k],
+           (long long)rows[k].r.global_batch, (long long)rows[k].r.n_ranked, c->mesh.size[MP_DIM_DP_REPLICATE],
+           c->mesh.size[MP_DIM_DP_SHARD], c->mesh.size[MP_DIM_TP], c->mesh.ep, c->mesh.size[MP_DIM_PP],
+           c->mesh.size[MP_DIM_CP], ac, (long long)c->micro_batch, c->res.step_time_s, c->res.tokens_per_s_per_gpu,
+           c->res.mfu, (long long)c->res.peak_mem_bytes, mp_train_days(c, a->sweep[k], a->tokens),
+           mp_train_cost(c, a->tokens, a->price));
+  }
+}
+
+/* --gpus A..B: the search of a->setup on each size, then per size its best plan (with its
+ * days and cost under --tokens). *any_fits 0 when no size has a plan. */
+static mp_status run_sweep(mp_ctx *ctx, const plan_args *a, const mp_sim_evaluator *ev, int *any_fits) {
+  sweep_row *rows = calloc((size_t)a->n_sweep, sizeof *rows);
+  MP_CHECK_ALLOC(ctx, rows);
+  mp_status st = MP_OK;
+  *any_fits = 0;
+  for (int k = 0; k < a->n_sweep && st == MP_OK; k++) {
+    st = mp_cmd_load_cluster_n(ctx, &k_spec, a->sweep[k], &rows[k].c);
+    if (st == MP_OK) st = mp_plan_setup_check(ctx, &a->setup, &rows[k].c);
+    if (st == MP_OK) st = mp_plan_probe(ctx, &a->setup, &rows[k].c, &rows[k].r);
+    if (st == MP_OK) *any_fits |= rows[k].r.n_ranked > 0;
+  }
+  if (st == MP_OK && a->as_json) print_sweep_json(a, rows);
+  else if (st == MP_OK && a->as_csv) print_sweep_csv(a, rows);
+  else if (st == MP_OK) print_sweep_text(a, ev, rows);
+  free(rows);
+  return st;
+}
+
 static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
   plan_args *a = calloc(1, sizeof *a);
   mp_sim_evaluator *ev = calloc(1, sizeof *ev);
@@ -723,8 +853,17 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
   plan_view *v = st == MP_OK ? calloc(1, sizeof *v) : NULL;
   if (st == MP_OK && !v) st = mp_error(ctx, MP_ERR_NOMEM, "out of memory");
   int64_t n_ranked = -1;
-  if (st == MP_OK) st = search_and_report(ctx, a, ev, call->argc, call->argv, v);
-  if (st == MP_OK) n_ranked = v->n_show > 0 ? 1 : 0;
+  int any_fits = 1;
+  if (st == MP_OK && a->n_sweep) st = run_sweep(ctx, a, ev, &any_fits);
+  else if (st == MP_OK) st = search_and_report(ctx, a, ev, call->argc, call->argv, v);
+  if (st == MP_OK && !a->n_sweep) n_ranked = v->n_show > 0 ? 1 : 0;
+  if (st == MP_OK && a->n_sweep && !any_fits) {
+    mp_error(ctx, MP_ERR_NOT_FOUND, "no plan fits %s on any size of the sweep %s; meshplan plan --gpus %lld says "
+             "what would", a->m.name, mp_args_get(&k_spec, "--gpus"), (long long)a->sweep[a->n_sweep - 1]);
+    mp_cmd_fail(ctx, MP_ERR_NOT_FOUND);
+    st = MP_OK;
+    n_ranked = -2;
+  }
   int rc = st != MP_OK ? mp_cmd_fail(ctx, st) : 0;
   if (n_ranked == 0) {
     /* accepted work that found nothing: the hints on stdout say what would fit */
@@ -734,6 +873,7 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
     mp_cmd_fail(ctx, MP_ERR_NOT_FOUND);
     rc = MP_CMD_EXIT_NO_PLAN;
   }
+  if (n_ranked == -2) rc = MP_CMD_EXIT_NO_PLAN;
   free(v);
   mp_sim_evaluator_free(ev);
   free(ev);

@@ -83,6 +83,16 @@ mp_status mp_cmd_load_model(mp_ctx *ctx, const mp_cmd_spec *spec, const char *df
  * --gpus-per-node K (default min(8, N)) and --inter-gbps X (default 400); --gpu,
  * --gpus-per-node or --inter-gbps without --gpus, or with --cluster, is a usage error. */
 mp_status mp_cmd_load_cluster(mp_ctx *ctx, const mp_cmd_spec *spec, mp_cluster *c);
+/* The same for a given number of GPUs n (plan's --gpus A..B sweep): --gpu, --gpus-per-node
+ * and --inter-gbps as mp_cmd_load_cluster reads them with --gpus n. */
+mp_status mp_cmd_load_cluster_n(mp_ctx *ctx, const mp_cmd_spec *spec, int64_t n, mp_cluster *c);
+/* The most tokens --tokens takes: 1e18, a million times the 15T of Llama 3's pre-training
+ * (a count past it is a typo, and days and dollars stay finite). */
+#define MP_CMD_MAX_TOKENS 1e18
+/* The value of flag as a count: a number with an optional suffix K, M, B (or G) or T for
+ * 1e3, 1e6, 1e9 or 1e12 ("15T", "300B", "1.5e12"), finite, in (0, max]; else a usage error
+ * naming the flag, the value and what it takes. Nothing when the flag was not given. */
+mp_status mp_cmd_count(mp_ctx *ctx, const mp_cmd_spec *spec, const char *flag, double max, double *out);
 /* seq beyond the model's max_seq is a usage error unless --allow-long-seq was given. */
 mp_status mp_cmd_check_seq(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_model *m, int64_t seq);
 /* --global-batch-tokens T: *global_batch = T / seq (T a multiple of seq; with

@@ -52,10 +52,10 @@ mp_status mp_planner_run(mp_ctx *ctx, const mp_planner_request *req, mp_store *s
   memset(out, 0, sizeof *out);
   double t0 = mp_now_s();
   /* Check the objective before any work: a missing price is a usage error. */
-  if (req->objective == MP_OBJECTIVE_TOKENS_PER_DOLLAR && !(req->price_per_gpu_hour > 0))
+  if (mp_objective_needs_price(req->objective) && !(req->price_per_gpu_hour > 0))
     return mp_error(ctx, MP_ERR_USAGE,
-                    "--objective tokens-per-dollar needs a price: pass --price USD_PER_GPU_HOUR or "
-                    "use a cluster with price_per_gpu_hour");
+                    "--objective %s needs a price: pass --price USD_PER_GPU_HOUR or "
+                    "use a cluster with price_per_gpu_hour", mp_objective_name(req->objective));
   mp_search *s = NULL;
   MP_CHECK(mp_search_enumerate(ctx, &req->search, &s));
   mp_status st = MP_OK;

@@ -90,3 +90,8 @@ double mp_train_cost(const mp_candidate *c, double tokens, double price_per_gpu_
   const double t = c->res.tokens_per_s_per_gpu;
   return t > 0 && price_per_gpu_hour > 0 ? tokens / t / 3600.0 * price_per_gpu_hour : 0;
 }
+
+void mp_train_json(cJSON *o, const mp_candidate *c, int64_t n_gpus, double tokens, double price_per_gpu_hour) {
+  cJSON_AddNumberToObject(o, "train_days", mp_train_days(c, n_gpus, tokens));
+  if (price_per_gpu_hour > 0) cJSON_AddNumberToObject(o, "train_cost_usd", mp_train_cost(c, tokens, price_per_gpu_hour));
+}

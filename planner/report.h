@@ -30,6 +30,8 @@ struct cJSON *mp_candidate_json(const mp_candidate *c, int64_t rank, double pric
 double mp_train_days(const mp_candidate *c, int64_t n_gpus, double tokens);
 /* Its cost in dollars at price_per_gpu_hour (0 when the price or the throughput is 0). */
 double mp_train_cost(const mp_candidate *c, double tokens, double price_per_gpu_hour);
+/* Both into JSON object o as "train_days" and, with a price > 0, "train_cost_usd". */
+void mp_train_json(struct cJSON *o, const mp_candidate *c, int64_t n_gpus, double tokens, double price_per_gpu_hour);
 
 #ifdef __cplusplus
 }

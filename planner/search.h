@@ -301,10 +301,19 @@ int64_t mp_candidate_simplicity(const mp_candidate *c);
 typedef enum mp_objective {
   MP_OBJECTIVE_TIME = 0,      /* lowest step time per sequence; ties: the simpler plan */
   MP_OBJECTIVE_MEMORY,        /* lowest peak memory; ties: lower step time */
-  MP_OBJECTIVE_TOKENS_PER_DOLLAR /* most tokens per dollar (needs a price) */
+  MP_OBJECTIVE_TOKENS_PER_DOLLAR, /* most tokens per dollar (needs a price) */
+  /* Fewest days to train a number of tokens (planner/report.h): on one search's GPUs the
+   * order of time (days are the tokens over the throughput, which is the batch over the step
+   * time); across GPU counts (plan's sweep) the fastest count. */
+  MP_OBJECTIVE_DAYS,
+  /* Least cost to train them (needs a price): on one search's GPUs the order of
+   * tokens-per-dollar; across GPU counts the cheapest count. */
+  MP_OBJECTIVE_COST
 } mp_objective;
 mp_status mp_objective_parse(mp_ctx *ctx, const char *s, mp_objective *out);
 const char *mp_objective_name(mp_objective o);
+/* tokens-per-dollar and cost: ranked with a price per GPU-hour. */
+int mp_objective_needs_price(mp_objective o);
 
 /* Tokens trained per dollar: tokens/s/GPU x 3600 / price per GPU-hour. */
 double mp_tokens_per_dollar(const mp_candidate *c, double price_per_gpu_hour);

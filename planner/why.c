@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const double kWhyGiB = 1024.0 * 1024.0 * 1024.0;
+
 int64_t mp_search_rank_of(const int64_t *order, int64_t n_order, int64_t i) {
   for (int64_t r = 0; r < n_order; r++)
     if (order[r] == i) return r + 1;
@@ -76,4 +78,92 @@ void mp_candidate_options_str(const mp_candidate *c, char *buf, size_t cap) {
            c->sp ? " sp=1" : "");
   n = (int)strlen(buf);
   if (c->pp_virtual > 1 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " v=%d", c->pp_virtual);
+}
+
+/* --why's rule walk of candidate c: every rule in the order the search applies them
+ * (search.h): the mesh's, the options', the siblings', then the simulation's; those after the
+ * deciding one are not reached. Then the verdict, the prediction and the rank. */
+static void why_rules(FILE *out, const mp_search_config *cfg, const mp_candidate *c, int64_t rank,
+                      int64_t n_order) {
+  char reason[512];
+  fprintf(out, "  rule (does it reject this candidate? no / YES / - not reached)\n");
+  int reached = 1;
+  for (int k = 0; k < mp_search_n_rule_order; k++) {
+    const mp_reject r = mp_search_rule_order[k];
+    const int failed = c->reject == r;
+    fprintf(out, "  %-4s %s\n", failed ? "YES" : reached ? "no" : "-", mp_reject_words(r));
+    if (failed) reached = 0;
+  }
+  if (c->reject != MP_REJECT_NONE) {
+    mp_candidate_reason(cfg, c, reason, sizeof reason);
+    fprintf(out, "verdict: rejected (%s): %s\n", mp_reject_name((mp_reject)c->reject), reason);
+  }
+  if (c->evaluated && c->reject != MP_REJECT_EVAL_ERROR)
+    fprintf(out, "prediction: step %.4f s, %.0f tokens/s/GPU, MFU %.1f %%, peak %.2f GiB of %.2f GiB\n",
+            c->res.step_time_s, c->res.tokens_per_s_per_gpu, 100.0 * c->res.mfu,
+            (double)c->res.peak_mem_bytes / kWhyGiB, (double)c->res.capacity_bytes / kWhyGiB);
+  else if (!c->evaluated)
+    fprintf(out, "prediction: none (not simulated: a rule or a sibling decided it)\n");
+  if (rank > 0) fprintf(out, "rank: %lld of %lld\n", (long long)rank, (long long)n_order);
+}
+
+/* The most other matches --why lists one per line; the rest are counted by rule. */
+#define WHY_MAX_OTHERS 40
+
+/* --why's other matches, best first, one line each: options, verdict, rank or rule. */
+static void why_others(FILE *out, const mp_search *s, const mp_search_config *cfg, const int64_t *order,
+                       int64_t n_order, const int64_t *idx, int64_t n) {
+  if (n <= 1) return;
+  fprintf(out, "the other %lld matching candidates, best first:\n", (long long)(n - 1));
+  int64_t by[MP_REJECT_COUNT] = {0};
+  for (int64_t j = 1; j < n; j++) {
+    const mp_candidate *c = &s->cands[idx[j]];
+    if (j > WHY_MAX_OTHERS) {
+      by[c->reject]++;
+      continue;
+    }
+    char opts[192], reason[512];
+    mp_candidate_options_str(c, opts, sizeof opts);
+    const int64_t rank = mp_search_rank_of(order, n_order, idx[j]);
+    if (rank > 0) {
+      fprintf(out, "  %-44s ranked %lld (step %.4f s, peak %.2f GiB)\n", opts, (long long)rank,
+              c->res.step_time_s, (double)c->res.peak_mem_bytes / kWhyGiB);
+      continue;
+    }
+    mp_candidate_reason(cfg, c, reason, sizeof reason);
+    fprintf(out, "  %-44s rejected (%s): %s\n", opts, mp_reject_name((mp_reject)c->reject), reason);
+  }
+  if (n - 1 > WHY_MAX_OTHERS) {
+    fprintf(out, "  ... and %lld more:", (long long)(n - 1 - WHY_MAX_OTHERS));
+    for (int r = 0; r < MP_REJECT_COUNT; r++)
+      if (by[r])
+        fprintf(out, " %lld %s", (long long)by[r], r == MP_REJECT_NONE ? "ranked" : mp_reject_name((mp_reject)r));
+    fprintf(out, "\n");
+  }
+}
+
+mp_status mp_why_print(mp_ctx *ctx, FILE *out, const mp_search *s, const mp_search_config *cfg, const int64_t *order,
+                       int64_t n_order, const char *spec) {
+  mp_search_fix f;
+  mp_search_fix_init(&f);
+  MP_CHECK(mp_search_fix_parse(ctx, spec, &f));
+  int64_t *idx = NULL, n = 0;
+  MP_CHECK(mp_search_matches(ctx, s, &f, order, n_order, &idx, &n));
+  if (n == 0)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--why %s: no candidate of this search matches (a dim the GPUs do not factor into, "
+                    "or one --fix excluded); the mesh dims multiply to %d", spec, mp_cluster_n_gpus(cfg->cluster));
+  const mp_candidate *c = &s->cands[idx[0]];
+  const int64_t rank = mp_search_rank_of(order, n_order, idx[0]);
+  char mesh[128], ac[32];
+  mp_candidate_mesh_str(c, mesh, sizeof mesh);
+  mp_candidate_ac_str(c, ac, sizeof ac);
+  fprintf(out, "\nwhy %s: %lld candidate%s match; the best %s, candidate %lld of %lld: %s, ac=%s, fp8=%s, "
+          "micro-batch %lld, global batch %lld, reshard=%s%s\n",
+          spec, (long long)n, n == 1 ? "" : "s", rank > 0 ? "ranked" : "(none is ranked: the one the search took "
+          "furthest)", (long long)idx[0] + 1, (long long)s->n, mesh, ac, c->fp8 ? "on" : "off",
+          (long long)c->micro_batch, (long long)c->global_batch, c->reshard ? "on" : "off", c->sp ? ", sp" : "");
+  why_rules(out, cfg, c, rank, n_order);
+  why_others(out, s, cfg, order, n_order, idx, n);
+  return MP_OK;
 }

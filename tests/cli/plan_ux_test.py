@@ -5,7 +5,8 @@ runtime cannot drive planned and simulated with one line saying so; --why answer
 best matching candidate and listing the others; the database holding a run's ranked plans
 and rejection counts (every candidate with --log-all), report reading old and new databases;
 when nothing fits, exit 1 and the changes that would fit, each true when searched, and the
-constraints that are usage mistakes refused with exit 2.
+constraints that are usage mistakes refused with exit 2; time and cost to train a number of
+tokens, and a sweep of cluster sizes.
 
 Usage: plan_ux_test.py MESHPLAN"""
 import json
@@ -184,6 +185,64 @@ p = run("plan", "--no-db", "--ep", "2", want_rc=2)
 check("ep=2: llama3.1-8b is dense (no routed experts)" in p.stderr, p.stderr)
 p = run("plan", "--no-db", "--micro-batch", "1024", "--global-batch", "8", want_rc=2)
 check("--micro-batch 1024 is larger than --global-batch 8" in p.stderr, p.stderr)
+
+# ---- time and cost to train; a sweep of sizes -------------------------------------------------
+# days = tokens / (tokens/s per GPU x GPUs) / 86,400; cost = tokens / (tokens/s per GPU) / 3,600 x
+# the price per GPU-hour
+for text, value in (("15T", 15e12), ("300B", 3e11), ("1.5e12", 1.5e12), ("2500M", 2.5e9), ("7k", 7e3)):
+    j = plan_json("--model", "llama3.1-8b", "--gpus", "8", "--top", "3", "--tokens", text, "--price-per-gpu-hour", "2")
+    if not j:
+        continue
+    check(j.get("tokens") == value, f"--tokens {text}: {j.get('tokens')}, want {value}")
+    for x in j["plans"]:
+        want_days = value / (x["tokens_per_s_per_gpu"] * 8) / 86400
+        want_usd = value / x["tokens_per_s_per_gpu"] / 3600 * 2
+        check(abs(x["train_days"] - want_days) <= 1e-9 * want_days and abs(x["train_cost_usd"] - want_usd) <= 1e-6 * want_usd,
+              f"--tokens {text}: rank {x['rank']} {x['train_days']} days, ${x['train_cost_usd']}")
+for bad in ("15X", "0", "-1", "1e19", "nan", "T"):
+    p = run("plan", "--no-db", "--tokens", bad, want_rc=2)
+    check(f"--tokens '{bad}': expected a count in (0, 1e+18]" in p.stderr, f"--tokens {bad}: " + p.stderr)
+p = run("plan", "--no-db", "--gpus", "8", "--tokens", "1T", "--price-per-gpu-hour", "2", "--top", "2")
+check(" days       cost" in p.stdout and "$" in p.stdout.split("ties:")[0], "no days and cost columns: " + p.stdout[:900])
+# on one size days rank as time, cost as tokens-per-dollar
+base = plan_json("--model", "llama3.1-8b", "--gpus", "8", "--top", "0")
+days = plan_json("--model", "llama3.1-8b", "--gpus", "8", "--top", "0", "--objective", "days", "--tokens", "1T")
+cost = plan_json("--model", "llama3.1-8b", "--gpus", "8", "--top", "0", "--objective", "cost", "--tokens", "1T",
+                 "--price", "2")
+tpd = plan_json("--model", "llama3.1-8b", "--gpus", "8", "--top", "0", "--objective", "tokens-per-dollar", "--price", "2")
+key = lambda j: [(x["mesh"], x["ac"], x["micro_batch"], x["reshard_after_forward"]) for x in j["plans"]]
+if base and days and cost and tpd:
+    check(key(base) == key(days) and key(cost) == key(tpd), "days or cost rank unlike time or tokens-per-dollar")
+run("plan", "--no-db", "--objective", "days", want_rc=2)
+run("plan", "--no-db", "--gpus", "8", "--objective", "cost", "--tokens", "1T", want_rc=2)
+run("plan", "--no-db", "--price", "2", "--price-per-gpu-hour", "3", want_rc=2)
+# --gpus 256..4096: the powers of two between; each size's best is plan's own for that size
+sw = run("plan", "--json", "--model", "llama3.1-70b", "--gpus", "16..64", "--tokens", "2T", "--price-per-gpu-hour", "2")
+j = json.loads(sw.stdout) if sw.returncode == 0 else None
+if j:
+    check([r["n_gpus"] for r in j["sweep"]] == [16, 32, 64], f"sweep sizes {[r['n_gpus'] for r in j['sweep']]}")
+    for r in j["sweep"]:
+        one = plan_json("--model", "llama3.1-70b", "--gpus", str(r["n_gpus"]), "--top", "1")
+        check(one is not None and r["plan"] is not None and one["plans"][0]["step_time_s"] == r["plan"]["step_time_s"]
+              and one["plans"][0]["mesh"] == r["plan"]["mesh"], f"sweep size {r['n_gpus']}: not plan's best")
+        check(abs(r["train_days"] - 2e12 / (r["plan"]["tokens_per_s_per_gpu"] * r["n_gpus"]) / 86400) < 1e-6,
+              f"sweep size {r['n_gpus']}: days")
+    fit = [r for r in j["sweep"] if r["plan"]]
+    check(j["fastest_n_gpus"] == min(fit, key=lambda r: r["train_days"])["n_gpus"], "fastest size")
+    check(j["cheapest_n_gpus"] == min(fit, key=lambda r: r["train_cost_usd"])["n_gpus"], "cheapest size")
+sw = run("plan", "--csv", "--model", "llama3.1-70b", "--gpus", "16..32", "--tokens", "1T")
+rows = sw.stdout.splitlines()
+check(len(rows) == 3 and rows[0].startswith("n_gpus,global_batch,feasible,") and rows[1].startswith("16,")
+      and rows[2].startswith("32,"), "--csv sweep: " + sw.stdout)
+sw = run("plan", "--json", "--model", "llama3.1-70b", "--gpus", "24..40:8")
+j = json.loads(sw.stdout) if sw.returncode == 0 else None
+check(j is not None and [r["n_gpus"] for r in j["sweep"]] == [24, 32, 40], "--gpus 24..40:8")
+p = run("plan", "--model", "llama3.1-70b", "--gpus", "1..4", want_rc=1)
+check(p.stdout.count("no plan fits") == 3 and "on any size of the sweep 1..4" in p.stderr, "a sweep where nothing fits")
+for bad in ("8..4", "0..8", "4..8:0", "8..x", "1..1048577", "1..1000:1"):
+    run("plan", "--gpus", bad, want_rc=2)
+for extra in (["--why", "tp=1"], ["--db", "x.db"], ["--log-all"], ["--mesh", "dp_shard=8"], ["--cluster", "h100-8"]):
+    run("plan", "--gpus", "8..16", *extra, want_rc=2)
 
 if fails:
     print("\n".join("FAIL: " + f for f in fails))
