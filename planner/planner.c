@@ -10,7 +10,7 @@
 #include "common/timeutil.h"
 
 /* The run into the store, after the search: its runs row, its candidates (the ranked ones
- * by default, in rank order; with info.log_all every one in enumeration order with its
+ * with info.ranked_only, in rank order; else every one in enumeration order with its
  * reason), the ranks, the rejection counts by rule and the summary, in one transaction.
  * Other writers wait only for this, not for the search. */
 static mp_status store_run(mp_ctx *ctx, const mp_planner_request *req, mp_store *store, mp_search *s,
@@ -18,9 +18,10 @@ static mp_status store_run(mp_ctx *ctx, const mp_planner_request *req, mp_store 
   MP_CHECK(mp_store_run_begin(ctx, store, &req->info, run_id));
   char reason[512];
   mp_status st = MP_OK;
-  const int64_t n = req->info.log_all ? s->n : out->n_order;
+  const int all = !req->info.ranked_only;
+  const int64_t n = all ? s->n : out->n_order;
   for (int64_t k = 0; k < n && st == MP_OK; k++) {
-    const int64_t i = req->info.log_all ? k : out->order[k];
+    const int64_t i = all ? k : out->order[k];
     mp_candidate *c = &s->cands[i];
     reason[0] = '\0';
     if (c->reject != MP_REJECT_NONE) mp_candidate_reason(&req->search, c, reason, sizeof reason);

@@ -1,5 +1,5 @@
 /* One planner run: enumerate and prune (search.h), evaluate on worker threads, rank by the
- * objective, then write the run, its ranked plans (every candidate with info.log_all), the
+ * objective, then write the run, every candidate (its ranked plans alone with info.ranked_only), the
  * ranks and the rejection counts by rule to the store (store.h) in one transaction from the
  * calling thread. The search is finished before the transaction
  * opens, so concurrent planners on one database queue for the seconds of writing, not for

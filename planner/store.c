@@ -105,7 +105,7 @@ mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
     bind_text(q, 10, info->objective);
     bind_text(q, 11, info->options_json);
     bind_text(q, 12, info->command);
-    bind_text(q, 13, info->log_all ? "all" : "ranked");
+    bind_text(q, 13, info->ranked_only ? "ranked" : "all");
     rc = sqlite3_step(q);
     if (rc == SQLITE_DONE) rc = SQLITE_OK;
   }

@@ -8,8 +8,9 @@
  * run's hundreds of thousands of unranked rows pay no index insert):
  *   runs          what was asked (model, cluster, GPUs, seq, batch, objective, options as
  *                 JSON, command line), when, tool version, and the run's counts
- *   plans         one row per candidate logged (the ranked ones by default; every one
- *                 with `plan --log-all`, and on runs before version 6): every mesh dim, ep, ac, fp8, micro_batch,
+ *   plans         one row per candidate logged (the ranked ones: `plan`'s default; every
+ *                 one: `plan --log-all`, train's runs, runs before version 6): every mesh
+ *                 dim, ep, ac, fp8, micro_batch,
  *                 reshard, evaluated, feasible, rank (objective order, NULL when not
  *                 ranked), reject_rule (mp_reject_name) and reject_reason (the sentence)
  *   predictions   one row per evaluated candidate (plan_id = plans.id): step time,
@@ -28,11 +29,12 @@
  * batch rule's target (runs.global_batch) rounded to a multiple of its data-parallel size
  * (planner/batch.h), which plans.micro_batch divides into micro-batches per rank; NULL on
  * rows written before version 5. Version 6 adds the rejections table and runs.logged: 'ranked'
- * (the default: the ranked plans' rows, every candidate counted in rejections and the runs
- * row) or 'all' (`--log-all`: every candidate's row with its reason); NULL on the runs
- * written before, which logged every candidate (their counts are read from their plans rows).
- * A 405B search on 16,384 GPUs enumerates 178,590 candidates and ranks about 3,000: logging
- * them all made a database of 30 MB per run.
+ * (`plan`'s default, mp_run_info.ranked_only: the ranked plans' rows, every candidate counted
+ * in rejections and the runs row) or 'all' (`plan --log-all`, and train's small searches:
+ * every candidate's row with its reason); NULL on the runs written before, which logged every
+ * candidate (their counts are read from their plans rows). A 405B search on 16,384 GPUs
+ * enumerates 178,590 candidates and ranks about 3,000: logging them all made a database of
+ * 30 MB per run.
  *
  * The file itself (opening, the identity check and its refusals, the migrations that
  * create these tables, WAL, the busy timeout and the write lock) is store/db.h's;
@@ -77,7 +79,9 @@ typedef struct mp_run_info {
   const char *options_json; /* every option as given, JSON text */
   const char *command;      /* the command line */
   const char *tool_version; /* MESHPLAN_VERSION */
-  int log_all;              /* 1: every candidate is logged; 0: the ranked ones (runs.logged) */
+  int ranked_only;          /* 1: only the ranked plans get rows (plan's default); 0: every
+                               candidate (plan --log-all, and train's small searches, whose
+                               pick may be a plan that does not fit; runs.logged) */
 } mp_run_info;
 
 typedef struct mp_run_summary {

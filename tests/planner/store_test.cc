@@ -48,9 +48,8 @@ struct PlannerRun {
     req.info.options_json = "{}";
     req.info.command = "test";
     req.info.tool_version = "test";
-    // these tests read every candidate's row (plan --log-all); the default's rows are
-    // DefaultLogsTheRankedPlansAndTheCountsByRule's
-    req.info.log_all = 1;
+    // ranked_only 0: every candidate's row, as plan --log-all and train write them; plan's
+    // default is DefaultLogsTheRankedPlansAndTheCountsByRule's
   }
 };
 
@@ -560,7 +559,7 @@ TEST(Store, WriteLockIsFreeDuringTheSearch) {
   mp_store_close(st);
 }
 
-// By default a run logs its ranked plans alone, every one with its prediction and rank, and
+// plan's default (ranked_only) logs the ranked plans alone, every one with its prediction and rank, and
 // its rejection counts by rule: on 8 GPUs with batch 32 the fake model enumerates the
 // candidates of the search (s->n) and ranks s->n_feasible of them; the rows of the table
 // rejections add up with the ranked plans to every candidate, rule by rule the search's
@@ -572,7 +571,7 @@ TEST(Store, DefaultLogsTheRankedPlansAndTheCountsByRule) {
   mp_store *st = nullptr;
   ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
   PlannerRun r(1, 8, 32);
-  r.req.info.log_all = 0;
+  r.req.info.ranked_only = 1;
   mp_planner_result res;
   ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK) << mp_errmsg(&ctx);
   const mp_search *s = res.search;
@@ -593,7 +592,7 @@ TEST(Store, DefaultLogsTheRankedPlansAndTheCountsByRule) {
   EXPECT_EQ(want[MP_REJECT_RESHARD_NOOP] > 0, true);
   mp_planner_result_free(&res);
   // a --log-all run says so, and counts the same
-  r.req.info.log_all = 1;
+  r.req.info.ranked_only = 0;
   ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK) << mp_errmsg(&ctx);
   EXPECT_EQ(q(st, "SELECT count(*) FROM runs WHERE logged='all' AND id=" + std::to_string(res.run_id)), 1);
   ASSERT_EQ(mp_store_run_rejections(&ctx, st, res.run_id, got), MP_OK) << mp_errmsg(&ctx);
