@@ -590,3 +590,45 @@ mp_status mp_store_run_rejections(mp_ctx *ctx, mp_store *st, int64_t run_id, int
   by[MP_REJECT_NONE] = run.n_feasible;
   return MP_OK;
 }
+
+/* The run's predicted tokens/s per GPU (its measured plan's prediction; 0 when none). */
+static int run_prediction(mp_store *st, int64_t run_id, double *pred) {
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(conn(st),
+                              "SELECT pr.tokens_per_s_per_gpu FROM predictions pr WHERE pr.plan_id ="
+                              " (SELECT plan_id FROM measurements WHERE run_id=? ORDER BY id LIMIT 1)",
+                              -1, &q, NULL);
+  *pred = 0;
+  if (rc == SQLITE_OK) sqlite3_bind_int64(q, 1, run_id);
+  if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) *pred = sqlite3_column_double(q, 0);
+  sqlite3_finalize(q);
+  return rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+mp_status mp_store_run_marks(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, double *pred,
+                             int64_t **resumed, int64_t *n_resumed) {
+  char sql[128];
+  int64_t count = 0;
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM measurements WHERE run_id=%lld", (long long)run_id);
+  MP_CHECK(mp_store_query_i64(ctx, st, sql, &count));
+  *resumed = mp_arena_alloc(a, (size_t)(count > 0 ? count : 1) * sizeof **resumed);
+  MP_CHECK_ALLOC(ctx, *resumed);
+  *n_resumed = 0;
+  int rc = run_prediction(st, run_id, pred);
+  sqlite3_stmt *q = NULL;
+  if (rc == SQLITE_OK)
+    rc = sqlite3_prepare_v2(conn(st), "SELECT plan_id, step FROM measurements WHERE run_id=? ORDER BY id", -1, &q,
+                            NULL);
+  if (rc == SQLITE_OK) sqlite3_bind_int64(q, 1, run_id);
+  int64_t prev_plan = -1, prev_step = 0;
+  while (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+    rc = SQLITE_OK;
+    const int64_t plan = sqlite3_column_int64(q, 0), step = sqlite3_column_int64(q, 1);
+    if (plan == prev_plan && step <= prev_step && *n_resumed < count) (*resumed)[(*n_resumed)++] = step;
+    prev_plan = plan;
+    prev_step = step;
+  }
+  sqlite3_finalize(q);
+  if (rc != SQLITE_DONE && rc != SQLITE_OK) return mp_db_err(ctx, st->db, rc, "reading measurements");
+  return MP_OK;
+}

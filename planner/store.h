@@ -188,6 +188,15 @@ mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena
  * this build does not know is not counted. MP_ERR_NOT_FOUND when the run does not exist. */
 mp_status mp_store_run_rejections(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t by[MP_REJECT_COUNT]);
 
+/* What a training run's curves are drawn against: the predicted tokens/s per GPU of the plan
+ * it measured (*pred, 0 without a prediction), and the steps where it resumed from a
+ * checkpoint (into an arena array *resumed, *n_resumed): a resumed run measures again the
+ * steps after its checkpoint, so a step recorded after a later one (by the order of the
+ * records) is where one resumed. A resume that redoes no step (killed right after its
+ * checkpoint) leaves no trace in the records and is not found. */
+mp_status mp_store_run_marks(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, double *pred,
+                             int64_t **resumed, int64_t *n_resumed);
+
 /* The integer result of a one-value query ("SELECT count(*) FROM plans WHERE run_id=2");
  * for tests and counts. */
 mp_status mp_store_query_i64(mp_ctx *ctx, mp_store *st, const char *sql, int64_t *out);

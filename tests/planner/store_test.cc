@@ -637,4 +637,37 @@ TEST(StoreIdentity, Version5RunsCountFromTheirPlans) {
   mp_store_close(st);
 }
 
+// A training run's marks for its curves: a run killed after measuring steps 1..3 and
+// resumed from its step-1 checkpoint measures 2, 3, 4: it resumed at step 2 (the first
+// step measured again); a second kill and resume from step 3 adds step 4 once more. The
+// prediction is the measured plan's tokens/s per GPU (the fake's 1000 / step time).
+TEST(Store, TrainingMarksFindTheResumesAndThePrediction) {
+  std::string path = FreshDbPath("marks.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK);
+  PlannerRun r(1, 8, 32);
+  mp_planner_result res;
+  ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK);
+  const mp_candidate best = res.search->cands[res.order[0]];
+  const int64_t run_id = res.run_id;
+  mp_planner_result_free(&res);
+  for (int64_t step : {1, 2, 3, 2, 3, 4, 4, 5}) {
+    mp_measurement m = {best.plan_id, step, 1.0, kGiB, 3.0, 5000.0, "fake-gpu"};
+    ASSERT_EQ(mp_store_add_measurement(&ctx, st, &m), MP_OK) << mp_errmsg(&ctx);
+  }
+  mp_arena *a = mp_arena_create();
+  double pred = 0;
+  int64_t *resumed = nullptr, n = 0;
+  ASSERT_EQ(mp_store_run_marks(&ctx, st, run_id, a, &pred, &resumed, &n), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(n, 2);
+  EXPECT_EQ(resumed[0], 2);
+  EXPECT_EQ(resumed[1], 4);
+  EXPECT_DOUBLE_EQ(pred, best.res.tokens_per_s_per_gpu);
+  EXPECT_DOUBLE_EQ(pred, 1000.0 / best.res.step_time_s);
+  mp_arena_destroy(a);
+  mp_store_close(st);
+}
+
 }  // namespace
