@@ -339,7 +339,7 @@ static void make_request(const plan_args *a, mp_sim_evaluator *ev, const char *o
   req->info.options_json = opts_json;
   req->info.command = cmdline;
   req->info.tool_version = MESHPLAN_VERSION;
-  req->info.ranked_only = !mp_args_has(&k_spec, "--log-all");
+  req->ranked_only = !mp_args_has(&k_spec, "--log-all");
 }
 
 /* What the output shows: the run, the search's config (for the reasons), the evaluator

@@ -10,7 +10,7 @@
 #include "common/timeutil.h"
 
 /* The run into the store, after the search: its runs row, its candidates (the ranked ones
- * with info.ranked_only, in rank order; else every one in enumeration order with its
+ * with ranked_only, in rank order; else every one in enumeration order with its
  * reason), the ranks, the rejection counts by rule and the summary, in one transaction.
  * Other writers wait only for this, not for the search. */
 static mp_status store_run(mp_ctx *ctx, const mp_planner_request *req, mp_store *store, mp_search *s,
@@ -18,7 +18,7 @@ static mp_status store_run(mp_ctx *ctx, const mp_planner_request *req, mp_store 
   MP_CHECK(mp_store_run_begin(ctx, store, &req->info, run_id));
   char reason[512];
   mp_status st = MP_OK;
-  const int all = !req->info.ranked_only;
+  const int all = !req->ranked_only;
   const int64_t n = all ? s->n : out->n_order;
   for (int64_t k = 0; k < n && st == MP_OK; k++) {
     const int64_t i = all ? k : out->order[k];
@@ -29,6 +29,7 @@ static mp_status store_run(mp_ctx *ctx, const mp_planner_request *req, mp_store 
   }
   for (int64_t r = 0; r < out->n_order && st == MP_OK; r++)
     st = mp_store_set_rank(ctx, store, s->cands[out->order[r]].plan_id, r + 1);
+  if (st == MP_OK) st = mp_store_set_logged(ctx, store, *run_id, req->ranked_only);
   if (st == MP_OK) {
     int64_t by[MP_REJECT_COUNT];
     mp_search_reject_counts(s, by);

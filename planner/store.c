@@ -87,8 +87,8 @@ mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
   sqlite3_stmt *q = NULL;
   int rc = sqlite3_prepare_v2(conn(st),
                               "INSERT INTO runs (created_at, tool_version, model, cluster, gpu, n_gpus,"
-                              " gpus_per_node, seq, global_batch, objective, options, command, logged)"
-                              " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                              " gpus_per_node, seq, global_batch, objective, options, command)"
+                              " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                               -1, &q, NULL);
   if (rc == SQLITE_OK) {
     char when[32];
@@ -105,7 +105,6 @@ mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
     bind_text(q, 10, info->objective);
     bind_text(q, 11, info->options_json);
     bind_text(q, 12, info->command);
-    bind_text(q, 13, info->ranked_only ? "ranked" : "all");
     rc = sqlite3_step(q);
     if (rc == SQLITE_DONE) rc = SQLITE_OK;
   }
@@ -187,6 +186,20 @@ mp_status mp_store_set_rank(mp_ctx *ctx, mp_store *st, int64_t plan_id, int64_t 
   sqlite3_bind_int64(st->set_rank, 1, rank);
   sqlite3_bind_int64(st->set_rank, 2, plan_id);
   return step_reset(ctx, st, st->set_rank, "writing a rank");
+}
+
+mp_status mp_store_set_logged(mp_ctx *ctx, mp_store *st, int64_t run_id, int ranked_only) {
+  if (!st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "no run is open on %s", mp_store_path(st));
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(conn(st), "UPDATE runs SET logged=? WHERE id=?", -1, &q, NULL);
+  if (rc == SQLITE_OK) {
+    sqlite3_bind_text(q, 1, ranked_only ? "ranked" : "all", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(q, 2, run_id);
+    rc = sqlite3_step(q);
+    if (rc == SQLITE_DONE) rc = SQLITE_OK;
+  }
+  sqlite3_finalize(q);
+  return rc == SQLITE_OK ? MP_OK : mp_db_err(ctx, st->db, rc, "recording what the run logged");
 }
 
 mp_status mp_store_add_rejections(mp_ctx *ctx, mp_store *st, int64_t run_id, const int64_t by[MP_REJECT_COUNT]) {

@@ -29,7 +29,7 @@
  * batch rule's target (runs.global_batch) rounded to a multiple of its data-parallel size
  * (planner/batch.h), which plans.micro_batch divides into micro-batches per rank; NULL on
  * rows written before version 5. Version 6 adds the rejections table and runs.logged: 'ranked'
- * (`plan`'s default, mp_run_info.ranked_only: the ranked plans' rows, every candidate counted
+ * (`plan`'s default, mp_planner_request.ranked_only: the ranked plans' rows, every candidate counted
  * in rejections and the runs row) or 'all' (`plan --log-all`, and train's small searches:
  * every candidate's row with its reason); NULL on the runs written before, which logged every
  * candidate (their counts are read from their plans rows). A 405B search on 16,384 GPUs
@@ -79,9 +79,6 @@ typedef struct mp_run_info {
   const char *options_json; /* every option as given, JSON text */
   const char *command;      /* the command line */
   const char *tool_version; /* MESHPLAN_VERSION */
-  int ranked_only;          /* 1: only the ranked plans get rows (plan's default); 0: every
-                               candidate (plan --log-all, and train's small searches, whose
-                               pick may be a plan that does not fit; runs.logged) */
 } mp_run_info;
 
 typedef struct mp_run_summary {
@@ -98,6 +95,9 @@ mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
 mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t index,
                                  mp_candidate *c, const char *reason);
 mp_status mp_store_set_rank(mp_ctx *ctx, mp_store *st, int64_t plan_id, int64_t rank);
+/* Records in the open run which candidates it logged: ranked_only 1 "ranked", 0 "all" (a run
+ * that never says reads as "all"). */
+mp_status mp_store_set_logged(mp_ctx *ctx, mp_store *st, int64_t run_id, int ranked_only);
 /* The run's rejection counts by rule (by[r] candidates rejected by rule r; the rules with a
  * count of 0, and by[MP_REJECT_NONE], are not written). In the open run. */
 mp_status mp_store_add_rejections(mp_ctx *ctx, mp_store *st, int64_t run_id, const int64_t by[MP_REJECT_COUNT]);

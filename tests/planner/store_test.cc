@@ -571,7 +571,7 @@ TEST(Store, DefaultLogsTheRankedPlansAndTheCountsByRule) {
   mp_store *st = nullptr;
   ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
   PlannerRun r(1, 8, 32);
-  r.req.info.ranked_only = 1;
+  r.req.ranked_only = 1;
   mp_planner_result res;
   ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK) << mp_errmsg(&ctx);
   const mp_search *s = res.search;
@@ -592,7 +592,7 @@ TEST(Store, DefaultLogsTheRankedPlansAndTheCountsByRule) {
   EXPECT_EQ(want[MP_REJECT_RESHARD_NOOP] > 0, true);
   mp_planner_result_free(&res);
   // a --log-all run says so, and counts the same
-  r.req.info.ranked_only = 0;
+  r.req.ranked_only = 0;
   ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK) << mp_errmsg(&ctx);
   EXPECT_EQ(q(st, "SELECT count(*) FROM runs WHERE logged='all' AND id=" + std::to_string(res.run_id)), 1);
   ASSERT_EQ(mp_store_run_rejections(&ctx, st, res.run_id, got), MP_OK) << mp_errmsg(&ctx);
