@@ -1,6 +1,7 @@
 /* Shared plumbing of the subcommands (commands.h): the prologue that parses, prints help
  * and usage errors, the readers of shared options, failure output. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,14 +120,39 @@ mp_status mp_cmd_load_cluster(mp_ctx *ctx, const mp_cmd_spec *spec, mp_cluster *
     return mp_error(ctx, MP_ERR_USAGE, "%s describes the GPUs of --gpus N: add --gpus N, or use --cluster", extra);
   if (!gpus) return mp_cluster_load(ctx, cl ? cl : "h100-8", c);
   long long n = 0;
-  double inter = 400.0;
   MP_CHECK(mp_args_int(ctx, spec, "--gpus", 1, MP_LIM_GPUS, &n));
+  return mp_cmd_load_cluster_n(ctx, spec, n, c);
+}
+
+mp_status mp_cmd_load_cluster_n(mp_ctx *ctx, const mp_cmd_spec *spec, int64_t n, mp_cluster *c) {
+  double inter = 400.0;
   long long per = n < 8 ? n : 8;
   MP_CHECK(mp_args_int(ctx, spec, "--gpus-per-node", 1, MP_LIM_GPUS_PER_NODE, &per));
   MP_CHECK(mp_args_double(ctx, spec, "--inter-gbps", 0, MP_LIM_LINK_GBPS, MP_RANGE_OPEN_LO, &inter));
   const char *gpu = mp_args_get(spec, "--gpu");
   MP_CHECK(mp_cluster_make(ctx, gpu ? gpu : "h100-sxm", (int)n, (int)per, c));
   c->inter_node_Gbitps_per_gpu = inter;
+  return MP_OK;
+}
+
+mp_status mp_cmd_count(mp_ctx *ctx, const mp_cmd_spec *spec, const char *flag, double max, double *out) {
+  const char *v = mp_args_get(spec, flag);
+  if (!v) return MP_OK;
+  char *end = NULL;
+  double x = strtod(v, &end);
+  static const struct {
+    char suffix;
+    double scale;
+  } k[] = {{'K', 1e3}, {'M', 1e6}, {'B', 1e9}, {'G', 1e9}, {'T', 1e12}};
+  for (size_t i = 0; end != v && *end && i < sizeof k / sizeof k[0]; i++)
+    if ((*end == k[i].suffix || *end == k[i].suffix + ('a' - 'A')) && end[1] == '\0') {
+      x *= k[i].scale;
+      end++;
+    }
+  if (end == v || *end || !isfinite(x) || !(x > 0) || x > max)
+    return mp_error(ctx, MP_ERR_USAGE, "%s '%s': expected a count in (0, %g], a number with an optional suffix K, M, "
+                    "B or T (15T, 300B, 1.5e12)", flag, v, max);
+  *out = x;
   return MP_OK;
 }
 
@@ -229,6 +255,37 @@ cJSON *mp_cmd_kernel_scale_json(const mp_stack_profile *p, const mp_gpu *g) {
   cJSON_AddNumberToObject(o, "flash_attention", k.flash);
   cJSON_AddStringToObject(o, "line", line);
   return o;
+}
+
+/* n in billions ("70.55B") or millions below one billion ("124.44M"). */
+static void fmt_count(int64_t n, char *buf, size_t cap) {
+  if (n >= 1000000000) snprintf(buf, cap, "%.2fB", (double)n / 1e9);
+  else snprintf(buf, cap, "%.2fM", (double)n / 1e6);
+}
+
+void mp_cmd_params_str(const mp_model *m, char *buf, size_t cap) {
+  char total[32], active[32];
+  fmt_count(mp_model_param_count(m), total, sizeof total);
+  if (!mp_model_is_moe(m)) {
+    snprintf(buf, cap, "%s parameters", total);
+    return;
+  }
+  fmt_count(mp_model_matmul_param_count(m), active, sizeof active);
+  snprintf(buf, cap, "%s parameters, %s active per token (matmul weights)", total, active);
+}
+
+void mp_cmd_params_json(const mp_model *m, cJSON *o) {
+  cJSON_AddNumberToObject(o, "params", (double)mp_model_param_count(m));
+  if (mp_model_is_moe(m)) cJSON_AddNumberToObject(o, "active_params", (double)mp_model_matmul_param_count(m));
+}
+
+void mp_cmd_gpu_note(const mp_gpu *g, char *buf, size_t cap) {
+  if (mp_gpu_runtime_drives(g)) {
+    snprintf(buf, cap, "%s", "");
+    return;
+  }
+  snprintf(buf, cap, "%s has no CUDA (%s): planned and simulated only; meshplan train cannot run on it", g->name,
+           mp_gpu_api_name(mp_gpu_api_of(g)));
 }
 
 const char *mp_cmd_db_path(const mp_cmd_spec *spec) {

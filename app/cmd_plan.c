@@ -19,15 +19,19 @@
 #include "planner/evaluate.h"
 #include "planner/planner.h"
 #include "planner/plot.h"
+#include "planner/probe.h"
+#include "planner/report.h"
+#include "planner/advise.h"
 #include "planner/search.h"
 #include "planner/store.h"
+#include "planner/why.h"
 
 /* The rows' order is the order of the options in the runs table's options column. */
 static mp_opt k_opts[] = {
     MP_OPT_MODEL("llama3.1-8b"),
     MP_OPT_HF_CONFIG,
     MP_OPT_CLUSTER("h100-8"),
-    MP_OPT_GPUS,
+    MP_OPT_GPUS_OR_SWEEP,
     MP_OPT_GPU_OF_GPUS("default h100-sxm"),
     MP_OPT_GPUS_PER_NODE("8, or N when N < 8"),
     MP_OPT_INTER_GBPS,
@@ -37,8 +41,14 @@ static mp_opt k_opts[] = {
                         "1,024 tokens per GPU (Llama 3 405B), the nearest multiple of each plan's dp"),
     MP_OPT_GLOBAL_BATCH_TOKENS,
     MP_OPT_TOP(""),
-    {"--objective", "O", "time (default), memory, or tokens-per-dollar (needs a price)", NULL},
-    {"--price", "USD", "price per GPU-hour for tokens-per-dollar (default: the cluster's)", NULL},
+    {"--objective", "O", "time (default), memory, tokens-per-dollar (needs a price), days or cost (need --tokens; "
+                         "cost a price): on one size days rank as time and cost as tokens-per-dollar, across a "
+                         "sweep's sizes they pick the size", NULL},
+    {"--price", "USD", "price per GPU-hour, for tokens-per-dollar and the cost of --tokens (default: the cluster's)",
+     NULL},
+    {"--price-per-gpu-hour", "USD", "the same as --price", NULL},
+    {"--tokens", "T", "tokens to train (15T, 300B, 1.5e12): each plan's days to train them and, with a price, "
+                      "their cost", NULL},
     {"--fix", "K=V,...", "constrain the search, e.g. tp=8,pp=1,ac=full,fp8=0,mb=2,reshard=1,sp=1,pp_virtual=2",
      NULL},
     MP_OPT_MESH("in plan: search this mesh alone, the same as fixing every dim in --fix"),
@@ -57,11 +67,14 @@ static mp_opt k_opts[] = {
     MP_OPT_HEADROOM("0.05"),
     MP_OPT_STACK("torchtitan-compile on GPUs, meshplan-cpu on the CPU"),
     MP_OPT_THREADS,
-    MP_OPT_DB("that logs every candidate (default meshplan.db)"),
+    MP_OPT_DB("that logs the run, its ranked plans and its rejection counts by rule (default meshplan.db)"),
     {"--no-db", NULL, "do not write a database", NULL},
+    {"--log-all", NULL, "log every candidate to the database with the rule that rejected it, not only the "
+                        "ranked plans (tens of megabytes for a search of thousands of GPUs)", NULL},
     {"--plot", "DIR", "write gnuplot plots (PNG, data, scripts) into DIR (needs gnuplot)", NULL},
     {"--why", "K=V,...", "explain one candidate's fate, e.g. 'dp_shard=64,tp=1': every rule it passed or "
-                         "failed, its prediction, its rank (keys as --fix; the first match in enumeration order)",
+                         "failed, its prediction, its rank (keys as --fix) for the best matching candidate (the best "
+                         "ranked, else the one the search took furthest), then the other matches' fates, one line each",
      NULL},
     MP_OPT_JSON("the ranked plans"),
     {"--csv", NULL, "print the ranked plans as CSV", NULL},
@@ -80,10 +93,6 @@ static mp_cmd_spec k_spec = {
     k_opts, 0};
 
 static const double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-static const char *const k_mem_keys[MP_MEM_COUNT] = {
-    "params_bytes", "optimizer_bytes", "grads_bytes", "gathered_bytes", "activations_bytes",
-    "temp_bytes", "comm_bytes", "fp8_bytes", "logits_bytes"};
 
 /* Every option given, as JSON, for the runs table. */
 static char *options_json(void) {
@@ -109,58 +118,20 @@ static char *command_line(int argc, char **argv) {
   return s;
 }
 
-static cJSON *plan_json(const mp_candidate *c, int64_t rank, double price) {
-  cJSON *j = cJSON_CreateObject(), *mesh = cJSON_CreateObject(), *mem = cJSON_CreateObject();
-  if (!j || !mesh || !mem) {
-    cJSON_Delete(j);
-    cJSON_Delete(mesh);
-    cJSON_Delete(mem);
-    return NULL;
-  }
-  cJSON_AddNumberToObject(j, "rank", (double)rank);
-  if (c->plan_id) cJSON_AddNumberToObject(j, "plan_id", (double)c->plan_id);
-  cJSON_AddNumberToObject(mesh, "dp_replicate", c->mesh.size[MP_DIM_DP_REPLICATE]);
-  cJSON_AddNumberToObject(mesh, "dp_shard", c->mesh.size[MP_DIM_DP_SHARD]);
-  cJSON_AddNumberToObject(mesh, "tp", c->mesh.size[MP_DIM_TP]);
-  cJSON_AddNumberToObject(mesh, "ep", c->mesh.ep);
-  cJSON_AddNumberToObject(mesh, "pp", c->mesh.size[MP_DIM_PP]);
-  cJSON_AddNumberToObject(mesh, "cp", c->mesh.size[MP_DIM_CP]);
-  cJSON_AddItemToObject(j, "mesh", mesh);
-  char ac[32];
-  mp_candidate_ac_str(c, ac, sizeof ac);
-  cJSON_AddNumberToObject(mesh, "pp_virtual", c->pp_virtual);
-  cJSON_AddStringToObject(j, "ac", ac);
-  cJSON_AddBoolToObject(j, "sp", c->sp);
-  cJSON_AddBoolToObject(j, "fp8", c->fp8);
-  cJSON_AddNumberToObject(j, "micro_batch", (double)c->micro_batch);
-  cJSON_AddBoolToObject(j, "reshard_after_forward", c->reshard);
-  cJSON_AddBoolToObject(j, "vocab_padded", c->pads_vocab);
-  cJSON_AddNumberToObject(j, "step_time_s", c->res.step_time_s);
-  cJSON_AddNumberToObject(j, "tokens_per_s_per_gpu", c->res.tokens_per_s_per_gpu);
-  cJSON_AddNumberToObject(j, "mfu", c->res.mfu);
-  if (price > 0) cJSON_AddNumberToObject(j, "tokens_per_dollar", mp_tokens_per_dollar(c, price));
-  cJSON_AddNumberToObject(j, "peak_mem_bytes", (double)c->res.peak_mem_bytes);
-  cJSON_AddNumberToObject(j, "capacity_bytes", (double)c->res.capacity_bytes);
-  cJSON_AddBoolToObject(j, "fits", c->res.fits);
-  for (int k = 0; k < MP_MEM_COUNT; k++)
-    cJSON_AddNumberToObject(mem, k_mem_keys[k], (double)c->res.mem_at_peak[k]);
-  cJSON_AddNumberToObject(mem, "overhead_bytes", (double)c->res.overhead_bytes);
-  cJSON_AddItemToObject(j, "mem_at_peak", mem);
-  cJSON_AddNumberToObject(j, "compute_s", c->res.compute_s);
-  cJSON_AddNumberToObject(j, "exposed_comm_s", c->res.exposed_comm_s);
-  cJSON_AddNumberToObject(j, "bubble_s", c->res.bubble_s);
-  return j;
-}
+/* The most sizes a sweep (--gpus A..B) searches. */
+#define PLAN_SWEEP_MAX 64
 
 /* What the command line asks for, read and checked before the search. */
 typedef struct plan_args {
   mp_model m;
   mp_cluster c;
+  mp_plan_setup setup;  /* the search apart from its cluster (planner/probe.h) */
   long long seq, gb, top, threads;
+  double tokens;        /* --tokens, 0 without */
+  int64_t sweep[PLAN_SWEEP_MAX]; /* --gpus A..B: the sizes; n_sweep 0: one cluster */
+  int n_sweep;
   int64_t target_seqs;  /* > 0: the default batch rule's target (gb is then not used) */
   char rule[320];       /* the rule in words, with its figures */
-  int search_fp8;       /* --fp8 auto on a GPU with float8 */
-  int fp8_fixed;        /* -1: not given; 0 off; 1 on */
   const char *why;      /* --why's spec, or NULL */
   double headroom, price;
   int as_json, as_csv;
@@ -169,12 +140,85 @@ typedef struct plan_args {
   const char *db;       /* NULL: --no-db */
 } plan_args;
 
+/* The setup's fields that the options other than the constraints give (build_fix gives
+ * those), and the batch on the user's cluster. */
+static void fill_setup(plan_args *a, int64_t explicit_gb) {
+  mp_plan_setup *s = &a->setup;
+  s->model = &a->m;
+  s->seq = a->seq;
+  s->global_batch = explicit_gb;
+  s->headroom = a->headroom;
+  s->stack = mp_args_get(&k_spec, "--stack");
+  const char *fp8 = mp_args_get(&k_spec, "--fp8");
+  s->fp8_auto = fp8 && strcmp(fp8, "auto") == 0;
+  s->allow_cross_node_tp = mp_args_has(&k_spec, "--allow-cross-node-tp");
+  s->executable_only = mp_args_has(&k_spec, "--executable-only");
+  s->n_threads = (int)a->threads;
+  /* a cluster file's nodes, or --gpus-per-node, stay their size on more GPUs */
+  s->gpus_per_node = mp_args_has(&k_spec, "--gpus") && !mp_args_has(&k_spec, "--gpus-per-node") ? 0 : a->c.gpus_per_node;
+  s->objective = a->obj;
+  s->price_per_gpu_hour = a->price;
+  mp_search_fix_init(&s->fix);
+  int64_t gb = 0, target = 0;
+  mp_plan_setup_batch(s, &a->c, &gb, &target, a->rule, sizeof a->rule);
+  a->gb = gb;
+  a->target_seqs = target;
+}
+
+/* --gpus A..B (powers of two from A up to B) or A..B:S (steps of S) into a->sweep; a plain
+ * count leaves n_sweep 0. */
+static mp_status read_sweep(mp_ctx *ctx, plan_args *a) {
+  const char *v = mp_args_get(&k_spec, "--gpus");
+  a->n_sweep = 0;
+  if (!v || !strstr(v, "..")) return MP_OK;
+  long long lo = 0, hi = 0, step = 0;
+  int used = 0;
+  const int n = sscanf(v, "%lld..%lld%n:%lld%n", &lo, &hi, &used, &step, &used);
+  if (n < 2 || v[used] || lo < 1 || hi < lo || hi > MP_LIM_GPUS || (n == 3 && step < 1))
+    return mp_error(ctx, MP_ERR_USAGE, "--gpus '%s': expected N, A..B (the powers of two from A to B) or A..B:S "
+                    "(steps of S), 1 <= A <= B <= %lld", v, (long long)MP_LIM_GPUS);
+  /* powers of two up to 2^20 are at most 21 sizes */
+  if (n == 3 && (hi - lo) / step + 1 > PLAN_SWEEP_MAX)
+    return mp_error(ctx, MP_ERR_USAGE, "--gpus '%s': %lld sizes, more than %d; a larger step", v,
+                    (hi - lo) / step + 1, PLAN_SWEEP_MAX);
+  for (long long g = lo; g <= hi; g = n == 3 ? g + step : 2 * g) a->sweep[a->n_sweep++] = g;
+  if (mp_args_has(&k_spec, "--cluster"))
+    return mp_error(ctx, MP_ERR_USAGE, "--gpus %s sweeps GPUs of --gpu TYPE; give it or --cluster, not both", v);
+  static const char *const one_search[] = {"--why", "--plot", "--db", "--log-all", "--mesh"};
+  for (size_t i = 0; i < sizeof one_search / sizeof one_search[0]; i++)
+    if (mp_args_has(&k_spec, one_search[i]))
+      return mp_error(ctx, MP_ERR_USAGE, "%s is for one search: give --gpus N, not the sweep %s (a sweep writes no "
+                      "database)", one_search[i], v);
+  return MP_OK;
+}
+
+/* --price or --price-per-gpu-hour (the same), --tokens, and what the objective needs. */
+static mp_status read_price_tokens(mp_ctx *ctx, plan_args *a) {
+  if (mp_args_has(&k_spec, "--price") && mp_args_has(&k_spec, "--price-per-gpu-hour"))
+    return mp_error(ctx, MP_ERR_USAGE, "--price and --price-per-gpu-hour are the same; give one");
+  MP_CHECK(mp_args_double(ctx, &k_spec, "--price", 0, MP_LIM_PRICE, MP_RANGE_CLOSED, &a->price));
+  MP_CHECK(mp_args_double(ctx, &k_spec, "--price-per-gpu-hour", 0, MP_LIM_PRICE, MP_RANGE_CLOSED, &a->price));
+  MP_CHECK(mp_cmd_count(ctx, &k_spec, "--tokens", MP_CMD_MAX_TOKENS, &a->tokens));
+  a->obj = MP_OBJECTIVE_TIME;
+  const char *objs = mp_args_get(&k_spec, "--objective");
+  if (objs) MP_CHECK(mp_objective_parse(ctx, objs, &a->obj));
+  if (mp_objective_needs_price(a->obj) && !(a->price > 0))
+    return mp_error(ctx, MP_ERR_USAGE, "--objective %s needs a price: cluster %s has no price_per_gpu_hour; pass "
+                    "--price-per-gpu-hour USD", mp_objective_name(a->obj), a->c.name);
+  if ((a->obj == MP_OBJECTIVE_DAYS || a->obj == MP_OBJECTIVE_COST) && !(a->tokens > 0))
+    return mp_error(ctx, MP_ERR_USAGE, "--objective %s needs --tokens T (the tokens to train, e.g. 15T)",
+                    mp_objective_name(a->obj));
+  return MP_OK;
+}
+
 /* Everything but the search's own options, with the checks that need no search: the
  * model, the cluster, the numbers, the output form, the objective and its price, and
  * gnuplot and the plot directory (a search is not wasted on a plot that cannot be made). */
 static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   MP_CHECK(mp_cmd_load_model(ctx, &k_spec, "llama3.1-8b", &a->m));
-  MP_CHECK(mp_cmd_load_cluster(ctx, &k_spec, &a->c));
+  MP_CHECK(read_sweep(ctx, a));
+  if (a->n_sweep) MP_CHECK(mp_cmd_load_cluster_n(ctx, &k_spec, a->sweep[0], &a->c));
+  else MP_CHECK(mp_cmd_load_cluster(ctx, &k_spec, &a->c));
   a->seq = a->m.max_seq < 8192 ? a->m.max_seq : 8192;
   a->gb = 0;
   a->top = 10;
@@ -186,42 +230,24 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   MP_CHECK(mp_args_int(ctx, &k_spec, "--top", 0, INT32_MAX, &a->top));
   MP_CHECK(mp_args_int(ctx, &k_spec, "--threads", 1, MP_LIM_THREADS, &a->threads));
   MP_CHECK(mp_args_double(ctx, &k_spec, "--headroom", 0, 1, MP_RANGE_OPEN_HI, &a->headroom));
-  MP_CHECK(mp_args_double(ctx, &k_spec, "--price", 0, MP_LIM_PRICE, MP_RANGE_CLOSED, &a->price));
-  {
-    int64_t gb = a->gb;
-    MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, a->seq, &gb));
-    a->gb = gb;
-  }
+  int64_t gb = a->gb;
+  MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, a->seq, &gb));
   MP_CHECK(mp_cmd_check_seq(ctx, &k_spec, &a->m, a->seq));
-  if (a->gb == 0) {
-    /* the default rule (planner/batch.h) */
-    const double n_params = (double)mp_model_param_count(&a->m);
-    const int64_t n_gpus = mp_cluster_n_gpus(&a->c);
-    const int64_t tokens = mp_batch_rule_tokens(n_params, n_gpus);
-    a->target_seqs = mp_batch_rule_seqs(tokens, a->seq);
-    a->gb = a->target_seqs;
-    mp_batch_rule_str(n_params, n_gpus, a->rule, sizeof a->rule);
-  }
-  MP_CHECK(mp_model_check_step(ctx, &a->m, a->seq, 1, a->target_seqs > 0 ? 2 * a->gb : a->gb));
-  const char *fp8 = mp_args_get(&k_spec, "--fp8");
-  a->fp8_fixed = !fp8 ? -1 : strcmp(fp8, "off") == 0 ? 0 : strcmp(fp8, "auto") == 0 ? -1 : 1;
-  a->search_fp8 = fp8 && strcmp(fp8, "auto") == 0 && mp_gpu_has_float8(&a->c.gpu);
   a->why = mp_args_get(&k_spec, "--why");
   a->as_json = mp_args_has(&k_spec, "--json");
   a->as_csv = mp_args_has(&k_spec, "--csv");
   if (a->as_json && a->as_csv) return mp_error(ctx, MP_ERR_USAGE, "give --json or --csv, not both");
-  a->obj = MP_OBJECTIVE_TIME;
-  const char *objs = mp_args_get(&k_spec, "--objective");
-  if (objs) MP_CHECK(mp_objective_parse(ctx, objs, &a->obj));
-  if (a->obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR && !(a->price > 0))
-    return mp_error(ctx, MP_ERR_USAGE, "--objective tokens-per-dollar needs a price: cluster %s has no "
-                    "price_per_gpu_hour; pass --price USD_PER_GPU_HOUR", a->c.name);
+  MP_CHECK(read_price_tokens(ctx, a));
+  fill_setup(a, gb);
+  MP_CHECK(mp_model_check_step(ctx, &a->m, a->seq, 1, a->target_seqs > 0 ? 2 * a->gb : a->gb));
   a->plot_dir = mp_args_get(&k_spec, "--plot");
   if (a->plot_dir) {
     MP_CHECK(mp_plot_check_gnuplot(ctx));
     MP_CHECK(mp_plot_make_dir(ctx, a->plot_dir));
   }
   a->db = mp_args_has(&k_spec, "--no-db") ? NULL : mp_cmd_db_path(&k_spec);
+  if (!a->db && mp_args_has(&k_spec, "--log-all"))
+    return mp_error(ctx, MP_ERR_USAGE, "--log-all logs every candidate to the database; drop --no-db");
   return MP_OK;
 }
 
@@ -269,34 +295,36 @@ static mp_status one_plan_options(mp_ctx *ctx, const plan_args *a, mp_search_fix
   return MP_OK;
 }
 
-/* The planner request for a: the search with the simulator ev (initialised for a) as its
- * evaluator, and what the runs table records (opts_json and cmdline stay the caller's). */
-static mp_status make_request(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator *ev, const char *opts_json,
-                              const char *cmdline, mp_planner_request *req) {
-  memset(req, 0, sizeof *req);
-  mp_sim_search_config(&req->search, ev, &a->c, a->headroom);
-  req->search.allow_cross_node_tp = mp_args_has(&k_spec, "--allow-cross-node-tp");
-  req->search.executable_only = mp_args_has(&k_spec, "--executable-only");
-  req->search.n_threads = (int)a->threads;
+/* The search's constraints (--fix, --fp8, --sp, --no-sp and the options that name one plan)
+ * into a->setup.fix, then the usage mistakes among them (planner/advise.h). */
+static mp_status build_fix(mp_ctx *ctx, plan_args *a) {
+  mp_search_fix *f = &a->setup.fix;
   const char *fix = mp_args_get(&k_spec, "--fix");
-  if (fix) MP_CHECK(mp_search_fix_parse(ctx, fix, &req->search.fix));
-  req->search.target_batch = a->target_seqs;
-  req->search.search_fp8 = a->search_fp8;
-  if (a->fp8_fixed >= 0) {
-    if (req->search.fix.fp8 >= 0 && req->search.fix.fp8 != a->fp8_fixed)
-      return mp_error(ctx, MP_ERR_USAGE, "--fp8 contradicts fp8=%d in --fix; give one", req->search.fix.fp8);
-    req->search.fix.fp8 = a->fp8_fixed;
+  if (fix) MP_CHECK(mp_search_fix_parse(ctx, fix, f));
+  const char *fp8 = mp_args_get(&k_spec, "--fp8");
+  const int fp8_fixed = !fp8 ? -1 : strcmp(fp8, "off") == 0 ? 0 : strcmp(fp8, "auto") == 0 ? -1 : 1;
+  if (fp8_fixed >= 0) {
+    if (f->fp8 >= 0 && f->fp8 != fp8_fixed)
+      return mp_error(ctx, MP_ERR_USAGE, "--fp8 contradicts fp8=%d in --fix; give one", f->fp8);
+    f->fp8 = fp8_fixed;
   }
   if (mp_args_has(&k_spec, "--sp") && mp_args_has(&k_spec, "--no-sp"))
     return mp_error(ctx, MP_ERR_USAGE, "--sp and --no-sp contradict each other; give one");
-  MP_CHECK(one_plan_options(ctx, a, &req->search.fix));
+  MP_CHECK(one_plan_options(ctx, a, f));
   if (mp_args_has(&k_spec, "--no-sp")) {
-    if (req->search.fix.sp == 1)
-      return mp_error(ctx, MP_ERR_USAGE, "meshplan plan: --no-sp contradicts sp=1 in --fix; give one");
-    req->search.fix.sp = 0;
+    if (f->sp == 1) return mp_error(ctx, MP_ERR_USAGE, "meshplan plan: --no-sp contradicts sp=1 in --fix; give one");
+    f->sp = 0;
   }
-  /* a policy recomputing more is never faster: pruned when ranking by time */
-  req->search.prune_dominated = a->obj != MP_OBJECTIVE_MEMORY;
+  return mp_plan_setup_check(ctx, &a->setup, &a->c);
+}
+
+/* The planner request for a: the search of a->setup with the simulator ev (initialised for
+ * a) as its evaluator, and what the runs table records (opts_json and cmdline stay the
+ * caller's). */
+static void make_request(const plan_args *a, mp_sim_evaluator *ev, const char *opts_json, const char *cmdline,
+                         mp_planner_request *req) {
+  memset(req, 0, sizeof *req);
+  mp_plan_setup_search(&a->setup, &a->c, ev, &req->search);
   req->objective = a->obj;
   req->price_per_gpu_hour = a->price;
   req->show_progress = 1;
@@ -311,7 +339,7 @@ static mp_status make_request(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator 
   req->info.options_json = opts_json;
   req->info.command = cmdline;
   req->info.tool_version = MESHPLAN_VERSION;
-  return MP_OK;
+  req->ranked_only = !mp_args_has(&k_spec, "--log-all");
 }
 
 /* What the output shows: the run, the search's config (for the reasons), the evaluator
@@ -326,67 +354,76 @@ typedef struct plan_view {
   int stored;
   int *runs;           /* per shown rank: 1 the runtime executes it */
   char (*not_runs)[256]; /* per shown rank: the runtime's reason when it does not */
+  mp_advice advice[MP_ADVICE_MAX]; /* no plan: the changes that fit, smallest first */
+  int n_advice;
 } plan_view;
-
-/* The rules that rejected candidates, largest count first (ties: rule order). */
-static int rules_by_count(const int64_t by[MP_REJECT_COUNT], int order[MP_REJECT_COUNT]) {
-  int n = 0;
-  for (int r = 1; r < MP_REJECT_COUNT; r++)
-    if (by[r]) order[n++] = r;
-  for (int i = 1; i < n; i++)
-    for (int j = i; j > 0 && by[order[j]] > by[order[j - 1]]; j--) {
-      int t = order[j];
-      order[j] = order[j - 1];
-      order[j - 1] = t;
-    }
-  return n;
-}
 
 static void print_reject_words(const mp_search *s) {
   int64_t by[MP_REJECT_COUNT];
   int order[MP_REJECT_COUNT];
   mp_search_reject_counts(s, by);
-  const int n = rules_by_count(by, order);
+  const int n = mp_reject_order_by_count(by, order);
   printf("rejected by rule:%s\n", n ? "" : " none");
   for (int i = 0; i < n; i++)
     printf("  %8lld  %s (%s)\n", (long long)by[order[i]], mp_reject_words((mp_reject)order[i]),
            mp_reject_name((mp_reject)order[i]));
 }
 
-/* "no plan fits", with the rules that rejected the most candidates first and what to do. */
-static void print_no_plan(const mp_search *s) {
+/* "no plan fits": the rules that rejected the most candidates first, then the changes that
+ * would fit, each searched (planner/advise.h), the smallest first. */
+static void print_no_plan(const plan_view *v) {
+  const mp_search *s = v->res->search;
   int64_t by[MP_REJECT_COUNT];
   int order[MP_REJECT_COUNT];
   mp_search_reject_counts(s, by);
-  const int n = rules_by_count(by, order);
+  const int n = mp_reject_order_by_count(by, order);
   printf("\nno plan fits:");
-  if (n == 0) printf(" no candidate was enumerated (check --fix)");
+  if (n == 0) printf(" no candidate: the constraints given exclude every mesh of %d GPUs", mp_cluster_n_gpus(&v->a->c));
   for (int i = 0, shown = 0; i < n && shown < 3; i++) {
     const mp_reject r = (mp_reject)order[i];
     if (r == MP_REJECT_DOMINATED || r == MP_REJECT_RESHARD_NOOP) continue; /* duplicates, not causes */
-    const char *fix = mp_reject_remedy(r);
-    printf("%s %lld of %lld candidates: %s%s%s", shown ? ";" : "", (long long)by[r], (long long)s->n,
-           mp_reject_words(r), fix ? "; try " : "", fix ? fix : "");
+    printf("%s %lld of %lld candidates: %s", shown ? ";" : "", (long long)by[r], (long long)s->n, mp_reject_words(r));
     shown++;
   }
   printf("\n");
+  if (v->n_advice == 0) {
+    printf("none of the changes tried fits: the constraints given relaxed, more GPUs (doubled up to %d), a GPU "
+           "with more memory\n", MP_MESH_MAX_WORLD);
+    return;
+  }
+  printf("what would fit, each change searched:\n");
+  for (int k = 0; k < v->n_advice; k++) {
+    const mp_advice *h = &v->advice[k];
+    const mp_candidate *c = &h->probe.best;
+    char opts[192];
+    mp_candidate_options_str(c, opts, sizeof opts);
+    printf("  %s: %s; the best, %s: step %.4f s, %.0f tokens/s/GPU, peak %.2f GiB\n", h->change, h->words, opts,
+           c->res.step_time_s, c->res.tokens_per_s_per_gpu, (double)c->res.peak_mem_bytes / kGiB);
+  }
+  printf("the smallest change: %s\n", v->advice[0].change);
 }
 
-static cJSON *rejected_json(const mp_search *s) {
-  int64_t by[MP_REJECT_COUNT];
-  int order[MP_REJECT_COUNT];
-  mp_search_reject_counts(s, by);
-  const int n = rules_by_count(by, order);
-  cJSON *arr = cJSON_CreateArray();
-  for (int i = 0; arr && i < n; i++) {
-    cJSON *o = cJSON_CreateObject();
-    if (!o) break;
-    cJSON_AddStringToObject(o, "rule", mp_reject_name((mp_reject)order[i]));
-    cJSON_AddStringToObject(o, "words", mp_reject_words((mp_reject)order[i]));
-    cJSON_AddNumberToObject(o, "count", (double)by[order[i]]);
-    cJSON_AddItemToArray(arr, o);
+/* The same as --json's "no_plan": {"hints": [{change, words, n_gpus, gpu, plan}]}. */
+static cJSON *no_plan_json(const plan_view *v) {
+  cJSON *o = cJSON_CreateObject(), *arr = cJSON_CreateArray();
+  if (!o || !arr) {
+    cJSON_Delete(o);
+    cJSON_Delete(arr);
+    return NULL;
   }
-  return arr;
+  for (int k = 0; k < v->n_advice; k++) {
+    const mp_advice *h = &v->advice[k];
+    cJSON *j = cJSON_CreateObject();
+    if (!j) break;
+    cJSON_AddStringToObject(j, "change", h->change);
+    cJSON_AddStringToObject(j, "words", h->words);
+    cJSON_AddNumberToObject(j, "n_gpus", mp_cluster_n_gpus(&h->cluster));
+    cJSON_AddStringToObject(j, "gpu", h->cluster.gpu.name);
+    cJSON_AddItemToObject(j, "plan", mp_candidate_json(&h->probe.best, 1, 0));
+    cJSON_AddItemToArray(arr, j);
+  }
+  cJSON_AddItemToObject(o, "hints", arr);
+  return o;
 }
 
 static void print_json(const plan_view *v) {
@@ -400,12 +437,18 @@ static void print_json(const plan_view *v) {
     return;
   }
   cJSON_AddStringToObject(root, "model", a->m.name);
+  mp_cmd_params_json(&a->m, root);
   cJSON_AddStringToObject(root, "cluster", a->c.name);
   cJSON_AddStringToObject(root, "gpu", a->c.gpu.name);
+  char note[160];
+  mp_cmd_gpu_note(&a->c.gpu, note, sizeof note);
+  if (note[0]) cJSON_AddStringToObject(root, "gpu_note", note);
   cJSON_AddNumberToObject(root, "n_gpus", mp_cluster_n_gpus(&a->c));
   cJSON_AddStringToObject(root, "stack", v->ev->stack.name);
   cJSON_AddItemToObject(root, "kernels", mp_cmd_kernel_scale_json(&v->ev->stack, &a->c.gpu));
   cJSON_AddNumberToObject(root, "seq", (double)a->seq);
+  if (a->tokens > 0) cJSON_AddNumberToObject(root, "tokens", a->tokens);
+  if (a->tokens > 0 && a->price > 0) cJSON_AddNumberToObject(root, "price_per_gpu_hour", a->price);
   if (a->target_seqs > 0) {
     cJSON_AddNumberToObject(root, "batch_target", (double)a->target_seqs);
     cJSON_AddStringToObject(root, "batch_rule", a->rule);
@@ -421,7 +464,7 @@ static void print_json(const plan_view *v) {
   cJSON_AddNumberToObject(root, "simulated", (double)s->n_evaluated);
   cJSON_AddNumberToObject(root, "feasible", (double)s->n_feasible);
   cJSON_AddNumberToObject(root, "failed", (double)s->n_failed);
-  cJSON_AddItemToObject(root, "rejected", rejected_json(s));
+  cJSON_AddItemToObject(root, "rejected", mp_reject_counts_json(s));
   cJSON_AddNumberToObject(root, "wall_s", res->wall_s);
   if (v->stored) {
     cJSON_AddStringToObject(root, "db", a->db);
@@ -429,14 +472,16 @@ static void print_json(const plan_view *v) {
   }
   for (int64_t r = 0; r < v->n_show; r++) {
     const mp_candidate *c = &s->cands[res->order[r]];
-    cJSON *pj = plan_json(c, r + 1, v->price);
+    cJSON *pj = mp_candidate_json(c, r + 1, v->price);
     if (!pj) continue;
     cJSON_AddNumberToObject(pj, "global_batch", (double)c->global_batch);
+    if (a->tokens > 0) mp_train_json(pj, c, mp_cluster_n_gpus(&a->c), a->tokens, a->price);
     cJSON_AddBoolToObject(pj, "runs", v->runs[r]);
     if (!v->runs[r]) cJSON_AddStringToObject(pj, "runs_not_because", v->not_runs[r]);
     cJSON_AddItemToArray(plans, pj);
   }
   cJSON_AddItemToObject(root, "plans", plans);
+  if (res->n_order == 0) cJSON_AddItemToObject(root, "no_plan", no_plan_json(v));
   mp_cmd_print_json(root);
 }
 
@@ -444,12 +489,13 @@ static void print_csv(const plan_view *v) {
   const mp_search *s = v->res->search;
   printf("rank,dp_replicate,dp_shard,tp,ep,pp,cp,ac,fp8,micro_batch,reshard_after_forward,"
          "step_time_s,tokens_per_s_per_gpu,mfu,peak_mem_bytes,fits,compute_s,exposed_comm_s,"
-         "bubble_s,plan_id,sp,pp_virtual,global_batch,runs\n");
+         "bubble_s,plan_id,sp,pp_virtual,global_batch,runs%s\n",
+         v->a->tokens > 0 ? ",train_days,train_cost_usd" : "");
   for (int64_t r = 0; r < v->n_show; r++) {
     const mp_candidate *x = &s->cands[v->res->order[r]];
     char ac[32];
     mp_candidate_ac_str(x, ac, sizeof ac);
-    printf("%lld,%d,%d,%d,%d,%d,%d,%s,%d,%lld,%d,%.9g,%.9g,%.6g,%lld,%d,%.9g,%.9g,%.9g,%lld,%d,%d,%lld,%d\n",
+    printf("%lld,%d,%d,%d,%d,%d,%d,%s,%d,%lld,%d,%.9g,%.9g,%.6g,%lld,%d,%.9g,%.9g,%.9g,%lld,%d,%d,%lld,%d",
            (long long)(r + 1), x->mesh.size[MP_DIM_DP_REPLICATE], x->mesh.size[MP_DIM_DP_SHARD],
            x->mesh.size[MP_DIM_TP], x->mesh.ep, x->mesh.size[MP_DIM_PP], x->mesh.size[MP_DIM_CP],
            ac, x->fp8, (long long)x->micro_batch, x->reshard,
@@ -457,16 +503,40 @@ static void print_csv(const plan_view *v) {
            (long long)x->res.peak_mem_bytes, x->res.fits, x->res.compute_s, x->res.exposed_comm_s,
            x->res.bubble_s, (long long)x->plan_id, x->sp, x->pp_virtual, (long long)x->global_batch,
            v->runs[r]);
+    if (v->a->tokens > 0)
+      printf(",%.9g,%.9g", mp_train_days(x, mp_cluster_n_gpus(&v->a->c), v->a->tokens),
+             mp_train_cost(x, v->a->tokens, v->a->price));
+    printf("\n");
   }
 }
 
-/* The ranked plans as a table (with tokens/$ when that is the objective). */
+/* Dollars in the unit that keeps them short: "$69.46M", "$85.4K", "$950". */
+static void fmt_usd(double d, char *buf, size_t cap) {
+  if (d >= 1e9) snprintf(buf, cap, "$%.2fB", d / 1e9);
+  else if (d >= 1e6) snprintf(buf, cap, "$%.2fM", d / 1e6);
+  else if (d >= 1e3) snprintf(buf, cap, "$%.1fK", d / 1e3);
+  else snprintf(buf, cap, "$%.4g", d);
+}
+
+/* " days  cost" for --tokens on n_gpus GPUs (the cost with a price), or "". */
+static void train_cols(const plan_args *a, const mp_candidate *x, int64_t n_gpus, char *buf, size_t cap) {
+  buf[0] = '\0';
+  if (!(a->tokens > 0)) return;
+  char usd[32];
+  fmt_usd(mp_train_cost(x, a->tokens, a->price), usd, sizeof usd);
+  snprintf(buf, cap, " %8.1f %10s", mp_train_days(x, n_gpus, a->tokens), a->price > 0 ? usd : "");
+}
+
+/* The ranked plans as a table (with tokens/$ when that is the objective, days and cost with
+ * --tokens). */
 static void print_ranking(const plan_view *v) {
   const plan_args *a = v->a;
   const mp_search *s = v->res->search;
-  printf("\n%4s %6s %8s %3s %2s %3s %4s %3s  %-14s %3s %3s %6s %7s %10s %10s %6s %8s %4s%s\n",
+  char head[64] = "";
+  if (a->tokens > 0) snprintf(head, sizeof head, " %8s %10s", "days", a->price > 0 ? "cost" : "");
+  printf("\n%4s %6s %8s %3s %2s %3s %4s %3s  %-14s %3s %3s %6s %7s %10s %10s %6s %8s %4s%s%s\n",
          "rank", "dp_rep", "dp_shard", "tp", "sp", "ep", "pp", "cp", "AC", "fp8", "mb", "batch", "reshard",
-         "step (s)", "tok/s/GPU", "MFU", "peak GiB", "runs", v->price > 0 ? "   tokens/$" : "");
+         "step (s)", "tok/s/GPU", "MFU", "peak GiB", "runs", v->price > 0 ? "   tokens/$" : "", head);
   for (int64_t r = 0; r < v->n_show; r++) {
     const mp_candidate *x = &s->cands[v->res->order[r]];
     char ac[32], pp[16];
@@ -481,7 +551,9 @@ static void print_ranking(const plan_view *v) {
            x->reshard ? "yes" : "no", x->res.step_time_s, x->res.tokens_per_s_per_gpu,
            100.0 * x->res.mfu, (double)x->res.peak_mem_bytes / kGiB, v->runs[r] ? "yes" : "no");
     if (v->price > 0) printf(" %11.4g", mp_tokens_per_dollar(x, v->price));
-    printf("\n");
+    char cols[64];
+    train_cols(a, x, mp_cluster_n_gpus(&a->c), cols, sizeof cols);
+    printf("%s\n", cols);
   }
   const mp_candidate *best = &s->cands[v->res->order[0]];
   if (best->pads_vocab)
@@ -504,9 +576,13 @@ static void print_text(const plan_view *v) {
   if (v->ev->base.ddp.shard_optimizer)
     snprintf(rot + strlen(rot), sizeof rot - strlen(rot), "%s the distributed optimizer",
              rot[0] ? " and" : " with");
-  printf("%s on %s (%d x %s, %d per node), seq %lld, stack %s%s, objective %s\n", a->m.name, a->c.name,
-         mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, a->seq, v->ev->stack.name, rot,
+  char params[160], note[160];
+  mp_cmd_params_str(&a->m, params, sizeof params);
+  printf("%s (%s) on %s (%d x %s, %d per node), seq %lld, stack %s%s, objective %s\n", a->m.name, params,
+         a->c.name, mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, a->seq, v->ev->stack.name, rot,
          mp_objective_name(a->obj));
+  mp_cmd_gpu_note(&a->c.gpu, note, sizeof note);
+  if (note[0]) printf("note: %s\n", note);
   if (a->target_seqs > 0)
     printf("global batch: %lld sequences (%lld tokens) by the default rule, %s; each plan runs the nearest "
            "multiple of its dp (column batch)\n",
@@ -518,7 +594,7 @@ static void print_text(const plan_view *v) {
     printf("ties: plans within %.0f %% of the fastest unranked one go to the simpler plan (meshplan plan --help)\n",
            100.0 * MP_RANK_TIE_TOL);
   } else {
-    print_no_plan(s);
+    print_no_plan(v);
   }
   printf("\ncandidates: %lld enumerated, %lld pruned, %lld decided by siblings (%lld dominated, "
          "%lld over capacity), %lld simulated (%lld fit, %lld failed) in %.2f s\n",
@@ -526,59 +602,18 @@ static void print_text(const plan_view *v) {
          (long long)s->n_dominated, (long long)s->n_implied, (long long)s->n_evaluated,
          (long long)s->n_feasible, (long long)s->n_failed, res->wall_s);
   if (v->stored)
-    printf("database: %s (run %lld; meshplan report --db %s --run %lld)\n", a->db,
-           (long long)res->run_id, a->db, (long long)res->run_id);
+    printf("database: %s (run %lld: %s and the rejection counts; meshplan report --db %s --run %lld)\n",
+           a->db, (long long)res->run_id, mp_args_has(&k_spec, "--log-all") ? "every candidate" : "the ranked plans",
+           a->db, (long long)res->run_id);
   else
     printf("database: none (--no-db)\n");
   print_reject_words(s);
 }
 
-/* --why: one candidate's fate. The candidate is the first in enumeration order that
- * matches the spec; its mesh rules and option rules are listed with their verdicts. */
+/* --why: the fate of the candidates the spec matches (planner/why.h). */
 static mp_status print_why(mp_ctx *ctx, const plan_view *v) {
-  mp_search_fix f;
-  mp_search_fix_init(&f);
-  MP_CHECK(mp_search_fix_parse(ctx, v->a->why, &f));
-  const mp_search *s = v->res->search;
-  const int64_t i = mp_search_find(s, &f);
-  if (i < 0)
-    return mp_error(ctx, MP_ERR_USAGE,
-                    "--why %s: no candidate of this search matches (a dim the GPUs do not factor into, "
-                    "or one --fix excluded); the mesh dims multiply to %d", v->a->why,
-                    mp_cluster_n_gpus(&v->a->c));
-  const mp_candidate *c = &s->cands[i];
-  char mesh[128], ac[32], reason[512];
-  mp_candidate_mesh_str(c, mesh, sizeof mesh);
-  mp_candidate_ac_str(c, ac, sizeof ac);
-  printf("\nwhy %s: candidate %lld of %lld: %s, ac=%s, fp8=%s, micro-batch %lld, global batch %lld, reshard=%s%s\n",
-         v->a->why, (long long)i + 1, (long long)s->n, mesh, ac, c->fp8 ? "on" : "off", (long long)c->micro_batch,
-         (long long)c->global_batch, c->reshard ? "on" : "off", c->sp ? ", sp" : "");
-  /* every rule in the order the search applies them (search.h): the mesh's, the options',
-   * the siblings', then the simulation's; those after the deciding one are not reached */
-  printf("  rule (does it reject this candidate? no / YES / - not reached)\n");
-  int reached = 1;
-  for (int k = 0; k < mp_search_n_rule_order; k++) {
-    const mp_reject r = mp_search_rule_order[k];
-    const int failed = c->reject == r;
-    printf("  %-4s %s\n", failed ? "YES" : reached ? "no" : "-", mp_reject_words(r));
-    if (failed) reached = 0;
-  }
-  if (c->reject != MP_REJECT_NONE) {
-    mp_candidate_reason(v->cfg, c, reason, sizeof reason);
-    printf("verdict: rejected (%s): %s\n", mp_reject_name((mp_reject)c->reject), reason);
-  }
-  if (c->evaluated && c->reject != MP_REJECT_EVAL_ERROR)
-    printf("prediction: step %.4f s, %.0f tokens/s/GPU, MFU %.1f %%, peak %.2f GiB of %.2f GiB\n", c->res.step_time_s,
-           c->res.tokens_per_s_per_gpu, 100.0 * c->res.mfu, (double)c->res.peak_mem_bytes / kGiB,
-           (double)c->res.capacity_bytes / kGiB);
-  else if (!c->evaluated)
-    printf("prediction: none (not simulated: a rule or a sibling decided it)\n");
-  for (int64_t r = 0; r < v->res->n_order; r++)
-    if (v->res->order[r] == i) {
-      printf("rank: %lld of %lld\n", (long long)r + 1, (long long)v->res->n_order);
-      break;
-    }
-  return MP_OK;
+  const mp_planner_result *res = v->res;
+  return mp_why_print(ctx, stdout, res->search, v->cfg, res->order, res->n_order, v->a->why);
 }
 
 /* --plot: the candidates, the memory of the top plans and the simulated timeline of the
@@ -624,42 +659,178 @@ static mp_status plot(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator *ev, con
 /* The search with the simulator as evaluator, logged to the database (unless --no-db),
  * then the output and the plots. */
 static mp_status search_and_report(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator *ev, int argc,
-                                   char **argv) {
+                                   char **argv, plan_view *v) {
   mp_planner_request req;
   mp_planner_result res;
   memset(&res, 0, sizeof res);
   mp_store *store = NULL;
   char *opts_json = options_json(), *cmdline = command_line(argc, argv);
-  mp_status st = make_request(ctx, a, ev, opts_json, cmdline, &req);
+  make_request(a, ev, opts_json, cmdline, &req);
+  mp_status st = opts_json && cmdline ? MP_OK : mp_error(ctx, MP_ERR_NOMEM, "out of memory");
   if (st == MP_OK && a->db) st = mp_store_open(ctx, a->db, &store);
   if (st == MP_OK) st = mp_planner_run(ctx, &req, store, &res);
-  plan_view v = {a, &res, &req.search, ev, 0, 0, store != NULL, NULL, NULL};
+  *v = (plan_view){a, &res, &req.search, ev, 0, 0, store != NULL, NULL, NULL, {{0}}, 0};
   if (st == MP_OK) {
-    v.n_show = a->top == 0 || a->top > res.n_order ? res.n_order : a->top;
-    v.price = a->obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR ? a->price : 0;
-    v.runs = calloc((size_t)v.n_show + 1, sizeof *v.runs);
-    v.not_runs = calloc((size_t)v.n_show + 1, sizeof *v.not_runs);
-    if (!v.runs || !v.not_runs) st = mp_error(ctx, MP_ERR_NOMEM, "out of memory");
-    for (int64_t r = 0; r < v.n_show && st == MP_OK; r++)
-      st = mp_sim_evaluator_runs(ctx, ev, &res.search->cands[res.order[r]], &v.runs[r], v.not_runs[r],
-                                 sizeof v.not_runs[r]);
+    v->n_show = a->top == 0 || a->top > res.n_order ? res.n_order : a->top;
+    v->price = a->obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR ? a->price : 0; /* the tokens/$ column */
+    v->runs = calloc((size_t)v->n_show + 1, sizeof *v->runs);
+    v->not_runs = calloc((size_t)v->n_show + 1, sizeof *v->not_runs);
+    if (!v->runs || !v->not_runs) st = mp_error(ctx, MP_ERR_NOMEM, "out of memory");
+    for (int64_t r = 0; r < v->n_show && st == MP_OK; r++)
+      st = mp_sim_evaluator_runs(ctx, ev, &res.search->cands[res.order[r]], &v->runs[r], v->not_runs[r],
+                                 sizeof v->not_runs[r]);
   }
+  if (st == MP_OK && res.n_order == 0) st = mp_advise(ctx, &a->setup, &a->c, res.search, v->advice, &v->n_advice);
   if (st == MP_OK) {
     if (a->as_json)
-      print_json(&v);
+      print_json(v);
     else if (a->as_csv)
-      print_csv(&v);
+      print_csv(v);
     else
-      print_text(&v);
-    if (a->why) st = print_why(ctx, &v);
-    if (st == MP_OK && a->plot_dir) st = plot(ctx, a, ev, &res, v.n_show);
+      print_text(v);
+    if (a->why) st = print_why(ctx, v);
+    if (st == MP_OK && a->plot_dir) st = plot(ctx, a, ev, &res, v->n_show);
   }
-  free(v.runs);
-  free(v.not_runs);
+  free(v->runs);
+  free(v->not_runs);
+  v->runs = NULL;
+  v->not_runs = NULL;
+  v->res = NULL;
+  v->cfg = NULL;
   mp_planner_result_free(&res);
   mp_store_close(store);
   free(opts_json);
   free(cmdline);
+  return st;
+}
+
+/* ---- --gpus A..B: a sweep of cluster sizes ------------------------------------------------- */
+
+/* One size of a sweep: its cluster and what the search of a->setup found on it. */
+typedef struct sweep_row {
+  mp_cluster c;
+  mp_probe_result r;
+} sweep_row;
+
+/* The sizes with the fewest days and the least cost (-1: none fits, or no price). */
+static void sweep_best(const plan_args *a, const sweep_row *rows, int *fastest, int *cheapest) {
+  *fastest = *cheapest = -1;
+  for (int k = 0; k < a->n_sweep; k++) {
+    if (rows[k].r.n_ranked == 0) continue;
+    const mp_candidate *c = &rows[k].r.best;
+    const double d = mp_train_days(c, a->sweep[k], a->tokens), usd = mp_train_cost(c, a->tokens, a->price);
+    if (*fastest < 0 || d < mp_train_days(&rows[*fastest].r.best, a->sweep[*fastest], a->tokens)) *fastest = k;
+    if (a->price > 0 && (*cheapest < 0 || usd < mp_train_cost(&rows[*cheapest].r.best, a->tokens, a->price)))
+      *cheapest = k;
+  }
+}
+
+static void print_sweep_text(const plan_args *a, const mp_sim_evaluator *ev, const sweep_row *rows) {
+  char params[160], head[64] = "", usd[32] = "";
+  mp_cmd_params_str(&a->m, params, sizeof params);
+  printf("%s (%s), seq %lld, on %lld to %lld x %s, stack %s, objective %s", a->m.name, params, a->seq,
+         (long long)a->sweep[0], (long long)a->sweep[a->n_sweep - 1], a->c.gpu.name, ev->stack.name,
+         mp_objective_name(a->obj));
+  fmt_usd(a->price, usd, sizeof usd);
+  if (a->tokens > 0)
+    printf("; %.4gT tokens%s%s%s", a->tokens / 1e12, a->price > 0 ? " at " : "", a->price > 0 ? usd : "",
+           a->price > 0 ? " a GPU-hour" : "");
+  if (a->tokens > 0) snprintf(head, sizeof head, " %8s %10s", "days", a->price > 0 ? "cost" : "");
+  printf("\n\n%7s %7s %10s %10s %6s %8s%s  %s\n", "GPUs", "batch", "step (s)", "tok/s/GPU", "MFU", "peak GiB", head,
+         "best plan");
+  for (int k = 0; k < a->n_sweep; k++) {
+    const mp_candidate *c = &rows[k].r.best;
+    if (rows[k].r.n_ranked == 0) {
+      printf("%7lld %7lld  no plan fits (meshplan plan --gpus %lld says what would)\n", (long long)a->sweep[k],
+             (long long)rows[k].r.global_batch, (long long)a->sweep[k]);
+      continue;
+    }
+    char opts[192], cols[64];
+    mp_candidate_options_str(c, opts, sizeof opts);
+    train_cols(a, c, a->sweep[k], cols, sizeof cols);
+    printf("%7lld %7lld %10.4f %10.0f %5.1f%% %8.2f%s  %s\n", (long long)a->sweep[k], (long long)c->global_batch,
+           c->res.step_time_s, c->res.tokens_per_s_per_gpu, 100.0 * c->res.mfu, (double)c->res.peak_mem_bytes / kGiB,
+           cols, opts);
+  }
+  int fastest, cheapest;
+  sweep_best(a, rows, &fastest, &cheapest);
+  if (a->tokens > 0 && fastest >= 0)
+    printf("\nfastest: %lld GPUs, %.1f days\n", (long long)a->sweep[fastest],
+           mp_train_days(&rows[fastest].r.best, a->sweep[fastest], a->tokens));
+  if (a->tokens > 0 && cheapest >= 0) {
+    fmt_usd(mp_train_cost(&rows[cheapest].r.best, a->tokens, a->price), usd, sizeof usd);
+    printf("cheapest: %lld GPUs, %s (%.1f days)\n", (long long)a->sweep[cheapest], usd,
+           mp_train_days(&rows[cheapest].r.best, a->sweep[cheapest], a->tokens));
+  }
+  printf("(each size's own search, not logged to a database; meshplan plan --gpus N for one size's plans)\n");
+}
+
+static void print_sweep_json(const plan_args *a, const sweep_row *rows) {
+  cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
+  if (!root || !arr) {
+    cJSON_Delete(root);
+    cJSON_Delete(arr);
+    return;
+  }
+  cJSON_AddStringToObject(root, "model", a->m.name);
+  mp_cmd_params_json(&a->m, root);
+  cJSON_AddStringToObject(root, "gpu", a->c.gpu.name);
+  cJSON_AddNumberToObject(root, "seq", (double)a->seq);
+  cJSON_AddStringToObject(root, "objective", mp_objective_name(a->obj));
+  if (a->tokens > 0) cJSON_AddNumberToObject(root, "tokens", a->tokens);
+  if (a->tokens > 0 && a->price > 0) cJSON_AddNumberToObject(root, "price_per_gpu_hour", a->price);
+  for (int k = 0; k < a->n_sweep; k++) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) break;
+    cJSON_AddNumberToObject(o, "n_gpus", (double)a->sweep[k]);
+    cJSON_AddNumberToObject(o, "candidates", (double)rows[k].r.n_candidates);
+    cJSON_AddNumberToObject(o, "feasible", (double)rows[k].r.n_ranked);
+    if (rows[k].r.n_ranked == 0) cJSON_AddNullToObject(o, "plan");
+    else cJSON_AddItemToObject(o, "plan", mp_candidate_json(&rows[k].r.best, 1, 0));
+    if (rows[k].r.n_ranked > 0 && a->tokens > 0) mp_train_json(o, &rows[k].r.best, a->sweep[k], a->tokens, a->price);
+    cJSON_AddItemToArray(arr, o);
+  }
+  cJSON_AddItemToObject(root, "sweep", arr);
+  int fastest, cheapest;
+  sweep_best(a, rows, &fastest, &cheapest);
+  if (a->tokens > 0 && fastest >= 0) cJSON_AddNumberToObject(root, "fastest_n_gpus", (double)a->sweep[fastest]);
+  if (a->tokens > 0 && cheapest >= 0) cJSON_AddNumberToObject(root, "cheapest_n_gpus", (double)a->sweep[cheapest]);
+  mp_cmd_print_json(root);
+}
+
+static void print_sweep_csv(const plan_args *a, const sweep_row *rows) {
+  printf("n_gpus,global_batch,feasible,dp_replicate,dp_shard,tp,ep,pp,cp,ac,micro_batch,step_time_s,"
+         "tokens_per_s_per_gpu,mfu,peak_mem_bytes,train_days,train_cost_usd\n");
+  for (int k = 0; k < a->n_sweep; k++) {
+    const mp_candidate *c = &rows[k].r.best;
+    char ac[32] = "";
+    if (rows[k].r.n_ranked) mp_candidate_ac_str(c, ac, sizeof ac);
+    printf("%lld,%lld,%lld,%d,%d,%d,%d,%d,%d,%s,%lld,%.9g,%.9g,%.6g,%lld,%.9g,%.9g\n", (long long)a->sweep[k],
+           (long long)rows[k].r.global_batch, (long long)rows[k].r.n_ranked, c->mesh.size[MP_DIM_DP_REPLICATE],
+           c->mesh.size[MP_DIM_DP_SHARD], c->mesh.size[MP_DIM_TP], c->mesh.ep, c->mesh.size[MP_DIM_PP],
+           c->mesh.size[MP_DIM_CP], ac, (long long)c->micro_batch, c->res.step_time_s, c->res.tokens_per_s_per_gpu,
+           c->res.mfu, (long long)c->res.peak_mem_bytes, mp_train_days(c, a->sweep[k], a->tokens),
+           mp_train_cost(c, a->tokens, a->price));
+  }
+}
+
+/* --gpus A..B: the search of a->setup on each size, then per size its best plan (with its
+ * days and cost under --tokens). *any_fits 0 when no size has a plan. */
+static mp_status run_sweep(mp_ctx *ctx, const plan_args *a, const mp_sim_evaluator *ev, int *any_fits) {
+  sweep_row *rows = calloc((size_t)a->n_sweep, sizeof *rows);
+  MP_CHECK_ALLOC(ctx, rows);
+  mp_status st = MP_OK;
+  *any_fits = 0;
+  for (int k = 0; k < a->n_sweep && st == MP_OK; k++) {
+    st = mp_cmd_load_cluster_n(ctx, &k_spec, a->sweep[k], &rows[k].c);
+    if (st == MP_OK) st = mp_plan_setup_check(ctx, &a->setup, &rows[k].c);
+    if (st == MP_OK) st = mp_plan_probe(ctx, &a->setup, &rows[k].c, &rows[k].r);
+    if (st == MP_OK) *any_fits |= rows[k].r.n_ranked > 0;
+  }
+  if (st == MP_OK && a->as_json) print_sweep_json(a, rows);
+  else if (st == MP_OK && a->as_csv) print_sweep_csv(a, rows);
+  else if (st == MP_OK) print_sweep_text(a, ev, rows);
+  free(rows);
   return st;
 }
 
@@ -669,14 +840,45 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
   mp_status st = a && ev ? MP_OK : mp_error(ctx, MP_ERR_NOMEM, "out of memory");
   if (st == MP_OK) st = read_args(ctx, a);
   if (st == MP_OK)
-    st = mp_sim_evaluator_init(ctx, ev, &a->m, &a->c, a->seq, a->gb, a->headroom, mp_args_get(&k_spec, "--stack"));
+    st = mp_sim_evaluator_init(ctx, ev, &a->m, &a->c, a->seq, a->gb, a->headroom, a->setup.stack);
   if (st == MP_OK) st = mp_cmd_cp_rotate(ctx, &k_spec, &ev->stack, &ev->base);
   if (st == MP_OK) st = mp_cmd_async_tp(ctx, &k_spec, &ev->stack, &ev->base);
-  if (st == MP_OK) st = search_and_report(ctx, a, ev, call->argc, call->argv);
+  if (st == MP_OK) {
+    /* as checked against the user's stack; on other clusters where their stacks run them */
+    a->setup.cp_rotate_given = mp_args_has(&k_spec, "--cp-rotate");
+    a->setup.cp_rotate = ev->base.cp_rotate;
+    a->setup.async_tp = ev->base.tp_comm_fused;
+    st = build_fix(ctx, a);
+  }
+  plan_view *v = st == MP_OK ? calloc(1, sizeof *v) : NULL;
+  if (st == MP_OK && !v) st = mp_error(ctx, MP_ERR_NOMEM, "out of memory");
+  int64_t n_ranked = -1;
+  int any_fits = 1;
+  if (st == MP_OK && a->n_sweep) st = run_sweep(ctx, a, ev, &any_fits);
+  else if (st == MP_OK) st = search_and_report(ctx, a, ev, call->argc, call->argv, v);
+  if (st == MP_OK && !a->n_sweep) n_ranked = v->n_show > 0 ? 1 : 0;
+  if (st == MP_OK && a->n_sweep && !any_fits) {
+    mp_error(ctx, MP_ERR_NOT_FOUND, "no plan fits %s on any size of the sweep %s; meshplan plan --gpus %lld says "
+             "what would", a->m.name, mp_args_get(&k_spec, "--gpus"), (long long)a->sweep[a->n_sweep - 1]);
+    mp_cmd_fail(ctx, MP_ERR_NOT_FOUND);
+    st = MP_OK;
+    n_ranked = -2;
+  }
+  int rc = st != MP_OK ? mp_cmd_fail(ctx, st) : 0;
+  if (n_ranked == 0) {
+    /* accepted work that found nothing: the hints on stdout say what would fit */
+    mp_error(ctx, MP_ERR_NOT_FOUND, "no plan fits %s on %d x %s; %s%s", a->m.name, mp_cluster_n_gpus(&a->c),
+             a->c.gpu.name, v->n_advice ? "the smallest change that fits, searched: " : "none of the changes tried fits",
+             v->n_advice ? v->advice[0].change : "");
+    mp_cmd_fail(ctx, MP_ERR_NOT_FOUND);
+    rc = MP_CMD_EXIT_NO_PLAN;
+  }
+  if (n_ranked == -2) rc = MP_CMD_EXIT_NO_PLAN;
+  free(v);
   mp_sim_evaluator_free(ev);
   free(ev);
   free(a);
-  return st != MP_OK ? mp_cmd_fail(ctx, st) : 0;
+  return rc;
 }
 
 const mp_command mp_command_plan = {

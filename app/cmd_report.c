@@ -4,7 +4,8 @@
  * their predictions and, for plans the executor has measured, the measured figures beside
  * the predicted ones with the error (predicted - measured) / measured, and the training
  * curve's ends; --plot DIR draws the run's measured loss (training and validation) and
- * throughput against the step with gnuplot. The database is opened, never created: a
+ * throughput against the step with gnuplot, with the plan's predicted throughput and the
+ * steps where the run resumed from a checkpoint. The database is opened, never created: a
  * missing file is an error naming it. */
 #include <cjson/cJSON.h>
 #include <stdint.h>
@@ -240,7 +241,15 @@ static int show_training(mp_store *st, mp_arena *a, const mp_run_row *run, const
     ps[i] = (mp_plot_step){rows[i].step, rows[i].loss, rows[i].tokens_per_s, rows[i].has_eval, rows[i].eval_loss};
   char title[256];
   snprintf(title, sizeof title, "run %lld: %s, %s", (long long)run->id, run->model, run->status);
-  if ((s = mp_plot_make_dir(&ctx, dir)) != MP_OK || (s = mp_plot_training(&ctx, dir, ps, n, title)) != MP_OK)
+  /* the prediction is per GPU (or CPU rank), the measured tokens/s over all of them */
+  mp_plot_training_marks marks = {0, NULL, 0};
+  int64_t *resumed = NULL;
+  double pred = 0;
+  if ((s = mp_store_run_marks(&ctx, st, run->id, a, &pred, &resumed, &marks.n_resumed)) != MP_OK)
+    return fail(&ctx, s);
+  marks.predicted_tokens_per_s = pred * run->n_gpus;
+  marks.resumed_at = resumed;
+  if ((s = mp_plot_make_dir(&ctx, dir)) != MP_OK || (s = mp_plot_training(&ctx, dir, ps, n, &marks, title)) != MP_OK)
     return fail(&ctx, s);
   printf("plots: %s/loss.png, %s/throughput.png\n", dir, dir);
   return 0;

@@ -114,6 +114,11 @@ static void print_text(const mp_sim_result *r, const mp_model *m, const mp_clust
   printf("plan    %s on %s: mesh %s, ac %s%s%s, seq %lld, micro-batch %lld, global batch %lld\n",
          m->name, c->name, ms, ac, o->fp8 ? ", fp8" : "", more, (long long)o->seq,
          (long long)o->micro_batch, (long long)o->global_batch);
+  char words[160];
+  mp_cmd_params_str(m, words, sizeof words);
+  printf("model   %s\n", words);
+  mp_cmd_gpu_note(&c->gpu, words, sizeof words);
+  if (words[0]) printf("note    %s\n", words);
   char kern[512];
   mp_stack_kernel_scale_format(prof, &c->gpu, kern, sizeof kern);
   printf("stack   %s\n", prof->name);
@@ -155,7 +160,11 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   cJSON *j = cJSON_CreateObject();
   if (j == NULL) return 1;
   cJSON_AddStringToObject(j, "model", m->name);
+  mp_cmd_params_json(m, j);
   cJSON_AddStringToObject(j, "cluster", c->name);
+  char note[160];
+  mp_cmd_gpu_note(&c->gpu, note, sizeof note);
+  if (note[0]) cJSON_AddStringToObject(j, "gpu_note", note);
   cJSON_AddStringToObject(j, "mesh", ms);
   cJSON_AddStringToObject(j, "ac", ac);
   cJSON_AddBoolToObject(j, "fp8", o->fp8);
@@ -282,6 +291,8 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
                       j->mesh.size[MP_DIM_TP]);
     MP_CHECK(mp_calib_apply_stack_run(ctx, j->cal, &run, &j->prof, &j->gemm_tables));
   }
+  if (j->prof.mem_model == MP_MEM_MODEL_MESHPLAN_CUDA)
+    MP_CHECK(mp_gpu_check_cuda(ctx, &j->c.gpu, "meshplan's CUDA runtime (stack meshplan-cuda)"));
   if (j->o.sp == 1 && !j->prof.sp)
     return mp_error(ctx, MP_ERR_USAGE,
                     "meshplan simulate: --sp: stack %s does not run sequence parallelism", j->prof.name);

@@ -23,6 +23,9 @@ extern "C" {
 #endif
 
 #define MESHPLAN_VERSION "0.1.0"
+/* The exit status of accepted work that found nothing: `plan` where no plan fits (its output
+ * says what would). Usage and input errors exit 2, other failures 1 as well. */
+#define MP_CMD_EXIT_NO_PLAN 1
 #define MP_CMD_MAX_POSITIONAL 4 /* the most any spec's max_positional may be */
 
 /* A parsed command line, as the command's run function receives it. */
@@ -80,6 +83,16 @@ mp_status mp_cmd_load_model(mp_ctx *ctx, const mp_cmd_spec *spec, const char *df
  * --gpus-per-node K (default min(8, N)) and --inter-gbps X (default 400); --gpu,
  * --gpus-per-node or --inter-gbps without --gpus, or with --cluster, is a usage error. */
 mp_status mp_cmd_load_cluster(mp_ctx *ctx, const mp_cmd_spec *spec, mp_cluster *c);
+/* The same for a given number of GPUs n (plan's --gpus A..B sweep): --gpu, --gpus-per-node
+ * and --inter-gbps as mp_cmd_load_cluster reads them with --gpus n. */
+mp_status mp_cmd_load_cluster_n(mp_ctx *ctx, const mp_cmd_spec *spec, int64_t n, mp_cluster *c);
+/* The most tokens --tokens takes: 1e18, a million times the 15T of Llama 3's pre-training
+ * (a count past it is a typo, and days and dollars stay finite). */
+#define MP_CMD_MAX_TOKENS 1e18
+/* The value of flag as a count: a number with an optional suffix K, M, B (or G) or T for
+ * 1e3, 1e6, 1e9 or 1e12 ("15T", "300B", "1.5e12"), finite, in (0, max]; else a usage error
+ * naming the flag, the value and what it takes. Nothing when the flag was not given. */
+mp_status mp_cmd_count(mp_ctx *ctx, const mp_cmd_spec *spec, const char *flag, double max, double *out);
 /* seq beyond the model's max_seq is a usage error unless --allow-long-seq was given. */
 mp_status mp_cmd_check_seq(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_model *m, int64_t seq);
 /* --global-batch-tokens T: *global_batch = T / seq (T a multiple of seq; with
@@ -115,6 +128,15 @@ int mp_cmd_print_json(struct cJSON *root);
  * prints}. NULL when out of memory. */
 struct mp_stack_profile;
 struct cJSON *mp_cmd_kernel_scale_json(const struct mp_stack_profile *p, const mp_gpu *g);
+/* The model's size for a header: "70.55B parameters", for a MoE model "46.70B parameters,
+ * 12.88B active per token" (mp_model_param_count, mp_model_matmul_param_count: the
+ * published activated counts are the matmuls' parameters). */
+void mp_cmd_params_str(const mp_model *m, char *buf, size_t cap);
+/* The same into JSON object o: "params", and for a MoE model "active_params". */
+void mp_cmd_params_json(const mp_model *m, struct cJSON *o);
+/* One line where meshplan's runtime cannot drive g (a GPU without CUDA), "" where it can:
+ * "mi300x has no CUDA (rocm): planned and simulated only; meshplan train cannot run on it". */
+void mp_cmd_gpu_note(const mp_gpu *g, char *buf, size_t cap);
 /* How this process was launched, read before MPI_Init from the launcher's environment
  * (OpenMPI's OMPI_COMM_WORLD_SIZE/RANK, else PMI_SIZE/RANK as Slurm and MPICH set them):
  * under_mpi 0 with world 1, rank 0 when it runs alone. */

@@ -28,6 +28,11 @@
   { "--cluster", "C", "cluster name (data/clusters stem) or path to a JSON file (default " dflt ")", NULL }
 #define MP_OPT_GPUS                                                                                \
   { "--gpus", "N", "instead of --cluster: N GPUs of --gpu TYPE, --gpus-per-node K per node", NULL }
+/* plan's --gpus: one count, or a sweep of counts (cmd_plan.c) */
+#define MP_OPT_GPUS_OR_SWEEP                                                                       \
+  { "--gpus", "N", "instead of --cluster: N GPUs of --gpu TYPE, --gpus-per-node K per node; or A..B, a "   \
+    "sweep of the powers of two from A to B (A..B:S: steps of S), each size searched and its best "   \
+    "plan shown", NULL }
 /* --gpu with --gpus; `dflt`: "default h100-sxm", or "required" */
 #define MP_OPT_GPU_OF_GPUS(dflt)                                                                   \
   { "--gpu", "TYPE", "GPU profile of --gpus (data/gpus stem or path to a JSON file; " dflt ")", NULL }

@@ -49,6 +49,9 @@ mp_status mp_sim_evaluator_init(mp_ctx *ctx, mp_sim_evaluator *ev, const mp_mode
     MP_CHECK(mp_stack_load(ctx, stack_name, &ev->stack));
   else
     MP_CHECK(mp_stack_default(ctx, &c->gpu, &ev->stack));
+  /* meshplan's CUDA runtime's stack describes kernels that exist on CUDA GPUs alone */
+  if (ev->stack.mem_model == MP_MEM_MODEL_MESHPLAN_CUDA)
+    MP_CHECK(mp_gpu_check_cuda(ctx, &c->gpu, "meshplan's CUDA runtime (stack meshplan-cuda)"));
   /* the stack's runtime decides the memory the schedule describes (and its dtypes) */
   mp_stack_plan_options(&ev->stack, &ev->base);
   ev->sim.cluster = c;
@@ -225,6 +228,13 @@ mp_status mp_sim_evaluator_busy(mp_ctx *ctx, const mp_sim_evaluator *ev, const m
 
 mp_status mp_sim_evaluator_runs(mp_ctx *ctx, const mp_sim_evaluator *ev, const mp_candidate *c,
                                 int *runs, char *why, size_t cap) {
+  const mp_gpu *g = &ev->sim.cluster->gpu;
+  if (!mp_gpu_runtime_drives(g)) {
+    *runs = 0;
+    snprintf(why, cap, "GPU %s has no CUDA (%s): meshplan's runtime drives CUDA GPUs and CPUs", g->name,
+             mp_gpu_api_name(mp_gpu_api_of(g)));
+    return MP_OK;
+  }
   mp_plan_options o;
   mp_plan *p = NULL;
   MP_CHECK(candidate_plan(ctx, ev, c, &o, &p));

@@ -1,6 +1,7 @@
 /* One planner run: enumerate and prune (search.h), evaluate on worker threads, rank by the
- * objective, then write the run, every candidate and the ranks to the store (store.h) in
- * one transaction from the calling thread. The search is finished before the transaction
+ * objective, then write the run, every candidate (its ranked plans alone with ranked_only), the
+ * ranks and the rejection counts by rule to the store (store.h) in one transaction from the
+ * calling thread. The search is finished before the transaction
  * opens, so concurrent planners on one database queue for the seconds of writing, not for
  * each other's searches. Shared by `meshplan plan` and the
  * benchmark; the evaluator is whatever the search config names (the simulator in the CLI,
@@ -20,6 +21,9 @@ typedef struct mp_planner_request {
   mp_objective objective;
   double price_per_gpu_hour; /* for tokens-per-dollar; <= 0 unknown */
   mp_run_info info;          /* what the runs row records */
+  int ranked_only;           /* 1: only the ranked plans get plans rows (plan's default);
+                                0: every candidate (plan --log-all, and train's small
+                                searches, whose pick may be a plan that does not fit) */
   int show_progress;         /* progress bar on stderr (common/progress.h) */
 } mp_planner_request;
 

@@ -6,6 +6,7 @@
  * a missing gnuplot is detected before anything is written. */
 #define _GNU_SOURCE
 #include "planner/plot.h"
+#include "planner/plot_internal.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -22,24 +23,9 @@
 
 static const double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-/* The largest trace the timeline plots read: the simulator's own output, up to
- * MP_SIM_TRACE_MAX_EVENTS (2^20) events of ~250 bytes and its memory counter; larger than
- * the limit on the configs a user hands in (MP_FILE_MAX_CONFIG_BYTES). */
-#define PLOT_TRACE_MAX_BYTES ((int64_t)512 << 20)
-
-/* A Chrome trace: the parsed file (free with cJSON_Delete) and its events array. */
-static mp_status read_trace(mp_ctx *ctx, const char *path, cJSON **out, const cJSON **evs) {
-  char *text = NULL;
-  MP_CHECK(mp_read_file_max(ctx, path, PLOT_TRACE_MAX_BYTES, &text, NULL));
-  mp_status st = mp_json_parse(ctx, text, path, out);
-  free(text);
-  MP_CHECK(st);
-  *evs = cJSON_IsArray(*out) ? *out : cJSON_GetObjectItemCaseSensitive(*out, "traceEvents");
-  if (cJSON_IsArray(*evs)) return MP_OK;
-  cJSON_Delete(*out);
-  *out = NULL;
-  return mp_error(ctx, MP_ERR_INVALID, "%s: not a Chrome trace (no traceEvents array)", path);
-}
+const char *const mp_plot_colors[MP_PLOT_N_COLORS] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                                     "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
+                                                     "#aec7e8", "#98df8a"};
 
 static int find_on_path(const char *prog) {
   const char *path = getenv("PATH");
@@ -116,7 +102,7 @@ mp_status mp_plot_run_gnuplot(mp_ctx *ctx, const char *dir, const char *script) 
                   WIFEXITED(status) ? WEXITSTATUS(status) : -1, line[0] ? ": " : "", line, path);
 }
 
-static FILE *open_in(mp_ctx *ctx, const char *dir, const char *name, mp_status *st) {
+FILE *mp_plot_open(mp_ctx *ctx, const char *dir, const char *name, mp_status *st) {
   char path[1024];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   FILE *f = fopen(path, "w");
@@ -124,15 +110,14 @@ static FILE *open_in(mp_ctx *ctx, const char *dir, const char *name, mp_status *
   return f;
 }
 
-static mp_status close_checked(mp_ctx *ctx, FILE *f, const char *dir, const char *name) {
+mp_status mp_plot_close(mp_ctx *ctx, FILE *f, const char *dir, const char *name) {
   int bad = ferror(f);
   if (fclose(f) != 0) bad = 1;
   if (bad) return mp_error(ctx, MP_ERR_IO, "error writing %s/%s", dir, name);
   return MP_OK;
 }
 
-/* Title in single quotes for gnuplot (a quote is doubled). */
-static void gp_quote(const char *s, char *out, size_t cap) {
+void mp_plot_quote(const char *s, char *out, size_t cap) {
   size_t j = 0;
   if (cap < 3) return;
   out[j++] = '\'';
@@ -168,20 +153,39 @@ static void short_plan(const mp_candidate *c, char *buf, size_t cap) {
 /* What candidates.dat holds: the points in each block and their time and memory ranges. */
 typedef struct scatter {
   int64_t n_feas, n_oom;         /* points in block 0 (fits) and block 1 (over memory) */
+  int64_t n_oom_all;             /* simulated candidates over memory, drawn or not */
   double tmin, tmax, mmin, mmax; /* step time (s) and peak memory per GPU (GiB) */
 } scatter;
 
-/* One data block of candidates.dat: every evaluated candidate that fits (feasible) or is
- * over memory (!feasible), "NaN NaN -1" where there is none (the block must stay);
- * returns how many points it wrote and widens sc's ranges to them. */
-static int64_t write_block(FILE *f, const mp_search *s, int feasible, scatter *sc) {
-  int64_t n = 0;
-  for (int64_t i = 0; i < s->n; i++) {
+/* The most over-memory candidates candidates.png draws: an even sample of them (every
+ * k-th in enumeration order) shows where they lie; a search of thousands of GPUs simulates
+ * thousands, and every one made the plot slow to draw and to read. The plans that fit are
+ * all drawn: they are what the plot is for. */
+#define PLOT_OVER_MEMORY_MAX 1000
+
+/* Whether the candidate is simulated with a figure to draw, and fits (feasible) or not. */
+static int drawable(const mp_candidate *c, int feasible) {
+  if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR) return 0;
+  if ((c->reject == MP_REJECT_NONE) != feasible) return 0;
+  return c->res.step_time_s > 0 && c->res.peak_mem_bytes > 0; /* possibly log axes */
+}
+
+/* One data block of candidates.dat: the simulated candidates that fit (feasible) or are over
+ * memory (!feasible; at most PLOT_OVER_MEMORY_MAX of them, evenly spread), "NaN NaN -1"
+ * where there is none (the block must stay); returns how many points it wrote, *n_all how
+ * many there were, and widens sc's ranges to the points. */
+static int64_t write_block(FILE *f, const mp_search *s, int feasible, scatter *sc, int64_t *n_all) {
+  int64_t all = 0, n = 0;
+  for (int64_t i = 0; i < s->n; i++) all += drawable(&s->cands[i], feasible);
+  const int64_t cap = feasible ? all : PLOT_OVER_MEMORY_MAX;
+  for (int64_t i = 0, k = 0; i < s->n; i++) {
     const mp_candidate *c = &s->cands[i];
-    if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR) continue;
-    if ((c->reject == MP_REJECT_NONE) != feasible) continue;
+    if (!drawable(c, feasible)) continue;
+    /* the k-th of `all` is drawn where a new one of `cap` equal slices starts */
+    const int take = all <= cap || k == 0 || (k * cap) / all != ((k - 1) * cap) / all;
+    k++;
+    if (!take) continue;
     double m = (double)c->res.peak_mem_bytes / kGiB, t = c->res.step_time_s;
-    if (!(t > 0) || !(m > 0)) continue; /* possibly log axes */
     fprintf(f, "%.6g %.6g %lld\n", m, t, (long long)i);
     n++;
     if (t < sc->tmin) sc->tmin = t;
@@ -190,6 +194,7 @@ static int64_t write_block(FILE *f, const mp_search *s, int feasible, scatter *s
     if (m > sc->mmax) sc->mmax = m;
   }
   if (n == 0) fprintf(f, "NaN NaN -1\n"); /* keep the block */
+  *n_all = all;
   return n;
 }
 
@@ -199,14 +204,15 @@ static mp_status write_candidates_dat(mp_ctx *ctx, const char *dir, const mp_sea
                                       const int64_t *order, int64_t n_order, scatter *sc,
                                       char *chosen, size_t cap) {
   mp_status st;
-  FILE *f = open_in(ctx, dir, "candidates.dat", &st);
+  FILE *f = mp_plot_open(ctx, dir, "candidates.dat", &st);
   if (!f) return st;
-  fprintf(f, "# every evaluated candidate: peak memory per GPU (GiB), predicted step time (s), "
-             "candidate index\n# block 0: feasible\n");
-  *sc = (scatter){.n_feas = 0, .n_oom = 0, .tmin = 1e300, .tmax = 0, .mmin = 1e300, .mmax = 0};
-  sc->n_feas = write_block(f, s, 1, sc);
-  fprintf(f, "\n\n# block 1: over memory capacity\n");
-  sc->n_oom = write_block(f, s, 0, sc);
+  fprintf(f, "# the simulated candidates: peak memory per GPU (GiB), predicted step time (s), "
+             "candidate index\n# block 0: feasible, every one\n");
+  *sc = (scatter){.n_feas = 0, .n_oom = 0, .n_oom_all = 0, .tmin = 1e300, .tmax = 0, .mmin = 1e300, .mmax = 0};
+  int64_t n_feas_all = 0; /* all drawn */
+  sc->n_feas = write_block(f, s, 1, sc, &n_feas_all);
+  fprintf(f, "\n\n# block 1: over memory capacity, an even sample of at most %d\n", PLOT_OVER_MEMORY_MAX);
+  sc->n_oom = write_block(f, s, 0, sc, &sc->n_oom_all);
   fprintf(f, "\n\n# block 2: chosen plan\n");
   if (n_order > 0) {
     const mp_candidate *c = &s->cands[order[0]];
@@ -216,7 +222,7 @@ static mp_status write_candidates_dat(mp_ctx *ctx, const char *dir, const mp_sea
   } else {
     fprintf(f, "NaN NaN -1\n");
   }
-  return close_checked(ctx, f, dir, "candidates.dat");
+  return mp_plot_close(ctx, f, dir, "candidates.dat");
 }
 
 /* candidates.gp: the scatter of candidates.dat over sc's ranges, the capacity line where
@@ -224,18 +230,20 @@ static mp_status write_candidates_dat(mp_ctx *ctx, const char *dir, const mp_sea
 static mp_status write_candidates_gp(mp_ctx *ctx, const char *dir, const scatter *sc,
                                      double capacity_gib, const char *title, const char *chosen) {
   mp_status st;
-  FILE *f = open_in(ctx, dir, "candidates.gp", &st);
+  FILE *f = mp_plot_open(ctx, dir, "candidates.gp", &st);
   if (!f) return st;
   char qt[600], qc[400];
-  gp_quote(title, qt, sizeof qt);
+  mp_plot_quote(title, qt, sizeof qt);
   char chosen_label[256];
   snprintf(chosen_label, sizeof chosen_label, "chosen: %s", chosen);
-  gp_quote(chosen_label, qc, sizeof qc);
+  mp_plot_quote(chosen_label, qc, sizeof qc);
   /* Log axes only where the points span more than a decade (a narrower range on a log
    * axis shows one labelled tick); then every 1-2-5 step is labelled. */
   const int logx = sc->mmax / sc->mmin > 10.0, logy = sc->tmax / sc->tmin > 10.0;
+  char oom_note[64] = "";
+  if (sc->n_oom < sc->n_oom_all) snprintf(oom_note, sizeof oom_note, ", %lld drawn", (long long)sc->n_oom);
   fprintf(f,
-          "# Predicted step time vs peak memory per GPU of every evaluated candidate.\n"
+          "# Predicted step time vs peak memory per GPU of the simulated candidates.\n"
           "# Redraw: gnuplot candidates.gp (reads candidates.dat)\n"
           "set terminal pngcairo noenhanced size 1400,800 font 'DejaVu Sans,12'\n"
           "set output 'candidates.png'\n"
@@ -267,11 +275,11 @@ static mp_status write_candidates_gp(mp_ctx *ctx, const char *dir, const scatter
           "plot 'candidates.dat' index 0 using 1:2 with points pt 7 ps 0.6 lc rgb '#1f77b4' "
           "title 'fits (%lld)', \\\n"
           "     'candidates.dat' index 1 using 1:2 with points pt 2 ps 0.6 lc rgb '#d62728' "
-          "title 'over memory (%lld)', \\\n"
+          "title 'over memory (%lld%s)', \\\n"
           "     'candidates.dat' index 2 using 1:2 with points pt 3 ps 4 lw 3 lc rgb '#2ca02c' "
           "title %s\n",
-          (long long)sc->n_feas, (long long)sc->n_oom, qc);
-  return close_checked(ctx, f, dir, "candidates.gp");
+          (long long)sc->n_feas, (long long)sc->n_oom_all, oom_note, qc);
+  return mp_plot_close(ctx, f, dir, "candidates.gp");
 }
 
 mp_status mp_plot_candidates(mp_ctx *ctx, const char *dir, const mp_search *s,
@@ -291,28 +299,24 @@ mp_status mp_plot_candidates(mp_ctx *ctx, const char *dir, const mp_search *s,
   return mp_plot_run_gnuplot(ctx, dir, "candidates.gp");
 }
 
-mp_status mp_plot_memory(mp_ctx *ctx, const char *dir, const mp_search *s, const int64_t *order,
-                         int64_t n_order, int k, double capacity_gib, const char *title) {
-  MP_CHECK(mp_plot_check_gnuplot(ctx));
+/* memory.dat: per plan of the first n of order, its rank, its tic "#rank" and its memory at
+ * the peak per category (GiB); *ymax the largest total (at least capacity_gib). */
+static mp_status memory_dat(mp_ctx *ctx, const char *dir, const mp_search *s, const int64_t *order, int64_t n,
+                            double capacity_gib, double *ymax) {
   static const char *const cats[MP_MEM_COUNT] = {"parameters", "optimizer", "gradients",
                                                  "gathered params", "activations", "temporary",
                                                  "comm buffers", "float8", "logits"};
   mp_status st;
-  FILE *f = open_in(ctx, dir, "memory.dat", &st);
+  FILE *f = mp_plot_open(ctx, dir, "memory.dat", &st);
   if (!f) return st;
-  int64_t n = n_order < k ? n_order : k;
-  fprintf(f, "# memory per GPU at the peak of the top plans, GiB per category\n");
+  fprintf(f, "# memory per GPU at the peak of the top plans, GiB per category (the plans: memory.gp)\n");
   fprintf(f, "rank plan");
   for (int c = 0; c < MP_MEM_COUNT; c++) fprintf(f, " \"%s\"", cats[c]);
   fprintf(f, " \"runtime overhead\"\n");
-  double ymax = capacity_gib;
-  size_t label_max = 16;
+  *ymax = capacity_gib;
   for (int64_t r = 0; r < n; r++) {
     const mp_candidate *c = &s->cands[order[r]];
-    char sp[160];
-    short_plan(c, sp, sizeof sp);
-    if (strlen(sp) + 5 > label_max) label_max = strlen(sp) + 5;
-    fprintf(f, "%lld \"#%lld %s\"", (long long)(r + 1), (long long)(r + 1), sp);
+    fprintf(f, "%lld \"#%lld\"", (long long)(r + 1), (long long)(r + 1));
     double total = 0;
     for (int m = 0; m < MP_MEM_COUNT; m++) {
       double g = (double)c->res.mem_at_peak[m] / kGiB;
@@ -322,38 +326,58 @@ mp_status mp_plot_memory(mp_ctx *ctx, const char *dir, const mp_search *s, const
     double ov = (double)c->res.overhead_bytes / kGiB;
     total += ov;
     fprintf(f, " %.6g\n", ov);
-    if (total > ymax) ymax = total;
+    if (total > *ymax) *ymax = total;
   }
   if (n == 0) {
     fprintf(f, "0 \"no feasible plan\"");
     for (int m = 0; m <= MP_MEM_COUNT; m++) fprintf(f, " 0");
     fprintf(f, "\n");
   }
-  MP_CHECK(close_checked(ctx, f, dir, "memory.dat"));
-  f = open_in(ctx, dir, "memory.gp", &st);
+  return mp_plot_close(ctx, f, dir, "memory.dat");
+}
+
+/* How many plans' names memory.png lists per line under its bars. */
+#define MEMORY_NAMES_PER_LINE 2
+
+/* memory.gp: stacked bars tic'd #1, #2, ..., the plans they are listed under them in
+ * MEMORY_NAMES_PER_LINE columns (horizontal text: a rotated mesh name took half the image),
+ * the capacity as a line. */
+static mp_status memory_gp(mp_ctx *ctx, const char *dir, const mp_search *s, const int64_t *order, int64_t n,
+                           double capacity_gib, double ymax, const char *title) {
+  mp_status st;
+  FILE *f = mp_plot_open(ctx, dir, "memory.gp", &st);
   if (!f) return st;
   char qt[600];
-  gp_quote(title, qt, sizeof qt);
+  mp_plot_quote(title, qt, sizeof qt);
+  const int lines = (int)((n + MEMORY_NAMES_PER_LINE - 1) / MEMORY_NAMES_PER_LINE);
   fprintf(f,
           "# Memory breakdown at the peak of the top plans (stacked bars).\n"
           "# Redraw: gnuplot memory.gp (reads memory.dat)\n"
-          "set terminal pngcairo noenhanced size 1400,900 font 'DejaVu Sans,12'\n"
+          "set terminal pngcairo noenhanced size 1400,%d font 'DejaVu Sans,12'\n"
           "set output 'memory.png'\n"
           "set title %s\n"
           "set ylabel 'memory per GPU at the peak (GiB)'\n"
-          "set xlabel 'plan (rank, mesh, AC, micro-batch)'\n"
+          "set xlabel 'plan, by rank (listed below)'\n"
           "set style data histograms\n"
           "set style histogram rowstacked\n"
           "set style fill solid 0.85 border rgb '#333333'\n"
           "set boxwidth 0.7\n"
-          "set xtics rotate by 90 right nomirror\n"
+          "set xtics nomirror\n"
           "set bmargin %d\n"
           "set lmargin 10\n"
           "set rmargin 26\n"
           "set key outside right top\n"
           "set grid ytics lc rgb '#dddddd'\n"
           "set yrange [0:%.6g]\n",
-          qt, (int)(0.5 * (double)label_max) + 3, ymax * 1.12 + 1e-9);
+          620 + 22 * lines, qt, 5 + lines, ymax * 1.12 + 1e-9);
+  for (int64_t r = 0; r < n; r++) {
+    char sp[160], ql[200], line[180];
+    short_plan(&s->cands[order[r]], sp, sizeof sp);
+    snprintf(line, sizeof line, "#%lld %s", (long long)(r + 1), sp);
+    mp_plot_quote(line, ql, sizeof ql);
+    fprintf(f, "set label %lld %s at screen %.3f, character %d\n", (long long)(10 + r), ql,
+            0.06 + 0.45 * (double)(r % MEMORY_NAMES_PER_LINE), lines - (int)(r / MEMORY_NAMES_PER_LINE) + 1);
+  }
   if (capacity_gib > 0)
     fprintf(f,
             "set arrow 1 from graph 0, first %.6g to graph 1, first %.6g nohead lw 2 dt 2 lc rgb '#444444'\n"
@@ -368,274 +392,31 @@ mp_status mp_plot_memory(mp_ctx *ctx, const char *dir, const mp_search *s, const
     fprintf(f, "%s'memory.dat' using %d:xtic(2) title columnheader(%d) lc rgb '%s'",
             i ? ", \\\n     " : "", i + 3, i + 3, colors[i]);
   fprintf(f, "\n");
-  MP_CHECK(close_checked(ctx, f, dir, "memory.gp"));
+  return mp_plot_close(ctx, f, dir, "memory.gp");
+}
+
+mp_status mp_plot_memory(mp_ctx *ctx, const char *dir, const mp_search *s, const int64_t *order,
+                         int64_t n_order, int k, double capacity_gib, const char *title) {
+  MP_CHECK(mp_plot_check_gnuplot(ctx));
+  const int64_t n = n_order < k ? n_order : k;
+  double ymax = 0;
+  MP_CHECK(memory_dat(ctx, dir, s, order, n, capacity_gib, &ymax));
+  MP_CHECK(memory_gp(ctx, dir, s, order, n, capacity_gib, ymax, title));
   return mp_plot_run_gnuplot(ctx, dir, "memory.gp");
-}
-
-/* ---- timeline ------------------------------------------------------------------------- */
-
-/* One colour per row (a stream's kernels, its collectives), distinct for up to 12 rows. */
-static const char *const k_row_colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
-                                           "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#aec7e8", "#98df8a"};
-#define N_ROW_COLORS 12
-
-/* The rows of a timeline: per stream (the trace's tid, named by its thread_name metadata,
- * "stream <tid>" without one) its kernels and its collectives each on a row of their own
- * (TP and EP collectives run on the compute stream, between its kernels), in increasing
- * tid, kernels first. A row's key is 2 tid + (1 for collectives). */
-enum { TIMELINE_MAX_ROWS = 32 };
-typedef struct timeline_rows {
-  int keys[TIMELINE_MAX_ROWS];
-  char names[TIMELINE_MAX_ROWS][80];
-  int n;
-} timeline_rows;
-
-static int event_key(const cJSON *ev) {
-  const cJSON *tid = cJSON_GetObjectItemCaseSensitive(ev, "tid");
-  const cJSON *cat = cJSON_GetObjectItemCaseSensitive(ev, "cat");
-  if (!cJSON_IsNumber(tid)) return -1;
-  return 2 * (int)tid->valuedouble + (cJSON_IsString(cat) && strcmp(cat->valuestring, "comm") == 0);
-}
-
-static void timeline_rows_of(const cJSON *evs, timeline_rows *rw) {
-  rw->n = 0;
-  const cJSON *ev;
-  cJSON_ArrayForEach(ev, evs) {
-    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(ev, "ph");
-    if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X")) continue;
-    const int k = event_key(ev);
-    int found = 0;
-    for (int r = 0; r < rw->n; r++) found |= rw->keys[r] == k;
-    if (k >= 0 && !found && rw->n < TIMELINE_MAX_ROWS) rw->keys[rw->n++] = k;
-  }
-  for (int a = 1; a < rw->n; a++) /* insertion sort */
-    for (int b = a; b > 0 && rw->keys[b - 1] > rw->keys[b]; b--) {
-      int t = rw->keys[b];
-      rw->keys[b] = rw->keys[b - 1];
-      rw->keys[b - 1] = t;
-    }
-  char stream[TIMELINE_MAX_ROWS][64];
-  for (int r = 0; r < rw->n; r++) snprintf(stream[r], sizeof stream[r], "stream %d", rw->keys[r] / 2);
-  cJSON_ArrayForEach(ev, evs) {
-    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(ev, "ph");
-    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(ev, "name");
-    if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "M") || !cJSON_IsString(nm) ||
-        strcmp(nm->valuestring, "thread_name"))
-      continue;
-    const cJSON *tid = cJSON_GetObjectItemCaseSensitive(ev, "tid");
-    const cJSON *args = cJSON_GetObjectItemCaseSensitive(ev, "args");
-    const cJSON *an = args ? cJSON_GetObjectItemCaseSensitive(args, "name") : NULL;
-    if (!cJSON_IsNumber(tid) || !cJSON_IsString(an)) continue;
-    for (int r = 0; r < rw->n; r++)
-      if (rw->keys[r] / 2 == (int)tid->valuedouble) snprintf(stream[r], sizeof stream[r], "%s", an->valuestring);
-  }
-  for (int r = 0; r < rw->n; r++) {
-    int has_kernels = 0;
-    for (int q = 0; q < rw->n; q++) has_kernels |= rw->keys[q] == (rw->keys[r] & ~1);
-    /* a stream's collectives next to its kernels are named as such; a stream of
-     * collectives alone (FSDP gathers, reductions) by its own name */
-    snprintf(rw->names[r], sizeof rw->names[r], "%s%s", stream[r],
-             (rw->keys[r] & 1) && has_kernels ? ": collectives" : (rw->keys[r] & 1) ? "" : ": kernels");
-  }
-}
-
-/* timeline.dat: one line per complete ("X") event, in ms, with its row; *t_end the last end. */
-static mp_status timeline_data(mp_ctx *ctx, const char *dir, const char *trace_path, const cJSON *evs,
-                               const timeline_rows *rw, double *t_end) {
-  mp_status st;
-  FILE *f = open_in(ctx, dir, "timeline.dat", &st);
-  if (!f) return st;
-  fprintf(f, "# simulated step of the chosen plan (from %s)\n# start_ms end_ms row\n", trace_path);
-  *t_end = 0;
-  int64_t n_ev = 0;
-  const cJSON *ev;
-  cJSON_ArrayForEach(ev, evs) {
-    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(ev, "ph");
-    if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "X")) continue;
-    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(ev, "ts");
-    const cJSON *dur = cJSON_GetObjectItemCaseSensitive(ev, "dur");
-    if (!cJSON_IsNumber(ts) || !cJSON_IsNumber(dur)) continue;
-    const int k = event_key(ev);
-    int row = -1;
-    for (int r = 0; r < rw->n; r++)
-      if (rw->keys[r] == k) row = r;
-    if (row < 0) continue;
-    double a = ts->valuedouble / 1000.0, b = (ts->valuedouble + dur->valuedouble) / 1000.0;
-    if (b > *t_end) *t_end = b;
-    fprintf(f, "%.6f %.6f %d\n", a, b, row);
-    n_ev++;
-  }
-  if (n_ev == 0) fprintf(f, "NaN NaN 0\n");
-  return close_checked(ctx, f, dir, "timeline.dat");
-}
-
-/* timeline.gp: one row per stream's kernels and per stream's collectives, each in its own
- * colour, the row names as y tics (no key needed: the names are beside the rows). */
-static mp_status timeline_script(mp_ctx *ctx, const char *dir, const char *title, const timeline_rows *rw,
-                                 double t_end) {
-  mp_status st;
-  FILE *f = open_in(ctx, dir, "timeline.gp", &st);
-  if (!f) return st;
-  char qt[600];
-  gp_quote(title, qt, sizeof qt);
-  fprintf(f,
-          "# Simulated timeline of the chosen plan: one row per stream's kernels and collectives.\n"
-          "# Redraw: gnuplot timeline.gp (reads timeline.dat)\n"
-          "set terminal pngcairo noenhanced size 1600,%d font 'DejaVu Sans,12'\n"
-          "set output 'timeline.png'\n"
-          "set title %s\n"
-          "set xlabel 'time within the step (ms)'\n"
-          "set xrange [0:%.6g]\n"
-          "set yrange [-0.6:%d.6] reverse\n"
-          "set grid xtics lc rgb '#dddddd'\n"
-          "set lmargin 34\n"
-          "unset key\n"
-          "set style fill solid 1.0 noborder\n"
-          "set ytics (",
-          240 + 60 * (rw->n > 0 ? rw->n : 1), qt, t_end > 0 ? t_end * 1.01 : 1.0, rw->n > 0 ? rw->n - 1 : 0);
-  for (int r = 0; r < rw->n; r++) fprintf(f, "%s'%s' %d", r ? ", " : "", rw->names[r], r);
-  fprintf(f, ")\nplot ");
-  for (int r = 0; r < (rw->n > 0 ? rw->n : 1); r++)
-    fprintf(f, "%s'timeline.dat' using (($1+$2)/2):($3==%d ? $3 : NaN):(($2-$1)/2):(0.35) with boxxyerror lc rgb '%s'",
-            r ? ", \\\n     " : "", r, k_row_colors[r % N_ROW_COLORS]);
-  fprintf(f, "\n");
-  return close_checked(ctx, f, dir, "timeline.gp");
-}
-
-mp_status mp_plot_timeline(mp_ctx *ctx, const char *dir, const char *trace_path,
-                           const char *title) {
-  MP_CHECK(mp_plot_check_gnuplot(ctx));
-  cJSON *root = NULL;
-  const cJSON *evs = NULL;
-  MP_CHECK(read_trace(ctx, trace_path, &root, &evs));
-  timeline_rows rw;
-  timeline_rows_of(evs, &rw);
-  double t_end = 0;
-  mp_status st = timeline_data(ctx, dir, trace_path, evs, &rw, &t_end);
-  cJSON_Delete(root);
-  MP_CHECK(st);
-  MP_CHECK(timeline_script(ctx, dir, title, &rw, t_end));
-  return mp_plot_run_gnuplot(ctx, dir, "timeline.gp");
-}
-
-/* ---- memory over time ----------------------------------------------------------------- */
-
-/* memory_time.dat from the trace's memory counter ("ph": "C", sim/trace.c): per sample the
- * time (ms) and the running sum of the categories in the order of the trace's args, each
- * sample written twice (before and after its step) so the areas rise and fall as steps. */
-static mp_status memory_time_data(mp_ctx *ctx, const char *dir, const cJSON *evs, char names[][32], int *n_cat,
-                                  double *t_end, double *ymax) {
-  mp_status st;
-  FILE *f = open_in(ctx, dir, "memory_time.dat", &st);
-  if (!f) return st;
-  *n_cat = 0;
-  *t_end = 0;
-  *ymax = 0;
-  double prev[16] = {0}, t_prev = 0;
-  int have_prev = 0;
-  const cJSON *ev;
-  cJSON_ArrayForEach(ev, evs) {
-    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(ev, "ph");
-    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(ev, "ts");
-    const cJSON *args = cJSON_GetObjectItemCaseSensitive(ev, "args");
-    if (!cJSON_IsString(ph) || strcmp(ph->valuestring, "C") || !cJSON_IsNumber(ts) || !cJSON_IsObject(args))
-      continue;
-    double cum[16];
-    int k = 0;
-    double sum = 0;
-    const cJSON *a;
-    cJSON_ArrayForEach(a, args) {
-      if (k >= 16 || !cJSON_IsNumber(a)) break;
-      if (*n_cat <= k) {
-        snprintf(names[k], 32, "%s", a->string ? a->string : "?");
-        *n_cat = k + 1;
-      }
-      sum += a->valuedouble;
-      cum[k++] = sum;
-    }
-    const double t = ts->valuedouble / 1000.0;
-    if (have_prev) {
-      fprintf(f, "%.6f", t);
-      for (int c = 0; c < *n_cat; c++) fprintf(f, " %.6g", prev[c]);
-      fprintf(f, "\n");
-    }
-    fprintf(f, "%.6f", t);
-    for (int c = 0; c < *n_cat; c++) fprintf(f, " %.6g", c < k ? cum[c] : sum);
-    fprintf(f, "\n");
-    for (int c = 0; c < *n_cat; c++) prev[c] = c < k ? cum[c] : sum;
-    have_prev = 1;
-    t_prev = t;
-    if (t > *t_end) *t_end = t;
-    if (sum > *ymax) *ymax = sum;
-  }
-  (void)t_prev;
-  if (!have_prev) fprintf(f, "0 0\n");
-  return close_checked(ctx, f, dir, "memory_time.dat");
-}
-
-mp_status mp_plot_memory_time(mp_ctx *ctx, const char *dir, const char *trace_path, double capacity_gib,
-                              double overhead_gib, const char *title) {
-  MP_CHECK(mp_plot_check_gnuplot(ctx));
-  cJSON *root = NULL;
-  const cJSON *evs = NULL;
-  MP_CHECK(read_trace(ctx, trace_path, &root, &evs));
-  char names[16][32];
-  int n_cat = 0;
-  double t_end = 0, ymax = 0;
-  mp_status st = memory_time_data(ctx, dir, evs, names, &n_cat, &t_end, &ymax);
-  cJSON_Delete(root);
-  MP_CHECK(st);
-  FILE *f = open_in(ctx, dir, "memory_time.gp", &st);
-  if (!f) return st;
-  char qt[600];
-  gp_quote(title, qt, sizeof qt);
-  if (capacity_gib > ymax) ymax = capacity_gib;
-  fprintf(f,
-          "# Memory of the chosen plan over its simulated step, categories stacked (from the\n"
-          "# trace's memory counter), against the GPU's usable memory.\n"
-          "# Redraw: gnuplot memory_time.gp (reads memory_time.dat)\n"
-          "set terminal pngcairo noenhanced size 1600,800 font 'DejaVu Sans,12'\n"
-          "set output 'memory_time.png'\n"
-          "set title %s\n"
-          "set xlabel 'time within the step (ms)'\n"
-          "set ylabel 'allocated per GPU (GiB; runtime overhead %.2f GiB not shown)'\n"
-          "set xrange [0:%.6g]\n"
-          "set yrange [0:%.6g]\n"
-          "set grid xtics ytics lc rgb '#dddddd'\n"
-          "set key outside right top\n"
-          "set rmargin 30\n"
-          "set style fill solid 0.85 noborder\n",
-          qt, overhead_gib, t_end > 0 ? t_end * 1.01 : 1.0, ymax * 1.1 + 1e-9);
-  if (capacity_gib > 0)
-    fprintf(f,
-            "set arrow 1 from graph 0, first %.6g to graph 1, first %.6g nohead lw 2 dt 2 lc rgb '#444444'\n"
-            "set label 1 'usable %.1f GiB (less the runtime overhead: %.1f GiB)' at graph 0.01, first %.6g "
-            "offset 0,0.7 textcolor rgb '#444444'\n",
-            capacity_gib, capacity_gib, capacity_gib, capacity_gib - overhead_gib, capacity_gib);
-  fprintf(f, "plot ");
-  for (int c = 0; c < (n_cat > 0 ? n_cat : 1); c++) {
-    if (c == 0)
-      fprintf(f, "'memory_time.dat' using 1:(0):2 with filledcurves lc rgb '%s' title '%s'", k_row_colors[0],
-              n_cat ? names[0] : "none");
-    else
-      fprintf(f, ", \\\n     'memory_time.dat' using 1:%d:%d with filledcurves lc rgb '%s' title '%s'", c + 1,
-              c + 2, k_row_colors[c % N_ROW_COLORS], names[c]);
-  }
-  fprintf(f, "\n");
-  MP_CHECK(close_checked(ctx, f, dir, "memory_time.gp"));
-  return mp_plot_run_gnuplot(ctx, dir, "memory_time.gp");
 }
 
 /* ---- a training run ---------------------------------------------------------------------- */
 
-/* NAME.gp opened with its common lines: a quantity against the step, read from training.dat. */
+/* NAME.gp opened with its common lines: a quantity against the step, read from training.dat,
+ * with a margin around the points (the last step's marker was cut in half by the border)
+ * and a dotted line just before each step where the run resumed from a checkpoint. */
 static FILE *training_script(mp_ctx *ctx, const char *dir, const char *name, const char *what, const char *ylabel,
-                             const char *title, mp_status *st) {
+                             const char *title, const mp_plot_training_marks *marks, mp_status *st) {
   char file[64], qt[600];
   snprintf(file, sizeof file, "%s.gp", name);
-  FILE *f = open_in(ctx, dir, file, st);
+  FILE *f = mp_plot_open(ctx, dir, file, st);
   if (!f) return NULL;
-  gp_quote(title, qt, sizeof qt);
+  mp_plot_quote(title, qt, sizeof qt);
   fprintf(f,
           "# %s against the step. Redraw: gnuplot %s.gp (reads training.dat)\n"
           "set terminal pngcairo noenhanced size 1000,640 font 'DejaVu Sans,11'\n"
@@ -643,44 +424,72 @@ static FILE *training_script(mp_ctx *ctx, const char *dir, const char *name, con
           "set title %s\n"
           "set xlabel 'step'\n"
           "set ylabel '%s'\n"
-          "set grid lc rgb '#dddddd'\n",
+          "set grid lc rgb '#dddddd'\n"
+          "set offsets graph 0.03, graph 0.03, graph 0.06, graph 0.06\n",
           what, name, name, qt, ylabel);
+  for (int64_t k = 0; marks && k < marks->n_resumed; k++)
+    fprintf(f, "set arrow %lld from %.1f, graph 0 to %.1f, graph 1 nohead dt 3 lw 2 lc rgb '#9467bd'\n",
+            (long long)(k + 1), (double)marks->resumed_at[k] - 0.5, (double)marks->resumed_at[k] - 0.5);
   return f;
 }
 
-mp_status mp_plot_training(mp_ctx *ctx, const char *dir, const mp_plot_step *steps, int64_t n, const char *title) {
-  MP_CHECK(mp_plot_check_gnuplot(ctx));
+/* The key's entry for the resume marks (", NaN ... title"), "" without any. */
+static void resume_key(FILE *f, const mp_plot_training_marks *marks) {
+  if (!marks || marks->n_resumed == 0) return;
+  fprintf(f, ", \\\n     NaN with lines dt 3 lw 2 lc rgb '#9467bd' title 'resumed from a checkpoint (step %lld",
+          (long long)marks->resumed_at[0]);
+  for (int64_t k = 1; k < marks->n_resumed && k < 8; k++) fprintf(f, ", %lld", (long long)marks->resumed_at[k]);
+  fprintf(f, "%s)'", marks->n_resumed > 8 ? ", ..." : "");
+}
+
+/* training.dat: block 0 every step (step, loss, tokens/s), block 1 the steps with a
+ * validation loss (step, eval loss); *n_eval how many. */
+static mp_status training_dat(mp_ctx *ctx, const char *dir, const mp_plot_step *steps, int64_t n, int64_t *n_eval) {
   mp_status st;
-  FILE *f = open_in(ctx, dir, "training.dat", &st);
+  FILE *f = mp_plot_open(ctx, dir, "training.dat", &st);
   if (!f) return st;
-  /* block 0: every step; block 1: the steps with a validation loss */
   fprintf(f, "# measured steps: step, training loss, tokens/s\n");
-  int64_t n_eval = 0;
+  *n_eval = 0;
   for (int64_t i = 0; i < n; i++) {
     fprintf(f, "%lld %.9g %.6g\n", (long long)steps[i].step, steps[i].loss, steps[i].tokens_per_s);
-    n_eval += steps[i].has_eval;
+    *n_eval += steps[i].has_eval;
   }
   fprintf(f, "\n\n# steps with a validation loss: step, eval loss\n");
   for (int64_t i = 0; i < n; i++)
     if (steps[i].has_eval) fprintf(f, "%lld %.9g\n", (long long)steps[i].step, steps[i].eval_loss);
-  if (n_eval == 0) fprintf(f, "NaN NaN\n");
-  MP_CHECK(close_checked(ctx, f, dir, "training.dat"));
-  f = training_script(ctx, dir, "loss", "Training and validation loss", "loss (nats per token)", title, &st);
+  if (*n_eval == 0) fprintf(f, "NaN NaN\n");
+  return mp_plot_close(ctx, f, dir, "training.dat");
+}
+
+mp_status mp_plot_training(mp_ctx *ctx, const char *dir, const mp_plot_step *steps, int64_t n,
+                           const mp_plot_training_marks *marks, const char *title) {
+  MP_CHECK(mp_plot_check_gnuplot(ctx));
+  mp_status st;
+  int64_t n_eval = 0;
+  MP_CHECK(training_dat(ctx, dir, steps, n, &n_eval));
+  FILE *f = training_script(ctx, dir, "loss", "Training and validation loss", "loss (nats per token)", title, marks,
+                            &st);
   if (!f) return st;
-  fprintf(f, "set key top right box opaque\n"
+  fprintf(f, "set key outside top center horizontal\n"
              "plot 'training.dat' index 0 using 1:2 with lines lw 2 lc rgb '#1f77b4' title 'training loss'");
   if (n_eval > 0)
     fprintf(f, ", \\\n     'training.dat' index 1 using 1:2 with linespoints pt 7 ps 1 lw 2 lc rgb '#d62728' "
                "title 'validation loss'");
+  resume_key(f, marks);
   fprintf(f, "\n");
-  MP_CHECK(close_checked(ctx, f, dir, "loss.gp"));
+  MP_CHECK(mp_plot_close(ctx, f, dir, "loss.gp"));
   MP_CHECK(mp_plot_run_gnuplot(ctx, dir, "loss.gp"));
-  f = training_script(ctx, dir, "throughput", "Tokens per second", "tokens per second (all ranks)", title, &st);
+  f = training_script(ctx, dir, "throughput", "Tokens per second", "tokens per second (all ranks)", title, marks, &st);
   if (!f) return st;
   fprintf(f, "set yrange [0:*]\n"
-             "set key bottom right box opaque\n"
+             "set key outside top center horizontal\n"
              "plot 'training.dat' index 0 using 1:3 with linespoints pt 7 ps 0.6 lw 2 lc rgb '#2ca02c' "
-             "title 'measured tokens/s'\n");
-  MP_CHECK(close_checked(ctx, f, dir, "throughput.gp"));
+             "title 'measured tokens/s'");
+  if (marks && marks->predicted_tokens_per_s > 0)
+    fprintf(f, ", \\\n     %.9g with lines dt 2 lw 2 lc rgb '#444444' title 'predicted %.0f tokens/s'",
+            marks->predicted_tokens_per_s, marks->predicted_tokens_per_s);
+  resume_key(f, marks);
+  fprintf(f, "\n");
+  MP_CHECK(mp_plot_close(ctx, f, dir, "throughput.gp"));
   return mp_plot_run_gnuplot(ctx, dir, "throughput.gp");
 }

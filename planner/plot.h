@@ -4,7 +4,8 @@
  * user edits the style) and NAME.png (pngcairo), drawn by running gnuplot as a subprocess
  * in DIR. gnuplot's messages go to NAME.log.
  *
- *   candidates  every evaluated candidate: predicted step time vs peak memory per GPU,
+ *   candidates  the simulated candidates (those over memory an even sample of at most
+ *               1,000): predicted step time vs peak memory per GPU,
  *               feasible and over-memory in different marks, the memory capacity as a
  *               vertical line, the chosen plan marked and labelled
  *   memory      stacked bars of the memory breakdown at the peak of the top plans
@@ -12,8 +13,9 @@
  *               by phase, read back from a Chrome trace JSON (sim's mp_sim_trace_write)
  *   loss, throughput
  *               a training run's measured steps: training loss and validation loss
- *               against the step (loss.png), tokens per second against the step
- *               (throughput.png) */
+ *               against the step (loss.png), tokens per second against the step with the
+ *               predicted tokens per second as a line (throughput.png), where the run
+ *               resumed from a checkpoint marked on both */
 #ifndef MP_PLANNER_PLOT_H
 #define MP_PLANNER_PLOT_H
 
@@ -51,13 +53,23 @@ typedef struct mp_plot_step {
   int has_eval;
   double eval_loss;
 } mp_plot_step;
-/* loss.{dat,gp,png} and throughput.{dat,gp,png} of n steps (n >= 1). */
+/* What a training run's plots draw beside its steps: the predicted tokens/s of its plan over
+ * all ranks (0: none), drawn as a line on throughput.png, and the steps where the run resumed
+ * from a checkpoint (each drawn as a mark on both plots just before the step). */
+typedef struct mp_plot_training_marks {
+  double predicted_tokens_per_s;
+  const int64_t *resumed_at;
+  int64_t n_resumed;
+} mp_plot_training_marks;
+/* loss.{dat,gp,png} and throughput.{dat,gp,png} of n steps (n >= 1); marks may be NULL. The
+ * axes leave a margin around the points, so the last marker is drawn whole. */
 /* memory_time.png (+ .dat, .gp): the memory of a simulated step over time from a Chrome
  * trace's memory counter (mp_sim_trace_write), categories stacked, with the usable
  * capacity (GiB) as a line; overhead_gib (the runtime's, not in the counter) is named. */
 mp_status mp_plot_memory_time(mp_ctx *ctx, const char *dir, const char *trace_path, double capacity_gib,
                               double overhead_gib, const char *title);
-mp_status mp_plot_training(mp_ctx *ctx, const char *dir, const mp_plot_step *steps, int64_t n, const char *title);
+mp_status mp_plot_training(mp_ctx *ctx, const char *dir, const mp_plot_step *steps, int64_t n,
+                           const mp_plot_training_marks *marks, const char *title);
 
 #ifdef __cplusplus
 }

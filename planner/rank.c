@@ -15,8 +15,10 @@ mp_status mp_objective_parse(mp_ctx *ctx, const char *str, mp_objective *out) {
   if (strcmp(str, "time") == 0) *out = MP_OBJECTIVE_TIME;
   else if (strcmp(str, "memory") == 0) *out = MP_OBJECTIVE_MEMORY;
   else if (strcmp(str, "tokens-per-dollar") == 0) *out = MP_OBJECTIVE_TOKENS_PER_DOLLAR;
+  else if (strcmp(str, "days") == 0) *out = MP_OBJECTIVE_DAYS;
+  else if (strcmp(str, "cost") == 0) *out = MP_OBJECTIVE_COST;
   else
-    return mp_error(ctx, MP_ERR_USAGE, "--objective %s: use time, memory or tokens-per-dollar", str);
+    return mp_error(ctx, MP_ERR_USAGE, "--objective %s: use time, memory, tokens-per-dollar, days or cost", str);
   return MP_OK;
 }
 
@@ -25,6 +27,8 @@ const char *mp_objective_name(mp_objective o) {
     case MP_OBJECTIVE_TIME: return "time";
     case MP_OBJECTIVE_MEMORY: return "memory";
     case MP_OBJECTIVE_TOKENS_PER_DOLLAR: return "tokens-per-dollar";
+    case MP_OBJECTIVE_DAYS: return "days";
+    case MP_OBJECTIVE_COST: return "cost";
   }
   return "?";
 }
@@ -34,9 +38,14 @@ double mp_tokens_per_dollar(const mp_candidate *c, double price_per_gpu_hour) {
   return c->res.tokens_per_s_per_gpu * 3600.0 / price_per_gpu_hour;
 }
 
-/* Lower is better: time per sequence, or the inverse of tokens per dollar. */
+int mp_objective_needs_price(mp_objective o) {
+  return o == MP_OBJECTIVE_TOKENS_PER_DOLLAR || o == MP_OBJECTIVE_COST;
+}
+
+/* Lower is better: time per sequence (days to train a number of tokens on the search's
+ * GPUs are proportional to it), or the inverse of tokens per dollar (so is the cost). */
 static double rank_cost(const mp_candidate *c, mp_objective obj, double price) {
-  if (obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR) {
+  if (mp_objective_needs_price(obj)) {
     const double t = mp_tokens_per_dollar(c, price);
     return t > 0 ? 1.0 / t : 1e300;
   }
@@ -153,10 +162,10 @@ mp_status mp_search_rank(mp_ctx *ctx, const mp_search *s, mp_objective obj,
                          double price_per_gpu_hour, int64_t **order, int64_t *n_order) {
   *order = NULL;
   *n_order = 0;
-  if (obj == MP_OBJECTIVE_TOKENS_PER_DOLLAR && !(price_per_gpu_hour > 0))
+  if (mp_objective_needs_price(obj) && !(price_per_gpu_hour > 0))
     return mp_error(ctx, MP_ERR_USAGE,
-                    "--objective tokens-per-dollar needs a price: pass --price USD_PER_GPU_HOUR "
-                    "or use a cluster with price_per_gpu_hour");
+                    "--objective %s needs a price: pass --price USD_PER_GPU_HOUR "
+                    "or use a cluster with price_per_gpu_hour", mp_objective_name(obj));
   int64_t n = 0;
   for (int64_t i = 0; i < s->n; i++)
     if (s->cands[i].evaluated && s->cands[i].reject == MP_REJECT_NONE) n++;

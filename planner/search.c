@@ -33,6 +33,7 @@ void mp_candidate_ac_str(const mp_candidate *c, char *buf, size_t cap) {
  * (mp_runtime_check) on the options the candidate's plan would have and the passes it would
  * apply (FSDP where dp_shard > 1, Float8 where float8 is on); no plan is built. */
 static int executable(const mp_search_config *cfg, const mp_candidate *c) {
+  if (!mp_gpu_runtime_drives(&cfg->cluster->gpu)) return 0; /* a GPU without CUDA */
   mp_plan_options o;
   mp_plan_options_init(&o);
   o.seq = cfg->seq;
@@ -58,19 +59,15 @@ static unsigned ac_mask_of(const mp_search_config *cfg) {
                       : (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_CORE) | (1u << MP_AC_FULL);
 }
 
-#define MP_REJECT_NAME_(e, name, words, remedy) name,
-#define MP_REJECT_WORDS_(e, name, words, remedy) words,
-#define MP_REJECT_REMEDY_(e, name, words, remedy) remedy,
+#define MP_REJECT_NAME_(e, name, words) name,
+#define MP_REJECT_WORDS_(e, name, words) words,
 static const char *const k_reject_name[MP_REJECT_COUNT] = {MP_REJECTS(MP_REJECT_NAME_)};
 static const char *const k_reject_words[MP_REJECT_COUNT] = {MP_REJECTS(MP_REJECT_WORDS_)};
-static const char *const k_reject_remedy[MP_REJECT_COUNT] = {MP_REJECTS(MP_REJECT_REMEDY_)};
 #undef MP_REJECT_NAME_
 #undef MP_REJECT_WORDS_
-#undef MP_REJECT_REMEDY_
 
 const char *mp_reject_name(mp_reject r) { return (unsigned)r < MP_REJECT_COUNT ? k_reject_name[r] : "?"; }
 const char *mp_reject_words(mp_reject r) { return (unsigned)r < MP_REJECT_COUNT ? k_reject_words[r] : "?"; }
-const char *mp_reject_remedy(mp_reject r) { return (unsigned)r < MP_REJECT_COUNT ? k_reject_remedy[r] : NULL; }
 
 const mp_reject mp_search_rule_order[] = {
     MP_REJECT_PP_LAYERS, MP_REJECT_MOE_PP, MP_REJECT_TP_HEADS, MP_REJECT_TP_KV_HEADS,
@@ -843,7 +840,7 @@ void mp_search_reject_counts(const mp_search *s, int64_t by[MP_REJECT_COUNT]) {
     if (s->cands[i].reject < MP_REJECT_COUNT) by[s->cands[i].reject]++;
 }
 
-static int fix_matches(const mp_search_fix *f, const mp_candidate *c) {
+int mp_search_fix_matches(const mp_search_fix *f, const mp_candidate *c) {
   const mp_mesh *m = &c->mesh;
   return (f->pp < 0 || f->pp == m->size[MP_DIM_PP]) &&
          (f->dp_replicate < 0 || f->dp_replicate == m->size[MP_DIM_DP_REPLICATE]) &&
@@ -858,6 +855,6 @@ static int fix_matches(const mp_search_fix *f, const mp_candidate *c) {
 
 int64_t mp_search_find(const mp_search *s, const mp_search_fix *fix) {
   for (int64_t i = 0; i < s->n; i++)
-    if (fix_matches(fix, &s->cands[i])) return i;
+    if (mp_search_fix_matches(fix, &s->cands[i])) return i;
   return -1;
 }

@@ -74,69 +74,55 @@ extern "C" {
 #endif
 
 /* Why a candidate was not ranked (the first failing rule is kept): one row per reason,
- *   X(ENUM, name, words, remedy)
+ *   X(ENUM, name, words)
  * ENUM the mp_reject value MP_REJECT_<ENUM>; name its short stable name (the database's
- * plans.reject_rule, --json's "rule"); words what `plan` prints in its counts and --why;
- * remedy what to change when the reason rejected the most candidates and nothing fits (NULL:
- * nothing to suggest). The model x mesh rules are exec/rules.h's predicates. */
+ * plans.reject_rule and rejections.rule, --json's "rule"); words what `plan` prints in its
+ * counts and --why. What to change when nothing fits is not a rule's to say: it is searched
+ * (planner/advise.h). The model x mesh rules are exec/rules.h's predicates. */
 /* clang-format off */
 #define MP_REJECTS(X)                                                                       \
-  X(NONE, "", "ranked", NULL)                                                               \
-  /* pp x chunks over the layers (mp_rule_pp_chunks_ok) */                                \
-  X(PP_LAYERS, "pp_layers", "pp over the layers",                                          \
-    "a smaller pp (drop pp or pp_virtual from --fix)")                                      \
-  X(MOE_PP, "moe_pp", "MoE with pipeline parallelism",                                      \
-    "a smaller pp (drop pp or pp_virtual from --fix)")                                      \
+  X(NONE, "", "ranked")                                                                     \
+  /* pp x chunks over the layers (mp_rule_pp_chunks_ok) */                                  \
+  X(PP_LAYERS, "pp_layers", "pp over the layers")                                           \
+  X(MOE_PP, "moe_pp", "MoE with pipeline parallelism")                                      \
   /* tp does not divide a size the TP pass shards (mp_rule_tp_dim) */                       \
-  X(TP_HEADS, "tp_heads", "tp does not divide the attention heads",                         \
-    "a tp that divides the model's heads and widths (drop tp from --fix)")                   \
-  X(TP_KV_HEADS, "tp_kv_heads", "tp does not divide the key/value heads",                   \
-    "a tp that divides the model's heads and widths (drop tp from --fix)")                   \
-  X(TP_D_FF, "tp_d_ff", "tp does not divide the MLP width",                                 \
-    "a tp that divides the model's heads and widths (drop tp from --fix)")                   \
-  X(TP_D_MODEL, "tp_d_model", "tp does not divide the model width",                         \
-    "a tp that divides the model's heads and widths (drop tp from --fix)")                   \
-  X(TP_CROSS_NODE, "tp_cross_node", "tp larger than a node (--allow-cross-node-tp to allow)", \
-    "--allow-cross-node-tp, or more GPUs per node")                                         \
-  X(EP_EXPERTS, "ep_experts", "ep does not divide the experts",                             \
-    "an ep that divides the experts")                                                       \
+  X(TP_HEADS, "tp_heads", "tp does not divide the attention heads")                         \
+  X(TP_KV_HEADS, "tp_kv_heads", "tp does not divide the key/value heads")                   \
+  X(TP_D_FF, "tp_d_ff", "tp does not divide the MLP width")                                 \
+  X(TP_D_MODEL, "tp_d_model", "tp does not divide the model width")                         \
+  X(TP_CROSS_NODE, "tp_cross_node",                                                         \
+    "tp larger than a node (--allow-cross-node-tp to allow)")                               \
+  X(EP_EXPERTS, "ep_experts", "ep does not divide the experts")                             \
   /* ring attention's 2 cp chunks (mp_rule_cp_ring_ok), each at least one flash tile */     \
-  X(CP_SEQ, "cp_seq", "cp does not cut seq into 2 cp chunks of 128+ tokens",                \
-    "a --seq that cp and tp divide, or drop cp/sp from --fix")                              \
+  X(CP_SEQ, "cp_seq", "cp does not cut seq into 2 cp chunks of 128+ tokens")                \
   X(BATCH, "batch",                                                                         \
-    "the global batch does not divide over dp x micro-batch (or dp is over the batch rule's)", \
-    "a --global-batch that the data-parallel sizes divide (or the default batch rule)")      \
-  X(FP8_GPU, "fp8_gpu", "float8 on a GPU without float8", "--fp8 off")                      \
-  X(FP8_DIMS, "fp8_dims", "float8 with no Linear whose GEMM dims are multiples of 16",      \
-    "--fp8 off")                                                                            \
-  X(RESHARD_NOOP, "reshard_noop", "reshard_after_forward changes nothing (duplicate)", NULL) \
-  X(MEMORY_BOUND, "memory_bound", "resident parameters and optimizer state alone over capacity", \
-    "more GPUs, --headroom 0, a smaller --seq, or activation checkpointing (--fix ac=full)") \
-  X(MEMORY, "memory", "simulated peak memory over capacity",                                \
-    "more GPUs, --headroom 0, a smaller --seq, or activation checkpointing (--fix ac=full)") \
-  X(EVAL_ERROR, "eval_error", "the simulator refused the plan",                             \
-    "the reasons in the database (meshplan report)")                                        \
+    "the global batch does not divide over dp x micro-batch (or dp is over the batch rule's)") \
+  X(FP8_GPU, "fp8_gpu", "float8 on a GPU without float8")                                   \
+  X(FP8_DIMS, "fp8_dims",                                                                   \
+    "float8 with no Linear whose GEMM dims are multiples of 16")                            \
+  X(RESHARD_NOOP, "reshard_noop", "reshard_after_forward changes nothing (duplicate)")      \
+  X(MEMORY_BOUND, "memory_bound",                                                           \
+    "resident parameters and optimizer state alone over capacity")                          \
+  X(MEMORY, "memory", "simulated peak memory over capacity")                                \
+  X(EVAL_ERROR, "eval_error", "the simulator refused the plan")                             \
   /* interleaving: chunks over the layers, micro-batches in groups of pp */                 \
   X(PP_VIRTUAL, "pp_virtual",                                                               \
-    "interleaved pipeline chunks empty or micro-batches not a multiple of pp",              \
-    "a smaller pp (drop pp or pp_virtual from --fix)")                                      \
-  X(SP_SEQ, "sp_seq", "sequence parallelism: tp does not divide seq / cp",                  \
-    "a --seq that cp and tp divide, or drop cp/sp from --fix")                              \
-  /* an AC policy recomputing a subset of this one's ops fits with every other option the  \
+    "interleaved pipeline chunks empty or micro-batches not a multiple of pp")              \
+  X(SP_SEQ, "sp_seq", "sequence parallelism: tp does not divide seq / cp")                  \
+  /* an AC policy recomputing a subset of this one's ops fits with every other option the   \
      same: never slower (time objectives), so not simulated */                              \
-  X(DOMINATED, "dominated", "an AC policy with less recompute fits (never slower)", NULL)   \
+  X(DOMINATED, "dominated", "an AC policy with less recompute fits (never slower)")         \
   /* half this micro-batch, every other option the same, is over capacity: not simulated */ \
-  X(MEMORY_MB, "memory_mb", "half the micro-batch is already over capacity",                \
-    "more GPUs, --headroom 0, a smaller --seq, or activation checkpointing (--fix ac=full)") \
+  X(MEMORY_MB, "memory_mb", "half the micro-batch is already over capacity")                \
   /* full AC, every other option the same, is over capacity: not simulated */               \
-  X(MEMORY_AC, "memory_ac", "full AC is already over capacity",                             \
-    "more GPUs, --headroom 0, a smaller --seq, or activation checkpointing (--fix ac=full)") \
+  X(MEMORY_AC, "memory_ac", "full AC is already over capacity")                             \
   /* dp_shard > 1 on a stack without FSDP: the same mesh on dp_replicate is searched */     \
-  X(NO_FSDP, "no_fsdp", "dp_shard on a stack without FSDP (dp_replicate searched instead)", NULL)
+  X(NO_FSDP, "no_fsdp",                                                                     \
+    "dp_shard on a stack without FSDP (dp_replicate searched instead)")
 /* clang-format on */
 
 typedef enum mp_reject {
-#define MP_REJECT_ENUM_(e, name, words, remedy) MP_REJECT_##e,
+#define MP_REJECT_ENUM_(e, name, words) MP_REJECT_##e,
   MP_REJECTS(MP_REJECT_ENUM_)
 #undef MP_REJECT_ENUM_
   MP_REJECT_COUNT
@@ -146,8 +132,6 @@ typedef enum mp_reject {
 const char *mp_reject_name(mp_reject r);
 /* The rule in words, as `plan` prints its counts. */
 const char *mp_reject_words(mp_reject r);
-/* What to change when the rule rejected the most candidates; NULL when nothing helps. */
-const char *mp_reject_remedy(mp_reject r);
 /* The rules in the order the search applies them (the mesh's, the options', the
  * siblings', then the simulation's): every rule but NONE and NO_FSDP (a mesh searched under
  * another name). What --why walks. */
@@ -280,6 +264,8 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
 
 /* The counts of candidates by reject reason, by[0] the ranked ones. */
 void mp_search_reject_counts(const mp_search *s, int64_t by[MP_REJECT_COUNT]);
+/* Whether c's mesh and options match `fix` on every field it sets. */
+int mp_search_fix_matches(const mp_search_fix *fix, const mp_candidate *c);
 /* The index of the candidate whose mesh and options match `fix` on every field it sets
  * (the first in enumeration order when several do), or -1. */
 int64_t mp_search_find(const mp_search *s, const mp_search_fix *fix);
@@ -315,10 +301,19 @@ int64_t mp_candidate_simplicity(const mp_candidate *c);
 typedef enum mp_objective {
   MP_OBJECTIVE_TIME = 0,      /* lowest step time per sequence; ties: the simpler plan */
   MP_OBJECTIVE_MEMORY,        /* lowest peak memory; ties: lower step time */
-  MP_OBJECTIVE_TOKENS_PER_DOLLAR /* most tokens per dollar (needs a price) */
+  MP_OBJECTIVE_TOKENS_PER_DOLLAR, /* most tokens per dollar (needs a price) */
+  /* Fewest days to train a number of tokens (planner/report.h): on one search's GPUs the
+   * order of time (days are the tokens over the throughput, which is the batch over the step
+   * time); across GPU counts (plan's sweep) the fastest count. */
+  MP_OBJECTIVE_DAYS,
+  /* Least cost to train them (needs a price): on one search's GPUs the order of
+   * tokens-per-dollar; across GPU counts the cheapest count. */
+  MP_OBJECTIVE_COST
 } mp_objective;
 mp_status mp_objective_parse(mp_ctx *ctx, const char *s, mp_objective *out);
 const char *mp_objective_name(mp_objective o);
+/* tokens-per-dollar and cost: ranked with a price per GPU-hour. */
+int mp_objective_needs_price(mp_objective o);
 
 /* Tokens trained per dollar: tokens/s/GPU x 3600 / price per GPU-hour. */
 double mp_tokens_per_dollar(const mp_candidate *c, double price_per_gpu_hour);

@@ -188,6 +188,38 @@ mp_status mp_store_set_rank(mp_ctx *ctx, mp_store *st, int64_t plan_id, int64_t 
   return step_reset(ctx, st, st->set_rank, "writing a rank");
 }
 
+mp_status mp_store_set_logged(mp_ctx *ctx, mp_store *st, int64_t run_id, int ranked_only) {
+  if (!st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "no run is open on %s", mp_store_path(st));
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(conn(st), "UPDATE runs SET logged=? WHERE id=?", -1, &q, NULL);
+  if (rc == SQLITE_OK) {
+    sqlite3_bind_text(q, 1, ranked_only ? "ranked" : "all", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(q, 2, run_id);
+    rc = sqlite3_step(q);
+    if (rc == SQLITE_DONE) rc = SQLITE_OK;
+  }
+  sqlite3_finalize(q);
+  return rc == SQLITE_OK ? MP_OK : mp_db_err(ctx, st->db, rc, "recording what the run logged");
+}
+
+mp_status mp_store_add_rejections(mp_ctx *ctx, mp_store *st, int64_t run_id, const int64_t by[MP_REJECT_COUNT]) {
+  if (!st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "no run is open on %s", mp_store_path(st));
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(conn(st), "INSERT INTO rejections (run_id, rule, count) VALUES (?,?,?)", -1, &q,
+                              NULL);
+  for (int r = 1; rc == SQLITE_OK && r < MP_REJECT_COUNT; r++) {
+    if (by[r] == 0) continue;
+    sqlite3_bind_int64(q, 1, run_id);
+    sqlite3_bind_text(q, 2, mp_reject_name((mp_reject)r), -1, SQLITE_STATIC);
+    sqlite3_bind_int64(q, 3, by[r]);
+    rc = sqlite3_step(q);
+    sqlite3_reset(q);
+    if (rc == SQLITE_DONE) rc = SQLITE_OK;
+  }
+  sqlite3_finalize(q);
+  return rc == SQLITE_OK ? MP_OK : mp_db_err(ctx, st->db, rc, "writing the rejection counts");
+}
+
 mp_status mp_store_run_commit(mp_ctx *ctx, mp_store *st, int64_t run_id,
                               const mp_run_summary *sum) {
   if (!st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "no run is open on %s", mp_store_path(st));
@@ -295,7 +327,7 @@ static void col_text(sqlite3_stmt *q, int i, char *out, size_t cap) {
   "r.id, r.created_at, r.model, r.cluster, r.gpu, r.objective, r.tool_version, r.n_gpus,"     \
   " r.seq, r.global_batch, coalesce(r.n_candidates,0), coalesce(r.n_pruned,0),"              \
   " coalesce(r.n_evaluated,0), coalesce(r.n_feasible,0), coalesce(r.best_plan_id,0),"        \
-  " coalesce(r.wall_s,0), coalesce(p.step_time_s,0), r.train_status"                         \
+  " coalesce(r.wall_s,0), coalesce(p.step_time_s,0), r.train_status, coalesce(r.logged,'all')" \
   " FROM runs r LEFT JOIN predictions p ON p.plan_id = r.best_plan_id"
 
 static void read_run(sqlite3_stmt *q, mp_run_row *r) {
@@ -321,6 +353,7 @@ static void read_run(sqlite3_stmt *q, mp_run_row *r) {
   const unsigned char *ts = sqlite3_column_text(q, 17);
   const char *s = ts ? (const char *)ts : "complete";
   snprintf(r->status, sizeof r->status, "%s", strcmp(s, "running") == 0 ? "incomplete" : s);
+  col_text(q, 18, r->logged, sizeof r->logged);
 }
 
 mp_status mp_store_list_runs(mp_ctx *ctx, mp_store *st, mp_arena *a, mp_run_row **rows,
@@ -530,5 +563,85 @@ mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena
   sqlite3_finalize(q);
   if (rc != SQLITE_DONE && rc != SQLITE_OK) return mp_db_err(ctx, st->db, rc, "reading measurements");
   *n = i;
+  return MP_OK;
+}
+
+/* The rule of a stored name (mp_reject_name), or -1 for one this build does not know. */
+static int reject_code(const char *name) {
+  for (int r = 1; r < MP_REJECT_COUNT; r++)
+    if (strcmp(name, mp_reject_name((mp_reject)r)) == 0) return r;
+  return -1;
+}
+
+/* Adds sql's (rule, count) rows, run_id bound to its one parameter, into by. */
+static int add_counts(mp_store *st, const char *sql, int64_t run_id, int64_t by[MP_REJECT_COUNT], int64_t *rows) {
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(conn(st), sql, -1, &q, NULL);
+  if (rc == SQLITE_OK) sqlite3_bind_int64(q, 1, run_id);
+  while (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+    const unsigned char *t = sqlite3_column_text(q, 0);
+    const int r = t ? reject_code((const char *)t) : -1;
+    if (r > 0) by[r] += sqlite3_column_int64(q, 1);
+    (*rows)++;
+    rc = SQLITE_OK;
+  }
+  sqlite3_finalize(q);
+  return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+mp_status mp_store_run_rejections(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t by[MP_REJECT_COUNT]) {
+  mp_run_row run;
+  MP_CHECK(mp_store_get_run(ctx, st, run_id, &run));
+  memset(by, 0, sizeof(int64_t) * MP_REJECT_COUNT);
+  int64_t rows = 0;
+  int rc = add_counts(st, "SELECT rule, count FROM rejections WHERE run_id=?", run_id, by, &rows);
+  /* a run written before version 6 counted in its plans rows */
+  if (rc == SQLITE_OK && rows == 0)
+    rc = add_counts(st, "SELECT reject_rule, count(*) FROM plans WHERE run_id=? AND reject_rule IS NOT NULL"
+                    " GROUP BY reject_rule", run_id, by, &rows);
+  if (rc != SQLITE_OK) return mp_db_err(ctx, st->db, rc, "reading the rejection counts");
+  by[MP_REJECT_NONE] = run.n_feasible;
+  return MP_OK;
+}
+
+/* The run's predicted tokens/s per GPU (its measured plan's prediction; 0 when none). */
+static int run_prediction(mp_store *st, int64_t run_id, double *pred) {
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(conn(st),
+                              "SELECT pr.tokens_per_s_per_gpu FROM predictions pr WHERE pr.plan_id ="
+                              " (SELECT plan_id FROM measurements WHERE run_id=? ORDER BY id LIMIT 1)",
+                              -1, &q, NULL);
+  *pred = 0;
+  if (rc == SQLITE_OK) sqlite3_bind_int64(q, 1, run_id);
+  if (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) *pred = sqlite3_column_double(q, 0);
+  sqlite3_finalize(q);
+  return rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+mp_status mp_store_run_marks(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, double *pred,
+                             int64_t **resumed, int64_t *n_resumed) {
+  char sql[128];
+  int64_t count = 0;
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM measurements WHERE run_id=%lld", (long long)run_id);
+  MP_CHECK(mp_store_query_i64(ctx, st, sql, &count));
+  *resumed = mp_arena_alloc(a, (size_t)(count > 0 ? count : 1) * sizeof **resumed);
+  MP_CHECK_ALLOC(ctx, *resumed);
+  *n_resumed = 0;
+  int rc = run_prediction(st, run_id, pred);
+  sqlite3_stmt *q = NULL;
+  if (rc == SQLITE_OK)
+    rc = sqlite3_prepare_v2(conn(st), "SELECT plan_id, step FROM measurements WHERE run_id=? ORDER BY id", -1, &q,
+                            NULL);
+  if (rc == SQLITE_OK) sqlite3_bind_int64(q, 1, run_id);
+  int64_t prev_plan = -1, prev_step = 0;
+  while (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+    rc = SQLITE_OK;
+    const int64_t plan = sqlite3_column_int64(q, 0), step = sqlite3_column_int64(q, 1);
+    if (plan == prev_plan && step <= prev_step && *n_resumed < count) (*resumed)[(*n_resumed)++] = step;
+    prev_plan = plan;
+    prev_step = step;
+  }
+  sqlite3_finalize(q);
+  if (rc != SQLITE_DONE && rc != SQLITE_OK) return mp_db_err(ctx, st->db, rc, "reading measurements");
   return MP_OK;
 }

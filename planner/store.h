@@ -1,14 +1,16 @@
 /* The planner's SQLite store: every run, every candidate with its reason, every
  * prediction, and the executor's measurements, in one database file (default meshplan.db).
  *
- * Tables (schema version 5, created and altered by the migrations of store/db.c;
+ * Tables (schema version 6, created and altered by the migrations of store/db.c;
  * `schema_version` holds the version, and opening a file of a lower version migrates it in
  * order inside one transaction; the plans(run_id, rank)
  * index is partial, WHERE rank IS NOT NULL: only ranked plans are looked up by rank, so a
  * run's hundreds of thousands of unranked rows pay no index insert):
  *   runs          what was asked (model, cluster, GPUs, seq, batch, objective, options as
  *                 JSON, command line), when, tool version, and the run's counts
- *   plans         one row per candidate: every mesh dim, ep, ac, fp8, micro_batch,
+ *   plans         one row per candidate logged (the ranked ones: `plan`'s default; every
+ *                 one: `plan --log-all`, train's runs, runs before version 6): every mesh
+ *                 dim, ep, ac, fp8, micro_batch,
  *                 reshard, evaluated, feasible, rank (objective order, NULL when not
  *                 ranked), reject_rule (mp_reject_name) and reject_reason (the sentence)
  *   predictions   one row per evaluated candidate (plan_id = plans.id): step time,
@@ -16,6 +18,7 @@
  *                 compute / exposed communication / bubble / optimizer seconds
  *   measurements  filled by the executor (mp_store_add_measurement): per plan and step,
  *                 with the step's learning rate, gradient norm and eval loss (version 3)
+ *   rejections    per run and rule (mp_reject_name) the candidates it rejected (version 6)
  * Version 3 adds runs.train_status: NULL for a planner run (complete once committed: a run
  * is one transaction); for a run that `meshplan train --db` measures, 'running' from its
  * start, then 'complete' or 'diverged' (a NaN or Inf loss or gradient norm stopped it) or
@@ -25,7 +28,13 @@
  * included). Version 5 adds plans.global_batch: the plan's own sequences per step, the
  * batch rule's target (runs.global_batch) rounded to a multiple of its data-parallel size
  * (planner/batch.h), which plans.micro_batch divides into micro-batches per rank; NULL on
- * rows written before version 5.
+ * rows written before version 5. Version 6 adds the rejections table and runs.logged: 'ranked'
+ * (`plan`'s default, mp_planner_request.ranked_only: the ranked plans' rows, every candidate counted
+ * in rejections and the runs row) or 'all' (`plan --log-all`, and train's small searches:
+ * every candidate's row with its reason); NULL on the runs written before, which logged every
+ * candidate (their counts are read from their plans rows). A 405B search on 16,384 GPUs
+ * enumerates 178,590 candidates and ranks about 3,000: logging them all made a database of
+ * 30 MB per run.
  *
  * The file itself (opening, the identity check and its refusals, the migrations that
  * create these tables, WAL, the busy timeout and the write lock) is store/db.h's;
@@ -86,6 +95,12 @@ mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
 mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t index,
                                  mp_candidate *c, const char *reason);
 mp_status mp_store_set_rank(mp_ctx *ctx, mp_store *st, int64_t plan_id, int64_t rank);
+/* Records in the open run which candidates it logged: ranked_only 1 "ranked", 0 "all" (a run
+ * that never says reads as "all"). */
+mp_status mp_store_set_logged(mp_ctx *ctx, mp_store *st, int64_t run_id, int ranked_only);
+/* The run's rejection counts by rule (by[r] candidates rejected by rule r; the rules with a
+ * count of 0, and by[MP_REJECT_NONE], are not written). In the open run. */
+mp_status mp_store_add_rejections(mp_ctx *ctx, mp_store *st, int64_t run_id, const int64_t by[MP_REJECT_COUNT]);
 /* Updates the runs row with the summary and commits. */
 mp_status mp_store_run_commit(mp_ctx *ctx, mp_store *st, int64_t run_id,
                               const mp_run_summary *sum);
@@ -127,6 +142,7 @@ typedef struct mp_run_row {
   double wall_s;
   double best_step_time_s; /* 0 when no feasible plan */
   char status[16];         /* complete, diverged, incomplete (killed or still running), failed */
+  char logged[8];          /* the candidates with a plans row: "ranked" or "all" (before v6) */
 } mp_run_row;
 
 typedef struct mp_plan_row {
@@ -166,6 +182,20 @@ typedef struct mp_step_row {
  * (a resumed training run repeats the steps after its checkpoint) is its last record. */
 mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_step_row **rows,
                              int64_t *n);
+
+/* A run's rejection counts by rule into by (by[MP_REJECT_NONE]: its ranked plans): from the
+ * rejections table, or for a run written before version 6 from its plans rows. A rule name
+ * this build does not know is not counted. MP_ERR_NOT_FOUND when the run does not exist. */
+mp_status mp_store_run_rejections(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t by[MP_REJECT_COUNT]);
+
+/* What a training run's curves are drawn against: the predicted tokens/s per GPU of the plan
+ * it measured (*pred, 0 without a prediction), and the steps where it resumed from a
+ * checkpoint (into an arena array *resumed, *n_resumed): a resumed run measures again the
+ * steps after its checkpoint, so a step recorded after a later one (by the order of the
+ * records) is where one resumed. A resume that redoes no step (killed right after its
+ * checkpoint) leaves no trace in the records and is not found. */
+mp_status mp_store_run_marks(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, double *pred,
+                             int64_t **resumed, int64_t *n_resumed);
 
 /* The integer result of a one-value query ("SELECT count(*) FROM plans WHERE run_id=2");
  * for tests and counts. */

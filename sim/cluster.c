@@ -8,18 +8,28 @@
 #include "common/validate.h"
 #include "data/load.h"
 
-/* Other names the GPU profiles go by: the datasheet's memory, form factor and power limit
- * spelled out, as published measurements name the part (shared/validation writes
- * a100-80gb-sxm and h100-96gb-500w). Each maps to the profile of the same part; names and
- * aliases match ignoring case and the separators - _ . and space (data/embedded.h). */
+/* Other names the GPU profiles go by: the names people rent them by (h100, a100, ...:
+ * the part's most common form, the SXM board with its largest memory) and the datasheet's
+ * memory, form factor and power limit spelled out, as published measurements name the part
+ * (shared/validation writes a100-80gb-sxm and h100-96gb-500w). Each maps to the profile of
+ * the same part; names and aliases match ignoring case and the separators - _ . and space
+ * (data/embedded.h). */
 static const char *const k_gpu_alias[][2] = {
+    {"h100", "h100-sxm"},                {"h100-80gb", "h100-sxm"},
     {"h100-80gb-sxm", "h100-sxm"},       {"h100-sxm-80gb", "h100-sxm"},
     {"h100-sxm5", "h100-sxm"},           {"h100-80gb-sxm-700w", "h100-sxm"},
     {"h100-sxm-700w", "h100-sxm"},       {"h100-94gb-500w", "h100-96gb-500w"},
     {"h100-95gb-500w", "h100-96gb-500w"}, {"h100-96gb-sxm-500w", "h100-96gb-500w"},
+    {"h100-pcie-80gb", "h100-pcie"},     {"h100-80gb-pcie", "h100-pcie"},
+    {"h100-nvl-94gb", "h100-nvl"},       {"h100-94gb-nvl", "h100-nvl"},
+    {"a100", "a100-80gb-sxm"},           {"a100-80gb", "a100-80gb-sxm"},
     {"a100-sxm-80gb", "a100-80gb-sxm"},  {"a100-sxm4-80gb", "a100-80gb-sxm"},
-    {"h200-141gb-sxm", "h200"},          {"h200-sxm", "h200"},
+    {"a100-40gb", "a100-40gb-sxm"},      {"a100-sxm-40gb", "a100-40gb-sxm"},
+    {"a100-sxm4-40gb", "a100-40gb-sxm"}, {"h200-141gb-sxm", "h200"},
+    {"h200-sxm", "h200"},                {"h200-141gb", "h200"},
     {"b200-180gb-sxm", "b200"},          {"b200-sxm", "b200"},
+    {"l40s-48gb", "l40s"},               {"mi300x-192gb", "mi300x"},
+    {"instinct-mi300x", "mi300x"},
 };
 
 /* "kernel_eff" (cluster.h, mp_kernel_eff): optional as a whole, a profile without it
@@ -45,9 +55,23 @@ static mp_status kernel_eff_from_json(mp_ctx *ctx, const cJSON *j, const char *o
   return MP_OK;
 }
 
+/* "api": cuda, rocm or cpu; absent: MP_GPU_API_AUTO (cluster.h). */
+static mp_status api_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, mp_gpu *g) {
+  char api[16] = "";
+  MP_CHECK(mp_json_get_str(ctx, j, origin, "api", 0, api, sizeof api));
+  if (api[0] == '\0') g->api = MP_GPU_API_AUTO;
+  else if (strcmp(api, "cuda") == 0) g->api = MP_GPU_API_CUDA;
+  else if (strcmp(api, "rocm") == 0) g->api = MP_GPU_API_ROCM;
+  else if (strcmp(api, "cpu") == 0) g->api = MP_GPU_API_CPU;
+  else
+    return mp_error(ctx, MP_ERR_INVALID, "%s: api = '%s'; accepted cuda, rocm or cpu", origin, api);
+  return MP_OK;
+}
+
 static mp_status gpu_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, mp_gpu *g) {
   memset(g, 0, sizeof *g);
   MP_CHECK(mp_json_get_str(ctx, j, origin, "name", 1, g->name, sizeof g->name));
+  MP_CHECK(api_from_json(ctx, j, origin, g));
   const cJSON *pk = cJSON_GetObjectItemCaseSensitive(j, "peak_tflops");
   if (!cJSON_IsObject(pk))
     return mp_error(ctx, MP_ERR_INVALID, "%s: missing required object 'peak_tflops'", origin);
@@ -110,6 +134,9 @@ mp_status mp_gpu_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin) {
                         MP_RANGE_OPEN_HI));
   MP_CHECK(mp_check_i64(ctx, origin, "compute_capability", g->compute_capability, 0,
                         MP_LIM_COMPUTE_CAPABILITY));
+  /* CUDA's compute capability is what the runtime's kernels and float8 are chosen by */
+  if (g->api == MP_GPU_API_CUDA && g->compute_capability == 0)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: api cuda needs its compute_capability (90 for sm_90)", origin);
   return kernel_eff_validate(ctx, g, origin);
 }
 
@@ -168,7 +195,8 @@ static mp_status load_with(mp_ctx *ctx, const mp_data_kind *kind, const char *na
 }
 
 static const mp_data_kind k_gpus = {"gpus", "GPU", "known",
-                                    ", or a datasheet name such as h100-80gb-sxm", k_gpu_alias,
+                                    ", or a common or datasheet name such as h100, a100 or h100-80gb-sxm",
+                                    k_gpu_alias,
                                     sizeof k_gpu_alias / sizeof k_gpu_alias[0]};
 static const mp_data_kind k_clusters = {"clusters", "cluster", "known", "", NULL, 0};
 
@@ -253,10 +281,35 @@ mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int64_t n_gpus, int64_t 
 
 int mp_cluster_n_gpus(const mp_cluster *c) { return c->gpus_per_node * c->n_nodes; }
 
-int mp_gpu_is_cpu(const mp_gpu *g) { return g->compute_capability == 0; }
+mp_gpu_api mp_gpu_api_of(const mp_gpu *g) {
+  if (g->api != MP_GPU_API_AUTO) return g->api;
+  return g->compute_capability > 0 ? MP_GPU_API_CUDA : MP_GPU_API_CPU;
+}
+
+const char *mp_gpu_api_name(mp_gpu_api a) {
+  switch (a) {
+    case MP_GPU_API_CUDA: return "cuda";
+    case MP_GPU_API_ROCM: return "rocm";
+    case MP_GPU_API_CPU: return "cpu";
+    default: return "auto";
+  }
+}
+
+int mp_gpu_is_cpu(const mp_gpu *g) { return mp_gpu_api_of(g) == MP_GPU_API_CPU; }
+
+int mp_gpu_runtime_drives(const mp_gpu *g) { return mp_gpu_api_of(g) != MP_GPU_API_ROCM; }
+
+mp_status mp_gpu_check_cuda(mp_ctx *ctx, const mp_gpu *g, const char *runtime) {
+  const mp_gpu_api a = mp_gpu_api_of(g);
+  if (a == MP_GPU_API_CUDA) return MP_OK;
+  return mp_error(ctx, MP_ERR_USAGE,
+                  "GPU %s has no CUDA (%s): %s cannot drive it; it is planned and simulated only (under "
+                  "a torchtitan or Megatron stack)", g->name, mp_gpu_api_name(a), runtime);
+}
 
 int mp_gpu_has_float8(const mp_gpu *g) {
-  return g->peak_tflops[MP_DTYPE_FP8_E4M3] > 0 && (g->compute_capability >= 89 || mp_gpu_is_cpu(g));
+  return g->peak_tflops[MP_DTYPE_FP8_E4M3] > 0 &&
+         (g->compute_capability >= 89 || mp_gpu_api_of(g) == MP_GPU_API_ROCM || mp_gpu_is_cpu(g));
 }
 
 double mp_cluster_inter_GBps(const mp_cluster *c) { return c->inter_node_Gbitps_per_gpu / 8.0; }

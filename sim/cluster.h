@@ -25,14 +25,27 @@ typedef struct mp_kernel_eff {
   double flash_attention; /* FlashAttention-2 forward + backward, causal, of the bf16 peak */
 } mp_kernel_eff;
 
+/* What a GPU is programmed through, which decides whether meshplan's runtime can drive it
+ * (CUDA for --device cuda, the CPU runtime for the CPU profile). A GPU without CUDA (AMD's,
+ * ROCm) is planned and simulated only. The JSON's "api"; absent: CUDA with a compute
+ * capability, the CPU without one (MP_GPU_API_AUTO, which structs built by hand get too). */
+typedef enum mp_gpu_api {
+  MP_GPU_API_AUTO = 0,
+  MP_GPU_API_CUDA,
+  MP_GPU_API_ROCM,
+  MP_GPU_API_CPU
+} mp_gpu_api;
+
 typedef struct mp_gpu {
   char name[64];
+  mp_gpu_api api;
   double peak_tflops[MP_DTYPE_COUNT]; /* dense; float8 dtypes share the fp8 figure */
   double mem_gib;
   double hbm_GBps;
   double nvlink_GBps_per_dir;
   double runtime_overhead_gib; /* CUDA context, NCCL buffers, allocator reserve */
-  int compute_capability;      /* 90 for sm_90; 0 for the CPU profile */
+  int compute_capability;      /* CUDA's, 90 for sm_90; 0 for the CPU profile and a GPU
+                                  without CUDA */
   char source[256];
   mp_kernel_eff kernel_eff;    /* all 0: the profile states none (JSON "kernel_eff" absent) */
 } mp_gpu;
@@ -75,10 +88,22 @@ mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int64_t n_gpus, int64_t 
 mp_status mp_gpu_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin);
 mp_status mp_cluster_validate(mp_ctx *ctx, const mp_cluster *c, const char *origin);
 int mp_cluster_n_gpus(const mp_cluster *c);
-/* The CPU profile (compute_capability 0): meshplan's CPU runtime, not a CUDA device. */
+/* g's api with MP_GPU_API_AUTO resolved (CUDA with a compute capability, else the CPU). */
+mp_gpu_api mp_gpu_api_of(const mp_gpu *g);
+/* "cuda", "rocm" or "cpu". */
+const char *mp_gpu_api_name(mp_gpu_api a);
+/* The CPU profile: meshplan's CPU runtime, not a GPU. */
 int mp_gpu_is_cpu(const mp_gpu *g);
-/* Float8 GEMMs are available: an fp8 peak and compute capability >= 8.9, or the CPU
- * profile, where the CPU runtime emulates float8 exactly (at its fp32 rate). */
+/* Whether meshplan's runtime can drive g: a CUDA GPU (--device cuda) or the CPU profile. */
+int mp_gpu_runtime_drives(const mp_gpu *g);
+/* MP_OK when the runtime `runtime` (the meshplan-cuda stack's, "meshplan's CUDA runtime")
+ * can run on g, i.e. g has CUDA; else MP_ERR_USAGE naming g and its api: "GPU mi300x has no
+ * CUDA (rocm): meshplan's CUDA runtime cannot drive it; it is planned and simulated only
+ * (under a torchtitan or Megatron stack)". */
+mp_status mp_gpu_check_cuda(mp_ctx *ctx, const mp_gpu *g, const char *runtime);
+/* Float8 GEMMs are available: an fp8 peak and compute capability >= 8.9, a ROCm GPU with an
+ * fp8 peak (torchao's float8 runs there in its fnuz formats), or the CPU profile, where the
+ * CPU runtime emulates float8 exactly (at its fp32 rate). */
 int mp_gpu_has_float8(const mp_gpu *g);
 /* Inter-node bandwidth in GB/s per GPU. */
 double mp_cluster_inter_GBps(const mp_cluster *c);

@@ -79,6 +79,13 @@ static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
     /* 4 -> 5: each plan's own global batch, the batch rule's target rounded to its data-
      * parallel size (NULL on the rows of runs written before: not recorded then) */
     "ALTER TABLE plans ADD COLUMN global_batch INTEGER;",
+    /* 5 -> 6: a run's rejection counts by rule, and which of its candidates it logged
+     * (NULL on the runs written before: every candidate) */
+    "CREATE TABLE rejections ("
+    "  run_id INTEGER NOT NULL REFERENCES runs(id),"
+    "  rule TEXT NOT NULL, count INTEGER NOT NULL,"
+    "  PRIMARY KEY (run_id, rule));"
+    "ALTER TABLE runs ADD COLUMN logged TEXT;",
 };
 
 static mp_status corrupt(mp_ctx *ctx, const mp_db *db) {

@@ -296,6 +296,32 @@ row 2 "--min-lr 'nan': expected a number in [0, 10000]" train --model tiny-dense
 row 2 "--decay-frac '2': expected a number in [0, 1]" train --model tiny-dense --decay-frac 2
 row 2 "--seed '-1': expected an integer in 0..9223372036854775807" train --model tiny-dense --seed -1
 
+# ---- the planner a user tries: usage mistakes exit 2 naming the rule; nothing fitting exits 1
+row 2 "ep=3 does not divide the 8 experts of mixtral-8x7b (each EP rank holds the same number of whole experts); choose ep in {1, 2, 4, 8}" plan --no-db --model mixtral-8x7b --ep 3
+row 2 "ep=2: llama3.1-8b is dense (no routed experts), so expert parallelism would partition nothing; drop --ep (ep=1)" plan --no-db --ep 2
+row 2 "ep=2: tiny-dense is dense (no routed experts)" plan --no-db --model tiny-dense --mesh dp_shard=4,ep=2 --gpus 4
+row 2 "--micro-batch 1024 is larger than --global-batch 8" plan --no-db --micro-batch 1024 --global-batch 8
+row 2 "the fixed mesh dims multiply to 3, which does not divide the 8 GPUs" plan --no-db --fix tp=3
+row 2 "--log-all logs every candidate to the database; drop --no-db" plan --no-db --log-all
+row 1 "no plan fits llama3.1-70b on 1 x h100-sxm; the smallest change that fits, searched: --gpus 16" plan --no-db --model llama3.1-70b --gpus 1
+row 1 "no plan fits llama3.1-70b on 16 x h100-sxm; the smallest change that fits, searched: --ac full" plan --no-db --model llama3.1-70b --gpus 16 --ac none
+row 2 "unknown GPU 'h100x'; known: a100-40gb-sxm, a100-80gb-sxm, b200, cpu, h100-96gb-500w, h100-nvl, h100-pcie, h100-sxm, h200, l40s, mi300x" plan --no-db --gpus 8 --gpu h100x
+row 2 "GPU mi300x has no CUDA (rocm): meshplan's CUDA runtime (stack meshplan-cuda) cannot drive it" simulate --gpus 8 --gpu mi300x --stack meshplan-cuda
+row 2 "GPU mi300x has no CUDA (rocm)" plan --no-db --gpus 8 --gpu mi300x --stack meshplan-cuda
+
+# time and cost to train, and the sweep of cluster sizes
+row 2 "--tokens '15X': expected a count in (0, 1e+18], a number with an optional suffix K, M, B or T" plan --no-db --tokens 15X
+row 2 "--tokens '1e19': expected a count in (0, 1e+18]" plan --no-db --tokens 1e19
+row 2 "--objective days needs --tokens T" plan --no-db --objective days
+row 2 "--objective cost needs a price: cluster 8xh100-sxm has no price_per_gpu_hour" plan --no-db --gpus 8 --objective cost --tokens 1T
+row 2 "--price and --price-per-gpu-hour are the same; give one" plan --no-db --price 2 --price-per-gpu-hour 3
+row 2 "--objective fastest: use time, memory, tokens-per-dollar, days or cost" plan --no-db --objective fastest
+row 2 "--gpus '8..4': expected N, A..B (the powers of two from A to B) or A..B:S (steps of S)" plan --gpus 8..4
+row 2 "--gpus '1..1000:1': 1000 sizes, more than 64; a larger step" plan --gpus 1..1000:1
+row 2 "--why is for one search: give --gpus N, not the sweep 8..16" plan --gpus 8..16 --why tp=1
+row 2 "--gpus 8..16 sweeps GPUs of --gpu TYPE; give it or --cluster, not both" plan --gpus 8..16 --cluster h100-8
+row 1 "no plan fits llama3.1-70b on any size of the sweep 1..4" plan --model llama3.1-70b --gpus 1..4
+
 # The foreign database was never written, nor switched to WAL.
 rows=$((rows + 1))
 if [ "$(cksum <"$d/foreign.db")" != "$foreign_sum" ] || [ -e "$d/foreign.db-wal" ]; then

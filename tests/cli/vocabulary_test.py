@@ -38,7 +38,8 @@ SHARED = {
     "--model": ("llama3.1-8b", ["plan", "simulate", "explain", "train"], False),
     "--hf-config": (HF, ["plan", "simulate", "explain", "train"], True),
     "--cluster": ("h100-8", ["plan", "simulate"], True),
-    "--gpus": ("8", ["plan", "simulate"], True),
+    # plan's --gpus also takes a sweep, A..B, which its help line says
+    "--gpus": ("8", ["plan", "simulate"], False),
     "--gpu": ("h100-sxm", ["plan", "simulate", "train", "calibrate"], False),
     "--gpus-per-node": ("8", ["plan", "simulate"], True),
     "--inter-gbps": ("400", ["plan", "simulate"], True),

@@ -102,3 +102,37 @@ TEST(Evaluate, CachedPlansGiveTheUncachedPredictions) {
   RunAndCompare("llama3.1-8b", "h100-sxm", 16, 8, 4096, 64);  // pp, cp, tp, dp mixes
   RunAndCompare("tiny-moe", "h100-sxm", 8, 8, 512, 32);       // ep > 1
 }
+
+// A GPU without CUDA (the MI300X, ROCm) is searched under the torchtitan stack, its plans
+// said not to run; meshplan's CUDA runtime's stack (what train --device cuda plans with) is
+// refused on it by name.
+namespace {
+TEST(Evaluate, AGpuWithoutCudaIsPlannedNotRun) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  ASSERT_EQ(mp_model_load(&ctx, "tiny-dense", &m), MP_OK) << mp_errmsg(&ctx);
+  mp_cluster c;
+  ASSERT_EQ(mp_cluster_make(&ctx, "mi300x", 2, 2, &c), MP_OK) << mp_errmsg(&ctx);
+  mp_sim_evaluator ev;
+  EXPECT_EQ(mp_sim_evaluator_init(&ctx, &ev, &m, &c, 32, 4, 0.05, "meshplan-cuda"), MP_ERR_USAGE);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("GPU mi300x has no CUDA (rocm): meshplan's CUDA runtime"),
+            std::string::npos)
+      << mp_errmsg(&ctx);
+  mp_sim_evaluator_free(&ev);
+  ASSERT_EQ(mp_sim_evaluator_init(&ctx, &ev, &m, &c, 32, 4, 0.05, nullptr), MP_OK) << mp_errmsg(&ctx);
+  mp_candidate cand;
+  memset(&cand, 0, sizeof cand);
+  mp_mesh_init(&cand.mesh);
+  cand.mesh.size[MP_DIM_DP_SHARD] = 2;
+  cand.micro_batch = 1;
+  cand.global_batch = 4;
+  cand.pp_virtual = 1;
+  int runs = 1;
+  char why[256];
+  ASSERT_EQ(mp_sim_evaluator_runs(&ctx, &ev, &cand, &runs, why, sizeof why), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(runs, 0);
+  EXPECT_STREQ(why, "GPU mi300x has no CUDA (rocm): meshplan's runtime drives CUDA GPUs and CPUs");
+  mp_sim_evaluator_free(&ev);
+}
+}  // namespace

@@ -23,6 +23,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include "planner/search.h"
 
 static const int64_t kGiB = 1024LL * 1024 * 1024;
@@ -111,5 +113,34 @@ static inline mp_cluster fake_cluster(int n_nodes, int gpus_per_node, int cc = 9
   c.price_per_gpu_hour = 2.0;
   return c;
 }
+
+/* A search of the fake dense model on one node of 8 fake GPUs at seq 4096 and a global
+ * batch of 32, run on 2 threads and ranked by time (order[0..n_order)). */
+struct FakeRankedSearch {
+  mp_model model = fake_dense_model();
+  mp_cluster cluster = fake_cluster(1, 8);
+  mp_search_config cfg;
+  FakeEval fe;
+  mp_search *s = nullptr;
+  int64_t *order = nullptr, n_order = 0;
+  mp_ctx ctx;
+  FakeRankedSearch() {
+    mp_ctx_init(&ctx);
+    mp_search_config_init(&cfg);
+    cfg.model = &model;
+    cfg.cluster = &cluster;
+    cfg.seq = 4096;
+    cfg.global_batch = 32;
+    cfg.eval = fake_eval;
+    cfg.eval_user = &fe;
+    cfg.n_threads = 2;
+    EXPECT_EQ(mp_search_enumerate(&ctx, &cfg, &s), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(mp_search_run(&ctx, &cfg, s, nullptr, nullptr, nullptr, nullptr), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(mp_search_rank(&ctx, s, MP_OBJECTIVE_TIME, 0, &order, &n_order), MP_OK) << mp_errmsg(&ctx);
+  }
+  ~FakeRankedSearch() { mp_search_destroy(s); }
+  FakeRankedSearch(const FakeRankedSearch &) = delete;
+  FakeRankedSearch &operator=(const FakeRankedSearch &) = delete;
+};
 
 #endif

@@ -48,6 +48,8 @@ struct PlannerRun {
     req.info.options_json = "{}";
     req.info.command = "test";
     req.info.tool_version = "test";
+    // ranked_only 0: every candidate's row, as plan --log-all and train write them; plan's
+    // default is DefaultLogsTheRankedPlansAndTheCountsByRule's
   }
 };
 
@@ -417,6 +419,7 @@ TEST(StoreIdentity, OlderAndUnstampedDatabasesMigrate) {
           " ALTER TABLE measurements DROP COLUMN grad_norm; ALTER TABLE plans DROP COLUMN sp;"
           " ALTER TABLE plans DROP COLUMN pp_virtual; ALTER TABLE plans DROP COLUMN global_batch;"
           " DROP INDEX plans_run_rank; CREATE INDEX plans_run_rank ON plans(run_id, rank);"
+          " DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged;"
           " UPDATE schema_version SET version=1; PRAGMA user_version=0; PRAGMA application_id=0");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -472,19 +475,19 @@ TEST(Store, EachPlanStoresItsOwnGlobalBatch) {
   mp_store_close(st);
 }
 
-// A version-4 database (plans without global_batch) with a run in it migrates to version 5:
-// its rows keep NULL (not recorded then), a new run records every plan's batch.
+// A version-4 database (plans without global_batch) with a run in it migrates to the current
+// version: its rows keep NULL (not recorded then), a new run records every plan's batch.
 TEST(StoreIdentity, Version4MigratesAndKeepsItsRuns) {
   std::string path = made_db("v4.db", 1);
   exec_on(path,
-          "ALTER TABLE plans DROP COLUMN global_batch; UPDATE schema_version SET version=4;"
-          " PRAGMA user_version=4");
+          "ALTER TABLE plans DROP COLUMN global_batch; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged;"
+          " UPDATE schema_version SET version=4; PRAGMA user_version=4");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_store *st = nullptr;
   ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
-  EXPECT_EQ(q(st, "SELECT version FROM schema_version"), 5);
-  EXPECT_EQ(q(st, "PRAGMA user_version"), 5);
+  EXPECT_EQ(q(st, "SELECT version FROM schema_version"), MP_STORE_SCHEMA_VERSION);
+  EXPECT_EQ(q(st, "PRAGMA user_version"), MP_STORE_SCHEMA_VERSION);
   const int64_t old_rows = q(st, "SELECT count(*) FROM plans");
   EXPECT_GT(old_rows, 0);
   EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE global_batch IS NULL"), old_rows);
@@ -553,6 +556,117 @@ TEST(Store, WriteLockIsFreeDuringTheSearch) {
   mp_store *st = nullptr;
   ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK);
   EXPECT_EQ(q(st, "SELECT count(*) FROM runs WHERE n_candidates IS NOT NULL"), 1);
+  mp_store_close(st);
+}
+
+// plan's default (ranked_only) logs the ranked plans alone, every one with its prediction and rank, and
+// its rejection counts by rule: on 8 GPUs with batch 32 the fake model enumerates the
+// candidates of the search (s->n) and ranks s->n_feasible of them; the rows of the table
+// rejections add up with the ranked plans to every candidate, rule by rule the search's
+// counts. runs.logged says which; a --log-all run says 'all'.
+TEST(Store, DefaultLogsTheRankedPlansAndTheCountsByRule) {
+  std::string path = FreshDbPath("ranked.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  PlannerRun r(1, 8, 32);
+  r.req.ranked_only = 1;
+  mp_planner_result res;
+  ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK) << mp_errmsg(&ctx);
+  const mp_search *s = res.search;
+  const std::string run = std::to_string(res.run_id);
+  ASSERT_GT(s->n_feasible, 0);
+  ASSERT_GT(s->n, s->n_feasible);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE run_id=" + run), s->n_feasible);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE run_id=" + run + " AND rank IS NULL"), 0);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM predictions p JOIN plans pl ON pl.id = p.plan_id WHERE pl.run_id=" + run),
+            s->n_feasible);
+  EXPECT_EQ(q(st, "SELECT idx FROM plans WHERE rank=1 AND run_id=" + run), res.order[0]);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM runs WHERE logged='ranked' AND id=" + run), 1);
+  int64_t want[MP_REJECT_COUNT], got[MP_REJECT_COUNT];
+  mp_search_reject_counts(s, want);
+  EXPECT_EQ(q(st, "SELECT sum(count) FROM rejections WHERE run_id=" + run) + s->n_feasible, s->n);
+  ASSERT_EQ(mp_store_run_rejections(&ctx, st, res.run_id, got), MP_OK) << mp_errmsg(&ctx);
+  for (int k = 0; k < MP_REJECT_COUNT; k++) EXPECT_EQ(got[k], want[k]) << mp_reject_name((mp_reject)k);
+  EXPECT_EQ(want[MP_REJECT_RESHARD_NOOP] > 0, true);
+  mp_planner_result_free(&res);
+  // a --log-all run says so, and counts the same
+  r.req.ranked_only = 0;
+  ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM runs WHERE logged='all' AND id=" + std::to_string(res.run_id)), 1);
+  ASSERT_EQ(mp_store_run_rejections(&ctx, st, res.run_id, got), MP_OK) << mp_errmsg(&ctx);
+  for (int k = 0; k < MP_REJECT_COUNT; k++) EXPECT_EQ(got[k], want[k]) << mp_reject_name((mp_reject)k);
+  mp_planner_result_free(&res);
+  mp_store_close(st);
+}
+
+// A version-5 database (no rejections table, no runs.logged) whose run logged every
+// candidate migrates: the run reads as logged 'all', its counts by rule come from its plans
+// rows and equal the search's, and its ranked plans read back as before.
+TEST(StoreIdentity, Version5RunsCountFromTheirPlans) {
+  std::string path = made_db("v5.db", 1);  // a run of PlannerRun's: every candidate logged
+  exec_on(path, "DELETE FROM rejections; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged;"
+                " UPDATE schema_version SET version=5; PRAGMA user_version=5");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(q(st, "PRAGMA user_version"), MP_STORE_SCHEMA_VERSION);
+  mp_arena *a = mp_arena_create();
+  mp_run_row *runs = nullptr;
+  int64_t n_runs = 0;
+  ASSERT_EQ(mp_store_list_runs(&ctx, st, a, &runs, &n_runs), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(n_runs, 1);
+  EXPECT_STREQ(runs[0].logged, "all");
+  PlannerRun r(1, 8, 32);
+  mp_search *s = nullptr;
+  ASSERT_EQ(mp_search_enumerate(&ctx, &r.req.search, &s), MP_OK);
+  ASSERT_EQ(mp_search_run(&ctx, &r.req.search, s, nullptr, nullptr, nullptr, nullptr), MP_OK);
+  int64_t want[MP_REJECT_COUNT], got[MP_REJECT_COUNT];
+  mp_search_reject_counts(s, want);
+  ASSERT_EQ(mp_store_run_rejections(&ctx, st, runs[0].id, got), MP_OK) << mp_errmsg(&ctx);
+  for (int k = 0; k < MP_REJECT_COUNT; k++) EXPECT_EQ(got[k], want[k]) << mp_reject_name((mp_reject)k);
+  mp_plan_row *plans = nullptr;
+  int64_t n_plans = 0;
+  ASSERT_EQ(mp_store_top_plans(&ctx, st, runs[0].id, 0, a, &plans, &n_plans), MP_OK);
+  EXPECT_EQ(n_plans, s->n_feasible);
+  EXPECT_EQ(mp_store_run_rejections(&ctx, st, 99, got), MP_ERR_NOT_FOUND);
+  mp_search_destroy(s);
+  mp_arena_destroy(a);
+  mp_store_close(st);
+}
+
+// A training run's marks for its curves: a run killed after measuring steps 1..3 and
+// resumed from its step-1 checkpoint measures 2, 3, 4: it resumed at step 2 (the first
+// step measured again); a second kill and resume from step 3 adds step 4 once more. The
+// prediction is the measured plan's tokens/s per GPU (the fake's 1000 / step time).
+TEST(Store, TrainingMarksFindTheResumesAndThePrediction) {
+  std::string path = FreshDbPath("marks.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK);
+  PlannerRun r(1, 8, 32);
+  mp_planner_result res;
+  ASSERT_EQ(mp_planner_run(&ctx, &r.req, st, &res), MP_OK);
+  const mp_candidate best = res.search->cands[res.order[0]];
+  const int64_t run_id = res.run_id;
+  mp_planner_result_free(&res);
+  for (int64_t step : {1, 2, 3, 2, 3, 4, 4, 5}) {
+    mp_measurement m = {best.plan_id, step, 1.0, kGiB, 3.0, 5000.0, "fake-gpu"};
+    ASSERT_EQ(mp_store_add_measurement(&ctx, st, &m), MP_OK) << mp_errmsg(&ctx);
+  }
+  mp_arena *a = mp_arena_create();
+  double pred = 0;
+  int64_t *resumed = nullptr, n = 0;
+  ASSERT_EQ(mp_store_run_marks(&ctx, st, run_id, a, &pred, &resumed, &n), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(n, 2);
+  EXPECT_EQ(resumed[0], 2);
+  EXPECT_EQ(resumed[1], 4);
+  EXPECT_DOUBLE_EQ(pred, best.res.tokens_per_s_per_gpu);
+  EXPECT_DOUBLE_EQ(pred, 1000.0 / best.res.step_time_s);
+  mp_arena_destroy(a);
   mp_store_close(st);
 }
 

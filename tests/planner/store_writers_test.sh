@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The planner database under load, through the meshplan binary:
-#  1. eight concurrent `meshplan plan --db` writers of the full 405B search on 16,384 GPUs
-#     (every candidate it enumerates logged) on one fresh database all complete, each run
-#     whole;
+#  1. eight concurrent `meshplan plan --db --log-all` writers of the full 405B search on
+#     16,384 GPUs (every candidate it enumerates logged: the heaviest write) on one fresh
+#     database all complete, each run whole;
 #  2. `meshplan plan --db` killed with SIGKILL at random points (during the search, the
 #     write, the commit) leaves a database that passes PRAGMA integrity_check, holds only
 #     whole runs, and takes the next run.
@@ -13,7 +13,7 @@ tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 fail=0
 check() { if ! eval "$2"; then echo "FAIL: $1"; fail=1; fi; }
 sql() { sqlite3 -batch "$1" "$2"; }
-search=(plan --model llama3.1-405b --cluster h100-16k --top 1)
+search=(plan --model llama3.1-405b --cluster h100-16k --top 1 --log-all)
 
 # 1. eight writers at once
 db="$tmp/writers.db"

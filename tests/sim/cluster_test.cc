@@ -24,9 +24,10 @@ TEST(Cluster, DtypeBytesAndNames) {
   EXPECT_STREQ(mp_dtype_name(MP_DTYPE_FP8_E4M3), "fp8_e4m3");
 }
 
-// The names ../shared/validation/ uses, plus the CPU profile.
+// The names ../shared/validation/ uses, the GPUs people rent, plus the CPU profile.
 TEST(Cluster, EveryGpuProfileLoads) {
-  for (const char *name : {"a100-80gb-sxm", "h100-sxm", "h100-96gb-500w", "h200", "b200", "cpu"})
+  for (const char *name : {"a100-80gb-sxm", "a100-40gb-sxm", "h100-sxm", "h100-pcie", "h100-nvl", "h100-96gb-500w",
+                           "h200", "b200", "l40s", "mi300x", "cpu"})
     EXPECT_NE(mp_data_find("gpus", name), nullptr) << name;
   size_t n = 0;
   const mp_data_entry *e = mp_data_entries(&n);
@@ -48,12 +49,71 @@ TEST(Cluster, EveryGpuProfileLoads) {
     EXPECT_GT(strlen(g.source), 0u);  // every hardware figure carries its source
     EXPECT_EQ(g.peak_tflops[MP_DTYPE_FP8_E4M3], g.peak_tflops[MP_DTYPE_FP8_E5M2]);
     if (strcmp(e[i].name, "cpu") != 0) {
-      EXPECT_GE(g.compute_capability, 80);
+      // a CUDA GPU names its compute capability; one without CUDA (ROCm) is no CPU
+      if (mp_gpu_api_of(&g) == MP_GPU_API_CUDA) EXPECT_GE(g.compute_capability, 80);
+      else EXPECT_EQ(mp_gpu_api_of(&g), MP_GPU_API_ROCM);
+      EXPECT_FALSE(mp_gpu_is_cpu(&g));
+      EXPECT_GT(g.kernel_eff.bf16_gemm, 0);  // measured, or borrowed with the reason stated
       // Tensor-core GPUs: bf16 dense peak well above fp32, fp8 at least bf16 where given.
       EXPECT_GT(g.peak_tflops[MP_DTYPE_BF16], g.peak_tflops[MP_DTYPE_FP32]);
     }
   }
-  EXPECT_GE(gpus, 6);
+  EXPECT_GE(gpus, 11);
+}
+
+// The datasheets' dense figures of the GPUs people rent (the sparse ones halved), and what
+// the runtime can drive: NVIDIA A100 40GB SXM (312 bf16, 40 GB HBM2 at 1,555 GB/s, NVLink
+// 600 GB/s both ways), H100 PCIe (1,513 sparse bf16 -> 756.5, 2 TB/s, PCIe Gen5 128 GB/s
+// both ways between the node's cards), H100 NVL (1,671 -> 835.5, 94 GB at 3.9 TB/s), L40S
+// (733 -> 362.05 bf16 (the datasheet's own dense figure), 1,466 -> 733 fp8, 48 GB GDDR6 at
+// 864 GB/s, PCIe Gen4 64 GB/s both ways, sm_89), AMD MI300X (1,307.4 bf16, 2,614.9 fp8,
+// 192 GB HBM3 at 5.3 TB/s, Infinity Fabric 896 GB/s aggregate both ways, no CUDA).
+TEST(Cluster, RentedGpusFromTheirDatasheets) {
+  struct Want {
+    const char *name;
+    double bf16, fp8, mem, hbm, link;
+    int cc;
+    mp_gpu_api api;
+  } want[] = {{"a100-40gb-sxm", 312, 0, 40, 1555, 300, 80, MP_GPU_API_CUDA},
+              {"h100-pcie", 756.5, 1513, 80, 2000, 64, 90, MP_GPU_API_CUDA},
+              {"h100-nvl", 835.5, 1670.5, 94, 3900, 64, 90, MP_GPU_API_CUDA},
+              {"l40s", 362.05, 733, 48, 864, 32, 89, MP_GPU_API_CUDA},
+              {"mi300x", 1307.4, 2614.9, 192, 5300, 448, 0, MP_GPU_API_ROCM}};
+  for (const Want &w : want) {
+    SCOPED_TRACE(w.name);
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_gpu g;
+    ASSERT_EQ(mp_gpu_load(&ctx, w.name, &g), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_DOUBLE_EQ(g.peak_tflops[MP_DTYPE_BF16], w.bf16);
+    EXPECT_DOUBLE_EQ(g.peak_tflops[MP_DTYPE_FP8_E4M3], w.fp8);
+    EXPECT_DOUBLE_EQ(g.mem_gib, w.mem);
+    EXPECT_DOUBLE_EQ(g.hbm_GBps, w.hbm);
+    EXPECT_DOUBLE_EQ(g.nvlink_GBps_per_dir, w.link);
+    EXPECT_EQ(g.compute_capability, w.cc);
+    EXPECT_EQ(mp_gpu_api_of(&g), w.api);
+    EXPECT_EQ(mp_gpu_runtime_drives(&g), w.api == MP_GPU_API_CUDA);
+    EXPECT_EQ(mp_gpu_has_float8(&g), w.fp8 > 0);
+  }
+  // the runtime's CUDA stack is refused on a GPU without CUDA, by name
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_gpu g;
+  ASSERT_EQ(mp_gpu_load(&ctx, "mi300x", &g), MP_OK);
+  EXPECT_EQ(mp_gpu_check_cuda(&ctx, &g, "meshplan's CUDA runtime"), MP_ERR_USAGE);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "GPU mi300x has no CUDA (rocm): meshplan's CUDA runtime cannot drive it"))
+      << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_gpu_load(&ctx, "h100-pcie", &g), MP_OK);
+  EXPECT_EQ(mp_gpu_check_cuda(&ctx, &g, "meshplan's CUDA runtime"), MP_OK);
+  // "api" is cuda, rocm or cpu, and cuda needs its compute capability
+  const char *base = "{\"name\": \"g\", \"peak_tflops\": {\"bf16\": 100, \"fp32\": 10}, \"mem_gib\": 16, "
+                     "\"hbm_GBps\": 100, \"nvlink_GBps_per_dir\": 10, ";
+  EXPECT_EQ(mp_gpu_from_text(&ctx, (std::string(base) + "\"api\": \"metal\"}").c_str(), "g.json", &g),
+            MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "g.json: api = 'metal'; accepted cuda, rocm or cpu")) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_gpu_from_text(&ctx, (std::string(base) + "\"api\": \"cuda\"}").c_str(), "g.json", &g),
+            MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "api cuda needs its compute_capability")) << mp_errmsg(&ctx);
 }
 
 TEST(Cluster, H100FiguresFromTheDatasheet) {
@@ -147,14 +207,24 @@ TEST(Cluster, GpuByItsOtherNames) {
   const char *const want[][2] = {{"H100-SXM", "h100-sxm"},          {"h100-80gb-sxm", "h100-sxm"},
                                  {"H100_80GB_SXM", "h100-sxm"},     {"h100 sxm5", "h100-sxm"},
                                  {"h100-94gb-500w", "h100-96gb-500w"}, {"A100-SXM4-80GB", "a100-80gb-sxm"},
-                                 {"h200-141gb-sxm", "h200"},        {"B200", "b200"}};
+                                 {"h200-141gb-sxm", "h200"},        {"B200", "b200"},
+                                 // the names people rent them by
+                                 {"h100", "h100-sxm"},              {"H100", "h100-sxm"},
+                                 {"a100", "a100-80gb-sxm"},         {"a100-40gb", "a100-40gb-sxm"},
+                                 {"H100 PCIe", "h100-pcie"},        {"h100-nvl", "h100-nvl"},
+                                 {"h200", "h200"},                  {"L40S", "l40s"},
+                                 {"MI300X", "mi300x"}};
   for (const auto &w : want) {
     ASSERT_EQ(mp_gpu_load(&ctx, w[0], &g), MP_OK) << w[0] << ": " << mp_errmsg(&ctx);
     EXPECT_STREQ(g.name, w[1]) << w[0];
   }
-  // a name alike to none stays unknown, and the message names the datasheet form
-  EXPECT_EQ(mp_gpu_load(&ctx, "h100-pcie", &g), MP_ERR_NOT_FOUND);
-  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "or a datasheet name such as h100-80gb-sxm")) << mp_errmsg(&ctx);
+  // a name alike to none stays unknown, and the message lists the profiles and names the
+  // common and datasheet forms
+  EXPECT_EQ(mp_gpu_load(&ctx, "h100-sxm6", &g), MP_ERR_NOT_FOUND);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "known: a100-40gb-sxm, a100-80gb-sxm")) << mp_errmsg(&ctx);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "mi300x")) << mp_errmsg(&ctx);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "or a common or datasheet name such as h100, a100 or h100-80gb-sxm"))
+      << mp_errmsg(&ctx);
 }
 
 TEST(Cluster, UnknownNamesListTheKnownOnes) {
