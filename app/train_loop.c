@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/checked.h"
+#include "common/file.h"
 #include "common/json.h"
 #include "common/limits.h"
 #include "common/timeutil.h"
@@ -399,7 +400,7 @@ static mp_status record(train_job *j, const step_rec *sr) {
     MP_CHECK_ALLOC(j->ctx, line);
     const int bad = fprintf(j->metrics, "%s\n", line) < 0 || fflush(j->metrics) != 0;
     free(line);
-    if (bad) return mp_error(j->ctx, MP_ERR_IO, "--metrics: write failed: %s", strerror(errno));
+    if (bad) return mp_error_write(j->ctx, errno, mp_args_get(j->spec, "--metrics"));
   }
   if (j->store && j->plan_id) {
     mp_measurement me = {j->plan_id,    sr->step,    sr->dt,  sr->r.peak_bytes, sr->r.loss,       sr->tok_s,
@@ -525,7 +526,8 @@ void mp_train_finish(train_job *j, mp_status st) {
   mp_ctx c2;
   mp_ctx_init(&c2);
   const char *status = st == MP_OK ? "complete" : j->diverged ? "diverged" : "failed";
-  if (mp_store_set_train_status(&c2, j->store, j->plan_id, status) != MP_OK)
+  /* a run that failed for want of room fails this write the same way: its line says it */
+  if (mp_store_set_train_status(&c2, j->store, j->plan_id, status) != MP_OK && !(st != MP_OK && c2.last == st))
     fprintf(stderr, "meshplan: warning: the run's status was not recorded: %s\n", mp_errmsg(&c2));
 }
 

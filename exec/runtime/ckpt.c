@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/file.h"
 #include "common/json.h"
 #include "exec/runtime/ckpt_internal.h"
 
@@ -37,7 +38,7 @@ static mp_status write_all(mp_ctx *ctx, int fd, const void *p, size_t n, const c
   while (n > 0) {
     ssize_t w = write(fd, b, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    if (w <= 0) return mp_error_write(ctx, w < 0 ? errno : ENOSPC, path); /* 0 bytes: no room */
     b += w;
     n -= (size_t)w;
   }

@@ -391,9 +391,9 @@ mp_status mp_st_writer_open(mp_ctx *ctx, const char *path, int n, const char *co
   mp_status st = w->f ? MP_OK : mp_error(ctx, MP_ERR_IO, "%s: cannot create: %s", w->tmp, strerror(errno));
   const uint64_t n64 = padded;
   if (st == MP_OK && (fwrite(&n64, 8, 1, w->f) != 1 || fwrite(text, 1, hl, w->f) != hl))
-    st = mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+    st = mp_error_write(ctx, errno, w->tmp);
   for (size_t i = hl; st == MP_OK && i < padded; i++)
-    if (fputc(' ', w->f) == EOF) st = mp_error(ctx, MP_ERR_IO, "%s: write failed", w->tmp);
+    if (fputc(' ', w->f) == EOF) st = mp_error_write(ctx, errno, w->tmp);
   free(text);
   if (st != MP_OK) {
     mp_st_writer_close(ctx, w, 0);
@@ -406,7 +406,7 @@ mp_status mp_st_writer_open(mp_ctx *ctx, const char *path, int n, const char *co
 mp_status mp_st_writer_put(mp_ctx *ctx, mp_st_writer *w, const float *data) {
   if (w->next >= w->n) return mp_error(ctx, MP_ERR_INTERNAL, "safetensors: more tensors than declared");
   const size_t n = (size_t)w->numel[w->next++];
-  if (fwrite(data, 4, n, w->f) != n) return mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+  if (fwrite(data, 4, n, w->f) != n) return mp_error_write(ctx, errno, w->tmp);
   return MP_OK;
 }
 
@@ -417,8 +417,8 @@ mp_status mp_st_writer_close(mp_ctx *ctx, mp_st_writer *w, int commit) {
     st = mp_error(ctx, MP_ERR_INTERNAL, "safetensors: %d of %d tensors written", w->next, w->n);
   if (w->f) {
     if (st == MP_OK && commit && (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0))
-      st = mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
-    if (fclose(w->f) != 0 && st == MP_OK && commit) st = mp_error(ctx, MP_ERR_IO, "%s: close failed", w->tmp);
+      st = mp_error_write(ctx, errno, w->tmp);
+    if (fclose(w->f) != 0 && st == MP_OK && commit) st = mp_error_write(ctx, errno, w->tmp);
   }
   if (st == MP_OK && commit && rename(w->tmp, w->path) != 0)
     st = mp_error(ctx, MP_ERR_IO, "%s: rename failed: %s", w->path, strerror(errno));

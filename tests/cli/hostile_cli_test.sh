@@ -95,13 +95,13 @@ st_file st_overflow.safetensors '{"x":{"dtype":"F32","shape":[4294967296,4294967
 mkdir -p "$d/hf_fifo"; mkfifo "$d/hf_fifo/model.safetensors"
 
 # ---- the check ---------------------------------------------------------------------------
-# row WANT_RC 'WANT_TEXT' ARGS...
+# row WANT_RC 'WANT_TEXT' ARGS...; with ULIMIT_F=K in the environment, under `ulimit -f K`
 row() {
   local want_rc=$1 want=$2
   shift 2
   rows=$((rows + 1))
   local cmd=$1
-  timeout 30 "$bin" "$@" >"$d/out" 2>"$d/err"
+  (if [ -n "${ULIMIT_F:-}" ]; then ulimit -f "$ULIMIT_F"; fi; exec timeout 30 "$bin" "$@") >"$d/out" 2>"$d/err"
   local rc=$? lines prefix
   lines=$(wc -l <"$d/err")
   prefix="meshplan $cmd: "
@@ -265,6 +265,18 @@ row 2 "--warmup '1e3': expected an integer in 0..16777216" train --model tiny-de
 row 2 "--min-lr 'nan': expected a number in [0, 10000]" train --model tiny-dense --min-lr nan
 row 2 "--decay-frac '2': expected a number in [0, 1]" train --model tiny-dense --decay-frac 2
 row 2 "--seed '-1': expected an integer in 0..9223372036854775807" train --model tiny-dense --seed -1
+
+# ---- out of room: a write past the file size limit (ulimit -f, in KiB) is an error naming
+# the file, exit 1 (the input was fine), not a kill by SIGXFSZ (exit 153) ----------------------
+mkdir -p "$d/lim"
+ULIMIT_F=64 row 1 "file size limit exceeded writing $d/lim/ck/.tmp_step_00000002/rank_00000.bin" train --model tiny-dense --steps 2 --quiet --checkpoint-dir "$d/lim/ck"
+ULIMIT_F=1 row 1 "file size limit exceeded writing $d/lim/m.jsonl" train --model tiny-dense --steps 10 --quiet --metrics "$d/lim/m.jsonl"
+ULIMIT_F=700 row 1 "file size limit exceeded writing $d/lim/t.db" train --model tiny-dense --steps 400 --seq 16 --quiet --db "$d/lim/t.db"
+ULIMIT_F=16 row 1 "file size limit exceeded writing $d/lim/p.db" plan --model tiny-dense --db "$d/lim/p.db"
+rows=$((rows + 1))
+if [ -e "$d/lim/p.db" ]; then echo "FAIL: plan --db under ulimit -f left $d/lim/p.db behind"; fails=$((fails + 1)); fi
+# the plot's data file: planner/plot.c reports its write failures as "error writing" (exit 2)
+ULIMIT_F=4 row 2 "error writing $d/lim/pl/candidates.dat" plan --no-db --model tiny-dense --plot "$d/lim/pl"
 
 # The foreign database was never written, nor switched to WAL.
 rows=$((rows + 1))
