@@ -413,6 +413,7 @@ static mp_status read_request(train_job *j) {
   MP_CHECK(init_from_config(j, model_given));
   mp_cmd_launch(&j->launch);
   j->rank = j->launch.rank; /* the launcher's until the comm says (an early refusal is said once) */
+  j->db_created = j->db && j->rank == 0 && access(j->db, F_OK) != 0;
   mp_plan_options_init(&j->po);
   j->po.seq = j->model.max_seq;
   j->po.micro_batch = 4;
@@ -445,6 +446,7 @@ static mp_status plan_auto(train_job *j) {
                           j->profile && rank0, &j->pick));
   j->mesh = j->pick.mesh;
   j->plan_id = j->pick.plan_id;
+  j->plan_recorded = j->plan_id != 0;
   return MP_OK;
 }
 
@@ -511,6 +513,7 @@ static mp_status plan_given(train_job *j) {
   MP_CHECK(plan_for_train(ctx, &j->model, world, &j->dev, po, &fix, 0, rank0 ? j->db : NULL, record,
                           j->profile && rank0, &j->pick));
   if (record) j->plan_id = j->pick.plan_id;
+  j->plan_recorded = record && j->plan_id;
   return MP_OK;
 }
 
@@ -768,6 +771,7 @@ static int run_train(mp_ctx *ctx, const mp_cmd_call *call) {
     code = rank == 0 || st != MP_ERR_UNSUPPORTED ? mp_cmd_fail(ctx, st) : mp_status_exit_code(st);
   }
   release(j);
+  mp_train_remove_unused_db(j, st);
   free(j);
   return code;
 }

@@ -1,10 +1,12 @@
-/* meshplan train's run state, shared by its two files:
- *   cmd_train.c   the options, the device, the plan (given or the planner's), the
- *                 runtime, the start and summary lines, --profile
- *   train_loop.c  what a run reads and writes around the steps: the data (training and
- *                 validation), --init-from and --resume, checkpoints, the LR schedule,
- *                 the steps with eval, metrics (JSONL and the database), divergence,
- *                 the OpenMP threads of a rank */
+/* meshplan train's run state, shared by its files:
+ *   cmd_train.c    the options, the device, the plan (given or the planner's), the
+ *                  runtime, the start and summary lines, --profile
+ *   train_loop.c   what a run reads and writes around the steps: the data (training and
+ *                  validation), --init-from and --resume, checkpoints, the LR schedule,
+ *                  the steps with eval, divergence, the OpenMP threads of a rank
+ *   train_record.c what it records: --metrics, the database's steps and run status, and
+ *                  the removal of the empty files of a run that failed before its first
+ *                  record */
 #ifndef MP_APP_TRAIN_JOB_H
 #define MP_APP_TRAIN_JOB_H
 
@@ -89,6 +91,10 @@ typedef struct train_job {
   long long ckpt_every, ckpt_keep;
   char last_ckpt[MP_CKPT_PATH_MAX]; /* the newest good checkpoint ("" none) */
   FILE *metrics;        /* --metrics, rank 0 */
+  int metrics_created;  /* this run created the --metrics file */
+  int db_created;       /* the --db file did not exist when the run started (rank 0) */
+  int plan_recorded;    /* this process recorded the database's run of plan_id (rank 0) */
+  long long n_recorded; /* steps recorded (--metrics, --db) by this process */
   double flops_per_token, peak_flops; /* MFU: model FLOPs per token, the device's peak */
   int diverged;         /* a NaN or Inf loss or gradient norm stopped the run */
   long long diverged_step;
@@ -106,6 +112,14 @@ typedef struct train_job {
   double total_s, tokens_all; /* steps 2.. */
 } train_job;
 
+/* One step's record: --metrics (rank 0, one JSON line) and the database. */
+typedef struct step_rec {
+  long long step;
+  mp_step_result r;
+  double lr, dt, tok_s, eval;
+  int has_eval;
+} step_rec;
+
 /* train_loop.c */
 /* The database plan a --resume'd checkpoint recorded its steps under, when it was saved on
  * this run's mesh and the plan is in --db: the resumed run records into the same run
@@ -122,9 +136,21 @@ mp_status mp_train_load_data(train_job *j);
 mp_status mp_train_restore(train_job *j);
 /* The steps from start_step + 1 to steps, with eval, checkpoints, metrics, divergence. */
 mp_status mp_train_steps(train_job *j, int quiet);
-/* The database's run status at the end (rank 0), and the metrics file closed. */
-void mp_train_finish(train_job *j, mp_status st);
 /* Frees what train_loop.c made. */
 void mp_train_loop_release(train_job *j);
+
+/* train_record.c */
+/* --metrics opened on rank 0: a resumed run keeps the lines up to its checkpoint's step and
+ * appends; otherwise the file is written anew. */
+mp_status mp_train_metrics_open(train_job *j);
+/* The step's record on rank 0: its --metrics line and its database measurement. */
+mp_status mp_train_record(train_job *j, const step_rec *sr);
+/* The end (rank 0): the metrics file closed, and removed when this run created it and
+ * failed before its first record; the database's run status ('failed' also for a run that
+ * failed before it was marked running). */
+void mp_train_finish(train_job *j, mp_status st);
+/* After every store handle is closed: a --db file this run created is removed, with
+ * SQLite's side files, when the run failed before recording a step (rank 0). */
+void mp_train_remove_unused_db(const train_job *j, mp_status st);
 
 #endif

@@ -200,21 +200,51 @@ static mp_status check_resumed_state(train_job *j, const mp_ckpt_meta *meta) {
   return MP_OK;
 }
 
+/* --resume latest: the newest checkpoint in --checkpoint-dir that loads into dir. A
+ * damaged one (MP_ERR_INVALID: a checksum, a truncated or missing file, a malformed
+ * manifest) is skipped with a line naming it and why, so an automatic restart goes on from
+ * the newest good step; when none loads, the refusal gives the newest one's reason.
+ * MP_ERR_NOT_FOUND when the folder holds no checkpoint yet. */
+static mp_status load_latest(train_job *j, mp_ckpt_meta *meta, char *dir, size_t cap) {
+  mp_ctx *ctx = j->ctx;
+  int64_t *steps = NULL;
+  int n = 0;
+  mp_status st = mp_ckpt_list(ctx, j->ckpt_dir, &steps, &n);
+  if (st == MP_OK && n == 0) st = mp_error(ctx, MP_ERR_NOT_FOUND, "%s holds no checkpoint", j->ckpt_dir);
+  char newest[MP_ERRMSG_MAX] = "";
+  for (int i = n - 1; i >= 0 && st == MP_OK; i--) {
+    snprintf(dir, cap, "%s/step_%08lld", j->ckpt_dir, (long long)steps[i]);
+    st = mp_ckpt_load(ctx, j->rt, dir, &j->resume_man, meta);
+    if (st != MP_ERR_INVALID) break;
+    if (!newest[0]) snprintf(newest, sizeof newest, "%s", mp_errmsg(ctx));
+    if (j->rank == 0) printf("resume: skipping %s: %s\n", dir, mp_errmsg(ctx));
+    mp_ckpt_manifest_free(&j->resume_man);
+    st = i > 0 ? MP_OK : mp_error(ctx, MP_ERR_INVALID, "--resume latest: no checkpoint in %s loads; the newest: %s",
+                                  j->ckpt_dir, newest);
+  }
+  free(steps);
+  return st;
+}
+
 static mp_status resume(train_job *j, int *done) {
   mp_ctx *ctx = j->ctx;
   *done = 0;
   const char *res = mp_args_get(j->spec, "--resume");
   if (!res) return MP_OK;
-  const int latest = strcmp(res, "latest") == 0;
   char dir[MP_CKPT_PATH_MAX];
-  mp_status st = mp_ckpt_resolve(ctx, latest ? j->ckpt_dir : res, dir, sizeof dir);
-  if (st == MP_ERR_NOT_FOUND && latest) {
-    if (j->rank == 0) printf("resume: no checkpoint in %s yet; starting at step 0\n", j->ckpt_dir);
-    return MP_OK;
+  mp_ckpt_meta meta;
+  mp_status st = MP_OK;
+  if (strcmp(res, "latest") == 0) {
+    st = load_latest(j, &meta, dir, sizeof dir);
+    if (st == MP_ERR_NOT_FOUND) {
+      if (j->rank == 0) printf("resume: no checkpoint in %s yet; starting at step 0\n", j->ckpt_dir);
+      return MP_OK;
+    }
+  } else { /* a checkpoint named: it loads, or the run is refused */
+    st = mp_ckpt_resolve(ctx, res, dir, sizeof dir);
+    if (st == MP_OK) st = mp_ckpt_load(ctx, j->rt, dir, &j->resume_man, &meta);
   }
   MP_CHECK(st);
-  mp_ckpt_meta meta;
-  MP_CHECK(mp_ckpt_load(ctx, j->rt, dir, &j->resume_man, &meta));
   MP_CHECK(check_resumed_state(j, &meta));
   j->resumed = 1;
   j->start_step = meta.step;
@@ -225,38 +255,6 @@ static mp_status resume(train_job *j, int *done) {
     printf("resumed from %s: step %lld (saved by mesh %s), data position %lld sequences\n", dir,
            (long long)meta.step, cJSON_GetStringValue(cJSON_GetObjectItem(j->resume_man.root, "saved_by_mesh")),
            (long long)meta.data_consumed);
-  return MP_OK;
-}
-
-/* A resumed run's metrics file keeps its lines up to the checkpoint's step (the steps
- * after it run again); a line cut by a kill is dropped with them. */
-static mp_status metrics_open(train_job *j) {
-  const char *path = mp_args_get(j->spec, "--metrics");
-  if (!path || j->rank != 0) return MP_OK;
-  /* a regular file or none: opening a FIFO for writing would wait for a reader forever */
-  MP_CHECK(mp_file_check_regular_or_absent(j->ctx, path));
-  if (j->resumed && access(path, R_OK) == 0) {
-    char *text = NULL;
-    size_t len = 0;
-    MP_CHECK(mp_read_file(j->ctx, path, &text, &len));
-    size_t keep = 0;
-    for (char *line = text; line < text + len;) {
-      char *nl = memchr(line, '\n', (size_t)(text + len - line));
-      if (!nl) break; /* a line without its newline was cut */
-      cJSON *o = cJSON_ParseWithLength(line, (size_t)(nl - line));
-      const cJSON *st = cJSON_GetObjectItem(o, "step");
-      const int ok = cJSON_IsNumber(st) && (long long)st->valuedouble <= j->start_step;
-      cJSON_Delete(o);
-      if (!ok) break;
-      keep = (size_t)(nl + 1 - text);
-      line = nl + 1;
-    }
-    mp_status s = mp_write_file_atomic(j->ctx, path, text, keep);
-    free(text);
-    MP_CHECK(s);
-  }
-  j->metrics = fopen(path, j->resumed ? "a" : "w");
-  if (!j->metrics) return mp_error(j->ctx, MP_ERR_IO, "--metrics %s: cannot write: %s", path, strerror(errno));
   return MP_OK;
 }
 
@@ -283,7 +281,7 @@ mp_status mp_train_restore(train_job *j) {
     if (j->rank == 0) printf("initialized from %s\n", init);
   }
   /* rank 0's files: every rank agrees, so none trains on while rank 0 has stopped */
-  mp_status st = metrics_open(j);
+  mp_status st = mp_train_metrics_open(j);
   if (st == MP_OK && j->store && j->rank == 0 && j->plan_id) {
     st = mp_store_set_train_status(j->ctx, j->store, j->plan_id, "running");
     j->status_set = st == MP_OK;
@@ -358,55 +356,6 @@ static mp_status step_dumping_grads(train_job *j, const char *dump_g, mp_step_re
   MP_CHECK(mp_runtime_optimizer_step(ctx, j->rt, r));
   MP_CHECK(mp_runtime_synchronize(ctx, j->rt));
   r->peak_bytes = mp_talloc_peak_total(mp_runtime_allocator(j->rt));
-  return MP_OK;
-}
-
-/* One step's record: --metrics (rank 0, one JSON line) and the database. */
-typedef struct step_rec {
-  long long step;
-  mp_step_result r;
-  double lr, dt, tok_s, eval;
-  int has_eval;
-} step_rec;
-
-static mp_status record(train_job *j, const step_rec *sr) {
-  if (j->rank != 0) return MP_OK;
-  if (j->metrics) {
-    cJSON *o = cJSON_CreateObject();
-    MP_CHECK_ALLOC(j->ctx, o);
-    cJSON_AddNumberToObject(o, "step", (double)sr->step);
-    cJSON_AddNumberToObject(o, "loss", sr->r.loss);
-    cJSON_AddNumberToObject(o, "ce_loss", sr->r.ce_loss);
-    cJSON_AddNumberToObject(o, "aux_loss", sr->r.aux_loss);
-    if (sr->has_eval)
-      cJSON_AddNumberToObject(o, "eval_loss", sr->eval);
-    else
-      cJSON_AddNullToObject(o, "eval_loss");
-    cJSON_AddNumberToObject(o, "lr", sr->lr);
-    cJSON_AddNumberToObject(o, "grad_norm", sr->r.grad_norm);
-    cJSON_AddNumberToObject(o, "step_time_s", sr->dt);
-    cJSON_AddNumberToObject(o, "tokens_per_s", sr->tok_s);
-    if (j->peak_flops > 0)
-      cJSON_AddNumberToObject(o, "mfu", sr->tok_s * j->flops_per_token / j->peak_flops);
-    else
-      cJSON_AddNullToObject(o, "mfu");
-    cJSON_AddNumberToObject(o, "peak_mem_bytes", (double)sr->r.peak_bytes);
-    if (j->pick.found)
-      cJSON_AddNumberToObject(o, "predicted_step_s", j->pick.step_time_s);
-    else
-      cJSON_AddNullToObject(o, "predicted_step_s");
-    char *line = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    MP_CHECK_ALLOC(j->ctx, line);
-    const int bad = fprintf(j->metrics, "%s\n", line) < 0 || fflush(j->metrics) != 0;
-    free(line);
-    if (bad) return mp_error_write(j->ctx, errno, mp_args_get(j->spec, "--metrics"));
-  }
-  if (j->store && j->plan_id) {
-    mp_measurement me = {j->plan_id,    sr->step,    sr->dt,  sr->r.peak_bytes, sr->r.loss,       sr->tok_s,
-                         j->dev.cuda ? "cuda" : "cpu", sr->has_eval, sr->eval, sr->lr, sr->r.grad_norm};
-    MP_CHECK(mp_store_add_measurement(j->ctx, j->store, &me));
-  }
   return MP_OK;
 }
 
@@ -510,7 +459,7 @@ mp_status mp_train_steps(train_job *j, int quiet) {
     if (!quiet) print_step(j, &sr);
     /* rank 0 records; with something to record (the same on every rank) the ranks agree */
     if (j->db || mp_args_has(j->spec, "--metrics"))
-      MP_CHECK(mp_runtime_agree(j->ctx, j->rt, record(j, &sr), "recording the step (--metrics, --db)"));
+      MP_CHECK(mp_runtime_agree(j->ctx, j->rt, mp_train_record(j, &sr), "recording the step (--metrics, --db)"));
     if (j->ckpt_dir && ((j->ckpt_every > 0 && sr.step % j->ckpt_every == 0) || last))
       MP_CHECK(save(j, sr.step, sr.r.loss));
   }
@@ -518,18 +467,6 @@ mp_status mp_train_steps(train_job *j, int quiet) {
 }
 
 /* ---- the end --------------------------------------------------------------------------- */
-
-void mp_train_finish(train_job *j, mp_status st) {
-  if (j->metrics) fclose(j->metrics);
-  j->metrics = NULL;
-  if (!j->status_set) return;
-  mp_ctx c2;
-  mp_ctx_init(&c2);
-  const char *status = st == MP_OK ? "complete" : j->diverged ? "diverged" : "failed";
-  /* a run that failed for want of room fails this write the same way: its line says it */
-  if (mp_store_set_train_status(&c2, j->store, j->plan_id, status) != MP_OK && !(st != MP_OK && c2.last == st))
-    fprintf(stderr, "meshplan: warning: the run's status was not recorded: %s\n", mp_errmsg(&c2));
-}
 
 void mp_train_loop_release(train_job *j) {
   mp_dataset_destroy(j->train_data);

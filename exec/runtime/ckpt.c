@@ -158,6 +158,10 @@ static mp_status list_steps(mp_ctx *ctx, const char *dir, int64_t **steps, int *
   return st;
 }
 
+mp_status mp_ckpt_list(mp_ctx *ctx, const char *dir, int64_t **steps, int *n) {
+  return list_steps(ctx, dir, steps, n);
+}
+
 mp_status mp_ckpt_resolve(mp_ctx *ctx, const char *path, char *out, size_t cap) {
   if (has_manifest(path)) {
     snprintf(out, cap, "%s", path);
@@ -403,9 +407,15 @@ mp_status mp_ckpt_save(mp_ctx *ctx, mp_runtime *rt, const char *dir, int keep, c
   hook("begin", sj.rank, sj.step);
   st = write_rank_files(ctx, &sj);
   if (st == MP_OK) hook("shards_written", sj.rank, sj.step);
-  MP_CHECK(mp_runtime_agree(ctx, rt, st, "writing the checkpoint's shards"));
-  st = sj.rank == 0 ? publish(ctx, &sj, keep, meta) : MP_OK;
-  MP_CHECK(mp_runtime_agree(ctx, rt, st, "publishing the checkpoint"));
+  st = mp_runtime_agree(ctx, rt, st, "writing the checkpoint's shards");
+  if (st == MP_OK) st = mp_runtime_agree(ctx, rt, sj.rank == 0 ? publish(ctx, &sj, keep, meta) : MP_OK,
+                                         "publishing the checkpoint");
+  if (st != MP_OK && sj.rank == 0) { /* every rank is past its writing: a failed save leaves no half folder */
+    mp_ctx c2;
+    mp_ctx_init(&c2);
+    remove_step_dir(&c2, sj.tmp);
+  }
+  MP_CHECK(st);
   if (saved) snprintf(saved, cap, "%s", sj.final);
   return MP_OK;
 }

@@ -26,7 +26,8 @@
  *      .tmp_step_N to step_N, fsyncs DIR, and removes all but the newest `keep` steps
  *   4. barrier
  * A kill at any moment leaves every earlier step_N whole, and a step_N exists only with
- * its manifest: `latest` is the newest step_N folder.
+ * its manifest: `latest` is the newest step_N folder. A save that fails (a full disk)
+ * removes its temporary folder on rank 0 once every rank has agreed on the failure.
  *
  * Load (reshards): each rank needs, per parameter and state, the box of its own tile
  * (mp_param_tile under the loading mesh); it intersects that box with every saved shard
@@ -78,6 +79,11 @@ uint64_t mp_ckpt_hash64(const void *data, size_t n);
  * path. */
 mp_status mp_ckpt_save(mp_ctx *ctx, mp_runtime *rt, const char *dir, int keep, const mp_ckpt_meta *meta,
                        char *saved, size_t cap);
+
+/* The steps of the complete checkpoints in dir (step_N folders with a manifest.json),
+ * ascending: *steps (malloc'd; free it) holds *n of them. MP_ERR_NOT_FOUND when dir does
+ * not exist. A save that failed removes its temporary folder, so none is listed or left. */
+mp_status mp_ckpt_list(mp_ctx *ctx, const char *dir, int64_t **steps, int *n);
 
 /* The step folder that `path` names: path itself when it holds a manifest.json, else the
  * newest complete DIR/step_N under it. MP_ERR_NOT_FOUND when there is none. */

@@ -270,6 +270,8 @@ row 2 "--seed '-1': expected an integer in 0..9223372036854775807" train --model
 # the file, exit 1 (the input was fine), not a kill by SIGXFSZ (exit 153) ----------------------
 mkdir -p "$d/lim"
 ULIMIT_F=64 row 1 "file size limit exceeded writing $d/lim/ck/.tmp_step_00000002/rank_00000.bin" train --model tiny-dense --steps 2 --quiet --checkpoint-dir "$d/lim/ck"
+rows=$((rows + 1))
+if [ -n "$(ls -A "$d/lim/ck")" ]; then echo "FAIL: the failed save left $(ls -A "$d/lim/ck") in $d/lim/ck"; fails=$((fails + 1)); fi
 ULIMIT_F=1 row 1 "file size limit exceeded writing $d/lim/m.jsonl" train --model tiny-dense --steps 10 --quiet --metrics "$d/lim/m.jsonl"
 ULIMIT_F=700 row 1 "file size limit exceeded writing $d/lim/t.db" train --model tiny-dense --steps 400 --seq 16 --quiet --db "$d/lim/t.db"
 ULIMIT_F=16 row 1 "file size limit exceeded writing $d/lim/p.db" plan --model tiny-dense --db "$d/lim/p.db"

@@ -103,6 +103,39 @@ err=$("$bin" "${common[@]}" --model "$tmp/v512.json" --resume "$d/a" 2>&1 >/dev/
 check "another vocabulary refused naming the tensor and both shapes" \
   "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'tensor tok_embeddings.weight has shape \[256, 64, 1\].*\[512, 64, 1\]'"
 
+# --resume latest when the newest checkpoint is damaged: it is skipped with a line naming it
+# and why, the newest one that loads is resumed (a restart loop goes on), and the run ends
+# as the straight one; when none loads the refusal names the newest's reason. A checkpoint
+# named explicitly still refuses (above).
+f="$tmp/fallback"
+rm -rf "$f"; mkdir -p "$f"; cp -r "$d/a/step_00000010" "$d/a/step_00000020" "$f/"
+printf 'X' | dd of="$f/step_00000020/rank_00000.bin" bs=1 seek=100 conv=notrunc status=none
+"$bin" "${common[@]}" --model tiny-dense --checkpoint-dir "$f" --checkpoint-every 10 --metrics "$f/m.jsonl" \
+  --resume latest >"$f/out" 2>&1; rc=$?
+check "newest checkpoint corrupt: skipped, naming it and the reason" \
+  "[ $rc -eq 0 ] && grep -q '^resume: skipping $f/step_00000020: .*checksum mismatch' $f/out"
+check "newest checkpoint corrupt: resumed from the one before, ending bit-identical" \
+  "grep -q 'resumed from $f/step_00000010: step 10' $f/out && cmp -s $d/a/step_00000020/rank_00000.bin $f/step_00000020/rank_00000.bin"
+truncate -s 100 "$f/step_00000010/rank_00000.bin" "$f/step_00000020/rank_00000.bin"
+err=$("$bin" "${common[@]}" --model tiny-dense --checkpoint-dir "$f" --resume latest 2>&1 >/dev/null); rc=$?
+check "no checkpoint loads: refused in one line with the newest's reason" \
+  "[ $rc -eq 2 ] && [ \$(echo \"\$err\" | wc -l) -eq 1 ] && echo \"\$err\" | grep -q 'no checkpoint in $f loads; the newest: $f/step_00000020/.*truncated'"
+
+# a run that fails before its first step leaves no file it created empty: neither the
+# database (with the prediction it recorded) nor the metrics; a database that was there
+# keeps its runs and marks this one failed
+e="$tmp/early"
+rm -rf "$e"; mkdir -p "$e/adir"
+"$bin" train --model tiny-dense --steps 2 --db "$e/a.db" --metrics "$e/a.jsonl" --data "$e/none_*.bin" >/dev/null 2>&1
+check "failed on its data: no .db and no metrics file left" "[ ! -e $e/a.db ] && [ ! -e $e/a.db-wal ] && [ ! -e $e/a.jsonl ]"
+"$bin" train --model tiny-dense --steps 2 --seq 16 --db "$e/b.db" --metrics "$e/b.jsonl" --dump-logits "$e/adir" >/dev/null 2>&1
+check "failed after opening them: no .db and no metrics file left" "[ ! -e $e/b.db ] && [ ! -e $e/b.jsonl ]"
+"$bin" train --model tiny-dense --steps 2 --seq 16 --db "$e/c.db" --quiet >/dev/null 2>&1
+"$bin" train --model tiny-dense --steps 2 --seq 16 --db "$e/c.db" --data "$e/none_*.bin" >/dev/null 2>&1
+rep=$("$bin" report --db "$e/c.db")
+check "a database that was there keeps its run; the failed one reads failed" \
+  "echo \"\$rep\" | grep -Eq '^ +1 .* complete\$' && echo \"\$rep\" | grep -Eq '^ +2 .* failed\$'"
+
 # keep-K: every 2 steps, keep 2
 "$bin" "${common[@]}" --model tiny-dense --steps 10 --checkpoint-dir "$tmp/keep" --checkpoint-every 2 \
   --checkpoint-keep 2 >/dev/null 2>&1
