@@ -119,8 +119,8 @@ typedef struct mp_ckpt_manifest {
   mp_ckpt_tensor *tensors;
 } mp_ckpt_manifest;
 
-/* Reads and checks step_dir/manifest.json (format, version, every shard inside its file
- * and its tensor, file sizes on disk). */
+/* Reads and checks step_dir/manifest.json (format, version, each tensor listed once,
+ * every shard inside its file and its tensor, file sizes on disk). */
 mp_status mp_ckpt_manifest_read(mp_ctx *ctx, const char *step_dir, mp_ckpt_manifest *out);
 /* The same from the manifest's text (NUL-terminated): the parsing of mp_ckpt_manifest_read,
  * the shard files still looked up in step_dir. out is to be freed on failure too. */
@@ -134,6 +134,11 @@ const mp_ckpt_tensor *mp_ckpt_find(const mp_ckpt_manifest *m, const char *name);
  * the chunks that hold it and verifying each. */
 mp_status mp_ckpt_read_box(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_ckpt_tensor *t, const int64_t off[3],
                            const int64_t len[3], float *dst);
+
+/* What a load checks before it reads, without a runtime: every tensor of the manifest is
+ * a parameter (or moment) of plan, each one plan needs is there once with plan's shape,
+ * naming the first that is not; hint ends the message of a shape that differs. */
+mp_status mp_ckpt_check_plan(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_plan *plan, const char *hint);
 
 /* Loads step_dir into rt (collective: the ranks agree on failure): every parameter's tile
  * and moments, AdamW's step count. The model must match (names, shapes and the dims in

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "common/json.h"
+#include "exec/plan.h"
 #include "exec/runtime/ckpt_internal.h"
 #include "exec/runtime/safetensors.h"
 
@@ -330,12 +331,36 @@ static mp_status export_weights(mp_ctx *ctx, const mp_ckpt_manifest *man, const 
   return st != MP_OK ? st : s2;
 }
 
+/* The manifest's tensors against its model, as a load checks them against the model it
+ * loads into: the plan of that model on one rank names every tensor the export needs and
+ * its shape, so a missing, extra or misshapen tensor (or a "model" whose vocab or dims
+ * disagree with the tensors, which would write a wrong config.json) is refused, never
+ * exported for transformers to fill with its defaults. */
+static mp_status check_manifest(mp_ctx *ctx, const mp_ckpt_manifest *man, const mp_model *m) {
+  mp_mesh one;
+  mp_mesh_init(&one);
+  mp_plan_options po;
+  mp_plan_options_init(&po);
+  po.seq = m->max_seq;
+  po.micro_batch = po.global_batch = 1;
+  mp_plan *p = NULL;
+  MP_CHECK(mp_build_plan(ctx, m, &one, &po, &p));
+  mp_status st = mp_ckpt_check_plan(ctx, man, p, "the manifest's \"model\" disagrees with its tensors: the "
+                                    "checkpoint is damaged");
+  mp_plan_destroy(p);
+  return st;
+}
+
 mp_status mp_hf_export(mp_ctx *ctx, const mp_ckpt_manifest *man, const char *out_dir) {
   mp_model m;
   MP_CHECK(mp_ckpt_model(ctx, man, &m));
   cJSON *cfg = NULL;
   MP_CHECK(mp_hf_config(ctx, &m, &cfg));
-  mp_status st = MP_OK;
+  mp_status st = check_manifest(ctx, man, &m);
+  if (st != MP_OK) {
+    cJSON_Delete(cfg);
+    return st;
+  }
   if (mkdir(out_dir, 0777) != 0 && errno != EEXIST)
     st = mp_error(ctx, MP_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno));
   char path[4096];

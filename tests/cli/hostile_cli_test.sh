@@ -72,6 +72,12 @@ ckpt_variant ck_consumed 'm["data_consumed"] = 1e300'
 # intact), the second at row 16: rows 16..31 twice, rows 48..63 never; the element count
 # matches the tensor's
 ckpt_variant ck_overlap 'q = t["layers.0.attention.q_proj.weight"]; k = t["layers.0.attention.k_proj.weight"]["shards"][0]; v = dict(t["layers.0.attention.v_proj.weight"]["shards"][0]); v["offset"] = [16, 0]; q["shards"] = [k, v]'
+# export's silent wrong answers: a tensor entry removed (transformers would fill the norm
+# with 1.0), one listed twice (an unreadable safetensors file), a "model" whose vocab
+# disagrees with the tensors (a wrong config.json)
+ckpt_variant ck_missing 'm["tensors"] = [x for x in m["tensors"] if x["name"] != "norm.weight"]'
+ckpt_variant ck_dup 'm["tensors"].append(t["layers.1.ffn_norm.weight"])'
+ckpt_variant ck_vocab 'm["model"]["vocab"] = 512'
 rm -rf "$d/ck_trunc"; cp -r "$step" "$d/ck_trunc"
 truncate -s -4 "$d/ck_trunc/rank_00000.bin"
 rm -rf "$d/ck_grown"; cp -r "$step" "$d/ck_grown"
@@ -256,6 +262,15 @@ row 2 "manifest.json: a file entry is malformed" train --model tiny-dense --step
 row 2 "manifest.json: a file entry is malformed" train --model tiny-dense --steps 1 --resume "$d/ck_dots"
 row 2 "manifest.json: a file entry is malformed" export --checkpoint "$d/ck_dots" --out "$d/exported"
 row 2 "data_consumed (0..2^48)" train --model tiny-dense --steps 1 --resume "$d/ck_consumed"
+row 2 "manifest.json: tensor norm.weight is missing" export --checkpoint "$d/ck_missing" --out "$d/exported"
+row 2 "manifest.json: tensor norm.weight is missing" train --model tiny-dense --steps 1 --resume "$d/ck_missing"
+row 2 "manifest.json: tensor layers.1.ffn_norm.weight is listed twice" export --checkpoint "$d/ck_dup" --out "$d/exported"
+row 2 "manifest.json: tensor layers.1.ffn_norm.weight is listed twice" train --model tiny-dense --steps 1 --resume "$d/ck_dup"
+row 2 "manifest.json: tensor tok_embeddings.weight has shape [256, 64, 1] (2 dims) in the checkpoint but [512, 64, 1] (2 dims) in model tiny-dense; the manifest's \"model\" disagrees with its tensors" export --checkpoint "$d/ck_vocab" --out "$d/exported"
+rows=$((rows + 1))
+if [ -e "$d/exported/model.safetensors" ] || [ -e "$d/exported/config.json" ]; then
+  echo "FAIL: a refused export wrote $(ls "$d/exported")"; fails=$((fails + 1))
+fi
 row 2 "tensor layers.0.attention.q_proj.weight: shards 0 and 1 overlap" train --model tiny-dense --steps 1 --resume "$d/ck_overlap"
 row 2 "--checkpoint-every '0': expected an integer in 1..16777216" train --model tiny-dense --checkpoint-dir "$d/ck2" --checkpoint-every 0
 row 2 "--checkpoint-keep '-1': expected an integer in 0..16777216" train --model tiny-dense --checkpoint-dir "$d/ck2" --checkpoint-keep -1
