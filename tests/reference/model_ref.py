@@ -62,7 +62,7 @@ def find_meshplan():
     subprocess.run(["bazel", "build", "//app:meshplan"], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = subprocess.run(["bazel", "info", "bazel-bin"], cwd=ROOT, check=True, capture_output=True, text=True)
-    return os.path.join(out.stdout.strip(), "planner", "meshplan")
+    return os.path.join(out.stdout.strip(), "app", "meshplan")
 
 
 def read_wfile(path):
