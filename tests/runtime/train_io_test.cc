@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -211,7 +212,7 @@ TEST(Safetensors, WriteThenReadBoxes) {
   cJSON *meta = cJSON_CreateObject();
   cJSON_AddStringToObject(meta, "format", "pt");
   mp_st_writer *w = nullptr;
-  ASSERT_EQ(mp_st_writer_open(&c.c, p.c_str(), 2, names, ndims, shapes, meta, &w), MP_OK) << c.msg();
+  ASSERT_EQ(mp_st_writer_open(&c.c, p.c_str(), 2, names, ndims, shapes, MP_ST_F32, meta, &w), MP_OK) << c.msg();
   cJSON_Delete(meta);
   std::vector<float> a(12), b(5);
   for (int i = 0; i < 12; i++) a[i] = 0.5f * i;
@@ -240,6 +241,35 @@ TEST(Safetensors, WriteThenReadBoxes) {
   EXPECT_EQ(box[2], 5.0f);
   EXPECT_EQ(box[3], 5.5f);
   mp_st_close(s);
+}
+
+// The BF16 writer rounds to nearest even, as torch's .to(torch.bfloat16): bf16 keeps fp32's
+// top 16 bits, so 1 + 2^-8 lies halfway between 1.0 (0x3F80) and 1 + 2^-7 (0x3F81) and goes
+// to the even 0x3F80; 1 + 3 x 2^-8 lies halfway between 0x3F81 and 0x3F82 and goes to the
+// even 0x3F82; 1 + 2^-8 + 2^-20 is past halfway: 0x3F81; -2.5 is exact: 0xC020.
+TEST(Safetensors, Bf16WriterRoundsToNearestEven) {
+  Ctx c;
+  const std::string p = TmpDir() + "/bf16.safetensors";
+  const char *names[1] = {"x"};
+  const int ndims[1] = {1};
+  const int64_t shapes[1][MP_ST_MAX_NDIM] = {{4}};
+  mp_st_writer *w = nullptr;
+  ASSERT_EQ(mp_st_writer_open(&c.c, p.c_str(), 1, names, ndims, shapes, MP_ST_BF16, nullptr, &w), MP_OK) << c.msg();
+  const float x[4] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f, -2.5f};
+  ASSERT_EQ(mp_st_writer_put(&c.c, w, x), MP_OK);
+  ASSERT_EQ(mp_st_writer_close(&c.c, w, 1), MP_OK) << c.msg();
+  std::ifstream f(p, std::ios::binary);
+  std::string b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  uint64_t n = 0;
+  memcpy(&n, b.data(), 8);
+  ASSERT_EQ(b.size(), 8 + n + 8);  // four 2-byte values
+  EXPECT_NE(b.find("\"dtype\":\"BF16\""), std::string::npos);
+  uint16_t got[4];
+  memcpy(got, b.data() + 8 + n, 8);
+  EXPECT_EQ(got[0], 0x3F80);
+  EXPECT_EQ(got[1], 0x3F82);
+  EXPECT_EQ(got[2], 0x3F81);
+  EXPECT_EQ(got[3], 0xC020);
 }
 
 // A file by hand: a BF16 and an F16 tensor of two elements each.

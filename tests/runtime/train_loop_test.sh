@@ -244,6 +244,29 @@ check "--init-from a folder whose config.json disagrees with --model: refused na
 err=$("$bin" train --model tiny-text --init-from "$tmp/hf/model.safetensors" --steps 1 2>&1); rc=$?
 check "--init-from a file of another vocabulary: refused naming the tensor" \
   "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'tensor model.embed_tokens.weight has shape \[256, 64\]'"
+check "export of synthetic data: config.json's bos and eos ids are null (not Llama's defaults 1 and 2)" \
+  "$PY -c \"import json, sys; c = json.load(open('$tmp/hf/config.json')); sys.exit(0 if (c['bos_token_id'], c['eos_token_id'], c['torch_dtype']) == (None, None, 'float32') else 1)\""
+# the tokenizer scripts/tokenize writes beside the shards goes with the export: its
+# end-of-text token as bos and eos; --dtype bf16 halves the weights' bytes
+cat >"$tmp/u16/tokenizer.json" <<'EOF'
+{"version": "1.0", "added_tokens": [{"id": 3, "content": "<|endoftext|>", "special": true}],
+ "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 2, "<|endoftext|>": 3}, "merges": []}}
+EOF
+"$bin" train --model tiny-dense --steps 2 --seq 16 --micro-batch 2 --global-batch 4 --quiet --data "$tmp/u16/part_*.bin" \
+  --checkpoint-dir "$tmp/tokck" >/dev/null 2>&1
+out=$("$bin" export --checkpoint "$tmp/tokck" --out "$tmp/hftok" --dtype bf16 2>&1); rc=$?
+check "export: the tokenizer beside the shards copied with its config, <|endoftext|> = 3 as bos and eos" \
+  "[ $rc -eq 0 ] && cmp -s $tmp/u16/tokenizer.json $tmp/hftok/tokenizer.json && $PY -c \"import json, sys
+c, t = json.load(open('$tmp/hftok/config.json')), json.load(open('$tmp/hftok/tokenizer_config.json'))
+sys.exit(0 if (c['bos_token_id'], c['eos_token_id'], t['eos_token'], t['bos_token']) == (3, 3, '<|endoftext|>', '<|endoftext|>') else 1)\""
+check "export --dtype bf16: BF16 tensors, half the fp32 file's data, config.json bfloat16" \
+  "grep -q '\"dtype\":\"BF16\"' $tmp/hftok/model.safetensors && ! grep -q '\"F32\"' $tmp/hftok/model.safetensors && grep -q '\"torch_dtype\":.*\"bfloat16\"' $tmp/hftok/config.json && [ \$(stat -c %s $tmp/hftok/model.safetensors) -lt \$(( \$(stat -c %s $tmp/hf/model.safetensors) * 6 / 10 )) ]"
+echo '{"added_tokens": [], "model": {"vocab": {"a": 0, "z": 300}}}' >"$tmp/bigtok.json"
+err=$("$bin" export --checkpoint "$tmp/tokck" --out "$tmp/hftok2" --tokenizer "$tmp/bigtok.json" 2>&1); rc=$?
+check "export: a tokenizer with ids beyond the vocabulary refused" \
+  "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'bigtok.json: ids reach beyond it; the model.s vocabulary is 256' && [ ! -e $tmp/hftok2/model.safetensors ]"
+err=$("$bin" export --checkpoint "$tmp/tokck" --out "$tmp/hftok2" --dtype fp16 2>&1); rc=$?
+check "export --dtype fp16 is a usage error" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'choose fp32 or bf16'"
 err=$("$bin" export --checkpoint "$tmp/nothing" --out "$tmp/hf2" 2>&1); rc=$?
 check "export of a missing checkpoint refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'does not exist'"
 if command -v gnuplot >/dev/null; then
