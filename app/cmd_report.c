@@ -3,7 +3,8 @@
  * killed or still running; failed); with --run ID it prints that run's top plans with
  * their predictions and, for plans the executor has measured, the measured figures beside
  * the predicted ones with the error (predicted - measured) / measured, and the training
- * curve's ends; --plot DIR draws the run's measured loss (training and validation) and
+ * curve's ends (one curve across the processes of a resumed run, each process's segment
+ * listed with its mesh and the step it resumed from); --plot DIR draws the run's measured loss (training and validation) and
  * throughput against the step with gnuplot. The database is opened, never created: a
  * missing file is an error naming it. */
 #include <cjson/cJSON.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "app/commands.h"
+#include "exec/mesh.h"
 #include "planner/plot.h"
 #include "planner/search.h"
 #include "planner/store.h"
@@ -213,6 +215,29 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
   return 0;
 }
 
+/* A training run that went on across processes (resumed after a kill, on the same mesh or
+ * another): one row per process's plan, the resume marked where a segment starts. */
+static void print_segments(const mp_run_segment *seg, int64_t n) {
+  printf("segments: one run across %lld processes (a step run twice shows its last record)\n", (long long)n);
+  printf("  %7s %6s  %-28s %11s  %s\n", "segment", "plan", "mesh", "micro-batch", "steps");
+  for (int64_t i = 0; i < n; i++) {
+    const mp_run_segment *r = &seg[i];
+    mp_mesh m;
+    mp_mesh_init(&m);
+    m.size[MP_DIM_PP] = r->pp;
+    m.size[MP_DIM_DP_REPLICATE] = r->dp_replicate;
+    m.size[MP_DIM_DP_SHARD] = r->dp_shard;
+    m.size[MP_DIM_CP] = r->cp;
+    m.size[MP_DIM_TP] = r->tp;
+    m.ep = r->ep;
+    char mesh[128], resumed[64] = "";
+    mp_mesh_format(&m, mesh, sizeof mesh);
+    if (i > 0) snprintf(resumed, sizeof resumed, ", resumed from step %lld", (long long)(r->first_step - 1));
+    printf("  %7lld %6lld  %-28s %11lld  %lld..%lld%s\n", (long long)(i + 1), (long long)r->plan_id, mesh,
+           (long long)r->micro_batch, (long long)r->first_step, (long long)r->last_step, resumed);
+  }
+}
+
 /* The run's measured steps: the curve's ends on stdout, and with dir its plots. */
 static int show_training(mp_store *st, mp_arena *a, const mp_run_row *run, const char *dir) {
   mp_ctx ctx;
@@ -233,6 +258,10 @@ static int show_training(mp_store *st, mp_arena *a, const mp_run_row *run, const
          (long long)rows[0].step, rows[n - 1].loss, (long long)rows[n - 1].step);
   if (last_eval) printf(", validation loss %.4f at step %lld", last_eval->eval_loss, (long long)last_eval->step);
   printf(" (%s)\n", run->status);
+  mp_run_segment *seg = NULL;
+  int64_t ns = 0;
+  if ((s = mp_store_run_segments(&ctx, st, run->id, a, &seg, &ns)) != MP_OK) return fail(&ctx, s);
+  if (ns > 1) print_segments(seg, ns);
   if (!dir) return 0;
   mp_plot_step *ps = mp_arena_alloc(a, (size_t)n * sizeof *ps);
   if (!ps) return fail(&ctx, mp_error(&ctx, MP_ERR_NOMEM, "out of memory"));

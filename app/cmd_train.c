@@ -196,6 +196,8 @@ static mp_status take_pick(mp_ctx *ctx, const mp_planner_result *res, mp_sim_eva
                            "%lld, micro-batch %lld): see `meshplan simulate` for why", m->name,
                            (long long)po->global_batch, (long long)po->micro_batch);
   out->found = 1;
+  out->cand = *pickc;
+  out->cand.error = NULL; /* the search's arena goes with res */
   out->mesh = pickc->mesh;
   out->plan_id = pickc->plan_id;
   out->step_time_s = pickc->res.step_time_s;
@@ -442,12 +444,13 @@ static mp_status plan_auto(train_job *j) {
   MP_CHECK(mp_args_int(j->ctx, &k_spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
   if (ep > 0) fix.ep = (int)ep;
   const int rank0 = j->launch.rank == 0;
-  MP_CHECK(plan_for_train(j->ctx, &j->model, world, &j->dev, &j->po, &fix, 1, rank0 ? j->db : NULL, 1,
-                          j->profile && rank0, &j->pick));
+  if (j->db && rank0) j->continue_run = mp_train_resumed_run(j); /* see plan_given */
+  MP_CHECK(plan_for_train(j->ctx, &j->model, world, &j->dev, &j->po, &fix, 1, rank0 ? j->db : NULL,
+                          !j->continue_run, j->profile && rank0, &j->pick));
   j->mesh = j->pick.mesh;
   j->plan_id = j->pick.plan_id;
   j->plan_recorded = j->plan_id != 0;
-  return MP_OK;
+  return j->continue_run ? mp_train_db_segment(j) : MP_OK;
 }
 
 /* The plan options in the runtime's dtypes (the CPU runtime computes and gathers in fp32,
@@ -487,10 +490,11 @@ static mp_status plan_given(train_job *j) {
   if (!po->global_batch) po->global_batch = po->micro_batch * mp_mesh_group_size(&j->mesh, MP_GROUP_DP);
   MP_CHECK(check_executable(j));
   const int world = j->launch.world, rank0 = j->launch.rank == 0;
-  /* a resumed run on its checkpoint's mesh goes on recording into the checkpoint's run */
-  if (j->db && !j->plan_id && rank0) j->plan_id = mp_train_resumed_plan_id(j);
+  /* a resumed run goes on recording into its checkpoint's run, on any mesh: this process's
+   * plan is predicted and added to that run as the next segment's */
+  if (j->db && !j->plan_id && rank0) j->continue_run = mp_train_resumed_run(j);
   if (!((j->db && !j->plan_id) || j->profile) || mp_mesh_world(&j->mesh) != world) return MP_OK;
-  const int record = j->db && !j->plan_id;
+  const int record = j->db && !j->plan_id && !j->continue_run;
   mp_search_fix fix;
   mp_search_fix_init(&fix);
   fix.pp = j->mesh.size[MP_DIM_PP];
@@ -514,7 +518,7 @@ static mp_status plan_given(train_job *j) {
                           j->profile && rank0, &j->pick));
   if (record) j->plan_id = j->pick.plan_id;
   j->plan_recorded = record && j->plan_id;
-  return MP_OK;
+  return j->continue_run ? mp_train_db_segment(j) : MP_OK;
 }
 
 /* The device, then the communicator (CPU: mpi or single; CUDA: NCCL, or MPI with host

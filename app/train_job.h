@@ -37,6 +37,7 @@ typedef struct train_pick {
   mp_mesh mesh;
   int64_t plan_id;          /* 0 without a database */
   double step_time_s;       /* predicted */
+  mp_candidate cand;        /* the candidate itself (its error message not kept) */
   int64_t peak_mem_bytes;   /* predicted, with the stack's runtime overhead and fragmentation */
   int64_t alloc_peak_bytes; /* predicted peak of the allocations alone: what the tracked
                                allocator measures */
@@ -68,6 +69,9 @@ typedef struct train_job {
   mp_launch launch; /* from the environment, before MPI starts */
   const char *db;   /* --db, or NULL */
   long long plan_id;
+  long long continue_run; /* the database run a resumed process goes on recording into (rank 0) */
+  long long run_id;       /* the database run of plan_id, and when it was created (rank 0) */
+  char run_created[32];
   int profile, want_auto;
   mp_model model;
   mp_mesh mesh;
@@ -121,10 +125,6 @@ typedef struct step_rec {
 } step_rec;
 
 /* train_loop.c */
-/* The database plan a --resume'd checkpoint recorded its steps under, when it was saved on
- * this run's mesh and the plan is in --db: the resumed run records into the same run
- * (rank 0). 0 otherwise. */
-long long mp_train_resumed_plan_id(train_job *j);
 /* --threads under MPI (threads.h), before the runtime; a line on rank 0. */
 void mp_train_threads(train_job *j);
 /* The LR schedule, weight-decay rule, checkpoint options and eval options. */
@@ -140,6 +140,16 @@ mp_status mp_train_steps(train_job *j, int quiet);
 void mp_train_loop_release(train_job *j);
 
 /* train_record.c */
+/* The database run a --resume'd checkpoint recorded its steps in (its "train" state's
+ * db_run_id, db_run_created_at and db_plan_id name it), when --db holds that run of this
+ * model: the resumed process goes on recording into it, on any mesh. 0 otherwise (rank 0). */
+long long mp_train_resumed_run(train_job *j);
+/* The planner's prediction for this process (j->pick.cand) added to run continue_run as
+ * this segment's plan (mp_store_add_plan); j->plan_id becomes its id. */
+mp_status mp_train_db_segment(train_job *j);
+/* j->run_id and j->run_created from the database's run of j->plan_id (rank 0, store open),
+ * for the checkpoints' train state. */
+mp_status mp_train_db_run_of_plan(train_job *j);
 /* --metrics opened on rank 0: a resumed run keeps the lines up to its checkpoint's step and
  * appends; otherwise the file is written anew. */
 mp_status mp_train_metrics_open(train_job *j);

@@ -147,34 +147,6 @@ mp_status mp_train_load_data(train_job *j) {
 
 /* ---- restore ------------------------------------------------------------------------------ */
 
-long long mp_train_resumed_plan_id(train_job *j) {
-  const char *res = mp_args_get(j->spec, "--resume");
-  const char *path = res && strcmp(res, "latest") == 0 ? mp_args_get(j->spec, "--checkpoint-dir") : res;
-  char dir[MP_CKPT_PATH_MAX], mesh[128];
-  mp_ctx c2;
-  mp_ctx_init(&c2);
-  if (!path || mp_ckpt_resolve(&c2, path, dir, sizeof dir) != MP_OK) return 0;
-  mp_ckpt_manifest man;
-  long long id = 0;
-  if (mp_ckpt_manifest_read(&c2, dir, &man) == MP_OK) {
-    const cJSON *pid = cJSON_GetObjectItem(man.meta.train, "db_plan_id");
-    const char *saved = cJSON_GetStringValue(cJSON_GetObjectItem(man.root, "saved_by_mesh"));
-    mp_mesh_format(&j->mesh, mesh, sizeof mesh);
-    if (cJSON_IsNumber(pid) && saved && strcmp(saved, mesh) == 0) id = (long long)pid->valuedouble;
-  }
-  mp_ckpt_manifest_free(&man);
-  mp_store *st = NULL;
-  char sql[96];
-  int64_t n = 0;
-  snprintf(sql, sizeof sql, "SELECT count(*) FROM plans WHERE id=%lld", id);
-  if (id > 0 && mp_store_open(&c2, j->db, &st) == MP_OK && mp_store_query_i64(&c2, st, sql, &n) == MP_OK && n == 1) {
-    mp_store_close(st);
-    return id;
-  }
-  mp_store_close(st);
-  return 0;
-}
-
 /* The checkpoint's training state against this run's: the seed must match (it orders the
  * data); a different data source or schedule is said, not refused. */
 static mp_status check_resumed_state(train_job *j, const mp_ckpt_meta *meta) {
@@ -283,7 +255,8 @@ mp_status mp_train_restore(train_job *j) {
   /* rank 0's files: every rank agrees, so none trains on while rank 0 has stopped */
   mp_status st = mp_train_metrics_open(j);
   if (st == MP_OK && j->store && j->rank == 0 && j->plan_id) {
-    st = mp_store_set_train_status(j->ctx, j->store, j->plan_id, "running");
+    st = mp_train_db_run_of_plan(j);
+    if (st == MP_OK) st = mp_store_set_train_status(j->ctx, j->store, j->plan_id, "running");
     j->status_set = st == MP_OK;
   }
   MP_CHECK(mp_runtime_agree(j->ctx, j->rt, st, "opening --metrics or --db"));
@@ -310,6 +283,10 @@ static cJSON *train_state(const train_job *j, double loss) {
   cJSON_AddNumberToObject(t, "decay_frac", j->lr.decay_frac);
   cJSON_AddNumberToObject(t, "loss", loss);
   if (j->db && j->plan_id) cJSON_AddNumberToObject(t, "db_plan_id", (double)j->plan_id);
+  if (j->db && j->run_id) { /* the run a resumed process goes on recording into (train_record.c) */
+    cJSON_AddNumberToObject(t, "db_run_id", (double)j->run_id);
+    cJSON_AddStringToObject(t, "db_run_created_at", j->run_created);
+  }
   return t;
 }
 

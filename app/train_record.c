@@ -104,6 +104,82 @@ mp_status mp_train_record(train_job *j, const step_rec *sr) {
   return MP_OK;
 }
 
+/* ---- one database run across resumes ------------------------------------------------------ */
+
+/* The manifest of the checkpoint --resume names (latest: the newest that parses; the load
+ * later skips one that does not verify, and every checkpoint of a folder names one run). */
+static int resume_manifest(train_job *j, mp_ctx *c2, mp_ckpt_manifest *man) {
+  const char *res = mp_args_get(j->spec, "--resume"), *ck = mp_args_get(j->spec, "--checkpoint-dir");
+  char dir[MP_CKPT_PATH_MAX];
+  memset(man, 0, sizeof *man);
+  if (!res) return 0;
+  if (strcmp(res, "latest") != 0)
+    return mp_ckpt_resolve(c2, res, dir, sizeof dir) == MP_OK && mp_ckpt_manifest_read(c2, dir, man) == MP_OK;
+  int64_t *steps = NULL;
+  int n = 0, ok = 0;
+  if (ck && mp_ckpt_list(c2, ck, &steps, &n) == MP_OK)
+    for (int i = n - 1; i >= 0 && !ok; i--) {
+      snprintf(dir, sizeof dir, "%s/step_%08lld", ck, (long long)steps[i]);
+      mp_ckpt_manifest_free(man);
+      ok = mp_ckpt_manifest_read(c2, dir, man) == MP_OK;
+    }
+  free(steps);
+  return ok;
+}
+
+long long mp_train_resumed_run(train_job *j) {
+  mp_ctx c2;
+  mp_ctx_init(&c2);
+  mp_ckpt_manifest man;
+  memset(&man, 0, sizeof man);
+  if (!j->db || access(j->db, F_OK) != 0 || !resume_manifest(j, &c2, &man)) {
+    mp_ckpt_manifest_free(&man);
+    return 0;
+  }
+  const cJSON *t = man.meta.train, *pid = cJSON_GetObjectItem(t, "db_plan_id"), *rid = cJSON_GetObjectItem(t, "db_run_id");
+  const char *created = cJSON_GetStringValue(cJSON_GetObjectItem(t, "db_run_created_at"));
+  char sql[96], when[32];
+  snprintf(when, sizeof when, "%s", created ? created : "");
+  snprintf(sql, sizeof sql, "SELECT coalesce(max(run_id), 0) FROM plans WHERE id=%lld",
+           cJSON_IsNumber(pid) ? (long long)pid->valuedouble : 0LL);
+  const long long want = cJSON_IsNumber(rid) ? (long long)rid->valuedouble : 0;
+  mp_ckpt_manifest_free(&man);
+  mp_store *st = NULL;
+  int64_t run = 0;
+  mp_run_row row;
+  /* the same run, not a run of the same id in another database: its creation time (and,
+   * for checkpoints older than it, the model) must agree */
+  if (mp_store_open(&c2, j->db, &st) != MP_OK || mp_store_query_i64(&c2, st, sql, &run) != MP_OK || run <= 0 ||
+      (want && want != run) || mp_store_get_run(&c2, st, run, &row) != MP_OK ||
+      (when[0] && strcmp(when, row.created_at) != 0) || strcmp(row.model, j->model.name) != 0)
+    run = 0;
+  mp_store_close(st);
+  return run;
+}
+
+mp_status mp_train_db_segment(train_job *j) {
+  mp_store *st = NULL;
+  MP_CHECK(mp_store_open(j->ctx, j->db, &st));
+  mp_status s = mp_store_add_plan(j->ctx, st, j->continue_run, &j->pick.cand);
+  mp_store_close(st);
+  MP_CHECK(s);
+  j->plan_id = j->pick.plan_id = j->pick.cand.plan_id;
+  j->plan_recorded = 1;
+  return MP_OK;
+}
+
+mp_status mp_train_db_run_of_plan(train_job *j) {
+  char sql[96];
+  int64_t run = 0;
+  snprintf(sql, sizeof sql, "SELECT coalesce(max(run_id), 0) FROM plans WHERE id=%lld", j->plan_id);
+  MP_CHECK(mp_store_query_i64(j->ctx, j->store, sql, &run));
+  mp_run_row row;
+  MP_CHECK(mp_store_get_run(j->ctx, j->store, run, &row));
+  j->run_id = run;
+  snprintf(j->run_created, sizeof j->run_created, "%s", row.created_at);
+  return MP_OK;
+}
+
 /* ---- the end ------------------------------------------------------------------------------ */
 
 /* A failure before the database's run was marked running (the data, the restore) still

@@ -10,7 +10,9 @@
  *                 JSON, command line), when, tool version, and the run's counts
  *   plans         one row per candidate: every mesh dim, ep, ac, fp8, micro_batch,
  *                 reshard, evaluated, feasible, rank (objective order, NULL when not
- *                 ranked), reject_rule (mp_reject_name) and reject_reason (the sentence)
+ *                 ranked), reject_rule (mp_reject_name) and reject_reason (the sentence);
+ *                 a training run resumed by another process adds that process's plan,
+ *                 unranked (mp_store_add_plan): the run's segments
  *   predictions   one row per evaluated candidate (plan_id = plans.id): step time,
  *                 tokens/s/GPU, MFU, peak memory, capacity and the breakdown at the peak,
  *                 compute / exposed communication / bubble / optimizer seconds
@@ -92,6 +94,12 @@ mp_status mp_store_run_commit(mp_ctx *ctx, mp_store *st, int64_t run_id,
 /* Rolls the open run back (no-op when none is open). */
 void mp_store_run_abort(mp_store *st);
 
+/* Adds c (evaluated or not) to the existing run run_id as an unranked plan with its
+ * prediction, in its own transaction; sets c->plan_id. A training run resumed by another
+ * process (on any mesh) records that process's plan so: one run keeps one history, each
+ * segment under its own plan. MP_ERR_NOT_FOUND when the run does not exist. */
+mp_status mp_store_add_plan(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_candidate *c);
+
 /* Fault injection for tests: the (n+1)-th mp_store_add_candidate after this call fails
  * with MP_ERR_DB ("injected fault"); n < 0 turns it off. */
 void mp_store_inject_fault_after(mp_store *st, int64_t n);
@@ -162,10 +170,22 @@ typedef struct mp_step_row {
   int has_eval;
   double eval_loss;
 } mp_step_row;
-/* The run's measured steps (arena-owned array), by plan and step; a step measured twice
- * (a resumed training run repeats the steps after its checkpoint) is its last record. */
+/* The run's measured steps (arena-owned array) by step, whichever of the run's plans
+ * recorded them; a step measured twice (a resumed training run repeats the steps after its
+ * checkpoint, on the same mesh or another) is its last record. */
 mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_step_row **rows,
                              int64_t *n);
+/* One segment of a training run: the steps one plan of the run recorded (the run's first
+ * process, then each resumed one, in the order they recorded). */
+typedef struct mp_run_segment {
+  int64_t plan_id;
+  int pp, dp_replicate, dp_shard, cp, tp, ep;
+  int64_t micro_batch;
+  int64_t first_step, last_step, n_steps;
+} mp_run_segment;
+/* The run's segments (arena-owned array), in the order of their first record. */
+mp_status mp_store_run_segments(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_run_segment **rows,
+                                int64_t *n);
 
 /* The integer result of a one-value query ("SELECT count(*) FROM plans WHERE run_id=2");
  * for tests and counts. */

@@ -123,6 +123,26 @@ mpi "$bin" "${common[@]}" --model tiny-moe --mesh dp_shard=4,ep=4 --checkpoint-d
 reshard moe_ep2 tiny-moe "$m" "$m.jsonl" 4 dp_replicate=2,dp_shard=2,ep=2
 reshard moe_one tiny-moe "$m" "$m.jsonl" 1 single
 
+# one run in the database across meshes: 6 steps on dp_shard=4, resumed to 12 on
+# tp=2 x dp_shard=2; report shows one run, the whole curve (the plot's data too) and the
+# resume marked in its segments
+o="$tmp/onerun"
+orun=(train --model tiny-dense --seq 32 --micro-batch 2 --global-batch 8 --lr 3e-3 --quiet --checkpoint-dir "$o/ck"
+      --checkpoint-every 6 --db "$o/r.db")
+mkdir -p "$o"
+mpi "$bin" "${orun[@]}" --steps 6 --mesh dp_shard=4 >"$o/a.out" 2>&1
+mpi "$bin" "${orun[@]}" --steps 12 --mesh tp=2,dp_shard=2 --resume latest >"$o/b.out" 2>&1
+rep=$("$bin" report --db "$o/r.db" --run 1 2>&1)
+echo "$rep" | tail -4
+check "resumed on another mesh: one run in the database" "[ \$(\"$bin\" report --db $o/r.db | grep -c 'tiny-dense') -eq 1 ]"
+check "resumed on another mesh: the 12 steps in one curve, the resume marked" \
+  "echo \"\$rep\" | grep -q '^training: 12 measured steps' && echo \"\$rep\" | grep -Eq '^ +2 +[0-9]+ +dp_shard=2,tp=2 +2 +7\.\.12, resumed from step 6\$'"
+if command -v gnuplot >/dev/null; then
+  "$bin" report --db "$o/r.db" --run 1 --plot "$o/plots" >/dev/null 2>&1
+  check "resumed on another mesh: the plot's data holds steps 1..12" \
+    "[ \"\$(awk '/^#/ {b++} b == 1 && /^[0-9]/ {print \$1}' $o/plots/training.dat | tr '\n' ' ')\" = '1 2 3 4 5 6 7 8 9 10 11 12 ' ]"
+fi
+
 # threads: each of 4 ranks gets max(1, cores / 4) without OMP_NUM_THREADS; 3 with it
 cores=$($PY -c 'import os; print(len(os.sched_getaffinity(0)))')
 unset OMP_NUM_THREADS

@@ -155,6 +155,22 @@ rep=$("$bin" report --db "$db")
 check "report: complete, diverged, incomplete" \
   "echo \"\$rep\" | grep -E '^ +1 .* complete\$' >/dev/null && echo \"\$rep\" | grep -E '^ +2 .* diverged\$' >/dev/null && echo \"\$rep\" | grep -E '^ +3 .* incomplete\$' >/dev/null"
 
+# one training run keeps one history in the database across resumes: killed at step 5 with
+# micro-batch 2, resumed from step 3 with micro-batch 1 (another plan of the same mesh),
+# the second process records into the same run under its own plan, and report shows one
+# curve of 8 steps with the resume marked
+o="$tmp/onerun"
+rm -rf "$o"; mkdir -p "$o"
+orun=(train --model tiny-dense --steps 8 --seq 16 --global-batch 4 --quiet --checkpoint-dir "$o/ck" --checkpoint-every 3
+      --db "$o/r.db")
+MESHPLAN_TEST_KILL=step:5 "$bin" "${orun[@]}" --micro-batch 2 >/dev/null 2>&1
+"$bin" "${orun[@]}" --micro-batch 1 --resume latest >/dev/null 2>&1
+rep=$("$bin" report --db "$o/r.db" --run 1 2>&1)
+echo "$rep" | tail -4
+check "resumed with another plan: one run in the database" "[ \$(\"$bin\" report --db $o/r.db | grep -c 'tiny-dense') -eq 1 ]"
+check "resumed with another plan: report shows the 8 steps and both segments, the resume marked" \
+  "echo \"\$rep\" | grep -q '^training: 8 measured steps.*(complete)' && echo \"\$rep\" | grep -q 'one run across 2 processes' && echo \"\$rep\" | grep -Eq '^ +1 +1 +single +2 +1\.\.4\$' && echo \"\$rep\" | grep -Eq '^ +2 +2 +single +1 +4\.\.8, resumed from step 3\$'"
+
 # the LR schedule as the metrics record it, against the formulas (lr.h)
 "$bin" train --model tiny-dense --steps 20 --seq 16 --micro-batch 2 --global-batch 4 --quiet --lr 1e-2 \
   --lr-schedule wsd --warmup 4 --min-lr 1e-3 --decay-frac 0.25 --metrics "$tmp/wsd.jsonl" >/dev/null 2>&1

@@ -119,4 +119,60 @@ TEST(TrainStore, StatusAndStepsOfATrainingRun) {
   mp_store_close(st);
 }
 
+// A training run resumed on another mesh: the second process adds its plan to the run
+// (unranked, so the run's ranked plans are still the planner's), and the run's steps are
+// one curve by step whichever plan recorded them, a step run twice read as its last
+// record; its segments are the plans in the order they recorded, with their steps.
+TEST(TrainStore, AResumedRunKeepsOneHistoryAcrossPlans) {
+  const std::string path = FreshDbPath("segments.db");
+  mp_ctx c;
+  mp_ctx_init(&c);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&c, path.c_str(), &st), MP_OK) << mp_errmsg(&c);
+  const int64_t first = OnePlanRun(st);
+  mp_candidate cand;
+  memset(&cand, 0, sizeof cand);
+  mp_mesh_init(&cand.mesh);
+  cand.mesh.size[MP_DIM_TP] = 2;
+  cand.micro_batch = 4;
+  EXPECT_EQ(mp_store_add_plan(&c, st, 99, &cand), MP_ERR_NOT_FOUND);
+  ASSERT_EQ(mp_store_add_plan(&c, st, 1, &cand), MP_OK) << mp_errmsg(&c);
+  EXPECT_EQ(Q(st, "SELECT count(*) FROM plans WHERE run_id=1 AND rank IS NULL"), 2);
+  EXPECT_EQ(Q(st, "SELECT idx FROM plans WHERE id=2"), 1);
+  // the first process ran steps 1..4 and was killed; the second resumed from step 2
+  const struct {
+    int64_t plan, step;
+    double loss;
+  } rec[] = {{first, 1, 5.0}, {first, 2, 4.0}, {first, 3, 3.0}, {first, 4, 2.5},
+             {cand.plan_id, 3, 3.25}, {cand.plan_id, 4, 2.75}, {cand.plan_id, 5, 2.0}};
+  for (const auto &r : rec) {
+    mp_measurement m = {r.plan, r.step, 0.1, 1000, r.loss, 100.0, "cpu", 0, 0, 1e-3, 1.0};
+    ASSERT_EQ(mp_store_add_measurement(&c, st, &m), MP_OK) << mp_errmsg(&c);
+  }
+  mp_arena *a = mp_arena_create();
+  mp_step_row *rows = nullptr;
+  int64_t n = 0;
+  ASSERT_EQ(mp_store_run_steps(&c, st, 1, a, &rows, &n), MP_OK) << mp_errmsg(&c);
+  ASSERT_EQ(n, 5);
+  const double want[5] = {5.0, 4.0, 3.25, 2.75, 2.0};
+  for (int i = 0; i < 5; i++) {
+    EXPECT_EQ(rows[i].step, i + 1);
+    EXPECT_EQ(rows[i].loss, want[i]) << "step " << i + 1;
+  }
+  mp_run_segment *seg = nullptr;
+  ASSERT_EQ(mp_store_run_segments(&c, st, 1, a, &seg, &n), MP_OK) << mp_errmsg(&c);
+  ASSERT_EQ(n, 2);
+  EXPECT_EQ(seg[0].plan_id, first);
+  EXPECT_EQ(seg[0].first_step, 1);
+  EXPECT_EQ(seg[0].last_step, 4);
+  EXPECT_EQ(seg[1].plan_id, cand.plan_id);
+  EXPECT_EQ(seg[1].tp, 2);
+  EXPECT_EQ(seg[1].micro_batch, 4);
+  EXPECT_EQ(seg[1].first_step, 3);
+  EXPECT_EQ(seg[1].last_step, 5);
+  EXPECT_EQ(seg[1].n_steps, 3);
+  mp_arena_destroy(a);
+  mp_store_close(st);
+}
+
 }  // namespace
