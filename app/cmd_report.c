@@ -238,6 +238,33 @@ static void print_segments(const mp_run_segment *seg, int64_t n) {
   }
 }
 
+/* The curve's line: its ends over the steps with a training loss and the last validation
+ * loss; a run of train --eval-only has no training step, and its line says what it
+ * measured. Returns the number of training steps. */
+static int64_t print_curve(const mp_step_row *rows, int64_t n, const char *status) {
+  const mp_step_row *first = NULL, *last = NULL, *last_eval = NULL;
+  int64_t steps = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (rows[i].has_loss) {
+      if (!first) first = &rows[i];
+      last = &rows[i];
+      steps++;
+    }
+    if (rows[i].has_eval) last_eval = &rows[i];
+  }
+  if (steps == 0 && last_eval) {
+    printf("\nevaluation (train --eval-only): validation loss %.4f of the weights at step %lld (%s)\n",
+           last_eval->eval_loss, (long long)last_eval->step, status);
+    return 0;
+  }
+  if (steps == 0) return 0;
+  printf("\ntraining: %lld measured step%s, loss %.4f at step %lld -> %.4f at step %lld", (long long)steps,
+         steps == 1 ? "" : "s", first->loss, (long long)first->step, last->loss, (long long)last->step);
+  if (last_eval) printf(", validation loss %.4f at step %lld", last_eval->eval_loss, (long long)last_eval->step);
+  printf(" (%s)\n", status);
+  return steps;
+}
+
 /* The run's measured steps: the curve's ends on stdout, and with dir its plots. */
 static int show_training(mp_store *st, mp_arena *a, const mp_run_row *run, const char *dir) {
   mp_ctx ctx;
@@ -251,25 +278,24 @@ static int show_training(mp_store *st, mp_arena *a, const mp_run_row *run, const
     return fail(&ctx, mp_error(&ctx, MP_ERR_NOT_FOUND, "run %lld has no measured steps to plot; train with "
                                "meshplan train --db %s", (long long)run->id, mp_store_path(st)));
   }
-  const mp_step_row *last_eval = NULL;
-  for (int64_t i = 0; i < n; i++)
-    if (rows[i].has_eval) last_eval = &rows[i];
-  printf("\ntraining: %lld measured steps, loss %.4f at step %lld -> %.4f at step %lld", (long long)n, rows[0].loss,
-         (long long)rows[0].step, rows[n - 1].loss, (long long)rows[n - 1].step);
-  if (last_eval) printf(", validation loss %.4f at step %lld", last_eval->eval_loss, (long long)last_eval->step);
-  printf(" (%s)\n", run->status);
+  const int64_t steps = print_curve(rows, n, run->status);
   mp_run_segment *seg = NULL;
   int64_t ns = 0;
   if ((s = mp_store_run_segments(&ctx, st, run->id, a, &seg, &ns)) != MP_OK) return fail(&ctx, s);
   if (ns > 1) print_segments(seg, ns);
   if (!dir) return 0;
+  if (steps == 0)
+    return fail(&ctx, mp_error(&ctx, MP_ERR_INVALID, "run %lld is an evaluation (train --eval-only), not a training "
+                               "curve: there is nothing to plot", (long long)run->id));
   mp_plot_step *ps = mp_arena_alloc(a, (size_t)n * sizeof *ps);
   if (!ps) return fail(&ctx, mp_error(&ctx, MP_ERR_NOMEM, "out of memory"));
+  int64_t k = 0;
   for (int64_t i = 0; i < n; i++)
-    ps[i] = (mp_plot_step){rows[i].step, rows[i].loss, rows[i].tokens_per_s, rows[i].has_eval, rows[i].eval_loss};
+    if (rows[i].has_loss)
+      ps[k++] = (mp_plot_step){rows[i].step, rows[i].loss, rows[i].tokens_per_s, rows[i].has_eval, rows[i].eval_loss};
   char title[256];
   snprintf(title, sizeof title, "run %lld: %s, %s", (long long)run->id, run->model, run->status);
-  if ((s = mp_plot_make_dir(&ctx, dir)) != MP_OK || (s = mp_plot_training(&ctx, dir, ps, n, title)) != MP_OK)
+  if ((s = mp_plot_make_dir(&ctx, dir)) != MP_OK || (s = mp_plot_training(&ctx, dir, ps, k, title)) != MP_OK)
     return fail(&ctx, s);
   printf("plots: %s/loss.png, %s/throughput.png\n", dir, dir);
   return 0;

@@ -109,6 +109,9 @@ static mp_opt k_opts[] = {
     {"--dump-data", "PATH", "write the token corpus used, as an llm.c shard", NULL},
     {"--dump-logits", "PATH", "write the logits of the starting weights on the run's first batch (weight file, "
      "tensor \"logits\" [sequences, seq, vocab]; one rank, CPU)", NULL},
+    {"--eval-only", NULL, "run no step: print and record (--metrics, --db) the eval loss of the weights --resume "
+     "or --init-from gives (else the initial ones) on --eval-batches global batches of --val-data, or of the "
+     "training data without it (synthetic by default), under any --mesh", NULL},
     {"--quiet", NULL, "leave out the per-step lines (the summary, checkpoints and notes stay)", NULL},
     {"--profile", NULL, "time each kernel and collective of rank 0 (the device synchronized around every "
      "kernel, so the steps run slower) and print them per step by class beside the simulator's prediction "
@@ -121,7 +124,8 @@ static mp_cmd_spec k_spec = {
     "--model M [--mesh MESH [--pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V]]] [--ep N] [--ac MODE] [--steps K] [--seq S] [--micro-batch B] [--global-batch G] "
     "[--fp8] [--sp|--no-sp] [--lr LR [--lr-schedule S --warmup N --min-lr LR]] [--data synthetic|GLOB [--val-data GLOB]] "
     "[--checkpoint-dir D [--checkpoint-every N] [--resume latest]] [--init-from PATH] [--metrics PATH] "
-    "[--device cpu|cuda] [--db PATH [--plan-id ID]] [--auto] [--seed N] [--profile] [--dump-weights PATH]",
+    "[--device cpu|cuda] [--db PATH [--plan-id ID]] [--auto] [--seed N] [--profile] [--dump-weights PATH] "
+    "[--eval-only]",
     k_opts, 0};
 
 /* ---- the planner's pick or prediction ---------------------------------------------------- */
@@ -405,6 +409,7 @@ static mp_status read_request(train_job *j) {
   mp_ctx *ctx = j->ctx;
   j->db = mp_args_get(&k_spec, "--db");
   j->profile = mp_args_has(&k_spec, "--profile");
+  j->eval_only = mp_args_has(&k_spec, "--eval-only");
   MP_CHECK(mp_args_int(ctx, &k_spec, "--plan-id", 1, INT64_MAX, &j->plan_id));
   if (j->plan_id && !j->db) return mp_error(ctx, MP_ERR_USAGE, "--plan-id needs --db: the database the plan lives in");
   j->want_auto = mp_args_has(&k_spec, "--auto");
@@ -492,7 +497,7 @@ static mp_status plan_given(train_job *j) {
   const int world = j->launch.world, rank0 = j->launch.rank == 0;
   /* a resumed run goes on recording into its checkpoint's run, on any mesh: this process's
    * plan is predicted and added to that run as the next segment's */
-  if (j->db && !j->plan_id && rank0) j->continue_run = mp_train_resumed_run(j);
+  if (j->db && !j->plan_id && rank0 && !j->eval_only) j->continue_run = mp_train_resumed_run(j);
   if (!((j->db && !j->plan_id) || j->profile) || mp_mesh_world(&j->mesh) != world) return MP_OK;
   const int record = j->db && !j->plan_id && !j->continue_run;
   mp_search_fix fix;
@@ -740,6 +745,7 @@ static mp_status train(train_job *j) {
   const int quiet = mp_args_has(&k_spec, "--quiet");
   print_start(j, quiet);
   MP_CHECK(mp_train_restore(j));
+  if (j->eval_only) return mp_train_eval_only(j); /* an evaluation is its own database run */
   MP_CHECK(mp_train_steps(j, quiet));
   MP_CHECK(print_summary(j));
   return dump_losses(j);

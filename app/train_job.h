@@ -73,6 +73,7 @@ typedef struct train_job {
   long long run_id;       /* the database run of plan_id, and when it was created (rank 0) */
   char run_created[32];
   int profile, want_auto;
+  int eval_only;    /* --eval-only: the restored weights' eval loss, no step */
   mp_model model;
   mp_mesh mesh;
   mp_plan_options po;
@@ -116,6 +117,13 @@ typedef struct train_job {
   double total_s, tokens_all; /* steps 2.. */
 } train_job;
 
+/* An evaluation's record (--eval-only): the eval loss of the weights at step. */
+typedef struct eval_rec {
+  long long step;
+  double loss, dt;
+  int64_t tokens, peak_bytes;
+} eval_rec;
+
 /* One step's record: --metrics (rank 0, one JSON line) and the database. */
 typedef struct step_rec {
   long long step;
@@ -136,6 +144,9 @@ mp_status mp_train_load_data(train_job *j);
 mp_status mp_train_restore(train_job *j);
 /* The steps from start_step + 1 to steps, with eval, checkpoints, metrics, divergence. */
 mp_status mp_train_steps(train_job *j, int quiet);
+/* --eval-only instead of the steps: the restored weights' eval loss on --val-data (or the
+ * training data), printed on rank 0 and recorded. */
+mp_status mp_train_eval_only(train_job *j);
 /* Frees what train_loop.c made. */
 void mp_train_loop_release(train_job *j);
 
@@ -151,10 +162,14 @@ mp_status mp_train_db_segment(train_job *j);
  * for the checkpoints' train state. */
 mp_status mp_train_db_run_of_plan(train_job *j);
 /* --metrics opened on rank 0: a resumed run keeps the lines up to its checkpoint's step and
- * appends; otherwise the file is written anew. */
+ * appends; an evaluation appends its line to what is there; otherwise the file is written
+ * anew. */
 mp_status mp_train_metrics_open(train_job *j);
 /* The step's record on rank 0: its --metrics line and its database measurement. */
 mp_status mp_train_record(train_job *j, const step_rec *sr);
+/* An evaluation's record on rank 0: its --metrics line ("eval_only": true) and its
+ * database measurement (mp_measurement.eval_only). */
+mp_status mp_train_record_eval(train_job *j, const eval_rec *er);
 /* The end (rank 0): the metrics file closed, and removed when this run created it and
  * failed before its first record; the database's run status ('failed' also for a run that
  * failed before it was marked running). */

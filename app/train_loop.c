@@ -154,7 +154,7 @@ static mp_status check_resumed_state(train_job *j, const mp_ckpt_meta *meta) {
     return mp_error(j->ctx, MP_ERR_USAGE, "%s was trained with --seed %llu (it orders the data); resume with "
                     "--seed %llu", j->resume_man.dir, (unsigned long long)meta->seed,
                     (unsigned long long)meta->seed);
-  if (j->rank != 0) return MP_OK;
+  if (j->rank != 0 || j->eval_only) return MP_OK; /* an evaluation trains on nothing */
   const cJSON *t = meta->train;
   const char *src = cJSON_GetStringValue(cJSON_GetObjectItem(t, "data"));
   const char *now = j->data ? j->data : "synthetic";
@@ -208,6 +208,9 @@ static mp_status resume(train_job *j, int *done) {
   mp_status st = MP_OK;
   if (strcmp(res, "latest") == 0) {
     st = load_latest(j, &meta, dir, sizeof dir);
+    if (st == MP_ERR_NOT_FOUND && j->eval_only)
+      return mp_error(ctx, MP_ERR_NOT_FOUND, "--eval-only --resume latest: %s holds no checkpoint to evaluate",
+                      j->ckpt_dir);
     if (st == MP_ERR_NOT_FOUND) {
       if (j->rank == 0) printf("resume: no checkpoint in %s yet; starting at step 0\n", j->ckpt_dir);
       return MP_OK;
@@ -301,13 +304,13 @@ static mp_status save(train_job *j, long long step, double loss) {
   return st;
 }
 
-/* The mean cross-entropy of eval_batches global batches of --val-data from its start (the
- * same batches every time): the step's forward and backward without the optimizer. */
-static mp_status eval_loss(train_job *j, double *out) {
+/* The mean cross-entropy of eval_batches global batches of d from its start (the same
+ * batches every time): the step's forward and backward without the optimizer. */
+static mp_status eval_loss(train_job *j, mp_dataset *d, double *out) {
   const int dp = mp_comm_group_size(j->comm, MP_GROUP_DP), di = mp_comm_group_index(j->comm, MP_GROUP_DP);
   double sum = 0;
   for (long long k = 0; k < j->eval_batches; k++) {
-    MP_CHECK(mp_dataset_batch(j->ctx, j->val_data, k * j->po.global_batch, j->po.global_batch, di, dp, j->batch));
+    MP_CHECK(mp_dataset_batch(j->ctx, d, k * j->po.global_batch, j->po.global_batch, di, dp, j->batch));
     mp_step_result r;
     MP_CHECK(mp_runtime_forward_backward(j->ctx, j->rt, j->batch, &r));
     sum += r.ce_loss;
@@ -420,7 +423,7 @@ mp_status mp_train_steps(train_job *j, int quiet) {
     if (sr.r.skipped || !isfinite(sr.r.loss) || !isfinite(sr.r.grad_norm)) return diverged(j, &sr);
     const int last = s + 1 == j->steps;
     if (j->val_data && ((j->eval_every > 0 && sr.step % j->eval_every == 0) || last)) {
-      MP_CHECK(eval_loss(j, &sr.eval));
+      MP_CHECK(eval_loss(j, j->val_data, &sr.eval));
       sr.has_eval = 1;
     }
     j->losses[i] = sr.r.loss;
@@ -441,6 +444,35 @@ mp_status mp_train_steps(train_job *j, int quiet) {
       MP_CHECK(save(j, sr.step, sr.r.loss));
   }
   return MP_OK;
+}
+
+/* --eval-only: the eval loss of the restored weights (the checkpoint's, --init-from's or
+ * the seed's) on --val-data, or on the training data without it, printed and recorded
+ * as the evaluation of the step they are at. */
+mp_status mp_train_eval_only(train_job *j) {
+  mp_dataset *d = j->val_data ? j->val_data : j->train_data;
+  const char *init = mp_args_get(j->spec, "--init-from");
+  mp_talloc_reset_peak((mp_talloc *)mp_runtime_allocator(j->rt));
+  eval_rec er = {j->start_step, 0, 0, j->eval_batches * j->po.global_batch * j->po.seq, 0};
+  const double t0 = mp_now_s();
+  MP_CHECK(eval_loss(j, d, &er.loss));
+  MP_CHECK(mp_runtime_synchronize(j->ctx, j->rt));
+  er.dt = mp_now_s() - t0;
+  er.peak_bytes = mp_talloc_peak_total(mp_runtime_allocator(j->rt));
+  if (j->rank == 0) {
+    char what[MP_CKPT_PATH_MAX + 64];
+    if (j->resumed)
+      snprintf(what, sizeof what, "%s", j->last_ckpt);
+    else if (init)
+      snprintf(what, sizeof what, "--init-from %s", init);
+    else
+      snprintf(what, sizeof what, "the initial weights of --seed %lld", j->seed);
+    printf("eval: loss %.6f of %s (step %lld) on %lld global batch%s of %s: %lld tokens in %.1f ms\n", er.loss,
+           what, j->start_step, j->eval_batches, j->eval_batches == 1 ? "" : "es",
+           j->val_data ? mp_args_get(j->spec, "--val-data") : j->data ? j->data : "the synthetic corpus",
+           (long long)er.tokens, er.dt * 1e3);
+  }
+  return mp_runtime_agree(j->ctx, j->rt, mp_train_record_eval(j, &er), "recording the evaluation (--metrics, --db)");
 }
 
 /* ---- the end --------------------------------------------------------------------------- */

@@ -47,8 +47,8 @@ mp_status mp_train_metrics_open(train_job *j) {
   /* a regular file or none: opening a FIFO for writing would wait for a reader forever */
   MP_CHECK(mp_file_check_regular_or_absent(j->ctx, path));
   const int exists = access(path, F_OK) == 0;
-  if (j->resumed && exists) MP_CHECK(metrics_keep_to_start(j, path));
-  j->metrics = fopen(path, j->resumed ? "a" : "w");
+  if (j->resumed && exists && !j->eval_only) MP_CHECK(metrics_keep_to_start(j, path));
+  j->metrics = fopen(path, j->resumed || j->eval_only ? "a" : "w");
   if (!j->metrics) return mp_error(j->ctx, MP_ERR_IO, "--metrics %s: cannot write: %s", path, strerror(errno));
   j->metrics_created = !exists;
   return MP_OK;
@@ -97,7 +97,31 @@ mp_status mp_train_record(train_job *j, const step_rec *sr) {
   if (j->metrics) MP_CHECK(metrics_step(j, sr));
   if (j->store && j->plan_id) {
     mp_measurement me = {j->plan_id,    sr->step,    sr->dt,  sr->r.peak_bytes, sr->r.loss,       sr->tok_s,
-                         j->dev.cuda ? "cuda" : "cpu", sr->has_eval, sr->eval, sr->lr, sr->r.grad_norm};
+                         j->dev.cuda ? "cuda" : "cpu", sr->has_eval, sr->eval, sr->lr, sr->r.grad_norm, 0};
+    MP_CHECK(mp_store_add_measurement(j->ctx, j->store, &me));
+  }
+  j->n_recorded++;
+  return MP_OK;
+}
+
+mp_status mp_train_record_eval(train_job *j, const eval_rec *er) {
+  if (j->rank != 0) return MP_OK;
+  const double tok_s = er->dt > 0 ? (double)er->tokens / er->dt : 0;
+  if (j->metrics) {
+    cJSON *o = cJSON_CreateObject();
+    MP_CHECK_ALLOC(j->ctx, o);
+    cJSON_AddNumberToObject(o, "step", (double)er->step);
+    cJSON_AddBoolToObject(o, "eval_only", 1);
+    cJSON_AddNumberToObject(o, "eval_loss", er->loss);
+    cJSON_AddNumberToObject(o, "eval_batches", (double)j->eval_batches);
+    cJSON_AddNumberToObject(o, "eval_tokens", (double)er->tokens);
+    cJSON_AddNumberToObject(o, "eval_time_s", er->dt);
+    cJSON_AddNumberToObject(o, "peak_mem_bytes", (double)er->peak_bytes);
+    MP_CHECK(metrics_line(j, o));
+  }
+  if (j->store && j->plan_id) {
+    mp_measurement me = {j->plan_id, er->step, er->dt, er->peak_bytes, 0, tok_s, j->dev.cuda ? "cuda" : "cpu", 1,
+                         er->loss, 0, 0, 1};
     MP_CHECK(mp_store_add_measurement(j->ctx, j->store, &me));
   }
   j->n_recorded++;

@@ -260,7 +260,10 @@ mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measureme
     sqlite3_bind_int64(q, 1, m->step);
     sqlite3_bind_double(q, 2, m->step_time_s);
     sqlite3_bind_int64(q, 3, m->peak_mem_bytes);
-    sqlite3_bind_double(q, 4, m->loss);
+    if (m->eval_only) /* no step ran: no training loss, learning rate or gradient */
+      sqlite3_bind_null(q, 4);
+    else
+      sqlite3_bind_double(q, 4, m->loss);
     sqlite3_bind_double(q, 5, m->tokens_per_s);
     bind_text(q, 6, m->device);
     bind_text(q, 7, when);
@@ -268,8 +271,8 @@ mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measureme
       sqlite3_bind_double(q, 8, m->eval_loss);
     else
       sqlite3_bind_null(q, 8);
-    sqlite3_bind_double(q, 9, m->lr);
-    sqlite3_bind_double(q, 10, m->grad_norm);
+    if (!m->eval_only) sqlite3_bind_double(q, 9, m->lr);
+    if (!m->eval_only) sqlite3_bind_double(q, 10, m->grad_norm);
     sqlite3_bind_int64(q, 11, m->plan_id);
     rc = sqlite3_step(q);
     if (rc == SQLITE_DONE) rc = SQLITE_OK;
@@ -490,7 +493,7 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
   if (rc == SQLITE_OK)
     rc = sqlite3_prepare_v2(conn(st),
                             "SELECT step_time_s, peak_mem_bytes, tokens_per_s FROM measurements m"
-                            " WHERE plan_id=? AND id = (SELECT max(id) FROM measurements"
+                            " WHERE plan_id=? AND loss IS NOT NULL AND id = (SELECT max(id) FROM measurements"
                             " WHERE plan_id = m.plan_id AND step = m.step) ORDER BY step_time_s",
                             -1, &mq, NULL);
   int64_t i = 0;
@@ -554,6 +557,7 @@ static void read_step(sqlite3_stmt *q, void *row) {
   r->grad_norm = sqlite3_column_double(q, 6);
   r->has_eval = sqlite3_column_type(q, 7) != SQLITE_NULL;
   r->eval_loss = r->has_eval ? sqlite3_column_double(q, 7) : 0;
+  r->has_loss = sqlite3_column_int(q, 8);
 }
 
 mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_step_row **rows,
@@ -561,7 +565,7 @@ mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena
   /* each step's last record over the run's plans: one scan of the run's rows and a sort */
   return run_rows(ctx, st, run_id, "SELECT count(*) FROM measurements WHERE run_id=%lld",
                   "SELECT plan_id, step, coalesce(loss, 0), coalesce(tokens_per_s, 0),"
-                  " coalesce(step_time_s, 0), coalesce(lr, 0), coalesce(grad_norm, 0), eval_loss"
+                  " coalesce(step_time_s, 0), coalesce(lr, 0), coalesce(grad_norm, 0), eval_loss, loss IS NOT NULL"
                   " FROM (SELECT *, row_number() OVER (PARTITION BY step ORDER BY id DESC) AS newest"
                   " FROM measurements WHERE run_id=?) WHERE newest = 1 ORDER BY step",
                   read_step, sizeof **rows, a, (void **)rows, n, "reading measurements");

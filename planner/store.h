@@ -17,7 +17,8 @@
  *                 tokens/s/GPU, MFU, peak memory, capacity and the breakdown at the peak,
  *                 compute / exposed communication / bubble / optimizer seconds
  *   measurements  filled by the executor (mp_store_add_measurement): per plan and step,
- *                 with the step's learning rate, gradient norm and eval loss (version 3)
+ *                 with the step's learning rate, gradient norm and eval loss (version 3);
+ *                 an evaluation (`train --eval-only`) is a row whose loss is NULL
  * Version 3 adds runs.train_status: NULL for a planner run (complete once committed: a run
  * is one transaction); for a run that `meshplan train --db` measures, 'running' from its
  * start, then 'complete' or 'diverged' (a NaN or Inf loss or gradient norm stopped it) or
@@ -117,6 +118,9 @@ typedef struct mp_measurement {
   double eval_loss;
   double lr;          /* the step's learning rate */
   double grad_norm;   /* its global gradient norm before clipping */
+  int eval_only;      /* `train --eval-only`: eval_loss of the weights at `step`, no step
+                         run (loss, lr and grad_norm are stored NULL; step_time_s and
+                         tokens_per_s are the eval's) */
 } mp_measurement;
 /* Inserts a measurement (its own transaction); the plan must exist. */
 mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measurement *m);
@@ -169,6 +173,7 @@ typedef struct mp_step_row {
   double loss, tokens_per_s, step_time_s, lr, grad_norm;
   int has_eval;
   double eval_loss;
+  int has_loss; /* 0: an evaluation's record (mp_measurement.eval_only) */
 } mp_step_row;
 /* The run's measured steps (arena-owned array) by step, whichever of the run's plans
  * recorded them; a step measured twice (a resumed training run repeats the steps after its

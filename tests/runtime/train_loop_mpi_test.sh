@@ -123,6 +123,17 @@ mpi "$bin" "${common[@]}" --model tiny-moe --mesh dp_shard=4,ep=4 --checkpoint-d
 reshard moe_ep2 tiny-moe "$m" "$m.jsonl" 4 dp_replicate=2,dp_shard=2,ep=2
 reshard moe_one tiny-moe "$m" "$m.jsonl" 1 single
 
+# --eval-only under any mesh: the dp_shard=4 checkpoint's eval loss (no --val-data: the
+# training data's first batches) on tp=2 x dp_shard=2 and on one rank, within 1e-5
+"$bin" "${common[@]}" --model tiny-dense --checkpoint-dir "$s" --resume "$s/step_00000006" --eval-only \
+  --metrics "$tmp/eval1.jsonl" >/dev/null 2>&1
+mpi "$bin" "${common[@]}" --model tiny-dense --mesh tp=2,dp_shard=2 --checkpoint-dir "$s" --resume "$s/step_00000006" \
+  --eval-only --metrics "$tmp/eval4.jsonl" >/dev/null 2>&1
+check "--eval-only on tp=2 x dp_shard=2 and on one rank: the same eval loss within 1e-5" "$PY -c \"
+import json, sys
+a, b = (json.loads(open(p).read()) for p in ('$tmp/eval1.jsonl', '$tmp/eval4.jsonl'))
+sys.exit(0 if a['step'] == b['step'] == 6 and abs(a['eval_loss'] - b['eval_loss']) <= 1e-5 * abs(a['eval_loss']) else 1)\""
+
 # one run in the database across meshes: 6 steps on dp_shard=4, resumed to 12 on
 # tp=2 x dp_shard=2; report shows one run, the whole curve (the plot's data too) and the
 # resume marked in its segments

@@ -285,6 +285,38 @@ err=$("$bin" export --checkpoint "$tmp/tokck" --out "$tmp/hftok2" --dtype fp16 2
 check "export --dtype fp16 is a usage error" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'choose fp32 or bf16'"
 err=$("$bin" export --checkpoint "$tmp/nothing" --out "$tmp/hf2" 2>&1); rc=$?
 check "export of a missing checkpoint refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'does not exist'"
+# --eval-only: the eval loss of a checkpoint, or of an --init-from folder, without a step:
+# the one the training run recorded at the checkpoint's step, bit for bit (the same weights
+# on the same batches); printed, appended to --metrics and recorded as its own --db run
+v="$tmp/evalonly"
+rm -rf "$v"; mkdir -p "$v/empty"
+erun=(train --model tiny-dense --seq 16 --micro-batch 2 --global-batch 4 --quiet --val-data "$tmp/u16/part_1.bin")
+"$bin" "${erun[@]}" --steps 6 --eval-every 3 --checkpoint-dir "$v/ck" --metrics "$v/train.jsonl" >/dev/null 2>&1
+out=$("$bin" "${erun[@]}" --checkpoint-dir "$v/ck" --resume latest --eval-only --metrics "$v/eval.jsonl" \
+      --db "$v/r.db" 2>&1); rc=$?
+echo "$out" | grep '^eval'
+same_eval() { # TRAIN.jsonl EVAL.jsonl STEP: the evaluation's loss is the training run's at step 6
+  $PY - "$1" "$2" "$3" <<'EOF'
+import json, sys
+t = {o["step"]: o["eval_loss"] for o in map(json.loads, open(sys.argv[1]))}
+e = [json.loads(l) for l in open(sys.argv[2])][-1]
+sys.exit(0 if e["eval_only"] and e["step"] == int(sys.argv[3]) and e["eval_loss"] == t[6] else 1)
+EOF
+}
+check "--eval-only of a checkpoint: the training run's eval loss at its step, bit for bit, printed" \
+  "[ $rc -eq 0 ] && same_eval $v/train.jsonl $v/eval.jsonl 6 && echo \"\$out\" | grep -q '^eval: loss [0-9.]* of $v/ck/step_00000006 (step 6) on 4 global batches of $tmp/u16/part_1.bin'"
+check "--eval-only: no step ran (no step line, no new checkpoint)" \
+  "! echo \"\$out\" | grep -q '^step ' && [ \"\$(ls $v/ck | tr '\n' ' ')\" = 'step_00000006 ' ]"
+rep=$("$bin" report --db "$v/r.db" --run 1 2>&1)
+check "--eval-only --db: report shows the evaluation" \
+  "echo \"\$rep\" | grep -q '^evaluation (train --eval-only): validation loss [0-9.]* of the weights at step 6 (complete)'"
+"$bin" export --checkpoint "$v/ck" --out "$v/hf" >/dev/null 2>&1
+"$bin" train --init-from "$v/hf" --seq 16 --micro-batch 2 --global-batch 4 --val-data "$tmp/u16/part_1.bin" --eval-only \
+  --metrics "$v/eval.jsonl" >/dev/null 2>&1
+check "--eval-only --init-from the exported folder: the same eval loss" "same_eval $v/train.jsonl $v/eval.jsonl 0"
+err=$("$bin" train --model tiny-dense --eval-only --checkpoint-dir "$v/empty" --resume latest 2>&1); rc=$?
+check "--eval-only --resume latest of an empty folder refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'holds no checkpoint to evaluate'"
+
 if command -v gnuplot >/dev/null; then
   out=$("$bin" report --db "$db" --run 1 --plot "$tmp/plots" 2>&1); rc=$?
   check "report --plot draws loss.png and throughput.png" "[ $rc -eq 0 ] && [ -s $tmp/plots/loss.png ] && [ -s $tmp/plots/throughput.png ]"

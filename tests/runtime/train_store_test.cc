@@ -23,8 +23,9 @@ int64_t Q(mp_store *st, const char *sql) {
   return v;
 }
 
-// A one-plan run, as `meshplan train --db` records one; returns the plan's id.
-int64_t OnePlanRun(mp_store *st) {
+// A one-plan run, as `meshplan train --db` records one; returns the plan's id. evaluated:
+// with its prediction row, ranked first (the ranked plans are the predicted ones).
+int64_t OnePlanRun(mp_store *st, int evaluated = 0) {
   mp_ctx c;
   mp_ctx_init(&c);
   mp_run_info info = {"tiny-dense", "1xcpu", "cpu", 1, 1, 16, 4, "time", "{}", "test", "test"};
@@ -34,7 +35,11 @@ int64_t OnePlanRun(mp_store *st) {
   memset(&cand, 0, sizeof cand);
   mp_mesh_init(&cand.mesh);
   cand.micro_batch = 2;
+  cand.evaluated = (uint8_t)evaluated;
   EXPECT_EQ(mp_store_add_candidate(&c, st, run, 0, &cand, ""), MP_OK) << mp_errmsg(&c);
+  if (evaluated) {
+    EXPECT_EQ(mp_store_set_rank(&c, st, cand.plan_id, 1), MP_OK);
+  }
   mp_run_summary sum = {1, 0, 0, 0, 0, 0.0};
   EXPECT_EQ(mp_store_run_commit(&c, st, run, &sum), MP_OK) << mp_errmsg(&c);
   return cand.plan_id;
@@ -171,6 +176,36 @@ TEST(TrainStore, AResumedRunKeepsOneHistoryAcrossPlans) {
   EXPECT_EQ(seg[1].first_step, 3);
   EXPECT_EQ(seg[1].last_step, 5);
   EXPECT_EQ(seg[1].n_steps, 3);
+  mp_arena_destroy(a);
+  mp_store_close(st);
+}
+
+// An evaluation (train --eval-only) is a row without a training loss, learning rate or
+// gradient norm: its step reads has_loss 0 with its eval loss, and it is not a step time
+// among a plan's measured figures.
+TEST(TrainStore, AnEvaluationIsARowWithoutALoss) {
+  const std::string path = FreshDbPath("eval.db");
+  mp_ctx c;
+  mp_ctx_init(&c);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&c, path.c_str(), &st), MP_OK) << mp_errmsg(&c);
+  const int64_t plan = OnePlanRun(st, 1);
+  mp_measurement m = {plan, 20, 0.25, 1000, 9.0, 512.0, "cpu", 1, 3.5, 9.0, 9.0, 1};
+  ASSERT_EQ(mp_store_add_measurement(&c, st, &m), MP_OK) << mp_errmsg(&c);
+  EXPECT_EQ(Q(st, "SELECT count(*) FROM measurements WHERE loss IS NULL AND lr IS NULL AND grad_norm IS NULL"), 1);
+  mp_arena *a = mp_arena_create();
+  mp_step_row *rows = nullptr;
+  int64_t n = 0;
+  ASSERT_EQ(mp_store_run_steps(&c, st, 1, a, &rows, &n), MP_OK) << mp_errmsg(&c);
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(rows[0].step, 20);
+  EXPECT_FALSE(rows[0].has_loss);
+  EXPECT_TRUE(rows[0].has_eval);
+  EXPECT_EQ(rows[0].eval_loss, 3.5);
+  mp_plan_row *plans = nullptr;
+  ASSERT_EQ(mp_store_top_plans(&c, st, 1, 0, a, &plans, &n), MP_OK) << mp_errmsg(&c);
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(plans[0].n_measured, 0);
   mp_arena_destroy(a);
   mp_store_close(st);
 }
