@@ -334,6 +334,13 @@ static void print_profile(const mp_kprof *kp, const mp_comm_prof *cp, long long 
     pc_all += ps;
   }
   if (mc_all > 0 || pc_all > 0) profile_row("collectives", mc_all, -1, pc_all, -1, pred);
+  /* the schedule counts an FSDP unit's gather or reduce-scatter as one op; the runtime
+   * issues it one parameter tensor at a time: the unit ops are the comparable count */
+  for (int g = 0; g < MP_GROUP_COUNT; g++)
+    if (cp->unit_ops[g] > 0 && cp->unit_ops[g] != cp->calls[g])
+      printf("  (collectives %s: the runtime gathers and reduce-scatters an FSDP unit one parameter tensor at a time: "
+             "its %.1f calls are %.1f unit ops, one per unit as the schedule counts them)\n",
+             mp_group_name((mp_group)g), (double)cp->calls[g] / n, (double)cp->unit_ops[g] / n);
   if (pred)
     printf("  (predicted step %.3f ms: compute %.3f, optimizer %.3f, exposed communication %.3f)\n",
            pick->busy_res.step_time_s * 1e3, pick->busy_res.compute_s * 1e3, pick->busy_res.optimizer_s * 1e3,
@@ -625,11 +632,12 @@ static void print_start(const train_job *j, int quiet) {
   if (!quiet) {
     char mesh_s[128];
     mp_mesh_format(&j->mesh, mesh_s, sizeof mesh_s);
+    const long long n_micro = (long long)mp_runtime_n_micro(j->rt);
     printf("train %s on mesh %s (%d rank%s), ac %s, seq %lld, micro-batch %lld, global batch %lld (%lld "
-           "micro-batches), lr %g, data %s",
+           "micro-batch%s), lr %g, data %s",
            j->model.name, mesh_s, ranks, ranks == 1 ? "" : "s", mp_ac_mode_name(j->plan->ac),
-           (long long)j->po.seq, (long long)j->po.micro_batch, (long long)j->po.global_batch,
-           (long long)mp_runtime_n_micro(j->rt), j->ro.lr, j->data ? j->data : "synthetic");
+           (long long)j->po.seq, (long long)j->po.micro_batch, (long long)j->po.global_batch, n_micro,
+           n_micro == 1 ? "" : "es", j->ro.lr, j->data ? j->data : "synthetic");
     if (j->corpus.tokens && j->corpus.entropy_nats >= 0) printf(" (entropy floor %.4f nats)", j->corpus.entropy_nats);
     printf(", float8 %s\n", j->plan->opts.fp8 ? "on" : "off");
     if (dev->cuda) printf("device: cuda %d (%s, profile %s), bf16 compute\n", dev->index, dev->name, dev->gpu);
@@ -669,13 +677,24 @@ static mp_status print_summary(train_job *j) {
   if (j->rank != 0) return MP_OK;
   const long long steps = j->steps - j->start_step; /* run by this process */
   const int64_t peak = j->peak;
-  if (steps <= 0) {
-    printf("done: the checkpoint is at step %lld, --steps %lld: no step to run\n", j->start_step, j->steps);
+  if (steps <= 0 && j->resumed) {
+    printf("done: %s is at step %lld and --steps is %lld: no step to run (train --eval-only evaluates it)\n",
+           j->last_ckpt, j->start_step, j->steps);
     return MP_OK;
   }
-  printf("done: %lld steps (%lld..%lld), final loss %.6f, %.0f tokens/s (from the second), peak memory %lld bytes "
-         "per rank\n", steps, j->start_step + 1, j->steps, j->losses[steps - 1],
-         j->total_s > 0 ? j->tokens_all / j->total_s : 0.0, (long long)peak);
+  if (steps <= 0) {
+    printf("done: --steps 0: no step run%s%s\n", j->last_ckpt[0] ? "; the starting weights are " : "", j->last_ckpt);
+    return MP_OK;
+  }
+  /* tokens/s from the second step on (the first carries first-touch page faults); a run of
+   * one step has only that one */
+  char rate[96];
+  if (j->total_s > 0)
+    snprintf(rate, sizeof rate, "%.0f tokens/s (from the second)", j->tokens_all / j->total_s);
+  else
+    snprintf(rate, sizeof rate, "%.0f tokens/s (its one step, first-touch costs included)", j->first_tok_s);
+  printf("done: %lld step%s (%lld..%lld), final loss %.6f, %s, peak memory %lld bytes per rank\n", steps,
+         steps == 1 ? "" : "s", j->start_step + 1, j->steps, j->losses[steps - 1], rate, (long long)peak);
   if (j->ep_rows > 0)
     printf("expert rows: at most %lld received by one rank in one MoE layer (balanced routing: %lld)\n",
            (long long)j->ep_rows, (long long)(j->po.micro_batch * j->po.seq * j->model.top_k));

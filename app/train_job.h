@@ -115,6 +115,7 @@ typedef struct train_job {
   double *losses, *step_s; /* per step of this process (index: step - start_step - 1) */
   int64_t peak, ep_rows; /* the largest rank's peak memory and expert rows received */
   double total_s, tokens_all; /* steps 2.. */
+  double first_tok_s;   /* the first step's tokens/s (a one-step run's only figure) */
 } train_job;
 
 /* An evaluation's record (--eval-only): the eval loss of the weights at step. */

@@ -147,8 +147,28 @@ mp_status mp_train_load_data(train_job *j) {
 
 /* ---- restore ------------------------------------------------------------------------------ */
 
+/* The LR schedule a checkpoint's "train" state records (train_state); 0 when a field is
+ * missing (then it is said to differ). */
+static int saved_schedule(const cJSON *t, mp_lr_schedule *out) {
+  memset(out, 0, sizeof *out);
+  const char *kind = cJSON_GetStringValue(cJSON_GetObjectItem(t, "lr_schedule"));
+  mp_ctx c2;
+  mp_ctx_init(&c2);
+  if (!kind || mp_lr_kind_parse(&c2, kind, &out->kind) != MP_OK) return 0;
+  static const char *const keys[] = {"lr", "min_lr", "warmup_steps", "total_steps", "decay_frac"};
+  double v[5];
+  for (int i = 0; i < 5; i++) {
+    const cJSON *x = cJSON_GetObjectItem(t, keys[i]);
+    if (!cJSON_IsNumber(x)) return 0;
+    v[i] = x->valuedouble;
+  }
+  *out = (mp_lr_schedule){out->kind, v[0], v[1], (int64_t)v[2], (int64_t)v[3], v[4]};
+  return 1;
+}
+
 /* The checkpoint's training state against this run's: the seed must match (it orders the
- * data); a different data source or schedule is said, not refused. */
+ * data); a different data source is said, and a schedule that gives the steps still to
+ * run other learning rates (mp_lr_same_after), not refused. */
 static mp_status check_resumed_state(train_job *j, const mp_ckpt_meta *meta) {
   if (meta->seed != (uint64_t)j->seed)
     return mp_error(j->ctx, MP_ERR_USAGE, "%s was trained with --seed %llu (it orders the data); resume with "
@@ -161,14 +181,11 @@ static mp_status check_resumed_state(train_job *j, const mp_ckpt_meta *meta) {
   if (src && strcmp(src, now) != 0)
     printf("note: the checkpoint trained on --data %s, this run reads %s from sequence %lld\n", src, now,
            (long long)meta->data_consumed);
-  const char *sched = cJSON_GetStringValue(cJSON_GetObjectItem(t, "lr_schedule"));
-  const cJSON *lr = cJSON_GetObjectItem(t, "lr"), *total = cJSON_GetObjectItem(t, "total_steps");
-  if ((sched && strcmp(sched, mp_lr_kind_name(j->lr.kind)) != 0) || (cJSON_IsNumber(lr) && lr->valuedouble != j->lr.lr) ||
-      (cJSON_IsNumber(total) && (long long)total->valuedouble != j->steps))
+  mp_lr_schedule was;
+  if (!saved_schedule(t, &was) || !mp_lr_same_after(&was, &j->lr, meta->step))
     printf("note: the checkpoint's schedule was %s, lr %g over %lld steps; this run's (%s, lr %g over %lld) "
-           "applies from step %lld\n", sched ? sched : "?", cJSON_IsNumber(lr) ? lr->valuedouble : 0.0,
-           cJSON_IsNumber(total) ? (long long)total->valuedouble : 0LL, mp_lr_kind_name(j->lr.kind), j->lr.lr,
-           j->steps, (long long)meta->step + 1);
+           "applies from step %lld\n", mp_lr_kind_name(was.kind), was.lr, (long long)was.total,
+           mp_lr_kind_name(j->lr.kind), j->lr.lr, j->steps, (long long)meta->step + 1);
   return MP_OK;
 }
 
@@ -431,9 +448,12 @@ mp_status mp_train_steps(train_job *j, int quiet) {
     if (i > 0) {
       j->total_s += sr.dt;
       j->tokens_all += (double)sr.r.tokens * dp;
-    } else if (j->steps - j->start_step > 1) {
-      memset(&j->kprof, 0, sizeof j->kprof);
-      memset(&j->cprof, 0, sizeof j->cprof);
+    } else {
+      j->first_tok_s = sr.tok_s;
+      if (j->steps - j->start_step > 1) { /* the profile counts from the second step */
+        memset(&j->kprof, 0, sizeof j->kprof);
+        memset(&j->cprof, 0, sizeof j->cprof);
+      }
     }
     if (sr.r.peak_bytes > j->peak) j->peak = sr.r.peak_bytes;
     if (!quiet) print_step(j, &sr);

@@ -88,6 +88,28 @@ TEST(Lr, AsymmetricPointsTellTheShapesApart) {
   EXPECT_NEAR(mp_lr_at(&s, 10), 0.23180194846605361, 1e-12);
 }
 
+// Whether a resumed run's schedule changed for the steps it runs: the formulas of lr.h read
+// off. A constant schedule has no total and no floor in its formula, so --steps 20 -> 30
+// changes nothing; a warmup that ended before step 10 in both does not either; a cosine's
+// p = (s - W) / (S - W) moves with S, and a wsd's decay start D with its share.
+TEST(Lr, SameAfterAStepReadsTheFormulas) {
+  const mp_lr_schedule c20 = {MP_LR_CONSTANT, 1e-3, 0, 4, 20, 0.2}, c30 = {MP_LR_CONSTANT, 1e-3, 5e-4, 2, 30, 0.2};
+  EXPECT_TRUE(mp_lr_same_after(&c20, &c30, 10));   // totals, floors and ended warmups
+  EXPECT_FALSE(mp_lr_same_after(&c20, &c30, 3));   // step 4 is warmup in one, not the other
+  mp_lr_schedule c_lr = c20;
+  c_lr.lr = 2e-3;
+  EXPECT_FALSE(mp_lr_same_after(&c20, &c_lr, 10));
+  const mp_lr_schedule cos20 = {MP_LR_COSINE, 1e-3, 1e-4, 4, 20, 0.2}, cos30 = {MP_LR_COSINE, 1e-3, 1e-4, 4, 30, 0.2};
+  EXPECT_TRUE(mp_lr_same_after(&cos20, &cos20, 10));
+  EXPECT_FALSE(mp_lr_same_after(&cos20, &cos30, 10));
+  EXPECT_NE(mp_lr_at(&cos20, 11), mp_lr_at(&cos30, 11));  // and indeed the rates part
+  EXPECT_FALSE(mp_lr_same_after(&c20, &cos20, 10));
+  mp_lr_schedule w1 = {MP_LR_WSD, 1e-3, 1e-4, 4, 20, 0.2}, w2 = w1;
+  w2.decay_frac = 0.5;
+  EXPECT_FALSE(mp_lr_same_after(&w1, &w2, 10));
+  EXPECT_TRUE(mp_lr_same_after(&w1, &w1, 10));
+}
+
 TEST(Lr, NamesAndRefusals) {
   Ctx c;
   mp_lr_kind k;

@@ -134,6 +134,17 @@ import json, sys
 a, b = (json.loads(open(p).read()) for p in ('$tmp/eval1.jsonl', '$tmp/eval4.jsonl'))
 sys.exit(0 if a['step'] == b['step'] == 6 and abs(a['eval_loss'] - b['eval_loss']) <= 1e-5 * abs(a['eval_loss']) else 1)\""
 
+# --profile's FSDP calls beside the schedule's ops: tiny-dense on dp_shard=4, 2 blocks of 9
+# parameter tensors and a root unit of 3 (embedding, final norm, head). The schedule has one
+# op per unit: 3 forward gathers, 2 backward gathers (the blocks reshard after forward;
+# the root is kept) and 3 reduce-scatters = 8. The runtime issues one call per tensor:
+# 9 + 9 + 3 + 9 + 9 + 9 + 9 + 3 = 60. The table shows 60 calls beside 8 predicted, and the
+# note the runtime's own count of unit ops, 8, the schedule's.
+out=$(mpi "$bin" train --model tiny-dense --mesh dp_shard=4 --steps 3 --seq 16 --micro-batch 2 --profile --quiet 2>&1)
+echo "$out" | grep 'fsdp'
+check "--profile: fsdp 60 calls against 8 ops predicted, and the runtime's 8 unit ops said" \
+  "echo \"\$out\" | grep -Eq '^  collectives fsdp +60\.0 +[0-9.]+ +8\.0 ' && echo \"\$out\" | grep -q 'its 60.0 calls are 8.0 unit ops, one per unit as the schedule counts them'"
+
 # one run in the database across meshes: 6 steps on dp_shard=4, resumed to 12 on
 # tp=2 x dp_shard=2; report shows one run, the whole curve (the plot's data too) and the
 # resume marked in its segments
