@@ -62,6 +62,7 @@ static void fmt_s(double t, char *buf, size_t cap) {
 
 static int fail(const mp_ctx *ctx, mp_status st) { return mp_cmd_fail(ctx, st); }
 
+
 static double pct_err(double predicted, double measured) {
   return measured != 0 ? 100.0 * (predicted - measured) / measured : 0;
 }
@@ -105,12 +106,13 @@ static int list_runs(mp_store *st, mp_arena *a, int as_json) {
          "cluster", "devices", "seq", "batch", "candidates", "simulated", "feasible", "best step", "status");
   for (int64_t i = 0; i < n; i++) {
     const mp_run_row *r = &runs[i];
-    char best[32] = "-", dev[48];
+    char best[32] = "-", dev[48], when[sizeof r->created_at * 4], model[sizeof r->model * 4],
+                                  cluster[sizeof r->cluster * 4];
     if (r->best_plan_id) fmt_s(r->best_step_time_s, best, sizeof best);
     snprintf(dev, sizeof dev, "%d %s", r->n_gpus, device_word(r->gpu, r->n_gpus));
     printf("%4lld  %-20s  %-18s  %-12s %-16s %6lld %6lld %10lld %9lld %8lld %10s  %s\n", (long long)r->id,
-           r->created_at, r->model, r->cluster, dev, (long long)r->seq,
-           (long long)r->global_batch, (long long)r->n_candidates, (long long)r->n_evaluated,
+           MP_CMD_CELL(r->created_at, when), MP_CMD_CELL(r->model, model), MP_CMD_CELL(r->cluster, cluster), dev,
+           (long long)r->seq, (long long)r->global_batch, (long long)r->n_candidates, (long long)r->n_evaluated,
            (long long)r->n_feasible, best, r->status);
   }
   printf("\nmeshplan report --db %s --run ID shows a run's top plans\n", mp_store_path(st));
@@ -173,9 +175,13 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
     print_run_json(&run, p, n);
     return 0;
   }
-  printf("run %lld (%s): %s on %s (%d %s), seq %lld, global batch %lld, objective %s, %s\n",
-         (long long)run.id, run.created_at, run.model, run.cluster, run.n_gpus, device_word(run.gpu, run.n_gpus), (long long)run.seq,
-         (long long)run.global_batch, run.objective, run.status);
+  char when[sizeof run.created_at * 4], model[sizeof run.model * 4], cluster[sizeof run.cluster * 4],
+      objective[sizeof run.objective * 4];
+  printf("run %lld (%s): %s on %s (%d %s), seq %lld, global batch %lld, objective %s, %s\n", (long long)run.id,
+         MP_CMD_CELL(run.created_at, when), MP_CMD_CELL(run.model, model), MP_CMD_CELL(run.cluster, cluster),
+         run.n_gpus,
+         device_word(run.gpu, run.n_gpus), (long long)run.seq, (long long)run.global_batch,
+         MP_CMD_CELL(run.objective, objective), run.status);
   printf("%lld candidates, %lld pruned, %lld simulated, %lld feasible\n\n", (long long)run.n_candidates,
          (long long)run.n_pruned, (long long)run.n_evaluated, (long long)run.n_feasible);
   if (n == 0) {
@@ -293,8 +299,9 @@ static int show_training(mp_store *st, mp_arena *a, const mp_run_row *run, const
   for (int64_t i = 0; i < n; i++)
     if (rows[i].has_loss)
       ps[k++] = (mp_plot_step){rows[i].step, rows[i].loss, rows[i].tokens_per_s, rows[i].has_eval, rows[i].eval_loss};
-  char title[256];
-  snprintf(title, sizeof title, "run %lld: %s, %s", (long long)run->id, run->model, run->status);
+  char title[256], model[sizeof run->model * 4];
+  snprintf(title, sizeof title, "run %lld: %s, %s", (long long)run->id, MP_CMD_CELL(run->model, model),
+           run->status);
   if ((s = mp_plot_make_dir(&ctx, dir)) != MP_OK || (s = mp_plot_training(&ctx, dir, ps, k, title)) != MP_OK)
     return fail(&ctx, s);
   printf("plots: %s/loss.png, %s/throughput.png\n", dir, dir);

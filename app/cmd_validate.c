@@ -276,16 +276,18 @@ static metric_sum summarize(const row *rows, int n, const char *metric, double *
   return s;
 }
 
+
 static double row_error(const row *r) { return (r->predicted - r->measured) / r->measured; }
 
 /* Every row's predicted vs published figure, then per metric the MAPE and Kendall's tau. */
 static void print_table(const row *rows, int n, const metric_sum *sums) {
+  char name[sizeof rows->name * 4]; /* a case's name from the CSV, escaped (mp_cmd_escape) */
   printf("%-30s %-22s %5s %12s %12s %8s\n", "case", "metric", "mb", "predicted", "published",
          "error");
   for (int i = 0; i < n; i++) {
     if (rows[i].refused[0]) {
       char pub[32];
-      printf("%-30s %-22s %5s %12s %12s %8s\n", rows[i].name, rows[i].metric, "-", "refused",
+      printf("%-30s %-22s %5s %12s %12s %8s\n", MP_CMD_CELL(rows[i].name, name), rows[i].metric, "-", "refused",
              fig(pub, sizeof pub, rows[i].measured), "-");
       continue;
     }
@@ -293,7 +295,7 @@ static void print_table(const row *rows, int n, const metric_sum *sums) {
     snprintf(mb, sizeof mb, "%lld%s", (long long)rows[i].micro_batch,
              rows[i].picked == 2 ? "s" : rows[i].picked ? "*" : "");
     char pred[32], pub[32];
-    printf("%-30s %-22s %5s %12s %12s %+7.1f%%\n", rows[i].name, rows[i].metric, mb,
+    printf("%-30s %-22s %5s %12s %12s %+7.1f%%\n", MP_CMD_CELL(rows[i].name, name), rows[i].metric, mb,
            fig(pred, sizeof pred, rows[i].predicted), fig(pub, sizeof pub, rows[i].measured),
            100.0 * row_error(&rows[i]));
   }
@@ -301,7 +303,7 @@ static void print_table(const row *rows, int n, const metric_sum *sums) {
          "local_batch, none being published; s the stack's own pipeline micro-batching, "
          "none being published)\n");
   for (int i = 0; i < n; i++)
-    if (rows[i].refused[0]) printf("refused: %s: %s\n", rows[i].name, rows[i].refused);
+    if (rows[i].refused[0]) printf("refused: %s: %s\n", MP_CMD_CELL(rows[i].name, name), rows[i].refused);
   printf("\n%-22s %5s %8s %12s\n", "metric", "rows", "MAPE", "Kendall tau");
   for (int k = 0; k < N_METRICS; k++) {
     const metric_sum *s = &sums[k];

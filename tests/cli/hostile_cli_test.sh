@@ -295,6 +295,26 @@ if [ -e "$d/lim/p.db" ]; then echo "FAIL: plan --db under ulimit -f left $d/lim/
 # the plot's data file: planner/plot.c reports its write failures as "error writing" (exit 2)
 ULIMIT_F=4 row 2 "error writing $d/lim/pl/candidates.dat" plan --no-db --model tiny-dense --plot "$d/lim/pl"
 
+# ---- control characters in names (ESC, BEL, newline, a C1 control) are escaped in every
+# table cell report and validate print: the tables keep one line a row and no raw control
+# byte reaches the terminal ------------------------------------------------------------------
+printf '{"name": "ev\\u001b[31mil\\u0007\\nrow\\u0085x", "family": "llama", "vocab": 256, "d_model": 64, "n_layers": 2, "n_heads": 8, "d_ff": 128}' >"$d/evil.json"
+printf '%s\n%s\n' "$hdr" "$(printf 'ev\033[31mil\007x'),tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,0.01" >"$d/evil.csv"
+"$bin" plan --model "$d/evil.json" --gpus 8 --top 1 --db "$d/evil.db" >/dev/null 2>&1
+raw_controls() { LC_ALL=C grep -c $'[\x01-\x08\x0b-\x1f\x7f]\|\xc2[\x80-\x9f]' "$1"; }
+for what in "report --db $d/evil.db" "report --db $d/evil.db --run 1" "validate $d/evil.csv"; do
+  rows=$((rows + 1))
+  # shellcheck disable=SC2086
+  "$bin" $what >"$d/table" 2>&1
+  if [ "$(raw_controls "$d/table")" != 0 ] || ! grep -qF 'ev\x1b[31mil\x07' "$d/table"; then
+    echo "FAIL: meshplan $what: a name's control characters printed raw:"; cat -A "$d/table" | head -5; fails=$((fails + 1))
+  fi
+done
+rows=$((rows + 1))
+if [ "$("$bin" report --db "$d/evil.db" | grep -c '^ *[0-9]')" != 1 ] || ! "$bin" report --db "$d/evil.db" | grep -qF 'ev\x1b[31mil\x07\nrow\u0085x'; then
+  echo "FAIL: report: the run's row is not one escaped line"; fails=$((fails + 1))
+fi
+
 # The foreign database was never written, nor switched to WAL.
 rows=$((rows + 1))
 if [ "$(cksum <"$d/foreign.db")" != "$foreign_sum" ] || [ -e "$d/foreign.db-wal" ]; then
