@@ -288,6 +288,30 @@ void mp_cmd_gpu_note(const mp_gpu *g, char *buf, size_t cap) {
            mp_gpu_api_name(mp_gpu_api_of(g)));
 }
 
+const char *mp_cmd_escape(const char *s, char *buf, size_t cap) {
+  if (cap == 0) return buf;
+  size_t n = 0;
+  for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+    char e[8];
+    int len;
+    if (*c == '\n' || *c == '\r' || *c == '\t' || *c == '\\')
+      len = snprintf(e, sizeof e, "\\%c", *c == '\n' ? 'n' : *c == '\r' ? 'r' : *c == '\t' ? 't' : '\\');
+    else if (*c < 0x20 || *c == 0x7f)
+      len = snprintf(e, sizeof e, "\\x%02x", *c);
+    else if (*c == 0xc2 && c[1] >= 0x80 && c[1] <= 0x9f) /* U+0080..U+009F, the C1 controls */
+      len = snprintf(e, sizeof e, "\\u%04x", *++c);
+    else {
+      e[0] = (char)*c;
+      len = 1;
+    }
+    if (n + (size_t)len >= cap) break;
+    memcpy(buf + n, e, (size_t)len);
+    n += (size_t)len;
+  }
+  buf[n] = '\0';
+  return buf;
+}
+
 const char *mp_cmd_db_path(const mp_cmd_spec *spec) {
   const char *db = mp_args_get(spec, "--db");
   return db ? db : "meshplan.db";

@@ -3,9 +3,11 @@
  * killed or still running; failed); with --run ID it prints that run's top plans with
  * their predictions and, for plans the executor has measured, the measured figures beside
  * the predicted ones with the error (predicted - measured) / measured, and the training
- * curve's ends; --plot DIR draws the run's measured loss (training and validation) and
- * throughput against the step with gnuplot, with the plan's predicted throughput and the
- * steps where the run resumed from a checkpoint. The database is opened, never created: a
+ * curve's ends (one curve across the processes of a resumed run, each process's segment
+ * listed with its mesh and the step it resumed from); --plot DIR draws the run's measured
+ * loss (training and validation) and throughput against the step with gnuplot, with the
+ * plan's predicted throughput and the steps where the run resumed from a checkpoint. The
+ * database is opened, never created: a
  * missing file is an error naming it. */
 #include <cjson/cJSON.h>
 #include <stdint.h>
@@ -15,6 +17,7 @@
 #include <unistd.h>
 
 #include "app/commands.h"
+#include "exec/mesh.h"
 #include "planner/plot.h"
 #include "planner/search.h"
 #include "planner/store.h"
@@ -61,6 +64,7 @@ static void fmt_s(double t, char *buf, size_t cap) {
 
 static int fail(const mp_ctx *ctx, mp_status st) { return mp_cmd_fail(ctx, st); }
 
+
 static double pct_err(double predicted, double measured) {
   return measured != 0 ? 100.0 * (predicted - measured) / measured : 0;
 }
@@ -104,12 +108,13 @@ static int list_runs(mp_store *st, mp_arena *a, int as_json) {
          "cluster", "devices", "seq", "batch", "candidates", "simulated", "feasible", "best step", "status");
   for (int64_t i = 0; i < n; i++) {
     const mp_run_row *r = &runs[i];
-    char best[32] = "-", dev[48];
+    char best[32] = "-", dev[48], when[sizeof r->created_at * 4], model[sizeof r->model * 4],
+                                  cluster[sizeof r->cluster * 4];
     if (r->best_plan_id) fmt_s(r->best_step_time_s, best, sizeof best);
     snprintf(dev, sizeof dev, "%d %s", r->n_gpus, device_word(r->gpu, r->n_gpus));
     printf("%4lld  %-20s  %-18s  %-12s %-16s %6lld %6lld %10lld %9lld %8lld %10s  %s\n", (long long)r->id,
-           r->created_at, r->model, r->cluster, dev, (long long)r->seq,
-           (long long)r->global_batch, (long long)r->n_candidates, (long long)r->n_evaluated,
+           MP_CMD_CELL(r->created_at, when), MP_CMD_CELL(r->model, model), MP_CMD_CELL(r->cluster, cluster), dev,
+           (long long)r->seq, (long long)r->global_batch, (long long)r->n_candidates, (long long)r->n_evaluated,
            (long long)r->n_feasible, best, r->status);
   }
   printf("\nmeshplan report --db %s --run ID shows a run's top plans\n", mp_store_path(st));
@@ -172,9 +177,13 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
     print_run_json(&run, p, n);
     return 0;
   }
-  printf("run %lld (%s): %s on %s (%d %s), seq %lld, global batch %lld, objective %s, %s\n",
-         (long long)run.id, run.created_at, run.model, run.cluster, run.n_gpus, device_word(run.gpu, run.n_gpus), (long long)run.seq,
-         (long long)run.global_batch, run.objective, run.status);
+  char when[sizeof run.created_at * 4], model[sizeof run.model * 4], cluster[sizeof run.cluster * 4],
+      objective[sizeof run.objective * 4];
+  printf("run %lld (%s): %s on %s (%d %s), seq %lld, global batch %lld, objective %s, %s\n", (long long)run.id,
+         MP_CMD_CELL(run.created_at, when), MP_CMD_CELL(run.model, model), MP_CMD_CELL(run.cluster, cluster),
+         run.n_gpus,
+         device_word(run.gpu, run.n_gpus), (long long)run.seq, (long long)run.global_batch,
+         MP_CMD_CELL(run.objective, objective), run.status);
   printf("%lld candidates, %lld pruned, %lld simulated, %lld feasible\n\n", (long long)run.n_candidates,
          (long long)run.n_pruned, (long long)run.n_evaluated, (long long)run.n_feasible);
   if (n == 0) {
@@ -214,6 +223,56 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
   return 0;
 }
 
+/* A training run that went on across processes (resumed after a kill, on the same mesh or
+ * another): one row per process's plan, the resume marked where a segment starts. */
+static void print_segments(const mp_run_segment *seg, int64_t n) {
+  printf("segments: one run across %lld processes (a step run twice shows its last record)\n", (long long)n);
+  printf("  %7s %6s  %-28s %11s  %s\n", "segment", "plan", "mesh", "micro-batch", "steps");
+  for (int64_t i = 0; i < n; i++) {
+    const mp_run_segment *r = &seg[i];
+    mp_mesh m;
+    mp_mesh_init(&m);
+    m.size[MP_DIM_PP] = r->pp;
+    m.size[MP_DIM_DP_REPLICATE] = r->dp_replicate;
+    m.size[MP_DIM_DP_SHARD] = r->dp_shard;
+    m.size[MP_DIM_CP] = r->cp;
+    m.size[MP_DIM_TP] = r->tp;
+    m.ep = r->ep;
+    char mesh[128], resumed[64] = "";
+    mp_mesh_format(&m, mesh, sizeof mesh);
+    if (i > 0) snprintf(resumed, sizeof resumed, ", resumed from step %lld", (long long)(r->first_step - 1));
+    printf("  %7lld %6lld  %-28s %11lld  %lld..%lld%s\n", (long long)(i + 1), (long long)r->plan_id, mesh,
+           (long long)r->micro_batch, (long long)r->first_step, (long long)r->last_step, resumed);
+  }
+}
+
+/* The curve's line: its ends over the steps with a training loss and the last validation
+ * loss; a run of train --eval-only has no training step, and its line says what it
+ * measured. Returns the number of training steps. */
+static int64_t print_curve(const mp_step_row *rows, int64_t n, const char *status) {
+  const mp_step_row *first = NULL, *last = NULL, *last_eval = NULL;
+  int64_t steps = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (rows[i].has_loss) {
+      if (!first) first = &rows[i];
+      last = &rows[i];
+      steps++;
+    }
+    if (rows[i].has_eval) last_eval = &rows[i];
+  }
+  if (steps == 0 && last_eval) {
+    printf("\nevaluation (train --eval-only): validation loss %.4f of the weights at step %lld (%s)\n",
+           last_eval->eval_loss, (long long)last_eval->step, status);
+    return 0;
+  }
+  if (steps == 0) return 0;
+  printf("\ntraining: %lld measured step%s, loss %.4f at step %lld -> %.4f at step %lld", (long long)steps,
+         steps == 1 ? "" : "s", first->loss, (long long)first->step, last->loss, (long long)last->step);
+  if (last_eval) printf(", validation loss %.4f at step %lld", last_eval->eval_loss, (long long)last_eval->step);
+  printf(" (%s)\n", status);
+  return steps;
+}
+
 /* The run's measured steps: the curve's ends on stdout, and with dir its plots. */
 static int show_training(mp_store *st, mp_arena *a, const mp_run_row *run, const char *dir) {
   mp_ctx ctx;
@@ -227,20 +286,24 @@ static int show_training(mp_store *st, mp_arena *a, const mp_run_row *run, const
     return fail(&ctx, mp_error(&ctx, MP_ERR_NOT_FOUND, "run %lld has no measured steps to plot; train with "
                                "meshplan train --db %s", (long long)run->id, mp_store_path(st)));
   }
-  const mp_step_row *last_eval = NULL;
-  for (int64_t i = 0; i < n; i++)
-    if (rows[i].has_eval) last_eval = &rows[i];
-  printf("\ntraining: %lld measured steps, loss %.4f at step %lld -> %.4f at step %lld", (long long)n, rows[0].loss,
-         (long long)rows[0].step, rows[n - 1].loss, (long long)rows[n - 1].step);
-  if (last_eval) printf(", validation loss %.4f at step %lld", last_eval->eval_loss, (long long)last_eval->step);
-  printf(" (%s)\n", run->status);
+  const int64_t steps = print_curve(rows, n, run->status);
+  mp_run_segment *seg = NULL;
+  int64_t ns = 0;
+  if ((s = mp_store_run_segments(&ctx, st, run->id, a, &seg, &ns)) != MP_OK) return fail(&ctx, s);
+  if (ns > 1) print_segments(seg, ns);
   if (!dir) return 0;
+  if (steps == 0)
+    return fail(&ctx, mp_error(&ctx, MP_ERR_INVALID, "run %lld is an evaluation (train --eval-only), not a training "
+                               "curve: there is nothing to plot", (long long)run->id));
   mp_plot_step *ps = mp_arena_alloc(a, (size_t)n * sizeof *ps);
   if (!ps) return fail(&ctx, mp_error(&ctx, MP_ERR_NOMEM, "out of memory"));
+  int64_t k = 0;
   for (int64_t i = 0; i < n; i++)
-    ps[i] = (mp_plot_step){rows[i].step, rows[i].loss, rows[i].tokens_per_s, rows[i].has_eval, rows[i].eval_loss};
-  char title[256];
-  snprintf(title, sizeof title, "run %lld: %s, %s", (long long)run->id, run->model, run->status);
+    if (rows[i].has_loss)
+      ps[k++] = (mp_plot_step){rows[i].step, rows[i].loss, rows[i].tokens_per_s, rows[i].has_eval, rows[i].eval_loss};
+  char title[256], model[sizeof run->model * 4];
+  snprintf(title, sizeof title, "run %lld: %s, %s", (long long)run->id, MP_CMD_CELL(run->model, model),
+           run->status);
   /* the prediction is per GPU (or CPU rank), the measured tokens/s over all of them */
   mp_plot_training_marks marks = {0, NULL, 0};
   int64_t *resumed = NULL;
@@ -249,7 +312,7 @@ static int show_training(mp_store *st, mp_arena *a, const mp_run_row *run, const
     return fail(&ctx, s);
   marks.predicted_tokens_per_s = pred * run->n_gpus;
   marks.resumed_at = resumed;
-  if ((s = mp_plot_make_dir(&ctx, dir)) != MP_OK || (s = mp_plot_training(&ctx, dir, ps, n, &marks, title)) != MP_OK)
+  if ((s = mp_plot_make_dir(&ctx, dir)) != MP_OK || (s = mp_plot_training(&ctx, dir, ps, k, &marks, title)) != MP_OK)
     return fail(&ctx, s);
   printf("plots: %s/loss.png, %s/throughput.png\n", dir, dir);
   return 0;

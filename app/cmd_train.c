@@ -109,6 +109,9 @@ static mp_opt k_opts[] = {
     {"--dump-data", "PATH", "write the token corpus used, as an llm.c shard", NULL},
     {"--dump-logits", "PATH", "write the logits of the starting weights on the run's first batch (weight file, "
      "tensor \"logits\" [sequences, seq, vocab]; one rank, CPU)", NULL},
+    {"--eval-only", NULL, "run no step: print and record (--metrics, --db) the eval loss of the weights --resume "
+     "or --init-from gives (else the initial ones) on --eval-batches global batches of --val-data, or of the "
+     "training data without it (synthetic by default), under any --mesh", NULL},
     {"--quiet", NULL, "leave out the per-step lines (the summary, checkpoints and notes stay)", NULL},
     {"--profile", NULL, "time each kernel and collective of rank 0 (the device synchronized around every "
      "kernel, so the steps run slower) and print them per step by class beside the simulator's prediction "
@@ -121,7 +124,8 @@ static mp_cmd_spec k_spec = {
     "--model M [--mesh MESH [--pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V]]] [--ep N] [--ac MODE] [--steps K] [--seq S] [--micro-batch B] [--global-batch G] "
     "[--fp8] [--sp|--no-sp] [--lr LR [--lr-schedule S --warmup N --min-lr LR]] [--data synthetic|GLOB [--val-data GLOB]] "
     "[--checkpoint-dir D [--checkpoint-every N] [--resume latest]] [--init-from PATH] [--metrics PATH] "
-    "[--device cpu|cuda] [--db PATH [--plan-id ID]] [--auto] [--seed N] [--profile] [--dump-weights PATH]",
+    "[--device cpu|cuda] [--db PATH [--plan-id ID]] [--auto] [--seed N] [--profile] [--dump-weights PATH] "
+    "[--eval-only]",
     k_opts, 0};
 
 /* ---- the planner's pick or prediction ---------------------------------------------------- */
@@ -196,6 +200,8 @@ static mp_status take_pick(mp_ctx *ctx, const mp_planner_result *res, mp_sim_eva
                            "%lld, micro-batch %lld): see `meshplan simulate` for why", m->name,
                            (long long)po->global_batch, (long long)po->micro_batch);
   out->found = 1;
+  out->cand = *pickc;
+  out->cand.error = NULL; /* the search's arena goes with res */
   out->mesh = pickc->mesh;
   out->plan_id = pickc->plan_id;
   out->step_time_s = pickc->res.step_time_s;
@@ -328,6 +334,13 @@ static void print_profile(const mp_kprof *kp, const mp_comm_prof *cp, long long 
     pc_all += ps;
   }
   if (mc_all > 0 || pc_all > 0) profile_row("collectives", mc_all, -1, pc_all, -1, pred);
+  /* the schedule counts an FSDP unit's gather or reduce-scatter as one op; the runtime
+   * issues it one parameter tensor at a time: the unit ops are the comparable count */
+  for (int g = 0; g < MP_GROUP_COUNT; g++)
+    if (cp->unit_ops[g] > 0 && cp->unit_ops[g] != cp->calls[g])
+      printf("  (collectives %s: the runtime gathers and reduce-scatters an FSDP unit one parameter tensor at a time: "
+             "its %.1f calls are %.1f unit ops, one per unit as the schedule counts them)\n",
+             mp_group_name((mp_group)g), (double)cp->calls[g] / n, (double)cp->unit_ops[g] / n);
   if (pred)
     printf("  (predicted step %.3f ms: compute %.3f, optimizer %.3f, exposed communication %.3f)\n",
            pick->busy_res.step_time_s * 1e3, pick->busy_res.compute_s * 1e3, pick->busy_res.optimizer_s * 1e3,
@@ -403,6 +416,7 @@ static mp_status read_request(train_job *j) {
   mp_ctx *ctx = j->ctx;
   j->db = mp_args_get(&k_spec, "--db");
   j->profile = mp_args_has(&k_spec, "--profile");
+  j->eval_only = mp_args_has(&k_spec, "--eval-only");
   MP_CHECK(mp_args_int(ctx, &k_spec, "--plan-id", 1, INT64_MAX, &j->plan_id));
   if (j->plan_id && !j->db) return mp_error(ctx, MP_ERR_USAGE, "--plan-id needs --db: the database the plan lives in");
   j->want_auto = mp_args_has(&k_spec, "--auto");
@@ -413,6 +427,7 @@ static mp_status read_request(train_job *j) {
   MP_CHECK(init_from_config(j, model_given));
   mp_cmd_launch(&j->launch);
   j->rank = j->launch.rank; /* the launcher's until the comm says (an early refusal is said once) */
+  j->db_created = j->db && j->rank == 0 && access(j->db, F_OK) != 0;
   mp_plan_options_init(&j->po);
   j->po.seq = j->model.max_seq;
   j->po.micro_batch = 4;
@@ -441,11 +456,13 @@ static mp_status plan_auto(train_job *j) {
   MP_CHECK(mp_args_int(j->ctx, &k_spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
   if (ep > 0) fix.ep = (int)ep;
   const int rank0 = j->launch.rank == 0;
-  MP_CHECK(plan_for_train(j->ctx, &j->model, world, &j->dev, &j->po, &fix, 1, rank0 ? j->db : NULL, 1,
-                          j->profile && rank0, &j->pick));
+  if (j->db && rank0) j->continue_run = mp_train_resumed_run(j); /* see plan_given */
+  MP_CHECK(plan_for_train(j->ctx, &j->model, world, &j->dev, &j->po, &fix, 1, rank0 ? j->db : NULL,
+                          !j->continue_run, j->profile && rank0, &j->pick));
   j->mesh = j->pick.mesh;
   j->plan_id = j->pick.plan_id;
-  return MP_OK;
+  j->plan_recorded = j->plan_id != 0;
+  return j->continue_run ? mp_train_db_segment(j) : MP_OK;
 }
 
 /* The plan options in the runtime's dtypes (the CPU runtime computes and gathers in fp32,
@@ -485,10 +502,11 @@ static mp_status plan_given(train_job *j) {
   if (!po->global_batch) po->global_batch = po->micro_batch * mp_mesh_group_size(&j->mesh, MP_GROUP_DP);
   MP_CHECK(check_executable(j));
   const int world = j->launch.world, rank0 = j->launch.rank == 0;
-  /* a resumed run on its checkpoint's mesh goes on recording into the checkpoint's run */
-  if (j->db && !j->plan_id && rank0) j->plan_id = mp_train_resumed_plan_id(j);
+  /* a resumed run goes on recording into its checkpoint's run, on any mesh: this process's
+   * plan is predicted and added to that run as the next segment's */
+  if (j->db && !j->plan_id && rank0 && !j->eval_only) j->continue_run = mp_train_resumed_run(j);
   if (!((j->db && !j->plan_id) || j->profile) || mp_mesh_world(&j->mesh) != world) return MP_OK;
-  const int record = j->db && !j->plan_id;
+  const int record = j->db && !j->plan_id && !j->continue_run;
   mp_search_fix fix;
   mp_search_fix_init(&fix);
   fix.pp = j->mesh.size[MP_DIM_PP];
@@ -511,7 +529,8 @@ static mp_status plan_given(train_job *j) {
   MP_CHECK(plan_for_train(ctx, &j->model, world, &j->dev, po, &fix, 0, rank0 ? j->db : NULL, record,
                           j->profile && rank0, &j->pick));
   if (record) j->plan_id = j->pick.plan_id;
-  return MP_OK;
+  j->plan_recorded = record && j->plan_id;
+  return j->continue_run ? mp_train_db_segment(j) : MP_OK;
 }
 
 /* The device, then the communicator (CPU: mpi or single; CUDA: NCCL, or MPI with host
@@ -613,11 +632,12 @@ static void print_start(const train_job *j, int quiet) {
   if (!quiet) {
     char mesh_s[128];
     mp_mesh_format(&j->mesh, mesh_s, sizeof mesh_s);
+    const long long n_micro = (long long)mp_runtime_n_micro(j->rt);
     printf("train %s on mesh %s (%d rank%s), ac %s, seq %lld, micro-batch %lld, global batch %lld (%lld "
-           "micro-batches), lr %g, data %s",
+           "micro-batch%s), lr %g, data %s",
            j->model.name, mesh_s, ranks, ranks == 1 ? "" : "s", mp_ac_mode_name(j->plan->ac),
-           (long long)j->po.seq, (long long)j->po.micro_batch, (long long)j->po.global_batch,
-           (long long)mp_runtime_n_micro(j->rt), j->ro.lr, j->data ? j->data : "synthetic");
+           (long long)j->po.seq, (long long)j->po.micro_batch, (long long)j->po.global_batch, n_micro,
+           n_micro == 1 ? "" : "es", j->ro.lr, j->data ? j->data : "synthetic");
     if (j->corpus.tokens && j->corpus.entropy_nats >= 0) printf(" (entropy floor %.4f nats)", j->corpus.entropy_nats);
     printf(", float8 %s\n", j->plan->opts.fp8 ? "on" : "off");
     if (dev->cuda) printf("device: cuda %d (%s, profile %s), bf16 compute\n", dev->index, dev->name, dev->gpu);
@@ -657,13 +677,24 @@ static mp_status print_summary(train_job *j) {
   if (j->rank != 0) return MP_OK;
   const long long steps = j->steps - j->start_step; /* run by this process */
   const int64_t peak = j->peak;
-  if (steps <= 0) {
-    printf("done: the checkpoint is at step %lld, --steps %lld: no step to run\n", j->start_step, j->steps);
+  if (steps <= 0 && j->resumed) {
+    printf("done: %s is at step %lld and --steps is %lld: no step to run (train --eval-only evaluates it)\n",
+           j->last_ckpt, j->start_step, j->steps);
     return MP_OK;
   }
-  printf("done: %lld steps (%lld..%lld), final loss %.6f, %.0f tokens/s (from the second), peak memory %lld bytes "
-         "per rank\n", steps, j->start_step + 1, j->steps, j->losses[steps - 1],
-         j->total_s > 0 ? j->tokens_all / j->total_s : 0.0, (long long)peak);
+  if (steps <= 0) {
+    printf("done: --steps 0: no step run%s%s\n", j->last_ckpt[0] ? "; the starting weights are " : "", j->last_ckpt);
+    return MP_OK;
+  }
+  /* tokens/s from the second step on (the first carries first-touch page faults); a run of
+   * one step has only that one */
+  char rate[96];
+  if (j->total_s > 0)
+    snprintf(rate, sizeof rate, "%.0f tokens/s (from the second)", j->tokens_all / j->total_s);
+  else
+    snprintf(rate, sizeof rate, "%.0f tokens/s (its one step, first-touch costs included)", j->first_tok_s);
+  printf("done: %lld step%s (%lld..%lld), final loss %.6f, %s, peak memory %lld bytes per rank\n", steps,
+         steps == 1 ? "" : "s", j->start_step + 1, j->steps, j->losses[steps - 1], rate, (long long)peak);
   if (j->ep_rows > 0)
     printf("expert rows: at most %lld received by one rank in one MoE layer (balanced routing: %lld)\n",
            (long long)j->ep_rows, (long long)(j->po.micro_batch * j->po.seq * j->model.top_k));
@@ -733,6 +764,7 @@ static mp_status train(train_job *j) {
   const int quiet = mp_args_has(&k_spec, "--quiet");
   print_start(j, quiet);
   MP_CHECK(mp_train_restore(j));
+  if (j->eval_only) return mp_train_eval_only(j); /* an evaluation is its own database run */
   MP_CHECK(mp_train_steps(j, quiet));
   MP_CHECK(print_summary(j));
   return dump_losses(j);
@@ -768,6 +800,7 @@ static int run_train(mp_ctx *ctx, const mp_cmd_call *call) {
     code = rank == 0 || st != MP_ERR_UNSUPPORTED ? mp_cmd_fail(ctx, st) : mp_status_exit_code(st);
   }
   release(j);
+  mp_train_remove_unused_db(j, st);
   free(j);
   return code;
 }

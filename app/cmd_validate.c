@@ -318,6 +318,7 @@ static metric_sum summarize(const row *rows, int n, const char *metric, const gr
   return s;
 }
 
+
 static double row_error(const row *r) { return (r->predicted - r->measured) / r->measured; }
 
 /* The groups --by asks for (none without it): each stack or GPU the simulated rows name, in
@@ -346,14 +347,15 @@ static int groups_of(const row *rows, int n, const char *by, group *out) {
 }
 
 static void print_row(const row *r) {
+  char name[sizeof r->name * 4]; /* a case's name from the CSV, escaped (mp_cmd_escape) */
   char pub[32], pred[32], mb[24];
   if (r->refused[0]) {
-    printf("%-30s %-22s %5s %12s %12s %8s\n", r->name, r->metric, "-", "refused",
+    printf("%-30s %-22s %5s %12s %12s %8s\n", MP_CMD_CELL(r->name, name), r->metric, "-", "refused",
            fig(pub, sizeof pub, r->measured), "-");
     return;
   }
   snprintf(mb, sizeof mb, "%lld%s", (long long)r->micro_batch, r->picked == 2 ? "s" : r->picked ? "*" : "");
-  printf("%-30s %-22s %5s %12s %12s %+7.1f%%\n", r->name, r->metric, mb,
+  printf("%-30s %-22s %5s %12s %12s %+7.1f%%\n", MP_CMD_CELL(r->name, name), r->metric, mb,
          fig(pred, sizeof pred, r->predicted), fig(pub, sizeof pub, r->measured), 100.0 * row_error(r));
 }
 
@@ -378,7 +380,10 @@ static void print_table(const row *rows, int n, const group *gs, int ng, int n_r
          "local_batch, none being published; s the stack's own pipeline micro-batching, "
          "none being published)\n");
   for (int i = 0; i < n; i++)
-    if (rows[i].refused[0]) printf("refused: %s: %s\n", rows[i].name, rows[i].refused);
+    if (rows[i].refused[0]) {
+      char name[sizeof rows->name * 4];
+      printf("refused: %s: %s\n", MP_CMD_CELL(rows[i].name, name), rows[i].refused);
+    }
   if (n_refused > 0)
     printf("%d of %d rows refused by the simulator's rules (listed above), left out of the summary\n",
            n_refused, n);

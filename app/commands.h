@@ -116,6 +116,14 @@ void mp_cmd_fmt_runs(const double *v, int n, const char *fmt, char *buf, size_t 
 struct mp_stack_profile;
 void mp_cmd_stack_micro_batch(const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                               const mp_mesh *mesh, mp_plan_options *o, char *note, size_t cap);
+/* A user-given name (a model's, a cluster's, a CSV case's) for a table cell or a line on
+ * the terminal: control characters (C0, DEL and UTF-8's C1) are written as escapes (\n,
+ * \r, \t, \xHH, \u00HH) and a backslash as \\, so a name cannot move the cursor,
+ * ring, recolour the terminal or split a row. Into buf (cap bytes, never cut inside an
+ * escape); returns buf. */
+const char *mp_cmd_escape(const char *s, char *buf, size_t cap);
+/* mp_cmd_escape into a char array buf (4 bytes a byte of s holds the longest escape). */
+#define MP_CMD_CELL(s, buf) mp_cmd_escape((s), (buf), sizeof(buf))
 /* --db's value, or "meshplan.db" when it was not given (plan, report, calibrate). */
 const char *mp_cmd_db_path(const mp_cmd_spec *spec);
 /* Prints root as formatted JSON and a newline on stdout, then deletes it. Returns 0, or

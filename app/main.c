@@ -1,6 +1,7 @@
 /* meshplan: plans, predicts and runs parallel training of transformers.
  * The only place that decides the process's exit code: it picks the subcommand and
  * returns what mp_command_main returns for it. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -20,7 +21,25 @@ static void usage(FILE *f) {
   fprintf(f, "\n  --version  print the version\n");
 }
 
+static void on_file_size_limit(int sig) { (void)sig; }
+
+/* A write past the file size limit (ulimit -f) raises SIGXFSZ, whose default action kills
+ * the process without a word. Caught, the write fails with EFBIG instead and the writer
+ * reports it (common/file.h, mp_error_write). Caught rather than ignored: exec resets a
+ * caught signal to its default but keeps an ignored one, and gnuplot (planner/plot.c's
+ * child) with SIGXFSZ ignored truncates its PNG and exits 0; killed, its failure is
+ * reported. */
+static void catch_file_size_limit(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_file_size_limit;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGXFSZ, &sa, NULL);
+}
+
 int main(int argc, char **argv) {
+  catch_file_size_limit();
   if (argc < 2) {
     usage(stderr);
     return 2;

@@ -1,10 +1,12 @@
-/* meshplan train's run state, shared by its two files:
- *   cmd_train.c   the options, the device, the plan (given or the planner's), the
- *                 runtime, the start and summary lines, --profile
- *   train_loop.c  what a run reads and writes around the steps: the data (training and
- *                 validation), --init-from and --resume, checkpoints, the LR schedule,
- *                 the steps with eval, metrics (JSONL and the database), divergence,
- *                 the OpenMP threads of a rank */
+/* meshplan train's run state, shared by its files:
+ *   cmd_train.c    the options, the device, the plan (given or the planner's), the
+ *                  runtime, the start and summary lines, --profile
+ *   train_loop.c   what a run reads and writes around the steps: the data (training and
+ *                  validation), --init-from and --resume, checkpoints, the LR schedule,
+ *                  the steps with eval, divergence, the OpenMP threads of a rank
+ *   train_record.c what it records: --metrics, the database's steps and run status, and
+ *                  the removal of the empty files of a run that failed before its first
+ *                  record */
 #ifndef MP_APP_TRAIN_JOB_H
 #define MP_APP_TRAIN_JOB_H
 
@@ -35,6 +37,7 @@ typedef struct train_pick {
   mp_mesh mesh;
   int64_t plan_id;          /* 0 without a database */
   double step_time_s;       /* predicted */
+  mp_candidate cand;        /* the candidate itself (its error message not kept) */
   int64_t peak_mem_bytes;   /* predicted, with the stack's runtime overhead and fragmentation */
   int64_t alloc_peak_bytes; /* predicted peak of the allocations alone: what the tracked
                                allocator measures */
@@ -66,7 +69,11 @@ typedef struct train_job {
   mp_launch launch; /* from the environment, before MPI starts */
   const char *db;   /* --db, or NULL */
   long long plan_id;
+  long long continue_run; /* the database run a resumed process goes on recording into (rank 0) */
+  long long run_id;       /* the database run of plan_id, and when it was created (rank 0) */
+  char run_created[32];
   int profile, want_auto;
+  int eval_only;    /* --eval-only: the restored weights' eval loss, no step */
   mp_model model;
   mp_mesh mesh;
   mp_plan_options po;
@@ -89,6 +96,10 @@ typedef struct train_job {
   long long ckpt_every, ckpt_keep;
   char last_ckpt[MP_CKPT_PATH_MAX]; /* the newest good checkpoint ("" none) */
   FILE *metrics;        /* --metrics, rank 0 */
+  int metrics_created;  /* this run created the --metrics file */
+  int db_created;       /* the --db file did not exist when the run started (rank 0) */
+  int plan_recorded;    /* this process recorded the database's run of plan_id (rank 0) */
+  long long n_recorded; /* steps recorded (--metrics, --db) by this process */
   double flops_per_token, peak_flops; /* MFU: model FLOPs per token, the device's peak */
   int diverged;         /* a NaN or Inf loss or gradient norm stopped the run */
   long long diverged_step;
@@ -104,13 +115,25 @@ typedef struct train_job {
   double *losses, *step_s; /* per step of this process (index: step - start_step - 1) */
   int64_t peak, ep_rows; /* the largest rank's peak memory and expert rows received */
   double total_s, tokens_all; /* steps 2.. */
+  double first_tok_s;   /* the first step's tokens/s (a one-step run's only figure) */
 } train_job;
 
+/* An evaluation's record (--eval-only): the eval loss of the weights at step. */
+typedef struct eval_rec {
+  long long step;
+  double loss, dt;
+  int64_t tokens, peak_bytes;
+} eval_rec;
+
+/* One step's record: --metrics (rank 0, one JSON line) and the database. */
+typedef struct step_rec {
+  long long step;
+  mp_step_result r;
+  double lr, dt, tok_s, eval;
+  int has_eval;
+} step_rec;
+
 /* train_loop.c */
-/* The database plan a --resume'd checkpoint recorded its steps under, when it was saved on
- * this run's mesh and the plan is in --db: the resumed run records into the same run
- * (rank 0). 0 otherwise. */
-long long mp_train_resumed_plan_id(train_job *j);
 /* --threads under MPI (threads.h), before the runtime; a line on rank 0. */
 void mp_train_threads(train_job *j);
 /* The LR schedule, weight-decay rule, checkpoint options and eval options. */
@@ -122,9 +145,38 @@ mp_status mp_train_load_data(train_job *j);
 mp_status mp_train_restore(train_job *j);
 /* The steps from start_step + 1 to steps, with eval, checkpoints, metrics, divergence. */
 mp_status mp_train_steps(train_job *j, int quiet);
-/* The database's run status at the end (rank 0), and the metrics file closed. */
-void mp_train_finish(train_job *j, mp_status st);
+/* --eval-only instead of the steps: the restored weights' eval loss on --val-data (or the
+ * training data), printed on rank 0 and recorded. */
+mp_status mp_train_eval_only(train_job *j);
 /* Frees what train_loop.c made. */
 void mp_train_loop_release(train_job *j);
+
+/* train_record.c */
+/* The database run a --resume'd checkpoint recorded its steps in (its "train" state's
+ * db_run_id, db_run_created_at and db_plan_id name it), when --db holds that run of this
+ * model: the resumed process goes on recording into it, on any mesh. 0 otherwise (rank 0). */
+long long mp_train_resumed_run(train_job *j);
+/* The planner's prediction for this process (j->pick.cand) added to run continue_run as
+ * this segment's plan (mp_store_add_plan); j->plan_id becomes its id. */
+mp_status mp_train_db_segment(train_job *j);
+/* j->run_id and j->run_created from the database's run of j->plan_id (rank 0, store open),
+ * for the checkpoints' train state. */
+mp_status mp_train_db_run_of_plan(train_job *j);
+/* --metrics opened on rank 0: a resumed run keeps the lines up to its checkpoint's step and
+ * appends; an evaluation appends its line to what is there; otherwise the file is written
+ * anew. */
+mp_status mp_train_metrics_open(train_job *j);
+/* The step's record on rank 0: its --metrics line and its database measurement. */
+mp_status mp_train_record(train_job *j, const step_rec *sr);
+/* An evaluation's record on rank 0: its --metrics line ("eval_only": true) and its
+ * database measurement (mp_measurement.eval_only). */
+mp_status mp_train_record_eval(train_job *j, const eval_rec *er);
+/* The end (rank 0): the metrics file closed, and removed when this run created it and
+ * failed before its first record; the database's run status ('failed' also for a run that
+ * failed before it was marked running). */
+void mp_train_finish(train_job *j, mp_status st);
+/* After every store handle is closed: a --db file this run created is removed, with
+ * SQLite's side files, when the run failed before recording a step (rank 0). */
+void mp_train_remove_unused_db(const train_job *j, mp_status st);
 
 #endif

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/checked.h"
+#include "common/file.h"
 #include "common/json.h"
 #include "common/limits.h"
 #include "common/timeutil.h"
@@ -146,57 +147,72 @@ mp_status mp_train_load_data(train_job *j) {
 
 /* ---- restore ------------------------------------------------------------------------------ */
 
-long long mp_train_resumed_plan_id(train_job *j) {
-  const char *res = mp_args_get(j->spec, "--resume");
-  const char *path = res && strcmp(res, "latest") == 0 ? mp_args_get(j->spec, "--checkpoint-dir") : res;
-  char dir[MP_CKPT_PATH_MAX], mesh[128];
+/* The LR schedule a checkpoint's "train" state records (train_state); 0 when a field is
+ * missing (then it is said to differ). */
+static int saved_schedule(const cJSON *t, mp_lr_schedule *out) {
+  memset(out, 0, sizeof *out);
+  const char *kind = cJSON_GetStringValue(cJSON_GetObjectItem(t, "lr_schedule"));
   mp_ctx c2;
   mp_ctx_init(&c2);
-  if (!path || mp_ckpt_resolve(&c2, path, dir, sizeof dir) != MP_OK) return 0;
-  mp_ckpt_manifest man;
-  long long id = 0;
-  if (mp_ckpt_manifest_read(&c2, dir, &man) == MP_OK) {
-    const cJSON *pid = cJSON_GetObjectItem(man.meta.train, "db_plan_id");
-    const char *saved = cJSON_GetStringValue(cJSON_GetObjectItem(man.root, "saved_by_mesh"));
-    mp_mesh_format(&j->mesh, mesh, sizeof mesh);
-    if (cJSON_IsNumber(pid) && saved && strcmp(saved, mesh) == 0) id = (long long)pid->valuedouble;
+  if (!kind || mp_lr_kind_parse(&c2, kind, &out->kind) != MP_OK) return 0;
+  static const char *const keys[] = {"lr", "min_lr", "warmup_steps", "total_steps", "decay_frac"};
+  double v[5];
+  for (int i = 0; i < 5; i++) {
+    const cJSON *x = cJSON_GetObjectItem(t, keys[i]);
+    if (!cJSON_IsNumber(x)) return 0;
+    v[i] = x->valuedouble;
   }
-  mp_ckpt_manifest_free(&man);
-  mp_store *st = NULL;
-  char sql[96];
-  int64_t n = 0;
-  snprintf(sql, sizeof sql, "SELECT count(*) FROM plans WHERE id=%lld", id);
-  if (id > 0 && mp_store_open(&c2, j->db, &st) == MP_OK && mp_store_query_i64(&c2, st, sql, &n) == MP_OK && n == 1) {
-    mp_store_close(st);
-    return id;
-  }
-  mp_store_close(st);
-  return 0;
+  *out = (mp_lr_schedule){out->kind, v[0], v[1], (int64_t)v[2], (int64_t)v[3], v[4]};
+  return 1;
 }
 
 /* The checkpoint's training state against this run's: the seed must match (it orders the
- * data); a different data source or schedule is said, not refused. */
+ * data); a different data source is said, and a schedule that gives the steps still to
+ * run other learning rates (mp_lr_same_after), not refused. */
 static mp_status check_resumed_state(train_job *j, const mp_ckpt_meta *meta) {
   if (meta->seed != (uint64_t)j->seed)
     return mp_error(j->ctx, MP_ERR_USAGE, "%s was trained with --seed %llu (it orders the data); resume with "
                     "--seed %llu", j->resume_man.dir, (unsigned long long)meta->seed,
                     (unsigned long long)meta->seed);
-  if (j->rank != 0) return MP_OK;
+  if (j->rank != 0 || j->eval_only) return MP_OK; /* an evaluation trains on nothing */
   const cJSON *t = meta->train;
   const char *src = cJSON_GetStringValue(cJSON_GetObjectItem(t, "data"));
   const char *now = j->data ? j->data : "synthetic";
   if (src && strcmp(src, now) != 0)
     printf("note: the checkpoint trained on --data %s, this run reads %s from sequence %lld\n", src, now,
            (long long)meta->data_consumed);
-  const char *sched = cJSON_GetStringValue(cJSON_GetObjectItem(t, "lr_schedule"));
-  const cJSON *lr = cJSON_GetObjectItem(t, "lr"), *total = cJSON_GetObjectItem(t, "total_steps");
-  if ((sched && strcmp(sched, mp_lr_kind_name(j->lr.kind)) != 0) || (cJSON_IsNumber(lr) && lr->valuedouble != j->lr.lr) ||
-      (cJSON_IsNumber(total) && (long long)total->valuedouble != j->steps))
+  mp_lr_schedule was;
+  if (!saved_schedule(t, &was) || !mp_lr_same_after(&was, &j->lr, meta->step))
     printf("note: the checkpoint's schedule was %s, lr %g over %lld steps; this run's (%s, lr %g over %lld) "
-           "applies from step %lld\n", sched ? sched : "?", cJSON_IsNumber(lr) ? lr->valuedouble : 0.0,
-           cJSON_IsNumber(total) ? (long long)total->valuedouble : 0LL, mp_lr_kind_name(j->lr.kind), j->lr.lr,
-           j->steps, (long long)meta->step + 1);
+           "applies from step %lld\n", mp_lr_kind_name(was.kind), was.lr, (long long)was.total,
+           mp_lr_kind_name(j->lr.kind), j->lr.lr, j->steps, (long long)meta->step + 1);
   return MP_OK;
+}
+
+/* --resume latest: the newest checkpoint in --checkpoint-dir that loads into dir. A
+ * damaged one (MP_ERR_INVALID: a checksum, a truncated or missing file, a malformed
+ * manifest) is skipped with a line naming it and why, so an automatic restart goes on from
+ * the newest good step; when none loads, the refusal gives the newest one's reason.
+ * MP_ERR_NOT_FOUND when the folder holds no checkpoint yet. */
+static mp_status load_latest(train_job *j, mp_ckpt_meta *meta, char *dir, size_t cap) {
+  mp_ctx *ctx = j->ctx;
+  int64_t *steps = NULL;
+  int n = 0;
+  mp_status st = mp_ckpt_list(ctx, j->ckpt_dir, &steps, &n);
+  if (st == MP_OK && n == 0) st = mp_error(ctx, MP_ERR_NOT_FOUND, "%s holds no checkpoint", j->ckpt_dir);
+  char newest[MP_ERRMSG_MAX] = "";
+  for (int i = n - 1; i >= 0 && st == MP_OK; i--) {
+    snprintf(dir, cap, "%s/step_%08lld", j->ckpt_dir, (long long)steps[i]);
+    st = mp_ckpt_load(ctx, j->rt, dir, &j->resume_man, meta);
+    if (st != MP_ERR_INVALID) break;
+    if (!newest[0]) snprintf(newest, sizeof newest, "%s", mp_errmsg(ctx));
+    if (j->rank == 0) printf("resume: skipping %s: %s\n", dir, mp_errmsg(ctx));
+    mp_ckpt_manifest_free(&j->resume_man);
+    st = i > 0 ? MP_OK : mp_error(ctx, MP_ERR_INVALID, "--resume latest: no checkpoint in %s loads; the newest: %s",
+                                  j->ckpt_dir, newest);
+  }
+  free(steps);
+  return st;
 }
 
 static mp_status resume(train_job *j, int *done) {
@@ -204,16 +220,23 @@ static mp_status resume(train_job *j, int *done) {
   *done = 0;
   const char *res = mp_args_get(j->spec, "--resume");
   if (!res) return MP_OK;
-  const int latest = strcmp(res, "latest") == 0;
   char dir[MP_CKPT_PATH_MAX];
-  mp_status st = mp_ckpt_resolve(ctx, latest ? j->ckpt_dir : res, dir, sizeof dir);
-  if (st == MP_ERR_NOT_FOUND && latest) {
-    if (j->rank == 0) printf("resume: no checkpoint in %s yet; starting at step 0\n", j->ckpt_dir);
-    return MP_OK;
+  mp_ckpt_meta meta;
+  mp_status st = MP_OK;
+  if (strcmp(res, "latest") == 0) {
+    st = load_latest(j, &meta, dir, sizeof dir);
+    if (st == MP_ERR_NOT_FOUND && j->eval_only)
+      return mp_error(ctx, MP_ERR_NOT_FOUND, "--eval-only --resume latest: %s holds no checkpoint to evaluate",
+                      j->ckpt_dir);
+    if (st == MP_ERR_NOT_FOUND) {
+      if (j->rank == 0) printf("resume: no checkpoint in %s yet; starting at step 0\n", j->ckpt_dir);
+      return MP_OK;
+    }
+  } else { /* a checkpoint named: it loads, or the run is refused */
+    st = mp_ckpt_resolve(ctx, res, dir, sizeof dir);
+    if (st == MP_OK) st = mp_ckpt_load(ctx, j->rt, dir, &j->resume_man, &meta);
   }
   MP_CHECK(st);
-  mp_ckpt_meta meta;
-  MP_CHECK(mp_ckpt_load(ctx, j->rt, dir, &j->resume_man, &meta));
   MP_CHECK(check_resumed_state(j, &meta));
   j->resumed = 1;
   j->start_step = meta.step;
@@ -224,38 +247,6 @@ static mp_status resume(train_job *j, int *done) {
     printf("resumed from %s: step %lld (saved by mesh %s), data position %lld sequences\n", dir,
            (long long)meta.step, cJSON_GetStringValue(cJSON_GetObjectItem(j->resume_man.root, "saved_by_mesh")),
            (long long)meta.data_consumed);
-  return MP_OK;
-}
-
-/* A resumed run's metrics file keeps its lines up to the checkpoint's step (the steps
- * after it run again); a line cut by a kill is dropped with them. */
-static mp_status metrics_open(train_job *j) {
-  const char *path = mp_args_get(j->spec, "--metrics");
-  if (!path || j->rank != 0) return MP_OK;
-  /* a regular file or none: opening a FIFO for writing would wait for a reader forever */
-  MP_CHECK(mp_file_check_regular_or_absent(j->ctx, path));
-  if (j->resumed && access(path, R_OK) == 0) {
-    char *text = NULL;
-    size_t len = 0;
-    MP_CHECK(mp_read_file(j->ctx, path, &text, &len));
-    size_t keep = 0;
-    for (char *line = text; line < text + len;) {
-      char *nl = memchr(line, '\n', (size_t)(text + len - line));
-      if (!nl) break; /* a line without its newline was cut */
-      cJSON *o = cJSON_ParseWithLength(line, (size_t)(nl - line));
-      const cJSON *st = cJSON_GetObjectItem(o, "step");
-      const int ok = cJSON_IsNumber(st) && (long long)st->valuedouble <= j->start_step;
-      cJSON_Delete(o);
-      if (!ok) break;
-      keep = (size_t)(nl + 1 - text);
-      line = nl + 1;
-    }
-    mp_status s = mp_write_file_atomic(j->ctx, path, text, keep);
-    free(text);
-    MP_CHECK(s);
-  }
-  j->metrics = fopen(path, j->resumed ? "a" : "w");
-  if (!j->metrics) return mp_error(j->ctx, MP_ERR_IO, "--metrics %s: cannot write: %s", path, strerror(errno));
   return MP_OK;
 }
 
@@ -282,9 +273,10 @@ mp_status mp_train_restore(train_job *j) {
     if (j->rank == 0) printf("initialized from %s\n", init);
   }
   /* rank 0's files: every rank agrees, so none trains on while rank 0 has stopped */
-  mp_status st = metrics_open(j);
+  mp_status st = mp_train_metrics_open(j);
   if (st == MP_OK && j->store && j->rank == 0 && j->plan_id) {
-    st = mp_store_set_train_status(j->ctx, j->store, j->plan_id, "running");
+    st = mp_train_db_run_of_plan(j);
+    if (st == MP_OK) st = mp_store_set_train_status(j->ctx, j->store, j->plan_id, "running");
     j->status_set = st == MP_OK;
   }
   MP_CHECK(mp_runtime_agree(j->ctx, j->rt, st, "opening --metrics or --db"));
@@ -311,6 +303,10 @@ static cJSON *train_state(const train_job *j, double loss) {
   cJSON_AddNumberToObject(t, "decay_frac", j->lr.decay_frac);
   cJSON_AddNumberToObject(t, "loss", loss);
   if (j->db && j->plan_id) cJSON_AddNumberToObject(t, "db_plan_id", (double)j->plan_id);
+  if (j->db && j->run_id) { /* the run a resumed process goes on recording into (train_record.c) */
+    cJSON_AddNumberToObject(t, "db_run_id", (double)j->run_id);
+    cJSON_AddStringToObject(t, "db_run_created_at", j->run_created);
+  }
   return t;
 }
 
@@ -325,13 +321,13 @@ static mp_status save(train_job *j, long long step, double loss) {
   return st;
 }
 
-/* The mean cross-entropy of eval_batches global batches of --val-data from its start (the
- * same batches every time): the step's forward and backward without the optimizer. */
-static mp_status eval_loss(train_job *j, double *out) {
+/* The mean cross-entropy of eval_batches global batches of d from its start (the same
+ * batches every time): the step's forward and backward without the optimizer. */
+static mp_status eval_loss(train_job *j, mp_dataset *d, double *out) {
   const int dp = mp_comm_group_size(j->comm, MP_GROUP_DP), di = mp_comm_group_index(j->comm, MP_GROUP_DP);
   double sum = 0;
   for (long long k = 0; k < j->eval_batches; k++) {
-    MP_CHECK(mp_dataset_batch(j->ctx, j->val_data, k * j->po.global_batch, j->po.global_batch, di, dp, j->batch));
+    MP_CHECK(mp_dataset_batch(j->ctx, d, k * j->po.global_batch, j->po.global_batch, di, dp, j->batch));
     mp_step_result r;
     MP_CHECK(mp_runtime_forward_backward(j->ctx, j->rt, j->batch, &r));
     sum += r.ce_loss;
@@ -357,55 +353,6 @@ static mp_status step_dumping_grads(train_job *j, const char *dump_g, mp_step_re
   MP_CHECK(mp_runtime_optimizer_step(ctx, j->rt, r));
   MP_CHECK(mp_runtime_synchronize(ctx, j->rt));
   r->peak_bytes = mp_talloc_peak_total(mp_runtime_allocator(j->rt));
-  return MP_OK;
-}
-
-/* One step's record: --metrics (rank 0, one JSON line) and the database. */
-typedef struct step_rec {
-  long long step;
-  mp_step_result r;
-  double lr, dt, tok_s, eval;
-  int has_eval;
-} step_rec;
-
-static mp_status record(train_job *j, const step_rec *sr) {
-  if (j->rank != 0) return MP_OK;
-  if (j->metrics) {
-    cJSON *o = cJSON_CreateObject();
-    MP_CHECK_ALLOC(j->ctx, o);
-    cJSON_AddNumberToObject(o, "step", (double)sr->step);
-    cJSON_AddNumberToObject(o, "loss", sr->r.loss);
-    cJSON_AddNumberToObject(o, "ce_loss", sr->r.ce_loss);
-    cJSON_AddNumberToObject(o, "aux_loss", sr->r.aux_loss);
-    if (sr->has_eval)
-      cJSON_AddNumberToObject(o, "eval_loss", sr->eval);
-    else
-      cJSON_AddNullToObject(o, "eval_loss");
-    cJSON_AddNumberToObject(o, "lr", sr->lr);
-    cJSON_AddNumberToObject(o, "grad_norm", sr->r.grad_norm);
-    cJSON_AddNumberToObject(o, "step_time_s", sr->dt);
-    cJSON_AddNumberToObject(o, "tokens_per_s", sr->tok_s);
-    if (j->peak_flops > 0)
-      cJSON_AddNumberToObject(o, "mfu", sr->tok_s * j->flops_per_token / j->peak_flops);
-    else
-      cJSON_AddNullToObject(o, "mfu");
-    cJSON_AddNumberToObject(o, "peak_mem_bytes", (double)sr->r.peak_bytes);
-    if (j->pick.found)
-      cJSON_AddNumberToObject(o, "predicted_step_s", j->pick.step_time_s);
-    else
-      cJSON_AddNullToObject(o, "predicted_step_s");
-    char *line = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    MP_CHECK_ALLOC(j->ctx, line);
-    const int bad = fprintf(j->metrics, "%s\n", line) < 0 || fflush(j->metrics) != 0;
-    free(line);
-    if (bad) return mp_error(j->ctx, MP_ERR_IO, "--metrics: write failed: %s", strerror(errno));
-  }
-  if (j->store && j->plan_id) {
-    mp_measurement me = {j->plan_id,    sr->step,    sr->dt,  sr->r.peak_bytes, sr->r.loss,       sr->tok_s,
-                         j->dev.cuda ? "cuda" : "cpu", sr->has_eval, sr->eval, sr->lr, sr->r.grad_norm};
-    MP_CHECK(mp_store_add_measurement(j->ctx, j->store, &me));
-  }
   return MP_OK;
 }
 
@@ -493,7 +440,7 @@ mp_status mp_train_steps(train_job *j, int quiet) {
     if (sr.r.skipped || !isfinite(sr.r.loss) || !isfinite(sr.r.grad_norm)) return diverged(j, &sr);
     const int last = s + 1 == j->steps;
     if (j->val_data && ((j->eval_every > 0 && sr.step % j->eval_every == 0) || last)) {
-      MP_CHECK(eval_loss(j, &sr.eval));
+      MP_CHECK(eval_loss(j, j->val_data, &sr.eval));
       sr.has_eval = 1;
     }
     j->losses[i] = sr.r.loss;
@@ -501,33 +448,54 @@ mp_status mp_train_steps(train_job *j, int quiet) {
     if (i > 0) {
       j->total_s += sr.dt;
       j->tokens_all += (double)sr.r.tokens * dp;
-    } else if (j->steps - j->start_step > 1) {
-      memset(&j->kprof, 0, sizeof j->kprof);
-      memset(&j->cprof, 0, sizeof j->cprof);
+    } else {
+      j->first_tok_s = sr.tok_s;
+      if (j->steps - j->start_step > 1) { /* the profile counts from the second step */
+        memset(&j->kprof, 0, sizeof j->kprof);
+        memset(&j->cprof, 0, sizeof j->cprof);
+      }
     }
     if (sr.r.peak_bytes > j->peak) j->peak = sr.r.peak_bytes;
     if (!quiet) print_step(j, &sr);
     /* rank 0 records; with something to record (the same on every rank) the ranks agree */
     if (j->db || mp_args_has(j->spec, "--metrics"))
-      MP_CHECK(mp_runtime_agree(j->ctx, j->rt, record(j, &sr), "recording the step (--metrics, --db)"));
+      MP_CHECK(mp_runtime_agree(j->ctx, j->rt, mp_train_record(j, &sr), "recording the step (--metrics, --db)"));
     if (j->ckpt_dir && ((j->ckpt_every > 0 && sr.step % j->ckpt_every == 0) || last))
       MP_CHECK(save(j, sr.step, sr.r.loss));
   }
   return MP_OK;
 }
 
-/* ---- the end --------------------------------------------------------------------------- */
-
-void mp_train_finish(train_job *j, mp_status st) {
-  if (j->metrics) fclose(j->metrics);
-  j->metrics = NULL;
-  if (!j->status_set) return;
-  mp_ctx c2;
-  mp_ctx_init(&c2);
-  const char *status = st == MP_OK ? "complete" : j->diverged ? "diverged" : "failed";
-  if (mp_store_set_train_status(&c2, j->store, j->plan_id, status) != MP_OK)
-    fprintf(stderr, "meshplan: warning: the run's status was not recorded: %s\n", mp_errmsg(&c2));
+/* --eval-only: the eval loss of the restored weights (the checkpoint's, --init-from's or
+ * the seed's) on --val-data, or on the training data without it, printed and recorded
+ * as the evaluation of the step they are at. */
+mp_status mp_train_eval_only(train_job *j) {
+  mp_dataset *d = j->val_data ? j->val_data : j->train_data;
+  const char *init = mp_args_get(j->spec, "--init-from");
+  mp_talloc_reset_peak((mp_talloc *)mp_runtime_allocator(j->rt));
+  eval_rec er = {j->start_step, 0, 0, j->eval_batches * j->po.global_batch * j->po.seq, 0};
+  const double t0 = mp_now_s();
+  MP_CHECK(eval_loss(j, d, &er.loss));
+  MP_CHECK(mp_runtime_synchronize(j->ctx, j->rt));
+  er.dt = mp_now_s() - t0;
+  er.peak_bytes = mp_talloc_peak_total(mp_runtime_allocator(j->rt));
+  if (j->rank == 0) {
+    char what[MP_CKPT_PATH_MAX + 64];
+    if (j->resumed)
+      snprintf(what, sizeof what, "%s", j->last_ckpt);
+    else if (init)
+      snprintf(what, sizeof what, "--init-from %s", init);
+    else
+      snprintf(what, sizeof what, "the initial weights of --seed %lld", j->seed);
+    printf("eval: loss %.6f of %s (step %lld) on %lld global batch%s of %s: %lld tokens in %.1f ms\n", er.loss,
+           what, j->start_step, j->eval_batches, j->eval_batches == 1 ? "" : "es",
+           j->val_data ? mp_args_get(j->spec, "--val-data") : j->data ? j->data : "the synthetic corpus",
+           (long long)er.tokens, er.dt * 1e3);
+  }
+  return mp_runtime_agree(j->ctx, j->rt, mp_train_record_eval(j, &er), "recording the evaluation (--metrics, --db)");
 }
+
+/* ---- the end --------------------------------------------------------------------------- */
 
 void mp_train_loop_release(train_job *j) {
   mp_dataset_destroy(j->train_data);

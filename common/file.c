@@ -102,6 +102,16 @@ mp_status mp_file_check_regular_or_absent(mp_ctx *ctx, const char *path) {
   return S_ISREG(sb.st_mode) ? MP_OK : not_regular(ctx, path, sb.st_mode);
 }
 
+mp_status mp_error_write(mp_ctx *ctx, int err, const char *path) {
+  if (err == ENOSPC || err == EDQUOT)
+    return mp_error(ctx, MP_ERR_NOSPACE, "no space left writing %s (%s); free some or write elsewhere", path,
+                    strerror(err));
+  if (err == EFBIG)
+    return mp_error(ctx, MP_ERR_NOSPACE, "file size limit exceeded writing %s (%s: the process's limit, "
+                    "ulimit -f, or the file system's); raise it or write less", path, strerror(err));
+  return mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", path, strerror(err));
+}
+
 mp_status mp_write_file_atomic(mp_ctx *ctx, const char *path, const void *data, size_t len) {
   struct stat sb;
   if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
@@ -120,7 +130,7 @@ mp_status mp_write_file_atomic(mp_ctx *ctx, const char *path, const void *data, 
   if (!ok) {
     int e = errno;
     unlink(tmp);
-    return mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", path, strerror(e));
+    return mp_error_write(ctx, e, path);
   }
   if (rename(tmp, path) != 0) {
     int e = errno;

@@ -9,7 +9,9 @@
  * MP_ERR_NOT_FOUND, any other failure MP_ERR_IO; all of them exit 2 (status.h).
  *
  * Outputs are written to <path>.tmp.<pid> and renamed over path, so a reader never sees a
- * half-written file; an existing path that is not a regular file is refused first. */
+ * half-written file; an existing path that is not a regular file is refused first. A
+ * write that runs out of room (mp_error_write) is MP_ERR_NOSPACE, exit 1: the input was
+ * fine, the disk, the quota or the process's file size limit was not. */
 #ifndef MP_COMMON_FILE_H
 #define MP_COMMON_FILE_H
 
@@ -39,6 +41,11 @@ mp_status mp_read_file(mp_ctx *ctx, const char *path, char **out, size_t *len);
 /* MP_OK when path does not exist or is a regular file (a database that SQLite will open or
  * create there); a directory, FIFO, device or socket is MP_ERR_INVALID. */
 mp_status mp_file_check_regular_or_absent(mp_ctx *ctx, const char *path);
+/* The failure of a write to path with errno err, as every writer reports it: ENOSPC and
+ * EDQUOT "no space left writing PATH (...)" and EFBIG "file size limit exceeded writing
+ * PATH (ulimit -f)", both MP_ERR_NOSPACE; any other "PATH: write failed: <strerror>",
+ * MP_ERR_IO. Returns the status. */
+mp_status mp_error_write(mp_ctx *ctx, int err, const char *path);
 /* Writes to path.tmp.<pid> then renames, so readers never see a half-written file. */
 mp_status mp_write_file_atomic(mp_ctx *ctx, const char *path, const void *data, size_t len);
 

@@ -64,6 +64,7 @@ const char *mp_status_name(mp_status s) {
     case MP_ERR_NCCL: return "nccl";
     case MP_ERR_MPI: return "mpi";
     case MP_ERR_TIMEOUT: return "timeout";
+    case MP_ERR_NOSPACE: return "no space";
     case MP_ERR_INTERNAL: return "internal";
   }
   return "unknown";

@@ -30,6 +30,9 @@ typedef enum mp_status {
   MP_ERR_MPI,
   MP_ERR_TIMEOUT,     /* a collective did not complete within the deadline: a peer rank is
                          stuck or dead (exec/comm); the job must end (MPI_Abort) */
+  MP_ERR_NOSPACE,     /* a write ran out of room: the disk or quota is full (ENOSPC,
+                         EDQUOT) or the file passed the process's size limit (EFBIG,
+                         ulimit -f); the input was fine, the run failed */
   MP_ERR_INTERNAL     /* a broken invariant: a bug in meshplan */
 } mp_status;
 
@@ -57,7 +60,7 @@ const char *mp_status_name(mp_status s);
  * command line, a file's contents, a path that cannot be opened, read or written
  * (MP_ERR_IO), a database that cannot be used (MP_ERR_DB), a request this build or machine
  * cannot do (MP_ERR_UNSUPPORTED). 1: the work that was accepted failed: out of memory,
- * CUDA, NCCL or MPI errors, a collective's timeout, a bug. */
+ * out of disk (MP_ERR_NOSPACE), CUDA, NCCL or MPI errors, a collective's timeout, a bug. */
 int mp_status_exit_code(mp_status s);
 
 #define MP_CHECK(expr)                      \

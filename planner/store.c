@@ -250,6 +250,26 @@ mp_status mp_store_run_commit(mp_ctx *ctx, mp_store *st, int64_t run_id,
   return MP_OK;
 }
 
+mp_status mp_store_add_plan(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_candidate *c) {
+  if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is open on %s", mp_store_path(st));
+  MP_CHECK(mp_db_begin_write(ctx, st->db, "adding a plan to a run"));
+  char sql[128];
+  int64_t n = 0, idx = 0;
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM runs WHERE id=%lld", (long long)run_id);
+  mp_status s = mp_store_query_i64(ctx, st, sql, &n);
+  if (s == MP_OK && n != 1)
+    s = mp_error(ctx, MP_ERR_NOT_FOUND, "%s has no run %lld; `meshplan report` lists the runs", mp_store_path(st),
+                 (long long)run_id);
+  snprintf(sql, sizeof sql, "SELECT coalesce(max(idx) + 1, 0) FROM plans WHERE run_id=%lld", (long long)run_id);
+  if (s == MP_OK) s = mp_store_query_i64(ctx, st, sql, &idx);
+  st->in_run = 1; /* the candidate's rows, as a run's (unranked) */
+  if (s == MP_OK) s = mp_store_add_candidate(ctx, st, run_id, idx, c, "");
+  st->in_run = 0;
+  if (s == MP_OK) s = mp_db_exec(ctx, st->db, "COMMIT", "committing the plan");
+  if (s != MP_OK) mp_db_rollback(st->db);
+  return s;
+}
+
 void mp_store_run_abort(mp_store *st) {
   if (!st || !st->in_run) return;
   mp_db_rollback(st->db);
@@ -272,7 +292,10 @@ mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measureme
     sqlite3_bind_int64(q, 1, m->step);
     sqlite3_bind_double(q, 2, m->step_time_s);
     sqlite3_bind_int64(q, 3, m->peak_mem_bytes);
-    sqlite3_bind_double(q, 4, m->loss);
+    if (m->eval_only) /* no step ran: no training loss, learning rate or gradient */
+      sqlite3_bind_null(q, 4);
+    else
+      sqlite3_bind_double(q, 4, m->loss);
     sqlite3_bind_double(q, 5, m->tokens_per_s);
     bind_text(q, 6, m->device);
     bind_text(q, 7, when);
@@ -280,8 +303,8 @@ mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measureme
       sqlite3_bind_double(q, 8, m->eval_loss);
     else
       sqlite3_bind_null(q, 8);
-    sqlite3_bind_double(q, 9, m->lr);
-    sqlite3_bind_double(q, 10, m->grad_norm);
+    if (!m->eval_only) sqlite3_bind_double(q, 9, m->lr);
+    if (!m->eval_only) sqlite3_bind_double(q, 10, m->grad_norm);
     sqlite3_bind_int64(q, 11, m->plan_id);
     rc = sqlite3_step(q);
     if (rc == SQLITE_DONE) rc = SQLITE_OK;
@@ -503,7 +526,7 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
   if (rc == SQLITE_OK)
     rc = sqlite3_prepare_v2(conn(st),
                             "SELECT step_time_s, peak_mem_bytes, tokens_per_s FROM measurements m"
-                            " WHERE plan_id=? AND id = (SELECT max(id) FROM measurements"
+                            " WHERE plan_id=? AND loss IS NOT NULL AND id = (SELECT max(id) FROM measurements"
                             " WHERE plan_id = m.plan_id AND step = m.step) ORDER BY step_time_s",
                             -1, &mq, NULL);
   int64_t i = 0;
@@ -529,39 +552,29 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
   return MP_OK;
 }
 
-mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_step_row **rows,
-                             int64_t *n) {
-  char sql[128];
+/* The rows of a run-keyed query (sql, its one parameter the run) into an arena array of
+ * elem-byte rows, each filled by read; count_sql counts at most as many rows. */
+typedef void (*row_reader)(sqlite3_stmt *q, void *row);
+
+static mp_status run_rows(mp_ctx *ctx, mp_store *st, int64_t run_id, const char *count_sql, const char *sql,
+                          row_reader read, size_t elem, mp_arena *a, void **rows, int64_t *n, const char *what) {
+  char csql[160];
   int64_t count = 0;
-  snprintf(sql, sizeof sql, "SELECT count(*) FROM measurements WHERE run_id=%lld", (long long)run_id);
-  MP_CHECK(mp_store_query_i64(ctx, st, sql, &count));
-  *rows = mp_arena_alloc(a, (size_t)(count > 0 ? count : 1) * sizeof **rows);
-  MP_CHECK_ALLOC(ctx, *rows);
+  snprintf(csql, sizeof csql, count_sql, (long long)run_id);
+  MP_CHECK(mp_store_query_i64(ctx, st, csql, &count));
+  char *out = mp_arena_alloc(a, (size_t)(count > 0 ? count : 1) * elem);
+  MP_CHECK_ALLOC(ctx, out);
   sqlite3_stmt *q = NULL;
-  int rc = sqlite3_prepare_v2(conn(st),
-                              "SELECT plan_id, step, coalesce(loss, 0), coalesce(tokens_per_s, 0),"
-                              " coalesce(step_time_s, 0), coalesce(lr, 0), coalesce(grad_norm, 0), eval_loss"
-                              " FROM measurements m WHERE run_id=? AND id = (SELECT max(id) FROM measurements"
-                              " WHERE plan_id = m.plan_id AND step = m.step) ORDER BY plan_id, step",
-                              -1, &q, NULL);
+  int rc = sqlite3_prepare_v2(conn(st), sql, -1, &q, NULL);
   if (rc == SQLITE_OK) sqlite3_bind_int64(q, 1, run_id);
   int64_t i = 0;
   while (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
     rc = SQLITE_OK;
-    if (i >= count) continue;
-    mp_step_row *r = &(*rows)[i++];
-    r->plan_id = sqlite3_column_int64(q, 0);
-    r->step = sqlite3_column_int64(q, 1);
-    r->loss = sqlite3_column_double(q, 2);
-    r->tokens_per_s = sqlite3_column_double(q, 3);
-    r->step_time_s = sqlite3_column_double(q, 4);
-    r->lr = sqlite3_column_double(q, 5);
-    r->grad_norm = sqlite3_column_double(q, 6);
-    r->has_eval = sqlite3_column_type(q, 7) != SQLITE_NULL;
-    r->eval_loss = r->has_eval ? sqlite3_column_double(q, 7) : 0;
+    if (i < count) read(q, out + (size_t)i++ * elem);
   }
   sqlite3_finalize(q);
-  if (rc != SQLITE_DONE && rc != SQLITE_OK) return mp_db_err(ctx, st->db, rc, "reading measurements");
+  if (rc != SQLITE_DONE && rc != SQLITE_OK) return mp_db_err(ctx, st->db, rc, what);
+  *rows = out;
   *n = i;
   return MP_OK;
 }
@@ -637,11 +650,59 @@ mp_status mp_store_run_marks(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena
   while (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
     rc = SQLITE_OK;
     const int64_t plan = sqlite3_column_int64(q, 0), step = sqlite3_column_int64(q, 1);
-    if (plan == prev_plan && step <= prev_step && *n_resumed < count) (*resumed)[(*n_resumed)++] = step;
+    /* a resume starts a new process: on another mesh a new plan (the run's next segment), on
+     * the same one a step at or before the last recorded */
+    const int resumed_here = prev_plan >= 0 && (plan != prev_plan || step <= prev_step);
+    if (resumed_here && *n_resumed < count) (*resumed)[(*n_resumed)++] = step;
     prev_plan = plan;
     prev_step = step;
   }
   sqlite3_finalize(q);
   if (rc != SQLITE_DONE && rc != SQLITE_OK) return mp_db_err(ctx, st->db, rc, "reading measurements");
   return MP_OK;
+}
+
+static void read_step(sqlite3_stmt *q, void *row) {
+  mp_step_row *r = row;
+  r->plan_id = sqlite3_column_int64(q, 0);
+  r->step = sqlite3_column_int64(q, 1);
+  r->loss = sqlite3_column_double(q, 2);
+  r->tokens_per_s = sqlite3_column_double(q, 3);
+  r->step_time_s = sqlite3_column_double(q, 4);
+  r->lr = sqlite3_column_double(q, 5);
+  r->grad_norm = sqlite3_column_double(q, 6);
+  r->has_eval = sqlite3_column_type(q, 7) != SQLITE_NULL;
+  r->eval_loss = r->has_eval ? sqlite3_column_double(q, 7) : 0;
+  r->has_loss = sqlite3_column_int(q, 8);
+}
+
+mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_step_row **rows,
+                             int64_t *n) {
+  /* each step's last record over the run's plans: one scan of the run's rows and a sort */
+  return run_rows(ctx, st, run_id, "SELECT count(*) FROM measurements WHERE run_id=%lld",
+                  "SELECT plan_id, step, coalesce(loss, 0), coalesce(tokens_per_s, 0),"
+                  " coalesce(step_time_s, 0), coalesce(lr, 0), coalesce(grad_norm, 0), eval_loss, loss IS NOT NULL"
+                  " FROM (SELECT *, row_number() OVER (PARTITION BY step ORDER BY id DESC) AS newest"
+                  " FROM measurements WHERE run_id=?) WHERE newest = 1 ORDER BY step",
+                  read_step, sizeof **rows, a, (void **)rows, n, "reading measurements");
+}
+
+static void read_segment(sqlite3_stmt *q, void *row) {
+  mp_run_segment *r = row;
+  r->plan_id = sqlite3_column_int64(q, 0);
+  int *dims[6] = {&r->pp, &r->dp_replicate, &r->dp_shard, &r->cp, &r->tp, &r->ep};
+  for (int d = 0; d < 6; d++) *dims[d] = sqlite3_column_int(q, 1 + d);
+  r->micro_batch = sqlite3_column_int64(q, 7);
+  r->first_step = sqlite3_column_int64(q, 8);
+  r->last_step = sqlite3_column_int64(q, 9);
+  r->n_steps = sqlite3_column_int64(q, 10);
+}
+
+mp_status mp_store_run_segments(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_run_segment **rows,
+                                int64_t *n) {
+  return run_rows(ctx, st, run_id, "SELECT count(DISTINCT plan_id) FROM measurements WHERE run_id=%lld",
+                  "SELECT pl.id, pl.pp, pl.dp_replicate, pl.dp_shard, pl.cp, pl.tp, pl.ep, pl.micro_batch,"
+                  " min(m.step), max(m.step), count(*) FROM measurements m JOIN plans pl ON pl.id = m.plan_id"
+                  " WHERE m.run_id=? GROUP BY pl.id ORDER BY min(m.id)",
+                  read_segment, sizeof **rows, a, (void **)rows, n, "reading a run's segments");
 }

@@ -12,12 +12,15 @@
  *                 one: `plan --log-all`, train's runs, runs before version 6): every mesh
  *                 dim, ep, ac, fp8, micro_batch,
  *                 reshard, evaluated, feasible, rank (objective order, NULL when not
- *                 ranked), reject_rule (mp_reject_name) and reject_reason (the sentence)
+ *                 ranked), reject_rule (mp_reject_name) and reject_reason (the sentence);
+ *                 a training run resumed by another process adds that process's plan,
+ *                 unranked (mp_store_add_plan): the run's segments
  *   predictions   one row per evaluated candidate (plan_id = plans.id): step time,
  *                 tokens/s/GPU, MFU, peak memory, capacity and the breakdown at the peak,
  *                 compute / exposed communication / bubble / optimizer seconds
  *   measurements  filled by the executor (mp_store_add_measurement): per plan and step,
- *                 with the step's learning rate, gradient norm and eval loss (version 3)
+ *                 with the step's learning rate, gradient norm and eval loss (version 3);
+ *                 an evaluation (`train --eval-only`) is a row whose loss is NULL
  *   rejections    per run and rule (mp_reject_name) the candidates it rejected (version 6)
  * Version 3 adds runs.train_status: NULL for a planner run (complete once committed: a run
  * is one transaction); for a run that `meshplan train --db` measures, 'running' from its
@@ -107,6 +110,12 @@ mp_status mp_store_run_commit(mp_ctx *ctx, mp_store *st, int64_t run_id,
 /* Rolls the open run back (no-op when none is open). */
 void mp_store_run_abort(mp_store *st);
 
+/* Adds c (evaluated or not) to the existing run run_id as an unranked plan with its
+ * prediction, in its own transaction; sets c->plan_id. A training run resumed by another
+ * process (on any mesh) records that process's plan so: one run keeps one history, each
+ * segment under its own plan. MP_ERR_NOT_FOUND when the run does not exist. */
+mp_status mp_store_add_plan(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_candidate *c);
+
 /* Fault injection for tests: the (n+1)-th mp_store_add_candidate after this call fails
  * with MP_ERR_DB ("injected fault"); n < 0 turns it off. */
 void mp_store_inject_fault_after(mp_store *st, int64_t n);
@@ -124,6 +133,9 @@ typedef struct mp_measurement {
   double eval_loss;
   double lr;          /* the step's learning rate */
   double grad_norm;   /* its global gradient norm before clipping */
+  int eval_only;      /* `train --eval-only`: eval_loss of the weights at `step`, no step
+                         run (loss, lr and grad_norm are stored NULL; step_time_s and
+                         tokens_per_s are the eval's) */
 } mp_measurement;
 /* Inserts a measurement (its own transaction); the plan must exist. */
 mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measurement *m);
@@ -177,11 +189,24 @@ typedef struct mp_step_row {
   double loss, tokens_per_s, step_time_s, lr, grad_norm;
   int has_eval;
   double eval_loss;
+  int has_loss; /* 0: an evaluation's record (mp_measurement.eval_only) */
 } mp_step_row;
-/* The run's measured steps (arena-owned array), by plan and step; a step measured twice
- * (a resumed training run repeats the steps after its checkpoint) is its last record. */
+/* The run's measured steps (arena-owned array) by step, whichever of the run's plans
+ * recorded them; a step measured twice (a resumed training run repeats the steps after its
+ * checkpoint, on the same mesh or another) is its last record. */
 mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_step_row **rows,
                              int64_t *n);
+/* One segment of a training run: the steps one plan of the run recorded (the run's first
+ * process, then each resumed one, in the order they recorded). */
+typedef struct mp_run_segment {
+  int64_t plan_id;
+  int pp, dp_replicate, dp_shard, cp, tp, ep;
+  int64_t micro_batch;
+  int64_t first_step, last_step, n_steps;
+} mp_run_segment;
+/* The run's segments (arena-owned array), in the order of their first record. */
+mp_status mp_store_run_segments(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_run_segment **rows,
+                                int64_t *n);
 
 /* A run's rejection counts by rule into by (by[MP_REJECT_NONE]: its ranked plans): from the
  * rejections table, or for a run written before version 6 from its plans rows. A rule name

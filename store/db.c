@@ -10,9 +10,11 @@
 #define _GNU_SOURCE
 #include "store/db.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/file.h"
@@ -95,6 +97,17 @@ static mp_status corrupt(mp_ctx *ctx, const mp_db *db) {
 
 mp_status mp_db_err(mp_ctx *ctx, mp_db *db, int rc, const char *what) {
   if (rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT) return corrupt(ctx, db);
+  /* Out of room: the run failed, the database is fine. SQLITE_FULL is SQLite's ENOSPC;
+   * EFBIG (the file size limit) comes as a write's I/O error. sqlite3_system_errno is not
+   * set on every path (a failed COMMIT's write to the WAL leaves it stale), so the errno of
+   * the failed call, which nothing has touched since, stands in for it. */
+  const int err = errno, xrc = db->db ? sqlite3_extended_errcode(db->db) : rc;
+  int sys = db->db ? sqlite3_system_errno(db->db) : 0;
+  if (sys != ENOSPC && sys != EDQUOT && sys != EFBIG) sys = err;
+  const int wrote = xrc == SQLITE_IOERR_WRITE || xrc == SQLITE_IOERR_FSYNC || xrc == SQLITE_IOERR_TRUNCATE ||
+                    xrc == SQLITE_IOERR_SHMSIZE || (rc & 0xff) == SQLITE_FULL;
+  if (wrote && (sys == ENOSPC || sys == EDQUOT || sys == EFBIG)) return mp_error_write(ctx, sys, db->path);
+  if ((rc & 0xff) == SQLITE_FULL) return mp_error_write(ctx, ENOSPC, db->path);
   return mp_error(ctx, MP_ERR_DB, "%s: %s: %s", db->path, what,
                   db->db ? sqlite3_errmsg(db->db) : sqlite3_errstr(rc));
 }
@@ -316,11 +329,28 @@ static mp_status set_wal(mp_ctx *ctx, mp_db *db) {
   return mp_db_exec(ctx, db, "PRAGMA synchronous=NORMAL", "setting synchronous");
 }
 
+/* A database file this open created and could not make (the disk full, the file size
+ * limit): removed with SQLite's side files when nothing was committed into it, so a failed
+ * command leaves no empty .db behind. A file with content is left alone (another process
+ * may have created its tables meanwhile). */
+static void remove_empty_db(const char *path) {
+  struct stat sb;
+  if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size != 0) return;
+  static const char *const side[] = {"-journal", "-wal", "-shm"};
+  char p[1100];
+  for (size_t i = 0; i < sizeof side / sizeof side[0]; i++) {
+    snprintf(p, sizeof p, "%s%s", path, side[i]);
+    unlink(p);
+  }
+  unlink(path);
+}
+
 mp_status mp_db_open(mp_ctx *ctx, const char *path, mp_db **out) {
   *out = NULL;
   mp_db *db = calloc(1, sizeof *db);
   MP_CHECK_ALLOC(ctx, db);
   snprintf(db->path, sizeof db->path, "%s", path);
+  const int existed = access(path, F_OK) == 0;
   mp_status s = MP_OK;
   /* a directory, FIFO or device is not a database file (SQLite would report "disk I/O
    * error" for some of them) */
@@ -345,6 +375,7 @@ mp_status mp_db_open(mp_ctx *ctx, const char *path, mp_db **out) {
   return MP_OK;
 fail:
   mp_db_close(db);
+  if (s != MP_OK && !existed) remove_empty_db(path);
   return s;
 }
 

@@ -209,6 +209,10 @@ void mp_comm_profile(mp_comm *c, mp_comm_prof *p) {
   if (c) c->prof = p;
 }
 
+void mp_comm_profile_unit_op(mp_comm *c, mp_group g) {
+  if (c && c->prof && g < MP_GROUP_COUNT) c->prof->unit_ops[g]++;
+}
+
 /* Returns the backend call's status, its host time added to c->prof when profiling. */
 #define PROFILED(c, g, call)                              \
   do {                                                    \

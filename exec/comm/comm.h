@@ -307,8 +307,13 @@ void mp_comm_set_stream(mp_comm *c, void *cuda_stream);
 typedef struct mp_comm_prof {
   double seconds[MP_GROUP_COUNT];
   int64_t calls[MP_GROUP_COUNT];
+  int64_t unit_ops[MP_GROUP_COUNT]; /* mp_comm_profile_unit_op's count (FSDP units) */
 } mp_comm_prof;
 void mp_comm_profile(mp_comm *c, mp_comm_prof *p);
+/* One op of the schedule carried out as several calls (an FSDP unit's all-gather or
+ * reduce-scatter, which the runtime issues one parameter tensor at a time): counted in
+ * p->unit_ops[group], so the profile can set the calls beside the schedule's ops. */
+void mp_comm_profile_unit_op(mp_comm *c, mp_group g);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/file.h"
 #include "common/json.h"
 #include "exec/runtime/ckpt_internal.h"
 
@@ -37,7 +38,7 @@ static mp_status write_all(mp_ctx *ctx, int fd, const void *p, size_t n, const c
   while (n > 0) {
     ssize_t w = write(fd, b, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    if (w <= 0) return mp_error_write(ctx, w < 0 ? errno : ENOSPC, path); /* 0 bytes: no room */
     b += w;
     n -= (size_t)w;
   }
@@ -155,6 +156,10 @@ static mp_status list_steps(mp_ctx *ctx, const char *dir, int64_t **steps, int *
   }
   closedir(d);
   return st;
+}
+
+mp_status mp_ckpt_list(mp_ctx *ctx, const char *dir, int64_t **steps, int *n) {
+  return list_steps(ctx, dir, steps, n);
 }
 
 mp_status mp_ckpt_resolve(mp_ctx *ctx, const char *path, char *out, size_t cap) {
@@ -402,9 +407,15 @@ mp_status mp_ckpt_save(mp_ctx *ctx, mp_runtime *rt, const char *dir, int keep, c
   hook("begin", sj.rank, sj.step);
   st = write_rank_files(ctx, &sj);
   if (st == MP_OK) hook("shards_written", sj.rank, sj.step);
-  MP_CHECK(mp_runtime_agree(ctx, rt, st, "writing the checkpoint's shards"));
-  st = sj.rank == 0 ? publish(ctx, &sj, keep, meta) : MP_OK;
-  MP_CHECK(mp_runtime_agree(ctx, rt, st, "publishing the checkpoint"));
+  st = mp_runtime_agree(ctx, rt, st, "writing the checkpoint's shards");
+  if (st == MP_OK) st = mp_runtime_agree(ctx, rt, sj.rank == 0 ? publish(ctx, &sj, keep, meta) : MP_OK,
+                                         "publishing the checkpoint");
+  if (st != MP_OK && sj.rank == 0) { /* every rank is past its writing: a failed save leaves no half folder */
+    mp_ctx c2;
+    mp_ctx_init(&c2);
+    remove_step_dir(&c2, sj.tmp);
+  }
+  MP_CHECK(st);
   if (saved) snprintf(saved, cap, "%s", sj.final);
   return MP_OK;
 }

@@ -26,7 +26,8 @@
  *      .tmp_step_N to step_N, fsyncs DIR, and removes all but the newest `keep` steps
  *   4. barrier
  * A kill at any moment leaves every earlier step_N whole, and a step_N exists only with
- * its manifest: `latest` is the newest step_N folder.
+ * its manifest: `latest` is the newest step_N folder. A save that fails (a full disk)
+ * removes its temporary folder on rank 0 once every rank has agreed on the failure.
  *
  * Load (reshards): each rank needs, per parameter and state, the box of its own tile
  * (mp_param_tile under the loading mesh); it intersects that box with every saved shard
@@ -79,6 +80,11 @@ uint64_t mp_ckpt_hash64(const void *data, size_t n);
 mp_status mp_ckpt_save(mp_ctx *ctx, mp_runtime *rt, const char *dir, int keep, const mp_ckpt_meta *meta,
                        char *saved, size_t cap);
 
+/* The steps of the complete checkpoints in dir (step_N folders with a manifest.json),
+ * ascending: *steps (malloc'd; free it) holds *n of them. MP_ERR_NOT_FOUND when dir does
+ * not exist. A save that failed removes its temporary folder, so none is listed or left. */
+mp_status mp_ckpt_list(mp_ctx *ctx, const char *dir, int64_t **steps, int *n);
+
 /* The step folder that `path` names: path itself when it holds a manifest.json, else the
  * newest complete DIR/step_N under it. MP_ERR_NOT_FOUND when there is none. */
 mp_status mp_ckpt_resolve(mp_ctx *ctx, const char *path, char *out, size_t cap);
@@ -113,8 +119,8 @@ typedef struct mp_ckpt_manifest {
   mp_ckpt_tensor *tensors;
 } mp_ckpt_manifest;
 
-/* Reads and checks step_dir/manifest.json (format, version, every shard inside its file
- * and its tensor, file sizes on disk). */
+/* Reads and checks step_dir/manifest.json (format, version, each tensor listed once,
+ * every shard inside its file and its tensor, file sizes on disk). */
 mp_status mp_ckpt_manifest_read(mp_ctx *ctx, const char *step_dir, mp_ckpt_manifest *out);
 /* The same from the manifest's text (NUL-terminated): the parsing of mp_ckpt_manifest_read,
  * the shard files still looked up in step_dir. out is to be freed on failure too. */
@@ -128,6 +134,11 @@ const mp_ckpt_tensor *mp_ckpt_find(const mp_ckpt_manifest *m, const char *name);
  * the chunks that hold it and verifying each. */
 mp_status mp_ckpt_read_box(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_ckpt_tensor *t, const int64_t off[3],
                            const int64_t len[3], float *dst);
+
+/* What a load checks before it reads, without a runtime: every tensor of the manifest is
+ * a parameter (or moment) of plan, each one plan needs is there once with plan's shape,
+ * naming the first that is not; hint ends the message of a shape that differs. */
+mp_status mp_ckpt_check_plan(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_plan *plan, const char *hint);
 
 /* Loads step_dir into rt (collective: the ranks agree on failure): every parameter's tile
  * and moments, AdamW's step count. The model must match (names, shapes and the dims in

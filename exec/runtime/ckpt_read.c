@@ -136,6 +136,26 @@ static mp_status parse_files(mp_ctx *ctx, mp_ckpt_manifest *m) {
   return MP_OK;
 }
 
+static int by_name(const void *a, const void *b) {
+  return strcmp((*(const mp_ckpt_tensor *const *)a)->name, (*(const mp_ckpt_tensor *const *)b)->name);
+}
+
+/* Each tensor is listed once: a second entry would be read by no load (mp_ckpt_find finds
+ * the first) and written twice by an export. Sorted once, so n log n. */
+static mp_status check_unique(mp_ctx *ctx, mp_ckpt_manifest *m) {
+  const mp_ckpt_tensor **by = mp_arena_alloc(m->arena, (size_t)(m->n_tensors + 1) * sizeof *by);
+  MP_CHECK_ALLOC(ctx, by);
+  for (int i = 0; i < m->n_tensors; i++) by[i] = &m->tensors[i];
+  qsort(by, (size_t)m->n_tensors, sizeof *by, by_name);
+  for (int i = 1; i < m->n_tensors; i++)
+    if (strcmp(by[i - 1]->name, by[i]->name) == 0) {
+      char what[600];
+      snprintf(what, sizeof what, "tensor %s is listed twice", by[i]->name);
+      return bad(ctx, m->dir, what);
+    }
+  return MP_OK;
+}
+
 static mp_status parse_tensors(mp_ctx *ctx, mp_ckpt_manifest *m) {
   const cJSON *ts = cJSON_GetObjectItem(m->root, "tensors"), *tj;
   if (!cJSON_IsArray(ts)) return bad(ctx, m->dir, "\"tensors\" is not a list");
@@ -160,7 +180,7 @@ static mp_status parse_tensors(mp_ctx *ctx, mp_ckpt_manifest *m) {
     int k = 0;
     cJSON_ArrayForEach(sj, sh) MP_CHECK(parse_shard(ctx, m, t, sj, &t->shards[k++]));
   }
-  return MP_OK;
+  return check_unique(ctx, m);
 }
 
 /* The seed as the writer prints it: decimal digits of a uint64. */
@@ -418,27 +438,48 @@ static mp_status check_names(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_pl
   return MP_OK;
 }
 
+/* State k of parameter p in the checkpoint, with p's shape (model names the model p is
+ * of, hint what to do when the shape differs). */
+static mp_status find_state(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_param *p, int k, const char *model,
+                            const char *hint, const mp_ckpt_tensor **out) {
+  char name[512];
+  ckpt_tensor_name(name, sizeof name, p->fqn, (mp_state_kind)k);
+  const mp_ckpt_tensor *t = mp_ckpt_find(m, name);
+  if (!t)
+    return mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: tensor %s is missing; the checkpoint is another "
+                    "model's or incomplete", m->dir, name);
+  int same = t->ndim == p->ndim;
+  for (int d = 0; d < p->ndim && same; d++) same = t->shape[d] == p->shape[d];
+  if (!same)
+    return mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: tensor %s has shape [%lld, %lld, %lld] (%d dims) "
+                    "in the checkpoint but [%lld, %lld, %lld] (%d dims) in model %s; %s", m->dir, name,
+                    (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2], t->ndim,
+                    (long long)p->shape[0], (long long)(p->ndim > 1 ? p->shape[1] : 1),
+                    (long long)(p->ndim > 2 ? p->shape[2] : 1), p->ndim, model, hint);
+  *out = t;
+  return MP_OK;
+}
+
+mp_status mp_ckpt_check_plan(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_plan *plan, const char *hint) {
+  MP_CHECK(check_names(ctx, m, plan));
+  for (int i = 0; i < plan->n_params; i++) {
+    if (plan->params[i].tied_copy) continue; /* the embedding, saved once */
+    const mp_ckpt_tensor *t;
+    for (int k = 0; k < MP_STATE_COUNT; k++)
+      MP_CHECK(find_state(ctx, m, &plan->params[i], k, plan->model.name, hint, &t));
+  }
+  return MP_OK;
+}
+
 /* Parameter i's tile of every state, from the checkpoint into the runtime. */
 static mp_status load_param(mp_ctx *ctx, mp_runtime *rt, const mp_ckpt_manifest *m, int i, float *buf) {
   const mp_param *p = mp_plan_param_source(mp_runtime_plan(rt), i); /* a tied head copy: the embedding's */
   int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
   if (mp_runtime_param_tile(rt, i, off, len) == 0) return MP_OK;
-  char name[512];
   for (int k = 0; k < MP_STATE_COUNT; k++) {
-    ckpt_tensor_name(name, sizeof name, p->fqn, (mp_state_kind)k);
-    const mp_ckpt_tensor *t = mp_ckpt_find(m, name);
-    if (!t)
-      return mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: tensor %s is missing; the checkpoint is another "
-                      "model's or incomplete", m->dir, name);
-    int same = t->ndim == p->ndim;
-    for (int d = 0; d < p->ndim && same; d++) same = t->shape[d] == p->shape[d];
-    if (!same)
-      return mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: tensor %s has shape [%lld, %lld, %lld] (%d dims) "
-                      "in the checkpoint but [%lld, %lld, %lld] (%d dims) in model %s; resume with the model "
-                      "(and vocabulary) it was saved with", m->dir, name, (long long)t->shape[0],
-                      (long long)t->shape[1], (long long)t->shape[2], t->ndim, (long long)p->shape[0],
-                      (long long)(p->ndim > 1 ? p->shape[1] : 1), (long long)(p->ndim > 2 ? p->shape[2] : 1),
-                      p->ndim, mp_runtime_plan(rt)->model.name);
+    const mp_ckpt_tensor *t;
+    MP_CHECK(find_state(ctx, m, p, k, mp_runtime_plan(rt)->model.name,
+                        "resume with the model (and vocabulary) it was saved with", &t));
     MP_CHECK(mp_ckpt_read_box(ctx, m, t, off, len, buf));
     MP_CHECK(mp_runtime_write_state(ctx, rt, i, (mp_state_kind)k, buf));
   }

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "common/json.h"
+#include "exec/plan.h"
 #include "exec/runtime/ckpt_internal.h"
 #include "exec/runtime/safetensors.h"
 
@@ -292,7 +293,7 @@ static mp_status export_collect(mp_ctx *ctx, const mp_ckpt_manifest *man, export
   return MP_OK;
 }
 
-static mp_status export_weights(mp_ctx *ctx, const mp_ckpt_manifest *man, const char *path) {
+static mp_status export_weights(mp_ctx *ctx, const mp_ckpt_manifest *man, const char *path, mp_st_dtype dtype) {
   export_list l;
   memset(&l, 0, sizeof l);
   mp_status st = export_collect(ctx, man, &l);
@@ -304,7 +305,7 @@ static mp_status export_weights(mp_ctx *ctx, const mp_ckpt_manifest *man, const 
   cJSON_AddStringToObject(meta, "meshplan_step", step);
   if (st == MP_OK)
     st = mp_st_writer_open(ctx, path, l.n, (const char *const *)l.names, l.ndims,
-                           (const int64_t(*)[MP_ST_MAX_NDIM])l.shapes, meta, &w);
+                           (const int64_t(*)[MP_ST_MAX_NDIM])l.shapes, dtype, meta, &w);
   cJSON_Delete(meta);
   float *buf = NULL;
   for (int i = 0; i < l.n && st == MP_OK; i++) {
@@ -330,22 +331,66 @@ static mp_status export_weights(mp_ctx *ctx, const mp_ckpt_manifest *man, const 
   return st != MP_OK ? st : s2;
 }
 
-mp_status mp_hf_export(mp_ctx *ctx, const mp_ckpt_manifest *man, const char *out_dir) {
+/* The manifest's tensors against its model, as a load checks them against the model it
+ * loads into: the plan of that model on one rank names every tensor the export needs and
+ * its shape, so a missing, extra or misshapen tensor (or a "model" whose vocab or dims
+ * disagree with the tensors, which would write a wrong config.json) is refused, never
+ * exported for transformers to fill with its defaults. */
+static mp_status check_manifest(mp_ctx *ctx, const mp_ckpt_manifest *man, const mp_model *m) {
+  mp_mesh one;
+  mp_mesh_init(&one);
+  mp_plan_options po;
+  mp_plan_options_init(&po);
+  po.seq = m->max_seq;
+  po.micro_batch = po.global_batch = 1;
+  mp_plan *p = NULL;
+  MP_CHECK(mp_build_plan(ctx, m, &one, &po, &p));
+  mp_status st = mp_ckpt_check_plan(ctx, man, p, "the manifest's \"model\" disagrees with its tensors: the "
+                                    "checkpoint is damaged");
+  mp_plan_destroy(p);
+  return st;
+}
+
+/* config.json's token ids and dtype: the tokenizer's (null without one) and the weights'. */
+static void config_export(cJSON *cfg, const mp_hf_special *sp, mp_st_dtype dtype) {
+  cJSON_ReplaceItemInObjectCaseSensitive(cfg, "torch_dtype",
+                                         cJSON_CreateString(dtype == MP_ST_BF16 ? "bfloat16" : "float32"));
+  if (sp->bos_id >= 0)
+    cJSON_AddNumberToObject(cfg, "bos_token_id", (double)sp->bos_id);
+  else
+    cJSON_AddNullToObject(cfg, "bos_token_id");
+  if (sp->eos_id >= 0)
+    cJSON_AddNumberToObject(cfg, "eos_token_id", (double)sp->eos_id);
+  else
+    cJSON_AddNullToObject(cfg, "eos_token_id");
+}
+
+mp_status mp_hf_export(mp_ctx *ctx, const mp_ckpt_manifest *man, const char *out_dir,
+                       const mp_hf_export_options *o, mp_hf_special *sp_out) {
   mp_model m;
   MP_CHECK(mp_ckpt_model(ctx, man, &m));
+  mp_hf_special sp = {"", "", -1, -1};
+  if (o->tokenizer) MP_CHECK(mp_hf_tokenizer_read(ctx, o->tokenizer, m.vocab, &sp));
+  if (sp_out) *sp_out = sp;
   cJSON *cfg = NULL;
   MP_CHECK(mp_hf_config(ctx, &m, &cfg));
-  mp_status st = MP_OK;
+  config_export(cfg, &sp, o->dtype);
+  mp_status st = check_manifest(ctx, man, &m);
+  if (st != MP_OK) {
+    cJSON_Delete(cfg);
+    return st;
+  }
   if (mkdir(out_dir, 0777) != 0 && errno != EEXIST)
     st = mp_error(ctx, MP_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno));
   char path[4096];
   snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
-  if (st == MP_OK) st = export_weights(ctx, man, path);
+  if (st == MP_OK) st = export_weights(ctx, man, path, o->dtype);
   char *text = st == MP_OK ? cJSON_Print(cfg) : NULL;
   cJSON_Delete(cfg);
   if (st == MP_OK && !text) st = mp_error(ctx, MP_ERR_NOMEM, "export: out of memory");
   snprintf(path, sizeof path, "%s/config.json", out_dir);
   if (st == MP_OK) st = mp_write_file_atomic(ctx, path, text, strlen(text));
   free(text);
+  if (st == MP_OK && o->tokenizer) st = mp_hf_tokenizer_write(ctx, o->tokenizer, &sp, m.max_seq, out_dir);
   return st;
 }

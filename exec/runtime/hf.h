@@ -61,9 +61,41 @@ mp_status mp_hf_load(mp_ctx *ctx, mp_runtime *rt, const char *path);
  * agreeing with the other ranks. */
 mp_status mp_hf_load_set(mp_ctx *ctx, mp_runtime *rt, const mp_st_set *s, const char *origin);
 
-/* out_dir/model.safetensors (fp32 masters, Hugging Face names) and out_dir/config.json
- * from a checkpoint. */
-mp_status mp_hf_export(mp_ctx *ctx, const mp_ckpt_manifest *man, const char *out_dir);
+/* A tokenizer's special tokens (hf_tokenizer.c): the end-of-sequence token is the first of
+ * <|endoftext|>, <|end_of_text|>, </s> it has (scripts/tokenize's end-of-text token, which
+ * precedes every document), the beginning one <|begin_of_text|> or <s>, else the same
+ * end-of-text token (GPT-2's convention); an id of -1: none. */
+typedef struct mp_hf_special {
+  char bos[64], eos[64];
+  int64_t bos_id, eos_id;
+} mp_hf_special;
+
+/* What meshplan export writes beside the weights. */
+typedef struct mp_hf_export_options {
+  mp_st_dtype dtype;     /* MP_ST_F32 (the masters as they are) or MP_ST_BF16 (rounded to nearest even) */
+  const char *tokenizer; /* a tokenizer.json to copy, or NULL for none */
+} mp_hf_export_options;
+
+/* The tokenizer.json beside the shards the checkpoint trained on (its train state's
+ * "data" glob: the folder scripts/tokenize wrote them and the tokenizer into) into out;
+ * 0 when there is none (synthetic data, a glob in the folder part, no such readable file). */
+int mp_hf_tokenizer_beside_data(const mp_ckpt_manifest *man, char *out, size_t cap);
+/* The special tokens of the tokenizer.json at path; refused (MP_ERR_INVALID) when it has
+ * no vocabulary or ids of vocab or more (another model's tokenizer). */
+mp_status mp_hf_tokenizer_read(mp_ctx *ctx, const char *path, int64_t vocab, mp_hf_special *out);
+/* out_dir/tokenizer.json (path copied byte for byte), tokenizer_config.json
+ * (PreTrainedTokenizerFast, the special tokens, model_max_length max_seq) and
+ * special_tokens_map.json: what AutoTokenizer.from_pretrained(out_dir) reads. */
+mp_status mp_hf_tokenizer_write(mp_ctx *ctx, const char *path, const mp_hf_special *sp, int64_t max_seq,
+                                const char *out_dir);
+
+/* out_dir/model.safetensors (the masters as o->dtype, Hugging Face names), config.json
+ * (with the tokenizer's bos_token_id and eos_token_id, null without one, so transformers'
+ * Llama defaults 1 and 2 are never taken for this vocabulary) and, with o->tokenizer, the
+ * tokenizer's files, from a checkpoint whose manifest is checked first (mp_ckpt_check_plan).
+ * *sp (may be NULL) gets the special tokens written. */
+mp_status mp_hf_export(mp_ctx *ctx, const mp_ckpt_manifest *man, const char *out_dir,
+                       const mp_hf_export_options *o, mp_hf_special *sp);
 
 #ifdef __cplusplus
 }

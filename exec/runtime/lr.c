@@ -48,3 +48,12 @@ double mp_lr_at(const mp_lr_schedule *s, int64_t step) {
     default: return s->lr;
   }
 }
+
+int mp_lr_same_after(const mp_lr_schedule *a, const mp_lr_schedule *b, int64_t step) {
+  if (a->kind != b->kind || a->lr != b->lr) return 0;
+  const int64_t w = a->warmup > b->warmup ? a->warmup : b->warmup;
+  if (a->warmup != b->warmup && (w > step || a->kind != MP_LR_CONSTANT)) return 0;
+  if (a->kind == MP_LR_CONSTANT) return 1;
+  if (a->min_lr != b->min_lr || a->total != b->total) return 0;
+  return a->kind != MP_LR_WSD || a->decay_frac == b->decay_frac;
+}

@@ -46,6 +46,11 @@ mp_status mp_lr_kind_parse(mp_ctx *ctx, const char *name, mp_lr_kind *out);
 mp_status mp_lr_validate(mp_ctx *ctx, const mp_lr_schedule *s);
 /* The learning rate of step s (1-based). */
 double mp_lr_at(const mp_lr_schedule *s, int64_t step);
+/* 1 when a and b give every step after `step` the same learning rate: the same kind and
+ * peak; warmups that differ only where both have ended by then; for the decaying kinds the
+ * same floor, total and warmup (they set p), and for wsd the same decay share. A constant
+ * schedule's total and floor never matter. */
+int mp_lr_same_after(const mp_lr_schedule *a, const mp_lr_schedule *b, int64_t step);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,7 @@ static mp_status unit_gather(mp_ctx *ctx, mp_runtime *rt, int u) {
   rt_unit *U = &rt->units[u];
   if (!U->sharded || U->buf) return MP_OK;
   MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_GATHERED, (size_t)U->gather_numel * rt->xs, (void **)&U->buf));
+  mp_comm_profile_unit_op(rt->comm, U->group); /* the schedule's one gather op, a call per tensor here */
   const mp_fsdp_unit *pu = &rt->plan->units[u];
   for (int k = 0; k < pu->n_params; k++) {
     rt_param *r = &rt->prm[pu->params[k]];
@@ -70,6 +71,7 @@ static mp_status unit_rs_issue(mp_ctx *ctx, mp_runtime *rt, int u) {
   for (int k = 0; k < pu->n_params; k++)
     if (rt->prm[pu->params[k]].sharded) total += (size_t)mp_act_rs_slot_floats(rt->prm[pu->params[k]].numel_pad);
   MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_TEMP, total * sizeof(float), (void **)&U->rs));
+  mp_comm_profile_unit_op(rt->comm, U->group); /* the schedule's one reduce-scatter op */
   MP_CHECK(mp_comm_async_begin(ctx, rt->comm));
   mp_status st = MP_OK;
   size_t o = 0;
@@ -128,6 +130,7 @@ mp_status mp_rt_unit_grad_end(mp_ctx *ctx, mp_runtime *rt, int u) {
   }
   float *tmp;
   MP_CHECK(mp_talloc_alloc(ctx, rt->ta, MP_MEM_TEMP, (size_t)U->max_pad * sizeof(float), (void **)&tmp));
+  mp_comm_profile_unit_op(rt->comm, U->group); /* the schedule's one reduce-scatter op */
   const mp_fsdp_unit *pu = &rt->plan->units[u];
   mp_status st = MP_OK;
   for (int k = 0; k < pu->n_params && st == MP_OK; k++) {

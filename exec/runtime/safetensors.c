@@ -15,6 +15,7 @@
 
 #include "common/checked.h"
 #include "common/json.h"
+#include "kernels/ops.h"
 
 typedef struct st_file {
   char *path;
@@ -352,10 +353,13 @@ struct mp_st_writer {
   FILE *f;
   int n, next;
   int64_t *numel;
+  mp_st_dtype dtype;
+  uint16_t *half; /* BF16: a tensor's rounded values before they are written */
 };
 
 mp_status mp_st_writer_open(mp_ctx *ctx, const char *path, int n, const char *const *names, const int *ndims,
-                            const int64_t (*shapes)[MP_ST_MAX_NDIM], const cJSON *metadata, mp_st_writer **out) {
+                            const int64_t (*shapes)[MP_ST_MAX_NDIM], mp_st_dtype dtype, const cJSON *metadata,
+                            mp_st_writer **out) {
   *out = NULL;
   cJSON *h = cJSON_CreateObject();
   MP_CHECK_ALLOC(ctx, h);
@@ -365,7 +369,7 @@ mp_status mp_st_writer_open(mp_ctx *ctx, const char *path, int n, const char *co
   int64_t at = 0;
   for (int i = 0; w && numel && i < n; i++) {
     cJSON *e = cJSON_AddObjectToObject(h, names[i]);
-    cJSON_AddStringToObject(e, "dtype", "F32");
+    cJSON_AddStringToObject(e, "dtype", k_dtypes[dtype]);
     cJSON *sh = cJSON_AddArrayToObject(e, "shape"), *of = cJSON_AddArrayToObject(e, "data_offsets");
     numel[i] = 1;
     for (int d = 0; d < ndims[i]; d++) {
@@ -373,7 +377,7 @@ mp_status mp_st_writer_open(mp_ctx *ctx, const char *path, int n, const char *co
       numel[i] *= shapes[i][d];
     }
     cJSON_AddItemToArray(of, cJSON_CreateNumber((double)at));
-    at += numel[i] * 4;
+    at += numel[i] * k_dtype_bytes[dtype];
     cJSON_AddItemToArray(of, cJSON_CreateNumber((double)at));
   }
   char *text = w && numel ? cJSON_PrintUnformatted(h) : NULL;
@@ -385,6 +389,7 @@ mp_status mp_st_writer_open(mp_ctx *ctx, const char *path, int n, const char *co
   }
   w->numel = numel;
   w->n = n;
+  w->dtype = dtype;
   snprintf(w->path, sizeof w->path, "%s", path);
   snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path);
   size_t hl = strlen(text), padded = (hl + 7) / 8 * 8; /* the data starts 8-byte aligned */
@@ -392,9 +397,9 @@ mp_status mp_st_writer_open(mp_ctx *ctx, const char *path, int n, const char *co
   mp_status st = w->f ? MP_OK : mp_error(ctx, MP_ERR_IO, "%s: cannot create: %s", w->tmp, strerror(errno));
   const uint64_t n64 = padded;
   if (st == MP_OK && (fwrite(&n64, 8, 1, w->f) != 1 || fwrite(text, 1, hl, w->f) != hl))
-    st = mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+    st = mp_error_write(ctx, errno, w->tmp);
   for (size_t i = hl; st == MP_OK && i < padded; i++)
-    if (fputc(' ', w->f) == EOF) st = mp_error(ctx, MP_ERR_IO, "%s: write failed", w->tmp);
+    if (fputc(' ', w->f) == EOF) st = mp_error_write(ctx, errno, w->tmp);
   free(text);
   if (st != MP_OK) {
     mp_st_writer_close(ctx, w, 0);
@@ -407,8 +412,13 @@ mp_status mp_st_writer_open(mp_ctx *ctx, const char *path, int n, const char *co
 mp_status mp_st_writer_put(mp_ctx *ctx, mp_st_writer *w, const float *data) {
   if (w->next >= w->n) return mp_error(ctx, MP_ERR_INTERNAL, "safetensors: more tensors than declared");
   const size_t n = (size_t)w->numel[w->next++];
-  if (fwrite(data, 4, n, w->f) != n) return mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
-  return MP_OK;
+  if (w->dtype == MP_ST_F32) return fwrite(data, 4, n, w->f) == n ? MP_OK : mp_error_write(ctx, errno, w->tmp);
+  uint16_t *h = realloc(w->half, (n ? n : 1) * sizeof *h);
+  MP_CHECK_ALLOC(ctx, h);
+  w->half = h;
+  /* round to nearest even, as torch's .to(torch.bfloat16) */
+  for (size_t i = 0; i < n; i++) h[i] = mp_bf16_from_f32(data[i]);
+  return fwrite(h, 2, n, w->f) == n ? MP_OK : mp_error_write(ctx, errno, w->tmp);
 }
 
 mp_status mp_st_writer_close(mp_ctx *ctx, mp_st_writer *w, int commit) {
@@ -418,13 +428,14 @@ mp_status mp_st_writer_close(mp_ctx *ctx, mp_st_writer *w, int commit) {
     st = mp_error(ctx, MP_ERR_INTERNAL, "safetensors: %d of %d tensors written", w->next, w->n);
   if (w->f) {
     if (st == MP_OK && commit && (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0))
-      st = mp_error(ctx, MP_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
-    if (fclose(w->f) != 0 && st == MP_OK && commit) st = mp_error(ctx, MP_ERR_IO, "%s: close failed", w->tmp);
+      st = mp_error_write(ctx, errno, w->tmp);
+    if (fclose(w->f) != 0 && st == MP_OK && commit) st = mp_error_write(ctx, errno, w->tmp);
   }
   if (st == MP_OK && commit && rename(w->tmp, w->path) != 0)
     st = mp_error(ctx, MP_ERR_IO, "%s: rename failed: %s", w->path, strerror(errno));
   if (st != MP_OK || !commit) unlink(w->tmp);
   free(w->numel);
+  free(w->half);
   free(w);
   return st;
 }

@@ -13,8 +13,9 @@
  * model.safetensors.index.json (its "weight_map" names the file of every tensor) or else
  * its model.safetensors.
  *
- * Writing streams: the header (every name, dtype F32 and shape) first, then each
- * tensor's data in the same order, to PATH.tmp, fsynced and renamed when complete. */
+ * Writing streams: the header (every name, dtype and shape) first, then each tensor's
+ * data in the same order, to PATH.tmp, fsynced and renamed when complete; the data comes
+ * as fp32 and is written as F32, or as BF16 rounded to nearest even (torch's conversion). */
 #ifndef MP_EXEC_RUNTIME_SAFETENSORS_H
 #define MP_EXEC_RUNTIME_SAFETENSORS_H
 
@@ -61,11 +62,13 @@ mp_status mp_st_read_box(mp_ctx *ctx, const mp_st_set *s, const mp_st_tensor *t,
                          const int64_t *len, float *dst);
 
 typedef struct mp_st_writer mp_st_writer;
-/* Starts a file of n fp32 tensors (names, ndims, shapes [n][MP_ST_MAX_NDIM]) and the
- * metadata (string values; may be NULL). The data then comes in order through put. */
+/* Starts a file of n tensors of dtype (F32 or BF16; names, ndims, shapes
+ * [n][MP_ST_MAX_NDIM]) and the metadata (string values; may be NULL). The data then comes
+ * in order through put. */
 mp_status mp_st_writer_open(mp_ctx *ctx, const char *path, int n, const char *const *names, const int *ndims,
-                            const int64_t (*shapes)[MP_ST_MAX_NDIM], const cJSON *metadata, mp_st_writer **out);
-/* The next tensor's data (numel of its shape). */
+                            const int64_t (*shapes)[MP_ST_MAX_NDIM], mp_st_dtype dtype, const cJSON *metadata,
+                            mp_st_writer **out);
+/* The next tensor's data (numel of its shape, fp32; rounded when the file is BF16). */
 mp_status mp_st_writer_put(mp_ctx *ctx, mp_st_writer *w, const float *data);
 /* commit = 1: checks every tensor came, fsyncs and renames into place; 0 (or a failure):
  * removes the temporary file. Frees w either way. */

@@ -87,6 +87,12 @@ sed -i 's/"step": \([0-9]*\),/"step": \1, "step": \1,/' "$d/ck_twice/manifest.js
 # intact), the second at row 16: rows 16..31 twice, rows 48..63 never; the element count
 # matches the tensor's
 ckpt_variant ck_overlap 'q = t["layers.0.attention.q_proj.weight"]; k = t["layers.0.attention.k_proj.weight"]["shards"][0]; v = dict(t["layers.0.attention.v_proj.weight"]["shards"][0]); v["offset"] = [16, 0]; q["shards"] = [k, v]'
+# export's silent wrong answers: a tensor entry removed (transformers would fill the norm
+# with 1.0), one listed twice (an unreadable safetensors file), a "model" whose vocab
+# disagrees with the tensors (a wrong config.json)
+ckpt_variant ck_missing 'm["tensors"] = [x for x in m["tensors"] if x["name"] != "norm.weight"]'
+ckpt_variant ck_dup 'm["tensors"].append(t["layers.1.ffn_norm.weight"])'
+ckpt_variant ck_vocab 'm["model"]["vocab"] = 512'
 rm -rf "$d/ck_trunc"; cp -r "$step" "$d/ck_trunc"
 truncate -s -4 "$d/ck_trunc/rank_00000.bin"
 rm -rf "$d/ck_grown"; cp -r "$step" "$d/ck_grown"
@@ -111,13 +117,13 @@ st_file st_overflow.safetensors '{"x":{"dtype":"F32","shape":[4294967296,4294967
 mkdir -p "$d/hf_fifo"; mkfifo "$d/hf_fifo/model.safetensors"
 
 # ---- the check ---------------------------------------------------------------------------
-# row WANT_RC 'WANT_TEXT' ARGS...
+# row WANT_RC 'WANT_TEXT' ARGS...; with ULIMIT_F=K in the environment, under `ulimit -f K`
 row() {
   local want_rc=$1 want=$2
   shift 2
   rows=$((rows + 1))
   local cmd=$1
-  timeout 30 "$bin" "$@" >"$d/out" 2>"$d/err"
+  (if [ -n "${ULIMIT_F:-}" ]; then ulimit -f "$ULIMIT_F"; fi; exec timeout 30 "$bin" "$@") >"$d/out" 2>"$d/err"
   local rc=$? lines prefix
   lines=$(wc -l <"$d/err")
   prefix="meshplan $cmd: "
@@ -286,6 +292,15 @@ row 2 "manifest.json: a file entry is malformed" train --model tiny-dense --step
 row 2 "manifest.json: a file entry is malformed" train --model tiny-dense --steps 1 --resume "$d/ck_dots"
 row 2 "manifest.json: a file entry is malformed" export --checkpoint "$d/ck_dots" --out "$d/exported"
 row 2 "data_consumed (0..2^48)" train --model tiny-dense --steps 1 --resume "$d/ck_consumed"
+row 2 "manifest.json: tensor norm.weight is missing" export --checkpoint "$d/ck_missing" --out "$d/exported"
+row 2 "manifest.json: tensor norm.weight is missing" train --model tiny-dense --steps 1 --resume "$d/ck_missing"
+row 2 "manifest.json: tensor layers.1.ffn_norm.weight is listed twice" export --checkpoint "$d/ck_dup" --out "$d/exported"
+row 2 "manifest.json: tensor layers.1.ffn_norm.weight is listed twice" train --model tiny-dense --steps 1 --resume "$d/ck_dup"
+row 2 "manifest.json: tensor tok_embeddings.weight has shape [256, 64, 1] (2 dims) in the checkpoint but [512, 64, 1] (2 dims) in model tiny-dense; the manifest's \"model\" disagrees with its tensors" export --checkpoint "$d/ck_vocab" --out "$d/exported"
+rows=$((rows + 1))
+if [ -e "$d/exported/model.safetensors" ] || [ -e "$d/exported/config.json" ]; then
+  echo "FAIL: a refused export wrote $(ls "$d/exported")"; fails=$((fails + 1))
+fi
 row 2 "tensor layers.0.attention.q_proj.weight: shards 0 and 1 overlap" train --model tiny-dense --steps 1 --resume "$d/ck_overlap"
 row 2 "--checkpoint-every '0': expected an integer in 1..16777216" train --model tiny-dense --checkpoint-dir "$d/ck2" --checkpoint-every 0
 row 2 "--checkpoint-keep '-1': expected an integer in 0..16777216" train --model tiny-dense --checkpoint-dir "$d/ck2" --checkpoint-keep -1
@@ -321,6 +336,39 @@ row 2 "--gpus '1..1000:1': 1000 sizes, more than 64; a larger step" plan --gpus 
 row 2 "--why is for one search: give --gpus N, not the sweep 8..16" plan --gpus 8..16 --why tp=1
 row 2 "--gpus 8..16 sweeps GPUs of --gpu TYPE; give it or --cluster, not both" plan --gpus 8..16 --cluster h100-8
 row 1 "no plan fits llama3.1-70b on any size of the sweep 1..4" plan --model llama3.1-70b --gpus 1..4
+# ---- out of room: a write past the file size limit (ulimit -f, in KiB) is an error naming
+# the file, exit 1 (the input was fine), not a kill by SIGXFSZ (exit 153) ----------------------
+mkdir -p "$d/lim"
+ULIMIT_F=64 row 1 "file size limit exceeded writing $d/lim/ck/.tmp_step_00000002/rank_00000.bin" train --model tiny-dense --steps 2 --quiet --checkpoint-dir "$d/lim/ck"
+rows=$((rows + 1))
+if [ -n "$(ls -A "$d/lim/ck")" ]; then echo "FAIL: the failed save left $(ls -A "$d/lim/ck") in $d/lim/ck"; fails=$((fails + 1)); fi
+ULIMIT_F=1 row 1 "file size limit exceeded writing $d/lim/m.jsonl" train --model tiny-dense --steps 10 --quiet --metrics "$d/lim/m.jsonl"
+ULIMIT_F=700 row 1 "file size limit exceeded writing $d/lim/t.db" train --model tiny-dense --steps 400 --seq 16 --quiet --db "$d/lim/t.db"
+ULIMIT_F=16 row 1 "file size limit exceeded writing $d/lim/p.db" plan --model tiny-dense --db "$d/lim/p.db"
+rows=$((rows + 1))
+if [ -e "$d/lim/p.db" ]; then echo "FAIL: plan --db under ulimit -f left $d/lim/p.db behind"; fails=$((fails + 1)); fi
+# the plot's data file: planner/plot.c reports its write failures as "error writing" (exit 2)
+ULIMIT_F=4 row 2 "error writing $d/lim/pl/candidates.dat" plan --no-db --model tiny-dense --plot "$d/lim/pl"
+
+# ---- control characters in names (ESC, BEL, newline, a C1 control) are escaped in every
+# table cell report and validate print: the tables keep one line a row and no raw control
+# byte reaches the terminal ------------------------------------------------------------------
+printf '{"name": "ev\\u001b[31mil\\u0007\\nrow\\u0085x", "family": "llama", "vocab": 256, "d_model": 64, "n_layers": 2, "n_heads": 8, "d_ff": 128}' >"$d/evil.json"
+printf '%s\n%s\n' "$hdr" "$(printf 'ev\033[31mil\007x'),tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,0.01" >"$d/evil.csv"
+"$bin" plan --model "$d/evil.json" --gpus 8 --top 1 --db "$d/evil.db" >/dev/null 2>&1
+raw_controls() { LC_ALL=C grep -c $'[\x01-\x08\x0b-\x1f\x7f]\|\xc2[\x80-\x9f]' "$1"; }
+for what in "report --db $d/evil.db" "report --db $d/evil.db --run 1" "validate $d/evil.csv"; do
+  rows=$((rows + 1))
+  # shellcheck disable=SC2086
+  "$bin" $what >"$d/table" 2>&1
+  if [ "$(raw_controls "$d/table")" != 0 ] || ! grep -qF 'ev\x1b[31mil\x07' "$d/table"; then
+    echo "FAIL: meshplan $what: a name's control characters printed raw:"; cat -A "$d/table" | head -5; fails=$((fails + 1))
+  fi
+done
+rows=$((rows + 1))
+if [ "$("$bin" report --db "$d/evil.db" | grep -c '^ *[0-9]')" != 1 ] || ! "$bin" report --db "$d/evil.db" | grep -qF 'ev\x1b[31mil\x07\nrow\u0085x'; then
+  echo "FAIL: report: the run's row is not one escaped line"; fails=$((fails + 1))
+fi
 
 # The foreign database was never written, nor switched to WAL.
 rows=$((rows + 1))

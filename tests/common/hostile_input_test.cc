@@ -4,15 +4,19 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -241,6 +245,43 @@ TEST(OutputFile, FifoTargetIsRefusedNotOpened) {
   struct stat sb;
   ASSERT_EQ(stat(fifo.c_str(), &sb), 0);
   EXPECT_TRUE(S_ISFIFO(sb.st_mode));  // left as it was
+}
+
+// A write that runs out of room is the run's failure (exit 1), named with its path: a full
+// disk or quota, and the file size limit (ulimit -f). The disk cannot be filled here; the
+// limit can: in a child with RLIMIT_FSIZE of 100 bytes and SIGXFSZ caught (as meshplan's
+// main catches it), writing 1000 bytes fails with EFBIG and the writer says so.
+TEST(OutputFile, NoRoomIsAFailureNamingThePath) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  EXPECT_EQ(mp_error_write(&ctx, ENOSPC, "/d/m.jsonl"), MP_ERR_NOSPACE);
+  EXPECT_EQ(std::string(mp_errmsg(&ctx)).rfind("no space left writing /d/m.jsonl (", 0), 0u) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_status_exit_code(MP_ERR_NOSPACE), 1);
+  EXPECT_EQ(mp_error_write(&ctx, EDQUOT, "/d/m.jsonl"), MP_ERR_NOSPACE);
+  EXPECT_EQ(mp_error_write(&ctx, EIO, "/d/m.jsonl"), MP_ERR_IO);
+  EXPECT_EQ(std::string(mp_errmsg(&ctx)), std::string("/d/m.jsonl: write failed: ") + strerror(EIO));
+  std::string p = TmpDir() + "/big.bin";
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = [](int) {};
+    sigaction(SIGXFSZ, &sa, nullptr);
+    struct rlimit rl = {100, 100};
+    setrlimit(RLIMIT_FSIZE, &rl);
+    std::string data(1000, 'x');
+    mp_ctx c;
+    mp_ctx_init(&c);
+    const mp_status st = mp_write_file_atomic(&c, p.c_str(), data.data(), data.size());
+    const bool named = std::string(mp_errmsg(&c)).rfind("file size limit exceeded writing " + p, 0) == 0;
+    _exit(st == MP_ERR_NOSPACE && named ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_NE(access(p.c_str(), F_OK), 0);  // nothing left under the name, nor half a file
 }
 
 }  // namespace

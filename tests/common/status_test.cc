@@ -80,6 +80,7 @@ TEST(Status, ExitCodes) {
   EXPECT_EQ(mp_status_exit_code(MP_ERR_NCCL), 1);
   EXPECT_EQ(mp_status_exit_code(MP_ERR_MPI), 1);
   EXPECT_EQ(mp_status_exit_code(MP_ERR_TIMEOUT), 1);
+  EXPECT_EQ(mp_status_exit_code(MP_ERR_NOSPACE), 1);    // a full disk: the input was fine
   EXPECT_EQ(mp_status_exit_code(MP_ERR_INTERNAL), 1);
 }
 

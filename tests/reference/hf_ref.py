@@ -23,8 +23,21 @@ as w1/w3/w2, the router as block_sparse_moe.gate).
 The logits are also checked against the independent float64 Llama forward below, run on
 the exported safetensors; when transformers does not import (scripts/setup installs
 4.46.3 for Debian's torch 1.13) that forward is the only reference, and the script says
-so. Exits 1 on a mismatch.
+so.
+
+What else a transformers user expects of the folder:
+  - config.json's bos_token_id and eos_token_id: null for synthetic data (no tokenizer,
+    so never LlamaConfig's defaults 1 and 2);
+  - `export --dtype bf16`: every tensor is torch's own fp32 -> bfloat16 rounding of the
+    fp32 export, bit for bit, config.json says bfloat16 (torch_dtype="auto" loads bf16),
+    and transformers' logits on it equal the float64 forward of the same bf16 weights;
+  - the tokenizer: scripts/tokenize trains a BPE on text and writes tokenizer.json beside
+    the shards; a model trained on them exports it, AutoTokenizer loads the folder and
+    encodes text to the tokenizer's own ids, and the tokenizer, config.json and the
+    generation config agree on <|endoftext|> as bos and eos.
+Exits 1 on a mismatch.
 """
+import glob
 import json
 import os
 import struct
@@ -53,8 +66,9 @@ except ImportError:
     HAVE_TF = False
 
 
-def read_safetensors(path):
-    """The format read by hand (8-byte header length, JSON header, data): F32 only here."""
+def read_safetensors(path, dtype="F32"):
+    """The format read by hand (8-byte header length, JSON header, data): every tensor of
+    dtype F32 (as float32) or BF16 (its raw bits, as int16)."""
     b = open(path, "rb").read()
     (n,) = struct.unpack_from("<Q", b, 0)
     hdr = json.loads(b[8:8 + n])
@@ -62,9 +76,10 @@ def read_safetensors(path):
     for k, v in hdr.items():
         if k == "__metadata__":
             continue
-        assert v["dtype"] == "F32", (k, v["dtype"])
+        assert v["dtype"] == dtype, (k, v["dtype"])
         s, e = v["data_offsets"]
-        out[k] = torch.from_numpy(np.frombuffer(b, dtype="<f4", count=(e - s) // 4, offset=8 + n + s).copy()
+        np_type, size = ("<f4", 4) if dtype == "F32" else ("<i2", 2)
+        out[k] = torch.from_numpy(np.frombuffer(b, dtype=np_type, count=(e - s) // size, offset=8 + n + s).copy()
                                   .reshape(v["shape"]))
     return out
 
@@ -194,9 +209,81 @@ def main():
                                                                                                  RTOL))
             if not err <= RTOL * scale:
                 ok = False
+        if (cfg.get("bos_token_id", 1), cfg.get("eos_token_id", 2)) != (None, None):
+            print("  config.json: bos/eos ids %s, %s for synthetic data, want null" % (cfg.get("bos_token_id", "absent"),
+                                                                                   cfg.get("eos_token_id", "absent")))
+            ok = False
+        if HAVE_TF:
+            ok = bf16_round_trip(meshplan, d, ck, exported, ids) and ok
+            ok = tokenizer_round_trip(meshplan, d) and ok
         ok = mixtral_round_trip(meshplan, d) and ok
     print("hf_ref: %s" % ("round trip matches" if ok else "MISMATCH"))
     return 0 if ok else 1
+
+
+def bf16_round_trip(meshplan, d, ck, fp32, ids):
+    """export --dtype bf16 of the same checkpoint: torch's rounding of the fp32 export, bit for
+    bit; transformers' logits on it against the float64 forward of those bf16 weights."""
+    out = os.path.join(d, "out_bf16")
+    run([meshplan, "export", "--checkpoint", ck, "--out", out, "--dtype", "bf16"])
+    bits = read_safetensors(os.path.join(out, "model.safetensors"), "BF16")
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    ok = cfg["torch_dtype"] == "bfloat16" and set(bits) == set(fp32)
+    if not ok:
+        print("  bf16: config.json torch_dtype %s, names %s" % (cfg["torch_dtype"], sorted(set(bits) ^ set(fp32))))
+    for k in sorted(set(bits) & set(fp32)):
+        want = fp32[k].to(torch.bfloat16).view(torch.int16)
+        if not torch.equal(bits[k], want):
+            print("  bf16: tensor %s is not torch's rounding of the fp32 export (%d elements differ)" %
+                  (k, int((bits[k] != want).sum())))
+            ok = False
+    weights = {k: v.view(torch.bfloat16).float() for k, v in bits.items()}
+    ref = llama_logits_f64(weights, cfg, ids)
+    m = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        got = m(ids).logits.double()
+    scale, err = ref.abs().max().item(), (got - ref).abs().max().item()
+    print("  bf16 export: transformers %s logits vs the float64 forward of the bf16 weights: max |diff| %.3g, max "
+          "|logit| %.3g" % (transformers.__version__, err, scale))
+    auto = LlamaForCausalLM.from_pretrained(out, torch_dtype="auto")
+    if auto.dtype != torch.bfloat16:
+        print("  bf16: torch_dtype='auto' loads %s" % auto.dtype)
+        ok = False
+    return ok and err <= RTOL * scale
+
+
+def tokenizer_round_trip(meshplan, d):
+    """scripts/tokenize -> train on its shards -> export: AutoTokenizer loads the folder and
+    agrees with the tokenizer.json it came from, and so do config.json and generation."""
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    files = sorted(p for p in glob.glob("/usr/share/common-licenses/*") if os.path.isfile(p) and not
+                   os.path.islink(p))[:6]
+    if not files:
+        print("  tokenizer: /usr/share/common-licenses holds no file to tokenize")
+        return False
+    data, ck, out = (os.path.join(d, n) for n in ("tok_data", "tok_ck", "tok_out"))
+    run([os.path.join(HERE, "..", "..", "scripts", "tokenize"), "--input"] + files + ["--out", data, "--vocab-size",
+                                                                                      "300"])
+    model = os.path.join(d, "text-512.json")
+    json.dump({"name": "text-512", "family": "llama", "vocab": 512, "d_model": 64, "n_layers": 2, "n_heads": 4,
+               "n_kv_heads": 2, "head_dim": 16, "d_ff": 192, "max_seq": 64}, open(model, "w"))
+    run([meshplan, "train", "--model", model, "--data", os.path.join(data, "train_*.bin"), "--steps", "2", "--seq",
+         "16", "--micro-batch", "2", "--global-batch", "2", "--checkpoint-dir", ck, "--quiet"])
+    print("  " + run([meshplan, "export", "--checkpoint", ck, "--out", out]).strip().replace("\n", "\n  "))
+    ref = Tokenizer.from_file(os.path.join(data, "tokenizer.json"))
+    eot = ref.token_to_id("<|endoftext|>")
+    tok = AutoTokenizer.from_pretrained(out)
+    text = "Permission is hereby granted, free of charge, to any person"
+    ids = tok.encode(text, add_special_tokens=False)
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    m = AutoModelForCausalLM.from_pretrained(out)
+    got = (ids == ref.encode(text, add_special_tokens=False).ids, tok.decode(ids) == text, tok.eos_token_id,
+           tok.bos_token_id, cfg["eos_token_id"], cfg["bos_token_id"], m.generation_config.eos_token_id)
+    want = (True, True, eot, eot, eot, eot, eot)
+    print("  tokenizer: AutoTokenizer %s the tokenizer.json's ids; <|endoftext|> = %d as bos/eos in the tokenizer, "
+          "config.json and generation config: %s" % ("encodes to" if got[0] else "DIFFERS from", eot, got[2:] == want[2:]))
+    return got == want
 
 
 def mixtral_round_trip(meshplan, d):

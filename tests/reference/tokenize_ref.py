@@ -86,6 +86,10 @@ def main():
         if again != stream:
             print("  --tokenizer tokenizer.json gives other tokens than the trained tokenizer")
             ok = False
+        copied = os.path.join(out2, "tokenizer.json")
+        if not os.path.exists(copied) or open(copied, "rb").read() != open(os.path.join(out, "tokenizer.json"), "rb").read():
+            print("  --tokenizer: the tokenizer.json is not beside the shards, byte for byte (meshplan export looks there)")
+            ok = False
         model = os.path.join(d, "text-512.json")
         json.dump(MODEL, open(model, "w"))
         metrics = os.path.join(d, "m.jsonl")

@@ -79,6 +79,30 @@ check "train --profile exits 0" "[ $rc -eq 0 ]"
 check "profile gemm row: 30 calls measured, 45 predicted" \
   "echo \"\$out\" | grep -Eq '^  gemm +30\\.0 +[0-9.]+ +45\\.0 +[0-9.]+ +[-+][0-9.]+%'"
 check "profile totals" "echo \"\$out\" | grep -Eq '^  kernels +[0-9.]+ +[0-9.]+'"
+# output noise: counts agree with their nouns, a one-step run has a throughput, a run of
+# no step says why without inventing a checkpoint, and a resumed run whose schedule gives
+# the remaining steps the same rates (a constant LR with only --steps changed) says nothing
+out=$(OMP_NUM_THREADS=1 timeout 60 "$bin" train --model tiny-dense --steps 1 --seq 16 --micro-batch 2 \
+      --global-batch 2 2>&1); rc=$?
+check "one micro-batch is 'micro-batch'" "[ $rc -eq 0 ] && echo \"\$out\" | grep -q 'global batch 2 (1 micro-batch),'"
+check "a one-step run: '1 step' and its own tokens/s, not 0" \
+  "echo \"\$out\" | grep -Eq '^done: 1 step \(1\.\.1\), final loss [0-9.]+, [1-9][0-9]* tokens/s \(its one step'"
+n=$(mktemp -d "$tmp/noise.XXXX")
+out=$("$bin" train --model tiny-dense --steps 0 --seq 16 --checkpoint-dir "$n/ck" 2>&1)
+check "--steps 0: no step run, the starting weights named, no checkpoint 'at step 0' invented" \
+  "echo \"\$out\" | grep -q '^done: --steps 0: no step run; the starting weights are $n/ck/step_00000000' && ! echo \"\$out\" | grep -q 'the checkpoint is at step'"
+out=$("$bin" train --model tiny-dense --steps 0 --seq 16 2>&1)
+check "--steps 0 without checkpoints" "echo \"\$out\" | grep -q '^done: --steps 0: no step run\$'"
+OMP_NUM_THREADS=1 "$bin" train --model tiny-dense --steps 4 --seq 16 --checkpoint-dir "$n/ck" --resume latest --quiet >/dev/null 2>&1
+out=$(OMP_NUM_THREADS=1 "$bin" train --model tiny-dense --steps 6 --seq 16 --checkpoint-dir "$n/ck" --resume latest --quiet 2>&1)
+check "constant LR, only --steps changed: no schedule note" "! echo \"\$out\" | grep -q 'schedule'"
+out=$("$bin" train --model tiny-dense --steps 6 --seq 16 --checkpoint-dir "$n/ck" --resume latest 2>&1)
+check "resumed at its last step: no step to run, and how to evaluate it" \
+  "echo \"\$out\" | grep -q '^done: $n/ck/step_00000006 is at step 6 and --steps is 6: no step to run (train --eval-only evaluates it)'"
+"$bin" train --model tiny-dense --steps 4 --seq 16 --lr-schedule cosine --checkpoint-dir "$n/cos" --quiet >/dev/null 2>&1
+out=$(OMP_NUM_THREADS=1 "$bin" train --model tiny-dense --steps 6 --seq 16 --lr-schedule cosine --checkpoint-dir "$n/cos" \
+      --resume latest --quiet 2>&1)
+check "cosine with --steps changed: the schedule note" "echo \"\$out\" | grep -q \"^note: the checkpoint's schedule was cosine, lr 0.001 over 4 steps; this run's (cosine, lr 0.001 over 6) applies from step 5\""
 err=$("$bin" train --model tiny-dense --seq 65 --steps 1 2>&1); rc=$?
 check "seq beyond max_seq refused" "[ $rc -ne 0 ] && echo \"\$err\" | grep -q 'max_seq'"
 exit $fail

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -85,6 +86,28 @@ TEST(Lr, AsymmetricPointsTellTheShapesApart) {
   EXPECT_NEAR(mp_lr_at(&s, 3), 0.75, 1e-12);  // warmup: 3/4 of the peak
   EXPECT_NEAR(mp_lr_at(&s, 6), 0.86819805153394639, 1e-12);
   EXPECT_NEAR(mp_lr_at(&s, 10), 0.23180194846605361, 1e-12);
+}
+
+// Whether a resumed run's schedule changed for the steps it runs: the formulas of lr.h read
+// off. A constant schedule has no total and no floor in its formula, so --steps 20 -> 30
+// changes nothing; a warmup that ended before step 10 in both does not either; a cosine's
+// p = (s - W) / (S - W) moves with S, and a wsd's decay start D with its share.
+TEST(Lr, SameAfterAStepReadsTheFormulas) {
+  const mp_lr_schedule c20 = {MP_LR_CONSTANT, 1e-3, 0, 4, 20, 0.2}, c30 = {MP_LR_CONSTANT, 1e-3, 5e-4, 2, 30, 0.2};
+  EXPECT_TRUE(mp_lr_same_after(&c20, &c30, 10));   // totals, floors and ended warmups
+  EXPECT_FALSE(mp_lr_same_after(&c20, &c30, 3));   // step 4 is warmup in one, not the other
+  mp_lr_schedule c_lr = c20;
+  c_lr.lr = 2e-3;
+  EXPECT_FALSE(mp_lr_same_after(&c20, &c_lr, 10));
+  const mp_lr_schedule cos20 = {MP_LR_COSINE, 1e-3, 1e-4, 4, 20, 0.2}, cos30 = {MP_LR_COSINE, 1e-3, 1e-4, 4, 30, 0.2};
+  EXPECT_TRUE(mp_lr_same_after(&cos20, &cos20, 10));
+  EXPECT_FALSE(mp_lr_same_after(&cos20, &cos30, 10));
+  EXPECT_NE(mp_lr_at(&cos20, 11), mp_lr_at(&cos30, 11));  // and indeed the rates part
+  EXPECT_FALSE(mp_lr_same_after(&c20, &cos20, 10));
+  mp_lr_schedule w1 = {MP_LR_WSD, 1e-3, 1e-4, 4, 20, 0.2}, w2 = w1;
+  w2.decay_frac = 0.5;
+  EXPECT_FALSE(mp_lr_same_after(&w1, &w2, 10));
+  EXPECT_TRUE(mp_lr_same_after(&w1, &w1, 10));
 }
 
 TEST(Lr, NamesAndRefusals) {
@@ -211,7 +234,7 @@ TEST(Safetensors, WriteThenReadBoxes) {
   cJSON *meta = cJSON_CreateObject();
   cJSON_AddStringToObject(meta, "format", "pt");
   mp_st_writer *w = nullptr;
-  ASSERT_EQ(mp_st_writer_open(&c.c, p.c_str(), 2, names, ndims, shapes, meta, &w), MP_OK) << c.msg();
+  ASSERT_EQ(mp_st_writer_open(&c.c, p.c_str(), 2, names, ndims, shapes, MP_ST_F32, meta, &w), MP_OK) << c.msg();
   cJSON_Delete(meta);
   std::vector<float> a(12), b(5);
   for (int i = 0; i < 12; i++) a[i] = 0.5f * i;
@@ -240,6 +263,35 @@ TEST(Safetensors, WriteThenReadBoxes) {
   EXPECT_EQ(box[2], 5.0f);
   EXPECT_EQ(box[3], 5.5f);
   mp_st_close(s);
+}
+
+// The BF16 writer rounds to nearest even, as torch's .to(torch.bfloat16): bf16 keeps fp32's
+// top 16 bits, so 1 + 2^-8 lies halfway between 1.0 (0x3F80) and 1 + 2^-7 (0x3F81) and goes
+// to the even 0x3F80; 1 + 3 x 2^-8 lies halfway between 0x3F81 and 0x3F82 and goes to the
+// even 0x3F82; 1 + 2^-8 + 2^-20 is past halfway: 0x3F81; -2.5 is exact: 0xC020.
+TEST(Safetensors, Bf16WriterRoundsToNearestEven) {
+  Ctx c;
+  const std::string p = TmpDir() + "/bf16.safetensors";
+  const char *names[1] = {"x"};
+  const int ndims[1] = {1};
+  const int64_t shapes[1][MP_ST_MAX_NDIM] = {{4}};
+  mp_st_writer *w = nullptr;
+  ASSERT_EQ(mp_st_writer_open(&c.c, p.c_str(), 1, names, ndims, shapes, MP_ST_BF16, nullptr, &w), MP_OK) << c.msg();
+  const float x[4] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f, -2.5f};
+  ASSERT_EQ(mp_st_writer_put(&c.c, w, x), MP_OK);
+  ASSERT_EQ(mp_st_writer_close(&c.c, w, 1), MP_OK) << c.msg();
+  std::ifstream f(p, std::ios::binary);
+  std::string b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  uint64_t n = 0;
+  memcpy(&n, b.data(), 8);
+  ASSERT_EQ(b.size(), 8 + n + 8);  // four 2-byte values
+  EXPECT_NE(b.find("\"dtype\":\"BF16\""), std::string::npos);
+  uint16_t got[4];
+  memcpy(got, b.data() + 8 + n, 8);
+  EXPECT_EQ(got[0], 0x3F80);
+  EXPECT_EQ(got[1], 0x3F82);
+  EXPECT_EQ(got[2], 0x3F81);
+  EXPECT_EQ(got[3], 0xC020);
 }
 
 // A file by hand: a BF16 and an F16 tensor of two elements each.

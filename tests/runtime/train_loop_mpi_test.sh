@@ -123,6 +123,48 @@ mpi "$bin" "${common[@]}" --model tiny-moe --mesh dp_shard=4,ep=4 --checkpoint-d
 reshard moe_ep2 tiny-moe "$m" "$m.jsonl" 4 dp_replicate=2,dp_shard=2,ep=2
 reshard moe_one tiny-moe "$m" "$m.jsonl" 1 single
 
+# --eval-only under any mesh: the dp_shard=4 checkpoint's eval loss (no --val-data: the
+# training data's first batches) on tp=2 x dp_shard=2 and on one rank, within 1e-5
+"$bin" "${common[@]}" --model tiny-dense --checkpoint-dir "$s" --resume "$s/step_00000006" --eval-only \
+  --metrics "$tmp/eval1.jsonl" >/dev/null 2>&1
+mpi "$bin" "${common[@]}" --model tiny-dense --mesh tp=2,dp_shard=2 --checkpoint-dir "$s" --resume "$s/step_00000006" \
+  --eval-only --metrics "$tmp/eval4.jsonl" >/dev/null 2>&1
+check "--eval-only on tp=2 x dp_shard=2 and on one rank: the same eval loss within 1e-5" "$PY -c \"
+import json, sys
+a, b = (json.loads(open(p).read()) for p in ('$tmp/eval1.jsonl', '$tmp/eval4.jsonl'))
+sys.exit(0 if a['step'] == b['step'] == 6 and abs(a['eval_loss'] - b['eval_loss']) <= 1e-5 * abs(a['eval_loss']) else 1)\""
+
+# --profile's FSDP calls beside the schedule's ops: tiny-dense on dp_shard=4, 2 blocks of 9
+# parameter tensors and a root unit of 3 (embedding, final norm, head). The schedule has one
+# op per unit: 3 forward gathers, 2 backward gathers (the blocks reshard after forward;
+# the root is kept) and 3 reduce-scatters = 8. The runtime issues one call per tensor:
+# 9 + 9 + 3 + 9 + 9 + 9 + 9 + 3 = 60. The table shows 60 calls beside 8 predicted, and the
+# note the runtime's own count of unit ops, 8, the schedule's.
+out=$(mpi "$bin" train --model tiny-dense --mesh dp_shard=4 --steps 3 --seq 16 --micro-batch 2 --profile --quiet 2>&1)
+echo "$out" | grep 'fsdp'
+check "--profile: fsdp 60 calls against 8 ops predicted, and the runtime's 8 unit ops said" \
+  "echo \"\$out\" | grep -Eq '^  collectives fsdp +60\.0 +[0-9.]+ +8\.0 ' && echo \"\$out\" | grep -q 'its 60.0 calls are 8.0 unit ops, one per unit as the schedule counts them'"
+
+# one run in the database across meshes: 6 steps on dp_shard=4, resumed to 12 on
+# tp=2 x dp_shard=2; report shows one run, the whole curve (the plot's data too) and the
+# resume marked in its segments
+o="$tmp/onerun"
+orun=(train --model tiny-dense --seq 32 --micro-batch 2 --global-batch 8 --lr 3e-3 --quiet --checkpoint-dir "$o/ck"
+      --checkpoint-every 6 --db "$o/r.db")
+mkdir -p "$o"
+mpi "$bin" "${orun[@]}" --steps 6 --mesh dp_shard=4 >"$o/a.out" 2>&1
+mpi "$bin" "${orun[@]}" --steps 12 --mesh tp=2,dp_shard=2 --resume latest >"$o/b.out" 2>&1
+rep=$("$bin" report --db "$o/r.db" --run 1 2>&1)
+echo "$rep" | tail -4
+check "resumed on another mesh: one run in the database" "[ \$(\"$bin\" report --db $o/r.db | grep -c 'tiny-dense') -eq 1 ]"
+check "resumed on another mesh: the 12 steps in one curve, the resume marked" \
+  "echo \"\$rep\" | grep -q '^training: 12 measured steps' && echo \"\$rep\" | grep -Eq '^ +2 +[0-9]+ +dp_shard=2,tp=2 +2 +7\.\.12, resumed from step 6\$'"
+if command -v gnuplot >/dev/null; then
+  "$bin" report --db "$o/r.db" --run 1 --plot "$o/plots" >/dev/null 2>&1
+  check "resumed on another mesh: the plot's data holds steps 1..12" \
+    "[ \"\$(awk '/^#/ {b++} b == 1 && /^[0-9]/ {print \$1}' $o/plots/training.dat | tr '\n' ' ')\" = '1 2 3 4 5 6 7 8 9 10 11 12 ' ]"
+fi
+
 # threads: each of 4 ranks gets max(1, cores / 4) without OMP_NUM_THREADS; 3 with it
 cores=$($PY -c 'import os; print(len(os.sched_getaffinity(0)))')
 unset OMP_NUM_THREADS

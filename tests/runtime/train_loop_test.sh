@@ -103,6 +103,39 @@ err=$("$bin" "${common[@]}" --model "$tmp/v512.json" --resume "$d/a" 2>&1 >/dev/
 check "another vocabulary refused naming the tensor and both shapes" \
   "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'tensor tok_embeddings.weight has shape \[256, 64, 1\].*\[512, 64, 1\]'"
 
+# --resume latest when the newest checkpoint is damaged: it is skipped with a line naming it
+# and why, the newest one that loads is resumed (a restart loop goes on), and the run ends
+# as the straight one; when none loads the refusal names the newest's reason. A checkpoint
+# named explicitly still refuses (above).
+f="$tmp/fallback"
+rm -rf "$f"; mkdir -p "$f"; cp -r "$d/a/step_00000010" "$d/a/step_00000020" "$f/"
+printf 'X' | dd of="$f/step_00000020/rank_00000.bin" bs=1 seek=100 conv=notrunc status=none
+"$bin" "${common[@]}" --model tiny-dense --checkpoint-dir "$f" --checkpoint-every 10 --metrics "$f/m.jsonl" \
+  --resume latest >"$f/out" 2>&1; rc=$?
+check "newest checkpoint corrupt: skipped, naming it and the reason" \
+  "[ $rc -eq 0 ] && grep -q '^resume: skipping $f/step_00000020: .*checksum mismatch' $f/out"
+check "newest checkpoint corrupt: resumed from the one before, ending bit-identical" \
+  "grep -q 'resumed from $f/step_00000010: step 10' $f/out && cmp -s $d/a/step_00000020/rank_00000.bin $f/step_00000020/rank_00000.bin"
+truncate -s 100 "$f/step_00000010/rank_00000.bin" "$f/step_00000020/rank_00000.bin"
+err=$("$bin" "${common[@]}" --model tiny-dense --checkpoint-dir "$f" --resume latest 2>&1 >/dev/null); rc=$?
+check "no checkpoint loads: refused in one line with the newest's reason" \
+  "[ $rc -eq 2 ] && [ \$(echo \"\$err\" | wc -l) -eq 1 ] && echo \"\$err\" | grep -q 'no checkpoint in $f loads; the newest: $f/step_00000020/.*truncated'"
+
+# a run that fails before its first step leaves no file it created empty: neither the
+# database (with the prediction it recorded) nor the metrics; a database that was there
+# keeps its runs and marks this one failed
+e="$tmp/early"
+rm -rf "$e"; mkdir -p "$e/adir"
+"$bin" train --model tiny-dense --steps 2 --db "$e/a.db" --metrics "$e/a.jsonl" --data "$e/none_*.bin" >/dev/null 2>&1
+check "failed on its data: no .db and no metrics file left" "[ ! -e $e/a.db ] && [ ! -e $e/a.db-wal ] && [ ! -e $e/a.jsonl ]"
+"$bin" train --model tiny-dense --steps 2 --seq 16 --db "$e/b.db" --metrics "$e/b.jsonl" --dump-logits "$e/adir" >/dev/null 2>&1
+check "failed after opening them: no .db and no metrics file left" "[ ! -e $e/b.db ] && [ ! -e $e/b.jsonl ]"
+"$bin" train --model tiny-dense --steps 2 --seq 16 --db "$e/c.db" --quiet >/dev/null 2>&1
+"$bin" train --model tiny-dense --steps 2 --seq 16 --db "$e/c.db" --data "$e/none_*.bin" >/dev/null 2>&1
+rep=$("$bin" report --db "$e/c.db")
+check "a database that was there keeps its run; the failed one reads failed" \
+  "echo \"\$rep\" | grep -Eq '^ +1 .* complete\$' && echo \"\$rep\" | grep -Eq '^ +2 .* failed\$'"
+
 # keep-K: every 2 steps, keep 2
 "$bin" "${common[@]}" --model tiny-dense --steps 10 --checkpoint-dir "$tmp/keep" --checkpoint-every 2 \
   --checkpoint-keep 2 >/dev/null 2>&1
@@ -121,6 +154,22 @@ MESHPLAN_TEST_KILL=step:3 "$bin" "${common[@]}" --model tiny-dense --steps 6 --d
 rep=$("$bin" report --db "$db")
 check "report: complete, diverged, incomplete" \
   "echo \"\$rep\" | grep -E '^ +1 .* complete\$' >/dev/null && echo \"\$rep\" | grep -E '^ +2 .* diverged\$' >/dev/null && echo \"\$rep\" | grep -E '^ +3 .* incomplete\$' >/dev/null"
+
+# one training run keeps one history in the database across resumes: killed at step 5 with
+# micro-batch 2, resumed from step 3 with micro-batch 1 (another plan of the same mesh),
+# the second process records into the same run under its own plan, and report shows one
+# curve of 8 steps with the resume marked
+o="$tmp/onerun"
+rm -rf "$o"; mkdir -p "$o"
+orun=(train --model tiny-dense --steps 8 --seq 16 --global-batch 4 --quiet --checkpoint-dir "$o/ck" --checkpoint-every 3
+      --db "$o/r.db")
+MESHPLAN_TEST_KILL=step:5 "$bin" "${orun[@]}" --micro-batch 2 >/dev/null 2>&1
+"$bin" "${orun[@]}" --micro-batch 1 --resume latest >/dev/null 2>&1
+rep=$("$bin" report --db "$o/r.db" --run 1 2>&1)
+echo "$rep" | tail -4
+check "resumed with another plan: one run in the database" "[ \$(\"$bin\" report --db $o/r.db | grep -c 'tiny-dense') -eq 1 ]"
+check "resumed with another plan: report shows the 8 steps and both segments, the resume marked" \
+  "echo \"\$rep\" | grep -q '^training: 8 measured steps.*(complete)' && echo \"\$rep\" | grep -q 'one run across 2 processes' && echo \"\$rep\" | grep -Eq '^ +1 +1 +single +2 +1\.\.4\$' && echo \"\$rep\" | grep -Eq '^ +2 +2 +single +1 +4\.\.8, resumed from step 3\$'"
 
 # the LR schedule as the metrics record it, against the formulas (lr.h)
 "$bin" train --model tiny-dense --steps 20 --seq 16 --micro-batch 2 --global-batch 4 --quiet --lr 1e-2 \
@@ -211,8 +260,63 @@ check "--init-from a folder whose config.json disagrees with --model: refused na
 err=$("$bin" train --model tiny-text --init-from "$tmp/hf/model.safetensors" --steps 1 2>&1); rc=$?
 check "--init-from a file of another vocabulary: refused naming the tensor" \
   "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'tensor model.embed_tokens.weight has shape \[256, 64\]'"
+check "export of synthetic data: config.json's bos and eos ids are null (not Llama's defaults 1 and 2)" \
+  "$PY -c \"import json, sys; c = json.load(open('$tmp/hf/config.json')); sys.exit(0 if (c['bos_token_id'], c['eos_token_id'], c['torch_dtype']) == (None, None, 'float32') else 1)\""
+# the tokenizer scripts/tokenize writes beside the shards goes with the export: its
+# end-of-text token as bos and eos; --dtype bf16 halves the weights' bytes
+cat >"$tmp/u16/tokenizer.json" <<'EOF'
+{"version": "1.0", "added_tokens": [{"id": 3, "content": "<|endoftext|>", "special": true}],
+ "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 2, "<|endoftext|>": 3}, "merges": []}}
+EOF
+"$bin" train --model tiny-dense --steps 2 --seq 16 --micro-batch 2 --global-batch 4 --quiet --data "$tmp/u16/part_*.bin" \
+  --checkpoint-dir "$tmp/tokck" >/dev/null 2>&1
+out=$("$bin" export --checkpoint "$tmp/tokck" --out "$tmp/hftok" --dtype bf16 2>&1); rc=$?
+check "export: the tokenizer beside the shards copied with its config, <|endoftext|> = 3 as bos and eos" \
+  "[ $rc -eq 0 ] && cmp -s $tmp/u16/tokenizer.json $tmp/hftok/tokenizer.json && $PY -c \"import json, sys
+c, t = json.load(open('$tmp/hftok/config.json')), json.load(open('$tmp/hftok/tokenizer_config.json'))
+sys.exit(0 if (c['bos_token_id'], c['eos_token_id'], t['eos_token'], t['bos_token']) == (3, 3, '<|endoftext|>', '<|endoftext|>') else 1)\""
+check "export --dtype bf16: BF16 tensors, half the fp32 file's data, config.json bfloat16" \
+  "grep -q '\"dtype\":\"BF16\"' $tmp/hftok/model.safetensors && ! grep -q '\"F32\"' $tmp/hftok/model.safetensors && grep -q '\"torch_dtype\":.*\"bfloat16\"' $tmp/hftok/config.json && [ \$(stat -c %s $tmp/hftok/model.safetensors) -lt \$(( \$(stat -c %s $tmp/hf/model.safetensors) * 6 / 10 )) ]"
+echo '{"added_tokens": [], "model": {"vocab": {"a": 0, "z": 300}}}' >"$tmp/bigtok.json"
+err=$("$bin" export --checkpoint "$tmp/tokck" --out "$tmp/hftok2" --tokenizer "$tmp/bigtok.json" 2>&1); rc=$?
+check "export: a tokenizer with ids beyond the vocabulary refused" \
+  "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'bigtok.json: ids reach beyond it; the model.s vocabulary is 256' && [ ! -e $tmp/hftok2/model.safetensors ]"
+err=$("$bin" export --checkpoint "$tmp/tokck" --out "$tmp/hftok2" --dtype fp16 2>&1); rc=$?
+check "export --dtype fp16 is a usage error" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'choose fp32 or bf16'"
 err=$("$bin" export --checkpoint "$tmp/nothing" --out "$tmp/hf2" 2>&1); rc=$?
 check "export of a missing checkpoint refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'does not exist'"
+# --eval-only: the eval loss of a checkpoint, or of an --init-from folder, without a step:
+# the one the training run recorded at the checkpoint's step, bit for bit (the same weights
+# on the same batches); printed, appended to --metrics and recorded as its own --db run
+v="$tmp/evalonly"
+rm -rf "$v"; mkdir -p "$v/empty"
+erun=(train --model tiny-dense --seq 16 --micro-batch 2 --global-batch 4 --quiet --val-data "$tmp/u16/part_1.bin")
+"$bin" "${erun[@]}" --steps 6 --eval-every 3 --checkpoint-dir "$v/ck" --metrics "$v/train.jsonl" >/dev/null 2>&1
+out=$("$bin" "${erun[@]}" --checkpoint-dir "$v/ck" --resume latest --eval-only --metrics "$v/eval.jsonl" \
+      --db "$v/r.db" 2>&1); rc=$?
+echo "$out" | grep '^eval'
+same_eval() { # TRAIN.jsonl EVAL.jsonl STEP: the evaluation's loss is the training run's at step 6
+  $PY - "$1" "$2" "$3" <<'EOF'
+import json, sys
+t = {o["step"]: o["eval_loss"] for o in map(json.loads, open(sys.argv[1]))}
+e = [json.loads(l) for l in open(sys.argv[2])][-1]
+sys.exit(0 if e["eval_only"] and e["step"] == int(sys.argv[3]) and e["eval_loss"] == t[6] else 1)
+EOF
+}
+check "--eval-only of a checkpoint: the training run's eval loss at its step, bit for bit, printed" \
+  "[ $rc -eq 0 ] && same_eval $v/train.jsonl $v/eval.jsonl 6 && echo \"\$out\" | grep -q '^eval: loss [0-9.]* of $v/ck/step_00000006 (step 6) on 4 global batches of $tmp/u16/part_1.bin'"
+check "--eval-only: no step ran (no step line, no new checkpoint)" \
+  "! echo \"\$out\" | grep -q '^step ' && [ \"\$(ls $v/ck | tr '\n' ' ')\" = 'step_00000006 ' ]"
+rep=$("$bin" report --db "$v/r.db" --run 1 2>&1)
+check "--eval-only --db: report shows the evaluation" \
+  "echo \"\$rep\" | grep -q '^evaluation (train --eval-only): validation loss [0-9.]* of the weights at step 6 (complete)'"
+"$bin" export --checkpoint "$v/ck" --out "$v/hf" >/dev/null 2>&1
+"$bin" train --init-from "$v/hf" --seq 16 --micro-batch 2 --global-batch 4 --val-data "$tmp/u16/part_1.bin" --eval-only \
+  --metrics "$v/eval.jsonl" >/dev/null 2>&1
+check "--eval-only --init-from the exported folder: the same eval loss" "same_eval $v/train.jsonl $v/eval.jsonl 0"
+err=$("$bin" train --model tiny-dense --eval-only --checkpoint-dir "$v/empty" --resume latest 2>&1); rc=$?
+check "--eval-only --resume latest of an empty folder refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'holds no checkpoint to evaluate'"
+
 if command -v gnuplot >/dev/null; then
   out=$("$bin" report --db "$db" --run 1 --plot "$tmp/plots" 2>&1); rc=$?
   check "report --plot draws loss.png and throughput.png" "[ $rc -eq 0 ] && [ -s $tmp/plots/loss.png ] && [ -s $tmp/plots/throughput.png ]"

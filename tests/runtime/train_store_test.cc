@@ -23,8 +23,9 @@ int64_t Q(mp_store *st, const char *sql) {
   return v;
 }
 
-// A one-plan run, as `meshplan train --db` records one; returns the plan's id.
-int64_t OnePlanRun(mp_store *st) {
+// A one-plan run, as `meshplan train --db` records one; returns the plan's id. evaluated:
+// with its prediction row, ranked first (the ranked plans are the predicted ones).
+int64_t OnePlanRun(mp_store *st, int evaluated = 0) {
   mp_ctx c;
   mp_ctx_init(&c);
   mp_run_info info = {"tiny-dense", "1xcpu", "cpu", 1, 1, 16, 4, "time", "{}", "test", "test"};
@@ -34,7 +35,11 @@ int64_t OnePlanRun(mp_store *st) {
   memset(&cand, 0, sizeof cand);
   mp_mesh_init(&cand.mesh);
   cand.micro_batch = 2;
+  cand.evaluated = (uint8_t)evaluated;
   EXPECT_EQ(mp_store_add_candidate(&c, st, run, 0, &cand, ""), MP_OK) << mp_errmsg(&c);
+  if (evaluated) {
+    EXPECT_EQ(mp_store_set_rank(&c, st, cand.plan_id, 1), MP_OK);
+  }
   mp_run_summary sum = {1, 0, 0, 0, 0, 0.0};
   EXPECT_EQ(mp_store_run_commit(&c, st, run, &sum), MP_OK) << mp_errmsg(&c);
   return cand.plan_id;
@@ -50,7 +55,7 @@ TEST(TrainStore, Version2MigratesWithItsRows) {
   mp_measurement m = {plan, 1, 0.5, 1000, 5.5, 100.0, "cpu", 0, 0, 0, 0};
   ASSERT_EQ(mp_store_add_measurement(&c, st, &m), MP_OK) << mp_errmsg(&c);
   mp_store_close(st);
-  // back to version 2: the columns and index versions 3, 4 and 5 added, gone
+  // back to version 2: the columns, index and table versions 3 to 6 added, gone
   sqlite3 *db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db,
@@ -58,6 +63,7 @@ TEST(TrainStore, Version2MigratesWithItsRows) {
                          "ALTER TABLE measurements DROP COLUMN eval_loss; ALTER TABLE measurements DROP COLUMN lr;"
                          "ALTER TABLE measurements DROP COLUMN grad_norm; ALTER TABLE plans DROP COLUMN sp;"
                          "ALTER TABLE plans DROP COLUMN pp_virtual; ALTER TABLE plans DROP COLUMN global_batch;"
+                         "DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged;"
                          "UPDATE schema_version SET version=2;"
                          "PRAGMA user_version=2",
                          nullptr, nullptr, nullptr),
@@ -115,6 +121,92 @@ TEST(TrainStore, StatusAndStepsOfATrainingRun) {
   EXPECT_DOUBLE_EQ(rows[1].lr, 2e-3);
   EXPECT_EQ(rows[1].grad_norm, 2.0);
   EXPECT_EQ(rows[2].loss, 3.5);
+  mp_arena_destroy(a);
+  mp_store_close(st);
+}
+
+// A training run resumed on another mesh: the second process adds its plan to the run
+// (unranked, so the run's ranked plans are still the planner's), and the run's steps are
+// one curve by step whichever plan recorded them, a step run twice read as its last
+// record; its segments are the plans in the order they recorded, with their steps.
+TEST(TrainStore, AResumedRunKeepsOneHistoryAcrossPlans) {
+  const std::string path = FreshDbPath("segments.db");
+  mp_ctx c;
+  mp_ctx_init(&c);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&c, path.c_str(), &st), MP_OK) << mp_errmsg(&c);
+  const int64_t first = OnePlanRun(st);
+  mp_candidate cand;
+  memset(&cand, 0, sizeof cand);
+  mp_mesh_init(&cand.mesh);
+  cand.mesh.size[MP_DIM_TP] = 2;
+  cand.micro_batch = 4;
+  EXPECT_EQ(mp_store_add_plan(&c, st, 99, &cand), MP_ERR_NOT_FOUND);
+  ASSERT_EQ(mp_store_add_plan(&c, st, 1, &cand), MP_OK) << mp_errmsg(&c);
+  EXPECT_EQ(Q(st, "SELECT count(*) FROM plans WHERE run_id=1 AND rank IS NULL"), 2);
+  EXPECT_EQ(Q(st, "SELECT idx FROM plans WHERE id=2"), 1);
+  // the first process ran steps 1..4 and was killed; the second resumed from step 2
+  const struct {
+    int64_t plan, step;
+    double loss;
+  } rec[] = {{first, 1, 5.0}, {first, 2, 4.0}, {first, 3, 3.0}, {first, 4, 2.5},
+             {cand.plan_id, 3, 3.25}, {cand.plan_id, 4, 2.75}, {cand.plan_id, 5, 2.0}};
+  for (const auto &r : rec) {
+    mp_measurement m = {r.plan, r.step, 0.1, 1000, r.loss, 100.0, "cpu", 0, 0, 1e-3, 1.0};
+    ASSERT_EQ(mp_store_add_measurement(&c, st, &m), MP_OK) << mp_errmsg(&c);
+  }
+  mp_arena *a = mp_arena_create();
+  mp_step_row *rows = nullptr;
+  int64_t n = 0;
+  ASSERT_EQ(mp_store_run_steps(&c, st, 1, a, &rows, &n), MP_OK) << mp_errmsg(&c);
+  ASSERT_EQ(n, 5);
+  const double want[5] = {5.0, 4.0, 3.25, 2.75, 2.0};
+  for (int i = 0; i < 5; i++) {
+    EXPECT_EQ(rows[i].step, i + 1);
+    EXPECT_EQ(rows[i].loss, want[i]) << "step " << i + 1;
+  }
+  mp_run_segment *seg = nullptr;
+  ASSERT_EQ(mp_store_run_segments(&c, st, 1, a, &seg, &n), MP_OK) << mp_errmsg(&c);
+  ASSERT_EQ(n, 2);
+  EXPECT_EQ(seg[0].plan_id, first);
+  EXPECT_EQ(seg[0].first_step, 1);
+  EXPECT_EQ(seg[0].last_step, 4);
+  EXPECT_EQ(seg[1].plan_id, cand.plan_id);
+  EXPECT_EQ(seg[1].tp, 2);
+  EXPECT_EQ(seg[1].micro_batch, 4);
+  EXPECT_EQ(seg[1].first_step, 3);
+  EXPECT_EQ(seg[1].last_step, 5);
+  EXPECT_EQ(seg[1].n_steps, 3);
+  mp_arena_destroy(a);
+  mp_store_close(st);
+}
+
+// An evaluation (train --eval-only) is a row without a training loss, learning rate or
+// gradient norm: its step reads has_loss 0 with its eval loss, and it is not a step time
+// among a plan's measured figures.
+TEST(TrainStore, AnEvaluationIsARowWithoutALoss) {
+  const std::string path = FreshDbPath("eval.db");
+  mp_ctx c;
+  mp_ctx_init(&c);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&c, path.c_str(), &st), MP_OK) << mp_errmsg(&c);
+  const int64_t plan = OnePlanRun(st, 1);
+  mp_measurement m = {plan, 20, 0.25, 1000, 9.0, 512.0, "cpu", 1, 3.5, 9.0, 9.0, 1};
+  ASSERT_EQ(mp_store_add_measurement(&c, st, &m), MP_OK) << mp_errmsg(&c);
+  EXPECT_EQ(Q(st, "SELECT count(*) FROM measurements WHERE loss IS NULL AND lr IS NULL AND grad_norm IS NULL"), 1);
+  mp_arena *a = mp_arena_create();
+  mp_step_row *rows = nullptr;
+  int64_t n = 0;
+  ASSERT_EQ(mp_store_run_steps(&c, st, 1, a, &rows, &n), MP_OK) << mp_errmsg(&c);
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(rows[0].step, 20);
+  EXPECT_FALSE(rows[0].has_loss);
+  EXPECT_TRUE(rows[0].has_eval);
+  EXPECT_EQ(rows[0].eval_loss, 3.5);
+  mp_plan_row *plans = nullptr;
+  ASSERT_EQ(mp_store_top_plans(&c, st, 1, 0, a, &plans, &n), MP_OK) << mp_errmsg(&c);
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(plans[0].n_measured, 0);
   mp_arena_destroy(a);
   mp_store_close(st);
 }

@@ -1,0 +1,243 @@
+/* meshplan train: what a run records (train_job.h lists train's files): the --metrics
+ * file, the database's steps and run status, and, when a run fails before it recorded
+ * anything, the removal of the empty files it made.
+ *
+ * Invariants: only rank 0 writes either record (the ranks agree on its status,
+ * mp_runtime_agree); a metrics file or database this process created is removed when the
+ * run fails before its first record, so a failed start leaves no empty file beside the
+ * user's; one that existed before is never removed. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/file.h"
+#include "common/json.h"
+#include "app/train_job.h"
+
+/* ---- --metrics ------------------------------------------------------------------------------ */
+
+/* A resumed run's metrics file keeps its lines up to the checkpoint's step (the steps
+ * after it run again); a line cut by a kill is dropped with them. */
+static mp_status metrics_keep_to_start(train_job *j, const char *path) {
+  char *text = NULL;
+  size_t len = 0;
+  MP_CHECK(mp_read_file(j->ctx, path, &text, &len));
+  size_t keep = 0;
+  for (char *line = text; line < text + len;) {
+    char *nl = memchr(line, '\n', (size_t)(text + len - line));
+    if (!nl) break; /* a line without its newline was cut */
+    cJSON *o = cJSON_ParseWithLength(line, (size_t)(nl - line));
+    const cJSON *st = cJSON_GetObjectItem(o, "step");
+    const int ok = cJSON_IsNumber(st) && (long long)st->valuedouble <= j->start_step;
+    cJSON_Delete(o);
+    if (!ok) break;
+    keep = (size_t)(nl + 1 - text);
+    line = nl + 1;
+  }
+  mp_status s = mp_write_file_atomic(j->ctx, path, text, keep);
+  free(text);
+  return s;
+}
+
+mp_status mp_train_metrics_open(train_job *j) {
+  const char *path = mp_args_get(j->spec, "--metrics");
+  if (!path || j->rank != 0) return MP_OK;
+  /* a regular file or none: opening a FIFO for writing would wait for a reader forever */
+  MP_CHECK(mp_file_check_regular_or_absent(j->ctx, path));
+  const int exists = access(path, F_OK) == 0;
+  if (j->resumed && exists && !j->eval_only) MP_CHECK(metrics_keep_to_start(j, path));
+  j->metrics = fopen(path, j->resumed || j->eval_only ? "a" : "w");
+  if (!j->metrics) return mp_error(j->ctx, MP_ERR_IO, "--metrics %s: cannot write: %s", path, strerror(errno));
+  j->metrics_created = !exists;
+  return MP_OK;
+}
+
+/* One JSON line on the metrics file. */
+static mp_status metrics_line(train_job *j, cJSON *o) {
+  char *line = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  MP_CHECK_ALLOC(j->ctx, line);
+  const int bad = fprintf(j->metrics, "%s\n", line) < 0 || fflush(j->metrics) != 0;
+  free(line);
+  if (bad) return mp_error_write(j->ctx, errno, mp_args_get(j->spec, "--metrics"));
+  return MP_OK;
+}
+
+static mp_status metrics_step(train_job *j, const step_rec *sr) {
+  cJSON *o = cJSON_CreateObject();
+  MP_CHECK_ALLOC(j->ctx, o);
+  cJSON_AddNumberToObject(o, "step", (double)sr->step);
+  cJSON_AddNumberToObject(o, "loss", sr->r.loss);
+  cJSON_AddNumberToObject(o, "ce_loss", sr->r.ce_loss);
+  cJSON_AddNumberToObject(o, "aux_loss", sr->r.aux_loss);
+  if (sr->has_eval)
+    cJSON_AddNumberToObject(o, "eval_loss", sr->eval);
+  else
+    cJSON_AddNullToObject(o, "eval_loss");
+  cJSON_AddNumberToObject(o, "lr", sr->lr);
+  cJSON_AddNumberToObject(o, "grad_norm", sr->r.grad_norm);
+  cJSON_AddNumberToObject(o, "step_time_s", sr->dt);
+  cJSON_AddNumberToObject(o, "tokens_per_s", sr->tok_s);
+  if (j->peak_flops > 0)
+    cJSON_AddNumberToObject(o, "mfu", sr->tok_s * j->flops_per_token / j->peak_flops);
+  else
+    cJSON_AddNullToObject(o, "mfu");
+  cJSON_AddNumberToObject(o, "peak_mem_bytes", (double)sr->r.peak_bytes);
+  if (j->pick.found)
+    cJSON_AddNumberToObject(o, "predicted_step_s", j->pick.step_time_s);
+  else
+    cJSON_AddNullToObject(o, "predicted_step_s");
+  return metrics_line(j, o);
+}
+
+mp_status mp_train_record(train_job *j, const step_rec *sr) {
+  if (j->rank != 0) return MP_OK;
+  if (j->metrics) MP_CHECK(metrics_step(j, sr));
+  if (j->store && j->plan_id) {
+    mp_measurement me = {j->plan_id,    sr->step,    sr->dt,  sr->r.peak_bytes, sr->r.loss,       sr->tok_s,
+                         j->dev.cuda ? "cuda" : "cpu", sr->has_eval, sr->eval, sr->lr, sr->r.grad_norm, 0};
+    MP_CHECK(mp_store_add_measurement(j->ctx, j->store, &me));
+  }
+  j->n_recorded++;
+  return MP_OK;
+}
+
+mp_status mp_train_record_eval(train_job *j, const eval_rec *er) {
+  if (j->rank != 0) return MP_OK;
+  const double tok_s = er->dt > 0 ? (double)er->tokens / er->dt : 0;
+  if (j->metrics) {
+    cJSON *o = cJSON_CreateObject();
+    MP_CHECK_ALLOC(j->ctx, o);
+    cJSON_AddNumberToObject(o, "step", (double)er->step);
+    cJSON_AddBoolToObject(o, "eval_only", 1);
+    cJSON_AddNumberToObject(o, "eval_loss", er->loss);
+    cJSON_AddNumberToObject(o, "eval_batches", (double)j->eval_batches);
+    cJSON_AddNumberToObject(o, "eval_tokens", (double)er->tokens);
+    cJSON_AddNumberToObject(o, "eval_time_s", er->dt);
+    cJSON_AddNumberToObject(o, "peak_mem_bytes", (double)er->peak_bytes);
+    MP_CHECK(metrics_line(j, o));
+  }
+  if (j->store && j->plan_id) {
+    mp_measurement me = {j->plan_id, er->step, er->dt, er->peak_bytes, 0, tok_s, j->dev.cuda ? "cuda" : "cpu", 1,
+                         er->loss, 0, 0, 1};
+    MP_CHECK(mp_store_add_measurement(j->ctx, j->store, &me));
+  }
+  j->n_recorded++;
+  return MP_OK;
+}
+
+/* ---- one database run across resumes ------------------------------------------------------ */
+
+/* The manifest of the checkpoint --resume names (latest: the newest that parses; the load
+ * later skips one that does not verify, and every checkpoint of a folder names one run). */
+static int resume_manifest(train_job *j, mp_ctx *c2, mp_ckpt_manifest *man) {
+  const char *res = mp_args_get(j->spec, "--resume"), *ck = mp_args_get(j->spec, "--checkpoint-dir");
+  char dir[MP_CKPT_PATH_MAX];
+  memset(man, 0, sizeof *man);
+  if (!res) return 0;
+  if (strcmp(res, "latest") != 0)
+    return mp_ckpt_resolve(c2, res, dir, sizeof dir) == MP_OK && mp_ckpt_manifest_read(c2, dir, man) == MP_OK;
+  int64_t *steps = NULL;
+  int n = 0, ok = 0;
+  if (ck && mp_ckpt_list(c2, ck, &steps, &n) == MP_OK)
+    for (int i = n - 1; i >= 0 && !ok; i--) {
+      snprintf(dir, sizeof dir, "%s/step_%08lld", ck, (long long)steps[i]);
+      mp_ckpt_manifest_free(man);
+      ok = mp_ckpt_manifest_read(c2, dir, man) == MP_OK;
+    }
+  free(steps);
+  return ok;
+}
+
+long long mp_train_resumed_run(train_job *j) {
+  mp_ctx c2;
+  mp_ctx_init(&c2);
+  mp_ckpt_manifest man;
+  memset(&man, 0, sizeof man);
+  if (!j->db || access(j->db, F_OK) != 0 || !resume_manifest(j, &c2, &man)) {
+    mp_ckpt_manifest_free(&man);
+    return 0;
+  }
+  const cJSON *t = man.meta.train, *pid = cJSON_GetObjectItem(t, "db_plan_id"), *rid = cJSON_GetObjectItem(t, "db_run_id");
+  const char *created = cJSON_GetStringValue(cJSON_GetObjectItem(t, "db_run_created_at"));
+  char sql[96], when[32];
+  snprintf(when, sizeof when, "%s", created ? created : "");
+  snprintf(sql, sizeof sql, "SELECT coalesce(max(run_id), 0) FROM plans WHERE id=%lld",
+           cJSON_IsNumber(pid) ? (long long)pid->valuedouble : 0LL);
+  const long long want = cJSON_IsNumber(rid) ? (long long)rid->valuedouble : 0;
+  mp_ckpt_manifest_free(&man);
+  mp_store *st = NULL;
+  int64_t run = 0;
+  mp_run_row row;
+  /* the same run, not a run of the same id in another database: its creation time (and,
+   * for checkpoints older than it, the model) must agree */
+  if (mp_store_open(&c2, j->db, &st) != MP_OK || mp_store_query_i64(&c2, st, sql, &run) != MP_OK || run <= 0 ||
+      (want && want != run) || mp_store_get_run(&c2, st, run, &row) != MP_OK ||
+      (when[0] && strcmp(when, row.created_at) != 0) || strcmp(row.model, j->model.name) != 0)
+    run = 0;
+  mp_store_close(st);
+  return run;
+}
+
+mp_status mp_train_db_segment(train_job *j) {
+  mp_store *st = NULL;
+  MP_CHECK(mp_store_open(j->ctx, j->db, &st));
+  mp_status s = mp_store_add_plan(j->ctx, st, j->continue_run, &j->pick.cand);
+  mp_store_close(st);
+  MP_CHECK(s);
+  j->plan_id = j->pick.plan_id = j->pick.cand.plan_id;
+  j->plan_recorded = 1;
+  return MP_OK;
+}
+
+mp_status mp_train_db_run_of_plan(train_job *j) {
+  char sql[96];
+  int64_t run = 0;
+  snprintf(sql, sizeof sql, "SELECT coalesce(max(run_id), 0) FROM plans WHERE id=%lld", j->plan_id);
+  MP_CHECK(mp_store_query_i64(j->ctx, j->store, sql, &run));
+  mp_run_row row;
+  MP_CHECK(mp_store_get_run(j->ctx, j->store, run, &row));
+  j->run_id = run;
+  snprintf(j->run_created, sizeof j->run_created, "%s", row.created_at);
+  return MP_OK;
+}
+
+/* ---- the end ------------------------------------------------------------------------------ */
+
+/* A failure before the database's run was marked running (the data, the restore) still
+ * marks the run this process recorded as failed, so it does not read as a planner run. */
+static void mark_failed_early(train_job *j) {
+  if (j->status_set || !j->plan_recorded || j->rank != 0 || !j->db) return;
+  mp_ctx c2;
+  mp_ctx_init(&c2);
+  mp_store *st = NULL;
+  if (mp_store_open(&c2, j->db, &st) == MP_OK) mp_store_set_train_status(&c2, st, j->plan_id, "failed");
+  mp_store_close(st);
+}
+
+void mp_train_finish(train_job *j, mp_status st) {
+  if (j->metrics) fclose(j->metrics);
+  j->metrics = NULL;
+  const char *metrics = mp_args_get(j->spec, "--metrics");
+  if (st != MP_OK && j->metrics_created && j->n_recorded == 0) unlink(metrics);
+  if (st != MP_OK && !j->status_set && !(j->db_created && j->n_recorded == 0)) mark_failed_early(j);
+  if (!j->status_set) return;
+  mp_ctx c2;
+  mp_ctx_init(&c2);
+  const char *status = st == MP_OK ? "complete" : j->diverged ? "diverged" : "failed";
+  /* a run that failed for want of room fails this write the same way: its line says it */
+  if (mp_store_set_train_status(&c2, j->store, j->plan_id, status) != MP_OK && !(st != MP_OK && c2.last == st))
+    fprintf(stderr, "meshplan: warning: the run's status was not recorded: %s\n", mp_errmsg(&c2));
+}
+
+void mp_train_remove_unused_db(const train_job *j, mp_status st) {
+  if (st == MP_OK || !j->db_created || j->n_recorded > 0 || j->rank != 0) return;
+  static const char *const side[] = {"", "-wal", "-shm", "-journal"};
+  char p[4096];
+  for (size_t i = 0; i < sizeof side / sizeof side[0]; i++) {
+    snprintf(p, sizeof p, "%s%s", j->db, side[i]);
+    unlink(p);
+  }
+}
