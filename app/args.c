@@ -79,10 +79,12 @@ mp_status mp_args_parse(mp_ctx *ctx, mp_cmd_spec *spec, int argc, char **argv, c
 void mp_args_print_help(const mp_cmd_spec *spec, FILE *f) {
   fprintf(f, "usage: meshplan %s %s\n\n%s\n\noptions:\n", spec->name, spec->usage, spec->summary);
   for (const mp_opt *o = spec->opts; o && o->name; o++) {
-    char left[64];
+    char left[160];
     snprintf(left, sizeof left, "%s%s%s", o->name, o->metavar ? " " : "",
              o->metavar ? o->metavar : "");
-    fprintf(f, "  %-26s %s\n", left, o->help);
+    /* a flag wider than the column has its help on the next line, at the column */
+    if (strlen(left) > 26) fprintf(f, "  %s\n  %-26s %s\n", left, "", o->help);
+    else fprintf(f, "  %-26s %s\n", left, o->help);
   }
   fprintf(f, "  %-26s %s\n", "-h, --help", "show this help");
 }

@@ -43,6 +43,8 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
   if (ac) MP_CHECK(mp_ac_parse(ctx, ac, &o->ac, &o->ac_every));
   const char *fp8 = mp_args_get(spec, "--fp8");
   if (fp8) o->fp8 = strcmp(fp8, "off") != 0;
+  /* a recipe's name turns float8 on with that recipe (the words are checked by the parser) */
+  if (fp8) (void)mp_fp8_recipe_parse(fp8, &o->fp8_opts.recipe);
   if (mp_args_has(spec, "--sp") && mp_args_has(spec, "--no-sp"))
     return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: --sp and --no-sp contradict each other; give one",
                     spec->name);

@@ -58,8 +58,10 @@ static mp_opt k_opts[] = {
     MP_OPT_SP,
     MP_OPT_CP_ROTATE,
     MP_OPT_ASYNC_TP,
-    {"--fp8", "[on|off|auto]", "float8 Linear layers: bare or on, float8 plans only; off (default), bf16 only; "
-                               "auto, both where the GPU has float8", NULL},
+    {"--fp8", "[on|off|auto|tensorwise|current|delayed|rowwise|mxfp8|blockwise]",
+     "float8 Linear layers: bare or on, float8 plans only under the stack's recipe; a recipe's name, "
+     "float8 plans only under it (see simulate --help); off (default), bf16 only; auto, both where "
+     "the GPU has float8", NULL},
     {"--no-sp", NULL, "search tensor parallelism without sequence parallelism (the all-reduce form; "
                       "default: SP with tp > 1 where the stack runs it)", NULL},
     {"--executable-only", NULL, "only plans the runtime executes (exec/runtime/check.h: no float8 with pp, ...)", NULL},
@@ -151,6 +153,8 @@ static void fill_setup(plan_args *a, int64_t explicit_gb) {
   s->stack = mp_args_get(&k_spec, "--stack");
   const char *fp8 = mp_args_get(&k_spec, "--fp8");
   s->fp8_auto = fp8 && strcmp(fp8, "auto") == 0;
+  s->fp8_recipe = MP_FP8_DEFAULT;
+  if (fp8) (void)mp_fp8_recipe_parse(fp8, &s->fp8_recipe);
   s->allow_cross_node_tp = mp_args_has(&k_spec, "--allow-cross-node-tp");
   s->executable_only = mp_args_has(&k_spec, "--executable-only");
   s->n_threads = (int)a->threads;
@@ -843,6 +847,7 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
     st = mp_sim_evaluator_init(ctx, ev, &a->m, &a->c, a->seq, a->gb, a->headroom, a->setup.stack);
   if (st == MP_OK) st = mp_cmd_cp_rotate(ctx, &k_spec, &ev->stack, &ev->base);
   if (st == MP_OK) st = mp_cmd_async_tp(ctx, &k_spec, &ev->stack, &ev->base);
+  if (st == MP_OK) st = mp_plan_setup_fp8_recipe(ctx, &a->setup, &a->c, ev);
   if (st == MP_OK) {
     /* as checked against the user's stack; on other clusters where their stacks run them */
     a->setup.cp_rotate_given = mp_args_has(&k_spec, "--cp-rotate");

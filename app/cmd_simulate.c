@@ -102,6 +102,11 @@ static void fmt_plan_extras(const mp_mesh *mesh, const mp_plan_options *o, char 
 }
 
 
+/* The float8 recipe the plan runs: the options', else its runtime's. */
+static mp_fp8_recipe recipe_of(const mp_plan_options *o) {
+  return o->fp8_opts.recipe != MP_FP8_DEFAULT ? o->fp8_opts.recipe : mp_fp8_recipe_of(o->mem_model);
+}
+
 static void print_text(const mp_sim_result *r, const mp_model *m, const mp_cluster *c,
                        const mp_mesh *mesh, const mp_plan_options *o,
                        const mp_stack_profile *prof, const int64_t *stage_peak) {
@@ -111,9 +116,9 @@ static void print_text(const mp_sim_result *r, const mp_model *m, const mp_clust
   const double gib = 1073741824.0;
   char more[64];
   fmt_plan_extras(mesh, o, more, sizeof more);
-  printf("plan    %s on %s: mesh %s, ac %s%s%s, seq %lld, micro-batch %lld, global batch %lld\n",
-         m->name, c->name, ms, ac, o->fp8 ? ", fp8" : "", more, (long long)o->seq,
-         (long long)o->micro_batch, (long long)o->global_batch);
+  printf("plan    %s on %s: mesh %s, ac %s%s%s%s, seq %lld, micro-batch %lld, global batch %lld\n",
+         m->name, c->name, ms, ac, o->fp8 ? ", fp8 " : "", o->fp8 ? mp_fp8_recipe_name(recipe_of(o)) : "",
+         more, (long long)o->seq, (long long)o->micro_batch, (long long)o->global_batch);
   char words[160];
   mp_cmd_params_str(m, words, sizeof words);
   printf("model   %s\n", words);
@@ -168,6 +173,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   cJSON_AddStringToObject(j, "mesh", ms);
   cJSON_AddStringToObject(j, "ac", ac);
   cJSON_AddBoolToObject(j, "fp8", o->fp8);
+  if (o->fp8) cJSON_AddStringToObject(j, "fp8_recipe", mp_fp8_recipe_name(recipe_of(o)));
   cJSON_AddBoolToObject(j, "sp", o->sp > 0);
   cJSON_AddBoolToObject(j, "async_tp", async_tp_on(mesh, o));
   if (mesh->size[MP_DIM_PP] > 1) {

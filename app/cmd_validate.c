@@ -22,7 +22,8 @@
  * the plan's default, on with tp > 1 where the stack runs it), async_tp (1: the TP
  * collectives fused with their GEMMs, torchtitan's AsyncTP as the published run enabled it;
  * 0: not; empty or absent: the stack's default, off but under megatron-core, whose
- * --tp-comm-overlap is on). The stack's options
+ * --tp-comm-overlap is on), fp8_recipe (with fp8 1: tensorwise, current, delayed,
+ * rowwise, mxfp8 or blockwise; empty or absent: the stack's recipe). The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
@@ -124,6 +125,9 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   mp_stack_plan_options(&j->prof, o);
   MP_CHECK(mp_ac_parse(ctx, v->ac, &o->ac, &o->ac_every));
   o->fp8 = v->fp8 != 0;
+  if (v->fp8_recipe[0] && !mp_fp8_recipe_parse(v->fp8_recipe, &o->fp8_opts.recipe))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_recipe '%s': expected tensorwise, current, delayed, "
+                    "rowwise, mxfp8 or blockwise", where, v->fp8_recipe);
   if (v->sp >= 0) o->sp = v->sp;
   if (v->async_tp == 1 && !j->prof.async_tp)
     return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp = 1: stack %s does not run AsyncTP "

@@ -64,8 +64,12 @@
     "op-level), selective-core (Megatron's core attention), full, or full:N (every N-th block) "   \
     "(default none" more ")", NULL }
 #define MP_OPT_FP8(more)                                                                           \
-  { "--fp8", "[on|off]", "float8 Linear layers (E4M3 forward, E5M2 gradients, tensorwise scales); "  \
-    "bare: on (default off" more ")", NULL }
+  { "--fp8", "[on|off|tensorwise|current|delayed|rowwise|mxfp8|blockwise]",                      \
+    "float8 Linear layers (E4M3 forward, E5M2 gradients) under a recipe of scales: tensorwise "    \
+    "(each tensor's own amax; current is Transformer Engine's name for it), delayed (TE's amax "   \
+    "history), rowwise (torchao), mxfp8 (1x32 blocks, Blackwell), blockwise (1x128 and 128x128 " \
+    "tiles); bare or on: the stack's recipe (tensorwise, delayed under megatron-core) (default "  \
+    "off" more ")", NULL }
 /* explain and simulate: one plan's sequence parallelism (plan's --no-sp is the search's) */
 #define MP_OPT_SP                                                                                  \
   { "--sp", NULL,                                                                                  \

@@ -167,6 +167,14 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   int64_t fp8 = 0;
   MP_CHECK(need_int(r, "fp8", 0, 1, &fp8));
   row->fp8 = (int)fp8;
+  row->fp8_recipe[0] = '\0';
+  const char *rec = field(r, "fp8_recipe");
+  if (rec && rec[0]) {
+    if (!row->fp8)
+      return mp_error(r->ctx, MP_ERR_INVALID, "%s: fp8_recipe '%s' names a float8 recipe but fp8 is 0; "
+                      "empty the column or set fp8 to 1", r->where, rec);
+    MP_CHECK(need_str(r, "fp8_recipe", 1, row->fp8_recipe, sizeof row->fp8_recipe));
+  }
   row->micro_batch = 0;
   const char *mbs = field(r, "micro_batch");
   if (mbs && mbs[0]) {

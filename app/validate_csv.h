@@ -46,6 +46,8 @@ typedef struct mp_vrow {
   int64_t pp_virtual;   /* model chunks per pipeline rank, 1..MP_LIM_PP_VIRTUAL; 0 when absent
                            or empty (the schedule's default) */
   int fp8;              /* 0 or 1 */
+  char fp8_recipe[16];  /* as written (the command parses it: exec/plan.h, mp_fp8_recipe);
+                           "" when the column is absent or empty: the stack's recipe */
   int sp;               /* 0 or 1; -1 when absent or empty (the stack's default) */
   int async_tp;         /* 0 or 1: the TP collectives fused with their GEMMs (torchtitan's
                            AsyncTP, Megatron-Core's --tp-comm-overlap); -1 when the column is

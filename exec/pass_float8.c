@@ -1,15 +1,19 @@
-/* Pass 3: float8 training (torchao's Float8Linear as torchtitan applies it): Linear layers
- * run their GEMMs in E4M3 forward and E5M2 backward with tensorwise scales; master weights
- * stay in their dtype (bf16 gathered, fp32 at rest).
+/* Pass 3: float8 training (torchao's Float8Linear as torchtitan applies it, or Transformer
+ * Engine's float8 Linears under Megatron-LM): Linear layers run their GEMMs in E4M3 forward
+ * and E5M2 backward (MXFP8: E4M3 throughout, as Transformer Engine's MXFP8BlockScaling and
+ * torchao's MX recipes default) with the plan's recipe of scales (exec/plan.h,
+ * mp_fp8_recipe); master weights stay in their dtype (bf16 gathered, fp32 at rest).
  *
  * Excluded, as torchtitan's filter does: FQNs containing "experts", "shared_expert" or
  * "router" (MoE GEMMs are grouped, not Float8Linear), the output head ("output"), the
  * embeddings (a lookup, not a GEMM), and any Linear whose GEMM dims are not multiples of
- * 16 (torch._scaled_mm's requirement). The dims checked are the rank's tp-local ones,
- * which are the GEMM the rank actually runs (a multiple of 16 locally is one globally).
+ * the recipe's tile (exec/rules.h, mp_rule_fp8_multiple: 16, 32 for MXFP8, 128 for
+ * blockwise). The dims checked are the rank's tp-local ones, which are the GEMM the rank
+ * actually runs.
  *
- * Refused: float8 all-gather with TP (tp > 1): torchtitan only supports FSDP's float8
- * all-gather on weights that TP has not sharded; and the order rules (after FSDP). */
+ * Refused: a recipe the plan's runtime does not run (mp_rule_fp8_recipe_check); float8
+ * all-gather with TP (tp > 1): torchtitan only supports FSDP's float8 all-gather on weights
+ * that TP has not sharded; and the order rules (after FSDP). */
 #include <stdio.h>
 #include <string.h>
 
@@ -41,8 +45,11 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
                     "would not hook into FSDP); the run would train in bf16 while the plan says "
                     "float8; apply Float8 before FSDP");
   MP_CHECK(mp_plan_check_pass(ctx, p, MP_PASS_FLOAT8));
-  mp_float8_options def = {0};
-  if (o == NULL) o = &def;
+  mp_float8_options f = {0};
+  if (o != NULL) f = *o;
+  if (f.recipe == MP_FP8_DEFAULT) f.recipe = mp_fp8_recipe_of(p->opts.mem_model);
+  MP_CHECK(mp_rule_fp8_recipe_check(ctx, p->opts.mem_model, f.recipe, f.all_gather));
+  o = &f;
   const int tp = p->mesh.size[MP_DIM_TP];
   if (o->all_gather && tp > 1)
     return mp_error(ctx, MP_ERR_ORDER,
@@ -55,7 +62,7 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   for (int i = 0; i < p->n_params; i++) {
     mp_param *prm = &p->params[i];
     if (!prm->is_linear || prm->ndim != 2 || excluded_by_name(prm)) continue;
-    if (!mp_rule_fp8_linear_ok(prm->tp_shape[0], prm->tp_shape[1])) {
+    if (!mp_rule_fp8_linear_ok(prm->tp_shape[0], prm->tp_shape[1], o->recipe)) {
       if (n_dims++ == 0) first_dims = prm;
       continue;
     }
@@ -65,20 +72,25 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   p->opts.fp8 = 1;
   p->opts.fp8_opts = *o;
   mp_plan_note(p,
-               "Float8: %d Linear layers in float8 (E4M3 forward, E5M2 backward, tensorwise "
-               "scales); experts, shared_expert, router, output and embeddings excluded%s",
-               n_fp8, o->all_gather ? "; FSDP all-gathers float8 weights" : "");
+               "Float8: %d Linear layers in float8 (%s, %s); experts, shared_expert, router, "
+               "output and embeddings excluded%s",
+               n_fp8, o->recipe == MP_FP8_MXFP8 ? "E4M3 forward and backward" : "E4M3 forward, E5M2 backward",
+               mp_fp8_recipe_words(o->recipe), o->all_gather ? "; FSDP all-gathers float8 weights" : "");
   if (n_dims > 0)
     mp_plan_note(p,
-                 "Float8: %d Linear layers left in bf16: dims not multiples of 16 (e.g. %s, "
+                 "Float8: %d Linear layers left in bf16: dims not multiples of %d (e.g. %s, "
                  "[%lld, %lld] on each rank)",
-                 n_dims, first_dims->module_fqn, (long long)first_dims->tp_shape[0],
-                 (long long)first_dims->tp_shape[1]);
+                 n_dims, mp_rule_fp8_multiple(o->recipe), first_dims->module_fqn,
+                 (long long)first_dims->tp_shape[0], (long long)first_dims->tp_shape[1]);
   mp_plan_mark_applied(p, MP_PASS_FLOAT8);
   return MP_OK;
 }
 
-mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, int *n_fp8) {
+mp_fp8_recipe mp_fp8_recipe_of(mp_mem_model mm) {
+  return mm == MP_MEM_MODEL_MEGATRON ? MP_FP8_DELAYED : MP_FP8_TENSORWISE;
+}
+
+mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, mp_fp8_recipe recipe, int *n_fp8) {
   *n_fp8 = 0;
   mp_mesh mesh;
   mp_mesh_init(&mesh);
@@ -86,6 +98,10 @@ mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, int *n_fp8
   mp_plan_options o;
   mp_plan_options_init(&o);
   o.fp8 = 1;
+  /* the dims rule only: under a runtime that runs the recipe */
+  o.fp8_opts.recipe = recipe == MP_FP8_DEFAULT ? MP_FP8_TENSORWISE : recipe;
+  o.mem_model = mp_rule_fp8_recipe_ok(MP_MEM_MODEL_TORCHTITAN, o.fp8_opts.recipe) ? MP_MEM_MODEL_TORCHTITAN
+                                                                                 : MP_MEM_MODEL_MEGATRON;
   o.tp.pad_vocab = 1;
   o.sp = 0;
   mp_plan *p = NULL;

@@ -703,7 +703,9 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
    * it may differ too; the float8 options matter only when float8 is on. */
   const mp_plan_options *b = &base->opts;
   const int64_t seq = opts->seq ? opts->seq : b->seq;
-  if (opts->tp.shard_logits != b->tp.shard_logits || opts->tp.pad_vocab != b->tp.pad_vocab ||
+  const mp_fp8_recipe recipe =
+      opts->fp8_opts.recipe != MP_FP8_DEFAULT ? opts->fp8_opts.recipe : mp_fp8_recipe_of(opts->mem_model);
+  if ((opts->fp8 && recipe != b->fp8_opts.recipe) || opts->tp.shard_logits != b->tp.shard_logits || opts->tp.pad_vocab != b->tp.pad_vocab ||
       opts->fp8 != b->fp8 || (opts->fp8 && opts->fp8_opts.all_gather != b->fp8_opts.all_gather) ||
       opts->fsdp.per_block != b->fsdp.per_block || opts->fsdp.param_dtype != b->fsdp.param_dtype ||
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
@@ -730,6 +732,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
   p->opts.sp = b->sp;
   p->opts.dp = b->dp;
   p->opts.ddp = b->ddp;
+  if (p->opts.fp8) p->opts.fp8_opts = b->fp8_opts; /* the recipe as the float8 pass resolved it */
   if (mp_plan_pp_fsdp(p)) p->opts.fsdp.reshard_after_forward = 0; /* as mp_apply_fsdp */
   if (p->opts.ac_every < 1 || p->opts.ac != MP_AC_FULL) p->opts.ac_every = 1;
   if (p->opts.global_batch == 0)

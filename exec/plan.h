@@ -188,8 +188,35 @@ typedef struct mp_tp_options {
   int pad_vocab;    /* 1: pad vocab up to a multiple of tp (saying so) instead of refusing */
 } mp_tp_options;
 
+/* How a float8 GEMM's operands are scaled: the recipe (exec/pass_float8.c decides which
+ * Linears it can run, exec/schedule_ops.c prices its casts):
+ *   TENSORWISE  one scale per tensor from that tensor's own amax, taken as it is cast
+ *               (torchao's dynamic recipe; Transformer Engine's Float8CurrentScaling, which
+ *               Megatron-LM names --fp8-recipe tensorwise)
+ *   DELAYED     one scale per tensor from the amax history of earlier iterations
+ *               (Transformer Engine's DelayedScaling): no amax pass before a cast
+ *   ROWWISE     a scale per row of each operand along its GEMM's reduction dim (torchao's
+ *               rowwise recipe)
+ *   MXFP8       a power-of-two scale per 32 consecutive elements along the reduction dim
+ *               (OCP Microscaling; Blackwell's block-scaled tensor cores)
+ *   BLOCKWISE   a scale per 1x128 tile of activations and gradients and per 128x128 tile of
+ *               weights (DeepSeek-V3, arXiv 2412.19437 sec. 3.3.2; Transformer Engine's
+ *               Float8BlockScaling)
+ * DEFAULT is the runtime's own: DELAYED under the megatron memory model (Megatron-LM's
+ * --fp8-recipe default), TENSORWISE otherwise; mp_plan_create resolves it. */
+typedef enum mp_fp8_recipe {
+  MP_FP8_DEFAULT = 0,
+  MP_FP8_TENSORWISE,
+  MP_FP8_DELAYED,
+  MP_FP8_ROWWISE,
+  MP_FP8_MXFP8,
+  MP_FP8_BLOCKWISE,
+  MP_FP8_RECIPE_COUNT
+} mp_fp8_recipe;
+
 typedef struct mp_float8_options {
-  int all_gather; /* FSDP all-gathers float8 weights (only without TP) */
+  int all_gather; /* FSDP all-gathers float8 weights (only without TP, tensorwise) */
+  mp_fp8_recipe recipe;
 } mp_float8_options;
 
 typedef struct mp_fsdp_options {
@@ -447,11 +474,14 @@ int64_t mp_param_local_numel(const mp_plan *p, const mp_param *prm, int rank);
 /* Looks a parameter up by FQN; -1 when absent. */
 int mp_plan_find_param(const mp_plan *p, const char *fqn);
 
-/* How many Linear layers run float8 on a rank of a tp-way plan of model m: the Float8
- * pass's filter (torchtitan's names, GEMM dims multiples of 16: exec/rules.h) on the TP
- * pass's local shapes, from a plan built for it. A float8 plan differs from bf16 exactly
+/* How many Linear layers run float8 under `recipe` on a rank of a tp-way plan of model m:
+ * the Float8 pass's filter (torchtitan's names, GEMM dims multiples of the recipe's tile:
+ * exec/rules.h) on the TP pass's local shapes, from a plan built for it. A float8 plan differs from bf16 exactly
  * when *n_fp8 > 0. The TP rules must hold (mp_rule_tp_dim). */
-mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, int *n_fp8);
+mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, mp_fp8_recipe recipe, int *n_fp8);
+/* The recipe a runtime runs when the plan names none (MP_FP8_DEFAULT): DELAYED under the
+ * megatron memory model (Megatron-LM's --fp8-recipe default), TENSORWISE otherwise. */
+mp_fp8_recipe mp_fp8_recipe_of(mp_mem_model mm);
 
 /* Per-rank totals at rest. */
 typedef struct mp_plan_totals {
@@ -547,6 +577,13 @@ static inline const char *mp_pp_schedule_name(mp_pp_schedule k) {
 /* The schedule named s (mp_pp_schedule_name's names) into *out: 1, or 0 for any other
  * string (*out untouched); the caller words the refusal. */
 int mp_pp_schedule_parse(const char *s, mp_pp_schedule *out);
+/* "default", "tensorwise", "delayed", "rowwise", "mxfp8", "blockwise" ("?" out of range). */
+const char *mp_fp8_recipe_name(mp_fp8_recipe r);
+/* The recipe named s into *out: 1, or 0 for any other string (*out untouched); "current"
+ * (Transformer Engine's name of per-tensor current scaling) is TENSORWISE. */
+int mp_fp8_recipe_parse(const char *s, mp_fp8_recipe *out);
+/* The recipe in words for notes: "tensorwise scales, each from its tensor's own amax". */
+const char *mp_fp8_recipe_words(mp_fp8_recipe r);
 /* "allgather", "alltoall" ("?" out of range): torchtitan's names of the rotate methods. */
 static inline const char *mp_cp_rotate_name(mp_cp_rotate r) {
   static const char *const names[] = {"allgather", "alltoall"};

@@ -70,6 +70,39 @@ int mp_pp_schedule_parse(const char *s, mp_pp_schedule *out) {
   return 0;
 }
 
+static const char *const k_fp8_recipe_names[MP_FP8_RECIPE_COUNT] = {
+    "default", "tensorwise", "delayed", "rowwise", "mxfp8", "blockwise"};
+
+static const char *const k_fp8_recipe_words[MP_FP8_RECIPE_COUNT] = {
+    "the runtime's own scales",
+    "tensorwise scales, each from its tensor's own amax",
+    "tensorwise scales from the amax history of earlier iterations (delayed scaling)",
+    "a scale per row along each GEMM's reduction dim (rowwise)",
+    "a power-of-two scale per 32 elements along the reduction dim (MXFP8)",
+    "a scale per 1x128 tile of activations and gradients, per 128x128 tile of weights (blockwise)"};
+
+const char *mp_fp8_recipe_name(mp_fp8_recipe r) {
+  return (unsigned)r < MP_FP8_RECIPE_COUNT ? k_fp8_recipe_names[r] : "?";
+}
+
+const char *mp_fp8_recipe_words(mp_fp8_recipe r) {
+  return (unsigned)r < MP_FP8_RECIPE_COUNT ? k_fp8_recipe_words[r] : "?";
+}
+
+int mp_fp8_recipe_parse(const char *s, mp_fp8_recipe *out) {
+  if (s == NULL) return 0;
+  if (strcmp(s, "current") == 0) {
+    *out = MP_FP8_TENSORWISE;
+    return 1;
+  }
+  for (int k = MP_FP8_TENSORWISE; k < MP_FP8_RECIPE_COUNT; k++)
+    if (strcmp(s, k_fp8_recipe_names[k]) == 0) {
+      *out = (mp_fp8_recipe)k;
+      return 1;
+    }
+  return 0;
+}
+
 int mp_cp_rotate_parse(const char *s, mp_cp_rotate *out) {
   for (int k = MP_CP_ROTATE_ALLGATHER; k <= MP_CP_ROTATE_ALLTOALL; k++)
     if (s && strcmp(s, mp_cp_rotate_name((mp_cp_rotate)k)) == 0) {

@@ -106,4 +106,55 @@ int mp_rule_sp_ok(int64_t seq, int cp, int tp) { return (seq / cp) % tp == 0; }
 
 /* ---- float8 ------------------------------------------------------------------------------- */
 
-int mp_rule_fp8_linear_ok(int64_t rows, int64_t cols) { return rows % 16 == 0 && cols % 16 == 0; }
+int mp_rule_fp8_multiple(mp_fp8_recipe r) {
+  switch (r) {
+    case MP_FP8_MXFP8: return 32;
+    case MP_FP8_BLOCKWISE: return 128;
+    default: return 16;
+  }
+}
+
+int mp_rule_fp8_linear_ok(int64_t rows, int64_t cols, mp_fp8_recipe r) {
+  const int k = mp_rule_fp8_multiple(r);
+  return rows % k == 0 && cols % k == 0;
+}
+
+/* Bit r set: the runtime runs recipe r. */
+static unsigned recipes_of(mp_mem_model mm) {
+  const unsigned b = 1u;
+  switch (mm) {
+    case MP_MEM_MODEL_TORCHTITAN:
+      return b << MP_FP8_TENSORWISE | b << MP_FP8_ROWWISE | b << MP_FP8_MXFP8;
+    case MP_MEM_MODEL_MEGATRON:
+      return b << MP_FP8_TENSORWISE | b << MP_FP8_DELAYED | b << MP_FP8_MXFP8 | b << MP_FP8_BLOCKWISE;
+    default: return b << MP_FP8_TENSORWISE;
+  }
+}
+
+int mp_rule_fp8_recipe_ok(mp_mem_model mm, mp_fp8_recipe r) {
+  return (unsigned)r < MP_FP8_RECIPE_COUNT && (recipes_of(mm) >> r & 1u);
+}
+
+mp_status mp_rule_fp8_recipe_check(mp_ctx *ctx, mp_mem_model mm, mp_fp8_recipe r, int all_gather) {
+  if (!mp_rule_fp8_recipe_ok(mm, r)) {
+    char list[96] = "";
+    size_t n = 0;
+    for (int k = MP_FP8_TENSORWISE; k < MP_FP8_RECIPE_COUNT; k++)
+      if (recipes_of(mm) >> k & 1u)
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", n ? ", " : "", mp_fp8_recipe_name((mp_fp8_recipe)k));
+    const char *who = mm == MP_MEM_MODEL_TORCHTITAN ? "torchtitan's float8 (torchao)"
+                      : mm == MP_MEM_MODEL_MEGATRON ? "Megatron-LM's float8 (Transformer Engine)"
+                                                    : "meshplan's runtime";
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "float8 recipe %s is not one %s runs (it runs %s); choose one of those, or a "
+                    "stack that runs %s",
+                    mp_fp8_recipe_name(r), who, list, mp_fp8_recipe_name(r));
+  }
+  if (all_gather && r != MP_FP8_TENSORWISE)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "float8 all-gather casts each weight shard with one per-tensor scale before "
+                    "FSDP gathers it (torchao); recipe %s scales otherwise: use tensorwise or turn "
+                    "float8 all-gather off",
+                    mp_fp8_recipe_name(r));
+  return MP_OK;
+}

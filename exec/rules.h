@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "exec/mesh.h"
 #include "exec/model.h"
+#include "exec/plan.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -70,9 +71,21 @@ int mp_rule_sp_ok(int64_t seq, int cp, int tp);
 
 /* ---- float8 ------------------------------------------------------------------------------- */
 
-/* A Linear's GEMM runs in float8 when both dims of its rank's weight are multiples of 16
- * (torch._scaled_mm's requirement; torchao's filter skips the others). */
-int mp_rule_fp8_linear_ok(int64_t rows, int64_t cols);
+/* A Linear's GEMM runs in float8 under recipe r when both dims of its rank's weight are
+ * multiples of mp_rule_fp8_multiple(r): 16 for the per-tensor and rowwise recipes
+ * (torch._scaled_mm's and cuBLASLt's float8 layouts; torchao's filter skips the others), 32
+ * for MXFP8 (a scale per 32 elements along either dim, as the forward and the weight
+ * gradient reduce over different dims), 128 for blockwise (its 128 x 128 weight tiles). */
+int mp_rule_fp8_multiple(mp_fp8_recipe r);
+int mp_rule_fp8_linear_ok(int64_t rows, int64_t cols, mp_fp8_recipe r);
+/* The recipes each runtime implements: torchtitan's float8 is torchao's (tensorwise,
+ * rowwise, and MXFP8 through torchao's MX formats), Megatron-LM's is Transformer Engine's
+ * (--fp8-recipe delayed, tensorwise (current scaling), mxfp8, blockwise), meshplan's runtimes
+ * quantize tensorwise (kernels/cpu/fp8.c). Float8 all-gather (FSDP gathering float8
+ * weights) is torchao's, tensorwise only. DEFAULT is resolved before this is asked. */
+int mp_rule_fp8_recipe_ok(mp_mem_model mm, mp_fp8_recipe r);
+/* MP_ERR_INVALID naming the recipe, the runtime and the recipes it runs. */
+mp_status mp_rule_fp8_recipe_check(mp_ctx *ctx, mp_mem_model mm, mp_fp8_recipe r, int all_gather);
 
 #ifdef __cplusplus
 }

@@ -247,6 +247,7 @@ static void pp_out_mem(gen *g, int alloc) {
  * virtual stage. */
 static void emit_forward_tail(gen *g, const stage_info *st, int32_t root_gather) {
   mp_sched_seg_open(g, MP_PHASE_FORWARD, -1, 0);
+  mp_sched_f8_amax_reduce(g, st->l1 - st->l0, 0);
   if (st->last) {
     pend_dep(g, root_gather, 0);
     g->ms->head_fwd(g);
@@ -280,6 +281,7 @@ static void emit_backward_head(gen *g, const stage_info *st, carry *c, int first
  * virtual stage; the root unit's reduction after the stage's last backward chunk. */
 static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {
   mp_sched_seg_open(g, MP_PHASE_BACKWARD, -1, 0);
+  mp_sched_f8_amax_reduce(g, st->l1 - st->l0, 1);
   if (st->first) {
     mp_sched_embedding_bwd(g);
   } else {

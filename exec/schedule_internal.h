@@ -153,7 +153,12 @@ typedef struct shapes {
   /* float8 */
   int fp8[MP_MOD_COUNT];    /* per module: its Linear runs float8 */
   int fp8_all_gather;       /* FSDP all-gathers float8 weights */
-  int fp8_tp_codes;         /* float8 with tp > 1: torchao's float8 TP (mem_strategy) */
+  int fp8_tp_codes;         /* float8 with tp > 1: a TP region's input cast before its
+                               all-gather and its output gradient before the backward's
+                               (torchao's float8 TP under the tensorwise recipe, Transformer
+                               Engine's float8 under any: mem_strategy) */
+  mp_fp8_recipe fp8_recipe; /* the plan's float8 recipe (resolved by the Float8 pass) */
+  int fp8_te;               /* Transformer Engine's float8 (mem_strategy.fp8_te) */
 } shapes;
 
 typedef struct gen {
@@ -317,6 +322,11 @@ typedef struct mem_strategy {
                            its all-gather and the output gradient before the reduce-scatter's
                            backward (torchao's float8 tensor parallel, as torchtitan applies
                            it: schedule_ops.c) */
+  uint8_t fp8_te;       /* float8 Linears are Transformer Engine's (Megatron-LM): weights cast
+                           once a step, casts writing the transposed copy beside the row-major
+                           one, the norm before a fused LayerNormLinear emitting float8 under
+                           delayed scaling, amaxes reduced once per model chunk's pass
+                           (schedule_ops.c) */
   /* steps */
   void (*resident)(gen *g, const mp_schedule_prep *pr); /* the prologue's allocations */
   void (*block_fwd)(gen *g, int kind, const part_deps *pd);
@@ -576,6 +586,9 @@ void mp_sched_rt_add_param(rt_rest *rest, unit_info *ui, const mp_param *prm, in
 void mp_sched_rt_block_bwd(gen *g, int32_t l, int kind, const part_deps *pd);
 void mp_sched_rt_block_fwd(gen *g, int kind, const part_deps *pd);
 void mp_sched_rt_f8_act(gen *g, int module, int64_t elems);
+/* Transformer Engine's delayed-scaling amax reduction at the end of a chunk's pass over
+ * `blocks` blocks (schedule_ops.c). */
+void mp_sched_f8_amax_reduce(gen *g, int32_t blocks, int backward);
 void mp_sched_rt_f8_cast(gen *g, int module, int64_t elems, int amax, int orient, mp_variant v);
 void mp_sched_rt_f8_scope_close(gen *g);
 void mp_sched_rt_layout_fill(gen *g, int64_t micro_batch);

@@ -77,6 +77,7 @@ static const mem_strategy k_torchtitan = {
 
 static const mem_strategy k_megatron = {
     .x_bytes = 2, .prefetch = 1, .sp_regathers = 1, .cp_kv_grouped = 1, .saved = SAVED_KORTHIKANTI,
+    .fp8_tp_codes = 1, .fp8_te = 1,
     .resident = autograd_resident, .block_fwd = mp_sched_block_fwd_tt, .block_bwd = mp_sched_block_bwd_tt,
     .head_fwd = mp_sched_head_fwd, .head_bwd = mp_sched_head_bwd, .chunk_bwd_end = autograd_chunk_bwd_end,
     .optimizer = autograd_optimizer,

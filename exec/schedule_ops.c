@@ -18,13 +18,26 @@
  *   Element-wise kernels carry a nominal FLOP count per element (FLOPS_*,
  *     schedule_internal.h); they are memory-bound, so their bytes (read + written) are what
  *     the simulator uses.
- *   Float8 Linear (torchao tensorwise, as torchtitan uses it): forward casts the weight and
- *     the input to E4M3 (amax pass + scaled cast: 2+2+1 bytes per element) and runs the GEMM
- *     in E4M3; backward casts dy to E5M2 and re-casts the weight and the input (torchao saves
- *     the high-precision tensors), DGRAD and WGRAD in E5M2 (op dtype E5M2: one operand is
- *     E5M2, the other E4M3). With float8 all-gather the gathered weight already is float8
- *     and its casts are dropped (the cast of the shard happens before the all-gather). The
- *     runtimes' float8 (emulated, or on codes) is schedule_rt.c's.
+ *   Float8 Linear, torchao (torchtitan): forward casts the weight and the input to E4M3
+ *     and runs the GEMM in E4M3; backward casts dy to E5M2 and re-casts the weight and the
+ *     input (torchao saves the high-precision tensors), DGRAD and WGRAD in E5M2 (op dtype
+ *     E5M2: one operand is E5M2, the other E4M3). A cast reads the bf16 source (2 bytes an
+ *     element) and writes one float8 copy (1), after an amax pass (2 more) where the scale
+ *     is the tensor's own: tensorwise 5 bytes, so is each of rowwise's casts, of which the
+ *     backward needs two more (dy and the weight scaled along another dim), MXFP8 3 plus a
+ *     scale byte per 32 (no amax pass: each block's scale is local). With float8 all-gather
+ *     the gathered weight already is float8 and its casts are dropped (the cast of the shard
+ *     happens before the all-gather).
+ *   Float8 Linear, Transformer Engine (Megatron-LM; transformer_engine/pytorch/module/
+ *     linear.py, layernorm_linear.py): the weight is cast once a step with its transposed
+ *     copy and kept for every micro-batch (Megatron-Core passes is_first_microbatch), an
+ *     input or output gradient is cast with its transposed copy in one kernel
+ *     (cast_transpose: read 2, write 1 + 1; current scaling's amax pass 2 more), a fused
+ *     LayerNormLinear's norm emits float8 itself under delayed scaling (the transposed copy
+ *     made in backward, read 1 write 1), q/k/v and gate/up are one Linear each (linear_qkv,
+ *     linear_fc1) sharing one cast input, and the amaxes of each model chunk's pass are
+ *     reduced in one all-reduce under delayed scaling (fp8_autocast's reduce_amax).
+ *   The runtimes' float8 (emulated, or on codes) is schedule_rt.c's.
  *   MoE: balanced routing assumed: each local expert receives T x top_k x ep / E tokens
  *     (m of the grouped GEMMs, rounded up; FLOPs use the exact value), batch = E / ep.
  *   Collective payloads (schedule.h): TP all-reduce of [T, H] bf16: 2TH bytes. All-to-all:
@@ -105,9 +118,49 @@ void mp_sched_seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_st
 
 /* ---- GEMMs and Linears ---------------------------------------------------------------- */
 
-static void cast(gen *g, int module, int64_t elems, mp_variant v) {
-  compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, FLOPS_CAST * (double)elems,
-          5.0 * (double)elems, MP_DTYPE_BF16);
+/* Bytes a float8 cast moves per element of its bf16 source when it writes `copies` float8
+ * copies (the row-major one, and Transformer Engine's transposed or MXFP8's column-scaled
+ * one): the read (2), a byte a copy, an amax pass (2) where the scale is the tensor's own
+ * (tensorwise and rowwise; delayed scaling's comes from the history, MXFP8's and
+ * blockwise's blocks are scaled within the cast), and the scales (MXFP8: an E8M0 byte per
+ * 32 elements; blockwise: an fp32 per 128). */
+static double cast_bytes(const gen *g, int copies) {
+  const mp_fp8_recipe r = g->sh.fp8_recipe;
+  double b = 2.0 + copies;
+  if (r == MP_FP8_TENSORWISE || r == MP_FP8_ROWWISE) b += 2.0;
+  if (r == MP_FP8_MXFP8) b += copies / 32.0;
+  if (r == MP_FP8_BLOCKWISE) b += copies * 4.0 / 128.0;
+  return b;
+}
+
+static int32_t cast_copies(gen *g, int module, int64_t elems, mp_variant v, int copies) {
+  return compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, FLOPS_CAST * (double)elems,
+                 cast_bytes(g, copies) * (double)elems, MP_DTYPE_BF16);
+}
+
+static void cast(gen *g, int module, int64_t elems, mp_variant v) { cast_copies(g, module, elems, v, 1); }
+
+/* A per-tensor scale of a tensor cast on the rank's sequence shard (SP) is the whole
+ * tensor's: its amax all-reduced over tp first (torchao's float8 TP on a DTensor,
+ * Transformer Engine's current scaling with its amax_reduction_group); 4 bytes. */
+static void amax_tp(gen *g, int module) {
+  if (g->sh.fp8_recipe != MP_FP8_TENSORWISE || !g->sh.sp) return;
+  comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, module);
+}
+
+/* Transformer Engine: q/k/v and gate/up are one Linear each (Megatron-Core's linear_qkv and
+ * linear_fc1), so k, v and up take q's and gate's cast input as it is. */
+static int te_shares_input(const gen *g, int module) {
+  return g->sh.fp8_te && (module == MP_MOD_K || module == MP_MOD_V || module == MP_MOD_UP ||
+                          module == MP_MOD_SHARED_UP);
+}
+
+/* Transformer Engine's LayerNormLinear: the norm before q/k/v and gate/up emits the float8
+ * input itself under delayed scaling (its scale known before the norm runs); the
+ * transposed copy for the weight gradient is made in backward. */
+static int te_norm_emits(const gen *g, int module) {
+  return g->sh.fp8_te && g->sh.fp8_recipe == MP_FP8_DELAYED &&
+         (module == MP_MOD_Q || module == MP_MOD_GATE || module == MP_MOD_SHARED_GATE);
 }
 
 /* torchtitan's float8 tensor parallelism (torchao's PrepareFloat8ModuleInput in front of
@@ -170,8 +223,18 @@ void mp_sched_linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, 
     pair(g, MP_MEM_FP8, BUF_F8_W, wb, 0);
     return;
   }
-  if (!g->sh.fp8_all_gather) cast(g, module, w, MP_VAR_FWD);
-  if (!mp_sched_f8_input(g, module)) cast(g, module, x, MP_VAR_FWD);
+  if (g->sh.fp8_te) {
+    /* the weight with its transposed copy once a step (not re-run by a recompute) */
+    if (g->phase != MP_PHASE_RECOMPUTE) {
+      const int32_t i = cast_copies(g, module, w, MP_VAR_FWD, 2);
+      if (i >= 0) g->ops[i].when = MP_WHEN_FIRST_MICRO;
+    }
+    if (!mp_sched_f8_input(g, module) && !te_shares_input(g, module) && !te_norm_emits(g, module))
+      cast_copies(g, module, x, MP_VAR_FWD, 2);
+  } else {
+    if (!g->sh.fp8_all_gather) cast(g, module, w, MP_VAR_FWD);
+    if (!mp_sched_f8_input(g, module)) cast(g, module, x, MP_VAR_FWD);
+  }
   /* meshplan-cpu emulates float8 in fp32: one buffer of the quantized input (aligned) and
    * weight; the runtimes never all-gather float8 */
   const int64_t fb = g->ms->runtime ? mp_act_f8_emul_fwd_floats(x, w) * 4 : (g->sh.fp8_all_gather ? 0 : w) + x;
@@ -210,12 +273,24 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
     pair(g, MP_MEM_FP8, BUF_F8_DY, db, 0);
     return;
   }
-  if (!f8_grad_out(g, module)) cast(g, module, dy, MP_VAR_BWD);
-  if (!g->sh.fp8_all_gather) cast(g, module, w, MP_VAR_BWD);
-  if (mp_sched_f8_input(g, module))
-    transpose8(g, module, x, MP_VAR_BWD);
-  else
-    cast(g, module, x, MP_VAR_BWD);
+  if (g->sh.fp8_te) {
+    /* dy with its transposed copy (gathered in float8 under SP: its transpose here); the
+     * weight's copies kept from the forward; the input's transposed copy made here where
+     * the forward wrote only the row-major one (gathered, or the norm's) */
+    if (!f8_grad_out(g, module)) cast_copies(g, module, dy, MP_VAR_BWD, 2);
+    else transpose8(g, module, dy, MP_VAR_BWD);
+    if (!te_shares_input(g, module) && (mp_sched_f8_input(g, module) || te_norm_emits(g, module)))
+      transpose8(g, module, x, MP_VAR_BWD);
+  } else {
+    if (!f8_grad_out(g, module)) cast(g, module, dy, MP_VAR_BWD);
+    /* rowwise: dy scaled along tokens for the weight gradient as well */
+    if (g->sh.fp8_recipe == MP_FP8_ROWWISE || g->sh.fp8_recipe == MP_FP8_MXFP8) cast(g, module, dy, MP_VAR_BWD);
+    if (!g->sh.fp8_all_gather) cast(g, module, w, MP_VAR_BWD);
+    if (mp_sched_f8_input(g, module))
+      transpose8(g, module, x, MP_VAR_BWD);
+    else
+      cast(g, module, x, MP_VAR_BWD);
+  }
   const int64_t fb =
       g->ms->runtime ? mp_act_f8_emul_bwd_floats(dy, x, w) * 4 : dy + (g->sh.fp8_all_gather ? 0 : w) + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
@@ -266,7 +341,10 @@ static void tp_coll(gen *g, mp_coll c, int module) {
 void mp_sched_tp_region_in_fwd(gen *g, int on, int module, int f8) {
   const shapes *sh = &g->sh;
   if (!on) return;
-  if (f8) cast(g, module, sh->tokens_sp * sh->d_model, MP_VAR_FWD);
+  if (f8 && !te_norm_emits(g, module == MP_MOD_UP ? MP_MOD_GATE : module == MP_MOD_SHARED_UP ? MP_MOD_SHARED_GATE : module)) {
+    amax_tp(g, module);
+    cast(g, module, sh->tokens_sp * sh->d_model, MP_VAR_FWD);
+  }
   if (!sh->sp) return;
   if (f8)
     comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->tokens * sh->d_model),
@@ -284,6 +362,7 @@ void mp_sched_tp_region_out_bwd(gen *g, int on, int module) {
   const shapes *sh = &g->sh;
   if (!on || !sh->sp) return;
   if (f8_grad_out(g, module)) { /* cast on the rank's shard, gathered in float8 */
+    amax_tp(g, module);
     cast(g, module, sh->tokens_sp * sh->d_model, MP_VAR_BWD);
     comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->tokens * sh->d_model),
          MP_DTYPE_FP8_E5M2, module);
@@ -353,9 +432,12 @@ void mp_sched_ep_alltoall(gen *g, int module) {
 int32_t mp_sched_mg_regather(gen *g, int on, int module) {
   const shapes *sh = &g->sh;
   if (!(g->ms->sp_regathers && sh->sp && on)) return -1;
-  pair(g, MP_MEM_TEMP, BUF_SP_GATHER, 2 * sh->tokens * sh->d_model, 1);
+  /* Transformer Engine saves and re-gathers a float8 Linear's input in float8 */
+  const int f8 = sh->fp8_te && sh->fp8[module];
+  pair(g, MP_MEM_TEMP, BUF_SP_GATHER, (f8 ? 1 : 2) * sh->tokens * sh->d_model, 1);
   const int32_t i = comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_GATHER,
-                         2.0 * (double)(sh->tokens * sh->d_model), MP_DTYPE_BF16, module);
+                         (f8 ? 1.0 : 2.0) * (double)(sh->tokens * sh->d_model),
+                         f8 ? MP_DTYPE_FP8_E4M3 : MP_DTYPE_BF16, module);
   add_dep(g, i, g->last_compute, 0);
   return i;
 }
@@ -368,7 +450,23 @@ void mp_sched_mg_regather_wait(gen *g, int32_t gather, int32_t first_op) {
       add_dep(g, i, gather, 0);
       break;
     }
-  pair(g, MP_MEM_TEMP, BUF_SP_GATHER, 2 * g->sh.tokens * g->sh.d_model, 0);
+  const int f8 = g->ops[gather].dtype == MP_DTYPE_FP8_E4M3;
+  pair(g, MP_MEM_TEMP, BUF_SP_GATHER, (f8 ? 1 : 2) * g->sh.tokens * g->sh.d_model, 0);
+}
+
+/* Transformer Engine's delayed scaling: as a model chunk's forward (backward) pass ends,
+ * the amaxes its float8 Linears recorded (input and weight; output gradient) are reduced in
+ * one all-reduce over the amax-reduction group (Megatron-Core's data-parallel x context x
+ * tensor group; priced on the data-parallel x context group, the larger), fp32 each, on the
+ * compute stream (fp8_autocast's reduce_amax). `blocks`: the chunk's blocks. */
+void mp_sched_f8_amax_reduce(gen *g, int32_t blocks, int backward) {
+  const shapes *sh = &g->sh;
+  if (!sh->fp8_te || sh->fp8_recipe != MP_FP8_DELAYED || blocks <= 0) return;
+  int n = 0;
+  for (int m = 0; m < MP_MOD_COUNT; m++) n += sh->fp8[m] != 0;
+  if (n == 0) return;
+  const double bytes = 4.0 * (backward ? 1 : 2) * n * (double)blocks;
+  comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_CP, MP_STREAM_COMPUTE, bytes, MP_DTYPE_FP32, -1);
 }
 
 /* ---- norms and residual adds (a block's, the head's) ---------------------------------- */

@@ -20,6 +20,18 @@ void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch
   sh->tokens_per_expert = sh->experts > 0 ? (double)sh->tokens * (double)sh->top_k * (double)sh->ep / (double)sh->experts : 0.0;
 }
 
+/* The float8 recipe's side of the shapes (after sh->tp). */
+static void read_fp8_shapes(const mp_plan *p, shapes *sh) {
+  const int on = (p->applied & MP_PASS_FLOAT8) != 0;
+  const mem_strategy *ms = mp_sched_strategy(p->opts.mem_model);
+  sh->fp8_all_gather = p->opts.fp8_opts.all_gather && on && sh->tp == 1;
+  sh->fp8_recipe = p->opts.fp8_opts.recipe;
+  sh->fp8_te = on && ms->fp8_te;
+  /* torchao's float8 TP modules scale tensorwise; Transformer Engine gathers float8 under
+   * every recipe */
+  sh->fp8_tp_codes = sh->tp > 1 && on && ms->fp8_tp_codes && (ms->fp8_te || sh->fp8_recipe == MP_FP8_TENSORWISE);
+}
+
 /* Everything else: from the model and the plan's parameters (mp_schedule_prep keeps it). */
 static void read_shapes(gen *g) {
   const mp_plan *p = g->p;
@@ -38,8 +50,7 @@ static void read_shapes(gen *g) {
   sh->experts = m->n_experts;
   sh->top_k = m->top_k;
   sh->has_shared = m->n_shared_experts > 0;
-  sh->fp8_all_gather = p->opts.fp8_opts.all_gather && (p->applied & MP_PASS_FLOAT8) && sh->tp == 1;
-  sh->fp8_tp_codes = sh->tp > 1 && (p->applied & MP_PASS_FLOAT8) && mp_sched_strategy(p->opts.mem_model)->fp8_tp_codes;
+  read_fp8_shapes(p, sh);
   /* defaults before TP */
   sh->q_width = m->n_heads * m->head_dim;
   sh->kv_width = m->n_kv_heads * m->head_dim;
@@ -378,6 +389,7 @@ int mp_sched_prep_serves(const mp_schedule_prep *pr, const mp_plan *p) {
   return pr->params == p->params && pr->units == p->units && pr->n_params == p->n_params &&
          pr->n_plan_units == p->n_units && pr->applied == p->applied &&
          memcmp(&pr->mesh, &p->mesh, sizeof pr->mesh) == 0 && pr->seq == p->opts.seq &&
-         pr->fp8_all_gather == p->opts.fp8_opts.all_gather && pr->param_dtype == pdt && pr->reduce_dtype == rdt &&
+         pr->fp8_all_gather == p->opts.fp8_opts.all_gather && pr->sh.fp8_recipe == p->opts.fp8_opts.recipe &&
+         pr->param_dtype == pdt && pr->reduce_dtype == rdt &&
          pr->sh.sp == (p->mesh.size[MP_DIM_TP] > 1 && p->opts.sp == 1);
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/limits.h"
+#include "exec/rules.h"
 #include "planner/batch.h"
 
 void mp_plan_setup_batch(const mp_plan_setup *s, const mp_cluster *c, int64_t *global_batch, int64_t *target_seqs,
@@ -30,6 +31,14 @@ mp_status mp_plan_setup_evaluator(mp_ctx *ctx, const mp_plan_setup *s, const mp_
   /* what the command line checked against its own stack, on the stacks that run it */
   if (s->cp_rotate_given && !mp_mem_model_is_runtime(ev->stack.mem_model)) ev->base.cp_rotate = s->cp_rotate;
   if (s->async_tp && ev->stack.async_tp && ev->base.sp != 0) ev->base.tp_comm_fused = 1;
+  return mp_plan_setup_fp8_recipe(ctx, s, c, ev);
+}
+
+mp_status mp_plan_setup_fp8_recipe(mp_ctx *ctx, const mp_plan_setup *s, const mp_cluster *c, mp_sim_evaluator *ev) {
+  if (s->fp8_recipe == MP_FP8_DEFAULT) return MP_OK;
+  MP_CHECK(mp_rule_fp8_recipe_check(ctx, ev->stack.mem_model, s->fp8_recipe, ev->base.fp8_opts.all_gather));
+  MP_CHECK(mp_sim_fp8_recipe_check(ctx, &c->gpu, s->fp8_recipe));
+  ev->base.fp8_opts.recipe = s->fp8_recipe;
   return MP_OK;
 }
 

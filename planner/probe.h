@@ -30,6 +30,7 @@ typedef struct mp_plan_setup {
   mp_search_fix fix;       /* --fix, --mesh, --ep, --ac, --micro-batch, --sp, --no-sp, --fp8 */
   int fp8_auto;            /* --fp8 auto: float8 searched beside bf16 where the cluster's GPU
                               has it */
+  mp_fp8_recipe fp8_recipe; /* --fp8 RECIPE; MP_FP8_DEFAULT: the stack's own */
   int allow_cross_node_tp, executable_only, n_threads;
   int gpus_per_node;       /* > 0: every cluster of the setup's GPU has this many per node;
                               0: min(8, N) (plan --gpus N's default) */
@@ -48,6 +49,10 @@ mp_status mp_plan_setup_evaluator(mp_ctx *ctx, const mp_plan_setup *s, const mp_
 /* The search of setup on c with ev (from mp_plan_setup_evaluator) as its evaluator:
  * mp_sim_search_config with the setup's constraints and switches; dominated AC policies
  * pruned unless the objective is memory. */
+/* A named float8 recipe (s->fp8_recipe) into ev's base options, checked once against ev's
+ * stack (mp_rule_fp8_recipe_check) and c's GPU (mp_sim_fp8_recipe_check) rather than
+ * refused candidate by candidate; nothing for MP_FP8_DEFAULT. */
+mp_status mp_plan_setup_fp8_recipe(mp_ctx *ctx, const mp_plan_setup *s, const mp_cluster *c, mp_sim_evaluator *ev);
 void mp_plan_setup_search(const mp_plan_setup *s, const mp_cluster *c, mp_sim_evaluator *ev,
                           mp_search_config *cfg);
 

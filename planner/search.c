@@ -39,6 +39,7 @@ static int executable(const mp_search_config *cfg, const mp_candidate *c) {
   o.seq = cfg->seq;
   o.sp = c->sp;
   o.fp8 = c->fp8;
+  o.fp8_opts.recipe = cfg->fp8_recipe;
   o.micro_batch = c->micro_batch;
   o.ac = (mp_ac_mode)c->ac;
   o.pp_virtual = c->pp_virtual;
@@ -438,7 +439,7 @@ static int fp8_linears_at(enum_state *e, int tp) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   int n = 0;
-  if (mp_plan_fp8_linears(&ctx, e->cfg->model, tp, &n) != MP_OK) n = -1;
+  if (mp_plan_fp8_linears(&ctx, e->cfg->model, tp, e->cfg->fp8_recipe, &n) != MP_OK) n = -1;
   if (e->n_fp8 < 64) {
     e->fp8_tp[e->n_fp8] = tp;
     e->fp8_n[e->n_fp8++] = n;

@@ -192,6 +192,8 @@ typedef struct mp_search_config {
                            not used; 0: every mesh runs global_batch */
   int search_fp8;       /* 1: float8 searched beside bf16 where not fixed; 0: bf16 unless
                            fix.fp8 asks for float8 (mp_search_config_init: 1) */
+  mp_fp8_recipe fp8_recipe; /* the float8 recipe of float8 candidates (its Linears' tile
+                               rule: exec/rules.h); MP_FP8_DEFAULT: the runtime's */
   int allow_cross_node_tp;
   int executable_only;  /* only what exec/runtime executes (mp_runtime_plan_check) */
   unsigned ac_mask;     /* the AC policies enumerated, bit 1 << mp_ac_mode (the stack's

@@ -203,7 +203,8 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
   if (n <= 1)
     *dur = 0.0;
   else
-    *dur = mp_sim_collective_s((mp_coll)op->coll, op->bytes, p2p ? 2 : n, l->GBps * prof->link_eff, l->lat_s) +
+    *dur = (mp_gpu_is_cpu(&ls->cl->gpu) ? mp_sim_collective_s : mp_sim_nccl_collective_s)(
+               (mp_coll)op->coll, op->bytes, p2p ? 2 : n, l->GBps * prof->link_eff, l->lat_s) +
            prof->comm_overhead_s;
   return MP_OK;
 }

@@ -10,6 +10,12 @@
  * `bytes` is the op's payload as exec/schedule.h defines it (the full tensor for
  * all-gather, reduce-scatter and all-reduce; what a rank sends for all-to-all and send).
  *
+ * NCCL (the GPU clusters' collectives) runs an all-reduce as the faster of its ring and its
+ * double binary tree, which it picks by size (src/graph/tuning.cc): the tree moves the
+ * whole payload up and down again, 2 x bytes / bw, in 2 ceil(log2 n) latency steps, so it
+ * wins the small all-reduces of large groups (an amax, a gradient norm) and the ring the
+ * bulk ones. The CPU runtime's MPI collectives keep the ring model its calibration fits.
+ *
  * Group link. A group that stays inside one node runs on NVLink (the cluster's
  * intra_node_GBps_per_gpu, intra-node latency). A group with one member per node runs on
  * the NIC (mp_cluster_inter_GBps, inter-node latency). A group with several members per
@@ -19,6 +25,8 @@
  * the slower of the two: bw = min(intra, per_node x inter), with the inter-node latency per
  * step. Groups are regular (products of mesh dims), so every node holds the same number of
  * members as the node of the rank asked about. */
+#include <math.h>
+
 #include "sim/sim.h"
 #include "sim/sim_internal.h"
 
@@ -40,6 +48,13 @@ double mp_sim_collective_s(mp_coll c, double bytes, int n, double bw_GBps, doubl
     default:
       return 0.0;
   }
+}
+
+double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, double bw_GBps, double lat_s) {
+  const double ring = mp_sim_collective_s(c, bytes, n, bw_GBps, lat_s);
+  if (c != MP_COLL_ALL_REDUCE || n <= 2 || bw_GBps <= 0) return ring;
+  const double tree = 2.0 * bytes / (bw_GBps * 1e9) + 2.0 * ceil(log2((double)n)) * lat_s;
+  return tree < ring ? tree : ring;
 }
 
 /* Groups up to this size are listed (on the stack) to count a node's members. */

@@ -110,6 +110,11 @@ typedef struct mp_stack_profile {
    * "allgather" (the default, torchtitan's) or "alltoall" (exec/schedule_cp.c). The meshplan
    * runtimes' profiles may not set it: their ring is their own. */
   mp_cp_rotate cp_rotate;
+  /* The float8 recipe a float8 plan runs when it names none: JSON "fp8_recipe", optional
+   * ("tensorwise", "current" (the same), "delayed", "rowwise", "mxfp8" or "blockwise"; one
+   * the memory model's runtime runs, exec/rules.h); absent: MP_FP8_DEFAULT, the runtime's
+   * own (mp_fp8_recipe_of). */
+  mp_fp8_recipe fp8_recipe;
   /* Whether the stack can run AsyncTP (JSON "async_tp", optional, default false): torchtitan
    * under torch.compile (experimental.enable_async_tensor_parallel); a plan turns it on
    * (plan option async_tp, --async-tp), exec/schedule.h's mp_fuse says what it changes. Only
@@ -203,6 +208,15 @@ void mp_sim_trace_busy(const mp_sim_trace *t, mp_sim_busy *out);
  * not run (a micro-batch condition skipped it). For `meshplan explain --schedule`. */
 void mp_sim_trace_op_durations(const mp_sim_trace *t, double *dur, int64_t n_ops);
 
+/* The GPU's tensor cores run recipe r's float8 GEMMs: MXFP8 needs Blackwell's block-scaled
+ * MMA (compute capability >= 10.0; cuBLASLt's CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0),
+ * blockwise needs Hopper or later (>= 9.0: DeepGEMM, cuBLASLt's 1x128 and 128x128 block
+ * scales), the per-tensor and rowwise recipes any GPU with float8 (mp_gpu_has_float8). A
+ * GPU without float8 units runs a plan's float8 Linears as bf16 whatever the recipe (the
+ * cost model's rule), so it is not refused here. MP_ERR_INVALID naming the GPU, its
+ * capability and the recipe. Every simulation of a float8 plan asks it. */
+mp_status mp_sim_fp8_recipe_check(mp_ctx *ctx, const mp_gpu *g, mp_fp8_recipe r);
+
 /* Convenience: build the plan, the compact schedule of rank 0 (or the worst pipeline
  * stage), and simulate. */
 mp_status mp_simulate_plan(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
@@ -244,6 +258,9 @@ mp_status mp_simulate_prepped(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_p
 /* Ring-factor time of one collective of `bytes` payload on a group of n ranks whose
  * slowest link has bw_GBps per direction and lat_s per step (exposed for tests). */
 double mp_sim_collective_s(mp_coll c, double bytes, int n, double bw_GBps, double lat_s);
+/* As NCCL runs it on a GPU cluster (sim/network.c): an all-reduce the faster of the ring
+ * and the double binary tree, the others as mp_sim_collective_s. */
+double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, double bw_GBps, double lat_s);
 
 /* The link a mesh group runs on, seen from `rank` (the network model of
  * sim/network.c): n members, nodes spanned, members per node, bandwidth per direction

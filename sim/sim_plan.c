@@ -175,8 +175,27 @@ static mp_status schedule_arena(mp_ctx *ctx, mp_sim_workspace *ws, mp_arena *scr
 }
 
 /* simulate_built in cfg->ws. */
+mp_status mp_sim_fp8_recipe_check(mp_ctx *ctx, const mp_gpu *g, mp_fp8_recipe r) {
+  if (!mp_gpu_has_float8(g) || mp_gpu_is_cpu(g)) return MP_OK;
+  const int need = r == MP_FP8_MXFP8 ? 100 : r == MP_FP8_BLOCKWISE ? 90 : 0;
+  if (g->compute_capability >= need) return MP_OK;
+  return mp_error(ctx, MP_ERR_INVALID,
+                  "float8 recipe %s needs %s (compute capability %d.%d or later); %s is %d.%d: "
+                  "choose tensorwise or delayed there",
+                  mp_fp8_recipe_name(r),
+                  r == MP_FP8_MXFP8 ? "Blackwell's block-scaled tensor cores" : "Hopper's float8 tensor cores",
+                  need / 10, need % 10, g->name, g->compute_capability / 10, g->compute_capability % 10);
+}
+
+/* A float8 plan's recipe on the cluster's GPU (mp_sim_fp8_recipe_check). */
+static mp_status plan_recipe_check(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg) {
+  if (!(p->applied & MP_PASS_FLOAT8)) return MP_OK;
+  return mp_sim_fp8_recipe_check(ctx, &cfg->cluster->gpu, p->opts.fp8_opts.recipe);
+}
+
 static mp_status simulate_built_in(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                    mp_arena *scratch, int all, mp_sim_result *out) {
+  MP_CHECK(plan_recipe_check(ctx, p, cfg));
   mp_sim_workspace *ws = cfg->ws;
   const int reset = scratch == NULL;
   MP_CHECK(schedule_arena(ctx, ws, scratch, &scratch));
@@ -226,6 +245,7 @@ struct mp_sim_plan_prep {
 /* mp_sim_plan_prep_create in cfg->ws (its stage grouping). */
 static mp_status prep_create_in(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                 mp_arena *arena, mp_sim_plan_prep **out) {
+  MP_CHECK(plan_recipe_check(ctx, p, cfg));
   const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
   int *sel = NULL, *rep = NULL;
   MP_CHECK(buf_room(ctx, cfg->ws, p, &sel, &rep));

@@ -7,6 +7,7 @@
 #include "common/json.h"
 #include "common/validate.h"
 #include "data/load.h"
+#include "exec/rules.h"
 
 /* An efficiency in (0, 1]. */
 static mp_status get_eff(mp_ctx *ctx, const cJSON *j, const char *origin, const char *key,
@@ -78,6 +79,19 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
                     "step: remove the key", origin);
   MP_CHECK(get_choice(ctx, j, origin, "cp_rotate", rot, 2, &rotate));
   p->cp_rotate = (mp_cp_rotate)rotate;
+  char rec[32] = "";
+  MP_CHECK(mp_json_get_str(ctx, j, origin, "fp8_recipe", 0, rec, sizeof rec));
+  p->fp8_recipe = MP_FP8_DEFAULT;
+  if (rec[0] != '\0' && !mp_fp8_recipe_parse(rec, &p->fp8_recipe))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_recipe '%s' is unknown; choose tensorwise (or "
+                    "current), delayed, rowwise, mxfp8 or blockwise", origin, rec);
+  if (p->fp8_recipe != MP_FP8_DEFAULT) {
+    mp_status st = mp_rule_fp8_recipe_check(ctx, p->mem_model, p->fp8_recipe, 0);
+    if (st != MP_OK) {
+      mp_error_prefix(ctx, "%s: key 'fp8_recipe'", origin);
+      return st;
+    }
+  }
   MP_CHECK(owned_bool(ctx, j, origin, "async_tp", 0, MP_MEM_MODEL_TORCHTITAN, p,
                       "async_tp is torchtitan's AsyncTP", "does not run it", &p->async_tp));
   int cp_overlap;
@@ -235,6 +249,7 @@ void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o) {
   o->ddp.shard_optimizer = p->dist_opt;
   if (p->tp_comm_overlap) o->tp_comm_fused = 1;
   o->cp_rotate = p->cp_rotate;
+  if (o->fp8_opts.recipe == MP_FP8_DEFAULT) o->fp8_opts.recipe = p->fp8_recipe;
   o->cp_wait_at_issue = p->cp_sync;
   if (!p->sp) o->sp = 0;
   if (p->mem_model == MP_MEM_MODEL_MEGATRON) {

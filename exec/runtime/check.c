@@ -27,6 +27,11 @@ mp_status mp_runtime_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh, 
   if (pp > 1 && o->fp8)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: float8 with pipeline parallelism is not executed (a "
                     "stage holds several micro-batches between forward and backward); drop --fp8 or use pp=1", mb);
+  /* the kernels scale each tensor by its own amax (kernels/cpu/fp8.c, kernels/cuda) */
+  if (o->fp8 && o->fp8_opts.recipe != MP_FP8_DEFAULT && o->fp8_opts.recipe != MP_FP8_TENSORWISE)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime casts float8 tensorwise (one scale per tensor "
+                    "from its own amax); recipe %s is planned and simulated only: train with --fp8 tensorwise",
+                    mb, mp_fp8_recipe_name(o->fp8_opts.recipe));
   if (mesh->size[MP_DIM_TP] > 1 && o->sp == 1) {
     const int tp = mesh->size[MP_DIM_TP];
     const int64_t tokens = o->micro_batch * o->seq;

@@ -54,6 +54,9 @@ csv 'lb,tiny-dense,h100-sxm,8,8,,2,4,1,1,,1,1,64,2,8,none,0,torchtitan-eager,ste
 # the optional async_tp column: 0 or 1, and 1 only under a stack that runs AsyncTP
 printf '%s,async_tp\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,4,2,1,,1,1,64,1,4,none,0,torchtitan-compile,step_time_s,1,2' >"$d/async2.csv"
 printf '%s,async_tp\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,4,2,1,,1,1,64,1,4,none,0,torchtitan-eager,step_time_s,1,1' >"$d/async_eager.csv"
+printf '%s,fp8_recipe\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,1,torchtitan-compile,step_time_s,1,hybrid' >"$d/recipe_bad.csv"
+printf '%s,fp8_recipe\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-compile,step_time_s,1,delayed' >"$d/recipe_nofp8.csv"
+printf '{"name": "w", "gemm_eff_max": 0.8, "gemm_eff_half_mnk": 1e9, "fp8_gemm_eff_max": 0.8, "attention_eff": 0.5, "hbm_eff": 0.8, "link_eff": 0.8, "kernel_overhead_us": 4, "comm_overhead_us": 5, "frag_factor": 1.1, "memory_model": "megatron", "fp8_recipe": "rowwise", "source": "t"}' >"$d/mg_rowwise.json"
 # another program's SQLite files: a schema_version holding text; an application_id of its own
 sqlite3 "$d/foreign.db" "CREATE TABLE schema_version(version TEXT); INSERT INTO schema_version VALUES ('abc'); CREATE TABLE songs(x);"
 sqlite3 "$d/other_app.db" "PRAGMA application_id=1234; CREATE TABLE t(x);"
@@ -237,6 +240,14 @@ row 2 "column 'seq' = '9223372036854775807': expected an integer in 1..16777216"
 row 2 "metric 'flops': expected tokens_per_s_per_gpu, peak_mem_gib or step_time_s" validate "$d/metric.csv"
 row 2 "column 'async_tp' = '2'" validate "$d/async2.csv"
 row 2 "async_tp = 1: stack torchtitan-eager does not run AsyncTP" validate "$d/async_eager.csv"
+# float8 recipes: a name validate does not know, a recipe without float8, one the stack's
+# framework does not run, one the GPU cannot run, one the runtime does not train
+row 2 "fp8_recipe 'hybrid': expected tensorwise, current, delayed, rowwise, mxfp8 or blockwise" validate "$d/recipe_bad.csv"
+row 2 "fp8_recipe 'delayed' names a float8 recipe but fp8 is 0" validate "$d/recipe_nofp8.csv"
+row 2 "float8 recipe delayed is not one torchtitan's float8 (torchao) runs (it runs tensorwise, rowwise, mxfp8)" plan --no-db --model tiny-dense --fp8 delayed
+row 2 "float8 recipe mxfp8 needs Blackwell's block-scaled tensor cores (compute capability 10.0 or later); h100-sxm is 9.0" simulate --model tiny-dense --fp8 mxfp8
+row 2 "float8 recipe rowwise is not one meshplan's runtime runs (it runs tensorwise)" train --model tiny-dense --fp8 rowwise --steps 1
+row 2 "key 'fp8_recipe': float8 recipe rowwise is not one Megatron-LM's float8 (Transformer Engine) runs" simulate --model tiny-dense --stack "$d/mg_rowwise.json"
 row 2 "--gpus '2097152': expected an integer in 1..1048576" plan --no-db --model tiny-dense --gpus 2097152 --gpu h100-sxm
 row 2 "--gpus-per-node '0': expected an integer in 1..4096" simulate --model tiny-dense --gpus 8 --gpus-per-node 0
 row 2 "--inter-gbps 'nan': expected a number in (0, 100000]" simulate --model tiny-dense --gpus 16 --inter-gbps nan

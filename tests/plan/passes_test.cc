@@ -1,5 +1,6 @@
 // The five passes one by one: what each changes, and every refusal of a wrong order or
 // combination (code and the words of the rule in the message).
+#include "exec/rules.h"
 #include "tests/plan/plan_testutil.h"
 
 typedef std::vector<int64_t> V;
@@ -473,4 +474,86 @@ TEST(PlanBuild, RunsPassesInOrder) {
   EXPECT_EQ(p->n_passes, 2);
   EXPECT_EQ(p->applied, (unsigned)(MP_PASS_AC | MP_PASS_FSDP));
   mp_plan_destroy(p);
+}
+
+// ---- float8 recipes --------------------------------------------------------------------
+
+TEST(PassFloat8, RecipesTheirFrameworksRun) {
+  // torchao (torchtitan): tensorwise, rowwise, MXFP8; Transformer Engine (Megatron-Core):
+  // delayed, current (tensorwise), MXFP8 and blockwise (Float8BlockScaling); meshplan's
+  // runtimes scale tensorwise only.
+  EXPECT_TRUE(mp_rule_fp8_recipe_ok(MP_MEM_MODEL_TORCHTITAN, MP_FP8_ROWWISE));
+  EXPECT_FALSE(mp_rule_fp8_recipe_ok(MP_MEM_MODEL_TORCHTITAN, MP_FP8_DELAYED));
+  EXPECT_FALSE(mp_rule_fp8_recipe_ok(MP_MEM_MODEL_TORCHTITAN, MP_FP8_BLOCKWISE));
+  EXPECT_TRUE(mp_rule_fp8_recipe_ok(MP_MEM_MODEL_MEGATRON, MP_FP8_DELAYED));
+  EXPECT_TRUE(mp_rule_fp8_recipe_ok(MP_MEM_MODEL_MEGATRON, MP_FP8_BLOCKWISE));
+  EXPECT_FALSE(mp_rule_fp8_recipe_ok(MP_MEM_MODEL_MEGATRON, MP_FP8_ROWWISE));
+  EXPECT_TRUE(mp_rule_fp8_recipe_ok(MP_MEM_MODEL_MESHPLAN_CPU, MP_FP8_TENSORWISE));
+  EXPECT_FALSE(mp_rule_fp8_recipe_ok(MP_MEM_MODEL_MESHPLAN_CPU, MP_FP8_MXFP8));
+  // the stack's own when none is named
+  EXPECT_EQ(mp_fp8_recipe_of(MP_MEM_MODEL_MEGATRON), MP_FP8_DELAYED);
+  EXPECT_EQ(mp_fp8_recipe_of(MP_MEM_MODEL_TORCHTITAN), MP_FP8_TENSORWISE);
+  mp_fp8_recipe r = MP_FP8_DEFAULT;
+  EXPECT_TRUE(mp_fp8_recipe_parse("current", &r));
+  EXPECT_EQ(r, MP_FP8_TENSORWISE);
+  EXPECT_FALSE(mp_fp8_recipe_parse("hybrid", &r));
+  // a refusal names the framework, what it runs and what to do
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  ASSERT_NE(mp_rule_fp8_recipe_check(&ctx, MP_MEM_MODEL_TORCHTITAN, MP_FP8_DELAYED, 0), MP_OK);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "torchtitan's float8 (torchao)"), nullptr) << mp_errmsg(&ctx);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "tensorwise, rowwise, mxfp8"), nullptr) << mp_errmsg(&ctx);
+  // float8 all-gather casts shards with one per-tensor scale
+  mp_ctx_init(&ctx);
+  EXPECT_NE(mp_rule_fp8_recipe_check(&ctx, MP_MEM_MODEL_TORCHTITAN, MP_FP8_ROWWISE, 1), MP_OK);
+  EXPECT_EQ(mp_rule_fp8_recipe_check(&ctx, MP_MEM_MODEL_TORCHTITAN, MP_FP8_TENSORWISE, 1), MP_OK);
+}
+
+TEST(PassFloat8, TileMultipleOfTheRecipe) {
+  // a Linear runs float8 when both dims are multiples of the recipe's tile: 16 (cuBLASLt's
+  // float8 GEMM), 32 for MXFP8's 1x32 blocks, 128 for blockwise's 128x128 weight tiles
+  EXPECT_EQ(mp_rule_fp8_multiple(MP_FP8_TENSORWISE), 16);
+  EXPECT_EQ(mp_rule_fp8_multiple(MP_FP8_MXFP8), 32);
+  EXPECT_EQ(mp_rule_fp8_multiple(MP_FP8_BLOCKWISE), 128);
+  EXPECT_TRUE(mp_rule_fp8_linear_ok(48, 64, MP_FP8_TENSORWISE));
+  EXPECT_FALSE(mp_rule_fp8_linear_ok(48, 64, MP_FP8_MXFP8));
+  EXPECT_TRUE(mp_rule_fp8_linear_ok(4096, 14336, MP_FP8_BLOCKWISE));  // 14336 = 112 x 128
+  EXPECT_FALSE(mp_rule_fp8_linear_ok(4096, 1000, MP_FP8_BLOCKWISE));
+  // tiny-dense under Megatron-Core blockwise: k and v [32, 64] are not 128-multiples, nor
+  // any of its Linears (d_model 64): none runs float8
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.fp8 = 1;
+  o.mem_model = MP_MEM_MODEL_MEGATRON;
+  o.fp8_opts.recipe = MP_FP8_BLOCKWISE;
+  mp_plan *p = Build(LoadModel("tiny-dense"), "dp_replicate=2", &o);
+  ASSERT_NE(p, nullptr);
+  int n = 0;
+  for (int i = 0; i < p->n_params; i++) n += p->params[i].float8;
+  EXPECT_EQ(n, 0);
+  mp_plan_destroy(p);
+}
+
+TEST(PassFloat8, DerivedPlanKeepsTheResolvedRecipe) {
+  // the search derives each candidate's plan from its mesh's base with the options the
+  // user gave (recipe unnamed): the derived plan runs the recipe the base's float8 pass
+  // resolved, and a different named recipe is refused (it changes which Linears cast)
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.fp8 = 1;
+  mp_model m = LoadModel("tiny-dense");
+  mp_plan *base = Build(m, "dp_shard=2", &o);
+  ASSERT_NE(base, nullptr);
+  EXPECT_EQ(base->opts.fp8_opts.recipe, MP_FP8_TENSORWISE);
+  mp_arena *a = mp_arena_create();
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_plan *d = nullptr;
+  o.micro_batch = 2;
+  ASSERT_EQ(mp_plan_derive(&ctx, base, &o, a, &d), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(d->opts.fp8_opts.recipe, MP_FP8_TENSORWISE);
+  o.fp8_opts.recipe = MP_FP8_ROWWISE;
+  EXPECT_NE(mp_plan_derive(&ctx, base, &o, a, &d), MP_OK);
+  mp_arena_destroy(a);
+  mp_plan_destroy(base);
 }

@@ -338,7 +338,7 @@ TEST(SearchPrune, Float8NeedsGpuAndDims) {
     int n = 0;
     mp_ctx ctx;
     mp_ctx_init(&ctx);
-    ASSERT_EQ(mp_plan_fp8_linears(&ctx, &m, 8, &n), MP_OK) << mp_errmsg(&ctx);
+    ASSERT_EQ(mp_plan_fp8_linears(&ctx, &m, 8, MP_FP8_DEFAULT, &n), MP_OK) << mp_errmsg(&ctx);
     EXPECT_EQ(n, 16 * 4);  // 16 layers x q, k, v, o
   }
   {

@@ -29,6 +29,7 @@ struct Opts {
   const char *mesh = "dp_shard=8";
   mp_ac_mode ac = MP_AC_NONE;
   int fp8 = 0;
+  mp_fp8_recipe fp8_recipe = MP_FP8_DEFAULT;  // the stack's (mp_fp8_recipe_of)
   int reshard = 1;
   int shard_logits = 1;
   int sp = -1;  // the plan's default: on with tp > 1
@@ -55,6 +56,7 @@ inline void Build(Built *b, const Opts &o) {
   mp_plan_options_init(&po);
   po.ac = o.ac;
   po.fp8 = o.fp8;
+  po.fp8_opts.recipe = o.fp8_recipe;
   po.fsdp.reshard_after_forward = o.reshard;
   po.tp.shard_logits = o.shard_logits;
   po.sp = o.sp;

@@ -1277,3 +1277,144 @@ TEST(Schedule, PrepServesDerivedPlans) {
     mp_plan_destroy(base);
   }
 }
+
+// ---- float8 recipes --------------------------------------------------------------------
+
+namespace {
+
+// Layer 5's float8 casts in one phase of the step (kernel FP8_CAST), with each one's bytes.
+struct Casts {
+  int n = 0, first_micro = 0;
+  std::vector<double> bytes;
+};
+
+Casts CastsOf(const mp_schedule *s, mp_phase phase, int layer = 5) {
+  Casts c;
+  for (const Inst &x : Expand(s)) {
+    if (x.layer != layer || x.op->type != MP_OP_COMPUTE || x.op->kernel != MP_KERNEL_FP8_CAST ||
+        x.op->phase != phase)
+      continue;
+    c.n++;
+    c.first_micro += x.op->when == MP_WHEN_FIRST_MICRO;
+    c.bytes.push_back(x.op->bytes);
+  }
+  return c;
+}
+
+int Count(const std::vector<double> &v, double x) {
+  int n = 0;
+  for (double y : v) n += y == x;
+  return n;
+}
+
+}  // namespace
+
+TEST(Schedule, TransformerEngineDelayedScalingCastsWeightsOnceAStep) {
+  // Megatron-Core's float8 under Transformer Engine's DelayedScaling on llama3.1-8b,
+  // dp_replicate=8, seq 8192, micro-batch 1 (T = 8192, H = 4096, f = 14336). Per block:
+  // - each of the 7 Linears' weights is cast with its transposed copy once a step (its
+  //   first micro-batch): read 2 + two 1-byte copies = 4 bytes an element, no amax pass
+  //   (the scale comes from the amax history);
+  // - the inputs: LayerNormLinear's norm emits q/k/v's and gate/up's float8 input itself,
+  //   k, v and up are one GEMM with q and gate (linear_qkv, linear_fc1); o's input
+  //   (T x 4096) and down's (T x 14336) are cast with both copies, 4 bytes an element:
+  //   9 forward casts;
+  // - backward: every output gradient cast with its transpose (7), and the transposed copy
+  //   of the two inputs the norm emitted row-major only (2 bytes an element: a float8 read
+  //   and write): 9;
+  // - the amaxes of the chunk's 32 blocks x 7 Linears reduced once a pass over the data-
+  //   parallel group: forward input and weight, 4 x 2 x 7 x 32 = 1792 bytes; backward the
+  //   gradient's, 896.
+  Built b;
+  Opts o;
+  o.mesh = "dp_replicate=8";
+  o.mem_model = MP_MEM_MODEL_MEGATRON;
+  o.fp8 = 1;
+  Build(&b, o);
+  EXPECT_EQ(b.plan->opts.fp8_opts.recipe, MP_FP8_DELAYED);
+  const double T = 8192, H = 4096, f = 14336;
+  const Casts fw = CastsOf(b.s, MP_PHASE_FORWARD), bw = CastsOf(b.s, MP_PHASE_BACKWARD);
+  EXPECT_EQ(fw.n, 9);
+  EXPECT_EQ(fw.first_micro, 7);
+  EXPECT_EQ(Count(fw.bytes, 4.0 * H * H), 2);      // q, o
+  EXPECT_EQ(Count(fw.bytes, 4.0 * 1024 * H), 2);   // k, v (8 kv heads x 128)
+  EXPECT_EQ(Count(fw.bytes, 4.0 * f * H), 3);      // gate, up, down
+  EXPECT_EQ(Count(fw.bytes, 4.0 * T * H), 1);      // o's input
+  EXPECT_EQ(Count(fw.bytes, 4.0 * T * f), 1);      // down's input
+  EXPECT_EQ(bw.n, 9);
+  EXPECT_EQ(bw.first_micro, 0);
+  EXPECT_EQ(Count(bw.bytes, 2.0 * T * H), 2);      // q's and gate's input, transposed
+  int fwd_amax = 0, bwd_amax = 0;
+  for (const Inst &x : Expand(b.s)) {
+    if (x.op->type != MP_OP_COMM || x.op->group != MP_GROUP_DP_CP || x.op->dtype != MP_DTYPE_FP32 ||
+        x.op->coll != MP_COLL_ALL_REDUCE || x.op->bytes > 4096)
+      continue;
+    fwd_amax += x.op->phase == MP_PHASE_FORWARD && x.op->bytes == 1792;
+    bwd_amax += x.op->phase == MP_PHASE_BACKWARD && x.op->bytes == 896;
+  }
+  EXPECT_EQ(fwd_amax, 1);
+  EXPECT_EQ(bwd_amax, 1);
+  // Transformer Engine's current scaling (tensorwise): each cast reads its source once
+  // more for the amax (6 bytes an element for two copies), the norm no longer emits float8
+  // (the scale is known only after it ran): q's and gate's inputs are cast too, 11 casts;
+  // no amax history to reduce.
+  Built cur;
+  o.fp8_recipe = MP_FP8_TENSORWISE;
+  Build(&cur, o);
+  const Casts cfw = CastsOf(cur.s, MP_PHASE_FORWARD);
+  EXPECT_EQ(cfw.n, 11);
+  EXPECT_EQ(Count(cfw.bytes, 6.0 * T * H), 3);  // q's, gate's and o's inputs
+  EXPECT_EQ(Count(cfw.bytes, 6.0 * H * H), 2);
+  for (const Inst &x : Expand(cur.s))
+    EXPECT_FALSE(x.op->type == MP_OP_COMM && x.op->group == MP_GROUP_DP_CP && x.op->phase != MP_PHASE_OPTIMIZER &&
+                 x.op->dtype == MP_DTYPE_FP32 && x.op->bytes < 4096)
+        << "an amax reduction under current scaling";
+}
+
+TEST(Schedule, Float8RecipesOfTorchaoPriceTheirCasts) {
+  // torchtitan's float8 Linears (torchao) on llama3.1-8b, dp_shard=8, seq 8192: every Linear
+  // casts its input and weight forward, its output gradient, weight and input backward.
+  // tensorwise: read 2 + write 1 + the amax read 2 = 5 bytes an element, 14 forward and 21
+  // backward casts a block. rowwise scales the output gradient along both dimensions (one
+  // cast for the input gradient, one for the weight gradient): 28 backward casts, 5 bytes
+  // an element. MXFP8 scales 1x32 blocks inside the cast (no amax pass): 3 + 1/32 bytes an
+  // element (an E8M0 scale a block), its gradient cast twice as rowwise's.
+  const double H = 4096;
+  Opts o;
+  o.fp8 = 1;
+  Built tw, rw, mx;
+  Build(&tw, o);
+  EXPECT_EQ(tw.plan->opts.fp8_opts.recipe, MP_FP8_TENSORWISE);
+  EXPECT_EQ(CastsOf(tw.s, MP_PHASE_FORWARD).n, 14);
+  EXPECT_EQ(CastsOf(tw.s, MP_PHASE_BACKWARD).n, 21);
+  EXPECT_EQ(Count(CastsOf(tw.s, MP_PHASE_FORWARD).bytes, 5.0 * H * H), 2);  // q's and o's weights
+  EXPECT_EQ(CastsOf(tw.s, MP_PHASE_FORWARD).first_micro, 0);
+  o.fp8_recipe = MP_FP8_ROWWISE;
+  Build(&rw, o);
+  EXPECT_EQ(CastsOf(rw.s, MP_PHASE_FORWARD).n, 14);
+  EXPECT_EQ(CastsOf(rw.s, MP_PHASE_BACKWARD).n, 28);
+  o.fp8_recipe = MP_FP8_MXFP8;
+  Build(&mx, o);
+  EXPECT_EQ(CastsOf(mx.s, MP_PHASE_BACKWARD).n, 28);
+  EXPECT_EQ(Count(CastsOf(mx.s, MP_PHASE_FORWARD).bytes, (3.0 + 1.0 / 32) * H * H), 2);
+}
+
+TEST(Schedule, Float8TensorwiseAmaxIsReducedOverTheSequenceShards) {
+  // Under SP a tensorwise cast of the rank's sequence shard needs the whole tensor's amax:
+  // one 4-byte all-reduce over tp before each shard cast (torchao's float8 TP: the
+  // attention's and the MLP's inputs forward, o's and down's output gradients backward).
+  Built b;
+  Opts o;
+  o.mesh = "tp=2";
+  o.fp8 = 1;
+  Build(&b, o);
+  int fwd = 0, bwd = 0;
+  for (const Inst &x : Expand(b.s)) {
+    if (x.layer != 5 || x.op->type != MP_OP_COMM || x.op->group != MP_GROUP_TP || x.op->bytes != 4.0) continue;
+    EXPECT_EQ(x.op->coll, MP_COLL_ALL_REDUCE);
+    fwd += x.op->phase == MP_PHASE_FORWARD;
+    bwd += x.op->phase == MP_PHASE_BACKWARD;
+  }
+  EXPECT_EQ(fwd, 2);
+  EXPECT_EQ(bwd, 2);
+}

@@ -135,6 +135,24 @@ TEST(Network, RingAllReduceOneGiBOverEight) {
   EXPECT_NEAR(want, 0.0188607, 1e-6);
 }
 
+// NCCL's all-reduce: the ring's 2(n-1) latency steps against the double binary tree's
+// 2 ceil(log2 n), the tree moving 2 x bytes a link. 4 KiB over 1024 ranks at 25 GB/s and
+// 10 us a step: ring 2 x 1023/1024 x 4096 / 25e9 + 2046 x 10 us = 20.46 ms; tree
+// 2 x 4096 / 25e9 + 20 x 10 us = 0.200 ms. 1 GiB over 8: the ring (its bandwidth term is
+// 7/8 of the tree's).
+TEST(Network, NcclAllReduceTakesTheTreeForLatencyAndTheRingForBandwidth) {
+  const double small = 4096, bw = 25.0, lat = 1e-5;
+  const double ring = 2.0 * 1023 / 1024 * small / 25e9 + 2046 * lat, tree = 2.0 * small / 25e9 + 20 * lat;
+  EXPECT_NEAR(mp_sim_collective_s(MP_COLL_ALL_REDUCE, small, 1024, bw, lat), ring, 1e-12);
+  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_REDUCE, small, 1024, bw, lat), tree, 1e-12);
+  EXPECT_NEAR(tree, 2.0033e-4, 1e-7);
+  EXPECT_EQ(mp_sim_nccl_collective_s(MP_COLL_ALL_REDUCE, kGiB, 8, 100.0, 5e-6),
+            mp_sim_collective_s(MP_COLL_ALL_REDUCE, kGiB, 8, 100.0, 5e-6));
+  // the other collectives keep the ring's figure
+  EXPECT_EQ(mp_sim_nccl_collective_s(MP_COLL_ALL_GATHER, small, 1024, bw, lat),
+            mp_sim_collective_s(MP_COLL_ALL_GATHER, small, 1024, bw, lat));
+}
+
 TEST(Network, GatherScatterAllToAllSendFactors) {
   const double bw = 50.0, lat = 1e-5, b = 4e9;
   EXPECT_NEAR(mp_sim_collective_s(MP_COLL_ALL_GATHER, b, 4, bw, lat), 0.75 * b / 50e9 + 3 * lat, 1e-12);
