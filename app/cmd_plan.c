@@ -640,17 +640,24 @@ static mp_status plot(mp_ctx *ctx, const plan_args *a, mp_sim_evaluator *ev, con
   if (res->n_order > 0) {
     const mp_candidate *best = &s->cands[res->order[0]];
     char trace[1024], mesh[128], ttl[800];
-    snprintf(trace, sizeof trace, "%s/timeline_trace.json", a->plot_dir);
+    /* the simulated trace is the two plots' input, not a plot: removed once they are drawn
+     * (30 MB for a 70B step; `meshplan simulate --trace PATH` writes it for a trace viewer) */
+    snprintf(trace, sizeof trace, "%s/.timeline_trace.json.tmp", a->plot_dir);
     mp_status st = mp_sim_evaluator_trace(ctx, ev, best, trace);
     mp_candidate_mesh_str(best, mesh, sizeof mesh);
     snprintf(ttl, sizeof ttl, "simulated step of the chosen plan, rank 0: %s, ac=%s%s, micro-batch %lld (%s)",
              mesh, mp_search_ac_name(best->ac), best->fp8 ? ", fp8" : "", (long long)best->micro_batch,
              a->m.name);
-    MP_CHECK(st);
-    MP_CHECK(mp_plot_timeline(ctx, a->plot_dir, trace, ttl));
+    if (st == MP_OK) st = mp_plot_timeline(ctx, a->plot_dir, trace, ttl);
+    if (st != MP_OK) {
+      remove(trace);
+      return st;
+    }
     snprintf(ttl, sizeof ttl, "memory of the chosen plan over its simulated step, rank 0: %s, ac=%s%s, micro-batch %lld (%s)",
              mesh, mp_search_ac_name(best->ac), best->fp8 ? ", fp8" : "", (long long)best->micro_batch, a->m.name);
-    MP_CHECK(mp_plot_memory_time(ctx, a->plot_dir, trace, cap_gib, (double)best->res.overhead_bytes / kGiB, ttl));
+    st = mp_plot_memory_time(ctx, a->plot_dir, trace, cap_gib, (double)best->res.overhead_bytes / kGiB, ttl);
+    remove(trace);
+    MP_CHECK(st);
   }
   if (!a->as_json && !a->as_csv)
     printf("plots: %s/candidates.png, %s/memory.png%s%s%s%s%s (with .dat data and .gp scripts)\n", a->plot_dir,

@@ -85,9 +85,14 @@ mp_status mp_plot_run_gnuplot(mp_ctx *ctx, const char *dir, const char *script) 
   int status = 0;
   while (waitpid(pid, &status, 0) < 0)
     if (errno != EINTR) return mp_error(ctx, MP_ERR_IO, "waiting for gnuplot: %s", strerror(errno));
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return MP_OK;
   char path[1024], line[512] = "";
   snprintf(path, sizeof path, "%s/%s", dir, log_name);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    /* the log is kept only when it says something (a warning) */
+    struct stat sb;
+    if (stat(path, &sb) == 0 && sb.st_size == 0) unlink(path);
+    return MP_OK;
+  }
   FILE *f = fopen(path, "r");
   if (f) {
     /* gnuplot's useful line is usually the last non-empty one. */

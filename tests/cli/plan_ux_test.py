@@ -244,6 +244,17 @@ for bad in ("8..4", "0..8", "4..8:0", "8..x", "1..1048577", "1..1000:1"):
 for extra in (["--why", "tp=1"], ["--db", "x.db"], ["--log-all"], ["--mesh", "dp_shard=8"], ["--cluster", "h100-8"]):
     run("plan", "--gpus", "8..16", *extra, want_rc=2)
 
+# ---- --plot: the plots, their data and scripts, nothing else -----------------------------------
+# The simulated trace the timeline and memory plots are drawn from is an intermediate (tens of
+# MB for a 70B step) and gnuplot's log is kept only when it says something: DIR holds the four
+# plots with one .dat and one .gp each.
+pd = os.path.join(tmp, "plots")
+run("plan", "--no-db", "--model", "llama3.1-8b", "--gpus", "8", "--plot", pd)
+want = {f"{n}.{e}" for n in ("candidates", "memory", "timeline", "memory_time") for e in ("png", "dat", "gp")}
+got = set(os.listdir(pd)) if os.path.isdir(pd) else set()
+check(got == want, f"plan --plot wrote {sorted(got ^ want)} beyond or short of the plots, data and scripts")
+check(sum(os.path.getsize(os.path.join(pd, f)) for f in got) < 8 << 20, "plan --plot wrote over 8 MiB")
+
 if fails:
     print("\n".join("FAIL: " + f for f in fails))
     sys.exit(1)
