@@ -71,7 +71,7 @@ const char *mp_reject_name(mp_reject r) { return (unsigned)r < MP_REJECT_COUNT ?
 const char *mp_reject_words(mp_reject r) { return (unsigned)r < MP_REJECT_COUNT ? k_reject_words[r] : "?"; }
 
 const mp_reject mp_search_rule_order[] = {
-    MP_REJECT_PP_LAYERS, MP_REJECT_MOE_PP, MP_REJECT_TP_HEADS, MP_REJECT_TP_KV_HEADS,
+    MP_REJECT_PP_LAYERS, MP_REJECT_TP_HEADS, MP_REJECT_TP_KV_HEADS,
     MP_REJECT_TP_D_FF, MP_REJECT_TP_D_MODEL, MP_REJECT_TP_CROSS_NODE, MP_REJECT_EP_EXPERTS,
     MP_REJECT_CP_SEQ, MP_REJECT_BATCH, MP_REJECT_PP_VIRTUAL, MP_REJECT_SP_SEQ, MP_REJECT_FP8_GPU,
     MP_REJECT_FP8_DIMS, MP_REJECT_RESHARD_NOOP, MP_REJECT_MEMORY_BOUND, MP_REJECT_MEMORY_MB,
@@ -181,7 +181,6 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
   const mp_model *m = cfg->model;
   int pp = mesh->size[MP_DIM_PP], tp = mesh->size[MP_DIM_TP], cp = mesh->size[MP_DIM_CP];
   if (!mp_rule_pp_chunks_ok(m->n_layers, pp, 1)) return MP_REJECT_PP_LAYERS;
-  if (!mp_rule_moe_pp_ok(m, pp)) return MP_REJECT_MOE_PP;
   const mp_reject tpr = tp_reject(m, tp);
   if (tpr != MP_REJECT_NONE) return tpr;
   if (!cfg->allow_cross_node_tp && cfg->cluster->gpus_per_node % tp) return MP_REJECT_TP_CROSS_NODE;
@@ -260,9 +259,6 @@ static int mesh_reason(const mp_search_config *cfg, const mp_candidate *c, char 
     case MP_REJECT_PP_LAYERS:
       snprintf(buf, cap, "pp=%d exceeds n_layers=%lld: a stage needs at least one layer", pp,
                (long long)m->n_layers);
-      break;
-    case MP_REJECT_MOE_PP:
-      snprintf(buf, cap, "MoE model with pp=%d: pipeline parallelism with MoE is not supported", pp);
       break;
     case MP_REJECT_TP_HEADS:
       snprintf(buf, cap, "tp=%d does not divide n_heads=%lld", tp, (long long)m->n_heads);
