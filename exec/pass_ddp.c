@@ -115,14 +115,30 @@ void mp_plan_dp_state_bytes(const mp_mesh *mesh, const mp_plan_options *o, doubl
     *ways = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * (mesh->size[MP_DIM_CP] > 1 ? mesh->size[MP_DIM_CP] : 1);
 }
 
-void mp_plan_ddp_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,
-                       int64_t *optimizer_bytes, int64_t *shard) {
-  double b[2];
-  int64_t d = 1;
-  mp_plan_dp_state_bytes(&p->mesh, &p->opts, b, &d);
+int mp_plan_ddp_experts_apart(const mp_plan *p) {
+  return p->opts.dp == MP_DP_DDP && (p->applied & MP_PASS_EP) && p->mesh.ep > 1 &&
+         mp_mesh_expert_grid(&p->mesh);
+}
+
+static void ddp_state(const mp_plan *p, int64_t n, int64_t d, int64_t *param_bytes, int64_t *grad_bytes,
+                      int64_t *optimizer_bytes, int64_t *shard) {
   const int64_t mb = mp_dtype_bytes(p->opts.master_dtype);
   *shard = (n + d - 1) / d;
   *param_bytes = n * mp_dtype_bytes(p->opts.fsdp.param_dtype) + *shard * mb;
   *grad_bytes = n * mp_dtype_bytes(p->opts.fsdp.reduce_dtype);
   *optimizer_bytes = 2 * *shard * mb;
+}
+
+void mp_plan_ddp_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,
+                       int64_t *optimizer_bytes, int64_t *shard) {
+  double b[2];
+  int64_t d = 1;
+  mp_plan_dp_state_bytes(&p->mesh, &p->opts, b, &d);
+  ddp_state(p, n, d, param_bytes, grad_bytes, optimizer_bytes, shard);
+}
+
+void mp_plan_ddp_expert_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,
+                              int64_t *optimizer_bytes, int64_t *shard) {
+  const int64_t d = p->opts.ddp.shard_optimizer ? mp_mesh_group_size(&p->mesh, MP_GROUP_EDP) : 1;
+  ddp_state(p, n, d, param_bytes, grad_bytes, optimizer_bytes, shard);
 }

@@ -544,6 +544,16 @@ void mp_plan_dp_state_bytes(const mp_mesh *mesh, const mp_plan_options *o, doubl
  * the optimizer steps (n without sharding). */
 void mp_plan_ddp_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,
                        int64_t *optimizer_bytes, int64_t *shard);
+/* Whether DDP reduces the routed experts' gradients over their own expert-DP group
+ * (MP_GROUP_EDP) apart from the dense weights': EP applied on the expert grid
+ * (exec/mesh.h), as Megatron-Core's DDP buckets expert parameters over
+ * expert_data_parallel_group (megatron/core/distributed/distributed_data_parallel.py,
+ * core_r0.12). */
+int mp_plan_ddp_experts_apart(const mp_plan *p);
+/* mp_plan_ddp_state for n routed-expert parameters, the optimizer (with shard_optimizer)
+ * cut over the expert-DP group instead. */
+void mp_plan_ddp_expert_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,
+                              int64_t *optimizer_bytes, int64_t *shard);
 /* Pipeline stage of a rank (its pp coordinate). */
 int mp_plan_rank_stage(const mp_plan *p, int rank);
 /* Model chunks a pipeline stage holds: pp_virtual under the interleaved schedule with
