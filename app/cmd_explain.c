@@ -42,6 +42,7 @@ static mp_opt k_opts[] = {
     MP_OPT_NO_SP,
     MP_OPT_PP_SCHEDULE,
     MP_OPT_PP_VIRTUAL,
+    MP_OPT_PP_LAYERS,
     MP_OPT_CP_ROTATE,
     MP_OPT_ASYNC_TP,
     {"--pad-vocab", NULL, "pad the vocabulary to a multiple of tp instead of refusing", NULL},

@@ -36,6 +36,7 @@ static mp_opt k_opts[] = {
     {"--pp", "N", "pipeline stages", NULL},
     MP_OPT_PP_SCHEDULE,
     MP_OPT_PP_VIRTUAL,
+    MP_OPT_PP_LAYERS,
     {"--cp", "N", "context parallel degree", NULL},
     MP_OPT_CP_ROTATE,
     MP_OPT_ASYNC_TP,
