@@ -211,13 +211,36 @@ static double bound_bytes_per_param(const mp_search_config *cfg, const mp_mesh *
   return b[0] + b[1] / (double)ways;
 }
 
-/* Lower bound of a rank's peak memory (see search.h). */
+/* The routed experts' parameters: 3 Linears [d_ff_expert, d_model] per expert per MoE
+ * layer. */
+static double routed_expert_params(const mp_model *m) {
+  return (double)mp_model_n_moe_layers(m) * (double)m->n_experts * 3.0 * (double)m->d_model *
+         (double)m->d_ff_expert;
+}
+
+/* Lower bound of a rank's peak memory (see search.h). DDP on the expert grid holds the
+ * routed experts whole (etp=1) over ep x pp, not over tp x pp, and shards their optimizer
+ * over expert-DP (stage / ep ranks): they are counted apart, their cut optimizer bytes at
+ * the larger of the two data-parallel ways (a lower bound either way). */
 static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *mesh,
                                     double n_params) {
   int64_t shards;
   const double b = bound_bytes_per_param(cfg, mesh, &shards);
-  return b * n_params / (double)shards +
-         cfg->cluster->gpu.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0;
+  const double rt = cfg->cluster->gpu.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0;
+  if (!(cfg->dp == MP_DP_DDP && mesh->ep > 1 && mp_mesh_expert_grid(mesh)))
+    return b * n_params / (double)shards + rt;
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.dp = cfg->dp;
+  o.ddp.shard_optimizer = cfg->ddp_shard_optimizer;
+  double split[2];
+  int64_t ways = 1;
+  mp_plan_dp_state_bytes(mesh, &o, split, &ways);
+  const int64_t pp = mesh->size[MP_DIM_PP], stage = mp_mesh_world(mesh) / pp;
+  const int64_t edp = cfg->ddp_shard_optimizer ? stage / mesh->ep : 1;
+  const double ne = routed_expert_params(cfg->model) < n_params ? routed_expert_params(cfg->model) : 0.0;
+  const double be = split[0] + split[1] / (double)(ways > edp ? ways : edp);
+  return b * (n_params - ne) / (double)shards + be * ne / (double)(mesh->ep * pp) + rt;
 }
 
 /* Interleaving: the pp x v model chunks hold a layer each and the micro-batches come in
@@ -527,6 +550,19 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
   return MP_OK;
 }
 
+/* The expert grid's EP sizes (exec/mesh.h, etp=1) where DDP holds the dense weights
+ * (Megatron-Core: EP carved from the stage's data-parallel, context and tensor ranks): ep
+ * dividing the routed experts, on a layout the mesh accepts. Under FSDP the search keeps EP
+ * inside dp_shard (torchtitan's default, expert_tensor_parallel_degree = tp); the grid there
+ * is simulated when the mesh names it. */
+static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep) {
+  const int dps = mesh->size[MP_DIM_DP_SHARD], inner = dps * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP];
+  const int stage = mp_mesh_world(mesh) / mesh->size[MP_DIM_PP];
+  if (cfg->dp != MP_DP_DDP || ep <= 1 || dps % ep == 0 || cfg->model->n_experts % ep || !fixed_ok(cfg->fix.ep, ep))
+    return 0;
+  return inner % ep == 0 || (ep % inner == 0 && stage % ep == 0);
+}
+
 mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_search **out) {
   *out = NULL;
   if (!cfg->model || !cfg->cluster)
@@ -585,8 +621,15 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
           for (int ep = 1; ep <= dps && st == MP_OK; ep++) {
             if (dps % ep || (!moe && ep > 1) || !fixed_ok(fx->ep, ep)) continue;
             mesh.ep = ep;
+            mesh.etp = 0;
             st = enum_options(&e, &mesh);
           }
+          for (int k = 0; moe && k < nd && divs[k] <= r1 && st == MP_OK; k++)
+            if (grid_ep_ok(cfg, &mesh, divs[k])) {
+              mesh.ep = divs[k];
+              mesh.etp = 1;
+              st = enum_options(&e, &mesh);
+            }
         }
       }
     }
