@@ -83,8 +83,14 @@ mp_status mp_apply_ddp(mp_ctx *ctx, mp_plan *p, const mp_ddp_options *o) {
 
 void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o) {
   const int d = mp_mesh_group_size(&p->mesh, mp_plan_ddp_group(p));
+  char experts[200] = "";
+  if (mp_plan_ddp_experts_apart(p))
+    snprintf(experts, sizeof experts,
+             "; the routed experts (whole on each rank, etp=1) over their expert-DP group of %d "
+             "instead (the stage's ranks holding the same experts)",
+             mp_mesh_group_size(&p->mesh, MP_GROUP_EDP));
   mp_plan_note(p,
-               "DDP: parameters replicated over dp_replicate x cp = %d, fp32 main gradients %s%s", d,
+               "DDP: parameters replicated over dp_replicate x cp = %d, fp32 main gradients %s%s%s", d,
                o->shard_optimizer
                    ? "reduce-scattered over them, and the fp32 master weights and Adam state "
                      "sharded over them (the distributed optimizer, ZeRO-1: 6 + 12/d bytes a "
@@ -93,7 +99,8 @@ void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o) {
                !o->overlap         ? ", after the step's last backward"
                : o->shard_optimizer ? ", bucket by bucket as the backward ends and the "
                                       "gathers in the next forward"
-                                    : ", bucket by bucket as the backward ends");
+                                    : ", bucket by bucket as the backward ends",
+               experts);
 }
 
 mp_group mp_plan_ddp_group(const mp_plan *p) {
