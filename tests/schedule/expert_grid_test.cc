@@ -93,3 +93,34 @@ TEST(ExpertGrid, EpSpanningTensorParallelRoutesTheSequenceShard) {
     }
   EXPECT_EQ(gemms, m.n_layers);
 }
+
+// MoE under a pipeline (DeepSeek-V3's layout on 2,048 GPUs, tech report sec. 3.2, with EP
+// inside dp_shard as torchtitan runs it): 61 layers on pp=16 split as torchtitan splits them,
+// 3 a stage and the 13 left over one each to stages 1-13: stage 0 holds layers 0-2 (the
+// three leading dense layers: no all-to-all), stage 1 layers 3-6 and stage 15 layers 58-60
+// (MoE). Under full AC a MoE layer's dispatch and combine are two all-to-alls forward, two
+// again in the recomputed forward and two backward, over its stage's EP group of 64 ranks,
+// each of 4096 tokens x top_k 8 x 7168 in bf16; the group never leaves the stage.
+TEST(ExpertGrid, MoeUnderAPipelineKeepsAllToAllsInsideAStage) {
+  const struct {
+    int rank, stage, moe_layers;
+  } cases[] = {{0, 0, 0}, {128, 1, 4}, {1920 + 77, 15, 3}};
+  for (const auto &c : cases) {
+    SCOPED_TRACE(c.rank);
+    Built b;
+    Opts o;
+    o.model = "deepseek-v3";
+    o.mesh = "pp=16,dp_shard=128,ep=64";
+    o.seq = 4096;
+    o.rank = c.rank;
+    o.ac = MP_AC_FULL;
+    Build(&b, o);
+    mp_schedule_totals t;
+    mp_schedule_totals_compute(b.s, &t);
+    EXPECT_EQ(t.n_comm[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 6 * c.moe_layers);
+    EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 6.0 * c.moe_layers * 2 * 4096 * 8 * 7168);
+    std::vector<int> ranks(64);
+    ASSERT_EQ(mp_mesh_group_ranks(&b.plan->mesh, MP_GROUP_EP, c.rank, ranks.data()), 64);
+    for (int r : ranks) EXPECT_EQ(mp_plan_rank_stage(b.plan, r), c.stage) << r;
+  }
+}
