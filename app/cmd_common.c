@@ -62,6 +62,27 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
   return MP_OK;
 }
 
+/* --pp-layers A,B,...: each stage's layer count into o (the plan checks them against the
+ * mesh and the model). */
+static mp_status pp_layers(mp_ctx *ctx, const char *s, mp_plan_options *o) {
+  o->n_pp_layers = 0;
+  if (s == NULL) return MP_OK;
+  const char *q = s;
+  while (*q) {
+    char *end = NULL;
+    const long v = strtol(q, &end, 10);
+    if (end == q || (*end != ',' && *end != '\0') || v < 1 || v > MP_MAX_LAYERS)
+      return mp_error(ctx, MP_ERR_USAGE, "--pp-layers '%s': expected layer counts in 1..%d separated by commas, "
+                      "one per pipeline stage", s, MP_MAX_LAYERS);
+    if (o->n_pp_layers == MP_PP_MAX_LAYOUT)
+      return mp_error(ctx, MP_ERR_USAGE, "--pp-layers '%s': at most %d stages", s, MP_PP_MAX_LAYOUT);
+    o->pp_layers[o->n_pp_layers++] = (int16_t)v;
+    q = *end ? end + 1 : end;
+  }
+  if (o->n_pp_layers == 0) return mp_error(ctx, MP_ERR_USAGE, "--pp-layers is empty; give one count per stage");
+  return MP_OK;
+}
+
 mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
   const char *ps = mp_args_get(spec, "--pp-schedule");
   if (ps && !mp_pp_schedule_parse(ps, &o->pp_schedule))
@@ -70,7 +91,7 @@ mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_optio
   long long pv = 2;
   MP_CHECK(mp_args_int(ctx, spec, "--pp-virtual", 1, MP_MAX_LAYERS, &pv));
   o->pp_virtual = o->pp_schedule == MP_PP_INTERLEAVED ? (int)pv : 1;
-  return MP_OK;
+  return pp_layers(ctx, mp_args_get(spec, "--pp-layers"), o);
 }
 
 mp_status mp_cmd_cp_rotate(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,

@@ -42,6 +42,7 @@ static mp_opt k_opts[] = {
     MP_OPT_NO_SP,
     MP_OPT_PP_SCHEDULE,
     MP_OPT_PP_VIRTUAL,
+    MP_OPT_PP_LAYERS,
     MP_OPT_CP_ROTATE,
     MP_OPT_ASYNC_TP,
     {"--pad-vocab", NULL, "pad the vocabulary to a multiple of tp instead of refusing", NULL},
@@ -67,7 +68,7 @@ static mp_opt k_opts[] = {
 
 static mp_cmd_spec k_spec = {
     "explain", "Show the sharding passes, parameter shapes, FSDP units and schedule of one plan.",
-    "[--model M | --hf-config PATH] [--mesh SPEC] [--ep N] [--pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V]] "
+    "[--model M | --hf-config PATH] [--mesh SPEC] [--ep N] [--pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V] [--pp-layers A,B,...]] "
     "[--cp-rotate M] [--ac MODE] [--fp8] [--sp|--no-sp] [--param FQN] [--rank R] [--json] "
     "[--schedule] [--summary] [--cluster C | --gpus N] [--seq S] [--micro-batch B] [--global-batch G]",
     k_opts, 0};

@@ -36,6 +36,7 @@ static mp_opt k_opts[] = {
     {"--pp", "N", "pipeline stages", NULL},
     MP_OPT_PP_SCHEDULE,
     MP_OPT_PP_VIRTUAL,
+    MP_OPT_PP_LAYERS,
     {"--cp", "N", "context parallel degree", NULL},
     MP_OPT_CP_ROTATE,
     MP_OPT_ASYNC_TP,
@@ -61,7 +62,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "simulate", "Predict step time and memory of one plan.",
     "[--model M | --hf-config PATH] [--cluster C | --gpus N [--gpu G] [--gpus-per-node K]] [--mesh SPEC] [--ep N] "
-    "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V]] [--cp N [--cp-rotate M]] [--ac POLICY] [--fp8] [--sp|--no-sp] [--seq S] "
+    "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V] [--pp-layers A,B,...]] [--cp N [--cp-rotate M]] [--ac POLICY] [--fp8] [--sp|--no-sp] [--seq S] "
     "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] [--json]",
     k_opts, 0};
 
@@ -96,6 +97,11 @@ static void fmt_plan_extras(const mp_mesh *mesh, const mp_plan_options *o, char 
     int k = o->pp_virtual > 1 ? snprintf(buf + n, cap - (size_t)n, ", %s x%d", ps, o->pp_virtual)
                               : snprintf(buf + n, cap - (size_t)n, ", %s", ps);
     n = k < 0 ? -1 : n + k;
+    /* a stated layout: ", layers 7,8,...,7" */
+    for (int s = 0; s < o->n_pp_layers && n >= 0 && (size_t)n < cap; s++) {
+      k = snprintf(buf + n, cap - (size_t)n, "%s%d", s ? "," : ", layers ", o->pp_layers[s]);
+      n = k < 0 ? -1 : n + k;
+    }
   }
   const char *rot = ring_rotate(mesh, o);
   if (n >= 0 && (size_t)n < cap && rot) snprintf(buf + n, cap - (size_t)n, ", cp %s", rot);
@@ -114,7 +120,7 @@ static void print_text(const mp_sim_result *r, const mp_model *m, const mp_clust
   mp_mesh_format(mesh, ms, sizeof ms);
   mp_ac_format(o->ac, o->ac_every, ac, sizeof ac);
   const double gib = 1073741824.0;
-  char more[64];
+  char more[640]; /* up to 128 stage counts of 3 digits */
   fmt_plan_extras(mesh, o, more, sizeof more);
   printf("plan    %s on %s: mesh %s, ac %s%s%s%s, seq %lld, micro-batch %lld, global batch %lld\n",
          m->name, c->name, ms, ac, o->fp8 ? ", fp8 " : "", o->fp8 ? mp_fp8_recipe_name(recipe_of(o)) : "",
@@ -179,6 +185,11 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   if (mesh->size[MP_DIM_PP] > 1) {
     cJSON_AddStringToObject(j, "pp_schedule", mp_pp_schedule_name(o->pp_schedule));
     cJSON_AddNumberToObject(j, "pp_virtual", o->pp_virtual > 1 ? o->pp_virtual : 1);
+    if (o->n_pp_layers > 0) {
+      cJSON *layers = cJSON_AddArrayToObject(j, "pp_layers");
+      for (int s = 0; layers && s < o->n_pp_layers; s++)
+        cJSON_AddItemToArray(layers, cJSON_CreateNumber(o->pp_layers[s]));
+    }
   }
   if (ring_rotate(mesh, o)) cJSON_AddStringToObject(j, "cp_rotate", ring_rotate(mesh, o));
   cJSON_AddNumberToObject(j, "seq", (double)o->seq);

@@ -81,6 +81,10 @@
 #define MP_OPT_PP_SCHEDULE { "--pp-schedule", "S", "1f1b | interleaved | gpipe (default 1f1b)", NULL }
 #define MP_OPT_PP_VIRTUAL                                                                          \
   { "--pp-virtual", "N", "virtual stages per rank for interleaved (default 2)", NULL }
+#define MP_OPT_PP_LAYERS                                                                           \
+  { "--pp-layers", "A,B,...", "each pipeline stage's layer count, summing to the model's layers "  \
+    "(Megatron-LM's --decoder-first/last-pipeline-num-layers), e.g. 7,8,...,8,7 for 126 layers on "  \
+    "pp=16 (default: torchtitan's split, the remainder on the middle stages)", NULL }
 /* simulate, explain and plan: PyTorch's context-parallel ring (mp_cmd_cp_rotate) */
 #define MP_OPT_CP_ROTATE                                                                           \
   { "--cp-rotate", "M", "with cp > 1, how PyTorch's ring moves K and V (torchtitan's "              \

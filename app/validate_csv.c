@@ -160,6 +160,9 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   MP_CHECK(need_int(r, "pp", 1, MP_LIM_GPUS, &row->pp));
   MP_CHECK(need_int(r, "cp", 1, MP_LIM_GPUS, &row->cp));
   MP_CHECK(need_int(r, "ep", 1, MP_LIM_GPUS, &row->ep));
+  row->etp = 0;
+  const char *etp = field(r, "etp");
+  if (etp && etp[0]) MP_CHECK(int_in(r, "etp", etp, 1, MP_LIM_GPUS, &row->etp));
   MP_CHECK(need_int(r, "seq", 1, MP_LIM_SEQ, &row->seq));
   MP_CHECK(need_int(r, "local_batch", 1, MP_LIM_GLOBAL_BATCH, &row->local_batch));
   MP_CHECK(need_int(r, "global_batch", 1, MP_LIM_GLOBAL_BATCH, &row->global_batch));

@@ -4,7 +4,13 @@
  *   [pp, dp_replicate, efsdp, e, cp, tp]   with dp_shard = efsdp * ep + e.
  * Rank order is row-major over these (which equals row-major over the five public dims),
  * and a group is the set of ranks that differ only in the group's varying sub-coordinates.
- * Enumerating those in row-major order yields the ranks in increasing order. */
+ * Enumerating those in row-major order yields the ranks in increasing order.
+ *
+ * Under the expert grid the experts' groups (EP, EFSDP, EDP) read the same six slots as
+ *   [pp, a, b, e, 1, 1]   with a stage's rank index = (a * b_size + b) * ep + e,
+ * a = dp_replicate and b = dp_shard x cp x tp / ep when ep divides dp_shard x cp x tp, else
+ * a = stage / ep and b = 1; the dense groups read [pp, dp_replicate, dp_shard, 1, cp, tp].
+ * Both are row-major decompositions of the same rank, so groups still come out increasing. */
 #include "exec/mesh.h"
 
 #include <stdio.h>
@@ -19,13 +25,24 @@ const char *mp_mesh_dim_name(mp_mesh_dim d) { return d < MP_MESH_NDIMS ? k_dim_n
 
 const char *mp_group_name(mp_group g) {
   static const char *n[MP_GROUP_COUNT] = {"pp", "dp_replicate", "dp_shard", "cp",    "tp",   "ep",
-                                          "efsdp", "dp",        "fsdp",     "dp_cp", "world"};
+                                          "efsdp", "dp",        "fsdp",     "dp_cp", "world", "edp"};
   return g < MP_GROUP_COUNT ? n[g] : "?";
 }
 
 void mp_mesh_init(mp_mesh *m) {
   for (int i = 0; i < MP_MESH_NDIMS; i++) m->size[i] = 1;
   m->ep = 1;
+  m->etp = 0;
+}
+
+int mp_mesh_expert_grid(const mp_mesh *m) {
+  return m->etp > 0 || (m->ep > 1 && m->size[MP_DIM_DP_SHARD] % m->ep != 0);
+}
+
+/* A stage's ranks, and the part of them EP may take without reaching dp_replicate. */
+static int stage_ranks(const mp_mesh *m) { return mp_mesh_world(m) / m->size[MP_DIM_PP]; }
+static int inner_ranks(const mp_mesh *m) {
+  return m->size[MP_DIM_DP_SHARD] * m->size[MP_DIM_CP] * m->size[MP_DIM_TP];
 }
 
 /* Stops as soon as the product passes the limit: five dims of up to 2^24 each would
@@ -48,11 +65,20 @@ mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m) {
   if (mp_mesh_world(m) < 0)
     return mp_error(ctx, MP_ERR_INVALID, "mesh has more than %d ranks; choose smaller dims",
                     MP_MESH_MAX_WORLD);
-  if (m->ep < 1 || m->size[MP_DIM_DP_SHARD] % m->ep != 0)
+  if (m->ep < 1) return mp_error(ctx, MP_ERR_INVALID, "ep=%d must be at least 1", m->ep);
+  if (m->etp > 1)
     return mp_error(ctx, MP_ERR_INVALID,
-                    "ep=%d must divide dp_shard=%d (expert parallelism is carved out of "
-                    "dp_shard); raise dp_shard or choose ep among its divisors",
-                    m->ep, m->size[MP_DIM_DP_SHARD]);
+                    "etp=%d: expert tensor parallelism (experts split over tp) is not modelled; "
+                    "use etp=1 (Megatron-Core --expert-tensor-parallel-size 1, torchtitan "
+                    "expert_tensor_parallel_degree 1)", m->etp);
+  if (!mp_mesh_expert_grid(m)) return MP_OK;
+  const int in = inner_ranks(m), st = stage_ranks(m);
+  if (in % m->ep != 0 && (m->ep % in != 0 || st % m->ep != 0))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "ep=%d: expert parallelism takes ep consecutive ranks of a pipeline stage "
+                    "(dp_replicate x dp_shard x cp x tp = %d, tp innermost); choose ep dividing "
+                    "dp_shard x cp x tp = %d, or a multiple of it dividing %d",
+                    m->ep, st, in, st);
   return MP_OK;
 }
 
@@ -66,8 +92,8 @@ static char *trim(char *s) {
 mp_status mp_mesh_parse(mp_ctx *ctx, const char *spec, int world_size, mp_mesh *out) {
   mp_mesh m;
   mp_mesh_init(&m);
-  int seen[MP_MESH_NDIMS + 1] = {0};
-  int infer = -1; /* dim index with -1, MP_MESH_NDIMS for ep */
+  int seen[MP_MESH_NDIMS + 2] = {0};
+  int infer = -1; /* dim index with -1, MP_MESH_NDIMS for ep, MP_MESH_NDIMS + 1 for etp */
   char buf[512];
   if (spec == NULL || spec[0] == '\0')
     return mp_error(ctx, MP_ERR_INVALID, "empty mesh; write it as dp_shard=4,tp=2");
@@ -87,9 +113,10 @@ mp_status mp_mesh_parse(mp_ctx *ctx, const char *spec, int world_size, mp_mesh *
       if (strcmp(key, k_dim_names[i]) == 0) d = i;
     if (strcmp(key, "dp_rep") == 0) d = MP_DIM_DP_REPLICATE;
     if (strcmp(key, "ep") == 0) d = MP_MESH_NDIMS;
+    if (strcmp(key, "etp") == 0) d = MP_MESH_NDIMS + 1;
     if (d < 0)
       return mp_error(ctx, MP_ERR_INVALID,
-                      "unknown mesh dim '%s'; known dims: pp, dp_replicate, dp_shard, cp, tp, ep",
+                      "unknown mesh dim '%s'; known dims: pp, dp_replicate, dp_shard, cp, tp, ep, etp",
                       key);
     if (seen[d]) return mp_error(ctx, MP_ERR_INVALID, "mesh dim '%s' given twice", key);
     seen[d] = 1;
@@ -106,11 +133,13 @@ mp_status mp_mesh_parse(mp_ctx *ctx, const char *spec, int world_size, mp_mesh *
       v = 1;
     }
     if (d == MP_MESH_NDIMS) m.ep = (int)v;
+    else if (d == MP_MESH_NDIMS + 1) m.etp = (int)v;
     else m.size[d] = (int)v;
   }
   if (infer >= 0) {
-    if (infer == MP_MESH_NDIMS)
-      return mp_error(ctx, MP_ERR_INVALID, "ep cannot be -1; name its size");
+    if (infer >= MP_MESH_NDIMS)
+      return mp_error(ctx, MP_ERR_INVALID, "%s cannot be -1; name its size",
+                      infer == MP_MESH_NDIMS ? "ep" : "etp");
     if (world_size <= 0)
       return mp_error(ctx, MP_ERR_INVALID, "a mesh dim of -1 needs a known world size");
     int rest = mp_mesh_world(&m);
@@ -148,33 +177,57 @@ void mp_mesh_format(const mp_mesh *m, char *buf, size_t cap) {
     if (w < 0 || (size_t)w >= cap - used) return;
     used += (size_t)w;
   }
+  if (m->etp > 0) {
+    int w = snprintf(buf + used, cap - used, "%setp=%d", used ? "," : "", m->etp);
+    if (w < 0 || (size_t)w >= cap - used) return;
+    used += (size_t)w;
+  }
   if (used == 0) snprintf(buf, cap, "single");
 }
 
-static void ext_sizes(const mp_mesh *m, int s[X_N]) {
-  s[X_PP] = m->size[MP_DIM_PP];
-  s[X_DPR] = m->size[MP_DIM_DP_REPLICATE];
-  s[X_EFSDP] = m->size[MP_DIM_DP_SHARD] / m->ep;
-  s[X_EP] = m->ep;
-  s[X_CP] = m->size[MP_DIM_CP];
-  s[X_TP] = m->size[MP_DIM_TP];
+static int is_expert_group(mp_group g) {
+  return g == MP_GROUP_EP || g == MP_GROUP_EFSDP || g == MP_GROUP_EDP;
 }
 
-static void ext_coords(const mp_mesh *m, int rank, int x[X_N]) {
+/* The sub-coordinates' sizes group g reads (see the file's comment). */
+static void ext_sizes_for(const mp_mesh *m, mp_group g, int s[X_N]) {
+  const int grid = mp_mesh_expert_grid(m), ep = grid ? 1 : m->ep;
+  s[X_PP] = m->size[MP_DIM_PP];
+  s[X_DPR] = m->size[MP_DIM_DP_REPLICATE];
+  s[X_EFSDP] = m->size[MP_DIM_DP_SHARD] / ep;
+  s[X_EP] = ep;
+  s[X_CP] = m->size[MP_DIM_CP];
+  s[X_TP] = m->size[MP_DIM_TP];
+  if (!grid || !is_expert_group(g)) return;
+  const int in = inner_ranks(m);
+  s[X_EP] = m->ep;
+  s[X_CP] = s[X_TP] = 1;
+  if (in % m->ep == 0) {
+    s[X_EFSDP] = in / m->ep;
+  } else {
+    s[X_DPR] = stage_ranks(m) / m->ep;
+    s[X_EFSDP] = 1;
+  }
+}
+
+
+static void ext_coords_for(const mp_mesh *m, mp_group g, int rank, int x[X_N]) {
   int s[X_N];
-  ext_sizes(m, s);
+  ext_sizes_for(m, g, s);
   for (int i = X_N - 1; i >= 0; i--) {
     x[i] = rank % s[i];
     rank /= s[i];
   }
 }
 
+static void ext_coords(const mp_mesh *m, int rank, int x[X_N]) { ext_coords_for(m, MP_GROUP_WORLD, rank, x); }
+
 void mp_mesh_coords(const mp_mesh *m, int rank, int c[MP_MESH_NDIMS]) {
   int x[X_N];
   ext_coords(m, rank, x);
   c[MP_DIM_PP] = x[X_PP];
   c[MP_DIM_DP_REPLICATE] = x[X_DPR];
-  c[MP_DIM_DP_SHARD] = x[X_EFSDP] * m->ep + x[X_EP];
+  c[MP_DIM_DP_SHARD] = x[X_EFSDP] * (mp_mesh_expert_grid(m) ? 1 : m->ep) + x[X_EP];
   c[MP_DIM_CP] = x[X_CP];
   c[MP_DIM_TP] = x[X_TP];
 }
@@ -187,13 +240,13 @@ int mp_mesh_rank_of(const mp_mesh *m, const int c[MP_MESH_NDIMS]) {
 
 int mp_mesh_ep_index(const mp_mesh *m, int rank) {
   int x[X_N];
-  ext_coords(m, rank, x);
+  ext_coords_for(m, MP_GROUP_EP, rank, x);
   return x[X_EP];
 }
 
 int mp_mesh_efsdp_index(const mp_mesh *m, int rank) {
   int x[X_N];
-  ext_coords(m, rank, x);
+  ext_coords_for(m, MP_GROUP_EFSDP, rank, x);
   return x[X_EFSDP];
 }
 
@@ -211,6 +264,8 @@ static unsigned varying(mp_group g) {
     case MP_GROUP_FSDP: return (1u << X_EFSDP) | (1u << X_EP) | (1u << X_CP);
     case MP_GROUP_DP_CP: return (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_EP) | (1u << X_CP);
     case MP_GROUP_WORLD: return (1u << X_N) - 1;
+    /* inside dp_shard the experts are replicated over dp_replicate, efsdp and cp */
+    case MP_GROUP_EDP: return (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_CP);
     default: return 0;
   }
 }
@@ -218,7 +273,7 @@ static unsigned varying(mp_group g) {
 int mp_mesh_group_size(const mp_mesh *m, mp_group g) {
   int s[X_N], n = 1;
   unsigned v = varying(g);
-  ext_sizes(m, s);
+  ext_sizes_for(m, g, s);
   for (int i = 0; i < X_N; i++)
     if (v & (1u << i)) n *= s[i];
   return n;
@@ -230,8 +285,8 @@ int mp_mesh_group_ranks(const mp_mesh *m, mp_group g, int rank, int *ranks) {
    * for groups of thousands of ranks). Row-major layout: the ranks come out increasing. */
   int s[X_N], x[X_N], stride[X_N], dims[X_N], count[X_N] = {0};
   unsigned v = varying(g);
-  ext_sizes(m, s);
-  ext_coords(m, rank, x);
+  ext_sizes_for(m, g, s);
+  ext_coords_for(m, g, rank, x);
   int r = 0, step = 1, nd = 0;
   for (int i = X_N - 1; i >= 0; i--) {
     stride[i] = step;
@@ -258,8 +313,8 @@ int mp_mesh_group_ranks(const mp_mesh *m, mp_group g, int rank, int *ranks) {
 int mp_mesh_group_index(const mp_mesh *m, mp_group g, int rank) {
   int s[X_N], x[X_N], idx = 0;
   unsigned v = varying(g);
-  ext_sizes(m, s);
-  ext_coords(m, rank, x);
+  ext_sizes_for(m, g, s);
+  ext_coords_for(m, g, rank, x);
   for (int i = 0; i < X_N; i++)
     if (v & (1u << i)) idx = idx * s[i] + x[i];
   return idx;
@@ -268,8 +323,8 @@ int mp_mesh_group_index(const mp_mesh *m, mp_group g, int rank) {
 int mp_mesh_group_id(const mp_mesh *m, mp_group g, int rank) {
   int s[X_N], x[X_N], id = 0;
   unsigned v = varying(g);
-  ext_sizes(m, s);
-  ext_coords(m, rank, x);
+  ext_sizes_for(m, g, s);
+  ext_coords_for(m, g, rank, x);
   for (int i = 0; i < X_N; i++)
     if (!(v & (1u << i))) id = id * s[i] + x[i];
   return id;

@@ -1,9 +1,22 @@
 /* Device mesh: the GPUs (or MPI ranks) laid out as [pp, dp_replicate, dp_shard, cp, tp],
  * row-major with tp innermost, so a TP group is consecutive ranks (one NVLink domain).
  *
- * Expert parallelism is carved out of dp_shard: ep divides dp_shard and the dp_shard
- * coordinate s splits as s = efsdp * ep + e (ep innermost). The EP group varies e; the
- * expert-FSDP group (where expert weights are sharded) varies efsdp, size dp_shard / ep.
+ * Expert parallelism has two layouts:
+ *  - inside dp_shard (ep divides dp_shard and etp is not given): the dp_shard coordinate s
+ *    splits as s = efsdp * ep + e (ep innermost). The EP group varies e; the expert-FSDP
+ *    group (where expert weights are sharded) varies efsdp, size dp_shard / ep.
+ *  - the expert grid (etp given, or ep not dividing dp_shard): the experts' own grid
+ *    [edp, ep, etp] over a pipeline stage's ranks, etp innermost, carved from the same ranks
+ *    as the dense [dp_replicate, dp_shard, cp, tp] (Megatron-Core's expert RankGenerator,
+ *    order "tp-ep-dp-pp", megatron/core/parallel_state.py, core_r0.12; torchtitan's EP
+ *    borrowed from dp_shard x cp and, with expert_tensor_parallel_degree 1, tp,
+ *    torchtitan/distributed/parallel_dims.py, v0.2). etp = 1 only (experts whole on a rank):
+ *    the EP group is ep consecutive ranks of the stage; ep divides dp_shard x cp x tp
+ *    (the expert-FSDP group then varies the rest of it, size dp_shard x cp x tp / ep, and
+ *    dp_replicate replicates) or is a multiple of it dividing the stage (EP reaches into
+ *    dp_replicate: Megatron's EP 8 over a data-parallel group of 8). The expert-DP group
+ *    (MP_GROUP_EDP: the stage's ranks holding the same experts, size stage / ep) is where
+ *    DDP reduces the experts' gradients.
  *
  * Example (tested): 8 ranks as [dp_shard=2, tp=4] give TP groups {0,1,2,3},{4,5,6,7} and
  * FSDP groups {0,4},{1,5},{2,6},{3,7}. */
@@ -34,19 +47,23 @@ typedef enum mp_group {
   MP_GROUP_DP_SHARD, /* FSDP group of dense parameters (when cp == 1) */
   MP_GROUP_CP,
   MP_GROUP_TP,
-  MP_GROUP_EP,       /* expert parallel: part of dp_shard */
-  MP_GROUP_EFSDP,    /* expert-FSDP: dp_shard / ep */
+  MP_GROUP_EP,       /* expert parallel: part of dp_shard, or of the stage (expert grid) */
+  MP_GROUP_EFSDP,    /* expert-FSDP: dp_shard / ep (expert grid: dp_shard x cp x tp / ep) */
   MP_GROUP_DP,       /* dp_replicate x dp_shard: every data-parallel rank (loss mean) */
   MP_GROUP_FSDP,     /* dp_shard x cp: where dense parameters are sharded (torchtitan) */
   MP_GROUP_DP_CP,    /* dp_replicate x dp_shard x cp: Megatron-LM's data-parallel group with
                         context parallelism, over which replicated gradients are all-reduced */
   MP_GROUP_WORLD,
+  MP_GROUP_EDP,      /* expert-DP: the ranks of a stage holding the same experts (DDP reduces
+                        the experts' gradients over it, as Megatron-Core's expert_data_parallel
+                        group) */
   MP_GROUP_COUNT
 } mp_group;
 
 typedef struct mp_mesh {
   int size[MP_MESH_NDIMS]; /* each >= 1 */
-  int ep;                  /* >= 1, divides size[MP_DIM_DP_SHARD] */
+  int ep;                  /* >= 1 (see the layouts above) */
+  int etp;                 /* expert tensor parallelism: 0 not given, else 1 (the expert grid) */
 } mp_mesh;
 
 /* The most ranks a mesh may have: common/limits.h's bound on GPUs in one job. */
@@ -57,14 +74,16 @@ const char *mp_group_name(mp_group g);
 
 /* All dims 1. */
 void mp_mesh_init(mp_mesh *m);
-/* Parses "dp_shard=4,tp=2,ep=2" (dims: pp, dp_replicate, dp_shard, cp, tp, ep; dp_rep is
+/* Parses "dp_shard=4,tp=2,ep=2" (dims: pp, dp_replicate, dp_shard, cp, tp, ep, etp; dp_rep is
  * accepted for dp_replicate). A size of -1 for one dim means "the rest of world_size"
  * (world_size > 0 required then). Unknown dims, repeated dims, sizes outside
  * 1..MP_MESH_MAX_WORLD and meshes of more than MP_MESH_MAX_WORLD ranks are MP_ERR_INVALID
  * with a message naming them. */
 mp_status mp_mesh_parse(mp_ctx *ctx, const char *spec, int world_size, mp_mesh *out);
-/* ep divides dp_shard; world fits. */
+/* ep fits one of the layouts above; world fits. */
 mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m);
+/* 1 when the experts use their own grid (etp given, or ep not dividing dp_shard). */
+int mp_mesh_expert_grid(const mp_mesh *m);
 int mp_mesh_world(const mp_mesh *m);
 /* "dp_shard=4,tp=2" (dims of size 1 left out; "single" when all are 1). */
 void mp_mesh_format(const mp_mesh *m, char *buf, size_t cap);

@@ -83,8 +83,14 @@ mp_status mp_apply_ddp(mp_ctx *ctx, mp_plan *p, const mp_ddp_options *o) {
 
 void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o) {
   const int d = mp_mesh_group_size(&p->mesh, mp_plan_ddp_group(p));
+  char experts[200] = "";
+  if (mp_plan_ddp_experts_apart(p))
+    snprintf(experts, sizeof experts,
+             "; the routed experts (whole on each rank, etp=1) over their expert-DP group of %d "
+             "instead (the stage's ranks holding the same experts)",
+             mp_mesh_group_size(&p->mesh, MP_GROUP_EDP));
   mp_plan_note(p,
-               "DDP: parameters replicated over dp_replicate x cp = %d, fp32 main gradients %s%s", d,
+               "DDP: parameters replicated over dp_replicate x cp = %d, fp32 main gradients %s%s%s", d,
                o->shard_optimizer
                    ? "reduce-scattered over them, and the fp32 master weights and Adam state "
                      "sharded over them (the distributed optimizer, ZeRO-1: 6 + 12/d bytes a "
@@ -93,7 +99,8 @@ void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o) {
                !o->overlap         ? ", after the step's last backward"
                : o->shard_optimizer ? ", bucket by bucket as the backward ends and the "
                                       "gathers in the next forward"
-                                    : ", bucket by bucket as the backward ends");
+                                    : ", bucket by bucket as the backward ends",
+               experts);
 }
 
 mp_group mp_plan_ddp_group(const mp_plan *p) {
@@ -115,14 +122,30 @@ void mp_plan_dp_state_bytes(const mp_mesh *mesh, const mp_plan_options *o, doubl
     *ways = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * (mesh->size[MP_DIM_CP] > 1 ? mesh->size[MP_DIM_CP] : 1);
 }
 
-void mp_plan_ddp_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,
-                       int64_t *optimizer_bytes, int64_t *shard) {
-  double b[2];
-  int64_t d = 1;
-  mp_plan_dp_state_bytes(&p->mesh, &p->opts, b, &d);
+int mp_plan_ddp_experts_apart(const mp_plan *p) {
+  return p->opts.dp == MP_DP_DDP && (p->applied & MP_PASS_EP) && p->mesh.ep > 1 &&
+         mp_mesh_expert_grid(&p->mesh);
+}
+
+static void ddp_state(const mp_plan *p, int64_t n, int64_t d, int64_t *param_bytes, int64_t *grad_bytes,
+                      int64_t *optimizer_bytes, int64_t *shard) {
   const int64_t mb = mp_dtype_bytes(p->opts.master_dtype);
   *shard = (n + d - 1) / d;
   *param_bytes = n * mp_dtype_bytes(p->opts.fsdp.param_dtype) + *shard * mb;
   *grad_bytes = n * mp_dtype_bytes(p->opts.fsdp.reduce_dtype);
   *optimizer_bytes = 2 * *shard * mb;
+}
+
+void mp_plan_ddp_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,
+                       int64_t *optimizer_bytes, int64_t *shard) {
+  double b[2];
+  int64_t d = 1;
+  mp_plan_dp_state_bytes(&p->mesh, &p->opts, b, &d);
+  ddp_state(p, n, d, param_bytes, grad_bytes, optimizer_bytes, shard);
+}
+
+void mp_plan_ddp_expert_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,
+                              int64_t *optimizer_bytes, int64_t *shard) {
+  const int64_t d = p->opts.ddp.shard_optimizer ? mp_mesh_group_size(&p->mesh, MP_GROUP_EDP) : 1;
+  ddp_state(p, n, d, param_bytes, grad_bytes, optimizer_bytes, shard);
 }

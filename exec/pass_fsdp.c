@@ -45,6 +45,14 @@ static mp_status check_order(mp_ctx *ctx, const mp_plan *p, const mp_fsdp_option
                     "experts would be sharded over the whole FSDP group and every rank would "
                     "gather all %lld experts; apply EP before FSDP",
                     mesh->ep, (long long)m->n_experts);
+  if (mp_mesh_expert_grid(mesh) && mesh->ep > 1 &&
+      (mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP]) % mesh->ep != 0)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "ep=%d reaches into dp_replicate: FSDP (torchtitan) borrows EP from dp_shard x cp "
+                    "(x tp with etp=1) = %d ranks (torchtitan/distributed/parallel_dims.py); choose ep "
+                    "dividing %d, or DDP (the megatron memory model)",
+                    mesh->ep, mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP],
+                    mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP]);
   if (o->per_block && ep_on && mp_model_n_moe_layers(m) > 0)
     return mp_error(ctx, MP_ERR_ORDER,
                     "EP with per-block FSDP deadlocks between EP's two all-to-alls: a unit "

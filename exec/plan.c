@@ -68,6 +68,15 @@ void mp_plan_note(mp_plan *p, const char *fmt, ...) {
   if (s) p->notes[p->n_notes++] = s;
 }
 
+/* The stated stage layouts of two option sets agree (both the default split, or the same
+ * counts). */
+static int same_pp_layers(const mp_plan_options *a, const mp_plan_options *b) {
+  if (a->n_pp_layers != b->n_pp_layers) return 0;
+  for (int s = 0; s < a->n_pp_layers; s++)
+    if (a->pp_layers[s] != b->pp_layers[s]) return 0;
+  return 1;
+}
+
 /* Virtual stages per rank as the options give them (1 unless interleaved with pp > 1). */
 static int virtual_stages(const mp_mesh *mesh, const mp_plan_options *o) {
   return mesh->size[MP_DIM_PP] > 1 && o->pp_schedule == MP_PP_INTERLEAVED && o->pp_virtual > 1
@@ -104,6 +113,12 @@ static void chunk_range(int64_t L, int64_t K, int64_t k, int64_t *l0, int64_t *l
 int mp_plan_layer_stage(const mp_plan *p, int64_t layer) {
   const int64_t L = p->model.n_layers, K = model_chunks(p);
   if (K <= 1 || L < K) return 0;
+  if (p->opts.n_pp_layers > 0) { /* the stated layout: the stage whose layers hold it */
+    int64_t end = 0;
+    for (int s = 0; s < p->opts.n_pp_layers; s++)
+      if (layer < (end += p->opts.pp_layers[s])) return s;
+    return p->opts.n_pp_layers - 1;
+  }
   const int64_t base = L / K, extra = L % K;
   int64_t k;
   if (layer < base) k = 0;
@@ -122,6 +137,12 @@ void mp_plan_chunk_layers(const mp_plan *p, int stage, int chunk, int64_t *l0, i
   }
   if (L < K || k >= K) {
     *l0 = *l1 = L;
+    return;
+  }
+  if (p->opts.n_pp_layers > 0) {
+    *l0 = 0;
+    for (int s = 0; s < stage; s++) *l0 += p->opts.pp_layers[s];
+    *l1 = *l0 + p->opts.pp_layers[stage];
     return;
   }
   chunk_range(L, K, k, l0, l1);
@@ -436,6 +457,34 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
   return MP_OK;
 }
 
+/* An explicit stage layout (o->pp_layers): one count per stage, each at least one layer,
+ * summing to the model's layers, one model chunk per stage. */
+static mp_status check_pp_layers(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh, const mp_plan_options *o) {
+  if (o->n_pp_layers == 0) return MP_OK;
+  const int pp = mesh->size[MP_DIM_PP];
+  if (o->n_pp_layers != pp || o->n_pp_layers > MP_PP_MAX_LAYOUT)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "pp_layers names %d stages but the mesh has pp=%d; give one layer count per stage "
+                    "(at most %d)", o->n_pp_layers, pp, MP_PP_MAX_LAYOUT);
+  if (virtual_stages(mesh, o) > 1)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "pp_layers gives each stage one run of layers; the interleaved schedule's %d chunks "
+                    "per stage take the default split: drop pp_layers or use 1f1b or gpipe",
+                    virtual_stages(mesh, o));
+  int64_t sum = 0;
+  for (int s = 0; s < pp; s++) {
+    if (o->pp_layers[s] < 1)
+      return mp_error(ctx, MP_ERR_INVALID, "pp_layers: stage %d has %d layers; a stage needs at least one", s,
+                      o->pp_layers[s]);
+    sum += o->pp_layers[s];
+  }
+  if (sum != m->n_layers)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "pp_layers sum to %lld layers but %s has %lld; make the stages' counts add up to %lld",
+                    (long long)sum, m->name, (long long)m->n_layers, (long long)m->n_layers);
+  return MP_OK;
+}
+
 /* The model x mesh x options rules (the model itself already validated). */
 static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                                const mp_plan_options *o) {
@@ -454,6 +503,7 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
   if (o->pp_virtual > MP_PP_MAX_VIRTUAL)
     return mp_error(ctx, MP_ERR_INVALID, "pp_virtual=%d: at most %d model chunks per stage",
                     o->pp_virtual, MP_PP_MAX_VIRTUAL);
+  MP_CHECK(check_pp_layers(ctx, m, mesh, o));
   if (pp > 1) {
     const int v = virtual_stages(mesh, o);
     const int64_t K = (int64_t)pp * v;
@@ -517,6 +567,8 @@ static mp_status plan_init(mp_ctx *ctx, mp_arena *arena, const mp_model *m, cons
   p->ac = MP_AC_NONE;
   const int64_t K = model_chunks(p);
   p->layers_per_chunk = (int)((m->n_layers + K - 1) / K);
+  for (int st = 0; st < p->opts.n_pp_layers; st++)
+    if (st == 0 || p->opts.pp_layers[st] > p->layers_per_chunk) p->layers_per_chunk = p->opts.pp_layers[st];
   p->layers_per_stage = 0;
   for (int st = 0; st < mesh->size[MP_DIM_PP]; st++) {
     int64_t n = 0;
@@ -709,7 +761,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->fp8 != b->fp8 || (opts->fp8 && opts->fp8_opts.all_gather != b->fp8_opts.all_gather) ||
       opts->fsdp.per_block != b->fsdp.per_block || opts->fsdp.param_dtype != b->fsdp.param_dtype ||
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
-      opts->pp_virtual != b->pp_virtual || seq != b->seq || opts->master_dtype != b->master_dtype ||
+      opts->pp_virtual != b->pp_virtual || !same_pp_layers(opts, b) || seq != b->seq || opts->master_dtype != b->master_dtype ||
       opts->mem_model != b->mem_model || opts->attn != b->attn || opts->loss != b->loss ||
       dp_of(opts) != b->dp || opts->ddp.overlap != b->ddp.overlap ||
       opts->ddp.shard_optimizer != b->ddp.shard_optimizer ||

@@ -43,6 +43,7 @@ extern "C" {
 
 #define MP_MAX_NDIM 3
 #define MP_PP_MAX_VIRTUAL MP_LIM_PP_VIRTUAL /* model chunks per pipeline stage, at most */
+#define MP_PP_MAX_LAYOUT 128 /* stages an explicit layout (pp_layers) may name, at most */
 
 /* What a parameter is; the runtime picks kernels by this and the module. */
 typedef enum mp_module {
@@ -321,6 +322,13 @@ typedef struct mp_plan_options {
   mp_fsdp_options fsdp;
   mp_pp_schedule pp_schedule;
   int pp_virtual;        /* virtual stages per rank for interleaved (>= 1) */
+  int n_pp_layers;       /* 0: the default split (mp_plan_chunk_layers); else pp, and stage s
+                            holds pp_layers[s] layers (Megatron-LM's
+                            --decoder-first-pipeline-num-layers and
+                            --decoder-last-pipeline-num-layers, torchtitan's
+                            pipeline_parallel_layers_per_stage / module names per stage); one
+                            model chunk per stage */
+  int16_t pp_layers[MP_PP_MAX_LAYOUT];
   mp_cp_rotate cp_rotate; /* PyTorch's ring with cp > 1: how K and V travel (default
                              ALLGATHER). Set from the stack (key "cp_rotate") */
   int cp_wait_at_issue;   /* with cp > 1: the ring's collectives are waited for where they
@@ -544,6 +552,16 @@ void mp_plan_dp_state_bytes(const mp_mesh *mesh, const mp_plan_options *o, doubl
  * the optimizer steps (n without sharding). */
 void mp_plan_ddp_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,
                        int64_t *optimizer_bytes, int64_t *shard);
+/* Whether DDP reduces the routed experts' gradients over their own expert-DP group
+ * (MP_GROUP_EDP) apart from the dense weights': EP applied on the expert grid
+ * (exec/mesh.h), as Megatron-Core's DDP buckets expert parameters over
+ * expert_data_parallel_group (megatron/core/distributed/distributed_data_parallel.py,
+ * core_r0.12). */
+int mp_plan_ddp_experts_apart(const mp_plan *p);
+/* mp_plan_ddp_state for n routed-expert parameters, the optimizer (with shard_optimizer)
+ * cut over the expert-DP group instead. */
+void mp_plan_ddp_expert_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,
+                              int64_t *optimizer_bytes, int64_t *shard);
 /* Pipeline stage of a rank (its pp coordinate). */
 int mp_plan_rank_stage(const mp_plan *p, int rank);
 /* Model chunks a pipeline stage holds: pp_virtual under the interleaved schedule with

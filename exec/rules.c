@@ -76,13 +76,6 @@ int mp_rule_ep_ok(const mp_model *m, int ep) { return !mp_model_is_moe(m) || m->
 int mp_rule_moe_pp_ok(const mp_model *m, int pp) { return pp <= 1 || !mp_model_is_moe(m); }
 
 mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh) {
-  const int pp = mesh->size[MP_DIM_PP];
-  if (!mp_rule_moe_pp_ok(m, pp))
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "MoE with pipeline parallelism is not supported: %s has routed experts and "
-                    "pp=%d; EP's all-to-alls inside a pipeline stage would interleave with the "
-                    "stage's sends and receives differently on each rank; use pp=1",
-                    m->name, pp);
   if (mesh->ep > 1 && !mp_rule_ep_ok(m, mesh->ep))
     return mp_error(ctx, MP_ERR_INVALID,
                     "ep=%d does not divide n_experts=%lld of %s; each EP rank must hold the same "

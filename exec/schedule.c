@@ -160,7 +160,10 @@ static void gen_init(gen *g, mp_ctx *ctx, const mp_plan *p, const mp_schedule_pr
   g->ms = mp_sched_strategy(p->opts.mem_model);
   g->ddp = p->opts.dp == MP_DP_DDP;
   g->shard_optimizer = g->ddp && p->opts.ddp.shard_optimizer;
-  g->stage_grad_bytes = pr->params_numel * mp_dtype_bytes(g->reduce_dtype);
+  int64_t expert_numel = 0;
+  for (int u = 0; u < pr->n_ui; u++) expert_numel += pr->ui[u].numel_expert;
+  g->stage_grad_bytes = (pr->params_numel - expert_numel) * mp_dtype_bytes(g->reduce_dtype);
+  g->stage_expert_grad_bytes = expert_numel * mp_dtype_bytes(g->reduce_dtype);
   g->fp8_codes = g->ms->f8_codes || (g->ms->runtime && p->opts.f8_codes);
   g->fp8_weights_sharded = g->has_fsdp && mp_mesh_group_size(&p->mesh, MP_GROUP_FSDP) > 1;
   if (g->ms->runtime) mp_sched_rt_layout_fill(g, p->opts.micro_batch);
@@ -279,6 +282,15 @@ static void emit_backward_head(gen *g, const stage_info *st, carry *c, int first
 
 /* Backward tail of a chunk: the embedding's backward, or the gradient sent to the previous
  * virtual stage; the root unit's reduction after the stage's last backward chunk. */
+/* DDP without overlap: bytes of the stage's gradients all-reduced (reduce-scattered with the
+ * optimizer sharded) over grp once the last micro-batch's backward is done. */
+static void stage_grad_reduce(gen *g, mp_group grp, int64_t bytes) {
+  if (bytes <= 0 || mp_mesh_group_size(&g->p->mesh, grp) <= 1) return;
+  const int32_t i = grad_comm(g, g->shard_optimizer ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, grp, bytes,
+                              -1, -1, g->last_compute);
+  if (i >= 0) g->ops[i].when = MP_WHEN_LAST_MICRO;
+}
+
 static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {
   mp_sched_seg_open(g, MP_PHASE_BACKWARD, -1, 0);
   mp_sched_f8_amax_reduce(g, st->l1 - st->l0, 1);
@@ -295,11 +307,9 @@ static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {
   /* DDP without overlap: the whole stage's gradients all-reduced (reduce-scattered with the
    * optimizer sharded) over dp_replicate (x cp) once its last micro-batch's backward is
    * done */
-  const mp_group ddp = mp_sched_ddp_group(g);
-  if (g->ddp && !g->p->opts.ddp.overlap && last_chunk && mp_mesh_group_size(&g->p->mesh, ddp) > 1) {
-    const int32_t i = grad_comm(g, g->shard_optimizer ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, ddp,
-                                g->stage_grad_bytes, -1, -1, g->last_compute);
-    if (i >= 0) g->ops[i].when = MP_WHEN_LAST_MICRO;
+  if (g->ddp && !g->p->opts.ddp.overlap && last_chunk) {
+    stage_grad_reduce(g, mp_sched_ddp_group(g), g->stage_grad_bytes);
+    stage_grad_reduce(g, MP_GROUP_EDP, g->stage_expert_grad_bytes); /* the experts' (expert-DP) */
   }
   mp_sched_seg_close(g, MP_PHASE_BACKWARD, 1, 0, 0);
 }

@@ -236,7 +236,7 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
     if (sh->tp_closes_down) mp_sched_fuse_tp(g, down, MP_FUSE_SCATTER, MP_VAR_FWD);
     mp_sched_rt_sp(g, 0);
   } else {
-    const int64_t Tk = T * sh->top_k;
+    const int64_t Tk = sh->moe_tokens * sh->top_k;
     mp_sched_linear_fwd(g, MP_MOD_ROUTER, (double)T, sh->experts, H, 1);
     elementwise(g, MP_KERNEL_ROUTER, MP_VAR_FWD, MP_MOD_ROUTER, T * sh->experts, FLOPS_ROUTER,
                 6.0 * (double)(T * sh->experts) + 12.0 * (double)Tk);
@@ -299,7 +299,7 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
     mp_sched_mg_regather_wait(g, ag, first);
     mp_sched_tp_region_in_bwd(g, sh->tp_opens_gateup, MP_MOD_UP);
   } else {
-    const int64_t Tk = T * sh->top_k;
+    const int64_t Tk = sh->moe_tokens * sh->top_k;
     /* the runtimes' SP: the residual gradient all-gathered once for the shared expert and
      * the routed side (exec/runtime/runtime_sp.c); the routed side's input gradient is whole
      * on every tp rank, which keeps its rows on the shard: no reduce-scatter of its own */

@@ -99,19 +99,27 @@ void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t 
  * bucket's gather as the forward reaches a bucket; issued at once, the gather stream runs
  * them in the same order), the block waiting for its own. Returns the gather, -1 where
  * there is none. */
-int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n) {
-  if (!g->shard_optimizer || !g->p->opts.ddp.overlap || mp_sched_dopt_ways(g) <= 1) return -1;
-  int64_t numel = 0;
-  for (int k = 0; k < n; k++) numel += g->ui[unit0 + k].numel_tp;
-  if (numel == 0) return -1;
-  const int32_t i = comm(g, MP_COLL_ALL_GATHER, mp_sched_ddp_group(g), MP_STREAM_GATHER,
-                         (double)(numel * mp_dtype_bytes(g->param_dtype)), g->param_dtype, -1);
+static int32_t dopt_gather_op(gen *g, mp_group grp, int64_t numel, int32_t layer, int32_t unit0) {
+  const int32_t i = comm(g, MP_COLL_ALL_GATHER, grp, MP_STREAM_GATHER, (double)(numel * mp_dtype_bytes(g->param_dtype)),
+                         g->param_dtype, -1);
   if (i >= 0) {
     g->ops[i].layer = layer;
     g->ops[i].unit = unit0;
     g->ops[i].when = MP_WHEN_FIRST_MICRO;
   }
   return i;
+}
+
+int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n) {
+  if (!g->shard_optimizer || !g->p->opts.ddp.overlap || mp_sched_dopt_ways(g) <= 1) return -1;
+  int64_t numel = 0, experts = 0;
+  for (int k = 0; k < n; k++) numel += g->ui[unit0 + k].numel_tp, experts += g->ui[unit0 + k].numel_expert;
+  if (numel == 0) return -1;
+  /* the experts' (over expert-DP) first: the gather stream runs in order, so waiting for the
+   * dense gather returned below waits for both */
+  if (experts > 0 && mp_mesh_group_size(&g->p->mesh, MP_GROUP_EDP) > 1)
+    dopt_gather_op(g, MP_GROUP_EDP, experts, layer, unit0);
+  return numel > experts ? dopt_gather_op(g, mp_sched_ddp_group(g), numel - experts, layer, unit0) : -1;
 }
 
 /* The all-gathers of every unit of block l (see mp_sched_gather_units). */
@@ -190,6 +198,15 @@ static void rt_reduce_unit(gen *g, int32_t layer, int32_t u, int rep, int32_t af
       MP_STREAM_REDUCE);
 }
 
+/* DDP-style: n elements' gradients of unit u all-reduced (reduce-scattered with the
+ * optimizer sharded) over grp when it has more than one rank. */
+static void ddp_reduce(gen *g, mp_group grp, int64_t n, int32_t layer, int32_t u, int32_t after) {
+  if (n <= 0 || mp_mesh_group_size(&g->p->mesh, grp) <= 1) return;
+  const int32_t i = grad_comm(g, g->shard_optimizer ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, grp,
+                              n * mp_dtype_bytes(g->reduce_dtype), layer, u, after);
+  if (i >= 0 && (g->ddp || g->p->mesh.size[MP_DIM_PP] > 1)) g->ops[i].when = MP_WHEN_LAST_MICRO;
+}
+
 /* After the backward of units [lo, hi] of a block: copy to the reduce buffer,
  * reduce-scatter, all-reduce over dp_replicate, free. */
 void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, int hi) {
@@ -204,12 +221,9 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
        * mp_sched_ddp_group); Megatron-LM only in the last micro-batch (gradients accumulate
        * in main_grad until then), here with overlap (a bucket per block), else once after
        * the backward (schedule.c) */
-      if (mp_mesh_group_size(&g->p->mesh, mp_sched_ddp_group(g)) > 1 &&
-          (!g->ddp || g->p->opts.ddp.overlap)) {
-        const int32_t i = grad_comm(g, g->shard_optimizer ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE,
-                                    mp_sched_ddp_group(g), ui->numel_tp * mp_dtype_bytes(g->reduce_dtype),
-                                    layer, u, after);
-        if (i >= 0 && (g->ddp || g->p->mesh.size[MP_DIM_PP] > 1)) g->ops[i].when = MP_WHEN_LAST_MICRO;
+      if (!g->ddp || g->p->opts.ddp.overlap) {
+        ddp_reduce(g, mp_sched_ddp_group(g), ui->numel_tp - ui->numel_expert, layer, u, after);
+        ddp_reduce(g, MP_GROUP_EDP, ui->numel_expert, layer, u, after); /* the experts' bucket */
       }
       continue;
     }

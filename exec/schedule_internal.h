@@ -98,6 +98,8 @@ enum { KIND_DENSE = 0, KIND_MOE = 1, KIND_NONE = 2 };
 typedef struct unit_info {
   int64_t numel_tp;    /* this stage's tp-local elements: what the all-gather produces */
   int64_t numel_shard; /* what the rank keeps at rest */
+  int64_t numel_expert;/* DDP on the expert grid: its routed experts' part of numel_tp,
+                          reduced over MP_GROUP_EDP (mp_plan_ddp_experts_apart) */
   double gather_bytes; /* numel_tp in the gather dtype (float8 all-gather: 1 byte) */
   int gsize;           /* FSDP group size */
   uint8_t group;
@@ -132,6 +134,9 @@ typedef struct shapes {
   int64_t d_ff_expert;      /* an expert's width (experts are not split over tp) */
   int64_t d_ff_shared;      /* the shared experts' width */
   double tokens_per_expert; /* tokens per local expert, balanced */
+  int64_t moe_tokens;       /* tokens the rank routes: tokens, or under the expert grid with
+                               tp > 1 (etp = 1) its tokens / tp sequence shard, as
+                               Megatron-Core's token dispatcher routes each TP rank's own */
   /* multi-head latent attention */
   int mla;
   int64_t q_lora, kv_lora, rope_dim; /* q_lora_rank (0: q_proj), kv_lora_rank, qk_rope_head_dim */
@@ -205,7 +210,9 @@ typedef struct gen {
                               the gradients reduce-scattered over the DDP group instead of
                               all-reduced, the optimizer on the rank's 1/d of them, the
                               updated parameters all-gathered back */
-  int64_t stage_grad_bytes; /* DDP: the stage's gradients in the reduce dtype */
+  int64_t stage_grad_bytes; /* DDP: the stage's gradients in the reduce dtype (the dense ones
+                               where the experts' are reduced apart) */
+  int64_t stage_expert_grad_bytes; /* DDP: its routed experts' over MP_GROUP_EDP, else 0 */
   int fp8_codes;           /* float8 Linears on codes (the strategy's, or meshplan-cpu with
                               the plan's f8_codes), else the CPU's fp32 emulation */
   int fp8_weights_sharded; /* float8 on codes: block weights FSDP-sharded (per-GEMM codes) */

@@ -20,12 +20,30 @@
  * states (FSDP); under DDP the model-dtype parameters beside the fp32 masters, the fp32
  * main gradients, the masters and Adam state whole or on the rank's 1/d
  * (mp_plan_ddp_state). */
+static int64_t expert_numel(const mp_schedule_prep *pr) {
+  int64_t n = 0;
+  for (int u = 0; u < pr->n_ui; u++) n += pr->ui[u].numel_expert;
+  return n;
+}
+
+/* DDP's state of the stage's n parameters, ne of them routed experts whose optimizer is cut
+ * over the expert-DP group (mp_plan_ddp_expert_state); ne is 0 unless the experts are
+ * reduced apart. */
+static void ddp_state(const gen *g, int64_t n, int64_t ne, int64_t *param_bytes, int64_t *grad_bytes,
+                      int64_t *optimizer_bytes, int64_t *shard) {
+  mp_plan_ddp_state(g->p, n - ne, param_bytes, grad_bytes, optimizer_bytes, shard);
+  if (ne <= 0) return;
+  int64_t pb, gb, ob, sh;
+  mp_plan_ddp_expert_state(g->p, ne, &pb, &gb, &ob, &sh);
+  *param_bytes += pb, *grad_bytes += gb, *optimizer_bytes += ob, *shard += sh;
+}
+
 static void autograd_resident(gen *g, const mp_schedule_prep *pr) {
   const int64_t mb = mp_dtype_bytes(g->p->opts.master_dtype), n = pr->params_numel;
   int64_t param_bytes = n * mb, grad_bytes = n * mb, optimizer_bytes = 2 * n * mb;
   if (g->ddp) {
     int64_t shard;
-    mp_plan_ddp_state(g->p, n, &param_bytes, &grad_bytes, &optimizer_bytes, &shard);
+    ddp_state(g, n, expert_numel(pr), &param_bytes, &grad_bytes, &optimizer_bytes, &shard);
   }
   mp_sched_resident(g, MP_MEM_PARAMS, BUF_PARAMS, param_bytes);
   mp_sched_resident(g, MP_MEM_OPTIMIZER, BUF_OPTIMIZER, optimizer_bytes);
@@ -49,7 +67,7 @@ static void autograd_optimizer(gen *g, const mp_schedule_prep *pr, int world_red
   int64_t shard_n = pr->params_numel;
   if (g->ddp) {
     int64_t pb, gb, ob;
-    mp_plan_ddp_state(g->p, pr->params_numel, &pb, &gb, &ob, &shard_n);
+    ddp_state(g, pr->params_numel, expert_numel(pr), &pb, &gb, &ob, &shard_n);
   }
   const double shard = (double)shard_n;
   int32_t gn = compute(g, MP_KERNEL_GRAD_NORM, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 2.0 * shard,
@@ -61,9 +79,13 @@ static void autograd_optimizer(gen *g, const mp_schedule_prep *pr, int world_red
   if (g->ddp) /* the model dtype's parameters refreshed from the masters */
     compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
             (4.0 + mp_dtype_bytes(g->param_dtype)) * shard, MP_DTYPE_FP32);
+  const int64_t ne = expert_numel(pr);
   if (g->shard_optimizer && !g->p->opts.ddp.overlap && mp_sched_dopt_ways(g) > 1)
     comm(g, MP_COLL_ALL_GATHER, mp_sched_ddp_group(g), MP_STREAM_COMPUTE,
-         (double)(pr->params_numel * mp_dtype_bytes(g->param_dtype)), g->param_dtype, -1);
+         (double)((pr->params_numel - ne) * mp_dtype_bytes(g->param_dtype)), g->param_dtype, -1);
+  if (g->shard_optimizer && !g->p->opts.ddp.overlap && ne > 0 && mp_mesh_group_size(&g->p->mesh, MP_GROUP_EDP) > 1)
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_EDP, MP_STREAM_COMPUTE, (double)(ne * mp_dtype_bytes(g->param_dtype)),
+         g->param_dtype, -1); /* the experts' over expert-DP */
 }
 
 /* ---- the tables ------------------------------------------------------------------------ */

@@ -420,7 +420,7 @@ void mp_sched_ep_alltoall(gen *g, int module) {
   const shapes *sh = &g->sh;
   if (sh->ep <= 1) return;
   comm(g, MP_COLL_ALL_TO_ALL, MP_GROUP_EP, MP_STREAM_COMPUTE,
-       act_comm_bytes(g) * (double)(sh->tokens * sh->top_k * sh->d_model), act_comm_dtype(g), module);
+       act_comm_bytes(g) * (double)(sh->moe_tokens * sh->top_k * sh->d_model), act_comm_dtype(g), module);
 }
 
 /* Megatron-LM's sequence parallelism saves a column-parallel region's input on the

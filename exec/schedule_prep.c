@@ -17,7 +17,8 @@ void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch
   sh->attended = mp_model_attended_keys(&p->model, p->opts.seq);
   sh->tokens = micro_batch * p->opts.seq / cp;
   sh->tokens_sp = sh->sp ? sh->tokens / sh->tp : sh->tokens;
-  sh->tokens_per_expert = sh->experts > 0 ? (double)sh->tokens * (double)sh->top_k * (double)sh->ep / (double)sh->experts : 0.0;
+  sh->moe_tokens = mp_mesh_expert_grid(&p->mesh) ? sh->tokens / sh->tp : sh->tokens;
+  sh->tokens_per_expert = sh->experts > 0 ? (double)sh->moe_tokens * (double)sh->top_k * (double)sh->ep / (double)sh->experts : 0.0;
 }
 
 /* The float8 recipe's side of the shapes (after sh->tp). */
@@ -146,6 +147,7 @@ static void add_param(gen *g, const mp_param *prm, unit_info *ui, int gs, int gi
   }
   *params_numel += local;
   ui->numel_tp += n;
+  if (!g->has_fsdp && prm->is_expert && mp_plan_ddp_experts_apart(g->p)) ui->numel_expert += n;
   ui->numel_shard += mp_param_padded_shard_numel(prm, gs);
   mp_sched_rt_add_param(rest, ui, prm, gs, local, n);
   const int f8 = g->sh.fp8_all_gather && prm->float8;

@@ -71,7 +71,7 @@ const char *mp_reject_name(mp_reject r) { return (unsigned)r < MP_REJECT_COUNT ?
 const char *mp_reject_words(mp_reject r) { return (unsigned)r < MP_REJECT_COUNT ? k_reject_words[r] : "?"; }
 
 const mp_reject mp_search_rule_order[] = {
-    MP_REJECT_PP_LAYERS, MP_REJECT_MOE_PP, MP_REJECT_TP_HEADS, MP_REJECT_TP_KV_HEADS,
+    MP_REJECT_PP_LAYERS, MP_REJECT_TP_HEADS, MP_REJECT_TP_KV_HEADS,
     MP_REJECT_TP_D_FF, MP_REJECT_TP_D_MODEL, MP_REJECT_TP_CROSS_NODE, MP_REJECT_EP_EXPERTS,
     MP_REJECT_CP_SEQ, MP_REJECT_BATCH, MP_REJECT_PP_VIRTUAL, MP_REJECT_SP_SEQ, MP_REJECT_FP8_GPU,
     MP_REJECT_FP8_DIMS, MP_REJECT_RESHARD_NOOP, MP_REJECT_MEMORY_BOUND, MP_REJECT_MEMORY_MB,
@@ -181,7 +181,6 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
   const mp_model *m = cfg->model;
   int pp = mesh->size[MP_DIM_PP], tp = mesh->size[MP_DIM_TP], cp = mesh->size[MP_DIM_CP];
   if (!mp_rule_pp_chunks_ok(m->n_layers, pp, 1)) return MP_REJECT_PP_LAYERS;
-  if (!mp_rule_moe_pp_ok(m, pp)) return MP_REJECT_MOE_PP;
   const mp_reject tpr = tp_reject(m, tp);
   if (tpr != MP_REJECT_NONE) return tpr;
   if (!cfg->allow_cross_node_tp && cfg->cluster->gpus_per_node % tp) return MP_REJECT_TP_CROSS_NODE;
@@ -212,13 +211,36 @@ static double bound_bytes_per_param(const mp_search_config *cfg, const mp_mesh *
   return b[0] + b[1] / (double)ways;
 }
 
-/* Lower bound of a rank's peak memory (see search.h). */
+/* The routed experts' parameters: 3 Linears [d_ff_expert, d_model] per expert per MoE
+ * layer. */
+static double routed_expert_params(const mp_model *m) {
+  return (double)mp_model_n_moe_layers(m) * (double)m->n_experts * 3.0 * (double)m->d_model *
+         (double)m->d_ff_expert;
+}
+
+/* Lower bound of a rank's peak memory (see search.h). DDP on the expert grid holds the
+ * routed experts whole (etp=1) over ep x pp, not over tp x pp, and shards their optimizer
+ * over expert-DP (stage / ep ranks): they are counted apart, their cut optimizer bytes at
+ * the larger of the two data-parallel ways (a lower bound either way). */
 static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *mesh,
                                     double n_params) {
   int64_t shards;
   const double b = bound_bytes_per_param(cfg, mesh, &shards);
-  return b * n_params / (double)shards +
-         cfg->cluster->gpu.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0;
+  const double rt = cfg->cluster->gpu.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0;
+  if (!(cfg->dp == MP_DP_DDP && mesh->ep > 1 && mp_mesh_expert_grid(mesh)))
+    return b * n_params / (double)shards + rt;
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.dp = cfg->dp;
+  o.ddp.shard_optimizer = cfg->ddp_shard_optimizer;
+  double split[2];
+  int64_t ways = 1;
+  mp_plan_dp_state_bytes(mesh, &o, split, &ways);
+  const int64_t pp = mesh->size[MP_DIM_PP], stage = mp_mesh_world(mesh) / pp;
+  const int64_t edp = cfg->ddp_shard_optimizer ? stage / mesh->ep : 1;
+  const double ne = routed_expert_params(cfg->model) < n_params ? routed_expert_params(cfg->model) : 0.0;
+  const double be = split[0] + split[1] / (double)(ways > edp ? ways : edp);
+  return b * (n_params - ne) / (double)shards + be * ne / (double)(mesh->ep * pp) + rt;
 }
 
 /* Interleaving: the pp x v model chunks hold a layer each and the micro-batches come in
@@ -260,9 +282,6 @@ static int mesh_reason(const mp_search_config *cfg, const mp_candidate *c, char 
     case MP_REJECT_PP_LAYERS:
       snprintf(buf, cap, "pp=%d exceeds n_layers=%lld: a stage needs at least one layer", pp,
                (long long)m->n_layers);
-      break;
-    case MP_REJECT_MOE_PP:
-      snprintf(buf, cap, "MoE model with pp=%d: pipeline parallelism with MoE is not supported", pp);
       break;
     case MP_REJECT_TP_HEADS:
       snprintf(buf, cap, "tp=%d does not divide n_heads=%lld", tp, (long long)m->n_heads);
@@ -531,6 +550,19 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
   return MP_OK;
 }
 
+/* The expert grid's EP sizes (exec/mesh.h, etp=1) where DDP holds the dense weights
+ * (Megatron-Core: EP carved from the stage's data-parallel, context and tensor ranks): ep
+ * dividing the routed experts, on a layout the mesh accepts. Under FSDP the search keeps EP
+ * inside dp_shard (torchtitan's default, expert_tensor_parallel_degree = tp); the grid there
+ * is simulated when the mesh names it. */
+static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep) {
+  const int dps = mesh->size[MP_DIM_DP_SHARD], inner = dps * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP];
+  const int stage = mp_mesh_world(mesh) / mesh->size[MP_DIM_PP];
+  if (cfg->dp != MP_DP_DDP || ep <= 1 || dps % ep == 0 || cfg->model->n_experts % ep || !fixed_ok(cfg->fix.ep, ep))
+    return 0;
+  return inner % ep == 0 || (ep % inner == 0 && stage % ep == 0);
+}
+
 mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_search **out) {
   *out = NULL;
   if (!cfg->model || !cfg->cluster)
@@ -589,8 +621,15 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
           for (int ep = 1; ep <= dps && st == MP_OK; ep++) {
             if (dps % ep || (!moe && ep > 1) || !fixed_ok(fx->ep, ep)) continue;
             mesh.ep = ep;
+            mesh.etp = 0;
             st = enum_options(&e, &mesh);
           }
+          for (int k = 0; moe && k < nd && divs[k] <= r1 && st == MP_OK; k++)
+            if (grid_ep_ok(cfg, &mesh, divs[k])) {
+              mesh.ep = divs[k];
+              mesh.etp = 1;
+              st = enum_options(&e, &mesh);
+            }
         }
       }
     }

@@ -84,7 +84,6 @@ extern "C" {
   X(NONE, "", "ranked")                                                                     \
   /* pp x chunks over the layers (mp_rule_pp_chunks_ok) */                                  \
   X(PP_LAYERS, "pp_layers", "pp over the layers")                                           \
-  X(MOE_PP, "moe_pp", "MoE with pipeline parallelism")                                      \
   /* tp does not divide a size the TP pass shards (mp_rule_tp_dim) */                       \
   X(TP_HEADS, "tp_heads", "tp does not divide the attention heads")                         \
   X(TP_KV_HEADS, "tp_kv_heads", "tp does not divide the key/value heads")                   \

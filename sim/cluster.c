@@ -29,7 +29,8 @@ static const char *const k_gpu_alias[][2] = {
     {"h200-sxm", "h200"},                {"h200-141gb", "h200"},
     {"b200-180gb-sxm", "b200"},          {"b200-sxm", "b200"},
     {"l40s-48gb", "l40s"},               {"mi300x-192gb", "mi300x"},
-    {"instinct-mi300x", "mi300x"},
+    {"instinct-mi300x", "mi300x"},       {"h800-sxm", "h800"},
+    {"h800-80gb-sxm", "h800"},           {"h800-sxm5", "h800"},
 };
 
 /* "kernel_eff" (cluster.h, mp_kernel_eff): optional as a whole, a profile without it

@@ -446,10 +446,10 @@ static mp_status world_all_reduce_max(mp_ctx *ctx, const void *send, void *recv,
  * the MPI world, from one all-reduce: each decision below is then the same on every rank,
  * so either all ranks go on to split or all return the same error. */
 mp_status mp_comm_mpi_agree_on_mesh(mp_ctx *ctx, const mp_mesh *mesh, int world) {
-  enum { N = MP_MESH_NDIMS + 1 };
+  enum { N = MP_MESH_NDIMS + 2 }; /* the dims, ep, etp */
   long long v[2 * N]; /* max of each dim, then max of its negation (= -min) */
   for (int i = 0; i < N; i++) {
-    long long x = i < MP_MESH_NDIMS ? mesh->size[i] : mesh->ep;
+    long long x = i < MP_MESH_NDIMS ? mesh->size[i] : i == MP_MESH_NDIMS ? mesh->ep : mesh->etp;
     v[i] = x;
     v[N + i] = -x;
   }
@@ -459,7 +459,7 @@ mp_status mp_comm_mpi_agree_on_mesh(mp_ctx *ctx, const mp_mesh *mesh, int world)
       return mp_error(ctx, MP_ERR_INVALID,
                       "the ranks were given different meshes (%s ranges from %lld to %lld "
                       "across ranks); pass the same --mesh to every rank",
-                      i < MP_MESH_NDIMS ? mp_mesh_dim_name((mp_mesh_dim)i) : "ep", -v[N + i],
+                      i < MP_MESH_NDIMS ? mp_mesh_dim_name((mp_mesh_dim)i) : i == MP_MESH_NDIMS ? "ep" : "etp", -v[N + i],
                       v[i]);
   MP_CHECK(mp_mesh_validate(ctx, mesh));
   int mw = mp_mesh_world(mesh);

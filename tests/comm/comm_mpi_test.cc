@@ -167,12 +167,12 @@ TEST(CommMpi, InvalidMeshFailsOnEveryRank) {
   mp_mesh m;
   mp_mesh_init(&m);
   m.size[MP_DIM_DP_SHARD] = g_world;
-  m.ep = 3 * g_world;  // does not divide dp_shard
+  m.ep = 3 * g_world;  // neither divides dp_shard nor fits the world
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_comm *c = nullptr;
   EXPECT_EQ(mp_comm_create_mpi(&ctx, &m, &c), MP_ERR_INVALID);
-  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("must divide dp_shard"), std::string::npos)
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("expert parallelism takes ep consecutive ranks"), std::string::npos)
       << mp_errmsg(&ctx);
 }
 

@@ -130,7 +130,11 @@ TEST(Mesh, EpWithTensorParallelInside) {
 // rank's index is its position in the list, and ranks come in increasing order.
 TEST(Mesh, GroupsPartitionTheWorld) {
   const char *specs[] = {"dp_shard=2,tp=4", "dp_shard=8,ep=4", "pp=2,dp_replicate=3,dp_shard=4,cp=2,tp=2,ep=2",
-                         "dp_replicate=2,dp_shard=6,ep=3,tp=2", "tp=1"};
+                         "dp_replicate=2,dp_shard=6,ep=3,tp=2", "tp=1",
+                         // the expert grid
+                         "dp_replicate=8,ep=8", "dp_replicate=4,tp=4,ep=8,etp=1",
+                         "pp=2,dp_replicate=2,dp_shard=4,tp=2,ep=4,etp=1", "pp=2,dp_replicate=4,ep=4",
+                         "dp_shard=2,cp=2,tp=2,ep=8"};
   for (const char *spec : specs) {
     SCOPED_TRACE(spec);
     mp_mesh m = Parse(spec, 0);
@@ -164,9 +168,81 @@ TEST(Mesh, GroupsPartitionTheWorld) {
       for (int r = 0; r < world; r++) ASSERT_EQ(count[r], 1) << r;
     }
     EXPECT_EQ(mp_mesh_group_size(&m, MP_GROUP_WORLD), world);
-    EXPECT_EQ(mp_mesh_group_size(&m, MP_GROUP_EP) * mp_mesh_group_size(&m, MP_GROUP_EFSDP),
-              mp_mesh_group_size(&m, MP_GROUP_DP_SHARD));
+    if (!mp_mesh_expert_grid(&m)) {
+      EXPECT_EQ(mp_mesh_group_size(&m, MP_GROUP_EP) * mp_mesh_group_size(&m, MP_GROUP_EFSDP),
+                mp_mesh_group_size(&m, MP_GROUP_DP_SHARD));
+    }
+    // a stage's ranks are EP x expert-DP in either layout
+    EXPECT_EQ(mp_mesh_group_size(&m, MP_GROUP_EP) * mp_mesh_group_size(&m, MP_GROUP_EDP) *
+                  (mp_mesh_expert_grid(&m) ? 1 : m.size[MP_DIM_TP]),
+              world / m.size[MP_DIM_PP]);
   }
+}
+
+// Megatron-Core's EP 8 over a data-parallel group of 8 (--expert-model-parallel-size 8, DDP
+// over dp_replicate): ep does not divide dp_shard=1, so the experts use their own grid
+// [edp, ep, etp] = [1, 8, 1] over the 8 ranks: one EP group of all of them, each rank its own
+// expert-DP group (nothing to reduce the experts' gradients over), while the dense weights'
+// DP group is all 8.
+TEST(Mesh, ExpertGridEpOverDataParallel) {
+  mp_mesh m = Parse("dp_replicate=8,ep=8", 8);
+  EXPECT_TRUE(mp_mesh_expert_grid(&m));
+  EXPECT_EQ(Group(m, MP_GROUP_EP, 5), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(Group(m, MP_GROUP_EDP, 5), (std::vector<int>{5}));
+  EXPECT_EQ(Group(m, MP_GROUP_DP_REPLICATE, 5), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(mp_mesh_ep_index(&m, 5), 5);
+  char f[64];
+  mp_mesh_format(&m, f, sizeof f);
+  EXPECT_STREQ(f, "dp_replicate=8,ep=8");
+}
+
+// EP spanning the TP ranks (etp=1) while attention runs tp=4: 16 ranks as
+// [dp_replicate=4, tp=4], rank = 4 d + t. The expert grid [edp=2, ep=8, etp=1]: EP groups are
+// 8 consecutive ranks (two TP groups), the expert-DP group of rank 3 the ranks 8 apart; the
+// dense groups are untouched (TP {0..3}, DP {3, 7, 11, 15}).
+TEST(Mesh, ExpertGridEpSpansTensorParallel) {
+  mp_mesh m = Parse("dp_replicate=4,tp=4,ep=8,etp=1", 16);
+  EXPECT_EQ(Group(m, MP_GROUP_EP, 3), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(Group(m, MP_GROUP_EP, 9), (std::vector<int>{8, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(Group(m, MP_GROUP_EDP, 3), (std::vector<int>{3, 11}));
+  EXPECT_EQ(Group(m, MP_GROUP_TP, 3), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(Group(m, MP_GROUP_DP_REPLICATE, 3), (std::vector<int>{3, 7, 11, 15}));
+  EXPECT_EQ(mp_mesh_ep_index(&m, 9), 1);
+  EXPECT_EQ(mp_mesh_group_id(&m, MP_GROUP_EP, 9), 1);
+}
+
+// torchtitan's EP borrowed from dp_shard x tp (etp=1) under HSDP: 16 ranks as
+// [dp_replicate=2, dp_shard=4, tp=2], rank = 8 r + 2 s + t. ep=4 takes ranks 4k..4k+3; the
+// experts' FSDP group varies the rest of dp_shard x tp (8 / 4 = 2: ranks 4 apart) and
+// dp_replicate replicates (expert-DP of rank 0: {0, 4, 8, 12}); the dense FSDP group of
+// rank 0 is dp_shard's {0, 2, 4, 6}.
+TEST(Mesh, ExpertGridBorrowsDpShardAndTp) {
+  mp_mesh m = Parse("dp_replicate=2,dp_shard=4,tp=2,ep=4,etp=1", 16);
+  EXPECT_EQ(Group(m, MP_GROUP_EP, 0), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(Group(m, MP_GROUP_EFSDP, 0), (std::vector<int>{0, 4}));
+  EXPECT_EQ(Group(m, MP_GROUP_EFSDP, 13), (std::vector<int>{9, 13}));
+  EXPECT_EQ(Group(m, MP_GROUP_EDP, 0), (std::vector<int>{0, 4, 8, 12}));
+  EXPECT_EQ(Group(m, MP_GROUP_DP_SHARD, 0), (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(mp_mesh_efsdp_index(&m, 13), 1);
+}
+
+// EP inside each pipeline stage: [pp=2, dp_replicate=4], ep=4 per stage.
+TEST(Mesh, ExpertGridStaysInsideAStage) {
+  mp_mesh m = Parse("pp=2,dp_replicate=4,ep=4", 8);
+  EXPECT_EQ(Group(m, MP_GROUP_EP, 5), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(Group(m, MP_GROUP_EDP, 5), (std::vector<int>{5}));
+}
+
+TEST(Mesh, ExpertGridRefusals) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_mesh m;
+  // ep neither divides dp_shard x cp x tp = 2 nor divides the stage's 6 ranks
+  EXPECT_EQ(mp_mesh_parse(&ctx, "dp_replicate=3,tp=2,ep=4", 0, &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "ep=4: expert parallelism takes ep consecutive ranks")) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_mesh_parse(&ctx, "dp_replicate=2,tp=4,ep=2,etp=2", 0, &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "etp=2: expert tensor parallelism")) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_mesh_parse(&ctx, "dp_replicate=2,etp=-1", 0, &m), MP_ERR_INVALID);
 }
 
 TEST(Mesh, ParseAliasesInferenceAndFormat) {
@@ -197,7 +273,7 @@ TEST(Mesh, ParseAliasesInferenceAndFormat) {
 
 TEST(Mesh, ParseErrorsNameTheProblem) {
   struct { const char *spec; int world; const char *want; } cases[] = {
-      {"foo=2", 0, "unknown mesh dim 'foo'; known dims: pp, dp_replicate, dp_shard, cp, tp, ep"},
+      {"foo=2", 0, "unknown mesh dim 'foo'; known dims: pp, dp_replicate, dp_shard, cp, tp, ep, etp"},
       {"tp=2,tp=2", 0, "mesh dim 'tp' given twice"},
       {"dp_rep=2,dp_replicate=2", 0, "given twice"},
       {"tp=0", 0, "mesh dim tp='0': expected an integer in 1..1048576 (or -1 for the rest)"},
@@ -209,8 +285,8 @@ TEST(Mesh, ParseErrorsNameTheProblem) {
       {"tp", 0, "mesh entry 'tp' has no size"},
       {"", 0, "empty mesh"},
       {"tp=2,dp_shard=2", 8, "mesh dp_shard=2,tp=2 has 4 ranks but the world has 8"},
-      {"dp_shard=6,ep=4", 0, "ep=4 must divide dp_shard=6"},
-      {"tp=2,ep=2", 0, "ep=2 must divide dp_shard=1"},
+      {"dp_shard=6,ep=4", 0, "ep=4: expert parallelism takes ep consecutive ranks of a pipeline stage"},
+      {"tp=2,ep=4", 0, "choose ep dividing dp_shard x cp x tp = 2, or a multiple of it dividing 2"},
       {"dp_shard=-1,tp=-1", 8, "only one mesh dim may be -1"},
       {"dp_shard=-1,tp=3", 8, "cannot infer dp_shard"},
       {"dp_shard=-1", 0, "needs a known world size"},

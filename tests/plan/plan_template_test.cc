@@ -121,7 +121,7 @@ TEST(PlanTemplate, RefusalsMatchBuildPlan) {
   mp_model moe = LoadModel("tiny-moe");
   mp_plan_template *t = nullptr;
   ASSERT_EQ(mp_plan_template_create(&ctx, &moe, &t), MP_OK) << mp_errmsg(&ctx);
-  mp_mesh pp = Mesh("pp=2,dp_shard=2"); /* MoE with pipeline parallelism is refused */
+  mp_mesh pp = Mesh("dp_shard=3,ep=3"); /* ep does not divide the 8 experts: refused */
   mp_plan *p = nullptr;
   ASSERT_EQ(mp_build_plan(&ctx, &moe, &pp, nullptr, &p), MP_ERR_INVALID);
   std::string want = mp_errmsg(&ctx);

@@ -204,13 +204,37 @@ TEST(SearchPrune, MemoryLowerBoundSkipsHopelessPlans) {
   EXPECT_EQ(u.find(1, 4, 2, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
 }
 
-TEST(SearchPrune, MoeWithPipelineRejected) {
+// MoE with pipeline parallelism is planned (Megatron-Core and torchtitan run EP's
+// all-to-alls inside a stage); only the runtime refuses it (exec/runtime/check.c).
+TEST(SearchPrune, MoeWithPipelineRanked) {
   Search t(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
   t.enumerate();
   const mp_candidate *c = t.find(2, 1, 2, 1, 1, 1, 1, 0, 0, 0);
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->reject, MP_REJECT_MOE_PP);
+  EXPECT_EQ(c->reject, MP_REJECT_NONE);
   EXPECT_EQ(t.find(1, 1, 4, 1, 1, 2, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+}
+
+// Under DDP (Megatron-Core) the search carves EP from the stage's data-parallel and tensor
+// ranks (the expert grid, etp=1): 8 experts on 8 GPUs give EP 8 over dp_replicate 8, EP 4
+// over dp_replicate 4 x pp 2, and EP 4 spanning tp=2 x dp_replicate 2 (EP 4 > dp 2), none of
+// which divides dp_shard=1; an ep that does not divide the 8 experts (or the stage) is not
+// enumerated. Under FSDP EP stays inside dp_shard.
+TEST(SearchPrune, DdpSearchesTheExpertGrid) {
+  Search t(fake_moe_model(8), fake_cluster(1, 8), 4096, 8);
+  t.cfg.dp = MP_DP_DDP;
+  t.enumerate();
+  for (auto k : {std::vector<int>{1, 8, 1, 1, 1, 8}, {2, 4, 1, 1, 1, 4}, {1, 2, 1, 1, 4, 4}, {1, 4, 1, 1, 2, 8}}) {
+    const mp_candidate *c = t.find(k[0], k[1], k[2], k[3], k[4], k[5], 1, 0, 0, 0);
+    ASSERT_NE(c, nullptr) << k[0] << " " << k[1] << " " << k[4] << " " << k[5];
+    EXPECT_TRUE(mp_mesh_expert_grid(&c->mesh));
+    EXPECT_EQ(c->mesh.etp, 1);
+  }
+  EXPECT_EQ(t.find(1, 2, 1, 1, 4, 16, 1, 0, 0, 0), nullptr);
+  Search f(fake_moe_model(8), fake_cluster(1, 8), 4096, 8);
+  f.enumerate();
+  EXPECT_EQ(f.find(1, 8, 1, 1, 1, 8, 1, 0, 0, 0), nullptr);
+  EXPECT_NE(f.find(1, 1, 8, 1, 1, 8, 1, 0, 0, 0), nullptr);
 }
 
 TEST(SearchPrune, TensorParallelMustDivideEachDim) {

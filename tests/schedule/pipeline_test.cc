@@ -316,7 +316,8 @@ TEST(PipelineSchedule, TiedEmbeddingsAcrossStages) {
 
 // The layers of every model chunk of `model` on pp stages x v chunks (interleaved when v >
 // 1), chunk k = c x pp + s in order, or empty with the refusal in *err.
-std::vector<int> ChunkSizes(const char *model, int pp, int v, std::string *err = nullptr) {
+std::vector<int> ChunkSizes(const char *model, int pp, int v, std::string *err = nullptr,
+                            const std::vector<int> &layout = {}) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_model m;
@@ -326,6 +327,8 @@ std::vector<int> ChunkSizes(const char *model, int pp, int v, std::string *err =
   mp_plan_options o;
   mp_plan_options_init(&o);
   if (v > 1) o.pp_schedule = MP_PP_INTERLEAVED, o.pp_virtual = v;
+  o.n_pp_layers = (int)layout.size();
+  for (size_t s = 0; s < layout.size(); s++) o.pp_layers[s] = (int16_t)layout[s];
   mp_plan *p = nullptr;
   std::vector<int> sizes;
   if (mp_build_plan(&ctx, &m, &mesh, &o, &p) != MP_OK) {
@@ -345,6 +348,37 @@ std::vector<int> ChunkSizes(const char *model, int pp, int v, std::string *err =
   EXPECT_EQ(next, m.n_layers);
   mp_plan_destroy(p);
   return sizes;
+}
+
+// A stated layout (pp_layers, --pp-layers): stage s holds layout[s] layers, in order.
+// Llama 3 405B's 126 layers on pp=16 with one layer fewer on the first and the last stage
+// (Dubey et al. 2024, sec. 3.3.2) is 7, 8 x 14, 7 (= 126), which is also torchtitan's default
+// split; Megatron's --decoder-first-pipeline-num-layers 6 puts 6 on stage 0, 8 on the other
+// 15 (6 + 15 x 8 = 126). DeepSeek-V3's 61 layers on pp=16 as 1 + 15 x 4: layer 0 alone on
+// stage 0, layers 1-4 on stage 1, layer 60 on stage 15.
+TEST(PipelineSchedule, StatedLayoutGivesEachStageItsCount) {
+  std::vector<int> llama(16, 8);
+  llama[0] = llama[15] = 7;
+  EXPECT_EQ(ChunkSizes("llama3.1-405b", 16, 1, nullptr, llama), llama);
+  EXPECT_EQ(ChunkSizes("llama3.1-405b", 16, 1), llama);
+  std::vector<int> first6(16, 8);
+  first6[0] = 6;
+  EXPECT_EQ(ChunkSizes("llama3.1-405b", 16, 1, nullptr, first6), first6);
+  std::vector<int> ds(16, 4);
+  ds[0] = 1;
+  EXPECT_EQ(ChunkSizes("deepseek-v3", 16, 1, nullptr, ds), ds);
+  // refused: a count per stage, adding up to the layers, one chunk per stage
+  std::string err;
+  EXPECT_TRUE(ChunkSizes("llama3.1-405b", 8, 1, &err, llama).empty());
+  EXPECT_NE(err.find("pp_layers names 16 stages but the mesh has pp=8"), std::string::npos) << err;
+  std::vector<int> bad = llama;
+  bad[3] = 9;
+  EXPECT_TRUE(ChunkSizes("llama3.1-405b", 16, 1, &err, bad).empty());
+  EXPECT_NE(err.find("pp_layers sum to 127 layers but llama3.1-405b has 126"), std::string::npos) << err;
+  std::vector<int> eight(8, 16);
+  eight[0] = 15, eight[7] = 15;
+  EXPECT_TRUE(ChunkSizes("llama3.1-405b", 8, 2, &err, eight).empty());
+  EXPECT_NE(err.find("interleaved schedule's 2 chunks"), std::string::npos) << err;
 }
 
 TEST(PipelineSchedule, UnevenSplitAsTorchtitan) {

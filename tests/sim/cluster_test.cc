@@ -27,7 +27,7 @@ TEST(Cluster, DtypeBytesAndNames) {
 // The names ../shared/validation/ uses, the GPUs people rent, plus the CPU profile.
 TEST(Cluster, EveryGpuProfileLoads) {
   for (const char *name : {"a100-80gb-sxm", "a100-40gb-sxm", "h100-sxm", "h100-pcie", "h100-nvl", "h100-96gb-500w",
-                           "h200", "b200", "l40s", "mi300x", "cpu"})
+                           "h200", "h800", "b200", "l40s", "mi300x", "cpu"})
     EXPECT_NE(mp_data_find("gpus", name), nullptr) << name;
   size_t n = 0;
   const mp_data_entry *e = mp_data_entries(&n);
@@ -77,6 +77,8 @@ TEST(Cluster, RentedGpusFromTheirDatasheets) {
   } want[] = {{"a100-40gb-sxm", 312, 0, 40, 1555, 300, 80, MP_GPU_API_CUDA},
               {"h100-pcie", 756.5, 1513, 80, 2000, 64, 90, MP_GPU_API_CUDA},
               {"h100-nvl", 835.5, 1670.5, 94, 3900, 64, 90, MP_GPU_API_CUDA},
+              // NVIDIA H800 datasheet (SXM5): the H100 SXM's compute, NVLink 400 GB/s both ways
+              {"h800", 989.4, 1978.9, 80, 3350, 200, 90, MP_GPU_API_CUDA},
               {"l40s", 362.05, 733, 48, 864, 32, 89, MP_GPU_API_CUDA},
               {"mi300x", 1307.4, 2614.9, 192, 5300, 448, 0, MP_GPU_API_ROCM}};
   for (const Want &w : want) {
@@ -213,7 +215,7 @@ TEST(Cluster, GpuByItsOtherNames) {
                                  {"a100", "a100-80gb-sxm"},         {"a100-40gb", "a100-40gb-sxm"},
                                  {"H100 PCIe", "h100-pcie"},        {"h100-nvl", "h100-nvl"},
                                  {"h200", "h200"},                  {"L40S", "l40s"},
-                                 {"MI300X", "mi300x"}};
+                                 {"MI300X", "mi300x"},              {"H800-SXM5", "h800"}};
   for (const auto &w : want) {
     ASSERT_EQ(mp_gpu_load(&ctx, w[0], &g), MP_OK) << w[0] << ": " << mp_errmsg(&ctx);
     EXPECT_STREQ(g.name, w[1]) << w[0];

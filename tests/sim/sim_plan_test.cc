@@ -339,6 +339,32 @@ TEST(PlanPipeline, DistinctStagesEqualAllStages) {
   }
 }
 
+// Uneven stages (pp_layers): Llama-3.1-8B's 32 layers on pp=4. The stated 8, 8, 8, 8 is the
+// default split and simulates to the same result; under 1F1B the step is paced by the
+// slowest stage, so moving three layers off stage 0 onto the others (5, 9, 9, 9) lengthens
+// the step, and stage 0, now holding 5 layers' weights and activations, peaks lower. Each
+// stage simulated alone equals the whole pipeline's view of it (CheckDistinctStages).
+TEST(PlanPipeline, StatedUnevenStages) {
+  PlanCase s("llama3.1-8b", "h100-8", "pp=4,dp_shard=2");
+  s.FullAcOneSequence(8192, 16);
+  int64_t peak[4] = {0, 0, 0, 0};
+  s.cfg.stage_peak_bytes = peak;
+  const mp_sim_result even = s.Sim();
+  const int64_t even0 = peak[0];
+  const int16_t same[4] = {8, 8, 8, 8}, uneven[4] = {5, 9, 9, 9};
+  s.o.n_pp_layers = 4;
+  memcpy(s.o.pp_layers, same, sizeof same);
+  const mp_sim_result stated = s.Sim();
+  EXPECT_EQ(stated.step_time_s, even.step_time_s);
+  EXPECT_EQ(stated.peak_mem_bytes, even.peak_mem_bytes);
+  memcpy(s.o.pp_layers, uneven, sizeof uneven);
+  const mp_sim_result r = s.Sim();
+  EXPECT_GT(r.step_time_s, even.step_time_s);
+  EXPECT_LT(peak[0], even0);
+  s.cfg.stage_peak_bytes = nullptr;
+  CheckDistinctStages(s, "llama3.1-8b pp=4 5,9,9,9");
+}
+
 // Each stage's peak (mp_sim_config.stage_peak_bytes): Llama-3.1-8B on pp=4 (8 layers a
 // stage), full AC, 8 micro-batches of one 8192-token sequence under 1F1B. Stage s holds pp -
 // s micro-batches at once, so the two middle stages, which run the same schedule, differ by

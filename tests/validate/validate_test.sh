@@ -116,6 +116,32 @@ if ! "$BIN" validate "$pick" >"$out.pick" 2>&1 || ! grep -qE '^peak_mem_gib +4 +
 fi
 rm -f "$out.pick"
 /usr/bin/python3 tests/validate/bands.py "$BIN" "$pick" --label validate_test_ties --min-rows 5 || exit 1
+# The etp column (tests/data/validation/README.md): Megatron-Core's EP 8 over a data-parallel
+# group of 8 (ep not dividing dp_shard 1: the expert grid, etp left empty) and EP 8 spanning
+# tp=4 (etp 1) are simulated; etp 2 (expert tensor parallelism, not modelled) is refused
+# with exit 2, naming the row and the rule.
+cat >"$pick" <<'CSV'
+case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,pp_virtual,cp,ep,etp,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,stack,metric,value,notes
+ep_over_dp,test,mixtral-8x7b,8,h100-sxm,8,400,8,1,1,1,,,1,8,,4096,1,1,8,full,0,0,megatron-core,tokens_per_s_per_gpu,1000,
+ep_over_tp,test,mixtral-8x7b,8,h100-sxm,8,400,2,1,4,1,,,1,8,1,4096,4,1,8,full,0,1,megatron-core,tokens_per_s_per_gpu,1000,
+CSV
+if ! "$BIN" validate "$pick" >"$out.pick" 2>&1 || ! grep -qE '^ep_over_dp +tokens_per_s_per_gpu +1 +[0-9]' "$out.pick" ||
+   ! grep -qE '^ep_over_tp +tokens_per_s_per_gpu +1 +[0-9]' "$out.pick"; then
+  echo "FAIL: the expert grid's rows (ep beyond dp_shard, etp 1):" >&2
+  cat "$out.pick" >&2
+  rm -f "$out.pick"
+  exit 1
+fi
+echo "etp2,test,mixtral-8x7b,8,h100-sxm,8,400,2,1,4,1,,,1,4,2,4096,4,1,8,full,0,1,megatron-core,tokens_per_s_per_gpu,1000," >>"$pick"
+"$BIN" validate "$pick" >"$out.pick" 2>&1
+rc=$?
+if [ "$rc" != 2 ] || ! grep -q "row 'etp2'): etp=2: expert tensor parallelism (experts split over tp) is not modelled" "$out.pick"; then
+  echo "FAIL: etp 2 should be refused with exit 2 naming the row (exit $rc):" >&2
+  cat "$out.pick" >&2
+  rm -f "$out.pick"
+  exit 1
+fi
+rm -f "$out.pick"
 # The dev rows (bands.py recomputes every error, MAPE and tau-b from the figures):
 #   - each prediction within 1 % of expected.txt;
 #   - each row within 5 % of its published figure: the rows are what the stacks are fitted

@@ -1,0 +1,126 @@
+// The expert grid's collectives (exec/mesh.h): Megatron-Core's EP carved from the
+// data-parallel and tensor ranks, with DDP reducing the routed experts' gradients over their
+// expert-DP group and the dense weights' over dp_replicate, each group and byte count
+// derived by hand.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "exec/plan.h"
+#include "exec/schedule.h"
+#include "tests/schedule/built.h"
+
+using namespace sched_test;
+
+namespace {
+
+// Mixtral 8x7B's routed experts: 32 MoE layers x 8 experts x 3 Linears [14336, 4096].
+int64_t RoutedExperts(const mp_model &m) {
+  return m.n_layers * m.n_experts * 3 * m.d_model * m.d_ff_expert;
+}
+
+}  // namespace
+
+// Mixtral 8x7B under Megatron-Core on dp_replicate=8, ep=2 (EP 2 over a data-parallel group
+// of 8: the expert grid [edp 4, ep 2, etp 1]), the distributed optimizer. A rank holds the
+// dense weights D = N - E whole and its ep rank's half of the routed experts, e = E / 2.
+// Gradients (fp32, 4 bytes): the dense 4 D reduce-scattered over dp_replicate (8 ranks),
+// the experts' 4 e over expert-DP (4 ranks: the ranks of the other ep index hold other
+// experts); the updated bf16 parameters gathered back the same way, 2 D and 2 e. The fp32
+// master and Adam state: 12 bytes on ceil(D / 8) + ceil(e / 4) parameters. Without overlap
+// one reduce-scatter and one all-gather per group; with it a bucket per block (32 for the
+// experts, 32 + the root's for the dense weights). Each MoE layer's dispatch and combine:
+// two all-to-alls over EP forward and two backward of 8192 tokens x top_k 2 x 4096 in bf16.
+TEST(ExpertGrid, DdpReducesExpertsOverExpertDp) {
+  for (int overlap = 0; overlap <= 1; overlap++) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    Built b;
+    Opts o;
+    o.model = "mixtral-8x7b";
+    o.mesh = "dp_replicate=8,ep=2";
+    o.mem_model = MP_MEM_MODEL_MEGATRON;
+    o.global_batch = 8;
+    o.dist_opt = 1;
+    o.dp_overlap = overlap;
+    Build(&b, o);
+    const mp_model &m = b.model;
+    const int64_t E = RoutedExperts(m), D = mp_model_param_count(&m) - E, e = E / 2;
+    const int64_t shard = (D + 7) / 8 + (e + 3) / 4;
+    EXPECT_EQ(b.s->resident_bytes[MP_MEM_PARAMS], 2 * (D + e) + 4 * shard);
+    EXPECT_EQ(b.s->resident_bytes[MP_MEM_OPTIMIZER], 8 * shard);
+    EXPECT_EQ(b.s->resident_bytes[MP_MEM_GRADS], 4 * (D + e));
+    mp_schedule_totals t;
+    mp_schedule_totals_compute(b.s, &t);
+    EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_REDUCE_SCATTER][MP_GROUP_DP_REPLICATE], 4.0 * D);
+    EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_REDUCE_SCATTER][MP_GROUP_EDP], 4.0 * e);
+    EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_DP_REPLICATE], 2.0 * D);
+    EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_EDP], 2.0 * e);
+    EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_EDP], overlap ? m.n_layers : 1);
+    EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_DP_REPLICATE], overlap ? m.n_layers + 1 : 1);
+    EXPECT_EQ(t.n_comm[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 4 * m.n_layers);
+    EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 4.0 * m.n_layers * 2 * 8192 * 2 * 4096);
+    EXPECT_EQ(mp_mesh_group_size(&b.plan->mesh, MP_GROUP_EDP), 4);
+  }
+}
+
+// EP 8 spanning the TP ranks (etp=1) while attention runs tp=4: dp_replicate=2, tp=4,
+// ep=8. Each rank routes its own sequence shard, 8192 / 4 = 2048 tokens (Megatron-Core's
+// token dispatcher under SP), so an all-to-all carries 2048 x 2 x 4096 bf16 values, and its
+// one local expert receives 2048 x 2 x 8 / 8 = 4096 rows. Every rank holds different
+// experts (expert-DP of 1): nothing reduces their gradients; the dense weights' go over
+// dp_replicate (2).
+TEST(ExpertGrid, EpSpanningTensorParallelRoutesTheSequenceShard) {
+  Built b;
+  Opts o;
+  o.model = "mixtral-8x7b";
+  o.mesh = "dp_replicate=2,tp=4,ep=8,etp=1";
+  o.mem_model = MP_MEM_MODEL_MEGATRON;
+  o.global_batch = 2;
+  Build(&b, o);
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(b.s, &t);
+  const mp_model &m = b.model;
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 4.0 * m.n_layers * 2 * 2048 * 2 * 4096);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_EDP] + t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_EDP], 0);
+  EXPECT_GT(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_DP_REPLICATE], 0);
+  int gemms = 0;
+  for (const Inst &x : Expand(b.s))
+    if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_GEMM && x.op->module == MP_MOD_EXPERTS_GATE &&
+        x.op->variant == MP_VAR_FWD) {
+      EXPECT_EQ(x.op->m, 4096);
+      EXPECT_EQ(x.op->batch, 1);
+      gemms++;
+    }
+  EXPECT_EQ(gemms, m.n_layers);
+}
+
+// MoE under a pipeline (DeepSeek-V3's layout on 2,048 GPUs, tech report sec. 3.2, with EP
+// inside dp_shard as torchtitan runs it): 61 layers on pp=16 split as torchtitan splits them,
+// 3 a stage and the 13 left over one each to stages 1-13: stage 0 holds layers 0-2 (the
+// three leading dense layers: no all-to-all), stage 1 layers 3-6 and stage 15 layers 58-60
+// (MoE). Under full AC a MoE layer's dispatch and combine are two all-to-alls forward, two
+// again in the recomputed forward and two backward, over its stage's EP group of 64 ranks,
+// each of 4096 tokens x top_k 8 x 7168 in bf16; the group never leaves the stage.
+TEST(ExpertGrid, MoeUnderAPipelineKeepsAllToAllsInsideAStage) {
+  const struct {
+    int rank, stage, moe_layers;
+  } cases[] = {{0, 0, 0}, {128, 1, 4}, {1920 + 77, 15, 3}};
+  for (const auto &c : cases) {
+    SCOPED_TRACE(c.rank);
+    Built b;
+    Opts o;
+    o.model = "deepseek-v3";
+    o.mesh = "pp=16,dp_shard=128,ep=64";
+    o.seq = 4096;
+    o.rank = c.rank;
+    o.ac = MP_AC_FULL;
+    Build(&b, o);
+    mp_schedule_totals t;
+    mp_schedule_totals_compute(b.s, &t);
+    EXPECT_EQ(t.n_comm[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 6 * c.moe_layers);
+    EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 6.0 * c.moe_layers * 2 * 4096 * 8 * 7168);
+    std::vector<int> ranks(64);
+    ASSERT_EQ(mp_mesh_group_ranks(&b.plan->mesh, MP_GROUP_EP, c.rank, ranks.data()), 64);
+    for (int r : ranks) EXPECT_EQ(mp_plan_rank_stage(b.plan, r), c.stage) << r;
+  }
+}
