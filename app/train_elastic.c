@@ -57,7 +57,8 @@ typedef struct elastic {
   /* what the attempts saw */
   int64_t last_step;   /* the last step completed by any attempt (0: none) */
   double last_step_at; /* when (mp_elastic_epoch_s) */
-  int timed_out, killed;
+  int timed_out, killed, stepped; /* in the attempt now ending */
+  int quiet; /* --quiet: the ranks print their step lines for the supervisor, which keeps them */
 } elastic;
 
 /* ---- the request ---------------------------------------------------------------------- */
@@ -78,6 +79,7 @@ static mp_status read_policies(elastic *e) {
   e->max_restarts = (int)max_r;
   e->mtbf_rank_s = mtbf_h * 3600.0;
   e->pin = mp_args_has(j->spec, "--mesh");
+  e->quiet = mp_args_has(j->spec, "--quiet");
   const int mesh_world = e->pin ? mp_mesh_world(&j->mesh) : 0;
   if (e->pin && ranks && ranks != mesh_world)
     return mp_error(ctx, MP_ERR_USAGE, "--ranks %lld but --mesh has %d ranks; give one of them", ranks, mesh_world);
@@ -172,7 +174,7 @@ static int supervised(const char *name) {
   static const char *const own[] = {"--elastic", "--ranks", "--min-ranks", "--max-restarts", "--mtbf-hours",
                                     "--mesh", "--ep", "--auto", "--resume", "--global-batch",
                                     "--global-batch-tokens", "--micro-batch", "--checkpoint-every", "--ac",
-                                    "--pp-schedule", "--pp-virtual"};
+                                    "--pp-schedule", "--pp-virtual", "--quiet"};
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
     if (strcmp(name, own[i]) == 0) return 1;
   return 0;
@@ -241,12 +243,16 @@ typedef struct line_buf {
 
 /* One whole line of the ranks' output: passed on, and read for progress and causes. */
 static void on_line(elastic *e, const char *line, size_t len, int is_err) {
-  fwrite(line, 1, len, is_err ? stderr : stdout);
-  fflush(is_err ? stderr : stdout);
   int64_t step = 0;
-  if (!is_err && mp_elastic_parse_line(line, &step) == 1) {
+  const int kind = is_err ? 0 : mp_elastic_parse_line(line, &step);
+  if (!(e->quiet && kind == 1)) {
+    fwrite(line, 1, len, is_err ? stderr : stdout);
+    fflush(is_err ? stderr : stdout);
+  }
+  if (kind == 1) {
     e->last_step = step;
     e->last_step_at = mp_elastic_epoch_s();
+    e->stepped = 1;
   }
   if (strstr(line, "did not complete within")) e->timed_out = 1; /* exec/comm's timeout */
   if (strstr(line, "exited on signal") || strstr(line, "killed by signal")) e->killed = 1; /* mpirun, srun */
@@ -370,18 +376,21 @@ static int launch(elastic *e, int attempt, int world, long long every) {
   mp_elastic_launch l = {mp_elastic_launcher_from_env(), world, geteuid() == 0, e->exe, (char *const *)targs, nt};
   const char *argv[ELASTIC_MAX_ARGS + 16];
   if (mp_elastic_launch_argv(&l, argv, ELASTIC_MAX_ARGS + 16, num, sizeof num) < 0) return -1;
-  e->timed_out = e->killed = 0;
+  e->timed_out = e->killed = e->stepped = 0;
   return run_launcher(e, argv);
 }
 
-/* Why the attempt failed, in words (the restart's reason). */
-static void failure_reason(const elastic *e, int code, char *buf, size_t cap) {
+/* Why the attempt failed, in words (the restart's reason). A restart whose attempt failed
+ * before its first step recorded no row: the next one's reason says it. */
+static void failure_reason(const elastic *e, int attempt, int code, char *buf, size_t cap) {
+  char during[64] = "";
+  if (attempt > 0 && !e->stepped) snprintf(during, sizeof during, " during restart %d's recovery", attempt);
   if (e->timed_out)
-    snprintf(buf, cap, "a rank stopped answering (MESHPLAN_COMM_TIMEOUT_S)");
+    snprintf(buf, cap, "a rank stopped answering (MESHPLAN_COMM_TIMEOUT_S)%s", during);
   else if (e->killed || code > 128)
-    snprintf(buf, cap, "a rank was killed");
+    snprintf(buf, cap, "a rank was killed%s", during);
   else
-    snprintf(buf, cap, "the job failed (launcher exit status %d)", code);
+    snprintf(buf, cap, "the job failed (launcher exit status %d)%s", code, during);
 }
 
 /* The newest checkpoint step in --checkpoint-dir (0: none), for the stop lines. */
@@ -400,7 +409,7 @@ static long long newest_ckpt(const elastic *e) {
 /* After a failed attempt: whether to go on (1) or stop (0, with *code and the line said). */
 static int decide(elastic *e, int attempt, int code, int *world, int *exit_code) {
   char reason[96];
-  failure_reason(e, code, reason, sizeof reason);
+  failure_reason(e, attempt, code, reason, sizeof reason);
   const char *ck = mp_args_get(e->j->spec, "--checkpoint-dir");
   if (access(e->status_path, F_OK) == 0) {
     fprintf(stderr, "meshplan train: --elastic: the run diverged (a NaN or Inf loss): not a rank failure, so not "

@@ -15,7 +15,8 @@
  * hung rank, which the others report after MESHPLAN_COMM_TIMEOUT_S). ATTEMPT is the
  * train --elastic attempt it fires in (MESHPLAN_ELASTIC_ATTEMPT; default 0, the first launch
  * and every run without the supervisor), so a restarted job does not fail again at the
- * same step unless a test asks for it. */
+ * same step unless a test asks for it. Several specs, separated by ';', fail ranks in
+ * several attempts (the first spec of the current attempt applies). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
@@ -54,24 +55,36 @@ static void kill_hook(const char *point, int rank, int64_t step, void *arg) {
   if (g_kill.point[0] && rank == g_kill.rank && step == g_kill.step && strcmp(point, g_kill.point) == 0) kill_now();
 }
 
+/* One spec of the hook into g_kill; 0 when it is not this attempt's. */
+static int kill_spec(const char *v, int attempt_now) {
+  char how[16] = "kill";
+  int attempt = 0;
+  memset(&g_kill, 0, sizeof g_kill);
+  if (sscanf(v, "step:%lld:%d:%15[a-z]:%d", &g_kill.step, &g_kill.rank, how, &attempt) >= 1)
+    g_kill.on = 1;
+  else if (sscanf(v, "save:%31[a-z_]:%lld:%d:%15[a-z]:%d", g_kill.point, &g_kill.step, &g_kill.rank, how,
+                  &attempt) >= 2)
+    g_kill.on = 1;
+  g_kill.stop = strcmp(how, "stop") == 0;
+  if (!g_kill.on || attempt != attempt_now) memset(&g_kill, 0, sizeof g_kill);
+  return g_kill.on;
+}
+
+/* MESHPLAN_TEST_KILL: specs separated by ';', the first of this attempt's applies (a test
+ * fails one rank in the first attempt and another in the restart). */
 static void read_kill_hook(void) {
   const char *v = getenv("MESHPLAN_TEST_KILL"), *att = getenv(MP_ELASTIC_ENV_ATTEMPT);
+  const int attempt_now = att ? atoi(att) : 0;
   memset(&g_kill, 0, sizeof g_kill);
-  if (!v || !*v) return;
-  char how[16] = "kill";
-  int attempt = 0, n = 0;
-  if ((n = sscanf(v, "step:%lld:%d:%15[a-z]:%d", &g_kill.step, &g_kill.rank, how, &attempt)) >= 1) {
-    g_kill.on = 1;
-  } else if ((n = sscanf(v, "save:%31[a-z_]:%lld:%d:%15[a-z]:%d", g_kill.point, &g_kill.step, &g_kill.rank, how,
-                         &attempt)) >= 2) {
-    g_kill.on = 1;
-    mp_ckpt_set_hook(kill_hook, NULL);
+  mp_ckpt_set_hook(NULL, NULL);
+  char spec[128];
+  for (const char *p = v; p && *p;) {
+    const size_t len = strcspn(p, ";");
+    snprintf(spec, sizeof spec, "%.*s", (int)(len < sizeof spec ? len : sizeof spec - 1), p);
+    if (kill_spec(spec, attempt_now)) break;
+    p += len + (p[len] == ';');
   }
-  g_kill.stop = strcmp(how, "stop") == 0;
-  if (g_kill.on && attempt != (att ? atoi(att) : 0)) { /* another attempt's failure */
-    g_kill.on = 0;
-    mp_ckpt_set_hook(NULL, NULL);
-  }
+  if (g_kill.point[0]) mp_ckpt_set_hook(kill_hook, NULL);
 }
 
 /* ---- options ------------------------------------------------------------------------------ */
