@@ -336,6 +336,22 @@ static int run_launcher(elastic *e, const char *const *argv) {
 
 /* ---- the attempts ---------------------------------------------------------------------- */
 
+/* The least common multiple of lo..hi: a global batch every data-parallel size from lo to
+ * hi divides (one micro-batch of one sequence). */
+static int64_t lcm_upto(int lo, int hi) {
+  int64_t l = 1;
+  for (int64_t k = lo; k <= hi && l < ((int64_t)1 << 40); k++) {
+    int64_t a = l, b = k;
+    while (b) {
+      const int64_t t = a % b;
+      a = b;
+      b = t;
+    }
+    l = l / a * k;
+  }
+  return l;
+}
+
 /* The attempt's plan on `world` ranks (the --mesh given for the first when there is one,
  * else the planner's best executable plan) with the global batch kept, and its line. */
 static mp_status plan_attempt(elastic *e, int attempt, int world) {
@@ -343,14 +359,13 @@ static mp_status plan_attempt(elastic *e, int attempt, int world) {
   if (e->global_batch) j->po.global_batch = e->global_batch; /* the first attempt's, kept */
   const int pin = attempt == 0 && e->pin;
   mp_status st = mp_train_plan_world(j, world, pin);
-  if (st != MP_OK && !pin) {
-    char why[MP_ERRMSG_MAX];
-    snprintf(why, sizeof why, "%s", mp_errmsg(j->ctx));
+  if (st != MP_OK && !pin)
     return mp_error(j->ctx, MP_ERR_INVALID, "no plan the runtime executes on %d rank%s keeps the global batch of "
-                    "%lld sequences (each plan's data-parallel size x micro-batch must divide it; the planner: "
-                    "%s); give a --global-batch that more world sizes divide, or a higher --min-ranks", world,
-                    world == 1 ? "" : "s", (long long)j->po.global_batch, why);
-  }
+                    "%lld sequences and fits (%lld executable plans, none whose data-parallel size x micro-batch "
+                    "divides it); give a --global-batch that every world from --min-ranks %d to %d ranks divides "
+                    "(a multiple of %lld), or a higher --min-ranks", world, world == 1 ? "" : "s",
+                    (long long)j->po.global_batch, (long long)j->pick.n_candidates, e->min_ranks, e->world,
+                    (long long)lcm_upto(e->min_ranks, e->world));
   MP_CHECK(st);
   e->global_batch = j->po.global_batch;
   char mesh[64];
@@ -454,6 +469,7 @@ int mp_train_elastic(train_job *j, const mp_cmd_call *call) {
   if (!e) return mp_cmd_fail(j->ctx, mp_error(j->ctx, MP_ERR_NOMEM, "out of memory"));
   e->j = j;
   e->call = call;
+  setvbuf(stdout, NULL, _IOLBF, 0); /* its lines in order with the ranks' and its errors */
   mp_status st = read_request(e);
   if (st == MP_OK) st = plan_attempt(e, 0, e->world);
   if (st != MP_OK) {

@@ -18,6 +18,8 @@
 #     not used (step 10 is), the losses still the uninterrupted run's
 #   - --min-ranks 4: the first failure stops the job with exit 1 naming the rule; nothing
 #     lost: step 10's checkpoint resumes on 2 ranks to the uninterrupted run's losses
+#   - a global batch the ranks left cannot keep is refused (exit 1) naming one that works;
+#     without --checkpoint-every the interval is Young/Daly's, printed
 #   - a divergence (--lr 1000 --clip 0) is not retried: exit 1, one attempt
 # Usage: train_elastic_mpi_test.sh MESHPLAN
 set -u
@@ -106,6 +108,15 @@ timeout -k 10 120 mpirun "${root[@]}" -np 2 --oversubscribe --bind-to none "$bin
   --mesh dp_shard=2 --checkpoint-dir "$tmp/min" --resume latest --metrics "$tmp/min.jsonl" >"$tmp/min2.out" 2>&1
 check "below --min-ranks: nothing lost (step 10 resumes on 2 ranks to the same losses)" \
   "grep -q 'resumed from .*step_00000010' $tmp/min2.out && losses $tmp/ref.jsonl $tmp/min.jsonl"
+
+# a global batch of 4 on 4 ranks, then 3 left: no plan keeps it; the interval Young/Daly's
+MESHPLAN_TEST_KILL=step:5:2 timeout -k 10 120 "$bin" train --model tiny-dense --steps 8 --seq 32 --micro-batch 1 \
+  --global-batch 4 --quiet --elastic --mesh dp_shard=4 --checkpoint-dir "$tmp/batch" >"$tmp/batch.out" 2>&1
+rc=$?
+check "a global batch 3 ranks cannot keep: exit 1, one line naming the rule and a batch that works" \
+  "[ $rc -eq 1 ] && grep -q '^meshplan train: no plan the runtime executes on 3 ranks keeps the global batch of 4 sequences.*a multiple of 12' $tmp/batch.out"
+check "without --checkpoint-every: Young/Daly's interval printed" \
+  "grep -q '^elastic: checkpoint every 8 steps: Young/Daly sqrt(2 x C x MTBF) = .* (50677 h per rank over 4 ranks)' $tmp/batch.out"
 
 MESHPLAN_TEST_KILL= timeout -k 10 120 "$bin" train --model tiny-dense --steps 30 --seq 32 --micro-batch 1 \
   --global-batch 12 --lr 1000 --clip 0 --quiet --elastic --mesh dp_shard=4 --checkpoint-dir "$tmp/nan" \
