@@ -45,6 +45,11 @@
 #define ELASTIC_MAX_ARGS 256
 #define ELASTIC_PROBE_MAX_BYTES (64LL << 20) /* the write probe's largest file */
 
+typedef struct line_buf {
+  char text[8192];
+  size_t used;
+} line_buf;
+
 typedef struct elastic {
   train_job *j;
   const mp_cmd_call *call;
@@ -59,6 +64,7 @@ typedef struct elastic {
   double last_step_at; /* when (mp_elastic_epoch_s) */
   int timed_out, killed, stepped; /* in the attempt now ending */
   int quiet; /* --quiet: the ranks print their step lines for the supervisor, which keeps them */
+  line_buf out, err; /* the launcher's stdout and stderr, a partial line each */
 } elastic;
 
 /* ---- the request ---------------------------------------------------------------------- */
@@ -159,6 +165,11 @@ static long long ckpt_interval(elastic *e, int world) {
   const double write_s = probe_write_s(dir, bytes), mtbf_s = e->mtbf_rank_s / world;
   const double step_s = j->pick.step_time_s;
   const long long k = (long long)mp_elastic_interval_steps(write_s, mtbf_s, step_s, e->steps);
+  if (write_s <= 0) {
+    printf("elastic: checkpoint at the last step only: the write time could not be measured in %s; give "
+           "--checkpoint-every N\n", dir);
+    return k;
+  }
   printf("elastic: checkpoint every %lld step%s: Young/Daly sqrt(2 x C x MTBF) = %.1f s with C = %.2f ms (%.2f MiB "
          "per rank written to %s), MTBF = %.1f h (%g h per rank over %d ranks), predicted step %.2f ms%s\n",
          k, k == 1 ? "" : "s", mp_elastic_young_daly_s(write_s, mtbf_s), write_s * 1e3, bytes / 1048576.0, dir,
@@ -223,11 +234,12 @@ static int attempt_args(const elastic *e, int attempt, long long every, const ch
   else
     snprintf(buf[b], 64, "%s", mp_ac_mode_name(j->po.ac));
   out[n++] = "--ac", out[n++] = buf[b++];
-  if (j->po.pp_virtual > 1) {
+  /* the schedule the plan has: the user's on attempt 0, the planner's pick after */
+  if (j->mesh.size[MP_DIM_PP] > 1 && j->po.pp_schedule == MP_PP_INTERLEAVED) {
     snprintf(buf[b], 64, "%d", j->po.pp_virtual);
     out[n++] = "--pp-schedule", out[n++] = "interleaved", out[n++] = "--pp-virtual", out[n++] = buf[b++];
-  } else if (mp_args_get(j->spec, "--pp-schedule")) {
-    out[n++] = "--pp-schedule", out[n++] = mp_args_get(j->spec, "--pp-schedule");
+  } else if (j->mesh.size[MP_DIM_PP] > 1 && j->po.pp_schedule == MP_PP_GPIPE) {
+    out[n++] = "--pp-schedule", out[n++] = "gpipe";
   }
   const char *res = mp_args_get(j->spec, "--resume");
   if (attempt > 0 || res) out[n++] = "--resume", out[n++] = attempt > 0 ? "latest" : res;
@@ -235,11 +247,6 @@ static int attempt_args(const elastic *e, int attempt, long long every, const ch
 }
 
 /* ---- running an attempt ----------------------------------------------------------------- */
-
-typedef struct line_buf {
-  char text[8192];
-  size_t used;
-} line_buf;
 
 /* One whole line of the ranks' output: passed on, and read for progress and causes. */
 static void on_line(elastic *e, const char *line, size_t len, int is_err) {
@@ -312,15 +319,14 @@ static int run_launcher(elastic *e, const char *const *argv) {
     close(po[0]), close(pe[0]);
     return -1;
   }
-  static line_buf lo, le;
-  lo.used = le.used = 0;
+  e->out.used = e->err.used = 0;
   struct pollfd fds[2] = {{po[0], POLLIN, 0}, {pe[0], POLLIN, 0}};
   int open_n = 2;
   while (open_n > 0) {
     if (poll(fds, 2, -1) < 0 && errno != EINTR) break;
     for (int k = 0; k < 2; k++)
       if (fds[k].fd >= 0 && (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) &&
-          !pump(e, fds[k].fd, k ? &le : &lo, k)) {
+          !pump(e, fds[k].fd, k ? &e->err : &e->out, k)) {
         close(fds[k].fd);
         fds[k].fd = -1;
         open_n--;

@@ -130,7 +130,8 @@ if j:
 old = os.path.join(tmp, "old.db")
 run("plan", *args, "--db", old, "--log-all")
 con = sqlite3.connect(old)
-con.executescript("DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; UPDATE schema_version SET version=5;"
+con.executescript("DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts;"
+                  " UPDATE schema_version SET version=5;"
                   " PRAGMA user_version=5;")
 con.close()
 r = run("report", "--db", old)
