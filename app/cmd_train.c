@@ -123,6 +123,9 @@ static mp_opt k_opts[] = {
     {"--ranks", "N", "--elastic: ranks to launch first (default: the --mesh's world)", NULL},
     {"--min-ranks", "N", "--elastic: stop (exit 1) rather than go on with fewer ranks (default 1)", NULL},
     {"--max-restarts", "N", "--elastic: restarts allowed before giving up (default 3)", NULL},
+    {"--spares", "N", "--elastic: ranks held in reserve: after a failure the job goes on at once with fewer, and a "
+     "spare rejoins at the next checkpoint, growing it back to the best plan for the larger world (default 0)",
+     NULL},
     {"--mtbf-hours", "H", "--elastic: mean time between failures of one rank, for the checkpoint interval when "
      "--checkpoint-every is not given (default 50677: Llama 3 405B's 419 interruptions in 54 days on 16,384 "
      "GPUs)", NULL},
@@ -135,7 +138,7 @@ static mp_cmd_spec k_spec = {
     "[--fp8] [--sp|--no-sp] [--lr LR [--lr-schedule S --warmup N --min-lr LR]] [--data synthetic|GLOB [--val-data GLOB]] "
     "[--checkpoint-dir D [--checkpoint-every N] [--resume latest]] [--init-from PATH] [--metrics PATH] "
     "[--device cpu|cuda] [--db PATH [--plan-id ID]] [--auto] [--seed N] [--profile] [--dump-weights PATH] "
-    "[--eval-only] [--elastic --ranks N [--min-ranks N] [--max-restarts N] [--mtbf-hours H]]",
+    "[--eval-only] [--elastic --ranks N [--min-ranks N] [--max-restarts N] [--spares N] [--mtbf-hours H]]",
     k_opts, 0};
 
 /* ---- the planner's pick or prediction ---------------------------------------------------- */
@@ -854,6 +857,9 @@ static int run_train(mp_ctx *ctx, const mp_cmd_call *call) {
     code = 1;
   } else if (st != MP_OK) { /* an unsupported request is every rank's: rank 0 says it once */
     code = rank == 0 || st != MP_ERR_UNSUPPORTED ? mp_cmd_fail(ctx, st) : mp_status_exit_code(st);
+  } else if (j->regrow) { /* the supervisor relaunches on more ranks from this checkpoint */
+    if (rank == 0) printf("elastic: stopped at step %lld's checkpoint for a spare to rejoin\n", j->steps);
+    code = MP_ELASTIC_EXIT_REGROW;
   }
   release(j);
   mp_train_remove_unused_db(j, st);

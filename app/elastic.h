@@ -19,6 +19,10 @@ extern "C" {
 #define MP_ELASTIC_ENV_ATTEMPT "MESHPLAN_ELASTIC_ATTEMPT" /* 0 the first launch, then 1, 2... */
 #define MP_ELASTIC_ENV_RESTART "MESHPLAN_ELASTIC_RESTART" /* mp_elastic_restart, as text */
 #define MP_ELASTIC_ENV_STATUS "MESHPLAN_ELASTIC_STATUS"   /* a file rank 0 writes "diverged" into */
+#define MP_ELASTIC_ENV_GROW "MESHPLAN_ELASTIC_GROW"       /* set: stop at the next checkpoint, a spare rejoins */
+/* The ranks' exit status when they stopped at a checkpoint for a spare to rejoin (sysexits.h's
+ * EX_TEMPFAIL: the work is not done, and going on is expected). */
+#define MP_ELASTIC_EXIT_REGROW 75
 
 /* The default failure rate, per rank: Llama 3 405B's training (Dubey et al. 2024, "The Llama
  * 3 Herd of Models", section 3.3.4) saw 419 unexpected interruptions in 54 days on 16,384

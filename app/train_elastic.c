@@ -54,6 +54,8 @@ typedef struct elastic {
   train_job *j;
   const mp_cmd_call *call;
   int world, min_ranks, max_restarts, pin;
+  int spares;   /* --spares left in reserve */
+  int failures; /* restarts after a failure so far (a spare's rejoining is not one) */
   long long ckpt_every; /* --checkpoint-every, or 0: Young/Daly per attempt */
   long long steps;
   double mtbf_rank_s;
@@ -72,11 +74,13 @@ typedef struct elastic {
 static mp_status read_policies(elastic *e) {
   train_job *j = e->j;
   mp_ctx *ctx = j->ctx;
-  long long ranks = 0, min_r = 1, max_r = 3;
+  long long ranks = 0, min_r = 1, max_r = 3, spares = 0;
   double mtbf_h = MP_ELASTIC_DEFAULT_MTBF_H;
   MP_CHECK(mp_args_int(ctx, j->spec, "--ranks", 1, MP_MESH_MAX_WORLD, &ranks));
   MP_CHECK(mp_args_int(ctx, j->spec, "--min-ranks", 1, MP_MESH_MAX_WORLD, &min_r));
   MP_CHECK(mp_args_int(ctx, j->spec, "--max-restarts", 0, 1000000, &max_r));
+  MP_CHECK(mp_args_int(ctx, j->spec, "--spares", 0, MP_MESH_MAX_WORLD, &spares));
+  e->spares = (int)spares;
   MP_CHECK(mp_args_double(ctx, j->spec, "--mtbf-hours", 0, 1e12, MP_RANGE_OPEN_LO, &mtbf_h));
   MP_CHECK(mp_args_int(ctx, j->spec, "--checkpoint-every", 1, MP_LIM_STEPS, &e->ckpt_every));
   e->steps = 20;
@@ -185,7 +189,7 @@ static int supervised(const char *name) {
   static const char *const own[] = {"--elastic", "--ranks", "--min-ranks", "--max-restarts", "--mtbf-hours",
                                     "--mesh", "--ep", "--auto", "--resume", "--global-batch",
                                     "--global-batch-tokens", "--micro-batch", "--checkpoint-every", "--ac",
-                                    "--pp-schedule", "--pp-virtual", "--quiet"};
+                                    "--pp-schedule", "--pp-virtual", "--quiet", "--spares"};
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
     if (strcmp(name, own[i]) == 0) return 1;
   return 0;
@@ -427,6 +431,19 @@ static long long newest_ckpt(const elastic *e) {
   return s;
 }
 
+/* The next attempt's environment: the restart it records (MESHPLAN_ELASTIC_RESTART), and
+ * whether it stops at its next checkpoint for a spare (MESHPLAN_ELASTIC_GROW: while the
+ * world is below the launch's and the pool holds one). */
+static void next_restart(elastic *e, int attempt, const char *reason) {
+  char mesh[64], env[512];
+  mp_mesh_format(&e->j->mesh, mesh, sizeof mesh);
+  mp_elastic_restart r = {attempt + 1, e->last_step, e->last_step_at, "", ""};
+  snprintf(r.old_mesh, sizeof r.old_mesh, "%s", mesh);
+  snprintf(r.reason, sizeof r.reason, "%s", reason);
+  mp_elastic_restart_format(&r, env, sizeof env);
+  setenv(MP_ELASTIC_ENV_RESTART, env, 1);
+}
+
 /* After a failed attempt: whether to go on (1) or stop (0, with *code and the line said). */
 static int decide(elastic *e, int attempt, int code, int *world, int *exit_code) {
   char reason[96];
@@ -446,10 +463,10 @@ static int decide(elastic *e, int attempt, int code, int *world, int *exit_code)
   }
   printf("elastic: attempt %d failed after step %lld: %s\n", attempt, (long long)e->last_step, reason);
   *exit_code = 1;
-  if (attempt + 1 > e->max_restarts) {
+  if (e->failures + 1 > e->max_restarts) {
     fprintf(stderr, "meshplan train: --elastic: %s after %d restart%s (--max-restarts %d): stopping; the newest "
-            "checkpoint is %s/step_%08lld; raise --max-restarts or resume from it\n", reason, attempt,
-            attempt == 1 ? "" : "s", e->max_restarts, ck, newest_ckpt(e));
+            "checkpoint is %s/step_%08lld; raise --max-restarts or resume from it\n", reason, e->failures,
+            e->failures == 1 ? "" : "s", e->max_restarts, ck, newest_ckpt(e));
     return 0;
   }
   if (*world - 1 < e->min_ranks) {
@@ -459,15 +476,21 @@ static int decide(elastic *e, int attempt, int code, int *world, int *exit_code)
     return 0;
   }
   (*world)--;
-  char mesh[64], env[512];
-  mp_mesh_format(&e->j->mesh, mesh, sizeof mesh);
-  mp_elastic_restart r = {attempt + 1, e->last_step, e->last_step_at, "", ""};
-  snprintf(r.old_mesh, sizeof r.old_mesh, "%s", mesh);
-  snprintf(r.reason, sizeof r.reason, "%s", reason);
-  mp_elastic_restart_format(&r, env, sizeof env);
-  setenv(MP_ELASTIC_ENV_RESTART, env, 1);
-  printf("elastic: re-planning for %d rank%s\n", *world, *world == 1 ? "" : "s");
+  e->failures++;
+  next_restart(e, attempt, reason);
+  printf("elastic: re-planning for %d rank%s%s\n", *world, *world == 1 ? "" : "s",
+         e->spares > 0 ? "; a spare rejoins at the next checkpoint" : "");
   return 1;
+}
+
+/* After an attempt that stopped at a checkpoint for a spare: one rank more from the pool. */
+static void grow_back(elastic *e, int attempt, int *world) {
+  char reason[96];
+  snprintf(reason, sizeof reason, "a spare rejoined at step %lld's checkpoint", (long long)e->last_step);
+  (*world)++;
+  e->spares--;
+  next_restart(e, attempt, reason);
+  printf("elastic: %s: growing back to %d rank%s\n", reason, *world, *world == 1 ? "" : "s");
 }
 
 int mp_train_elastic(train_job *j, const mp_cmd_call *call) {
@@ -484,6 +507,7 @@ int mp_train_elastic(train_job *j, const mp_cmd_call *call) {
   }
   int world = e->world, code = 0;
   unsetenv(MP_ELASTIC_ENV_RESTART);
+  unsetenv(MP_ELASTIC_ENV_GROW);
   e->last_step_at = mp_elastic_epoch_s();
   for (int attempt = 0;; attempt++) {
     if (attempt > 0 && (st = plan_attempt(e, attempt, world)) != MP_OK) {
@@ -491,7 +515,15 @@ int mp_train_elastic(train_job *j, const mp_cmd_call *call) {
       code = 1; /* accepted work that cannot go on */
       break;
     }
+    if (e->spares > 0 && world < e->world)
+      setenv(MP_ELASTIC_ENV_GROW, "1", 1);
+    else
+      unsetenv(MP_ELASTIC_ENV_GROW);
     const int rc = launch(e, attempt, world, ckpt_interval(e, world));
+    if (rc == MP_ELASTIC_EXIT_REGROW && getenv(MP_ELASTIC_ENV_GROW)) {
+      grow_back(e, attempt, &world);
+      continue;
+    }
     if (rc == 0) {
       printf("elastic: done: step %lld reached on %d rank%s after %d restart%s\n", e->steps, world,
              world == 1 ? "" : "s", attempt, attempt == 1 ? "" : "s");

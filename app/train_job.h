@@ -104,6 +104,7 @@ typedef struct train_job {
   long long n_recorded; /* steps recorded (--metrics, --db) by this process */
   double flops_per_token, peak_flops; /* MFU: model FLOPs per token, the device's peak */
   int diverged;         /* a NaN or Inf loss or gradient norm stopped the run */
+  int regrow;           /* train --elastic: stopped at a checkpoint for a spare to rejoin */
   long long diverged_step;
   mp_kprof kprof;   /* --profile, rank 0: kernels and collectives */
   mp_comm_prof cprof;

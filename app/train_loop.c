@@ -491,8 +491,15 @@ mp_status mp_train_steps(train_job *j, int quiet) {
     if (j->db || mp_args_has(j->spec, "--metrics"))
       MP_CHECK(mp_runtime_agree(j->ctx, j->rt, mp_train_record(j, &sr), "recording the step (--metrics, --db)"));
     if (i == 0) MP_CHECK(mp_train_record_restart(j)); /* train --elastic: the first step after a restart */
-    if (j->ckpt_dir && ((j->ckpt_every > 0 && sr.step % j->ckpt_every == 0) || last))
+    if (j->ckpt_dir && ((j->ckpt_every > 0 && sr.step % j->ckpt_every == 0) || last)) {
       MP_CHECK(save(j, sr.step, sr.r.loss));
+      /* train --elastic: a spare rejoins at this checkpoint (every rank has the variable) */
+      if (!last && getenv(MP_ELASTIC_ENV_GROW)) {
+        j->regrow = 1;
+        j->steps = sr.step;
+        break;
+      }
+    }
   }
   return MP_OK;
 }

@@ -140,7 +140,7 @@ r = run("report", "--db", old, "--run", "1", "--json")
 check(r.returncode == 0 and len(json.loads(r.stdout)["plans"]) == 10, "report --run of a version-5 database")
 run("plan", *args, "--db", old)
 con = sqlite3.connect(old)
-check(con.execute("SELECT count(*), max(version) FROM runs, schema_version").fetchone() == (2, 6), "old db not migrated")
+check(con.execute("SELECT count(*), max(version) FROM runs, schema_version").fetchone() == (2, 7), "old db not migrated")
 con.close()
 run("plan", "--no-db", "--log-all", want_rc=2)
 

@@ -14,6 +14,8 @@
 #   - a second failure during recovery (rank 1 killed before the restart's first step):
 #     a second restart, on 2 ranks, the losses still the uninterrupted run's; the one
 #     restart row (the failed recovery recorded none) says it
+#   - --spares 1: after rank 2 is killed the job goes on at once on 3 ranks and grows back
+#     to 4 at its next checkpoint (step 15), no step lost there, the same losses
 #   - rank 1 killed half way through writing its shard of step 15: the torn checkpoint is
 #     not used (step 10 is), the losses still the uninterrupted run's
 #   - --min-ranks 4: the first failure stops the job with exit 1 naming the rule; nothing
@@ -95,6 +97,13 @@ check "second failure in recovery: exit 0, on 2 ranks" "[ $rc -eq 0 ] && grep -q
 check "second failure in recovery: losses match" "losses $tmp/ref.jsonl $tmp/twice.jsonl"
 check "second failure in recovery: one restart row (attempt 2, from step 10) naming the failed recovery" \
   "[ \"\$(restarts $tmp/twice.db)\" = '2 11 10 1 1' ] && grep -q \"during restart 1's recovery\" $tmp/twice.out"
+
+elastic spare "step:12:2" --mesh dp_shard=4 --min-ranks 2 --spares 1
+check "spare: exit 0, 3 ranks from step 10, back to 4 from step 15" \
+  "[ $rc -eq 0 ] && grep -q '^elastic: attempt 1: 3 ranks' $tmp/spare.out && grep -q '^elastic: attempt 2: 4 ranks' $tmp/spare.out && grep -q '^resumed from .*step_00000015: step 15' $tmp/spare.out"
+check "spare: losses match the uninterrupted run" "losses $tmp/ref.jsonl $tmp/spare.jsonl"
+check "spare: two restart rows, the second (the spare's) losing no step" \
+  "[ \"\$(restarts $tmp/spare.db | tr '\n' ' ')\" = '1 11 10 1 1 2 15 15 0 1 ' ]"
 
 elastic save "save:shard_half:15:1" --mesh dp_shard=4 --min-ranks 2
 check "failure in a checkpoint write: exit 0, resumed from step 10" \
