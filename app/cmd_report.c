@@ -246,6 +246,18 @@ static void print_segments(const mp_run_segment *seg, int64_t n) {
   }
 }
 
+/* The restarts of an elastic run (train --elastic): what failed, what it resumed on, what
+ * it cost. */
+static void print_restarts(const mp_restart_row *r, int64_t n) {
+  printf("restarts: %lld (train --elastic)\n", (long long)n);
+  printf("  %7s  %-20s %-20s %8s %7s %5s %10s  %s\n", "attempt", "failed mesh", "resumed mesh", "failed@", "resumed",
+         "lost", "recover_s", "reason");
+  for (int64_t i = 0; i < n; i++)
+    printf("  %7lld  %-20s %-20s %8lld %7lld %5lld %10.2f  %s\n", (long long)r[i].attempt, r[i].old_mesh,
+           r[i].new_mesh, (long long)r[i].failed_after_step, (long long)r[i].step_resumed,
+           (long long)r[i].steps_lost, r[i].recover_s, r[i].reason);
+}
+
 /* The curve's line: its ends over the steps with a training loss and the last validation
  * loss; a run of train --eval-only has no training step, and its line says what it
  * measured. Returns the number of training steps. */
@@ -291,6 +303,10 @@ static int show_training(mp_store *st, mp_arena *a, const mp_run_row *run, const
   int64_t ns = 0;
   if ((s = mp_store_run_segments(&ctx, st, run->id, a, &seg, &ns)) != MP_OK) return fail(&ctx, s);
   if (ns > 1) print_segments(seg, ns);
+  mp_restart_row *rs = NULL;
+  int64_t nr = 0;
+  if ((s = mp_store_run_restarts(&ctx, st, run->id, a, &rs, &nr)) != MP_OK) return fail(&ctx, s);
+  if (nr > 0) print_restarts(rs, nr);
   if (!dir) return 0;
   if (steps == 0)
     return fail(&ctx, mp_error(&ctx, MP_ERR_INVALID, "run %lld is an evaluation (train --eval-only), not a training "

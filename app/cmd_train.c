@@ -45,6 +45,7 @@
 #include "planner/evaluate.h"
 #include "planner/planner.h"
 #include "planner/search.h"
+#include "app/elastic.h"
 #include "app/train_job.h"
 #include "planner/store.h"
 
@@ -116,6 +117,18 @@ static mp_opt k_opts[] = {
     {"--profile", NULL, "time each kernel and collective of rank 0 (the device synchronized around every "
      "kernel, so the steps run slower) and print them per step by class beside the simulator's prediction "
      "of the same plan", NULL},
+    {"--elastic", NULL, "supervise the run: launch the ranks (mpirun; srun under Slurm), and when a rank dies or "
+     "stops re-plan for the ranks left, keeping the global batch, and resume from the newest checkpoint "
+     "(docs/runtime.md; needs --checkpoint-dir)", NULL},
+    {"--ranks", "N", "--elastic: ranks to launch first (default: the --mesh's world)", NULL},
+    {"--min-ranks", "N", "--elastic: stop (exit 1) rather than go on with fewer ranks (default 1)", NULL},
+    {"--max-restarts", "N", "--elastic: restarts allowed before giving up (default 3)", NULL},
+    {"--spares", "N", "--elastic: ranks held in reserve: after a failure the job goes on at once with fewer, and a "
+     "spare rejoins at the next checkpoint, growing it back to the best plan for the larger world (default 0)",
+     NULL},
+    {"--mtbf-hours", "H", "--elastic: mean time between failures of one rank, for the checkpoint interval when "
+     "--checkpoint-every is not given (default 50677: Llama 3 405B's 419 interruptions in 54 days on 16,384 "
+     "GPUs)", NULL},
     MP_OPT_END,
 };
 
@@ -125,7 +138,7 @@ static mp_cmd_spec k_spec = {
     "[--fp8] [--sp|--no-sp] [--lr LR [--lr-schedule S --warmup N --min-lr LR]] [--data synthetic|GLOB [--val-data GLOB]] "
     "[--checkpoint-dir D [--checkpoint-every N] [--resume latest]] [--init-from PATH] [--metrics PATH] "
     "[--device cpu|cuda] [--db PATH [--plan-id ID]] [--auto] [--seed N] [--profile] [--dump-weights PATH] "
-    "[--eval-only]",
+    "[--eval-only] [--elastic --ranks N [--min-ranks N] [--max-restarts N] [--spares N] [--mtbf-hours H]]",
     k_opts, 0};
 
 /* ---- the planner's pick or prediction ---------------------------------------------------- */
@@ -442,19 +455,26 @@ static mp_status read_request(train_job *j) {
 /* --auto: the planner's best executable plan for this world on the device's profile,
  * constrained by the options given. Every rank plans the same (the search is
  * deterministic); rank 0 records the run. */
+/* The search constrained by the options given (--ac, --fp8, --sp/--no-sp, --micro-batch,
+ * --ep), every mesh dim free. */
+static mp_status fix_of_options(train_job *j, mp_search_fix *fix) {
+  mp_search_fix_init(fix);
+  if (mp_args_has(&k_spec, "--ac")) fix->ac = j->po.ac, fix->ac_every = j->po.ac_every;
+  if (j->po.fp8) fix->fp8 = 1;
+  if (j->po.sp >= 0) fix->sp = j->po.sp;
+  else if (j->po.fp8) fix->sp = 0; /* the runtime's float8 runs without SP (exec/runtime/check.c) */
+  if (mp_args_has(&k_spec, "--micro-batch")) fix->micro_batch = j->po.micro_batch;
+  long long ep = 0;
+  MP_CHECK(mp_args_int(j->ctx, &k_spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
+  if (ep > 0) fix->ep = (int)ep;
+  return MP_OK;
+}
+
 static mp_status plan_auto(train_job *j) {
   const int world = j->launch.world;
   if (!j->po.global_batch) j->po.global_batch = j->po.micro_batch * world;
   mp_search_fix fix;
-  mp_search_fix_init(&fix);
-  if (mp_args_has(&k_spec, "--ac")) fix.ac = j->po.ac, fix.ac_every = j->po.ac_every;
-  if (j->po.fp8) fix.fp8 = 1;
-  if (j->po.sp >= 0) fix.sp = j->po.sp;
-  else if (j->po.fp8) fix.sp = 0; /* the runtime's float8 runs without SP (exec/runtime/check.c) */
-  if (mp_args_has(&k_spec, "--micro-batch")) fix.micro_batch = j->po.micro_batch;
-  long long ep = 0;
-  MP_CHECK(mp_args_int(j->ctx, &k_spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
-  if (ep > 0) fix.ep = (int)ep;
+  MP_CHECK(fix_of_options(j, &fix));
   const int rank0 = j->launch.rank == 0;
   if (j->db && rank0) j->continue_run = mp_train_resumed_run(j); /* see plan_given */
   MP_CHECK(plan_for_train(j->ctx, &j->model, world, &j->dev, &j->po, &fix, 1, rank0 ? j->db : NULL,
@@ -489,7 +509,9 @@ static mp_status check_executable(train_job *j) {
 /* The mesh given (--mesh, --ep). Without a plan id, --db predicts it (a planner run pinned
  * to it) so the measurements land next to a prediction; --profile predicts it too
  * (recorded only when the measurements have no plan of their own). */
-static mp_status plan_given(train_job *j) {
+/* --mesh and --ep read, checked, and refused when the runtime does not execute them; the
+ * global batch defaults to one micro-batch per data-parallel rank. */
+static mp_status read_mesh(train_job *j) {
   mp_ctx *ctx = j->ctx;
   const char *mspec = mp_args_get(&k_spec, "--mesh");
   if (mspec)
@@ -498,9 +520,37 @@ static mp_status plan_given(train_job *j) {
     mp_mesh_init(&j->mesh);
   MP_CHECK(mp_cmd_mesh_ep(ctx, &k_spec, &j->mesh));
   MP_CHECK(mp_mesh_validate(ctx, &j->mesh));
+  if (!j->po.global_batch) j->po.global_batch = j->po.micro_batch * mp_mesh_group_size(&j->mesh, MP_GROUP_DP);
+  return check_executable(j);
+}
+
+/* The search pinned to j->mesh and the options given. */
+static void fix_of_mesh(const train_job *j, mp_search_fix *fix) {
+  const mp_plan_options *po = &j->po;
+  mp_search_fix_init(fix);
+  fix->pp = j->mesh.size[MP_DIM_PP];
+  fix->dp_replicate = j->mesh.size[MP_DIM_DP_REPLICATE];
+  fix->dp_shard = j->mesh.size[MP_DIM_DP_SHARD];
+  fix->cp = j->mesh.size[MP_DIM_CP];
+  fix->tp = j->mesh.size[MP_DIM_TP];
+  fix->ep = j->mesh.ep;
+  fix->ac = po->ac;
+  fix->ac_every = po->ac_every;
+  fix->fp8 = po->fp8;
+  /* the planner enumerates reshard only where there is an FSDP group (dp_shard x cp) to
+   * reshard over */
+  fix->reshard = j->mesh.size[MP_DIM_DP_SHARD] * j->mesh.size[MP_DIM_CP] > 1 ? po->fsdp.reshard_after_forward : 0;
+  fix->micro_batch = po->micro_batch;
+  /* SP as mp_plan_create resolves it for the runtime's memory models (on, but off for
+   * float8), or as --sp / --no-sp says */
+  fix->sp = po->sp >= 0 ? po->sp : !po->fp8;
+  fix->pp_virtual = po->pp_virtual;
+}
+
+static mp_status plan_given(train_job *j) {
+  mp_ctx *ctx = j->ctx;
   mp_plan_options *po = &j->po;
-  if (!po->global_batch) po->global_batch = po->micro_batch * mp_mesh_group_size(&j->mesh, MP_GROUP_DP);
-  MP_CHECK(check_executable(j));
+  MP_CHECK(read_mesh(j));
   const int world = j->launch.world, rank0 = j->launch.rank == 0;
   /* a resumed run goes on recording into its checkpoint's run, on any mesh: this process's
    * plan is predicted and added to that run as the next segment's */
@@ -508,29 +558,32 @@ static mp_status plan_given(train_job *j) {
   if (!((j->db && !j->plan_id) || j->profile) || mp_mesh_world(&j->mesh) != world) return MP_OK;
   const int record = j->db && !j->plan_id && !j->continue_run;
   mp_search_fix fix;
-  mp_search_fix_init(&fix);
-  fix.pp = j->mesh.size[MP_DIM_PP];
-  fix.dp_replicate = j->mesh.size[MP_DIM_DP_REPLICATE];
-  fix.dp_shard = j->mesh.size[MP_DIM_DP_SHARD];
-  fix.cp = j->mesh.size[MP_DIM_CP];
-  fix.tp = j->mesh.size[MP_DIM_TP];
-  fix.ep = j->mesh.ep;
-  fix.ac = po->ac;
-  fix.ac_every = po->ac_every;
-  fix.fp8 = po->fp8;
-  /* the planner enumerates reshard only where there is an FSDP group (dp_shard x cp) to
-   * reshard over */
-  fix.reshard = j->mesh.size[MP_DIM_DP_SHARD] * j->mesh.size[MP_DIM_CP] > 1 ? po->fsdp.reshard_after_forward : 0;
-  fix.micro_batch = po->micro_batch;
-  /* SP as mp_plan_create resolves it for the runtime's memory models (on, but off for
-   * float8), or as --sp / --no-sp says */
-  fix.sp = po->sp >= 0 ? po->sp : !po->fp8;
-  fix.pp_virtual = po->pp_virtual;
+  fix_of_mesh(j, &fix);
   MP_CHECK(plan_for_train(ctx, &j->model, world, &j->dev, po, &fix, 0, rank0 ? j->db : NULL, record,
                           j->profile && rank0, &j->pick));
   if (record) j->plan_id = j->pick.plan_id;
   j->plan_recorded = record && j->plan_id;
   return j->continue_run ? mp_train_db_segment(j) : MP_OK;
+}
+
+mp_status mp_train_read(train_job *j) {
+  MP_CHECK(pick_device(j));
+  MP_CHECK(read_request(j));
+  return j->want_auto ? MP_OK : read_mesh(j);
+}
+
+mp_status mp_train_plan_world(train_job *j, int world, int pin) {
+  mp_search_fix fix;
+  if (pin)
+    fix_of_mesh(j, &fix);
+  else
+    MP_CHECK(fix_of_options(j, &fix));
+  if (!j->po.global_batch) j->po.global_batch = j->po.micro_batch * world;
+  /* the newest calibration in --db, when the file exists, as the ranks' own search applies */
+  const char *db = j->db && access(j->db, F_OK) == 0 ? j->db : NULL;
+  MP_CHECK(plan_for_train(j->ctx, &j->model, world, &j->dev, &j->po, &fix, !pin, db, 0, 0, &j->pick));
+  j->mesh = j->pick.mesh;
+  return MP_OK;
 }
 
 /* The device, then the communicator (CPU: mpi or single; CUDA: NCCL, or MPI with host
@@ -771,7 +824,6 @@ static mp_status train(train_job *j) {
 }
 
 static int run_train(mp_ctx *ctx, const mp_cmd_call *call) {
-  (void)call;
   train_job *j = calloc(1, sizeof *j);
   if (j == NULL) return mp_cmd_fail(ctx, mp_error(ctx, MP_ERR_NOMEM, "out of memory"));
   j->ctx = ctx;
@@ -779,6 +831,13 @@ static int run_train(mp_ctx *ctx, const mp_cmd_call *call) {
   j->kc = (mp_kctx){ctx, NULL, 0};
   j->be = mp_backend_cpu();
   j->dev = (train_device){0, 0, "cpu", "cpu", "meshplan-cpu"};
+  if (mp_args_has(&k_spec, "--elastic")) { /* the supervisor: it launches the ranks (train_elastic.c) */
+    const int code = mp_train_elastic(j, call);
+    free(j);
+    return code;
+  }
+  /* a supervised rank: its lines reach the supervisor as they are printed */
+  if (getenv(MP_ELASTIC_ENV_ATTEMPT)) setvbuf(stdout, NULL, _IOLBF, 0);
   mp_status st = train(j);
   mp_train_finish(j, st);
   /* a stuck or dead peer: the job ends here (MPI_Finalize in release would wait for it) */
@@ -798,6 +857,9 @@ static int run_train(mp_ctx *ctx, const mp_cmd_call *call) {
     code = 1;
   } else if (st != MP_OK) { /* an unsupported request is every rank's: rank 0 says it once */
     code = rank == 0 || st != MP_ERR_UNSUPPORTED ? mp_cmd_fail(ctx, st) : mp_status_exit_code(st);
+  } else if (j->regrow) { /* the supervisor relaunches on more ranks from this checkpoint */
+    if (rank == 0) printf("elastic: stopped at step %lld's checkpoint for a spare to rejoin\n", j->steps);
+    code = MP_ELASTIC_EXIT_REGROW;
   }
   release(j);
   mp_train_remove_unused_db(j, st);

@@ -1,6 +1,8 @@
 /* meshplan train's run state, shared by its files:
  *   cmd_train.c    the options, the device, the plan (given or the planner's), the
  *                  runtime, the start and summary lines, --profile
+ *   train_elastic.c --elastic: the supervisor that launches the ranks and restarts them on
+ *                  fewer after a failure (docs/runtime.md, "Elastic training")
  *   train_loop.c   what a run reads and writes around the steps: the data (training and
  *                  validation), --init-from and --resume, checkpoints, the LR schedule,
  *                  the steps with eval, divergence, the OpenMP threads of a rank
@@ -102,6 +104,7 @@ typedef struct train_job {
   long long n_recorded; /* steps recorded (--metrics, --db) by this process */
   double flops_per_token, peak_flops; /* MFU: model FLOPs per token, the device's peak */
   int diverged;         /* a NaN or Inf loss or gradient norm stopped the run */
+  int regrow;           /* train --elastic: stopped at a checkpoint for a spare to rejoin */
   long long diverged_step;
   mp_kprof kprof;   /* --profile, rank 0: kernels and collectives */
   mp_comm_prof cprof;
@@ -132,6 +135,20 @@ typedef struct step_rec {
   double lr, dt, tok_s, eval;
   int has_eval;
 } step_rec;
+
+/* cmd_train.c, for the supervisor */
+/* The request: the device, the model and plan options, and (without --auto) --mesh read and
+ * checked as the ranks would. */
+mp_status mp_train_read(train_job *j);
+/* The plan the runtime executes on `world` ranks into j->mesh and j->pick (its predicted
+ * step time): pin 1, j->mesh's own prediction; pin 0, the planner's best executable plan
+ * under the options given, its micro-batch, AC and pipeline options written into j->po.
+ * The global batch j->po.global_batch is kept; no plan keeping it is MP_ERR_INVALID. */
+mp_status mp_train_plan_world(train_job *j, int world, int pin);
+
+/* train_elastic.c */
+/* train --elastic: launches, watches and restarts the ranks; returns the exit code. */
+int mp_train_elastic(train_job *j, const mp_cmd_call *call);
 
 /* train_loop.c */
 /* --threads under MPI (threads.h), before the runtime; a line on rank 0. */
@@ -171,6 +188,11 @@ mp_status mp_train_record(train_job *j, const step_rec *sr);
 /* An evaluation's record on rank 0: its --metrics line ("eval_only": true) and its
  * database measurement (mp_measurement.eval_only). */
 mp_status mp_train_record_eval(train_job *j, const eval_rec *er);
+/* Under train --elastic, after the resumed attempt's first step (every rank calls it; rank
+ * 0 acts): the restart the supervisor describes (MESHPLAN_ELASTIC_RESTART) printed, with
+ * the step resumed, the steps lost and the seconds from the failure, and with --db recorded
+ * in the run's restarts (mp_store_add_restart). Nothing without that variable. */
+mp_status mp_train_record_restart(train_job *j);
 /* The end (rank 0): the metrics file closed, and removed when this run created it and
  * failed before its first record; the database's run status ('failed' also for a run that
  * failed before it was marked running). */

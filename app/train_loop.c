@@ -8,9 +8,15 @@
  * straight run did. A NaN or infinite loss or gradient norm stops the run at that step
  * (the runtime leaves the state untouched) with the last good checkpoint on disk.
  *
- * Test hook: MESHPLAN_TEST_KILL makes a rank kill itself with SIGKILL, as a crash or a
- * scheduler's kill -9 would: "step:N[:RANK]" before step N, "save:POINT:STEP[:RANK]" at a
- * named point of the save of STEP (ckpt.h's hook points). RANK defaults to 0. */
+ * Test hook (for tests only; never set it in a real run): MESHPLAN_TEST_KILL makes a rank
+ * fail on purpose: "step:N[:RANK[:HOW[:ATTEMPT]]]" before step N, "save:POINT:STEP[:RANK[:HOW
+ * [:ATTEMPT]]]" at a named point of the save of STEP (ckpt.h's hook points). RANK defaults to
+ * 0. HOW is kill (default: SIGKILL, as a crash or a scheduler's kill -9) or stop (SIGSTOP: a
+ * hung rank, which the others report after MESHPLAN_COMM_TIMEOUT_S). ATTEMPT is the
+ * train --elastic attempt it fires in (MESHPLAN_ELASTIC_ATTEMPT; default 0, the first launch
+ * and every run without the supervisor), so a restarted job does not fail again at the
+ * same step unless a test asks for it. Several specs, separated by ';', fail ranks in
+ * several attempts (the first spec of the current attempt applies). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
@@ -28,33 +34,57 @@
 #include "exec/runtime/hf.h"
 #include "exec/runtime/threads.h"
 #include "exec/runtime/weights.h"
+#include "app/elastic.h"
 #include "app/train_job.h"
 
 /* ---- the test hook ---------------------------------------------------------------------- */
 
 static struct {
-  int on, rank;
-  long long step;   /* step:N */
-  char point[32];   /* save:POINT:STEP */
+  int on, rank, stop; /* stop: SIGSTOP instead of SIGKILL */
+  long long step;     /* step:N */
+  char point[32];     /* save:POINT:STEP */
 } g_kill;
 
-static void kill_now(void) { raise(SIGKILL); }
+static void kill_now(void) {
+  fflush(stdout);
+  raise(g_kill.stop ? SIGSTOP : SIGKILL);
+}
 
 static void kill_hook(const char *point, int rank, int64_t step, void *arg) {
   (void)arg;
   if (g_kill.point[0] && rank == g_kill.rank && step == g_kill.step && strcmp(point, g_kill.point) == 0) kill_now();
 }
 
-static void read_kill_hook(void) {
-  const char *v = getenv("MESHPLAN_TEST_KILL");
+/* One spec of the hook into g_kill; 0 when it is not this attempt's. */
+static int kill_spec(const char *v, int attempt_now) {
+  char how[16] = "kill";
+  int attempt = 0;
   memset(&g_kill, 0, sizeof g_kill);
-  if (!v || !*v) return;
-  if (sscanf(v, "step:%lld:%d", &g_kill.step, &g_kill.rank) >= 1) {
+  if (sscanf(v, "step:%lld:%d:%15[a-z]:%d", &g_kill.step, &g_kill.rank, how, &attempt) >= 1)
     g_kill.on = 1;
-  } else if (sscanf(v, "save:%31[a-z_]:%lld:%d", g_kill.point, &g_kill.step, &g_kill.rank) >= 2) {
+  else if (sscanf(v, "save:%31[a-z_]:%lld:%d:%15[a-z]:%d", g_kill.point, &g_kill.step, &g_kill.rank, how,
+                  &attempt) >= 2)
     g_kill.on = 1;
-    mp_ckpt_set_hook(kill_hook, NULL);
+  g_kill.stop = strcmp(how, "stop") == 0;
+  if (!g_kill.on || attempt != attempt_now) memset(&g_kill, 0, sizeof g_kill);
+  return g_kill.on;
+}
+
+/* MESHPLAN_TEST_KILL: specs separated by ';', the first of this attempt's applies (a test
+ * fails one rank in the first attempt and another in the restart). */
+static void read_kill_hook(void) {
+  const char *v = getenv("MESHPLAN_TEST_KILL"), *att = getenv(MP_ELASTIC_ENV_ATTEMPT);
+  const int attempt_now = att ? atoi(att) : 0;
+  memset(&g_kill, 0, sizeof g_kill);
+  mp_ckpt_set_hook(NULL, NULL);
+  char spec[128];
+  for (const char *p = v; p && *p;) {
+    const size_t len = strcspn(p, ";");
+    snprintf(spec, sizeof spec, "%.*s", (int)(len < sizeof spec ? len : sizeof spec - 1), p);
+    if (kill_spec(spec, attempt_now)) break;
+    p += len + (p[len] == ';');
   }
+  if (g_kill.point[0]) mp_ckpt_set_hook(kill_hook, NULL);
 }
 
 /* ---- options ------------------------------------------------------------------------------ */
@@ -460,8 +490,16 @@ mp_status mp_train_steps(train_job *j, int quiet) {
     /* rank 0 records; with something to record (the same on every rank) the ranks agree */
     if (j->db || mp_args_has(j->spec, "--metrics"))
       MP_CHECK(mp_runtime_agree(j->ctx, j->rt, mp_train_record(j, &sr), "recording the step (--metrics, --db)"));
-    if (j->ckpt_dir && ((j->ckpt_every > 0 && sr.step % j->ckpt_every == 0) || last))
+    if (i == 0) MP_CHECK(mp_train_record_restart(j)); /* train --elastic: the first step after a restart */
+    if (j->ckpt_dir && ((j->ckpt_every > 0 && sr.step % j->ckpt_every == 0) || last)) {
       MP_CHECK(save(j, sr.step, sr.r.loss));
+      /* train --elastic: a spare rejoins at this checkpoint (every rank has the variable) */
+      if (!last && getenv(MP_ELASTIC_ENV_GROW)) {
+        j->regrow = 1;
+        j->steps = sr.step;
+        break;
+      }
+    }
   }
   return MP_OK;
 }

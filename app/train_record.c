@@ -14,6 +14,7 @@
 
 #include "common/file.h"
 #include "common/json.h"
+#include "app/elastic.h"
 #include "app/train_job.h"
 
 /* ---- --metrics ------------------------------------------------------------------------------ */
@@ -204,6 +205,45 @@ mp_status mp_train_db_run_of_plan(train_job *j) {
   return MP_OK;
 }
 
+/* ---- an elastic restart ------------------------------------------------------------------ */
+
+/* Rank 0: the restart's line and row. The old plan is the one that saved the checkpoint
+ * resumed from (its train state's db_plan_id), the plan that was running when it failed
+ * unless that attempt failed before its first checkpoint. */
+static mp_status restart_rank0(train_job *j, const mp_elastic_restart *r) {
+  mp_restart_row row;
+  memset(&row, 0, sizeof row);
+  row.attempt = r->attempt;
+  row.failed_after_step = r->failed_after_step;
+  row.step_resumed = j->start_step;
+  row.steps_lost = r->failed_after_step > j->start_step ? r->failed_after_step - j->start_step : 0;
+  row.recover_s = mp_elastic_epoch_s() - r->failed_at;
+  snprintf(row.old_mesh, sizeof row.old_mesh, "%s", r->old_mesh);
+  mp_mesh_format(&j->mesh, row.new_mesh, sizeof row.new_mesh);
+  snprintf(row.reason, sizeof row.reason, "%s", r->reason);
+  printf("elastic: restart %lld recovered in %.2f s: %s after step %lld; resumed at step %lld on %s (was %s), "
+         "%lld step%s lost\n", (long long)row.attempt, row.recover_s, row.reason, (long long)row.failed_after_step,
+         (long long)row.step_resumed, row.new_mesh, row.old_mesh, (long long)row.steps_lost,
+         row.steps_lost == 1 ? "" : "s");
+  if (!j->store || !j->plan_id || !j->run_id) return MP_OK;
+  const cJSON *pid = j->resumed ? cJSON_GetObjectItem(j->resume_man.meta.train, "db_plan_id") : NULL;
+  row.old_plan_id = cJSON_IsNumber(pid) ? (int64_t)pid->valuedouble : 0;
+  row.run_id = j->run_id;
+  row.new_plan_id = j->plan_id;
+  return mp_store_add_restart(j->ctx, j->store, &row);
+}
+
+mp_status mp_train_record_restart(train_job *j) {
+  const char *v = getenv(MP_ELASTIC_ENV_RESTART);
+  mp_elastic_restart r;
+  if (!v || !*v) return MP_OK;
+  if (!mp_elastic_restart_parse(v, &r))
+    return mp_error(j->ctx, MP_ERR_USAGE, "%s='%s' is malformed; it is set by train --elastic, not by hand",
+                    MP_ELASTIC_ENV_RESTART, v);
+  mp_status st = j->rank == 0 ? restart_rank0(j, &r) : MP_OK;
+  return mp_runtime_agree(j->ctx, j->rt, st, "recording the restart (--db)");
+}
+
 /* ---- the end ------------------------------------------------------------------------------ */
 
 /* A failure before the database's run was marked running (the data, the restore) still
@@ -217,7 +257,21 @@ static void mark_failed_early(train_job *j) {
   mp_store_close(st);
 }
 
+/* Under train --elastic: a divergence is said to the supervisor in its status file, so that
+ * it stops instead of restarting (the same data would diverge again). */
+static void elastic_status(const train_job *j) {
+  const char *path = getenv(MP_ELASTIC_ENV_STATUS);
+  if (!path || !*path || !j->diverged || j->rank != 0) return;
+  char line[64];
+  const int n = snprintf(line, sizeof line, "diverged %lld\n", j->diverged_step);
+  mp_ctx c2;
+  mp_ctx_init(&c2);
+  if (mp_write_file_atomic(&c2, path, line, (size_t)n) != MP_OK)
+    fprintf(stderr, "meshplan: warning: %s\n", mp_errmsg(&c2));
+}
+
 void mp_train_finish(train_job *j, mp_status st) {
+  elastic_status(j);
   if (j->metrics) fclose(j->metrics);
   j->metrics = NULL;
   const char *metrics = mp_args_get(j->spec, "--metrics");

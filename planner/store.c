@@ -706,3 +706,64 @@ mp_status mp_store_run_segments(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_ar
                   " WHERE m.run_id=? GROUP BY pl.id ORDER BY min(m.id)",
                   read_segment, sizeof **rows, a, (void **)rows, n, "reading a run's segments");
 }
+
+/* ---- elastic restarts -------------------------------------------------------------------- */
+
+mp_status mp_store_add_restart(mp_ctx *ctx, mp_store *st, const mp_restart_row *r) {
+  if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is open on %s", mp_store_path(st));
+  MP_CHECK(mp_db_begin_write(ctx, st->db, "starting a restart's record"));
+  sqlite3_stmt *q = NULL;
+  mp_status s = MP_OK;
+  int rc = sqlite3_prepare_v2(conn(st),
+                              "INSERT INTO restarts (run_id, attempt, old_plan_id, new_plan_id, old_mesh, new_mesh,"
+                              " reason, failed_after_step, step_resumed, steps_lost, recover_s, recorded_at)"
+                              " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                              -1, &q, NULL);
+  if (rc == SQLITE_OK) {
+    char when[32];
+    mp_now_iso(when, sizeof when);
+    sqlite3_bind_int64(q, 1, r->run_id);
+    sqlite3_bind_int64(q, 2, r->attempt);
+    if (r->old_plan_id > 0) sqlite3_bind_int64(q, 3, r->old_plan_id);
+    else sqlite3_bind_null(q, 3);
+    sqlite3_bind_int64(q, 4, r->new_plan_id);
+    bind_text(q, 5, r->old_mesh);
+    bind_text(q, 6, r->new_mesh);
+    bind_text(q, 7, r->reason);
+    sqlite3_bind_int64(q, 8, r->failed_after_step);
+    sqlite3_bind_int64(q, 9, r->step_resumed);
+    sqlite3_bind_int64(q, 10, r->steps_lost);
+    sqlite3_bind_double(q, 11, r->recover_s);
+    bind_text(q, 12, when);
+    rc = sqlite3_step(q);
+    if (rc == SQLITE_DONE) rc = SQLITE_OK;
+  }
+  sqlite3_finalize(q);
+  if (rc != SQLITE_OK) s = mp_db_err(ctx, st->db, rc, "recording a restart");
+  if (s == MP_OK) s = mp_db_exec(ctx, st->db, "COMMIT", "committing a restart");
+  if (s != MP_OK) mp_db_rollback(st->db);
+  return s;
+}
+
+static void read_restart(sqlite3_stmt *q, void *row) {
+  mp_restart_row *r = row;
+  r->run_id = sqlite3_column_int64(q, 0);
+  r->attempt = sqlite3_column_int64(q, 1);
+  r->old_plan_id = sqlite3_column_int64(q, 2); /* NULL reads 0 */
+  r->new_plan_id = sqlite3_column_int64(q, 3);
+  col_text(q, 4, r->old_mesh, sizeof r->old_mesh);
+  col_text(q, 5, r->new_mesh, sizeof r->new_mesh);
+  col_text(q, 6, r->reason, sizeof r->reason);
+  r->failed_after_step = sqlite3_column_int64(q, 7);
+  r->step_resumed = sqlite3_column_int64(q, 8);
+  r->steps_lost = sqlite3_column_int64(q, 9);
+  r->recover_s = sqlite3_column_double(q, 10);
+}
+
+mp_status mp_store_run_restarts(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_restart_row **rows,
+                                int64_t *n) {
+  return run_rows(ctx, st, run_id, "SELECT count(*) FROM restarts WHERE run_id=%lld",
+                  "SELECT run_id, attempt, old_plan_id, new_plan_id, old_mesh, new_mesh, reason, failed_after_step,"
+                  " step_resumed, steps_lost, recover_s FROM restarts WHERE run_id=? ORDER BY id",
+                  read_restart, sizeof **rows, a, (void **)rows, n, "reading a run's restarts");
+}

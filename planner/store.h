@@ -1,7 +1,7 @@
 /* The planner's SQLite store: every run, every candidate with its reason, every
  * prediction, and the executor's measurements, in one database file (default meshplan.db).
  *
- * Tables (schema version 6, created and altered by the migrations of store/db.c;
+ * Tables (schema version 7, created and altered by the migrations of store/db.c;
  * `schema_version` holds the version, and opening a file of a lower version migrates it in
  * order inside one transaction; the plans(run_id, rank)
  * index is partial, WHERE rank IS NOT NULL: only ranked plans are looked up by rank, so a
@@ -22,6 +22,14 @@
  *                 with the step's learning rate, gradient norm and eval loss (version 3);
  *                 an evaluation (`train --eval-only`) is a row whose loss is NULL
  *   rejections    per run and rule (mp_reject_name) the candidates it rejected (version 6)
+ *   restarts      per training run, each restart of `meshplan train --elastic` (version 7):
+ *                 the attempt (1, 2, ...), the plan and mesh that failed (old_plan_id NULL
+ *                 when the failed process recorded none) and the plan and mesh resumed on,
+ *                 why (reason), the last step the failed attempt completed
+ *                 (failed_after_step), the checkpoint's step it resumed from (step_resumed),
+ *                 the steps lost between them, and the seconds from the failure to the first
+ *                 step completed after it (recover_s); written by the resumed process's
+ *                 rank 0 after that step (mp_store_add_restart)
  * Version 3 adds runs.train_status: NULL for a planner run (complete once committed: a run
  * is one transaction); for a run that `meshplan train --db` measures, 'running' from its
  * start, then 'complete' or 'diverged' (a NaN or Inf loss or gradient norm stopped it) or
@@ -143,6 +151,21 @@ mp_status mp_store_add_measurement(mp_ctx *ctx, mp_store *st, const mp_measureme
 /* A training run's state (see the tables above): 'running', 'complete', 'diverged' or
  * 'failed', set on the run that holds plan_id (its own transaction). */
 mp_status mp_store_set_train_status(mp_ctx *ctx, mp_store *st, int64_t plan_id, const char *status);
+
+/* One restart of an elastic training run (the restarts table). */
+typedef struct mp_restart_row {
+  int64_t run_id, attempt;
+  int64_t old_plan_id; /* 0: unknown (stored NULL) */
+  int64_t new_plan_id;
+  char old_mesh[64], new_mesh[64], reason[128];
+  int64_t failed_after_step, step_resumed, steps_lost;
+  double recover_s;
+} mp_restart_row;
+/* Inserts r (its own transaction); the run and new_plan_id must exist. */
+mp_status mp_store_add_restart(mp_ctx *ctx, mp_store *st, const mp_restart_row *r);
+/* The run's restarts in the order recorded (arena-owned array; *n 0 when none). */
+mp_status mp_store_run_restarts(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_restart_row **rows,
+                                int64_t *n);
 
 /* ---- reading (for `meshplan report` and tests) ---- */
 typedef struct mp_run_row {

@@ -88,6 +88,16 @@ static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
     "  rule TEXT NOT NULL, count INTEGER NOT NULL,"
     "  PRIMARY KEY (run_id, rule));"
     "ALTER TABLE runs ADD COLUMN logged TEXT;",
+    /* 6 -> 7: the restarts of an elastic training run (see planner/store.h) */
+    "CREATE TABLE restarts ("
+    "  id INTEGER PRIMARY KEY,"
+    "  run_id INTEGER NOT NULL REFERENCES runs(id),"
+    "  attempt INTEGER NOT NULL,"
+    "  old_plan_id INTEGER REFERENCES plans(id), new_plan_id INTEGER NOT NULL REFERENCES plans(id),"
+    "  old_mesh TEXT NOT NULL, new_mesh TEXT NOT NULL, reason TEXT NOT NULL,"
+    "  failed_after_step INTEGER NOT NULL, step_resumed INTEGER NOT NULL, steps_lost INTEGER NOT NULL,"
+    "  recover_s REAL NOT NULL, recorded_at TEXT NOT NULL);"
+    "CREATE INDEX restarts_run ON restarts(run_id);",
 };
 
 static mp_status corrupt(mp_ctx *ctx, const mp_db *db) {

@@ -130,7 +130,8 @@ if j:
 old = os.path.join(tmp, "old.db")
 run("plan", *args, "--db", old, "--log-all")
 con = sqlite3.connect(old)
-con.executescript("DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; UPDATE schema_version SET version=5;"
+con.executescript("DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts;"
+                  " UPDATE schema_version SET version=5;"
                   " PRAGMA user_version=5;")
 con.close()
 r = run("report", "--db", old)
@@ -139,7 +140,7 @@ r = run("report", "--db", old, "--run", "1", "--json")
 check(r.returncode == 0 and len(json.loads(r.stdout)["plans"]) == 10, "report --run of a version-5 database")
 run("plan", *args, "--db", old)
 con = sqlite3.connect(old)
-check(con.execute("SELECT count(*), max(version) FROM runs, schema_version").fetchone() == (2, 6), "old db not migrated")
+check(con.execute("SELECT count(*), max(version) FROM runs, schema_version").fetchone() == (2, 7), "old db not migrated")
 con.close()
 run("plan", "--no-db", "--log-all", want_rc=2)
 

@@ -55,7 +55,7 @@ TEST(TrainStore, Version2MigratesWithItsRows) {
   mp_measurement m = {plan, 1, 0.5, 1000, 5.5, 100.0, "cpu", 0, 0, 0, 0};
   ASSERT_EQ(mp_store_add_measurement(&c, st, &m), MP_OK) << mp_errmsg(&c);
   mp_store_close(st);
-  // back to version 2: the columns, index and table versions 3 to 6 added, gone
+  // back to version 2: the columns, index and tables versions 3 to 7 added, gone
   sqlite3 *db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db,
@@ -63,7 +63,7 @@ TEST(TrainStore, Version2MigratesWithItsRows) {
                          "ALTER TABLE measurements DROP COLUMN eval_loss; ALTER TABLE measurements DROP COLUMN lr;"
                          "ALTER TABLE measurements DROP COLUMN grad_norm; ALTER TABLE plans DROP COLUMN sp;"
                          "ALTER TABLE plans DROP COLUMN pp_virtual; ALTER TABLE plans DROP COLUMN global_batch;"
-                         "DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged;"
+                         "DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts;"
                          "UPDATE schema_version SET version=2;"
                          "PRAGMA user_version=2",
                          nullptr, nullptr, nullptr),
@@ -207,6 +207,48 @@ TEST(TrainStore, AnEvaluationIsARowWithoutALoss) {
   ASSERT_EQ(mp_store_top_plans(&c, st, 1, 0, a, &plans, &n), MP_OK) << mp_errmsg(&c);
   ASSERT_EQ(n, 1);
   EXPECT_EQ(plans[0].n_measured, 0);
+  mp_arena_destroy(a);
+  mp_store_close(st);
+}
+
+// An elastic run's restarts (schema version 7): written in order, read back with the old
+// plan unknown as 0 (stored NULL), and only for their own run.
+TEST(TrainStore, RestartsOfAnElasticRun) {
+  const std::string path = FreshDbPath("restarts.db");
+  mp_ctx c;
+  mp_ctx_init(&c);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&c, path.c_str(), &st), MP_OK) << mp_errmsg(&c);
+  const int64_t first = OnePlanRun(st);
+  mp_candidate cand;
+  memset(&cand, 0, sizeof cand);
+  mp_mesh_init(&cand.mesh);
+  cand.mesh.size[MP_DIM_DP_SHARD] = 3;
+  cand.micro_batch = 1;
+  ASSERT_EQ(mp_store_add_plan(&c, st, 1, &cand), MP_OK) << mp_errmsg(&c);
+  mp_restart_row r = {1, 1, first, cand.plan_id, "dp_shard=4", "dp_shard=3", "a rank was killed", 11, 10, 1, 2.5};
+  ASSERT_EQ(mp_store_add_restart(&c, st, &r), MP_OK) << mp_errmsg(&c);
+  mp_restart_row r2 = {1, 2, 0, cand.plan_id, "dp_shard=3", "dp_shard=2", "a rank stopped", 14, 10, 4, 7.0};
+  ASSERT_EQ(mp_store_add_restart(&c, st, &r2), MP_OK) << mp_errmsg(&c);
+  EXPECT_EQ(Q(st, "SELECT count(*) FROM restarts WHERE old_plan_id IS NULL"), 1);
+  mp_arena *a = mp_arena_create();
+  mp_restart_row *rows = nullptr;
+  int64_t n = 0;
+  ASSERT_EQ(mp_store_run_restarts(&c, st, 1, a, &rows, &n), MP_OK) << mp_errmsg(&c);
+  ASSERT_EQ(n, 2);
+  EXPECT_EQ(rows[0].old_plan_id, first);
+  EXPECT_EQ(rows[0].new_plan_id, cand.plan_id);
+  EXPECT_STREQ(rows[0].old_mesh, "dp_shard=4");
+  EXPECT_STREQ(rows[0].new_mesh, "dp_shard=3");
+  EXPECT_EQ(rows[0].failed_after_step, 11);
+  EXPECT_EQ(rows[0].step_resumed, 10);
+  EXPECT_EQ(rows[0].steps_lost, 1);
+  EXPECT_DOUBLE_EQ(rows[0].recover_s, 2.5);
+  EXPECT_EQ(rows[1].attempt, 2);
+  EXPECT_EQ(rows[1].old_plan_id, 0);
+  EXPECT_STREQ(rows[1].reason, "a rank stopped");
+  ASSERT_EQ(mp_store_run_restarts(&c, st, 2, a, &rows, &n), MP_OK) << mp_errmsg(&c);
+  EXPECT_EQ(n, 0);
   mp_arena_destroy(a);
   mp_store_close(st);
 }
