@@ -50,6 +50,7 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
                     spec->name);
   if (mp_args_has(spec, "--sp")) o->sp = 1;
   if (mp_args_has(spec, "--no-sp")) o->sp = 0;
+  if (mp_args_has(spec, "--no-reshard")) o->fsdp.reshard_after_forward = 0;
   long long v = 0;
   MP_CHECK(mp_args_int(ctx, spec, "--seq", 1, MP_LIM_SEQ, &v));
   if (v > 0) o->seq = v;
