@@ -360,9 +360,9 @@ static mp_status simulate_job(mp_ctx *ctx, sim_job *j, mp_sim_result *r) {
 static mp_status emit_plan(mp_ctx *ctx, const sim_job *j, const mp_sim_result *r, const mp_cmd_call *call,
                            char *path, size_t cap) {
   mp_emit_target t;
-  const char *target = mp_args_get(&k_spec, "--emit"), *dir = mp_args_get(&k_spec, "--out");
-  if (!mp_emit_target_parse(target, &t))
-    return mp_error(ctx, MP_ERR_USAGE, "--emit '%s': choose torchtitan or megatron", target);
+  int on = 0;
+  const char *dir = mp_args_get(&k_spec, "--out");
+  MP_CHECK(mp_emit_args(ctx, mp_args_get(&k_spec, "--emit"), dir != NULL, &t, &on));
   char *cmdline = mp_emit_command_line("simulate", call->argc, call->argv);
   if (cmdline == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory");
   const mp_emit_plan p = {&j->m, &j->c, &j->mesh, &j->o, &j->prof, r->step_time_s, r->tokens_per_s_per_gpu,
@@ -373,18 +373,16 @@ static mp_status emit_plan(mp_ctx *ctx, const sim_job *j, const mp_sim_result *r
 }
 
 static int run_simulate(mp_ctx *ctx, const mp_cmd_call *call) {
-  if (mp_args_has(&k_spec, "--out") && !mp_args_has(&k_spec, "--emit"))
-    return mp_cmd_fail(ctx, mp_error(ctx, MP_ERR_USAGE, "--out is where --emit writes; add --emit torchtitan|megatron"));
   mp_emit_target target;
-  if (mp_args_has(&k_spec, "--emit") && !mp_emit_target_parse(mp_args_get(&k_spec, "--emit"), &target))
-    return mp_cmd_fail(ctx, mp_error(ctx, MP_ERR_USAGE, "--emit '%s': choose torchtitan or megatron",
-                                     mp_args_get(&k_spec, "--emit")));
+  int emit = 0;
+  mp_status ast = mp_emit_args(ctx, mp_args_get(&k_spec, "--emit"), mp_args_has(&k_spec, "--out"), &target, &emit);
+  if (ast != MP_OK) return mp_cmd_fail(ctx, ast);
   sim_job *j = calloc(1, sizeof *j);
   if (j == NULL) return mp_cmd_fail(ctx, mp_error(ctx, MP_ERR_NOMEM, "out of memory"));
   mp_sim_result r;
   mp_status st = simulate_job(ctx, j, &r);
   char emitted[4096] = "";
-  if (st == MP_OK && mp_args_has(&k_spec, "--emit")) st = emit_plan(ctx, j, &r, call, emitted, sizeof emitted);
+  if (st == MP_OK && emit) st = emit_plan(ctx, j, &r, call, emitted, sizeof emitted);
   int rc = 0;
   if (st != MP_OK) {
     rc = mp_cmd_fail(ctx, st);

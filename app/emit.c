@@ -18,6 +18,14 @@ int mp_emit_target_parse(const char *s, mp_emit_target *out) {
   return 1;
 }
 
+mp_status mp_emit_args(mp_ctx *ctx, const char *emit, int has_out, mp_emit_target *t, int *on) {
+  *on = emit != NULL;
+  if (!emit && has_out) return mp_error(ctx, MP_ERR_USAGE, "--out is where --emit writes; add --emit torchtitan|megatron");
+  if (emit && !mp_emit_target_parse(emit, t))
+    return mp_error(ctx, MP_ERR_USAGE, "--emit '%s': choose torchtitan or megatron", emit);
+  return MP_OK;
+}
+
 const char *mp_emit_target_release(mp_emit_target t) {
   return t == MP_EMIT_TORCHTITAN ? "torchtitan v0.2.0" : "Megatron-LM core_v0.14.0";
 }

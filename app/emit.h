@@ -21,6 +21,7 @@
 #define MP_APP_EMIT_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/status.h"
 #include "exec/mesh.h"
@@ -52,6 +53,9 @@ int mp_emit_target_parse(const char *s, mp_emit_target *out);
 /* The release a target's files follow, for messages and headers:
  * "torchtitan v0.2.0", "Megatron-LM core_v0.14.0". */
 const char *mp_emit_target_release(mp_emit_target t);
+/* --emit's value (NULL: not given) into *t and *on; --out without --emit, or a target
+ * other than torchtitan and megatron, is MP_ERR_USAGE. */
+mp_status mp_emit_args(mp_ctx *ctx, const char *emit, int has_out, mp_emit_target *t, int *on);
 /* The file's extension: "toml" or "args". */
 const char *mp_emit_target_ext(mp_emit_target t);
 
@@ -69,6 +73,17 @@ mp_status mp_emit_render(mp_ctx *ctx, mp_emit_target t, const mp_emit_plan *p, c
  * sees half a file); the path written into path. */
 mp_status mp_emit_write(mp_ctx *ctx, mp_emit_target t, const mp_emit_plan *p, const char *dir,
                         const char *stem, char *path, size_t cap);
+
+/* meshplan plan --emit (app/emit_plan.c): the ranked candidates order[0..n) of the search s
+ * (evaluated by ev on cluster c), each into dir/plan-<rank>.<ext> (rank from 1). A plan the
+ * target cannot express is skipped with its reason; each file written and each plan skipped
+ * get a line on report (NULL: none). MP_ERR_USAGE when none could be written; a failure to
+ * write ends it. */
+struct mp_sim_evaluator;
+struct mp_search;
+mp_status mp_emit_ranked(mp_ctx *ctx, mp_emit_target t, const struct mp_sim_evaluator *ev, const mp_cluster *c,
+                         const struct mp_search *s, const int64_t *order, int64_t n, const char *command,
+                         const char *dir, FILE *report);
 
 /* "meshplan <command> <args...>", each argument holding a space or a quote single-quoted as
  * a shell reads it back; malloc'd (the caller frees), NULL when out of memory. */
