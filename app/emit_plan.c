@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "app/emit.h"
+#include "app/emit_internal.h"
 #include "planner/evaluate.h"
 #include "planner/search.h"
 
@@ -32,20 +33,30 @@ mp_status mp_emit_ranked(mp_ctx *ctx, mp_emit_target t, const struct mp_sim_eval
                          const char *dir, FILE *report) {
   int64_t written = 0;
   char first[1024] = ""; /* the first plan's refusal (the context's message is overwritten) */
-  for (int64_t r = 0; r < n; r++) {
+  /* refusals before the first plan written wait here: when none is written the command
+   * fails with one line, the first refusal */
+  mp_emit_buf pending = {NULL, 0, 0, 0};
+  mp_status st = MP_OK;
+  for (int64_t r = 0; r < n && (st == MP_OK || st == MP_ERR_USAGE); r++) {
     char path[4096];
-    mp_status st = emit_one(ctx, t, ev, c, &s->cands[order[r]], r + 1, command, dir, path, sizeof path);
-    /* a plan the framework cannot express is skipped with its reason; other failures
-     * (the disk, memory) end the command */
-    if (st != MP_OK && st != MP_ERR_USAGE) return st;
+    st = emit_one(ctx, t, ev, c, &s->cands[order[r]], r + 1, command, dir, path, sizeof path);
     if (st == MP_OK) {
-      written++;
+      if (report && pending.s) fputs(pending.s, report);
+      pending.n = 0;
+      if (pending.s) pending.s[0] = '\0';
       if (report) fprintf(report, "emit    plan %lld: %s\n", (long long)r + 1, path);
-      continue;
+      written++;
+    } else if (st == MP_ERR_USAGE) { /* a plan the framework cannot express: skipped */
+      if (!first[0]) snprintf(first, sizeof first, "%s", mp_errmsg(ctx));
+      if (written) {
+        if (report) fprintf(report, "emit    plan %lld not emitted: %s\n", (long long)r + 1, mp_errmsg(ctx));
+      } else {
+        mp_emit_printf(&pending, "emit    plan %lld not emitted: %s\n", (long long)r + 1, mp_errmsg(ctx));
+      }
     }
-    if (!first[0]) snprintf(first, sizeof first, "%s", mp_errmsg(ctx));
-    if (report) fprintf(report, "emit    plan %lld not emitted: %s\n", (long long)r + 1, mp_errmsg(ctx));
   }
+  free(pending.s);
+  if (st != MP_OK && st != MP_ERR_USAGE) return st; /* the disk, memory: the command fails */
   if (written == 0 && n > 0)
     return mp_error(ctx, MP_ERR_USAGE, "%s (none of the %lld plans shown can be written for %s)", first,
                     (long long)n, mp_emit_target_release(t));
