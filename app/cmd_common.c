@@ -40,8 +40,9 @@ int mp_command_main(const mp_command *cmd, int argc, char **argv) {
   char **owned = NULL, note[4096];
   st = mp_from_apply(&ctx, cmd->spec, &call.argc, &call.argv, call.pos, &call.n_pos, &owned, note, sizeof note);
   if (st != MP_OK) return mp_cmd_fail(&ctx, st);
-  if (note[0]) fprintf(stderr, "meshplan %s: note: %s\n", cmd->spec->name, note);
   const int rc = cmd->run(&ctx, &call);
+  /* after the run, so a failure stays the one line on stderr */
+  if (note[0] && rc == 0) fprintf(stderr, "meshplan %s: note: %s\n", cmd->spec->name, note);
   mp_from_free_argv(owned);
   return rc;
 }

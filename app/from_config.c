@@ -102,6 +102,8 @@ static mp_status read_plan(mp_ctx *ctx, const mp_cmd_spec *spec, mp_from_plan *p
   char *text = NULL;
   if (path) MP_CHECK(mp_read_file_max(ctx, path, MP_FILE_MAX_CONFIG_BYTES, &text, NULL));
   const char *t = path ? text : args;
+  char origin[600];
+  snprintf(origin, sizeof origin, "%s%s", path ? "--from " : "--from-args", path ? path : "");
   const char *w = t;
   for (;;) { /* the first word after blanks and comment lines */
     w += strspn(w, " \t\r\n");
@@ -115,9 +117,9 @@ static mp_status read_plan(mp_ctx *ctx, const mp_cmd_spec *spec, mp_from_plan *p
     mp_model given;
     const int has = mp_args_has(spec, "--model") || mp_args_has(spec, "--hf-config");
     if (has) st = mp_cmd_load_model(ctx, spec, "llama3.1-8b", &given);
-    if (st == MP_OK) st = mp_from_megatron(ctx, t, path ? path : "--from-args", world, has ? &given : NULL, p);
+    if (st == MP_OK) st = mp_from_megatron(ctx, t, origin, world, has ? &given : NULL, p);
   } else {
-    st = mp_from_torchtitan(ctx, t, path, world, p);
+    st = mp_from_torchtitan(ctx, t, origin, world, p);
   }
   free(text);
   return st;

@@ -79,13 +79,13 @@ static mp_status split(mp_ctx *ctx, const char *text, const char *origin, char *
       p += strcspn(p, "\n");
       continue;
     }
-    if (*n >= MG_MAX_TOKENS) return mp_error(ctx, MP_ERR_USAGE, "--from %s: more than %d words", origin, MG_MAX_TOKENS);
+    if (*n >= MG_MAX_TOKENS) return mp_error(ctx, MP_ERR_USAGE, "%s: more than %d words", origin, MG_MAX_TOKENS);
     words[(*n)++] = o;
     while (*p && !strchr(" \t\r\n", *p)) {
       if (*p == '\'' || *p == '"') {
         const char q = *p++;
         while (*p && *p != q) *o++ = *p++;
-        if (*p != q) return mp_error(ctx, MP_ERR_USAGE, "--from %s: unterminated quote", origin);
+        if (*p != q) return mp_error(ctx, MP_ERR_USAGE, "%s: unterminated quote", origin);
         p++;
       } else if (*p == '\\' && p[1]) {
         p++;
@@ -118,22 +118,22 @@ static mp_status parse(mp_ctx *ctx, const char *text, const char *origin, mg_arg
     size_t k = 0;
     while (k < sizeof k_flags / sizeof k_flags[0] && strcmp(k_flags[k].flag, f) != 0) k++;
     if (strncmp(f, "--", 2) != 0)
-      return mp_error(ctx, MP_ERR_USAGE, "--from %s: '%s' is not a flag of pretrain_gpt.py", origin, f);
+      return mp_error(ctx, MP_ERR_USAGE, "%s: '%s' is not a flag of pretrain_gpt.py", origin, f);
     if (strcmp(f, "--use-torch-fsdp2") == 0)
-      return mp_error(ctx, MP_ERR_USAGE, "--from %s: --use-torch-fsdp2 runs PyTorch's FSDP2 inside Megatron-LM, "
+      return mp_error(ctx, MP_ERR_USAGE, "%s: --use-torch-fsdp2 runs PyTorch's FSDP2 inside Megatron-LM, "
                       "which meshplan does not price; plan FSDP as torchtitan (--from a torchtitan TOML)", origin);
     if (k == sizeof k_flags / sizeof k_flags[0])
-      return mp_error(ctx, MP_ERR_USAGE, "--from %s: %s is not a Megatron-LM core_v0.14.0 flag meshplan reads; it "
+      return mp_error(ctx, MP_ERR_USAGE, "%s: %s is not a Megatron-LM core_v0.14.0 flag meshplan reads; it "
                       "may change cost, so it is refused: remove it", origin, f);
     const char *v = NULL;
     if (k_flags[k].value) { /* nargs: the words up to the next flag, joined by the first one's NULs */
       if (i >= n || strncmp(w[i], "--", 2) == 0)
-        return mp_error(ctx, MP_ERR_USAGE, "--from %s: %s needs a value", origin, f);
+        return mp_error(ctx, MP_ERR_USAGE, "%s: %s needs a value", origin, f);
       v = w[i++];
       int more = 0;
       while (i < n && strncmp(w[i], "--", 2) != 0) i++, more++;
       if (more && k_flags[k].role == MG_MAP)
-        return mp_error(ctx, MP_ERR_USAGE, "--from %s: %s %s and %d more: meshplan reads one value there", origin,
+        return mp_error(ctx, MP_ERR_USAGE, "%s: %s %s and %d more: meshplan reads one value there", origin,
                         f, v, more);
     }
     if (k_flags[k].role == MG_IGNORE) {
@@ -170,7 +170,7 @@ static mp_status get_int(mp_ctx *ctx, const mg_args *a, const char *origin, cons
   char *end = NULL;
   const long long x = strtoll(v, &end, 10);
   if (end == v || *end || x < lo || x > hi)
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: %s %s: expected an integer in %lld..%lld", origin, flag, v,
+    return mp_error(ctx, MP_ERR_USAGE, "%s: %s %s: expected an integer in %lld..%lld", origin, flag, v,
                     (long long)lo, (long long)hi);
   *out = x;
   return MP_OK;
@@ -186,7 +186,7 @@ static mp_status read_shape(mp_ctx *ctx, const mg_args *a, const char *origin, m
   MP_CHECK(get_int(ctx, a, origin, "--hidden-size", 0, 1, 1 << 20, &s->d_model));
   MP_CHECK(get_int(ctx, a, origin, "--num-attention-heads", 0, 1, 1 << 16, &s->n_heads));
   if (!s->n_layers || !s->d_model || !s->n_heads)
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: --num-layers, --hidden-size and --num-attention-heads are needed "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --num-layers, --hidden-size and --num-attention-heads are needed "
                     "to know the model", origin);
   const int swiglu = has(a, "--swiglu");
   const int64_t ffn = swiglu ? (4 * s->d_model * 2 / 3) / 64 * 64 : 4 * s->d_model;
@@ -205,7 +205,7 @@ static mp_status read_shape(mp_ctx *ctx, const mg_args *a, const char *origin, m
   if (rope && rms && swiglu) s->family = MP_FAMILY_LLAMA;
   else if (!rope && !rms && !swiglu && (!pos || strcmp(pos, "learned_absolute") == 0)) s->family = MP_FAMILY_GPT;
   else
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: --position-embedding-type %s, --normalization %s%s: meshplan "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --position-embedding-type %s, --normalization %s%s: meshplan "
                     "models rope, RMSNorm and SwiGLU (llama) or learned_absolute, LayerNorm and GeLU (GPT)", origin,
                     pos ? pos : "learned_absolute", norm ? norm : "LayerNorm", swiglu ? ", --swiglu" : "");
   s->bias = !has(a, "--disable-bias-linear");
@@ -243,7 +243,7 @@ static mp_status find_model(mp_ctx *ctx, const mg_args *a, const char *origin, c
   if (given) {
     const char *d = differs(given, &s);
     if (d)
-      return mp_error(ctx, MP_ERR_USAGE, "--from %s: %s disagrees with --model %s; the arguments describe another "
+      return mp_error(ctx, MP_ERR_USAGE, "%s: %s disagrees with --model %s; the arguments describe another "
                       "model", origin, d, given->name);
     p->model[0] = '\0';
     return MP_OK;
@@ -261,7 +261,7 @@ static mp_status find_model(mp_ctx *ctx, const mg_args *a, const char *origin, c
     snprintf(found + strlen(found), sizeof found - strlen(found), "%s%s", hits > 1 ? ", " : "", e[i].name);
   }
   if (hits == 1) return MP_OK;
-  return mp_error(ctx, MP_ERR_USAGE, "--from %s: %s model in data/models has the shape of these arguments (%lld "
+  return mp_error(ctx, MP_ERR_USAGE, "%s: %s model in data/models has the shape of these arguments (%lld "
                   "layers, hidden %lld, ffn %lld, %lld heads, %lld query groups, %lld positions)%s%s; pass --model M",
                   origin, hits ? "more than one" : "no", (long long)s.n_layers, (long long)s.d_model,
                   (long long)s.d_ff, (long long)s.n_heads, (long long)s.n_kv_heads, (long long)s.max_seq,
@@ -275,7 +275,7 @@ static mp_status read_stack(mp_ctx *ctx, const mg_args *a, const char *origin, m
   const char *be = get(a, "--attention-backend", NULL), *impl = get(a, "--transformer-impl", NULL);
   if ((be && strcmp(be, "unfused") && strcmp(be, "flash") && strcmp(be, "fused") && strcmp(be, "auto")) ||
       (impl && strcmp(impl, "transformer_engine") && strcmp(impl, "local")))
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: --attention-backend %s, --transformer-impl %s: meshplan prices "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --attention-backend %s, --transformer-impl %s: meshplan prices "
                     "unfused or flash attention", origin, be ? be : "auto", impl ? impl : "transformer_engine");
   const int lm = (be && strcmp(be, "unfused") == 0) || (impl && strcmp(impl, "local") == 0);
   snprintf(p->stack, sizeof p->stack, "%s", lm ? "megatron-lm" : "megatron-core");
@@ -293,7 +293,7 @@ static mp_status read_stack(mp_ctx *ctx, const mg_args *a, const char *origin, m
   };
   for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
     if (sw[i].priced != sw[i].given)
-      return mp_error(ctx, MP_ERR_USAGE, "--from %s: %s %s, but meshplan's %s stack (%s) prices it %s; %s it", origin,
+      return mp_error(ctx, MP_ERR_USAGE, "%s: %s %s, but meshplan's %s stack (%s) prices it %s; %s it", origin,
                       sw[i].flag, sw[i].given ? "is given" : "is absent", p->stack,
                       lm ? "--attention-backend unfused" : "Transformer Engine's attention", sw[i].priced ? "on" : "off",
                       sw[i].priced ? "add" : "remove");
@@ -311,18 +311,18 @@ static mp_status read_parallel(mp_ctx *ctx, const mg_args *a, const char *origin
   MP_CHECK(get_int(ctx, a, origin, "--num-virtual-stages-per-pipeline-rank", 1, 1, MP_MAX_LAYERS, &v));
   MP_CHECK(get_int(ctx, a, origin, "--num-layers-per-virtual-pipeline-stage", 0, 1, MP_MAX_LAYERS, &lpv));
   if (ep > 1)
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: --expert-model-parallel-size %lld: meshplan carves expert "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --expert-model-parallel-size %lld: meshplan carves expert "
                     "parallelism out of FSDP's dp_shard, which Megatron-LM's DDP does not have", origin, (long long)ep);
   const char *cpt = get(a, "--cp-comm-type", NULL);
   if (cpt && strcmp(cpt, "p2p") != 0)
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: --cp-comm-type %s: meshplan prices Transformer Engine's p2p "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --cp-comm-type %s: meshplan prices Transformer Engine's p2p "
                     "ring", origin, cpt);
   if (lpv && (layers % (pp * lpv) || has(a, "--num-virtual-stages-per-pipeline-rank")))
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: --num-layers-per-virtual-pipeline-stage %lld: give it alone, "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --num-layers-per-virtual-pipeline-stage %lld: give it alone, "
                     "dividing the %lld layers over pp=%lld", origin, (long long)lpv, (long long)layers, (long long)pp);
   if (lpv) v = layers / (pp * lpv);
   if (world <= 0 || world % (tp * pp * cp))
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: Megatron-LM's data parallelism is the world over tp x pp x cp "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: Megatron-LM's data parallelism is the world over tp x pp x cp "
                     "(%lld): give --gpus N or --cluster C with a multiple of it", origin, (long long)(tp * pp * cp));
   p->tp = (int)tp, p->pp = (int)pp, p->cp = (int)cp, p->ep = 1, p->dp_shard = 1;
   p->dp_replicate = (int)(world / (tp * pp * cp));
@@ -337,7 +337,7 @@ static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, 
   const char *g = get(a, "--recompute-granularity", NULL), *m = get(a, "--recompute-method", NULL);
   const char *mods = get(a, "--recompute-modules", NULL), *n = get(a, "--recompute-num-layers", NULL);
   if (!g && (m || n || mods))
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: --recompute-method, --recompute-num-layers or "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --recompute-method, --recompute-num-layers or "
                     "--recompute-modules without --recompute-granularity", origin);
   if (!g) snprintf(p->ac, sizeof p->ac, "none");
   else if (strcmp(g, "selective") == 0 && !m && !n && (!mods || strcmp(mods, "core_attn") == 0))
@@ -345,18 +345,18 @@ static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, 
   else if (strcmp(g, "full") == 0 && m && strcmp(m, "uniform") == 0 && n && strcmp(n, "1") == 0 && !mods)
     snprintf(p->ac, sizeof p->ac, "full");
   else
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: --recompute-granularity %s%s%s%s%s: meshplan prices selective "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --recompute-granularity %s%s%s%s%s: meshplan prices selective "
                     "recompute of core_attn, and full recompute of every layer (--recompute-method uniform "
                     "--recompute-num-layers 1)", origin, g, m ? " --recompute-method " : "", m ? m : "",
                     n ? " --recompute-num-layers " : "", n ? n : "");
   const char *fmt = get(a, "--fp8-format", NULL), *recipe = get(a, "--fp8-recipe", NULL);
   if (!fmt) return MP_OK;
   if (strcmp(fmt, "hybrid") != 0)
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: --fp8-format %s: meshplan prices hybrid (E4M3 forward, E5M2 "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --fp8-format %s: meshplan prices hybrid (E4M3 forward, E5M2 "
                     "gradients)", origin, fmt);
   if (!recipe) recipe = "delayed"; /* arguments.py's default */
   if (strcmp(recipe, "tensorwise") && strcmp(recipe, "delayed") && strcmp(recipe, "mxfp8") && strcmp(recipe, "blockwise"))
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: --fp8-recipe %s: tensorwise, delayed, mxfp8 or blockwise", origin,
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --fp8-recipe %s: tensorwise, delayed, mxfp8 or blockwise", origin,
                     recipe);
   snprintf(p->fp8, sizeof p->fp8, "%s", recipe);
   return MP_OK;
@@ -375,12 +375,12 @@ mp_status mp_from_megatron(mp_ctx *ctx, const char *text, const char *origin, in
   if (st == MP_OK) st = read_stack(ctx, &a, origin, p);
   if (st == MP_OK) st = read_ac_fp8(ctx, &a, origin, p);
   if (st == MP_OK) st = get_int(ctx, &a, origin, "--seq-length", 0, 1, 1 << 24, &p->seq);
-  if (st == MP_OK && p->seq == 0) st = mp_error(ctx, MP_ERR_USAGE, "--from %s: --seq-length is needed", origin);
+  if (st == MP_OK && p->seq == 0) st = mp_error(ctx, MP_ERR_USAGE, "%s: --seq-length is needed", origin);
   if (st == MP_OK) st = get_int(ctx, &a, origin, "--micro-batch-size", 1, 1, 1 << 24, &p->micro_batch);
   const int64_t dp_mb = (int64_t)p->dp_replicate * p->micro_batch;
   if (st == MP_OK) st = get_int(ctx, &a, origin, "--global-batch-size", dp_mb, 1, 1 << 24, &p->global_batch);
   if (st == MP_OK && p->global_batch % dp_mb)
-    st = mp_error(ctx, MP_ERR_USAGE, "--from %s: --global-batch-size %lld is not a multiple of --micro-batch-size x "
+    st = mp_error(ctx, MP_ERR_USAGE, "%s: --global-batch-size %lld is not a multiple of --micro-batch-size x "
                   "data-parallel size (%lld)", origin, (long long)p->global_batch, (long long)dp_mb);
   p->reshard = -1; /* DDP: nothing to reshard */
   free(a.buf);

@@ -90,7 +90,7 @@ static mp_status account(mp_ctx *ctx, const mp_toml *t, const char *origin, mp_f
       char v[512];
       value_str(kv, v, sizeof v);
       if (strcmp(v, k_fixed[k].value) != 0)
-        return mp_error(ctx, MP_ERR_USAGE, "--from %s:%d: %s = %s changes cost in a way meshplan does not model "
+        return mp_error(ctx, MP_ERR_USAGE, "%s:%d: %s = %s changes cost in a way meshplan does not model "
                         "(%s); only \"%s\" is read", origin, kv->line, kv->key, kv->str, k_fixed[k].why,
                         k_fixed[k].value);
       known = 1;
@@ -104,7 +104,7 @@ static mp_status account(mp_ctx *ctx, const mp_toml *t, const char *origin, mp_f
       }
     }
     if (!known)
-      return mp_error(ctx, MP_ERR_USAGE, "--from %s:%d: %s is not a torchtitan v0.2.0 key meshplan reads; it may "
+      return mp_error(ctx, MP_ERR_USAGE, "%s:%d: %s is not a torchtitan v0.2.0 key meshplan reads; it may "
                       "change cost, so it is refused: remove it", origin, kv->line, kv->key);
   }
   return MP_OK;
@@ -117,7 +117,7 @@ static mp_status get_int(mp_ctx *ctx, const mp_toml *t, const char *origin, cons
   *out = dflt;
   if (kv == NULL) return MP_OK;
   if (kv->type != MP_TOML_INT || kv->i < lo || kv->i > hi)
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s:%d: %s = %s: expected an integer in %lld..%lld", origin, kv->line,
+    return mp_error(ctx, MP_ERR_USAGE, "%s:%d: %s = %s: expected an integer in %lld..%lld", origin, kv->line,
                     key, kv->str, (long long)lo, (long long)hi);
   *out = kv->i;
   return MP_OK;
@@ -130,7 +130,7 @@ static mp_status get_str(mp_ctx *ctx, const mp_toml *t, const char *origin, cons
   *out = dflt;
   if (kv == NULL) return MP_OK;
   if (kv->type != MP_TOML_STRING)
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s:%d: %s: expected a string", origin, kv->line, key);
+    return mp_error(ctx, MP_ERR_USAGE, "%s:%d: %s: expected a string", origin, kv->line, key);
   *out = kv->str;
   return MP_OK;
 }
@@ -141,7 +141,7 @@ static mp_status get_bool(mp_ctx *ctx, const mp_toml *t, const char *origin, con
   *out = dflt;
   if (kv == NULL) return MP_OK;
   if (kv->type != MP_TOML_BOOL)
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s:%d: %s: expected true or false", origin, kv->line, key);
+    return mp_error(ctx, MP_ERR_USAGE, "%s:%d: %s: expected true or false", origin, kv->line, key);
   *out = (int)kv->i;
   return MP_OK;
 }
@@ -153,26 +153,26 @@ static mp_status read_model(mp_ctx *ctx, const mp_toml *t, const char *origin, m
   MP_CHECK(get_str(ctx, t, origin, "model.flavor", "debugmodel", &flavor));
   const char *m = mp_emit_torchtitan_model_of(name, flavor);
   if (m == NULL)
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: model %s flavor %s has no meshplan model (meshplan reads llama3 "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: model %s flavor %s has no meshplan model (meshplan reads llama3 "
                     "8B, 70B, 405B; deepseek_v3 671B; qwen3 8B, 30B-A3B)", origin, name, flavor);
   snprintf(p->model, sizeof p->model, "%s", m);
   const mp_toml_kv *conv = mp_toml_get(t, "model.converters");
   const char *c = conv && conv->type == MP_TOML_ARRAY && conv->n_items == 1 ? conv->items[0] : NULL;
   if (conv && (conv->type != MP_TOML_ARRAY || conv->n_items > 1 ||
                (c && strcmp(c, "float8") != 0 && strcmp(c, "mx") != 0)))
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s:%d: model.converters = %s: meshplan reads [], [\"float8\"] or "
+    return mp_error(ctx, MP_ERR_USAGE, "%s:%d: model.converters = %s: meshplan reads [], [\"float8\"] or "
                     "[\"mx\"]", origin, conv->line, conv->str[0] ? conv->str : "that list");
   if (c && strcmp(c, "float8") == 0) {
     /* torchao's Float8LinearConfig without a recipe name is tensorwise */
     MP_CHECK(get_str(ctx, t, origin, "quantize.linear.float8.recipe_name", "tensorwise", &recipe));
     if (strcmp(recipe, "tensorwise") != 0 && strcmp(recipe, "rowwise") != 0)
-      return mp_error(ctx, MP_ERR_USAGE, "--from %s: quantize.linear.float8.recipe_name = \"%s\": meshplan prices "
+      return mp_error(ctx, MP_ERR_USAGE, "%s: quantize.linear.float8.recipe_name = \"%s\": meshplan prices "
                       "tensorwise and rowwise", origin, recipe);
     snprintf(p->fp8, sizeof p->fp8, "%s", recipe);
   } else if (c) {
     MP_CHECK(get_str(ctx, t, origin, "quantize.linear.mx.recipe_name", "mxfp8_cublas", &recipe));
     if (strcmp(recipe, "mxfp8_cublas") != 0 && strcmp(recipe, "mxfp8") != 0)
-      return mp_error(ctx, MP_ERR_USAGE, "--from %s: quantize.linear.mx.recipe_name = \"%s\": meshplan prices "
+      return mp_error(ctx, MP_ERR_USAGE, "%s: quantize.linear.mx.recipe_name = \"%s\": meshplan prices "
                       "MXFP8 (mxfp8_cublas)", origin, recipe);
     snprintf(p->fp8, sizeof p->fp8, "mxfp8");
   }
@@ -190,17 +190,17 @@ static mp_status read_degrees(mp_ctx *ctx, const mp_toml *t, const char *origin,
   for (int k = 0; k < 6; k++) {
     MP_CHECK(get_int(ctx, t, origin, keys[k], k == 2 ? -1 : 1, k == 5 ? 1 : -1, 1 << 20, &v[k]));
     if (v[k] == 0 || (v[k] == -1 && rest >= 0))
-      return mp_error(ctx, MP_ERR_USAGE, "--from %s: %s = %lld: a degree is positive, or -1 for one of them", origin,
+      return mp_error(ctx, MP_ERR_USAGE, "%s: %s = %lld: a degree is positive, or -1 for one of them", origin,
                       keys[k], (long long)v[k]);
     if (v[k] == -1) rest = k;
     else if (k < 5) product *= v[k];
   }
   if (rest >= 0) {
     if (world <= 0)
-      return mp_error(ctx, MP_ERR_USAGE, "--from %s: %s = -1 takes the rest of the GPUs: give --gpus N or --cluster C",
+      return mp_error(ctx, MP_ERR_USAGE, "%s: %s = -1 takes the rest of the GPUs: give --gpus N or --cluster C",
                       origin, keys[rest]);
     if (world % product)
-      return mp_error(ctx, MP_ERR_USAGE, "--from %s: %s = -1: the other degrees (%lld) do not divide the %d GPUs",
+      return mp_error(ctx, MP_ERR_USAGE, "%s: %s = -1: the other degrees (%lld) do not divide the %d GPUs",
                       origin, keys[rest], (long long)product, world);
     v[rest] = world / product;
   }
@@ -216,7 +216,7 @@ static mp_status read_pipeline(mp_ctx *ctx, const mp_toml *t, const char *origin
   else if (strcmp(s, "Interleaved1F1B") == 0) p->pp_schedule = MP_PP_INTERLEAVED;
   else if (strcmp(s, "GPipe") == 0) p->pp_schedule = MP_PP_GPIPE;
   else
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: parallelism.pipeline_parallel_schedule = \"%s\": meshplan prices "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: parallelism.pipeline_parallel_schedule = \"%s\": meshplan prices "
                     "1F1B, Interleaved1F1B and GPipe", origin, s);
   const int looped = p->pp_schedule == MP_PP_INTERLEAVED;
   int64_t lps = 0;
@@ -224,7 +224,7 @@ static mp_status read_pipeline(mp_ctx *ctx, const mp_toml *t, const char *origin
   /* pipeline_parallel.py: ceil((layers + 1 + 1) / layers_per_stage) stages, else 1 or 2 per rank */
   const int64_t stages = lps ? (m->n_layers + 2 + lps - 1) / lps : (int64_t)p->pp * (looped ? 2 : 1);
   if (stages % p->pp || (looped ? stages / p->pp < 2 : stages / p->pp != 1))
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: pipeline_parallel_layers_per_stage = %lld makes %lld stages over "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: pipeline_parallel_layers_per_stage = %lld makes %lld stages over "
                     "pp=%d, which torchtitan refuses for %s", origin, (long long)lps, (long long)stages, p->pp, s);
   p->pp_virtual = (int)(stages / p->pp);
   return get_int(ctx, t, origin, "parallelism.pipeline_parallel_microbatch_size", 1, 1, 1 << 24, &p->micro_batch);
@@ -240,7 +240,7 @@ static mp_status read_ac(mp_ctx *ctx, const mp_toml *t, const char *origin, mp_f
     return MP_OK;
   }
   if (strcmp(mode, "selective") != 0)
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: activation_checkpoint.mode = \"%s\": meshplan prices none, "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: activation_checkpoint.mode = \"%s\": meshplan prices none, "
                     "selective and full (not the compiler's memory_budget)", origin, mode);
   if (strcmp(opt, "op") == 0) {
     snprintf(p->ac, sizeof p->ac, "selective-op");
@@ -249,7 +249,7 @@ static mp_status read_ac(mp_ctx *ctx, const mp_toml *t, const char *origin, mp_f
   char *end = NULL;
   const long n = strtol(opt, &end, 10);
   if (end == opt || *end || n < 1 || n > MP_MAX_LAYERS)
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: activation_checkpoint.selective_ac_option = \"%s\": \"op\" or a "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: activation_checkpoint.selective_ac_option = \"%s\": \"op\" or a "
                     "positive integer", origin, opt);
   /* selective with N: every N-th block recomputed whole, meshplan's full:N */
   if (n == 1) snprintf(p->ac, sizeof p->ac, "full");
@@ -267,16 +267,16 @@ static mp_status read_batch(mp_ctx *ctx, const mp_toml *t, const char *origin, m
   MP_CHECK(get_int(ctx, t, origin, "training.seq_len", 2048, 1, 1 << 24, &p->seq));
   const int64_t dp = (int64_t)p->dp_replicate * p->dp_shard;
   if (global == 0 || (global > 0 && global % (local * dp)))
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: training.global_batch_size = %lld is not a multiple of "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: training.global_batch_size = %lld is not a multiple of "
                     "local_batch_size x dp = %lld", origin, (long long)global, (long long)(local * dp));
   p->global_batch = global > 0 ? global : local * dp;
   if (p->pp > 1) {
     if (p->global_batch != local * dp)
-      return mp_error(ctx, MP_ERR_USAGE, "--from %s: gradient accumulation over a pipeline (global_batch_size %lld, "
+      return mp_error(ctx, MP_ERR_USAGE, "%s: gradient accumulation over a pipeline (global_batch_size %lld, "
                       "local_batch_size x dp %lld): meshplan prices a step as one pipeline flush", origin,
                       (long long)p->global_batch, (long long)(local * dp));
     if (local % p->micro_batch)
-      return mp_error(ctx, MP_ERR_USAGE, "--from %s: pipeline_parallel_microbatch_size %lld does not divide "
+      return mp_error(ctx, MP_ERR_USAGE, "%s: pipeline_parallel_microbatch_size %lld does not divide "
                       "local_batch_size %lld", origin, (long long)p->micro_batch, (long long)local);
   } else {
     p->micro_batch = local;
@@ -292,7 +292,7 @@ static mp_status read_switches(mp_ctx *ctx, const mp_toml *t, const char *origin
   int model = comp == NULL;
   for (int i = 0; comp && i < comp->n_items; i++) model |= strcmp(comp->items[i], "model") == 0;
   if (compile && !model)
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: compile.components without \"model\": meshplan's "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: compile.components without \"model\": meshplan's "
                     "torchtitan-compile stack compiles the model", origin);
   snprintf(p->stack, sizeof p->stack, "%s", compile ? "torchtitan-compile" : "torchtitan-eager");
   MP_CHECK(get_bool(ctx, t, origin, "parallelism.enable_async_tensor_parallel", 0, &async_tp));
@@ -300,12 +300,12 @@ static mp_status read_switches(mp_ctx *ctx, const mp_toml *t, const char *origin
   const char *rs = NULL, *rot = NULL;
   MP_CHECK(get_str(ctx, t, origin, "parallelism.fsdp_reshard_after_forward", "default", &rs));
   if (strcmp(rs, "default") && strcmp(rs, "always") && strcmp(rs, "never"))
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: parallelism.fsdp_reshard_after_forward = \"%s\": default, "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: parallelism.fsdp_reshard_after_forward = \"%s\": default, "
                     "always or never", origin, rs);
   p->reshard = strcmp(rs, "always") == 0 || (strcmp(rs, "default") == 0 && p->pp == 1);
   MP_CHECK(get_str(ctx, t, origin, "parallelism.context_parallel_rotate_method", "allgather", &rot));
   if (strcmp(rot, "allgather") && strcmp(rot, "alltoall"))
-    return mp_error(ctx, MP_ERR_USAGE, "--from %s: parallelism.context_parallel_rotate_method = \"%s\": allgather "
+    return mp_error(ctx, MP_ERR_USAGE, "%s: parallelism.context_parallel_rotate_method = \"%s\": allgather "
                     "or alltoall", origin, rot);
   if (p->cp > 1) snprintf(p->cp_rotate, sizeof p->cp_rotate, "%s", rot);
   p->sp = -1; /* torchtitan's TP is always sequence-parallel: the stack's default */
