@@ -181,7 +181,7 @@ static mp_status read_sweep(mp_ctx *ctx, plan_args *a) {
   for (long long g = lo; g <= hi; g = n == 3 ? g + step : 2 * g) a->sweep[a->n_sweep++] = g;
   if (mp_args_has(&k_spec, "--cluster"))
     return mp_error(ctx, MP_ERR_USAGE, "--gpus %s sweeps GPUs of --gpu TYPE; give it or --cluster, not both", v);
-  static const char *const one_search[] = {"--why", "--plot", "--db", "--log-all", "--mesh"};
+  static const char *const one_search[] = {"--why", "--plot", "--db", "--log-all", "--mesh", "--emit"};
   for (size_t i = 0; i < sizeof one_search / sizeof one_search[0]; i++)
     if (mp_args_has(&k_spec, one_search[i]))
       return mp_error(ctx, MP_ERR_USAGE, "%s is for one search: give --gpus N, not the sweep %s (a sweep writes no "

@@ -382,6 +382,7 @@ row 2 "--emit torchtitan: ep=2 with tp or cp" simulate --model qwen3-30b-a3b --g
 row 2 "--emit megatron: ac full:2 has no Megatron-LM form" simulate --model llama3.1-8b --gpus 8 --mesh dp_replicate=8 --stack megatron-core --ac full:2 --emit megatron --out "$d"
 row 2 "--emit megatron: qwen3-30b-a3b has a mixture of experts" simulate --model qwen3-30b-a3b --gpus 8 --mesh dp_replicate=8 --stack megatron-core --emit megatron --out "$d"
 row 2 "--emit 'nemo': choose torchtitan or megatron" simulate --model tiny-dense --emit nemo
+row 2 "--emit is for one search: give --gpus N, not the sweep 8..16" plan --model tiny-dense --gpus 8..16 --emit torchtitan
 row 2 "--out is where --emit writes" plan --no-db --model tiny-dense --out "$d"
 row 2 "none of the 1 plans shown can be written for Megatron-LM core_v0.14.0" plan --no-db --model llama3.1-8b --gpus 8 --emit megatron --out "$d"
 row 2 "training.mixed_precision_param = float32 changes cost in a way meshplan does not model" simulate --gpus 8 --from "$d/tt_fp32.toml"
@@ -404,6 +405,13 @@ row 2 "--recompute-modules core_attn and 1 more: meshplan reads one value there"
 row 2 "--from-args: --num-layers disagrees with --model llama3.1-70b" simulate --gpus 8 --model llama3.1-70b "--from-args=$mg"
 row 2 "no model in data/models has the shape of these arguments" simulate --gpus 8 "--from-args=${mg/--num-layers 32/--num-layers 30}"
 row 2 "give --from FILE or --from-args 'ARGS', not both" simulate --gpus 8 --from "$d/tt_ok.toml" "--from-args=$mg"
+
+# report --import-log: the log's plan named, and a log with step lines
+"$bin" plan --model tiny-dense --gpus 8 --top 1 --db "$d/imp.db" >/dev/null 2>&1
+row 2 "--import-log stores the log as measurements of a run's plan; add --run ID" report --db "$d/imp.db" --import-log "$d/tt_ok.toml"
+row 2 "--plan-rank names the plan --import-log measures; add --import-log FILE" report --db "$d/imp.db" --run 1 --plan-rank 2
+row 2 "has no torchtitan (\"step: N  loss: X ... tps: Z\") or Megatron-LM" report --db "$d/imp.db" --run 1 --import-log "$d/tt_ok.toml"
+row 2 "run 1 has 1 ranked plans, no rank 5" report --db "$d/imp.db" --run 1 --import-log "$d/tt_ok.toml" --plan-rank 5
 
 # ---- out of room: a write past the file size limit (ulimit -f, in KiB) is an error naming
 # the file, exit 1 (the input was fine), not a kill by SIGXFSZ (exit 153) ----------------------
