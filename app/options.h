@@ -130,7 +130,7 @@
     "Megatron-LM core_v0.14.0 pretrain_gpt.py arguments; a key that changes cost and that meshplan " \
     "cannot model is refused by name, keys that change no cost are listed in a note", NULL }
 #define MP_OPT_FROM_ARGS                                                                           \
-  { "--from-args", "'ARGS'", "the same as --from with Megatron-LM's arguments given in one string (write --from-args='--tensor-model-parallel-size 2 ...': a value opening with -- needs the =)", NULL }
+  { "--from-args", "'ARGS'", "the same as --from with Megatron-LM's arguments given in one string (--from-args '--tensor-model-parallel-size 2 ...')", NULL }
 /* simulate and explain: FSDP without resharding (plan's reshard=0 in --fix) */
 #define MP_OPT_NO_RESHARD                                                                          \
   { "--no-reshard", NULL, "FSDP keeps each unit's gathered parameters from its forward to its "      \

@@ -171,11 +171,11 @@ for gpus, args in MG:
     a = args if "--model" in args else ("--model", "llama3.1-8b") + tuple(args)
     round_trip("megatron", gpus, a)
 
-# --from-args: the same arguments in one string (given as --from-args=..., a value that opens
-# with "--" being otherwise a flag); explain and plan read them alike
+# --from-args: the same arguments in one string (its value may open with "--"); explain and
+# plan read them alike
 pred, text = emitted("megatron", *MG_ARGS)
 one = " ".join(body(text).split())
-p = run("simulate", "--gpus", "8", "--from-args=" + one, "--json")
+p = run("simulate", "--gpus", "8", "--from-args", one, "--json")
 if p.returncode == 0 and pred:
     check(json.loads(p.stdout)["step_time_s"] == pred["step_time_s"], "--from-args: another step time")
 p = run("explain", "--gpus", "8", "--from-args=" + one)
