@@ -61,7 +61,9 @@ mp_status mp_args_parse(mp_ctx *ctx, mp_cmd_spec *spec, int argc, char **argv, c
                           o->help);
         o->value = eq + 1;
       } else {
-        if (i + 1 >= argc || (argv[i + 1][0] == '-' && argv[i + 1][1] == '-'))
+        /* a metavar in quotes ('ARGS') takes a command line of its own: the next argument
+         * even when it opens with "--" */
+        if (i + 1 >= argc || (argv[i + 1][0] == '-' && argv[i + 1][1] == '-' && o->metavar[0] != '\''))
           return mp_error(ctx, MP_ERR_USAGE, "%s needs a value (%s): %s", o->name, o->metavar,
                           o->help);
         o->value = argv[++i];

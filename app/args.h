@@ -19,7 +19,9 @@ typedef struct mp_opt {
   const char *name;   /* "--model" */
   const char *metavar; /* "M": takes a value; NULL: a switch; "[a|b]": a switch that may
                           take one of the words a, b as its value (the next argument when
-                          it is one of them, or =word); given bare, its value is "1" */
+                          it is one of them, or =word); given bare, its value is "1";
+                          "'ARGS'" (in quotes): a value that is a command line of its own,
+                          the next argument even when it opens with "--" */
   const char *help;
   /* filled by the parser */
   const char *value; /* the value, or "1" for a given switch, NULL when absent */

@@ -10,6 +10,7 @@
 #include "exec/comm/comm.h"
 #include "planner/batch.h"
 #include "app/commands.h"
+#include "app/from_config.h"
 #include "sim/stack.h"
 
 /* The running command's name, for the prefix of its messages (one command per process). */
@@ -35,7 +36,15 @@ int mp_command_main(const mp_command *cmd, int argc, char **argv) {
     mp_args_print_help(cmd->spec, stdout);
     return 0;
   }
-  return cmd->run(&ctx, &call);
+  /* --from, --from-args: the configuration's flags join the command line */
+  char **owned = NULL, note[4096];
+  st = mp_from_apply(&ctx, cmd->spec, &call.argc, &call.argv, call.pos, &call.n_pos, &owned, note, sizeof note);
+  if (st != MP_OK) return mp_cmd_fail(&ctx, st);
+  const int rc = cmd->run(&ctx, &call);
+  /* after the run, so a failure stays the one line on stderr */
+  if (note[0] && rc == 0) fprintf(stderr, "meshplan %s: note: %s\n", cmd->spec->name, note);
+  mp_from_free_argv(owned);
+  return rc;
 }
 
 mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
@@ -50,6 +59,7 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
                     spec->name);
   if (mp_args_has(spec, "--sp")) o->sp = 1;
   if (mp_args_has(spec, "--no-sp")) o->sp = 0;
+  if (mp_args_has(spec, "--no-reshard")) o->fsdp.reshard_after_forward = 0;
   long long v = 0;
   MP_CHECK(mp_args_int(ctx, spec, "--seq", 1, MP_LIM_SEQ, &v));
   if (v > 0) o->seq = v;

@@ -62,6 +62,9 @@ static mp_opt k_opts[] = {
     MP_OPT_GPUS_PER_NODE("8, or N when N < 8"),
     MP_OPT_INTER_GBPS,
     MP_OPT_STACK("the GPU's default"),
+    MP_OPT_NO_RESHARD,
+    MP_OPT_FROM,
+    MP_OPT_FROM_ARGS,
     MP_OPT_JSON("everything"),
     MP_OPT_END,
 };

@@ -16,6 +16,7 @@
 #include "exec/model.h"
 #include "planner/batch.h"
 #include "app/commands.h"
+#include "app/emit.h"
 #include "planner/evaluate.h"
 #include "planner/planner.h"
 #include "planner/plot.h"
@@ -78,6 +79,8 @@ static mp_opt k_opts[] = {
                          "failed, its prediction, its rank (keys as --fix) for the best matching candidate (the best "
                          "ranked, else the one the search took furthest), then the other matches' fates, one line each",
      NULL},
+    MP_OPT_EMIT("the best plan (with --top K the K best) into DIR/plan-1.toml (or .args), ..."), MP_OPT_EMIT_OUT,
+    MP_OPT_FROM, MP_OPT_FROM_ARGS,
     MP_OPT_JSON("the ranked plans"),
     {"--csv", NULL, "print the ranked plans as CSV", NULL},
     MP_OPT_END,
@@ -107,19 +110,6 @@ static char *options_json(void) {
   return s;
 }
 
-static char *command_line(int argc, char **argv) {
-  size_t len = strlen("meshplan plan") + 1;
-  for (int i = 0; i < argc; i++) len += strlen(argv[i]) + 1;
-  char *s = malloc(len);
-  if (!s) return NULL;
-  strcpy(s, "meshplan plan");
-  for (int i = 0; i < argc; i++) {
-    strcat(s, " ");
-    strcat(s, argv[i]);
-  }
-  return s;
-}
-
 /* The most sizes a sweep (--gpus A..B) searches. */
 #define PLAN_SWEEP_MAX 64
 
@@ -140,6 +130,9 @@ typedef struct plan_args {
   mp_objective obj;
   const char *plot_dir; /* NULL: no plots */
   const char *db;       /* NULL: --no-db */
+  mp_emit_target target; /* --emit's, when emit */
+  int emit;
+  const char *out;       /* --out, default . */
 } plan_args;
 
 /* The setup's fields that the options other than the constraints give (build_fix gives
@@ -188,7 +181,7 @@ static mp_status read_sweep(mp_ctx *ctx, plan_args *a) {
   for (long long g = lo; g <= hi; g = n == 3 ? g + step : 2 * g) a->sweep[a->n_sweep++] = g;
   if (mp_args_has(&k_spec, "--cluster"))
     return mp_error(ctx, MP_ERR_USAGE, "--gpus %s sweeps GPUs of --gpu TYPE; give it or --cluster, not both", v);
-  static const char *const one_search[] = {"--why", "--plot", "--db", "--log-all", "--mesh"};
+  static const char *const one_search[] = {"--why", "--plot", "--db", "--log-all", "--mesh", "--emit"};
   for (size_t i = 0; i < sizeof one_search / sizeof one_search[0]; i++)
     if (mp_args_has(&k_spec, one_search[i]))
       return mp_error(ctx, MP_ERR_USAGE, "%s is for one search: give --gpus N, not the sweep %s (a sweep writes no "
@@ -244,6 +237,8 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   MP_CHECK(read_price_tokens(ctx, a));
   fill_setup(a, gb);
   MP_CHECK(mp_model_check_step(ctx, &a->m, a->seq, 1, a->target_seqs > 0 ? 2 * a->gb : a->gb));
+  a->out = mp_args_has(&k_spec, "--out") ? mp_args_get(&k_spec, "--out") : ".";
+  MP_CHECK(mp_emit_args(ctx, mp_args_get(&k_spec, "--emit"), mp_args_has(&k_spec, "--out"), &a->target, &a->emit));
   a->plot_dir = mp_args_get(&k_spec, "--plot");
   if (a->plot_dir) {
     MP_CHECK(mp_plot_check_gnuplot(ctx));
@@ -675,7 +670,7 @@ static mp_status search_and_report(mp_ctx *ctx, const plan_args *a, mp_sim_evalu
   mp_planner_result res;
   memset(&res, 0, sizeof res);
   mp_store *store = NULL;
-  char *opts_json = options_json(), *cmdline = command_line(argc, argv);
+  char *opts_json = options_json(), *cmdline = mp_emit_command_line("plan", argc, argv);
   make_request(a, ev, opts_json, cmdline, &req);
   mp_status st = opts_json && cmdline ? MP_OK : mp_error(ctx, MP_ERR_NOMEM, "out of memory");
   if (st == MP_OK && a->db) st = mp_store_open(ctx, a->db, &store);
@@ -700,6 +695,9 @@ static mp_status search_and_report(mp_ctx *ctx, const plan_args *a, mp_sim_evalu
     else
       print_text(v);
     if (a->why) st = print_why(ctx, v);
+    if (st == MP_OK && a->emit)
+      st = mp_emit_ranked(ctx, a->target, ev, &a->c, res.search, res.order, mp_args_has(&k_spec, "--top") ? v->n_show
+                          : v->n_show > 0, cmdline, a->out, a->as_json || a->as_csv ? stderr : stdout);
     if (st == MP_OK && a->plot_dir) st = plot(ctx, a, ev, &res, v->n_show);
   }
   free(v->runs);

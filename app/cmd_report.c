@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "app/commands.h"
+#include "app/import_log.h"
 #include "exec/mesh.h"
 #include "planner/plot.h"
 #include "planner/search.h"
@@ -28,13 +29,17 @@ static mp_opt k_opts[] = {
     MP_OPT_TOP(" for --run"),
     {"--plot", "DIR", "with --run: draw the measured loss (training, validation) and tokens/s against the step "
      "into DIR/loss.png and DIR/throughput.png (gnuplot)", NULL},
+    {"--import-log", "FILE", "with --run: store the step lines of a torchtitan or Megatron-LM training log (loss, "
+     "step time, tokens/s, memory) as measurements of the run's plan of --plan-rank, shown beside its "
+     "prediction by report --run", NULL},
+    {"--plan-rank", "K", "with --import-log: the plan's rank in the run (default 1)", NULL},
     MP_OPT_JSON("the runs, or the run's plans,"),
     MP_OPT_END,
 };
 
 static mp_cmd_spec k_spec = {"report",
                              "List planner runs, or one run's top plans with predicted vs measured figures.",
-                             "[--db PATH] [--run ID [--plot DIR]] [--top K] [--json]", k_opts, 0};
+                             "[--db PATH] [--run ID [--plot DIR | --import-log FILE [--plan-rank K]]] [--top K] [--json]", k_opts, 0};
 
 /* The word for a run's devices: the CPU profile's ranks are processes, not GPUs. */
 static const char *device_word(const char *gpu, int n) {
@@ -358,6 +363,17 @@ static int run_report(mp_ctx *ctx, const mp_cmd_call *call) {
   if (plot && !mp_args_has(&k_spec, "--run")) {
     fprintf(stderr, "meshplan report: --plot draws one run's curves; add --run ID (meshplan report lists them)\n");
     rc = 2;
+  } else if (mp_args_has(&k_spec, "--import-log") || mp_args_has(&k_spec, "--plan-rank")) {
+    long long rank = 1;
+    char line[2048];
+    if ((s = mp_args_int(ctx, &k_spec, "--plan-rank", 1, INT32_MAX, &rank)) == MP_OK && !mp_args_has(&k_spec, "--run"))
+      s = mp_error(ctx, MP_ERR_USAGE, "--import-log stores the log as measurements of a run's plan; add --run ID");
+    if (s == MP_OK && !mp_args_has(&k_spec, "--import-log"))
+      s = mp_error(ctx, MP_ERR_USAGE, "--plan-rank names the plan --import-log measures; add --import-log FILE");
+    if (s == MP_OK)
+      s = mp_import_log_store(ctx, st, a, run_id, rank, mp_args_get(&k_spec, "--import-log"), line, sizeof line);
+    rc = s == MP_OK ? 0 : fail(ctx, s);
+    if (s == MP_OK) printf("%s\n", line);
   } else if (mp_args_has(&k_spec, "--run")) {
     rc = show_run(st, a, run_id, top, as_json);
     if (rc == 0 && !as_json) {

@@ -20,6 +20,7 @@
 #include "exec/plan.h"
 #include "exec/schedule.h"
 #include "app/commands.h"
+#include "app/emit.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
 
@@ -55,6 +56,11 @@ static mp_opt k_opts[] = {
                             "on its GPU profile", NULL},
     MP_OPT_HEADROOM("0.05"),
     {"--trace", "PATH", "write the simulated timeline as Chrome trace JSON", NULL},
+    MP_OPT_NO_RESHARD,
+    MP_OPT_EMIT("the plan (DIR/plan.toml or DIR/plan.args)"),
+    MP_OPT_EMIT_OUT,
+    MP_OPT_FROM,
+    MP_OPT_FROM_ARGS,
     MP_OPT_JSON("the prediction"),
     MP_OPT_END,
 };
@@ -63,7 +69,8 @@ static mp_cmd_spec k_spec = {
     "simulate", "Predict step time and memory of one plan.",
     "[--model M | --hf-config PATH] [--cluster C | --gpus N [--gpu G] [--gpus-per-node K]] [--mesh SPEC] [--ep N] "
     "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V] [--pp-layers A,B,...]] [--cp N [--cp-rotate M]] [--ac POLICY] [--fp8] [--sp|--no-sp] [--seq S] "
-    "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] [--json]",
+    "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] "
+    "[--emit torchtitan|megatron [--out DIR]] [--from FILE | --from-args 'ARGS'] [--json]",
     k_opts, 0};
 
 /* Sets one mesh dim from an option, refusing a conflict with --mesh. */
@@ -360,12 +367,33 @@ static mp_status simulate_job(mp_ctx *ctx, sim_job *j, mp_sim_result *r) {
   return tpath ? write_trace(ctx, j, tpath) : MP_OK;
 }
 
+/* --emit: the simulated plan as the target's file, DIR/plan.<ext>, headed by r. */
+static mp_status emit_plan(mp_ctx *ctx, const sim_job *j, const mp_sim_result *r, const mp_cmd_call *call,
+                           char *path, size_t cap) {
+  mp_emit_target t;
+  int on = 0;
+  const char *dir = mp_args_get(&k_spec, "--out");
+  MP_CHECK(mp_emit_args(ctx, mp_args_get(&k_spec, "--emit"), dir != NULL, &t, &on));
+  char *cmdline = mp_emit_command_line("simulate", call->argc, call->argv);
+  if (cmdline == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory");
+  const mp_emit_plan p = {&j->m, &j->c, &j->mesh, &j->o, &j->prof, r->step_time_s, r->tokens_per_s_per_gpu,
+                          r->peak_mem_bytes, cmdline};
+  mp_status st = mp_emit_write(ctx, t, &p, dir ? dir : ".", "plan", path, cap);
+  free(cmdline);
+  return st;
+}
+
 static int run_simulate(mp_ctx *ctx, const mp_cmd_call *call) {
-  (void)call;
+  mp_emit_target target;
+  int emit = 0;
+  mp_status ast = mp_emit_args(ctx, mp_args_get(&k_spec, "--emit"), mp_args_has(&k_spec, "--out"), &target, &emit);
+  if (ast != MP_OK) return mp_cmd_fail(ctx, ast);
   sim_job *j = calloc(1, sizeof *j);
   if (j == NULL) return mp_cmd_fail(ctx, mp_error(ctx, MP_ERR_NOMEM, "out of memory"));
   mp_sim_result r;
   mp_status st = simulate_job(ctx, j, &r);
+  char emitted[4096] = "";
+  if (st == MP_OK && emit) st = emit_plan(ctx, j, &r, call, emitted, sizeof emitted);
   int rc = 0;
   if (st != MP_OK) {
     rc = mp_cmd_fail(ctx, st);
@@ -378,6 +406,7 @@ static int run_simulate(mp_ctx *ctx, const mp_cmd_call *call) {
     const char *cal_db = mp_args_get(&k_spec, "--calibration"), *tpath = mp_args_get(&k_spec, "--trace");
     if (cal_db) printf("calibration applied: %s from %s\n", j->calib_line, cal_db);
     if (tpath) printf("trace   %s\n", tpath);
+    if (emitted[0]) printf("emit    %s\n", emitted);
   }
   mp_sim_trace_destroy(j->trace);
   mp_arena_destroy(j->arena);

@@ -54,7 +54,7 @@ extern const mp_command mp_command_plan, mp_command_simulate, mp_command_explain
 int mp_command_main(const mp_command *cmd, int argc, char **argv);
 
 /* Reads the plan options shared by explain, simulate and train into *o, changing only
- * what was given: --ac MODE, --fp8, --sp or --no-sp (both: a usage error), --seq S,
+ * what was given: --ac MODE, --fp8, --sp or --no-sp (both: a usage error), --no-reshard, --seq S,
  * --micro-batch B, --global-batch G. The caller sets its defaults first
  * (mp_plan_options_init, or its own). */
 mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);

@@ -122,6 +122,23 @@
 #define MP_OPT_TOP(more) { "--top", "K", "ranked plans to show" more " (default 10; 0: all)", NULL }
 /* `what`: what the JSON holds */
 #define MP_OPT_JSON(what) { "--json", NULL, "print " what " as JSON", NULL }
+/* plan and simulate: the chosen plan(s) as a framework's job configuration (app/emit.h) */
+#define MP_OPT_EMIT(what)                                                                          \
+  { "--emit", "TARGET", "write " what " as a torchtitan v0.2.0 job-config TOML (torchtitan) or as "  \
+    "Megatron-LM core_v0.14.0 pretrain_gpt.py arguments (megatron), headed by the prediction and " \
+    "the launch line; a plan feature the framework cannot express is refused by name", NULL }
+#define MP_OPT_EMIT_OUT { "--out", "DIR", "with --emit: the folder the files are written to (default .)", NULL }
+/* simulate, explain and plan: a plan read from a framework's configuration (app/from_config.h) */
+#define MP_OPT_FROM                                                                                \
+  { "--from", "FILE", "take the model, mesh and options from a torchtitan v0.2.0 TOML or a file of " \
+    "Megatron-LM core_v0.14.0 pretrain_gpt.py arguments; a key that changes cost and that meshplan " \
+    "cannot model is refused by name, keys that change no cost are listed in a note", NULL }
+#define MP_OPT_FROM_ARGS                                                                           \
+  { "--from-args", "'ARGS'", "the same as --from with Megatron-LM's arguments given in one string (--from-args '--tensor-model-parallel-size 2 ...')", NULL }
+/* simulate and explain: FSDP without resharding (plan's reshard=0 in --fix) */
+#define MP_OPT_NO_RESHARD                                                                          \
+  { "--no-reshard", NULL, "FSDP keeps each unit's gathered parameters from its forward to its "      \
+    "backward (torchtitan's fsdp_reshard_after_forward \"never\"; default: freed and gathered again)", NULL }
 #define MP_OPT_END { NULL, NULL, NULL, NULL }
 
 #endif

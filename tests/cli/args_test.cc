@@ -54,6 +54,24 @@ TEST_F(ArgsTest, ValuesSwitchesAndEqualsForm) {
   EXPECT_EQ(mp_args_get(&spec, "--nonexistent"), nullptr);
 }
 
+// A metavar in quotes takes a command line of its own (--from-args '--tensor-model-parallel-size 2'):
+// the next argument even when it opens with "--"; any other value-taking flag refuses it.
+TEST_F(ArgsTest, QuotedMetavarTakesAFlagLikeValue) {
+  mp_opt own[3] = {
+      {"--from-args", "'ARGS'", "arguments of another program", nullptr},
+      {"--model", "M", "model name or path", nullptr},
+      {nullptr, nullptr, nullptr, nullptr},
+  };
+  mp_cmd_spec s2 = {"simulate", "Predict.", "[options]", own, 0};
+  std::vector<std::string> args = {"--from-args", "--tensor-model-parallel-size 2 --bf16", "--model", "--x"};
+  std::vector<char *> argv;
+  for (auto &a : args) argv.push_back(&a[0]);
+  EXPECT_EQ(mp_args_parse(&ctx, &s2, 2, argv.data(), pos, &n_pos, &help), MP_OK) << msg();
+  EXPECT_STREQ(mp_args_get(&s2, "--from-args"), "--tensor-model-parallel-size 2 --bf16");
+  EXPECT_EQ(mp_args_parse(&ctx, &s2, 4, argv.data(), pos, &n_pos, &help), MP_ERR_USAGE);
+  EXPECT_NE(msg().find("--model needs a value"), std::string::npos) << msg();
+}
+
 TEST_F(ArgsTest, EqualsFormKeepsLaterEqualsSigns) {
   ASSERT_EQ(Parse({"--model=a=b"}), MP_OK);
   EXPECT_STREQ(mp_args_get(&spec, "--model"), "a=b");

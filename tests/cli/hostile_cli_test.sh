@@ -119,6 +119,8 @@ st_file st_twice.safetensors '{"x":{"dtype":"F32","shape":[2],"dtype":"BF16","da
 st_file st_overflow.safetensors '{"x":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}}' 8
 mkdir -p "$d/hf_fifo"; mkfifo "$d/hf_fifo/model.safetensors"
 
+printf '[model]\nname = "llama3"\nflavor = "8B"\n' >"$d/hand_default.toml"
+
 # ---- the check ---------------------------------------------------------------------------
 # row WANT_RC 'WANT_TEXT' ARGS...; with ULIMIT_F=K in the environment, under `ulimit -f K`
 row() {
@@ -347,6 +349,70 @@ row 2 "--gpus '1..1000:1': 1000 sizes, more than 64; a larger step" plan --gpus 
 row 2 "--why is for one search: give --gpus N, not the sweep 8..16" plan --gpus 8..16 --why tp=1
 row 2 "--gpus 8..16 sweeps GPUs of --gpu TYPE; give it or --cluster, not both" plan --gpus 8..16 --cluster h100-8
 row 1 "no plan fits llama3.1-70b on any size of the sweep 1..4" plan --model llama3.1-70b --gpus 1..4
+# ---- --emit and --from (app/emit.h, app/from_config.h): a plan or a key a framework or meshplan
+# cannot express is refused by name, never written or read approximately --------------------
+tt() { printf '[model]\nname = "llama3"\nflavor = "8B"\n%s\n' "$1" >"$d/$2"; }
+tt '[parallelism]
+data_parallel_shard_degree = 8' tt_ok.toml
+tt '[training]
+mixed_precision_param = "float32"' tt_fp32.toml
+tt '[activation_checkpoint]
+mode = "memory_budget"' tt_budget.toml
+tt '[parallelism]
+made_up_degree = 2' tt_unknown.toml
+tt '[parallelism]
+pipeline_parallel_degree = 2
+pipeline_parallel_schedule = "ZBVZeroBubble"' tt_zbv.toml
+tt '[[parallelism]]' tt_aot.toml
+tt 'x = {a = 1}' tt_inline.toml
+tt 'name = "qwen3"' tt_twice.toml
+tt '[training]
+global_batch_size = 64
+[parallelism]
+pipeline_parallel_degree = 2
+data_parallel_shard_degree = 4' tt_ga.toml
+printf '[model]\nname = "llama3"\nflavor = "1B"\n' >"$d/tt_flavor.toml"
+mg='--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention --num-query-groups 8 --max-position-embeddings 131072 --position-embedding-type rope --rotary-base 500000 --swiglu --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights --seq-length 8192 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather'
+row 2 "--emit megatron: dp_shard=8 is FSDP, which Megatron-LM's DDP does not run" simulate --model llama3.1-8b --gpus 8 --emit megatron --out "$d"
+row 2 "--emit torchtitan: the plan was predicted under stack megatron-core, not torchtitan's" simulate --model llama3.1-8b --gpus 8 --mesh dp_replicate=8 --stack megatron-core --emit torchtitan --out "$d"
+row 2 "--emit torchtitan: torchtitan v0.2.0 ships no flavor of llama2-7b" simulate --model llama2-7b --gpus 8 --emit torchtitan --out "$d"
+row 2 "--emit torchtitan: ac selective (the attention module) has no torchtitan v0.2.0 policy" simulate --model llama3.1-8b --gpus 8 --ac selective --emit torchtitan --out "$d"
+row 2 "--emit torchtitan: tp=2 without sequence parallelism" simulate --model llama3.1-8b --gpus 8 --mesh dp_shard=4,tp=2 --no-sp --emit torchtitan --out "$d"
+row 2 "--emit torchtitan: ep=2 with tp or cp" simulate --model qwen3-30b-a3b --gpus 8 --mesh dp_shard=4,tp=2,ep=2 --ac full --emit torchtitan --out "$d"
+row 2 "--emit megatron: ac full:2 has no Megatron-LM form" simulate --model llama3.1-8b --gpus 8 --mesh dp_replicate=8 --stack megatron-core --ac full:2 --emit megatron --out "$d"
+row 2 "--emit megatron: qwen3-30b-a3b has a mixture of experts" simulate --model qwen3-30b-a3b --gpus 8 --mesh dp_replicate=8 --stack megatron-core --emit megatron --out "$d"
+row 2 "--emit 'nemo': choose torchtitan or megatron" simulate --model tiny-dense --emit nemo
+row 2 "--emit is for one search: give --gpus N, not the sweep 8..16" plan --model tiny-dense --gpus 8..16 --emit torchtitan
+row 2 "--out is where --emit writes" plan --no-db --model tiny-dense --out "$d"
+row 2 "none of the 1 plans shown can be written for Megatron-LM core_v0.14.0" plan --no-db --model llama3.1-8b --gpus 8 --emit megatron --out "$d"
+row 2 "training.mixed_precision_param = float32 changes cost in a way meshplan does not model" simulate --gpus 8 --from "$d/tt_fp32.toml"
+row 2 "activation_checkpoint.mode = \"memory_budget\": meshplan prices none, selective and full" simulate --gpus 8 --from "$d/tt_budget.toml"
+row 2 "parallelism.made_up_degree is not a torchtitan v0.2.0 key meshplan reads" explain --gpus 8 --from "$d/tt_unknown.toml"
+row 2 "pipeline_parallel_schedule = \"ZBVZeroBubble\": meshplan prices 1F1B, Interleaved1F1B and GPipe" simulate --gpus 8 --from "$d/tt_zbv.toml"
+row 2 "arrays of tables ([[...]]) are not read" simulate --gpus 8 --from "$d/tt_aot.toml"
+row 2 "inline tables are not read" simulate --gpus 8 --from "$d/tt_inline.toml"
+row 2 "model.name is given twice" simulate --gpus 8 --from "$d/tt_twice.toml"
+row 2 "gradient accumulation over a pipeline" simulate --gpus 8 --from "$d/tt_ga.toml"
+row 2 "model llama3 flavor 1B has no meshplan model" simulate --gpus 8 --from "$d/tt_flavor.toml"
+row 2 "parallelism.data_parallel_shard_degree = -1 takes the rest of the GPUs: give --gpus N" plan --no-db --gpus 8..16 --from "$d/hand_default.toml"
+row 2 "--mesh 'dp_shard=4,tp=2' contradicts --from" simulate --gpus 8 --mesh dp_shard=4,tp=2 --from "$d/tt_ok.toml"
+row 2 "--use-torch-fsdp2 runs PyTorch's FSDP2 inside Megatron-LM, which meshplan does not price" simulate --gpus 8 "--from-args=$mg --use-torch-fsdp2"
+row 2 "--made-up-flag is not a Megatron-LM core_v0.14.0 flag meshplan reads" simulate --gpus 8 "--from-args=$mg --made-up-flag 3"
+row 2 "--use-distributed-optimizer is absent, but meshplan's megatron-core stack" simulate --gpus 8 "--from-args=${mg/ --use-distributed-optimizer/}"
+row 2 "--expert-model-parallel-size 2: Megatron-LM's expert grid is not read from arguments yet" simulate --gpus 8 "--from-args=$mg --expert-model-parallel-size 2"
+row 2 "--recompute-granularity full --recompute-method block" simulate --gpus 8 "--from-args=$mg --recompute-granularity full --recompute-method block --recompute-num-layers 2"
+row 2 "--recompute-modules core_attn and 1 more: meshplan reads one value there" simulate --gpus 8 "--from-args=$mg --recompute-granularity selective --recompute-modules core_attn mlp"
+row 2 "--from-args: --num-layers disagrees with --model llama3.1-70b" simulate --gpus 8 --model llama3.1-70b "--from-args=$mg"
+row 2 "no model in data/models has the shape of these arguments" simulate --gpus 8 "--from-args=${mg/--num-layers 32/--num-layers 30}"
+row 2 "give --from FILE or --from-args 'ARGS', not both" simulate --gpus 8 --from "$d/tt_ok.toml" "--from-args=$mg"
+
+# report --import-log: the log's plan named, and a log with step lines
+"$bin" plan --model tiny-dense --gpus 8 --top 1 --db "$d/imp.db" >/dev/null 2>&1
+row 2 "--import-log stores the log as measurements of a run's plan; add --run ID" report --db "$d/imp.db" --import-log "$d/tt_ok.toml"
+row 2 "--plan-rank names the plan --import-log measures; add --import-log FILE" report --db "$d/imp.db" --run 1 --plan-rank 2
+row 2 "has no torchtitan (\"step: N  loss: X ... tps: Z\") or Megatron-LM" report --db "$d/imp.db" --run 1 --import-log "$d/tt_ok.toml"
+row 2 "ranked plans, no rank 100000" report --db "$d/imp.db" --run 1 --import-log "$d/tt_ok.toml" --plan-rank 100000
+
 # ---- out of room: a write past the file size limit (ulimit -f, in KiB) is an error naming
 # the file, exit 1 (the input was fine), not a kill by SIGXFSZ (exit 153) ----------------------
 mkdir -p "$d/lim"

@@ -1,0 +1,147 @@
+/* A plan as Megatron-LM core_v0.14.0's pretrain_gpt.py arguments (app/emit.h), one flag a
+ * line after the header's comments: `pretrain_gpt.py $(grep -v '^#' FILE)` passes them.
+ *
+ * Flags and their meaning from NVIDIA/Megatron-LM tag core_v0.14.0 (23e00ed0),
+ * megatron/training/arguments.py. The model's shape is written whole, so the reader
+ * (app/from_config.c) finds the model again; the switches meshplan's megatron stacks price
+ * (the distributed optimizer, the overlapped gradient reduction and parameter gather, TP
+ * communication overlap, the attention kernel) are written as the plan's stack ran them. */
+#include <stdio.h>
+#include <string.h>
+
+#include "app/emit_internal.h"
+
+/* The model's shape as GPT flags; models Megatron-LM's GPT cannot take as meshplan
+ * describes them are refused. */
+static mp_status write_model(mp_ctx *ctx, const mp_model *m, mp_emit_buf *b) {
+  const char *no = mp_model_is_moe(m)          ? "a mixture of experts (its --num-experts, --moe-* and expert "
+                                                 "grid flags are not written yet)"
+                   : mp_model_is_mla(m)        ? "multi-head latent attention"
+                   : m->sliding_window > 0     ? "sliding-window attention"
+                   : m->bias && m->family != MP_FAMILY_GPT ? "biases in a llama-family model"
+                                                : NULL;
+  if (no)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: %s has %s, which meshplan does not write as Megatron-LM "
+                    "arguments; emit torchtitan or plan a dense model", m->name, no);
+  mp_emit_printf(b, "--num-layers %lld\n--hidden-size %lld\n--ffn-hidden-size %lld\n--num-attention-heads %lld\n",
+                 (long long)m->n_layers, (long long)m->d_model, (long long)m->d_ff, (long long)m->n_heads);
+  if (m->n_kv_heads != m->n_heads)
+    mp_emit_printf(b, "--group-query-attention\n--num-query-groups %lld\n", (long long)m->n_kv_heads);
+  if (m->head_dim * m->n_heads != m->d_model) mp_emit_printf(b, "--kv-channels %lld\n", (long long)m->head_dim);
+  mp_emit_printf(b, "--max-position-embeddings %lld\n--vocab-size %lld\n", (long long)m->max_seq, (long long)m->vocab);
+  if (m->family == MP_FAMILY_LLAMA)
+    mp_emit_printf(b, "--position-embedding-type rope\n--rotary-base %lld\n--swiglu\n--normalization RMSNorm\n"
+                   "--disable-bias-linear\n", (long long)m->rope_theta);
+  else
+    mp_emit_printf(b, "--position-embedding-type learned_absolute\n--normalization LayerNorm\n");
+  mp_emit_printf(b, "--norm-epsilon %g\n", m->norm_eps);
+  if (m->qkv_bias) mp_emit_printf(b, "--add-qkv-bias\n");
+  if (m->qk_norm) mp_emit_printf(b, "--qk-layernorm\n");
+  if (!m->tied_embeddings) mp_emit_printf(b, "--untie-embeddings-and-output-weights\n");
+  return MP_OK;
+}
+
+/* --recompute-*: selective-core is Megatron's selective recompute of core_attn; full is
+ * every layer's input kept and the layer recomputed (uniform, one layer a chunk). */
+static mp_status write_ac(mp_ctx *ctx, const mp_plan_options *o, mp_emit_buf *b) {
+  if (o->ac == MP_AC_NONE) return MP_OK;
+  if (o->ac == MP_AC_SELECTIVE_CORE) {
+    mp_emit_printf(b, "--recompute-granularity selective\n--recompute-modules core_attn\n");
+    return MP_OK;
+  }
+  if (o->ac == MP_AC_FULL && o->ac_every <= 1) {
+    mp_emit_printf(b, "--recompute-granularity full\n--recompute-method uniform\n--recompute-num-layers 1\n");
+    return MP_OK;
+  }
+  char ac[32];
+  mp_ac_format(o->ac, o->ac_every, ac, sizeof ac);
+  return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: ac %s has no Megatron-LM form (--recompute-granularity "
+                  "selective of core_attn, or full of every layer); plan with --ac none, selective-core or full", ac);
+}
+
+/* What Megatron-LM cannot run as meshplan plans it, refused before anything is written. */
+/* A stated stage layout (--pp-layers) as Megatron-LM states one: the first and last stages'
+ * counts (--decoder-first/last-pipeline-num-layers), the stages between them equal. The
+ * middle stages' count into *mid; 0 when the plan takes the default split. */
+static mp_status stage_layers(mp_ctx *ctx, const mp_emit_plan *p, int *mid) {
+  const mp_plan_options *o = p->o;
+  const int pp = p->mesh->size[MP_DIM_PP];
+  *mid = 0;
+  if (o->n_pp_layers == 0) return MP_OK;
+  *mid = pp > 2 ? o->pp_layers[1] : o->pp_layers[0];
+  for (int s = 1; s < pp - 1; s++)
+    if (o->pp_layers[s] != *mid)
+      return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: stage %d holds %d layers and stage 1 %d: Megatron-LM "
+                      "states only the first and last stages' (--decoder-first/last-pipeline-num-layers) and "
+                      "splits the rest evenly", s, o->pp_layers[s], *mid);
+  return MP_OK;
+}
+
+static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p) {
+  const mp_mesh *m = p->mesh;
+  int mid = 0;
+  MP_CHECK(stage_layers(ctx, p, &mid));
+  if (m->size[MP_DIM_DP_SHARD] > 1)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--emit megatron: dp_shard=%d is FSDP, which Megatron-LM's DDP does not run (its "
+                    "--use-torch-fsdp2 is a different runtime meshplan does not price); plan dp_replicate "
+                    "with --stack megatron-core, whose distributed optimizer shards the optimizer state",
+                    m->size[MP_DIM_DP_SHARD]);
+  /* the reader maps --attention-backend back to these two profiles, so only they round-trip */
+  if (strcmp(p->stack->name, "megatron-core") != 0 && strcmp(p->stack->name, "megatron-lm") != 0)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--emit megatron: the plan was predicted under stack %s, not Megatron's; plan with "
+                    "--stack megatron-core or megatron-lm", p->stack->name);
+  if (m->size[MP_DIM_PP] > 1 && p->o->pp_schedule == MP_PP_GPIPE)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: Megatron-LM runs no GPipe schedule (1F1B, or "
+                    "interleaved with virtual stages); plan with --pp-schedule 1f1b or interleaved");
+  if (p->o->fp8 && p->o->fp8_opts.recipe == MP_FP8_ROWWISE)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: float8 recipe rowwise is torchao's; Megatron-LM's "
+                    "--fp8-recipe is tensorwise, delayed, mxfp8 or blockwise");
+  return MP_OK;
+}
+
+/* The parallel layout, the batch and the switches of the plan's stack. */
+static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
+  const mp_mesh *m = p->mesh;
+  const mp_plan_options *o = p->o;
+  const int tp = m->size[MP_DIM_TP];
+  mp_emit_printf(b, "--tensor-model-parallel-size %d\n", tp);
+  if (tp > 1 && o->sp > 0) mp_emit_printf(b, "--sequence-parallel\n");
+  if (tp > 1 && o->sp > 0 && o->tp_comm_fused) mp_emit_printf(b, "--tp-comm-overlap\n");
+  mp_emit_printf(b, "--pipeline-model-parallel-size %d\n", m->size[MP_DIM_PP]);
+  if (m->size[MP_DIM_PP] > 1 && o->pp_virtual > 1)
+    mp_emit_printf(b, "--num-virtual-stages-per-pipeline-rank %d\n", o->pp_virtual);
+  int mid = 0;
+  mp_ctx quiet; /* checked by check_plan already */
+  mp_ctx_init(&quiet);
+  if (stage_layers(&quiet, p, &mid) == MP_OK && mid > 0) {
+    const int pp = m->size[MP_DIM_PP];
+    if (o->pp_layers[0] != mid) mp_emit_printf(b, "--decoder-first-pipeline-num-layers %d\n", o->pp_layers[0]);
+    if (o->pp_layers[pp - 1] != mid)
+      mp_emit_printf(b, "--decoder-last-pipeline-num-layers %d\n", o->pp_layers[pp - 1]);
+  }
+  mp_emit_printf(b, "--context-parallel-size %d\n", m->size[MP_DIM_CP]);
+  if (m->size[MP_DIM_CP] > 1) mp_emit_printf(b, "--cp-comm-type p2p\n");
+  mp_emit_printf(b, "--seq-length %lld\n--micro-batch-size %lld\n--global-batch-size %lld\n", (long long)o->seq,
+                 (long long)o->micro_batch, (long long)o->global_batch);
+  if (o->ddp.shard_optimizer) mp_emit_printf(b, "--use-distributed-optimizer\n");
+  if (o->ddp.overlap) mp_emit_printf(b, "--overlap-grad-reduce\n");
+  if (o->ddp.overlap && o->ddp.shard_optimizer) mp_emit_printf(b, "--overlap-param-gather\n");
+  mp_emit_printf(b, "--bf16\n--attention-backend %s\n", o->attn == MP_ATTN_MATERIALIZED ? "unfused" : "flash");
+  if (o->fp8) mp_emit_printf(b, "--fp8-format hybrid\n--fp8-recipe %s\n", mp_fp8_recipe_name(o->fp8_opts.recipe));
+}
+
+mp_status mp_emit_megatron(mp_ctx *ctx, const mp_emit_plan *p, const char *file_name, mp_emit_buf *b) {
+  MP_CHECK(check_plan(ctx, p));
+  char launch[1200];
+  snprintf(launch, sizeof launch, "pretrain_gpt.py $(grep -v '^#' %s) --data-path DATA --tokenizer-type "
+           "HuggingFaceTokenizer --tokenizer-model TOKENIZER", file_name);
+  mp_emit_header(b, MP_EMIT_MEGATRON, p, launch);
+  mp_emit_printf(b, "# Data parallelism: the world over tp x pp x cp, %d ranks here.\n", mp_emit_dp(p->mesh));
+  MP_CHECK(write_model(ctx, p->model, b));
+  write_parallel(p, b);
+  MP_CHECK(write_ac(ctx, p->o, b));
+  mp_emit_printf(b, "--train-iters 1000\n");
+  return MP_OK;
+}

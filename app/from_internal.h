@@ -1,0 +1,42 @@
+/* What the readers of app/from_config.h share: the plan a configuration states, before it
+ * becomes flags (app/from_config.c), and the readers (app/from_torchtitan.c,
+ * app/from_megatron.c). */
+#ifndef MP_APP_FROM_INTERNAL_H
+#define MP_APP_FROM_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "app/args.h"
+#include "exec/model.h"
+#include "exec/plan.h"
+
+typedef struct mp_from_plan {
+  const char *framework;  /* "torchtitan v0.2.0" or "Megatron-LM core_v0.14.0" */
+  char model[MP_NAME_MAX]; /* a data/models stem; "" when the user's --model stands */
+  char stack[32];
+  int pp, dp_replicate, dp_shard, cp, tp, ep; /* resolved: no -1 */
+  char ac[24];            /* meshplan's name: none, selective-op, selective-core, full, full:N */
+  char fp8[16];           /* the recipe, "" without float8 */
+  int sp;                 /* -1: the stack's default, 0, 1 */
+  int reshard;            /* 1: FSDP reshards after forward, 0: not, -1: no FSDP (DDP) */
+  int64_t seq, micro_batch, global_batch;
+  mp_pp_schedule pp_schedule;
+  int pp_virtual;
+  char pp_layers[512];    /* each stage's layer count, "A,B,..."; "": the default split */
+  char cp_rotate[16];     /* "" where the stack's stands */
+  int async_tp;
+  char ignored[2048];     /* keys read that change no cost, ", "-separated */
+} mp_from_plan;
+
+/* Appends key to p->ignored (truncated with "..." when full). */
+void mp_from_ignore(mp_from_plan *p, const char *key);
+
+/* The readers. world: the cluster's GPUs, 0 where the command line does not fix one (plan's
+ * --gpus A..B); a configuration that needs it then is a usage error. The model where the
+ * command line names one (--model or --hf-config), else NULL. */
+mp_status mp_from_torchtitan(mp_ctx *ctx, const char *text, const char *origin, int world, mp_from_plan *p);
+mp_status mp_from_megatron(mp_ctx *ctx, const char *text, const char *origin, int world, const mp_model *given,
+                           mp_from_plan *p);
+
+#endif

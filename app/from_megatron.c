@@ -1,0 +1,414 @@
+/* --from and --from-args: Megatron-LM core_v0.14.0's pretrain_gpt.py arguments into a plan
+ * (app/from_config.h).
+ *
+ * Flags, defaults and meanings from NVIDIA/Megatron-LM tag core_v0.14.0 (23e00ed0),
+ * megatron/training/arguments.py. The text is split as a shell would split a plain command
+ * line (quotes, backslash-newline, # comments); a launcher's words before pretrain_gpt.py
+ * (torchrun and its flags) are skipped. Megatron-LM's arguments name no model, so the model
+ * is the --model given, its shape checked against the shape flags, or else the one model of
+ * data/models with that shape. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "app/from_internal.h"
+#include "data/embedded.h"
+#include "sim/stack.h"
+
+#define MG_MAX_TOKENS 512
+
+typedef struct mg_args {
+  char *buf;                     /* the tokens, NUL-separated */
+  const char *flag[MG_MAX_TOKENS];
+  const char *val[MG_MAX_TOKENS]; /* NULL for a switch */
+  int n;
+} mg_args;
+
+enum { MG_MAP = 0, MG_IGNORE };
+/* Every flag read: whether it takes a value, and whether it is mapped or changes no cost. */
+static const struct {
+  const char *flag;
+  int value, role;
+} k_flags[] = {
+    {"--num-layers", 1, MG_MAP}, {"--hidden-size", 1, MG_MAP}, {"--ffn-hidden-size", 1, MG_MAP},
+    {"--num-attention-heads", 1, MG_MAP}, {"--num-query-groups", 1, MG_MAP}, {"--kv-channels", 1, MG_MAP},
+    {"--seq-length", 1, MG_MAP}, {"--max-position-embeddings", 1, MG_MAP}, {"--vocab-size", 1, MG_MAP},
+    {"--position-embedding-type", 1, MG_MAP}, {"--rotary-base", 1, MG_MAP}, {"--normalization", 1, MG_MAP},
+    {"--norm-epsilon", 1, MG_MAP}, {"--tensor-model-parallel-size", 1, MG_MAP},
+    {"--pipeline-model-parallel-size", 1, MG_MAP}, {"--num-virtual-stages-per-pipeline-rank", 1, MG_MAP},
+    {"--num-layers-per-virtual-pipeline-stage", 1, MG_MAP}, {"--context-parallel-size", 1, MG_MAP},
+    {"--decoder-first-pipeline-num-layers", 1, MG_MAP}, {"--decoder-last-pipeline-num-layers", 1, MG_MAP},
+    {"--cp-comm-type", 1, MG_MAP}, {"--expert-model-parallel-size", 1, MG_MAP},
+    {"--expert-tensor-parallel-size", 1, MG_MAP}, {"--micro-batch-size", 1, MG_MAP},
+    {"--global-batch-size", 1, MG_MAP}, {"--recompute-granularity", 1, MG_MAP}, {"--recompute-method", 1, MG_MAP},
+    {"--recompute-num-layers", 1, MG_MAP}, {"--recompute-modules", 1, MG_MAP}, {"--fp8-format", 1, MG_MAP},
+    {"--fp8-recipe", 1, MG_MAP}, {"--attention-backend", 1, MG_MAP}, {"--transformer-impl", 1, MG_MAP},
+    {"--group-query-attention", 0, MG_MAP}, {"--swiglu", 0, MG_MAP}, {"--disable-bias-linear", 0, MG_MAP},
+    {"--add-qkv-bias", 0, MG_MAP}, {"--qk-layernorm", 0, MG_MAP},
+    {"--untie-embeddings-and-output-weights", 0, MG_MAP}, {"--sequence-parallel", 0, MG_MAP},
+    {"--use-distributed-optimizer", 0, MG_MAP}, {"--overlap-grad-reduce", 0, MG_MAP},
+    {"--overlap-param-gather", 0, MG_MAP}, {"--tp-comm-overlap", 0, MG_MAP}, {"--bf16", 0, MG_MAP},
+    {"--use-flash-attn", 0, MG_MAP}, {"--use-mcore-models", 0, MG_IGNORE},
+    /* no cost: the learning rate and optimizer hyper-parameters, data, tokenizer, paths,
+     * logging, the run's length, timeouts */
+    {"--lr", 1, MG_IGNORE}, {"--min-lr", 1, MG_IGNORE}, {"--lr-decay-style", 1, MG_IGNORE},
+    {"--lr-decay-iters", 1, MG_IGNORE}, {"--lr-warmup-iters", 1, MG_IGNORE}, {"--lr-warmup-fraction", 1, MG_IGNORE},
+    {"--weight-decay", 1, MG_IGNORE}, {"--clip-grad", 1, MG_IGNORE}, {"--adam-beta1", 1, MG_IGNORE},
+    {"--adam-beta2", 1, MG_IGNORE}, {"--adam-eps", 1, MG_IGNORE}, {"--init-method-std", 1, MG_IGNORE},
+    {"--seed", 1, MG_IGNORE}, {"--data-path", 1, MG_IGNORE}, {"--split", 1, MG_IGNORE},
+    {"--tokenizer-type", 1, MG_IGNORE}, {"--tokenizer-model", 1, MG_IGNORE}, {"--vocab-file", 1, MG_IGNORE},
+    {"--merge-file", 1, MG_IGNORE}, {"--save", 1, MG_IGNORE}, {"--load", 1, MG_IGNORE},
+    {"--save-interval", 1, MG_IGNORE}, {"--eval-interval", 1, MG_IGNORE}, {"--eval-iters", 1, MG_IGNORE},
+    {"--log-interval", 1, MG_IGNORE}, {"--tensorboard-dir", 1, MG_IGNORE}, {"--wandb-project", 1, MG_IGNORE},
+    {"--wandb-exp-name", 1, MG_IGNORE}, {"--train-iters", 1, MG_IGNORE}, {"--train-samples", 1, MG_IGNORE},
+    {"--exit-duration-in-mins", 1, MG_IGNORE}, {"--distributed-timeout-minutes", 1, MG_IGNORE},
+    {"--data-cache-path", 1, MG_IGNORE}, {"--num-workers", 1, MG_IGNORE}, {"--log-throughput", 0, MG_IGNORE},
+    {"--log-timers-to-tensorboard", 0, MG_IGNORE}, {"--log-memory-to-tensorboard", 0, MG_IGNORE},
+    {"--no-load-optim", 0, MG_IGNORE}, {"--no-load-rng", 0, MG_IGNORE}, {"--mock-data", 0, MG_IGNORE},
+};
+
+/* Splits text into words as a shell splits a plain command line. */
+static mp_status split(mp_ctx *ctx, const char *text, const char *origin, char *buf, const char **words, int *n) {
+  *n = 0;
+  char *o = buf;
+  for (const char *p = text; *p;) {
+    if (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n' || (*p == '\\' && p[1] == '\n')) {
+      p += *p == '\\' ? 2 : 1;
+      continue;
+    }
+    if (*p == '#') {
+      p += strcspn(p, "\n");
+      continue;
+    }
+    if (*n >= MG_MAX_TOKENS) return mp_error(ctx, MP_ERR_USAGE, "%s: more than %d words", origin, MG_MAX_TOKENS);
+    words[(*n)++] = o;
+    while (*p && !strchr(" \t\r\n", *p)) {
+      if (*p == '\'' || *p == '"') {
+        const char q = *p++;
+        while (*p && *p != q) *o++ = *p++;
+        if (*p != q) return mp_error(ctx, MP_ERR_USAGE, "%s: unterminated quote", origin);
+        p++;
+      } else if (*p == '\\' && p[1]) {
+        p++;
+        *o++ = *p++;
+      } else {
+        *o++ = *p++;
+      }
+    }
+    *o++ = '\0';
+  }
+  return MP_OK;
+}
+
+/* The words as flags and values; a launcher's words before pretrain_gpt.py dropped; every
+ * flag known (ignored ones noted), any other refused. */
+static mp_status parse(mp_ctx *ctx, const char *text, const char *origin, mg_args *a, mp_from_plan *p) {
+  const char *w[MG_MAX_TOKENS];
+  int n = 0;
+  a->buf = malloc(strlen(text) + 1);
+  if (a->buf == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory");
+  MP_CHECK(split(ctx, text, origin, a->buf, w, &n));
+  int i = 0;
+  for (int k = 0; k < n; k++) {
+    const size_t len = strlen(w[k]);
+    if (len >= 15 && strcmp(w[k] + len - 15, "pretrain_gpt.py") == 0) i = k + 1;
+  }
+  a->n = 0;
+  while (i < n) {
+    const char *f = w[i++];
+    size_t k = 0;
+    while (k < sizeof k_flags / sizeof k_flags[0] && strcmp(k_flags[k].flag, f) != 0) k++;
+    if (strncmp(f, "--", 2) != 0)
+      return mp_error(ctx, MP_ERR_USAGE, "%s: '%s' is not a flag of pretrain_gpt.py", origin, f);
+    if (strcmp(f, "--use-torch-fsdp2") == 0)
+      return mp_error(ctx, MP_ERR_USAGE, "%s: --use-torch-fsdp2 runs PyTorch's FSDP2 inside Megatron-LM, "
+                      "which meshplan does not price; plan FSDP as torchtitan (--from a torchtitan TOML)", origin);
+    if (k == sizeof k_flags / sizeof k_flags[0])
+      return mp_error(ctx, MP_ERR_USAGE, "%s: %s is not a Megatron-LM core_v0.14.0 flag meshplan reads; it "
+                      "may change cost, so it is refused: remove it", origin, f);
+    const char *v = NULL;
+    if (k_flags[k].value) { /* nargs: the words up to the next flag, joined by the first one's NULs */
+      if (i >= n || strncmp(w[i], "--", 2) == 0)
+        return mp_error(ctx, MP_ERR_USAGE, "%s: %s needs a value", origin, f);
+      v = w[i++];
+      int more = 0;
+      while (i < n && strncmp(w[i], "--", 2) != 0) i++, more++;
+      if (more && k_flags[k].role == MG_MAP)
+        return mp_error(ctx, MP_ERR_USAGE, "%s: %s %s and %d more: meshplan reads one value there", origin,
+                        f, v, more);
+    }
+    if (k_flags[k].role == MG_IGNORE) {
+      mp_from_ignore(p, f);
+      continue;
+    }
+    a->flag[a->n] = f;
+    a->val[a->n++] = v;
+  }
+  return MP_OK;
+}
+
+/* The last value of flag (argparse's rule), or NULL; has: whether it is given at all. */
+static const char *get(const mg_args *a, const char *flag, int *has) {
+  const char *v = NULL;
+  int h = 0;
+  for (int i = 0; i < a->n; i++)
+    if (strcmp(a->flag[i], flag) == 0) v = a->val[i], h = 1;
+  if (has) *has = h;
+  return v;
+}
+static int has(const mg_args *a, const char *flag) {
+  int h = 0;
+  (void)get(a, flag, &h);
+  return h;
+}
+
+/* An integer flag (absent: dflt) in lo..hi. */
+static mp_status get_int(mp_ctx *ctx, const mg_args *a, const char *origin, const char *flag, int64_t dflt,
+                         int64_t lo, int64_t hi, int64_t *out) {
+  const char *v = get(a, flag, NULL);
+  *out = dflt;
+  if (v == NULL) return MP_OK;
+  char *end = NULL;
+  const long long x = strtoll(v, &end, 10);
+  if (end == v || *end || x < lo || x > hi)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: %s %s: expected an integer in %lld..%lld", origin, flag, v,
+                    (long long)lo, (long long)hi);
+  *out = x;
+  return MP_OK;
+}
+
+/* The model the shape flags describe, as meshplan's fields (Megatron-LM's defaults where a
+ * flag is absent: --ffn-hidden-size 4 x hidden, with --swiglu two thirds of that rounded
+ * down to a multiple of 64; --kv-channels hidden / heads; --rotary-base 10000). */
+static mp_status read_shape(mp_ctx *ctx, const mg_args *a, const char *origin, mp_model *s) {
+  memset(s, 0, sizeof *s);
+  int64_t groups = 0;
+  MP_CHECK(get_int(ctx, a, origin, "--num-layers", 0, 1, MP_MAX_LAYERS, &s->n_layers));
+  MP_CHECK(get_int(ctx, a, origin, "--hidden-size", 0, 1, 1 << 20, &s->d_model));
+  MP_CHECK(get_int(ctx, a, origin, "--num-attention-heads", 0, 1, 1 << 16, &s->n_heads));
+  if (!s->n_layers || !s->d_model || !s->n_heads)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --num-layers, --hidden-size and --num-attention-heads are needed "
+                    "to know the model", origin);
+  const int swiglu = has(a, "--swiglu");
+  const int64_t ffn = swiglu ? (4 * s->d_model * 2 / 3) / 64 * 64 : 4 * s->d_model;
+  MP_CHECK(get_int(ctx, a, origin, "--ffn-hidden-size", ffn, 1, 1 << 24, &s->d_ff));
+  MP_CHECK(get_int(ctx, a, origin, "--num-query-groups", 1, 1, s->n_heads, &groups));
+  s->n_kv_heads = has(a, "--group-query-attention") ? groups : s->n_heads;
+  MP_CHECK(get_int(ctx, a, origin, "--kv-channels", s->d_model / s->n_heads, 1, 1 << 16, &s->head_dim));
+  int64_t seq = 0, theta = 0;
+  MP_CHECK(get_int(ctx, a, origin, "--seq-length", 0, 1, 1 << 24, &seq));
+  MP_CHECK(get_int(ctx, a, origin, "--max-position-embeddings", seq, 1, 1 << 24, &s->max_seq));
+  MP_CHECK(get_int(ctx, a, origin, "--vocab-size", 0, 1, 1 << 22, &s->vocab));
+  MP_CHECK(get_int(ctx, a, origin, "--rotary-base", 10000, 1, 1LL << 40, &theta));
+  s->rope_theta = (double)theta;
+  const char *pos = get(a, "--position-embedding-type", NULL), *norm = get(a, "--normalization", NULL);
+  const int rope = pos && strcmp(pos, "rope") == 0, rms = norm && strcmp(norm, "RMSNorm") == 0;
+  if (rope && rms && swiglu) s->family = MP_FAMILY_LLAMA;
+  else if (!rope && !rms && !swiglu && (!pos || strcmp(pos, "learned_absolute") == 0)) s->family = MP_FAMILY_GPT;
+  else
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --position-embedding-type %s, --normalization %s%s: meshplan "
+                    "models rope, RMSNorm and SwiGLU (llama) or learned_absolute, LayerNorm and GeLU (GPT)", origin,
+                    pos ? pos : "learned_absolute", norm ? norm : "LayerNorm", swiglu ? ", --swiglu" : "");
+  s->bias = !has(a, "--disable-bias-linear");
+  s->qkv_bias = has(a, "--add-qkv-bias");
+  s->qk_norm = has(a, "--qk-layernorm");
+  s->tied_embeddings = !has(a, "--untie-embeddings-and-output-weights");
+  return MP_OK;
+}
+
+/* The first flag on which model m differs from the shape s, or NULL. */
+static const char *differs(const mp_model *m, const mp_model *s) {
+  if (mp_model_is_moe(m) || mp_model_is_mla(m) || m->sliding_window > 0) return "--num-layers (a dense model)";
+  if (m->n_layers != s->n_layers) return "--num-layers";
+  if (m->d_model != s->d_model) return "--hidden-size";
+  if (m->d_ff != s->d_ff) return "--ffn-hidden-size";
+  if (m->n_heads != s->n_heads) return "--num-attention-heads";
+  if (m->n_kv_heads != s->n_kv_heads) return "--num-query-groups";
+  if (m->head_dim != s->head_dim) return "--kv-channels";
+  if (m->max_seq != s->max_seq) return "--max-position-embeddings";
+  if (s->vocab && m->vocab != s->vocab) return "--vocab-size";
+  if (m->family != s->family) return "--position-embedding-type";
+  if (s->family == MP_FAMILY_LLAMA && (int64_t)m->rope_theta != (int64_t)s->rope_theta) return "--rotary-base";
+  if (m->bias != s->bias) return "--disable-bias-linear";
+  if (m->qkv_bias != s->qkv_bias) return "--add-qkv-bias";
+  if (m->qk_norm != s->qk_norm) return "--qk-layernorm";
+  if (m->tied_embeddings != s->tied_embeddings) return "--untie-embeddings-and-output-weights";
+  return NULL;
+}
+
+/* The given model checked against the shape, or the one model of data/models with it. */
+static mp_status find_model(mp_ctx *ctx, const mg_args *a, const char *origin, const mp_model *given,
+                            mp_from_plan *p) {
+  mp_model s;
+  MP_CHECK(read_shape(ctx, a, origin, &s));
+  if (given) {
+    const char *d = differs(given, &s);
+    if (d)
+      return mp_error(ctx, MP_ERR_USAGE, "%s: %s disagrees with --model %s; the arguments describe another "
+                      "model", origin, d, given->name);
+    p->model[0] = '\0';
+    return MP_OK;
+  }
+  size_t n = 0;
+  const mp_data_entry *e = mp_data_entries(&n);
+  char found[512] = "";
+  int hits = 0;
+  for (size_t i = 0; i < n; i++) {
+    mp_model m;
+    mp_ctx quiet;
+    mp_ctx_init(&quiet);
+    if (strcmp(e[i].kind, "models") != 0 || mp_model_load(&quiet, e[i].name, &m) != MP_OK || differs(&m, &s)) continue;
+    if (hits++ == 0) snprintf(p->model, sizeof p->model, "%s", e[i].name);
+    snprintf(found + strlen(found), sizeof found - strlen(found), "%s%s", hits > 1 ? ", " : "", e[i].name);
+  }
+  if (hits == 1) return MP_OK;
+  return mp_error(ctx, MP_ERR_USAGE, "%s: %s model in data/models has the shape of these arguments (%lld "
+                  "layers, hidden %lld, ffn %lld, %lld heads, %lld query groups, %lld positions)%s%s; pass --model M",
+                  origin, hits ? "more than one" : "no", (long long)s.n_layers, (long long)s.d_model,
+                  (long long)s.d_ff, (long long)s.n_heads, (long long)s.n_kv_heads, (long long)s.max_seq,
+                  hits ? ": " : "", found);
+}
+
+/* The stack the arguments run (the unfused attention or Megatron-LM's local layers: the
+ * megatron-lm profile, Transformer Engine's: megatron-core), and the switches that profile
+ * prices, which must be the arguments' own. */
+static mp_status read_stack(mp_ctx *ctx, const mg_args *a, const char *origin, mp_from_plan *p) {
+  const char *be = get(a, "--attention-backend", NULL), *impl = get(a, "--transformer-impl", NULL);
+  if ((be && strcmp(be, "unfused") && strcmp(be, "flash") && strcmp(be, "fused") && strcmp(be, "auto")) ||
+      (impl && strcmp(impl, "transformer_engine") && strcmp(impl, "local")))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --attention-backend %s, --transformer-impl %s: meshplan prices "
+                    "unfused or flash attention", origin, be ? be : "auto", impl ? impl : "transformer_engine");
+  const int lm = (be && strcmp(be, "unfused") == 0) || (impl && strcmp(impl, "local") == 0);
+  snprintf(p->stack, sizeof p->stack, "%s", lm ? "megatron-lm" : "megatron-core");
+  mp_stack_profile prof;
+  MP_CHECK(mp_stack_load(ctx, p->stack, &prof));
+  const int tp_sp = p->tp > 1 && p->sp > 0;
+  const struct {
+    const char *flag;
+    int priced, given;
+  } sw[] = {
+      {"--use-distributed-optimizer", prof.dist_opt, has(a, "--use-distributed-optimizer")},
+      {"--overlap-grad-reduce", prof.dp_overlap, has(a, "--overlap-grad-reduce")},
+      {"--overlap-param-gather", prof.dp_overlap && prof.dist_opt, has(a, "--overlap-param-gather")},
+      {"--tp-comm-overlap", prof.tp_comm_overlap && tp_sp, has(a, "--tp-comm-overlap") && tp_sp},
+  };
+  for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
+    if (sw[i].priced != sw[i].given)
+      return mp_error(ctx, MP_ERR_USAGE, "%s: %s %s, but meshplan's %s stack (%s) prices it %s; %s it", origin,
+                      sw[i].flag, sw[i].given ? "is given" : "is absent", p->stack,
+                      lm ? "--attention-backend unfused" : "Transformer Engine's attention", sw[i].priced ? "on" : "off",
+                      sw[i].priced ? "add" : "remove");
+  return MP_OK;
+}
+
+/* Megatron-LM's uneven first and last stages (--decoder-first-pipeline-num-layers,
+ * --decoder-last-pipeline-num-layers; megatron/core/transformer/transformer_block.py, core_v0.14.0:
+ * the other stages split the remaining layers evenly) as each stage's layer count. */
+static mp_status read_stage_layers(mp_ctx *ctx, const mg_args *a, const char *origin, int64_t layers,
+                                   mp_from_plan *p) {
+  int64_t first, last;
+  MP_CHECK(get_int(ctx, a, origin, "--decoder-first-pipeline-num-layers", 0, 0, MP_MAX_LAYERS, &first));
+  MP_CHECK(get_int(ctx, a, origin, "--decoder-last-pipeline-num-layers", 0, 0, MP_MAX_LAYERS, &last));
+  p->pp_layers[0] = '\0';
+  if (!first && !last) return MP_OK;
+  const int pp = p->pp, middle = pp - (first ? 1 : 0) - (last ? 1 : 0);
+  const int64_t rest = layers - first - last;
+  if (pp < 2 || p->pp_virtual > 1 || middle < 1 || rest < middle || rest % middle)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --decoder-first/last-pipeline-num-layers: the other %d stages must "
+                    "split the remaining %lld layers evenly, without virtual stages (pp=%d)", origin, middle,
+                    (long long)rest, pp);
+  size_t n = 0;
+  for (int s = 0; s < pp; s++) {
+    const int64_t k = s == 0 && first ? first : s == pp - 1 && last ? last : rest / middle;
+    n += (size_t)snprintf(p->pp_layers + n, sizeof p->pp_layers - n, "%s%lld", s ? "," : "", (long long)k);
+    if (n >= sizeof p->pp_layers) return mp_error(ctx, MP_ERR_USAGE, "%s: too many pipeline stages", origin);
+  }
+  return MP_OK;
+}
+
+/* tp, pp (with its virtual stages), cp and the data parallelism that is the rest of world. */
+static mp_status read_parallel(mp_ctx *ctx, const mg_args *a, const char *origin, int world, int64_t layers,
+                               mp_from_plan *p) {
+  int64_t tp, pp, cp, ep, v, lpv;
+  MP_CHECK(get_int(ctx, a, origin, "--tensor-model-parallel-size", 1, 1, 1 << 20, &tp));
+  MP_CHECK(get_int(ctx, a, origin, "--pipeline-model-parallel-size", 1, 1, 1 << 20, &pp));
+  MP_CHECK(get_int(ctx, a, origin, "--context-parallel-size", 1, 1, 1 << 20, &cp));
+  MP_CHECK(get_int(ctx, a, origin, "--expert-model-parallel-size", 1, 1, 1 << 20, &ep));
+  MP_CHECK(get_int(ctx, a, origin, "--num-virtual-stages-per-pipeline-rank", 1, 1, MP_MAX_LAYERS, &v));
+  MP_CHECK(get_int(ctx, a, origin, "--num-layers-per-virtual-pipeline-stage", 0, 1, MP_MAX_LAYERS, &lpv));
+  if (ep > 1)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --expert-model-parallel-size %lld: Megatron-LM's expert grid is not read "
+                    "from arguments yet; give it to simulate as --mesh ...,ep=%lld", origin, (long long)ep, (long long)ep);
+  const char *cpt = get(a, "--cp-comm-type", NULL);
+  if (cpt && strcmp(cpt, "p2p") != 0)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --cp-comm-type %s: meshplan prices Transformer Engine's p2p "
+                    "ring", origin, cpt);
+  if (lpv && (layers % (pp * lpv) || has(a, "--num-virtual-stages-per-pipeline-rank")))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --num-layers-per-virtual-pipeline-stage %lld: give it alone, "
+                    "dividing the %lld layers over pp=%lld", origin, (long long)lpv, (long long)layers, (long long)pp);
+  if (lpv) v = layers / (pp * lpv);
+  if (world <= 0 || world % (tp * pp * cp))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: Megatron-LM's data parallelism is the world over tp x pp x cp "
+                    "(%lld): give --gpus N or --cluster C with a multiple of it", origin, (long long)(tp * pp * cp));
+  p->tp = (int)tp, p->pp = (int)pp, p->cp = (int)cp, p->ep = 1, p->dp_shard = 1;
+  p->dp_replicate = (int)(world / (tp * pp * cp));
+  p->pp_schedule = pp > 1 && v > 1 ? MP_PP_INTERLEAVED : MP_PP_1F1B;
+  p->pp_virtual = pp > 1 && v > 1 ? (int)v : 1;
+  p->sp = tp > 1 ? has(a, "--sequence-parallel") : -1;
+  return read_stage_layers(ctx, a, origin, layers, p);
+}
+
+/* --recompute-* and --fp8-* as meshplan's policy and recipe. */
+static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, mp_from_plan *p) {
+  const char *g = get(a, "--recompute-granularity", NULL), *m = get(a, "--recompute-method", NULL);
+  const char *mods = get(a, "--recompute-modules", NULL), *n = get(a, "--recompute-num-layers", NULL);
+  if (!g && (m || n || mods))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --recompute-method, --recompute-num-layers or "
+                    "--recompute-modules without --recompute-granularity", origin);
+  if (!g) snprintf(p->ac, sizeof p->ac, "none");
+  else if (strcmp(g, "selective") == 0 && !m && !n && (!mods || strcmp(mods, "core_attn") == 0))
+    snprintf(p->ac, sizeof p->ac, "selective-core");
+  else if (strcmp(g, "full") == 0 && m && strcmp(m, "uniform") == 0 && n && strcmp(n, "1") == 0 && !mods)
+    snprintf(p->ac, sizeof p->ac, "full");
+  else
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --recompute-granularity %s%s%s%s%s: meshplan prices selective "
+                    "recompute of core_attn, and full recompute of every layer (--recompute-method uniform "
+                    "--recompute-num-layers 1)", origin, g, m ? " --recompute-method " : "", m ? m : "",
+                    n ? " --recompute-num-layers " : "", n ? n : "");
+  const char *fmt = get(a, "--fp8-format", NULL), *recipe = get(a, "--fp8-recipe", NULL);
+  if (!fmt) return MP_OK;
+  if (strcmp(fmt, "hybrid") != 0)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --fp8-format %s: meshplan prices hybrid (E4M3 forward, E5M2 "
+                    "gradients)", origin, fmt);
+  if (!recipe) recipe = "delayed"; /* arguments.py's default */
+  if (strcmp(recipe, "tensorwise") && strcmp(recipe, "delayed") && strcmp(recipe, "mxfp8") && strcmp(recipe, "blockwise"))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --fp8-recipe %s: tensorwise, delayed, mxfp8 or blockwise", origin,
+                    recipe);
+  snprintf(p->fp8, sizeof p->fp8, "%s", recipe);
+  return MP_OK;
+}
+
+mp_status mp_from_megatron(mp_ctx *ctx, const char *text, const char *origin, int world, const mp_model *given,
+                           mp_from_plan *p) {
+  p->framework = "Megatron-LM core_v0.14.0";
+  mg_args a;
+  memset(&a, 0, sizeof a);
+  mp_status st = parse(ctx, text, origin, &a, p);
+  if (st == MP_OK) st = find_model(ctx, &a, origin, given, p);
+  int64_t layers = 0;
+  if (st == MP_OK) st = get_int(ctx, &a, origin, "--num-layers", 0, 1, MP_MAX_LAYERS, &layers);
+  if (st == MP_OK) st = read_parallel(ctx, &a, origin, world, layers, p);
+  if (st == MP_OK) st = read_stack(ctx, &a, origin, p);
+  if (st == MP_OK) st = read_ac_fp8(ctx, &a, origin, p);
+  if (st == MP_OK) st = get_int(ctx, &a, origin, "--seq-length", 0, 1, 1 << 24, &p->seq);
+  if (st == MP_OK && p->seq == 0) st = mp_error(ctx, MP_ERR_USAGE, "%s: --seq-length is needed", origin);
+  if (st == MP_OK) st = get_int(ctx, &a, origin, "--micro-batch-size", 1, 1, 1 << 24, &p->micro_batch);
+  const int64_t dp_mb = (int64_t)p->dp_replicate * p->micro_batch;
+  if (st == MP_OK) st = get_int(ctx, &a, origin, "--global-batch-size", dp_mb, 1, 1 << 24, &p->global_batch);
+  if (st == MP_OK && p->global_batch % dp_mb)
+    st = mp_error(ctx, MP_ERR_USAGE, "%s: --global-batch-size %lld is not a multiple of --micro-batch-size x "
+                  "data-parallel size (%lld)", origin, (long long)p->global_batch, (long long)dp_mb);
+  p->reshard = -1; /* DDP: nothing to reshard */
+  free(a.buf);
+  return st;
+}

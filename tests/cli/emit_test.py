@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""meshplan's plans as framework configurations and back (app/emit.h, app/from_config.h):
+
+- the files `simulate --emit` writes, against hand-derived content: a torchtitan v0.2.0 TOML
+  (keys of torchtitan/config/job_config.py at tag v0.2.0) and Megatron-LM core_v0.14.0
+  arguments (megatron/training/arguments.py at that tag), each headed by the prediction;
+- round trips: for plans across tp/sp, interleaved pipelines, cp, FSDP with and without
+  resharding, float8 recipes, AC policies, MoE with ep and two stacks per framework, the
+  prediction of `simulate --from FILE` is the prediction the file was emitted with, field for
+  field in --json; --from-args, explain --from and plan --from agree with it;
+- plan --emit: the best plan (and --top K's K) written with the figures of its table row;
+- a hand-written torchtitan TOML read with torchtitan's defaults (dp_shard -1, AC selective 2);
+- the note listing the keys ignored as cost-free.
+The refusals (with their one-line messages) are rows of hostile_cli_test.sh.
+
+Usage: emit_test.py MESHPLAN"""
+import json
+import os
+import sys
+import tempfile
+
+import cli_check
+from cli_check import check, fails, run
+
+cli_check.BIN = sys.argv[1]
+tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+
+
+def emitted(target, *args):
+    """simulate ARGS --emit TARGET: (its --json prediction, the file's text)."""
+    out = os.path.join(tmp, target)
+    os.makedirs(out, exist_ok=True)
+    p = run("simulate", *args, "--emit", target, "--out", out, "--json")
+    path = os.path.join(out, "plan." + ("toml" if target == "torchtitan" else "args"))
+    if p.returncode != 0 or not os.path.exists(path):
+        return None, ""
+    return json.loads(p.stdout), open(path).read()
+
+
+def body(text):
+    return "\n".join(l for l in text.splitlines() if not l.startswith("#"))
+
+
+# ---- torchtitan: the file, by hand ---------------------------------------------------------
+# Llama 3.1 8B on 8 GPUs, pp=2 x dp_shard=2 x tp=2, interleaved with 2 chunks a rank, full AC
+# every 2nd block, float8 tensorwise, micro-batch 2; the default batch rule gives 512 sequences
+# (4M tokens of 8192). With a pipeline the local batch is 512 / dp 2 = 256, run as micro-batches
+# of 2; torchtitan counts the embedding and output as a layer each: (32 + 2) / 4 stages ->
+# ceil(8.5) = 9 layers a stage, and ceil(34 / 9) = 4 stages = pp x 2. Full AC every 2nd block is
+# torchtitan's selective with option "2"; FSDP under a pipeline does not reshard.
+TT_ARGS = ("--model", "llama3.1-8b", "--gpus", "8", "--mesh", "dp_shard=2,tp=2,pp=2", "--pp-schedule",
+           "interleaved", "--ac", "full:2", "--fp8", "tensorwise", "--micro-batch", "2")
+TT_BODY = """
+[job]
+description = "meshplan plan: llama3.1-8b"
+dump_folder = "./outputs"
+
+[model]
+name = "llama3"
+flavor = "8B"
+converters = ["float8"]
+
+[training]
+local_batch_size = 256
+global_batch_size = 512
+seq_len = 8192
+steps = 1000  # a placeholder: your run's length
+mixed_precision_param = "bfloat16"
+mixed_precision_reduce = "float32"
+
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = 2
+fsdp_reshard_after_forward = "never"
+tensor_parallel_degree = 2
+enable_async_tensor_parallel = false
+pipeline_parallel_degree = 2
+pipeline_parallel_schedule = "Interleaved1F1B"
+pipeline_parallel_layers_per_stage = 9
+pipeline_parallel_microbatch_size = 2
+context_parallel_degree = 1
+expert_parallel_degree = 1
+expert_tensor_parallel_degree = 1
+
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "2"
+
+[compile]
+enable = true
+components = ["model", "loss"]
+
+[quantize.linear.float8]
+recipe_name = "tensorwise"
+enable_fsdp_float8_all_gather = false
+precompute_float8_dynamic_scale_for_fsdp = false
+filter_fqns = ["output"]"""
+pred, text = emitted("torchtitan", *TT_ARGS)
+check(body(text) == TT_BODY, "torchtitan file body differs from the hand-derived one:\n" + body(text))
+if pred:
+    # the header: the prediction as simulate prints it, the release, one node's torchrun line
+    check(f"step time {pred['step_time_s']:.4f} s, {pred['tokens_per_s_per_gpu']:.0f} tokens/s per GPU, "
+          f"peak memory {pred['peak_mem_bytes'] / 2**30:.2f} GiB per GPU" in text, "torchtitan header: prediction")
+    check("# Schema: pytorch/torchtitan v0.2.0 (29624e37), torchtitan/config/job_config.py." in text,
+          "torchtitan header: the release")
+    check("# Launch: torchrun --nproc_per_node=8 -m torchtitan.train --job.config_file " in text,
+          "torchtitan header: the torchrun line")
+    check("# Command: meshplan simulate --model llama3.1-8b --gpus 8 " in text, "torchtitan header: the command")
+
+# ---- Megatron-LM: the file, by hand --------------------------------------------------------
+# Llama 3.1 8B (32 layers, 4096 wide, SwiGLU 14336, 32 heads in 8 groups, 131072 positions,
+# rope 500000, untied) on 8 GPUs as tp=4 x dp_replicate=2 under megatron-core: SP with TP comm
+# overlap, the distributed optimizer with both overlaps, selective recompute of core_attn,
+# float8 tensorwise in the hybrid format.
+MG_ARGS = ("--model", "llama3.1-8b", "--gpus", "8", "--mesh", "dp_replicate=2,tp=4", "--ac", "selective-core",
+           "--fp8", "tensorwise", "--stack", "megatron-core")
+MG_BODY = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+           "--group-query-attention --num-query-groups 8 --max-position-embeddings 131072 --vocab-size 128256 "
+           "--position-embedding-type rope --rotary-base 500000 --swiglu --normalization RMSNorm "
+           "--disable-bias-linear --norm-epsilon 1e-05 --untie-embeddings-and-output-weights "
+           "--tensor-model-parallel-size 4 --sequence-parallel --tp-comm-overlap --pipeline-model-parallel-size 1 "
+           "--context-parallel-size 1 --seq-length 8192 --micro-batch-size 1 --global-batch-size 512 "
+           "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --bf16 --attention-backend "
+           "flash --fp8-format hybrid --fp8-recipe tensorwise --recompute-granularity selective "
+           "--recompute-modules core_attn --train-iters 1000")
+pred, text = emitted("megatron", *MG_ARGS)
+check(" ".join(body(text).split()) == MG_BODY, "megatron arguments differ from the hand-derived ones:\n" + body(text))
+check("pretrain_gpt.py $(grep -v '^#' " in text and "# Data parallelism: the world over tp x pp x cp, 2 ranks" in text,
+      "megatron header: the launch line and the data-parallel size")
+
+# ---- round trips: emit, read back, the same prediction -------------------------------------
+def round_trip(target, gpus, args, extra_from=()):
+    pred, text = emitted(target, "--gpus", gpus, *args)
+    check(pred is not None, f"{target} {args}: not emitted")
+    if pred is None:
+        return None
+    path = os.path.join(tmp, target, "plan." + ("toml" if target == "torchtitan" else "args"))
+    back = run("simulate", "--gpus", gpus, "--from", path, *extra_from, "--json")
+    if back.returncode == 0:
+        got = json.loads(back.stdout)
+        diff = {k: (v, got.get(k)) for k, v in pred.items() if got.get(k) != v}
+        check(not diff, f"{target} {' '.join(args)}: read back differs: {diff}")
+        check("note: --from " in back.stderr, f"{target}: no --from note")
+    return text
+
+
+TT = [  # (GPUs, simulate's flags): FSDP, TP with AsyncTP, the pipeline, CP, replicate x shard, MoE
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_shard=8")),
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_shard=4,tp=2", "--ac", "selective-op", "--async-tp")),
+    ("8", TT_ARGS[4:]),
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_shard=4,cp=2", "--seq", "16384", "--cp-rotate", "alltoall",
+           "--ac", "full", "--stack", "torchtitan-eager")),
+    ("16", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=2,dp_shard=8", "--fp8", "rowwise", "--no-reshard")),
+    ("16", ("--model", "llama3.1-70b", "--mesh", "dp_shard=4,pp=4", "--pp-schedule", "1f1b", "--ac", "full")),
+    ("8", ("--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=4", "--ac", "full")),
+]
+for gpus, args in TT:
+    round_trip("torchtitan", gpus, args if "--model" in args else ("--model", "llama3.1-8b") + tuple(args))
+
+MG = [  # DDP with the distributed optimizer, TP+SP float8, interleaved pipeline, CP, megatron-lm, GPT
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack", "megatron-core")),
+    ("8", MG_ARGS[4:]),
+    ("8", ("--model", "llama3.1-8b", "--mesh", "tp=2,pp=4", "--pp-schedule", "interleaved", "--ac", "full",
+           "--fp8", "delayed", "--stack", "megatron-core")),
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=2,tp=2,cp=2", "--seq", "16384", "--fp8", "blockwise",
+           "--stack", "megatron-core")),
+    ("8", ("--model", "llama2-7b", "--mesh", "dp_replicate=4,tp=2", "--no-sp", "--stack", "megatron-lm")),
+    ("8", ("--model", "gpt2-124m", "--mesh", "dp_replicate=8", "--micro-batch", "4", "--stack", "megatron-core")),
+    # a stated stage layout: Llama 3 405B's 126 layers, one fewer on the first and last stages
+    ("2048", ("--model", "llama3.1-405b", "--mesh", "dp_replicate=16,tp=8,pp=16", "--stack", "megatron-core",
+              "--global-batch", "2048", "--pp-layers", "7," + "8," * 14 + "7")),
+]
+for gpus, args in MG:
+    a = args if "--model" in args else ("--model", "llama3.1-8b") + tuple(args)
+    round_trip("megatron", gpus, a)
+
+# the layout as Megatron-LM states it: the first and last stages' counts, the rest even
+_, text = emitted("megatron", "--gpus", "2048", "--model", "llama3.1-405b", "--mesh", "dp_replicate=16,tp=8,pp=16",
+                  "--stack", "megatron-core", "--global-batch", "2048", "--pp-layers", "7," + "8," * 14 + "7")
+check("--decoder-first-pipeline-num-layers 7\n" in text and "--decoder-last-pipeline-num-layers 7\n" in text,
+      "the 7,8x14,7 layout not written as Megatron-LM's first/last stage flags")
+p = run("simulate", "--gpus", "64", "--model", "llama3.1-8b", "--mesh", "dp_replicate=16,pp=4", "--stack",
+        "megatron-core", "--pp-layers", "6,9,8,9", "--emit", "megatron", "--out", os.path.join(tmp, "uneven"),
+        want_rc=2)
+check("Megatron-LM states only the first and last stages'" in p.stderr, "a middle stage off the even split: " + p.stderr)
+p = run("simulate", "--gpus", "64", "--model", "llama3.1-8b", "--mesh", "dp_shard=16,pp=4", "--pp-layers", "7,9,9,7",
+        "--emit", "torchtitan", "--out", os.path.join(tmp, "uneven"), want_rc=2)
+check("a stated stage layout (--pp-layers)" in p.stderr, "torchtitan with --pp-layers: " + p.stderr)
+# --out makes its folder
+fresh = os.path.join(tmp, "made", "")
+run("simulate", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_shard=8", "--emit", "torchtitan", "--out", fresh)
+check(os.path.exists(os.path.join(fresh, "plan.toml")), "--out DIR not made")
+
+# --from-args: the same arguments in one string (its value may open with "--"); explain and
+# plan read them alike
+pred, text = emitted("megatron", *MG_ARGS)
+one = " ".join(body(text).split())
+p = run("simulate", "--gpus", "8", "--from-args", one, "--json")
+if p.returncode == 0 and pred:
+    check(json.loads(p.stdout)["step_time_s"] == pred["step_time_s"], "--from-args: another step time")
+p = run("explain", "--gpus", "8", "--from-args=" + one)
+check("tp=4" in p.stdout and "dp_replicate=2" in p.stdout, "explain --from-args: the mesh is not the arguments'")
+p = run("plan", "--gpus", "8", "--no-db", "--from-args=" + one, "--json")
+if p.returncode == 0 and pred:
+    best = json.loads(p.stdout)["plans"][0]
+    check(abs(best["step_time_s"] - pred["step_time_s"]) < 1e-9, f"plan --from-args: best plan {best} is not the file's")
+
+# a launcher's words before pretrain_gpt.py are skipped; the model is the given one when named
+p = run("simulate", "--gpus", "8", "--from-args", "torchrun --nproc_per_node 8 pretrain_gpt.py " + one, "--model",
+        "llama3.1-8b", "--json")
+if p.returncode == 0 and pred:
+    check(json.loads(p.stdout)["step_time_s"] == pred["step_time_s"], "--from-args after torchrun: another step time")
+
+# ---- plan --emit ---------------------------------------------------------------------------
+out = os.path.join(tmp, "plan")
+os.makedirs(out)
+p = run("plan", "--model", "llama3.1-8b", "--gpus", "8", "--no-db", "--top", "2", "--json", "--emit", "torchtitan",
+        "--out", out)
+if p.returncode == 0:
+    plans = json.loads(p.stdout)["plans"]
+    check(sorted(os.listdir(out)) == ["plan-1.toml", "plan-2.toml"], f"plan --top 2 --emit: files {os.listdir(out)}")
+    for k in (1, 2):
+        t = open(os.path.join(out, f"plan-{k}.toml")).read() if os.path.exists(os.path.join(out, f"plan-{k}.toml")) else ""
+        check(f"step time {plans[k - 1]['step_time_s']:.4f} s" in t, f"plan-{k}.toml: not its row's step time")
+        back = run("simulate", "--gpus", "8", "--from", os.path.join(out, f"plan-{k}.toml"), "--json")
+        if back.returncode == 0:
+            check(abs(json.loads(back.stdout)["step_time_s"] - plans[k - 1]["step_time_s"]) < 1e-9,
+                  f"plan-{k}.toml read back: another step time")
+out2 = os.path.join(tmp, "plan-best")
+os.makedirs(out2)
+p = run("plan", "--model", "llama3.1-8b", "--gpus", "8", "--no-db", "--emit", "torchtitan", "--out", out2)
+check(os.listdir(out2) == ["plan-1.toml"] and "emit    plan 1: " in p.stdout, "plan --emit without --top: the best only")
+
+# ---- a hand-written torchtitan file: torchtitan's defaults ---------------------------------
+# dp_shard -1 is the rest of the 8 GPUs (tp=2: 4); AC's default is selective with option "2"
+# (full:2); local_batch_size 2 with no global_batch_size is 2 x dp 4 = 8 sequences; no [compile]
+# is the eager stack; the job, metrics and checkpoint keys change no cost and are noted.
+hand = os.path.join(tmp, "hand.toml")
+with open(hand, "w") as f:
+    f.write('# a user\'s config\n[job]\ndump_folder = "./out"\n\n[metrics]\nlog_freq = 10\n\n[model]\nname = "llama3"\n'
+            'flavor = "8B"\n\n[training]\nlocal_batch_size = 2\nseq_len = 4096\nsteps = 100\n\n[parallelism]\n'
+            'tensor_parallel_degree = 2\n\n[checkpoint]\nenable = false\nfolder = "ckpt"\n')
+p = run("simulate", "--gpus", "8", "--from", hand, "--json")
+if p.returncode == 0:
+    j = json.loads(p.stdout)
+    check((j["mesh"], j["ac"], j["stack"], j["global_batch"], j["micro_batch"], j["seq"]) ==
+          ("dp_shard=4,tp=2", "full:2", "torchtitan-eager", 8, 2, 4096), f"hand-written TOML read as {j}")
+    check("ignored, as they change no cost: job.dump_folder, metrics.log_freq, training.steps, checkpoint.enable, "
+          "checkpoint.folder" in p.stderr, "hand-written TOML: the note of ignored keys: " + p.stderr)
+
+print(f"{len(fails)} failures")
+for x in fails:
+    print("FAIL:", x)
+sys.exit(1 if fails else 0)
