@@ -16,6 +16,7 @@
 #include "exec/model.h"
 #include "planner/batch.h"
 #include "app/commands.h"
+#include "app/elastic.h"
 #include "app/emit.h"
 #include "planner/evaluate.h"
 #include "planner/planner.h"
@@ -575,7 +576,7 @@ static void print_text(const plan_view *v) {
   if (v->ev->base.ddp.shard_optimizer)
     snprintf(rot + strlen(rot), sizeof rot - strlen(rot), "%s the distributed optimizer",
              rot[0] ? " and" : " with");
-  char params[160], note[160];
+  char params[160], note[400];
   mp_cmd_params_str(&a->m, params, sizeof params);
   printf("%s (%s) on %s (%d x %s, %d per node), seq %lld, stack %s%s, objective %s\n", a->m.name, params,
          a->c.name, mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, a->seq, v->ev->stack.name, rot,
@@ -592,6 +593,9 @@ static void print_text(const plan_view *v) {
     print_ranking(v);
     printf("ties: plans within %.0f %% of the fastest unranked one go to the simpler plan (meshplan plan --help)\n",
            100.0 * MP_RANK_TIE_TOL);
+    mp_elastic_plan_interval_str(mp_model_param_count(&a->m), mp_cluster_n_gpus(&a->c),
+                                 v->res->search->cands[v->res->order[0]].res.step_time_s, note, sizeof note);
+    printf("%s\n", note);
   } else {
     print_no_plan(v);
   }

@@ -3,6 +3,7 @@
 #include "app/elastic.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,16 @@ int64_t mp_elastic_interval_steps(double write_s, double mtbf_s, double step_s, 
   const double k = floor(t / step_s + 0.5);
   if (k < 1) return 1;
   return k >= (double)max_steps ? max_steps : (int64_t)k;
+}
+
+void mp_elastic_plan_interval_str(int64_t params, int n_gpus, double step_s, char *buf, size_t cap) {
+  const double write_s = (double)params * 12.0 / (n_gpus > 0 ? n_gpus : 1) / 122e6;
+  const double mtbf_s = 50677.0 * 3600.0 / (n_gpus > 0 ? n_gpus : 1), t = mp_elastic_young_daly_s(write_s, mtbf_s);
+  const int64_t k = mp_elastic_interval_steps(write_s, mtbf_s, step_s, INT64_MAX);
+  snprintf(buf, cap, "checkpoint every %lld step%s (%.0f s): Young/Daly sqrt(2 x C x MTBF) with C = %.1f s to write "
+           "12 bytes a parameter over %d GPUs at 122 MB/s each, MTBF = %.2f h (Llama 3's 50,677 GPU-hours per "
+           "interruption); train --elastic measures C", (long long)k, k == 1 ? "" : "s", t, write_s, n_gpus,
+           mtbf_s / 3600.0);
 }
 
 int mp_elastic_parse_line(const char *line, int64_t *step) {

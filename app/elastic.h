@@ -66,6 +66,13 @@ int mp_elastic_launch_argv(const mp_elastic_launch *l, const char **out, int cap
  * first-order term of the optimum: sqrt(2 x write_s x mtbf_s), seconds of work between
  * checkpoints. 0 when an input is not positive. */
 double mp_elastic_young_daly_s(double write_s, double mtbf_s);
+/* The checkpoint interval plan states for its best plan (one line, no newline, into buf): a
+ * checkpoint holds the weights and AdamW's two moments in fp32 (12 bytes a parameter),
+ * written in parallel by all n_gpus at the 122 MB/s a GPU of Llama 3's storage (Tectonic's
+ * 2 TB/s sustained over 16,384 GPUs, Dubey et al. 2024, sec. 3.3.1); the job's MTBF is the
+ * 50,677 GPU-hours between interruptions Llama 3 measured (419 in 54 days on 16,384 GPUs,
+ * sec. 3.3.4) over n_gpus; step_s the plan's predicted step. */
+void mp_elastic_plan_interval_str(int64_t params, int n_gpus, double step_s, char *buf, size_t cap);
 /* That interval in steps of step_s, at least 1 and at most max_steps (>= 1). */
 int64_t mp_elastic_interval_steps(double write_s, double mtbf_s, double step_s, int64_t max_steps);
 

@@ -72,6 +72,17 @@ TEST(ElasticInterval, YoungDaly) {
 // Llama 3's figure: 54 days x 24 h x 16384 GPUs / 419 interruptions.
 TEST(ElasticInterval, DefaultMtbf) { EXPECT_NEAR(MP_ELASTIC_DEFAULT_MTBF_H, 50677.0, 1.0); }
 
+// plan's line for Llama 3.1 8B (8,030,261,248 parameters) on 8 GPUs at a 10 s step: C =
+// 8,030,261,248 x 12 / 8 / 122e6 = 98.7 s, MTBF = 50,677 h x 3600 / 8 = 22,804,650 s,
+// sqrt(2 x 98.73 x 22,804,650) = 67,105 s = 6,711 steps of 10 s.
+TEST(ElasticInterval, PlanLine) {
+  char buf[400];
+  mp_elastic_plan_interval_str(8030261248LL, 8, 10.0, buf, sizeof buf);
+  EXPECT_NE(std::string(buf).find("checkpoint every 6711 steps (67105 s)"), std::string::npos) << buf;
+  EXPECT_NE(std::string(buf).find("C = 98.7 s"), std::string::npos) << buf;
+  EXPECT_NE(std::string(buf).find("MTBF = 6334.62 h"), std::string::npos) << buf;
+}
+
 TEST(ElasticLines, StepAndResume) {
   int64_t s = -1;
   EXPECT_EQ(mp_elastic_parse_line("step   12  loss 5.1  (ce 5.1 aux 0)  grad_norm 1\n", &s), 1);
