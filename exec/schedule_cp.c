@@ -117,10 +117,12 @@ static void ring_widths(const gen *g, int64_t *kw, int64_t *vw) {
 /* The all-gather of the ring's K, V (bf16, kvb bytes a rank) after the compute issued so
  * far, on the point-to-point stream, its send buffer a copy of the rank's K and V. */
 static int32_t kv_gather(gen *g, double kvb, mp_variant v) {
-  elementwise(g, MP_KERNEL_COPY, v, -1, (int64_t)(kvb / 2.0), 0.0, 2.0 * kvb);
+  const int32_t copy = elementwise(g, MP_KERNEL_COPY, v, -1, (int64_t)(kvb / 2.0), 0.0, 2.0 * kvb);
+  /* after the copy, the last compute before the gather: on the compute stream (a compiled
+   * ring) the gather itself becomes the stream's last op */
   const int32_t i = comm(g, MP_COLL_ALL_GATHER, MP_GROUP_CP, ring_stream(g), kvb * g->sh.cp,
                          MP_DTYPE_BF16, -1);
-  add_dep(g, i, g->last_compute, 0);
+  add_dep(g, i, copy, 0);
   return i;
 }
 
