@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/assert.h"
+
 #define MP_ARENA_CHUNK_MIN (64 * 1024)
 /* Spare chunks kept by reset, in bytes of capacity; more than this is freed, so one huge
  * allocation does not pin its memory for the arena's life. */
@@ -32,6 +34,17 @@ struct mp_arena {
 };
 
 mp_arena *mp_arena_create(void) { return calloc(1, sizeof(mp_arena)); }
+
+/* The bytes handed out from the in-use chunks, each within its capacity: what total_used
+ * must equal. Walks the chunks, so only the assertions call it. */
+static size_t used_in_chunks(const mp_arena *a) {
+  size_t sum = 0;
+  for (const chunk *c = a->head; c; c = c->next) {
+    MP_ASSERT(c->used <= c->cap, "a chunk hands out at most its capacity");
+    sum += c->used;
+  }
+  return sum;
+}
 
 static void free_list(chunk *c) {
   while (c) {
@@ -80,15 +93,21 @@ void *mp_arena_alloc_raw(mp_arena *a, size_t bytes) {
   if (need == 0) need = 16;
   chunk *c = chunk_for(a, need);
   if (c == NULL) return NULL;
+  MP_ASSERT(c->cap - c->used >= need, "chunk_for returns a chunk with room for %zu bytes", need);
   void *p = c->data + c->used;
   c->used += need;
   a->total_used += need;
+  MP_ASSERT(((uintptr_t)p & 15) == 0, "every chunk's used bytes are a multiple of 16 from 16-aligned data");
   return p;
 }
 
 void *mp_arena_alloc(mp_arena *a, size_t bytes) {
   void *p = mp_arena_alloc_raw(a, bytes);
-  if (p) memset(p, 0, (bytes + 15) & ~(size_t)15);
+  /* the rounding cannot wrap (alloc_raw refused such sizes), so every byte asked for is
+   * zeroed, and no byte past the block alloc_raw handed out */
+  const size_t zeroed = (bytes + 15) & ~(size_t)15;
+  MP_ASSERT(p == NULL || zeroed >= bytes, "the rounding of %zu bytes does not wrap", bytes);
+  if (p) memset(p, 0, zeroed);
   return p;
 }
 
@@ -114,6 +133,7 @@ char *mp_arena_printf(mp_arena *a, const char *fmt, ...) {
 /* Every in-use chunk becomes spare; spares beyond MP_ARENA_SPARE_MAX bytes are freed
  * (the newest spares first, which keeps the arena's first, ordinary chunk). */
 void mp_arena_reset(mp_arena *a) {
+  MP_ASSERT(used_in_chunks(a) == a->total_used, "total_used is the sum of the in-use chunks' used bytes");
   chunk *c = a->head;
   while (c) {
     chunk *n = c->next;
@@ -137,4 +157,7 @@ void mp_arena_reset(mp_arena *a) {
   }
 }
 
-size_t mp_arena_used_bytes(const mp_arena *a) { return a->total_used; }
+size_t mp_arena_used_bytes(const mp_arena *a) {
+  MP_ASSERT(used_in_chunks(a) == a->total_used, "total_used is the sum of the in-use chunks' used bytes");
+  return a->total_used;
+}

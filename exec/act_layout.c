@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "common/assert.h"
+
 /* Allocations carved into several tensors; the others hold one tensor each. */
 static const unsigned char k_carved[MP_ACT_ALLOC_COUNT] = {
     [MP_ACT_ALLOC_BLOCK] = 1, [MP_ACT_ALLOC_CORE] = 1,  [MP_ACT_ALLOC_WS] = 1,
@@ -32,10 +34,16 @@ static int64_t elt_bytes(const mp_act_dims *d, mp_act_elt e) {
 
 /* Appends a tensor of `bytes` to allocation a; *off receives its offset. */
 static void place(mp_act_layout *l, size_t *off, mp_act_alloc a, int64_t bytes) {
+  MP_ASSERT(bytes >= 0, "allocation %d, %lld bytes: a tensor's size is never negative", (int)a, (long long)bytes);
   if (k_carved[a]) {
     *off = l->bytes[a];
     l->bytes[a] += (size_t)mp_act_align64(bytes);
+    MP_ASSERT(*off % 64 == 0 && l->bytes[a] >= *off + (size_t)bytes,
+              "each tensor starts on a 64-byte boundary past the one before it");
   } else {
+    /* an allocation that is not carved holds one tensor at offset 0: a second row would
+     * alias the first */
+    MP_ASSERT(l->bytes[a] == 0, "allocation %d has two tensors but is not carved", (int)a);
     *off = 0;
     l->bytes[a] += (size_t)bytes;
   }
@@ -52,6 +60,8 @@ void mp_act_layout_fill(mp_act_layout *l, const mp_act_dims *d, int moe) {
     place(l, &l->name, MP_ACT_ALLOC_##alloc, (int64_t)(count) * elt_bytes(d, MP_ACT_ELT_##elt));
   MP_ACT_TENSORS(MP_ACT_PLACE_)
 #undef MP_ACT_PLACE_
+  for (int a = 0; a < MP_ACT_ALLOC_COUNT; a++)
+    MP_ASSERT(!k_carved[a] || l->bytes[a] % 64 == 0, "carved allocation %d ends on a 64-byte boundary", a);
 }
 
 int64_t mp_act_resident_bytes(const mp_act_layout *l) {

@@ -43,6 +43,7 @@
  * (MESHPLAN_CPU, MESHPLAN_CUDA) in schedule_rt.c. What a block saves for backward under
  * each AC policy and what its backward recomputes (the torchtitan model) is
  * schedule_act.c's. */
+#include "common/assert.h"
 #include "exec/schedule_internal.h"
 
 /* ---- blocks: forward and backward segments ------------------------------------------- */
@@ -378,6 +379,44 @@ static void emit_blocks(gen *g, const mp_schedule_prep *pr, const stage_info *st
   }
 }
 
+/* Op i's name, for an assertion's message. */
+static const char *op_label(const mp_schedule *s, int32_t i, char *buf) {
+  mp_op_name(s, &s->ops[i], s->ops[i].layer, buf, 160);
+  return buf;
+}
+
+/* schedule.h's shape, in debug and sanitizer builds: segments cover the ops in order, each
+ * repeated at least once, every op's dependencies within MP_OP_MAX_DEPS and never pointing
+ * forward (an unflagged one to an earlier op, an MP_DEP_PREV_REP one inside its own
+ * segment), and the instance count the sum of the segments' ops x repeats. */
+static void assert_well_formed(const mp_schedule *s) {
+  int64_t instances = 0;
+  char name[160];
+  for (int32_t g = 0; g < s->n_segs; g++) {
+    const mp_segment *sg = &s->segs[g];
+    const int32_t end = sg->first_op + sg->n_ops;
+    MP_ASSERT(sg->first_op == (g ? s->segs[g - 1].first_op + s->segs[g - 1].n_ops : 0) && sg->n_ops > 0,
+              "segment %d (ops %d..%d): segments cover the ops in order", g, sg->first_op, end);
+    MP_ASSERT(sg->repeat >= 1 && sg->first_index == instances, "segment %d: repeat %d, first instance %lld of %lld", g,
+              sg->repeat, (long long)sg->first_index, (long long)instances);
+    instances += (int64_t)sg->n_ops * sg->repeat;
+    for (int32_t i = sg->first_op; i < end; i++) {
+      const mp_op *op = &s->ops[i];
+      MP_ASSERT(op->n_dep <= MP_OP_MAX_DEPS, "op %d: %d dependencies", i, op->n_dep);
+      for (int k = 0; k < op->n_dep; k++) {
+        const int32_t d = op->dep[k];
+        const int prev = (op->dep_flags[k] & MP_DEP_PREV_REP) != 0;
+        MP_ASSERT(prev ? d >= sg->first_op && d < end : d >= 0 && d < i,
+                  "op %d (%s) of segment %d depends on op %d%s: a dependency never points forward", i,
+                  op_label(s, i, name), g, d, prev ? " of the previous repetition" : "");
+      }
+    }
+  }
+  MP_ASSERT(s->n_ops == (s->n_segs ? s->segs[s->n_segs - 1].first_op + s->segs[s->n_segs - 1].n_ops : 0) &&
+                s->n_instances == instances,
+            "%d ops, %lld instances: the segments hold every op", s->n_ops, (long long)s->n_instances);
+}
+
 /* The ops and segments into s, with each segment's first instance index. */
 static void schedule_finish(mp_schedule *s, const gen *g) {
   s->ops = g->ops;
@@ -390,6 +429,7 @@ static void schedule_finish(mp_schedule *s, const gen *g) {
     idx += (int64_t)s->segs[i].n_ops * s->segs[i].repeat;
   }
   s->n_instances = idx;
+  assert_well_formed(s);
 }
 
 static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_prep *pr,

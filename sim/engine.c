@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/assert.h"
 #include "sim/engine.h"
 #include "sim/workspace.h"
 
@@ -207,6 +208,7 @@ static inline int run_op(sim *x, int32_t idx, int32_t rep, int32_t micro, double
     x->a.opt += d;
   else if (op->kind == COP_COMM)
     x->a.comm_busy[st] += d;
+  MP_ASSERT(!(start + d < t0), "op %d: a stream's time never goes back", (int)idx);
   end_prev[idx] = end_cur[idx];
   end_cur[idx] = start + d;
   x->a.free_t[st] = start + d;
@@ -264,6 +266,9 @@ static inline __attribute__((always_inline)) void run_one(sim *x, regs *r, int32
     for (int k = 0; k < op->n_dep; k++) {
       const unsigned bit = 1u << k;
       if (skip & bit) continue;
+      MP_ASSERT(op->dep[k] >= 0 && op->dep[k] < x->s->n_ops && x->ops[op->dep[k]].keep_end,
+                "op %d: only ops that keep their end time store it; a dependency on another would read a stale one",
+                (int)idx);
       const double e = (op->dep_prev & bit) ? end_prev[op->dep[k]] : end_cur[op->dep[k]];
       if (e > ready) ready = e;
     }
@@ -271,6 +276,8 @@ static inline __attribute__((always_inline)) void run_one(sim *x, regs *r, int32
     if (on_c) r->wait += start - t0;
     end = start + d;
   }
+  MP_ASSERT(!(end < (on_c ? r->fc : free_t[st])), "op %d: a stream's time never goes back (durations are not negative)",
+            (int)idx);
   if (op->keep_end) {
     end_prev[idx] = end_cur[idx];
     end_cur[idx] = end;
@@ -337,6 +344,7 @@ static void run_rep(sim *x, const mp_segment *g, int32_t rep, int32_t micro) {
       }
     }
   }
+  MP_ASSERT(!(r.fc < x->a.free_t[MP_STREAM_COMPUTE]), "the compute stream's time never goes back");
   x->level_tot = r.level_tot;
   x->a.free_t[MP_STREAM_COMPUTE] = r.fc;
   x->a.compute = r.compute;
@@ -373,6 +381,7 @@ static int same_advance(const accum *d1, const accum *d2) {
 static void skip_time(sim *x, int64_t k, const accum *d, int32_t first, int32_t n) {
   double kk = (double)k;
   for (int s = 0; s < MP_STREAM_COUNT; s++) {
+    MP_ASSERT(k >= 0 && !(d->free_t[s] < 0.0), "stream %d: a skipped window moves no stream back", s);
     x->a.free_t[s] += kk * d->free_t[s];
     x->a.comm_busy[s] += kk * d->comm_busy[s];
   }

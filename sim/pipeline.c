@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/assert.h"
 #include "sim/sim_internal.h"
 #include "sim/workspace.h"
 
@@ -40,6 +41,8 @@ static const mp_pp_step *orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedul
     if (mp_pp_order(ctx, kind, flavor, pp, v, n_micro, s, ws->steps + (size_t)(s - s0) * per,
                     &n) != MP_OK)
       return NULL;
+    MP_ASSERT(n == per, "stage %d: %lld steps, not %lld: a stage's order runs every chunk of every micro-batch "
+              "forward and backward, once", s, (long long)n, (long long)per);
   }
   return ws->steps;
 }
@@ -98,8 +101,11 @@ static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind
         if (isnan(r)) break;
         const double t0 = free_t[s] > r ? free_t[s] : r;
         const double d = q->bwd ? stage[s]->b[q->chunk] : stage[s]->f[q->chunk];
+        MP_ASSERT(!(d < 0.0), "stage %d: a stage's time never goes back", s);
         free_t[s] = t0 + d;
-        end[((int64_t)(q->chunk * pp + s) * 2 + q->bwd) * n_micro + q->micro] = free_t[s];
+        double *slot = &end[((int64_t)(q->chunk * pp + s) * 2 + q->bwd) * n_micro + q->micro];
+        MP_ASSERT(isnan(*slot), "stage %d: each step runs once (what waits on it reads one end)", s);
+        *slot = free_t[s];
         pos[s]++;
         progress++;
       }
@@ -160,6 +166,7 @@ static int64_t held_most(const mp_pp_step *ord, int64_t n, const int64_t *held) 
     if (now > most) most = now;
     if (ord[i].bwd) now -= held[ord[i].chunk];
   }
+  MP_ASSERT(now == 0, "every chunk a forward held is released by its backward");
   return most;
 }
 

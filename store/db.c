@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/assert.h"
 #include "common/file.h"
 #include "common/timeutil.h"
 
@@ -150,6 +151,9 @@ mp_status mp_db_query_i64(mp_ctx *ctx, mp_db *db, const char *sql, const char *w
  * short transaction (a planner run is computed before it is written), so a queue of them
  * drains in seconds. */
 mp_status mp_db_begin_write(mp_ctx *ctx, mp_db *db, const char *what) {
+  /* BEGIN inside a transaction would fail as SQLITE_ERROR, which the loop below would
+   * report as a database error instead of the caller's bug */
+  MP_ASSERT(sqlite3_get_autocommit(db->db), "%s: %s: write transactions do not nest", db->path, what);
   const double t0 = mp_now_s();
   for (;;) {
     int rc = sqlite3_exec(db->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/assert.h"
 #include "common/progress.h"
 
 size_t mp_comm_dtype_bytes(mp_comm_dtype t) {
@@ -129,9 +130,18 @@ void mp_comm_init_common(mp_comm *c, const mp_mesh *mesh, int rank) {
   c->world_size = mp_mesh_world(mesh);
   c->local_rank = 0;
   c->local_size = 1;
+  MP_ASSERT(rank >= 0 && rank < c->world_size,
+            "rank %d of %d: every backend creates its comm after checking the mesh against its world", rank,
+            c->world_size);
   for (int g = 0; g < MP_GROUP_COUNT; g++) {
     c->group_size[g] = mp_mesh_group_size(mesh, (mp_group)g);
     c->group_index[g] = mp_mesh_group_index(mesh, (mp_group)g, rank);
+    /* a group kind partitions the world into groups of one size; the rank's index is its
+     * place in its own group (chunk offsets of all-gather and reduce-scatter rely on it) */
+    MP_ASSERT(c->group_size[g] >= 1 && c->world_size % c->group_size[g] == 0 && c->group_index[g] >= 0 &&
+                      c->group_index[g] < c->group_size[g],
+              "group %s: size %d, index %d, world %d", mp_group_name((mp_group)g), c->group_size[g],
+              c->group_index[g], c->world_size);
   }
 }
 

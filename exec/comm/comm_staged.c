@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/assert.h"
 #include "exec/comm/comm_backend.h"
 #include "kernels/ops.h"
 
@@ -157,12 +158,16 @@ static mp_status staged_all_to_all_v(mp_ctx *ctx, mp_comm *c, mp_group g, const 
   int64_t slo, shi, rlo, rhi, rsum = 0;
   extent(n, send_counts, send_displs, &slo, &shi);
   extent(n, recv_counts, recv_displs, &rlo, &rhi);
+  MP_ASSERT(n <= c->world_size, "a group of %d ranks: s->a2a holds 2 x world_size (%d) displacements", n,
+            c->world_size);
   int64_t *sd = s->a2a, *rd = s->a2a + n;
   for (int j = 0; j < n; j++) {
     /* segments without data keep displacement 0: MPI reads nothing there */
     sd[j] = send_counts[j] ? send_displs[j] - slo : 0;
     rd[j] = recv_counts[j] ? recv_displs[j] - rlo : 0;
     rsum += recv_counts[j];
+    MP_ASSERT(sd[j] >= 0 && sd[j] + send_counts[j] <= shi - slo && rd[j] >= 0 && rd[j] + recv_counts[j] <= rhi - rlo,
+              "segment %d lies inside the staged extents", j);
   }
   size_t sbytes = (size_t)(shi - slo) * eb, rbytes = (size_t)(rhi - rlo) * eb;
   size_t roff = align_up(sbytes);

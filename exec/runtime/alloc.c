@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/assert.h"
+
 typedef struct block {
   void *ptr;
   size_t bytes; /* requested */
@@ -36,6 +38,18 @@ struct mp_talloc {
 /* A cached block fits a request of `bytes` when it is at least that large and at most
  * 1/8 larger (so a small request never pins a large block). */
 static int fits(size_t size, size_t bytes) { return size >= bytes && size - bytes <= bytes / 8; }
+
+/* alloc.h's invariants: every category's current bytes in [0, its peak], their sum the
+ * current total, within the peak total; the backing bytes cover the live ones. */
+static int accounting_ok(const mp_talloc *a) {
+  int64_t sum = 0;
+  for (int c = 0; c < MP_MEM_COUNT; c++) {
+    if (a->cur[c] < 0 || a->cur[c] > a->peak[c]) return 0;
+    sum += a->cur[c];
+  }
+  return sum == a->cur_total && a->cur_total <= a->peak_total && a->reserved >= a->cur_total &&
+         a->reserved_peak >= a->reserved && (a->n > 0 || a->cur_total == 0);
+}
 
 static void release_cache(mp_talloc *a) {
   for (int i = 0; i < a->nc; i++) {
@@ -63,6 +77,7 @@ mp_status mp_talloc_create(mp_ctx *ctx, const mp_backend *be, mp_kctx *kc, mp_ta
 
 void mp_talloc_destroy(mp_talloc *a) {
   if (!a) return;
+  MP_ASSERT(accounting_ok(a), "alloc.h's accounting holds at destroy");
   for (int i = 0; i < a->n; i++) a->be->free(a->kc, a->blocks[i].ptr);
   release_cache(a);
   free(a->blocks);
@@ -110,11 +125,13 @@ static mp_status talloc(mp_ctx *ctx, mp_talloc *a, mp_mem_cat cat, size_t bytes,
     a->reserved -= (int64_t)size;
     return mp_error(ctx, st, "tracked allocator: zero-fill failed: %s", mp_errmsg(a->kc->err));
   }
+  MP_ASSERT(size >= bytes, "a block of %zu bytes backs a request of %zu", size, bytes);
   a->blocks[a->n++] = (block){p, bytes, size, (int)cat};
   a->cur[cat] += (int64_t)bytes;
   a->cur_total += (int64_t)bytes;
   if (a->cur[cat] > a->peak[cat]) a->peak[cat] = a->cur[cat];
   if (a->cur_total > a->peak_total) a->peak_total = a->cur_total;
+  MP_ASSERT(accounting_ok(a), "alloc.h's accounting holds after an allocation");
   *ptr = p;
   return MP_OK;
 }
@@ -133,6 +150,8 @@ mp_status mp_talloc_free(mp_ctx *ctx, mp_talloc *a, void *ptr) {
     if (a->blocks[i].ptr != ptr) continue;
     a->cur[a->blocks[i].cat] -= (int64_t)a->blocks[i].bytes;
     a->cur_total -= (int64_t)a->blocks[i].bytes;
+    MP_ASSERT(a->cur[a->blocks[i].cat] >= 0 && a->cur_total >= 0,
+              "a free gives back what its block's allocation counted, to the same category");
     if (a->nc == a->ccap) {
       int cap = a->ccap ? 2 * a->ccap : 64;
       block *nb = realloc(a->cache, (size_t)cap * sizeof *nb);
@@ -140,6 +159,7 @@ mp_status mp_talloc_free(mp_ctx *ctx, mp_talloc *a, void *ptr) {
         a->be->free(a->kc, ptr);
         a->reserved -= (int64_t)a->blocks[i].size;
         a->blocks[i] = a->blocks[--a->n];
+        MP_ASSERT(accounting_ok(a), "alloc.h's accounting holds after a free");
         return MP_OK;
       }
       a->cache = nb;
@@ -147,6 +167,7 @@ mp_status mp_talloc_free(mp_ctx *ctx, mp_talloc *a, void *ptr) {
     }
     a->cache[a->nc++] = a->blocks[i];
     a->blocks[i] = a->blocks[--a->n];
+    MP_ASSERT(accounting_ok(a), "alloc.h's accounting holds after a free");
     return MP_OK;
   }
   return mp_error(ctx, MP_ERR_INTERNAL, "tracked allocator: free of %p, which is not a live block "
@@ -164,4 +185,5 @@ void mp_talloc_trim(mp_talloc *a) { release_cache(a); }
 void mp_talloc_reset_peak(mp_talloc *a) {
   for (int c = 0; c < MP_MEM_COUNT; c++) a->peak[c] = a->cur[c];
   a->peak_total = a->cur_total;
+  MP_ASSERT(accounting_ok(a), "alloc.h's accounting holds after a peak reset");
 }

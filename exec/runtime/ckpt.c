@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/assert.h"
 #include "common/file.h"
 #include "common/json.h"
 #include "exec/runtime/ckpt_internal.h"
@@ -267,6 +268,9 @@ static mp_status write_rank_files(mp_ctx *ctx, save_job *sj) {
     const mp_param *p = &plan->params[i];
     int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
     const int64_t numel = mp_runtime_param_tile(sj->rt, i, off, len);
+    for (int d = 0; d < p->ndim; d++)
+      MP_ASSERT(off[d] >= 0 && len[d] >= 0 && off[d] + len[d] <= p->shape[d],
+                "%s, dim %d: a shard is a box inside its tensor (the load reads it so)", p->fqn, d);
     float *nb = realloc(buf, (size_t)numel * sizeof(float));
     if (!nb) {
       st = mp_error(ctx, MP_ERR_NOMEM, "checkpoint: out of memory for %s", p->fqn);
@@ -277,6 +281,8 @@ static mp_status write_rank_files(mp_ctx *ctx, save_job *sj) {
       st = mp_runtime_read_state(ctx, sj->rt, i, (mp_state_kind)k, buf);
       ckpt_tensor_name(name, sizeof name, p->fqn, (mp_state_kind)k);
       if (st == MP_OK) st = write_all(ctx, fd, buf, (size_t)numel * sizeof(float), path);
+      MP_ASSERT(st != MP_OK || lseek(fd, 0, SEEK_CUR) == (off_t)(pos + numel * (int64_t)sizeof(float)),
+                "%s: the index's byte_offset is where the shard's bytes went (shards follow each other)", name);
       if (st == MP_OK) st = add_entry(ctx, entries, name, off, len, p->ndim, pos, buf, numel);
       pos += numel * (int64_t)sizeof(float);
     }

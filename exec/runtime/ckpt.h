@@ -131,7 +131,8 @@ mp_status mp_ckpt_model(mp_ctx *ctx, const mp_ckpt_manifest *m, mp_model *out);
 /* The tensor named `name`, or NULL. */
 const mp_ckpt_tensor *mp_ckpt_find(const mp_ckpt_manifest *m, const char *name);
 /* Fills dst (row-major over len[0..ndim)) with the box off/len of tensor t, reading only
- * the chunks that hold it and verifying each. */
+ * the chunks that hold it and verifying each. The box must lie inside t's shape (a caller's
+ * bug otherwise: asserted in debug builds); the manifest's shards are input and checked. */
 mp_status mp_ckpt_read_box(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_ckpt_tensor *t, const int64_t off[3],
                            const int64_t len[3], float *dst);
 

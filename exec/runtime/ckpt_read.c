@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "common/assert.h"
 #include "common/checked.h"
 #include "common/file.h"
 #include "common/json.h"
@@ -257,6 +258,8 @@ typedef struct box_reader {
 static mp_status chunk_load(mp_ctx *ctx, box_reader *br, const mp_ckpt_tensor *t, const mp_ckpt_shard *s,
                             int64_t k, int64_t shard_bytes) {
   if (br->c_k == k && br->c_file == s->file && br->c_byte_offset == s->byte_offset) return MP_OK;
+  MP_ASSERT(k >= 0 && k < s->n_chunks, "chunk %lld of %lld: the shard's chunks cover its bytes (checked at parse)",
+            (long long)k, (long long)s->n_chunks);
   const mp_ckpt_manifest *m = br->m;
   if (br->fds[s->file] < 0) {
     char p[MP_CKPT_PATH_MAX + 300];
@@ -291,6 +294,7 @@ static mp_status copy_run(mp_ctx *ctx, box_reader *br, const mp_ckpt_tensor *t, 
                           int64_t n, float *dst) {
   const int64_t shard_bytes = s->len[0] * s->len[1] * s->len[2] * 4, cb = br->m->chunk_bytes;
   int64_t b = e * 4, end = (e + n) * 4;
+  MP_ASSERT(e >= 0 && n >= 0 && end <= shard_bytes, "a run lies inside its shard");
   char *out = (char *)dst;
   while (b < end) {
     const int64_t k = b / cb, in_chunk = b - k * cb, take = (k + 1) * cb < end ? (k + 1) * cb - b : end - b;
@@ -348,6 +352,7 @@ static mp_status read_shard_part(mp_ctx *ctx, box_reader *br, const mp_ckpt_tens
     for (int64_t b = lo[1]; b < hi[1]; b++) {
       const int64_t src = ((a - s->off[0]) * s->len[1] + (b - s->off[1])) * s->len[2] + (lo[2] - s->off[2]);
       const int64_t dsti = ((a - off[0]) * len[1] + (b - off[1])) * len[2] + (lo[2] - off[2]);
+      MP_ASSERT(dsti >= 0 && dsti + run <= len[0] * len[1] * len[2], "a run lies inside the box");
       MP_CHECK(copy_run(ctx, br, t, s, src, run, dst + dsti));
       *covered += run;
     }
@@ -361,6 +366,10 @@ mp_status mp_ckpt_read_box(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_ckpt
     o3[d] = off[d];
     l3[d] = len[d];
     want *= len[d];
+    /* the caller's box lies inside the tensor (ckpt.h): the runtime's tiles and export's
+     * tensors are taken from shapes already checked against the manifest's */
+    MP_ASSERT(off[d] >= 0 && len[d] >= 0 && off[d] + len[d] <= t->shape[d], "tensor %s, dim %d: %lld + %lld of %lld",
+              t->name, d, (long long)off[d], (long long)len[d], (long long)t->shape[d]);
   }
   MP_CHECK(check_disjoint(ctx, m, t, o3, l3));
   int64_t buf = 4; /* a chunk, or the biggest shard when that is smaller */
@@ -385,6 +394,9 @@ mp_status mp_ckpt_read_box(mp_ctx *ctx, const mp_ckpt_manifest *m, const mp_ckpt
   free(br.fds);
   free(br.chunk);
   MP_CHECK(st);
+  /* check_disjoint let no two shards overlap inside the box, so no element was counted
+   * twice: a shortfall is a hole, never hidden by an overlap */
+  MP_ASSERT(covered <= want, "tensor %s: %lld elements covered of %lld", t->name, (long long)covered, (long long)want);
   if (covered != want)
     return mp_error(ctx, MP_ERR_INVALID, "%s/manifest.json: tensor %s: the shards hold %lld of the %lld elements "
                     "needed (missing shards); the checkpoint is damaged", m->dir, t->name,

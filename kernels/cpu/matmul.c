@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/assert.h"
 #include "kernels/cpu/internal.h"
 
 /* MR, NR are fixed by the micro-kernel below (6 rows x two 8-float vectors). */
@@ -77,6 +78,8 @@ mp_status mp_cpu_sgemm(mp_kctx *kc_, int transA, int transB, int M, int N, int K
                        const float *A, int lda, const float *B, int ldb, float *C, int ldc) {
   MP_KREQUIRE(kc_, M >= 0 && N >= 0 && K >= 0, "sgemm");
   if (M == 0 || N == 0 || K == 0) return MP_OK;
+  MP_ASSERT(lda >= (transA ? M : K) && ldb >= (transB ? K : N) && ldc >= N,
+            "internal.h's shapes: op(A) M x K, op(B) K x N and C M x N, row-major in their leading dims");
   const int mt = (M + MC - 1) / MC, nt = (N + NC - 1) / NC;
   int failed = 0;
 #pragma omp parallel if ((double)M * N * K > 1e5)

@@ -8,6 +8,7 @@
  * row another thread owns. */
 #include <string.h>
 
+#include "common/assert.h"
 #include "kernels/cpu/internal.h"
 
 mp_status mp_cpu_moe_plan(mp_kctx *kc, int32_t *perm, int32_t *inv, int32_t *counts,
@@ -34,6 +35,7 @@ mp_status mp_cpu_moe_plan(mp_kctx *kc, int32_t *perm, int32_t *inv, int32_t *cou
     perm[dst] = (int32_t)r;
     inv[r] = dst;
   }
+  MP_ASSERT(counts[E - 1] == nk, "the last expert's write position ends at N*k: the pairs fill every row once");
   /* counts[e] now holds the end offset of e; convert back to sizes. */
   for (int e = E - 1; e > 0; e--) counts[e] -= counts[e - 1];
   return MP_OK;

@@ -7,9 +7,11 @@
  * transpose of the rotation: angle -theta. */
 #include <math.h>
 
+#include "common/assert.h"
 #include "kernels/cpu/internal.h"
 
 void mp_rope_tables(float *cos_t, float *sin_t, int T, int hd, float theta, int pos0) {
+  MP_ASSERT(T >= 0 && hd > 0 && hd % 2 == 0, "head_dim %d: ops.h's pairs (i, i + hd/2)", hd);
   int h2 = hd / 2;
   for (int i = 0; i < h2; i++) {
     /* inv_freq as HF computes it: 1 / theta^(2i/hd), in float64 here then rounded. */
