@@ -10,7 +10,7 @@ namespace {
 
 struct TomlTest : ::testing::Test {
   mp_ctx ctx;
-  mp_toml t;
+  mp_toml t{};
   void SetUp() override { mp_ctx_init(&ctx); }
   void TearDown() override { mp_toml_free(&t); }
   mp_status Parse(const char *text) { return mp_toml_parse(&ctx, text, "c.toml", &t); }
