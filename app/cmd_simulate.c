@@ -115,10 +115,6 @@ static void fmt_plan_extras(const mp_mesh *mesh, const mp_plan_options *o, char 
 }
 
 
-/* The float8 recipe the plan runs: the options', else its runtime's. */
-static mp_fp8_recipe recipe_of(const mp_plan_options *o) {
-  return o->fp8_opts.recipe != MP_FP8_DEFAULT ? o->fp8_opts.recipe : mp_fp8_recipe_of(o->mem_model);
-}
 
 static void print_text(const mp_sim_result *r, const mp_model *m, const mp_cluster *c,
                        const mp_mesh *mesh, const mp_plan_options *o,
@@ -130,7 +126,7 @@ static void print_text(const mp_sim_result *r, const mp_model *m, const mp_clust
   char more[640]; /* up to 128 stage counts of 3 digits */
   fmt_plan_extras(mesh, o, more, sizeof more);
   printf("plan    %s on %s: mesh %s, ac %s%s%s%s, seq %lld, micro-batch %lld, global batch %lld\n",
-         m->name, c->name, ms, ac, o->fp8 ? ", fp8 " : "", o->fp8 ? mp_fp8_recipe_name(recipe_of(o)) : "",
+         m->name, c->name, ms, ac, o->fp8 ? ", fp8 " : "", o->fp8 ? mp_fp8_recipe_name(mp_fp8_recipe_of(o->fp8_opts.recipe, o->mem_model)) : "",
          more, (long long)o->seq, (long long)o->micro_batch, (long long)o->global_batch);
   char words[160];
   mp_cmd_params_str(m, words, sizeof words);
@@ -186,7 +182,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   cJSON_AddStringToObject(j, "mesh", ms);
   cJSON_AddStringToObject(j, "ac", ac);
   cJSON_AddBoolToObject(j, "fp8", o->fp8);
-  if (o->fp8) cJSON_AddStringToObject(j, "fp8_recipe", mp_fp8_recipe_name(recipe_of(o)));
+  if (o->fp8) cJSON_AddStringToObject(j, "fp8_recipe", mp_fp8_recipe_name(mp_fp8_recipe_of(o->fp8_opts.recipe, o->mem_model)));
   cJSON_AddBoolToObject(j, "sp", o->sp > 0);
   cJSON_AddBoolToObject(j, "async_tp", async_tp_on(mesh, o));
   if (mesh->size[MP_DIM_PP] > 1) {

@@ -59,28 +59,29 @@ static mp_status write_ac(mp_ctx *ctx, const mp_plan_options *o, mp_emit_buf *b)
                   "selective of core_attn, or full of every layer); plan with --ac none, selective-core or full", ac);
 }
 
-/* What Megatron-LM cannot run as meshplan plans it, refused before anything is written. */
 /* A stated stage layout (--pp-layers) as Megatron-LM states one: the first and last stages'
- * counts (--decoder-first/last-pipeline-num-layers), the stages between them equal. The
- * middle stages' count into *mid; 0 when the plan takes the default split. */
-static mp_status stage_layers(mp_ctx *ctx, const mp_emit_plan *p, int *mid) {
+ * counts (--decoder-first/last-pipeline-num-layers), the stages between them equal
+ * (middle_layers: their count; 0 when the plan takes the default split). */
+static int middle_layers(const mp_plan_options *o, int pp) {
+  if (o->n_pp_layers == 0) return 0;
+  return pp > 2 ? o->pp_layers[1] : o->pp_layers[0];
+}
+
+static mp_status stage_layers(mp_ctx *ctx, const mp_emit_plan *p) {
   const mp_plan_options *o = p->o;
-  const int pp = p->mesh->size[MP_DIM_PP];
-  *mid = 0;
-  if (o->n_pp_layers == 0) return MP_OK;
-  *mid = pp > 2 ? o->pp_layers[1] : o->pp_layers[0];
-  for (int s = 1; s < pp - 1; s++)
-    if (o->pp_layers[s] != *mid)
+  const int pp = p->mesh->size[MP_DIM_PP], mid = middle_layers(o, pp);
+  for (int s = 1; s < pp - 1 && mid > 0; s++)
+    if (o->pp_layers[s] != mid)
       return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: stage %d holds %d layers and stage 1 %d: Megatron-LM "
                       "states only the first and last stages' (--decoder-first/last-pipeline-num-layers) and "
-                      "splits the rest evenly", s, o->pp_layers[s], *mid);
+                      "splits the rest evenly", s, o->pp_layers[s], mid);
   return MP_OK;
 }
 
+/* What Megatron-LM cannot run as meshplan plans it, refused before anything is written. */
 static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p) {
   const mp_mesh *m = p->mesh;
-  int mid = 0;
-  MP_CHECK(stage_layers(ctx, p, &mid));
+  MP_CHECK(stage_layers(ctx, p));
   if (m->size[MP_DIM_DP_SHARD] > 1)
     return mp_error(ctx, MP_ERR_USAGE,
                     "--emit megatron: dp_shard=%d is FSDP, which Megatron-LM's DDP does not run (its "
@@ -112,11 +113,8 @@ static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
   mp_emit_printf(b, "--pipeline-model-parallel-size %d\n", m->size[MP_DIM_PP]);
   if (m->size[MP_DIM_PP] > 1 && o->pp_virtual > 1)
     mp_emit_printf(b, "--num-virtual-stages-per-pipeline-rank %d\n", o->pp_virtual);
-  int mid = 0;
-  mp_ctx quiet; /* checked by check_plan already */
-  mp_ctx_init(&quiet);
-  if (stage_layers(&quiet, p, &mid) == MP_OK && mid > 0) {
-    const int pp = m->size[MP_DIM_PP];
+  const int pp = m->size[MP_DIM_PP], mid = middle_layers(o, pp); /* even: check_plan */
+  if (mid > 0) {
     if (o->pp_layers[0] != mid) mp_emit_printf(b, "--decoder-first-pipeline-num-layers %d\n", o->pp_layers[0]);
     if (o->pp_layers[pp - 1] != mid)
       mp_emit_printf(b, "--decoder-last-pipeline-num-layers %d\n", o->pp_layers[pp - 1]);

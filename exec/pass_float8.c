@@ -47,7 +47,7 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   MP_CHECK(mp_plan_check_pass(ctx, p, MP_PASS_FLOAT8));
   mp_float8_options f = {0};
   if (o != NULL) f = *o;
-  if (f.recipe == MP_FP8_DEFAULT) f.recipe = mp_fp8_recipe_of(p->opts.mem_model);
+  f.recipe = mp_fp8_recipe_of(f.recipe, p->opts.mem_model);
   MP_CHECK(mp_rule_fp8_recipe_check(ctx, p->opts.mem_model, f.recipe, f.all_gather));
   o = &f;
   const int tp = p->mesh.size[MP_DIM_TP];
@@ -86,7 +86,8 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   return MP_OK;
 }
 
-mp_fp8_recipe mp_fp8_recipe_of(mp_mem_model mm) {
+mp_fp8_recipe mp_fp8_recipe_of(mp_fp8_recipe r, mp_mem_model mm) {
+  if (r != MP_FP8_DEFAULT) return r;
   return mm == MP_MEM_MODEL_MEGATRON ? MP_FP8_DELAYED : MP_FP8_TENSORWISE;
 }
 

@@ -755,8 +755,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
    * it may differ too; the float8 options matter only when float8 is on. */
   const mp_plan_options *b = &base->opts;
   const int64_t seq = opts->seq ? opts->seq : b->seq;
-  const mp_fp8_recipe recipe =
-      opts->fp8_opts.recipe != MP_FP8_DEFAULT ? opts->fp8_opts.recipe : mp_fp8_recipe_of(opts->mem_model);
+  const mp_fp8_recipe recipe = mp_fp8_recipe_of(opts->fp8_opts.recipe, opts->mem_model);
   if ((opts->fp8 && recipe != b->fp8_opts.recipe) || opts->tp.shard_logits != b->tp.shard_logits || opts->tp.pad_vocab != b->tp.pad_vocab ||
       opts->fp8 != b->fp8 || (opts->fp8 && opts->fp8_opts.all_gather != b->fp8_opts.all_gather) ||
       opts->fsdp.per_block != b->fsdp.per_block || opts->fsdp.param_dtype != b->fsdp.param_dtype ||

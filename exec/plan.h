@@ -487,9 +487,9 @@ int mp_plan_find_param(const mp_plan *p, const char *fqn);
  * exec/rules.h) on the TP pass's local shapes, from a plan built for it. A float8 plan differs from bf16 exactly
  * when *n_fp8 > 0. The TP rules must hold (mp_rule_tp_dim). */
 mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, mp_fp8_recipe recipe, int *n_fp8);
-/* The recipe a runtime runs when the plan names none (MP_FP8_DEFAULT): DELAYED under the
- * megatron memory model (Megatron-LM's --fp8-recipe default), TENSORWISE otherwise. */
-mp_fp8_recipe mp_fp8_recipe_of(mp_mem_model mm);
+/* The recipe a plan of memory model mm runs: r itself, or for MP_FP8_DEFAULT the model's own,
+ * DELAYED under megatron (Megatron-LM's --fp8-recipe default), TENSORWISE otherwise. */
+mp_fp8_recipe mp_fp8_recipe_of(mp_fp8_recipe r, mp_mem_model mm);
 
 /* Per-rank totals at rest. */
 typedef struct mp_plan_totals {

@@ -81,8 +81,7 @@ void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_
   cfg->dp = ev->base.dp;
   cfg->ddp_shard_optimizer = ev->base.dp == MP_DP_DDP && ev->base.ddp.shard_optimizer;
   /* the recipe float8 candidates run (its tile multiple decides which Linears cast) */
-  cfg->fp8_recipe = ev->base.fp8_opts.recipe != MP_FP8_DEFAULT ? ev->base.fp8_opts.recipe
-                                                               : mp_fp8_recipe_of(ev->stack.mem_model);
+  cfg->fp8_recipe = mp_fp8_recipe_of(ev->base.fp8_opts.recipe, ev->stack.mem_model);
   cfg->prune_dominated = 1; /* the default objective is time */
   cfg->eval = mp_sim_evaluate;
   cfg->eval_user = ev;

@@ -494,8 +494,8 @@ TEST(PassFloat8, RecipesTheirFrameworksRun) {
   EXPECT_TRUE(mp_rule_fp8_recipe_ok(MP_MEM_MODEL_MESHPLAN_CPU, MP_FP8_TENSORWISE));
   EXPECT_FALSE(mp_rule_fp8_recipe_ok(MP_MEM_MODEL_MESHPLAN_CPU, MP_FP8_MXFP8));
   // the stack's own when none is named
-  EXPECT_EQ(mp_fp8_recipe_of(MP_MEM_MODEL_MEGATRON), MP_FP8_DELAYED);
-  EXPECT_EQ(mp_fp8_recipe_of(MP_MEM_MODEL_TORCHTITAN), MP_FP8_TENSORWISE);
+  EXPECT_EQ(mp_fp8_recipe_of(MP_FP8_DEFAULT, MP_MEM_MODEL_MEGATRON), MP_FP8_DELAYED);
+  EXPECT_EQ(mp_fp8_recipe_of(MP_FP8_DEFAULT, MP_MEM_MODEL_TORCHTITAN), MP_FP8_TENSORWISE);
   mp_fp8_recipe r = MP_FP8_DEFAULT;
   EXPECT_TRUE(mp_fp8_recipe_parse("current", &r));
   EXPECT_EQ(r, MP_FP8_TENSORWISE);

@@ -603,7 +603,7 @@ TEST(Store, DefaultLogsTheRankedPlansAndTheCountsByRule) {
 
 // A version-5 database (no rejections table, no runs.logged) whose run logged every
 // candidate migrates: the run reads as logged 'all', its counts by rule come from its plans
-// rows and equal the search's, and its ranked plans read back as before.
+// rows and equal the search's, and its ranked plans read back unchanged by the migration.
 TEST(StoreIdentity, Version5RunsCountFromTheirPlans) {
   std::string path = made_db("v5.db", 1);  // a run of PlannerRun's: every candidate logged
   exec_on(path, "DELETE FROM rejections; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts;"
