@@ -81,9 +81,9 @@ static mp_status pp_layers(mp_ctx *ctx, const char *s, mp_plan_options *o) {
   while (*q) {
     char *end = NULL;
     const long v = strtol(q, &end, 10);
-    if (end == q || (*end != ',' && *end != '\0') || v < 1 || v > MP_MAX_LAYERS)
-      return mp_error(ctx, MP_ERR_USAGE, "--pp-layers '%s': expected layer counts in 1..%d separated by commas, "
-                      "one per pipeline stage", s, MP_MAX_LAYERS);
+    if (end == q || (*end != ',' && *end != '\0') || v < 0 || v > MP_MAX_LAYERS)
+      return mp_error(ctx, MP_ERR_USAGE, "--pp-layers '%s': expected layer counts in 0..%d separated by commas, "
+                      "one per pipeline stage (interleaved: per model chunk)", s, MP_MAX_LAYERS);
     if (o->n_pp_layers == MP_PP_MAX_LAYOUT)
       return mp_error(ctx, MP_ERR_USAGE, "--pp-layers '%s': at most %d stages", s, MP_PP_MAX_LAYOUT);
     o->pp_layers[o->n_pp_layers++] = (int16_t)v;
@@ -101,7 +101,11 @@ mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_optio
   long long pv = 2;
   MP_CHECK(mp_args_int(ctx, spec, "--pp-virtual", 1, MP_MAX_LAYERS, &pv));
   o->pp_virtual = o->pp_schedule == MP_PP_INTERLEAVED ? (int)pv : 1;
-  return pp_layers(ctx, mp_args_get(spec, "--pp-layers"), o);
+  const char *layout = mp_args_get(spec, "--pp-layout");
+  if (layout == NULL) return pp_layers(ctx, mp_args_get(spec, "--pp-layers"), o);
+  if (mp_args_get(spec, "--pp-layers"))
+    return mp_error(ctx, MP_ERR_USAGE, "--pp-layers and --pp-layout state the same layout; give one");
+  return mp_pp_layout_parse(ctx, layout, o);
 }
 
 mp_status mp_cmd_cp_rotate(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,

@@ -68,7 +68,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "simulate", "Predict step time and memory of one plan.",
     "[--model M | --hf-config PATH] [--cluster C | --gpus N [--gpu G] [--gpus-per-node K]] [--mesh SPEC] [--ep N] "
-    "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V] [--pp-layers A,B,...]] [--cp N [--cp-rotate M]] [--ac POLICY] [--fp8] [--sp|--no-sp] [--seq S] "
+    "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] [--cp N [--cp-rotate M]] [--ac POLICY] [--fp8] [--sp|--no-sp] [--seq S] "
     "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] "
     "[--emit torchtitan|megatron [--out DIR]] [--from FILE | --from-args 'ARGS'] [--json]",
     k_opts, 0};
@@ -104,8 +104,13 @@ static void fmt_plan_extras(const mp_mesh *mesh, const mp_plan_options *o, char 
     int k = o->pp_virtual > 1 ? snprintf(buf + n, cap - (size_t)n, ", %s x%d", ps, o->pp_virtual)
                               : snprintf(buf + n, cap - (size_t)n, ", %s", ps);
     n = k < 0 ? -1 : n + k;
-    /* a stated layout: ", layers 7,8,...,7" */
-    for (int s = 0; s < o->n_pp_layers && n >= 0 && (size_t)n < cap; s++) {
+    /* a stated layout: ", layers 7,8,...,7"; per model chunk in Megatron-LM's notation */
+    if (o->n_pp_layers > mesh->size[MP_DIM_PP] && n >= 0 && (size_t)n + 10 < cap) {
+      k = snprintf(buf + n, cap - (size_t)n, ", layout ");
+      const int w = mp_pp_layout_format(o, buf + n + k, cap - (size_t)(n + k));
+      n = w < 0 ? -1 : n + k + w;
+    }
+    for (int s = 0; o->n_pp_layers == mesh->size[MP_DIM_PP] && s < o->n_pp_layers && n >= 0 && (size_t)n < cap; s++) {
       k = snprintf(buf + n, cap - (size_t)n, "%s%d", s ? "," : ", layers ", o->pp_layers[s]);
       n = k < 0 ? -1 : n + k;
     }

@@ -18,7 +18,9 @@
  * table marks it with '*'. A pipelined row of a stack that states its own micro-batching
  * (the profile's pp_microbatches "stages": torchtitan splits the local batch into pp
  * micro-batches unless told otherwise) runs that one, marked 's', since the published run
- * ran it; a split the plan refuses falls back to the pick), pp_virtual (empty: 2 for the interleaved schedule), sp (empty:
+ * ran it; a split the plan refuses falls back to the pick), pp_virtual (empty: 2 for the interleaved schedule),
+ * pp_layout (the layers of each virtual stage in Megatron-LM's --pipeline-model-parallel-layout
+ * notation, "E|(t|)*126L"; empty: the default split), sp (empty:
  * the plan's default, on with tp > 1 where the stack runs it), async_tp (1: the TP
  * collectives fused with their GEMMs, torchtitan's AsyncTP as the published run enabled it;
  * 0: not; empty or absent: the stack's default, off but under megatron-core, whose
@@ -139,6 +141,11 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (pps[0] != '\0' && !mp_pp_schedule_parse(pps, &o->pp_schedule))
     return mp_error(ctx, MP_ERR_INVALID, "%s: pp_schedule '%s': expected 1f1b, interleaved or gpipe", where, pps);
   if (o->pp_schedule == MP_PP_INTERLEAVED) o->pp_virtual = v->pp_virtual ? (int)v->pp_virtual : 2;
+  const mp_status lay = v->pp_layout[0] ? mp_pp_layout_parse(ctx, v->pp_layout, o) : MP_OK;
+  if (lay != MP_OK) {
+    mp_error_prefix(ctx, "%s: ", where);
+    return lay;
+  }
   j->local_batch = v->local_batch;
   j->micro_batch = v->micro_batch;
   o->seq = v->seq;

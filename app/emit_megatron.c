@@ -60,28 +60,36 @@ static mp_status write_ac(mp_ctx *ctx, const mp_plan_options *o, mp_emit_buf *b)
 }
 
 /* A stated stage layout (--pp-layers) as Megatron-LM states one: the first and last stages'
- * counts (--decoder-first/last-pipeline-num-layers), the stages between them equal
- * (middle_layers: their count; 0 when the plan takes the default split). */
+ * counts (--decoder-first/last-pipeline-num-layers) where the stages between them are equal
+ * and there is one chunk a stage (middle_layers: their count), else the whole layout
+ * (--pipeline-model-parallel-layout, which also sets the virtual stages; middle_layers 0). */
 static int middle_layers(const mp_plan_options *o, int pp) {
-  if (o->n_pp_layers == 0) return 0;
-  return pp > 2 ? o->pp_layers[1] : o->pp_layers[0];
+  if (o->n_pp_layers != pp) return 0;
+  const int mid = pp > 2 ? o->pp_layers[1] : o->pp_layers[0];
+  for (int s = 1; s < pp - 1; s++)
+    if (o->pp_layers[s] != mid || mid < 1) return 0;
+  return o->pp_layers[0] < 1 || o->pp_layers[pp - 1] < 1 ? 0 : mid;
 }
 
-static mp_status stage_layers(mp_ctx *ctx, const mp_emit_plan *p) {
+static void write_stage_layers(const mp_emit_plan *p, mp_emit_buf *b) {
   const mp_plan_options *o = p->o;
   const int pp = p->mesh->size[MP_DIM_PP], mid = middle_layers(o, pp);
-  for (int s = 1; s < pp - 1 && mid > 0; s++)
-    if (o->pp_layers[s] != mid)
-      return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: stage %d holds %d layers and stage 1 %d: Megatron-LM "
-                      "states only the first and last stages' (--decoder-first/last-pipeline-num-layers) and "
-                      "splits the rest evenly", s, o->pp_layers[s], mid);
-  return MP_OK;
+  if (pp > 1 && o->pp_virtual > 1 && o->n_pp_layers == 0)
+    mp_emit_printf(b, "--num-virtual-stages-per-pipeline-rank %d\n", o->pp_virtual);
+  if (mid > 0) {
+    if (o->pp_layers[0] != mid) mp_emit_printf(b, "--decoder-first-pipeline-num-layers %d\n", o->pp_layers[0]);
+    if (o->pp_layers[pp - 1] != mid)
+      mp_emit_printf(b, "--decoder-last-pipeline-num-layers %d\n", o->pp_layers[pp - 1]);
+  } else if (o->n_pp_layers > 0) {
+    char layout[4 * MP_PP_MAX_LAYOUT + 64];
+    if (mp_pp_layout_format(o, layout, sizeof layout) > 0)
+      mp_emit_printf(b, "--pipeline-model-parallel-layout \"%s\"\n", layout);
+  }
 }
 
 /* What Megatron-LM cannot run as meshplan plans it, refused before anything is written. */
 static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p) {
   const mp_mesh *m = p->mesh;
-  MP_CHECK(stage_layers(ctx, p));
   if (m->size[MP_DIM_DP_SHARD] > 1)
     return mp_error(ctx, MP_ERR_USAGE,
                     "--emit megatron: dp_shard=%d is FSDP, which Megatron-LM's DDP does not run (its "
@@ -111,14 +119,7 @@ static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
   if (tp > 1 && o->sp > 0) mp_emit_printf(b, "--sequence-parallel\n");
   if (tp > 1 && o->sp > 0 && o->tp_comm_fused) mp_emit_printf(b, "--tp-comm-overlap\n");
   mp_emit_printf(b, "--pipeline-model-parallel-size %d\n", m->size[MP_DIM_PP]);
-  if (m->size[MP_DIM_PP] > 1 && o->pp_virtual > 1)
-    mp_emit_printf(b, "--num-virtual-stages-per-pipeline-rank %d\n", o->pp_virtual);
-  const int pp = m->size[MP_DIM_PP], mid = middle_layers(o, pp); /* even: check_plan */
-  if (mid > 0) {
-    if (o->pp_layers[0] != mid) mp_emit_printf(b, "--decoder-first-pipeline-num-layers %d\n", o->pp_layers[0]);
-    if (o->pp_layers[pp - 1] != mid)
-      mp_emit_printf(b, "--decoder-last-pipeline-num-layers %d\n", o->pp_layers[pp - 1]);
-  }
+  write_stage_layers(p, b);
   mp_emit_printf(b, "--context-parallel-size %d\n", m->size[MP_DIM_CP]);
   if (m->size[MP_DIM_CP] > 1) mp_emit_printf(b, "--cp-comm-type p2p\n");
   mp_emit_printf(b, "--seq-length %lld\n--micro-batch-size %lld\n--global-batch-size %lld\n", (long long)o->seq,

@@ -116,8 +116,12 @@ mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_prof
   for (int c = 0; c < v && u < sizeof mine; c++) {
     int64_t l0, l1;
     mp_plan_chunk_layers(p, stage, c, &l0, &l1);
-    u += (size_t)snprintf(mine + u, sizeof mine - u, "%s%lld-%lld", c ? " and " : "", (long long)l0,
-                          (long long)l1 - 1);
+    if (l1 > l0)
+      u += (size_t)snprintf(mine + u, sizeof mine - u, "%s%lld-%lld", c ? " and " : "", (long long)l0,
+                            (long long)l1 - 1);
+    else /* a stated layout's empty first or last chunk */
+      u += (size_t)snprintf(mine + u, sizeof mine - u, "%s%s", c ? " and " : "",
+                            c == 0 && stage == 0 ? "the embedding alone" : "the head and loss alone");
   }
   mp_explain_fmt_bytes(e->pp_send_bytes, sb, sizeof sb);
   char sched[48];
@@ -133,9 +137,10 @@ mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_prof
            e->pp_flavor == MP_PP_FLAVOR_TORCH ? "torch.distributed.pipelining" : "Megatron-LM",
            prof->name, (long long)e->n_micro, split, e->pp_chunks,
            interleaved ? ", chunk c x pp + s on stage s" : "",
-           p->model.n_layers % e->pp_chunks ? ", the remainder one each to the chunks after the "
-                                              "first (torchtitan's split)"
-                                            : "",
+           p->opts.n_pp_layers > 0 ? ", as stated (--pp-layers or --pp-layout)"
+           : p->model.n_layers % e->pp_chunks ? ", the remainder one each to the chunks after the "
+                                                "first (torchtitan's split)"
+                                              : "",
            e->rank, stage, mine, e->pp_warmup,
            (long long)e->pp_inflight, interleaved ? "(v m)" : "m", e->pp_bubble,
            p->opts.sp && tp > 1 ? "[T/tp, H] bf16" : "[T, H] bf16", sb);

@@ -27,7 +27,7 @@ void mp_from_ignore(mp_from_plan *p, const char *key) {
 /* Derived flags: name and value (NULL for a switch), the values owned by vals. */
 typedef struct flag_list {
   const char *name[FROM_MAX_FLAGS];
-  char val[FROM_MAX_FLAGS][160];
+  char val[FROM_MAX_FLAGS][sizeof ((mp_from_plan *)0)->pp_layers + 32]; /* the longest: a layout */
   int has_val[FROM_MAX_FLAGS];
   int n;
 } flag_list;

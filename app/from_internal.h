@@ -23,7 +23,7 @@ typedef struct mp_from_plan {
   int64_t seq, micro_batch, global_batch;
   mp_pp_schedule pp_schedule;
   int pp_virtual;
-  char pp_layers[512];    /* each stage's layer count, "A,B,..."; "": the default split */
+  char pp_layers[512];    /* each stage's (interleaved: model chunk's) layer count, "A,B,..."; "": the default split */
   char cp_rotate[16];     /* "" where the stack's stands */
   int async_tp;
   char ignored[2048];     /* keys read that change no cost, ", "-separated */

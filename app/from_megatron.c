@@ -38,6 +38,7 @@ static const struct {
     {"--pipeline-model-parallel-size", 1, MG_MAP}, {"--num-virtual-stages-per-pipeline-rank", 1, MG_MAP},
     {"--num-layers-per-virtual-pipeline-stage", 1, MG_MAP}, {"--context-parallel-size", 1, MG_MAP},
     {"--decoder-first-pipeline-num-layers", 1, MG_MAP}, {"--decoder-last-pipeline-num-layers", 1, MG_MAP},
+    {"--pipeline-model-parallel-layout", 1, MG_MAP},
     {"--cp-comm-type", 1, MG_MAP}, {"--expert-model-parallel-size", 1, MG_MAP},
     {"--expert-tensor-parallel-size", 1, MG_MAP}, {"--micro-batch-size", 1, MG_MAP},
     {"--global-batch-size", 1, MG_MAP}, {"--recompute-granularity", 1, MG_MAP}, {"--recompute-method", 1, MG_MAP},
@@ -301,6 +302,32 @@ static mp_status read_stack(mp_ctx *ctx, const mg_args *a, const char *origin, m
   return MP_OK;
 }
 
+/* --pipeline-model-parallel-layout (megatron/core/transformer/pipeline_parallel_layer_layout.py,
+ * core_v0.14.0): every virtual stage's layers; its virtual stages per rank are the layout's
+ * stages over pp, which --num-virtual-stages-per-pipeline-rank may only repeat. */
+static mp_status read_layout(mp_ctx *ctx, const mg_args *a, const char *origin, const char *layout,
+                             mp_from_plan *p) {
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  if (mp_pp_layout_parse(ctx, layout, &o) != MP_OK) {
+    mp_error_prefix(ctx, "%s: --pipeline-model-parallel-layout: ", origin);
+    return MP_ERR_USAGE;
+  }
+  const int v = o.n_pp_layers / p->pp;
+  if (o.n_pp_layers % p->pp || (has(a, "--num-virtual-stages-per-pipeline-rank") && v != p->pp_virtual) ||
+      has(a, "--num-layers-per-virtual-pipeline-stage"))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --pipeline-model-parallel-layout has %d stages: a multiple of pp=%d, "
+                    "the virtual stages per rank, which the layout sets alone", origin, o.n_pp_layers, p->pp);
+  p->pp_virtual = v;
+  p->pp_schedule = p->pp > 1 && v > 1 ? MP_PP_INTERLEAVED : MP_PP_1F1B;
+  size_t n = 0;
+  for (int k = 0; k < o.n_pp_layers; k++) {
+    n += (size_t)snprintf(p->pp_layers + n, sizeof p->pp_layers - n, "%s%d", k ? "," : "", o.pp_layers[k]);
+    if (n >= sizeof p->pp_layers) return mp_error(ctx, MP_ERR_USAGE, "%s: too many pipeline stages", origin);
+  }
+  return MP_OK;
+}
+
 /* Megatron-LM's uneven first and last stages (--decoder-first-pipeline-num-layers,
  * --decoder-last-pipeline-num-layers; megatron/core/transformer/transformer_block.py, core_v0.14.0:
  * the other stages split the remaining layers evenly) as each stage's layer count. */
@@ -310,6 +337,13 @@ static mp_status read_stage_layers(mp_ctx *ctx, const mg_args *a, const char *or
   MP_CHECK(get_int(ctx, a, origin, "--decoder-first-pipeline-num-layers", 0, 0, MP_MAX_LAYERS, &first));
   MP_CHECK(get_int(ctx, a, origin, "--decoder-last-pipeline-num-layers", 0, 0, MP_MAX_LAYERS, &last));
   p->pp_layers[0] = '\0';
+  const char *layout = get(a, "--pipeline-model-parallel-layout", NULL);
+  if (layout) {
+    if (first || last)
+      return mp_error(ctx, MP_ERR_USAGE, "%s: --pipeline-model-parallel-layout and --decoder-first/last-pipeline-"
+                      "num-layers both place the layers; give one", origin);
+    return read_layout(ctx, a, origin, layout, p);
+  }
   if (!first && !last) return MP_OK;
   const int pp = p->pp, middle = pp - (first ? 1 : 0) - (last ? 1 : 0);
   const int64_t rest = layers - first - last;

@@ -189,6 +189,9 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   row->pp_virtual = 0;
   const char *pvs = field(r, "pp_virtual");
   if (pvs && pvs[0]) MP_CHECK(int_in(r, "pp_virtual", pvs, 1, MP_LIM_PP_VIRTUAL, &row->pp_virtual));
+  row->pp_layout[0] = '\0';
+  const char *lay = field(r, "pp_layout");
+  if (lay && lay[0]) MP_CHECK(need_str(r, "pp_layout", 1, row->pp_layout, sizeof row->pp_layout));
   MP_CHECK(opt_flag(r, "sp", &row->sp));
   return opt_flag(r, "async_tp", &row->async_tp);
 }

@@ -46,6 +46,9 @@ typedef struct mp_vrow {
                            (not published: the command picks the fastest that fits) */
   int64_t pp_virtual;   /* model chunks per pipeline rank, 1..MP_LIM_PP_VIRTUAL; 0 when absent
                            or empty (the schedule's default) */
+  char pp_layout[256];  /* optional column: the stages' layers in Megatron-LM's
+                           --pipeline-model-parallel-layout notation (the command parses it:
+                           mp_pp_layout_parse); "" when absent or empty: the default split */
   int fp8;              /* 0 or 1 */
   char fp8_recipe[16];  /* as written (the command parses it: exec/plan.h, mp_fp8_recipe);
                            "" when the column is absent or empty: the stack's recipe */

@@ -112,13 +112,15 @@ static void chunk_range(int64_t L, int64_t K, int64_t k, int64_t *l0, int64_t *l
 
 int mp_plan_layer_stage(const mp_plan *p, int64_t layer) {
   const int64_t L = p->model.n_layers, K = model_chunks(p);
-  if (K <= 1 || L < K) return 0;
-  if (p->opts.n_pp_layers > 0) { /* the stated layout: the stage whose layers hold it */
+  if (K <= 1) return 0;
+  if (p->opts.n_pp_layers > 0) { /* the stated layout: the chunk whose layers hold it, on
+                                    stage k mod pp (one count per stage, or per chunk) */
     int64_t end = 0;
-    for (int s = 0; s < p->opts.n_pp_layers; s++)
-      if (layer < (end += p->opts.pp_layers[s])) return s;
-    return p->opts.n_pp_layers - 1;
+    for (int k = 0; k < p->opts.n_pp_layers; k++)
+      if (layer < (end += p->opts.pp_layers[k])) return k % p->mesh.size[MP_DIM_PP];
+    return (p->opts.n_pp_layers - 1) % p->mesh.size[MP_DIM_PP];
   }
+  if (L < K) return 0;
   const int64_t base = L / K, extra = L % K;
   int64_t k;
   if (layer < base) k = 0;
@@ -135,14 +137,14 @@ void mp_plan_chunk_layers(const mp_plan *p, int stage, int chunk, int64_t *l0, i
     *l0 = 0, *l1 = L;
     return;
   }
-  if (L < K || k >= K) {
-    *l0 = *l1 = L;
+  if (p->opts.n_pp_layers == K) { /* the stated layout, one count per model chunk */
+    *l0 = 0;
+    for (int64_t j = 0; j < k; j++) *l0 += p->opts.pp_layers[j];
+    *l1 = *l0 + p->opts.pp_layers[k];
     return;
   }
-  if (p->opts.n_pp_layers > 0) {
-    *l0 = 0;
-    for (int s = 0; s < stage; s++) *l0 += p->opts.pp_layers[s];
-    *l1 = *l0 + p->opts.pp_layers[stage];
+  if (L < K || k >= K) {
+    *l0 = *l1 = L;
     return;
   }
   chunk_range(L, K, k, l0, l1);
@@ -457,30 +459,38 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
   return MP_OK;
 }
 
-/* An explicit stage layout (o->pp_layers): one count per stage, each at least one layer,
- * summing to the model's layers, one model chunk per stage. */
+/* An explicit layout (o->pp_layers): one count per stage (one model chunk a stage), or
+ * under the interleaved schedule one per model chunk in model order (chunk c of stage s is
+ * k = c x pp + s), as Megatron-LM's --pipeline-model-parallel-layout states one (its
+ * "Et*3|(tt|)*29,m|L": stages split by '|', listed virtual stage by virtual stage). The
+ * counts sum to the model's layers; a chunk may hold none only where it still runs
+ * something: the first (the embedding alone, Megatron's "E|") and the last (the head and the
+ * loss alone, "|L"), as Llama 3 405B's pipeline ran (Dubey et al. 2024, sec. 3.3.2). */
 static mp_status check_pp_layers(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh, const mp_plan_options *o) {
   if (o->n_pp_layers == 0) return MP_OK;
-  const int pp = mesh->size[MP_DIM_PP];
-  if (o->n_pp_layers != pp || o->n_pp_layers > MP_PP_MAX_LAYOUT)
+  const int pp = mesh->size[MP_DIM_PP], v = virtual_stages(mesh, o), K = pp * v;
+  if ((o->n_pp_layers != pp && o->n_pp_layers != K) || o->n_pp_layers > MP_PP_MAX_LAYOUT)
     return mp_error(ctx, MP_ERR_INVALID,
-                    "pp_layers names %d stages but the mesh has pp=%d; give one layer count per stage "
-                    "(at most %d)", o->n_pp_layers, pp, MP_PP_MAX_LAYOUT);
-  if (virtual_stages(mesh, o) > 1)
+                    "pp_layers names %d stages but the mesh has pp=%d%s; give one layer count per stage "
+                    "or, interleaved, one per model chunk (pp x pp_virtual = %d; at most %d)",
+                    o->n_pp_layers, pp, v > 1 ? " with pp_virtual chunks each" : "", K, MP_PP_MAX_LAYOUT);
+  if (v > 1 && o->n_pp_layers != K)
     return mp_error(ctx, MP_ERR_INVALID,
-                    "pp_layers gives each stage one run of layers; the interleaved schedule's %d chunks "
-                    "per stage take the default split: drop pp_layers or use 1f1b or gpipe",
-                    virtual_stages(mesh, o));
+                    "pp_layers gives %d counts, one per stage; the interleaved schedule runs %d chunks a "
+                    "stage: give %d counts, one per model chunk in model order, or use 1f1b or gpipe",
+                    o->n_pp_layers, v, K);
   int64_t sum = 0;
-  for (int s = 0; s < pp; s++) {
-    if (o->pp_layers[s] < 1)
-      return mp_error(ctx, MP_ERR_INVALID, "pp_layers: stage %d has %d layers; a stage needs at least one", s,
-                      o->pp_layers[s]);
-    sum += o->pp_layers[s];
+  for (int k = 0; k < o->n_pp_layers; k++) {
+    const int ends = k == 0 || k == o->n_pp_layers - 1;
+    if (o->pp_layers[k] < (ends ? 0 : 1))
+      return mp_error(ctx, MP_ERR_INVALID, "pp_layers: %s %d has %d layers; a %s needs at least one (only "
+                      "the first, with the embedding, and the last, with the loss, may hold none)",
+                      v > 1 ? "model chunk" : "stage", k, o->pp_layers[k], v > 1 ? "chunk" : "stage");
+    sum += o->pp_layers[k];
   }
   if (sum != m->n_layers)
     return mp_error(ctx, MP_ERR_INVALID,
-                    "pp_layers sum to %lld layers but %s has %lld; make the stages' counts add up to %lld",
+                    "pp_layers sum to %lld layers but %s has %lld; make the counts add up to %lld",
                     (long long)sum, m->name, (long long)m->n_layers, (long long)m->n_layers);
   return MP_OK;
 }
@@ -507,7 +517,7 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
   if (pp > 1) {
     const int v = virtual_stages(mesh, o);
     const int64_t K = (int64_t)pp * v;
-    if (!mp_rule_pp_chunks_ok(m->n_layers, pp, v))
+    if (o->n_pp_layers == 0 && !mp_rule_pp_chunks_ok(m->n_layers, pp, v))
       return mp_error(ctx, MP_ERR_INVALID,
                       "pp=%d x pp_virtual=%d makes %lld model chunks for the %lld layers of %s; "
                       "a chunk needs at least one layer: choose pp x pp_virtual <= %lld",

@@ -322,12 +322,14 @@ typedef struct mp_plan_options {
   mp_fsdp_options fsdp;
   mp_pp_schedule pp_schedule;
   int pp_virtual;        /* virtual stages per rank for interleaved (>= 1) */
-  int n_pp_layers;       /* 0: the default split (mp_plan_chunk_layers); else pp, and stage s
-                            holds pp_layers[s] layers (Megatron-LM's
+  int n_pp_layers;       /* 0: the default split (mp_plan_chunk_layers); pp: stage s holds
+                            pp_layers[s] layers, one model chunk a stage (Megatron-LM's
                             --decoder-first-pipeline-num-layers and
                             --decoder-last-pipeline-num-layers, torchtitan's
-                            pipeline_parallel_layers_per_stage / module names per stage); one
-                            model chunk per stage */
+                            pipeline_parallel_layers_per_stage / module names per stage);
+                            pp x pp_virtual (interleaved): model chunk k = c x pp + s holds
+                            pp_layers[k] (Megatron-LM's --pipeline-model-parallel-layout,
+                            mp_pp_layout_parse), the first and last possibly none */
   int16_t pp_layers[MP_PP_MAX_LAYOUT];
   mp_cp_rotate cp_rotate; /* PyTorch's ring with cp > 1: how K and V travel (default
                              ALLGATHER). Set from the stack (key "cp_rotate") */
@@ -595,6 +597,13 @@ static inline const char *mp_pp_schedule_name(mp_pp_schedule k) {
 /* The schedule named s (mp_pp_schedule_name's names) into *out: 1, or 0 for any other
  * string (*out untouched); the caller words the refusal. */
 int mp_pp_schedule_parse(const char *s, mp_pp_schedule *out);
+/* A pipeline layout in Megatron-LM's --pipeline-model-parallel-layout notation
+ * ("E|(t|)*126L": virtual stages split by '|', E the embedding, t a layer, L the loss)
+ * into o->pp_layers / n_pp_layers, one count per virtual stage in model order; MP_ERR_USAGE
+ * naming what is wrong (exec/plan_layout.c). The plan checks the counts against the mesh. */
+mp_status mp_pp_layout_parse(mp_ctx *ctx, const char *s, mp_plan_options *o);
+/* o's stated layout in that notation into buf; its length, -1 when it does not fit. */
+int mp_pp_layout_format(const mp_plan_options *o, char *buf, size_t cap);
 /* "default", "tensorwise", "delayed", "rowwise", "mxfp8", "blockwise" ("?" out of range). */
 const char *mp_fp8_recipe_name(mp_fp8_recipe r);
 /* The recipe named s into *out: 1, or 0 for any other string (*out untouched); "current"

@@ -162,12 +162,13 @@ mp_status mp_plan_batch(mp_ctx *ctx, const mp_plan *p, int64_t *local_batch, int
                     (long long)local, (long long)gb, (long long)dp, (long long)mb,
                     (long long)local);
   const int pp = p->mesh.size[MP_DIM_PP];
-  if (mp_plan_virtual_stages(p) > 1 && (local / mb) % pp != 0)
+  /* a multiple of pp where the stack's schedule needs it: mp_pp_order, which knows it */
+  if (mp_plan_virtual_stages(p) > 1 && local / mb < pp)
     return mp_error(ctx, MP_ERR_INVALID,
-                    "the interleaved schedule runs micro-batches in groups of pp=%d "
-                    "(Megatron-LM's rule), but %lld sequences per rank in micro-batches of "
-                    "%lld make %lld; choose a batch giving a multiple of %d micro-batches",
-                    pp, (long long)local, (long long)mb, (long long)(local / mb), pp);
+                    "the interleaved schedule runs micro-batches in groups of pp=%d, but %lld "
+                    "sequences per rank in micro-batches of %lld make %lld; choose a batch giving "
+                    "at least %d micro-batches (a multiple of %d under torch.distributed.pipelining)",
+                    pp, (long long)local, (long long)mb, (long long)(local / mb), pp, pp);
   *local_batch = local;
   *n_micro = local / mb;
   return MP_OK;

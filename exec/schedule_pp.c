@@ -18,7 +18,11 @@
  *                (k / (pp v)) pp + k mod pp; stage s runs (pp - s - 1) x 2 + (v - 1) x pp
  *                warm-up forwards, then one forward and one backward alternately, then the
  *                rest of the backwards (Megatron-LM's forward_backward_pipelining_with_
- *                interleaving; it needs m a multiple of pp). The flavors differ in one
+ *                interleaving). Megatron-Core takes any m >= pp: its schedule table
+ *                (schedules.py get_schedule_table, microbatch_group_size_per_vp_stage
+ *                defaulting to pp, core_v0.14.0) runs the last group of m mod pp
+ *                micro-batches chunk by chunk as it runs the full ones;
+ *                torch.distributed.pipelining needs m a multiple of pp. The flavors differ in one
  *                case: with m == pp Megatron-LM runs every forward first on every stage
  *                (its all_warmup_microbatches), torch.distributed.pipelining's
  *                ScheduleInterleaved1F1B keeps the formula (its get_rank_warmup_ops, capped
@@ -26,12 +30,22 @@
  *                forwards and holds fewer chunks. Everything else is the same in both. */
 #include "exec/schedule.h"
 
-/* Megatron's chunk and micro-batch of virtual step k (forward or backward). */
-static mp_pp_step interleaved_step(int pp, int v, int64_t k, int bwd) {
-  const int64_t group = (int64_t)pp * v;
-  int chunk = (int)((k % group) / pp);
+/* Megatron's chunk and micro-batch of virtual step k (forward or backward) of m micro-
+ * batches: groups of pp micro-batches, each run chunk by chunk; the last group holds the m
+ * mod pp left over (none when pp divides m). */
+static mp_pp_step interleaved_step(int pp, int v, int64_t m, int64_t k, int bwd) {
+  const int64_t group = (int64_t)pp * v, full = m / pp * group;
+  int64_t chunk, mb;
+  if (k < full) {
+    chunk = (k % group) / pp;
+    mb = (k / group) * pp + k % pp;
+  } else { /* the last, short group */
+    const int64_t rest = m % pp;
+    chunk = (k - full) / rest;
+    mb = m / pp * pp + (k - full) % rest;
+  }
   if (bwd) chunk = v - 1 - chunk;
-  mp_pp_step s = {(uint8_t)bwd, (uint8_t)chunk, (int32_t)((k / group) * pp + k % pp)};
+  mp_pp_step s = {(uint8_t)bwd, (uint8_t)chunk, (int32_t)mb};
   return s;
 }
 
@@ -43,12 +57,12 @@ static int64_t order_interleaved(int pp, int v, int64_t m, int stage, mp_pp_flav
                      : (int64_t)(pp - stage - 1) * 2 + (int64_t)(v - 1) * pp;
   if (warm > total) warm = total;
   int64_t n = 0;
-  for (int64_t k = 0; k < warm; k++) out[n++] = interleaved_step(pp, v, k, 0);
+  for (int64_t k = 0; k < warm; k++) out[n++] = interleaved_step(pp, v, m, k, 0);
   for (int64_t k = 0; k < total - warm; k++) {
-    out[n++] = interleaved_step(pp, v, warm + k, 0);
-    out[n++] = interleaved_step(pp, v, k, 1);
+    out[n++] = interleaved_step(pp, v, m, warm + k, 0);
+    out[n++] = interleaved_step(pp, v, m, k, 1);
   }
-  for (int64_t k = total - warm; k < total; k++) out[n++] = interleaved_step(pp, v, k, 1);
+  for (int64_t k = total - warm; k < total; k++) out[n++] = interleaved_step(pp, v, m, k, 1);
   return n;
 }
 
@@ -80,11 +94,13 @@ mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int
                     "pipeline order: stage %d of pp=%d, %d chunks, %lld micro-batches out of range",
                     stage, pp, v, (long long)n_micro);
   if (kind == MP_PP_INTERLEAVED && v > 1) {
-    if (n_micro % pp != 0)
+    if (flavor == MP_PP_FLAVOR_TORCH ? n_micro % pp != 0 : n_micro < pp)
       return mp_error(ctx, MP_ERR_INVALID,
                       "the interleaved schedule runs micro-batches in groups of pp=%d; %lld "
-                      "micro-batches are not a multiple of it",
-                      pp, (long long)n_micro);
+                      "micro-batches are %s",
+                      pp, (long long)n_micro,
+                      flavor == MP_PP_FLAVOR_TORCH ? "not a multiple of it (torch.distributed.pipelining)"
+                                                   : "fewer (Megatron-LM needs at least pp)");
     *n_out = order_interleaved(pp, v, n_micro, stage, flavor, out);
   } else if (v > 1) {
     return mp_error(ctx, MP_ERR_INVALID, "pipeline order: %d chunks per stage need the "

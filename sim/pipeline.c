@@ -110,6 +110,12 @@ static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind
         progress++;
       }
     }
+    if (progress == 0 && kind == MP_PP_INTERLEAVED && n_micro % pp)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "pipeline timeline: interleaved with %lld micro-batches on pp=%d, the last group "
+                      "of %lld runs its %d chunks before the pipeline has filled with it and the stages "
+                      "wait on each other; choose a multiple of %d micro-batches",
+                      (long long)n_micro, pp, (long long)(n_micro % pp), v, pp);
     if (progress == 0)
       return mp_error(ctx, MP_ERR_INTERNAL,
                       "pipeline timeline: the stages' orders wait on each other (pp=%d, %d "

@@ -169,6 +169,13 @@ MG = [  # DDP with the distributed optimizer, TP+SP float8, interleaved pipeline
     # a stated stage layout: Llama 3 405B's 126 layers, one fewer on the first and last stages
     ("2048", ("--model", "llama3.1-405b", "--mesh", "dp_replicate=16,tp=8,pp=16", "--stack", "megatron-core",
               "--global-batch", "2048", "--pp-layers", "7," + "8," * 14 + "7")),
+    # one layer a chunk, the embedding and the loss alone (Llama 3's pipeline): the layout flag
+    ("2048", ("--model", "llama3.1-405b", "--mesh", "dp_replicate=16,tp=8,pp=16", "--stack", "megatron-core",
+              "--global-batch", "2048", "--pp-schedule", "interleaved", "--pp-virtual", "8",
+              "--pp-layout", "E|(t|)*126L")),
+    # middle stages off the even split: the layout flag
+    ("64", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=16,pp=4", "--stack", "megatron-core",
+            "--pp-layers", "6,9,8,9")),
 ]
 for gpus, args in MG:
     a = args if "--model" in args else ("--model", "llama3.1-8b") + tuple(args)
@@ -179,10 +186,15 @@ _, text = emitted("megatron", "--gpus", "2048", "--model", "llama3.1-405b", "--m
                   "--stack", "megatron-core", "--global-batch", "2048", "--pp-layers", "7," + "8," * 14 + "7")
 check("--decoder-first-pipeline-num-layers 7\n" in text and "--decoder-last-pipeline-num-layers 7\n" in text,
       "the 7,8x14,7 layout not written as Megatron-LM's first/last stage flags")
-p = run("simulate", "--gpus", "64", "--model", "llama3.1-8b", "--mesh", "dp_replicate=16,pp=4", "--stack",
-        "megatron-core", "--pp-layers", "6,9,8,9", "--emit", "megatron", "--out", os.path.join(tmp, "uneven"),
-        want_rc=2)
-check("Megatron-LM states only the first and last stages'" in p.stderr, "a middle stage off the even split: " + p.stderr)
+_, text = emitted("megatron", "--gpus", "64", "--model", "llama3.1-8b", "--mesh", "dp_replicate=16,pp=4", "--stack",
+                  "megatron-core", "--pp-layers", "6,9,8,9")
+check('--pipeline-model-parallel-layout "Et*6|t*9|t*8|t*9,L"\n' in text and "decoder-first" not in text,
+      "a middle stage off the even split not written as Megatron-LM's layout: " + text)
+_, text = emitted("megatron", "--gpus", "2048", "--model", "llama3.1-405b", "--mesh", "dp_replicate=16,tp=8,pp=16",
+                  "--stack", "megatron-core", "--global-batch", "2048", "--pp-schedule", "interleaved",
+                  "--pp-virtual", "8", "--pp-layout", "E|(t|)*126L")
+check('--pipeline-model-parallel-layout "E|(t|)*126L"\n' in text and "--num-virtual-stages" not in text,
+      "Llama 3's per-chunk layout not written as Megatron-LM's layout alone: " + text)
 p = run("simulate", "--gpus", "64", "--model", "llama3.1-8b", "--mesh", "dp_shard=16,pp=4", "--pp-layers", "7,9,9,7",
         "--emit", "torchtitan", "--out", os.path.join(tmp, "uneven"), want_rc=2)
 check("a stated stage layout (--pp-layers)" in p.stderr, "torchtitan with --pp-layers: " + p.stderr)

@@ -127,9 +127,35 @@ TEST(PipelineOrder, RefusesWhatMegatronRefuses) {
   int64_t n = 0;
   mp_ctx ctx;
   mp_ctx_init(&ctx);
-  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON, 4, 2, 6, 0, o.data(), &n), MP_ERR_INVALID);
+  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON, 4, 2, 3, 0, o.data(), &n), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("fewer (Megatron-LM needs at least pp)"), std::string::npos);
+  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_TORCH, 4, 2, 6, 0, o.data(), &n), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("not a multiple of it"), std::string::npos);
   EXPECT_EQ(mp_pp_order(&ctx, MP_PP_1F1B, MP_PP_FLAVOR_MEGATRON, 4, 2, 8, 0, o.data(), &n), MP_ERR_INVALID);
   EXPECT_EQ(mp_pp_order(&ctx, MP_PP_1F1B, MP_PP_FLAVOR_MEGATRON, 4, 1, 8, 4, o.data(), &n), MP_ERR_INVALID);
+}
+
+// Megatron-Core's schedule table with m not a multiple of pp (schedules.py
+// get_schedule_table, core_v0.14.0): groups of pp micro-batches each run chunk by chunk, the
+// last group the m mod pp left over. pp=4, v=2, m=6: virtual steps 0-7 are micro-batches 0-3
+// of chunk 0 then of chunk 1; steps 8-11 micro-batches 4, 5 of chunk 0, then of chunk 1.
+// Stage 3 warms up with (v - 1) pp = 4 forwards, so its first backward (step 0, chunk 1 of
+// micro-batch 0: backwards run the chunks in reverse) follows the fifth forward (step 4:
+// micro-batch 0, chunk 1).
+TEST(PipelineOrder, MegatronShortLastGroup) {
+  const std::vector<mp_pp_step> o = Order(MP_PP_INTERLEAVED, 4, 2, 6, 3);
+  ExpectComplete(o, 6, 2);
+  std::vector<std::pair<int, int>> fwd;
+  for (const mp_pp_step &s : o)
+    if (!s.bwd) fwd.emplace_back(s.micro, s.chunk);
+  const std::vector<std::pair<int, int>> want = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {0, 1}, {1, 1},
+                                                 {2, 1}, {3, 1}, {4, 0}, {5, 0}, {4, 1}, {5, 1}};
+  EXPECT_EQ(fwd, want);
+  ASSERT_GE(o.size(), 6u);
+  EXPECT_FALSE(o[4].bwd);
+  EXPECT_TRUE(o[5].bwd);
+  EXPECT_EQ(o[5].micro, 0);
+  EXPECT_EQ(o[5].chunk, 1);
 }
 
 // ---- a stage's schedule ----------------------------------------------------------------
@@ -378,7 +404,89 @@ TEST(PipelineSchedule, StatedLayoutGivesEachStageItsCount) {
   std::vector<int> eight(8, 16);
   eight[0] = 15, eight[7] = 15;
   EXPECT_TRUE(ChunkSizes("llama3.1-405b", 8, 2, &err, eight).empty());
-  EXPECT_NE(err.find("interleaved schedule's 2 chunks"), std::string::npos) << err;
+  EXPECT_NE(err.find("the interleaved schedule runs 2 chunks a stage"), std::string::npos) << err;
+}
+
+// A layout per model chunk under the interleaved schedule (Megatron-LM's
+// --pipeline-model-parallel-layout): Llama 3 405B as its paper describes the pipeline
+// (Dubey et al. 2024, sec. 3.3.2: the first chunk of the first stage holds only the
+// embedding, the last chunk of the last stage only the head and the loss, one layer fewer
+// on the first and last stages). With K = 16 v chunks of c layers each but those two, (16 v -
+// 2) c = 126 holds for v = 8, c = 1 alone: chunks 0 and 127 empty, the others one layer
+// each; stage 0 holds layers 15, 31, ..., 111 (7), stage 15 layers 14, 30, ..., 126 - 1 (7).
+TEST(PipelineSchedule, StatedLayoutPerModelChunk) {
+  std::vector<int> meta(128, 1);
+  meta[0] = meta[127] = 0;
+  EXPECT_EQ(ChunkSizes("llama3.1-405b", 16, 8, nullptr, meta), meta);
+  // an empty chunk runs nothing between the first and the last: refused
+  std::vector<int> hole = meta;
+  hole[5] = 0, hole[6] = 2;
+  std::string err;
+  EXPECT_TRUE(ChunkSizes("llama3.1-405b", 16, 8, &err, hole).empty());
+  EXPECT_NE(err.find("model chunk 5 has 0 layers"), std::string::npos) << err;
+  // one count per stage under the interleaved schedule names the wrong thing
+  EXPECT_TRUE(ChunkSizes("llama3.1-405b", 16, 8, &err, std::vector<int>(16, 8)).empty());
+  EXPECT_NE(err.find("give 128 counts, one per model chunk"), std::string::npos) << err;
+}
+
+// Megatron-LM's layout notation (megatron-core docs, "Custom Pipeline Model Parallel
+// Layout"): '|' ends a virtual stage, E the embedding, t a layer, L the loss, X*N and
+// (...)*N repeat, commas cosmetic.
+std::vector<int> Layout(const char *s, std::string *err = nullptr) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  std::vector<int> out;
+  if (mp_pp_layout_parse(&ctx, s, &o) != MP_OK) {
+    if (err) *err = mp_errmsg(&ctx);
+    return out;
+  }
+  for (int k = 0; k < o.n_pp_layers; k++) out.push_back(o.pp_layers[k]);
+  return out;
+}
+
+TEST(PipelineSchedule, MegatronLayoutNotation) {
+  std::vector<int> meta(128, 1);
+  meta[0] = meta[127] = 0;
+  EXPECT_EQ(Layout("E|(t|)*126L"), meta);
+  // DeepSeek-V3's documented example with its MTP layer as a plain one: 3, 2 x 29, 1, 0
+  std::vector<int> ds(32, 2);
+  ds[0] = 3, ds[30] = 1, ds[31] = 0;
+  EXPECT_EQ(Layout("Et*3|(tt|)*29,t|L"), ds);
+  EXPECT_EQ(Layout("Et*2|(tt|)*22t|(tt|)*7tL").size(), 32u);  // pp 8 x vpp 4: a group ends its stage
+  EXPECT_EQ(Layout("E t*7 | ((t*8|)*2)*7 t*7 L"), ([] {
+              std::vector<int> v(16, 8);
+              v[0] = v[15] = 7;
+              return v;
+            }()));
+  // written back in the same notation, and read again to the same counts
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.n_pp_layers = 128;
+  for (int k = 0; k < 128; k++) o.pp_layers[k] = (int16_t)meta[k];
+  char buf[256];
+  ASSERT_GT(mp_pp_layout_format(&o, buf, sizeof buf), 0);
+  EXPECT_STREQ(buf, "E|(t|)*126L");
+  o.n_pp_layers = 32;
+  for (int k = 0; k < 32; k++) o.pp_layers[k] = (int16_t)ds[k];
+  ASSERT_GT(mp_pp_layout_format(&o, buf, sizeof buf), 0);
+  EXPECT_EQ(Layout(buf), ds) << buf;
+  EXPECT_EQ(mp_pp_layout_format(&o, buf, 8), -1) << "does not fit";
+  // refused, naming what is wrong
+  const char *bad[][2] = {{"E|t*126", "the loss (L) once on the last"},
+                          {"t|E|(t|)*125L", "the embedding (E) goes once on the first"},
+                          {"E|(t|*126L", "a '(' without its ')'"},
+                          {"E|t)|L", "a ')' without its '('"},
+                          {"E|t*0|L", "a count of 1 or more"},
+                          {"E|(t|)*126mL", "MTP layers ('m') are not modelled"},
+                          {"E|(tx|)*126L", "an unknown symbol at offset 4"},
+                          {"E|(t|)*200L", "more than 128 virtual stages"}};
+  for (const auto &b : bad) {
+    std::string err;
+    EXPECT_TRUE(Layout(b[0], &err).empty()) << b[0];
+    EXPECT_NE(err.find(b[1]), std::string::npos) << b[0] << ": " << err;
+  }
 }
 
 TEST(PipelineSchedule, UnevenSplitAsTorchtitan) {

@@ -365,6 +365,39 @@ TEST(PlanPipeline, StatedUnevenStages) {
   CheckDistinctStages(s, "llama3.1-8b pp=4 5,9,9,9");
 }
 
+// A layout per model chunk under the interleaved schedule (Megatron-LM's
+// --pipeline-model-parallel-layout): Llama-3.1-8B on pp=4 x 2 chunks. Four layers a chunk,
+// stated, is the default split and simulates to the same result. "E|(t*5|)*4(t*4|)*2t*4,L"
+// (chunk 0 the embedding alone, so stage 0 holds chunks 0 and 4, 0 + 4 layers) leaves stage
+// 0 lighter than under the even split, while the 5-layer chunk paces the step longer.
+TEST(PlanPipeline, StatedLayoutPerModelChunk) {
+  PlanCase s("llama3.1-8b", "h100-8", "pp=4,dp_shard=2");
+  s.FullAcOneSequence(8192, 16);
+  s.o.pp_schedule = MP_PP_INTERLEAVED;
+  s.o.pp_virtual = 2;
+  int64_t peak[4] = {0, 0, 0, 0};
+  s.cfg.stage_peak_bytes = peak;
+  const mp_sim_result even = s.Sim();
+  const int64_t even0 = peak[0];
+  s.o.n_pp_layers = 8;
+  for (int k = 0; k < 8; k++) s.o.pp_layers[k] = 4;
+  const mp_sim_result stated = s.Sim();
+  EXPECT_EQ(stated.step_time_s, even.step_time_s);
+  EXPECT_EQ(stated.peak_mem_bytes, even.peak_mem_bytes);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  ASSERT_EQ(mp_pp_layout_parse(&ctx, "E|(t*5|)*4(t*4|)*2t*4,L", &s.o), MP_OK);
+  ASSERT_EQ(s.o.n_pp_layers, 8);
+  EXPECT_EQ(s.o.pp_layers[0], 0);
+  EXPECT_EQ(s.o.pp_layers[4], 5);
+  EXPECT_EQ(s.o.pp_layers[7], 4);
+  const mp_sim_result r = s.Sim();
+  EXPECT_GT(r.step_time_s, even.step_time_s);
+  EXPECT_LT(peak[0], even0);
+  s.cfg.stage_peak_bytes = nullptr;
+  CheckDistinctStages(s, "llama3.1-8b pp=4 x 2 E|(t*5|)*4(t*4|)*2t*4,L");
+}
+
 // Each stage's peak (mp_sim_config.stage_peak_bytes): Llama-3.1-8B on pp=4 (8 layers a
 // stage), full AC, 8 micro-batches of one 8192-token sequence under 1F1B. Stage s holds pp -
 // s micro-batches at once, so the two middle stages, which run the same schedule, differ by

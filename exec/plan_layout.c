@@ -1,0 +1,140 @@
+/* Pipeline layouts in Megatron-LM's notation (--pipeline-model-parallel-layout, Megatron-Core
+ * docs "Custom Pipeline Model Parallel Layout"): virtual stages in model order split by '|',
+ * each a string of symbols, E the embedding, t a transformer layer, m an MTP layer, L the
+ * head and loss; a symbol or a parenthesised group followed by *N repeats N times; commas
+ * and spaces are cosmetic. DeepSeek-V3 on pp 16 x vpp 2: "Et*3|(tt|)*29,m|L". Stage k of the
+ * list is model chunk k: pipeline rank k mod pp, its chunk k / pp.
+ *
+ * meshplan reads a layout into the plan's per-chunk layer counts (mp_plan_options.pp_layers)
+ * and writes one back from them. The embedding is always on the first chunk and the head on
+ * the last, so the layout must say so; MTP layers are not modelled and are refused. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec/plan.h"
+
+/* The expanded layout, at most this many symbols (a layer, a separator, E or L each one). */
+#define LAYOUT_MAX (4 * MP_PP_MAX_LAYOUT + 4 * MP_MAX_LAYERS)
+
+typedef struct {
+  mp_ctx *ctx;
+  const char *src; /* the layout as given, for messages */
+  const char *p;   /* the next character to read */
+  char *out;       /* the expansion */
+  size_t n;
+} lexer;
+
+static mp_status bad(lexer *x, const char *what) {
+  return mp_error(x->ctx, MP_ERR_USAGE,
+                  "pipeline layout '%s': %s at offset %d; write virtual stages split by '|' of E "
+                  "(embedding), t (layer) and L (loss), with X*N or (...)*N repeats, e.g. "
+                  "\"Et*3|(tt|)*29,t|L\"",
+                  x->src, what, (int)(x->p - x->src));
+}
+
+static void skip_cosmetic(lexer *x) {
+  while (*x->p == ',' || *x->p == ' ') x->p++;
+}
+
+/* *N after a symbol or group: repeats out[from, n) N - 1 more times. */
+static mp_status repeat(lexer *x, size_t from) {
+  skip_cosmetic(x);
+  if (*x->p != '*') return MP_OK;
+  x->p++;
+  char *end = NULL;
+  const long k = strtol(x->p, &end, 10);
+  if (end == x->p || k < 1 || k > LAYOUT_MAX) return bad(x, "expected a count of 1 or more after '*'");
+  x->p = end;
+  const size_t len = x->n - from;
+  if (len * (size_t)(k - 1) > LAYOUT_MAX - x->n) return bad(x, "the layout expands beyond meshplan's limit");
+  for (long i = 1; i < k; i++, x->n += len) memmove(x->out + x->n, x->out + from, len);
+  return MP_OK;
+}
+
+/* A sequence of symbols and groups up to ')' (depth > 0) or the end. */
+static mp_status sequence(lexer *x, int depth) {
+  if (depth > 8) return bad(x, "groups nested more than 8 deep");
+  for (;;) {
+    skip_cosmetic(x);
+    const char c = *x->p;
+    if (c == '\0' || c == ')') return depth > 0 && c == '\0' ? bad(x, "a '(' without its ')'")
+                                      : depth == 0 && c == ')' ? bad(x, "a ')' without its '('")
+                                                               : MP_OK;
+    const size_t from = x->n;
+    if (c == '(') {
+      x->p++;
+      MP_CHECK(sequence(x, depth + 1));
+      x->p++; /* the ')' */
+    } else if (strchr("EtmL|", c) != NULL) {
+      if (x->n == LAYOUT_MAX) return bad(x, "the layout expands beyond meshplan's limit");
+      x->out[x->n++] = c;
+      x->p++;
+    } else {
+      return bad(x, "an unknown symbol");
+    }
+    MP_CHECK(repeat(x, from));
+  }
+}
+
+/* The expanded stages into per-chunk layer counts. */
+static mp_status count_stages(lexer *x, mp_plan_options *o) {
+  int n = 0, e_at = -1, l_at = -1, layers = 0;
+  for (size_t i = 0; i <= x->n; i++) {
+    const char c = i < x->n ? x->out[i] : '|';
+    if (c == 'E') e_at = e_at < 0 ? n : -2;
+    else if (c == 'L') l_at = l_at < 0 ? n : -2;
+    else if (c == 't') layers++;
+    else if (c == 'm')
+      return mp_error(x->ctx, MP_ERR_UNSUPPORTED, "pipeline layout '%s': MTP layers ('m') are not modelled; "
+                      "drop them from the layout", x->src);
+    if (c != '|') continue;
+    if (n == MP_PP_MAX_LAYOUT)
+      return mp_error(x->ctx, MP_ERR_USAGE, "pipeline layout '%s': more than %d virtual stages", x->src,
+                      MP_PP_MAX_LAYOUT);
+    if (layers > MP_MAX_LAYERS) return bad(x, "a stage with more layers than a model has");
+    o->pp_layers[n++] = (int16_t)layers;
+    layers = 0;
+  }
+  if (e_at != 0 || l_at != n - 1)
+    return mp_error(x->ctx, MP_ERR_USAGE, "pipeline layout '%s': the embedding (E) goes once on the first "
+                    "virtual stage and the loss (L) once on the last, where meshplan places them", x->src);
+  o->n_pp_layers = n;
+  return MP_OK;
+}
+
+mp_status mp_pp_layout_parse(mp_ctx *ctx, const char *s, mp_plan_options *o) {
+  lexer x = {ctx, s, s, malloc(LAYOUT_MAX), 0};
+  if (x.out == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory reading a pipeline layout");
+  mp_status st = sequence(&x, 0);
+  if (st == MP_OK) st = count_stages(&x, o);
+  free(x.out);
+  return st;
+}
+
+/* Chunk k's symbols: E on the first, its layers, L on the last. */
+static int stage_text(const mp_plan_options *o, int k, char *buf, size_t cap) {
+  const int t = o->pp_layers[k];
+  return snprintf(buf, cap, "%s%s%.0d%s%s", k == 0 ? "E" : "", t == 1 ? "t" : t > 1 ? "t*" : "",
+                  t > 1 ? t : 0, t > 1 && k == o->n_pp_layers - 1 ? "," : "",
+                  k == o->n_pp_layers - 1 ? "L" : "");
+}
+
+int mp_pp_layout_format(const mp_plan_options *o, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (int k = 0; k < o->n_pp_layers;) {
+    char a[32], b[32];
+    stage_text(o, k, a, sizeof a);
+    int run = 1; /* equal stages after k, the last excepted (it carries the L) */
+    while (k + run < o->n_pp_layers - 1 && k > 0 && (stage_text(o, k + run, b, sizeof b), strcmp(a, b) == 0))
+      run++;
+    const int last = k + run == o->n_pp_layers;
+    const int w = run > 1 ? snprintf(buf + n, cap - n, "(%s|)*%d", a, run)
+                          : snprintf(buf + n, cap - n, "%s%s", a, last ? "" : "|");
+    if (w < 0 || (size_t)w >= cap - n) return -1;
+    n += (size_t)w;
+    k += run;
+  }
+  return (int)n;
+}
