@@ -133,9 +133,24 @@ TEST(PipelineTimeline, RefusesWhatTheScheduleRefuses) {
   double finish[4];
   mp_ctx ctx;
   mp_ctx_init(&ctx);
-  // interleaved needs m a multiple of pp
-  EXPECT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON, 4, 2, 6, st, finish), MP_ERR_INVALID);
+  // torch.distributed.pipelining's interleaved schedule needs m a multiple of pp, Megatron's
+  // at least pp (its last group may be short: m = 6 on pp = 4 runs)
+  EXPECT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_TORCH, 4, 2, 6, st, finish), MP_ERR_INVALID);
   EXPECT_NE(std::string(mp_errmsg(&ctx)).find("groups of pp=4"), std::string::npos);
+  EXPECT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON, 4, 2, 3, st, finish), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("Megatron-LM needs at least pp"), std::string::npos);
+  EXPECT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON, 4, 2, 6, st, finish), MP_OK);
+  // a short last group whose chunks the stages would wait on each other for: refused as
+  // input, naming the remedy (pp = 16, 8 chunks, 20 micro-batches)
+  mp_pp_stage_times u;
+  memset(&u, 0, sizeof u);
+  for (int c = 0; c < 8; c++) u.f[c] = 1.0, u.b[c] = 2.0;
+  const mp_pp_stage_times *su[16];
+  double fin[16];
+  for (int k = 0; k < 16; k++) su[k] = &u;
+  EXPECT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON, 16, 8, 20, su, fin), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("choose a multiple of 16 micro-batches"), std::string::npos)
+      << mp_errmsg(&ctx);
 }
 
 }  // namespace
