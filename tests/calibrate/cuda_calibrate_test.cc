@@ -966,6 +966,7 @@ TEST(CudaDevice, ProfileFromTheDeviceName) {
   EXPECT_STREQ(mp_calib_gpu_profile_for("NVIDIA H200", 90, 139.8 * gib), "h200");
   EXPECT_STREQ(mp_calib_gpu_profile_for("NVIDIA A100-SXM4-80GB", 80, 79.2 * gib), "a100-80gb-sxm");
   EXPECT_STREQ(mp_calib_gpu_profile_for("NVIDIA B200", 100, 178 * gib), "b200");
+  EXPECT_STREQ(mp_calib_gpu_profile_for("NVIDIA GB200", 100, 184 * gib), "gb200");
   // parts whose datasheet differs, or that the data does not describe
   EXPECT_EQ(mp_calib_gpu_profile_for("NVIDIA H100 PCIe", 90, 79.6 * gib), nullptr);
   EXPECT_EQ(mp_calib_gpu_profile_for("NVIDIA H100 NVL", 90, 93.1 * gib), nullptr);

@@ -27,7 +27,7 @@ TEST(Cluster, DtypeBytesAndNames) {
 // The names ../shared/validation/ uses, the GPUs people rent, plus the CPU profile.
 TEST(Cluster, EveryGpuProfileLoads) {
   for (const char *name : {"a100-80gb-sxm", "a100-40gb-sxm", "h100-sxm", "h100-pcie", "h100-nvl", "h100-96gb-500w",
-                           "h200", "h800", "b200", "l40s", "mi300x", "cpu"})
+                           "h200", "h800", "b200", "gb200", "l40s", "mi300x", "cpu"})
     EXPECT_NE(mp_data_find("gpus", name), nullptr) << name;
   size_t n = 0;
   const mp_data_entry *e = mp_data_entries(&n);
@@ -80,6 +80,8 @@ TEST(Cluster, RentedGpusFromTheirDatasheets) {
               // NVIDIA H800 datasheet (SXM5): the H100 SXM's compute, NVLink 400 GB/s both ways
               {"h800", 989.4, 1978.9, 80, 3350, 200, 90, MP_GPU_API_CUDA},
               {"l40s", 362.05, 733, 48, 864, 32, 89, MP_GPU_API_CUDA},
+              // NVIDIA GB200 NVL72 datasheet: the rack's sparse figures / 2 / 72 GPUs
+              {"gb200", 2500, 5000, 186, 8000, 900, 100, MP_GPU_API_CUDA},
               {"mi300x", 1307.4, 2614.9, 192, 5300, 448, 0, MP_GPU_API_ROCM}};
   for (const Want &w : want) {
     SCOPED_TRACE(w.name);
