@@ -74,7 +74,7 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
 
 /* --pp-layers A,B,...: each stage's layer count into o (the plan checks them against the
  * mesh and the model). */
-static mp_status pp_layers(mp_ctx *ctx, const char *s, mp_plan_options *o) {
+mp_status mp_cmd_pp_layers(mp_ctx *ctx, const char *s, mp_plan_options *o) {
   o->n_pp_layers = 0;
   if (s == NULL) return MP_OK;
   const char *q = s;
@@ -102,7 +102,7 @@ mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_optio
   MP_CHECK(mp_args_int(ctx, spec, "--pp-virtual", 1, MP_MAX_LAYERS, &pv));
   o->pp_virtual = o->pp_schedule == MP_PP_INTERLEAVED ? (int)pv : 1;
   const char *layout = mp_args_get(spec, "--pp-layout");
-  if (layout == NULL) return pp_layers(ctx, mp_args_get(spec, "--pp-layers"), o);
+  if (layout == NULL) return mp_cmd_pp_layers(ctx, mp_args_get(spec, "--pp-layers"), o);
   if (mp_args_get(spec, "--pp-layers"))
     return mp_error(ctx, MP_ERR_USAGE, "--pp-layers and --pp-layout state the same layout; give one");
   return mp_pp_layout_parse(ctx, layout, o);

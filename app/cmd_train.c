@@ -57,6 +57,7 @@ static mp_opt k_opts[] = {
     {"--pp-schedule", "S", "pipeline schedule with pp > 1: 1f1b, interleaved (--pp-virtual chunks per stage) or "
      "gpipe (default 1f1b)", NULL},
     {"--pp-virtual", "V", "model chunks per stage under the interleaved schedule (default 2)", NULL},
+    MP_OPT_PP_LAYERS,
     MP_OPT_AC(""),
     MP_OPT_FP8("; emulated exactly on the CPU"),
     {"--steps", "K", "the run's last step: training steps from 0, or up to K from a resumed checkpoint; 0 runs "
@@ -134,7 +135,7 @@ static mp_opt k_opts[] = {
 
 static mp_cmd_spec k_spec = {
     "train", "Train a model with a plan on CPUs or GPUs (world size 1 without mpirun; mpirun for more ranks).",
-    "--model M [--mesh MESH [--pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V]]] [--ep N] [--ac MODE] [--steps K] [--seq S] [--micro-batch B] [--global-batch G] "
+    "--model M [--mesh MESH [--pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V]] [--pp-layers A,B,...]] [--ep N] [--ac MODE] [--steps K] [--seq S] [--micro-batch B] [--global-batch G] "
     "[--fp8] [--sp|--no-sp] [--lr LR [--lr-schedule S --warmup N --min-lr LR]] [--data synthetic|GLOB [--val-data GLOB]] "
     "[--checkpoint-dir D [--checkpoint-every N] [--resume latest]] [--init-from PATH] [--metrics PATH] "
     "[--device cpu|cuda] [--db PATH [--plan-id ID]] [--auto] [--seed N] [--profile] [--dump-weights PATH] "
@@ -263,7 +264,11 @@ static mp_status plan_for_train(mp_ctx *ctx, const mp_model *m, int world, const
    * is the CPU runtime's fp32 layout, so the predicted peak is what its tracked allocator
    * measures; on CUDA the runtime keeps fp32 masters and gathers bf16 */
   mp_status st = mp_sim_evaluator_init(ctx, ev, m, &c, po->seq, po->global_batch, TRAIN_HEADROOM, dev->stack);
-  if (st == MP_OK) ev->base.pp_schedule = po->pp_schedule; /* GPipe: the search enumerates 1F1B and interleaved */
+  if (st == MP_OK) { /* GPipe: the search enumerates 1F1B and interleaved; a stated stage layout */
+    ev->base.pp_schedule = po->pp_schedule;
+    ev->base.n_pp_layers = po->n_pp_layers;
+    memcpy(ev->base.pp_layers, po->pp_layers, sizeof po->pp_layers);
+  }
   if (st == MP_OK && dev->cuda) {
     ev->base.master_dtype = MP_DTYPE_FP32;
     ev->base.fsdp.param_dtype = MP_DTYPE_BF16;
@@ -409,7 +414,7 @@ static mp_status init_from_config(train_job *j, int model_given) {
   return mp_hf_check_config(j->ctx, &hf, &j->model, cfg);
 }
 
-/* --pp-schedule and --pp-virtual into the plan options. */
+/* --pp-schedule, --pp-virtual and --pp-layers into the plan options. */
 static mp_status read_pp_schedule(train_job *j) {
   const char *ps = mp_args_get(&k_spec, "--pp-schedule");
   long long v = 0;
@@ -419,7 +424,12 @@ static mp_status read_pp_schedule(train_job *j) {
   if (v && j->po.pp_schedule != MP_PP_INTERLEAVED)
     return mp_error(j->ctx, MP_ERR_USAGE, "--pp-virtual %lld needs --pp-schedule interleaved", v);
   j->po.pp_virtual = j->po.pp_schedule == MP_PP_INTERLEAVED ? (int)(v ? v : 2) : 1;
-  return MP_OK;
+  const char *layers = mp_args_get(&k_spec, "--pp-layers");
+  /* a stated layout belongs to the mesh it names: the search and the supervisor pick meshes */
+  if (layers && (mp_args_has(&k_spec, "--auto") || mp_args_has(&k_spec, "--elastic")))
+    return mp_error(j->ctx, MP_ERR_USAGE, "--pp-layers gives the stages of the mesh --mesh names; --auto and "
+                    "--elastic choose the mesh themselves: drop --pp-layers or give --mesh without them");
+  return mp_cmd_pp_layers(j->ctx, layers, &j->po);
 }
 
 /* The run's request: --db and --plan-id, --profile, --auto (which excludes --mesh and

@@ -62,6 +62,8 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
  * chunks per stage under the interleaved schedule, default 2; 1 under the others) into *o
  * (explain, simulate). An unknown schedule is a usage error naming the three. */
 mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
+/* --pp-layers A,B,... (s; NULL: the default split) into o's stage layout. */
+mp_status mp_cmd_pp_layers(mp_ctx *ctx, const char *s, mp_plan_options *o);
 /* --cp-rotate into o->cp_rotate (untouched without it); refused under a meshplan runtime's
  * stack (prof, or NULL where the command has none yet), whose ring is its own. */
 struct mp_stack_profile;

@@ -73,8 +73,6 @@ mp_status mp_rule_tp_check(mp_ctx *ctx, const mp_model *m, int tp, int pad_vocab
 
 int mp_rule_ep_ok(const mp_model *m, int ep) { return !mp_model_is_moe(m) || m->n_experts % ep == 0; }
 
-int mp_rule_moe_pp_ok(const mp_model *m, int pp) { return pp <= 1 || !mp_model_is_moe(m); }
-
 mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh) {
   if (mesh->ep > 1 && !mp_rule_ep_ok(m, mesh->ep))
     return mp_error(ctx, MP_ERR_INVALID,

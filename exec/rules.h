@@ -46,10 +46,6 @@ mp_status mp_rule_tp_check(mp_ctx *ctx, const mp_model *m, int tp, int pad_vocab
 
 /* ep divides the routed experts (a dense model: ep 1 only matters to the mesh). */
 int mp_rule_ep_ok(const mp_model *m, int ep);
-/* MoE with pipeline parallelism: routed experts and pp > 1. Planned and simulated (the
- * all-to-alls stay inside a stage, as in Megatron-Core and torchtitan); the meshplan runtime
- * does not execute it (exec/runtime/check.c asks this). */
-int mp_rule_moe_pp_ok(const mp_model *m, int pp);
 /* The model x mesh rules of experts: ep dividing the experts. */
 mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh);
 

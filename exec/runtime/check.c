@@ -28,14 +28,9 @@ mp_status mp_runtime_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh, 
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime executes EP carved out of dp_shard only; "
                     "the expert grid (etp given, or ep not dividing dp_shard) is planned and simulated "
                     "only: train with ep dividing dp_shard and no etp", mb);
-  /* MoE under a pipeline is planned and simulated only: the runtime's stages do not carry
-   * the router's statistics and EP's all-to-alls across micro-batches */
-  if (!mp_rule_moe_pp_ok(m, pp))
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: MoE with pipeline parallelism is not executed by the "
-                    "runtime (%s has routed experts); it is planned and simulated only: train with pp=1", mb,
-                    m->name);
-  /* pipeline stages (runtime_pp.c): every schedule; float8 keeps per-layer scales from a
-   * block's forward for its backward, one micro-batch at a time */
+  /* pipeline stages (runtime_pp.c): every schedule, MoE blocks included (each micro-batch
+   * keeps its routing; EP's all-to-alls stay inside a stage); float8 keeps per-layer scales
+   * from a block's forward for its backward, one micro-batch at a time */
   if (pp > 1 && o->fp8)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: float8 with pipeline parallelism is not executed (a "
                     "stage holds several micro-batches between forward and backward); drop --fp8 or use pp=1", mb);

@@ -116,10 +116,14 @@ typedef struct rt_micro {
   char *hf, *lg;      /* head: xf + rstdf (ACTIVATIONS); logits and loss scratch (LOGITS) */
   void *dres;         /* residual-stream gradient (TEMP) */
   int x_top;          /* highest x[i] that may be held */
-  double aux_sum, dscale;
+  double dscale;
   double *ce, *aux;
   char **x, **act, **core, **epa; /* its layer tables ([L + 1], [L], [L], [L]) */
   int64_t *ep_R;
+  /* its routing, from a MoE block's forward to its backward: rows per expert ([L * E]) and
+   * EP's received rows per (source, local expert) ([L * ep * El]) */
+  int32_t *counts_h;
+  int64_t *ep_rc;
 } rt_micro;
 
 /* A send to the next or previous stage, held until this rank's next receive (both go as

@@ -11,6 +11,15 @@
  * activations of every micro-batch whose forward has run and whose backward has not, as
  * the schedule predicts.
  *
+ * MoE. A MoE block's routing (rows per expert, and under EP the rows received from each
+ * EP rank) is the micro-batch's own from the block's forward to its backward: a stage's
+ * later forwards route other tokens in between. EP's all-to-alls run over the EP group
+ * inside the stage (the ranks with this rank's pp coordinate), so each stage exchanges
+ * only its own layers' rows, as under Megatron-Core, whose expert-parallel groups lie
+ * inside one pipeline rank (megatron/core/parallel_state.py, the expert RankGenerator's
+ * order "tp-ep-dp-pp", core_r0.12).
+ * The load-balancing loss is added by the stage that runs its layer (runtime_step.c).
+ *
  * Stages. A rank holds the parameters of its stage only (exec/plan.c: blocks by their
  * model chunk, the embedding on the first stage, final norm and head on the last; a tied
  * model's last stage holds a copy of the embedding as its head). Inside a stage FSDP
@@ -61,6 +70,7 @@ int mp_rt_param_on_stage(const mp_runtime *rt, int i) { return rt->plan->params[
 static mp_status micro_tables(mp_ctx *ctx, mp_runtime *rt, rt_micro *m, int own) {
   if (own) {
     m->x = rt->x, m->act = rt->act, m->core = rt->core, m->epa = rt->epa, m->ep_R = rt->ep_R;
+    m->counts_h = rt->counts_h, m->ep_rc = rt->ep_rc;
     return MP_OK;
   }
   m->x = calloc((size_t)rt->L + 1, sizeof *m->x);
@@ -68,7 +78,9 @@ static mp_status micro_tables(mp_ctx *ctx, mp_runtime *rt, rt_micro *m, int own)
   m->core = calloc((size_t)rt->L, sizeof *m->core);
   m->epa = calloc((size_t)rt->L, sizeof *m->epa);
   m->ep_R = calloc((size_t)rt->L, sizeof *m->ep_R);
-  if (!m->x || !m->act || !m->core || !m->epa || !m->ep_R)
+  m->counts_h = calloc((size_t)rt->L * (rt->E ? rt->E : 1), sizeof *m->counts_h);
+  m->ep_rc = calloc((size_t)rt->L * rt->ep * (rt->El ? rt->El : 1), sizeof *m->ep_rc);
+  if (!m->x || !m->act || !m->core || !m->epa || !m->ep_R || !m->counts_h || !m->ep_rc)
     return mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory for the micro-batches' tables");
   return MP_OK;
 }
@@ -102,10 +114,13 @@ void mp_rt_pp_free(mp_runtime *rt) {
     free(rt->mic[i].core);
     free(rt->mic[i].epa);
     free(rt->mic[i].ep_R);
+    free(rt->mic[i].counts_h);
+    free(rt->mic[i].ep_rc);
   }
   if (rt->mic) { /* the runtime's own tables go with it (runtime.c) */
     rt->x = rt->mic[0].x, rt->act = rt->mic[0].act, rt->core = rt->mic[0].core;
     rt->epa = rt->mic[0].epa, rt->ep_R = rt->mic[0].ep_R;
+    rt->counts_h = rt->mic[0].counts_h, rt->ep_rc = rt->mic[0].ep_rc;
   }
   free(rt->mic);
   free(rt->order);
@@ -118,6 +133,7 @@ void mp_rt_pp_free(mp_runtime *rt) {
 /* The micro-batch's tables become the runtime's for its chunk step. */
 static void micro_enter(mp_runtime *rt, rt_micro *m) {
   rt->x = m->x, rt->act = m->act, rt->core = m->core, rt->epa = m->epa, rt->ep_R = m->ep_R;
+  rt->counts_h = m->counts_h, rt->ep_rc = m->ep_rc;
   rt->tok_in = m->tok;
   rt->tok_tgt = m->tok ? m->tok + rt->N : NULL;
 }
@@ -210,7 +226,6 @@ mp_status mp_rt_walk(mp_ctx *ctx, mp_runtime *rt, const int32_t *tokens, double 
       m->seqs = tokens + (size_t)q->micro * rt->B * (rt->T + 1);
       m->tok = NULL, m->hf = m->lg = NULL, m->dres = NULL;
       m->x_top = -1;
-      m->aux_sum = 0.0;
       m->dscale = dscale;
       m->ce = ce;
       m->aux = aux;

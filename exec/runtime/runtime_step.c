@@ -72,7 +72,10 @@ static mp_status act_block_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms, int
       mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, act_bytes(rt, MP_ACT_ALLOC_X), (void **)&rt->x[l + 1]));
   float auxv = 0;
   MP_CHECK(mp_rt_block_forward(ctx, rt, l, rt->x[l], rt->x[l + 1], &auxv));
-  if (is_moe_layer(rt, l)) ms->aux_sum += auxv;
+  /* the load-balancing loss where its layer runs: under a pipeline every stage adds its
+   * own MoE layers' (summed over pp with the loss), each micro-batch's scaled like its
+   * cross-entropy, so the step's aux loss is the single-rank run's mean over micro-batches */
+  if (is_moe_layer(rt, l)) *ms->aux += rt->plan->model.aux_loss_coef * auxv * ms->dscale;
   ms->x_top = l + 1;
   return MP_OK;
 }
@@ -123,7 +126,6 @@ static mp_status act_head_fwd(mp_ctx *ctx, mp_runtime *rt, micro_state *ms) {
   float ce_mean;
   BE(memcpy_d2h(rt->kc, &ce_mean, mean, sizeof ce_mean));
   *ms->ce += ce_mean * ms->dscale;
-  *ms->aux += rt->plan->model.aux_loss_coef * ms->aux_sum * ms->dscale;
   return MP_OK;
 }
 

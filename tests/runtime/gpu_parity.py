@@ -10,8 +10,8 @@ Checks, each over STEPS steps of `meshplan train` with the same seed, data and b
      tp=2 --no-sp and cp=2 (ring attention; 2 ranks) under `mpirun -np N ... --device
      cuda` on one GPU (every rank on GPU 0, collectives through MPI with host staging):
      per-step losses equal the single-rank GPU run within SPLIT_TOL relative.
-  3. pipeline stages on the GPU: tiny-dense pp=2 (1F1B) and tiny-tied pp=2 (the tied
-     embedding's two copies) under `mpirun -np 2 ... --device cuda` (activations and
+  3. pipeline stages on the GPU: tiny-dense pp=2 (1F1B), tiny-tied pp=2 (the tied
+     embedding's two copies) and tiny-moe-pp pp=2 (MoE blocks on both stages) under `mpirun -np 2 ... --device cuda` (activations and
      gradients between stages through MPI with host staging): per-step losses equal the
      single-rank GPU run within PP_TOL relative.
 
@@ -127,7 +127,7 @@ def main():
             ok = False
     # 2 pipeline stages on the one GPU
     launcher2 = [mpirun] + root + ["-np", "2", "--oversubscribe", "--bind-to", "none"]
-    for model in ("tiny-dense", "tiny-tied"):
+    for model in ("tiny-dense", "tiny-tied", "tiny-moe-pp"):
         try:
             one, _ = losses(meshplan, tmp, model + "-1rank-cuda", ["--model", model, "--device", "cuda"], env)
             two, _ = losses(meshplan, tmp, model + "-pp2-cuda",

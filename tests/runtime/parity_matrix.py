@@ -20,6 +20,9 @@ the single-rank float8 run. Pipelines (exec/runtime/runtime_pp.c): pp=2 and pp=4
 1F1B, GPipe and the interleaved schedule (pp_virtual 2), pp x dp_shard, pp x tp x dp_shard,
 a tied model (tiny-tied: the first and last stage each hold the embedding), uneven stages
 and padded shards (tiny-odd: 8 layers on pp=3, vocab 250 and d_ff 136 on dp_shard=3 and 4).
+MoE in pipelines (tiny-moe-pp: a dense first layer, 3 MoE layers): pp=2 under 1F1B and
+interleaved, pp=4, uneven stages (--pp-layers 1,3 and 3,1 with GPipe), pp x dp_shard x ep
+(ep=2 and 4, with tp=2 with and without SP).
 Every run is under `timeout` and MESHPLAN_COMM_TIMEOUT_S: a hang fails the test, naming the
 rank, group and operation.
 
@@ -83,17 +86,32 @@ MEM_TOL = 0  # non-EP plans: the prediction is the runtime's allocations, byte f
 #     saved expert side (d_model + 3 d_ff_expert floats a row) and one transient (outputs,
 #     d_model, or the backward workspace, 2 d_model + 3 d_ff_expert) are live at once.
 # tiny-moe (data/models/tiny-moe.json): d_model 64, d_ff_expert 32, top_k 2, 2 MoE layers.
-MOE_DIMS = {"tiny-moe": dict(C=64, Fe=32, K=2, L_moe=2)}
+# Under a pipeline a stage holds the saved expert sides of every micro-batch in flight (its
+# forward run, its backward not): at most the rank's micro-batches, so the saved term is
+# counted that many times (in_flight).
+# tiny-moe-pp: the same experts in 4 layers, the first dense (3 MoE layers).
+MOE_DIMS = {"tiny-moe": dict(C=64, Fe=32, K=2, L_moe=2), "tiny-moe-pp": dict(C=64, Fe=32, K=2, L_moe=3)}
 SEQ, MICRO_BATCH = 32, 2
 FP8_GRAD_MAXABS_TOL = 2.0 ** -3 / (MICRO_BATCH * SEQ)
 
 
-def ep_mem_bound(model, rows_max):
+def ep_mem_bound(model, rows_max, in_flight=1):
     """Largest excess (bytes) of the measured peak over the balanced prediction."""
     d = MOE_DIMS[model]
     assert d["C"] % 16 == 0 and d["Fe"] % 16 == 0, "sizes not linear in the rows: extend the bound"
-    per_row = 4 * (d["L_moe"] * (d["C"] + 3 * d["Fe"]) + max(d["C"], 2 * d["C"] + 3 * d["Fe"]))
+    per_row = 4 * (in_flight * d["L_moe"] * (d["C"] + 3 * d["Fe"]) + max(d["C"], 2 * d["C"] + 3 * d["Fe"]))
     return max(0, rows_max - MICRO_BATCH * SEQ * d["K"]) * per_row
+
+
+def micro_batches_per_rank(mesh, gb):
+    """A rank's micro-batches: the global batch over the data-parallel ranks, in micro-batches."""
+    dp = 1
+    for kv in (mesh or "").split(","):
+        if kv:
+            k, v = kv.split("=")
+            if k in ("dp_shard", "dp_replicate"):
+                dp *= int(v)
+    return gb // (dp * MICRO_BATCH)
 
 
 def read_wfile(path):
@@ -112,8 +130,19 @@ def read_wfile(path):
     return out
 
 
-def row(model, mesh, ac="none", fp8=False, quick=False, gb=8, args=()):
-    return dict(model=model, mesh=mesh, ac=ac, fp8=fp8, quick=quick, gb=gb, args=list(args))
+def row(model, mesh, ac="none", fp8=False, quick=False, gb=8, args=(), mem_gap=0):
+    return dict(model=model, mesh=mesh, ac=ac, fp8=fp8, quick=quick, gb=gb, args=list(args), mem_gap=mem_gap)
+
+
+# The simulator's in-flight memory of the interleaved schedule (sim/pipeline.c,
+# mp_sim_pp_held_extra) adds to one micro-batch's replayed peak what the schedule holds
+# beyond it at its fullest point. When that replay peaks in another chunk's backward than
+# the one where the stage holds the most (stage 1 of tiny-moe-pp on pp=2 x pp_virtual 2
+# under full AC: the head chunk's backward against chunk 0's with three chunk-0 inputs
+# held), the sum falls short of the true peak by less than one chunk's held tensors: one
+# layer's saved input under full AC, N x d_model fp32 (N = micro-batch x seq). Such a row
+# checks predicted <= measured <= predicted + that (MEM_GAP_FULL_AC_CHUNK) and says so.
+MEM_GAP_FULL_AC_CHUNK = {"tiny-moe-pp": 4 * MICRO_BATCH * SEQ * MOE_DIMS["tiny-moe-pp"]["C"]}
 
 
 def build_rows():
@@ -174,6 +203,29 @@ def build_rows():
     rows.append(row("tiny-odd", "pp=2,dp_shard=2", "none", gb=16, args=inter))
     rows.append(row("tiny-tied", "pp=2,dp_shard=2", "selective-core", gb=16, args=inter))
     rows.append(row("tiny-tied", "dp_shard=3", "none", gb=6))
+    # MoE inside pipelines (tiny-moe-pp: a dense first layer, then 3 MoE layers): each
+    # micro-batch's routing kept from a block's forward to its backward while the stage runs
+    # others, the load-balancing loss added by the stage that runs its layer; EP's
+    # all-to-alls inside a stage (pp x dp_shard x ep); uneven stages (--pp-layers: the dense
+    # layer alone, or with two MoE layers). pp x dp_shard x ep at a global batch of 16: at 8
+    # the run's losses leave the single-rank run's at step 4 (4e-5) although each of steps
+    # 1-3 started from the single-rank run's checkpoint gives its gradients within 1.6e-7
+    # and step 4 from the same weights its loss: the ~1e-7 differences that reduction order
+    # leaves in the weights over steps 1-3 are amplified at step 4 (top-k routing is
+    # discontinuous in the router's logits).
+    layers = lambda s: ["--pp-layers", s]
+    for ac in ("none", "selective-core", "full"):
+        rows.append(row("tiny-moe-pp", "pp=2", ac))
+        gap = MEM_GAP_FULL_AC_CHUNK["tiny-moe-pp"] if ac == "full" else 0
+        rows.append(row("tiny-moe-pp", "pp=2", ac, args=inter, mem_gap=gap))
+        rows.append(row("tiny-moe-pp", "pp=2,dp_shard=2,ep=2", ac, gb=16, args=inter, quick=ac == "full"))
+        rows.append(row("tiny-moe-pp", "pp=2", ac, args=layers("1,3"), quick=ac == "full"))
+    rows.append(row("tiny-moe-pp", "pp=4", "selective-core"))
+    rows.append(row("tiny-moe-pp", "pp=2", "none", args=gpipe + layers("3,1")))
+    rows.append(row("tiny-moe-pp", "pp=2,dp_shard=2,ep=2", "none", gb=16))
+    rows.append(row("tiny-moe-pp", "pp=2,dp_shard=4,ep=4", "full", gb=16))
+    rows.append(row("tiny-moe-pp", "pp=2,dp_shard=2,ep=2,tp=2", "selective-core", gb=16))
+    rows.append(row("tiny-moe-pp", "pp=2,dp_shard=2,ep=2,tp=2", "selective-core", gb=16, args=["--no-sp"]))
     return rows
 
 
@@ -196,7 +248,7 @@ def main():
     common = ["train", "--steps", str(STEPS), "--seq", str(SEQ), "--micro-batch", str(MICRO_BATCH),
               "--lr", "3e-3", "--quiet"]
 
-    def run(model, mesh, ac, fp8, tag, gb=8, extra=()):
+    def run(model, mesh, ac, fp8, tag, gb=8, extra=(), mem_gap=0):
         losses, grads = os.path.join(tmp, tag + ".losses.json"), os.path.join(tmp, tag + ".grads.bin")
         db = os.path.join(tmp, tag + ".db")
         args = common + ["--global-batch", str(gb), "--model", model, "--ac", ac, "--dump-losses", losses,
@@ -218,10 +270,12 @@ def main():
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if p.returncode != 0:
             return None, "exit %d: %s" % (p.returncode, (p.stderr or p.stdout).strip().splitlines()[-1:])
-        mem = memory(model, (mesh or "1 rank") + "".join(" " + e for e in extra), ac, fp8, db, p.stdout)
+        in_flight = micro_batches_per_rank(mesh, gb) if mesh and "pp=" in mesh else 1
+        mem = memory(model, (mesh or "1 rank") + "".join(" " + e for e in extra), ac, fp8, db, p.stdout, in_flight,
+                     mem_gap)
         return (json.load(open(losses))["losses"], read_wfile(grads), mem), None
 
-    def memory(model, mesh, ac, fp8, db, out):
+    def memory(model, mesh, ac, fp8, db, out, in_flight, mem_gap):
         """(ok, line): the run's predicted vs measured peak."""
         name = "%-10s %-44s ac=%-9s fp8=%d" % (model, mesh, ac, fp8)
         m = re.search(r"peak memory (\d+) bytes per rank", out)
@@ -238,10 +292,13 @@ def main():
         r = re.search(r"expert rows: at most (\d+) received", out)
         if r:
             rows = int(r.group(1))
-            bound = ep_mem_bound(model, rows)
+            bound = ep_mem_bound(model, rows, in_flight)
             ok = pred <= meas <= pred + bound
             why = "balanced routing; busiest rank got %d rows vs %d: measured within [predicted, +%d]" % (
                 rows, MICRO_BATCH * SEQ * MOE_DIMS[model]["K"], bound)
+        elif mem_gap:
+            ok = pred <= meas <= pred + mem_gap
+            why = "interleaved in-flight estimate: measured within [predicted, +%d]" % mem_gap
         else:
             ok = abs(err) <= MEM_TOL
             why = "within %.0f%%" % (100 * MEM_TOL)
@@ -274,7 +331,7 @@ def main():
             continue
         tag = "%s-%s-%s-%d-%s" % (model, mesh.replace(",", "_").replace("=", ""), ac, fp8,
                                   "_".join(e.lstrip("-") for e in extra))
-        got, err = run(model, mesh, ac, fp8, tag, gb, extra)
+        got, err = run(model, mesh, ac, fp8, tag, gb, extra, row["mem_gap"])
         name = "%-10s %-44s ac=%-9s fp8=%d" % (model, mesh + "".join(" " + e for e in extra), ac, fp8)
         if err:
             print("FAIL %s: %s" % (name, err))
@@ -305,7 +362,8 @@ def main():
         if worst_m > (FP8_GRAD_MAXABS_TOL if fp8 else TOL):
             bad.append(("grad max-abs", worst_mname, worst_m))
         if bad or len(la) != len(lb):
-            print("FAIL %s: %s" % (name, bad[:3]))
+            # the first losses that differ, and every gradient that does
+            print("FAIL %s: %s" % (name, bad[:3] + [b for b in bad[3:] if b[0] in ("grad", "grad max-abs")]))
             fails += 1
         else:
             n_ok += 1

@@ -43,6 +43,12 @@ err=$("$bin" train --model tiny-dense --pp-schedule zigzag 2>&1); rc=$?
 check "unknown --pp-schedule is a usage error" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'choose 1f1b, interleaved or gpipe'"
 err=$("$bin" train --model tiny-dense --mesh pp=2 --pp-virtual 2 2>&1); rc=$?
 check "--pp-virtual without the interleaved schedule refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'needs --pp-schedule interleaved'"
+# --pp-layers: a layout the model's layers do not fill, and one with --auto (which picks the
+# mesh), are usage errors before anything runs
+err=$("$bin" train --model tiny-moe-pp --mesh pp=2 --pp-layers 1,2 2>&1); rc=$?
+check "--pp-layers not summing to the layers refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'sum to 3 layers but tiny-moe-pp has 4'"
+err=$("$bin" train --model tiny-moe-pp --auto --pp-layers 1,3 2>&1); rc=$?
+check "--pp-layers with --auto refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'choose the mesh themselves'"
 # a plan the runtime does not execute, given with --mesh, is refused before anything runs,
 # with the runtime's reason (exec/runtime/check.c), exit 2
 err=$("$bin" train --model tiny-moe --mesh cp=2,dp_shard=2,ep=2 --db "$tmp/refused.db" 2>&1); rc=$?
