@@ -203,6 +203,9 @@ def build_rows():
     rows.append(row("tiny-odd", "pp=2,dp_shard=2", "none", gb=16, args=inter))
     rows.append(row("tiny-tied", "pp=2,dp_shard=2", "selective-core", gb=16, args=inter))
     rows.append(row("tiny-tied", "dp_shard=3", "none", gb=6))
+    # a layout per model chunk (Megatron-LM's --pipeline-model-parallel-layout "Et|t*3|t*3|tL")
+    rows.append(row("tiny-odd", "pp=2", "none", args=inter + ["--pp-layers", "1,3,3,1"], quick=True))
+    rows.append(row("tiny-odd", "pp=2", "selective-core", args=inter + ["--pp-layers", "3,1,1,3"]))
     # MoE inside pipelines (tiny-moe-pp: a dense first layer, then 3 MoE layers): each
     # micro-batch's routing kept from a block's forward to its backward while the stage runs
     # others, the load-balancing loss added by the stage that runs its layer; EP's

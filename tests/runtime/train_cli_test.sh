@@ -47,6 +47,8 @@ check "--pp-virtual without the interleaved schedule refused" "[ $rc -eq 2 ] && 
 # mesh), are usage errors before anything runs
 err=$("$bin" train --model tiny-moe-pp --mesh pp=2 --pp-layers 1,2 2>&1); rc=$?
 check "--pp-layers not summing to the layers refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'sum to 3 layers but tiny-moe-pp has 4'"
+err=$("$bin" train --model tiny-odd --mesh pp=2 --pp-schedule interleaved --pp-virtual 2 --pp-layers 0,4,4,0 2>&1); rc=$?
+check "an empty model chunk refused by name" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'model chunk 0 no layers'"
 err=$("$bin" train --model tiny-moe-pp --auto --pp-layers 1,3 2>&1); rc=$?
 check "--pp-layers with --auto refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'choose the mesh themselves'"
 # a plan the runtime does not execute, given with --mesh, is refused before anything runs,
