@@ -544,6 +544,7 @@ static void fix_of_mesh(const train_job *j, mp_search_fix *fix) {
   fix->cp = j->mesh.size[MP_DIM_CP];
   fix->tp = j->mesh.size[MP_DIM_TP];
   fix->ep = j->mesh.ep;
+  if (j->mesh.etp) fix->etp = 1; /* the expert grid as named; without etp the search's own rule */
   fix->ac = po->ac;
   fix->ac_every = po->ac_every;
   fix->fp8 = po->fp8;
@@ -758,9 +759,11 @@ static mp_status print_summary(train_job *j) {
     snprintf(rate, sizeof rate, "%.0f tokens/s (its one step, first-touch costs included)", j->first_tok_s);
   printf("done: %lld step%s (%lld..%lld), final loss %.6f, %s, peak memory %lld bytes per rank\n", steps,
          steps == 1 ? "" : "s", j->start_step + 1, j->steps, j->losses[steps - 1], rate, (long long)peak);
-  if (j->ep_rows > 0)
+  if (j->ep_rows > 0) { /* balanced: the tokens a rank routes (its sequence shard under the expert grid) x top_k */
+    const int64_t routed = j->po.micro_batch * j->po.seq / (mp_mesh_expert_grid(&j->mesh) ? j->mesh.size[MP_DIM_TP] : 1);
     printf("expert rows: at most %lld received by one rank in one MoE layer (balanced routing: %lld)\n",
-           (long long)j->ep_rows, (long long)(j->po.micro_batch * j->po.seq * j->model.top_k));
+           (long long)j->ep_rows, (long long)(routed * j->model.top_k));
+  }
   const train_pick *pick = &j->pick;
   if (pick->found) {
     /* median step time over steps 2..K (step 1 carries first-touch page faults) */

@@ -8,8 +8,8 @@
  *   alloc   the allocation it lives in (mp_act_alloc, below)
  *   count   its elements, an expression of the local dims (mp_act_dims: N tokens of the
  *           micro-batch on the rank, NS the rows of its residual stream, C = d_model, heads
- *           and d_ff tp-local, experts' d_ff whole, R = the rows on the expert side under
- *           EP, ...)
+ *           and d_ff tp-local, experts' d_ff whole, NR the rows the rank routes, R = the
+ *           rows on the expert side under EP, ...)
  *   elt     X (the backend's activation dtype: fp32 on the CPU, bf16 on CUDA), F32
  *           (statistics: rstd, lse, router probabilities, losses, scalars) or I32 (ids)
  *   when    the condition under which it exists (below); a tensor that does not exist
@@ -122,20 +122,20 @@ typedef enum mp_act_when {
   T(g,          BLOCK,       N * F,                        X,    DENSE)                   \
   T(u,          BLOCK,       N * F,                        X,    DENSE)                   \
   T(h,          BLOCK,       N * F,                        X,    DENSE)                   \
-  T(rl,         BLOCK,       N * E,                        X,    MOE) /* router logits */ \
-  T(probs,      BLOCK,       N * E,                        F32,  MOE)                     \
-  T(tki,        BLOCK,       N * K,                        I32,  MOE) /* top-k ids */     \
-  T(tkw,        BLOCK,       N * K,                        F32,  MOE) /* and weights */   \
+  T(rl,         BLOCK,       NR * E,                       X,    MOE) /* router logits */ \
+  T(probs,      BLOCK,       NR * E,                       F32,  MOE)                     \
+  T(tki,        BLOCK,       NR * K,                       I32,  MOE) /* top-k ids */     \
+  T(tkw,        BLOCK,       NR * K,                       F32,  MOE) /* and weights */   \
   T(f,          BLOCK,       E,                            F32,  MOE) /* aux loss's f */  \
   T(aux,        BLOCK,       1,                            F32,  MOE)                     \
-  T(perm,       BLOCK,       N * K,                        I32,  MOE)                     \
-  T(inv,        BLOCK,       N * K,                        I32,  MOE)                     \
+  T(perm,       BLOCK,       NR * K,                       I32,  MOE)                     \
+  T(inv,        BLOCK,       NR * K,                       I32,  MOE)                     \
   T(counts,     BLOCK,       E,                            I32,  MOE)                     \
-  T(xp,         BLOCK,       N * K * C,                    X,    MOE) /* permuted */      \
-  T(eg,         BLOCK,       N * K * Fe,                   X,    MOE_LOCAL)               \
-  T(eu,         BLOCK,       N * K * Fe,                   X,    MOE_LOCAL)               \
-  T(eh,         BLOCK,       N * K * Fe,                   X,    MOE_LOCAL)               \
-  T(ey,         BLOCK,       N * K * C,                    X,    MOE) /* expert outputs */\
+  T(xp,         BLOCK,       NR * K* C,                    X,    MOE) /* permuted */      \
+  T(eg,         BLOCK,       NR * K* Fe,                   X,    MOE_LOCAL)               \
+  T(eu,         BLOCK,       NR * K* Fe,                   X,    MOE_LOCAL)               \
+  T(eh,         BLOCK,       NR * K* Fe,                   X,    MOE_LOCAL)               \
+  T(ey,         BLOCK,       NR * K* C,                    X,    MOE) /* expert outputs */\
   T(sg,         BLOCK,       N * Fs,                       X,    SHARED)                  \
   T(su,         BLOCK,       N * Fs,                       X,    SHARED)                  \
   T(sh,         BLOCK,       N * Fs,                       X,    SHARED)                  \
@@ -153,14 +153,14 @@ typedef enum mp_act_when {
   T(dh,         WS,          N * F,                        X,    DENSE)                   \
   T(dg,         WS,          N * F,                        X,    DENSE)                   \
   T(du,         WS,          N * F,                        X,    DENSE)                   \
-  T(drl,        WS,          N * E,                        X,    MOE)                     \
-  T(dprobs,     WS,          N * E,                        F32,  MOE)                     \
-  T(dtkw,       WS,          N * K,                        F32,  MOE)                     \
-  T(dey,        WS,          N * K * C,                    X,    MOE)                     \
-  T(deh,        WS,          N * K * Fe,                   X,    MOE_LOCAL)               \
-  T(deg,        WS,          N * K * Fe,                   X,    MOE_LOCAL)               \
-  T(deu,        WS,          N * K * Fe,                   X,    MOE_LOCAL)               \
-  T(dxp,        WS,          N * K * C,                    X,    MOE)                     \
+  T(drl,        WS,          NR * E,                       X,    MOE)                     \
+  T(dprobs,     WS,          NR * E,                       F32,  MOE)                     \
+  T(dtkw,       WS,          NR * K,                       F32,  MOE)                     \
+  T(dey,        WS,          NR * K* C,                    X,    MOE)                     \
+  T(deh,        WS,          NR * K* Fe,                   X,    MOE_LOCAL)               \
+  T(deg,        WS,          NR * K* Fe,                   X,    MOE_LOCAL)               \
+  T(deu,        WS,          NR * K* Fe,                   X,    MOE_LOCAL)               \
+  T(dxp,        WS,          NR * K* C,                    X,    MOE)                     \
   T(dsh,        WS,          N * Fs,                       X,    SHARED)                  \
   T(dsg,        WS,          N * Fs,                       X,    SHARED)                  \
   T(dsu,        WS,          N * Fs,                       X,    SHARED)                  \
@@ -218,6 +218,9 @@ typedef struct mp_act_dims {
   int64_t N;       /* tokens of the micro-batch on the rank */
   int64_t NS;      /* rows of the residual stream on the rank: N / tp under sequence
                       parallelism (its sequence shard), else N */
+  int64_t NR;      /* rows the rank routes to the experts: N, or under the expert grid with
+                      tp its sequence shard N / tp (exec/mesh.h; torchtitan's
+                      ReordererSequenceParallel with expert_tensor_parallel_degree 1) */
   int64_t C;       /* d_model */
   int64_t HD;      /* head_dim */
   int64_t NH, NKV; /* query and key/value heads, tp-local */

@@ -106,15 +106,15 @@ void mp_sched_rt_sp(gen *g, int alloc) {
 /* Runtime models: the activation layout (exec/act_layout.h) for one micro-batch of this
  * rank, from its local shapes. X elements are g->ms->x_bytes bytes (fp32 on the CPU, bf16 on CUDA).
  * Under EP the expert side is sized by the rows a rank receives, which routing decides at
- * run time: the balanced count N x top_k is used (each rank sends N x top_k rows; with
- * uniform routing it receives as many). */
+ * run time: the balanced count NR x top_k is used (each rank sends NR x top_k rows, NR the
+ * tokens it routes; with uniform routing it receives as many). */
 void mp_sched_rt_layout_fill(gen *g, int64_t micro_batch) {
   const shapes *sh = &g->sh;
   const mp_act_dims d = {.B = micro_batch, .S = sh->seq / sh->cp, .N = sh->tokens, .NS = sh->tokens_sp, .C = sh->d_model,
                          .HD = sh->head_dim,
                          .NH = sh->heads, .NKV = sh->kv_heads, .F = sh->d_ff, .E = sh->experts, .K = sh->top_k,
                          .Fe = sh->d_ff_expert, .Fs = sh->has_shared ? sh->d_ff_shared : 0, .Vl = sh->vocab_local,
-                         .R = sh->tokens * sh->top_k, .L = g->p->model.n_layers,
+                         .NR = sh->moe_tokens, .R = sh->moe_tokens * sh->top_k, .L = g->p->model.n_layers,
                          .NP = g->p->n_params, .xs = g->ms->x_bytes, .tp = sh->tp, .ep = sh->ep,
                          .sp = sh->sp, .cp = sh->cp, .host_mem = g->ms->host_mem};
   mp_act_layout_fill(&g->layout[KIND_DENSE], &d, 0);

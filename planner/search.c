@@ -78,83 +78,6 @@ const mp_reject mp_search_rule_order[] = {
     MP_REJECT_MEMORY_AC, MP_REJECT_DOMINATED, MP_REJECT_EVAL_ERROR, MP_REJECT_MEMORY};
 const int mp_search_n_rule_order = (int)(sizeof mp_search_rule_order / sizeof mp_search_rule_order[0]);
 
-void mp_search_fix_init(mp_search_fix *f) {
-  f->pp = f->dp_replicate = f->dp_shard = f->cp = f->tp = f->ep = -1;
-  f->ac = f->ac_every = f->fp8 = f->reshard = f->sp = f->pp_virtual = -1;
-  f->micro_batch = -1;
-}
-
-mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
-  char buf[512];
-  if (!spec || strlen(spec) >= sizeof buf)
-    return mp_error(ctx, MP_ERR_USAGE, "--fix: expected key=value[,key=value...], e.g. tp=8,pp=1");
-  strcpy(buf, spec);
-  char *save = NULL;
-  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    char *eq = strchr(tok, '=');
-    if (!eq || eq == tok || !eq[1])
-      return mp_error(ctx, MP_ERR_USAGE, "--fix: '%s' is not key=value (e.g. tp=8)", tok);
-    *eq = 0;
-    const char *key = tok, *val = eq + 1;
-    if (strcmp(key, "ac") == 0) {
-      int ac = -1, every = 1;
-      for (int i = 0; i < MP_AC_COUNT; i++)
-        if (strcmp(val, mp_ac_mode_name((mp_ac_mode)i)) == 0) ac = i;
-      char *end = NULL;
-      if (ac < 0 && strncmp(val, "full:", 5) == 0) {
-        long n = strtol(val + 5, &end, 10);
-        if (end != val + 5 && *end == '\0' && n >= 1 && n <= 65535) ac = MP_AC_FULL, every = (int)n;
-      }
-      if (ac < 0)
-        return mp_error(ctx, MP_ERR_USAGE, "--fix: ac=%s; use none, selective, selective-op, "
-                        "selective-core, full or full:N", val);
-      if (f->ac >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: ac given twice");
-      f->ac = ac;
-      f->ac_every = every;
-      continue;
-    }
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(val, &end, 10);
-    if (*end || v < 0 || errno != 0)
-      return mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s is not a non-negative integer", key, val);
-    int *slot = NULL;
-    if (strcmp(key, "pp") == 0) slot = &f->pp;
-    else if (strcmp(key, "dp_replicate") == 0 || strcmp(key, "dp_rep") == 0) slot = &f->dp_replicate;
-    else if (strcmp(key, "dp_shard") == 0) slot = &f->dp_shard;
-    else if (strcmp(key, "cp") == 0) slot = &f->cp;
-    else if (strcmp(key, "tp") == 0) slot = &f->tp;
-    else if (strcmp(key, "ep") == 0) slot = &f->ep;
-    else if (strcmp(key, "fp8") == 0) slot = &f->fp8;
-    else if (strcmp(key, "reshard") == 0) slot = &f->reshard;
-    else if (strcmp(key, "sp") == 0) slot = &f->sp;
-    else if (strcmp(key, "pp_virtual") == 0 || strcmp(key, "v") == 0) slot = &f->pp_virtual;
-    if (strcmp(key, "micro_batch") == 0 || strcmp(key, "mb") == 0) {
-      if (f->micro_batch >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: %s given twice", key);
-      if (v < 1 || v > MP_LIM_GLOBAL_BATCH)
-        return mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s out of range (1..%lld)", key, val,
-                        (long long)MP_LIM_GLOBAL_BATCH);
-      f->micro_batch = v;
-      continue;
-    }
-    if (!slot)
-      return mp_error(ctx, MP_ERR_USAGE,
-                      "--fix: unknown key '%s'; keys: pp, dp_replicate, dp_shard, cp, tp, ep, ac, "
-                      "fp8, micro_batch, reshard, sp, pp_virtual", key);
-    if (*slot >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: %s given twice", key);
-    int is_bool = slot == &f->fp8 || slot == &f->reshard || slot == &f->sp;
-    if (slot == &f->pp_virtual && (v < 1 || v > MP_PP_MAX_VIRTUAL))
-      return mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s out of range (1 .. %d)", key, val,
-                      MP_PP_MAX_VIRTUAL);
-    if (is_bool ? v > 1 : (v < 1 || v > MP_MESH_MAX_WORLD))
-      return is_bool ? mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s out of range (0 or 1)", key, val)
-                     : mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s out of range (1..%d)", key, val,
-                                MP_MESH_MAX_WORLD);
-    *slot = (int)v;
-  }
-  return MP_OK;
-}
-
 void mp_search_config_init(mp_search_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   mp_search_fix_init(&cfg->fix);
@@ -550,15 +473,15 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
   return MP_OK;
 }
 
-/* The expert grid's EP sizes (exec/mesh.h, etp=1) where DDP holds the dense weights
- * (Megatron-Core: EP carved from the stage's data-parallel, context and tensor ranks): ep
- * dividing the routed experts, on a layout the mesh accepts. Under FSDP the search keeps EP
- * inside dp_shard (torchtitan's default, expert_tensor_parallel_degree = tp); the grid there
- * is simulated when the mesh names it. */
+/* The expert grid's EP sizes (exec/mesh.h, etp=1): ep dividing the routed experts, on a layout
+ * the mesh accepts, under DDP (Megatron-Core: EP from the stage's data-parallel, context and tensor
+ * ranks) or where the fix names etp=1 (torchtitan's expert_tensor_parallel_degree 1; its default
+ * keeps EP inside dp_shard, and so does the search under FSDP). */
 static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep) {
   const int dps = mesh->size[MP_DIM_DP_SHARD], inner = dps * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP];
-  const int stage = mp_mesh_world(mesh) / mesh->size[MP_DIM_PP];
-  if (cfg->dp != MP_DP_DDP || ep <= 1 || dps % ep == 0 || cfg->model->n_experts % ep || !fixed_ok(cfg->fix.ep, ep))
+  const int stage = mp_mesh_world(mesh) / mesh->size[MP_DIM_PP], named = cfg->fix.etp == 1;
+  if (!fixed_ok(cfg->fix.etp, 1) || (cfg->dp != MP_DP_DDP && !named) || ep <= 1 || (dps % ep == 0 && !named) ||
+      cfg->model->n_experts % ep || !fixed_ok(cfg->fix.ep, ep))
     return 0;
   return inner % ep == 0 || (ep % inner == 0 && stage % ep == 0);
 }
@@ -619,7 +542,7 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
           mesh.size[MP_DIM_CP] = cp;
           mesh.size[MP_DIM_TP] = tp;
           for (int ep = 1; ep <= dps && st == MP_OK; ep++) {
-            if (dps % ep || (!moe && ep > 1) || !fixed_ok(fx->ep, ep)) continue;
+            if (dps % ep || (!moe && ep > 1) || !fixed_ok(fx->ep, ep) || !fixed_ok(fx->etp, 0)) continue;
             mesh.ep = ep;
             mesh.etp = 0;
             st = enum_options(&e, &mesh);

@@ -10,6 +10,28 @@ mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p) {
   return mp_runtime_check(ctx, &p->model, &p->mesh, &p->opts, p->applied);
 }
 
+/* The expert grid (exec/mesh.h, etp = 1) the runtime executes: EP over dp_shard x tp, each
+ * tp rank routing its own sequence shard (runtime_block.c), experts whole on a rank and
+ * their gradients reduced over the expert-FSDP group and dp_replicate (runtime_fsdp.c,
+ * runtime_step.c). */
+static mp_status grid_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o, const char *mb) {
+  if (!mp_mesh_expert_grid(mesh)) return MP_OK;
+  const int tp = mesh->size[MP_DIM_TP], in = mesh->size[MP_DIM_DP_SHARD] * tp;
+  if (mesh->ep == 1)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: etp with ep=1 (every rank holding every expert while "
+                    "each tp rank routes its own shard) is planned and simulated only; drop etp or set ep > 1",
+                    mb);
+  if (in % mesh->ep)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime executes the expert grid with ep dividing "
+                    "dp_shard x tp = %d; EP reaching into dp_replicate is planned and simulated only", mb, in);
+  /* without SP every tp rank holds all N rows; torchtitan then splits them over tp before
+   * the dispatch (ReordererSequenceParallel), which the runtime does not */
+  if (tp > 1 && o->sp != 1)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime executes the expert grid with tp only under "
+                    "sequence parallelism (each tp rank routes its sequence shard); drop --no-sp", mb);
+  return MP_OK;
+}
+
 mp_status mp_runtime_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh, const mp_plan_options *o,
                            unsigned applied) {
   char mb[128];
@@ -22,12 +44,7 @@ mp_status mp_runtime_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh, 
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute expert parallelism with "
                     "context parallelism yet (the routed experts' gradients are not summed over cp); use ep=1 "
                     "or cp=1", mb);
-  /* the runtime's EP lives inside dp_shard (runtime_block.c: experts gathered and reduced over
-   * MP_GROUP_EFSDP); the expert grid (exec/mesh.h) is planned and simulated only */
-  if (mesh->ep > 1 && mp_mesh_expert_grid(mesh))
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime executes EP carved out of dp_shard only; "
-                    "the expert grid (etp given, or ep not dividing dp_shard) is planned and simulated "
-                    "only: train with ep dividing dp_shard and no etp", mb);
+  MP_CHECK(grid_check(ctx, mesh, o, mb));
   /* pipeline stages (runtime_pp.c): every schedule, MoE blocks included (each micro-batch
    * keeps its routing; EP's all-to-alls stay inside a stage); float8 keeps per-layer scales
    * from a block's forward for its backward, one micro-batch at a time */

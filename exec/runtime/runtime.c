@@ -149,6 +149,8 @@ static void runtime_dims(mp_runtime *rt, const mp_plan *plan, int64_t local_batc
   rt->v0 = rt->tp_idx * rt->Vl;
   rt->sp = rt->tp > 1 && plan->opts.sp == 1;
   rt->Ns = rt->sp ? rt->N / rt->tp : rt->N;
+  rt->grid = rt->ep > 1 && rt->tp > 1 && mp_mesh_expert_grid(&plan->mesh);
+  rt->Nr = rt->grid ? rt->Ns : rt->N;
   rt->local_batch = local_batch;
   rt->n_micro = n_micro;
   rt->pp = plan->mesh.size[MP_DIM_PP];
@@ -161,7 +163,7 @@ static void runtime_dims(mp_runtime *rt, const mp_plan *plan, int64_t local_batc
   rt->f8_codes = be->x_dtype != MP_KDTYPE_F32 || rt->opts.f8_codes;
   rt->dims = (mp_act_dims){.B = rt->B, .S = rt->Tl, .N = rt->N, .NS = rt->Ns, .C = rt->C, .HD = rt->hd, .NH = rt->nhl,
                            .NKV = rt->nkvl, .F = rt->Fl, .E = rt->E, .K = rt->K, .Fe = rt->Fe, .Fs = rt->Fsl,
-                           .Vl = rt->Vl, .R = (int64_t)rt->N * rt->K, .L = rt->L, .NP = plan->n_params,
+                           .Vl = rt->Vl, .NR = rt->Nr, .R = (int64_t)rt->Nr * rt->K, .L = rt->L, .NP = plan->n_params,
                            .xs = (int)rt->xs, .tp = rt->tp, .ep = rt->ep, .sp = rt->sp, .cp = rt->cp,
                            .host_mem = rt->host_mem};
   mp_act_layout_fill(&rt->lay_dense, &rt->dims, 0);
@@ -236,8 +238,10 @@ static int param_place(mp_runtime *rt, int i, int dprep_idx) {
   const int fsdp_g = p->fsdp_unit >= 0 ? mp_comm_group_size(comm, r->group) : 1;
   const int fsdp_i = p->fsdp_unit >= 0 ? mp_comm_group_index(comm, r->group) : 0;
   /* without an FSDP unit a parameter is replicated over cp too; a tied model's head copy
-   * (pp > 1) is counted once, as the first stage's embedding */
-  r->owner = (tp_sharded || rt->tp_idx == 0) && dprep_idx == 0 && (r->sharded || fsdp_g == 1 || fsdp_i == 0) &&
+   * (pp > 1) is counted once, as the first stage's embedding; under the expert grid the
+   * tp ranks hold different experts (EP spans them), so an expert is not a tp replica */
+  const int tp_apart = tp_sharded || (rt->grid && p->place[MP_AXIS_EP].kind == MP_PLACEMENT_SHARD);
+  r->owner = (tp_apart || rt->tp_idx == 0) && dprep_idx == 0 && (r->sharded || fsdp_g == 1 || fsdp_i == 0) &&
              (p->fsdp_unit >= 0 || rt->cp_idx == 0) && !p->tied_copy;
   return has;
 }

@@ -6,7 +6,11 @@
  * lives in epa[l] (EPA), sized by the rows the rank receives. Under sequence parallelism
  * the residual stream and the norms run on the rank's Ns rows and each tensor-parallel
  * region's boundary is a gather or a scatter of runtime_sp.c; the routed experts, which
- * are replicated over tp, run on all N rows and keep the rows of the shard.
+ * are replicated over tp, run on all N rows and keep the rows of the shard. Under the
+ * expert grid (rt->grid: EP spans the tp ranks, experts whole on each, etp = 1) each tp
+ * rank routes only its shard's Nr = Ns rows, read from its chunk of the gathered xn2
+ * (torchtitan's ReordererSequenceParallel, torchtitan/distributed/expert_parallel.py,
+ * v0.2; Megatron-Core's token dispatcher with --expert-tensor-parallel-size 1).
  *
  * Expert parallelism: permuted rows are grouped by expert, experts in order, so the rows
  * bound for EP rank j (experts [j El, (j+1) El)) are contiguous. Counts go first (El per
@@ -70,6 +74,52 @@ static void ep_layout(const mp_runtime *rt, int64_t R, mp_act_layout *y) {
   mp_act_dims d = rt->dims;
   d.R = R;
   mp_act_layout_fill(y, &d, 1);
+}
+
+/* The rows the rank routes within an [N, C] tensor (xn2, its gradient dxn, the gathered
+ * residual gradient): all N, or under the expert grid its shard's chunk. */
+static void *routed_rows(const mp_runtime *rt, const void *full) {
+  return rt->grid ? mp_rt_sp_slot(rt, full) : (void *)full;
+}
+
+/* The load-balancing loss of the whole micro-batch under the expert grid, where each tp
+ * rank routes its own shard: f_e (the share of top-k picks of expert e) and P_e (its mean
+ * router probability) are means over all N tokens (Switch Transformer, Fedus et al. 2022,
+ * eq. 4), so the shards' per-expert counts and probability sums are summed over tp, and
+ * aux = E sum_e f_e P_e is formed as router_aux_loss_forward forms it on one rank
+ * (kernels/cpu/router.c). f goes to the block's f for the backward, aux to *aux_out. */
+static mp_status grid_aux(mp_ctx *ctx, mp_runtime *rt, int l, float *aux_out) {
+  const mp_act_layout *y = lay_of(rt, l);
+  char *a = rt->act[l];
+  const int Nr = rt->Nr, E = rt->E, K = rt->K;
+  float *probs = malloc((size_t)Nr * E * sizeof(float)), *v = calloc(2 * (size_t)E, sizeof(float));
+  int32_t *tki = malloc((size_t)Nr * K * sizeof(int32_t));
+  mp_status st = probs && v && tki ? MP_OK : mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory for the aux loss");
+  if (st == MP_OK) st = rt->be->memcpy_d2h(rt->kc, probs, a + y->probs, (size_t)Nr * E * sizeof(float));
+  if (st == MP_OK) st = rt->be->memcpy_d2h(rt->kc, tki, a + y->tki, (size_t)Nr * K * sizeof(int32_t));
+  if (st == MP_OK) {
+    for (int64_t i = 0; i < (int64_t)Nr * K; i++) v[tki[i]] += 1.0f; /* counts: exact in fp32 */
+    for (int e = 0; e < E; e++) {
+      double p = 0.0;
+      for (int n = 0; n < Nr; n++) p += probs[(size_t)n * E + e];
+      v[E + e] = (float)p;
+    }
+    st = mp_rt_host_coll(ctx, rt, MP_GROUP_TP, v, NULL, 2 * (size_t)E, MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM, NULL);
+  }
+  if (st == MP_OK) {
+    double total = 0.0;
+    for (int e = 0; e < E; e++) {
+      v[e] = (float)((double)v[e] / rt->N);
+      total += (double)v[e] * ((double)v[E + e] / rt->N);
+    }
+    *aux_out = (float)(E * total);
+    st = rt->be->memcpy_h2d(rt->kc, a + y->f, v, (size_t)E * sizeof(float));
+  }
+  if (st == MP_OK) st = rt->be->memcpy_h2d(rt->kc, a + y->aux, aux_out, sizeof(float));
+  free(probs);
+  free(v);
+  free(tki);
+  return st;
 }
 
 /* ---- forward ------------------------------------------------------------------------- */
@@ -186,9 +236,9 @@ static mp_status dense_mlp_forward(mp_ctx *ctx, mp_runtime *rt, int l, void *x_o
 static mp_status moe_experts_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
   const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l];
-  const int N = rt->N, C = rt->C, K = rt->K;
+  const int C = rt->C, K = rt->K;
   if (rt->ep == 1)
-    return experts_forward(ctx, rt, l, a + y->xp, a + y->eg, a + y->eu, a + y->eh, a + y->ey, (int64_t)N * K);
+    return experts_forward(ctx, rt, l, a + y->xp, a + y->eg, a + y->eu, a + y->eh, a + y->ey, (int64_t)rt->Nr * K);
   MP_CHECK(ep_plan(ctx, rt, l));
   const int64_t R = rt->ep_R[l];
   mp_act_layout ey;
@@ -227,14 +277,16 @@ static mp_status shared_out(mp_ctx *ctx, mp_runtime *rt, int l, void *x_out) {
 }
 
 /* An MoE block's output under SP: the routed experts' on all N rows (SP_FULL), whole on
- * every tp rank, of which the shard's rows are kept; the shared expert's partial sums
+ * every tp rank, of which the shard's rows are kept (under the expert grid the rank's own
+ * Nr rows, unpermuted straight into that chunk); the shared expert's partial sums
  * reduce-scattered onto the shard; the residual xmid. */
 static mp_status moe_out_sp_body(mp_ctx *ctx, mp_runtime *rt, int l, void *x_out, void *full) {
   const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l];
-  const int N = rt->N, C = rt->C, K = rt->K;
+  const int C = rt->C, K = rt->K;
   const size_t ns = (size_t)rt->Ns * (size_t)C;
-  BE(unpermute_forward(rt->kc, full, a + y->ey, F32(a + y->tkw), (const int32_t *)(a + y->inv), N, K, C));
+  BE(unpermute_forward(rt->kc, routed_rows(rt, full), a + y->ey, F32(a + y->tkw), (const int32_t *)(a + y->inv),
+                       rt->Nr, K, C));
   if (rt->Fsl) {
     MP_CHECK(shared_out(ctx, rt, l, x_out));
     BE(accumulate(rt->kc, x_out, mp_rt_sp_slot(rt, full), ns));
@@ -259,18 +311,25 @@ static mp_status moe_out_sp(mp_ctx *ctx, mp_runtime *rt, int l, void *x_out) {
 static mp_status moe_forward(mp_ctx *ctx, mp_runtime *rt, int l, void *x_out, float *moe_aux) {
   const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l];
-  const int N = rt->N, C = rt->C, E = rt->E, K = rt->K, Fs = rt->Fsl;
+  const int N = rt->N, C = rt->C, E = rt->E, K = rt->K, Fs = rt->Fsl, Nr = rt->Nr;
   const mp_model *m = &rt->plan->model;
-  BE(matmul_forward(rt->kc, a + y->rl, a + y->xn2, W(rt, l, MP_MOD_ROUTER), NULL, N, C, E));
-  BE(router_forward(rt->kc, F32(a + y->probs), (int32_t *)(a + y->tki), F32(a + y->tkw), a + y->rl, N, E, K,
+  const void *xin = routed_rows(rt, a + y->xn2);
+  BE(matmul_forward(rt->kc, a + y->rl, xin, W(rt, l, MP_MOD_ROUTER), NULL, Nr, C, E));
+  BE(router_forward(rt->kc, F32(a + y->probs), (int32_t *)(a + y->tki), F32(a + y->tkw), a + y->rl, Nr, E, K,
                     m->norm_topk_prob));
-  BE(router_aux_loss_forward(rt->kc, F32(a + y->aux), F32(a + y->f), F32(a + y->probs), (const int32_t *)(a + y->tki),
-                             N, E, K));
-  if (moe_aux) BE(memcpy_d2h(rt->kc, moe_aux, a + y->aux, sizeof(float)));
+  if (rt->grid) {
+    float auxv;
+    MP_CHECK(grid_aux(ctx, rt, l, &auxv));
+    if (moe_aux) *moe_aux = auxv;
+  } else {
+    BE(router_aux_loss_forward(rt->kc, F32(a + y->aux), F32(a + y->f), F32(a + y->probs),
+                               (const int32_t *)(a + y->tki), N, E, K));
+    if (moe_aux) BE(memcpy_d2h(rt->kc, moe_aux, a + y->aux, sizeof(float)));
+  }
   BE(moe_plan(rt->kc, (int32_t *)(a + y->perm), (int32_t *)(a + y->inv), (int32_t *)(a + y->counts),
-              (const int32_t *)(a + y->tki), N, E, K));
+              (const int32_t *)(a + y->tki), Nr, E, K));
   BE(memcpy_d2h(rt->kc, rt->counts_h + (size_t)l * E, a + y->counts, (size_t)E * sizeof(int32_t)));
-  BE(permute_forward(rt->kc, a + y->xp, a + y->xn2, (const int32_t *)(a + y->perm), N, K, C));
+  BE(permute_forward(rt->kc, a + y->xp, xin, (const int32_t *)(a + y->perm), Nr, K, C));
   MP_CHECK(moe_experts_forward(ctx, rt, l));
   if (Fs) {
     BE(matmul_forward(rt->kc, a + y->sg, a + y->xn2, W(rt, l, MP_MOD_SHARED_GATE), NULL, N, C, Fs));
@@ -422,10 +481,10 @@ static mp_status dense_mlp_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dr
 static mp_status moe_experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, char *ws) {
   const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l];
-  const int N = rt->N, C = rt->C, K = rt->K;
+  const int C = rt->C, K = rt->K;
   if (rt->ep == 1)
     return experts_backward(ctx, rt, l, ws + y->dxp, ws + y->deg, ws + y->deu, ws + y->deh, ws + y->dey, a + y->xp,
-                            a + y->eg, a + y->eu, a + y->eh, (int64_t)N * K);
+                            a + y->eg, a + y->eu, a + y->eh, (int64_t)rt->Nr * K);
   const int64_t R = rt->ep_R[l];
   mp_act_layout ey;
   ep_layout(rt, R, &ey);
@@ -454,7 +513,7 @@ static mp_status moe_backward_body(mp_ctx *ctx, mp_runtime *rt, int l, const voi
                                    void **full) {
   const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l];
-  const int N = rt->N, C = rt->C, E = rt->E, K = rt->K, Fs = rt->Fsl;
+  const int N = rt->N, C = rt->C, E = rt->E, K = rt->K, Fs = rt->Fsl, Nr = rt->Nr;
   const mp_model *m = &rt->plan->model;
   const void *dres = dout;
   if (Fs) {
@@ -468,20 +527,22 @@ static mp_status moe_backward_body(mp_ctx *ctx, mp_runtime *rt, int l, const voi
     MP_CHECK(region_in_bwd(ctx, rt, y, ws));
     if (rt->sp) BE(memset_zero(rt->kc, ws + y->dxn, (size_t)N * C * rt->xs));
   }
-  BE(unpermute_backward(rt->kc, ws + y->dey, F32(ws + y->dtkw), dres, a + y->ey, F32(a + y->tkw),
-                        (const int32_t *)(a + y->inv), N, K, C));
+  BE(unpermute_backward(rt->kc, ws + y->dey, F32(ws + y->dtkw), routed_rows(rt, dres), a + y->ey, F32(a + y->tkw),
+                        (const int32_t *)(a + y->inv), Nr, K, C));
   if (*full) {
     void *f = *full;
     *full = NULL;
     MP_CHECK(mp_talloc_free(ctx, rt->ta, f));
   }
   MP_CHECK(moe_experts_backward(ctx, rt, l, ws));
-  BE(permute_backward(rt->kc, ws + y->dxn, ws + y->dxp, (const int32_t *)(a + y->inv), N, K, C));
-  BE(router_aux_loss_backward(rt->kc, F32(ws + y->dprobs), F32(a + y->f), dloss_aux, N, E));
+  void *dxr = routed_rows(rt, ws + y->dxn);
+  BE(permute_backward(rt->kc, dxr, ws + y->dxp, (const int32_t *)(a + y->inv), Nr, K, C));
+  /* the aux loss's gradient, dloss E f_e / N for every token, on the Nr routed rows */
+  BE(router_aux_loss_backward(rt->kc, F32(ws + y->dprobs), F32(a + y->f), dloss_aux * (float)Nr / (float)N, Nr, E));
   BE(router_backward(rt->kc, ws + y->drl, F32(ws + y->dtkw), F32(ws + y->dprobs), F32(a + y->probs),
-                     (const int32_t *)(a + y->tki), N, E, K, m->norm_topk_prob));
-  BE(matmul_backward(rt->kc, ws + y->dxn, G(rt, l, MP_MOD_ROUTER), NULL, ws + y->drl, a + y->xn2,
-                     W(rt, l, MP_MOD_ROUTER), N, C, E));
+                     (const int32_t *)(a + y->tki), Nr, E, K, m->norm_topk_prob));
+  BE(matmul_backward(rt->kc, dxr, G(rt, l, MP_MOD_ROUTER), NULL, ws + y->drl, routed_rows(rt, a + y->xn2),
+                     W(rt, l, MP_MOD_ROUTER), Nr, C, E));
   if (rt->sp) {
     const size_t ns = (size_t)rt->Ns * C;
     if (Fs) BE(accumulate(rt->kc, ws + y->dxs, mp_rt_sp_slot(rt, ws + y->dxn), ns));

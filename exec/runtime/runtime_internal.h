@@ -151,6 +151,10 @@ struct mp_runtime {
   /* sequence parallelism (tp > 1 and the plan's sp): the residual stream holds Ns = N / tp
    * rows, the rank's sequence shard (runtime_sp.c); else Ns = N */
   int sp, Ns;
+  /* the expert grid with tp (exec/mesh.h, etp = 1, check.c: with SP): the EP group spans
+   * the tp ranks and each routes only its sequence shard, Nr = Ns rows (runtime_block.c);
+   * else grid = 0 and every rank routes its Nr = N rows */
+  int grid, Nr;
   /* context parallelism: cp ranks, this rank's index, the local tokens of a sequence
    * (Tl = T / cp: two chunks, runtime_cp.c), the ring's next and previous world ranks */
   int cp, cp_idx, Tl, cp_next, cp_prev;
@@ -163,7 +167,7 @@ struct mp_runtime {
   int *pidx;    /* [(L + 1) * MP_MOD_COUNT]: weight param index per (layer, module); row L: outside blocks */
   float *rope_cos, *rope_sin, *scalar;
   int32_t *tok_in, *tok_tgt;
-  mp_act_dims dims;   /* the local dims of the activation layout (R: the balanced N x K) */
+  mp_act_dims dims;   /* the local dims of the activation layout (R: the balanced Nr x K) */
   mp_act_layout lay_dense, lay_moe; /* exec/act_layout.h laid out for a dense and an MoE block */
   size_t xs;          /* bytes of an X element */
   mp_comm_dtype xdt;  /* comm dtype of X tensors */

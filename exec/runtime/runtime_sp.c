@@ -20,7 +20,10 @@
  *
  * The norms' weights are replicated over tp, and each rank's gradient covers its own rows
  * only: mp_rt_sp_norm_grads sums them over tp once per step, as Megatron-LM's
- * finalize_model_grads all-reduces the sequence-parallel LayerNorm gradients. */
+ * finalize_model_grads all-reduces the sequence-parallel LayerNorm gradients. Under the
+ * expert grid the router is such a weight too: each tp rank routes its own shard
+ * (runtime_block.c), as Megatron-Core marks the router's weight sequence_parallel
+ * (megatron/core/transformer/moe/router.py, core_r0.12). */
 #include "exec/runtime/runtime_internal.h"
 
 void *mp_rt_sp_slot(const mp_runtime *rt, const void *full) {
@@ -50,16 +53,17 @@ mp_status mp_rt_sp_full_free(mp_ctx *ctx, mp_runtime *rt, mp_status st, void *fu
   return s2;
 }
 
-/* The norm weights: the block norms' and the final norm's. */
-static int is_norm(mp_module m) {
-  return m == MP_MOD_ATTN_NORM || m == MP_MOD_FFN_NORM || m == MP_MOD_FINAL_NORM;
+/* The weights whose gradient covers the shard's rows: the block norms' and the final
+ * norm's, and under the expert grid the router's. */
+static int shard_rows_grad(const mp_runtime *rt, mp_module m) {
+  return m == MP_MOD_ATTN_NORM || m == MP_MOD_FFN_NORM || m == MP_MOD_FINAL_NORM || (rt->grid && m == MP_MOD_ROUTER);
 }
 
 mp_status mp_rt_sp_norm_grads(mp_ctx *ctx, mp_runtime *rt) {
   if (!rt->sp) return MP_OK;
   for (int i = 0; i < rt->plan->n_params; i++) {
     rt_param *r = &rt->prm[i];
-    if (!r->g || !is_norm(rt->plan->params[i].module)) continue;
+    if (!r->g || !shard_rows_grad(rt, rt->plan->params[i].module)) continue;
     /* the shards of an FSDP-sharded norm are the same rows on every rank of the tp group */
     MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_TP, r->g, r->g, (size_t)r->numel_pad, MP_COMM_DTYPE_FP32,
                                 MP_COMM_OP_SUM));

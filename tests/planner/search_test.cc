@@ -237,6 +237,28 @@ TEST(SearchPrune, DdpSearchesTheExpertGrid) {
   EXPECT_NE(f.find(1, 1, 8, 1, 1, 8, 1, 0, 0, 0), nullptr);
 }
 
+// A fix naming etp=1 (train --mesh with etp: torchtitan's expert_tensor_parallel_degree 1)
+// searches the grid under FSDP too: EP over dp_shard x tp, dividing dp_shard (ep=2 on
+// dp_shard=2 x tp=2) or not (ep=4 there, ep=2 on tp=2 alone); no candidate keeps EP inside
+// dp_shard. etp=0 keeps every candidate inside dp_shard.
+TEST(SearchPrune, FixedEtpSearchesTheExpertGridUnderFsdp) {
+  Search t(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
+  ASSERT_EQ(mp_search_fix_parse(&t.ctx, "etp=1", &t.cfg.fix), MP_OK) << mp_errmsg(&t.ctx);
+  t.enumerate();
+  for (auto k : {std::vector<int>{2, 2, 4}, {2, 2, 2}, {1, 4, 4}, {1, 4, 2}}) {
+    const mp_candidate *c = t.find(1, 1, k[0], 1, k[1], k[2], 1, 0, 0, 0);
+    ASSERT_NE(c, nullptr) << k[0] << " " << k[1] << " " << k[2];
+    EXPECT_TRUE(mp_mesh_expert_grid(&c->mesh));
+    EXPECT_EQ(c->mesh.etp, 1);
+  }
+  for (int64_t i = 0; i < t.s->n; i++) EXPECT_EQ(t.s->cands[i].mesh.etp, 1);
+  Search u(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
+  ASSERT_EQ(mp_search_fix_parse(&u.ctx, "etp=0", &u.cfg.fix), MP_OK) << mp_errmsg(&u.ctx);
+  u.enumerate();
+  EXPECT_EQ(u.find(1, 1, 2, 1, 2, 4, 1, 0, 0, 0), nullptr);
+  for (int64_t i = 0; i < u.s->n; i++) EXPECT_EQ(u.s->cands[i].mesh.etp, 0);
+}
+
 TEST(SearchPrune, TensorParallelMustDivideEachDim) {
   {
     mp_model m = fake_dense_model();

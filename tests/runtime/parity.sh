@@ -4,8 +4,9 @@
 # parity_matrix.py runs the matrix (dp_shard, dp_replicate x dp_shard, tp, dp_shard x tp,
 # ep; every AC mode; float8) and compares losses and step-1 gradients, and each run's
 # measured peak memory with its prediction (meshplan-cpu memory model); this script adds
-# the refusals (cp with EP, float8 inside a pipeline: exit 2; a
-# mesh that does not match the world: exit non-zero on every rank, no hang). Never hangs:
+# the refusals (cp with EP, float8 inside a pipeline, the expert grid without SP or with
+# ep=1: exit 2; a mesh that does not match the world: exit non-zero on every rank, no
+# hang). Never hangs:
 # `timeout`. MPI flags as tests/comm/run_mpi.sh explains (shared memory only, private
 # backing directory, --allow-run-as-root when root).
 #
@@ -31,8 +32,9 @@ common=(train --steps 6 --seq 32 --micro-batch 2 --global-batch 8 --lr 3e-3 --qu
 fail=0
 # The matrix: every plan against the single-rank run (see parity_matrix.py).
 /usr/bin/python3 "$(dirname "$0")/parity_matrix.py" "$bin" "$@" || fail=1
-# Not executed: float8 inside a pipeline (MoE or dense) and context parallelism with EP,
-# refused on every rank with exit 2 and the reason, without hanging.
+# Not executed: float8 inside a pipeline (MoE or dense), context parallelism with EP and the
+# expert grid without SP or with ep=1, refused on every rank with exit 2 and the reason,
+# without hanging.
 refused() { # NAME NP PATTERN ARGS...
   local name="$1" np="$2" pat="$3"; shift 3
   out=$(mpi "$np" "$bin" "${common[@]}" "$@" 2>&1); rc=$?
@@ -43,6 +45,10 @@ refused() { # NAME NP PATTERN ARGS...
   fi
 }
 refused "tiny-moe cp=2 x ep=2" 4 "expert parallelism with context parallelism" --model tiny-moe --mesh cp=2,dp_shard=2,ep=2
+# the expert grid without SP (every tp rank holding all N rows), and etp with ep=1
+refused "tiny-moe tp=2 x ep=2 x etp=1 without SP" 2 "expert grid with tp only under sequence parallelism" \
+  --model tiny-moe --mesh tp=2,ep=2,etp=1 --no-sp
+refused "tiny-moe tp=2 x etp=1 with ep=1" 2 "etp with ep=1" --model tiny-moe --mesh tp=2,etp=1
 refused "tiny-moe-pp pp=2 with float8" 2 "float8 with pipeline parallelism" --model tiny-moe-pp --mesh pp=2 --fp8
 refused "pp=2 with float8" 2 "float8 with pipeline parallelism" --model tiny-dense --mesh pp=2 --fp8
 out=$(mpi 3 "$bin" "${common[@]}" --model tiny-dense --mesh dp_replicate=2 2>&1); rc=$?

@@ -22,7 +22,9 @@ a tied model (tiny-tied: the first and last stage each hold the embedding), unev
 and padded shards (tiny-odd: 8 layers on pp=3, vocab 250 and d_ff 136 on dp_shard=3 and 4).
 MoE in pipelines (tiny-moe-pp: a dense first layer, 3 MoE layers): pp=2 under 1F1B and
 interleaved, pp=4, uneven stages (--pp-layers 1,3 and 3,1 with GPipe), pp x dp_shard x ep
-(ep=2 and 4, with tp=2 with and without SP).
+(ep=2 and 4, with tp=2 with and without SP). The expert grid (etp=1: EP spans the tp ranks,
+each routing its own sequence shard): tp=2 x ep=2 and dp_shard=2 x tp=2 x ep=4 on tiny-moe,
+pp=2 x tp=2 x ep=2 on tiny-moe-pp.
 Every run is under `timeout` and MESHPLAN_COMM_TIMEOUT_S: a hang fails the test, naming the
 rank, group and operation.
 
@@ -74,9 +76,10 @@ FP8_LOSS_TOL = 5e-3
 MEM_TOL = 0  # non-EP plans: the prediction is the runtime's allocations, byte for byte
 # EP plans: the expert side of a MoE layer (received rows; their gate, up and hidden; the
 # outputs before the combine; the backward workspace) is sized by the rows routing sends to
-# a rank, known only at run time. The prediction assumes balanced routing, R = N x top_k rows
-# per rank and layer (N = micro-batch x seq tokens): the mean over the EP group, exactly,
-# since every row sent is received. Hence, with sizes linear in R (tiny-moe's d_model and
+# a rank, known only at run time. The prediction assumes balanced routing, R = NR x top_k rows
+# per rank and layer (NR the tokens a rank routes: N = micro-batch x seq, or under the expert
+# grid its sequence shard N / tp): the mean over the EP group, exactly, since every row sent
+# is received. Hence, with sizes linear in R (tiny-moe's d_model and
 # expert d_ff are multiples of 16, so the runtime's 16-float alignment adds nothing):
 #   - lower bound: at the predicted peak's point of the step every rank holds the same
 #     buffers, and their mean size over the EP group is the balanced one, so the busiest
@@ -95,12 +98,23 @@ SEQ, MICRO_BATCH = 32, 2
 FP8_GRAD_MAXABS_TOL = 2.0 ** -3 / (MICRO_BATCH * SEQ)
 
 
-def ep_mem_bound(model, rows_max, in_flight=1):
+def mesh_dims(mesh):
+    return {k: int(v) for k, v in (kv.split("=") for kv in (mesh or "").split(",") if kv)}
+
+
+def routed_tokens(mesh):
+    """Tokens a rank routes: the micro-batch's, or under the expert grid (etp given) with tp
+    its sequence shard (exec/act_layout.h, NR)."""
+    d = mesh_dims(mesh)
+    return MICRO_BATCH * SEQ // (d.get("tp", 1) if "etp" in d else 1)
+
+
+def ep_mem_bound(model, rows_max, in_flight=1, routed=MICRO_BATCH * SEQ):
     """Largest excess (bytes) of the measured peak over the balanced prediction."""
     d = MOE_DIMS[model]
     assert d["C"] % 16 == 0 and d["Fe"] % 16 == 0, "sizes not linear in the rows: extend the bound"
     per_row = 4 * (in_flight * d["L_moe"] * (d["C"] + 3 * d["Fe"]) + max(d["C"], 2 * d["C"] + 3 * d["Fe"]))
-    return max(0, rows_max - MICRO_BATCH * SEQ * d["K"]) * per_row
+    return max(0, rows_max - routed * d["K"]) * per_row
 
 
 def micro_batches_per_rank(mesh, gb):
@@ -229,6 +243,13 @@ def build_rows():
     rows.append(row("tiny-moe-pp", "pp=2,dp_shard=4,ep=4", "full", gb=16))
     rows.append(row("tiny-moe-pp", "pp=2,dp_shard=2,ep=2,tp=2", "selective-core", gb=16))
     rows.append(row("tiny-moe-pp", "pp=2,dp_shard=2,ep=2,tp=2", "selective-core", gb=16, args=["--no-sp"]))
+    # the expert grid (etp=1): EP spans the tp ranks, each routing its own sequence shard
+    # (the load-balancing loss's counts and probabilities summed over tp, the router's
+    # gradient likewise), experts whole on a rank
+    for ac in ("none", "selective-core", "full"):
+        rows.append(row("tiny-moe", "tp=2,ep=2,etp=1", ac, quick=ac == "full"))
+        rows.append(row("tiny-moe", "dp_shard=2,tp=2,ep=4,etp=1", ac))
+    rows.append(row("tiny-moe-pp", "pp=2,tp=2,ep=2,etp=1", "selective-core", gb=16))
     return rows
 
 
@@ -295,10 +316,11 @@ def main():
         r = re.search(r"expert rows: at most (\d+) received", out)
         if r:
             rows = int(r.group(1))
-            bound = ep_mem_bound(model, rows, in_flight)
+            routed = routed_tokens(mesh.split(" ")[0])
+            bound = ep_mem_bound(model, rows, in_flight, routed)
             ok = pred <= meas <= pred + bound
             why = "balanced routing; busiest rank got %d rows vs %d: measured within [predicted, +%d]" % (
-                rows, MICRO_BATCH * SEQ * MOE_DIMS[model]["K"], bound)
+                rows, routed * MOE_DIMS[model]["K"], bound)
         elif mem_gap:
             ok = pred <= meas <= pred + mem_gap
             why = "interleaved in-flight estimate: measured within [predicted, +%d]" % mem_gap
