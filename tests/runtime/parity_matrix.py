@@ -23,8 +23,8 @@ and padded shards (tiny-odd: 8 layers on pp=3, vocab 250 and d_ff 136 on dp_shar
 MoE in pipelines (tiny-moe-pp: a dense first layer, 3 MoE layers): pp=2 under 1F1B and
 interleaved, pp=4, uneven stages (--pp-layers 1,3 and 3,1 with GPipe), pp x dp_shard x ep
 (ep=2 and 4, with tp=2 with and without SP). The expert grid (etp=1: EP spans the tp ranks,
-each routing its own sequence shard): tp=2 x ep=2 and dp_shard=2 x tp=2 x ep=4 on tiny-moe,
-pp=2 x tp=2 x ep=2 on tiny-moe-pp.
+each routing its own sequence shard): tp=2 x ep=2, dp_shard=2 x tp=2 x ep=4 and x ep=2 on
+tiny-moe, pp=2 x tp=2 x ep=2 on tiny-moe-pp.
 Every run is under `timeout` and MESHPLAN_COMM_TIMEOUT_S: a hang fails the test, naming the
 rank, group and operation.
 
@@ -249,6 +249,8 @@ def build_rows():
     for ac in ("none", "selective-core", "full"):
         rows.append(row("tiny-moe", "tp=2,ep=2,etp=1", ac, quick=ac == "full"))
         rows.append(row("tiny-moe", "dp_shard=2,tp=2,ep=4,etp=1", ac))
+    # ep=2 over dp_shard=2 x tp=2: each expert sharded over its FSDP group of 2 (dp_shard x tp / ep)
+    rows.append(row("tiny-moe", "dp_shard=2,tp=2,ep=2,etp=1", "none"))
     rows.append(row("tiny-moe-pp", "pp=2,tp=2,ep=2,etp=1", "selective-core", gb=16))
     return rows
 
