@@ -234,6 +234,7 @@ static mp_status take_pick(mp_ctx *ctx, const mp_planner_result *res, mp_sim_eva
     po->fsdp.reshard_after_forward = pickc->reshard;
     po->pp_virtual = pickc->pp_virtual > 1 ? pickc->pp_virtual : 1;
     po->pp_schedule = pickc->pp_virtual > 1 ? MP_PP_INTERLEAVED : MP_PP_1F1B;
+    if (pickc->pp_split) mp_pp_layout_embedding_loss(m->n_layers, pickc->mesh.size[MP_DIM_PP], po->pp_virtual, po);
   }
   return st;
 }

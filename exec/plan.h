@@ -604,6 +604,13 @@ int mp_pp_schedule_parse(const char *s, mp_pp_schedule *out);
 mp_status mp_pp_layout_parse(mp_ctx *ctx, const char *s, mp_plan_options *o);
 /* o's stated layout in that notation into buf; its length, -1 when it does not fit. */
 int mp_pp_layout_format(const mp_plan_options *o, char *buf, size_t cap);
+/* Megatron-LM's --account-for-embedding-in-pipeline-split and
+ * --account-for-loss-in-pipeline-split: the embedding and the loss count as a layer each and
+ * the n_layers + 2 split evenly over the pp x v model chunks (Megatron requires that they
+ * divide): the first chunk holds one layer fewer, the last one fewer too (Llama 3 405B on pp
+ * 16 x 8: E|(t|)*126L). Writes that layout into o and returns 1; 0 (o untouched) where pp < 2,
+ * the chunks do not divide n_layers + 2 or exceed MP_PP_MAX_LAYOUT. */
+int mp_pp_layout_embedding_loss(int64_t n_layers, int pp, int v, mp_plan_options *o);
 /* "default", "tensorwise", "delayed", "rowwise", "mxfp8", "blockwise" ("?" out of range). */
 const char *mp_fp8_recipe_name(mp_fp8_recipe r);
 /* The recipe named s into *out: 1, or 0 for any other string (*out untouched); "current"

@@ -248,7 +248,9 @@ static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *
 static int pp_virtual_ok(const mp_search_config *cfg, const mp_candidate *c, int64_t n_micro) {
   if (c->pp_virtual <= 1) return 1;
   const int pp = c->mesh.size[MP_DIM_PP];
-  return mp_rule_pp_chunks_ok(cfg->model->n_layers, pp, c->pp_virtual) &&
+  /* a split counting the embedding and the loss as layers has pp x v chunks of one or more
+   * layers by construction (chunk_choices) */
+  return (c->pp_split || mp_rule_pp_chunks_ok(cfg->model->n_layers, pp, c->pp_virtual)) &&
          mp_rule_pp_micro_ok(n_micro, pp, c->pp_virtual);
 }
 
@@ -437,6 +439,11 @@ void mp_candidate_mesh_str(const mp_candidate *c, char *buf, size_t cap) {
   mp_mesh_format(&c->mesh, buf, cap);
 }
 
+void mp_candidate_pp_str(const mp_candidate *c, char *buf, size_t cap) {
+  if (c->pp_virtual > 1) snprintf(buf, cap, "%dx%d%s", c->mesh.size[MP_DIM_PP], c->pp_virtual, c->pp_split ? "E" : "");
+  else snprintf(buf, cap, "%d%s", c->mesh.size[MP_DIM_PP], c->pp_split ? "E" : "");
+}
+
 /* ---- enumeration ---------------------------------------------------------------------- */
 
 static int fixed_ok(int fix, int v) { return fix < 0 || fix == v; }
@@ -481,17 +488,26 @@ static mp_status push(enum_state *e, const mp_candidate *c) {
 
 /* The model chunks per stage a mesh searches: the fixed one, or 1 (and 2, 4 up to
  * pp_virtual_max with pp > 1 on a mesh the mesh rules keep: they reject every chunking
- * alike); *n of them into vs. */
+ * alike), each with the default split; where the stack counts the embedding and the loss
+ * as layers (pp_split) also every v whose pp x v chunks divide the layers + 2 that way
+ * (Llama 3 405B on pp 16: v = 8, one layer a chunk). *n of them into vs and split. */
+#define MP_CHUNK_CHOICES 24
 static void chunk_choices(const mp_search_config *cfg, const mp_mesh *mesh, mp_reject mesh_rej,
-                          int vs[8], int *n) {
+                          int vs[MP_CHUNK_CHOICES], int split[MP_CHUNK_CHOICES], int *n) {
   *n = 0;
-  if (cfg->fix.pp_virtual > 0) {
-    vs[(*n)++] = cfg->fix.pp_virtual;
-    return;
+  const int pp = mesh->size[MP_DIM_PP];
+  const int lo = cfg->fix.pp_virtual > 0 ? cfg->fix.pp_virtual : 1;
+  const int hi = cfg->fix.pp_virtual > 0 ? cfg->fix.pp_virtual : MP_PP_MAX_VIRTUAL;
+  for (int v = lo; v <= hi && *n < MP_CHUNK_CHOICES; v++) {
+    const int plain = cfg->fix.pp_virtual > 0 || v == 1 ||
+                      (pp > 1 && mesh_rej == MP_REJECT_NONE && v <= cfg->pp_virtual_max && v <= 4 &&
+                       (v & (v - 1)) == 0);
+    if (plain) vs[*n] = v, split[(*n)++] = 0;
+    mp_plan_options o;
+    if (cfg->pp_split && pp > 1 && mesh_rej == MP_REJECT_NONE && *n < MP_CHUNK_CHOICES &&
+        (v == 1 || cfg->pp_virtual_max > 1) && mp_pp_layout_embedding_loss(cfg->model->n_layers, pp, v, &o))
+      vs[*n] = v, split[(*n)++] = 1;
   }
-  vs[(*n)++] = 1;
-  if (mesh->size[MP_DIM_PP] > 1 && mesh_rej == MP_REJECT_NONE)
-    for (int v = 2; v <= cfg->pp_virtual_max && v <= 4; v *= 2) vs[(*n)++] = v;
 }
 
 /* The AC policies in enumeration order: none, full, those between (search.h). */
@@ -509,8 +525,8 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
   int pads_vocab = cfg->model->vocab % mesh->size[MP_DIM_TP] != 0;
   const int sp = mesh->size[MP_DIM_TP] > 1 && (fx->sp >= 0 ? fx->sp : cfg->sp);
   const unsigned mask = fx->ac >= 0 ? 1u << fx->ac : ac_mask_of(cfg);
-  int vs[8], nv = 0;
-  chunk_choices(cfg, mesh, mesh_rej, vs, &nv);
+  int vs[MP_CHUNK_CHOICES], split[MP_CHUNK_CHOICES], nv = 0;
+  chunk_choices(cfg, mesh, mesh_rej, vs, split, &nv);
   for (int iv = 0; iv < nv; iv++) {
     /* powers of two up to per_rank; the loop stops before the doubling that would pass it
      * (per_rank near 2^62 must not wrap mb around and loop forever) */
@@ -535,6 +551,7 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
             c.pads_vocab = (uint8_t)pads_vocab;
             c.sp = (uint8_t)sp;
             c.pp_virtual = (uint16_t)vs[iv];
+            c.pp_split = (uint8_t)split[iv];
             if (cfg->executable_only && !executable(cfg, &c)) continue;
             c.reject = (uint8_t)(mesh_rej != MP_REJECT_NONE
                                      ? mesh_rej
@@ -665,7 +682,7 @@ void mp_search_destroy(mp_search *s) {
 /* a and b are of one family: the same mesh, model chunks and SP */
 static int same_family(const mp_candidate *a, const mp_candidate *b) {
   return memcmp(&a->mesh, &b->mesh, sizeof a->mesh) == 0 && a->pp_virtual == b->pp_virtual &&
-         a->sp == b->sp;
+         a->pp_split == b->pp_split && a->sp == b->sp;
 }
 
 /* AC policy q recomputes a subset of what p recomputes (the dominance order of search.h). */

@@ -144,6 +144,9 @@ typedef struct mp_candidate {
   uint16_t ac_every;    /* full AC on every ac_every-th block (1: every block) */
   uint8_t sp;           /* sequence parallelism (tp > 1) */
   uint16_t pp_virtual;  /* model chunks per pipeline stage: 1 (1F1B), more: interleaved */
+  uint8_t pp_split;     /* 1: the embedding and the loss each count as a layer in the pipeline
+                           split (Megatron-LM's --account-for-embedding/loss-in-pipeline-split,
+                           mp_pp_layout_embedding_loss); 0: the default split */
   uint8_t fp8;          /* 1: float8 Linear layers */
   uint8_t reshard;      /* 1: reshard_after_forward */
   uint8_t reject;       /* mp_reject */
@@ -202,6 +205,10 @@ typedef struct mp_search_config {
                            same bytes, so the all-reduce form is searched only when asked */
   int pp_virtual_max;   /* model chunks per stage searched with pp > 1: 1, 2, 4 up to this
                            (1: 1F1B only, the meshplan runtime's) */
+  int pp_split;         /* 1: the stack can count the embedding and the loss as layers in the
+                           pipeline split (Megatron-LM): with pp > 1 every chunking whose pp x v
+                           divides the layers + 2 is searched that way too, v up to
+                           MP_PP_MAX_VIRTUAL */
   int pp_keeps_params;  /* the stack keeps a pipeline stage's FSDP parameters gathered
                            through the step (torchtitan): reshard with pp > 1 is a duplicate
                            of reshard off (MP_REJECT_RESHARD_NOOP) */
@@ -277,6 +284,9 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                          size_t cap);
 /* "dp_shard=4,tp=2,ep=2" style description of the candidate's mesh. */
 void mp_candidate_mesh_str(const mp_candidate *c, char *buf, size_t cap);
+/* The pipeline as plan's table shows it: "16", pp x chunks per stage under the interleaved
+ * schedule "16x4", and an E where the embedding and the loss count as layers ("16x8E"). */
+void mp_candidate_pp_str(const mp_candidate *c, char *buf, size_t cap);
 /* "none", "selective", "selective-op", "selective-core", "full" (mp_ac_mode_name's names). */
 const char *mp_search_ac_name(int ac);
 /* The candidate's AC policy as the CLI takes it: the name, or "full:N". */

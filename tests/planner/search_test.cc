@@ -466,6 +466,54 @@ TEST(SearchEnumerate, InterleavedChunksOnlyWithPipelines) {
   }
 }
 
+TEST(SearchEnumerate, EmbeddingAndLossCountedAsLayers) {
+  // pp_split (Megatron-LM's --account-for-embedding/loss-in-pipeline-split): 16 layers + the
+  // embedding + the loss = 18 units, split evenly over pp x v chunks that divide 18. On 8
+  // GPUs only pp = 2 does (pp 4 and 8 do not divide 18): v = 1 (9 a stage: 8 layers on each),
+  // v = 3 (6 chunks: 2, 3, 3, 3, 3, 2) and v = 9 (18 chunks: the embedding alone, a layer each,
+  // the loss alone), each beside the default split's 1, 2 and 4 chunks.
+  Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 32);
+  t.cfg.pp_virtual_max = 4;
+  t.cfg.pp_split = 1;
+  t.enumerate();
+  Search plain(fake_dense_model(), fake_cluster(1, 8), 4096, 32);
+  plain.cfg.pp_virtual_max = 4;
+  plain.enumerate();
+  int64_t split[10] = {0}, one = 0;
+  for (int64_t i = 0; i < t.s->n; i++) {
+    const mp_candidate &c = t.s->cands[i];
+    if (!c.pp_split) continue;
+    EXPECT_EQ(c.mesh.size[MP_DIM_PP], 2);
+    ASSERT_LE(c.pp_virtual, 9);
+    split[c.pp_virtual]++;
+  }
+  for (int64_t i = 0; i < plain.s->n; i++) {
+    const mp_candidate &c = plain.s->cands[i];
+    one += c.mesh.size[MP_DIM_PP] == 2 && c.pp_virtual == 1;
+  }
+  EXPECT_GT(one, 0);
+  EXPECT_EQ(split[1], one);
+  EXPECT_EQ(split[3], one);
+  EXPECT_EQ(split[9], one);
+  EXPECT_EQ(split[1] + split[3] + split[9], t.s->n - plain.s->n);
+  // the chunks hold one layer or more by construction: v = 9's 18 chunks are not refused as
+  // more chunks than layers
+  for (int64_t i = 0; i < t.s->n; i++) {
+    const mp_candidate &c = t.s->cands[i];
+    if (c.pp_split && c.pp_virtual == 9 && c.micro_batch == 2 && c.mesh.size[MP_DIM_DP_SHARD] == 4) {
+      EXPECT_NE(c.reject, MP_REJECT_PP_VIRTUAL) << t.reason(&c);
+    }
+  }
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  ASSERT_EQ(mp_pp_layout_embedding_loss(16, 2, 3, &o), 1);
+  EXPECT_EQ(std::vector<int>(o.pp_layers, o.pp_layers + o.n_pp_layers), (std::vector<int>{2, 3, 3, 3, 3, 2}));
+  EXPECT_EQ(mp_pp_layout_embedding_loss(16, 4, 1, &o), 0);
+  EXPECT_EQ(mp_pp_layout_embedding_loss(126, 16, 8, &o), 1);  // Llama 3 405B: E|(t|)*126L
+  EXPECT_EQ(o.n_pp_layers, 128);
+  EXPECT_EQ(o.pp_layers[0] + o.pp_layers[127], 0);
+}
+
 TEST(SearchPrune, InterleavingNeedsFullChunksAndPpMicroBatches) {
   // 16 layers. pp=4 x 4 chunks: 16 chunks of one layer; pp=8 x 4: 32 chunks, half empty.
   // Global batch 32 on pp=4 x dp_shard=2 at mb=4 runs 4 micro-batches (a multiple of 4); at
