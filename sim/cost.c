@@ -202,6 +202,9 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
   const int n = op->peer == MP_PEER_ENDS && l->n > 1 ? 2 : l->n;
   if (n <= 1)
     *dur = 0.0;
+  else if (op->coll == MP_COLL_ALL_TO_ALL)
+    *dur = mp_sim_alltoall_s(op->bytes, l, prof->link_eff, (double)(l->n - l->per_node) / (double)l->n) +
+           prof->comm_overhead_s;
   else
     *dur = (mp_gpu_is_cpu(&ls->cl->gpu) ? mp_sim_collective_s : mp_sim_nccl_collective_s)(
                (mp_coll)op->coll, op->bytes, p2p ? 2 : n, l->GBps * prof->link_eff, l->lat_s) +

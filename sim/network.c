@@ -24,7 +24,14 @@
  * inter-node share of each node is spread over its `per_node` NICs; the ring is bounded by
  * the slower of the two: bw = min(intra, per_node x inter), with the inter-node latency per
  * step. Groups are regular (products of mesh dims), so every node holds the same number of
- * members as the node of the rank asked about. */
+ * members as the node of the rank asked about.
+ *
+ * All-to-all across nodes. The ring bound above does not hold for an all-to-all: every rank
+ * sends at once, so a node's NICs carry all of its members' inter-node traffic and none is
+ * left to share. A rank sends bytes / n to each member: (per_node - 1) / n of its bytes over
+ * NVLink, (n - per_node) / n through its own NIC (NCCL's all-to-all posts one send per
+ * peer; with PXN the inter-node sends leave by the NIC of the peer's rail, the same load per
+ * NIC under this symmetric traffic); the two run side by side, so the slower bounds it. */
 #include <math.h>
 
 #include "sim/sim.h"
@@ -90,6 +97,8 @@ mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mes
   out->per_node = per_node;
   out->nodes = (n + per_node - 1) / per_node;
   double intra = c->intra_node_GBps_per_gpu, inter = mp_cluster_inter_GBps(c);
+  out->intra_GBps = intra;
+  out->inter_GBps = inter;
   if (out->nodes <= 1) {
     out->GBps = intra;
     out->lat_s = c->intra_node_latency_us * 1e-6;
@@ -102,4 +111,13 @@ mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mes
     out->lat_s = c->inter_node_latency_us * 1e-6;
   }
   return MP_OK;
+}
+
+double mp_sim_alltoall_s(double bytes, const mp_sim_link *l, double eff, double nic_share) {
+  if (l->nodes <= 1 || l->per_node <= 1)
+    return mp_sim_collective_s(MP_COLL_ALL_TO_ALL, bytes, l->n, l->GBps * eff, l->lat_s);
+  if (l->intra_GBps <= 0 || l->inter_GBps <= 0 || eff <= 0) return 0.0;
+  const double nvl = (double)(l->per_node - 1) / (double)l->n * bytes / (l->intra_GBps * eff * 1e9);
+  const double nic = nic_share * bytes / (l->inter_GBps * eff * 1e9);
+  return (nvl > nic ? nvl : nic) + (l->n - 1) * l->lat_s;
 }

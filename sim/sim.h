@@ -269,16 +269,37 @@ typedef struct mp_sim_link {
   int n, nodes, per_node;
   double GBps;
   double lat_s;
+  double intra_GBps, inter_GBps; /* NVLink per GPU, the NIC per GPU (an all-to-all's two bounds) */
 } mp_sim_link;
 mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
                             int rank, mp_sim_link *out);
+/* An all-to-all of `bytes` sent per rank on link l (efficiency eff on both links) where
+ * every rank sends and receives at once: the share for the rank's node-mates over NVLink and
+ * the share for other nodes over its NIC run side by side, the slower bounding it, plus
+ * (n - 1) steps of the link's latency. nic_share: the fraction of `bytes` that leaves the
+ * node (a plain all-to-all's (n - per_node) / n); the NVLink share is (per_node - 1) / n.
+ * A group inside one node, or one member per node, is mp_sim_collective_s's. */
+double mp_sim_alltoall_s(double bytes, const mp_sim_link *l, double eff, double nic_share);
+
+/* The time a combined forward-and-backward step saves by running each direction's EP
+ * all-to-alls beside the other's compute (sim/overlap.c): fc[0..nf] the forward's compute
+ * between and around its nf all-to-alls fa[] (dispatch, combine, ...), bc[0..nb] and ba[]
+ * the backward's (combine's backward, dispatch's backward, ...); layer j's four phases
+ * each take the longer of forward attention / backward combine, backward experts / forward
+ * dispatch, forward experts / backward dispatch, backward attention / forward combine. */
+double mp_sim_a2a_overlap_save_s(const double *fc, const double *fa, int nf, const double *bc,
+                                 const double *ba, int nb);
 
 /* One pipeline stage's part of the timeline (sim/pipeline.c): per model chunk the forward
  * and backward time of one micro-batch, and the transfer of a chunk's activations to the
- * next virtual stage (send_f) and of its input gradient to the previous one (send_b). */
+ * next virtual stage (send_f) and of its input gradient to the previous one (send_b).
+ * fb_save[c] > 0: a forward of chunk c followed by a backward of another micro-batch run as
+ * one combined step, fb_save[c] shorter than the two (the EP all-to-all overlap,
+ * sim/overlap.c); 0: each step alone. */
 typedef struct mp_pp_stage_times {
   double f[MP_PP_MAX_VIRTUAL], b[MP_PP_MAX_VIRTUAL];
   double send_f, send_b;
+  double fb_save[MP_PP_MAX_VIRTUAL];
 } mp_pp_stage_times;
 
 /* The pipeline timeline of a step: every stage (stage[s], pp of them; stages may share

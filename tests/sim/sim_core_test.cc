@@ -196,6 +196,34 @@ TEST(Network, GroupLinkIntraInterHierarchical) {
   EXPECT_DOUBLE_EQ(l.GBps, 40.0);
 }
 
+TEST(Network, AllToAllAcrossNodesBoundByNic) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_cluster c = Cluster(32, 8);  // 4 nodes of 8; NVLink 100 GB/s, NIC 10 GB/s per GPU
+  c.intra_node_latency_us = 2;
+  c.inter_node_latency_us = 7;
+  mp_mesh m;
+  mp_sim_link l;
+  const double b = 4e9, lat = 7e-6;
+  // ep=32 over 4 nodes, 8 per node: a rank sends b/32 to each member, 7/32 of b over NVLink
+  // (7/32 x 4e9 / 100e9 = 8.75 ms) and 24/32 of b through its NIC
+  // (24/32 x 4e9 / 10e9 = 0.3 s), side by side: 0.3 s + 31 steps of 7 us. The ring bound
+  // min(NVLink, 8 NICs) = 80 GB/s would give 31/32 x 4e9 / 80e9 = 48.4 ms, as if the node's
+  // eight NICs served one rank.
+  ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=32,ep=32", 32, &m), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_sim_group_link(&ctx, &c, &m, MP_GROUP_EP, 0, &l), MP_OK);
+  ASSERT_EQ(l.per_node, 8);
+  ASSERT_EQ(l.nodes, 4);
+  EXPECT_NEAR(mp_sim_alltoall_s(b, &l, 1.0, 24.0 / 32.0), 0.3 + 31 * lat, 1e-12);
+  // half the bytes leaving the node: NIC 0.2 s still bounds the NVLink's 8.75 ms
+  EXPECT_NEAR(mp_sim_alltoall_s(b, &l, 0.5, 0.25), 0.25 * b / 5e9 + 31 * lat, 1e-12);
+  // inside one node (ep=8): the collective's own figure on NVLink
+  ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=32,ep=8", 32, &m), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_sim_group_link(&ctx, &c, &m, MP_GROUP_EP, 0, &l), MP_OK);
+  ASSERT_EQ(l.nodes, 1);
+  EXPECT_NEAR(mp_sim_alltoall_s(b, &l, 1.0, 0.0), 7.0 / 8.0 * b / 100e9 + 7 * 2e-6, 1e-12);
+}
+
 // ---- compute --------------------------------------------------------------------------
 
 TEST(Compute, GemmAtKnownEfficiency) {
