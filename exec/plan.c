@@ -378,11 +378,21 @@ static mp_status validate_model(mp_ctx *ctx, const mp_model *m) {
   return MP_OK;
 }
 
-/* Megatron-Core's conditions on --overlap-moe-expert-parallel-comm (TransformerConfig's
+/* The MoE dispatcher's runtime, and Megatron-Core's conditions on
+ * --overlap-moe-expert-parallel-comm (TransformerConfig's
  * __post_init__, core_v0.14): expert parallelism, virtual pipeline stages when pp > 1 (its
  * combined 1F1B exists for no pipelining and for the interleaved schedule only), no full
  * recompute (nor a recompute method or layer count). */
 static mp_status moe_overlap_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o) {
+  if ((unsigned)o->moe_dispatcher > MP_MOE_DISPATCH_DEEPEP)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown MoE dispatcher %d; choose alltoall or deepep",
+                    (int)o->moe_dispatcher);
+  if (o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP && (o->mem_model != MP_MEM_MODEL_MEGATRON || mesh->ep <= 1))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "MoE dispatcher deepep is Megatron-Core's flex dispatcher with DeepEP (--moe-enable-"
+                    "deepep), which needs expert parallelism; here the %s memory model with ep=%d: use "
+                    "stack megatron-core with ep > 1 or the alltoall dispatcher",
+                    mp_mem_model_name(o->mem_model), mesh->ep);
   if (!o->moe_a2a_overlap) return MP_OK;
   if (o->mem_model != MP_MEM_MODEL_MEGATRON)
     return mp_error(ctx, MP_ERR_INVALID,
@@ -794,6 +804,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->ddp.shard_optimizer != b->ddp.shard_optimizer ||
       opts->cp_rotate != b->cp_rotate || opts->cp_wait_at_issue != b->cp_wait_at_issue ||
       opts->tp_comm_fused != b->tp_comm_fused || opts->moe_a2a_overlap != b->moe_a2a_overlap ||
+      opts->moe_dispatcher != b->moe_dispatcher ||
       (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,
                     "mp_plan_derive: options differ from the base plan's in more than "

@@ -243,6 +243,13 @@ typedef enum mp_pp_flavor {
  * K and V per attention pass (torchtitan's default), or a shift to the next rank before
  * every step but the last. The meshplan runtimes run their own ring, which shifts. */
 typedef enum mp_cp_rotate { MP_CP_ROTATE_ALLGATHER = 0, MP_CP_ROTATE_ALLTOALL } mp_cp_rotate;
+/* How the EP dispatch and combine move a rank's tokens (sim/network.c, mp_sim_ep_shares):
+ * NCCL's all-to-all, one copy per (token, expert) to the expert's rank (Megatron-Core's
+ * alltoall dispatcher, its default); or DeepEP's kernels (Megatron-Core's --moe-token-
+ * dispatcher-type flex --moe-enable-deepep), which send a token over the network once per
+ * destination node and forward it to that node's experts over NVLink (DeepSeek-V3, arXiv
+ * 2412.19437 sec. 3.2.2; deepseek-ai/DeepEP's normal kernels). */
+typedef enum mp_moe_dispatcher { MP_MOE_DISPATCH_ALLTOALL = 0, MP_MOE_DISPATCH_DEEPEP } mp_moe_dispatcher;
 
 /* Whose memory the schedule's ALLOC/FREE events describe: a property of the runtime that
  * executes the plan, named by its stack profile (sim/stack.h, key "memory_model"). It
@@ -356,6 +363,8 @@ typedef struct mp_plan_options {
                             micro-pipelined TP) and Megatron-Core's --tp-comm-overlap
                             (Transformer Engine's userbuffers, which pipeline the same pairs).
                             0: off (default); not under the runtimes' memory models */
+  mp_moe_dispatcher moe_dispatcher; /* default ALLTOALL; DEEPEP: the megatron memory model
+                                       with ep > 1 */
   int moe_a2a_overlap;   /* Megatron-Core's --overlap-moe-expert-parallel-comm: in the
                             steady state the forward of one micro-batch and the backward of
                             another run as one step, each one's EP all-to-alls beside the

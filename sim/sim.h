@@ -276,10 +276,17 @@ mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mes
 /* An all-to-all of `bytes` sent per rank on link l (efficiency eff on both links) where
  * every rank sends and receives at once: the share for the rank's node-mates over NVLink and
  * the share for other nodes over its NIC run side by side, the slower bounding it, plus
- * (n - 1) steps of the link's latency. nic_share: the fraction of `bytes` that leaves the
- * node (a plain all-to-all's (n - per_node) / n); the NVLink share is (per_node - 1) / n.
+ * (n - 1) steps of the link's latency. nic_share and nvl_share: the fractions of `bytes`
+ * that leave the node and that cross NVLink (mp_sim_ep_shares).
  * A group inside one node, or one member per node, is mp_sim_collective_s's. */
-double mp_sim_alltoall_s(double bytes, const mp_sim_link *l, double eff, double nic_share);
+double mp_sim_alltoall_s(double bytes, const mp_sim_link *l, double eff, double nic_share, double nvl_share);
+/* The shares of an EP all-to-all's bytes (T x top_k copies of a token) a rank puts on its
+ * NIC and on NVLink, on EP link l, for a dispatcher (sim/network.c): NCCL's all-to-all
+ * (n - per_node)/n and (per_node - 1)/n; DeepEP one network copy per token and remote node
+ * the token's experts are on (group-limited routing bounding those nodes), the rest
+ * forwarded over NVLink. */
+void mp_sim_ep_shares(const mp_sim_link *l, const mp_model *m, mp_moe_dispatcher d, double *nic_share,
+                      double *nvl_share);
 
 /* The time a combined forward-and-backward step saves by running each direction's EP
  * all-to-alls beside the other's compute (sim/overlap.c): fc[0..nf] the forward's compute
