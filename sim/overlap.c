@@ -23,16 +23,19 @@
  *   combined = bc[0] + sum_j<L [max(fc[2j], ba[2j]) + max(bc[2j+1], fa[2j])
  *                               + max(fc[2j+1], ba[2j+1]) + max(bc[2j+2], fa[2j+1])]
  *              + the unpaired rest, in series
- * and the saving is the serial sum less that. The communication kernels' share of the SMs
- * (DeepSeek dedicates 20 of the H800's 132 to them) is not taken from the compute beside
- * them. */
+ * and the saving is the serial sum less that. The paired compute runs on the SMs the
+ * communication kernels leave it: DeepEP's take a fixed number (the stack's deepep_sms,
+ * Megatron-Core's moe_deepep_num_sms; DeepSeek-V3 sec. 3.2.2: 20 of the H800's 132), so
+ * beside them compute takes sms / (sms - deepep_sms) as long (`slow`), which can cost more
+ * than the overlap hides (a negative saving). NCCL's all-to-all states no SM count and is
+ * priced without one. */
 #include <string.h>
 
 #include "sim/engine.h"
 #include "sim/sim_internal.h"
 
 double mp_sim_a2a_overlap_save_s(const double *fc, const double *fa, int nf, const double *bc,
-                                 const double *ba, int nb) {
+                                 const double *ba, int nb, double slow) {
   double serial = 0.0;
   for (int i = 0; i <= nf; i++) serial += fc[i] + (i < nf ? fa[i] : 0.0);
   for (int i = 0; i <= nb; i++) serial += bc[i] + (i < nb ? ba[i] : 0.0);
@@ -41,14 +44,13 @@ double mp_sim_a2a_overlap_save_s(const double *fc, const double *fa, int nf, con
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
   double t = bc[0];
   for (int j = 0; j < L; j++)
-    t += MAX2(fc[2 * j], ba[2 * j]) + MAX2(bc[2 * j + 1], fa[2 * j]) + MAX2(fc[2 * j + 1], ba[2 * j + 1]) +
-         MAX2(bc[2 * j + 2], fa[2 * j + 1]);
+    t += MAX2(slow * fc[2 * j], ba[2 * j]) + MAX2(slow * bc[2 * j + 1], fa[2 * j]) +
+         MAX2(slow * fc[2 * j + 1], ba[2 * j + 1]) + MAX2(slow * bc[2 * j + 2], fa[2 * j + 1]);
 #undef MAX2
   for (int i = 2 * L; i <= nf; i++) t += fc[i] + (i < nf ? fa[i] : 0.0);
   for (int i = 2 * L + 1; i <= nb; i++) t += bc[i];
   for (int i = 2 * L; i < nb; i++) t += ba[i];
-  const double save = serial - t;
-  return save > 0.0 ? save : 0.0;
+  return serial - t;
 }
 
 /* Pieces of one direction. */
@@ -78,7 +80,7 @@ static void add_rep(const mp_schedule *s, const cop *cops, const mp_segment *g, 
   }
 }
 
-double mp_sim_a2a_overlap_chunk_s(const mp_schedule *s, const cop *cops, int chunk) {
+double mp_sim_a2a_overlap_chunk_s(const mp_schedule *s, const cop *cops, int chunk, double slow) {
   pieces f, b;
   memset(&f, 0, sizeof f);
   memset(&b, 0, sizeof b);
@@ -88,5 +90,5 @@ double mp_sim_a2a_overlap_chunk_s(const mp_schedule *s, const cop *cops, int chu
     pieces *p = g->phase == MP_PHASE_FORWARD ? &f : &b;
     for (int32_t r = 0; r < (g->repeat > 0 ? g->repeat : 1); r++) add_rep(s, cops, g, p);
   }
-  return mp_sim_a2a_overlap_save_s(f.c, f.a, f.n, b.c, b.a, b.n);
+  return mp_sim_a2a_overlap_save_s(f.c, f.a, f.n, b.c, b.a, b.n, slow);
 }

@@ -69,11 +69,11 @@ static double ready_s(const mp_pp_step *q, int s, int pp, int K, int64_t m, cons
 }
 
 /* 2 where step i of a stage's order is a forward that runs combined with the backward after
- * it (the EP all-to-all overlap, fb_save > 0): a backward of another micro-batch or chunk,
+ * it (the EP all-to-all overlap, fb_save != 0): a backward of another micro-batch or chunk,
  * which does not wait on that forward; else 1. */
 static int combined(const mp_pp_step *ord, int64_t i, int64_t per, int s, int pp, int K,
                     const mp_pp_stage_times *t) {
-  if (i + 1 >= per || ord[i].bwd || !ord[i + 1].bwd || !(t->fb_save[ord[i].chunk] > 0.0)) return 1;
+  if (i + 1 >= per || ord[i].bwd || !ord[i + 1].bwd || t->fb_save[ord[i].chunk] == 0.0) return 1;
   const int k = ord[i].chunk * pp + s;
   if (ord[i + 1].micro == ord[i].micro && ord[i + 1].chunk == ord[i].chunk && k == K - 1) return 1;
   return 2;

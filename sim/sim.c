@@ -120,15 +120,20 @@ static void fill_memory(const int64_t at_peak[MP_MEM_COUNT], const int64_t cat_m
  * pipeline timeline; without pipelining Megatron-Core's combined_1f1b_schedule_for_no_
  * pipelining runs the first forward alone, then m - 1 combined steps (the forward of
  * micro-batch i + 1 with the backward of i), then the last backward, so the step is
- * (m - 1) savings shorter, all of them exposed communication hidden. */
+ * (m - 1) savings shorter, all of them exposed communication hidden (a negative saving,
+ * compute slowed by DeepEP's SMs more than it hides, makes it longer). */
 static void a2a_overlap(const sim *x, const mp_schedule *s, const cop *cops, const mp_cluster *cl,
-                        mp_sim_stage *out) {
+                        const mp_stack_profile *prof, mp_sim_stage *out) {
+  double slow = 1.0; /* beside DeepEP's SMs (sim/overlap.c) */
+  if (s->plan->opts.moe_dispatcher == MP_MOE_DISPATCH_DEEPEP && prof->deepep_sms > 0 && cl->gpu.sms > prof->deepep_sms)
+    slow = (double)cl->gpu.sms / (double)(cl->gpu.sms - prof->deepep_sms);
   for (int c = 0; c < mp_plan_virtual_stages(s->plan) && c < MP_PP_MAX_VIRTUAL; c++)
-    out->t.fb_save[c] = mp_sim_a2a_overlap_chunk_s(s, cops, c);
+    out->t.fb_save[c] = mp_sim_a2a_overlap_chunk_s(s, cops, c, slow);
   if (s->plan->mesh.size[MP_DIM_PP] > 1 || x->n_micro < 2) return;
   const double save = (double)(x->n_micro - 1) * out->t.fb_save[0];
   out->r.step_time_s -= save;
   out->r.exposed_comm_s = out->r.exposed_comm_s > save ? out->r.exposed_comm_s - save : 0.0;
+  if (save < 0) out->r.compute_s -= save;
   set_rates(&out->r, &s->plan->mesh, (double)s->tokens_per_step_per_rank, s->model_flops_per_step, cl);
 }
 
@@ -170,7 +175,7 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
   }
   out->t.send_f = p2p[0];
   out->t.send_b = p2p[1];
-  if (s->plan->opts.moe_a2a_overlap) a2a_overlap(&x, s, b.cops, cfg->cluster, out);
+  if (s->plan->opts.moe_a2a_overlap) a2a_overlap(&x, s, b.cops, cfg->cluster, prof, out);
   out->head_s = x.mb_start_s;
   out->tail_s = out->r.step_time_s - x.mb_end_s;
   out->alloc_peak = x.peak_tot;

@@ -91,6 +91,10 @@ typedef struct mp_stack_profile {
                            model only: false where the stack compiles the ring with its
                            blocks, so its collectives wait where issued
                            (mp_plan_options.cp_wait_at_issue) */
+  int deepep_sms;       /* JSON "deepep_sms", optional (default 0: none), the megatron memory
+                           model only: the SMs DeepEP's kernels take (Megatron-Core's
+                           moe_deepep_num_sms), which compute overlapped with them loses
+                           (sim/overlap.c) */
   int dist_opt;         /* JSON "distributed_optimizer", optional (default false): the
                            megatron memory model's optimizer state sharded over data
                            parallelism (mp_plan_options.ddp.shard_optimizer) */
@@ -293,16 +297,18 @@ void mp_sim_ep_shares(const mp_sim_link *l, const mp_model *m, mp_moe_dispatcher
  * between and around its nf all-to-alls fa[] (dispatch, combine, ...), bc[0..nb] and ba[]
  * the backward's (combine's backward, dispatch's backward, ...); layer j's four phases
  * each take the longer of forward attention / backward combine, backward experts / forward
- * dispatch, forward experts / backward dispatch, backward attention / forward combine. */
+ * dispatch, forward experts / backward dispatch, backward attention / forward combine, the
+ * compute taking `slow` (>= 1) times as long beside the communication kernels' SMs. May be
+ * negative (the SMs cost more than the overlap hides). */
 double mp_sim_a2a_overlap_save_s(const double *fc, const double *fa, int nf, const double *bc,
-                                 const double *ba, int nb);
+                                 const double *ba, int nb, double slow);
 
 /* One pipeline stage's part of the timeline (sim/pipeline.c): per model chunk the forward
  * and backward time of one micro-batch, and the transfer of a chunk's activations to the
  * next virtual stage (send_f) and of its input gradient to the previous one (send_b).
- * fb_save[c] > 0: a forward of chunk c followed by a backward of another micro-batch run as
- * one combined step, fb_save[c] shorter than the two (the EP all-to-all overlap,
- * sim/overlap.c); 0: each step alone. */
+ * fb_save[c] != 0: a forward of chunk c followed by a backward of another micro-batch run
+ * as one combined step, fb_save[c] shorter than the two (the EP all-to-all overlap,
+ * sim/overlap.c; negative: longer); 0: each step alone. */
 typedef struct mp_pp_stage_times {
   double f[MP_PP_MAX_VIRTUAL], b[MP_PP_MAX_VIRTUAL];
   double send_f, send_b;

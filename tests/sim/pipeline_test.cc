@@ -133,14 +133,19 @@ TEST(A2aOverlap, FourPhasesOfALayerPair) {
   // + max(10, 3) + max(5, 3) + max(8, 3) + the forward's last piece 1 = 30: all four
   // all-to-alls hidden, 12 saved.
   const double fc[] = {4, 5, 1}, fa[] = {3, 3}, bc[] = {2, 10, 8}, ba[] = {3, 3};
-  EXPECT_DOUBLE_EQ(mp_sim_a2a_overlap_save_s(fc, fa, 2, bc, ba, 2), 12.0);
+  EXPECT_DOUBLE_EQ(mp_sim_a2a_overlap_save_s(fc, fa, 2, bc, ba, 2, 1.0), 12.0);
   // slow all-to-alls (9 each): 2 + 9 + 10 + 9 + 9 + 1 = 40 of 42 + 24 = 66: 26 saved, the
   // part of each all-to-all the other side's compute covers (4 + 9 + 5 + 8 = 26)
   const double fa9[] = {9, 9}, ba9[] = {9, 9};
-  EXPECT_DOUBLE_EQ(mp_sim_a2a_overlap_save_s(fc, fa9, 2, bc, ba9, 2), 26.0);
+  EXPECT_DOUBLE_EQ(mp_sim_a2a_overlap_save_s(fc, fa9, 2, bc, ba9, 2, 1.0), 26.0);
+  // compute beside the communication kernels' SMs taking 1.25 x as long: 2 + max(5, 3)
+  // + max(12.5, 3) + max(6.25, 3) + max(10, 3) + 1 = 36.75, 5.25 saved
+  EXPECT_DOUBLE_EQ(mp_sim_a2a_overlap_save_s(fc, fa, 2, bc, ba, 2, 1.25), 5.25);
+  // 2 x as long: 2 + 8 + 20 + 10 + 16 + 1 = 57, 15 more than in series
+  EXPECT_DOUBLE_EQ(mp_sim_a2a_overlap_save_s(fc, fa, 2, bc, ba, 2, 2.0), -15.0);
   // no all-to-all in one direction (a dense chunk): nothing to pair
   const double one[] = {7};
-  EXPECT_DOUBLE_EQ(mp_sim_a2a_overlap_save_s(one, fa, 0, bc, ba, 2), 0.0);
+  EXPECT_DOUBLE_EQ(mp_sim_a2a_overlap_save_s(one, fa, 0, bc, ba, 2, 1.0), 0.0);
 }
 
 TEST(PipelineTimeline, CombinedStepsPaceTheSteadyState) {
