@@ -108,7 +108,11 @@ typedef enum mp_family { MP_FAMILY_GPT = 0, MP_FAMILY_LLAMA = 1 } mp_family;
   F(n_shared_experts, I64,  MOE, 0,   0,                          0,  MP_LIM_SHARED_EXPERTS, CLOSED,  MOE,   1,     "n_shared_experts")        /* experts every token uses   */ \
   F(d_ff_shared,      I64,  MOE, 0,   0,                          0,  MP_LIM_D_FF,           CLOSED,  MOE,   1,     NULL)                      /* all shared experts' width  */ \
   F(aux_loss_coef,    F64,  MOE, 0,   0.01,                       0,  1,                     CLOSED,  RULE,  1,     NULL)                      /* load-balancing loss        */ \
-  F(norm_topk_prob,   BOOL, MOE, 0,   1,                          0,  1,                     CLOSED,  NONE,  1,     "norm_topk_prob")          /* renormalise top-k weights  */
+  F(norm_topk_prob,   BOOL, MOE, 0,   1,                          0,  1,                     CLOSED,  NONE,  1,     "norm_topk_prob")          /* renormalise top-k weights  */ \
+  /* group-limited routing (DeepSeek-V3's node-limited routing, arXiv 2412.19437 sec. 2.1.2): */                                                                                \
+  /* the experts in n_group equal groups, a token's top_k taken from its best topk_group groups; 0: none */                                                                       \
+  F(n_group,          I64,  MOE, 0,   0,                          0,  m->n_experts,          CLOSED,  MOE,   0,     "n_group")                 /* expert groups (0: none)    */ \
+  F(topk_group,       I64,  MOE, 0,   m->n_group,                 0,  m->n_group,            CLOSED,  MOE,   0,     "topk_group")              /* groups a token may use     */
 /* clang-format on */
 
 #define MP_MODEL_CTYPE_I64 int64_t

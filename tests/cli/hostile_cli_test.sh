@@ -237,6 +237,11 @@ row 2 "--async-tp: stack torchtitan-eager does not run AsyncTP" simulate --model
 row 2 "--async-tp: stack meshplan-cpu does not run AsyncTP" explain --model tiny-dense --gpus 2 --gpu cpu --mesh tp=2 --async-tp
 row 2 "it needs SP: drop --no-sp" simulate --model tiny-dense --gpus 2 --mesh tp=2 --async-tp --no-sp
 row 2 "it needs SP: drop --no-sp" plan --no-db --model tiny-dense --gpus 2 --async-tp --no-sp
+# the EP dispatcher and all-to-all overlap: Megatron-Core's, under its conditions
+row 2 "--overlap-moe-comm is Megatron-Core's --overlap-moe-expert-parallel-comm; stack torchtitan-eager does not run it" simulate --model tiny-moe --gpus 4 --mesh dp_shard=4,ep=2 --stack torchtitan-eager --overlap-moe-comm
+row 2 "--moe-dispatcher 'foo': choose alltoall or deepep" simulate --model tiny-moe --gpus 4 --mesh dp_replicate=4,ep=2 --stack megatron-core --moe-dispatcher foo
+row 2 "MoE all-to-all overlap with pp=2 needs the interleaved schedule" simulate --model tiny-moe --gpus 4 --mesh dp_replicate=2,pp=2,ep=2 --stack megatron-core --overlap-moe-comm
+row 2 "MoE dispatcher deepep is Megatron-Core's flex dispatcher with DeepEP (--moe-enable-deepep), which needs expert parallelism" explain --model tiny-moe --gpus 4 --mesh dp_replicate=4 --stack megatron-core --moe-dispatcher deepep
 row 2 "column 'inter_node_gbps_per_gpu' = 'inf': expected a finite number in (0, 100000]" validate "$d/inf_bw.csv"
 row 2 "column 'seq' = '9223372036854775807': expected an integer in 1..16777216" validate "$d/seq.csv"
 row 2 "metric 'flops': expected tokens_per_s_per_gpu, peak_mem_gib or step_time_s" validate "$d/metric.csv"
