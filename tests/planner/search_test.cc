@@ -606,6 +606,58 @@ TEST(SearchRun, OverCapacityFollowsFromASiblingNeedingNoMore) {
   EXPECT_GT(t.s->n_implied, 0);
 }
 
+// full_ac_ahead: after a none-AC candidate over capacity, the next none-AC candidate's
+// full-AC sibling is decided first. Against the search in enumeration order alone
+// (full_ac_ahead = 0): every none-AC candidate it finds over capacity without a simulation
+// (MP_REJECT_MEMORY_AC) is the one the reference simulated over capacity; every other
+// candidate has the reference's verdict and figures, to the bit; fewer are simulated; and
+// the ranking is the same, with and without the dominance prune (which turns the full
+// sibling of a fitting none dominated after its simulation). At 71.5 GiB dp_replicate=32's
+// none at mb=1 is over capacity in bf16 (64 + 8 GiB) and fits in float8 (64 + 8 - 1): the
+// float8 one, after it in the chunk, has its full sibling decided first and then fits.
+TEST(SearchRun, FullAcDecidedFirstRanksTheSame) {
+  for (int k = 0; k < 4; k++) {
+    const int dominated = k % 2;
+    const double capacity = k < 2 ? 40 : 71.5;
+    Search ref(fake_dense_model(), fake_cluster(4, 8), 4096, 256);
+    ref.cfg.full_ac_ahead = 0;
+    ref.cfg.prune_dominated = dominated;
+    ref.fe.capacity_gib = capacity;
+    ref.run();
+    Search fast(fake_dense_model(), fake_cluster(4, 8), 4096, 256);
+    fast.cfg.prune_dominated = dominated;
+    fast.fe.capacity_gib = capacity;
+    fast.run();
+    ASSERT_EQ(ref.s->n, fast.s->n);
+    int64_t ahead = 0, first = -1;
+    for (int64_t i = 0; i < ref.s->n; i++) {
+      const mp_candidate &a = ref.s->cands[i], &b = fast.s->cands[i];
+      if (b.reject != a.reject && b.reject == MP_REJECT_MEMORY_AC && b.ac == MP_AC_NONE) {
+        EXPECT_EQ(a.reject, MP_REJECT_MEMORY) << i;
+        EXPECT_EQ(b.evaluated, 0) << i;
+        if (first < 0) first = i;
+        ahead++;
+        continue;
+      }
+      ASSERT_EQ(a.reject, b.reject) << i << " " << ref.reason(&a) << " / " << fast.reason(&b);
+      ASSERT_EQ(a.evaluated, b.evaluated) << i;
+      EXPECT_EQ(a.res.step_time_s, b.res.step_time_s) << i;
+      EXPECT_EQ(a.res.peak_mem_bytes, b.res.peak_mem_bytes) << i;
+    }
+    EXPECT_EQ(fast.s->n_evaluated, ref.s->n_evaluated - ahead);
+    if (capacity == 40) {
+      ASSERT_GT(ahead, 0) << "no none-AC candidate decided by its full sibling: the test says nothing";
+      EXPECT_EQ(fast.reason(&fast.s->cands[first]), "ac=none saves less memory than ac=full, over capacity");
+    }
+    int64_t *ra = nullptr, *rb = nullptr, na = 0, nb = 0;
+    ASSERT_EQ(mp_search_rank(&ref.ctx, ref.s, MP_OBJECTIVE_TIME, 0, &ra, &na), MP_OK);
+    ASSERT_EQ(mp_search_rank(&fast.ctx, fast.s, MP_OBJECTIVE_TIME, 0, &rb, &nb), MP_OK);
+    ASSERT_GT(na, 0);
+    ASSERT_EQ(na, nb);
+    for (int64_t r = 0; r < na; r++) EXPECT_EQ(ra[r], rb[r]) << "rank " << r + 1;
+  }
+}
+
 TEST(SearchRun, EvaluatorErrorKeepsItsMessage) {
   Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
   t.fe.fail_tp2_full = 1;
