@@ -80,6 +80,7 @@ typedef struct run_shared {
   unsigned char *done; /* per chunk, guarded by mu */
   int stop;            /* guarded by mu: the caller gave up */
   mp_status fatal;     /* a worker could not go on (out of memory) */
+  int64_t set_aside;   /* guarded by mu: the workers' n_set_aside (mp_search) */
   mp_ctx fatal_ctx;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -136,6 +137,7 @@ typedef struct worker {
   mp_arena *scratch;
   void *user;
   int64_t lo, hi; /* the chunk: candidates [lo, hi) */
+  int64_t set_aside; /* simulations whose result this worker set aside */
 } worker;
 
 static int no_recompute(const mp_candidate *c) { return c->ac == MP_AC_NONE && c->ac_every <= 1; }
@@ -179,24 +181,27 @@ static void decide_none_after_full(worker *w, int64_t i, int64_t j) {
   }
   eval_one(w->sh, w->user, &w->ctx, w->scratch, c);
   if (c->reject != MP_REJECT_NONE || !w->sh->cfg->prune_dominated) return;
+  w->set_aside += d->evaluated;
   d->reject = MP_REJECT_DOMINATED;
   d->evaluated = 0;
   d->error = NULL;
   memset(&d->res, 0, sizeof d->res);
 }
 
-/* The chunk [w->lo, w->hi). After a none-AC candidate over capacity the next ones likely
- * are too (neighbouring meshes hold about as much): with full_ac_ahead their full-AC
- * sibling is decided first, which spares their simulation when full AC is over capacity
- * as well. The hint is the chunk's own, so decisions do not depend on the threads. */
+/* The chunk [w->lo, w->hi). With full_ac_ahead a none-AC candidate's full-AC sibling is
+ * decided first, which spares its simulation when full AC is over capacity, unless the
+ * chunk's last none-AC candidate fit: neighbouring meshes and micro-batches hold about as
+ * much, so then this one likely fits too, and full AC would be simulated for nothing (a
+ * fitting none makes it dominated). The hint is the chunk's own, so decisions do not
+ * depend on the threads. */
 static void run_chunk(worker *w) {
   const mp_search_config *cfg = w->sh->cfg;
-  int none_over = 0;
+  int full_first = 1;
   for (int64_t i = w->lo; i < w->hi; i++) {
     mp_candidate *c = &w->sh->s->cands[i];
     if (c->reject != MP_REJECT_NONE || c->evaluated) continue;
     const mp_reject v = sibling_verdict(w->sh->s, cfg->prune_dominated, w->lo, i);
-    const int64_t j = v == MP_REJECT_NONE && cfg->full_ac_ahead && none_over && no_recompute(c)
+    const int64_t j = v == MP_REJECT_NONE && cfg->full_ac_ahead && full_first && no_recompute(c)
                           ? full_sibling(w, i)
                           : -1;
     if (v != MP_REJECT_NONE)
@@ -205,7 +210,7 @@ static void run_chunk(worker *w) {
       decide_none_after_full(w, i, j);
     else
       eval_one(w->sh, w->user, &w->ctx, w->scratch, c);
-    if (no_recompute(c)) none_over = over_capacity(c);
+    if (no_recompute(c)) full_first = c->reject != MP_REJECT_NONE;
   }
 }
 
@@ -229,6 +234,9 @@ static void *worker_main(void *arg) {
     pthread_cond_broadcast(&sh->cv);
     pthread_mutex_unlock(&sh->mu);
   }
+  pthread_mutex_lock(&sh->mu);
+  sh->set_aside += w.set_aside;
+  pthread_mutex_unlock(&sh->mu);
   mp_arena_destroy(w.scratch);
   if (sh->cfg->eval_thread_done) sh->cfg->eval_thread_done(w.user);
   return NULL;
@@ -302,6 +310,7 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
   free(sh.done);
   free(sh.chunk_lo);
   s->n_evaluated = s->n_feasible = s->n_failed = s->n_dominated = s->n_implied = 0;
+  s->n_set_aside = sh.set_aside;
   for (int64_t i = 0; i < s->n; i++) {
     const mp_candidate *c = &s->cands[i];
     s->n_dominated += c->reject == MP_REJECT_DOMINATED;

@@ -116,7 +116,8 @@ static inline mp_cluster fake_cluster(int n_nodes, int gpus_per_node, int cc = 9
 }
 
 /* A search of the fake dense model on one node of 8 fake GPUs at seq 4096 and a global
- * batch of 32, run on 2 threads and ranked by time (order[0..n_order)). */
+ * batch of 32, run on 2 threads and ranked by time (order[0..n_order)); full_ac_ahead as
+ * mp_search_config's (0: every candidate decided in enumeration order). */
 struct FakeRankedSearch {
   mp_model model = fake_dense_model();
   mp_cluster cluster = fake_cluster(1, 8);
@@ -125,9 +126,10 @@ struct FakeRankedSearch {
   mp_search *s = nullptr;
   int64_t *order = nullptr, n_order = 0;
   mp_ctx ctx;
-  FakeRankedSearch() {
+  explicit FakeRankedSearch(int full_ac_ahead = 1) {
     mp_ctx_init(&ctx);
     mp_search_config_init(&cfg);
+    cfg.full_ac_ahead = full_ac_ahead;
     cfg.model = &model;
     cfg.cluster = &cluster;
     cfg.seq = 4096;

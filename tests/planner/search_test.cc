@@ -543,8 +543,10 @@ TEST(SearchRun, MorePrecomputeThanAFittingSiblingIsDominated) {
 TEST(SearchRun, MemoryOverCapacityIsInfeasibleWithFigures) {
   // dp_shard=8, tp=1, mb=4, ac none: 64/8 + 4*8 = 40 GiB = capacity: fits.
   // dp_shard=4, tp=2... mb=4 not allowed (per-rank 2); use dp_replicate=8, mb=1, ac none:
-  // 64 + 8 = 72 GiB > 40: infeasible.
+  // 64 + 8 = 72 GiB > 40: infeasible. In enumeration order (full_ac_ahead 0: with it, full
+  // AC at 65 GiB would decide the none candidate over capacity unsimulated).
   Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 32);
+  t.cfg.full_ac_ahead = 0;
   t.run();
   const mp_candidate *fit = t.find(1, 1, 8, 1, 1, 1, 4, 0, 0, 0);
   EXPECT_EQ(fit->evaluated, 1);
@@ -568,8 +570,11 @@ TEST(SearchRun, MemoryOverCapacityIsInfeasibleWithFigures) {
 TEST(SearchRun, OverCapacityFollowsFromASiblingNeedingNoMore) {
   // dp_replicate=8 holds 64 GiB of state: at mb=1 none (64 + 8) and full (64 + 1) are
   // simulated, over 40 GiB, and selective-core (enumerated after both) is over capacity
-  // without a simulation; at mb=2 every policy is, its mb=1 sibling being over.
+  // without a simulation; at mb=2 every policy is, its mb=1 sibling being over. The siblings
+  // before a candidate alone (full_ac_ahead 0; FullAcDecidedFirstRanksTheSame has the rule
+  // of the full sibling after a none).
   Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 64);
+  t.cfg.full_ac_ahead = 0;
   t.run();
   for (int ac : {MP_AC_NONE, MP_AC_FULL}) {
     const mp_candidate *c = t.find(1, 8, 1, 1, 1, 1, 1, ac, 0, 0);
@@ -645,6 +650,12 @@ TEST(SearchRun, FullAcDecidedFirstRanksTheSame) {
       EXPECT_EQ(a.res.peak_mem_bytes, b.res.peak_mem_bytes) << i;
     }
     EXPECT_EQ(fast.s->n_evaluated, ref.s->n_evaluated - ahead);
+    // only a fitting none after its full sibling's simulation sets that one aside
+    if (dominated && capacity > 40) {
+      EXPECT_GT(fast.s->n_set_aside, 0);
+    } else if (!dominated) {
+      EXPECT_EQ(fast.s->n_set_aside, 0);
+    }
     if (capacity == 40) {
       ASSERT_GT(ahead, 0) << "no none-AC candidate decided by its full sibling: the test says nothing";
       EXPECT_EQ(fast.reason(&fast.s->cands[first]), "ac=none saves less memory than ac=full, over capacity");

@@ -11,6 +11,7 @@
 namespace {
 
 struct Ranked : FakeRankedSearch {
+  explicit Ranked(int full_ac_ahead = 1) : FakeRankedSearch(full_ac_ahead) {}
   std::vector<int64_t> matches(const char *spec) {
     mp_search_fix f;
     mp_search_fix_init(&f);
@@ -53,28 +54,27 @@ TEST(Why, TheBestRankedMatchComesFirst) {
 }
 
 // dp_replicate=8, ac none: peak 64 + 8 x mb - (fp8 ? 1 : 0) GiB, over 40 for every one.
-// Simulated: mb 1 with float8 off (72 GiB); mb 1 with float8 on, after a none over capacity
-// in its chunk, has its full-AC sibling decided first (64 + 1 - 1 GiB, over), so it is over
-// capacity without a simulation (memory_ac, search.h's full_ac_ahead); mb 2 and 4 follow
-// from their halves (memory_mb); reshard on is a duplicate with dp_shard = 1 (reshard_noop,
-// a rule before the memory ones). None ranked: the furthest through the rules first (the
-// simulated 72), then memory_ac, then the four memory_mb in enumeration order, then the six
-// duplicates.
+// Simulated: mb 1 with float8 off (72 GiB) and on (71); mb 2 and 4 follow from their halves
+// (memory_mb); reshard on is a duplicate with dp_shard = 1 (reshard_noop, a rule before the
+// memory ones). None ranked: the nearest to fitting first (71), then 72, then the four
+// memory_mb in enumeration order, then the six duplicates. The search decides in
+// enumeration order (full_ac_ahead 0), so that both mb 1 candidates are simulated: with
+// full_ac_ahead their full-AC siblings (64 and 65 GiB) decide them over capacity unsimulated.
 TEST(Why, WithoutARankedMatchTheFurthestAndNearestComesFirst) {
-  Ranked r;
+  Ranked r(0);
   std::vector<int64_t> m = r.matches("dp_replicate=8,ac=none");
   ASSERT_EQ(m.size(), 12u);
-  const char *want_rule[12] = {"memory", "memory_ac", "memory_mb", "memory_mb", "memory_mb", "memory_mb",
+  const char *want_rule[12] = {"memory", "memory", "memory_mb", "memory_mb", "memory_mb", "memory_mb",
                                "reshard_noop", "reshard_noop", "reshard_noop", "reshard_noop", "reshard_noop",
                                "reshard_noop"};
   for (int k = 0; k < 12; k++) {
     EXPECT_STREQ(mp_reject_name((mp_reject)r.s->cands[m[k]].reject), want_rule[k]) << k;
     EXPECT_EQ(mp_search_rank_of(r.order, r.n_order, m[k]), 0) << k;
   }
-  EXPECT_EQ(r.opts(m[0]), "dp_replicate=8 ac=none mb=1");
-  EXPECT_EQ(r.s->cands[m[0]].res.peak_mem_bytes, 72 * kGiB);
-  EXPECT_EQ(r.opts(m[1]), "dp_replicate=8 ac=none mb=1 fp8=1");
-  EXPECT_EQ(r.s->cands[m[1]].evaluated, 0);
+  EXPECT_EQ(r.opts(m[0]), "dp_replicate=8 ac=none mb=1 fp8=1");
+  EXPECT_EQ(r.s->cands[m[0]].res.peak_mem_bytes, 71 * kGiB);
+  EXPECT_EQ(r.opts(m[1]), "dp_replicate=8 ac=none mb=1");
+  EXPECT_EQ(r.s->cands[m[1]].res.peak_mem_bytes, 72 * kGiB);
   for (int k = 3; k < 6; k++) EXPECT_LT(m[k - 1], m[k]);  // enumeration order among equals
   EXPECT_TRUE(r.matches("tp=3").empty());
 }
