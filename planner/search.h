@@ -46,7 +46,7 @@
  * sibling's recomputes (none < selective-core < selective < full, none < selective-op <
  * full) is skipped: the same schedule with more recompute ops is never faster. The AC
  * policies are enumerated none, full, then the ones between (selective-core, selective,
- * selective-op), so that both ends decide the middle. Unless the last none-AC candidate of
+ * selective-op), so that both ends decide the middle. Unless the last full-AC candidate of
  * its chunk fit, a worker decides the full-AC sibling before the none-AC one
  * (full_ac_ahead), so that a full AC over capacity decides none too (its sibling after it,
  * in its chunk), and a none that fits still makes its full sibling dominated: the outcomes
@@ -215,7 +215,7 @@ typedef struct mp_search_config {
                            (MP_REJECT_NO_FSDP) and reshard_after_forward is always a duplicate
                            (MP_REJECT_RESHARD_NOOP) */
   int ddp_shard_optimizer; /* DDP with its optimizer state sharded (ZeRO-1): the memory bound */
-  int full_ac_ahead;    /* 1 (mp_search_config_init): unless the last none-AC candidate of
+  int full_ac_ahead;    /* 1 (mp_search_config_init): unless the last full-AC candidate of
                            its chunk fit, a worker decides a none-AC candidate's full-AC
                            sibling first, and when that is over capacity the none-AC one is
                            too without a simulation (MP_REJECT_MEMORY_AC); 0: every candidate

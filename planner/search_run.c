@@ -188,20 +188,23 @@ static void decide_none_after_full(worker *w, int64_t i, int64_t j) {
   memset(&d->res, 0, sizeof d->res);
 }
 
+static int full_recompute(const mp_candidate *c) { return c->ac == MP_AC_FULL && c->ac_every <= 1; }
+
 /* The chunk [w->lo, w->hi). With full_ac_ahead a none-AC candidate's full-AC sibling is
- * decided first, which spares its simulation when full AC is over capacity, unless the
- * chunk's last none-AC candidate fit: neighbouring meshes and micro-batches hold about as
- * much, so then this one likely fits too, and full AC would be simulated for nothing (a
- * fitting none makes it dominated). The hint is the chunk's own, so decisions do not
+ * decided first when the chunk's last full-AC candidate was over capacity (or none was
+ * decided yet): neighbouring meshes and micro-batches hold about as much, so this one
+ * likely is too, and then the none-AC candidate needs no simulation; where full AC fits,
+ * enumeration order is kept, as simulating full AC first would be for nothing when none
+ * fits (it makes full AC dominated). The hint is the chunk's own, so decisions do not
  * depend on the threads. */
 static void run_chunk(worker *w) {
   const mp_search_config *cfg = w->sh->cfg;
-  int full_first = 1;
+  int full_over = 1;
   for (int64_t i = w->lo; i < w->hi; i++) {
     mp_candidate *c = &w->sh->s->cands[i];
     if (c->reject != MP_REJECT_NONE || c->evaluated) continue;
     const mp_reject v = sibling_verdict(w->sh->s, cfg->prune_dominated, w->lo, i);
-    const int64_t j = v == MP_REJECT_NONE && cfg->full_ac_ahead && full_first && no_recompute(c)
+    const int64_t j = v == MP_REJECT_NONE && cfg->full_ac_ahead && full_over && no_recompute(c)
                           ? full_sibling(w, i)
                           : -1;
     if (v != MP_REJECT_NONE)
@@ -210,7 +213,8 @@ static void run_chunk(worker *w) {
       decide_none_after_full(w, i, j);
     else
       eval_one(w->sh, w->user, &w->ctx, w->scratch, c);
-    if (no_recompute(c)) full_first = c->reject != MP_REJECT_NONE;
+    if (j >= 0) full_over = over_capacity(&w->sh->s->cands[j]);
+    if (full_recompute(c)) full_over = over_capacity(c);
   }
 }
 
