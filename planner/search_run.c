@@ -246,6 +246,21 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
+/* The run's counts of s (search.h, mp_search) from its candidates' outcomes. */
+static void count_outcomes(mp_search *s, int64_t set_aside) {
+  s->n_evaluated = s->n_feasible = s->n_failed = s->n_dominated = s->n_implied = 0;
+  s->n_set_aside = set_aside;
+  for (int64_t i = 0; i < s->n; i++) {
+    const mp_candidate *c = &s->cands[i];
+    s->n_dominated += c->reject == MP_REJECT_DOMINATED;
+    s->n_implied += c->reject == MP_REJECT_MEMORY_MB || c->reject == MP_REJECT_MEMORY_AC;
+    if (!c->evaluated) continue;
+    s->n_evaluated++;
+    if (c->reject == MP_REJECT_NONE) s->n_feasible++;
+    if (c->reject == MP_REJECT_EVAL_ERROR) s->n_failed++;
+  }
+}
+
 mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
                         mp_search_sink_fn sink, void *sink_user,
                         mp_search_progress_fn progress, void *progress_user) {
@@ -313,17 +328,7 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
   pthread_cond_destroy(&sh.cv);
   free(sh.done);
   free(sh.chunk_lo);
-  s->n_evaluated = s->n_feasible = s->n_failed = s->n_dominated = s->n_implied = 0;
-  s->n_set_aside = sh.set_aside;
-  for (int64_t i = 0; i < s->n; i++) {
-    const mp_candidate *c = &s->cands[i];
-    s->n_dominated += c->reject == MP_REJECT_DOMINATED;
-    s->n_implied += c->reject == MP_REJECT_MEMORY_MB || c->reject == MP_REJECT_MEMORY_AC;
-    if (!c->evaluated) continue;
-    s->n_evaluated++;
-    if (c->reject == MP_REJECT_NONE) s->n_feasible++;
-    if (c->reject == MP_REJECT_EVAL_ERROR) s->n_failed++;
-  }
+  count_outcomes(s, sh.set_aside);
   s->run_s = mp_now_s() - t0;
   return st;
 }
