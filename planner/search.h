@@ -46,7 +46,12 @@
  * sibling's recomputes (none < selective-core < selective < full, none < selective-op <
  * full) is skipped: the same schedule with more recompute ops is never faster. The AC
  * policies are enumerated none, full, then the ones between (selective-core, selective,
- * selective-op), so that both ends decide the middle.
+ * selective-op), so that both ends decide the middle. Unless the last full-AC candidate of
+ * its chunk fit, a worker decides the full-AC sibling before the none-AC one
+ * (full_ac_ahead), so that a full AC over capacity decides none too (its sibling after it,
+ * in its chunk), and a none that fits still makes its full sibling dominated: the outcomes
+ * enumeration order gives, but for none-AC candidates over capacity found so without a
+ * simulation.
  *
  * Constraints (`--fix`, `--executable-only`) shrink the space before enumeration: a
  * candidate they exclude is not enumerated, so counts are those of the constrained space.
@@ -217,6 +222,11 @@ typedef struct mp_search_config {
                            (MP_REJECT_NO_FSDP) and reshard_after_forward is always a duplicate
                            (MP_REJECT_RESHARD_NOOP) */
   int ddp_shard_optimizer; /* DDP with its optimizer state sharded (ZeRO-1): the memory bound */
+  int full_ac_ahead;    /* 1 (mp_search_config_init): unless the last full-AC candidate of
+                           its chunk fit, a worker decides a none-AC candidate's full-AC
+                           sibling first, and when that is over capacity the none-AC one is
+                           too without a simulation (MP_REJECT_MEMORY_AC); 0: every candidate
+                           in enumeration order. The ranked plans are the same either way */
   int prune_dominated;  /* time objectives: an AC policy whose recompute is a superset of a
                            fitting sibling's (same mesh, chunks, micro-batch, float8,
                            reshard, SP) is not simulated (MP_REJECT_DOMINATED) */
@@ -250,6 +260,8 @@ typedef struct mp_search {
   int64_t n_dominated;  /* not simulated: an AC policy recomputing less fits */
   int64_t n_implied;    /* not simulated: over capacity as a sibling needing no more
                            memory is (MP_REJECT_MEMORY_MB, MP_REJECT_MEMORY_AC) */
+  int64_t n_set_aside;  /* handed to the evaluator besides n_evaluated, the result set aside:
+                           full AC decided ahead (full_ac_ahead), then dominated by its none */
   double enumerate_s, run_s;
 } mp_search;
 

@@ -28,26 +28,54 @@
 #include "sim/sim_internal.h"
 #include "sim/workspace.h"
 
-/* The order of stage `stage` (-1: of every stage, per steps each) built into the
- * workspace's steps (valid until the next call); NULL with the error on ctx. */
-static const mp_pp_step *orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
-                                mp_pp_flavor flavor, int pp, int v, int64_t n_micro, int stage,
-                                int64_t per) {
-  const int s0 = stage < 0 ? 0 : stage, s1 = stage < 0 ? pp : stage + 1;
-  if (!mp_sim_grow((void **)&ws->steps, &ws->steps_cap, (size_t)(per * (s1 - s0)),
-                   sizeof *ws->steps)) {
-    mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline orders of %d stages", pp);
-    return NULL;
-  }
+/* Stages s0 .. s1 - 1's orders, per steps each, into out; 0 with the error on ctx. */
+static int fill_orders(mp_ctx *ctx, mp_pp_step *out, mp_pp_schedule kind, mp_pp_flavor flavor,
+                       int pp, int v, int64_t n_micro, int s0, int s1, int64_t per) {
   for (int s = s0; s < s1; s++) {
     int64_t n = 0;
-    if (mp_pp_order(ctx, kind, flavor, pp, v, n_micro, s, ws->steps + (size_t)(s - s0) * per,
-                    &n) != MP_OK)
-      return NULL;
+    if (mp_pp_order(ctx, kind, flavor, pp, v, n_micro, s, out + (size_t)(s - s0) * per, &n) != MP_OK)
+      return 0;
     MP_ASSERT(n == per, "stage %d: %lld steps, not %lld: a stage's order runs every chunk of every micro-batch "
               "forward and backward, once", s, (long long)n, (long long)per);
   }
-  return ws->steps;
+  return 1;
+}
+
+/* The order of stage `stage` built into the workspace's steps (valid until the next call);
+ * NULL with the error on ctx. */
+static const mp_pp_step *orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
+                                mp_pp_flavor flavor, int pp, int v, int64_t n_micro, int stage,
+                                int64_t per) {
+  if (!mp_sim_grow((void **)&ws->steps, &ws->steps_cap, (size_t)per, sizeof *ws->steps)) {
+    mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline order of stage %d", stage);
+    return NULL;
+  }
+  return fill_orders(ctx, ws->steps, kind, flavor, pp, v, n_micro, stage, stage + 1, per) ? ws->steps : NULL;
+}
+
+/* Every stage's order, per steps each, from the workspace's order slots: the slot of this
+ * key, or the next one in turn rebuilt for it (valid until MP_SIM_ORDER_SLOTS other keys
+ * were asked); NULL with the error on ctx. The orders are a function of the key alone
+ * (mp_pp_order), so a kept one is exactly what building it again would give. */
+static const mp_pp_step *all_orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
+                                    mp_pp_flavor flavor, int pp, int v, int64_t n_micro,
+                                    int64_t per) {
+  for (int i = 0; i < MP_SIM_ORDER_SLOTS; i++) {
+    const mp_sim_order_slot *o = &ws->order_slots[i];
+    if (o->valid && o->kind == kind && o->flavor == flavor && o->pp == pp && o->v == v &&
+        o->n_micro == n_micro)
+      return o->steps;
+  }
+  mp_sim_order_slot *o = &ws->order_slots[ws->order_next];
+  o->valid = 0;
+  if (!mp_sim_grow((void **)&o->steps, &o->steps_cap, (size_t)(per * pp), sizeof *o->steps)) {
+    mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline orders of %d stages", pp);
+    return NULL;
+  }
+  if (!fill_orders(ctx, o->steps, kind, flavor, pp, v, n_micro, 0, pp, per)) return NULL;
+  *o = (mp_sim_order_slot){1, kind, flavor, pp, v, n_micro, o->steps, o->steps_cap};
+  ws->order_next = (ws->order_next + 1) % MP_SIM_ORDER_SLOTS;
+  return o->steps;
 }
 
 /* The ready time of step q of stage s: when its input (forward) or output gradient
@@ -111,7 +139,7 @@ static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind
       !mp_sim_grow((void **)&ws->pos, &ws->pos_cap, (size_t)pp, sizeof *ws->pos))
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline timeline of %d stages",
                     pp);
-  const mp_pp_step *all = orders(ctx, ws, kind, flavor, pp, v, n_micro, -1, per);
+  const mp_pp_step *all = all_orders(ctx, ws, kind, flavor, pp, v, n_micro, per);
   if (all == NULL) return ctx->last;
   double *end = ws->ends, *free_t = ws->ends + 2 * n_micro * K;
   int64_t *pos = ws->pos;
