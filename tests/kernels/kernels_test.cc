@@ -202,7 +202,7 @@ TEST_F(Kernels, AttentionGQAMatchesNaiveAndFiniteDifferences) {
   Vec q = r.vec(nq), k = r.vec(nk), v = r.vec(nk), R = r.vec(nq);
   Vec out(nq), lse((size_t)B * nh * T);
   ASSERT_EQ(be->attention_forward(&kc, out.data(), lse.data(), q.data(), k.data(), v.data(),
-                                  B, T, nh, nkv, hd), MP_OK);
+                                  B, T, nh, nkv, hd, hd), MP_OK);
   std::vector<double> want(nq), want_lse((size_t)B * nh * T);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < nh; h++)
@@ -231,11 +231,11 @@ TEST_F(Kernels, AttentionGQAMatchesNaiveAndFiniteDifferences) {
   Vec dq(nq, 0), dk(nk, 0), dv(nk, 0);
   ASSERT_EQ(be->attention_backward(&kc, dq.data(), dk.data(), dv.data(), R.data(), q.data(),
                                    k.data(), v.data(), out.data(), lse.data(), B, T, nh, nkv,
-                                   hd), MP_OK);
+                                   hd, hd), MP_OK);
   auto f = [&]() {
     Vec o(nq), l((size_t)B * nh * T);
     be->attention_forward(&kc, o.data(), l.data(), q.data(), k.data(), v.data(), B, T, nh, nkv,
-                          hd);
+                          hd, hd);
     return dot(o, R);
   };
   check_fd("attn dq", q, dq, f);
