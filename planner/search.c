@@ -44,6 +44,9 @@ static int executable(const mp_search_config *cfg, const mp_candidate *c) {
   o.ac = (mp_ac_mode)c->ac;
   o.pp_virtual = c->pp_virtual;
   if (c->pp_virtual > 1) o.pp_schedule = MP_PP_INTERLEAVED;
+  /* the backend that would run it: the CPU's on the CPU profile, CUDA's on a GPU */
+  o.mem_model = mp_gpu_api_of(&cfg->cluster->gpu) == MP_GPU_API_CPU ? MP_MEM_MODEL_MESHPLAN_CPU
+                                                                     : MP_MEM_MODEL_MESHPLAN_CUDA;
   const unsigned applied = (c->mesh.size[MP_DIM_DP_SHARD] > 1 ? MP_PASS_FSDP : 0) | (c->fp8 ? MP_PASS_FLOAT8 : 0);
   mp_ctx ctx;
   mp_ctx_init(&ctx);

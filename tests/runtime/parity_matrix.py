@@ -9,6 +9,8 @@ batch (same seed, micro-batch and data):
     within 1e-5 relative, per parameter, twice: the L2 norm of the difference over the L2
     norm, and the largest element-wise difference over the tensor's largest magnitude (a
     few wrong elements of a large tensor hide in the L2 norm, not in the max).
+Multi-head latent attention (tiny-mla, tiny-mla-q): dp_shard=2, tp=2, dp_shard=2 x tp=2,
+ep=2 (dp_shard=2), ep=2 x tp=2 (dp_shard=2), each AC mode, and tp=2 without SP.
 Meshes: 1 rank (the reference), dp_shard=4, dp_replicate=2 x dp_shard=2, tp=2, tp=4,
 dp_shard=2 x tp=2; for the MoE model also ep=2 (dp_shard=2), ep=4 (dp_shard=4) and
 ep=2 x tp=2; for the dense model also cp=2, cp=4, dp_shard=2 x cp=2 x tp=2 and pp=2 x cp=2
@@ -83,7 +85,9 @@ MEM_TOL = 0  # non-EP plans: the prediction is the runtime's allocations, byte f
 #     saved expert side (d_model + 3 d_ff_expert floats a row) and one transient (outputs,
 #     d_model, or the backward workspace, 2 d_model + 3 d_ff_expert) are live at once.
 # tiny-moe (data/models/tiny-moe.json): d_model 64, d_ff_expert 32, top_k 2, 2 MoE layers.
-MOE_DIMS = {"tiny-moe": dict(C=64, Fe=32, K=2, L_moe=2)}
+# tiny-mla, tiny-mla-q (data/models): d_model 64, d_ff_expert 16, top_k 2, 2 MoE layers of 3.
+MOE_DIMS = {"tiny-moe": dict(C=64, Fe=32, K=2, L_moe=2), "tiny-mla": dict(C=64, Fe=16, K=2, L_moe=2),
+            "tiny-mla-q": dict(C=64, Fe=16, K=2, L_moe=2)}
 SEQ, MICRO_BATCH = 32, 2
 FP8_GRAD_MAXABS_TOL = 2.0 ** -3 / (MICRO_BATCH * SEQ)
 
@@ -174,6 +178,16 @@ def build_rows():
     rows.append(row("tiny-odd", "pp=2,dp_shard=2", "none", gb=16, args=inter))
     rows.append(row("tiny-tied", "pp=2,dp_shard=2", "selective-core", gb=16, args=inter))
     rows.append(row("tiny-tied", "dp_shard=3", "none", gb=6))
+    # multi-head latent attention (exec/runtime/runtime_mla.c) with MoE and a leading dense
+    # layer: tiny-mla (q_proj, whose input gradient is reduced over tp beside the latent
+    # path's whole one) and tiny-mla-q (a query latent: nothing to reduce); quick: tiny-mla
+    # on dp_shard x ep x tp with SP
+    for model in ("tiny-mla", "tiny-mla-q"):
+        for ac in ("none", "selective-core", "full"):
+            for mesh in ("dp_shard=2", "tp=2", "dp_shard=2,tp=2", "dp_shard=2,ep=2", "dp_shard=2,ep=2,tp=2"):
+                rows.append(row(model, mesh, ac, quick=model == "tiny-mla" and ac == "selective-core" and
+                                mesh == "dp_shard=2,ep=2,tp=2"))
+        rows.append(row(model, "tp=2", "none", args=["--no-sp"]))
     return rows
 
 
