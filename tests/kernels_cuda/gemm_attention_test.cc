@@ -203,6 +203,12 @@ TEST_F(GemmAttention, AttentionRefusesUnsupportedHeadDim) {
   EXPECT_NE(std::strstr(mp_errmsg(&err), "head dim"), nullptr);
   EXPECT_EQ(be->attention_forward(&kc, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2, 1,
                                   33, 33), MP_ERR_UNSUPPORTED);
+  // multi-head latent attention's value head unlike the query/key head: refused by name
+  EXPECT_EQ(be->attention_forward(&kc, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2, 1,
+                                  64, 32), MP_ERR_UNSUPPORTED);
+  EXPECT_NE(std::strstr(mp_errmsg(&err), "multi-head latent attention"), nullptr) << mp_errmsg(&err);
+  EXPECT_EQ(be->attention_backward(&kc, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                   nullptr, 1, 4, 2, 1, 64, 32), MP_ERR_UNSUPPORTED);
 }
 
 const double kF8F32Bound = 2e-3; // see the file comment
