@@ -10,7 +10,9 @@ batch (same seed, micro-batch and data):
     norm, and the largest element-wise difference over the tensor's largest magnitude (a
     few wrong elements of a large tensor hide in the L2 norm, not in the max).
 Multi-head latent attention (tiny-mla, tiny-mla-q): dp_shard=2, tp=2, dp_shard=2 x tp=2,
-ep=2 (dp_shard=2), ep=2 x tp=2 (dp_shard=2), each AC mode, and tp=2 without SP.
+ep=2 (dp_shard=2), ep=2 x tp=2 (dp_shard=2), each AC mode, and tp=2 without SP; a dense
+MLA model (tiny-mla-dense) on pp=2 and pp=2 x dp_shard=2 x tp=2 (AC none and full), and
+pp=2 under GPipe.
 Meshes: 1 rank (the reference), dp_shard=4, dp_replicate=2 x dp_shard=2, tp=2, tp=4,
 dp_shard=2 x tp=2; for the MoE model also ep=2 (dp_shard=2), ep=4 (dp_shard=4) and
 ep=2 x tp=2; for the dense model also cp=2, cp=4, dp_shard=2 x cp=2 x tp=2 and pp=2 x cp=2
@@ -188,6 +190,11 @@ def build_rows():
                 rows.append(row(model, mesh, ac, quick=model == "tiny-mla" and ac == "selective-core" and
                                 mesh == "dp_shard=2,ep=2,tp=2"))
         rows.append(row(model, "tp=2", "none", args=["--no-sp"]))
+    # MLA inside pipeline stages: tiny-mla-dense, 4 layers on 2 stages
+    for ac in ("none", "full"):
+        rows.append(row("tiny-mla-dense", "pp=2", ac))
+        rows.append(row("tiny-mla-dense", "pp=2,dp_shard=2,tp=2", ac))
+    rows.append(row("tiny-mla-dense", "pp=2", "selective-core", args=["--pp-schedule", "gpipe"]))
     return rows
 
 
