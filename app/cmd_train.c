@@ -25,6 +25,7 @@
 #include "calib/calibrate.h"
 #include "calib/store.h"
 #include "common/checked.h"
+#include "common/file.h"
 #include "common/json.h"
 #include "common/limits.h"
 #include "common/stats.h"
@@ -408,6 +409,12 @@ static mp_status init_from_config(train_job *j, int model_given) {
   if (access(cfg, R_OK) != 0) return MP_OK; /* a .safetensors file, or a folder without one */
   mp_model hf;
   MP_CHECK(mp_model_load(j->ctx, cfg, &hf));
+  char *text = NULL;
+  size_t n = 0;
+  MP_CHECK(mp_read_file(j->ctx, cfg, &text, &n));
+  mp_status st = mp_hf_check_rope_scaling(j->ctx, text, cfg); /* the runtime's RoPE is plain */
+  free(text);
+  MP_CHECK(st);
   if (!model_given) {
     j->model = hf;
     return MP_OK;

@@ -289,6 +289,9 @@ cJSON *mp_model_to_json(const mp_model *m) {
   cJSON_AddStringToObject(o, "name", m->name);
   cJSON_AddStringToObject(o, "family", family_name(m->family));
   mp_model_write_fields(o, m, MP_MODEL_OBJ_TOP, MP_MODEL_FIELD_FIRST, MP_MODEL_FIELD_LAST);
+  if (mp_model_is_mla(m))
+    mp_model_write_fields(cJSON_AddObjectToObject(o, "mla"), m, MP_MODEL_OBJ_MLA, MP_MODEL_FIELD_FIRST,
+                          MP_MODEL_FIELD_LAST);
   if (!mp_model_is_moe(m)) return o;
   /* the MoE layers as the format states them: the first first_dense_layers dense, then
    * every layer_freq-th */

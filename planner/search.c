@@ -24,9 +24,8 @@ void mp_candidate_ac_str(const mp_candidate *c, char *buf, size_t cap) {
   else snprintf(buf, cap, "%s", mp_search_ac_name(c->ac));
 }
 
-/* executable_only: whether exec/runtime executes the candidate, by the runtime's own rules
- * (mp_runtime_check) on the options the candidate's plan would have and the passes it would
- * apply (FSDP where dp_shard > 1, Float8 where float8 is on); no plan is built. */
+/* executable_only: whether exec/runtime executes the candidate on the profile's backend (CPU or CUDA), by
+ * its own rules (mp_runtime_check) on the options and passes its plan would have; no plan is built. */
 static int executable(const mp_search_config *cfg, const mp_candidate *c) {
   if (!mp_gpu_runtime_drives(&cfg->cluster->gpu)) return 0; /* a GPU without CUDA */
   mp_plan_options o;
@@ -39,6 +38,7 @@ static int executable(const mp_search_config *cfg, const mp_candidate *c) {
   o.ac = (mp_ac_mode)c->ac;
   o.pp_virtual = c->pp_virtual;
   if (c->pp_virtual > 1) o.pp_schedule = MP_PP_INTERLEAVED;
+  o.mem_model = mp_gpu_api_of(&cfg->cluster->gpu) == MP_GPU_API_CPU ? MP_MEM_MODEL_MESHPLAN_CPU : MP_MEM_MODEL_MESHPLAN_CUDA;
   const unsigned applied = (c->mesh.size[MP_DIM_DP_SHARD] > 1 ? MP_PASS_FSDP : 0) | (c->fp8 ? MP_PASS_FLOAT8 : 0);
   mp_ctx ctx;
   mp_ctx_init(&ctx);

@@ -338,7 +338,7 @@ row 2 "the fixed mesh dims multiply to 3, which does not divide the 8 GPUs" plan
 row 2 "--log-all logs every candidate to the database; drop --no-db" plan --no-db --log-all
 row 1 "no plan fits llama3.1-70b on 1 x h100-sxm; the smallest change that fits, searched: --gpus 16" plan --no-db --model llama3.1-70b --gpus 1
 row 1 "no plan fits llama3.1-70b on 16 x h100-sxm; the smallest change that fits, searched: --ac full" plan --no-db --model llama3.1-70b --gpus 16 --ac none
-row 2 "unknown GPU 'h100x'; known: a100-40gb-sxm, a100-80gb-sxm, b200, cpu, h100-96gb-500w, h100-nvl, h100-pcie, h100-sxm, h200, h800, l40s, mi300x" plan --no-db --gpus 8 --gpu h100x
+row 2 "unknown GPU 'h100x'; known: a100-40gb-sxm, a100-80gb-sxm, b200, cpu, gb200, h100-96gb-500w, h100-nvl, h100-pcie, h100-sxm, h200, h800, l40s, mi300x" plan --no-db --gpus 8 --gpu h100x
 row 2 "GPU mi300x has no CUDA (rocm): meshplan's CUDA runtime (stack meshplan-cuda) cannot drive it" simulate --gpus 8 --gpu mi300x --stack meshplan-cuda
 row 2 "GPU mi300x has no CUDA (rocm)" plan --no-db --gpus 8 --gpu mi300x --stack meshplan-cuda
 
