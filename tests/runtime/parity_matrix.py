@@ -245,6 +245,10 @@ def build_rows():
                 rows.append(row(model, mesh, ac, quick=model == "tiny-mla" and ac == "selective-core" and
                                 mesh == "dp_shard=2,ep=2,tp=2"))
         rows.append(row(model, "tp=2", "none", args=["--no-sp"]))
+    # MLA with MoE inside pipeline stages: tiny-mla's dense first layer and two MoE layers on
+    # 2 stages, alone and with EP inside each stage
+    rows.append(row("tiny-mla", "pp=2", "selective-core"))
+    rows.append(row("tiny-mla", "pp=2,dp_shard=2,ep=2", "none", gb=16))
     # MLA inside pipeline stages: tiny-mla-dense, 4 layers on 2 stages
     for ac in ("none", "full"):
         rows.append(row("tiny-mla-dense", "pp=2", ac))
