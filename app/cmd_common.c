@@ -138,6 +138,27 @@ mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
   return MP_OK;
 }
 
+mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                             mp_plan_options *o) {
+  const char *d = mp_args_get(spec, "--moe-dispatcher");
+  if (d && strcmp(d, "alltoall") != 0 && strcmp(d, "deepep") != 0)
+    return mp_error(ctx, MP_ERR_USAGE, "--moe-dispatcher '%s': choose alltoall or deepep", d);
+  if (d && strcmp(d, "deepep") == 0) {
+    if (prof->mem_model != MP_MEM_MODEL_MEGATRON)
+      return mp_error(ctx, MP_ERR_USAGE,
+                      "--moe-dispatcher deepep is Megatron-Core's flex dispatcher with DeepEP; stack %s "
+                      "does not run it: use megatron-core or drop it", prof->name);
+    o->moe_dispatcher = MP_MOE_DISPATCH_DEEPEP;
+  }
+  if (!mp_args_has(spec, "--overlap-moe-comm")) return MP_OK;
+  if (prof->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--overlap-moe-comm is Megatron-Core's --overlap-moe-expert-parallel-comm; stack "
+                    "%s does not run it: use megatron-core or drop --overlap-moe-comm", prof->name);
+  o->moe_a2a_overlap = 1;
+  return MP_OK;
+}
+
 mp_status mp_cmd_load_model(mp_ctx *ctx, const mp_cmd_spec *spec, const char *dflt, mp_model *m) {
   const char *hf = mp_args_get(spec, "--hf-config");
   const char *model = mp_args_get(spec, "--model");

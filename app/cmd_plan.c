@@ -527,24 +527,23 @@ static void train_cols(const plan_args *a, const mp_candidate *x, int64_t n_gpus
   snprintf(buf, cap, " %8.1f %10s", mp_train_days(x, n_gpus, a->tokens), a->price > 0 ? usd : "");
 }
 
-/* The ranked plans as a table (with tokens/$ when that is the objective, days and cost with
- * --tokens). */
+/* The ranked plans as a table (with tokens/$ when that is the objective, days and cost with --tokens). */
 static void print_ranking(const plan_view *v) {
   const plan_args *a = v->a;
   const mp_search *s = v->res->search;
   char head[64] = "";
+  int split = 0;
   if (a->tokens > 0) snprintf(head, sizeof head, " %8s %10s", "days", a->price > 0 ? "cost" : "");
-  printf("\n%4s %6s %8s %3s %2s %3s %4s %3s  %-14s %3s %3s %6s %7s %10s %10s %6s %8s %4s%s%s\n",
+  printf("\n%4s %6s %8s %3s %2s %3s %5s %3s  %-14s %3s %3s %6s %7s %10s %10s %6s %8s %4s%s%s\n",
          "rank", "dp_rep", "dp_shard", "tp", "sp", "ep", "pp", "cp", "AC", "fp8", "mb", "batch", "reshard",
          "step (s)", "tok/s/GPU", "MFU", "peak GiB", "runs", v->price > 0 ? "   tokens/$" : "", head);
   for (int64_t r = 0; r < v->n_show; r++) {
     const mp_candidate *x = &s->cands[v->res->order[r]];
     char ac[32], pp[16];
     mp_candidate_ac_str(x, ac, sizeof ac);
-    /* pp x chunks per stage under the interleaved schedule */
-    if (x->pp_virtual > 1) snprintf(pp, sizeof pp, "%dx%d", x->mesh.size[MP_DIM_PP], x->pp_virtual);
-    else snprintf(pp, sizeof pp, "%d", x->mesh.size[MP_DIM_PP]);
-    printf("%4lld %6d %8d %3d %2s %3d %4s %3d  %-14s %3s %3lld %6lld %7s %10.4f %10.0f %5.1f%% %8.2f %4s",
+    mp_candidate_pp_str(x, pp, sizeof pp);
+    split |= x->pp_split;
+    printf("%4lld %6d %8d %3d %2s %3d %5s %3d  %-14s %3s %3lld %6lld %7s %10.4f %10.0f %5.1f%% %8.2f %4s",
            (long long)(r + 1), x->mesh.size[MP_DIM_DP_REPLICATE], x->mesh.size[MP_DIM_DP_SHARD],
            x->mesh.size[MP_DIM_TP], x->sp ? "y" : "-", x->mesh.ep, pp, x->mesh.size[MP_DIM_CP],
            ac, x->fp8 ? "yes" : "no", (long long)x->micro_batch, (long long)x->global_batch,
@@ -555,6 +554,8 @@ static void print_ranking(const plan_view *v) {
     train_cols(a, x, mp_cluster_n_gpus(&a->c), cols, sizeof cols);
     printf("%s\n", cols);
   }
+  if (split) printf("pp E: the embedding and the loss count as a layer each in the stages' split (Megatron-LM's "
+                    "--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split)\n");
   const mp_candidate *best = &s->cands[v->res->order[0]];
   if (best->pads_vocab)
     printf("note: the best plan pads the vocabulary (%lld) to a multiple of tp=%d\n",

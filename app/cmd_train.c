@@ -25,6 +25,7 @@
 #include "calib/calibrate.h"
 #include "calib/store.h"
 #include "common/checked.h"
+#include "common/file.h"
 #include "common/json.h"
 #include "common/limits.h"
 #include "common/stats.h"
@@ -234,6 +235,7 @@ static mp_status take_pick(mp_ctx *ctx, const mp_planner_result *res, mp_sim_eva
     po->fsdp.reshard_after_forward = pickc->reshard;
     po->pp_virtual = pickc->pp_virtual > 1 ? pickc->pp_virtual : 1;
     po->pp_schedule = pickc->pp_virtual > 1 ? MP_PP_INTERLEAVED : MP_PP_1F1B;
+    if (pickc->pp_split) mp_pp_layout_embedding_loss(m->n_layers, pickc->mesh.size[MP_DIM_PP], po->pp_virtual, po);
   }
   return st;
 }
@@ -407,6 +409,12 @@ static mp_status init_from_config(train_job *j, int model_given) {
   if (access(cfg, R_OK) != 0) return MP_OK; /* a .safetensors file, or a folder without one */
   mp_model hf;
   MP_CHECK(mp_model_load(j->ctx, cfg, &hf));
+  char *text = NULL;
+  size_t n = 0;
+  MP_CHECK(mp_read_file(j->ctx, cfg, &text, &n));
+  mp_status st = mp_hf_check_rope_scaling(j->ctx, text, cfg); /* the runtime's RoPE is plain */
+  free(text);
+  MP_CHECK(st);
   if (!model_given) {
     j->model = hf;
     return MP_OK;

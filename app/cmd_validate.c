@@ -25,7 +25,8 @@
  * collectives fused with their GEMMs, torchtitan's AsyncTP as the published run enabled it;
  * 0: not; empty or absent: the stack's default, off but under megatron-core, whose
  * --tp-comm-overlap is on), fp8_recipe (with fp8 1: tensorwise, current, delayed,
- * rowwise, mxfp8 or blockwise; empty or absent: the stack's recipe). The stack's options
+ * rowwise, mxfp8 or blockwise; empty or absent: the stack's recipe), moe_dispatcher
+ * (alltoall or deepep: how EP moves tokens, exec/plan.h; empty or absent: alltoall). The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
@@ -131,6 +132,10 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (v->fp8_recipe[0] && !mp_fp8_recipe_parse(v->fp8_recipe, &o->fp8_opts.recipe))
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_recipe '%s': expected tensorwise, current, delayed, "
                     "rowwise, mxfp8 or blockwise", where, v->fp8_recipe);
+  if (v->moe_dispatcher[0] && strcmp(v->moe_dispatcher, "alltoall") != 0 && strcmp(v->moe_dispatcher, "deepep") != 0)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: moe_dispatcher '%s': expected alltoall or deepep", where,
+                    v->moe_dispatcher);
+  if (strcmp(v->moe_dispatcher, "deepep") == 0) o->moe_dispatcher = MP_MOE_DISPATCH_DEEPEP;
   if (v->sp >= 0) o->sp = v->sp;
   if (v->async_tp == 1 && !j->prof.async_tp)
     return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp = 1: stack %s does not run AsyncTP "

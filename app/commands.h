@@ -74,6 +74,11 @@ mp_status mp_cmd_cp_rotate(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp
  * nothing to fuse. */
 mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                           mp_plan_options *o);
+/* --moe-dispatcher alltoall|deepep and --overlap-moe-comm (simulate, explain): set
+ * o->moe_dispatcher and o->moe_a2a_overlap; MP_ERR_USAGE naming the stack where it is not
+ * Megatron-Core's (the plan checks the rest). */
+mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                             mp_plan_options *o);
 /* --ep N (explain, train): expert parallelism of degree N carved out of dp_shard, the same
  * as ep=N in --mesh; merged into *mesh (a different ep there is a usage error) and the
  * mesh validated. Nothing when --ep was not given. */

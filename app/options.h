@@ -100,6 +100,15 @@
   { "--async-tp", NULL, "torchtitan's AsyncTP (with tp > 1 and SP): the all-gathers into and the " \
     "reduce-scatters out of the TP regions run in tp chunks beside their GEMMs; stacks that run " \
     "it only (torchtitan-compile; megatron-core runs its TP comm overlap so by default)", NULL }
+/* simulate and explain: the EP dispatcher and Megatron-Core's all-to-all overlap (mp_cmd_moe_comm) */
+#define MP_OPT_MOE_DISPATCHER                                                                      \
+  { "--moe-dispatcher", "D", "how EP dispatch and combine move tokens: alltoall (NCCL's, a copy per " \
+    "token and expert) or deepep (Megatron-Core's flex dispatcher with DeepEP: a copy per token and " \
+    "remote node, forwarded over NVLink; megatron-core, ep > 1) (default alltoall)", NULL }
+#define MP_OPT_OVERLAP_MOE_COMM                                                                    \
+  { "--overlap-moe-comm", NULL, "Megatron-Core's --overlap-moe-expert-parallel-comm: the forward of " \
+    "one micro-batch and the backward of another run as one step, each one's EP all-to-alls beside " \
+    "the other's compute (megatron-core; ep > 1, interleaved stages when pp > 1, no full AC)", NULL }
 #define MP_OPT_SEQ(dflt) { "--seq", "S", "tokens per sequence (default " dflt ")", NULL }
 #define MP_OPT_ALLOW_LONG_SEQ                                                                      \
   { "--allow-long-seq", NULL, "accept --seq beyond the model's max_seq (positions it was not trained on)", NULL }

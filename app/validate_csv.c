@@ -178,6 +178,9 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
                       "empty the column or set fp8 to 1", r->where, rec);
     MP_CHECK(need_str(r, "fp8_recipe", 1, row->fp8_recipe, sizeof row->fp8_recipe));
   }
+  row->moe_dispatcher[0] = '\0';
+  const char *disp = field(r, "moe_dispatcher");
+  if (disp && disp[0]) MP_CHECK(need_str(r, "moe_dispatcher", 1, row->moe_dispatcher, sizeof row->moe_dispatcher));
   row->micro_batch = 0;
   const char *mbs = field(r, "micro_batch");
   if (mbs && mbs[0]) {

@@ -52,6 +52,8 @@ typedef struct mp_vrow {
   int fp8;              /* 0 or 1 */
   char fp8_recipe[16];  /* as written (the command parses it: exec/plan.h, mp_fp8_recipe);
                            "" when the column is absent or empty: the stack's recipe */
+  char moe_dispatcher[16]; /* as written (alltoall or deepep: exec/plan.h, mp_moe_dispatcher);
+                             "" when the column is absent or empty: alltoall */
   int sp;               /* 0 or 1; -1 when absent or empty (the stack's default) */
   int async_tp;         /* 0 or 1: the TP collectives fused with their GEMMs (torchtitan's
                            AsyncTP, Megatron-Core's --tp-comm-overlap); -1 when the column is

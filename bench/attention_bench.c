@@ -122,14 +122,14 @@ static mp_status mono_fwd(const span_job *j) {
   const span_shape *s = j->s;
   span_bufs *b = j->b;
   return j->be->attention_forward(j->kc, b->out, b->lse, b->q, b->k, b->v, s->B, s->T, s->nh,
-                                  s->nkv, s->hd);
+                                  s->nkv, s->hd, s->hd);
 }
 
 static mp_status mono_bwd(const span_job *j) {
   const span_shape *s = j->s;
   span_bufs *b = j->b;
   return j->be->attention_backward(j->kc, b->dq, b->dk, b->dv, b->dout, b->q, b->k, b->v,
-                                   b->out, b->lse, s->B, s->T, s->nh, s->nkv, s->hd);
+                                   b->out, b->lse, s->B, s->T, s->nh, s->nkv, s->hd, s->hd);
 }
 
 /* The pair (query chunk a of rank me, kv chunk c of rank kv). */
@@ -483,9 +483,9 @@ static mp_status run_op(const op *o) {
   const bufs *b = o->b;
   if (o->kind == OP_FWD)
     return g_be->attention_forward(&g_kc, o->out, o->lse, b->q, b->k, b->v, s->B, s->T, s->nh,
-                                   s->nkv, s->hd);
+                                   s->nkv, s->hd, s->hd);
   return g_be->attention_backward(&g_kc, b->dq, b->dk, b->dv, b->dout, b->q, b->k, b->v,
-                                  b->out0, b->lse0, s->B, s->T, s->nh, s->nkv, s->hd);
+                                  b->out0, b->lse0, s->B, s->T, s->nh, s->nkv, s->hd, s->hd);
 }
 
 static int cmp_float(const void *a, const void *b) {

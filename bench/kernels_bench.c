@@ -91,11 +91,11 @@ static mp_status run_compute_op(const bench_case *bc, const bufs *b) {
                                    bc->c);
     case OP_ATTN_FWD:
       return g_be->attention_forward(kc, b->x3, b->f1, b->x0, b->x1, b->x2, MB, SEQ, NH, NKV,
-                                     HD);
+                                     HD, HD);
     case OP_ATTN_BWD:
       return g_be->attention_backward(kc, b->x4, b->x5,
                                       (char *)b->x5 + (size_t)NTOK * NKV * HD * 2, b->x3, b->x0, b->x1, b->x2,
-                                      b->x3, b->f1, MB, SEQ, NH, NKV, HD);
+                                      b->x3, b->f1, MB, SEQ, NH, NKV, HD, HD);
     case OP_F8:
       return g_be->matmul_f8(kc, b->x2, NULL, (const uint8_t *)b->x0, b->scale, MP_F8_E4M3,
                              (const uint8_t *)b->x1, b->scale, MP_F8_E4M3, bc->a, bc->b, bc->c, 0);

@@ -1,16 +1,23 @@
-/* plan_bench: the planner's speed on the full search (docs/design.md, "Numbers that matter"):
- * every mesh x ep x micro-batch x AC x float8 x reshard of a model on a cluster, each
- * unpruned candidate simulated by the schedule simulator and every candidate logged to
- * SQLite in one transaction, exactly as `meshplan plan` does (mp_planner_run).
+/* plan_bench: the planner's speed on the full search: every mesh x ep x micro-batch x AC x
+ * float8 x reshard of a model on a cluster, each unpruned candidate simulated by the
+ * schedule simulator and the run logged to SQLite in one transaction, exactly as
+ * `meshplan plan` does (mp_planner_run).
  *
  * Prints per run and the median of --runs runs (default 5): wall time, CPU time, and
- * candidates per second enumerated, simulated and logged. Default: llama3.1-405b on
- * h100-16k (16,384 H100s), seq 8192, and meshplan plan's default batch rule (planner/batch.h:
- * 16M tokens at 16,384 GPUs, 2048 sequences, the Llama 3 pre-training batch), each mesh at
- * the nearest multiple of its dp; --global-batch G fixes the batch instead. Float8 is not
- * searched, as meshplan plan's default; --fp8 auto searches it beside bf16 (plan's --fp8
- * auto: twice the candidates). The database is a fresh file per run in $TMPDIR (or --db
- * DIR). */
+ * candidates per second enumerated, simulated and logged. Two cases (--case):
+ *  - llama3.1-405b (the default): llama3.1-405b on h100-16k (16,384 H100s), seq 8192, and
+ *    meshplan plan's default batch rule (planner/batch.h: 16M tokens at 16,384 GPUs, 2048
+ *    sequences, the Llama 3 pre-training batch), each mesh at the nearest multiple of its
+ *    dp; --global-batch G fixes the batch instead.
+ *  - deepseek-v3: deepseek-v3 on 2,048 H800 (8 per node), seq 4096 and global batch 15,360
+ *    sequences, DeepSeek-V3's pre-training batch and sequence (its technical report,
+ *    section 4.2): `meshplan plan --model deepseek-v3 --gpus 2048 --gpu h800 --seq 4096
+ *    --global-batch 15360`, the search over ep (inside dp_shard and the expert grid) x pp.
+ * --model, --cluster or --gpus/--gpu, --seq, --global-batch and --stack override a case's
+ * settings. Float8 is not searched, as meshplan plan's default; --fp8 auto searches it
+ * beside bf16 (plan's --fp8 auto: twice the candidates). Each run logs its ranked plans, as
+ * meshplan plan does, or with --log all every candidate (plan --log-all). The database is
+ * a fresh file per run in $TMPDIR (or --db DIR). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,18 +35,25 @@
 #include "planner/planner.h"
 
 static mp_opt k_opts[] = {
-    MP_OPT_MODEL("llama3.1-405b"),
-    MP_OPT_CLUSTER("h100-16k"),
-    MP_OPT_SEQ("8192"),
-    MP_OPT_GLOBAL_BATCH("meshplan plan's rule: 2048 at 16,384 GPUs"),
+    {"--case", "NAME", "llama3.1-405b (default) or deepseek-v3: the settings below as that case has them", NULL},
+    MP_OPT_MODEL("the case's: llama3.1-405b, deepseek-v3"),
+    MP_OPT_CLUSTER("the case's: h100-16k; deepseek-v3: --gpus 2048 --gpu h800"),
+    {"--gpus", "N", "instead of --cluster: N GPUs of --gpu TYPE, 8 per node", NULL},
+    MP_OPT_GPU_OF_GPUS("default the case's: h800 for deepseek-v3, else h100-sxm"),
+    MP_OPT_STACK("meshplan plan's"),
+    MP_OPT_SEQ("the case's: 8192, deepseek-v3 4096"),
+    MP_OPT_GLOBAL_BATCH("the case's: meshplan plan's rule, 2048 at 16,384 GPUs; deepseek-v3 15360"),
     {"--runs", "N", "runs; the median is reported (default 5)", NULL},
     {"--fp8", "off|auto", "off: bf16 plans only, meshplan plan's default; auto: float8 searched beside bf16", NULL},
     MP_OPT_THREADS,
     {"--db", "DIR", "directory for the benchmark databases (default $TMPDIR or /tmp)", NULL},
+    {"--log", "ranked|all", "what each run logs to its database: the ranked plans (meshplan plan's default) or "
+     "every candidate with its rule (plan --log-all)", NULL},
     MP_OPT_END,
 };
 static mp_cmd_spec k_spec = {"plan_bench", "Time the full planner search (enumerate, simulate, log).",
-                             "[--model M] [--cluster C] [--seq S] [--global-batch G] [--runs N]",
+                             "[--case llama3.1-405b|deepseek-v3] [--model M] [--cluster C | --gpus N --gpu T] [--stack S] "
+                             "[--seq S] [--global-batch G] [--runs N] [--log ranked|all]",
                              k_opts, 0};
 
 static double cpu_s(void) {
@@ -52,15 +66,31 @@ static double cpu_s(void) {
 /* The benchmark's inputs, from the command line. */
 typedef struct bench_opts {
   long long seq, gb, runs, threads; /* gb: the global batch, fixed or the default rule's */
+  int batch_fixed;                  /* gb is fixed (--global-batch or the case's), not the rule's */
+  int log_all;                      /* every candidate logged, not only the ranked plans */
   mp_model model;
   mp_cluster cluster;
-  const char *dir; /* where each run's database is made */
+  const char *stack; /* the stack profile; NULL: meshplan plan's default */
+  const char *dir;   /* where each run's database is made */
 } bench_opts;
 
+/* A case's settings: what the benchmark runs unless an option overrides them. */
+typedef struct bench_case {
+  const char *name, *model, *cluster, *gpu; /* cluster NULL: gpus of gpu, 8 per node */
+  long long gpus, seq, gb;                   /* gb 0: meshplan plan's batch rule */
+} bench_case;
+
+static const bench_case k_cases[] = {
+    {"llama3.1-405b", "llama3.1-405b", "h100-16k", NULL, 0, 8192, 0},
+    /* DeepSeek-V3 technical report, sections 3.1 and 4.2: 2,048 H800, 4K sequences, a batch
+     * of 15,360 sequences */
+    {"deepseek-v3", "deepseek-v3", NULL, "h800", 2048, 4096, 15360},
+};
 /* One run's figures, for the medians. */
 typedef struct run_figures {
   double wall_s;
-  double cand_per_s; /* candidates enumerated (and logged) per second */
+  double cpu_s;      /* CPU time of every thread: what a busy machine's wall time hides */
+  double cand_per_s; /* candidates enumerated per second */
   double sim_per_s;  /* candidates simulated per second */
 } run_figures;
 
@@ -78,21 +108,53 @@ static long long default_batch(const bench_opts *o) {
       o->seq);
 }
 
-/* The numbers, the model and the cluster, the database directory; gb the default rule's
- * unless --global-batch fixes it. */
+/* The case --case names (the first by default); NULL with the error on ctx. */
+static const bench_case *find_case(mp_ctx *ctx) {
+  const char *name = mp_args_get(&k_spec, "--case");
+  for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++)
+    if (!name || strcmp(name, k_cases[i].name) == 0) return &k_cases[i];
+  mp_error(ctx, MP_ERR_USAGE, "--case '%s': choose llama3.1-405b or deepseek-v3", name);
+  return NULL;
+}
+
+/* The cluster: --cluster, --gpus N of --gpu (8 per node), or the case's. */
+static mp_status load_cluster(mp_ctx *ctx, const bench_case *bc, mp_cluster *c) {
+  const char *cname = mp_args_get(&k_spec, "--cluster"), *gpu = mp_args_get(&k_spec, "--gpu");
+  long long n = bc->gpus;
+  MP_CHECK(mp_args_int(ctx, &k_spec, "--gpus", 1, MP_LIM_GPUS, &n));
+  if (cname && (mp_args_has(&k_spec, "--gpus") || gpu))
+    return mp_error(ctx, MP_ERR_USAGE, "give --cluster or --gpus (with --gpu), not both");
+  if (cname || (!mp_args_has(&k_spec, "--gpus") && !gpu && bc->cluster))
+    return mp_cluster_load(ctx, cname ? cname : bc->cluster, c);
+  if (n < 1) return mp_error(ctx, MP_ERR_USAGE, "--gpu describes the GPUs of --gpus N: add --gpus N");
+  gpu = gpu ? gpu : bc->gpu ? bc->gpu : "h100-sxm";
+  return mp_cluster_make(ctx, gpu, n, n < 8 ? n : 8, c);
+}
+
+/* The numbers, the model and the cluster, the stack, the database directory; each the
+ * case's unless an option gives it; gb the default rule's unless fixed. */
 static mp_status read_options(mp_ctx *ctx, bench_opts *o) {
   memset(o, 0, sizeof *o);
-  o->seq = 8192;
+  const bench_case *bc = find_case(ctx);
+  if (!bc) return ctx->last;
+  o->seq = bc->seq;
+  o->gb = bc->gb;
   o->runs = 5;
   MP_CHECK(mp_args_int(ctx, &k_spec, "--seq", 1, MP_LIM_SEQ, &o->seq));
   MP_CHECK(mp_args_int(ctx, &k_spec, "--global-batch", 1, MP_LIM_GLOBAL_BATCH, &o->gb));
   MP_CHECK(mp_args_int(ctx, &k_spec, "--runs", 1, 1000, &o->runs));
   MP_CHECK(mp_args_int(ctx, &k_spec, "--threads", 1, MP_LIM_THREADS, &o->threads));
   if (o->runs > 99) o->runs = 99;
-  const char *mname = mp_args_get(&k_spec, "--model"), *cname = mp_args_get(&k_spec, "--cluster");
-  MP_CHECK(mp_model_load(ctx, mname ? mname : "llama3.1-405b", &o->model));
-  MP_CHECK(mp_cluster_load(ctx, cname ? cname : "h100-16k", &o->cluster));
+  const char *mname = mp_args_get(&k_spec, "--model");
+  MP_CHECK(mp_model_load(ctx, mname ? mname : bc->model, &o->model));
+  MP_CHECK(load_cluster(ctx, bc, &o->cluster));
+  o->batch_fixed = o->gb > 0;
   if (o->gb == 0) o->gb = default_batch(o);
+  o->stack = mp_args_get(&k_spec, "--stack");
+  const char *log = mp_args_get(&k_spec, "--log");
+  if (log && strcmp(log, "ranked") != 0 && strcmp(log, "all") != 0)
+    return mp_error(ctx, MP_ERR_USAGE, "--log '%s': choose ranked or all", log);
+  o->log_all = log && strcmp(log, "all") == 0;
   o->dir = mp_args_get(&k_spec, "--db");
   if (!o->dir) o->dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
   return MP_OK;
@@ -106,17 +168,19 @@ static void make_request(const bench_opts *o, mp_sim_evaluator *ev, int search_f
   const mp_cluster *c = &o->cluster;
   memset(req, 0, sizeof *req);
   mp_sim_search_config(&req->search, ev, c, k_headroom);
-  if (!mp_args_has(&k_spec, "--global-batch")) req->search.target_batch = default_batch(o);
+  if (!o->batch_fixed) req->search.target_batch = default_batch(o);
   req->search.n_threads = (int)o->threads;
   req->search.search_fp8 = search_fp8;
   req->objective = MP_OBJECTIVE_TIME;
+  req->ranked_only = !o->log_all;
   req->info = (mp_run_info){m->name, c->name, c->gpu.name, mp_cluster_n_gpus(c), c->gpus_per_node,
                             o->seq, o->gb, "time", "{}", "plan_bench", "bench"};
 }
 
-static void print_header(const bench_opts *o, const mp_planner_request *req, long ncpu) {
-  printf("plan_bench: %s on %s (%d GPUs), seq %lld, global batch %lld%s, float8 %s; %ld CPUs, %s threads\n",
-         o->model.name, o->cluster.name, mp_cluster_n_gpus(&o->cluster), o->seq, o->gb,
+static void print_header(const bench_opts *o, const mp_planner_request *req, const char *stack, long ncpu) {
+  printf("plan_bench: %s on %s (%d GPUs), stack %s, seq %lld, global batch %lld%s, float8 %s; %ld CPUs, "
+         "%s threads\n",
+         o->model.name, o->cluster.name, mp_cluster_n_gpus(&o->cluster), stack, o->seq, o->gb,
          req->search.target_batch ? " (the default rule, per mesh the nearest multiple of dp)" : "",
          req->search.search_fp8 ? "searched" : "off", ncpu,
          o->threads ? "given" : "one per CPU");
@@ -151,8 +215,10 @@ static mp_status run_once(mp_ctx *ctx, const mp_planner_request *req, const char
   mp_store_close(store);
   remove_db(path);
   if (st != MP_OK) return st;
-  const int64_t n_cand = res.search->n, n_sim = res.search->n_evaluated;
+  /* every simulation, those whose result the search set aside included */
+  const int64_t n_cand = res.search->n, n_sim = res.search->n_evaluated + res.search->n_set_aside;
   out->wall_s = t;
+  out->cpu_s = cpu;
   out->cand_per_s = (double)n_cand / t;
   out->sim_per_s = (double)n_sim / t;
   /* phases: enumeration (one thread), evaluation (the workers), then ranking and the
@@ -180,7 +246,7 @@ int main(int argc, char **argv) {
   bench_opts o;
   if (read_options(&ctx, &o) != MP_OK) return fail(&ctx, 2);
   static mp_sim_evaluator ev;
-  if (mp_sim_evaluator_init(&ctx, &ev, &o.model, &o.cluster, o.seq, o.gb, k_headroom, NULL) != MP_OK)
+  if (mp_sim_evaluator_init(&ctx, &ev, &o.model, &o.cluster, o.seq, o.gb, k_headroom, o.stack) != MP_OK)
     return fail(&ctx, 1);
   const char *fp8 = mp_args_get(&k_spec, "--fp8");
   if (fp8 && strcmp(fp8, "off") != 0 && strcmp(fp8, "auto") != 0) {
@@ -190,19 +256,20 @@ int main(int argc, char **argv) {
   mp_planner_request req;
   make_request(&o, &ev, fp8 && strcmp(fp8, "auto") == 0, &req);
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  print_header(&o, &req, ncpu);
-  double wall[100], cps[100], sps[100];
+  print_header(&o, &req, ev.stack.name, ncpu);
+  double wall[100], cpu[100], cps[100], sps[100];
   for (int r = 0; r < o.runs; r++) {
     run_figures f;
     if (run_once(&ctx, &req, o.dir, r, &f) != MP_OK) return fail(&ctx, 1);
     wall[r] = f.wall_s;
+    cpu[r] = f.cpu_s;
     cps[r] = f.cand_per_s;
     sps[r] = f.sim_per_s;
   }
   const size_t n = (size_t)o.runs;
-  printf("median of %lld: wall %.3f s; %.0f candidates/s enumerated+logged, %.0f simulated/s "
+  printf("median of %lld: wall %.3f s, cpu %.3f s; %.0f candidates/s enumerated, %.0f simulated/s "
          "(%.0f per core); reference: Calculon ~80-100 configurations/s/core\n",
-         o.runs, mp_median(wall, n), mp_median(cps, n), mp_median(sps, n),
+         o.runs, mp_median(wall, n), mp_median(cpu, n), mp_median(cps, n), mp_median(sps, n),
          mp_median(sps, n) / (double)(ncpu > 0 ? ncpu : 1));
   mp_sim_evaluator_free(&ev);
   return 0;

@@ -97,10 +97,10 @@ static mp_status cpu_run(cpu_cal *C, const cpu_op *o) {
     case CK_GEMM_BWD: s = be->matmul_backward(kc, f[3], f[4], NULL, f[2], f[0], f[1], o->a, o->b, o->c); break;
     /* a = B, b = T, c = nh, d = nkv, e = hd: f0 q, f1 k, f2 v, f3 out / dout, f4 dq, f5 dk,
      * f7 dv, f6 lse */
-    case CK_ATTN_FWD: s = be->attention_forward(kc, f[3], f[6], f[0], f[1], f[2], o->a, o->b, o->c, o->d, o->e); break;
+    case CK_ATTN_FWD: s = be->attention_forward(kc, f[3], f[6], f[0], f[1], f[2], o->a, o->b, o->c, o->d, o->e, o->e); break;
     case CK_ATTN_BWD:
       s = be->attention_backward(kc, f[4], f[5], f[7], f[3], f[0], f[1], f[2], f[3], f[6], o->a, o->b, o->c, o->d,
-                                 o->e);
+                                 o->e, o->e);
       break;
     /* a = rows, b = cols: f0 x, f1 w, f2 out / dout, f3 dx, f4 rstd, f5 dw */
     case CK_RMS_FWD: s = be->rmsnorm_forward(kc, f[2], f[4], f[0], f[1], o->a, o->b, 1e-5f); break;

@@ -184,11 +184,11 @@ static mp_status run(cal *C, const op *o) {
     /* a = B, b = T, c = nh, d = nkv, e = hd: x0 q, x1 k, x2 v, x3 out / dout, x4 dq, x5 dk
      * then dv right after dk in x5; f0 lse */
     case OP_ATTN_FWD:
-      return be->attention_forward(kc, o->x[3], o->f[0], o->x[0], o->x[1], o->x[2], o->a, o->b, o->c, o->d, o->e);
+      return be->attention_forward(kc, o->x[3], o->f[0], o->x[0], o->x[1], o->x[2], o->a, o->b, o->c, o->d, o->e, o->e);
     case OP_ATTN_BWD: {
       void *dv = (char *)o->x[5] + (size_t)o->a * o->b * o->d * o->e * mp_kdtype_bytes(be->x_dtype);
       return be->attention_backward(kc, o->x[4], o->x[5], dv, o->x[3], o->x[0], o->x[1], o->x[2], o->x[3], o->f[0],
-                                    o->a, o->b, o->c, o->d, o->e);
+                                    o->a, o->b, o->c, o->d, o->e, o->e);
     }
     /* The Linear's three GEMMs as exec/runtime/runtime.c calls them (lin_fwd, lin_bwd),
      * a = N, b = K, c = M: u0 the A codes, u1 the B codes, f0 the two scales, x0 the bf16

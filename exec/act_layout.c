@@ -24,6 +24,9 @@ static int exists(const mp_act_dims *d, int moe, mp_act_when w) {
     case MP_ACT_WHEN_SP: return d->sp;
     case MP_ACT_WHEN_CP: return d->cp > 1;
     case MP_ACT_WHEN_DEVMEM: return !d->host_mem;
+    case MP_ACT_WHEN_GQA: return !d->mla;
+    case MP_ACT_WHEN_MLA: return d->mla;
+    case MP_ACT_WHEN_MLA_Q: return d->mla && d->QL > 0;
   }
   return 0;
 }
@@ -51,10 +54,11 @@ static void place(mp_act_layout *l, size_t *off, mp_act_alloc a, int64_t bytes) 
 
 void mp_act_layout_fill(mp_act_layout *l, const mp_act_dims *d, int moe) {
   /* the names the table's counts use */
-  const int64_t B = d->B, S = d->S, N = d->N, NS = d->NS, NR = d->NR, C = d->C, HD = d->HD, NH = d->NH,
-                F = d->F,
+  const int64_t B = d->B, S = d->S, N = d->N, NS = d->NS, NR = d->NR, C = d->C, NH = d->NH, F = d->F,
                 E = d->E, K = d->K, Fe = d->Fe, Fs = d->Fs, Vl = d->Vl, R = d->R, L = d->L,
-                NP = d->NP, QD = d->NH * d->HD, KD = d->NKV * d->HD;
+                NP = d->NP, QD = d->NH * d->HD, KD = d->NKV * d->HD, QL = d->QL, KL = d->KL,
+                DN = d->DN, DR = d->DR, DV = d->DV ? d->DV : d->HD, RD = d->RD ? d->RD : d->HD,
+                VD = d->NKV * DV, AD = d->NH * DV;
   memset(l, 0, sizeof *l);
 #define MP_ACT_PLACE_(name, alloc, count, elt, when)                                     \
   if (exists(d, moe, MP_ACT_WHEN_##when))                                                \

@@ -101,7 +101,10 @@ typedef enum mp_act_when {
   MP_ACT_WHEN_TP,        /* tp > 1: the vocab-parallel loss's reductions */
   MP_ACT_WHEN_SP,        /* sequence parallelism (tp > 1, sp): the sequence shard's tensors */
   MP_ACT_WHEN_CP,        /* context parallelism (cp > 1): ring attention's buffers */
-  MP_ACT_WHEN_DEVMEM     /* the backend's memory is not host memory */
+  MP_ACT_WHEN_DEVMEM,    /* the backend's memory is not host memory */
+  MP_ACT_WHEN_GQA,       /* grouped-query attention (q, k, v projections) */
+  MP_ACT_WHEN_MLA,       /* multi-head latent attention (QL, KL, DR, DN below) */
+  MP_ACT_WHEN_MLA_Q      /* multi-head latent attention with a query latent (QL > 0) */
 } mp_act_when;
 
 /* Staging floats for host-value collectives: EP counts (<= 512 int64), a few scalars. */
@@ -115,7 +118,17 @@ typedef enum mp_act_when {
   T(rstd1,      BLOCK,       NS,                           F32,  ALWAYS)                  \
   T(q,          BLOCK,       N * QD,                       X,    ALWAYS) /* after RoPE */ \
   T(k,          BLOCK,       N * KD,                       X,    ALWAYS)                  \
-  T(v,          BLOCK,       N * KD,                       X,    ALWAYS)                  \
+  T(v,          BLOCK,       N * VD,                       X,    ALWAYS)                  \
+  /* MLA (exec/model.h): the latents and their norms' statistics, on all N rows */       \
+  T(qa,         BLOCK,       N * QL,                       X,    MLA_Q) /* q_a_proj's */  \
+  T(rstdqa,     BLOCK,       N,                            F32,  MLA_Q)                   \
+  T(qan,        BLOCK,       N * QL,                       X,    MLA_Q) /* normed */      \
+  /* kv_a_proj_with_mqa's output: the latent [N, KL], then the rope key [N, DR] (RoPE'd) */ \
+  T(kva,        BLOCK,       N * (KL + DR),                X,    MLA)                     \
+  T(rstdkv,     BLOCK,       N,                            F32,  MLA)                     \
+  T(kvn,        BLOCK,       N * KL,                       X,    MLA) /* normed latent */ \
+  T(kvb,        BLOCK,       N * NH * (DN + DV),           X,    MLA) /* kv_b_proj's */   \
+  T(qpe,        BLOCK,       N * NH * DR,                  X,    MLA) /* q's rope parts */\
   T(xmid,       BLOCK,       NS * C,                       X,    ALWAYS)                  \
   T(xn2,        BLOCK,       N * C,                        X,    ALWAYS)                  \
   T(rstd2,      BLOCK,       NS,                           F32,  ALWAYS)                  \
@@ -140,16 +153,27 @@ typedef enum mp_act_when {
   T(su,         BLOCK,       N * Fs,                       X,    SHARED)                  \
   T(sh,         BLOCK,       N * Fs,                       X,    SHARED)                  \
   /* the attention core */                                                                \
-  T(att,        CORE,        N * QD,                       X,    ALWAYS)                  \
+  T(att,        CORE,        N * AD,                       X,    ALWAYS)                  \
   T(lse,        CORE,        B * NH * S,                   F32,  ALWAYS)                  \
   /* a block's backward workspace */                                                      \
   T(dxn,        WS,          N * C,                        X,    ALWAYS)                  \
-  T(datt,       WS,          N * QD,                       X,    ALWAYS)                  \
+  T(datt,       WS,          N * AD,                       X,    ALWAYS)                  \
   T(dq,         WS,          N * QD,                       X,    ALWAYS)                  \
   T(dk,         WS,          N * KD,                       X,    ALWAYS)                  \
-  T(dv,         WS,          N * KD,                       X,    ALWAYS)                  \
+  T(dv,         WS,          N * VD,                       X,    ALWAYS)                  \
   T(dqp,        WS,          N * QD,                       X,    ALWAYS) /* before RoPE */\
-  T(dkp,        WS,          N * KD,                       X,    ALWAYS)                  \
+  T(dkp,        WS,          N * KD,                       X,    GQA)                     \
+  /* MLA: dq's rope parts and their RoPE backward, the rope key's gradient summed over   \
+   * heads, kv_b_proj's output gradient, the latent's [N, KL] and the rope key's before  \
+   * RoPE [N, DR] (one tp all-reduce), kv_a_layernorm's input gradient, the q latent's */ \
+  T(dqr,        WS,          N * NH * DR,                  X,    MLA)                     \
+  T(dqrp,       WS,          N * NH * DR,                  X,    MLA)                     \
+  T(dkr,        WS,          N * DR,                       X,    MLA)                     \
+  T(dkvb,       WS,          N * NH * (DN + DV),           X,    MLA)                     \
+  T(dlat,       WS,          N * (KL + DR),                X,    MLA)                     \
+  T(dkv,        WS,          N * KL,                       X,    MLA)                     \
+  T(dqan,       WS,          N * QL,                       X,    MLA_Q)                   \
+  T(dqa,        WS,          N * QL,                       X,    MLA_Q)                   \
   T(dh,         WS,          N * F,                        X,    DENSE)                   \
   T(dg,         WS,          N * F,                        X,    DENSE)                   \
   T(du,         WS,          N * F,                        X,    DENSE)                   \
@@ -205,8 +229,8 @@ typedef enum mp_act_when {
   T(cp_dkv0,    CP_BWD,      2 * N * KD,                   X,    CP)                      \
   T(cp_dkv1,    CP_BWD,      2 * N * KD,                   X,    CP)                      \
   /* resident */                                                                          \
-  T(rope_cos,   ROPE_COS,    S * (HD / 2),                 F32,  ALWAYS)                  \
-  T(rope_sin,   ROPE_SIN,    S * (HD / 2),                 F32,  ALWAYS)                  \
+  T(rope_cos,   ROPE_COS,    S * (RD / 2),                 F32,  ALWAYS)                  \
+  T(rope_sin,   ROPE_SIN,    S * (RD / 2),                 F32,  ALWAYS)                  \
   T(scalars,    SCALARS,     8 + NP + 4 * L,               F32,  ALWAYS)                  \
   T(stage,      STAGE,       MP_ACT_STAGE_FLOATS,          F32,  DEVMEM)
 /* clang-format on */
@@ -222,8 +246,13 @@ typedef struct mp_act_dims {
                       tp its sequence shard N / tp (exec/mesh.h; torchtitan's
                       ReordererSequenceParallel with expert_tensor_parallel_degree 1) */
   int64_t C;       /* d_model */
-  int64_t HD;      /* head_dim */
+  int64_t HD;      /* head_dim (query and key) */
+  int64_t DV;      /* value head: MLA's v_head_dim (0: HD) */
+  int64_t RD;      /* RoPE's width per head: MLA's qk_rope_head_dim (0: HD) */
   int64_t NH, NKV; /* query and key/value heads, tp-local */
+  int mla;         /* multi-head latent attention: */
+  int64_t QL, KL;  /*   its q and kv latents (q_lora_rank, 0 without; kv_lora_rank) */
+  int64_t DN, DR;  /*   a head's parts without and with RoPE (qk_nope, qk_rope) */
   int64_t F;       /* dense d_ff, tp-local */
   int64_t E, K;    /* routed experts, top_k */
   int64_t Fe;      /* an expert's d_ff (experts are not split over tp) */

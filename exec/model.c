@@ -125,6 +125,12 @@ mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) 
       return mp_error(ctx, MP_ERR_INVALID, "%s: 'd_ff_expert' must be positive for a MoE model",
                       origin);
     MP_CHECK(mp_model_check_fields(ctx, m, origin, MP_MODEL_CHECK_MOE));
+    if (m->n_group > 0 && (m->n_experts % m->n_group != 0 || m->topk_group < 1))
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "%s: n_group=%lld, topk_group=%lld: the groups must split n_experts=%lld evenly "
+                      "and a token use at least one; give n_group dividing n_experts and topk_group in "
+                      "1..n_group, or n_group 0 for no group limit", origin, (long long)m->n_group,
+                      (long long)m->topk_group, (long long)m->n_experts);
     if (m->n_shared_experts > 0 && m->d_ff_shared <= 0)
       return mp_error(ctx, MP_ERR_INVALID,
                       "%s: 'd_ff_shared' must be positive when n_shared_experts > 0", origin);
@@ -283,6 +289,9 @@ cJSON *mp_model_to_json(const mp_model *m) {
   cJSON_AddStringToObject(o, "name", m->name);
   cJSON_AddStringToObject(o, "family", family_name(m->family));
   mp_model_write_fields(o, m, MP_MODEL_OBJ_TOP, MP_MODEL_FIELD_FIRST, MP_MODEL_FIELD_LAST);
+  if (mp_model_is_mla(m))
+    mp_model_write_fields(cJSON_AddObjectToObject(o, "mla"), m, MP_MODEL_OBJ_MLA, MP_MODEL_FIELD_FIRST,
+                          MP_MODEL_FIELD_LAST);
   if (!mp_model_is_moe(m)) return o;
   /* the MoE layers as the format states them: the first first_dense_layers dense, then
    * every layer_freq-th */
@@ -482,9 +491,10 @@ static mp_status hf_llama_context(mp_ctx *ctx, const cJSON *j, const char *where
 /* DeepSeek-V2's and V3's experts (modeling_deepseek): block l is MoE when l >=
  * first_k_dense_replace and l % moe_layer_freq == 0; n_shared_experts shared experts of
  * moe_intermediate_size each, one SwiGLU of their summed width. The router's scoring (V2
- * softmax, V3 sigmoid with a selection bias), its group-limited top-k (n_group, topk_group)
- * and routed_scaling_factor are element-wise work on [tokens, n_routed_experts] that the
- * router op's cost covers; V3's selection bias is a buffer moved by the load-balancing rule,
+ * softmax, V3 sigmoid with a selection bias) and routed_scaling_factor are element-wise
+ * work on [tokens, n_routed_experts] that the router op's cost covers; its group-limited
+ * top-k (n_group, topk_group) is read, as it bounds the nodes a token's copies travel to
+ * (sim/cost.c); V3's selection bias is a buffer moved by the load-balancing rule,
  * not a trained parameter, so it is not counted (nor is it in the published 671B). */
 static mp_status hf_deepseek_moe(mp_ctx *ctx, const cJSON *j, const char *where, int v3,
                                  mp_model *m) {
@@ -509,6 +519,14 @@ static mp_status hf_deepseek_moe(mp_ctx *ctx, const cJSON *j, const char *where,
   MP_CHECK(mp_json_get_f64(ctx, j, where, "aux_loss_alpha", 0, &m->aux_loss_coef));
   m->norm_topk_prob = v3;
   MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_norm_topk_prob, 0, m));
+  /* V3 always routes within its best topk_group groups; V2 when topk_method says so
+   * (modeling_deepseek's MoEGate: "group_limited_greedy"; V2-Lite's "greedy" does not) */
+  const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "topk_method");
+  if (v3 || (cJSON_IsString(tm) && strcmp(tm->valuestring, "group_limited_greedy") == 0)) {
+    MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_n_group, 0, m));
+    m->topk_group = m->n_group;
+    MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_topk_group, 0, m));
+  }
   if (m->n_layers > MP_MAX_LAYERS) return mp_model_validate(ctx, m, where);
   const int64_t nl = m->n_layers > 0 ? m->n_layers : 1;
   MP_CHECK(mp_check_i64(ctx, where, "first_k_dense_replace", first, 0, nl));

@@ -83,11 +83,11 @@ typedef enum mp_family { MP_FAMILY_GPT = 0, MP_FAMILY_LLAMA = 1 } mp_family;
   F(n_heads,          I64,  TOP, 1,   0,                          1,  MP_LIM_HEADS,          CLOSED,  FIRST, 1,     "num_attention_heads")     /* query heads                */ \
   F(n_kv_heads,       I64,  TOP, 0,   m->n_heads,                 1,  m->n_heads,            CLOSED,  FIRST, 1,     "num_key_value_heads")     /* key/value heads            */ \
   /* multi-head latent attention (kv_lora_rank == 0: none); the head parts are per head */                                                                                      \
-  F(q_lora_rank,      I64,  MLA, 0,   0,                          0,  MP_LIM_D_MODEL,        CLOSED,  MLA,   0,     "q_lora_rank")             /* query latent (0: q_proj)   */ \
-  F(kv_lora_rank,     I64,  MLA, 1,   0,                          0,  MP_LIM_D_MODEL,        CLOSED,  RULE,  0,     "kv_lora_rank")            /* key/value latent           */ \
-  F(qk_nope_head_dim, I64,  MLA, 1,   0,                          1,  MP_LIM_HEAD_DIM,       CLOSED,  MLA,   0,     "qk_nope_head_dim")        /* query/key part, no RoPE    */ \
-  F(qk_rope_head_dim, I64,  MLA, 1,   0,                          2,  MP_LIM_HEAD_DIM,       CLOSED,  MLA,   0,     "qk_rope_head_dim")        /* ... with RoPE (shared key) */ \
-  F(v_head_dim,       I64,  MLA, 1,   0,                          1,  MP_LIM_HEAD_DIM,       CLOSED,  MLA,   0,     "v_head_dim")              /* value head width           */ \
+  F(q_lora_rank,      I64,  MLA, 0,   0,                          0,  MP_LIM_D_MODEL,        CLOSED,  MLA,   1,     "q_lora_rank")             /* query latent (0: q_proj)   */ \
+  F(kv_lora_rank,     I64,  MLA, 1,   0,                          0,  MP_LIM_D_MODEL,        CLOSED,  RULE,  1,     "kv_lora_rank")            /* key/value latent           */ \
+  F(qk_nope_head_dim, I64,  MLA, 1,   0,                          1,  MP_LIM_HEAD_DIM,       CLOSED,  MLA,   1,     "qk_nope_head_dim")        /* query/key part, no RoPE    */ \
+  F(qk_rope_head_dim, I64,  MLA, 1,   0,                          2,  MP_LIM_HEAD_DIM,       CLOSED,  MLA,   1,     "qk_rope_head_dim")        /* ... with RoPE (shared key) */ \
+  F(v_head_dim,       I64,  MLA, 1,   0,                          1,  MP_LIM_HEAD_DIM,       CLOSED,  MLA,   1,     "v_head_dim")              /* value head width           */ \
   /* head_dim's default, d_model / n_heads or MLA's qk_nope + qk_rope, is set before its row */                                                                                 \
   F(head_dim,         I64,  TOP, 0,   m->head_dim,                1,  MP_LIM_HEAD_DIM,       CLOSED,  FIRST, 1,     "head_dim")                /* query/key head width       */ \
   F(d_ff,             I64,  TOP, 0,   0,                          0,  MP_LIM_D_FF,           CLOSED,  RULE,  1,     "intermediate_size")       /* dense MLP hidden size      */ \
@@ -108,7 +108,11 @@ typedef enum mp_family { MP_FAMILY_GPT = 0, MP_FAMILY_LLAMA = 1 } mp_family;
   F(n_shared_experts, I64,  MOE, 0,   0,                          0,  MP_LIM_SHARED_EXPERTS, CLOSED,  MOE,   1,     "n_shared_experts")        /* experts every token uses   */ \
   F(d_ff_shared,      I64,  MOE, 0,   0,                          0,  MP_LIM_D_FF,           CLOSED,  MOE,   1,     NULL)                      /* all shared experts' width  */ \
   F(aux_loss_coef,    F64,  MOE, 0,   0.01,                       0,  1,                     CLOSED,  RULE,  1,     NULL)                      /* load-balancing loss        */ \
-  F(norm_topk_prob,   BOOL, MOE, 0,   1,                          0,  1,                     CLOSED,  NONE,  1,     "norm_topk_prob")          /* renormalise top-k weights  */
+  F(norm_topk_prob,   BOOL, MOE, 0,   1,                          0,  1,                     CLOSED,  NONE,  1,     "norm_topk_prob")          /* renormalise top-k weights  */ \
+  /* group-limited routing (DeepSeek-V3's node-limited routing, arXiv 2412.19437 sec. 2.1.2): */                                                                                \
+  /* the experts in n_group equal groups, a token's top_k taken from its best topk_group groups; 0: none */                                                                       \
+  F(n_group,          I64,  MOE, 0,   0,                          0,  m->n_experts,          CLOSED,  MOE,   0,     "n_group")                 /* expert groups (0: none)    */ \
+  F(topk_group,       I64,  MOE, 0,   m->n_group,                 0,  m->n_group,            CLOSED,  MOE,   0,     "topk_group")              /* groups a token may use     */
 /* clang-format on */
 
 #define MP_MODEL_CTYPE_I64 int64_t
@@ -144,7 +148,7 @@ int mp_model_first_difference(const mp_model *a, const mp_model *b, const mp_mod
 /* Adds m's field f to the JSON object o under key: a number, or a boolean for a flag. */
 void mp_model_field_to_json(struct cJSON *o, const char *key, const mp_model *m, mp_model_field f);
 /* m in meshplan's format, which mp_model_from_text reads back: name, family, the rows whose
- * saved column is 1 and, for a MoE model, "moe" with the MoE layers as first_dense_layers
+ * saved column is 1 (an MLA model's "mla" object among them) and, for a MoE model, "moe" with the MoE layers as first_dense_layers
  * and layer_freq. NULL when out of memory. */
 struct cJSON *mp_model_to_json(const mp_model *m);
 

@@ -37,11 +37,16 @@ mp_status mp_apply_expert_parallel(mp_ctx *ctx, mp_plan *p) {
     prm->place[MP_AXIS_EP].dim = 0;
     prm->tp_shape[0] = prm->shape[0] / ep;
   }
+  const int deepep = p->opts.moe_dispatcher == MP_MOE_DISPATCH_DEEPEP;
   if (ep > 1)
     mp_plan_note(p,
                  "EP: %lld routed experts per MoE layer over ep=%d: %lld per rank; tokens "
-                 "dispatched and combined by all-to-all over the ep group",
-                 (long long)m->n_experts, ep, (long long)(m->n_experts / ep));
+                 "dispatched and combined %s over the ep group%s",
+                 (long long)m->n_experts, ep, (long long)(m->n_experts / ep),
+                 deepep ? "by DeepEP (a token once per remote node, forwarded over NVLink)" : "by all-to-all",
+                 p->opts.moe_a2a_overlap ? "; the all-to-alls of one micro-batch overlap the compute of "
+                                           "another (combined forward and backward steps)"
+                                         : "");
   mp_plan_mark_applied(p, MP_PASS_EP);
   return MP_OK;
 }

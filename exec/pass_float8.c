@@ -9,7 +9,14 @@
  * embeddings (a lookup, not a GEMM), and any Linear whose GEMM dims are not multiples of
  * the recipe's tile (exec/rules.h, mp_rule_fp8_multiple: 16, 32 for MXFP8, 128 for
  * blockwise). The dims checked are the rank's tp-local ones, which are the GEMM the rank
- * actually runs.
+ * actually runs (a routed expert's [out, in] behind its expert dim).
+ * Under Megatron-Core (the megatron memory model) the routed experts and the shared expert
+ * run in float8 too: TEGroupedMLP's linear_fc1/linear_fc2 are Transformer Engine
+ * GroupedLinear modules and SharedExpertMLP is built of TE Linears, all inside
+ * fp8_autocast (megatron/core/transformer/moe/experts.py, shared_experts.py; Transformer
+ * Engine transformer_engine/pytorch/module/grouped_linear.py), as DeepSeek-V3 ran its
+ * expert GEMMs in float8 (arXiv 2412.19437, sec. 3.3); its router (TopKRouter's gating
+ * GEMM, fp32 or bf16) and output layer (ColumnParallelLinear, not TE) stay excluded.
  *
  * Refused: a recipe the plan's runtime does not run (mp_rule_fp8_recipe_check); float8
  * all-gather with TP (tp > 1): torchtitan only supports FSDP's float8 all-gather on weights
@@ -23,18 +30,24 @@
 /* torchtitan's name filter, decided on the module kind: the FQNs containing "experts",
  * "shared_expert" or "router" are exactly those of the routed experts, the shared expert
  * and the router (see mp_module_name), plus the output head. */
-static int excluded_by_name(const mp_param *prm) {
+static int excluded_by_name(const mp_param *prm, mp_mem_model mm) {
   switch (prm->module) {
     case MP_MOD_ROUTER:
+    case MP_MOD_OUTPUT: return 1;
     case MP_MOD_EXPERTS_GATE:
     case MP_MOD_EXPERTS_UP:
     case MP_MOD_EXPERTS_DOWN:
     case MP_MOD_SHARED_GATE:
     case MP_MOD_SHARED_UP:
-    case MP_MOD_SHARED_DOWN:
-    case MP_MOD_OUTPUT: return 1;
+    case MP_MOD_SHARED_DOWN: return !mp_rule_fp8_experts(mm);
     default: return 0;
   }
+}
+
+/* A Linear's GEMM dims [out, in] on the rank: a routed expert's behind its expert dim. */
+static int dims_ok(const mp_param *prm, mp_fp8_recipe r) {
+  const int e = prm->ndim == 3;
+  return mp_rule_fp8_linear_ok(prm->tp_shape[e], prm->tp_shape[e + 1], r);
 }
 
 mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
@@ -61,8 +74,9 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   const mp_param *first_dims = NULL;
   for (int i = 0; i < p->n_params; i++) {
     mp_param *prm = &p->params[i];
-    if (!prm->is_linear || prm->ndim != 2 || excluded_by_name(prm)) continue;
-    if (!mp_rule_fp8_linear_ok(prm->tp_shape[0], prm->tp_shape[1], o->recipe)) {
+    if (!prm->is_linear || excluded_by_name(prm, p->opts.mem_model)) continue;
+    if (prm->ndim != 2 && !(prm->ndim == 3 && mp_rule_fp8_experts(p->opts.mem_model))) continue;
+    if (!dims_ok(prm, o->recipe)) {
       if (n_dims++ == 0) first_dims = prm;
       continue;
     }
@@ -72,10 +86,12 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   p->opts.fp8 = 1;
   p->opts.fp8_opts = *o;
   mp_plan_note(p,
-               "Float8: %d Linear layers in float8 (%s, %s); experts, shared_expert, router, "
-               "output and embeddings excluded%s",
+               "Float8: %d Linear layers in float8 (%s, %s); %s excluded%s",
                n_fp8, o->recipe == MP_FP8_MXFP8 ? "E4M3 forward and backward" : "E4M3 forward, E5M2 backward",
-               mp_fp8_recipe_words(o->recipe), o->all_gather ? "; FSDP all-gathers float8 weights" : "");
+               mp_fp8_recipe_words(o->recipe),
+               mp_rule_fp8_experts(p->opts.mem_model) ? "router, output and embeddings"
+                                                      : "experts, shared_expert, router, output and embeddings",
+               o->all_gather ? "; FSDP all-gathers float8 weights" : "");
   if (n_dims > 0)
     mp_plan_note(p,
                  "Float8: %d Linear layers left in bf16: dims not multiples of %d (e.g. %s, "

@@ -380,6 +380,43 @@ static mp_status validate_model(mp_ctx *ctx, const mp_model *m) {
   return MP_OK;
 }
 
+/* The MoE dispatcher's runtime, and Megatron-Core's conditions on
+ * --overlap-moe-expert-parallel-comm (TransformerConfig's
+ * __post_init__, core_v0.14): expert parallelism, virtual pipeline stages when pp > 1 (its
+ * combined 1F1B exists for no pipelining and for the interleaved schedule only), no full
+ * recompute (nor a recompute method or layer count). */
+static mp_status moe_overlap_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o) {
+  if ((unsigned)o->moe_dispatcher > MP_MOE_DISPATCH_DEEPEP)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown MoE dispatcher %d; choose alltoall or deepep",
+                    (int)o->moe_dispatcher);
+  if (o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP && (o->mem_model != MP_MEM_MODEL_MEGATRON || mesh->ep <= 1))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "MoE dispatcher deepep is Megatron-Core's flex dispatcher with DeepEP (--moe-enable-"
+                    "deepep), which needs expert parallelism; here the %s memory model with ep=%d: use "
+                    "stack megatron-core with ep > 1 or the alltoall dispatcher",
+                    mp_mem_model_name(o->mem_model), mesh->ep);
+  if (!o->moe_a2a_overlap) return MP_OK;
+  if (o->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "MoE all-to-all overlap is Megatron-Core's --overlap-moe-expert-parallel-comm; "
+                    "the %s memory model does not run it: use stack megatron-core or drop it",
+                    mp_mem_model_name(o->mem_model));
+  if (mesh->ep <= 1)
+    return mp_error(ctx, MP_ERR_INVALID, "MoE all-to-all overlap needs expert parallelism (ep > 1; "
+                    "Megatron-Core asserts expert_model_parallel_size > 1): set ep or drop it");
+  if (mesh->size[MP_DIM_PP] > 1 && !(o->pp_schedule == MP_PP_INTERLEAVED && o->pp_virtual > 1))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "MoE all-to-all overlap with pp=%d needs the interleaved schedule (Megatron-Core "
+                    "requires virtual_pipeline_model_parallel_size when pp > 1): use --pp-schedule "
+                    "interleaved or drop it", mesh->size[MP_DIM_PP]);
+  if (o->ac == MP_AC_FULL)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "MoE all-to-all overlap refuses full recompute (Megatron-Core: disable full "
+                    "recomputation when enabling overlap_moe_expert_parallel_comm): choose a "
+                    "selective AC policy or none");
+  return MP_OK;
+}
+
 /* The options' own rules and those of the memory model (the runtime a plan is for). */
 static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o) {
   if ((unsigned)o->ac >= MP_AC_COUNT || o->ac_every < 0 || o->ac_every > MP_MAX_LAYERS)
@@ -400,6 +437,7 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
                     "Megatron-Core's --tp-comm-overlap): the %s memory model does not run it: "
                     "drop tp_comm_fused",
                     mp_mem_model_name(o->mem_model));
+  MP_CHECK(moe_overlap_check(ctx, mesh, o));
   if (o->cp_wait_at_issue && o->mem_model != MP_MEM_MODEL_TORCHTITAN)
     return mp_error(ctx, MP_ERR_INVALID,
                     "cp_wait_at_issue is torchtitan's compiled ring (collectives waited where "
@@ -775,7 +813,8 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       dp_of(opts) != b->dp || opts->ddp.overlap != b->ddp.overlap ||
       opts->ddp.shard_optimizer != b->ddp.shard_optimizer ||
       opts->cp_rotate != b->cp_rotate || opts->cp_wait_at_issue != b->cp_wait_at_issue ||
-      opts->tp_comm_fused != b->tp_comm_fused ||
+      opts->tp_comm_fused != b->tp_comm_fused || opts->moe_a2a_overlap != b->moe_a2a_overlap ||
+      opts->moe_dispatcher != b->moe_dispatcher ||
       (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,
                     "mp_plan_derive: options differ from the base plan's in more than "

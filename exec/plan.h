@@ -231,12 +231,25 @@ typedef enum mp_pp_schedule { MP_PP_1F1B = 0, MP_PP_INTERLEAVED, MP_PP_GPIPE } m
 /* Whose implementation of a schedule runs (they differ only in the interleaved warm-up with
  * as many micro-batches as stages; exec/schedule_pp.c): Megatron-LM's (and the meshplan
  * runtime's) or torch.distributed.pipelining's (torchtitan's). */
-typedef enum mp_pp_flavor { MP_PP_FLAVOR_MEGATRON = 0, MP_PP_FLAVOR_TORCH } mp_pp_flavor;
+typedef enum mp_pp_flavor {
+  MP_PP_FLAVOR_MEGATRON = 0,
+  MP_PP_FLAVOR_TORCH,
+  MP_PP_FLAVOR_MEGATRON_A2A /* Megatron-LM's with --overlap-moe-expert-parallel-comm: one more
+                               interleaved warm-up forward, so that every steady-state forward
+                               pairs with a backward of another micro-batch (schedule_pp.c) */
+} mp_pp_flavor;
 /* How PyTorch's context-parallel ring (torchtitan's experimental.context_parallel_rotate_method)
  * moves K and V between the cp ranks (exec/schedule_cp.c): one all-gather of every rank's
  * K and V per attention pass (torchtitan's default), or a shift to the next rank before
  * every step but the last. The meshplan runtimes run their own ring, which shifts. */
 typedef enum mp_cp_rotate { MP_CP_ROTATE_ALLGATHER = 0, MP_CP_ROTATE_ALLTOALL } mp_cp_rotate;
+/* How the EP dispatch and combine move a rank's tokens (sim/network.c, mp_sim_ep_shares):
+ * NCCL's all-to-all, one copy per (token, expert) to the expert's rank (Megatron-Core's
+ * alltoall dispatcher, its default); or DeepEP's kernels (Megatron-Core's --moe-token-
+ * dispatcher-type flex --moe-enable-deepep), which send a token over the network once per
+ * destination node and forward it to that node's experts over NVLink (DeepSeek-V3, arXiv
+ * 2412.19437 sec. 3.2.2; deepseek-ai/DeepEP's normal kernels). */
+typedef enum mp_moe_dispatcher { MP_MOE_DISPATCH_ALLTOALL = 0, MP_MOE_DISPATCH_DEEPEP } mp_moe_dispatcher;
 
 /* Whose memory the schedule's ALLOC/FREE events describe: a property of the runtime that
  * executes the plan, named by its stack profile (sim/stack.h, key "memory_model"). It
@@ -352,6 +365,15 @@ typedef struct mp_plan_options {
                             micro-pipelined TP) and Megatron-Core's --tp-comm-overlap
                             (Transformer Engine's userbuffers, which pipeline the same pairs).
                             0: off (default); not under the runtimes' memory models */
+  mp_moe_dispatcher moe_dispatcher; /* default ALLTOALL; DEEPEP: the megatron memory model
+                                       with ep > 1 */
+  int moe_a2a_overlap;   /* Megatron-Core's --overlap-moe-expert-parallel-comm: in the
+                            steady state the forward of one micro-batch and the backward of
+                            another run as one step, each one's EP all-to-alls beside the
+                            other's compute (sim/overlap.c). Megatron-Core's conditions
+                            (megatron/core/transformer/transformer_config.py, core_v0.14):
+                            ep > 1, interleaved stages when pp > 1, no full recompute; the
+                            megatron memory model only. 0: off (default) */
   int64_t seq;           /* tokens per sequence (0: min(max_seq, 8192), set by mp_plan_create) */
   int64_t micro_batch;   /* sequences per micro-batch per data-parallel rank */
   int64_t global_batch;  /* sequences per step over all data-parallel ranks (0: one
@@ -604,6 +626,13 @@ int mp_pp_schedule_parse(const char *s, mp_pp_schedule *out);
 mp_status mp_pp_layout_parse(mp_ctx *ctx, const char *s, mp_plan_options *o);
 /* o's stated layout in that notation into buf; its length, -1 when it does not fit. */
 int mp_pp_layout_format(const mp_plan_options *o, char *buf, size_t cap);
+/* Megatron-LM's --account-for-embedding-in-pipeline-split and
+ * --account-for-loss-in-pipeline-split: the embedding and the loss count as a layer each and
+ * the n_layers + 2 split evenly over the pp x v model chunks (Megatron requires that they
+ * divide): the first chunk holds one layer fewer, the last one fewer too (Llama 3 405B on pp
+ * 16 x 8: E|(t|)*126L). Writes that layout into o and returns 1; 0 (o untouched) where pp < 2,
+ * the chunks do not divide n_layers + 2 or exceed MP_PP_MAX_LAYOUT. */
+int mp_pp_layout_embedding_loss(int64_t n_layers, int pp, int v, mp_plan_options *o);
 /* "default", "tensorwise", "delayed", "rowwise", "mxfp8", "blockwise" ("?" out of range). */
 const char *mp_fp8_recipe_name(mp_fp8_recipe r);
 /* The recipe named s into *out: 1, or 0 for any other string (*out untouched); "current"

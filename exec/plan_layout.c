@@ -138,3 +138,12 @@ int mp_pp_layout_format(const mp_plan_options *o, char *buf, size_t cap) {
   }
   return (int)n;
 }
+
+int mp_pp_layout_embedding_loss(int64_t n_layers, int pp, int v, mp_plan_options *o) {
+  const int64_t K = (int64_t)pp * v, units = n_layers + 2;
+  if (pp < 2 || v < 1 || K > MP_PP_MAX_LAYOUT || units % K != 0) return 0;
+  const int64_t per = units / K;
+  o->n_pp_layers = (int)K;
+  for (int64_t k = 0; k < K; k++) o->pp_layers[k] = (int16_t)(per - (k == 0) - (k == K - 1));
+  return 1;
+}

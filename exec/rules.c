@@ -110,6 +110,8 @@ int mp_rule_fp8_linear_ok(int64_t rows, int64_t cols, mp_fp8_recipe r) {
   return rows % k == 0 && cols % k == 0;
 }
 
+int mp_rule_fp8_experts(mp_mem_model mm) { return mm == MP_MEM_MODEL_MEGATRON; }
+
 /* Bit r set: the runtime runs recipe r. */
 static unsigned recipes_of(mp_mem_model mm) {
   const unsigned b = 1u;

@@ -76,6 +76,12 @@ int mp_rule_sp_ok(int64_t seq, int cp, int tp);
  * gradient reduce over different dims), 128 for blockwise (its 128 x 128 weight tiles). */
 int mp_rule_fp8_multiple(mp_fp8_recipe r);
 int mp_rule_fp8_linear_ok(int64_t rows, int64_t cols, mp_fp8_recipe r);
+/* Whether the runtime runs the MoE experts' GEMMs (routed and shared) in float8:
+ * Megatron-Core's, whose TEGroupedMLP and SharedExpertMLP are Transformer Engine modules
+ * under fp8_autocast (megatron/core/transformer/moe/experts.py); torchtitan's filter
+ * excludes them (its float8 converter skips "experts" and "shared_expert"), and meshplan's
+ * runtimes run their experts in bf16. */
+int mp_rule_fp8_experts(mp_mem_model mm);
 /* The recipes each runtime implements: torchtitan's float8 is torchao's (tensorwise,
  * rowwise, and MXFP8 through torchao's MX formats), Megatron-LM's is Transformer Engine's
  * (--fp8-recipe delayed, tensorwise (current scaling), mxfp8, blockwise), meshplan's runtimes

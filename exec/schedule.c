@@ -474,7 +474,6 @@ mp_status mp_schedule_build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_sche
     return mp_error(ctx, MP_ERR_INVALID,
                     "schedule prep was made for another plan (other parameters, mesh or "
                     "options); make one with mp_schedule_prep_create for this plan");
-  MP_CHECK(mp_sched_check_mla(ctx, p)); /* a derived plan may change the AC policy */
   return build_prepped(ctx, p, pr, arena, out);
 }
 

@@ -629,8 +629,6 @@ int mp_sched_kind_of(const gen *g, int32_t l, const stage_info *st);
 mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedule_mode mode,
                              mp_arena *arena, mp_schedule_prep **out);
 int mp_sched_prep_serves(const mp_schedule_prep *pr, const mp_plan *p);
-/* MP_ERR_UNSUPPORTED for an MLA plan the schedule does not describe (schedule_prep.c). */
-mp_status mp_sched_check_mla(mp_ctx *ctx, const mp_plan *p);
 void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch);
 
 #endif

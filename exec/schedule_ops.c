@@ -149,10 +149,11 @@ static void amax_tp(gen *g, int module) {
 }
 
 /* Transformer Engine: q/k/v and gate/up are one Linear each (Megatron-Core's linear_qkv and
- * linear_fc1), so k, v and up take q's and gate's cast input as it is. */
+ * linear_fc1, the experts' grouped linear_fc1 too), so k, v and up take q's and gate's cast
+ * input as it is. */
 static int te_shares_input(const gen *g, int module) {
   return g->sh.fp8_te && (module == MP_MOD_K || module == MP_MOD_V || module == MP_MOD_UP ||
-                          module == MP_MOD_SHARED_UP);
+                          module == MP_MOD_SHARED_UP || module == MP_MOD_EXPERTS_UP);
 }
 
 /* Transformer Engine's LayerNormLinear: the norm before q/k/v and gate/up emits the float8

@@ -27,7 +27,11 @@
  *                (its all_warmup_microbatches), torch.distributed.pipelining's
  *                ScheduleInterleaved1F1B keeps the formula (its get_rank_warmup_ops, capped
  *                at m x v only), so its last stage starts backwards after (v - 1) x pp
- *                forwards and holds fewer chunks. Everything else is the same in both. */
+ *                forwards and holds fewer chunks. Everything else is the same in both.
+ *                With --overlap-moe-expert-parallel-comm Megatron-LM runs one more warm-up
+ *                forward (forward_backward_pipelining_with_interleaving, core_v0.14: the
+ *                combined 1F1B runs a forward and a backward of different micro-batches as
+ *                one step, which the last stage's first backward needs). */
 #include "exec/schedule.h"
 
 /* Megatron's chunk and micro-batch of virtual step k (forward or backward) of m micro-
@@ -52,9 +56,10 @@ static mp_pp_step interleaved_step(int pp, int v, int64_t m, int64_t k, int bwd)
 static int64_t order_interleaved(int pp, int v, int64_t m, int stage, mp_pp_flavor flavor,
                                  mp_pp_step *out) {
   const int64_t total = m * v;
-  int64_t warm = m == pp && flavor == MP_PP_FLAVOR_MEGATRON
-                     ? total
-                     : (int64_t)(pp - stage - 1) * 2 + (int64_t)(v - 1) * pp;
+  const int mg = flavor == MP_PP_FLAVOR_MEGATRON || flavor == MP_PP_FLAVOR_MEGATRON_A2A;
+  int64_t warm = m == pp && mg ? total
+                               : (int64_t)(pp - stage - 1) * 2 + (int64_t)(v - 1) * pp +
+                                     (flavor == MP_PP_FLAVOR_MEGATRON_A2A);
   if (warm > total) warm = total;
   int64_t n = 0;
   for (int64_t k = 0; k < warm; k++) out[n++] = interleaved_step(pp, v, m, k, 0);

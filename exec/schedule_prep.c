@@ -272,18 +272,6 @@ static void find_runs(gen *g, const stage_info *st, mp_schedule_mode mode, int32
 
 /* ---- the prep ------------------------------------------------------------------------- */
 
-/* What the schedule does not describe for multi-head latent attention: the runtime memory
- * models (the runtime does not execute it). */
-mp_status mp_sched_check_mla(mp_ctx *ctx, const mp_plan *p) {
-  if (!mp_model_is_mla(&p->model)) return MP_OK;
-  if (mp_sched_strategy(p->opts.mem_model)->runtime)
-    return mp_error(ctx, MP_ERR_UNSUPPORTED,
-                    "model %s has multi-head latent attention, which the meshplan runtime does not "
-                    "execute, so the %s memory model has no layout for it; use the torchtitan or "
-                    "megatron stack", p->model.name, mp_mem_model_name(p->opts.mem_model));
-  return MP_OK;
-}
-
 mp_status mp_sched_check_plan_rank(mp_ctx *ctx, const mp_plan *p, int rank) {
   const mp_mesh *mesh = &p->mesh;
   if (rank < 0 || rank >= mp_mesh_world(mesh))
@@ -298,7 +286,6 @@ mp_status mp_sched_check_plan_rank(mp_ctx *ctx, const mp_plan *p, int rank) {
   if ((unsigned)p->opts.mem_model >= MP_MEM_MODEL_COUNT)
     return mp_error(ctx, MP_ERR_INVALID, "unknown memory model %d; choose torchtitan, "
                     "meshplan-cpu, meshplan-cuda or megatron", (int)p->opts.mem_model);
-  MP_CHECK(mp_sched_check_mla(ctx, p));
   if ((p->applied & MP_PASS_TP) == 0 && mesh->size[MP_DIM_TP] > 1)
     return mp_error(ctx, MP_ERR_ORDER,
                     "the mesh has tp=%d but TP was not applied; apply the passes in order "

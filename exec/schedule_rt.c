@@ -111,7 +111,9 @@ void mp_sched_rt_sp(gen *g, int alloc) {
 void mp_sched_rt_layout_fill(gen *g, int64_t micro_batch) {
   const shapes *sh = &g->sh;
   const mp_act_dims d = {.B = micro_batch, .S = sh->seq / sh->cp, .N = sh->tokens, .NS = sh->tokens_sp, .C = sh->d_model,
-                         .HD = sh->head_dim,
+                         .HD = sh->head_dim, .DV = sh->v_head_dim, .RD = sh->mla ? sh->rope_dim : sh->head_dim,
+                         .mla = sh->mla, .QL = sh->q_lora, .KL = sh->kv_lora,
+                         .DN = sh->head_dim - sh->rope_dim, .DR = sh->rope_dim,
                          .NH = sh->heads, .NKV = sh->kv_heads, .F = sh->d_ff, .E = sh->experts, .K = sh->top_k,
                          .Fe = sh->d_ff_expert, .Fs = sh->has_shared ? sh->d_ff_shared : 0, .Vl = sh->vocab_local,
                          .NR = sh->moe_tokens, .R = sh->moe_tokens * sh->top_k, .L = g->p->model.n_layers,

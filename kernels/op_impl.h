@@ -66,6 +66,7 @@
   X(residual_forward)         \
   X(accumulate)               \
   X(accumulate_f32)           \
+  X(copy2d)                   \
   X(f8_amax)                  \
   X(f8_scale_from_amax)       \
   X(f8_quantize)              \

@@ -197,28 +197,29 @@ struct mp_backend {
                              int B, int T, int nh, int hd);
 
   /* ---- causal attention with grouped-query heads -------------------------------------
-   * Query head h reads key/value head h / (nh/nkv). Scale 1/sqrt(hd); position t attends
-   * to positions <= t. Forward saves only lse (the log-sum-exp of each scaled score row),
+   * Query head h reads key/value head h / (nh/nkv). q and k have hd features per head, v
+   * and out hv (hv == hd but under multi-head latent attention: DeepSeek-V2's v_head_dim
+   * beside qk_nope + qk_rope). Scale 1/sqrt(hd); position t attends to positions <= t. Forward saves only lse (the log-sum-exp of each scaled score row),
    * flash-attention style: backward recomputes the probabilities from q, k and lse, so
    * no (T, T) matrix is ever stored. */
   mp_status (*attention_forward)(mp_kctx *kc,
-                                 void *out,       /* (B, T, nh, hd) */
+                                 void *out,       /* (B, T, nh, hv) */
                                  float *lse,      /* (B, nh, T) saved for backward */
                                  const void *q,   /* (B, T, nh, hd) */
                                  const void *k,   /* (B, T, nkv, hd) */
-                                 const void *v,   /* (B, T, nkv, hd) */
-                                 int B, int T, int nh, int nkv, int hd);
+                                 const void *v,   /* (B, T, nkv, hv) */
+                                 int B, int T, int nh, int nkv, int hd, int hv);
   mp_status (*attention_backward)(mp_kctx *kc,
                                   void *dq,          /* (B, T, nh, hd) += */
                                   void *dk,          /* (B, T, nkv, hd) += */
-                                  void *dv,          /* (B, T, nkv, hd) += */
-                                  const void *dout,  /* (B, T, nh, hd) */
+                                  void *dv,          /* (B, T, nkv, hv) += */
+                                  const void *dout,  /* (B, T, nh, hv) */
                                   const void *q,     /* (B, T, nh, hd) */
                                   const void *k,     /* (B, T, nkv, hd) */
-                                  const void *v,     /* (B, T, nkv, hd) */
-                                  const void *out,   /* (B, T, nh, hd) forward output */
+                                  const void *v,     /* (B, T, nkv, hv) */
+                                  const void *out,   /* (B, T, nh, hv) forward output */
                                   const float *lse,  /* (B, nh, T) */
-                                  int B, int T, int nh, int nkv, int hd);
+                                  int B, int T, int nh, int nkv, int hd, int hv);
 
   /* ---- attention over a span of keys: the pieces of ring (context-parallel) attention ---
    * Key j of the kv chunk is visible from query i of the q chunk iff kv_pos + j <= q_pos + i
@@ -468,6 +469,12 @@ struct mp_backend {
   mp_status (*accumulate)(mp_kctx *kc, void *y /* (n) += */, const void *x, size_t n);
   mp_status (*accumulate_f32)(mp_kctx *kc, float *y /* (n) += */, const float *x,
                               size_t n);
+  /* A block of rows x cols X elements between strided tensors (cudaMemcpy2D's shape, in
+   * elements): dst[r ld_dst + c] = src[r ld_src + c], or += when add. Multi-head latent
+   * attention assembles its heads with it (the nope and rope parts of q and k, v out of
+   * kv_b_proj's output) and takes them apart in backward. ld_dst, ld_src >= cols. */
+  mp_status (*copy2d)(mp_kctx *kc, void *dst, size_t ld_dst, const void *src, size_t ld_src,
+                      size_t rows, size_t cols, int add);
 
   /* ---- float8 (tensorwise scaling, torchao "dynamic" recipe) --------------------------
    * amax = max |x|; scale = fp8_max / max(amax, 1e-12) (fp32); code = cast(x * scale)

@@ -10,8 +10,9 @@
 /* A worker's cache of the current mesh's plans (see evaluate.h). */
 #define CACHE_PLANS 24
 typedef struct cached_plan {
-  int fp8, all_gather, pad_vocab, reshard, sp, pp_virtual; /* the options a derived plan
-                                                               cannot change */
+  int fp8, all_gather, pad_vocab, reshard, sp, pp_virtual, n_pp_layers; /* the options a
+                                                                            derived plan cannot
+                                                                            change */
   mp_plan *base;
   mp_sim_plan_prep *prep;
 } cached_plan;
@@ -78,6 +79,7 @@ void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_
   cfg->sp = ev->stack.sp && ev->base.sp != 0;
   cfg->pp_virtual_max = 4;
   cfg->pp_keeps_params = ev->stack.mem_model == MP_MEM_MODEL_TORCHTITAN; /* mp_plan_pp_fsdp */
+  cfg->pp_split = ev->stack.mem_model == MP_MEM_MODEL_MEGATRON && ev->base.n_pp_layers == 0;
   cfg->dp = ev->base.dp;
   cfg->ddp_shard_optimizer = ev->base.dp == MP_DP_DDP && ev->base.ddp.shard_optimizer;
   /* the recipe float8 candidates run (its tile multiple decides which Linears cast) */
@@ -110,6 +112,8 @@ void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
   o->tp.pad_vocab = c->pads_vocab;
   o->sp = c->sp;
   o->pp_virtual = c->pp_virtual > 1 ? c->pp_virtual : 1;
+  if (c->pp_split)
+    mp_pp_layout_embedding_loss(ev->model->n_layers, c->mesh.size[MP_DIM_PP], o->pp_virtual, o);
   /* one chunk per stage: 1F1B, or GPipe where the base asks for it (train --pp-schedule) */
   o->pp_schedule = c->pp_virtual > 1                    ? MP_PP_INTERLEAVED
                    : ev->base.pp_schedule == MP_PP_GPIPE ? MP_PP_GPIPE
@@ -150,7 +154,7 @@ static mp_status cached_base(mp_ctx *ctx, mp_sim_eval_worker *w, const mp_candid
     cached_plan *e = &w->ent[i];
     if (e->fp8 == o->fp8 && e->all_gather == o->fp8_opts.all_gather &&
         e->pad_vocab == o->tp.pad_vocab && e->reshard == o->fsdp.reshard_after_forward &&
-        e->sp == o->sp && e->pp_virtual == o->pp_virtual) {
+        e->sp == o->sp && e->pp_virtual == o->pp_virtual && e->n_pp_layers == o->n_pp_layers) {
       *out = e;
       return MP_OK;
     }
@@ -158,7 +162,7 @@ static mp_status cached_base(mp_ctx *ctx, mp_sim_eval_worker *w, const mp_candid
   /* not reached by the search's candidates; stay correct */
   if (w->n == CACHE_PLANS) cache_reset(w, &c->mesh);
   cached_plan e = {o->fp8, o->fp8_opts.all_gather, o->tp.pad_vocab,
-                   o->fsdp.reshard_after_forward, o->sp, o->pp_virtual, NULL, NULL};
+                   o->fsdp.reshard_after_forward, o->sp, o->pp_virtual, o->n_pp_layers, NULL, NULL};
   MP_CHECK(mp_build_plan_from(ctx, w->ev->tmpl, &c->mesh, o, w->arena, &e.base));
   MP_CHECK(mp_sim_plan_prep_create(ctx, e.base, &w->sim, w->arena, &e.prep));
   w->ent[w->n] = e;

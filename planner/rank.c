@@ -71,6 +71,7 @@ int64_t mp_candidate_simplicity(const mp_candidate *c) {
   k = k * 2 + (c->fp8 != 0);
   k = k * 8 + dims;
   k = k * 2 + (c->pp_virtual > 1);
+  k = k * 2 + (c->pp_split != 0);
   k = k * 8 + ac_recompute_rank(c->ac);
   return k;
 }

@@ -58,6 +58,7 @@ cJSON *mp_candidate_json(const mp_candidate *c, int64_t rank, double price) {
   char ac[32];
   mp_candidate_ac_str(c, ac, sizeof ac);
   cJSON_AddNumberToObject(mesh, "pp_virtual", c->pp_virtual);
+  cJSON_AddBoolToObject(mesh, "pp_split_embedding_loss", c->pp_split);
   cJSON_AddStringToObject(j, "ac", ac);
   cJSON_AddBoolToObject(j, "sp", c->sp);
   cJSON_AddBoolToObject(j, "fp8", c->fp8);

@@ -1,20 +1,15 @@
-/* The planner's search (see search.h): enumeration, cheap pruning with reasons, parallel
- * evaluation with in-order delivery, ranking.
+/* The planner's search (see search.h): enumeration, cheap pruning with reasons, ranking;
+ * the parallel evaluation is search_run.c's.
  *
- * Invariants: candidates are stored in enumeration order and never move; a candidate's
- * reject code is set once (by the pruning rules at enumeration, or by its worker after
- * evaluation) before it is delivered to the sink; workers write only the candidates of
- * the chunks they claimed, and the calling thread reads a chunk only after the worker
- * marked it done under the mutex (which orders the writes before the reads). */
+ * Invariant: candidates are stored in enumeration order and never move; the pruning rules
+ * set a candidate's reject code at enumeration, once. */
 #define _GNU_SOURCE
 #include "planner/search.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/limits.h"
 #include "common/timeutil.h"
@@ -29,9 +24,8 @@ void mp_candidate_ac_str(const mp_candidate *c, char *buf, size_t cap) {
   else snprintf(buf, cap, "%s", mp_search_ac_name(c->ac));
 }
 
-/* executable_only: whether exec/runtime executes the candidate, by the runtime's own rules
- * (mp_runtime_check) on the options the candidate's plan would have and the passes it would
- * apply (FSDP where dp_shard > 1, Float8 where float8 is on); no plan is built. */
+/* executable_only: whether exec/runtime executes the candidate on the profile's backend (CPU or CUDA), by
+ * its own rules (mp_runtime_check) on the options and passes its plan would have; no plan is built. */
 static int executable(const mp_search_config *cfg, const mp_candidate *c) {
   if (!mp_gpu_runtime_drives(&cfg->cluster->gpu)) return 0; /* a GPU without CUDA */
   mp_plan_options o;
@@ -44,6 +38,7 @@ static int executable(const mp_search_config *cfg, const mp_candidate *c) {
   o.ac = (mp_ac_mode)c->ac;
   o.pp_virtual = c->pp_virtual;
   if (c->pp_virtual > 1) o.pp_schedule = MP_PP_INTERLEAVED;
+  o.mem_model = mp_gpu_api_of(&cfg->cluster->gpu) == MP_GPU_API_CPU ? MP_MEM_MODEL_MESHPLAN_CPU : MP_MEM_MODEL_MESHPLAN_CUDA;
   const unsigned applied = (c->mesh.size[MP_DIM_DP_SHARD] > 1 ? MP_PASS_FSDP : 0) | (c->fp8 ? MP_PASS_FLOAT8 : 0);
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -82,6 +77,7 @@ void mp_search_config_init(mp_search_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   mp_search_fix_init(&cfg->fix);
   cfg->search_fp8 = 1;
+  cfg->full_ac_ahead = 1;
 }
 
 /* ---- pruning -------------------------------------------------------------------------- */
@@ -171,7 +167,9 @@ static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *
 static int pp_virtual_ok(const mp_search_config *cfg, const mp_candidate *c, int64_t n_micro) {
   if (c->pp_virtual <= 1) return 1;
   const int pp = c->mesh.size[MP_DIM_PP];
-  return mp_rule_pp_chunks_ok(cfg->model->n_layers, pp, c->pp_virtual) &&
+  /* a split counting the embedding and the loss as layers has pp x v chunks of one or more
+   * layers by construction (chunk_choices) */
+  return (c->pp_split || mp_rule_pp_chunks_ok(cfg->model->n_layers, pp, c->pp_virtual)) &&
          mp_rule_pp_micro_ok(n_micro, pp, c->pp_virtual);
 }
 
@@ -360,6 +358,11 @@ void mp_candidate_mesh_str(const mp_candidate *c, char *buf, size_t cap) {
   mp_mesh_format(&c->mesh, buf, cap);
 }
 
+void mp_candidate_pp_str(const mp_candidate *c, char *buf, size_t cap) {
+  if (c->pp_virtual > 1) snprintf(buf, cap, "%dx%d%s", c->mesh.size[MP_DIM_PP], c->pp_virtual, c->pp_split ? "E" : "");
+  else snprintf(buf, cap, "%d%s", c->mesh.size[MP_DIM_PP], c->pp_split ? "E" : "");
+}
+
 /* ---- enumeration ---------------------------------------------------------------------- */
 
 static int fixed_ok(int fix, int v) { return fix < 0 || fix == v; }
@@ -404,17 +407,26 @@ static mp_status push(enum_state *e, const mp_candidate *c) {
 
 /* The model chunks per stage a mesh searches: the fixed one, or 1 (and 2, 4 up to
  * pp_virtual_max with pp > 1 on a mesh the mesh rules keep: they reject every chunking
- * alike); *n of them into vs. */
+ * alike), each with the default split; where the stack counts the embedding and the loss
+ * as layers (pp_split) also every v whose pp x v chunks divide the layers + 2 that way
+ * (Llama 3 405B on pp 16: v = 8, one layer a chunk). *n of them into vs and split. */
+#define MP_CHUNK_CHOICES 24
 static void chunk_choices(const mp_search_config *cfg, const mp_mesh *mesh, mp_reject mesh_rej,
-                          int vs[8], int *n) {
+                          int vs[MP_CHUNK_CHOICES], int split[MP_CHUNK_CHOICES], int *n) {
   *n = 0;
-  if (cfg->fix.pp_virtual > 0) {
-    vs[(*n)++] = cfg->fix.pp_virtual;
-    return;
+  const int pp = mesh->size[MP_DIM_PP];
+  const int lo = cfg->fix.pp_virtual > 0 ? cfg->fix.pp_virtual : 1;
+  const int hi = cfg->fix.pp_virtual > 0 ? cfg->fix.pp_virtual : MP_PP_MAX_VIRTUAL;
+  for (int v = lo; v <= hi && *n < MP_CHUNK_CHOICES; v++) {
+    const int plain = cfg->fix.pp_virtual > 0 || v == 1 ||
+                      (pp > 1 && mesh_rej == MP_REJECT_NONE && v <= cfg->pp_virtual_max && v <= 4 &&
+                       (v & (v - 1)) == 0);
+    if (plain) vs[*n] = v, split[(*n)++] = 0;
+    mp_plan_options o;
+    if (cfg->pp_split && pp > 1 && mesh_rej == MP_REJECT_NONE && *n < MP_CHUNK_CHOICES &&
+        (v == 1 || cfg->pp_virtual_max > 1) && mp_pp_layout_embedding_loss(cfg->model->n_layers, pp, v, &o))
+      vs[*n] = v, split[(*n)++] = 1;
   }
-  vs[(*n)++] = 1;
-  if (mesh->size[MP_DIM_PP] > 1 && mesh_rej == MP_REJECT_NONE)
-    for (int v = 2; v <= cfg->pp_virtual_max && v <= 4; v *= 2) vs[(*n)++] = v;
 }
 
 /* The AC policies in enumeration order: none, full, those between (search.h). */
@@ -432,8 +444,8 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
   int pads_vocab = cfg->model->vocab % mesh->size[MP_DIM_TP] != 0;
   const int sp = mesh->size[MP_DIM_TP] > 1 && (fx->sp >= 0 ? fx->sp : cfg->sp);
   const unsigned mask = fx->ac >= 0 ? 1u << fx->ac : ac_mask_of(cfg);
-  int vs[8], nv = 0;
-  chunk_choices(cfg, mesh, mesh_rej, vs, &nv);
+  int vs[MP_CHUNK_CHOICES], split[MP_CHUNK_CHOICES], nv = 0;
+  chunk_choices(cfg, mesh, mesh_rej, vs, split, &nv);
   for (int iv = 0; iv < nv; iv++) {
     /* powers of two up to per_rank; the loop stops before the doubling that would pass it
      * (per_rank near 2^62 must not wrap mb around and loop forever) */
@@ -458,6 +470,7 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
             c.pads_vocab = (uint8_t)pads_vocab;
             c.sp = (uint8_t)sp;
             c.pp_virtual = (uint16_t)vs[iv];
+            c.pp_split = (uint8_t)split[iv];
             if (cfg->executable_only && !executable(cfg, &c)) continue;
             c.reject = (uint8_t)(mesh_rej != MP_REJECT_NONE
                                      ? mesh_rej
@@ -571,230 +584,6 @@ void mp_search_destroy(mp_search *s) {
   free(s->cands);
   mp_arena_destroy(s->arena);
   free(s);
-}
-
-/* ---- parallel evaluation -------------------------------------------------------------- */
-
-/* Chunks: runs of consecutive candidates a worker claims at once. A chunk ends where the
- * mesh changes once it holds at least CHUNK_MIN candidates, so a mesh's candidates stay
- * with one worker (the evaluator caches per mesh what they share: one plan per float8
- * setting); CHUNK_MAX bounds a chunk inside one huge mesh, ending it only between families
- * (candidates differing in micro-batch, AC, float8 and reshard alone, a few hundred at
- * most) so that a candidate's siblings are in its own chunk. Small enough that the
- * workers stay balanced when candidates cost differently (pp, MoE). */
-#define CHUNK_MIN 32
-#define CHUNK_MAX 256
-
-/* a and b are of one family: the same mesh, model chunks and SP */
-static int same_family(const mp_candidate *a, const mp_candidate *b) {
-  return memcmp(&a->mesh, &b->mesh, sizeof a->mesh) == 0 && a->pp_virtual == b->pp_virtual &&
-         a->sp == b->sp;
-}
-
-/* AC policy q recomputes a subset of what p recomputes (the dominance order of search.h). */
-static int recomputes_less(int q, int p) {
-  if (q == p) return 0;
-  if (q == MP_AC_NONE) return 1;
-  if (p != MP_AC_FULL) return q == MP_AC_SELECTIVE_CORE && p == MP_AC_SELECTIVE;
-  return 1;
-}
-
-static int over_capacity(const mp_candidate *d) {
-  return d->reject == MP_REJECT_MEMORY || d->reject == MP_REJECT_MEMORY_MB ||
-         d->reject == MP_REJECT_MEMORY_AC;
-}
-
-/* What c's siblings before it in its chunk (from lo; the same worker decided them, so
- * the outcome does not depend on timing) decide: MP_REJECT_MEMORY_MB, MP_REJECT_MEMORY_AC,
- * MP_REJECT_DOMINATED (with prune_dominated), or MP_REJECT_NONE: simulate it. */
-static mp_reject sibling_verdict(const mp_search *s, int prune_dominated, int64_t lo,
-                                 int64_t i) {
-  const mp_candidate *c = &s->cands[i];
-  for (int64_t j = i - 1; j >= lo; j--) {
-    const mp_candidate *d = &s->cands[j];
-    if (!same_family(c, d)) break;
-    if (d->fp8 != c->fp8 || d->reshard != c->reshard) continue;
-    if (d->micro_batch * 2 == c->micro_batch && d->ac == c->ac &&
-        d->ac_every == c->ac_every && over_capacity(d))
-      return MP_REJECT_MEMORY_MB;
-    if (d->micro_batch != c->micro_batch) continue;
-    if (d->ac == MP_AC_FULL && d->ac_every <= 1 && c->ac != MP_AC_FULL && over_capacity(d))
-      return MP_REJECT_MEMORY_AC;
-    if (prune_dominated && c->ac_every <= 1 && d->ac_every <= 1 && d->evaluated &&
-        d->reject == MP_REJECT_NONE && recomputes_less(d->ac, c->ac))
-      return MP_REJECT_DOMINATED;
-  }
-  return MP_REJECT_NONE;
-}
-
-typedef struct run_shared {
-  const mp_search_config *cfg;
-  mp_search *s;
-  int64_t n_chunks;
-  int64_t *chunk_lo;  /* chunk k is candidates [chunk_lo[k], chunk_lo[k + 1]) */
-  int64_t next_chunk; /* guarded by mu */
-  unsigned char *done; /* per chunk, guarded by mu */
-  int stop;            /* guarded by mu: the caller gave up */
-  mp_status fatal;     /* a worker could not go on (out of memory) */
-  mp_ctx fatal_ctx;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-} run_shared;
-
-static void eval_one(run_shared *sh, void *user, mp_ctx *ctx, mp_arena *scratch,
-                     mp_candidate *c) {
-  mp_ctx_init(ctx);
-  mp_sim_result r;
-  memset(&r, 0, sizeof r);
-  mp_status st = sh->cfg->eval(user, ctx, scratch, c, &r);
-  mp_arena_reset(scratch);
-  c->evaluated = 1;
-  if (st != MP_OK) {
-    c->reject = MP_REJECT_EVAL_ERROR;
-    /* Evaluator errors are rare: their messages go to the search arena, under the mutex
-     * because the arena is not thread-safe. NULL (out of memory) reads "evaluation failed". */
-    pthread_mutex_lock(&sh->mu);
-    c->error = mp_arena_strdup(sh->s->arena, mp_errmsg(ctx)[0] ? mp_errmsg(ctx) : mp_status_name(st));
-    pthread_mutex_unlock(&sh->mu);
-    return;
-  }
-  c->res = r;
-  c->reject = r.fits ? MP_REJECT_NONE : MP_REJECT_MEMORY;
-}
-
-/* A worker's set-up: its scratch arena and the evaluator's state for it (*user, from
- * eval_thread_init). 0 when either fails: the search then stops with the error. */
-static int worker_start(run_shared *sh, mp_ctx *ctx, mp_arena **scratch, void **user) {
-  *user = sh->cfg->eval_user;
-  *scratch = mp_arena_create();
-  mp_status st = *scratch ? MP_OK
-                          : mp_error(ctx, MP_ERR_NOMEM, "out of memory creating a worker arena");
-  if (st == MP_OK && sh->cfg->eval_thread_init)
-    st = sh->cfg->eval_thread_init(sh->cfg->eval_user, ctx, user);
-  if (st == MP_OK) return 1;
-  mp_arena_destroy(*scratch);
-  pthread_mutex_lock(&sh->mu);
-  if (sh->fatal == MP_OK) {
-    sh->fatal = st;
-    sh->fatal_ctx = *ctx;
-  }
-  sh->stop = 1;
-  pthread_cond_broadcast(&sh->cv);
-  pthread_mutex_unlock(&sh->mu);
-  return 0;
-}
-
-static void *worker_main(void *arg) {
-  run_shared *sh = arg;
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  mp_arena *scratch = NULL;
-  void *user = NULL;
-  if (!worker_start(sh, &ctx, &scratch, &user)) return NULL;
-  for (;;) {
-    pthread_mutex_lock(&sh->mu);
-    int64_t ch = sh->stop ? sh->n_chunks : sh->next_chunk++;
-    pthread_mutex_unlock(&sh->mu);
-    if (ch >= sh->n_chunks) break;
-    int64_t lo = sh->chunk_lo[ch], hi = sh->chunk_lo[ch + 1];
-    for (int64_t i = lo; i < hi; i++) {
-      mp_candidate *c = &sh->s->cands[i];
-      if (c->reject != MP_REJECT_NONE || c->evaluated) continue;
-      const mp_reject v = sibling_verdict(sh->s, sh->cfg->prune_dominated, lo, i);
-      if (v != MP_REJECT_NONE)
-        c->reject = (uint8_t)v;
-      else
-        eval_one(sh, user, &ctx, scratch, c);
-    }
-    pthread_mutex_lock(&sh->mu);
-    sh->done[ch] = 1;
-    pthread_cond_broadcast(&sh->cv);
-    pthread_mutex_unlock(&sh->mu);
-  }
-  mp_arena_destroy(scratch);
-  if (sh->cfg->eval_thread_done) sh->cfg->eval_thread_done(user);
-  return NULL;
-}
-
-mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
-                        mp_search_sink_fn sink, void *sink_user,
-                        mp_search_progress_fn progress, void *progress_user) {
-  if (!cfg->eval) return mp_error(ctx, MP_ERR_INVALID, "search has no evaluator");
-  double t0 = mp_now_s();
-  int nt = cfg->n_threads;
-  if (nt <= 0) {
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    nt = ncpu > 0 ? (int)ncpu : 1;
-  }
-  if (nt > 64) nt = 64;
-  run_shared sh;
-  memset(&sh, 0, sizeof sh);
-  sh.cfg = cfg;
-  sh.s = s;
-  /* chunk boundaries (see CHUNK_MIN): at most one chunk per CHUNK_MIN candidates */
-  sh.chunk_lo = malloc(sizeof(int64_t) * (size_t)(s->n / CHUNK_MIN + 2));
-  MP_CHECK_ALLOC(ctx, sh.chunk_lo);
-  sh.n_chunks = 0;
-  for (int64_t i = 0; i < s->n; i++) {
-    const int64_t len = sh.n_chunks ? i - sh.chunk_lo[sh.n_chunks - 1] : 0;
-    const int group_ends = i > 0 && !same_family(&s->cands[i], &s->cands[i - 1]);
-    if (sh.n_chunks == 0 || (len >= CHUNK_MAX && group_ends) ||
-        (len >= CHUNK_MIN &&
-         memcmp(&s->cands[i].mesh, &s->cands[i - 1].mesh, sizeof s->cands[i].mesh) != 0))
-      sh.chunk_lo[sh.n_chunks++] = i;
-  }
-  sh.chunk_lo[sh.n_chunks] = s->n;
-  sh.done = calloc((size_t)(sh.n_chunks > 0 ? sh.n_chunks : 1), 1);
-  if (sh.done == NULL) {
-    free(sh.chunk_lo);
-    return mp_error(ctx, MP_ERR_NOMEM, "out of memory starting the search");
-  }
-  mp_ctx_init(&sh.fatal_ctx);
-  pthread_mutex_init(&sh.mu, NULL);
-  pthread_cond_init(&sh.cv, NULL);
-  pthread_t th[64];
-  int started = 0;
-  for (int i = 0; i < nt; i++) {
-    if (pthread_create(&th[i], NULL, worker_main, &sh) != 0) break;
-    started++;
-  }
-  mp_status st = MP_OK;
-  if (started == 0) st = mp_error(ctx, MP_ERR_INTERNAL, "could not start a search thread");
-  for (int64_t ch = 0; ch < sh.n_chunks && st == MP_OK; ch++) {
-    pthread_mutex_lock(&sh.mu);
-    while (!sh.done[ch] && sh.fatal == MP_OK) pthread_cond_wait(&sh.cv, &sh.mu);
-    mp_status fatal = sh.fatal;
-    pthread_mutex_unlock(&sh.mu);
-    if (fatal != MP_OK) {
-      *ctx = sh.fatal_ctx;
-      st = fatal;
-      break;
-    }
-    int64_t lo = sh.chunk_lo[ch], hi = sh.chunk_lo[ch + 1];
-    for (int64_t i = lo; i < hi && st == MP_OK; i++)
-      if (sink) st = sink(sink_user, ctx, i, &s->cands[i]);
-    if (progress) progress(progress_user, hi, s->n);
-  }
-  pthread_mutex_lock(&sh.mu);
-  sh.stop = 1;
-  pthread_mutex_unlock(&sh.mu);
-  for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-  pthread_mutex_destroy(&sh.mu);
-  pthread_cond_destroy(&sh.cv);
-  free(sh.done);
-  free(sh.chunk_lo);
-  s->n_evaluated = s->n_feasible = s->n_failed = s->n_dominated = s->n_implied = 0;
-  for (int64_t i = 0; i < s->n; i++) {
-    const mp_candidate *c = &s->cands[i];
-    s->n_dominated += c->reject == MP_REJECT_DOMINATED;
-    s->n_implied += c->reject == MP_REJECT_MEMORY_MB || c->reject == MP_REJECT_MEMORY_AC;
-    if (!c->evaluated) continue;
-    s->n_evaluated++;
-    if (c->reject == MP_REJECT_NONE) s->n_feasible++;
-    if (c->reject == MP_REJECT_EVAL_ERROR) s->n_failed++;
-  }
-  s->run_s = mp_now_s() - t0;
-  return st;
 }
 
 void mp_search_reject_counts(const mp_search *s, int64_t by[MP_REJECT_COUNT]) {

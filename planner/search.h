@@ -46,7 +46,12 @@
  * sibling's recomputes (none < selective-core < selective < full, none < selective-op <
  * full) is skipped: the same schedule with more recompute ops is never faster. The AC
  * policies are enumerated none, full, then the ones between (selective-core, selective,
- * selective-op), so that both ends decide the middle.
+ * selective-op), so that both ends decide the middle. Unless the last full-AC candidate of
+ * its chunk fit, a worker decides the full-AC sibling before the none-AC one
+ * (full_ac_ahead), so that a full AC over capacity decides none too (its sibling after it,
+ * in its chunk), and a none that fits still makes its full sibling dominated: the outcomes
+ * enumeration order gives, but for none-AC candidates over capacity found so without a
+ * simulation.
  *
  * Constraints (`--fix`, `--executable-only`) shrink the space before enumeration: a
  * candidate they exclude is not enumerated, so counts are those of the constrained space.
@@ -144,6 +149,9 @@ typedef struct mp_candidate {
   uint16_t ac_every;    /* full AC on every ac_every-th block (1: every block) */
   uint8_t sp;           /* sequence parallelism (tp > 1) */
   uint16_t pp_virtual;  /* model chunks per pipeline stage: 1 (1F1B), more: interleaved */
+  uint8_t pp_split;     /* 1: the embedding and the loss each count as a layer in the pipeline
+                           split (Megatron-LM's --account-for-embedding/loss-in-pipeline-split,
+                           mp_pp_layout_embedding_loss); 0: the default split */
   uint8_t fp8;          /* 1: float8 Linear layers */
   uint8_t reshard;      /* 1: reshard_after_forward */
   uint8_t reject;       /* mp_reject */
@@ -203,6 +211,10 @@ typedef struct mp_search_config {
                            same bytes, so the all-reduce form is searched only when asked */
   int pp_virtual_max;   /* model chunks per stage searched with pp > 1: 1, 2, 4 up to this
                            (1: 1F1B only, the meshplan runtime's) */
+  int pp_split;         /* 1: the stack can count the embedding and the loss as layers in the
+                           pipeline split (Megatron-LM): with pp > 1 every chunking whose pp x v
+                           divides the layers + 2 is searched that way too, v up to
+                           MP_PP_MAX_VIRTUAL */
   int pp_keeps_params;  /* the stack keeps a pipeline stage's FSDP parameters gathered
                            through the step (torchtitan): reshard with pp > 1 is a duplicate
                            of reshard off (MP_REJECT_RESHARD_NOOP) */
@@ -211,6 +223,11 @@ typedef struct mp_search_config {
                            (MP_REJECT_NO_FSDP) and reshard_after_forward is always a duplicate
                            (MP_REJECT_RESHARD_NOOP) */
   int ddp_shard_optimizer; /* DDP with its optimizer state sharded (ZeRO-1): the memory bound */
+  int full_ac_ahead;    /* 1 (mp_search_config_init): unless the last full-AC candidate of
+                           its chunk fit, a worker decides a none-AC candidate's full-AC
+                           sibling first, and when that is over capacity the none-AC one is
+                           too without a simulation (MP_REJECT_MEMORY_AC); 0: every candidate
+                           in enumeration order. The ranked plans are the same either way */
   int prune_dominated;  /* time objectives: an AC policy whose recompute is a superset of a
                            fitting sibling's (same mesh, chunks, micro-batch, float8,
                            reshard, SP) is not simulated (MP_REJECT_DOMINATED) */
@@ -244,6 +261,8 @@ typedef struct mp_search {
   int64_t n_dominated;  /* not simulated: an AC policy recomputing less fits */
   int64_t n_implied;    /* not simulated: over capacity as a sibling needing no more
                            memory is (MP_REJECT_MEMORY_MB, MP_REJECT_MEMORY_AC) */
+  int64_t n_set_aside;  /* handed to the evaluator besides n_evaluated, the result set aside:
+                           full AC decided ahead (full_ac_ahead), then dominated by its none */
   double enumerate_s, run_s;
 } mp_search;
 
@@ -278,6 +297,9 @@ void mp_candidate_reason(const mp_search_config *cfg, const mp_candidate *c, cha
                          size_t cap);
 /* "dp_shard=4,tp=2,ep=2" style description of the candidate's mesh. */
 void mp_candidate_mesh_str(const mp_candidate *c, char *buf, size_t cap);
+/* The pipeline as plan's table shows it: "16", pp x chunks per stage under the interleaved
+ * schedule "16x4", and an E where the embedding and the loss count as layers ("16x8E"). */
+void mp_candidate_pp_str(const mp_candidate *c, char *buf, size_t cap);
 /* "none", "selective", "selective-op", "selective-core", "full" (mp_ac_mode_name's names). */
 const char *mp_search_ac_name(int ac);
 /* The candidate's AC policy as the CLI takes it: the name, or "full:N". */

@@ -47,8 +47,8 @@ mp_status mp_store_open(mp_ctx *ctx, const char *path, mp_store **out) {
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO plans (run_id, idx, pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8,"
                         " micro_batch, reshard, evaluated, feasible, rank, reject_rule, reject_reason,"
-                        " sp, pp_virtual, global_batch)"
-                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?)",
+                        " sp, pp_virtual, global_batch, pp_split)"
+                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?,?)",
                         &st->ins_plan), s, fail);
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO predictions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -161,6 +161,7 @@ mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int6
   sqlite3_bind_int(q, 17, c->sp);
   sqlite3_bind_int(q, 18, c->pp_virtual > 0 ? c->pp_virtual : 1);
   sqlite3_bind_int64(q, 19, c->global_batch);
+  sqlite3_bind_int(q, 20, c->pp_split);
   MP_CHECK(step_reset(ctx, st, q, "writing a plan"));
   c->plan_id = sqlite3_last_insert_rowid(conn(st));
   if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR) return MP_OK;
@@ -459,6 +460,7 @@ static void read_plan(sqlite3_stmt *q, mp_plan_row *r) {
   r->sp = sqlite3_column_int(q, c++);
   r->pp_virtual = sqlite3_column_int(q, c++);
   r->global_batch = sqlite3_column_int64(q, c++);
+  r->pp_split = sqlite3_column_int(q, c++);
   col_text(q, c++, r->reject_rule, sizeof r->reject_rule);
   col_text(q, c++, r->reject_reason, sizeof r->reject_reason);
   r->step_time_s = sqlite3_column_double(q, c++);
@@ -516,7 +518,7 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
       conn(st),
       "SELECT pl.id, pl.run_id, pl.idx, pl.rank, pl.pp, pl.dp_replicate, pl.dp_shard, pl.cp, pl.tp,"
       " pl.ep, pl.ac, pl.fp8, pl.reshard, pl.evaluated, pl.feasible, pl.micro_batch, pl.sp, pl.pp_virtual,"
-      " coalesce(pl.global_batch, 0),"
+      " coalesce(pl.global_batch, 0), pl.pp_split,"
       " coalesce(pl.reject_rule,''), coalesce(pl.reject_reason,''), pr.step_time_s,"
       " pr.tokens_per_s_per_gpu, pr.mfu, pr.compute_s, pr.exposed_comm_s, pr.bubble_s,"
       " pr.peak_mem_bytes, pr.capacity_bytes, pr.peak_mem_bytes - coalesce(pr.mem_overhead_bytes, 0)"

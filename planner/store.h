@@ -45,7 +45,10 @@
  * every candidate's row with its reason); NULL on the runs written before, which logged every
  * candidate (their counts are read from their plans rows). A 405B search on 16,384 GPUs
  * enumerates 178,590 candidates and ranks about 3,000: logging them all made a database of
- * 30 MB per run.
+ * 30 MB per run. Version 8 adds plans.pp_split: 1 where the embedding and the loss count as
+ * a layer each in the pipeline's split (Megatron-LM's --account-for-embedding-in-pipeline-split
+ * and --account-for-loss-in-pipeline-split, exec/plan.h mp_pp_layout_embedding_loss), 0
+ * otherwise and on the rows written before.
  *
  * The file itself (opening, the identity check and its refusals, the migrations that
  * create these tables, WAL, the busy timeout and the write lock) is store/db.h's;
@@ -183,7 +186,7 @@ typedef struct mp_run_row {
 typedef struct mp_plan_row {
   int64_t id, run_id, index, rank;
   int pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8, reshard, evaluated, feasible;
-  int ac_every, sp, pp_virtual;
+  int ac_every, sp, pp_virtual, pp_split;
   int64_t micro_batch;
   int64_t global_batch; /* the plan's own sequences per step; 0: not recorded (before v5) */
   char reject_rule[32], reject_reason[256];

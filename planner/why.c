@@ -78,6 +78,8 @@ void mp_candidate_options_str(const mp_candidate *c, char *buf, size_t cap) {
            c->sp ? " sp=1" : "");
   n = (int)strlen(buf);
   if (c->pp_virtual > 1 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " v=%d", c->pp_virtual);
+  n = (int)strlen(buf);
+  if (c->pp_split && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, " pp_split=embedding,loss");
 }
 
 /* --why's rule walk of candidate c: every rule in the order the search applies them

@@ -92,6 +92,8 @@ static mp_status gpu_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, 
   MP_CHECK(mp_json_get_f64(ctx, j, origin, "nvlink_GBps_per_dir", 1, &g->nvlink_GBps_per_dir));
   MP_CHECK(mp_json_get_f64(ctx, j, origin, "runtime_overhead_gib", 0, &g->runtime_overhead_gib));
   MP_CHECK(mp_json_get_int(ctx, j, origin, "compute_capability", 0, &g->compute_capability));
+  MP_CHECK(mp_json_get_int(ctx, j, origin, "sms", 0, &g->sms));
+  MP_CHECK(mp_check_i64(ctx, origin, "sms", g->sms, 0, 1024));
   const cJSON *src = cJSON_GetObjectItemCaseSensitive(j, "source");
   if (cJSON_IsString(src)) snprintf(g->source, sizeof g->source, "%s", src->valuestring);
   MP_CHECK(kernel_eff_from_json(ctx, j, origin, g));

@@ -46,6 +46,7 @@ typedef struct mp_gpu {
   double runtime_overhead_gib; /* CUDA context, NCCL buffers, allocator reserve */
   int compute_capability;      /* CUDA's, 90 for sm_90; 0 for the CPU profile and a GPU
                                   without CUDA */
+  int sms;                     /* streaming multiprocessors (0: the profile states none) */
   char source[256];
   mp_kernel_eff kernel_eff;    /* all 0: the profile states none (JSON "kernel_eff" absent) */
 } mp_gpu;

@@ -136,6 +136,7 @@ typedef struct link_set {
   const mp_sim_link *given; /* the caller's, or NULL: looked up */
   const mp_cluster *cl;
   const mp_mesh *mesh;
+  const mp_plan *plan;
   int rank;
   mp_sim_link link[MP_GROUP_COUNT];
   unsigned have;
@@ -202,7 +203,12 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
   const int n = op->peer == MP_PEER_ENDS && l->n > 1 ? 2 : l->n;
   if (n <= 1)
     *dur = 0.0;
-  else
+  else if (op->coll == MP_COLL_ALL_TO_ALL) {
+    double nic, nvl;
+    mp_sim_ep_shares(l, &ls->plan->model, g == MP_GROUP_EP ? ls->plan->opts.moe_dispatcher : MP_MOE_DISPATCH_ALLTOALL,
+                     &nic, &nvl);
+    *dur = mp_sim_alltoall_s(op->bytes, l, prof->link_eff, nic, nvl) + prof->comm_overhead_s;
+  } else
     *dur = (mp_gpu_is_cpu(&ls->cl->gpu) ? mp_sim_collective_s : mp_sim_nccl_collective_s)(
                (mp_coll)op->coll, op->bytes, p2p ? 2 : n, l->GBps * prof->link_eff, l->lat_s) +
            prof->comm_overhead_s;
@@ -253,6 +259,7 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
   ls.given = links;
   ls.cl = cl;
   ls.mesh = mesh;
+  ls.plan = s->plan;
   ls.rank = s->rank;
   const double act_factor = prof->saved_act_factor > 0 ? prof->saved_act_factor : 1.0;
   op_costs kc;

@@ -24,7 +24,14 @@
  * inter-node share of each node is spread over its `per_node` NICs; the ring is bounded by
  * the slower of the two: bw = min(intra, per_node x inter), with the inter-node latency per
  * step. Groups are regular (products of mesh dims), so every node holds the same number of
- * members as the node of the rank asked about. */
+ * members as the node of the rank asked about.
+ *
+ * All-to-all across nodes. The ring bound above does not hold for an all-to-all: every rank
+ * sends at once, so a node's NICs carry all of its members' inter-node traffic and none is
+ * left to share. A rank sends bytes / n to each member: (per_node - 1) / n of its bytes over
+ * NVLink, (n - per_node) / n through its own NIC (NCCL's all-to-all posts one send per
+ * peer; with PXN the inter-node sends leave by the NIC of the peer's rail, the same load per
+ * NIC under this symmetric traffic); the two run side by side, so the slower bounds it. */
 #include <math.h>
 
 #include "sim/sim.h"
@@ -90,6 +97,8 @@ mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mes
   out->per_node = per_node;
   out->nodes = (n + per_node - 1) / per_node;
   double intra = c->intra_node_GBps_per_gpu, inter = mp_cluster_inter_GBps(c);
+  out->intra_GBps = intra;
+  out->inter_GBps = inter;
   if (out->nodes <= 1) {
     out->GBps = intra;
     out->lat_s = c->intra_node_latency_us * 1e-6;
@@ -102,4 +111,48 @@ mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mes
     out->lat_s = c->inter_node_latency_us * 1e-6;
   }
   return MP_OK;
+}
+
+double mp_sim_alltoall_s(double bytes, const mp_sim_link *l, double eff, double nic_share, double nvl_share) {
+  if (l->nodes <= 1 || l->per_node <= 1)
+    return mp_sim_collective_s(MP_COLL_ALL_TO_ALL, bytes, l->n, l->GBps * eff, l->lat_s);
+  if (l->intra_GBps <= 0 || l->inter_GBps <= 0 || eff <= 0) return 0.0;
+  const double nvl = nvl_share * bytes / (l->intra_GBps * eff * 1e9);
+  const double nic = nic_share * bytes / (l->inter_GBps * eff * 1e9);
+  return (nvl > nic ? nvl : nic) + (l->n - 1) * l->lat_s;
+}
+
+/* DeepEP (deepseek-ai/DeepEP's normal kernels, as DeepSeek-V3 describes them, arXiv
+ * 2412.19437 sec. 3.2.2): a token goes over the network once to each remote node holding
+ * one of its experts, to the GPU of its own rail there, which forwards it over NVLink to
+ * the experts on that node. Under balanced routing a token's top_k experts are drawn
+ * uniformly from those of the D nodes its routing may use: every node of the group, or with
+ * group-limited routing (n_group groups, topk_group used) the nodes of topk_group groups,
+ * D = min(nodes, topk_group x max(1, nodes / n_group)). Of D nodes of e experts each, a
+ * given one holds none of the k experts with probability C(De - e, k) / C(De, k), so a
+ * token reaches D (1 - that) nodes; its own is one of them with probability 1/nodes of
+ * that count, leaving (1 - 1/nodes) of it remote. Each remote node costs the network one
+ * copy of the token where the all-to-all's bytes count top_k: the NIC share is
+ * remote / top_k. NVLink carries every copy but those landing on the GPU they arrive at:
+ * (per_node - 1) / per_node of the bytes. */
+void mp_sim_ep_shares(const mp_sim_link *l, const mp_model *m, mp_moe_dispatcher d, double *nic_share,
+                      double *nvl_share) {
+  const double n = l->n > 0 ? l->n : 1, pn = l->per_node > 0 ? l->per_node : 1;
+  *nic_share = (n - pn) / n;
+  *nvl_share = (pn - 1) / n;
+  if (d != MP_MOE_DISPATCH_DEEPEP || l->nodes <= 1 || m->top_k < 1 || m->n_experts < l->nodes) return;
+  const int nodes = l->nodes;
+  int D = nodes;
+  if (m->n_group > 0) {
+    const int per_group = nodes / (int)m->n_group > 1 ? nodes / (int)m->n_group : 1;
+    const int64_t lim = m->topk_group * per_group;
+    if (lim < D) D = (int)lim;
+  }
+  const double e = (double)m->n_experts / nodes, pool = D * e;
+  double none = 1.0; /* a given candidate node holds none of the k experts */
+  for (int64_t i = 0; i < m->top_k; i++) none *= (pool - e - (double)i) / (pool - (double)i);
+  if (none < 0) none = 0;
+  const double reached = D * (1.0 - none), remote = reached * (1.0 - 1.0 / nodes);
+  *nic_share = remote / (double)m->top_k;
+  *nvl_share = (pn - 1) / pn;
 }

@@ -10,7 +10,10 @@
  * time later). Transfers overlap compute (they run on their own stream) and occupy no
  * stage. With equal stages and free transfers this gives the closed forms: (m + pp - 1)
  * (f + b) for 1F1B and GPipe, m (f + b) + (pp - 1)(f + b) / v interleaved (tested); with
- * uneven stages the slowest paces the steady state and the others wait.
+ * uneven stages the slowest paces the steady state and the others wait. Where a stage's
+ * fb_save is set, a forward followed in its order by a backward of another micro-batch runs
+ * with it as one step, shorter by the saving (Megatron-Core's combined 1F1B, sim/overlap.c);
+ * its input is there when both steps' inputs are, and both end with it.
  *
  * Memory. A stage holds the activations of every chunk step whose forward has run and
  * whose backward has not (mp_pp_inflight); what one chunk's forward leaves held comes from
@@ -25,26 +28,54 @@
 #include "sim/sim_internal.h"
 #include "sim/workspace.h"
 
-/* The order of stage `stage` (-1: of every stage, per steps each) built into the
- * workspace's steps (valid until the next call); NULL with the error on ctx. */
-static const mp_pp_step *orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
-                                mp_pp_flavor flavor, int pp, int v, int64_t n_micro, int stage,
-                                int64_t per) {
-  const int s0 = stage < 0 ? 0 : stage, s1 = stage < 0 ? pp : stage + 1;
-  if (!mp_sim_grow((void **)&ws->steps, &ws->steps_cap, (size_t)(per * (s1 - s0)),
-                   sizeof *ws->steps)) {
-    mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline orders of %d stages", pp);
-    return NULL;
-  }
+/* Stages s0 .. s1 - 1's orders, per steps each, into out; 0 with the error on ctx. */
+static int fill_orders(mp_ctx *ctx, mp_pp_step *out, mp_pp_schedule kind, mp_pp_flavor flavor,
+                       int pp, int v, int64_t n_micro, int s0, int s1, int64_t per) {
   for (int s = s0; s < s1; s++) {
     int64_t n = 0;
-    if (mp_pp_order(ctx, kind, flavor, pp, v, n_micro, s, ws->steps + (size_t)(s - s0) * per,
-                    &n) != MP_OK)
-      return NULL;
+    if (mp_pp_order(ctx, kind, flavor, pp, v, n_micro, s, out + (size_t)(s - s0) * per, &n) != MP_OK)
+      return 0;
     MP_ASSERT(n == per, "stage %d: %lld steps, not %lld: a stage's order runs every chunk of every micro-batch "
               "forward and backward, once", s, (long long)n, (long long)per);
   }
-  return ws->steps;
+  return 1;
+}
+
+/* The order of stage `stage` built into the workspace's steps (valid until the next call);
+ * NULL with the error on ctx. */
+static const mp_pp_step *orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
+                                mp_pp_flavor flavor, int pp, int v, int64_t n_micro, int stage,
+                                int64_t per) {
+  if (!mp_sim_grow((void **)&ws->steps, &ws->steps_cap, (size_t)per, sizeof *ws->steps)) {
+    mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline order of stage %d", stage);
+    return NULL;
+  }
+  return fill_orders(ctx, ws->steps, kind, flavor, pp, v, n_micro, stage, stage + 1, per) ? ws->steps : NULL;
+}
+
+/* Every stage's order, per steps each, from the workspace's order slots: the slot of this
+ * key, or the next one in turn rebuilt for it (valid until MP_SIM_ORDER_SLOTS other keys
+ * were asked); NULL with the error on ctx. The orders are a function of the key alone
+ * (mp_pp_order), so a kept one is exactly what building it again would give. */
+static const mp_pp_step *all_orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
+                                    mp_pp_flavor flavor, int pp, int v, int64_t n_micro,
+                                    int64_t per) {
+  for (int i = 0; i < MP_SIM_ORDER_SLOTS; i++) {
+    const mp_sim_order_slot *o = &ws->order_slots[i];
+    if (o->valid && o->kind == kind && o->flavor == flavor && o->pp == pp && o->v == v &&
+        o->n_micro == n_micro)
+      return o->steps;
+  }
+  mp_sim_order_slot *o = &ws->order_slots[ws->order_next];
+  o->valid = 0;
+  if (!mp_sim_grow((void **)&o->steps, &o->steps_cap, (size_t)(per * pp), sizeof *o->steps)) {
+    mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline orders of %d stages", pp);
+    return NULL;
+  }
+  if (!fill_orders(ctx, o->steps, kind, flavor, pp, v, n_micro, 0, pp, per)) return NULL;
+  *o = (mp_sim_order_slot){1, kind, flavor, pp, v, n_micro, o->steps, o->steps_cap};
+  ws->order_next = (ws->order_next + 1) % MP_SIM_ORDER_SLOTS;
+  return o->steps;
 }
 
 /* The ready time of step q of stage s: when its input (forward) or output gradient
@@ -65,6 +96,37 @@ static double ready_s(const mp_pp_step *q, int s, int pp, int K, int64_t m, cons
   return isnan(e) ? NAN : e + st[sn]->send_b;
 }
 
+/* 2 where step i of a stage's order is a forward that runs combined with the backward after
+ * it (the EP all-to-all overlap, fb_save != 0): a backward of another micro-batch or chunk,
+ * which does not wait on that forward; else 1. */
+static int combined(const mp_pp_step *ord, int64_t i, int64_t per, int s, int pp, int K,
+                    const mp_pp_stage_times *t) {
+  if (i + 1 >= per || ord[i].bwd || !ord[i + 1].bwd || t->fb_save[ord[i].chunk] == 0.0) return 1;
+  const int k = ord[i].chunk * pp + s;
+  if (ord[i + 1].micro == ord[i].micro && ord[i + 1].chunk == ord[i].chunk && k == K - 1) return 1;
+  return 2;
+}
+
+/* Runs n steps from q (one, or a forward and a backward combined) on stage s from when it is
+ * free and their inputs are there (`ready`): a combined step takes f + b less the saving of
+ * the pair (the smaller of the two chunks'), and both end when it ends. */
+static void run_steps(const mp_pp_step *q, int n, double ready, int s, int pp, int64_t n_micro,
+                      const mp_pp_stage_times *t, double *free_s, double *end) {
+  const double t0 = *free_s > ready ? *free_s : ready;
+  double d = q->bwd ? t->b[q->chunk] : t->f[q->chunk];
+  if (n == 2) {
+    const double sf = t->fb_save[q[0].chunk], sb = t->fb_save[q[1].chunk];
+    d += t->b[q[1].chunk] - (sf < sb ? sf : sb);
+  }
+  MP_ASSERT(!(d < 0.0), "stage %d: a stage's time never goes back", s);
+  *free_s = t0 + d;
+  for (int i = 0; i < n; i++) {
+    double *slot = &end[((int64_t)(q[i].chunk * pp + s) * 2 + q[i].bwd) * n_micro + q[i].micro];
+    MP_ASSERT(isnan(*slot), "stage %d: each step runs once (what waits on it reads one end)", s);
+    *slot = *free_s;
+  }
+}
+
 /* The timeline run step by step over n_micro micro-batches (see mp_sim_pipeline), in the
  * workspace's buffers. */
 static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
@@ -77,7 +139,7 @@ static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind
       !mp_sim_grow((void **)&ws->pos, &ws->pos_cap, (size_t)pp, sizeof *ws->pos))
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline timeline of %d stages",
                     pp);
-  const mp_pp_step *all = orders(ctx, ws, kind, flavor, pp, v, n_micro, -1, per);
+  const mp_pp_step *all = all_orders(ctx, ws, kind, flavor, pp, v, n_micro, per);
   if (all == NULL) return ctx->last;
   double *end = ws->ends, *free_t = ws->ends + 2 * n_micro * K;
   int64_t *pos = ws->pos;
@@ -99,15 +161,16 @@ static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind
         const mp_pp_step *q = &ord[pos[s]];
         const double r = ready_s(q, s, pp, K, n_micro, end, stage);
         if (isnan(r)) break;
-        const double t0 = free_t[s] > r ? free_t[s] : r;
-        const double d = q->bwd ? stage[s]->b[q->chunk] : stage[s]->f[q->chunk];
-        MP_ASSERT(!(d < 0.0), "stage %d: a stage's time never goes back", s);
-        free_t[s] = t0 + d;
-        double *slot = &end[((int64_t)(q->chunk * pp + s) * 2 + q->bwd) * n_micro + q->micro];
-        MP_ASSERT(isnan(*slot), "stage %d: each step runs once (what waits on it reads one end)", s);
-        *slot = free_t[s];
-        pos[s]++;
-        progress++;
+        const int n = combined(ord, pos[s], per, s, pp, K, stage[s]);
+        if (n == 2) {
+          const double r2 = ready_s(q + 1, s, pp, K, n_micro, end, stage);
+          if (isnan(r2)) break;
+          run_steps(q, 2, r > r2 ? r : r2, s, pp, n_micro, stage[s], &free_t[s], end);
+        } else {
+          run_steps(q, 1, r, s, pp, n_micro, stage[s], &free_t[s], end);
+        }
+        pos[s] += n;
+        progress += n;
       }
     }
     if (progress == 0 && kind == MP_PP_INTERLEAVED && n_micro % pp)

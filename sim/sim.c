@@ -116,6 +116,27 @@ static void fill_memory(const int64_t at_peak[MP_MEM_COUNT], const int64_t cat_m
   out->fits = out->peak_mem_bytes <= out->capacity_bytes;
 }
 
+/* The EP all-to-all overlap (plan option moe_a2a_overlap): each chunk's saving for the
+ * pipeline timeline; without pipelining Megatron-Core's combined_1f1b_schedule_for_no_
+ * pipelining runs the first forward alone, then m - 1 combined steps (the forward of
+ * micro-batch i + 1 with the backward of i), then the last backward, so the step is
+ * (m - 1) savings shorter, all of them exposed communication hidden (a negative saving,
+ * compute slowed by DeepEP's SMs more than it hides, makes it longer). */
+static void a2a_overlap(const sim *x, const mp_schedule *s, const cop *cops, const mp_cluster *cl,
+                        const mp_stack_profile *prof, mp_sim_stage *out) {
+  double slow = 1.0; /* beside DeepEP's SMs (sim/overlap.c) */
+  if (s->plan->opts.moe_dispatcher == MP_MOE_DISPATCH_DEEPEP && prof->deepep_sms > 0 && cl->gpu.sms > prof->deepep_sms)
+    slow = (double)cl->gpu.sms / (double)(cl->gpu.sms - prof->deepep_sms);
+  for (int c = 0; c < mp_plan_virtual_stages(s->plan) && c < MP_PP_MAX_VIRTUAL; c++)
+    out->t.fb_save[c] = mp_sim_a2a_overlap_chunk_s(s, cops, c, slow);
+  if (s->plan->mesh.size[MP_DIM_PP] > 1 || x->n_micro < 2) return;
+  const double save = (double)(x->n_micro - 1) * out->t.fb_save[0];
+  out->r.step_time_s -= save;
+  out->r.exposed_comm_s = out->r.exposed_comm_s > save ? out->r.exposed_comm_s - save : 0.0;
+  if (save < 0) out->r.compute_s -= save;
+  set_rates(&out->r, &s->plan->mesh, (double)s->tokens_per_step_per_rank, s->model_flops_per_step, cl);
+}
+
 mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
                            const mp_sim_link *links, mp_sim_stage *out, mp_sim_trace **trace) {
   MP_CHECK(check_request(ctx, s, cfg, &out->r));
@@ -154,6 +175,7 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
   }
   out->t.send_f = p2p[0];
   out->t.send_b = p2p[1];
+  if (s->plan->opts.moe_a2a_overlap) a2a_overlap(&x, s, b.cops, cfg->cluster, prof, out);
   out->head_s = x.mb_start_s;
   out->tail_s = out->r.step_time_s - x.mb_end_s;
   out->alloc_peak = x.peak_tot;
@@ -181,8 +203,8 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
   if (pp > MP_MAX_LAYERS)
     return mp_error(ctx, MP_ERR_INVALID, "pp=%d: at most %d pipeline stages", pp, MP_MAX_LAYERS);
   for (int k = 0; k < pp; k++) times[k] = &stage[k]->t;
-  MP_CHECK(mp_sim_pipeline_ws(ctx, cfg->ws, p->opts.pp_schedule, prof->pp_flavor, pp, v,
-                              n_micro, times, finish));
+  const mp_pp_flavor flavor = p->opts.moe_a2a_overlap ? MP_PP_FLAVOR_MEGATRON_A2A : prof->pp_flavor;
+  MP_CHECK(mp_sim_pipeline_ws(ctx, cfg->ws, p->opts.pp_schedule, flavor, pp, v, n_micro, times, finish));
   int crit = 0, full = 0;
   double step = -1.0;
   int64_t peak = -1, extra_full = 0;
@@ -197,8 +219,8 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
     for (int j = 0; j < k && !seen; j++) seen = stage[j] == x;
     if (seen && mem_stage < 0 && cfg->stage_peak_bytes == NULL) continue;
     int64_t extra = 0;
-    MP_CHECK(mp_sim_pp_held_extra(ctx, cfg->ws, p->opts.pp_schedule, prof->pp_flavor, pp, v,
-                                  n_micro, k, x->held, &extra));
+    MP_CHECK(mp_sim_pp_held_extra(ctx, cfg->ws, p->opts.pp_schedule, flavor, pp, v, n_micro, k, x->held,
+                                  &extra));
     mp_sim_result m;
     fill_memory(x->r.mem_at_peak, x->r.mem_max, x->alloc_peak, extra, cfg, prof, &m);
     if (cfg->stage_peak_bytes) cfg->stage_peak_bytes[k] = m.peak_mem_bytes;
@@ -206,8 +228,14 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
   }
   const mp_sim_stage *c = stage[crit], *f = stage[full];
   *out = c->r;
-  double busy = 0.0;
-  for (int k = 0; k < v; k++) busy += c->t.f[k] + c->t.b[k];
+  double busy = 0.0, save = 0.0;
+  /* a combined forward and backward (the EP all-to-all overlap) is busy for less: the
+   * communication it hides is no longer exposed (compute slowed beside DeepEP's SMs, a
+   * negative saving, is compute) */
+  for (int k = 0; k < v; k++) busy += c->t.f[k] + c->t.b[k] - c->t.fb_save[k], save += c->t.fb_save[k];
+  save *= (double)n_micro;
+  if (save > 0) out->exposed_comm_s = out->exposed_comm_s > save ? out->exposed_comm_s - save : 0.0;
+  else out->compute_s -= save;
   out->step_time_s = step;
   /* the stage's transfers: a send per chunk and direction per micro-batch */
   out->comm_s[MP_STREAM_P2P] += (double)n_micro * v * (c->t.send_f + c->t.send_b);

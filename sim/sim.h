@@ -91,6 +91,10 @@ typedef struct mp_stack_profile {
                            model only: false where the stack compiles the ring with its
                            blocks, so its collectives wait where issued
                            (mp_plan_options.cp_wait_at_issue) */
+  int deepep_sms;       /* JSON "deepep_sms", optional (default 0: none), the megatron memory
+                           model only: the SMs DeepEP's kernels take (Megatron-Core's
+                           moe_deepep_num_sms), which compute overlapped with them loses
+                           (sim/overlap.c) */
   int dist_opt;         /* JSON "distributed_optimizer", optional (default false): the
                            megatron memory model's optimizer state sharded over data
                            parallelism (mp_plan_options.ddp.shard_optimizer) */
@@ -269,16 +273,46 @@ typedef struct mp_sim_link {
   int n, nodes, per_node;
   double GBps;
   double lat_s;
+  double intra_GBps, inter_GBps; /* NVLink per GPU, the NIC per GPU (an all-to-all's two bounds) */
 } mp_sim_link;
 mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
                             int rank, mp_sim_link *out);
+/* An all-to-all of `bytes` sent per rank on link l (efficiency eff on both links) where
+ * every rank sends and receives at once: the share for the rank's node-mates over NVLink and
+ * the share for other nodes over its NIC run side by side, the slower bounding it, plus
+ * (n - 1) steps of the link's latency. nic_share and nvl_share: the fractions of `bytes`
+ * that leave the node and that cross NVLink (mp_sim_ep_shares).
+ * A group inside one node, or one member per node, is mp_sim_collective_s's. */
+double mp_sim_alltoall_s(double bytes, const mp_sim_link *l, double eff, double nic_share, double nvl_share);
+/* The shares of an EP all-to-all's bytes (T x top_k copies of a token) a rank puts on its
+ * NIC and on NVLink, on EP link l, for a dispatcher (sim/network.c): NCCL's all-to-all
+ * (n - per_node)/n and (per_node - 1)/n; DeepEP one network copy per token and remote node
+ * the token's experts are on (group-limited routing bounding those nodes), the rest
+ * forwarded over NVLink. */
+void mp_sim_ep_shares(const mp_sim_link *l, const mp_model *m, mp_moe_dispatcher d, double *nic_share,
+                      double *nvl_share);
+
+/* The time a combined forward-and-backward step saves by running each direction's EP
+ * all-to-alls beside the other's compute (sim/overlap.c): fc[0..nf] the forward's compute
+ * between and around its nf all-to-alls fa[] (dispatch, combine, ...), bc[0..nb] and ba[]
+ * the backward's (combine's backward, dispatch's backward, ...); layer j's four phases
+ * each take the longer of forward attention / backward combine, backward experts / forward
+ * dispatch, forward experts / backward dispatch, backward attention / forward combine, the
+ * compute taking `slow` (>= 1) times as long beside the communication kernels' SMs. May be
+ * negative (the SMs cost more than the overlap hides). */
+double mp_sim_a2a_overlap_save_s(const double *fc, const double *fa, int nf, const double *bc,
+                                 const double *ba, int nb, double slow);
 
 /* One pipeline stage's part of the timeline (sim/pipeline.c): per model chunk the forward
  * and backward time of one micro-batch, and the transfer of a chunk's activations to the
- * next virtual stage (send_f) and of its input gradient to the previous one (send_b). */
+ * next virtual stage (send_f) and of its input gradient to the previous one (send_b).
+ * fb_save[c] != 0: a forward of chunk c followed by a backward of another micro-batch run
+ * as one combined step, fb_save[c] shorter than the two (the EP all-to-all overlap,
+ * sim/overlap.c; negative: longer); 0: each step alone. */
 typedef struct mp_pp_stage_times {
   double f[MP_PP_MAX_VIRTUAL], b[MP_PP_MAX_VIRTUAL];
   double send_f, send_b;
+  double fb_save[MP_PP_MAX_VIRTUAL];
 } mp_pp_stage_times;
 
 /* The pipeline timeline of a step: every stage (stage[s], pp of them; stages may share

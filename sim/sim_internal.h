@@ -40,6 +40,11 @@ typedef struct mp_sim_stage {
   double tokens, model_flops; /* the rank's tokens and model FLOPs per step (its share) */
 } mp_sim_stage;
 
+/* The saving of mp_sim_a2a_overlap_save_s (sim.h) for model chunk `chunk` of schedule s
+ * from its compiled ops (the compute stream's ops of a middle micro-batch). */
+struct cop;
+double mp_sim_a2a_overlap_chunk_s(const mp_schedule *s, const struct cop *cops, int chunk, double slow);
+
 /* Below, a cfg is one with a workspace (cfg->ws set: the public entry points give a
  * config without one a temporary workspace, mp_sim_ws_begin in sim/workspace.h). */
 

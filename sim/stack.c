@@ -104,6 +104,12 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
                       "tp_comm_overlap is Megatron-Core's (Transformer Engine's userbuffers)",
                       "does not run it", &p->tp_comm_overlap));
   if (p->tp_comm_overlap) p->async_tp = 1;
+  p->deepep_sms = 0;
+  MP_CHECK(mp_json_get_int(ctx, j, origin, "deepep_sms", 0, &p->deepep_sms));
+  MP_CHECK(mp_check_i64(ctx, origin, "deepep_sms", p->deepep_sms, 0, 1024));
+  if (p->deepep_sms > 0 && p->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: deepep_sms is Megatron-Core's DeepEP dispatcher's; the %s "
+                    "memory model does not run it: remove the key", origin, mp_mem_model_name(p->mem_model));
   p->ac_policies = p->mem_model == MP_MEM_MODEL_TORCHTITAN
                        ? (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_OP) | (1u << MP_AC_FULL)
                        : (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_CORE) | (1u << MP_AC_FULL);

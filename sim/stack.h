@@ -9,8 +9,8 @@
  * [1, 16]; overheads in [0, 1e6] us; gemm_eff_half_mnk in [0, 1e18] (common/limits.h).
  * Optional: saved_act_factor, memory_model ("torchtitan", "meshplan-cpu", "meshplan-cuda" or
  * "megatron"), attention, loss, sequence_parallel, ac_policies, fit_gpu, pp_microbatches, pp_order,
- * cp_rotate, dp_overlap, async_tp (torchtitan), distributed_optimizer and tp_comm_overlap
- * (megatron) (sim.h's mp_stack_profile says what each means).
+ * cp_rotate, dp_overlap, async_tp (torchtitan), distributed_optimizer, tp_comm_overlap and
+ * deepep_sms (megatron) (sim.h's mp_stack_profile says what each means).
  *
  * Kernel efficiencies across GPUs. A stack's GEMM, float8 GEMM and attention efficiencies
  * are fitted on one GPU (fit_gpu) as fractions of that GPU's peak. The same kernels reach

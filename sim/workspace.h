@@ -4,8 +4,10 @@
  *
  * Invariant: nothing here carries a result from one call to the next. Every buffer is
  * written before it is read within a call (its old contents are never looked at), and the
- * one thing kept across calls, the default stack profile, is a function of one bit (CPU or
- * GPU: mp_stack_default), so a call's figures do not depend on what ran before it. */
+ * two things kept across calls are functions of their keys alone: the default stack profile
+ * of one bit (CPU or GPU: mp_stack_default), and the pipeline orders of their (schedule,
+ * flavor, pp, v, n_micro) (mp_pp_order), so a call's figures do not depend on what ran
+ * before it. */
 #ifndef MP_SIM_WORKSPACE_H
 #define MP_SIM_WORKSPACE_H
 
@@ -14,6 +16,24 @@
 
 #include "sim/engine.h"
 #include "sim/sim_internal.h"
+
+/* Every stage's pipeline order for one (schedule, flavor, pp, v, n_micro), as mp_pp_order
+ * gives it: the planner's candidates of one mesh ask the timeline for the same few orders
+ * (the timeline's periodic runs use micro-batch counts fixed by pp alone), so building them
+ * once per worker saves recomputing them per candidate. */
+typedef struct mp_sim_order_slot {
+  int valid;
+  mp_pp_schedule kind;
+  mp_pp_flavor flavor;
+  int pp, v;
+  int64_t n_micro;
+  mp_pp_step *steps;  /* (pp, 2 n_micro v) */
+  size_t steps_cap;
+} mp_sim_order_slot;
+
+/* Orders kept: the timeline's three periodic runs of a pipeline and the full runs of a few
+ * micro-batch counts. */
+#define MP_SIM_ORDER_SLOTS 8
 
 struct mp_sim_workspace {
   /* engine.c: per op of the largest schedule seen */
@@ -39,8 +59,10 @@ struct mp_sim_workspace {
   size_t ends_cap;
   int64_t *pos;       /* (pp) each stage's next step */
   size_t pos_cap;
-  mp_pp_step *steps;  /* (pp, 2 n_micro v) the stages' pipeline orders */
+  mp_pp_step *steps;  /* (2 n_micro v) one stage's pipeline order (mp_sim_pp_held_extra) */
   size_t steps_cap;
+  mp_sim_order_slot order_slots[MP_SIM_ORDER_SLOTS]; /* every stage's orders, by key */
+  int order_next;     /* the slot the next new key replaces (round robin) */
 
   /* cost.c: the default stack profile, [0] a CPU's, [1] a GPU's, loaded on first use */
   mp_stack_profile default_stack[2];

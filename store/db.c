@@ -99,6 +99,8 @@ static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
     "  failed_after_step INTEGER NOT NULL, step_resumed INTEGER NOT NULL, steps_lost INTEGER NOT NULL,"
     "  recover_s REAL NOT NULL, recorded_at TEXT NOT NULL);"
     "CREATE INDEX restarts_run ON restarts(run_id);",
+    /* 7 -> 8: plans.pp_split (see planner/store.h) */
+    "ALTER TABLE plans ADD COLUMN pp_split INTEGER NOT NULL DEFAULT 0;",
 };
 
 static mp_status corrupt(mp_ctx *ctx, const mp_db *db) {

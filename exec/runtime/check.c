@@ -32,6 +32,27 @@ static mp_status grid_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_opti
   return MP_OK;
 }
 
+/* Multi-head latent attention (runtime_mla.c) runs on the CPU backend, without cp and float8:
+ * the CUDA attention kernels take one head dim for q, k and v (MLA's v_head_dim differs),
+ * ring attention's spans carry K and V at one width, and the latent down projections are
+ * plain GEMMs on row blocks of kv_a_proj_with_mqa. */
+static mp_status mla_check(mp_ctx *ctx, const mp_model *m, const char *mb, int cp, const mp_plan_options *o) {
+  if (!mp_model_is_mla(m)) return MP_OK;
+  if (o->mem_model != MP_MEM_MODEL_MESHPLAN_CPU)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: multi-head latent attention is executed by the "
+                    "runtime's CPU backend only (the CUDA attention kernels take one head dim for q, k and v; "
+                    "MLA's v_head_dim differs): train it without --device cuda, or with torchtitan or "
+                    "Megatron-LM", m->name);
+  if (cp > 1)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute multi-head latent "
+                    "attention with context parallelism (ring attention's K and V travel at one head "
+                    "width); use cp=1", mb);
+  if (o->fp8)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: the runtime does not execute float8 Linears in "
+                    "multi-head latent attention; drop --fp8", m->name);
+  return MP_OK;
+}
+
 mp_status mp_runtime_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh, const mp_plan_options *o,
                            unsigned applied) {
   char mb[128];
@@ -80,6 +101,7 @@ mp_status mp_runtime_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh, 
   if (mesh->size[MP_DIM_DP_SHARD] > 1 && !(applied & MP_PASS_FSDP))
     return mp_error(ctx, MP_ERR_INTERNAL, "mesh %s has dp_shard > 1 but the plan has no FSDP pass", mb);
   MP_CHECK(mp_runtime_model_check(ctx, m, o->seq));
+  MP_CHECK(mla_check(ctx, m, mb, cp, o));
   if (mesh->size[MP_DIM_TP] > 1 && !o->tp.shard_logits)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "tp=%d with logits gathered over tp (shard_logits=0) is not "
                     "executed; the runtime computes the loss vocab-parallel (the default)", mesh->size[MP_DIM_TP]);
@@ -93,14 +115,13 @@ mp_status mp_runtime_model_check(mp_ctx *ctx, const mp_model *m, int64_t seq) {
   if (m->family != MP_FAMILY_LLAMA)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: the runtime implements the llama family only "
                     "(RMSNorm, RoPE, SwiGLU); gpt models are not implemented yet", m->name);
-  if (mp_model_is_mla(m))
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: multi-head latent attention (DeepSeek's q/kv "
-                    "latent projections) is not implemented in the runtime; meshplan plans and simulates "
-                    "it, train it with torchtitan or Megatron-LM", m->name);
+  if (mp_model_is_mla(m) && m->qk_rope_head_dim % 2)
+    return mp_error(ctx, MP_ERR_INVALID, "model %s: RoPE needs an even qk_rope_head_dim (got %lld)", m->name,
+                    (long long)m->qk_rope_head_dim);
   if (m->qkv_bias || m->qk_norm || m->bias)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: q/k/v biases and q/k norms (Qwen2/Qwen3) are not "
                     "implemented in the runtime yet", m->name);
-  if (m->head_dim % 2)
+  if (!mp_model_is_mla(m) && m->head_dim % 2)
     return mp_error(ctx, MP_ERR_INVALID, "model %s: RoPE needs an even head_dim (got %lld)", m->name,
                     (long long)m->head_dim);
   if (mp_model_window_applies(m, seq)) { /* the kernels attend to the whole causal prefix */

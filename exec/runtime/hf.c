@@ -75,6 +75,7 @@ static const char *export_key(mp_model_field f) {
 
 mp_status mp_hf_config(mp_ctx *ctx, const mp_model *m, cJSON **out) {
   *out = NULL;
+  if (mp_model_is_mla(m)) return mp_hf_deepseek_config(ctx, m, out);
   if (m->family != MP_FAMILY_LLAMA || m->bias || m->qkv_bias || m->qk_norm)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: export writes Llama and Mixtral configs; this model has "
                     "biases or q/k norms", m->name);
@@ -118,7 +119,9 @@ mp_status mp_hf_check_config(mp_ctx *ctx, const mp_model *hf, const mp_model *m,
       MP_MODEL_FIELD_vocab,           MP_MODEL_FIELD_d_model,  MP_MODEL_FIELD_n_layers,   MP_MODEL_FIELD_n_heads,
       MP_MODEL_FIELD_n_kv_heads,      MP_MODEL_FIELD_head_dim, MP_MODEL_FIELD_d_ff,       MP_MODEL_FIELD_tied_embeddings,
       MP_MODEL_FIELD_norm_eps,        MP_MODEL_FIELD_rope_theta, MP_MODEL_FIELD_n_experts, MP_MODEL_FIELD_top_k,
-      MP_MODEL_FIELD_d_ff_expert};
+      MP_MODEL_FIELD_d_ff_expert,     MP_MODEL_FIELD_q_lora_rank, MP_MODEL_FIELD_kv_lora_rank,
+      MP_MODEL_FIELD_qk_nope_head_dim, MP_MODEL_FIELD_qk_rope_head_dim, MP_MODEL_FIELD_v_head_dim,
+      MP_MODEL_FIELD_n_shared_experts, MP_MODEL_FIELD_d_ff_shared};
   const int i = mp_model_first_difference(hf, m, same, (int)(sizeof same / sizeof same[0]));
   if (i < 0) return MP_OK;
   const mp_model_field f = same[i];
@@ -155,16 +158,24 @@ static mp_status load_param(mp_ctx *ctx, mp_runtime *rt, const mp_st_set *s, con
   if (mp_runtime_param_tile(rt, i, off, len) == 0) return MP_OK;
   char name[512];
   const mp_st_tensor *t;
+  const mp_model *m = &mp_runtime_plan(rt)->model;
   if (!mp_hf_is_experts(p->fqn)) {
-    if (!mp_hf_name(p->fqn, 0, name, sizeof name))
+    if (!mp_hf_model_name(m, p->fqn, 0, name, sizeof name))
       return mp_error(ctx, MP_ERR_UNSUPPORTED, "%s has no Hugging Face name (shared experts); init such a model from "
                       "a meshplan checkpoint (--resume)", p->fqn);
     MP_CHECK(find_tensor(ctx, s, path, name, p->fqn, p->ndim, p->shape, &t));
-    MP_CHECK(mp_st_read_box(ctx, s, t, off, len, buf));
+    if (!mp_hf_rows_moved(m, p->fqn)) {
+      MP_CHECK(mp_st_read_box(ctx, s, t, off, len, buf));
+    } else { /* row by row through the checkpoint's order (hf_deepseek.c) */
+      for (int64_t r = 0; r < len[0]; r++) {
+        const int64_t o[2] = {mp_hf_row(m, p->fqn, off[0] + r), off[1]}, n[2] = {1, len[1]};
+        MP_CHECK(mp_st_read_box(ctx, s, t, o, n, buf + r * len[1]));
+      }
+    }
   } else {
     const int64_t per = len[1] * len[2];
     for (int64_t e = 0; e < len[0]; e++) {
-      mp_hf_name(p->fqn, (int)(off[0] + e), name, sizeof name);
+      mp_hf_model_name(m, p->fqn, (int)(off[0] + e), name, sizeof name);
       MP_CHECK(find_tensor(ctx, s, path, name, p->fqn, 2, p->shape + 1, &t));
       MP_CHECK(mp_st_read_box(ctx, s, t, off + 1, len + 1, buf + e * per));
     }
@@ -190,7 +201,7 @@ static mp_status check_unused(mp_ctx *ctx, const mp_runtime *rt, const mp_st_set
     const mp_param *p = &plan->params[i];
     const int ne = mp_hf_is_experts(p->fqn) ? (int)p->shape[0] : 1;
     for (int e = 0; e < ne && st == MP_OK; e++)
-      if (mp_hf_name(p->fqn, e, name, sizeof name) && !(names[k++] = strdup(name)))
+      if (mp_hf_model_name(&plan->model, p->fqn, e, name, sizeof name) && !(names[k++] = strdup(name)))
         st = mp_error(ctx, MP_ERR_NOMEM, "out of memory for the names of model %s", plan->model.name);
   }
   if (k > 1) qsort(names, k, sizeof *names, by_str);
@@ -254,10 +265,11 @@ static void export_list_free(export_list *l) {
   free(l->expert);
 }
 
-static mp_status export_add(mp_ctx *ctx, export_list *l, int cap, const mp_ckpt_tensor *t, int e) {
+static mp_status export_add(mp_ctx *ctx, export_list *l, int cap, const mp_model *m, const mp_ckpt_tensor *t,
+                            int e) {
   char name[512];
   if (l->n >= cap) return mp_error(ctx, MP_ERR_INTERNAL, "export: more tensors than counted");
-  if (!mp_hf_name(t->name, e < 0 ? 0 : e, name, sizeof name))
+  if (!mp_hf_model_name(m, t->name, e < 0 ? 0 : e, name, sizeof name))
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "checkpoint tensor %s has no Hugging Face name", t->name);
   const int i = l->n++;
   l->names[i] = strdup(name);
@@ -269,7 +281,7 @@ static mp_status export_add(mp_ctx *ctx, export_list *l, int cap, const mp_ckpt_
   return MP_OK;
 }
 
-static mp_status export_collect(mp_ctx *ctx, const mp_ckpt_manifest *man, export_list *l) {
+static mp_status export_collect(mp_ctx *ctx, const mp_ckpt_manifest *man, const mp_model *m, export_list *l) {
   int cap = 0;
   for (int i = 0; i < man->n_tensors; i++)
     if (strncmp(man->tensors[i].name, "optim.", 6) != 0)
@@ -285,18 +297,27 @@ static mp_status export_collect(mp_ctx *ctx, const mp_ckpt_manifest *man, export
     const mp_ckpt_tensor *t = &man->tensors[i];
     if (strncmp(t->name, "optim.", 6) == 0) continue;
     if (!mp_hf_is_experts(t->name)) {
-      MP_CHECK(export_add(ctx, l, cap, t, -1));
+      MP_CHECK(export_add(ctx, l, cap, m, t, -1));
       continue;
     }
-    for (int e = 0; e < (int)t->shape[0]; e++) MP_CHECK(export_add(ctx, l, cap, t, e));
+    for (int e = 0; e < (int)t->shape[0]; e++) MP_CHECK(export_add(ctx, l, cap, m, t, e));
   }
   return MP_OK;
 }
 
-static mp_status export_weights(mp_ctx *ctx, const mp_ckpt_manifest *man, const char *path, mp_st_dtype dtype) {
+/* A tensor's rows into the checkpoint's order (hf_deepseek.c), through tmp (n floats). */
+static void export_rows(const mp_model *m, const mp_ckpt_tensor *t, float *buf, float *tmp, int64_t n) {
+  const int64_t cols = t->ndim > 1 ? t->shape[1] : 1, rows = n / cols;
+  memcpy(tmp, buf, (size_t)n * sizeof(float));
+  for (int64_t r = 0; r < rows; r++)
+    memcpy(buf + mp_hf_row(m, t->name, r) * cols, tmp + r * cols, (size_t)cols * sizeof(float));
+}
+
+static mp_status export_weights(mp_ctx *ctx, const mp_ckpt_manifest *man, const mp_model *m, const char *path,
+                                mp_st_dtype dtype) {
   export_list l;
   memset(&l, 0, sizeof l);
-  mp_status st = export_collect(ctx, man, &l);
+  mp_status st = export_collect(ctx, man, m, &l);
   mp_st_writer *w = NULL;
   cJSON *meta = cJSON_CreateObject();
   char step[32];
@@ -307,7 +328,7 @@ static mp_status export_weights(mp_ctx *ctx, const mp_ckpt_manifest *man, const 
     st = mp_st_writer_open(ctx, path, l.n, (const char *const *)l.names, l.ndims,
                            (const int64_t(*)[MP_ST_MAX_NDIM])l.shapes, dtype, meta, &w);
   cJSON_Delete(meta);
-  float *buf = NULL;
+  float *buf = NULL, *tmp = NULL;
   for (int i = 0; i < l.n && st == MP_OK; i++) {
     const mp_ckpt_tensor *t = l.src[i];
     int64_t off[3] = {0, 0, 0}, len[3] = {t->shape[0], t->shape[1], t->shape[2]}, n = 1;
@@ -316,16 +337,19 @@ static mp_status export_weights(mp_ctx *ctx, const mp_ckpt_manifest *man, const 
       len[0] = 1;
     }
     for (int d = 0; d < t->ndim; d++) n *= len[d];
-    float *nb = realloc(buf, (size_t)n * sizeof(float));
-    if (!nb) {
+    float *nb = realloc(buf, (size_t)n * sizeof(float)), *nt = nb ? realloc(tmp, (size_t)n * sizeof(float)) : NULL;
+    if (nb) buf = nb;
+    if (nt) tmp = nt;
+    if (!nb || !nt) {
       st = mp_error(ctx, MP_ERR_NOMEM, "export: out of memory for %s", t->name);
       break;
     }
-    buf = nb;
     st = mp_ckpt_read_box(ctx, man, t, off, len, buf);
+    if (st == MP_OK && mp_hf_rows_moved(m, t->name)) export_rows(m, t, buf, tmp, n);
     if (st == MP_OK) st = mp_st_writer_put(ctx, w, buf);
   }
   free(buf);
+  free(tmp);
   mp_status s2 = mp_st_writer_close(ctx, w, st == MP_OK);
   export_list_free(&l);
   return st != MP_OK ? st : s2;
@@ -384,7 +408,7 @@ mp_status mp_hf_export(mp_ctx *ctx, const mp_ckpt_manifest *man, const char *out
     st = mp_error(ctx, MP_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno));
   char path[4096];
   snprintf(path, sizeof path, "%s/model.safetensors", out_dir);
-  if (st == MP_OK) st = export_weights(ctx, man, path, o->dtype);
+  if (st == MP_OK) st = export_weights(ctx, man, &m, path, o->dtype);
   char *text = st == MP_OK ? cJSON_Print(cfg) : NULL;
   cJSON_Delete(cfg);
   if (st == MP_OK && !text) st = mp_error(ctx, MP_ERR_NOMEM, "export: out of memory");

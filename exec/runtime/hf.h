@@ -43,6 +43,22 @@ extern "C" {
  * Returns 0 when the FQN has none (shared experts). */
 int mp_hf_name(const char *fqn, int expert, char *out, size_t cap);
 int mp_hf_is_experts(const char *fqn);
+/* hf_deepseek.c: the name of our FQN in m's Hugging Face checkpoint: DeepSeek-V2's for a
+ * model with multi-head latent attention (self_attn.q_a_proj ..., mlp.gate,
+ * mlp.experts.E.*, mlp.shared_experts.*), else mp_hf_name's. 0 when it has none. */
+int mp_hf_model_name(const mp_model *m, const char *fqn, int expert, char *out, size_t cap);
+/* Whether the rows of FQN are stored in another order in m's checkpoint (DeepSeek's
+ * interleaved RoPE: the rope rows of q_proj / q_b_proj and kv_a_proj_with_mqa), and the
+ * checkpoint's row that holds our row `row` (row itself for every other tensor). */
+int mp_hf_rows_moved(const mp_model *m, const char *fqn);
+int64_t mp_hf_row(const mp_model *m, const char *fqn, int64_t row);
+/* m as DeepSeek-V2's config.json (DeepseekV2ForCausalLM: softmax router, greedy top-k, no
+ * rope_scaling); MP_ERR_UNSUPPORTED when its MoE layers or shared experts do not fit
+ * DeepSeek's keys. */
+mp_status mp_hf_deepseek_config(mp_ctx *ctx, const mp_model *m, cJSON **out);
+/* MP_ERR_UNSUPPORTED naming it when the config.json text has a rope_scaling the runtime
+ * does not apply (YaRN, DeepSeek's; any other); origin names the file. */
+mp_status mp_hf_check_rope_scaling(mp_ctx *ctx, const char *text, const char *origin);
 
 /* The model as a transformers config.json (LlamaForCausalLM; MixtralForCausalLM for an
  * MoE whose every layer is MoE, with renormalised top-k and no shared experts);

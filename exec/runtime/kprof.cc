@@ -47,7 +47,7 @@ size_t Wrap(mp_backend &b) {
   size_t n = 0;
   constexpr int C = MP_KERNEL_COPY;
   KP(memcpy_h2d, O) KP(memcpy_d2h, O) KP(to_device_f32, O) KP(from_device_f32, O)
-  KP(memcpy_d2d, C) KP(memset_zero, C) KP(x_from_f32, C) KP(x_to_f32, C) KP(accumulate_f32, C)
+  KP(memcpy_d2d, C) KP(memset_zero, C) KP(x_from_f32, C) KP(x_to_f32, C) KP(accumulate_f32, C) KP(copy2d, C)
   KP(embedding_forward, MP_KERNEL_EMBEDDING) KP(embedding_backward, MP_KERNEL_EMBEDDING)
   KP(layernorm_forward, MP_KERNEL_NORM) KP(layernorm_backward, MP_KERNEL_NORM)
   KP(rmsnorm_forward, MP_KERNEL_NORM) KP(rmsnorm_backward, MP_KERNEL_NORM)

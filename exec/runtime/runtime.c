@@ -128,6 +128,13 @@ static void runtime_dims(mp_runtime *rt, const mp_plan *plan, int64_t local_batc
   rt->nh = (int)m->n_heads;
   rt->nkv = (int)m->n_kv_heads;
   rt->hd = (int)m->head_dim;
+  rt->mla = mp_model_is_mla(m);
+  rt->dv = (int)mp_model_v_head_dim(m);
+  rt->rd = rt->mla ? (int)m->qk_rope_head_dim : rt->hd;
+  rt->ql = (int)m->q_lora_rank;
+  rt->kvl = (int)m->kv_lora_rank;
+  rt->dn = (int)m->qk_nope_head_dim;
+  rt->dr = (int)m->qk_rope_head_dim;
   rt->F = (int)m->d_ff;
   rt->V = (int)m->vocab;
   rt->L = (int)m->n_layers;
@@ -161,7 +168,8 @@ static void runtime_dims(mp_runtime *rt, const mp_plan *plan, int64_t local_batc
   rt->host_mem = strcmp(be->name, "cpu") == 0;
   rt->overlap = strcmp(mp_comm_backend_name(comm), "nccl") == 0;
   rt->f8_codes = be->x_dtype != MP_KDTYPE_F32 || rt->opts.f8_codes;
-  rt->dims = (mp_act_dims){.B = rt->B, .S = rt->Tl, .N = rt->N, .NS = rt->Ns, .C = rt->C, .HD = rt->hd, .NH = rt->nhl,
+  rt->dims = (mp_act_dims){.B = rt->B, .S = rt->Tl, .N = rt->N, .NS = rt->Ns, .C = rt->C, .HD = rt->hd, .DV = rt->dv, .RD = rt->rd,
+                           .mla = rt->mla, .QL = rt->ql, .KL = rt->kvl, .DN = rt->dn, .DR = rt->dr, .NH = rt->nhl,
                            .NKV = rt->nkvl, .F = rt->Fl, .E = rt->E, .K = rt->K, .Fe = rt->Fe, .Fs = rt->Fsl,
                            .Vl = rt->Vl, .NR = rt->Nr, .R = (int64_t)rt->Nr * rt->K, .L = rt->L, .NP = plan->n_params,
                            .xs = (int)rt->xs, .tp = rt->tp, .ep = rt->ep, .sp = rt->sp, .cp = rt->cp,
@@ -278,11 +286,19 @@ static mp_status param_materialize(mp_ctx *ctx, mp_runtime *rt, int i, int has) 
 /* Every module the forward needs must be present (on its stage: blocks by their chunk,
  * the embedding on the first stage, the final norm on the last). */
 static mp_status check_modules(mp_ctx *ctx, const mp_runtime *rt) {
-  static const mp_module need[] = {MP_MOD_ATTN_NORM, MP_MOD_Q, MP_MOD_K, MP_MOD_V, MP_MOD_O, MP_MOD_FFN_NORM};
-  for (int l = 0; l < rt->L; l++)
-    for (size_t j = 0; j < sizeof need / sizeof need[0]; j++)
+  static const mp_module gqa[] = {MP_MOD_ATTN_NORM, MP_MOD_Q, MP_MOD_K, MP_MOD_V, MP_MOD_O, MP_MOD_FFN_NORM};
+  /* multi-head latent attention (runtime_mla.c): q_proj, or q_a_proj, q_a_layernorm, q_b_proj */
+  static const mp_module mla[] = {MP_MOD_ATTN_NORM, MP_MOD_KV_A, MP_MOD_KV_A_NORM, MP_MOD_KV_B, MP_MOD_O,
+                                  MP_MOD_FFN_NORM,  MP_MOD_Q_A,  MP_MOD_Q_A_NORM,  MP_MOD_Q_B};
+  const mp_module *need = rt->mla ? mla : gqa;
+  const size_t n_need = rt->mla ? (rt->ql > 0 ? 9 : 6) : 6;
+  for (int l = 0; l < rt->L; l++) {
+    if (rt->mla && rt->ql == 0 && *pslot(rt, l, MP_MOD_Q) < 0)
+      return mp_error(ctx, MP_ERR_INTERNAL, "runtime: plan has no %s in layer %d", mp_module_name(MP_MOD_Q), l);
+    for (size_t j = 0; j < n_need; j++)
       if (*pslot(rt, l, need[j]) < 0)
         return mp_error(ctx, MP_ERR_INTERNAL, "runtime: plan has no %s in layer %d", mp_module_name(need[j]), l);
+  }
   if (*pslot(rt, -1, MP_MOD_TOK_EMBEDDINGS) < 0 || *pslot(rt, -1, MP_MOD_FINAL_NORM) < 0)
     return mp_error(ctx, MP_ERR_INTERNAL, "runtime: plan lacks the embedding or final norm");
   if ((rt->pp_stage == 0 && !rt->prm[*pslot(rt, -1, MP_MOD_TOK_EMBEDDINGS)].w) ||
@@ -312,11 +328,11 @@ static mp_status alloc_resident(mp_ctx *ctx, mp_runtime *rt) {
   }
   /* the local rows' positions: one run, or under CP the rank's two chunks (runtime_cp.c) */
   if (rt->cp == 1) {
-    mp_rope_tables(c, s, rt->T, rt->hd, (float)rt->plan->model.rope_theta, 0);
+    mp_rope_tables(c, s, rt->T, rt->rd, (float)rt->plan->model.rope_theta, 0);
   } else {
-    const int cs = rt->Tl / 2, h2 = rt->hd / 2;
+    const int cs = rt->Tl / 2, h2 = rt->rd / 2;
     for (int k = 0; k < 2; k++)
-      mp_rope_tables(c + (size_t)k * cs * h2, s + (size_t)k * cs * h2, cs, rt->hd,
+      mp_rope_tables(c + (size_t)k * cs * h2, s + (size_t)k * cs * h2, cs, rt->rd,
                      (float)rt->plan->model.rope_theta, mp_rt_cp_pos(rt, rt->cp_idx, k));
   }
   mp_status st = rt->be->memcpy_h2d(rt->kc, rt->rope_cos, c, rb);

@@ -130,7 +130,7 @@ mp_status mp_rt_attn_core_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
   char *a = rt->act[l], *c = rt->core[l];
   if (rt->cp > 1) return mp_rt_cp_attn_forward(ctx, rt, l);
   BE(attention_forward(rt->kc, c + y->att, F32(c + y->lse), a + y->q, a + y->k, a + y->v, rt->B, rt->T, rt->nhl,
-                       rt->nkvl, rt->hd));
+                       rt->nkvl, rt->hd, rt->dv));
   return MP_OK;
 }
 
@@ -351,14 +351,18 @@ static mp_status block_forward_body(mp_ctx *ctx, mp_runtime *rt, int l, const vo
   char *a = rt->act[l], *c = rt->core[l];
   const int N = rt->N, C = rt->C, QD = rt->nhl * rt->hd, KD = rt->nkvl * rt->hd;
   MP_CHECK(norm_fwd(ctx, rt, l, 0, a + y->xn1, F32(a + y->rstd1), x_in, W(rt, l, MP_MOD_ATTN_NORM)));
-  MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, MP_MOD_Q, a + y->q, a + y->xn1, N, C, QD));
-  MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, MP_MOD_K, a + y->k, a + y->xn1, N, C, KD));
-  MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, MP_MOD_V, a + y->v, a + y->xn1, N, C, KD));
-  BE(rope_forward(rt->kc, a + y->q, a + y->q, rt->rope_cos, rt->rope_sin, rt->B, rt->Tl, rt->nhl, rt->hd));
-  BE(rope_forward(rt->kc, a + y->k, a + y->k, rt->rope_cos, rt->rope_sin, rt->B, rt->Tl, rt->nkvl, rt->hd));
+  if (rt->mla) {
+    MP_CHECK(mp_rt_mla_forward(ctx, rt, l));
+  } else {
+    MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, MP_MOD_Q, a + y->q, a + y->xn1, N, C, QD));
+    MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, MP_MOD_K, a + y->k, a + y->xn1, N, C, KD));
+    MP_CHECK(mp_rt_lin_fwd(ctx, rt, l, MP_MOD_V, a + y->v, a + y->xn1, N, C, KD));
+    BE(rope_forward(rt->kc, a + y->q, a + y->q, rt->rope_cos, rt->rope_sin, rt->B, rt->Tl, rt->nhl, rt->hd));
+    BE(rope_forward(rt->kc, a + y->k, a + y->k, rt->rope_cos, rt->rope_sin, rt->B, rt->Tl, rt->nkvl, rt->hd));
+  }
   MP_CHECK(mp_rt_attn_core_forward(ctx, rt, l));
   /* o is rowwise under tp: partial sums, reduced before the residual */
-  MP_CHECK(row_fwd(ctx, rt, l, MP_MOD_O, a + y->xmid, c + y->att, QD));
+  MP_CHECK(row_fwd(ctx, rt, l, MP_MOD_O, a + y->xmid, c + y->att, rt->nhl * rt->dv));
   BE(accumulate(rt->kc, a + y->xmid, x_in, (size_t)rt->Ns * C));
   MP_CHECK(norm_fwd(ctx, rt, l, 2, a + y->xn2, F32(a + y->rstd2), a + y->xmid, W(rt, l, MP_MOD_FFN_NORM)));
   if (!is_moe_layer(rt, l)) return dense_mlp_forward(ctx, rt, l, x_out);
@@ -566,32 +570,41 @@ static mp_status moe_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, ch
   return st;
 }
 
+/* The attention norm's backward: its input gradient (dxn, or dxs under SP) into dres. */
+static mp_status attn_norm_bwd(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws) {
+  const mp_act_layout *y = lay_of(rt, l);
+  BE(rmsnorm_backward(rt->kc, dres, G(rt, l, MP_MOD_ATTN_NORM), norm_dx(rt, y, ws), rt->x[l],
+                      W(rt, l, MP_MOD_ATTN_NORM), F32(rt->act[l] + y->rstd1), rt->Ns, rt->C));
+  return MP_OK;
+}
+
 /* Block l's backward: dres holds dL/dx[l+1] and is left holding dL/dx[l]; the MLP's
  * backward, the FFN norm's, then attention's into the workspace ws. */
 static mp_status block_backward_body(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws, float dloss_aux) {
   const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l], *c = rt->core[l];
-  const void *x_in = rt->x[l];
-  const int N = rt->N, C = rt->C, QD = rt->nhl * rt->hd, KD = rt->nkvl * rt->hd;
+  const int N = rt->N, C = rt->C, QD = rt->nhl * rt->hd, KD = rt->nkvl * rt->hd, AD = rt->nhl * rt->dv;
   if (!is_moe_layer(rt, l)) MP_CHECK(dense_mlp_backward(ctx, rt, l, dres, ws));
   else MP_CHECK(moe_backward(ctx, rt, l, dres, ws, dloss_aux));
   BE(rmsnorm_backward(rt->kc, dres, G(rt, l, MP_MOD_FFN_NORM), norm_dx(rt, y, ws), a + y->xmid,
                       W(rt, l, MP_MOD_FFN_NORM), F32(a + y->rstd2), rt->Ns, C));
   /* attention: dres holds dL/dxmid */
   BE(memset_zero(rt->kc, ws + y->dxn, (size_t)N * C * rt->xs));
-  MP_CHECK(row_bwd(ctx, rt, l, MP_MOD_O, ws + y->datt, dres, c + y->att, QD));
+  MP_CHECK(row_bwd(ctx, rt, l, MP_MOD_O, ws + y->datt, dres, c + y->att, AD));
   if (rt->cp > 1) MP_CHECK(mp_rt_cp_attn_backward(ctx, rt, l, ws));
   else BE(attention_backward(rt->kc, ws + y->dq, ws + y->dk, ws + y->dv, ws + y->datt, a + y->q, a + y->k, a + y->v,
-                             c + y->att, F32(c + y->lse), rt->B, rt->T, rt->nhl, rt->nkvl, rt->hd));
+                             c + y->att, F32(c + y->lse), rt->B, rt->T, rt->nhl, rt->nkvl, rt->hd, rt->dv));
+  if (rt->mla) {
+    MP_CHECK(mp_rt_mla_backward(ctx, rt, l, ws));
+    return attn_norm_bwd(ctx, rt, l, dres, ws);
+  }
   BE(rope_backward(rt->kc, ws + y->dqp, ws + y->dq, rt->rope_cos, rt->rope_sin, rt->B, rt->Tl, rt->nhl, rt->hd));
   BE(rope_backward(rt->kc, ws + y->dkp, ws + y->dk, rt->rope_cos, rt->rope_sin, rt->B, rt->Tl, rt->nkvl, rt->hd));
   MP_CHECK(mp_rt_lin_bwd(ctx, rt, l, MP_MOD_Q, ws + y->dxn, ws + y->dqp, a + y->xn1, N, C, QD));
   MP_CHECK(mp_rt_lin_bwd(ctx, rt, l, MP_MOD_K, ws + y->dxn, ws + y->dkp, a + y->xn1, N, C, KD));
   MP_CHECK(mp_rt_lin_bwd(ctx, rt, l, MP_MOD_V, ws + y->dxn, ws + y->dv, a + y->xn1, N, C, KD));
   MP_CHECK(region_in_bwd(ctx, rt, y, ws)); /* colwise q/k/v: partial input gradients */
-  BE(rmsnorm_backward(rt->kc, dres, G(rt, l, MP_MOD_ATTN_NORM), norm_dx(rt, y, ws), x_in,
-                      W(rt, l, MP_MOD_ATTN_NORM), F32(a + y->rstd1), rt->Ns, C));
-  return MP_OK;
+  return attn_norm_bwd(ctx, rt, l, dres, ws);
 }
 
 /* Block l's backward inside its float8 scope, where the amaxes its forward kept are known. */
@@ -602,7 +615,7 @@ mp_status mp_rt_block_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, c
     char *a = rt->act[l], *c = rt->core[l];
     const size_t N = (size_t)rt->N;
     const void *x[4] = {a + y->xn1, c + y->att, a + y->xn2, a + y->h};
-    const size_t n[4] = {N * rt->C, N * rt->nhl * rt->hd, N * rt->C, N * rt->Fl};
+    const size_t n[4] = {N * rt->C, N * rt->nhl * rt->dv, N * rt->C, N * rt->Fl};
     /* every float8 Linear's forward wrote its activation's slot in this micro-batch */
     unsigned kept = 0;
     for (int m = 0; m < MP_MOD_COUNT; m++)

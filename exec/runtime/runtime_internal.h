@@ -5,6 +5,7 @@
  *   runtime_fsdp.c   FSDP units: gathers, releases, gradient buffers and reduce-scatters
  *   runtime_f8.c     Linear layers, with float8 emulated or as GEMMs on codes
  *   runtime_block.c  a block's forward and backward, the routed experts and EP's exchange
+ *   runtime_mla.c    multi-head latent attention's projections, forward and backward
  *   runtime_sp.c     sequence parallelism: the sequence shard's collectives, the norms'
  *                    gradients
  *   runtime_cp.c     context parallelism: the load-balanced chunks, ring attention, the
@@ -146,6 +147,10 @@ struct mp_runtime {
   int rank;
   /* global dims */
   int B, T, N, C, nh, nkv, hd, F, V, L, E, K, Fe, Fs;
+  /* attention's head widths: values (hd, or MLA's v_head_dim) and RoPE's (hd, or MLA's
+   * qk_rope_head_dim); multi-head latent attention (mla): the q latent (0: q_proj), the kv
+   * latent, a head's part without RoPE (qk_nope_head_dim) and with it (dr == rd) */
+  int dv, rd, mla, ql, kvl, dn, dr;
   /* local dims: tp splits heads, d_ff, shared d_ff and vocab; ep splits experts */
   int tp, tp_idx, ep, ep_idx, El, nhl, nkvl, Fl, Fsl, Vl, v0;
   /* sequence parallelism (tp > 1 and the plan's sp): the residual stream holds Ns = N / tp
@@ -331,5 +336,9 @@ mp_status mp_rt_attn_core_forward(mp_ctx *ctx, mp_runtime *rt, int l);
 mp_status mp_rt_block_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws, float dloss_aux);
 mp_status mp_rt_block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const void *x_in, void *x_out, float *moe_aux);
 mp_status mp_rt_free_block(mp_ctx *ctx, mp_runtime *rt, int l);
+/* runtime_mla.c: block l's q, k, v (its BLOCK tensors) from its saved xn1; backward, from
+ * the workspace's dq, dk, dv into dxn (or, under SP, dxs) and the projections' gradients */
+mp_status mp_rt_mla_forward(mp_ctx *ctx, mp_runtime *rt, int l);
+mp_status mp_rt_mla_backward(mp_ctx *ctx, mp_runtime *rt, int l, char *ws);
 
 #endif

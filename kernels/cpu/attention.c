@@ -2,6 +2,10 @@
  * attention_backward, and the span ops of ring attention, on one code path: a monolithic
  * call is the span whose one chunk is the whole sequence at position 0.
  *
+ * Queries and keys have hd features per head, values and the output hv (equal but under
+ * multi-head latent attention, DeepSeek-V2 arXiv 2405.04434 section 2.1, whose softmax scale
+ * is 1/sqrt of the query/key head, qk_nope + qk_rope).
+ *
  * Forward, per (batch, query head h, query i of the q chunk): scores s_j = <q_i, k_j> /
  * sqrt(hd) over the visible keys of the kv chunk (kv_pos + j <= q_pos + i), m = max_j s_j,
  * o = sum_j e^(s_j - m) v_j / sum_j e^(s_j - m) (the sum of weights in double) and
@@ -46,21 +50,23 @@ static mp_attn_span whole_sequence(int B, int T, int nh, int nkv, int hd) {
   return sp;
 }
 
-/* One pair's forward: merge = 0 writes o and l into acc and lse (attention_forward, acc
- * being out), 1 merges them into the running state. */
+/* One pair's forward with hv features per value head (the span ops': hd): merge = 0 writes
+ * o and l into acc and lse (attention_forward, acc being out), 1 merges them into the
+ * running state. */
 static mp_status span_forward(mp_kctx *kc, float *acc, float *lse, const float *q,
-                              const float *k, const float *v, const mp_attn_span *sp, int merge,
-                              const char *op) {
+                              const float *k, const float *v, const mp_attn_span *sp, int hv,
+                              int merge, const char *op) {
   if (!mp_attn_span_active(sp)) return MP_OK;
   const int B = sp->B, nh = sp->nh, nkv = sp->nkv, hd = sp->hd, Tq = sp->Tq, Tk = sp->Tk;
   const int grp = nh / nkv;
   const float scale = 1.0f / sqrtf((float)hd);
-  const size_t qs = (size_t)nh * hd, ks = (size_t)nkv * hd; /* row strides */
+  /* row strides: q and k hd per head, v and the output hv */
+  const size_t qs = (size_t)nh * hd, ks = (size_t)nkv * hd, vs = (size_t)nkv * hv, os = (size_t)nh * hv;
   int failed = 0;
 #pragma omp parallel if (parallel_pair(sp))
   {
     /* Tk scores, then (merging) the pair's output row. */
-    float *s = (float *)malloc(((size_t)Tk + (size_t)hd) * sizeof(float));
+    float *s = (float *)malloc(((size_t)Tk + (size_t)hv) * sizeof(float));
     if (!s) {
 #pragma omp atomic write
       failed = 1;
@@ -75,7 +81,7 @@ static mp_status span_forward(mp_kctx *kc, float *acc, float *lse, const float *
           const size_t qr = (size_t)b * sp->Sq + sp->q_row + i;
           const float *qt = q + qr * qs + (size_t)h * hd;
           const float *kb = k + ((size_t)b * sp->Sk + sp->kv_row) * ks + (size_t)g * hd;
-          const float *vb = v + ((size_t)b * sp->Sk + sp->kv_row) * ks + (size_t)g * hd;
+          const float *vb = v + ((size_t)b * sp->Sk + sp->kv_row) * vs + (size_t)g * hv;
           float m = -INFINITY;
           for (int j = 0; j < n; j++) {
             const float *kj = kb + (size_t)j * ks;
@@ -91,14 +97,14 @@ static mp_status span_forward(mp_kctx *kc, float *acc, float *lse, const float *
           }
           const float inv = (float)(1.0 / sum);
           float *lr = lse + ((size_t)b * nh + h) * sp->Sq + sp->q_row + i;
-          float *ar = acc + qr * qs + (size_t)h * hd;
+          float *ar = acc + qr * os + (size_t)h * hv;
           const int fresh = !merge || *lr == -INFINITY;
           float *o = fresh ? ar : s + Tk;
-          for (int x = 0; x < hd; x++) o[x] = 0.0f;
+          for (int x = 0; x < hv; x++) o[x] = 0.0f;
           for (int j = 0; j < n; j++) {
-            const float *vj = vb + (size_t)j * ks;
+            const float *vj = vb + (size_t)j * vs;
             float p = s[j] * inv;
-            for (int x = 0; x < hd; x++) o[x] += p * vj[x];
+            for (int x = 0; x < hv; x++) o[x] += p * vj[x];
           }
           const float l = m + (float)log(sum);
           if (fresh) {
@@ -109,26 +115,27 @@ static mp_status span_forward(mp_kctx *kc, float *acc, float *lse, const float *
            * e^(l - lse') are 1 / (1 + e) for the larger and e / (1 + e) for the other. */
           const double a = *lr, e = exp(-fabs(a - (double)l)), big = 1.0 / (1.0 + e);
           const double wa = a >= l ? big : e * big, wl = a >= l ? e * big : big;
-          for (int x = 0; x < hd; x++) ar[x] = (float)(wa * ar[x] + wl * o[x]);
+          for (int x = 0; x < hv; x++) ar[x] = (float)(wa * ar[x] + wl * o[x]);
           *lr = (float)((a >= l ? a : l) + log1p(e));
         }
     free(s);
   }
   if (failed) return mp_error(kc->err, MP_ERR_NOMEM, "%s: out of memory for a score row of "
-                              "%d floats", op, Tk + hd);
+                              "%d floats", op, Tk + hv);
   return MP_OK;
 }
 
-/* One pair's backward from the final lse; D NULL: D_i = <dout_i, out_i> in place. */
+/* One pair's backward from the final lse, hv features per value head; D NULL: D_i =
+ * <dout_i, out_i> in place. */
 static mp_status span_backward(mp_kctx *kc, float *dq, float *dk, float *dv, const float *dout,
                                const float *q, const float *k, const float *v,
                                const float *out, const float *lse, const float *D,
-                               const mp_attn_span *sp, const char *op) {
+                               const mp_attn_span *sp, int hv, const char *op) {
   if (!mp_attn_span_active(sp)) return MP_OK;
   const int B = sp->B, nh = sp->nh, nkv = sp->nkv, hd = sp->hd, Tq = sp->Tq, Tk = sp->Tk;
   const int grp = nh / nkv;
   const float scale = 1.0f / sqrtf((float)hd);
-  const size_t qs = (size_t)nh * hd, ks = (size_t)nkv * hd;
+  const size_t qs = (size_t)nh * hd, ks = (size_t)nkv * hd, vs = (size_t)nkv * hv, os = (size_t)nh * hv;
   int failed = 0;
 #pragma omp parallel if (parallel_pair(sp))
   {
@@ -142,22 +149,24 @@ static mp_status span_backward(mp_kctx *kc, float *dq, float *dk, float *dv, con
       for (int g = 0; g < nkv; g++) {
         if (!p) continue;
         const size_t kvo = ((size_t)b * sp->Sk + sp->kv_row) * ks + (size_t)g * hd;
-        const float *kb = k + kvo, *vb = v + kvo;
-        float *dkb = dk + kvo, *dvb = dv + kvo;
+        const size_t vo = ((size_t)b * sp->Sk + sp->kv_row) * vs + (size_t)g * hv;
+        const float *kb = k + kvo, *vb = v + vo;
+        float *dkb = dk + kvo, *dvb = dv + vo;
         for (int h = g * grp; h < (g + 1) * grp; h++)
           for (int i = 0; i < Tq; i++) {
             const int n = mp_attn_span_visible(sp, i);
             const size_t lr = ((size_t)b * nh + h) * sp->Sq + sp->q_row + i;
             if (n == 0 || lse[lr] == -INFINITY) continue;
             const size_t qo = ((size_t)b * sp->Sq + sp->q_row + i) * qs + (size_t)h * hd;
-            const float *qt = q + qo, *gt = dout + qo;
+            const size_t oo = ((size_t)b * sp->Sq + sp->q_row + i) * os + (size_t)h * hv;
+            const float *qt = q + qo, *gt = dout + oo;
             const float l = lse[lr];
             float Di = 0.0f;
             if (D) {
               Di = D[lr];
             } else {
-              const float *ot = out + qo;
-              for (int x = 0; x < hd; x++) Di += gt[x] * ot[x];
+              const float *ot = out + oo;
+              for (int x = 0; x < hv; x++) Di += gt[x] * ot[x];
             }
             for (int j = 0; j < n; j++) {
               const float *kj = kb + (size_t)j * ks;
@@ -167,17 +176,17 @@ static mp_status span_backward(mp_kctx *kc, float *dq, float *dk, float *dv, con
             }
             float *dqt = dq + qo;
             for (int j = 0; j < n; j++) {
-              const size_t jo = (size_t)j * ks;
-              const float *kj = kb + jo, *vj = vb + jo;
+              const size_t jo = (size_t)j * ks, jv = (size_t)j * vs;
+              const float *kj = kb + jo, *vj = vb + jv;
               float dp = 0.0f;
-              for (int x = 0; x < hd; x++) dp += gt[x] * vj[x];
+              for (int x = 0; x < hv; x++) dp += gt[x] * vj[x];
               float ds = p[j] * (dp - Di) * scale;
-              float *dkj = dkb + jo, *dvj = dvb + jo;
+              float *dkj = dkb + jo, *dvj = dvb + jv;
               for (int x = 0; x < hd; x++) {
                 dqt[x] += ds * kj[x];
                 dkj[x] += ds * qt[x];
-                dvj[x] += p[j] * gt[x];
               }
+              for (int x = 0; x < hv; x++) dvj[x] += p[j] * gt[x];
             }
           }
       }
@@ -190,24 +199,24 @@ static mp_status span_backward(mp_kctx *kc, float *dq, float *dk, float *dv, con
 
 mp_status mp_cpu_attention_forward(mp_kctx *kc, void *out, float *lse, const void *q,
                                    const void *k, const void *v, int B, int T, int nh,
-                                   int nkv, int hd) {
-  MP_KREQUIRE(kc, B >= 0 && T >= 0 && nh > 0 && nkv > 0 && hd > 0 && nh % nkv == 0,
+                                   int nkv, int hd, int hv) {
+  MP_KREQUIRE(kc, B >= 0 && T >= 0 && nh > 0 && nkv > 0 && hd > 0 && hv > 0 && nh % nkv == 0,
                  "attention_forward");
   const mp_attn_span sp = whole_sequence(B, T, nh, nkv, hd);
   return span_forward(kc, (float *)out, lse, (const float *)q, (const float *)k,
-                      (const float *)v, &sp, 0, "attention_forward");
+                      (const float *)v, &sp, hv, 0, "attention_forward");
 }
 
 mp_status mp_cpu_attention_backward(mp_kctx *kc, void *dq, void *dk, void *dv,
                                     const void *dout, const void *q, const void *k,
                                     const void *v, const void *out, const float *lse,
-                                    int B, int T, int nh, int nkv, int hd) {
-  MP_KREQUIRE(kc, B >= 0 && T >= 0 && nh > 0 && nkv > 0 && hd > 0 && nh % nkv == 0,
+                                    int B, int T, int nh, int nkv, int hd, int hv) {
+  MP_KREQUIRE(kc, B >= 0 && T >= 0 && nh > 0 && nkv > 0 && hd > 0 && hv > 0 && nh % nkv == 0,
                  "attention_backward");
   const mp_attn_span sp = whole_sequence(B, T, nh, nkv, hd);
   return span_backward(kc, (float *)dq, (float *)dk, (float *)dv, (const float *)dout,
                        (const float *)q, (const float *)k, (const float *)v,
-                       (const float *)out, lse, NULL, &sp, "attention_backward");
+                       (const float *)out, lse, NULL, &sp, hv, "attention_backward");
 }
 
 mp_status mp_cpu_attention_span_init(mp_kctx *kc, float *lse, size_t n) {
@@ -221,7 +230,7 @@ mp_status mp_cpu_attention_span_forward(mp_kctx *kc, float *acc, float *lse, con
                                         const void *k, const void *v, const mp_attn_span *sp) {
   MP_KREQUIRE(kc, mp_attn_span_ok(sp), "attention_span_forward");
   return span_forward(kc, acc, lse, (const float *)q, (const float *)k, (const float *)v, sp,
-                      1, "attention_span_forward");
+                      sp->hd, 1, "attention_span_forward");
 }
 
 mp_status mp_cpu_attention_span_finalize(mp_kctx *kc, void *out_, const float *acc,
@@ -260,5 +269,5 @@ mp_status mp_cpu_attention_span_backward(mp_kctx *kc, void *dq, void *dk, void *
   MP_KREQUIRE(kc, mp_attn_span_ok(sp) && D, "attention_span_backward");
   return span_backward(kc, (float *)dq, (float *)dk, (float *)dv, (const float *)dout,
                        (const float *)q, (const float *)k, (const float *)v, NULL, lse, D, sp,
-                       "attention_span_backward");
+                       sp->hd, "attention_span_backward");
 }

@@ -411,10 +411,15 @@ mp_status choose_kernel(mp_kctx *kc, const char *op, int hd, const void *const *
   return MP_OK;
 }
 
-mp_status check_args(mp_kctx *kc, const char *op, int B, int T, int nh, int nkv, int hd) {
+mp_status check_args(mp_kctx *kc, const char *op, int B, int T, int nh, int nkv, int hd, int hv) {
   if (B < 0 || T < 0 || nh <= 0 || nkv <= 0 || nh % nkv != 0)
     return mp_error(kc->err, MP_ERR_INVALID, "%s: invalid shape B=%d T=%d nh=%d nkv=%d; "
                     "need B, T >= 0 and nkv dividing nh", op, B, T, nh, nkv);
+  /* the scalar and tensor-core kernels index v and the output with the q/k head */
+  if (hv != hd)
+    return mp_error(kc->err, MP_ERR_UNSUPPORTED, "%s: value head dim %d differs from the query/key "
+                    "head dim %d (multi-head latent attention); the CUDA attention kernels take one "
+                    "head dim: run MLA on the CPU backend", op, hv, hd);
   if (hd <= 0 || hd % 2 != 0 || hd > 128)
     return mp_error(kc->err, MP_ERR_UNSUPPORTED, "%s: head dim %d is not supported by the "
                     "CUDA flash attention kernel; it needs an even head dim <= 128", op, hd);
@@ -481,8 +486,8 @@ cudaError_t launch_scalar_bwd(mp_kctx *kc, bf16 *dq, bf16 *dk, bf16 *dv, float *
 
 mp_status mp_cuda_attention_forward(mp_kctx *kc, void *out, float *lse, const void *q,
                                     const void *k, const void *v, int B, int T, int nh, int nkv,
-                                    int hd) {
-  MP_CHECK(check_args(kc, "attention_forward", B, T, nh, nkv, hd));
+                                    int hd, int hv) {
+  MP_CHECK(check_args(kc, "attention_forward", B, T, nh, nkv, hd, hv));
   if (B == 0 || T == 0) return MP_OK;
   if (!out || !lse || !q || !k || !v || !aligned4(out) || !aligned4(q) || !aligned4(k) ||
       !aligned4(v))
@@ -498,8 +503,9 @@ mp_status mp_cuda_attention_forward(mp_kctx *kc, void *out, float *lse, const vo
 
 mp_status mp_cuda_attention_backward(mp_kctx *kc, void *dq, void *dk, void *dv, const void *dout,
                                      const void *q, const void *k, const void *v, const void *out,
-                                     const float *lse, int B, int T, int nh, int nkv, int hd) {
-  MP_CHECK(check_args(kc, "attention_backward", B, T, nh, nkv, hd));
+                                     const float *lse, int B, int T, int nh, int nkv, int hd,
+                                     int hv) {
+  MP_CHECK(check_args(kc, "attention_backward", B, T, nh, nkv, hd, hv));
   if (B == 0 || T == 0) return MP_OK;
   const void *ptrs[8] = {dq, dk, dv, dout, q, k, v, out};
   for (int i = 0; i < 8; i++)
@@ -545,7 +551,7 @@ namespace {
  * kernels' head dims and grid limits, and the tensors. */
 mp_status check_span(mp_kctx *kc, const char *op, const mp_attn_span *sp,
                      const void *const *ptrs, int n_ptrs) {
-  MP_CHECK(check_args(kc, op, sp->B, sp->Tq, sp->nh, sp->nkv, sp->hd));
+  MP_CHECK(check_args(kc, op, sp->B, sp->Tq, sp->nh, sp->nkv, sp->hd, sp->hd));
   for (int i = 0; i < n_ptrs; i++)
     if (!ptrs[i] || !aligned4(ptrs[i]))
       return mp_error(kc->err, MP_ERR_INVALID, "%s: NULL or misaligned tensor #%d (bf16 "

@@ -229,6 +229,7 @@ static const mp_backend cuda_backend = {
     .residual_forward = mp_cuda_residual_forward,
     .accumulate = mp_cuda_accumulate,
     .accumulate_f32 = mp_cuda_accumulate_f32,
+    .copy2d = mp_cuda_copy2d,
     .f8_amax = mp_cuda_f8_amax,
     .f8_scale_from_amax = mp_cuda_f8_scale_from_amax,
     .f8_quantize = mp_cuda_f8_quantize,

@@ -444,6 +444,18 @@ __global__ void k_accumulate(mp_bf16 *y, const mp_bf16 *x, size_t n) {
     mp_stx(y, i, mp_ldx(y, i) + mp_ldx(x, i));
 }
 
+/* copy2d: one thread per element of the rows x cols block. */
+__global__ void k_copy2d(mp_bf16 *dst, size_t ld_dst, const mp_bf16 *src, size_t ld_src, size_t rows,
+                         size_t cols, int add) {
+  const size_t n = rows * cols;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    const size_t r = i / cols, c = i % cols, d = r * ld_dst + c;
+    const float x = mp_ldx(src, r * ld_src + c);
+    mp_stx(dst, d, add ? mp_ldx(dst, d) + x : x);
+  }
+}
+
 __global__ void k_accumulate_f32(float *y, const float *x, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
@@ -488,6 +500,18 @@ mp_status mp_cuda_accumulate(mp_kctx *kc, void *y, const void *x, size_t n) {
   else
     k_accumulate<<<mp_cuda_grid(n, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0, MP_CUDA_STREAM(kc)>>>(
         (mp_bf16 *)y, (const mp_bf16 *)x, n);
+  MP_CUDA_LAUNCH_CHECK(kc);
+  return MP_OK;
+}
+
+mp_status mp_cuda_copy2d(mp_kctx *kc, void *dst, size_t ld_dst, const void *src, size_t ld_src,
+                         size_t rows, size_t cols, int add) {
+  MP_KREQUIRE(kc, (dst && src) || rows == 0 || cols == 0, "copy2d");
+  MP_KREQUIRE(kc, ld_dst >= cols && ld_src >= cols, "copy2d");
+  const size_t n = rows * cols;
+  if (n == 0) return MP_OK;
+  k_copy2d<<<mp_cuda_grid(n, MP_CUDA_BLOCK), MP_CUDA_BLOCK, 0, MP_CUDA_STREAM(kc)>>>(
+      (mp_bf16 *)dst, ld_dst, (const mp_bf16 *)src, ld_src, rows, cols, add);
   MP_CUDA_LAUNCH_CHECK(kc);
   return MP_OK;
 }

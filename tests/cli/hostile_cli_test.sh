@@ -237,6 +237,11 @@ row 2 "--async-tp: stack torchtitan-eager does not run AsyncTP" simulate --model
 row 2 "--async-tp: stack meshplan-cpu does not run AsyncTP" explain --model tiny-dense --gpus 2 --gpu cpu --mesh tp=2 --async-tp
 row 2 "it needs SP: drop --no-sp" simulate --model tiny-dense --gpus 2 --mesh tp=2 --async-tp --no-sp
 row 2 "it needs SP: drop --no-sp" plan --no-db --model tiny-dense --gpus 2 --async-tp --no-sp
+# the EP dispatcher and all-to-all overlap: Megatron-Core's, under its conditions
+row 2 "--overlap-moe-comm is Megatron-Core's --overlap-moe-expert-parallel-comm; stack torchtitan-eager does not run it" simulate --model tiny-moe --gpus 4 --mesh dp_shard=4,ep=2 --stack torchtitan-eager --overlap-moe-comm
+row 2 "--moe-dispatcher 'foo': choose alltoall or deepep" simulate --model tiny-moe --gpus 4 --mesh dp_replicate=4,ep=2 --stack megatron-core --moe-dispatcher foo
+row 2 "MoE all-to-all overlap with pp=2 needs the interleaved schedule" simulate --model tiny-moe --gpus 4 --mesh dp_replicate=2,pp=2,ep=2 --stack megatron-core --overlap-moe-comm
+row 2 "MoE dispatcher deepep is Megatron-Core's flex dispatcher with DeepEP (--moe-enable-deepep), which needs expert parallelism" explain --model tiny-moe --gpus 4 --mesh dp_replicate=4 --stack megatron-core --moe-dispatcher deepep
 row 2 "column 'inter_node_gbps_per_gpu' = 'inf': expected a finite number in (0, 100000]" validate "$d/inf_bw.csv"
 row 2 "column 'seq' = '9223372036854775807': expected an integer in 1..16777216" validate "$d/seq.csv"
 row 2 "metric 'flops': expected tokens_per_s_per_gpu, peak_mem_gib or step_time_s" validate "$d/metric.csv"
@@ -333,7 +338,7 @@ row 2 "the fixed mesh dims multiply to 3, which does not divide the 8 GPUs" plan
 row 2 "--log-all logs every candidate to the database; drop --no-db" plan --no-db --log-all
 row 1 "no plan fits llama3.1-70b on 1 x h100-sxm; the smallest change that fits, searched: --gpus 16" plan --no-db --model llama3.1-70b --gpus 1
 row 1 "no plan fits llama3.1-70b on 16 x h100-sxm; the smallest change that fits, searched: --ac full" plan --no-db --model llama3.1-70b --gpus 16 --ac none
-row 2 "unknown GPU 'h100x'; known: a100-40gb-sxm, a100-80gb-sxm, b200, cpu, h100-96gb-500w, h100-nvl, h100-pcie, h100-sxm, h200, h800, l40s, mi300x" plan --no-db --gpus 8 --gpu h100x
+row 2 "unknown GPU 'h100x'; known: a100-40gb-sxm, a100-80gb-sxm, b200, cpu, gb200, h100-96gb-500w, h100-nvl, h100-pcie, h100-sxm, h200, h800, l40s, mi300x" plan --no-db --gpus 8 --gpu h100x
 row 2 "GPU mi300x has no CUDA (rocm): meshplan's CUDA runtime (stack meshplan-cuda) cannot drive it" simulate --gpus 8 --gpu mi300x --stack meshplan-cuda
 row 2 "GPU mi300x has no CUDA (rocm)" plan --no-db --gpus 8 --gpu mi300x --stack meshplan-cuda
 

@@ -406,6 +406,8 @@ static void ExpectSameSpec(const mp_model &hf, const mp_model &ours) {
   EXPECT_EQ(hf.d_ff_shared, ours.d_ff_shared);
   EXPECT_EQ(hf.aux_loss_coef, ours.aux_loss_coef);
   EXPECT_EQ(hf.norm_topk_prob, ours.norm_topk_prob);
+  EXPECT_EQ(hf.n_group, ours.n_group);
+  EXPECT_EQ(hf.topk_group, ours.topk_group);
   EXPECT_EQ(memcmp(hf.moe_layer, ours.moe_layer, sizeof hf.moe_layer), 0);
   EXPECT_EQ(hf.q_lora_rank, ours.q_lora_rank);
   EXPECT_EQ(hf.kv_lora_rank, ours.kv_lora_rank);
@@ -659,6 +661,9 @@ TEST_F(ModelTest, DeepSeekV3TotalAndActive) {
   EXPECT_NEAR((double)mp_model_param_count(&m), 671e9, 0.005 * 671e9);
   EXPECT_EQ(mp_model_active_param_count(&m), 37552282624LL);
   EXPECT_EQ(mp_model_active_param_count(&m) - mp_model_embedding_params(&m), 36625603584LL);
+  // node-limited routing: 8 groups of 32 experts, a token's 8 from its best 4
+  EXPECT_EQ(m.n_group, 8);
+  EXPECT_EQ(m.topk_group, 4);
 }
 
 // DeepSeek-V2-Lite (H=2048, L=27, 16 heads, no q latent, kv_lora 512, qk_nope 128, qk_rope
@@ -679,6 +684,8 @@ TEST_F(ModelTest, DeepSeekV2LiteTotalAndActive) {
   EXPECT_EQ(m.q_lora_rank, 0);
   EXPECT_EQ(mp_model_n_moe_layers(&m), 26);
   EXPECT_EQ(m.d_ff_shared, 2816);
+  // topk_method "greedy": no group limit, though its config names n_group 1
+  EXPECT_EQ(m.n_group, 0);
   EXPECT_EQ(mp_model_param_count(&m), 15706484224LL);
   EXPECT_EQ(mp_model_active_param_count(&m), 2661150208LL);
   EXPECT_EQ(mp_model_active_param_count(&m) - mp_model_embedding_params(&m), 2451435008LL);
@@ -804,6 +811,19 @@ TEST_F(ModelTest, OwnFormatErrors) {
 // mp_model) whatever else it said, or refused for a missing top_k when alone. The object
 // always describes experts: 0 (or fewer) is refused, naming the way to a dense model. One
 // expert is a MoE as written (a router over one expert, as transformers builds it).
+TEST_F(ModelTest, OwnFormatExpertGroupsMustSplitTheExperts) {
+  const std::string base =
+      "{\"family\": \"llama\", \"vocab\": 16, \"d_model\": 8, \"n_layers\": 2, \"n_heads\": 2,"
+      " \"d_ff\": 16, \"moe\": {\"n_experts\": 8, \"top_k\": 2, \"d_ff_expert\": 4";
+  ASSERT_EQ(mp_model_from_text(&ctx, (base + ", \"n_group\": 4}}").c_str(), "m.json", &m), MP_OK) << msg();
+  EXPECT_EQ(m.topk_group, 4);  // every group by default
+  EXPECT_EQ(mp_model_from_text(&ctx, (base + ", \"n_group\": 3}}").c_str(), "m.json", &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "must split n_experts=8 evenly")) << msg();
+  EXPECT_EQ(mp_model_from_text(&ctx, (base + ", \"n_group\": 4, \"topk_group\": 5}}").c_str(), "m.json", &m),
+            MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(msg(), "topk_group")) << msg();
+}
+
 TEST_F(ModelTest, OwnFormatMoeWithoutExpertsIsRefused) {
   const std::string base =
       "{\"family\": \"llama\", \"vocab\": 16, \"d_model\": 8, \"n_layers\": 2, \"n_heads\": 2,"

@@ -164,8 +164,8 @@ int main(int argc, char **argv) {
           *dout = fvec(nq, -1, 1);
     float *out = zeros(nq), *lse = zeros((size_t)B * nh * T), *dq = zeros(nq), *dk = zeros(nk),
           *dv = zeros(nk);
-    CHECK(be->attention_forward(&kc, out, lse, q, k, v, B, T, nh, nkv, hd));
-    CHECK(be->attention_backward(&kc, dq, dk, dv, dout, q, k, v, out, lse, B, T, nh, nkv, hd));
+    CHECK(be->attention_forward(&kc, out, lse, q, k, v, B, T, nh, nkv, hd, hd));
+    CHECK(be->attention_backward(&kc, dq, dk, dv, dout, q, k, v, out, lse, B, T, nh, nkv, hd, hd));
     PUTF("attention.q", q, B, T, nh, hd);
     PUTF("attention.k", k, B, T, nkv, hd);
     PUTF("attention.v", v, B, T, nkv, hd);

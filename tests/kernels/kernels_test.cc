@@ -202,7 +202,7 @@ TEST_F(Kernels, AttentionGQAMatchesNaiveAndFiniteDifferences) {
   Vec q = r.vec(nq), k = r.vec(nk), v = r.vec(nk), R = r.vec(nq);
   Vec out(nq), lse((size_t)B * nh * T);
   ASSERT_EQ(be->attention_forward(&kc, out.data(), lse.data(), q.data(), k.data(), v.data(),
-                                  B, T, nh, nkv, hd), MP_OK);
+                                  B, T, nh, nkv, hd, hd), MP_OK);
   std::vector<double> want(nq), want_lse((size_t)B * nh * T);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < nh; h++)
@@ -231,16 +231,62 @@ TEST_F(Kernels, AttentionGQAMatchesNaiveAndFiniteDifferences) {
   Vec dq(nq, 0), dk(nk, 0), dv(nk, 0);
   ASSERT_EQ(be->attention_backward(&kc, dq.data(), dk.data(), dv.data(), R.data(), q.data(),
                                    k.data(), v.data(), out.data(), lse.data(), B, T, nh, nkv,
-                                   hd), MP_OK);
+                                   hd, hd), MP_OK);
   auto f = [&]() {
     Vec o(nq), l((size_t)B * nh * T);
     be->attention_forward(&kc, o.data(), l.data(), q.data(), k.data(), v.data(), B, T, nh, nkv,
-                          hd);
+                          hd, hd);
     return dot(o, R);
   };
   check_fd("attn dq", q, dq, f);
   check_fd("attn dk", k, dk, f);
   check_fd("attn dv", v, dv, f);
+}
+
+// Multi-head latent attention's value head (hv = 2) unlike the query/key head (hd = 5):
+// the output equals the first hv features of the same attention over v zero-padded to hd
+// (softmax weights depend on q and k only), the lse is the same, and the gradients match
+// central differences.
+TEST_F(Kernels, AttentionValueHeadUnlikeQueryHead) {
+  const int B = 2, T = 4, nh = 2, nkv = 2, hd = 5, hv = 2;
+  Rng r(9);
+  const size_t rows = (size_t)B * T, nq = rows * nh * hd, nk = rows * nkv * hd, nv = rows * nkv * hv;
+  Vec q = r.vec(nq), k = r.vec(nk), v = r.vec(nv), R = r.vec(rows * nh * hv);
+  Vec out(rows * nh * hv), lse((size_t)B * nh * T);
+  ASSERT_EQ(be->attention_forward(&kc, out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, nh, nkv, hd, hv),
+            MP_OK);
+  Vec vpad(nk, 0.0f), opad(nq), lpad((size_t)B * nh * T);
+  for (size_t i = 0; i < rows * nkv; i++)
+    for (int x = 0; x < hv; x++) vpad[i * hd + x] = v[i * hv + x];
+  ASSERT_EQ(be->attention_forward(&kc, opad.data(), lpad.data(), q.data(), k.data(), vpad.data(), B, T, nh, nkv,
+                                  hd, hd), MP_OK);
+  std::vector<double> want(out.size()), want_lse(lpad.begin(), lpad.end());
+  for (size_t i = 0; i < rows * nh; i++)
+    for (int x = 0; x < hv; x++) want[i * hv + x] = opad[i * hd + x];
+  expect_close("mla out", out, want);
+  expect_close("mla lse", lse, want_lse);
+  Vec dq(nq, 0), dk(nk, 0), dv(nv, 0);
+  ASSERT_EQ(be->attention_backward(&kc, dq.data(), dk.data(), dv.data(), R.data(), q.data(), k.data(), v.data(),
+                                   out.data(), lse.data(), B, T, nh, nkv, hd, hv), MP_OK);
+  auto f = [&]() {
+    Vec o(out.size()), l(lse.size());
+    be->attention_forward(&kc, o.data(), l.data(), q.data(), k.data(), v.data(), B, T, nh, nkv, hd, hv);
+    return dot(o, R);
+  };
+  check_fd("mla dq", q, dq, f);
+  check_fd("mla dk", k, dk, f);
+  check_fd("mla dv", v, dv, f);
+}
+
+// Strided blocks (copy2d): assigned, then added, untouched elements kept.
+TEST_F(Kernels, Copy2dStridedAssignAndAdd) {
+  const Vec src = {1, 2, 3, 4, 5, 6, 7, 8, 9}; // 3 rows of 3
+  Vec dst(8, -1.0f);                           // 2 rows of 4
+  ASSERT_EQ(be->copy2d(&kc, dst.data() + 1, 4, src.data() + 1, 3, 2, 2, 0), MP_OK);
+  EXPECT_EQ(dst, (Vec{-1, 2, 3, -1, -1, 5, 6, -1}));
+  ASSERT_EQ(be->copy2d(&kc, dst.data() + 1, 4, src.data() + 1, 3, 2, 2, 1), MP_OK);
+  EXPECT_EQ(dst, (Vec{-1, 4, 6, -1, -1, 10, 12, -1}));
+  EXPECT_EQ(be->copy2d(&kc, dst.data(), 1, src.data(), 3, 2, 2, 0), MP_ERR_INVALID); // ld < cols
 }
 
 // ---------------------------------------------------------------- activations

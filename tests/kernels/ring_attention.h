@@ -54,14 +54,14 @@ inline mp_status monolithic_attention(const mp_backend *be, mp_kctx *kc, const R
   r->dk.assign(nk, 0.0f);
   r->dv.assign(nk, 0.0f);
   mp_status st = be->attention_forward(kc, r->out.data(), r->lse.data(), p.q.data(), p.k.data(),
-                                       p.v.data(), p.B, p.T, p.nh, p.nkv, p.hd);
+                                       p.v.data(), p.B, p.T, p.nh, p.nkv, p.hd, p.hd);
   if (st) return st;
   std::vector<float> out = r->out;
   if (out_bf16)
     for (float &x : out) x = mp_bf16_to_f32(mp_bf16_from_f32(x));
   return be->attention_backward(kc, r->dq.data(), r->dk.data(), r->dv.data(), p.dout.data(),
                                 p.q.data(), p.k.data(), p.v.data(), out.data(), r->lse.data(), p.B,
-                                p.T, p.nh, p.nkv, p.hd);
+                                p.T, p.nh, p.nkv, p.hd, p.hd);
 }
 
 class RingAttention {

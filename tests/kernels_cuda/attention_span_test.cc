@@ -141,7 +141,7 @@ TEST_F(CudaAttentionSpan, OneChunkIsTheMonolithicKernel) {
     void *out0 = poisoned(nq * 2), *out1 = poisoned(nq * 2);
     float *lse0 = (float *)poisoned(nl * 4), *lse1 = (float *)poisoned(nl * 4);
     float *acc = (float *)poisoned(nq * 4), *D = (float *)poisoned(nl * 4);
-    ASSERT_EQ(be->attention_forward(&kc, out0, lse0, q, k, v, B, T, nh, nkv, hd), MP_OK) << mp_errmsg(&err);
+    ASSERT_EQ(be->attention_forward(&kc, out0, lse0, q, k, v, B, T, nh, nkv, hd, hd), MP_OK) << mp_errmsg(&err);
     const mp_attn_span sp = {B, nh, nkv, hd, T, 0, T, 0, T, 0, T, 0};
     ASSERT_EQ(be->attention_span_init(&kc, lse1, nl), MP_OK) << mp_errmsg(&err);
     ASSERT_EQ(be->attention_span_forward(&kc, acc, lse1, q, k, v, &sp), MP_OK) << mp_errmsg(&err);
@@ -152,7 +152,7 @@ TEST_F(CudaAttentionSpan, OneChunkIsTheMonolithicKernel) {
     Vec z(nq, 0.0f), zk(nk, 0.0f);
     void *dq0 = dev_x(z), *dk0 = dev_x(zk), *dv0 = dev_x(zk), *dq1 = dev_x(z), *dk1 = dev_x(zk),
          *dv1 = dev_x(zk);
-    ASSERT_EQ(be->attention_backward(&kc, dq0, dk0, dv0, dout, q, k, v, out0, lse0, B, T, nh, nkv, hd),
+    ASSERT_EQ(be->attention_backward(&kc, dq0, dk0, dv0, dout, q, k, v, out0, lse0, B, T, nh, nkv, hd, hd),
               MP_OK) << mp_errmsg(&err);
     ASSERT_EQ(be->attention_span_dot(&kc, D, dout, out0, B, T, nh, hd), MP_OK) << mp_errmsg(&err);
     ASSERT_EQ(be->attention_span_backward(&kc, dq1, dk1, dv1, dout, q, k, v, lse0, D, &sp), MP_OK)

@@ -85,7 +85,7 @@ Problem make_problem(const Shape &s, uint64_t seed, float spread, const mp_backe
   p.out.assign(p.nq, 0.0f);
   p.lse.assign(p.nl, 0.0f);
   EXPECT_EQ(cpu->attention_forward(cpu_kc, p.out.data(), p.lse.data(), p.q.data(), p.k.data(),
-                                   p.v.data(), s.B, s.T, s.nh, s.nkv, s.hd), MP_OK);
+                                   p.v.data(), s.B, s.T, s.nh, s.nkv, s.hd, s.hd), MP_OK);
   if (!backward) return p;
   for (auto &x : p.out) x = bf(x);
   p.gq.assign(p.nq, 0.0f);
@@ -93,7 +93,7 @@ Problem make_problem(const Shape &s, uint64_t seed, float spread, const mp_backe
   p.gv.assign(p.nkv, 0.0f);
   EXPECT_EQ(cpu->attention_backward(cpu_kc, p.gq.data(), p.gk.data(), p.gv.data(),
                                     p.dout.data(), p.q.data(), p.k.data(), p.v.data(),
-                                    p.out.data(), p.lse.data(), s.B, s.T, s.nh, s.nkv, s.hd),
+                                    p.out.data(), p.lse.data(), s.B, s.T, s.nh, s.nkv, s.hd, s.hd),
             MP_OK);
   return p;
 }
@@ -134,7 +134,7 @@ class CudaAttention : public mp_test::CudaVsCpu {
     void *d_out = poisoned(p.nq * 2);
     float *d_lse = (float *)poisoned(p.nl * 4);
     ASSERT_EQ(be->attention_forward(&kc, d_out, d_lse, dev_x(p.q, skew), dev_x(p.k),
-                                    dev_x(p.v), s.B, s.T, s.nh, s.nkv, s.hd), MP_OK)
+                                    dev_x(p.v), s.B, s.T, s.nh, s.nkv, s.hd, s.hd), MP_OK)
         << mp_errmsg(&err) << " " << name_of(s);
     *out = get_x(d_out, p.nq);
     *lse = get_f32(d_lse, p.nl);
@@ -148,7 +148,7 @@ class CudaAttention : public mp_test::CudaVsCpu {
     void *d_dq = dev_x(sq), *d_dk = dev_x(sk), *d_dv = dev_x(sv);
     ASSERT_EQ(be->attention_backward(&kc, d_dq, d_dk, d_dv, dev_x(p.dout), dev_x(p.q),
                                      dev_x(p.k), dev_x(p.v), dev_x(p.out), dev_f32(p.lse), s.B,
-                                     s.T, s.nh, s.nkv, s.hd), MP_OK)
+                                     s.T, s.nh, s.nkv, s.hd, s.hd), MP_OK)
         << mp_errmsg(&err) << " " << name_of(s);
     *dq = get_x(d_dq, p.nq);
     *dk = get_x(d_dk, p.nkv);

@@ -157,11 +157,11 @@ TEST_F(GemmAttention, AttentionForwardMatchesCpu) {
     Vec q = rand_bf16(r, nq, -2, 2), k = rand_bf16(r, nkv, -2, 2), v = rand_bf16(r, nkv);
     Vec out(nq), lse(nl);
     ASSERT_EQ(cpu->attention_forward(&cpu_kc, out.data(), lse.data(), q.data(), k.data(),
-                                     v.data(), s.B, s.T, s.nh, s.nkv, s.hd), MP_OK);
+                                     v.data(), s.B, s.T, s.nh, s.nkv, s.hd, s.hd), MP_OK);
     void *d_out = poisoned(nq * 2);
     float *d_lse = (float *)poisoned(nl * 4);
     ASSERT_EQ(be->attention_forward(&kc, d_out, d_lse, dev_x(q), dev_x(k), dev_x(v), s.B, s.T,
-                                    s.nh, s.nkv, s.hd), MP_OK) << mp_errmsg(&err);
+                                    s.nh, s.nkv, s.hd, s.hd), MP_OK) << mp_errmsg(&err);
     EXPECT_LE(rel_l2(get_x(d_out, nq), out), 1e-2) << "out " << attn_name(s);
     EXPECT_LE(rel_l2(get_f32(d_lse, nl), lse), 1e-4) << "lse " << attn_name(s);
   }
@@ -176,12 +176,12 @@ TEST_F(GemmAttention, AttentionBackwardAccumulatesLikeCpu) {
         dout = rand_bf16(r, nq);
     Vec out(nq), lse(nl);
     ASSERT_EQ(cpu->attention_forward(&cpu_kc, out.data(), lse.data(), q.data(), k.data(),
-                                     v.data(), s.B, s.T, s.nh, s.nkv, s.hd), MP_OK);
+                                     v.data(), s.B, s.T, s.nh, s.nkv, s.hd, s.hd), MP_OK);
     for (auto &x : out) x = bf(x);  // the device stores the forward output in bf16
     Vec gq(nq, 0.0f), gk(nkv, 0.0f), gv(nkv, 0.0f);
     ASSERT_EQ(cpu->attention_backward(&cpu_kc, gq.data(), gk.data(), gv.data(), dout.data(),
                                       q.data(), k.data(), v.data(), out.data(), lse.data(), s.B,
-                                      s.T, s.nh, s.nkv, s.hd), MP_OK);
+                                      s.T, s.nh, s.nkv, s.hd, s.hd), MP_OK);
     // Start from half the fresh gradient (bf16), expect start + fresh.
     Vec sq(nq), sk(nkv), sv(nkv), eq(nq), ek(nkv), ev(nkv);
     for (size_t i = 0; i < nq; i++) eq[i] = (sq[i] = bf(0.5f * gq[i])) + gq[i];
@@ -190,7 +190,7 @@ TEST_F(GemmAttention, AttentionBackwardAccumulatesLikeCpu) {
     void *d_dq = dev_x(sq), *d_dk = dev_x(sk), *d_dv = dev_x(sv);
     ASSERT_EQ(be->attention_backward(&kc, d_dq, d_dk, d_dv, dev_x(dout), dev_x(q), dev_x(k),
                                      dev_x(v), dev_x(out), dev_f32(lse), s.B, s.T, s.nh, s.nkv,
-                                     s.hd), MP_OK) << mp_errmsg(&err);
+                                     s.hd, s.hd), MP_OK) << mp_errmsg(&err);
     EXPECT_LE(rel_l2(get_x(d_dq, nq), eq), 1e-2) << "dq " << attn_name(s);
     EXPECT_LE(rel_l2(get_x(d_dk, nkv), ek), 1e-2) << "dk " << attn_name(s);
     EXPECT_LE(rel_l2(get_x(d_dv, nkv), ev), 1e-2) << "dv " << attn_name(s);
@@ -199,10 +199,16 @@ TEST_F(GemmAttention, AttentionBackwardAccumulatesLikeCpu) {
 
 TEST_F(GemmAttention, AttentionRefusesUnsupportedHeadDim) {
   EXPECT_EQ(be->attention_forward(&kc, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2, 1,
-                                  130), MP_ERR_UNSUPPORTED);
+                                  130, 130), MP_ERR_UNSUPPORTED);
   EXPECT_NE(std::strstr(mp_errmsg(&err), "head dim"), nullptr);
   EXPECT_EQ(be->attention_forward(&kc, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2, 1,
-                                  33), MP_ERR_UNSUPPORTED);
+                                  33, 33), MP_ERR_UNSUPPORTED);
+  // multi-head latent attention's value head unlike the query/key head: refused by name
+  EXPECT_EQ(be->attention_forward(&kc, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2, 1,
+                                  64, 32), MP_ERR_UNSUPPORTED);
+  EXPECT_NE(std::strstr(mp_errmsg(&err), "multi-head latent attention"), nullptr) << mp_errmsg(&err);
+  EXPECT_EQ(be->attention_backward(&kc, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                   nullptr, 1, 4, 2, 1, 64, 32), MP_ERR_UNSUPPORTED);
 }
 
 const double kF8F32Bound = 2e-3; // see the file comment

@@ -326,6 +326,34 @@ TEST(PassFloat8, ExcludesMoeNamesAndSmallDims) {
   EXPECT_TRUE(noted);
 }
 
+TEST(PassFloat8, MegatronRunsExpertsInFloat8) {
+  // Megatron-Core: TEGroupedMLP's and SharedExpertMLP's Linears are Transformer Engine
+  // modules under fp8_autocast, so the routed experts [8, 32, 64] / [8, 64, 32] (dims 32 and
+  // 64, multiples of 16 behind the expert dim) and the shared expert run in float8; the
+  // router (a plain gating GEMM) and the output layer (ColumnParallelLinear) do not.
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m = LoadModel("tiny-moe");
+  mp_mesh mesh = Mesh("dp_replicate=2");
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.mem_model = MP_MEM_MODEL_MEGATRON;
+  mp_plan *p = nullptr;
+  ASSERT_EQ(mp_plan_create(&ctx, &m, &mesh, &o, &p), MP_OK) << mp_errmsg(&ctx);
+  mp_float8_options f8 = {0};
+  ASSERT_EQ(mp_apply_float8(&ctx, p, &f8), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(Param(p, "layers.1.moe.experts.gate_proj.weight").float8, 1);
+  EXPECT_EQ(Param(p, "layers.1.moe.experts.down_proj.weight").float8, 1);
+  EXPECT_EQ(Param(p, "layers.1.moe.router.weight").float8, 0);
+  EXPECT_EQ(Param(p, "output.weight").float8, 0);
+  EXPECT_EQ(Param(p, "layers.1.moe.shared_expert.up_proj.weight").float8, 1);
+  mp_plan_destroy(p);
+  // torchtitan's filter keeps them out
+  Fixture t(LoadModel("tiny-moe"), "dp_shard=2");
+  ASSERT_EQ(t.F8(), MP_OK);
+  EXPECT_EQ(Param(t.p, "layers.1.moe.experts.gate_proj.weight").float8, 0);
+}
+
 // ---- AC ------------------------------------------------------------------------------------
 
 TEST(PassAc, RecordsMode) {

@@ -480,3 +480,40 @@ TEST(PlanBatch, MicroBatches) {
   EXPECT_EQ(mp_plan_batch(&ctx, p, &local, &n), MP_ERR_INVALID);
   mp_plan_destroy(p);
 }
+
+// Megatron-Core's conditions on --overlap-moe-expert-parallel-comm (TransformerConfig's
+// __post_init__, core_v0.14), each refused by name.
+TEST(PlanMoeOverlap, MegatronConditions) {
+  // tiny-moe's 2 layers; qwen3-30b-a3b's 48 for pp=2 x 2 virtual stages
+  const mp_model tiny = LoadModel("tiny-moe"), qwen = LoadModel("qwen3-30b-a3b");
+  auto build = [&](const char *mesh_spec, mp_mem_model mm, mp_pp_schedule ps, int v, mp_ac_mode ac,
+                   std::string *msg) {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_mesh mesh = Mesh(mesh_spec);
+    mp_plan_options o;
+    mp_plan_options_init(&o);
+    o.mem_model = mm;
+    o.pp_schedule = ps;
+    o.pp_virtual = v;
+    o.ac = ac;
+    o.moe_a2a_overlap = 1;
+    mp_plan *p = nullptr;
+    const mp_status st = mp_plan_create(&ctx, mesh.size[MP_DIM_PP] > 1 ? &qwen : &tiny, &mesh, &o, &p);
+    *msg = mp_errmsg(&ctx);
+    mp_plan_destroy(p);
+    return st;
+  };
+  std::string msg;
+  EXPECT_EQ(build("dp_replicate=4,ep=2", MP_MEM_MODEL_MEGATRON, MP_PP_1F1B, 1, MP_AC_NONE, &msg), MP_OK) << msg;
+  EXPECT_EQ(build("dp_replicate=2,pp=2,ep=2", MP_MEM_MODEL_MEGATRON, MP_PP_INTERLEAVED, 2, MP_AC_NONE, &msg), MP_OK)
+      << msg;
+  EXPECT_EQ(build("dp_shard=4,ep=2", MP_MEM_MODEL_TORCHTITAN, MP_PP_1F1B, 1, MP_AC_NONE, &msg), MP_ERR_INVALID);
+  EXPECT_NE(msg.find("torchtitan memory model does not run it"), std::string::npos) << msg;
+  EXPECT_EQ(build("dp_replicate=4", MP_MEM_MODEL_MEGATRON, MP_PP_1F1B, 1, MP_AC_NONE, &msg), MP_ERR_INVALID);
+  EXPECT_NE(msg.find("needs expert parallelism"), std::string::npos) << msg;
+  EXPECT_EQ(build("dp_replicate=2,pp=2,ep=2", MP_MEM_MODEL_MEGATRON, MP_PP_1F1B, 1, MP_AC_NONE, &msg), MP_ERR_INVALID);
+  EXPECT_NE(msg.find("needs the interleaved schedule"), std::string::npos) << msg;
+  EXPECT_EQ(build("dp_replicate=4,ep=2", MP_MEM_MODEL_MEGATRON, MP_PP_1F1B, 1, MP_AC_FULL, &msg), MP_ERR_INVALID);
+  EXPECT_NE(msg.find("refuses full recompute"), std::string::npos) << msg;
+}

@@ -33,6 +33,7 @@ struct FakeEval {
   int fail_tp2_full = 0;
   int delay_us = 0; /* each evaluation sleeps this long: a search that takes its time */
   int ep_cp_effects = 0; /* the model with EP and cp effects (above) */
+  double capacity_gib = 40; /* GPU memory less headroom */
 };
 
 static inline mp_status fake_eval(void *user, mp_ctx *ctx, mp_arena *scratch,
@@ -54,7 +55,7 @@ static inline mp_status fake_eval(void *user, mp_ctx *ctx, mp_arena *scratch,
                         (fx && m.ep > 1 ? kGiB : 0);
   out->mem_at_peak[MP_MEM_PARAMS] = out->peak_mem_bytes / 2;
   out->mem_at_peak[MP_MEM_ACTIVATIONS] = out->peak_mem_bytes - out->peak_mem_bytes / 2;
-  out->capacity_bytes = 40 * kGiB;
+  out->capacity_bytes = (int64_t)((fe ? fe->capacity_gib : 40.0) * (double)kGiB);
   out->fits = out->peak_mem_bytes <= out->capacity_bytes;
   double dp = (double)m.size[MP_DIM_DP_REPLICATE] * m.size[MP_DIM_DP_SHARD] * (fx ? cp : 1);
   out->step_time_s = 10.0 / (dp * m.size[MP_DIM_TP]) * (1 + 0.25 * r) * (c->fp8 ? 0.8 : 1.0) *
@@ -115,7 +116,8 @@ static inline mp_cluster fake_cluster(int n_nodes, int gpus_per_node, int cc = 9
 }
 
 /* A search of the fake dense model on one node of 8 fake GPUs at seq 4096 and a global
- * batch of 32, run on 2 threads and ranked by time (order[0..n_order)). */
+ * batch of 32, run on 2 threads and ranked by time (order[0..n_order)); full_ac_ahead as
+ * mp_search_config's (0: every candidate decided in enumeration order). */
 struct FakeRankedSearch {
   mp_model model = fake_dense_model();
   mp_cluster cluster = fake_cluster(1, 8);
@@ -124,9 +126,10 @@ struct FakeRankedSearch {
   mp_search *s = nullptr;
   int64_t *order = nullptr, n_order = 0;
   mp_ctx ctx;
-  FakeRankedSearch() {
+  explicit FakeRankedSearch(int full_ac_ahead = 1) {
     mp_ctx_init(&ctx);
     mp_search_config_init(&cfg);
+    cfg.full_ac_ahead = full_ac_ahead;
     cfg.model = &model;
     cfg.cluster = &cluster;
     cfg.seq = 4096;

@@ -488,6 +488,54 @@ TEST(SearchEnumerate, InterleavedChunksOnlyWithPipelines) {
   }
 }
 
+TEST(SearchEnumerate, EmbeddingAndLossCountedAsLayers) {
+  // pp_split (Megatron-LM's --account-for-embedding/loss-in-pipeline-split): 16 layers + the
+  // embedding + the loss = 18 units, split evenly over pp x v chunks that divide 18. On 8
+  // GPUs only pp = 2 does (pp 4 and 8 do not divide 18): v = 1 (9 a stage: 8 layers on each),
+  // v = 3 (6 chunks: 2, 3, 3, 3, 3, 2) and v = 9 (18 chunks: the embedding alone, a layer each,
+  // the loss alone), each beside the default split's 1, 2 and 4 chunks.
+  Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 32);
+  t.cfg.pp_virtual_max = 4;
+  t.cfg.pp_split = 1;
+  t.enumerate();
+  Search plain(fake_dense_model(), fake_cluster(1, 8), 4096, 32);
+  plain.cfg.pp_virtual_max = 4;
+  plain.enumerate();
+  int64_t split[10] = {0}, one = 0;
+  for (int64_t i = 0; i < t.s->n; i++) {
+    const mp_candidate &c = t.s->cands[i];
+    if (!c.pp_split) continue;
+    EXPECT_EQ(c.mesh.size[MP_DIM_PP], 2);
+    ASSERT_LE(c.pp_virtual, 9);
+    split[c.pp_virtual]++;
+  }
+  for (int64_t i = 0; i < plain.s->n; i++) {
+    const mp_candidate &c = plain.s->cands[i];
+    one += c.mesh.size[MP_DIM_PP] == 2 && c.pp_virtual == 1;
+  }
+  EXPECT_GT(one, 0);
+  EXPECT_EQ(split[1], one);
+  EXPECT_EQ(split[3], one);
+  EXPECT_EQ(split[9], one);
+  EXPECT_EQ(split[1] + split[3] + split[9], t.s->n - plain.s->n);
+  // the chunks hold one layer or more by construction: v = 9's 18 chunks are not refused as
+  // more chunks than layers
+  for (int64_t i = 0; i < t.s->n; i++) {
+    const mp_candidate &c = t.s->cands[i];
+    if (c.pp_split && c.pp_virtual == 9 && c.micro_batch == 2 && c.mesh.size[MP_DIM_DP_SHARD] == 4) {
+      EXPECT_NE(c.reject, MP_REJECT_PP_VIRTUAL) << t.reason(&c);
+    }
+  }
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  ASSERT_EQ(mp_pp_layout_embedding_loss(16, 2, 3, &o), 1);
+  EXPECT_EQ(std::vector<int>(o.pp_layers, o.pp_layers + o.n_pp_layers), (std::vector<int>{2, 3, 3, 3, 3, 2}));
+  EXPECT_EQ(mp_pp_layout_embedding_loss(16, 4, 1, &o), 0);
+  EXPECT_EQ(mp_pp_layout_embedding_loss(126, 16, 8, &o), 1);  // Llama 3 405B: E|(t|)*126L
+  EXPECT_EQ(o.n_pp_layers, 128);
+  EXPECT_EQ(o.pp_layers[0] + o.pp_layers[127], 0);
+}
+
 TEST(SearchPrune, InterleavingNeedsFullChunksAndPpMicroBatches) {
   // 16 layers. pp=4 x 4 chunks: 16 chunks of one layer; pp=8 x 4: 32 chunks, half empty.
   // Global batch 32 on pp=4 x dp_shard=2 at mb=4 runs 4 micro-batches (a multiple of 4); at
@@ -565,8 +613,10 @@ TEST(SearchRun, MorePrecomputeThanAFittingSiblingIsDominated) {
 TEST(SearchRun, MemoryOverCapacityIsInfeasibleWithFigures) {
   // dp_shard=8, tp=1, mb=4, ac none: 64/8 + 4*8 = 40 GiB = capacity: fits.
   // dp_shard=4, tp=2... mb=4 not allowed (per-rank 2); use dp_replicate=8, mb=1, ac none:
-  // 64 + 8 = 72 GiB > 40: infeasible.
+  // 64 + 8 = 72 GiB > 40: infeasible. In enumeration order (full_ac_ahead 0: with it, full
+  // AC at 65 GiB would decide the none candidate over capacity unsimulated).
   Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 32);
+  t.cfg.full_ac_ahead = 0;
   t.run();
   const mp_candidate *fit = t.find(1, 1, 8, 1, 1, 1, 4, 0, 0, 0);
   EXPECT_EQ(fit->evaluated, 1);
@@ -590,8 +640,11 @@ TEST(SearchRun, MemoryOverCapacityIsInfeasibleWithFigures) {
 TEST(SearchRun, OverCapacityFollowsFromASiblingNeedingNoMore) {
   // dp_replicate=8 holds 64 GiB of state: at mb=1 none (64 + 8) and full (64 + 1) are
   // simulated, over 40 GiB, and selective-core (enumerated after both) is over capacity
-  // without a simulation; at mb=2 every policy is, its mb=1 sibling being over.
+  // without a simulation; at mb=2 every policy is, its mb=1 sibling being over. The siblings
+  // before a candidate alone (full_ac_ahead 0; FullAcDecidedFirstRanksTheSame has the rule
+  // of the full sibling after a none).
   Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 64);
+  t.cfg.full_ac_ahead = 0;
   t.run();
   for (int ac : {MP_AC_NONE, MP_AC_FULL}) {
     const mp_candidate *c = t.find(1, 8, 1, 1, 1, 1, 1, ac, 0, 0);
@@ -626,6 +679,64 @@ TEST(SearchRun, OverCapacityFollowsFromASiblingNeedingNoMore) {
   }
   mp_arena_destroy(scratch);
   EXPECT_GT(t.s->n_implied, 0);
+}
+
+// full_ac_ahead: after a none-AC candidate over capacity, the next none-AC candidate's
+// full-AC sibling is decided first. Against the search in enumeration order alone
+// (full_ac_ahead = 0): every none-AC candidate it finds over capacity without a simulation
+// (MP_REJECT_MEMORY_AC) is the one the reference simulated over capacity; every other
+// candidate has the reference's verdict and figures, to the bit; fewer are simulated; and
+// the ranking is the same, with and without the dominance prune (which turns the full
+// sibling of a fitting none dominated after its simulation). At 71.5 GiB dp_replicate=32's
+// none at mb=1 is over capacity in bf16 (64 + 8 GiB) and fits in float8 (64 + 8 - 1): the
+// float8 one, after it in the chunk, has its full sibling decided first and then fits.
+TEST(SearchRun, FullAcDecidedFirstRanksTheSame) {
+  for (int k = 0; k < 4; k++) {
+    const int dominated = k % 2;
+    const double capacity = k < 2 ? 40 : 71.5;
+    Search ref(fake_dense_model(), fake_cluster(4, 8), 4096, 256);
+    ref.cfg.full_ac_ahead = 0;
+    ref.cfg.prune_dominated = dominated;
+    ref.fe.capacity_gib = capacity;
+    ref.run();
+    Search fast(fake_dense_model(), fake_cluster(4, 8), 4096, 256);
+    fast.cfg.prune_dominated = dominated;
+    fast.fe.capacity_gib = capacity;
+    fast.run();
+    ASSERT_EQ(ref.s->n, fast.s->n);
+    int64_t ahead = 0, first = -1;
+    for (int64_t i = 0; i < ref.s->n; i++) {
+      const mp_candidate &a = ref.s->cands[i], &b = fast.s->cands[i];
+      if (b.reject != a.reject && b.reject == MP_REJECT_MEMORY_AC && b.ac == MP_AC_NONE) {
+        EXPECT_EQ(a.reject, MP_REJECT_MEMORY) << i;
+        EXPECT_EQ(b.evaluated, 0) << i;
+        if (first < 0) first = i;
+        ahead++;
+        continue;
+      }
+      ASSERT_EQ(a.reject, b.reject) << i << " " << ref.reason(&a) << " / " << fast.reason(&b);
+      ASSERT_EQ(a.evaluated, b.evaluated) << i;
+      EXPECT_EQ(a.res.step_time_s, b.res.step_time_s) << i;
+      EXPECT_EQ(a.res.peak_mem_bytes, b.res.peak_mem_bytes) << i;
+    }
+    EXPECT_EQ(fast.s->n_evaluated, ref.s->n_evaluated - ahead);
+    // only a fitting none after its full sibling's simulation sets that one aside
+    if (dominated && capacity > 40) {
+      EXPECT_GT(fast.s->n_set_aside, 0);
+    } else if (!dominated) {
+      EXPECT_EQ(fast.s->n_set_aside, 0);
+    }
+    if (capacity == 40) {
+      ASSERT_GT(ahead, 0) << "no none-AC candidate decided by its full sibling: the test says nothing";
+      EXPECT_EQ(fast.reason(&fast.s->cands[first]), "ac=none saves less memory than ac=full, over capacity");
+    }
+    int64_t *ra = nullptr, *rb = nullptr, na = 0, nb = 0;
+    ASSERT_EQ(mp_search_rank(&ref.ctx, ref.s, MP_OBJECTIVE_TIME, 0, &ra, &na), MP_OK);
+    ASSERT_EQ(mp_search_rank(&fast.ctx, fast.s, MP_OBJECTIVE_TIME, 0, &rb, &nb), MP_OK);
+    ASSERT_GT(na, 0);
+    ASSERT_EQ(na, nb);
+    for (int64_t r = 0; r < na; r++) EXPECT_EQ(ra[r], rb[r]) << "rank " << r + 1;
+  }
 }
 
 TEST(SearchRun, EvaluatorErrorKeepsItsMessage) {

@@ -11,6 +11,7 @@
 namespace {
 
 struct Ranked : FakeRankedSearch {
+  explicit Ranked(int full_ac_ahead = 1) : FakeRankedSearch(full_ac_ahead) {}
   std::vector<int64_t> matches(const char *spec) {
     mp_search_fix f;
     mp_search_fix_init(&f);
@@ -56,9 +57,11 @@ TEST(Why, TheBestRankedMatchComesFirst) {
 // Simulated: mb 1 with float8 off (72 GiB) and on (71); mb 2 and 4 follow from their halves
 // (memory_mb); reshard on is a duplicate with dp_shard = 1 (reshard_noop, a rule before the
 // memory ones). None ranked: the nearest to fitting first (71), then 72, then the four
-// memory_mb in enumeration order, then the six duplicates.
+// memory_mb in enumeration order, then the six duplicates. The search decides in
+// enumeration order (full_ac_ahead 0), so that both mb 1 candidates are simulated: with
+// full_ac_ahead their full-AC siblings (64 and 65 GiB) decide them over capacity unsimulated.
 TEST(Why, WithoutARankedMatchTheFurthestAndNearestComesFirst) {
-  Ranked r;
+  Ranked r(0);
   std::vector<int64_t> m = r.matches("dp_replicate=8,ac=none");
   ASSERT_EQ(m.size(), 12u);
   const char *want_rule[12] = {"memory", "memory", "memory_mb", "memory_mb", "memory_mb", "memory_mb",

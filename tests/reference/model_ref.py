@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """PyTorch reference for the tiny models trained by `meshplan train` (exec/runtime).
 
-For each of tiny-dense and tiny-moe (and a few AC modes / micro-batch splits):
+For each of tiny-dense, tiny-moe, tiny-mla and tiny-mla-q (and a few AC modes / micro-batch
+splits):
   1. runs `meshplan train` on one rank with --dump-weights (initial full weights),
      --dump-grads (gradients of step 1, before clipping), --dump-losses (per-step loss)
      and --dump-data (the token corpus, an llm.c shard);
@@ -17,7 +18,16 @@ The model (llama family, as exec/model.h and kernels/ops.h define it):
     rope: HF "rotate_half" (dim i pairs with i + hd/2), angle = pos * theta^(-2i/hd)
     attention: causal, grouped-query (query head h reads kv head h // (nh/nkv)), 1/sqrt(hd)
     dense mlp: down(silu(gate(x)) * up(x))
-    MoE mlp: probs = softmax(router(x)); top-k experts (renormalised when norm_topk_prob);
+    multi-head latent attention (tiny-mla, tiny-mla-q; mla_attention below) follows Hugging
+      Face transformers' DeepseekV3Attention (modeling_deepseek_v3.py, v4.57) with
+      rope_interleave false: q = q_b_proj(q_a_layernorm(q_a_proj(n1))) or q_proj(n1), per
+      head [qk_nope | qk_rope]; kv_a_proj_with_mqa(n1) = [latent | k_pe]; kv_b_proj(
+      kv_a_layernorm(latent)) per head [k_nope | v]; RoPE (rotate_half, over qk_rope_head_dim)
+      on q's rope part and on k_pe, one key head shared by all heads; scale
+      1/sqrt(qk_nope + qk_rope); o_proj over n_heads x v_head_dim. The latent norms take
+      norm_eps (DeepSeek's configs set rms_norm_eps 1e-6, the latent norms' default there)
+    MoE mlp (from layer first_dense_layers on, every layer_freq-th; dense before):
+             probs = softmax(router(x)); top-k experts (renormalised when norm_topk_prob);
              sum_j w_j expert_{e_j}(x) + shared_expert(x);
              aux = E * sum_e f_e P_e, f_e = #tokens whose top-k holds e / N (no gradient),
              P_e = mean_n probs[n, e]
@@ -109,9 +119,63 @@ def rope(x, theta):  # x: (B, T, h, hd)
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
+def mla_attention(P, pre, cfg, n1):
+    """DeepseekV3Attention (see the docstring) on n1 (B, T, C); returns o_proj's input."""
+    F = torch.nn.functional
+    B, T = n1.shape[0], n1.shape[1]
+    mla, nh, eps, theta = cfg["mla"], cfg["n_heads"], cfg["norm_eps"], cfg["rope_theta"]
+    dn, dr, dv, kl = mla["qk_nope_head_dim"], mla["qk_rope_head_dim"], mla["v_head_dim"], mla["kv_lora_rank"]
+    if mla.get("q_lora_rank", 0):
+        qa = F.linear(n1, P[pre + "attention.q_a_proj.weight"])
+        q = F.linear(rmsnorm(qa, P[pre + "attention.q_a_layernorm.weight"], eps), P[pre + "attention.q_b_proj.weight"])
+    else:
+        q = F.linear(n1, P[pre + "attention.q_proj.weight"])
+    q = q.reshape(B, T, nh, dn + dr)
+    q_nope, q_pe = q[..., :dn], q[..., dn:]
+    kva = F.linear(n1, P[pre + "attention.kv_a_proj_with_mqa.weight"])
+    lat, k_pe = kva[..., :kl], kva[..., kl:]
+    kv = F.linear(rmsnorm(lat, P[pre + "attention.kv_a_layernorm.weight"], eps), P[pre + "attention.kv_b_proj.weight"])
+    kv = kv.reshape(B, T, nh, dn + dv)
+    k_nope, v = kv[..., :dn], kv[..., dn:]
+    q_pe, k_pe = rope(q_pe, theta), rope(k_pe.reshape(B, T, 1, dr), theta)
+    q = torch.cat([q_nope, q_pe], dim=-1)
+    k = torch.cat([k_nope, k_pe.expand(B, T, nh, dr)], dim=-1)
+    mask = torch.ones(T, T).tril().bool()
+    s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(dn + dr)
+    s = s.masked_fill(~mask, float("-inf"))
+    return torch.einsum("bhts,bshd->bthd", s.softmax(-1), v).reshape(B, T, nh * dv)
+
+
+def is_moe_layer(cfg, l):
+    moe = cfg.get("moe")
+    if not moe:
+        return False
+    first, freq = moe.get("first_dense_layers", 0), moe.get("layer_freq", 1)
+    return l >= first and l % freq == 0
+
+
 def swiglu(x, g, u, d):
     return torch.nn.functional.linear(torch.nn.functional.silu(torch.nn.functional.linear(x, g)) *
                                       torch.nn.functional.linear(x, u), d)
+
+
+def gqa_attention(P, pre, cfg, n1, nh, nkv, hd):
+    """Grouped-query attention with o_proj (the llama family's)."""
+    F = torch.nn.functional
+    B, T = n1.shape[0], n1.shape[1]
+    theta = cfg["rope_theta"]
+    mask = torch.ones(T, T).tril().bool()
+    q = F.linear(n1, P[pre + "attention.q_proj.weight"]).reshape(B, T, nh, hd)
+    k = F.linear(n1, P[pre + "attention.k_proj.weight"]).reshape(B, T, nkv, hd)
+    v = F.linear(n1, P[pre + "attention.v_proj.weight"]).reshape(B, T, nkv, hd)
+    q, k = rope(q, theta), rope(k, theta)
+    rep = nh // nkv
+    k = k.repeat_interleave(rep, dim=2)
+    v = v.repeat_interleave(rep, dim=2)
+    s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(hd)
+    s = s.masked_fill(~mask, float("-inf"))
+    a = torch.einsum("bhts,bshd->bthd", s.softmax(-1), v).reshape(B, T, nh * hd)
+    return F.linear(a, P[pre + "attention.o_proj.weight"])
 
 
 def forward(P, cfg, tokens):
@@ -119,28 +183,22 @@ def forward(P, cfg, tokens):
     F = torch.nn.functional
     B, T = tokens.shape[0], tokens.shape[1] - 1
     inp, tgt = tokens[:, :T], tokens[:, 1:]
-    C, nh, nkv, hd = cfg["d_model"], cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"]
+    C, nh = cfg["d_model"], cfg["n_heads"]
+    nkv = cfg.get("n_kv_heads", nh)
+    hd = cfg.get("head_dim", C // nh)
     eps, theta = cfg["norm_eps"], cfg["rope_theta"]
     moe = cfg.get("moe")
     x = P["tok_embeddings.weight"][inp]
     aux_total = torch.zeros(())
-    mask = torch.ones(T, T).tril().bool()
     for l in range(cfg["n_layers"]):
         pre = "layers.%d." % l
         n1 = rmsnorm(x, P[pre + "attention_norm.weight"], eps)
-        q = F.linear(n1, P[pre + "attention.q_proj.weight"]).reshape(B, T, nh, hd)
-        k = F.linear(n1, P[pre + "attention.k_proj.weight"]).reshape(B, T, nkv, hd)
-        v = F.linear(n1, P[pre + "attention.v_proj.weight"]).reshape(B, T, nkv, hd)
-        q, k = rope(q, theta), rope(k, theta)
-        rep = nh // nkv
-        k = k.repeat_interleave(rep, dim=2)
-        v = v.repeat_interleave(rep, dim=2)
-        s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(hd)
-        s = s.masked_fill(~mask, float("-inf"))
-        a = torch.einsum("bhts,bshd->bthd", s.softmax(-1), v).reshape(B, T, nh * hd)
-        h = x + F.linear(a, P[pre + "attention.o_proj.weight"])
+        if "mla" in cfg:
+            h = x + F.linear(mla_attention(P, pre, cfg, n1), P[pre + "attention.o_proj.weight"])
+        else:
+            h = x + gqa_attention(P, pre, cfg, n1, nh, nkv, hd)
         n2 = rmsnorm(h, P[pre + "ffn_norm.weight"], eps)
-        if not moe:
+        if not is_moe_layer(cfg, l):
             out = swiglu(n2, P[pre + "mlp.gate_proj.weight"], P[pre + "mlp.up_proj.weight"],
                          P[pre + "mlp.down_proj.weight"])
         else:
@@ -248,6 +306,10 @@ def main():
         ("tiny-dense", 3, 32, 1, 2, "full", 3e-3),   # two micro-batches, full AC
         ("tiny-moe", 4, 32, 2, 2, "none", 3e-3),
         ("tiny-moe", 3, 32, 1, 2, "selective-core", 3e-3),
+        ("tiny-mla", 4, 32, 2, 2, "none", 3e-3),
+        ("tiny-mla", 3, 32, 1, 2, "full", 3e-3),
+        ("tiny-mla-q", 4, 32, 2, 2, "none", 3e-3),
+        ("tiny-mla-q", 3, 32, 1, 2, "selective-core", 3e-3),
     ]
     ok = True
     for c in cases:

@@ -28,7 +28,7 @@ mp_status Noop(mp_kctx *, A...) {
   X(permute_forward) X(permute_backward) X(unpermute_forward) X(unpermute_backward)                          \
   X(cross_entropy_forward) X(ce_local_max) X(ce_local_sumexp) X(ce_local_target) X(ce_vp_combine)           \
   X(ce_backward) X(adamw_update) X(sum_squares) X(scale_f32) X(residual_forward) X(accumulate)               \
-  X(accumulate_f32) X(f8_amax) X(f8_scale_from_amax) X(f8_quantize) X(f8_dequantize) X(f8_fake_quantize)    \
+  X(accumulate_f32) X(copy2d) X(f8_amax) X(f8_scale_from_amax) X(f8_quantize) X(f8_dequantize) X(f8_fake_quantize)    \
   X(matmul_f8) X(f8_transpose) X(rmsnorm_forward_amax) X(swiglu_forward_amax) X(swiglu_backward_amax)       \
   X(f8_quantize_t)
 #define ACCT_COUNT(op) +1

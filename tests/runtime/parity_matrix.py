@@ -9,6 +9,10 @@ batch (same seed, micro-batch and data):
     within 1e-5 relative, per parameter, twice: the L2 norm of the difference over the L2
     norm, and the largest element-wise difference over the tensor's largest magnitude (a
     few wrong elements of a large tensor hide in the L2 norm, not in the max).
+Multi-head latent attention (tiny-mla, tiny-mla-q): dp_shard=2, tp=2, dp_shard=2 x tp=2,
+ep=2 (dp_shard=2), ep=2 x tp=2 (dp_shard=2), each AC mode, and tp=2 without SP; a dense
+MLA model (tiny-mla-dense) on pp=2 and pp=2 x dp_shard=2 x tp=2 (AC none and full), and
+pp=2 under GPipe.
 Meshes: 1 rank (the reference), dp_shard=4, dp_replicate=2 x dp_shard=2, tp=2, tp=4,
 dp_shard=2 x tp=2; for the MoE model also ep=2 (dp_shard=2), ep=4 (dp_shard=4) and
 ep=2 x tp=2; for the dense model also cp=2, cp=4, dp_shard=2 x cp=2 x tp=2 and pp=2 x cp=2
@@ -24,7 +28,7 @@ MoE in pipelines (tiny-moe-pp: a dense first layer, 3 MoE layers): pp=2 under 1F
 interleaved, pp=4, uneven stages (--pp-layers 1,3 and 3,1 with GPipe), pp x dp_shard x ep
 (ep=2 and 4, with tp=2 with and without SP). The expert grid (etp=1: EP spans the tp ranks,
 each routing its own sequence shard): tp=2 x ep=2, dp_shard=2 x tp=2 x ep=4 and x ep=2 on
-tiny-moe, pp=2 x tp=2 x ep=2 on tiny-moe-pp.
+tiny-moe, pp=2 x tp=2 x ep=2 on tiny-moe-pp, tp=2 x ep=2 on tiny-mla.
 Every run is under `timeout` and MESHPLAN_COMM_TIMEOUT_S: a hang fails the test, naming the
 rank, group and operation.
 
@@ -93,7 +97,9 @@ MEM_TOL = 0  # non-EP plans: the prediction is the runtime's allocations, byte f
 # forward run, its backward not): at most the rank's micro-batches, so the saved term is
 # counted that many times (in_flight).
 # tiny-moe-pp: the same experts in 4 layers, the first dense (3 MoE layers).
-MOE_DIMS = {"tiny-moe": dict(C=64, Fe=32, K=2, L_moe=2), "tiny-moe-pp": dict(C=64, Fe=32, K=2, L_moe=3)}
+# tiny-mla, tiny-mla-q (data/models): d_model 64, d_ff_expert 16, top_k 2, 2 MoE layers of 3.
+MOE_DIMS = {"tiny-moe": dict(C=64, Fe=32, K=2, L_moe=2), "tiny-moe-pp": dict(C=64, Fe=32, K=2, L_moe=3),
+            "tiny-mla": dict(C=64, Fe=16, K=2, L_moe=2), "tiny-mla-q": dict(C=64, Fe=16, K=2, L_moe=2)}
 SEQ, MICRO_BATCH = 32, 2
 FP8_GRAD_MAXABS_TOL = 2.0 ** -3 / (MICRO_BATCH * SEQ)
 
@@ -252,6 +258,26 @@ def build_rows():
     # ep=2 over dp_shard=2 x tp=2: each expert sharded over its FSDP group of 2 (dp_shard x tp / ep)
     rows.append(row("tiny-moe", "dp_shard=2,tp=2,ep=2,etp=1", "none"))
     rows.append(row("tiny-moe-pp", "pp=2,tp=2,ep=2,etp=1", "selective-core", gb=16))
+    rows.append(row("tiny-mla", "tp=2,ep=2,etp=1", "selective-core"))
+    # multi-head latent attention (exec/runtime/runtime_mla.c) with MoE and a leading dense
+    # layer: tiny-mla (q_proj, whose input gradient is reduced over tp beside the latent
+    # path's whole one) and tiny-mla-q (a query latent: nothing to reduce); quick: tiny-mla
+    # on dp_shard x ep x tp with SP
+    for model in ("tiny-mla", "tiny-mla-q"):
+        for ac in ("none", "selective-core", "full"):
+            for mesh in ("dp_shard=2", "tp=2", "dp_shard=2,tp=2", "dp_shard=2,ep=2", "dp_shard=2,ep=2,tp=2"):
+                rows.append(row(model, mesh, ac, quick=model == "tiny-mla" and ac == "selective-core" and
+                                mesh == "dp_shard=2,ep=2,tp=2"))
+        rows.append(row(model, "tp=2", "none", args=["--no-sp"]))
+    # MLA with MoE inside pipeline stages: tiny-mla's dense first layer and two MoE layers on
+    # 2 stages, alone and with EP inside each stage
+    rows.append(row("tiny-mla", "pp=2", "selective-core"))
+    rows.append(row("tiny-mla", "pp=2,dp_shard=2,ep=2", "none", gb=16))
+    # MLA inside pipeline stages: tiny-mla-dense, 4 layers on 2 stages
+    for ac in ("none", "full"):
+        rows.append(row("tiny-mla-dense", "pp=2", ac))
+        rows.append(row("tiny-mla-dense", "pp=2,dp_shard=2,tp=2", ac))
+    rows.append(row("tiny-mla-dense", "pp=2", "selective-core", args=["--pp-schedule", "gpipe"]))
     return rows
 
 

@@ -55,9 +55,9 @@ check "--pp-layers with --auto refused" "[ $rc -eq 2 ] && echo \"\$err\" | grep 
 # with the runtime's reason (exec/runtime/check.c), exit 2
 err=$("$bin" train --model tiny-moe --mesh cp=2,dp_shard=2,ep=2 --db "$tmp/refused.db" 2>&1); rc=$?
 check "cp with ep refused with the runtime's reason" "[ $rc -eq 2 ] && echo \"\$err\" | grep -q 'does not execute expert parallelism with context parallelism'"
-# multi-head latent attention: planned and simulated, not executed (the runtime's rule book)
-err=$("$bin" train --model deepseek-v2-lite --steps 1 2>&1); rc=$?
-check "MLA refused with the runtime's reason in one line" "[ $rc -eq 2 ] && [ \$(echo \"\$err\" | wc -l) -eq 1 ] && echo \"\$err\" | grep -q 'multi-head latent attention (DeepSeek.s q/kv latent projections) is not implemented in the runtime'"
+# multi-head latent attention runs without cp (the runtime's rule book, exec/runtime/check.c)
+err=$("$bin" train --model tiny-mla --mesh cp=2 --steps 1 2>&1); rc=$?
+check "MLA with cp refused with the runtime's reason in one line" "[ $rc -eq 2 ] && [ \$(echo \"\$err\" | wc -l) -eq 1 ] && echo \"\$err\" | grep -q 'does not execute multi-head latent attention with context parallelism'"
 
 # --db without --plan-id: the mesh is predicted (a one-plan run) and every step is recorded
 # beside the prediction; --auto plans for the world (1 rank) and records its run too.

@@ -375,4 +375,42 @@ TEST(HfNames, LlamaAndMixtral) {
   EXPECT_FALSE(mp_hf_name("layers.1.moe.shared_expert.up_proj.weight", 0, out, sizeof out));
 }
 
+// DeepSeek-V2's names (deepseek-ai/DeepSeek-V2-Lite's model.safetensors.index.json) and its
+// interleaved RoPE rows: tiny-mla-q has 4 heads of qk_nope 8 + qk_rope 4 and a kv latent of
+// 16, so our rope row 8 + i of head h is DeepSeek's row 8 + 2i (i < 2) or 8 + 2(i - 2) + 1,
+// and kv_a_proj_with_mqa's rope rows 16.. likewise.
+TEST(HfNames, DeepSeekV2) {
+  Ctx c;
+  mp_model m;
+  ASSERT_EQ(mp_model_load(&c.c, "tiny-mla-q", &m), MP_OK) << c.msg();
+  char out[256];
+  const struct {
+    const char *ours, *hf;
+  } cases[] = {
+      {"layers.0.attention.q_a_proj.weight", "model.layers.0.self_attn.q_a_proj.weight"},
+      {"layers.0.attention.q_a_layernorm.weight", "model.layers.0.self_attn.q_a_layernorm.weight"},
+      {"layers.0.attention.q_b_proj.weight", "model.layers.0.self_attn.q_b_proj.weight"},
+      {"layers.2.attention.kv_a_proj_with_mqa.weight", "model.layers.2.self_attn.kv_a_proj_with_mqa.weight"},
+      {"layers.2.attention.kv_a_layernorm.weight", "model.layers.2.self_attn.kv_a_layernorm.weight"},
+      {"layers.2.attention.kv_b_proj.weight", "model.layers.2.self_attn.kv_b_proj.weight"},
+      {"layers.2.moe.router.weight", "model.layers.2.mlp.gate.weight"},
+      {"layers.2.moe.shared_expert.up_proj.weight", "model.layers.2.mlp.shared_experts.up_proj.weight"},
+      {"layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.gate_proj.weight"},
+      {"output.weight", "lm_head.weight"},
+  };
+  for (const auto &k : cases) {
+    ASSERT_TRUE(mp_hf_model_name(&m, k.ours, 0, out, sizeof out)) << k.ours;
+    EXPECT_STREQ(out, k.hf);
+  }
+  ASSERT_TRUE(mp_hf_model_name(&m, "layers.1.moe.experts.down_proj.weight", 6, out, sizeof out));
+  EXPECT_STREQ(out, "model.layers.1.mlp.experts.6.down_proj.weight");
+  const char *qb = "layers.1.attention.q_b_proj.weight", *kva = "layers.1.attention.kv_a_proj_with_mqa.weight";
+  EXPECT_TRUE(mp_hf_rows_moved(&m, qb));
+  EXPECT_FALSE(mp_hf_rows_moved(&m, "layers.1.attention.kv_b_proj.weight"));
+  const int64_t q_rows[][2] = {{7, 7}, {8, 8}, {9, 10}, {10, 9}, {11, 11}, {12 + 9, 12 + 10}, {12 + 10, 12 + 9}};
+  for (const auto &r : q_rows) EXPECT_EQ(mp_hf_row(&m, qb, r[0]), r[1]) << r[0];
+  const int64_t kv_rows[][2] = {{15, 15}, {16, 16}, {17, 18}, {18, 17}, {19, 19}};
+  for (const auto &r : kv_rows) EXPECT_EQ(mp_hf_row(&m, kva, r[0]), r[1]) << r[0];
+}
+
 }  // namespace

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/act_layout.h"
 #include "exec/plan.h"
 #include "exec/schedule.h"
 #include "tests/schedule/built.h"
@@ -344,37 +345,48 @@ TEST(Mla, ContextParallelRingCarriesKAndVAtTheirWidths) {
 }
 
 // What the schedule does not describe for MLA is refused with the reason.
-TEST(Mla, Refusals) {
-  struct Case {
-    const char *mesh;
-    mp_ac_mode ac;
-    mp_mem_model mm;
-    const char *words;
-  } cases[] = {
-      {"dp_shard=8", MP_AC_NONE, MP_MEM_MODEL_MESHPLAN_CUDA, "meshplan runtime does not execute"},
-  };
-  for (const Case &c : cases) {
-    SCOPED_TRACE(c.words);
-    mp_ctx ctx;
-    mp_ctx_init(&ctx);
-    mp_model m;
-    ASSERT_EQ(mp_model_load(&ctx, "deepseek-v2-lite", &m), MP_OK);
-    mp_mesh mesh;
-    ASSERT_EQ(mp_mesh_parse(&ctx, c.mesh, 0, &mesh), MP_OK) << mp_errmsg(&ctx);
-    mp_plan_options po;
-    mp_plan_options_init(&po);
-    po.seq = 4096;
-    po.ac = c.ac;
-    po.mem_model = c.mm;
-    mp_plan *p = nullptr;
-    ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &po, &p), MP_OK) << mp_errmsg(&ctx);
-    mp_arena *a = mp_arena_create();
-    mp_schedule *s = nullptr;
-    EXPECT_EQ(mp_schedule_build(&ctx, p, 0, MP_SCHEDULE_COMPACT, a, &s), MP_ERR_UNSUPPORTED);
-    EXPECT_NE(std::string(mp_errmsg(&ctx)).find(c.words), std::string::npos) << mp_errmsg(&ctx);
-    mp_arena_destroy(a);
-    mp_plan_destroy(p);
-  }
+// The runtime's activation layout for MLA (exec/act_layout.h's MLA rows, which the runtime
+// carves and the meshplan-cpu/-cuda memory models allocate): tiny-mla's dense block, one
+// micro-batch of B = 2 x S = 16 tokens on one rank, fp32. Hand-derived from the model (C 64,
+// 4 heads of qk_nope 8 + qk_rope 4 = 12, v_head 6, kv_lora 16, no q latent, d_ff 96), in
+// floats (every tensor a multiple of 16 floats, so no 64-byte padding): xn1, xmid, xn2 N C =
+// 2048 each; rstd1, rstd2, rstdkv N = 32 each; q, k N 4 x 12 = 1536 each; v N 4 x 6 = 768;
+// kva N (16 + 4) = 640; kvn N 16 = 512; kvb N 4 (8 + 6) = 1792; qpe N 4 x 4 = 512; g, u, h
+// N 96 = 3072 each. Core: att N 4 x 6 = 768, lse B 4 S = 128. RoPE tables S x qk_rope / 2.
+TEST(Mla, RuntimeLayout) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  ASSERT_EQ(mp_model_load(&ctx, "tiny-mla", &m), MP_OK) << mp_errmsg(&ctx);
+  mp_mesh mesh;
+  ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=1", 0, &mesh), MP_OK) << mp_errmsg(&ctx);
+  mp_plan_options po;
+  mp_plan_options_init(&po);
+  po.seq = 16;
+  po.micro_batch = 2;
+  po.global_batch = 2;
+  po.mem_model = MP_MEM_MODEL_MESHPLAN_CPU;
+  mp_plan *p = nullptr;
+  ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &po, &p), MP_OK) << mp_errmsg(&ctx);
+  mp_arena *a = mp_arena_create();
+  mp_schedule *s = nullptr;
+  ASSERT_EQ(mp_schedule_build(&ctx, p, 0, MP_SCHEDULE_COMPACT, a, &s), MP_OK) << mp_errmsg(&ctx);
+  mp_act_dims d = {};
+  d.B = 2, d.S = 16, d.N = 32, d.NS = 32, d.C = 64, d.HD = 12, d.DV = 6, d.RD = 4, d.NH = 4, d.NKV = 4;
+  d.mla = 1, d.KL = 16, d.DN = 8, d.DR = 4, d.F = 96, d.L = 3, d.NP = 1, d.xs = 4, d.tp = 1, d.ep = 1, d.cp = 1;
+  d.host_mem = 1;
+  mp_act_layout l;
+  mp_act_layout_fill(&l, &d, 0);
+  const size_t block = 3 * 2048 + 3 * 32 + 2 * 1536 + 768 + 640 + 512 + 1792 + 512 + 3 * 3072;
+  EXPECT_EQ(l.bytes[MP_ACT_ALLOC_BLOCK], 4 * block);
+  EXPECT_EQ(l.bytes[MP_ACT_ALLOC_CORE], 4u * (768 + 128));
+  EXPECT_EQ(l.bytes[MP_ACT_ALLOC_ROPE_COS], 4u * 16 * 2);
+  // WS: dxn N C 2048; datt 768, dq 1536, dk 1536, dv 768, dqp 1536 (no dkp under MLA);
+  // dqr, dqrp N 4 x 4 = 512 each, dkr N 4 = 128, dkvb 1792, dlat 640, dkv 512; dh, dg, du 3072
+  const size_t ws = 2048 + 768 + 3 * 1536 + 768 + 2 * 512 + 128 + 1792 + 640 + 512 + 3 * 3072;
+  EXPECT_EQ(l.bytes[MP_ACT_ALLOC_WS], 4 * ws);
+  mp_arena_destroy(a);
+  mp_plan_destroy(p);
 }
 
 }  // namespace

@@ -126,6 +126,51 @@ TEST(PipelineTimeline, LongPipelinesSettleIntoTheirCycle) {
   for (int s = 0; s < 4; s++) EXPECT_NEAR(b[s] - a[s], 4 * 6.0, 1e-9) << "stage " << s;
 }
 
+TEST(A2aOverlap, FourPhasesOfALayerPair) {
+  // One MoE layer each way (ms). Forward: attention 4, dispatch 3, experts 5, combine 3,
+  // then 1 after it. Backward: 2 before combine's backward 3, experts 10, dispatch's
+  // backward 3, attention 8. Serial: 16 + 26 = 42. Combined: bc[0] 2 + max(4, 3)
+  // + max(10, 3) + max(5, 3) + max(8, 3) + the forward's last piece 1 = 30: all four
+  // all-to-alls hidden, 12 saved.
+  const double fc[] = {4, 5, 1}, fa[] = {3, 3}, bc[] = {2, 10, 8}, ba[] = {3, 3};
+  EXPECT_DOUBLE_EQ(mp_sim_a2a_overlap_save_s(fc, fa, 2, bc, ba, 2, 1.0), 12.0);
+  // slow all-to-alls (9 each): 2 + 9 + 10 + 9 + 9 + 1 = 40 of 42 + 24 = 66: 26 saved, the
+  // part of each all-to-all the other side's compute covers (4 + 9 + 5 + 8 = 26)
+  const double fa9[] = {9, 9}, ba9[] = {9, 9};
+  EXPECT_DOUBLE_EQ(mp_sim_a2a_overlap_save_s(fc, fa9, 2, bc, ba9, 2, 1.0), 26.0);
+  // compute beside the communication kernels' SMs taking 1.25 x as long: 2 + max(5, 3)
+  // + max(12.5, 3) + max(6.25, 3) + max(10, 3) + 1 = 36.75, 5.25 saved
+  EXPECT_DOUBLE_EQ(mp_sim_a2a_overlap_save_s(fc, fa, 2, bc, ba, 2, 1.25), 5.25);
+  // 2 x as long: 2 + 8 + 20 + 10 + 16 + 1 = 57, 15 more than in series
+  EXPECT_DOUBLE_EQ(mp_sim_a2a_overlap_save_s(fc, fa, 2, bc, ba, 2, 2.0), -15.0);
+  // no all-to-all in one direction (a dense chunk): nothing to pair
+  const double one[] = {7};
+  EXPECT_DOUBLE_EQ(mp_sim_a2a_overlap_save_s(one, fa, 0, bc, ba, 2, 1.0), 0.0);
+}
+
+TEST(PipelineTimeline, CombinedStepsPaceTheSteadyState) {
+  // The EP overlap's combined steps (fb_save > 0, Megatron-LM's order with one more
+  // warm-up forward): in the steady state every forward runs with a backward, so on equal
+  // stages each group of pp more micro-batches adds pp x v combined chunk steps of
+  // (f + b) / v - s: pp (f + b - v s). f 1, b 2, v 2, s 0.25: 4 x (3 - 0.5) = 10 for pp 4.
+  mp_pp_stage_times t;
+  memset(&t, 0, sizeof t);
+  for (int c = 0; c < 2; c++) t.f[c] = 0.5, t.b[c] = 1.0, t.fb_save[c] = 0.25;
+  const mp_pp_stage_times *st[4] = {&t, &t, &t, &t};
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  double a[4], b[4], plain[4];
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON_A2A, 4, 2, 16, st, a), MP_OK)
+      << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON_A2A, 4, 2, 20, st, b), MP_OK);
+  for (int s = 0; s < 4; s++) EXPECT_NEAR(b[s] - a[s], 10.0, 1e-9) << "stage " << s;
+  // without the saving the same order takes its (f + b) per micro-batch: 4 x 3 = 12
+  for (int c = 0; c < 2; c++) t.fb_save[c] = 0.0;
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON_A2A, 4, 2, 16, st, plain), MP_OK);
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON_A2A, 4, 2, 20, st, b), MP_OK);
+  for (int s = 0; s < 4; s++) EXPECT_NEAR(b[s] - plain[s], 12.0, 1e-9) << "stage " << s;
+}
+
 TEST(PipelineTimeline, RefusesWhatTheScheduleRefuses) {
   mp_pp_stage_times t;
   memset(&t, 0, sizeof t);

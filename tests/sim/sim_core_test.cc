@@ -196,6 +196,66 @@ TEST(Network, GroupLinkIntraInterHierarchical) {
   EXPECT_DOUBLE_EQ(l.GBps, 40.0);
 }
 
+TEST(Network, AllToAllAcrossNodesBoundByNic) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_cluster c = Cluster(32, 8);  // 4 nodes of 8; NVLink 100 GB/s, NIC 10 GB/s per GPU
+  c.intra_node_latency_us = 2;
+  c.inter_node_latency_us = 7;
+  mp_mesh m;
+  mp_sim_link l;
+  const double b = 4e9, lat = 7e-6;
+  // ep=32 over 4 nodes, 8 per node: a rank sends b/32 to each member, 7/32 of b over NVLink
+  // (7/32 x 4e9 / 100e9 = 8.75 ms) and 24/32 of b through its NIC
+  // (24/32 x 4e9 / 10e9 = 0.3 s), side by side: 0.3 s + 31 steps of 7 us. The ring bound
+  // min(NVLink, 8 NICs) = 80 GB/s would give 31/32 x 4e9 / 80e9 = 48.4 ms, as if the node's
+  // eight NICs served one rank.
+  ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=32,ep=32", 32, &m), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_sim_group_link(&ctx, &c, &m, MP_GROUP_EP, 0, &l), MP_OK);
+  ASSERT_EQ(l.per_node, 8);
+  ASSERT_EQ(l.nodes, 4);
+  EXPECT_NEAR(mp_sim_alltoall_s(b, &l, 1.0, 24.0 / 32.0, 7.0 / 32.0), 0.3 + 31 * lat, 1e-12);
+  // half the bytes leaving the node: NIC 0.2 s still bounds the NVLink's 8.75 ms
+  EXPECT_NEAR(mp_sim_alltoall_s(b, &l, 0.5, 0.25, 7.0 / 32.0), 0.25 * b / 5e9 + 31 * lat, 1e-12);
+  // inside one node (ep=8): the collective's own figure on NVLink
+  ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=32,ep=8", 32, &m), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_sim_group_link(&ctx, &c, &m, MP_GROUP_EP, 0, &l), MP_OK);
+  ASSERT_EQ(l.nodes, 1);
+  EXPECT_NEAR(mp_sim_alltoall_s(b, &l, 1.0, 0.0, 0.0), 7.0 / 8.0 * b / 100e9 + 7 * 2e-6, 1e-12);
+}
+
+TEST(Network, DeepEpSendsATokenOncePerRemoteNode) {
+  // DeepSeek-V3 on EP 64 over 8 nodes of 8: 256 experts, 32 a node, top 8.
+  mp_sim_link l;
+  memset(&l, 0, sizeof l);
+  l.n = 64, l.per_node = 8, l.nodes = 8;
+  mp_model m;
+  memset(&m, 0, sizeof m);
+  m.n_experts = 256, m.top_k = 8;
+  double nic, nvl;
+  // NCCL's all-to-all: every copy to a rank of another node crosses the NIC, 56/64.
+  mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_ALLTOALL, &nic, &nvl);
+  EXPECT_DOUBLE_EQ(nic, 56.0 / 64.0);
+  EXPECT_DOUBLE_EQ(nvl, 7.0 / 64.0);
+  // DeepEP without a group limit: a node holds none of a token's 8 of 256 experts with
+  // probability C(224,8)/C(256,8) = 0.33817, so the token reaches 8 x 0.66183 = 5.2947
+  // nodes, 7/8 of them remote: 4.6328 network copies of 8, a share of 0.57910.
+  mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_DEEPEP, &nic, &nvl);
+  EXPECT_NEAR(nic, 0.5791026, 1e-6);
+  EXPECT_DOUBLE_EQ(nvl, 7.0 / 8.0);
+  // node-limited routing (8 groups, one a node; 4 used): D = 4 candidate nodes of 128
+  // experts; none of 8 on a node with probability C(96,8)/C(128,8) = 0.092747: 3.6290
+  // nodes reached, 3.1754 remote, a share of 0.39692 (DeepSeek-V3 sec. 3.2.2 bounds it at 4)
+  m.n_group = 8, m.topk_group = 4;
+  mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_DEEPEP, &nic, &nvl);
+  EXPECT_NEAR(nic, 0.3969231, 1e-6);
+  // inside one node there is nothing to deduplicate: the all-to-all's own shares
+  l.n = 8, l.nodes = 1;
+  mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_DEEPEP, &nic, &nvl);
+  EXPECT_DOUBLE_EQ(nic, 0.0);
+  EXPECT_DOUBLE_EQ(nvl, 7.0 / 8.0);
+}
+
 // ---- compute --------------------------------------------------------------------------
 
 TEST(Compute, GemmAtKnownEfficiency) {

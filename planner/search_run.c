@@ -1,0 +1,335 @@
+/* The planner's search, its parallel evaluation (see search.h): worker threads claim chunks
+ * of candidates in order, decide some from their siblings, simulate the rest through the
+ * evaluator, and the calling thread delivers each chunk in order.
+ *
+ * Invariants: candidates are stored in enumeration order and never move; a candidate's
+ * reject code is set once (by the pruning rules at enumeration, or by its worker after
+ * evaluation) before it is delivered to the sink; workers write only the candidates of
+ * the chunks they claimed, and the calling thread reads a chunk only after the worker
+ * marked it done under the mutex (which orders the writes before the reads). What a worker
+ * decides for a candidate depends only on its chunk (never on the threads' timing). */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/timeutil.h"
+#include "planner/search.h"
+
+/* ---- parallel evaluation -------------------------------------------------------------- */
+
+/* Chunks: runs of consecutive candidates a worker claims at once. A chunk ends where the
+ * mesh changes once it holds at least CHUNK_MIN candidates, so a mesh's candidates stay
+ * with one worker (the evaluator caches per mesh what they share: one plan per float8
+ * setting); CHUNK_MAX bounds a chunk inside one huge mesh, ending it only between families
+ * (candidates differing in micro-batch, AC, float8 and reshard alone, a few hundred at
+ * most) so that a candidate's siblings are in its own chunk. Small enough that the
+ * workers stay balanced when candidates cost differently (pp, MoE). */
+#define CHUNK_MIN 32
+#define CHUNK_MAX 256
+
+/* a and b are of one family: the same mesh, model chunks and SP */
+static int same_family(const mp_candidate *a, const mp_candidate *b) {
+  return memcmp(&a->mesh, &b->mesh, sizeof a->mesh) == 0 && a->pp_virtual == b->pp_virtual &&
+         a->pp_split == b->pp_split && a->sp == b->sp;
+}
+
+/* AC policy q recomputes a subset of what p recomputes (the dominance order of search.h). */
+static int recomputes_less(int q, int p) {
+  if (q == p) return 0;
+  if (q == MP_AC_NONE) return 1;
+  if (p != MP_AC_FULL) return q == MP_AC_SELECTIVE_CORE && p == MP_AC_SELECTIVE;
+  return 1;
+}
+
+static int over_capacity(const mp_candidate *d) {
+  return d->reject == MP_REJECT_MEMORY || d->reject == MP_REJECT_MEMORY_MB ||
+         d->reject == MP_REJECT_MEMORY_AC;
+}
+
+/* What c's siblings before it in its chunk (from lo; the same worker decided them, so
+ * the outcome does not depend on timing) decide: MP_REJECT_MEMORY_MB, MP_REJECT_MEMORY_AC,
+ * MP_REJECT_DOMINATED (with prune_dominated), or MP_REJECT_NONE: simulate it. */
+static mp_reject sibling_verdict(const mp_search *s, int prune_dominated, int64_t lo,
+                                 int64_t i) {
+  const mp_candidate *c = &s->cands[i];
+  for (int64_t j = i - 1; j >= lo; j--) {
+    const mp_candidate *d = &s->cands[j];
+    if (!same_family(c, d)) break;
+    if (d->fp8 != c->fp8 || d->reshard != c->reshard) continue;
+    if (d->micro_batch * 2 == c->micro_batch && d->ac == c->ac &&
+        d->ac_every == c->ac_every && over_capacity(d))
+      return MP_REJECT_MEMORY_MB;
+    if (d->micro_batch != c->micro_batch) continue;
+    if (d->ac == MP_AC_FULL && d->ac_every <= 1 && c->ac != MP_AC_FULL && over_capacity(d))
+      return MP_REJECT_MEMORY_AC;
+    if (prune_dominated && c->ac_every <= 1 && d->ac_every <= 1 && d->evaluated &&
+        d->reject == MP_REJECT_NONE && recomputes_less(d->ac, c->ac))
+      return MP_REJECT_DOMINATED;
+  }
+  return MP_REJECT_NONE;
+}
+
+typedef struct run_shared {
+  const mp_search_config *cfg;
+  mp_search *s;
+  int64_t n_chunks;
+  int64_t *chunk_lo;  /* chunk k is candidates [chunk_lo[k], chunk_lo[k + 1]) */
+  int64_t next_chunk; /* guarded by mu */
+  unsigned char *done; /* per chunk, guarded by mu */
+  int stop;            /* guarded by mu: the caller gave up */
+  mp_status fatal;     /* a worker could not go on (out of memory) */
+  int64_t set_aside;   /* guarded by mu: the workers' n_set_aside (mp_search) */
+  mp_ctx fatal_ctx;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+} run_shared;
+
+static void eval_one(run_shared *sh, void *user, mp_ctx *ctx, mp_arena *scratch,
+                     mp_candidate *c) {
+  mp_ctx_init(ctx);
+  mp_sim_result r;
+  memset(&r, 0, sizeof r);
+  mp_status st = sh->cfg->eval(user, ctx, scratch, c, &r);
+  mp_arena_reset(scratch);
+  c->evaluated = 1;
+  if (st != MP_OK) {
+    c->reject = MP_REJECT_EVAL_ERROR;
+    /* Evaluator errors are rare: their messages go to the search arena, under the mutex
+     * because the arena is not thread-safe. NULL (out of memory) reads "evaluation failed". */
+    pthread_mutex_lock(&sh->mu);
+    c->error = mp_arena_strdup(sh->s->arena, mp_errmsg(ctx)[0] ? mp_errmsg(ctx) : mp_status_name(st));
+    pthread_mutex_unlock(&sh->mu);
+    return;
+  }
+  c->res = r;
+  c->reject = r.fits ? MP_REJECT_NONE : MP_REJECT_MEMORY;
+}
+
+/* A worker's set-up: its scratch arena and the evaluator's state for it (*user, from
+ * eval_thread_init). 0 when either fails: the search then stops with the error. */
+static int worker_start(run_shared *sh, mp_ctx *ctx, mp_arena **scratch, void **user) {
+  *user = sh->cfg->eval_user;
+  *scratch = mp_arena_create();
+  mp_status st = *scratch ? MP_OK
+                          : mp_error(ctx, MP_ERR_NOMEM, "out of memory creating a worker arena");
+  if (st == MP_OK && sh->cfg->eval_thread_init)
+    st = sh->cfg->eval_thread_init(sh->cfg->eval_user, ctx, user);
+  if (st == MP_OK) return 1;
+  mp_arena_destroy(*scratch);
+  pthread_mutex_lock(&sh->mu);
+  if (sh->fatal == MP_OK) {
+    sh->fatal = st;
+    sh->fatal_ctx = *ctx;
+  }
+  sh->stop = 1;
+  pthread_cond_broadcast(&sh->cv);
+  pthread_mutex_unlock(&sh->mu);
+  return 0;
+}
+
+/* A worker's means of deciding candidates: the search, the worker's context, scratch arena
+ * and evaluator state, and the chunk it works on. */
+typedef struct worker {
+  run_shared *sh;
+  mp_ctx ctx;
+  mp_arena *scratch;
+  void *user;
+  int64_t lo, hi; /* the chunk: candidates [lo, hi) */
+  int64_t set_aside; /* simulations whose result this worker set aside */
+} worker;
+
+static int no_recompute(const mp_candidate *c) { return c->ac == MP_AC_NONE && c->ac_every <= 1; }
+
+/* Candidate i decided as enumeration order decides it: by its siblings before it, else
+ * simulated. A candidate already decided is left as it is. */
+static void decide(worker *w, int64_t i) {
+  mp_candidate *c = &w->sh->s->cands[i];
+  if (c->reject != MP_REJECT_NONE || c->evaluated) return;
+  const mp_reject v = sibling_verdict(w->sh->s, w->sh->cfg->prune_dominated, w->lo, i);
+  if (v != MP_REJECT_NONE)
+    c->reject = (uint8_t)v;
+  else
+    eval_one(w->sh, w->user, &w->ctx, w->scratch, c);
+}
+
+/* The full-AC sibling after none-AC candidate i in its chunk (the same family, micro-batch,
+ * float8 and reshard, every block recomputed; the AC policies come none, full, then those
+ * between, search.h), or -1. */
+static int64_t full_sibling(const worker *w, int64_t i) {
+  const mp_candidate *c = &w->sh->s->cands[i];
+  for (int64_t j = i + 1; j < w->hi; j++) {
+    const mp_candidate *d = &w->sh->s->cands[j];
+    if (!same_family(c, d) || d->micro_batch != c->micro_batch) break;
+    if (d->ac == MP_AC_FULL && d->ac_every <= 1 && d->fp8 == c->fp8 && d->reshard == c->reshard)
+      return j;
+  }
+  return -1;
+}
+
+/* None-AC candidate i with its full-AC sibling j decided first (full_ac_ahead): over
+ * capacity without a simulation when full AC is (MP_REJECT_MEMORY_AC: AC none saves every
+ * activation full AC saves, and more), else simulated; when it then fits, j is what
+ * enumeration order makes it, dominated (prune_dominated), its simulation set aside. */
+static void decide_none_after_full(worker *w, int64_t i, int64_t j) {
+  mp_candidate *c = &w->sh->s->cands[i], *d = &w->sh->s->cands[j];
+  decide(w, j);
+  if (over_capacity(d)) {
+    c->reject = MP_REJECT_MEMORY_AC;
+    return;
+  }
+  eval_one(w->sh, w->user, &w->ctx, w->scratch, c);
+  if (c->reject != MP_REJECT_NONE || !w->sh->cfg->prune_dominated) return;
+  w->set_aside += d->evaluated;
+  d->reject = MP_REJECT_DOMINATED;
+  d->evaluated = 0;
+  d->error = NULL;
+  memset(&d->res, 0, sizeof d->res);
+}
+
+static int full_recompute(const mp_candidate *c) { return c->ac == MP_AC_FULL && c->ac_every <= 1; }
+
+/* The chunk [w->lo, w->hi). With full_ac_ahead a none-AC candidate's full-AC sibling is
+ * decided first when the chunk's last full-AC candidate was over capacity (or none was
+ * decided yet): neighbouring meshes and micro-batches hold about as much, so this one
+ * likely is too, and then the none-AC candidate needs no simulation; where full AC fits,
+ * enumeration order is kept, as simulating full AC first would be for nothing when none
+ * fits (it makes full AC dominated). The hint is the chunk's own, so decisions do not
+ * depend on the threads. */
+static void run_chunk(worker *w) {
+  const mp_search_config *cfg = w->sh->cfg;
+  int full_over = 1;
+  for (int64_t i = w->lo; i < w->hi; i++) {
+    mp_candidate *c = &w->sh->s->cands[i];
+    if (c->reject != MP_REJECT_NONE || c->evaluated) continue;
+    const mp_reject v = sibling_verdict(w->sh->s, cfg->prune_dominated, w->lo, i);
+    const int64_t j = v == MP_REJECT_NONE && cfg->full_ac_ahead && full_over && no_recompute(c)
+                          ? full_sibling(w, i)
+                          : -1;
+    if (v != MP_REJECT_NONE)
+      c->reject = (uint8_t)v;
+    else if (j >= 0)
+      decide_none_after_full(w, i, j);
+    else
+      eval_one(w->sh, w->user, &w->ctx, w->scratch, c);
+    if (j >= 0) full_over = over_capacity(&w->sh->s->cands[j]);
+    if (full_recompute(c)) full_over = over_capacity(c);
+  }
+}
+
+static void *worker_main(void *arg) {
+  worker w;
+  memset(&w, 0, sizeof w);
+  w.sh = arg;
+  run_shared *sh = w.sh;
+  mp_ctx_init(&w.ctx);
+  if (!worker_start(sh, &w.ctx, &w.scratch, &w.user)) return NULL;
+  for (;;) {
+    pthread_mutex_lock(&sh->mu);
+    int64_t ch = sh->stop ? sh->n_chunks : sh->next_chunk++;
+    pthread_mutex_unlock(&sh->mu);
+    if (ch >= sh->n_chunks) break;
+    w.lo = sh->chunk_lo[ch];
+    w.hi = sh->chunk_lo[ch + 1];
+    run_chunk(&w);
+    pthread_mutex_lock(&sh->mu);
+    sh->done[ch] = 1;
+    pthread_cond_broadcast(&sh->cv);
+    pthread_mutex_unlock(&sh->mu);
+  }
+  pthread_mutex_lock(&sh->mu);
+  sh->set_aside += w.set_aside;
+  pthread_mutex_unlock(&sh->mu);
+  mp_arena_destroy(w.scratch);
+  if (sh->cfg->eval_thread_done) sh->cfg->eval_thread_done(w.user);
+  return NULL;
+}
+
+/* The run's counts of s (search.h, mp_search) from its candidates' outcomes. */
+static void count_outcomes(mp_search *s, int64_t set_aside) {
+  s->n_evaluated = s->n_feasible = s->n_failed = s->n_dominated = s->n_implied = 0;
+  s->n_set_aside = set_aside;
+  for (int64_t i = 0; i < s->n; i++) {
+    const mp_candidate *c = &s->cands[i];
+    s->n_dominated += c->reject == MP_REJECT_DOMINATED;
+    s->n_implied += c->reject == MP_REJECT_MEMORY_MB || c->reject == MP_REJECT_MEMORY_AC;
+    if (!c->evaluated) continue;
+    s->n_evaluated++;
+    if (c->reject == MP_REJECT_NONE) s->n_feasible++;
+    if (c->reject == MP_REJECT_EVAL_ERROR) s->n_failed++;
+  }
+}
+
+mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
+                        mp_search_sink_fn sink, void *sink_user,
+                        mp_search_progress_fn progress, void *progress_user) {
+  if (!cfg->eval) return mp_error(ctx, MP_ERR_INVALID, "search has no evaluator");
+  double t0 = mp_now_s();
+  int nt = cfg->n_threads;
+  if (nt <= 0) {
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    nt = ncpu > 0 ? (int)ncpu : 1;
+  }
+  if (nt > 64) nt = 64;
+  run_shared sh;
+  memset(&sh, 0, sizeof sh);
+  sh.cfg = cfg;
+  sh.s = s;
+  /* chunk boundaries (see CHUNK_MIN): at most one chunk per CHUNK_MIN candidates */
+  sh.chunk_lo = malloc(sizeof(int64_t) * (size_t)(s->n / CHUNK_MIN + 2));
+  MP_CHECK_ALLOC(ctx, sh.chunk_lo);
+  sh.n_chunks = 0;
+  for (int64_t i = 0; i < s->n; i++) {
+    const int64_t len = sh.n_chunks ? i - sh.chunk_lo[sh.n_chunks - 1] : 0;
+    const int group_ends = i > 0 && !same_family(&s->cands[i], &s->cands[i - 1]);
+    if (sh.n_chunks == 0 || (len >= CHUNK_MAX && group_ends) ||
+        (len >= CHUNK_MIN &&
+         memcmp(&s->cands[i].mesh, &s->cands[i - 1].mesh, sizeof s->cands[i].mesh) != 0))
+      sh.chunk_lo[sh.n_chunks++] = i;
+  }
+  sh.chunk_lo[sh.n_chunks] = s->n;
+  sh.done = calloc((size_t)(sh.n_chunks > 0 ? sh.n_chunks : 1), 1);
+  if (sh.done == NULL) {
+    free(sh.chunk_lo);
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory starting the search");
+  }
+  mp_ctx_init(&sh.fatal_ctx);
+  pthread_mutex_init(&sh.mu, NULL);
+  pthread_cond_init(&sh.cv, NULL);
+  pthread_t th[64];
+  int started = 0;
+  for (int i = 0; i < nt; i++) {
+    if (pthread_create(&th[i], NULL, worker_main, &sh) != 0) break;
+    started++;
+  }
+  mp_status st = MP_OK;
+  if (started == 0) st = mp_error(ctx, MP_ERR_INTERNAL, "could not start a search thread");
+  for (int64_t ch = 0; ch < sh.n_chunks && st == MP_OK; ch++) {
+    pthread_mutex_lock(&sh.mu);
+    while (!sh.done[ch] && sh.fatal == MP_OK) pthread_cond_wait(&sh.cv, &sh.mu);
+    mp_status fatal = sh.fatal;
+    pthread_mutex_unlock(&sh.mu);
+    if (fatal != MP_OK) {
+      *ctx = sh.fatal_ctx;
+      st = fatal;
+      break;
+    }
+    int64_t lo = sh.chunk_lo[ch], hi = sh.chunk_lo[ch + 1];
+    for (int64_t i = lo; i < hi && st == MP_OK; i++)
+      if (sink) st = sink(sink_user, ctx, i, &s->cands[i]);
+    if (progress) progress(progress_user, hi, s->n);
+  }
+  pthread_mutex_lock(&sh.mu);
+  sh.stop = 1;
+  pthread_mutex_unlock(&sh.mu);
+  for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+  pthread_mutex_destroy(&sh.mu);
+  pthread_cond_destroy(&sh.cv);
+  free(sh.done);
+  free(sh.chunk_lo);
+  count_outcomes(s, sh.set_aside);
+  s->run_s = mp_now_s() - t0;
+  return st;
+}
+
