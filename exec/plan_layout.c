@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "exec/plan.h"
+#include "exec/rules.h"
 
 /* The expanded layout, at most this many symbols (a layer, a separator, E or L each one). */
 #define LAYOUT_MAX (4 * MP_PP_MAX_LAYOUT + 4 * MP_MAX_LAYERS)
@@ -140,9 +141,8 @@ int mp_pp_layout_format(const mp_plan_options *o, char *buf, size_t cap) {
 }
 
 int mp_pp_layout_embedding_loss(int64_t n_layers, int pp, int v, mp_plan_options *o) {
-  const int64_t K = (int64_t)pp * v, units = n_layers + 2;
-  if (pp < 2 || v < 1 || K > MP_PP_MAX_LAYOUT || units % K != 0) return 0;
-  const int64_t per = units / K;
+  if (!mp_rule_pp_split_ok(n_layers, pp, v)) return 0;
+  const int64_t K = (int64_t)pp * v, per = (n_layers + 2) / K;
   o->n_pp_layers = (int)K;
   for (int64_t k = 0; k < K; k++) o->pp_layers[k] = (int16_t)(per - (k == 0) - (k == K - 1));
   return 1;

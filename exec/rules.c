@@ -87,6 +87,11 @@ mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *m
 
 int mp_rule_pp_chunks_ok(int64_t n_layers, int pp, int v) { return (int64_t)pp * v <= n_layers; }
 
+int mp_rule_pp_split_ok(int64_t n_layers, int pp, int v) {
+  const int64_t K = (int64_t)pp * v;
+  return pp > 1 && v >= 1 && K <= MP_PP_MAX_LAYOUT && (n_layers + 2) % K == 0;
+}
+
 int mp_rule_pp_micro_ok(int64_t n_micro, int pp, int v) { return v <= 1 || n_micro % pp == 0; }
 
 /* ---- context and sequence parallelism ---------------------------------------------------- */

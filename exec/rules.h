@@ -55,8 +55,13 @@ mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *m
  * torchtitan's generate_split_points: L / K a chunk, the remainder one each to the chunks
  * after the first), leave none empty: K <= L. */
 int mp_rule_pp_chunks_ok(int64_t n_layers, int pp, int v);
-/* The interleaved schedule's micro-batches come in groups of pp (Megatron-LM's and
- * torch.distributed.pipelining's interleaved 1F1B). */
+/* The embedding and the loss counted as a layer each (Megatron-LM's
+ * --account-for-embedding/loss-in-pipeline-split): the n_layers + 2 split evenly over pp x v
+ * chunks, at most MP_PP_MAX_LAYOUT of them, with pp > 1 (mp_pp_layout_embedding_loss). */
+int mp_rule_pp_split_ok(int64_t n_layers, int pp, int v);
+/* Whole groups of pp micro-batches under the interleaved schedule: what
+ * torch.distributed.pipelining needs; Megatron-LM also runs a short last group
+ * (exec/schedule_pp.c), which the search leaves to simulate. */
 int mp_rule_pp_micro_ok(int64_t n_micro, int pp, int v);
 
 /* ---- context and sequence parallelism ---------------------------------------------------- */

@@ -115,19 +115,22 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
 
 /* The resident bytes per parameter a rank holds (exec's mp_plan_dp_state_bytes at the
  * default dtypes), and over how many ranks the parameters are cut (see search.h): FSDP over
- * dp_shard x cp x tp x pp, DDP over tp x pp. */
-static double bound_bytes_per_param(const mp_search_config *cfg, const mp_mesh *mesh,
-                                    int64_t *shards) {
+ * dp_shard x cp x tp x pp, DDP over tp x pp. split and ways (may be NULL): the bytes held
+ * whole and the bytes cut over `ways` data-parallel ranks, mp_plan_dp_state_bytes's own. */
+static double bound_bytes_per_param(const mp_search_config *cfg, const mp_mesh *mesh, int64_t *shards,
+                                    double split[2], int64_t *ways) {
   const int64_t tp_pp = (int64_t)mesh->size[MP_DIM_TP] * mesh->size[MP_DIM_PP];
   mp_plan_options o;
   mp_plan_options_init(&o);
   o.dp = cfg->dp;
   o.ddp.shard_optimizer = cfg->ddp_shard_optimizer;
   double b[2];
-  int64_t ways = 1;
-  mp_plan_dp_state_bytes(mesh, &o, b, &ways);
+  int64_t w = 1;
+  mp_plan_dp_state_bytes(mesh, &o, b, &w);
+  if (split) split[0] = b[0], split[1] = b[1];
+  if (ways) *ways = w;
   *shards = cfg->dp == MP_DP_DDP ? tp_pp : (int64_t)mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * tp_pp;
-  return b[0] + b[1] / (double)ways;
+  return b[0] + b[1] / (double)w;
 }
 
 /* The routed experts' parameters: 3 Linears [d_ff_expert, d_model] per expert per MoE
@@ -143,18 +146,12 @@ static double routed_expert_params(const mp_model *m) {
  * the larger of the two data-parallel ways (a lower bound either way). */
 static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *mesh,
                                     double n_params) {
-  int64_t shards;
-  const double b = bound_bytes_per_param(cfg, mesh, &shards);
+  int64_t shards, ways;
+  double split[2];
+  const double b = bound_bytes_per_param(cfg, mesh, &shards, split, &ways);
   const double rt = cfg->cluster->gpu.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0;
   if (!(cfg->dp == MP_DP_DDP && mesh->ep > 1 && mp_mesh_expert_grid(mesh)))
     return b * n_params / (double)shards + rt;
-  mp_plan_options o;
-  mp_plan_options_init(&o);
-  o.dp = cfg->dp;
-  o.ddp.shard_optimizer = cfg->ddp_shard_optimizer;
-  double split[2];
-  int64_t ways = 1;
-  mp_plan_dp_state_bytes(mesh, &o, split, &ways);
   const int64_t pp = mesh->size[MP_DIM_PP], stage = mp_mesh_world(mesh) / pp;
   const int64_t edp = cfg->ddp_shard_optimizer ? stage / mesh->ep : 1;
   const double ne = routed_expert_params(cfg->model) < n_params ? routed_expert_params(cfg->model) : 0.0;
@@ -309,7 +306,7 @@ static int memory_reason(const mp_search_config *cfg, const mp_candidate *c, cha
     case MP_REJECT_MEMORY_BOUND:
     {
       int64_t shards;
-      const double b = bound_bytes_per_param(cfg, mesh, &shards);
+      const double b = bound_bytes_per_param(cfg, mesh, &shards, NULL, NULL);
       snprintf(buf, cap,
                "%s alone need %.2f GiB per GPU (%.4g B x %.4g params / "
                "%lld shards + %.2f GiB runtime), over capacity %.2f GiB",
@@ -415,16 +412,20 @@ static void chunk_choices(const mp_search_config *cfg, const mp_mesh *mesh, mp_r
                           int vs[MP_CHUNK_CHOICES], int split[MP_CHUNK_CHOICES], int *n) {
   *n = 0;
   const int pp = mesh->size[MP_DIM_PP];
+  /* the default split goes to 4 chunks a stage, the other to (layers + 2) / pp at most */
+  const int64_t most_split = cfg->pp_split && pp > 1 ? (cfg->model->n_layers + 2) / pp : 0;
   const int lo = cfg->fix.pp_virtual > 0 ? cfg->fix.pp_virtual : 1;
-  const int hi = cfg->fix.pp_virtual > 0 ? cfg->fix.pp_virtual : MP_PP_MAX_VIRTUAL;
+  const int hi = cfg->fix.pp_virtual > 0 ? cfg->fix.pp_virtual
+                                         : (int)(most_split > 4 ? (most_split < MP_PP_MAX_VIRTUAL ? most_split
+                                                                                                   : MP_PP_MAX_VIRTUAL)
+                                                                : 4);
   for (int v = lo; v <= hi && *n < MP_CHUNK_CHOICES; v++) {
     const int plain = cfg->fix.pp_virtual > 0 || v == 1 ||
                       (pp > 1 && mesh_rej == MP_REJECT_NONE && v <= cfg->pp_virtual_max && v <= 4 &&
                        (v & (v - 1)) == 0);
     if (plain) vs[*n] = v, split[(*n)++] = 0;
-    mp_plan_options o;
-    if (cfg->pp_split && pp > 1 && mesh_rej == MP_REJECT_NONE && *n < MP_CHUNK_CHOICES &&
-        (v == 1 || cfg->pp_virtual_max > 1) && mp_pp_layout_embedding_loss(cfg->model->n_layers, pp, v, &o))
+    if (cfg->pp_split && mesh_rej == MP_REJECT_NONE && *n < MP_CHUNK_CHOICES &&
+        (v == 1 || cfg->pp_virtual_max > 1) && mp_rule_pp_split_ok(cfg->model->n_layers, pp, v))
       vs[*n] = v, split[(*n)++] = 1;
   }
 }

@@ -17,9 +17,7 @@
 /* ---- names ----------------------------------------------------------------------------- */
 
 /* Our module path inside a block -> transformers'. */
-static const struct {
-  const char *ours, *hf;
-} k_block[] = {
+static const mp_hf_pair k_block[] = {
     {"attention_norm", "input_layernorm"},
     {"attention.q_proj", "self_attn.q_proj"},
     {"attention.k_proj", "self_attn.k_proj"},
@@ -34,33 +32,50 @@ static const struct {
     {"moe.router", "block_sparse_moe.gate"},
 };
 /* Mixtral's expert weights: w1 gate, w3 up, w2 down. */
-static const struct {
-  const char *ours, *hf;
-} k_experts[] = {
+static const mp_hf_pair k_experts[] = {
     {"moe.experts.gate_proj", "w1"},
     {"moe.experts.up_proj", "w3"},
     {"moe.experts.down_proj", "w2"},
 };
+static const mp_hf_names k_names = {k_block, k_experts, sizeof k_block / sizeof k_block[0],
+                                    sizeof k_experts / sizeof k_experts[0], "block_sparse_moe.experts"};
 
 int mp_hf_is_experts(const char *fqn) { return strstr(fqn, ".moe.experts.") != NULL; }
 
-int mp_hf_name(const char *fqn, int expert, char *out, size_t cap) {
+int mp_hf_block_path(const char *fqn, int *layer, const char **path, size_t *len) {
+  int n = 0;
+  if (sscanf(fqn, "layers.%d.%n", layer, &n) != 1 || n == 0) return 0;
+  const char *rest = fqn + n, *dot = strrchr(rest, '.');
+  if (!dot || strcmp(dot, ".weight") != 0) return 0;
+  *path = rest;
+  *len = (size_t)(dot - rest);
+  return 1;
+}
+
+int mp_hf_path_is(const char *path, size_t len, const char *name) {
+  return strlen(name) == len && strncmp(path, name, len) == 0;
+}
+
+int mp_hf_name_by(const mp_hf_names *t, const char *fqn, int expert, char *out, size_t cap) {
   if (strcmp(fqn, "tok_embeddings.weight") == 0) return snprintf(out, cap, "model.embed_tokens.weight") > 0;
   if (strcmp(fqn, "norm.weight") == 0) return snprintf(out, cap, "model.norm.weight") > 0;
   if (strcmp(fqn, "output.weight") == 0) return snprintf(out, cap, "lm_head.weight") > 0;
-  int layer, n = 0;
-  if (sscanf(fqn, "layers.%d.%n", &layer, &n) != 1 || n == 0) return 0;
-  const char *rest = fqn + n, *dot = strrchr(rest, '.');
-  if (!dot || strcmp(dot, ".weight") != 0) return 0;
-  const size_t mlen = (size_t)(dot - rest);
-  for (size_t i = 0; i < sizeof k_block / sizeof k_block[0]; i++)
-    if (strlen(k_block[i].ours) == mlen && strncmp(rest, k_block[i].ours, mlen) == 0)
-      return snprintf(out, cap, "model.layers.%d.%s.weight", layer, k_block[i].hf) > 0;
-  for (size_t i = 0; i < sizeof k_experts / sizeof k_experts[0]; i++)
-    if (strlen(k_experts[i].ours) == mlen && strncmp(rest, k_experts[i].ours, mlen) == 0)
-      return snprintf(out, cap, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", layer, expert,
-                      k_experts[i].hf) > 0;
+  int layer;
+  const char *path;
+  size_t len;
+  if (!mp_hf_block_path(fqn, &layer, &path, &len)) return 0;
+  for (size_t i = 0; i < t->n_block; i++)
+    if (mp_hf_path_is(path, len, t->block[i].ours))
+      return snprintf(out, cap, "model.layers.%d.%s.weight", layer, t->block[i].hf) > 0;
+  for (size_t i = 0; i < t->n_experts; i++)
+    if (mp_hf_path_is(path, len, t->experts[i].ours))
+      return snprintf(out, cap, "model.layers.%d.%s.%d.%s.weight", layer, t->experts_path, expert,
+                      t->experts[i].hf) > 0;
   return 0;
+}
+
+int mp_hf_name(const char *fqn, int expert, char *out, size_t cap) {
+  return mp_hf_name_by(&k_names, fqn, expert, out, cap);
 }
 
 /* ---- config.json ---------------------------------------------------------------------------- */

@@ -43,6 +43,23 @@ extern "C" {
  * Returns 0 when the FQN has none (shared experts). */
 int mp_hf_name(const char *fqn, int expert, char *out, size_t cap);
 int mp_hf_is_experts(const char *fqn);
+/* A checkpoint's names: our module path inside a block -> its own, for the block's modules
+ * and for the routed experts' (named "model.layers.N.<experts_path>.E.<hf>.weight"). */
+typedef struct mp_hf_pair {
+  const char *ours, *hf;
+} mp_hf_pair;
+typedef struct mp_hf_names {
+  const mp_hf_pair *block, *experts;
+  size_t n_block, n_experts;
+  const char *experts_path;
+} mp_hf_names;
+/* The name of our FQN under names t (the embedding, final norm and head as transformers
+ * names them); 0 when it has none. */
+int mp_hf_name_by(const mp_hf_names *t, const char *fqn, int expert, char *out, size_t cap);
+/* A block FQN "layers.N.<path>.weight": N into *layer, <path> and its length; 0 otherwise. */
+int mp_hf_block_path(const char *fqn, int *layer, const char **path, size_t *len);
+/* Whether that <path> (len characters) is name. */
+int mp_hf_path_is(const char *path, size_t len, const char *name);
 /* hf_deepseek.c: the name of our FQN in m's Hugging Face checkpoint: DeepSeek-V2's for a
  * model with multi-head latent attention (self_attn.q_a_proj ..., mlp.gate,
  * mlp.experts.E.*, mlp.shared_experts.*), else mp_hf_name's. 0 when it has none. */

@@ -15,9 +15,7 @@
 #include "exec/runtime/hf.h"
 
 /* Our module path inside a block -> DeepSeek's. */
-static const struct {
-  const char *ours, *hf;
-} k_ds_block[] = {
+static const mp_hf_pair k_ds_block[] = {
     {"attention_norm", "input_layernorm"},
     {"ffn_norm", "post_attention_layernorm"},
     {"attention.q_proj", "self_attn.q_proj"},
@@ -36,45 +34,16 @@ static const struct {
     {"moe.shared_expert.up_proj", "mlp.shared_experts.up_proj"},
     {"moe.shared_expert.down_proj", "mlp.shared_experts.down_proj"},
 };
-static const struct {
-  const char *ours, *hf;
-} k_ds_experts[] = {
+static const mp_hf_pair k_ds_experts[] = {
     {"moe.experts.gate_proj", "gate_proj"},
     {"moe.experts.up_proj", "up_proj"},
     {"moe.experts.down_proj", "down_proj"},
 };
-
-/* The module path of a block FQN "layers.N.<path>.weight" into *layer, *path, *len. */
-static int block_path(const char *fqn, int *layer, const char **path, size_t *len) {
-  int n = 0;
-  if (sscanf(fqn, "layers.%d.%n", layer, &n) != 1 || n == 0) return 0;
-  const char *rest = fqn + n, *dot = strrchr(rest, '.');
-  if (!dot || strcmp(dot, ".weight") != 0) return 0;
-  *path = rest;
-  *len = (size_t)(dot - rest);
-  return 1;
-}
-
-static int is_path(const char *path, size_t len, const char *name) {
-  return strlen(name) == len && strncmp(path, name, len) == 0;
-}
-
-static int deepseek_name(const char *fqn, int expert, char *out, size_t cap) {
-  int layer;
-  const char *path;
-  size_t len;
-  if (!block_path(fqn, &layer, &path, &len)) return mp_hf_name(fqn, expert, out, cap);
-  for (size_t i = 0; i < sizeof k_ds_block / sizeof k_ds_block[0]; i++)
-    if (is_path(path, len, k_ds_block[i].ours))
-      return snprintf(out, cap, "model.layers.%d.%s.weight", layer, k_ds_block[i].hf) > 0;
-  for (size_t i = 0; i < sizeof k_ds_experts / sizeof k_ds_experts[0]; i++)
-    if (is_path(path, len, k_ds_experts[i].ours))
-      return snprintf(out, cap, "model.layers.%d.mlp.experts.%d.%s.weight", layer, expert, k_ds_experts[i].hf) > 0;
-  return 0;
-}
+static const mp_hf_names k_ds_names = {k_ds_block, k_ds_experts, sizeof k_ds_block / sizeof k_ds_block[0],
+                                       sizeof k_ds_experts / sizeof k_ds_experts[0], "mlp.experts"};
 
 int mp_hf_model_name(const mp_model *m, const char *fqn, int expert, char *out, size_t cap) {
-  return mp_model_is_mla(m) ? deepseek_name(fqn, expert, out, cap) : mp_hf_name(fqn, expert, out, cap);
+  return mp_model_is_mla(m) ? mp_hf_name_by(&k_ds_names, fqn, expert, out, cap) : mp_hf_name(fqn, expert, out, cap);
 }
 
 /* Where rope feature i of a head of width d sits in DeepSeek's interleaved order. */
@@ -84,13 +53,13 @@ int64_t mp_hf_row(const mp_model *m, const char *fqn, int64_t row) {
   int layer;
   const char *path;
   size_t len;
-  if (!mp_model_is_mla(m) || !block_path(fqn, &layer, &path, &len)) return row;
+  if (!mp_model_is_mla(m) || !mp_hf_block_path(fqn, &layer, &path, &len)) return row;
   const int64_t dn = m->qk_nope_head_dim, dr = m->qk_rope_head_dim, hd = dn + dr, kl = m->kv_lora_rank;
-  if (is_path(path, len, "attention.q_proj") || is_path(path, len, "attention.q_b_proj")) {
+  if (mp_hf_path_is(path, len, "attention.q_proj") || mp_hf_path_is(path, len, "attention.q_b_proj")) {
     const int64_t h = row / hd, j = row % hd;
     return j < dn ? row : h * hd + dn + interleaved(j - dn, dr);
   }
-  if (is_path(path, len, "attention.kv_a_proj_with_mqa")) return row < kl ? row : kl + interleaved(row - kl, dr);
+  if (mp_hf_path_is(path, len, "attention.kv_a_proj_with_mqa")) return row < kl ? row : kl + interleaved(row - kl, dr);
   return row;
 }
 
@@ -98,9 +67,9 @@ int mp_hf_rows_moved(const mp_model *m, const char *fqn) {
   int layer;
   const char *path;
   size_t len;
-  if (!mp_model_is_mla(m) || !block_path(fqn, &layer, &path, &len)) return 0;
-  return is_path(path, len, "attention.q_proj") || is_path(path, len, "attention.q_b_proj") ||
-         is_path(path, len, "attention.kv_a_proj_with_mqa");
+  if (!mp_model_is_mla(m) || !mp_hf_block_path(fqn, &layer, &path, &len)) return 0;
+  return mp_hf_path_is(path, len, "attention.q_proj") || mp_hf_path_is(path, len, "attention.q_b_proj") ||
+         mp_hf_path_is(path, len, "attention.kv_a_proj_with_mqa");
 }
 
 /* DeepSeek's MoE layout: the MoE layers from first_k_dense_replace on, every one of them

@@ -42,19 +42,11 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from model_ref import find_meshplan, read_wfile, read_shard, rmsnorm, load_model_json  # noqa: E402
-from hf_ref import read_safetensors  # noqa: E402
+from hf_ref import read_safetensors, run  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
 RTOL = 1e-5
 SEQ, BATCH = 16, 2
-
-
-def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        print("FAILED: %s\n%s%s" % (" ".join(cmd), r.stdout, r.stderr))
-        sys.exit(1)
-    return r.stdout
 
 
 def rope_interleaved(x, theta):

@@ -358,63 +358,61 @@ TEST(PlanPipeline, DistinctStagesEqualAllStages) {
   }
 }
 
+// A stated layout against the default split of s's plan: `even` (the default split stated)
+// simulates to the same step and peak; `uneven` paces a longer step and leaves stage 0
+// lighter; each stage simulated alone equals the whole pipeline's view of it.
+void CheckStatedLayout(PlanCase &s, const std::vector<int16_t> &even, const std::vector<int16_t> &uneven,
+                       const char *what) {
+  int64_t peak[4] = {0, 0, 0, 0};
+  s.cfg.stage_peak_bytes = peak;
+  s.o.n_pp_layers = 0;
+  const mp_sim_result base = s.Sim();
+  const int64_t base0 = peak[0];
+  s.o.n_pp_layers = (int)even.size();
+  std::copy(even.begin(), even.end(), s.o.pp_layers);
+  const mp_sim_result stated = s.Sim();
+  EXPECT_EQ(stated.step_time_s, base.step_time_s) << what;
+  EXPECT_EQ(stated.peak_mem_bytes, base.peak_mem_bytes) << what;
+  s.o.n_pp_layers = (int)uneven.size();
+  std::copy(uneven.begin(), uneven.end(), s.o.pp_layers);
+  const mp_sim_result r = s.Sim();
+  EXPECT_GT(r.step_time_s, base.step_time_s) << what;
+  EXPECT_LT(peak[0], base0) << what;
+  s.cfg.stage_peak_bytes = nullptr;
+  CheckDistinctStages(s, what);
+}
+
 // Uneven stages (pp_layers): Llama-3.1-8B's 32 layers on pp=4. The stated 8, 8, 8, 8 is the
 // default split and simulates to the same result; under 1F1B the step is paced by the
 // slowest stage, so moving three layers off stage 0 onto the others (5, 9, 9, 9) lengthens
-// the step, and stage 0, now holding 5 layers' weights and activations, peaks lower. Each
-// stage simulated alone equals the whole pipeline's view of it (CheckDistinctStages).
+// the step, and stage 0, now holding 5 layers' weights and activations, peaks lower.
 TEST(PlanPipeline, StatedUnevenStages) {
   PlanCase s("llama3.1-8b", "h100-8", "pp=4,dp_shard=2");
   s.FullAcOneSequence(8192, 16);
-  int64_t peak[4] = {0, 0, 0, 0};
-  s.cfg.stage_peak_bytes = peak;
-  const mp_sim_result even = s.Sim();
-  const int64_t even0 = peak[0];
-  const int16_t same[4] = {8, 8, 8, 8}, uneven[4] = {5, 9, 9, 9};
-  s.o.n_pp_layers = 4;
-  memcpy(s.o.pp_layers, same, sizeof same);
-  const mp_sim_result stated = s.Sim();
-  EXPECT_EQ(stated.step_time_s, even.step_time_s);
-  EXPECT_EQ(stated.peak_mem_bytes, even.peak_mem_bytes);
-  memcpy(s.o.pp_layers, uneven, sizeof uneven);
-  const mp_sim_result r = s.Sim();
-  EXPECT_GT(r.step_time_s, even.step_time_s);
-  EXPECT_LT(peak[0], even0);
-  s.cfg.stage_peak_bytes = nullptr;
-  CheckDistinctStages(s, "llama3.1-8b pp=4 5,9,9,9");
+  CheckStatedLayout(s, {8, 8, 8, 8}, {5, 9, 9, 9}, "llama3.1-8b pp=4 5,9,9,9");
 }
 
 // A layout per model chunk under the interleaved schedule (Megatron-LM's
 // --pipeline-model-parallel-layout): Llama-3.1-8B on pp=4 x 2 chunks. Four layers a chunk,
-// stated, is the default split and simulates to the same result. "E|(t*5|)*4(t*4|)*2t*4,L"
-// (chunk 0 the embedding alone, so stage 0 holds chunks 0 and 4, 0 + 4 layers) leaves stage
-// 0 lighter than under the even split, while the 5-layer chunk paces the step longer.
+// stated, is the default split. "E|(t*5|)*4(t*4|)*2t*4,L" is 0, 5, 5, 5, 5, 4, 4, 4: chunk 0
+// the embedding alone, so stage 0 holds chunks 0 and 4, 0 + 5 layers against 8, while the
+// 5-layer chunks pace the step longer.
 TEST(PlanPipeline, StatedLayoutPerModelChunk) {
   PlanCase s("llama3.1-8b", "h100-8", "pp=4,dp_shard=2");
   s.FullAcOneSequence(8192, 16);
   s.o.pp_schedule = MP_PP_INTERLEAVED;
   s.o.pp_virtual = 2;
-  int64_t peak[4] = {0, 0, 0, 0};
-  s.cfg.stage_peak_bytes = peak;
-  const mp_sim_result even = s.Sim();
-  const int64_t even0 = peak[0];
-  s.o.n_pp_layers = 8;
-  for (int k = 0; k < 8; k++) s.o.pp_layers[k] = 4;
-  const mp_sim_result stated = s.Sim();
-  EXPECT_EQ(stated.step_time_s, even.step_time_s);
-  EXPECT_EQ(stated.peak_mem_bytes, even.peak_mem_bytes);
+  mp_plan_options parsed;
+  mp_plan_options_init(&parsed);
   mp_ctx ctx;
   mp_ctx_init(&ctx);
-  ASSERT_EQ(mp_pp_layout_parse(&ctx, "E|(t*5|)*4(t*4|)*2t*4,L", &s.o), MP_OK);
-  ASSERT_EQ(s.o.n_pp_layers, 8);
-  EXPECT_EQ(s.o.pp_layers[0], 0);
-  EXPECT_EQ(s.o.pp_layers[4], 5);
-  EXPECT_EQ(s.o.pp_layers[7], 4);
-  const mp_sim_result r = s.Sim();
-  EXPECT_GT(r.step_time_s, even.step_time_s);
-  EXPECT_LT(peak[0], even0);
-  s.cfg.stage_peak_bytes = nullptr;
-  CheckDistinctStages(s, "llama3.1-8b pp=4 x 2 E|(t*5|)*4(t*4|)*2t*4,L");
+  ASSERT_EQ(mp_pp_layout_parse(&ctx, "E|(t*5|)*4(t*4|)*2t*4,L", &parsed), MP_OK);
+  const std::vector<int16_t> uneven(parsed.pp_layers, parsed.pp_layers + parsed.n_pp_layers);
+  ASSERT_EQ(uneven.size(), 8u);
+  EXPECT_EQ(uneven[0], 0);
+  EXPECT_EQ(uneven[4], 5);
+  EXPECT_EQ(uneven[7], 4);
+  CheckStatedLayout(s, std::vector<int16_t>(8, 4), uneven, "llama3.1-8b pp=4 x 2 E|(t*5|)*4(t*4|)*2t*4,L");
 }
 
 // Each stage's peak (mp_sim_config.stage_peak_bytes): Llama-3.1-8B on pp=4 (8 layers a
