@@ -11,15 +11,57 @@
 
 #include "app/emit_internal.h"
 
+/* --moe-layer-freq as Megatron-LM's pattern expression (arguments.py moe_freq_type: a
+ * Python list expression, 1 an expert layer), run-length encoded: "([0]*3+[1]*58)". Written
+ * unquoted: the launch line passes the file's words as they are, without quote removal. */
+static void write_moe_layers(const mp_model *m, mp_emit_buf *b) {
+  mp_emit_printf(b, "--moe-layer-freq (");
+  for (int64_t l = 0; l < m->n_layers;) {
+    int64_t r = l;
+    while (r < m->n_layers && m->moe_layer[r] == m->moe_layer[l]) r++;
+    mp_emit_printf(b, "%s[%d]*%lld", l ? "+" : "", m->moe_layer[l] ? 1 : 0, (long long)(r - l));
+    l = r;
+  }
+  mp_emit_printf(b, ")\n");
+}
+
+/* The experts (megatron/core/transformer/moe/, core_v0.14.0): Megatron-LM's router with
+ * --moe-router-pre-softmax off takes the softmax over the top-k logits, which is meshplan's
+ * softmax renormalised over the top k (norm_topk_prob); with it on, the top k of the full
+ * softmax unrenormalised. Its aux loss (moe_utils.switch_load_balancing_loss_func) divides
+ * each expert's token count by top_k x tokens where meshplan's (kernels/cpu/router.c, the
+ * Mixtral form) divides by tokens: the same loss takes coefficient aux_loss_coef x top_k. */
+static void write_moe(const mp_model *m, mp_emit_buf *b) {
+  mp_emit_printf(b, "--num-experts %lld\n--moe-ffn-hidden-size %lld\n--moe-router-topk %lld\n",
+                 (long long)m->n_experts, (long long)m->d_ff_expert, (long long)m->top_k);
+  if (m->n_shared_experts > 0)
+    mp_emit_printf(b, "--moe-shared-expert-intermediate-size %lld\n", (long long)m->d_ff_shared);
+  if (mp_model_n_moe_layers(m) != m->n_layers) write_moe_layers(m, b);
+  if (!m->norm_topk_prob) mp_emit_printf(b, "--moe-router-pre-softmax\n");
+  if (m->n_group > 0)
+    mp_emit_printf(b, "--moe-router-num-groups %lld\n--moe-router-group-topk %lld\n", (long long)m->n_group,
+                   (long long)m->topk_group);
+  mp_emit_printf(b, "--moe-router-load-balancing-type aux_loss\n--moe-aux-loss-coeff %g\n--moe-grouped-gemm\n",
+                 m->aux_loss_coef * (double)m->top_k);
+}
+
+/* Multi-head latent attention (--multi-latent-attention, megatron/core/transformer/
+ * multi_latent_attention.py): the latent ranks and the head parts; no --q-lora-rank is
+ * q_proj. meshplan's RoPE is unscaled, where Megatron-LM's MLA defaults to YaRN. */
+static void write_mla(const mp_model *m, mp_emit_buf *b) {
+  mp_emit_printf(b, "--multi-latent-attention\n--rope-type rope\n"); /* not YaRN, MLA's default */
+  if (m->q_lora_rank > 0) mp_emit_printf(b, "--q-lora-rank %lld\n", (long long)m->q_lora_rank);
+  mp_emit_printf(b, "--kv-lora-rank %lld\n--qk-head-dim %lld\n--qk-pos-emb-head-dim %lld\n--v-head-dim %lld\n",
+                 (long long)m->kv_lora_rank, (long long)m->qk_nope_head_dim, (long long)m->qk_rope_head_dim,
+                 (long long)m->v_head_dim);
+}
+
 /* The model's shape as GPT flags; models Megatron-LM's GPT cannot take as meshplan
  * describes them are refused. */
 static mp_status write_model(mp_ctx *ctx, const mp_model *m, mp_emit_buf *b) {
-  const char *no = mp_model_is_moe(m)          ? "a mixture of experts (its --num-experts, --moe-* and expert "
-                                                 "grid flags are not written yet)"
-                   : mp_model_is_mla(m)        ? "multi-head latent attention"
-                   : m->sliding_window > 0     ? "sliding-window attention"
+  const char *no = m->sliding_window > 0                  ? "sliding-window attention"
                    : m->bias && m->family != MP_FAMILY_GPT ? "biases in a llama-family model"
-                                                : NULL;
+                                                           : NULL;
   if (no)
     return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: %s has %s, which meshplan does not write as Megatron-LM "
                     "arguments; emit torchtitan or plan a dense model", m->name, no);
@@ -27,7 +69,9 @@ static mp_status write_model(mp_ctx *ctx, const mp_model *m, mp_emit_buf *b) {
                  (long long)m->n_layers, (long long)m->d_model, (long long)m->d_ff, (long long)m->n_heads);
   if (m->n_kv_heads != m->n_heads)
     mp_emit_printf(b, "--group-query-attention\n--num-query-groups %lld\n", (long long)m->n_kv_heads);
-  if (m->head_dim * m->n_heads != m->d_model) mp_emit_printf(b, "--kv-channels %lld\n", (long long)m->head_dim);
+  if (mp_model_is_mla(m)) write_mla(m, b);
+  else if (m->head_dim * m->n_heads != m->d_model) mp_emit_printf(b, "--kv-channels %lld\n", (long long)m->head_dim);
+  if (mp_model_is_moe(m)) write_moe(m, b);
   mp_emit_printf(b, "--max-position-embeddings %lld\n--vocab-size %lld\n", (long long)m->max_seq, (long long)m->vocab);
   if (m->family == MP_FAMILY_LLAMA)
     mp_emit_printf(b, "--position-embedding-type rope\n--rotary-base %lld\n--swiglu\n--normalization RMSNorm\n"
@@ -83,7 +127,7 @@ static void write_stage_layers(const mp_emit_plan *p, mp_emit_buf *b) {
   } else if (o->n_pp_layers > 0) {
     char layout[4 * MP_PP_MAX_LAYOUT + 64];
     if (mp_pp_layout_format(o, layout, sizeof layout) > 0)
-      mp_emit_printf(b, "--pipeline-model-parallel-layout \"%s\"\n", layout);
+      mp_emit_printf(b, "--pipeline-model-parallel-layout %s\n", layout);
   }
 }
 
@@ -110,6 +154,19 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p) {
   return MP_OK;
 }
 
+/* The experts' grid and dispatch: meshplan's experts are whole on a rank (etp 1, where
+ * Megatron-LM's default is the tp size), moved by the all-to-all dispatcher or by DeepEP's
+ * (the flex dispatcher), with Megatron-Core's EP all-to-all overlap where planned. */
+static void write_experts(const mp_emit_plan *p, mp_emit_buf *b) {
+  if (!mp_model_is_moe(p->model)) return;
+  mp_emit_printf(b, "--expert-model-parallel-size %d\n--expert-tensor-parallel-size 1\n", p->mesh->ep);
+  if (p->o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP)
+    mp_emit_printf(b, "--moe-token-dispatcher-type flex\n--moe-enable-deepep\n");
+  else
+    mp_emit_printf(b, "--moe-token-dispatcher-type alltoall\n");
+  if (p->o->moe_a2a_overlap) mp_emit_printf(b, "--overlap-moe-expert-parallel-comm\n");
+}
+
 /* The parallel layout, the batch and the switches of the plan's stack. */
 static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
   const mp_mesh *m = p->mesh;
@@ -122,6 +179,7 @@ static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
   write_stage_layers(p, b);
   mp_emit_printf(b, "--context-parallel-size %d\n", m->size[MP_DIM_CP]);
   if (m->size[MP_DIM_CP] > 1) mp_emit_printf(b, "--cp-comm-type p2p\n");
+  write_experts(p, b);
   mp_emit_printf(b, "--seq-length %lld\n--micro-batch-size %lld\n--global-batch-size %lld\n", (long long)o->seq,
                  (long long)o->micro_batch, (long long)o->global_batch);
   if (o->ddp.shard_optimizer) mp_emit_printf(b, "--use-distributed-optimizer\n");

@@ -101,11 +101,17 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p, const char **nam
                     "--emit torchtitan: tp=%d without sequence parallelism: torchtitan v0.2.0's TP always "
                     "shards the norms on the sequence (SequenceParallel); plan without --no-sp",
                     m->size[MP_DIM_TP]);
-  if (m->ep > 1 && (m->size[MP_DIM_TP] > 1 || m->size[MP_DIM_CP] > 1))
+  /* torchtitan/distributed/parallel_dims.py (v0.2.0): with expert_tensor_parallel_degree 1
+   * the EP mesh is dp_shard_in_ep x cp x tp, whole tp x cp groups and a part of dp_shard:
+   * meshplan's expert grid (etp=1) with ep a multiple of tp x cp dividing dp_shard x cp x tp */
+  const int tpcp = m->size[MP_DIM_TP] * m->size[MP_DIM_CP];
+  if (m->ep > 1 && tpcp > 1 &&
+      (!mp_mesh_expert_grid(m) || m->ep % tpcp || (m->size[MP_DIM_DP_SHARD] * tpcp) % m->ep))
     return mp_error(ctx, MP_ERR_USAGE,
-                    "--emit torchtitan: ep=%d with tp or cp: torchtitan v0.2.0's expert_parallel_degree "
-                    "borrows ranks from cp and tp (with etp=1), meshplan's comes out of dp_shard alone; "
-                    "plan ep with tp=1 and cp=1", m->ep);
+                    "--emit torchtitan: ep=%d with tp x cp = %d: torchtitan v0.2.0's expert_parallel_degree "
+                    "(expert_tensor_parallel_degree 1) spans whole tp x cp groups and borrows the rest from "
+                    "dp_shard; plan the expert grid (etp=1 in --mesh) with ep a multiple of tp x cp dividing "
+                    "dp_shard x cp x tp", m->ep, tpcp);
   return MP_OK;
 }
 

@@ -53,8 +53,8 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
   const int is_plan = mp_args_get(spec, "--fix") != NULL || strcmp(spec->name, "plan") == 0;
   if (p->model[0]) add(f, "--model", "%s", p->model);
   add(f, "--stack", "%s", p->stack);
-  add(f, "--mesh", "pp=%d,dp_replicate=%d,dp_shard=%d,cp=%d,tp=%d,ep=%d", p->pp, p->dp_replicate, p->dp_shard, p->cp,
-      p->tp, p->ep);
+  add(f, "--mesh", "pp=%d,dp_replicate=%d,dp_shard=%d,cp=%d,tp=%d,ep=%d%s", p->pp, p->dp_replicate, p->dp_shard,
+      p->cp, p->tp, p->ep, p->etp ? ",etp=1" : "");
   add(f, "--ac", "%s", p->ac);
   add(f, "--fp8", "%s", p->fp8[0] ? p->fp8 : "off");
   if (p->sp >= 0) add(f, p->sp ? "--sp" : "--no-sp", NULL);
@@ -64,6 +64,8 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
   if (p->cp_rotate[0]) add(f, "--cp-rotate", "%s", p->cp_rotate);
   if (p->async_tp) add(f, "--async-tp", NULL);
   if (!is_plan) {
+    if (p->moe_deepep) add(f, "--moe-dispatcher", "deepep");
+    if (p->moe_a2a_overlap) add(f, "--overlap-moe-comm", NULL);
     if (p->reshard == 0) add(f, "--no-reshard", NULL);
     if (p->pp > 1) add(f, "--pp-schedule", "%s", mp_pp_schedule_name(p->pp_schedule));
     if (p->pp > 1 && p->pp_schedule == MP_PP_INTERLEAVED) add(f, "--pp-virtual", "%d", p->pp_virtual);
@@ -76,6 +78,10 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
   if (p->pp > 1 && p->pp_schedule == MP_PP_GPIPE)
     return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches 1F1B and interleaved pipelines, not GPipe; "
                     "use meshplan simulate --from");
+  if (p->moe_deepep || p->moe_a2a_overlap)
+    return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches the alltoall dispatcher without its "
+                    "overlap; DeepEP (--moe-enable-deepep) and --overlap-moe-expert-parallel-comm are "
+                    "simulate's and explain's --moe-dispatcher deepep and --overlap-moe-comm");
   /* the user's --fix keys beside the file's: a key in both is refused by --fix's parser */
   const char *fix = mp_args_get(spec, "--fix");
   /* reshard only where there is an FSDP group to reshard over (the search's own rule) */

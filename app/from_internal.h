@@ -16,6 +16,7 @@ typedef struct mp_from_plan {
   char model[MP_NAME_MAX]; /* a data/models stem; "" when the user's --model stands */
   char stack[32];
   int pp, dp_replicate, dp_shard, cp, tp, ep; /* resolved: no -1 */
+  int etp;                /* 1: the experts on their own grid (etp=1 in --mesh), 0: ep inside dp_shard */
   char ac[24];            /* meshplan's name: none, selective-op, selective-core, full, full:N */
   char fp8[16];           /* the recipe, "" without float8 */
   int sp;                 /* -1: the stack's default, 0, 1 */
@@ -26,6 +27,8 @@ typedef struct mp_from_plan {
   char pp_layers[512];    /* each stage's (interleaved: model chunk's) layer count, "A,B,..."; "": the default split */
   char cp_rotate[16];     /* "" where the stack's stands */
   int async_tp;
+  int moe_deepep;         /* 1: the EP dispatch by DeepEP's kernels (simulate's --moe-dispatcher deepep) */
+  int moe_a2a_overlap;    /* 1: Megatron-Core's EP all-to-all overlap (simulate's --overlap-moe-comm) */
   char ignored[2048];     /* keys read that change no cost, ", "-separated */
 } mp_from_plan;
 

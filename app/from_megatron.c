@@ -50,6 +50,19 @@ static const struct {
     {"--use-distributed-optimizer", 0, MG_MAP}, {"--overlap-grad-reduce", 0, MG_MAP},
     {"--overlap-param-gather", 0, MG_MAP}, {"--tp-comm-overlap", 0, MG_MAP}, {"--bf16", 0, MG_MAP},
     {"--use-flash-attn", 0, MG_MAP}, {"--use-mcore-models", 0, MG_IGNORE},
+    /* the experts and the latent attention */
+    {"--num-experts", 1, MG_MAP}, {"--moe-ffn-hidden-size", 1, MG_MAP}, {"--moe-router-topk", 1, MG_MAP},
+    {"--moe-shared-expert-intermediate-size", 1, MG_MAP}, {"--moe-layer-freq", 1, MG_MAP},
+    {"--moe-router-pre-softmax", 0, MG_MAP}, {"--moe-router-num-groups", 1, MG_MAP},
+    {"--moe-router-group-topk", 1, MG_MAP}, {"--moe-router-score-function", 1, MG_MAP},
+    {"--moe-grouped-gemm", 0, MG_MAP}, {"--moe-token-dispatcher-type", 1, MG_MAP}, {"--moe-enable-deepep", 0, MG_MAP},
+    {"--overlap-moe-expert-parallel-comm", 0, MG_MAP}, {"--multi-latent-attention", 0, MG_MAP},
+    {"--q-lora-rank", 1, MG_MAP}, {"--kv-lora-rank", 1, MG_MAP}, {"--qk-head-dim", 1, MG_MAP},
+    {"--qk-pos-emb-head-dim", 1, MG_MAP}, {"--v-head-dim", 1, MG_MAP},
+    /* the load-balancing loss's kind and weight move gradients, not cost */
+    {"--moe-router-load-balancing-type", 1, MG_IGNORE}, {"--moe-aux-loss-coeff", 1, MG_IGNORE},
+    /* RoPE's scaling (YaRN or none) moves the angles, not cost */
+    {"--rope-type", 1, MG_IGNORE},
     /* no cost: the learning rate and optimizer hyper-parameters, data, tokenizer, paths,
      * logging, the run's length, timeouts */
     {"--lr", 1, MG_IGNORE}, {"--min-lr", 1, MG_IGNORE}, {"--lr-decay-style", 1, MG_IGNORE},
@@ -178,6 +191,86 @@ static mp_status get_int(mp_ctx *ctx, const mg_args *a, const char *origin, cons
   return MP_OK;
 }
 
+/* Megatron-LM's --moe-layer-freq pattern (arguments.py moe_freq_type, a Python list
+ * expression of 0s and 1s) for the forms it documents: lists, their sums, and a list or a
+ * parenthesised sum times an integer, e.g. "([1]*3+[0]*1)*3". Appends to out[*n] up to cap;
+ * returns the rest of the text, or NULL where it is not of that form. */
+static const char *freq_sum(const char *s, unsigned char *out, int64_t *n, int64_t cap);
+static const char *freq_term(const char *s, unsigned char *out, int64_t *n, int64_t cap) {
+  const int64_t start = *n;
+  if (*s == '(') {
+    s = freq_sum(s + 1, out, n, cap);
+    if (s == NULL || *s != ')') return NULL;
+    s++;
+  } else if (*s == '[') {
+    do {
+      s++;
+      if ((*s != '0' && *s != '1') || *n >= cap) return NULL;
+      out[(*n)++] = (unsigned char)(*s++ - '0');
+    } while (*s == ',');
+    if (*s++ != ']') return NULL;
+  } else {
+    return NULL;
+  }
+  while (*s == '*') {
+    char *end = NULL;
+    const long long k = strtoll(s + 1, &end, 10);
+    const int64_t len = *n - start;
+    if (end == s + 1 || k < 1 || start + len * k > cap) return NULL;
+    for (int64_t r = 1; r < k; r++) memcpy(out + start + r * len, out + start, (size_t)len);
+    *n = start + len * k;
+    s = end;
+  }
+  return s;
+}
+static const char *freq_sum(const char *s, unsigned char *out, int64_t *n, int64_t cap) {
+  s = freq_term(s, out, n, cap);
+  while (s && *s == '+') s = freq_term(s + 1, out, n, cap);
+  return s;
+}
+
+/* The experts (--num-experts and the --moe-* shape flags; Megatron-LM's defaults: top-2,
+ * the expert width the dense one, every layer an expert layer) and the latent attention
+ * (--multi-latent-attention with its defaults: kv rank 32, q/k heads 128 + 64 of RoPE,
+ * values 128, q_proj without --q-lora-rank) into s. */
+static mp_status read_moe_mla(mp_ctx *ctx, const mg_args *a, const char *origin, mp_model *s) {
+  MP_CHECK(get_int(ctx, a, origin, "--num-experts", 0, 1, MP_LIM_EXPERTS, &s->n_experts));
+  if (s->n_experts) {
+    const char *sc = get(a, "--moe-router-score-function", NULL);
+    if (sc && strcmp(sc, "softmax") != 0)
+      return mp_error(ctx, MP_ERR_USAGE, "%s: --moe-router-score-function %s: meshplan's router takes a softmax",
+                      origin, sc);
+    MP_CHECK(get_int(ctx, a, origin, "--moe-router-topk", 2, 1, s->n_experts, &s->top_k));
+    MP_CHECK(get_int(ctx, a, origin, "--moe-ffn-hidden-size", s->d_ff, 1, 1 << 24, &s->d_ff_expert));
+    MP_CHECK(get_int(ctx, a, origin, "--moe-shared-expert-intermediate-size", 0, 1, 1 << 24, &s->d_ff_shared));
+    MP_CHECK(get_int(ctx, a, origin, "--moe-router-num-groups", 0, 1, s->n_experts, &s->n_group));
+    MP_CHECK(get_int(ctx, a, origin, "--moe-router-group-topk", s->n_group, 1, s->n_group ? s->n_group : 1,
+                     &s->topk_group));
+    s->norm_topk_prob = !has(a, "--moe-router-pre-softmax");
+    const char *f = get(a, "--moe-layer-freq", NULL);
+    if (f == NULL) f = "1";
+    int64_t n = 0;
+    char *end = NULL;
+    const long long every = strchr(f, '[') ? 0 : strtoll(f, &end, 10);
+    if (every >= 1 && end && *end == '\0') { /* an int N: layer l is an expert layer when l % N == 0 */
+      for (n = 0; n < s->n_layers; n++) s->moe_layer[n] = n % every == 0;
+    } else if (every != 0 || !(f = freq_sum(f, s->moe_layer, &n, MP_MAX_LAYERS)) || *f || n != s->n_layers) {
+      return mp_error(ctx, MP_ERR_USAGE, "%s: --moe-layer-freq %s: an integer or a pattern of 0s and 1s, one a "
+                      "layer (%lld), as ([0]*3+[1]*58)", origin, get(a, "--moe-layer-freq", NULL) ? get(a, "--moe-layer-freq", NULL) : "1",
+                      (long long)s->n_layers);
+    }
+  }
+  if (!has(a, "--multi-latent-attention")) return MP_OK;
+  MP_CHECK(get_int(ctx, a, origin, "--q-lora-rank", 0, 1, 1 << 20, &s->q_lora_rank));
+  MP_CHECK(get_int(ctx, a, origin, "--kv-lora-rank", 32, 1, 1 << 20, &s->kv_lora_rank));
+  MP_CHECK(get_int(ctx, a, origin, "--qk-head-dim", 128, 1, 1 << 16, &s->qk_nope_head_dim));
+  MP_CHECK(get_int(ctx, a, origin, "--qk-pos-emb-head-dim", 64, 1, 1 << 16, &s->qk_rope_head_dim));
+  MP_CHECK(get_int(ctx, a, origin, "--v-head-dim", 128, 1, 1 << 16, &s->v_head_dim));
+  s->head_dim = s->qk_nope_head_dim + s->qk_rope_head_dim;
+  s->n_kv_heads = s->n_heads;
+  return MP_OK;
+}
+
 /* The model the shape flags describe, as meshplan's fields (Megatron-LM's defaults where a
  * flag is absent: --ffn-hidden-size 4 x hidden, with --swiglu two thirds of that rounded
  * down to a multiple of 64; --kv-channels hidden / heads; --rotary-base 10000). */
@@ -214,15 +307,40 @@ static mp_status read_shape(mp_ctx *ctx, const mg_args *a, const char *origin, m
   s->qkv_bias = has(a, "--add-qkv-bias");
   s->qk_norm = has(a, "--qk-layernorm");
   s->tied_embeddings = !has(a, "--untie-embeddings-and-output-weights");
-  return MP_OK;
+  return read_moe_mla(ctx, a, origin, s);
 }
 
-/* The first flag on which model m differs from the shape s, or NULL. */
+/* The first expert or latent-attention flag on which model m differs from the shape s, or
+ * NULL. Megatron-LM states the shared experts by their whole width alone. */
+static const char *differs_moe_mla(const mp_model *m, const mp_model *s) {
+  if (mp_model_is_moe(m) != mp_model_is_moe(s) || m->n_experts != s->n_experts) return "--num-experts";
+  if (mp_model_is_moe(m)) {
+    if (m->d_ff_expert != s->d_ff_expert) return "--moe-ffn-hidden-size";
+    if (m->top_k != s->top_k) return "--moe-router-topk";
+    if ((m->n_shared_experts > 0 ? m->d_ff_shared : 0) != s->d_ff_shared) return "--moe-shared-expert-intermediate-size";
+    if (memcmp(m->moe_layer, s->moe_layer, (size_t)m->n_layers)) return "--moe-layer-freq";
+    if (m->norm_topk_prob != s->norm_topk_prob) return "--moe-router-pre-softmax";
+    if (m->n_group != s->n_group || (m->n_group && m->topk_group != s->topk_group)) return "--moe-router-num-groups";
+  }
+  if (mp_model_is_mla(m) != mp_model_is_mla(s)) return "--multi-latent-attention";
+  if (!mp_model_is_mla(m)) return NULL;
+  if (m->q_lora_rank != s->q_lora_rank) return "--q-lora-rank";
+  if (m->kv_lora_rank != s->kv_lora_rank) return "--kv-lora-rank";
+  if (m->qk_nope_head_dim != s->qk_nope_head_dim) return "--qk-head-dim";
+  if (m->qk_rope_head_dim != s->qk_rope_head_dim) return "--qk-pos-emb-head-dim";
+  if (m->v_head_dim != s->v_head_dim) return "--v-head-dim";
+  return NULL;
+}
+
+/* The first flag on which model m differs from the shape s, or NULL. The dense width counts
+ * where a layer is dense. */
 static const char *differs(const mp_model *m, const mp_model *s) {
-  if (mp_model_is_moe(m) || mp_model_is_mla(m) || m->sliding_window > 0) return "--num-layers (a dense model)";
+  if (m->sliding_window > 0) return "--num-layers (a model without sliding-window attention)";
   if (m->n_layers != s->n_layers) return "--num-layers";
   if (m->d_model != s->d_model) return "--hidden-size";
-  if (m->d_ff != s->d_ff) return "--ffn-hidden-size";
+  const char *x = differs_moe_mla(m, s);
+  if (x) return x;
+  if (m->d_ff != s->d_ff && (!mp_model_is_moe(m) || mp_model_n_moe_layers(m) < m->n_layers)) return "--ffn-hidden-size";
   if (m->n_heads != s->n_heads) return "--num-attention-heads";
   if (m->n_kv_heads != s->n_kv_heads) return "--num-query-groups";
   if (m->head_dim != s->head_dim) return "--kv-channels";
@@ -360,6 +478,38 @@ static mp_status read_stage_layers(mp_ctx *ctx, const mg_args *a, const char *or
   return MP_OK;
 }
 
+/* The experts' grid and dispatch (megatron/core/transformer/moe/, core_v0.14.0): meshplan
+ * prices experts whole on a rank (--expert-tensor-parallel-size 1; Megatron-LM's default is
+ * the tp size) as grouped GEMMs (--moe-grouped-gemm; without it Megatron-LM loops over its
+ * local experts), moved across EP ranks by the alltoall dispatcher or DeepEP's (flex with
+ * --moe-enable-deepep; the default allgather dispatcher sends every token to every EP rank). */
+static mp_status read_experts(mp_ctx *ctx, const mg_args *a, const char *origin, int64_t tp, int64_t ep,
+                              mp_from_plan *p) {
+  int64_t etp;
+  MP_CHECK(get_int(ctx, a, origin, "--expert-tensor-parallel-size", tp, 1, 1 << 20, &etp));
+  if (!has(a, "--num-experts")) {
+    if (ep > 1 || has(a, "--moe-enable-deepep") || has(a, "--overlap-moe-expert-parallel-comm"))
+      return mp_error(ctx, MP_ERR_USAGE, "%s: --expert-model-parallel-size, --moe-enable-deepep or "
+                      "--overlap-moe-expert-parallel-comm without --num-experts: a dense model has no experts", origin);
+    return MP_OK;
+  }
+  if (etp != 1)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --expert-tensor-parallel-size %lld (the tp size where absent): meshplan "
+                    "prices experts whole on a rank; give --expert-tensor-parallel-size 1", origin, (long long)etp);
+  if (!has(a, "--moe-grouped-gemm"))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: no --moe-grouped-gemm: Megatron-LM would loop over its local experts, "
+                    "meshplan prices them as grouped GEMMs; add --moe-grouped-gemm", origin);
+  const char *d = get(a, "--moe-token-dispatcher-type", NULL);
+  if (d == NULL) d = "allgather"; /* arguments.py's default */
+  const int deepep = has(a, "--moe-enable-deepep");
+  if (deepep != (strcmp(d, "flex") == 0) || (ep > 1 && strcmp(d, "alltoall") != 0 && !deepep))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --moe-token-dispatcher-type %s%s: meshplan prices the alltoall "
+                    "dispatcher, or flex with --moe-enable-deepep", origin, d, deepep ? " --moe-enable-deepep" : "");
+  p->moe_deepep = deepep;
+  p->moe_a2a_overlap = has(a, "--overlap-moe-expert-parallel-comm");
+  return MP_OK;
+}
+
 /* tp, pp (with its virtual stages), cp and the data parallelism that is the rest of world. */
 static mp_status read_parallel(mp_ctx *ctx, const mg_args *a, const char *origin, int world, int64_t layers,
                                mp_from_plan *p) {
@@ -370,9 +520,6 @@ static mp_status read_parallel(mp_ctx *ctx, const mg_args *a, const char *origin
   MP_CHECK(get_int(ctx, a, origin, "--expert-model-parallel-size", 1, 1, 1 << 20, &ep));
   MP_CHECK(get_int(ctx, a, origin, "--num-virtual-stages-per-pipeline-rank", 1, 1, MP_MAX_LAYERS, &v));
   MP_CHECK(get_int(ctx, a, origin, "--num-layers-per-virtual-pipeline-stage", 0, 1, MP_MAX_LAYERS, &lpv));
-  if (ep > 1)
-    return mp_error(ctx, MP_ERR_USAGE, "%s: --expert-model-parallel-size %lld: Megatron-LM's expert grid is not read "
-                    "from arguments yet; give it to simulate as --mesh ...,ep=%lld", origin, (long long)ep, (long long)ep);
   const char *cpt = get(a, "--cp-comm-type", NULL);
   if (cpt && strcmp(cpt, "p2p") != 0)
     return mp_error(ctx, MP_ERR_USAGE, "%s: --cp-comm-type %s: meshplan prices Transformer Engine's p2p "
@@ -384,7 +531,8 @@ static mp_status read_parallel(mp_ctx *ctx, const mg_args *a, const char *origin
   if (world <= 0 || world % (tp * pp * cp))
     return mp_error(ctx, MP_ERR_USAGE, "%s: Megatron-LM's data parallelism is the world over tp x pp x cp "
                     "(%lld): give --gpus N or --cluster C with a multiple of it", origin, (long long)(tp * pp * cp));
-  p->tp = (int)tp, p->pp = (int)pp, p->cp = (int)cp, p->ep = 1, p->dp_shard = 1;
+  MP_CHECK(read_experts(ctx, a, origin, tp, ep, p));
+  p->tp = (int)tp, p->pp = (int)pp, p->cp = (int)cp, p->ep = (int)ep, p->dp_shard = 1;
   p->dp_replicate = (int)(world / (tp * pp * cp));
   p->pp_schedule = pp > 1 && v > 1 ? MP_PP_INTERLEAVED : MP_PP_1F1B;
   p->pp_virtual = pp > 1 && v > 1 ? (int)v : 1;

@@ -42,7 +42,7 @@ static const struct {
     {"parallelism.pipeline_parallel_first_stage_less_layers", "1", "meshplan splits the layers its own way"},
     {"parallelism.pipeline_parallel_last_stage_less_layers", "1", "meshplan splits the layers its own way"},
     {"parallelism.pipeline_parallel_schedule_csv", "", "meshplan prices the named schedules only"},
-    {"parallelism.expert_tensor_parallel_degree", "1", "meshplan replicates routed experts over tp"},
+    {"parallelism.expert_tensor_parallel_degree", "1", "meshplan prices experts whole on a rank"},
     {"quantize.linear.float8.enable_fsdp_float8_all_gather", "false", "meshplan does not price float8 all-gather here"},
     {"quantize.linear.float8.emulate", "false", "emulated float8 runs at another speed"},
     {"quantize.linear.float8.filter_fqns", "output", "meshplan keeps exactly the output Linear in bf16"},
@@ -205,6 +205,15 @@ static mp_status read_degrees(mp_ctx *ctx, const mp_toml *t, const char *origin,
     v[rest] = world / product;
   }
   for (int k = 0; k < 6; k++) *dims[k] = (int)v[k];
+  /* parallel_dims.py (v0.2.0), expert_tensor_parallel_degree 1: the EP mesh spans whole
+   * tp x cp groups and a part of dp_shard, meshplan's expert grid (etp=1) */
+  const int tpcp = p->tp * p->cp;
+  if (p->ep > 1 && tpcp > 1 && (p->ep % tpcp || (p->dp_shard * tpcp) % p->ep))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: parallelism.expert_parallel_degree = %d: with tensor and context "
+                    "parallel degrees %d x %d torchtitan takes whole tp x cp groups and the rest from dp_shard "
+                    "(%d): a multiple of %d dividing %d", origin, p->ep, p->tp, p->cp, p->dp_shard, tpcp,
+                    p->dp_shard * tpcp);
+  p->etp = p->ep > 1 && tpcp > 1;
   return MP_OK;
 }
 

@@ -153,6 +153,10 @@ TT = [  # (GPUs, simulate's flags): FSDP, TP with AsyncTP, the pipeline, CP, rep
     ("16", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=2,dp_shard=8", "--fp8", "rowwise", "--no-reshard")),
     ("16", ("--model", "llama3.1-70b", "--mesh", "dp_shard=4,pp=4", "--pp-schedule", "1f1b", "--ac", "full")),
     ("8", ("--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=4", "--ac", "full")),
+    # the expert grid: EP over whole tp (and cp) groups and part of dp_shard, torchtitan's
+    # expert_tensor_parallel_degree 1
+    ("16", ("--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,tp=2,ep=4,etp=1")),
+    ("16", ("--model", "qwen3-30b-a3b", "--mesh", "dp_shard=4,cp=2,tp=2,ep=8,etp=1", "--seq", "16384")),
 ]
 for gpus, args in TT:
     round_trip("torchtitan", gpus, args if "--model" in args else ("--model", "llama3.1-8b") + tuple(args))
@@ -177,9 +181,40 @@ MG = [  # DDP with the distributed optimizer, TP+SP float8, interleaved pipeline
     ("64", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=16,pp=4", "--stack", "megatron-core",
             "--pp-layers", "6,9,8,9")),
 ]
+MG += [  # MoE: Megatron-Core's expert grid over DDP, DeepEP, the EP overlap, MLA, dense leading layers
+    ("16", ("--model", "mixtral-8x7b", "--mesh", "dp_replicate=8,tp=2,ep=8", "--stack", "megatron-core")),
+    ("16", ("--model", "deepseek-v2-lite", "--mesh", "dp_replicate=16,ep=8", "--stack", "megatron-core",
+            "--moe-dispatcher", "deepep")),
+    ("16", ("--model", "qwen3-30b-a3b", "--mesh", "dp_replicate=4,tp=2,pp=2,ep=8", "--stack", "megatron-core",
+            "--pp-schedule", "interleaved", "--overlap-moe-comm")),
+    ("2048", ("--model", "deepseek-v3", "--mesh", "pp=16,dp_replicate=128,ep=64", "--stack", "megatron-core",
+              "--global-batch", "15360", "--seq", "4096", "--ac", "full")),
+]
 for gpus, args in MG:
     a = args if "--model" in args else ("--model", "llama3.1-8b") + tuple(args)
     round_trip("megatron", gpus, a)
+
+# DeepSeek-V3 (its config.json: 61 layers, the first 3 dense, 256 routed experts of 2048 and
+# one shared of 2048, top-8 from 4 of 8 groups, MLA with q rank 1536, kv rank 512, q/k heads
+# 128 + 64 of RoPE, values 128) as Megatron-LM's flags. Its aux loss weight 0.001 per
+# meshplan's Mixtral form is 0.001 x top_k 8 = 0.008 in Megatron-LM's (which divides each
+# expert's count by top_k x tokens); the experts whole on a rank (etp 1), EP 64, all-to-all.
+_, text = emitted("megatron", "--gpus", "2048", "--model", "deepseek-v3", "--mesh", "pp=16,dp_replicate=128,ep=64",
+                  "--stack", "megatron-core", "--global-batch", "15360", "--seq", "4096", "--ac", "full")
+want = ("--multi-latent-attention --rope-type rope --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 "
+        "--qk-pos-emb-head-dim 64 --v-head-dim 128 --num-experts 256 --moe-ffn-hidden-size 2048 --moe-router-topk 8 "
+        "--moe-shared-expert-intermediate-size 2048 --moe-layer-freq ([0]*3+[1]*58) --moe-router-num-groups 8 "
+        "--moe-router-group-topk 4 --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 0.008 "
+        "--moe-grouped-gemm")
+check(want in " ".join(body(text).split()), "deepseek-v3's experts and MLA as Megatron-LM flags:\n" + body(text))
+check("--expert-model-parallel-size 64\n--expert-tensor-parallel-size 1\n--moe-token-dispatcher-type alltoall\n"
+      in text, "deepseek-v3's expert grid and dispatcher")
+# DeepSeek-V2-Lite's router renormalises no top-k weights (norm_topk_prob false): Megatron-LM's
+# softmax over every expert before the top k; DeepEP as the flex dispatcher
+_, text = emitted("megatron", "--gpus", "16", "--model", "deepseek-v2-lite", "--mesh", "dp_replicate=16,ep=8",
+                  "--stack", "megatron-core", "--moe-dispatcher", "deepep")
+check("--moe-router-pre-softmax\n" in text and "--q-lora-rank" not in text and
+      "--moe-token-dispatcher-type flex\n--moe-enable-deepep\n" in text, "deepseek-v2-lite as Megatron-LM flags: " + text)
 
 # the layout as Megatron-LM states it: the first and last stages' counts, the rest even
 _, text = emitted("megatron", "--gpus", "2048", "--model", "llama3.1-405b", "--mesh", "dp_replicate=16,tp=8,pp=16",
@@ -188,12 +223,12 @@ check("--decoder-first-pipeline-num-layers 7\n" in text and "--decoder-last-pipe
       "the 7,8x14,7 layout not written as Megatron-LM's first/last stage flags")
 _, text = emitted("megatron", "--gpus", "64", "--model", "llama3.1-8b", "--mesh", "dp_replicate=16,pp=4", "--stack",
                   "megatron-core", "--pp-layers", "6,9,8,9")
-check('--pipeline-model-parallel-layout "Et*6|t*9|t*8|t*9,L"\n' in text and "decoder-first" not in text,
+check('--pipeline-model-parallel-layout Et*6|t*9|t*8|t*9,L\n' in text and "decoder-first" not in text,
       "a middle stage off the even split not written as Megatron-LM's layout: " + text)
 _, text = emitted("megatron", "--gpus", "2048", "--model", "llama3.1-405b", "--mesh", "dp_replicate=16,tp=8,pp=16",
                   "--stack", "megatron-core", "--global-batch", "2048", "--pp-schedule", "interleaved",
                   "--pp-virtual", "8", "--pp-layout", "E|(t|)*126L")
-check('--pipeline-model-parallel-layout "E|(t|)*126L"\n' in text and "--num-virtual-stages" not in text,
+check('--pipeline-model-parallel-layout E|(t|)*126L\n' in text and "--num-virtual-stages" not in text,
       "Llama 3's per-chunk layout not written as Megatron-LM's layout alone: " + text)
 p = run("simulate", "--gpus", "64", "--model", "llama3.1-8b", "--mesh", "dp_shard=16,pp=4", "--pp-layers", "7,9,9,7",
         "--emit", "torchtitan", "--out", os.path.join(tmp, "uneven"), want_rc=2)
