@@ -19,6 +19,17 @@ int64_t RoutedExperts(const mp_model &m) {
   return m.n_layers * m.n_experts * 3 * m.d_model * m.d_ff_expert;
 }
 
+// Mixtral 8x7B under Megatron-LM's memory model with EP 8 spanning tp=4 (the expert grid
+// [edp 1, ep 8, etp 1] over dp_replicate=2 x tp=4), one sequence per data-parallel rank.
+void BuildGridOverTp4(Built *b) {
+  Opts o;
+  o.model = "mixtral-8x7b";
+  o.mesh = "dp_replicate=2,tp=4,ep=8,etp=1";
+  o.mem_model = MP_MEM_MODEL_MEGATRON;
+  o.global_batch = 2;
+  Build(b, o);
+}
+
 }  // namespace
 
 // Mixtral 8x7B under Megatron-Core on dp_replicate=8, ep=2 (EP 2 over a data-parallel group
@@ -71,12 +82,7 @@ TEST(ExpertGrid, DdpReducesExpertsOverExpertDp) {
 // dp_replicate (2).
 TEST(ExpertGrid, EpSpanningTensorParallelRoutesTheSequenceShard) {
   Built b;
-  Opts o;
-  o.model = "mixtral-8x7b";
-  o.mesh = "dp_replicate=2,tp=4,ep=8,etp=1";
-  o.mem_model = MP_MEM_MODEL_MEGATRON;
-  o.global_batch = 2;
-  Build(&b, o);
+  BuildGridOverTp4(&b);
   mp_schedule_totals t;
   mp_schedule_totals_compute(b.s, &t);
   const mp_model &m = b.model;
@@ -148,11 +154,6 @@ TEST(ExpertGrid, SavedRoutedActivationsAreTheRanksRows) {
                        (12 * R + 2 * R * H + 4 * 2 * R * 14336 + 2 * R * H);
   EXPECT_EQ(want, 696844288);
   Built b;
-  Opts o;
-  o.model = "mixtral-8x7b";
-  o.mesh = "dp_replicate=2,tp=4,ep=8,etp=1";
-  o.mem_model = MP_MEM_MODEL_MEGATRON;
-  o.global_batch = 2;
-  Build(&b, o);
+  BuildGridOverTp4(&b);
   EXPECT_EQ(SavedByBlock(b.s, 0), want);
 }
