@@ -21,9 +21,12 @@
  *   up/down (gpt)      the normed h 2TH; GELU saves its input (up's output), down its
  *                      output: 2 x 2Tf
  *   MoE                h 2TsH + st Ts, normed h 2TH; router probabilities (fp32) 4TE; top-k
- *                      weights and indices 12 T top_k; dispatched tokens 2 T top_k H; the
- *                      experts' gate, up, silu, product 4 x 2 T top_k f_e; expert outputs in
- *                      token order 2 T top_k H; shared expert 4 x 2 T f_s
+ *                      weights and indices 12 R; dispatched tokens 2 R H; the experts' gate,
+ *                      up, silu, product 4 x 2 R f_e; expert outputs in token order 2 R H;
+ *                      shared expert 4 x 2 T f_s. R = Tr top_k routed rows, Tr the tokens
+ *                      the rank routes: T, or T / tp under the expert grid (etp 1), where
+ *                      each TP rank dispatches its own sequence shard (Megatron-Core's
+ *                      token dispatcher; the rows the expert GEMMs run, schedule_block.c)
  * These group into the block input X (2TsH), the attention part A and the MLP part M; the
  * policies keep:
  *   none            X + A + M
@@ -68,7 +71,7 @@
  *
  * Backward holds a TEMP workspace for activation gradients, 2 x 2TH (the residual stream's
  * and the current input's) plus the MLP's largest set (llama 3 x 2Tf, gpt 2 x 2Tf, MoE 3 x
- * 2 T top_k f_e + 2 T top_k H). */
+ * 2 R f_e + 2 R H). */
 #include "exec/schedule_internal.h"
 
 /* ---- the torchtitan model's tensors (see above) ---------------------------------------- */
@@ -90,8 +93,8 @@ static int64_t mlp_all(const shapes *sh, int kind) {
   const int64_t T = sh->tokens;
   int64_t b = 2 * sh->tokens_sp * sh->d_model + stat_bytes(sh) * sh->tokens_sp + 2 * T * sh->d_model;
   if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 4) * 2 * T * sh->d_ff;
-  b += 4 * T * sh->experts + 12 * T * sh->top_k + 2 * T * sh->top_k * sh->d_model +
-       4 * 2 * T * sh->top_k * sh->d_ff_expert + 2 * T * sh->top_k * sh->d_model;
+  const int64_t R = sh->moe_tokens * sh->top_k; /* the routed rows (see the file comment) */
+  b += 4 * T * sh->experts + 12 * R + 2 * R * sh->d_model + 4 * 2 * R * sh->d_ff_expert + 2 * R * sh->d_model;
   if (sh->has_shared) b += 4 * 2 * T * sh->d_ff_shared;
   return b;
 }
@@ -100,7 +103,8 @@ static int64_t bwd_workspace(const shapes *sh, int kind) {
   const int64_t T = sh->tokens;
   int64_t b = 2 * 2 * T * sh->d_model;
   if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 3) * 2 * T * sh->d_ff;
-  return b + 3 * 2 * T * sh->top_k * sh->d_ff_expert + 2 * T * sh->top_k * sh->d_model;
+  const int64_t R = sh->moe_tokens * sh->top_k;
+  return b + 3 * 2 * R * sh->d_ff_expert + 2 * R * sh->d_model;
 }
 
 /* A block's saved bytes under one policy: the block input, what each part keeps past its

@@ -19,6 +19,17 @@ int64_t RoutedExperts(const mp_model &m) {
   return m.n_layers * m.n_experts * 3 * m.d_model * m.d_ff_expert;
 }
 
+// Mixtral 8x7B under Megatron-LM's memory model with EP 8 spanning tp=4 (the expert grid
+// [edp 1, ep 8, etp 1] over dp_replicate=2 x tp=4), one sequence per data-parallel rank.
+void BuildGridOverTp4(Built *b) {
+  Opts o;
+  o.model = "mixtral-8x7b";
+  o.mesh = "dp_replicate=2,tp=4,ep=8,etp=1";
+  o.mem_model = MP_MEM_MODEL_MEGATRON;
+  o.global_batch = 2;
+  Build(b, o);
+}
+
 }  // namespace
 
 // Mixtral 8x7B under Megatron-Core on dp_replicate=8, ep=2 (EP 2 over a data-parallel group
@@ -71,12 +82,7 @@ TEST(ExpertGrid, DdpReducesExpertsOverExpertDp) {
 // dp_replicate (2).
 TEST(ExpertGrid, EpSpanningTensorParallelRoutesTheSequenceShard) {
   Built b;
-  Opts o;
-  o.model = "mixtral-8x7b";
-  o.mesh = "dp_replicate=2,tp=4,ep=8,etp=1";
-  o.mem_model = MP_MEM_MODEL_MEGATRON;
-  o.global_batch = 2;
-  Build(&b, o);
+  BuildGridOverTp4(&b);
   mp_schedule_totals t;
   mp_schedule_totals_compute(b.s, &t);
   const mp_model &m = b.model;
@@ -123,4 +129,31 @@ TEST(ExpertGrid, MoeUnderAPipelineKeepsAllToAllsInsideAStage) {
     ASSERT_EQ(mp_mesh_group_ranks(&b.plan->mesh, MP_GROUP_EP, c.rank, ranks.data()), 64);
     for (int r : ranks) EXPECT_EQ(mp_plan_rank_stage(b.plan, r), c.stage) << r;
   }
+}
+
+// What a MoE block saves for its backward under the expert grid follows the rows the rank
+// routes: Mixtral 8x7B on dp_replicate=2, tp=4, ep=8, etp=1 under Megatron-LM's memory model
+// (flash attention, SP, seq 8192, micro-batch 1). T = 8192 tokens, Ts = T / 4 = 2048 on the
+// rank's sequence shard, H = 4096, heads 32 / 4 = 8 (q 1024 wide), kv heads 8 / 4 = 2 (kv
+// 256), E = 8 experts of f_e = 14336, top_k 2; each TP rank routes its own shard, R = Ts x 2
+// = 4096 rows (the rows EpSpanningTensorParallelRoutesTheSequenceShard's expert GEMMs run).
+//   block input            2 Ts H                                  =  16,777,216
+//   attention              4 Ts (rstd) + 2 Ts H (SP input) + 2T (q + kv) (q, k after RoPE)
+//                          + 2T kv (v) + 4T x 8 (log-sum-exp) + 2T q (context)
+//                                                                  =  58,990,592
+//   MoE, not routed        2 Ts H + 4 Ts + 2T H (normed h) + 4T E (router probabilities)
+//                                                                  =  84,156,416
+//   MoE, routed rows       12 R + 2 R H (dispatched) + 4 x 2 R f_e (gate, up, silu,
+//                          product) + 2 R H (expert outputs)       = 536,920,064
+// 696,844,288 bytes in all; counting all T tokens' rows on every rank instead (R = 16384)
+// would give 2,307,604,480.
+TEST(ExpertGrid, SavedRoutedActivationsAreTheRanksRows) {
+  const int64_t T = 8192, Ts = 2048, H = 4096, R = 4096;
+  const int64_t want = 2 * Ts * H + (4 * Ts + 2 * Ts * H + 2 * T * (1024 + 256) + 2 * T * 256 + 4 * T * 8 + 2 * T * 1024) +
+                       (2 * Ts * H + 4 * Ts + 2 * T * H + 4 * T * 8) +
+                       (12 * R + 2 * R * H + 4 * 2 * R * 14336 + 2 * R * H);
+  EXPECT_EQ(want, 696844288);
+  Built b;
+  BuildGridOverTp4(&b);
+  EXPECT_EQ(SavedByBlock(b.s, 0), want);
 }
