@@ -159,6 +159,18 @@ mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
   return MP_OK;
 }
 
+mp_status mp_cmd_moe_routing(mp_ctx *ctx, const mp_cmd_spec *spec, mp_moe_routing *r) {
+  MP_CHECK(mp_args_double(ctx, spec, "--moe-imbalance", 1.0, MP_LIM_MOE_LOAD, MP_RANGE_CLOSED, &r->imbalance));
+  MP_CHECK(mp_args_double(ctx, spec, "--moe-capacity-factor", 0.0, MP_LIM_MOE_LOAD, MP_RANGE_OPEN_LO,
+                          &r->capacity_factor));
+  if (!mp_args_has(spec, "--moe-pad-expert-input-to-capacity")) return MP_OK;
+  if (!(r->capacity_factor > 0.0))
+    return mp_error(ctx, MP_ERR_USAGE, "--moe-pad-expert-input-to-capacity pads each expert's input to its "
+                    "capacity: give --moe-capacity-factor C too");
+  r->pad_to_capacity = 1;
+  return MP_OK;
+}
+
 mp_status mp_cmd_load_model(mp_ctx *ctx, const mp_cmd_spec *spec, const char *dflt, mp_model *m) {
   const char *hf = mp_args_get(spec, "--hf-config");
   const char *model = mp_args_get(spec, "--model");

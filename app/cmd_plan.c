@@ -46,8 +46,7 @@ static mp_opt k_opts[] = {
     {"--objective", "O", "time (default), memory, tokens-per-dollar (needs a price), days or cost (need --tokens; "
                          "cost a price): on one size days rank as time and cost as tokens-per-dollar, across a "
                          "sweep's sizes they pick the size", NULL},
-    {"--price", "USD", "price per GPU-hour, for tokens-per-dollar and the cost of --tokens (default: the cluster's)",
-     NULL},
+    {"--price", "USD", "price per GPU-hour, for tokens-per-dollar and the cost of --tokens (default: the cluster's)", NULL},
     {"--price-per-gpu-hour", "USD", "the same as --price", NULL},
     {"--tokens", "T", "tokens to train (15T, 300B, 1.5e12): each plan's days to train them and, with a price, "
                       "their cost", NULL},
@@ -59,7 +58,7 @@ static mp_opt k_opts[] = {
     MP_OPT_MICRO_BATCH("in plan: searched, powers of two up to the per-rank batch; given: this one alone"),
     MP_OPT_SP,
     MP_OPT_CP_ROTATE,
-    MP_OPT_ASYNC_TP,
+    MP_OPT_ASYNC_TP, MP_OPT_MOE_ROUTING,
     {"--fp8", "[on|off|auto|tensorwise|current|delayed|rowwise|mxfp8|blockwise]",
      "float8 Linear layers: bare or on, float8 plans only under the stack's recipe; a recipe's name, "
      "float8 plans only under it (see simulate --help); off (default), bf16 only; auto, both where "
@@ -237,6 +236,7 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   if (a->as_json && a->as_csv) return mp_error(ctx, MP_ERR_USAGE, "give --json or --csv, not both");
   MP_CHECK(read_price_tokens(ctx, a));
   fill_setup(a, gb);
+  MP_CHECK(mp_cmd_moe_routing(ctx, &k_spec, &a->setup.moe_routing));
   MP_CHECK(mp_model_check_step(ctx, &a->m, a->seq, 1, a->target_seqs > 0 ? 2 * a->gb : a->gb));
   a->out = mp_args_has(&k_spec, "--out") ? mp_args_get(&k_spec, "--out") : ".";
   MP_CHECK(mp_emit_args(ctx, mp_args_get(&k_spec, "--emit"), mp_args_has(&k_spec, "--out"), &a->target, &a->emit));
@@ -857,7 +857,7 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
     st = mp_sim_evaluator_init(ctx, ev, &a->m, &a->c, a->seq, a->gb, a->headroom, a->setup.stack);
   if (st == MP_OK) st = mp_cmd_cp_rotate(ctx, &k_spec, &ev->stack, &ev->base);
   if (st == MP_OK) st = mp_cmd_async_tp(ctx, &k_spec, &ev->stack, &ev->base);
-  if (st == MP_OK) st = mp_plan_setup_fp8_recipe(ctx, &a->setup, &a->c, ev);
+  if (st == MP_OK) st = mp_plan_setup_options(ctx, &a->setup, &a->c, ev);
   if (st == MP_OK) {
     /* as checked against the user's stack; on other clusters where their stacks run them */
     a->setup.cp_rotate_given = mp_args_has(&k_spec, "--cp-rotate");

@@ -136,6 +136,8 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     return mp_error(ctx, MP_ERR_INVALID, "%s: moe_dispatcher '%s': expected alltoall or deepep", where,
                     v->moe_dispatcher);
   if (strcmp(v->moe_dispatcher, "deepep") == 0) o->moe_dispatcher = MP_MOE_DISPATCH_DEEPEP;
+  if (v->moe_imbalance > 0.0) o->moe_routing.imbalance = v->moe_imbalance;
+  o->moe_routing.capacity_factor = v->moe_capacity_factor;
   if (v->sp >= 0) o->sp = v->sp;
   if (v->async_tp == 1 && !j->prof.async_tp)
     return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp = 1: stack %s does not run AsyncTP "

@@ -79,6 +79,11 @@ mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
  * Megatron-Core's (the plan checks the rest). */
 mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                              mp_plan_options *o);
+/* --moe-imbalance F (>= 1), --moe-capacity-factor C (> 0) and
+ * --moe-pad-expert-input-to-capacity (with C) into *r (simulate, explain, plan); each absent
+ * option leaves its field. MP_ERR_USAGE for a value out of range; the plan checks the rest
+ * against the model and mesh (exec/plan.h, mp_moe_routing). */
+mp_status mp_cmd_moe_routing(mp_ctx *ctx, const mp_cmd_spec *spec, mp_moe_routing *r);
 /* --ep N (explain, train): expert parallelism of degree N carved out of dp_shard, the same
  * as ep=N in --mesh; merged into *mesh (a different ep there is a usage error) and the
  * mesh validated. Nothing when --ep was not given. */

@@ -58,6 +58,22 @@ void mp_explain_fmt_bytes(double b, char *buf, size_t cap);
  * cp = 1. */
 void mp_explain_cp_note(const mp_plan *p, char *buf, size_t cap);
 
+/* With routed experts (and not under meshplan's runtime, which runs a GEMM per expert and
+ * source rank): the slowest EP rank's grouped expert GEMMs as the simulator prices them
+ * (exec/schedule_prep.c's rows, sim/cost.c's tile padding) and its load. */
+typedef struct mp_explain_moe {
+  int64_t experts_local;  /* routed experts on the rank */
+  double rows;            /* rows per expert per micro-batch (mp_sched_moe_rows) */
+  double load;            /* those rows over the balanced ones */
+  int64_t rows_computed;  /* rows padded to the stack's tile */
+  int tile_m;             /* the stack's grouped-GEMM row tile (0: none) */
+  double grouped_eff;     /* the forward gate GEMM's useful FLOPs over peak x its time */
+  double dense_eff;       /* the same FLOPs as one dense GEMM of all the rows */
+  int fp8;                /* the experts run float8 */
+} mp_explain_moe;
+/* The facts and the sentence (buf; "" and 0 without routed experts or under the runtime). */
+int mp_explain_moe_note(const explain *e, mp_explain_moe *f, char *buf, size_t cap);
+
 /* With pp > 1, the rank's pipeline into e's pp_* fields and e->pp_note (the sentence);
  * needs e->plan, e->rank and e->n_micro. MP_ERR_INVALID where the schedule refuses the
  * micro-batch count (the interleaved schedule's groups of pp). */

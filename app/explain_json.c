@@ -153,6 +153,17 @@ static cJSON *plan_json(const explain *e) {
   char cpn[1024];
   mp_explain_cp_note(p, cpn, sizeof cpn);
   if (cpn[0]) cJSON_AddStringToObject(root, "context_parallel", cpn);
+  mp_explain_moe f;
+  if (mp_explain_moe_note(e, &f, cpn, sizeof cpn)) {
+    cJSON *mo = cJSON_AddObjectToObject(root, "routed_experts");
+    cJSON_AddNumberToObject(mo, "experts_local", (double)f.experts_local);
+    cJSON_AddNumberToObject(mo, "rows_per_expert", f.rows);
+    cJSON_AddNumberToObject(mo, "rows_computed", (double)f.rows_computed);
+    cJSON_AddNumberToObject(mo, "load", f.load);
+    cJSON_AddNumberToObject(mo, "grouped_gemm_eff", f.grouped_eff);
+    cJSON_AddNumberToObject(mo, "dense_gemm_eff", f.dense_eff);
+    cJSON_AddStringToObject(mo, "note", cpn);
+  }
   if (e->pp_note[0]) add_pipeline(root, e);
   cJSON *params = cJSON_AddArrayToObject(root, "params");
   for (int i = 0; i < p->n_params; i++) cJSON_AddItemToArray(params, param_json(e, &p->params[i]));

@@ -1,10 +1,12 @@
-/* meshplan explain's "context parallel" and "pipeline" sections (explain.h): how the
+/* meshplan explain's "context parallel", "routed experts" and "pipeline" sections (explain.h): how the
  * context-parallel ring runs for the plan's memory model and stack, and the rank's
  * pipeline (the layer split, the warm-up and in-flight chunks of the stack's schedule
  * implementation, the bubble, the boundary transfers), each said in one sentence that the
  * text and the JSON report both print. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "app/commands.h"
 #include "app/explain.h"
@@ -145,4 +147,74 @@ mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_prof
            (long long)e->pp_inflight, interleaved ? "(v m)" : "m", e->pp_bubble,
            p->opts.sp && tp > 1 ? "[T/tp, H] bf16" : "[T, H] bf16", sb);
   return MP_OK;
+}
+
+/* The forward gate GEMM of the rank's experts, as exec/schedule_block.c writes it: `local`
+ * experts of `rows` rows (grouped), or all their rows as one GEMM with one weight (dense). */
+static double gate_eff(const explain *e, double rows, int64_t local, int grouped, int fp8) {
+  const mp_model *m = &e->plan->model;
+  const int dt = fp8 ? MP_DTYPE_FP8_E4M3 : MP_DTYPE_BF16;
+  const double batch = grouped ? (double)local : 1.0, r = grouped ? rows : rows * (double)local;
+  mp_op op;
+  memset(&op, 0, sizeof op);
+  op.type = MP_OP_COMPUTE;
+  op.kernel = MP_KERNEL_GEMM;
+  op.variant = MP_VAR_FWD;
+  op.dtype = (uint8_t)dt;
+  op.m = (int64_t)ceil(r);
+  op.n = m->d_ff_expert;
+  op.k = m->d_model;
+  op.batch = (int64_t)batch;
+  op.flops = 2.0 * r * (double)op.n * (double)op.k * batch;
+  op.bytes = mp_gemm_bytes(r, (double)op.n, (double)op.k, batch, mp_dtype_bytes((mp_dtype)dt));
+  op.grouped = (uint8_t)grouped;
+  const double t = mp_sim_compute_op_s(&op, &e->cluster.gpu, &e->prof) - e->prof.kernel_overhead_s;
+  double peak = e->cluster.gpu.peak_tflops[dt] > 0 ? e->cluster.gpu.peak_tflops[dt] : e->cluster.gpu.peak_tflops[MP_DTYPE_BF16];
+  return t > 0 && peak > 0 ? op.flops / (peak * 1e12 * t) : 0.0;
+}
+
+/* The routing's words: balanced or the imbalance, dropless or the capacity. */
+static void routing_words(const mp_plan *p, int ep, double load, char *buf, size_t cap) {
+  const mp_moe_routing *r = &p->opts.moe_routing;
+  const double f = r->imbalance > 1.0 && ep > 1 ? r->imbalance : 1.0;
+  int n = f > 1.0 ? snprintf(buf, cap, "imbalance %g: the slowest EP rank gets %g x the mean rows and every rank "
+                                       "waits for it", f, f)
+                  : snprintf(buf, cap, "balanced routing%s", r->imbalance > 1.0 ? " (an imbalance is moot at ep=1)" : "");
+  if (n < 0 || (size_t)n >= cap) return;
+  if (r->capacity_factor > 0.0)
+    snprintf(buf + n, cap - (size_t)n, "; capacity factor %g %s: each expert computes %g x the balanced rows, the "
+             "all-to-all moves as much", r->capacity_factor,
+             r->pad_to_capacity ? "padded to capacity" : (load < f ? "with the excess dropped" : "(nothing dropped)"), load);
+  else
+    snprintf(buf + n, cap - (size_t)n, "; dropless");
+}
+
+int mp_explain_moe_note(const explain *e, mp_explain_moe *f, char *buf, size_t cap) {
+  buf[0] = '\0';
+  memset(f, 0, sizeof *f);
+  const mp_plan *p = e->plan;
+  const mp_model *m = &p->model;
+  if (!mp_model_is_moe(m) || mp_mem_model_is_runtime(p->opts.mem_model)) return 0;
+  const int ep = p->mesh.ep > 1 && (p->applied & MP_PASS_EP) ? p->mesh.ep : 1;
+  const int64_t T = p->opts.micro_batch * p->opts.seq / p->mesh.size[MP_DIM_CP];
+  const int64_t routed = mp_mesh_expert_grid(&p->mesh) ? T / p->mesh.size[MP_DIM_TP] : T;
+  f->rows = mp_sched_moe_rows(&p->opts.moe_routing, (double)routed, m->top_k, m->n_experts, ep, &f->load);
+  f->experts_local = m->n_experts / ep;
+  for (int i = 0; i < p->n_params; i++)
+    if (p->params[i].module == MP_MOD_EXPERTS_GATE && p->params[i].role == MP_ROLE_WEIGHT) f->fp8 = p->params[i].float8;
+  f->tile_m = e->prof.grouped_tile_m;
+  const int64_t r = (int64_t)ceil(f->rows), t = f->tile_m > 1 ? f->tile_m : 1;
+  f->rows_computed = (r + t - 1) / t * t;
+  f->grouped_eff = gate_eff(e, f->rows, f->experts_local, 1, f->fp8);
+  f->dense_eff = gate_eff(e, f->rows, f->experts_local, 0, f->fp8);
+  char rw[400];
+  routing_words(p, ep, f->load, rw, sizeof rw);
+  snprintf(buf, cap,
+           "%lld experts a rank, %.1f rows each a micro-batch (%lld computed: %s); their grouped %s GEMMs reach "
+           "%.1f %% of the peak, one dense GEMM of the same FLOPs %.1f %% (each expert's weights read once per "
+           "GEMM); %s",
+           (long long)f->experts_local, f->rows, (long long)f->rows_computed,
+           f->tile_m > 1 ? "the stack's grouped GEMM pads each expert to its row tile" : "the stack states no tile",
+           f->fp8 ? "float8" : "bf16", 100.0 * f->grouped_eff, 100.0 * f->dense_eff, rw);
+  return 1;
 }

@@ -120,6 +120,12 @@ static void print_pipeline(const explain *e) {
   if (e->mb_rule[0]) printf("  micro-batches: %s\n", e->mb_rule);
 }
 
+static void print_moe(const explain *e) {
+  char note[1024];
+  mp_explain_moe f;
+  if (mp_explain_moe_note(e, &f, note, sizeof note)) printf("\nrouted experts\n  %s\n", note);
+}
+
 static void print_cp(const mp_plan *p) {
   char note[1024];
   mp_explain_cp_note(p, note, sizeof note);
@@ -530,6 +536,7 @@ void mp_explain_print_text(const explain *e, const mp_param *prm, const mp_sched
   print_header(e);
   print_passes(e->plan);
   print_cp(e->plan);
+  print_moe(e);
   print_pipeline(e);
   print_other_notes(e->plan);
   print_params(e);

@@ -116,6 +116,17 @@ static mp_status positive_in(const reader *r, const char *name, const char *v, d
   return MP_OK;
 }
 
+/* An optional number in (0, MP_LIM_MOE_LOAD], at least `least`: 0 where absent or empty. */
+static mp_status opt_real(const reader *r, const char *name, double least, double *out) {
+  *out = 0.0;
+  const char *v = field(r, name);
+  if (!v || !v[0]) return MP_OK;
+  MP_CHECK(positive_in(r, name, v, 0.0, MP_LIM_MOE_LOAD, out));
+  if (*out < least)
+    return mp_error(r->ctx, MP_ERR_INVALID, "%s: column '%s' = '%s': expected at least %g", r->where, name, v, least);
+  return MP_OK;
+}
+
 /* local_batch is one data-parallel rank's share of global_batch, and the data-parallel ranks
  * are dp_replicate x dp_shard (tp, pp and cp ranks work on the same sequences; ep is carved
  * out of the data-parallel ranks): a row whose three numbers disagree states two batches,
@@ -181,6 +192,8 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   row->moe_dispatcher[0] = '\0';
   const char *disp = field(r, "moe_dispatcher");
   if (disp && disp[0]) MP_CHECK(need_str(r, "moe_dispatcher", 1, row->moe_dispatcher, sizeof row->moe_dispatcher));
+  MP_CHECK(opt_real(r, "moe_imbalance", 1.0, &row->moe_imbalance));
+  MP_CHECK(opt_real(r, "moe_capacity_factor", 0.0, &row->moe_capacity_factor));
   row->micro_batch = 0;
   const char *mbs = field(r, "micro_batch");
   if (mbs && mbs[0]) {

@@ -54,6 +54,10 @@ typedef struct mp_vrow {
                            "" when the column is absent or empty: the stack's recipe */
   char moe_dispatcher[16]; /* as written (alltoall or deepep: exec/plan.h, mp_moe_dispatcher);
                              "" when the column is absent or empty: alltoall */
+  double moe_imbalance;       /* optional column: the busiest EP rank's routed tokens over the
+                                 mean, in [1, MP_LIM_MOE_LOAD]; 0 when absent or empty (1) */
+  double moe_capacity_factor; /* optional column: Megatron-Core's expert capacity factor, in
+                                 (0, MP_LIM_MOE_LOAD]; 0 when absent or empty (dropless) */
   int sp;               /* 0 or 1; -1 when absent or empty (the stack's default) */
   int async_tp;         /* 0 or 1: the TP collectives fused with their GEMMs (torchtitan's
                            AsyncTP, Megatron-Core's --tp-comm-overlap); -1 when the column is

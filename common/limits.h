@@ -81,6 +81,11 @@
  * elements are 4 TiB, 20x the memory of the largest GPU; with 512 layers and the dozen
  * tensors a layer saves, activation bytes stay below 2^56. */
 #define MP_LIM_MICRO_ELEMS (1LL << 40)
+/* A MoE imbalance or capacity factor (exec/plan.h, mp_moe_routing): published capacity
+ * factors are 1.0 .. 2.0 (Switch Transformer, GShard, Megatron-Core's examples); an
+ * imbalance is at most ep (every token on one rank), which the plan checks against the
+ * model. 2^14 = MP_LIM_EXPERTS bounds both far above any meaningful value. */
+#define MP_LIM_MOE_LOAD 16384.0
 /* Model chunks per pipeline stage (interleaved 1F1B): up to one layer a chunk, which
  * published NeMo layouts come close to (virtual pipeline 20 and more on 80 layers); the
  * plan's rule keeps pp x chunks within the layers (exec/rules.h), so with pp >= 2 and at most

@@ -539,6 +539,7 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
   MP_CHECK(mp_mesh_validate(ctx, mesh));
   int pp = mesh->size[MP_DIM_PP], cp = mesh->size[MP_DIM_CP];
   MP_CHECK(mp_rule_experts_check(ctx, m, mesh));
+  MP_CHECK(mp_rule_moe_routing_check(ctx, m, mesh, o));
   if (pp > m->n_layers)
     return mp_error(ctx, MP_ERR_INVALID,
                     "pp=%d exceeds the %lld layers of %s; a stage needs at least one layer", pp,
@@ -815,6 +816,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->cp_rotate != b->cp_rotate || opts->cp_wait_at_issue != b->cp_wait_at_issue ||
       opts->tp_comm_fused != b->tp_comm_fused || opts->moe_a2a_overlap != b->moe_a2a_overlap ||
       opts->moe_dispatcher != b->moe_dispatcher ||
+      memcmp(&opts->moe_routing, &b->moe_routing, sizeof opts->moe_routing) != 0 ||
       (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,
                     "mp_plan_derive: options differ from the base plan's in more than "

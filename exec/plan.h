@@ -251,6 +251,30 @@ typedef enum mp_cp_rotate { MP_CP_ROTATE_ALLGATHER = 0, MP_CP_ROTATE_ALLTOALL } 
  * 2412.19437 sec. 3.2.2; deepseek-ai/DeepEP's normal kernels). */
 typedef enum mp_moe_dispatcher { MP_MOE_DISPATCH_ALLTOALL = 0, MP_MOE_DISPATCH_DEEPEP } mp_moe_dispatcher;
 
+/* How routed tokens load the experts (the simulator prices the slowest EP rank, which every
+ * all-to-all waits for: exec/schedule_prep.c, mp_sched_moe_rows):
+ *   imbalance        f >= 1: the tokens on the busiest EP rank's experts over the mean. 1
+ *                    (the default; 0 reads as 1): balanced, as benchmark recipes force it (Megatron-Core's
+ *                    --moe-router-force-load-balancing). That rank's expert GEMMs and its
+ *                    all-to-all bytes scale by f (capped by the capacity below). Moot at
+ *                    ep = 1 (one rank holds every expert, and waits for no other).
+ *   capacity_factor  C > 0: Megatron-Core's --moe-expert-capacity-factor: each expert takes at
+ *                    most ceil(C x tokens x top_k / experts) of a rank's routed tokens
+ *                    (megatron/core/transformer/moe/moe_utils.py, get_capacity and the
+ *                    router's token dropping, core_v0.14), the excess dropped before the
+ *                    dispatch (--moe-token-drop-policy probs or position: which tokens, not
+ *                    how many). 0 (the default): dropless.
+ *   pad_to_capacity  with C: --moe-pad-expert-input-to-capacity: every expert takes exactly
+ *                    its capacity from every rank (the routing map padded), so its GEMMs and
+ *                    the all-to-alls move C x the balanced rows whatever the imbalance.
+ * Not under the meshplan runtimes' memory models, which route the real tokens (their
+ * schedule sizes its buffers by them: exec/schedule_rt.c). */
+typedef struct mp_moe_routing {
+  double imbalance;
+  double capacity_factor;
+  int pad_to_capacity;
+} mp_moe_routing;
+
 /* Whose memory the schedule's ALLOC/FREE events describe: a property of the runtime that
  * executes the plan, named by its stack profile (sim/stack.h, key "memory_model"). It
  * changes no parameter, unit or collective, only the memory events (and, where the
@@ -374,6 +398,7 @@ typedef struct mp_plan_options {
                             (megatron/core/transformer/transformer_config.py, core_v0.14):
                             ep > 1, interleaved stages when pp > 1, no full recompute; the
                             megatron memory model only. 0: off (default) */
+  mp_moe_routing moe_routing; /* the experts' load (imbalance 1, dropless by default) */
   int64_t seq;           /* tokens per sequence (0: min(max_seq, 8192), set by mp_plan_create) */
   int64_t micro_batch;   /* sequences per micro-batch per data-parallel rank */
   int64_t global_batch;  /* sequences per step over all data-parallel ranks (0: one

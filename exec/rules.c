@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/intmath.h"
+#include "common/limits.h"
 
 /* ---- tensor parallelism ------------------------------------------------------------------ */
 
@@ -72,6 +73,12 @@ mp_status mp_rule_tp_check(mp_ctx *ctx, const mp_model *m, int tp, int pad_vocab
 /* ---- expert parallelism ------------------------------------------------------------------ */
 
 int mp_rule_ep_ok(const mp_model *m, int ep) { return !mp_model_is_moe(m) || m->n_experts % ep == 0; }
+
+double mp_rule_moe_imbalance_max(const mp_model *m, int ep) {
+  if (!mp_model_is_moe(m) || ep <= 1 || m->top_k < 1) return 1.0;
+  const double local = (double)(m->n_experts / ep), k = (double)m->top_k;
+  return (double)ep * (local < k ? local : k) / k;
+}
 
 mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh) {
   if (mesh->ep > 1 && !mp_rule_ep_ok(m, mesh->ep))
@@ -154,5 +161,35 @@ mp_status mp_rule_fp8_recipe_check(mp_ctx *ctx, mp_mem_model mm, mp_fp8_recipe r
                     "FSDP gathers it (torchao); recipe %s scales otherwise: use tensorwise or turn "
                     "float8 all-gather off",
                     mp_fp8_recipe_name(r));
+  return MP_OK;
+}
+
+mp_status mp_rule_moe_routing_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                                   const mp_plan_options *o) {
+  const mp_moe_routing *r = &o->moe_routing;
+  const int skewed = r->imbalance != 0.0 && r->imbalance != 1.0, capped = r->capacity_factor != 0.0;
+  if (!skewed && !capped && !r->pad_to_capacity) return MP_OK;
+  if (!(r->imbalance == 0.0 || (r->imbalance >= 1.0 && r->imbalance <= MP_LIM_MOE_LOAD)))
+    return mp_error(ctx, MP_ERR_INVALID, "MoE imbalance %g: the busiest EP rank's tokens over the mean "
+                    "is at least 1 (1: balanced) and at most %g", r->imbalance, MP_LIM_MOE_LOAD);
+  if (capped && !(r->capacity_factor > 0.0 && r->capacity_factor <= MP_LIM_MOE_LOAD))
+    return mp_error(ctx, MP_ERR_INVALID, "MoE capacity factor %g: must be in (0, %g] (Megatron-Core's "
+                    "--moe-expert-capacity-factor); leave it unset for dropless routing",
+                    r->capacity_factor, MP_LIM_MOE_LOAD);
+  if (r->pad_to_capacity && !capped)
+    return mp_error(ctx, MP_ERR_INVALID, "padding the experts' input to capacity needs a capacity factor "
+                    "(Megatron-Core's --moe-pad-expert-input-to-capacity with --moe-expert-capacity-factor)");
+  if (!mp_model_is_moe(m))
+    return mp_error(ctx, MP_ERR_INVALID, "MoE imbalance or capacity on a dense model: %s has no routed "
+                    "experts; drop them", m->name);
+  const double f_max = mp_rule_moe_imbalance_max(m, mesh->ep);
+  if (skewed && mesh->ep > 1 && r->imbalance > f_max)
+    return mp_error(ctx, MP_ERR_INVALID, "MoE imbalance %g exceeds %g, the load of an EP rank that gets every "
+                    "token's picks among its %lld experts (ep=%d, top_k=%lld); choose an imbalance in [1, %g]",
+                    r->imbalance, f_max, (long long)(m->n_experts / mesh->ep), mesh->ep, (long long)m->top_k, f_max);
+  if (mp_mem_model_is_runtime(o->mem_model))
+    return mp_error(ctx, MP_ERR_INVALID, "MoE imbalance or capacity under the %s memory model: meshplan's "
+                    "runtime routes the real tokens and its schedule sizes the expert buffers by them; "
+                    "use a torchtitan or megatron stack", mp_mem_model_name(o->mem_model));
   return MP_OK;
 }

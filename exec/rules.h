@@ -46,6 +46,17 @@ mp_status mp_rule_tp_check(mp_ctx *ctx, const mp_model *m, int tp, int pad_vocab
 
 /* ep divides the routed experts (a dense model: ep 1 only matters to the mesh). */
 int mp_rule_ep_ok(const mp_model *m, int ep);
+/* The largest imbalance (the busiest EP rank's routed tokens over the mean, exec/plan.h's
+ * mp_moe_routing) ep ranks can have: a token picks top_k distinct experts, at most
+ * min(top_k, n_experts / ep) of them on one rank, so that rank gets at most ep x that /
+ * top_k times the mean. 1 for a dense model or ep <= 1. */
+double mp_rule_moe_imbalance_max(const mp_model *m, int ep);
+/* The experts' load (mp_moe_routing): an imbalance of at least 1 and at most what ep ranks
+ * can hold (it is moot at ep = 1, where one rank holds every expert), a positive capacity
+ * factor, padding only with one, a MoE model, and not under the meshplan runtimes, whose
+ * schedule routes the real tokens. */
+mp_status mp_rule_moe_routing_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                                    const mp_plan_options *o);
 /* The model x mesh rules of experts: ep dividing the experts. */
 mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh);
 

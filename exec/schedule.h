@@ -206,7 +206,17 @@ typedef struct mp_op {
                       schedule's fold of ring attention's identical middle steps,
                       schedule_cp.c) */
   uint8_t fused;   /* mp_fuse: AsyncTP's micro-pipelined TP collectives (plan async_tp) */
+  uint8_t grouped; /* GEMM: one grouped-GEMM launch over `batch` routed experts of m rows
+                      each (WGRAD: k tokens each), the tokens of each expert padded to the
+                      kernel's tile (sim/cost.c); 0 for every other GEMM and for the
+                      runtimes' per-block expert GEMMs */
 } mp_op;
+
+/* The rows a local expert of the slowest EP rank computes under routing rt (exec/plan.h,
+ * mp_moe_routing), from the rank's routed tokens (balanced: tokens x top_k x ep / experts),
+ * and *load, those rows over the balanced ones (exec/schedule_prep.c). */
+double mp_sched_moe_rows(const mp_moe_routing *rt, double tokens, int64_t top_k, int64_t experts, int ep,
+                         double *load);
 
 /* A GEMM op's device-memory bytes (mp_op.bytes): [m, k] and [k, n] read at in_b bytes an
  * element, [m, n] written in bf16, batch times. */

@@ -26,7 +26,10 @@
  *                      shared expert 4 x 2 T f_s. R = Tr top_k routed rows, Tr the tokens
  *                      the rank routes: T, or T / tp under the expert grid (etp 1), where
  *                      each TP rank dispatches its own sequence shard (Megatron-Core's
- *                      token dispatcher; the rows the expert GEMMs run, schedule_block.c)
+ *                      token dispatcher; the rows the expert GEMMs run, schedule_block.c).
+ *                      The dispatched rows and the experts' tensors are the slowest EP
+ *                      rank's: x its load under an imbalance or a capacity (schedule_prep.c,
+ *                      mp_sched_moe_rows)
  * These group into the block input X (2TsH), the attention part A and the MLP part M; the
  * policies keep:
  *   none            X + A + M
@@ -88,13 +91,20 @@ static int64_t attn_all(const shapes *sh) {
   return b;
 }
 
+/* Bytes of the expert side (the dispatched rows and what the experts make of them), sized
+ * by the rows the slowest EP rank receives: x_balanced x its load (mp_sched_moe_rows). */
+static int64_t received(const shapes *sh, int64_t x_balanced) {
+  return sh->moe_load == 1.0 ? x_balanced : llround((double)x_balanced * sh->moe_load);
+}
+
 /* M: everything the MLP part saves without AC. */
 static int64_t mlp_all(const shapes *sh, int kind) {
   const int64_t T = sh->tokens;
   int64_t b = 2 * sh->tokens_sp * sh->d_model + stat_bytes(sh) * sh->tokens_sp + 2 * T * sh->d_model;
   if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 4) * 2 * T * sh->d_ff;
   const int64_t R = sh->moe_tokens * sh->top_k; /* the routed rows (see the file comment) */
-  b += 4 * T * sh->experts + 12 * R + 2 * R * sh->d_model + 4 * 2 * R * sh->d_ff_expert + 2 * R * sh->d_model;
+  b += 4 * T * sh->experts + 12 * R + received(sh, 2 * R * sh->d_model + 4 * 2 * R * sh->d_ff_expert) +
+       2 * R * sh->d_model;
   if (sh->has_shared) b += 4 * 2 * T * sh->d_ff_shared;
   return b;
 }
@@ -104,7 +114,7 @@ static int64_t bwd_workspace(const shapes *sh, int kind) {
   int64_t b = 2 * 2 * T * sh->d_model;
   if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 3) * 2 * T * sh->d_ff;
   const int64_t R = sh->moe_tokens * sh->top_k;
-  return b + 3 * 2 * R * sh->d_ff_expert + 2 * R * sh->d_model;
+  return b + received(sh, 3 * 2 * R * sh->d_ff_expert + 2 * R * sh->d_model);
 }
 
 /* A block's saved bytes under one policy: the block input, what each part keeps past its

@@ -138,6 +138,12 @@ void mp_sched_attention_out_fwd(gen *g) {
   mp_sched_residual(g, MP_VAR_FWD, sh->tokens_sp * sh->d_model);
 }
 
+/* The rows the rank's experts receive: its own routed Tk when balanced, else Tk x the load
+ * of the slowest EP rank (mp_sched_moe_rows). */
+static int64_t received_rows(const shapes *sh, int64_t Tk) {
+  return sh->moe_load == 1.0 ? Tk : llround((double)Tk * sh->moe_load);
+}
+
 static void swiglu(gen *g, mp_variant v, int module, int64_t elems) {
   if (v == MP_VAR_FWD)
     elementwise(g, MP_KERNEL_ACTIVATION, v, module, elems, FLOPS_SWIGLU_FWD, 6.0 * (double)elems);
@@ -159,12 +165,23 @@ static int expert_blocks(const gen *g) {
              : 0;
 }
 
+/* The GEMMs emitted since op `first` as grouped launches (mp_op.grouped): the frameworks'
+ * grouped expert GEMMs, which the simulator prices by their padded tiles. The runtimes' own
+ * experts (an op per expert and source, or their float8 ones) stay plain GEMMs. */
+static void mark_grouped(gen *g, int32_t first) {
+  if (g->ms->runtime || g->status != MP_OK) return;
+  for (int32_t i = first; i < g->n_ops; i++)
+    if (g->ops[i].type == MP_OP_COMPUTE && g->ops[i].kernel == MP_KERNEL_GEMM) g->ops[i].grouped = 1;
+}
+
 static void experts_gate_up_fwd(gen *g, int64_t H) {
   const shapes *sh = &g->sh;
   const int nb = expert_blocks(g);
   if (nb == 0) {
+    const int32_t first = g->n_ops;
     mp_sched_linear_fwd(g, MP_MOD_EXPERTS_GATE, sh->tokens_per_expert, sh->d_ff_expert, H, sh->experts_local);
     mp_sched_linear_fwd(g, MP_MOD_EXPERTS_UP, sh->tokens_per_expert, sh->d_ff_expert, H, sh->experts_local);
+    mark_grouped(g, first);
   }
   for (int b = 0; b < nb; b++) {
     mp_sched_linear_fwd(g, MP_MOD_EXPERTS_GATE, sh->tokens_per_expert / sh->ep, sh->d_ff_expert, H, 1);
@@ -175,7 +192,9 @@ static void experts_gate_up_fwd(gen *g, int64_t H) {
 static void experts_down_fwd(gen *g, int64_t H) {
   const shapes *sh = &g->sh;
   const int nb = expert_blocks(g);
+  const int32_t first = g->n_ops;
   if (nb == 0) mp_sched_linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->tokens_per_expert, H, sh->d_ff_expert, sh->experts_local);
+  mark_grouped(g, first);
   for (int b = 0; b < nb; b++) mp_sched_linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->tokens_per_expert / sh->ep, H, sh->d_ff_expert, 1);
 }
 
@@ -187,13 +206,14 @@ static void experts_bwd(gen *g, int64_t H, int64_t Tk) {
   const int32_t first = g->n_ops;
   if (nb == 0) {
     mp_sched_linear_bwd(g, MP_MOD_EXPERTS_DOWN, sh->tokens_per_expert, H, sh->d_ff_expert, sh->experts_local);
-    swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, Tk * sh->d_ff_expert);
+    swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, received_rows(sh, Tk) * sh->d_ff_expert);
     mp_sched_linear_bwd(g, MP_MOD_EXPERTS_GATE, sh->tokens_per_expert, sh->d_ff_expert, H, sh->experts_local);
     mp_sched_linear_bwd(g, MP_MOD_EXPERTS_UP, sh->tokens_per_expert, sh->d_ff_expert, H, sh->experts_local);
+    mark_grouped(g, first);
   } else {
     const double m = sh->tokens_per_expert / sh->ep;
     for (int b = 0; b < nb; b++) mp_sched_linear_bwd(g, MP_MOD_EXPERTS_DOWN, m, H, sh->d_ff_expert, 1);
-    swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, Tk * sh->d_ff_expert);
+    swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, received_rows(sh, Tk) * sh->d_ff_expert);
     for (int b = 0; b < nb; b++) {
       mp_sched_linear_bwd(g, MP_MOD_EXPERTS_GATE, m, sh->d_ff_expert, H, 1);
       mp_sched_linear_bwd(g, MP_MOD_EXPERTS_UP, m, sh->d_ff_expert, H, 1);
@@ -249,7 +269,7 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 1);
     attach(g, pd, PART_EXPERTS);
     experts_gate_up_fwd(g, H);
-    swiglu(g, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, Tk * sh->d_ff_expert);
+    swiglu(g, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, received_rows(sh, Tk) * sh->d_ff_expert);
     experts_down_fwd(g, H);
     mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 0);

@@ -133,7 +133,11 @@ typedef struct shapes {
   int64_t experts, experts_local, top_k;
   int64_t d_ff_expert;      /* an expert's width (experts are not split over tp) */
   int64_t d_ff_shared;      /* the shared experts' width */
-  double tokens_per_expert; /* tokens per local expert, balanced */
+  double tokens_per_expert; /* rows per local expert of the slowest EP rank: balanced
+                               (tokens x top_k x ep / E) unless the plan's routing says
+                               otherwise (mp_sched_moe_rows) */
+  double moe_load;          /* those rows over the balanced ones (1: balanced, dropless):
+                               the rank's all-to-all bytes and received rows scale by it */
   int64_t moe_tokens;       /* tokens the rank routes: tokens, or under the expert grid with
                                tp > 1 (etp = 1) its tokens / tp sequence shard, as
                                Megatron-Core's token dispatcher routes each TP rank's own */

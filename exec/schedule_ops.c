@@ -38,8 +38,10 @@
  *     linear_fc1) sharing one cast input, and the amaxes of each model chunk's pass are
  *     reduced in one all-reduce under delayed scaling (fp8_autocast's reduce_amax).
  *   The runtimes' float8 (emulated, or on codes) is schedule_rt.c's.
- *   MoE: balanced routing assumed: each local expert receives T x top_k x ep / E tokens
- *     (m of the grouped GEMMs, rounded up; FLOPs use the exact value), batch = E / ep.
+ *   MoE: balanced routing by default: each local expert receives T x top_k x ep / E tokens
+ *     (m of the grouped GEMMs, rounded up; FLOPs use the exact value), batch = E / ep; under
+ *     the plan's routing (imbalance, capacity) the slowest EP rank's rows instead
+ *     (schedule_prep.c, mp_sched_moe_rows), its all-to-all bytes scaled alike.
  *   Collective payloads (schedule.h): TP all-reduce of [T, H] bf16: 2TH bytes. All-to-all:
  *     the rank's whole send buffer, T x top_k x H x 2 bytes, of which (ep-1)/ep crosses
  *     the network (the simulator's (n-1)/n factor, as nccl-tests count all-to-all). FSDP
@@ -417,11 +419,15 @@ void mp_sched_fuse_tp(gen *g, int32_t from, mp_fuse kind, mp_variant v) {
   }
 }
 
+/* The slowest EP rank's all-to-all: its rows received (dispatch) or sent back (combine) are
+ * its routed ones x its load (mp_sched_moe_rows: the imbalance, bounded or padded by the
+ * capacity), and the collective ends when that rank's transfer does. */
 void mp_sched_ep_alltoall(gen *g, int module) {
   const shapes *sh = &g->sh;
   if (sh->ep <= 1) return;
-  comm(g, MP_COLL_ALL_TO_ALL, MP_GROUP_EP, MP_STREAM_COMPUTE,
-       act_comm_bytes(g) * (double)(sh->moe_tokens * sh->top_k * sh->d_model), act_comm_dtype(g), module);
+  double bytes = act_comm_bytes(g) * (double)(sh->moe_tokens * sh->top_k * sh->d_model);
+  if (sh->moe_load != 1.0) bytes *= sh->moe_load;
+  comm(g, MP_COLL_ALL_TO_ALL, MP_GROUP_EP, MP_STREAM_COMPUTE, bytes, act_comm_dtype(g), module);
 }
 
 /* Megatron-LM's sequence parallelism saves a column-parallel region's input on the

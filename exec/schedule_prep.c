@@ -9,6 +9,34 @@
  * from it the schedule mp_schedule_build gives. */
 #include "exec/schedule_internal.h"
 
+/* The rows each local expert of the slowest EP rank computes (mp_moe_routing, exec/plan.h),
+ * from r = tokens x top_k / E, the rows a rank routes to one expert under balanced routing:
+ *   dropless           ep x r x f                      (f the imbalance; 1 when balanced
+ *                                                        or ep = 1)
+ *   capacity C         min(ep x r x f, ep x ceil(r C))  (each rank keeps at most ceil(r C)
+ *                                                        rows an expert: Megatron-Core's
+ *                                                        get_capacity on the rank's tokens)
+ *   C, padded          ep x ceil(r C)
+ * and *load, those rows over the balanced ep x r: what the rank's all-to-all bytes and its
+ * experts' element-wise work scale by. Balanced and dropless: ep x r and 1 exactly. The
+ * rank's excess is spread evenly over its local experts (the slowest rank's GEMMs are as
+ * long either way: the grouped GEMM's rows are summed, sim/cost.c). */
+double mp_sched_moe_rows(const mp_moe_routing *rt, double tokens, int64_t top_k, int64_t experts, int ep,
+                         double *load) {
+  *load = 1.0;
+  if (experts <= 0) return 0.0;
+  const double even = tokens * (double)top_k * (double)ep / (double)experts, r = even / (double)ep;
+  const double f = rt->imbalance > 1.0 && ep > 1 ? rt->imbalance : 1.0; /* one rank: no other to wait for */
+  double rows = even * f;
+  if (rt->capacity_factor > 0.0) {
+    const double cap = (double)ep * ceil(r * rt->capacity_factor);
+    rows = rt->pad_to_capacity || cap < rows ? cap : rows;
+  }
+  if (rows == even) return even;
+  *load = rows / even;
+  return rows;
+}
+
 /* The micro-batch's part of the shapes: tokens per micro-batch on the rank and per local
  * expert. */
 void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch) {
@@ -18,7 +46,8 @@ void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch
   sh->tokens = micro_batch * p->opts.seq / cp;
   sh->tokens_sp = sh->sp ? sh->tokens / sh->tp : sh->tokens;
   sh->moe_tokens = mp_mesh_expert_grid(&p->mesh) ? sh->tokens / sh->tp : sh->tokens;
-  sh->tokens_per_expert = sh->experts > 0 ? (double)sh->moe_tokens * (double)sh->top_k * (double)sh->ep / (double)sh->experts : 0.0;
+  sh->tokens_per_expert = mp_sched_moe_rows(&p->opts.moe_routing, (double)sh->moe_tokens, sh->top_k, sh->experts,
+                                            sh->ep, &sh->moe_load);
 }
 
 /* The float8 recipe's side of the shapes (after sh->tp). */

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "exec/rules.h"
 #include "exec/runtime/check.h"
 
 /* A worker's cache of the current mesh's plans (see evaluate.h). */
@@ -105,6 +106,9 @@ void mp_sim_evaluator_options(const mp_sim_evaluator *ev, const mp_candidate *c,
   o->ac = (mp_ac_mode)c->ac;
   o->ac_every = c->ac_every > 0 ? c->ac_every : 1;
   o->fp8 = c->fp8;
+  /* the stated imbalance, at most what the candidate's ep ranks can hold */
+  const double f_max = mp_rule_moe_imbalance_max(ev->model, c->mesh.ep);
+  if (o->moe_routing.imbalance > f_max) o->moe_routing.imbalance = f_max;
   /* Float8 all-gather only without TP: with TP the scales would be per shard, not per
    * tensor (docs/design.md, the sharding passes). */
   if (c->mesh.size[MP_DIM_TP] > 1) o->fp8_opts.all_gather = 0;

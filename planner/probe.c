@@ -31,7 +31,26 @@ mp_status mp_plan_setup_evaluator(mp_ctx *ctx, const mp_plan_setup *s, const mp_
   /* what the command line checked against its own stack, on the stacks that run it */
   if (s->cp_rotate_given && !mp_mem_model_is_runtime(ev->stack.mem_model)) ev->base.cp_rotate = s->cp_rotate;
   if (s->async_tp && ev->stack.async_tp && ev->base.sp != 0) ev->base.tp_comm_fused = 1;
+  return mp_plan_setup_options(ctx, s, c, ev);
+}
+
+mp_status mp_plan_setup_options(mp_ctx *ctx, const mp_plan_setup *s, const mp_cluster *c, mp_sim_evaluator *ev) {
+  MP_CHECK(mp_plan_setup_moe_routing(ctx, s, ev));
   return mp_plan_setup_fp8_recipe(ctx, s, c, ev);
+}
+
+mp_status mp_plan_setup_moe_routing(mp_ctx *ctx, const mp_plan_setup *s, mp_sim_evaluator *ev) {
+  const mp_moe_routing *r = &s->moe_routing;
+  if (!(r->imbalance > 1.0 || r->capacity_factor > 0.0)) return MP_OK;
+  if (!mp_model_is_moe(s->model))
+    return mp_error(ctx, MP_ERR_USAGE, "--moe-imbalance and --moe-capacity-factor load routed experts; %s has "
+                    "none: drop them", s->model->name);
+  if (mp_mem_model_is_runtime(ev->stack.mem_model))
+    return mp_error(ctx, MP_ERR_USAGE, "--moe-imbalance and --moe-capacity-factor: stack %s is meshplan's "
+                    "runtime, which routes the real tokens; name a torchtitan or megatron stack",
+                    ev->stack.name);
+  ev->base.moe_routing = *r;
+  return MP_OK;
 }
 
 mp_status mp_plan_setup_fp8_recipe(mp_ctx *ctx, const mp_plan_setup *s, const mp_cluster *c, mp_sim_evaluator *ev) {

@@ -27,6 +27,7 @@ typedef struct mp_plan_setup {
   int cp_rotate_given;     /* --cp-rotate: cp_rotate on the stacks that run PyTorch's ring */
   mp_cp_rotate cp_rotate;
   int async_tp;            /* --async-tp: AsyncTP on the stacks that run it */
+  mp_moe_routing moe_routing; /* --moe-imbalance, --moe-capacity-factor: every candidate's */
   mp_search_fix fix;       /* --fix, --mesh, --ep, --ac, --micro-batch, --sp, --no-sp, --fp8 */
   int fp8_auto;            /* --fp8 auto: float8 searched beside bf16 where the cluster's GPU
                               has it */
@@ -53,6 +54,13 @@ mp_status mp_plan_setup_evaluator(mp_ctx *ctx, const mp_plan_setup *s, const mp_
  * stack (mp_rule_fp8_recipe_check) and c's GPU (mp_sim_fp8_recipe_check) rather than
  * refused candidate by candidate; nothing for MP_FP8_DEFAULT. */
 mp_status mp_plan_setup_fp8_recipe(mp_ctx *ctx, const mp_plan_setup *s, const mp_cluster *c, mp_sim_evaluator *ev);
+/* The setup's MoE routing (--moe-imbalance, --moe-capacity-factor) into ev's base options,
+ * every candidate's (the planner caps the imbalance at what a candidate's ep ranks can hold:
+ * exec/rules.h, mp_rule_moe_imbalance_max); MP_ERR_USAGE on a dense model or under
+ * meshplan's runtime stacks, which route the real tokens. */
+mp_status mp_plan_setup_moe_routing(mp_ctx *ctx, const mp_plan_setup *s, mp_sim_evaluator *ev);
+/* Both of the above: the setup's plan options into ev's base. */
+mp_status mp_plan_setup_options(mp_ctx *ctx, const mp_plan_setup *s, const mp_cluster *c, mp_sim_evaluator *ev);
 void mp_plan_setup_search(const mp_plan_setup *s, const mp_cluster *c, mp_sim_evaluator *ev,
                           mp_search_config *cfg);
 

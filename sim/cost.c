@@ -4,7 +4,8 @@
  * Compute ops: a roofline with the stack's efficiencies, max(flops / (peak x efficiency),
  * bytes / (HBM x hbm_eff)) + the stack's kernel overhead. A GEMM's efficiency follows the
  * curve eff_max x / (x + half_mnk) of its size x = m n k, times the stack's by-shape
- * correction where it has one (sim/gemm_table.h); attention runs at the bf16 peak x
+ * correction where it has one (sim/gemm_table.h); a grouped expert GEMM's tokens are padded
+ * to the stack's tile first (grouped_padding); attention runs at the bf16 peak x
  * attention_eff, the three efficiencies carried from the stack's fit GPU to this one by
  * the ratio of their kernel fractions (sim/stack.h, mp_stack_kernel_scale_of);
  * element-wise ops, norms and the optimizer at the fp32 peak (CUDA cores).
@@ -42,6 +43,7 @@ typedef struct op_costs {
   const mp_gemm_table *gemm_table;     /* the stack's by-shape correction (bf16), or NULL */
   const mp_gemm_table *fp8_gemm_table; /* the same for float8 GEMMs, or NULL */
   double hbm_k[MP_KERNEL_COUNT];   /* per kernel class: hbm, or its own efficiency's */
+  int tile_m, tile_k;              /* the stack's grouped-GEMM tile (token rows, reduction) */
 } op_costs;
 
 /* An efficiency carried from the stack's fit GPU to this one (sim/stack.h): eff x ratio,
@@ -69,6 +71,29 @@ static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *
   k->fp8_gemm_table = p->fp8_gemm_table;
   for (int c = 0; c < MP_KERNEL_COUNT; c++)
     k->hbm_k[c] = g->hbm_GBps * 1e9 * (p->hbm_eff_kernel[c] > 0 ? p->hbm_eff_kernel[c] : p->hbm_eff);
+  k->tile_m = p->grouped_tile_m;
+  k->tile_k = p->grouped_tile_k;
+}
+
+/* A grouped expert GEMM (mp_op.grouped) is one launch over `batch` experts, each its own
+ * problem: forward and input gradient [rows x k] x [k x n], weight gradient [m x tokens] x
+ * [tokens x n]. Its kernel covers each expert's tokens in whole tiles (CUTLASS's grouped
+ * GEMM and PyTorch's torch._grouped_mm assign each problem its own tiles; the stack's tile,
+ * sim.h), so the MMA work is that of the tokens rounded up to the tile: *size (m n k x
+ * batch, which the efficiency curve reads: the tiles of every expert fill the GPU together
+ * in the one launch) and *flops become the padded ones where the tile pads. The bytes stay
+ * the op's: each expert's weights read once and its real rows (the tile's padding rows are
+ * masked, not loaded). */
+static void grouped_padding(const mp_op *op, const op_costs *k, double *size, double *flops) {
+  const int wgrad = op->variant == MP_VAR_WGRAD;
+  const int tile = wgrad ? k->tile_k : k->tile_m;
+  const int64_t t = wgrad ? op->k : op->m;
+  if (tile <= 1 || t <= 0 || t % tile == 0) return;
+  const int64_t padded = (t + tile - 1) / tile * tile;
+  const double batch = (double)(op->batch > 0 ? op->batch : 1);
+  const double m = (double)(wgrad ? op->m : padded), kk = (double)(wgrad ? padded : op->k);
+  *size = m * (double)op->n * kk * batch;
+  *flops = 2.0 * *size;
 }
 
 static inline double op_compute_s(const mp_op *op, const op_costs *k) {
@@ -79,15 +104,17 @@ static inline double op_compute_s(const mp_op *op, const op_costs *k) {
   if (op->kernel == MP_KERNEL_GEMM) {
     double size = (double)op->m * (double)op->n * (double)op->k *
                   (double)(op->batch > 0 ? op->batch : 1);
+    double flops = op->flops;
+    if (op->grouped) grouped_padding(op, k, &size, &flops);
     double eff = (fp8 ? k->fp8_gemm_eff_max : k->gemm_eff_max) * size / (size + k->half_mnk);
     const mp_gemm_table *table = fp8 ? k->fp8_gemm_table : k->gemm_table;
     if (fp8 && !k->has_peak[op->dtype]) /* no fp8 units: runs as bf16 (not measured so) */
       eff = k->gemm_eff_max * size / (size + k->half_mnk);
-    else if (table && op->batch <= 1) /* measured by shape: batch-1 GEMMs of that dtype */
+    else if (table && op->batch <= 1 && !op->grouped) /* measured by shape: batch-1 dense GEMMs */
       eff *= mp_gemm_table_factor(table, op->variant, (double)op->m, (double)op->n,
                                   (double)op->k);
     /* peak_flops of an unknown dtype is the bf16 one (dt) */
-    t_flops = eff > 0 ? op->flops / (k->peak[dt] * eff) : 0.0;
+    t_flops = eff > 0 ? flops / (k->peak[dt] * eff) : 0.0;
   } else if (op->kernel == MP_KERNEL_ATTENTION) {
     t_flops = op->flops / k->attn_rate;
   } else {

@@ -132,6 +132,11 @@ typedef struct mp_stack_profile {
    * (meshplan's runtimes; a calibration, measured on the GPU it runs on). */
   char fit_gpu[64];
   mp_kernel_eff fit_kernel_eff;
+  /* The tile of the stack's grouped expert GEMMs (mp_op.grouped): JSON "grouped_gemm_tile_m"
+   * and "grouped_gemm_tile_k", optional (0, the default: no padding), the tokens of each
+   * expert rounded up to tile_m rows in the forward and input-gradient GEMMs and to tile_k in
+   * the weight gradient's reduction, which the kernel computes whole (sim/cost.c). */
+  int grouped_tile_m, grouped_tile_k;
 } mp_stack_profile;
 
 /* A simulator workspace: the scratch one thread's simulations reuse instead of allocating

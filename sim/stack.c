@@ -131,6 +131,16 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
   return MP_OK;
 }
 
+/* "grouped_gemm_tile_m" and "grouped_gemm_tile_k" (optional, 0..1024; 0: no padding): the
+ * tile of the stack's grouped expert GEMMs (sim.h). */
+static mp_status read_grouped_tile(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
+  p->grouped_tile_m = p->grouped_tile_k = 0;
+  MP_CHECK(mp_json_get_int(ctx, j, origin, "grouped_gemm_tile_m", 0, &p->grouped_tile_m));
+  MP_CHECK(mp_check_i64(ctx, origin, "grouped_gemm_tile_m", p->grouped_tile_m, 0, 1024));
+  MP_CHECK(mp_json_get_int(ctx, j, origin, "grouped_gemm_tile_k", 0, &p->grouped_tile_k));
+  return mp_check_i64(ctx, origin, "grouped_gemm_tile_k", p->grouped_tile_k, 0, 1024);
+}
+
 /* "fit_gpu" (optional): the data/gpus profile the efficiencies were fitted on, whose
  * kernel fractions it must state (mp_stack_kernel_scale_of divides by them). */
 static mp_status read_fit_gpu(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
@@ -198,6 +208,7 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
   }
   MP_CHECK_GOTO(read_runs(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_fit_gpu(ctx, j, origin, &p), st, done);
+  MP_CHECK_GOTO(read_grouped_tile(ctx, j, origin, &p), st, done);
   p.kernel_overhead_s = kern_us * 1e-6;
   p.comm_overhead_s = comm_us * 1e-6;
   *out = p;

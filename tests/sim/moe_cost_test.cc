@@ -1,0 +1,301 @@
+// What MoE's routed experts cost, from their mechanism, each against a hand derivation:
+//   - a grouped expert GEMM's tokens padded to the stack's tile (sim/cost.c), bf16 and
+//     float8, forward and weight gradient, compute- and memory-bound;
+//   - the slowest EP rank's rows under an imbalance and a capacity factor, dropped or
+//     padded (exec/schedule_prep.c, mp_sched_moe_rows: Megatron-Core's get_capacity);
+//   - the same in a real plan's schedule: the grouped ops' rows, the all-to-all bytes, the
+//     step time and the refusals of nonsense.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "exec/plan.h"
+#include "exec/schedule.h"
+#include "sim/sim.h"
+#include "sim/stack.h"
+
+namespace {
+
+// A stack whose GEMMs run at exactly half of peak at every size (gemm_eff_half_mnk 0: the
+// curve x / (x + 0) is 1), HBM at its full rate, no launch overhead; grouped GEMMs tiled
+// 128 rows by 64 tokens of reduction (PyTorch's torch._grouped_mm on SM90: TileShape
+// 128 x 256 x 64, aten/src/ATen/native/cuda/GroupMM.cu).
+const char *kStack =
+    "{\"name\": \"moe-test\", \"gemm_eff_max\": 0.5, \"gemm_eff_half_mnk\": 0, \"fp8_gemm_eff_max\": 0.5,"
+    " \"attention_eff\": 0.5, \"hbm_eff\": 1.0, \"link_eff\": 1.0, \"kernel_overhead_us\": 0,"
+    " \"comm_overhead_us\": 0, \"frag_factor\": 1.0, \"source\": \"test\", %s}";
+
+mp_stack_profile Stack(const char *tiles) {
+  char text[1024];
+  snprintf(text, sizeof text, kStack, tiles);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_stack_profile p;
+  EXPECT_EQ(mp_stack_from_text(&ctx, text, "moe-test", &p), MP_OK) << mp_errmsg(&ctx);
+  return p;
+}
+
+// An H100-like GPU with round peaks: bf16 1000 TFLOP/s, float8 2000, HBM 3350 GB/s (the
+// H100 SXM's HBM3, data/gpus/h100-sxm.json).
+mp_gpu Gpu() {
+  mp_gpu g;
+  memset(&g, 0, sizeof g);
+  g.peak_tflops[MP_DTYPE_BF16] = 1000;
+  g.peak_tflops[MP_DTYPE_FP8_E4M3] = g.peak_tflops[MP_DTYPE_FP8_E5M2] = 2000;
+  g.peak_tflops[MP_DTYPE_FP32] = 60;
+  g.hbm_GBps = 3350;
+  return g;
+}
+
+// A grouped GEMM op of `experts` experts as the schedule writes it (exec/schedule_internal.h,
+// gemm()): forward/input gradient m rows x n x k, weight gradient m x n x k tokens.
+mp_op Grouped(int variant, int64_t m, int64_t n, int64_t k, int64_t experts, int dtype) {
+  mp_op o;
+  memset(&o, 0, sizeof o);
+  o.type = MP_OP_COMPUTE;
+  o.kernel = MP_KERNEL_GEMM;
+  o.variant = (uint8_t)variant;
+  o.dtype = (uint8_t)dtype;
+  o.m = m;
+  o.n = n;
+  o.k = k;
+  o.batch = experts;
+  o.flops = 2.0 * (double)m * (double)n * (double)k * (double)experts;
+  o.bytes = mp_gemm_bytes((double)m, (double)n, (double)k, (double)experts, mp_dtype_bytes((mp_dtype)dtype));
+  o.grouped = 1;
+  return o;
+}
+
+// The op's time on Gpu() under Stack() tiled 128 rows by 64 tokens.
+double Tiled(const mp_op &op) {
+  const mp_gpu g = Gpu();
+  const mp_stack_profile tiled = Stack("\"grouped_gemm_tile_m\": 128, \"grouped_gemm_tile_k\": 64");
+  return mp_sim_compute_op_s(&op, &g, &tiled);
+}
+
+}  // namespace
+
+// DeepSeek-V3's expert gate (d_ff_expert 2048 x d_model 7168), 4 local experts of 200 rows
+// each. The kernel runs 200 rows as two 128-row tiles, 256 rows:
+//   padded FLOPs 2 x 256 x 2048 x 7168 x 4 = 30,064,771,072 at 0.5 x 1e15: 60.1295 us
+//   bytes 4 x ((200 x 7168 + 7168 x 2048) x 2 + 200 x 2048 x 2) = 132,186,112 at 3.35e12:
+//   39.4585 us
+// so compute-bound at 60.1295 us; unpadded (a dense GEMM of the same FLOPs, or a stack
+// stating no tile) 2 x 200 x 2048 x 7168 x 4 = 23,488,102,400: 46.9762 us.
+TEST(MoeCost, GroupedGemmPadsRowsToTheTile) {
+  const mp_gpu g = Gpu();
+  const mp_stack_profile untiled = Stack("\"grouped_gemm_tile_m\": 0");
+  mp_op op = Grouped(MP_VAR_FWD, 200, 2048, 7168, 4, MP_DTYPE_BF16);
+  EXPECT_NEAR(Tiled(op), 60.129542144e-6, 1e-12);
+  EXPECT_NEAR(mp_sim_compute_op_s(&op, &g, &untiled), 46.9762048e-6, 1e-12);
+  op.grouped = 0; /* a dense GEMM of the same FLOPs: no tile padding */
+  EXPECT_NEAR(Tiled(op), 46.9762048e-6, 1e-12);
+  // 256 rows fill two tiles exactly: the same as unpadded, 2 x 256 x 2048 x 7168 x 4 at 5e14
+  EXPECT_NEAR(Tiled(Grouped(MP_VAR_FWD, 256, 2048, 7168, 4, MP_DTYPE_BF16)), 60.129542144e-6, 1e-12);
+}
+
+// The weight gradient dW[2048, 7168] = dy^T x over 200 tokens per expert: the tokens are the
+// reduction, run in 64-token steps, 4 of them, 256 tokens: the same padded FLOPs as above,
+// 60.1295 us; its bytes 4 x ((2048 x 200 + 200 x 7168) x 2 + 2048 x 7168 x 2) = 132,186,112
+// (39.4585 us) stay below.
+TEST(MoeCost, GroupedWeightGradientPadsTheReduction) {
+  EXPECT_NEAR(Tiled(Grouped(MP_VAR_WGRAD, 2048, 7168, 200, 4, MP_DTYPE_BF16)), 60.129542144e-6, 1e-12);
+  // the input gradient dx[200, 7168] = dy W: rows padded as the forward's
+  EXPECT_NEAR(Tiled(Grouped(MP_VAR_DGRAD, 200, 7168, 2048, 4, MP_DTYPE_BF16)), 60.129542144e-6, 1e-12);
+}
+
+// Float8 (E4M3, one byte an operand): padded FLOPs 30,064,771,072 at 0.5 x 2e15: 30.0648 us;
+// bytes 4 x ((200 x 7168 + 7168 x 2048) x 1 + 200 x 2048 x 2) = 67,731,456: 20.2183 us.
+TEST(MoeCost, GroupedGemmFloat8) {
+  const mp_op op = Grouped(MP_VAR_FWD, 200, 2048, 7168, 4, MP_DTYPE_FP8_E4M3);
+  EXPECT_NEAR(Tiled(op), 30.064771072e-6, 1e-12);
+  EXPECT_NEAR(op.bytes, 67731456.0, 0.5);
+}
+
+// Small experts: 16 rows each. Padded to one 128-row tile the MMA work is 2 x 128 x 2048 x
+// 7168 x 4 = 15,032,385,536 (30.0648 us), but the experts' weights must be read once per
+// GEMM whatever the rows: bytes 4 x ((16 x 7168 + 7168 x 2048) x 2 + 16 x 2048 x 2) =
+// 118,620,160 at 3.35e12 = 35.4090 us, the time. The useful FLOPs 2 x 16 x 2048 x 7168 x 4 =
+// 1,879,048,192 reach 1,879,048,192 / (1e15 x 35.4090e-6) = 5.3 % of the bf16 peak, a tenth
+// of the stack's 50 % for large GEMMs.
+TEST(MoeCost, SmallExpertsAreBoundByTheirWeights) {
+  const mp_op op = Grouped(MP_VAR_FWD, 16, 2048, 7168, 4, MP_DTYPE_BF16);
+  const double t = Tiled(op);
+  EXPECT_NEAR(t, 118620160.0 / 3350e9, 1e-12);
+  EXPECT_NEAR(op.flops / (1e15 * t), 0.05307, 1e-4);
+}
+
+// The rows of the slowest EP rank's experts. DeepSeek-V3's layer at 4096 tokens a rank, top-8
+// of 256 experts, ep 64: a rank routes r = 4096 x 8 / 256 = 128 rows to each expert, so a
+// local expert gets 64 x 128 = 8192 balanced.
+TEST(MoeCost, ImbalanceAndCapacityRows) {
+  mp_moe_routing rt;
+  memset(&rt, 0, sizeof rt);
+  double load = 0;
+  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, &load), 8192.0);
+  EXPECT_EQ(load, 1.0);
+  rt.imbalance = 1.5; /* the busiest rank gets 1.5 x: 12288 rows an expert */
+  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, &load), 12288.0);
+  EXPECT_EQ(load, 1.5);
+  // capacity 1.25: ceil(128 x 1.25) = 160 rows an expert from each rank, 64 x 160 = 10240 <
+  // 12288: the excess dropped, load 1.25
+  rt.capacity_factor = 1.25;
+  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, &load), 10240.0);
+  EXPECT_EQ(load, 1.25);
+  // an imbalance within the capacity keeps its rows: 1.1 x 8192 = 9011.2 < 10240
+  rt.imbalance = 1.1;
+  EXPECT_NEAR(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, &load), 9011.2, 1e-9);
+  // padded to capacity: exactly 10240 whatever the imbalance
+  rt.pad_to_capacity = 1;
+  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, &load), 10240.0);
+  rt.imbalance = 1.0;
+  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, &load), 10240.0);
+  // a capacity below the mean drops tokens even when balanced: C 0.5, 64 x 64 = 4096
+  rt.pad_to_capacity = 0;
+  rt.capacity_factor = 0.5;
+  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, &load), 4096.0);
+  EXPECT_EQ(load, 0.5);
+  // Megatron-Core rounds a rank's capacity up: 100 tokens x top-2 of 64 experts is 3.125 an
+  // expert, C 1: ceil(3.125) = 4 from each of 8 ranks, 32 rows (balanced 25, so no drop)
+  rt.capacity_factor = 1.0;
+  rt.pad_to_capacity = 1;
+  EXPECT_EQ(mp_sched_moe_rows(&rt, 100, 2, 64, 8, &load), 32.0);
+  EXPECT_EQ(load, 32.0 / 25.0);
+}
+
+namespace {
+
+// Qwen3-30B-A3B (128 experts, top-8, d_ff_expert 768) over 8 H100 with ep 8 under
+// torchtitan-compile, 4096 tokens a micro-batch: 4096 x 8 x 8 / 128 = 2048 rows an expert,
+// 16 local experts.
+struct Qwen {
+  mp_ctx ctx;
+  mp_model m;
+  mp_mesh mesh;
+  mp_stack_profile prof;
+  mp_plan_options o;
+  Qwen() {
+    mp_ctx_init(&ctx);
+    EXPECT_EQ(mp_model_load(&ctx, "qwen3-30b-a3b", &m), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(mp_mesh_parse(&ctx, "dp_shard=8,ep=8", 8, &mesh), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(mp_stack_load(&ctx, "torchtitan-compile", &prof), MP_OK) << mp_errmsg(&ctx);
+    mp_plan_options_init(&o);
+    mp_stack_plan_options(&prof, &o);
+    o.seq = 4096;
+    o.micro_batch = 1;
+    o.global_batch = 8;
+    o.ac = MP_AC_NONE; /* every block's saved tensors held: the received rows' show in the peak */
+  }
+  // The first layer's forward gate GEMM and dispatch all-to-all of the plan's schedule.
+  void Ops(mp_op *gate, mp_op *a2a) {
+    mp_plan *p = nullptr;
+    ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_OK) << mp_errmsg(&ctx);
+    mp_arena *a = mp_arena_create();
+    mp_schedule *s = nullptr;
+    ASSERT_EQ(mp_schedule_build(&ctx, p, 0, MP_SCHEDULE_EXPANDED, a, &s), MP_OK) << mp_errmsg(&ctx);
+    int seen_gate = 0, seen_a2a = 0;
+    for (int32_t i = 0; i < s->n_ops; i++) {
+      const mp_op *op = &s->ops[i];
+      if (!seen_gate && op->kernel == MP_KERNEL_GEMM && op->type == MP_OP_COMPUTE &&
+          op->module == MP_MOD_EXPERTS_GATE && op->variant == MP_VAR_FWD)
+        *gate = *op, seen_gate = 1;
+      if (!seen_a2a && op->type == MP_OP_COMM && op->coll == MP_COLL_ALL_TO_ALL) *a2a = *op, seen_a2a = 1;
+    }
+    EXPECT_TRUE(seen_gate && seen_a2a);
+    mp_arena_destroy(a);
+    mp_plan_destroy(p);
+  }
+  // The plan simulated on one node of 8 H100 SXM.
+  mp_sim_result Sim() {
+    mp_cluster c;
+    EXPECT_EQ(mp_cluster_make(&ctx, "h100-sxm", 8, 8, &c), MP_OK) << mp_errmsg(&ctx);
+    mp_sim_config cfg = {};
+    cfg.cluster = &c;
+    cfg.stack = &prof;
+    mp_sim_result r;
+    EXPECT_EQ(mp_simulate_plan(&ctx, &m, &mesh, &o, &cfg, &r), MP_OK) << mp_errmsg(&ctx);
+    return r;
+  }
+};
+
+}  // namespace
+
+// Balanced: the grouped gate GEMM is 16 experts of 2048 rows x 768 x 2048, one grouped launch;
+// the dispatch sends the rank's 4096 x 8 rows of 2048 bf16 values, 134,217,728 bytes. With an
+// imbalance of 1.5 the slowest rank's experts take 3072 rows each and its all-to-all 1.5 x the
+// bytes; a capacity of 1.25 bounds them at 8 x ceil(256 x 1.25) = 2560 rows and 1.25 x.
+TEST(MoeCost, ScheduleScalesTheSlowestRank) {
+  Qwen q;
+  const double bytes = 4096.0 * 8 * 2048 * 2;
+  struct Step {
+    double f, c;       /* the routing */
+    int64_t rows;      /* the gate GEMM's rows an expert */
+    double load;       /* the all-to-all's bytes over the balanced ones */
+  } steps[] = {{0, 0, 2048, 1.0}, {1.5, 0, 3072, 1.5}, {1.5, 1.25, 2560, 1.25}};
+  mp_sim_result r[3];
+  for (int i = 0; i < 3; i++) {
+    q.o.moe_routing.imbalance = steps[i].f;
+    q.o.moe_routing.capacity_factor = steps[i].c;
+    mp_op gate, a2a;
+    q.Ops(&gate, &a2a);
+    EXPECT_EQ(gate.m, steps[i].rows);
+    EXPECT_EQ(gate.batch, 16);
+    EXPECT_EQ(gate.grouped, 1);
+    EXPECT_EQ(a2a.bytes, steps[i].load * bytes);
+    r[i] = q.Sim();
+  }
+  EXPECT_GT(r[1].step_time_s, r[0].step_time_s);
+  EXPECT_GT(r[1].peak_mem_bytes, r[0].peak_mem_bytes); /* the received rows' tensors */
+  EXPECT_LT(r[2].step_time_s, r[1].step_time_s);       /* bounded by the capacity */
+  EXPECT_GT(r[2].step_time_s, r[0].step_time_s);
+}
+
+// Nonsense is refused by the plan, naming what is wrong.
+TEST(MoeCost, RoutingRefusals) {
+  struct Case {
+    double f, c;
+    int pad;
+    const char *model, *stack, *mesh, *words;
+  } cases[] = {
+      {0.5, 0, 0, "qwen3-30b-a3b", "torchtitan-compile", "dp_shard=8,ep=8", "at least 1"},
+      {1, -1, 0, "qwen3-30b-a3b", "torchtitan-compile", "dp_shard=8,ep=8", "capacity factor -1"},
+      {1, 0, 1, "qwen3-30b-a3b", "torchtitan-compile", "dp_shard=8,ep=8", "needs a capacity factor"},
+      {1.5, 0, 0, "llama3.1-8b", "torchtitan-compile", "dp_shard=8", "dense model"},
+      {9, 0, 0, "qwen3-30b-a3b", "torchtitan-compile", "dp_shard=8,ep=8", "exceeds 8"},
+      {1.5, 0, 0, "tiny-moe", "meshplan-cpu", "dp_shard=2,ep=2", "meshplan's runtime"},
+  };
+  for (const Case &k : cases) {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_model m;
+    mp_mesh mesh;
+    mp_stack_profile prof;
+    ASSERT_EQ(mp_model_load(&ctx, k.model, &m), MP_OK) << mp_errmsg(&ctx);
+    ASSERT_EQ(mp_mesh_parse(&ctx, k.mesh, 0, &mesh), MP_OK) << mp_errmsg(&ctx);
+    ASSERT_EQ(mp_stack_load(&ctx, k.stack, &prof), MP_OK) << mp_errmsg(&ctx);
+    mp_plan_options o;
+    mp_plan_options_init(&o);
+    mp_stack_plan_options(&prof, &o);
+    o.seq = 64;
+    o.moe_routing.imbalance = k.f;
+    o.moe_routing.capacity_factor = k.c;
+    o.moe_routing.pad_to_capacity = k.pad;
+    mp_plan *p = nullptr;
+    EXPECT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_ERR_INVALID) << k.words;
+    EXPECT_NE(std::string(mp_errmsg(&ctx)).find(k.words), std::string::npos) << mp_errmsg(&ctx);
+    mp_plan_destroy(p);
+  }
+}
+
+// A tile outside 0..1024 is refused naming the key.
+TEST(MoeCost, TileKeyRange) {
+  char text[1024];
+  snprintf(text, sizeof text, kStack, "\"grouped_gemm_tile_m\": 2048");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_stack_profile p;
+  EXPECT_EQ(mp_stack_from_text(&ctx, text, "moe-test", &p), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("grouped_gemm_tile_m"), std::string::npos) << mp_errmsg(&ctx);
+}
