@@ -74,6 +74,20 @@ void mp_explain_cp_note(const mp_plan *p, char *buf, size_t cap) {
                 : "");
 }
 
+/* DualPipe's part of e->pp_note: the rank's second model stage and the overlap. */
+static void dualpipe_note(explain *e, int pp, int stage) {
+  int64_t l0, l1;
+  mp_plan_chunk_layers(e->plan, pp - 1 - stage, 0, &l0, &l1);
+  const size_t at = strlen(e->pp_note);
+  snprintf(e->pp_note + at, sizeof e->pp_note - at,
+           "; DualPipe (DeepSeek-V3 sec. 3.2.1, deepseek-ai/DualPipe): half the micro-batches enter at "
+           "the last stage and run on this rank through layers %lld-%lld (stage %d's), so it holds "
+           "two stages' parameters, and in the steady state each forward of one direction runs "
+           "overlapped with a backward of the other, their all-to-alls beside each other's compute "
+           "(the zero-bubble W split is not modelled)",
+           (long long)l0, (long long)l1 - 1, pp - 1 - stage);
+}
+
 /* With pp > 1, the rank's pipeline: the layer split, its stage's warm-up and in-flight
  * chunks walking mp_pp_order as the stack's implementation runs it, the bubble of equal
  * stages and what crosses a stage boundary; e->pp_note the sentence. */
@@ -141,7 +155,7 @@ mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_prof
            "bubble with equal stages %s = %.3f of the busy time; a stage boundary "
            "passes the %s activation forward and its gradient back, %s a micro-batch each way",
            pp, sched,
-           e->pp_flavor == MP_PP_FLAVOR_TORCH ? "torch.distributed.pipelining" : "Megatron-LM",
+           dual ? "deepseek-ai/DualPipe" : e->pp_flavor == MP_PP_FLAVOR_TORCH ? "torch.distributed.pipelining" : "Megatron-LM",
            prof->name, (long long)e->n_micro, split, e->pp_chunks,
            interleaved ? ", chunk c x pp + s on stage s" : "",
            p->opts.n_pp_layers > 0 ? ", as stated (--pp-layers or --pp-layout)"
@@ -152,17 +166,6 @@ mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_prof
            (long long)e->pp_inflight,
            dual ? "(pp / 2 - 1)(F&B + B) / (m (F + B))" : interleaved ? "(pp - 1) / (v m)" : "(pp - 1) / m",
            e->pp_bubble, p->opts.sp && tp > 1 ? "[T/tp, H] bf16" : "[T, H] bf16", sb);
-  if (dual) {
-    int64_t l0, l1;
-    mp_plan_chunk_layers(p, pp - 1 - stage, 0, &l0, &l1);
-    const size_t at = strlen(e->pp_note);
-    snprintf(e->pp_note + at, sizeof e->pp_note - at,
-             "; DualPipe (DeepSeek-V3 sec. 3.2.1, deepseek-ai/DualPipe): half the micro-batches enter at "
-             "the last stage and run on this rank through layers %lld-%lld (stage %d's), so it holds "
-             "two stages' parameters, and in the steady state each forward of one direction runs "
-             "overlapped with a backward of the other, their all-to-alls beside each other's compute "
-             "(the zero-bubble W split is not modelled)",
-             (long long)l0, (long long)l1 - 1, pp - 1 - stage);
-  }
+  if (dual) dualpipe_note(e, pp, stage);
   return MP_OK;
 }
