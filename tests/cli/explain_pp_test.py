@@ -82,7 +82,7 @@ check("micro-batch 1, global batch 64" in p.stdout and "splits the local batch" 
 
 # refusals: an unknown schedule, and the interleaved schedule's groups of pp micro-batches
 p = run("explain", "--pp-schedule", "zigzag", want_rc=2)
-check(p.returncode == 2 and "choose 1f1b, interleaved or gpipe" in p.stderr, "unknown --pp-schedule")
+check(p.returncode == 2 and "choose 1f1b, interleaved, gpipe or dualpipe" in p.stderr, "unknown --pp-schedule")
 p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--pp-schedule", "interleaved",
         "--global-batch", "12", want_rc=2)
 check(p.returncode == 2 and "groups of pp=4" in p.stderr, "interleaved with 6 micro-batches on pp=4")

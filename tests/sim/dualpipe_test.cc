@@ -3,38 +3,15 @@
 // parameters 2x a device), and the plan refuses what the reference refuses.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 
-#include "exec/plan.h"
-#include "sim/sim.h"
-#include "sim/stack.h"
+#include "tests/sim/plan_case.h"
 
 namespace {
 
-struct Case {
-  mp_ctx ctx;
-  mp_model m;
-  mp_cluster c;
-  mp_mesh mesh;
-  mp_plan_options o;
-  mp_stack_profile prof;
-  mp_sim_config cfg;
-  Case() {
-    mp_ctx_init(&ctx);
-    EXPECT_EQ(mp_model_load(&ctx, "llama3.1-8b", &m), MP_OK) << mp_errmsg(&ctx);
-    EXPECT_EQ(mp_cluster_load(&ctx, "h100-8", &c), MP_OK) << mp_errmsg(&ctx);
-    EXPECT_EQ(mp_mesh_parse(&ctx, "pp=4,dp_shard=2", 8, &mesh), MP_OK) << mp_errmsg(&ctx);
-    mp_plan_options_init(&o);
-    EXPECT_EQ(mp_stack_load(&ctx, "torchtitan-compile", &prof), MP_OK) << mp_errmsg(&ctx);
-    memset(&cfg, 0, sizeof cfg);
-    cfg.cluster = &c;
-    cfg.stack = &prof;
-    o.seq = 8192;
-    o.micro_batch = 1;
-    o.global_batch = 16;  // 8 micro-batches a replica: at least 2 pp
-    o.ac = MP_AC_FULL;
-  }
+// Llama-3.1-8B on pp=4 x dp_shard=2, full AC, 8 micro-batches of one 8192-token sequence.
+struct Case : PlanCase {
+  Case() : PlanCase("llama3.1-8b", "h100-8", "pp=4,dp_shard=2") { FullAcOneSequence(8192, 16); }
   mp_status Sim(mp_pp_schedule k, mp_sim_result *r) {
     o.pp_schedule = k;
     return mp_simulate_plan(&ctx, &m, &mesh, &o, &cfg, r);
