@@ -20,8 +20,9 @@
  * direction's micro-batch passes its pp stages in its own order (vstage), and the order's
  * F&B pairs (mp_pp_step.paired) run as one step, shorter by the smaller of the two chunks'
  * fb_save (the all-to-all overlap of sim/overlap.c, which DualPipe performs). With equal
- * stages, no saving and free transfers a rank is busy m (f + b) and idles (pp - 2)(f + b)
- * ... (tested against the reference's own bubble, (pp / 2 - 1)(F&B + B - 3W)).
+ * stages f = b, a saving s a pair and free transfers the two middle ranks pace the step:
+ * m (f + b) less s for each of their m - pp - 1 pairs, plus the reference's bubble
+ * (pp / 2 - 1)(F&B + B - 3W) with F&B = f + b - s and no W split (tested).
  *
  * Memory. A stage holds the activations of every chunk step whose forward has run and
  * whose backward has not (mp_pp_inflight); what one chunk's forward leaves held comes from

@@ -266,7 +266,8 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
     /* a stage standing for an earlier one (the same simulated stage) holds no more: a
      * stage's warm-up, and so what it holds in flight, shrinks with its index */
     int seen = 0;
-    for (int j = 0; j < k && !seen; j++) seen = stage_in[j] == stage_in[k] && (!dual || stage_in[pp - 1 - j] == stage_in[pp - 1 - k]);
+    for (int j = 0; j < k && !seen; j++)
+      seen = stage_in[j] == stage_in[k] && (!dual || stage_in[pp - 1 - j] == stage_in[pp - 1 - k]);
     if (seen && mem_stage < 0 && cfg->stage_peak_bytes == NULL) continue;
     int64_t extra = 0;
     MP_CHECK(mp_sim_pp_held_extra(ctx, cfg->ws, p->opts.pp_schedule, flavor, pp, v, n_micro, k, x->held,
