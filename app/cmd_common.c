@@ -50,6 +50,8 @@ int mp_command_main(const mp_command *cmd, int argc, char **argv) {
 mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
   const char *ac = mp_args_get(spec, "--ac");
   if (ac) MP_CHECK(mp_ac_parse(ctx, ac, &o->ac, &o->ac_every));
+  const char *rcm = mp_args_get(spec, "--recompute-modules");
+  if (rcm) MP_CHECK(mp_recompute_modules_parse(ctx, rcm, o));
   const char *fp8 = mp_args_get(spec, "--fp8");
   if (fp8) o->fp8 = strcmp(fp8, "off") != 0;
   /* a recipe's name turns float8 on with that recipe (the words are checked by the parser) */
@@ -96,7 +98,7 @@ mp_status mp_cmd_pp_layers(mp_ctx *ctx, const char *s, mp_plan_options *o) {
 mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
   const char *ps = mp_args_get(spec, "--pp-schedule");
   if (ps && !mp_pp_schedule_parse(ps, &o->pp_schedule))
-    return mp_error(ctx, MP_ERR_USAGE, "--pp-schedule '%s': choose 1f1b, interleaved or gpipe", ps);
+    return mp_error(ctx, MP_ERR_USAGE, "--pp-schedule '%s': choose 1f1b, interleaved, gpipe or dualpipe", ps);
   /* a virtual stage holds at least one layer */
   long long pv = 2;
   MP_CHECK(mp_args_int(ctx, spec, "--pp-virtual", 1, MP_MAX_LAYERS, &pv));
@@ -150,6 +152,7 @@ mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
                       "does not run it: use megatron-core or drop it", prof->name);
     o->moe_dispatcher = MP_MOE_DISPATCH_DEEPEP;
   }
+  if (mp_args_has(spec, "--moe-fp8-dispatch")) o->moe_fp8_dispatch = 1; /* the plan checks ep and fp8 */
   if (!mp_args_has(spec, "--overlap-moe-comm")) return MP_OK;
   if (prof->mem_model != MP_MEM_MODEL_MEGATRON)
     return mp_error(ctx, MP_ERR_USAGE,

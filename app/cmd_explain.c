@@ -37,6 +37,7 @@ static mp_opt k_opts[] = {
     MP_OPT_MESH("default dp_shard=8"),
     MP_OPT_EP(""),
     MP_OPT_AC(""),
+    MP_OPT_RECOMPUTE_MODULES,
     MP_OPT_FP8(""),
     MP_OPT_SP,
     MP_OPT_NO_SP,

@@ -45,6 +45,7 @@ static mp_opt k_opts[] = {
     MP_OPT_OVERLAP_MOE_COMM,
     MP_OPT_MOE_ROUTING,
     MP_OPT_AC(""),
+    MP_OPT_RECOMPUTE_MODULES,
     MP_OPT_FP8(""),
     MP_OPT_SP,
     MP_OPT_NO_SP,
@@ -71,7 +72,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "simulate", "Predict step time and memory of one plan.",
     "[--model M | --hf-config PATH] [--cluster C | --gpus N [--gpu G] [--gpus-per-node K]] [--mesh SPEC] [--ep N] "
-    "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] [--cp N [--cp-rotate M]] [--ac POLICY] [--fp8] [--sp|--no-sp] [--seq S] "
+    "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] [--cp N [--cp-rotate M]] [--ac POLICY] [--recompute-modules LIST] [--fp8] [--sp|--no-sp] [--seq S] "
     "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] "
     "[--emit torchtitan|megatron [--out DIR]] [--from FILE | --from-args 'ARGS'] [--json]",
     k_opts, 0};
@@ -119,7 +120,11 @@ static void fmt_plan_extras(const mp_mesh *mesh, const mp_plan_options *o, char 
     }
   }
   const char *rot = ring_rotate(mesh, o);
-  if (n >= 0 && (size_t)n < cap && rot) snprintf(buf + n, cap - (size_t)n, ", cp %s", rot);
+  if (n >= 0 && (size_t)n < cap && rot) n += snprintf(buf + n, cap - (size_t)n, ", cp %s", rot);
+  char rc[64];
+  mp_recompute_modules_format(o->recompute_modules, rc, sizeof rc);
+  if (n >= 0 && (size_t)n < cap && rc[0]) n += snprintf(buf + n, cap - (size_t)n, ", recompute %s", rc);
+  if (n >= 0 && (size_t)n < cap && o->moe_fp8_dispatch) snprintf(buf + n, cap - (size_t)n, ", fp8 dispatch");
 }
 
 
@@ -193,6 +198,12 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   if (o->fp8) cJSON_AddStringToObject(j, "fp8_recipe", mp_fp8_recipe_name(mp_fp8_recipe_of(o->fp8_opts.recipe, o->mem_model)));
   cJSON_AddBoolToObject(j, "sp", o->sp > 0);
   cJSON_AddBoolToObject(j, "async_tp", async_tp_on(mesh, o));
+  if (o->recompute_modules) {
+    char rc[64];
+    mp_recompute_modules_format(o->recompute_modules, rc, sizeof rc);
+    cJSON_AddStringToObject(j, "recompute_modules", rc);
+  }
+  if (o->moe_fp8_dispatch) cJSON_AddBoolToObject(j, "moe_fp8_dispatch", 1);
   if (mesh->size[MP_DIM_PP] > 1) {
     cJSON_AddStringToObject(j, "pp_schedule", mp_pp_schedule_name(o->pp_schedule));
     cJSON_AddNumberToObject(j, "pp_virtual", o->pp_virtual > 1 ? o->pp_virtual : 1);

@@ -26,7 +26,10 @@
  * 0: not; empty or absent: the stack's default, off but under megatron-core, whose
  * --tp-comm-overlap is on), fp8_recipe (with fp8 1: tensorwise, current, delayed,
  * rowwise, mxfp8 or blockwise; empty or absent: the stack's recipe), moe_dispatcher
- * (alltoall or deepep: how EP moves tokens, exec/plan.h; empty or absent: alltoall). The stack's options
+ * (alltoall or deepep: how EP moves tokens, exec/plan.h; empty or absent: alltoall),
+ * moe_fp8_dispatch (1: DeepSeek-V3's float8 dispatch; empty or absent: off), recompute_modules
+ * (Megatron-Core's output-discarding recompute modules split by spaces, layernorm mla_up_proj
+ * moe_act; empty or absent: none). The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
@@ -139,6 +142,11 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (v->moe_imbalance > 0.0) o->moe_routing.imbalance = v->moe_imbalance;
   o->moe_routing.capacity_factor = v->moe_capacity_factor;
   if (v->sp >= 0) o->sp = v->sp;
+  o->moe_fp8_dispatch = v->moe_fp8_dispatch == 1;
+  if (v->recompute_modules[0] && mp_recompute_modules_parse(ctx, v->recompute_modules, o) != MP_OK) {
+    mp_error_prefix(ctx, "%s: ", where);
+    return ctx->last;
+  }
   if (v->async_tp == 1 && !j->prof.async_tp)
     return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp = 1: stack %s does not run AsyncTP "
                     "(torchtitan-compile and megatron-core do)", where, j->prof.name);
@@ -146,7 +154,8 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   const char *pps = v->pp_schedule;
   o->pp_schedule = MP_PP_1F1B;
   if (pps[0] != '\0' && !mp_pp_schedule_parse(pps, &o->pp_schedule))
-    return mp_error(ctx, MP_ERR_INVALID, "%s: pp_schedule '%s': expected 1f1b, interleaved or gpipe", where, pps);
+    return mp_error(ctx, MP_ERR_INVALID, "%s: pp_schedule '%s': expected 1f1b, interleaved, gpipe or dualpipe", where,
+                    pps);
   if (o->pp_schedule == MP_PP_INTERLEAVED) o->pp_virtual = v->pp_virtual ? (int)v->pp_virtual : 2;
   const mp_status lay = v->pp_layout[0] ? mp_pp_layout_parse(ctx, v->pp_layout, o) : MP_OK;
   if (lay != MP_OK) {

@@ -74,8 +74,8 @@ mp_status mp_cmd_cp_rotate(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp
  * nothing to fuse. */
 mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                           mp_plan_options *o);
-/* --moe-dispatcher alltoall|deepep and --overlap-moe-comm (simulate, explain): set
- * o->moe_dispatcher and o->moe_a2a_overlap; MP_ERR_USAGE naming the stack where it is not
+/* --moe-dispatcher alltoall|deepep, --overlap-moe-comm and --moe-fp8-dispatch (simulate,
+ * explain): set o->moe_dispatcher, o->moe_a2a_overlap and o->moe_fp8_dispatch; MP_ERR_USAGE naming the stack where it is not
  * Megatron-Core's (the plan checks the rest). */
 mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                              mp_plan_options *o);

@@ -145,6 +145,13 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p) {
     return mp_error(ctx, MP_ERR_USAGE,
                     "--emit megatron: the plan was predicted under stack %s, not Megatron's; plan with "
                     "--stack megatron-core or megatron-lm", p->stack->name);
+  if (m->size[MP_DIM_PP] > 1 && p->o->pp_schedule == MP_PP_DUALPIPE)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: Megatron-LM core_v0.14.0 runs no DualPipe schedule "
+                    "(DeepSeek's HAI-LLM and deepseek-ai/DualPipe do); plan with --pp-schedule 1f1b or "
+                    "interleaved");
+  if (p->o->moe_fp8_dispatch)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: float8 dispatch has no pretrain_gpt.py argument in "
+                    "core_v0.14.0; drop --moe-fp8-dispatch");
   if (m->size[MP_DIM_PP] > 1 && p->o->pp_schedule == MP_PP_GPIPE)
     return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: Megatron-LM runs no GPipe schedule (1F1B, or "
                     "interleaved with virtual stages); plan with --pp-schedule 1f1b or interleaved");

@@ -86,6 +86,9 @@ static mp_status layers_per_stage(mp_ctx *ctx, const mp_emit_plan *p, int64_t *o
 
 /* What torchtitan cannot run as meshplan plans it, refused before anything is written. */
 static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p, const char **name, const char **flavor) {
+  if (p->mesh->size[MP_DIM_PP] > 1 && p->o->pp_schedule == MP_PP_DUALPIPE)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit torchtitan: torchtitan v0.2.0 runs no DualPipe schedule; plan "
+                    "with --pp-schedule 1f1b, interleaved or gpipe");
   /* the reader maps compile.enable back to these two profiles, so only they round-trip */
   if (strcmp(p->stack->name, "torchtitan-compile") != 0 && strcmp(p->stack->name, "torchtitan-eager") != 0)
     return mp_error(ctx, MP_ERR_USAGE,

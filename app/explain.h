@@ -37,7 +37,7 @@ typedef struct explain {
   int64_t local_batch; /* sequences per data-parallel rank per step */
   int64_t n_micro;     /* micro-batches per step */
   /* pp > 1: the rank's pipeline (mp_explain_pipeline_facts) */
-  char pp_note[1024];
+  char pp_note[1536];
   char mb_rule[300];      /* the stack's pipeline micro-batching (mp_cmd_stack_micro_batch) */
   mp_pp_flavor pp_flavor;
   int pp_warmup;          /* forwards before the rank's first backward */

@@ -75,6 +75,20 @@ void mp_explain_cp_note(const mp_plan *p, char *buf, size_t cap) {
                 : "");
 }
 
+/* DualPipe's part of e->pp_note: the rank's second model stage and the overlap. */
+static void dualpipe_note(explain *e, int pp, int stage) {
+  int64_t l0, l1;
+  mp_plan_chunk_layers(e->plan, pp - 1 - stage, 0, &l0, &l1);
+  const size_t at = strlen(e->pp_note);
+  snprintf(e->pp_note + at, sizeof e->pp_note - at,
+           "; DualPipe (DeepSeek-V3 sec. 3.2.1, deepseek-ai/DualPipe): half the micro-batches enter at "
+           "the last stage and run on this rank through layers %lld-%lld (stage %d's), so it holds "
+           "two stages' parameters, and in the steady state each forward of one direction runs "
+           "overlapped with a backward of the other, their all-to-alls beside each other's compute "
+           "(the zero-bubble W split is not modelled)",
+           (long long)l0, (long long)l1 - 1, pp - 1 - stage);
+}
+
 /* With pp > 1, the rank's pipeline: the layer split, its stage's warm-up and in-flight
  * chunks walking mp_pp_order as the stack's implementation runs it, the bubble of equal
  * stages and what crosses a stage boundary; e->pp_note the sentence. */
@@ -106,7 +120,11 @@ mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_prof
   e->pp_inflight = mp_pp_inflight(ord, got);
   free(ord);
   const int interleaved = p->opts.pp_schedule == MP_PP_INTERLEAVED && v > 1;
-  e->pp_bubble = (double)(pp - 1) / (double)((interleaved ? v : 1) * e->n_micro);
+  const int dual = p->opts.pp_schedule == MP_PP_DUALPIPE;
+  /* DualPipe's bubble (pp / 2 - 1)(F&B + B) with F = B, F&B = 2F (nothing hidden) over its
+   * busy m (F + B): deepseek-ai/DualPipe's README table, without the W split */
+  e->pp_bubble = dual ? (double)(pp / 2 - 1) * 1.5 / (double)e->n_micro
+                      : (double)(pp - 1) / (double)((interleaved ? v : 1) * e->n_micro);
   const int tp = p->mesh.size[MP_DIM_TP];
   int64_t T = p->opts.micro_batch * (p->opts.seq / p->mesh.size[MP_DIM_CP]);
   if (p->opts.sp && tp > 1) T /= tp;
@@ -128,15 +146,17 @@ mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_prof
   mp_explain_fmt_bytes(e->pp_send_bytes, sb, sizeof sb);
   char sched[48];
   if (interleaved) snprintf(sched, sizeof sched, "interleaved 1F1B x%d", v);
-  else snprintf(sched, sizeof sched, "%s", p->opts.pp_schedule == MP_PP_GPIPE ? "GPipe" : "1F1B");
+  else snprintf(sched, sizeof sched, "%s", p->opts.pp_schedule == MP_PP_GPIPE      ? "GPipe"
+                                           : p->opts.pp_schedule == MP_PP_DUALPIPE ? "DualPipe"
+                                                                                    : "1F1B");
   snprintf(e->pp_note, sizeof e->pp_note,
            "pp=%d, %s as %s runs it (stack %s), %lld micro-batches a step; layers %s over the "
            "%d model chunks%s%s; rank %d (stage %d) holds layers %s, runs %d forwards before its "
            "first backward and holds at most %lld chunk activations (micro-batch x chunk); "
-           "bubble with equal stages (pp - 1) / %s = %.3f of the busy time; a stage boundary "
+           "bubble with equal stages %s = %.3f of the busy time; a stage boundary "
            "passes the %s activation forward and its gradient back, %s a micro-batch each way",
            pp, sched,
-           e->pp_flavor == MP_PP_FLAVOR_TORCH ? "torch.distributed.pipelining" : "Megatron-LM",
+           dual ? "deepseek-ai/DualPipe" : e->pp_flavor == MP_PP_FLAVOR_TORCH ? "torch.distributed.pipelining" : "Megatron-LM",
            prof->name, (long long)e->n_micro, split, e->pp_chunks,
            interleaved ? ", chunk c x pp + s on stage s" : "",
            p->opts.n_pp_layers > 0 ? ", as stated (--pp-layers or --pp-layout)"
@@ -144,8 +164,10 @@ mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_prof
                                                 "first (torchtitan's split)"
                                               : "",
            e->rank, stage, mine, e->pp_warmup,
-           (long long)e->pp_inflight, interleaved ? "(v m)" : "m", e->pp_bubble,
-           p->opts.sp && tp > 1 ? "[T/tp, H] bf16" : "[T, H] bf16", sb);
+           (long long)e->pp_inflight,
+           dual ? "(pp / 2 - 1)(F&B + B) / (m (F + B))" : interleaved ? "(pp - 1) / (v m)" : "(pp - 1) / m",
+           e->pp_bubble, p->opts.sp && tp > 1 ? "[T/tp, H] bf16" : "[T, H] bf16", sb);
+  if (dual) dualpipe_note(e, pp, stage);
   return MP_OK;
 }
 

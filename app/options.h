@@ -63,6 +63,13 @@
     "activation checkpointing: none, selective (the attention module), selective-op (torchtitan's " \
     "op-level), selective-core (Megatron's core attention), full, or full:N (every N-th block) "   \
     "(default none" more ")", NULL }
+/* simulate and explain: Megatron-Core's output-discarding recompute modules (mp_cmd_plan_options) */
+#define MP_OPT_RECOMPUTE_MODULES                                                                   \
+  { "--recompute-modules", "LIST", "Megatron-Core's --recompute-modules under selective granularity, " \
+    "names split by commas: layernorm (input_layernorm and pre_mlp_layernorm), mla_up_proj (MLA's "   \
+    "latent norms, up projections and RoPE), moe_act (the routed experts' SwiGLU), each output freed " \
+    "after its consumer ran and recomputed in backward; core_attn is --ac selective-core. Beside --ac " \
+    "none or selective-core; e.g. DeepSeek-V3's layernorm,mla_up_proj,moe_act", NULL }
 #define MP_OPT_FP8(more)                                                                           \
   { "--fp8", "[on|off|tensorwise|current|delayed|rowwise|mxfp8|blockwise]",                      \
     "float8 Linear layers (E4M3 forward, E5M2 gradients) under a recipe of scales: tensorwise "    \
@@ -78,7 +85,10 @@
 #define MP_OPT_NO_SP                                                                               \
   { "--no-sp", NULL, "tensor parallelism without sequence parallelism (the all-reduce form)", NULL }
 /* explain and simulate: one plan's pipeline schedule (mp_cmd_pp_schedule) */
-#define MP_OPT_PP_SCHEDULE { "--pp-schedule", "S", "1f1b | interleaved | gpipe (default 1f1b)", NULL }
+#define MP_OPT_PP_SCHEDULE                                                                         \
+  { "--pp-schedule", "S", "1f1b | interleaved | gpipe | dualpipe (DeepSeek-V3's bidirectional "     \
+    "schedule: even pp, an even number of micro-batches, at least 2 pp; parameters twice a rank) "   \
+    "(default 1f1b)", NULL }
 #define MP_OPT_PP_VIRTUAL                                                                          \
   { "--pp-virtual", "N", "virtual stages per rank for interleaved (default 2)", NULL }
 #define MP_OPT_PP_LAYERS                                                                           \
@@ -108,7 +118,10 @@
 #define MP_OPT_OVERLAP_MOE_COMM                                                                    \
   { "--overlap-moe-comm", NULL, "Megatron-Core's --overlap-moe-expert-parallel-comm: the forward of " \
     "one micro-batch and the backward of another run as one step, each one's EP all-to-alls beside " \
-    "the other's compute (megatron-core; ep > 1, interleaved stages when pp > 1, no full AC)", NULL }
+    "the other's compute (megatron-core; ep > 1, interleaved stages when pp > 1, no full AC)", NULL } \
+  , { "--moe-fp8-dispatch", NULL, "DeepSeek-V3's float8 dispatch (sec. 3.3.3): the tokens sent to " \
+    "the experts, and the gradients sent into their down projections, travel as E4M3 with an fp32 " \
+    "scale per 128 elements; the combines stay bf16 (ep > 1, --fp8)", NULL }
 /* simulate, explain and plan: the experts' load (mp_cmd_moe_routing; exec/plan.h, mp_moe_routing).
  * --moe-capacity-factor alone is its own row for a command that takes only it. */
 #define MP_OPT_MOE_CAPACITY_FACTOR                                                                 \

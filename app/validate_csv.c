@@ -209,6 +209,11 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   const char *lay = field(r, "pp_layout");
   if (lay && lay[0]) MP_CHECK(need_str(r, "pp_layout", 1, row->pp_layout, sizeof row->pp_layout));
   MP_CHECK(opt_flag(r, "sp", &row->sp));
+  MP_CHECK(opt_flag(r, "moe_fp8_dispatch", &row->moe_fp8_dispatch));
+  row->recompute_modules[0] = '\0';
+  const char *rcm = field(r, "recompute_modules");
+  if (rcm && rcm[0])
+    MP_CHECK(need_str(r, "recompute_modules", 1, row->recompute_modules, sizeof row->recompute_modules));
   return opt_flag(r, "async_tp", &row->async_tp);
 }
 

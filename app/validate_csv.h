@@ -32,8 +32,8 @@ typedef struct mp_vrow {
   char gpu[256];    /* data/gpus stem or path */
   char stack[256];  /* data/stacks stem or path */
   char metric[32];  /* tokens_per_s_per_gpu | peak_mem_gib | step_time_s */
-  char ac[32];      /* as written; the command parses it (exec/plan.h) */
-  char pp_schedule[32]; /* "" (1f1b), 1f1b, interleaved or gpipe */
+  char ac[128];     /* as written; the command parses it (exec/plan.h) */
+  char pp_schedule[32]; /* "" (1f1b), 1f1b, interleaved, gpipe or dualpipe */
   int64_t gpus;          /* 1..2^20 */
   int64_t gpus_per_node; /* 1..4096 */
   int64_t dp_replicate, dp_shard, tp, pp, cp, ep; /* each 1..2^20 */
@@ -59,6 +59,11 @@ typedef struct mp_vrow {
   double moe_capacity_factor; /* optional column: Megatron-Core's expert capacity factor, in
                                  (0, MP_LIM_MOE_LOAD]; 0 when absent or empty (dropless) */
   int sp;               /* 0 or 1; -1 when absent or empty (the stack's default) */
+  char recompute_modules[96]; /* optional column: Megatron-Core's recompute modules, split by
+                                 spaces (the command parses them: mp_recompute_modules_parse);
+                                 "" when absent or empty: none */
+  int moe_fp8_dispatch; /* 0 or 1: DeepSeek-V3's float8 dispatch (exec/plan.h); -1 when the
+                           column is absent or empty: off */
   int async_tp;         /* 0 or 1: the TP collectives fused with their GEMMs (torchtitan's
                            AsyncTP, Megatron-Core's --tp-comm-overlap); -1 when the column is
                            absent or empty: the stack's default (on under megatron-core) */

@@ -395,6 +395,11 @@ static mp_status moe_overlap_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_pl
                     "deepep), which needs expert parallelism; here the %s memory model with ep=%d: use "
                     "stack megatron-core with ep > 1 or the alltoall dispatcher",
                     mp_mem_model_name(o->mem_model), mesh->ep);
+  if (o->moe_fp8_dispatch && (mesh->ep <= 1 || !o->fp8))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "float8 dispatch sends the experts' float8 inputs over the EP all-to-all "
+                    "(DeepSeek-V3 sec. 3.3.3); here ep=%d, fp8 %s: it needs ep > 1 and float8 "
+                    "Linears (--fp8), or drop it", mesh->ep, o->fp8 ? "on" : "off");
   if (!o->moe_a2a_overlap) return MP_OK;
   if (o->mem_model != MP_MEM_MODEL_MEGATRON)
     return mp_error(ctx, MP_ERR_INVALID,
@@ -549,6 +554,25 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
                     "pp_virtual=%d: several model chunks per stage need the interleaved schedule; "
                     "choose --pp-schedule interleaved or pp_virtual 1",
                     o->pp_virtual);
+  if (o->recompute_modules && mp_mem_model_is_runtime(o->mem_model))
+    return mp_error(ctx, MP_ERR_INVALID, "recompute modules are Megatron-Core's; the %s memory model (the "
+                    "meshplan runtime) does not run them: drop them or use a megatron or torchtitan stack",
+                    mp_mem_model_name(o->mem_model));
+  if (o->recompute_modules && o->ac != MP_AC_NONE && o->ac != MP_AC_SELECTIVE_CORE)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "recompute modules run beside AC none or selective-core (Megatron-Core's selective "
+                    "granularity); AC %s recomputes on its own: drop one", mp_ac_mode_name(o->ac));
+  if ((o->recompute_modules & (1u << MP_RC_MLA_UP_PROJ)) && !mp_model_is_mla(m))
+    return mp_error(ctx, MP_ERR_INVALID, "recompute module mla_up_proj: model %s has no multi-head latent "
+                    "attention; drop it", m->name);
+  if ((o->recompute_modules & (1u << MP_RC_MOE_ACT)) && !mp_model_is_moe(m))
+    return mp_error(ctx, MP_ERR_INVALID, "recompute module moe_act: model %s has no routed experts; drop it",
+                    m->name);
+  if (o->pp_schedule == MP_PP_DUALPIPE && pp > 1 && pp % 2)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "DualPipe with pp=%d: its two directions meet in the middle, which needs an even "
+                    "number of stages (deepseek-ai/DualPipe asserts num_ranks %% 2 == 0); choose an "
+                    "even pp or another schedule", pp);
   if (o->pp_virtual > MP_PP_MAX_VIRTUAL)
     return mp_error(ctx, MP_ERR_INVALID, "pp_virtual=%d: at most %d model chunks per stage",
                     o->pp_virtual, MP_PP_MAX_VIRTUAL);
@@ -815,6 +839,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->ddp.shard_optimizer != b->ddp.shard_optimizer ||
       opts->cp_rotate != b->cp_rotate || opts->cp_wait_at_issue != b->cp_wait_at_issue ||
       opts->tp_comm_fused != b->tp_comm_fused || opts->moe_a2a_overlap != b->moe_a2a_overlap ||
+      opts->moe_fp8_dispatch != b->moe_fp8_dispatch || opts->recompute_modules != b->recompute_modules ||
       opts->moe_dispatcher != b->moe_dispatcher ||
       memcmp(&opts->moe_routing, &b->moe_routing, sizeof opts->moe_routing) != 0 ||
       (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))

@@ -129,6 +129,18 @@ typedef enum mp_ac_mode {
   MP_AC_FULL,
   MP_AC_COUNT
 } mp_ac_mode;
+/* Megatron-Core's output-discarding recompute modules (--recompute-granularity selective
+ * --recompute-modules; megatron/core/transformer/transformer_config.py, recompute_modules,
+ * core_v0.14): a module's output is freed once its consumer has run and recomputed before
+ * its backward needs it (CheckpointWithoutOutput), beside the AC policy none or
+ * selective-core (Megatron's core_attn). Bits of mp_plan_options.recompute_modules
+ * (exec/schedule_act.c prices them). */
+typedef enum mp_rc_module {
+  MP_RC_LAYERNORM = 0, /* "layernorm": input_layernorm and pre_mlp_layernorm */
+  MP_RC_MLA_UP_PROJ,   /* "mla_up_proj": MLA's latent norms, up projections and RoPE */
+  MP_RC_MOE_ACT,       /* "moe_act": the routed experts' SwiGLU */
+  MP_RC_COUNT
+} mp_rc_module;
 
 /* How the attention core runs: FLASH (FlashAttention: causal blocks skipped, the per-head
  * log-sum-exp saved instead of the score matrix) or MATERIALIZED (Megatron-LM's fused
@@ -227,7 +239,11 @@ typedef struct mp_fsdp_options {
   mp_dtype reduce_dtype;     /* dtype of gradient reduction (fp32) */
 } mp_fsdp_options;
 
-typedef enum mp_pp_schedule { MP_PP_1F1B = 0, MP_PP_INTERLEAVED, MP_PP_GPIPE } mp_pp_schedule;
+/* DUALPIPE: DeepSeek-V3's bidirectional schedule (arXiv 2412.19437, sec. 3.2.1; reference
+ * code github.com/deepseek-ai/DualPipe, dualpipe/dualpipe.py): micro-batches fed from both
+ * ends, rank s holding model stage s of one direction and stage pp - 1 - s of the other
+ * (exec/schedule_pp.c, sim/pipeline.c). */
+typedef enum mp_pp_schedule { MP_PP_1F1B = 0, MP_PP_INTERLEAVED, MP_PP_GPIPE, MP_PP_DUALPIPE } mp_pp_schedule;
 /* Whose implementation of a schedule runs (they differ only in the interleaved warm-up with
  * as many micro-batches as stages; exec/schedule_pp.c): Megatron-LM's (and the meshplan
  * runtime's) or torch.distributed.pipelining's (torchtitan's). */
@@ -399,6 +415,13 @@ typedef struct mp_plan_options {
                             ep > 1, interleaved stages when pp > 1, no full recompute; the
                             megatron memory model only. 0: off (default) */
   mp_moe_routing moe_routing; /* the experts' load (imbalance 1, dropless by default) */
+  uint32_t recompute_modules; /* bits 1 << mp_rc_module; 0: none (default) */
+  int moe_fp8_dispatch;  /* DeepSeek-V3's float8 dispatch (arXiv 2412.19437, sec. 3.3.3): the
+                            tokens sent to the experts (the forward's dispatch, and the
+                            backward's gradients into the experts' down projections) travel
+                            as E4M3 with one fp32 scale per 128 elements (1 + 4/128 bytes an
+                            element); the combines stay bf16. Needs ep > 1 and float8 Linears.
+                            0: off (default: bf16 both ways) */
   int64_t seq;           /* tokens per sequence (0: min(max_seq, 8192), set by mp_plan_create) */
   int64_t micro_batch;   /* sequences per micro-batch per data-parallel rank */
   int64_t global_batch;  /* sequences per step over all data-parallel ranks (0: one
@@ -635,11 +658,11 @@ static inline const char *mp_ac_mode_name(mp_ac_mode m) {
                                                  "selective-core", "full"};
   return (unsigned)m < MP_AC_COUNT ? names[m] : "?";
 }
-/* "1f1b", "interleaved", "gpipe" ("?" out of range), the names the CLI and the validation
- * CSV use. */
+/* "1f1b", "interleaved", "gpipe", "dualpipe" ("?" out of range), the names the CLI and the
+ * validation CSV use. */
 static inline const char *mp_pp_schedule_name(mp_pp_schedule k) {
-  static const char *const names[] = {"1f1b", "interleaved", "gpipe"};
-  return (unsigned)k <= MP_PP_GPIPE ? names[k] : "?";
+  static const char *const names[] = {"1f1b", "interleaved", "gpipe", "dualpipe"};
+  return (unsigned)k <= MP_PP_DUALPIPE ? names[k] : "?";
 }
 /* The schedule named s (mp_pp_schedule_name's names) into *out: 1, or 0 for any other
  * string (*out untouched); the caller words the refusal. */
@@ -678,6 +701,13 @@ void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap);
 /* Parses a policy name, or "full:N" (N >= 1; full:1 is full) into *out and *every (1 for
  * every block). MP_ERR_INVALID naming the choices otherwise. */
 mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every);
+/* Megatron-Core's --recompute-modules list (names split by commas or spaces) into o:
+ * core_attn sets o->ac to selective-core, layernorm, mla_up_proj and moe_act set
+ * o->recompute_modules; mlp, moe and shared_experts (whole modules checkpointed) are refused
+ * by name as not modelled, anything else as unknown (MP_ERR_INVALID). */
+mp_status mp_recompute_modules_parse(mp_ctx *ctx, const char *list, mp_plan_options *o);
+/* o's recompute modules as Megatron names them, space-separated ("" for none). */
+void mp_recompute_modules_format(uint32_t modules, char *buf, size_t cap);
 /* mp_ac_parse without the block frequency: "full:N" with N > 1 is refused. */
 mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out);
 /* The policy block `layer` runs under the plan's options: FULL with ac_every N > 1 applies to

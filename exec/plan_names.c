@@ -62,7 +62,7 @@ void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap) {
 }
 
 int mp_pp_schedule_parse(const char *s, mp_pp_schedule *out) {
-  for (int k = MP_PP_1F1B; k <= MP_PP_GPIPE; k++)
+  for (int k = MP_PP_1F1B; k <= MP_PP_DUALPIPE; k++)
     if (s && strcmp(s, mp_pp_schedule_name((mp_pp_schedule)k)) == 0) {
       *out = (mp_pp_schedule)k;
       return 1;
@@ -133,6 +133,54 @@ mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every) {
                   "attention module), selective-op (torchtitan's op-level), selective-core "
                   "(Megatron's core attention), full, or full:N (every N-th block)",
                   s ? s : "(null)");
+}
+
+static const char *const k_rc_names[MP_RC_COUNT] = {"layernorm", "mla_up_proj", "moe_act"};
+
+/* One name of a --recompute-modules list into o. */
+static mp_status rc_module(mp_ctx *ctx, const char *w, mp_plan_options *o) {
+  for (int k = 0; k < MP_RC_COUNT; k++)
+    if (strcmp(w, k_rc_names[k]) == 0) {
+      o->recompute_modules |= 1u << k;
+      return MP_OK;
+    }
+  if (strcmp(w, "core_attn") == 0) {
+    if (o->ac != MP_AC_NONE && o->ac != MP_AC_SELECTIVE_CORE)
+      return mp_error(ctx, MP_ERR_INVALID, "recompute module core_attn is the AC policy selective-core; "
+                      "it cannot join AC %s", mp_ac_mode_name(o->ac));
+    o->ac = MP_AC_SELECTIVE_CORE;
+    return MP_OK;
+  }
+  if (strcmp(w, "mlp") == 0 || strcmp(w, "moe") == 0 || strcmp(w, "shared_experts") == 0)
+    return mp_error(ctx, MP_ERR_INVALID, "recompute module %s (a whole module checkpointed) is not modelled; "
+                    "choose among core_attn, layernorm, mla_up_proj and moe_act, or --ac full", w);
+  return mp_error(ctx, MP_ERR_INVALID, "unknown recompute module '%s'; choose among core_attn, layernorm, "
+                  "mla_up_proj and moe_act (Megatron-Core's names)", w);
+}
+
+mp_status mp_recompute_modules_parse(mp_ctx *ctx, const char *list, mp_plan_options *o) {
+  char w[32];
+  size_t n = 0;
+  for (const char *c = list;; c++) {
+    if (*c == ',' || *c == ' ' || *c == '\0') {
+      w[n] = '\0';
+      if (n > 0) MP_CHECK(rc_module(ctx, w, o));
+      n = 0;
+      if (*c == '\0') return MP_OK;
+    } else if (n + 1 < sizeof w) {
+      w[n++] = *c;
+    } else {
+      return mp_error(ctx, MP_ERR_INVALID, "recompute modules '%s': a name longer than %zu characters",
+                      list, sizeof w - 1);
+    }
+  }
+}
+
+void mp_recompute_modules_format(uint32_t modules, char *buf, size_t cap) {
+  size_t u = 0;
+  if (cap) buf[0] = '\0';
+  for (int k = 0; k < MP_RC_COUNT && u < cap; k++)
+    if (modules & (1u << k)) u += (size_t)snprintf(buf + u, cap - u, "%s%s", u ? " " : "", k_rc_names[k]);
 }
 
 mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out) {

@@ -383,18 +383,25 @@ mp_status mp_schedule_step_program(mp_ctx *ctx, const mp_schedule *s, mp_arena *
 const char *mp_step_act_name(int kind); /* "gather", "block_fwd", ... */
 
 /* The pipeline order of a stage (exec/schedule_pp.c): step i of out runs the forward
- * (bwd 0) or backward of the stage's model chunk `chunk` for micro-batch `micro`. */
+ * (bwd 0) or backward of the stage's model chunk `chunk` for micro-batch `micro`. Under
+ * DualPipe `chunk` is the direction (0: micro-batches entering at stage 0, run through model
+ * stage s on rank s; 1: entering at stage pp - 1, model stage pp - 1 - s on rank s) and
+ * `micro` counts that direction's micro-batches, and `paired` marks a forward that runs with
+ * the backward after it as one overlapped step (its F&B; the other schedules leave it 0 and
+ * pair by the stage's times, sim/pipeline.c). */
 typedef struct mp_pp_step {
   uint8_t bwd;
   uint8_t chunk;
   int32_t micro;
+  uint8_t paired;
 } mp_pp_step;
 
 /* The order of `stage` of a pp-stage pipeline running n_micro micro-batches through v model
- * chunks per stage under schedule `kind` (1F1B, interleaved with v > 1, GPipe) as `flavor`
- * implements it: 2 x n_micro x v steps into out (room for that many), *n_out their count.
- * MP_ERR_INVALID for v > 1 outside the interleaved schedule, or n_micro not a multiple of
- * pp under it. */
+ * chunks per stage under schedule `kind` (1F1B, interleaved with v > 1, GPipe; DualPipe with
+ * v 1, whose two directions are its chunks) as `flavor` implements it: 2 x n_micro x v steps
+ * (DualPipe: 2 x n_micro) into out (room for that many), *n_out their count. MP_ERR_INVALID
+ * for v > 1 outside the interleaved schedule, n_micro not a multiple of pp under it, and
+ * under DualPipe an odd pp, an odd n_micro or fewer than 2 pp. */
 mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp, int v,
                       int64_t n_micro, int stage, mp_pp_step *out, int64_t *n_out);
 /* The most chunk activations a stage holds at once walking its order (a forward holds its

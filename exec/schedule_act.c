@@ -268,13 +268,17 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
   }
 }
 
-/* The block's saved tensors under the plan's memory model and the layer's policy. */
+static void modules_act(const gen *g, int kind, block_act *a);
+
+/* The block's saved tensors under the plan's memory model, the layer's policy and the
+ * plan's recompute modules. */
 static void block_act_of(const gen *g, int kind, mp_ac_mode ac, block_act *a) {
   /* with cp > 1 the core is the ring's flash attention (Transformer Engine's under
    * Megatron-LM), whatever the stack runs without it */
   if (g->ms->saved == SAVED_KORTHIKANTI)
     block_act_mg(&g->sh, kind, ac, g->p->opts.attn == MP_ATTN_MATERIALIZED && g->sh.cp == 1, a);
   else block_act_tt(&g->sh, kind, ac, a);
+  if (g->p->opts.recompute_modules) modules_act(g, kind, a);
 }
 
 /* An ALLOC or FREE of the open block's activations, flagged MP_MEM_KEPT when kept. */
@@ -283,6 +287,58 @@ static void act(gen *g, int buf, int64_t bytes, int alloc, int kept) {
   int32_t i = mem(g, alloc ? MP_OP_ALLOC : MP_OP_FREE, MP_MEM_ACTIVATIONS, buf, bytes, g->layer,
                   -1, MP_STREAM_COMPUTE);
   if (i >= 0 && kept) g->ops[i].variant = MP_MEM_KEPT;
+}
+
+/* ---- Megatron-Core's output-discarding recompute modules (exec/plan.h, mp_rc_module) ---- */
+
+/* What each recompute module stops saving past the forward (the lists above), allocated
+ * again by its recompute before the part's backward (rc_attn, rc_mlp):
+ *   layernorm    each part's normed input: the attention's `in` (2TsH where the megatron
+ *                model keeps it sharded under SP, else 2TH), the MLP's (the same for a dense
+ *                MLP, the MoE's normed h 2TH)
+ *   mla_up_proj  schedule_mla.c's mp_sched_mla_up_saved (latents normed, kv_b's output, q, k)
+ *   moe_act      the routed experts' SwiGLU outputs, silu and the product: 2 x 2 T top_k f_e
+ * Beside selective-core the core's recompute allocates rc_attn whole (recompute below). */
+static void modules_act(const gen *g, int kind, block_act *a) {
+  const uint32_t rc = g->p->opts.recompute_modules;
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->tokens, H = sh->d_model;
+  const int64_t in = g->ms->saved == SAVED_KORTHIKANTI && sh->sp ? 2 * sh->tokens_sp * H : 2 * T * H;
+  int64_t da = 0, dm = 0;
+  if (rc & (1u << MP_RC_LAYERNORM)) {
+    da += in;
+    dm += kind == KIND_DENSE ? in : 2 * T * H;
+  }
+  if ((rc & (1u << MP_RC_MLA_UP_PROJ)) && sh->mla) da += mp_sched_mla_up_saved(sh);
+  if ((rc & (1u << MP_RC_MOE_ACT)) && kind == KIND_MOE) dm += 2 * 2 * T * sh->top_k * sh->d_ff_expert;
+  a->attn -= da;
+  a->rc_attn += da;
+  a->mlp -= dm;
+  a->rc_mlp += dm;
+}
+
+/* The recompute of part `attn` (else the MLP) under the plan's recompute modules, before
+ * the part's backward (Megatron-Core's CheckpointWithoutOutput recomputes in the backward
+ * hook of the output's consumer); alloc: its rc buffer is allocated here. */
+static void recompute_modules(gen *g, const block_act *a, int kind, int attn, int alloc) {
+  const uint32_t rc = g->p->opts.recompute_modules;
+  const shapes *sh = &g->sh;
+  if (!rc) return;
+  g->phase = MP_PHASE_RECOMPUTE;
+  g->recompute_skips = 0;
+  if (attn) {
+    if (alloc) act(g, BUF_RC_ATTN, a->rc_attn, 1, 0);
+    if (rc & (1u << MP_RC_LAYERNORM)) mp_sched_norm_fwd(g, MP_MOD_ATTN_NORM, sh->tokens_sp, sh->d_model);
+    if ((rc & (1u << MP_RC_MLA_UP_PROJ)) && sh->mla) mp_sched_mla_up_fwd(g);
+  } else {
+    if (alloc) act(g, BUF_RC_MLP, a->rc_mlp, 1, 0);
+    if (rc & (1u << MP_RC_LAYERNORM)) mp_sched_norm_fwd(g, MP_MOD_FFN_NORM, sh->tokens_sp, sh->d_model);
+    if ((rc & (1u << MP_RC_MOE_ACT)) && kind == KIND_MOE) {
+      const int64_t e = sh->moe_tokens * sh->top_k * sh->d_ff_expert;
+      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, e, FLOPS_SWIGLU_FWD, 6.0 * (double)e);
+    }
+  }
+  g->phase = MP_PHASE_BACKWARD;
 }
 
 /* ---- a block's forward and backward under the torchtitan model ------------------------- */
@@ -341,6 +397,7 @@ void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   const int64_t ws = bwd_workspace(&g->sh, kind);
   pair(g, MP_MEM_TEMP, BUF_BWD_WS, ws, 1);
   if (a.rc_first) recompute(g, &a, kind, pd, 1);
+  else recompute_modules(g, &a, kind, 0, 1);
   mp_sched_mlp_bwd(g, kind, a.rc_first ? NULL : pd);
   act(g, BUF_ACT_MLP, a.mlp, 0, a.kept);
   act(g, BUF_RC_MLP, a.rc_mlp, 0, 0);
@@ -350,6 +407,7 @@ void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   }
   const int rc_attn = !a.rc_first && (ac == MP_AC_SELECTIVE || ac == MP_AC_SELECTIVE_CORE);
   if (rc_attn) recompute(g, &a, kind, ac == MP_AC_SELECTIVE ? pd : NULL, 0);
+  if (!a.rc_first) recompute_modules(g, &a, kind, 1, !rc_attn);
   mp_sched_attention_bwd(g, a.rc_first || ac == MP_AC_SELECTIVE ? NULL : pd);
   act(g, BUF_ACT_ATTN, a.attn, 0, a.kept);
   act(g, BUF_RC_ATTN, a.rc_attn, 0, 0);

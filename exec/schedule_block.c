@@ -265,13 +265,13 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
     /* the runtimes under EP: the expert side (sized by the rows received) is saved for
      * backward; the expert outputs wait in a COMM buffer for the combine */
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EPA, kind, 1);
-    mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_GATE);
+    mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_GATE, 1);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 1);
     attach(g, pd, PART_EXPERTS);
     experts_gate_up_fwd(g, H);
     swiglu(g, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, received_rows(sh, Tk) * sh->d_ff_expert);
     experts_down_fwd(g, H);
-    mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
+    mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_DOWN, 0);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 0);
     if (out) {
       mp_sched_rt_sp(g, 1); /* the runtimes' SP: the routed output on all T rows */
@@ -340,10 +340,10 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
                 2.0 * (double)(T * H) + 4.0 * (double)(Tk * H));
     mp_sched_rt_sp(g, 0);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 1); /* the expert side's gradients (EP) */
-    mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_DOWN);
+    mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_DOWN, 1); /* the output gradient to the experts */
     attach(g, pd, PART_EXPERTS);
     experts_bwd(g, H, Tk);
-    mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_GATE);
+    mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_GATE, 0);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 0);
     elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_BWD, -1, Tk * H, 1.0,
                 2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));

@@ -550,8 +550,9 @@ void mp_sched_tp_region_out_bwd(gen *g, int on, int module);
 void mp_sched_tp_region_in_bwd(gen *g, int on, int module);
 /* AsyncTP / TP comm overlap: the collective and GEMMs from op `from` fused as `kind`. */
 void mp_sched_fuse_tp(gen *g, int32_t from, mp_fuse kind, mp_variant v);
-/* The MoE's dispatch or combine all-to-all over ep. */
-void mp_sched_ep_alltoall(gen *g, int module);
+/* The MoE's dispatch or combine all-to-all over ep; `to_experts`: it carries tokens (or
+ * output gradients) to the experts, in float8 under o.moe_fp8_dispatch. */
+void mp_sched_ep_alltoall(gen *g, int module, int to_experts);
 /* Megatron-LM's SP re-gather of a region's input in backward (-1: none), and its wait. */
 int32_t mp_sched_mg_regather(gen *g, int on, int module);
 void mp_sched_mg_regather_wait(gen *g, int32_t gather, int32_t first_op);
@@ -575,6 +576,11 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd);
  * to q, k and v ready for the core; backward from their gradients to the input's */
 void mp_sched_mla_fwd(gen *g);
 void mp_sched_mla_bwd(gen *g);
+/* Megatron-Core's mla_up_proj recompute: the latent norms, the up projections, RoPE and the
+ * assembly of q and k run again (the recompute phase), and the bytes they save without AC
+ * (the normed latents and their rstd, kv_b's output, the assembled q and k). */
+void mp_sched_mla_up_fwd(gen *g);
+int64_t mp_sched_mla_up_saved(const shapes *sh);
 /* Bytes an MLA block's attention part saves without AC (schedule_mla.c), the attention
  * input counted as `in` bytes (2TH, or 2TsH where Megatron-LM keeps it sharded). */
 int64_t mp_sched_mla_attn_saved(const shapes *sh, int64_t in);

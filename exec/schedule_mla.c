@@ -96,6 +96,26 @@ void mp_sched_mla_fwd(gen *g) {
   mla_assemble(g, MP_VAR_FWD);
 }
 
+void mp_sched_mla_up_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const double T = (double)sh->tokens;
+  if (sh->q_lora > 0) {
+    mp_sched_norm_fwd(g, MP_MOD_Q_A_NORM, sh->tokens, sh->q_lora);
+    mp_sched_linear_fwd(g, MP_MOD_Q_B, T, sh->q_width, sh->q_lora, 1);
+  }
+  mp_sched_norm_fwd(g, MP_MOD_KV_A_NORM, sh->tokens, sh->kv_lora);
+  mp_sched_linear_fwd(g, MP_MOD_KV_B, T, sh->kv_b_rows, sh->kv_lora, 1);
+  mla_rope(g, MP_VAR_FWD);
+  mla_assemble(g, MP_VAR_FWD);
+}
+
+int64_t mp_sched_mla_up_saved(const shapes *sh) {
+  const int64_t T = sh->tokens;
+  int64_t b = 4 * T + 2 * T * sh->kv_lora + 2 * T * sh->kv_b_rows + 2 * T * (sh->q_width + sh->kv_width);
+  if (sh->q_lora > 0) b += 4 * T + 2 * T * sh->q_lora;
+  return b;
+}
+
 void mp_sched_mla_bwd(gen *g) {
   const shapes *sh = &g->sh;
   const double T = (double)sh->tokens;

@@ -421,13 +421,22 @@ void mp_sched_fuse_tp(gen *g, int32_t from, mp_fuse kind, mp_variant v) {
 
 /* The slowest EP rank's all-to-all: its rows received (dispatch) or sent back (combine) are
  * its routed ones x its load (mp_sched_moe_rows: the imbalance, bounded or padded by the
- * capacity), and the collective ends when that rank's transfer does. */
-void mp_sched_ep_alltoall(gen *g, int module) {
+ * capacity), and the collective ends when that rank's transfer does. to_experts: the
+ * transfer toward the experts (the dispatch, and the backward's gradients into the experts'
+ * down projections), which DeepSeek-V3's float8 dispatch sends as E4M3. */
+void mp_sched_ep_alltoall(gen *g, int module, int to_experts) {
   const shapes *sh = &g->sh;
   if (sh->ep <= 1) return;
-  double bytes = act_comm_bytes(g) * (double)(sh->moe_tokens * sh->top_k * sh->d_model);
-  if (sh->moe_load != 1.0) bytes *= sh->moe_load;
-  comm(g, MP_COLL_ALL_TO_ALL, MP_GROUP_EP, MP_STREAM_COMPUTE, bytes, act_comm_dtype(g), module);
+  double elems = (double)(sh->moe_tokens * sh->top_k * sh->d_model);
+  if (sh->moe_load != 1.0) elems *= sh->moe_load;
+  if (to_experts && g->p->opts.moe_fp8_dispatch) {
+    /* DeepSeek-V3 sec. 3.3.3: E4M3 with an fp32 scale per 1x128 tile */
+    comm(g, MP_COLL_ALL_TO_ALL, MP_GROUP_EP, MP_STREAM_COMPUTE, elems * (1.0 + 4.0 / 128.0),
+         MP_DTYPE_FP8_E4M3, module);
+    return;
+  }
+  comm(g, MP_COLL_ALL_TO_ALL, MP_GROUP_EP, MP_STREAM_COMPUTE, act_comm_bytes(g) * elems, act_comm_dtype(g),
+       module);
 }
 
 /* Megatron-LM's sequence parallelism saves a column-parallel region's input on the

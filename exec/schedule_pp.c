@@ -31,7 +31,12 @@
  *                With --overlap-moe-expert-parallel-comm Megatron-LM runs one more warm-up
  *                forward (forward_backward_pipelining_with_interleaving, core_v0.14: the
  *                combined 1F1B runs a forward and a backward of different micro-batches as
- *                one step, which the last stage's first backward needs). */
+ *                one step, which the last stage's first backward needs).
+ *   DualPipe     DeepSeek-V3's bidirectional schedule (arXiv 2412.19437, sec. 3.2.1, Fig. 5;
+ *                deepseek-ai/DualPipe): half the micro-batches enter at stage 0, half at
+ *                stage pp - 1; rank s runs model stage s for the first and pp - 1 - s for
+ *                the second, and in the steady state a forward of one direction and a
+ *                backward of the other as one overlapped step (order_dualpipe). */
 #include "exec/schedule.h"
 
 /* Megatron's chunk and micro-batch of virtual step k (forward or backward) of m micro-
@@ -49,7 +54,7 @@ static mp_pp_step interleaved_step(int pp, int v, int64_t m, int64_t k, int bwd)
     mb = m / pp * pp + (k - full) % rest;
   }
   if (bwd) chunk = v - 1 - chunk;
-  mp_pp_step s = {(uint8_t)bwd, (uint8_t)chunk, (int32_t)mb};
+  mp_pp_step s = {(uint8_t)bwd, (uint8_t)chunk, (int32_t)mb, 0};
   return s;
 }
 
@@ -74,19 +79,65 @@ static int64_t order_interleaved(int pp, int v, int64_t m, int stage, mp_pp_flav
 static int64_t order_1f1b(int pp, int64_t m, int stage, mp_pp_step *out) {
   int64_t warm = pp - stage - 1, n = 0;
   if (warm > m) warm = m;
-  for (int64_t i = 0; i < warm; i++) out[n++] = (mp_pp_step){0, 0, (int32_t)i};
+  for (int64_t i = 0; i < warm; i++) out[n++] = (mp_pp_step){0, 0, (int32_t)i, 0};
   for (int64_t i = 0; i < m - warm; i++) {
-    out[n++] = (mp_pp_step){0, 0, (int32_t)(warm + i)};
-    out[n++] = (mp_pp_step){1, 0, (int32_t)i};
+    out[n++] = (mp_pp_step){0, 0, (int32_t)(warm + i), 0};
+    out[n++] = (mp_pp_step){1, 0, (int32_t)i, 0};
   }
-  for (int64_t i = m - warm; i < m; i++) out[n++] = (mp_pp_step){1, 0, (int32_t)i};
+  for (int64_t i = m - warm; i < m; i++) out[n++] = (mp_pp_step){1, 0, (int32_t)i, 0};
   return n;
+}
+
+/* DualPipe (deepseek-ai/DualPipe, dualpipe/dualpipe.py, DualPipe.step): a rank's phase 0
+ * is the direction entering at its end of the pipeline (direction 0 on the first half of
+ * the ranks, 1 on the second), each direction numbering its micro-batches as it runs them. */
+typedef struct dualpipe_walk {
+  mp_pp_step *out;
+  int64_t n, next[2][2]; /* [bwd][direction]: the next micro-batch */
+  int flip;              /* the rank is in the second half: phase p is direction 1 - p */
+} dualpipe_walk;
+
+static void dp_step(dualpipe_walk *w, int bwd, int phase) {
+  const int dir = phase ^ w->flip;
+  w->out[w->n++] = (mp_pp_step){(uint8_t)bwd, (uint8_t)dir, (int32_t)w->next[bwd][dir]++, 0};
+}
+
+/* A forward of phase f and a backward of phase b run overlapped as one step (F&B). */
+static void dp_pair(dualpipe_walk *w, int f, int b) {
+  dp_step(w, 0, f);
+  w->out[w->n - 1].paired = 1;
+  dp_step(w, 1, b);
+}
+
+/* The reference's eight steps with half = pp / 2, h = min(s, pp - 1 - s), m / 2 micro-
+ * batches a direction: nF0 (2(half - h - 1)), nF0F1 (h + 1), nB1W1F1 (half - h - 1),
+ * nF0B1F1B0 (m / 2 - pp + h + 1, each F0B1 and F1B0 pair one overlapped step), nB1F1B0
+ * (half - h - 1), nB1B0 (h + 1), nWB0 (half - h - 1), nW (h + 1). The zero-bubble split of a
+ * backward into its input and weight gradients (the W chunks) is not modelled: a backward
+ * computes both, so the W steps are empty. On the two middle ranks the first steady F0 and
+ * B1 run one after the other, not overlapped, as the reference does. */
+static int64_t order_dualpipe(int pp, int64_t m, int stage, mp_pp_step *out) {
+  const int64_t half = pp / 2, h = stage < pp - 1 - stage ? stage : pp - 1 - stage;
+  dualpipe_walk w = {out, 0, {{0, 0}, {0, 0}}, stage >= pp / 2};
+  const int middle = h == half - 1;
+  for (int64_t i = 0; i < 2 * (half - h - 1); i++) dp_step(&w, 0, 0);
+  for (int64_t i = 0; i < h + 1; i++) dp_step(&w, 0, 0), dp_step(&w, 0, 1);
+  for (int64_t i = 0; i < half - h - 1; i++) dp_step(&w, 1, 1), dp_step(&w, 0, 1);
+  for (int64_t i = 0; i < m / 2 - pp + h + 1; i++) {
+    if (i == 0 && middle) dp_step(&w, 0, 0), dp_step(&w, 1, 1);
+    else dp_pair(&w, 0, 1);
+    dp_pair(&w, 1, 0);
+  }
+  for (int64_t i = 0; i < half - h - 1; i++) dp_step(&w, 1, 1), dp_pair(&w, 1, 0);
+  for (int64_t i = 0; i < h + 1; i++) dp_step(&w, 1, 1), dp_step(&w, 1, 0);
+  for (int64_t i = 0; i < half - h - 1; i++) dp_step(&w, 1, 0);
+  return w.n;
 }
 
 static int64_t order_gpipe(int64_t m, mp_pp_step *out) {
   int64_t n = 0;
-  for (int64_t i = 0; i < m; i++) out[n++] = (mp_pp_step){0, 0, (int32_t)i};
-  for (int64_t i = 0; i < m; i++) out[n++] = (mp_pp_step){1, 0, (int32_t)i};
+  for (int64_t i = 0; i < m; i++) out[n++] = (mp_pp_step){0, 0, (int32_t)i, 0};
+  for (int64_t i = 0; i < m; i++) out[n++] = (mp_pp_step){1, 0, (int32_t)i, 0};
   return n;
 }
 
@@ -107,6 +158,15 @@ mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int
                       flavor == MP_PP_FLAVOR_TORCH ? "not a multiple of it (torch.distributed.pipelining)"
                                                    : "fewer (Megatron-LM needs at least pp)");
     *n_out = order_interleaved(pp, v, n_micro, stage, flavor, out);
+  } else if (kind == MP_PP_DUALPIPE) {
+    if (v != 1 || pp % 2 || n_micro % 2 || n_micro < 2 * (int64_t)pp)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "DualPipe on pp=%d with %lld micro-batches: it feeds half of them from each "
+                      "end and needs an even pp, an even number of micro-batches and at least 2 x "
+                      "pp = %d of them (deepseek-ai/DualPipe asserts num_chunks %% 2 == 0 and "
+                      "num_chunks >= num_ranks * 2); choose a global batch that gives that",
+                      pp, (long long)n_micro, 2 * pp);
+    *n_out = order_dualpipe(pp, n_micro, stage, out);
   } else if (v > 1) {
     return mp_error(ctx, MP_ERR_INVALID, "pipeline order: %d chunks per stage need the "
                     "interleaved schedule", v);

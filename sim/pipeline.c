@@ -15,6 +15,15 @@
  * with it as one step, shorter by the saving (Megatron-Core's combined 1F1B, sim/overlap.c);
  * its input is there when both steps' inputs are, and both end with it.
  *
+ * DualPipe. A rank's two chunks are its two directions (exec/schedule_pp.c): f[0], b[0]
+ * of model stage s, f[1], b[1] of model stage pp - 1 - s, as the caller fills them. A
+ * direction's micro-batch passes its pp stages in its own order (vstage), and the order's
+ * F&B pairs (mp_pp_step.paired) run as one step, shorter by the smaller of the two chunks'
+ * fb_save (the all-to-all overlap of sim/overlap.c, which DualPipe performs). With equal
+ * stages f = b, a saving s a pair and free transfers the two middle ranks pace the step:
+ * m (f + b) less s for each of their m - pp - 1 pairs, plus the reference's bubble
+ * (pp / 2 - 1)(F&B + B - 3W) with F&B = f + b - s and no W split (tested).
+ *
  * Memory. A stage holds the activations of every chunk step whose forward has run and
  * whose backward has not (mp_pp_inflight); what one chunk's forward leaves held comes from
  * the stage's simulated micro-batch. Beyond the one micro-batch the stage's own replay
@@ -78,20 +87,29 @@ static const mp_pp_step *all_orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_sch
   return o->steps;
 }
 
+/* Virtual stage k of a path through the model: k = c x pp + s is stage s's chunk c; under
+ * DualPipe (dual) a direction's path, k = d x pp + j its j-th stage, which direction 0 runs
+ * on rank j and direction 1 on rank pp - 1 - j. A path's stages follow one another within
+ * each pp (dual) or over all K. */
+static int vstage(const mp_pp_step *q, int s, int pp, int dual) {
+  return q->chunk * pp + (dual && q->chunk ? pp - 1 - s : s);
+}
+static int rank_of(int k, int pp, int dual) { return dual && k >= pp ? pp - 1 - k % pp : k % pp; }
+
 /* The ready time of step q of stage s: when its input (forward) or output gradient
  * (backward) is there; NAN while the step it waits for has not run. end[(k x 2 + bwd) x m
  * + micro] holds the end of each virtual stage's steps (NAN: not yet). */
-static double ready_s(const mp_pp_step *q, int s, int pp, int K, int64_t m, const double *end,
+static double ready_s(const mp_pp_step *q, int s, int pp, int K, int dual, int64_t m, const double *end,
                       const mp_pp_stage_times *const *st) {
-  const int k = q->chunk * pp + s;
+  const int k = vstage(q, s, pp, dual);
   if (!q->bwd) {
-    if (k == 0) return 0.0;
-    const int kp = k - 1, sp = kp % pp;
+    if (k == 0 || (dual && k == pp)) return 0.0;
+    const int kp = k - 1, sp = rank_of(kp, pp, dual);
     const double e = end[((int64_t)kp * 2) * m + q->micro];
     return isnan(e) ? NAN : e + st[sp]->send_f;
   }
-  if (k == K - 1) return end[((int64_t)k * 2) * m + q->micro];
-  const int kn = k + 1, sn = kn % pp;
+  if (k == K - 1 || (dual && k == pp - 1)) return end[((int64_t)k * 2) * m + q->micro];
+  const int kn = k + 1, sn = rank_of(kn, pp, dual);
   const double e = end[((int64_t)kn * 2 + 1) * m + q->micro];
   return isnan(e) ? NAN : e + st[sn]->send_b;
 }
@@ -100,7 +118,8 @@ static double ready_s(const mp_pp_step *q, int s, int pp, int K, int64_t m, cons
  * it (the EP all-to-all overlap, fb_save != 0): a backward of another micro-batch or chunk,
  * which does not wait on that forward; else 1. */
 static int combined(const mp_pp_step *ord, int64_t i, int64_t per, int s, int pp, int K,
-                    const mp_pp_stage_times *t) {
+                    int dual, const mp_pp_stage_times *t) {
+  if (dual) return ord[i].paired ? 2 : 1; /* DualPipe names its F&B pairs */
   if (i + 1 >= per || ord[i].bwd || !ord[i + 1].bwd || t->fb_save[ord[i].chunk] == 0.0) return 1;
   const int k = ord[i].chunk * pp + s;
   if (ord[i + 1].micro == ord[i].micro && ord[i + 1].chunk == ord[i].chunk && k == K - 1) return 1;
@@ -110,7 +129,7 @@ static int combined(const mp_pp_step *ord, int64_t i, int64_t per, int s, int pp
 /* Runs n steps from q (one, or a forward and a backward combined) on stage s from when it is
  * free and their inputs are there (`ready`): a combined step takes f + b less the saving of
  * the pair (the smaller of the two chunks'), and both end when it ends. */
-static void run_steps(const mp_pp_step *q, int n, double ready, int s, int pp, int64_t n_micro,
+static void run_steps(const mp_pp_step *q, int n, double ready, int s, int pp, int dual, int64_t n_micro,
                       const mp_pp_stage_times *t, double *free_s, double *end) {
   const double t0 = *free_s > ready ? *free_s : ready;
   double d = q->bwd ? t->b[q->chunk] : t->f[q->chunk];
@@ -121,7 +140,7 @@ static void run_steps(const mp_pp_step *q, int n, double ready, int s, int pp, i
   MP_ASSERT(!(d < 0.0), "stage %d: a stage's time never goes back", s);
   *free_s = t0 + d;
   for (int i = 0; i < n; i++) {
-    double *slot = &end[((int64_t)(q[i].chunk * pp + s) * 2 + q[i].bwd) * n_micro + q[i].micro];
+    double *slot = &end[((int64_t)vstage(&q[i], s, pp, dual) * 2 + q[i].bwd) * n_micro + q[i].micro];
     MP_ASSERT(isnan(*slot), "stage %d: each step runs once (what waits on it reads one end)", s);
     *slot = *free_s;
   }
@@ -132,8 +151,9 @@ static void run_steps(const mp_pp_step *q, int n, double ready, int s, int pp, i
 static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
                           mp_pp_flavor flavor, int pp, int v, int64_t n_micro,
                           const mp_pp_stage_times *const *stage, double *finish) {
+  const int dual = kind == MP_PP_DUALPIPE;
   const int64_t per = 2 * n_micro * v; /* steps per stage */
-  const int K = pp * v;
+  const int K = pp * (dual ? 2 : v);    /* DualPipe: two directions of pp stages */
   if (!mp_sim_grow((void **)&ws->ends, &ws->ends_cap, (size_t)(2 * n_micro * K + pp),
                    sizeof *ws->ends) ||
       !mp_sim_grow((void **)&ws->pos, &ws->pos_cap, (size_t)pp, sizeof *ws->pos))
@@ -159,15 +179,15 @@ static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind
       const mp_pp_step *ord = all + (size_t)s * per;
       while (pos[s] < per) {
         const mp_pp_step *q = &ord[pos[s]];
-        const double r = ready_s(q, s, pp, K, n_micro, end, stage);
+        const double r = ready_s(q, s, pp, K, dual, n_micro, end, stage);
         if (isnan(r)) break;
-        const int n = combined(ord, pos[s], per, s, pp, K, stage[s]);
+        const int n = combined(ord, pos[s], per, s, pp, K, dual, stage[s]);
         if (n == 2) {
-          const double r2 = ready_s(q + 1, s, pp, K, n_micro, end, stage);
+          const double r2 = ready_s(q + 1, s, pp, K, dual, n_micro, end, stage);
           if (isnan(r2)) break;
-          run_steps(q, 2, r > r2 ? r : r2, s, pp, n_micro, stage[s], &free_t[s], end);
+          run_steps(q, 2, r > r2 ? r : r2, s, pp, dual, n_micro, stage[s], &free_t[s], end);
         } else {
-          run_steps(q, 1, r, s, pp, n_micro, stage[s], &free_t[s], end);
+          run_steps(q, 1, r, s, pp, dual, n_micro, stage[s], &free_t[s], end);
         }
         pos[s] += n;
         progress += n;
@@ -239,6 +259,16 @@ static int64_t held_most(const mp_pp_step *ord, int64_t n, const int64_t *held) 
   return most;
 }
 
+mp_status mp_sim_pp_pairs(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind, mp_pp_flavor flavor,
+                           int pp, int v, int64_t n_micro, int stage, int64_t *pairs) {
+  *pairs = 0;
+  const int64_t per = 2 * n_micro * v;
+  const mp_pp_step *ord = orders(ctx, ws, kind, flavor, pp, v, n_micro, stage, per);
+  if (ord == NULL) return ctx->last;
+  for (int64_t i = 0; i < per; i++) *pairs += ord[i].paired;
+  return MP_OK;
+}
+
 mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
                                mp_pp_flavor flavor, int pp, int v, int64_t n_micro, int stage,
                                const int64_t *held, int64_t *extra) {
@@ -247,7 +277,7 @@ mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule
    * as much; GPipe holds every micro-batch */
   const int64_t warm = (int64_t)(pp - 1) * 2 + (int64_t)(v - 1) * pp + 1;
   const int64_t cap = ((warm + pp - 1) / pp + 1) * pp;
-  if (kind != MP_PP_GPIPE && n_micro > cap) n_micro = cap;
+  if (kind != MP_PP_GPIPE && kind != MP_PP_DUALPIPE && n_micro > cap) n_micro = cap;
   const int64_t per = 2 * n_micro * v;
   if (stage < 0 || stage >= pp)
     return mp_error(ctx, MP_ERR_INVALID, "pipeline order: stage %d of pp=%d", stage, pp);
@@ -257,8 +287,8 @@ mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule
   /* one micro-batch alone: its chunks' forwards in order, then their backwards */
   mp_pp_step one[2 * MP_PP_MAX_VIRTUAL];
   for (int c = 0; c < v; c++) {
-    one[c] = (mp_pp_step){0, (uint8_t)c, 0};
-    one[v + c] = (mp_pp_step){1, (uint8_t)(v - 1 - c), 0};
+    one[c] = (mp_pp_step){0, (uint8_t)c, 0, 0};
+    one[v + c] = (mp_pp_step){1, (uint8_t)(v - 1 - c), 0, 0};
   }
   *extra = all - held_most(one, 2 * v, held);
   if (*extra < 0) *extra = 0;

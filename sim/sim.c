@@ -175,7 +175,11 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
   }
   out->t.send_f = p2p[0];
   out->t.send_b = p2p[1];
-  if (s->plan->opts.moe_a2a_overlap) a2a_overlap(&x, s, b.cops, cfg->cluster, prof, out);
+  /* DualPipe overlaps a forward and a backward chunk as Megatron-Core's combined 1F1B does
+   * (DeepSeek-V3 sec. 3.2.1, Fig. 4) */
+  if (s->plan->opts.moe_a2a_overlap ||
+      (s->plan->opts.pp_schedule == MP_PP_DUALPIPE && s->plan->mesh.size[MP_DIM_PP] > 1))
+    a2a_overlap(&x, s, b.cops, cfg->cluster, prof, out);
   out->head_s = x.mb_start_s;
   out->tail_s = out->r.step_time_s - x.mb_end_s;
   out->alloc_peak = x.peak_tot;
@@ -187,23 +191,69 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
   return MP_OK;
 }
 
+/* DualPipe's rank k as one stage of the timeline (sim/pipeline.c): its direction-0 chunk
+ * is model stage k (stage a), its direction-1 chunk model stage pp - 1 - k (stage b); it
+ * holds both stages' parameters, gradients, optimizer state and float8 weight copies (the
+ * reference's two modules a rank, parameters 2x: DeepSeek-V3 sec. 3.2.1), and drains both
+ * stages' reductions and optimizer steps. */
+static void dual_rank(const mp_sim_stage *a, const mp_sim_stage *b, mp_sim_stage *out) {
+  *out = *a;
+  out->t.f[1] = b->t.f[0];
+  out->t.b[1] = b->t.b[0];
+  out->t.fb_save[1] = b->t.fb_save[0];
+  out->held[1] = b->held[0];
+  out->head_s = a->head_s + b->head_s;
+  out->tail_s = a->tail_s + b->tail_s;
+  out->r.compute_s = (a->r.compute_s + b->r.compute_s) / 2.0; /* half the micro-batches each */
+  out->r.exposed_comm_s = (a->r.exposed_comm_s + b->r.exposed_comm_s) / 2.0;
+  static const int statics[] = {MP_MEM_PARAMS, MP_MEM_OPTIMIZER, MP_MEM_GRADS, MP_MEM_FP8};
+  for (size_t i = 0; i < sizeof statics / sizeof statics[0]; i++) {
+    const int c = statics[i];
+    out->r.mem_at_peak[c] += b->r.mem_at_peak[c];
+    out->r.mem_max[c] += b->r.mem_at_peak[c];
+    out->alloc_peak += b->r.mem_at_peak[c];
+  }
+}
+
+/* The timeline's stages: stage_in itself, or under DualPipe its ranks built in the
+ * workspace into ranks (pp of them). */
+static mp_status timeline_stages(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                                 const mp_sim_stage *const *stage_in, const mp_sim_stage **ranks,
+                                 const mp_sim_stage *const **stage) {
+  const int pp = p->mesh.size[MP_DIM_PP];
+  *stage = stage_in;
+  if (p->opts.pp_schedule != MP_PP_DUALPIPE) return MP_OK;
+  if (!mp_sim_grow((void **)&cfg->ws->dual, &cfg->ws->dual_cap, (size_t)pp, sizeof *cfg->ws->dual))
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory for DualPipe's %d ranks", pp);
+  for (int k = 0; k < pp; k++) {
+    dual_rank(stage_in[k], stage_in[pp - 1 - k], &cfg->ws->dual[k]);
+    ranks[k] = &cfg->ws->dual[k];
+  }
+  *stage = ranks;
+  return MP_OK;
+}
+
 mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
-                                 const mp_sim_stage *const *stage, int mem_stage,
+                                 const mp_sim_stage *const *stage_in, int mem_stage,
                                  mp_sim_result *out) {
   const int pp = p->mesh.size[MP_DIM_PP], v = mp_plan_virtual_stages(p);
   if (pp <= 1) {
-    *out = stage[0]->r;
+    *out = stage_in[0]->r;
     return MP_OK;
   }
+  if (pp > MP_MAX_LAYERS)
+    return mp_error(ctx, MP_ERR_INVALID, "pp=%d: at most %d pipeline stages", pp, MP_MAX_LAYERS);
+  const mp_sim_stage *ranks[MP_MAX_LAYERS];
+  const mp_sim_stage *const *stage;
+  MP_CHECK(timeline_stages(ctx, p, cfg, stage_in, ranks, &stage));
   const mp_stack_profile *prof;
   MP_CHECK(mp_sim_resolve_stack(ctx, cfg, &prof));
   const int64_t n_micro = stage[0]->n_micro;
   double finish[MP_MAX_LAYERS];
   const mp_pp_stage_times *times[MP_MAX_LAYERS];
-  if (pp > MP_MAX_LAYERS)
-    return mp_error(ctx, MP_ERR_INVALID, "pp=%d: at most %d pipeline stages", pp, MP_MAX_LAYERS);
   for (int k = 0; k < pp; k++) times[k] = &stage[k]->t;
   const mp_pp_flavor flavor = p->opts.moe_a2a_overlap ? MP_PP_FLAVOR_MEGATRON_A2A : prof->pp_flavor;
+  const int dual = p->opts.pp_schedule == MP_PP_DUALPIPE;
   MP_CHECK(mp_sim_pipeline_ws(ctx, cfg->ws, p->opts.pp_schedule, flavor, pp, v, n_micro, times, finish));
   int crit = 0, full = 0;
   double step = -1.0;
@@ -216,7 +266,8 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
     /* a stage standing for an earlier one (the same simulated stage) holds no more: a
      * stage's warm-up, and so what it holds in flight, shrinks with its index */
     int seen = 0;
-    for (int j = 0; j < k && !seen; j++) seen = stage[j] == x;
+    for (int j = 0; j < k && !seen; j++)
+      seen = stage_in[j] == stage_in[k] && (!dual || stage_in[pp - 1 - j] == stage_in[pp - 1 - k]);
     if (seen && mem_stage < 0 && cfg->stage_peak_bytes == NULL) continue;
     int64_t extra = 0;
     MP_CHECK(mp_sim_pp_held_extra(ctx, cfg->ws, p->opts.pp_schedule, flavor, pp, v, n_micro, k, x->held,
@@ -231,9 +282,19 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
   double busy = 0.0, save = 0.0;
   /* a combined forward and backward (the EP all-to-all overlap) is busy for less: the
    * communication it hides is no longer exposed (compute slowed beside DeepEP's SMs, a
-   * negative saving, is compute) */
-  for (int k = 0; k < v; k++) busy += c->t.f[k] + c->t.b[k] - c->t.fb_save[k], save += c->t.fb_save[k];
-  save *= (double)n_micro;
+   * negative saving, is compute); DualPipe runs each direction's chunk for half the
+   * micro-batches, and its named pairs save the smaller of the two chunks' savings */
+  if (dual) {
+    int64_t pairs = 0;
+    MP_CHECK(mp_sim_pp_pairs(ctx, cfg->ws, p->opts.pp_schedule, flavor, pp, v, n_micro, crit, &pairs));
+    const double s0 = c->t.fb_save[0], s1 = c->t.fb_save[1];
+    busy = (c->t.f[0] + c->t.b[0] + c->t.f[1] + c->t.b[1]) / 2.0;
+    save = (double)pairs * (s0 < s1 ? s0 : s1);
+    busy -= save / (double)n_micro;
+  } else {
+    for (int k = 0; k < v; k++) busy += c->t.f[k] + c->t.b[k] - c->t.fb_save[k], save += c->t.fb_save[k];
+    save *= (double)n_micro;
+  }
   if (save > 0) out->exposed_comm_s = out->exposed_comm_s > save ? out->exposed_comm_s - save : 0.0;
   else out->compute_s -= save;
   out->step_time_s = step;

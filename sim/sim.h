@@ -313,7 +313,9 @@ double mp_sim_a2a_overlap_save_s(const double *fc, const double *fa, int nf, con
  * next virtual stage (send_f) and of its input gradient to the previous one (send_b).
  * fb_save[c] != 0: a forward of chunk c followed by a backward of another micro-batch run
  * as one combined step, fb_save[c] shorter than the two (the EP all-to-all overlap,
- * sim/overlap.c; negative: longer); 0: each step alone. */
+ * sim/overlap.c; negative: longer); 0: each step alone. Under DualPipe a rank's chunk 0 is its
+ * direction-0 model stage s and chunk 1 its direction-1 stage pp - 1 - s, and only the
+ * pairs its order names run combined. */
 typedef struct mp_pp_stage_times {
   double f[MP_PP_MAX_VIRTUAL], b[MP_PP_MAX_VIRTUAL];
   double send_f, send_b;

@@ -63,6 +63,10 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
 mp_status mp_sim_pipeline_ws(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
                              mp_pp_flavor flavor, int pp, int v, int64_t n_micro,
                              const mp_pp_stage_times *const *stage, double *finish);
+/* The F&B pairs stage `stage`'s order names (DualPipe's overlapped steps; 0 under the
+ * other schedules) into *pairs; its order is built in ws. */
+mp_status mp_sim_pp_pairs(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind, mp_pp_flavor flavor,
+                          int pp, int v, int64_t n_micro, int stage, int64_t *pairs);
 /* The activations stage `stage` holds at most walking its pipeline order, beyond what it
  * holds with one micro-batch alone (held: per chunk what its forward leaves held); its
  * order is built in ws. */

@@ -69,6 +69,10 @@ mp_status mp_runtime_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh, 
   /* pipeline stages (runtime_pp.c): every schedule, MoE blocks included (each micro-batch
    * keeps its routing; EP's all-to-alls stay inside a stage); float8 keeps per-layer scales
    * from a block's forward for its backward, one micro-batch at a time */
+  if (pp > 1 && o->pp_schedule == MP_PP_DUALPIPE)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute DualPipe (two model stages "
+                    "a rank, fed from both ends); it is priced by simulate: train with --pp-schedule 1f1b, "
+                    "interleaved or gpipe", mb);
   if (pp > 1 && o->fp8)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: float8 with pipeline parallelism is not executed (a "
                     "stage holds several micro-batches between forward and backward); drop --fp8 or use pp=1", mb);

@@ -82,10 +82,34 @@ check("micro-batch 1, global batch 64" in p.stdout and "splits the local batch" 
 
 # refusals: an unknown schedule, and the interleaved schedule's groups of pp micro-batches
 p = run("explain", "--pp-schedule", "zigzag", want_rc=2)
-check(p.returncode == 2 and "choose 1f1b, interleaved or gpipe" in p.stderr, "unknown --pp-schedule")
+check(p.returncode == 2 and "choose 1f1b, interleaved, gpipe or dualpipe" in p.stderr, "unknown --pp-schedule")
 p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--pp-schedule", "interleaved",
         "--global-batch", "12", want_rc=2)
 check(p.returncode == 2 and "groups of pp=4" in p.stderr, "interleaved with 6 micro-batches on pp=4")
+# DualPipe (deepseek-ai/DualPipe) on Llama-3.1-8B, pp=4 x dp_shard=2, 8 micro-batches a replica:
+# rank 0 (half_rank 0 of 2) runs 2 (2 - 0 - 1) = 2 forwards of its direction, then one of each
+# (4 in all) before its first backward, holds pp + 1 = 5 at most, and also runs stage 3's layers
+# 24-31 for the micro-batches entering at the last stage. Bubble (pp / 2 - 1)(F&B + B) over
+# m (F + B) with F = B and nothing hidden: 1 x 3 / 16 = 0.1875.
+p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--pp-schedule", "dualpipe",
+        "--global-batch", "16", "--micro-batch", "1", "--ac", "full")
+check(p.returncode == 0, "dualpipe: explain failed: " + p.stderr)
+check("DualPipe as deepseek-ai/DualPipe runs it" in p.stdout and "holds layers 0-7, runs 4 forwards before "
+      "its first backward and holds at most 5 chunk activations" in p.stdout, "dualpipe: the first rank's order")
+check("(pp / 2 - 1)(F&B + B) / (m (F + B)) = 0.188" in p.stdout, "dualpipe: the bubble")
+check("through layers 24-31 (stage 3's)" in p.stdout, "dualpipe: the rank's second stage")
+p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--pp-schedule", "dualpipe",
+        "--global-batch", "12", "--micro-batch", "1", want_rc=2)
+check(p.returncode == 2 and "at least 2 x pp" in p.stderr, "dualpipe with 6 micro-batches on pp=4")
+# DeepSeek-V3's other two mechanisms refuse what they cannot be
+p = run("simulate", "--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=8", "--moe-fp8-dispatch", want_rc=2)
+check(p.returncode == 2 and "float8 dispatch" in p.stderr, "float8 dispatch without --fp8")
+p = run("simulate", "--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=8", "--recompute-modules", "moe",
+        want_rc=2)
+check(p.returncode == 2 and "not modelled" in p.stderr, "recompute module moe")
+p = run("simulate", "--model", "llama3.1-8b", "--recompute-modules", "mla_up_proj", want_rc=2)
+check(p.returncode == 2 and "no multi-head latent attention" in p.stderr, "mla_up_proj without MLA")
+
 # no pipeline, no section
 p = run("explain", "--model", "llama3.1-8b", "--json")
 if p.returncode == 0:

@@ -192,7 +192,7 @@ row 2 "--steps '-1': expected an integer in 0..16777216" train --steps -1
 row 2 "--rank '-1': expected an integer in 0..1048575" explain --rank -1
 row 2 "--reps '0': expected an integer in 1..10000" calibrate --reps 0 --db "$d/cal.db"
 row 2 "give --cluster or --gpus (with --gpu, --gpus-per-node, --inter-gbps), not both" simulate --cluster h100-8 --gpus 8
-row 2 "--pp-schedule 'x': choose 1f1b, interleaved or gpipe" simulate --model tiny-dense --pp-schedule x
+row 2 "--pp-schedule 'x': choose 1f1b, interleaved, gpipe or dualpipe" simulate --model tiny-dense --pp-schedule x
 row 2 "--device tpu: choose cpu, cuda or cuda:N (N in 0..1023)" calibrate --device tpu
 row 2 "--gpu is for --device cuda" calibrate --gpu h100-sxm --db "$d/cal.db"
 row 2 "give one CSV file" validate

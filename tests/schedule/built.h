@@ -45,6 +45,8 @@ struct Opts {
   int dp_overlap = 0;
   int dist_opt = 0;
   mp_schedule_mode mode = MP_SCHEDULE_EXPANDED;
+  int moe_fp8_dispatch = 0;
+  uint32_t recompute_modules = 0;  // bits 1 << mp_rc_module
 };
 
 inline void Build(Built *b, const Opts &o) {
@@ -70,6 +72,8 @@ inline void Build(Built *b, const Opts &o) {
   po.cp_rotate = o.cp_rotate;
   po.ddp.overlap = o.dp_overlap;
   po.ddp.shard_optimizer = o.dist_opt;
+  po.moe_fp8_dispatch = o.moe_fp8_dispatch;
+  po.recompute_modules = o.recompute_modules;
   ASSERT_EQ(mp_build_plan(&b->ctx, &b->model, &mesh, &po, &b->plan), MP_OK) << mp_errmsg(&b->ctx);
   b->arena = mp_arena_create();
   ASSERT_EQ(mp_schedule_build(&b->ctx, b->plan, o.rank, o.mode, b->arena, &b->s), MP_OK)

@@ -5,9 +5,12 @@
 // by step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "exec/schedule.h"
 #include "sim/sim.h"
 
 namespace {
@@ -124,6 +127,75 @@ TEST(PipelineTimeline, LongPipelinesSettleIntoTheirCycle) {
   ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, MP_PP_FLAVOR_MEGATRON, 4, 1, 400, st, a), MP_OK);
   ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_1F1B, MP_PP_FLAVOR_MEGATRON, 4, 1, 404, st, b), MP_OK);
   for (int s = 0; s < 4; s++) EXPECT_NEAR(b[s] - a[s], 4 * 6.0, 1e-9) << "stage " << s;
+}
+
+// DualPipe's timeline with equal model stages f = b, each F&B pair saving s (F&B = f + b - s)
+// and free transfers. The two middle ranks pace the step: every micro-batch's forward and
+// backward of one of their two chunks, m (f + b), less s for each pair their order runs
+// (deepseek-ai/DualPipe's step 4 runs m / 2 - pp + h + 1 rounds of two pairs, h = pp / 2 - 1
+// there, the first F0 and B1 not overlapped; its step 5 runs none: 2 (m / 2 - pp / 2) - 1 =
+// m - pp - 1 pairs), plus the bubble the reference states, (pp / 2 - 1)(F&B + B - 3W) with
+// W = 0 (no zero-bubble split): (pp / 2 - 1)(f + b - s + b). E.g. pp 8, m 20, f = b = 1,
+// s 0.5: 40 - 11 x 0.5 + 3 x 2.5 = 42.
+TEST(PipelineTimeline, DualPipeBubbleIsTheReferences) {
+  for (int pp : {2, 4, 8, 16})
+    for (int64_t m : {2 * (int64_t)pp, 2 * (int64_t)pp + 4, (int64_t)120})
+      for (double save : {0.0, 0.25, 0.5}) {
+        if (m < 2 * pp) continue;
+        const double f = 1.0, b = 1.0;
+        mp_pp_stage_times t;
+        memset(&t, 0, sizeof t);
+        t.f[0] = t.f[1] = f;
+        t.b[0] = t.b[1] = b;
+        t.fb_save[0] = t.fb_save[1] = save;
+        std::vector<const mp_pp_stage_times *> st(pp, &t);
+        std::vector<double> finish(pp);
+        mp_ctx ctx;
+        mp_ctx_init(&ctx);
+        ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_DUALPIPE, MP_PP_FLAVOR_MEGATRON, pp, 1, m, st.data(), finish.data()),
+                  MP_OK)
+            << mp_errmsg(&ctx);
+        double most = 0;
+        for (double x : finish) most = std::max(most, x);
+        const double want = m * (f + b) - (m - pp - 1) * save + (pp / 2 - 1) * (f + b - save + b);
+        EXPECT_NEAR(most, want, 1e-9) << "pp=" << pp << " m=" << m << " save=" << save;
+      }
+  // 1F1B on the same stages (one chunk, nothing overlapped) is slower by its bubble:
+  // (m + pp - 1)(f + b) = 46 for pp 4, m 20 against DualPipe's 40 + 1 x 3 = 43
+  EXPECT_DOUBLE_EQ(Makespan(MP_PP_1F1B, 4, 1, 20, 1.0, 1.0), 46.0);
+}
+
+// DualPipe's orders (exec/schedule_pp.c): every rank runs each direction's m / 2 micro-
+// batches forward and backward once, holds at most pp + 1 of them at once on its first
+// rank (the reference's table: activations PP + 1), and the reference's refusals.
+TEST(PipelineTimeline, DualPipeOrdersAndTheirRules) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  const int pp = 8;
+  const int64_t m = 20;
+  std::vector<mp_pp_step> ord(2 * m);
+  for (int s = 0; s < pp; s++) {
+    int64_t n = 0;
+    ASSERT_EQ(mp_pp_order(&ctx, MP_PP_DUALPIPE, MP_PP_FLAVOR_MEGATRON, pp, 1, m, s, ord.data(), &n), MP_OK)
+        << mp_errmsg(&ctx);
+    ASSERT_EQ(n, 2 * m);
+    int seen[2][2][10] = {};
+    for (const mp_pp_step &q : ord) {
+      ASSERT_LT(q.micro, m / 2);
+      seen[q.bwd][q.chunk][q.micro]++;
+    }
+    for (int b = 0; b < 2; b++)
+      for (int d = 0; d < 2; d++)
+        for (int i = 0; i < m / 2; i++) EXPECT_EQ(seen[b][d][i], 1) << s << " " << b << " " << d << " " << i;
+    if (s == 0) {
+      EXPECT_EQ(mp_pp_inflight(ord.data(), n), pp + 1);
+    }
+  }
+  int64_t n = 0;
+  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_DUALPIPE, MP_PP_FLAVOR_MEGATRON, 6, 1, 10, 0, ord.data(), &n), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("at least 2 x pp"), std::string::npos) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_DUALPIPE, MP_PP_FLAVOR_MEGATRON, 4, 1, 9, 0, ord.data(), &n), MP_ERR_INVALID);
+  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_DUALPIPE, MP_PP_FLAVOR_MEGATRON, 3, 1, 12, 0, ord.data(), &n), MP_ERR_INVALID);
 }
 
 TEST(A2aOverlap, FourPhasesOfALayerPair) {

@@ -17,45 +17,10 @@
 #include "exec/schedule.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
+#include "tests/sim/plan_case.h"
 
 namespace {
 
-struct PlanCase {
-  mp_ctx ctx;
-  mp_model m;
-  mp_cluster c;
-  mp_mesh mesh;
-  mp_plan_options o;
-  mp_stack_profile prof;
-  mp_sim_config cfg;
-  PlanCase(const char *model, const char *cluster, const char *mesh_spec) {
-    mp_ctx_init(&ctx);
-    EXPECT_EQ(mp_model_load(&ctx, model, &m), MP_OK) << mp_errmsg(&ctx);
-    EXPECT_EQ(mp_cluster_load(&ctx, cluster, &c), MP_OK) << mp_errmsg(&ctx);
-    EXPECT_EQ(mp_mesh_parse(&ctx, mesh_spec, mp_cluster_n_gpus(&c), &mesh), MP_OK)
-        << mp_errmsg(&ctx);
-    mp_plan_options_init(&o);
-    EXPECT_EQ(mp_stack_load(&ctx, "torchtitan-compile", &prof), MP_OK) << mp_errmsg(&ctx);
-    memset(&cfg, 0, sizeof cfg);
-    cfg.cluster = &c;
-    cfg.stack = &prof;
-  }
-  // Full AC over one sequence of seq tokens a micro-batch, global batch gb.
-  void FullAcOneSequence(int64_t seq, int64_t gb) {
-    o.seq = seq;
-    o.micro_batch = 1;
-    o.global_batch = gb;
-    o.ac = MP_AC_FULL;
-  }
-  mp_sim_result Sim() {
-    mp_sim_result r;
-    EXPECT_EQ(mp_simulate_plan(&ctx, &m, &mesh, &o, &cfg, &r), MP_OK) << mp_errmsg(&ctx);
-    return r;
-  }
-};
-
-// The plan of s simulated from its expanded schedule with a trace: the result, every op's
-// duration and the ops.
 void SimTraced(PlanCase &s, mp_sim_result *r, std::vector<double> *d, std::vector<mp_op> *ops) {
   mp_plan *p = nullptr;
   ASSERT_EQ(mp_build_plan(&s.ctx, &s.m, &s.mesh, &s.o, &p), MP_OK) << mp_errmsg(&s.ctx);
