@@ -340,6 +340,9 @@ static void make_request(const plan_args *a, mp_sim_evaluator *ev, const char *o
   req->info.command = cmdline;
   req->info.tool_version = MESHPLAN_VERSION;
   req->ranked_only = !mp_args_has(&k_spec, "--log-all");
+  /* what is shown of a plan over capacity, unless logged, explained or plotted, is that it
+   * is over: its simulation stops at the first pipeline stage over capacity */
+  ev->sim.memory_first = req->ranked_only && !a->why && !a->plot_dir;
 }
 
 /* What the output shows: the run, the search's config (for the reasons), the evaluator
