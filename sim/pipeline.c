@@ -41,18 +41,6 @@ static int fill_orders(mp_ctx *ctx, mp_pp_step *out, mp_pp_schedule kind, mp_pp_
   return 1;
 }
 
-/* The order of stage `stage` built into the workspace's steps (valid until the next call);
- * NULL with the error on ctx. */
-static const mp_pp_step *orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
-                                mp_pp_flavor flavor, int pp, int v, int64_t n_micro, int stage,
-                                int64_t per) {
-  if (!mp_sim_grow((void **)&ws->steps, &ws->steps_cap, (size_t)per, sizeof *ws->steps)) {
-    mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline order of stage %d", stage);
-    return NULL;
-  }
-  return fill_orders(ctx, ws->steps, kind, flavor, pp, v, n_micro, stage, stage + 1, per) ? ws->steps : NULL;
-}
-
 /* Every stage's order, per steps each, from the workspace's order slots: the slot of this
  * key, or the next one in turn rebuilt for it (valid until MP_SIM_ORDER_SLOTS other keys
  * were asked); NULL with the error on ctx. The orders are a function of the key alone
@@ -81,17 +69,18 @@ static const mp_pp_step *all_orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_sch
 /* The ready time of step q of stage s: when its input (forward) or output gradient
  * (backward) is there; NAN while the step it waits for has not run. end[(k x 2 + bwd) x m
  * + micro] holds the end of each virtual stage's steps (NAN: not yet). */
-static double ready_s(const mp_pp_step *q, int s, int pp, int K, int64_t m, const double *end,
-                      const mp_pp_stage_times *const *st) {
+static inline double ready_s(const mp_pp_step *q, int s, int pp, int K, int64_t m, const double *end,
+                             const mp_pp_stage_times *const *st) {
   const int k = q->chunk * pp + s;
   if (!q->bwd) {
     if (k == 0) return 0.0;
-    const int kp = k - 1, sp = kp % pp;
+    /* virtual stage k - 1 is on the stage below (the last one for a stage-0 chunk) */
+    const int kp = k - 1, sp = s > 0 ? s - 1 : pp - 1;
     const double e = end[((int64_t)kp * 2) * m + q->micro];
     return isnan(e) ? NAN : e + st[sp]->send_f;
   }
   if (k == K - 1) return end[((int64_t)k * 2) * m + q->micro];
-  const int kn = k + 1, sn = kn % pp;
+  const int kn = k + 1, sn = s < pp - 1 ? s + 1 : 0;
   const double e = end[((int64_t)kn * 2 + 1) * m + q->micro];
   return isnan(e) ? NAN : e + st[sn]->send_b;
 }
@@ -99,8 +88,8 @@ static double ready_s(const mp_pp_step *q, int s, int pp, int K, int64_t m, cons
 /* 2 where step i of a stage's order is a forward that runs combined with the backward after
  * it (the EP all-to-all overlap, fb_save != 0): a backward of another micro-batch or chunk,
  * which does not wait on that forward; else 1. */
-static int combined(const mp_pp_step *ord, int64_t i, int64_t per, int s, int pp, int K,
-                    const mp_pp_stage_times *t) {
+static inline int combined(const mp_pp_step *ord, int64_t i, int64_t per, int s, int pp, int K,
+                           const mp_pp_stage_times *t) {
   if (i + 1 >= per || ord[i].bwd || !ord[i + 1].bwd || t->fb_save[ord[i].chunk] == 0.0) return 1;
   const int k = ord[i].chunk * pp + s;
   if (ord[i + 1].micro == ord[i].micro && ord[i + 1].chunk == ord[i].chunk && k == K - 1) return 1;
@@ -251,9 +240,9 @@ mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule
   const int64_t per = 2 * n_micro * v;
   if (stage < 0 || stage >= pp)
     return mp_error(ctx, MP_ERR_INVALID, "pipeline order: stage %d of pp=%d", stage, pp);
-  const mp_pp_step *ord = orders(ctx, ws, kind, flavor, pp, v, n_micro, stage, per);
+  const mp_pp_step *ord = all_orders(ctx, ws, kind, flavor, pp, v, n_micro, per);
   if (ord == NULL) return ctx->last;
-  const int64_t all = held_most(ord, per, held);
+  const int64_t all = held_most(ord + (size_t)stage * per, per, held);
   /* one micro-batch alone: its chunks' forwards in order, then their backwards */
   mp_pp_step one[2 * MP_PP_MAX_VIRTUAL];
   for (int c = 0; c < v; c++) {

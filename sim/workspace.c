@@ -31,7 +31,6 @@ void mp_sim_workspace_destroy(mp_sim_workspace *ws) {
   free((void *)ws->stage_of);
   free(ws->ends);
   free(ws->pos);
-  free(ws->steps);
   for (int i = 0; i < MP_SIM_ORDER_SLOTS; i++) free(ws->order_slots[i].steps);
   free(ws);
 }

@@ -59,9 +59,8 @@ struct mp_sim_workspace {
   size_t ends_cap;
   int64_t *pos;       /* (pp) each stage's next step */
   size_t pos_cap;
-  mp_pp_step *steps;  /* (2 n_micro v) one stage's pipeline order (mp_sim_pp_held_extra) */
-  size_t steps_cap;
-  mp_sim_order_slot order_slots[MP_SIM_ORDER_SLOTS]; /* every stage's orders, by key */
+  mp_sim_order_slot order_slots[MP_SIM_ORDER_SLOTS]; /* every stage's orders, by key (the
+                                                        timeline's and mp_sim_pp_held_extra's) */
   int order_next;     /* the slot the next new key replaces (round robin) */
 
   /* cost.c: the default stack profile, [0] a CPU's, [1] a GPU's, loaded on first use */
