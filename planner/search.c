@@ -479,6 +479,9 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
                                                      fp8 ? fp8_linears_at(e, mesh->size[MP_DIM_TP]) : -1));
             if (c.reject != MP_REJECT_NONE) e->s->n_pruned++;
             MP_CHECK(push(e, &c));
+            /* a mesh the mesh rules reject: its first candidate stands for every option
+             * (prune_mesh reads the mesh alone, so no option could rank one of them) */
+            if (mesh_rej != MP_REJECT_NONE) return MP_OK;
           }
         }
       }
@@ -593,13 +596,25 @@ void mp_search_reject_counts(const mp_search *s, int64_t by[MP_REJECT_COUNT]) {
     if (s->cands[i].reject < MP_REJECT_COUNT) by[s->cands[i].reject]++;
 }
 
+int mp_search_reject_is_mesh_rule(mp_reject r) {
+  switch (r) {
+    case MP_REJECT_PP_LAYERS: case MP_REJECT_TP_HEADS: case MP_REJECT_TP_KV_HEADS: case MP_REJECT_TP_D_FF:
+    case MP_REJECT_TP_D_MODEL: case MP_REJECT_TP_CROSS_NODE: case MP_REJECT_EP_EXPERTS: case MP_REJECT_CP_SEQ:
+    case MP_REJECT_NO_FSDP: return 1;
+    default: return 0;
+  }
+}
+
 int mp_search_fix_matches(const mp_search_fix *f, const mp_candidate *c) {
   const mp_mesh *m = &c->mesh;
-  return (f->pp < 0 || f->pp == m->size[MP_DIM_PP]) &&
-         (f->dp_replicate < 0 || f->dp_replicate == m->size[MP_DIM_DP_REPLICATE]) &&
-         (f->dp_shard < 0 || f->dp_shard == m->size[MP_DIM_DP_SHARD]) &&
-         (f->cp < 0 || f->cp == m->size[MP_DIM_CP]) && (f->tp < 0 || f->tp == m->size[MP_DIM_TP]) &&
-         (f->ep < 0 || f->ep == m->ep) && (f->ac < 0 || f->ac == c->ac) &&
+  const int mesh_ok = (f->pp < 0 || f->pp == m->size[MP_DIM_PP]) &&
+                      (f->dp_replicate < 0 || f->dp_replicate == m->size[MP_DIM_DP_REPLICATE]) &&
+                      (f->dp_shard < 0 || f->dp_shard == m->size[MP_DIM_DP_SHARD]) &&
+                      (f->cp < 0 || f->cp == m->size[MP_DIM_CP]) && (f->tp < 0 || f->tp == m->size[MP_DIM_TP]) &&
+                      (f->ep < 0 || f->ep == m->ep);
+  /* a candidate of a mesh the mesh rules reject stands for every option of its mesh */
+  if (!mesh_ok || mp_search_reject_is_mesh_rule((mp_reject)c->reject)) return mesh_ok;
+  return (f->ac < 0 || f->ac == c->ac) &&
          (f->ac < 0 || (f->ac_every < 0 ? 1 : f->ac_every) == (c->ac_every ? c->ac_every : 1)) &&
          (f->sp < 0 || f->sp == c->sp) && (f->pp_virtual < 0 || f->pp_virtual == c->pp_virtual) &&
          (f->fp8 < 0 || f->fp8 == c->fp8) && (f->reshard < 0 || f->reshard == c->reshard) &&
