@@ -31,7 +31,10 @@ void mp_sim_workspace_destroy(mp_sim_workspace *ws) {
   free((void *)ws->stage_of);
   free(ws->ends);
   free(ws->pos);
-  for (int i = 0; i < MP_SIM_ORDER_SLOTS; i++) free(ws->order_slots[i].steps);
+  for (int i = 0; i < MP_SIM_ORDER_SLOTS; i++) {
+    free(ws->order_slots[i].steps);
+    free(ws->order_slots[i].rec);
+  }
   free(ws);
 }
 

@@ -29,11 +29,17 @@ typedef struct mp_sim_order_slot {
   int64_t n_micro;
   mp_pp_step *steps;  /* (pp, 2 n_micro v) */
   size_t steps_cap;
+  /* the timeline's steps in the order its sweeps ran them (sim/pipeline.c), which is the
+   * orders' alone: n_rec of them, 0 until a timeline of this key has run */
+  struct mp_pp_rec *rec;
+  size_t rec_cap;
+  int64_t n_rec;
 } mp_sim_order_slot;
 
 /* Orders kept: the timeline's three periodic runs of a pipeline and the full runs of a few
- * micro-batch counts. */
-#define MP_SIM_ORDER_SLOTS 8
+ * micro-batch counts (a mesh's candidates go through its micro-batch sizes, each under every
+ * AC policy). */
+#define MP_SIM_ORDER_SLOTS 16
 
 struct mp_sim_workspace {
   /* engine.c: per op of the largest schedule seen */
