@@ -46,6 +46,10 @@ mp_status mp_rule_tp_check(mp_ctx *ctx, const mp_model *m, int tp, int pad_vocab
 
 /* ep divides the routed experts (a dense model: ep 1 only matters to the mesh). */
 int mp_rule_ep_ok(const mp_model *m, int ep);
+/* The expert grid (etp=1) under FSDP: torchtitan borrows EP from dp_shard x cp x tp
+ * (torchtitan/distributed/parallel_dims.py), so ep divides their product and never reaches
+ * into dp_replicate. True for a mesh off the grid or without EP. */
+int mp_rule_ep_grid_fsdp_ok(const mp_mesh *m);
 /* The model x mesh rules of experts: ep dividing the experts. */
 mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh);
 

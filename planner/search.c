@@ -491,15 +491,19 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
 }
 
 /* The expert grid's EP sizes (exec/mesh.h, etp=1): ep dividing the routed experts, on a layout
- * the mesh accepts, under DDP (Megatron-Core: EP from the stage's data-parallel, context and tensor
- * ranks) or where the fix names etp=1 (torchtitan's expert_tensor_parallel_degree 1; its default
- * keeps EP inside dp_shard, and so does the search under FSDP). */
+ * the mesh accepts: under DDP (Megatron-Core) EP from the stage's data-parallel, context and
+ * tensor ranks; under FSDP (torchtitan's expert_tensor_parallel_degree 1) from dp_shard x cp x
+ * tp alone (mp_rule_ep_grid_fsdp_ok), and only where the fix names etp=1: torchtitan's default
+ * keeps EP inside dp_shard, and so does the search (docs/design.md, the planner, says what
+ * the grid would cost). An ep dividing dp_shard is the layout inside dp_shard (enumerated
+ * before the grid) unless the fix names etp=1. */
 static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep) {
   const int dps = mesh->size[MP_DIM_DP_SHARD], inner = dps * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP];
   const int stage = mp_mesh_world(mesh) / mesh->size[MP_DIM_PP], named = cfg->fix.etp == 1;
-  if (!fixed_ok(cfg->fix.etp, 1) || (cfg->dp != MP_DP_DDP && !named) || ep <= 1 || (dps % ep == 0 && !named) ||
-      cfg->model->n_experts % ep || !fixed_ok(cfg->fix.ep, ep))
+  if (!fixed_ok(cfg->fix.etp, 1) || ep <= 1 || (dps % ep == 0 && !named) || cfg->model->n_experts % ep ||
+      !fixed_ok(cfg->fix.ep, ep))
     return 0;
+  if (cfg->dp != MP_DP_DDP) return named && inner % ep == 0;
   return inner % ep == 0 || (ep % inner == 0 && stage % ep == 0);
 }
 

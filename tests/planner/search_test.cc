@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/rules.h"
 #include "planner/search.h"
 #include "tests/planner/fake.h"
 
@@ -252,6 +253,15 @@ TEST(SearchPrune, FixedEtpSearchesTheExpertGridUnderFsdp) {
     EXPECT_EQ(c->mesh.etp, 1);
   }
   for (int64_t i = 0; i < t.s->n; i++) EXPECT_EQ(t.s->cands[i].mesh.etp, 1);
+  // FSDP borrows EP from dp_shard x cp x tp alone (mp_rule_ep_grid_fsdp_ok, the FSDP pass's
+  // refusal): ep=4 on dp_replicate=2 x tp=2 would reach into dp_replicate, so it is not a
+  // candidate (the plan builder would refuse it), while DDP's grid takes it
+  EXPECT_EQ(t.find(1, 2, 1, 1, 2, 4, 1, 0, 0, 0), nullptr);
+  for (int64_t i = 0; i < t.s->n; i++) EXPECT_TRUE(mp_rule_ep_grid_fsdp_ok(&t.s->cands[i].mesh)) << i;
+  Search d(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
+  d.cfg.dp = MP_DP_DDP;
+  d.enumerate();
+  EXPECT_NE(d.find(1, 2, 1, 1, 2, 4, 1, 0, 0, 0), nullptr);
   Search u(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
   ASSERT_EQ(mp_search_fix_parse(&u.ctx, "etp=0", &u.cfg.fix), MP_OK) << mp_errmsg(&u.ctx);
   u.enumerate();
