@@ -62,13 +62,7 @@ static mp_sim_order_slot *order_slot(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_sc
     return NULL;
   }
   if (!fill_orders(ctx, o->steps, kind, flavor, pp, v, n_micro, 0, pp, per)) return NULL;
-  o->valid = 1;
-  o->kind = kind;
-  o->flavor = flavor;
-  o->pp = pp;
-  o->v = v;
-  o->n_micro = n_micro;
-  o->n_rec = 0;
+  *o = (mp_sim_order_slot){1, kind, flavor, pp, v, n_micro, o->steps, o->steps_cap, o->rec, o->rec_cap, 0};
   ws->order_next = (ws->order_next + 1) % MP_SIM_ORDER_SLOTS;
   return o;
 }
