@@ -328,18 +328,14 @@ static void make_request(const plan_args *a, mp_sim_evaluator *ev, const char *o
   req->objective = a->obj;
   req->price_per_gpu_hour = a->price;
   req->show_progress = 1;
-  req->info.model = a->m.name;
-  req->info.cluster = a->c.name;
-  req->info.gpu = a->c.gpu.name;
-  req->info.n_gpus = mp_cluster_n_gpus(&a->c);
-  req->info.gpus_per_node = a->c.gpus_per_node;
-  req->info.seq = a->seq;
-  req->info.global_batch = a->gb;
-  req->info.objective = mp_objective_name(a->obj);
-  req->info.options_json = opts_json;
-  req->info.command = cmdline;
-  req->info.tool_version = MESHPLAN_VERSION;
+  req->info = (mp_run_info){.model = a->m.name, .cluster = a->c.name, .gpu = a->c.gpu.name,
+                            .n_gpus = mp_cluster_n_gpus(&a->c), .gpus_per_node = a->c.gpus_per_node,
+                            .seq = a->seq, .global_batch = a->gb, .objective = mp_objective_name(a->obj),
+                            .options_json = opts_json, .command = cmdline, .tool_version = MESHPLAN_VERSION};
   req->ranked_only = !mp_args_has(&k_spec, "--log-all");
+  /* what is shown of a plan over capacity, unless logged, explained or plotted, is that it
+   * is over: its simulation stops at the first pipeline stage over capacity */
+  ev->sim.memory_first = req->ranked_only && !a->why && !a->plot_dir;
 }
 
 /* What the output shows: the run, the search's config (for the reasons), the evaluator

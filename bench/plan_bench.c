@@ -173,6 +173,8 @@ static void make_request(const bench_opts *o, mp_sim_evaluator *ev, int search_f
   req->search.search_fp8 = search_fp8;
   req->objective = MP_OBJECTIVE_TIME;
   req->ranked_only = !o->log_all;
+  /* as meshplan plan does: a plan over capacity that is not logged needs no time figures */
+  ev->sim.memory_first = !o->log_all;
   req->info = (mp_run_info){m->name, c->name, c->gpu.name, mp_cluster_n_gpus(c), c->gpus_per_node,
                             o->seq, o->gb, "time", "{}", "plan_bench", "bench"};
 }

@@ -18,6 +18,7 @@
 #include <stdio.h>
 
 #include "exec/plan.h"
+#include "exec/rules.h"
 
 enum { PART_BLOCK = 0, PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2 };
 
@@ -45,8 +46,7 @@ static mp_status check_order(mp_ctx *ctx, const mp_plan *p, const mp_fsdp_option
                     "experts would be sharded over the whole FSDP group and every rank would "
                     "gather all %lld experts; apply EP before FSDP",
                     mesh->ep, (long long)m->n_experts);
-  if (mp_mesh_expert_grid(mesh) && mesh->ep > 1 &&
-      (mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP]) % mesh->ep != 0)
+  if (!mp_rule_ep_grid_fsdp_ok(mesh))
     return mp_error(ctx, MP_ERR_INVALID,
                     "ep=%d reaches into dp_replicate: FSDP (torchtitan) borrows EP from dp_shard x cp "
                     "(x tp with etp=1) = %d ranks (torchtitan/distributed/parallel_dims.py); choose ep "

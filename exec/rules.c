@@ -80,6 +80,11 @@ double mp_rule_moe_imbalance_max(const mp_model *m, int ep) {
   return (double)ep * (local < k ? local : k) / k;
 }
 
+int mp_rule_ep_grid_fsdp_ok(const mp_mesh *m) {
+  return !mp_mesh_expert_grid(m) || m->ep <= 1 ||
+         (m->size[MP_DIM_DP_SHARD] * m->size[MP_DIM_CP] * m->size[MP_DIM_TP]) % m->ep == 0;
+}
+
 mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh) {
   if (mesh->ep > 1 && !mp_rule_ep_ok(m, mesh->ep))
     return mp_error(ctx, MP_ERR_INVALID,

@@ -57,6 +57,10 @@ double mp_rule_moe_imbalance_max(const mp_model *m, int ep);
  * schedule routes the real tokens. */
 mp_status mp_rule_moe_routing_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                                     const mp_plan_options *o);
+/* The expert grid (etp=1) under FSDP: torchtitan borrows EP from dp_shard x cp x tp
+ * (torchtitan/distributed/parallel_dims.py), so ep divides their product and never reaches
+ * into dp_replicate. True for a mesh off the grid or without EP. */
+int mp_rule_ep_grid_fsdp_ok(const mp_mesh *m);
 /* The model x mesh rules of experts: ep dividing the experts. */
 mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh);
 

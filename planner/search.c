@@ -479,6 +479,9 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
                                                      fp8 ? fp8_linears_at(e, mesh->size[MP_DIM_TP]) : -1));
             if (c.reject != MP_REJECT_NONE) e->s->n_pruned++;
             MP_CHECK(push(e, &c));
+            /* a mesh the mesh rules reject: its first candidate stands for every option
+             * (prune_mesh reads the mesh alone, so no option could rank one of them) */
+            if (mesh_rej != MP_REJECT_NONE) return MP_OK;
           }
         }
       }
@@ -488,15 +491,19 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
 }
 
 /* The expert grid's EP sizes (exec/mesh.h, etp=1): ep dividing the routed experts, on a layout
- * the mesh accepts, under DDP (Megatron-Core: EP from the stage's data-parallel, context and tensor
- * ranks) or where the fix names etp=1 (torchtitan's expert_tensor_parallel_degree 1; its default
- * keeps EP inside dp_shard, and so does the search under FSDP). */
+ * the mesh accepts: under DDP (Megatron-Core) EP from the stage's data-parallel, context and
+ * tensor ranks; under FSDP (torchtitan's expert_tensor_parallel_degree 1) from dp_shard x cp x
+ * tp alone (mp_rule_ep_grid_fsdp_ok), and only where the fix names etp=1: torchtitan's default
+ * keeps EP inside dp_shard, and so does the search (docs/design.md, the planner, says what
+ * the grid would cost). An ep dividing dp_shard is the layout inside dp_shard (enumerated
+ * before the grid) unless the fix names etp=1. */
 static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep) {
   const int dps = mesh->size[MP_DIM_DP_SHARD], inner = dps * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP];
   const int stage = mp_mesh_world(mesh) / mesh->size[MP_DIM_PP], named = cfg->fix.etp == 1;
-  if (!fixed_ok(cfg->fix.etp, 1) || (cfg->dp != MP_DP_DDP && !named) || ep <= 1 || (dps % ep == 0 && !named) ||
-      cfg->model->n_experts % ep || !fixed_ok(cfg->fix.ep, ep))
+  if (!fixed_ok(cfg->fix.etp, 1) || ep <= 1 || (dps % ep == 0 && !named) || cfg->model->n_experts % ep ||
+      !fixed_ok(cfg->fix.ep, ep))
     return 0;
+  if (cfg->dp != MP_DP_DDP) return named && inner % ep == 0;
   return inner % ep == 0 || (ep % inner == 0 && stage % ep == 0);
 }
 
@@ -593,13 +600,25 @@ void mp_search_reject_counts(const mp_search *s, int64_t by[MP_REJECT_COUNT]) {
     if (s->cands[i].reject < MP_REJECT_COUNT) by[s->cands[i].reject]++;
 }
 
+int mp_search_reject_is_mesh_rule(mp_reject r) {
+  switch (r) {
+    case MP_REJECT_PP_LAYERS: case MP_REJECT_TP_HEADS: case MP_REJECT_TP_KV_HEADS: case MP_REJECT_TP_D_FF:
+    case MP_REJECT_TP_D_MODEL: case MP_REJECT_TP_CROSS_NODE: case MP_REJECT_EP_EXPERTS: case MP_REJECT_CP_SEQ:
+    case MP_REJECT_NO_FSDP: return 1;
+    default: return 0;
+  }
+}
+
 int mp_search_fix_matches(const mp_search_fix *f, const mp_candidate *c) {
   const mp_mesh *m = &c->mesh;
-  return (f->pp < 0 || f->pp == m->size[MP_DIM_PP]) &&
-         (f->dp_replicate < 0 || f->dp_replicate == m->size[MP_DIM_DP_REPLICATE]) &&
-         (f->dp_shard < 0 || f->dp_shard == m->size[MP_DIM_DP_SHARD]) &&
-         (f->cp < 0 || f->cp == m->size[MP_DIM_CP]) && (f->tp < 0 || f->tp == m->size[MP_DIM_TP]) &&
-         (f->ep < 0 || f->ep == m->ep) && (f->ac < 0 || f->ac == c->ac) &&
+  const int mesh_ok = (f->pp < 0 || f->pp == m->size[MP_DIM_PP]) &&
+                      (f->dp_replicate < 0 || f->dp_replicate == m->size[MP_DIM_DP_REPLICATE]) &&
+                      (f->dp_shard < 0 || f->dp_shard == m->size[MP_DIM_DP_SHARD]) &&
+                      (f->cp < 0 || f->cp == m->size[MP_DIM_CP]) && (f->tp < 0 || f->tp == m->size[MP_DIM_TP]) &&
+                      (f->ep < 0 || f->ep == m->ep);
+  /* a candidate of a mesh the mesh rules reject stands for every option of its mesh */
+  if (!mesh_ok || mp_search_reject_is_mesh_rule((mp_reject)c->reject)) return mesh_ok;
+  return (f->ac < 0 || f->ac == c->ac) &&
          (f->ac < 0 || (f->ac_every < 0 ? 1 : f->ac_every) == (c->ac_every ? c->ac_every : 1)) &&
          (f->sp < 0 || f->sp == c->sp) && (f->pp_virtual < 0 || f->pp_virtual == c->pp_virtual) &&
          (f->fp8 < 0 || f->fp8 == c->fp8) && (f->reshard < 0 || f->reshard == c->reshard) &&

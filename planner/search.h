@@ -5,12 +5,16 @@
  * Candidates. Every ordered factorization of the GPU count into
  * pp x dp_replicate x dp_shard x cp x tp (loops in that order, tp innermost), every ep
  * dividing dp_shard (MoE models; ep = 1 for dense ones), with pp > 1 the model chunks per
- * stage 1 (1F1B), 2, 4 (interleaved; up to pp_virtual_max; on meshes the mesh rules below
- * keep, 1 alone on the others), crossed with micro-batch sizes
+ * stage 1 (1F1B), 2, 4 (interleaved; up to pp_virtual_max), crossed with micro-batch sizes
  * (powers of two up to the per-rank batch, the mesh's global batch / (dp_replicate x dp_shard), or 1
  * when that is below 1), the AC policies the stack runs (mp_search_config.ac_mask), float8 {off, on} (off alone unless search_fp8
- * or fix.fp8) and reshard_after_forward {off, on}, in that nesting order. Candidates are numbered in
- * enumeration order and that order is stable (tests and the database rely on it).
+ * or fix.fp8) and reshard_after_forward {off, on}, in that nesting order. A mesh the mesh rules
+ * below reject (the model x mesh rules, dp_shard without FSDP, cp over the sequence) is one
+ * candidate, the first of that crossing, standing for every option of the mesh: those rules
+ * read the mesh alone, so no option of it could be ranked (crossed, they were most of the
+ * candidates of a large cluster, only written and counted). Candidates
+ * are numbered in enumeration order and that order is stable (tests and the database rely
+ * on it).
  *
  * Pruning (cheap, before any simulation), first failing rule wins, in this order (the model
  * x mesh rules are exec/rules.h's, which the plan builder and the runtime ask too):
@@ -285,7 +289,12 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
 
 /* The counts of candidates by reject reason, by[0] the ranked ones. */
 void mp_search_reject_counts(const mp_search *s, int64_t by[MP_REJECT_COUNT]);
-/* Whether c's mesh and options match `fix` on every field it sets. */
+/* Whether r is one of the rules of the mesh alone (prune_mesh's: pp over the layers, tp's,
+ * ep over the experts, cp over the sequence, dp_shard without FSDP): a candidate so
+ * rejected is its mesh's only one and stands for every option of it. */
+int mp_search_reject_is_mesh_rule(mp_reject r);
+/* Whether c's mesh and options match `fix` on every field it sets (its mesh alone when a
+ * mesh rule rejected it: it stands for every option). */
 int mp_search_fix_matches(const mp_search_fix *fix, const mp_candidate *c);
 /* The index of the candidate whose mesh and options match `fix` on every field it sets
  * (the first in enumeration order when several do), or -1. */

@@ -78,6 +78,8 @@ typedef struct run_shared {
   int64_t *chunk_lo;  /* chunk k is candidates [chunk_lo[k], chunk_lo[k + 1]) */
   int64_t next_chunk; /* guarded by mu */
   unsigned char *done; /* per chunk, guarded by mu */
+  int64_t wake_at;     /* guarded by mu: the chunk whose completion wakes the calling thread
+                          (-1: it is not waiting) */
   int stop;            /* guarded by mu: the caller gave up */
   mp_status fatal;     /* a worker could not go on (out of memory) */
   int64_t set_aside;   /* guarded by mu: the workers' n_set_aside (mp_search) */
@@ -235,7 +237,7 @@ static void *worker_main(void *arg) {
     run_chunk(&w);
     pthread_mutex_lock(&sh->mu);
     sh->done[ch] = 1;
-    pthread_cond_broadcast(&sh->cv);
+    if (ch == sh->wake_at) pthread_cond_broadcast(&sh->cv);
     pthread_mutex_unlock(&sh->mu);
   }
   pthread_mutex_lock(&sh->mu);
@@ -244,6 +246,18 @@ static void *worker_main(void *arg) {
   mp_arena_destroy(w.scratch);
   if (sh->cfg->eval_thread_done) sh->cfg->eval_thread_done(w.user);
   return NULL;
+}
+
+/* The calling thread, holding sh->mu, waits for chunk ch: woken by the completion of the
+ * last not yet done of the WAKE_BATCH chunks from ch (or by an error), so that it sleeps and
+ * wakes once per batch of chunks rather than once per chunk, the workers running ahead.
+ * Delivery stays in order: the caller re-checks done[ch]. */
+#define WAKE_BATCH 64
+static void wait_chunks(run_shared *sh, int64_t ch) {
+  int64_t last = ch + WAKE_BATCH - 1 < sh->n_chunks ? ch + WAKE_BATCH - 1 : sh->n_chunks - 1;
+  while (last > ch && sh->done[last]) last--;
+  sh->wake_at = last;
+  pthread_cond_wait(&sh->cv, &sh->mu);
 }
 
 /* The run's counts of s (search.h, mp_search) from its candidates' outcomes. */
@@ -295,6 +309,7 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory starting the search");
   }
   mp_ctx_init(&sh.fatal_ctx);
+  sh.wake_at = -1;
   pthread_mutex_init(&sh.mu, NULL);
   pthread_cond_init(&sh.cv, NULL);
   pthread_t th[64];
@@ -307,7 +322,8 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
   if (started == 0) st = mp_error(ctx, MP_ERR_INTERNAL, "could not start a search thread");
   for (int64_t ch = 0; ch < sh.n_chunks && st == MP_OK; ch++) {
     pthread_mutex_lock(&sh.mu);
-    while (!sh.done[ch] && sh.fatal == MP_OK) pthread_cond_wait(&sh.cv, &sh.mu);
+    while (!sh.done[ch] && sh.fatal == MP_OK) wait_chunks(&sh, ch);
+    sh.wake_at = -1;
     mp_status fatal = sh.fatal;
     pthread_mutex_unlock(&sh.mu);
     if (fatal != MP_OK) {

@@ -30,6 +30,7 @@
  * holds, the extra is the most held at the start of a step of its order less the most held
  * at the start of a step of one micro-batch's order alone. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,30 +51,18 @@ static int fill_orders(mp_ctx *ctx, mp_pp_step *out, mp_pp_schedule kind, mp_pp_
   return 1;
 }
 
-/* The order of stage `stage` built into the workspace's steps (valid until the next call);
- * NULL with the error on ctx. */
-static const mp_pp_step *orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
-                                mp_pp_flavor flavor, int pp, int v, int64_t n_micro, int stage,
-                                int64_t per) {
-  if (!mp_sim_grow((void **)&ws->steps, &ws->steps_cap, (size_t)per, sizeof *ws->steps)) {
-    mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline order of stage %d", stage);
-    return NULL;
-  }
-  return fill_orders(ctx, ws->steps, kind, flavor, pp, v, n_micro, stage, stage + 1, per) ? ws->steps : NULL;
-}
-
-/* Every stage's order, per steps each, from the workspace's order slots: the slot of this
- * key, or the next one in turn rebuilt for it (valid until MP_SIM_ORDER_SLOTS other keys
- * were asked); NULL with the error on ctx. The orders are a function of the key alone
+/* The workspace's order slot of this key with every stage's order, per steps each: the slot
+ * of this key, or the next one in turn rebuilt for it (valid until MP_SIM_ORDER_SLOTS other
+ * keys were asked); NULL with the error on ctx. The orders are a function of the key alone
  * (mp_pp_order), so a kept one is exactly what building it again would give. */
-static const mp_pp_step *all_orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
-                                    mp_pp_flavor flavor, int pp, int v, int64_t n_micro,
-                                    int64_t per) {
+static mp_sim_order_slot *order_slot(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
+                                     mp_pp_flavor flavor, int pp, int v, int64_t n_micro,
+                                     int64_t per) {
   for (int i = 0; i < MP_SIM_ORDER_SLOTS; i++) {
-    const mp_sim_order_slot *o = &ws->order_slots[i];
+    mp_sim_order_slot *o = &ws->order_slots[i];
     if (o->valid && o->kind == kind && o->flavor == flavor && o->pp == pp && o->v == v &&
         o->n_micro == n_micro)
-      return o->steps;
+      return o;
   }
   mp_sim_order_slot *o = &ws->order_slots[ws->order_next];
   o->valid = 0;
@@ -82,9 +71,17 @@ static const mp_pp_step *all_orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_sch
     return NULL;
   }
   if (!fill_orders(ctx, o->steps, kind, flavor, pp, v, n_micro, 0, pp, per)) return NULL;
-  *o = (mp_sim_order_slot){1, kind, flavor, pp, v, n_micro, o->steps, o->steps_cap};
+  *o = (mp_sim_order_slot){1, kind, flavor, pp, v, n_micro, o->steps, o->steps_cap, o->rec, o->rec_cap, 0};
   ws->order_next = (ws->order_next + 1) % MP_SIM_ORDER_SLOTS;
-  return o->steps;
+  return o;
+}
+
+/* Every stage's order from the slot of its key (order_slot). */
+static const mp_pp_step *all_orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
+                                    mp_pp_flavor flavor, int pp, int v, int64_t n_micro,
+                                    int64_t per) {
+  const mp_sim_order_slot *o = order_slot(ctx, ws, kind, flavor, pp, v, n_micro, per);
+  return o ? o->steps : NULL;
 }
 
 /* Virtual stage k of a path through the model: k = c x pp + s is stage s's chunk c; under
@@ -99,11 +96,12 @@ static int rank_of(int k, int pp, int dual) { return dual && k >= pp ? pp - 1 - 
 /* The ready time of step q of stage s: when its input (forward) or output gradient
  * (backward) is there; NAN while the step it waits for has not run. end[(k x 2 + bwd) x m
  * + micro] holds the end of each virtual stage's steps (NAN: not yet). */
-static double ready_s(const mp_pp_step *q, int s, int pp, int K, int dual, int64_t m, const double *end,
-                      const mp_pp_stage_times *const *st) {
+static inline double ready_s(const mp_pp_step *q, int s, int pp, int K, int dual, int64_t m, const double *end,
+                             const mp_pp_stage_times *const *st) {
   const int k = vstage(q, s, pp, dual);
   if (!q->bwd) {
     if (k == 0 || (dual && k == pp)) return 0.0;
+    /* virtual stage k - 1 is on the stage below (the last one for a stage-0 chunk) */
     const int kp = k - 1, sp = rank_of(kp, pp, dual);
     const double e = end[((int64_t)kp * 2) * m + q->micro];
     return isnan(e) ? NAN : e + st[sp]->send_f;
@@ -117,8 +115,8 @@ static double ready_s(const mp_pp_step *q, int s, int pp, int K, int dual, int64
 /* 2 where step i of a stage's order is a forward that runs combined with the backward after
  * it (the EP all-to-all overlap, fb_save != 0): a backward of another micro-batch or chunk,
  * which does not wait on that forward; else 1. */
-static int combined(const mp_pp_step *ord, int64_t i, int64_t per, int s, int pp, int K,
-                    int dual, const mp_pp_stage_times *t) {
+static inline int combined(const mp_pp_step *ord, int64_t i, int64_t per, int s, int pp, int K,
+                           int dual, const mp_pp_stage_times *t) {
   if (dual) return ord[i].paired ? 2 : 1; /* DualPipe names its F&B pairs */
   if (i + 1 >= per || ord[i].bwd || !ord[i + 1].bwd || t->fb_save[ord[i].chunk] == 0.0) return 1;
   const int k = ord[i].chunk * pp + s;
@@ -146,31 +144,62 @@ static void run_steps(const mp_pp_step *q, int n, double ready, int s, int pp, i
   }
 }
 
-/* The timeline run step by step over n_micro micro-batches (see mp_sim_pipeline), in the
- * workspace's buffers. */
-static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
-                          mp_pp_flavor flavor, int pp, int v, int64_t n_micro,
-                          const mp_pp_stage_times *const *stage, double *finish) {
-  const int dual = kind == MP_PP_DUALPIPE;
-  const int64_t per = 2 * n_micro * v; /* steps per stage */
-  const int K = pp * (dual ? 2 : v);    /* DualPipe: two directions of pp stages */
-  if (!mp_sim_grow((void **)&ws->ends, &ws->ends_cap, (size_t)(2 * n_micro * K + pp),
-                   sizeof *ws->ends) ||
-      !mp_sim_grow((void **)&ws->pos, &ws->pos_cap, (size_t)pp, sizeof *ws->pos))
-    return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline timeline of %d stages",
-                    pp);
-  const mp_pp_step *all = all_orders(ctx, ws, kind, flavor, pp, v, n_micro, per);
-  if (all == NULL) return ctx->last;
-  double *end = ws->ends, *free_t = ws->ends + 2 * n_micro * K;
-  int64_t *pos = ws->pos;
-  for (int64_t i = 0; i < 2 * n_micro * K; i++) end[i] = NAN;
-  for (int s = 0; s < pp; s++) {
-    free_t[s] = 0.0;
-    pos[s] = 0;
+/* A step of the timeline as the sweeps ran it (mp_sim_order_slot.rec), enough to run it
+ * again without them: its end's index into end[], the end its input waits on (-1: none,
+ * ready at 0) and the stage whose send follows that end (-1: none, a last virtual stage's
+ * backward after its own forward), its stage, chunk and direction. */
+struct mp_pp_rec {
+  int32_t slot, pred;
+  int16_t stage, send;
+  uint8_t chunk, bwd;
+};
+
+/* The end index of step q of stage s (run_steps's slot), and its input's (ready_s's). */
+static struct mp_pp_rec rec_of(const mp_pp_step *q, int s, int pp, int K, int64_t m) {
+  const int k = q->chunk * pp + s;
+  struct mp_pp_rec r = {(int32_t)(((int64_t)k * 2 + q->bwd) * m + q->micro), -1, (int16_t)s, -1,
+                        q->chunk, q->bwd};
+  if (!q->bwd && k > 0) r.pred = (int32_t)(((int64_t)(k - 1) * 2) * m + q->micro), r.send = (int16_t)(s > 0 ? s - 1 : pp - 1);
+  if (q->bwd && k == K - 1) r.pred = (int32_t)(((int64_t)k * 2) * m + q->micro);
+  if (q->bwd && k < K - 1) r.pred = (int32_t)(((int64_t)(k + 1) * 2 + 1) * m + q->micro), r.send = (int16_t)(s < pp - 1 ? s + 1 : 0);
+  return r;
+}
+
+/* The timeline again from the steps the sweeps ran, in their order (each step's input has
+ * ended before it): ready_s's and run_steps's operations on the same operands, so the same
+ * ends to the bit, without the sweeps' waiting. Single steps only (no combined pair). */
+static void replay(const struct mp_pp_rec *rec, int64_t n, const mp_pp_stage_times *const *stage,
+                   double *end, double *free_t) {
+  for (int64_t i = 0; i < n; i++) {
+    const struct mp_pp_rec *r = &rec[i];
+    const mp_pp_stage_times *t = stage[r->stage];
+    double ready = 0.0;
+    if (r->pred >= 0) ready = r->send < 0 ? end[r->pred] : end[r->pred] + (r->bwd ? stage[r->send]->send_b : stage[r->send]->send_f);
+    const double t0 = free_t[r->stage] > ready ? free_t[r->stage] : ready;
+    free_t[r->stage] = t0 + (r->bwd ? t->b[r->chunk] : t->f[r->chunk]);
+    end[r->slot] = free_t[r->stage];
   }
-  /* Sweep the stages, each as far as its next step's input is there, until all are done,
-   * upward and downward in turn (forwards wait on the stage below, backwards on the one
-   * above); a sweep without progress would be a deadlock of the orders. */
+}
+
+/* Whether some stage runs a forward and a backward as one step (fb_save set): the order the
+ * sweeps run steps in then depends on the times. */
+static int any_combined(const mp_pp_stage_times *const *stage, int pp, int v) {
+  for (int s = 0; s < pp; s++)
+    for (int c = 0; c < v; c++)
+      if (stage[s]->fb_save[c] != 0.0) return 1;
+  return 0;
+}
+
+/* The sweeps: every stage as far as its next step's input is there, until all are done,
+ * upward and downward in turn (forwards wait on the stage below, backwards on the one
+ * above); a sweep without progress would be a deadlock of the orders. With o (no combined
+ * steps), each step run is appended to o's record. */
+static mp_status sweeps(mp_ctx *ctx, const mp_pp_step *all, mp_pp_schedule kind, int pp, int v,
+                        int64_t n_micro, const mp_pp_stage_times *const *stage, double *end,
+                        double *free_t, int64_t *pos, mp_sim_order_slot *o) {
+  const int dual = kind == MP_PP_DUALPIPE;
+  const int64_t per = 2 * n_micro * v;
+  const int K = pp * (dual ? 2 : v); /* DualPipe: two directions of pp stages */
   int64_t left = per * pp;
   for (int sweep = 0; left > 0; sweep++) {
     int64_t progress = 0;
@@ -188,6 +217,7 @@ static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind
           run_steps(q, 2, r > r2 ? r : r2, s, pp, dual, n_micro, stage[s], &free_t[s], end);
         } else {
           run_steps(q, 1, r, s, pp, dual, n_micro, stage[s], &free_t[s], end);
+          if (o) o->rec[o->n_rec++] = rec_of(q, s, pp, K, n_micro);
         }
         pos[s] += n;
         progress += n;
@@ -205,6 +235,44 @@ static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind
                       "chunks, %lld micro-batches)",
                       pp, v, (long long)n_micro);
     left -= progress;
+  }
+  return MP_OK;
+}
+
+/* The timeline run step by step over n_micro micro-batches (see mp_sim_pipeline), in the
+ * workspace's buffers. Which step the sweeps can run next depends on which have run, never
+ * on the times, so without combined steps (and DualPipe's pairs) the order they ran in is a function of the key:
+ * the first timeline of a key records it in the key's order slot, the others replay it. */
+static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
+                          mp_pp_flavor flavor, int pp, int v, int64_t n_micro,
+                          const mp_pp_stage_times *const *stage, double *finish) {
+  const int dual = kind == MP_PP_DUALPIPE;
+  const int64_t per = 2 * n_micro * v; /* steps per stage */
+  const int K = pp * (dual ? 2 : v);    /* DualPipe: two directions of pp stages */
+  if (!mp_sim_grow((void **)&ws->ends, &ws->ends_cap, (size_t)(2 * n_micro * K + pp),
+                   sizeof *ws->ends) ||
+      !mp_sim_grow((void **)&ws->pos, &ws->pos_cap, (size_t)pp, sizeof *ws->pos))
+    return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline timeline of %d stages",
+                    pp);
+  mp_sim_order_slot *o = order_slot(ctx, ws, kind, flavor, pp, v, n_micro, per);
+  if (o == NULL) return ctx->last;
+  double *end = ws->ends, *free_t = ws->ends + 2 * n_micro * K;
+  for (int s = 0; s < pp; s++) free_t[s] = 0.0;
+  /* a record holds single steps on the 1F1B/interleaved virtual stages (rec_of) */
+  const int plain = !dual && !any_combined(stage, pp, v);
+  if (plain && o->n_rec == per * pp) {
+    replay(o->rec, o->n_rec, stage, end, free_t);
+  } else {
+    int64_t *pos = ws->pos;
+    for (int64_t i = 0; i < 2 * n_micro * K; i++) end[i] = NAN;
+    for (int s = 0; s < pp; s++) pos[s] = 0;
+    /* a record's indices are 32-bit and its stages 16-bit */
+    const int record = plain && 2 * n_micro * K < INT32_MAX && pp < INT16_MAX &&
+                       mp_sim_grow((void **)&o->rec, &o->rec_cap, (size_t)(per * pp), sizeof *o->rec);
+    if (record) o->n_rec = 0;
+    const mp_status st = sweeps(ctx, o->steps, kind, pp, v, n_micro, stage, end, free_t, pos, record ? o : NULL);
+    if (st != MP_OK && record) o->n_rec = 0;
+    MP_CHECK(st);
   }
   for (int s = 0; s < pp; s++) finish[s] = free_t[s];
   return MP_OK;
@@ -263,9 +331,11 @@ mp_status mp_sim_pp_pairs(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind
                            int pp, int v, int64_t n_micro, int stage, int64_t *pairs) {
   *pairs = 0;
   const int64_t per = 2 * n_micro * v;
-  const mp_pp_step *ord = orders(ctx, ws, kind, flavor, pp, v, n_micro, stage, per);
-  if (ord == NULL) return ctx->last;
-  for (int64_t i = 0; i < per; i++) *pairs += ord[i].paired;
+  if (stage < 0 || stage >= pp)
+    return mp_error(ctx, MP_ERR_INVALID, "pipeline order: stage %d of pp=%d", stage, pp);
+  const mp_pp_step *all = all_orders(ctx, ws, kind, flavor, pp, v, n_micro, per);
+  if (all == NULL) return ctx->last;
+  for (int64_t i = 0; i < per; i++) *pairs += all[(size_t)stage * per + i].paired;
   return MP_OK;
 }
 
@@ -281,9 +351,9 @@ mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule
   const int64_t per = 2 * n_micro * v;
   if (stage < 0 || stage >= pp)
     return mp_error(ctx, MP_ERR_INVALID, "pipeline order: stage %d of pp=%d", stage, pp);
-  const mp_pp_step *ord = orders(ctx, ws, kind, flavor, pp, v, n_micro, stage, per);
+  const mp_pp_step *ord = all_orders(ctx, ws, kind, flavor, pp, v, n_micro, per);
   if (ord == NULL) return ctx->last;
-  const int64_t all = held_most(ord, per, held);
+  const int64_t all = held_most(ord + (size_t)stage * per, per, held);
   /* one micro-batch alone: its chunks' forwards in order, then their backwards */
   mp_pp_step one[2 * MP_PP_MAX_VIRTUAL];
   for (int c = 0; c < v; c++) {

@@ -233,6 +233,36 @@ static mp_status timeline_stages(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
   return MP_OK;
 }
 
+/* The pipeline's flavor of p's orders (sim/pipeline.c): the stack's, or Megatron-Core's
+ * combined steps under the EP all-to-all overlap. */
+static mp_pp_flavor plan_pp_flavor(const mp_plan *p, const mp_stack_profile *prof) {
+  return p->opts.moe_a2a_overlap ? MP_PP_FLAVOR_MEGATRON_A2A : prof->pp_flavor;
+}
+
+/* Pipeline stage k's memory from its stage run x: its replayed peak with what its pipeline
+ * order holds in flight beyond one micro-batch (*extra); the memory fields of *m. */
+static mp_status stage_memory(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                              const mp_stack_profile *prof, const mp_sim_stage *x, int k,
+                              mp_sim_result *m, int64_t *extra) {
+  const int pp = p->mesh.size[MP_DIM_PP], v = mp_plan_virtual_stages(p);
+  MP_CHECK(mp_sim_pp_held_extra(ctx, cfg->ws, p->opts.pp_schedule, plan_pp_flavor(p, prof), pp, v,
+                                x->n_micro, k, x->held, extra));
+  fill_memory(x->r.mem_at_peak, x->r.mem_max, x->alloc_peak, *extra, cfg, prof, m);
+  return MP_OK;
+}
+
+mp_status mp_sim_stage_memory_over(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                                   const mp_sim_stage *x, int k, int *over, mp_sim_result *out) {
+  const mp_stack_profile *prof;
+  MP_CHECK(mp_sim_resolve_stack(ctx, cfg, &prof));
+  int64_t extra = 0;
+  memset(out, 0, sizeof *out);
+  if (p->mesh.size[MP_DIM_PP] > 1) MP_CHECK(stage_memory(ctx, p, cfg, prof, x, k, out, &extra));
+  else fill_memory(x->r.mem_at_peak, x->r.mem_max, x->alloc_peak, 0, cfg, prof, out);
+  *over = !out->fits;
+  return MP_OK;
+}
+
 mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                  const mp_sim_stage *const *stage_in, int mem_stage,
                                  mp_sim_result *out) {
@@ -252,7 +282,7 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
   double finish[MP_MAX_LAYERS];
   const mp_pp_stage_times *times[MP_MAX_LAYERS];
   for (int k = 0; k < pp; k++) times[k] = &stage[k]->t;
-  const mp_pp_flavor flavor = p->opts.moe_a2a_overlap ? MP_PP_FLAVOR_MEGATRON_A2A : prof->pp_flavor;
+  const mp_pp_flavor flavor = plan_pp_flavor(p, prof);
   const int dual = p->opts.pp_schedule == MP_PP_DUALPIPE;
   MP_CHECK(mp_sim_pipeline_ws(ctx, cfg->ws, p->opts.pp_schedule, flavor, pp, v, n_micro, times, finish));
   int crit = 0, full = 0;
@@ -270,10 +300,8 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
       seen = stage_in[j] == stage_in[k] && (!dual || stage_in[pp - 1 - j] == stage_in[pp - 1 - k]);
     if (seen && mem_stage < 0 && cfg->stage_peak_bytes == NULL) continue;
     int64_t extra = 0;
-    MP_CHECK(mp_sim_pp_held_extra(ctx, cfg->ws, p->opts.pp_schedule, flavor, pp, v, n_micro, k, x->held,
-                                  &extra));
     mp_sim_result m;
-    fill_memory(x->r.mem_at_peak, x->r.mem_max, x->alloc_peak, extra, cfg, prof, &m);
+    MP_CHECK(stage_memory(ctx, p, cfg, prof, x, k, &m, &extra));
     if (cfg->stage_peak_bytes) cfg->stage_peak_bytes[k] = m.peak_mem_bytes;
     if (m.peak_mem_bytes > peak) peak = m.peak_mem_bytes, full = k, extra_full = extra;
   }

@@ -59,6 +59,12 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
 mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                  const mp_sim_stage *const *stage, int mem_stage,
                                  mp_sim_result *out);
+/* Whether pipeline stage k (x its stage run, standing for no earlier stage) is over the
+ * capacity with what its pipeline order holds in flight: *over, and in *out the stage's
+ * memory figures as mp_sim_pipeline_result reckons them, time figures zero. The plan's
+ * peak is the largest stage's, so a stage over it makes the plan over it. */
+mp_status mp_sim_stage_memory_over(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                                   const mp_sim_stage *x, int k, int *over, mp_sim_result *out);
 /* mp_sim_pipeline in the workspace ws. */
 mp_status mp_sim_pipeline_ws(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
                              mp_pp_flavor flavor, int pp, int v, int64_t n_micro,

@@ -300,13 +300,20 @@ static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, const mp_sim
   MP_CHECK(schedule_arena(ctx, ws, scratch, &scratch));
   const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
   mp_status st = stage_room(ctx, ws, (size_t)prep->n_sel, (size_t)pp);
-  for (int i = 0; i < prep->n_sel && st == MP_OK; i++) {
+  /* memory_first: the selected stages are the first of their classes (pick_stages), each
+   * reckoned as mp_sim_pipeline_result reckons it, so one over capacity is the plan's
+   * verdict; stage 0, which holds the most micro-batches in flight, comes first */
+  /* not under DualPipe, whose ranks each hold two of these stages (sim.c, dual_rank) */
+  const int gate = cfg->memory_first && pp > 1 && cfg->stage_peak_bytes == NULL && p->opts.pp_schedule != MP_PP_DUALPIPE;
+  int over = 0;
+  for (int i = 0; i < prep->n_sel && st == MP_OK && !over; i++) {
     if (reset) mp_arena_reset(scratch);
     mp_schedule *s = NULL;
     st = mp_schedule_build_prepped(ctx, p, prep->sched[i], scratch, &s);
     if (st == MP_OK) st = mp_sim_stage_run(ctx, s, cfg, prep->links[i], &ws->stages[i], NULL);
+    if (st == MP_OK && gate) st = mp_sim_stage_memory_over(ctx, p, cfg, &ws->stages[i], prep->sel[i], &over, out);
   }
-  if (st == MP_OK) st = finish_plan(ctx, p, cfg, prep->rep, out);
+  if (st == MP_OK && !over) st = finish_plan(ctx, p, cfg, prep->rep, out);
   if (reset) mp_arena_reset(scratch);
   return st;
 }

@@ -32,8 +32,10 @@ void mp_sim_workspace_destroy(mp_sim_workspace *ws) {
   free(ws->ends);
   free(ws->pos);
   free(ws->dual);
-  free(ws->steps);
-  for (int i = 0; i < MP_SIM_ORDER_SLOTS; i++) free(ws->order_slots[i].steps);
+  for (int i = 0; i < MP_SIM_ORDER_SLOTS; i++) {
+    free(ws->order_slots[i].steps);
+    free(ws->order_slots[i].rec);
+  }
   free(ws);
 }
 

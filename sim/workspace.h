@@ -29,11 +29,17 @@ typedef struct mp_sim_order_slot {
   int64_t n_micro;
   mp_pp_step *steps;  /* (pp, 2 n_micro v) */
   size_t steps_cap;
+  /* the timeline's steps in the order its sweeps ran them (sim/pipeline.c), which is the
+   * orders' alone: n_rec of them, 0 until a timeline of this key has run */
+  struct mp_pp_rec *rec;
+  size_t rec_cap;
+  int64_t n_rec;
 } mp_sim_order_slot;
 
 /* Orders kept: the timeline's three periodic runs of a pipeline and the full runs of a few
- * micro-batch counts. */
-#define MP_SIM_ORDER_SLOTS 8
+ * micro-batch counts (a mesh's candidates go through its micro-batch sizes, each under every
+ * AC policy). */
+#define MP_SIM_ORDER_SLOTS 16
 
 struct mp_sim_workspace {
   /* engine.c: per op of the largest schedule seen */
@@ -59,9 +65,8 @@ struct mp_sim_workspace {
   size_t ends_cap;
   int64_t *pos;       /* (pp) each stage's next step */
   size_t pos_cap;
-  mp_pp_step *steps;  /* (2 n_micro v) one stage's pipeline order (mp_sim_pp_held_extra) */
-  size_t steps_cap;
-  mp_sim_order_slot order_slots[MP_SIM_ORDER_SLOTS]; /* every stage's orders, by key */
+  mp_sim_order_slot order_slots[MP_SIM_ORDER_SLOTS]; /* every stage's orders, by key (the
+                                                        timeline's and mp_sim_pp_held_extra's) */
   mp_sim_stage *dual; /* (pp) DualPipe's ranks, each two model stages (sim.c, dual_rank) */
   size_t dual_cap;
   int order_next;     /* the slot the next new key replaces (round robin) */

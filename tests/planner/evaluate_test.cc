@@ -96,7 +96,68 @@ void RunAndCompare(const char *model, const char *gpu, int gpus, int per_node, i
   mp_sim_evaluator_free(&ev);
 }
 
+// One search of model on gpus x gpu with the evaluator's memory_first as given: its
+// candidates into *out (the search destroyed after the copy).
+void SearchWith(const char *model, const char *gpu, int gpus, int64_t seq, int64_t gb, int memory_first,
+                const char *stack, std::vector<mp_candidate> *out) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  mp_cluster c;
+  ASSERT_EQ(mp_model_load(&ctx, model, &m), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_cluster_make(&ctx, gpu, gpus, 8, &c), MP_OK) << mp_errmsg(&ctx);
+  mp_sim_evaluator ev;
+  ASSERT_EQ(mp_sim_evaluator_init(&ctx, &ev, &m, &c, seq, gb, 0.05, stack), MP_OK) << mp_errmsg(&ctx);
+  ev.sim.memory_first = memory_first;
+  mp_search_config cfg;
+  mp_sim_search_config(&cfg, &ev, &c, 0.05);
+  cfg.n_threads = 2;
+  mp_search *s = nullptr;
+  ASSERT_EQ(mp_search_enumerate(&ctx, &cfg, &s), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_search_run(&ctx, &cfg, s, nullptr, nullptr, nullptr, nullptr), MP_OK) << mp_errmsg(&ctx);
+  out->assign(s->cands, s->cands + s->n);
+  mp_search_destroy(s);
+  mp_sim_evaluator_free(&ev);
+}
+
+// memory_first: a pipelined plan's simulation stops at the first stage over capacity. The
+// plan's peak is the largest stage's (mp_sim_pipeline_result), so such a stage decides
+// "over capacity" exactly as the whole simulation does: every candidate's verdict is the
+// same, the plans that fit keep every figure to the bit (they are simulated in full), and a
+// stopped one reports a stage's peak, over capacity and at most the plan's.
+void ExpectMemoryFirstSame(const char *model, const char *gpu, int gpus, int64_t seq, int64_t gb,
+                           const char *stack) {
+  std::vector<mp_candidate> full, first;
+  SearchWith(model, gpu, gpus, seq, gb, 0, stack, &full);
+  SearchWith(model, gpu, gpus, seq, gb, 1, stack, &first);
+  ASSERT_EQ(full.size(), first.size());
+  int64_t stopped = 0, fit = 0;
+  for (size_t i = 0; i < full.size(); i++) {
+    const mp_candidate &a = full[i], &b = first[i];
+    ASSERT_EQ(a.reject, b.reject) << model << " candidate " << i;
+    ASSERT_EQ(a.evaluated, b.evaluated) << model << " candidate " << i;
+    if (!a.evaluated) continue;
+    if (a.reject == MP_REJECT_NONE) {
+      ExpectSame(a.res, b.res, std::string(model) + " candidate " + std::to_string(i));
+      fit++;
+    } else if (a.reject == MP_REJECT_MEMORY && b.res.step_time_s == 0.0) {
+      EXPECT_GT(a.res.step_time_s, 0.0);
+      EXPECT_GT(b.res.peak_mem_bytes, b.res.capacity_bytes) << i;
+      EXPECT_LE(b.res.peak_mem_bytes, a.res.peak_mem_bytes) << i;
+      EXPECT_EQ(b.res.fits, 0) << i;
+      stopped++;
+    }
+  }
+  EXPECT_GT(fit, 0) << model << ": nothing fits, the test says nothing";
+  EXPECT_GT(stopped, 0) << model << ": no simulation stopped early, the test says nothing";
+}
+
 }  // namespace
+
+TEST(Evaluate, MemoryFirstDecidesAsTheFullSimulation) {
+  ExpectMemoryFirstSame("llama3.1-70b", "h100-sxm", 64, 8192, 128, nullptr);
+  ExpectMemoryFirstSame("deepseek-v2-lite", "h100-sxm", 32, 4096, 64, "megatron-core");
+}
 
 TEST(Evaluate, CachedPlansGiveTheUncachedPredictions) {
   RunAndCompare("llama3.1-8b", "h100-sxm", 16, 8, 4096, 64);  // pp, cp, tp, dp mixes

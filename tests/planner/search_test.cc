@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/rules.h"
 #include "planner/search.h"
 #include "tests/planner/fake.h"
 
@@ -252,6 +253,15 @@ TEST(SearchPrune, FixedEtpSearchesTheExpertGridUnderFsdp) {
     EXPECT_EQ(c->mesh.etp, 1);
   }
   for (int64_t i = 0; i < t.s->n; i++) EXPECT_EQ(t.s->cands[i].mesh.etp, 1);
+  // FSDP borrows EP from dp_shard x cp x tp alone (mp_rule_ep_grid_fsdp_ok, the FSDP pass's
+  // refusal): ep=4 on dp_replicate=2 x tp=2 would reach into dp_replicate, so it is not a
+  // candidate (the plan builder would refuse it), while DDP's grid takes it
+  EXPECT_EQ(t.find(1, 2, 1, 1, 2, 4, 1, 0, 0, 0), nullptr);
+  for (int64_t i = 0; i < t.s->n; i++) EXPECT_TRUE(mp_rule_ep_grid_fsdp_ok(&t.s->cands[i].mesh)) << i;
+  Search d(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
+  d.cfg.dp = MP_DP_DDP;
+  d.enumerate();
+  EXPECT_NE(d.find(1, 2, 1, 1, 2, 4, 1, 0, 0, 0), nullptr);
   Search u(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
   ASSERT_EQ(mp_search_fix_parse(&u.ctx, "etp=0", &u.cfg.fix), MP_OK) << mp_errmsg(&u.ctx);
   u.enumerate();
@@ -439,10 +449,67 @@ TEST(SearchPrune, ReshardWithoutShardingIsADuplicate) {
     EXPECT_EQ(r.reason(rc), k.reason);
     EXPECT_EQ(r.find(k.pp, k.dpr, k.dps, k.cp, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
     // FSDP over dp_shard=8 without pp: resharding matters; a stack without FSDP searches
-    // that mesh as dp_replicate=8 instead (MP_REJECT_NO_FSDP)
-    EXPECT_EQ(r.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 1)->reject,
-              k.no_fsdp ? MP_REJECT_NO_FSDP : MP_REJECT_NONE);
+    // that mesh as dp_replicate=8 instead (MP_REJECT_NO_FSDP), its first candidate standing
+    // for every option of it
+    if (k.no_fsdp) {
+      EXPECT_EQ(r.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 0)->reject, MP_REJECT_NO_FSDP);
+      EXPECT_EQ(r.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 1), nullptr);
+    } else {
+      EXPECT_EQ(r.find(1, 1, 8, 1, 1, 1, 1, 0, 0, 1)->reject, MP_REJECT_NONE);
+    }
   }
+}
+
+// A mesh a mesh rule rejects (here dp_shard under DDP, and tp over a node of 4) is one
+// candidate standing for every option of it: those rules read the mesh alone
+// (prune_mesh), so crossing its options would only add candidates with the same verdict,
+// none ranked. The meshes the rules keep are crossed in full: micro-batches up to the
+// per-rank batch, 3 AC policies, float8 and reshard; --why's matching finds the rejected
+// mesh's candidate whatever options it names.
+TEST(SearchEnumerate, RejectedMeshIsOneCandidate) {
+  Search r(fake_dense_model(), fake_cluster(2, 4), 4096, 8);
+  r.cfg.dp = MP_DP_DDP;
+  r.enumerate();
+  std::vector<std::pair<int64_t, int64_t>> meshes;  // [first, end) of each mesh's candidates
+  for (int64_t i = 0; i < r.s->n; i++)
+    if (i == 0 || memcmp(&r.s->cands[i].mesh, &r.s->cands[i - 1].mesh, sizeof(mp_mesh)) != 0)
+      meshes.push_back({i, i + 1});
+    else
+      meshes.back().second = i + 1;
+  int rejected = 0, kept = 0;
+  for (const auto &m : meshes) {
+    const mp_candidate &c = r.s->cands[m.first];
+    const int64_t n = m.second - m.first;
+    if (mp_search_reject_is_mesh_rule((mp_reject)c.reject)) {
+      EXPECT_EQ(n, 1) << "a rejected mesh crossed over its options";
+      EXPECT_EQ(c.micro_batch, 1);
+      EXPECT_EQ(c.ac, MP_AC_NONE);
+      rejected++;
+      continue;
+    }
+    const int64_t dp = (int64_t)c.mesh.size[MP_DIM_DP_REPLICATE] * c.mesh.size[MP_DIM_DP_SHARD];
+    int64_t n_mb = 0;
+    for (int64_t mb = 1; mb <= (8 / dp > 1 ? 8 / dp : 1); mb *= 2) n_mb++;
+    EXPECT_EQ(n, n_mb * 3 * 2 * 2) << "a kept mesh not crossed in full";
+    kept++;
+  }
+  EXPECT_GT(rejected, 0);
+  EXPECT_GT(kept, 0);
+  const mp_candidate *c = r.find(1, 1, 8, 1, 1, 1, 1, MP_AC_NONE, 0, 0);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->reject, MP_REJECT_NO_FSDP);
+  EXPECT_EQ(r.find(1, 1, 8, 1, 1, 1, 1, MP_AC_FULL, 0, 0), nullptr);
+  mp_search_fix f;
+  mp_search_fix_init(&f);
+  ASSERT_EQ(mp_search_fix_parse(&r.ctx, "dp_shard=8,ac=full,mb=2,reshard=1", &f), MP_OK);
+  EXPECT_EQ(mp_search_find(r.s, &f), c - r.s->cands);
+  // a kept mesh matches on its options too
+  mp_search_fix_init(&f);
+  ASSERT_EQ(mp_search_fix_parse(&r.ctx, "dp_replicate=2,tp=4,ac=full,mb=2", &f), MP_OK);
+  const int64_t k = mp_search_find(r.s, &f);
+  ASSERT_GE(k, 0);
+  EXPECT_EQ(r.s->cands[k].ac, MP_AC_FULL);
+  EXPECT_EQ(r.s->cands[k].micro_batch, 2);
 }
 
 TEST(SearchPrune, DpShardOnAStackWithoutFsdpIsDpReplicate) {
