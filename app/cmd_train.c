@@ -700,6 +700,12 @@ static mp_status create_runtime(train_job *j) {
   j->losses = calloc((size_t)j->steps + 1, sizeof *j->losses);
   j->step_s = calloc((size_t)j->steps + 1, sizeof *j->step_s);
   if (!j->batch || !j->losses || !j->step_s) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the batch");
+  if (mp_runtime_expert_routed(j->rt)) {
+    const size_t n = (size_t)j->model.n_layers * (size_t)j->model.n_experts;
+    j->expert_routed = calloc(n, sizeof *j->expert_routed);
+    j->expert_dropped = calloc(n, sizeof *j->expert_dropped);
+    if (!j->expert_routed || !j->expert_dropped) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the expert loads");
+  }
   return MP_OK;
 }
 
@@ -833,6 +839,8 @@ static void release(train_job *j) {
   mp_corpus_free(&j->corpus);
   free(j->batch);
   free(j->losses);
+  free(j->expert_routed);
+  free(j->expert_dropped);
 }
 
 static mp_status train(train_job *j) {

@@ -116,6 +116,10 @@ typedef struct train_job {
   int status_set;       /* the database's run status was set to 'running' */
   int32_t *batch;
   double *losses, *step_s; /* per step of this process (index: step - start_step - 1) */
+  /* the last training step's routed-expert loads ([n_layers * n_experts], copies of
+   * mp_runtime_expert_routed/_dropped taken before an eval's forward replaces them); NULL
+   * for a model without MoE */
+  int64_t *expert_routed, *expert_dropped;
   int64_t peak, ep_rows; /* the largest rank's peak memory and expert rows received */
   double total_s, tokens_all; /* steps 2.. */
   double first_tok_s;   /* the first step's tokens/s (a one-step run's only figure) */

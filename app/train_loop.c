@@ -428,6 +428,11 @@ static mp_status run_step(train_job *j, long long s, int first, step_rec *sr) {
   if (j->timer) MP_CHECK(mp_cuda_timer_stop(&j->kc, j->timer, &sr->dt));
   sr->tok_s = (double)sr->r.tokens * dp / sr->dt;
   j->position += j->po.global_batch;
+  if (j->expert_routed) { /* kept for the step's record: an eval's forward counts its own */
+    const size_t n = (size_t)j->model.n_layers * (size_t)j->model.n_experts * sizeof *j->expert_routed;
+    memcpy(j->expert_routed, mp_runtime_expert_routed(j->rt), n);
+    memcpy(j->expert_dropped, mp_runtime_expert_dropped(j->rt), n);
+  }
   return MP_OK;
 }
 

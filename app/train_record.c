@@ -66,10 +66,11 @@ static mp_status metrics_line(train_job *j, cJSON *o) {
   return MP_OK;
 }
 
-/* The step's routed-expert loads (mp_runtime_expert_routed) on its metrics line: per MoE
- * layer, the assignments routed to each expert and those dropped over its capacity. */
+/* The step's routed-expert loads (train_job's copy of mp_runtime_expert_routed) on its
+ * metrics line: per MoE layer, the assignments routed to each expert and those dropped over
+ * its capacity. */
 static void metrics_expert_loads(const train_job *j, cJSON *o) {
-  const int64_t *routed = mp_runtime_expert_routed(j->rt), *dropped = mp_runtime_expert_dropped(j->rt);
+  const int64_t *routed = j->expert_routed, *dropped = j->expert_dropped;
   if (!routed) return;
   const int L = (int)j->model.n_layers, E = (int)j->model.n_experts;
   cJSON *arr = cJSON_AddArrayToObject(o, "expert_loads");
@@ -89,14 +90,13 @@ static void metrics_expert_loads(const train_job *j, cJSON *o) {
 
 /* The step's routed-expert loads as the database's expert_loads rows. */
 static mp_status db_expert_loads(train_job *j, int64_t step) {
-  const int64_t *routed = mp_runtime_expert_routed(j->rt);
+  const int64_t *routed = j->expert_routed;
   if (!routed) return MP_OK;
   const int L = (int)j->model.n_layers;
   int *moe = malloc((size_t)L * sizeof *moe);
   MP_CHECK_ALLOC(j->ctx, moe);
   for (int l = 0; l < L; l++) moe[l] = mp_model_layer_is_moe(&j->model, l);
-  const mp_expert_loads x = {j->plan_id, step, L, (int)j->model.n_experts, moe, routed,
-                             mp_runtime_expert_dropped(j->rt)};
+  const mp_expert_loads x = {j->plan_id, step, L, (int)j->model.n_experts, moe, routed, j->expert_dropped};
   mp_status s = mp_store_add_expert_loads(j->ctx, j->store, &x);
   free(moe);
   return s;

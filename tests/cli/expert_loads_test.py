@@ -78,6 +78,16 @@ for cf, db in (("1.0", "cap.db"), (None, "dropless.db")):
     p = run("report", "--db", db, "--run", "1")
     check("routed experts" in p.stdout and "hottest expert" in p.stdout, "report --run shows no expert loads")
 
+# an eval's forward between a step and its record leaves the step's loads as they were: the
+# same run with an eval after every step records the same loads
+cap = os.path.join(tmp, "cap.db.jsonl")
+data, evald = os.path.join(tmp, "data.bin"), os.path.join(tmp, "eval.jsonl")
+run(*TRAIN, "--steps", "1", "--dump-data", data)
+run(*TRAIN, "--moe-capacity-factor", "1.0", "--val-data", data, "--eval-every", "1", "--metrics", evald)
+got = [json.loads(l).get("expert_loads") for l in open(evald)] if os.path.exists(evald) else []
+want = [json.loads(l).get("expert_loads") for l in open(cap)]
+check(got == want, "the loads recorded with an eval after each step differ from the run's without")
+
 # a dense model records none, and report shows none
 db = os.path.join(tmp, "dense.db")
 run("train", "--model", "tiny-dense", "--steps", "2", "--seq", "16", "--quiet", "--db", db)
