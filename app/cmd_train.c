@@ -726,7 +726,9 @@ static void print_start(const train_job *j, int quiet) {
            (long long)j->po.seq, (long long)j->po.micro_batch, (long long)j->po.global_batch, n_micro,
            n_micro == 1 ? "" : "es", j->ro.lr, j->data ? j->data : "synthetic");
     if (j->corpus.tokens && j->corpus.entropy_nats >= 0) printf(" (entropy floor %.4f nats)", j->corpus.entropy_nats);
-    printf(", float8 %s\n", j->plan->opts.fp8 ? "on" : "off");
+    printf(", float8 %s", j->plan->opts.fp8 ? "on" : "off");
+    if (j->ro.moe_capacity_factor > 0) printf(", expert capacity factor %g", j->ro.moe_capacity_factor);
+    printf("\n");
     if (dev->cuda) printf("device: cuda %d (%s, profile %s), bf16 compute\n", dev->index, dev->name, dev->gpu);
   }
   if (!pick->found) return;
