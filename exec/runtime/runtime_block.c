@@ -231,8 +231,8 @@ static mp_status dense_mlp_forward(mp_ctx *ctx, mp_runtime *rt, int l, void *x_o
 }
 
 /* The routed experts of MoE block l on its placed permuted rows (all Nr x k, or fewer after
- * the capacity's drops): on the rank (ep == 1), or on the expert side under EP (counts exchanged, rows dispatched, the outputs combined back into
- * ey). */
+ * the capacity's drops): on the rank (ep == 1), or on the expert side under EP (counts
+ * exchanged, rows dispatched, the outputs combined back into ey). */
 static mp_status moe_experts_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
   const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l];

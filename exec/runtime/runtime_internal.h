@@ -339,11 +339,9 @@ mp_status mp_rt_tied_grads(mp_ctx *ctx, mp_runtime *rt);
 mp_status mp_rt_alloc_block(mp_ctx *ctx, mp_runtime *rt, int l);
 mp_status mp_rt_attn_core_forward(mp_ctx *ctx, mp_runtime *rt, int l);
 mp_status mp_rt_block_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws, float dloss_aux);
-/* runtime_moe.c: capacity ceil(tokens x k / E x cf) (Megatron-Core's get_capacity); block
- * l's routing grouped by expert after the capacity's drops (perm, inv, counts and
- * counts_h), adding to the step's loads when measure (not on a recompute); the rows
- * placed; the step's loads summed over the ranks. */
-int64_t mp_rt_moe_capacity(int64_t tokens, int k, int E, double cf);
+/* runtime_moe.c: block l's routing grouped by expert after the capacity's drops (perm,
+ * inv, counts and counts_h), adding to the step's loads when measure (not on a recompute);
+ * the rows placed; the step's loads summed over the ranks. */
 mp_status mp_rt_moe_route(mp_ctx *ctx, mp_runtime *rt, int l, int measure);
 int64_t mp_rt_moe_placed_rows(const mp_runtime *rt, int l);
 mp_status mp_rt_moe_loads_reduce(mp_ctx *ctx, mp_runtime *rt);

@@ -27,7 +27,7 @@
 
 #include "exec/runtime/runtime_internal.h"
 
-int64_t mp_rt_moe_capacity(int64_t tokens, int k, int E, double cf) {
+static int64_t moe_capacity(int64_t tokens, int k, int E, double cf) {
   /* Megatron's get_capacity(num_tokens = tokens * k, num_experts = E, cf): ceil(n / E * cf) */
   const double c = ceil((double)(tokens * k) / E * cf);
   return c < 0 ? 0 : (int64_t)c;
@@ -82,7 +82,7 @@ static mp_status drop_to_device(mp_ctx *ctx, mp_runtime *rt, int l, int64_t *rou
   if (st == MP_OK) st = rt->be->memcpy_d2h(rt->kc, tkw, a + y->tkw, (size_t)nk * sizeof *tkw);
   if (st != MP_OK && st != MP_ERR_NOMEM) st = mp_error(ctx, st, "expert capacity: %s", mp_errmsg(rt->kc->err));
   if (st == MP_OK) {
-    const int64_t cap = mp_rt_moe_capacity(rt->Nr, rt->K, rt->E, rt->opts.moe_capacity_factor);
+    const int64_t cap = moe_capacity(rt->Nr, rt->K, rt->E, rt->opts.moe_capacity_factor);
     moe_drop(tki, tkw, nk, cap, kept, scratch, routed, dropped);
     st = mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_TEMP, (size_t)(nk ? nk : 1) * sizeof *kept, dev);
   }
