@@ -704,7 +704,8 @@ static mp_status create_runtime(train_job *j) {
     const size_t n = (size_t)j->model.n_layers * (size_t)j->model.n_experts;
     j->expert_routed = calloc(n, sizeof *j->expert_routed);
     j->expert_dropped = calloc(n, sizeof *j->expert_dropped);
-    if (!j->expert_routed || !j->expert_dropped) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the expert loads");
+    if (!j->expert_routed || !j->expert_dropped)
+      return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the expert loads");
   }
   return MP_OK;
 }
