@@ -647,11 +647,6 @@ static mp_status build_plan(train_job *j) {
   d = j->ro.max_grad_norm;
   MP_CHECK(mp_args_double(ctx, &k_spec, "--clip", 0, MP_LIM_CLIP, MP_RANGE_CLOSED, &d));
   j->ro.max_grad_norm = (float)d;
-  /* a capacity factor beyond the experts' count never drops: the bound (1e9) only keeps
-   * the capacity's arithmetic exact in int64 */
-  MP_CHECK(mp_args_double(ctx, &k_spec, "--moe-capacity-factor", 0, 1e9, MP_RANGE_OPEN_LO,
-                          &j->ro.moe_capacity_factor));
-  MP_CHECK(mp_runtime_capacity_check(ctx, &j->model, &j->po, j->ro.moe_capacity_factor));
   return mp_train_read_loop_options(j);
 }
 
@@ -700,13 +695,6 @@ static mp_status create_runtime(train_job *j) {
   j->losses = calloc((size_t)j->steps + 1, sizeof *j->losses);
   j->step_s = calloc((size_t)j->steps + 1, sizeof *j->step_s);
   if (!j->batch || !j->losses || !j->step_s) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the batch");
-  if (mp_runtime_expert_routed(j->rt)) {
-    const size_t n = (size_t)j->model.n_layers * (size_t)j->model.n_experts;
-    j->expert_routed = calloc(n, sizeof *j->expert_routed);
-    j->expert_dropped = calloc(n, sizeof *j->expert_dropped);
-    if (!j->expert_routed || !j->expert_dropped)
-      return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the expert loads");
-  }
   return MP_OK;
 }
 
@@ -842,8 +830,6 @@ static void release(train_job *j) {
   mp_corpus_free(&j->corpus);
   free(j->batch);
   free(j->losses);
-  free(j->expert_routed);
-  free(j->expert_dropped);
 }
 
 static mp_status train(train_job *j) {
