@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "app/commands.h"
+#include "common/stats.h"
 #include "app/import_log.h"
 #include "exec/mesh.h"
 #include "planner/plot.h"
@@ -68,6 +69,105 @@ static void fmt_s(double t, char *buf, size_t cap) {
 }
 
 static int fail(const mp_ctx *ctx, mp_status st) { return mp_cmd_fail(ctx, st); }
+
+/* ---- routed-expert loads ----------------------------------------------------------------- */
+
+/* One MoE layer's loads over a training run: per step the imbalance factor, the most
+ * assignments routed to one expert over their mean over the layer's experts (1: balanced;
+ * E: every assignment to one expert), its min, median and max over the steps; the expert
+ * routed the most assignments over the run and its share of them; the share of the run's
+ * assignments dropped over an expert's capacity. */
+typedef struct layer_loads {
+  int layer, hottest, n_steps;
+  double imb_min, imb_median, imb_max, hottest_share, dropped_frac;
+} layer_loads;
+
+/* The layer whose rows start at r[0] (rows sorted by layer, step, expert, as
+ * mp_store_run_expert_loads gives them) into *out; returns the rows it spans. */
+static int64_t summarize_layer(const mp_expert_load_row *r, int64_t n, mp_arena *a, layer_loads *out) {
+  int64_t end = 0, routed_all = 0, dropped_all = 0;
+  int n_experts = 0;
+  while (end < n && r[end].layer == r[0].layer) {
+    if (r[end].expert + 1 > n_experts) n_experts = r[end].expert + 1;
+    end++;
+  }
+  int64_t *per_expert = mp_arena_alloc(a, (size_t)n_experts * sizeof *per_expert);
+  double *imb = mp_arena_alloc(a, (size_t)end * sizeof *imb);
+  memset(out, 0, sizeof *out);
+  out->layer = r[0].layer;
+  if (!per_expert || !imb) return end;
+  memset(per_expert, 0, (size_t)n_experts * sizeof *per_expert);
+  size_t k = 0;
+  for (int64_t i = 0; i < end;) {
+    int64_t j = i, sum = 0, max = 0;
+    for (; j < end && r[j].step == r[i].step; j++) {
+      sum += r[j].routed;
+      max = r[j].routed > max ? r[j].routed : max;
+      per_expert[r[j].expert] += r[j].routed;
+      dropped_all += r[j].dropped;
+    }
+    routed_all += sum;
+    if (sum > 0) imb[k++] = (double)max * n_experts / (double)sum;
+    i = j;
+  }
+  for (int e = 1; e < n_experts; e++)
+    if (per_expert[e] > per_expert[out->hottest]) out->hottest = e;
+  out->n_steps = (int)k;
+  for (size_t i = 0; i < k; i++) {
+    out->imb_min = i == 0 || imb[i] < out->imb_min ? imb[i] : out->imb_min;
+    out->imb_max = imb[i] > out->imb_max ? imb[i] : out->imb_max;
+  }
+  out->imb_median = k ? mp_median(imb, k) : 0;
+  out->hottest_share = routed_all ? (double)per_expert[out->hottest] / (double)routed_all : 0;
+  out->dropped_frac = routed_all ? (double)dropped_all / (double)routed_all : 0;
+  return end;
+}
+
+/* The run's layers' summaries (arena array *out, *n_out layers; 0 when it has no loads). */
+static mp_status run_layer_loads(mp_ctx *ctx, mp_store *st, mp_arena *a, int64_t run_id, layer_loads **out,
+                                 int *n_out) {
+  mp_expert_load_row *rows = NULL;
+  int64_t n = 0;
+  *n_out = 0;
+  MP_CHECK(mp_store_run_expert_loads(ctx, st, run_id, a, &rows, &n));
+  *out = mp_arena_alloc(a, (size_t)(n ? n : 1) * sizeof **out);
+  MP_CHECK_ALLOC(ctx, *out);
+  for (int64_t i = 0; i < n;) i += summarize_layer(rows + i, n - i, a, &(*out)[(*n_out)++]);
+  return MP_OK;
+}
+
+static void print_layer_loads(const layer_loads *s, int n) {
+  printf("\nrouted experts (tokens routed per expert, each step summed over the ranks):\n");
+  printf("  %5s %5s  %-27s  %-16s %8s\n", "layer", "steps", "imbalance min median max", "hottest expert",
+         "dropped");
+  for (int i = 0; i < n; i++) {
+    char imb[64], hot[32];
+    snprintf(imb, sizeof imb, "%.2f %.2f %.2f", s[i].imb_min, s[i].imb_median, s[i].imb_max);
+    snprintf(hot, sizeof hot, "%d (%.1f %%)", s[i].hottest, 100.0 * s[i].hottest_share);
+    printf("  %5d %5d  %-27s  %-16s %7.2f%%\n", s[i].layer, s[i].n_steps, imb, hot, 100.0 * s[i].dropped_frac);
+  }
+  printf("imbalance: per step the most tokens one expert was routed over the mean per expert (1.00: balanced), "
+         "min, median and max over the steps; hottest: the expert routed the most over the run, its share; "
+         "dropped: the share of the routed tokens over an expert's capacity (train --moe-capacity-factor)\n");
+}
+
+static cJSON *layer_loads_json(const layer_loads *s, int n) {
+  cJSON *arr = cJSON_CreateArray();
+  for (int i = 0; i < n && arr; i++) {
+    cJSON *j = cJSON_CreateObject();
+    if (!j) break;
+    cJSON_AddNumberToObject(j, "layer", s[i].layer);
+    cJSON_AddNumberToObject(j, "steps", s[i].n_steps);
+    cJSON_AddNumberToObject(j, "imbalance_min", s[i].imb_min);
+    cJSON_AddNumberToObject(j, "imbalance_median", s[i].imb_median);
+    cJSON_AddNumberToObject(j, "imbalance_max", s[i].imb_max);
+    cJSON_AddNumberToObject(j, "hottest_expert", s[i].hottest);
+    cJSON_AddNumberToObject(j, "hottest_share", s[i].hottest_share);
+    cJSON_AddNumberToObject(j, "dropped_fraction", s[i].dropped_frac);
+    cJSON_AddItemToArray(arr, j);
+  }
+  return arr;
+}
 
 
 static double pct_err(double predicted, double measured) {
@@ -126,8 +226,10 @@ static int list_runs(mp_store *st, mp_arena *a, int as_json) {
   return 0;
 }
 
-/* One run's plans (p[0..n)) as JSON, with the measured figures where there are some. */
-static void print_run_json(const mp_run_row *run, const mp_plan_row *p, int64_t n) {
+/* One run's plans (p[0..n)) as JSON, with the measured figures where there are some, and
+ * a training run's routed-expert loads (ll[0..nll)). */
+static void print_run_json(const mp_run_row *run, const mp_plan_row *p, int64_t n, const layer_loads *ll,
+                           int nll) {
   cJSON *root = cJSON_CreateObject(), *arr = cJSON_CreateArray();
   if (!root || !arr) {
     cJSON_Delete(root);
@@ -166,6 +268,7 @@ static void print_run_json(const mp_run_row *run, const mp_plan_row *p, int64_t 
     cJSON_AddItemToArray(arr, j);
   }
   cJSON_AddItemToObject(root, "plans", arr);
+  if (nll > 0) cJSON_AddItemToObject(root, "expert_loads", layer_loads_json(ll, nll));
   mp_cmd_print_json(root);
 }
 
@@ -179,7 +282,10 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
   int64_t n = 0;
   if ((s = mp_store_top_plans(&ctx, st, run_id, top, a, &p, &n)) != MP_OK) return fail(&ctx, s);
   if (as_json) {
-    print_run_json(&run, p, n);
+    layer_loads *ll = NULL;
+    int nll = 0;
+    if ((s = run_layer_loads(&ctx, st, a, run_id, &ll, &nll)) != MP_OK) return fail(&ctx, s);
+    print_run_json(&run, p, n, ll, nll);
     return 0;
   }
   char when[sizeof run.created_at * 4], model[sizeof run.model * 4], cluster[sizeof run.cluster * 4],
@@ -312,6 +418,10 @@ static int show_training(mp_store *st, mp_arena *a, const mp_run_row *run, const
   int64_t nr = 0;
   if ((s = mp_store_run_restarts(&ctx, st, run->id, a, &rs, &nr)) != MP_OK) return fail(&ctx, s);
   if (nr > 0) print_restarts(rs, nr);
+  layer_loads *ll = NULL;
+  int nll = 0;
+  if ((s = run_layer_loads(&ctx, st, a, run->id, &ll, &nll)) != MP_OK) return fail(&ctx, s);
+  if (nll > 0) print_layer_loads(ll, nll);
   if (!dir) return 0;
   if (steps == 0)
     return fail(&ctx, mp_error(&ctx, MP_ERR_INVALID, "run %lld is an evaluation (train --eval-only), not a training "

@@ -61,6 +61,10 @@ static mp_opt k_opts[] = {
     MP_OPT_PP_LAYERS,
     MP_OPT_AC(""),
     MP_OPT_FP8("; emulated exactly on the CPU"),
+    {"--moe-capacity-factor", "C", "MoE: each routed expert takes at most ceil(C x tokens x top_k / experts) of "
+     "a micro-batch's (token, expert) assignments on a rank and drops the rest, lowest router weight first, "
+     "the dropped ones adding nothing to their token (Megatron-Core's --moe-expert-capacity-factor, drop "
+     "policy probs); CPU backend (default: no capacity, dropless)", NULL},
     {"--steps", "K", "the run's last step: training steps from 0, or up to K from a resumed checkpoint; 0 runs "
      "none (with --checkpoint-dir: a checkpoint of the starting weights) (default 20)", NULL},
     MP_OPT_SEQ("the model's max_seq"),
@@ -137,7 +141,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "train", "Train a model with a plan on CPUs or GPUs (world size 1 without mpirun; mpirun for more ranks).",
     "--model M [--mesh MESH [--pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V]] [--pp-layers A,B,...]] [--ep N] [--ac MODE] [--steps K] [--seq S] [--micro-batch B] [--global-batch G] "
-    "[--fp8] [--sp|--no-sp] [--lr LR [--lr-schedule S --warmup N --min-lr LR]] [--data synthetic|GLOB [--val-data GLOB]] "
+    "[--fp8] [--moe-capacity-factor C] [--sp|--no-sp] [--lr LR [--lr-schedule S --warmup N --min-lr LR]] [--data synthetic|GLOB [--val-data GLOB]] "
     "[--checkpoint-dir D [--checkpoint-every N] [--resume latest]] [--init-from PATH] [--metrics PATH] "
     "[--device cpu|cuda] [--db PATH [--plan-id ID]] [--auto] [--seed N] [--profile] [--dump-weights PATH] "
     "[--eval-only] [--elastic --ranks N [--min-ranks N] [--max-restarts N] [--spares N] [--mtbf-hours H]]",
@@ -714,7 +718,9 @@ static void print_start(const train_job *j, int quiet) {
            (long long)j->po.seq, (long long)j->po.micro_batch, (long long)j->po.global_batch, n_micro,
            n_micro == 1 ? "" : "es", j->ro.lr, j->data ? j->data : "synthetic");
     if (j->corpus.tokens && j->corpus.entropy_nats >= 0) printf(" (entropy floor %.4f nats)", j->corpus.entropy_nats);
-    printf(", float8 %s\n", j->plan->opts.fp8 ? "on" : "off");
+    printf(", float8 %s", j->plan->opts.fp8 ? "on" : "off");
+    if (j->ro.moe_capacity_factor > 0) printf(", expert capacity factor %g", j->ro.moe_capacity_factor);
+    printf("\n");
     if (dev->cuda) printf("device: cuda %d (%s, profile %s), bf16 compute\n", dev->index, dev->name, dev->gpu);
   }
   if (!pick->found) return;

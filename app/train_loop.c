@@ -31,6 +31,7 @@
 #include "common/limits.h"
 #include "common/timeutil.h"
 #include "sim/cluster.h"
+#include "exec/runtime/check.h"
 #include "exec/runtime/hf.h"
 #include "exec/runtime/threads.h"
 #include "exec/runtime/weights.h"
@@ -145,7 +146,10 @@ mp_status mp_train_read_loop_options(train_job *j) {
   MP_CHECK(mp_args_int(ctx, sp, "--eval-batches", 1, MP_LIM_STEPS, &j->eval_batches));
   if (!mp_args_get(sp, "--val-data") && (mp_args_has(sp, "--eval-every") || mp_args_has(sp, "--eval-batches")))
     return mp_error(ctx, MP_ERR_USAGE, "--eval-every and --eval-batches need --val-data GLOB");
-  return MP_OK;
+  /* a capacity factor beyond the experts' count never drops: the bound (1e9) only keeps
+   * the capacity's arithmetic exact in int64 */
+  MP_CHECK(mp_args_double(ctx, sp, "--moe-capacity-factor", 0, 1e9, MP_RANGE_OPEN_LO, &j->ro.moe_capacity_factor));
+  return mp_runtime_capacity_check(ctx, &j->model, &j->po, j->ro.moe_capacity_factor);
 }
 
 /* ---- data ------------------------------------------------------------------------------- */
@@ -409,7 +413,24 @@ static void print_step(const train_job *j, const step_rec *sr) {
   printf("\n");
 }
 
-/* Step s + 1: its lr and batch, the step timed (device time on CUDA). */
+/* The step's routed-expert loads copied for its record (mp_runtime_expert_routed): an eval's
+ * forward before the record counts its own. Nothing for a model without MoE. */
+static mp_status keep_expert_loads(train_job *j) {
+  const int64_t *routed = mp_runtime_expert_routed(j->rt);
+  if (!routed) return MP_OK;
+  const size_t n = (size_t)j->model.n_layers * (size_t)j->model.n_experts;
+  if (!j->expert_routed) {
+    j->expert_routed = malloc(n * sizeof *j->expert_routed);
+    j->expert_dropped = malloc(n * sizeof *j->expert_dropped);
+    if (!j->expert_routed || !j->expert_dropped)
+      return mp_error(j->ctx, MP_ERR_NOMEM, "out of memory for the expert loads");
+  }
+  memcpy(j->expert_routed, routed, n * sizeof *routed);
+  memcpy(j->expert_dropped, mp_runtime_expert_dropped(j->rt), n * sizeof *routed);
+  return MP_OK;
+}
+
+/* Step s + 1: its lr and batch, the step timed (device time on CUDA), its expert loads kept. */
 static mp_status run_step(train_job *j, long long s, int first, step_rec *sr) {
   mp_ctx *ctx = j->ctx;
   const int dp = mp_comm_group_size(j->comm, MP_GROUP_DP), di = mp_comm_group_index(j->comm, MP_GROUP_DP);
@@ -428,7 +449,7 @@ static mp_status run_step(train_job *j, long long s, int first, step_rec *sr) {
   if (j->timer) MP_CHECK(mp_cuda_timer_stop(&j->kc, j->timer, &sr->dt));
   sr->tok_s = (double)sr->r.tokens * dp / sr->dt;
   j->position += j->po.global_batch;
-  return MP_OK;
+  return keep_expert_loads(j);
 }
 
 /* --dump-logits: the starting weights' logits on the run's first batch (a forward and
@@ -539,5 +560,8 @@ void mp_train_loop_release(train_job *j) {
   mp_dataset_destroy(j->train_data);
   mp_dataset_destroy(j->val_data);
   mp_ckpt_manifest_free(&j->resume_man);
+  free(j->expert_routed);
+  free(j->expert_dropped);
   j->train_data = j->val_data = NULL;
+  j->expert_routed = j->expert_dropped = NULL;
 }

@@ -66,6 +66,42 @@ static mp_status metrics_line(train_job *j, cJSON *o) {
   return MP_OK;
 }
 
+/* The step's routed-expert loads (train_job's copy of mp_runtime_expert_routed) on its
+ * metrics line: per MoE layer, the assignments routed to each expert and those dropped over
+ * its capacity. */
+static void metrics_expert_loads(const train_job *j, cJSON *o) {
+  const int64_t *routed = j->expert_routed, *dropped = j->expert_dropped;
+  if (!routed) return;
+  const int L = (int)j->model.n_layers, E = (int)j->model.n_experts;
+  cJSON *arr = cJSON_AddArrayToObject(o, "expert_loads");
+  for (int l = 0; l < L && arr; l++) {
+    if (!mp_model_layer_is_moe(&j->model, l)) continue;
+    cJSON *lo = cJSON_CreateObject(), *r = cJSON_CreateArray(), *d = cJSON_CreateArray();
+    for (int e = 0; e < E && r && d; e++) {
+      cJSON_AddItemToArray(r, cJSON_CreateNumber((double)routed[(size_t)l * E + e]));
+      cJSON_AddItemToArray(d, cJSON_CreateNumber((double)dropped[(size_t)l * E + e]));
+    }
+    cJSON_AddNumberToObject(lo, "layer", l);
+    cJSON_AddItemToObject(lo, "routed", r);
+    cJSON_AddItemToObject(lo, "dropped", d);
+    cJSON_AddItemToArray(arr, lo);
+  }
+}
+
+/* The step's routed-expert loads as the database's expert_loads rows. */
+static mp_status db_expert_loads(train_job *j, int64_t step) {
+  const int64_t *routed = j->expert_routed;
+  if (!routed) return MP_OK;
+  const int L = (int)j->model.n_layers;
+  int *moe = malloc((size_t)L * sizeof *moe);
+  MP_CHECK_ALLOC(j->ctx, moe);
+  for (int l = 0; l < L; l++) moe[l] = mp_model_layer_is_moe(&j->model, l);
+  const mp_expert_loads x = {j->plan_id, step, L, (int)j->model.n_experts, moe, routed, j->expert_dropped};
+  mp_status s = mp_store_add_expert_loads(j->ctx, j->store, &x);
+  free(moe);
+  return s;
+}
+
 static mp_status metrics_step(train_job *j, const step_rec *sr) {
   cJSON *o = cJSON_CreateObject();
   MP_CHECK_ALLOC(j->ctx, o);
@@ -90,6 +126,7 @@ static mp_status metrics_step(train_job *j, const step_rec *sr) {
     cJSON_AddNumberToObject(o, "predicted_step_s", j->pick.step_time_s);
   else
     cJSON_AddNullToObject(o, "predicted_step_s");
+  metrics_expert_loads(j, o);
   return metrics_line(j, o);
 }
 
@@ -100,6 +137,7 @@ mp_status mp_train_record(train_job *j, const step_rec *sr) {
     mp_measurement me = {j->plan_id,    sr->step,    sr->dt,  sr->r.peak_bytes, sr->r.loss,       sr->tok_s,
                          j->dev.cuda ? "cuda" : "cpu", sr->has_eval, sr->eval, sr->lr, sr->r.grad_norm, 0};
     MP_CHECK(mp_store_add_measurement(j->ctx, j->store, &me));
+    MP_CHECK(db_expert_loads(j, sr->step));
   }
   j->n_recorded++;
   return MP_OK;

@@ -358,7 +358,12 @@ struct mp_backend {
    * moe_plan orders the N*k (token, slot) pairs by expert, stably (token order within an
    * expert): row r of the permuted layout holds pair perm[r] = n*k + j; inv is its
    * inverse (inv[n*k + j] = r); counts[e] rows go to expert e, experts in order, so the
-   * rows of experts [e0, e1) are contiguous (what EP's all-to-all sends). */
+   * rows of experts [e0, e1) are contiguous (what EP's all-to-all sends). An expert
+   * index of -1 marks a dropped pair (over its expert's capacity): it takes no row (inv
+   * -1; counts sum to the placed pairs; perm -1 on the rows after them, which
+   * permute_forward zeroes) and permute/unpermute skip it in both directions. The CPU
+   * backend implements dropped pairs; exec/runtime/check.c refuses the capacity factor on
+   * the others. */
   mp_status (*moe_plan)(mp_kctx *kc,
                         int32_t *perm,           /* (N*k) */
                         int32_t *inv,            /* (N*k) */

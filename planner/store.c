@@ -769,3 +769,56 @@ mp_status mp_store_run_restarts(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_ar
                   " step_resumed, steps_lost, recover_s FROM restarts WHERE run_id=? ORDER BY id",
                   read_restart, sizeof **rows, a, (void **)rows, n, "reading a run's restarts");
 }
+
+/* ---- routed-expert loads ------------------------------------------------------------------ */
+
+mp_status mp_store_add_expert_loads(mp_ctx *ctx, mp_store *st, const mp_expert_loads *x) {
+  if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is open on %s", mp_store_path(st));
+  MP_CHECK(mp_db_begin_write(ctx, st->db, "starting the expert loads' record"));
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(conn(st),
+                              "INSERT OR REPLACE INTO expert_loads (run_id, plan_id, step, layer, expert, routed,"
+                              " dropped) SELECT run_id, id, ?, ?, ?, ?, ? FROM plans WHERE id=?",
+                              -1, &q, NULL);
+  int64_t placed = 0;
+  for (int l = 0; l < x->n_layers && rc == SQLITE_OK; l++)
+    for (int e = 0; e < x->n_experts && rc == SQLITE_OK && x->moe_layer[l]; e++) {
+      const size_t i = (size_t)l * x->n_experts + e;
+      sqlite3_bind_int64(q, 1, x->step);
+      sqlite3_bind_int(q, 2, l);
+      sqlite3_bind_int(q, 3, e);
+      sqlite3_bind_int64(q, 4, x->routed[i]);
+      sqlite3_bind_int64(q, 5, x->dropped[i]);
+      sqlite3_bind_int64(q, 6, x->plan_id);
+      rc = sqlite3_step(q);
+      if (rc == SQLITE_DONE) rc = sqlite3_reset(q);
+      placed += sqlite3_changes(conn(st)) > 0;
+    }
+  sqlite3_finalize(q);
+  mp_status s = MP_OK;
+  if (rc != SQLITE_OK) s = mp_db_err(ctx, st->db, rc, "recording the expert loads");
+  else if (placed == 0 && x->n_layers > 0 && x->n_experts > 0)
+    s = mp_error(ctx, MP_ERR_NOT_FOUND, "%s: no plan with id %lld, or no MoE layer; see meshplan report",
+                 mp_store_path(st), (long long)x->plan_id);
+  if (s == MP_OK) s = mp_db_exec(ctx, st->db, "COMMIT", "committing the expert loads");
+  if (s != MP_OK) mp_db_rollback(st->db);
+  return s;
+}
+
+static void read_expert_load(sqlite3_stmt *q, void *row) {
+  mp_expert_load_row *r = row;
+  r->step = sqlite3_column_int64(q, 0);
+  r->layer = sqlite3_column_int(q, 1);
+  r->expert = sqlite3_column_int(q, 2);
+  r->routed = sqlite3_column_int64(q, 3);
+  r->dropped = sqlite3_column_int64(q, 4);
+}
+
+mp_status mp_store_run_expert_loads(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a,
+                                    mp_expert_load_row **rows, int64_t *n) {
+  return run_rows(ctx, st, run_id, "SELECT count(*) FROM expert_loads WHERE run_id=%lld",
+                  "SELECT step, layer, expert, routed, dropped FROM (SELECT *, dense_rank() OVER (PARTITION BY"
+                  " step ORDER BY plan_id DESC) AS newest FROM expert_loads WHERE run_id=?) WHERE newest = 1"
+                  " ORDER BY layer, step, expert",
+                  read_expert_load, sizeof **rows, a, (void **)rows, n, "reading the expert loads");
+}

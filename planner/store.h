@@ -1,7 +1,7 @@
 /* The planner's SQLite store: every run, every candidate with its reason, every
  * prediction, and the executor's measurements, in one database file (default meshplan.db).
  *
- * Tables (schema version 7, created and altered by the migrations of store/db.c;
+ * Tables (schema version 9, created and altered by the migrations of store/db.c;
  * `schema_version` holds the version, and opening a file of a lower version migrates it in
  * order inside one transaction; the plans(run_id, rank)
  * index is partial, WHERE rank IS NOT NULL: only ranked plans are looked up by rank, so a
@@ -30,6 +30,11 @@
  *                 the steps lost between them, and the seconds from the failure to the first
  *                 step completed after it (recover_s); written by the resumed process's
  *                 rank 0 after that step (mp_store_add_restart)
+ *   expert_loads  per training step, MoE layer and routed expert (version 9): the
+ *                 (token, expert) assignments the router made to the expert (routed, before
+ *                 any drop) and those dropped over its capacity (train
+ *                 --moe-capacity-factor; 0 without), summed over the step's micro-batches
+ *                 and the ranks that route distinct tokens (mp_store_add_expert_loads)
  * Version 3 adds runs.train_status: NULL for a planner run (complete once committed: a run
  * is one transaction); for a run that `meshplan train --db` measures, 'running' from its
  * start, then 'complete' or 'diverged' (a NaN or Inf loss or gradient norm stopped it) or
@@ -169,6 +174,28 @@ mp_status mp_store_add_restart(mp_ctx *ctx, mp_store *st, const mp_restart_row *
 /* The run's restarts in the order recorded (arena-owned array; *n 0 when none). */
 mp_status mp_store_run_restarts(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_restart_row **rows,
                                 int64_t *n);
+
+/* One training step's routed-expert loads (the expert_loads table): routed[l * n_experts
+ * + e] and dropped[...] for each layer l with moe_layer[l] set. */
+typedef struct mp_expert_loads {
+  int64_t plan_id, step;
+  int n_layers, n_experts;
+  const int *moe_layer;          /* [n_layers] */
+  const int64_t *routed, *dropped; /* [n_layers * n_experts] */
+} mp_expert_loads;
+/* Inserts the step's rows (one transaction; a step recorded again by the same plan replaces
+ * its rows); the plan must exist. */
+mp_status mp_store_add_expert_loads(mp_ctx *ctx, mp_store *st, const mp_expert_loads *x);
+/* One row of expert_loads. */
+typedef struct mp_expert_load_row {
+  int64_t step;
+  int layer, expert;
+  int64_t routed, dropped;
+} mp_expert_load_row;
+/* The run's expert loads (arena-owned array) by layer, step and expert; a step recorded by
+ * several of the run's plans (a resumed run) is its newest plan's. *n 0 when none. */
+mp_status mp_store_run_expert_loads(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a,
+                                    mp_expert_load_row **rows, int64_t *n);
 
 /* ---- reading (for `meshplan report` and tests) ---- */
 typedef struct mp_run_row {

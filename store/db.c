@@ -101,6 +101,15 @@ static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
     "CREATE INDEX restarts_run ON restarts(run_id);",
     /* 7 -> 8: plans.pp_split (see planner/store.h) */
     "ALTER TABLE plans ADD COLUMN pp_split INTEGER NOT NULL DEFAULT 0;",
+    /* 8 -> 9: a training run's routed-expert loads per step, MoE layer and expert (see
+     * planner/store.h) */
+    "CREATE TABLE expert_loads ("
+    "  run_id INTEGER NOT NULL REFERENCES runs(id),"
+    "  plan_id INTEGER NOT NULL REFERENCES plans(id),"
+    "  step INTEGER NOT NULL, layer INTEGER NOT NULL, expert INTEGER NOT NULL,"
+    "  routed INTEGER NOT NULL, dropped INTEGER NOT NULL,"
+    "  PRIMARY KEY (plan_id, step, layer, expert));"
+    "CREATE INDEX expert_loads_run ON expert_loads(run_id, step);",
 };
 
 static mp_status corrupt(mp_ctx *ctx, const mp_db *db) {

@@ -2,6 +2,8 @@
  * options, passes, model. */
 #include "exec/runtime/check.h"
 
+#include <math.h>
+
 #include "exec/mesh.h"
 #include "exec/model.h"
 #include "exec/rules.h"
@@ -112,6 +114,21 @@ mp_status mp_runtime_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh, 
   if (mesh->size[MP_DIM_TP] > 1 && m->tied_embeddings)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s ties its embeddings; with tp > 1 the runtime does not "
                     "execute tied vocab-parallel embedding and head yet", m->name);
+  return MP_OK;
+}
+
+mp_status mp_runtime_capacity_check(mp_ctx *ctx, const mp_model *m, const mp_plan_options *o, double cf) {
+  if (cf == 0) return MP_OK;
+  if (!(cf > 0) || !isfinite(cf))
+    return mp_error(ctx, MP_ERR_INVALID, "--moe-capacity-factor %g: give a positive number (1.0: each expert "
+                    "takes its balanced share of a micro-batch's assignments)", cf);
+  if (m->n_experts <= 0)
+    return mp_error(ctx, MP_ERR_INVALID, "model %s has no routed experts; --moe-capacity-factor applies to MoE "
+                    "models", m->name);
+  if (o->mem_model != MP_MEM_MODEL_MESHPLAN_CPU)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "--moe-capacity-factor: the runtime drops tokens over an expert's "
+                    "capacity on the CPU backend only (the CUDA MoE kernels place every routed pair); train "
+                    "it without --device cuda, or dropless");
   return MP_OK;
 }
 

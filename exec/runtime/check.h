@@ -28,6 +28,12 @@ mp_status mp_runtime_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh, 
  * but no plan yet (train reading its options). mp_runtime_plan_check applies it. */
 mp_status mp_runtime_model_check(mp_ctx *ctx, const mp_model *m, int64_t seq);
 
+/* The experts' capacity factor cf (mp_runtime_options.moe_capacity_factor; 0: none) for a
+ * run of model m under options o: a finite positive factor, on a model with routed
+ * experts, on the CPU backend (o->mem_model: the CPU kernels place dropped pairs,
+ * kernels/ops.h moe_plan; the CUDA ones do not). */
+mp_status mp_runtime_capacity_check(mp_ctx *ctx, const mp_model *m, const mp_plan_options *o, double cf);
+
 #ifdef __cplusplus
 }
 #endif

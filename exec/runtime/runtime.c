@@ -193,8 +193,12 @@ static mp_status alloc_tables(mp_ctx *ctx, mp_runtime *rt) {
   rt->ep_R = calloc((size_t)rt->L, sizeof *rt->ep_R);
   rt->ep_rc = calloc((size_t)rt->L * rt->ep * (rt->El ? rt->El : 1), sizeof *rt->ep_rc);
   rt->counts_h = calloc((size_t)rt->L * (rt->E ? rt->E : 1), sizeof *rt->counts_h);
+  if (rt->E > 0) {
+    rt->load_routed = calloc((size_t)rt->L * rt->E, sizeof *rt->load_routed);
+    rt->load_dropped = calloc((size_t)rt->L * rt->E, sizeof *rt->load_dropped);
+  }
   if (!rt->prm || !rt->units || !rt->pidx || !rt->x || !rt->act || !rt->core || !rt->epa || !rt->ep_R ||
-      !rt->ep_rc || !rt->counts_h)
+      !rt->ep_rc || !rt->counts_h || (rt->E > 0 && (!rt->load_routed || !rt->load_dropped)))
     return mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory for bookkeeping");
   for (int i = 0; i < (rt->L + 1) * MP_MOD_COUNT; i++) rt->pidx[i] = -1;
   /* which units are sharded: over a group of more than one rank, on this rank's stage */
@@ -359,6 +363,7 @@ mp_status mp_runtime_create(mp_ctx *ctx, const mp_plan *plan, mp_comm *comm, con
                             const mp_runtime_options *opts, mp_runtime **out) {
   *out = NULL;
   MP_CHECK(check_supported(ctx, plan, comm));
+  MP_CHECK(mp_runtime_capacity_check(ctx, &plan->model, &plan->opts, opts->moe_capacity_factor));
   int64_t local_batch, n_micro;
   MP_CHECK(mp_plan_batch(ctx, plan, &local_batch, &n_micro));
   const mp_model *m = &plan->model;
@@ -402,6 +407,8 @@ void mp_runtime_destroy(mp_runtime *rt) {
   free(rt->ep_R);
   free(rt->ep_rc);
   free(rt->counts_h);
+  free(rt->load_routed);
+  free(rt->load_dropped);
   free(rt->prog);
   free(rt);
 }
@@ -413,6 +420,10 @@ int64_t mp_runtime_local_batch(const mp_runtime *rt) { return rt->local_batch; }
 int64_t mp_runtime_n_micro(const mp_runtime *rt) { return rt->n_micro; }
 
 int64_t mp_runtime_ep_rows_max(const mp_runtime *rt) { return rt->ep_R_max; }
+
+const int64_t *mp_runtime_expert_routed(const mp_runtime *rt) { return rt->load_routed; }
+
+const int64_t *mp_runtime_expert_dropped(const mp_runtime *rt) { return rt->load_dropped; }
 
 mp_status mp_runtime_synchronize(mp_ctx *ctx, mp_runtime *rt) {
   MP_CHECK(mp_comm_synchronize(ctx, rt->comm));

@@ -115,6 +115,11 @@ typedef struct mp_runtime_options {
   int f8_codes;        /* 1: float8 Linears as GEMMs on codes (matmul_f8) even where X is fp32,
                           the CUDA path's algorithm checked on the CPU; 0: the backend's way
                           (codes where X is not fp32, the exact fp32 emulation where it is) */
+  double moe_capacity_factor; /* > 0: each routed expert takes at most ceil(tokens x top_k /
+                                 experts x factor) of a micro-batch's assignments on the rank
+                                 and drops the rest, lowest routing weight first (Megatron-Core's
+                                 --moe-expert-capacity-factor, drop policy probs;
+                                 runtime_moe.c); 0: no capacity (dropless) */
 } mp_runtime_options;
 
 /* lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, clip 1.0, seed 1234. */
@@ -129,6 +134,15 @@ typedef struct mp_step_result {
   int64_t peak_bytes;   /* tracked allocator peak over the step */
   int64_t tokens;       /* tokens this rank processed */
 } mp_step_result;
+
+/* The routed experts' loads of the last forward and backward: [n_layers * n_experts], the
+ * (token, expert) assignments the router made to each expert of each MoE layer (before the
+ * capacity's drops) and those dropped, summed over the step's micro-batches and over the
+ * ranks that route distinct tokens (data-parallel, context-parallel and expert-grid ranks;
+ * not the tp replicas that route the same rows), the same on every rank; 0 on dense layers.
+ * NULL for a model without MoE layers. */
+const int64_t *mp_runtime_expert_routed(const mp_runtime *rt);
+const int64_t *mp_runtime_expert_dropped(const mp_runtime *rt);
 
 /* plan: built for comm's mesh; rank = mp_comm_world_rank(comm). The backend must be
  * initialised on kc. */

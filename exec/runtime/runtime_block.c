@@ -230,15 +230,16 @@ static mp_status dense_mlp_forward(mp_ctx *ctx, mp_runtime *rt, int l, void *x_o
   return MP_OK;
 }
 
-/* The routed experts of MoE block l on its permuted rows: on the rank (ep == 1), or on the
- * expert side under EP (counts exchanged, rows dispatched, the outputs combined back into
- * ey). */
+/* The routed experts of MoE block l on its placed permuted rows (all Nr x k, or fewer after
+ * the capacity's drops): on the rank (ep == 1), or on the expert side under EP (counts
+ * exchanged, rows dispatched, the outputs combined back into ey). */
 static mp_status moe_experts_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
   const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l];
-  const int C = rt->C, K = rt->K;
+  const int C = rt->C;
   if (rt->ep == 1)
-    return experts_forward(ctx, rt, l, a + y->xp, a + y->eg, a + y->eu, a + y->eh, a + y->ey, (int64_t)rt->Nr * K);
+    return experts_forward(ctx, rt, l, a + y->xp, a + y->eg, a + y->eu, a + y->eh, a + y->ey,
+                           mp_rt_moe_placed_rows(rt, l));
   MP_CHECK(ep_plan(ctx, rt, l));
   const int64_t R = rt->ep_R[l];
   mp_act_layout ey;
@@ -326,9 +327,7 @@ static mp_status moe_forward(mp_ctx *ctx, mp_runtime *rt, int l, void *x_out, fl
                                (const int32_t *)(a + y->tki), N, E, K));
     if (moe_aux) BE(memcpy_d2h(rt->kc, moe_aux, a + y->aux, sizeof(float)));
   }
-  BE(moe_plan(rt->kc, (int32_t *)(a + y->perm), (int32_t *)(a + y->inv), (int32_t *)(a + y->counts),
-              (const int32_t *)(a + y->tki), Nr, E, K));
-  BE(memcpy_d2h(rt->kc, rt->counts_h + (size_t)l * E, a + y->counts, (size_t)E * sizeof(int32_t)));
+  MP_CHECK(mp_rt_moe_route(ctx, rt, l, x_out != NULL));
   BE(permute_forward(rt->kc, a + y->xp, xin, (const int32_t *)(a + y->perm), Nr, K, C));
   MP_CHECK(moe_experts_forward(ctx, rt, l));
   if (Fs) {
@@ -485,10 +484,10 @@ static mp_status dense_mlp_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dr
 static mp_status moe_experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, char *ws) {
   const mp_act_layout *y = lay_of(rt, l);
   char *a = rt->act[l];
-  const int C = rt->C, K = rt->K;
+  const int C = rt->C;
   if (rt->ep == 1)
     return experts_backward(ctx, rt, l, ws + y->dxp, ws + y->deg, ws + y->deu, ws + y->deh, ws + y->dey, a + y->xp,
-                            a + y->eg, a + y->eu, a + y->eh, (int64_t)rt->Nr * K);
+                            a + y->eg, a + y->eu, a + y->eh, mp_rt_moe_placed_rows(rt, l));
   const int64_t R = rt->ep_R[l];
   mp_act_layout ey;
   ep_layout(rt, R, &ey);

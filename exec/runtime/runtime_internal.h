@@ -6,6 +6,8 @@
  *   runtime_f8.c     Linear layers, with float8 emulated or as GEMMs on codes
  *   runtime_block.c  a block's forward and backward, the routed experts and EP's exchange
  *   runtime_mla.c    multi-head latent attention's projections, forward and backward
+ *   runtime_moe.c    an MoE block's routing: the experts' capacity and token dropping,
+ *                    the per-expert loads a step measures
  *   runtime_sp.c     sequence parallelism: the sequence shard's collectives, the norms'
  *                    gradients
  *   runtime_cp.c     context parallelism: the load-balanced chunks, ring attention, the
@@ -196,7 +198,10 @@ struct mp_runtime {
   int64_t *ep_R;    /* [L] rows received */
   int64_t ep_R_max; /* most rows received in one layer since creation (routing-dependent memory) */
   int64_t *ep_rc;   /* [L * ep * El] rows received from source s for local expert e */
-  int32_t *counts_h; /* [L * E] host copies of expert row counts */
+  int32_t *counts_h; /* [L * E] host copies of expert row counts (placed rows: after drops) */
+  /* [L * E] the step's assignments per (MoE layer, expert), before the capacity's drops,
+   * and the dropped ones (runtime_moe.c); NULL for a model without MoE */
+  int64_t *load_routed, *load_dropped;
   int64_t step;       /* optimizer steps taken (AdamW's t) */
   float *logits_out;  /* mp_runtime_capture_logits: the next forward's logits go here (host) */
   int64_t logits_at;  /* floats written so far */
@@ -334,6 +339,12 @@ mp_status mp_rt_tied_grads(mp_ctx *ctx, mp_runtime *rt);
 mp_status mp_rt_alloc_block(mp_ctx *ctx, mp_runtime *rt, int l);
 mp_status mp_rt_attn_core_forward(mp_ctx *ctx, mp_runtime *rt, int l);
 mp_status mp_rt_block_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *dres, char *ws, float dloss_aux);
+/* runtime_moe.c: block l's routing grouped by expert after the capacity's drops (perm,
+ * inv, counts and counts_h), adding to the step's loads when measure (not on a recompute);
+ * the rows placed; the step's loads summed over the ranks. */
+mp_status mp_rt_moe_route(mp_ctx *ctx, mp_runtime *rt, int l, int measure);
+int64_t mp_rt_moe_placed_rows(const mp_runtime *rt, int l);
+mp_status mp_rt_moe_loads_reduce(mp_ctx *ctx, mp_runtime *rt);
 mp_status mp_rt_block_forward(mp_ctx *ctx, mp_runtime *rt, int l, const void *x_in, void *x_out, float *moe_aux);
 mp_status mp_rt_free_block(mp_ctx *ctx, mp_runtime *rt, int l);
 /* runtime_mla.c: block l's q, k, v (its BLOCK tensors) from its saved xn1; backward, from

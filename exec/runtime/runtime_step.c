@@ -282,7 +282,12 @@ mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t
   for (int i = 0; i < rt->plan->n_params; i++)
     if (rt->prm[i].g) BE(memset_zero(rt->kc, rt->prm[i].g, (size_t)rt->prm[i].numel_pad * sizeof(float)));
   double ce = 0, aux = 0;
+  if (rt->load_routed) {
+    memset(rt->load_routed, 0, (size_t)rt->L * rt->E * sizeof *rt->load_routed);
+    memset(rt->load_dropped, 0, (size_t)rt->L * rt->E * sizeof *rt->load_dropped);
+  }
   MP_CHECK(mp_rt_walk(ctx, rt, tokens, &ce, &aux));
+  MP_CHECK(mp_rt_moe_loads_reduce(ctx, rt));
   MP_CHECK(mp_rt_sp_norm_grads(ctx, rt));
   MP_CHECK(mp_rt_cp_grads(ctx, rt));
   MP_CHECK(mp_rt_tied_grads(ctx, rt));

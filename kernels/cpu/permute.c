@@ -5,7 +5,12 @@
  * an expert), which is what makes each expert's rows contiguous for the grouped matmul and
  * for EP's all-to-all. Backward of the gather (permute) is written through the inverse
  * permutation as a gather too (dx[n] sums its k rows), so no thread ever scatters into a
- * row another thread owns. */
+ * row another thread owns.
+ *
+ * A pair whose expert index is -1 is dropped (an expert's capacity, exec/runtime/
+ * runtime_moe.c): it takes no row (inv -1), the rows after the last placed pair have perm
+ * -1 and are zero, and permute/unpermute skip it, so it contributes nothing forward or
+ * backward. */
 #include <string.h>
 
 #include "common/assert.h"
@@ -15,13 +20,15 @@ mp_status mp_cpu_moe_plan(mp_kctx *kc, int32_t *perm, int32_t *inv, int32_t *cou
                           const int32_t *topk_idx, int N, int E, int k) {
   MP_KREQUIRE(kc, N >= 0 && E > 0 && k > 0, "moe_plan");
   memset(counts, 0, sizeof(int32_t) * (size_t)E);
-  long nk = (long)N * k;
+  long nk = (long)N * k, placed = 0;
   for (long r = 0; r < nk; r++) {
     int e = topk_idx[r];
+    if (e == -1) continue; /* dropped */
     if (e < 0 || e >= E)
       return mp_error(kc->err, MP_ERR_INVALID, "moe_plan: expert index %d at pair %ld is "
                       "outside [0, %d); the router output is corrupt", e, r, E);
     counts[e]++;
+    placed++;
   }
   /* offsets of each expert's first row, then place pairs in order. */
   int32_t off = 0;
@@ -31,11 +38,16 @@ mp_status mp_cpu_moe_plan(mp_kctx *kc, int32_t *perm, int32_t *inv, int32_t *cou
     off += c;
   }
   for (long r = 0; r < nk; r++) {
+    if (topk_idx[r] == -1) {
+      inv[r] = -1;
+      continue;
+    }
     int32_t dst = counts[topk_idx[r]]++;
     perm[dst] = (int32_t)r;
     inv[r] = dst;
   }
-  MP_ASSERT(counts[E - 1] == nk, "the last expert's write position ends at N*k: the pairs fill every row once");
+  for (long r = placed; r < nk; r++) perm[r] = -1;
+  MP_ASSERT(counts[E - 1] == placed, "the last expert's write position ends at the placed pairs: each fills one row");
   /* counts[e] now holds the end offset of e; convert back to sizes. */
   for (int e = E - 1; e > 0; e--) counts[e] -= counts[e - 1];
   return MP_OK;
@@ -48,8 +60,10 @@ mp_status mp_cpu_permute_forward(mp_kctx *kc, void *out_, const void *x_,
   const float *x = (const float *)x_;
   long rows = (long)N * k;
 #pragma omp parallel for if (rows * C > 65536)
-  for (long r = 0; r < rows; r++)
-    memcpy(out + (size_t)r * C, x + (size_t)(perm[r] / k) * C, sizeof(float) * (size_t)C);
+  for (long r = 0; r < rows; r++) {
+    if (perm[r] < 0) memset(out + (size_t)r * C, 0, sizeof(float) * (size_t)C);
+    else memcpy(out + (size_t)r * C, x + (size_t)(perm[r] / k) * C, sizeof(float) * (size_t)C);
+  }
   return MP_OK;
 }
 
@@ -62,6 +76,7 @@ mp_status mp_cpu_permute_backward(mp_kctx *kc, void *dx_, const void *dout_,
   for (int n = 0; n < N; n++) {
     float *d = dx + (size_t)n * C;
     for (int j = 0; j < k; j++) {
+      if (inv[(size_t)n * k + j] < 0) continue;
       const float *g = dout + (size_t)inv[(size_t)n * k + j] * C;
       for (int c = 0; c < C; c++) d[c] += g[c];
     }
@@ -80,6 +95,7 @@ mp_status mp_cpu_unpermute_forward(mp_kctx *kc, void *out_, const void *y_,
     float *o = out + (size_t)n * C;
     for (int c = 0; c < C; c++) o[c] = 0.0f;
     for (int j = 0; j < k; j++) {
+      if (inv[(size_t)n * k + j] < 0) continue;
       float w = topk_w[(size_t)n * k + j];
       const float *yr = y + (size_t)inv[(size_t)n * k + j] * C;
       for (int c = 0; c < C; c++) o[c] += w * yr[c];
@@ -98,6 +114,7 @@ mp_status mp_cpu_unpermute_backward(mp_kctx *kc, void *dy_, float *dtopk_w,
   for (int n = 0; n < N; n++) {
     const float *g = dout + (size_t)n * C;
     for (int j = 0; j < k; j++) {
+      if (inv[(size_t)n * k + j] < 0) continue;
       size_t r = (size_t)inv[(size_t)n * k + j];
       float w = topk_w[(size_t)n * k + j];
       const float *yr = y + r * C;

@@ -134,7 +134,7 @@ if j:
 old = os.path.join(tmp, "old.db")
 run("plan", *args, "--db", old, "--log-all")
 con = sqlite3.connect(old)
-con.executescript("DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split;"
+con.executescript("DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads;"
                   " UPDATE schema_version SET version=5;"
                   " PRAGMA user_version=5;")
 con.close()
@@ -144,7 +144,7 @@ r = run("report", "--db", old, "--run", "1", "--json")
 check(r.returncode == 0 and len(json.loads(r.stdout)["plans"]) == 10, "report --run of a version-5 database")
 run("plan", *args, "--db", old)
 con = sqlite3.connect(old)
-check(con.execute("SELECT count(*), max(version) FROM runs, schema_version").fetchone() == (2, 8), "old db not migrated")
+check(con.execute("SELECT count(*), max(version) FROM runs, schema_version").fetchone() == (2, 9), "old db not migrated")
 con.close()
 run("plan", "--no-db", "--log-all", want_rc=2)
 

@@ -529,6 +529,51 @@ TEST_F(Kernels, PermuteGroupsByExpertAndRoundTrips) {
   EXPECT_NE(std::string(mp_errmsg(&err)).find("outside"), std::string::npos);
 }
 
+// Dropped pairs (expert index -1, an expert's capacity): the pairs above with pairs 0, 5 and
+// 9 dropped. Expert 0 still takes pairs 1, 4, 8 (rows 0..2); expert 1 pairs 2, 7, 11 (rows
+// 3..5); expert 2 pairs 3, 6 (rows 6, 7); expert 3 pair 10 (row 8): 9 rows placed, rows 9..11
+// unplaced (perm -1, zero after permute). A dropped pair adds nothing forward and gets no
+// gradient: unpermute equals the sum over the kept pairs, and the backward passes only them.
+TEST_F(Kernels, PermuteSkipsDroppedPairs) {
+  const int N = 6, k = 2, C = 3, E = 4;
+  const std::vector<int32_t> idx = {-1, 0, 1, 2, 0, -1, 2, 1, 0, -1, 3, 1};
+  std::vector<int32_t> perm(N * k, 7), inv(N * k), counts(E);
+  ASSERT_EQ(be->moe_plan(&kc, perm.data(), inv.data(), counts.data(), idx.data(), N, E, k), MP_OK);
+  EXPECT_EQ(counts, (std::vector<int32_t>{3, 3, 2, 1}));
+  EXPECT_EQ(perm, (std::vector<int32_t>{1, 4, 8, 2, 7, 11, 3, 6, 10, -1, -1, -1}));
+  for (int p : {0, 5, 9}) EXPECT_EQ(inv[p], -1) << p;
+  for (int rr = 0; rr < 9; rr++) EXPECT_EQ(inv[perm[rr]], rr);
+  Rng r(12);
+  Vec x = r.vec((size_t)N * C), px((size_t)N * k * C, 5.0f);
+  ASSERT_EQ(be->permute_forward(&kc, px.data(), x.data(), perm.data(), N, k, C), MP_OK);
+  for (int rr = 0; rr < N * k; rr++)
+    for (int c = 0; c < C; c++)
+      EXPECT_EQ(px[rr * C + c], perm[rr] < 0 ? 0.0f : x[(perm[rr] / k) * C + c]) << rr;
+  Vec y = r.vec((size_t)N * k * C), w = r.vec((size_t)N * k), out((size_t)N * C);
+  ASSERT_EQ(be->unpermute_forward(&kc, out.data(), y.data(), w.data(), inv.data(), N, k, C), MP_OK);
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < C; c++) {
+      double want = 0;
+      for (int j = 0; j < k; j++)
+        if (idx[n * k + j] >= 0) want += (double)w[n * k + j] * y[inv[n * k + j] * C + c];
+      EXPECT_NEAR(out[n * C + c], want, 1e-6) << n;
+    }
+  Vec g = r.vec((size_t)N * C), dy(y.size(), 0), dw(w.size(), 0), dx((size_t)N * C, 0);
+  ASSERT_EQ(be->unpermute_backward(&kc, dy.data(), dw.data(), g.data(), y.data(), w.data(), inv.data(), N, k, C),
+            MP_OK);
+  for (int p : {0, 5, 9}) EXPECT_EQ(dw[p], 0.0f) << p;
+  for (int rr = 9; rr < N * k; rr++)
+    for (int c = 0; c < C; c++) EXPECT_EQ(dy[rr * C + c], 0.0f) << rr;
+  ASSERT_EQ(be->permute_backward(&kc, dx.data(), y.data(), inv.data(), N, k, C), MP_OK);
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < C; c++) {
+      double want = 0;
+      for (int j = 0; j < k; j++)
+        if (idx[n * k + j] >= 0) want += y[inv[n * k + j] * C + c];
+      EXPECT_NEAR(dx[n * C + c], want, 1e-6) << n;
+    }
+}
+
 // ---------------------------------------------------------------- cross-entropy
 TEST_F(Kernels, CrossEntropyMeanIgnoreAndVocabParallel) {
   const int N = 6, V = 17;

@@ -1,5 +1,7 @@
 // The five passes one by one: what each changes, and every refusal of a wrong order or
 // combination (code and the words of the rule in the message).
+#include <cmath>
+
 #include "exec/rules.h"
 #include "exec/runtime/check.h"
 #include "tests/plan/plan_testutil.h"
@@ -148,6 +150,28 @@ TEST(Passes, MoeWithPipelinePlannedAndExecuted) {
   EXPECT_EQ(mp_runtime_check(&ctx, &p->model, &p->mesh, &o, p->applied), MP_ERR_UNSUPPORTED);
   EXPECT_NE(strstr(mp_errmsg(&ctx), "float8 with pipeline parallelism is not executed"), nullptr) << mp_errmsg(&ctx);
   mp_plan_destroy(p);
+}
+
+// The experts' capacity (train --moe-capacity-factor): a positive factor on an MoE model on
+// the CPU backend's layout; each other case refused by name.
+TEST(Passes, CapacityFactorRules) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model moe = LoadModel("tiny-moe"), dense = LoadModel("tiny-dense");
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.mem_model = MP_MEM_MODEL_MESHPLAN_CPU;
+  EXPECT_EQ(mp_runtime_capacity_check(&ctx, &moe, &o, 0), MP_OK);  // dropless
+  EXPECT_EQ(mp_runtime_capacity_check(&ctx, &moe, &o, 1.25), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_runtime_capacity_check(&ctx, &moe, &o, -1), MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "give a positive number"), nullptr) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_runtime_capacity_check(&ctx, &moe, &o, NAN), MP_ERR_INVALID);
+  EXPECT_EQ(mp_runtime_capacity_check(&ctx, &dense, &o, 1.0), MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "has no routed experts"), nullptr) << mp_errmsg(&ctx);
+  o.mem_model = MP_MEM_MODEL_MESHPLAN_CUDA;
+  EXPECT_EQ(mp_runtime_capacity_check(&ctx, &moe, &o, 1.0), MP_ERR_UNSUPPORTED);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "on the CPU backend only"), nullptr) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_runtime_capacity_check(&ctx, &moe, &o, 0), MP_OK);  // CUDA runs dropless
 }
 
 TEST(Passes, FsdpBeforeEpRefused) {

@@ -419,7 +419,7 @@ TEST(StoreIdentity, OlderAndUnstampedDatabasesMigrate) {
           " ALTER TABLE measurements DROP COLUMN grad_norm; ALTER TABLE plans DROP COLUMN sp;"
           " ALTER TABLE plans DROP COLUMN pp_virtual; ALTER TABLE plans DROP COLUMN global_batch;"
           " DROP INDEX plans_run_rank; CREATE INDEX plans_run_rank ON plans(run_id, rank);"
-          " DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split;"
+          " DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads;"
           " UPDATE schema_version SET version=1; PRAGMA user_version=0; PRAGMA application_id=0");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -480,7 +480,7 @@ TEST(Store, EachPlanStoresItsOwnGlobalBatch) {
 TEST(StoreIdentity, Version4MigratesAndKeepsItsRuns) {
   std::string path = made_db("v4.db", 1);
   exec_on(path,
-          "ALTER TABLE plans DROP COLUMN global_batch; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split;"
+          "ALTER TABLE plans DROP COLUMN global_batch; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads;"
           " UPDATE schema_version SET version=4; PRAGMA user_version=4");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -606,7 +606,7 @@ TEST(Store, DefaultLogsTheRankedPlansAndTheCountsByRule) {
 // rows and equal the search's, and its ranked plans read back unchanged by the migration.
 TEST(StoreIdentity, Version5RunsCountFromTheirPlans) {
   std::string path = made_db("v5.db", 1);  // a run of PlannerRun's: every candidate logged
-  exec_on(path, "DELETE FROM rejections; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split;"
+  exec_on(path, "DELETE FROM rejections; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads;"
                 " UPDATE schema_version SET version=5; PRAGMA user_version=5");
   mp_ctx ctx;
   mp_ctx_init(&ctx);

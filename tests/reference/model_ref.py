@@ -31,6 +31,15 @@ The model (llama family, as exec/model.h and kernels/ops.h define it):
              sum_j w_j expert_{e_j}(x) + shared_expert(x);
              aux = E * sum_e f_e P_e, f_e = #tokens whose top-k holds e / N (no gradient),
              P_e = mean_n probs[n, e]
+    capacity (train --moe-capacity-factor cf; capacity_keep below), Megatron-Core core_v0.14's
+             apply_router_token_dropping with drop policy probs, written from its definition:
+             the routing weights as a (tokens, experts) matrix, zero where not routed; per
+             expert the ceil((N k / E) cf) rows of the largest weight kept (a stable sort:
+             equal weights keep the lower token, the runtime's rule), the other assignments
+             dropped: they add nothing to the token's output and their weight has no
+             gradient; the kept weights are not renormalised; aux reads the routing before
+             the drop. The runtime's --metrics expert_loads of step 1 must equal this
+             reference's routed and dropped counts summed over the step's micro-batches.
   logits = output(rmsnorm(x));  loss = mean CE + aux_loss_coef * sum over MoE layers of aux
   A step averages the loss over its micro-batches (the runtime's micro-batch size: the aux
   term is per micro-batch), clips the global grad norm to 1.0 (clip_grad_norm_), then
@@ -178,8 +187,24 @@ def gqa_attention(P, pre, cfg, n1, nh, nkv, hd):
     return F.linear(a, P[pre + "attention.o_proj.weight"])
 
 
-def forward(P, cfg, tokens):
-    """tokens: (B, T+1) int64. Returns (ce, aux_term)."""
+def capacity_keep(w, idx, E, cf):
+    """w, idx: (N, k) routing weights and experts. Returns keep (N, k) bool, and the
+    assignments routed to and dropped from each expert (E,)."""
+    N, K = idx.shape
+    cap = math.ceil((N * K / E) * cf)
+    probs = torch.zeros(N, E).scatter(1, idx, w.detach())
+    routed = torch.zeros(N, E, dtype=torch.bool).scatter(1, idx, True)
+    mask = torch.zeros(N, E, dtype=torch.bool)
+    for e in range(E):
+        top = torch.sort(probs[:, e], descending=True, stable=True).indices[:cap]
+        mask[top, e] = True
+    final = routed & mask
+    return final.gather(1, idx), routed.sum(0), (routed & ~mask).sum(0)
+
+
+def forward(P, cfg, tokens, cf=None, loads=None):
+    """tokens: (B, T+1) int64; cf: the experts' capacity factor (None: dropless); loads: a
+    dict layer -> [routed (E,), dropped (E,)] added to. Returns (ce, aux_term)."""
     F = torch.nn.functional
     B, T = tokens.shape[0], tokens.shape[1] - 1
     inp, tgt = tokens[:, :T], tokens[:, 1:]
@@ -208,11 +233,18 @@ def forward(P, cfg, tokens):
             w, idx = probs.topk(K, dim=-1)
             if moe.get("norm_topk_prob"):
                 w = w / w.sum(-1, keepdim=True)
+            keep = torch.ones_like(idx, dtype=torch.bool)
+            if cf is not None:
+                keep, n_routed, n_dropped = capacity_keep(w, idx, E, cf)
+                if loads is not None:
+                    acc = loads.setdefault(l, [torch.zeros(E, dtype=torch.int64), torch.zeros(E, dtype=torch.int64)])
+                    acc[0] += n_routed
+                    acc[1] += n_dropped
             eg, eu, ed = (P[pre + "moe.experts.gate_proj.weight"], P[pre + "moe.experts.up_proj.weight"],
                           P[pre + "moe.experts.down_proj.weight"])
             y = torch.zeros_like(xt)
             for e in range(E):
-                rows, slot = (idx == e).nonzero(as_tuple=True)
+                rows, slot = ((idx == e) & keep).nonzero(as_tuple=True)
                 if len(rows) == 0:
                     continue
                 ye = swiglu(xt[rows], eg[e], eu[e], ed[e])
@@ -243,14 +275,31 @@ def batch(tokens, step, G, T):
     return torch.from_numpy(np.stack(rows))
 
 
-def check_case(meshplan, model, steps, seq, mb, gb, ac, lr):
+def check_loads(name, got, want):
+    """The runtime's step-1 expert_loads (--metrics) against the reference's; the case must
+    drop some assignments, or it would not test the drop."""
+    ok = len(got) == len(want)
+    for g in got:
+        w = want.get(g["layer"])
+        ok = ok and w is not None and g["routed"] == w[0].tolist() and g["dropped"] == w[1].tolist()
+    dropped = sum(int(w[1].sum()) for w in want.values())
+    if not ok or dropped == 0:
+        print("  %s expert loads: runtime %s, reference %s (%d dropped)" % (
+            name, got, {l: [w[0].tolist(), w[1].tolist()] for l, w in want.items()}, dropped))
+        return False
+    return True
+
+
+def check_case(meshplan, model, steps, seq, mb, gb, ac, lr, cf=None):
     cfg = load_model_json(model)
     with tempfile.TemporaryDirectory() as d:
-        f = {k: os.path.join(d, k) for k in ("w.bin", "g.bin", "l.json", "data.bin")}
+        f = {k: os.path.join(d, k) for k in ("w.bin", "g.bin", "l.json", "data.bin", "m.jsonl")}
         cmd = [meshplan, "train", "--model", model, "--steps", str(steps), "--seq", str(seq),
                "--micro-batch", str(mb), "--global-batch", str(gb), "--ac", ac, "--lr", str(lr),
                "--quiet", "--dump-weights", f["w.bin"], "--dump-grads", f["g.bin"],
-               "--dump-losses", f["l.json"], "--dump-data", f["data.bin"]]
+               "--dump-losses", f["l.json"], "--dump-data", f["data.bin"], "--metrics", f["m.jsonl"]]
+        if cf is not None:
+            cmd += ["--moe-capacity-factor", str(cf)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             print("meshplan train failed:", r.stdout, r.stderr)
@@ -259,20 +308,22 @@ def check_case(meshplan, model, steps, seq, mb, gb, ac, lr):
         G1 = read_wfile(f["g.bin"])
         got_losses = json.load(open(f["l.json"]))["losses"]
         data = read_shard(f["data.bin"])
+        got_loads = json.loads(open(f["m.jsonl"]).readline()).get("expert_loads", [])
     params = {k: torch.nn.Parameter(v.clone()) for k, v in W0.items()}
     decay = [p for p in params.values() if p.dim() >= 2]
     nodecay = [p for p in params.values() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": nodecay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.95), eps=1e-8)
     ok = True
-    name = "%s ac=%s B=%d G=%d" % (model, ac, mb, gb)
+    name = "%s ac=%s B=%d G=%d%s" % (model, ac, mb, gb, "" if cf is None else " capacity %g" % cf)
     for s in range(steps):
         opt.zero_grad()
         toks = batch(data, s, gb, seq)
         n_micro = gb // mb
         total = 0.0
+        loads = {}
         for m in range(n_micro):
-            ce, aux = forward(params, cfg, toks[m * mb:(m + 1) * mb])
+            ce, aux = forward(params, cfg, toks[m * mb:(m + 1) * mb], cf, loads)
             loss = (ce + aux) / n_micro
             loss.backward()
             total += loss.item()
@@ -281,6 +332,8 @@ def check_case(meshplan, model, steps, seq, mb, gb, ac, lr):
             print("  %s step %d: loss %.9g, reference %.9g (rel %.2e > %.0e)" % (name, s + 1, got_losses[s], total,
                                                                                 rel, RTOL))
             ok = False
+        if s == 0 and cf is not None:
+            ok = check_loads(name, got_loads, loads) and ok
         if s == 0:
             worst = 0.0
             for k, p in params.items():
@@ -310,6 +363,11 @@ def main():
         ("tiny-mla", 3, 32, 1, 2, "full", 3e-3),
         ("tiny-mla-q", 4, 32, 2, 2, "none", 3e-3),
         ("tiny-mla-q", 3, 32, 1, 2, "selective-core", 3e-3),
+        # the experts' capacity: one micro-batch; two (the capacity per micro-batch) with
+        # full AC (the drop recomputed in the backward); MLA with its dense first layer
+        ("tiny-moe", 4, 32, 2, 2, "none", 3e-3, 1.0),
+        ("tiny-moe", 3, 32, 1, 2, "full", 3e-3, 1.25),
+        ("tiny-mla", 3, 32, 2, 2, "none", 3e-3, 1.0),
     ]
     ok = True
     for c in cases:

@@ -6,7 +6,8 @@
 # measured peak memory with its prediction (meshplan-cpu memory model); this script adds
 # the refusals (cp with EP, float8 inside a pipeline, the expert grid without SP or with
 # ep=1: exit 2; a mesh that does not match the world: exit non-zero on every rank, no
-# hang). Never hangs:
+# hang), and the routed experts' loads under the capacity against the single rank's. Never
+# hangs:
 # `timeout`. MPI flags as tests/comm/run_mpi.sh explains (shared memory only, private
 # backing directory, --allow-run-as-root when root).
 #
@@ -51,6 +52,38 @@ refused "tiny-moe tp=2 x ep=2 x etp=1 without SP" 2 "expert grid with tp only un
 refused "tiny-moe tp=2 x etp=1 with ep=1" 2 "etp with ep=1" --model tiny-moe --mesh tp=2,etp=1
 refused "tiny-moe-pp pp=2 with float8" 2 "float8 with pipeline parallelism" --model tiny-moe-pp --mesh pp=2 --fp8
 refused "pp=2 with float8" 2 "float8 with pipeline parallelism" --model tiny-dense --mesh pp=2 --fp8
+# The routed experts' loads (--metrics expert_loads) under the capacity (factor 1.0): summed
+# over the ranks that route distinct tokens, dp_shard=2 x ep=2 x tp=2 counts what the single
+# rank counts over the same micro-batches (its tp replicas add nothing), steps 1 to 3. Under
+# the expert grid (tp=2 x ep=2, etp=1) the first MoE layer of step 1 routes as the single
+# rank does (the same weights and input; later layers see other drops), but each tp rank's
+# capacity is over its shard: an expert keeps min(a, c) + min(b, c) <= min(a + b, 2c) of a
+# micro-batch's a + b assignments, so it drops at least what the single rank drops.
+loads() { # NP FILE MESH...
+  local np="$1" file="$2"; shift 2
+  if [ "$np" = 1 ]; then timeout -k 10 120 "$bin" "${common[@]}" --model tiny-moe --moe-capacity-factor 1.0 --metrics "$file" "$@"
+  else mpi "$np" "$bin" "${common[@]}" --model tiny-moe --moe-capacity-factor 1.0 --metrics "$file" "$@"; fi
+}
+if loads 1 "$TMPDIR/loads1.jsonl" >/dev/null && loads 4 "$TMPDIR/loads8.jsonl" --mesh dp_shard=2,ep=2,tp=2 >/dev/null &&
+   loads 2 "$TMPDIR/loadsg.jsonl" --mesh tp=2,ep=2,etp=1 >/dev/null; then
+  /usr/bin/python3 - "$TMPDIR" <<'PY' || fail=1
+import json, sys
+d = sys.argv[1]
+one, dp, grid = ([json.loads(l)["expert_loads"] for l in open("%s/%s.jsonl" % (d, f))] for f in ("loads1", "loads8", "loadsg"))
+bad = [s + 1 for s in range(3) if one[s] != dp[s]]
+dropped = sum(sum(x["dropped"]) for x in one[0])
+for a, b in zip(one[0][:1], grid[0][:1]):
+    if a["routed"] != b["routed"] or any(y < x for x, y in zip(a["dropped"], b["dropped"])):
+        bad.append(("grid", a, b))
+if bad or not dropped:
+    print("FAIL: expert loads under the capacity: %s (single rank dropped %d at step 1)" % (bad, dropped))
+    sys.exit(1)
+print("ok   expert loads: dp_shard=2 x ep=2 x tp=2 counts the single rank's over steps 1-3 (%d dropped at step 1); "
+      "the expert grid's first MoE layer routes alike and drops at least as much" % dropped)
+PY
+else
+  echo "FAIL: the expert-load runs did not complete"; fail=1
+fi
 out=$(mpi 3 "$bin" "${common[@]}" --model tiny-dense --mesh dp_replicate=2 2>&1); rc=$?
 if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then echo "FAIL: mesh/world mismatch not refused (rc $rc)"; fail=1;
 else echo "ok   mesh of 2 on 3 ranks refused: $(echo "$out" | grep -m1 meshplan)"; fi

@@ -1,7 +1,8 @@
 // The store's training-run additions (planner/store.h, schema version 3): a version-2
 // database migrates with its rows kept, a training run's status reads complete /
 // incomplete / diverged, and per-step figures (eval loss, lr, grad norm) come back with a
-// step measured twice (a resumed run) read as its last record.
+// step measured twice (a resumed run) read as its last record; the routed-expert loads of
+// version 9 likewise.
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <unistd.h>
@@ -55,7 +56,7 @@ TEST(TrainStore, Version2MigratesWithItsRows) {
   mp_measurement m = {plan, 1, 0.5, 1000, 5.5, 100.0, "cpu", 0, 0, 0, 0};
   ASSERT_EQ(mp_store_add_measurement(&c, st, &m), MP_OK) << mp_errmsg(&c);
   mp_store_close(st);
-  // back to version 2: the columns, index and tables versions 3 to 7 added, gone
+  // back to version 2: the columns, index and tables versions 3 to 9 added, gone
   sqlite3 *db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db,
@@ -63,7 +64,7 @@ TEST(TrainStore, Version2MigratesWithItsRows) {
                          "ALTER TABLE measurements DROP COLUMN eval_loss; ALTER TABLE measurements DROP COLUMN lr;"
                          "ALTER TABLE measurements DROP COLUMN grad_norm; ALTER TABLE plans DROP COLUMN sp;"
                          "ALTER TABLE plans DROP COLUMN pp_virtual; ALTER TABLE plans DROP COLUMN global_batch;"
-                         "DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split;"
+                         "DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads;"
                          "UPDATE schema_version SET version=2;"
                          "PRAGMA user_version=2",
                          nullptr, nullptr, nullptr),
@@ -248,6 +249,63 @@ TEST(TrainStore, RestartsOfAnElasticRun) {
   EXPECT_EQ(rows[1].old_plan_id, 0);
   EXPECT_STREQ(rows[1].reason, "a rank stopped");
   ASSERT_EQ(mp_store_run_restarts(&c, st, 2, a, &rows, &n), MP_OK) << mp_errmsg(&c);
+  EXPECT_EQ(n, 0);
+  mp_arena_destroy(a);
+  mp_store_close(st);
+}
+
+// The routed-expert loads of a training run (version 9): a version-8 database migrates with
+// an empty expert_loads table; a step's rows are written for its MoE layers only (layer 0
+// dense here) and read back by layer, step and expert; a step recorded again by a resumed
+// process's plan reads as that plan's; a plan that does not exist is refused.
+TEST(TrainStore, ExpertLoadsPerStepLayerAndExpert) {
+  const std::string path = FreshDbPath("loads.db");
+  mp_ctx c;
+  mp_ctx_init(&c);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&c, path.c_str(), &st), MP_OK) << mp_errmsg(&c);
+  const int64_t first = OnePlanRun(st);
+  mp_store_close(st);
+  sqlite3 *db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "DROP TABLE expert_loads; UPDATE schema_version SET version=8; PRAGMA user_version=8",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK)
+      << sqlite3_errmsg(db);
+  sqlite3_close(db);
+  ASSERT_EQ(mp_store_open(&c, path.c_str(), &st), MP_OK) << mp_errmsg(&c);
+  EXPECT_EQ(Q(st, "PRAGMA user_version"), MP_STORE_SCHEMA_VERSION);
+  EXPECT_EQ(Q(st, "SELECT count(*) FROM expert_loads"), 0);
+  mp_candidate cand;
+  memset(&cand, 0, sizeof cand);
+  mp_mesh_init(&cand.mesh);
+  cand.micro_batch = 2;
+  ASSERT_EQ(mp_store_add_plan(&c, st, 1, &cand), MP_OK) << mp_errmsg(&c);
+  // 2 layers (the first dense) x 3 experts; steps 1 and 2, then step 2 again by the resumed plan
+  const int moe[2] = {0, 1};
+  const int64_t routed1[6] = {0, 0, 0, 5, 2, 1}, dropped1[6] = {0, 0, 0, 1, 0, 0};
+  const int64_t routed2[6] = {0, 0, 0, 4, 4, 0}, routed2b[6] = {0, 0, 0, 2, 3, 3}, none[6] = {0};
+  const mp_expert_loads recs[3] = {{first, 1, 2, 3, moe, routed1, dropped1}, {first, 2, 2, 3, moe, routed2, none},
+                                   {cand.plan_id, 2, 2, 3, moe, routed2b, none}};
+  for (const auto &x : recs) ASSERT_EQ(mp_store_add_expert_loads(&c, st, &x), MP_OK) << mp_errmsg(&c);
+  const mp_expert_loads bad = {999, 1, 2, 3, moe, routed1, dropped1};
+  EXPECT_EQ(mp_store_add_expert_loads(&c, st, &bad), MP_ERR_NOT_FOUND);
+  EXPECT_EQ(Q(st, "SELECT count(*) FROM expert_loads WHERE layer = 0"), 0);
+  EXPECT_EQ(Q(st, "SELECT count(*) FROM expert_loads"), 9);
+  mp_arena *a = mp_arena_create();
+  mp_expert_load_row *rows = nullptr;
+  int64_t n = 0;
+  ASSERT_EQ(mp_store_run_expert_loads(&c, st, 1, a, &rows, &n), MP_OK) << mp_errmsg(&c);
+  ASSERT_EQ(n, 6);
+  const int64_t want_routed[6] = {5, 2, 1, 2, 3, 3};  // step 1, then step 2 as the resumed plan recorded it
+  for (int i = 0; i < 6; i++) {
+    EXPECT_EQ(rows[i].layer, 1) << i;
+    EXPECT_EQ(rows[i].step, i < 3 ? 1 : 2) << i;
+    EXPECT_EQ(rows[i].expert, i % 3) << i;
+    EXPECT_EQ(rows[i].routed, want_routed[i]) << i;
+    EXPECT_EQ(rows[i].dropped, i == 0 ? 1 : 0) << i;
+  }
+  ASSERT_EQ(mp_store_run_expert_loads(&c, st, 2, a, &rows, &n), MP_OK) << mp_errmsg(&c);
   EXPECT_EQ(n, 0);
   mp_arena_destroy(a);
   mp_store_close(st);
