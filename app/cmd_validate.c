@@ -144,7 +144,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (v->sp >= 0) o->sp = v->sp;
   o->moe_fp8_dispatch = v->moe_fp8_dispatch == 1;
   if (v->recompute_modules[0] && mp_recompute_modules_parse(ctx, v->recompute_modules, o) != MP_OK) {
-    mp_error_prefix(ctx, "%s: ", where);
+    mp_error_prefix(ctx, "%s", where);
     return ctx->last;
   }
   if (v->async_tp == 1 && !j->prof.async_tp)
@@ -159,7 +159,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (o->pp_schedule == MP_PP_INTERLEAVED) o->pp_virtual = v->pp_virtual ? (int)v->pp_virtual : 2;
   const mp_status lay = v->pp_layout[0] ? mp_pp_layout_parse(ctx, v->pp_layout, o) : MP_OK;
   if (lay != MP_OK) {
-    mp_error_prefix(ctx, "%s: ", where);
+    mp_error_prefix(ctx, "%s", where);
     return lay;
   }
   j->local_batch = v->local_batch;

@@ -85,15 +85,21 @@ static mp_status write_model(mp_ctx *ctx, const mp_model *m, mp_emit_buf *b) {
   return MP_OK;
 }
 
-/* --recompute-*: selective-core is Megatron's selective recompute of core_attn; full is
- * every layer's input kept and the layer recomputed (uniform, one layer a chunk). */
+/* --recompute-*: selective-core is Megatron's selective recompute of core_attn, beside which
+ * (or alone) the output-discarding modules of the plan (layernorm, mla_up_proj, moe_act) are
+ * listed; full is every layer's input kept and the layer recomputed (uniform, one layer a
+ * chunk). */
 static mp_status write_ac(mp_ctx *ctx, const mp_plan_options *o, mp_emit_buf *b) {
-  if (o->ac == MP_AC_NONE) return MP_OK;
-  if (o->ac == MP_AC_SELECTIVE_CORE) {
-    mp_emit_printf(b, "--recompute-granularity selective\n--recompute-modules core_attn\n");
+  char mods[64];
+  mp_recompute_modules_format(o->recompute_modules, mods, sizeof mods);
+  if (o->ac == MP_AC_NONE && !mods[0]) return MP_OK;
+  if (o->ac == MP_AC_NONE || o->ac == MP_AC_SELECTIVE_CORE) {
+    const int core = o->ac == MP_AC_SELECTIVE_CORE;
+    mp_emit_printf(b, "--recompute-granularity selective\n--recompute-modules %s%s%s\n", core ? "core_attn" : "",
+                   core && mods[0] ? " " : "", mods);
     return MP_OK;
   }
-  if (o->ac == MP_AC_FULL && o->ac_every <= 1) {
+  if (o->ac == MP_AC_FULL && o->ac_every <= 1 && !mods[0]) {
     mp_emit_printf(b, "--recompute-granularity full\n--recompute-method uniform\n--recompute-num-layers 1\n");
     return MP_OK;
   }
@@ -172,6 +178,9 @@ static void write_experts(const mp_emit_plan *p, mp_emit_buf *b) {
   else
     mp_emit_printf(b, "--moe-token-dispatcher-type alltoall\n");
   if (p->o->moe_a2a_overlap) mp_emit_printf(b, "--overlap-moe-expert-parallel-comm\n");
+  const mp_moe_routing *r = &p->o->moe_routing;
+  if (r->capacity_factor > 0) mp_emit_printf(b, "--moe-expert-capacity-factor %.17g\n", r->capacity_factor);
+  if (r->pad_to_capacity) mp_emit_printf(b, "--moe-pad-expert-input-to-capacity\n");
 }
 
 /* The parallel layout, the batch and the switches of the plan's stack. */

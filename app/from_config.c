@@ -56,6 +56,12 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
   add(f, "--mesh", "pp=%d,dp_replicate=%d,dp_shard=%d,cp=%d,tp=%d,ep=%d%s", p->pp, p->dp_replicate, p->dp_shard,
       p->cp, p->tp, p->ep, p->etp ? ",etp=1" : "");
   add(f, "--ac", "%s", p->ac);
+  if (p->recompute_modules[0] && is_plan)
+    return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches AC policies, not recompute modules "
+                    "(--recompute-modules %s); use meshplan simulate --from or explain --from", p->recompute_modules);
+  if (p->recompute_modules[0]) add(f, "--recompute-modules", "%s", p->recompute_modules);
+  if (p->capacity_factor[0]) add(f, "--moe-capacity-factor", "%s", p->capacity_factor);
+  if (p->pad_to_capacity) add(f, "--moe-pad-expert-input-to-capacity", NULL);
   add(f, "--fp8", "%s", p->fp8[0] ? p->fp8 : "off");
   if (p->sp >= 0) add(f, p->sp ? "--sp" : "--no-sp", NULL);
   add(f, "--seq", "%lld", (long long)p->seq);

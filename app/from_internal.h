@@ -18,6 +18,9 @@ typedef struct mp_from_plan {
   int pp, dp_replicate, dp_shard, cp, tp, ep; /* resolved: no -1 */
   int etp;                /* 1: the experts on their own grid (etp=1 in --mesh), 0: ep inside dp_shard */
   char ac[24];            /* meshplan's name: none, selective-op, selective-core, full, full:N */
+  char recompute_modules[64]; /* --recompute-modules' list, ","-separated; "": none */
+  char capacity_factor[32];   /* --moe-capacity-factor's value; "": dropless */
+  int pad_to_capacity;        /* 1: --moe-pad-expert-input-to-capacity */
   char fp8[16];           /* the recipe, "" without float8 */
   int sp;                 /* -1: the stack's default, 0, 1 */
   int reshard;            /* 1: FSDP reshards after forward, 0: not, -1: no FSDP (DDP) */

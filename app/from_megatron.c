@@ -21,10 +21,11 @@ typedef struct mg_args {
   char *buf;                     /* the tokens, NUL-separated */
   const char *flag[MG_MAX_TOKENS];
   const char *val[MG_MAX_TOKENS]; /* NULL for a switch */
+  int nval[MG_MAX_TOKENS];         /* the words of a list flag's value (MG_LIST), else 1 */
   int n;
 } mg_args;
 
-enum { MG_MAP = 0, MG_IGNORE };
+enum { MG_MAP = 0, MG_IGNORE, MG_LIST };
 /* Every flag read: whether it takes a value, and whether it is mapped or changes no cost. */
 static const struct {
   const char *flag;
@@ -42,7 +43,7 @@ static const struct {
     {"--cp-comm-type", 1, MG_MAP}, {"--expert-model-parallel-size", 1, MG_MAP},
     {"--expert-tensor-parallel-size", 1, MG_MAP}, {"--micro-batch-size", 1, MG_MAP},
     {"--global-batch-size", 1, MG_MAP}, {"--recompute-granularity", 1, MG_MAP}, {"--recompute-method", 1, MG_MAP},
-    {"--recompute-num-layers", 1, MG_MAP}, {"--recompute-modules", 1, MG_MAP}, {"--fp8-format", 1, MG_MAP},
+    {"--recompute-num-layers", 1, MG_MAP}, {"--recompute-modules", 1, MG_LIST}, {"--fp8-format", 1, MG_MAP},
     {"--fp8-recipe", 1, MG_MAP}, {"--attention-backend", 1, MG_MAP}, {"--transformer-impl", 1, MG_MAP},
     {"--group-query-attention", 0, MG_MAP}, {"--swiglu", 0, MG_MAP}, {"--disable-bias-linear", 0, MG_MAP},
     {"--add-qkv-bias", 0, MG_MAP}, {"--qk-layernorm", 0, MG_MAP},
@@ -57,10 +58,13 @@ static const struct {
     {"--moe-router-group-topk", 1, MG_MAP}, {"--moe-router-score-function", 1, MG_MAP},
     {"--moe-grouped-gemm", 0, MG_MAP}, {"--moe-token-dispatcher-type", 1, MG_MAP}, {"--moe-enable-deepep", 0, MG_MAP},
     {"--overlap-moe-expert-parallel-comm", 0, MG_MAP}, {"--multi-latent-attention", 0, MG_MAP},
+    {"--moe-expert-capacity-factor", 1, MG_MAP}, {"--moe-pad-expert-input-to-capacity", 0, MG_MAP},
     {"--q-lora-rank", 1, MG_MAP}, {"--kv-lora-rank", 1, MG_MAP}, {"--qk-head-dim", 1, MG_MAP},
     {"--qk-pos-emb-head-dim", 1, MG_MAP}, {"--v-head-dim", 1, MG_MAP},
     /* the load-balancing loss's kind and weight move gradients, not cost */
     {"--moe-router-load-balancing-type", 1, MG_IGNORE}, {"--moe-aux-loss-coeff", 1, MG_IGNORE},
+    /* which tokens a full expert drops (by probability or position) moves no cost */
+    {"--moe-token-drop-policy", 1, MG_IGNORE},
     /* RoPE's scaling (YaRN or none) moves the angles, not cost */
     {"--rope-type", 1, MG_IGNORE},
     /* no cost: the learning rate and optimizer hyper-parameters, data, tokenizer, paths,
@@ -141,12 +145,14 @@ static mp_status parse(mp_ctx *ctx, const char *text, const char *origin, mg_arg
       return mp_error(ctx, MP_ERR_USAGE, "%s: %s is not a Megatron-LM core_v0.14.0 flag meshplan reads; it "
                       "may change cost, so it is refused: remove it", origin, f);
     const char *v = NULL;
+    int words = 1;
     if (k_flags[k].value) { /* nargs: the words up to the next flag, joined by the first one's NULs */
       if (i >= n || strncmp(w[i], "--", 2) == 0)
         return mp_error(ctx, MP_ERR_USAGE, "%s: %s needs a value", origin, f);
       v = w[i++];
       int more = 0;
       while (i < n && strncmp(w[i], "--", 2) != 0) i++, more++;
+      words += more;
       if (more && k_flags[k].role == MG_MAP)
         return mp_error(ctx, MP_ERR_USAGE, "%s: %s %s and %d more: meshplan reads one value there", origin,
                         f, v, more);
@@ -156,6 +162,7 @@ static mp_status parse(mp_ctx *ctx, const char *text, const char *origin, mg_arg
       continue;
     }
     a->flag[a->n] = f;
+    a->nval[a->n] = words;
     a->val[a->n++] = v;
   }
   return MP_OK;
@@ -174,6 +181,21 @@ static int has(const mg_args *a, const char *flag) {
   int h = 0;
   (void)get(a, flag, &h);
   return h;
+}
+
+/* The last value of a list flag (MG_LIST), its words joined by spaces into buf; NULL when
+ * absent. The words lie one after another in a->buf, each ended by its NUL. */
+static const char *get_list(const mg_args *a, const char *flag, char *buf, size_t cap) {
+  int at = -1;
+  for (int i = 0; i < a->n; i++)
+    if (strcmp(a->flag[i], flag) == 0) at = i;
+  if (at < 0 || a->val[at] == NULL) return NULL;
+  size_t u = 0;
+  const char *w = a->val[at];
+  buf[0] = '\0';
+  for (int k = 0; k < a->nval[at] && u < cap; k++, w += strlen(w) + 1)
+    u += (size_t)snprintf(buf + u, cap - u, "%s%s", k ? " " : "", w);
+  return buf;
 }
 
 /* An integer flag (absent: dflt) in lo..hi. */
@@ -428,7 +450,7 @@ static mp_status read_layout(mp_ctx *ctx, const mg_args *a, const char *origin, 
   mp_plan_options o;
   mp_plan_options_init(&o);
   if (mp_pp_layout_parse(ctx, layout, &o) != MP_OK) {
-    mp_error_prefix(ctx, "%s: --pipeline-model-parallel-layout: ", origin);
+    mp_error_prefix(ctx, "%s: --pipeline-model-parallel-layout", origin);
     return MP_ERR_USAGE;
   }
   const int v = o.n_pp_layers / p->pp;
@@ -507,6 +529,12 @@ static mp_status read_experts(mp_ctx *ctx, const mg_args *a, const char *origin,
                     "dispatcher, or flex with --moe-enable-deepep", origin, d, deepep ? " --moe-enable-deepep" : "");
   p->moe_deepep = deepep;
   p->moe_a2a_overlap = has(a, "--overlap-moe-expert-parallel-comm");
+  const char *cf = get(a, "--moe-expert-capacity-factor", NULL);
+  char *end = NULL;
+  if (cf && !(strtod(cf, &end) > 0.0 && end != cf && *end == '\0'))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --moe-expert-capacity-factor %s: a positive number", origin, cf);
+  if (cf) snprintf(p->capacity_factor, sizeof p->capacity_factor, "%s", cf);
+  p->pad_to_capacity = has(a, "--moe-pad-expert-input-to-capacity");
   return MP_OK;
 }
 
@@ -540,23 +568,39 @@ static mp_status read_parallel(mp_ctx *ctx, const mg_args *a, const char *origin
   return read_stage_layers(ctx, a, origin, layers, p);
 }
 
-/* --recompute-* and --fp8-* as meshplan's policy and recipe. */
+/* --recompute-* and --fp8-* as meshplan's policy and recipe: selective granularity with its
+ * modules (core_attn, Megatron-LM's default, is selective-core; layernorm, mla_up_proj and
+ * moe_act the output-discarding modules, exec/plan.h), or full recompute of every layer. */
 static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, mp_from_plan *p) {
+  char list[128];
   const char *g = get(a, "--recompute-granularity", NULL), *m = get(a, "--recompute-method", NULL);
-  const char *mods = get(a, "--recompute-modules", NULL), *n = get(a, "--recompute-num-layers", NULL);
+  const char *mods = get_list(a, "--recompute-modules", list, sizeof list);
+  const char *n = get(a, "--recompute-num-layers", NULL);
   if (!g && (m || n || mods))
     return mp_error(ctx, MP_ERR_USAGE, "%s: --recompute-method, --recompute-num-layers or "
                     "--recompute-modules without --recompute-granularity", origin);
-  if (!g) snprintf(p->ac, sizeof p->ac, "none");
-  else if (strcmp(g, "selective") == 0 && !m && !n && (!mods || strcmp(mods, "core_attn") == 0))
-    snprintf(p->ac, sizeof p->ac, "selective-core");
-  else if (strcmp(g, "full") == 0 && m && strcmp(m, "uniform") == 0 && n && strcmp(n, "1") == 0 && !mods)
+  if (!g) {
+    snprintf(p->ac, sizeof p->ac, "none");
+  } else if (strcmp(g, "selective") == 0 && !m && !n) {
+    mp_plan_options o;
+    mp_plan_options_init(&o);
+    o.ac = MP_AC_NONE;
+    if (mp_recompute_modules_parse(ctx, mods ? mods : "core_attn", &o) != MP_OK) {
+      mp_error_prefix(ctx, "%s: --recompute-modules", origin);
+      return MP_ERR_USAGE;
+    }
+    snprintf(p->ac, sizeof p->ac, "%s", o.ac == MP_AC_SELECTIVE_CORE ? "selective-core" : "none");
+    mp_recompute_modules_format(o.recompute_modules, p->recompute_modules, sizeof p->recompute_modules);
+    for (char *c = p->recompute_modules; *c; c++)
+      if (*c == ' ') *c = ','; /* the command line's list */
+  } else if (strcmp(g, "full") == 0 && m && strcmp(m, "uniform") == 0 && n && strcmp(n, "1") == 0 && !mods) {
     snprintf(p->ac, sizeof p->ac, "full");
-  else
+  } else {
     return mp_error(ctx, MP_ERR_USAGE, "%s: --recompute-granularity %s%s%s%s%s: meshplan prices selective "
-                    "recompute of core_attn, and full recompute of every layer (--recompute-method uniform "
-                    "--recompute-num-layers 1)", origin, g, m ? " --recompute-method " : "", m ? m : "",
-                    n ? " --recompute-num-layers " : "", n ? n : "");
+                    "recompute of core_attn, layernorm, mla_up_proj and moe_act, and full recompute of every "
+                    "layer (--recompute-method uniform --recompute-num-layers 1)", origin, g,
+                    m ? " --recompute-method " : "", m ? m : "", n ? " --recompute-num-layers " : "", n ? n : "");
+  }
   const char *fmt = get(a, "--fp8-format", NULL), *recipe = get(a, "--fp8-recipe", NULL);
   if (!fmt) return MP_OK;
   if (strcmp(fmt, "hybrid") != 0)

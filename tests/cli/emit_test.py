@@ -189,6 +189,12 @@ MG += [  # MoE: Megatron-Core's expert grid over DDP, DeepEP, the EP overlap, ML
             "--pp-schedule", "interleaved", "--overlap-moe-comm")),
     ("2048", ("--model", "deepseek-v3", "--mesh", "pp=16,dp_replicate=128,ep=64", "--stack", "megatron-core",
               "--global-batch", "15360", "--seq", "4096", "--ac", "full")),
+    # recompute by modules, alone and beside core_attn; the experts' capacity, padded or not
+    ("16", ("--model", "deepseek-v2-lite", "--mesh", "dp_replicate=16,ep=8", "--stack", "megatron-core",
+            "--recompute-modules", "layernorm,mla_up_proj,moe_act", "--moe-capacity-factor", "1.25",
+            "--moe-pad-expert-input-to-capacity")),
+    ("16", ("--model", "qwen3-30b-a3b", "--mesh", "dp_replicate=8,tp=2,ep=8", "--stack", "megatron-core",
+            "--ac", "selective-core", "--recompute-modules", "moe_act,layernorm", "--moe-capacity-factor", "1")),
 ]
 for gpus, args in MG:
     a = args if "--model" in args else ("--model", "llama3.1-8b") + tuple(args)
@@ -213,6 +219,12 @@ check("--expert-model-parallel-size 64\n--expert-tensor-parallel-size 1\n--moe-t
 # softmax over every expert before the top k; DeepEP as the flex dispatcher
 _, text = emitted("megatron", "--gpus", "16", "--model", "deepseek-v2-lite", "--mesh", "dp_replicate=16,ep=8",
                   "--stack", "megatron-core", "--moe-dispatcher", "deepep")
+_, text2 = emitted("megatron", "--gpus", "16", "--model", "qwen3-30b-a3b", "--mesh", "dp_replicate=8,tp=2,ep=8",
+                   "--stack", "megatron-core", "--ac", "selective-core", "--recompute-modules", "moe_act,layernorm",
+                   "--moe-capacity-factor", "1")
+check("--moe-expert-capacity-factor 1\n" in text2 and
+      "--recompute-granularity selective\n--recompute-modules core_attn layernorm moe_act\n" in text2,
+      "the capacity and the recompute modules as Megatron-LM flags: " + text2)
 check("--moe-router-pre-softmax\n" in text and "--q-lora-rank" not in text and
       "--moe-token-dispatcher-type flex\n--moe-enable-deepep\n" in text, "deepseek-v2-lite as Megatron-LM flags: " + text)
 
