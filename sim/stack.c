@@ -104,6 +104,9 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
                       "tp_comm_overlap is Megatron-Core's (Transformer Engine's userbuffers)",
                       "does not run it", &p->tp_comm_overlap));
   if (p->tp_comm_overlap) p->async_tp = 1;
+  MP_CHECK(owned_bool(ctx, j, origin, "wgrad_accum_fp32", 0, MP_MEM_MODEL_MEGATRON, p,
+                      "wgrad_accum_fp32 is Megatron-LM's gradient accumulation fusion",
+                      "does not run it", &p->wgrad_accum_fp32));
   p->deepep_sms = 0;
   MP_CHECK(mp_json_get_int(ctx, j, origin, "deepep_sms", 0, &p->deepep_sms));
   MP_CHECK(mp_check_i64(ctx, origin, "deepep_sms", p->deepep_sms, 0, 1024));
