@@ -289,16 +289,19 @@ TEST(MoeCost, RoutingRefusals) {
   }
 }
 
-// A tile outside 0..1024 is refused naming the key.
-TEST(MoeCost, TileKeyRange) {
+// A stack of moe-test's with `keys` is refused, its message naming `key`.
+static void ExpectRefused(const char *keys, const char *key) {
   char text[1024];
-  snprintf(text, sizeof text, kStack, "\"grouped_gemm_tile_m\": 2048");
+  snprintf(text, sizeof text, kStack, keys);
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_stack_profile p;
-  EXPECT_EQ(mp_stack_from_text(&ctx, text, "moe-test", &p), MP_ERR_INVALID);
-  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("grouped_gemm_tile_m"), std::string::npos) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_stack_from_text(&ctx, text, "moe-test", &p), MP_ERR_INVALID) << keys;
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find(key), std::string::npos) << mp_errmsg(&ctx);
 }
+
+// A tile outside 0..1024 is refused naming the key.
+TEST(MoeCost, TileKeyRange) { ExpectRefused("\"grouped_gemm_tile_m\": 2048", "grouped_gemm_tile_m"); }
 
 // Megatron-LM's gradient accumulation fusion (stack key wgrad_accum_fp32): the weight
 // gradient GEMM adds into the fp32 main_grad, reading and writing 4-byte elements where an
@@ -328,11 +331,5 @@ TEST(MoeCost, FusedWeightGradientAccumulatesInFp32) {
 
 // The key names Megatron-LM's fusion: a stack of another memory model is refused.
 TEST(MoeCost, FusedWeightGradientIsMegatrons) {
-  char text[1024];
-  snprintf(text, sizeof text, kStack, "\"memory_model\": \"torchtitan\", \"wgrad_accum_fp32\": true");
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  mp_stack_profile p;
-  EXPECT_EQ(mp_stack_from_text(&ctx, text, "moe-test", &p), MP_ERR_INVALID);
-  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("wgrad_accum_fp32"), std::string::npos) << mp_errmsg(&ctx);
+  ExpectRefused("\"memory_model\": \"torchtitan\", \"wgrad_accum_fp32\": true", "wgrad_accum_fp32");
 }
