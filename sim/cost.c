@@ -44,6 +44,7 @@ typedef struct op_costs {
   const mp_gemm_table *fp8_gemm_table; /* the same for float8 GEMMs, or NULL */
   double hbm_k[MP_KERNEL_COUNT];   /* per kernel class: hbm, or its own efficiency's */
   int tile_m, tile_k;              /* the stack's grouped-GEMM tile (token rows, reduction) */
+  int wgrad_fp32;                  /* weight gradients accumulate into fp32 (sim.h) */
 } op_costs;
 
 /* An efficiency carried from the stack's fit GPU to this one (sim/stack.h): eff x ratio,
@@ -73,6 +74,16 @@ static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *
     k->hbm_k[c] = g->hbm_GBps * 1e9 * (p->hbm_eff_kernel[c] > 0 ? p->hbm_eff_kernel[c] : p->hbm_eff);
   k->tile_m = p->grouped_tile_m;
   k->tile_k = p->grouped_tile_k;
+  k->wgrad_fp32 = p->wgrad_accum_fp32;
+}
+
+/* The HBM bytes of an op. A weight gradient accumulated into fp32 (sim.h, wgrad_accum_fp32)
+ * reads and writes its [m x n] output per expert as 4-byte elements: 8 bytes an element
+ * where mp_gemm_bytes counts the 2 of a bf16 write, so 6 more. */
+static double op_bytes(const mp_op *op, const op_costs *k) {
+  if (!k->wgrad_fp32 || op->kernel != MP_KERNEL_GEMM || op->variant != MP_VAR_WGRAD) return op->bytes;
+  const double batch = (double)(op->batch > 0 ? op->batch : 1);
+  return op->bytes + 6.0 * (double)op->m * (double)op->n * batch;
 }
 
 /* A grouped expert GEMM (mp_op.grouped) is one launch over `batch` experts, each its own
@@ -98,7 +109,7 @@ static void grouped_padding(const mp_op *op, const op_costs *k, double *size, do
 
 static inline double op_compute_s(const mp_op *op, const op_costs *k) {
   const double hbm = op->kernel < MP_KERNEL_COUNT ? k->hbm_k[op->kernel] : k->hbm;
-  double t_bytes = hbm > 0 ? op->bytes / hbm : 0.0, t_flops;
+  double t_bytes = hbm > 0 ? op_bytes(op, k) / hbm : 0.0, t_flops;
   const int dt = op->dtype < MP_DTYPE_COUNT ? op->dtype : MP_DTYPE_BF16;
   int fp8 = op->dtype == MP_DTYPE_FP8_E4M3 || op->dtype == MP_DTYPE_FP8_E5M2;
   if (op->kernel == MP_KERNEL_GEMM) {

@@ -137,6 +137,14 @@ typedef struct mp_stack_profile {
    * expert rounded up to tile_m rows in the forward and input-gradient GEMMs and to tile_k in
    * the weight gradient's reduction, which the kernel computes whole (sim/cost.c). */
   int grouped_tile_m, grouped_tile_k;
+  /* Whether each weight-gradient GEMM adds into an fp32 gradient buffer (JSON
+   * "wgrad_accum_fp32", optional, default false; the megatron memory model only): Megatron-LM's
+   * gradient_accumulation_fusion, on unless --no-gradient-accumulation-fusion, hands
+   * Transformer Engine's Linear and GroupedLinear the fp32 main_grad as the GEMM's output
+   * with accumulate (fuse_wgrad_accumulation, megatron/core/extensions/transformer_engine.py
+   * of core_v0.14), so every micro-batch's weight gradient reads and writes 4-byte elements
+   * where an unfused GEMM writes 2-byte ones (sim/cost.c). */
+  int wgrad_accum_fp32;
 } mp_stack_profile;
 
 /* A simulator workspace: the scratch one thread's simulations reuse instead of allocating

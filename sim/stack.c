@@ -131,6 +131,14 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
   return MP_OK;
 }
 
+/* "wgrad_accum_fp32" (optional, default false, the megatron memory model only): weight
+ * gradients added into the fp32 main_grad (sim.h). */
+static mp_status read_wgrad_accum(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
+  return owned_bool(ctx, j, origin, "wgrad_accum_fp32", 0, MP_MEM_MODEL_MEGATRON, p,
+                    "wgrad_accum_fp32 is Megatron-LM's gradient accumulation fusion", "does not run it",
+                    &p->wgrad_accum_fp32);
+}
+
 /* "grouped_gemm_tile_m" and "grouped_gemm_tile_k" (optional, 0..1024; 0: no padding): the
  * tile of the stack's grouped expert GEMMs (sim.h). */
 static mp_status read_grouped_tile(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
@@ -209,6 +217,7 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
   MP_CHECK_GOTO(read_runs(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_fit_gpu(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_grouped_tile(ctx, j, origin, &p), st, done);
+  MP_CHECK_GOTO(read_wgrad_accum(ctx, j, origin, &p), st, done);
   p.kernel_overhead_s = kern_us * 1e-6;
   p.comm_overhead_s = comm_us * 1e-6;
   *out = p;

@@ -289,13 +289,47 @@ TEST(MoeCost, RoutingRefusals) {
   }
 }
 
-// A tile outside 0..1024 is refused naming the key.
-TEST(MoeCost, TileKeyRange) {
+// A stack of moe-test's with `keys` is refused, its message naming `key`.
+static void ExpectRefused(const char *keys, const char *key) {
   char text[1024];
-  snprintf(text, sizeof text, kStack, "\"grouped_gemm_tile_m\": 2048");
+  snprintf(text, sizeof text, kStack, keys);
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_stack_profile p;
-  EXPECT_EQ(mp_stack_from_text(&ctx, text, "moe-test", &p), MP_ERR_INVALID);
-  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("grouped_gemm_tile_m"), std::string::npos) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_stack_from_text(&ctx, text, "moe-test", &p), MP_ERR_INVALID) << keys;
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find(key), std::string::npos) << mp_errmsg(&ctx);
+}
+
+// A tile outside 0..1024 is refused naming the key.
+TEST(MoeCost, TileKeyRange) { ExpectRefused("\"grouped_gemm_tile_m\": 2048", "grouped_gemm_tile_m"); }
+
+// Megatron-LM's gradient accumulation fusion (stack key wgrad_accum_fp32): the weight
+// gradient GEMM adds into the fp32 main_grad, reading and writing 4-byte elements where an
+// unfused GEMM writes 2-byte ones. Qwen3-235B-A22B's expert gate, dW[1536, 4096] over 512
+// tokens an expert (64-token steps: no padding), 16 local experts:
+//   FLOPs 2 x 1536 x 4096 x 512 x 16 = 103,079,215,104 at 0.5 x 1e15: 206.1584 us
+//   bytes unfused 16 x ((1536 x 512 + 512 x 4096) x 2 + 1536 x 4096 x 2) = 293,601,280:
+//   87.6422 us, so compute-bound at 206.1584 us;
+//   fused 293,601,280 + 16 x 1536 x 4096 x 6 = 897,581,056 at 3.35e12: 267.9346 us,
+//   memory-bound: the output's 8 bytes an element outweigh 512 tokens of reduction.
+// At 2048 tokens an expert and 4 experts (the same FLOPs) the fused bytes are
+// 4 x ((1536 x 2048 + 2048 x 4096) x 2 + 1536 x 4096 x 8) = 293,601,280: 87.6422 us, and
+// the GEMM stays compute-bound at 206.1584 us. The forward and input gradient are unchanged.
+TEST(MoeCost, FusedWeightGradientAccumulatesInFp32) {
+  const mp_gpu g = Gpu();
+  const mp_stack_profile plain = Stack("\"memory_model\": \"megatron\", \"grouped_gemm_tile_k\": 64");
+  const mp_stack_profile fused =
+      Stack("\"memory_model\": \"megatron\", \"grouped_gemm_tile_k\": 64, \"wgrad_accum_fp32\": true");
+  const mp_op small = Grouped(MP_VAR_WGRAD, 1536, 4096, 512, 16, MP_DTYPE_BF16);
+  EXPECT_NEAR(mp_sim_compute_op_s(&small, &g, &plain), 206.158430208e-6, 1e-12);
+  EXPECT_NEAR(mp_sim_compute_op_s(&small, &g, &fused), 897581056.0 / 3350e9, 1e-12);
+  const mp_op large = Grouped(MP_VAR_WGRAD, 1536, 4096, 2048, 4, MP_DTYPE_BF16);
+  EXPECT_NEAR(mp_sim_compute_op_s(&large, &g, &fused), 206.158430208e-6, 1e-12);
+  const mp_op fwd = Grouped(MP_VAR_FWD, 512, 1536, 4096, 16, MP_DTYPE_BF16);
+  EXPECT_DOUBLE_EQ(mp_sim_compute_op_s(&fwd, &g, &fused), mp_sim_compute_op_s(&fwd, &g, &plain));
+}
+
+// The key names Megatron-LM's fusion: a stack of another memory model is refused.
+TEST(MoeCost, FusedWeightGradientIsMegatrons) {
+  ExpectRefused("\"memory_model\": \"torchtitan\", \"wgrad_accum_fp32\": true", "wgrad_accum_fp32");
 }
