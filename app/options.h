@@ -123,16 +123,14 @@
     "the experts, and the gradients sent into their down projections, travel as E4M3 with an fp32 " \
     "scale per 128 elements; the combines stay bf16 (ep > 1, --fp8)", NULL }
 /* simulate, explain and plan: the experts' load (mp_cmd_moe_routing; exec/plan.h, mp_moe_routing).
- * --moe-capacity-factor alone is its own row for a command that takes only it. */
-#define MP_OPT_MOE_CAPACITY_FACTOR                                                                 \
-  { "--moe-capacity-factor", "C", "Megatron-Core's --moe-expert-capacity-factor: each expert takes at " \
-    "most C x tokens x top_k / experts of a rank's routed tokens, the excess dropped (C > 0; default: " \
-    "dropless)", NULL }
+ * train states its own --moe-capacity-factor, the runtime's drop rule (app/cmd_train.c). */
 #define MP_OPT_MOE_ROUTING                                                                         \
   { "--moe-imbalance", "F", "the busiest EP rank's routed tokens over the mean (F >= 1): its expert " \
     "GEMMs and all-to-all bytes scale by F, within the capacity, and every rank waits for it (default " \
     "1: balanced, as benchmark recipes force it)", NULL },                                          \
-  MP_OPT_MOE_CAPACITY_FACTOR,                                                                      \
+  { "--moe-capacity-factor", "C", "Megatron-Core's --moe-expert-capacity-factor: each expert takes at " \
+    "most C x tokens x top_k / experts of a rank's routed tokens, the excess dropped (C > 0; default: " \
+    "dropless)", NULL },                                                                           \
   { "--moe-pad-expert-input-to-capacity", NULL, "with --moe-capacity-factor: every expert computes " \
     "exactly its capacity (Megatron-Core's option of that name)", NULL }
 #define MP_OPT_SEQ(dflt) { "--seq", "S", "tokens per sequence (default " dflt ")", NULL }

@@ -91,25 +91,37 @@ static const mp_pp_step *all_orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_sch
 static int vstage(const mp_pp_step *q, int s, int pp, int dual) {
   return q->chunk * pp + (dual && q->chunk ? pp - 1 - s : s);
 }
-static int rank_of(int k, int pp, int dual) { return dual && k >= pp ? pp - 1 - k % pp : k % pp; }
+
+/* What step q of stage s waits on: the index into end[] of the step that gives its input
+ * (forward) or output gradient (backward), -1 for none (ready at 0), and in *send the stage
+ * whose send follows that end (-1: none, a last virtual stage's backward after its own
+ * forward). A path's neighbour is the next stage up, wrapping from the last stage to the
+ * first between interleaved chunks, or down the ranks on DualPipe's direction 1; found
+ * without a division, as the sweeps ask it every step. end[(k x 2 + bwd) x m + micro] holds
+ * the end of each virtual stage's steps. */
+static inline int64_t input_of(const mp_pp_step *q, int s, int pp, int K, int dual, int64_t m, int *send) {
+  const int k = vstage(q, s, pp, dual), down = dual && q->chunk;
+  *send = -1;
+  if (!q->bwd) {
+    if (k == 0 || (dual && k == pp)) return -1;
+    *send = down ? s + 1 : s > 0 ? s - 1 : pp - 1;
+    return ((int64_t)(k - 1) * 2) * m + q->micro;
+  }
+  if (k == K - 1 || (dual && k == pp - 1)) return ((int64_t)k * 2) * m + q->micro;
+  *send = down ? s - 1 : s < pp - 1 ? s + 1 : 0;
+  return ((int64_t)(k + 1) * 2 + 1) * m + q->micro;
+}
 
 /* The ready time of step q of stage s: when its input (forward) or output gradient
- * (backward) is there; NAN while the step it waits for has not run. end[(k x 2 + bwd) x m
- * + micro] holds the end of each virtual stage's steps (NAN: not yet). */
+ * (backward) is there (input_of); NAN while the step it waits for has not run. */
 static inline double ready_s(const mp_pp_step *q, int s, int pp, int K, int dual, int64_t m, const double *end,
                              const mp_pp_stage_times *const *st) {
-  const int k = vstage(q, s, pp, dual);
-  if (!q->bwd) {
-    if (k == 0 || (dual && k == pp)) return 0.0;
-    /* virtual stage k - 1 is on the stage below (the last one for a stage-0 chunk) */
-    const int kp = k - 1, sp = rank_of(kp, pp, dual);
-    const double e = end[((int64_t)kp * 2) * m + q->micro];
-    return isnan(e) ? NAN : e + st[sp]->send_f;
-  }
-  if (k == K - 1 || (dual && k == pp - 1)) return end[((int64_t)k * 2) * m + q->micro];
-  const int kn = k + 1, sn = rank_of(kn, pp, dual);
-  const double e = end[((int64_t)kn * 2 + 1) * m + q->micro];
-  return isnan(e) ? NAN : e + st[sn]->send_b;
+  int send;
+  const int64_t i = input_of(q, s, pp, K, dual, m, &send);
+  if (i < 0) return 0.0;
+  const double e = end[i];
+  if (isnan(e) || send < 0) return e;
+  return e + (q->bwd ? st[send]->send_b : st[send]->send_f);
 }
 
 /* 2 where step i of a stage's order is a forward that runs combined with the backward after
@@ -154,15 +166,12 @@ struct mp_pp_rec {
   uint8_t chunk, bwd;
 };
 
-/* The end index of step q of stage s (run_steps's slot), and its input's (ready_s's). */
+/* The end index of step q of stage s (run_steps's slot), and its input's (input_of). */
 static struct mp_pp_rec rec_of(const mp_pp_step *q, int s, int pp, int K, int64_t m) {
-  const int k = q->chunk * pp + s;
-  struct mp_pp_rec r = {(int32_t)(((int64_t)k * 2 + q->bwd) * m + q->micro), -1, (int16_t)s, -1,
-                        q->chunk, q->bwd};
-  if (!q->bwd && k > 0) r.pred = (int32_t)(((int64_t)(k - 1) * 2) * m + q->micro), r.send = (int16_t)(s > 0 ? s - 1 : pp - 1);
-  if (q->bwd && k == K - 1) r.pred = (int32_t)(((int64_t)k * 2) * m + q->micro);
-  if (q->bwd && k < K - 1) r.pred = (int32_t)(((int64_t)(k + 1) * 2 + 1) * m + q->micro), r.send = (int16_t)(s < pp - 1 ? s + 1 : 0);
-  return r;
+  int send;
+  const int64_t pred = input_of(q, s, pp, K, 0, m, &send);
+  return (struct mp_pp_rec){(int32_t)(((int64_t)vstage(q, s, pp, 0) * 2 + q->bwd) * m + q->micro), (int32_t)pred,
+                            (int16_t)s, (int16_t)send, q->chunk, q->bwd};
 }
 
 /* The timeline again from the steps the sweeps ran, in their order (each step's input has
