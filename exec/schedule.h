@@ -230,8 +230,9 @@ static inline double mp_gemm_bytes(double m, double n, double k, double batch, i
  * (fused_all_gather_matmul), and a GEMM whose output is reduce-scattered runs chunk by
  * chunk, each chunk's partial sum sent while the next is computed
  * (fused_matmul_reduce_scatter). The TP collective and the GEMMs of one fused pair carry the
- * same mark: an all-gather and the GEMMs after it up to the next collective, a
- * reduce-scatter and the GEMMs before it. The simulator prices the pair (sim/cost.c). */
+ * same mark: an all-gather and the GEMMs after it up to the next collective (a float8
+ * cast's amax all-reduce aside), a reduce-scatter and the GEMMs before it. The simulator
+ * prices the pair (sim/cost.c). */
 typedef enum mp_fuse {
   MP_FUSE_NONE = 0,
   MP_FUSE_GATHER,  /* all-gather -> matmul */

@@ -161,6 +161,7 @@ typedef struct shapes {
   int loss_parallel, logits_gather;
   /* float8 */
   int fp8[MP_MOD_COUNT];    /* per module: its Linear runs float8 */
+  uint8_t tp_style[MP_MOD_COUNT]; /* per module: its weight's TP split (mp_tp_style) */
   int fp8_all_gather;       /* FSDP all-gathers float8 weights */
   int fp8_tp_codes;         /* float8 with tp > 1: a TP region's input cast before its
                                all-gather and its output gradient before the backward's

@@ -150,6 +150,25 @@ static void amax_tp(gen *g, int module) {
   comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, module);
 }
 
+/* torchao's float8 tensor parallelism (torchtitan's Float8ColwiseParallel and
+ * Float8RowwiseParallel, torchao/float8/float8_tensor_parallel.py) runs its Linears on
+ * DTensors, and a tensorwise scale is the whole tensor's: the amax of a TP-sharded tensor
+ * (torch.max(torch.abs(x)), torchao/float8/float8_utils.py tensor_to_amax) is a partial
+ * max that amax_to_scale's arithmetic all-reduces over tp before the cast, 4 bytes. The
+ * sharded tensors a Linear casts: its weight (Shard(0) colwise, Shard(1) rowwise; FSDP
+ * gathers the data-parallel dim only; cast once in the forward, kept float8 for the
+ * backward: float8_linear.py), a rowwise Linear's input (Shard(-1), the region's
+ * activations; Float8RowwiseParallel._prepare_input_fn) and a colwise Linear's output
+ * gradient (NoopFwToFloat8BwDynamic on its Shard(-1) output). The sequence-sharded casts
+ * are amax_tp's. Whether Linear `module`'s `role` cast (MP_TP_COLWISE or MP_TP_ROWWISE:
+ * the Linears whose activation it is; MP_TP_NONE: the weight, any split) emits it. */
+static void dtensor_amax_tp(gen *g, int module, mp_tp_style role) {
+  const shapes *sh = &g->sh;
+  if (!sh->fp8_tp_codes || sh->fp8_te || sh->tp_style[module] == MP_TP_NONE) return;
+  if (role == MP_TP_NONE || sh->tp_style[module] == role)
+    comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, module);
+}
+
 /* Transformer Engine: q/k/v and gate/up are one Linear each (Megatron-Core's linear_qkv and
  * linear_fc1, the experts' grouped linear_fc1 too), so k, v and up take q's and gate's cast
  * input as it is. */
@@ -235,8 +254,14 @@ void mp_sched_linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, 
     if (!mp_sched_f8_input(g, module) && !te_shares_input(g, module) && !te_norm_emits(g, module))
       cast_copies(g, module, x, MP_VAR_FWD, 2);
   } else {
-    if (!g->sh.fp8_all_gather) cast(g, module, w, MP_VAR_FWD);
-    if (!mp_sched_f8_input(g, module)) cast(g, module, x, MP_VAR_FWD);
+    if (!g->sh.fp8_all_gather) {
+      dtensor_amax_tp(g, module, MP_TP_NONE);
+      cast(g, module, w, MP_VAR_FWD);
+    }
+    if (!mp_sched_f8_input(g, module)) {
+      dtensor_amax_tp(g, module, MP_TP_ROWWISE);
+      cast(g, module, x, MP_VAR_FWD);
+    }
   }
   /* meshplan-cpu emulates float8 in fp32: one buffer of the quantized input (aligned) and
    * weight; the runtimes never all-gather float8 */
@@ -285,7 +310,16 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
     if (!te_shares_input(g, module) && (mp_sched_f8_input(g, module) || te_norm_emits(g, module)))
       transpose8(g, module, x, MP_VAR_BWD);
   } else {
-    if (!f8_grad_out(g, module)) cast(g, module, dy, MP_VAR_BWD);
+    /* dy gathered in float8 (f8_grad_out) is row-major [T, out]; the weight gradient's
+     * _scaled_mm takes dy^T as its row-major first operand, which torchao's
+     * preprocess_addmm makes with a contiguous copy (torchao/float8/float8_ops.py): a
+     * transposed copy of the whole gathered gradient, which no cast can fuse */
+    if (!f8_grad_out(g, module)) {
+      dtensor_amax_tp(g, module, MP_TP_COLWISE);
+      cast(g, module, dy, MP_VAR_BWD);
+    } else {
+      transpose8(g, module, dy, MP_VAR_BWD);
+    }
     /* rowwise: dy scaled along tokens for the weight gradient as well */
     if (g->sh.fp8_recipe == MP_FP8_ROWWISE || g->sh.fp8_recipe == MP_FP8_MXFP8) cast(g, module, dy, MP_VAR_BWD);
     if (!g->sh.fp8_all_gather) cast(g, module, w, MP_VAR_BWD);

@@ -101,6 +101,7 @@ static void read_shapes(gen *g) {
     if (prm->role != MP_ROLE_WEIGHT || seen[prm->module]) continue;
     seen[prm->module] = 1;
     sh->fp8[prm->module] = prm->float8;
+    sh->tp_style[prm->module] = (uint8_t)prm->tp_style;
     const int col = prm->tp_style == MP_TP_COLWISE, row = prm->tp_style == MP_TP_ROWWISE;
     switch (prm->module) {
       case MP_MOD_TOK_EMBEDDINGS:

@@ -270,7 +270,10 @@ static double chunked_gemm_s(const mp_op *op, int tp, const op_costs *k) {
  * shard, needs no copy: fused_all_gather_matmul); a reduce-scatter's sends go with the
  * chunks after the first of the GEMMs before it (fused_matmul_reduce_scatter). So a pair
  * takes max(G, G / tp + C) for chunked GEMMs G and the collective's own time C, of which
- * the collective's op keeps max(0, C - G (tp - 1) / tp). */
+ * the collective's op keeps max(0, C - G (tp - 1) / tp). A pair ends at the next collective
+ * on the compute stream other than an all-reduce: under SP (which AsyncTP needs) the
+ * all-reduces inside a region are the 4-byte amaxes of float8 casts (schedule_ops.c), which
+ * scale the GEMMs' operands and run before the fused op, not between its chunks. */
 static void price_fused(const mp_schedule *s, int tp, const op_costs *k, cop *cops, double *dur) {
   for (int32_t i = 0; i < s->n_ops; i++) {
     const mp_op *op = &s->ops[i];
@@ -279,7 +282,7 @@ static void price_fused(const mp_schedule *s, int tp, const op_costs *k, cop *co
     double g = 0.0;
     for (int32_t j = i + step; j >= 0 && j < s->n_ops; j += step) {
       const mp_op *x = &s->ops[j];
-      if (x->type == MP_OP_COMM && x->stream == MP_STREAM_COMPUTE) break;
+      if (x->type == MP_OP_COMM && x->stream == MP_STREAM_COMPUTE && x->coll != MP_COLL_ALL_REDUCE) break;
       if (x->type != MP_OP_COMPUTE || x->fused != op->fused || x->layer != op->layer) continue;
       dur[j] = cops[j].dur = chunked_gemm_s(x, tp, k) * (x->count > 1 ? x->count : 1);
       g += dur[j];

@@ -623,6 +623,9 @@ TEST(Schedule, Float8TensorParallelCastsBeforeItsGather) {
   // Ts x H before the sequence all-gather: two backward gathers of T x H x 1 byte, and the
   // gradient casts of o and down on Ts x H = 16,777,216 elements just before each gather,
   // none on T x H (o's input cast, T x q/tp, has the same count; the order tells them apart).
+  // The gathered gradient, row-major T x H, is the weight gradient's first operand
+  // transposed, which torchao's preprocess_addmm copies contiguous: o and down transpose
+  // it (2 bytes an element), so 5 + 2 = 7 transposes of T x H in a block's backward.
   Built b;
   Opts o;
   o.mesh = "tp=2";
@@ -645,7 +648,7 @@ TEST(Schedule, Float8TensorParallelCastsBeforeItsGather) {
     }
     if (op->phase == MP_PHASE_BACKWARD && op->type == MP_OP_COMPUTE &&
         op->kernel == MP_KERNEL_FP8_CAST && (op->module == MP_MOD_O || op->module == MP_MOD_DOWN))
-      dy_full += op->m == 8192 * 4096;
+      dy_full += op->m == 8192 * 4096 && op->bytes == 5.0 * 8192 * 4096;  // a cast, not the transpose
     if (op->phase == MP_PHASE_FORWARD && op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_FP8_CAST)
       casts++;
     if (op->phase == MP_PHASE_FORWARD && op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_FP8_CAST &&
@@ -663,7 +666,7 @@ TEST(Schedule, Float8TensorParallelCastsBeforeItsGather) {
   }
   EXPECT_EQ(casts, 11);
   EXPECT_EQ(gathers, 2);
-  EXPECT_EQ(transposes, 5);
+  EXPECT_EQ(transposes, 7);
   EXPECT_EQ(bgathers, 2);
   EXPECT_EQ(dy_shard, 2);
   EXPECT_EQ(dy_full, 0);
@@ -1400,21 +1403,45 @@ TEST(Schedule, Float8RecipesOfTorchaoPriceTheirCasts) {
 }
 
 TEST(Schedule, Float8TensorwiseAmaxIsReducedOverTheSequenceShards) {
-  // Under SP a tensorwise cast of the rank's sequence shard needs the whole tensor's amax:
-  // one 4-byte all-reduce over tp before each shard cast (torchao's float8 TP: the
-  // attention's and the MLP's inputs forward, o's and down's output gradients backward).
-  Built b;
-  Opts o;
-  o.mesh = "tp=2";
-  o.fp8 = 1;
-  Build(&b, o);
-  int fwd = 0, bwd = 0;
-  for (const Inst &x : Expand(b.s)) {
-    if (x.layer != 5 || x.op->type != MP_OP_COMM || x.op->group != MP_GROUP_TP || x.op->bytes != 4.0) continue;
-    EXPECT_EQ(x.op->coll, MP_COLL_ALL_REDUCE);
-    fwd += x.op->phase == MP_PHASE_FORWARD;
-    bwd += x.op->phase == MP_PHASE_BACKWARD;
+  // A tensorwise scale is the whole tensor's, so a cast of a TP-sharded tensor needs the
+  // amax all-reduced over tp first: one 4-byte all-reduce (torchao's float8 TP on DTensors,
+  // torchao/float8/float8_tensor_parallel.py and float8_utils.py tensor_to_amax). llama,
+  // tp=2, float8, one block:
+  //   forward, SP: the attention's and the MLP's sequence-sharded inputs (counted under q
+  //     and up), the 7 weights (Shard(0) colwise, Shard(1) rowwise; cast once, kept float8
+  //     for the backward), the rowwise inputs of o and down (Shard(-1)): 2 + 7 + 2 = 11,
+  //     by module q 2, k 1, v 1, o 2, gate 1, up 2, down 2;
+  //   backward, SP: the output gradients of q, k, v, gate and up (colwise, Shard(-1)) and
+  //     of o and down (Shard(1), the sequence shard before the gather): 7, one a Linear;
+  //   without SP the inputs are replicated going in (no reduce) and o's and down's output
+  //     gradients too (their outputs all-reduced, Replicate): 9 forward, 5 backward;
+  //   tp=1: no DTensor, none.
+  struct Case {
+    const char *mesh;
+    int sp, fwd, bwd;
+  };
+  const int by_module[] = {MP_MOD_Q, 2, MP_MOD_K, 1, MP_MOD_V, 1, MP_MOD_O, 2, MP_MOD_GATE, 1, MP_MOD_UP, 2,
+                           MP_MOD_DOWN, 2};
+  for (const Case &c : {Case{"tp=2", 1, 11, 7}, Case{"tp=2", 0, 9, 5}, Case{"dp_shard=2", -1, 0, 0}}) {
+    Built b;
+    Opts o;
+    o.mesh = c.mesh;
+    o.sp = c.sp;
+    o.fp8 = 1;
+    Build(&b, o);
+    int fwd = 0, bwd = 0, fwd_of[MP_MOD_COUNT] = {0};
+    for (const Inst &x : Expand(b.s)) {
+      if (x.layer != 5 || x.op->type != MP_OP_COMM || x.op->group != MP_GROUP_TP || x.op->bytes != 4.0) continue;
+      EXPECT_EQ(x.op->coll, MP_COLL_ALL_REDUCE);
+      fwd += x.op->phase == MP_PHASE_FORWARD;
+      bwd += x.op->phase == MP_PHASE_BACKWARD;
+      if (x.op->phase == MP_PHASE_FORWARD && x.op->module >= 0) fwd_of[x.op->module]++;
+    }
+    EXPECT_EQ(fwd, c.fwd) << c.mesh << " sp " << c.sp;
+    EXPECT_EQ(bwd, c.bwd) << c.mesh << " sp " << c.sp;
+    if (c.sp != 1) continue;
+    for (size_t i = 0; i < sizeof by_module / sizeof *by_module; i += 2) {
+      EXPECT_EQ(fwd_of[by_module[i]], by_module[i + 1]) << "module " << by_module[i];
+    }
   }
-  EXPECT_EQ(fwd, 2);
-  EXPECT_EQ(bwd, 2);
 }

@@ -724,15 +724,25 @@ TEST(PlanMemory, TorchtitanLossParallelHoldsFourFp32Shards) {
 // exceeds 7/8 of them: d(C) = max(0, C - 7/8 G). Per layer four forward pairs (the
 // all-gathers into q, k, v and gate, up; o's and down's reduce-scatters) and two backward
 // ones (the output-gradient all-gathers into o's and down's input-gradient GEMMs); the
-// input-gradient reduce-scatters keep their time. The step is shorter.
+// input-gradient reduce-scatters keep their time. The step is shorter. Under torchao's
+// float8 TP the 4-byte amax all-reduces of the weights' casts sit between a region's
+// all-gather and q, k, v (gate, up): they scale the fused GEMMs' operands and run before
+// the fused op, so the pair still takes all three (two) GEMMs, and they keep their time.
 TEST(PlanTime, AsyncTpRunsTpCollectivesBesideTheirGemms) {
   // torchtitan's AsyncTP and Megatron-Core's --tp-comm-overlap (the megatron memory model)
   // fuse the same pairs; Megatron's backward re-gather of a column-parallel region's input
   // runs on the gather stream beside the input-gradient GEMMs, fused with none.
-  for (mp_mem_model mm : {MP_MEM_MODEL_TORCHTITAN, MP_MEM_MODEL_MEGATRON}) {
-    SCOPED_TRACE(mp_mem_model_name(mm));
+  struct Case {
+    mp_mem_model mm;
+    int fp8;
+  };
+  for (const Case &c : {Case{MP_MEM_MODEL_TORCHTITAN, 0}, Case{MP_MEM_MODEL_MEGATRON, 0},
+                        Case{MP_MEM_MODEL_TORCHTITAN, 1}}) {
+    const mp_mem_model mm = c.mm;
+    SCOPED_TRACE(std::string(mp_mem_model_name(mm)) + (c.fp8 ? " float8" : ""));
     PlanCase s("llama3.1-8b", "h100-8", "tp=8");
     s.o.mem_model = mm;
+    s.o.fp8 = c.fp8;
     s.o.seq = 8192;
     s.o.global_batch = 1;
     std::vector<double> d[2];
@@ -745,12 +755,19 @@ TEST(PlanTime, AsyncTpRunsTpCollectivesBesideTheirGemms) {
     }
     for (const mp_op &op : plain) EXPECT_EQ(op.fused, MP_FUSE_NONE);
     ASSERT_EQ(d[0].size(), d[1].size());
-    int pairs[MP_PHASE_COUNT] = {0}, unfused_rs = 0;
+    int pairs[MP_PHASE_COUNT] = {0}, unfused_rs = 0, amax = 0;
     for (size_t i = 0; i < ops.size(); i++) {
       const mp_op &op = ops[i];
       if (op.layer != 5 || op.type != MP_OP_COMM || op.group != MP_GROUP_TP ||
           op.stream != MP_STREAM_COMPUTE)
         continue;
+      if (op.coll == MP_COLL_ALL_REDUCE) {  // a float8 cast's amax, 4 bytes
+        EXPECT_EQ(op.bytes, 4.0);
+        EXPECT_EQ(op.fused, MP_FUSE_NONE);
+        EXPECT_DOUBLE_EQ(d[1][i], d[0][i]);
+        amax++;
+        continue;
+      }
       if (op.fused == MP_FUSE_NONE) {
         EXPECT_EQ(op.coll, MP_COLL_REDUCE_SCATTER);
         EXPECT_DOUBLE_EQ(d[1][i], d[0][i]);
@@ -762,7 +779,8 @@ TEST(PlanTime, AsyncTpRunsTpCollectivesBesideTheirGemms) {
       double g = 0.0;
       int gemms = 0, first_module = -1;
       for (long j = (long)i + step; j >= 0 && j < (long)ops.size(); j += step) {
-        if (ops[j].type == MP_OP_COMM && ops[j].stream == MP_STREAM_COMPUTE) break;
+        if (ops[j].type == MP_OP_COMM && ops[j].stream == MP_STREAM_COMPUTE && ops[j].coll != MP_COLL_ALL_REDUCE)
+          break;
         if (ops[j].fused != op.fused || ops[j].type != MP_OP_COMPUTE) continue;
         EXPECT_EQ(ops[j].kernel, MP_KERNEL_GEMM);
         EXPECT_GT(d[1][j], d[0][j]);
@@ -780,6 +798,7 @@ TEST(PlanTime, AsyncTpRunsTpCollectivesBesideTheirGemms) {
     EXPECT_EQ(pairs[MP_PHASE_FORWARD], 4);
     EXPECT_EQ(pairs[MP_PHASE_BACKWARD], 2);
     EXPECT_EQ(unfused_rs, 2);
+    EXPECT_EQ(amax, c.fp8 ? 11 + 7 : 0);  // schedule_test's Float8TensorwiseAmax... count
     EXPECT_LT(r[1].step_time_s, r[0].step_time_s);
     EXPECT_LT(r[1].exposed_comm_s, r[0].exposed_comm_s);
   }
