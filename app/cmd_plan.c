@@ -858,6 +858,7 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
     /* as checked against the user's stack; on other clusters where their stacks run them */
     a->setup.cp_rotate_given = mp_args_has(&k_spec, "--cp-rotate");
     a->setup.cp_rotate = ev->base.cp_rotate;
+    a->setup.cp_comm = ev->base.cp_comm;
     a->setup.async_tp = ev->base.tp_comm_fused;
     st = build_fix(ctx, a);
   }

@@ -72,7 +72,8 @@ else:
 # 8 kv heads x 128 = 1024 wide each: 2 x 8192 x (1024 + 1024) = 33,554,432 = 32 MiB a rank at
 # seq 32768 over cp=4, every step's kept until the pass ends (4 x 32 = 128 MiB, as
 # Transformer Engine's p2p_comm_buffers list holds them), the fp32 gradients twice that; explain and
-# simulate build the plan the stack runs, so both refuse FSDP and the allgather ring there.
+# simulate build the plan the stack runs, so both refuse FSDP and PyTorch's ring's rotate method there
+# (Megatron-Core's form is --cp-comm-type).
 mg = ["--model", "llama3.1-8b", "--gpus", "8", "--gpu", "a100-80gb-sxm", "--stack", "megatron-lm",
       "--seq", "32768"]
 p = run("explain", *mg, "--mesh", "dp_replicate=2,cp=4")
@@ -84,7 +85,8 @@ for cmd in ("explain", "simulate"):
     p = run(cmd, *mg, "--mesh", "dp_shard=2,cp=4", want_rc=2)
     check("without FSDP" in p.stderr, cmd + " --stack megatron-lm on dp_shard: refused")
     p = run(cmd, *mg, "--mesh", "dp_replicate=2,cp=4", "--cp-rotate", "allgather", want_rc=2)
-    check("use alltoall" in p.stderr, cmd + " --stack megatron-lm --cp-rotate allgather: refused")
+    check("choose its form with --cp-comm-type p2p, all_gather or a2a" in p.stderr,
+          cmd + " --stack megatron-lm --cp-rotate allgather: refused")
 
 # What the schedule prices (exec/schedule_cp.c), op by op, not explain's prose: the CP group's
 # collectives of one layer in `explain --schedule --json`, against the sizes derived above.

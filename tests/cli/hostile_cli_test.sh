@@ -421,6 +421,13 @@ row 2 "--from: meshplan plan searches the alltoall dispatcher without its overla
 row 2 "--recompute-granularity full --recompute-method block" simulate --gpus 8 "--from-args=$mg --recompute-granularity full --recompute-method block --recompute-num-layers 2"
 row 2 "--recompute-modules: recompute module mlp (a whole module checkpointed) is not modelled" simulate --gpus 8 "--from-args=$mg --recompute-granularity selective --recompute-modules core_attn mlp"
 row 2 "--tensor-model-parallel-size 1 and 1 more: meshplan reads one value there" simulate --gpus 8 "--from-args=$mg --tensor-model-parallel-size 1 2"
+row 2 "--cp-comm-type p2p a2a: a type a layer is not modelled; give one type for every layer" simulate --gpus 8 "--from-args=$mg --context-parallel-size 2 --cp-comm-type p2p a2a"
+row 2 "--cp-comm-type allgather: choose p2p, all_gather, a2a or a2a+p2p" simulate --gpus 8 "--from-args=$mg --context-parallel-size 2 --cp-comm-type allgather"
+row 2 "cp comm type a2a+p2p is hierarchical" simulate --gpus 8 "--from-args=$mg --context-parallel-size 2 --cp-comm-type a2a+p2p"
+row 2 "--cp-comm-type 'ring': choose p2p, all_gather, a2a or a2a+p2p" simulate --model llama3.1-8b --gpus 8 --mesh dp_replicate=4,cp=2 --seq 16384 --stack megatron-core --cp-comm-type ring
+row 2 "--cp-comm-type names Megatron-Core's context parallelism (Transformer Engine's); stack torchtitan-compile runs PyTorch's ring" simulate --model llama3.1-8b --gpus 8 --mesh dp_shard=4,cp=2 --seq 16384 --stack torchtitan-compile --cp-comm-type all_gather
+row 2 "--cp-rotate names PyTorch's context-parallel ring; stack megatron-core runs Transformer Engine's context parallelism" explain --model llama3.1-8b --gpus 8 --mesh dp_replicate=4,cp=2 --seq 16384 --stack megatron-core --cp-rotate allgather
+row 2 "cp comm type a2a splits each rank's heads over cp: cp=16 does not divide its 32 query heads and 8 key heads" simulate --model llama3.1-8b --gpus 16 --mesh cp=16 --seq 131072 --stack megatron-core --cp-comm-type a2a
 row 2 "--moe-expert-capacity-factor -1: a positive number" simulate --gpus 8 "--from-args=$mx --moe-expert-capacity-factor -1"
 row 2 "--from: meshplan plan searches AC policies, not recompute modules (--recompute-modules layernorm)" plan --no-db --gpus 8 "--from-args=$mg --recompute-granularity selective --recompute-modules layernorm"
 row 2 "--from-args: --num-layers disagrees with --model llama3.1-70b" simulate --gpus 8 --model llama3.1-70b "--from-args=$mg"
