@@ -49,6 +49,9 @@ csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step
 csv 'a,tiny-dense,h100-sxm,8,8,inf,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,1' inf_bw.csv
 csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,9223372036854775807,1,8,none,0,torchtitan-eager,step_time_s,1' seq.csv
 csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,flops,1' metric.csv
+# Megatron-Core's cp comm type on a stack that does not run it, and a name it does not have
+printf '%s,cp_comm_type\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,4,1,1,,2,1,64,1,4,none,0,torchtitan-eager,step_time_s,1,all_gather' >"$d/cpc_tt.csv"
+printf '%s,cp_comm_type\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,4,1,1,1,,2,1,64,1,4,none,0,megatron-core,step_time_s,1,allgather' >"$d/cpc_bad.csv"
 # local_batch 2 on 2 x 4 data-parallel ranks is 16 sequences, not the row's global_batch 8
 csv 'lb,tiny-dense,h100-sxm,8,8,,2,4,1,1,,1,1,64,2,8,none,0,torchtitan-eager,step_time_s,1' local_batch.csv
 # the optional async_tp column: 0 or 1, and 1 only under a stack that runs AsyncTP
@@ -245,6 +248,8 @@ row 2 "MoE dispatcher deepep is Megatron-Core's flex dispatcher with DeepEP (--m
 row 2 "column 'inter_node_gbps_per_gpu' = 'inf': expected a finite number in (0, 100000]" validate "$d/inf_bw.csv"
 row 2 "column 'seq' = '9223372036854775807': expected an integer in 1..16777216" validate "$d/seq.csv"
 row 2 "metric 'flops': expected tokens_per_s_per_gpu, peak_mem_gib or step_time_s" validate "$d/metric.csv"
+row 2 "cp_comm_type 'all_gather' is Megatron-Core's --cp-comm-type; stack torchtitan-eager does not run it" validate "$d/cpc_tt.csv"
+row 2 "cp_comm_type 'allgather': expected p2p, all_gather, a2a or a2a+p2p" validate "$d/cpc_bad.csv"
 row 2 "column 'async_tp' = '2'" validate "$d/async2.csv"
 row 2 "async_tp = 1: stack torchtitan-eager does not run AsyncTP" validate "$d/async_eager.csv"
 # float8 recipes: a name validate does not know, a recipe without float8, one the stack's
