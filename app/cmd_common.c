@@ -110,10 +110,32 @@ mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_optio
   return mp_pp_layout_parse(ctx, layout, o);
 }
 
+/* --cp-comm-type: Megatron-Core's form of context parallelism, on its stacks only. */
+static mp_status cp_comm_type(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                              mp_plan_options *o) {
+  const char *s = mp_args_get(spec, "--cp-comm-type");
+  if (s == NULL) return MP_OK;
+  if (!mp_cp_comm_parse(s, &o->cp_comm))
+    return mp_error(ctx, MP_ERR_USAGE, "--cp-comm-type '%s': choose p2p, all_gather, a2a or a2a+p2p", s);
+  if (prof && prof->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--cp-comm-type names Megatron-Core's context parallelism (Transformer Engine's); "
+                    "stack %s runs %s: drop --cp-comm-type%s", prof->name,
+                    mp_mem_model_is_runtime(prof->mem_model) ? "meshplan's own ring" : "PyTorch's ring",
+                    mp_mem_model_is_runtime(prof->mem_model) ? "" : " (its rotate method is --cp-rotate)");
+  return MP_OK;
+}
+
 mp_status mp_cmd_cp_rotate(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                            mp_plan_options *o) {
+  MP_CHECK(cp_comm_type(ctx, spec, prof, o));
   const char *s = mp_args_get(spec, "--cp-rotate");
   if (s == NULL) return MP_OK;
+  if (prof && prof->mem_model == MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--cp-rotate names PyTorch's context-parallel ring; stack %s runs Transformer "
+                    "Engine's context parallelism: choose its form with --cp-comm-type p2p, all_gather or a2a",
+                    prof->name);
   if (!mp_cp_rotate_parse(s, &o->cp_rotate))
     return mp_error(ctx, MP_ERR_USAGE, "--cp-rotate '%s': choose allgather or alltoall", s);
   if (prof && mp_mem_model_is_runtime(prof->mem_model))

@@ -564,8 +564,9 @@ static void print_text(const plan_view *v) {
   const mp_planner_result *res = v->res;
   const mp_search *s = res->search;
   char rot[160] = ""; /* named where it is not torchtitan's default */
-  if (v->ev->base.cp_rotate != MP_CP_ROTATE_ALLGATHER)
-    snprintf(rot, sizeof rot, " with cp rotating K, V by %s", mp_cp_rotate_name(v->ev->base.cp_rotate));
+  const mp_plan_options *b = &v->ev->base; const int mg = b->mem_model == MP_MEM_MODEL_MEGATRON;
+  if (mg || b->cp_rotate != MP_CP_ROTATE_ALLGATHER) /* Megatron-Core's form, or the ring's rotation */
+    snprintf(rot, sizeof rot, mg ? " with cp comm type %s" : " with cp rotating K, V by %s", mg ? mp_cp_comm_name(b->cp_comm) : mp_cp_rotate_name(b->cp_rotate));
   if (v->ev->base.tp_comm_fused)
     snprintf(rot + strlen(rot), sizeof rot - strlen(rot), "%s %s on its TP plans",
              rot[0] ? " and" : " with",
@@ -858,6 +859,7 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
     /* as checked against the user's stack; on other clusters where their stacks run them */
     a->setup.cp_rotate_given = mp_args_has(&k_spec, "--cp-rotate");
     a->setup.cp_rotate = ev->base.cp_rotate;
+    a->setup.cp_comm = ev->base.cp_comm;
     a->setup.async_tp = ev->base.tp_comm_fused;
     st = build_fix(ctx, a);
   }

@@ -72,7 +72,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "simulate", "Predict step time and memory of one plan.",
     "[--model M | --hf-config PATH] [--cluster C | --gpus N [--gpu G] [--gpus-per-node K]] [--mesh SPEC] [--ep N] "
-    "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] [--cp N [--cp-rotate M]] [--ac POLICY] [--recompute-modules LIST] [--fp8] [--sp|--no-sp] [--seq S] "
+    "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] [--cp N [--cp-rotate M | --cp-comm-type T]] [--ac POLICY] [--recompute-modules LIST] [--fp8] [--sp|--no-sp] [--seq S] "
     "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] "
     "[--emit torchtitan|megatron [--out DIR]] [--from FILE | --from-args 'ARGS'] [--json]",
     k_opts, 0};
@@ -86,10 +86,12 @@ static mp_status set_dim(mp_ctx *ctx, const char *opt, long long v, int *dim) {
   return MP_OK;
 }
 
-/* The rotate method of PyTorch's ring when the plan runs one (cp > 1 under a stack that is
- * not a meshplan runtime, whose ring is its own), else NULL. */
+/* With cp > 1 under a stack that is not a meshplan runtime (whose ring is its own): the
+ * rotate method of PyTorch's ring, or under the megatron memory model Megatron-Core's cp
+ * comm type; else NULL. */
 static const char *ring_rotate(const mp_mesh *mesh, const mp_plan_options *o) {
   if (mesh->size[MP_DIM_CP] <= 1 || mp_mem_model_is_runtime(o->mem_model)) return NULL;
+  if (o->mem_model == MP_MEM_MODEL_MEGATRON) return mp_cp_comm_name(o->cp_comm);
   return mp_cp_rotate_name(o->cp_rotate);
 }
 
@@ -213,7 +215,9 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
         cJSON_AddItemToArray(layers, cJSON_CreateNumber(o->pp_layers[s]));
     }
   }
-  if (ring_rotate(mesh, o)) cJSON_AddStringToObject(j, "cp_rotate", ring_rotate(mesh, o));
+  if (ring_rotate(mesh, o))
+    cJSON_AddStringToObject(j, o->mem_model == MP_MEM_MODEL_MEGATRON ? "cp_comm_type" : "cp_rotate",
+                            ring_rotate(mesh, o));
   cJSON_AddNumberToObject(j, "seq", (double)o->seq);
   cJSON_AddNumberToObject(j, "micro_batch", (double)o->micro_batch);
   cJSON_AddNumberToObject(j, "global_batch", (double)o->global_batch);

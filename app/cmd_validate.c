@@ -27,7 +27,9 @@
  * --tp-comm-overlap is on), fp8_recipe (with fp8 1: tensorwise, current, delayed,
  * rowwise, mxfp8 or blockwise; empty or absent: the stack's recipe), moe_dispatcher
  * (alltoall or deepep: how EP moves tokens, exec/plan.h; empty or absent: alltoall),
- * moe_fp8_dispatch (1: DeepSeek-V3's float8 dispatch; empty or absent: off), recompute_modules
+ * cp_comm_type (Megatron-Core's --cp-comm-type on a megatron stack: p2p, all_gather or a2a;
+ * empty or absent: p2p, its default), moe_fp8_dispatch (1: DeepSeek-V3's float8 dispatch;
+ * empty or absent: off), recompute_modules
  * (Megatron-Core's output-discarding recompute modules split by spaces, layernorm mla_up_proj
  * moe_act; empty or absent: none). The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
@@ -139,6 +141,12 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     return mp_error(ctx, MP_ERR_INVALID, "%s: moe_dispatcher '%s': expected alltoall or deepep", where,
                     v->moe_dispatcher);
   if (strcmp(v->moe_dispatcher, "deepep") == 0) o->moe_dispatcher = MP_MOE_DISPATCH_DEEPEP;
+  if (v->cp_comm_type[0] && !mp_cp_comm_parse(v->cp_comm_type, &o->cp_comm))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: cp_comm_type '%s': expected p2p, all_gather, a2a or a2a+p2p", where,
+                    v->cp_comm_type);
+  if (v->cp_comm_type[0] && o->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: cp_comm_type '%s' is Megatron-Core's --cp-comm-type; stack %s "
+                    "does not run it: empty the column", where, v->cp_comm_type, j->prof.name);
   if (v->moe_imbalance > 0.0) o->moe_routing.imbalance = v->moe_imbalance;
   o->moe_routing.capacity_factor = v->moe_capacity_factor;
   if (v->sp >= 0) o->sp = v->sp;

@@ -64,8 +64,10 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
 mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
 /* --pp-layers A,B,... (s; NULL: the default split) into o's stage layout. */
 mp_status mp_cmd_pp_layers(mp_ctx *ctx, const char *s, mp_plan_options *o);
-/* --cp-rotate into o->cp_rotate (untouched without it); refused under a meshplan runtime's
- * stack (prof, or NULL where the command has none yet), whose ring is its own. */
+/* --cp-rotate into o->cp_rotate and --cp-comm-type into o->cp_comm (each untouched without
+ * it): --cp-rotate refused under a meshplan runtime's stack (prof, or NULL where the command
+ * has none yet), whose ring is its own, and under a megatron one, whose form --cp-comm-type
+ * names; --cp-comm-type refused under every stack but a megatron one. */
 struct mp_stack_profile;
 mp_status mp_cmd_cp_rotate(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                            mp_plan_options *o);

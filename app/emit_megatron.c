@@ -194,7 +194,7 @@ static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
   mp_emit_printf(b, "--pipeline-model-parallel-size %d\n", m->size[MP_DIM_PP]);
   write_stage_layers(p, b);
   mp_emit_printf(b, "--context-parallel-size %d\n", m->size[MP_DIM_CP]);
-  if (m->size[MP_DIM_CP] > 1) mp_emit_printf(b, "--cp-comm-type p2p\n");
+  if (m->size[MP_DIM_CP] > 1) mp_emit_printf(b, "--cp-comm-type %s\n", mp_cp_comm_name(o->cp_comm));
   write_experts(p, b);
   mp_emit_printf(b, "--seq-length %lld\n--micro-batch-size %lld\n--global-batch-size %lld\n", (long long)o->seq,
                  (long long)o->micro_batch, (long long)o->global_batch);

@@ -11,6 +11,34 @@
 #include "app/commands.h"
 #include "app/explain.h"
 
+/* Megatron-Core's all_gather and a2a forms (exec/schedule_cp_te.c): what moves per layer,
+ * each collective waited for where it is issued; kb, vb, qb, ob: the rank's K, V, Q and
+ * output bytes. */
+static void te_cp_note(const mp_plan *p, double kb, double vb, double qb, double ob, char *buf, size_t cap) {
+  const int cp = p->mesh.size[MP_DIM_CP];
+  char a[32], b[32], c[32];
+  if (p->opts.cp_comm == MP_CP_COMM_ALL_GATHER) {
+    mp_explain_fmt_bytes(cp * (kb + vb), a, sizeof a);
+    snprintf(buf, cap,
+             "K and V of the kv heads all-gathered before the attention (%s gathered a layer, held "
+             "through it), again in backward, and dK, dV reduce-scattered after it, each collective "
+             "waited for where it is issued, in the critical path (Megatron-Core's --cp-comm-type "
+             "all_gather: Transformer Engine's AttnFuncWithCPAndKVAllGather, Llama 3's form; "
+             "gradients all-reduced over dp_replicate x cp)", a);
+    return;
+  }
+  mp_explain_fmt_bytes(qb + kb + vb, a, sizeof a);
+  mp_explain_fmt_bytes(ob, b, sizeof b);
+  mp_explain_fmt_bytes(2.0 * ob + qb + kb + vb, c, sizeof c);
+  snprintf(buf, cap,
+           "Q, K and V all-to-all'd to the whole sequence on %lld of the rank's heads (%s a rank), "
+           "the output back (%s), in backward the output and its gradient, then dQ, dK, dV (%s), each "
+           "waited for where it is issued (Megatron-Core's --cp-comm-type a2a: Transformer Engine's "
+           "AttnFuncWithCPAndQKVOA2A, DeepSpeed-Ulysses' form; gradients all-reduced over "
+           "dp_replicate x cp)",
+           (long long)(p->model.n_heads / p->mesh.size[MP_DIM_TP] / cp), a, b, c);
+}
+
 void mp_explain_cp_note(const mp_plan *p, char *buf, size_t cap) {
   buf[0] = '\0';
   const int cp = p->mesh.size[MP_DIM_CP], tp = p->mesh.size[MP_DIM_TP];
@@ -19,9 +47,10 @@ void mp_explain_cp_note(const mp_plan *p, char *buf, size_t cap) {
   const int64_t T = p->opts.seq / cp * p->opts.micro_batch;
   const int mla = mp_model_is_mla(m);
   int n = snprintf(buf, cap,
-                   "cp=%d: ring attention with causal load balancing, the sequence in %d chunks, "
+                   "cp=%d: %s with causal load balancing, the sequence in %d chunks, "
                    "rank i holding chunks i and %d - i (%lld tokens a micro-batch); ",
-                   cp, 2 * cp, 2 * cp - 1, (long long)T);
+                   cp, p->opts.cp_comm == MP_CP_COMM_P2P ? "ring attention" : "context parallelism", 2 * cp,
+                   2 * cp - 1, (long long)T);
   if (n < 0 || (size_t)n >= cap) return;
   if (mp_mem_model_is_runtime(p->opts.mem_model)) {
     snprintf(buf + n, cap - (size_t)n,
@@ -39,6 +68,13 @@ void mp_explain_cp_note(const mp_plan *p, char *buf, size_t cap) {
   mp_explain_fmt_bytes(kv, a, sizeof a);
   mp_explain_fmt_bytes(2.0 * kv, d, sizeof d);
   mp_explain_fmt_bytes(kv * mp_cp_ring_kv_units(cp, rot, mg), g, sizeof g);
+  if (mg && p->opts.cp_comm != MP_CP_COMM_P2P) {
+    const int64_t qh = mla ? m->qk_nope_head_dim + m->qk_rope_head_dim : m->head_dim;
+    const int64_t oh = mla ? m->v_head_dim : m->head_dim;
+    te_cp_note(p, 2.0 * (double)(T * kw), 2.0 * (double)(T * vw), 2.0 * (double)T * (double)(m->n_heads / tp * qh),
+               2.0 * (double)T * (double)(m->n_heads / tp * oh), buf + n, cap - (size_t)n);
+    return;
+  }
   if (mg) {
     snprintf(buf + n, cap - (size_t)n,
              "K and V %s (%s a rank), passed to the next rank before every step but the last, "

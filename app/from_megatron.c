@@ -40,7 +40,7 @@ static const struct {
     {"--num-layers-per-virtual-pipeline-stage", 1, MG_MAP}, {"--context-parallel-size", 1, MG_MAP},
     {"--decoder-first-pipeline-num-layers", 1, MG_MAP}, {"--decoder-last-pipeline-num-layers", 1, MG_MAP},
     {"--pipeline-model-parallel-layout", 1, MG_MAP},
-    {"--cp-comm-type", 1, MG_MAP}, {"--expert-model-parallel-size", 1, MG_MAP},
+    {"--cp-comm-type", 1, MG_LIST}, {"--expert-model-parallel-size", 1, MG_MAP},
     {"--expert-tensor-parallel-size", 1, MG_MAP}, {"--micro-batch-size", 1, MG_MAP},
     {"--global-batch-size", 1, MG_MAP}, {"--recompute-granularity", 1, MG_MAP}, {"--recompute-method", 1, MG_MAP},
     {"--recompute-num-layers", 1, MG_MAP}, {"--recompute-modules", 1, MG_LIST}, {"--fp8-format", 1, MG_MAP},
@@ -538,6 +538,25 @@ static mp_status read_experts(mp_ctx *ctx, const mg_args *a, const char *origin,
   return MP_OK;
 }
 
+/* --cp-comm-type (nargs '+': one type for every layer, or one a layer) into p->cp_comm_type:
+ * a single type, or the same one for every layer; per-layer mixes are refused by name. */
+static mp_status read_cp_comm(mp_ctx *ctx, const mg_args *a, const char *origin, mp_from_plan *p) {
+  char list[256];
+  const char *types = get_list(a, "--cp-comm-type", list, sizeof list);
+  if (types == NULL) return MP_OK;
+  const size_t first = strcspn(types, " ");
+  for (const char *w = types; *w; w += strcspn(w, " "), w += *w == ' ')
+    if (strcspn(w, " ") != first || strncmp(w, types, first) != 0)
+      return mp_error(ctx, MP_ERR_USAGE, "%s: --cp-comm-type %s: a type a layer is not modelled; give one "
+                      "type for every layer", origin, types);
+  snprintf(p->cp_comm_type, sizeof p->cp_comm_type, "%.*s", (int)first, types);
+  mp_cp_comm c;
+  if (!mp_cp_comm_parse(p->cp_comm_type, &c))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --cp-comm-type %s: choose p2p, all_gather, a2a or a2a+p2p", origin,
+                    p->cp_comm_type);
+  return MP_OK;
+}
+
 /* tp, pp (with its virtual stages), cp and the data parallelism that is the rest of world. */
 static mp_status read_parallel(mp_ctx *ctx, const mg_args *a, const char *origin, int world, int64_t layers,
                                mp_from_plan *p) {
@@ -548,10 +567,7 @@ static mp_status read_parallel(mp_ctx *ctx, const mg_args *a, const char *origin
   MP_CHECK(get_int(ctx, a, origin, "--expert-model-parallel-size", 1, 1, 1 << 20, &ep));
   MP_CHECK(get_int(ctx, a, origin, "--num-virtual-stages-per-pipeline-rank", 1, 1, MP_MAX_LAYERS, &v));
   MP_CHECK(get_int(ctx, a, origin, "--num-layers-per-virtual-pipeline-stage", 0, 1, MP_MAX_LAYERS, &lpv));
-  const char *cpt = get(a, "--cp-comm-type", NULL);
-  if (cpt && strcmp(cpt, "p2p") != 0)
-    return mp_error(ctx, MP_ERR_USAGE, "%s: --cp-comm-type %s: meshplan prices Transformer Engine's p2p "
-                    "ring", origin, cpt);
+  MP_CHECK(read_cp_comm(ctx, a, origin, p));
   if (lpv && (layers % (pp * lpv) || has(a, "--num-virtual-stages-per-pipeline-rank")))
     return mp_error(ctx, MP_ERR_USAGE, "%s: --num-layers-per-virtual-pipeline-stage %lld: give it alone, "
                     "dividing the %lld layers over pp=%lld", origin, (long long)lpv, (long long)layers, (long long)pp);

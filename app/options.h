@@ -100,11 +100,15 @@
     "virtual stages in model order split by |, E the embedding, t a layer, L the loss, X*N and "   \
     "(...)*N repeats; e.g. \"E|(t|)*126L\" for 126 layers on pp=16 x pp_virtual 8 (Llama 3 405B)", \
     NULL }
-/* simulate, explain and plan: PyTorch's context-parallel ring (mp_cmd_cp_rotate) */
+/* simulate, explain and plan: PyTorch's context-parallel ring and Megatron-Core's forms
+ * (mp_cmd_cp_rotate) */
 #define MP_OPT_CP_ROTATE                                                                           \
   { "--cp-rotate", "M", "with cp > 1, how PyTorch's ring moves K and V (torchtitan's "              \
     "context_parallel_rotate_method): allgather, every rank's once per pass, or alltoall, one "      \
-    "rank's to the next before each step (default: the stack's, allgather)", NULL }
+    "rank's to the next before each step (default: the stack's, allgather)", NULL },                 \
+  { "--cp-comm-type", "T", "with cp > 1 on a megatron stack, Megatron-Core's --cp-comm-type: p2p, "  \
+    "the ring of K, V (default); all_gather, K, V all-gathered and dK, dV reduce-scattered, exposed " \
+    "(Llama 3's); a2a, all-to-alls of Q, K, V and the output over the heads (cp dividing them)", NULL }
 /* simulate, explain and plan: torchtitan's AsyncTP (mp_cmd_async_tp) */
 #define MP_OPT_ASYNC_TP                                                                            \
   { "--async-tp", NULL, "torchtitan's AsyncTP (with tp > 1 and SP): the all-gathers into and the " \

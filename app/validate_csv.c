@@ -70,6 +70,13 @@ static mp_status need_str(const reader *r, const char *name, int may_be_empty, c
   return MP_OK;
 }
 
+/* An optional text column into out: "" when absent or empty. */
+static mp_status opt_str(const reader *r, const char *name, char *out, size_t cap) {
+  out[0] = '\0';
+  const char *v = field(r, name);
+  return v && v[0] ? need_str(r, name, 1, out, cap) : MP_OK;
+}
+
 /* An integer in lo..hi. */
 static mp_status int_in(const reader *r, const char *name, const char *v, int64_t lo, int64_t hi,
                         int64_t *out) {
@@ -189,9 +196,8 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
                       "empty the column or set fp8 to 1", r->where, rec);
     MP_CHECK(need_str(r, "fp8_recipe", 1, row->fp8_recipe, sizeof row->fp8_recipe));
   }
-  row->moe_dispatcher[0] = '\0';
-  const char *disp = field(r, "moe_dispatcher");
-  if (disp && disp[0]) MP_CHECK(need_str(r, "moe_dispatcher", 1, row->moe_dispatcher, sizeof row->moe_dispatcher));
+  MP_CHECK(opt_str(r, "moe_dispatcher", row->moe_dispatcher, sizeof row->moe_dispatcher));
+  MP_CHECK(opt_str(r, "cp_comm_type", row->cp_comm_type, sizeof row->cp_comm_type));
   MP_CHECK(opt_real(r, "moe_imbalance", 1.0, &row->moe_imbalance));
   MP_CHECK(opt_real(r, "moe_capacity_factor", 0.0, &row->moe_capacity_factor));
   row->micro_batch = 0;

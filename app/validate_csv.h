@@ -54,6 +54,8 @@ typedef struct mp_vrow {
                            "" when the column is absent or empty: the stack's recipe */
   char moe_dispatcher[16]; /* as written (alltoall or deepep: exec/plan.h, mp_moe_dispatcher);
                              "" when the column is absent or empty: alltoall */
+  char cp_comm_type[16];   /* as written (p2p, all_gather, a2a: exec/plan.h, mp_cp_comm), a
+                             megatron stack's; "" when the column is absent or empty: p2p */
   double moe_imbalance;       /* optional column: the busiest EP rank's routed tokens over the
                                  mean, in [1, MP_LIM_MOE_LOAD]; 0 when absent or empty (1) */
   double moe_capacity_factor; /* optional column: Megatron-Core's expert capacity factor, in

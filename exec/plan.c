@@ -545,6 +545,7 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
   int pp = mesh->size[MP_DIM_PP], cp = mesh->size[MP_DIM_CP];
   MP_CHECK(mp_rule_experts_check(ctx, m, mesh));
   MP_CHECK(mp_rule_moe_routing_check(ctx, m, mesh, o));
+  MP_CHECK(mp_rule_cp_comm_check(ctx, m, mesh, o));
   if (pp > m->n_layers)
     return mp_error(ctx, MP_ERR_INVALID,
                     "pp=%d exceeds the %lld layers of %s; a stage needs at least one layer", pp,
@@ -837,7 +838,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->mem_model != b->mem_model || opts->attn != b->attn || opts->loss != b->loss ||
       dp_of(opts) != b->dp || opts->ddp.overlap != b->ddp.overlap ||
       opts->ddp.shard_optimizer != b->ddp.shard_optimizer ||
-      opts->cp_rotate != b->cp_rotate || opts->cp_wait_at_issue != b->cp_wait_at_issue ||
+      opts->cp_rotate != b->cp_rotate || opts->cp_comm != b->cp_comm || opts->cp_wait_at_issue != b->cp_wait_at_issue ||
       opts->tp_comm_fused != b->tp_comm_fused || opts->moe_a2a_overlap != b->moe_a2a_overlap ||
       opts->moe_fp8_dispatch != b->moe_fp8_dispatch || opts->recompute_modules != b->recompute_modules ||
       opts->moe_dispatcher != b->moe_dispatcher ||

@@ -259,6 +259,24 @@ typedef enum mp_pp_flavor {
  * K and V per attention pass (torchtitan's default), or a shift to the next rank before
  * every step but the last. The meshplan runtimes run their own ring, which shifts. */
 typedef enum mp_cp_rotate { MP_CP_ROTATE_ALLGATHER = 0, MP_CP_ROTATE_ALLTOALL } mp_cp_rotate;
+/* How Megatron-Core's context parallelism moves attention's tensors between the cp ranks
+ * (--cp-comm-type, megatron/training/arguments.py of core_v0.14.0, default p2p, passed to
+ * Transformer Engine's DotProductAttention as cp_comm_type): P2P, the ring that sends K and
+ * V to the next rank before each step (AttnFuncWithCPAndKVP2P, exec/schedule_cp.c); ALL_GATHER,
+ * K and V all-gathered before attention and dK, dV reduce-scattered after it, exposed
+ * (AttnFuncWithCPAndKVAllGather, as Llama 3 runs it, arXiv 2407.21783 sec. 3.3.2); A2A,
+ * DeepSpeed-Ulysses' all-to-alls of Q, K, V and the output over the heads
+ * (AttnFuncWithCPAndQKVOA2A); A2A_P2P, the hierarchical pair of the two, which needs a
+ * second cp level (--hierarchical-context-parallel-sizes) that the mesh does not have and
+ * is refused (exec/rules.c, mp_rule_cp_comm_check); exec/schedule_cp_te.c builds the two
+ * collective forms. The megatron memory model only. */
+typedef enum mp_cp_comm {
+  MP_CP_COMM_P2P = 0,
+  MP_CP_COMM_ALL_GATHER,
+  MP_CP_COMM_A2A,
+  MP_CP_COMM_A2A_P2P,
+  MP_CP_COMM_COUNT
+} mp_cp_comm;
 /* How the EP dispatch and combine move a rank's tokens (sim/network.c, mp_sim_ep_shares):
  * NCCL's all-to-all, one copy per (token, expert) to the expert's rank (Megatron-Core's
  * alltoall dispatcher, its default); or DeepEP's kernels (Megatron-Core's --moe-token-
@@ -386,6 +404,8 @@ typedef struct mp_plan_options {
   int16_t pp_layers[MP_PP_MAX_LAYOUT];
   mp_cp_rotate cp_rotate; /* PyTorch's ring with cp > 1: how K and V travel (default
                              ALLGATHER). Set from the stack (key "cp_rotate") */
+  mp_cp_comm cp_comm;     /* Megatron-Core's --cp-comm-type with cp > 1 (default P2P, its
+                             own); the megatron memory model only */
   int cp_wait_at_issue;   /* with cp > 1: the ring's collectives are waited for where they
                              are issued, beside no attention step, so the transfers run on the
                              compute stream between the steps. torchtitan compiles each block
@@ -695,6 +715,11 @@ static inline const char *mp_cp_rotate_name(mp_cp_rotate r) {
 }
 /* The rotate method named s into *out: 1, or 0 for any other string (*out untouched). */
 int mp_cp_rotate_parse(const char *s, mp_cp_rotate *out);
+/* "p2p", "all_gather", "a2a", "a2a+p2p" ("?" out of range): Megatron-Core's --cp-comm-type
+ * values as Transformer Engine spells them. */
+const char *mp_cp_comm_name(mp_cp_comm c);
+/* The comm type named s into *out: 1, or 0 for any other string (*out untouched). */
+int mp_cp_comm_parse(const char *s, mp_cp_comm *out);
 /* The policy with its block frequency: "full:4" for FULL every 4th block, else the mode's
  * name. */
 void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap);

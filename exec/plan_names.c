@@ -112,6 +112,19 @@ int mp_cp_rotate_parse(const char *s, mp_cp_rotate *out) {
   return 0;
 }
 
+static const char *const k_cp_comm_names[MP_CP_COMM_COUNT] = {"p2p", "all_gather", "a2a", "a2a+p2p"};
+
+const char *mp_cp_comm_name(mp_cp_comm c) { return (unsigned)c < MP_CP_COMM_COUNT ? k_cp_comm_names[c] : "?"; }
+
+int mp_cp_comm_parse(const char *s, mp_cp_comm *out) {
+  for (int k = 0; k < MP_CP_COMM_COUNT; k++)
+    if (s && strcmp(s, k_cp_comm_names[k]) == 0) {
+      *out = (mp_cp_comm)k;
+      return 1;
+    }
+  return 0;
+}
+
 mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every) {
   *every = 1;
   for (int m = 0; s && m < MP_AC_COUNT; m++)

@@ -110,6 +110,38 @@ int mp_rule_pp_micro_ok(int64_t n_micro, int pp, int v) { return v <= 1 || n_mic
 
 int mp_rule_cp_ring_ok(int64_t seq, int cp) { return cp <= 1 || seq % (2 * (int64_t)cp) == 0; }
 
+mp_status mp_rule_cp_comm_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                                const mp_plan_options *o) {
+  const int cp = mesh->size[MP_DIM_CP], tp = mesh->size[MP_DIM_TP];
+  if ((unsigned)o->cp_comm >= MP_CP_COMM_COUNT)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown cp comm type %d; choose p2p, all_gather or a2a", (int)o->cp_comm);
+  if (o->cp_comm == MP_CP_COMM_P2P) return MP_OK;
+  if (o->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "cp comm type %s is Megatron-Core's (--cp-comm-type, Transformer Engine's context "
+                    "parallelism); the %s memory model runs its own ring: drop it (a torchtitan stack "
+                    "chooses PyTorch's ring's rotate method with --cp-rotate)",
+                    mp_cp_comm_name(o->cp_comm), mp_mem_model_name(o->mem_model));
+  if (o->cp_comm == MP_CP_COMM_A2A_P2P)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "cp comm type a2a+p2p is hierarchical: all-to-all within the first level of "
+                    "--hierarchical-context-parallel-sizes, the p2p ring across the second; the mesh "
+                    "has one cp level: choose p2p, all_gather or a2a");
+  /* a2a's all-to-alls trade the sequence for the heads: each rank keeps heads / cp of the
+   * rank's query heads and of its key heads (the grouped ones, n_kv_heads / tp, at least one,
+   * under MLA the decompressed heads) */
+  const int64_t q_heads = m->n_heads / tp;
+  const int64_t kv = mp_model_is_mla(m) ? m->n_heads : m->n_kv_heads;
+  const int64_t k_heads = kv / tp > 0 ? kv / tp : 1;
+  if (o->cp_comm == MP_CP_COMM_A2A && cp > 1 && (q_heads % cp != 0 || k_heads % cp != 0))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "cp comm type a2a splits each rank's heads over cp: cp=%d does not divide its %lld "
+                    "query heads and %lld key heads (n_heads / tp, n_kv_heads / tp); choose p2p or "
+                    "all_gather, or a cp dividing both",
+                    cp, (long long)q_heads, (long long)k_heads);
+  return MP_OK;
+}
+
 int mp_rule_sp_ok(int64_t seq, int cp, int tp) { return (seq / cp) % tp == 0; }
 
 /* ---- float8 ------------------------------------------------------------------------------- */

@@ -84,6 +84,12 @@ int mp_rule_pp_micro_ok(int64_t n_micro, int pp, int v);
 /* Ring attention's causal load balancing cuts a sequence into 2 cp chunks (torch's
  * context_parallel, Transformer Engine's p2p ring): 2 cp divides seq. */
 int mp_rule_cp_ring_ok(int64_t seq, int cp);
+/* Megatron-Core's --cp-comm-type (o->cp_comm) with the mesh and model: a type other than
+ * p2p under a memory model other than megatron, a2a+p2p (hierarchical, a second cp level
+ * the mesh lacks), and a2a where cp does not divide the rank's query or key heads
+ * (Transformer Engine's AttnFuncWithCPAndQKVOA2A asserts it) are refused, each by name. */
+mp_status mp_rule_cp_comm_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                                const mp_plan_options *o);
 /* Sequence parallelism shards the residual stream's seq / cp tokens over tp. */
 int mp_rule_sp_ok(int64_t seq, int cp, int tp);
 

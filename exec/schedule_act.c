@@ -236,13 +236,13 @@ static void block_act_tt(const shapes *sh, int kind, mp_ac_mode ac, block_act *a
  * without SP and sbh(34/t + 5as/(ht)) with it, Korthikanti et al.'s Table 2 (tested).
  * selective-core drops the core attention's scores (recomputed from the saved Q, K, V
  * before the attention's backward, with the context again); full keeps the block input. */
-static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int materialized,
+static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int materialized, int64_t core_more,
                          block_act *a) {
   memset(a, 0, sizeof *a);
   const int64_t T = sh->tokens, Ts = sh->tokens_sp, H = sh->d_model, st = stat_bytes(sh), drop = sh->gpt;
   const int64_t in = sh->sp ? 2 * Ts * H : 2 * T * H;
   const int64_t sT = sh->seq * T;
-  const int64_t core = materialized ? 2 * sh->heads * sT + drop * 3 * sh->heads * sT : 4 * T * sh->heads;
+  const int64_t core = (materialized ? 2 * sh->heads * sT + drop * 3 * sh->heads * sT : 4 * T * sh->heads) + core_more;
   int64_t A = st * Ts + in + 2 * T * (sh->q_width + sh->kv_width) + 2 * T * sh->kv_width + core + 2 * T * sh->q_width +
               drop * Ts * H;
   if (sh->qk_norm) A += 2 * T * (sh->q_width + sh->kv_width) + 4 * T * (sh->heads + sh->kv_heads);
@@ -275,8 +275,12 @@ static void modules_act(const gen *g, int kind, block_act *a);
 static void block_act_of(const gen *g, int kind, mp_ac_mode ac, block_act *a) {
   /* with cp > 1 the core is the ring's flash attention (Transformer Engine's under
    * Megatron-LM), whatever the stack runs without it */
+  /* Transformer Engine's all-gather context parallelism saves its two chunks' outputs beside
+   * the one it returns (schedule_cp_te.c) */
+  const int ag = g->p->opts.cp_comm == MP_CP_COMM_ALL_GATHER && g->sh.cp > 1;
   if (g->ms->saved == SAVED_KORTHIKANTI)
-    block_act_mg(&g->sh, kind, ac, g->p->opts.attn == MP_ATTN_MATERIALIZED && g->sh.cp == 1, a);
+    block_act_mg(&g->sh, kind, ac, g->p->opts.attn == MP_ATTN_MATERIALIZED && g->sh.cp == 1,
+                 ag ? 2 * g->sh.tokens * g->sh.attn_out : 0, a);
   else block_act_tt(&g->sh, kind, ac, a);
   if (g->p->opts.recompute_modules) modules_act(g, kind, a);
 }

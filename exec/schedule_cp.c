@@ -49,7 +49,8 @@
  * wide.
  *
  * Megatron-LM (the megatron memory model) runs context parallelism through Transformer
- * Engine's ring (AttnFuncWithCPAndKVP2P, Megatron-Core's default cp_comm_type "p2p"): the
+ * Engine's ring (AttnFuncWithCPAndKVP2P, Megatron-Core's default cp_comm_type "p2p"; its
+ * all_gather and a2a forms are schedule_cp_te.c's): the
  * same 2 x cp load-balanced chunks and per-step partial attention with the online-softmax
  * merge, the K and V sent to the next rank before each step as the alltoall rotate method
  * sends them (the plan must say alltoall), and the dK, dV passed on after each backward
@@ -147,6 +148,10 @@ static int32_t kv_shift(gen *g, double kvb, mp_variant v, int r, int R, int k, i
 }
 
 void mp_sched_cp_attention_fwd(gen *g) {
+  if (g->p->opts.cp_comm != MP_CP_COMM_P2P) { /* Transformer Engine's collective forms */
+    mp_sched_cp_te_fwd(g);
+    return;
+  }
   const shapes *sh = &g->sh;
   const int cp = sh->cp;
   const int64_t T = sh->tokens;
@@ -182,6 +187,10 @@ void mp_sched_cp_attention_fwd(gen *g) {
 }
 
 void mp_sched_cp_attention_bwd(gen *g) {
+  if (g->p->opts.cp_comm != MP_CP_COMM_P2P) {
+    mp_sched_cp_te_bwd(g);
+    return;
+  }
   const shapes *sh = &g->sh;
   const int cp = sh->cp;
   const int64_t T = sh->tokens;

@@ -621,6 +621,9 @@ void mp_sched_rt_chunk_bwd_end(gen *g, int last_chunk);
 /* schedule_cp.c */
 void mp_sched_cp_attention_bwd(gen *g);
 void mp_sched_cp_attention_fwd(gen *g);
+/* schedule_cp_te.c: Megatron-Core's all_gather and a2a context parallelism */
+void mp_sched_cp_te_bwd(gen *g);
+void mp_sched_cp_te_fwd(gen *g);
 
 /* schedule_fsdp.c */
 void mp_sched_free_units(gen *g, int32_t layer, int32_t unit0, int n, int part_lo, int part_hi);

@@ -26,6 +26,7 @@ typedef struct mp_plan_setup {
   const char *stack;       /* NULL: the GPU's default (mp_stack_default) */
   int cp_rotate_given;     /* --cp-rotate: cp_rotate on the stacks that run PyTorch's ring */
   mp_cp_rotate cp_rotate;
+  mp_cp_comm cp_comm;      /* --cp-comm-type: cp_comm on the megatron stacks (default p2p) */
   int async_tp;            /* --async-tp: AsyncTP on the stacks that run it */
   mp_moe_routing moe_routing; /* --moe-imbalance, --moe-capacity-factor: every candidate's */
   mp_search_fix fix;       /* --fix, --mesh, --ep, --ac, --micro-batch, --sp, --no-sp, --fp8 */

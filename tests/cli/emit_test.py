@@ -168,6 +168,11 @@ MG = [  # DDP with the distributed optimizer, TP+SP float8, interleaved pipeline
            "--fp8", "delayed", "--stack", "megatron-core")),
     ("8", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=2,tp=2,cp=2", "--seq", "16384", "--fp8", "blockwise",
            "--stack", "megatron-core")),
+    # Megatron-Core's collective context parallelism: Llama 3's all-gather, Ulysses' all-to-all
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=2,tp=2,cp=2", "--seq", "16384", "--cp-comm-type",
+           "all_gather", "--stack", "megatron-core")),
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=2,cp=4", "--seq", "32768", "--cp-comm-type", "a2a",
+           "--stack", "megatron-core")),
     ("8", ("--model", "llama2-7b", "--mesh", "dp_replicate=4,tp=2", "--no-sp", "--stack", "megatron-lm")),
     ("8", ("--model", "gpt2-124m", "--mesh", "dp_replicate=8", "--micro-batch", "4", "--stack", "megatron-core")),
     # a stated stage layout: Llama 3 405B's 126 layers, one fewer on the first and last stages
@@ -227,6 +232,14 @@ check("--moe-expert-capacity-factor 1\n" in text2 and
       "the capacity and the recompute modules as Megatron-LM flags: " + text2)
 check("--moe-router-pre-softmax\n" in text and "--q-lora-rank" not in text and
       "--moe-token-dispatcher-type flex\n--moe-enable-deepep\n" in text, "deepseek-v2-lite as Megatron-LM flags: " + text)
+
+# the cp comm type as Megatron-LM's flag, the ring's p2p where none is given
+_, text = emitted("megatron", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_replicate=2,tp=2,cp=2", "--seq",
+                  "16384", "--cp-comm-type", "all_gather", "--stack", "megatron-core")
+_, text2 = emitted("megatron", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_replicate=2,tp=2,cp=2", "--seq",
+                   "16384", "--stack", "megatron-core")
+check("--context-parallel-size 2\n--cp-comm-type all_gather\n" in text and "--cp-comm-type p2p\n" in text2,
+      "the cp comm type not written as Megatron-LM's --cp-comm-type: " + text)
 
 # the layout as Megatron-LM states it: the first and last stages' counts, the rest even
 _, text = emitted("megatron", "--gpus", "2048", "--model", "llama3.1-405b", "--mesh", "dp_replicate=16,tp=8,pp=16",

@@ -2,7 +2,7 @@
 """meshplan explain's context-parallel section against hand-derived figures: the chunks a rank
 holds, the K and V it contributes to the ring's all-gather, the gathered total and the fp32
 dK, dV it passes on; the alltoall rotate method's shifts and what they hold; Megatron-LM's
-ring of grouped K and V; --cp-rotate's refusals. Then the same sizes in what the schedule
+ring of grouped K and V and its all_gather and a2a forms (--cp-comm-type); --cp-rotate's refusals. Then the same sizes in what the schedule
 prices (exec/schedule_cp.c): each layer's CP collectives in `explain --schedule --json`, their
 pass, kind, payload, count and stream.
 
@@ -72,7 +72,8 @@ else:
 # 8 kv heads x 128 = 1024 wide each: 2 x 8192 x (1024 + 1024) = 33,554,432 = 32 MiB a rank at
 # seq 32768 over cp=4, every step's kept until the pass ends (4 x 32 = 128 MiB, as
 # Transformer Engine's p2p_comm_buffers list holds them), the fp32 gradients twice that; explain and
-# simulate build the plan the stack runs, so both refuse FSDP and the allgather ring there.
+# simulate build the plan the stack runs, so both refuse FSDP and PyTorch's ring's rotate method there
+# (Megatron-Core's form is --cp-comm-type).
 mg = ["--model", "llama3.1-8b", "--gpus", "8", "--gpu", "a100-80gb-sxm", "--stack", "megatron-lm",
       "--seq", "32768"]
 p = run("explain", *mg, "--mesh", "dp_replicate=2,cp=4")
@@ -84,7 +85,8 @@ for cmd in ("explain", "simulate"):
     p = run(cmd, *mg, "--mesh", "dp_shard=2,cp=4", want_rc=2)
     check("without FSDP" in p.stderr, cmd + " --stack megatron-lm on dp_shard: refused")
     p = run(cmd, *mg, "--mesh", "dp_replicate=2,cp=4", "--cp-rotate", "allgather", want_rc=2)
-    check("use alltoall" in p.stderr, cmd + " --stack megatron-lm --cp-rotate allgather: refused")
+    check("choose its form with --cp-comm-type p2p, all_gather or a2a" in p.stderr,
+          cmd + " --stack megatron-lm --cp-rotate allgather: refused")
 
 # What the schedule prices (exec/schedule_cp.c), op by op, not explain's prose: the CP group's
 # collectives of one layer in `explain --schedule --json`, against the sizes derived above.
@@ -122,7 +124,18 @@ for args, want in (
                                               ("backward", "sendrecv", 268435456, "compute"): 4}),
         (mg + ["--mesh", "dp_replicate=2,cp=4"], {("forward", "sendrecv", 33554432, "p2p"): 3,
                                                    ("backward", "sendrecv", 33554432, "p2p"): 3,
-                                                   ("backward", "sendrecv", 67108864, "p2p"): 4})):
+                                                   ("backward", "sendrecv", 67108864, "p2p"): 4}),
+        # Megatron-Core's all_gather: the grouped K and V gathered apiece, 4 x 8192 x 1024 x 2 =
+        # 67,108,864 B each, in forward and again in backward, dK and dV reduce-scattered from as
+        # many, every one waited for where it is issued (the compute stream)
+        (mg + ["--mesh", "dp_replicate=2,cp=4", "--cp-comm-type", "all_gather"],
+         {("forward", "all_gather", 67108864, "compute"): 2, ("backward", "all_gather", 67108864, "compute"): 2,
+          ("backward", "reduce_scatter", 67108864, "compute"): 2}),
+        # a2a: Q (8192 x 4096 x 2 = 67,108,864 B), K and V (16,777,216 B each) and the output
+        # (67,108,864 B); backward the output, its gradient and dQ (67,108,864 B), dK and dV
+        (mg + ["--mesh", "dp_replicate=2,cp=4", "--cp-comm-type", "a2a"],
+         {("forward", "all_to_all", 67108864, "compute"): 2, ("forward", "all_to_all", 16777216, "compute"): 2,
+          ("backward", "all_to_all", 67108864, "compute"): 3, ("backward", "all_to_all", 16777216, "compute"): 2})):
     got = cp_ops(*args)
     what = " ".join(a for a in args if a.startswith("--") is False)[-60:]
     check(got is not None and sorted(got) == list(range(32)),
@@ -130,6 +143,16 @@ for args, want in (
     if got:
         bad = {l: v for l, v in got.items() if v != want}
         check(not bad, "schedule of %s: per layer %s, want %s" % (what, next(iter(bad.values()), None), want))
+
+# simulate names the form it priced, and the forms differ in step time; plan prices its plans so
+p = {c: run("simulate", *mg, "--mesh", "dp_replicate=2,cp=4", "--cp-comm-type", c, "--json") for c in ("p2p", "all_gather", "a2a")}
+if all(x.returncode == 0 for x in p.values()):
+    j = {c: json.loads(x.stdout) for c, x in p.items()}
+    check(all(j[c].get("cp_comm_type") == c for c in j), "simulate --json: cp_comm_type not the one asked for")
+    check(len({j[c]["step_time_s"] for c in j}) == 3, "simulate: the three cp comm types price the same step")
+pl = run("plan", "--no-db", "--model", "llama3.1-8b", "--gpus", "16", "--stack", "megatron-core", "--seq", "131072",
+         "--cp-comm-type", "all_gather")
+check("stack megatron-core with cp comm type all_gather" in pl.stdout, "plan --cp-comm-type: not named: " + pl.stdout[:300])
 
 for f in fails:
     print("FAIL:", f)

@@ -49,6 +49,9 @@ csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step
 csv 'a,tiny-dense,h100-sxm,8,8,inf,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,1' inf_bw.csv
 csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,9223372036854775807,1,8,none,0,torchtitan-eager,step_time_s,1' seq.csv
 csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,flops,1' metric.csv
+# Megatron-Core's cp comm type on a stack that does not run it, and a name it does not have
+printf '%s,cp_comm_type\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,4,1,1,,2,1,64,1,4,none,0,torchtitan-eager,step_time_s,1,all_gather' >"$d/cpc_tt.csv"
+printf '%s,cp_comm_type\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,4,1,1,1,,2,1,64,1,4,none,0,megatron-core,step_time_s,1,allgather' >"$d/cpc_bad.csv"
 # local_batch 2 on 2 x 4 data-parallel ranks is 16 sequences, not the row's global_batch 8
 csv 'lb,tiny-dense,h100-sxm,8,8,,2,4,1,1,,1,1,64,2,8,none,0,torchtitan-eager,step_time_s,1' local_batch.csv
 # the optional async_tp column: 0 or 1, and 1 only under a stack that runs AsyncTP
@@ -245,6 +248,8 @@ row 2 "MoE dispatcher deepep is Megatron-Core's flex dispatcher with DeepEP (--m
 row 2 "column 'inter_node_gbps_per_gpu' = 'inf': expected a finite number in (0, 100000]" validate "$d/inf_bw.csv"
 row 2 "column 'seq' = '9223372036854775807': expected an integer in 1..16777216" validate "$d/seq.csv"
 row 2 "metric 'flops': expected tokens_per_s_per_gpu, peak_mem_gib or step_time_s" validate "$d/metric.csv"
+row 2 "cp_comm_type 'all_gather' is Megatron-Core's --cp-comm-type; stack torchtitan-eager does not run it" validate "$d/cpc_tt.csv"
+row 2 "cp_comm_type 'allgather': expected p2p, all_gather, a2a or a2a+p2p" validate "$d/cpc_bad.csv"
 row 2 "column 'async_tp' = '2'" validate "$d/async2.csv"
 row 2 "async_tp = 1: stack torchtitan-eager does not run AsyncTP" validate "$d/async_eager.csv"
 # float8 recipes: a name validate does not know, a recipe without float8, one the stack's
@@ -421,6 +426,13 @@ row 2 "--from: meshplan plan searches the alltoall dispatcher without its overla
 row 2 "--recompute-granularity full --recompute-method block" simulate --gpus 8 "--from-args=$mg --recompute-granularity full --recompute-method block --recompute-num-layers 2"
 row 2 "--recompute-modules: recompute module mlp (a whole module checkpointed) is not modelled" simulate --gpus 8 "--from-args=$mg --recompute-granularity selective --recompute-modules core_attn mlp"
 row 2 "--tensor-model-parallel-size 1 and 1 more: meshplan reads one value there" simulate --gpus 8 "--from-args=$mg --tensor-model-parallel-size 1 2"
+row 2 "--cp-comm-type p2p a2a: a type a layer is not modelled; give one type for every layer" simulate --gpus 8 "--from-args=$mg --context-parallel-size 2 --cp-comm-type p2p a2a"
+row 2 "--cp-comm-type allgather: choose p2p, all_gather, a2a or a2a+p2p" simulate --gpus 8 "--from-args=$mg --context-parallel-size 2 --cp-comm-type allgather"
+row 2 "cp comm type a2a+p2p is hierarchical" simulate --gpus 8 "--from-args=$mg --context-parallel-size 2 --cp-comm-type a2a+p2p"
+row 2 "--cp-comm-type 'ring': choose p2p, all_gather, a2a or a2a+p2p" simulate --model llama3.1-8b --gpus 8 --mesh dp_replicate=4,cp=2 --seq 16384 --stack megatron-core --cp-comm-type ring
+row 2 "--cp-comm-type names Megatron-Core's context parallelism (Transformer Engine's); stack torchtitan-compile runs PyTorch's ring" simulate --model llama3.1-8b --gpus 8 --mesh dp_shard=4,cp=2 --seq 16384 --stack torchtitan-compile --cp-comm-type all_gather
+row 2 "--cp-rotate names PyTorch's context-parallel ring; stack megatron-core runs Transformer Engine's context parallelism" explain --model llama3.1-8b --gpus 8 --mesh dp_replicate=4,cp=2 --seq 16384 --stack megatron-core --cp-rotate allgather
+row 2 "cp comm type a2a splits each rank's heads over cp: cp=16 does not divide its 32 query heads and 8 key heads" simulate --model llama3.1-8b --gpus 16 --mesh cp=16 --seq 131072 --stack megatron-core --cp-comm-type a2a
 row 2 "--moe-expert-capacity-factor -1: a positive number" simulate --gpus 8 "--from-args=$mx --moe-expert-capacity-factor -1"
 row 2 "--from: meshplan plan searches AC policies, not recompute modules (--recompute-modules layernorm)" plan --no-db --gpus 8 "--from-args=$mg --recompute-granularity selective --recompute-modules layernorm"
 row 2 "--from-args: --num-layers disagrees with --model llama3.1-70b" simulate --gpus 8 --model llama3.1-70b "--from-args=$mg"

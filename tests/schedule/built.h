@@ -42,6 +42,7 @@ struct Opts {
   mp_pp_schedule pp_schedule = MP_PP_1F1B;
   int pp_virtual = 1;
   mp_cp_rotate cp_rotate = MP_CP_ROTATE_ALLGATHER;
+  mp_cp_comm cp_comm = MP_CP_COMM_P2P;
   int dp_overlap = 0;
   int dist_opt = 0;
   mp_schedule_mode mode = MP_SCHEDULE_EXPANDED;
@@ -70,6 +71,7 @@ inline void Build(Built *b, const Opts &o) {
   po.pp_schedule = o.pp_schedule;
   po.pp_virtual = o.pp_virtual;
   po.cp_rotate = o.cp_rotate;
+  po.cp_comm = o.cp_comm;
   po.ddp.overlap = o.dp_overlap;
   po.ddp.shard_optimizer = o.dist_opt;
   po.moe_fp8_dispatch = o.moe_fp8_dispatch;
