@@ -388,6 +388,28 @@ static void f8_cache_act(const gen *g, int kind, block_act *a) {
   a->mlp -= f8_cache_mlp(sh, rc, kind, in_elems);
 }
 
+/* The cache's copies a block's forward writes beside what it computes anyway: the attention
+ * output in E5M6 (1.5 + 4/128 bytes an element), written by the kernel that casts o's input
+ * to E4M3 for its GEMM, and the SwiGLU inputs in E4M3 (1 + 4/128), written by the SwiGLU
+ * that reads them, each costing its write; the Linears' other cached inputs are the E4M3
+ * operands their GEMMs read. Part `attn`, else the MLP of `kind`; none under full AC. */
+static void f8_cache_writes(gen *g, int attn, int kind) {
+  const shapes *sh = &g->sh;
+  if (!g->p->opts.fp8_act_cache || mp_plan_layer_ac(&g->p->opts, g->layer) == MP_AC_FULL) return;
+  const int64_t T = sh->tokens;
+  if (attn) {
+    const int64_t e = T * sh->attn_out;
+    if (sh->fp8[MP_MOD_O]) elementwise(g, MP_KERNEL_FP8_CAST, MP_VAR_FWD, MP_MOD_O, e, 0.0, (1.5 + 4.0 / 128) * e);
+    return;
+  }
+  if (kind != KIND_MOE) return;
+  const int64_t e = received(sh, 2 * sh->moe_tokens * sh->top_k * sh->d_ff_expert);
+  elementwise(g, MP_KERNEL_FP8_CAST, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, e, 0.0, (1.0 + 4.0 / 128) * e);
+  if (sh->has_shared)
+    elementwise(g, MP_KERNEL_FP8_CAST, MP_VAR_FWD, MP_MOD_SHARED_GATE, 2 * T * sh->d_ff_shared, 0.0,
+                (1.0 + 4.0 / 128) * (double)(2 * T * sh->d_ff_shared));
+}
+
 /* The recompute of part `attn` (else the MLP) under the plan's recompute modules, before
  * the part's backward (Megatron-Core's CheckpointWithoutOutput recomputes in the backward
  * hook of the output's consumer); alloc: its rc buffer is allocated here. */
@@ -405,8 +427,12 @@ static void recompute_modules(gen *g, const block_act *a, int kind, int attn, in
     if (alloc) act(g, BUF_RC_MLP, a->rc_mlp, 1, 0);
     if (rc & (1u << MP_RC_LAYERNORM)) mp_sched_norm_fwd(g, MP_MOD_FFN_NORM, sh->tokens_sp, sh->d_model);
     if ((rc & (1u << MP_RC_MOE_ACT)) && kind == KIND_MOE) {
+      /* gate and up read (bf16, or E4M3 with their scales from the float8 cache), the
+       * product written in bf16 */
       const int64_t e = sh->moe_tokens * sh->top_k * sh->d_ff_expert;
-      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, e, FLOPS_SWIGLU_FWD, 6.0 * (double)e);
+      const double in = g->p->opts.fp8_act_cache ? 1.0 + 4.0 / 128 : 2.0;
+      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, e, FLOPS_SWIGLU_FWD,
+                  (2.0 * in + 2.0) * (double)e);
     }
   }
   g->phase = MP_PHASE_BACKWARD;
@@ -424,10 +450,12 @@ void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd) {
   act(g, BUF_ACT_ATTN_TMP, a.attn_tmp, 1, 0);
   mp_sched_attention_fwd(g, pd);
   mp_sched_attention_out_fwd(g);
+  f8_cache_writes(g, 1, kind);
   act(g, BUF_ACT_ATTN_TMP, a.attn_tmp, 0, 0);
   act(g, BUF_ACT_MLP, a.mlp, 1, a.kept);
   act(g, BUF_ACT_MLP_TMP, a.mlp_tmp, 1, 0);
   mp_sched_mlp_fwd(g, kind, pd);
+  f8_cache_writes(g, 0, kind);
   act(g, BUF_ACT_MLP_TMP, a.mlp_tmp, 0, 0);
 }
 

@@ -27,6 +27,14 @@ Opts DeepSeekMegatron() {
 const uint32_t kDeepSeekModules =
     (1u << MP_RC_LAYERNORM) | (1u << MP_RC_MLA_UP_PROJ) | (1u << MP_RC_MOE_ACT);
 
+// The row's settings: DeepSeek's three recompute modules, the cache on or off.
+void BuildRow(Built *b, int cache) {
+  Opts o = DeepSeekMegatron();
+  o.recompute_modules = kDeepSeekModules;
+  o.fp8_act_cache = cache;
+  Build(b, o);
+}
+
 // What a MoE block of DeepSeek-V3 saves per token under Megatron-Core, without AC (H 7168,
 // q latent 1536, kv latent 512 + rope 64, 128 heads of q/k 192 (24,576 wide) and v 128
 // (kv_b 32,768 wide, the attention output 16,384), top_k 8 experts of 2048, one shared
@@ -76,6 +84,44 @@ TEST(LowPrecision, Fp8ActivationCacheSavesWhatDeepSeekCaches) {
     o.fp8_act_cache = 1;
     Build(&on, o);
     EXPECT_EQ(SavedByBlock(off.s, 3) - SavedByBlock(on.s, 3), c.per_token * T);
+  }
+}
+
+// The cache's copies the forward writes beside its own casts and SwiGLU, per token of a MoE
+// block: the attention output in E5M6 16,384 x (1.5 + 4/128) = 25,088, the routed SwiGLU
+// inputs 2 x 8 x 2048 x (1 + 4/128) = 33,792 and the shared expert's 2 x 2048 x (1 + 4/128)
+// = 4224: 63,104 bytes of float8 casts more in the block's forward, nothing else.
+TEST(LowPrecision, Fp8ActivationCacheWritesItsCopies) {
+  double cast_bytes[2] = {0, 0};
+  int64_t ops[2] = {0, 0};
+  for (int on : {0, 1}) {
+    Built b;
+    BuildRow(&b, on);
+    for (const sched_test::Inst &x : sched_test::Expand(b.s)) {
+      if (x.layer != 3 || x.op->type != MP_OP_COMPUTE) continue;
+      ops[on]++;
+      if (x.op->phase == MP_PHASE_FORWARD && x.op->kernel == MP_KERNEL_FP8_CAST) cast_bytes[on] += x.op->bytes;
+    }
+  }
+  EXPECT_EQ(ops[1] - ops[0], 3);
+  EXPECT_DOUBLE_EQ(cast_bytes[1] - cast_bytes[0], 63104.0 * 4096);
+}
+
+// moe_act's recompute reads gate's and up's outputs from the cache: e = 4096 x 8 x 2048
+// elements each, read at 1 + 4/128 bytes instead of 2, the product written in bf16:
+// (2 x 1.03125 + 2) e = 4.0625 e bytes, against 6 e without the cache.
+TEST(LowPrecision, MoeActRecomputeReadsTheCachedInputs) {
+  const double e = 4096.0 * 8 * 2048;
+  for (int on : {0, 1}) {
+    Built b;
+    BuildRow(&b, on);
+    int n = 0;
+    for (const sched_test::Inst &x : sched_test::Expand(b.s)) {
+      if (x.layer != 3 || x.op->phase != MP_PHASE_RECOMPUTE || x.op->kernel != MP_KERNEL_ACTIVATION) continue;
+      n++;
+      EXPECT_DOUBLE_EQ(x.op->bytes, (on ? 4.0625 : 6.0) * e) << on;
+    }
+    EXPECT_EQ(n, 1);
   }
 }
 
