@@ -184,6 +184,16 @@ mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
   return MP_OK;
 }
 
+mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
+  if (mp_args_has(spec, "--fp8-act-cache")) o->fp8_act_cache = 1;
+  const char *d = mp_args_get(spec, "--optimizer-moments");
+  if (!d) return MP_OK;
+  if (strcmp(d, "fp32") != 0 && strcmp(d, "bf16") != 0)
+    return mp_error(ctx, MP_ERR_USAGE, "--optimizer-moments '%s': choose fp32 or bf16", d);
+  o->moment_dtype = strcmp(d, "bf16") == 0 ? MP_DTYPE_BF16 : MP_DTYPE_FP32;
+  return MP_OK;
+}
+
 mp_status mp_cmd_moe_routing(mp_ctx *ctx, const mp_cmd_spec *spec, mp_moe_routing *r) {
   MP_CHECK(mp_args_double(ctx, spec, "--moe-imbalance", 1.0, MP_LIM_MOE_LOAD, MP_RANGE_CLOSED, &r->imbalance));
   MP_CHECK(mp_args_double(ctx, spec, "--moe-capacity-factor", 0.0, MP_LIM_MOE_LOAD, MP_RANGE_OPEN_LO,

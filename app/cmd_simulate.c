@@ -43,6 +43,7 @@ static mp_opt k_opts[] = {
     MP_OPT_ASYNC_TP,
     MP_OPT_MOE_DISPATCHER,
     MP_OPT_OVERLAP_MOE_COMM,
+    MP_OPT_STORAGE,
     MP_OPT_MOE_ROUTING,
     MP_OPT_AC(""),
     MP_OPT_RECOMPUTE_MODULES,
@@ -126,7 +127,9 @@ static void fmt_plan_extras(const mp_mesh *mesh, const mp_plan_options *o, char 
   char rc[64];
   mp_recompute_modules_format(o->recompute_modules, rc, sizeof rc);
   if (n >= 0 && (size_t)n < cap && rc[0]) n += snprintf(buf + n, cap - (size_t)n, ", recompute %s", rc);
-  if (n >= 0 && (size_t)n < cap && o->moe_fp8_dispatch) snprintf(buf + n, cap - (size_t)n, ", fp8 dispatch");
+  if (n >= 0 && (size_t)n < cap && o->moe_fp8_dispatch) n += snprintf(buf + n, cap - (size_t)n, ", fp8 dispatch");
+  if (n >= 0 && (size_t)n < cap && o->fp8_act_cache) n += snprintf(buf + n, cap - (size_t)n, ", fp8 activation cache");
+  if (n >= 0 && (size_t)n < cap && o->moment_dtype == MP_DTYPE_BF16) snprintf(buf + n, cap - (size_t)n, ", bf16 moments");
 }
 
 
@@ -206,6 +209,8 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
     cJSON_AddStringToObject(j, "recompute_modules", rc);
   }
   if (o->moe_fp8_dispatch) cJSON_AddBoolToObject(j, "moe_fp8_dispatch", 1);
+  if (o->fp8_act_cache) cJSON_AddBoolToObject(j, "fp8_act_cache", 1);
+  if (o->moment_dtype != MP_DTYPE_FP32) cJSON_AddStringToObject(j, "optimizer_moments", mp_dtype_name(o->moment_dtype));
   if (mesh->size[MP_DIM_PP] > 1) {
     cJSON_AddStringToObject(j, "pp_schedule", mp_pp_schedule_name(o->pp_schedule));
     cJSON_AddNumberToObject(j, "pp_virtual", o->pp_virtual > 1 ? o->pp_virtual : 1);
@@ -344,6 +349,7 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
   MP_CHECK(mp_cmd_async_tp(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_moe_comm(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_moe_routing(ctx, &k_spec, &j->o.moe_routing));
+  MP_CHECK(mp_cmd_storage(ctx, &k_spec, &j->o));
   memset(&j->cfg, 0, sizeof j->cfg);
   j->cfg.cluster = &j->c;
   j->cfg.stack = &j->prof;

@@ -31,7 +31,9 @@
  * empty or absent: p2p, its default), moe_fp8_dispatch (1: DeepSeek-V3's float8 dispatch;
  * empty or absent: off), recompute_modules
  * (Megatron-Core's output-discarding recompute modules split by spaces, layernorm mla_up_proj
- * moe_act; empty or absent: none). The stack's options
+ * moe_act; empty or absent: none), fp8_act_cache (1: DeepSeek-V3's float8 activation cache;
+ * empty or absent: off), optimizer_moments (fp32 or bf16: AdamW's moments; empty or absent:
+ * fp32). The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
@@ -151,6 +153,11 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   o->moe_routing.capacity_factor = v->moe_capacity_factor;
   if (v->sp >= 0) o->sp = v->sp;
   o->moe_fp8_dispatch = v->moe_fp8_dispatch == 1;
+  o->fp8_act_cache = v->fp8_act_cache == 1;
+  if (v->optimizer_moments[0] && strcmp(v->optimizer_moments, "fp32") != 0 && strcmp(v->optimizer_moments, "bf16") != 0)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: optimizer_moments '%s': expected fp32 or bf16", where,
+                    v->optimizer_moments);
+  if (strcmp(v->optimizer_moments, "bf16") == 0) o->moment_dtype = MP_DTYPE_BF16;
   if (v->recompute_modules[0] && mp_recompute_modules_parse(ctx, v->recompute_modules, o) != MP_OK) {
     mp_error_prefix(ctx, "%s", where);
     return ctx->last;

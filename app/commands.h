@@ -81,6 +81,10 @@ mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
  * Megatron-Core's (the plan checks the rest). */
 mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                              mp_plan_options *o);
+/* --fp8-act-cache and --optimizer-moments fp32|bf16 (simulate, explain) into o->fp8_act_cache
+ * and o->moment_dtype; MP_ERR_USAGE for another dtype (the plan checks the recipe and the
+ * memory model). */
+mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
 /* --moe-imbalance F (>= 1), --moe-capacity-factor C (> 0) and
  * --moe-pad-expert-input-to-capacity (with C) into *r (simulate, explain, plan); each absent
  * option leaves its field. MP_ERR_USAGE for a value out of range; the plan checks the rest

@@ -158,6 +158,14 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p) {
   if (p->o->moe_fp8_dispatch)
     return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: float8 dispatch has no pretrain_gpt.py argument in "
                     "core_v0.14.0; drop --moe-fp8-dispatch");
+  if (p->o->fp8_act_cache)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: the float8 activation cache (DeepSeek-V3 sec. "
+                    "3.3.3) has no pretrain_gpt.py argument in core_v0.14.0; drop --fp8-act-cache");
+  if (p->o->moment_dtype != MP_DTYPE_FP32)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: core_v0.14.0 keeps bf16 moments only under "
+                    "--use-precision-aware-optimizer, which also stores the fp32 masters as bf16 parameters "
+                    "and 16-bit remainders (OptimizerConfig.store_param_remainders), a layout meshplan does "
+                    "not price; drop --optimizer-moments bf16");
   if (m->size[MP_DIM_PP] > 1 && p->o->pp_schedule == MP_PP_GPIPE)
     return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: Megatron-LM runs no GPipe schedule (1F1B, or "
                     "interleaved with virtual stages); plan with --pp-schedule 1f1b or interleaved");

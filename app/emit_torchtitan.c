@@ -89,6 +89,10 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p, const char **nam
   if (p->mesh->size[MP_DIM_PP] > 1 && p->o->pp_schedule == MP_PP_DUALPIPE)
     return mp_error(ctx, MP_ERR_USAGE, "--emit torchtitan: torchtitan v0.2.0 runs no DualPipe schedule; plan "
                     "with --pp-schedule 1f1b, interleaved or gpipe");
+  if (p->o->fp8_act_cache || p->o->moment_dtype != MP_DTYPE_FP32)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit torchtitan: torchtitan v0.2.0 has no option for %s; drop it",
+                    p->o->fp8_act_cache ? "DeepSeek-V3's float8 activation cache (--fp8-act-cache)"
+                                        : "bf16 AdamW moments (--optimizer-moments bf16)");
   /* the reader maps compile.enable back to these two profiles, so only they round-trip */
   if (strcmp(p->stack->name, "torchtitan-compile") != 0 && strcmp(p->stack->name, "torchtitan-eager") != 0)
     return mp_error(ctx, MP_ERR_USAGE,

@@ -126,6 +126,14 @@
   , { "--moe-fp8-dispatch", NULL, "DeepSeek-V3's float8 dispatch (sec. 3.3.3): the tokens sent to " \
     "the experts, and the gradients sent into their down projections, travel as E4M3 with an fp32 " \
     "scale per 128 elements; the combines stay bf16 (ep > 1, --fp8)", NULL }
+/* simulate and explain: DeepSeek-V3's low-precision storage (mp_cmd_storage; exec/plan.h,
+ * fp8_act_cache and moment_dtype) */
+#define MP_OPT_STORAGE                                                                             \
+  { "--fp8-act-cache", NULL, "DeepSeek-V3's activation cache (sec. 3.3.3): the tensors saved for " \
+    "the float8 Linears' backward and the MoE's SwiGLU inputs kept as E4M3 with an fp32 scale per " \
+    "128, the attention output in E5M6 (--fp8 blockwise, stack megatron-core)", NULL },           \
+  { "--optimizer-moments", "DTYPE", "AdamW's first and second moments: fp32 or bf16 (DeepSeek-V3 " \
+    "sec. 3.3.3; Megatron-Core's --exp-avg-dtype/--exp-avg-sq-dtype) (default fp32)", NULL }
 /* simulate, explain and plan: the experts' load (mp_cmd_moe_routing; exec/plan.h, mp_moe_routing).
  * train states its own --moe-capacity-factor, the runtime's drop rule (app/cmd_train.c). */
 #define MP_OPT_MOE_ROUTING                                                                         \

@@ -66,6 +66,10 @@ typedef struct mp_vrow {
                                  "" when absent or empty: none */
   int moe_fp8_dispatch; /* 0 or 1: DeepSeek-V3's float8 dispatch (exec/plan.h); -1 when the
                            column is absent or empty: off */
+  int fp8_act_cache;    /* 0 or 1: DeepSeek-V3's float8 activation cache (exec/plan.h); -1
+                           when the column is absent or empty: off */
+  char optimizer_moments[8]; /* fp32 or bf16 as written (exec/plan.h, moment_dtype); "" when
+                                absent or empty: fp32 */
   int async_tp;         /* 0 or 1: the TP collectives fused with their GEMMs (torchtitan's
                            AsyncTP, Megatron-Core's --tp-comm-overlap); -1 when the column is
                            absent or empty: the stack's default (on under megatron-core) */

@@ -89,13 +89,17 @@ void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o) {
              "; the routed experts (whole on each rank, etp=1) over their expert-DP group of %d "
              "instead (the stage's ranks holding the same experts)",
              mp_mesh_group_size(&p->mesh, MP_GROUP_EDP));
+  /* the fp32 master and AdamW's two moments: 12 bytes a parameter, 8 with bf16 moments */
+  const int state = 4 + 2 * mp_dtype_bytes(p->opts.moment_dtype);
+  char how[200];
+  if (o->shard_optimizer)
+    snprintf(how, sizeof how, "reduce-scattered over them, and the fp32 master weights and Adam state "
+             "sharded over them (the distributed optimizer, ZeRO-1: 6 + %d/d bytes a parameter), the "
+             "updated 16-bit parameters all-gathered back", state);
+  else
+    snprintf(how, sizeof how, "all-reduced over them (%d bytes a parameter at rest)", 6 + state);
   mp_plan_note(p,
-               "DDP: parameters replicated over dp_replicate x cp = %d, fp32 main gradients %s%s%s", d,
-               o->shard_optimizer
-                   ? "reduce-scattered over them, and the fp32 master weights and Adam state "
-                     "sharded over them (the distributed optimizer, ZeRO-1: 6 + 12/d bytes a "
-                     "parameter), the updated 16-bit parameters all-gathered back"
-                   : "all-reduced over them (18 bytes a parameter at rest)",
+               "DDP: parameters replicated over dp_replicate x cp = %d, fp32 main gradients %s%s%s", d, how,
                !o->overlap         ? ", after the step's last backward"
                : o->shard_optimizer ? ", bucket by bucket as the backward ends and the "
                                       "gathers in the next forward"
@@ -109,15 +113,15 @@ mp_group mp_plan_ddp_group(const mp_plan *p) {
 
 void mp_plan_dp_state_bytes(const mp_mesh *mesh, const mp_plan_options *o, double bytes[2], int64_t *ways) {
   const double mb = mp_dtype_bytes(o->master_dtype), pb = mp_dtype_bytes(o->fsdp.param_dtype),
-               rb = mp_dtype_bytes(o->fsdp.reduce_dtype);
+               rb = mp_dtype_bytes(o->fsdp.reduce_dtype), ob = mp_dtype_bytes(o->moment_dtype);
   *ways = 1;
   if (o->dp != MP_DP_DDP) { /* FSDP: the master and m, v, cut with the parameter */
     bytes[0] = 0;
-    bytes[1] = 3 * mb;
+    bytes[1] = mb + 2 * ob;
     return;
   }
   bytes[0] = pb + rb;
-  bytes[1] = 3 * mb;
+  bytes[1] = mb + 2 * ob;
   if (o->ddp.shard_optimizer)
     *ways = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * (mesh->size[MP_DIM_CP] > 1 ? mesh->size[MP_DIM_CP] : 1);
 }
@@ -133,7 +137,7 @@ static void ddp_state(const mp_plan *p, int64_t n, int64_t d, int64_t *param_byt
   *shard = (n + d - 1) / d;
   *param_bytes = n * mp_dtype_bytes(p->opts.fsdp.param_dtype) + *shard * mb;
   *grad_bytes = n * mp_dtype_bytes(p->opts.fsdp.reduce_dtype);
-  *optimizer_bytes = 2 * *shard * mb;
+  *optimizer_bytes = 2 * *shard * mp_dtype_bytes(p->opts.moment_dtype); /* AdamW's m and v */
 }
 
 void mp_plan_ddp_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,

@@ -127,3 +127,27 @@ mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, mp_fp8_rec
   mp_plan_destroy(p);
   return MP_OK;
 }
+
+/* DeepSeek-V3's low-precision storage (arXiv 2412.19437, sec. 3.3.3) is priced where its
+ * mechanism lives: the activation cache in the megatron model's saved lists under the
+ * blockwise recipe whose 1x128 tiles it reuses, bf16 moments in the autograd runtimes'
+ * optimizer state (the meshplan runtimes keep theirs in fp32). */
+mp_status mp_plan_storage_check(mp_ctx *ctx, const mp_plan_options *o) {
+  if (o->fp8_act_cache &&
+      (!o->fp8 || mp_fp8_recipe_of(o->fp8_opts.recipe, o->mem_model) != MP_FP8_BLOCKWISE ||
+       o->mem_model != MP_MEM_MODEL_MEGATRON))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "the float8 activation cache keeps the Linears' saved inputs in the blockwise "
+                    "recipe's 1x128 tiles (DeepSeek-V3 sec. 3.3.3); here fp8 %s, the %s memory model: "
+                    "it needs --fp8 blockwise under stack megatron-core, or drop it",
+                    o->fp8 ? "on" : "off", mp_mem_model_name(o->mem_model));
+  if (o->moment_dtype != MP_DTYPE_FP32 && o->moment_dtype != MP_DTYPE_BF16)
+    return mp_error(ctx, MP_ERR_INVALID, "AdamW moments in %s: choose fp32 or bf16",
+                    mp_dtype_name(o->moment_dtype));
+  if (o->moment_dtype == MP_DTYPE_BF16 && mp_mem_model_is_runtime(o->mem_model))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "bf16 AdamW moments: the %s memory model (the meshplan runtime) keeps them in fp32; "
+                    "drop --optimizer-moments bf16 or use a megatron or torchtitan stack",
+                    mp_mem_model_name(o->mem_model));
+  return MP_OK;
+}

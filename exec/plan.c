@@ -443,6 +443,7 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
                     "drop tp_comm_fused",
                     mp_mem_model_name(o->mem_model));
   MP_CHECK(moe_overlap_check(ctx, mesh, o));
+  MP_CHECK(mp_plan_storage_check(ctx, o));
   if (o->cp_wait_at_issue && o->mem_model != MP_MEM_MODEL_TORCHTITAN)
     return mp_error(ctx, MP_ERR_INVALID,
                     "cp_wait_at_issue is torchtitan's compiled ring (collectives waited where "
@@ -841,7 +842,8 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->cp_rotate != b->cp_rotate || opts->cp_comm != b->cp_comm || opts->cp_wait_at_issue != b->cp_wait_at_issue ||
       opts->tp_comm_fused != b->tp_comm_fused || opts->moe_a2a_overlap != b->moe_a2a_overlap ||
       opts->moe_fp8_dispatch != b->moe_fp8_dispatch || opts->recompute_modules != b->recompute_modules ||
-      opts->moe_dispatcher != b->moe_dispatcher ||
+      opts->moe_dispatcher != b->moe_dispatcher || opts->fp8_act_cache != b->fp8_act_cache ||
+      opts->moment_dtype != b->moment_dtype ||
       memcmp(&opts->moe_routing, &b->moe_routing, sizeof opts->moe_routing) != 0 ||
       (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,

@@ -442,6 +442,17 @@ typedef struct mp_plan_options {
                             as E4M3 with one fp32 scale per 128 elements (1 + 4/128 bytes an
                             element); the combines stay bf16. Needs ep > 1 and float8 Linears.
                             0: off (default: bf16 both ways) */
+  int fp8_act_cache;     /* DeepSeek-V3's low-precision storage of activations (arXiv
+                            2412.19437, sec. 3.3.3) under the blockwise float8 recipe and the
+                            megatron memory model: what a block saves for the backward of a
+                            float8 Linear, and the MoE's SwiGLU inputs, kept as E4M3 with an
+                            fp32 scale per 128 elements (1 + 4/128 bytes an element), the
+                            attention output (o's input) in their E5M6 (12 bits: 1.5 + 4/128
+                            bytes) (exec/schedule_act.c). 0: off (default: bf16) */
+  mp_dtype moment_dtype; /* AdamW's first and second moments: FP32 (default) or BF16
+                            (DeepSeek-V3 sec. 3.3.3, beside fp32 master weights and gradients;
+                            Megatron-Core's --exp-avg-dtype / --exp-avg-sq-dtype bf16 under
+                            --use-precision-aware-optimizer). The autograd memory models only */
   int64_t seq;           /* tokens per sequence (0: min(max_seq, 8192), set by mp_plan_create) */
   int64_t micro_batch;   /* sequences per micro-batch per data-parallel rank */
   int64_t global_batch;  /* sequences per step over all data-parallel ranks (0: one
@@ -578,6 +589,9 @@ int mp_plan_find_param(const mp_plan *p, const char *fqn);
  * the Float8 pass's filter (torchtitan's names, GEMM dims multiples of the recipe's tile:
  * exec/rules.h) on the TP pass's local shapes, from a plan built for it. A float8 plan differs from bf16 exactly
  * when *n_fp8 > 0. The TP rules must hold (mp_rule_tp_dim). */
+/* fp8_act_cache and moment_dtype against the recipe, the memory model and the dtypes they
+ * take: MP_ERR_INVALID naming the rule otherwise (exec/pass_float8.c). */
+mp_status mp_plan_storage_check(mp_ctx *ctx, const mp_plan_options *o);
 mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, mp_fp8_recipe recipe, int *n_fp8);
 /* The recipe a plan of memory model mm runs: r itself, or for MP_FP8_DEFAULT the model's own,
  * DELAYED under megatron (Megatron-LM's --fp8-recipe default), TENSORWISE otherwise. */

@@ -235,7 +235,12 @@ static void block_act_tt(const shapes *sh, int kind, mp_ac_mode ac, block_act *a
  * For GPT (f = 4H, LayerNorm statistics aside) the sum is sbh(10 + 24/t + 5as/(ht))
  * without SP and sbh(34/t + 5as/(ht)) with it, Korthikanti et al.'s Table 2 (tested).
  * selective-core drops the core attention's scores (recomputed from the saved Q, K, V
- * before the attention's backward, with the context again); full keeps the block input. */
+ * before the attention's backward, with the context again); full keeps the block input.
+ * A MoE MLP saves the torchtitan model's list less the expert outputs in token order
+ * (2 R H): Megatron-Core weights each routed row by its router probability inside the
+ * experts' activation (megatron/core/transformer/moe/experts.py, activation_func_with_probs,
+ * core_v0.14) and its combine is an unweighted unpermute (token_dispatcher.py, unpermute
+ * without probs; DeepEP's combine likewise), whose backward reads no saved tensor. */
 static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int materialized, int64_t core_more,
                          block_act *a) {
   memset(a, 0, sizeof *a);
@@ -252,7 +257,7 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
   if (kind == KIND_DENSE)
     M = 2 * Ts * H + st * Ts + in + (sh->gpt ? 2 : 4) * 2 * T * sh->d_ff + drop * Ts * H;
   else
-    M = mlp_all(sh, kind); /* MoE: as the torchtitan model counts it */
+    M = mlp_all(sh, kind) - 2 * sh->moe_tokens * sh->top_k * H; /* no combine input (above) */
   a->x = 2 * Ts * H;
   a->attn = A;
   a->mlp = M;
@@ -269,6 +274,7 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
 }
 
 static void modules_act(const gen *g, int kind, block_act *a);
+static void f8_cache_act(const gen *g, int kind, block_act *a);
 
 /* The block's saved tensors under the plan's memory model, the layer's policy and the
  * plan's recompute modules. */
@@ -283,6 +289,7 @@ static void block_act_of(const gen *g, int kind, mp_ac_mode ac, block_act *a) {
                  ag ? 2 * g->sh.tokens * g->sh.attn_out : 0, a);
   else block_act_tt(&g->sh, kind, ac, a);
   if (g->p->opts.recompute_modules) modules_act(g, kind, a);
+  if (g->p->opts.fp8_act_cache) f8_cache_act(g, kind, a);
 }
 
 /* An ALLOC or FREE of the open block's activations, flagged MP_MEM_KEPT when kept. */
@@ -321,6 +328,92 @@ static void modules_act(const gen *g, int kind, block_act *a) {
   a->rc_mlp += dm;
 }
 
+/* ---- DeepSeek-V3's float8 activation cache (exec/plan.h, fp8_act_cache) ---------------- */
+
+/* What caching n bf16 elements in float8 saves (arXiv 2412.19437, sec. 3.3.3: fine-grained
+ * 1x128 tiles, an fp32 scale each, 4/128 bytes an element): E4M3, 1 byte, saves 2 - 1 - 1/32
+ * = 31/32 bytes an element; the attention output, cached in DeepSeek's E5M6, 12 bits (1.5
+ * bytes, the format's width packed; the report states the format, not its container),
+ * saves 2 - 1.5 - 1/32 = 15/32. */
+static int64_t e4m3_saves(int64_t n) { return n * 31 / 32; }
+static int64_t e5m6_saves(int64_t n) { return n * 15 / 32; }
+
+/* The attention part's tensors the cache holds in float8 past what the recompute modules
+ * dropped: the attention output (o's input, read by the attention's backward too) in E5M6;
+ * the normed input where every Linear reading it runs float8 (a bf16 one, MLA's kv_a when
+ * its 576 rows miss the 128 tile, keeps the bf16 copy saved) and MLA's normed latents (q_b's
+ * and kv_b's inputs), each unless its module recomputes it. */
+static int64_t f8_cache_attn(const shapes *sh, uint32_t rc, int64_t in_elems) {
+  const int64_t T = sh->tokens;
+  int64_t d = sh->fp8[MP_MOD_O] ? e5m6_saves(T * sh->attn_out) : 0;
+  const int in_f8 = sh->mla ? sh->fp8[sh->q_lora > 0 ? MP_MOD_Q_A : MP_MOD_Q] && sh->fp8[MP_MOD_KV_A]
+                            : sh->fp8[MP_MOD_Q] && sh->fp8[MP_MOD_K] && sh->fp8[MP_MOD_V];
+  if (!(rc & (1u << MP_RC_LAYERNORM)) && in_f8) d += e4m3_saves(in_elems);
+  if (sh->mla && !(rc & (1u << MP_RC_MLA_UP_PROJ))) {
+    if (sh->q_lora > 0 && sh->fp8[MP_MOD_Q_B]) d += e4m3_saves(T * sh->q_lora);
+    if (sh->fp8[MP_MOD_KV_B]) d += e4m3_saves(T * sh->kv_lora);
+  }
+  return d;
+}
+
+/* The MLP part's: a dense MLP's normed input (gate and up in float8) and down's input; a MoE
+ * MLP's dispatched rows (the experts' gate/up input), the SwiGLU inputs of the routed and
+ * the shared experts (gate's and up's outputs, cached whatever reads them: sec. 3.3.3 (2))
+ * and down's inputs where moe_act does not recompute them. The MoE's normed input stays
+ * bf16 (the router's GEMM reads it). The routed tensors are the slowest EP rank's. */
+static int64_t f8_cache_mlp(const shapes *sh, uint32_t rc, int kind, int64_t in_elems) {
+  const int64_t T = sh->tokens;
+  if (kind == KIND_DENSE) {
+    int64_t d = sh->fp8[MP_MOD_DOWN] ? e4m3_saves(T * sh->d_ff) : 0;
+    const int in_f8 = sh->fp8[MP_MOD_UP] && (sh->gpt || sh->fp8[MP_MOD_GATE]);
+    if (!(rc & (1u << MP_RC_LAYERNORM)) && in_f8) d += e4m3_saves(in_elems);
+    return d;
+  }
+  const int64_t R = sh->moe_tokens * sh->top_k, fe = sh->d_ff_expert;
+  int64_t routed = e4m3_saves(2 * R * fe);
+  if (sh->fp8[MP_MOD_EXPERTS_GATE] && sh->fp8[MP_MOD_EXPERTS_UP]) routed += e4m3_saves(R * sh->d_model);
+  if (!(rc & (1u << MP_RC_MOE_ACT)) && sh->fp8[MP_MOD_EXPERTS_DOWN]) routed += e4m3_saves(R * fe);
+  int64_t d = received(sh, routed);
+  if (sh->has_shared) {
+    d += e4m3_saves(2 * T * sh->d_ff_shared);
+    if (sh->fp8[MP_MOD_SHARED_DOWN]) d += e4m3_saves(T * sh->d_ff_shared);
+  }
+  return d;
+}
+
+/* The cache's saving off each part's kept tensors (the megatron model: the plan check);
+ * under full AC a block keeps only its input, the residual stream, in bf16. */
+static void f8_cache_act(const gen *g, int kind, block_act *a) {
+  if (a->rc_first) return;
+  const shapes *sh = &g->sh;
+  const uint32_t rc = g->p->opts.recompute_modules;
+  const int64_t in_elems = (sh->sp ? sh->tokens_sp : sh->tokens) * sh->d_model; /* SP: kept sharded */
+  a->attn -= f8_cache_attn(sh, rc, in_elems);
+  a->mlp -= f8_cache_mlp(sh, rc, kind, in_elems);
+}
+
+/* The cache's copies a block's forward writes beside what it computes anyway: the attention
+ * output in E5M6 (1.5 + 4/128 bytes an element), written by the kernel that casts o's input
+ * to E4M3 for its GEMM, and the SwiGLU inputs in E4M3 (1 + 4/128), written by the SwiGLU
+ * that reads them, each costing its write; the Linears' other cached inputs are the E4M3
+ * operands their GEMMs read. Part `attn`, else the MLP of `kind`; none under full AC. */
+static void f8_cache_writes(gen *g, int attn, int kind) {
+  const shapes *sh = &g->sh;
+  if (!g->p->opts.fp8_act_cache || mp_plan_layer_ac(&g->p->opts, g->layer) == MP_AC_FULL) return;
+  const int64_t T = sh->tokens;
+  if (attn) {
+    const int64_t e = T * sh->attn_out;
+    if (sh->fp8[MP_MOD_O]) elementwise(g, MP_KERNEL_FP8_CAST, MP_VAR_FWD, MP_MOD_O, e, 0.0, (1.5 + 4.0 / 128) * e);
+    return;
+  }
+  if (kind != KIND_MOE) return;
+  const int64_t e = received(sh, 2 * sh->moe_tokens * sh->top_k * sh->d_ff_expert);
+  elementwise(g, MP_KERNEL_FP8_CAST, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, e, 0.0, (1.0 + 4.0 / 128) * e);
+  if (sh->has_shared)
+    elementwise(g, MP_KERNEL_FP8_CAST, MP_VAR_FWD, MP_MOD_SHARED_GATE, 2 * T * sh->d_ff_shared, 0.0,
+                (1.0 + 4.0 / 128) * (double)(2 * T * sh->d_ff_shared));
+}
+
 /* The recompute of part `attn` (else the MLP) under the plan's recompute modules, before
  * the part's backward (Megatron-Core's CheckpointWithoutOutput recomputes in the backward
  * hook of the output's consumer); alloc: its rc buffer is allocated here. */
@@ -338,8 +431,12 @@ static void recompute_modules(gen *g, const block_act *a, int kind, int attn, in
     if (alloc) act(g, BUF_RC_MLP, a->rc_mlp, 1, 0);
     if (rc & (1u << MP_RC_LAYERNORM)) mp_sched_norm_fwd(g, MP_MOD_FFN_NORM, sh->tokens_sp, sh->d_model);
     if ((rc & (1u << MP_RC_MOE_ACT)) && kind == KIND_MOE) {
+      /* gate and up read (bf16, or E4M3 with their scales from the float8 cache), the
+       * product written in bf16 */
       const int64_t e = sh->moe_tokens * sh->top_k * sh->d_ff_expert;
-      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, e, FLOPS_SWIGLU_FWD, 6.0 * (double)e);
+      const double in = g->p->opts.fp8_act_cache ? 1.0 + 4.0 / 128 : 2.0;
+      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, e, FLOPS_SWIGLU_FWD,
+                  (2.0 * in + 2.0) * (double)e);
     }
   }
   g->phase = MP_PHASE_BACKWARD;
@@ -357,10 +454,12 @@ void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd) {
   act(g, BUF_ACT_ATTN_TMP, a.attn_tmp, 1, 0);
   mp_sched_attention_fwd(g, pd);
   mp_sched_attention_out_fwd(g);
+  f8_cache_writes(g, 1, kind);
   act(g, BUF_ACT_ATTN_TMP, a.attn_tmp, 0, 0);
   act(g, BUF_ACT_MLP, a.mlp, 1, a.kept);
   act(g, BUF_ACT_MLP_TMP, a.mlp_tmp, 1, 0);
   mp_sched_mlp_fwd(g, kind, pd);
+  f8_cache_writes(g, 0, kind);
   act(g, BUF_ACT_MLP_TMP, a.mlp_tmp, 0, 0);
 }
 

@@ -109,6 +109,27 @@ p = run("simulate", "--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=8", "--
 check(p.returncode == 2 and "not modelled" in p.stderr, "recompute module moe")
 p = run("simulate", "--model", "llama3.1-8b", "--recompute-modules", "mla_up_proj", want_rc=2)
 check(p.returncode == 2 and "no multi-head latent attention" in p.stderr, "mla_up_proj without MLA")
+# DeepSeek-V3's low-precision storage (sec. 3.3.3): the activation cache needs the blockwise
+# recipe under megatron-core, the moments take fp32 or bf16, and bf16 moments halve the
+# optimizer state the simulator reports
+p = run("simulate", "--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=8", "--fp8", "--fp8-act-cache",
+        want_rc=2)
+check(p.returncode == 2 and "activation cache" in p.stderr, "activation cache under torchtitan's recipe")
+p = run("simulate", "--model", "llama3.1-8b", "--optimizer-moments", "fp16", want_rc=2)
+check(p.returncode == 2 and "choose fp32 or bf16" in p.stderr, "fp16 moments")
+mem = {}
+for d in ("fp32", "bf16"):
+    p = run("simulate", "--model", "llama3.1-8b", "--stack", "megatron-core", "--mesh", "dp_replicate=8",
+            "--optimizer-moments", d, "--json")
+    if p.returncode == 0:
+        mem[d] = json.loads(p.stdout)
+if len(mem) == 2:
+    check(mem["bf16"].get("optimizer_moments") == "bf16" and "optimizer_moments" not in mem["fp32"],
+          "optimizer_moments in the JSON")
+    got = mem["fp32"]["mem_at_peak_bytes"]["optimizer"], mem["bf16"]["mem_at_peak_bytes"]["optimizer"]
+    check(got[0] == 2 * got[1] > 0, f"bf16 moments halve the optimizer state: {got}")
+else:
+    check(False, "simulate --optimizer-moments fp32|bf16 ran")
 
 # no pipeline, no section
 p = run("explain", "--model", "llama3.1-8b", "--json")

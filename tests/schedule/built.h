@@ -48,14 +48,12 @@ struct Opts {
   mp_schedule_mode mode = MP_SCHEDULE_EXPANDED;
   int moe_fp8_dispatch = 0;
   uint32_t recompute_modules = 0;  // bits 1 << mp_rc_module
+  int fp8_act_cache = 0;
+  mp_dtype moment_dtype = MP_DTYPE_FP32;
 };
 
-inline void Build(Built *b, const Opts &o) {
-  mp_ctx_init(&b->ctx);
-  ASSERT_EQ(mp_model_load(&b->ctx, o.model, &b->model), MP_OK) << mp_errmsg(&b->ctx);
-  mp_mesh mesh;
-  ASSERT_EQ(mp_mesh_parse(&b->ctx, o.mesh, 0, &mesh), MP_OK) << mp_errmsg(&b->ctx);
-  mp_plan_options po;
+inline void FillOptions(const Opts &o, mp_plan_options *out) {
+  mp_plan_options &po = *out;
   mp_plan_options_init(&po);
   po.ac = o.ac;
   po.fp8 = o.fp8;
@@ -76,7 +74,23 @@ inline void Build(Built *b, const Opts &o) {
   po.ddp.shard_optimizer = o.dist_opt;
   po.moe_fp8_dispatch = o.moe_fp8_dispatch;
   po.recompute_modules = o.recompute_modules;
-  ASSERT_EQ(mp_build_plan(&b->ctx, &b->model, &mesh, &po, &b->plan), MP_OK) << mp_errmsg(&b->ctx);
+  po.fp8_act_cache = o.fp8_act_cache;
+  po.moment_dtype = o.moment_dtype;
+}
+
+// The plan of o alone: mp_build_plan's status (its message on b->ctx).
+inline mp_status PlanOnly(Built *b, const Opts &o) {
+  mp_ctx_init(&b->ctx);
+  if (mp_model_load(&b->ctx, o.model, &b->model) != MP_OK) return b->ctx.last;
+  mp_mesh mesh;
+  if (mp_mesh_parse(&b->ctx, o.mesh, 0, &mesh) != MP_OK) return b->ctx.last;
+  mp_plan_options po;
+  FillOptions(o, &po);
+  return mp_build_plan(&b->ctx, &b->model, &mesh, &po, &b->plan);
+}
+
+inline void Build(Built *b, const Opts &o) {
+  ASSERT_EQ(PlanOnly(b, o), MP_OK) << mp_errmsg(&b->ctx);
   b->arena = mp_arena_create();
   ASSERT_EQ(mp_schedule_build(&b->ctx, b->plan, o.rank, o.mode, b->arena, &b->s), MP_OK)
       << mp_errmsg(&b->ctx);
