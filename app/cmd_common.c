@@ -162,6 +162,20 @@ mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
   return MP_OK;
 }
 
+mp_status mp_cmd_fuse_loss(mp_ctx *ctx, const struct mp_stack_profile *prof, mp_plan_options *o) {
+  if (o->loss != MP_LOSS_INPLACE)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--cross-entropy-loss-fusion fuses Megatron-LM's vocab-parallel cross-entropy; "
+                    "stack %s does not run it: use megatron-core or megatron-lm, or drop it", prof->name);
+  o->loss = MP_LOSS_INPLACE_FUSED;
+  return MP_OK;
+}
+
+mp_status mp_cmd_ce_fusion(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                           mp_plan_options *o) {
+  return mp_args_has(spec, "--cross-entropy-loss-fusion") ? mp_cmd_fuse_loss(ctx, prof, o) : MP_OK;
+}
+
 mp_status mp_cmd_moe_routing(mp_ctx *ctx, const mp_cmd_spec *spec, mp_moe_routing *r) {
   MP_CHECK(mp_args_double(ctx, spec, "--moe-imbalance", 1.0, MP_LIM_MOE_LOAD, MP_RANGE_CLOSED, &r->imbalance));
   MP_CHECK(mp_args_double(ctx, spec, "--moe-capacity-factor", 0.0, MP_LIM_MOE_LOAD, MP_RANGE_OPEN_LO,

@@ -27,7 +27,8 @@
  * --tp-comm-overlap is on), fp8_recipe (with fp8 1: tensorwise, current, delayed,
  * rowwise, mxfp8 or blockwise; empty or absent: the stack's recipe), moe_dispatcher
  * (alltoall or deepep: how EP moves tokens, exec/plan.h; empty or absent: alltoall),
- * moe_fp8_dispatch (1: DeepSeek-V3's float8 dispatch; empty or absent: off), recompute_modules
+ * moe_fp8_dispatch (1: DeepSeek-V3's float8 dispatch; empty or absent: off), ce_fusion (1:
+ * Megatron-Core's --cross-entropy-loss-fusion; empty or absent: off), recompute_modules
  * (Megatron-Core's output-discarding recompute modules split by spaces, layernorm mla_up_proj
  * moe_act; empty or absent: none). The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
@@ -143,6 +144,10 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   o->moe_routing.capacity_factor = v->moe_capacity_factor;
   if (v->sp >= 0) o->sp = v->sp;
   o->moe_fp8_dispatch = v->moe_fp8_dispatch == 1;
+  if (v->ce_fusion == 1 && mp_cmd_fuse_loss(ctx, &j->prof, o) != MP_OK) {
+    mp_error_prefix(ctx, "%s: ce_fusion = 1", where);
+    return ctx->last;
+  }
   if (v->recompute_modules[0] && mp_recompute_modules_parse(ctx, v->recompute_modules, o) != MP_OK) {
     mp_error_prefix(ctx, "%s", where);
     return ctx->last;

@@ -79,6 +79,12 @@ mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
  * Megatron-Core's (the plan checks the rest). */
 mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                              mp_plan_options *o);
+/* Megatron-Core's --cross-entropy-loss-fusion: o->loss from the stack's INPLACE to
+ * INPLACE_FUSED (exec/plan.h); MP_ERR_USAGE naming the stack where its loss is not Megatron's.
+ * mp_cmd_ce_fusion does it where simulate's or explain's command line gives the option. */
+mp_status mp_cmd_fuse_loss(mp_ctx *ctx, const struct mp_stack_profile *prof, mp_plan_options *o);
+mp_status mp_cmd_ce_fusion(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                           mp_plan_options *o);
 /* --moe-imbalance F (>= 1), --moe-capacity-factor C (> 0) and
  * --moe-pad-expert-input-to-capacity (with C) into *r (simulate, explain, plan); each absent
  * option leaves its field. MP_ERR_USAGE for a value out of range; the plan checks the rest

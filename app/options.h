@@ -122,6 +122,11 @@
   , { "--moe-fp8-dispatch", NULL, "DeepSeek-V3's float8 dispatch (sec. 3.3.3): the tokens sent to " \
     "the experts, and the gradients sent into their down projections, travel as E4M3 with an fp32 " \
     "scale per 128 elements; the combines stay bf16 (ep > 1, --fp8)", NULL }
+/* simulate and explain: Megatron-Core's fused cross-entropy (mp_cmd_ce_fusion) */
+#define MP_OPT_CE_FUSION                                                                           \
+  { "--cross-entropy-loss-fusion", NULL, "Megatron-Core's option of that name: the vocab-parallel " \
+    "cross-entropy's steps compiled into one kernel a function (fewer passes over the fp32 "        \
+    "logits) where Megatron's default runs one eager kernel a step (megatron-core, megatron-lm)", NULL }
 /* simulate, explain and plan: the experts' load (mp_cmd_moe_routing; exec/plan.h, mp_moe_routing).
  * train states its own --moe-capacity-factor, the runtime's drop rule (app/cmd_train.c). */
 #define MP_OPT_MOE_ROUTING                                                                         \

@@ -210,6 +210,7 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   if (lay && lay[0]) MP_CHECK(need_str(r, "pp_layout", 1, row->pp_layout, sizeof row->pp_layout));
   MP_CHECK(opt_flag(r, "sp", &row->sp));
   MP_CHECK(opt_flag(r, "moe_fp8_dispatch", &row->moe_fp8_dispatch));
+  MP_CHECK(opt_flag(r, "ce_fusion", &row->ce_fusion));
   row->recompute_modules[0] = '\0';
   const char *rcm = field(r, "recompute_modules");
   if (rcm && rcm[0])

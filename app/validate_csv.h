@@ -64,6 +64,8 @@ typedef struct mp_vrow {
                                  "" when absent or empty: none */
   int moe_fp8_dispatch; /* 0 or 1: DeepSeek-V3's float8 dispatch (exec/plan.h); -1 when the
                            column is absent or empty: off */
+  int ce_fusion;        /* 0 or 1: Megatron-Core's --cross-entropy-loss-fusion (exec/plan.h,
+                           MP_LOSS_INPLACE_FUSED); -1 when the column is absent or empty: off */
   int async_tp;         /* 0 or 1: the TP collectives fused with their GEMMs (torchtitan's
                            AsyncTP, Megatron-Core's --tp-comm-overlap); -1 when the column is
                            absent or empty: the stack's default (on under megatron-core) */

@@ -158,8 +158,12 @@ typedef enum mp_attn_impl { MP_ATTN_FLASH = 0, MP_ATTN_MATERIALIZED } mp_attn_im
  *   FUSED    one kernel (torch.compile's Inductor, llm.c's fused classifier): the bf16 logits
  *            and an fp32 log-sum-exp per token kept, the bf16 gradient written directly
  *   INPLACE  Megatron-LM's vocab-parallel cross-entropy: one fp32 copy of the logits turned
- *            into the softmax in place (saved) and into the gradient in place in backward */
-typedef enum mp_loss_impl { MP_LOSS_EAGER = 0, MP_LOSS_FUSED, MP_LOSS_INPLACE } mp_loss_impl;
+ *            into the softmax in place (saved) and into the gradient in place in backward,
+ *            one eager kernel a step (Megatron's default)
+ *   INPLACE_FUSED  the same tensors under Megatron-Core's --cross-entropy-loss-fusion, its
+ *            steps compiled into one kernel a function (megatron/core/fusions/
+ *            fused_cross_entropy.py) */
+typedef enum mp_loss_impl { MP_LOSS_EAGER = 0, MP_LOSS_FUSED, MP_LOSS_INPLACE, MP_LOSS_INPLACE_FUSED } mp_loss_impl;
 
 typedef struct mp_param {
   const char *fqn;    /* "layers.3.attention.q_proj.weight" */

@@ -35,6 +35,7 @@ struct Opts {
   int sp = -1;  // the plan's default: on with tp > 1
   mp_mem_model mem_model = MP_MEM_MODEL_TORCHTITAN;
   mp_attn_impl attn = MP_ATTN_FLASH;
+  mp_loss_impl loss = MP_LOSS_EAGER;
   int64_t micro_batch = 1;
   int64_t global_batch = 0;
   int64_t seq = 8192;
@@ -64,6 +65,7 @@ inline void Build(Built *b, const Opts &o) {
   po.sp = o.sp;
   po.mem_model = o.mem_model;
   po.attn = o.attn;
+  po.loss = o.loss;
   po.micro_batch = o.micro_batch;
   po.global_batch = o.global_batch;
   po.seq = o.seq;
