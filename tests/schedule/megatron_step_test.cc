@@ -1,8 +1,9 @@
-// Megatron-LM's vocab-parallel cross-entropy in the schedule, against hand counts of the bytes
-// its kernels move over the [T, V/tp] logits: the eager steps of _VocabParallelCrossEntropy
-// (megatron/core/tensor_parallel/cross_entropy.py, core_v0.14.0; Megatron's default) and the
-// fused ones of --cross-entropy-loss-fusion (megatron/core/fusions/fused_cross_entropy.py,
-// each jit_fuser function one compiled kernel). Both keep the same tensors.
+// Megatron-LM's per-step kernels outside the blocks in the schedule, against hand counts: the
+// bytes its vocab-parallel cross-entropy moves over the [T, V/tp] logits, the eager steps of
+// _VocabParallelCrossEntropy (megatron/core/tensor_parallel/cross_entropy.py, core_v0.14.0;
+// Megatron's default) and the fused ones of --cross-entropy-loss-fusion (megatron/core/
+// fusions/fused_cross_entropy.py, each jit_fuser function one compiled kernel), both keeping
+// the same tensors; and the fp32 gradient buffer zeroed once a step (zero_grad_buffer).
 #include <gtest/gtest.h>
 
 #include "tests/schedule/built.h"
@@ -21,13 +22,19 @@ struct LossOps {
   int64_t f32_logits = 0;  // bytes of the fp32 logits copy allocated in the loss forward
 };
 
-LossOps Loss(mp_loss_impl loss, const char *mesh) {
-  Built b;
+Opts Megatron(const char *mesh) {
   Opts o;
   o.mesh = mesh;
   o.mem_model = MP_MEM_MODEL_MEGATRON;
-  o.loss = loss;
+  o.loss = MP_LOSS_INPLACE;
   o.seq = 4096;
+  return o;
+}
+
+LossOps Loss(mp_loss_impl loss, const char *mesh) {
+  Built b;
+  Opts o = Megatron(mesh);
+  o.loss = loss;
   Build(&b, o);
   LossOps r;
   for (const Inst &x : Expand(b.s)) {
@@ -72,6 +79,33 @@ TEST(Loss, MegatronCrossEntropyBytesEagerAndFused) {
     // the fp32 copy that becomes the softmax (saved) is the same tensor in both paths
     EXPECT_EQ(eager.f32_logits, (int64_t)(4.0 * TV));
     EXPECT_EQ(fused.f32_logits, eager.f32_logits);
+  }
+}
+
+// llama3.1-8b's parameters: the embedding and the untied output layer 128256 x 4096 each;
+// a layer's q and o 4096 x 4096, k and v 1024 x 4096, gate, up and down 3 x 14336 x 4096,
+// two norms of 4096; the final norm 4096: 2 x 525,336,576 + 32 x 218,112,000 + 4096 =
+// 8,030,261,248. Under tp 2 a rank holds half of each matrix and every norm:
+// 525,336,576 + 32 x (109,051,904 + 8192) + 4096 = 4,015,263,744. Each step Megatron zeroes
+// the rank's whole fp32 gradient buffer (4 bytes a parameter) once (train_step's
+// zero_grad_buffer, before the next step's forward), whatever the micro-batches.
+TEST(MegatronStep, GradientBufferZeroedOnceAStep) {
+  const struct {
+    const char *mesh;
+    double params;
+  } cases[] = {{"dp_replicate=8", 8030261248.0}, {"dp_replicate=4,tp=2", 4015263744.0}};
+  for (const auto &c : cases) {
+    SCOPED_TRACE(c.mesh);
+    Built b;
+    Opts o = Megatron(c.mesh);
+    o.global_batch = 16;  // two micro-batches a rank on dp 8, four on dp 4
+    Build(&b, o);
+    int zeroes = 0;
+    for (const Inst &x : Expand(b.s))
+      if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_COPY && x.op->phase == MP_PHASE_OPTIMIZER &&
+          x.op->bytes == 4.0 * c.params)
+        zeroes++;
+    EXPECT_EQ(zeroes, 1);
   }
 }
 
