@@ -10,11 +10,20 @@
 
 namespace {
 
-using sched_test::Build;
 using sched_test::Built;
-using sched_test::Expand;
 using sched_test::Inst;
 using sched_test::Opts;
+
+// llama3.1-8b on 8 ranks, without and with tp 2: what a rank holds of the vocabulary (128256,
+// halved by tp 2) and of the parameters. Its parameters: the embedding and the untied output
+// layer 128256 x 4096 each; a layer's q and o 4096 x 4096, k and v 1024 x 4096, gate, up and
+// down 3 x 14336 x 4096, two norms of 4096; the final norm 4096: 2 x 525,336,576 + 32 x
+// 218,112,000 + 4096 = 8,030,261,248. Under tp 2 a rank holds half of each matrix and every
+// norm: 525,336,576 + 32 x (109,051,904 + 8192) + 4096 = 4,015,263,744.
+const struct MeshCase {
+  const char *mesh;
+  double vocab, params;
+} kCases[] = {{"dp_replicate=8", 128256.0, 8030261248.0}, {"dp_replicate=4,tp=2", 64128.0, 4015263744.0}};
 
 struct LossOps {
   double fwd_bytes = 0, bwd_bytes = 0;
@@ -35,9 +44,9 @@ LossOps Loss(mp_loss_impl loss, const char *mesh) {
   Built b;
   Opts o = Megatron(mesh);
   o.loss = loss;
-  Build(&b, o);
+  sched_test::Build(&b, o);
   LossOps r;
-  for (const Inst &x : Expand(b.s)) {
+  for (const Inst &x : sched_test::Expand(b.s)) {
     if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_LOSS) {
       const int fwd = x.op->variant == MP_VAR_FWD;
       (fwd ? r.fwd_bytes : r.bwd_bytes) += x.op->bytes;
@@ -50,7 +59,7 @@ LossOps Loss(mp_loss_impl loss, const char *mesh) {
   return r;
 }
 
-// llama3.1-8b (vocabulary 128256), one sequence of 4096 tokens a micro-batch. Eager, per
+// One sequence of 4096 tokens a micro-batch. Eager, per
 // logit: the fp32 cast reads 2 and writes 4 bytes, torch.max reads 4, the in-place
 // subtraction of the max reads and writes 4, torch.exp(out=) 4 + 4, the sum reads 4, div_
 // 4 + 4: 38 forward; backward mul_(grad_output) 4 + 4 and autograd's cast back to the bf16
@@ -58,13 +67,9 @@ LossOps Loss(mp_loss_impl loss, const char *mesh) {
 // calculate_logits_max casts and reduces in one pass (2 + 4), calculate_predicted_logits
 // subtracts, exponentiates and sums in one (4 + 4), calculate_cross_entropy_loss divides
 // (4 + 4): 22; calculate_gradients reads the softmax, updates it in place and writes the
-// bf16 gradient: 4 + 4 + 2 = 10. With tp 2 each rank holds half the vocabulary.
-TEST(Loss, MegatronCrossEntropyBytesEagerAndFused) {
-  const struct {
-    const char *mesh;
-    double vocab;
-  } cases[] = {{"dp_replicate=8", 128256.0}, {"dp_replicate=4,tp=2", 64128.0}};
-  for (const auto &c : cases) {
+// bf16 gradient: 4 + 4 + 2 = 10.
+TEST(MegatronStep, CrossEntropyBytesEagerAndFused) {
+  for (const MeshCase &c : kCases) {
     SCOPED_TRACE(c.mesh);
     const double TV = 4096.0 * c.vocab;
     const LossOps eager = Loss(MP_LOSS_INPLACE, c.mesh), fused = Loss(MP_LOSS_INPLACE_FUSED, c.mesh);
@@ -82,26 +87,18 @@ TEST(Loss, MegatronCrossEntropyBytesEagerAndFused) {
   }
 }
 
-// llama3.1-8b's parameters: the embedding and the untied output layer 128256 x 4096 each;
-// a layer's q and o 4096 x 4096, k and v 1024 x 4096, gate, up and down 3 x 14336 x 4096,
-// two norms of 4096; the final norm 4096: 2 x 525,336,576 + 32 x 218,112,000 + 4096 =
-// 8,030,261,248. Under tp 2 a rank holds half of each matrix and every norm:
-// 525,336,576 + 32 x (109,051,904 + 8192) + 4096 = 4,015,263,744. Each step Megatron zeroes
-// the rank's whole fp32 gradient buffer (4 bytes a parameter) once (train_step's
-// zero_grad_buffer, before the next step's forward), whatever the micro-batches.
+// Each step Megatron zeroes the rank's whole fp32 gradient buffer (4 bytes a parameter it
+// holds) once (train_step's zero_grad_buffer, before the next step's forward), whatever the
+// micro-batches.
 TEST(MegatronStep, GradientBufferZeroedOnceAStep) {
-  const struct {
-    const char *mesh;
-    double params;
-  } cases[] = {{"dp_replicate=8", 8030261248.0}, {"dp_replicate=4,tp=2", 4015263744.0}};
-  for (const auto &c : cases) {
+  for (const MeshCase &c : kCases) {
     SCOPED_TRACE(c.mesh);
     Built b;
     Opts o = Megatron(c.mesh);
     o.global_batch = 16;  // two micro-batches a rank on dp 8, four on dp 4
-    Build(&b, o);
+    sched_test::Build(&b, o);
     int zeroes = 0;
-    for (const Inst &x : Expand(b.s))
+    for (const Inst &x : sched_test::Expand(b.s))
       if (x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_COPY && x.op->phase == MP_PHASE_OPTIMIZER &&
           x.op->bytes == 4.0 * c.params)
         zeroes++;
