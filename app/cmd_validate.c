@@ -28,7 +28,9 @@
  * rowwise, mxfp8 or blockwise; empty or absent: the stack's recipe), moe_dispatcher
  * (alltoall or deepep: how EP moves tokens, exec/plan.h; empty or absent: alltoall),
  * moe_fp8_dispatch (1: DeepSeek-V3's float8 dispatch; empty or absent: off), ce_fusion (1:
- * Megatron-Core's --cross-entropy-loss-fusion; empty or absent: off), recompute_modules
+ * Megatron-Core's --cross-entropy-loss-fusion; empty or absent: off), ddp_average_in_collective
+ * (1: Megatron-LM's --ddp-average-in-collective) and ddp_check_grads (0: its
+ * --no-check-for-nan-in-loss-and-grad; empty or absent: the stack's), recompute_modules
  * (Megatron-Core's output-discarding recompute modules split by spaces, layernorm mla_up_proj
  * moe_act; empty or absent: none). The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
@@ -144,8 +146,9 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   o->moe_routing.capacity_factor = v->moe_capacity_factor;
   if (v->sp >= 0) o->sp = v->sp;
   o->moe_fp8_dispatch = v->moe_fp8_dispatch == 1;
-  if (v->ce_fusion == 1 && mp_cmd_fuse_loss(ctx, &j->prof, o) != MP_OK) {
-    mp_error_prefix(ctx, "%s: ce_fusion = 1", where);
+  if ((v->ce_fusion == 1 && mp_cmd_fuse_loss(ctx, &j->prof, o) != MP_OK) ||
+      mp_cmd_ddp_bucket_prep(ctx, &j->prof, v->ddp_average_in_collective == 1, v->ddp_check_grads == 0, o) != MP_OK) {
+    mp_error_prefix(ctx, "%s", where);
     return ctx->last;
   }
   if (v->recompute_modules[0] && mp_recompute_modules_parse(ctx, v->recompute_modules, o) != MP_OK) {

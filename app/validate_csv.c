@@ -211,6 +211,8 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_flag(r, "sp", &row->sp));
   MP_CHECK(opt_flag(r, "moe_fp8_dispatch", &row->moe_fp8_dispatch));
   MP_CHECK(opt_flag(r, "ce_fusion", &row->ce_fusion));
+  MP_CHECK(opt_flag(r, "ddp_average_in_collective", &row->ddp_average_in_collective));
+  MP_CHECK(opt_flag(r, "ddp_check_grads", &row->ddp_check_grads));
   row->recompute_modules[0] = '\0';
   const char *rcm = field(r, "recompute_modules");
   if (rcm && rcm[0])

@@ -835,8 +835,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
       opts->pp_virtual != b->pp_virtual || !same_pp_layers(opts, b) || seq != b->seq || opts->master_dtype != b->master_dtype ||
       opts->mem_model != b->mem_model || opts->attn != b->attn || opts->loss != b->loss ||
-      dp_of(opts) != b->dp || opts->ddp.overlap != b->ddp.overlap ||
-      opts->ddp.shard_optimizer != b->ddp.shard_optimizer ||
+      dp_of(opts) != b->dp || memcmp(&opts->ddp, &b->ddp, sizeof opts->ddp) != 0 ||
       opts->cp_rotate != b->cp_rotate || opts->cp_wait_at_issue != b->cp_wait_at_issue ||
       opts->tp_comm_fused != b->tp_comm_fused || opts->moe_a2a_overlap != b->moe_a2a_overlap ||
       opts->moe_fp8_dispatch != b->moe_fp8_dispatch || opts->recompute_modules != b->recompute_modules ||

@@ -355,6 +355,14 @@ typedef struct mp_ddp_options {
                           shard_optimizer the parameters gathered block by block in the next
                           forward (--overlap-param-gather); 0: once after the step's last
                           backward. Set from the stack (key "dp_overlap") */
+  int scale_grads;     /* each bucket's gradients multiplied by 1/d on the compute stream
+                          before its reduction (Megatron-LM's gradient_scaling_factor, unless
+                          --ddp-average-in-collective). Set from the stack (key
+                          "ddp_scale_grads") */
+  int check_grads;     /* each bucket's gradient norm taken and checked for NaN and Inf before
+                          its reduction (Megatron-Core's check_for_nan_in_grad, on unless
+                          --no-check-for-nan-in-loss-and-grad). Set from the stack (key
+                          "ddp_check_grads") */
 } mp_ddp_options;
 
 /* What mp_build_plan needs besides the model and mesh. Defaults: mp_plan_options_init. */

@@ -45,6 +45,7 @@ struct Opts {
   mp_cp_rotate cp_rotate = MP_CP_ROTATE_ALLGATHER;
   int dp_overlap = 0;
   int dist_opt = 0;
+  int ddp_scale = 0, ddp_check = 0;  // Megatron's DDP bucket preparation (mp_ddp_options)
   mp_schedule_mode mode = MP_SCHEDULE_EXPANDED;
   int moe_fp8_dispatch = 0;
   uint32_t recompute_modules = 0;  // bits 1 << mp_rc_module
@@ -74,6 +75,8 @@ inline void Build(Built *b, const Opts &o) {
   po.cp_rotate = o.cp_rotate;
   po.ddp.overlap = o.dp_overlap;
   po.ddp.shard_optimizer = o.dist_opt;
+  po.ddp.scale_grads = o.ddp_scale;
+  po.ddp.check_grads = o.ddp_check;
   po.moe_fp8_dispatch = o.moe_fp8_dispatch;
   po.recompute_modules = o.recompute_modules;
   ASSERT_EQ(mp_build_plan(&b->ctx, &b->model, &mesh, &po, &b->plan), MP_OK) << mp_errmsg(&b->ctx);

@@ -3,8 +3,11 @@
 // _VocabParallelCrossEntropy (megatron/core/tensor_parallel/cross_entropy.py, core_v0.14.0;
 // Megatron's default) and the fused ones of --cross-entropy-loss-fusion (megatron/core/
 // fusions/fused_cross_entropy.py, each jit_fuser function one compiled kernel), both keeping
-// the same tensors; and the fp32 gradient buffer zeroed once a step (zero_grad_buffer).
+// the same tensors; the fp32 gradient buffer zeroed once a step (zero_grad_buffer); and each
+// gradient bucket's NaN check and 1/dp scaling before its reduction (start_grad_sync).
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "tests/schedule/built.h"
 
@@ -103,6 +106,39 @@ TEST(MegatronStep, GradientBufferZeroedOnceAStep) {
           x.op->bytes == 4.0 * c.params)
         zeroes++;
     EXPECT_EQ(zeroes, 1);
+  }
+}
+
+// With --overlap-grad-reduce a bucket is a block's gradients (or the root's), reduced in the
+// last micro-batch's backward; before each reduction Megatron-Core takes the bucket's norm
+// (reads its fp32 elements: 4 bytes each) and scales it by 1/dp (reads and writes them: 8),
+// on the compute stream (param_and_grad_buffer.py start_grad_sync, core_v0.14.0). Over the
+// step the buckets cover every parameter the rank holds once, whatever the micro-batches:
+// 4 and 8 bytes a parameter, one norm and one scaling a bucket (33: the root and 32 blocks).
+// Without the two switches (--no-check-for-nan-in-loss-and-grad, --ddp-average-in-collective)
+// there is neither.
+TEST(MegatronStep, BucketsCheckedAndScaledBeforeTheirReduction) {
+  for (const MeshCase &c : kCases) {
+    for (int on = 0; on <= 1; on++) {
+      SCOPED_TRACE(std::string(c.mesh) + (on ? " checked and scaled" : " neither"));
+      Built b;
+      Opts o = Megatron(c.mesh);
+      o.global_batch = 16;  // two micro-batches a rank on dp 8, four on dp 4
+      o.dp_overlap = 1;
+      o.ddp_scale = o.ddp_check = on;
+      sched_test::Build(&b, o);
+      double norm = 0, scale = 0;
+      int n_norm = 0, n_scale = 0;
+      for (const Inst &x : sched_test::Expand(b.s)) {
+        if (x.op->type != MP_OP_COMPUTE || x.op->phase != MP_PHASE_BACKWARD) continue;
+        if (x.op->kernel == MP_KERNEL_GRAD_NORM) norm += x.op->bytes, n_norm++;
+        if (x.op->kernel == MP_KERNEL_COPY) scale += x.op->bytes, n_scale++;
+      }
+      EXPECT_EQ(n_norm, on ? 33 : 0);
+      EXPECT_EQ(n_scale, on ? 33 : 0);
+      EXPECT_DOUBLE_EQ(norm, on ? 4.0 * c.params : 0.0);
+      EXPECT_DOUBLE_EQ(scale, on ? 8.0 * c.params : 0.0);
+    }
   }
 }
 
