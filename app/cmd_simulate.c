@@ -44,6 +44,7 @@ static mp_opt k_opts[] = {
     MP_OPT_MOE_DISPATCHER,
     MP_OPT_OVERLAP_MOE_COMM,
     MP_OPT_STORAGE,
+    MP_OPT_CE_FUSION,
     MP_OPT_MOE_ROUTING,
     MP_OPT_AC(""),
     MP_OPT_RECOMPUTE_MODULES,
@@ -348,6 +349,7 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
   MP_CHECK(mp_cmd_cp_rotate(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_async_tp(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_moe_comm(ctx, &k_spec, &j->prof, &j->o));
+  MP_CHECK(mp_cmd_ce_fusion(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_moe_routing(ctx, &k_spec, &j->o.moe_routing));
   MP_CHECK(mp_cmd_storage(ctx, &k_spec, &j->o));
   memset(&j->cfg, 0, sizeof j->cfg);

@@ -85,6 +85,17 @@ mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
  * and o->moment_dtype; MP_ERR_USAGE for another dtype (the plan checks the recipe and the
  * memory model). */
 mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
+/* Megatron-Core's --cross-entropy-loss-fusion: o->loss from the stack's INPLACE to
+ * INPLACE_FUSED (exec/plan.h); MP_ERR_USAGE naming the stack where its loss is not Megatron's.
+ * Megatron-LM's --ddp-average-in-collective (average_in_collective 1) and
+ * --no-check-for-nan-in-loss-and-grad (no_check 1) turn off o->ddp.scale_grads and
+ * o->ddp.check_grads; MP_ERR_USAGE under a stack without Megatron's DDP. mp_cmd_ce_fusion
+ * does all three where simulate's or explain's command line gives the options. */
+mp_status mp_cmd_fuse_loss(mp_ctx *ctx, const struct mp_stack_profile *prof, mp_plan_options *o);
+mp_status mp_cmd_ddp_bucket_prep(mp_ctx *ctx, const struct mp_stack_profile *prof, int average_in_collective,
+                                 int no_check, mp_plan_options *o);
+mp_status mp_cmd_ce_fusion(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                           mp_plan_options *o);
 /* --moe-imbalance F (>= 1), --moe-capacity-factor C (> 0) and
  * --moe-pad-expert-input-to-capacity (with C) into *r (simulate, explain, plan); each absent
  * option leaves its field. MP_ERR_USAGE for a value out of range; the plan checks the rest

@@ -73,6 +73,9 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
   if (!is_plan) {
     if (p->moe_deepep) add(f, "--moe-dispatcher", "deepep");
     if (p->moe_a2a_overlap) add(f, "--overlap-moe-comm", NULL);
+    if (p->ce_fusion) add(f, "--cross-entropy-loss-fusion", NULL);
+    if (p->ddp_average) add(f, "--ddp-average-in-collective", NULL);
+    if (p->ddp_no_check) add(f, "--no-check-for-nan-in-loss-and-grad", NULL);
     if (p->reshard == 0) add(f, "--no-reshard", NULL);
     if (p->pp > 1) add(f, "--pp-schedule", "%s", mp_pp_schedule_name(p->pp_schedule));
     if (p->pp > 1 && p->pp_schedule == MP_PP_INTERLEAVED) add(f, "--pp-virtual", "%d", p->pp_virtual);
@@ -89,6 +92,10 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
     return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches the alltoall dispatcher without its "
                     "overlap; DeepEP (--moe-enable-deepep) and --overlap-moe-expert-parallel-comm are "
                     "simulate's and explain's --moe-dispatcher deepep and --overlap-moe-comm");
+  if (p->ce_fusion || p->ddp_average || p->ddp_no_check)
+    return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches the stack's own cross-entropy and DDP; "
+                    "--cross-entropy-loss-fusion, --ddp-average-in-collective and "
+                    "--no-check-for-nan-in-loss-and-grad are simulate's and explain's options of those names");
   /* the user's --fix keys beside the file's: a key in both is refused by --fix's parser */
   const char *fix = mp_args_get(spec, "--fix");
   /* reshard only where there is an FSDP group to reshard over (the search's own rule) */

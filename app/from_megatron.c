@@ -51,6 +51,8 @@ static const struct {
     {"--use-distributed-optimizer", 0, MG_MAP}, {"--overlap-grad-reduce", 0, MG_MAP},
     {"--overlap-param-gather", 0, MG_MAP}, {"--tp-comm-overlap", 0, MG_MAP}, {"--bf16", 0, MG_MAP},
     {"--use-flash-attn", 0, MG_MAP}, {"--use-mcore-models", 0, MG_IGNORE},
+    {"--cross-entropy-loss-fusion", 0, MG_MAP}, {"--cross-entropy-fusion-impl", 1, MG_MAP},
+    {"--ddp-average-in-collective", 0, MG_MAP}, {"--no-check-for-nan-in-loss-and-grad", 0, MG_MAP},
     /* the experts and the latent attention */
     {"--num-experts", 1, MG_MAP}, {"--moe-ffn-hidden-size", 1, MG_MAP}, {"--moe-router-topk", 1, MG_MAP},
     {"--moe-shared-expert-intermediate-size", 1, MG_MAP}, {"--moe-layer-freq", 1, MG_MAP},
@@ -439,6 +441,16 @@ static mp_status read_stack(mp_ctx *ctx, const mg_args *a, const char *origin, m
                       sw[i].flag, sw[i].given ? "is given" : "is absent", p->stack,
                       lm ? "--attention-backend unfused" : "Transformer Engine's attention", sw[i].priced ? "on" : "off",
                       sw[i].priced ? "add" : "remove");
+  /* the cross-entropy's kernels (megatron/core/models/common/language_module/
+   * language_module.py): Megatron's eager steps, or with --cross-entropy-loss-fusion its
+   * compiled ones (native) or Transformer Engine's, which meshplan does not price */
+  const char *ce = get(a, "--cross-entropy-fusion-impl", NULL);
+  if (ce && strcmp(ce, "native") != 0 && has(a, "--cross-entropy-loss-fusion"))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --cross-entropy-fusion-impl %s: meshplan prices Megatron-Core's "
+                    "native fused cross-entropy; give --cross-entropy-fusion-impl native", origin, ce);
+  p->ce_fusion = has(a, "--cross-entropy-loss-fusion");
+  p->ddp_average = has(a, "--ddp-average-in-collective");
+  p->ddp_no_check = has(a, "--no-check-for-nan-in-loss-and-grad");
   return MP_OK;
 }
 

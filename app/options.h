@@ -134,6 +134,15 @@
     "128, the attention output in E5M6 (--fp8 blockwise, stack megatron-core)", NULL },           \
   { "--optimizer-moments", "DTYPE", "AdamW's first and second moments: fp32 or bf16 (DeepSeek-V3 " \
     "sec. 3.3.3; Megatron-Core's --exp-avg-dtype/--exp-avg-sq-dtype) (default fp32)", NULL }
+/* simulate and explain: Megatron-Core's fused cross-entropy (mp_cmd_ce_fusion) */
+#define MP_OPT_CE_FUSION                                                                           \
+  { "--cross-entropy-loss-fusion", NULL, "Megatron-Core's option of that name: the vocab-parallel " \
+    "cross-entropy's steps compiled into one kernel a function (fewer passes over the fp32 "        \
+    "logits) where Megatron's default runs one eager kernel a step (megatron-core, megatron-lm)", NULL }, \
+  { "--ddp-average-in-collective", NULL, "Megatron-LM's option of that name: each gradient bucket "  \
+    "averaged by the reduction itself, not scaled by 1/dp before it (megatron-core, megatron-lm)", NULL }, \
+  { "--no-check-for-nan-in-loss-and-grad", NULL, "Megatron-LM's option of that name: no norm of each " \
+    "gradient bucket taken before its reduction (megatron-core, which checks by default)", NULL }
 /* simulate, explain and plan: the experts' load (mp_cmd_moe_routing; exec/plan.h, mp_moe_routing).
  * train states its own --moe-capacity-factor, the runtime's drop rule (app/cmd_train.c). */
 #define MP_OPT_MOE_ROUTING                                                                         \

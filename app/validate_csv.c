@@ -220,6 +220,9 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   row->optimizer_moments[0] = '\0';
   const char *om = field(r, "optimizer_moments");
   if (om && om[0]) MP_CHECK(need_str(r, "optimizer_moments", 1, row->optimizer_moments, sizeof row->optimizer_moments));
+  MP_CHECK(opt_flag(r, "ce_fusion", &row->ce_fusion));
+  MP_CHECK(opt_flag(r, "ddp_average_in_collective", &row->ddp_average_in_collective));
+  MP_CHECK(opt_flag(r, "ddp_check_grads", &row->ddp_check_grads));
   row->recompute_modules[0] = '\0';
   const char *rcm = field(r, "recompute_modules");
   if (rcm && rcm[0])

@@ -70,6 +70,12 @@ typedef struct mp_vrow {
                            when the column is absent or empty: off */
   char optimizer_moments[8]; /* fp32 or bf16 as written (exec/plan.h, moment_dtype); "" when
                                 absent or empty: fp32 */
+  int ce_fusion;        /* 0 or 1: Megatron-Core's --cross-entropy-loss-fusion (exec/plan.h,
+                           MP_LOSS_INPLACE_FUSED); -1 when the column is absent or empty: off */
+  int ddp_average_in_collective, ddp_check_grads; /* 0 or 1: Megatron-LM's
+                           --ddp-average-in-collective, and whether its DDP checks each bucket's
+                           norm; -1 when absent or empty: the stack's (exec/plan.h,
+                           mp_ddp_options) */
   int async_tp;         /* 0 or 1: the TP collectives fused with their GEMMs (torchtitan's
                            AsyncTP, Megatron-Core's --tp-comm-overlap); -1 when the column is
                            absent or empty: the stack's default (on under megatron-core) */

@@ -432,7 +432,7 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
   if ((unsigned)o->mem_model >= MP_MEM_MODEL_COUNT)
     return mp_error(ctx, MP_ERR_INVALID, "unknown memory model %d; choose torchtitan, "
                     "meshplan-cpu, meshplan-cuda or megatron", (int)o->mem_model);
-  if ((unsigned)o->attn > MP_ATTN_MATERIALIZED || (unsigned)o->loss > MP_LOSS_INPLACE ||
+  if ((unsigned)o->attn > MP_ATTN_MATERIALIZED || (unsigned)o->loss > MP_LOSS_INPLACE_FUSED ||
       o->sp < -1 || o->sp > 1)
     return mp_error(ctx, MP_ERR_INVALID, "attention kind %d, loss kind %d or sp=%d out of range",
                     (int)o->attn, (int)o->loss, o->sp);
@@ -837,8 +837,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
       opts->pp_virtual != b->pp_virtual || !same_pp_layers(opts, b) || seq != b->seq || opts->master_dtype != b->master_dtype ||
       opts->mem_model != b->mem_model || opts->attn != b->attn || opts->loss != b->loss ||
-      dp_of(opts) != b->dp || opts->ddp.overlap != b->ddp.overlap ||
-      opts->ddp.shard_optimizer != b->ddp.shard_optimizer ||
+      dp_of(opts) != b->dp || memcmp(&opts->ddp, &b->ddp, sizeof opts->ddp) != 0 ||
       opts->cp_rotate != b->cp_rotate || opts->cp_comm != b->cp_comm || opts->cp_wait_at_issue != b->cp_wait_at_issue ||
       opts->tp_comm_fused != b->tp_comm_fused || opts->moe_a2a_overlap != b->moe_a2a_overlap ||
       opts->moe_fp8_dispatch != b->moe_fp8_dispatch || opts->recompute_modules != b->recompute_modules ||

@@ -158,8 +158,12 @@ typedef enum mp_attn_impl { MP_ATTN_FLASH = 0, MP_ATTN_MATERIALIZED } mp_attn_im
  *   FUSED    one kernel (torch.compile's Inductor, llm.c's fused classifier): the bf16 logits
  *            and an fp32 log-sum-exp per token kept, the bf16 gradient written directly
  *   INPLACE  Megatron-LM's vocab-parallel cross-entropy: one fp32 copy of the logits turned
- *            into the softmax in place (saved) and into the gradient in place in backward */
-typedef enum mp_loss_impl { MP_LOSS_EAGER = 0, MP_LOSS_FUSED, MP_LOSS_INPLACE } mp_loss_impl;
+ *            into the softmax in place (saved) and into the gradient in place in backward,
+ *            one eager kernel a step (Megatron's default)
+ *   INPLACE_FUSED  the same tensors under Megatron-Core's --cross-entropy-loss-fusion, its
+ *            steps compiled into one kernel a function (megatron/core/fusions/
+ *            fused_cross_entropy.py) */
+typedef enum mp_loss_impl { MP_LOSS_EAGER = 0, MP_LOSS_FUSED, MP_LOSS_INPLACE, MP_LOSS_INPLACE_FUSED } mp_loss_impl;
 
 typedef struct mp_param {
   const char *fqn;    /* "layers.3.attention.q_proj.weight" */
@@ -369,6 +373,14 @@ typedef struct mp_ddp_options {
                           shard_optimizer the parameters gathered block by block in the next
                           forward (--overlap-param-gather); 0: once after the step's last
                           backward. Set from the stack (key "dp_overlap") */
+  int scale_grads;     /* each bucket's gradients multiplied by 1/d on the compute stream
+                          before its reduction (Megatron-LM's gradient_scaling_factor, unless
+                          --ddp-average-in-collective). Set from the stack (key
+                          "ddp_scale_grads") */
+  int check_grads;     /* each bucket's gradient norm taken and checked for NaN and Inf before
+                          its reduction (Megatron-Core's check_for_nan_in_grad, on unless
+                          --no-check-for-nan-in-loss-and-grad). Set from the stack (key
+                          "ddp_check_grads") */
 } mp_ddp_options;
 
 /* What mp_build_plan needs besides the model and mesh. Defaults: mp_plan_options_init. */

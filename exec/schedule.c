@@ -287,8 +287,9 @@ static void emit_backward_head(gen *g, const stage_info *st, carry *c, int first
  * optimizer sharded) over grp once the last micro-batch's backward is done. */
 static void stage_grad_reduce(gen *g, mp_group grp, int64_t bytes) {
   if (bytes <= 0 || mp_mesh_group_size(&g->p->mesh, grp) <= 1) return;
+  const int32_t after = mp_sched_ddp_bucket_prep(g, bytes / mp_dtype_bytes(g->reduce_dtype), g->last_compute);
   const int32_t i = grad_comm(g, g->shard_optimizer ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, grp, bytes,
-                              -1, -1, g->last_compute);
+                              -1, -1, after);
   if (i >= 0) g->ops[i].when = MP_WHEN_LAST_MICRO;
 }
 

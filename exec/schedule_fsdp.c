@@ -198,10 +198,35 @@ static void rt_reduce_unit(gen *g, int32_t layer, int32_t u, int rep, int32_t af
       MP_STREAM_REDUCE);
 }
 
+int32_t mp_sched_ddp_bucket_prep(gen *g, int64_t n, int32_t after) {
+  const double rb = (double)mp_dtype_bytes(g->reduce_dtype), e = (double)n;
+  const mp_ddp_options *d = &g->p->opts.ddp;
+  /* these run only in the last micro-batch, so what the compute stream's next op waits for,
+   * and the last compute op others wait for, stay those of every micro-batch */
+  const int n_pend = g->n_pend;
+  const int32_t last = g->last_compute;
+  g->n_pend = 0;
+  for (int k = 0; k < 2; k++) {
+    if (!(k == 0 ? d->check_grads : d->scale_grads)) continue;
+    /* the norm reads the bucket; the scaling reads and writes it */
+    const int32_t i = compute(g, k == 0 ? MP_KERNEL_GRAD_NORM : MP_KERNEL_COPY, MP_VAR_BWD, -1, n, 0, 0, 1,
+                              (k == 0 ? 2.0 : 1.0) * e, (k == 0 ? 1.0 : 2.0) * rb * e, g->reduce_dtype);
+    if (i < 0) continue;
+    g->ops[i].when = MP_WHEN_LAST_MICRO;
+    add_dep(g, i, after, 0);
+    after = i;
+  }
+  g->n_pend = n_pend;
+  g->last_compute = last;
+  return after;
+}
+
 /* DDP-style: n elements' gradients of unit u all-reduced (reduce-scattered with the
- * optimizer sharded) over grp when it has more than one rank. */
+ * optimizer sharded) over grp when it has more than one rank, after the bucket's
+ * preparation under Megatron-LM's DDP (mp_sched_ddp_bucket_prep). */
 static void ddp_reduce(gen *g, mp_group grp, int64_t n, int32_t layer, int32_t u, int32_t after) {
   if (n <= 0 || mp_mesh_group_size(&g->p->mesh, grp) <= 1) return;
+  if (g->ddp) after = mp_sched_ddp_bucket_prep(g, n, after);
   const int32_t i = grad_comm(g, g->shard_optimizer ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, grp,
                               n * mp_dtype_bytes(g->reduce_dtype), layer, u, after);
   if (i >= 0 && (g->ddp || g->p->mesh.size[MP_DIM_PP] > 1)) g->ops[i].when = MP_WHEN_LAST_MICRO;

@@ -79,8 +79,14 @@ static void loss_fwd(gen *g) {
     }
     pair(g, MP_MEM_LOGITS, BUF_LOGITS_LSM, 4 * TV, 1); /* log_softmax's output, saved */
     if (dtensor) pair(g, MP_MEM_LOGITS, BUF_LP_SHIFTED, 4 * TV, 0);
-  } else if (li == MP_LOSS_INPLACE) {
+  } else if (li == MP_LOSS_INPLACE || li == MP_LOSS_INPLACE_FUSED) {
     pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 1); /* the softmax, in place, saved */
+    /* Megatron-LM's _VocabParallelCrossEntropy.forward (megatron/core/tensor_parallel/
+     * cross_entropy.py, core_v0.14.0), one eager kernel each: the cast 2+4, max 4, -= max
+     * 4+4, exp (out=) 4+4, sum 4, div_ 4+4 bytes per element. Fused (megatron/core/fusions/
+     * fused_cross_entropy.py): its three jit_fuser functions (torch.compile), one pass each:
+     * cast with max 2+4, subtract, exp and sum 4+4, div 4+4 */
+    bytes = (li == MP_LOSS_INPLACE ? 38.0 : 22.0) * (double)TV;
   }
   elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), TV, FLOPS_LOSS, bytes);
   if (sh->loss_parallel)
@@ -112,6 +118,12 @@ static void loss_bwd(gen *g) {
     pair(g, MP_MEM_LOGITS, BUF_LP_SUM, 4 * TV, 0);
     /* zeros 4, exp 4+4, add 8+4, mul 4+4, the bf16 cast 4+2 bytes per element */
     bytes = 38.0 * (double)TV;
+  } else if (li == MP_LOSS_INPLACE || li == MP_LOSS_INPLACE_FUSED) {
+    /* Megatron-LM's backward (cross_entropy.py, core_v0.14.0): the target column's update
+     * (T elements), mul_(grad_output) 4+4, then autograd's cast of the fp32 gradient to the
+     * bf16 logits' dtype 4+2 bytes per element. Fused: calculate_gradients in one pass,
+     * the saved softmax read, updated in place and cast to bf16, 4+4+2 */
+    bytes = (li == MP_LOSS_INPLACE ? 14.0 : 10.0) * (double)TV;
   } else if (li == MP_LOSS_EAGER) {
     pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * TV, 1); /* nll_loss's gradient */
     pair(g, MP_MEM_LOGITS, BUF_DLSM_F32, 4 * TV, 1);    /* log_softmax's input gradient */
@@ -123,7 +135,7 @@ static void loss_bwd(gen *g) {
   }
   pair(g, MP_MEM_LOGITS, BUF_DLOGITS, dl, 1); /* the bf16 cast (a slice when gathered) */
   if (li == MP_LOSS_EAGER) pair(g, MP_MEM_LOGITS, BUF_DLSM_F32, 4 * TV, 0);
-  if (li == MP_LOSS_INPLACE) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 0);
+  if (li == MP_LOSS_INPLACE || li == MP_LOSS_INPLACE_FUSED) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 0);
   if (li == MP_LOSS_FUSED) {
     pair(g, MP_MEM_LOGITS, BUF_LSE, 4 * sh->tokens, 0);
     pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * TV, 0);

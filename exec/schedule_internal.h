@@ -630,6 +630,13 @@ void mp_sched_free_units(gen *g, int32_t layer, int32_t unit0, int n, int part_l
 void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t gidx[N_PARTS],
                            int32_t dep_prev, int32_t *patch, int *n_patch);
 int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n);
+/* Megatron-LM's DDP before a bucket of n gradient elements is reduced, in the last
+ * micro-batch on the compute stream after `after` (megatron/core/distributed/
+ * param_and_grad_buffer.py start_grad_sync, core_v0.14.0): its norm checked for NaN and Inf
+ * (check_grads: grad_data.norm(p=2), ddp.check_grads) and its elements scaled by 1/d
+ * (grad_data *= gradient_scaling_factor, ddp.scale_grads). Returns the last op, the
+ * reduction's dependency (`after` where there is none). */
+int32_t mp_sched_ddp_bucket_prep(gen *g, int64_t n, int32_t after);
 void mp_sched_gather_block(gen *g, int32_t l, int32_t gidx[N_PARTS], int32_t dep_prev,
                            int32_t *patch, int *n_patch);
 void mp_sched_grads_alloc(gen *g, int32_t layer, int32_t unit0, int n);

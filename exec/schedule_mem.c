@@ -63,11 +63,12 @@ static void autograd_chunk_bwd_end(gen *g, int last_chunk) {
  * its optimizer sharded the rank steps its 1/d of the parameters, refreshes its
  * model-dtype copy and, without overlap, all-gathers the updated parameters over the
  * data-parallel group here; with overlap (--overlap-param-gather) the next forward gathers
- * them block by block (mp_sched_dopt_gather). */
+ * them block by block (mp_sched_dopt_gather). Under DDP every rank then zeroes its whole
+ * gradient buffer. */
 static void autograd_optimizer(gen *g, const mp_schedule_prep *pr, int world_reduce) {
-  int64_t shard_n = pr->params_numel;
+  int64_t shard_n = pr->params_numel, gb = 0;
   if (g->ddp) {
-    int64_t pb, gb, ob;
+    int64_t pb, ob;
     ddp_state(g, pr->params_numel, expert_numel(pr), &pb, &gb, &ob, &shard_n);
   }
   const double shard = (double)shard_n;
@@ -80,9 +81,16 @@ static void autograd_optimizer(gen *g, const mp_schedule_prep *pr, int world_red
   const double opt_bytes = BYTES_ADAMW - 4.0 * (4 - mp_dtype_bytes(g->p->opts.moment_dtype));
   compute(g, MP_KERNEL_OPTIMIZER, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, FLOPS_ADAMW * shard,
           opt_bytes * shard, MP_DTYPE_FP32);
-  if (g->ddp) /* the model dtype's parameters refreshed from the masters */
+  if (g->ddp) { /* the model dtype's parameters refreshed from the masters */
     compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
             (4.0 + mp_dtype_bytes(g->param_dtype)) * shard, MP_DTYPE_FP32);
+    /* the whole gradient buffer zeroed for the next step's accumulation (Megatron-LM's
+     * zero_grad_buffer, called by train_step each step: megatron/core/distributed/
+     * param_and_grad_buffer.py grad_data.zero_(), core_v0.14.0; buffer_.zero() in v2.5's
+     * megatron/model/distributed.py) */
+    compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, gb / mp_dtype_bytes(g->reduce_dtype), 0, 0, 1, 0.0, (double)gb,
+            MP_DTYPE_FP32);
+  }
   const int64_t ne = expert_numel(pr);
   if (g->shard_optimizer && !g->p->opts.ddp.overlap && mp_sched_dopt_ways(g) > 1)
     comm(g, MP_COLL_ALL_GATHER, mp_sched_ddp_group(g), MP_STREAM_COMPUTE,

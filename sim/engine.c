@@ -589,8 +589,10 @@ void mp_sim_run_step(sim *x) {
   }
   x->micro_trk.on = 0;
   if (x->trace_failed) return;
+  const double last0 = x->a.free_t[MP_STREAM_COMPUTE];
   if (n >= 2) run_micro(x, (int32_t)(n - 1));
   x->mb_end_s = x->a.free_t[MP_STREAM_COMPUTE];
+  x->last_micro_s = n >= 2 ? x->mb_end_s - last0 : 0.0;
   /* optimizer */
   for (int32_t i = 0; i < s->n_segs; i++)
     if (s->segs[i].phase == MP_PHASE_OPTIMIZER) run_segment(x, &s->segs[i], -1);

@@ -107,11 +107,12 @@ typedef struct sim {
   /* the pipeline's view of a micro-batch (sim/pipeline.c): per model chunk the compute
    * stream's time in its forward and backward segments, in micro-batch rec_micro (a steady
    * one: the second when there are several); the ACTIVATIONS a chunk's forward leaves held
-   * (micro-batch 0); the compute stream's time when the micro-batches start and end */
+   * (micro-batch 0); the compute stream's time when the micro-batches start and end, and
+   * the last micro-batch's (0 with one micro-batch) */
   int32_t rec_micro;
   double chunk_s[2][MP_PP_MAX_VIRTUAL];
   int64_t chunk_held[MP_PP_MAX_VIRTUAL];
-  double mb_start_s, mb_end_s;
+  double mb_start_s, mb_end_s, last_micro_s;
   int extrapolate;
   int cat_max_stale; /* some level[c] may exceed cat_max[c] (after skip_mem) */
   mp_sim_trace *trace;

@@ -182,6 +182,12 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
     a2a_overlap(&x, s, b.cops, cfg->cluster, prof, out);
   out->head_s = x.mb_start_s;
   out->tail_s = out->r.step_time_s - x.mb_end_s;
+  /* the pipeline runs every micro-batch at the steady one's chunk times; what the last one
+   * adds on the compute stream beyond them (Megatron's DDP bucket preparation, ops only the
+   * last micro-batch runs) is the stage's past the pipeline */
+  double steady = 0.0;
+  for (int c = 0; c < MP_PP_MAX_VIRTUAL; c++) steady += out->t.f[c] + out->t.b[c];
+  if (x.n_micro >= 2 && x.last_micro_s > steady) out->tail_s += x.last_micro_s - steady;
   out->alloc_peak = x.peak_tot;
   out->stage = s->pp_stage;
   out->n_micro = x.n_micro;

@@ -145,6 +145,11 @@ typedef struct mp_stack_profile {
    * of core_v0.14), so every micro-batch's weight gradient reads and writes 4-byte elements
    * where an unfused GEMM writes 2-byte ones (sim/cost.c). */
   int wgrad_accum_fp32;
+  /* What Megatron-LM's DDP does to each gradient bucket on the compute stream before
+   * reducing it (JSON "ddp_scale_grads" and "ddp_check_grads", optional, default false; the
+   * megatron memory model only; exec/plan.h, mp_ddp_options): scales it by 1/d, and takes
+   * its norm to check for NaN and Inf. */
+  int ddp_scale_grads, ddp_check_grads;
 } mp_stack_profile;
 
 /* A simulator workspace: the scratch one thread's simulations reuse instead of allocating

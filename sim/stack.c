@@ -132,8 +132,13 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
 }
 
 /* "wgrad_accum_fp32" (optional, default false, the megatron memory model only): weight
- * gradients added into the fp32 main_grad (sim.h). */
+ * gradients added into the fp32 main_grad; "ddp_scale_grads" and "ddp_check_grads" (the
+ * same): what Megatron-LM's DDP does to a bucket before reducing it (sim.h). */
 static mp_status read_wgrad_accum(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
+  MP_CHECK(owned_bool(ctx, j, origin, "ddp_scale_grads", 0, MP_MEM_MODEL_MEGATRON, p,
+                      "ddp_scale_grads is Megatron-LM's DDP", "does not run it", &p->ddp_scale_grads));
+  MP_CHECK(owned_bool(ctx, j, origin, "ddp_check_grads", 0, MP_MEM_MODEL_MEGATRON, p,
+                      "ddp_check_grads is Megatron-LM's DDP", "does not run it", &p->ddp_check_grads));
   return owned_bool(ctx, j, origin, "wgrad_accum_fp32", 0, MP_MEM_MODEL_MEGATRON, p,
                     "wgrad_accum_fp32 is Megatron-LM's gradient accumulation fusion", "does not run it",
                     &p->wgrad_accum_fp32);
@@ -273,6 +278,8 @@ void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o) {
   o->dp = p->mem_model == MP_MEM_MODEL_MEGATRON ? MP_DP_DDP : MP_DP_FSDP;
   o->ddp.overlap = p->dp_overlap;
   o->ddp.shard_optimizer = p->dist_opt;
+  o->ddp.scale_grads = p->ddp_scale_grads;
+  o->ddp.check_grads = p->ddp_check_grads;
   if (p->tp_comm_overlap) o->tp_comm_fused = 1;
   o->cp_rotate = p->cp_rotate;
   if (o->fp8_opts.recipe == MP_FP8_DEFAULT) o->fp8_opts.recipe = p->fp8_recipe;

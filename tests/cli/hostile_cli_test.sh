@@ -242,6 +242,9 @@ row 2 "it needs SP: drop --no-sp" simulate --model tiny-dense --gpus 2 --mesh tp
 row 2 "it needs SP: drop --no-sp" plan --no-db --model tiny-dense --gpus 2 --async-tp --no-sp
 # the EP dispatcher and all-to-all overlap: Megatron-Core's, under its conditions
 row 2 "--overlap-moe-comm is Megatron-Core's --overlap-moe-expert-parallel-comm; stack torchtitan-eager does not run it" simulate --model tiny-moe --gpus 4 --mesh dp_shard=4,ep=2 --stack torchtitan-eager --overlap-moe-comm
+# Megatron-Core's fused cross-entropy and Megatron-LM's DDP switches: a Megatron stack's only
+row 2 "--ddp-average-in-collective and --no-check-for-nan-in-loss-and-grad are Megatron-LM's DDP options; stack torchtitan-compile does not run it" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack torchtitan-compile --ddp-average-in-collective
+row 2 "--cross-entropy-loss-fusion fuses Megatron-LM's vocab-parallel cross-entropy; stack torchtitan-compile does not run it" explain --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack torchtitan-compile --cross-entropy-loss-fusion
 row 2 "--moe-dispatcher 'foo': choose alltoall or deepep" simulate --model tiny-moe --gpus 4 --mesh dp_replicate=4,ep=2 --stack megatron-core --moe-dispatcher foo
 row 2 "MoE all-to-all overlap with pp=2 needs the interleaved schedule" simulate --model tiny-moe --gpus 4 --mesh dp_replicate=2,pp=2,ep=2 --stack megatron-core --overlap-moe-comm
 row 2 "MoE dispatcher deepep is Megatron-Core's flex dispatcher with DeepEP (--moe-enable-deepep), which needs expert parallelism" explain --model tiny-moe --gpus 4 --mesh dp_replicate=4 --stack megatron-core --moe-dispatcher deepep

@@ -412,7 +412,7 @@ TEST(PassFsdp, OptionsRecorded) {
 TEST(PassDdp, BucketsHoldWholeTiles) {
   Fixture f(SeedModel(), "dp_replicate=2,tp=2");
   ASSERT_EQ(f.Tp(), MP_OK);
-  mp_ddp_options o = {1, 1};
+  mp_ddp_options o = {1, 1, 0, 0};
   ASSERT_EQ(mp_apply_ddp(&f.ctx, f.p, &o), MP_OK) << mp_errmsg(&f.ctx);
   EXPECT_EQ(f.p->opts.ddp.shard_optimizer, 1);
   ASSERT_EQ(f.p->n_units, 2);  // root + layers.0

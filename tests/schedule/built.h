@@ -35,6 +35,7 @@ struct Opts {
   int sp = -1;  // the plan's default: on with tp > 1
   mp_mem_model mem_model = MP_MEM_MODEL_TORCHTITAN;
   mp_attn_impl attn = MP_ATTN_FLASH;
+  mp_loss_impl loss = MP_LOSS_EAGER;
   int64_t micro_batch = 1;
   int64_t global_batch = 0;
   int64_t seq = 8192;
@@ -45,6 +46,7 @@ struct Opts {
   mp_cp_comm cp_comm = MP_CP_COMM_P2P;
   int dp_overlap = 0;
   int dist_opt = 0;
+  int ddp_scale = 0, ddp_check = 0;  // Megatron's DDP bucket preparation (mp_ddp_options)
   mp_schedule_mode mode = MP_SCHEDULE_EXPANDED;
   int moe_fp8_dispatch = 0;
   uint32_t recompute_modules = 0;  // bits 1 << mp_rc_module
@@ -63,6 +65,7 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.sp = o.sp;
   po.mem_model = o.mem_model;
   po.attn = o.attn;
+  po.loss = o.loss;
   po.micro_batch = o.micro_batch;
   po.global_batch = o.global_batch;
   po.seq = o.seq;
@@ -72,6 +75,8 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.cp_comm = o.cp_comm;
   po.ddp.overlap = o.dp_overlap;
   po.ddp.shard_optimizer = o.dist_opt;
+  po.ddp.scale_grads = o.ddp_scale;
+  po.ddp.check_grads = o.ddp_check;
   po.moe_fp8_dispatch = o.moe_fp8_dispatch;
   po.recompute_modules = o.recompute_modules;
   po.fp8_act_cache = o.fp8_act_cache;

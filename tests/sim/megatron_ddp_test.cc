@@ -1,0 +1,40 @@
+// Megatron-LM's DDP prepares each gradient bucket on the compute stream before reducing it,
+// in the last micro-batch only (megatron/core/distributed/param_and_grad_buffer.py
+// start_grad_sync, core_v0.14.0): its norm checked for NaN and Inf, its elements scaled by
+// 1/dp. Under a pipeline each stage's step is composed from a steady micro-batch's chunk
+// times (sim/pipeline.c), so the last micro-batch's extra work must still reach the step.
+#include "tests/sim/plan_case.h"
+
+namespace {
+
+// llama3.1-8b on 8 H100s, pp 2 x dp_replicate 4 under megatron-core, four micro-batches of
+// one 4096-token sequence. Stage 0 holds the embedding (128256 x 4096 = 525,336,576) and 16
+// blocks of 218,112,000 parameters: 4,015,128,576 (stage 1 the 16 others, the final norm and
+// the output layer: 4096 more). Their fp32 gradients, 4 bytes each, are read once by the norm
+// and read and written by the scaling, 12 bytes a parameter at the stack's achieved HBM
+// rate, plus the stack's launch overhead for two kernels a bucket (17 buckets: 16 blocks and
+// the root's). The stage that ends the step runs all of it after its last micro-batch's
+// blocks, so the step grows by that, less at most the data-parallel communication that
+// was exposed without it (the later reduce-scatters may now hide behind it), and no more.
+TEST(MegatronDdp, BucketPreparationReachesThePipelinedStep) {
+  double step[2], exposed[2];
+  for (int on = 0; on <= 1; on++) {
+    PlanCase k("llama3.1-8b", "h100-8", "pp=2,dp_replicate=4");
+    ASSERT_EQ(mp_stack_load(&k.ctx, "megatron-core", &k.prof), MP_OK) << mp_errmsg(&k.ctx);
+    mp_stack_plan_options(&k.prof, &k.o);
+    k.o.seq = 4096;
+    k.o.micro_batch = 1;
+    k.o.global_batch = 16;
+    k.o.ddp.scale_grads = k.o.ddp.check_grads = on;
+    const mp_sim_result r = k.Sim();
+    step[on] = r.step_time_s;
+    exposed[on] = r.exposed_comm_s;
+    if (!on) continue;
+    const double params = 4015128576.0;
+    const double prep = 12.0 * params / (k.c.gpu.hbm_GBps * 1e9 * k.prof.hbm_eff) + 2 * 17 * k.prof.kernel_overhead_s;
+    EXPECT_LE(step[1] - step[0], prep * 1.001);
+    EXPECT_GE(step[1] - step[0], prep - exposed[0]);
+  }
+}
+
+}  // namespace
