@@ -273,6 +273,7 @@ static mp_status one_plan_options(mp_ctx *ctx, const plan_args *a, mp_search_fix
     MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_CP], &f->cp));
     MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_TP], &f->tp));
     if (mesh.ep > 1) MP_CHECK(fix_field(ctx, dim_opt, mesh.ep, &f->ep));
+    if (mesh.ep > 1 || mesh.etp) MP_CHECK(fix_field(ctx, dim_opt, mp_mesh_expert_grid(&mesh), &f->etp));
   }
   long long ep = 0, mb = 0;
   MP_CHECK(mp_args_int(ctx, &k_spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
