@@ -559,7 +559,7 @@ static void fix_of_mesh(const train_job *j, mp_search_fix *fix) {
   fix->cp = j->mesh.size[MP_DIM_CP];
   fix->tp = j->mesh.size[MP_DIM_TP];
   fix->ep = j->mesh.ep;
-  if (j->mesh.etp) fix->etp = 1; /* the expert grid as named; without etp the search's own rule */
+  if (j->mesh.etp || j->mesh.ep > 1) fix->etp = mp_mesh_expert_grid(&j->mesh); /* the layout named */
   fix->ac = po->ac;
   fix->ac_every = po->ac_every;
   fix->fp8 = po->fp8;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "app/emit_internal.h"
+#include "exec/rules.h"
 
 /* torchtitan's names of the schedules (torch.distributed.pipelining's classes, which
  * pipeline_parallel_schedule names). */
@@ -110,10 +111,9 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p, const char **nam
                     m->size[MP_DIM_TP]);
   /* torchtitan/distributed/parallel_dims.py (v0.2.0): with expert_tensor_parallel_degree 1
    * the EP mesh is dp_shard_in_ep x cp x tp, whole tp x cp groups and a part of dp_shard:
-   * meshplan's expert grid (etp=1) with ep a multiple of tp x cp dividing dp_shard x cp x tp */
+   * meshplan's expert grid (etp=1) under mp_rule_ep_grid_torchtitan_ok */
   const int tpcp = m->size[MP_DIM_TP] * m->size[MP_DIM_CP];
-  if (m->ep > 1 && tpcp > 1 &&
-      (!mp_mesh_expert_grid(m) || m->ep % tpcp || (m->size[MP_DIM_DP_SHARD] * tpcp) % m->ep))
+  if (m->ep > 1 && tpcp > 1 && (!mp_mesh_expert_grid(m) || !mp_rule_ep_grid_torchtitan_ok(m)))
     return mp_error(ctx, MP_ERR_USAGE,
                     "--emit torchtitan: ep=%d with tp x cp = %d: torchtitan v0.2.0's expert_parallel_degree "
                     "(expert_tensor_parallel_degree 1) spans whole tp x cp groups and borrows the rest from "

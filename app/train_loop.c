@@ -146,9 +146,10 @@ mp_status mp_train_read_loop_options(train_job *j) {
   MP_CHECK(mp_args_int(ctx, sp, "--eval-batches", 1, MP_LIM_STEPS, &j->eval_batches));
   if (!mp_args_get(sp, "--val-data") && (mp_args_has(sp, "--eval-every") || mp_args_has(sp, "--eval-batches")))
     return mp_error(ctx, MP_ERR_USAGE, "--eval-every and --eval-batches need --val-data GLOB");
-  /* a capacity factor beyond the experts' count never drops: the bound (1e9) only keeps
-   * the capacity's arithmetic exact in int64 */
-  MP_CHECK(mp_args_double(ctx, sp, "--moe-capacity-factor", 0, 1e9, MP_RANGE_OPEN_LO, &j->ro.moe_capacity_factor));
+  /* the bound simulate, plan and validate take (common/limits.h): a factor beyond the
+   * experts' count never drops, and the capacity's arithmetic stays exact in int64 */
+  MP_CHECK(mp_args_double(ctx, sp, "--moe-capacity-factor", 0, MP_LIM_MOE_LOAD, MP_RANGE_OPEN_LO,
+                          &j->ro.moe_capacity_factor));
   return mp_runtime_capacity_check(ctx, &j->model, &j->po, j->ro.moe_capacity_factor);
 }
 

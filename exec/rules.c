@@ -85,6 +85,11 @@ int mp_rule_ep_grid_fsdp_ok(const mp_mesh *m) {
          (m->size[MP_DIM_DP_SHARD] * m->size[MP_DIM_CP] * m->size[MP_DIM_TP]) % m->ep == 0;
 }
 
+int mp_rule_ep_grid_torchtitan_ok(const mp_mesh *m) {
+  const int tpcp = m->size[MP_DIM_TP] * m->size[MP_DIM_CP];
+  return m->ep <= 1 || (m->ep % tpcp == 0 && (m->size[MP_DIM_DP_SHARD] * tpcp) % m->ep == 0);
+}
+
 mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh) {
   if (mesh->ep > 1 && !mp_rule_ep_ok(m, mesh->ep))
     return mp_error(ctx, MP_ERR_INVALID,

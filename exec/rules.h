@@ -61,6 +61,10 @@ mp_status mp_rule_moe_routing_check(mp_ctx *ctx, const mp_model *m, const mp_mes
  * (torchtitan/distributed/parallel_dims.py), so ep divides their product and never reaches
  * into dp_replicate. True for a mesh off the grid or without EP. */
 int mp_rule_ep_grid_fsdp_ok(const mp_mesh *m);
+/* torchtitan's own EP mesh with expert_tensor_parallel_degree 1 (ParallelDims._validate,
+ * torchtitan/distributed/parallel_dims.py, v0.2.0: "EP would borrow all cp and tp and some
+ * dp_shard degree"): ep a multiple of tp x cp dividing dp_shard x cp x tp. True without EP. */
+int mp_rule_ep_grid_torchtitan_ok(const mp_mesh *m);
 /* The model x mesh rules of experts: ep dividing the experts. */
 mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh);
 

@@ -360,6 +360,10 @@ void mp_candidate_pp_str(const mp_candidate *c, char *buf, size_t cap) {
   else snprintf(buf, cap, "%d%s", c->mesh.size[MP_DIM_PP], c->pp_split ? "E" : "");
 }
 
+void mp_candidate_ep_str(const mp_candidate *c, char *buf, size_t cap) {
+  snprintf(buf, cap, "%d%s", c->mesh.ep, mp_mesh_expert_grid(&c->mesh) ? "g" : "");
+}
+
 /* ---- enumeration ---------------------------------------------------------------------- */
 
 static int fixed_ok(int fix, int v) { return fix < 0 || fix == v; }
@@ -491,20 +495,26 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
 }
 
 /* The expert grid's EP sizes (exec/mesh.h, etp=1): ep dividing the routed experts, on a layout
- * the mesh accepts: under DDP (Megatron-Core) EP from the stage's data-parallel, context and
- * tensor ranks; under FSDP (torchtitan's expert_tensor_parallel_degree 1) from dp_shard x cp x
- * tp alone (mp_rule_ep_grid_fsdp_ok), and only where the fix names etp=1: torchtitan's default
- * keeps EP inside dp_shard, and so does the search (docs/design.md, the planner, says what
- * the grid would cost). An ep dividing dp_shard is the layout inside dp_shard (enumerated
- * before the grid) unless the fix names etp=1. */
+ * the mesh accepts. Under DDP (Megatron-Core) EP comes from the stage's data-parallel, context
+ * and tensor ranks. Under FSDP EP comes from dp_shard x cp x tp alone (mp_rule_ep_grid_fsdp_ok);
+ * a fix naming etp=1 takes every such ep, and the search by default the ones torchtitan runs
+ * with expert_tensor_parallel_degree 1 (mp_rule_ep_grid_torchtitan_ok: whole tp x cp groups)
+ * beside its default layout inside dp_shard. With tp x cp = 1 those divide dp_shard and put
+ * the same ranks in the same EP and expert-FSDP groups as that layout (enumerated first), so
+ * the default grid needs tp x cp > 1; an ep dividing dp_shard is that layout under DDP too
+ * unless the fix names etp=1. */
 static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep) {
-  const int dps = mesh->size[MP_DIM_DP_SHARD], inner = dps * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP];
-  const int stage = mp_mesh_world(mesh) / mesh->size[MP_DIM_PP], named = cfg->fix.etp == 1;
-  if (!fixed_ok(cfg->fix.etp, 1) || ep <= 1 || (dps % ep == 0 && !named) || cfg->model->n_experts % ep ||
-      !fixed_ok(cfg->fix.ep, ep))
+  const int dps = mesh->size[MP_DIM_DP_SHARD], tpcp = mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP];
+  const int stage = mp_mesh_world(mesh) / mesh->size[MP_DIM_PP], inner = dps * tpcp, named = cfg->fix.etp == 1;
+  if (!fixed_ok(cfg->fix.etp, 1) || ep <= 1 || cfg->model->n_experts % ep || !fixed_ok(cfg->fix.ep, ep))
     return 0;
-  if (cfg->dp != MP_DP_DDP) return named && inner % ep == 0;
-  return inner % ep == 0 || (ep % inner == 0 && stage % ep == 0);
+  if (cfg->dp == MP_DP_DDP)
+    return (dps % ep || named) && (inner % ep == 0 || (ep % inner == 0 && stage % ep == 0));
+  if (named) return inner % ep == 0;
+  mp_mesh grid = *mesh;
+  grid.ep = ep;
+  grid.etp = 1;
+  return tpcp > 1 && mp_rule_ep_grid_torchtitan_ok(&grid);
 }
 
 mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_search **out) {

@@ -309,6 +309,8 @@ void mp_candidate_mesh_str(const mp_candidate *c, char *buf, size_t cap);
 /* The pipeline as plan's table shows it: "16", pp x chunks per stage under the interleaved
  * schedule "16x4", and an E where the embedding and the loss count as layers ("16x8E"). */
 void mp_candidate_pp_str(const mp_candidate *c, char *buf, size_t cap);
+/* c's ep as plan's table shows it: "8", or "8g" on the expert grid (exec/mesh.h, etp=1). */
+void mp_candidate_ep_str(const mp_candidate *c, char *buf, size_t cap);
 /* "none", "selective", "selective-op", "selective-core", "full" (mp_ac_mode_name's names). */
 const char *mp_search_ac_name(int ac);
 /* The candidate's AC policy as the CLI takes it: the name, or "full:N". */

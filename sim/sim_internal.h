@@ -62,7 +62,9 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
 /* Whether pipeline stage k (x its stage run, standing for no earlier stage) is over the
  * capacity with what its pipeline order holds in flight: *over, and in *out the stage's
  * memory figures as mp_sim_pipeline_result reckons them, time figures zero. The plan's
- * peak is the largest stage's, so a stage over it makes the plan over it. */
+ * peak is the largest stage's, so a stage over it makes the plan over it. Under DualPipe
+ * (pp > 1) a rank holds two stages, so a stage alone gives no verdict: *over 0, *out as it
+ * was. */
 mp_status mp_sim_stage_memory_over(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                    const mp_sim_stage *x, int k, int *over, mp_sim_result *out);
 /* mp_sim_pipeline in the workspace ws. */

@@ -303,8 +303,7 @@ static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, const mp_sim
   /* memory_first: the selected stages are the first of their classes (pick_stages), each
    * reckoned as mp_sim_pipeline_result reckons it, so one over capacity is the plan's
    * verdict; stage 0, which holds the most micro-batches in flight, comes first */
-  /* not under DualPipe, whose ranks each hold two of these stages (sim.c, dual_rank) */
-  const int gate = cfg->memory_first && pp > 1 && cfg->stage_peak_bytes == NULL && p->opts.pp_schedule != MP_PP_DUALPIPE;
+  const int gate = cfg->memory_first && pp > 1 && cfg->stage_peak_bytes == NULL;
   int over = 0;
   for (int i = 0; i < prep->n_sel && st == MP_OK && !over; i++) {
     if (reset) mp_arena_reset(scratch);

@@ -98,6 +98,8 @@ check(p.returncode == 0 and "expert_loads" not in json.loads(p.stdout), "a dense
 for args, words in ((["--moe-capacity-factor", "0"], "expected a number in (0"),
                     (["--moe-capacity-factor", "-1"], "expected a number in (0"),
                     (["--moe-capacity-factor", "nan"], "expected a number in (0"),
+                    # simulate's bound (MP_LIM_MOE_LOAD): one limit for every command
+                    (["--moe-capacity-factor", "16385"], "expected a number in (0, 16384]"),
                     (["--moe-capacity-factor", "1.0", "--model", "tiny-dense"], "has no routed experts")):
     p = run(*TRAIN, *args, want_rc=2)
     check(words in p.stderr and len(p.stderr.strip().splitlines()) == 1, f"{args}: {p.stderr.strip()}")

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <thread>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -220,7 +221,7 @@ TEST(SearchPrune, MoeWithPipelineRanked) {
 // ranks (the expert grid, etp=1): 8 experts on 8 GPUs give EP 8 over dp_replicate 8, EP 4
 // over dp_replicate 4 x pp 2, and EP 4 spanning tp=2 x dp_replicate 2 (EP 4 > dp 2), none of
 // which divides dp_shard=1; an ep that does not divide the 8 experts (or the stage) is not
-// enumerated. Under FSDP EP stays inside dp_shard.
+// enumerated. Under FSDP EP never reaches into dp_replicate.
 TEST(SearchPrune, DdpSearchesTheExpertGrid) {
   Search t(fake_moe_model(8), fake_cluster(1, 8), 4096, 8);
   t.cfg.dp = MP_DP_DDP;
@@ -267,6 +268,40 @@ TEST(SearchPrune, FixedEtpSearchesTheExpertGridUnderFsdp) {
   u.enumerate();
   EXPECT_EQ(u.find(1, 1, 2, 1, 2, 4, 1, 0, 0, 0), nullptr);
   for (int64_t i = 0; i < u.s->n; i++) EXPECT_EQ(u.s->cands[i].mesh.etp, 0);
+}
+
+// By default under FSDP the search enumerates the expert grid beside EP inside dp_shard, with
+// ep as torchtitan's ParallelDims accepts it for expert_tensor_parallel_degree 1 (a multiple
+// of tp x cp dividing dp_shard x cp x tp). 8 experts on 4 GPUs, by hand, (pp, dp_replicate,
+// dp_shard, cp, tp, ep):
+//   tp 2: dp_shard 2 with ep 2 and 4; dp_replicate 2 or pp 2 (dp_shard 1) with ep 2   4
+//   tp 4: ep 4                                                                         1
+//   cp 2: as tp 2                                                                      4
+//   cp 2 x tp 2, cp 4: ep 4                                                            2
+// 11 grid meshes. Not on the grid: tp x cp = 1 (dp_shard=4,ep=2 is the layout inside
+// dp_shard; MoeCost.GridWithoutTpOrCpIsTheLayoutInsideDpShard), ep 2 on tp 4 (not whole tp
+// groups), ep 4 reaching into dp_replicate.
+TEST(SearchPrune, FsdpSearchesTheExpertGridByDefault) {
+  Search t(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
+  t.enumerate();
+  std::set<std::vector<int>> grid;
+  for (int64_t i = 0; i < t.s->n; i++) {
+    const mp_mesh &m = t.s->cands[i].mesh;
+    if (m.etp != 1) continue;
+    grid.insert({m.size[MP_DIM_PP], m.size[MP_DIM_DP_REPLICATE], m.size[MP_DIM_DP_SHARD], m.size[MP_DIM_CP],
+                 m.size[MP_DIM_TP], m.ep});
+    EXPECT_TRUE(mp_mesh_expert_grid(&m));
+    EXPECT_TRUE(mp_rule_ep_grid_fsdp_ok(&m));
+  }
+  const std::set<std::vector<int>> want = {
+      {1, 1, 2, 1, 2, 2}, {1, 1, 2, 1, 2, 4}, {1, 2, 1, 1, 2, 2}, {2, 1, 1, 1, 2, 2},
+      {1, 1, 1, 1, 4, 4}, {1, 1, 2, 2, 1, 2}, {1, 1, 2, 2, 1, 4}, {1, 2, 1, 2, 1, 2},
+      {2, 1, 1, 2, 1, 2}, {1, 1, 1, 2, 2, 4}, {1, 1, 1, 4, 1, 4}};
+  EXPECT_EQ(grid, want);
+  // EP inside dp_shard stays beside the grid, on the same meshes
+  EXPECT_NE(t.find(1, 1, 2, 1, 2, 2, 1, 0, 0, 0), nullptr);
+  EXPECT_EQ(t.find(1, 1, 2, 1, 2, 2, 1, 0, 0, 0)->mesh.etp, 0);
+  EXPECT_NE(t.find(1, 1, 4, 1, 1, 2, 1, 0, 0, 0), nullptr);
 }
 
 TEST(SearchPrune, TensorParallelMustDivideEachDim) {
@@ -980,8 +1015,8 @@ TEST(SearchRank, TimeWithTiesToTheSimplerPlanAndOtherObjectives) {
 }
 
 // The tie rule counts expert and context parallelism as the complications they are. On 8
-// GPUs of one node, fixed to tp 1, pp 1, no AC, bf16, micro-batch 1, the MoE model's meshes
-// are dp_shard x cp = 8 with ep dividing dp_shard. With the fake's EP and cp effects each
+// GPUs of one node, fixed to tp 1, pp 1, no AC, bf16, micro-batch 1 and EP inside dp_shard
+// (etp=0), the MoE model's meshes are dp_shard x cp = 8 with ep dividing dp_shard. With the fake's EP and cp effects each
 // is 0.5 % faster and lighter than the plan without it: 10/8 s x 0.995^k + 0.01 s, i.e.
 // 1.26 s (neither), 1.25375 s (one), 1.2475625 s (both), all within 1 % of the fastest
 // (1.2475625 x 1.01 = 1.26004), so simplicity alone orders them:
@@ -994,7 +1029,7 @@ TEST(SearchRank, TiesGoToThePlanWithoutExpertOrContextParallelism) {
   Search t(fake_moe_model(8), fake_cluster(1, 8), 4096, 8);
   t.fe.ep_cp_effects = 1;
   t.cfg.search_fp8 = 0;
-  ASSERT_EQ(mp_search_fix_parse(&t.ctx, "tp=1,pp=1,dp_rep=1,ac=none,mb=1,reshard=0", &t.cfg.fix), MP_OK)
+  ASSERT_EQ(mp_search_fix_parse(&t.ctx, "tp=1,pp=1,dp_rep=1,ac=none,mb=1,reshard=0,etp=0", &t.cfg.fix), MP_OK)
       << mp_errmsg(&t.ctx);
   t.run();
   int64_t *order = nullptr, n = 0;

@@ -333,3 +333,23 @@ TEST(MoeCost, FusedWeightGradientAccumulatesInFp32) {
 TEST(MoeCost, FusedWeightGradientIsMegatrons) {
   ExpectRefused("\"memory_model\": \"torchtitan\", \"wgrad_accum_fp32\": true", "wgrad_accum_fp32");
 }
+
+// With tp x cp = 1 the expert grid (etp=1) over dp_shard 8 with ep 4 puts the same ranks in
+// the same EP groups (4 consecutive dp_shard ranks) and expert-FSDP groups (the other 2) as
+// EP inside dp_shard, and each rank routes its whole micro-batch either way (tp 1): the same
+// plan to the bit, time and memory, which is why the planner's default search leaves such a
+// grid to the layout inside dp_shard (planner/search.c, grid_ep_ok).
+TEST(MoeCost, GridWithoutTpOrCpIsTheLayoutInsideDpShard) {
+  Qwen q;
+  mp_sim_result r[2];
+  const char *meshes[2] = {"dp_shard=8,ep=4", "dp_shard=8,ep=4,etp=1"};
+  for (int i = 0; i < 2; i++) {
+    ASSERT_EQ(mp_mesh_parse(&q.ctx, meshes[i], 8, &q.mesh), MP_OK) << mp_errmsg(&q.ctx);
+    EXPECT_EQ(mp_mesh_expert_grid(&q.mesh), i);
+    r[i] = q.Sim();
+  }
+  EXPECT_GT(r[0].step_time_s, 0.0);
+  EXPECT_EQ(r[0].step_time_s, r[1].step_time_s);
+  EXPECT_EQ(r[0].peak_mem_bytes, r[1].peak_mem_bytes);
+  EXPECT_EQ(r[0].fits, r[1].fits);
+}
