@@ -520,3 +520,16 @@ mp_status mp_cmd_mesh_ep(mp_ctx *ctx, const mp_cmd_spec *spec, mp_mesh *mesh) {
   mesh->ep = (int)ep;
   return mp_mesh_validate(ctx, mesh);
 }
+
+void mp_cmd_stack_runs_str(const mp_plan_options *b, char *buf, size_t cap) {
+  const int mg = b->mem_model == MP_MEM_MODEL_MEGATRON;
+  buf[0] = '\0';
+  if (mg || b->cp_rotate != MP_CP_ROTATE_ALLGATHER) /* Megatron-Core's form, or the ring's rotation */
+    snprintf(buf, cap, mg ? " with cp comm type %s" : " with cp rotating K, V by %s",
+             mg ? mp_cp_comm_name(b->cp_comm) : mp_cp_rotate_name(b->cp_rotate));
+  if (b->tp_comm_fused)
+    snprintf(buf + strlen(buf), cap - strlen(buf), "%s %s on its TP plans", buf[0] ? " and" : " with",
+             mg ? "TP comm overlap" : "AsyncTP");
+  if (b->ddp.shard_optimizer)
+    snprintf(buf + strlen(buf), cap - strlen(buf), "%s the distributed optimizer", buf[0] ? " and" : " with");
+}

@@ -567,17 +567,8 @@ static void print_text(const plan_view *v) {
   const plan_args *a = v->a;
   const mp_planner_result *res = v->res;
   const mp_search *s = res->search;
-  char rot[160] = ""; /* named where it is not torchtitan's default */
-  const mp_plan_options *b = &v->ev->base; const int mg = b->mem_model == MP_MEM_MODEL_MEGATRON;
-  if (mg || b->cp_rotate != MP_CP_ROTATE_ALLGATHER) /* Megatron-Core's form, or the ring's rotation */
-    snprintf(rot, sizeof rot, mg ? " with cp comm type %s" : " with cp rotating K, V by %s", mg ? mp_cp_comm_name(b->cp_comm) : mp_cp_rotate_name(b->cp_rotate));
-  if (v->ev->base.tp_comm_fused)
-    snprintf(rot + strlen(rot), sizeof rot - strlen(rot), "%s %s on its TP plans",
-             rot[0] ? " and" : " with",
-             v->ev->base.mem_model == MP_MEM_MODEL_MEGATRON ? "TP comm overlap" : "AsyncTP");
-  if (v->ev->base.ddp.shard_optimizer)
-    snprintf(rot + strlen(rot), sizeof rot - strlen(rot), "%s the distributed optimizer",
-             rot[0] ? " and" : " with");
+  char rot[160];
+  mp_cmd_stack_runs_str(&v->ev->base, rot, sizeof rot);
   char params[160], note[400];
   mp_cmd_params_str(&a->m, params, sizeof params);
   printf("%s (%s) on %s (%d x %s, %d per node), seq %lld, stack %s%s, objective %s\n", a->m.name, params,

@@ -85,6 +85,11 @@ mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
  * and o->moment_dtype; MP_ERR_USAGE for another dtype (the plan checks the recipe and the
  * memory model). */
 mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
+/* What plan's header names beside the stack where it is not torchtitan's default, in words
+ * (" with cp comm type p2p and TP comm overlap on its TP plans and the distributed optimizer"):
+ * Megatron-Core's cp comm type or the ring's rotation, the TP overlap, the distributed
+ * optimizer; "" when none. */
+void mp_cmd_stack_runs_str(const mp_plan_options *b, char *buf, size_t cap);
 /* Megatron-Core's --cross-entropy-loss-fusion: o->loss from the stack's INPLACE to
  * INPLACE_FUSED (exec/plan.h); MP_ERR_USAGE naming the stack where its loss is not Megatron's.
  * Megatron-LM's --ddp-average-in-collective (average_in_collective 1) and

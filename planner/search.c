@@ -496,13 +496,11 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
 
 /* The expert grid's EP sizes (exec/mesh.h, etp=1): ep dividing the routed experts, on a layout
  * the mesh accepts. Under DDP (Megatron-Core) EP comes from the stage's data-parallel, context
- * and tensor ranks. Under FSDP EP comes from dp_shard x cp x tp alone (mp_rule_ep_grid_fsdp_ok);
- * a fix naming etp=1 takes every such ep, and the search by default the ones torchtitan runs
- * with expert_tensor_parallel_degree 1 (mp_rule_ep_grid_torchtitan_ok: whole tp x cp groups)
- * beside its default layout inside dp_shard. With tp x cp = 1 those divide dp_shard and put
- * the same ranks in the same EP and expert-FSDP groups as that layout (enumerated first), so
- * the default grid needs tp x cp > 1; an ep dividing dp_shard is that layout under DDP too
- * unless the fix names etp=1. */
+ * and tensor ranks; an ep dividing dp_shard is the layout inside dp_shard unless the fix names
+ * etp=1. Under FSDP EP comes from dp_shard x cp x tp alone (mp_rule_ep_grid_fsdp_ok), searched
+ * where a fix names etp=1: beside the layout inside dp_shard it multiplies the fitting plans to
+ * simulate (DeepSeek-V3 on 2,048 GPUs: 7,667 simulations to 29,329, 0.6 s to 2.5 s on two
+ * cores), so the default search keeps torchtitan's default layout. */
 static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep) {
   const int dps = mesh->size[MP_DIM_DP_SHARD], tpcp = mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP];
   const int stage = mp_mesh_world(mesh) / mesh->size[MP_DIM_PP], inner = dps * tpcp, named = cfg->fix.etp == 1;
@@ -510,11 +508,7 @@ static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep) 
     return 0;
   if (cfg->dp == MP_DP_DDP)
     return (dps % ep || named) && (inner % ep == 0 || (ep % inner == 0 && stage % ep == 0));
-  if (named) return inner % ep == 0;
-  mp_mesh grid = *mesh;
-  grid.ep = ep;
-  grid.etp = 1;
-  return tpcp > 1 && mp_rule_ep_grid_torchtitan_ok(&grid);
+  return named && inner % ep == 0;
 }
 
 mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_search **out) {
