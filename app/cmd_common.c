@@ -184,13 +184,17 @@ mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
   return MP_OK;
 }
 
+int mp_cmd_moments_parse(const char *name, mp_dtype *out) {
+  if (strcmp(name, "fp32") != 0 && strcmp(name, "bf16") != 0) return 0;
+  *out = strcmp(name, "bf16") == 0 ? MP_DTYPE_BF16 : MP_DTYPE_FP32;
+  return 1;
+}
+
 mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
   if (mp_args_has(spec, "--fp8-act-cache")) o->fp8_act_cache = 1;
   const char *d = mp_args_get(spec, "--optimizer-moments");
-  if (!d) return MP_OK;
-  if (strcmp(d, "fp32") != 0 && strcmp(d, "bf16") != 0)
+  if (d && !mp_cmd_moments_parse(d, &o->moment_dtype))
     return mp_error(ctx, MP_ERR_USAGE, "--optimizer-moments '%s': choose fp32 or bf16", d);
-  o->moment_dtype = strcmp(d, "bf16") == 0 ? MP_DTYPE_BF16 : MP_DTYPE_FP32;
   return MP_OK;
 }
 

@@ -157,10 +157,9 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (v->sp >= 0) o->sp = v->sp;
   o->moe_fp8_dispatch = v->moe_fp8_dispatch == 1;
   o->fp8_act_cache = v->fp8_act_cache == 1;
-  if (v->optimizer_moments[0] && strcmp(v->optimizer_moments, "fp32") != 0 && strcmp(v->optimizer_moments, "bf16") != 0)
+  if (v->optimizer_moments[0] && !mp_cmd_moments_parse(v->optimizer_moments, &o->moment_dtype))
     return mp_error(ctx, MP_ERR_INVALID, "%s: optimizer_moments '%s': expected fp32 or bf16", where,
                     v->optimizer_moments);
-  if (strcmp(v->optimizer_moments, "bf16") == 0) o->moment_dtype = MP_DTYPE_BF16;
   if ((v->ce_fusion == 1 && mp_cmd_fuse_loss(ctx, &j->prof, o) != MP_OK) ||
       mp_cmd_ddp_bucket_prep(ctx, &j->prof, v->ddp_average_in_collective == 1, v->ddp_check_grads == 0, o) != MP_OK) {
     mp_error_prefix(ctx, "%s", where);

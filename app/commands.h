@@ -85,6 +85,9 @@ mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
  * and o->moment_dtype; MP_ERR_USAGE for another dtype (the plan checks the recipe and the
  * memory model). */
 mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
+/* AdamW's moments' dtype by name, fp32 or bf16, into *out; 0 (out untouched) for another name.
+ * mp_cmd_storage and validate's optimizer_moments column read it. */
+int mp_cmd_moments_parse(const char *name, mp_dtype *out);
 /* What plan's header names beside the stack where it is not torchtitan's default, in words
  * (" with cp comm type p2p and TP comm overlap on its TP plans and the distributed optimizer"):
  * Megatron-Core's cp comm type or the ring's rotation, the TP overlap, the distributed

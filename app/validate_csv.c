@@ -211,22 +211,15 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   row->pp_virtual = 0;
   const char *pvs = field(r, "pp_virtual");
   if (pvs && pvs[0]) MP_CHECK(int_in(r, "pp_virtual", pvs, 1, MP_LIM_PP_VIRTUAL, &row->pp_virtual));
-  row->pp_layout[0] = '\0';
-  const char *lay = field(r, "pp_layout");
-  if (lay && lay[0]) MP_CHECK(need_str(r, "pp_layout", 1, row->pp_layout, sizeof row->pp_layout));
+  MP_CHECK(opt_str(r, "pp_layout", row->pp_layout, sizeof row->pp_layout));
   MP_CHECK(opt_flag(r, "sp", &row->sp));
   MP_CHECK(opt_flag(r, "moe_fp8_dispatch", &row->moe_fp8_dispatch));
   MP_CHECK(opt_flag(r, "fp8_act_cache", &row->fp8_act_cache));
-  row->optimizer_moments[0] = '\0';
-  const char *om = field(r, "optimizer_moments");
-  if (om && om[0]) MP_CHECK(need_str(r, "optimizer_moments", 1, row->optimizer_moments, sizeof row->optimizer_moments));
+  MP_CHECK(opt_str(r, "optimizer_moments", row->optimizer_moments, sizeof row->optimizer_moments));
   MP_CHECK(opt_flag(r, "ce_fusion", &row->ce_fusion));
   MP_CHECK(opt_flag(r, "ddp_average_in_collective", &row->ddp_average_in_collective));
   MP_CHECK(opt_flag(r, "ddp_check_grads", &row->ddp_check_grads));
-  row->recompute_modules[0] = '\0';
-  const char *rcm = field(r, "recompute_modules");
-  if (rcm && rcm[0])
-    MP_CHECK(need_str(r, "recompute_modules", 1, row->recompute_modules, sizeof row->recompute_modules));
+  MP_CHECK(opt_str(r, "recompute_modules", row->recompute_modules, sizeof row->recompute_modules));
   return opt_flag(r, "async_tp", &row->async_tp);
 }
 
