@@ -90,7 +90,7 @@ void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o) {
              "instead (the stage's ranks holding the same experts)",
              mp_mesh_group_size(&p->mesh, MP_GROUP_EDP));
   /* the fp32 master and AdamW's two moments: 12 bytes a parameter, 8 with bf16 moments */
-  const int state = 4 + 2 * mp_dtype_bytes(p->opts.moment_dtype);
+  const int state = 4 + (int)mp_plan_adamw_moment_bytes(&p->opts, 1);
   char how[200];
   if (o->shard_optimizer)
     snprintf(how, sizeof how, "reduce-scattered over them, and the fp32 master weights and Adam state "
@@ -111,17 +111,21 @@ mp_group mp_plan_ddp_group(const mp_plan *p) {
   return p->opts.dp == MP_DP_DDP && p->mesh.size[MP_DIM_CP] > 1 ? MP_GROUP_DP_CP : MP_GROUP_DP_REPLICATE;
 }
 
+int64_t mp_plan_adamw_moment_bytes(const mp_plan_options *o, int64_t n) {
+  return 2 * n * mp_dtype_bytes(o->moment_dtype);
+}
+
 void mp_plan_dp_state_bytes(const mp_mesh *mesh, const mp_plan_options *o, double bytes[2], int64_t *ways) {
   const double mb = mp_dtype_bytes(o->master_dtype), pb = mp_dtype_bytes(o->fsdp.param_dtype),
-               rb = mp_dtype_bytes(o->fsdp.reduce_dtype), ob = mp_dtype_bytes(o->moment_dtype);
+               rb = mp_dtype_bytes(o->fsdp.reduce_dtype), ob2 = (double)mp_plan_adamw_moment_bytes(o, 1);
   *ways = 1;
   if (o->dp != MP_DP_DDP) { /* FSDP: the master and m, v, cut with the parameter */
     bytes[0] = 0;
-    bytes[1] = mb + 2 * ob;
+    bytes[1] = mb + ob2;
     return;
   }
   bytes[0] = pb + rb;
-  bytes[1] = mb + 2 * ob;
+  bytes[1] = mb + ob2;
   if (o->ddp.shard_optimizer)
     *ways = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * (mesh->size[MP_DIM_CP] > 1 ? mesh->size[MP_DIM_CP] : 1);
 }
@@ -137,7 +141,7 @@ static void ddp_state(const mp_plan *p, int64_t n, int64_t d, int64_t *param_byt
   *shard = (n + d - 1) / d;
   *param_bytes = n * mp_dtype_bytes(p->opts.fsdp.param_dtype) + *shard * mb;
   *grad_bytes = n * mp_dtype_bytes(p->opts.fsdp.reduce_dtype);
-  *optimizer_bytes = 2 * *shard * mp_dtype_bytes(p->opts.moment_dtype); /* AdamW's m and v */
+  *optimizer_bytes = mp_plan_adamw_moment_bytes(&p->opts, *shard);
 }
 
 void mp_plan_ddp_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,

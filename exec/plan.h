@@ -663,6 +663,10 @@ mp_group mp_plan_ddp_group(const mp_plan *p);
  * shard_optimizer; 1 otherwise: FSDP's cut is the caller's sharding). o->dp must be resolved
  * (not MP_DP_AUTO). */
 void mp_plan_dp_state_bytes(const mp_mesh *mesh, const mp_plan_options *o, double bytes[2], int64_t *ways);
+/* AdamW's exp_avg and exp_avg_sq for n parameters, in bytes: two tensors at the moments'
+ * dtype (o->moment_dtype: fp32 by default, bf16 where DeepSeek-V3's sec. 3.3.3 stores them
+ * so). Every count of the optimizer's state goes through it. */
+int64_t mp_plan_adamw_moment_bytes(const mp_plan_options *o, int64_t n);
 /* DDP's resident state for a rank holding n parameters, in bytes (mp_plan_dp_state_bytes
  * per tensor): the model-dtype parameters beside the fp32 masters, the main gradients,
  * Adam's m and v; with shard_optimizer the masters and Adam state on the rank's

@@ -128,7 +128,7 @@ void mp_plan_rank_totals(const mp_plan *p, int rank, mp_plan_totals *out) {
   const int64_t mb = mp_dtype_bytes(p->opts.master_dtype);
   out->param_bytes = out->params_numel * mb;
   out->grad_bytes = out->params_numel * mb;
-  out->optimizer_bytes = 2 * out->params_numel * mp_dtype_bytes(p->opts.moment_dtype); /* AdamW exp_avg, exp_avg_sq */
+  out->optimizer_bytes = mp_plan_adamw_moment_bytes(&p->opts, out->params_numel);
   if (!(p->applied & MP_PASS_FSDP)) return;
   const int stage = r.stage;
   const int64_t pb = mp_dtype_bytes(p->opts.fsdp.param_dtype);

@@ -41,7 +41,7 @@ static void ddp_state(const gen *g, int64_t n, int64_t ne, int64_t *param_bytes,
 static void autograd_resident(gen *g, const mp_schedule_prep *pr) {
   const int64_t mb = mp_dtype_bytes(g->p->opts.master_dtype), n = pr->params_numel;
   int64_t param_bytes = n * mb, grad_bytes = n * mb;
-  int64_t optimizer_bytes = 2 * n * mp_dtype_bytes(g->p->opts.moment_dtype); /* AdamW's m and v */
+  int64_t optimizer_bytes = mp_plan_adamw_moment_bytes(&g->p->opts, n);
   if (g->ddp) {
     int64_t shard;
     ddp_state(g, n, expert_numel(pr), &param_bytes, &grad_bytes, &optimizer_bytes, &shard);
@@ -76,9 +76,10 @@ static void autograd_optimizer(gen *g, const mp_schedule_prep *pr, int world_red
                        4.0 * shard, MP_DTYPE_FP32);
   add_dep(g, gn, g->last_reduce, 0);
   if (world_reduce) comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_WORLD, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, -1);
-  /* read the master, the gradient, m and v, write the master, m and v: 7 fp32 tensors, m and v
-   * (read and written) at the moments' bytes */
-  const double opt_bytes = BYTES_ADAMW - 4.0 * (4 - mp_dtype_bytes(g->p->opts.moment_dtype));
+  /* read the master and the gradient and write the master (BYTES_ADAMW's three fp32 tensors
+   * of its seven), m and v each read and written at the moments' bytes */
+  const double opt_bytes =
+      BYTES_ADAMW - 16.0 + 2.0 * (double)mp_plan_adamw_moment_bytes(&g->p->opts, 1);
   compute(g, MP_KERNEL_OPTIMIZER, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, FLOPS_ADAMW * shard,
           opt_bytes * shard, MP_DTYPE_FP32);
   if (g->ddp) { /* the model dtype's parameters refreshed from the masters */
