@@ -205,5 +205,9 @@ void mp_train_finish(train_job *j, mp_status st);
 /* After every store handle is closed: a --db file this run created is removed, with
  * SQLite's side files, when the run failed before recording a step (rank 0). */
 void mp_train_remove_unused_db(const train_job *j, mp_status st);
+/* --profile's table: rank 0's measured time per step by kernel class and collective group
+ * beside the simulator's busy time for the same plan (pick), over `steps` steps. */
+void mp_train_print_profile(const mp_kprof *kp, const mp_comm_prof *cp, long long steps, const train_pick *pick,
+                            int cuda);
 
 #endif

@@ -1,6 +1,7 @@
 /* meshplan train: what a run records (train_job.h lists train's files): the --metrics
- * file, the database's steps and run status, and, when a run fails before it recorded
- * anything, the removal of the empty files it made.
+ * file, the database's steps and run status, --profile's table of measured against
+ * predicted time, and, when a run fails before it recorded anything, the removal of the
+ * empty files it made.
  *
  * Invariants: only rank 0 writes either record (the ranks agree on its status,
  * mp_runtime_agree); a metrics file or database this process created is removed when the
@@ -16,6 +17,76 @@
 #include "common/json.h"
 #include "app/elastic.h"
 #include "app/train_job.h"
+
+/* ---- --profile ------------------------------------------------------------------------------ */
+
+/* One row of --profile's table: measured and predicted per step, the error where both
+ * are there. */
+static void profile_row(const char *name, double m_s, double m_calls, double p_s, double p_calls, int has_pred) {
+  char mc[16] = "", pc[16] = ""; /* calls, left blank on the total rows (< 0) */
+  if (m_calls >= 0) snprintf(mc, sizeof mc, "%.1f", m_calls);
+  if (p_calls >= 0) snprintf(pc, sizeof pc, "%.1f", p_calls);
+  printf("  %-24s %9s %12.3f", name, mc, m_s * 1e3);
+  if (has_pred)
+    printf(" %9s %12.3f", pc, p_s * 1e3);
+  else
+    printf(" %9s %12s", "-", "-");
+  if (has_pred && m_s > 0 && p_s > 0)
+    printf(" %+7.1f%%", 100.0 * (p_s - m_s) / m_s);
+  printf("\n");
+}
+
+/* --profile's table: rank 0's time per step by kernel class and collective group, beside
+ * the simulator's busy time of the same plan's rank 0 (both per step, kernel launch
+ * overhead included). Collectives are busy time, overlapped or not. */
+void mp_train_print_profile(const mp_kprof *kp, const mp_comm_prof *cp, long long steps, const train_pick *pick,
+                            int cuda) {
+  const int pred = pick->have_busy;
+  const double n = (double)steps;
+  printf("profile of rank 0, per step (mean of %lld step%s%s): each kernel timed alone%s; collectives timed on the "
+         "host%s; predicted: the simulator's busy time for the same plan%s\n",
+         steps, steps == 1 ? "" : "s", steps > 1 ? " after the first" : "",
+         cuda ? " with the device synchronized around it (the profiled steps run slower)" : "",
+         cuda ? " (NCCL: the time to enqueue them)" : "", pred ? "" : " (none: no prediction for this run)");
+  printf("  %-24s %9s %12s %9s %12s %8s\n", "class", "calls", "measured ms", "calls", "predicted ms", "error");
+  double mk = 0, pk = 0;
+  for (int k = 0; k < MP_KPROF_COUNT; k++) {
+    const int costed = k < MP_KERNEL_COUNT;
+    const double ms = kp->seconds[k] / n, mc = (double)kp->calls[k] / n;
+    const double ps = costed && pred ? pick->busy.kernel_s[k] : 0.0;
+    const double pc = costed && pred ? (double)pick->busy.kernel_n[k] : 0.0;
+    if (mc == 0 && pc == 0) continue;
+    char name[48];
+    snprintf(name, sizeof name, "%s%s", mp_kprof_class_name(k), costed ? "" : " (not costed)");
+    profile_row(name, ms, mc, ps, pc, pred && costed);
+    mk += ms;
+    pk += ps;
+  }
+  profile_row("kernels", mk, -1, pk, -1, pred);
+  double mc_all = 0, pc_all = 0;
+  for (int g = 0; g < MP_GROUP_COUNT; g++) {
+    const double ms = cp->seconds[g] / n, mc = (double)cp->calls[g] / n;
+    const double ps = pred ? pick->busy.comm_s[g] : 0.0, pc = pred ? (double)pick->busy.comm_n[g] : 0.0;
+    if (mc == 0 && pc == 0) continue;
+    char name[48];
+    snprintf(name, sizeof name, "collectives %s", mp_group_name((mp_group)g));
+    profile_row(name, ms, mc, ps, pc, pred);
+    mc_all += ms;
+    pc_all += ps;
+  }
+  if (mc_all > 0 || pc_all > 0) profile_row("collectives", mc_all, -1, pc_all, -1, pred);
+  /* the schedule counts an FSDP unit's gather or reduce-scatter as one op; the runtime
+   * issues it one parameter tensor at a time: the unit ops are the comparable count */
+  for (int g = 0; g < MP_GROUP_COUNT; g++)
+    if (cp->unit_ops[g] > 0 && cp->unit_ops[g] != cp->calls[g])
+      printf("  (collectives %s: the runtime gathers and reduce-scatters an FSDP unit one parameter tensor at a time: "
+             "its %.1f calls are %.1f unit ops, one per unit as the schedule counts them)\n",
+             mp_group_name((mp_group)g), (double)cp->calls[g] / n, (double)cp->unit_ops[g] / n);
+  if (pred)
+    printf("  (predicted step %.3f ms: compute %.3f, optimizer %.3f, exposed communication %.3f)\n",
+           pick->busy_res.step_time_s * 1e3, pick->busy_res.compute_s * 1e3, pick->busy_res.optimizer_s * 1e3,
+           pick->busy_res.exposed_comm_s * 1e3);
+}
 
 /* ---- --metrics ------------------------------------------------------------------------------ */
 
