@@ -82,6 +82,8 @@ TEST(Cluster, RentedGpusFromTheirDatasheets) {
               {"l40s", 362.05, 733, 48, 864, 32, 89, MP_GPU_API_CUDA},
               // NVIDIA GB200 NVL72 datasheet: the rack's sparse figures / 2 / 72 GPUs
               {"gb200", 2500, 5000, 186, 8000, 900, 100, MP_GPU_API_CUDA},
+              // NVIDIA DGX B200 datasheet (2,250 / 4,500 dense), HGX B200: 180 GB at 7.7 TB/s
+              {"b200", 2250, 4500, 180, 7700, 900, 100, MP_GPU_API_CUDA},
               {"mi300x", 1307.4, 2614.9, 192, 5300, 448, 0, MP_GPU_API_ROCM}};
   for (const Want &w : want) {
     SCOPED_TRACE(w.name);
@@ -319,7 +321,8 @@ TEST(Cluster, KernelFractionsFromTheirSources) {
       {"h100-sxm", 0.685, 0.709, 0.35},     // 678 / 989.4; 1402.6 / 1979
       {"h100-96gb-500w", 0.685, 0.709, 0.35},  // the same silicon and kernels as the SXM
       {"h200", 0.685, 0.734, 0.35},         // the same die and limit as the SXM; 1453.4 / 1979
-      {"b200", 0.662, 0.763, 0.35},         // 1745 / 2250 x 0.685 / 0.803; 3432.5 / 4500
+      {"b200", 0.602, 0.624, 0.308},        // the H100's x 2.0 / (2250 / 989.4): below
+      {"gb200", 0.602, 0.624, 0.308},       // the B200's: the same die
   };
   for (auto &w : want) {
     SCOPED_TRACE(w.gpu);
@@ -339,6 +342,33 @@ TEST(Cluster, KernelFractionsFromTheirSources) {
   ASSERT_EQ(mp_gpu_load(&ctx, "cpu", &cpu), MP_OK) << mp_errmsg(&ctx);
   EXPECT_EQ(cpu.kernel_eff.bf16_gemm, 0.0);
   EXPECT_EQ(cpu.kernel_eff.flash_attention, 0.0);
+}
+
+// The B200's fractions are the H100's times the speed of the same library's kernels on the
+// two GPUs over the ratio of their peaks: cuBLAS's BF16 and FP8 GEMMs and the attention
+// kernels run up to 2x as fast on the B200 as on the H100 (ThunderKittens on Blackwell,
+// Hazy Research 2025; cuBLAS 12.9's FP4 at 4.6x Hopper's FP8 and 2.3x the B200's), where
+// the peaks differ by 2250 / 989.4 = 4500 / 1978.9. A stack fitted on the H100 so runs its
+// GEMMs and attention on the B200 at 2.0x its H100 speed, not at the peaks' 2.27x.
+TEST(Cluster, BlackwellFractionsAreTheH100sAtTwiceItsSpeed) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_gpu h, b;
+  ASSERT_EQ(mp_gpu_load(&ctx, "h100-sxm", &h), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_gpu_load(&ctx, "b200", &b), MP_OK) << mp_errmsg(&ctx);
+  const double bf16_peaks = 2250.0 / 989.4, fp8_peaks = 4500.0 / 1978.9;
+  // the profiles state three digits: 0.685 x 0.8795 = 0.6024, 0.709 x 0.8795 = 0.6236,
+  // 0.35 x 0.8795 = 0.3078
+  EXPECT_NEAR(b.kernel_eff.bf16_gemm, 0.685 * 2.0 / bf16_peaks, 5e-4);
+  EXPECT_NEAR(b.kernel_eff.fp8_gemm, 0.709 * 2.0 / fp8_peaks, 5e-4);
+  EXPECT_NEAR(b.kernel_eff.flash_attention, 0.35 * 2.0 / bf16_peaks, 5e-4);
+  // what a prediction sees: the B200's GEMM and attention seconds per FLOP at half the H100's
+  EXPECT_NEAR(b.peak_tflops[MP_DTYPE_BF16] * b.kernel_eff.bf16_gemm /
+                  (h.peak_tflops[MP_DTYPE_BF16] * h.kernel_eff.bf16_gemm), 2.0, 2e-3);
+  EXPECT_NEAR(b.peak_tflops[MP_DTYPE_FP8_E4M3] * b.kernel_eff.fp8_gemm /
+                  (h.peak_tflops[MP_DTYPE_FP8_E4M3] * h.kernel_eff.fp8_gemm), 2.0, 2e-3);
+  EXPECT_NEAR(b.peak_tflops[MP_DTYPE_BF16] * b.kernel_eff.flash_attention /
+                  (h.peak_tflops[MP_DTYPE_BF16] * h.kernel_eff.flash_attention), 2.0, 2e-3);
 }
 
 TEST(Cluster, BadKernelFractionsAreRefused) {
