@@ -40,6 +40,7 @@ static mp_opt k_opts[] = {
     MP_OPT_PP_LAYERS,
     {"--cp", "N", "context parallel degree", NULL},
     MP_OPT_CP_ROTATE,
+    MP_OPT_MEGATRON_FSDP,
     MP_OPT_ASYNC_TP,
     MP_OPT_MOE_DISPATCHER,
     MP_OPT_OVERLAP_MOE_COMM,
@@ -352,6 +353,7 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
   MP_CHECK(mp_cmd_ce_fusion(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_moe_routing(ctx, &k_spec, &j->o.moe_routing));
   MP_CHECK(mp_cmd_storage(ctx, &k_spec, &j->o));
+  MP_CHECK(mp_cmd_megatron_fsdp(ctx, &k_spec, &j->prof, &j->o));
   memset(&j->cfg, 0, sizeof j->cfg);
   j->cfg.cluster = &j->c;
   j->cfg.stack = &j->prof;
