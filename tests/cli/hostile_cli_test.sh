@@ -387,7 +387,7 @@ data_parallel_shard_degree = 4' tt_ga.toml
 printf '[model]\nname = "llama3"\nflavor = "1B"\n' >"$d/tt_flavor.toml"
 printf '[model]\nname = "qwen3"\nflavor = "30B-A3B"\n[parallelism]\ndata_parallel_shard_degree = 8\ntensor_parallel_degree = 2\nexpert_parallel_degree = 3\n' >"$d/tt_ep3.toml"
 mg='--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention --num-query-groups 8 --max-position-embeddings 131072 --position-embedding-type rope --rotary-base 500000 --swiglu --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights --seq-length 8192 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather'
-row 2 "--emit megatron: dp_shard=8 is FSDP, which Megatron-LM's DDP does not run" simulate --model llama3.1-8b --gpus 8 --emit megatron --out "$d"
+row 2 "--emit megatron: dp_shard=8 is FSDP, which stack torchtitan-compile does not run" simulate --model llama3.1-8b --gpus 8 --emit megatron --out "$d"
 row 2 "--emit torchtitan: the plan was predicted under stack megatron-core, not torchtitan's" simulate --model llama3.1-8b --gpus 8 --mesh dp_replicate=8 --stack megatron-core --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: torchtitan v0.2.0 ships no flavor of llama2-7b" simulate --model llama2-7b --gpus 8 --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: ac selective (the attention module) has no torchtitan v0.2.0 policy" simulate --model llama3.1-8b --gpus 8 --ac selective --emit torchtitan --out "$d"
