@@ -226,6 +226,10 @@ static mp_status megatron_fsdp_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_
                     "dp_replicate=%d with dp_shard=%d: Megatron FSDP's hybrid sharding (an outer "
                     "data-parallel group, --num-distributed-optimizer-instances) is not modelled: "
                     "use dp_shard=%d", mesh->size[MP_DIM_DP_REPLICATE], d, mesh->size[MP_DIM_DP_REPLICATE] * d);
+  if (!o->fsdp.reshard_after_forward)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "Megatron FSDP releases each layer's gathered weights after its forward "
+                    "(megatron_fsdp.py, _post_forward): drop reshard off (--no-reshard)");
   if (!o->ddp.shard_optimizer)
     return mp_error(ctx, MP_ERR_INVALID,
                     "Megatron FSDP steps its shards with the distributed optimizer "
