@@ -87,6 +87,17 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.fsdp_double_buffer = o.fsdp_double_buffer;
 }
 
+// Megatron-LM's memory model on `mesh`: its vocab-parallel cross-entropy (in place),
+// sequences of 4096 tokens.
+inline Opts Megatron(const char *mesh) {
+  Opts o;
+  o.mesh = mesh;
+  o.mem_model = MP_MEM_MODEL_MEGATRON;
+  o.loss = MP_LOSS_INPLACE;
+  o.seq = 4096;
+  return o;
+}
+
 // The plan of o alone: mp_build_plan's status (its message on b->ctx).
 inline mp_status PlanOnly(Built *b, const Opts &o) {
   mp_ctx_init(&b->ctx);

@@ -24,11 +24,7 @@ constexpr int64_t kParams = 8030261248LL, kShard = kParams / 8, kBlock = 2181120
 constexpr int64_t kRoot = 2 * 525336576LL + 4096;
 
 Opts MegatronFsdp(const char *mesh) {
-  Opts o;
-  o.mesh = mesh;
-  o.mem_model = MP_MEM_MODEL_MEGATRON;
-  o.loss = MP_LOSS_INPLACE;
-  o.seq = 4096;
+  Opts o = sched_test::Megatron(mesh);
   o.dist_opt = 1;    // Megatron FSDP's optimizer is the distributed one (custom_fsdp.md)
   o.dp_overlap = 1;  // optim_grads_params turns both overlaps on (megatron_fsdp.py)
   return o;
