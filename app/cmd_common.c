@@ -184,6 +184,23 @@ mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
   return MP_OK;
 }
 
+mp_status mp_cmd_megatron_fsdp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                               mp_plan_options *o) {
+  const char *s = mp_args_get(spec, "--data-parallel-sharding-strategy");
+  const int dbuf = mp_args_has(spec, "--fsdp-double-buffer");
+  if (s == NULL && !dbuf) return MP_OK;
+  if (prof && prof->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--data-parallel-sharding-strategy and --fsdp-double-buffer are Megatron FSDP's; "
+                    "stack %s shards dp_shard with PyTorch's FSDP: drop them or use megatron-core", prof->name);
+  if (s && !mp_mfsdp_strategy_parse(s, &o->mfsdp_strategy))
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--data-parallel-sharding-strategy '%s': choose optim_grads_params, optim_grads, optim "
+                    "or no_shard", s);
+  o->fsdp_double_buffer = dbuf;
+  return MP_OK;
+}
+
 int mp_cmd_moments_parse(const char *name, mp_dtype *out) {
   if (strcmp(name, "fp32") != 0 && strcmp(name, "bf16") != 0) return 0;
   *out = strcmp(name, "bf16") == 0 ? MP_DTYPE_BF16 : MP_DTYPE_FP32;

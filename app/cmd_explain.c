@@ -45,6 +45,7 @@ static mp_opt k_opts[] = {
     MP_OPT_PP_VIRTUAL,
     MP_OPT_PP_LAYERS,
     MP_OPT_CP_ROTATE,
+    MP_OPT_MEGATRON_FSDP,
     MP_OPT_ASYNC_TP,
     MP_OPT_MOE_DISPATCHER,
     MP_OPT_OVERLAP_MOE_COMM,
@@ -119,6 +120,7 @@ static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_
                     e->prof.name);
   mp_stack_plan_options(&e->prof, o);
   MP_CHECK(mp_cmd_cp_rotate(ctx, &k_spec, &e->prof, o));
+  MP_CHECK(mp_cmd_megatron_fsdp(ctx, &k_spec, &e->prof, o));
   MP_CHECK(mp_cmd_async_tp(ctx, &k_spec, &e->prof, o));
   MP_CHECK(mp_cmd_moe_comm(ctx, &k_spec, &e->prof, o));
   MP_CHECK(mp_cmd_ce_fusion(ctx, &k_spec, &e->prof, o));

@@ -40,6 +40,7 @@ static mp_opt k_opts[] = {
     MP_OPT_PP_LAYERS,
     {"--cp", "N", "context parallel degree", NULL},
     MP_OPT_CP_ROTATE,
+    MP_OPT_MEGATRON_FSDP,
     MP_OPT_ASYNC_TP,
     MP_OPT_MOE_DISPATCHER,
     MP_OPT_OVERLAP_MOE_COMM,
@@ -212,6 +213,10 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   if (o->moe_fp8_dispatch) cJSON_AddBoolToObject(j, "moe_fp8_dispatch", 1);
   if (o->fp8_act_cache) cJSON_AddBoolToObject(j, "fp8_act_cache", 1);
   if (o->moment_dtype != MP_DTYPE_FP32) cJSON_AddStringToObject(j, "optimizer_moments", mp_dtype_name(o->moment_dtype));
+  if (o->mem_model == MP_MEM_MODEL_MEGATRON && mesh->size[MP_DIM_DP_SHARD] > 1) { /* Megatron FSDP */
+    cJSON_AddStringToObject(j, "data_parallel_sharding_strategy", mp_mfsdp_strategy_name(o->mfsdp_strategy));
+    cJSON_AddBoolToObject(j, "fsdp_double_buffer", o->fsdp_double_buffer);
+  }
   if (mesh->size[MP_DIM_PP] > 1) {
     cJSON_AddStringToObject(j, "pp_schedule", mp_pp_schedule_name(o->pp_schedule));
     cJSON_AddNumberToObject(j, "pp_virtual", o->pp_virtual > 1 ? o->pp_virtual : 1);
@@ -352,6 +357,7 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
   MP_CHECK(mp_cmd_ce_fusion(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_moe_routing(ctx, &k_spec, &j->o.moe_routing));
   MP_CHECK(mp_cmd_storage(ctx, &k_spec, &j->o));
+  MP_CHECK(mp_cmd_megatron_fsdp(ctx, &k_spec, &j->prof, &j->o));
   memset(&j->cfg, 0, sizeof j->cfg);
   j->cfg.cluster = &j->c;
   j->cfg.stack = &j->prof;

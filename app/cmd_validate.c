@@ -36,7 +36,9 @@
  * (Megatron-Core's output-discarding recompute modules split by spaces, layernorm mla_up_proj
  * moe_act; empty or absent: none), fp8_act_cache (1: DeepSeek-V3's float8 activation cache;
  * empty or absent: off), optimizer_moments (fp32 or bf16: AdamW's moments; empty or absent:
- * fp32). The stack's options
+ * fp32), mfsdp_strategy and fsdp_double_buffer (a megatron row with dp_shard > 1 runs Megatron
+ * FSDP: its --data-parallel-sharding-strategy, empty or absent optim_grads_params, and 1 for its
+ * --fsdp-double-buffer, empty or absent off). The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
@@ -160,6 +162,14 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (v->optimizer_moments[0] && !mp_cmd_moments_parse(v->optimizer_moments, &o->moment_dtype))
     return mp_error(ctx, MP_ERR_INVALID, "%s: optimizer_moments '%s': expected fp32 or bf16", where,
                     v->optimizer_moments);
+  if ((v->mfsdp_strategy[0] || v->fsdp_double_buffer == 1) &&
+      (o->mem_model != MP_MEM_MODEL_MEGATRON || j->mesh.size[MP_DIM_DP_SHARD] < 2))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: mfsdp_strategy and fsdp_double_buffer are Megatron FSDP's, which a "
+                    "megatron stack runs with dp_shard > 1: empty the columns", where);
+  if (v->mfsdp_strategy[0] && !mp_mfsdp_strategy_parse(v->mfsdp_strategy, &o->mfsdp_strategy))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: mfsdp_strategy '%s': expected optim_grads_params, optim_grads, "
+                    "optim or no_shard", where, v->mfsdp_strategy);
+  o->fsdp_double_buffer = v->fsdp_double_buffer == 1;
   if ((v->ce_fusion == 1 && mp_cmd_fuse_loss(ctx, &j->prof, o) != MP_OK) ||
       mp_cmd_ddp_bucket_prep(ctx, &j->prof, v->ddp_average_in_collective == 1, v->ddp_check_grads == 0, o) != MP_OK) {
     mp_error_prefix(ctx, "%s", where);
@@ -242,7 +252,9 @@ static unsigned row_features(const row_job *j) {
   const mp_mesh *m = &j->mesh;
   const mp_plan_options *o = &j->o;
   const int tp = m->size[MP_DIM_TP] > 1;
-  const int ddp = o->dp == MP_DP_DDP || (o->dp == MP_DP_AUTO && o->mem_model == MP_MEM_MODEL_MEGATRON);
+  /* a megatron row over dp_shard runs Megatron FSDP (exec/plan.h, mp_mfsdp_strategy) */
+  const int mfsdp = o->mem_model == MP_MEM_MODEL_MEGATRON && m->size[MP_DIM_DP_SHARD] > 1;
+  const int ddp = !mfsdp && (o->dp == MP_DP_DDP || (o->dp == MP_DP_AUTO && o->mem_model == MP_MEM_MODEL_MEGATRON));
   return (unsigned)(o->fp8 << F_FP8 | tp << F_TP | (tp && o->sp != 0) << F_SP |
                     (tp && o->tp_comm_fused) << F_ASYNC_TP | (m->size[MP_DIM_PP] > 1) << F_PP |
                     (o->pp_schedule == MP_PP_INTERLEAVED) << F_INTERLEAVED |

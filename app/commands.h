@@ -88,6 +88,11 @@ mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *
 /* AdamW's moments' dtype by name, fp32 or bf16, into *out; 0 (out untouched) for another name.
  * mp_cmd_storage and validate's optimizer_moments column read it. */
 int mp_cmd_moments_parse(const char *name, mp_dtype *out);
+/* --data-parallel-sharding-strategy S and --fsdp-double-buffer (simulate, explain, plan) into
+ * o->mfsdp_strategy and o->fsdp_double_buffer: Megatron FSDP's, on a megatron stack only
+ * (prof NULL: not checked). MP_ERR_USAGE naming the choices otherwise. */
+mp_status mp_cmd_megatron_fsdp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                               mp_plan_options *o);
 /* What plan's header names beside the stack where it is not torchtitan's default, in words
  * (" with cp comm type p2p and TP comm overlap on its TP plans and the distributed optimizer"):
  * Megatron-Core's cp comm type or the ring's rotation, the TP overlap, the distributed

@@ -140,12 +140,11 @@ static void write_stage_layers(const mp_emit_plan *p, mp_emit_buf *b) {
 /* What Megatron-LM cannot run as meshplan plans it, refused before anything is written. */
 static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p) {
   const mp_mesh *m = p->mesh;
-  if (m->size[MP_DIM_DP_SHARD] > 1)
+  if (m->size[MP_DIM_DP_SHARD] > 1 && strcmp(p->stack->name, "megatron-core") != 0)
     return mp_error(ctx, MP_ERR_USAGE,
-                    "--emit megatron: dp_shard=%d is FSDP, which Megatron-LM's DDP does not run (its "
-                    "--use-torch-fsdp2 is a different runtime meshplan does not price); plan dp_replicate "
-                    "with --stack megatron-core, whose distributed optimizer shards the optimizer state",
-                    m->size[MP_DIM_DP_SHARD]);
+                    "--emit megatron: dp_shard=%d is FSDP, which stack %s does not run (Megatron FSDP, "
+                    "--use-megatron-fsdp, is Megatron-Core's): plan with --stack megatron-core, or "
+                    "dp_replicate", m->size[MP_DIM_DP_SHARD], p->stack->name);
   /* the reader maps --attention-backend back to these two profiles, so only they round-trip */
   if (strcmp(p->stack->name, "megatron-core") != 0 && strcmp(p->stack->name, "megatron-lm") != 0)
     return mp_error(ctx, MP_ERR_USAGE,
@@ -207,6 +206,10 @@ static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
   mp_emit_printf(b, "--seq-length %lld\n--micro-batch-size %lld\n--global-batch-size %lld\n", (long long)o->seq,
                  (long long)o->micro_batch, (long long)o->global_batch);
   if (o->ddp.shard_optimizer) mp_emit_printf(b, "--use-distributed-optimizer\n");
+  /* Megatron FSDP over dp_shard; core_v0.14.0 asserts its own checkpoint format */
+  if (m->size[MP_DIM_DP_SHARD] > 1)
+    mp_emit_printf(b, "--use-megatron-fsdp\n--data-parallel-sharding-strategy %s\n%s--ckpt-format fsdp_dtensor\n",
+                   mp_mfsdp_strategy_name(o->mfsdp_strategy), o->fsdp_double_buffer ? "--fsdp-double-buffer\n" : "");
   if (o->ddp.overlap) mp_emit_printf(b, "--overlap-grad-reduce\n");
   if (o->ddp.overlap && o->ddp.shard_optimizer) mp_emit_printf(b, "--overlap-param-gather\n");
   mp_emit_printf(b, "--bf16\n--attention-backend %s\n", o->attn == MP_ATTN_MATERIALIZED ? "unfused" : "flash");

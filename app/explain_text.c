@@ -308,7 +308,9 @@ static void print_totals_megatron(const explain *e, const mp_plan_totals *t) {
   printf("\nper-rank totals at rest (rank %d, Megatron-LM: %s parameters, fp32 main gradients, "
          "fp32 master weights and Adam state%s):\n",
          e->rank, mp_dtype_name(p->opts.fsdp.param_dtype),
-         d > 1 ? " on the rank's shard (distributed optimizer)" : "");
+         mp_plan_is_megatron_fsdp(p) ? ", each on the rank's shard (Megatron FSDP)"
+         : d > 1                     ? " on the rank's shard (distributed optimizer)"
+                                     : "");
   printf("  parameters        %lld elements, %s\n", (long long)n, a);
   if (d > 1)
     printf("  master weights    %lld elements (1/%lld), %s\n", (long long)shard, (long long)d, m);

@@ -30,6 +30,9 @@ typedef struct mp_from_plan {
   char pp_layers[512];    /* each stage's (interleaved: model chunk's) layer count, "A,B,..."; "": the default split */
   char cp_rotate[16];     /* "" where the stack's stands */
   char cp_comm_type[16];  /* Megatron-Core's --cp-comm-type; "" where the stack's (p2p) stands */
+  char mfsdp_strategy[24]; /* Megatron FSDP's --data-parallel-sharding-strategy (with
+                              --use-megatron-fsdp; the mesh then shards over dp_shard); "": none */
+  int fsdp_double_buffer;  /* 1: Megatron FSDP's --fsdp-double-buffer */
   int async_tp;
   int moe_deepep;         /* 1: the EP dispatch by DeepEP's kernels (simulate's --moe-dispatcher deepep) */
   int moe_a2a_overlap;    /* 1: Megatron-Core's EP all-to-all overlap (simulate's --overlap-moe-comm) */

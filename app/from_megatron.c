@@ -53,6 +53,11 @@ static const struct {
     {"--use-flash-attn", 0, MG_MAP}, {"--use-mcore-models", 0, MG_IGNORE},
     {"--cross-entropy-loss-fusion", 0, MG_MAP}, {"--cross-entropy-fusion-impl", 1, MG_MAP},
     {"--ddp-average-in-collective", 0, MG_MAP}, {"--no-check-for-nan-in-loss-and-grad", 0, MG_MAP},
+    /* Megatron FSDP (--use-custom-fsdp its name before core_v0.14), and the checkpoint format
+     * it asks for, which changes no step's cost */
+    {"--use-megatron-fsdp", 0, MG_MAP}, {"--use-custom-fsdp", 0, MG_MAP},
+    {"--data-parallel-sharding-strategy", 1, MG_MAP}, {"--fsdp-double-buffer", 0, MG_MAP},
+    {"--ckpt-format", 1, MG_IGNORE},
     /* the experts and the latent attention */
     {"--num-experts", 1, MG_MAP}, {"--moe-ffn-hidden-size", 1, MG_MAP}, {"--moe-router-topk", 1, MG_MAP},
     {"--moe-shared-expert-intermediate-size", 1, MG_MAP}, {"--moe-layer-freq", 1, MG_MAP},
@@ -426,13 +431,15 @@ static mp_status read_stack(mp_ctx *ctx, const mg_args *a, const char *origin, m
   mp_stack_profile prof;
   MP_CHECK(mp_stack_load(ctx, p->stack, &prof));
   const int tp_sp = p->tp > 1 && p->sp > 0;
+  /* optim_grads_params turns both overlaps on itself (megatron_fsdp.py, core_v0.14.0) */
+  const int mfsdp_overlap = strcmp(p->mfsdp_strategy, "optim_grads_params") == 0;
   const struct {
     const char *flag;
     int priced, given;
   } sw[] = {
       {"--use-distributed-optimizer", prof.dist_opt, has(a, "--use-distributed-optimizer")},
-      {"--overlap-grad-reduce", prof.dp_overlap, has(a, "--overlap-grad-reduce")},
-      {"--overlap-param-gather", prof.dp_overlap && prof.dist_opt, has(a, "--overlap-param-gather")},
+      {"--overlap-grad-reduce", prof.dp_overlap, has(a, "--overlap-grad-reduce") || mfsdp_overlap},
+      {"--overlap-param-gather", prof.dp_overlap && prof.dist_opt, has(a, "--overlap-param-gather") || mfsdp_overlap},
       {"--tp-comm-overlap", prof.tp_comm_overlap && tp_sp, has(a, "--tp-comm-overlap") && tp_sp},
   };
   for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
@@ -569,6 +576,28 @@ static mp_status read_cp_comm(mp_ctx *ctx, const mg_args *a, const char *origin,
   return MP_OK;
 }
 
+/* Megatron FSDP (--use-megatron-fsdp or --use-custom-fsdp): the data parallelism over
+ * dp_shard, with its --data-parallel-sharding-strategy (Megatron's default no_shard, which
+ * simulate then refuses, pointing to dp_replicate) and --fsdp-double-buffer. */
+static mp_status read_megatron_fsdp(mp_ctx *ctx, const mg_args *a, const char *origin, mp_from_plan *p) {
+  const char *s = get(a, "--data-parallel-sharding-strategy", NULL);
+  if (!has(a, "--use-megatron-fsdp") && !has(a, "--use-custom-fsdp")) {
+    if (s || has(a, "--fsdp-double-buffer"))
+      return mp_error(ctx, MP_ERR_USAGE, "%s: --data-parallel-sharding-strategy and --fsdp-double-buffer are "
+                      "Megatron FSDP's: add --use-megatron-fsdp or drop them", origin);
+    return MP_OK;
+  }
+  mp_mfsdp_strategy k = MP_MFSDP_NO_SHARD;
+  if (s && !mp_mfsdp_strategy_parse(s, &k))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --data-parallel-sharding-strategy %s: choose optim_grads_params, "
+                    "optim_grads, optim or no_shard", origin, s);
+  snprintf(p->mfsdp_strategy, sizeof p->mfsdp_strategy, "%s", mp_mfsdp_strategy_name(k));
+  p->fsdp_double_buffer = has(a, "--fsdp-double-buffer");
+  p->dp_shard = p->dp_replicate;
+  p->dp_replicate = 1;
+  return MP_OK;
+}
+
 /* tp, pp (with its virtual stages), cp and the data parallelism that is the rest of world. */
 static mp_status read_parallel(mp_ctx *ctx, const mg_args *a, const char *origin, int world, int64_t layers,
                                mp_from_plan *p) {
@@ -590,6 +619,7 @@ static mp_status read_parallel(mp_ctx *ctx, const mg_args *a, const char *origin
   MP_CHECK(read_experts(ctx, a, origin, tp, ep, p));
   p->tp = (int)tp, p->pp = (int)pp, p->cp = (int)cp, p->ep = (int)ep, p->dp_shard = 1;
   p->dp_replicate = (int)(world / (tp * pp * cp));
+  MP_CHECK(read_megatron_fsdp(ctx, a, origin, p));
   p->pp_schedule = pp > 1 && v > 1 ? MP_PP_INTERLEAVED : MP_PP_1F1B;
   p->pp_virtual = pp > 1 && v > 1 ? (int)v : 1;
   p->sp = tp > 1 ? has(a, "--sequence-parallel") : -1;
@@ -657,7 +687,7 @@ mp_status mp_from_megatron(mp_ctx *ctx, const char *text, const char *origin, in
   if (st == MP_OK) st = get_int(ctx, &a, origin, "--seq-length", 0, 1, 1 << 24, &p->seq);
   if (st == MP_OK && p->seq == 0) st = mp_error(ctx, MP_ERR_USAGE, "%s: --seq-length is needed", origin);
   if (st == MP_OK) st = get_int(ctx, &a, origin, "--micro-batch-size", 1, 1, 1 << 24, &p->micro_batch);
-  const int64_t dp_mb = (int64_t)p->dp_replicate * p->micro_batch;
+  const int64_t dp_mb = (int64_t)p->dp_replicate * p->dp_shard * p->micro_batch;
   if (st == MP_OK) st = get_int(ctx, &a, origin, "--global-batch-size", dp_mb, 1, 1 << 24, &p->global_batch);
   if (st == MP_OK && p->global_batch % dp_mb)
     st = mp_error(ctx, MP_ERR_USAGE, "%s: --global-batch-size %lld is not a multiple of --micro-batch-size x "

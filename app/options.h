@@ -109,6 +109,16 @@
   { "--cp-comm-type", "T", "with cp > 1 on a megatron stack, Megatron-Core's --cp-comm-type: p2p, "  \
     "the ring of K, V (default); all_gather, K, V all-gathered and dK, dV reduce-scattered, exposed " \
     "(Llama 3's); a2a, all-to-alls of Q, K, V and the output over the heads (cp dividing them)", NULL }
+/* simulate, explain and plan: Megatron FSDP, what dp_shard > 1 runs on a megatron stack
+ * (mp_cmd_megatron_fsdp) */
+#define MP_OPT_MEGATRON_FSDP                                                                       \
+  { "--data-parallel-sharding-strategy", "S", "with dp_shard > 1 on a megatron stack (Megatron "     \
+    "FSDP, --use-megatron-fsdp), Megatron-Core's option of that name: optim_grads_params (default) " \
+    "shards the bf16 weights, fp32 main weights, fp32 gradients and Adam state; no_shard and optim " \
+    "are Megatron's DDP and distributed optimizer on dp_replicate; optim_grads is refused", NULL },   \
+  { "--fsdp-double-buffer", NULL, "Megatron FSDP's option of that name: the gathered weights in two " \
+    "fixed unit buffers, so only the next layer is prefetched (default: up to 500M elements ahead)", \
+    NULL }
 /* simulate, explain and plan: torchtitan's AsyncTP (mp_cmd_async_tp) */
 #define MP_OPT_ASYNC_TP                                                                            \
   { "--async-tp", NULL, "torchtitan's AsyncTP (with tp > 1 and SP): the all-gathers into and the " \

@@ -70,6 +70,11 @@ typedef struct mp_vrow {
                            when the column is absent or empty: off */
   char optimizer_moments[8]; /* fp32 or bf16 as written (exec/plan.h, moment_dtype); "" when
                                 absent or empty: fp32 */
+  char mfsdp_strategy[24]; /* Megatron FSDP's --data-parallel-sharding-strategy as written, on a
+                              megatron row with dp_shard > 1 (exec/plan.h, mp_mfsdp_strategy);
+                              "" when absent or empty: optim_grads_params */
+  int fsdp_double_buffer; /* 0 or 1: Megatron FSDP's --fsdp-double-buffer; -1 when absent or
+                             empty: off */
   int ce_fusion;        /* 0 or 1: Megatron-Core's --cross-entropy-loss-fusion (exec/plan.h,
                            MP_LOSS_INPLACE_FUSED); -1 when the column is absent or empty: off */
   int ddp_average_in_collective, ddp_check_grads; /* 0 or 1: Megatron-LM's

@@ -122,6 +122,8 @@ void mp_plan_dp_state_bytes(const mp_mesh *mesh, const mp_plan_options *o, doubl
   if (o->dp != MP_DP_DDP) { /* FSDP: the master and m, v, cut with the parameter */
     bytes[0] = 0;
     bytes[1] = mb + ob2;
+    /* Megatron FSDP also keeps its model-dtype weights' shard (optim_grads_params) */
+    if (o->mem_model == MP_MEM_MODEL_MEGATRON) bytes[1] += pb;
     return;
   }
   bytes[0] = pb + rb;

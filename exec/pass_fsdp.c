@@ -146,6 +146,10 @@ mp_status mp_plan_list_unit_params(mp_ctx *ctx, mp_plan *p) {
   return MP_OK;
 }
 
+int mp_plan_is_megatron_fsdp(const mp_plan *p) {
+  return p->opts.mem_model == MP_MEM_MODEL_MEGATRON && p->opts.dp == MP_DP_FSDP;
+}
+
 int mp_plan_pp_fsdp(const mp_plan *p) {
   return p->mesh.size[MP_DIM_PP] > 1 && p->opts.mem_model == MP_MEM_MODEL_TORCHTITAN;
 }
@@ -169,9 +173,35 @@ mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
   return MP_OK;
 }
 
+/* Megatron FSDP as core_v0.14.0 runs it (megatron/core/distributed/fsdp/src/megatron_fsdp/
+ * megatron_fsdp.py, param_and_grad_buffer.py): each TransformerLayer a unit, gathered in the
+ * 16-bit model dtype before its forward and again before its backward, its gradients
+ * reduce-scattered in fp32 into the rank's main-gradient shard after every backward (not only
+ * the last micro-batch's), the embedding, final norm and output layer gathered once and kept;
+ * the routed experts in their own parameter group over the expert-DP group. */
+static void note_megatron_fsdp(mp_plan *p) {
+  const mp_mesh *mesh = &p->mesh;
+  const int ep_on = (p->applied & MP_PASS_EP) && mesh->ep > 1;
+  const int state = 2 + 4 + 4 + (int)mp_plan_adamw_moment_bytes(&p->opts, 1);
+  mp_plan_note(p,
+               "Megatron FSDP (%s): %d TransformerLayer units; bf16 weights, fp32 main weights, fp32 "
+               "main gradients and Adam state sharded over dp_shard x cp = %d%s%.0d (%d/d bytes a "
+               "parameter); 16-bit weights gathered before each layer's forward and backward (%s), "
+               "gradients reduce-scattered in fp32 after every backward",
+               mp_mfsdp_strategy_name(p->opts.mfsdp_strategy), (int)p->model.n_layers,
+               mp_mesh_group_size(mesh, MP_GROUP_FSDP), ep_on ? ", routed experts over expert-DP = " : "",
+               ep_on ? mp_mesh_group_size(mesh, MP_GROUP_EFSDP) : 0, state,
+               p->opts.fsdp_double_buffer ? "--fsdp-double-buffer: the next layer prefetched"
+                                          : "prefetched up to 500M elements ahead");
+}
+
 void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o) {
   const mp_mesh *mesh = &p->mesh;
   const int ep_on = (p->applied & MP_PASS_EP) && mesh->ep > 1;
+  if (mp_plan_is_megatron_fsdp(p)) {
+    note_megatron_fsdp(p);
+    return;
+  }
   mp_plan_note(p,
                "FSDP: %d units; dense parameters Shard(0) over dp_shard x cp = %d%s%.0d; params "
                "gathered in %s, gradients reduced in %s, %s",

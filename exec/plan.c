@@ -189,10 +189,53 @@ void mp_plan_options_init(mp_plan_options *o) {
 }
 
 /* The data parallelism the options ask for, MP_DP_AUTO resolved: Megatron-LM's memory is
- * its DDP's; every other memory model's runtime shards with FSDP. */
-static mp_dp_kind dp_of(const mp_plan_options *o) {
+ * its DDP's, or Megatron FSDP's where the mesh shards over dp_shard; every other memory
+ * model's runtime shards with FSDP. */
+static mp_dp_kind dp_of(const mp_plan_options *o, const mp_mesh *mesh) {
+  if (o->mem_model == MP_MEM_MODEL_MEGATRON && mesh->size[MP_DIM_DP_SHARD] > 1) return MP_DP_FSDP;
   if (o->dp != MP_DP_AUTO) return o->dp;
   return o->mem_model == MP_MEM_MODEL_MEGATRON ? MP_DP_DDP : MP_DP_FSDP;
+}
+
+/* Megatron FSDP's rules (megatron/training/arguments.py and docs/source/api-guide/
+ * custom_fsdp.md, core_v0.14.0): the strategies that shard no weights are the DDP and
+ * distributed optimizer the megatron memory model runs on dp_replicate; optim_grads (the
+ * weights replicated, the gradients reduce-scattered each micro-batch) is not modelled; its
+ * hybrid mode over an outer dp_replicate is not either; the distributed optimizer is its
+ * optimizer. */
+static mp_status megatron_fsdp_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o) {
+  const int d = mesh->size[MP_DIM_DP_SHARD];
+  if ((unsigned)o->mfsdp_strategy >= MP_MFSDP_COUNT)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown Megatron FSDP sharding strategy %d; choose optim_grads_params",
+                    (int)o->mfsdp_strategy);
+  if (o->mfsdp_strategy == MP_MFSDP_NO_SHARD || o->mfsdp_strategy == MP_MFSDP_OPTIM)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "Megatron FSDP's %s shards %s, as Megatron's DDP%s does: use dp_replicate=%d "
+                    "instead of dp_shard=%d, or optim_grads_params",
+                    mp_mfsdp_strategy_name(o->mfsdp_strategy),
+                    o->mfsdp_strategy == MP_MFSDP_OPTIM ? "only the fp32 main weights and Adam state" : "nothing",
+                    o->mfsdp_strategy == MP_MFSDP_OPTIM ? " with --use-distributed-optimizer" : "",
+                    mesh->size[MP_DIM_DP_REPLICATE] * d, d);
+  if (o->mfsdp_strategy == MP_MFSDP_OPTIM_GRADS)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "Megatron FSDP's optim_grads (16-bit weights replicated, fp32 gradients "
+                    "reduce-scattered every micro-batch) is not modelled: choose optim_grads_params, "
+                    "or dp_replicate=%d with the distributed optimizer", mesh->size[MP_DIM_DP_REPLICATE] * d);
+  if (mesh->size[MP_DIM_DP_REPLICATE] > 1)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "dp_replicate=%d with dp_shard=%d: Megatron FSDP's hybrid sharding (an outer "
+                    "data-parallel group, --num-distributed-optimizer-instances) is not modelled: "
+                    "use dp_shard=%d", mesh->size[MP_DIM_DP_REPLICATE], d, mesh->size[MP_DIM_DP_REPLICATE] * d);
+  if (!o->fsdp.reshard_after_forward)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "Megatron FSDP releases each layer's gathered weights after its forward "
+                    "(megatron_fsdp.py, _post_forward): drop reshard off (--no-reshard)");
+  if (!o->ddp.shard_optimizer)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "Megatron FSDP steps its shards with the distributed optimizer "
+                    "(--use-distributed-optimizer, custom_fsdp.md): turn it on, or use "
+                    "dp_replicate=%d instead of dp_shard=%d", d, d);
+  return MP_OK;
 }
 
 static mp_status validate_model(mp_ctx *ctx, const mp_model *m) {
@@ -272,28 +315,23 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
                     "cp_wait_at_issue is torchtitan's compiled ring (collectives waited where "
                     "issued); the %s memory model runs its own: drop cp_wait_at_issue",
                     mp_mem_model_name(o->mem_model));
-  const mp_dp_kind dp = dp_of(o);
+  const mp_dp_kind dp = dp_of(o, mesh);
   if ((unsigned)dp > MP_DP_DDP)
     return mp_error(ctx, MP_ERR_INVALID, "unknown data parallelism %d; choose FSDP or DDP", (int)o->dp);
-  if (dp != MP_DP_DDP && (o->ddp.shard_optimizer || o->ddp.overlap))
+  const int mfsdp = o->mem_model == MP_MEM_MODEL_MEGATRON && dp == MP_DP_FSDP;
+  if (mfsdp) MP_CHECK(megatron_fsdp_check(ctx, mesh, o));
+  if (dp != MP_DP_DDP && !mfsdp && (o->ddp.shard_optimizer || o->ddp.overlap))
     return mp_error(ctx, MP_ERR_INVALID,
                     "the sharded optimizer and overlapped buckets are DDP's (Megatron-LM's "
                     "--use-distributed-optimizer, --overlap-grad-reduce); FSDP shards its "
                     "optimizer state with the parameters: drop them or use DDP");
-  if ((o->mem_model == MP_MEM_MODEL_MEGATRON) != (dp == MP_DP_DDP))
+  if (!mfsdp && (o->mem_model == MP_MEM_MODEL_MEGATRON) != (dp == MP_DP_DDP))
     return mp_error(ctx, MP_ERR_INVALID,
                     "the %s memory model's data parallelism is %s (%s); %s is not its own",
                     mp_mem_model_name(o->mem_model), dp == MP_DP_DDP ? "FSDP" : "DDP",
                     o->mem_model == MP_MEM_MODEL_MEGATRON ? "Megatron-LM's DDP, parameters replicated"
                                                           : "sharded parameters",
                     dp == MP_DP_DDP ? "DDP" : "FSDP");
-  if (dp == MP_DP_DDP && mesh->size[MP_DIM_DP_SHARD] > 1)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "the megatron memory model replicates parameters over data parallelism "
-                    "(dp_replicate and cp), without FSDP; use "
-                    "dp_replicate=%d instead of dp_shard=%d",
-                    mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD],
-                    mesh->size[MP_DIM_DP_SHARD]);
   if (o->mem_model == MP_MEM_MODEL_MEGATRON) {
     if (mesh->size[MP_DIM_CP] > 1 && o->cp_rotate != MP_CP_ROTATE_ALLTOALL)
       return mp_error(ctx, MP_ERR_INVALID,
@@ -460,7 +498,7 @@ static mp_status plan_init(mp_ctx *ctx, mp_arena *arena, const mp_model *m, cons
   if (p->opts.sp < 0) p->opts.sp = !(mp_mem_model_is_runtime(p->opts.mem_model) && p->opts.fp8);
   if (mesh->size[MP_DIM_TP] == 1) p->opts.sp = 0;
   if (p->opts.ac_every < 1 || p->opts.ac != MP_AC_FULL) p->opts.ac_every = 1;
-  p->opts.dp = dp_of(&p->opts);
+  p->opts.dp = dp_of(&p->opts, mesh);
   p->vocab_padded = m->vocab;
   p->ac = MP_AC_NONE;
   const int64_t K = model_chunks(p);
@@ -652,12 +690,13 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
       opts->pp_virtual != b->pp_virtual || !same_pp_layers(opts, b) || seq != b->seq || opts->master_dtype != b->master_dtype ||
       opts->mem_model != b->mem_model || opts->attn != b->attn || opts->loss != b->loss ||
-      dp_of(opts) != b->dp || memcmp(&opts->ddp, &b->ddp, sizeof opts->ddp) != 0 ||
+      dp_of(opts, &base->mesh) != b->dp || memcmp(&opts->ddp, &b->ddp, sizeof opts->ddp) != 0 ||
       opts->cp_rotate != b->cp_rotate || opts->cp_comm != b->cp_comm || opts->cp_wait_at_issue != b->cp_wait_at_issue ||
       opts->tp_comm_fused != b->tp_comm_fused || opts->moe_a2a_overlap != b->moe_a2a_overlap ||
       opts->moe_fp8_dispatch != b->moe_fp8_dispatch || opts->recompute_modules != b->recompute_modules ||
       opts->moe_dispatcher != b->moe_dispatcher || opts->fp8_act_cache != b->fp8_act_cache ||
-      opts->moment_dtype != b->moment_dtype ||
+      opts->moment_dtype != b->moment_dtype || opts->mfsdp_strategy != b->mfsdp_strategy ||
+      opts->fsdp_double_buffer != b->fsdp_double_buffer ||
       memcmp(&opts->moe_routing, &b->moe_routing, sizeof opts->moe_routing) != 0 ||
       (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,

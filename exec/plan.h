@@ -383,6 +383,22 @@ typedef struct mp_ddp_options {
                           "ddp_check_grads") */
 } mp_ddp_options;
 
+/* Megatron-Core's FSDP (Megatron FSDP, --use-megatron-fsdp; --use-custom-fsdp before
+ * core_v0.14) and its --data-parallel-sharding-strategy, which the megatron memory model runs
+ * where dp_shard > 1. What each shards over the dp x cp group (megatron/core/distributed/
+ * fsdp/src/megatron_fsdp/param_and_grad_buffer.py, _init_each_parameter_group_buffers,
+ * core_v0.14.0): optim the fp32 main weights (and with them Adam's state), optim_grads also
+ * the fp32 main gradients, optim_grads_params also the 16-bit model weights, gathered
+ * TransformerLayer by TransformerLayer (mcore_fsdp_adapter.py's default fsdp_unit_modules);
+ * no_shard nothing. OPTIM_GRADS_PARAMS is the default (NeMo's and the docs' setting). */
+typedef enum mp_mfsdp_strategy {
+  MP_MFSDP_OPTIM_GRADS_PARAMS = 0,
+  MP_MFSDP_OPTIM_GRADS,
+  MP_MFSDP_OPTIM,
+  MP_MFSDP_NO_SHARD,
+  MP_MFSDP_COUNT
+} mp_mfsdp_strategy;
+
 /* What mp_build_plan needs besides the model and mesh. Defaults: mp_plan_options_init. */
 typedef struct mp_plan_options {
   mp_tp_options tp;
@@ -403,6 +419,13 @@ typedef struct mp_plan_options {
                             memory model, FSDP otherwise, resolved by mp_plan_create */
   mp_ddp_options ddp;    /* DDP's gradient reduction and optimizer (dp DDP) */
   mp_fsdp_options fsdp;
+  mp_mfsdp_strategy mfsdp_strategy; /* Megatron FSDP's sharding strategy (the megatron memory
+                                       model with dp_shard > 1; default OPTIM_GRADS_PARAMS) */
+  int fsdp_double_buffer; /* Megatron FSDP's --fsdp-double-buffer: the gathered weights and
+                             the unsharded gradients in two fixed buffers of units, so at most
+                             the next TransformerLayer is prefetched; 0 (default): gathers are
+                             prefetched until 500M elements are in flight
+                             (param_and_grad_buffer.py, AllGatherPipeline.all_gather_params) */
   mp_pp_schedule pp_schedule;
   int pp_virtual;        /* virtual stages per rank for interleaved (>= 1) */
   int n_pp_layers;       /* 0: the default split (mp_plan_chunk_layers); pp: stage s holds
@@ -654,7 +677,9 @@ mp_group mp_plan_ddp_group(const mp_plan *p);
 /* The data-parallel state a rank keeps at rest per parameter it holds, split into what is
  * replicated and what is cut over `ways` ranks, at the plan options' dtypes:
  *   FSDP  nothing replicated; the fp32 master and AdamW's m and v cut with the parameter
- *         (12 bytes at the defaults; the gradient shard is left out: a lower bound);
+ *         (12 bytes at the defaults; the gradient shard is left out: a lower bound), and
+ *         under the megatron memory model (Megatron FSDP) the model-dtype weights' shard too
+ *         (14);
  *   DDP   the model-dtype parameter and the reduce-dtype main gradient replicated (2 + 4),
  *         the fp32 master and m, v (12) replicated too or, with shard_optimizer, cut over
  *         the DDP group: 18, or 6 + 12/d bytes a parameter (Megatron-LM's docs, distributed
@@ -750,6 +775,14 @@ int mp_cp_rotate_parse(const char *s, mp_cp_rotate *out);
 const char *mp_cp_comm_name(mp_cp_comm c);
 /* The comm type named s into *out: 1, or 0 for any other string (*out untouched). */
 int mp_cp_comm_parse(const char *s, mp_cp_comm *out);
+/* "optim_grads_params", "optim_grads", "optim", "no_shard" ("?" out of range): Megatron-Core's
+ * --data-parallel-sharding-strategy values. */
+const char *mp_mfsdp_strategy_name(mp_mfsdp_strategy s);
+/* The strategy named s into *out: 1, or 0 for any other string (*out untouched). */
+int mp_mfsdp_strategy_parse(const char *s, mp_mfsdp_strategy *out);
+/* 1 where the plan's data parallelism is Megatron FSDP: the megatron memory model sharding
+ * over dp_shard (mp_apply_fsdp under it). */
+int mp_plan_is_megatron_fsdp(const mp_plan *p);
 /* The policy with its block frequency: "full:4" for FULL every 4th block, else the mode's
  * name. */
 void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap);

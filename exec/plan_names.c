@@ -125,6 +125,22 @@ int mp_cp_comm_parse(const char *s, mp_cp_comm *out) {
   return 0;
 }
 
+static const char *const k_mfsdp_names[MP_MFSDP_COUNT] = {"optim_grads_params", "optim_grads", "optim",
+                                                            "no_shard"};
+
+const char *mp_mfsdp_strategy_name(mp_mfsdp_strategy s) {
+  return (unsigned)s < MP_MFSDP_COUNT ? k_mfsdp_names[s] : "?";
+}
+
+int mp_mfsdp_strategy_parse(const char *s, mp_mfsdp_strategy *out) {
+  for (int k = 0; k < MP_MFSDP_COUNT; k++)
+    if (s && strcmp(s, k_mfsdp_names[k]) == 0) {
+      *out = (mp_mfsdp_strategy)k;
+      return 1;
+    }
+  return 0;
+}
+
 mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every) {
   *every = 1;
   for (int m = 0; s && m < MP_AC_COUNT; m++)

@@ -642,6 +642,10 @@ void mp_sched_gather_block(gen *g, int32_t l, int32_t gidx[N_PARTS], int32_t dep
 void mp_sched_grads_alloc(gen *g, int32_t layer, int32_t unit0, int n);
 void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, int hi);
 void mp_sched_pp_fsdp_reduce(gen *g, int32_t l0, int32_t l1, int root);
+/* Megatron FSDP: the gathered bytes of the blocks its all-gather prefetch holds beyond the
+ * one block ahead the builder gathers (resident from the prologue; schedule_mem.c), 0 for
+ * every other data parallelism and with --fsdp-double-buffer. */
+int64_t mp_sched_mfsdp_prefetch_extra_bytes(const gen *g);
 void mp_sched_rt_rs_finish(gen *g);
 
 /* schedule_prep.c */

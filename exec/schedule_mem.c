@@ -38,6 +38,32 @@ static void ddp_state(const gen *g, int64_t n, int64_t ne, int64_t *param_bytes,
   *param_bytes += pb, *grad_bytes += gb, *optimizer_bytes += ob, *shard += sh;
 }
 
+/* Megatron FSDP's all-gather prefetch beyond the one block the builder gathers ahead
+ * (schedule.c): without --fsdp-double-buffer, AllGatherPipeline.all_gather_params adds the
+ * next units while fewer than suggested_AG_prefetch_size elements are prefetched, that is
+ * half of suggested_communication_unit_size, 10^9 elements unless set (megatron_fsdp.py,
+ * core_v0.14.0): ceil(5 x 10^8 / e) blocks of e elements ahead, within the model chunk (one
+ * MegatronFSDP instance a chunk). Returns the gathered bytes of the blocks past the first,
+ * held beside the current block's (the largest block's, at the gather dtype); with the
+ * double buffer (two units' fixed buffers: the current and the next) none. */
+int64_t mp_sched_mfsdp_prefetch_extra_bytes(const gen *g) {
+  if (!mp_plan_is_megatron_fsdp(g->p) || g->p->opts.fsdp_double_buffer) return 0;
+  const int64_t window = 500000000;
+  int64_t numel = 0;
+  double bytes = 0;
+  for (int l = 0; l < (int)g->p->model.n_layers; l++) {
+    if (g->first_unit[l] < 0) continue;
+    int64_t e = 0;
+    double b = 0;
+    for (int k = 0; k < g->n_units[l]; k++) e += g->ui[g->first_unit[l] + k].numel_tp, b += g->ui[g->first_unit[l] + k].gather_bytes;
+    if (e > numel) numel = e, bytes = b;
+  }
+  if (numel == 0) return 0;
+  int64_t ahead = (window + numel - 1) / numel, room = g->p->layers_per_chunk - 2;
+  if (ahead - 1 < room) room = ahead - 1;
+  return room > 0 ? (int64_t)bytes * room : 0;
+}
+
 static void autograd_resident(gen *g, const mp_schedule_prep *pr) {
   const int64_t mb = mp_dtype_bytes(g->p->opts.master_dtype), n = pr->params_numel;
   int64_t param_bytes = n * mb, grad_bytes = n * mb;
@@ -46,9 +72,15 @@ static void autograd_resident(gen *g, const mp_schedule_prep *pr) {
     int64_t shard;
     ddp_state(g, n, expert_numel(pr), &param_bytes, &grad_bytes, &optimizer_bytes, &shard);
   }
+  /* Megatron FSDP (optim_grads_params): the model-dtype weights' shard beside the fp32 main
+   * weights' (param_and_grad_buffer.py: model_weight_buffer and main_weight_buffer, both
+   * distributed), the fp32 main gradients' shard (main_grad_buffer, grad_reduce_in_fp32) */
+  if (mp_plan_is_megatron_fsdp(g->p)) param_bytes += n * mp_dtype_bytes(g->param_dtype);
   mp_sched_resident(g, MP_MEM_PARAMS, BUF_PARAMS, param_bytes);
   mp_sched_resident(g, MP_MEM_OPTIMIZER, BUF_OPTIMIZER, optimizer_bytes);
   mp_sched_resident(g, MP_MEM_GRADS, BUF_GRADS, grad_bytes);
+  const int64_t ahead = mp_sched_mfsdp_prefetch_extra_bytes(g);
+  if (ahead > 0) mp_sched_resident(g, MP_MEM_GATHERED, BUF_GATHERED, ahead);
 }
 
 /* The end of a chunk's backward: after the stage's last chunk the root unit's parameters
@@ -91,6 +123,15 @@ static void autograd_optimizer(gen *g, const mp_schedule_prep *pr, int world_red
      * megatron/model/distributed.py) */
     compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, gb / mp_dtype_bytes(g->reduce_dtype), 0, 0, 1, 0.0, (double)gb,
             MP_DTYPE_FP32);
+  }
+  if (mp_plan_is_megatron_fsdp(g->p)) {
+    /* Megatron FSDP: the updated fp32 main weights' shard copied into the model-dtype shard
+     * (copy_main_weights_to_model_weights), then the main-gradient shard zeroed
+     * (zero_grad_buffer) */
+    compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
+            (4.0 + mp_dtype_bytes(g->param_dtype)) * shard, MP_DTYPE_FP32);
+    compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
+            (double)mp_dtype_bytes(g->reduce_dtype) * shard, MP_DTYPE_FP32);
   }
   const int64_t ne = expert_numel(pr);
   if (g->shard_optimizer && !g->p->opts.ddp.overlap && mp_sched_dopt_ways(g) > 1)

@@ -95,6 +95,12 @@ static mp_reject tp_reject(const mp_model *m, int tp) {
   }
 }
 
+/* Megatron FSDP: a megatron stack (DDP) over dp_shard, which the search leaves out unless
+ * --fix names dp_shard (it would add a data-parallel form to every megatron search). */
+static int mfsdp_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
+  return cfg->dp == MP_DP_DDP && mesh->size[MP_DIM_DP_SHARD] > 1 && cfg->fix.dp_shard > 1;
+}
+
 /* Rules that depend only on the mesh (shared by every option of it). */
 static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
   const mp_model *m = cfg->model;
@@ -104,7 +110,7 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
   if (tpr != MP_REJECT_NONE) return tpr;
   if (!cfg->allow_cross_node_tp && cfg->cluster->gpus_per_node % tp) return MP_REJECT_TP_CROSS_NODE;
   if (!mp_rule_ep_ok(m, mesh->ep)) return MP_REJECT_EP_EXPERTS;
-  if (cfg->dp == MP_DP_DDP && mesh->size[MP_DIM_DP_SHARD] > 1) return MP_REJECT_NO_FSDP;
+  if (cfg->dp == MP_DP_DDP && mesh->size[MP_DIM_DP_SHARD] > 1 && !mfsdp_mesh(cfg, mesh)) return MP_REJECT_NO_FSDP;
   /* a chunk under one 128-token tile of the flash kernel leaves the ring's steps mostly
    * idle (and the schedule a ring of cp steps per layer for nothing): a search leaves such
    * chunks out, a cp the caller pins is evaluated */
@@ -122,14 +128,16 @@ static double bound_bytes_per_param(const mp_search_config *cfg, const mp_mesh *
   const int64_t tp_pp = (int64_t)mesh->size[MP_DIM_TP] * mesh->size[MP_DIM_PP];
   mp_plan_options o;
   mp_plan_options_init(&o);
-  o.dp = cfg->dp;
+  const int mfsdp = mfsdp_mesh(cfg, mesh);
+  o.dp = mfsdp ? MP_DP_FSDP : cfg->dp;
+  if (mfsdp) o.mem_model = MP_MEM_MODEL_MEGATRON;
   o.ddp.shard_optimizer = cfg->ddp_shard_optimizer;
   double b[2];
   int64_t w = 1;
   mp_plan_dp_state_bytes(mesh, &o, b, &w);
   if (split) split[0] = b[0], split[1] = b[1];
   if (ways) *ways = w;
-  *shards = cfg->dp == MP_DP_DDP ? tp_pp : (int64_t)mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * tp_pp;
+  *shards = o.dp == MP_DP_DDP ? tp_pp : (int64_t)mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * tp_pp;
   return b[0] + b[1] / (double)w;
 }
 
@@ -150,7 +158,7 @@ static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *
   double split[2];
   const double b = bound_bytes_per_param(cfg, mesh, &shards, split, &ways);
   const double rt = cfg->cluster->gpu.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0;
-  if (!(cfg->dp == MP_DP_DDP && mesh->ep > 1 && mp_mesh_expert_grid(mesh)))
+  if (!(cfg->dp == MP_DP_DDP && !mfsdp_mesh(cfg, mesh) && mesh->ep > 1 && mp_mesh_expert_grid(mesh)))
     return b * n_params / (double)shards + rt;
   const int64_t pp = mesh->size[MP_DIM_PP], stage = mp_mesh_world(mesh) / pp;
   const int64_t edp = cfg->ddp_shard_optimizer ? stage / mesh->ep : 1;
@@ -180,8 +188,10 @@ static mp_reject prune_options(const mp_search_config *cfg, const mp_candidate *
   if (c->fp8 && !mp_gpu_has_float8(&cfg->cluster->gpu)) return MP_REJECT_FP8_GPU;
   if (c->fp8 && fp8_linears == 0) return MP_REJECT_FP8_DIMS;
   /* the FSDP group is dp_shard x cp (MP_GROUP_FSDP) */
-  if (c->reshard && (cfg->dp == MP_DP_DDP || mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] == 1 ||
-                     (cfg->pp_keeps_params && mesh->size[MP_DIM_PP] > 1)))
+  /* Megatron FSDP reshards whatever the flag: its reshard-on candidate is kept */
+  if (mfsdp_mesh(cfg, mesh) ? !c->reshard
+                            : c->reshard && (cfg->dp == MP_DP_DDP || mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] == 1 ||
+                                             (cfg->pp_keeps_params && mesh->size[MP_DIM_PP] > 1)))
     return MP_REJECT_RESHARD_NOOP;
   if (cfg->mem_capacity_bytes > 0 && mem_lower_bound_bytes(cfg, mesh, n_params) > (double)cfg->mem_capacity_bytes)
     return MP_REJECT_MEMORY_BOUND;
@@ -272,7 +282,10 @@ static int options_reason(const mp_search_config *cfg, const mp_candidate *c, ch
                (long long)(m->n_heads * m->head_dim / tp));
       break;
     case MP_REJECT_RESHARD_NOOP:
-      if (cfg->dp == MP_DP_DDP)
+      if (mfsdp_mesh(cfg, mesh))
+        snprintf(buf, cap, "reshard_after_forward off: Megatron FSDP releases each layer's gathered weights "
+                           "after its forward (the candidate with reshard on)");
+      else if (cfg->dp == MP_DP_DDP)
         snprintf(buf, cap, "reshard_after_forward has no effect: the stack replicates parameters "
                            "(no FSDP; same as reshard off)");
       else if (mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] == 1)
@@ -310,8 +323,9 @@ static int memory_reason(const mp_search_config *cfg, const mp_candidate *c, cha
       snprintf(buf, cap,
                "%s alone need %.2f GiB per GPU (%.4g B x %.4g params / "
                "%lld shards + %.2f GiB runtime), over capacity %.2f GiB",
-               cfg->dp == MP_DP_DDP ? "parameters, main gradients, fp32 masters and Adam state"
-                            : "fp32 parameters and AdamW state",
+               mfsdp_mesh(cfg, mesh)   ? "bf16 weights, fp32 main weights and Adam state"
+               : cfg->dp == MP_DP_DDP ? "parameters, main gradients, fp32 masters and Adam state"
+                                      : "fp32 parameters and AdamW state",
                mem_lower_bound_bytes(cfg, mesh, (double)mp_model_param_count(m)) /
                    (1024.0 * 1024.0 * 1024.0),
                b, (double)mp_model_param_count(m), (long long)shards,

@@ -124,7 +124,8 @@ extern "C" {
   X(MEMORY_MB, "memory_mb", "half the micro-batch is already over capacity")                \
   /* full AC, every other option the same, is over capacity: not simulated */               \
   X(MEMORY_AC, "memory_ac", "full AC is already over capacity")                             \
-  /* dp_shard > 1 on a stack without FSDP: the same mesh on dp_replicate is searched */     \
+  /* dp_shard > 1 on a stack without FSDP (or a megatron one, whose Megatron FSDP is searched \
+     only where --fix names dp_shard): the same mesh on dp_replicate is searched */         \
   X(NO_FSDP, "no_fsdp",                                                                     \
     "dp_shard on a stack without FSDP (dp_replicate searched instead)")
 /* clang-format on */

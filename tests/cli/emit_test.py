@@ -201,9 +201,55 @@ MG += [  # MoE: Megatron-Core's expert grid over DDP, DeepEP, the EP overlap, ML
     ("16", ("--model", "qwen3-30b-a3b", "--mesh", "dp_replicate=8,tp=2,ep=8", "--stack", "megatron-core",
             "--ac", "selective-core", "--recompute-modules", "moe_act,layernorm", "--moe-capacity-factor", "1")),
 ]
+# Megatron FSDP: dp_shard on megatron-core, optim_grads_params (its default here) with and
+# without the double buffer, under TP+SP with float8 and an interleaved pipeline
+MG += [
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_shard=8", "--stack", "megatron-core")),
+    ("16", ("--model", "llama3.1-8b", "--mesh", "dp_shard=8,tp=2", "--stack", "megatron-core",
+            "--fsdp-double-buffer", "--data-parallel-sharding-strategy", "optim_grads_params")),
+    ("64", ("--model", "llama3.1-70b", "--mesh", "dp_shard=4,tp=4,pp=4", "--stack", "megatron-core", "--fp8",
+            "tensorwise", "--pp-schedule", "interleaved", "--pp-virtual", "5")),
+]
 for gpus, args in MG:
     a = args if "--model" in args else ("--model", "llama3.1-8b") + tuple(args)
     round_trip("megatron", gpus, a)
+
+# Megatron FSDP as Megatron-LM's flags (megatron/training/arguments.py, core_v0.14.0: its
+# checkpoint format asserted), read back over dp_shard; its older name read the same
+_, text = emitted("megatron", "--gpus", "16", "--model", "llama3.1-8b", "--mesh", "dp_shard=8,tp=2", "--stack",
+                  "megatron-core", "--fsdp-double-buffer")
+check("--use-megatron-fsdp\n--data-parallel-sharding-strategy optim_grads_params\n--fsdp-double-buffer\n"
+      "--ckpt-format fsdp_dtensor\n" in text, "Megatron FSDP not written as Megatron-LM's flags: " + text)
+legacy = " ".join(body(text).split()).replace("--use-megatron-fsdp", "--use-custom-fsdp")
+p = run("simulate", "--gpus", "16", "--from-args", legacy)
+check("dp_shard=8" in p.stderr and "--data-parallel-sharding-strategy optim_grads_params" in p.stderr,
+      "--use-custom-fsdp not read as Megatron FSDP over dp_shard: " + p.stderr)
+p = run("simulate", "--gpus", "16", "--from-args", legacy.replace("--use-custom-fsdp", ""), want_rc=2)
+check("are Megatron FSDP's" in p.stderr, "the sharding strategy without Megatron FSDP: " + p.stderr)
+# validate's columns run the same plan as simulate's options: the peak memory of a Megatron
+# FSDP row with and without the double buffer is simulate's, and the two differ by the
+# prefetch window's extra layers (2 x 436,224,000 bytes on 8B: schedule/megatron_fsdp_test)
+hdr = ("case,model,gpu,gpus,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,cp,ep,"
+       "seq,local_batch,global_batch,ac,fp8,stack,metric,value,mfsdp_strategy,fsdp_double_buffer")
+with open(os.path.join(tmp, "mfsdp.csv"), "w") as f:
+    f.write(hdr + "\n")
+    for db in ("", "1"):
+        f.write(f"db{db},llama3.1-8b,h100-sxm,8,8,,1,8,1,1,,1,1,8192,1,8,none,0,megatron-core,peak_mem_gib,60,"
+                f"optim_grads_params,{db}\n")
+rows = json.loads(run("validate", "--json", os.path.join(tmp, "mfsdp.csv")).stdout)["rows"]
+for r, extra in zip(rows, ((), ("--fsdp-double-buffer",))):
+    sim = json.loads(run("simulate", "--gpus", "8", "--gpu", "h100-sxm", "--model", "llama3.1-8b", "--mesh", "dp_shard=8",
+                         "--stack", "megatron-core", "--seq", "8192", "--global-batch", "8", "--json", *extra).stdout)
+    # the row's figure is what the allocator holds at the peak: simulate's categories, its
+    # runtime overhead left out
+    held = sum(sim["mem_at_peak_bytes"].values())
+    check(abs(r["predicted"] - held / 2**30) < 1e-9, f"validate {r['case']} vs simulate: {r} {sim}")
+    check(sim["data_parallel_sharding_strategy"] == "optim_grads_params" and sim["fsdp_double_buffer"] == bool(extra),
+          "simulate --json: Megatron FSDP's strategy and double buffer")
+check(abs((rows[0]["predicted"] - rows[1]["predicted"]) * 2**30 - 2 * 436224000) < 1, "the prefetch window's two layers")
+p = run("simulate", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_shard=8", "--stack", "torchtitan-compile",
+        "--fsdp-double-buffer", want_rc=2)
+check("are Megatron FSDP's" in p.stderr, "--fsdp-double-buffer on torchtitan: " + p.stderr)
 
 # DeepSeek-V3 (its config.json: 61 layers, the first 3 dense, 256 routed experts of 2048 and
 # one shared of 2048, top-8 from 4 of 8 groups, MLA with q rank 1536, kv rank 512, q/k heads

@@ -83,7 +83,7 @@ check("K and V of the kv heads (32.00 MiB a rank), passed to the next rank befor
       "8B cp=4 under Megatron-LM: the grouped K, V and the gradient all-reduce")
 for cmd in ("explain", "simulate"):
     p = run(cmd, *mg, "--mesh", "dp_shard=2,cp=4", want_rc=2)
-    check("without FSDP" in p.stderr, cmd + " --stack megatron-lm on dp_shard: refused")
+    check("use dp_replicate=2 instead of dp_shard=2" in p.stderr, cmd + " --stack megatron-lm on dp_shard: refused")
     p = run(cmd, *mg, "--mesh", "dp_replicate=2,cp=4", "--cp-rotate", "allgather", want_rc=2)
     check("choose its form with --cp-comm-type p2p, all_gather or a2a" in p.stderr,
           cmd + " --stack megatron-lm --cp-rotate allgather: refused")

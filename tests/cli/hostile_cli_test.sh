@@ -52,6 +52,9 @@ csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,flop
 # Megatron-Core's cp comm type on a stack that does not run it, and a name it does not have
 printf '%s,cp_comm_type\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,4,1,1,,2,1,64,1,4,none,0,torchtitan-eager,step_time_s,1,all_gather' >"$d/cpc_tt.csv"
 printf '%s,cp_comm_type\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,4,1,1,1,,2,1,64,1,4,none,0,megatron-core,step_time_s,1,allgather' >"$d/cpc_bad.csv"
+# Megatron FSDP's columns on a torchtitan row, and a strategy Megatron does not have
+printf '%s,mfsdp_strategy\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,1,optim_grads_params' >"$d/mfsdp_tt.csv"
+printf '%s,mfsdp_strategy\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,megatron-core,step_time_s,1,zero3' >"$d/mfsdp_bad.csv"
 # local_batch 2 on 2 x 4 data-parallel ranks is 16 sequences, not the row's global_batch 8
 csv 'lb,tiny-dense,h100-sxm,8,8,,2,4,1,1,,1,1,64,2,8,none,0,torchtitan-eager,step_time_s,1' local_batch.csv
 # the optional async_tp column: 0 or 1, and 1 only under a stack that runs AsyncTP
@@ -253,6 +256,10 @@ row 2 "column 'seq' = '9223372036854775807': expected an integer in 1..16777216"
 row 2 "metric 'flops': expected tokens_per_s_per_gpu, peak_mem_gib or step_time_s" validate "$d/metric.csv"
 row 2 "cp_comm_type 'all_gather' is Megatron-Core's --cp-comm-type; stack torchtitan-eager does not run it" validate "$d/cpc_tt.csv"
 row 2 "cp_comm_type 'allgather': expected p2p, all_gather, a2a or a2a+p2p" validate "$d/cpc_bad.csv"
+row 2 "mfsdp_strategy and fsdp_double_buffer are Megatron FSDP's, which a megatron stack runs with dp_shard > 1" validate "$d/mfsdp_tt.csv"
+row 2 "mfsdp_strategy 'zero3': expected optim_grads_params, optim_grads, optim or no_shard" validate "$d/mfsdp_bad.csv"
+row 2 "--data-parallel-sharding-strategy 'zero3': choose optim_grads_params, optim_grads, optim or no_shard" simulate --model tiny-dense --gpus 8 --mesh dp_shard=8 --stack megatron-core --data-parallel-sharding-strategy zero3
+row 2 "Megatron FSDP's no_shard shards nothing, as Megatron's DDP does: use dp_replicate=8 instead of dp_shard=8" explain --model tiny-dense --gpus 8 --mesh dp_shard=8 --stack megatron-core --data-parallel-sharding-strategy no_shard
 row 2 "column 'async_tp' = '2'" validate "$d/async2.csv"
 row 2 "async_tp = 1: stack torchtitan-eager does not run AsyncTP" validate "$d/async_eager.csv"
 # float8 recipes: a name validate does not know, a recipe without float8, one the stack's
@@ -387,7 +394,7 @@ data_parallel_shard_degree = 4' tt_ga.toml
 printf '[model]\nname = "llama3"\nflavor = "1B"\n' >"$d/tt_flavor.toml"
 printf '[model]\nname = "qwen3"\nflavor = "30B-A3B"\n[parallelism]\ndata_parallel_shard_degree = 8\ntensor_parallel_degree = 2\nexpert_parallel_degree = 3\n' >"$d/tt_ep3.toml"
 mg='--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention --num-query-groups 8 --max-position-embeddings 131072 --position-embedding-type rope --rotary-base 500000 --swiglu --normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights --seq-length 8192 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather'
-row 2 "--emit megatron: dp_shard=8 is FSDP, which Megatron-LM's DDP does not run" simulate --model llama3.1-8b --gpus 8 --emit megatron --out "$d"
+row 2 "--emit megatron: dp_shard=8 is FSDP, which stack torchtitan-compile does not run" simulate --model llama3.1-8b --gpus 8 --emit megatron --out "$d"
 row 2 "--emit torchtitan: the plan was predicted under stack megatron-core, not torchtitan's" simulate --model llama3.1-8b --gpus 8 --mesh dp_replicate=8 --stack megatron-core --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: torchtitan v0.2.0 ships no flavor of llama2-7b" simulate --model llama2-7b --gpus 8 --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: ac selective (the attention module) has no torchtitan v0.2.0 policy" simulate --model llama3.1-8b --gpus 8 --ac selective --emit torchtitan --out "$d"

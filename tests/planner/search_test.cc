@@ -570,6 +570,42 @@ TEST(SearchPrune, DpShardOnAStackWithoutFsdpIsDpReplicate) {
   EXPECT_EQ(t.find(1, 1, 4, 1, 2, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
 }
 
+TEST(SearchPrune, MegatronFsdpOnlyWhereFixNamesDpShard) {
+  // A megatron stack (DDP) over dp_shard runs Megatron FSDP, searched only where --fix names
+  // dp_shard: there the mesh is kept, and of its reshard twins the one with reshard on
+  // (Megatron FSDP releases each layer after its forward whatever the flag).
+  Search r(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
+  r.cfg.dp = MP_DP_DDP;
+  r.cfg.ddp_shard_optimizer = 1;
+  ASSERT_EQ(mp_search_fix_parse(&r.ctx, "dp_shard=4", &r.cfg.fix), MP_OK) << mp_errmsg(&r.ctx);
+  r.enumerate();
+  const mp_candidate *on = r.find(1, 1, 4, 1, 2, 1, 1, 0, 0, 1), *off = r.find(1, 1, 4, 1, 2, 1, 1, 0, 0, 0);
+  ASSERT_NE(on, nullptr);
+  ASSERT_NE(off, nullptr);
+  EXPECT_EQ(on->reject, MP_REJECT_NONE);
+  EXPECT_EQ(off->reject, MP_REJECT_RESHARD_NOOP);
+  EXPECT_EQ(r.reason(off), "reshard_after_forward off: Megatron FSDP releases each layer's gathered weights "
+                           "after its forward (the candidate with reshard on)");
+  // the memory bound counts its cut state, 2 + 4 + 8 bytes a parameter over dp_shard x tp
+  // (the gradient shard left out, as FSDP's bound does): a capacity just under it refuses
+  const double n = (double)mp_model_param_count(&r.model), rt = r.cluster.gpu.runtime_overhead_gib * 1073741824.0;
+  Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
+  t.cfg.dp = MP_DP_DDP;
+  t.cfg.ddp_shard_optimizer = 1;
+  t.cfg.mem_capacity_bytes = (int64_t)(14.0 * n / 8.0 + rt) - 1;
+  ASSERT_EQ(mp_search_fix_parse(&t.ctx, "dp_shard=4", &t.cfg.fix), MP_OK);
+  t.enumerate();
+  EXPECT_EQ(t.find(1, 1, 4, 1, 2, 1, 1, 0, 0, 1)->reject, MP_REJECT_MEMORY_BOUND);
+  t.cfg.mem_capacity_bytes += 2;
+  Search u(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
+  u.cfg = t.cfg;
+  u.cfg.model = &u.model;
+  u.cfg.cluster = &u.cluster;
+  u.cfg.eval_user = &u.fe;
+  u.enumerate();
+  EXPECT_EQ(u.find(1, 1, 4, 1, 2, 1, 1, 0, 0, 1)->reject, MP_REJECT_NONE);
+}
+
 TEST(SearchEnumerate, InterleavedChunksOnlyWithPipelines) {
   // pp_virtual_max 4: every pp > 1 mesh the mesh rules keep is searched with 1, 2 and 4
   // chunks per stage; pp = 1 and the meshes they reject (seq 512: cp=4 leaves chunks of 64

@@ -52,6 +52,8 @@ struct Opts {
   uint32_t recompute_modules = 0;  // bits 1 << mp_rc_module
   int fp8_act_cache = 0;
   mp_dtype moment_dtype = MP_DTYPE_FP32;
+  mp_mfsdp_strategy mfsdp_strategy = MP_MFSDP_OPTIM_GRADS_PARAMS;  // Megatron FSDP's
+  int fsdp_double_buffer = 0;
 };
 
 inline void FillOptions(const Opts &o, mp_plan_options *out) {
@@ -81,6 +83,19 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.recompute_modules = o.recompute_modules;
   po.fp8_act_cache = o.fp8_act_cache;
   po.moment_dtype = o.moment_dtype;
+  po.mfsdp_strategy = o.mfsdp_strategy;
+  po.fsdp_double_buffer = o.fsdp_double_buffer;
+}
+
+// Megatron-LM's memory model on `mesh`: its vocab-parallel cross-entropy (in place),
+// sequences of 4096 tokens.
+inline Opts Megatron(const char *mesh) {
+  Opts o;
+  o.mesh = mesh;
+  o.mem_model = MP_MEM_MODEL_MEGATRON;
+  o.loss = MP_LOSS_INPLACE;
+  o.seq = 4096;
+  return o;
 }
 
 // The plan of o alone: mp_build_plan's status (its message on b->ctx).

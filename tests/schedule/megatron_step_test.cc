@@ -15,6 +15,7 @@ namespace {
 
 using sched_test::Built;
 using sched_test::Inst;
+using sched_test::Megatron;
 using sched_test::Opts;
 
 // llama3.1-8b on 8 ranks, without and with tp 2: what a rank holds of the vocabulary (128256,
@@ -33,15 +34,6 @@ struct LossOps {
   int n_fwd = 0, n_bwd = 0;
   int64_t f32_logits = 0;  // bytes of the fp32 logits copy allocated in the loss forward
 };
-
-Opts Megatron(const char *mesh) {
-  Opts o;
-  o.mesh = mesh;
-  o.mem_model = MP_MEM_MODEL_MEGATRON;
-  o.loss = MP_LOSS_INPLACE;
-  o.seq = 4096;
-  return o;
-}
 
 LossOps Loss(mp_loss_impl loss, const char *mesh) {
   Built b;

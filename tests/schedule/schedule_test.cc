@@ -590,7 +590,8 @@ TEST(Schedule, MegatronDistributedOptimizerShardsTheStateAndReduceScattersTheGra
 
 TEST(Schedule, MegatronContextParallelNeedsTheP2pRing) {
   // Megatron-LM's ring sends K and V step by step; the all-gather rotate method is
-  // PyTorch's and is refused under the megatron memory model, as is FSDP.
+  // PyTorch's and is refused under the megatron memory model, as is dp_shard (Megatron
+  // FSDP) without the distributed optimizer it steps with.
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_model m;
@@ -604,7 +605,7 @@ TEST(Schedule, MegatronContextParallelNeedsTheP2pRing) {
     po.cp_rotate = MP_CP_ROTATE_ALLGATHER;
     mp_plan *p = nullptr;
     EXPECT_EQ(mp_build_plan(&ctx, &m, &mesh, &po, &p), MP_ERR_INVALID) << spec;
-    EXPECT_NE(strstr(mp_errmsg(&ctx), spec[3] == 's' ? "without FSDP" : "use alltoall"), nullptr)
+    EXPECT_NE(strstr(mp_errmsg(&ctx), spec[3] == 's' ? "Megatron FSDP steps its shards with the distributed optimizer" : "use alltoall"), nullptr)
         << mp_errmsg(&ctx);
     mp_plan_destroy(p);
   }
