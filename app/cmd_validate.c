@@ -36,7 +36,8 @@
  * (Megatron-Core's output-discarding recompute modules split by spaces, layernorm mla_up_proj
  * moe_act; empty or absent: none), fp8_act_cache (1: DeepSeek-V3's float8 activation cache;
  * empty or absent: off), optimizer_moments (fp32 or bf16: AdamW's moments; empty or absent:
- * fp32). The stack's options
+ * fp32), fsdp_reduce_dtype (fp32 or bf16: the dtype FSDP reduces gradients in, bf16 as FSDP1's
+ * MixedPrecision runs it in IBM's fms-fsdp; empty or absent: fp32). The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
@@ -157,9 +158,12 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (v->sp >= 0) o->sp = v->sp;
   o->moe_fp8_dispatch = v->moe_fp8_dispatch == 1;
   o->fp8_act_cache = v->fp8_act_cache == 1;
-  if (v->optimizer_moments[0] && !mp_cmd_moments_parse(v->optimizer_moments, &o->moment_dtype))
+  if (v->optimizer_moments[0] && !mp_cmd_fp32_bf16_parse(v->optimizer_moments, &o->moment_dtype))
     return mp_error(ctx, MP_ERR_INVALID, "%s: optimizer_moments '%s': expected fp32 or bf16", where,
                     v->optimizer_moments);
+  if (v->fsdp_reduce_dtype[0] && !mp_cmd_fp32_bf16_parse(v->fsdp_reduce_dtype, &o->fsdp.reduce_dtype))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: fsdp_reduce_dtype '%s': expected fp32 or bf16", where,
+                    v->fsdp_reduce_dtype);
   if ((v->ce_fusion == 1 && mp_cmd_fuse_loss(ctx, &j->prof, o) != MP_OK) ||
       mp_cmd_ddp_bucket_prep(ctx, &j->prof, v->ddp_average_in_collective == 1, v->ddp_check_grads == 0, o) != MP_OK) {
     mp_error_prefix(ctx, "%s", where);

@@ -70,6 +70,8 @@ typedef struct mp_vrow {
                            when the column is absent or empty: off */
   char optimizer_moments[8]; /* fp32 or bf16 as written (exec/plan.h, moment_dtype); "" when
                                 absent or empty: fp32 */
+  char fsdp_reduce_dtype[8]; /* fp32 or bf16 as written (exec/plan.h, fsdp.reduce_dtype); "" when
+                                absent or empty: the stack's, fp32 */
   int ce_fusion;        /* 0 or 1: Megatron-Core's --cross-entropy-loss-fusion (exec/plan.h,
                            MP_LOSS_INPLACE_FUSED); -1 when the column is absent or empty: off */
   int ddp_average_in_collective, ddp_check_grads; /* 0 or 1: Megatron-LM's

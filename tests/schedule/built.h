@@ -52,6 +52,7 @@ struct Opts {
   uint32_t recompute_modules = 0;  // bits 1 << mp_rc_module
   int fp8_act_cache = 0;
   mp_dtype moment_dtype = MP_DTYPE_FP32;
+  mp_dtype reduce_dtype = MP_DTYPE_FP32;  // FSDP's gradient reduction (mp_fsdp_options)
 };
 
 inline void FillOptions(const Opts &o, mp_plan_options *out) {
@@ -81,6 +82,7 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.recompute_modules = o.recompute_modules;
   po.fp8_act_cache = o.fp8_act_cache;
   po.moment_dtype = o.moment_dtype;
+  po.fsdp.reduce_dtype = o.reduce_dtype;
 }
 
 // The plan of o alone: mp_build_plan's status (its message on b->ctx).
