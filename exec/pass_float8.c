@@ -128,10 +128,6 @@ mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, mp_fp8_rec
   return MP_OK;
 }
 
-/* DeepSeek-V3's low-precision storage (arXiv 2412.19437, sec. 3.3.3) is priced where its
- * mechanism lives: the activation cache in the megatron model's saved lists under the
- * blockwise recipe whose 1x128 tiles it reuses, bf16 moments in the autograd runtimes'
- * optimizer state (the meshplan runtimes keep theirs in fp32). */
 /* FSDP's gradient reduction dtype: fp32 (torchtitan's mixed_precision_reduce) or bf16 (FSDP1's
  * MixedPrecision(reduce_dtype=torch.bfloat16), IBM's fms-fsdp policies/mixed_precision.py
  * bfSixteen), and bf16 only where FSDP reduces: Megatron's DDP keeps fp32 main_grad buffers
@@ -150,6 +146,10 @@ static mp_status reduce_dtype_check(mp_ctx *ctx, const mp_plan_options *o) {
   return MP_OK;
 }
 
+/* DeepSeek-V3's low-precision storage (arXiv 2412.19437, sec. 3.3.3) is priced where its
+ * mechanism lives: the activation cache in the megatron model's saved lists under the
+ * blockwise recipe whose 1x128 tiles it reuses, bf16 moments in the autograd runtimes'
+ * optimizer state (the meshplan runtimes keep theirs in fp32). */
 mp_status mp_plan_storage_check(mp_ctx *ctx, const mp_plan_options *o) {
   if (o->fp8_act_cache &&
       (!o->fp8 || mp_fp8_recipe_of(o->fp8_opts.recipe, o->mem_model) != MP_FP8_BLOCKWISE ||
