@@ -201,7 +201,7 @@ mp_status mp_cmd_megatron_fsdp(mp_ctx *ctx, const mp_cmd_spec *spec, const struc
   return MP_OK;
 }
 
-int mp_cmd_moments_parse(const char *name, mp_dtype *out) {
+int mp_cmd_fp32_bf16_parse(const char *name, mp_dtype *out) {
   if (strcmp(name, "fp32") != 0 && strcmp(name, "bf16") != 0) return 0;
   *out = strcmp(name, "bf16") == 0 ? MP_DTYPE_BF16 : MP_DTYPE_FP32;
   return 1;
@@ -210,8 +210,11 @@ int mp_cmd_moments_parse(const char *name, mp_dtype *out) {
 mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
   if (mp_args_has(spec, "--fp8-act-cache")) o->fp8_act_cache = 1;
   const char *d = mp_args_get(spec, "--optimizer-moments");
-  if (d && !mp_cmd_moments_parse(d, &o->moment_dtype))
+  if (d && !mp_cmd_fp32_bf16_parse(d, &o->moment_dtype))
     return mp_error(ctx, MP_ERR_USAGE, "--optimizer-moments '%s': choose fp32 or bf16", d);
+  const char *r = mp_args_get(spec, "--fsdp-reduce-dtype");
+  if (r && !mp_cmd_fp32_bf16_parse(r, &o->fsdp.reduce_dtype))
+    return mp_error(ctx, MP_ERR_USAGE, "--fsdp-reduce-dtype '%s': choose fp32 or bf16", r);
   return MP_OK;
 }
 

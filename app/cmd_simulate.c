@@ -131,7 +131,9 @@ static void fmt_plan_extras(const mp_mesh *mesh, const mp_plan_options *o, char 
   if (n >= 0 && (size_t)n < cap && rc[0]) n += snprintf(buf + n, cap - (size_t)n, ", recompute %s", rc);
   if (n >= 0 && (size_t)n < cap && o->moe_fp8_dispatch) n += snprintf(buf + n, cap - (size_t)n, ", fp8 dispatch");
   if (n >= 0 && (size_t)n < cap && o->fp8_act_cache) n += snprintf(buf + n, cap - (size_t)n, ", fp8 activation cache");
-  if (n >= 0 && (size_t)n < cap && o->moment_dtype == MP_DTYPE_BF16) snprintf(buf + n, cap - (size_t)n, ", bf16 moments");
+  if (n >= 0 && (size_t)n < cap && o->moment_dtype == MP_DTYPE_BF16) n += snprintf(buf + n, cap - (size_t)n, ", bf16 moments");
+  if (n >= 0 && (size_t)n < cap && o->fsdp.reduce_dtype == MP_DTYPE_BF16)
+    snprintf(buf + n, cap - (size_t)n, ", bf16 FSDP reduction");
 }
 
 
@@ -217,6 +219,8 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
     cJSON_AddStringToObject(j, "data_parallel_sharding_strategy", mp_mfsdp_strategy_name(o->mfsdp_strategy));
     cJSON_AddBoolToObject(j, "fsdp_double_buffer", o->fsdp_double_buffer);
   }
+  if (o->fsdp.reduce_dtype != MP_DTYPE_FP32 && o->dp == MP_DP_FSDP)
+    cJSON_AddStringToObject(j, "fsdp_reduce_dtype", mp_dtype_name(o->fsdp.reduce_dtype));
   if (mesh->size[MP_DIM_PP] > 1) {
     cJSON_AddStringToObject(j, "pp_schedule", mp_pp_schedule_name(o->pp_schedule));
     cJSON_AddNumberToObject(j, "pp_virtual", o->pp_virtual > 1 ? o->pp_virtual : 1);

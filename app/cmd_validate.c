@@ -38,7 +38,9 @@
  * empty or absent: off), optimizer_moments (fp32 or bf16: AdamW's moments; empty or absent:
  * fp32), mfsdp_strategy and fsdp_double_buffer (a megatron row with dp_shard > 1 runs Megatron
  * FSDP: its --data-parallel-sharding-strategy, empty or absent optim_grads_params, and 1 for its
- * --fsdp-double-buffer, empty or absent off). The stack's options
+ * --fsdp-double-buffer, empty or absent off), fsdp_reduce_dtype (fp32 or bf16: the dtype FSDP
+ * reduces gradients in, bf16 as FSDP1's MixedPrecision runs it in IBM's fms-fsdp; empty or
+ * absent: fp32). The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
@@ -159,7 +161,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (v->sp >= 0) o->sp = v->sp;
   o->moe_fp8_dispatch = v->moe_fp8_dispatch == 1;
   o->fp8_act_cache = v->fp8_act_cache == 1;
-  if (v->optimizer_moments[0] && !mp_cmd_moments_parse(v->optimizer_moments, &o->moment_dtype))
+  if (v->optimizer_moments[0] && !mp_cmd_fp32_bf16_parse(v->optimizer_moments, &o->moment_dtype))
     return mp_error(ctx, MP_ERR_INVALID, "%s: optimizer_moments '%s': expected fp32 or bf16", where,
                     v->optimizer_moments);
   if ((v->mfsdp_strategy[0] || v->fsdp_double_buffer == 1) &&
@@ -170,6 +172,9 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     return mp_error(ctx, MP_ERR_INVALID, "%s: mfsdp_strategy '%s': expected optim_grads_params, optim_grads, "
                     "optim or no_shard", where, v->mfsdp_strategy);
   o->fsdp_double_buffer = v->fsdp_double_buffer == 1;
+  if (v->fsdp_reduce_dtype[0] && !mp_cmd_fp32_bf16_parse(v->fsdp_reduce_dtype, &o->fsdp.reduce_dtype))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: fsdp_reduce_dtype '%s': expected fp32 or bf16", where,
+                    v->fsdp_reduce_dtype);
   if ((v->ce_fusion == 1 && mp_cmd_fuse_loss(ctx, &j->prof, o) != MP_OK) ||
       mp_cmd_ddp_bucket_prep(ctx, &j->prof, v->ddp_average_in_collective == 1, v->ddp_check_grads == 0, o) != MP_OK) {
     mp_error_prefix(ctx, "%s", where);

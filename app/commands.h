@@ -81,13 +81,14 @@ mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
  * Megatron-Core's (the plan checks the rest). */
 mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                              mp_plan_options *o);
-/* --fp8-act-cache and --optimizer-moments fp32|bf16 (simulate, explain) into o->fp8_act_cache
- * and o->moment_dtype; MP_ERR_USAGE for another dtype (the plan checks the recipe and the
+/* --fp8-act-cache, --optimizer-moments fp32|bf16 and --fsdp-reduce-dtype fp32|bf16 (simulate,
+ * explain) into o->fp8_act_cache, o->moment_dtype and o->fsdp.reduce_dtype; MP_ERR_USAGE for another dtype (the plan checks the recipe and the
  * memory model). */
 mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
-/* AdamW's moments' dtype by name, fp32 or bf16, into *out; 0 (out untouched) for another name.
- * mp_cmd_storage and validate's optimizer_moments column read it. */
-int mp_cmd_moments_parse(const char *name, mp_dtype *out);
+/* fp32 or bf16 by name into *out; 0 (out untouched) for another name. AdamW's moments' and
+ * FSDP's gradient reduction's dtype: mp_cmd_storage and validate's optimizer_moments and
+ * fsdp_reduce_dtype columns read it. */
+int mp_cmd_fp32_bf16_parse(const char *name, mp_dtype *out);
 /* --data-parallel-sharding-strategy S and --fsdp-double-buffer (simulate, explain, plan) into
  * o->mfsdp_strategy and o->fsdp_double_buffer: Megatron FSDP's, on a megatron stack only
  * (prof NULL: not checked). MP_ERR_USAGE naming the choices otherwise. */

@@ -94,6 +94,11 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p, const char **nam
     return mp_error(ctx, MP_ERR_USAGE, "--emit torchtitan: torchtitan v0.2.0 has no option for %s; drop it",
                     p->o->fp8_act_cache ? "DeepSeek-V3's float8 activation cache (--fp8-act-cache)"
                                         : "bf16 AdamW moments (--optimizer-moments bf16)");
+  if (p->o->fsdp.reduce_dtype != MP_DTYPE_FP32)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit torchtitan: the job config is written with "
+                    "training.mixed_precision_reduce = \"float32\" (torchtitan's FSDP2 default); the plan "
+                    "reduces in %s (FSDP1's MixedPrecision, --fsdp-reduce-dtype): drop it",
+                    mp_dtype_name(p->o->fsdp.reduce_dtype));
   /* the reader maps compile.enable back to these two profiles, so only they round-trip */
   if (strcmp(p->stack->name, "torchtitan-compile") != 0 && strcmp(p->stack->name, "torchtitan-eager") != 0)
     return mp_error(ctx, MP_ERR_USAGE,

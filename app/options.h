@@ -136,14 +136,18 @@
   , { "--moe-fp8-dispatch", NULL, "DeepSeek-V3's float8 dispatch (sec. 3.3.3): the tokens sent to " \
     "the experts, and the gradients sent into their down projections, travel as E4M3 with an fp32 " \
     "scale per 128 elements; the combines stay bf16 (ep > 1, --fp8)", NULL }
-/* simulate and explain: DeepSeek-V3's low-precision storage (mp_cmd_storage; exec/plan.h,
- * fp8_act_cache and moment_dtype) */
+/* simulate and explain: DeepSeek-V3's low-precision storage and FSDP's reduction dtype
+ * (mp_cmd_storage; exec/plan.h, fp8_act_cache, moment_dtype and fsdp.reduce_dtype) */
 #define MP_OPT_STORAGE                                                                             \
   { "--fp8-act-cache", NULL, "DeepSeek-V3's activation cache (sec. 3.3.3): the tensors saved for " \
     "the float8 Linears' backward and the MoE's SwiGLU inputs kept as E4M3 with an fp32 scale per " \
     "128, the attention output in E5M6 (--fp8 blockwise, stack megatron-core)", NULL },           \
   { "--optimizer-moments", "DTYPE", "AdamW's first and second moments: fp32 or bf16 (DeepSeek-V3 " \
-    "sec. 3.3.3; Megatron-Core's --exp-avg-dtype/--exp-avg-sq-dtype) (default fp32)", NULL }
+    "sec. 3.3.3; Megatron-Core's --exp-avg-dtype/--exp-avg-sq-dtype) (default fp32)", NULL },    \
+  { "--fsdp-reduce-dtype", "DTYPE", "the dtype FSDP reduce-scatters gradients in (and all-reduces " \
+    "them in across dp_replicate): fp32, as torchtitan runs it, or bf16, as FSDP1's "               \
+    "MixedPrecision(reduce_dtype=torch.bfloat16) does in IBM's fms-fsdp; the reduced shard is "     \
+    "cast back to the fp32 gradient (torchtitan stacks) (default fp32)", NULL }
 /* simulate and explain: Megatron-Core's fused cross-entropy (mp_cmd_ce_fusion) */
 #define MP_OPT_CE_FUSION                                                                           \
   { "--cross-entropy-loss-fusion", NULL, "Megatron-Core's option of that name: the vocab-parallel " \

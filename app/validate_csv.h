@@ -75,6 +75,8 @@ typedef struct mp_vrow {
                               "" when absent or empty: optim_grads_params */
   int fsdp_double_buffer; /* 0 or 1: Megatron FSDP's --fsdp-double-buffer; -1 when absent or
                              empty: off */
+  char fsdp_reduce_dtype[8]; /* fp32 or bf16 as written (exec/plan.h, fsdp.reduce_dtype); "" when
+                                absent or empty: the stack's, fp32 */
   int ce_fusion;        /* 0 or 1: Megatron-Core's --cross-entropy-loss-fusion (exec/plan.h,
                            MP_LOSS_INPLACE_FUSED); -1 when the column is absent or empty: off */
   int ddp_average_in_collective, ddp_check_grads; /* 0 or 1: Megatron-LM's

@@ -128,6 +128,24 @@ mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, mp_fp8_rec
   return MP_OK;
 }
 
+/* FSDP's gradient reduction dtype: fp32 (torchtitan's mixed_precision_reduce) or bf16 (FSDP1's
+ * MixedPrecision(reduce_dtype=torch.bfloat16), IBM's fms-fsdp policies/mixed_precision.py
+ * bfSixteen), and bf16 only where FSDP reduces: Megatron's DDP keeps fp32 main_grad buffers
+ * and the meshplan runtimes reduce fp32 slots. */
+static mp_status reduce_dtype_check(mp_ctx *ctx, const mp_plan_options *o) {
+  const mp_dtype r = o->fsdp.reduce_dtype;
+  if (r != MP_DTYPE_FP32 && r != MP_DTYPE_BF16 && o->mem_model == MP_MEM_MODEL_TORCHTITAN)
+    return mp_error(ctx, MP_ERR_INVALID, "FSDP gradients reduced in %s: choose fp32 or bf16",
+                    mp_dtype_name(r));
+  if (r == MP_DTYPE_BF16 && o->mem_model != MP_MEM_MODEL_TORCHTITAN)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "bf16 gradient reduction is FSDP's MixedPrecision reduce_dtype; the %s memory model "
+                    "reduces in %s: drop --fsdp-reduce-dtype bf16 or use a torchtitan stack",
+                    mp_mem_model_name(o->mem_model),
+                    o->mem_model == MP_MEM_MODEL_MEGATRON ? "fp32 main_grad buffers" : "fp32 (the meshplan runtime)");
+  return MP_OK;
+}
+
 /* DeepSeek-V3's low-precision storage (arXiv 2412.19437, sec. 3.3.3) is priced where its
  * mechanism lives: the activation cache in the megatron model's saved lists under the
  * blockwise recipe whose 1x128 tiles it reuses, bf16 moments in the autograd runtimes'
@@ -149,5 +167,5 @@ mp_status mp_plan_storage_check(mp_ctx *ctx, const mp_plan_options *o) {
                     "bf16 AdamW moments: the %s memory model (the meshplan runtime) keeps them in fp32; "
                     "drop --optimizer-moments bf16 or use a megatron or torchtitan stack",
                     mp_mem_model_name(o->mem_model));
-  return MP_OK;
+  return reduce_dtype_check(ctx, o);
 }

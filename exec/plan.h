@@ -624,8 +624,8 @@ int mp_plan_find_param(const mp_plan *p, const char *fqn);
  * the Float8 pass's filter (torchtitan's names, GEMM dims multiples of the recipe's tile:
  * exec/rules.h) on the TP pass's local shapes, from a plan built for it. A float8 plan differs from bf16 exactly
  * when *n_fp8 > 0. The TP rules must hold (mp_rule_tp_dim). */
-/* fp8_act_cache and moment_dtype against the recipe, the memory model and the dtypes they
- * take: MP_ERR_INVALID naming the rule otherwise (exec/pass_float8.c). */
+/* fp8_act_cache, moment_dtype and fsdp.reduce_dtype against the recipe, the memory model and
+ * the dtypes they take: MP_ERR_INVALID naming the rule otherwise (exec/pass_float8.c). */
 mp_status mp_plan_storage_check(mp_ctx *ctx, const mp_plan_options *o);
 mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, mp_fp8_recipe recipe, int *n_fp8);
 /* The recipe a plan of memory model mm runs: r itself, or for MP_FP8_DEFAULT the model's own,

@@ -131,6 +131,33 @@ if len(mem) == 2:
 else:
     check(False, "simulate --optimizer-moments fp32|bf16 ran")
 
+# FSDP's reduction dtype: bf16 as FSDP1's MixedPrecision runs it (IBM's fms-fsdp), refused by name
+# where FSDP does not reduce and by the torchtitan emit; under HSDP over 2 nodes (Llama 3.1 8B,
+# dp_shard 8 a node) the gradient collectives carry half the bytes, so the reduce stream's busy
+# time halves (the same alpha-beta links, the per-collective latency aside) and the step is no slower
+hsdp = ["simulate", "--model", "llama3.1-8b", "--gpus", "16", "--mesh", "dp_replicate=2,dp_shard=8", "--json"]
+p = run("simulate", "--model", "llama3.1-8b", "--fsdp-reduce-dtype", "fp16", want_rc=2)
+check(p.returncode == 2 and "choose fp32 or bf16" in p.stderr, "fp16 FSDP reduction")
+p = run("simulate", "--model", "llama3.1-8b", "--stack", "megatron-core", "--mesh", "dp_replicate=8",
+        "--fsdp-reduce-dtype", "bf16", want_rc=2)
+check(p.returncode == 2 and "main_grad" in p.stderr, "bf16 reduction under Megatron's DDP: " + p.stderr)
+p = run("simulate", "--model", "llama3.1-8b", "--fsdp-reduce-dtype", "bf16", "--emit", "torchtitan",
+        "--out", "/nonexistent-dir", want_rc=2)
+check(p.returncode == 2 and "mixed_precision_reduce" in p.stderr, "emit torchtitan with bf16 reduction: " + p.stderr)
+red = {}
+for d in ("fp32", "bf16"):
+    p = run(*hsdp, "--fsdp-reduce-dtype", d)
+    if p.returncode == 0:
+        red[d] = json.loads(p.stdout)
+if len(red) == 2:
+    check(red["bf16"].get("fsdp_reduce_dtype") == "bf16" and "fsdp_reduce_dtype" not in red["fp32"],
+          "fsdp_reduce_dtype in the JSON")
+    r32, r16 = red["fp32"]["comm_s"]["reduce"], red["bf16"]["comm_s"]["reduce"]
+    check(0.45 * r32 < r16 < 0.55 * r32, f"bf16 reduction halves the reduce stream: {r32} -> {r16}")
+    check(red["bf16"]["step_time_s"] <= red["fp32"]["step_time_s"], "bf16 reduction is no slower")
+else:
+    check(False, "simulate --fsdp-reduce-dtype fp32|bf16 ran")
+
 # no pipeline, no section
 p = run("explain", "--model", "llama3.1-8b", "--json")
 if p.returncode == 0:

@@ -54,6 +54,7 @@ struct Opts {
   mp_dtype moment_dtype = MP_DTYPE_FP32;
   mp_mfsdp_strategy mfsdp_strategy = MP_MFSDP_OPTIM_GRADS_PARAMS;  // Megatron FSDP's
   int fsdp_double_buffer = 0;
+  mp_dtype reduce_dtype = MP_DTYPE_FP32;  // FSDP's gradient reduction (mp_fsdp_options)
 };
 
 inline void FillOptions(const Opts &o, mp_plan_options *out) {
@@ -85,6 +86,7 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.moment_dtype = o.moment_dtype;
   po.mfsdp_strategy = o.mfsdp_strategy;
   po.fsdp_double_buffer = o.fsdp_double_buffer;
+  po.fsdp.reduce_dtype = o.reduce_dtype;
 }
 
 // Megatron-LM's memory model on `mesh`: its vocab-parallel cross-entropy (in place),

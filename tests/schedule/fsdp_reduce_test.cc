@@ -1,0 +1,114 @@
+// FSDP's gradient reduction dtype against hand derivations: bf16 reduction (FSDP1's
+// MixedPrecision(reduce_dtype=torch.bfloat16), as IBM's fms-fsdp runs it:
+// fms_fsdp/policies/mixed_precision.py bfSixteen) halves the bytes each block's
+// reduce-scatter and HSDP all-reduce move and the reduce-scatter's input buffer, and keeps
+// the resident sharded gradients in fp32 (FSDP1 casts the reduced shard to the flat
+// parameter's dtype, FSDP2's foreach_reduce to the sharded parameter's); the refusals.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/schedule/built.h"
+
+namespace {
+
+using sched_test::Build;
+using sched_test::Built;
+using sched_test::Opts;
+using sched_test::PlanOnly;
+
+// Llama 3.1 8B under HSDP, dp_shard 4 within a replica, 2 replicas. One block's parameters
+// (H 4096, 8 KV heads of 128, FFN 14336): q and o 2 x 4096^2 33,554,432, k and v
+// 2 x 1024 x 4096 8,388,608, gate, up and down 3 x 14336 x 4096 176,160,768, the two norms
+// 8192: 218,112,000 elements; a rank's shard of it 218,112,000 / 4 = 54,528,000.
+const int64_t kBlock = 218112000, kShard = kBlock / 4;
+const int64_t kParams = 8030261248LL;  // the model, embedding and head untied
+
+Opts Hsdp(mp_dtype reduce) {
+  Opts o;
+  o.mesh = "dp_replicate=2,dp_shard=4";
+  o.reduce_dtype = reduce;
+  return o;
+}
+
+struct BlockComm {
+  double rs_bytes = 0, ar_bytes = 0;
+};
+
+// Block 7's reduce-scatter over dp_shard and its all-reduce over dp_replicate.
+BlockComm Block7(const mp_schedule *s) {
+  BlockComm c;
+  for (const sched_test::Inst &x : sched_test::Expand(s)) {
+    if (x.layer != 7 || x.op->phase != MP_PHASE_BACKWARD) continue;
+    if (x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_REDUCE_SCATTER) c.rs_bytes += x.op->bytes;
+    if (x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_ALL_REDUCE && x.op->group == MP_GROUP_DP_REPLICATE)
+      c.ar_bytes += x.op->bytes;
+  }
+  return c;
+}
+
+TEST(FsdpReduce, Bf16HalvesTheGradientCollectives) {
+  Built f32, b16;
+  Build(&f32, Hsdp(MP_DTYPE_FP32));
+  Build(&b16, Hsdp(MP_DTYPE_BF16));
+  const BlockComm a = Block7(f32.s), b = Block7(b16.s);
+  EXPECT_EQ(a.rs_bytes, 4.0 * kBlock);  // 872,448,000: the block's gradients in fp32
+  EXPECT_EQ(b.rs_bytes, 2.0 * kBlock);  // 436,224,000 in bf16
+  EXPECT_EQ(a.ar_bytes, 4.0 * kShard);  // the reduced shard across the two replicas
+  EXPECT_EQ(b.ar_bytes, 2.0 * kShard);
+  // the all-gathers carry bf16 parameters either way
+  mp_schedule_totals ta, tb;
+  mp_schedule_totals_compute(f32.s, &ta);
+  mp_schedule_totals_compute(b16.s, &tb);
+  EXPECT_DOUBLE_EQ(ta.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_FSDP],
+                   tb.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_FSDP]);
+  EXPECT_DOUBLE_EQ(tb.comm_bytes[MP_COLL_REDUCE_SCATTER][MP_GROUP_FSDP],
+                   ta.comm_bytes[MP_COLL_REDUCE_SCATTER][MP_GROUP_FSDP] / 2);
+  // resident: the sharded gradients stay fp32, kParams / 4 ranks x 4 bytes
+  EXPECT_EQ(f32.s->resident_bytes[MP_MEM_GRADS], kParams / 4 * 4);
+  EXPECT_EQ(b16.s->resident_bytes[MP_MEM_GRADS], kParams / 4 * 4);
+}
+
+// The reduce-scatter's input: the block's unsharded gradients copied into one reduce-dtype
+// buffer (FSDP2's reduce_scatter_input, FSDP1's padded flat gradient), 4 x 218,112,000 bytes
+// in fp32, 2 x in bf16, freed on the reduce stream once the collectives that read it are done
+// (the only TEMP buffer a block frees there).
+TEST(FsdpReduce, Bf16ReduceScatterInputIsHalf) {
+  int64_t in[2] = {0, 0};
+  const mp_dtype d[2] = {MP_DTYPE_FP32, MP_DTYPE_BF16};
+  for (int k = 0; k < 2; k++) {
+    Built b;
+    Build(&b, Hsdp(d[k]));
+    for (const sched_test::Inst &x : sched_test::Expand(b.s))
+      if (x.layer == 7 && x.op->type == MP_OP_FREE && x.op->mem_cat == MP_MEM_TEMP &&
+          x.op->stream == MP_STREAM_REDUCE)
+        in[k] += x.op->mem_bytes;
+  }
+  EXPECT_EQ(in[0], 4 * kBlock);
+  EXPECT_EQ(in[1], 2 * kBlock);
+}
+
+// Refusals: bf16 reduction where FSDP does not reduce (Megatron's DDP keeps fp32 main_grad
+// buffers; the meshplan runtime reduces fp32), and a dtype FSDP1 and torchtitan do not use.
+TEST(FsdpReduce, RefusedOutsideTorchtitanFsdp) {
+  const struct {
+    mp_mem_model mm;
+    mp_dtype r;
+    const char *mesh;
+    const char *words;
+  } cases[] = {
+      {MP_MEM_MODEL_MEGATRON, MP_DTYPE_BF16, "dp_replicate=8", "fp32 main_grad buffers"},
+      {MP_MEM_MODEL_MESHPLAN_CUDA, MP_DTYPE_BF16, "dp_shard=8", "meshplan runtime"},
+      {MP_MEM_MODEL_TORCHTITAN, MP_DTYPE_FP16, "dp_shard=8", "choose fp32 or bf16"},
+  };
+  for (const auto &c : cases) {
+    SCOPED_TRACE(c.words);
+    Built b;
+    Opts o;
+    o.mesh = c.mesh, o.mem_model = c.mm, o.reduce_dtype = c.r;
+    EXPECT_EQ(PlanOnly(&b, o), MP_ERR_INVALID);
+    EXPECT_NE(std::string(mp_errmsg(&b.ctx)).find(c.words), std::string::npos) << mp_errmsg(&b.ctx);
+  }
+}
+
+}  // namespace
