@@ -137,6 +137,12 @@ typedef struct mp_stack_profile {
    * expert rounded up to tile_m rows in the forward and input-gradient GEMMs and to tile_k in
    * the weight gradient's reduction, which the kernel computes whole (sim/cost.c). */
   int grouped_tile_m, grouped_tile_k;
+  /* How the stack launches a grouped expert GEMM (JSON "grouped_gemm_streams", optional, 0
+   * to 64): 0, the default, one kernel over every expert (CUTLASS's grouped GEMM,
+   * torch._grouped_mm); s > 0, one GEMM kernel per expert issued round-robin on s streams,
+   * as Transformer Engine's GroupedLinear does (sim/cost.c, grouped_launches): each kernel
+   * pays the launch overhead, and at most s of them share the GPU at a time. */
+  int grouped_streams;
   /* Whether each weight-gradient GEMM adds into an fp32 gradient buffer (JSON
    * "wgrad_accum_fp32", optional, default false; the megatron memory model only): Megatron-LM's
    * gradient_accumulation_fusion, on unless --no-gradient-accumulation-fusion, hands
