@@ -116,9 +116,12 @@ static void grouped_padding(const mp_op *op, const op_costs *k, double *size, do
  * expert, and nvte_multi_stream_cublas_gemm (transformer_engine/common/gemm/
  * cublaslt_gemm.cu) launches each with nvte_cublas_gemm on compute stream i % num_streams,
  * num_streams = 4 (include/transformer_engine/gemm.h). So the op pays the launch overhead
- * once per expert, and the kernels that fill the GPU together are the min(batch, s) in
- * flight, not all of them: the efficiency curve reads *size (the padded m n k x batch) of
- * that many experts. The FLOPs and bytes stay the op's. Otherwise one kernel. */
+ * once per expert: the streams overlap the kernels on the GPU, but one host thread issues
+ * them in turn, each nvte_cublas_gemm creating its cuBLASLt descriptors and querying
+ * cublasLtMatmulAlgoGetHeuristic before its cublasLtMatmul. And the kernels that fill the
+ * GPU together are the min(batch, s) in flight, not all of them: the efficiency curve reads
+ * *size (the padded m n k x batch) of that many experts. The FLOPs and bytes stay the op's.
+ * Otherwise one kernel. */
 static double grouped_launches(const mp_op *op, const op_costs *k, double *size) {
   const int64_t batch = op->batch > 0 ? op->batch : 1;
   if (!op->grouped || k->grouped_streams <= 0 || batch <= 1) return 1.0;
@@ -264,9 +267,10 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
     *dur = 0.0;
   else if (op->coll == MP_COLL_ALL_TO_ALL) {
     double nic, nvl;
-    mp_sim_ep_shares(l, &ls->plan->model, g == MP_GROUP_EP ? ls->plan->opts.moe_dispatcher : MP_MOE_DISPATCH_ALLTOALL,
-                     &nic, &nvl);
-    *dur = mp_sim_alltoall_s(op->bytes, l, prof->link_eff, nic, nvl) + prof->comm_overhead_s;
+    const mp_moe_dispatcher d = g == MP_GROUP_EP ? ls->plan->opts.moe_dispatcher : MP_MOE_DISPATCH_ALLTOALL;
+    mp_sim_ep_shares(l, &ls->plan->model, d, &nic, &nvl);
+    *dur = (d == MP_MOE_DISPATCH_DEEPEP ? mp_sim_deepep_s : mp_sim_alltoall_s)(op->bytes, l, prof->link_eff, nic, nvl) +
+           prof->comm_overhead_s;
   } else
     *dur = (mp_gpu_is_cpu(&ls->cl->gpu) ? mp_sim_collective_s : mp_sim_nccl_collective_s)(
                (mp_coll)op->coll, op->bytes, p2p ? 2 : n, l->GBps * prof->link_eff, l->lat_s) +

@@ -316,9 +316,14 @@ double mp_sim_alltoall_s(double bytes, const mp_sim_link *l, double eff, double 
  * NIC and on NVLink, on EP link l, for a dispatcher (sim/network.c): NCCL's all-to-all
  * (n - per_node)/n and (per_node - 1)/n; DeepEP one network copy per token and remote node
  * the token's experts are on (group-limited routing bounding those nodes), the rest
- * forwarded over NVLink. */
+ * forwarded over NVLink, and inside one node one NVLink copy per token and other GPU its
+ * experts are on. */
 void mp_sim_ep_shares(const mp_sim_link *l, const mp_model *m, mp_moe_dispatcher d, double *nic_share,
                       double *nvl_share);
+/* DeepEP's dispatch or combine of `bytes` (T x top_k copies of a token) on EP link l with
+ * the shares of mp_sim_ep_shares: its NVLink and NIC bytes side by side, the slower
+ * bounding it, and one step of the link's latency (its kernels serve every peer at once). */
+double mp_sim_deepep_s(double bytes, const mp_sim_link *l, double eff, double nic_share, double nvl_share);
 
 /* The time a combined forward-and-backward step saves by running each direction's EP
  * all-to-alls beside the other's compute (sim/overlap.c): fc[0..nf] the forward's compute
