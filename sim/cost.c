@@ -122,12 +122,21 @@ static void grouped_padding(const mp_op *op, const op_costs *k, double *size, do
  * GPU together are the min(batch, s) in flight, not all of them: the efficiency curve reads
  * *size (the padded m n k x batch) of that many experts. The FLOPs and bytes stay the op's.
  * Otherwise one kernel. */
-static double grouped_launches(const mp_op *op, const op_costs *k, double *size) {
+static int64_t launches_of(const mp_op *op, int streams) {
   const int64_t batch = op->batch > 0 ? op->batch : 1;
-  if (!op->grouped || k->grouped_streams <= 0 || batch <= 1) return 1.0;
-  const int64_t in_flight = batch < k->grouped_streams ? batch : k->grouped_streams;
-  *size = *size / (double)batch * (double)in_flight;
-  return (double)batch;
+  return op->grouped && streams > 0 && op->kernel == MP_KERNEL_GEMM ? batch : 1;
+}
+
+static double grouped_launches(const mp_op *op, const op_costs *k, double *size) {
+  const int64_t launches = launches_of(op, k->grouped_streams);
+  if (launches <= 1) return 1.0;
+  const int64_t in_flight = launches < k->grouped_streams ? launches : k->grouped_streams;
+  *size = *size / (double)launches * (double)in_flight;
+  return (double)launches;
+}
+
+double mp_sim_op_launches(const mp_op *op, const mp_stack_profile *p) {
+  return (double)launches_of(op, p->grouped_streams);
 }
 
 static inline double op_compute_s(const mp_op *op, const op_costs *k) {

@@ -369,6 +369,10 @@ mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor,
  * attention runs at attention_eff of the bf16 peak; other kernels at the fp32 (CUDA-core)
  * peak. */
 double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p);
+/* The kernels compute op `op` launches under stack p, each paying the stack's
+ * kernel_overhead: a grouped expert GEMM's experts where the stack launches a GEMM per expert
+ * (grouped_gemm_streams > 0), else 1. */
+double mp_sim_op_launches(const mp_op *op, const mp_stack_profile *p);
 
 #ifdef __cplusplus
 }

@@ -341,10 +341,13 @@ TEST(MoeCost, TransformerEngineLaunchesAGemmPerExpert) {
   const mp_op two = Grouped(MP_VAR_FWD, 512, 1536, 4096, 2, MP_DTYPE_BF16);
   EXPECT_NEAR(mp_sim_compute_op_s(&two, &g, &te), 43.769803776e-6, 1e-11);
   EXPECT_NEAR(mp_sim_compute_op_s(&two, &g, &one), 38.769803776e-6, 1e-11);
+  EXPECT_EQ(mp_sim_op_launches(&op, &te), 16.0);
+  EXPECT_EQ(mp_sim_op_launches(&op, &one), 1.0);
   // a dense GEMM (not grouped) is one kernel under either stack
   mp_op dense = op;
   dense.grouped = 0;
   EXPECT_DOUBLE_EQ(mp_sim_compute_op_s(&dense, &g, &te), mp_sim_compute_op_s(&dense, &g, &one));
+  EXPECT_EQ(mp_sim_op_launches(&dense, &te), 1.0);
 }
 
 // A stream count outside 0..64 is refused naming the key.
