@@ -226,7 +226,8 @@ static double gate_eff(const explain *e, double rows, int64_t local, int grouped
   op.flops = 2.0 * r * (double)op.n * (double)op.k * batch;
   op.bytes = mp_gemm_bytes(r, (double)op.n, (double)op.k, batch, mp_dtype_bytes((mp_dtype)dt));
   op.grouped = (uint8_t)grouped;
-  const double t = mp_sim_compute_op_s(&op, &e->cluster.gpu, &e->prof) - e->prof.kernel_overhead_s;
+  const double t = mp_sim_compute_op_s(&op, &e->cluster.gpu, &e->prof) -
+                   mp_sim_op_launches(&op, &e->prof) * e->prof.kernel_overhead_s;
   double peak = e->cluster.gpu.peak_tflops[dt] > 0 ? e->cluster.gpu.peak_tflops[dt] : e->cluster.gpu.peak_tflops[MP_DTYPE_BF16];
   return t > 0 && peak > 0 ? op.flops / (peak * 1e12 * t) : 0.0;
 }

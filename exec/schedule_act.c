@@ -29,7 +29,10 @@
  *                      token dispatcher; the rows the expert GEMMs run, schedule_block.c).
  *                      The dispatched rows and the experts' tensors are the slowest EP
  *                      rank's: x its load under an imbalance or a capacity (schedule_prep.c,
- *                      mp_sched_moe_rows)
+ *                      mp_sched_moe_rows). Where Megatron-Core's MoE layer routes the rank's
+ *                      SP shard itself (shapes.moe_on_shard) the router scores Tr tokens,
+ *                      not T: probabilities 4 Tr E, and without a shared expert (whose
+ *                      Linears gather the sequence) the normed h 2 Tr H
  * These group into the block input X (2TsH), the attention part A and the MLP part M; the
  * policies keep:
  *   none            X + A + M
@@ -100,17 +103,20 @@ static int64_t received(const shapes *sh, int64_t x_balanced) {
 /* M: everything the MLP part saves without AC. */
 static int64_t mlp_all(const shapes *sh, int kind) {
   const int64_t T = sh->tokens;
-  int64_t b = 2 * sh->tokens_sp * sh->d_model + stat_bytes(sh) * sh->tokens_sp + 2 * T * sh->d_model;
+  /* the normed h the MLP reads: [Tr, H] where the MoE layer routes the shard itself and no
+   * shared expert gathers it (see the file comment) */
+  const int64_t Tn = kind != KIND_DENSE && sh->moe_on_shard && !sh->has_shared ? sh->router_tokens : T;
+  int64_t b = 2 * sh->tokens_sp * sh->d_model + stat_bytes(sh) * sh->tokens_sp + 2 * Tn * sh->d_model;
   if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 4) * 2 * T * sh->d_ff;
   const int64_t R = sh->moe_tokens * sh->top_k; /* the routed rows (see the file comment) */
-  b += 4 * T * sh->experts + 12 * R + received(sh, 2 * R * sh->d_model + 4 * 2 * R * sh->d_ff_expert) +
-       2 * R * sh->d_model;
+  b += 4 * sh->router_tokens * sh->experts + 12 * R +
+       received(sh, 2 * R * sh->d_model + 4 * 2 * R * sh->d_ff_expert) + 2 * R * sh->d_model;
   if (sh->has_shared) b += 4 * 2 * T * sh->d_ff_shared;
   return b;
 }
 
 static int64_t bwd_workspace(const shapes *sh, int kind) {
-  const int64_t T = sh->tokens;
+  const int64_t T = kind != KIND_DENSE && sh->moe_on_shard && !sh->has_shared ? sh->router_tokens : sh->tokens;
   int64_t b = 2 * 2 * T * sh->d_model;
   if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 3) * 2 * T * sh->d_ff;
   const int64_t R = sh->moe_tokens * sh->top_k;

@@ -232,9 +232,12 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
   attach(g, pd, PART_MOE);
   mp_sched_norm_fwd(g, MP_MOD_FFN_NORM, sh->tokens_sp, H);
   /* the MLP's region: the dense MLP's colwise Linears; a MoE block's router and experts
-   * read the whole sequence too (the routed experts are replicated over tp) */
+   * read the whole sequence too (the routed experts are replicated over tp), except where
+   * Megatron-Core's MoE layer routes the shard itself (moe_on_shard), gathering only for a
+   * shared expert's colwise Linears */
   const int32_t in = g->n_ops;
-  mp_sched_tp_region_in_fwd(g, kind == KIND_DENSE ? sh->tp_opens_gateup : sh->tp > 1, MP_MOD_UP,
+  const int moe_gather = sh->tp > 1 && (!sh->moe_on_shard || sh->has_shared);
+  mp_sched_tp_region_in_fwd(g, kind == KIND_DENSE ? sh->tp_opens_gateup : moe_gather, MP_MOD_UP,
                    kind == KIND_DENSE && mp_sched_f8_input(g, MP_MOD_UP));
   if (kind == KIND_DENSE) {
     if (sh->gpt) {
@@ -256,12 +259,12 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
     if (sh->tp_closes_down) mp_sched_fuse_tp(g, down, MP_FUSE_SCATTER, MP_VAR_FWD);
     mp_sched_rt_sp(g, 0);
   } else {
-    const int64_t Tk = sh->moe_tokens * sh->top_k;
-    mp_sched_linear_fwd(g, MP_MOD_ROUTER, (double)T, sh->experts, H, 1);
-    elementwise(g, MP_KERNEL_ROUTER, MP_VAR_FWD, MP_MOD_ROUTER, T * sh->experts, FLOPS_ROUTER,
-                6.0 * (double)(T * sh->experts) + 12.0 * (double)Tk);
+    const int64_t Tk = sh->moe_tokens * sh->top_k, Tr = sh->router_tokens;
+    mp_sched_linear_fwd(g, MP_MOD_ROUTER, (double)Tr, sh->experts, H, 1);
+    elementwise(g, MP_KERNEL_ROUTER, MP_VAR_FWD, MP_MOD_ROUTER, Tr * sh->experts, FLOPS_ROUTER,
+                6.0 * (double)(Tr * sh->experts) + 12.0 * (double)Tk);
     elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_FWD, -1, Tk * H, 0.0,
-                2.0 * (double)(T * H) + 2.0 * (double)(Tk * H));
+                2.0 * (double)(Tr * H) + 2.0 * (double)(Tk * H));
     /* the runtimes under EP: the expert side (sized by the rows received) is saved for
      * backward; the expert outputs wait in a COMM buffer for the combine */
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EPA, kind, 1);
@@ -276,7 +279,7 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
     if (out) {
       mp_sched_rt_sp(g, 1); /* the runtimes' SP: the routed output on all T rows */
       elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_FWD, -1, Tk * H, 2.0,
-                  2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
+                  2.0 * (double)(Tk * H) + 2.0 * (double)(Tr * H));
     }
     if (sh->has_shared) {
       mp_sched_linear_fwd(g, MP_MOD_SHARED_GATE, (double)T, sh->d_ff_shared, H, 1);
@@ -319,7 +322,7 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
     mp_sched_mg_regather_wait(g, ag, first);
     mp_sched_tp_region_in_bwd(g, sh->tp_opens_gateup, MP_MOD_UP);
   } else {
-    const int64_t Tk = sh->moe_tokens * sh->top_k;
+    const int64_t Tk = sh->moe_tokens * sh->top_k, Tr = sh->router_tokens;
     /* the runtimes' SP: the residual gradient all-gathered once for the shared expert and
      * the routed side (exec/runtime/runtime_sp.c); the routed side's input gradient is whole
      * on every tp rank, which keeps its rows on the shard: no reduce-scatter of its own */
@@ -333,11 +336,11 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
       mp_sched_linear_bwd(g, MP_MOD_SHARED_GATE, (double)T, sh->d_ff_shared, H, 1);
       mp_sched_linear_bwd(g, MP_MOD_SHARED_UP, (double)T, sh->d_ff_shared, H, 1);
       mp_sched_tp_region_in_bwd(g, sh->tp_opens_shared_gateup, MP_MOD_SHARED_UP);
-    } else if (sh->sp && !rt_sp) {
-      mp_sched_tp_region_in_bwd(g, sh->tp > 1, MP_MOD_ROUTER); /* the routed side's to its shard */
+    } else if (sh->sp && !rt_sp) { /* the routed side's to its shard, where it was gathered */
+      mp_sched_tp_region_in_bwd(g, sh->tp > 1 && !sh->moe_on_shard, MP_MOD_ROUTER);
     }
     elementwise(g, MP_KERNEL_UNPERMUTE, MP_VAR_BWD, -1, Tk * H, 2.0,
-                2.0 * (double)(T * H) + 4.0 * (double)(Tk * H));
+                2.0 * (double)(Tr * H) + 4.0 * (double)(Tk * H));
     mp_sched_rt_sp(g, 0);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 1); /* the expert side's gradients (EP) */
     mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_DOWN, 1); /* the output gradient to the experts */
@@ -346,10 +349,10 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
     mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_GATE, 0);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 0);
     elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_BWD, -1, Tk * H, 1.0,
-                2.0 * (double)(Tk * H) + 2.0 * (double)(T * H));
-    elementwise(g, MP_KERNEL_ROUTER, MP_VAR_BWD, MP_MOD_ROUTER, T * sh->experts, FLOPS_ROUTER,
-                10.0 * (double)(T * sh->experts));
-    mp_sched_linear_bwd(g, MP_MOD_ROUTER, (double)T, sh->experts, H, 1);
+                2.0 * (double)(Tk * H) + 2.0 * (double)(Tr * H));
+    elementwise(g, MP_KERNEL_ROUTER, MP_VAR_BWD, MP_MOD_ROUTER, Tr * sh->experts, FLOPS_ROUTER,
+                10.0 * (double)(Tr * sh->experts));
+    mp_sched_linear_bwd(g, MP_MOD_ROUTER, (double)Tr, sh->experts, H, 1);
   }
   mp_sched_norm_bwd(g, MP_MOD_FFN_NORM, sh->tokens_sp, H);
   residual_bwd(g, sh->tokens_sp * H);

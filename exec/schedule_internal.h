@@ -141,6 +141,14 @@ typedef struct shapes {
   int64_t moe_tokens;       /* tokens the rank routes: tokens, or under the expert grid with
                                tp > 1 (etp = 1) its tokens / tp sequence shard, as
                                Megatron-Core's token dispatcher routes each TP rank's own */
+  int64_t router_tokens;    /* tokens the router scores and the permute reads: tokens after
+                               the MLP region's TP all-gather, or moe_tokens where the MoE
+                               layer takes the rank's sequence shard itself (moe_on_shard) */
+  int moe_on_shard;         /* Megatron-Core's MoE layer under SP with the experts on their
+                               own grid (etp 1): the router, permute and dispatcher read the
+                               rank's [T/tp, H] shard, no TP collective around the routed side
+                               (megatron/core/transformer/moe/moe_layer.py, token_dispatcher.py
+                               of core_v0.14: the dispatcher's tp group is the expert TP one) */
   /* multi-head latent attention */
   int mla;
   int64_t q_lora, kv_lora, rope_dim; /* q_lora_rank (0: q_proj), kv_lora_rank, qk_rope_head_dim */

@@ -46,6 +46,9 @@ void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch
   sh->tokens = micro_batch * p->opts.seq / cp;
   sh->tokens_sp = sh->sp ? sh->tokens / sh->tp : sh->tokens;
   sh->moe_tokens = mp_mesh_expert_grid(&p->mesh) ? sh->tokens / sh->tp : sh->tokens;
+  sh->moe_on_shard = p->opts.mem_model == MP_MEM_MODEL_MEGATRON && sh->sp && sh->tp > 1 &&
+                     mp_mesh_expert_grid(&p->mesh);
+  sh->router_tokens = sh->moe_on_shard ? sh->moe_tokens : sh->tokens;
   sh->tokens_per_expert = mp_sched_moe_rows(&p->opts.moe_routing, (double)sh->moe_tokens, sh->top_k, sh->experts,
                                             sh->ep, &sh->moe_load);
 }

@@ -44,6 +44,7 @@ typedef struct op_costs {
   const mp_gemm_table *fp8_gemm_table; /* the same for float8 GEMMs, or NULL */
   double hbm_k[MP_KERNEL_COUNT];   /* per kernel class: hbm, or its own efficiency's */
   int tile_m, tile_k;              /* the stack's grouped-GEMM tile (token rows, reduction) */
+  int grouped_streams;             /* its per-expert kernels' streams (0: one kernel) */
   int wgrad_fp32;                  /* weight gradients accumulate into fp32 (sim.h) */
 } op_costs;
 
@@ -74,6 +75,7 @@ static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *
     k->hbm_k[c] = g->hbm_GBps * 1e9 * (p->hbm_eff_kernel[c] > 0 ? p->hbm_eff_kernel[c] : p->hbm_eff);
   k->tile_m = p->grouped_tile_m;
   k->tile_k = p->grouped_tile_k;
+  k->grouped_streams = p->grouped_streams;
   k->wgrad_fp32 = p->wgrad_accum_fp32;
 }
 
@@ -107,9 +109,39 @@ static void grouped_padding(const mp_op *op, const op_costs *k, double *size, do
   *flops = 2.0 * *size;
 }
 
+/* The kernels a grouped expert GEMM launches. Under a stack of grouped_gemm_streams s > 0
+ * (sim.h) each of its `batch` experts is its own GEMM kernel: Transformer Engine's
+ * GroupedLinear (transformer_engine/pytorch/module/grouped_linear.py, v2.2, the release
+ * Megatron-MoE-ModelZoo's container installs) hands general_grouped_gemm one GEMM per
+ * expert, and nvte_multi_stream_cublas_gemm (transformer_engine/common/gemm/
+ * cublaslt_gemm.cu) launches each with nvte_cublas_gemm on compute stream i % num_streams,
+ * num_streams = 4 (include/transformer_engine/gemm.h). So the op pays the launch overhead
+ * once per expert: the streams overlap the kernels on the GPU, but one host thread issues
+ * them in turn, each nvte_cublas_gemm creating its cuBLASLt descriptors and querying
+ * cublasLtMatmulAlgoGetHeuristic before its cublasLtMatmul. And the kernels that fill the
+ * GPU together are the min(batch, s) in flight, not all of them: the efficiency curve reads
+ * *size (the padded m n k x batch) of that many experts. The FLOPs and bytes stay the op's.
+ * Otherwise one kernel. */
+static int64_t launches_of(const mp_op *op, int streams) {
+  const int64_t batch = op->batch > 0 ? op->batch : 1;
+  return op->grouped && streams > 0 && op->kernel == MP_KERNEL_GEMM ? batch : 1;
+}
+
+static double grouped_launches(const mp_op *op, const op_costs *k, double *size) {
+  const int64_t launches = launches_of(op, k->grouped_streams);
+  if (launches <= 1) return 1.0;
+  const int64_t in_flight = launches < k->grouped_streams ? launches : k->grouped_streams;
+  *size = *size / (double)launches * (double)in_flight;
+  return (double)launches;
+}
+
+double mp_sim_op_launches(const mp_op *op, const mp_stack_profile *p) {
+  return (double)launches_of(op, p->grouped_streams);
+}
+
 static inline double op_compute_s(const mp_op *op, const op_costs *k) {
   const double hbm = op->kernel < MP_KERNEL_COUNT ? k->hbm_k[op->kernel] : k->hbm;
-  double t_bytes = hbm > 0 ? op_bytes(op, k) / hbm : 0.0, t_flops;
+  double t_bytes = hbm > 0 ? op_bytes(op, k) / hbm : 0.0, t_flops, launches = 1.0;
   const int dt = op->dtype < MP_DTYPE_COUNT ? op->dtype : MP_DTYPE_BF16;
   int fp8 = op->dtype == MP_DTYPE_FP8_E4M3 || op->dtype == MP_DTYPE_FP8_E5M2;
   if (op->kernel == MP_KERNEL_GEMM) {
@@ -117,6 +149,7 @@ static inline double op_compute_s(const mp_op *op, const op_costs *k) {
                   (double)(op->batch > 0 ? op->batch : 1);
     double flops = op->flops;
     if (op->grouped) grouped_padding(op, k, &size, &flops);
+    launches = grouped_launches(op, k, &size);
     double eff = (fp8 ? k->fp8_gemm_eff_max : k->gemm_eff_max) * size / (size + k->half_mnk);
     const mp_gemm_table *table = fp8 ? k->fp8_gemm_table : k->gemm_table;
     if (fp8 && !k->has_peak[op->dtype]) /* no fp8 units: runs as bf16 (not measured so) */
@@ -132,7 +165,7 @@ static inline double op_compute_s(const mp_op *op, const op_costs *k) {
     /* element-wise, norms, optimizer: CUDA cores, no tensor cores */
     t_flops = op->flops / k->peak[MP_DTYPE_FP32];
   }
-  return (t_flops > t_bytes ? t_flops : t_bytes) + k->kernel_overhead_s;
+  return (t_flops > t_bytes ? t_flops : t_bytes) + launches * k->kernel_overhead_s;
 }
 
 double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p) {
@@ -243,9 +276,10 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
     *dur = 0.0;
   else if (op->coll == MP_COLL_ALL_TO_ALL) {
     double nic, nvl;
-    mp_sim_ep_shares(l, &ls->plan->model, g == MP_GROUP_EP ? ls->plan->opts.moe_dispatcher : MP_MOE_DISPATCH_ALLTOALL,
-                     &nic, &nvl);
-    *dur = mp_sim_alltoall_s(op->bytes, l, prof->link_eff, nic, nvl) + prof->comm_overhead_s;
+    const mp_moe_dispatcher d = g == MP_GROUP_EP ? ls->plan->opts.moe_dispatcher : MP_MOE_DISPATCH_ALLTOALL;
+    mp_sim_ep_shares(l, &ls->plan->model, d, &nic, &nvl);
+    *dur = (d == MP_MOE_DISPATCH_DEEPEP ? mp_sim_deepep_s : mp_sim_alltoall_s)(op->bytes, l, prof->link_eff, nic, nvl) +
+           prof->comm_overhead_s;
   } else
     *dur = (mp_gpu_is_cpu(&ls->cl->gpu) ? mp_sim_collective_s : mp_sim_nccl_collective_s)(
                (mp_coll)op->coll, op->bytes, p2p ? 2 : n, l->GBps * prof->link_eff, l->lat_s) +

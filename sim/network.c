@@ -125,34 +125,60 @@ double mp_sim_alltoall_s(double bytes, const mp_sim_link *l, double eff, double 
 /* DeepEP (deepseek-ai/DeepEP's normal kernels, as DeepSeek-V3 describes them, arXiv
  * 2412.19437 sec. 3.2.2): a token goes over the network once to each remote node holding
  * one of its experts, to the GPU of its own rail there, which forwards it over NVLink to
- * the experts on that node. Under balanced routing a token's top_k experts are drawn
- * uniformly from those of the D nodes its routing may use: every node of the group, or with
- * group-limited routing (n_group groups, topk_group used) the nodes of topk_group groups,
- * D = min(nodes, topk_group x max(1, nodes / n_group)). Of D nodes of e experts each, a
- * given one holds none of the k experts with probability C(De - e, k) / C(De, k), so a
- * token reaches D (1 - that) nodes; its own is one of them with probability 1/nodes of
- * that count, leaving (1 - 1/nodes) of it remote. Each remote node costs the network one
- * copy of the token where the all-to-all's bytes count top_k: the NIC share is
- * remote / top_k. NVLink carries every copy but those landing on the GPU they arrive at:
- * (per_node - 1) / per_node of the bytes. */
+ * the experts on that node; inside one node (csrc/kernels/intranode.cu of DeepEP's April
+ * 2025 tree, which Megatron-Core's flex dispatcher calls) a token goes once to each other
+ * GPU holding one of its experts (is_token_in_rank), the GPU expanding it to its experts
+ * itself (Megatron-Core's get_permuted_hidden_states_by_experts): the maintainers keep one
+ * copy a rank by design (DeepEP issue 58). Under balanced routing a token's top_k experts
+ * are drawn uniformly from those of the D holders (nodes, or the GPUs of a one-node group)
+ * its routing may use: every holder of the group, or with group-limited routing (n_group
+ * groups, topk_group used) those of topk_group groups, D = min(holders, topk_group x
+ * max(1, holders / n_group)). Of D holders of e experts each, a given one holds none of the
+ * k experts with probability C(De - e, k) / C(De, k), so a token reaches D (1 - that)
+ * holders; its own is one of them with probability 1/holders of that count, leaving
+ * (1 - 1/holders) of it remote. Each remote holder costs one copy of the token where the
+ * all-to-all's bytes count top_k: across nodes the NIC's share is remote / top_k and
+ * NVLink carries every copy but those landing on the GPU they arrive at, (per_node - 1) /
+ * per_node of the bytes; inside one node NVLink's share is remote / top_k. */
+static double remote_copies(int holders, const mp_model *m) {
+  int D = holders;
+  if (m->n_group > 0) {
+    const int per_group = holders / (int)m->n_group > 1 ? holders / (int)m->n_group : 1;
+    const int64_t lim = m->topk_group * per_group;
+    if (lim < D) D = (int)lim;
+  }
+  const double e = (double)m->n_experts / holders, pool = D * e;
+  double none = 1.0; /* a given candidate holder holds none of the k experts */
+  for (int64_t i = 0; i < m->top_k; i++) none *= (pool - e - (double)i) / (pool - (double)i);
+  if (none < 0) none = 0;
+  return D * (1.0 - none) * (1.0 - 1.0 / holders);
+}
+
 void mp_sim_ep_shares(const mp_sim_link *l, const mp_model *m, mp_moe_dispatcher d, double *nic_share,
                       double *nvl_share) {
   const double n = l->n > 0 ? l->n : 1, pn = l->per_node > 0 ? l->per_node : 1;
   *nic_share = (n - pn) / n;
   *nvl_share = (pn - 1) / n;
-  if (d != MP_MOE_DISPATCH_DEEPEP || l->nodes <= 1 || m->top_k < 1 || m->n_experts < l->nodes) return;
-  const int nodes = l->nodes;
-  int D = nodes;
-  if (m->n_group > 0) {
-    const int per_group = nodes / (int)m->n_group > 1 ? nodes / (int)m->n_group : 1;
-    const int64_t lim = m->topk_group * per_group;
-    if (lim < D) D = (int)lim;
+  if (d != MP_MOE_DISPATCH_DEEPEP || m->top_k < 1) return;
+  const int holders = l->nodes > 1 ? l->nodes : l->n;
+  if (holders <= 1 || m->n_experts < holders) return;
+  const double remote = remote_copies(holders, m) / (double)m->top_k;
+  if (l->nodes > 1) {
+    *nic_share = remote;
+    *nvl_share = (pn - 1) / pn;
+  } else {
+    *nvl_share = remote;
   }
-  const double e = (double)m->n_experts / nodes, pool = D * e;
-  double none = 1.0; /* a given candidate node holds none of the k experts */
-  for (int64_t i = 0; i < m->top_k; i++) none *= (pool - e - (double)i) / (pool - (double)i);
-  if (none < 0) none = 0;
-  const double reached = D * (1.0 - none), remote = reached * (1.0 - 1.0 / nodes);
-  *nic_share = remote / (double)m->top_k;
-  *nvl_share = (pn - 1) / pn;
+}
+
+/* DeepEP's dispatch or combine: one kernel whose channels serve every peer at once
+ * (csrc/kernels/intranode.cu and internode.cu: warps per destination rank, RDMA sender
+ * warps per remote node), so the bytes on NVLink and on the NIC run side by side, the slower
+ * bounding it, behind one step of the link's latency, where NCCL's all-to-all is counted
+ * in n - 1 steps (mp_sim_alltoall_s). */
+double mp_sim_deepep_s(double bytes, const mp_sim_link *l, double eff, double nic_share, double nvl_share) {
+  if (l->intra_GBps <= 0 || eff <= 0) return 0.0;
+  const double nvl = nvl_share * bytes / (l->intra_GBps * eff * 1e9);
+  const double nic = l->inter_GBps > 0 ? nic_share * bytes / (l->inter_GBps * eff * 1e9) : 0.0;
+  return (nvl > nic ? nvl : nic) + l->lat_s;
 }

@@ -137,6 +137,12 @@ typedef struct mp_stack_profile {
    * expert rounded up to tile_m rows in the forward and input-gradient GEMMs and to tile_k in
    * the weight gradient's reduction, which the kernel computes whole (sim/cost.c). */
   int grouped_tile_m, grouped_tile_k;
+  /* How the stack launches a grouped expert GEMM (JSON "grouped_gemm_streams", optional, 0
+   * to 64): 0, the default, one kernel over every expert (CUTLASS's grouped GEMM,
+   * torch._grouped_mm); s > 0, one GEMM kernel per expert issued round-robin on s streams,
+   * as Transformer Engine's GroupedLinear does (sim/cost.c, grouped_launches): each kernel
+   * pays the launch overhead, and at most s of them share the GPU at a time. */
+  int grouped_streams;
   /* Whether each weight-gradient GEMM adds into an fp32 gradient buffer (JSON
    * "wgrad_accum_fp32", optional, default false; the megatron memory model only): Megatron-LM's
    * gradient_accumulation_fusion, on unless --no-gradient-accumulation-fusion, hands
@@ -310,9 +316,14 @@ double mp_sim_alltoall_s(double bytes, const mp_sim_link *l, double eff, double 
  * NIC and on NVLink, on EP link l, for a dispatcher (sim/network.c): NCCL's all-to-all
  * (n - per_node)/n and (per_node - 1)/n; DeepEP one network copy per token and remote node
  * the token's experts are on (group-limited routing bounding those nodes), the rest
- * forwarded over NVLink. */
+ * forwarded over NVLink, and inside one node one NVLink copy per token and other GPU its
+ * experts are on. */
 void mp_sim_ep_shares(const mp_sim_link *l, const mp_model *m, mp_moe_dispatcher d, double *nic_share,
                       double *nvl_share);
+/* DeepEP's dispatch or combine of `bytes` (T x top_k copies of a token) on EP link l with
+ * the shares of mp_sim_ep_shares: its NVLink and NIC bytes side by side, the slower
+ * bounding it, and one step of the link's latency (its kernels serve every peer at once). */
+double mp_sim_deepep_s(double bytes, const mp_sim_link *l, double eff, double nic_share, double nvl_share);
 
 /* The time a combined forward-and-backward step saves by running each direction's EP
  * all-to-alls beside the other's compute (sim/overlap.c): fc[0..nf] the forward's compute
@@ -358,6 +369,10 @@ mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor,
  * attention runs at attention_eff of the bf16 peak; other kernels at the fp32 (CUDA-core)
  * peak. */
 double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p);
+/* The kernels compute op `op` launches under stack p, each paying the stack's
+ * kernel_overhead: a grouped expert GEMM's experts where the stack launches a GEMM per expert
+ * (grouped_gemm_streams > 0), else 1. */
+double mp_sim_op_launches(const mp_op *op, const mp_stack_profile *p);
 
 #ifdef __cplusplus
 }

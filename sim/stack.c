@@ -145,13 +145,16 @@ static mp_status read_wgrad_accum(mp_ctx *ctx, const cJSON *j, const char *origi
 }
 
 /* "grouped_gemm_tile_m" and "grouped_gemm_tile_k" (optional, 0..1024; 0: no padding): the
- * tile of the stack's grouped expert GEMMs (sim.h). */
+ * tile of the stack's grouped expert GEMMs; "grouped_gemm_streams" (optional, 0..64; 0: one
+ * kernel over the experts): the streams its per-expert kernels go round (sim.h). */
 static mp_status read_grouped_tile(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
-  p->grouped_tile_m = p->grouped_tile_k = 0;
+  p->grouped_tile_m = p->grouped_tile_k = p->grouped_streams = 0;
   MP_CHECK(mp_json_get_int(ctx, j, origin, "grouped_gemm_tile_m", 0, &p->grouped_tile_m));
   MP_CHECK(mp_check_i64(ctx, origin, "grouped_gemm_tile_m", p->grouped_tile_m, 0, 1024));
   MP_CHECK(mp_json_get_int(ctx, j, origin, "grouped_gemm_tile_k", 0, &p->grouped_tile_k));
-  return mp_check_i64(ctx, origin, "grouped_gemm_tile_k", p->grouped_tile_k, 0, 1024);
+  MP_CHECK(mp_check_i64(ctx, origin, "grouped_gemm_tile_k", p->grouped_tile_k, 0, 1024));
+  MP_CHECK(mp_json_get_int(ctx, j, origin, "grouped_gemm_streams", 0, &p->grouped_streams));
+  return mp_check_i64(ctx, origin, "grouped_gemm_streams", p->grouped_streams, 0, 64);
 }
 
 /* "fit_gpu" (optional): the data/gpus profile the efficiencies were fitted on, whose

@@ -100,6 +100,38 @@ TEST(ExpertGrid, EpSpanningTensorParallelRoutesTheSequenceShard) {
   EXPECT_EQ(gemms, m.n_layers);
 }
 
+// Megatron-Core's MoE layer under SP with etp 1 takes the rank's [T/tp, H] sequence shard as
+// it is: its router scores the shard (MoELayer.forward calls self.router(hidden_states) on
+// the SP input, megatron/core/transformer/moe/moe_layer.py of core_v0.14) and its token
+// dispatcher's tp group is the expert TP group (token_dispatcher.py: self.tp_group =
+// model_comm_pgs.expt_tp), one rank under etp 1, so no all-gather before the router and no
+// reduce-scatter after the combine. Mixtral 8x7B on dp_replicate=2, tp=4, ep=8, etp=1:
+// T = 8192, the shard 2048 tokens; per MoE layer the router GEMM [2048, 4096] x [4096, 8]
+// forward, no TP collective in the MLP part; the attention's stay: forward the all-gather
+// into q/k/v and the reduce-scatter out of o (2 a layer), backward o's gradient all-gathered,
+// q/k/v's input gradient reduce-scattered and their input all-gathered again for the weight
+// gradients (3 a layer), each of T x H bf16 = 67,108,864 bytes.
+TEST(ExpertGrid, MegatronMoeRoutesTheShardWithoutTpCollectives) {
+  Built b;
+  BuildGridOverTp4(&b);
+  const mp_model &m = b.model;
+  int routers = 0, tp_in_blocks = 0;
+  for (const Inst &x : Expand(b.s)) {
+    const mp_op *op = x.op;
+    if (op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_GEMM && op->module == MP_MOD_ROUTER &&
+        op->variant == MP_VAR_FWD) {
+      EXPECT_EQ(op->m, 2048);
+      routers++;
+    }
+    if (op->type != MP_OP_COMM || op->group != MP_GROUP_TP || op->layer < 0) continue;
+    EXPECT_TRUE(op->module == MP_MOD_Q || op->module == MP_MOD_O) << op->module;
+    EXPECT_DOUBLE_EQ(op->bytes, 67108864.0);
+    tp_in_blocks++;
+  }
+  EXPECT_EQ(routers, m.n_layers);
+  EXPECT_EQ(tp_in_blocks, 5 * m.n_layers);
+}
+
 // MoE under a pipeline (DeepSeek-V3's layout on 2,048 GPUs, tech report sec. 3.2, with EP
 // inside dp_shard as torchtitan runs it): 61 layers on pp=16 split as torchtitan splits them,
 // 3 a stage and the 13 left over one each to stages 1-13: stage 0 holds layers 0-2 (the
@@ -141,20 +173,24 @@ TEST(ExpertGrid, MoeUnderAPipelineKeepsAllToAllsInsideAStage) {
 //   attention              4 Ts (rstd) + 2 Ts H (SP input) + 2T (q + kv) (q, k after RoPE)
 //                          + 2T kv (v) + 4T x 8 (log-sum-exp) + 2T q (context)
 //                                                                  =  58,990,592
-//   MoE, not routed        2 Ts H + 4 Ts + 2T H (normed h) + 4T E (router probabilities)
-//                                                                  =  84,156,416
+//   MoE, not routed        2 Ts H + 4 Ts + 2 Ts H (normed h) + 4 Ts E (router
+//                          probabilities): Megatron-Core's MoE layer routes the rank's
+//                          sequence shard itself, no TP gather before its router
+//                          (megatron/core/transformer/moe/moe_layer.py of core_v0.14)
+//                                                                  =  33,628,160
 //   MoE, routed rows       12 R + 2 R H (dispatched) + 4 x 2 R f_e (gate, up, silu,
 //                          product)                                = 503,365,632
 // (the expert outputs are not saved: Megatron-Core weights the rows in the experts'
 // activation and combines them unweighted, exec/schedule_act.c)
-// 663,289,856 bytes in all; counting all T tokens' rows on every rank instead (R = 16384)
-// would give 2,173,386,752.
+// 612,761,600 bytes in all; counting all T tokens' rows on every rank instead (R = 16384)
+// would give 2,122,858,496, and the gathered normed h and T tokens' probabilities
+// 663,289,856.
 TEST(ExpertGrid, SavedRoutedActivationsAreTheRanksRows) {
   const int64_t T = 8192, Ts = 2048, H = 4096, R = 4096;
   const int64_t want = 2 * Ts * H + (4 * Ts + 2 * Ts * H + 2 * T * (1024 + 256) + 2 * T * 256 + 4 * T * 8 + 2 * T * 1024) +
-                       (2 * Ts * H + 4 * Ts + 2 * T * H + 4 * T * 8) +
+                       (2 * Ts * H + 4 * Ts + 2 * Ts * H + 4 * Ts * 8) +
                        (12 * R + 2 * R * H + 4 * 2 * R * 14336);
-  EXPECT_EQ(want, 663289856);
+  EXPECT_EQ(want, 612761600);
   Built b;
   BuildGridOverTp4(&b);
   EXPECT_EQ(SavedByBlock(b.s, 0), want);

@@ -303,6 +303,56 @@ static void ExpectRefused(const char *keys, const char *key) {
 // A tile outside 0..1024 is refused naming the key.
 TEST(MoeCost, TileKeyRange) { ExpectRefused("\"grouped_gemm_tile_m\": 2048", "grouped_gemm_tile_m"); }
 
+// Transformer Engine's GroupedLinear (stack key grouped_gemm_streams 4): one cuBLAS GEMM per
+// expert, round-robin on 4 streams (transformer_engine/common/gemm/cublaslt_gemm.cu v2.2,
+// nvte_multi_stream_cublas_gemm). A stack whose GEMMs follow 0.5 x / (x + 2e9) with a 5 us
+// launch, on Gpu(). Qwen3-235B-A22B's expert gate under TP 4 x EP 8: 16 local experts of 512
+// rows (whole 128-row tiles), n 1536, k 4096:
+//   an expert's m n k = 512 x 1536 x 4096 = 3,221,225,472; FLOPs x 16 x 2 = 103,079,215,104;
+//   bytes 16 x ((512 x 4096 + 4096 x 1536) x 2 + 512 x 1536 x 2) = 293,601,280: 87.6422 us
+//   (below the compute time either way).
+//   One kernel over the 16 (key 0): the curve at 16 x 3,221,225,472 = 51,539,607,552,
+//   0.5 x 51,539,607,552 / 53,539,607,552 = 0.481322: 214.1584 us + 5 us = 219.1584 us.
+//   Per expert on 4 streams: 4 kernels in flight fill the GPU together, the curve at
+//   4 x 3,221,225,472 = 12,884,901,888, 0.5 x 12,884,901,888 / 14,884,901,888 = 0.432818:
+//   238.1584 us, and 16 launches, 80 us: 318.1584 us.
+// Two experts (fewer than the streams): both in flight, the curve at 2 x 3,221,225,472 as one
+// kernel reads it (0.381551: 2 x 2 x 3,221,225,472 / (1e15 x 0.381551) = 33.7698 us), and two
+// launches: 43.7698 us where one kernel takes 38.7698 us.
+TEST(MoeCost, TransformerEngineLaunchesAGemmPerExpert) {
+  const char *base =
+      "{\"name\": \"te-test\", \"gemm_eff_max\": 0.5, \"gemm_eff_half_mnk\": 2e9, \"fp8_gemm_eff_max\": 0.5,"
+      " \"attention_eff\": 0.5, \"hbm_eff\": 1.0, \"link_eff\": 1.0, \"kernel_overhead_us\": 5,"
+      " \"comm_overhead_us\": 0, \"frag_factor\": 1.0, \"source\": \"test\", \"grouped_gemm_tile_m\": 128,"
+      " \"grouped_gemm_streams\": %d}";
+  mp_stack_profile one, te;
+  char text[1024];
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  snprintf(text, sizeof text, base, 0);
+  ASSERT_EQ(mp_stack_from_text(&ctx, text, "te-test", &one), MP_OK) << mp_errmsg(&ctx);
+  snprintf(text, sizeof text, base, 4);
+  ASSERT_EQ(mp_stack_from_text(&ctx, text, "te-test", &te), MP_OK) << mp_errmsg(&ctx);
+  const mp_gpu g = Gpu();
+  const mp_op op = Grouped(MP_VAR_FWD, 512, 1536, 4096, 16, MP_DTYPE_BF16);
+  EXPECT_NEAR(op.bytes, 293601280.0, 0.5);
+  EXPECT_NEAR(mp_sim_compute_op_s(&op, &g, &one), 219.158430208e-6, 1e-11);
+  EXPECT_NEAR(mp_sim_compute_op_s(&op, &g, &te), 318.158430208e-6, 1e-11);
+  const mp_op two = Grouped(MP_VAR_FWD, 512, 1536, 4096, 2, MP_DTYPE_BF16);
+  EXPECT_NEAR(mp_sim_compute_op_s(&two, &g, &te), 43.769803776e-6, 1e-11);
+  EXPECT_NEAR(mp_sim_compute_op_s(&two, &g, &one), 38.769803776e-6, 1e-11);
+  EXPECT_EQ(mp_sim_op_launches(&op, &te), 16.0);
+  EXPECT_EQ(mp_sim_op_launches(&op, &one), 1.0);
+  // a dense GEMM (not grouped) is one kernel under either stack
+  mp_op dense = op;
+  dense.grouped = 0;
+  EXPECT_DOUBLE_EQ(mp_sim_compute_op_s(&dense, &g, &te), mp_sim_compute_op_s(&dense, &g, &one));
+  EXPECT_EQ(mp_sim_op_launches(&dense, &te), 1.0);
+}
+
+// A stream count outside 0..64 is refused naming the key.
+TEST(MoeCost, StreamsKeyRange) { ExpectRefused("\"grouped_gemm_streams\": 65", "grouped_gemm_streams"); }
+
 // Megatron-LM's gradient accumulation fusion (stack key wgrad_accum_fp32): the weight
 // gradient GEMM adds into the fp32 main_grad, reading and writing 4-byte elements where an
 // unfused GEMM writes 2-byte ones. Qwen3-235B-A22B's expert gate, dW[1536, 4096] over 512

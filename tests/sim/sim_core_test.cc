@@ -249,11 +249,83 @@ TEST(Network, DeepEpSendsATokenOncePerRemoteNode) {
   m.n_group = 8, m.topk_group = 4;
   mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_DEEPEP, &nic, &nvl);
   EXPECT_NEAR(nic, 0.3969231, 1e-6);
-  // inside one node there is nothing to deduplicate: the all-to-all's own shares
-  l.n = 8, l.nodes = 1;
+  // inside one node DeepEP sends a token once to each other GPU holding one of its experts
+  // (csrc/kernels/intranode.cu, is_token_in_rank): EP 8 of the same model, 32 experts a
+  // GPU, one group a GPU, 4 groups used: the same D = 4 holders of 32 experts as above,
+  // 3.1754 remote GPUs of 8 copies, all on NVLink
+  l.n = 8, l.per_node = 8, l.nodes = 1;
   mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_DEEPEP, &nic, &nvl);
   EXPECT_DOUBLE_EQ(nic, 0.0);
+  EXPECT_NEAR(nvl, 0.3969231, 1e-6);
+  // NCCL's all-to-all inside the node: a copy per expert, 7/8 of them to other GPUs
+  mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_ALLTOALL, &nic, &nvl);
   EXPECT_DOUBLE_EQ(nvl, 7.0 / 8.0);
+}
+
+namespace {
+
+// An EP group's link on 8-GPU H100 nodes (NVLink 450 GB/s, a 400 Gb/s NIC per GPU): n
+// members over `nodes` nodes, `lat_s` a step.
+mp_sim_link H100EpLink(int n, int nodes, double lat_s) {
+  mp_sim_link l;
+  memset(&l, 0, sizeof l);
+  l.n = n, l.nodes = nodes, l.per_node = n / nodes;
+  l.intra_GBps = 450, l.inter_GBps = 50;
+  l.GBps = nodes > 1 ? 50 : 450;
+  l.lat_s = lat_s;
+  return l;
+}
+
+// One dispatch of `bytes` on l under Qwen3-235B-A22B's routing (top 8 of 128 experts, no
+// group limit) at link efficiency 0.8: DeepEP's shares and time, and NCCL's all-to-all's time.
+struct Dispatch {
+  double nic, nvl, deepep_s, alltoall_s;
+};
+Dispatch Qwen235Dispatch(const mp_sim_link &l, double bytes) {
+  mp_model m;
+  memset(&m, 0, sizeof m);
+  m.n_experts = 128, m.top_k = 8;
+  Dispatch d;
+  mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_DEEPEP, &d.nic, &d.nvl);
+  d.deepep_s = mp_sim_deepep_s(bytes, &l, 0.8, d.nic, d.nvl);
+  double nic, nvl;
+  mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_ALLTOALL, &nic, &nvl);
+  d.alltoall_s = mp_sim_alltoall_s(bytes, &l, 0.8, nic, nvl);
+  return d;
+}
+
+}  // namespace
+
+// Qwen3-235B-A22B's dispatch under TP 4 x EP 8 in one H100 node: 1,024 tokens a rank, top 8
+// of 128 experts, 16 a GPU, hidden 4096 in bf16: the all-to-all's bytes 1024 x 8 x 4096 x 2
+// = 67,108,864. A GPU holds none of a token's 8 experts with probability C(112,8) /
+// C(128,8) = 0.332580, so the token reaches 8 x 0.667420 = 5.33936 GPUs, 7/8 of them other
+// ones: 4.67194 copies of 8, a share of 0.583992. On NVLink at 450 GB/s x 0.8 behind one
+// step of 3 us: 0.583992 x 67,108,864 / 360e9 + 3e-6 = 111.864 us, where NCCL's all-to-all
+// (mp_sim_alltoall_s: every copy, 7 steps) takes 7/8 x 67,108,864 / 360e9 + 21e-6 =
+// 184.112 us.
+TEST(Network, DeepEpInsideANodeSendsATokenOncePerGpu) {
+  const Dispatch d = Qwen235Dispatch(H100EpLink(8, 1, 3e-6), 67108864.0);
+  EXPECT_DOUBLE_EQ(d.nic, 0.0);
+  EXPECT_NEAR(d.nvl, 0.5839922, 1e-6);
+  EXPECT_NEAR(d.deepep_s, 111.86403e-6, 1e-10);
+  EXPECT_NEAR(d.alltoall_s, 184.111822e-6, 1e-10);
+}
+
+// DeepEP across nodes: its kernels serve every peer at once, one step of latency where
+// NCCL's all-to-all counts n - 1. Qwen3-235B-A22B on EP 32 over 4 nodes of 8: 2,048 tokens a
+// rank, bytes 2048 x 8 x 4096 x 2 = 134,217,728; a node holds none of 8 of 128 experts with
+// probability C(96,8) / C(128,8) = 0.092747, 4 x 0.907253 = 3.62901 nodes reached, 3/4 of
+// them remote: 2.72176 network copies of 8, a share of 0.340220. NIC 50 GB/s x 0.8:
+// 0.340220 x 134,217,728 / 40e9 = 1,141.59 us; NVLink 7/8 of the bytes at 360 GB/s,
+// 326.22 us, runs beside it; plus one step of 10 us: 1,151.59 us. NCCL's all-to-all sends
+// every copy, 24/32 of them through the NIC, 2,516.58 us, in 31 steps: 2,826.58 us.
+TEST(Network, DeepEpAcrossNodesPaysOneLatencyStep) {
+  const Dispatch d = Qwen235Dispatch(H100EpLink(32, 4, 10e-6), 134217728.0);
+  EXPECT_NEAR(d.nic, 0.3402198, 1e-6);
+  EXPECT_DOUBLE_EQ(d.nvl, 7.0 / 8.0);
+  EXPECT_NEAR(d.deepep_s, 1151.588e-6, 1e-8);
+  EXPECT_NEAR(d.alltoall_s, 2826.5824e-6, 1e-8);
 }
 
 // ---- compute --------------------------------------------------------------------------
