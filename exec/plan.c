@@ -554,7 +554,7 @@ mp_status mp_plan_template_create(mp_ctx *ctx, const mp_model *m, mp_plan_templa
   mp_arena *arena = mp_arena_create();
   MP_CHECK_ALLOC(ctx, arena);
   mp_plan_template *t = mp_arena_alloc(arena, sizeof *t);
-  const int L = (int)m->n_layers;
+  const int L = (int)mp_model_n_blocks(m);
   if (t == NULL) goto nomem;
   t->arena = arena;
   t->model = *m;

@@ -77,6 +77,12 @@ typedef enum mp_module {
   MP_MOD_KV_A,               /* layers.N.attention.kv_a_proj_with_mqa [kvl + qk_rope, H] */
   MP_MOD_KV_A_NORM,          /* layers.N.attention.kv_a_layernorm     [kvl] */
   MP_MOD_KV_B,               /* layers.N.attention.kv_b_proj          [n_heads*(qk_nope + v), kvl] */
+  /* a multi-token-prediction module (exec/model.h mtp_layers; N = n_layers + depth - 1, its
+   * block's modules beside these under the same N; DeepSeek-V3's checkpoint names) */
+  MP_MOD_MTP_ENORM,          /* layers.N.enorm            [H] the next token's embedding's norm */
+  MP_MOD_MTP_HNORM,          /* layers.N.hnorm            [H] the previous depth's hidden norm */
+  MP_MOD_MTP_EH_PROJ,        /* layers.N.eh_proj          [H, 2H] */
+  MP_MOD_MTP_NORM,           /* layers.N.shared_head.norm [H] before the shared output head */
   MP_MOD_COUNT
 } mp_module;
 
