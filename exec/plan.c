@@ -359,6 +359,9 @@ static mp_status check_pp_layers(mp_ctx *ctx, const mp_model *m, const mp_mesh *
     return mp_error(ctx, MP_ERR_INVALID,
                     "pp_layers sum to %lld layers but %s has %lld; make the counts add up to %lld",
                     (long long)sum, m->name, (long long)m->n_layers, (long long)m->n_layers);
+  if (o->pp_mtp_stated && o->pp_mtp != m->mtp_layers) /* Megatron-Core's validate_layer_layout */
+    return mp_error(ctx, MP_ERR_INVALID, "the pipeline layout names %d MTP layers (m) but %s has %lld; make "
+                    "them match (--mtp-num-layers)", o->pp_mtp, m->name, (long long)m->mtp_layers);
   return MP_OK;
 }
 
@@ -461,6 +464,7 @@ static mp_status plan_init(mp_ctx *ctx, mp_arena *arena, const mp_model *m, cons
   if (mesh->size[MP_DIM_TP] == 1) p->opts.sp = 0;
   if (p->opts.ac_every < 1 || p->opts.ac != MP_AC_FULL) p->opts.ac_every = 1;
   p->opts.dp = dp_of(&p->opts);
+  p->opts.pp_mtp = (int)m->mtp_layers; /* what a written layout states */
   p->vocab_padded = m->vocab;
   p->ac = MP_AC_NONE;
   const int64_t K = model_chunks(p);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 
 #include "exec/plan.h"
 #include "exec/schedule.h"
@@ -194,6 +195,39 @@ TEST(Mtp, LastStageMemoryWithAndWithout) {
   const double want = 4.0 * (11610067968.0 + 129280.0 * 7168) / 128;
   const double grew = (double)(Resident(b.s, MP_MEM_PARAMS) - Resident(z.s, MP_MEM_PARAMS));
   EXPECT_NEAR(grew, want, 4.0 * 40 * 7168);
+}
+
+// A stated layout names the model's MTP layers (Megatron-Core's validate_layer_layout): one
+// without them for DeepSeek-V3 is refused naming both counts; with them the plan builds and
+// the module's block is on the last stage.
+TEST(Mtp, LayoutNamesTheModulesLayers) {
+  Opts o;
+  o.model = "deepseek-v3";
+  o.mesh = "pp=16,dp_replicate=128,ep=64";
+  o.seq = 4096;
+  o.mem_model = MP_MEM_MODEL_MEGATRON;
+  for (const char *lay : {"Et*3|(t*4|)*14t*2,L", "Et*3|(t*4|)*14t*2,mL"}) {
+    SCOPED_TRACE(lay);
+    Built b;
+    mp_ctx_init(&b.ctx);
+    ASSERT_EQ(mp_model_load(&b.ctx, o.model, &b.model), MP_OK);
+    mp_mesh mesh;
+    ASSERT_EQ(mp_mesh_parse(&b.ctx, o.mesh, 0, &mesh), MP_OK);
+    mp_plan_options po;
+    FillOptions(o, &po);
+    ASSERT_EQ(mp_pp_layout_parse(&b.ctx, lay, &po), MP_OK) << mp_errmsg(&b.ctx);
+    const mp_status st = mp_build_plan(&b.ctx, &b.model, &mesh, &po, &b.plan);
+    if (std::strstr(lay, "m") == nullptr) {
+      EXPECT_NE(st, MP_OK);
+      EXPECT_NE(std::string(mp_errmsg(&b.ctx)).find("names 0 MTP layers (m) but deepseek-v3 has 1"), std::string::npos)
+          << mp_errmsg(&b.ctx);
+      continue;
+    }
+    ASSERT_EQ(st, MP_OK) << mp_errmsg(&b.ctx);
+    EXPECT_EQ(mp_plan_layer_stage(b.plan, 61), 15);
+    EXPECT_EQ(mp_plan_layer_stage(b.plan, 59), 15);
+    EXPECT_EQ(mp_plan_layer_stage(b.plan, 58), 14);
+  }
 }
 
 }  // namespace
