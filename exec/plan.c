@@ -382,6 +382,10 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
                     "pp_virtual=%d: several model chunks per stage need the interleaved schedule; "
                     "choose --pp-schedule interleaved or pp_virtual 1",
                     o->pp_virtual);
+  if (m->mtp_layers > 0 && mp_mem_model_is_runtime(o->mem_model))
+    return mp_error(ctx, MP_ERR_INVALID, "%s's %lld multi-token-prediction module(s) are not built in the meshplan "
+                    "runtime (the %s memory model): plan with --mtp-num-layers 0, or a torchtitan or megatron stack",
+                    m->name, (long long)m->mtp_layers, mp_mem_model_name(o->mem_model));
   if (o->recompute_modules && mp_mem_model_is_runtime(o->mem_model))
     return mp_error(ctx, MP_ERR_INVALID, "recompute modules are Megatron-Core's; the %s memory model (the "
                     "meshplan runtime) does not run them: drop them or use a megatron or torchtitan stack",

@@ -73,6 +73,10 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
     pd.flags[k][1] = MP_DEP_PREV_REP;
   }
   if (dopt_g >= 0) pd.dep[0][0] = dopt_g; /* the block's first op waits for its parameters */
+  if (mp_model_layer_is_mtp(&g->p->model, l)) { /* an MTP module's input side first */
+    attach(g, &pd, PART_ATTN);
+    mp_sched_mtp_in_fwd(g);
+  }
   g->ms->block_fwd(g, kind, &pd);
   if (g->reshard) mp_sched_free_units(g, l, u0, nu, 0, N_PARTS - 1);
   /* the segment's last compute-stream op: what the next segment's gathers wait for */
@@ -383,21 +387,20 @@ static void emit_blocks(gen *g, const mp_schedule_prep *pr, const stage_info *st
 }
 
 /* The MTP modules after the trunk of the stage's last chunk (schedule_mtp.c), forward in
- * depth order: each one's input side, block and head; or backward from the deepest. */
+ * depth order: each one's block segment (its input side first) and head; or backward from
+ * the deepest. */
 static void emit_mtp(gen *g, const mp_schedule_prep *pr, const stage_info *st, int backward, carry *c) {
   if (!st->last) return;
   if (!backward) {
     for (int32_t l = pr->mtp_l0; l < pr->mtp_l1; l++) {
-      mp_sched_mtp_in_fwd(g, l, g->ms->prefetch ? c->gather[PART_ATTN] : -1);
-      block_fwd_segment(g, st, l, 1, c);
+      block_fwd_segment(g, st, l, 1, c); /* its input side, then the block */
       mp_sched_mtp_head_fwd(g, l);
     }
     return;
   }
   for (int32_t l = pr->mtp_l1 - 1; l >= pr->mtp_l0; l--) {
     mp_sched_mtp_head_bwd(g, l);
-    block_bwd_segment(g, st, l, 1, c);
-    mp_sched_mtp_in_bwd(g, l);
+    block_bwd_segment(g, st, l, 1, c); /* the block, then its input side */
   }
 }
 

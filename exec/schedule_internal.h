@@ -603,8 +603,8 @@ void mp_sched_head_norm_bwd(gen *g, int norm);
 void mp_sched_head_norm_fwd(gen *g, int norm);
 void mp_sched_mtp_head_bwd(gen *g, int32_t layer);
 void mp_sched_mtp_head_fwd(gen *g, int32_t layer);
-void mp_sched_mtp_in_bwd(gen *g, int32_t layer);
-void mp_sched_mtp_in_fwd(gen *g, int32_t layer, int32_t gather);
+void mp_sched_mtp_in_bwd(gen *g);
+void mp_sched_mtp_in_fwd(gen *g);
 
 /* schedule_rt.c */
 int mp_sched_f8_source(int module);

@@ -63,30 +63,28 @@ static void eh_tp_comm(gen *g, mp_coll c, int64_t width) {
        MP_MOD_MTP_EH_PROJ);
 }
 
-/* Module layer's input side, forward: in its own segment after the previous depth; `gather`
- * the FSDP gather of the block's first unit (its eh_proj and norms), -1 when none. */
-void mp_sched_mtp_in_fwd(gen *g, int32_t layer, int32_t gather) {
+/* The module's input side, forward: the first ops of its block's forward segment (after its
+ * units' gathers: the block's first unit holds eh_proj and the norms), so the input side
+ * waits for them as the block does. */
+void mp_sched_mtp_in_fwd(gen *g) {
   const shapes *sh = &g->sh;
   const int64_t Ts = sh->tokens_sp, H = sh->d_model;
-  mp_sched_seg_open(g, MP_PHASE_FORWARD, layer, 0);
   pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MTP_IN, mtp_in_act_bytes(g), 1);
   mtp_roll(g);
   mp_sched_embedding_fwd(g);
-  pend_dep(g, gather, 0);
   mp_sched_norm_fwd(g, MP_MOD_MTP_ENORM, Ts, H);
   mp_sched_norm_fwd(g, MP_MOD_MTP_HNORM, Ts, H);
   elementwise(g, MP_KERNEL_COPY, MP_VAR_FWD, MP_MOD_MTP_EH_PROJ, 2 * Ts * H, 0.0, 8.0 * (double)(Ts * H));
   if (sh->sp) eh_tp_comm(g, MP_COLL_ALL_GATHER, 2 * H);
   mp_sched_linear_fwd(g, MP_MOD_MTP_EH_PROJ, (double)sh->tokens, H / sh->tp, 2 * H, 1);
   if (sh->tp > 1) eh_tp_comm(g, MP_COLL_ALL_GATHER, H);
-  mp_sched_seg_close(g, MP_PHASE_FORWARD, 1, 0, 0);
 }
 
-/* Module layer's input side, backward (the file comment). */
-void mp_sched_mtp_in_bwd(gen *g, int32_t layer) {
+/* The module's input side, backward (the file comment): in its block's backward segment
+ * after the block's own ops, before its units are freed and their gradients reduced. */
+void mp_sched_mtp_in_bwd(gen *g) {
   const shapes *sh = &g->sh;
   const int64_t Ts = sh->tokens_sp, H = sh->d_model;
-  mp_sched_seg_open(g, MP_PHASE_BACKWARD, layer, 0);
   if (sh->sp) eh_tp_comm(g, MP_COLL_ALL_GATHER, H);
   if (sh->sp && g->ms->sp_regathers) eh_tp_comm(g, MP_COLL_ALL_GATHER, 2 * H); /* its saved input */
   mp_sched_linear_bwd(g, MP_MOD_MTP_EH_PROJ, (double)sh->tokens, H / sh->tp, 2 * H, 1);
@@ -96,7 +94,6 @@ void mp_sched_mtp_in_bwd(gen *g, int32_t layer) {
   mp_sched_norm_bwd(g, MP_MOD_MTP_ENORM, Ts, H);
   mp_sched_embedding_bwd(g);
   pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MTP_IN, mtp_in_act_bytes(g), 0);
-  mp_sched_seg_close(g, MP_PHASE_BACKWARD, 1, 0, 0);
 }
 
 /* Module layer's head and loss, forward and backward, in their own segments. */
