@@ -6,7 +6,9 @@ meshplan's own files, and context parallelism simulated.
 
 Usage: deepseek_cli_test.py MESHPLAN HF_DIR"""
 import json
+import os
 import sys
+import tempfile
 
 import cli_check
 from cli_check import check, fails, run
@@ -118,6 +120,29 @@ if p.returncode == 0:
         check(any("kv_a_proj_with_mqa" in l for l in table), "kv_a_proj_with_mqa missing from the table")
         bad = [l for l in table if l[col - 1] != " " or l[col] != "["]
         check(not bad, f"rows whose shape is not under 'global': {bad[:2]}")
+
+# ---- validate's mtp_layers column: empty is the model's (1), 0 plans without the module ----
+# each row's prediction is simulate's with the same options and --mtp-num-layers
+HDR = ("case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,"
+       "pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,async_tp,stack,metric,"
+       "value,notes,mtp_layers")
+ROW = "v3_{0},test,deepseek-v3,256,h100-sxm,8,400,1,256,1,1,,,1,64,4096,1,1,256,full,0,0,,torchtitan-compile,"\
+      "tokens_per_s_per_gpu,1000,test,{1}"
+tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+csv_path = os.path.join(tmp, "mtp.csv")
+with open(csv_path, "w") as f:
+    f.write(HDR + "\n" + ROW.format("model", "") + "\n" + ROW.format("none", "0") + "\n")
+p = run("validate", csv_path, "--json")
+if p.returncode == 0:
+    got = {r["case"]: r["predicted"] for r in json.loads(p.stdout)["rows"]}
+    for case, mtp in (("v3_model", "1"), ("v3_none", "0")):
+        q = run("simulate", "--model", "deepseek-v3", "--gpus", "256", "--gpu", "h100-sxm", "--mesh",
+                "dp_shard=256,ep=64", "--ac", "full", "--seq", "4096", "--micro-batch", "1", "--global-batch", "256",
+                "--stack", "torchtitan-compile", "--mtp-num-layers", mtp, "--json")
+        if q.returncode == 0:
+            want = json.loads(q.stdout)["tokens_per_s_per_gpu"]
+            check(abs(got.get(case, 0) / want - 1) < 1e-12, f"validate {case}: {got.get(case)}, simulate {want}")
+    check(got.get("v3_none", 0) > got.get("v3_model", 0), "the mtp_layers column changes nothing")
 
 for f in fails:
     print("FAIL:", f)

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "exec/plan.h"
 #include "exec/schedule.h"
@@ -195,6 +196,75 @@ TEST(Mtp, LastStageMemoryWithAndWithout) {
   const double want = 4.0 * (11610067968.0 + 129280.0 * 7168) / 128;
   const double grew = (double)(Resident(b.s, MP_MEM_PARAMS) - Resident(z.s, MP_MEM_PARAMS));
   EXPECT_NEAR(grew, want, 4.0 * 40 * 7168);
+}
+
+// The tiny model of TinyModelByHand (one MTP module here) on mesh, seq 64, rank 0's expanded
+// schedule under torchtitan's memory model.
+void BuildTiny(Built *b, const char *mesh_s) {
+  mp_ctx_init(&b->ctx);
+  const char *js = "{\"name\": \"tiny-mtp\", \"family\": \"llama\", \"vocab\": 100, \"d_model\": 16, "
+                   "\"n_layers\": 2, \"n_heads\": 2, \"d_ff\": 32, \"mtp_layers\": 1}";
+  ASSERT_EQ(mp_model_from_text(&b->ctx, js, "tiny-mtp.json", &b->model), MP_OK) << mp_errmsg(&b->ctx);
+  mp_mesh mesh;
+  ASSERT_EQ(mp_mesh_parse(&b->ctx, mesh_s, 0, &mesh), MP_OK) << mp_errmsg(&b->ctx);
+  Opts o;
+  o.seq = 64;
+  mp_plan_options po;
+  FillOptions(o, &po);
+  ASSERT_EQ(mp_build_plan(&b->ctx, &b->model, &mesh, &po, &b->plan), MP_OK) << mp_errmsg(&b->ctx);
+  b->arena = mp_arena_create();
+  ASSERT_EQ(mp_schedule_build(&b->ctx, b->plan, 0, MP_SCHEDULE_EXPANDED, b->arena, &b->s), MP_OK)
+      << mp_errmsg(&b->ctx);
+  ASSERT_EQ(mp_schedule_check(&b->ctx, b->s), MP_OK) << mp_errmsg(&b->ctx);
+}
+
+// The collectives of the module's input side (layer 2), payload bytes by hand:
+//   tp=2 with SP (T = 64 tokens, H = 16, bf16): eh_proj column-parallel, [16 / 2, 32] on the
+//   rank; forward the concat [T, 2H] all-gathered (2 x 64 x 32 = 4096 bytes) and the output
+//   [T, H / 2] gathered to [T, H] (2048); backward the split's gradient all-gathered (2048)
+//   and the input gradient's partial sums reduce-scattered (4096)
+//   cp=2: roll_tensor's two ring shifts (token and position ids), each rank's two chunks'
+//   first int64 per sequence: 2 x 8 x 1 = 16 bytes each
+TEST(Mtp, CollectivesOfTheInputSide) {
+  struct Coll {
+    int coll, group;
+    double bytes;
+    int phase;
+  };
+  auto colls = [](const mp_schedule *s) {
+    std::vector<Coll> v;
+    for (const Inst &x : Expand(s))
+      if (x.op->type == MP_OP_COMM && x.layer == 2 && x.op->module == MP_MOD_MTP_EH_PROJ)
+        v.push_back({x.op->coll, x.op->group, x.op->bytes, x.op->phase});
+    return v;
+  };
+  Built t;
+  BuildTiny(&t, "tp=2");
+  const std::vector<Coll> tp = colls(t.s);
+  ASSERT_EQ(tp.size(), 4u);
+  const Coll want[] = {{MP_COLL_ALL_GATHER, MP_GROUP_TP, 4096, MP_PHASE_FORWARD},
+                       {MP_COLL_ALL_GATHER, MP_GROUP_TP, 2048, MP_PHASE_FORWARD},
+                       {MP_COLL_ALL_GATHER, MP_GROUP_TP, 2048, MP_PHASE_BACKWARD},
+                       {MP_COLL_REDUCE_SCATTER, MP_GROUP_TP, 4096, MP_PHASE_BACKWARD}};
+  for (int i = 0; i < 4; i++) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(tp[i].coll, want[i].coll);
+    EXPECT_EQ(tp[i].group, want[i].group);
+    EXPECT_DOUBLE_EQ(tp[i].bytes, want[i].bytes);
+    EXPECT_EQ(tp[i].phase, want[i].phase);
+  }
+  EXPECT_DOUBLE_EQ(GemmFlops(t.s, 2, MP_MOD_MTP_EH_PROJ), 3 * 2.0 * 64 * 8 * 32);
+  Built c;
+  BuildTiny(&c, "cp=2");
+  int rolls = 0;
+  for (const Inst &x : Expand(c.s))
+    if (x.op->type == MP_OP_COMM && x.layer == 2 && x.op->coll == MP_COLL_SENDRECV && x.op->group == MP_GROUP_CP &&
+        x.op->module == MP_MOD_TOK_EMBEDDINGS) {
+      EXPECT_DOUBLE_EQ(x.op->bytes, 16.0);
+      rolls++;
+    }
+  EXPECT_EQ(rolls, 2);
+  EXPECT_TRUE(colls(c.s).empty()); /* no tp */
 }
 
 // A stated layout names the model's MTP layers (Megatron-Core's validate_layer_layout): one
