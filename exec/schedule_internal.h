@@ -90,6 +90,7 @@ enum {
                       (backward), fp32 */
   BUF_LP_SUM,      /* DTensor loss parallel backward: one-hot plus exp, fp32 */
   BUF_ACT_MTP_IN,  /* an MTP module's input side, saved (schedule_mtp.c) */
+  BUF_RC_MTP_IN,   /* ... recomputed under full AC */
 };
 
 enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };

@@ -28,19 +28,38 @@
  * [Ts, H] bf16 and both norms' fp32 statistics [Ts]; eh_proj's input [Ts, 2H], bf16 or, under
  * DeepSeek-V3's float8 activation cache, E4M3 with a scale per 128 (under SP gathered, or
  * kept on the shard and gathered again in backward where the stack does so); hnorm's input
- * is the trunk's output, which the main head keeps already. */
+ * is the trunk's output, which the main head keeps already. Under full AC of the module's
+ * block, Megatron-Core checkpoints the input side with the block (_checkpointed_forward of
+ * _proj_and_transformer_layer): the embedding output is kept and the norms, the concat and
+ * eh_proj run again in the backward (here just before eh_proj's backward, BUF_RC_MTP_IN
+ * holding what they recompute until the side's backward is done). */
 #include "exec/schedule_internal.h"
 
-/* The input side's saved bytes (the file comment). */
-static int64_t mtp_in_act_bytes(const gen *g) {
+static void eh_tp_comm(gen *g, mp_coll c, int64_t width);
+
+static int full_ac(const gen *g) { return mp_plan_layer_ac(&g->p->opts, g->layer) == MP_AC_FULL; }
+
+/* The input side's saved bytes beside the embedding output (the file comment). */
+static int64_t mtp_in_rest_bytes(const gen *g) {
   const shapes *sh = &g->sh;
-  const int64_t TH = sh->tokens_sp * sh->d_model;
   /* eh_proj's input: under SP the gathered [T, 2H], or the shard where the stack gathers it
    * again in backward (Megatron) */
   const int64_t in = 2 * (sh->sp && !g->ms->sp_regathers ? sh->tokens : sh->tokens_sp) * sh->d_model;
   const int cached = g->p->opts.fp8_act_cache && sh->fp8[MP_MOD_MTP_EH_PROJ];
   const int64_t eh_in = cached ? in + in * 4 / 128 : 2 * in;
-  return 2 * TH + 2 * 4 * sh->tokens_sp + eh_in;
+  return 2 * 4 * sh->tokens_sp + eh_in;
+}
+
+/* The norms, the concat and eh_proj (with its TP gathers), forward or recomputed. */
+static void in_side_ops(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t Ts = sh->tokens_sp, H = sh->d_model;
+  mp_sched_norm_fwd(g, MP_MOD_MTP_ENORM, Ts, H);
+  mp_sched_norm_fwd(g, MP_MOD_MTP_HNORM, Ts, H);
+  elementwise(g, MP_KERNEL_COPY, MP_VAR_FWD, MP_MOD_MTP_EH_PROJ, 2 * Ts * H, 0.0, 8.0 * (double)(Ts * H));
+  if (sh->sp) eh_tp_comm(g, MP_COLL_ALL_GATHER, 2 * H);
+  mp_sched_linear_fwd(g, MP_MOD_MTP_EH_PROJ, (double)sh->tokens, H / sh->tp, 2 * H, 1);
+  if (sh->tp > 1) eh_tp_comm(g, MP_COLL_ALL_GATHER, H);
 }
 
 /* roll_tensor under context parallelism: the token ids and the position ids each shifted
@@ -67,17 +86,11 @@ static void eh_tp_comm(gen *g, mp_coll c, int64_t width) {
  * units' gathers: the block's first unit holds eh_proj and the norms), so the input side
  * waits for them as the block does. */
 void mp_sched_mtp_in_fwd(gen *g) {
-  const shapes *sh = &g->sh;
-  const int64_t Ts = sh->tokens_sp, H = sh->d_model;
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MTP_IN, mtp_in_act_bytes(g), 1);
+  const int64_t TH = g->sh.tokens_sp * g->sh.d_model;
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MTP_IN, 2 * TH + (full_ac(g) ? 0 : mtp_in_rest_bytes(g)), 1);
   mtp_roll(g);
   mp_sched_embedding_fwd(g);
-  mp_sched_norm_fwd(g, MP_MOD_MTP_ENORM, Ts, H);
-  mp_sched_norm_fwd(g, MP_MOD_MTP_HNORM, Ts, H);
-  elementwise(g, MP_KERNEL_COPY, MP_VAR_FWD, MP_MOD_MTP_EH_PROJ, 2 * Ts * H, 0.0, 8.0 * (double)(Ts * H));
-  if (sh->sp) eh_tp_comm(g, MP_COLL_ALL_GATHER, 2 * H);
-  mp_sched_linear_fwd(g, MP_MOD_MTP_EH_PROJ, (double)sh->tokens, H / sh->tp, 2 * H, 1);
-  if (sh->tp > 1) eh_tp_comm(g, MP_COLL_ALL_GATHER, H);
+  in_side_ops(g);
 }
 
 /* The module's input side, backward (the file comment): in its block's backward segment
@@ -85,6 +98,13 @@ void mp_sched_mtp_in_fwd(gen *g) {
 void mp_sched_mtp_in_bwd(gen *g) {
   const shapes *sh = &g->sh;
   const int64_t Ts = sh->tokens_sp, H = sh->d_model;
+  const int full = full_ac(g);
+  if (full) {
+    g->phase = MP_PHASE_RECOMPUTE;
+    pair(g, MP_MEM_ACTIVATIONS, BUF_RC_MTP_IN, mtp_in_rest_bytes(g), 1);
+    in_side_ops(g);
+    g->phase = MP_PHASE_BACKWARD;
+  }
   if (sh->sp) eh_tp_comm(g, MP_COLL_ALL_GATHER, H);
   if (sh->sp && g->ms->sp_regathers) eh_tp_comm(g, MP_COLL_ALL_GATHER, 2 * H); /* its saved input */
   mp_sched_linear_bwd(g, MP_MOD_MTP_EH_PROJ, (double)sh->tokens, H / sh->tp, 2 * H, 1);
@@ -93,7 +113,8 @@ void mp_sched_mtp_in_bwd(gen *g) {
   mp_sched_residual(g, MP_VAR_BWD, Ts * H); /* into the previous depth's output gradient */
   mp_sched_norm_bwd(g, MP_MOD_MTP_ENORM, Ts, H);
   mp_sched_embedding_bwd(g);
-  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MTP_IN, mtp_in_act_bytes(g), 0);
+  if (full) pair(g, MP_MEM_ACTIVATIONS, BUF_RC_MTP_IN, mtp_in_rest_bytes(g), 0);
+  pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_MTP_IN, 2 * Ts * H + (full ? 0 : mtp_in_rest_bytes(g)), 0);
 }
 
 /* Module layer's head and loss, forward and backward, in their own segments. */

@@ -103,6 +103,17 @@ double GemmFlops(const mp_schedule *s, int layer, int module) {
   return f;
 }
 
+// DeepSeek-V3's last stage (rank 1920 + 77 of pp=16 x dp_shard=128, ep 64), seq 4096, under ac.
+Opts LastStage(mp_ac_mode ac) {
+  Opts o;
+  o.model = "deepseek-v3";
+  o.mesh = "pp=16,dp_shard=128,ep=64";
+  o.seq = 4096;
+  o.rank = 1920 + 77;
+  o.ac = ac;
+  return o;
+}
+
 // DeepSeek-V3 on pp=16 x dp_replicate=128 x ep=64, seq 4096, the last stage (rank 1920 + 77).
 // By hand, a 4,096-token micro-batch, forward + input gradient + weight gradient = 3 x 2 x:
 //   eh_proj   4096 x 7168 x 14336        = 3 x 0.842 TFLOP = 2,526,202,740,736 (over 3)
@@ -110,11 +121,8 @@ double GemmFlops(const mp_schedule *s, int layer, int module) {
 // and the MTP block's own GEMMs those of block 60 (the same MoE block) on the same rank.
 TEST(Mtp, DeepSeekV3FlopsOfTheModuleOps) {
   Built b;
-  Opts o;
-  o.model = "deepseek-v3";
+  Opts o = LastStage(MP_AC_NONE);
   o.mesh = "pp=16,dp_replicate=128,ep=64";
-  o.seq = 4096;
-  o.rank = 1920 + 77;
   o.mem_model = MP_MEM_MODEL_MEGATRON;
   o.dist_opt = 1;
   Build(&b, o);
@@ -162,16 +170,18 @@ int64_t ForwardNet(const mp_schedule *s, int layer, mp_mem_cat cat) {
 //   input) bytes, and its head's saved tensors 2TH + 4T + 2TH (as the main head's): 10TH +
 //   12T = 293,650,432 bytes at T = 4096, H = 7168; and the second loss's logits state, the
 //   main loss's.
+// What the forward of block 61 (the MTP block, its input side and head) leaves saved beyond
+// block 60's, on the last stage under ac (b: its build).
+int64_t SavedBeyondBlock60(Built *b, mp_ac_mode ac) {
+  Build(b, LastStage(ac));
+  return ForwardNet(b->s, 61, MP_MEM_ACTIVATIONS) - ForwardNet(b->s, 60, MP_MEM_ACTIVATIONS);
+}
+
 TEST(Mtp, LastStageMemoryWithAndWithout) {
-  Opts o;
-  o.model = "deepseek-v3";
-  o.mesh = "pp=16,dp_shard=128,ep=64";
-  o.seq = 4096;
-  o.rank = 1920 + 77;
+  const Opts o = LastStage(MP_AC_NONE);
   Built b;
-  Build(&b, o);
   const int64_t T = 4096, H = 7168;
-  EXPECT_EQ(ForwardNet(b.s, 61, MP_MEM_ACTIVATIONS) - ForwardNet(b.s, 60, MP_MEM_ACTIVATIONS), 10 * T * H + 12 * T);
+  EXPECT_EQ(SavedBeyondBlock60(&b, MP_AC_NONE), 10 * T * H + 12 * T);
   EXPECT_GT(ForwardNet(b.s, 61, MP_MEM_LOGITS), 0);
   EXPECT_EQ(ForwardNet(b.s, 61, MP_MEM_LOGITS), ForwardNet(b.s, -1, MP_MEM_LOGITS));
   // the same plan of the model without MTP
@@ -196,6 +206,17 @@ TEST(Mtp, LastStageMemoryWithAndWithout) {
   const double want = 4.0 * (11610067968.0 + 129280.0 * 7168) / 128;
   const double grew = (double)(Resident(b.s, MP_MEM_PARAMS) - Resident(z.s, MP_MEM_PARAMS));
   EXPECT_NEAR(grew, want, 4.0 * 40 * 7168);
+}
+
+// Under full AC Megatron-Core checkpoints the input side with the module's block: the forward
+// leaves beside block 61's kept input (block 60's) the embedding output 2TH and the head's
+// 2TH + 4T + 2TH (10TH + 12T less eh_proj's input 4TH and the norms' statistics 8T: 6TH +
+// 4T), and eh_proj's forward GEMM runs again in the backward: 4 x 2 x T x H x 2H in all.
+TEST(Mtp, FullAcRecomputesTheInputSide) {
+  Built b;
+  const int64_t T = 4096, H = 7168;
+  EXPECT_EQ(SavedBeyondBlock60(&b, MP_AC_FULL), 6 * T * H + 4 * T);
+  EXPECT_DOUBLE_EQ(GemmFlops(b.s, 61, MP_MOD_MTP_EH_PROJ), 4 * 2.0 * T * H * 2 * H);
 }
 
 // The tiny model of TinyModelByHand (one MTP module here) on mesh, seq 64, rank 0's expanded
