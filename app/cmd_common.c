@@ -261,7 +261,11 @@ mp_status mp_cmd_load_model(mp_ctx *ctx, const mp_cmd_spec *spec, const char *df
   const char *hf = mp_args_get(spec, "--hf-config");
   const char *model = mp_args_get(spec, "--model");
   if (hf && model) return mp_error(ctx, MP_ERR_USAGE, "give --model or --hf-config, not both");
-  return mp_model_load(ctx, hf ? hf : (model ? model : dflt), m);
+  MP_CHECK(mp_model_load(ctx, hf ? hf : (model ? model : dflt), m));
+  long long mtp = m->mtp_layers;
+  MP_CHECK(mp_args_int(ctx, spec, "--mtp-num-layers", 0, MP_MAX_LAYERS - m->n_layers, &mtp));
+  m->mtp_layers = mtp;
+  return MP_OK;
 }
 
 mp_status mp_cmd_load_cluster(mp_ctx *ctx, const mp_cmd_spec *spec, mp_cluster *c) {

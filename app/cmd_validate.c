@@ -40,7 +40,8 @@
  * FSDP: its --data-parallel-sharding-strategy, empty or absent optim_grads_params, and 1 for its
  * --fsdp-double-buffer, empty or absent off), fsdp_reduce_dtype (fp32 or bf16: the dtype FSDP
  * reduces gradients in, bf16 as FSDP1's MixedPrecision runs it in IBM's fms-fsdp; empty or
- * absent: fp32). The stack's options
+ * absent: fp32), mtp_layers (the model's multi-token-prediction modules; empty or absent: the
+ * model's). The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
@@ -276,6 +277,7 @@ static mp_status run_row(mp_ctx *ctx, const char *where, const char *dir, const 
   row_job *j = calloc(1, sizeof *j);
   if (j == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory");
   mp_status st = load_model(ctx, dir, v->model, &j->m);
+  if (st == MP_OK && v->mtp_layers >= 0) j->m.mtp_layers = v->mtp_layers;
   if (st == MP_OK) st = mp_cluster_make(ctx, v->gpu, (int)v->gpus, (int)v->gpus_per_node, &j->c);
   if (st == MP_OK && v->inter_node_gbps > 0) j->c.inter_node_Gbitps_per_gpu = v->inter_node_gbps;
   if (st == MP_OK) st = mp_stack_load(ctx, v->stack, &j->prof);

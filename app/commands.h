@@ -120,7 +120,7 @@ mp_status mp_cmd_moe_routing(mp_ctx *ctx, const mp_cmd_spec *spec, mp_moe_routin
  * mesh validated. Nothing when --ep was not given. */
 mp_status mp_cmd_mesh_ep(mp_ctx *ctx, const mp_cmd_spec *spec, mp_mesh *mesh);
 /* --model M or --hf-config PATH (not both; a spec without --hf-config takes --model alone),
- * default dflt. */
+ * default dflt; --mtp-num-layers N sets its MTP modules (0..MP_MAX_LAYERS - n_layers). */
 mp_status mp_cmd_load_model(mp_ctx *ctx, const mp_cmd_spec *spec, const char *dflt, mp_model *m);
 /* --cluster C (default h100-8), or --gpus N of --gpu TYPE (default h100-sxm) with
  * --gpus-per-node K (default min(8, N)) and --inter-gbps X (default 400); --gpu,

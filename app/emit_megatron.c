@@ -82,6 +82,7 @@ static mp_status write_model(mp_ctx *ctx, const mp_model *m, mp_emit_buf *b) {
   if (m->qkv_bias) mp_emit_printf(b, "--add-qkv-bias\n");
   if (m->qk_norm) mp_emit_printf(b, "--qk-layernorm\n");
   if (!m->tied_embeddings) mp_emit_printf(b, "--untie-embeddings-and-output-weights\n");
+  if (m->mtp_layers > 0) mp_emit_printf(b, "--mtp-num-layers %lld\n", (long long)m->mtp_layers);
   return MP_OK;
 }
 

@@ -90,6 +90,10 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p, const char **nam
   if (p->mesh->size[MP_DIM_PP] > 1 && p->o->pp_schedule == MP_PP_DUALPIPE)
     return mp_error(ctx, MP_ERR_USAGE, "--emit torchtitan: torchtitan v0.2.0 runs no DualPipe schedule; plan "
                     "with --pp-schedule 1f1b, interleaved or gpipe");
+  if (p->model->mtp_layers > 0)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit torchtitan: torchtitan v0.2.0 builds no multi-token-prediction "
+                    "module (%s has %lld); plan with --mtp-num-layers 0, or emit megatron", p->model->name,
+                    (long long)p->model->mtp_layers);
   if (p->o->fp8_act_cache || p->o->moment_dtype != MP_DTYPE_FP32)
     return mp_error(ctx, MP_ERR_USAGE, "--emit torchtitan: torchtitan v0.2.0 has no option for %s; drop it",
                     p->o->fp8_act_cache ? "DeepSeek-V3's float8 activation cache (--fp8-act-cache)"

@@ -80,6 +80,10 @@ static void print_header(const explain *e) {
            (double)mp_model_active_param_count(&p->model) / 1e9,
            (double)mp_model_param_count(&p->model) / 1e9,
            (double)mp_model_matmul_param_count(&p->model) / 1e9);
+  if (p->model.mtp_layers > 0) /* outside the published totals, as DeepSeek-V3 counts them */
+    printf("      + %.2fB in %lld multi-token-prediction module(s) (layers %lld..%lld, the last stage)\n",
+           (double)mp_model_mtp_params(&p->model) / 1e9, (long long)p->model.mtp_layers,
+           (long long)p->model.n_layers, (long long)mp_model_n_blocks(&p->model) - 1);
   printf("mesh  %s: %d ranks; rank %d is pp %d, dp_replicate %d, dp_shard %d (ep %d, efsdp %d), "
          "cp %d, tp %d\n",
          mesh_s, e->world, e->rank, c[MP_DIM_PP], c[MP_DIM_DP_REPLICATE], c[MP_DIM_DP_SHARD],

@@ -56,6 +56,7 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
   add(f, "--mesh", "pp=%d,dp_replicate=%d,dp_shard=%d,cp=%d,tp=%d,ep=%d%s", p->pp, p->dp_replicate, p->dp_shard,
       p->cp, p->tp, p->ep, p->etp ? ",etp=1" : "");
   add(f, "--ac", "%s", p->ac);
+  add(f, "--mtp-num-layers", "%lld", (long long)p->mtp_layers);
   if (p->recompute_modules[0] && is_plan)
     return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches AC policies, not recompute modules "
                     "(--recompute-modules %s); use meshplan simulate --from or explain --from", p->recompute_modules);

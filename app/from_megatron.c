@@ -58,6 +58,7 @@ static const struct {
     {"--use-megatron-fsdp", 0, MG_MAP}, {"--use-custom-fsdp", 0, MG_MAP},
     {"--data-parallel-sharding-strategy", 1, MG_MAP}, {"--fsdp-double-buffer", 0, MG_MAP},
     {"--ckpt-format", 1, MG_IGNORE},
+    {"--mtp-num-layers", 1, MG_MAP}, {"--mtp-loss-scaling-factor", 1, MG_IGNORE},
     /* the experts and the latent attention */
     {"--num-experts", 1, MG_MAP}, {"--moe-ffn-hidden-size", 1, MG_MAP}, {"--moe-router-topk", 1, MG_MAP},
     {"--moe-shared-expert-intermediate-size", 1, MG_MAP}, {"--moe-layer-freq", 1, MG_MAP},
@@ -477,6 +478,10 @@ static mp_status read_layout(mp_ctx *ctx, const mg_args *a, const char *origin, 
       has(a, "--num-layers-per-virtual-pipeline-stage"))
     return mp_error(ctx, MP_ERR_USAGE, "%s: --pipeline-model-parallel-layout has %d stages: a multiple of pp=%d, "
                     "the virtual stages per rank, which the layout sets alone", origin, o.n_pp_layers, p->pp);
+  if (o.pp_mtp != p->mtp_layers) /* validate_layer_layout's rule */
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --pipeline-model-parallel-layout names %d MTP layers (m) but "
+                    "--mtp-num-layers is %lld; Megatron-Core needs them equal", origin, o.pp_mtp,
+                    (long long)p->mtp_layers);
   p->pp_virtual = v;
   p->pp_schedule = p->pp > 1 && v > 1 ? MP_PP_INTERLEAVED : MP_PP_1F1B;
   size_t n = 0;
@@ -681,6 +686,8 @@ mp_status mp_from_megatron(mp_ctx *ctx, const char *text, const char *origin, in
   if (st == MP_OK) st = find_model(ctx, &a, origin, given, p);
   int64_t layers = 0;
   if (st == MP_OK) st = get_int(ctx, &a, origin, "--num-layers", 0, 1, MP_MAX_LAYERS, &layers);
+  /* MTP modules: Megatron-Core builds none without the flag, whatever the model file says */
+  if (st == MP_OK) st = get_int(ctx, &a, origin, "--mtp-num-layers", 0, 0, MP_MAX_LAYERS - layers, &p->mtp_layers);
   if (st == MP_OK) st = read_parallel(ctx, &a, origin, world, layers, p);
   if (st == MP_OK) st = read_stack(ctx, &a, origin, p);
   if (st == MP_OK) st = read_ac_fp8(ctx, &a, origin, p);

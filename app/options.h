@@ -22,8 +22,12 @@
 
 #define MP_OPT_MODEL(dflt)                                                                         \
   { "--model", "M", "model name (data/models stem) or path to a JSON file (default " dflt ")", NULL }
+/* the model's source, and its multi-token-prediction depth (mp_cmd_load_model) */
 #define MP_OPT_HF_CONFIG                                                                           \
-  { "--hf-config", "PATH", "a Hugging Face config.json instead of --model", NULL }
+  { "--hf-config", "PATH", "a Hugging Face config.json instead of --model", NULL },                \
+  { "--mtp-num-layers", "N", "multi-token-prediction modules after the last block (DeepSeek-V3's "  \
+    "MTP, Megatron-Core's --mtp-num-layers), on the last pipeline stage; 0: none (default: the "    \
+    "model's mtp_layers, HF num_nextn_predict_layers)", NULL }
 #define MP_OPT_CLUSTER(dflt)                                                                       \
   { "--cluster", "C", "cluster name (data/clusters stem) or path to a JSON file (default " dflt ")", NULL }
 #define MP_OPT_GPUS                                                                                \

@@ -215,6 +215,10 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_flag(r, "sp", &row->sp));
   MP_CHECK(opt_flag(r, "moe_fp8_dispatch", &row->moe_fp8_dispatch));
   MP_CHECK(opt_flag(r, "fp8_act_cache", &row->fp8_act_cache));
+  row->mtp_layers = -1;
+  const char *mtp = field(r, "mtp_layers");
+  /* bounded here to an int; the model's validation bounds it by its layers */
+  if (mtp && mtp[0]) MP_CHECK(int_in(r, "mtp_layers", mtp, 0, INT32_MAX, &row->mtp_layers));
   MP_CHECK(opt_str(r, "optimizer_moments", row->optimizer_moments, sizeof row->optimizer_moments));
   MP_CHECK(opt_str(r, "mfsdp_strategy", row->mfsdp_strategy, sizeof row->mfsdp_strategy));
   MP_CHECK(opt_flag(r, "fsdp_double_buffer", &row->fsdp_double_buffer));

@@ -66,6 +66,9 @@ typedef struct mp_vrow {
                                  "" when absent or empty: none */
   int moe_fp8_dispatch; /* 0 or 1: DeepSeek-V3's float8 dispatch (exec/plan.h); -1 when the
                            column is absent or empty: off */
+  int64_t mtp_layers;   /* optional column: the model's multi-token-prediction modules
+                           (exec/model.h mtp_layers), 0 or more; -1 when absent or empty (the
+                           model's) */
   int fp8_act_cache;    /* 0 or 1: DeepSeek-V3's float8 activation cache (exec/plan.h); -1
                            when the column is absent or empty: off */
   char optimizer_moments[8]; /* fp32 or bf16 as written (exec/plan.h, moment_dtype); "" when

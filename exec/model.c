@@ -39,6 +39,9 @@ static double param_count_f64(const mp_model *m) {
   double p = 2 * (double)m->vocab * H + (double)m->max_seq * H + 2 * H;
   for (int64_t l = 0; l < m->n_layers && l < MP_MAX_LAYERS; l++)
     p += attn + 4 * H + (m->n_experts > 0 && m->moe_layer[l] ? moe : dense);
+  /* the MTP modules: a block of the largest kind each, three norms and eh_proj */
+  if (m->mtp_layers > 0 && m->mtp_layers <= MP_MAX_LAYERS)
+    p += (double)m->mtp_layers * (attn + 7 * H + 2 * H * H + (moe > dense ? moe : dense));
   return p;
 }
 
@@ -539,9 +542,9 @@ static mp_status hf_deepseek_moe(mp_ctx *ctx, const cJSON *j, const char *where,
 /* DeepSeek-V2's and V3's configs (deepseek_v2, deepseek_v3): the llama family with
  * multi-head latent attention (q_lora_rank null or 0: q_proj) and DeepSeek's experts. A
  * `head_dim` key is not read: transformers' DeepseekV3Config sets it to qk_rope_head_dim,
- * while meshplan's head_dim is the query/key head. V3's multi-token-prediction module
- * (num_nextn_predict_layers) is not modelled: Hugging Face transformers and torchtitan train
- * without it and the published 671B leaves it out; a one-line notice says so. */
+ * while meshplan's head_dim is the query/key head. V3's multi-token-prediction modules
+ * (num_nextn_predict_layers) are the model's mtp_layers (--mtp-num-layers 0 plans without
+ * them, as Hugging Face transformers and torchtitan train it). */
 static mp_status hf_deepseek(mp_ctx *ctx, const cJSON *j, const char *where, const char *type,
                              const char *arch, mp_model *m) {
   const int v3 = strcmp(type, "deepseek_v3") == 0 || strncmp(arch, "DeepseekV3", 10) == 0;
@@ -551,13 +554,7 @@ static mp_status hf_deepseek(mp_ctx *ctx, const cJSON *j, const char *where, con
   MP_CHECK(read_mla_keys(ctx, j, where, m));
   MP_CHECK(hf_llama_context(ctx, j, where, m));
   MP_CHECK(hf_get(ctx, j, where, MP_MODEL_FIELD_qkv_bias, 0, m));
-  int64_t mtp = 0;
-  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_nextn_predict_layers", 0, &mtp));
-  if (mtp > 0)
-    mp_log(MP_LOG_WARN,
-           "%s: num_nextn_predict_layers=%lld (multi-token prediction) is not modelled: meshplan "
-           "plans the main model as Hugging Face transformers and torchtitan train it", where,
-           (long long)mtp);
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_nextn_predict_layers", 0, &m->mtp_layers));
   return hf_deepseek_moe(ctx, j, where, v3, m);
 }
 
@@ -710,7 +707,14 @@ int64_t mp_model_v_head_dim(const mp_model *m) {
 }
 
 int mp_model_layer_is_moe(const mp_model *m, int64_t layer) {
+  if (mp_model_layer_is_mtp(m, layer)) layer = m->n_layers - 1; /* the last block's kind */
   return m->n_experts > 0 && layer >= 0 && layer < m->n_layers && m->moe_layer[layer];
+}
+
+int64_t mp_model_n_blocks(const mp_model *m) { return m->n_layers + m->mtp_layers; }
+
+int mp_model_layer_is_mtp(const mp_model *m, int64_t layer) {
+  return layer >= m->n_layers && layer < mp_model_n_blocks(m);
 }
 
 int64_t mp_model_n_moe_layers(const mp_model *m) {
@@ -763,6 +767,17 @@ static int64_t block_params(const mp_model *m, int64_t layer, int active) {
 
 int64_t mp_model_block_params(const mp_model *m, int64_t layer) { return block_params(m, layer, 0); }
 
+/* One MTP module's parameters beside its block's (enorm, hnorm, eh_proj, final norm). */
+static int64_t mtp_extra_params(const mp_model *m) {
+  return 3 * norm_params(m) + 2 * m->d_model * m->d_model;
+}
+
+int64_t mp_model_mtp_params(const mp_model *m) {
+  int64_t p = 0;
+  for (int64_t l = m->n_layers; l < mp_model_n_blocks(m); l++) p += block_params(m, l, 0) + mtp_extra_params(m);
+  return p;
+}
+
 int64_t mp_model_embedding_params(const mp_model *m) {
   int64_t p = m->vocab * m->d_model;
   if (m->family == MP_FAMILY_GPT) p += m->max_seq * m->d_model;
@@ -809,11 +824,14 @@ int64_t mp_model_matmul_param_count(const mp_model *m) {
 }
 
 double mp_model_flops_per_token(const mp_model *m, int64_t seq) {
-  const double n = (double)mp_model_matmul_param_count(m);
+  double n = (double)mp_model_matmul_param_count(m);
+  /* the MTP modules: their blocks, norms and eh_proj, and their head's matmul */
+  for (int64_t l = m->n_layers; l < mp_model_n_blocks(m); l++)
+    n += (double)(block_params(m, l, 1) + mtp_extra_params(m) + m->vocab * m->d_model);
+  const double blocks = (double)mp_model_n_blocks(m);
   if (m->kv_lora_rank > 0) /* QK^T over the query/key head, attention x V over v_head_dim */
-    return 6.0 * n + 6.0 * (double)m->n_layers * (double)m->n_heads *
-                         (double)(m->head_dim + m->v_head_dim) *
+    return 6.0 * n + 6.0 * blocks * (double)m->n_heads * (double)(m->head_dim + m->v_head_dim) *
                          (2.0 * mp_model_attended_keys(m, seq));
-  return 6.0 * n + 12.0 * (double)m->n_layers * (double)m->n_heads * (double)m->head_dim *
+  return 6.0 * n + 12.0 * blocks * (double)m->n_heads * (double)m->head_dim *
                        (2.0 * mp_model_attended_keys(m, seq));
 }

@@ -101,6 +101,10 @@ typedef enum mp_family { MP_FAMILY_GPT = 0, MP_FAMILY_LLAMA = 1 } mp_family;
   F(sliding_window,   I64,  TOP, 0,   0,                          0,  MP_LIM_SEQ,            CLOSED,  FIRST, 0,     "sliding_window")          /* attention window           */ \
   F(norm_eps,         F64,  TOP, 0,   1e-5,                       0,  1,                     OPEN_LO, RULE,  1,     "rms_norm_eps")            /* RMSNorm/LayerNorm epsilon  */ \
   F(rope_theta,       F64,  TOP, 0,   10000.0,                    0,  MP_LIM_ROPE_THETA,     OPEN_LO, RULE,  1,     "rope_theta")              /* RoPE base (llama)          */ \
+  /* multi-token prediction (DeepSeek-V3, arXiv 2412.19437 sec. 2.2): MTP modules after the */                                                                                  \
+  /* last block, each an enorm and hnorm, eh_proj [H, 2H], one block of the last block's kind, */                                                                                 \
+  /* its own final norm, the shared output head and a second loss; 0: none */                                                                                                     \
+  F(mtp_layers,       I64,  TOP, 0,   0,                          0,  MP_MAX_LAYERS - m->n_layers, CLOSED, FIRST, 0, NULL)                  /* MTP depth D                */ \
   /* mixture of experts (n_experts == 0: dense) */                                                                                                                              \
   F(n_experts,        I64,  MOE, 1,   0,                          0,  MP_LIM_EXPERTS,        CLOSED,  RULE,  1,     NULL)                      /* routed experts per layer   */ \
   F(top_k,            I64,  MOE, 1,   0,                          1,  m->n_experts,          CLOSED,  NONE,  1,     "num_experts_per_tok")     /* experts per token          */ \
@@ -181,7 +185,19 @@ int mp_model_is_mla(const mp_model *m);
 /* Features per head of the values and of the attention output: v_head_dim under MLA, else
  * head_dim. */
 int64_t mp_model_v_head_dim(const mp_model *m);
+/* 1 when block `layer`'s MLP is a MoE; an MTP module's block (layer n_layers ..
+ * n_layers + mtp_layers - 1) is of the last block's kind, as Megatron-Core builds it
+ * (gpt_layer_specs.py's MTP block spec takes the decoder's last layer spec, core_v0.14.0). */
 int mp_model_layer_is_moe(const mp_model *m, int64_t layer);
+/* Blocks in the module tree: the trunk's n_layers and the MTP modules' blocks after them. */
+int64_t mp_model_n_blocks(const mp_model *m);
+/* 1 when block `layer` is an MTP module's (n_layers <= layer < mp_model_n_blocks). */
+int mp_model_layer_is_mtp(const mp_model *m, int64_t layer);
+/* Parameters of the mtp_layers MTP modules beyond the embedding and output head they share
+ * with the main model: per module enorm and hnorm (a norm on H each), eh_proj [H, 2H] (no
+ * bias), one block and its final norm (Megatron-Core's MultiTokenPredictionLayer,
+ * multi_token_prediction.py at core_v0.14.0; DeepSeek-V3's: 11,610,067,968). */
+int64_t mp_model_mtp_params(const mp_model *m);
 int64_t mp_model_n_moe_layers(const mp_model *m);
 
 /* Parameters of one block (attention, norms, MLP or MoE incl. router). */
@@ -219,6 +235,9 @@ void mp_model_window_refusal(const mp_model *m, int64_t seq, char *buf, size_t c
  * query/key head (head_dim = qk_nope + qk_rope) and attention x V over v_head_dim: the
  * attention term is 6 * L * n_heads * (head_dim + v_head_dim) * seq.
  * A tied head's matmul is counted (it runs), its embedding lookup is not. */
+/* With MTP modules, Megatron's count (num_floating_point_operations in
+ * megatron/training/training.py, core_v0.14.0) adds per module 6 x its block's active
+ * parameters and attention, 6 x (3H norms + 2H^2 eh_proj) and 6 x H x vocab for its head. */
 double mp_model_flops_per_token(const mp_model *m, int64_t seq);
 
 #ifdef __cplusplus

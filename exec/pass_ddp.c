@@ -43,7 +43,7 @@ static mp_status check_order(mp_ctx *ctx, const mp_plan *p) {
 /* The buckets: unit 0 the root's parameters, unit 1 + l block l's, each holding its
  * parameters' whole tiles. */
 static mp_status layout_buckets(mp_ctx *ctx, mp_plan *p) {
-  const int L = (int)p->model.n_layers;
+  const int L = (int)mp_model_n_blocks(&p->model); /* the MTP modules' blocks too */
   const mp_group grp = mp_plan_ddp_group(p);
   p->n_units = 1 + L;
   p->units = mp_arena_alloc(p->arena, sizeof(mp_fsdp_unit) * (size_t)p->n_units);

@@ -22,8 +22,10 @@
 
 enum { PART_BLOCK = 0, PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2 };
 
+/* The attention part's modules; an MTP module's input side (enorm, hnorm, eh_proj), which
+ * runs before its block's attention, goes with them. */
 static int is_attention(mp_module m) {
-  return m == MP_MOD_ATTN_NORM || m == MP_MOD_Q || m == MP_MOD_K || m == MP_MOD_V ||
+  return m == MP_MOD_MTP_ENORM || m == MP_MOD_MTP_HNORM || m == MP_MOD_MTP_EH_PROJ || m == MP_MOD_ATTN_NORM || m == MP_MOD_Q || m == MP_MOD_K || m == MP_MOD_V ||
          m == MP_MOD_Q_NORM || m == MP_MOD_K_NORM || m == MP_MOD_O || m == MP_MOD_Q_A ||
          m == MP_MOD_Q_A_NORM || m == MP_MOD_Q_B || m == MP_MOD_KV_A || m == MP_MOD_KV_A_NORM ||
          m == MP_MOD_KV_B;
@@ -65,7 +67,7 @@ static mp_status check_order(mp_ctx *ctx, const mp_plan *p, const mp_fsdp_option
  * receives block l's first unit. */
 static mp_status layout_units(mp_ctx *ctx, mp_plan *p, int ep_on, int **base_out) {
   const mp_model *m = &p->model;
-  const int L = (int)m->n_layers;
+  const int L = (int)mp_model_n_blocks(m); /* the MTP modules' blocks are units too */
   int *base = mp_arena_alloc(p->arena, sizeof(int) * (size_t)(L + 1));
   if (base == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory building FSDP units");
   int n_units = 1;

@@ -59,6 +59,7 @@ static void shard_params(mp_plan *p, int tp) {
       case MP_MOD_SHARED_GATE:
       case MP_MOD_SHARED_UP:
       case MP_MOD_OUTPUT:
+      case MP_MOD_MTP_EH_PROJ: /* Megatron-Core's column-parallel eh_proj */
         shard(prm, MP_TP_COLWISE, 0, tp); /* weight [out, in] and bias [out]: dim 0 */
         break;
       case MP_MOD_O:

@@ -397,6 +397,9 @@ static mp_status check_pp_layers(mp_ctx *ctx, const mp_model *m, const mp_mesh *
     return mp_error(ctx, MP_ERR_INVALID,
                     "pp_layers sum to %lld layers but %s has %lld; make the counts add up to %lld",
                     (long long)sum, m->name, (long long)m->n_layers, (long long)m->n_layers);
+  if (o->pp_mtp_stated && o->pp_mtp != m->mtp_layers) /* Megatron-Core's validate_layer_layout */
+    return mp_error(ctx, MP_ERR_INVALID, "the pipeline layout names %d MTP layers (m) but %s has %lld; make "
+                    "them match (--mtp-num-layers)", o->pp_mtp, m->name, (long long)m->mtp_layers);
   return MP_OK;
 }
 
@@ -417,6 +420,10 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
                     "pp_virtual=%d: several model chunks per stage need the interleaved schedule; "
                     "choose --pp-schedule interleaved or pp_virtual 1",
                     o->pp_virtual);
+  if (m->mtp_layers > 0 && mp_mem_model_is_runtime(o->mem_model))
+    return mp_error(ctx, MP_ERR_INVALID, "%s's %lld multi-token-prediction module(s) are not built in the meshplan "
+                    "runtime (the %s memory model): plan with --mtp-num-layers 0, or a torchtitan or megatron stack",
+                    m->name, (long long)m->mtp_layers, mp_mem_model_name(o->mem_model));
   if (o->recompute_modules && mp_mem_model_is_runtime(o->mem_model))
     return mp_error(ctx, MP_ERR_INVALID, "recompute modules are Megatron-Core's; the %s memory model (the "
                     "meshplan runtime) does not run them: drop them or use a megatron or torchtitan stack",
@@ -499,6 +506,7 @@ static mp_status plan_init(mp_ctx *ctx, mp_arena *arena, const mp_model *m, cons
   if (mesh->size[MP_DIM_TP] == 1) p->opts.sp = 0;
   if (p->opts.ac_every < 1 || p->opts.ac != MP_AC_FULL) p->opts.ac_every = 1;
   p->opts.dp = dp_of(&p->opts, mesh);
+  p->opts.pp_mtp = (int)m->mtp_layers; /* what a written layout states */
   p->vocab_padded = m->vocab;
   p->ac = MP_AC_NONE;
   const int64_t K = model_chunks(p);
@@ -592,7 +600,7 @@ mp_status mp_plan_template_create(mp_ctx *ctx, const mp_model *m, mp_plan_templa
   mp_arena *arena = mp_arena_create();
   MP_CHECK_ALLOC(ctx, arena);
   mp_plan_template *t = mp_arena_alloc(arena, sizeof *t);
-  const int L = (int)m->n_layers;
+  const int L = (int)mp_model_n_blocks(m);
   if (t == NULL) goto nomem;
   t->arena = arena;
   t->model = *m;

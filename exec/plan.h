@@ -77,6 +77,12 @@ typedef enum mp_module {
   MP_MOD_KV_A,               /* layers.N.attention.kv_a_proj_with_mqa [kvl + qk_rope, H] */
   MP_MOD_KV_A_NORM,          /* layers.N.attention.kv_a_layernorm     [kvl] */
   MP_MOD_KV_B,               /* layers.N.attention.kv_b_proj          [n_heads*(qk_nope + v), kvl] */
+  /* a multi-token-prediction module (exec/model.h mtp_layers; N = n_layers + depth - 1, its
+   * block's modules beside these under the same N; DeepSeek-V3's checkpoint names) */
+  MP_MOD_MTP_ENORM,          /* layers.N.enorm            [H] the next token's embedding's norm */
+  MP_MOD_MTP_HNORM,          /* layers.N.hnorm            [H] the previous depth's hidden norm */
+  MP_MOD_MTP_EH_PROJ,        /* layers.N.eh_proj          [H, 2H] */
+  MP_MOD_MTP_NORM,           /* layers.N.shared_head.norm [H] before the shared output head */
   MP_MOD_COUNT
 } mp_module;
 
@@ -437,6 +443,12 @@ typedef struct mp_plan_options {
                             pp_layers[k] (Megatron-LM's --pipeline-model-parallel-layout,
                             mp_pp_layout_parse), the first and last possibly none */
   int16_t pp_layers[MP_PP_MAX_LAYOUT];
+  int pp_mtp;            /* MTP layers ('m') on the last virtual stage of a layout: the count a
+                            parsed layout states (pp_mtp_stated), which the plan checks against
+                            the model's mtp_layers as Megatron-Core's validate_layer_layout
+                            does; the plan sets it to the model's, and mp_pp_layout_format
+                            writes it */
+  int pp_mtp_stated;
   mp_cp_rotate cp_rotate; /* PyTorch's ring with cp > 1: how K and V travel (default
                              ALLGATHER). Set from the stack (key "cp_rotate") */
   mp_cp_comm cp_comm;     /* Megatron-Core's --cp-comm-type with cp > 1 (default P2P, its
@@ -743,7 +755,8 @@ static inline const char *mp_pp_schedule_name(mp_pp_schedule k) {
  * string (*out untouched); the caller words the refusal. */
 int mp_pp_schedule_parse(const char *s, mp_pp_schedule *out);
 /* A pipeline layout in Megatron-LM's --pipeline-model-parallel-layout notation
- * ("E|(t|)*126L": virtual stages split by '|', E the embedding, t a layer, L the loss)
+ * ("E|(t|)*126L": virtual stages split by '|', E the embedding, t a layer, m an MTP layer
+ * after the last stage's layers, L the loss; the m's into o->pp_mtp)
  * into o->pp_layers / n_pp_layers, one count per virtual stage in model order; MP_ERR_USAGE
  * naming what is wrong (exec/plan_layout.c). The plan checks the counts against the mesh. */
 mp_status mp_pp_layout_parse(mp_ctx *ctx, const char *s, mp_plan_options *o);

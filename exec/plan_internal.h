@@ -4,13 +4,14 @@
 
 #include "exec/plan.h"
 
-/* Builds m's module tree into *params, allocated from arena with room for a tied model's
- * output copy after it, and its count into *n. Everything mp_plan_create sets but pp_stage
+/* Builds m's module tree into *params, allocated from arena with room for the last stage's
+ * embedding copy after it (mp_plan_tree_add_tied_copy), and its count into *n. Everything mp_plan_create sets but pp_stage
  * (which depends on the mesh: mp_plan_tree_set_stages). FQNs are formatted into arena once
  * per tree: per plan by mp_plan_create, per model by mp_plan_template_create. 0, or -1 when
  * out of memory. */
 int mp_plan_tree_build(mp_arena *arena, const mp_model *m, mp_param **params, int *n);
-/* A tied model under pp > 1: appends the last stage's copy of tok_embeddings.weight. */
+/* Under pp > 1, a tied model or (untied, not DualPipe) one with MTP modules: appends the
+ * last stage's copy of tok_embeddings.weight. */
 void mp_plan_tree_add_tied_copy(mp_plan *p);
 /* Sets every parameter's pipeline stage from p's mesh and layout. */
 void mp_plan_tree_set_stages(mp_plan *p);

@@ -2,12 +2,17 @@
  * docs "Custom Pipeline Model Parallel Layout"): virtual stages in model order split by '|',
  * each a string of symbols, E the embedding, t a transformer layer, m an MTP layer, L the
  * head and loss; a symbol or a parenthesised group followed by *N repeats N times; commas
- * and spaces are cosmetic. DeepSeek-V3 on pp 16 x vpp 2: "Et*3|(tt|)*29,m|L". Stage k of the
- * list is model chunk k: pipeline rank k mod pp, its chunk k / pp.
+ * and spaces are cosmetic. DeepSeek-V3 on pp 16 x vpp 2: "Et*3|(tt|)*29,t|mL". Stage k of the
+ * list is model chunk k: pipeline rank k mod pp, its chunk k / pp. (The documentation's own
+ * example, "Et*3|(tt|)*29,m|L", puts the MTP layer on the stage before the loss, which
+ * validate_layer_layout's rule forbids and meshplan refuses.)
  *
  * meshplan reads a layout into the plan's per-chunk layer counts (mp_plan_options.pp_layers)
  * and writes one back from them. The embedding is always on the first chunk and the head on
- * the last, so the layout must say so; MTP layers are not modelled and are refused. */
+ * the last, so the layout must say so; MTP layers (m) go on the last virtual stage after its
+ * layers, as Megatron-Core requires (pipeline_parallel_layer_layout.py, validate_layer_layout,
+ * core_v0.14.0), where meshplan places them; their count is checked against the model's by
+ * the plan. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +34,8 @@ typedef struct {
 static mp_status bad(lexer *x, const char *what) {
   return mp_error(x->ctx, MP_ERR_USAGE,
                   "pipeline layout '%s': %s at offset %d; write virtual stages split by '|' of E "
-                  "(embedding), t (layer) and L (loss), with X*N or (...)*N repeats, e.g. "
-                  "\"Et*3|(tt|)*29,t|L\"",
+                  "(embedding), t (layer), m (MTP layer) and L (loss), with X*N or (...)*N repeats, e.g. "
+                  "\"Et*3|(tt|)*29,m|L\"",
                   x->src, what, (int)(x->p - x->src));
 }
 
@@ -80,15 +85,16 @@ static mp_status sequence(lexer *x, int depth) {
 
 /* The expanded stages into per-chunk layer counts. */
 static mp_status count_stages(lexer *x, mp_plan_options *o) {
-  int n = 0, e_at = -1, l_at = -1, layers = 0;
+  int n = 0, e_at = -1, l_at = -1, layers = 0, m_at = -1, mtp = 0;
   for (size_t i = 0; i <= x->n; i++) {
     const char c = i < x->n ? x->out[i] : '|';
     if (c == 'E') e_at = e_at < 0 ? n : -2;
     else if (c == 'L') l_at = l_at < 0 ? n : -2;
+    else if (c == 't' && mtp > 0 && m_at == n)
+      return mp_error(x->ctx, MP_ERR_USAGE, "pipeline layout '%s': a layer (t) after an MTP layer (m); the "
+                      "MTP layers follow the model's layers", x->src);
     else if (c == 't') layers++;
-    else if (c == 'm')
-      return mp_error(x->ctx, MP_ERR_UNSUPPORTED, "pipeline layout '%s': MTP layers ('m') are not modelled; "
-                      "drop them from the layout", x->src);
+    else if (c == 'm') m_at = m_at < 0 || m_at == n ? n : -2, mtp++;
     if (c != '|') continue;
     if (n == MP_PP_MAX_LAYOUT)
       return mp_error(x->ctx, MP_ERR_USAGE, "pipeline layout '%s': more than %d virtual stages", x->src,
@@ -100,7 +106,12 @@ static mp_status count_stages(lexer *x, mp_plan_options *o) {
   if (e_at != 0 || l_at != n - 1)
     return mp_error(x->ctx, MP_ERR_USAGE, "pipeline layout '%s': the embedding (E) goes once on the first "
                     "virtual stage and the loss (L) once on the last, where meshplan places them", x->src);
+  if (mtp > 0 && m_at != n - 1)
+    return mp_error(x->ctx, MP_ERR_USAGE, "pipeline layout '%s': the MTP layers (m) go together on the last "
+                    "virtual stage, with the loss (L), where Megatron-Core and meshplan place them", x->src);
   o->n_pp_layers = n;
+  o->pp_mtp = mtp;
+  o->pp_mtp_stated = 1;
   return MP_OK;
 }
 
@@ -113,12 +124,12 @@ mp_status mp_pp_layout_parse(mp_ctx *ctx, const char *s, mp_plan_options *o) {
   return st;
 }
 
-/* Chunk k's symbols: E on the first, its layers, L on the last. */
+/* Chunk k's symbols: E on the first, its layers, the MTP layers and L on the last. */
 static int stage_text(const mp_plan_options *o, int k, char *buf, size_t cap) {
-  const int t = o->pp_layers[k];
-  return snprintf(buf, cap, "%s%s%.0d%s%s", k == 0 ? "E" : "", t == 1 ? "t" : t > 1 ? "t*" : "",
-                  t > 1 ? t : 0, t > 1 && k == o->n_pp_layers - 1 ? "," : "",
-                  k == o->n_pp_layers - 1 ? "L" : "");
+  const int t = o->pp_layers[k], last = k == o->n_pp_layers - 1, m = last ? o->pp_mtp : 0;
+  return snprintf(buf, cap, "%s%s%.0d%s%s%.0d%s%s", k == 0 ? "E" : "", t == 1 ? "t" : t > 1 ? "t*" : "",
+                  t > 1 ? t : 0, t > 1 && last ? "," : "", m == 1 ? "m" : m > 1 ? "m*" : "", m > 1 ? m : 0,
+                  m > 1 ? "," : "", last ? "L" : "");
 }
 
 int mp_pp_layout_format(const mp_plan_options *o, char *buf, size_t cap) {

@@ -37,6 +37,10 @@ static const char *const k_module_names[MP_MOD_COUNT] = {
     [MP_MOD_KV_A] = "attention.kv_a_proj_with_mqa",
     [MP_MOD_KV_A_NORM] = "attention.kv_a_layernorm",
     [MP_MOD_KV_B] = "attention.kv_b_proj",
+    [MP_MOD_MTP_ENORM] = "enorm",
+    [MP_MOD_MTP_HNORM] = "hnorm",
+    [MP_MOD_MTP_EH_PROJ] = "eh_proj",
+    [MP_MOD_MTP_NORM] = "shared_head.norm",
 };
 
 int mp_module_f8_source(mp_module m) {

@@ -68,8 +68,9 @@ static mp_param *add_param(builder *b, mp_module mod, int layer, mp_param_role r
 
 /* Upper bound on parameters: 2 embeddings + 2 head + per block at most
  * 2 norms x 2 + 4 attention Linear x 2 + 2 qk norms + 3 MLP x 2 + router + 3 experts +
- * 3 shared = 26 (MLA: 5 Linears and 2 norms in place of 4 Linears with biases); round up. */
-static int tree_cap(const mp_model *m) { return (int)(8 + 32 * m->n_layers); }
+ * 3 shared = 26 (MLA: 5 Linears and 2 norms in place of 4 Linears with biases); round up;
+ * an MTP module's block and 3 norms x 2 + eh_proj. */
+static int tree_cap(const mp_model *m) { return (int)(8 + 32 * m->n_layers + 40 * m->mtp_layers); }
 
 /* Multi-head latent attention's modules of block l in forward order (exec/model.h): the
  * query path, the key/value path, o_proj. 0, or -1 when out of memory. */
@@ -89,48 +90,65 @@ static int mla_tree(builder *b, const mp_model *m, int l) {
   return 0;
 }
 
-/* 0 on success, -1 when out of memory (or capacity). */
-static int build_tree(builder *b, const mp_model *m) {
+/* Block l's modules in forward order: its norms, attention, and MLP or MoE. 0, or -1 when
+ * out of memory. */
+static int block_tree(builder *b, const mp_model *m, int l) {
   const int64_t H = m->d_model, hd = m->head_dim;
   const int64_t q_out = m->n_heads * hd, kv_out = m->n_kv_heads * hd;
   const int gpt = m->family == MP_FAMILY_GPT;
   const int lbias = gpt && m->bias;          /* biases on every Linear and LayerNorm */
   const int qkvb = lbias || m->qkv_bias;     /* biases on q/k/v */
+  NORM(MP_MOD_ATTN_NORM, l, H, lbias);
+  if (mp_model_is_mla(m)) {
+    if (mla_tree(b, m, l) < 0) return -1;
+  } else {
+    LINEAR(MP_MOD_Q, l, q_out, H, qkvb);
+    LINEAR(MP_MOD_K, l, kv_out, H, qkvb);
+    LINEAR(MP_MOD_V, l, kv_out, H, qkvb);
+    if (m->qk_norm) {
+      NORM(MP_MOD_Q_NORM, l, hd, 0);
+      NORM(MP_MOD_K_NORM, l, hd, 0);
+    }
+    LINEAR(MP_MOD_O, l, H, q_out, lbias);
+  }
+  NORM(MP_MOD_FFN_NORM, l, H, lbias);
+  if (mp_model_layer_is_moe(m, l)) {
+    const int64_t E = m->n_experts, fe = m->d_ff_expert;
+    LINEAR(MP_MOD_ROUTER, l, E, H, 0);
+    ADD(MP_MOD_EXPERTS_GATE, l, MP_ROLE_WEIGHT, 3, E, fe, H);
+    ADD(MP_MOD_EXPERTS_UP, l, MP_ROLE_WEIGHT, 3, E, fe, H);
+    ADD(MP_MOD_EXPERTS_DOWN, l, MP_ROLE_WEIGHT, 3, E, H, fe);
+    if (m->n_shared_experts > 0) {
+      const int64_t fs = m->d_ff_shared;
+      LINEAR(MP_MOD_SHARED_GATE, l, fs, H, 0);
+      LINEAR(MP_MOD_SHARED_UP, l, fs, H, 0);
+      LINEAR(MP_MOD_SHARED_DOWN, l, H, fs, 0);
+    }
+  } else {
+    if (!gpt) LINEAR(MP_MOD_GATE, l, m->d_ff, H, 0);
+    LINEAR(MP_MOD_UP, l, m->d_ff, H, lbias);
+    LINEAR(MP_MOD_DOWN, l, H, m->d_ff, lbias);
+  }
+  return 0;
+}
 
+/* 0 on success, -1 when out of memory (or capacity). The MTP modules (layers n_layers ..)
+ * follow the trunk in forward order: enorm, hnorm, eh_proj [H, 2H] without bias, the block,
+ * the module's final norm (Megatron-Core's MultiTokenPredictionLayer, core_v0.14.0). */
+static int build_tree(builder *b, const mp_model *m) {
+  const int64_t H = m->d_model;
+  const int gpt = m->family == MP_FAMILY_GPT;
+  const int lbias = gpt && m->bias;
   ADD(MP_MOD_TOK_EMBEDDINGS, -1, MP_ROLE_WEIGHT, 2, m->vocab, H, 1);
   if (gpt) ADD(MP_MOD_POS_EMBEDDINGS, -1, MP_ROLE_WEIGHT, 2, m->max_seq, H, 1);
-  for (int l = 0; l < (int)m->n_layers; l++) {
-    NORM(MP_MOD_ATTN_NORM, l, H, lbias);
-    if (mp_model_is_mla(m)) {
-      if (mla_tree(b, m, l) < 0) return -1;
-    } else {
-      LINEAR(MP_MOD_Q, l, q_out, H, qkvb);
-      LINEAR(MP_MOD_K, l, kv_out, H, qkvb);
-      LINEAR(MP_MOD_V, l, kv_out, H, qkvb);
-      if (m->qk_norm) {
-        NORM(MP_MOD_Q_NORM, l, hd, 0);
-        NORM(MP_MOD_K_NORM, l, hd, 0);
-      }
-      LINEAR(MP_MOD_O, l, H, q_out, lbias);
-    }
-    NORM(MP_MOD_FFN_NORM, l, H, lbias);
-    if (mp_model_layer_is_moe(m, l)) {
-      const int64_t E = m->n_experts, fe = m->d_ff_expert;
-      LINEAR(MP_MOD_ROUTER, l, E, H, 0);
-      ADD(MP_MOD_EXPERTS_GATE, l, MP_ROLE_WEIGHT, 3, E, fe, H);
-      ADD(MP_MOD_EXPERTS_UP, l, MP_ROLE_WEIGHT, 3, E, fe, H);
-      ADD(MP_MOD_EXPERTS_DOWN, l, MP_ROLE_WEIGHT, 3, E, H, fe);
-      if (m->n_shared_experts > 0) {
-        const int64_t fs = m->d_ff_shared;
-        LINEAR(MP_MOD_SHARED_GATE, l, fs, H, 0);
-        LINEAR(MP_MOD_SHARED_UP, l, fs, H, 0);
-        LINEAR(MP_MOD_SHARED_DOWN, l, H, fs, 0);
-      }
-    } else {
-      if (!gpt) LINEAR(MP_MOD_GATE, l, m->d_ff, H, 0);
-      LINEAR(MP_MOD_UP, l, m->d_ff, H, lbias);
-      LINEAR(MP_MOD_DOWN, l, H, m->d_ff, lbias);
-    }
+  for (int l = 0; l < (int)m->n_layers; l++)
+    if (block_tree(b, m, l) < 0) return -1;
+  for (int l = (int)m->n_layers; l < (int)mp_model_n_blocks(m); l++) {
+    NORM(MP_MOD_MTP_ENORM, l, H, lbias);
+    NORM(MP_MOD_MTP_HNORM, l, H, lbias);
+    LINEAR(MP_MOD_MTP_EH_PROJ, l, H, 2 * H, 0);
+    if (block_tree(b, m, l) < 0) return -1;
+    NORM(MP_MOD_MTP_NORM, l, H, lbias);
   }
   NORM(MP_MOD_FINAL_NORM, -1, H, lbias);
   /* GPT-2's head has no bias, nor has Llama's. */
@@ -166,11 +184,20 @@ void mp_plan_tree_set_stages(mp_plan *p) {
   }
 }
 
-/* A tied model under pp > 1: the last stage holds a copy of tok_embeddings.weight as its
- * output head (Megatron-LM's shared embedding weight, kept in step by an all-reduce of the
- * two copies' gradients), appended after the final norm. The caller leaves room for it. */
+/* The embedding copy the last stage holds under pp > 1 (the caller leaves room for one):
+ *   tied: a copy of tok_embeddings.weight as its output head (Megatron-LM's shared embedding
+ *     weight, kept in step by an all-reduce of the two copies' gradients), which the MTP
+ *     modules' embedding lookup uses too;
+ *   untied with MTP modules: a copy of tok_embeddings.weight for their lookup of the shifted
+ *     tokens (Megatron-Core's gpt_model.py builds the embedding where `pre_process or
+ *     mtp_process`, all-reduced with stage 0's like a tied embedding, core_v0.14.0); none
+ *     under DualPipe, whose rank 0 holds the first and the last stage and so the one
+ *     embedding both use (DeepSeek-V3 sec. 3.2.1: shared physically).
+ * Appended after the final norm and head. */
 void mp_plan_tree_add_tied_copy(mp_plan *p) {
-  if (!p->model.tied_embeddings || p->mesh.size[MP_DIM_PP] <= 1) return;
+  const int pp = p->mesh.size[MP_DIM_PP];
+  const int mtp_copy = !p->model.tied_embeddings && p->model.mtp_layers > 0 && p->opts.pp_schedule != MP_PP_DUALPIPE;
+  if ((!p->model.tied_embeddings && !mtp_copy) || pp <= 1) return;
   const mp_param *e = NULL;
   for (int i = 0; i < p->n_params && e == NULL; i++)
     if (p->params[i].module == MP_MOD_TOK_EMBEDDINGS && p->params[i].role == MP_ROLE_WEIGHT)
@@ -178,13 +205,20 @@ void mp_plan_tree_add_tied_copy(mp_plan *p) {
   if (e == NULL) return;
   mp_param *c = &p->params[p->n_params++];
   *c = *e;
+  c->tied_copy = 1;
+  if (mtp_copy) {
+    c->fqn = "mtp.tok_embeddings.weight";
+    c->module_fqn = "mtp.tok_embeddings";
+    mp_plan_note(p, "PP: MTP: stage %d holds a copy of stage 0's tok_embeddings.weight for the MTP modules' "
+                    "embedding of the shifted tokens; the two copies' gradients are all-reduced every step",
+                 pp - 1);
+    return;
+  }
   c->module = MP_MOD_OUTPUT;
   c->fqn = "output.weight";
   c->module_fqn = "output";
   c->is_linear = 1;
-  c->tied_copy = 1;
   mp_plan_note(p, "PP: tied embeddings: stage %d's output head is a copy of stage 0's "
                   "tok_embeddings.weight; the two copies' gradients are all-reduced every step",
-               p->mesh.size[MP_DIM_PP] - 1);
+               pp - 1);
 }
-

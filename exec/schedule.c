@@ -1,6 +1,6 @@
 /* Step schedule builder: from a plan (exec/plan.h), the ordered ops of one training step on
  * one rank (exec/schedule.h). Walks the rank's pipeline stage: prologue, forward (embedding,
- * blocks, head and loss), backward in reverse, optimizer.
+ * blocks, the MTP modules, head and loss), backward in reverse, optimizer.
  *
  * The builder's files:
  *   schedule.c          the builder's steps, the block segments
@@ -10,6 +10,7 @@
  *                       of identical blocks)
  *   schedule_block.c    a block's ops, forward and backward, in the step's order
  *   schedule_head.c     the embedding, the head and the loss
+ *   schedule_mtp.c      the multi-token-prediction modules' input side and heads
  *   schedule_ops.c      emission primitives, GEMMs and Linears, TP and EP collectives,
  *                       norms (the FLOP and byte conventions)
  *   schedule_act.c      what a block saves under each AC policy, its recompute (the
@@ -72,6 +73,10 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
     pd.flags[k][1] = MP_DEP_PREV_REP;
   }
   if (dopt_g >= 0) pd.dep[0][0] = dopt_g; /* the block's first op waits for its parameters */
+  if (mp_model_layer_is_mtp(&g->p->model, l)) { /* an MTP module's input side first */
+    attach(g, &pd, PART_ATTN);
+    mp_sched_mtp_in_fwd(g);
+  }
   g->ms->block_fwd(g, kind, &pd);
   if (g->reshard) mp_sched_free_units(g, l, u0, nu, 0, N_PARTS - 1);
   /* the segment's last compute-stream op: what the next segment's gathers wait for */
@@ -353,8 +358,9 @@ static int32_t same_ac_len(const gen *g, int32_t a, int32_t r) {
 static void emit_blocks(gen *g, const mp_schedule_prep *pr, const stage_info *st, int backward,
                         carry *c) {
   const int32_t *run_len = pr->run_len;
+  const int32_t end = st->l1 < pr->mtp_l0 ? st->l1 : pr->mtp_l0; /* the trunk's */
   if (!backward) {
-    for (int32_t l = st->l0; l < st->l1; l++) {
+    for (int32_t l = st->l0; l < end; l++) {
       if (run_len[l] == 0) continue;
       for (int32_t a = l, r; a < l + run_len[l]; a += r) {
         r = same_ac_len(g, a, l + run_len[l] - a);
@@ -363,7 +369,7 @@ static void emit_blocks(gen *g, const mp_schedule_prep *pr, const stage_info *st
     }
     return;
   }
-  for (int32_t l = st->l1 - 1; l >= st->l0; l--) {
+  for (int32_t l = end - 1; l >= st->l0; l--) {
     /* a run [a, a + r) is written backward starting at its top layer */
     int32_t a = l;
     while (run_len[a] == 0) a--;
@@ -377,6 +383,24 @@ static void emit_blocks(gen *g, const mp_schedule_prep *pr, const stage_info *st
       top = lo - 1;
     }
     l = a;
+  }
+}
+
+/* The MTP modules after the trunk of the stage's last chunk (schedule_mtp.c), forward in
+ * depth order: each one's block segment (its input side first) and head; or backward from
+ * the deepest. */
+static void emit_mtp(gen *g, const mp_schedule_prep *pr, const stage_info *st, int backward, carry *c) {
+  if (!st->last) return;
+  if (!backward) {
+    for (int32_t l = pr->mtp_l0; l < pr->mtp_l1; l++) {
+      block_fwd_segment(g, st, l, 1, c); /* its input side, then the block */
+      mp_sched_mtp_head_fwd(g, l);
+    }
+    return;
+  }
+  for (int32_t l = pr->mtp_l1 - 1; l >= pr->mtp_l0; l--) {
+    mp_sched_mtp_head_bwd(g, l);
+    block_bwd_segment(g, st, l, 1, c); /* the block, then its input side */
   }
 }
 
@@ -450,11 +474,13 @@ static mp_status build_prepped(mp_ctx *ctx, const mp_plan *p, const mp_schedule_
     const int32_t rg = emit_forward_head(&g, &pr->chunk[k], &c, k == 0);
     if (k == 0) root_gather = rg;
     emit_blocks(&g, pr, &pr->chunk[k], 0, &c);
+    emit_mtp(&g, pr, &pr->chunk[k], 0, &c);
     emit_forward_tail(&g, &pr->chunk[k], root_gather);
   }
   for (int k = pr->v - 1; k >= 0; k--) { /* their backwards, in reverse */
     g.chunk = (uint8_t)k;
     emit_backward_head(&g, &pr->chunk[k], &c, k == pr->v - 1);
+    emit_mtp(&g, pr, &pr->chunk[k], 1, &c);
     emit_blocks(&g, pr, &pr->chunk[k], 1, &c);
     emit_backward_tail(&g, &pr->chunk[k], k == 0);
   }

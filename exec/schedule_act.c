@@ -521,6 +521,7 @@ void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   act(g, BUF_ACT_ATTN, a.attn, 0, a.kept);
   act(g, BUF_RC_ATTN, a.rc_attn, 0, 0);
   act(g, BUF_ACT_X, a.x, 0, 1);
+  if (mp_model_layer_is_mtp(&g->p->model, l)) mp_sched_mtp_in_bwd(g); /* its input side */
   pair(g, MP_MEM_TEMP, BUF_BWD_WS, ws, 0);
   mp_sched_free_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
   mp_sched_reduce_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);

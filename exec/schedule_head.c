@@ -145,10 +145,10 @@ static void loss_bwd(gen *g) {
 /* The head's forward ops up to the logits: the final norm on [Ts, H], the head's region
  * entered (SP: all-gather), the head GEMM, the logits gathered when not kept vocab-sharded;
  * `logits` is called where the logits' memory is allocated (before the GEMM). */
-static void head_fwd_ops(gen *g, void (*logits)(gen *g)) {
+static void head_fwd_ops(gen *g, void (*logits)(gen *g), int norm) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->tokens, H = sh->d_model;
-  mp_sched_norm_fwd(g, MP_MOD_FINAL_NORM, sh->tokens_sp, H);
+  mp_sched_norm_fwd(g, norm, sh->tokens_sp, H);
   mp_sched_tp_region_in_fwd(g, sh->tp > 1, head_module(sh), 0);
   logits(g);
   mp_sched_linear_fwd(g, head_module(sh), (double)T, sh->vocab_local, H, 1);
@@ -162,9 +162,12 @@ static void logits_rt(gen *g) { mp_sched_rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DEN
 
 /* The head and the loss under PyTorch's autograd (torchtitan, Megatron-LM): the final norm's
  * saved tensors, the logits, the loss as the stack computes it (loss_fwd). */
-void mp_sched_head_fwd(gen *g) {
+void mp_sched_head_fwd(gen *g) { mp_sched_head_norm_fwd(g, MP_MOD_FINAL_NORM); }
+
+/* The same after norm module `norm` (an MTP module's own final norm: schedule_mtp.c). */
+void mp_sched_head_norm_fwd(gen *g, int norm) {
   pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(&g->sh), 1);
-  head_fwd_ops(g, logits_tt);
+  head_fwd_ops(g, logits_tt, norm);
   loss_fwd(g);
 }
 
@@ -175,7 +178,7 @@ void mp_sched_head_fwd_rt(gen *g) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->tokens;
   mp_sched_rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 1);
-  head_fwd_ops(g, logits_rt);
+  head_fwd_ops(g, logits_rt, MP_MOD_FINAL_NORM);
   elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), T * sh->vocab_loss, FLOPS_LOSS,
               10.0 * (double)(T * sh->vocab_loss));
   if (sh->loss_parallel)
@@ -205,13 +208,15 @@ void mp_sched_head_bwd_rt(gen *g) {
   mp_sched_rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 0);
 }
 
-void mp_sched_head_bwd(gen *g) {
+void mp_sched_head_bwd(gen *g) { mp_sched_head_norm_bwd(g, MP_MOD_FINAL_NORM); }
+
+void mp_sched_head_norm_bwd(gen *g, int norm) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->tokens, H = sh->d_model;
   loss_bwd(g);
   mp_sched_linear_bwd(g, head_module(sh), (double)T, sh->vocab_local, H, 1);
   pair(g, MP_MEM_LOGITS, BUF_DLOGITS, 2 * T * sh->vocab_local, 0);
   mp_sched_tp_region_in_bwd(g, sh->tp_head_split, head_module(sh));
-  mp_sched_norm_bwd(g, MP_MOD_FINAL_NORM, sh->tokens_sp, H);
+  mp_sched_norm_bwd(g, norm, sh->tokens_sp, H);
   pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 0);
 }

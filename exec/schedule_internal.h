@@ -89,6 +89,8 @@ enum {
   BUF_LP_EXP,      /* DTensor loss parallel: exp() of it (forward) or of the saved output
                       (backward), fp32 */
   BUF_LP_SUM,      /* DTensor loss parallel backward: one-hot plus exp, fp32 */
+  BUF_ACT_MTP_IN,  /* an MTP module's input side, saved (schedule_mtp.c) */
+  BUF_RC_MTP_IN,   /* ... recomputed under full AC */
 };
 
 enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };
@@ -303,6 +305,8 @@ struct mp_schedule_prep {
   int64_t params_numel;
   rt_rest rest;             /* the runtime models' resident sums */
   int32_t *run_len;
+  int32_t mtp_l0, mtp_l1;   /* the MTP modules' blocks [mtp_l0, mtp_l1) the stage runs after
+                               its last chunk's trunk (the last stage's; else empty) */
   double flops_per_token;
 };
 
@@ -367,7 +371,7 @@ const mem_strategy *mp_sched_strategy(mp_mem_model m);
 #define SKIP_CORE (1u << 29)     /* the attention core */
 #define SKIP_RS (1u << 30)       /* a TP region's closing reduce-scatter (its output kept) */
 #define SKIP_RESIDUAL (1u << 31) /* the residual adds */
-#define SKIP_MOD(m) (1u << (m))
+#define SKIP_MOD(m) (1u << (m)) /* the MTP modules' (>= 28) run outside any recompute */
 
 /* ---- emission primitives (schedule_ops.c holds their slow paths) ------------------------ */
 
@@ -604,6 +608,12 @@ void mp_sched_head_bwd(gen *g);
 void mp_sched_head_bwd_rt(gen *g);
 void mp_sched_head_fwd(gen *g);
 void mp_sched_head_fwd_rt(gen *g);
+void mp_sched_head_norm_bwd(gen *g, int norm);
+void mp_sched_head_norm_fwd(gen *g, int norm);
+void mp_sched_mtp_head_bwd(gen *g, int32_t layer);
+void mp_sched_mtp_head_fwd(gen *g, int32_t layer);
+void mp_sched_mtp_in_bwd(gen *g);
+void mp_sched_mtp_in_fwd(gen *g);
 
 /* schedule_rt.c */
 int mp_sched_f8_source(int module);

@@ -146,7 +146,7 @@ static void read_shapes(gen *g) {
  * runtime models' per-tensor arrays, in the arena, zeroed. */
 static mp_status units_alloc(gen *g, rt_rest *rest) {
   const mp_plan *p = g->p;
-  const int L = (int)p->model.n_layers;
+  const int L = (int)mp_model_n_blocks(&p->model); /* the MTP modules' blocks too */
   const size_t np = (size_t)(p->n_params > 0 ? p->n_params : 1);
   g->has_fsdp = (p->applied & MP_PASS_FSDP) && p->n_units > 0;
   g->first_unit = mp_arena_alloc(g->arena, sizeof(int32_t) * (size_t)(L + 1));
@@ -239,12 +239,14 @@ static mp_status read_units(gen *g, int stage, int rank, int64_t *params_numel,
   return units_by_layer(g);
 }
 
-/* A tied model's embedding copy on this stage under pp > 1 (stage 0's tok_embeddings, the
- * last stage's output copy): its gradient at rest in the reduce dtype, the payload of the
+/* The embedding's copy on this stage under pp > 1 (stage 0's tok_embeddings, the last
+ * stage's copy: a tied model's output, or the MTP modules' embedding): its gradient at rest in the reduce dtype, the payload of the
  * two copies' all-reduce; 0 without one. */
 static int64_t tied_grad_bytes(const gen *g, int stage, int rank) {
   const mp_plan *p = g->p;
-  if (!p->model.tied_embeddings || p->mesh.size[MP_DIM_PP] <= 1) return 0;
+  int copied = 0; /* the last stage's copy (mp_plan_tree_add_tied_copy: tied, or for MTP) */
+  for (int i = p->n_params - 1; i >= 0 && !copied; i--) copied = p->params[i].tied_copy;
+  if (!copied || p->mesh.size[MP_DIM_PP] <= 1) return 0;
   for (int i = 0; i < p->n_params; i++) {
     const mp_param *prm = &p->params[i];
     const int tok = prm->module == MP_MOD_TOK_EMBEDDINGS && prm->role == MP_ROLE_WEIGHT;
@@ -349,7 +351,7 @@ mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedul
   int coords[MP_MESH_NDIMS];
   mp_mesh_coords(mesh, rank, coords);
   const int stage = coords[MP_DIM_PP], pp = mesh->size[MP_DIM_PP];
-  const int L = (int)p->model.n_layers, v = mp_plan_virtual_stages(p);
+  const int L = (int)mp_model_n_blocks(&p->model), v = mp_plan_virtual_stages(p);
   for (int c = 0; c < v; c++) {
     int64_t l0, l1;
     mp_plan_chunk_layers(p, stage, c, &l0, &l1);
@@ -357,6 +359,13 @@ mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedul
                                 stage == pp - 1 && c == v - 1};
   }
   pr->v = v;
+  /* the MTP modules' blocks follow the trunk on the last stage's last chunk, whose range
+   * then covers them (what its blocks prefetch, its gathers and reductions see) */
+  pr->mtp_l0 = pr->mtp_l1 = (int32_t)p->model.n_layers;
+  if (stage == pp - 1) {
+    pr->mtp_l1 = L;
+    pr->chunk[v - 1].l1 = L;
+  }
   stage_info st = {pr->chunk[0].l0, pr->chunk[v - 1].l1, stage == 0, stage == pp - 1};
   read_shapes(&g);
   int64_t params_numel = 0;
@@ -365,7 +374,12 @@ mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedul
   pr->tied_grad_bytes = tied_grad_bytes(&g, stage, rank);
   int32_t *run_len = mp_arena_alloc(arena, sizeof(int32_t) * (size_t)(L + 1));
   MP_CHECK_ALLOC(ctx, run_len);
-  for (int c = 0; c < v; c++) find_runs(&g, &pr->chunk[c], mode, run_len);
+  for (int c = 0; c < v; c++) { /* the trunk's runs; an MTP block is a run of one */
+    stage_info trunk = pr->chunk[c];
+    if (trunk.l1 > pr->mtp_l0) trunk.l1 = pr->mtp_l0;
+    find_runs(&g, &trunk, mode, run_len);
+  }
+  for (int32_t l = pr->mtp_l0; l < pr->mtp_l1; l++) run_len[l] = 1;
   pr->params = p->params;
   pr->units = p->units;
   pr->n_params = p->n_params;

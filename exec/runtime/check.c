@@ -142,6 +142,11 @@ mp_status mp_runtime_model_check(mp_ctx *ctx, const mp_model *m, int64_t seq) {
   if (m->qkv_bias || m->qk_norm || m->bias)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: q/k/v biases and q/k norms (Qwen2/Qwen3) are not "
                     "implemented in the runtime yet", m->name);
+  if (m->mtp_layers > 0)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: its %lld multi-token-prediction module%s (mtp_layers, "
+                    "DeepSeek-V3 sec. 2.2) %s planned and simulated only, not built in the runtime: train "
+                    "with --mtp-num-layers 0", m->name, (long long)m->mtp_layers, m->mtp_layers > 1 ? "s" : "",
+                    m->mtp_layers > 1 ? "are" : "is");
   if (!mp_model_is_mla(m) && m->head_dim % 2)
     return mp_error(ctx, MP_ERR_INVALID, "model %s: RoPE needs an even head_dim (got %lld)", m->name,
                     (long long)m->head_dim);

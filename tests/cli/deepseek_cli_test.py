@@ -6,7 +6,9 @@ meshplan's own files, and context parallelism simulated.
 
 Usage: deepseek_cli_test.py MESHPLAN HF_DIR"""
 import json
+import os
 import sys
+import tempfile
 
 import cli_check
 from cli_check import check, fails, run
@@ -18,7 +20,9 @@ cli_check.BIN, HF = sys.argv[1], sys.argv[2]
 # The MFU is model FLOPs over step time x peak (989.4 TFLOP/s bf16, data/gpus/h100-sxm.json),
 # so mfu x step x peak x GPUs / tokens gives back the FLOPs per token the run used:
 # tests/exec/model_test.cc's hand count, 6 x 36,625,603,584 activated parameters without the
-# input embedding + 6 x 61 x 128 x (192 + 128) x 4096 = 281,158,232,064.
+# input embedding + 6 x 61 x 128 x (192 + 128) x 4096 = 281,158,232,064, and its MTP module's
+# 10,695,309,312 (Megatron's count: its block, norms, eh_proj and head, and its attention):
+# 291,853,541,376; with --mtp-num-layers 0 the first figure.
 SIM = ["simulate", "--gpus", "256", "--gpu", "h100-sxm", "--mesh", "dp_shard=256,ep=64",
        "--ac", "full", "--seq", "4096", "--json"]
 p = run(*SIM, "--model", "deepseek-v3")
@@ -26,7 +30,14 @@ if p.returncode == 0:
     d = json.loads(p.stdout)
     tokens = d["global_batch"] * d["seq"]
     fpt = d["mfu"] * d["step_time_s"] * 989.4e12 * 256 / tokens
-    check(abs(fpt / 281158232064 - 1) < 1e-9, f"V3 FLOPs per token {fpt:.6g}, want 281158232064")
+    check(abs(fpt / 291853541376 - 1) < 1e-9, f"V3 FLOPs per token {fpt:.6g}, want 291853541376")
+    z = run(*SIM, "--model", "deepseek-v3", "--mtp-num-layers", "0")
+    if z.returncode == 0:
+        e = json.loads(z.stdout)
+        fpt0 = e["mfu"] * e["step_time_s"] * 989.4e12 * 256 / tokens
+        check(abs(fpt0 / 281158232064 - 1) < 1e-9, f"V3 without MTP: FLOPs per token {fpt0:.6g}")
+        check(e["step_time_s"] < d["step_time_s"] and e["peak_mem_bytes"] < d["peak_mem_bytes"],
+              "V3 without its MTP module is not faster and smaller")
     # Plausible: published large-MoE training on H800/H100 runs at 20-45 % MFU; full AC and
     # FSDP's gathers over 256 ranks put this plan in that band, never above the compute bound.
     check(0.15 < d["mfu"] < 0.55, f"V3 MFU {d['mfu']:.3f} outside 0.15..0.55")
@@ -38,8 +49,13 @@ if p.returncode == 0:
         h = json.loads(q.stdout)
         check(h["step_time_s"] == d["step_time_s"] and h["peak_mem_bytes"] == d["peak_mem_bytes"],
               "V3 --hf-config predicts otherwise than deepseek-v3.json")
-    check("num_nextn_predict_layers=1" in q.stderr and "not modelled" in q.stderr,
-          f"V3's multi-token-prediction notice missing: {q.stderr.strip()}")
+    check("not modelled" not in q.stderr, f"V3's config read with a notice: {q.stderr.strip()}")
+# --mtp-num-layers takes 0..512 - n_layers; the runtime refuses MTP by name
+p = run("simulate", "--model", "deepseek-v3", "--mtp-num-layers", "-1", want_rc=2)
+check("--mtp-num-layers '-1': expected an integer in 0..451" in p.stderr, f"--mtp-num-layers -1: {p.stderr.strip()}")
+p = run("train", "--model", "deepseek-v3", "--steps", "1", want_rc=2)
+check("multi-token-prediction module" in p.stderr and "--mtp-num-layers 0" in p.stderr,
+      f"train does not refuse MTP by name: {p.stderr.strip()[:300]}")
 
 # ---- plan: DeepSeek-V2-Lite on 8 H100s ------------------------------------------------
 p = run("plan", "--model", "deepseek-v2-lite", "--gpus", "8", "--gpu", "h100-sxm", "--no-db")
@@ -104,6 +120,29 @@ if p.returncode == 0:
         check(any("kv_a_proj_with_mqa" in l for l in table), "kv_a_proj_with_mqa missing from the table")
         bad = [l for l in table if l[col - 1] != " " or l[col] != "["]
         check(not bad, f"rows whose shape is not under 'global': {bad[:2]}")
+
+# ---- validate's mtp_layers column: empty is the model's (1), 0 plans without the module ----
+# each row's prediction is simulate's with the same options and --mtp-num-layers
+HDR = ("case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,"
+       "pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,async_tp,stack,metric,"
+       "value,notes,mtp_layers")
+ROW = "v3_{0},test,deepseek-v3,256,h100-sxm,8,400,1,256,1,1,,,1,64,4096,1,1,256,full,0,0,,torchtitan-compile,"\
+      "tokens_per_s_per_gpu,1000,test,{1}"
+tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+csv_path = os.path.join(tmp, "mtp.csv")
+with open(csv_path, "w") as f:
+    f.write(HDR + "\n" + ROW.format("model", "") + "\n" + ROW.format("none", "0") + "\n")
+p = run("validate", csv_path, "--json")
+if p.returncode == 0:
+    got = {r["case"]: r["predicted"] for r in json.loads(p.stdout)["rows"]}
+    for case, mtp in (("v3_model", "1"), ("v3_none", "0")):
+        q = run("simulate", "--model", "deepseek-v3", "--gpus", "256", "--gpu", "h100-sxm", "--mesh",
+                "dp_shard=256,ep=64", "--ac", "full", "--seq", "4096", "--micro-batch", "1", "--global-batch", "256",
+                "--stack", "torchtitan-compile", "--mtp-num-layers", mtp, "--json")
+        if q.returncode == 0:
+            want = json.loads(q.stdout)["tokens_per_s_per_gpu"]
+            check(abs(got.get(case, 0) / want - 1) < 1e-12, f"validate {case}: {got.get(case)}, simulate {want}")
+    check(got.get("v3_none", 0) > got.get("v3_model", 0), "the mtp_layers column changes nothing")
 
 for f in fails:
     print("FAIL:", f)

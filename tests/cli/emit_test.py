@@ -304,6 +304,27 @@ check('--pipeline-model-parallel-layout E|(t|)*126L\n' in text and "--num-virtua
 p = run("simulate", "--gpus", "64", "--model", "llama3.1-8b", "--mesh", "dp_shard=16,pp=4", "--pp-layers", "7,9,9,7",
         "--emit", "torchtitan", "--out", os.path.join(tmp, "uneven"), want_rc=2)
 check("a stated stage layout (--pp-layers)" in p.stderr, "torchtitan with --pp-layers: " + p.stderr)
+# DeepSeek-V3's MTP module: Megatron-Core's --mtp-num-layers, and in a stated layout its 'm'
+# on the last stage beside the loss; torchtitan v0.2.0 builds none and is refused by name
+V3 = ("--gpus", "2048", "--model", "deepseek-v3", "--mesh", "pp=16,dp_replicate=128,ep=64", "--stack",
+      "megatron-core", "--global-batch", "15360", "--seq", "4096", "--ac", "full")
+_, text = emitted("megatron", *V3)
+check("--mtp-num-layers 1\n" in text, "deepseek-v3's MTP module not written as --mtp-num-layers: " + text)
+_, text = emitted("megatron", *V3[:-6], "--global-batch", "16384", "--seq", "4096", "--ac", "full", "--pp-schedule",
+                  "interleaved", "--pp-virtual", "2", "--pp-layout", "Et*3|(tt|)*28t|t|mL")
+check("--pipeline-model-parallel-layout Et*3|(t*2|)*28(t|)*2mL\n" in text,
+      "deepseek-v3's layout not written with its MTP layer: " + text)
+bad = os.path.join(tmp, "nomtp.args")
+with open(bad, "w") as f:
+    f.write(text.replace("--mtp-num-layers 1\n", ""))
+p = run("simulate", "--from", bad, "--gpus", "2048", want_rc=2)
+check("names 1 MTP layers (m) but --mtp-num-layers is 0" in p.stderr, "a layout's m without --mtp-num-layers: " + p.stderr)
+_, text = emitted("megatron", *V3, "--mtp-num-layers", "0")
+check("--mtp-num-layers" not in body(text), "--mtp-num-layers 0 written: " + text)
+p = run("simulate", "--gpus", "2048", "--model", "deepseek-v3", "--mesh", "pp=16,dp_shard=128,ep=64", "--emit",
+        "torchtitan", "--out", os.path.join(tmp, "mtp"), want_rc=2)
+check("builds no multi-token-prediction module" in p.stderr and "--mtp-num-layers 0" in p.stderr,
+      "torchtitan with MTP: " + p.stderr)
 # --out makes its folder
 fresh = os.path.join(tmp, "made", "")
 run("simulate", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_shard=8", "--emit", "torchtitan", "--out", fresh)

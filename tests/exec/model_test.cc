@@ -697,8 +697,18 @@ TEST_F(ModelTest, DeepSeekV2LiteTotalAndActive) {
 //                  = 281,158,232,064
 //   V2-Lite at 4096: 6*2,451,435,008 + 6*27*16*320*4096  =  14,708,610,048 +  3,397,386,240
 //                  =  18,105,996,288
+// DeepSeek-V3's MTP module adds, as Megatron's num_floating_point_operations counts it
+// (training.py, core_v0.14.0), 6 x per token of: its block's active parameters (MLA
+// 187,107,328 + 2 norms 14,336 + 8 routed experts x 3 x 7168 x 2048 = 352,321,536 + router
+// 256 x 7168 = 1,835,008 + shared 3 x 7168 x 2048 = 44,040,192: 585,318,400), 3 norms and
+// eh_proj (3 x 7168 + 2 x 7168^2 = 102,781,952) and its head (129,280 x 7168 = 926,679,040):
+// 6 x 1,614,779,392 = 9,688,676,352; and one block's attention, 6 x 128 heads x (192 + 128)
+// x 4096 = 1,006,632,960: 10,695,309,312 in all (per 4,096-token micro-batch forward: 4.795
+// TFLOP block GEMMs, 0.687 attention, 0.842 eh_proj, 7.591 head).
 TEST_F(ModelTest, DeepSeekFlopsPerToken) {
   Load("deepseek-v3");
+  EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 4096), 281158232064.0 + 10695309312.0);
+  m.mtp_layers = 0;
   EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 4096), 281158232064.0);
   Load("deepseek-v2-lite");
   EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 4096), 18105996288.0);

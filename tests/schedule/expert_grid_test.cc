@@ -142,7 +142,7 @@ TEST(ExpertGrid, MegatronMoeRoutesTheShardWithoutTpCollectives) {
 TEST(ExpertGrid, MoeUnderAPipelineKeepsAllToAllsInsideAStage) {
   const struct {
     int rank, stage, moe_layers;
-  } cases[] = {{0, 0, 0}, {128, 1, 4}, {1920 + 77, 15, 3}};
+  } cases[] = {{0, 0, 0}, {128, 1, 4}, {1920 + 77, 15, 4}}; /* stage 15: 3 blocks and the MTP block */
   for (const auto &c : cases) {
     SCOPED_TRACE(c.rank);
     Built b;

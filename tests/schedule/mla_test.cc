@@ -81,10 +81,12 @@ TEST(Mla, DeepSeekV3ShapesAfterTensorParallel) {
     EXPECT_EQ(Weight(b.plan, layer, MP_MOD_V), nullptr);
   }
   EXPECT_STREQ(Weight(b.plan, 0, MP_MOD_KV_A)->fqn, "layers.0.attention.kv_a_proj_with_mqa.weight");
-  // The plan's parameters add up to the model's count.
+  // The plan's parameters add up to the model's count and its MTP module's (DeepSeek-V3's
+  // 671,026,404,352 and 11,610,067,968: tests/schedule/mtp_test.cc derives the latter).
   int64_t total = 0;
   for (int i = 0; i < b.plan->n_params; i++) total += mp_param_numel(&b.plan->params[i]);
-  EXPECT_EQ(total, mp_model_param_count(&b.model));
+  EXPECT_EQ(total, mp_model_param_count(&b.model) + mp_model_mtp_params(&b.model));
+  EXPECT_EQ(mp_model_param_count(&b.model), 671026404352LL);
 }
 
 // DeepSeek-V2-Lite at tp=8 (16 heads: 2 per rank), no q latent: q_proj [16 x 192 = 3072,

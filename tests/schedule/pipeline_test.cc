@@ -473,13 +473,28 @@ TEST(PipelineSchedule, MegatronLayoutNotation) {
   ASSERT_GT(mp_pp_layout_format(&o, buf, sizeof buf), 0);
   EXPECT_EQ(Layout(buf), ds) << buf;
   EXPECT_EQ(mp_pp_layout_format(&o, buf, 8), -1) << "does not fit";
+  // DeepSeek-V3's MTP layer on the last stage, after its layers and beside the loss: read
+  // into the counts and o.pp_mtp, written back with it
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_plan_options m;
+  mp_plan_options_init(&m);
+  ASSERT_EQ(mp_pp_layout_parse(&ctx, "Et*3|(t*4|)*14t*2,mL", &m), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(m.n_pp_layers, 16);
+  EXPECT_EQ(m.pp_layers[0], 3);
+  EXPECT_EQ(m.pp_layers[15], 2);
+  EXPECT_EQ(m.pp_mtp, 1);
+  EXPECT_EQ(m.pp_mtp_stated, 1);
+  ASSERT_GT(mp_pp_layout_format(&m, buf, sizeof buf), 0);
+  EXPECT_STREQ(buf, "Et*3|(t*4|)*14t*2,mL");
   // refused, naming what is wrong
   const char *bad[][2] = {{"E|t*126", "the loss (L) once on the last"},
                           {"t|E|(t|)*125L", "the embedding (E) goes once on the first"},
                           {"E|(t|*126L", "a '(' without its ')'"},
                           {"E|t)|L", "a ')' without its '('"},
                           {"E|t*0|L", "a count of 1 or more"},
-                          {"E|(t|)*126mL", "MTP layers ('m') are not modelled"},
+                          {"Et*3|(tt|)*29,m|L", "the MTP layers (m) go together on the last virtual stage"},
+                          {"E|(t|)*126m,tL", "a layer (t) after an MTP layer (m)"},
                           {"E|(tx|)*126L", "an unknown symbol at offset 4"},
                           {"E|(t|)*200L", "more than 128 virtual stages"}};
   for (const auto &b : bad) {
