@@ -133,7 +133,7 @@ typedef struct block_act {
   int kept;                  /* the parts' kept tensors are forced saves (MP_MEM_KEPT) */
   int rc_first;              /* the recompute runs at the start of the backward (whole
                                 block), else right before the attention's backward */
-  uint32_t skip;             /* what the recompute does not run */
+  uint64_t skip;             /* what the recompute does not run */
 } block_act;
 
 /* Selective-op's forced saves of the MLP part (see the file comment); `shifted`: the
@@ -141,7 +141,7 @@ typedef struct block_act {
  * matmuls are the other ones: up #7 of a dense llama MLP; shared gate #7 and shared down #9
  * of an MoE block. */
 static void op_sac_mlp(const shapes *sh, int kind, int shifted, int64_t *keep, int64_t *in_all,
-                       uint32_t *skip) {
+                       uint64_t *skip) {
   const int64_t T = sh->tokens, rs = sh->sp ? 2 * sh->tokens_sp * sh->d_model : 0;
   if (shifted && kind == KIND_MOE) {
     *keep = (sh->has_shared ? 2 * T * sh->d_ff_shared + 2 * T * sh->d_model : 0) + rs;

@@ -238,7 +238,7 @@ typedef struct gen {
     int32_t layer, unit;
     int64_t rs, gbuf;
   } rs_in_flight;
-  uint32_t recompute_skips; /* under MP_PHASE_RECOMPUTE: what the block's AC policy keeps
+  uint64_t recompute_skips; /* under MP_PHASE_RECOMPUTE: what the block's AC policy keeps
                               and the recompute therefore does not run (SKIP_*) */
   mp_act_layout layout[2]; /* runtimes: the activation layout (exec/act_layout.h) of a dense and of
                               an MoE block; under EP with balanced routing, N x top_k rows on
@@ -368,10 +368,11 @@ const mem_strategy *mp_sched_strategy(mp_mem_model m);
 
 /* What a recompute skips (gen.recompute_skips): a module's ops (its Linear's GEMMs, a norm) by the
  * bit 1 << module, and these. */
-#define SKIP_CORE (1u << 29)     /* the attention core */
-#define SKIP_RS (1u << 30)       /* a TP region's closing reduce-scatter (its output kept) */
-#define SKIP_RESIDUAL (1u << 31) /* the residual adds */
-#define SKIP_MOD(m) (1u << (m)) /* the MTP modules' (>= 28) run outside any recompute */
+#define SKIP_CORE (1ull << 61)     /* the attention core */
+#define SKIP_RS (1ull << 62)       /* a TP region's closing reduce-scatter (its output kept) */
+#define SKIP_RESIDUAL (1ull << 63) /* the residual adds */
+#define SKIP_MOD(m) (1ull << (m)) /* bits below SKIP_CORE's: MP_MOD_COUNT <= 61 (asserted below) */
+_Static_assert(MP_MOD_COUNT <= 61, "a module's skip bit must stay below SKIP_CORE");
 
 /* ---- emission primitives (schedule_ops.c holds their slow paths) ------------------------ */
 
@@ -384,7 +385,7 @@ static inline int64_t mp_sched_dopt_ways(const gen *g) {
   return mp_mesh_group_size(&g->p->mesh, mp_sched_ddp_group(g));
 }
 
-static inline int skipped(const gen *g, uint32_t bit) {
+static inline int skipped(const gen *g, uint64_t bit) {
   return g->phase == MP_PHASE_RECOMPUTE && (g->recompute_skips & bit) != 0;
 }
 
@@ -599,7 +600,7 @@ int64_t mp_sched_mla_up_saved(const shapes *sh);
 int64_t mp_sched_mla_attn_saved(const shapes *sh, int64_t in);
 /* What selective-op AC keeps of an MLA attention's matmul outputs (bytes), *in_saved the part
  * of it the attention saves without AC too, the recompute's skips added to *skip. */
-int64_t mp_sched_mla_op_sac(const shapes *sh, int64_t *in_saved, uint32_t *skip);
+int64_t mp_sched_mla_op_sac(const shapes *sh, int64_t *in_saved, uint64_t *skip);
 
 /* schedule_head.c: the embedding, the head and the loss */
 void mp_sched_embedding_bwd(gen *g);

@@ -33,7 +33,7 @@
  * with a query latent q_a #1 [T, ql], kv_a #3 [T, kvl + rope] and o #5 [T, H] (q_b #2 and
  * kv_b #4 recomputed); without, q_proj #1 [T, q] and kv_b #3 [T, kvb] (kv_a #2 and o #4
  * recomputed). */
-int64_t mp_sched_mla_op_sac(const shapes *sh, int64_t *in_saved, uint32_t *skip) {
+int64_t mp_sched_mla_op_sac(const shapes *sh, int64_t *in_saved, uint64_t *skip) {
   const int64_t T = sh->tokens;
   if (sh->q_lora > 0) {
     *skip |= SKIP_MOD(MP_MOD_Q_A) | SKIP_MOD(MP_MOD_KV_A) | SKIP_MOD(MP_MOD_O);
