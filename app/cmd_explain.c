@@ -118,7 +118,7 @@ static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_
   if (o->sp == 1 && !e->prof.sp)
     return mp_error(ctx, MP_ERR_USAGE, "--sp: stack %s does not run sequence parallelism",
                     e->prof.name);
-  mp_stack_plan_options(&e->prof, o);
+  mp_stack_plan_options(&e->prof, &e->cluster.gpu, o);
   MP_CHECK(mp_cmd_cp_rotate(ctx, &k_spec, &e->prof, o));
   MP_CHECK(mp_cmd_megatron_fsdp(ctx, &k_spec, &e->prof, o));
   MP_CHECK(mp_cmd_async_tp(ctx, &k_spec, &e->prof, o));

@@ -354,7 +354,7 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
   if (j->o.sp == 1 && !j->prof.sp)
     return mp_error(ctx, MP_ERR_USAGE,
                     "meshplan simulate: --sp: stack %s does not run sequence parallelism", j->prof.name);
-  mp_stack_plan_options(&j->prof, &j->o);
+  mp_stack_plan_options(&j->prof, &j->c.gpu, &j->o);
   MP_CHECK(mp_cmd_cp_rotate(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_async_tp(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_moe_comm(ctx, &k_spec, &j->prof, &j->o));

@@ -141,7 +141,7 @@ static mp_status read_mesh(mp_ctx *ctx, const char *where, const mp_vrow *v, mp_
 static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, row_job *j) {
   mp_plan_options *o = &j->o;
   mp_plan_options_init(o);
-  mp_stack_plan_options(&j->prof, o);
+  mp_stack_plan_options(&j->prof, &j->c.gpu, o);
   MP_CHECK(mp_ac_parse(ctx, v->ac, &o->ac, &o->ac_every));
   o->fp8 = v->fp8 != 0;
   if (v->fp8_recipe[0] && !mp_fp8_recipe_parse(v->fp8_recipe, &o->fp8_opts.recipe))

@@ -162,6 +162,8 @@ const mp_param *mp_plan_param_source(const mp_plan *p, int i) {
   return q;
 }
 
+int mp_fp8_gemm_any_layout(int cc) { return (cc >= 100 && cc < 120) || cc >= 130; }
+
 void mp_plan_options_init(mp_plan_options *o) {
   memset(o, 0, sizeof *o);
   o->tp.shard_logits = 1; /* loss parallel: logits stay vocab-sharded (torchtitan default) */

@@ -240,7 +240,21 @@ typedef enum mp_fp8_recipe {
 typedef struct mp_float8_options {
   int all_gather; /* FSDP all-gathers float8 weights (only without TP, tensorwise) */
   mp_fp8_recipe recipe;
+  int gpu_cc;     /* the GPU's compute capability (90 for sm_90; 0: none named, priced as
+                     Hopper's), which decides whether Transformer Engine's per-tensor float8
+                     keeps transposed copies (mp_fp8_gemm_any_layout). Set from the cluster's
+                     GPU by mp_stack_plan_options; the simulator refuses a Transformer Engine
+                     float8 plan whose GPU differs from the cluster's in that respect */
 } mp_float8_options;
+
+/* Whether a GPU of compute capability cc runs float8 GEMMs on operands of any layout, not
+ * only TN (both row-major along the reduction dim): Transformer Engine's
+ * nvte_is_non_tn_fp8_gemm_supported (transformer_engine/common/transformer_engine.cpp,
+ * v2.8), true for 10.x, 11.x and 13.x and later. Where it is, the per-tensor quantizers
+ * (delayed and current scaling) write no transposed copy of a tensor used transposed
+ * (transformer_engine/pytorch/csrc/quantizer.cpp, Float8Quantizer and
+ * Float8CurrentScalingQuantizer: with_transpose = columnwise_usage && !that). */
+int mp_fp8_gemm_any_layout(int cc);
 
 typedef struct mp_fsdp_options {
   int reshard_after_forward; /* free gathered params after forward, gather again in backward */

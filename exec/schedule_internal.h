@@ -179,6 +179,10 @@ typedef struct shapes {
                                Engine's float8 under any: mem_strategy) */
   mp_fp8_recipe fp8_recipe; /* the plan's float8 recipe (resolved by the Float8 pass) */
   int fp8_te;               /* Transformer Engine's float8 (mem_strategy.fp8_te) */
+  int fp8_te_copies;        /* float8 copies a Transformer Engine cast writes of a tensor used
+                               both ways: 2 (the row-major one and the transposed or MXFP8's
+                               and blockwise's column-scaled one), 1 where the GPU takes any
+                               layout under a per-tensor recipe (schedule_prep.c) */
 } shapes;
 
 typedef struct gen {

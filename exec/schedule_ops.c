@@ -32,7 +32,9 @@
  *     linear.py, layernorm_linear.py): the weight is cast once a step with its transposed
  *     copy and kept for every micro-batch (Megatron-Core passes is_first_microbatch), an
  *     input or output gradient is cast with its transposed copy in one kernel
- *     (cast_transpose: read 2, write 1 + 1; current scaling's amax pass 2 more), a fused
+ *     (cast_transpose: read 2, write 1 + 1; current scaling's amax pass 2 more), the
+ *     transposed copies only where the GPU's float8 GEMMs take TN operands alone (Hopper;
+ *     shapes.fp8_te_copies, schedule_prep.c: on Blackwell the row-major codes alone), a fused
  *     LayerNormLinear's norm emits float8 itself under delayed scaling (the transposed copy
  *     made in backward, read 1 write 1), q/k/v and gate/up are one Linear each (linear_qkv,
  *     linear_fc1) sharing one cast input, and the amaxes of each model chunk's pass are
@@ -179,7 +181,7 @@ static int te_shares_input(const gen *g, int module) {
 
 /* Transformer Engine's LayerNormLinear: the norm before q/k/v and gate/up emits the float8
  * input itself under delayed scaling (its scale known before the norm runs); the
- * transposed copy for the weight gradient is made in backward. */
+ * transposed copy for the weight gradient, where the GPU needs one, is made in backward. */
 static int te_norm_emits(const gen *g, int module) {
   return g->sh.fp8_te && g->sh.fp8_recipe == MP_FP8_DELAYED &&
          (module == MP_MOD_Q || module == MP_MOD_GATE || module == MP_MOD_SHARED_GATE);
@@ -246,13 +248,15 @@ void mp_sched_linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, 
     return;
   }
   if (g->sh.fp8_te) {
-    /* the weight with its transposed copy once a step (not re-run by a recompute) */
+    /* the weight with its transposed copy (where the GPU needs one) once a step (not re-run
+     * by a recompute) */
+    const int copies = g->sh.fp8_te_copies;
     if (g->phase != MP_PHASE_RECOMPUTE) {
-      const int32_t i = cast_copies(g, module, w, MP_VAR_FWD, 2);
+      const int32_t i = cast_copies(g, module, w, MP_VAR_FWD, copies);
       if (i >= 0) g->ops[i].when = MP_WHEN_FIRST_MICRO;
     }
     if (!mp_sched_f8_input(g, module) && !te_shares_input(g, module) && !te_norm_emits(g, module))
-      cast_copies(g, module, x, MP_VAR_FWD, 2);
+      cast_copies(g, module, x, MP_VAR_FWD, copies);
   } else {
     if (!g->sh.fp8_all_gather) {
       dtensor_amax_tp(g, module, MP_TP_NONE);
@@ -304,10 +308,12 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
   if (g->sh.fp8_te) {
     /* dy with its transposed copy (gathered in float8 under SP: its transpose here); the
      * weight's copies kept from the forward; the input's transposed copy made here where
-     * the forward wrote only the row-major one (gathered, or the norm's) */
-    if (!f8_grad_out(g, module)) cast_copies(g, module, dy, MP_VAR_BWD, 2);
-    else transpose8(g, module, dy, MP_VAR_BWD);
-    if (!te_shares_input(g, module) && (mp_sched_f8_input(g, module) || te_norm_emits(g, module)))
+     * the forward wrote only the row-major one (gathered, or the norm's). Where the GPU
+     * takes any layout (fp8_te_copies 1) the row-major codes serve both GEMMs. */
+    const int two = g->sh.fp8_te_copies == 2;
+    if (!f8_grad_out(g, module)) cast_copies(g, module, dy, MP_VAR_BWD, g->sh.fp8_te_copies);
+    else if (two) transpose8(g, module, dy, MP_VAR_BWD);
+    if (two && !te_shares_input(g, module) && (mp_sched_f8_input(g, module) || te_norm_emits(g, module)))
       transpose8(g, module, x, MP_VAR_BWD);
   } else {
     /* dy gathered in float8 (f8_grad_out) is row-major [T, out]; the weight gradient's

@@ -60,6 +60,13 @@ static void read_fp8_shapes(const mp_plan *p, shapes *sh) {
   sh->fp8_all_gather = p->opts.fp8_opts.all_gather && on && sh->tp == 1;
   sh->fp8_recipe = p->opts.fp8_opts.recipe;
   sh->fp8_te = on && ms->fp8_te;
+  /* Transformer Engine's per-tensor quantizers (delayed and current scaling) write a
+   * transposed copy only where float8 GEMMs take TN operands alone
+   * (mp_fp8_gemm_any_layout); MXFP8's column-wise copy is scaled per 32 elements along the
+   * other dim, a second quantization on every GPU (MXFP8Quantizer, quantizer.cpp, v2.8),
+   * and blockwise's likewise (Float8BlockQuantizer) */
+  const int per_tensor = sh->fp8_recipe == MP_FP8_DELAYED || sh->fp8_recipe == MP_FP8_TENSORWISE;
+  sh->fp8_te_copies = per_tensor && mp_fp8_gemm_any_layout(p->opts.fp8_opts.gpu_cc) ? 1 : 2;
   /* torchao's float8 TP modules scale tensorwise; Transformer Engine gathers float8 under
    * every recipe */
   sh->fp8_tp_codes = sh->tp > 1 && on && ms->fp8_tp_codes && (ms->fp8_te || sh->fp8_recipe == MP_FP8_TENSORWISE);

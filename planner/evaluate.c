@@ -55,7 +55,7 @@ mp_status mp_sim_evaluator_init(mp_ctx *ctx, mp_sim_evaluator *ev, const mp_mode
   if (ev->stack.mem_model == MP_MEM_MODEL_MESHPLAN_CUDA)
     MP_CHECK(mp_gpu_check_cuda(ctx, &c->gpu, "meshplan's CUDA runtime (stack meshplan-cuda)"));
   /* the stack's runtime decides the memory the schedule describes (and its dtypes) */
-  mp_stack_plan_options(&ev->stack, &ev->base);
+  mp_stack_plan_options(&ev->stack, &c->gpu, &ev->base);
   ev->sim.cluster = c;
   ev->sim.stack = &ev->stack;
   ev->sim.mem_headroom = headroom;

@@ -187,10 +187,20 @@ mp_status mp_sim_fp8_recipe_check(mp_ctx *ctx, const mp_gpu *g, mp_fp8_recipe r)
                   need / 10, need % 10, g->name, g->compute_capability / 10, g->compute_capability % 10);
 }
 
-/* A float8 plan's recipe on the cluster's GPU (mp_sim_fp8_recipe_check). */
+/* A float8 plan's recipe on the cluster's GPU (mp_sim_fp8_recipe_check); under Transformer
+ * Engine (the megatron memory model) the plan's float8 layouts must be the GPU's
+ * (mp_fp8_gemm_any_layout: its schedule writes transposed copies or none). */
 static mp_status plan_recipe_check(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg) {
   if (!(p->applied & MP_PASS_FLOAT8)) return MP_OK;
-  return mp_sim_fp8_recipe_check(ctx, &cfg->cluster->gpu, p->opts.fp8_opts.recipe);
+  const mp_gpu *g = &cfg->cluster->gpu;
+  const int cc = p->opts.fp8_opts.gpu_cc;
+  if (p->opts.mem_model == MP_MEM_MODEL_MEGATRON &&
+      mp_fp8_gemm_any_layout(cc) != mp_fp8_gemm_any_layout(g->compute_capability))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "the plan's float8 GEMMs were laid out for compute capability %d.%d but %s is "
+                    "%d.%d: build the plan's options with mp_stack_plan_options on this cluster's GPU",
+                    cc / 10, cc % 10, g->name, g->compute_capability / 10, g->compute_capability % 10);
+  return mp_sim_fp8_recipe_check(ctx, g, p->opts.fp8_opts.recipe);
 }
 
 static mp_status simulate_built_in(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,

@@ -274,8 +274,9 @@ void mp_stack_kernel_scale_format(const mp_stack_profile *p, const mp_gpu *g, ch
     snprintf(buf + n, cap - (size_t)n, "x%.3f", k.fp8_gemm);
 }
 
-void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o) {
+void mp_stack_plan_options(const mp_stack_profile *p, const mp_gpu *g, mp_plan_options *o) {
   o->mem_model = p->mem_model;
+  o->fp8_opts.gpu_cc = g->compute_capability;
   o->attn = p->attn;
   o->loss = p->loss;
   o->dp = p->mem_model == MP_MEM_MODEL_MEGATRON ? MP_DP_DDP : MP_DP_FSDP;

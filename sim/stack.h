@@ -42,8 +42,9 @@ extern "C" {
  * kernels, SP off where it does not run it, and the dtypes it keeps: meshplan-cpu keeps
  * and gathers every tensor in fp32 (fp32 gathered parameters and master weights),
  * meshplan-cuda keeps fp32 masters and gathers bf16. Other options are left as they
- * are. */
-void mp_stack_plan_options(const mp_stack_profile *p, mp_plan_options *o);
+ * are. The GPU the plan runs on (the cluster's) gives the float8 options its compute
+ * capability: every caller names it, so no schedule prices another GPU's float8 layouts. */
+void mp_stack_plan_options(const mp_stack_profile *p, const mp_gpu *g, mp_plan_options *o);
 
 /* The multipliers mp_stack_kernel_scale gives for a stack on a GPU. */
 typedef struct mp_stack_kernel_scale {

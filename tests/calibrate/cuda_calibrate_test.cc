@@ -530,7 +530,7 @@ TEST(Float8ByPass, PlanUsesTheFloat8TableForFloat8PlansOnly) {
     o.micro_batch = 4;
     o.global_batch = 4;
     o.fp8 = fp8;
-    mp_stack_plan_options(&st, &o);
+    mp_stack_plan_options(&st, &cl.gpu, &o);
     double compute[2];
     for (int k = 0; k < 2; k++) {
       mp_sim_config cfg;

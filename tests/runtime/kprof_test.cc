@@ -85,7 +85,9 @@ void SimBusy(mp_plan_options o, mp_sim_busy *b, mp_sim_result *r) {
   mp_stack_profile stack;
   ASSERT_EQ(mp_stack_load(&ctx, "meshplan-cpu", &stack), MP_OK) << mp_errmsg(&ctx);
   const int f8_codes = o.f8_codes;
-  mp_stack_plan_options(&stack, &o);
+  mp_gpu gpu;
+  EXPECT_EQ(mp_gpu_load(&ctx, "cpu", &gpu), MP_OK) << mp_errmsg(&ctx);
+  mp_stack_plan_options(&stack, &gpu, &o);
   o.f8_codes = f8_codes;
   mp_mesh mesh;
   mp_mesh_init(&mesh);

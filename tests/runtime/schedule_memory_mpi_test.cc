@@ -73,7 +73,9 @@ void CheckCase(const Case &k) {
   o.ac = k.ac;
   o.fp8 = k.fp8;
   o.fsdp.reshard_after_forward = k.reshard;
-  mp_stack_plan_options(&prof, &o);
+  mp_gpu gpu;
+  EXPECT_EQ(mp_gpu_load(&ctx, "cpu", &gpu), MP_OK) << mp_errmsg(&ctx);
+  mp_stack_plan_options(&prof, &gpu, &o);
   mp_plan *p = nullptr;
   ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_OK) << mp_errmsg(&ctx);
   int64_t local_batch = 0, n_micro = 0;

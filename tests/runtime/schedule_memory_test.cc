@@ -60,7 +60,9 @@ void CheckCase(const Case &k) {
   o.global_batch = 4;  // two micro-batches: the peak must not grow from one to the next
   o.ac = k.ac;
   o.fp8 = k.fp8;
-  mp_stack_plan_options(&prof, &o);
+  mp_gpu gpu;
+  EXPECT_EQ(mp_gpu_load(&ctx, "cpu", &gpu), MP_OK) << mp_errmsg(&ctx);
+  mp_stack_plan_options(&prof, &gpu, &o);
   o.f8_codes = k.f8_codes;
   mp_plan *p = nullptr;
   ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_OK) << mp_errmsg(&ctx);
@@ -167,7 +169,9 @@ void CheckCudaCase(const CudaCase &k, const mp_backend *be) {
   o.global_batch = k.global_batch;
   o.ac = k.ac;
   o.fp8 = k.fp8;
-  mp_stack_plan_options(&prof, &o);
+  mp_gpu gpu;
+  EXPECT_EQ(mp_gpu_load(&ctx, "h100-sxm", &gpu), MP_OK) << mp_errmsg(&ctx);
+  mp_stack_plan_options(&prof, &gpu, &o);
   ASSERT_EQ(o.fsdp.param_dtype, MP_DTYPE_BF16);
   mp_plan *p = nullptr;
   ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_OK) << mp_errmsg(&ctx);
@@ -288,7 +292,9 @@ TEST(ScheduleMemory, StacksNameTheirMemoryModels) {
     ASSERT_EQ(mp_stack_load(&ctx, n, &prof), MP_OK) << n << ": " << mp_errmsg(&ctx);
     mp_plan_options o;
     mp_plan_options_init(&o);
-    mp_stack_plan_options(&prof, &o);
+    mp_gpu gpu;
+    EXPECT_EQ(mp_gpu_load(&ctx, "h100-sxm", &gpu), MP_OK) << mp_errmsg(&ctx);
+    mp_stack_plan_options(&prof, &gpu, &o);
     EXPECT_EQ(o.mem_model, std::string(n) == "meshplan-cuda" ? MP_MEM_MODEL_MESHPLAN_CUDA : MP_MEM_MODEL_TORCHTITAN)
         << n;
     EXPECT_EQ(o.fsdp.param_dtype, MP_DTYPE_BF16) << n;

@@ -21,7 +21,7 @@ TEST(MegatronDdp, BucketPreparationReachesThePipelinedStep) {
   for (int on = 0; on <= 1; on++) {
     PlanCase k("llama3.1-8b", "h100-8", "pp=2,dp_replicate=4");
     ASSERT_EQ(mp_stack_load(&k.ctx, "megatron-core", &k.prof), MP_OK) << mp_errmsg(&k.ctx);
-    mp_stack_plan_options(&k.prof, &k.o);
+    mp_stack_plan_options(&k.prof, &k.c.gpu, &k.o);
     k.o.seq = 4096;
     k.o.micro_batch = 1;
     k.o.global_batch = 16;

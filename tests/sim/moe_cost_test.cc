@@ -182,7 +182,9 @@ struct Qwen {
     EXPECT_EQ(mp_mesh_parse(&ctx, "dp_shard=8,ep=8", 8, &mesh), MP_OK) << mp_errmsg(&ctx);
     EXPECT_EQ(mp_stack_load(&ctx, "torchtitan-compile", &prof), MP_OK) << mp_errmsg(&ctx);
     mp_plan_options_init(&o);
-    mp_stack_plan_options(&prof, &o);
+    mp_gpu gpu;
+    EXPECT_EQ(mp_gpu_load(&ctx, "h100-sxm", &gpu), MP_OK) << mp_errmsg(&ctx);
+    mp_stack_plan_options(&prof, &gpu, &o);
     o.seq = 4096;
     o.micro_batch = 1;
     o.global_batch = 8;
@@ -277,7 +279,9 @@ TEST(MoeCost, RoutingRefusals) {
     ASSERT_EQ(mp_stack_load(&ctx, k.stack, &prof), MP_OK) << mp_errmsg(&ctx);
     mp_plan_options o;
     mp_plan_options_init(&o);
-    mp_stack_plan_options(&prof, &o);
+    mp_gpu gpu;
+    EXPECT_EQ(mp_gpu_load(&ctx, "h100-sxm", &gpu), MP_OK) << mp_errmsg(&ctx);
+    mp_stack_plan_options(&prof, &gpu, &o);
     o.seq = 64;
     o.moe_routing.imbalance = k.f;
     o.moe_routing.capacity_factor = k.c;

@@ -651,7 +651,7 @@ TEST(PlanTime, FoldedRingEqualsTheExpandedOne) {
 static void TorchtitanEager8b(PlanCase *s) {
   ASSERT_EQ(mp_stack_load(&s->ctx, "torchtitan-eager", &s->prof), MP_OK);
   ASSERT_EQ(mp_cluster_make(&s->ctx, "h100-96gb-500w", 8, 8, &s->c), MP_OK);
-  mp_stack_plan_options(&s->prof, &s->o);
+  mp_stack_plan_options(&s->prof, &s->c.gpu, &s->o);
   s->o.seq = 8192;
   s->o.micro_batch = 2;
 }
@@ -836,7 +836,7 @@ TEST(Workspace, ReuseChangesNoResult) {
       ASSERT_EQ(mp_stack_default(&ctx, &cl.gpu, &def), MP_OK) << mp_errmsg(&ctx);
       mp_plan_options o;
       mp_plan_options_init(&o);
-      mp_stack_plan_options(&def, &o);
+      mp_stack_plan_options(&def, &cl.gpu, &o);
       o.seq = 1024;
       o.micro_batch = 1;
       o.global_batch = 32;

@@ -286,7 +286,9 @@ TEST(Stacks, ContextParallelRotateMethod) {
   EXPECT_EQ(p.cp_rotate, MP_CP_ROTATE_ALLTOALL);
   mp_plan_options o;
   mp_plan_options_init(&o);
-  mp_stack_plan_options(&p, &o);
+  mp_gpu gpu;
+  EXPECT_EQ(mp_gpu_load(&ctx, "h100-sxm", &gpu), MP_OK) << mp_errmsg(&ctx);
+  mp_stack_plan_options(&p, &gpu, &o);
   EXPECT_EQ(o.cp_rotate, MP_CP_ROTATE_ALLTOALL);
   EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"cp_rotate\":\"ring\"").c_str(), "x.json", &p),
             MP_ERR_INVALID);
@@ -315,7 +317,9 @@ TEST(Stacks, CompiledRingWaits) {
     ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
     mp_plan_options o;
     mp_plan_options_init(&o);
-    mp_stack_plan_options(&p, &o);
+    mp_gpu gpu;
+    EXPECT_EQ(mp_gpu_load(&ctx, "h100-sxm", &gpu), MP_OK) << mp_errmsg(&ctx);
+    mp_stack_plan_options(&p, &gpu, &o);
     EXPECT_EQ(o.cp_wait_at_issue, compiled) << n;
   }
   EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"memory_model\":\"megatron\",\"cp_overlap\":false").c_str(),
@@ -335,7 +339,9 @@ TEST(Stacks, MegatronCoreSwitches) {
     ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
     mp_plan_options o;
     mp_plan_options_init(&o);
-    mp_stack_plan_options(&p, &o);
+    mp_gpu gpu;
+    EXPECT_EQ(mp_gpu_load(&ctx, "h100-sxm", &gpu), MP_OK) << mp_errmsg(&ctx);
+    mp_stack_plan_options(&p, &gpu, &o);
     EXPECT_EQ(o.mem_model, MP_MEM_MODEL_MEGATRON) << n;
     EXPECT_EQ(o.ddp.shard_optimizer, core) << n;
     EXPECT_EQ(o.ddp.overlap, core) << n;

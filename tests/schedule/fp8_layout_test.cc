@@ -1,0 +1,128 @@
+// Transformer Engine's float8 copies by the GPU's compute capability: on Hopper (9.0) its
+// float8 GEMMs take TN operands alone, so a tensor used transposed (the weight in the input
+// gradient's GEMM, the input and the output gradient in the weight gradient's) gets a
+// transposed float8 copy beside the row-major one; on Blackwell (10.0) the per-tensor
+// quantizers write none (transformer_engine/common/transformer_engine.cpp,
+// nvte_is_non_tn_fp8_gemm_supported; transformer_engine/pytorch/csrc/quantizer.cpp,
+// Float8Quantizer: with_transpose = columnwise_usage && !that; v2.8). MXFP8's column-wise
+// copy is a second quantization on every GPU. Bytes and ops by hand from the shapes.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "tests/schedule/built.h"
+
+using namespace sched_test;
+
+namespace {
+
+constexpr double T = 8192, H = 4096;  // llama3.1-8b, seq 8192, micro-batch 1, dp_replicate=8
+
+// One Linear's ops in layer 5 in one phase: its float8 casts' bytes (in order), its GEMMs
+// and the float8 buffers allocated right before one of its ops (an allocation names no
+// module).
+struct LinearOps {
+  std::vector<double> casts;
+  std::vector<mp_dtype> cast_dtypes;
+  int gemms = 0;
+  std::vector<int64_t> fp8_allocs;
+};
+
+LinearOps Of(const mp_schedule *s, int module, mp_phase phase) {
+  LinearOps r;
+  std::vector<int64_t> pending;
+  for (const Inst &x : Expand(s)) {
+    const mp_op *op = x.op;
+    if (x.layer != 5 || op->phase != phase) continue;
+    if (op->type == MP_OP_ALLOC && op->mem_cat == MP_MEM_FP8) pending.push_back(op->mem_bytes);
+    if (op->type != MP_OP_COMPUTE) continue;
+    if (op->module == module) {
+      r.fp8_allocs.insert(r.fp8_allocs.end(), pending.begin(), pending.end());
+      if (op->kernel == MP_KERNEL_FP8_CAST) {
+        r.casts.push_back(op->bytes);
+        r.cast_dtypes.push_back((mp_dtype)op->dtype);
+      }
+      r.gemms += op->kernel == MP_KERNEL_GEMM;
+    }
+    pending.clear();
+  }
+  return r;
+}
+
+void BuildOn(Built *b, int cc, mp_fp8_recipe recipe) {
+  Opts o;
+  o.mesh = "dp_replicate=8";
+  o.mem_model = MP_MEM_MODEL_MEGATRON;
+  o.fp8 = 1;
+  o.fp8_recipe = recipe;
+  o.gpu_cc = cc;
+  Build(b, o);
+}
+
+}  // namespace
+
+TEST(Fp8Layout, DelayedScalingWritesTransposesOnHopperOnly) {
+  // o_proj [H, H] on T tokens, delayed scaling (no amax pass: a cast reads 2 bytes and writes
+  // a byte a copy). Forward: the weight cast once a step and the input cast, each with its
+  // transposed copy on the H100 (2 + 1 + 1 = 4 bytes an element), the row-major codes alone
+  // on the B200 (3); one float8 GEMM; the float8 weight and input held across it
+  // (H x H + T x H bytes, the codes both GEMMs read on the B200). Backward: the output
+  // gradient cast (4 and 3 bytes an element), the input-gradient and weight-gradient GEMMs,
+  // its float8 buffers dy + weight + input.
+  Built h, bw;
+  BuildOn(&h, 90, MP_FP8_DELAYED);
+  BuildOn(&bw, 100, MP_FP8_DELAYED);
+  const LinearOps hf = Of(h.s, MP_MOD_O, MP_PHASE_FORWARD), bf = Of(bw.s, MP_MOD_O, MP_PHASE_FORWARD);
+  EXPECT_EQ(hf.casts, (std::vector<double>{4 * H * H, 4 * T * H}));
+  EXPECT_EQ(bf.casts, (std::vector<double>{3 * H * H, 3 * T * H}));
+  EXPECT_EQ(hf.gemms, 1);
+  EXPECT_EQ(bf.gemms, 1);
+  EXPECT_EQ(hf.fp8_allocs, (std::vector<int64_t>{(int64_t)(H * H + T * H)}));
+  EXPECT_EQ(bf.fp8_allocs, hf.fp8_allocs);
+  const LinearOps hb = Of(h.s, MP_MOD_O, MP_PHASE_BACKWARD), bb = Of(bw.s, MP_MOD_O, MP_PHASE_BACKWARD);
+  EXPECT_EQ(hb.casts, (std::vector<double>{4 * T * H}));
+  EXPECT_EQ(bb.casts, (std::vector<double>{3 * T * H}));
+  EXPECT_EQ(hb.gemms, 2);
+  EXPECT_EQ(bb.gemms, 2);
+  EXPECT_EQ(bb.fp8_allocs, (std::vector<int64_t>{(int64_t)(2 * T * H + H * H)}));
+  // q (a LayerNormLinear: the norm emits its float8 input row-major): the H100 transposes
+  // that input in backward (a float8 read and write, 2 bytes an element, E4M3) after the
+  // output gradient's cast; the B200's weight-gradient GEMM reads the norm's codes as they
+  // are. The weight cast: 4 and 3 bytes an element of H x H.
+  const LinearOps hq = Of(h.s, MP_MOD_Q, MP_PHASE_BACKWARD), bq = Of(bw.s, MP_MOD_Q, MP_PHASE_BACKWARD);
+  EXPECT_EQ(hq.casts, (std::vector<double>{4 * T * H, 2 * T * H}));
+  EXPECT_EQ(hq.cast_dtypes.back(), MP_DTYPE_FP8_E4M3);
+  EXPECT_EQ(bq.casts, (std::vector<double>{3 * T * H}));
+  EXPECT_EQ(Of(h.s, MP_MOD_Q, MP_PHASE_FORWARD).casts, (std::vector<double>{4 * H * H}));
+  EXPECT_EQ(Of(bw.s, MP_MOD_Q, MP_PHASE_FORWARD).casts, (std::vector<double>{3 * H * H}));
+}
+
+TEST(Fp8Layout, CurrentScalingOnBlackwellAndMxfp8OnEither) {
+  // Current scaling (tensorwise) adds the amax pass (2 bytes an element): o's input cast
+  // 6 bytes an element on the H100, 5 on the B200 and on the GB200 (10.0), and on a 12.0
+  // GPU (RTX Blackwell: TN only, as Hopper) 6 again.
+  for (int cc : {90, 100, 120}) {
+    Built b;
+    BuildOn(&b, cc, MP_FP8_TENSORWISE);
+    const double per = cc == 100 ? 5 : 6;
+    EXPECT_EQ(Of(b.s, MP_MOD_O, MP_PHASE_FORWARD).casts, (std::vector<double>{per * H * H, per * T * H})) << cc;
+  }
+  // MXFP8 (Blackwell only): its column-wise copy is scaled along the other dim, a second
+  // quantization; each cast writes both, 2 + 2 x (1 + 1/32) bytes an element.
+  Built mx;
+  BuildOn(&mx, 100, MP_FP8_MXFP8);
+  const double per = 2 + 2 * (1 + 1.0 / 32);
+  EXPECT_EQ(Of(mx.s, MP_MOD_O, MP_PHASE_FORWARD).casts, (std::vector<double>{per * H * H, per * T * H}));
+}
+
+TEST(Fp8Layout, GpuFunctionFollowsTransformerEngine) {
+  // nvte_is_non_tn_fp8_gemm_supported: (cc >= 100 && cc < 120) || cc >= 130
+  EXPECT_FALSE(mp_fp8_gemm_any_layout(89));
+  EXPECT_FALSE(mp_fp8_gemm_any_layout(90));
+  EXPECT_TRUE(mp_fp8_gemm_any_layout(100));
+  EXPECT_TRUE(mp_fp8_gemm_any_layout(103));
+  EXPECT_TRUE(mp_fp8_gemm_any_layout(110));
+  EXPECT_FALSE(mp_fp8_gemm_any_layout(120));
+  EXPECT_FALSE(mp_fp8_gemm_any_layout(121));
+  EXPECT_TRUE(mp_fp8_gemm_any_layout(130));
+}
