@@ -41,6 +41,7 @@ static mp_opt k_opts[] = {
     {"--cp", "N", "context parallel degree", NULL},
     MP_OPT_CP_ROTATE,
     MP_OPT_MEGATRON_FSDP,
+    MP_OPT_FP8_PARAM_GATHER,
     MP_OPT_ASYNC_TP,
     MP_OPT_MOE_DISPATCHER,
     MP_OPT_OVERLAP_MOE_COMM,

@@ -240,6 +240,10 @@ typedef enum mp_fp8_recipe {
 typedef struct mp_float8_options {
   int all_gather; /* FSDP all-gathers float8 weights (only without TP, tensorwise) */
   mp_fp8_recipe recipe;
+  int param_gather; /* Megatron-Core's --fp8-param-gather (megatron memory model): the float8
+                       Linears' model weights kept as Transformer Engine float8 tensors
+                       (fp8_model_init), 1 byte at rest and in the distributed optimizer's or
+                       Megatron FSDP's parameter all-gather; the fp32 main weights stay */
 } mp_float8_options;
 
 typedef struct mp_fsdp_options {
