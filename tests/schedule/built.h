@@ -30,6 +30,7 @@ struct Opts {
   mp_ac_mode ac = MP_AC_NONE;
   int fp8 = 0;
   mp_fp8_recipe fp8_recipe = MP_FP8_DEFAULT;  // the stack's (mp_fp8_recipe_of)
+  int fp8_param_gather = 0;                   // Megatron-Core's --fp8-param-gather
   int reshard = 1;
   int shard_logits = 1;
   int sp = -1;  // the plan's default: on with tp > 1
@@ -63,6 +64,7 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.ac = o.ac;
   po.fp8 = o.fp8;
   po.fp8_opts.recipe = o.fp8_recipe;
+  po.fp8_opts.param_gather = o.fp8_param_gather;
   po.fsdp.reshard_after_forward = o.reshard;
   po.tp.shard_logits = o.shard_logits;
   po.sp = o.sp;
