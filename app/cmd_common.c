@@ -184,8 +184,27 @@ mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
   return MP_OK;
 }
 
+/* --fp8-param-gather: on a megatron stack with --fp8 (its distributed optimizer or Megatron
+ * FSDP and the recipe are the Float8 pass's to check: exec/pass_float8.c). */
+static mp_status fp8_param_gather(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                                  mp_plan_options *o) {
+  if (!mp_args_has(spec, "--fp8-param-gather")) return MP_OK;
+  if (prof && prof->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--fp8-param-gather keeps Megatron-Core's weights as Transformer Engine float8 tensors; "
+                    "stack %s does not run it: use megatron-core or drop it", prof->name);
+  const char *fp8 = mp_args_get(spec, "--fp8");
+  if (fp8 == NULL || strcmp(fp8, "off") == 0)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--fp8-param-gather keeps the float8 Linears' weights in float8 and needs them: "
+                    "add --fp8 (Megatron-Core: fp8_param must be used together with fp8 mode)");
+  o->fp8_opts.param_gather = 1;
+  return MP_OK;
+}
+
 mp_status mp_cmd_megatron_fsdp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                                mp_plan_options *o) {
+  MP_CHECK(fp8_param_gather(ctx, spec, prof, o));
   const char *s = mp_args_get(spec, "--data-parallel-sharding-strategy");
   const int dbuf = mp_args_has(spec, "--fsdp-double-buffer");
   if (s == NULL && !dbuf) return MP_OK;

@@ -59,6 +59,7 @@ static mp_opt k_opts[] = {
     MP_OPT_SP,
     MP_OPT_CP_ROTATE,
     MP_OPT_MEGATRON_FSDP,
+    MP_OPT_FP8_PARAM_GATHER,
     MP_OPT_ASYNC_TP, MP_OPT_MOE_ROUTING,
     {"--fp8", "[on|off|auto|tensorwise|current|delayed|rowwise|mxfp8|blockwise]",
      "float8 Linear layers: bare or on, float8 plans only under the stack's recipe; a recipe's name, "

@@ -41,6 +41,7 @@ static mp_opt k_opts[] = {
     {"--cp", "N", "context parallel degree", NULL},
     MP_OPT_CP_ROTATE,
     MP_OPT_MEGATRON_FSDP,
+    MP_OPT_FP8_PARAM_GATHER,
     MP_OPT_ASYNC_TP,
     MP_OPT_MOE_DISPATCHER,
     MP_OPT_OVERLAP_MOE_COMM,
@@ -131,6 +132,8 @@ static void fmt_plan_extras(const mp_mesh *mesh, const mp_plan_options *o, char 
   if (n >= 0 && (size_t)n < cap && rc[0]) n += snprintf(buf + n, cap - (size_t)n, ", recompute %s", rc);
   if (n >= 0 && (size_t)n < cap && o->moe_fp8_dispatch) n += snprintf(buf + n, cap - (size_t)n, ", fp8 dispatch");
   if (n >= 0 && (size_t)n < cap && o->fp8_act_cache) n += snprintf(buf + n, cap - (size_t)n, ", fp8 activation cache");
+  if (n >= 0 && (size_t)n < cap && o->fp8 && o->fp8_opts.param_gather)
+    n += snprintf(buf + n, cap - (size_t)n, ", fp8 param gather");
   if (n >= 0 && (size_t)n < cap && o->moment_dtype == MP_DTYPE_BF16) n += snprintf(buf + n, cap - (size_t)n, ", bf16 moments");
   if (n >= 0 && (size_t)n < cap && o->fsdp.reduce_dtype == MP_DTYPE_BF16)
     snprintf(buf + n, cap - (size_t)n, ", bf16 FSDP reduction");
@@ -214,6 +217,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   }
   if (o->moe_fp8_dispatch) cJSON_AddBoolToObject(j, "moe_fp8_dispatch", 1);
   if (o->fp8_act_cache) cJSON_AddBoolToObject(j, "fp8_act_cache", 1);
+  if (o->fp8 && o->fp8_opts.param_gather) cJSON_AddBoolToObject(j, "fp8_param_gather", 1);
   if (o->moment_dtype != MP_DTYPE_FP32) cJSON_AddStringToObject(j, "optimizer_moments", mp_dtype_name(o->moment_dtype));
   if (o->mem_model == MP_MEM_MODEL_MEGATRON && mesh->size[MP_DIM_DP_SHARD] > 1) { /* Megatron FSDP */
     cJSON_AddStringToObject(j, "data_parallel_sharding_strategy", mp_mfsdp_strategy_name(o->mfsdp_strategy));

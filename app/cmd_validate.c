@@ -36,7 +36,9 @@
  * (Megatron-Core's output-discarding recompute modules split by spaces, layernorm mla_up_proj
  * moe_act; empty or absent: none), fp8_act_cache (1: DeepSeek-V3's float8 activation cache;
  * empty or absent: off), optimizer_moments (fp32 or bf16: AdamW's moments; empty or absent:
- * fp32), mfsdp_strategy and fsdp_double_buffer (a megatron row with dp_shard > 1 runs Megatron
+ * fp32), fp8_param_gather (1: Megatron-Core's --fp8-param-gather, the float8 Linears' weights
+ * kept and gathered in float8; empty or absent: off), mfsdp_strategy and fsdp_double_buffer
+ * (a megatron row with dp_shard > 1 runs Megatron
  * FSDP: its --data-parallel-sharding-strategy, empty or absent optim_grads_params, and 1 for its
  * --fsdp-double-buffer, empty or absent off), fsdp_reduce_dtype (fp32 or bf16: the dtype FSDP
  * reduces gradients in, bf16 as FSDP1's MixedPrecision runs it in IBM's fms-fsdp; empty or
@@ -173,6 +175,10 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     return mp_error(ctx, MP_ERR_INVALID, "%s: mfsdp_strategy '%s': expected optim_grads_params, optim_grads, "
                     "optim or no_shard", where, v->mfsdp_strategy);
   o->fsdp_double_buffer = v->fsdp_double_buffer == 1;
+  if (v->fp8_param_gather == 1 && (o->mem_model != MP_MEM_MODEL_MEGATRON || !v->fp8))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_param_gather 1 is Megatron-Core's --fp8-param-gather, which "
+                    "needs fp8 1 on a megatron stack: empty the column", where);
+  o->fp8_opts.param_gather = v->fp8_param_gather == 1;
   if (v->fsdp_reduce_dtype[0] && !mp_cmd_fp32_bf16_parse(v->fsdp_reduce_dtype, &o->fsdp.reduce_dtype))
     return mp_error(ctx, MP_ERR_INVALID, "%s: fsdp_reduce_dtype '%s': expected fp32 or bf16", where,
                     v->fsdp_reduce_dtype);

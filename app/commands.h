@@ -90,7 +90,8 @@ mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *
  * fsdp_reduce_dtype columns read it. */
 int mp_cmd_fp32_bf16_parse(const char *name, mp_dtype *out);
 /* --data-parallel-sharding-strategy S and --fsdp-double-buffer (simulate, explain, plan) into
- * o->mfsdp_strategy and o->fsdp_double_buffer: Megatron FSDP's, on a megatron stack only
+ * o->mfsdp_strategy and o->fsdp_double_buffer: Megatron FSDP's, and --fp8-param-gather (with
+ * --fp8) into o->fp8_opts.param_gather: Megatron-Core's, on a megatron stack only
  * (prof NULL: not checked). MP_ERR_USAGE naming the choices otherwise. */
 mp_status mp_cmd_megatron_fsdp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                                mp_plan_options *o);

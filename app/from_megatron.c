@@ -44,7 +44,7 @@ static const struct {
     {"--expert-tensor-parallel-size", 1, MG_MAP}, {"--micro-batch-size", 1, MG_MAP},
     {"--global-batch-size", 1, MG_MAP}, {"--recompute-granularity", 1, MG_MAP}, {"--recompute-method", 1, MG_MAP},
     {"--recompute-num-layers", 1, MG_MAP}, {"--recompute-modules", 1, MG_LIST}, {"--fp8-format", 1, MG_MAP},
-    {"--fp8-recipe", 1, MG_MAP}, {"--attention-backend", 1, MG_MAP}, {"--transformer-impl", 1, MG_MAP},
+    {"--fp8-recipe", 1, MG_MAP}, {"--fp8-param-gather", 0, MG_MAP}, {"--attention-backend", 1, MG_MAP}, {"--transformer-impl", 1, MG_MAP},
     {"--group-query-attention", 0, MG_MAP}, {"--swiglu", 0, MG_MAP}, {"--disable-bias-linear", 0, MG_MAP},
     {"--add-qkv-bias", 0, MG_MAP}, {"--qk-layernorm", 0, MG_MAP},
     {"--untie-embeddings-and-output-weights", 0, MG_MAP}, {"--sequence-parallel", 0, MG_MAP},
@@ -631,7 +631,7 @@ static mp_status read_parallel(mp_ctx *ctx, const mg_args *a, const char *origin
   return read_stage_layers(ctx, a, origin, layers, p);
 }
 
-/* --recompute-* and --fp8-* as meshplan's policy and recipe: selective granularity with its
+/* --recompute-* and --fp8-* as meshplan's policy, recipe and float8 weights: selective granularity with its
  * modules (core_attn, Megatron-LM's default, is selective-core; layernorm, mla_up_proj and
  * moe_act the output-discarding modules, exec/plan.h), or full recompute of every layer. */
 static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, mp_from_plan *p) {
@@ -665,6 +665,9 @@ static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, 
                     m ? " --recompute-method " : "", m ? m : "", n ? " --recompute-num-layers " : "", n ? n : "");
   }
   const char *fmt = get(a, "--fp8-format", NULL), *recipe = get(a, "--fp8-recipe", NULL);
+  if (!fmt && has(a, "--fp8-param-gather"))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --fp8-param-gather without --fp8-format: Megatron-Core refuses it "
+                    "(fp8_param must be used together with fp8 mode); add --fp8-format hybrid", origin);
   if (!fmt) return MP_OK;
   if (strcmp(fmt, "hybrid") != 0)
     return mp_error(ctx, MP_ERR_USAGE, "%s: --fp8-format %s: meshplan prices hybrid (E4M3 forward, E5M2 "
@@ -674,6 +677,7 @@ static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, 
     return mp_error(ctx, MP_ERR_USAGE, "%s: --fp8-recipe %s: tensorwise, delayed, mxfp8 or blockwise", origin,
                     recipe);
   snprintf(p->fp8, sizeof p->fp8, "%s", recipe);
+  p->fp8_param_gather = has(a, "--fp8-param-gather");
   return MP_OK;
 }
 

@@ -123,6 +123,12 @@
   { "--fsdp-double-buffer", NULL, "Megatron FSDP's option of that name: the gathered weights in two " \
     "fixed unit buffers, so only the next layer is prefetched (default: up to 500M elements ahead)", \
     NULL }
+/* simulate, explain and plan: Megatron-Core's float8 model weights (mp_cmd_megatron_fsdp) */
+#define MP_OPT_FP8_PARAM_GATHER                                                                    \
+  { "--fp8-param-gather", NULL, "Megatron-Core's option of that name (with --fp8 on a megatron "     \
+    "stack, the distributed optimizer or Megatron FSDP): the float8 Linears' weights kept in "      \
+    "float8 (1 byte at rest, in the parameter all-gather; no per-step weight cast), refreshed from " \
+    "the fp32 masters after each step; delayed, tensorwise or blockwise", NULL }
 /* simulate, explain and plan: torchtitan's AsyncTP (mp_cmd_async_tp) */
 #define MP_OPT_ASYNC_TP                                                                            \
   { "--async-tp", NULL, "torchtitan's AsyncTP (with tp > 1 and SP): the all-gathers into and the " \

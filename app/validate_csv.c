@@ -222,6 +222,7 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_str(r, "optimizer_moments", row->optimizer_moments, sizeof row->optimizer_moments));
   MP_CHECK(opt_str(r, "mfsdp_strategy", row->mfsdp_strategy, sizeof row->mfsdp_strategy));
   MP_CHECK(opt_flag(r, "fsdp_double_buffer", &row->fsdp_double_buffer));
+  MP_CHECK(opt_flag(r, "fp8_param_gather", &row->fp8_param_gather));
   MP_CHECK(opt_str(r, "fsdp_reduce_dtype", row->fsdp_reduce_dtype, sizeof row->fsdp_reduce_dtype));
   MP_CHECK(opt_flag(r, "ce_fusion", &row->ce_fusion));
   MP_CHECK(opt_flag(r, "ddp_average_in_collective", &row->ddp_average_in_collective));

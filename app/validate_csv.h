@@ -78,6 +78,8 @@ typedef struct mp_vrow {
                               "" when absent or empty: optim_grads_params */
   int fsdp_double_buffer; /* 0 or 1: Megatron FSDP's --fsdp-double-buffer; -1 when absent or
                              empty: off */
+  int fp8_param_gather; /* 0 or 1: Megatron-Core's --fp8-param-gather (exec/plan.h); -1 when
+                           absent or empty: off */
   char fsdp_reduce_dtype[8]; /* fp32 or bf16 as written (exec/plan.h, fsdp.reduce_dtype); "" when
                                 absent or empty: the stack's, fp32 */
   int ce_fusion;        /* 0 or 1: Megatron-Core's --cross-entropy-loss-fusion (exec/plan.h,

@@ -50,6 +50,33 @@ static int dims_ok(const mp_param *prm, mp_fp8_recipe r) {
   return mp_rule_fp8_linear_ok(prm->tp_shape[e], prm->tp_shape[e + 1], r);
 }
 
+/* Megatron-Core's --fp8-param-gather (core_v0.14.0) as meshplan prices it: Transformer
+ * Engine's float8 model weights (fp8_model_init; TransformerConfig.fp8_param) under the
+ * distributed optimizer or Megatron FSDP, which megatron/training/arguments.py requires
+ * ("--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron
+ * fsdp"); under the delayed, current (tensorwise) and blockwise recipes, whose weights
+ * Transformer Engine's cast_master_weights_to_fp8 refreshes from the masters
+ * (transformer_engine/pytorch/tensor/utils.py, v2.6). MXFP8 weights are refused: that
+ * function raises NotImplementedError for them, and core_v0.14.0 gathers MXFP8 weights in
+ * bf16 through a buffer shared with the gradients (param_and_grad_buffer.py). */
+static mp_status param_gather_check(mp_ctx *ctx, const mp_plan *p, mp_fp8_recipe r) {
+  if (p->opts.mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-param-gather is Megatron-Core's (Transformer Engine's float8 weights); the %s "
+                    "memory model keeps bf16 weights: drop it or use a megatron stack",
+                    mp_mem_model_name(p->opts.mem_model));
+  if (r == MP_FP8_MXFP8)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-param-gather with the mxfp8 recipe: Transformer Engine's "
+                    "cast_master_weights_to_fp8 does not cast MXFP8 weights and Megatron-Core gathers "
+                    "them in bf16; choose delayed, tensorwise or blockwise, or drop --fp8-param-gather");
+  if (p->opts.dp == MP_DP_DDP && !p->opts.ddp.shard_optimizer)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-param-gather is only supported with the distributed optimizer or Megatron "
+                    "FSDP (Megatron-Core's arguments.py); turn on the distributed optimizer or drop it");
+  return MP_OK;
+}
+
 mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   if (p->applied & MP_PASS_FSDP)
     return mp_error(ctx, MP_ERR_ORDER,
@@ -62,6 +89,7 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   if (o != NULL) f = *o;
   f.recipe = mp_fp8_recipe_of(f.recipe, p->opts.mem_model);
   MP_CHECK(mp_rule_fp8_recipe_check(ctx, p->opts.mem_model, f.recipe, f.all_gather));
+  if (f.param_gather) MP_CHECK(param_gather_check(ctx, p, f.recipe));
   o = &f;
   const int tp = p->mesh.size[MP_DIM_TP];
   if (o->all_gather && tp > 1)
@@ -91,7 +119,9 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
                mp_fp8_recipe_words(o->recipe),
                mp_rule_fp8_experts(p->opts.mem_model) ? "router, output and embeddings"
                                                       : "experts, shared_expert, router, output and embeddings",
-               o->all_gather ? "; FSDP all-gathers float8 weights" : "");
+               o->all_gather    ? "; FSDP all-gathers float8 weights"
+               : o->param_gather ? "; float8 model weights, gathered in float8 (--fp8-param-gather)"
+                                 : "");
   if (n_dims > 0)
     mp_plan_note(p,
                  "Float8: %d Linear layers left in bf16: dims not multiples of %d (e.g. %s, "

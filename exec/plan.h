@@ -245,6 +245,10 @@ typedef struct mp_float8_options {
                      keeps transposed copies (mp_fp8_gemm_any_layout). Set from the cluster's
                      GPU by mp_stack_plan_options; the simulator refuses a Transformer Engine
                      float8 plan whose GPU differs from the cluster's in that respect */
+  int param_gather; /* Megatron-Core's --fp8-param-gather (megatron memory model): the float8
+                       Linears' model weights kept as Transformer Engine float8 tensors
+                       (fp8_model_init), 1 byte at rest and in the distributed optimizer's or
+                       Megatron FSDP's parameter all-gather; the fp32 main weights stay */
 } mp_float8_options;
 
 /* Whether a GPU of compute capability cc runs float8 GEMMs on operands of any layout, not

@@ -99,9 +99,11 @@ void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t 
  * bucket's gather as the forward reaches a bucket; issued at once, the gather stream runs
  * them in the same order), the block waiting for its own. Returns the gather, -1 where
  * there is none. */
-static int32_t dopt_gather_op(gen *g, mp_group grp, int64_t numel, int32_t layer, int32_t unit0) {
-  const int32_t i = comm(g, MP_COLL_ALL_GATHER, grp, MP_STREAM_GATHER, (double)(numel * mp_dtype_bytes(g->param_dtype)),
-                         g->param_dtype, -1);
+static int32_t dopt_gather_op(gen *g, mp_group grp, int64_t numel, int64_t f8, int32_t layer, int32_t unit0) {
+  /* --fp8-param-gather: the f8 float8 weights' elements travel in their 1 byte (the param
+   * buffer holds their raw float8 data: param_and_grad_buffer.py, modify_underlying_storage) */
+  const double bytes = (double)(numel - f8) * mp_dtype_bytes(g->param_dtype) + (double)f8;
+  const int32_t i = comm(g, MP_COLL_ALL_GATHER, grp, MP_STREAM_GATHER, bytes, g->param_dtype, -1);
   if (i >= 0) {
     g->ops[i].layer = layer;
     g->ops[i].unit = unit0;
@@ -112,14 +114,17 @@ static int32_t dopt_gather_op(gen *g, mp_group grp, int64_t numel, int32_t layer
 
 int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n) {
   if (!g->shard_optimizer || !g->p->opts.ddp.overlap || mp_sched_dopt_ways(g) <= 1) return -1;
-  int64_t numel = 0, experts = 0;
-  for (int k = 0; k < n; k++) numel += g->ui[unit0 + k].numel_tp, experts += g->ui[unit0 + k].numel_expert;
+  int64_t numel = 0, experts = 0, f8 = 0, f8e = 0;
+  for (int k = 0; k < n; k++) {
+    const unit_info *ui = &g->ui[unit0 + k];
+    numel += ui->numel_tp, experts += ui->numel_expert, f8 += ui->numel_f8, f8e += ui->numel_f8_expert;
+  }
   if (numel == 0) return -1;
   /* the experts' (over expert-DP) first: the gather stream runs in order, so waiting for the
    * dense gather returned below waits for both */
   if (experts > 0 && mp_mesh_group_size(&g->p->mesh, MP_GROUP_EDP) > 1)
-    dopt_gather_op(g, MP_GROUP_EDP, experts, layer, unit0);
-  return numel > experts ? dopt_gather_op(g, mp_sched_ddp_group(g), numel - experts, layer, unit0) : -1;
+    dopt_gather_op(g, MP_GROUP_EDP, experts, f8e, layer, unit0);
+  return numel > experts ? dopt_gather_op(g, mp_sched_ddp_group(g), numel - experts, f8 - f8e, layer, unit0) : -1;
 }
 
 /* The all-gathers of every unit of block l (see mp_sched_gather_units). */

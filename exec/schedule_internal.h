@@ -103,6 +103,10 @@ typedef struct unit_info {
   int64_t numel_expert;/* DDP on the expert grid: its routed experts' part of numel_tp,
                           reduced over MP_GROUP_EDP (mp_plan_ddp_experts_apart) */
   double gather_bytes; /* numel_tp in the gather dtype (float8 all-gather: 1 byte) */
+  int64_t numel_f8;    /* --fp8-param-gather: its float8 weights' part of numel_tp (1 byte
+                          each at rest and gathered), of numel_expert, and of the rank's */
+  int64_t numel_f8_expert, numel_f8_local; /* elements at rest */
+  int32_t n_f8;        /* its float8 weight tensors */
   int gsize;           /* FSDP group size */
   uint8_t group;
   uint8_t gather_dtype;
@@ -173,6 +177,8 @@ typedef struct shapes {
   int fp8[MP_MOD_COUNT];    /* per module: its Linear runs float8 */
   uint8_t tp_style[MP_MOD_COUNT]; /* per module: its weight's TP split (mp_tp_style) */
   int fp8_all_gather;       /* FSDP all-gathers float8 weights */
+  int fp8_param_gather;     /* Megatron-Core's --fp8-param-gather: the float8 Linears' model
+                               weights are Transformer Engine float8 tensors (exec/plan.h) */
   int fp8_tp_codes;         /* float8 with tp > 1: a TP region's input cast before its
                                all-gather and its output gradient before the backward's
                                (torchao's float8 TP under the tensorwise recipe, Transformer
@@ -288,7 +294,7 @@ struct mp_schedule_prep {
   unsigned applied;
   mp_mesh mesh;
   int64_t seq;
-  int fp8_all_gather;
+  int fp8_all_gather, fp8_param_gather, gpu_cc;
   mp_dtype param_dtype, reduce_dtype; /* FSDP's (or DDP's) gather and reduce dtypes */
   /* what it holds */
   int rank, stage;
@@ -630,6 +636,7 @@ void mp_sched_rt_f8_act(gen *g, int module, int64_t elems);
 /* Transformer Engine's delayed-scaling amax reduction at the end of a chunk's pass over
  * `blocks` blocks (schedule_ops.c). */
 void mp_sched_f8_amax_reduce(gen *g, int32_t blocks, int backward);
+void mp_sched_f8_weight_refresh(gen *g, int64_t elems, int64_t whole, int64_t tensors, mp_group grp);
 void mp_sched_rt_f8_cast(gen *g, int module, int64_t elems, int amax, int orient, mp_variant v);
 void mp_sched_rt_f8_scope_close(gen *g);
 void mp_sched_rt_layout_fill(gen *g, int64_t micro_batch);

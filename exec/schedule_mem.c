@@ -64,6 +64,26 @@ int64_t mp_sched_mfsdp_prefetch_extra_bytes(const gen *g) {
   return room > 0 ? (int64_t)bytes * room : 0;
 }
 
+/* --fp8-param-gather's float8 model weights on the stage (schedule_prep.c's sums per unit):
+ * their tp-local elements, of them the routed experts' reduced apart, the rank's at rest
+ * (its FSDP shard, or all of them under DDP) and their tensors. */
+typedef struct f8_weights {
+  int64_t tp, expert, local, tensors;
+} f8_weights;
+
+static f8_weights f8_of(const mp_schedule_prep *pr) {
+  f8_weights f = {0, 0, 0, 0};
+  for (int u = 0; u < pr->n_ui; u++)
+    f.tp += pr->ui[u].numel_f8, f.expert += pr->ui[u].numel_f8_expert, f.local += pr->ui[u].numel_f8_local,
+        f.tensors += pr->ui[u].n_f8;
+  return f;
+}
+
+/* The model dtype's bytes of n parameters, f of them float8 weights (1 byte each). */
+static double model_bytes(const gen *g, int64_t n, int64_t f) {
+  return (double)(n - f) * mp_dtype_bytes(g->param_dtype) + (double)f;
+}
+
 static void autograd_resident(gen *g, const mp_schedule_prep *pr) {
   const int64_t mb = mp_dtype_bytes(g->p->opts.master_dtype), n = pr->params_numel;
   int64_t param_bytes = n * mb, grad_bytes = n * mb;
@@ -76,6 +96,10 @@ static void autograd_resident(gen *g, const mp_schedule_prep *pr) {
    * weights' (param_and_grad_buffer.py: model_weight_buffer and main_weight_buffer, both
    * distributed), the fp32 main gradients' shard (main_grad_buffer, grad_reduce_in_fp32) */
   if (mp_plan_is_megatron_fsdp(g->p)) param_bytes += n * mp_dtype_bytes(g->param_dtype);
+  /* --fp8-param-gather: the float8 Linears' model weights are Transformer Engine float8
+   * tensors, 1 byte an element where the model dtype's are 2 (DDP's whole copy, Megatron
+   * FSDP's shard); their scales (an fp32 a tensor) are left out */
+  param_bytes -= f8_of(pr).local * (mp_dtype_bytes(g->param_dtype) - 1);
   mp_sched_resident(g, MP_MEM_PARAMS, BUF_PARAMS, param_bytes);
   mp_sched_resident(g, MP_MEM_OPTIMIZER, BUF_OPTIMIZER, optimizer_bytes);
   mp_sched_resident(g, MP_MEM_GRADS, BUF_GRADS, grad_bytes);
@@ -133,12 +157,19 @@ static void autograd_optimizer(gen *g, const mp_schedule_prep *pr, int world_red
     compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
             (double)mp_dtype_bytes(g->reduce_dtype) * shard, MP_DTYPE_FP32);
   }
+  const f8_weights f8 = f8_of(pr);
+  if (f8.local > 0 && (g->ddp || mp_plan_is_megatron_fsdp(g->p))) {
+    /* the float8 weights' part of the shard (the distributed optimizer cuts the buffer
+     * evenly, so its share of the rank's 1/d) refreshed from the masters */
+    const int64_t f8_shard = g->ddp ? (int64_t)((double)f8.local * shard / (double)pr->params_numel) : f8.local;
+    mp_sched_f8_weight_refresh(g, f8_shard, f8.tp, f8.tensors, g->ddp ? mp_sched_ddp_group(g) : MP_GROUP_FSDP);
+  }
   const int64_t ne = expert_numel(pr);
   if (g->shard_optimizer && !g->p->opts.ddp.overlap && mp_sched_dopt_ways(g) > 1)
     comm(g, MP_COLL_ALL_GATHER, mp_sched_ddp_group(g), MP_STREAM_COMPUTE,
-         (double)((pr->params_numel - ne) * mp_dtype_bytes(g->param_dtype)), g->param_dtype, -1);
+         model_bytes(g, pr->params_numel - ne, f8.tp - f8.expert), g->param_dtype, -1);
   if (g->shard_optimizer && !g->p->opts.ddp.overlap && ne > 0 && mp_mesh_group_size(&g->p->mesh, MP_GROUP_EDP) > 1)
-    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_EDP, MP_STREAM_COMPUTE, (double)(ne * mp_dtype_bytes(g->param_dtype)),
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_EDP, MP_STREAM_COMPUTE, model_bytes(g, ne, f8.expert),
          g->param_dtype, -1); /* the experts' over expert-DP */
 }
 

@@ -218,8 +218,8 @@ static int f8_grad_out(const gen *g, int module) {
 }
 
 /* A float8 tensor's transposed copy (one byte read, one written an element). */
-static void transpose8(gen *g, int module, int64_t elems, mp_variant v) {
-  compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, 0.0, 2.0 * (double)elems,
+static int32_t transpose8(gen *g, int module, int64_t elems, mp_variant v) {
+  return compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, 0.0, 2.0 * (double)elems,
           MP_DTYPE_FP8_E4M3);
 }
 
@@ -249,10 +249,17 @@ void mp_sched_linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, 
   }
   if (g->sh.fp8_te) {
     /* the weight with its transposed copy (where the GPU needs one) once a step (not re-run
-     * by a recompute) */
+     * by a recompute); a float8 model weight (--fp8-param-gather) is not cast: its transposed
+     * copy, which cast_master_weights_to_fp8 drops after each update (_reset_caches), is made
+     * from it in the first micro-batch where the GPU needs one (Float8Tensor's _transpose,
+     * transformer_engine/pytorch/tensor/float8_tensor.py v2.6), none where it does not */
     const int copies = g->sh.fp8_te_copies;
     if (g->phase != MP_PHASE_RECOMPUTE) {
-      const int32_t i = cast_copies(g, module, w, MP_VAR_FWD, copies);
+      int32_t i = -1;
+      if (!g->sh.fp8_param_gather)
+        i = cast_copies(g, module, w, MP_VAR_FWD, copies);
+      else if (copies > 1)
+        i = transpose8(g, module, w, MP_VAR_FWD);
       if (i >= 0) g->ops[i].when = MP_WHEN_FIRST_MICRO;
     }
     if (!mp_sched_f8_input(g, module) && !te_shares_input(g, module) && !te_norm_emits(g, module))
@@ -523,6 +530,27 @@ void mp_sched_f8_amax_reduce(gen *g, int32_t blocks, int backward) {
   if (n == 0) return;
   const double bytes = 4.0 * (backward ? 1 : 2) * n * (double)blocks;
   comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_CP, MP_STREAM_COMPUTE, bytes, MP_DTYPE_FP32, -1);
+}
+
+/* --fp8-param-gather's weight refresh after the optimizer step (Megatron-Core's
+ * quantize_param_shard into Transformer Engine's cast_master_weights_to_fp8, transformer_engine/
+ * pytorch/tensor/utils.py v2.6) on the rank's `elems` float8 elements of `tensors` weights,
+ * after the fp32 masters were copied to the model dtype (the copy the caller prices: TE casts
+ * the master to the weight's bf16 dtype first): the current and blockwise recipes compute the
+ * shard's amax (tex.compute_amax, fp8_block_scaling_compute_partial_amax: 2 bytes read), every
+ * recipe all-reduces the amaxes (MAX) over the data-parallel group `grp` (an fp32 a tensor of
+ * `tensors`, a 128 x 128 block's of the `whole` weights' under blockwise) and casts the shard into the float8 weight (read 2,
+ * write 1; update_quantized, or blockwise's partial cast with an fp32 scale per 128 x 128). */
+void mp_sched_f8_weight_refresh(gen *g, int64_t elems, int64_t whole, int64_t tensors, mp_group grp) {
+  if (elems <= 0) return;
+  const mp_fp8_recipe r = g->sh.fp8_recipe;
+  const double amax = r == MP_FP8_DELAYED ? 0.0 : 2.0;
+  const double scales = r == MP_FP8_BLOCKWISE ? 4.0 / 16384.0 : 0.0;
+  compute(g, MP_KERNEL_FP8_CAST, MP_VAR_FWD, -1, elems, 0, 0, 1, FLOPS_CAST * (double)elems,
+          (amax + 3.0 + scales) * (double)elems, MP_DTYPE_BF16);
+  const double n = r == MP_FP8_BLOCKWISE ? ceil((double)whole / 16384.0) : (double)tensors;
+  if (mp_mesh_group_size(&g->p->mesh, grp) > 1 && n > 0)
+    comm(g, MP_COLL_ALL_REDUCE, grp, MP_STREAM_COMPUTE, 4.0 * n, MP_DTYPE_FP32, -1);
 }
 
 /* ---- norms and residual adds (a block's, the head's) ---------------------------------- */

@@ -67,6 +67,7 @@ static void read_fp8_shapes(const mp_plan *p, shapes *sh) {
    * and blockwise's likewise (Float8BlockQuantizer) */
   const int per_tensor = sh->fp8_recipe == MP_FP8_DELAYED || sh->fp8_recipe == MP_FP8_TENSORWISE;
   sh->fp8_te_copies = per_tensor && mp_fp8_gemm_any_layout(p->opts.fp8_opts.gpu_cc) ? 1 : 2;
+  sh->fp8_param_gather = sh->fp8_te && p->opts.fp8_opts.param_gather;
   /* torchao's float8 TP modules scale tensorwise; Transformer Engine gathers float8 under
    * every recipe */
   sh->fp8_tp_codes = sh->tp > 1 && on && ms->fp8_tp_codes && (ms->fp8_te || sh->fp8_recipe == MP_FP8_TENSORWISE);
@@ -190,8 +191,14 @@ static void add_param(gen *g, const mp_param *prm, unit_info *ui, int gs, int gi
   if (!g->has_fsdp && prm->is_expert && mp_plan_ddp_experts_apart(g->p)) ui->numel_expert += n;
   ui->numel_shard += mp_param_padded_shard_numel(prm, gs);
   mp_sched_rt_add_param(rest, ui, prm, gs, local, n);
-  const int f8 = g->sh.fp8_all_gather && prm->float8;
+  const int f8 = (g->sh.fp8_all_gather || g->sh.fp8_param_gather) && prm->float8;
   ui->gather_bytes += (double)n * (f8 ? 1 : mp_dtype_bytes(g->param_dtype));
+  if (g->sh.fp8_param_gather && prm->float8) {
+    ui->numel_f8 += n;
+    ui->numel_f8_local += local;
+    ui->n_f8++;
+    if (!g->has_fsdp && prm->is_expert && mp_plan_ddp_experts_apart(g->p)) ui->numel_f8_expert += n;
+  }
   ui->gsize = gs;
   ui->group = (uint8_t)(g->has_fsdp ? prm->fsdp_group : mp_sched_ddp_group(g));
   ui->gather_dtype = (uint8_t)g->param_dtype;
@@ -395,6 +402,8 @@ mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedul
   pr->mesh = *mesh;
   pr->seq = p->opts.seq;
   pr->fp8_all_gather = p->opts.fp8_opts.all_gather;
+  pr->fp8_param_gather = p->opts.fp8_opts.param_gather;
+  pr->gpu_cc = p->opts.fp8_opts.gpu_cc;
   pr->param_dtype = g.param_dtype;
   pr->reduce_dtype = g.reduce_dtype;
   pr->rank = rank;
@@ -432,7 +441,9 @@ int mp_sched_prep_serves(const mp_schedule_prep *pr, const mp_plan *p) {
   return pr->params == p->params && pr->units == p->units && pr->n_params == p->n_params &&
          pr->n_plan_units == p->n_units && pr->applied == p->applied &&
          memcmp(&pr->mesh, &p->mesh, sizeof pr->mesh) == 0 && pr->seq == p->opts.seq &&
-         pr->fp8_all_gather == p->opts.fp8_opts.all_gather && pr->sh.fp8_recipe == p->opts.fp8_opts.recipe &&
+         pr->fp8_all_gather == p->opts.fp8_opts.all_gather &&
+         pr->fp8_param_gather == p->opts.fp8_opts.param_gather && pr->gpu_cc == p->opts.fp8_opts.gpu_cc &&
+         pr->sh.fp8_recipe == p->opts.fp8_opts.recipe &&
          pr->param_dtype == pdt && pr->reduce_dtype == rdt &&
          pr->sh.sp == (p->mesh.size[MP_DIM_TP] > 1 && p->opts.sp == 1);
 }

@@ -209,10 +209,24 @@ MG += [
             "--fsdp-double-buffer", "--data-parallel-sharding-strategy", "optim_grads_params")),
     ("64", ("--model", "llama3.1-70b", "--mesh", "dp_shard=4,tp=4,pp=4", "--stack", "megatron-core", "--fp8",
             "tensorwise", "--pp-schedule", "interleaved", "--pp-virtual", "5")),
+    # Megatron-Core's float8 weights (--fp8-param-gather): the distributed optimizer's gather
+    # under delayed scaling, Megatron FSDP's under blockwise
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack", "megatron-core", "--fp8", "delayed",
+           "--fp8-param-gather")),
+    ("16", ("--model", "llama3.1-8b", "--mesh", "dp_shard=8,tp=2", "--stack", "megatron-core", "--fp8",
+            "blockwise", "--fp8-param-gather")),
 ]
 for gpus, args in MG:
     a = args if "--model" in args else ("--model", "llama3.1-8b") + tuple(args)
     round_trip("megatron", gpus, a)
+
+# --fp8-param-gather written as Megatron-LM's flag, and refused without float8 when read
+_, text = emitted("megatron", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack",
+                  "megatron-core", "--fp8", "tensorwise", "--fp8-param-gather")
+check("--fp8-recipe tensorwise\n--fp8-param-gather\n" in text, "--fp8-param-gather not written: " + text)
+bare = " ".join(body(text).split()).replace("--fp8-format hybrid --fp8-recipe tensorwise", "")
+p = run("simulate", "--gpus", "8", "--from-args", bare, want_rc=2)
+check("--fp8-param-gather without --fp8-format" in p.stderr, "--fp8-param-gather read without float8: " + p.stderr)
 
 # Megatron FSDP as Megatron-LM's flags (megatron/training/arguments.py, core_v0.14.0: its
 # checkpoint format asserted), read back over dp_shard; its older name read the same

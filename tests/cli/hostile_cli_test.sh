@@ -52,6 +52,8 @@ csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,flop
 # Megatron-Core's cp comm type on a stack that does not run it, and a name it does not have
 printf '%s,cp_comm_type\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,4,1,1,,2,1,64,1,4,none,0,torchtitan-eager,step_time_s,1,all_gather' >"$d/cpc_tt.csv"
 printf '%s,cp_comm_type\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,4,1,1,1,,2,1,64,1,4,none,0,megatron-core,step_time_s,1,allgather' >"$d/cpc_bad.csv"
+# Megatron-Core's float8 weights on a row without float8
+printf '%s,fp8_param_gather\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,8,1,1,1,,1,1,64,1,8,none,0,megatron-core,step_time_s,1,1' >"$d/fpg_bf16.csv"
 # Megatron FSDP's columns on a torchtitan row, and a strategy Megatron does not have
 printf '%s,mfsdp_strategy\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,1,optim_grads_params' >"$d/mfsdp_tt.csv"
 printf '%s,mfsdp_strategy\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,megatron-core,step_time_s,1,zero3' >"$d/mfsdp_bad.csv"
@@ -257,6 +259,12 @@ row 2 "metric 'flops': expected tokens_per_s_per_gpu, peak_mem_gib or step_time_
 row 2 "cp_comm_type 'all_gather' is Megatron-Core's --cp-comm-type; stack torchtitan-eager does not run it" validate "$d/cpc_tt.csv"
 row 2 "cp_comm_type 'allgather': expected p2p, all_gather, a2a or a2a+p2p" validate "$d/cpc_bad.csv"
 row 2 "mfsdp_strategy and fsdp_double_buffer are Megatron FSDP's, which a megatron stack runs with dp_shard > 1" validate "$d/mfsdp_tt.csv"
+row 2 "fp8_param_gather 1 is Megatron-Core's --fp8-param-gather, which needs fp8 1 on a megatron stack" validate "$d/fpg_bf16.csv"
+# --fp8-param-gather: Megatron-Core's, with float8, the distributed optimizer and a recipe whose weights TE casts
+row 2 "--fp8-param-gather keeps Megatron-Core's weights as Transformer Engine float8 tensors; stack torchtitan-compile does not run it" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack torchtitan-compile --fp8 --fp8-param-gather
+row 2 "--fp8-param-gather keeps the float8 Linears' weights in float8 and needs them: add --fp8" plan --no-db --model tiny-dense --gpus 2 --stack megatron-core --fp8 off --fp8-param-gather
+row 2 "--fp8-param-gather is only supported with the distributed optimizer or Megatron FSDP" simulate --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-lm --fp8 --fp8-param-gather
+row 2 "--fp8-param-gather with the mxfp8 recipe: Transformer Engine's cast_master_weights_to_fp8 does not cast MXFP8 weights" explain --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --fp8 mxfp8 --fp8-param-gather
 row 2 "mfsdp_strategy 'zero3': expected optim_grads_params, optim_grads, optim or no_shard" validate "$d/mfsdp_bad.csv"
 row 2 "--data-parallel-sharding-strategy 'zero3': choose optim_grads_params, optim_grads, optim or no_shard" simulate --model tiny-dense --gpus 8 --mesh dp_shard=8 --stack megatron-core --data-parallel-sharding-strategy zero3
 row 2 "Megatron FSDP's no_shard shards nothing, as Megatron's DDP does: use dp_replicate=8 instead of dp_shard=8" explain --model tiny-dense --gpus 8 --mesh dp_shard=8 --stack megatron-core --data-parallel-sharding-strategy no_shard
