@@ -128,8 +128,8 @@ double mp_sim_alltoall_s(double bytes, const mp_sim_link *l, double eff, double 
  * the experts on that node; inside one node (csrc/kernels/intranode.cu of DeepEP's April
  * 2025 tree, which Megatron-Core's flex dispatcher calls) a token goes once to each other
  * GPU holding one of its experts (is_token_in_rank), the GPU expanding it to its experts
- * itself (Megatron-Core's get_permuted_hidden_states_by_experts): the maintainers keep one
- * copy a rank by design (DeepEP issue 58). Under balanced routing a token's top_k experts
+ * itself (Megatron-Core's get_permuted_hidden_states_by_experts): one copy a rank, whatever
+ * the number of its experts the token picked. Under balanced routing a token's top_k experts
  * are drawn uniformly from those of the D holders (nodes, or the GPUs of a one-node group)
  * its routing may use: every holder of the group, or with group-limited routing (n_group
  * groups, topk_group used) those of topk_group groups, D = min(holders, topk_group x

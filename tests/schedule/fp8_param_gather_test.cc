@@ -104,12 +104,12 @@ TEST(Fp8ParamGather, WeightCastBecomesTranspose) {
   }
 }
 
-// After AdamW: the masters copied to bf16 as before (4 + 2 bytes over the shard), then the
-// float8 part of the shard cast into the weights (read 2, write 1; current and blockwise
-// scaling read the shard once more for its amax) and the amaxes all-reduced over the group:
-// an fp32 a weight (224: 896 bytes), under blockwise a 128 x 128 block's (6,979,321,856 /
-// 16384 = 425,984 blocks: 1,703,936 bytes). Megatron FSDP's shard holds an eighth of every
-// weight: 872,415,232 float8 elements.
+// After AdamW: the masters copied to bf16 (4 + 2 bytes over the shard, with or without the
+// option), then the float8 part of the shard cast into the weights (read 2, write 1; current
+// and blockwise scaling read the shard once more for its amax) and the amaxes all-reduced
+// over the group: an fp32 a weight (224: 896 bytes), under blockwise a 128 x 128 block's
+// (6,979,321,856 / 16384 = 425,984 blocks: 1,703,936 bytes). Megatron FSDP's shard holds an
+// eighth of every weight: 872,415,232 float8 elements.
 TEST(Fp8ParamGather, MasterCastAfterStep) {
   const struct {
     mp_fp8_recipe r;

@@ -15,7 +15,7 @@ namespace {
 // rate, plus the stack's launch overhead for two kernels a bucket (17 buckets: 16 blocks and
 // the root's). The stage that ends the step runs all of it after its last micro-batch's
 // blocks, so the step grows by that, less at most the data-parallel communication that
-// was exposed without it (the later reduce-scatters may now hide behind it), and no more.
+// was exposed without it (the later reduce-scatters can hide behind it), and no more.
 TEST(MegatronDdp, BucketPreparationReachesThePipelinedStep) {
   double step[2], exposed[2];
   for (int on = 0; on <= 1; on++) {
