@@ -49,6 +49,13 @@ std::vector<double> LayerGathers(const mp_schedule *s) {
   return out;
 }
 
+// The same plan without and with --fp8-param-gather: under the distributed optimizer
+// (fsdp 0) or Megatron FSDP (1).
+void BuildPair(int fsdp, Built *off, Built *on) {
+  sched_test::Build(off, fsdp ? Mfsdp(0) : Dopt(0));
+  sched_test::Build(on, fsdp ? Mfsdp(1) : Dopt(1));
+}
+
 // The distributed optimizer's gather carries each float8 weight's raw byte: a layer 2 x 8192
 // (the norms, bf16) + 218,103,808 where bf16 weights take 2 x 218,112,000. Megatron FSDP's
 // per-layer gathers (forward and backward) the same.
@@ -56,8 +63,7 @@ TEST(Fp8ParamGather, GatherBytes) {
   for (int fsdp = 0; fsdp < 2; fsdp++) {
     SCOPED_TRACE(fsdp ? "Megatron FSDP" : "distributed optimizer");
     Built off, on;
-    sched_test::Build(&off, fsdp ? Mfsdp(0) : Dopt(0));
-    sched_test::Build(&on, fsdp ? Mfsdp(1) : Dopt(1));
+    BuildPair(fsdp, &off, &on);
     const std::vector<double> a = LayerGathers(off.s), b = LayerGathers(on.s);
     ASSERT_EQ(a.size(), b.size());
     ASSERT_EQ(a.size(), (size_t)(fsdp ? 2 * kLayers : kLayers));
@@ -75,8 +81,7 @@ TEST(Fp8ParamGather, ResidentWeights) {
   for (int fsdp = 0; fsdp < 2; fsdp++) {
     SCOPED_TRACE(fsdp ? "Megatron FSDP" : "distributed optimizer");
     Built off, on;
-    sched_test::Build(&off, fsdp ? Mfsdp(0) : Dopt(0));
-    sched_test::Build(&on, fsdp ? Mfsdp(1) : Dopt(1));
+    BuildPair(fsdp, &off, &on);
     const int64_t f8 = fsdp ? kF8All / 8 : kF8All;
     EXPECT_EQ(off.s->resident_bytes[MP_MEM_PARAMS] - on.s->resident_bytes[MP_MEM_PARAMS], f8);
     EXPECT_EQ(off.s->resident_bytes[MP_MEM_GRADS], on.s->resident_bytes[MP_MEM_GRADS]);
