@@ -202,8 +202,8 @@ static mp_status fp8_param_gather(mp_ctx *ctx, const mp_cmd_spec *spec, const st
   return MP_OK;
 }
 
-mp_status mp_cmd_megatron_fsdp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
-                               mp_plan_options *o) {
+mp_status mp_cmd_megatron_weights(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                                  mp_plan_options *o) {
   MP_CHECK(fp8_param_gather(ctx, spec, prof, o));
   const char *s = mp_args_get(spec, "--data-parallel-sharding-strategy");
   const int dbuf = mp_args_has(spec, "--fsdp-double-buffer");

@@ -121,7 +121,7 @@ static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_
                     e->prof.name);
   mp_stack_plan_options(&e->prof, &e->cluster.gpu, o);
   MP_CHECK(mp_cmd_cp_rotate(ctx, &k_spec, &e->prof, o));
-  MP_CHECK(mp_cmd_megatron_fsdp(ctx, &k_spec, &e->prof, o));
+  MP_CHECK(mp_cmd_megatron_weights(ctx, &k_spec, &e->prof, o));
   MP_CHECK(mp_cmd_async_tp(ctx, &k_spec, &e->prof, o));
   MP_CHECK(mp_cmd_moe_comm(ctx, &k_spec, &e->prof, o));
   MP_CHECK(mp_cmd_ce_fusion(ctx, &k_spec, &e->prof, o));

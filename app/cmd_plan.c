@@ -851,7 +851,7 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
     st = mp_sim_evaluator_init(ctx, ev, &a->m, &a->c, a->seq, a->gb, a->headroom, a->setup.stack);
   if (st == MP_OK) st = mp_cmd_cp_rotate(ctx, &k_spec, &ev->stack, &ev->base);
   if (st == MP_OK) st = mp_cmd_async_tp(ctx, &k_spec, &ev->stack, &ev->base);
-  if (st == MP_OK) st = mp_cmd_megatron_fsdp(ctx, &k_spec, &ev->stack, &ev->base);
+  if (st == MP_OK) st = mp_cmd_megatron_weights(ctx, &k_spec, &ev->stack, &ev->base);
   if (st == MP_OK) st = mp_plan_setup_options(ctx, &a->setup, &a->c, ev);
   if (st == MP_OK) {
     /* as checked against the user's stack; on other clusters where their stacks run them */

@@ -219,7 +219,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   if (o->fp8_act_cache) cJSON_AddBoolToObject(j, "fp8_act_cache", 1);
   if (o->fp8 && o->fp8_opts.param_gather) cJSON_AddBoolToObject(j, "fp8_param_gather", 1);
   if (o->moment_dtype != MP_DTYPE_FP32) cJSON_AddStringToObject(j, "optimizer_moments", mp_dtype_name(o->moment_dtype));
-  if (o->mem_model == MP_MEM_MODEL_MEGATRON && mesh->size[MP_DIM_DP_SHARD] > 1) { /* Megatron FSDP */
+  if (mp_plan_megatron_fsdp(o, mesh)) {
     cJSON_AddStringToObject(j, "data_parallel_sharding_strategy", mp_mfsdp_strategy_name(o->mfsdp_strategy));
     cJSON_AddBoolToObject(j, "fsdp_double_buffer", o->fsdp_double_buffer);
   }
@@ -365,7 +365,7 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
   MP_CHECK(mp_cmd_ce_fusion(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_moe_routing(ctx, &k_spec, &j->o.moe_routing));
   MP_CHECK(mp_cmd_storage(ctx, &k_spec, &j->o));
-  MP_CHECK(mp_cmd_megatron_fsdp(ctx, &k_spec, &j->prof, &j->o));
+  MP_CHECK(mp_cmd_megatron_weights(ctx, &k_spec, &j->prof, &j->o));
   memset(&j->cfg, 0, sizeof j->cfg);
   j->cfg.cluster = &j->c;
   j->cfg.stack = &j->prof;

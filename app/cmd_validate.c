@@ -168,7 +168,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     return mp_error(ctx, MP_ERR_INVALID, "%s: optimizer_moments '%s': expected fp32 or bf16", where,
                     v->optimizer_moments);
   if ((v->mfsdp_strategy[0] || v->fsdp_double_buffer == 1) &&
-      (o->mem_model != MP_MEM_MODEL_MEGATRON || j->mesh.size[MP_DIM_DP_SHARD] < 2))
+      !mp_plan_megatron_fsdp(o, &j->mesh))
     return mp_error(ctx, MP_ERR_INVALID, "%s: mfsdp_strategy and fsdp_double_buffer are Megatron FSDP's, which a "
                     "megatron stack runs with dp_shard > 1: empty the columns", where);
   if (v->mfsdp_strategy[0] && !mp_mfsdp_strategy_parse(v->mfsdp_strategy, &o->mfsdp_strategy))
@@ -264,8 +264,7 @@ static unsigned row_features(const row_job *j) {
   const mp_mesh *m = &j->mesh;
   const mp_plan_options *o = &j->o;
   const int tp = m->size[MP_DIM_TP] > 1;
-  /* a megatron row over dp_shard runs Megatron FSDP (exec/plan.h, mp_mfsdp_strategy) */
-  const int mfsdp = o->mem_model == MP_MEM_MODEL_MEGATRON && m->size[MP_DIM_DP_SHARD] > 1;
+  const int mfsdp = mp_plan_megatron_fsdp(o, m); /* a megatron row over dp_shard */
   const int ddp = !mfsdp && (o->dp == MP_DP_DDP || (o->dp == MP_DP_AUTO && o->mem_model == MP_MEM_MODEL_MEGATRON));
   return (unsigned)(o->fp8 << F_FP8 | tp << F_TP | (tp && o->sp != 0) << F_SP |
                     (tp && o->tp_comm_fused) << F_ASYNC_TP | (m->size[MP_DIM_PP] > 1) << F_PP |

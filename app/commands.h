@@ -89,12 +89,13 @@ mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *
  * FSDP's gradient reduction's dtype: mp_cmd_storage and validate's optimizer_moments and
  * fsdp_reduce_dtype columns read it. */
 int mp_cmd_fp32_bf16_parse(const char *name, mp_dtype *out);
-/* --data-parallel-sharding-strategy S and --fsdp-double-buffer (simulate, explain, plan) into
- * o->mfsdp_strategy and o->fsdp_double_buffer: Megatron FSDP's, and --fp8-param-gather (with
- * --fp8) into o->fp8_opts.param_gather: Megatron-Core's, on a megatron stack only
- * (prof NULL: not checked). MP_ERR_USAGE naming the choices otherwise. */
-mp_status mp_cmd_megatron_fsdp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
-                               mp_plan_options *o);
+/* Megatron-Core's options for how data parallelism holds and gathers the weights (simulate,
+ * explain, plan), on a megatron stack only (prof NULL: not checked): Megatron FSDP's
+ * --data-parallel-sharding-strategy S and --fsdp-double-buffer into o->mfsdp_strategy and
+ * o->fsdp_double_buffer, and --fp8-param-gather (with --fp8) into o->fp8_opts.param_gather.
+ * MP_ERR_USAGE naming the choices otherwise. */
+mp_status mp_cmd_megatron_weights(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                                  mp_plan_options *o);
 /* What plan's header names beside the stack where it is not torchtitan's default, in words
  * (" with cp comm type p2p and TP comm overlap on its TP plans and the distributed optimizer"):
  * Megatron-Core's cp comm type or the ring's rotation, the TP overlap, the distributed

@@ -114,7 +114,7 @@
     "the ring of K, V (default); all_gather, K, V all-gathered and dK, dV reduce-scattered, exposed " \
     "(Llama 3's); a2a, all-to-alls of Q, K, V and the output over the heads (cp dividing them)", NULL }
 /* simulate, explain and plan: Megatron FSDP, what dp_shard > 1 runs on a megatron stack
- * (mp_cmd_megatron_fsdp) */
+ * (mp_cmd_megatron_weights) */
 #define MP_OPT_MEGATRON_FSDP                                                                       \
   { "--data-parallel-sharding-strategy", "S", "with dp_shard > 1 on a megatron stack (Megatron "     \
     "FSDP, --use-megatron-fsdp), Megatron-Core's option of that name: optim_grads_params (default) " \
@@ -123,7 +123,7 @@
   { "--fsdp-double-buffer", NULL, "Megatron FSDP's option of that name: the gathered weights in two " \
     "fixed unit buffers, so only the next layer is prefetched (default: up to 500M elements ahead)", \
     NULL }
-/* simulate, explain and plan: Megatron-Core's float8 model weights (mp_cmd_megatron_fsdp) */
+/* simulate, explain and plan: Megatron-Core's float8 model weights (mp_cmd_megatron_weights) */
 #define MP_OPT_FP8_PARAM_GATHER                                                                    \
   { "--fp8-param-gather", NULL, "Megatron-Core's option of that name (with --fp8 on a megatron "     \
     "stack, the distributed optimizer or Megatron FSDP): the float8 Linears' weights kept in "      \

@@ -193,8 +193,12 @@ void mp_plan_options_init(mp_plan_options *o) {
 /* The data parallelism the options ask for, MP_DP_AUTO resolved: Megatron-LM's memory is
  * its DDP's, or Megatron FSDP's where the mesh shards over dp_shard; every other memory
  * model's runtime shards with FSDP. */
+int mp_plan_megatron_fsdp(const mp_plan_options *o, const mp_mesh *mesh) {
+  return o->mem_model == MP_MEM_MODEL_MEGATRON && mesh->size[MP_DIM_DP_SHARD] > 1;
+}
+
 static mp_dp_kind dp_of(const mp_plan_options *o, const mp_mesh *mesh) {
-  if (o->mem_model == MP_MEM_MODEL_MEGATRON && mesh->size[MP_DIM_DP_SHARD] > 1) return MP_DP_FSDP;
+  if (mp_plan_megatron_fsdp(o, mesh)) return MP_DP_FSDP;
   if (o->dp != MP_DP_AUTO) return o->dp;
   return o->mem_model == MP_MEM_MODEL_MEGATRON ? MP_DP_DDP : MP_DP_FSDP;
 }

@@ -718,6 +718,10 @@ mp_group mp_plan_ddp_group(const mp_plan *p);
  * shard_optimizer; 1 otherwise: FSDP's cut is the caller's sharding). o->dp must be resolved
  * (not MP_DP_AUTO). */
 void mp_plan_dp_state_bytes(const mp_mesh *mesh, const mp_plan_options *o, double bytes[2], int64_t *ways);
+/* Whether options o on mesh run Megatron FSDP: the megatron memory model over dp_shard > 1
+ * (Megatron-Core's --use-megatron-fsdp; its DDP and distributed optimizer run on
+ * dp_replicate), before a plan is built; mp_plan_is_megatron_fsdp answers it of a plan. */
+int mp_plan_megatron_fsdp(const mp_plan_options *o, const mp_mesh *mesh);
 /* AdamW's exp_avg and exp_avg_sq for n parameters, in bytes: two tensors at the moments'
  * dtype (o->moment_dtype: fp32 by default, bf16 where DeepSeek-V3's sec. 3.3.3 stores them
  * so). Every count of the optimizer's state goes through it. */

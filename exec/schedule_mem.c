@@ -138,27 +138,21 @@ static void autograd_optimizer(gen *g, const mp_schedule_prep *pr, int world_red
       BYTES_ADAMW - 16.0 + 2.0 * (double)mp_plan_adamw_moment_bytes(&g->p->opts, 1);
   compute(g, MP_KERNEL_OPTIMIZER, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, FLOPS_ADAMW * shard,
           opt_bytes * shard, MP_DTYPE_FP32);
-  if (g->ddp) { /* the model dtype's parameters refreshed from the masters */
+  const int mfsdp = mp_plan_is_megatron_fsdp(g->p);
+  if (g->ddp || mfsdp) {
+    /* the model dtype's parameters refreshed from the masters (Megatron FSDP's
+     * copy_main_weights_to_model_weights: the rank's shard) */
     compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
             (4.0 + mp_dtype_bytes(g->param_dtype)) * shard, MP_DTYPE_FP32);
-    /* the whole gradient buffer zeroed for the next step's accumulation (Megatron-LM's
+    /* the gradient buffer zeroed for the next step's accumulation (Megatron-LM's
      * zero_grad_buffer, called by train_step each step: megatron/core/distributed/
      * param_and_grad_buffer.py grad_data.zero_(), core_v0.14.0; buffer_.zero() in v2.5's
-     * megatron/model/distributed.py) */
-    compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, gb / mp_dtype_bytes(g->reduce_dtype), 0, 0, 1, 0.0, (double)gb,
-            MP_DTYPE_FP32);
-  }
-  if (mp_plan_is_megatron_fsdp(g->p)) {
-    /* Megatron FSDP: the updated fp32 main weights' shard copied into the model-dtype shard
-     * (copy_main_weights_to_model_weights), then the main-gradient shard zeroed
-     * (zero_grad_buffer) */
-    compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
-            (4.0 + mp_dtype_bytes(g->param_dtype)) * shard, MP_DTYPE_FP32);
-    compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)shard, 0, 0, 1, 0.0,
-            (double)mp_dtype_bytes(g->reduce_dtype) * shard, MP_DTYPE_FP32);
+     * megatron/model/distributed.py): DDP's whole buffer, Megatron FSDP's main-gradient shard */
+    const int64_t rb = mp_dtype_bytes(g->reduce_dtype), zero = mfsdp ? rb * (int64_t)shard : gb;
+    compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, zero / rb, 0, 0, 1, 0.0, (double)zero, MP_DTYPE_FP32);
   }
   const f8_weights f8 = f8_of(pr);
-  if (f8.local > 0 && (g->ddp || mp_plan_is_megatron_fsdp(g->p))) {
+  if (f8.local > 0 && (g->ddp || mfsdp)) {
     /* the float8 weights' part of the shard (the distributed optimizer cuts the buffer
      * evenly, so its share of the rank's 1/d) refreshed from the masters */
     const int64_t f8_shard = g->ddp ? (int64_t)((double)f8.local * shard / (double)pr->params_numel) : f8.local;
