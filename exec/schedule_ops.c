@@ -223,6 +223,18 @@ static int32_t transpose8(gen *g, int module, int64_t elems, mp_variant v) {
           MP_DTYPE_FP8_E4M3);
 }
 
+/* torchao's rowwise recipe runs the backward's GEMMs without fast accumulation, which its
+ * row-scaled CUTLASS kernel is too slow for, so addmm_float8_unwrapped calls cuBLAS's
+ * per-tensor GEMM with unit scales and multiplies the bf16 output by the row and column
+ * scales afterwards (torchao/float8/float8_ops.py and config.py's ROWWISE recipe, the
+ * 890e0ac8 commit torchao's H100 rowwise benchmark ran); under torch.compile that multiply
+ * is a Triton kernel of its own after each GEMM (pytorch/ao issue 2184): the output read
+ * and written, 4 bytes an element. */
+static void rowwise_post_scale(gen *g, int module, int64_t elems) {
+  if (g->sh.fp8_recipe != MP_FP8_ROWWISE || g->sh.fp8_te || g->ms->runtime) return;
+  elementwise(g, MP_KERNEL_FP8_CAST, MP_VAR_BWD, module, elems, 1.0, 4.0 * (double)elems);
+}
+
 /* y[T, out] = x[T, in] W^T (batch > 1: grouped expert GEMMs, m tokens per expert). */
 void mp_sched_linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, int64_t batch) {
   if (skipped(g, SKIP_MOD(module))) return; /* its output kept by the AC policy */
@@ -345,9 +357,11 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
       g->ms->runtime ? mp_act_f8_emul_bwd_floats(dy, x, w) * 4 : dy + (g->sh.fp8_all_gather ? 0 : w) + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
   gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_FP8_E5M2);
+  rowwise_post_scale(g, module, x);
   /* WGRAD's FLOPs with the exact token count: dW[out, in] = dy^T x, k = m x batch tokens
    * spread over the batch of experts. */
   gemm(g, MP_VAR_WGRAD, module, out, in, (int64_t)ceil(m), batch, MP_DTYPE_FP8_E5M2);
+  rowwise_post_scale(g, module, w);
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 0);
 }
 

@@ -1381,7 +1381,10 @@ TEST(Schedule, Float8RecipesOfTorchaoPriceTheirCasts) {
   // tensorwise: read 2 + write 1 + the amax read 2 = 5 bytes an element, 14 forward and 21
   // backward casts a block. rowwise scales the output gradient along both dimensions (one
   // cast for the input gradient, one for the weight gradient): 28 backward casts, 5 bytes
-  // an element. MXFP8 scales 1x32 blocks inside the cast (no amax pass): 3 + 1/32 bytes an
+  // an element; its backward GEMMs run cuBLAS's per-tensor kernel with unit scales and
+  // scale the bf16 output afterwards (torchao float8_ops.py addmm_float8_unwrapped without
+  // fast accumulation), a read and a write, 4 bytes an element of each of the 14 outputs:
+  // the 7 weight gradients [out, in] and the 7 input gradients [T, in]. MXFP8 scales 1x32 blocks inside the cast (no amax pass): 3 + 1/32 bytes an
   // element (an E8M0 scale a block), its gradient cast twice as rowwise's.
   const double H = 4096;
   Opts o;
@@ -1396,7 +1399,12 @@ TEST(Schedule, Float8RecipesOfTorchaoPriceTheirCasts) {
   o.fp8_recipe = MP_FP8_ROWWISE;
   Build(&rw, o);
   EXPECT_EQ(CastsOf(rw.s, MP_PHASE_FORWARD).n, 14);
-  EXPECT_EQ(CastsOf(rw.s, MP_PHASE_BACKWARD).n, 28);
+  const Casts rbw = CastsOf(rw.s, MP_PHASE_BACKWARD);
+  const double f = 14336;
+  EXPECT_EQ(rbw.n, 28 + 14);
+  EXPECT_EQ(Count(rbw.bytes, 4.0 * H * H), 2);     // q's and o's weight gradients, scaled
+  EXPECT_EQ(Count(rbw.bytes, 4.0 * 1024 * H), 2);  // k's and v's
+  EXPECT_EQ(Count(rbw.bytes, 4.0 * f * H), 3);     // gate's, up's and down's
   o.fp8_recipe = MP_FP8_MXFP8;
   Build(&mx, o);
   EXPECT_EQ(CastsOf(mx.s, MP_PHASE_BACKWARD).n, 28);
