@@ -28,7 +28,9 @@
  * buffer a copy); cp steps of a partial flash attention (FLOPs: the core's / cp); after step
  * i > 0 the online-softmax merge of the partial output into the fp32 accumulator (out and
  * lse read and written, the partial read: 10 T q + 16 T nh bytes). Backward: the K, V gathered
- * again; cp steps of a partial attention backward (twice the forward's FLOPs); the fp32
+ * again; cp steps of a partial attention backward (twice the forward's FLOPs); after each
+ * the step's dQ added into the fp32 dQ (10 T q bytes; step 0 writes the zeroed dQ, dK, dV,
+ * 6 T (q + kw + vw)); the fp32
  * dK, dV accumulated with the ones that arrive and passed on after every step (cp shifts
  * of 4 T (kw + vw) bytes, SENDRECV to the next rank; the last brings the rank's own back);
  * then the fp32 gradients cast back and repeat_kv's backward summing each head group.
@@ -186,6 +188,31 @@ void mp_sched_cp_attention_fwd(gen *g) {
   pair(g, MP_MEM_TEMP, BUF_CP_ACC, acc, 0);
 }
 
+/* After backward step r (k steps of a folded round), the step's bf16 gradients added into
+ * the ring's accumulators. Every ring adds the step's dK, dV to the fp32 ones that arrived
+ * from the previous rank (12 bytes an element: those read and written, the step's read).
+ * PyTorch's ring (_templated_ring_attention_backward with _cp_options.convert_to_f32, its
+ * default) keeps dQ in fp32 too and accumulates it after every step, grad_query +=
+ * grad_query_, or on the second query chunk alone through _partial_update's cat, which
+ * writes the whole tensor: 10 bytes a dQ element either way (the fp32 read and written, the
+ * step's bf16 read); at step 0 its zero-initialized dQ, dK, dV take the step's (6: the bf16
+ * read, the fp32 written). Transformer Engine's ring (cp_kv_grouped) is priced with the
+ * dK, dV of the later steps alone. */
+static void grads_accumulate(gen *g, int64_t kw, int64_t vw, int r, int k) {
+  const int64_t T = g->sh.tokens, q = g->sh.q_width;
+  const int torch_ring = !g->ms->cp_kv_grouped;
+  if (r == 0) {
+    if (torch_ring)
+      elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T * (q + kw + vw), 1.0, 6.0 * (double)(T * (q + kw + vw)));
+    return;
+  }
+  const int64_t dq = torch_ring ? T * q : 0;
+  times(g,
+        elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, dq + T * (kw + vw), 1.0,
+                    10.0 * (double)dq + 12.0 * (double)(T * (kw + vw))),
+        k);
+}
+
 void mp_sched_cp_attention_bwd(gen *g) {
   if (g->p->opts.cp_comm != MP_CP_COMM_P2P) {
     mp_sched_cp_te_bwd(g);
@@ -218,13 +245,8 @@ void mp_sched_cp_attention_bwd(gen *g) {
                       4.0 * (double)(T * sh->heads),
                   MP_DTYPE_BF16),
           k);
-    if (r > 0) { /* the dK, dV that arrived, added to this step's */
-      pend_dep(g, ahead >= 0 ? ahead : dshift, 0);
-      times(g,
-            elementwise(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T * (kw + vw), 1.0,
-                        12.0 * (double)(T * (kw + vw))),
-            k);
-    }
+    if (r > 0) pend_dep(g, ahead >= 0 ? ahead : dshift, 0); /* the dK, dV that arrived */
+    grads_accumulate(g, kw, vw, r, k);
     dshift = ring_shift(g, dkv, MP_DTYPE_FP32, g->last_compute, 1); /* passed on to the next rank */
   }
   pend_dep(g, dshift, 0); /* the rank's own dK, dV back before they are used */
