@@ -164,6 +164,29 @@ const mp_param *mp_plan_param_source(const mp_plan *p, int i) {
 
 int mp_fp8_gemm_any_layout(int cc) { return (cc >= 100 && cc < 120) || cc >= 130; }
 
+int mp_fp8_te_copies_per_elem(mp_fp8_recipe r, int cc, int param_gather) {
+  const int per_tensor = r == MP_FP8_DELAYED || r == MP_FP8_TENSORWISE;
+  const int copies = per_tensor && mp_fp8_gemm_any_layout(cc) ? 1 : 2;
+  return param_gather ? copies - 1 : copies;
+}
+
+int mp_fp8_te_copy_per_step(mp_fp8_recipe r, int param_gather) { return param_gather && r == MP_FP8_BLOCKWISE; }
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+int64_t mp_fp8_te_weight_copy_bytes(mp_fp8_recipe r, int cc, int param_gather, int64_t rows, int64_t cols) {
+  const int64_t data = (int64_t)mp_fp8_te_copies_per_elem(r, cc, param_gather) * rows * cols;
+  if (r == MP_FP8_MXFP8)
+    return data + round_up(rows, 128) * round_up(cols / 32, 4) + round_up(ceil_div(rows, 32), 4) * round_up(cols, 128);
+  if (r == MP_FP8_BLOCKWISE) {
+    const int64_t colwise = 4 * ceil_div(cols, 128) * round_up(ceil_div(rows, 128), 4);
+    return data + colwise + (param_gather ? 0 : 4 * ceil_div(rows, 128) * round_up(ceil_div(cols, 128), 4));
+  }
+  /* per-tensor: the workspace's scale_inv (an fp32); a float8 weight's transpose shares its own */
+  return data + (param_gather ? 0 : 4);
+}
+
 void mp_plan_options_init(mp_plan_options *o) {
   memset(o, 0, sizeof *o);
   o->tp.shard_logits = 1; /* loss parallel: logits stay vocab-sharded (torchtitan default) */

@@ -260,6 +260,41 @@ typedef struct mp_float8_options {
  * Float8CurrentScalingQuantizer: with_transpose = columnwise_usage && !that). */
 int mp_fp8_gemm_any_layout(int cc);
 
+/* The float8 copies Transformer Engine holds of one float8 Linear weight of rows x cols (its
+ * [out, in] on the rank; a grouped expert's each) beyond the model weight itself, scales
+ * included, under recipe r on a GPU of compute capability cc (v2.8):
+ *   without param_gather  the cached workspace (TransformerEngineBaseModule.
+ *       get_weight_workspace, module/base.py, keyed "weight", "fc1_weight", "weight{i}" when
+ *       Megatron-Core passes is_first_microbatch: megatron/core/transformer/module.py
+ *       set_is_first_microbatch, core_v0.14.0): delayed and current scaling a row-major copy
+ *       and, where float8 GEMMs take TN operands alone (mp_fp8_gemm_any_layout false), its
+ *       transpose, sharing one fp32 scale_inv (quantizer.cpp, Float8Quantizer::create_tensor:
+ *       with_transpose = columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported); MXFP8 a
+ *       row-wise and a column-wise copy, each with an E8M0 scale per 32 elements padded to
+ *       [roundup(rows, 128), roundup(cols / 32, 4)] and [roundup(rows / 32, 4),
+ *       roundup(cols, 128)] (MXFP8Quantizer::get_scale_shape); blockwise (128 x 128 weight
+ *       tiles) a row-wise and a column-wise copy, with fp32 scales of [ceil(rows / 128),
+ *       roundup(ceil(cols / 128), 4)] and [ceil(cols / 128), roundup(ceil(rows / 128), 4)]
+ *       (Float8BlockQuantizer::get_scale_shape, block_scaling_dim 2).
+ *   with param_gather  the model weight is the row-wise copy (counted with the parameters):
+ *       delayed and current scaling add the transpose where the GPU needs one
+ *       (Float8TensorBase.update_usage, tensor/_internal/float8_tensor_base.py), blockwise the
+ *       column-wise copy and its scales (Float8BlockwiseQTensorBase._create_columnwise).
+ * The workspaces and the float8 weight's transpose are written in place each step
+ * (quantize_ into the cached tensor; tex.fp8_transpose(out=self._transpose), which
+ * _reset_caches only marks stale): held through every step. Blockwise's column-wise copy of a
+ * float8 weight is dropped after each update (cast_master_weights_to_fp8's
+ * update_usage(columnwise_usage=False), tensor/utils.py): held from the layer's first forward
+ * of a step to the optimizer step (mp_fp8_te_copy_per_step). */
+int64_t mp_fp8_te_weight_copy_bytes(mp_fp8_recipe r, int cc, int param_gather, int64_t rows, int64_t cols);
+
+/* Bytes an element of such copies takes, scales left out: 0, 1 or 2. */
+int mp_fp8_te_copies_per_elem(mp_fp8_recipe r, int cc, int param_gather);
+
+/* Whether those copies live from the layer's first forward of a step to the optimizer step
+ * (blockwise under param_gather) rather than through every step. */
+int mp_fp8_te_copy_per_step(mp_fp8_recipe r, int param_gather);
+
 typedef struct mp_fsdp_options {
   int reshard_after_forward; /* free gathered params after forward, gather again in backward */
   int per_block;             /* force exactly one unit per block (refused with EP) */

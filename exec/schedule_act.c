@@ -455,6 +455,7 @@ static void recompute_modules(gen *g, const block_act *a, int kind, int attn, in
 void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd) {
   block_act a;
   block_act_of(g, kind, mp_plan_layer_ac(&g->p->opts, g->layer), &a);
+  mp_sched_f8_held_fwd(g);
   act(g, BUF_ACT_X, a.x, 1, 1);
   act(g, BUF_ACT_ATTN, a.attn, 1, a.kept);
   act(g, BUF_ACT_ATTN_TMP, a.attn_tmp, 1, 0);

@@ -91,6 +91,7 @@ enum {
   BUF_LP_SUM,      /* DTensor loss parallel backward: one-hot plus exp, fp32 */
   BUF_ACT_MTP_IN,  /* an MTP module's input side, saved (schedule_mtp.c) */
   BUF_RC_MTP_IN,   /* ... recomputed under full AC */
+  BUF_F8_HELD,     /* Transformer Engine's float8 weight copies (mp_fp8_te_weight_copy_bytes) */
 };
 
 enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };
@@ -107,6 +108,10 @@ typedef struct unit_info {
                           each at rest and gathered), of numel_expert, and of the rank's */
   int64_t numel_f8_expert, numel_f8_local; /* elements at rest */
   int32_t n_f8;        /* its float8 weight tensors */
+  int64_t f8_held_bytes; /* Transformer Engine's float8 copies of its float8 weights
+                            (mp_fp8_te_weight_copy_bytes): held through every step, or under
+                            f8_held_per_step from its first forward to the optimizer step */
+  int64_t f8_fused_rows, f8_fused_cols; /* the fused weight being summed (te_fused_follows) */
   int gsize;           /* FSDP group size */
   uint8_t group;
   uint8_t gather_dtype;
@@ -189,6 +194,7 @@ typedef struct shapes {
                                both ways: 2 (the row-major one and the transposed or MXFP8's
                                and blockwise's column-scaled one), 1 where the GPU takes any
                                layout under a per-tensor recipe (schedule_prep.c) */
+  int f8_held_per_step;     /* the float8 weight copies live within a step (mp_fp8_te_copy_per_step) */
 } shapes;
 
 typedef struct gen {
@@ -553,6 +559,9 @@ static inline void attach(gen *g, const part_deps *pd, int part) {
 /* schedule.c: a resident allocation of the prologue (its bytes in the schedule's
  * resident_bytes) */
 void mp_sched_resident(gen *g, mp_mem_cat cat, int buf, int64_t bytes);
+/* schedule_mem.c: Transformer Engine's float8 weight copies made in the layer's first forward
+ * of a step, where they live within it */
+void mp_sched_f8_held_fwd(gen *g);
 
 /* schedule_act.c */
 void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd);

@@ -84,6 +84,38 @@ static double model_bytes(const gen *g, int64_t n, int64_t f) {
   return (double)(n - f) * mp_dtype_bytes(g->param_dtype) + (double)f;
 }
 
+/* Transformer Engine's float8 copies of layer l's float8 weights (l < 0: the stage's). */
+static int64_t f8_held_bytes(const gen *g, const unit_info *ui, int n_ui, int l) {
+  int64_t b = 0;
+  if (l < 0) {
+    for (int u = 0; u < n_ui; u++) b += ui[u].f8_held_bytes;
+    return b;
+  }
+  if (g->first_unit[l] < 0) return 0;
+  for (int k = 0; k < g->n_units[l]; k++) b += ui[g->first_unit[l] + k].f8_held_bytes;
+  return b;
+}
+
+/* The float8 copies that live within a step (blockwise's column-wise copy of a float8 model
+ * weight: mp_fp8_te_copy_per_step) are made by the layer's forward in the step's first
+ * micro-batch (Float8BlockwiseQTensorBase._create_columnwise from get_weight_workspace's
+ * update_usage) and dropped in the optimizer step (autograd_optimizer). */
+void mp_sched_f8_held_fwd(gen *g) {
+  if (!g->sh.f8_held_per_step || g->phase == MP_PHASE_RECOMPUTE || g->layer < 0) return;
+  const int64_t b = f8_held_bytes(g, g->ui, g->n_ui, g->layer);
+  if (b <= 0) return;
+  const int32_t i = mem(g, MP_OP_ALLOC, MP_MEM_FP8, BUF_F8_HELD, b, g->layer, -1, MP_STREAM_COMPUTE);
+  if (i >= 0) g->ops[i].when = MP_WHEN_FIRST_MICRO;
+}
+
+static void f8_held_free(gen *g) {
+  if (!g->sh.f8_held_per_step) return;
+  for (int l = 0; l < (int)g->p->model.n_layers; l++) {
+    const int64_t b = f8_held_bytes(g, g->ui, g->n_ui, l);
+    if (b > 0) mem(g, MP_OP_FREE, MP_MEM_FP8, BUF_F8_HELD, b, l, -1, MP_STREAM_COMPUTE);
+  }
+}
+
 static void autograd_resident(gen *g, const mp_schedule_prep *pr) {
   const int64_t mb = mp_dtype_bytes(g->p->opts.master_dtype), n = pr->params_numel;
   int64_t param_bytes = n * mb, grad_bytes = n * mb;
@@ -103,6 +135,10 @@ static void autograd_resident(gen *g, const mp_schedule_prep *pr) {
   mp_sched_resident(g, MP_MEM_PARAMS, BUF_PARAMS, param_bytes);
   mp_sched_resident(g, MP_MEM_OPTIMIZER, BUF_OPTIMIZER, optimizer_bytes);
   mp_sched_resident(g, MP_MEM_GRADS, BUF_GRADS, grad_bytes);
+  /* Transformer Engine's float8 weight copies, written in place each step and held through
+   * it (mp_fp8_te_weight_copy_bytes); those that live within a step are mp_sched_f8_held_fwd's */
+  const int64_t held = g->sh.f8_held_per_step ? 0 : f8_held_bytes(g, pr->ui, pr->n_ui, -1);
+  if (held > 0) mp_sched_resident(g, MP_MEM_FP8, BUF_F8_HELD, held);
   const int64_t ahead = mp_sched_mfsdp_prefetch_extra_bytes(g);
   if (ahead > 0) mp_sched_resident(g, MP_MEM_GATHERED, BUF_GATHERED, ahead);
 }
@@ -151,6 +187,7 @@ static void autograd_optimizer(gen *g, const mp_schedule_prep *pr, int world_red
     const int64_t rb = mp_dtype_bytes(g->reduce_dtype), zero = mfsdp ? rb * (int64_t)shard : gb;
     compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, zero / rb, 0, 0, 1, 0.0, (double)zero, MP_DTYPE_FP32);
   }
+  f8_held_free(g);
   const f8_weights f8 = f8_of(pr);
   if (f8.local > 0 && (g->ddp || mfsdp)) {
     /* the float8 weights' part of the shard (the distributed optimizer cuts the buffer

@@ -287,8 +287,10 @@ void mp_sched_linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, 
     }
   }
   /* meshplan-cpu emulates float8 in fp32: one buffer of the quantized input (aligned) and
-   * weight; the runtimes never all-gather float8 */
-  const int64_t fb = g->ms->runtime ? mp_act_f8_emul_fwd_floats(x, w) * 4 : (g->sh.fp8_all_gather ? 0 : w) + x;
+   * weight; the runtimes never all-gather float8; Transformer Engine's weight copies are
+   * held (BUF_F8_HELD, schedule_mem.c) */
+  const int64_t wq = g->sh.fp8_all_gather || g->sh.fp8_te ? 0 : w;
+  const int64_t fb = g->ms->runtime ? mp_act_f8_emul_fwd_floats(x, w) * 4 : wq + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
   gemm(g, MP_VAR_FWD, module, m, out, in, batch, MP_DTYPE_FP8_E4M3);
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 0);
@@ -353,8 +355,8 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
     else
       cast(g, module, x, MP_VAR_BWD);
   }
-  const int64_t fb =
-      g->ms->runtime ? mp_act_f8_emul_bwd_floats(dy, x, w) * 4 : dy + (g->sh.fp8_all_gather ? 0 : w) + x;
+  const int64_t wq = g->sh.fp8_all_gather || g->sh.fp8_te ? 0 : w;
+  const int64_t fb = g->ms->runtime ? mp_act_f8_emul_bwd_floats(dy, x, w) * 4 : dy + wq + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
   gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_FP8_E5M2);
   rowwise_post_scale(g, module, x);

@@ -68,6 +68,7 @@ static void read_fp8_shapes(const mp_plan *p, shapes *sh) {
   const int per_tensor = sh->fp8_recipe == MP_FP8_DELAYED || sh->fp8_recipe == MP_FP8_TENSORWISE;
   sh->fp8_te_copies = per_tensor && mp_fp8_gemm_any_layout(p->opts.fp8_opts.gpu_cc) ? 1 : 2;
   sh->fp8_param_gather = sh->fp8_te && p->opts.fp8_opts.param_gather;
+  sh->f8_held_per_step = sh->fp8_te && mp_fp8_te_copy_per_step(sh->fp8_recipe, sh->fp8_param_gather);
   /* torchao's float8 TP modules scale tensorwise; Transformer Engine gathers float8 under
    * every recipe */
   sh->fp8_tp_codes = sh->tp > 1 && on && ms->fp8_tp_codes && (ms->fp8_te || sh->fp8_recipe == MP_FP8_TENSORWISE);
@@ -174,6 +175,34 @@ static mp_status units_alloc(gen *g, rt_rest *rest) {
   return MP_OK;
 }
 
+/* Megatron-Core's fused Transformer Engine Linears: linear_qkv's weight is [q + k + v, in],
+ * linear_fc1's [gate + up, in] (a grouped expert's each: TEGroupedMLP; megatron/core/
+ * transformer/attention.py, mlp.py, core_v0.14.0), so k, v and up extend the weight q or gate
+ * opened and Transformer Engine quantizes it whole (any other weight closes it). */
+static int te_fused_follows(int module) {
+  return module == MP_MOD_K || module == MP_MOD_V || module == MP_MOD_UP || module == MP_MOD_SHARED_UP ||
+         module == MP_MOD_EXPERTS_UP;
+}
+
+static int te_fused_leads(int module) {
+  return module == MP_MOD_Q || module == MP_MOD_GATE || module == MP_MOD_SHARED_GATE || module == MP_MOD_EXPERTS_GATE;
+}
+
+/* Transformer Engine's float8 copies of float8 weight prm (n tp-local elements): of each of
+ * its [out, in] weights (a grouped expert's behind its expert dim), what it adds to the fused
+ * weight it extends (mp_fp8_te_weight_copy_bytes of the grown weight less the one before). */
+static void add_f8_held(gen *g, const mp_param *prm, unit_info *ui, int64_t n) {
+  const int e = prm->ndim == 3;
+  const int64_t r = prm->tp_shape[e], c = prm->tp_shape[e + 1];
+  const int64_t r0 = te_fused_follows(prm->module) && ui->f8_fused_cols == c ? ui->f8_fused_rows : 0;
+  const mp_fp8_recipe rc = g->sh.fp8_recipe;
+  const int cc = g->p->opts.fp8_opts.gpu_cc, pg = g->sh.fp8_param_gather;
+  ui->f8_held_bytes += n / (r * c) * (mp_fp8_te_weight_copy_bytes(rc, cc, pg, r0 + r, c) -
+                                      (r0 > 0 ? mp_fp8_te_weight_copy_bytes(rc, cc, pg, r0, c) : 0));
+  ui->f8_fused_rows = r0 + r;
+  ui->f8_fused_cols = te_fused_leads(prm->module) || te_fused_follows(prm->module) ? c : 0;
+}
+
 /* Parameter prm of the stage into its unit: its tp-local elements, its padded shard, the
  * gather's bytes, and the rank's elements at rest (its tile: gi is the rank's index in
  * the group of gs). */
@@ -199,6 +228,7 @@ static void add_param(gen *g, const mp_param *prm, unit_info *ui, int gs, int gi
     ui->n_f8++;
     if (!g->has_fsdp && prm->is_expert && mp_plan_ddp_experts_apart(g->p)) ui->numel_f8_expert += n;
   }
+  if (g->sh.fp8_te && prm->float8) add_f8_held(g, prm, ui, n);
   ui->gsize = gs;
   ui->group = (uint8_t)(g->has_fsdp ? prm->fsdp_group : mp_sched_ddp_group(g));
   ui->gather_dtype = (uint8_t)g->param_dtype;

@@ -122,8 +122,13 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
 /* The resident bytes per parameter a rank holds (exec's mp_plan_dp_state_bytes at the
  * default dtypes), and over how many ranks the parameters are cut (see search.h): FSDP over
  * dp_shard x cp x tp x pp, DDP over tp x pp. split and ways (may be NULL): the bytes held
- * whole and the bytes cut over `ways` data-parallel ranks, mp_plan_dp_state_bytes's own. */
-static double bound_bytes_per_param(const mp_search_config *cfg, const mp_mesh *mesh, int64_t *shards,
+ * whole and the bytes cut over `ways` data-parallel ranks, mp_plan_dp_state_bytes's own.
+ * A float8 candidate under --fp8-param-gather keeps its float8 Linears' model weights at 1
+ * byte, beside Transformer Engine's copies of them (mp_fp8_te_copies_per_elem: the transpose
+ * on Hopper, none on Blackwell under the per-tensor recipes); where the two come to less than
+ * the model dtype's bytes, every parameter is counted so: the float8 ones are a subset of
+ * them, so the bound stays below the plan's state. */
+static double bound_bytes_per_param(const mp_search_config *cfg, const mp_mesh *mesh, int fp8, int64_t *shards,
                                     double split[2], int64_t *ways) {
   const int64_t tp_pp = (int64_t)mesh->size[MP_DIM_TP] * mesh->size[MP_DIM_PP];
   mp_plan_options o;
@@ -135,6 +140,11 @@ static double bound_bytes_per_param(const mp_search_config *cfg, const mp_mesh *
   double b[2];
   int64_t w = 1;
   mp_plan_dp_state_bytes(mesh, &o, b, &w);
+  if (fp8 && cfg->fp8_param_gather) {
+    const double less = (double)mp_dtype_bytes(o.fsdp.param_dtype) -
+                        (1.0 + mp_fp8_te_copies_per_elem(cfg->fp8_recipe, cfg->cluster->gpu.compute_capability, 1));
+    if (less > 0) b[o.dp == MP_DP_DDP ? 0 : 1] -= less; /* the model weights: DDP's whole, Megatron FSDP's cut */
+  }
   if (split) split[0] = b[0], split[1] = b[1];
   if (ways) *ways = w;
   *shards = o.dp == MP_DP_DDP ? tp_pp : (int64_t)mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * tp_pp;
@@ -152,11 +162,11 @@ static double routed_expert_params(const mp_model *m) {
  * routed experts whole (etp=1) over ep x pp, not over tp x pp, and shards their optimizer
  * over expert-DP (stage / ep ranks): they are counted apart, their cut optimizer bytes at
  * the larger of the two data-parallel ways (a lower bound either way). */
-static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *mesh,
+static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *mesh, int fp8,
                                     double n_params) {
   int64_t shards, ways;
   double split[2];
-  const double b = bound_bytes_per_param(cfg, mesh, &shards, split, &ways);
+  const double b = bound_bytes_per_param(cfg, mesh, fp8, &shards, split, &ways);
   const double rt = cfg->cluster->gpu.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0;
   if (!(cfg->dp == MP_DP_DDP && !mfsdp_mesh(cfg, mesh) && mesh->ep > 1 && mp_mesh_expert_grid(mesh)))
     return b * n_params / (double)shards + rt;
@@ -165,6 +175,10 @@ static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *
   const double ne = routed_expert_params(cfg->model) < n_params ? routed_expert_params(cfg->model) : 0.0;
   const double be = split[0] + split[1] / (double)(ways > edp ? ways : edp);
   return b * (n_params - ne) / (double)shards + be * ne / (double)(mesh->ep * pp) + rt;
+}
+
+double mp_search_mem_lower_bound(const mp_search_config *cfg, const mp_candidate *c) {
+  return mem_lower_bound_bytes(cfg, &c->mesh, c->fp8, (double)mp_model_param_count(cfg->model));
 }
 
 /* Interleaving: the pp x v model chunks hold a layer each and the micro-batches come in
@@ -193,7 +207,7 @@ static mp_reject prune_options(const mp_search_config *cfg, const mp_candidate *
                             : c->reshard && (cfg->dp == MP_DP_DDP || mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] == 1 ||
                                              (cfg->pp_keeps_params && mesh->size[MP_DIM_PP] > 1)))
     return MP_REJECT_RESHARD_NOOP;
-  if (cfg->mem_capacity_bytes > 0 && mem_lower_bound_bytes(cfg, mesh, n_params) > (double)cfg->mem_capacity_bytes)
+  if (cfg->mem_capacity_bytes > 0 && mem_lower_bound_bytes(cfg, mesh, c->fp8, n_params) > (double)cfg->mem_capacity_bytes)
     return MP_REJECT_MEMORY_BOUND;
   return MP_REJECT_NONE;
 }
@@ -319,14 +333,14 @@ static int memory_reason(const mp_search_config *cfg, const mp_candidate *c, cha
     case MP_REJECT_MEMORY_BOUND:
     {
       int64_t shards;
-      const double b = bound_bytes_per_param(cfg, mesh, &shards, NULL, NULL);
+      const double b = bound_bytes_per_param(cfg, mesh, c->fp8, &shards, NULL, NULL);
       snprintf(buf, cap,
                "%s alone need %.2f GiB per GPU (%.4g B x %.4g params / "
                "%lld shards + %.2f GiB runtime), over capacity %.2f GiB",
                mfsdp_mesh(cfg, mesh)   ? "bf16 weights, fp32 main weights and Adam state"
                : cfg->dp == MP_DP_DDP ? "parameters, main gradients, fp32 masters and Adam state"
                                       : "fp32 parameters and AdamW state",
-               mem_lower_bound_bytes(cfg, mesh, (double)mp_model_param_count(m)) /
+               mem_lower_bound_bytes(cfg, mesh, c->fp8, (double)mp_model_param_count(m)) /
                    (1024.0 * 1024.0 * 1024.0),
                b, (double)mp_model_param_count(m), (long long)shards,
                cfg->cluster->gpu.runtime_overhead_gib, gib(cfg->mem_capacity_bytes));

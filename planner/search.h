@@ -35,7 +35,9 @@
  *   parameter (mp_plan_dp_state_bytes: FSDP's fp32 master and AdamW m and v, 12 bytes, on
  *   n_params / (dp_shard x cp x tp x pp) of them, replicated norms, FSDP padding and uneven
  *   stages only adding; DDP's 18 bytes on n_params / (tp x pp), or with its optimizer
- *   sharded 6 + 12 / (dp_replicate x cp)), plus the GPU's runtime overhead; a plan whose
+ *   sharded 6 + 12 / (dp_replicate x cp); a float8 candidate under fp8_param_gather a byte
+ *   less where its float8 weights and Transformer Engine's copies of them take 1 byte an
+ *   element: Blackwell's per-tensor recipes), plus the GPU's runtime overhead; a plan whose
  *   bound exceeds the capacity cannot fit, so it is not simulated.
  * A vocab that tp does not divide is padded (the candidate says so), not rejected.
  * After evaluation, a plan whose peak memory exceeds the capacity (GPU memory less the
@@ -228,6 +230,8 @@ typedef struct mp_search_config {
                            (MP_REJECT_NO_FSDP) and reshard_after_forward is always a duplicate
                            (MP_REJECT_RESHARD_NOOP) */
   int ddp_shard_optimizer; /* DDP with its optimizer state sharded (ZeRO-1): the memory bound */
+  int fp8_param_gather; /* Megatron-Core's --fp8-param-gather (exec/plan.h): the float8
+                           candidates' float8 model weights at 1 byte in the memory bound */
   int full_ac_ahead;    /* 1 (mp_search_config_init): unless the last full-AC candidate of
                            its chunk fit, a worker decides a none-AC candidate's full-AC
                            sibling first, and when that is over capacity the none-AC one is
@@ -273,6 +277,10 @@ typedef struct mp_search {
 
 /* Enumerates and prunes. Checks cfg (positive seq and batch, known model and cluster). */
 mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_search **out);
+
+/* The memory lower bound of candidate c (bytes, the runtime overhead included): what the prune
+ * compares with mem_capacity_bytes (see above); at most the peak the simulator finds for it. */
+double mp_search_mem_lower_bound(const mp_search_config *cfg, const mp_candidate *c);
 void mp_search_destroy(mp_search *s);
 
 /* Receives each candidate, in enumeration order, on the calling thread, once its
