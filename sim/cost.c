@@ -139,7 +139,10 @@ double mp_sim_op_launches(const mp_op *op, const mp_stack_profile *p) {
   return (double)launches_of(op, p->grouped_streams);
 }
 
-static inline double op_compute_s(const mp_op *op, const op_costs *k) {
+/* An op's time at the whole GPU: *flops_s its arithmetic (tensor or CUDA cores), *bytes_s its
+ * HBM traffic, *launch_s its launches' overhead; it takes max(flops, bytes) + launch. */
+static inline void op_compute_parts(const mp_op *op, const op_costs *k, double *flops_s, double *bytes_s,
+                                    double *launch_s) {
   const double hbm = op->kernel < MP_KERNEL_COUNT ? k->hbm_k[op->kernel] : k->hbm;
   double t_bytes = hbm > 0 ? op_bytes(op, k) / hbm : 0.0, t_flops, launches = 1.0;
   const int dt = op->dtype < MP_DTYPE_COUNT ? op->dtype : MP_DTYPE_BF16;
@@ -165,7 +168,25 @@ static inline double op_compute_s(const mp_op *op, const op_costs *k) {
     /* element-wise, norms, optimizer: CUDA cores, no tensor cores */
     t_flops = op->flops / k->peak[MP_DTYPE_FP32];
   }
-  return (t_flops > t_bytes ? t_flops : t_bytes) + launches * k->kernel_overhead_s;
+  *flops_s = t_flops;
+  *bytes_s = t_bytes;
+  *launch_s = launches * k->kernel_overhead_s;
+}
+
+static inline double op_compute_s(const mp_op *op, const op_costs *k) {
+  double t_flops, t_bytes, t_launch;
+  op_compute_parts(op, k, &t_flops, &t_bytes, &t_launch);
+  return (t_flops > t_bytes ? t_flops : t_bytes) + t_launch;
+}
+
+/* Whether a compute op's time is its arithmetic (flops-bound): such a kernel's CTAs fill
+ * every SM in waves, so one that runs beside a collective's kernel runs on the SMs that
+ * kernel leaves (sim/engine.c, contended_end). A bandwidth-bound kernel is taken to keep its
+ * pace there: fewer SMs still draw the HBM bandwidth it is bound by. */
+static int op_sm_bound(const mp_op *op, const op_costs *k) {
+  double t_flops, t_bytes, t_launch;
+  op_compute_parts(op, k, &t_flops, &t_bytes, &t_launch);
+  return t_flops > 0.0 && t_flops >= t_bytes;
 }
 
 double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p) {
@@ -287,6 +308,14 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
   return MP_OK;
 }
 
+/* NCCL's ring collectives (all-gather, reduce-scatter, all-reduce, broadcast): a kernel of
+ * a CTA per channel. Sends, receives and all-to-alls run on NCCL's peer-to-peer channels,
+ * whose SMs are not priced. */
+static int is_ring_coll(int coll) {
+  return coll == MP_COLL_ALL_GATHER || coll == MP_COLL_REDUCE_SCATTER || coll == MP_COLL_ALL_REDUCE ||
+         coll == MP_COLL_BROADCAST;
+}
+
 /* A GEMM of a fused AsyncTP pair run as tp chunks of its tokens (rows): tp launches, each
  * reading the whole weight. */
 static double chunked_gemm_s(const mp_op *op, int tp, const op_costs *k) {
@@ -307,8 +336,14 @@ static double chunked_gemm_s(const mp_op *op, int tp, const op_costs *k) {
  * the collective's op keeps max(0, C - G (tp - 1) / tp). A pair ends at the next collective
  * on the compute stream other than an all-reduce: under SP (which AsyncTP needs) the
  * all-reduces inside a region are the 4-byte amaxes of float8 casts (schedule_ops.c), which
- * scale the GEMMs' operands and run before the fused op, not between its chunks. */
-static void price_fused(const mp_schedule *s, int tp, const op_costs *k, cop *cops, double *dur) {
+ * scale the GEMMs' operands and run before the fused op, not between its chunks.
+ * scatter_slow stretches the GEMMs of a reduce-scatter pair: Transformer Engine's
+ * userbuffers (Megatron-Core's --tp-comm-overlap) run its "pipeline" reduce-scatter as a
+ * kernel of num_sm SMs and launch the GEMM with that SM margin (set_sm_margin), so every
+ * chunk runs on the SMs left (the stack's ub_sms); the all-gathers' "ring_exchange" copies
+ * run on the copy engines (use_ce) beside a GEMM of every SM. */
+static void price_fused(const mp_schedule *s, int tp, const op_costs *k, double scatter_slow, cop *cops,
+                        double *dur) {
   for (int32_t i = 0; i < s->n_ops; i++) {
     const mp_op *op = &s->ops[i];
     if (op->type != MP_OP_COMM || op->fused == MP_FUSE_NONE) continue;
@@ -318,7 +353,8 @@ static void price_fused(const mp_schedule *s, int tp, const op_costs *k, cop *co
       const mp_op *x = &s->ops[j];
       if (x->type == MP_OP_COMM && x->stream == MP_STREAM_COMPUTE && x->coll != MP_COLL_ALL_REDUCE) break;
       if (x->type != MP_OP_COMPUTE || x->fused != op->fused || x->layer != op->layer) continue;
-      dur[j] = cops[j].dur = chunked_gemm_s(x, tp, k) * (x->count > 1 ? x->count : 1);
+      const double slow = op->fused == MP_FUSE_SCATTER ? scatter_slow : 1.0;
+      dur[j] = cops[j].dur = chunked_gemm_s(x, tp, k) * slow * (x->count > 1 ? x->count : 1);
       g += dur[j];
     }
     const double left = dur[i] - g * (tp - 1) / tp;
@@ -382,9 +418,23 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
     if (op->count > 1) d *= op->count;
     dur[i] = d;
     c->dur = d;
+    c->sms = 0;
+    c->sm_bound = 0;
+    if (prof->nccl_sm_contention && cl->gpu.sms > 0 && !mp_gpu_is_cpu(&cl->gpu)) {
+      /* a ring collective beside the compute stream holds an SM per NCCL channel while it
+       * runs; the compute stream's flops-bound kernels lose those SMs (engine.c) */
+      if (op->type == MP_OP_COMM && c->stream != MP_STREAM_COMPUTE && d > 0.0 && is_ring_coll(op->coll))
+        c->sms = (uint8_t)mp_sim_nccl_ring_channels(&cl->gpu, &ls.link[op->group < MP_GROUP_COUNT ? op->group : MP_GROUP_WORLD],
+                                                    prof->nccl_max_ctas);
+      else if (op->type == MP_OP_COMPUTE && c->stream == MP_STREAM_COMPUTE)
+        c->sm_bound = (uint8_t)op_sm_bound(op, &kc);
+    }
   }
   if (s->plan->opts.tp_comm_fused && mesh->size[MP_DIM_TP] > 1)
-    price_fused(s, mesh->size[MP_DIM_TP], &kc, cops, dur);
+    price_fused(s, mesh->size[MP_DIM_TP], &kc,
+                prof->ub_sms > 0 && cl->gpu.sms > prof->ub_sms ? (double)cl->gpu.sms / (double)(cl->gpu.sms - prof->ub_sms)
+                                                               : 1.0,
+                cops, dur);
   /* a malformed forward dependency still reads a kept end */
   if (fwd_dep)
     for (int32_t i = 0; i < s->n_ops; i++)

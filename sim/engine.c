@@ -24,6 +24,7 @@
  * No allocation per op: per-op arrays live in the caller's workspace (sim/workspace.h),
  * grown to the largest schedule seen and reused. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +44,7 @@ static int prog_reserve(prog_buf *b, size_t n_ops, size_t n_segs) {
          mp_sim_grow((void **)&b->t, &b->t_cap, n_ops, sizeof *b->t) &&
          mp_sim_grow((void **)&b->c, &b->c_cap, n_ops, sizeof *b->c) &&
          mp_sim_grow((void **)&b->k, &b->k_cap, n_ops, sizeof *b->k) &&
+         mp_sim_grow((void **)&b->sb, &b->sb_cap, n_ops, sizeof *b->sb) &&
          mp_sim_grow((void **)&b->m, &b->m_cap, n_ops, sizeof *b->m);
 }
 
@@ -173,6 +175,86 @@ static void trace_push_mem(sim *x, int32_t idx, int32_t layer, int32_t micro) {
   }
 }
 
+/* ---- SM contention ------------------------------------------------------------------ */
+
+/* A collective that holds SMs (cop.sms) ran on stream st over [start, end): queued for the
+ * compute stream's kernels that run beside it. */
+static inline void sm_push(sim *x, int st, int sms, double start, double end) {
+  if (sms <= 0 || x->gpu_sms <= 0 || !(end > start)) return;
+  sm_queue *q = &x->smq[st];
+  if (q->n == MP_SIM_SM_QUEUE) {
+    sm_interval *last = &q->iv[(q->head + q->n - 1) % MP_SIM_SM_QUEUE];
+    if (end > last->end_s) last->end_s = end;
+    if (sms > last->sms) last->sms = sms;
+    return;
+  }
+  q->iv[(q->head + q->n) % MP_SIM_SM_QUEUE] = (sm_interval){start, end, sms};
+  q->n++;
+  x->sm_pending++;
+}
+
+/* Drops the intervals that end by t: the compute stream's time never goes back. */
+static void sm_drop(sim *x, double t) {
+  for (int st = 0; st < MP_STREAM_COUNT; st++) {
+    sm_queue *q = &x->smq[st];
+    while (q->n > 0 && !(q->iv[q->head].end_s > t)) {
+      q->head = (q->head + 1) % MP_SIM_SM_QUEUE;
+      q->n--;
+      x->sm_pending--;
+    }
+  }
+}
+
+/* The end of a flops-bound compute kernel that starts at t0 and takes d on the whole GPU.
+ * Its CTAs run in waves over the SMs, so while collectives hold c of the GPU's S SMs it
+ * progresses at (S - c) / S of its rate: the asymptote of ceil(tiles / (S - c)) waves
+ * against ceil(tiles / S), the simulator knowing no kernel's tile count (cuBLAS picks the
+ * tile at run time). The kernel is walked across the queued intervals' starts and ends:
+ * its remaining work (seconds at the full rate) shrinks by the span x the rate of each
+ * piece. With nothing in flight over [t0, t0 + d) it ends at t0 + d to the bit. */
+static double contended_end(sim *x, double t0, double d) {
+  sm_drop(x, t0);
+  double t = t0, left = d;
+  const double S = (double)x->gpu_sms;
+  for (;;) {
+    int held = 0;
+    double next = HUGE_VAL;
+    for (int st = 0; st < MP_STREAM_COUNT; st++) {
+      const sm_queue *q = &x->smq[st];
+      for (int j = 0; j < q->n; j++) {
+        const sm_interval *v = &q->iv[(q->head + j) % MP_SIM_SM_QUEUE];
+        if (!(v->end_s > t)) continue;
+        if (v->start_s <= t) {
+          held += v->sms;
+          if (v->end_s < next) next = v->end_s;
+        } else if (v->start_s < next) {
+          next = v->start_s;
+        }
+        break;
+      }
+    }
+    const double rate = held <= 0 ? 1.0 : held >= x->gpu_sms ? 1.0 / S : (S - (double)held) / S;
+    if (next == HUGE_VAL || left <= (next - t) * rate) return t + left / rate;
+    left -= (next - t) * rate;
+    t = next;
+  }
+}
+
+/* A collective that holds SMs ran over [start, end) while the compute stream's time is fc:
+ * queued for the kernels to come, and where it started before fc (issued after kernels it
+ * runs beside: a prefetch issued once the previous layer's kernels are in the stream)
+ * those kernels lost its SMs over [start, min(end, fc)) after the compute stream last
+ * waited (busy_since: its kernels ran back to back since): sms / S of that span's work,
+ * done at fc at the rate the collectives in flight leave. The compute stream's time
+ * after that work. The kernels over that span are taken to be flops-bound ones. */
+static double sm_collective(sim *x, int st, int sms, double start, double end, double fc) {
+  sm_push(x, st, sms, start, end);
+  if (start < x->busy_since) start = x->busy_since;
+  if (x->gpu_sms <= 0 || !(start < fc) || !(end > start)) return fc;
+  const double span = (end < fc ? end : fc) - start;
+  return contended_end(x, fc, span * (double)sms / (double)x->gpu_sms);
+}
+
 /* Runs one op instance; returns 1 with its start time when a timed op ran (for the
  * trace), 0 for a memory event or an op its `when` skips. The trace's path: every end
  * time is kept. */
@@ -202,16 +284,21 @@ static inline int run_op(sim *x, int32_t idx, int32_t rep, int32_t micro, double
   }
   double start = t0 > ready ? t0 : ready, d = op->dur;
   if (st == MP_STREAM_COMPUTE) x->a.wait += start - t0;
+  if (st == MP_STREAM_COMPUTE && start > t0) x->busy_since = start;
   if (op->kind == COP_COMPUTE)
     x->a.compute += d;
   else if (op->kind == COP_OPT)
     x->a.opt += d;
   else if (op->kind == COP_COMM)
     x->a.comm_busy[st] += d;
-  MP_ASSERT(!(start + d < t0), "op %d: a stream's time never goes back", (int)idx);
+  const double end = op->sm_bound && x->sm_pending ? contended_end(x, start, d) : start + d;
+  MP_ASSERT(!(end < t0), "op %d: a stream's time never goes back", (int)idx);
+  if (op->sms)
+    x->a.free_t[MP_STREAM_COMPUTE] =
+        sm_collective(x, st, op->sms, start, end, x->a.free_t[MP_STREAM_COMPUTE]);
   end_prev[idx] = end_cur[idx];
-  end_cur[idx] = start + d;
-  x->a.free_t[st] = start + d;
+  end_cur[idx] = end;
+  x->a.free_t[st] = end;
   *t_start = start;
   return 1;
 }
@@ -258,7 +345,9 @@ static inline __attribute__((always_inline)) void run_one(sim *x, regs *r, int32
     x->a.comm_busy[st] += d;
   double end;
   if (op->n_dep == 0) {
-    end = (on_c ? r->fc : free_t[st]) + d;
+    const double start = on_c ? r->fc : free_t[st];
+    end = op->sm_bound && x->sm_pending ? contended_end(x, start, d) : start + d;
+    if (op->sms) r->fc = sm_collective(x, st, op->sms, start, end, r->fc);
   } else {
     const double t0 = on_c ? r->fc : free_t[st];
     double ready = 0.0;
@@ -274,7 +363,9 @@ static inline __attribute__((always_inline)) void run_one(sim *x, regs *r, int32
     }
     const double start = t0 > ready ? t0 : ready;
     if (on_c) r->wait += start - t0;
-    end = start + d;
+    if (on_c && start > t0) x->busy_since = start;
+    end = op->sm_bound && x->sm_pending ? contended_end(x, start, d) : start + d;
+    if (op->sms) r->fc = sm_collective(x, st, op->sms, start, end, r->fc);
   }
   MP_ASSERT(!(end < (on_c ? r->fc : free_t[st])), "op %d: a stream's time never goes back (durations are not negative)",
             (int)idx);
@@ -319,6 +410,7 @@ static void run_rep(sim *x, const mp_segment *g, int32_t rep, int32_t micro) {
   } else {
     const step *restrict sp = x->steps;
     const double *restrict pt = x->prog_t, *restrict pc = x->prog_c, *restrict pk = x->prog_k;
+    const uint8_t *restrict psb = x->prog_sb;
     const mev *restrict pm = x->prog_m;
     for (int32_t j = x->seg_step[si], e = x->seg_step[si + 1]; j < e; j++) {
       const step *q = &sp[j];
@@ -327,7 +419,10 @@ static void run_rep(sim *x, const mp_segment *g, int32_t rep, int32_t micro) {
         continue;
       }
       double fc = r.fc, compute = r.compute;
-      for (int32_t i = q->t_lo; i < q->t_hi; i++) fc += pt[i];
+      if (x->sm_pending) /* collectives in flight: each kernel as run_one runs it */
+        for (int32_t i = q->t_lo; i < q->t_hi; i++) fc = psb[i] && x->sm_pending ? contended_end(x, fc, pt[i]) : fc + pt[i];
+      else
+        for (int32_t i = q->t_lo; i < q->t_hi; i++) fc += pt[i];
       for (int32_t i = q->c_lo; i < q->c_hi; i++) compute += pc[i];
       r.fc = fc;
       r.compute = compute;
@@ -388,6 +483,14 @@ static void skip_time(sim *x, int64_t k, const accum *d, int32_t first, int32_t 
   x->a.compute += kk * d->compute;
   x->a.opt += kk * d->opt;
   x->a.wait += kk * d->wait;
+  x->busy_since += kk * d->free_t[MP_STREAM_COMPUTE];
+  /* the collectives in flight move with their streams, as their ops' end times do */
+  for (int s = 0; s < MP_STREAM_COUNT; s++)
+    for (int j = 0; j < x->smq[s].n; j++) {
+      sm_interval *v = &x->smq[s].iv[(x->smq[s].head + j) % MP_SIM_SM_QUEUE];
+      v->start_s += kk * d->free_t[s];
+      v->end_s += kk * d->free_t[s];
+    }
   /* the kept ops are listed ascending: find the first at or after `first` */
   int32_t lo = 0, hi = x->n_keep;
   while (lo < hi) {
@@ -511,6 +614,7 @@ static int32_t prog_compile(prog_buf *b, const mp_schedule *s, const cop *cops) 
         b->m[nm++] = (mev){c->mem_delta, c->mem_cat};
         run->m_hi = nm;
       } else {
+        b->sb[nt] = c->sm_bound;
         b->t[nt++] = c->dur;
         run->t_hi = nt;
         if (c->kind == COP_COMPUTE) {
@@ -529,10 +633,13 @@ static int32_t prog_compile(prog_buf *b, const mp_schedule *s, const cop *cops) 
 
 /* ---- the step ----------------------------------------------------------------------- */
 
-void mp_sim_engine_init(sim *x, const mp_schedule *s, const sim_bufs *b, int extrapolate) {
+void mp_sim_engine_init(sim *x, const mp_schedule *s, const sim_bufs *b, int gpu_sms, int extrapolate) {
   prog_buf *pb = b->prog;
   const int32_t n_keep = prog_compile(pb, s, b->cops);
-  memset(x, 0, sizeof *x);
+  /* the queues' intervals are read only below their counts */
+  memset(x, 0, offsetof(sim, smq));
+  for (int st = 0; st < MP_STREAM_COUNT; st++) x->smq[st].head = x->smq[st].n = 0;
+  x->gpu_sms = gpu_sms > 0 ? gpu_sms : 0;
   x->s = s;
   x->ops = b->cops;
   x->dur = b->dur;
@@ -548,6 +655,7 @@ void mp_sim_engine_init(sim *x, const mp_schedule *s, const sim_bufs *b, int ext
   x->prog_t = pb->t;
   x->prog_c = pb->c;
   x->prog_k = pb->k;
+  x->prog_sb = pb->sb;
   x->prog_m = pb->m;
   x->rec_micro = x->n_micro >= 2 ? 1 : 0;
 }

@@ -25,6 +25,10 @@ typedef struct cop {
   uint8_t when;
   int8_t mem_cat;     /* -1: outside the categories (no memory effect) */
   uint8_t keep_end;   /* some dependency reads its end time: only these ops keep one */
+  uint8_t sms;        /* a collective off the compute stream: the SMs its kernel holds
+                         while it runs (the stack's nccl_channels; 0: none) */
+  uint8_t sm_bound;   /* a compute-stream kernel whose time is its arithmetic: it runs on
+                         the SMs the collectives in flight leave it (engine.c) */
 } cop;
 
 /* Timed kinds first, then the memory events: `kind >= COP_ALLOC` is one test in the hot
@@ -69,6 +73,8 @@ typedef struct prog_buf {
   size_t steps_cap;
   double *t, *c, *k;
   size_t t_cap, c_cap, k_cap;
+  uint8_t *sb; /* per timed op of a run, as t: its sm_bound */
+  size_t sb_cap;
   mev *m;
   size_t m_cap;
 } prog_buf;
@@ -79,6 +85,21 @@ typedef struct accum {
   double comm_busy[MP_STREAM_COUNT];
   double compute, opt, wait;
 } accum;
+
+/* The collectives in flight beside the compute stream that hold SMs (cop.sms): per stream,
+ * in order, the intervals the compute stream has not yet passed. A stream runs one op at a
+ * time, so its intervals are disjoint and ascending. Past MP_SIM_SM_QUEUE pending intervals
+ * on a stream, a new one is merged into the last (its end extended, the larger SM count
+ * kept): collectives queued that deep run back to back. */
+#define MP_SIM_SM_QUEUE 256
+typedef struct sm_interval {
+  double start_s, end_s;
+  int sms;
+} sm_interval;
+typedef struct sm_queue {
+  int head, n;
+  sm_interval iv[MP_SIM_SM_QUEUE];
+} sm_queue;
 
 /* Peak of a window (a repetition or a micro-batch). */
 typedef struct tracker {
@@ -102,6 +123,7 @@ typedef struct sim {
   const int32_t *seg_step;  /* per segment: its steps are steps[seg_step[i], seg_step[i+1]) */
   const step *steps;
   const double *prog_t, *prog_c, *prog_k;
+  const uint8_t *prog_sb;
   const mev *prog_m;
   int64_t n_micro;
   /* the pipeline's view of a micro-batch (sim/pipeline.c): per model chunk the compute
@@ -118,6 +140,11 @@ typedef struct sim {
   mp_sim_trace *trace;
   int trace_failed; /* 0, or why the trace stopped: MP_SIM_TRACE_FAILED_* (the step then
                        ends early and its figures are not used) */
+  int gpu_sms;      /* the GPU's SMs (0: the profile states none: no contention priced) */
+  int sm_pending;   /* intervals in the queues below, all streams */
+  double busy_since; /* when the compute stream last started after a wait */
+  /* last (mp_sim_engine_init zeroes only the fields above and the queues' counts) */
+  sm_queue smq[MP_STREAM_COUNT];
 } sim;
 
 /* The most events a trace holds: the JSON of 2^20 events is about 150 MB, what the Chrome
@@ -141,9 +168,10 @@ typedef struct sim_bufs {
  * op's `when` filters). MP_ERR_NOMEM when they cannot grow. */
 mp_status mp_sim_bufs_get(mp_ctx *ctx, mp_sim_workspace *ws, const mp_schedule *s,
                           sim_bufs *out);
-/* x ready to run s from the compiled ops in b (their programs compiled here);
- * extrapolate 0 runs every instance (with a trace). */
-void mp_sim_engine_init(sim *x, const mp_schedule *s, const sim_bufs *b, int extrapolate);
+/* x ready to run s from the compiled ops in b (their programs compiled here) on a GPU of
+ * gpu_sms SMs (0: no SM contention priced); extrapolate 0 runs every instance (with a
+ * trace). */
+void mp_sim_engine_init(sim *x, const mp_schedule *s, const sim_bufs *b, int gpu_sms, int extrapolate);
 /* Runs the step: the prologue, the micro-batches (first, middle ones until steady, last),
  * the optimizer (the pipeline's view of a micro-batch recorded on the way). */
 void mp_sim_run_step(sim *x);

@@ -182,3 +182,73 @@ double mp_sim_deepep_s(double bytes, const mp_sim_link *l, double eff, double ni
   const double nic = l->inter_GBps > 0 ? nic_share * bytes / (l->inter_GBps * eff * 1e9) : 0.0;
   return (nvl > nic ? nvl : nic) + l->lat_s;
 }
+
+/* ---- NCCL's ring channels ------------------------------------------------------------ */
+
+/* The speeds (GB/s a channel) NCCL 2.21's graph search tries, fastest first
+ * (src/graph/search.cc, v2.21.5-1): inside a node and across nodes, before and from sm90. */
+static const double kIntraSm80[] = {40, 30, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3};
+static const double kIntraSm90[] = {60, 50, 40, 30, 24, 20, 15, 12, 11, 6, 3};
+static const double kInterSm80[] = {48, 30, 28, 24, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3, 2.4, 1.2, 0.24, 0.12};
+static const double kInterSm90[] = {48, 45, 42, 40, 30, 24, 22, 20, 17.5, 15, 12, 6, 3, 2.4, 1.2, 0.24, 0.12};
+#define NSPEED(a) ((int)(sizeof(a) / sizeof((a)[0])))
+/* src/init.cc: the ring search looks for at most MAXCHANNELS / 2 = 16 rings; src/include/
+ * device.h: MAXCHANNELS 32 */
+#define NCCL_SEARCH_MAX 16
+#define NCCL_MAXCHANNELS 32
+
+/* Inside a node: the speed and ring count the search keeps, the most channels x speed within
+ * the GPU's NVLink bandwidth (links x NCCL's per-link figure, src/graph/topo.h:
+ * SM80_NVLINK_BW 20, SM90_NVLINK_BW 20.6); it starts at the first speed within it and tries
+ * slower ones while they are over 0.49 of the best found, stopping at one that fills it. */
+static int intra_rings(const mp_gpu *g, int sm90, double *speed) {
+  /* NVLink 3 and 4 carry 25 GB/s a link and direction: the A100's 12 links, the H100's 18 */
+  const int links = (int)floor(g->nvlink_GBps_per_dir / 25.0 + 0.5);
+  const double total = links * (sm90 ? 20.6 : 20.0);
+  const double *sp = sm90 ? kIntraSm90 : kIntraSm80;
+  const int ns = sm90 ? NSPEED(kIntraSm90) : NSPEED(kIntraSm80);
+  int best = 0;
+  *speed = sp[ns - 1];
+  for (int i = 0; i < ns; i++) {
+    if (sp[i] > total) continue;
+    if (best > 0 && !(sp[i] / *speed > 0.49)) break;
+    int n = (int)(total / sp[i]);
+    if (n > NCCL_SEARCH_MAX) n = NCCL_SEARCH_MAX;
+    if (n * sp[i] > best * *speed) {
+      best = n;
+      *speed = sp[i];
+    }
+    if (best * *speed >= total) break;
+  }
+  return best > 0 ? best : 1;
+}
+
+int mp_sim_nccl_ring_channels(const mp_gpu *g, const mp_sim_link *l, int max_ctas) {
+  const int sm90 = g->compute_capability >= 90;
+  double speed;
+  int search;
+  if (l->nodes <= 1) {
+    search = intra_rings(g, sm90, &speed);
+  } else {
+    /* across nodes a ring enters and leaves each node by a NIC: one ring per NIC of the
+     * group's members on a node (one NIC a GPU, rail by rail), at the first speed within it */
+    const double *sp = sm90 ? kInterSm90 : kInterSm80;
+    const int ns = sm90 ? NSPEED(kInterSm90) : NSPEED(kInterSm80);
+    int i = 0;
+    while (i < ns - 1 && sp[i] > l->inter_GBps) i++;
+    speed = sp[i];
+    search = l->per_node < NCCL_SEARCH_MAX ? l->per_node : NCCL_SEARCH_MAX;
+  }
+  /* ncclTopoDupChannels: rings of 25 GB/s or more are doubled at half the speed, except on
+   * sm90 below 50 GB/s with more than 4 of them */
+  if (speed >= 25.0 && !(g->compute_capability > 80 && speed < 50.0 && search > 4)) {
+    search = 2 * search < NCCL_SEARCH_MAX ? 2 * search : NCCL_SEARCH_MAX;
+    speed /= 2.0;
+  }
+  /* src/graph/connect.cc ncclTopoPostset doubles the channels again; on sm90 across nodes
+   * with rings over 45 GB/s and fewer than 16 channels, once more */
+  int ch = 2 * search < NCCL_MAXCHANNELS ? 2 * search : NCCL_MAXCHANNELS;
+  if (sm90 && l->nodes > 1 && speed > 45.0 && ch < 16) ch *= 2;
+  if (max_ctas > 0 && ch > max_ctas) ch = max_ctas;
+  return ch;
+}

@@ -150,7 +150,7 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
   MP_CHECK(mp_sim_compile_ops(ctx, s, cfg->cluster, prof, links, &b, p2p));
 
   sim x;
-  mp_sim_engine_init(&x, s, &b, !cfg->record_trace);
+  mp_sim_engine_init(&x, s, &b, cfg->cluster->gpu.sms, !cfg->record_trace);
   if (cfg->record_trace && trace) {
     x.trace = (mp_sim_trace *)calloc(1, sizeof *x.trace);
     if (x.trace == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the trace");

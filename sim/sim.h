@@ -95,6 +95,18 @@ typedef struct mp_stack_profile {
                            model only: the SMs DeepEP's kernels take (Megatron-Core's
                            moe_deepep_num_sms), which compute overlapped with them loses
                            (sim/overlap.c) */
+  int nccl_sm_contention; /* JSON "nccl_sm_contention", optional (default false): an NCCL
+                           collective off the compute stream holds an SM per channel of its
+                           communicator while it runs (mp_sim_nccl_ring_channels), and the
+                           compute stream's kernels beside it run on the SMs it leaves
+                           (sim/engine.c, contended_end), where the GPU profile states its
+                           SMs */
+  int nccl_max_ctas;    /* JSON "nccl_max_ctas", optional (0, the default: unset): NCCL_MAX_CTAS
+                           (ncclConfig_t maxCTAs), at most so many channels a communicator */
+  int ub_sms;           /* JSON "ub_sms", optional (default 0: none), with tp_comm_overlap
+                           only: the SMs Transformer Engine's userbuffers reduce-scatter
+                           kernel holds beside the GEMM it overlaps, which runs on the rest
+                           (sim/cost.c, price_fused) */
   int dist_opt;         /* JSON "distributed_optimizer", optional (default false): the
                            megatron memory model's optimizer state sharded over data
                            parallelism (mp_plan_options.ddp.shard_optimizer) */
@@ -303,6 +315,13 @@ typedef struct mp_sim_link {
   double lat_s;
   double intra_GBps, inter_GBps; /* NVLink per GPU, the NIC per GPU (an all-to-all's two bounds) */
 } mp_sim_link;
+/* The channels of NCCL's ring communicator for a group on link l of GPU g, as NCCL 2.21
+ * (v2.21.5-1) builds them (sim/network.c): its graph search's rings, doubled as
+ * ncclTopoDupChannels and ncclTopoPostset double them, at most max_ctas (NCCL_MAX_CTAS;
+ * 0: unset). A bulk collective (over channels x 512 threads x 64 bytes, src/enqueue.cc)
+ * launches one CTA, on its own SM, per channel. H100 SXM inside a node: 24; across nodes,
+ * one NIC a GPU: 16 for 4-8 members a node, 8 for 2, 4 for 1. */
+int mp_sim_nccl_ring_channels(const mp_gpu *g, const mp_sim_link *l, int max_ctas);
 mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
                             int rank, mp_sim_link *out);
 /* An all-to-all of `bytes` sent per rank on link l (efficiency eff on both links) where

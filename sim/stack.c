@@ -134,6 +134,23 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
 /* "wgrad_accum_fp32" (optional, default false, the megatron memory model only): weight
  * gradients added into the fp32 main_grad; "ddp_scale_grads" and "ddp_check_grads" (the
  * same): what Megatron-LM's DDP does to a bucket before reducing it (sim.h). */
+/* The SMs the stack's collectives hold beside its kernels (sim.h: ub_sms, nccl_sm_contention,
+ * nccl_max_ctas). */
+static mp_status read_comm_sms(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
+  p->ub_sms = 0;
+  MP_CHECK(mp_json_get_int(ctx, j, origin, "ub_sms", 0, &p->ub_sms));
+  MP_CHECK(mp_check_i64(ctx, origin, "ub_sms", p->ub_sms, 0, 1024));
+  if (p->ub_sms > 0 && !p->tp_comm_overlap)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: ub_sms is Transformer Engine's userbuffers' (tp_comm_overlap); "
+                    "set tp_comm_overlap true or remove the key", origin);
+  p->nccl_sm_contention = 0;
+  MP_CHECK(mp_json_get_bool(ctx, j, origin, "nccl_sm_contention", 0, &p->nccl_sm_contention));
+  p->nccl_max_ctas = 0;
+  MP_CHECK(mp_json_get_int(ctx, j, origin, "nccl_max_ctas", 0, &p->nccl_max_ctas));
+  MP_CHECK(mp_check_i64(ctx, origin, "nccl_max_ctas", p->nccl_max_ctas, 0, 64));
+  return MP_OK;
+}
+
 static mp_status read_wgrad_accum(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
   MP_CHECK(owned_bool(ctx, j, origin, "ddp_scale_grads", 0, MP_MEM_MODEL_MEGATRON, p,
                       "ddp_scale_grads is Megatron-LM's DDP", "does not run it", &p->ddp_scale_grads));
@@ -223,6 +240,7 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
     goto done;
   }
   MP_CHECK_GOTO(read_runs(ctx, j, origin, &p), st, done);
+  MP_CHECK_GOTO(read_comm_sms(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_fit_gpu(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_grouped_tile(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_wgrad_accum(ctx, j, origin, &p), st, done);

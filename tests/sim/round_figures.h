@@ -1,10 +1,12 @@
 // Round-number stack and cluster figures that the simulator's hand calculations share
-// (sim_core_test, stack_test).
+// (sim_core_test, stack_test, sm_contention_test), and the simulation call they share.
 #ifndef MP_TESTS_SIM_ROUND_FIGURES_H
 #define MP_TESTS_SIM_ROUND_FIGURES_H
 
 #include <cstdio>
 #include <cstring>
+
+#include <gtest/gtest.h>
 
 #include "sim/sim.h"
 
@@ -49,5 +51,24 @@ inline mp_cluster Cluster(int gpus = 8, int per_node = 8) {
   return c;
 }
 
+
+// Simulates s on c with p (with a trace, discarded, where trace is 1: the engine's op-by-op
+// path), failing the test on an error.
+inline mp_sim_result SimulateSchedule(const mp_schedule *s, const mp_cluster &c, const mp_stack_profile &p,
+                                      int trace = 0) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_sim_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.cluster = &c;
+  cfg.stack = &p;
+  cfg.record_trace = trace;
+  mp_sim_result r;
+  memset(&r, 0, sizeof r);
+  mp_sim_trace *t = NULL;
+  EXPECT_EQ(mp_simulate(&ctx, s, &cfg, &r, trace ? &t : NULL), MP_OK) << mp_errmsg(&ctx);
+  mp_sim_trace_destroy(t);
+  return r;
+}
 
 #endif

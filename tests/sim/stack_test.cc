@@ -376,4 +376,32 @@ TEST(Stacks, MegatronCoreSwitches) {
   }
 }
 
+// The SMs the stacks' collectives hold: megatron-core runs Transformer Engine's userbuffers
+// reduce-scatter on 16 SMs (ub_sms, which needs tp_comm_overlap) and prices NCCL's channels;
+// megatron-lm (the 2021-22 code of its fit rows, no overlapped collective) neither.
+// nccl_max_ctas is NCCL_MAX_CTAS: at most NCCL 2.2x's 64 channels.
+TEST(Stacks, CollectivesSms) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_stack_profile p;
+  ASSERT_EQ(mp_stack_load(&ctx, "megatron-core", &p), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(p.ub_sms, 16);
+  EXPECT_EQ(p.nccl_sm_contention, 1);
+  EXPECT_EQ(p.nccl_max_ctas, 0);
+  ASSERT_EQ(mp_stack_load(&ctx, "megatron-lm", &p), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(p.ub_sms, 0);
+  EXPECT_EQ(p.nccl_sm_contention, 0);
+  EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"memory_model\":\"megatron\",\"ub_sms\":16").c_str(), "x.json", &p),
+            MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("set tp_comm_overlap true or remove the key"), std::string::npos)
+      << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"nccl_max_ctas\":65").c_str(), "x.json", &p), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("nccl_max_ctas"), std::string::npos) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_stack_from_text(&ctx, StackJson("\"nccl_sm_contention\":true,\"nccl_max_ctas\":8").c_str(), "x.json", &p),
+            MP_OK)
+      << mp_errmsg(&ctx);
+  EXPECT_EQ(p.nccl_sm_contention, 1);
+  EXPECT_EQ(p.nccl_max_ctas, 8);
+}
+
 }  // namespace
