@@ -12,9 +12,11 @@
  *  - deepseek-v3: deepseek-v3 on 2,048 H800 (8 per node), seq 4096 and global batch 15,360
  *    sequences, DeepSeek-V3's pre-training batch and sequence (its technical report,
  *    section 4.2): `meshplan plan --model deepseek-v3 --gpus 2048 --gpu h800 --seq 4096
- *    --global-batch 15360`, the search over ep (inside dp_shard and the expert grid) x pp.
+ *    --global-batch 15360`, the search over ep x pp: under FSDP (the default stack) EP inside
+ *    dp_shard, under DDP (--stack megatron-core) the expert grid (exec/mesh.h).
  * --model, --cluster or --gpus/--gpu, --seq, --global-batch and --stack override a case's
- * settings. Float8 is not searched, as meshplan plan's default; --fp8 auto searches it
+ * settings; --fix constrains the search as plan's --fix does (`--fix etp=1`: the expert grid
+ * under FSDP, which the default search leaves to that fix). Float8 is not searched, as meshplan plan's default; --fp8 auto searches it
  * beside bf16 (plan's --fp8 auto: twice the candidates). Each run logs its ranked plans, as
  * meshplan plan does, or with --log all every candidate (plan --log-all). The database is
  * a fresh file per run in $TMPDIR (or --db DIR). */
@@ -44,6 +46,7 @@ static mp_opt k_opts[] = {
     MP_OPT_SEQ("the case's: 8192, deepseek-v3 4096"),
     MP_OPT_GLOBAL_BATCH("the case's: meshplan plan's rule, 2048 at 16,384 GPUs; deepseek-v3 15360"),
     {"--runs", "N", "runs; the median is reported (default 5)", NULL},
+    {"--fix", "K=V,...", "constrain the search as meshplan plan --fix does, e.g. etp=1", NULL},
     {"--fp8", "off|auto", "off: bf16 plans only, meshplan plan's default; auto: float8 searched beside bf16", NULL},
     MP_OPT_THREADS,
     {"--db", "DIR", "directory for the benchmark databases (default $TMPDIR or /tmp)", NULL},
@@ -53,7 +56,7 @@ static mp_opt k_opts[] = {
 };
 static mp_cmd_spec k_spec = {"plan_bench", "Time the full planner search (enumerate, simulate, log).",
                              "[--case llama3.1-405b|deepseek-v3] [--model M] [--cluster C | --gpus N --gpu T] [--stack S] "
-                             "[--seq S] [--global-batch G] [--runs N] [--log ranked|all]",
+                             "[--seq S] [--global-batch G] [--fix K=V,...] [--runs N] [--log ranked|all]",
                              k_opts, 0};
 
 static double cpu_s(void) {
@@ -72,6 +75,7 @@ typedef struct bench_opts {
   mp_cluster cluster;
   const char *stack; /* the stack profile; NULL: meshplan plan's default */
   const char *dir;   /* where each run's database is made */
+  mp_search_fix fix; /* --fix's constraints (none by default) */
 } bench_opts;
 
 /* A case's settings: what the benchmark runs unless an option overrides them. */
@@ -155,6 +159,9 @@ static mp_status read_options(mp_ctx *ctx, bench_opts *o) {
   if (log && strcmp(log, "ranked") != 0 && strcmp(log, "all") != 0)
     return mp_error(ctx, MP_ERR_USAGE, "--log '%s': choose ranked or all", log);
   o->log_all = log && strcmp(log, "all") == 0;
+  mp_search_fix_init(&o->fix);
+  const char *fix = mp_args_get(&k_spec, "--fix");
+  if (fix) MP_CHECK(mp_search_fix_parse(ctx, fix, &o->fix));
   o->dir = mp_args_get(&k_spec, "--db");
   if (!o->dir) o->dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
   return MP_OK;
@@ -168,6 +175,7 @@ static void make_request(const bench_opts *o, mp_sim_evaluator *ev, int search_f
   const mp_cluster *c = &o->cluster;
   memset(req, 0, sizeof *req);
   mp_sim_search_config(&req->search, ev, c, k_headroom);
+  req->search.fix = o->fix;
   if (!o->batch_fixed) req->search.target_batch = default_batch(o);
   req->search.n_threads = (int)o->threads;
   req->search.search_fp8 = search_fp8;

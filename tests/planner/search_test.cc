@@ -270,17 +270,17 @@ TEST(SearchPrune, FixedEtpSearchesTheExpertGridUnderFsdp) {
   for (int64_t i = 0; i < u.s->n; i++) EXPECT_EQ(u.s->cands[i].mesh.etp, 0);
 }
 
-// By default under FSDP the search enumerates the expert grid beside EP inside dp_shard, with
-// ep as torchtitan's ParallelDims accepts it for expert_tensor_parallel_degree 1 (a multiple
-// of tp x cp dividing dp_shard x cp x tp). 8 experts on 4 GPUs, by hand, (pp, dp_replicate,
-// dp_shard, cp, tp, ep):
+// Under FSDP the default search keeps EP inside dp_shard (torchtitan's default layout); the
+// expert grid is enumerated where the fix names etp=1, and then holds every layout torchtitan's
+// ParallelDims accepts for expert_tensor_parallel_degree 1 (ep a multiple of tp x cp dividing
+// dp_shard x cp x tp). 8 experts on 4 GPUs, by hand, (pp, dp_replicate, dp_shard, cp, tp, ep):
 //   tp 2: dp_shard 2 with ep 2 and 4; dp_replicate 2 or pp 2 (dp_shard 1) with ep 2   4
 //   tp 4: ep 4                                                                         1
 //   cp 2: as tp 2                                                                      4
 //   cp 2 x tp 2, cp 4: ep 4                                                            2
-// 11 grid meshes. Not on the grid: tp x cp = 1 (dp_shard=4,ep=2 is the layout inside
-// dp_shard; MoeCost.GridWithoutTpOrCpIsTheLayoutInsideDpShard), ep 2 on tp 4 (not whole tp
-// groups), ep 4 reaching into dp_replicate.
+// 11 of torchtitan's grid meshes among those the fix gives (which also holds the grids FSDP
+// takes beyond torchtitan's, mp_rule_ep_grid_fsdp_ok: ep 2 on tp 4, and tp x cp = 1, which is
+// the layout inside dp_shard, MoeCost.GridWithoutTpOrCpIsTheLayoutInsideDpShard).
 TEST(SearchPrune, FsdpSearchesTheExpertGridWhereNamed) {
   {  // by default torchtitan's layout alone: EP inside dp_shard
     Search t(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
@@ -308,6 +308,9 @@ TEST(SearchPrune, FsdpSearchesTheExpertGridWhereNamed) {
       {1, 1, 1, 1, 4, 4}, {1, 1, 2, 2, 1, 2}, {1, 1, 2, 2, 1, 4}, {1, 2, 1, 2, 1, 2},
       {2, 1, 1, 2, 1, 2}, {1, 1, 1, 2, 2, 4}, {1, 1, 1, 4, 1, 4}};
   for (const auto &w : want) EXPECT_TRUE(grid.count(w)) << w[0] << w[1] << w[2] << w[3] << w[4] << w[5];
+  // beyond torchtitan's: ep 2 inside tp 4, and ep 2 on dp_shard 4 (tp x cp = 1)
+  EXPECT_TRUE(grid.count({1, 1, 1, 1, 4, 2}));
+  EXPECT_TRUE(grid.count({1, 1, 4, 1, 1, 2}));
 }
 
 TEST(SearchPrune, TensorParallelMustDivideEachDim) {
