@@ -190,6 +190,13 @@ void mp_plan_options_init(mp_plan_options *o) {
   o->dp = MP_DP_AUTO; /* resolved by mp_plan_create: DDP under the megatron memory model */
 }
 
+int mp_moe_host_sync(const mp_model *m, const mp_plan_options *o) {
+  if (!mp_model_is_moe(m) || o->mem_model != MP_MEM_MODEL_MEGATRON) return 0;
+  /* drop-and-pad fixes every count from the capacity: preprocess returns before any sync
+   * point is chosen (MoEAlltoAllTokenDispatcher.preprocess, core_v0.14.0) */
+  return o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP || !o->moe_routing.pad_to_capacity;
+}
+
 /* The data parallelism the options ask for, MP_DP_AUTO resolved: Megatron-LM's memory is
  * its DDP's, or Megatron FSDP's where the mesh shards over dp_shard; every other memory
  * model's runtime shards with FSDP. */
@@ -417,6 +424,7 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
   MP_CHECK(mp_rule_experts_check(ctx, m, mesh));
   MP_CHECK(mp_rule_moe_routing_check(ctx, m, mesh, o));
   MP_CHECK(mp_rule_cp_comm_check(ctx, m, mesh, o));
+  MP_CHECK(mp_rule_cuda_graphs_check(ctx, m, o));
   if (pp > m->n_layers)
     return mp_error(ctx, MP_ERR_INVALID,
                     "pp=%d exceeds the %lld layers of %s; a stage needs at least one layer", pp,
@@ -711,7 +719,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->moe_fp8_dispatch != b->moe_fp8_dispatch || opts->recompute_modules != b->recompute_modules ||
       opts->moe_dispatcher != b->moe_dispatcher || opts->fp8_act_cache != b->fp8_act_cache ||
       opts->moment_dtype != b->moment_dtype || opts->mfsdp_strategy != b->mfsdp_strategy ||
-      opts->fsdp_double_buffer != b->fsdp_double_buffer ||
+      opts->fsdp_double_buffer != b->fsdp_double_buffer || opts->cuda_graphs != b->cuda_graphs ||
       memcmp(&opts->moe_routing, &b->moe_routing, sizeof opts->moe_routing) != 0 ||
       (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,

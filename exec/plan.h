@@ -313,6 +313,36 @@ typedef enum mp_cp_comm {
  * 2412.19437 sec. 3.2.2; deepseek-ai/DeepEP's normal kernels). */
 typedef enum mp_moe_dispatcher { MP_MOE_DISPATCH_ALLTOALL = 0, MP_MOE_DISPATCH_DEEPEP } mp_moe_dispatcher;
 
+/* What Megatron-Core captures in CUDA graphs (megatron/core/transformer/transformer_config.py
+ * and transformer_layer.py, core_v0.14.0). A captured kernel is replayed from the graph:
+ * the host's per-kernel launch work (Python, the dispatcher, cudaLaunchKernel) is paid once
+ * per graph, and the GPU runs the graph's kernels back to back (sim/cost.c prices a captured
+ * kernel at the stack's in-graph overhead, graph_kernel_overhead_us).
+ *   NONE       eager launches (default).
+ *   ATTN       --external-cuda-graph --cuda-graph-scope attn: Transformer Engine's
+ *              make_graphed_callables captures TransformerLayer._forward_attention (the
+ *              input norm, the attention and its projections, the residual), forward and
+ *              backward, one graph a layer and micro-batch; the MLP or MoE runs eagerly.
+ *   LAYERS     --enable-cuda-graph (scope full): every TransformerLayer, forward and
+ *              backward, one graph a layer and micro-batch (CudaGraphManager); the
+ *              embedding, the output layer and loss, the optimizer and the data-parallel
+ *              collectives (hooks outside the graphs: setup_manual_hooks) run eagerly.
+ *   ITERATION  --enable-cuda-graph --cuda-graph-scope full_iteration: the forward and
+ *              backward of every micro-batch in one graph; the optimizer step stays
+ *              outside ("excluding optimizer"), and Megatron asserts
+ *              --no-check-for-nan-in-loss-and-grad (megatron/training/arguments.py).
+ * A graph replays fixed kernels with fixed sizes: a layer whose MoE token dispatcher
+ * synchronises the host to read the routed counts (mp_moe_host_sync) cannot be captured,
+ * and Megatron refuses graphs with activation recomputation (transformer_config.py
+ * __post_init__; arguments.py refuses full recompute with --external-cuda-graph). */
+typedef enum mp_cuda_graphs {
+  MP_CUDA_GRAPHS_NONE = 0,
+  MP_CUDA_GRAPHS_ATTN,
+  MP_CUDA_GRAPHS_LAYERS,
+  MP_CUDA_GRAPHS_ITERATION,
+  MP_CUDA_GRAPHS_COUNT
+} mp_cuda_graphs;
+
 /* How routed tokens load the experts (the simulator prices the slowest EP rank, which every
  * all-to-all waits for: exec/schedule_prep.c, mp_sched_moe_rows):
  *   imbalance        f >= 1: the tokens on the busiest EP rank's experts over the mean. 1
@@ -500,6 +530,8 @@ typedef struct mp_plan_options {
                             ep > 1, interleaved stages when pp > 1, no full recompute; the
                             megatron memory model only. 0: off (default) */
   mp_moe_routing moe_routing; /* the experts' load (imbalance 1, dropless by default) */
+  mp_cuda_graphs cuda_graphs; /* what CUDA graphs capture (default NONE); the megatron
+                                memory model only (mp_rule_cuda_graphs_check) */
   uint32_t recompute_modules; /* bits 1 << mp_rc_module; 0: none (default) */
   int moe_fp8_dispatch;  /* DeepSeek-V3's float8 dispatch (arXiv 2412.19437, sec. 3.3.3): the
                             tokens sent to the experts (the forward's dispatch, and the
@@ -810,6 +842,18 @@ int mp_cp_rotate_parse(const char *s, mp_cp_rotate *out);
 const char *mp_cp_comm_name(mp_cp_comm c);
 /* The comm type named s into *out: 1, or 0 for any other string (*out untouched). */
 int mp_cp_comm_parse(const char *s, mp_cp_comm *out);
+/* "none", "attn", "layers", "iteration" ("?" out of range). */
+const char *mp_cuda_graphs_name(mp_cuda_graphs g);
+/* The scope named s into *out: 1, or 0 for any other string (*out untouched). */
+int mp_cuda_graphs_parse(const char *s, mp_cuda_graphs *out);
+/* 1 where Megatron-Core's MoE token dispatcher synchronises the host with the GPU in each
+ * MoE layer's forward (exec/schedule_ops.c marks the op after it): the alltoall dispatcher
+ * copies the routed counts to the host (token_dispatcher.py, MoEAlltoAllTokenDispatcher's
+ * cuda_sync_point, core_v0.14.0) unless it pads every expert to its capacity
+ * (--moe-pad-expert-input-to-capacity: "no_sync"); DeepEP's normal dispatch waits on the
+ * host for the received counts (deep_ep/csrc/deep_ep.cpp, Buffer::intranode_dispatch and
+ * internode_dispatch: the loop on moe_recv_counter). 0 for a dense model. */
+int mp_moe_host_sync(const mp_model *m, const mp_plan_options *o);
 /* "optim_grads_params", "optim_grads", "optim", "no_shard" ("?" out of range): Megatron-Core's
  * --data-parallel-sharding-strategy values. */
 const char *mp_mfsdp_strategy_name(mp_mfsdp_strategy s);
