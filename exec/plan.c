@@ -190,13 +190,6 @@ void mp_plan_options_init(mp_plan_options *o) {
   o->dp = MP_DP_AUTO; /* resolved by mp_plan_create: DDP under the megatron memory model */
 }
 
-int mp_moe_host_sync(const mp_model *m, const mp_plan_options *o) {
-  if (!mp_model_is_moe(m) || o->mem_model != MP_MEM_MODEL_MEGATRON) return 0;
-  /* drop-and-pad fixes every count from the capacity: preprocess returns before any sync
-   * point is chosen (MoEAlltoAllTokenDispatcher.preprocess, core_v0.14.0) */
-  return o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP || !o->moe_routing.pad_to_capacity;
-}
-
 /* The data parallelism the options ask for, MP_DP_AUTO resolved: Megatron-LM's memory is
  * its DDP's, or Megatron FSDP's where the mesh shards over dp_shard; every other memory
  * model's runtime shards with FSDP. */
