@@ -264,6 +264,22 @@ mp_status mp_cmd_ce_fusion(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp
   return mp_args_has(spec, "--cross-entropy-loss-fusion") ? mp_cmd_fuse_loss(ctx, prof, o) : MP_OK;
 }
 
+mp_status mp_cmd_cuda_graphs(mp_ctx *ctx, const struct mp_stack_profile *prof, const char *scope, mp_plan_options *o) {
+  if (!mp_cuda_graphs_parse(scope, &o->cuda_graphs))
+    return mp_error(ctx, MP_ERR_USAGE, "cuda graphs '%s': choose none, attn, layers or iteration", scope);
+  if (o->cuda_graphs != MP_CUDA_GRAPHS_NONE && !(prof->graph_kernel_overhead_s >= 0))
+    return mp_error(ctx, MP_ERR_USAGE, "cuda graphs %s: stack %s states no in-graph kernel cost "
+                    "(graph_kernel_overhead_us); CUDA graphs are Megatron-Core's: use megatron-core or none",
+                    scope, prof->name);
+  return MP_OK;
+}
+
+mp_status mp_cmd_cuda_graphs_opt(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                                 mp_plan_options *o) {
+  const char *s = mp_args_get(spec, "--cuda-graphs");
+  return s ? mp_cmd_cuda_graphs(ctx, prof, s, o) : MP_OK;
+}
+
 mp_status mp_cmd_moe_routing(mp_ctx *ctx, const mp_cmd_spec *spec, mp_moe_routing *r) {
   MP_CHECK(mp_args_double(ctx, spec, "--moe-imbalance", 1.0, MP_LIM_MOE_LOAD, MP_RANGE_CLOSED, &r->imbalance));
   MP_CHECK(mp_args_double(ctx, spec, "--moe-capacity-factor", 0.0, MP_LIM_MOE_LOAD, MP_RANGE_OPEN_LO,

@@ -47,6 +47,7 @@ static mp_opt k_opts[] = {
     MP_OPT_OVERLAP_MOE_COMM,
     MP_OPT_STORAGE,
     MP_OPT_CE_FUSION,
+    MP_OPT_CUDA_GRAPHS,
     MP_OPT_MOE_ROUTING,
     MP_OPT_AC(""),
     MP_OPT_RECOMPUTE_MODULES,
@@ -76,7 +77,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "simulate", "Predict step time and memory of one plan.",
     "[--model M | --hf-config PATH] [--cluster C | --gpus N [--gpu G] [--gpus-per-node K]] [--mesh SPEC] [--ep N] "
-    "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] [--cp N [--cp-rotate M | --cp-comm-type T]] [--ac POLICY] [--recompute-modules LIST] [--fp8] [--sp|--no-sp] [--seq S] "
+    "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] [--cp N [--cp-rotate M | --cp-comm-type T]] [--ac POLICY] [--recompute-modules LIST] [--fp8] [--sp|--no-sp] [--cuda-graphs S] [--seq S] "
     "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] "
     "[--emit torchtitan|megatron [--out DIR]] [--from FILE | --from-args 'ARGS'] [--json]",
     k_opts, 0};
@@ -237,6 +238,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   if (ring_rotate(mesh, o))
     cJSON_AddStringToObject(j, o->mem_model == MP_MEM_MODEL_MEGATRON ? "cp_comm_type" : "cp_rotate",
                             ring_rotate(mesh, o));
+  if (o->cuda_graphs != MP_CUDA_GRAPHS_NONE) cJSON_AddStringToObject(j, "cuda_graphs", mp_cuda_graphs_name(o->cuda_graphs));
   cJSON_AddNumberToObject(j, "seq", (double)o->seq);
   cJSON_AddNumberToObject(j, "micro_batch", (double)o->micro_batch);
   cJSON_AddNumberToObject(j, "global_batch", (double)o->global_batch);
@@ -363,6 +365,7 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
   MP_CHECK(mp_cmd_async_tp(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_moe_comm(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_ce_fusion(ctx, &k_spec, &j->prof, &j->o));
+  MP_CHECK(mp_cmd_cuda_graphs_opt(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_moe_routing(ctx, &k_spec, &j->o.moe_routing));
   MP_CHECK(mp_cmd_storage(ctx, &k_spec, &j->o));
   MP_CHECK(mp_cmd_megatron_weights(ctx, &k_spec, &j->prof, &j->o));

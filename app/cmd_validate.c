@@ -43,7 +43,8 @@
  * --fsdp-double-buffer, empty or absent off), fsdp_reduce_dtype (fp32 or bf16: the dtype FSDP
  * reduces gradients in, bf16 as FSDP1's MixedPrecision runs it in IBM's fms-fsdp; empty or
  * absent: fp32), mtp_layers (the model's multi-token-prediction modules; empty or absent: the
- * model's). The stack's options
+ * model's), cuda_graphs (Megatron-Core's CUDA graphs on a megatron-core row: none, attn, layers
+ * or iteration, exec/plan.h; empty or absent: none). The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
@@ -187,7 +188,8 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     mp_error_prefix(ctx, "%s", where);
     return ctx->last;
   }
-  if (v->recompute_modules[0] && mp_recompute_modules_parse(ctx, v->recompute_modules, o) != MP_OK) {
+  if ((v->recompute_modules[0] && mp_recompute_modules_parse(ctx, v->recompute_modules, o) != MP_OK) ||
+      (v->cuda_graphs[0] && mp_cmd_cuda_graphs(ctx, &j->prof, v->cuda_graphs, o) != MP_OK)) {
     mp_error_prefix(ctx, "%s", where);
     return ctx->last;
   }

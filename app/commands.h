@@ -112,6 +112,14 @@ mp_status mp_cmd_ddp_bucket_prep(mp_ctx *ctx, const struct mp_stack_profile *pro
                                  int no_check, mp_plan_options *o);
 mp_status mp_cmd_ce_fusion(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                            mp_plan_options *o);
+/* Megatron-Core's CUDA graphs named `scope` (none, attn, layers, iteration: exec/plan.h,
+ * mp_cuda_graphs) into o->cuda_graphs; MP_ERR_USAGE for another name or a stack that states no
+ * in-graph kernel cost (graph_kernel_overhead_us: only megatron-core). The plan checks the
+ * rest (exec/rules.h, mp_rule_cuda_graphs_check). mp_cmd_cuda_graphs_opt does it for the
+ * command line's --cuda-graphs, nothing where it is absent. */
+mp_status mp_cmd_cuda_graphs(mp_ctx *ctx, const struct mp_stack_profile *prof, const char *scope, mp_plan_options *o);
+mp_status mp_cmd_cuda_graphs_opt(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                                 mp_plan_options *o);
 /* --moe-imbalance F (>= 1), --moe-capacity-factor C (> 0) and
  * --moe-pad-expert-input-to-capacity (with C) into *r (simulate, explain, plan); each absent
  * option leaves its field. MP_ERR_USAGE for a value out of range; the plan checks the rest

@@ -217,6 +217,13 @@ static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
   if (o->loss == MP_LOSS_INPLACE_FUSED) mp_emit_printf(b, "--cross-entropy-loss-fusion\n");
   if (!o->ddp.scale_grads) mp_emit_printf(b, "--ddp-average-in-collective\n");
   if (!o->ddp.check_grads) mp_emit_printf(b, "--no-check-for-nan-in-loss-and-grad\n");
+  /* attn is Transformer Engine's graphs the training loop captures (training.py,
+   * TECudaGraphHelper); layers and iteration Megatron's own (CudaGraphManager,
+   * FullCudaGraphWrapper) */
+  static const char *const graphs[MP_CUDA_GRAPHS_COUNT] = {
+      "", "--external-cuda-graph\n--cuda-graph-scope attn\n", "--enable-cuda-graph\n",
+      "--enable-cuda-graph\n--cuda-graph-scope full_iteration\n"};
+  if ((unsigned)o->cuda_graphs < MP_CUDA_GRAPHS_COUNT) mp_emit_printf(b, "%s", graphs[o->cuda_graphs]);
   if (o->fp8) mp_emit_printf(b, "--fp8-format hybrid\n--fp8-recipe %s\n", mp_fp8_recipe_name(o->fp8_opts.recipe));
   if (o->fp8 && o->fp8_opts.param_gather) mp_emit_printf(b, "--fp8-param-gather\n");
 }

@@ -78,6 +78,7 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
     if (p->moe_deepep) add(f, "--moe-dispatcher", "deepep");
     if (p->moe_a2a_overlap) add(f, "--overlap-moe-comm", NULL);
     if (p->ce_fusion) add(f, "--cross-entropy-loss-fusion", NULL);
+    if (p->cuda_graphs[0]) add(f, "--cuda-graphs", "%s", p->cuda_graphs);
     if (p->ddp_average) add(f, "--ddp-average-in-collective", NULL);
     if (p->ddp_no_check) add(f, "--no-check-for-nan-in-loss-and-grad", NULL);
     if (p->reshard == 0) add(f, "--no-reshard", NULL);
@@ -96,6 +97,10 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
     return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches the alltoall dispatcher without its "
                     "overlap; DeepEP (--moe-enable-deepep) and --overlap-moe-expert-parallel-comm are "
                     "simulate's and explain's --moe-dispatcher deepep and --overlap-moe-comm");
+  if (p->cuda_graphs[0])
+    return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches eager launches; CUDA graphs "
+                    "(--enable-cuda-graph, --external-cuda-graph) are simulate's and explain's --cuda-graphs %s",
+                    p->cuda_graphs);
   if (p->ce_fusion || p->ddp_average || p->ddp_no_check)
     return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches the stack's own cross-entropy and DDP; "
                     "--cross-entropy-loss-fusion, --ddp-average-in-collective and "

@@ -53,6 +53,9 @@ static const struct {
     {"--use-flash-attn", 0, MG_MAP}, {"--use-mcore-models", 0, MG_IGNORE},
     {"--cross-entropy-loss-fusion", 0, MG_MAP}, {"--cross-entropy-fusion-impl", 1, MG_MAP},
     {"--ddp-average-in-collective", 0, MG_MAP}, {"--no-check-for-nan-in-loss-and-grad", 0, MG_MAP},
+    {"--enable-cuda-graph", 0, MG_MAP}, {"--external-cuda-graph", 0, MG_MAP}, {"--cuda-graph-scope", 1, MG_MAP},
+    /* the eager steps before the graphs are captured are not the steady state priced */
+    {"--cuda-graph-warmup-steps", 1, MG_IGNORE},
     /* Megatron FSDP (--use-custom-fsdp its name before core_v0.14), and the checkpoint format
      * it asks for, which changes no step's cost */
     {"--use-megatron-fsdp", 0, MG_MAP}, {"--use-custom-fsdp", 0, MG_MAP},
@@ -681,6 +684,30 @@ static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, 
   return MP_OK;
 }
 
+/* --enable-cuda-graph and --external-cuda-graph with --cuda-graph-scope (megatron/training/
+ * arguments.py, transformer_config.py, core_v0.14.0) as meshplan's scope (exec/plan.h,
+ * mp_cuda_graphs): Megatron's own graphs are per layer unless the scope is full_iteration;
+ * Transformer Engine's (external) per layer, or the attention alone with scope attn. Both at
+ * once Megatron refuses; external with full_iteration captures nothing Megatron defines. */
+static mp_status read_cuda_graphs(mp_ctx *ctx, const mg_args *a, const char *origin, mp_from_plan *p) {
+  const int local = has(a, "--enable-cuda-graph"), external = has(a, "--external-cuda-graph");
+  const char *given = get(a, "--cuda-graph-scope", NULL), *scope = given ? given : "full";
+  if (strcmp(scope, "full") && strcmp(scope, "attn") && strcmp(scope, "full_iteration"))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --cuda-graph-scope %s: choose full, attn or full_iteration", origin, scope);
+  if (local && external)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --enable-cuda-graph and --external-cuda-graph: Megatron-LM refuses "
+                    "both at once; give one", origin);
+  if (external && strcmp(scope, "full_iteration") == 0)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --external-cuda-graph captures layers (scope full or attn); the "
+                    "full iteration is --enable-cuda-graph --cuda-graph-scope full_iteration", origin);
+  const char *name = !local && !external           ? ""
+                     : strcmp(scope, "full_iteration") == 0 ? "iteration"
+                     : external && strcmp(scope, "attn") == 0 ? "attn"
+                                                              : "layers";
+  snprintf(p->cuda_graphs, sizeof p->cuda_graphs, "%s", name);
+  return MP_OK;
+}
+
 mp_status mp_from_megatron(mp_ctx *ctx, const char *text, const char *origin, int world, const mp_model *given,
                            mp_from_plan *p) {
   p->framework = "Megatron-LM core_v0.14.0";
@@ -695,6 +722,7 @@ mp_status mp_from_megatron(mp_ctx *ctx, const char *text, const char *origin, in
   if (st == MP_OK) st = read_parallel(ctx, &a, origin, world, layers, p);
   if (st == MP_OK) st = read_stack(ctx, &a, origin, p);
   if (st == MP_OK) st = read_ac_fp8(ctx, &a, origin, p);
+  if (st == MP_OK) st = read_cuda_graphs(ctx, &a, origin, p);
   if (st == MP_OK) st = get_int(ctx, &a, origin, "--seq-length", 0, 1, 1 << 24, &p->seq);
   if (st == MP_OK && p->seq == 0) st = mp_error(ctx, MP_ERR_USAGE, "%s: --seq-length is needed", origin);
   if (st == MP_OK) st = get_int(ctx, &a, origin, "--micro-batch-size", 1, 1, 1 << 24, &p->micro_batch);

@@ -167,6 +167,12 @@
     "averaged by the reduction itself, not scaled by 1/dp before it (megatron-core, megatron-lm)", NULL }, \
   { "--no-check-for-nan-in-loss-and-grad", NULL, "Megatron-LM's option of that name: no norm of each " \
     "gradient bucket taken before its reduction (megatron-core, which checks by default)", NULL }
+/* simulate and explain: Megatron-Core's CUDA graphs (mp_cmd_cuda_graphs; exec/plan.h, mp_cuda_graphs) */
+#define MP_OPT_CUDA_GRAPHS                                                                         \
+  { "--cuda-graphs", "S", "what Megatron-Core captures in CUDA graphs (megatron-core): none; attn, "   \
+    "each layer's attention (--external-cuda-graph --cuda-graph-scope attn); layers, each "        \
+    "TransformerLayer (--enable-cuda-graph); iteration, every micro-batch's forward and backward "  \
+    "(--cuda-graph-scope full_iteration, with --no-check-for-nan-in-loss-and-grad) (default none)", NULL }
 /* simulate, explain and plan: the experts' load (mp_cmd_moe_routing; exec/plan.h, mp_moe_routing).
  * train states its own --moe-capacity-factor, the runtime's drop rule (app/cmd_train.c). */
 #define MP_OPT_MOE_ROUTING                                                                         \

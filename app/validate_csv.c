@@ -150,6 +150,15 @@ static mp_status check_batch(const reader *r, const mp_vrow *row) {
                   (long long)row->dp_shard, (long long)row->global_batch);
 }
 
+/* The optional columns of how Megatron-LM runs the step: its fused cross-entropy, its DDP's
+ * bucket scaling and NaN check, Megatron-Core's CUDA graphs. */
+static mp_status read_megatron_run(const reader *r, mp_vrow *row) {
+  MP_CHECK(opt_flag(r, "ce_fusion", &row->ce_fusion));
+  MP_CHECK(opt_flag(r, "ddp_average_in_collective", &row->ddp_average_in_collective));
+  MP_CHECK(opt_flag(r, "ddp_check_grads", &row->ddp_check_grads));
+  return opt_str(r, "cuda_graphs", row->cuda_graphs, sizeof row->cuda_graphs);
+}
+
 static mp_status read_row(const reader *r, mp_vrow *row) {
   const char *v;
   MP_CHECK(need_str(r, "model", 0, row->model, sizeof row->model));
@@ -224,9 +233,7 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_flag(r, "fsdp_double_buffer", &row->fsdp_double_buffer));
   MP_CHECK(opt_flag(r, "fp8_param_gather", &row->fp8_param_gather));
   MP_CHECK(opt_str(r, "fsdp_reduce_dtype", row->fsdp_reduce_dtype, sizeof row->fsdp_reduce_dtype));
-  MP_CHECK(opt_flag(r, "ce_fusion", &row->ce_fusion));
-  MP_CHECK(opt_flag(r, "ddp_average_in_collective", &row->ddp_average_in_collective));
-  MP_CHECK(opt_flag(r, "ddp_check_grads", &row->ddp_check_grads));
+  MP_CHECK(read_megatron_run(r, row));
   MP_CHECK(opt_str(r, "recompute_modules", row->recompute_modules, sizeof row->recompute_modules));
   return opt_flag(r, "async_tp", &row->async_tp);
 }

@@ -52,6 +52,9 @@ typedef struct mp_vrow {
   int fp8;              /* 0 or 1 */
   char fp8_recipe[16];  /* as written (the command parses it: exec/plan.h, mp_fp8_recipe);
                            "" when the column is absent or empty: the stack's recipe */
+  char cuda_graphs[16];    /* optional column: Megatron-Core's CUDA graphs as written (none, attn,
+                             layers, iteration: exec/plan.h, mp_cuda_graphs); "" when absent or
+                             empty: none */
   char moe_dispatcher[16]; /* as written (alltoall or deepep: exec/plan.h, mp_moe_dispatcher);
                              "" when the column is absent or empty: alltoall */
   char cp_comm_type[16];   /* as written (p2p, all_gather, a2a: exec/plan.h, mp_cp_comm), a

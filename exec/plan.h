@@ -36,6 +36,7 @@
 #include "exec/dtype.h"
 #include "exec/mesh.h"
 #include "exec/model.h"
+#include "exec/plan_fp8.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -211,90 +212,6 @@ typedef struct mp_tp_options {
   int pad_vocab;    /* 1: pad vocab up to a multiple of tp (saying so) instead of refusing */
 } mp_tp_options;
 
-/* How a float8 GEMM's operands are scaled: the recipe (exec/pass_float8.c decides which
- * Linears it can run, exec/schedule_ops.c prices its casts):
- *   TENSORWISE  one scale per tensor from that tensor's own amax, taken as it is cast
- *               (torchao's dynamic recipe; Transformer Engine's Float8CurrentScaling, which
- *               Megatron-LM names --fp8-recipe tensorwise)
- *   DELAYED     one scale per tensor from the amax history of earlier iterations
- *               (Transformer Engine's DelayedScaling): no amax pass before a cast
- *   ROWWISE     a scale per row of each operand along its GEMM's reduction dim (torchao's
- *               rowwise recipe)
- *   MXFP8       a power-of-two scale per 32 consecutive elements along the reduction dim
- *               (OCP Microscaling; Blackwell's block-scaled tensor cores)
- *   BLOCKWISE   a scale per 1x128 tile of activations and gradients and per 128x128 tile of
- *               weights (DeepSeek-V3, arXiv 2412.19437 sec. 3.3.2; Transformer Engine's
- *               Float8BlockScaling)
- * DEFAULT is the runtime's own: DELAYED under the megatron memory model (Megatron-LM's
- * --fp8-recipe default), TENSORWISE otherwise; mp_plan_create resolves it. */
-typedef enum mp_fp8_recipe {
-  MP_FP8_DEFAULT = 0,
-  MP_FP8_TENSORWISE,
-  MP_FP8_DELAYED,
-  MP_FP8_ROWWISE,
-  MP_FP8_MXFP8,
-  MP_FP8_BLOCKWISE,
-  MP_FP8_RECIPE_COUNT
-} mp_fp8_recipe;
-
-typedef struct mp_float8_options {
-  int all_gather; /* FSDP all-gathers float8 weights (only without TP, tensorwise) */
-  mp_fp8_recipe recipe;
-  int gpu_cc;     /* the GPU's compute capability (90 for sm_90; 0: none named, priced as
-                     Hopper's), which decides whether Transformer Engine's per-tensor float8
-                     keeps transposed copies (mp_fp8_gemm_any_layout). Set from the cluster's
-                     GPU by mp_stack_plan_options; the simulator refuses a Transformer Engine
-                     float8 plan whose GPU differs from the cluster's in that respect */
-  int param_gather; /* Megatron-Core's --fp8-param-gather (megatron memory model): the float8
-                       Linears' model weights kept as Transformer Engine float8 tensors
-                       (fp8_model_init), 1 byte at rest and in the distributed optimizer's or
-                       Megatron FSDP's parameter all-gather; the fp32 main weights stay */
-} mp_float8_options;
-
-/* Whether a GPU of compute capability cc runs float8 GEMMs on operands of any layout, not
- * only TN (both row-major along the reduction dim): Transformer Engine's
- * nvte_is_non_tn_fp8_gemm_supported (transformer_engine/common/transformer_engine.cpp,
- * v2.8), true for 10.x, 11.x and 13.x and later. Where it is, the per-tensor quantizers
- * (delayed and current scaling) write no transposed copy of a tensor used transposed
- * (transformer_engine/pytorch/csrc/quantizer.cpp, Float8Quantizer and
- * Float8CurrentScalingQuantizer: with_transpose = columnwise_usage && !that). */
-int mp_fp8_gemm_any_layout(int cc);
-
-/* The float8 copies Transformer Engine holds of one float8 Linear weight of rows x cols (its
- * [out, in] on the rank; a grouped expert's each) beyond the model weight itself, scales
- * included, under recipe r on a GPU of compute capability cc (v2.8):
- *   without param_gather  the cached workspace (TransformerEngineBaseModule.
- *       get_weight_workspace, module/base.py, keyed "weight", "fc1_weight", "weight{i}" when
- *       Megatron-Core passes is_first_microbatch: megatron/core/transformer/module.py
- *       set_is_first_microbatch, core_v0.14.0): delayed and current scaling a row-major copy
- *       and, where float8 GEMMs take TN operands alone (mp_fp8_gemm_any_layout false), its
- *       transpose, sharing one fp32 scale_inv (quantizer.cpp, Float8Quantizer::create_tensor:
- *       with_transpose = columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported); MXFP8 a
- *       row-wise and a column-wise copy, each with an E8M0 scale per 32 elements padded to
- *       [roundup(rows, 128), roundup(cols / 32, 4)] and [roundup(rows / 32, 4),
- *       roundup(cols, 128)] (MXFP8Quantizer::get_scale_shape); blockwise (128 x 128 weight
- *       tiles) a row-wise and a column-wise copy, with fp32 scales of [ceil(rows / 128),
- *       roundup(ceil(cols / 128), 4)] and [ceil(cols / 128), roundup(ceil(rows / 128), 4)]
- *       (Float8BlockQuantizer::get_scale_shape, block_scaling_dim 2).
- *   with param_gather  the model weight is the row-wise copy (counted with the parameters):
- *       delayed and current scaling add the transpose where the GPU needs one
- *       (Float8TensorBase.update_usage, tensor/_internal/float8_tensor_base.py), blockwise the
- *       column-wise copy and its scales (Float8BlockwiseQTensorBase._create_columnwise).
- * The workspaces and the float8 weight's transpose are written in place each step
- * (quantize_ into the cached tensor; tex.fp8_transpose(out=self._transpose), which
- * _reset_caches only marks stale): held through every step. Blockwise's column-wise copy of a
- * float8 weight is dropped after each update (cast_master_weights_to_fp8's
- * update_usage(columnwise_usage=False), tensor/utils.py): held from the layer's first forward
- * of a step to the optimizer step (mp_fp8_te_copy_per_step). */
-int64_t mp_fp8_te_weight_copy_bytes(mp_fp8_recipe r, int cc, int param_gather, int64_t rows, int64_t cols);
-
-/* Bytes an element of such copies takes, scales left out: 0, 1 or 2. */
-int mp_fp8_te_copies_per_elem(mp_fp8_recipe r, int cc, int param_gather);
-
-/* Whether those copies live from the layer's first forward of a step to the optimizer step
- * (blockwise under param_gather) rather than through every step. */
-int mp_fp8_te_copy_per_step(mp_fp8_recipe r, int param_gather);
-
 typedef struct mp_fsdp_options {
   int reshard_after_forward; /* free gathered params after forward, gather again in backward */
   int per_block;             /* force exactly one unit per block (refused with EP) */
@@ -347,6 +264,36 @@ typedef enum mp_cp_comm {
  * destination node and forward it to that node's experts over NVLink (DeepSeek-V3, arXiv
  * 2412.19437 sec. 3.2.2; deepseek-ai/DeepEP's normal kernels). */
 typedef enum mp_moe_dispatcher { MP_MOE_DISPATCH_ALLTOALL = 0, MP_MOE_DISPATCH_DEEPEP } mp_moe_dispatcher;
+
+/* What Megatron-Core captures in CUDA graphs (megatron/core/transformer/transformer_config.py
+ * and transformer_layer.py, core_v0.14.0). A captured kernel is replayed from the graph:
+ * the host's per-kernel launch work (Python, the dispatcher, cudaLaunchKernel) is paid once
+ * per graph, and the GPU runs the graph's kernels back to back (sim/cost.c prices a captured
+ * kernel at the stack's in-graph overhead, graph_kernel_overhead_us).
+ *   NONE       eager launches (default).
+ *   ATTN       --external-cuda-graph --cuda-graph-scope attn: Transformer Engine's
+ *              make_graphed_callables captures TransformerLayer._forward_attention (the
+ *              input norm, the attention and its projections, the residual), forward and
+ *              backward, one graph a layer and micro-batch; the MLP or MoE runs eagerly.
+ *   LAYERS     --enable-cuda-graph (scope full): every TransformerLayer, forward and
+ *              backward, one graph a layer and micro-batch (CudaGraphManager); the
+ *              embedding, the output layer and loss, the optimizer and the data-parallel
+ *              collectives (hooks outside the graphs: setup_manual_hooks) run eagerly.
+ *   ITERATION  --enable-cuda-graph --cuda-graph-scope full_iteration: the forward and
+ *              backward of every micro-batch in one graph; the optimizer step stays
+ *              outside ("excluding optimizer"), and Megatron asserts
+ *              --no-check-for-nan-in-loss-and-grad (megatron/training/arguments.py).
+ * A graph replays fixed kernels with fixed sizes: a layer whose MoE token dispatcher
+ * synchronises the host to read the routed counts (mp_moe_host_sync) cannot be captured,
+ * and Megatron refuses graphs with activation recomputation (transformer_config.py
+ * __post_init__; arguments.py refuses full recompute with --external-cuda-graph). */
+typedef enum mp_cuda_graphs {
+  MP_CUDA_GRAPHS_NONE = 0,
+  MP_CUDA_GRAPHS_ATTN,
+  MP_CUDA_GRAPHS_LAYERS,
+  MP_CUDA_GRAPHS_ITERATION,
+  MP_CUDA_GRAPHS_COUNT
+} mp_cuda_graphs;
 
 /* How routed tokens load the experts (the simulator prices the slowest EP rank, which every
  * all-to-all waits for: exec/schedule_prep.c, mp_sched_moe_rows):
@@ -535,6 +482,8 @@ typedef struct mp_plan_options {
                             ep > 1, interleaved stages when pp > 1, no full recompute; the
                             megatron memory model only. 0: off (default) */
   mp_moe_routing moe_routing; /* the experts' load (imbalance 1, dropless by default) */
+  mp_cuda_graphs cuda_graphs; /* what CUDA graphs capture (default NONE); the megatron
+                                memory model only (mp_rule_cuda_graphs_check) */
   uint32_t recompute_modules; /* bits 1 << mp_rc_module; 0: none (default) */
   int moe_fp8_dispatch;  /* DeepSeek-V3's float8 dispatch (arXiv 2412.19437, sec. 3.3.3): the
                             tokens sent to the experts (the forward's dispatch, and the
@@ -845,6 +794,18 @@ int mp_cp_rotate_parse(const char *s, mp_cp_rotate *out);
 const char *mp_cp_comm_name(mp_cp_comm c);
 /* The comm type named s into *out: 1, or 0 for any other string (*out untouched). */
 int mp_cp_comm_parse(const char *s, mp_cp_comm *out);
+/* "none", "attn", "layers", "iteration" ("?" out of range). */
+const char *mp_cuda_graphs_name(mp_cuda_graphs g);
+/* The scope named s into *out: 1, or 0 for any other string (*out untouched). */
+int mp_cuda_graphs_parse(const char *s, mp_cuda_graphs *out);
+/* 1 where Megatron-Core's MoE token dispatcher synchronises the host with the GPU in each
+ * MoE layer's forward (exec/schedule_ops.c marks the op after it): the alltoall dispatcher
+ * copies the routed counts to the host (token_dispatcher.py, MoEAlltoAllTokenDispatcher's
+ * cuda_sync_point, core_v0.14.0) unless it pads every expert to its capacity
+ * (--moe-pad-expert-input-to-capacity: "no_sync"); DeepEP's normal dispatch waits on the
+ * host for the received counts (deep_ep/csrc/deep_ep.cpp, Buffer::intranode_dispatch and
+ * internode_dispatch: the loop on moe_recv_counter). 0 for a dense model. */
+int mp_moe_host_sync(const mp_model *m, const mp_plan_options *o);
 /* "optim_grads_params", "optim_grads", "optim", "no_shard" ("?" out of range): Megatron-Core's
  * --data-parallel-sharding-strategy values. */
 const char *mp_mfsdp_strategy_name(mp_mfsdp_strategy s);

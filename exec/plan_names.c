@@ -129,6 +129,21 @@ int mp_cp_comm_parse(const char *s, mp_cp_comm *out) {
   return 0;
 }
 
+static const char *const k_cuda_graphs_names[MP_CUDA_GRAPHS_COUNT] = {"none", "attn", "layers", "iteration"};
+
+const char *mp_cuda_graphs_name(mp_cuda_graphs g) {
+  return (unsigned)g < MP_CUDA_GRAPHS_COUNT ? k_cuda_graphs_names[g] : "?";
+}
+
+int mp_cuda_graphs_parse(const char *s, mp_cuda_graphs *out) {
+  for (int k = 0; k < MP_CUDA_GRAPHS_COUNT; k++)
+    if (s && strcmp(s, k_cuda_graphs_names[k]) == 0) {
+      *out = (mp_cuda_graphs)k;
+      return 1;
+    }
+  return 0;
+}
+
 static const char *const k_mfsdp_names[MP_MFSDP_COUNT] = {"optim_grads_params", "optim_grads", "optim",
                                                             "no_shard"};
 

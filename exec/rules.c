@@ -235,3 +235,45 @@ mp_status mp_rule_moe_routing_check(mp_ctx *ctx, const mp_model *m, const mp_mes
                     "use a torchtitan or megatron stack", mp_mem_model_name(o->mem_model));
   return MP_OK;
 }
+
+/* ---- CUDA graphs ---------------------------------------------------------------------------- */
+
+int mp_moe_host_sync(const mp_model *m, const mp_plan_options *o) {
+  if (!mp_model_is_moe(m) || o->mem_model != MP_MEM_MODEL_MEGATRON) return 0;
+  /* drop-and-pad fixes every count from the capacity: preprocess returns before any sync
+   * point is chosen (MoEAlltoAllTokenDispatcher.preprocess, core_v0.14.0) */
+  return o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP || !o->moe_routing.pad_to_capacity;
+}
+
+mp_status mp_rule_cuda_graphs_check(mp_ctx *ctx, const mp_model *m, const mp_plan_options *o) {
+  const mp_cuda_graphs g = o->cuda_graphs;
+  if ((unsigned)g >= MP_CUDA_GRAPHS_COUNT)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown CUDA graph scope %d; choose none, attn, layers or iteration", (int)g);
+  if (g == MP_CUDA_GRAPHS_NONE) return MP_OK;
+  const char *name = mp_cuda_graphs_name(g);
+  if (o->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "CUDA graphs (%s) are Megatron-Core's (--enable-cuda-graph, --external-cuda-graph); the %s "
+                    "memory model's stack launches its kernels eagerly: drop them or choose a megatron stack",
+                    name, mp_mem_model_name(o->mem_model));
+  const int recompute = o->ac != MP_AC_NONE || o->recompute_modules != 0;
+  if (recompute && (g != MP_CUDA_GRAPHS_ATTN || o->ac == MP_AC_FULL))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "CUDA graphs (%s) with activation recomputation: Megatron-Core refuses %s (transformer_config.py, "
+                    "arguments.py); drop the recomputation, or choose cuda graphs attn with a selective one",
+                    name, g == MP_CUDA_GRAPHS_ATTN ? "full recompute with --external-cuda-graph"
+                                                   : "--recompute-granularity with --enable-cuda-graph");
+  if (g != MP_CUDA_GRAPHS_ATTN && mp_moe_host_sync(m, o))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "CUDA graphs (%s) over %s's MoE layers: the token dispatcher synchronises the host to read "
+                    "the routed counts each layer (token_dispatcher.py cuda_sync_point, DeepEP's received "
+                    "counts), which a graph cannot capture; choose cuda graphs attn (the attention only), or "
+                    "pad the experts to a capacity (--moe-pad-expert-input-to-capacity) with the alltoall dispatcher",
+                    name, m->name);
+  if (g == MP_CUDA_GRAPHS_ITERATION && o->ddp.check_grads)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "CUDA graphs (iteration) with the DDP's gradient NaN check: Megatron-LM asserts "
+                    "--no-check-for-nan-in-loss-and-grad with --cuda-graph-scope full_iteration; turn the check off "
+                    "(simulate's --no-check-for-nan-in-loss-and-grad, validate's ddp_check_grads 0)");
+  return MP_OK;
+}

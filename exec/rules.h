@@ -83,6 +83,18 @@ int mp_rule_pp_split_ok(int64_t n_layers, int pp, int v);
  * (exec/schedule_pp.c), which the search leaves to simulate. */
 int mp_rule_pp_micro_ok(int64_t n_micro, int pp, int v);
 
+/* ---- CUDA graphs ---------------------------------------------------------------------------- */
+
+/* Megatron-Core's CUDA graphs (o->cuda_graphs, exec/plan.h) as its config and arguments
+ * allow them (core_v0.14.0): the megatron memory model only; no activation recomputation
+ * (transformer_config.py refuses recompute_granularity with --enable-cuda-graph;
+ * arguments.py full recompute with --external-cuda-graph, which attn uses); the full-layer
+ * and full-iteration scopes not over a MoE layer whose dispatcher synchronises the host
+ * (mp_moe_host_sync: a graph cannot wait for the host), where attn captures only the
+ * attention; iteration with the DDP's gradient check off (arguments.py asserts
+ * --no-check-for-nan-in-loss-and-grad). Each refused by name. */
+mp_status mp_rule_cuda_graphs_check(mp_ctx *ctx, const mp_model *m, const mp_plan_options *o);
+
 /* ---- context and sequence parallelism ---------------------------------------------------- */
 
 /* Ring attention's causal load balancing cuts a sequence into 2 cp chunks (torch's

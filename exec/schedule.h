@@ -210,6 +210,10 @@ typedef struct mp_op {
                       each (WGRAD: k tokens each), the tokens of each expert padded to the
                       kernel's tile (sim/cost.c); 0 for every other GEMM and for the
                       runtimes' per-block expert GEMMs */
+  uint8_t host_sync; /* 1: the first op the host issues after it waited for the GPU (a MoE
+                        token dispatcher's copy of the routed counts, exec/plan.h
+                        mp_moe_host_sync): the GPU stream idles until the host issues the
+                        ops from here (sim/cost.c, price_host_issue) */
 } mp_op;
 
 /* The rows a local expert of the slowest EP rank computes under routing rt (exec/plan.h,

@@ -222,6 +222,20 @@ static void experts_bwd(gen *g, int64_t H, int64_t Tk) {
   if (g->status == MP_OK) mp_sched_fix_wgrad_flops(g, first, nb == 0 ? sh->tokens_per_expert : sh->tokens_per_expert / sh->ep);
 }
 
+/* Megatron-Core's MoE token dispatcher synchronises the host where the routed counts
+ * reach it (exec/plan.h, mp_moe_host_sync): before the EP all-to-all under EP
+ * ("before_ep_alltoall", DeepEP's dispatch), before the experts without it
+ * ("before_finish"), in the forward and in a recompute of the layer alike. The first op the
+ * host issues after it, from op `from` on, carries the mark. */
+static void mark_host_sync(gen *g, int32_t from) {
+  if (!mp_moe_host_sync(&g->p->model, &g->p->opts)) return;
+  for (int32_t i = from; i < g->n_ops; i++)
+    if (g->ops[i].type == MP_OP_COMPUTE || g->ops[i].type == MP_OP_COMM) {
+      g->ops[i].host_sync = 1;
+      return;
+    }
+}
+
 void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->tokens, H = sh->d_model;
@@ -268,10 +282,12 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
     /* the runtimes under EP: the expert side (sized by the rows received) is saved for
      * backward; the expert outputs wait in a COMM buffer for the combine */
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EPA, kind, 1);
+    const int32_t sync_from = g->n_ops;
     mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_GATE, 1);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 1);
     attach(g, pd, PART_EXPERTS);
     experts_gate_up_fwd(g, H);
+    mark_host_sync(g, sync_from);
     swiglu(g, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, received_rows(sh, Tk) * sh->d_ff_expert);
     experts_down_fwd(g, H);
     mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_DOWN, 0);

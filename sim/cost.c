@@ -316,6 +316,96 @@ static int is_ring_coll(int coll) {
          coll == MP_COLL_BROADCAST;
 }
 
+/* ---- CUDA graphs and the host's issue of kernels ---------------------------------------- */
+
+/* The kernels of a TransformerLayer's _forward_attention (Megatron-Core transformer_layer.py,
+ * core_v0.14.0): the input norm, q, k, v (and MLA's projections and norms), rotary embedding,
+ * the attention, its CP ring's copies, o. The residual add after o is one kernel the op does
+ * not tell apart from the MLP's; it is priced with the MLP's, eagerly. */
+static int attention_kernel(const mp_op *op) {
+  switch (op->module) {
+    case MP_MOD_ATTN_NORM: case MP_MOD_Q: case MP_MOD_K: case MP_MOD_V: case MP_MOD_Q_NORM:
+    case MP_MOD_K_NORM: case MP_MOD_O: case MP_MOD_Q_A: case MP_MOD_Q_A_NORM: case MP_MOD_Q_B:
+    case MP_MOD_KV_A: case MP_MOD_KV_A_NORM: case MP_MOD_KV_B:
+      return 1;
+    default:
+      break;
+  }
+  return op->kernel == MP_KERNEL_ATTENTION || op->kernel == MP_KERNEL_ROPE ||
+         (op->module < 0 && op->kernel == MP_KERNEL_COPY);
+}
+
+/* Whether compute op `op` runs inside one of the plan's CUDA graphs (exec/plan.h,
+ * mp_cuda_graphs): the full iteration's forward and backward passes (the optimizer outside);
+ * per-layer graphs hold a block's kernels but not the data-parallel bucket hooks of the last
+ * micro-batch (setup_manual_hooks: hooks run outside the graphs), attn scope only the
+ * attention's. */
+static int op_captured(const mp_op *op, mp_cuda_graphs g) {
+  if (g == MP_CUDA_GRAPHS_NONE || op->type != MP_OP_COMPUTE) return 0;
+  if (op->phase != MP_PHASE_FORWARD && op->phase != MP_PHASE_BACKWARD && op->phase != MP_PHASE_RECOMPUTE)
+    return 0;
+  if (g == MP_CUDA_GRAPHS_ITERATION) return 1;
+  if (op->layer < 0 || op->when == MP_WHEN_LAST_MICRO) return 0;
+  return g == MP_CUDA_GRAPHS_LAYERS || attention_kernel(op);
+}
+
+/* The host's time to issue a kernel: the stack's host_launch_s, or where it states none its
+ * kernel overhead (sim.h): the per-kernel framework and launch work of eager PyTorch is the
+ * host's, which the sum-of-kernels model charges on the stream. */
+static double host_launch_s(const mp_stack_profile *p) {
+  return p->host_launch_s >= 0 ? p->host_launch_s : p->kernel_overhead_s;
+}
+
+/* After a host synchronisation (mp_op.host_sync) the stream holds no work: the GPU runs the
+ * ops that follow as the host issues them. With the host issuing kernel k at H_k (the sum of
+ * its launch times to k) and the stream's ops taking d_j, the stream ends at
+ * max_k (H_k + d_k + ... + d_n): later than the sum of the d_j by
+ * max_k (H_k - (d_1 + ... + d_{k-1})), which the synchronising op's duration takes on (the
+ * chain after it shifts by as much). An op of L launches (a grouped GEMM's per-expert
+ * kernels) issues them one by one, each a 1/L of its time: the term is largest at its first
+ * or its last launch. A captured op's launches are its graph's one launch (attn scope: the
+ * first captured op after an eager one). The window runs to the next synchronisation or the
+ * segment's end, over the ops of every micro-batch; ops on other streams cost the host their
+ * launch but hold no time on this stream. */
+static double host_stall_s(const mp_schedule *s, int32_t from, int32_t end, const double *dur, const op_costs *k,
+                           double h, mp_cuda_graphs graphs) {
+  double host = 0.0, gpu = 0.0, stall = 0.0;
+  int in_graph = 0;
+  for (int32_t j = from; j < end && (j == from || !s->ops[j].host_sync); j++) {
+    const mp_op *op = &s->ops[j];
+    if ((op->type != MP_OP_COMPUTE && op->type != MP_OP_COMM) || op->when != MP_WHEN_EVERY_MICRO) continue;
+    const int captured = op_captured(op, graphs);
+    double launches = op->type == MP_OP_COMPUTE ? (double)launches_of(op, k->grouped_streams) : 1.0;
+    if (op->count > 1) launches *= op->count;
+    if (captured) launches = in_graph ? 0.0 : 1.0;
+    in_graph = captured;
+    const int on_stream = op->stream == MP_STREAM_COMPUTE || op->stream >= MP_STREAM_COUNT;
+    const double d = on_stream ? dur[j] : 0.0;
+    if (launches <= 0.0) {
+      gpu += d;
+      continue;
+    }
+    const double first = host + h - gpu, last = host + launches * h - gpu - d * (launches - 1.0) / launches;
+    if (first > stall) stall = first;
+    if (last > stall) stall = last;
+    host += launches * h;
+    gpu += d;
+  }
+  return stall;
+}
+
+static void price_host_issue(const mp_schedule *s, const op_costs *k, double h, cop *cops, double *dur) {
+  const mp_cuda_graphs graphs = s->plan->opts.cuda_graphs;
+  for (int32_t si = 0; si < s->n_segs; si++) {
+    const int32_t first = s->segs[si].first_op, end = first + s->segs[si].n_ops;
+    for (int32_t i = first; i < end; i++)
+      if (s->ops[i].host_sync) {
+        dur[i] += host_stall_s(s, i, end, dur, k, h, graphs);
+        cops[i].dur = dur[i];
+      }
+  }
+}
+
 /* A GEMM of a fused AsyncTP pair run as tp chunks of its tokens (rows): tp launches, each
  * reading the whole weight. */
 static double chunked_gemm_s(const mp_op *op, int tp, const op_costs *k) {
@@ -342,8 +432,9 @@ static double chunked_gemm_s(const mp_op *op, int tp, const op_costs *k) {
  * kernel of num_sm SMs and launch the GEMM with that SM margin (set_sm_margin), so every
  * chunk runs on the SMs left (the stack's ub_sms); the all-gathers' "ring_exchange" copies
  * run on the copy engines (use_ce) beside a GEMM of every SM. */
-static void price_fused(const mp_schedule *s, int tp, const op_costs *k, double scatter_slow, cop *cops,
-                        double *dur) {
+static void price_fused(const mp_schedule *s, int tp, const op_costs *k, const op_costs *kg, double scatter_slow,
+                        cop *cops, double *dur) {
+  const mp_cuda_graphs graphs = s->plan->opts.cuda_graphs;
   for (int32_t i = 0; i < s->n_ops; i++) {
     const mp_op *op = &s->ops[i];
     if (op->type != MP_OP_COMM || op->fused == MP_FUSE_NONE) continue;
@@ -354,12 +445,42 @@ static void price_fused(const mp_schedule *s, int tp, const op_costs *k, double 
       if (x->type == MP_OP_COMM && x->stream == MP_STREAM_COMPUTE && x->coll != MP_COLL_ALL_REDUCE) break;
       if (x->type != MP_OP_COMPUTE || x->fused != op->fused || x->layer != op->layer) continue;
       const double slow = op->fused == MP_FUSE_SCATTER ? scatter_slow : 1.0;
-      dur[j] = cops[j].dur = chunked_gemm_s(x, tp, k) * slow * (x->count > 1 ? x->count : 1);
+      dur[j] = cops[j].dur = chunked_gemm_s(x, tp, op_captured(x, graphs) ? kg : k) * slow * (x->count > 1 ? x->count : 1);
       g += dur[j];
     }
     const double left = dur[i] - g * (tp - 1) / tp;
     dur[i] = cops[i].dur = left > 0.0 ? left : 0.0;
   }
+}
+
+/* The SMs op's cop holds or loses: a ring collective beside the compute stream holds an SM
+ * per NCCL channel while it runs; the compute stream's flops-bound kernels lose those SMs
+ * (engine.c). None where the stack does not price the contention or the GPU states no SM
+ * count. */
+static void op_sms(const mp_op *op, cop *c, const link_set *ls, const mp_stack_profile *prof, const op_costs *kc) {
+  const mp_cluster *cl = ls->cl;
+  c->sms = 0;
+  c->sm_bound = 0;
+  if (!prof->nccl_sm_contention || cl->gpu.sms <= 0 || mp_gpu_is_cpu(&cl->gpu)) return;
+  if (op->type == MP_OP_COMM && c->stream != MP_STREAM_COMPUTE && c->dur > 0.0 && is_ring_coll(op->coll))
+    c->sms = (uint8_t)mp_sim_nccl_ring_channels(&cl->gpu, &ls->link[op->group < MP_GROUP_COUNT ? op->group : MP_GROUP_WORLD],
+                                                prof->nccl_max_ctas);
+  else if (op->type == MP_OP_COMPUTE && c->stream == MP_STREAM_COMPUTE)
+    c->sm_bound = (uint8_t)op_sm_bound(op, kc);
+}
+
+/* The costs of a kernel captured in one of the plan's CUDA graphs: the eager ones with the
+ * stack's in-graph kernel overhead, which a stack must state for graphs to be priced. */
+static mp_status graph_costs(mp_ctx *ctx, const mp_stack_profile *prof, mp_cuda_graphs graphs, const op_costs *kc,
+                             op_costs *kg) {
+  *kg = *kc;
+  if (graphs == MP_CUDA_GRAPHS_NONE) return MP_OK;
+  if (!(prof->graph_kernel_overhead_s >= 0))
+    return mp_error(ctx, MP_ERR_INVALID, "CUDA graphs (%s) under stack %s, which states no in-graph kernel "
+                    "overhead (graph_kernel_overhead_us); choose a stack that states it or no CUDA graphs",
+                    mp_cuda_graphs_name(graphs), prof->name);
+  kg->kernel_overhead_s = prof->graph_kernel_overhead_s;
+  return MP_OK;
 }
 
 mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster *cl, const mp_stack_profile *prof,
@@ -373,8 +494,10 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
   ls.plan = s->plan;
   ls.rank = s->rank;
   const double act_factor = prof->saved_act_factor > 0 ? prof->saved_act_factor : 1.0;
-  op_costs kc;
+  op_costs kc, kg;
   op_costs_init(&kc, &cl->gpu, prof);
+  const mp_cuda_graphs graphs = s->plan->opts.cuda_graphs;
+  MP_CHECK(graph_costs(ctx, prof, graphs, &kc, &kg));
   cop *cops = b->cops;
   double *dur = b->dur;
   uint8_t *seg_plain = b->prog->seg_plain;
@@ -406,7 +529,7 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
       fwd_dep |= compile_deps(s, i, seg_of_first, cops);
     double d = 0.0;
     if (op->type == MP_OP_COMPUTE) {
-      d = op_compute_s(op, &kc);
+      d = op_compute_s(op, op_captured(op, graphs) ? &kg : &kc);
     } else if (op->type == MP_OP_COMM) {
       MP_CHECK(comm_duration(ctx, &ls, op, prof, &d));
       /* a pipeline transfer: the timeline's, between stages (sim/pipeline.c) */
@@ -418,23 +541,14 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
     if (op->count > 1) d *= op->count;
     dur[i] = d;
     c->dur = d;
-    c->sms = 0;
-    c->sm_bound = 0;
-    if (prof->nccl_sm_contention && cl->gpu.sms > 0 && !mp_gpu_is_cpu(&cl->gpu)) {
-      /* a ring collective beside the compute stream holds an SM per NCCL channel while it
-       * runs; the compute stream's flops-bound kernels lose those SMs (engine.c) */
-      if (op->type == MP_OP_COMM && c->stream != MP_STREAM_COMPUTE && d > 0.0 && is_ring_coll(op->coll))
-        c->sms = (uint8_t)mp_sim_nccl_ring_channels(&cl->gpu, &ls.link[op->group < MP_GROUP_COUNT ? op->group : MP_GROUP_WORLD],
-                                                    prof->nccl_max_ctas);
-      else if (op->type == MP_OP_COMPUTE && c->stream == MP_STREAM_COMPUTE)
-        c->sm_bound = (uint8_t)op_sm_bound(op, &kc);
-    }
+    op_sms(op, c, &ls, prof, &kc);
   }
   if (s->plan->opts.tp_comm_fused && mesh->size[MP_DIM_TP] > 1)
-    price_fused(s, mesh->size[MP_DIM_TP], &kc,
+    price_fused(s, mesh->size[MP_DIM_TP], &kc, &kg,
                 prof->ub_sms > 0 && cl->gpu.sms > prof->ub_sms ? (double)cl->gpu.sms / (double)(cl->gpu.sms - prof->ub_sms)
                                                                : 1.0,
                 cops, dur);
+  if (mp_moe_host_sync(&s->plan->model, &s->plan->opts)) price_host_issue(s, &kc, host_launch_s(prof), cops, dur);
   /* a malformed forward dependency still reads a kept end */
   if (fwd_dep)
     for (int32_t i = 0; i < s->n_ops; i++)

@@ -45,6 +45,12 @@ typedef struct mp_stack_profile {
   double hbm_eff;            /* achieved fraction of HBM bandwidth for memory-bound ops */
   double link_eff;           /* achieved fraction of link bandwidth (bus bandwidth) */
   double kernel_overhead_s;  /* launch / framework overhead per compute op */
+  double graph_kernel_overhead_s; /* the same for a kernel replayed in a CUDA graph (JSON key
+                                     "graph_kernel_overhead_us", optional); < 0: not stated, and
+                                     a plan with CUDA graphs is refused (sim/cost.c) */
+  double host_launch_s;      /* the host's time to issue one kernel, which a GPU stream waits
+                                for after a host synchronisation (JSON key "host_launch_us",
+                                optional); < 0: kernel_overhead_s (sim/cost.c) */
   double comm_overhead_s;    /* per collective, on top of link latency */
   double frag_factor;        /* allocator fragmentation: reserved = allocated x factor */
   char source[256];

@@ -174,6 +174,21 @@ static mp_status read_grouped_tile(mp_ctx *ctx, const cJSON *j, const char *orig
   return mp_check_i64(ctx, origin, "grouped_gemm_streams", p->grouped_streams, 0, 64);
 }
 
+/* "graph_kernel_overhead_us" and "host_launch_us" (optional, 0..MP_LIM_OVERHEAD_US): -1 s
+ * where absent (sim.h: no CUDA graphs stated; the kernel overhead issues a kernel). */
+static mp_status read_launch_costs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
+  double graph_us = -1.0, host_us = -1.0;
+  MP_CHECK(mp_json_get_f64(ctx, j, origin, "graph_kernel_overhead_us", 0, &graph_us));
+  if (graph_us != -1.0)
+    MP_CHECK(mp_check_f64(ctx, origin, "graph_kernel_overhead_us", graph_us, 0, MP_LIM_OVERHEAD_US, MP_RANGE_CLOSED));
+  MP_CHECK(mp_json_get_f64(ctx, j, origin, "host_launch_us", 0, &host_us));
+  if (host_us != -1.0)
+    MP_CHECK(mp_check_f64(ctx, origin, "host_launch_us", host_us, 0, MP_LIM_OVERHEAD_US, MP_RANGE_CLOSED));
+  p->graph_kernel_overhead_s = graph_us < 0 ? -1.0 : graph_us * 1e-6;
+  p->host_launch_s = host_us < 0 ? -1.0 : host_us * 1e-6;
+  return MP_OK;
+}
+
 /* "fit_gpu" (optional): the data/gpus profile the efficiencies were fitted on, whose
  * kernel fractions it must state (mp_stack_kernel_scale_of divides by them). */
 static mp_status read_fit_gpu(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
@@ -244,6 +259,7 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
   MP_CHECK_GOTO(read_fit_gpu(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_grouped_tile(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_wgrad_accum(ctx, j, origin, &p), st, done);
+  MP_CHECK_GOTO(read_launch_costs(ctx, j, origin, &p), st, done);
   p.kernel_overhead_s = kern_us * 1e-6;
   p.comm_overhead_s = comm_us * 1e-6;
   *out = p;

@@ -216,9 +216,40 @@ MG += [
     ("16", ("--model", "llama3.1-8b", "--mesh", "dp_shard=8,tp=2", "--stack", "megatron-core", "--fp8",
             "blockwise", "--fp8-param-gather")),
 ]
+# Megatron-Core's CUDA graphs: per layer under an interleaved pipeline, the full iteration
+# (with the NaN check off, as Megatron-LM asserts), the attention alone beside MoE layers
+MG += [
+    ("8", ("--model", "llama3.1-8b", "--mesh", "tp=2,pp=4", "--pp-schedule", "interleaved", "--stack",
+           "megatron-core", "--cuda-graphs", "layers")),
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack", "megatron-core", "--cuda-graphs",
+           "iteration", "--no-check-for-nan-in-loss-and-grad")),
+    ("16", ("--model", "mixtral-8x7b", "--mesh", "dp_replicate=8,tp=2,ep=8", "--stack", "megatron-core",
+            "--cuda-graphs", "attn")),
+]
 for gpus, args in MG:
     a = args if "--model" in args else ("--model", "llama3.1-8b") + tuple(args)
     round_trip("megatron", gpus, a)
+
+# CUDA graphs as Megatron-LM's flags (megatron/training/arguments.py, core_v0.14.0), each scope
+# read back from them, and from --external-cuda-graph's default scope (full: a layer a graph)
+for scope, flags in (("layers", "--enable-cuda-graph\n"), ("attn", "--external-cuda-graph\n--cuda-graph-scope attn\n"),
+                     ("iteration", "--enable-cuda-graph\n--cuda-graph-scope full_iteration\n")):
+    extra = ("--no-check-for-nan-in-loss-and-grad",) if scope == "iteration" else ()
+    pred, text = emitted("megatron", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack",
+                         "megatron-core", "--cuda-graphs", scope, *extra)
+    check(flags in text and (pred or {}).get("cuda_graphs") == scope, f"--cuda-graphs {scope} not written: " + text)
+base = ("--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack", "megatron-core")
+eager = json.loads(run("simulate", "--gpus", "8", *base, "--json").stdout)
+layers = json.loads(run("simulate", "--gpus", "8", *base, "--cuda-graphs", "layers", "--json").stdout)
+check(layers["step_time_s"] < eager["step_time_s"], "layer graphs do not shorten the eager step")
+_, text = emitted("megatron", "--gpus", "8", *base)
+ext = json.loads(run("simulate", "--gpus", "8", "--from-args", " ".join(body(text).split()) + " --external-cuda-graph",
+                     "--json").stdout)
+check(ext.get("cuda_graphs") == "layers" and ext["step_time_s"] == layers["step_time_s"],
+      "--external-cuda-graph not read as layer graphs: " + str(ext.get("cuda_graphs")))
+p = run("simulate", "--gpus", "8", "--from-args", " ".join(body(text).split()) + " --enable-cuda-graph --external-cuda-graph",
+        want_rc=2)
+check("refuses both at once" in p.stderr, "both graph flags read: " + p.stderr)
 
 # --fp8-param-gather written as Megatron-LM's flag, and refused without float8 when read
 _, text = emitted("megatron", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack",

@@ -250,6 +250,12 @@ row 2 "--overlap-moe-comm is Megatron-Core's --overlap-moe-expert-parallel-comm;
 # Megatron-Core's fused cross-entropy and Megatron-LM's DDP switches: a Megatron stack's only
 row 2 "--ddp-average-in-collective and --no-check-for-nan-in-loss-and-grad are Megatron-LM's DDP options; stack torchtitan-compile does not run it" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack torchtitan-compile --ddp-average-in-collective
 row 2 "--cross-entropy-loss-fusion fuses Megatron-LM's vocab-parallel cross-entropy; stack torchtitan-compile does not run it" explain --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack torchtitan-compile --cross-entropy-loss-fusion
+# Megatron-Core's CUDA graphs: its scopes, on its stack, under its rules
+row 2 "cuda graphs 'full': choose none, attn, layers or iteration" simulate --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --cuda-graphs full
+row 2 "cuda graphs layers: stack torchtitan-compile states no in-graph kernel cost (graph_kernel_overhead_us); CUDA graphs are Megatron-Core's: use megatron-core or none" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack torchtitan-compile --cuda-graphs layers
+row 2 "CUDA graphs (layers) over tiny-moe's MoE layers: the token dispatcher synchronises the host" simulate --model tiny-moe --gpus 4 --mesh dp_replicate=4,ep=2 --stack megatron-core --cuda-graphs layers
+row 2 "CUDA graphs (iteration) with the DDP's gradient NaN check" explain --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --cuda-graphs iteration
+row 2 "CUDA graphs (layers) with activation recomputation" simulate --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --cuda-graphs layers --ac full
 row 2 "--moe-dispatcher 'foo': choose alltoall or deepep" simulate --model tiny-moe --gpus 4 --mesh dp_replicate=4,ep=2 --stack megatron-core --moe-dispatcher foo
 row 2 "MoE all-to-all overlap with pp=2 needs the interleaved schedule" simulate --model tiny-moe --gpus 4 --mesh dp_replicate=2,pp=2,ep=2 --stack megatron-core --overlap-moe-comm
 row 2 "MoE dispatcher deepep is Megatron-Core's flex dispatcher with DeepEP (--moe-enable-deepep), which needs expert parallelism" explain --model tiny-moe --gpus 4 --mesh dp_replicate=4 --stack megatron-core --moe-dispatcher deepep
