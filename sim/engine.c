@@ -398,45 +398,42 @@ static void run_rep(sim *x, const mp_segment *g, int32_t rep, int32_t micro) {
    * compiler would store and reload them at every op. */
   regs r = {x->a.compute, x->a.opt, x->a.wait, x->a.free_t[MP_STREAM_COMPUTE], x->level_tot};
   const int32_t si = (int32_t)(g - x->s->segs);
-  if (micro >= 0 && !x->seg_plain[si] && (micro != 0 || micro != x->n_micro - 1)) {
-    /* a segment with ops some micro-batches skip: op by op, `when` tested */
-    const int not_first = micro != 0, not_last = micro != x->n_micro - 1;
-    for (int32_t idx = first; idx < last; idx++) {
-      const cop *op = &x->ops[idx];
-      if (not_first && (op->when == MP_WHEN_FIRST_MICRO || op->when == MP_WHEN_ONCE)) continue;
-      if (not_last && op->when == MP_WHEN_LAST_MICRO) continue;
-      run_one(x, &r, idx, rep);
+  /* the `when` values this micro-batch skips (bit per MP_WHEN_*; the step's prologue and
+   * optimizer, micro < 0, run every op): run_op's test. Only single-op steps can carry
+   * one (prog_compile), and a skipped one does nothing, as run_op does with it. */
+  unsigned skip = 0;
+  if (micro >= 0 && !x->seg_plain[si]) {
+    if (micro != 0) skip |= 1u << MP_WHEN_FIRST_MICRO | 1u << MP_WHEN_ONCE;
+    if (micro != x->n_micro - 1) skip |= 1u << MP_WHEN_LAST_MICRO;
+  }
+  const step *restrict sp = x->steps;
+  const double *restrict pt = x->prog_t, *restrict pc = x->prog_c, *restrict pk = x->prog_k;
+  const uint8_t *restrict psb = x->prog_sb;
+  const mev *restrict pm = x->prog_m;
+  for (int32_t j = x->seg_step[si], e = x->seg_step[si + 1]; j < e; j++) {
+    const step *q = &sp[j];
+    if (q->op >= 0) {
+      if (!(skip >> x->ops[q->op].when & 1u)) run_one(x, &r, q->op, rep);
+      continue;
     }
-  } else {
-    const step *restrict sp = x->steps;
-    const double *restrict pt = x->prog_t, *restrict pc = x->prog_c, *restrict pk = x->prog_k;
-    const uint8_t *restrict psb = x->prog_sb;
-    const mev *restrict pm = x->prog_m;
-    for (int32_t j = x->seg_step[si], e = x->seg_step[si + 1]; j < e; j++) {
-      const step *q = &sp[j];
-      if (q->op >= 0) {
-        run_one(x, &r, q->op, rep);
-        continue;
-      }
-      double fc = r.fc, compute = r.compute;
-      if (x->sm_pending) /* collectives in flight: each kernel as run_one runs it */
-        for (int32_t i = q->t_lo; i < q->t_hi; i++) fc = psb[i] && x->sm_pending ? contended_end(x, fc, pt[i]) : fc + pt[i];
+    double fc = r.fc, compute = r.compute;
+    if (x->sm_pending) /* collectives in flight: each kernel as run_one runs it */
+      for (int32_t i = q->t_lo; i < q->t_hi; i++) fc = psb[i] && x->sm_pending ? contended_end(x, fc, pt[i]) : fc + pt[i];
+    else
+      for (int32_t i = q->t_lo; i < q->t_hi; i++) fc += pt[i];
+    for (int32_t i = q->c_lo; i < q->c_hi; i++) compute += pc[i];
+    r.fc = fc;
+    r.compute = compute;
+    if (q->k_hi > q->k_lo) {
+      double kb = x->a.comm_busy[MP_STREAM_COMPUTE];
+      for (int32_t i = q->k_lo; i < q->k_hi; i++) kb += pk[i];
+      x->a.comm_busy[MP_STREAM_COMPUTE] = kb;
+    }
+    for (int32_t i = q->m_lo; i < q->m_hi; i++) {
+      if (pm[i].delta > 0)
+        mem_raise(x, pm[i].cat, pm[i].delta, &r.level_tot);
       else
-        for (int32_t i = q->t_lo; i < q->t_hi; i++) fc += pt[i];
-      for (int32_t i = q->c_lo; i < q->c_hi; i++) compute += pc[i];
-      r.fc = fc;
-      r.compute = compute;
-      if (q->k_hi > q->k_lo) {
-        double kb = x->a.comm_busy[MP_STREAM_COMPUTE];
-        for (int32_t i = q->k_lo; i < q->k_hi; i++) kb += pk[i];
-        x->a.comm_busy[MP_STREAM_COMPUTE] = kb;
-      }
-      for (int32_t i = q->m_lo; i < q->m_hi; i++) {
-        if (pm[i].delta > 0)
-          mem_raise(x, pm[i].cat, pm[i].delta, &r.level_tot);
-        else
-          mem_release(x, pm[i].cat, pm[i].delta, &r.level_tot);
-      }
+        mem_release(x, pm[i].cat, pm[i].delta, &r.level_tot);
     }
   }
   MP_ASSERT(!(r.fc < x->a.free_t[MP_STREAM_COMPUTE]), "the compute stream's time never goes back");
@@ -592,12 +589,15 @@ static int32_t prog_compile(prog_buf *b, const mp_schedule *s, const cop *cops) 
     const mp_segment *g = &s->segs[si];
     b->seg_step[si] = n_steps;
     step *run = NULL;
+    /* a micro-batch segment's op that some micro-batches skip (its `when`) is a step of
+     * its own, tested in run_rep; the prologue's and the optimizer's run every op */
+    const int every = seg_is_step(g);
     for (int32_t i = g->first_op; i < g->first_op + g->n_ops; i++) {
       const cop *c = &cops[i];
       if (c->keep_end) b->keep[n_keep++] = i;
       const int mem = c->kind >= COP_ALLOC;
       const int plain =
-          !c->keep_end &&
+          !c->keep_end && (every || c->when == MP_WHEN_EVERY_MICRO) &&
           (mem || (c->stream == MP_STREAM_COMPUTE && c->n_dep == 0 &&
                    (c->kind == COP_COMPUTE || c->kind == COP_COMM)));
       if (!plain) {

@@ -39,7 +39,9 @@ enum { COP_COMPUTE = 0, COP_OPT, COP_COMM, COP_OTHER, COP_ALLOC, COP_FREE, COP_N
 /* Segment programs (run_rep's fast path). A segment's ops compile to steps: a step is
  * either one op run as in run_op (`op` >= 0), or a run of consecutive "plain" ops
  * (`op` < 0): memory events whose end time nobody reads, and dependency-free compute
- * stream ops (compute kernels or collectives) whose end time nobody reads. Such an op
+ * stream ops (compute kernels or collectives) whose end time nobody reads, in a
+ * micro-batch segment only those every micro-batch runs (MP_WHEN_EVERY_MICRO: an op some
+ * skip is a step of its own, its `when` tested as run_op tests it). Such an op
  * starts when the compute stream is free, so within a run the time chain is
  * fc = fc + d op after op, the compute and collective busy sums add their ops' durations
  * in order, and the memory events apply in order; none of the three reads another, so the
