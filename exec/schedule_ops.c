@@ -50,6 +50,9 @@
  *     (schedule_fsdp.c): all-gather of the unit's tp-local elements (this stage's) x param
  *     dtype; reduce-scatter of the same elements x reduce dtype; dp_replicate all-reduce of
  *     the unit's shard x reduce dtype. Send/recv: [T, H] bf16.
+ *   torchtitan's sequence parallelism shards dim 1 of [batch, seq, H]: a copy of the whole
+ *     [T, H] beside each TP all-gather and reduce-scatter (sp_cat), AsyncTP's fused ops their
+ *     own kernels (fused_shard_copy, fused_partials_sum).
  *   No sequence parallelism: TP's activations are replicated [T, H] (all-reduce, not
  *     reduce-scatter + all-gather). Vocab-parallel embedding: masked lookup + all-reduce
  *     forward, no communication backward. Loss: with vocab-sharded logits three TP
