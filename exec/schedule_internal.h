@@ -81,6 +81,7 @@ enum {
   BUF_CP_KV,       /* ring attention: the K, V (and dK, dV) buffers in flight */
   BUF_SCORES_GRAD, /* materialized attention: the scores' gradient in backward */
   BUF_SP_GATHER,   /* Megatron's SP: a region's input gathered again in backward */
+  BUF_SP_CAT,      /* torchtitan's SP: the collective's side of a chunk + cat copy (TEMP) */
   BUF_GRAD_ACC,    /* FSDP under a pipeline: a unit's unsharded gradients accumulated in the
                       reduce dtype until the stage's last backward */
   BUF_RT_SP_FULL,  /* the runtimes' SP: a region's [N, C] side around its boundary collective */
@@ -353,6 +354,10 @@ typedef struct mem_strategy {
                               head is done, not prefetched before it (the runtime's order) */
   uint8_t keeps_stage_output; /* a pipeline stage holds each micro-batch's output until its
                                  backward (torch.distributed.pipelining's fwd_cache) */
+  uint8_t dtensor_tp;   /* TP as torchtitan runs it: DTensor's Shard(1) redistributions of
+                           [batch, seq, H] through torch's functional collectives, each with a
+                           chunk + cat copy, and AsyncTP as torch's symmetric-memory fused ops
+                           (schedule_ops.c: sp_cat, fused_shard_copy) */
   uint8_t sp_regathers; /* SP saves a column-parallel region's input on the sequence shard and
                            all-gathers it again in backward (Megatron-LM) */
   uint8_t cp_kv_grouped; /* the ring moves grouped K, V (no repeat_kv) and keeps every step's

@@ -207,7 +207,8 @@ static void autograd_optimizer(gen *g, const mp_schedule_prep *pr, int world_red
 /* ---- the tables ------------------------------------------------------------------------ */
 
 static const mem_strategy k_torchtitan = {
-    .x_bytes = 2, .prefetch = 1, .keeps_stage_output = 1, .saved = SAVED_AUTOGRAD, .fp8_tp_codes = 1,
+    .x_bytes = 2, .prefetch = 1, .keeps_stage_output = 1, .dtensor_tp = 1, .saved = SAVED_AUTOGRAD,
+    .fp8_tp_codes = 1,
     .resident = autograd_resident, .block_fwd = mp_sched_block_fwd_tt, .block_bwd = mp_sched_block_bwd_tt,
     .head_fwd = mp_sched_head_fwd, .head_bwd = mp_sched_head_bwd, .chunk_bwd_end = autograd_chunk_bwd_end,
     .optimizer = autograd_optimizer,

@@ -50,6 +50,9 @@
  *     (schedule_fsdp.c): all-gather of the unit's tp-local elements (this stage's) x param
  *     dtype; reduce-scatter of the same elements x reduce dtype; dp_replicate all-reduce of
  *     the unit's shard x reduce dtype. Send/recv: [T, H] bf16.
+ *   torchtitan's sequence parallelism shards dim 1 of [batch, seq, H]: a copy of the whole
+ *     [T, H] beside each TP all-gather and reduce-scatter (sp_cat), AsyncTP's fused ops their
+ *     own kernels (fused_shard_copy, fused_partials_sum).
  *   No sequence parallelism: TP's activations are replicated [T, H] (all-reduce, not
  *     reduce-scatter + all-gather). Vocab-parallel embedding: masked lookup + all-reduce
  *     forward, no communication backward. Loss: with vocab-sharded logits three TP
@@ -402,45 +405,6 @@ static void tp_coll(gen *g, mp_coll c, int module) {
        act_comm_dtype(g), module);
 }
 
-/* Entering a region forward; with `f8` (f8_input) its input cast to float8 first and, under
- * SP, gathered in float8. */
-void mp_sched_tp_region_in_fwd(gen *g, int on, int module, int f8) {
-  const shapes *sh = &g->sh;
-  if (!on) return;
-  if (f8 && !te_norm_emits(g, module == MP_MOD_UP ? MP_MOD_GATE : module == MP_MOD_SHARED_UP ? MP_MOD_SHARED_GATE : module)) {
-    amax_tp(g, module);
-    cast(g, module, sh->tokens_sp * sh->d_model, MP_VAR_FWD);
-  }
-  if (!sh->sp) return;
-  if (f8)
-    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->tokens * sh->d_model),
-         MP_DTYPE_FP8_E4M3, module);
-  else
-    tp_coll(g, MP_COLL_ALL_GATHER, module);
-}
-
-void mp_sched_tp_region_out_fwd(gen *g, int on, int module) {
-  if (!on || (g->sh.sp && skipped(g, SKIP_RS))) return;
-  tp_coll(g, g->sh.sp ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, module);
-}
-
-void mp_sched_tp_region_out_bwd(gen *g, int on, int module) {
-  const shapes *sh = &g->sh;
-  if (!on || !sh->sp) return;
-  if (f8_grad_out(g, module)) { /* cast on the rank's shard, gathered in float8 */
-    amax_tp(g, module);
-    cast(g, module, sh->tokens_sp * sh->d_model, MP_VAR_BWD);
-    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->tokens * sh->d_model),
-         MP_DTYPE_FP8_E5M2, module);
-    return;
-  }
-  tp_coll(g, MP_COLL_ALL_GATHER, module);
-}
-
-void mp_sched_tp_region_in_bwd(gen *g, int on, int module) {
-  if (on) tp_coll(g, g->sh.sp ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, module);
-}
-
 /* AsyncTP (mp_fuse, schedule.h): the plan asks for it and the block's TP regions run SP's
  * all-gathers and reduce-scatters. torchtitan's is torch.compile's micro-pipeline pass;
  * Megatron-Core's --tp-comm-overlap pipelines the same pairs in Transformer Engine
@@ -454,6 +418,132 @@ void mp_sched_tp_region_in_bwd(gen *g, int on, int module) {
 static int async_tp(const gen *g) {
   return g->p->opts.tp_comm_fused && g->sh.sp && g->sh.tp > 1 && !g->ms->runtime;
 }
+
+/* AsyncTP's fused pairs (mp_sched_fuse_tp's patterns): the collective of the region Linear
+ * `module` opens or closes runs inside a fused pair (under torchtitan, torch's
+ * fused_all_gather_matmul or fused_matmul_reduce_scatter). */
+static int fused_region(const gen *g, int module) {
+  const shapes *sh = &g->sh;
+  if (!async_tp(g)) return 0;
+  return (module == MP_MOD_Q && sh->tp_opens_qkv) || (module == MP_MOD_UP && sh->tp_opens_gateup) ||
+         (module == MP_MOD_O && sh->tp_closes_o) || (module == MP_MOD_DOWN && sh->tp_closes_down);
+}
+
+/* torchtitan's TP plan shards the sequence as dim 1 of the [batch, seq, H] activations
+ * (SequenceParallel, PrepareModuleInput and RowwiseParallel(output_layouts=Shard(1)),
+ * torchtitan 820504e models/llama3/parallelize_llama.py, whose comment names folding batch
+ * and sequence as the way to avoid this), while NCCL gathers and scatters along dim 0:
+ * DTensor's Shard(1) redistributions call funcol.all_gather_tensor(gather_dim=1), which
+ * follows the gather with torch.cat(torch.chunk(out, tp), dim=1), and
+ * reduce_scatter_tensor(scatter_dim=1), which precedes it with
+ * torch.cat(torch.chunk(x, tp, dim=1)) (torch/distributed/_functional_collectives.py). A cat
+ * whose inputs are views of an extern kernel's output (the collective's, a GEMM's) stays a
+ * copy kernel of its own under Inductor (ConcatKernel copies what it cannot realize in
+ * place), at any batch size (torchtitan PR 437 measured the two cats of an MLP at batch 1):
+ * the whole [T, H] tensor read and written at its element size `e`. The one a pointwise op
+ * produces, the sum of a compiled block's input-gradient GEMMs before the backward
+ * reduce-scatter, is written in the concatenated order by that sum (no copy); the head runs
+ * eagerly in torchtitan (only the blocks are compiled), so its cat is a copy. AsyncTP's
+ * fused ops take the chunk + cat pattern in (micro_pipeline_tp.py's NonZeroDimAllGather and
+ * NonZeroDimReduceScatter) and gather sequence-major, returning the gathered tensor as a
+ * movedim view of it (symm_mem's _fused_all_gather_matmul_impl, unflatten); a bf16 weight
+ * gradient's reshape of that view to [batch x seq, H] copies it where the batch is above 1
+ * (sp_cat_wgrad; float8's transposed copy for the weight gradient absorbs it). */
+static void sp_cat(gen *g, int module, double e, mp_variant v) {
+  const shapes *sh = &g->sh;
+  if (!g->ms->dtensor_tp || !sh->sp) return;
+  const int64_t n = sh->tokens * sh->d_model;
+  /* the copy's source and destination live at once: one [T, H] beside what the region holds */
+  pair(g, MP_MEM_TEMP, BUF_SP_CAT, (int64_t)e * n, 1);
+  compute(g, MP_KERNEL_COPY, v, module, n, 0, 0, 1, 0.0, 2.0 * e * (double)n, MP_DTYPE_BF16);
+  pair(g, MP_MEM_TEMP, BUF_SP_CAT, (int64_t)e * n, 0);
+}
+
+/* The copy of a fused all-gather's sequence-major output for a bf16 weight gradient (sp_cat):
+ * with more than one sequence in the micro-batch, and not where float8's transposed copy
+ * (f8: the gathered operand is float8) serves the weight gradient. */
+static void sp_cat_wgrad(gen *g, int module, int f8) {
+  const shapes *sh = &g->sh;
+  if (f8 || !fused_region(g, module) || sh->tokens * sh->cp / sh->seq <= 1) return;
+  sp_cat(g, module, act_comm_bytes(g), MP_VAR_BWD);
+}
+
+/* AsyncTP's fused ops run kernels of their own on the compute stream beside the GEMM chunks
+ * (torch/distributed/_symmetric_memory/__init__.py): fused_all_gather_matmul first copies
+ * the rank's shard into its symmetric buffer, before the first chunk, so that the peers'
+ * copies can start (_pipelined_all_gather_and_consume's "mv"): [T/tp, H] read and written
+ * at the element size e; fused_matmul_reduce_scatter's chunks leave every rank's partial
+ * sums of its tokens in stacked_partials, which one reduction kernel adds after the last
+ * chunk (reduce_fn over the tp partials): [T, H] read, [T/tp, H] written. NCCL's
+ * reduce-scatter adds inside the collective, so an unfused region has neither. */
+static void fused_shard_copy(gen *g, int module, double e, mp_variant v) {
+  if (!g->ms->dtensor_tp || !fused_region(g, module)) return;
+  const int64_t n = g->sh.tokens_sp * g->sh.d_model;
+  compute(g, MP_KERNEL_COPY, v, module, n, 0, 0, 1, 0.0, 2.0 * e * (double)n, MP_DTYPE_BF16);
+}
+
+static void fused_partials_sum(gen *g, int module) {
+  const shapes *sh = &g->sh;
+  if (!g->ms->dtensor_tp || !fused_region(g, module)) return;
+  const int64_t n = sh->tokens * sh->d_model, out = sh->tokens_sp * sh->d_model;
+  compute(g, MP_KERNEL_RESIDUAL, MP_VAR_FWD, module, n, 0, 0, 1, (double)n,
+          act_comm_bytes(g) * (double)(n + out), MP_DTYPE_BF16);
+}
+
+/* Entering a region forward; with `f8` (f8_input) its input cast to float8 first and, under
+ * SP, gathered in float8. */
+void mp_sched_tp_region_in_fwd(gen *g, int on, int module, int f8) {
+  const shapes *sh = &g->sh;
+  if (!on) return;
+  if (f8 && !te_norm_emits(g, module == MP_MOD_UP ? MP_MOD_GATE : module == MP_MOD_SHARED_UP ? MP_MOD_SHARED_GATE : module)) {
+    amax_tp(g, module);
+    cast(g, module, sh->tokens_sp * sh->d_model, MP_VAR_FWD);
+  }
+  if (!sh->sp) return;
+  fused_shard_copy(g, module, f8 ? 1.0 : act_comm_bytes(g), MP_VAR_FWD);
+  if (f8)
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->tokens * sh->d_model),
+         MP_DTYPE_FP8_E4M3, module);
+  else
+    tp_coll(g, MP_COLL_ALL_GATHER, module);
+  if (!fused_region(g, module)) sp_cat(g, module, f8 ? 1.0 : act_comm_bytes(g), MP_VAR_FWD);
+}
+
+void mp_sched_tp_region_out_fwd(gen *g, int on, int module) {
+  if (!on || (g->sh.sp && skipped(g, SKIP_RS))) return;
+  if (!fused_region(g, module)) sp_cat(g, module, act_comm_bytes(g), MP_VAR_FWD);
+  tp_coll(g, g->sh.sp ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, module);
+  fused_partials_sum(g, module);
+}
+
+void mp_sched_tp_region_out_bwd(gen *g, int on, int module) {
+  const shapes *sh = &g->sh;
+  if (!on || !sh->sp) return;
+  if (f8_grad_out(g, module)) { /* cast on the rank's shard, gathered in float8 */
+    amax_tp(g, module);
+    cast(g, module, sh->tokens_sp * sh->d_model, MP_VAR_BWD);
+    fused_shard_copy(g, module, 1.0, MP_VAR_BWD);
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->tokens * sh->d_model),
+         MP_DTYPE_FP8_E5M2, module);
+    if (!fused_region(g, module)) sp_cat(g, module, 1.0, MP_VAR_BWD);
+    return;
+  }
+  fused_shard_copy(g, module, act_comm_bytes(g), MP_VAR_BWD);
+  tp_coll(g, MP_COLL_ALL_GATHER, module);
+  if (fused_region(g, module)) sp_cat_wgrad(g, module, 0);
+  else sp_cat(g, module, act_comm_bytes(g), MP_VAR_BWD);
+}
+
+void mp_sched_tp_region_in_bwd(gen *g, int on, int module) {
+  if (!on) return;
+  /* the region's gathered input, for its weight gradients (sp_cat_wgrad); the head's
+   * input-gradient cat (eager: sp_cat) */
+  sp_cat_wgrad(g, module, mp_sched_f8_input(g, module));
+  if (module == MP_MOD_OUTPUT || module == MP_MOD_TOK_EMBEDDINGS)
+    sp_cat(g, module, act_comm_bytes(g), MP_VAR_BWD);
+  tp_coll(g, g->sh.sp ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, module);
+}
+
 
 /* Marks the TP collective of `kind` (all-gather or reduce-scatter) emitted since op `from`
  * and the GEMMs of variant v emitted since then as one fused pair. The patterns torch's
