@@ -202,6 +202,22 @@ static mp_status fp8_param_gather(mp_ctx *ctx, const mp_cmd_spec *spec, const st
   return MP_OK;
 }
 
+mp_status mp_cmd_fp8_all_gather(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                                mp_plan_options *o) {
+  if (!mp_args_has(spec, "--fp8-all-gather")) return MP_OK;
+  if (prof && prof->mem_model != MP_MEM_MODEL_TORCHTITAN)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--fp8-all-gather is torchtitan's enable_fsdp_float8_all_gather (FSDP2 with torchao's "
+                    "float8); stack %s does not run it: use a torchtitan stack or drop it (Megatron-Core's "
+                    "is --fp8-param-gather)", prof->name);
+  const char *fp8 = mp_args_get(spec, "--fp8");
+  if (fp8 == NULL || strcmp(fp8, "off") == 0)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--fp8-all-gather gathers the float8 Linears' weights as float8 casts and needs them: add --fp8");
+  o->fp8_opts.all_gather = 1;
+  return MP_OK;
+}
+
 mp_status mp_cmd_megatron_weights(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                                   mp_plan_options *o) {
   MP_CHECK(fp8_param_gather(ctx, spec, prof, o));

@@ -47,6 +47,7 @@ static mp_opt k_opts[] = {
     MP_OPT_CP_ROTATE,
     MP_OPT_MEGATRON_FSDP,
     MP_OPT_FP8_PARAM_GATHER,
+    MP_OPT_FP8_ALL_GATHER,
     MP_OPT_ASYNC_TP,
     MP_OPT_MOE_DISPATCHER,
     MP_OPT_OVERLAP_MOE_COMM,
@@ -123,6 +124,7 @@ static mp_status parse_options(mp_ctx *ctx, mp_model *m, mp_mesh *mesh, mp_plan_
   mp_stack_plan_options(&e->prof, &e->cluster.gpu, o);
   MP_CHECK(mp_cmd_cp_rotate(ctx, &k_spec, &e->prof, o));
   MP_CHECK(mp_cmd_megatron_weights(ctx, &k_spec, &e->prof, o));
+  MP_CHECK(mp_cmd_fp8_all_gather(ctx, &k_spec, &e->prof, o));
   MP_CHECK(mp_cmd_async_tp(ctx, &k_spec, &e->prof, o));
   MP_CHECK(mp_cmd_moe_comm(ctx, &k_spec, &e->prof, o));
   MP_CHECK(mp_cmd_ce_fusion(ctx, &k_spec, &e->prof, o));

@@ -42,6 +42,7 @@ static mp_opt k_opts[] = {
     MP_OPT_CP_ROTATE,
     MP_OPT_MEGATRON_FSDP,
     MP_OPT_FP8_PARAM_GATHER,
+    MP_OPT_FP8_ALL_GATHER,
     MP_OPT_ASYNC_TP,
     MP_OPT_MOE_DISPATCHER,
     MP_OPT_OVERLAP_MOE_COMM,
@@ -219,6 +220,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   if (o->moe_fp8_dispatch) cJSON_AddBoolToObject(j, "moe_fp8_dispatch", 1);
   if (o->fp8_act_cache) cJSON_AddBoolToObject(j, "fp8_act_cache", 1);
   if (o->fp8 && o->fp8_opts.param_gather) cJSON_AddBoolToObject(j, "fp8_param_gather", 1);
+  if (o->fp8 && o->fp8_opts.all_gather) cJSON_AddBoolToObject(j, "fp8_all_gather", 1);
   if (o->moment_dtype != MP_DTYPE_FP32) cJSON_AddStringToObject(j, "optimizer_moments", mp_dtype_name(o->moment_dtype));
   if (mp_plan_megatron_fsdp(o, mesh)) {
     cJSON_AddStringToObject(j, "data_parallel_sharding_strategy", mp_mfsdp_strategy_name(o->mfsdp_strategy));
@@ -369,6 +371,7 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
   MP_CHECK(mp_cmd_moe_routing(ctx, &k_spec, &j->o.moe_routing));
   MP_CHECK(mp_cmd_storage(ctx, &k_spec, &j->o));
   MP_CHECK(mp_cmd_megatron_weights(ctx, &k_spec, &j->prof, &j->o));
+  MP_CHECK(mp_cmd_fp8_all_gather(ctx, &k_spec, &j->prof, &j->o));
   memset(&j->cfg, 0, sizeof j->cfg);
   j->cfg.cluster = &j->c;
   j->cfg.stack = &j->prof;

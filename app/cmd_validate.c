@@ -37,7 +37,8 @@
  * moe_act; empty or absent: none), fp8_act_cache (1: DeepSeek-V3's float8 activation cache;
  * empty or absent: off), optimizer_moments (fp32 or bf16: AdamW's moments; empty or absent:
  * fp32), fp8_param_gather (1: Megatron-Core's --fp8-param-gather, the float8 Linears' weights
- * kept and gathered in float8; empty or absent: off), mfsdp_strategy and fsdp_double_buffer
+ * kept and gathered in float8; empty or absent: off), fp8_all_gather (1: torchtitan's
+ * enable_fsdp_float8_all_gather; empty or absent: off), mfsdp_strategy and fsdp_double_buffer
  * (a megatron row with dp_shard > 1 runs Megatron
  * FSDP: its --data-parallel-sharding-strategy, empty or absent optim_grads_params, and 1 for its
  * --fsdp-double-buffer, empty or absent off), fsdp_reduce_dtype (fp32 or bf16: the dtype FSDP
@@ -180,6 +181,10 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_param_gather 1 is Megatron-Core's --fp8-param-gather, which "
                     "needs fp8 1 on a megatron stack: empty the column", where);
   o->fp8_opts.param_gather = v->fp8_param_gather == 1;
+  if (v->fp8_all_gather == 1 && (o->mem_model != MP_MEM_MODEL_TORCHTITAN || !v->fp8))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_all_gather 1 is torchtitan's enable_fsdp_float8_all_gather, "
+                    "which needs fp8 1 on a torchtitan stack: empty the column", where);
+  o->fp8_opts.all_gather = v->fp8_all_gather == 1;
   if (v->fsdp_reduce_dtype[0] && !mp_cmd_fp32_bf16_parse(v->fsdp_reduce_dtype, &o->fsdp.reduce_dtype))
     return mp_error(ctx, MP_ERR_INVALID, "%s: fsdp_reduce_dtype '%s': expected fp32 or bf16", where,
                     v->fsdp_reduce_dtype);

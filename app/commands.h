@@ -94,6 +94,14 @@ int mp_cmd_fp32_bf16_parse(const char *name, mp_dtype *out);
  * --data-parallel-sharding-strategy S and --fsdp-double-buffer into o->mfsdp_strategy and
  * o->fsdp_double_buffer, and --fp8-param-gather (with --fp8) into o->fp8_opts.param_gather.
  * MP_ERR_USAGE naming the choices otherwise. */
+/* --fp8-all-gather (with --fp8 on a torchtitan stack) into o->fp8_opts.all_gather: torchtitan's
+ * enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp, FSDP2 gathering
+ * each float8 Linear's weight as torchao's tensorwise float8 cast of its shard
+ * (torchao/float8/fsdp_utils.py, WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather); the
+ * recipe and the tp = 1 rule are the Float8 pass's (exec/pass_float8.c). */
+mp_status mp_cmd_fp8_all_gather(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                                mp_plan_options *o);
+
 mp_status mp_cmd_megatron_weights(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                                   mp_plan_options *o);
 /* What plan's header names beside the stack where it is not torchtitan's default, in words

@@ -26,6 +26,7 @@ static const char *const k_mapped[] = {
     "parallelism.pipeline_parallel_microbatch_size", "parallelism.context_parallel_rotate_method",
     "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option", "compile.enable",
     "compile.components", "quantize.linear.float8.recipe_name", "quantize.linear.mx.recipe_name",
+    "quantize.linear.float8.enable_fsdp_float8_all_gather",
 };
 
 /* Keys that change cost, read only at the one value meshplan prices (torchtitan's default,
@@ -43,7 +44,6 @@ static const struct {
     {"parallelism.pipeline_parallel_last_stage_less_layers", "1", "meshplan splits the layers its own way"},
     {"parallelism.pipeline_parallel_schedule_csv", "", "meshplan prices the named schedules only"},
     {"parallelism.expert_tensor_parallel_degree", "1", "meshplan prices experts whole on a rank"},
-    {"quantize.linear.float8.enable_fsdp_float8_all_gather", "false", "meshplan does not price float8 all-gather here"},
     {"quantize.linear.float8.emulate", "false", "emulated float8 runs at another speed"},
     {"quantize.linear.float8.filter_fqns", "output", "meshplan keeps exactly the output Linear in bf16"},
     {"quantize.linear.mx.filter_fqns", "output", "meshplan keeps exactly the output Linear in bf16"},
@@ -169,6 +169,7 @@ static mp_status read_model(mp_ctx *ctx, const mp_toml *t, const char *origin, m
       return mp_error(ctx, MP_ERR_USAGE, "%s: quantize.linear.float8.recipe_name = \"%s\": meshplan prices "
                       "tensorwise and rowwise", origin, recipe);
     snprintf(p->fp8, sizeof p->fp8, "%s", recipe);
+    MP_CHECK(get_bool(ctx, t, origin, "quantize.linear.float8.enable_fsdp_float8_all_gather", 0, &p->fp8_all_gather));
   } else if (c) {
     MP_CHECK(get_str(ctx, t, origin, "quantize.linear.mx.recipe_name", "mxfp8_cublas", &recipe));
     if (strcmp(recipe, "mxfp8_cublas") != 0 && strcmp(recipe, "mxfp8") != 0)

@@ -129,6 +129,12 @@
     "stack, the distributed optimizer or Megatron FSDP): the float8 Linears' weights kept in "      \
     "float8 (1 byte at rest, in the parameter all-gather; no per-step weight cast), refreshed from " \
     "the fp32 masters after each step; delayed, tensorwise or blockwise", NULL }
+/* simulate, explain and plan: torchtitan's float8 FSDP all-gather (mp_cmd_fp8_all_gather) */
+#define MP_OPT_FP8_ALL_GATHER                                                                      \
+  { "--fp8-all-gather", NULL, "torchtitan's enable_fsdp_float8_all_gather (with --fp8 tensorwise "  \
+    "on a torchtitan stack, tp 1): FSDP gathers each float8 Linear's weight as the float8 cast of " \
+    "its shard, 1 byte an element, with the scales precomputed once a step; no cast after the "    \
+    "gather", NULL }
 /* simulate, explain and plan: torchtitan's AsyncTP (mp_cmd_async_tp) */
 #define MP_OPT_ASYNC_TP                                                                            \
   { "--async-tp", NULL, "torchtitan's AsyncTP (with tp > 1 and SP): the all-gathers into and the " \

@@ -232,6 +232,7 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_str(r, "mfsdp_strategy", row->mfsdp_strategy, sizeof row->mfsdp_strategy));
   MP_CHECK(opt_flag(r, "fsdp_double_buffer", &row->fsdp_double_buffer));
   MP_CHECK(opt_flag(r, "fp8_param_gather", &row->fp8_param_gather));
+  MP_CHECK(opt_flag(r, "fp8_all_gather", &row->fp8_all_gather));
   MP_CHECK(opt_str(r, "fsdp_reduce_dtype", row->fsdp_reduce_dtype, sizeof row->fsdp_reduce_dtype));
   MP_CHECK(read_megatron_run(r, row));
   MP_CHECK(opt_str(r, "recompute_modules", row->recompute_modules, sizeof row->recompute_modules));

@@ -151,6 +151,8 @@ TT = [  # (GPUs, simulate's flags): FSDP, TP with AsyncTP, the pipeline, CP, rep
     ("8", ("--model", "llama3.1-8b", "--mesh", "dp_shard=4,cp=2", "--seq", "16384", "--cp-rotate", "alltoall",
            "--ac", "full", "--stack", "torchtitan-eager")),
     ("16", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=2,dp_shard=8", "--fp8", "rowwise", "--no-reshard")),
+    # torchtitan's float8 FSDP all-gather (enable_fsdp_float8_all_gather), read back from the TOML
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_shard=8", "--fp8", "tensorwise", "--fp8-all-gather")),
     ("16", ("--model", "llama3.1-70b", "--mesh", "dp_shard=4,pp=4", "--pp-schedule", "1f1b", "--ac", "full")),
     ("8", ("--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=4", "--ac", "full")),
     # the expert grid: EP over whole tp (and cp) groups and part of dp_shard, torchtitan's
@@ -250,6 +252,15 @@ check(ext.get("cuda_graphs") == "layers" and ext["step_time_s"] == layers["step_
 p = run("simulate", "--gpus", "8", "--from-args", " ".join(body(text).split()) + " --enable-cuda-graph --external-cuda-graph",
         want_rc=2)
 check("refuses both at once" in p.stderr, "both graph flags read: " + p.stderr)
+
+# --fp8-all-gather written as torchtitan's two float8 FSDP keys; the gathered float8 weight
+# needs no cast after the gather and moves half the bytes, so the step is shorter
+base = ("--model", "llama3.1-8b", "--mesh", "dp_shard=8", "--fp8", "tensorwise")
+pred, text = emitted("torchtitan", "--gpus", "8", *base, "--fp8-all-gather")
+check("enable_fsdp_float8_all_gather = true\nprecompute_float8_dynamic_scale_for_fsdp = true\n" in text and
+      (pred or {}).get("fp8_all_gather") is True, "--fp8-all-gather not written: " + text)
+plain = json.loads(run("simulate", "--gpus", "8", *base, "--json").stdout)
+check(pred is not None and pred["step_time_s"] < plain["step_time_s"], "float8 all-gather does not shorten the step")
 
 # --fp8-param-gather written as Megatron-LM's flag, and refused without float8 when read
 _, text = emitted("megatron", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack",
