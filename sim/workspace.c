@@ -24,6 +24,7 @@ void mp_sim_workspace_destroy(mp_sim_workspace *ws) {
   free(ws->prog.t);
   free(ws->prog.c);
   free(ws->prog.k);
+  free(ws->prog.sb);
   free(ws->prog.m);
   mp_arena_destroy(ws->arena);
   free(ws->stage_buf);
