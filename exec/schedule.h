@@ -240,7 +240,13 @@ static inline double mp_gemm_bytes(double m, double n, double k, double batch, i
 typedef enum mp_fuse {
   MP_FUSE_NONE = 0,
   MP_FUSE_GATHER,  /* all-gather -> matmul */
-  MP_FUSE_SCATTER  /* matmul -> reduce-scatter */
+  MP_FUSE_SCATTER, /* matmul -> reduce-scatter */
+  MP_FUSE_BULK     /* Transformer Engine's "bulk" overlap (Megatron-Core's --tp-comm-overlap):
+                      in a column-parallel region's backward under SP, the all-gather of
+                      the saved input beside the region's input-gradient GEMMs after it, the
+                      reduce-scatter of the input gradient beside its weight-gradient GEMMs
+                      before it, each collective a userbuffers kernel on its own stream that
+                      the compute stream waits for when those GEMMs end */
 } mp_fuse;
 
 typedef struct mp_segment {

@@ -337,6 +337,7 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
     }
     mp_sched_mg_regather_wait(g, ag, first);
     mp_sched_tp_region_in_bwd(g, sh->tp_opens_gateup, MP_MOD_UP);
+    if (sh->tp_opens_gateup) mp_sched_bulk_tp(g, first, MP_MOD_UP);
   } else {
     const int64_t Tk = sh->moe_tokens * sh->top_k, Tr = sh->router_tokens;
     /* the runtimes' SP: the residual gradient all-gathered once for the shared expert and
@@ -408,6 +409,7 @@ void mp_sched_attention_bwd(gen *g, const part_deps *pd) {
   }
   mp_sched_mg_regather_wait(g, ag, first);
   mp_sched_tp_region_in_bwd(g, sh->tp_opens_qkv, MP_MOD_Q);
+  if (sh->tp_opens_qkv) mp_sched_bulk_tp(g, first, MP_MOD_Q);
   mp_sched_norm_bwd(g, MP_MOD_ATTN_NORM, sh->tokens_sp, H);
   residual_bwd(g, sh->tokens_sp * H);
 }

@@ -594,6 +594,7 @@ void mp_sched_ep_alltoall(gen *g, int module, int to_experts);
 /* Megatron-LM's SP re-gather of a region's input in backward (-1: none), and its wait. */
 int32_t mp_sched_mg_regather(gen *g, int on, int module);
 void mp_sched_mg_regather_wait(gen *g, int32_t gather, int32_t first_op);
+void mp_sched_bulk_tp(gen *g, int32_t from, int module);
 void mp_sched_norm_fwd(gen *g, int module, int64_t rows, int64_t width);
 void mp_sched_norm_bwd(gen *g, int module, int64_t rows, int64_t width);
 void mp_sched_residual(gen *g, mp_variant v, int64_t elems);

@@ -410,11 +410,9 @@ static void tp_coll(gen *g, mp_coll c, int module) {
  * Megatron-Core's --tp-comm-overlap pipelines the same pairs in Transformer Engine
  * (userbuffers: ring-exchange all-gather into the qkv and fc1 GEMMs, pipelined
  * reduce-scatter out of proj and fc2, the output-gradient all-gather into proj's and fc2's
- * input-gradient GEMMs; transformer_engine/pytorch/module/base.py, initialize_ub). TE's
- * "bulk" overlaps in backward (the input-gradient reduce-scatter beside the weight-gradient
- * GEMM, the input's re-gather beside the input-gradient GEMM, which mg_regather runs on the
- * gather stream) are not priced as fused. The meshplan runtimes have no such fusion; the
- * plan refuses tp_comm_fused under their memory models. */
+ * input-gradient GEMMs; transformer_engine/pytorch/module/base.py, initialize_ub), and
+ * runs the "bulk" overlaps of the qkv and fc1 regions' backward (bulk_tp). The meshplan
+ * runtimes have no such fusion; the plan refuses tp_comm_fused under their memory models. */
 static int async_tp(const gen *g) {
   return g->p->opts.tp_comm_fused && g->sh.sp && g->sh.tp > 1 && !g->ms->runtime;
 }
@@ -544,6 +542,22 @@ void mp_sched_tp_region_in_bwd(gen *g, int on, int module) {
   tp_coll(g, g->sh.sp ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, module);
 }
 
+/* Transformer Engine's "bulk" overlaps under Megatron-Core's --tp-comm-overlap (the megatron
+ * memory model, whose SP re-gathers the saved input): initialize_ub's default config runs
+ * qkv_dgrad, qkv_wgrad, fc1_dgrad and fc1_wgrad by the "bulk" method (num_sm 16, cga_size 2,
+ * set_sm_margin; transformer_engine/pytorch/module/base.py v2.2 to v2.8), and Megatron-Core
+ * turns ub_bulk_dgrad and ub_bulk_wgrad on for TELayerNormColumnParallelLinear
+ * (tp_comm_bulk_dgrad, tp_comm_bulk_wgrad default True; megatron/core/extensions/
+ * transformer_engine.py core_v0.14.0). _LayerNormLinear.backward (layernorm_linear.py, and
+ * layernorm_mlp.py's fc1 alike) then all-gathers the saved norm output beside the
+ * input-gradient GEMM and reduce-scatters the input gradient beside the weight-gradient
+ * GEMM; CommOverlapBase::bulk_overlap (common/comm_gemm_overlap/comm_gemm_overlap.cpp)
+ * launches the collective on its communication stream, the GEMM on the SMs the collective
+ * leaves (_math_sms), and makes the main stream wait for both. The q, k, v (gate, up) region
+ * that opens with Megatron's linear_qkv (linear_fc1) is that Linear. */
+static int bulk_tp(const gen *g, int module) {
+  return async_tp(g) && g->ms->sp_regathers && (module == MP_MOD_Q || module == MP_MOD_UP);
+}
 
 /* Marks the TP collective of `kind` (all-gather or reduce-scatter) emitted since op `from`
  * and the GEMMs of variant v emitted since then as one fused pair. The patterns torch's
@@ -604,11 +618,36 @@ int32_t mp_sched_mg_regather(gen *g, int on, int module) {
   /* Transformer Engine saves and re-gathers a float8 Linear's input in float8 */
   const int f8 = sh->fp8_te && sh->fp8[module];
   pair(g, MP_MEM_TEMP, BUF_SP_GATHER, (f8 ? 1 : 2) * sh->tokens * sh->d_model, 1);
-  const int32_t i = comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_GATHER,
+  /* a bulk overlap's (bulk_tp): on the compute stream, which waits for it where the
+   * input-gradient GEMMs beside it end (sim/cost.c prices the pair; mp_sched_bulk_tp) */
+  const int bulk = bulk_tp(g, module);
+  const int32_t i = comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, bulk ? MP_STREAM_COMPUTE : MP_STREAM_GATHER,
                          (f8 ? 1.0 : 2.0) * (double)(sh->tokens * sh->d_model),
                          f8 ? MP_DTYPE_FP8_E4M3 : MP_DTYPE_BF16, module);
-  add_dep(g, i, g->last_compute, 0);
+  if (!bulk) add_dep(g, i, g->last_compute, 0);
   return i;
+}
+
+/* Marks a qkv or fc1 region's bulk overlaps (bulk_tp): the re-gather emitted since op
+ * `from` (mp_sched_mg_regather) with the region's input-gradient GEMMs after it, and the
+ * input gradient's reduce-scatter (mp_sched_tp_region_in_bwd, last) with the region's
+ * weight-gradient GEMMs before it; the simulator runs each collective beside its GEMMs on
+ * the SMs the stack's userbuffers leave (sim/cost.c, price_bulk). */
+void mp_sched_bulk_tp(gen *g, int32_t from, int module) {
+  if (!bulk_tp(g, module)) return;
+  int32_t ag = -1, rs = -1;
+  for (int32_t i = from; i < g->n_ops; i++) {
+    const mp_op *op = &g->ops[i];
+    if (op->type != MP_OP_COMM || op->group != MP_GROUP_TP || op->stream != MP_STREAM_COMPUTE) continue;
+    if (op->coll == MP_COLL_ALL_GATHER && ag < 0) ag = i;
+    if (op->coll == MP_COLL_REDUCE_SCATTER) rs = i;
+  }
+  if (ag < 0 || rs < 0) return;
+  g->ops[ag].fused = g->ops[rs].fused = MP_FUSE_BULK;
+  for (int32_t i = ag + 1; i < rs; i++) {
+    mp_op *op = &g->ops[i];
+    if (op->type == MP_OP_COMPUTE && op->kernel == MP_KERNEL_GEMM) op->fused = MP_FUSE_BULK;
+  }
 }
 
 void mp_sched_mg_regather_wait(gen *g, int32_t gather, int32_t first_op) {

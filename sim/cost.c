@@ -437,7 +437,7 @@ static void price_fused(const mp_schedule *s, int tp, const op_costs *k, const o
   const mp_cuda_graphs graphs = s->plan->opts.cuda_graphs;
   for (int32_t i = 0; i < s->n_ops; i++) {
     const mp_op *op = &s->ops[i];
-    if (op->type != MP_OP_COMM || op->fused == MP_FUSE_NONE) continue;
+    if (op->type != MP_OP_COMM || op->fused == MP_FUSE_NONE || op->fused == MP_FUSE_BULK) continue;
     const int step = op->fused == MP_FUSE_GATHER ? 1 : -1;
     double g = 0.0;
     for (int32_t j = i + step; j >= 0 && j < s->n_ops; j += step) {
@@ -449,6 +449,33 @@ static void price_fused(const mp_schedule *s, int tp, const op_costs *k, const o
       g += dur[j];
     }
     const double left = dur[i] - g * (tp - 1) / tp;
+    dur[i] = cops[i].dur = left > 0.0 ? left : 0.0;
+  }
+}
+
+/* Transformer Engine's bulk overlaps (MP_FUSE_BULK, exec/schedule.h): the all-gather runs
+ * beside the input-gradient GEMMs after it, the reduce-scatter beside the weight-gradient
+ * GEMMs before it (up to the pair's other collective), each GEMM whole on the SMs the
+ * userbuffers kernel leaves (set_sm_margin: `slow`, the stack's ub_sms) and the compute
+ * stream waiting for the collective where they end (CommOverlapBase::bulk_overlap): a pair
+ * takes max(G slow, C) for GEMMs G and the collective's own time C, of which the
+ * collective's op keeps max(0, C - G slow). */
+static void price_bulk(const mp_schedule *s, double slow, cop *cops, double *dur) {
+  for (int32_t i = 0; i < s->n_ops; i++) {
+    const mp_op *op = &s->ops[i];
+    if (op->type != MP_OP_COMM || op->fused != MP_FUSE_BULK) continue;
+    const int gather = op->coll == MP_COLL_ALL_GATHER, step = gather ? 1 : -1;
+    const mp_variant v = gather ? MP_VAR_DGRAD : MP_VAR_WGRAD;
+    double g = 0.0;
+    for (int32_t j = i + step; j >= 0 && j < s->n_ops; j += step) {
+      const mp_op *x = &s->ops[j];
+      if (x->type == MP_OP_COMM && x->stream == MP_STREAM_COMPUTE && x->coll != MP_COLL_ALL_REDUCE) break;
+      if (x->type != MP_OP_COMPUTE || x->fused != MP_FUSE_BULK || x->variant != v || x->layer != op->layer)
+        continue;
+      dur[j] = cops[j].dur = dur[j] * slow;
+      g += dur[j];
+    }
+    const double left = dur[i] - g;
     dur[i] = cops[i].dur = left > 0.0 ? left : 0.0;
   }
 }
@@ -543,11 +570,12 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
     c->dur = d;
     op_sms(op, c, &ls, prof, &kc);
   }
-  if (s->plan->opts.tp_comm_fused && mesh->size[MP_DIM_TP] > 1)
-    price_fused(s, mesh->size[MP_DIM_TP], &kc, &kg,
-                prof->ub_sms > 0 && cl->gpu.sms > prof->ub_sms ? (double)cl->gpu.sms / (double)(cl->gpu.sms - prof->ub_sms)
-                                                               : 1.0,
-                cops, dur);
+  if (s->plan->opts.tp_comm_fused && mesh->size[MP_DIM_TP] > 1) {
+    const double ub_slow =
+        prof->ub_sms > 0 && cl->gpu.sms > prof->ub_sms ? (double)cl->gpu.sms / (double)(cl->gpu.sms - prof->ub_sms) : 1.0;
+    price_fused(s, mesh->size[MP_DIM_TP], &kc, &kg, ub_slow, cops, dur);
+    price_bulk(s, ub_slow, cops, dur);
+  }
   if (mp_moe_host_sync(&s->plan->model, &s->plan->opts)) price_host_issue(s, &kc, host_launch_s(prof), cops, dur);
   /* a malformed forward dependency still reads a kept end */
   if (fwd_dep)

@@ -110,9 +110,10 @@ typedef struct mp_stack_profile {
   int nccl_max_ctas;    /* JSON "nccl_max_ctas", optional (0, the default: unset): NCCL_MAX_CTAS
                            (ncclConfig_t maxCTAs), at most so many channels a communicator */
   int ub_sms;           /* JSON "ub_sms", optional (default 0: none), with tp_comm_overlap
-                           only: the SMs Transformer Engine's userbuffers reduce-scatter
-                           kernel holds beside the GEMM it overlaps, which runs on the rest
-                           (sim/cost.c, price_fused) */
+                           only: the SMs Transformer Engine's userbuffers kernels hold
+                           beside the GEMMs they overlap (the pipelined reduce-scatter, the
+                           bulk all-gather and reduce-scatter), which run on the rest
+                           (sim/cost.c, price_fused, price_bulk) */
   int dist_opt;         /* JSON "distributed_optimizer", optional (default false): the
                            megatron memory model's optimizer state sharded over data
                            parallelism (mp_plan_options.ddp.shard_optimizer) */

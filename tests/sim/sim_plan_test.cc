@@ -756,10 +756,12 @@ TEST(PlanMemory, TorchtitanLossParallelHoldsFourFp32Shards) {
 // float8 TP the 4-byte amax all-reduces of the weights' casts sit between a region's
 // all-gather and q, k, v (gate, up): they scale the fused GEMMs' operands and run before
 // the fused op, so the pair still takes all three (two) GEMMs, and they keep their time.
+// Megatron-Core's --tp-comm-overlap (the megatron memory model) fuses the same pairs and runs
+// Transformer Engine's bulk overlaps in the q, k, v and gate, up regions' backward (with the
+// userbuffers' 16 SMs of the H100's 132): the re-gather of the region's input beside its
+// input-gradient GEMMs, the input gradient's reduce-scatter beside its weight-gradient GEMMs,
+// each GEMM 132/116 of its time and the collective keeping max(0, C - G).
 TEST(PlanTime, AsyncTpRunsTpCollectivesBesideTheirGemms) {
-  // torchtitan's AsyncTP and Megatron-Core's --tp-comm-overlap (the megatron memory model)
-  // fuse the same pairs; Megatron's backward re-gather of a column-parallel region's input
-  // runs on the gather stream beside the input-gradient GEMMs, fused with none.
   struct Case {
     mp_mem_model mm;
     int fp8;
@@ -773,6 +775,9 @@ TEST(PlanTime, AsyncTpRunsTpCollectivesBesideTheirGemms) {
     s.o.fp8 = c.fp8;
     s.o.seq = 8192;
     s.o.global_batch = 1;
+    const int mg = mm == MP_MEM_MODEL_MEGATRON;
+    if (mg) s.prof.ub_sms = 16;
+    ASSERT_EQ(s.c.gpu.sms, 132);
     std::vector<double> d[2];
     std::vector<mp_op> ops;
     mp_sim_result r[2];
@@ -787,7 +792,7 @@ TEST(PlanTime, AsyncTpRunsTpCollectivesBesideTheirGemms) {
     }
     for (const mp_op &op : plain) EXPECT_EQ(op.fused, MP_FUSE_NONE);
     ASSERT_EQ(d[0].size(), d[1].size());
-    int pairs[MP_PHASE_COUNT] = {0}, unfused_rs = 0, amax = 0;
+    int pairs[MP_PHASE_COUNT] = {0}, unfused_rs = 0, amax = 0, bulk[2] = {0, 0};
     for (size_t i = 0; i < ops.size(); i++) {
       const mp_op &op = ops[i];
       if (op.layer != 5 || op.type != MP_OP_COMM || op.group != MP_GROUP_TP ||
@@ -798,6 +803,25 @@ TEST(PlanTime, AsyncTpRunsTpCollectivesBesideTheirGemms) {
         EXPECT_EQ(op.fused, MP_FUSE_NONE);
         EXPECT_DOUBLE_EQ(d[1][i], d[0][i]);
         amax++;
+        continue;
+      }
+      if (op.fused == MP_FUSE_BULK) {
+        const int ag = op.coll == MP_COLL_ALL_GATHER, step = ag ? 1 : -1;
+        double g = 0.0;
+        int gemms = 0;
+        for (long j = (long)i + step; j >= 0 && j < (long)ops.size(); j += step) {
+          if (ops[j].type == MP_OP_COMM && ops[j].stream == MP_STREAM_COMPUTE) break;
+          if (ops[j].type != MP_OP_COMPUTE || ops[j].kernel != MP_KERNEL_GEMM) continue;
+          // every GEMM of the region stretched once, by the pair of its own variant
+          EXPECT_EQ(ops[j].fused, MP_FUSE_BULK);
+          EXPECT_NEAR(d[1][j], d[0][j] * 132.0 / 116.0, 1e-12);
+          if (ops[j].variant != (ag ? MP_VAR_DGRAD : MP_VAR_WGRAD)) continue;
+          g += d[1][j];
+          gemms++;
+        }
+        EXPECT_EQ(gemms, op.module == MP_MOD_Q ? 3 : 2);
+        EXPECT_NEAR(d[1][i], std::max(0.0, d[0][i] - g), 1e-12);
+        bulk[ag]++;
         continue;
       }
       if (op.fused == MP_FUSE_NONE) {
@@ -829,7 +853,9 @@ TEST(PlanTime, AsyncTpRunsTpCollectivesBesideTheirGemms) {
     }
     EXPECT_EQ(pairs[MP_PHASE_FORWARD], 4);
     EXPECT_EQ(pairs[MP_PHASE_BACKWARD], 2);
-    EXPECT_EQ(unfused_rs, 2);
+    EXPECT_EQ(unfused_rs, mg ? 0 : 2);
+    EXPECT_EQ(bulk[0], mg ? 2 : 0);
+    EXPECT_EQ(bulk[1], mg ? 2 : 0);
     EXPECT_EQ(amax, c.fp8 ? 11 + 7 : 0);  // schedule_test's Float8TensorwiseAmax... count
     EXPECT_LT(r[1].step_time_s, r[0].step_time_s);
     EXPECT_LT(r[1].exposed_comm_s, r[0].exposed_comm_s);

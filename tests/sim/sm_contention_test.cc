@@ -2,7 +2,8 @@
 // while it runs, and the compute stream's flops-bound kernels beside it run on the SMs it
 // leaves (sim/engine.c, contended_end; sim/network.c, mp_sim_nccl_ring_channels); Transformer
 // Engine's userbuffers reduce-scatter holds its num_sm beside the GEMM it overlaps
-// (sim/cost.c, price_fused). Every figure below is worked by hand in its comment.
+// (sim/cost.c, price_fused), and so do its bulk overlaps beside whole GEMMs (price_bulk).
+// Every figure below is worked by hand in its comment.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -230,4 +231,42 @@ TEST(SmContention, UserbuffersReduceScatterTakesItsSms) {
   // us), under its 1 ms of arithmetic
   EXPECT_NEAR(plain, 8e-3, 1e-12);
   EXPECT_NEAR(ub, 8e-3 * 132.0 / 116.0, 1e-12);
+}
+
+// Transformer Engine's bulk overlaps (ub_sms 16 under tp_comm_overlap, tp=8) in a
+// column-parallel Linear's backward: the 3 ms re-gather of its input beside its 2 ms
+// input-gradient GEMM, the 1 ms reduce-scatter of the input gradient beside its 2 ms
+// weight-gradient GEMM, each GEMM whole on 132 - 16 = 116 SMs (2 x 132/116 ms) and the
+// compute stream waiting for the collective where the GEMM ends: max(264/116, 3) +
+// max(264/116, 1) = 3 + 264/116 ms. The all-gather takes only the input-gradient GEMM and
+// the reduce-scatter only the weight-gradient one (without the marks: 3 + 2 + 2 + 1 = 8 ms);
+// without ub_sms the GEMMs keep their 2 ms: 3 + 2 = 5 ms.
+TEST(SmContention, UserbuffersBulkOverlapsRunBesideWholeGemms) {
+  Forward f("tp=8");
+  f.plan.opts.tp_comm_fused = 1;
+  const auto tp = [&](mp_coll c, double t) {
+    mp_op &o = f.Add(MP_OP_COMM, MP_STREAM_COMPUTE);
+    o.coll = (uint8_t)c;
+    o.group = MP_GROUP_TP;
+    o.layer = 0;
+    o.bytes = t * 100e9 * 8.0 / 7.0;  // all-gather and reduce-scatter alike: bytes x 7/8 / bw
+  };
+  const auto gemm = [&](mp_variant v, double t) {
+    f.Gemm(t);
+    f.ops.back().variant = (uint8_t)v;
+    f.ops.back().layer = 0;
+  };
+  tp(MP_COLL_ALL_GATHER, 3e-3);
+  gemm(MP_VAR_DGRAD, 2e-3);
+  gemm(MP_VAR_WGRAD, 2e-3);
+  tp(MP_COLL_REDUCE_SCATTER, 1e-3);
+  mp_stack_profile p = Profile();
+  p.tp_comm_overlap = 1;
+  p.ub_sms = 16;
+  EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 8e-3, 1e-12);
+  for (mp_op &o : f.ops)
+    if (o.type == MP_OP_COMM || o.kernel == MP_KERNEL_GEMM) o.fused = MP_FUSE_BULK;
+  EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 3e-3 + 2e-3 * 132.0 / 116.0, 1e-12);
+  p.ub_sms = 0;
+  EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 5e-3, 1e-12);
 }
