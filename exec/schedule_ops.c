@@ -231,8 +231,9 @@ static int32_t transpose8(gen *g, int module, int64_t elems, mp_variant v) {
  * per-tensor GEMM with unit scales and multiplies the bf16 output by the row and column
  * scales afterwards (torchao/float8/float8_ops.py and config.py's ROWWISE recipe, the
  * 890e0ac8 commit torchao's H100 rowwise benchmark ran); under torch.compile that multiply
- * is a Triton kernel of its own after each GEMM (pytorch/ao issue 2184): the output read
- * and written, 4 bytes an element. */
+ * is a Triton kernel of its own after each GEMM, since Inductor runs _scaled_mm as an extern
+ * kernel and fuses no pointwise epilogue into it: the output read and written, 4 bytes an
+ * element. */
 static void rowwise_post_scale(gen *g, int module, int64_t elems) {
   if (g->sh.fp8_recipe != MP_FP8_ROWWISE || g->sh.fp8_te || g->ms->runtime) return;
   elementwise(g, MP_KERNEL_FP8_CAST, MP_VAR_BWD, module, elems, 1.0, 4.0 * (double)elems);
@@ -437,8 +438,7 @@ static int fused_region(const gen *g, int module) {
  * torch.cat(torch.chunk(x, tp, dim=1)) (torch/distributed/_functional_collectives.py). A cat
  * whose inputs are views of an extern kernel's output (the collective's, a GEMM's) stays a
  * copy kernel of its own under Inductor (ConcatKernel copies what it cannot realize in
- * place), at any batch size (torchtitan PR 437 measured the two cats of an MLP at batch 1):
- * the whole [T, H] tensor read and written at its element size `e`. The one a pointwise op
+ * place), at any batch size: the whole [T, H] tensor read and written at its element size `e`. The one a pointwise op
  * produces, the sum of a compiled block's input-gradient GEMMs before the backward
  * reduce-scatter, is written in the concatenated order by that sum (no copy); the head runs
  * eagerly in torchtitan (only the blocks are compiled), so its cat is a copy. AsyncTP's

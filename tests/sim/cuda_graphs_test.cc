@@ -81,7 +81,7 @@ struct HostCase {
   }
 };
 
-// Host issue 10 us a kernel, GEMMs of 20, 5, 5, 5 and 30 us after the synchronisation. The
+// The host takes 10 us to launch a kernel; GEMMs of 20, 5, 5, 5 and 30 us after the synchronisation. The
 // host issues them at 10, 20, 30, 40 and 50 us; the GPU runs the first 10-30, the second
 // 30-35 (issued at 20), the third 35-40, the fourth 40-45 (issued at 40), the fifth from
 // its issue at 50 to 80: 80 us where the kernels sum to 65, 15 us waiting for the host.

@@ -121,7 +121,7 @@ mp_sim_link Link(int n, int nodes, int per_node, double nic_GBps) {
 //     prints on 8-GPU H100 nodes ("24 coll channels").
 //   H800, one node: 8 links = 164.8; 60: 2 (120), 50: 3 (150), 40: 4 (160), 30: 5 (150),
 //     24: 6 (144), 20: 8 (160, not more), 15 / 40 < 0.49 stops: 4 at 40, duplicated (4 is
-//     not over 4) to 8, doubled: 16, what NVIDIA/nccl issue 892's H800 log prints.
+//     not over 4) to 8, doubled: 16, what NCCL_DEBUG=INFO prints on 8-GPU H800 nodes.
 //   A100, one node: 12 links x 20 = 240; 6 at 40 fill it; duplicated (sm80) to 12: 24.
 //   Across nodes at 50 GB/s a NIC (sm90): a ring a NIC at 48; 8 a node are not duplicated
 //     (sm90, under 50, over 4): 16; 1 a node is (2 at 24): 4; 2 a node: 8.
