@@ -184,6 +184,12 @@ mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
   return MP_OK;
 }
 
+/* Whether the command line turns float8 on (--fp8 given, and not off). */
+static int fp8_on(const mp_cmd_spec *spec) {
+  const char *fp8 = mp_args_get(spec, "--fp8");
+  return fp8 != NULL && strcmp(fp8, "off") != 0;
+}
+
 /* --fp8-param-gather: on a megatron stack with --fp8 (its distributed optimizer or Megatron
  * FSDP and the recipe are the Float8 pass's to check: exec/pass_float8.c). */
 static mp_status fp8_param_gather(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
@@ -193,8 +199,7 @@ static mp_status fp8_param_gather(mp_ctx *ctx, const mp_cmd_spec *spec, const st
     return mp_error(ctx, MP_ERR_USAGE,
                     "--fp8-param-gather keeps Megatron-Core's weights as Transformer Engine float8 tensors; "
                     "stack %s does not run it: use megatron-core or drop it", prof->name);
-  const char *fp8 = mp_args_get(spec, "--fp8");
-  if (fp8 == NULL || strcmp(fp8, "off") == 0)
+  if (!fp8_on(spec))
     return mp_error(ctx, MP_ERR_USAGE,
                     "--fp8-param-gather keeps the float8 Linears' weights in float8 and needs them: "
                     "add --fp8 (Megatron-Core: fp8_param must be used together with fp8 mode)");
@@ -210,8 +215,7 @@ mp_status mp_cmd_fp8_all_gather(mp_ctx *ctx, const mp_cmd_spec *spec, const stru
                     "--fp8-all-gather is torchtitan's enable_fsdp_float8_all_gather (FSDP2 with torchao's "
                     "float8); stack %s does not run it: use a torchtitan stack or drop it (Megatron-Core's "
                     "is --fp8-param-gather)", prof->name);
-  const char *fp8 = mp_args_get(spec, "--fp8");
-  if (fp8 == NULL || strcmp(fp8, "off") == 0)
+  if (!fp8_on(spec))
     return mp_error(ctx, MP_ERR_USAGE,
                     "--fp8-all-gather gathers the float8 Linears' weights as float8 casts and needs them: add --fp8");
   o->fp8_opts.all_gather = 1;

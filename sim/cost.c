@@ -417,6 +417,24 @@ static double chunked_gemm_s(const mp_op *op, int tp, const op_costs *k) {
   return tp * op_compute_s(&ch, k);
 }
 
+/* Past the last op of fused collective i's pair, walking `step` (1: an all-gather's GEMMs
+ * after it, -1: a reduce-scatter's before it): the next collective on the compute stream
+ * other than an all-reduce, or the schedule's end (-1 or n_ops). */
+static int32_t pair_end(const mp_schedule *s, int32_t i, int step) {
+  int32_t j = i + step;
+  for (; j >= 0 && j < s->n_ops; j += step) {
+    const mp_op *x = &s->ops[j];
+    if (x->type == MP_OP_COMM && x->stream == MP_STREAM_COMPUTE && x->coll != MP_COLL_ALL_REDUCE) break;
+  }
+  return j;
+}
+
+/* Collective i keeps the part of its time the GEMMs beside it do not hide. */
+static void keep_unhidden(cop *cops, double *dur, int32_t i, double hidden) {
+  const double left = dur[i] - hidden;
+  dur[i] = cops[i].dur = left > 0.0 ? left : 0.0;
+}
+
 /* AsyncTP's fused pairs (mp_fuse, exec/schedule.h): the GEMMs run as tp chunks, and the
  * collective's time shows only where it exceeds the chunks it runs beside. An all-gather's
  * tp - 1 copies go with chunks 1..tp-1 of the GEMMs after it (chunk 0, the rank's own
@@ -439,17 +457,15 @@ static void price_fused(const mp_schedule *s, int tp, const op_costs *k, const o
     const mp_op *op = &s->ops[i];
     if (op->type != MP_OP_COMM || op->fused == MP_FUSE_NONE || op->fused == MP_FUSE_BULK) continue;
     const int step = op->fused == MP_FUSE_GATHER ? 1 : -1;
+    const double slow = op->fused == MP_FUSE_SCATTER ? scatter_slow : 1.0;
     double g = 0.0;
-    for (int32_t j = i + step; j >= 0 && j < s->n_ops; j += step) {
+    for (int32_t j = i + step, end = pair_end(s, i, step); j != end; j += step) {
       const mp_op *x = &s->ops[j];
-      if (x->type == MP_OP_COMM && x->stream == MP_STREAM_COMPUTE && x->coll != MP_COLL_ALL_REDUCE) break;
       if (x->type != MP_OP_COMPUTE || x->fused != op->fused || x->layer != op->layer) continue;
-      const double slow = op->fused == MP_FUSE_SCATTER ? scatter_slow : 1.0;
       dur[j] = cops[j].dur = chunked_gemm_s(x, tp, op_captured(x, graphs) ? kg : k) * slow * (x->count > 1 ? x->count : 1);
       g += dur[j];
     }
-    const double left = dur[i] - g * (tp - 1) / tp;
-    dur[i] = cops[i].dur = left > 0.0 ? left : 0.0;
+    keep_unhidden(cops, dur, i, g * (tp - 1) / tp);
   }
 }
 
@@ -467,28 +483,27 @@ static void price_bulk(const mp_schedule *s, double slow, cop *cops, double *dur
     const int gather = op->coll == MP_COLL_ALL_GATHER, step = gather ? 1 : -1;
     const mp_variant v = gather ? MP_VAR_DGRAD : MP_VAR_WGRAD;
     double g = 0.0;
-    for (int32_t j = i + step; j >= 0 && j < s->n_ops; j += step) {
+    for (int32_t j = i + step, end = pair_end(s, i, step); j != end; j += step) {
       const mp_op *x = &s->ops[j];
-      if (x->type == MP_OP_COMM && x->stream == MP_STREAM_COMPUTE && x->coll != MP_COLL_ALL_REDUCE) break;
       if (x->type != MP_OP_COMPUTE || x->fused != MP_FUSE_BULK || x->variant != v || x->layer != op->layer)
         continue;
       dur[j] = cops[j].dur = dur[j] * slow;
       g += dur[j];
     }
-    const double left = dur[i] - g;
-    dur[i] = cops[i].dur = left > 0.0 ? left : 0.0;
+    keep_unhidden(cops, dur, i, g);
   }
 }
 
 /* The SMs op's cop holds or loses: a ring collective beside the compute stream holds an SM
  * per NCCL channel while it runs; the compute stream's flops-bound kernels lose those SMs
- * (engine.c). None where the stack does not price the contention or the GPU states no SM
- * count. */
-static void op_sms(const mp_op *op, cop *c, const link_set *ls, const mp_stack_profile *prof, const op_costs *kc) {
+ * (engine.c). None unless `contended` (the stack prices the contention on a
+ * GPU that states its SM count). */
+static void op_sms(const mp_op *op, cop *c, const link_set *ls, const mp_stack_profile *prof, const op_costs *kc,
+                   int contended) {
   const mp_cluster *cl = ls->cl;
   c->sms = 0;
   c->sm_bound = 0;
-  if (!prof->nccl_sm_contention || cl->gpu.sms <= 0 || mp_gpu_is_cpu(&cl->gpu)) return;
+  if (!contended) return;
   if (op->type == MP_OP_COMM && c->stream != MP_STREAM_COMPUTE && c->dur > 0.0 && is_ring_coll(op->coll))
     c->sms = (uint8_t)mp_sim_nccl_ring_channels(&cl->gpu, &ls->link[op->group < MP_GROUP_COUNT ? op->group : MP_GROUP_WORLD],
                                                 prof->nccl_max_ctas);
@@ -525,6 +540,7 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
   op_costs_init(&kc, &cl->gpu, prof);
   const mp_cuda_graphs graphs = s->plan->opts.cuda_graphs;
   MP_CHECK(graph_costs(ctx, prof, graphs, &kc, &kg));
+  const int contended = prof->nccl_sm_contention && cl->gpu.sms > 0 && !mp_gpu_is_cpu(&cl->gpu);
   cop *cops = b->cops;
   double *dur = b->dur;
   uint8_t *seg_plain = b->prog->seg_plain;
@@ -568,7 +584,7 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
     if (op->count > 1) d *= op->count;
     dur[i] = d;
     c->dur = d;
-    op_sms(op, c, &ls, prof, &kc);
+    op_sms(op, c, &ls, prof, &kc, contended);
   }
   if (s->plan->opts.tp_comm_fused && mesh->size[MP_DIM_TP] > 1) {
     const double ub_slow =
