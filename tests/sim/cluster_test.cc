@@ -136,6 +136,29 @@ TEST(Cluster, H100FiguresFromTheDatasheet) {
   EXPECT_EQ(g.compute_capability, 90);
 }
 
+// A GPU profile by name, loaded or the test failed.
+static mp_gpu LoadGpu(const char *name) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_gpu g;
+  memset(&g, 0, sizeof g);
+  EXPECT_EQ(mp_gpu_load(&ctx, name, &g), MP_OK) << mp_errmsg(&ctx);
+  return g;
+}
+
+// The SM counts the collectives' SM contention divides (sim/engine.c): the H100 SXM5's 132
+// of the GH100's 144 (NVIDIA H100 architecture whitepaper); the B200's two dies of 80 SMs
+// with 74 enabled on each, 2 x 74 = 148 (Chips and Cheese, "Nvidia's B200: Keeping the CUDA
+// Juggernaut Rolling", 2025). The GB200 profile cites no count for its part and states none,
+// so no contention is priced on it.
+TEST(Cluster, SmCountsFromTheirSources) {
+  struct { const char *gpu; int sms; } want[] = {{"h100-sxm", 132}, {"b200", 2 * 74}, {"gb200", 0}};
+  for (auto &w : want) {
+    SCOPED_TRACE(w.gpu);
+    EXPECT_EQ(LoadGpu(w.gpu).sms, w.sms);
+  }
+}
+
 TEST(Cluster, EveryClusterProfileLoads) {
   size_t n = 0;
   const mp_data_entry *e = mp_data_entries(&n);
@@ -326,10 +349,7 @@ TEST(Cluster, KernelFractionsFromTheirSources) {
   };
   for (auto &w : want) {
     SCOPED_TRACE(w.gpu);
-    mp_ctx ctx;
-    mp_ctx_init(&ctx);
-    mp_gpu g;
-    ASSERT_EQ(mp_gpu_load(&ctx, w.gpu, &g), MP_OK) << mp_errmsg(&ctx);
+    const mp_gpu g = LoadGpu(w.gpu);
     EXPECT_DOUBLE_EQ(g.kernel_eff.bf16_gemm, w.bf16);
     EXPECT_DOUBLE_EQ(g.kernel_eff.fp8_gemm, w.fp8);
     EXPECT_DOUBLE_EQ(g.kernel_eff.flash_attention, w.flash);
