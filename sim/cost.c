@@ -504,9 +504,9 @@ static void op_sms(const mp_op *op, cop *c, const link_set *ls, const mp_stack_p
   c->sms = 0;
   c->sm_bound = 0;
   if (!contended) return;
+  const mp_group g = op->group < MP_GROUP_COUNT ? (mp_group)op->group : MP_GROUP_WORLD;
   if (op->type == MP_OP_COMM && c->stream != MP_STREAM_COMPUTE && c->dur > 0.0 && is_ring_coll(op->coll))
-    c->sms = (uint8_t)mp_sim_nccl_ring_channels(&cl->gpu, &ls->link[op->group < MP_GROUP_COUNT ? op->group : MP_GROUP_WORLD],
-                                                prof->nccl_max_ctas);
+    c->sms = (uint8_t)mp_sim_nccl_ring_channels(&cl->gpu, &ls->link[g], mp_sim_nccl_cap(prof, g));
   else if (op->type == MP_OP_COMPUTE && c->stream == MP_STREAM_COMPUTE)
     c->sm_bound = (uint8_t)op_sm_bound(op, kc);
 }

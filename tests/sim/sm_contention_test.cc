@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "sim/sim.h"
@@ -269,4 +270,30 @@ TEST(SmContention, UserbuffersBulkOverlapsRunBesideWholeGemms) {
   EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 3e-3 + 2e-3 * 132.0 / 116.0, 1e-12);
   p.ub_sms = 0;
   EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 5e-3, 1e-12);
+}
+
+// Megatron-Core's communicator names into the schedule's groups: dp_cp also names the
+// data-parallel replicas Megatron's DDP reduces over at cp 1 (its dp_cp communicator);
+// refusals name the item.
+TEST(NcclCtas, ParsesMegatronCommunicators) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  int caps[MP_GROUP_COUNT];
+  ASSERT_EQ(mp_sim_nccl_ctas_parse(&ctx, " dp:8  dp_cp:6 tp:4 pp:2 ", caps), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(caps[MP_GROUP_DP], 8);
+  EXPECT_EQ(caps[MP_GROUP_DP_CP], 6);
+  EXPECT_EQ(caps[MP_GROUP_DP_REPLICATE], 6);
+  EXPECT_EQ(caps[MP_GROUP_TP], 4);
+  EXPECT_EQ(caps[MP_GROUP_PP], 2);
+  EXPECT_EQ(caps[MP_GROUP_CP], 0);
+  mp_stack_profile p = Profile();
+  memcpy(p.nccl_group_ctas, caps, sizeof caps);
+  EXPECT_EQ(mp_sim_nccl_cap(&p, MP_GROUP_TP), 4);
+  EXPECT_EQ(mp_sim_nccl_cap(&p, MP_GROUP_EP), 0);
+  p.nccl_max_ctas = 16;
+  EXPECT_EQ(mp_sim_nccl_cap(&p, MP_GROUP_TP), 16);
+  for (const char *bad : {"tp:0", "tp:65", "mp:2", "tp8", "tp:8x", "tp:"}) {
+    EXPECT_EQ(mp_sim_nccl_ctas_parse(&ctx, bad, caps), MP_ERR_USAGE) << bad;
+    EXPECT_NE(std::string(mp_errmsg(&ctx)).find(bad), std::string::npos) << mp_errmsg(&ctx);
+  }
 }
