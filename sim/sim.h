@@ -116,6 +116,12 @@ typedef struct mp_stack_profile {
    * v2.23.4-1: envConfigOverride). Never read from JSON: a run's setting (simulate's
    * --nccl-ctas, validate's nccl_ctas column; mp_sim_nccl_ctas_parse). */
   int nccl_group_ctas[MP_GROUP_COUNT];
+  int tp_dgrad_async;   /* JSON "tp_dgrad_async", optional (default false), the megatron memory
+                           model only: without tp_comm_overlap's bulk overlaps, a
+                           column-parallel region's input-gradient reduce-scatter (all-reduce
+                           without SP) runs on NCCL beside its weight-gradient GEMMs, the
+                           compute stream waiting for it after them (sim/cost.c,
+                           price_async_dgrad) */
   int ub_sms;           /* JSON "ub_sms", optional (default 0: none), with tp_comm_overlap
                            only: the SMs Transformer Engine's userbuffers kernels hold
                            beside the GEMMs they overlap (the pipelined reduce-scatter, the

@@ -272,6 +272,93 @@ TEST(SmContention, UserbuffersBulkOverlapsRunBesideWholeGemms) {
   EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 5e-3, 1e-12);
 }
 
+namespace {
+
+// A column-parallel region's backward as Transformer Engine's Linear runs it without the
+// bulk overlaps, on one rank of tp=8 inside an H100 node: GEMMs of `module` (2 ms a GEMM at
+// eff 0.5, flops-bound) and the input gradient's reduce-scatter of t_rs seconds on the
+// compute stream (bytes x 7/8 / 100 GB/s), all of layer 0 in the backward.
+struct Region {
+  Forward f{"tp=8"};
+  void Gemm(int module, mp_variant v, double t) {
+    f.Gemm(t);
+    f.ops.back().module = module;
+    f.ops.back().variant = (uint8_t)v;
+    f.ops.back().layer = 0;
+    f.ops.back().phase = MP_PHASE_BACKWARD;
+  }
+  void ReduceScatter(double t) {
+    mp_op &o = f.Add(MP_OP_COMM, MP_STREAM_COMPUTE);
+    o.coll = MP_COLL_REDUCE_SCATTER;
+    o.group = MP_GROUP_TP;
+    o.module = MP_MOD_Q;
+    o.layer = 0;
+    o.phase = MP_PHASE_BACKWARD;
+    o.bytes = t * 100e9 * 8.0 / 7.0;
+  }
+};
+
+mp_stack_profile AsyncDgrad(int contended) {
+  mp_stack_profile p = contended ? Contended() : Profile();
+  p.tp_dgrad_async = 1;
+  return p;
+}
+
+}  // namespace
+
+// The input gradient's reduce-scatter (1 ms) beside the region's 2 ms weight-gradient GEMM,
+// its NCCL kernel holding the 24 channels' SMs of an H100 node (the ring channels worked
+// above): the GEMM runs at 108/132 of its pace for the 1 ms the collective runs, so it does
+// 108/132 ms of work there and ends 1 + (2 - 108/132) = 2 + 24/132 ms after it starts; the
+// collective ended beneath it. With the 2 ms input-gradient GEMM first: 4 + 24/132 ms.
+// Without the contention priced: max(2, 1) + 2 = 4 ms; serial (a stack without
+// tp_dgrad_async, or the plan's fused TP collectives, whose bulk pairs this region does not
+// carry): 2 + 2 + 1 = 5 ms. Under Megatron-Core's per-communicator cap tp:8 (the MLPerf v5.0
+// 405B config's max_ctas) the kernel holds 8 SMs: 4 + 8/132 ms; NCCL_MAX_CTAS 4 (the stack's
+// nccl_max_ctas) overrides the communicator's config: 4 + 4/132 ms.
+TEST(SmContention, AsyncInputGradientBesideWeightGradient) {
+  Region r;
+  r.Gemm(MP_MOD_Q, MP_VAR_DGRAD, 2e-3);
+  r.Gemm(MP_MOD_Q, MP_VAR_WGRAD, 2e-3);
+  r.ReduceScatter(1e-3);
+  const mp_cluster c = H100Node();
+  EXPECT_NEAR(Simulate(r.f, c, AsyncDgrad(1)).step_time_s, 4e-3 + 24e-3 / 132, 1e-12);
+  EXPECT_NEAR(Simulate(r.f, c, AsyncDgrad(0)).step_time_s, 4e-3, 1e-12);
+  EXPECT_NEAR(Simulate(r.f, c, Contended()).step_time_s, 5e-3, 1e-12);
+  r.f.plan.opts.tp_comm_fused = 1;
+  EXPECT_NEAR(Simulate(r.f, c, AsyncDgrad(1)).step_time_s, 5e-3, 1e-12);
+  r.f.plan.opts.tp_comm_fused = 0;
+  mp_stack_profile p = AsyncDgrad(1);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  ASSERT_EQ(mp_sim_nccl_ctas_parse(&ctx, "dp_cp:8 tp:8 pp:2", p.nccl_group_ctas), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_NEAR(Simulate(r.f, c, p).step_time_s, 4e-3 + 8e-3 / 132, 1e-12);
+  p.nccl_max_ctas = 4;
+  EXPECT_NEAR(Simulate(r.f, c, p).step_time_s, 4e-3 + 4e-3 / 132, 1e-12);
+}
+
+// Two weight-gradient GEMMs of the region (v's 0.5 ms, q's 2 ms) beside a 1 ms
+// reduce-scatter: v's ends within the collective, 0.5 x 132/108 = 0.6111 ms; q's runs the
+// collective's last 1 - 0.6111 ms at 108/132 (0.3182 ms of work) and its remaining 1.6818 ms
+// whole: 0.6111 + 0.3889 + 1.6818 = 2.6818 ms = 2.5 + 24/132, the collective's 1 ms costing
+// 24/132 of a ms. A reduce-scatter of 3 ms outlasts q's 2 ms GEMM (2 x 132/108 = 2.444 ms
+// within it) and the pair takes the collective's 3 ms; o's 1 ms weight gradient before the
+// region is not beside it (the walk stops at another module): 1 + 2 + 3 = 6 ms (walked in,
+// it would take 5.5455).
+TEST(SmContention, AsyncInputGradientWalksTheRegion) {
+  Region a;
+  a.Gemm(MP_MOD_V, MP_VAR_WGRAD, 0.5e-3);
+  a.Gemm(MP_MOD_Q, MP_VAR_WGRAD, 2e-3);
+  a.ReduceScatter(1e-3);
+  EXPECT_NEAR(Simulate(a.f, H100Node(), AsyncDgrad(1)).step_time_s, 2.5e-3 + 24e-3 / 132, 1e-12);
+  Region b;
+  b.Gemm(MP_MOD_O, MP_VAR_WGRAD, 1e-3);
+  b.Gemm(MP_MOD_Q, MP_VAR_DGRAD, 2e-3);
+  b.Gemm(MP_MOD_Q, MP_VAR_WGRAD, 2e-3);
+  b.ReduceScatter(3e-3);
+  EXPECT_NEAR(Simulate(b.f, H100Node(), AsyncDgrad(1)).step_time_s, 6e-3, 1e-12);
+}
+
 // Megatron-Core's communicator names into the schedule's groups: dp_cp also names the
 // data-parallel replicas Megatron's DDP reduces over at cp 1 (its dp_cp communicator);
 // refusals name the item.

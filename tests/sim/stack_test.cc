@@ -404,4 +404,19 @@ TEST(Stacks, CollectivesSms) {
   EXPECT_EQ(p.nccl_max_ctas, 8);
 }
 
+// megatron-core runs Transformer Engine's Linear, whose backward issues the input gradient's
+// TP collective beside the weight-gradient GEMM (tp_dgrad_async); megatron-lm's 2021-22 code
+// does not; the key belongs to the megatron memory model.
+TEST(Stacks, TpDgradAsync) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_stack_profile p;
+  ASSERT_EQ(mp_stack_load(&ctx, "megatron-core", &p), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(p.tp_dgrad_async, 1);
+  ASSERT_EQ(mp_stack_load(&ctx, "megatron-lm", &p), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(p.tp_dgrad_async, 0);
+  EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"tp_dgrad_async\":true").c_str(), "x.json", &p), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("tp_dgrad_async"), std::string::npos) << mp_errmsg(&ctx);
+}
+
 }  // namespace
