@@ -287,14 +287,18 @@ struct Region {
     f.ops.back().layer = 0;
     f.ops.back().phase = MP_PHASE_BACKWARD;
   }
-  void ReduceScatter(double t) {
+  void ReduceScatter(double t) { Collective(MP_COLL_REDUCE_SCATTER, t * 100e9 * 8.0 / 7.0); }
+  // without SP: an all-reduce of t seconds, NCCL's ring (2 x 7/8 x bytes / bw; its tree's
+  // 2 x bytes / bw is slower at no latency)
+  void AllReduce(double t) { Collective(MP_COLL_ALL_REDUCE, t * 100e9 * 8.0 / 14.0); }
+  void Collective(mp_coll c, double bytes) {
     mp_op &o = f.Add(MP_OP_COMM, MP_STREAM_COMPUTE);
-    o.coll = MP_COLL_REDUCE_SCATTER;
+    o.coll = (uint8_t)c;
     o.group = MP_GROUP_TP;
     o.module = MP_MOD_Q;
     o.layer = 0;
     o.phase = MP_PHASE_BACKWARD;
-    o.bytes = t * 100e9 * 8.0 / 7.0;
+    o.bytes = bytes;
   }
 };
 
@@ -344,7 +348,8 @@ TEST(SmContention, AsyncInputGradientBesideWeightGradient) {
 // 24/132 of a ms. A reduce-scatter of 3 ms outlasts q's 2 ms GEMM (2 x 132/108 = 2.444 ms
 // within it) and the pair takes the collective's 3 ms; o's 1 ms weight gradient before the
 // region is not beside it (the walk stops at another module): 1 + 2 + 3 = 6 ms (walked in,
-// it would take 5.5455).
+// it would take 5.5455). Without SP, the all-reduce in its place: serial 3.5 ms, beside them
+// 2.5 + 24/132 ms.
 TEST(SmContention, AsyncInputGradientWalksTheRegion) {
   Region a;
   a.Gemm(MP_MOD_V, MP_VAR_WGRAD, 0.5e-3);
@@ -357,6 +362,12 @@ TEST(SmContention, AsyncInputGradientWalksTheRegion) {
   b.Gemm(MP_MOD_Q, MP_VAR_WGRAD, 2e-3);
   b.ReduceScatter(3e-3);
   EXPECT_NEAR(Simulate(b.f, H100Node(), AsyncDgrad(1)).step_time_s, 6e-3, 1e-12);
+  Region c;
+  c.Gemm(MP_MOD_V, MP_VAR_WGRAD, 0.5e-3);
+  c.Gemm(MP_MOD_Q, MP_VAR_WGRAD, 2e-3);
+  c.AllReduce(1e-3);
+  EXPECT_NEAR(Simulate(c.f, H100Node(), Contended()).step_time_s, 3.5e-3, 1e-12);
+  EXPECT_NEAR(Simulate(c.f, H100Node(), AsyncDgrad(1)).step_time_s, 2.5e-3 + 24e-3 / 132, 1e-12);
 }
 
 // Megatron-Core's communicator names into the schedule's groups: dp_cp also names the
