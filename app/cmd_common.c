@@ -294,6 +294,11 @@ mp_status mp_cmd_cuda_graphs(mp_ctx *ctx, const struct mp_stack_profile *prof, c
   return MP_OK;
 }
 
+mp_status mp_cmd_nccl_ctas(mp_ctx *ctx, const mp_cmd_spec *spec, struct mp_stack_profile *prof) {
+  const char *s = mp_args_get(spec, "--nccl-ctas");
+  return s ? mp_sim_nccl_ctas_parse(ctx, s, prof->nccl_group_ctas) : MP_OK;
+}
+
 mp_status mp_cmd_cuda_graphs_opt(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                                  mp_plan_options *o) {
   const char *s = mp_args_get(spec, "--cuda-graphs");

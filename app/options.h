@@ -173,6 +173,12 @@
     "averaged by the reduction itself, not scaled by 1/dp before it (megatron-core, megatron-lm)", NULL }, \
   { "--no-check-for-nan-in-loss-and-grad", NULL, "Megatron-LM's option of that name: no norm of each " \
     "gradient bucket taken before its reduction (megatron-core, which checks by default)", NULL }
+/* simulate, explain and plan: the channels of Megatron-Core's NCCL communicators (mp_cmd_nccl_ctas) */
+#define MP_OPT_NCCL_CTAS                                                                           \
+  { "--nccl-ctas", "LIST", "each NCCL communicator's max_ctas as Megatron-Core's "                \
+    "--nccl-communicator-config-path sets it, name:N items split by spaces (dp, dp_cp, tp, cp, pp, " \
+    "ep, ep_dp): at most N channels, so N SMs, on that group's collectives, e.g. \"dp_cp:8 tp:8\" " \
+    "(default: NCCL's channel count)", NULL }
 /* simulate and explain: Megatron-Core's CUDA graphs (mp_cmd_cuda_graphs; exec/plan.h, mp_cuda_graphs) */
 #define MP_OPT_CUDA_GRAPHS                                                                         \
   { "--cuda-graphs", "S", "what Megatron-Core captures in CUDA graphs (megatron-core): none; attn, "   \

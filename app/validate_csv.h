@@ -55,6 +55,9 @@ typedef struct mp_vrow {
   char cuda_graphs[16];    /* optional column: Megatron-Core's CUDA graphs as written (none, attn,
                              layers, iteration: exec/plan.h, mp_cuda_graphs); "" when absent or
                              empty: none */
+  char nccl_ctas[96];      /* optional column: each NCCL communicator's max_ctas as written
+                             (name:N items split by spaces; sim.h, mp_sim_nccl_ctas_parse); ""
+                             when absent or empty: NCCL's channel count */
   char moe_dispatcher[16]; /* as written (alltoall or deepep: exec/plan.h, mp_moe_dispatcher);
                              "" when the column is absent or empty: alltoall */
   char cp_comm_type[16];   /* as written (p2p, all_gather, a2a: exec/plan.h, mp_cp_comm), a

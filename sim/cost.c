@@ -494,6 +494,101 @@ static void price_bulk(const mp_schedule *s, double slow, cop *cops, double *dur
   }
 }
 
+/* Whether `module` belongs to the column-parallel region whose input gradient's collective
+ * names `opener` (mp_sched_tp_region_in_bwd: the region's first Linear): Megatron-Core's
+ * linear_qkv (q, k, v), linear_fc1 (gate, up), the shared experts' linear_fc1, and the output
+ * layer (the head, or the tied embedding as the head). */
+static int in_region(int opener, int module) {
+  switch (opener) {
+    case MP_MOD_Q: return module == MP_MOD_Q || module == MP_MOD_K || module == MP_MOD_V;
+    case MP_MOD_UP: return module == MP_MOD_GATE || module == MP_MOD_UP;
+    case MP_MOD_SHARED_UP: return module == MP_MOD_SHARED_GATE || module == MP_MOD_SHARED_UP;
+    case MP_MOD_OUTPUT: case MP_MOD_TOK_EMBEDDINGS: return module == opener;
+    default: return 0;
+  }
+}
+
+/* The time from its start of a GEMM of d (whole-GPU time) that starts t after a collective
+ * of C holding the SMs that leave it rate r of its pace: d / r where it ends within the
+ * collective (d <= (C - t) r), else the collective's rest plus the work left at full pace. */
+static double beside_s(double d, double t, double C, double r) {
+  if (!(t < C) || r >= 1.0) return d;
+  const double within = (C - t) * r;
+  return d <= within ? d / r : (C - t) + (d - within);
+}
+
+/* Transformer Engine's Linear backward without the bulk overlaps (the stack's
+ * tp_dgrad_async; _LayerNormLinear.backward, transformer_engine/pytorch/module/
+ * layernorm_linear.py v2.2 to v2.8, and _Linear.backward in linear.py alike; Megatron-Core's
+ * own output layer, LinearWithGradAccumulationAndAsyncCommunication.backward in
+ * megatron/core/tensor_parallel/layers.py core_v0.14.0, in the same order): once a
+ * column-parallel region's input-gradient GEMM ends, NCCL reduce-scatters its output under SP
+ * (all-reduces it without) with async_op=True, the weight-gradient GEMM runs on the compute
+ * stream beside it, and dgrad_work.wait() after that GEMM makes the stream wait for the
+ * collective. The collective's kernel holds a CTA's SM per channel of its communicator (`sms`
+ * of the GPU's S, where the stack prices that contention), so a flops-bound GEMM beside it
+ * runs at r = (S - sms) / S of its pace (sim/engine.c, contended_end), a bandwidth-bound one
+ * at its own (op_sm_bound). The region's weight-gradient GEMMs, walked from the collective's
+ * start, take T in all (beside_s), and the collective's op keeps max(0, C - T) of its time C:
+ * the pair takes max(T, C). The region's ops are those of its modules before the collective,
+ * back to the first op of another module on the compute stream; its input-gradient GEMMs run
+ * before the collective starts wherever they sit among them. torchtitan's eager DTensor path
+ * has no such pair: autograd's mm backward computes both gradients before the redistribute's
+ * backward issues the collective, which the next op waits for. */
+static void price_async_dgrad(const mp_schedule *s, const op_costs *kc, const op_costs *kg, int sms, int gpu_sms,
+                              cop *cops, double *dur) {
+  const mp_cuda_graphs graphs = s->plan->opts.cuda_graphs;
+  const double r = sms > 0 && gpu_sms > sms ? (double)(gpu_sms - sms) / (double)gpu_sms : 1.0;
+  for (int32_t i = 0; i < s->n_ops; i++) {
+    const mp_op *op = &s->ops[i];
+    if (op->type != MP_OP_COMM || op->group != MP_GROUP_TP || op->stream != MP_STREAM_COMPUTE ||
+        op->phase != MP_PHASE_BACKWARD || (op->coll != MP_COLL_REDUCE_SCATTER && op->coll != MP_COLL_ALL_REDUCE) ||
+        op->fused != MP_FUSE_NONE || !in_region(op->module, op->module) || !(dur[i] > 0.0))
+      continue;
+    int32_t first = i;
+    for (int32_t j = i - 1; j >= 0; j--) {
+      const mp_op *x = &s->ops[j];
+      if (x->type == MP_OP_ALLOC || x->type == MP_OP_FREE || x->stream != MP_STREAM_COMPUTE) continue;
+      if (x->type != MP_OP_COMPUTE || x->layer != op->layer || x->phase != op->phase ||
+          !in_region(op->module, x->module))
+        break;
+      first = j;
+    }
+    double t = 0.0;
+    for (int32_t j = first; j < i; j++) {
+      const mp_op *x = &s->ops[j];
+      if (x->type != MP_OP_COMPUTE || x->stream != MP_STREAM_COMPUTE || x->kernel != MP_KERNEL_GEMM ||
+          x->variant != MP_VAR_WGRAD)
+        continue;
+      const int bound = op_sm_bound(x, op_captured(x, graphs) ? kg : kc);
+      dur[j] = cops[j].dur = beside_s(dur[j], t, dur[i], bound ? r : 1.0);
+      t += dur[j];
+    }
+    keep_unhidden(cops, dur, i, t);
+  }
+}
+
+/* The TP collectives that run beside GEMMs: under the plan's fused TP collectives (AsyncTP,
+ * --tp-comm-overlap) the fused pairs and the bulk overlaps, each GEMM on the SMs the stack's
+ * userbuffers leave; otherwise, under a stack whose Linear backward issues the input
+ * gradient's collective asynchronously, that collective beside the weight-gradient GEMMs, on
+ * the SMs its TP communicator's channels leave where the contention is priced. */
+static void price_tp_overlaps(const mp_schedule *s, const mp_stack_profile *prof, const link_set *ls,
+                              const op_costs *kc, const op_costs *kg, int contended, cop *cops, double *dur) {
+  const int tp = s->plan->mesh.size[MP_DIM_TP], S = ls->cl->gpu.sms;
+  if (tp <= 1) return;
+  if (s->plan->opts.tp_comm_fused) {
+    const double ub_slow = prof->ub_sms > 0 && S > prof->ub_sms ? (double)S / (double)(S - prof->ub_sms) : 1.0;
+    price_fused(s, tp, kc, kg, ub_slow, cops, dur);
+    price_bulk(s, ub_slow, cops, dur);
+  } else if (prof->tp_dgrad_async && (ls->have & (1u << MP_GROUP_TP))) {
+    const int sms = contended ? mp_sim_nccl_ring_channels(&ls->cl->gpu, &ls->link[MP_GROUP_TP],
+                                                          mp_sim_nccl_cap(prof, MP_GROUP_TP))
+                              : 0;
+    price_async_dgrad(s, kc, kg, sms, S, cops, dur);
+  }
+}
+
 /* The SMs op's cop holds or loses: a ring collective beside the compute stream holds an SM
  * per NCCL channel while it runs; the compute stream's flops-bound kernels lose those SMs
  * (engine.c). None unless `contended` (the stack prices the contention on a
@@ -504,9 +599,9 @@ static void op_sms(const mp_op *op, cop *c, const link_set *ls, const mp_stack_p
   c->sms = 0;
   c->sm_bound = 0;
   if (!contended) return;
+  const mp_group g = op->group < MP_GROUP_COUNT ? (mp_group)op->group : MP_GROUP_WORLD;
   if (op->type == MP_OP_COMM && c->stream != MP_STREAM_COMPUTE && c->dur > 0.0 && is_ring_coll(op->coll))
-    c->sms = (uint8_t)mp_sim_nccl_ring_channels(&cl->gpu, &ls->link[op->group < MP_GROUP_COUNT ? op->group : MP_GROUP_WORLD],
-                                                prof->nccl_max_ctas);
+    c->sms = (uint8_t)mp_sim_nccl_ring_channels(&cl->gpu, &ls->link[g], mp_sim_nccl_cap(prof, g));
   else if (op->type == MP_OP_COMPUTE && c->stream == MP_STREAM_COMPUTE)
     c->sm_bound = (uint8_t)op_sm_bound(op, kc);
 }
@@ -586,12 +681,7 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
     c->dur = d;
     op_sms(op, c, &ls, prof, &kc, contended);
   }
-  if (s->plan->opts.tp_comm_fused && mesh->size[MP_DIM_TP] > 1) {
-    const double ub_slow =
-        prof->ub_sms > 0 && cl->gpu.sms > prof->ub_sms ? (double)cl->gpu.sms / (double)(cl->gpu.sms - prof->ub_sms) : 1.0;
-    price_fused(s, mesh->size[MP_DIM_TP], &kc, &kg, ub_slow, cops, dur);
-    price_bulk(s, ub_slow, cops, dur);
-  }
+  price_tp_overlaps(s, prof, &ls, &kc, &kg, contended, cops, dur);
   if (mp_moe_host_sync(&s->plan->model, &s->plan->opts)) price_host_issue(s, &kc, host_launch_s(prof), cops, dur);
   /* a malformed forward dependency still reads a kept end */
   if (fwd_dep)

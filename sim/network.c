@@ -33,6 +33,8 @@
  * peer; with PXN the inter-node sends leave by the NIC of the peer's rail, the same load per
  * NIC under this symmetric traffic); the two run side by side, so the slower bounds it. */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "sim/sim.h"
 #include "sim/sim_internal.h"
@@ -251,4 +253,52 @@ int mp_sim_nccl_ring_channels(const mp_gpu *g, const mp_sim_link *l, int max_cta
   if (sm90 && l->nodes > 1 && speed > 45.0 && ch < 16) ch *= 2;
   if (max_ctas > 0 && ch > max_ctas) ch = max_ctas;
   return ch;
+}
+
+int mp_sim_nccl_cap(const mp_stack_profile *p, mp_group g) {
+  if (p->nccl_max_ctas > 0) return p->nccl_max_ctas;
+  return g < MP_GROUP_COUNT ? p->nccl_group_ctas[g] : 0;
+}
+
+/* Megatron-Core's communicator names (parallel_state.py get_nccl_options, core_v0.14.0) and
+ * the groups of the schedule that run on them: "dp" the data-parallel group without CP;
+ * "dp_cp" the one with CP, on which its DDP reduces and gathers (distributed_data_parallel.py:
+ * dp_cp_group, also at cp 1, where the schedule names it dp_replicate, exec/pass_ddp.c);
+ * "ep_dp" the experts' data-parallel group. */
+static const struct {
+  const char *name;
+  mp_group g[2];
+  int n;
+} kNcclComms[] = {
+    {"dp", {MP_GROUP_DP}, 1},      {"dp_cp", {MP_GROUP_DP_CP, MP_GROUP_DP_REPLICATE}, 2},
+    {"tp", {MP_GROUP_TP}, 1},      {"cp", {MP_GROUP_CP}, 1},
+    {"pp", {MP_GROUP_PP}, 1},      {"ep", {MP_GROUP_EP}, 1},
+    {"ep_dp", {MP_GROUP_EDP}, 1},
+};
+
+mp_status mp_sim_nccl_ctas_parse(mp_ctx *ctx, const char *text, int caps[MP_GROUP_COUNT]) {
+  for (int g = 0; g < MP_GROUP_COUNT; g++) caps[g] = 0;
+  const char *s = text;
+  while (*s) {
+    while (*s == ' ') s++;
+    if (!*s) break;
+    const char *item = s, *colon = NULL;
+    while (*s && *s != ' ') {
+      if (*s == ':' && !colon) colon = s;
+      s++;
+    }
+    const int len = (int)(s - item);
+    char *end = NULL;
+    const long v = colon ? strtol(colon + 1, &end, 10) : 0;
+    int k = -1;
+    for (int i = 0; colon && i < (int)(sizeof kNcclComms / sizeof kNcclComms[0]); i++)
+      if ((size_t)(colon - item) == strlen(kNcclComms[i].name) && !strncmp(item, kNcclComms[i].name, colon - item))
+        k = i;
+    if (k < 0 || end != s || v < 1 || v > 64)
+      return mp_error(ctx, MP_ERR_USAGE, "NCCL CTA cap '%.*s': give name:max_ctas, a name of dp, dp_cp, tp, cp, "
+                      "pp, ep, ep_dp (Megatron-Core's communicators) and 1 to 64 CTAs, items split by spaces",
+                      len, item);
+    for (int i = 0; i < kNcclComms[k].n; i++) caps[kNcclComms[k].g[i]] = (int)v;
+  }
+  return MP_OK;
 }

@@ -109,6 +109,19 @@ typedef struct mp_stack_profile {
                            SMs */
   int nccl_max_ctas;    /* JSON "nccl_max_ctas", optional (0, the default: unset): NCCL_MAX_CTAS
                            (ncclConfig_t maxCTAs), at most so many channels a communicator */
+  /* Per communicator: the max_ctas of Megatron-Core's --nccl-communicator-config-path
+   * (parallel_state.py get_nccl_options sets each named group's ncclConfig_t maxCTAs), at most
+   * so many channels on that group's communicator; 0: unset. NCCL_MAX_CTAS (nccl_max_ctas),
+   * an environment variable, overrides every communicator's config (NCCL src/init.cc,
+   * v2.23.4-1: envConfigOverride). Never read from JSON: a run's setting (simulate's
+   * --nccl-ctas, validate's nccl_ctas column; mp_sim_nccl_ctas_parse). */
+  int nccl_group_ctas[MP_GROUP_COUNT];
+  int tp_dgrad_async;   /* JSON "tp_dgrad_async", optional (default false), the megatron memory
+                           model only: without tp_comm_overlap's bulk overlaps, a
+                           column-parallel region's input-gradient reduce-scatter (all-reduce
+                           without SP) runs on NCCL beside its weight-gradient GEMMs, the
+                           compute stream waiting for it after them (sim/cost.c,
+                           price_async_dgrad) */
   int ub_sms;           /* JSON "ub_sms", optional (default 0: none), with tp_comm_overlap
                            only: the SMs Transformer Engine's userbuffers kernels hold
                            beside the GEMMs they overlap (the pipelined reduce-scatter, the
@@ -329,6 +342,14 @@ typedef struct mp_sim_link {
  * launches one CTA, on its own SM, per channel. H100 SXM inside a node: 24; across nodes,
  * one NIC a GPU: 16 for 4-8 members a node, 8 for 2, 4 for 1. */
 int mp_sim_nccl_ring_channels(const mp_gpu *g, const mp_sim_link *l, int max_ctas);
+/* The channel cap a collective on group g runs under: the stack's NCCL_MAX_CTAS where it sets
+ * one (it overrides each communicator's config), else the group's max_ctas, else 0 (none). */
+int mp_sim_nccl_cap(const mp_stack_profile *p, mp_group g);
+/* Parses a per-communicator cap as Megatron-Core names its communicators
+ * (parallel_state.py get_nccl_options), `name:max_ctas` items split by spaces: dp, dp_cp, tp,
+ * cp, pp, ep, ep_dp (e.g. "dp:8 dp_cp:8 tp:8 pp:2"), each cap 1 to 64, into caps (zeroed
+ * first; an unnamed group 0). MP_ERR_USAGE, naming the item, on another name or value. */
+mp_status mp_sim_nccl_ctas_parse(mp_ctx *ctx, const char *text, int caps[MP_GROUP_COUNT]);
 mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
                             int rank, mp_sim_link *out);
 /* An all-to-all of `bytes` sent per rank on link l (efficiency eff on both links) where

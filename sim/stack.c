@@ -135,7 +135,8 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
  * gradients added into the fp32 main_grad; "ddp_scale_grads" and "ddp_check_grads" (the
  * same): what Megatron-LM's DDP does to a bucket before reducing it (sim.h). */
 /* The SMs the stack's collectives hold beside its kernels (sim.h: ub_sms, nccl_sm_contention,
- * nccl_max_ctas). */
+ * nccl_max_ctas), and whether its column-parallel input gradients' collectives run beside the
+ * weight-gradient GEMMs (tp_dgrad_async). */
 static mp_status read_comm_sms(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
   p->ub_sms = 0;
   MP_CHECK(mp_json_get_int(ctx, j, origin, "ub_sms", 0, &p->ub_sms));
@@ -148,7 +149,9 @@ static mp_status read_comm_sms(mp_ctx *ctx, const cJSON *j, const char *origin, 
   p->nccl_max_ctas = 0;
   MP_CHECK(mp_json_get_int(ctx, j, origin, "nccl_max_ctas", 0, &p->nccl_max_ctas));
   MP_CHECK(mp_check_i64(ctx, origin, "nccl_max_ctas", p->nccl_max_ctas, 0, 64));
-  return MP_OK;
+  return owned_bool(ctx, j, origin, "tp_dgrad_async", 0, MP_MEM_MODEL_MEGATRON, p,
+                    "tp_dgrad_async is Transformer Engine's Linear backward under Megatron-Core", "does not run it",
+                    &p->tp_dgrad_async);
 }
 
 static mp_status read_wgrad_accum(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "sim/sim.h"
@@ -269,4 +270,128 @@ TEST(SmContention, UserbuffersBulkOverlapsRunBesideWholeGemms) {
   EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 3e-3 + 2e-3 * 132.0 / 116.0, 1e-12);
   p.ub_sms = 0;
   EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 5e-3, 1e-12);
+}
+
+namespace {
+
+// A column-parallel region's backward as Transformer Engine's Linear runs it without the
+// bulk overlaps, on one rank of tp=8 inside an H100 node: GEMMs of `module` (2 ms a GEMM at
+// eff 0.5, flops-bound) and the input gradient's reduce-scatter of t_rs seconds on the
+// compute stream (bytes x 7/8 / 100 GB/s), all of layer 0 in the backward.
+struct Region {
+  Forward f{"tp=8"};
+  void Gemm(int module, mp_variant v, double t) {
+    f.Gemm(t);
+    f.ops.back().module = module;
+    f.ops.back().variant = (uint8_t)v;
+    f.ops.back().layer = 0;
+    f.ops.back().phase = MP_PHASE_BACKWARD;
+  }
+  void ReduceScatter(double t) { Collective(MP_COLL_REDUCE_SCATTER, t * 100e9 * 8.0 / 7.0); }
+  // without SP: an all-reduce of t seconds, NCCL's ring (2 x 7/8 x bytes / bw; its tree's
+  // 2 x bytes / bw is slower at no latency)
+  void AllReduce(double t) { Collective(MP_COLL_ALL_REDUCE, t * 100e9 * 8.0 / 14.0); }
+  void Collective(mp_coll c, double bytes) {
+    mp_op &o = f.Add(MP_OP_COMM, MP_STREAM_COMPUTE);
+    o.coll = (uint8_t)c;
+    o.group = MP_GROUP_TP;
+    o.module = MP_MOD_Q;
+    o.layer = 0;
+    o.phase = MP_PHASE_BACKWARD;
+    o.bytes = bytes;
+  }
+};
+
+mp_stack_profile AsyncDgrad(int contended) {
+  mp_stack_profile p = contended ? Contended() : Profile();
+  p.tp_dgrad_async = 1;
+  return p;
+}
+
+}  // namespace
+
+// The input gradient's reduce-scatter (1 ms) beside the region's 2 ms weight-gradient GEMM,
+// its NCCL kernel holding the 24 channels' SMs of an H100 node (the ring channels worked
+// above): the GEMM runs at 108/132 of its pace for the 1 ms the collective runs, so it does
+// 108/132 ms of work there and ends 1 + (2 - 108/132) = 2 + 24/132 ms after it starts; the
+// collective ended beneath it. With the 2 ms input-gradient GEMM first: 4 + 24/132 ms.
+// Without the contention priced: max(2, 1) + 2 = 4 ms; serial (a stack without
+// tp_dgrad_async, or the plan's fused TP collectives, whose bulk pairs this region does not
+// carry): 2 + 2 + 1 = 5 ms. Under Megatron-Core's per-communicator cap tp:8 (the MLPerf v5.0
+// 405B config's max_ctas) the kernel holds 8 SMs: 4 + 8/132 ms; NCCL_MAX_CTAS 4 (the stack's
+// nccl_max_ctas) overrides the communicator's config: 4 + 4/132 ms.
+TEST(SmContention, AsyncInputGradientBesideWeightGradient) {
+  Region r;
+  r.Gemm(MP_MOD_Q, MP_VAR_DGRAD, 2e-3);
+  r.Gemm(MP_MOD_Q, MP_VAR_WGRAD, 2e-3);
+  r.ReduceScatter(1e-3);
+  const mp_cluster c = H100Node();
+  EXPECT_NEAR(Simulate(r.f, c, AsyncDgrad(1)).step_time_s, 4e-3 + 24e-3 / 132, 1e-12);
+  EXPECT_NEAR(Simulate(r.f, c, AsyncDgrad(0)).step_time_s, 4e-3, 1e-12);
+  EXPECT_NEAR(Simulate(r.f, c, Contended()).step_time_s, 5e-3, 1e-12);
+  r.f.plan.opts.tp_comm_fused = 1;
+  EXPECT_NEAR(Simulate(r.f, c, AsyncDgrad(1)).step_time_s, 5e-3, 1e-12);
+  r.f.plan.opts.tp_comm_fused = 0;
+  mp_stack_profile p = AsyncDgrad(1);
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  ASSERT_EQ(mp_sim_nccl_ctas_parse(&ctx, "dp_cp:8 tp:8 pp:2", p.nccl_group_ctas), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_NEAR(Simulate(r.f, c, p).step_time_s, 4e-3 + 8e-3 / 132, 1e-12);
+  p.nccl_max_ctas = 4;
+  EXPECT_NEAR(Simulate(r.f, c, p).step_time_s, 4e-3 + 4e-3 / 132, 1e-12);
+}
+
+// Two weight-gradient GEMMs of the region (v's 0.5 ms, q's 2 ms) beside a 1 ms
+// reduce-scatter: v's ends within the collective, 0.5 x 132/108 = 0.6111 ms; q's runs the
+// collective's last 1 - 0.6111 ms at 108/132 (0.3182 ms of work) and its remaining 1.6818 ms
+// whole: 0.6111 + 0.3889 + 1.6818 = 2.6818 ms = 2.5 + 24/132, the collective's 1 ms costing
+// 24/132 of a ms. A reduce-scatter of 3 ms outlasts q's 2 ms GEMM (2 x 132/108 = 2.444 ms
+// within it) and the pair takes the collective's 3 ms; o's 1 ms weight gradient before the
+// region is not beside it (the walk stops at another module): 1 + 2 + 3 = 6 ms (walked in,
+// it would take 5.5455). Without SP, the all-reduce in its place: serial 3.5 ms, beside them
+// 2.5 + 24/132 ms.
+TEST(SmContention, AsyncInputGradientWalksTheRegion) {
+  Region a;
+  a.Gemm(MP_MOD_V, MP_VAR_WGRAD, 0.5e-3);
+  a.Gemm(MP_MOD_Q, MP_VAR_WGRAD, 2e-3);
+  a.ReduceScatter(1e-3);
+  EXPECT_NEAR(Simulate(a.f, H100Node(), AsyncDgrad(1)).step_time_s, 2.5e-3 + 24e-3 / 132, 1e-12);
+  Region b;
+  b.Gemm(MP_MOD_O, MP_VAR_WGRAD, 1e-3);
+  b.Gemm(MP_MOD_Q, MP_VAR_DGRAD, 2e-3);
+  b.Gemm(MP_MOD_Q, MP_VAR_WGRAD, 2e-3);
+  b.ReduceScatter(3e-3);
+  EXPECT_NEAR(Simulate(b.f, H100Node(), AsyncDgrad(1)).step_time_s, 6e-3, 1e-12);
+  Region c;
+  c.Gemm(MP_MOD_V, MP_VAR_WGRAD, 0.5e-3);
+  c.Gemm(MP_MOD_Q, MP_VAR_WGRAD, 2e-3);
+  c.AllReduce(1e-3);
+  EXPECT_NEAR(Simulate(c.f, H100Node(), Contended()).step_time_s, 3.5e-3, 1e-12);
+  EXPECT_NEAR(Simulate(c.f, H100Node(), AsyncDgrad(1)).step_time_s, 2.5e-3 + 24e-3 / 132, 1e-12);
+}
+
+// Megatron-Core's communicator names into the schedule's groups: dp_cp also names the
+// data-parallel replicas Megatron's DDP reduces over at cp 1 (its dp_cp communicator);
+// refusals name the item.
+TEST(NcclCtas, ParsesMegatronCommunicators) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  int caps[MP_GROUP_COUNT];
+  ASSERT_EQ(mp_sim_nccl_ctas_parse(&ctx, " dp:8  dp_cp:6 tp:4 pp:2 ", caps), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(caps[MP_GROUP_DP], 8);
+  EXPECT_EQ(caps[MP_GROUP_DP_CP], 6);
+  EXPECT_EQ(caps[MP_GROUP_DP_REPLICATE], 6);
+  EXPECT_EQ(caps[MP_GROUP_TP], 4);
+  EXPECT_EQ(caps[MP_GROUP_PP], 2);
+  EXPECT_EQ(caps[MP_GROUP_CP], 0);
+  mp_stack_profile p = Profile();
+  memcpy(p.nccl_group_ctas, caps, sizeof caps);
+  EXPECT_EQ(mp_sim_nccl_cap(&p, MP_GROUP_TP), 4);
+  EXPECT_EQ(mp_sim_nccl_cap(&p, MP_GROUP_EP), 0);
+  p.nccl_max_ctas = 16;
+  EXPECT_EQ(mp_sim_nccl_cap(&p, MP_GROUP_TP), 16);
+  for (const char *bad : {"tp:0", "tp:65", "mp:2", "tp8", "tp:8x", "tp:"}) {
+    EXPECT_EQ(mp_sim_nccl_ctas_parse(&ctx, bad, caps), MP_ERR_USAGE) << bad;
+    EXPECT_NE(std::string(mp_errmsg(&ctx)).find(bad), std::string::npos) << mp_errmsg(&ctx);
+  }
 }

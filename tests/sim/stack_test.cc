@@ -379,7 +379,9 @@ TEST(Stacks, MegatronCoreSwitches) {
 // The SMs the stacks' collectives hold: megatron-core runs Transformer Engine's userbuffers
 // reduce-scatter on 16 SMs (ub_sms, which needs tp_comm_overlap) and prices NCCL's channels;
 // megatron-lm (the 2021-22 code of its fit rows, no overlapped collective) neither.
-// nccl_max_ctas is NCCL_MAX_CTAS: at most NCCL 2.2x's 64 channels.
+// nccl_max_ctas is NCCL_MAX_CTAS: at most NCCL 2.2x's 64 channels. megatron-core runs
+// Transformer Engine's Linear, whose backward issues the input gradient's TP collective
+// beside the weight-gradient GEMM (tp_dgrad_async), a key of the megatron memory model.
 TEST(Stacks, CollectivesSms) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -388,9 +390,13 @@ TEST(Stacks, CollectivesSms) {
   EXPECT_EQ(p.ub_sms, 16);
   EXPECT_EQ(p.nccl_sm_contention, 1);
   EXPECT_EQ(p.nccl_max_ctas, 0);
+  EXPECT_EQ(p.tp_dgrad_async, 1);
   ASSERT_EQ(mp_stack_load(&ctx, "megatron-lm", &p), MP_OK) << mp_errmsg(&ctx);
   EXPECT_EQ(p.ub_sms, 0);
   EXPECT_EQ(p.nccl_sm_contention, 0);
+  EXPECT_EQ(p.tp_dgrad_async, 0);
+  EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"tp_dgrad_async\":true").c_str(), "x.json", &p), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("tp_dgrad_async"), std::string::npos) << mp_errmsg(&ctx);
   EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"memory_model\":\"megatron\",\"ub_sms\":16").c_str(), "x.json", &p),
             MP_ERR_INVALID);
   EXPECT_NE(std::string(mp_errmsg(&ctx)).find("set tp_comm_overlap true or remove the key"), std::string::npos)
