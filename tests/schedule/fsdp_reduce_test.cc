@@ -7,6 +7,7 @@
 // main_grad buffers (--grad-reduce-in-bf16); the refusals.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 
 #include "tests/schedule/built.h"
@@ -116,6 +117,23 @@ TEST(FsdpReduce, MegatronBf16MainGradsAreHalf) {
   }
   EXPECT_GT(ar[1], 0);
   EXPECT_DOUBLE_EQ(ar[1], ar[0] / 2);
+}
+
+// The DDP note states the main gradients' dtype and the bytes a parameter: with the
+// distributed optimizer 2 (bf16 parameter) + 2 (bf16 main gradient) = 4 whole, and the fp32
+// master and m, v (12) over d; without it 2 + 2 + 12 = 16 at rest.
+TEST(FsdpReduce, MegatronBf16MainGradsNoted) {
+  const char *want[2] = {"ZeRO-1: 4 + 12/d bytes a parameter", "(16 bytes a parameter at rest)"};
+  for (int dist = 1; dist >= 0; dist--) {
+    Built b;
+    Opts o;
+    o.mesh = "dp_replicate=8", o.mem_model = MP_MEM_MODEL_MEGATRON, o.reduce_dtype = MP_DTYPE_BF16, o.dist_opt = dist;
+    ASSERT_EQ(PlanOnly(&b, o), MP_OK) << mp_errmsg(&b.ctx);
+    bool noted = false;
+    for (int i = 0; i < b.plan->n_notes; i++)
+      noted |= strstr(b.plan->notes[i], "bf16 main gradients") && strstr(b.plan->notes[i], want[1 - dist]);
+    EXPECT_TRUE(noted) << want[1 - dist];
+  }
 }
 
 // Refusals: bf16 reduction where the meshplan runtime reduces fp32 slots, and a dtype none
