@@ -294,7 +294,7 @@ static void print_units(const explain *e) {
 }
 
 /* Megatron-LM's resident state on the rank (exec/schedule.c's prologue): the 16-bit
- * parameters and fp32 main gradients whole, the fp32 master weights and Adam m, v on the
+ * parameters and the main gradients (fp32, bf16 with --grad-reduce-in-bf16) whole, the fp32 master weights and Adam m, v on the
  * rank's 1/d of them under the distributed optimizer (d: dp_replicate x cp), else whole. */
 static void print_totals_megatron(const explain *e, const mp_plan_totals *t) {
   const mp_plan *p = e->plan;
@@ -309,9 +309,9 @@ static void print_totals_megatron(const explain *e, const mp_plan_totals *t) {
   mp_explain_fmt_bytes((double)grad_bytes, b, sizeof b);
   mp_explain_fmt_bytes((double)opt_bytes, c, sizeof c);
   mp_explain_fmt_bytes((double)(param_bytes + grad_bytes + opt_bytes), s, sizeof s);
-  printf("\nper-rank totals at rest (rank %d, Megatron-LM: %s parameters, fp32 main gradients, "
+  printf("\nper-rank totals at rest (rank %d, Megatron-LM: %s parameters, %s main gradients, "
          "fp32 master weights and Adam state%s):\n",
-         e->rank, mp_dtype_name(p->opts.fsdp.param_dtype),
+         e->rank, mp_dtype_name(p->opts.fsdp.param_dtype), mp_dtype_name(p->opts.fsdp.reduce_dtype),
          mp_plan_is_megatron_fsdp(p) ? ", each on the rank's shard (Megatron FSDP)"
          : d > 1                     ? " on the rank's shard (distributed optimizer)"
                                      : "");

@@ -163,7 +163,8 @@
   { "--fsdp-reduce-dtype", "DTYPE", "the dtype FSDP reduce-scatters gradients in (and all-reduces " \
     "them in across dp_replicate): fp32, as torchtitan runs it, or bf16, as FSDP1's "               \
     "MixedPrecision(reduce_dtype=torch.bfloat16) does in IBM's fms-fsdp; the reduced shard is "     \
-    "cast back to the fp32 gradient (torchtitan stacks) (default fp32)", NULL }
+    "cast back to the fp32 gradient (torchtitan stacks); under a megatron stack the main_grad "     \
+    "buffers' dtype, bf16 being Megatron-LM's --grad-reduce-in-bf16 (default fp32)", NULL }
 /* simulate and explain: Megatron-Core's fused cross-entropy (mp_cmd_ce_fusion) */
 #define MP_OPT_CE_FUSION                                                                           \
   { "--cross-entropy-loss-fusion", NULL, "Megatron-Core's option of that name: the vocab-parallel " \

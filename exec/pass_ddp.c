@@ -89,17 +89,20 @@ void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o) {
              "; the routed experts (whole on each rank, etp=1) over their expert-DP group of %d "
              "instead (the stage's ranks holding the same experts)",
              mp_mesh_group_size(&p->mesh, MP_GROUP_EDP));
-  /* the fp32 master and AdamW's two moments: 12 bytes a parameter, 8 with bf16 moments */
-  const int state = 4 + (int)mp_plan_adamw_moment_bytes(&p->opts, 1);
-  char how[200];
+  /* the fp32 master and AdamW's two moments: 12 bytes a parameter, 8 with bf16 moments; the
+   * 16-bit parameter and the main gradient (4 bytes, 2 with --grad-reduce-in-bf16) whole */
+  const int state = 4 + (int)mp_plan_adamw_moment_bytes(&p->opts, 1),
+            whole = 2 + (int)mp_dtype_bytes(p->opts.fsdp.reduce_dtype);
+  char how[256];
   if (o->shard_optimizer)
     snprintf(how, sizeof how, "reduce-scattered over them, and the fp32 master weights and Adam state "
-             "sharded over them (the distributed optimizer, ZeRO-1: 6 + %d/d bytes a parameter), the "
-             "updated 16-bit parameters all-gathered back", state);
+             "sharded over them (the distributed optimizer, ZeRO-1: %d + %d/d bytes a parameter), the "
+             "updated 16-bit parameters all-gathered back", whole, state);
   else
-    snprintf(how, sizeof how, "all-reduced over them (%d bytes a parameter at rest)", 6 + state);
+    snprintf(how, sizeof how, "all-reduced over them (%d bytes a parameter at rest)", whole + state);
   mp_plan_note(p,
-               "DDP: parameters replicated over dp_replicate x cp = %d, fp32 main gradients %s%s%s", d, how,
+               "DDP: parameters replicated over dp_replicate x cp = %d, %s main gradients %s%s%s", d,
+               mp_dtype_name(p->opts.fsdp.reduce_dtype), how,
                !o->overlap         ? ", after the step's last backward"
                : o->shard_optimizer ? ", bucket by bucket as the backward ends and the "
                                       "gathers in the next forward"

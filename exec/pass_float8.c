@@ -158,21 +158,23 @@ mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, mp_fp8_rec
   return MP_OK;
 }
 
-/* FSDP's gradient reduction dtype: fp32 (torchtitan's mixed_precision_reduce) or bf16 (FSDP1's
- * MixedPrecision(reduce_dtype=torch.bfloat16), IBM's fms-fsdp policies/mixed_precision.py
- * bfSixteen), and bf16 only where FSDP reduces: Megatron's DDP keeps fp32 main_grad buffers
- * and the meshplan runtimes reduce fp32 slots. */
+/* The gradient reduction dtype: fp32 or bf16. FSDP's: fp32 (torchtitan's
+ * mixed_precision_reduce) or bf16 (FSDP1's MixedPrecision(reduce_dtype=torch.bfloat16), IBM's
+ * fms-fsdp policies/mixed_precision.py bfSixteen). Megatron's main_grad buffers: fp32 by
+ * default with --bf16 (core_v0.14.0 megatron/training/arguments.py sets
+ * accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16, which training.py passes
+ * on as DistributedDataParallelConfig.grad_reduce_in_fp32), bf16 with --grad-reduce-in-bf16
+ * (NeMo's DistributedDataParallelConfig(grad_reduce_in_fp32=False), as NVIDIA's MLPerf
+ * Training v5.0 Llama 3.1 405B pretrain.py sets it). The meshplan runtimes reduce fp32 slots. */
 static mp_status reduce_dtype_check(mp_ctx *ctx, const mp_plan_options *o) {
   const mp_dtype r = o->fsdp.reduce_dtype;
-  if (r != MP_DTYPE_FP32 && r != MP_DTYPE_BF16 && o->mem_model == MP_MEM_MODEL_TORCHTITAN)
-    return mp_error(ctx, MP_ERR_INVALID, "FSDP gradients reduced in %s: choose fp32 or bf16",
-                    mp_dtype_name(r));
-  if (r == MP_DTYPE_BF16 && o->mem_model != MP_MEM_MODEL_TORCHTITAN)
+  if (r != MP_DTYPE_FP32 && r != MP_DTYPE_BF16 && !mp_mem_model_is_runtime(o->mem_model))
+    return mp_error(ctx, MP_ERR_INVALID, "gradients reduced in %s: choose fp32 or bf16", mp_dtype_name(r));
+  if (r == MP_DTYPE_BF16 && mp_mem_model_is_runtime(o->mem_model))
     return mp_error(ctx, MP_ERR_INVALID,
-                    "bf16 gradient reduction is FSDP's MixedPrecision reduce_dtype; the %s memory model "
-                    "reduces in %s: drop --fsdp-reduce-dtype bf16 or use a torchtitan stack",
-                    mp_mem_model_name(o->mem_model),
-                    o->mem_model == MP_MEM_MODEL_MEGATRON ? "fp32 main_grad buffers" : "fp32 (the meshplan runtime)");
+                    "bf16 gradient reduction: the %s memory model (the meshplan runtime) reduces in "
+                    "fp32: drop --fsdp-reduce-dtype bf16 or use a torchtitan or megatron stack",
+                    mp_mem_model_name(o->mem_model));
   return MP_OK;
 }
 

@@ -228,9 +228,17 @@ MG += [
     ("16", ("--model", "mixtral-8x7b", "--mesh", "dp_replicate=8,tp=2,ep=8", "--stack", "megatron-core",
             "--cuda-graphs", "attn")),
 ]
+# Megatron-LM's --grad-reduce-in-bf16 (bf16 main_grad buffers): written, read back as
+# --fsdp-reduce-dtype bf16, the same prediction
+MG += [
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack", "megatron-core",
+           "--fsdp-reduce-dtype", "bf16")),
+]
 for gpus, args in MG:
     a = args if "--model" in args else ("--model", "llama3.1-8b") + tuple(args)
-    round_trip("megatron", gpus, a)
+    text = round_trip("megatron", gpus, a)
+    check(text is None or ("--grad-reduce-in-bf16" in text) == ("bf16" in a),
+          f"megatron {' '.join(a)}: --grad-reduce-in-bf16 written where the plan reduces in bf16 only")
 
 # CUDA graphs as Megatron-LM's flags (megatron/training/arguments.py, core_v0.14.0), each scope
 # read back from them, and from --external-cuda-graph's default scope (full: a layer a graph)

@@ -6,6 +6,7 @@ and, in explain and simulate alike, the micro-batching a stack states for its pi
 
 Usage: explain_pp_test.py MESHPLAN"""
 import json
+import os
 import sys
 
 import cli_check
@@ -132,17 +133,24 @@ else:
     check(False, "simulate --optimizer-moments fp32|bf16 ran")
 
 # FSDP's reduction dtype: bf16 as FSDP1's MixedPrecision runs it (IBM's fms-fsdp), refused by name
-# where FSDP does not reduce and by the torchtitan emit; under HSDP over 2 nodes (Llama 3.1 8B,
+# by the torchtitan emit; under HSDP over 2 nodes (Llama 3.1 8B,
 # dp_shard 8 a node) the gradient collectives carry half the bytes, so the reduce stream's busy
 # time halves (the same alpha-beta links, the per-collective latency aside) and the step is no slower
 hsdp = ["simulate", "--model", "llama3.1-8b", "--gpus", "16", "--mesh", "dp_replicate=2,dp_shard=8", "--json"]
 p = run("simulate", "--model", "llama3.1-8b", "--fsdp-reduce-dtype", "fp16", want_rc=2)
 check(p.returncode == 2 and "choose fp32 or bf16" in p.stderr, "fp16 FSDP reduction")
-p = run("simulate", "--model", "llama3.1-8b", "--stack", "megatron-core", "--mesh", "dp_replicate=8",
-        "--fsdp-reduce-dtype", "bf16", want_rc=2)
-check(p.returncode == 2 and "main_grad" in p.stderr, "bf16 reduction under Megatron's DDP: " + p.stderr)
+# under Megatron's DDP it is --grad-reduce-in-bf16: the main_grad buffer (8,030,261,248
+# parameters, whole on each rank) at 2 bytes a parameter where fp32 keeps 4
+grads = {}
+for d in ("fp32", "bf16"):
+    p = run("simulate", "--model", "llama3.1-8b", "--stack", "megatron-core", "--mesh", "dp_replicate=8",
+            "--fsdp-reduce-dtype", d, "--json")
+    if p.returncode == 0:
+        grads[d] = json.loads(p.stdout)["mem_at_peak_bytes"]["grads"]
+check(grads.get("fp32") == 4 * 8030261248 and grads.get("bf16") == 2 * 8030261248,
+      f"bf16 main gradients under Megatron's DDP: {grads}")
 p = run("simulate", "--model", "llama3.1-8b", "--fsdp-reduce-dtype", "bf16", "--emit", "torchtitan",
-        "--out", "/nonexistent-dir", want_rc=2)
+        "--out", os.path.join(os.environ.get("TEST_TMPDIR", "/tmp"), "emit-refused"), want_rc=2)
 check(p.returncode == 2 and "mixed_precision_reduce" in p.stderr, "emit torchtitan with bf16 reduction: " + p.stderr)
 red = {}
 for d in ("fp32", "bf16"):

@@ -3,9 +3,11 @@
 // fms_fsdp/policies/mixed_precision.py bfSixteen) halves the bytes each block's
 // reduce-scatter and HSDP all-reduce move and the reduce-scatter's input buffer, and keeps
 // the resident sharded gradients in fp32 (FSDP1 casts the reduced shard to the flat
-// parameter's dtype, FSDP2's foreach_reduce to the sharded parameter's); the refusals.
+// parameter's dtype, FSDP2's foreach_reduce to the sharded parameter's); Megatron's bf16
+// main_grad buffers (--grad-reduce-in-bf16); the refusals.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 
 #include "tests/schedule/built.h"
@@ -88,18 +90,64 @@ TEST(FsdpReduce, Bf16ReduceScatterInputIsHalf) {
   EXPECT_EQ(in[1], 2 * kBlock);
 }
 
-// Refusals: bf16 reduction where FSDP does not reduce (Megatron's DDP keeps fp32 main_grad
-// buffers; the meshplan runtime reduces fp32), and a dtype FSDP1 and torchtitan do not use.
-TEST(FsdpReduce, RefusedOutsideTorchtitanFsdp) {
+// Megatron's DDP with --grad-reduce-in-bf16 (DistributedDataParallelConfig.grad_reduce_in_fp32
+// False, core_v0.14.0 distributed_data_parallel.py: grad_dtype the parameters' bf16): the
+// main_grad buffer, whole on every rank with or without the distributed optimizer, holds
+// kParams x 2 bytes where fp32 holds x 4, and the all-reduce over dp_replicate 8 moves the
+// same halving (Megatron's DDP all-reduces the whole buffer without the distributed optimizer).
+TEST(FsdpReduce, MegatronBf16MainGradsAreHalf) {
+  int64_t grads[2][2];
+  double ar[2] = {0, 0};
+  const mp_dtype d[2] = {MP_DTYPE_FP32, MP_DTYPE_BF16};
+  for (int k = 0; k < 2; k++)
+    for (int dist = 0; dist < 2; dist++) {
+      Built b;
+      Opts o;
+      o.mesh = "dp_replicate=8", o.mem_model = MP_MEM_MODEL_MEGATRON, o.reduce_dtype = d[k], o.dist_opt = dist;
+      Build(&b, o);
+      grads[k][dist] = b.s->resident_bytes[MP_MEM_GRADS];
+      if (dist) continue;
+      mp_schedule_totals t;
+      mp_schedule_totals_compute(b.s, &t);
+      ar[k] = t.comm_bytes[MP_COLL_ALL_REDUCE][MP_GROUP_DP_REPLICATE];
+    }
+  for (int dist = 0; dist < 2; dist++) {
+    EXPECT_EQ(grads[0][dist], kParams * 4);  // 32,121,044,992
+    EXPECT_EQ(grads[1][dist], kParams * 2);  // 16,060,522,496
+  }
+  EXPECT_GT(ar[1], 0);
+  EXPECT_DOUBLE_EQ(ar[1], ar[0] / 2);
+}
+
+// The DDP note states the main gradients' dtype and the bytes a parameter: with the
+// distributed optimizer 2 (bf16 parameter) + 2 (bf16 main gradient) = 4 whole, and the fp32
+// master and m, v (12) over d; without it 2 + 2 + 12 = 16 at rest.
+TEST(FsdpReduce, MegatronBf16MainGradsNoted) {
+  const char *want[2] = {"ZeRO-1: 4 + 12/d bytes a parameter", "(16 bytes a parameter at rest)"};
+  for (int dist = 1; dist >= 0; dist--) {
+    Built b;
+    Opts o;
+    o.mesh = "dp_replicate=8", o.mem_model = MP_MEM_MODEL_MEGATRON, o.reduce_dtype = MP_DTYPE_BF16, o.dist_opt = dist;
+    ASSERT_EQ(PlanOnly(&b, o), MP_OK) << mp_errmsg(&b.ctx);
+    bool noted = false;
+    for (int i = 0; i < b.plan->n_notes; i++)
+      noted |= strstr(b.plan->notes[i], "bf16 main gradients") && strstr(b.plan->notes[i], want[1 - dist]);
+    EXPECT_TRUE(noted) << want[1 - dist];
+  }
+}
+
+// Refusals: bf16 reduction where the meshplan runtime reduces fp32 slots, and a dtype none
+// of the stacks reduces in.
+TEST(FsdpReduce, RefusedOutsideTorchtitanAndMegatron) {
   const struct {
     mp_mem_model mm;
     mp_dtype r;
     const char *mesh;
     const char *words;
   } cases[] = {
-      {MP_MEM_MODEL_MEGATRON, MP_DTYPE_BF16, "dp_replicate=8", "fp32 main_grad buffers"},
       {MP_MEM_MODEL_MESHPLAN_CUDA, MP_DTYPE_BF16, "dp_shard=8", "meshplan runtime"},
       {MP_MEM_MODEL_TORCHTITAN, MP_DTYPE_FP16, "dp_shard=8", "choose fp32 or bf16"},
+      {MP_MEM_MODEL_MEGATRON, MP_DTYPE_FP16, "dp_replicate=8", "choose fp32 or bf16"},
   };
   for (const auto &c : cases) {
     SCOPED_TRACE(c.words);
