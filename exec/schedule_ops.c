@@ -20,8 +20,9 @@
  *     the simulator uses.
  *   Float8 Linear, torchao (torchtitan): forward casts the weight and the input to E4M3
  *     and runs the GEMM in E4M3; backward casts dy to E5M2 (tensorwise: a row-major and a
- *     transposed copy, dy_copies) and re-casts the weight and the input (torchao saves the
- *     high-precision tensors; a float8 input saved by float8 TP is transposed instead),
+ *     transposed copy, dy_copies) and re-casts the input (torchao saves the high-precision
+ *     input; a float8 input saved by float8 TP is transposed instead) and the weight
+ *     (tensorwise saves the float8 weight, transposed instead),
  *     DGRAD and WGRAD in E5M2 (op dtype E5M2: one operand is E5M2, the other E4M3). A
  *     cast reads the bf16 source (2 bytes an element) and writes one float8 copy (1), after
  *     an amax pass (2 more) where the scale is the tensor's own (none in a recompute whose
@@ -390,7 +391,12 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
     }
     /* rowwise: dy scaled along tokens for the weight gradient as well */
     if (g->sh.fp8_recipe == MP_FP8_ROWWISE || g->sh.fp8_recipe == MP_FP8_MXFP8) cast(g, module, dy, MP_VAR_BWD);
-    if (!g->sh.fp8_all_gather) cast(g, module, w, MP_VAR_BWD);
+    /* tensorwise: the weight cast once in Float8Linear.forward and saved in float8 (or
+     * gathered so), the input gradient's second operand its transposed copy
+     * (preprocess_addmm, b_data.t().contiguous().t()); rowwise scales it along the other
+     * dim: a cast from the bf16 weight */
+    if (g->sh.fp8_recipe == MP_FP8_TENSORWISE) transpose8(g, module, w, MP_VAR_BWD);
+    else if (!g->sh.fp8_all_gather) cast(g, module, w, MP_VAR_BWD);
     if (mp_sched_f8_input(g, module) || f8_row_input(g, module))
       transpose8(g, module, x, MP_VAR_BWD);
     else

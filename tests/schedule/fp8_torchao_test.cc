@@ -12,7 +12,9 @@
 //   casts it before the Linear runs (float8/float8_tensor_parallel.py), the Linear saves the
 //   float8 tensor and its backward takes it as it is, the weight gradient's second operand
 //   being its transposed copy (b_data.t().contiguous().t()): 1 byte read + 1 written, where
-//   a cast of the bf16 input read 2 + 2 and wrote 1.
+//   a cast of the bf16 input read 2 + 2 and wrote 1. So is the weight under tensorwise:
+//   Float8Linear.forward casts it once and the autograd function saves the float8 copy,
+//   whose transpose is the input gradient's second operand.
 // - torchtitan's op-level SAC saves aten.max.default's outputs, torchao's tensorwise amaxes
 //   (torch.max(torch.abs(x)), float8_utils.py tensor_to_amax): the recompute casts from the
 //   kept amax, 2 + 1 = 3 bytes an element; under full AC, or rowwise (torch.amax along a
@@ -54,17 +56,18 @@ std::vector<double> PerElement(const mp_schedule *s, mp_phase phase) {
 
 TEST(Fp8Torchao, TensorwiseGradientCastWritesBothLayouts) {
   // dp_shard=8 (no TP), AC none. Backward of gate [f, H]: its output gradient T x f cast
-  // with both copies (6 T f), the weight re-cast (5 f H), the bf16 input re-cast (5 T H).
-  // Backward of o [H, H]: 6 T H, 5 H H, 5 T H. Rowwise casts the gradient twice, each copy
-  // scaled along its own dim and written in its GEMM's layout: 5 T f twice.
+  // with both copies (6 T f), the float8 weight the forward saved transposed (2 f H), the
+  // bf16 input re-cast (5 T H). Backward of o [H, H]: 6 T H, 2 H H, 5 T H. Rowwise casts
+  // the gradient twice, each copy scaled along its own dim and written in its GEMM's
+  // layout: 5 T f twice.
   Opts o;
   o.fp8 = 1;
   Built tw, rw;
   Build(&tw, o);
   EXPECT_EQ(CastBytes(tw.s, MP_MOD_GATE, MP_PHASE_BACKWARD),
-            (std::vector<double>{6 * T * f, 5 * f * H, 5 * T * H}));
+            (std::vector<double>{6 * T * f, 2 * f * H, 5 * T * H}));
   EXPECT_EQ(CastBytes(tw.s, MP_MOD_O, MP_PHASE_BACKWARD),
-            (std::vector<double>{6 * T * H, 5 * H * H, 5 * T * H}));
+            (std::vector<double>{6 * T * H, 2 * H * H, 5 * T * H}));
   o.fp8_recipe = MP_FP8_ROWWISE;
   Build(&rw, o);
   const std::vector<double> g = CastBytes(rw.s, MP_MOD_GATE, MP_PHASE_BACKWARD);
@@ -78,10 +81,10 @@ TEST(Fp8Torchao, RowwiseParallelInputIsTransposedNotRecast) {
   // down [H, f/2] reads T x 7168, each cast forward by Float8RowwiseParallel (5 bytes, after
   // the amax all-reduce). Backward of down: its output gradient cast on the sequence shard
   // T/2 x H before the float8 all-gather (5 x 4096 x 4096), the gathered T x H gradient
-  // transposed for the weight gradient (2 T H), the weight re-cast (5 x H x 7168) and the
-  // input's transposed copy (2 T 7168), no cast of it. q, a colwise Linear, keeps its
-  // float8 input's transpose (2 T H) and casts its gradient T x 2048 with both copies
-  // (6 T 2048).
+  // transposed for the weight gradient (2 T H), the saved float8 weight transposed
+  // (2 x H x 7168) and the input's transposed copy (2 T 7168), no cast of it. q, a colwise
+  // Linear, casts its gradient T x 2048 with both copies (6 T 2048), transposes its weight
+  // (2 x 2048 x H) and its float8 input (2 T H).
   Opts o;
   o.mesh = "tp=2";
   o.fp8 = 1;
@@ -89,10 +92,10 @@ TEST(Fp8Torchao, RowwiseParallelInputIsTransposedNotRecast) {
   Build(&b, o);
   EXPECT_EQ(CastBytes(b.s, MP_MOD_DOWN, MP_PHASE_FORWARD).back(), 5 * T * (f / 2));
   EXPECT_EQ(CastBytes(b.s, MP_MOD_DOWN, MP_PHASE_BACKWARD),
-            (std::vector<double>{5 * (T / 2) * H, 2 * T * H, 5 * H * (f / 2), 2 * T * (f / 2)}));
+            (std::vector<double>{5 * (T / 2) * H, 2 * T * H, 2 * H * (f / 2), 2 * T * (f / 2)}));
   EXPECT_EQ(CastBytes(b.s, MP_MOD_O, MP_PHASE_BACKWARD).back(), 2 * T * (H / 2));
   EXPECT_EQ(CastBytes(b.s, MP_MOD_Q, MP_PHASE_BACKWARD),
-            (std::vector<double>{6 * T * (H / 2), 5 * (H / 2) * H, 2 * T * H}));
+            (std::vector<double>{6 * T * (H / 2), 2 * (H / 2) * H, 2 * T * H}));
 }
 
 TEST(Fp8Torchao, OpSacRecomputeCastsFromTheKeptAmax) {
