@@ -19,11 +19,14 @@
  *     schedule_internal.h); they are memory-bound, so their bytes (read + written) are what
  *     the simulator uses.
  *   Float8 Linear, torchao (torchtitan): forward casts the weight and the input to E4M3
- *     and runs the GEMM in E4M3; backward casts dy to E5M2 and re-casts the weight and the
- *     input (torchao saves the high-precision tensors), DGRAD and WGRAD in E5M2 (op dtype
- *     E5M2: one operand is E5M2, the other E4M3). A cast reads the bf16 source (2 bytes an
- *     element) and writes one float8 copy (1), after an amax pass (2 more) where the scale
- *     is the tensor's own: tensorwise 5 bytes, so is each of rowwise's casts, of which the
+ *     and runs the GEMM in E4M3; backward casts dy to E5M2 (tensorwise: a row-major and a
+ *     transposed copy, dy_copies) and re-casts the input (torchao saves the high-precision
+ *     input; a float8 input saved by float8 TP is transposed instead) and the weight
+ *     (tensorwise saves the float8 weight, transposed instead),
+ *     DGRAD and WGRAD in E5M2 (op dtype E5M2: one operand is E5M2, the other E4M3). A
+ *     cast reads the bf16 source (2 bytes an element) and writes one float8 copy (1), after
+ *     an amax pass (2 more) where the scale is the tensor's own (none in a recompute whose
+ *     policy kept the amax: amax_kept): tensorwise 5 bytes, so is each of rowwise's casts, of which the
  *     backward needs two more (dy and the weight scaled along another dim), MXFP8 3 plus a
  *     scale byte per 32 (no amax pass: each block's scale is local). With float8 all-gather
  *     the gathered weight already is float8 and its casts are dropped (the cast of the shard
@@ -125,16 +128,29 @@ void mp_sched_seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_st
 
 /* ---- GEMMs and Linears ---------------------------------------------------------------- */
 
+/* Whether a torchao tensorwise cast finds its amax kept by the AC policy: torchtitan's
+ * op-level SAC saves the output of aten.max.default ("for low precision training, it's
+ * useful to always save the result of max", _save_list in torchtitan 820504e
+ * models/llama3/parallelize_llama.py), which torchao's tensorwise amax is
+ * (torch.max(torch.abs(x)), torchao 6243040 float8/float8_utils.py tensor_to_amax): the
+ * recompute of a block under that policy casts from the kept amax without the amax pass.
+ * Rowwise's amax (torch.amax along a dim) is another op, recomputed. */
+static int amax_kept(const gen *g) {
+  return g->phase == MP_PHASE_RECOMPUTE && g->sh.fp8_recipe == MP_FP8_TENSORWISE && !g->sh.fp8_te &&
+         !g->ms->runtime && mp_plan_layer_ac(&g->p->opts, g->layer) == MP_AC_SELECTIVE_OP;
+}
+
 /* Bytes a float8 cast moves per element of its bf16 source when it writes `copies` float8
  * copies (the row-major one, and Transformer Engine's transposed or MXFP8's column-scaled
  * one): the read (2), a byte a copy, an amax pass (2) where the scale is the tensor's own
- * (tensorwise and rowwise; delayed scaling's comes from the history, MXFP8's and
+ * and no AC policy kept its amax (amax_kept) (tensorwise and rowwise; delayed scaling's
+ * comes from the history, MXFP8's and
  * blockwise's blocks are scaled within the cast), and the scales (MXFP8: an E8M0 byte per
  * 32 elements; blockwise: an fp32 per 128). */
 static double cast_bytes(const gen *g, int copies) {
   const mp_fp8_recipe r = g->sh.fp8_recipe;
   double b = 2.0 + copies;
-  if (r == MP_FP8_TENSORWISE || r == MP_FP8_ROWWISE) b += 2.0;
+  if ((r == MP_FP8_TENSORWISE || r == MP_FP8_ROWWISE) && !amax_kept(g)) b += 2.0;
   if (r == MP_FP8_MXFP8) b += copies / 32.0;
   if (r == MP_FP8_BLOCKWISE) b += copies * 4.0 / 128.0;
   return b;
@@ -237,6 +253,28 @@ static int32_t transpose8(gen *g, int module, int64_t elems, mp_variant v) {
 static void rowwise_post_scale(gen *g, int module, int64_t elems) {
   if (g->sh.fp8_recipe != MP_FP8_ROWWISE || g->sh.fp8_te || g->ms->runtime) return;
   elementwise(g, MP_KERNEL_FP8_CAST, MP_VAR_BWD, module, elems, 1.0, 4.0 * (double)elems);
+}
+
+/* The float8 copies a torchao tensorwise cast of an output gradient writes: torchao's
+ * backward hands the cast gradient to both GEMMs, the input gradient's as its row-major
+ * first operand and the weight gradient's as dy^T, a column-major view that
+ * preprocess_addmm copies contiguous (a_data.contiguous(), torchao 6243040
+ * float8/float8_ops.py); under torch.compile the cast writes that transposed copy from the
+ * same read of dy, as torchao's roofline counts a grad_output cast ("read in bf16, write
+ * twice in float8 (row-major and col-major)", torchao/testing/float8/roofline_utils.py): 2.
+ * Rowwise casts dy twice, scaled along each dim, each copy in its GEMM's layout: 1. */
+static int dy_copies(const gen *g) { return g->sh.fp8_recipe == MP_FP8_TENSORWISE ? 2 : 1; }
+
+/* torchao's Float8RowwiseParallel (the rowwise Linears o and down under torchtitan's float8
+ * tensor parallelism) casts the Linear's input to float8 in its _prepare_input_fn, before
+ * the Linear runs (torchao 6243040 float8/float8_tensor_parallel.py), and the Linear's
+ * matmul_with_hp_or_float8_args saves that float8 input and takes it as it is in backward
+ * (tensor_already_casted_to_fp8, float8/float8_linear.py): the weight gradient's second
+ * operand is its transposed copy (preprocess_addmm's b_data.t().contiguous().t()), not a
+ * cast of the bf16 input. Whether Linear `module` reads such an input. */
+static int f8_row_input(const gen *g, int module) {
+  const shapes *sh = &g->sh;
+  return sh->fp8_tp_codes && !sh->fp8_te && sh->tp_style[module] == MP_TP_ROWWISE && sh->fp8[module];
 }
 
 /* y[T, out] = x[T, in] W^T (batch > 1: grouped expert GEMMs, m tokens per expert). */
@@ -347,20 +385,26 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
      * transposed copy of the whole gathered gradient, which no cast can fuse */
     if (!f8_grad_out(g, module)) {
       dtensor_amax_tp(g, module, MP_TP_COLWISE);
-      cast(g, module, dy, MP_VAR_BWD);
+      cast_copies(g, module, dy, MP_VAR_BWD, dy_copies(g));
     } else {
       transpose8(g, module, dy, MP_VAR_BWD);
     }
     /* rowwise: dy scaled along tokens for the weight gradient as well */
     if (g->sh.fp8_recipe == MP_FP8_ROWWISE || g->sh.fp8_recipe == MP_FP8_MXFP8) cast(g, module, dy, MP_VAR_BWD);
-    if (!g->sh.fp8_all_gather) cast(g, module, w, MP_VAR_BWD);
-    if (mp_sched_f8_input(g, module))
+    /* tensorwise: the weight cast once in Float8Linear.forward and saved in float8 (or
+     * gathered so), the input gradient's second operand its transposed copy
+     * (preprocess_addmm, b_data.t().contiguous().t()); rowwise scales it along the other
+     * dim: a cast from the bf16 weight */
+    if (g->sh.fp8_recipe == MP_FP8_TENSORWISE) transpose8(g, module, w, MP_VAR_BWD);
+    else if (!g->sh.fp8_all_gather) cast(g, module, w, MP_VAR_BWD);
+    if (mp_sched_f8_input(g, module) || f8_row_input(g, module))
       transpose8(g, module, x, MP_VAR_BWD);
     else
       cast(g, module, x, MP_VAR_BWD);
   }
-  const int64_t wq = g->sh.fp8_all_gather || g->sh.fp8_te ? 0 : w;
-  const int64_t fb = g->ms->runtime ? mp_act_f8_emul_bwd_floats(dy, x, w) * 4 : dy + wq + x;
+  /* torchao's float8 output gradient in its copies (dy_copies); Transformer Engine's are its own */
+  const int64_t wq = g->sh.fp8_all_gather || g->sh.fp8_te ? 0 : w, dq = g->sh.fp8_te ? dy : dy * dy_copies(g);
+  const int64_t fb = g->ms->runtime ? mp_act_f8_emul_bwd_floats(dy, x, w) * 4 : dq + wq + x;
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 1);
   gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_FP8_E5M2);
   rowwise_post_scale(g, module, x);

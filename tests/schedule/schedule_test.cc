@@ -1379,7 +1379,7 @@ TEST(Schedule, Float8RecipesOfTorchaoPriceTheirCasts) {
   // torchtitan's float8 Linears (torchao) on llama3.1-8b, dp_shard=8, seq 8192: every Linear
   // casts its input and weight forward, its output gradient, weight and input backward.
   // tensorwise: read 2 + write 1 + the amax read 2 = 5 bytes an element, 14 forward and 21
-  // backward casts a block. rowwise scales the output gradient along both dimensions (one
+  // backward casts a block (the backward's bytes: fp8_torchao_test.cc). rowwise scales the output gradient along both dimensions (one
   // cast for the input gradient, one for the weight gradient): 28 backward casts, 5 bytes
   // an element; its backward GEMMs run cuBLAS's per-tensor kernel with unit scales and
   // scale the bf16 output afterwards (torchao float8_ops.py addmm_float8_unwrapped without
