@@ -164,6 +164,13 @@ typedef struct mp_stack_profile {
    * (meshplan's runtimes; a calibration, measured on the GPU it runs on). */
   char fit_gpu[64];
   mp_kernel_eff fit_kernel_eff;
+  /* A GPU on which the stack's GEMM efficiency was fitted on that GPU's own published rows
+   * instead of carried from fit_gpu (JSON "gemm_fit": {"gpu": a data/gpus stem,
+   * "gemm_eff_max": a fraction of that GPU's peak}, optional, with fit_gpu; "" none): there
+   * GEMMs run at gemm_fit_eff_max where the kernel_eff ratio would give another figure; the
+   * stack's other efficiencies are still carried. */
+  char gemm_fit_gpu[64];
+  double gemm_fit_eff_max;
   /* The tile of the stack's grouped expert GEMMs (mp_op.grouped): JSON "grouped_gemm_tile_m"
    * and "grouped_gemm_tile_k", optional (0, the default: no padding), the tokens of each
    * expert rounded up to tile_m rows in the forward and input-gradient GEMMs and to tile_k in

@@ -211,6 +211,31 @@ static mp_status read_fit_gpu(mp_ctx *ctx, const cJSON *j, const char *origin, m
   return MP_OK;
 }
 
+/* "gemm_fit" (optional, after fit_gpu): {"gpu": a data/gpus stem other than fit_gpu,
+ * "gemm_eff_max": the GEMM efficiency fitted on that GPU's rows}. */
+static mp_status read_gemm_fit(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
+  const cJSON *o = cJSON_GetObjectItemCaseSensitive(j, "gemm_fit");
+  if (o == NULL) return MP_OK;
+  if (!cJSON_IsObject(o))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: gemm_fit must be an object {\"gpu\": ..., \"gemm_eff_max\": ...}",
+                    origin);
+  if (p->fit_gpu[0] == '\0')
+    return mp_error(ctx, MP_ERR_INVALID, "%s: gemm_fit restates the GEMM efficiency on a GPU the stack's "
+                    "efficiencies are carried to from fit_gpu; name fit_gpu, or state the efficiencies "
+                    "without either", origin);
+  char where[300];
+  snprintf(where, sizeof where, "%s: gemm_fit", origin);
+  MP_CHECK(mp_json_get_str(ctx, o, where, "gpu", 1, p->gemm_fit_gpu, sizeof p->gemm_fit_gpu));
+  MP_CHECK(get_eff(ctx, o, where, "gemm_eff_max", &p->gemm_fit_eff_max));
+  if (strcmp(p->gemm_fit_gpu, p->fit_gpu) == 0)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: gpu '%s' is fit_gpu itself: its GEMM efficiency is gemm_eff_max",
+                    where, p->gemm_fit_gpu);
+  mp_gpu g;
+  mp_status st = mp_gpu_load(ctx, p->gemm_fit_gpu, &g);
+  if (st != MP_OK) mp_error_prefix(ctx, "%s", where);
+  return st;
+}
+
 mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
                              mp_stack_profile *out) {
   cJSON *j = NULL;
@@ -260,6 +285,7 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
   MP_CHECK_GOTO(read_runs(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_comm_sms(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_fit_gpu(ctx, j, origin, &p), st, done);
+  MP_CHECK_GOTO(read_gemm_fit(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_grouped_tile(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_wgrad_accum(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_launch_costs(ctx, j, origin, &p), st, done);
@@ -269,6 +295,11 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
 done:
   cJSON_Delete(j);
   return st;
+}
+
+/* Whether g is the stack's gemm_fit GPU, whose GEMM efficiency is stated, not carried. */
+static int gemm_fitted_on(const mp_stack_profile *p, const mp_gpu *g) {
+  return p->gemm_fit_gpu[0] != '\0' && strcmp(p->gemm_fit_gpu, g->name) == 0;
 }
 
 /* on / fit, or 1 where either is not stated */
@@ -282,6 +313,7 @@ void mp_stack_kernel_scale_of(const mp_stack_profile *p, const mp_gpu *g, mp_sta
   out->gemm = eff_ratio(g->kernel_eff.bf16_gemm, p->fit_kernel_eff.bf16_gemm);
   out->fp8_gemm = eff_ratio(g->kernel_eff.fp8_gemm, p->fit_kernel_eff.fp8_gemm);
   out->flash = eff_ratio(g->kernel_eff.flash_attention, p->fit_kernel_eff.flash_attention);
+  if (gemm_fitted_on(p, g)) out->gemm = p->gemm_fit_eff_max / p->gemm_eff_max;
 }
 
 void mp_stack_kernel_scale_format(const mp_stack_profile *p, const mp_gpu *g, char *buf, size_t cap) {
@@ -300,8 +332,8 @@ void mp_stack_kernel_scale_format(const mp_stack_profile *p, const mp_gpu *g, ch
              g->name);
     return;
   }
-  int n = snprintf(buf, cap, "%s fitted on %s; on %s GEMM x%.3f, flash attention x%.3f, fp8 GEMM ", p->name,
-                   p->fit_gpu, g->name, k.gemm, k.flash);
+  int n = snprintf(buf, cap, "%s fitted on %s; on %s GEMM x%.3f%s, flash attention x%.3f, fp8 GEMM ", p->name,
+                   p->fit_gpu, g->name, k.gemm, gemm_fitted_on(p, g) ? " (fitted there)" : "", k.flash);
   if (n < 0 || (size_t)n >= cap) return;
   if (!(g->peak_tflops[MP_DTYPE_FP8_E4M3] > 0))
     snprintf(buf + n, cap - (size_t)n, "as bf16 (%s has no fp8 units)", g->name);

@@ -8,7 +8,7 @@
  * comm_overhead_us, frag_factor, source. Efficiencies lie in (0, 1]; frag_factor in
  * [1, 16]; overheads in [0, 1e6] us; gemm_eff_half_mnk in [0, 1e18] (common/limits.h).
  * Optional: saved_act_factor, memory_model ("torchtitan", "meshplan-cpu", "meshplan-cuda" or
- * "megatron"), attention, loss, sequence_parallel, ac_policies, fit_gpu, pp_microbatches, pp_order,
+ * "megatron"), attention, loss, sequence_parallel, ac_policies, fit_gpu, gemm_fit, pp_microbatches, pp_order,
  * cp_rotate, dp_overlap, async_tp (torchtitan), distributed_optimizer, tp_comm_overlap and
  * deepep_sms (megatron), grouped_gemm_tile_m, grouped_gemm_tile_k and grouped_gemm_streams (sim.h's
  * mp_stack_profile says what each means).
@@ -26,7 +26,10 @@
  * per kernel class: GEMMs (and the batched GEMMs of materialized attention) by the bf16
  * GEMM ratio, float8 GEMMs by the fp8 ratio, flash attention by the flash ratio. The
  * stack's own share (framework overhead, fusion, the overlap with communication) carries
- * across unchanged. A class is left as stated where either GPU states no figure for it. */
+ * across unchanged. A class is left as stated where either GPU states no figure for it.
+ * Where that share is measured not to carry, a profile states the GEMM efficiency it was
+ * fitted to on another GPU's rows (gemm_fit: gpu, gemm_eff_max), and on that GPU the GEMM
+ * multiplier is gemm_fit's over gemm_eff_max instead of the ratio. */
 #ifndef MP_SIM_STACK_H
 #define MP_SIM_STACK_H
 
@@ -59,7 +62,8 @@ typedef struct mp_stack_kernel_scale {
  * p names no fit GPU, when g is that GPU, or when either states no figure for the class. */
 void mp_stack_kernel_scale_of(const mp_stack_profile *p, const mp_gpu *g, mp_stack_kernel_scale *out);
 /* One line for a user: "torchtitan-eager fitted on h100-96gb-500w; on a100-80gb-sxm GEMM
- * x1.203, flash attention x1.771, fp8 GEMM x1 (a100-80gb-sxm has no fp8 units)", or
+ * x1.440 (fitted there), flash attention x1.771, fp8 GEMM as bf16 (a100-80gb-sxm has no fp8
+ * units)", or
  * "meshplan-cuda: efficiencies as stated on every GPU (no fit GPU)". */
 void mp_stack_kernel_scale_format(const mp_stack_profile *p, const mp_gpu *g, char *buf, size_t cap);
 

@@ -153,4 +153,4 @@ rm -f "$out.pick"
 #     each other across 8 and 128 GPUs, which a 2-4 % fit error may swap: each swap costs
 #     2/21 = 0.095) and 0.9 for memory and step time (rows far apart).
 exec /usr/bin/python3 tests/validate/bands.py "$BIN" "$CSV" --label validate_test --expected "$EXPECTED" \
-  --min-rows 30 --row-limit 5 --limits tokens_per_s_per_gpu:2.0:0.6,peak_mem_gib:1.0:0.9,step_time_s:2.0:0.9
+  --min-rows 32 --row-limit 5 --limits tokens_per_s_per_gpu:2.0:0.6,peak_mem_gib:1.0:0.9,step_time_s:2.0:0.9
