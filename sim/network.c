@@ -340,8 +340,8 @@ double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, const mp_sim_lin
   /* the ring's bus bandwidth moves (n-1)/n of the bytes a step pattern, twice for an
    * all-reduce; the tree's moves them twice (up and down) */
   const double ring_bytes = (ar ? 2.0 : 1.0) * (n - 1) / n * bytes, tree_bytes = 2.0 * bytes;
-  int lg = log2_floor(bytes / 64.0);
-  if (bytes < 64.0) lg = 0;
+  /* treeCorrectionFactor's row: log2(bytes / 64), none under 64 bytes */
+  const int lg = bytes >= 64.0 ? log2_floor(bytes / 64.0) : -1;
   double best = -1.0;
   for (int p = 0; p < NCCL_NPROTO; p++) {
     /* LL128 is on by default from sm70 over NVLink and GPU-Direct NICs */
@@ -366,7 +366,7 @@ double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, const mp_sim_lin
     double tb = min2(0.92 * bw_GBps, ch * kTreeChBw[ci][ni]);
     if (p == NCCL_LL) tb = min2(tb / 3.8, ll_max);
     if (p == NCCL_LL128) tb = min2(tb * (nodes == 1 ? 7.0 / 9.0 : 120.0 / 128.0), ch * kTreeLl128ChBw[ci][ni]);
-    if (lg < 23) tb *= kTreeCorrection[p][lg];
+    if (lg >= 0 && lg < 23) tb *= kTreeCorrection[p][lg];
     const double tt = tree_lat_us(n, nodes, p) * 1e-6 + tree_bytes / (tb * 1e9);
     if (tt < best) best = tt;
   }
