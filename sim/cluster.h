@@ -58,6 +58,9 @@ typedef struct mp_cluster {
   int n_nodes;
   double intra_node_GBps_per_gpu;   /* per direction */
   double inter_node_Gbitps_per_gpu; /* NIC rate per GPU */
+  /* a step of a send, an all-to-all or a broadcast, and of every collective on the CPU
+   * runtime's MPI; NCCL's all-gather, reduce-scatter and all-reduce take NCCL's own
+   * latencies instead (sim/network.c) */
   double intra_node_latency_us;
   double inter_node_latency_us;
   double price_per_gpu_hour; /* 0: unknown */

@@ -10,11 +10,18 @@
  * `bytes` is the op's payload as exec/schedule.h defines it (the full tensor for
  * all-gather, reduce-scatter and all-reduce; what a rank sends for all-to-all and send).
  *
- * NCCL (the GPU clusters' collectives) runs an all-reduce as the faster of its ring and its
- * double binary tree, which it picks by size (src/graph/tuning.cc): the tree moves the
- * whole payload up and down again, 2 x bytes / bw, in 2 ceil(log2 n) latency steps, so it
- * wins the small all-reduces of large groups (an amax, a gradient norm) and the ring the
- * bulk ones. The CPU runtime's MPI collectives keep the ring model its calibration fits.
+ * NCCL (the GPU clusters' collectives) prices an all-gather, reduce-scatter or all-reduce
+ * by its own tuning model and runs the fastest of its algorithms (ring, and for the
+ * all-reduce the double binary tree) and protocols (LL, LL128, Simple) at each size
+ * (src/graph/tuning.cc, v2.27.7-1; mp_sim_nccl_collective_s below): a launch latency, a
+ * latency a ring step that is NVLink's for the steps inside a node and the network's only
+ * for the nodes - 1 steps a ring laid out node by node crosses between nodes (twice that
+ * for an all-reduce), and the bytes at the protocol's share of the link's bandwidth (Simple
+ * the whole, LL128 0.92, LL half, capped). The tree climbs a node's chain and log2(nodes)
+ * levels between nodes, twice; PAT, for one rank a node, pays log2(nodes) network hops and
+ * a short step a rank. Small collectives of large groups take LL or the tree, bulk
+ * ones Simple on the ring; the CPU runtime's MPI collectives, broadcasts, sends and
+ * all-to-alls keep the alpha-beta model above on the link's latency a step.
  *
  * Group link. A group that stays inside one node runs on NVLink (the cluster's
  * intra_node_GBps_per_gpu, intra-node latency). A group with one member per node runs on
@@ -57,13 +64,6 @@ double mp_sim_collective_s(mp_coll c, double bytes, int n, double bw_GBps, doubl
     default:
       return 0.0;
   }
-}
-
-double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, double bw_GBps, double lat_s) {
-  const double ring = mp_sim_collective_s(c, bytes, n, bw_GBps, lat_s);
-  if (c != MP_COLL_ALL_REDUCE || n <= 2 || bw_GBps <= 0) return ring;
-  const double tree = 2.0 * bytes / (bw_GBps * 1e9) + 2.0 * ceil(log2((double)n)) * lat_s;
-  return tree < ring ? tree : ring;
 }
 
 /* Groups up to this size are listed (on the stack) to count a node's members. */
@@ -301,4 +301,124 @@ mp_status mp_sim_nccl_ctas_parse(mp_ctx *ctx, const char *text, int caps[MP_GROU
     for (int i = 0; i < kNcclComms[k].n; i++) caps[kNcclComms[k].g[i]] = (int)v;
   }
   return MP_OK;
+}
+
+/* ---- NCCL's cost model: algorithm, protocol, latency ------------------------------------ */
+
+/* NCCL picks, per collective and size, the algorithm and protocol its tuning model prices
+ * fastest, time = latency + bytes / algorithm bandwidth (src/graph/tuning.cc, v2.27.7-1,
+ * ncclTopoTuneModel and ncclTopoGetAlgoTime; the ring's and the tree's LL, LL128 and Simple
+ * latencies are those of v2.23 to v2.28, the ring's those of v2.21 too). Latencies in us,
+ * [tree, ring][LL, LL128, Simple]: baseLat, a launch; hwLat over NVLink (a hop inside a
+ * node) and over the network (a hop between nodes; graph->latencyInter, the network
+ * plugin's own figure, is 0 for NCCL's IB and socket transports). */
+enum { NCCL_TREE, NCCL_RING };
+enum { NCCL_LL, NCCL_LL128, NCCL_SIMPLE, NCCL_NPROTO };
+static const double kBaseLatUs[2][NCCL_NPROTO] = {{6.8, 14.0, 8.4}, {6.6, 14.0, 8.4}};
+static const double kNvlLatUs[2][NCCL_NPROTO] = {{0.6, 1.25, 4.0}, {0.6, 1.9, 3.4}};
+static const double kNetLatUs[2][NCCL_NPROTO] = {{5.0, 8.5, 14.0}, {2.7, 4.0, 14.0}};
+/* getNetOverhead: a network post on x86 Intel hosts (the DGX's), 1 us; a ring across nodes
+ * launches one a step, three for Simple, so no step of it costs less */
+#define NCCL_NET_OVERHEAD_US 1.0
+/* [Volta, Ampere, Hopper, Blackwell] x [1, 2, 3+ nodes]: LL's bandwidth cap (llMaxBws; across
+ * nodes its first row, an Intel host's), the ring's LL128 and the tree's per channel
+ * (perChMaxRingLL128Bws, perChMaxTreeBws, perChMaxTreeLL128Bws), GB/s */
+static const double kLlMaxBw[4][3] = {{39.0, 39.0, 20.4}, {87.7, 22.5, 19.0}, {141.0, 45.0, 35.0},
+                                      {282.0, 90.0, 70.0}};
+static const double kRingLl128ChBw[4] = {20.0, 20.0, 36.7, 73.4};
+static const double kTreeChBw[4][3] = {{26.5, 18.5, 10.0}, {24.0, 23.6, 17.8}, {38.7, 41.4, 36.0},
+                                       {77.4, 82.8, 72.0}};
+static const double kTreeLl128ChBw[4][3] = {{20.0, 20.0, 20.0}, {20.0, 20.0, 20.0}, {36.7, 36.7, 29.0},
+                                            {73.4, 73.4, 58.0}};
+/* treeCorrectionFactor: the tree's bandwidth at 64 B x 2^i, i < 23 (256 MiB) */
+static const double kTreeCorrection[NCCL_NPROTO][23] = {
+    {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0},
+    {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0},
+    {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9}};
+
+static int log2_floor(double x) {
+  int l = 0;
+  while (x >= 2.0) {
+    x /= 2.0;
+    l++;
+  }
+  return l;
+}
+
+/* The ring's latency (us): a step a rank, nsteps = 2(n-1) for an all-reduce, n-1 for the
+ * others, of which the ring laid out node by node crosses the network nInterSteps =
+ * 2(nodes-1), nodes-1 times; the others are NVLink hops, but no shorter than the network
+ * post a step of a ring across nodes makes. With one rank a node every hop is the
+ * network's, priced at the tree's network latency. */
+static double ring_lat_us(int allreduce, int n, int nodes, int p) {
+  const int nsteps = allreduce ? 2 * (n - 1) : n - 1;
+  const int inter_steps = nodes <= 1 ? 0 : allreduce ? 2 * (nodes - 1) : nodes - 1;
+  double intra = kNvlLatUs[NCCL_RING][p];
+  if (nodes > 1) {
+    const double post = NCCL_NET_OVERHEAD_US * (p == NCCL_SIMPLE ? 3.0 : 1.0);
+    if (post > intra) intra = post;
+  }
+  const double inter = kNetLatUs[n == nodes ? NCCL_TREE : NCCL_RING][p];
+  return kBaseLatUs[NCCL_RING][p] + (nsteps - inter_steps) * intra + inter_steps * inter;
+}
+
+/* The tree's (all-reduce only): up and down the chain of a node's n/nodes ranks and the
+ * log2(nodes) levels of the tree across nodes. */
+static double tree_lat_us(int n, int nodes, int p) {
+  return kBaseLatUs[NCCL_TREE][p] +
+         2.0 * ((n / nodes - 1) * kNvlLatUs[NCCL_TREE][p] + log2_floor(nodes) * kNetLatUs[NCCL_TREE][p]);
+}
+
+static double min2(double a, double b) { return a < b ? a : b; }
+
+double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, const mp_sim_link *l, double bw_GBps,
+                                const mp_gpu *g) {
+  const int ring_coll = c == MP_COLL_ALL_REDUCE || c == MP_COLL_ALL_GATHER || c == MP_COLL_REDUCE_SCATTER;
+  if (!ring_coll || n <= 1 || bw_GBps <= 0) return mp_sim_collective_s(c, bytes, n, bw_GBps, l->lat_s);
+  /* a pair of the group (its first and last pipeline stages) spans two nodes when it does */
+  mp_sim_link pair = *l;
+  if (n != l->n) {
+    pair.n = n;
+    pair.nodes = l->nodes > 1 ? 2 : 1;
+    pair.per_node = l->nodes > 1 ? 1 : 2;
+  }
+  const int nodes = pair.nodes > 1 ? pair.nodes : 1, ar = c == MP_COLL_ALL_REDUCE;
+  const int cc = g->compute_capability;
+  const int ci = cc >= 100 ? 3 : cc >= 90 ? 2 : cc >= 80 ? 1 : 0, ni = nodes <= 2 ? nodes - 1 : 2;
+  const double ch = mp_sim_nccl_ring_channels(g, &pair, 0);
+  const double ll_max = kLlMaxBw[nodes == 1 ? ci : 0][ni];
+  /* the ring's bus bandwidth moves (n-1)/n of the bytes a step pattern, twice for an
+   * all-reduce; the tree's moves them twice (up and down) */
+  const double ring_bytes = (ar ? 2.0 : 1.0) * (n - 1) / n * bytes, tree_bytes = 2.0 * bytes;
+  /* treeCorrectionFactor's row: log2(bytes / 64), none under 64 bytes */
+  const int lg = bytes >= 64.0 ? log2_floor(bytes / 64.0) : -1;
+  double best = -1.0;
+  for (int p = 0; p < NCCL_NPROTO; p++) {
+    /* LL128 is on by default from sm70 over NVLink and GPU-Direct NICs */
+    if (p == NCCL_LL128 && cc < 70) continue;
+    double bw = bw_GBps; /* Simple's: the link's, which the stack's efficiency measures */
+    if (p == NCCL_LL) bw = min2(ll_max, 0.5 * bw_GBps);
+    if (p == NCCL_LL128) bw = min2(0.92 * bw_GBps, ch * kRingLl128ChBw[ci]);
+    double lat = ring_lat_us(ar, n, nodes, p);
+    /* the ring's plateau: an inter-node Simple all-reduce of 64 bytes or more a channel
+     * and rank waits 1.4x its latency (sm80 and later; 1.9x before) */
+    if (ar && p == NCCL_SIMPLE && nodes > 1 && bytes / (ch * n) >= 64.0) lat *= cc >= 80 ? 1.4 : 1.9;
+    double t = lat * 1e-6 + ring_bytes / (bw * 1e9);
+    /* PAT (v2.23 on), Simple only, for an all-gather or reduce-scatter of one rank a node:
+     * 8 us + log2(nodes) x net / 3.5 + 2.8 us a rank, the whole bytes at 0.75 x bw */
+    if (!ar && p == NCCL_SIMPLE && pair.per_node == 1 && nodes > 1 && cc >= 60) {
+      const double pat = (8.0 + log2_floor(nodes) * kNetLatUs[NCCL_TREE][p] / 3.5 + 2.8 * n) * 1e-6 +
+                         bytes / (0.75 * bw_GBps * 1e9);
+      if (pat < t) t = pat;
+    }
+    if (best < 0 || t < best) best = t;
+    if (!ar) continue;
+    double tb = min2(0.92 * bw_GBps, ch * kTreeChBw[ci][ni]);
+    if (p == NCCL_LL) tb = min2(tb / 3.8, ll_max);
+    if (p == NCCL_LL128) tb = min2(tb * (nodes == 1 ? 7.0 / 9.0 : 120.0 / 128.0), ch * kTreeLl128ChBw[ci][ni]);
+    if (lg >= 0 && lg < 23) tb *= kTreeCorrection[p][lg];
+    const double tt = tree_lat_us(n, nodes, p) * 1e-6 + tree_bytes / (tb * 1e9);
+    if (tt < best) best = tt;
+  }
+  return best;
 }

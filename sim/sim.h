@@ -329,9 +329,6 @@ mp_status mp_simulate_prepped(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_p
 /* Ring-factor time of one collective of `bytes` payload on a group of n ranks whose
  * slowest link has bw_GBps per direction and lat_s per step (exposed for tests). */
 double mp_sim_collective_s(mp_coll c, double bytes, int n, double bw_GBps, double lat_s);
-/* As NCCL runs it on a GPU cluster (sim/network.c): an all-reduce the faster of the ring
- * and the double binary tree, the others as mp_sim_collective_s. */
-double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, double bw_GBps, double lat_s);
 
 /* The link a mesh group runs on, seen from `rank` (the network model of
  * sim/network.c): n members, nodes spanned, members per node, bandwidth per direction
@@ -357,6 +354,14 @@ int mp_sim_nccl_cap(const mp_stack_profile *p, mp_group g);
  * cp, pp, ep, ep_dp (e.g. "dp:8 dp_cp:8 tp:8 pp:2"), each cap 1 to 64, into caps (zeroed
  * first; an unnamed group 0). MP_ERR_USAGE, naming the item, on another name or value. */
 mp_status mp_sim_nccl_ctas_parse(mp_ctx *ctx, const char *text, int caps[MP_GROUP_COUNT]);
+/* As NCCL runs it on GPU g (sim/network.c): an all-gather, reduce-scatter or all-reduce of
+ * n ranks on link l (its nodes and members a node; n below l->n: a pair of the group, on two
+ * nodes when the group spans several) priced by NCCL's tuning model (v2.27.7-1), the fastest
+ * of the ring, the tree (all-reduce), PAT (all-gather and reduce-scatter of one rank a node)
+ * and the LL, LL128 and Simple protocols, Simple's
+ * bandwidth bw_GBps; the other collectives mp_sim_collective_s's on l->lat_s. */
+double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, const mp_sim_link *l, double bw_GBps,
+                                const mp_gpu *g);
 mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
                             int rank, mp_sim_link *out);
 /* An all-to-all of `bytes` sent per rank on link l (efficiency eff on both links) where

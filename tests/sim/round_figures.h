@@ -27,8 +27,18 @@ inline mp_stack_profile Profile() {
   return p;
 }
 
+// NCCL's latency of a bulk (Simple, ring) collective of the 8 GPUs of a node of Cluster()
+// (sim/network.c after NVIDIA/nccl v2.27.7-1 src/graph/tuning.cc): baseLat 8.4 us and an
+// NVLink step of 3.4 us a rank, 7 steps for an all-gather or reduce-scatter (32.2 us), 14
+// for an all-reduce (56.0 us). A collective of a few hundred microseconds or more there
+// takes Simple's full bandwidth over LL128's 0.92 (a 8 % longer transfer for a 5 us
+// shorter latency), so it takes this latency plus its bytes at the link's bandwidth.
+constexpr double kNodeGatherLat = 8.4e-6 + 7 * 3.4e-6;
+constexpr double kNodeAllReduceLat = 8.4e-6 + 14 * 3.4e-6;
+
 // One node of 8 GPUs: 1000 TFLOP/s bf16, 2000 fp8, 100 fp32, 1000 GB/s HBM, 80 GiB,
-// NVLink 100 GB/s, 10 GB/s between nodes (80 Gbit/s), latencies 0.
+// NVLink 100 GB/s, 10 GB/s between nodes (80 Gbit/s), the links' latencies 0 (a
+// collective's is NCCL's, above).
 inline mp_cluster Cluster(int gpus = 8, int per_node = 8) {
   mp_cluster c;
   memset(&c, 0, sizeof c);

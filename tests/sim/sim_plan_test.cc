@@ -561,10 +561,11 @@ std::vector<TEv> ComputeEvents(PlanCase &s, const char *prefix) {
 // dp_shard=2 x cp=4 in one h100-8 node, seq 8192, 2048 tokens a rank. torchtitan's ring
 // carries K and V expanded to the 32 query heads (repeat_kv): 2 x 2048 x 4096 x 2 bytes =
 // 32 MiB a rank. Its busy time per layer: two all-gathers of them (forward and backward),
-// each 3/4 of the 128 MiB gathered / (450 GB/s x link_eff 0.8) + 3 x 3 us of latency + the
-// stack's 20 us, and 4 dK, dV shifts of 64 MiB (fp32), each bytes / (450 GB/s x 0.8) + 3 us
-// + 20 us. The gather starts with step 0 and step 1 waits for it: step 1 starts when the
-// gather ends (308.6 us on NVLink, longer than step 0 at this short sequence; 0.28 s on a
+// each 3/4 of the 128 MiB gathered / (450 GB/s x link_eff 0.8) + NCCL's latency of a ring of
+// 4 inside a node (sim/network.c: Simple's baseLat 8.4 us + 3 NVLink steps of 3.4 us; LL128
+// would save 1.1 us on it and lose 8 % of 280 us) + the stack's 20 us, and 4 dK, dV shifts
+// of 64 MiB (fp32), each bytes / (450 GB/s x 0.8) + the link's 3 us + 20 us. The gather starts with step 0 and step 1 waits for it: step 1 starts when the
+// gather ends (318.2 us on NVLink, longer than step 0 at this short sequence; 0.28 s on a
 // link 1000 times slower), and the later steps, their K and V already there, start as soon
 // as the compute stream is free.
 TEST(PlanTime, ContextParallelRingOverlapsItsSteps) {
@@ -572,14 +573,14 @@ TEST(PlanTime, ContextParallelRingOverlapsItsSteps) {
   fast.o.seq = 8192;
   mp_sim_result a = fast.Sim();
   const double kv = 2.0 * 2048 * 4096 * 2, dkv = 2.0 * kv, bw = 450e9 * 0.8;
-  const double per = 2 * (0.75 * 4 * kv / bw + 3 * 3e-6 + 20e-6) + 4 * (dkv / bw + 3e-6 + 20e-6);
+  const double per = 2 * (0.75 * 4 * kv / bw + 8.4e-6 + 3 * 3.4e-6 + 20e-6) + 4 * (dkv / bw + 3e-6 + 20e-6);
   EXPECT_NEAR(a.comm_s[MP_STREAM_P2P], 32 * per, 1e-9);
   PlanCase slow("llama3.1-8b", "h100-8", "dp_shard=2,cp=4");
   slow.o.seq = 8192;
   slow.c.intra_node_GBps_per_gpu = 0.45;
   for (int is_slow = 0; is_slow <= 1; is_slow++) {
     std::vector<TEv> v = ComputeEvents(is_slow ? slow : fast, "layers.5 ");
-    const double gather_us = 1e6 * (0.75 * 4 * kv / (bw / (is_slow ? 1000 : 1)) + 3 * 3e-6 + 20e-6);
+    const double gather_us = 1e6 * (0.75 * 4 * kv / (bw / (is_slow ? 1000 : 1)) + 8.4e-6 + 3 * 3.4e-6 + 20e-6);
     int steps = 0;
     for (size_t i = 1; i < v.size(); i++) {
       if (v[i].name != "layers.5 attention core fwd" || v[i].end - v[i].ts < 50) continue;
@@ -609,7 +610,7 @@ TEST(PlanTime, CompiledContextParallelRingWaitsForEachTransfer) {
     r[sync] = s.Sim();
   }
   const double kv = 2.0 * 2048 * 4096 * 2, dkv = 2.0 * kv, bw = 450e9 * 0.8;
-  const double per = 2 * (0.75 * 4 * kv / bw + 3 * 3e-6 + 20e-6) + 4 * (dkv / bw + 3e-6 + 20e-6);
+  const double per = 2 * (0.75 * 4 * kv / bw + 8.4e-6 + 3 * 3.4e-6 + 20e-6) + 4 * (dkv / bw + 3e-6 + 20e-6);
   EXPECT_NEAR(r[0].comm_s[MP_STREAM_P2P], 32 * per, 1e-9);
   EXPECT_EQ(r[1].comm_s[MP_STREAM_P2P], 0.0);
   EXPECT_NEAR(r[1].comm_s[MP_STREAM_COMPUTE] - r[0].comm_s[MP_STREAM_COMPUTE], 32 * per, 1e-9);

@@ -73,12 +73,12 @@ struct Forward {
     o.kernel = MP_KERNEL_RESIDUAL;
     o.bytes = t * 0.5e12;
   }
-  // An all-gather of t seconds over 8 ranks at 100 GB/s: bytes x 7/8 / bw.
+  // An all-gather of t seconds over 8 ranks at 100 GB/s: NCCL's latency and bytes x 7/8 / bw.
   void Gather(double t) {
     mp_op &o = Add(MP_OP_COMM, MP_STREAM_GATHER);
     o.coll = MP_COLL_ALL_GATHER;
     o.group = MP_GROUP_DP_SHARD;
-    o.bytes = t * 100e9 * 8.0 / 7.0;
+    o.bytes = (t - kNodeGatherLat) * 100e9 * 8.0 / 7.0;
   }
   const mp_schedule *Get() {
     memset(&seg, 0, sizeof seg);
@@ -250,7 +250,8 @@ TEST(SmContention, UserbuffersBulkOverlapsRunBesideWholeGemms) {
     o.coll = (uint8_t)c;
     o.group = MP_GROUP_TP;
     o.layer = 0;
-    o.bytes = t * 100e9 * 8.0 / 7.0;  // all-gather and reduce-scatter alike: bytes x 7/8 / bw
+    // all-gather and reduce-scatter alike: NCCL's latency and bytes x 7/8 / bw
+    o.bytes = (t - kNodeGatherLat) * 100e9 * 8.0 / 7.0;
   };
   const auto gemm = [&](mp_variant v, double t) {
     f.Gemm(t);
