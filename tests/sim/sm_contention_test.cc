@@ -278,7 +278,8 @@ namespace {
 // A column-parallel region's backward as Transformer Engine's Linear runs it without the
 // bulk overlaps, on one rank of tp=8 inside an H100 node: GEMMs of `module` (2 ms a GEMM at
 // eff 0.5, flops-bound) and the input gradient's reduce-scatter of t_rs seconds on the
-// compute stream (bytes x 7/8 / 100 GB/s), all of layer 0 in the backward.
+// compute stream (NCCL's in-node latency and bytes x 7/8 / 100 GB/s), all of layer 0 in the
+// backward.
 struct Region {
   Forward f{"tp=8"};
   void Gemm(int module, mp_variant v, double t) {
@@ -288,10 +289,10 @@ struct Region {
     f.ops.back().layer = 0;
     f.ops.back().phase = MP_PHASE_BACKWARD;
   }
-  void ReduceScatter(double t) { Collective(MP_COLL_REDUCE_SCATTER, t * 100e9 * 8.0 / 7.0); }
-  // without SP: an all-reduce of t seconds, NCCL's ring (2 x 7/8 x bytes / bw; its tree's
-  // 2 x bytes / bw is slower at no latency)
-  void AllReduce(double t) { Collective(MP_COLL_ALL_REDUCE, t * 100e9 * 8.0 / 14.0); }
+  void ReduceScatter(double t) { Collective(MP_COLL_REDUCE_SCATTER, (t - kNodeGatherLat) * 100e9 * 8.0 / 7.0); }
+  // without SP: an all-reduce of t seconds, NCCL's ring (its latency and 2 x 7/8 x bytes / bw;
+  // its tree's 2 x bytes / bw is slower at these sizes)
+  void AllReduce(double t) { Collective(MP_COLL_ALL_REDUCE, (t - kNodeAllReduceLat) * 100e9 * 8.0 / 14.0); }
   void Collective(mp_coll c, double bytes) {
     mp_op &o = f.Add(MP_OP_COMM, MP_STREAM_COMPUTE);
     o.coll = (uint8_t)c;
