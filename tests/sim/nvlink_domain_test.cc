@@ -57,6 +57,30 @@ TEST(NvlinkDomain, ProfileDefaults) {
   EXPECT_EQ(mp_cluster_nvlink_domain(&b), 8);
 }
 
+// A cluster file states its domain (NVL36x2: 36) or takes its GPU profile's (gb200: 72); a
+// negative one is refused naming the field.
+TEST(NvlinkDomain, ClusterFileField) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_cluster c;
+  const char *nvl36 =
+      "{\"name\": \"t\", \"gpu\": \"gb200\", \"gpus_per_node\": 4, \"n_nodes\": 18, "
+      "\"intra_node_GBps_per_gpu\": 900, \"inter_node_Gbitps_per_gpu\": 400, \"nvlink_domain\": 36}";
+  ASSERT_EQ(mp_cluster_from_text(&ctx, nvl36, "t.json", &c), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(c.nvlink_domain, 36);
+  EXPECT_EQ(mp_cluster_nvlink_domain(&c), 36);
+  const char *plain =
+      "{\"name\": \"t\", \"gpu\": \"gb200\", \"gpus_per_node\": 4, \"n_nodes\": 18, "
+      "\"intra_node_GBps_per_gpu\": 900, \"inter_node_Gbitps_per_gpu\": 400}";
+  ASSERT_EQ(mp_cluster_from_text(&ctx, plain, "t.json", &c), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(c.nvlink_domain, 72);
+  const char *neg =
+      "{\"name\": \"t\", \"gpu\": \"gb200\", \"gpus_per_node\": 4, \"n_nodes\": 18, "
+      "\"intra_node_GBps_per_gpu\": 900, \"inter_node_Gbitps_per_gpu\": 400, \"nvlink_domain\": -4}";
+  EXPECT_EQ(mp_cluster_from_text(&ctx, neg, "t.json", &c), MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "nvlink_domain"), nullptr) << mp_errmsg(&ctx);
+}
+
 // A job's domains hold whole trays and the same share of it: 256 GPUs are 64 trays, and
 // 18 trays a rack do not divide 64; 16 do (64 GPUs a rack). 36 GPUs (9 trays) fit in one
 // rack, all of them one domain; a domain of 0 or at most a tray is the tray.
