@@ -42,6 +42,15 @@ mp_sim_link GroupLink(const mp_cluster &c, const char *mesh, mp_group g) {
   return l;
 }
 
+// l's members, NVLink domains, members a domain, ring bandwidth (GB/s) and step latency.
+void ExpectLink(const mp_sim_link &l, int n, int nodes, int per_node, double GBps, double lat_s) {
+  EXPECT_EQ(l.n, n);
+  EXPECT_EQ(l.nodes, nodes);
+  EXPECT_EQ(l.per_node, per_node);
+  EXPECT_DOUBLE_EQ(l.GBps, GBps);
+  EXPECT_DOUBLE_EQ(l.lat_s, lat_s);
+}
+
 // The gb200 profile is sold as NVL72: its clusters take a 72-GPU domain; the HGX B200's
 // profile states none, so its domain is its 8-GPU node.
 TEST(NvlinkDomain, ProfileDefaults) {
@@ -101,19 +110,12 @@ TEST(NvlinkDomain, JobDomainDividesTheTrays) {
 TEST(NvlinkDomain, GroupInsideOneRackRunsOnNvlink) {
   const mp_cluster c = Gb200(144);
   const mp_sim_link l = GroupLink(c, "dp_replicate=2,dp_shard=72", MP_GROUP_DP_SHARD);
-  EXPECT_EQ(l.n, 72);
-  EXPECT_EQ(l.nodes, 1);
-  EXPECT_EQ(l.per_node, 72);
-  EXPECT_DOUBLE_EQ(l.GBps, 900.0);
-  EXPECT_DOUBLE_EQ(l.lat_s, 3e-6);
+  ExpectLink(l, 72, 1, 72, 900.0, 3e-6);
   const double big = 8 * kGiB;
   EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_GATHER, big, 72, &l, l.GBps, &c.gpu),
               249.8e-6 + 71.0 / 72 * big / 900e9, 1e-9);
   const mp_sim_link t = GroupLink(Gb200(144, 0), "dp_replicate=2,dp_shard=72", MP_GROUP_DP_SHARD);
-  EXPECT_EQ(t.nodes, 18);
-  EXPECT_EQ(t.per_node, 4);
-  EXPECT_DOUBLE_EQ(t.GBps, 200.0);
-  EXPECT_DOUBLE_EQ(t.lat_s, 10e-6);
+  ExpectLink(t, 72, 18, 4, 200.0, 10e-6);
 }
 
 // 144 ranks over two racks (dp_shard=144): two nodes of 72 to NCCL, the ring bound
@@ -123,11 +125,7 @@ TEST(NvlinkDomain, GroupInsideOneRackRunsOnNvlink) {
 TEST(NvlinkDomain, GroupAcrossTwoRacksCrossesTheNics) {
   const mp_cluster c = Gb200(144);
   const mp_sim_link l = GroupLink(c, "dp_shard=144", MP_GROUP_DP_SHARD);
-  EXPECT_EQ(l.n, 144);
-  EXPECT_EQ(l.nodes, 2);
-  EXPECT_EQ(l.per_node, 72);
-  EXPECT_DOUBLE_EQ(l.GBps, 900.0);
-  EXPECT_DOUBLE_EQ(l.lat_s, 10e-6);
+  ExpectLink(l, 144, 2, 72, 900.0, 10e-6);
   const double big = 8 * kGiB;
   EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_GATHER, big, 144, &l, l.GBps, &c.gpu),
               505.2e-6 + 143.0 / 144 * big / 900e9, 1e-9);
