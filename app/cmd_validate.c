@@ -296,7 +296,8 @@ static mp_status run_row(mp_ctx *ctx, const char *where, const char *dir, const 
   if (st == MP_OK) st = mp_cluster_make(ctx, v->gpu, (int)v->gpus, (int)v->gpus_per_node, &j->c);
   if (st == MP_OK && v->inter_node_gbps > 0) j->c.inter_node_Gbitps_per_gpu = v->inter_node_gbps;
   /* the NVLink domain a row's source states, else its node: GB200 is sold as NVL72 and
-   * NVL36x2 but also as the 4-GPU GB200 NVL4 board, so the profile's 72 is not assumed */
+   * NVL36x2 but also as the GB200 NVL4 board (4 GPUs and 2 Grace CPUs on NVLink, NVIDIA's
+   * SC24 announcement, 2024-11), so the profile's 72 is not assumed */
   if (st == MP_OK) j->c.nvlink_domain = (int)v->nvlink_domain;
   if (st == MP_OK) st = mp_stack_load(ctx, v->stack, &j->prof);
   if (st == MP_OK) st = read_mesh(ctx, where, v, &j->mesh);
