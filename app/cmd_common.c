@@ -328,6 +328,18 @@ mp_status mp_cmd_load_model(mp_ctx *ctx, const mp_cmd_spec *spec, const char *df
   return MP_OK;
 }
 
+/* --nvlink-domain D over the cluster's (a whole number of its nodes) */
+static mp_status nvlink_domain_opt(mp_ctx *ctx, const mp_cmd_spec *spec, mp_cluster *c) {
+  if (!mp_args_has(spec, "--nvlink-domain")) return MP_OK;
+  long long d = 0;
+  MP_CHECK(mp_args_int(ctx, spec, "--nvlink-domain", 1, MP_LIM_GPUS, &d));
+  if (d % c->gpus_per_node)
+    return mp_error(ctx, MP_ERR_USAGE, "--nvlink-domain=%lld is not a whole number of nodes of %d GPUs; give a "
+                    "multiple of the node", d, c->gpus_per_node);
+  c->nvlink_domain = (int)d;
+  return MP_OK;
+}
+
 mp_status mp_cmd_load_cluster(mp_ctx *ctx, const mp_cmd_spec *spec, mp_cluster *c) {
   const char *cl = mp_args_get(spec, "--cluster");
   const int gpus = mp_args_has(spec, "--gpus");
@@ -338,10 +350,13 @@ mp_status mp_cmd_load_cluster(mp_ctx *ctx, const mp_cmd_spec *spec, mp_cluster *
     return mp_error(ctx, MP_ERR_USAGE, "give --cluster or --gpus (with --gpu, --gpus-per-node, --inter-gbps), not both");
   if (!gpus && extra)
     return mp_error(ctx, MP_ERR_USAGE, "%s describes the GPUs of --gpus N: add --gpus N, or use --cluster", extra);
-  if (!gpus) return mp_cluster_load(ctx, cl ? cl : "h100-8", c);
-  long long n = 0;
-  MP_CHECK(mp_args_int(ctx, spec, "--gpus", 1, MP_LIM_GPUS, &n));
-  return mp_cmd_load_cluster_n(ctx, spec, n, c);
+  if (gpus) {
+    long long n = 0;
+    MP_CHECK(mp_args_int(ctx, spec, "--gpus", 1, MP_LIM_GPUS, &n));
+    return mp_cmd_load_cluster_n(ctx, spec, n, c);
+  }
+  MP_CHECK(mp_cluster_load(ctx, cl ? cl : "h100-8", c));
+  return nvlink_domain_opt(ctx, spec, c);
 }
 
 mp_status mp_cmd_load_cluster_n(mp_ctx *ctx, const mp_cmd_spec *spec, int64_t n, mp_cluster *c) {
@@ -352,7 +367,7 @@ mp_status mp_cmd_load_cluster_n(mp_ctx *ctx, const mp_cmd_spec *spec, int64_t n,
   const char *gpu = mp_args_get(spec, "--gpu");
   MP_CHECK(mp_cluster_make(ctx, gpu ? gpu : "h100-sxm", (int)n, (int)per, c));
   c->inter_node_Gbitps_per_gpu = inter;
-  return MP_OK;
+  return nvlink_domain_opt(ctx, spec, c);
 }
 
 mp_status mp_cmd_count(mp_ctx *ctx, const mp_cmd_spec *spec, const char *flag, double max, double *out) {

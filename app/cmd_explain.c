@@ -71,6 +71,7 @@ static mp_opt k_opts[] = {
     MP_OPT_GPUS,
     MP_OPT_GPU_OF_GPUS("default h100-sxm"),
     MP_OPT_GPUS_PER_NODE("8, or N when N < 8"),
+    MP_OPT_NVLINK_DOMAIN,
     MP_OPT_INTER_GBPS,
     MP_OPT_STACK("the GPU's default"),
     MP_OPT_NO_RESHARD,
@@ -93,7 +94,8 @@ static mp_cmd_spec k_spec = {
  * else the mesh's world of h100-sxm GPUs, 8 per node. */
 static mp_status explain_cluster(mp_ctx *ctx, const explain *e, mp_cluster *c) {
   if (mp_args_has(&k_spec, "--cluster") || mp_args_has(&k_spec, "--gpus") || mp_args_has(&k_spec, "--gpu") ||
-      mp_args_has(&k_spec, "--gpus-per-node") || mp_args_has(&k_spec, "--inter-gbps"))
+      mp_args_has(&k_spec, "--gpus-per-node") || mp_args_has(&k_spec, "--inter-gbps") ||
+      mp_args_has(&k_spec, "--nvlink-domain"))
     return mp_cmd_load_cluster(ctx, &k_spec, c);
   return mp_cluster_make(ctx, "h100-sxm", e->world, e->world < 8 ? e->world : 8, c);
 }

@@ -36,6 +36,7 @@ static mp_opt k_opts[] = {
     MP_OPT_GPUS_OR_SWEEP,
     MP_OPT_GPU_OF_GPUS("default h100-sxm"),
     MP_OPT_GPUS_PER_NODE("8, or N when N < 8"),
+    MP_OPT_NVLINK_DOMAIN,
     MP_OPT_INTER_GBPS,
     MP_OPT_SEQ("min(8192, the model's max_seq)"),
     MP_OPT_ALLOW_LONG_SEQ,

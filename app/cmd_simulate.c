@@ -31,6 +31,7 @@ static mp_opt k_opts[] = {
     MP_OPT_GPUS,
     MP_OPT_GPU_OF_GPUS("default h100-sxm"),
     MP_OPT_GPUS_PER_NODE("8, or N when N < 8"),
+    MP_OPT_NVLINK_DOMAIN,
     MP_OPT_INTER_GBPS,
     MP_OPT_MESH("-1 for one dim: the rest of the GPUs; default dp_shard over the GPUs --pp and --cp leave"),
     MP_OPT_EP(""),

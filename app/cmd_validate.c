@@ -2,7 +2,7 @@
  *
  * Reads rows in the format of shared/validation/published_dev.csv (its README documents the
  * columns; validate_csv.h reads and range-checks them). Each row names a model (data/models, or a .json path relative to the CSV's folder),
- * a GPU (data/gpus) with gpus, gpus_per_node and inter_node_gbps_per_gpu (Gbit/s), the mesh
+ * a GPU (data/gpus) with gpus, gpus_per_node, nvlink_domain and inter_node_gbps_per_gpu (Gbit/s), the mesh
  * (dp_replicate, dp_shard, tp, pp, pp_schedule, pp_virtual, cp, ep), seq, local_batch
  * (sequences per data-parallel rank per step), micro_batch, global_batch, ac (a policy
  * name, exec/plan.h), fp8, sp, the software stack (data/stacks) and one measured metric:
@@ -295,6 +295,10 @@ static mp_status run_row(mp_ctx *ctx, const char *where, const char *dir, const 
   if (st == MP_OK && v->mtp_layers >= 0) j->m.mtp_layers = v->mtp_layers;
   if (st == MP_OK) st = mp_cluster_make(ctx, v->gpu, (int)v->gpus, (int)v->gpus_per_node, &j->c);
   if (st == MP_OK && v->inter_node_gbps > 0) j->c.inter_node_Gbitps_per_gpu = v->inter_node_gbps;
+  /* the NVLink domain a row's source states, else its node: GB200 is sold as NVL72 and
+   * NVL36x2 but also as the GB200 NVL4 board (4 GPUs and 2 Grace CPUs on NVLink, NVIDIA's
+   * SC24 announcement, 2024-11), so the profile's 72 is not assumed */
+  if (st == MP_OK) j->c.nvlink_domain = (int)v->nvlink_domain;
   if (st == MP_OK) st = mp_stack_load(ctx, v->stack, &j->prof);
   if (st == MP_OK) st = read_mesh(ctx, where, v, &j->mesh);
   if (st == MP_OK) st = read_options(ctx, where, v, j);

@@ -9,7 +9,7 @@
  *
  * Invariant: what to plan for is read by one reader in every command that takes it
  * (mp_cmd_load_model for --model and --hf-config, mp_cmd_load_cluster for --cluster,
- * --gpus, --gpu, --gpus-per-node and --inter-gbps, mp_cmd_check_seq for --allow-long-seq).
+ * --gpus, --gpu, --gpus-per-node, --nvlink-domain and --inter-gbps, mp_cmd_check_seq for --allow-long-seq).
  * A command reads a shared option with the same parser wherever it is read
  * (mp_cmd_plan_options for --ac, --fp8, --sp, --no-sp, --seq, --micro-batch and --global-batch;
  * mp_cmd_mesh_ep for --ep), so the same flag means the same everywhere. */
@@ -46,6 +46,11 @@
 #define MP_OPT_GPU_OF_DEVICE(role)                                                                 \
   { "--gpu", "TYPE", "--device cuda: the GPU profile (data/gpus stem or path to a JSON file) " role \
     " (default: the one matching the device's name)", NULL }
+/* the cluster's NVLink domain (mp_cmd_load_cluster), with --cluster or --gpus */
+#define MP_OPT_NVLINK_DOMAIN                                                                       \
+  { "--nvlink-domain", "D", "GPUs one NVLink switch fabric joins across nodes (GB200 NVL72: 72, "     \
+    "NVL36x2: 36); groups inside one run on NVLink, others on the NICs (default: the cluster's, "   \
+    "else the GPU profile's, else the node)", NULL }
 #define MP_OPT_INTER_GBPS                                                                          \
   { "--inter-gbps", "X", "inter-node Gbit/s per GPU for --gpus (default 400)", NULL }
 #define MP_OPT_STACK(dflt)                                                                         \

@@ -160,6 +160,18 @@ static mp_status read_megatron_run(const reader *r, mp_vrow *row) {
   return opt_str(r, "cuda_graphs", row->cuda_graphs, sizeof row->cuda_graphs);
 }
 
+/* nvlink_domain: empty or absent 0 (the node); else whole nodes of gpus_per_node GPUs. */
+static mp_status read_nvlink_domain(const reader *r, mp_vrow *row) {
+  row->nvlink_domain = 0;
+  const char *d = field(r, "nvlink_domain");
+  if (!d || !d[0]) return MP_OK;
+  MP_CHECK(int_in(r, "nvlink_domain", d, 1, MP_LIM_GPUS, &row->nvlink_domain));
+  if (row->nvlink_domain % row->gpus_per_node)
+    return mp_error(r->ctx, MP_ERR_INVALID, "%s: nvlink_domain %lld is not a whole number of nodes of "
+                    "gpus_per_node %lld", r->where, (long long)row->nvlink_domain, (long long)row->gpus_per_node);
+  return MP_OK;
+}
+
 static mp_status read_row(const reader *r, mp_vrow *row) {
   const char *v;
   MP_CHECK(need_str(r, "model", 0, row->model, sizeof row->model));
@@ -182,6 +194,7 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   if (v[0]) MP_CHECK(positive_in(r, "inter_node_gbps_per_gpu", v, 0, MP_LIM_LINK_GBPS, &row->inter_node_gbps));
   MP_CHECK(need_int(r, "gpus", 1, MP_LIM_GPUS, &row->gpus));
   MP_CHECK(need_int(r, "gpus_per_node", 1, MP_LIM_GPUS_PER_NODE, &row->gpus_per_node));
+  MP_CHECK(read_nvlink_domain(r, row));
   MP_CHECK(need_int(r, "dp_replicate", 1, MP_LIM_GPUS, &row->dp_replicate));
   MP_CHECK(need_int(r, "dp_shard", 1, MP_LIM_GPUS, &row->dp_shard));
   MP_CHECK(need_int(r, "tp", 1, MP_LIM_GPUS, &row->tp));

@@ -99,6 +99,9 @@ typedef struct mp_vrow {
   int async_tp;         /* 0 or 1: the TP collectives fused with their GEMMs (torchtitan's
                            AsyncTP, Megatron-Core's --tp-comm-overlap); -1 when the column is
                            absent or empty: the stack's default (on under megatron-core) */
+  int64_t nvlink_domain;  /* GPUs of one NVLink domain across nodes (mp_cluster's nvlink_domain,
+                             a multiple of gpus_per_node, 1..2^20); 0 when the column is absent
+                             or empty: the node, whatever the GPU profile's */
   double inter_node_gbps; /* Gbit/s per GPU in (0, 1e5]; 0 when the field is empty */
   double value;           /* the published figure, finite and > 0 */
 } mp_vrow;

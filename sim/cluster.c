@@ -94,6 +94,7 @@ static mp_status gpu_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, 
   MP_CHECK(mp_json_get_int(ctx, j, origin, "compute_capability", 0, &g->compute_capability));
   MP_CHECK(mp_json_get_int(ctx, j, origin, "sms", 0, &g->sms));
   MP_CHECK(mp_check_i64(ctx, origin, "sms", g->sms, 0, 1024));
+  MP_CHECK(mp_json_get_int(ctx, j, origin, "nvlink_domain", 0, &g->nvlink_domain));
   const cJSON *src = cJSON_GetObjectItemCaseSensitive(j, "source");
   if (cJSON_IsString(src)) snprintf(g->source, sizeof g->source, "%s", src->valuestring);
   MP_CHECK(kernel_eff_from_json(ctx, j, origin, g));
@@ -137,6 +138,7 @@ mp_status mp_gpu_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin) {
                         MP_RANGE_OPEN_HI));
   MP_CHECK(mp_check_i64(ctx, origin, "compute_capability", g->compute_capability, 0,
                         MP_LIM_COMPUTE_CAPABILITY));
+  MP_CHECK(mp_check_i64(ctx, origin, "nvlink_domain", g->nvlink_domain, 0, MP_LIM_GPUS));
   /* CUDA's compute capability is what the runtime's kernels and float8 are chosen by */
   if (g->api == MP_GPU_API_CUDA && g->compute_capability == 0)
     return mp_error(ctx, MP_ERR_INVALID, "%s: api cuda needs its compute_capability (90 for sm_90)", origin);
@@ -150,6 +152,7 @@ mp_status mp_cluster_validate(mp_ctx *ctx, const mp_cluster *c, const char *orig
     return mp_error(ctx, MP_ERR_INVALID,
                     "%s: gpus_per_node x n_nodes = %lld GPUs is out of range; accepted 1..%lld",
                     origin, (long long)c->gpus_per_node * c->n_nodes, (long long)MP_LIM_GPUS);
+  MP_CHECK(mp_check_i64(ctx, origin, "nvlink_domain", c->nvlink_domain, 0, MP_LIM_GPUS));
   /* a link of no bandwidth would make its collectives free, a negative latency a negative
    * step time */
   MP_CHECK(mp_check_f64(ctx, origin, "intra_node_GBps_per_gpu", c->intra_node_GBps_per_gpu, 0,
@@ -237,12 +240,15 @@ static mp_status cluster_from_json(mp_ctx *ctx, const cJSON *j, const char *orig
                                 &c.inter_node_latency_us), st, done);
   MP_CHECK_GOTO(mp_json_get_f64(ctx, j, origin, "price_per_gpu_hour", 0, &c.price_per_gpu_hour),
                 st, done);
-  MP_CHECK_GOTO(mp_cluster_validate(ctx, &c, origin), st, done);
+  MP_CHECK_GOTO(mp_json_get_int(ctx, j, origin, "nvlink_domain", 0, &c.nvlink_domain), st, done);
   st = mp_gpu_load(ctx, gpu, &c.gpu);
   if (st != MP_OK) {
     mp_error_prefix(ctx, "%s: key 'gpu'", origin);
     goto done;
   }
+  /* absent: the GPU's, as the part is sold */
+  if (!cJSON_GetObjectItemCaseSensitive(j, "nvlink_domain")) c.nvlink_domain = c.gpu.nvlink_domain;
+  MP_CHECK_GOTO(mp_cluster_validate(ctx, &c, origin), st, done);
   *out = c;
 done:
   return st;
@@ -277,12 +283,22 @@ mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int64_t n_gpus, int64_t 
   c.inter_node_Gbitps_per_gpu = 400.0;
   c.intra_node_latency_us = 3.0;
   c.inter_node_latency_us = 10.0;
+  c.nvlink_domain = c.gpu.nvlink_domain;
   snprintf(c.name, sizeof c.name, "%lldx%s", (long long)n_gpus, c.gpu.name);
   *out = c;
   return MP_OK;
 }
 
 int mp_cluster_n_gpus(const mp_cluster *c) { return c->gpus_per_node * c->n_nodes; }
+
+int mp_cluster_nvlink_domain(const mp_cluster *c) {
+  const int gpn = c->gpus_per_node > 0 ? c->gpus_per_node : 1, world = mp_cluster_n_gpus(c);
+  if (c->nvlink_domain <= gpn) return gpn;
+  if (c->nvlink_domain >= world) return world;
+  int k = c->nvlink_domain / gpn; /* nodes a domain, down to one that divides the nodes */
+  while (k > 1 && c->n_nodes % k != 0) k--;
+  return k * gpn;
+}
 
 mp_gpu_api mp_gpu_api_of(const mp_gpu *g) {
   if (g->api != MP_GPU_API_AUTO) return g->api;

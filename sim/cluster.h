@@ -47,6 +47,8 @@ typedef struct mp_gpu {
   int compute_capability;      /* CUDA's, 90 for sm_90; 0 for the CPU profile and a GPU
                                   without CUDA */
   int sms;                     /* streaming multiprocessors (0: the profile states none) */
+  int nvlink_domain;           /* GPUs one NVLink switch fabric joins as the part is sold
+                                  (GB200 NVL72: 72), a cluster's default; 0: the node */
   char source[256];
   mp_kernel_eff kernel_eff;    /* all 0: the profile states none (JSON "kernel_eff" absent) */
 } mp_gpu;
@@ -56,6 +58,10 @@ typedef struct mp_cluster {
   mp_gpu gpu;
   int gpus_per_node;
   int n_nodes;
+  /* GPUs joined by one NVLink domain across nodes (GB200 NVL72: 72, of trays of 4; NVL36x2:
+   * 36); 0 or at most gpus_per_node: the node. Which groups run on NVLink and which on the
+   * NICs (mp_cluster_nvlink_domain, sim/network.c). */
+  int nvlink_domain;
   double intra_node_GBps_per_gpu;   /* per direction */
   double inter_node_Gbitps_per_gpu; /* NIC rate per GPU */
   /* a step of a send, an all-to-all or a broadcast, and of every collective on the CPU
@@ -76,8 +82,8 @@ mp_status mp_cluster_load(mp_ctx *ctx, const char *name_or_path, mp_cluster *out
 mp_status mp_cluster_from_text(mp_ctx *ctx, const char *text, const char *origin,
                                mp_cluster *out);
 /* A cluster of n_gpus (1..2^20) GPUs of the named type, gpus_per_node (1..4096) per node,
- * with the GPU's NVLink inside a node and 400 Gbit/s per GPU between nodes unless told
- * otherwise. */
+ * with the GPU's NVLink inside a node (and across the nodes of the GPU's nvlink_domain) and
+ * 400 Gbit/s per GPU between nodes unless told otherwise. */
 mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int64_t n_gpus, int64_t gpus_per_node,
                           mp_cluster *out);
 /* The ranges of common/limits.h, each failure naming the field, its value and the range:
@@ -85,13 +91,19 @@ mp_status mp_cluster_make(mp_ctx *ctx, const char *gpu, int64_t n_gpus, int64_t 
  * (0, 65536], hbm_GBps in (0, 1e6], nvlink_GBps_per_dir in (0, 1e5], runtime_overhead_gib
  * in [0, mem_gib), compute_capability in 0..200, kernel_eff's fractions in [0, 1] (all
  * three 0, or bf16_gemm and flash_attention in (0, 1] and fp8_gemm in (0, 1] exactly when
- * the fp8 peak is positive); a cluster's gpus_per_node in 1..4096 and
- * at most 2^20 GPUs, link bandwidths in (0, 1e5] (a link without bandwidth is refused, not
+ * the fp8 peak is positive), nvlink_domain in 0..2^20; a cluster's gpus_per_node in
+ * 1..4096 and at most 2^20 GPUs, nvlink_domain in 0..2^20, link bandwidths in (0, 1e5] (a link without bandwidth is refused, not
  * costed as free), latencies in [0, 1e6] us, price in [0, 1e4]. The loaders call them; so
  * must code that changes a loaded profile from user input. */
 mp_status mp_gpu_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin);
 mp_status mp_cluster_validate(mp_ctx *ctx, const mp_cluster *c, const char *origin);
 int mp_cluster_n_gpus(const mp_cluster *c);
+/* The ranks of one NVLink domain as the simulator lays a job out (consecutive ranks, the
+ * mesh's order): the node where nvlink_domain is 0 or at most gpus_per_node, the whole
+ * cluster where it holds every GPU, else the largest whole number of nodes, at most
+ * nvlink_domain GPUs, that divides the cluster's nodes, so that every domain holds the same
+ * share of a regular group (a 256-GPU job of 4-GPU trays in NVL72 racks: 64 a rack). */
+int mp_cluster_nvlink_domain(const mp_cluster *c);
 /* g's api with MP_GPU_API_AUTO resolved (CUDA with a compute capability, else the CPU). */
 mp_gpu_api mp_gpu_api_of(const mp_gpu *g);
 /* "cuda", "rocm" or "cpu". */

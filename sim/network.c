@@ -33,6 +33,17 @@
  * step. Groups are regular (products of mesh dims), so every node holds the same number of
  * members as the node of the rank asked about.
  *
+ * NVLink domains. Where an NVLink switch fabric joins GPUs across hosts (GB200 NVL72: 18
+ * trays of 4 GPUs in one domain; the cluster's nvlink_domain), "node" above means the
+ * domain: a group inside one rack runs on NVLink whatever trays it spans, and only a group
+ * spanning domains reaches the NICs. NCCL does the same with multi-node NVLink (MNNVL,
+ * v2.27.7-1): src/mnnvl.cc ncclMnnvlCheck gathers the ranks sharing its fabric cluster UUID
+ * and clique id into comm->clique; src/graph/topo.cc ncclTopoGetSystem fuses the topology
+ * of the clique's ranks, not the host's, into one system; src/init.cc counts nNodes as the
+ * distinct first ranks of the rings (topoRanks.ringRecv[0]), one per fused system: a clique
+ * is one node to the ring, the tree and the tuning model's latencies. The mesh's ranks are
+ * laid out consecutively, tp innermost, so a domain holds consecutive ranks.
+ *
  * All-to-all across nodes. The ring bound above does not hold for an all-to-all: every rank
  * sends at once, so a node's NICs carry all of its members' inter-node traffic and none is
  * left to share. A rank sends bytes / n to each member: (per_node - 1) / n of its bytes over
@@ -81,7 +92,9 @@ mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mes
   (void)ctx; /* nothing fails: the status is the interface's */
   int n = mp_mesh_group_size(mesh, g);
   out->n = n;
-  int gpn = c->gpus_per_node > 0 ? c->gpus_per_node : 1;
+  /* A "node" here is an NVLink domain: the host, or the NVLink switch fabric's ranks
+   * across hosts (mp_cluster_nvlink_domain), which NCCL also counts as one node. */
+  int gpn = mp_cluster_nvlink_domain(c);
   /* Members on rank's node: the node's ranks that share rank's group (its group id),
    * counted over the node (gpn ranks) instead of listing the group (up to the world). */
   int node = rank / gpn, per_node = 0;

@@ -13,8 +13,9 @@
  * so their stage runs agree to the bit: only the earliest of such a class is simulated and
  * stands for the others in the timeline (each stage still walks its own pipeline order).
  * That also needs every stage's rank (stage x world/pp, the pp dim is outermost) to see the
- * same links: true when world/pp is a multiple or a divisor of gpus_per_node (the group is
- * then the stage-0 group moved by whole nodes, or each stage stays inside one node);
+ * same links: true when world/pp is a multiple or a divisor of the NVLink domain (the node,
+ * or mp_cluster_nvlink_domain's ranks; the group is then the stage-0 group moved by whole
+ * domains, or each stage stays inside one);
  * otherwise every stage is simulated. mp_simulate_built_plan_all_stages is the reference
  * the tests compare against.
  *
@@ -96,7 +97,7 @@ static mp_status pick_stages(const mp_plan *p, const mp_sim_config *cfg, int *se
   const int pp = p->mesh.size[MP_DIM_PP];
   int n = 0;
   int world = mp_mesh_world(&p->mesh), S = world / pp;
-  int gpn = cfg->cluster->gpus_per_node > 0 ? cfg->cluster->gpus_per_node : 1;
+  int gpn = mp_cluster_nvlink_domain(cfg->cluster);
   int links_alike = S % gpn == 0 || gpn % S == 0;
   if (pp <= 3 || !links_alike) {
     for (int k = 0; k < pp; k++) rep[k] = n, sel[n++] = k;

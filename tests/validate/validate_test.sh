@@ -142,6 +142,35 @@ if [ "$rc" != 2 ] || ! grep -q "row 'etp2'): etp=2: expert tensor parallelism (e
   exit 1
 fi
 rm -f "$out.pick"
+# The nvlink_domain column: FSDP over 144 GB200s in trays of 4. Empty, it is the node (the
+# same prediction as 4), whatever the gb200 profile's 72: the group spans 36 trays on
+# min(NVLink 900, 4 NICs x 50) = 200 GB/s. At 72 it spans two racks on min(900, 72 x 50) =
+# 900 GB/s (sim/network.c), so the step is shorter and the throughput higher. A domain that
+# is not whole trays is refused with exit 2, naming the row.
+cat >"$pick" <<'CSV'
+case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,stack,metric,value,notes,nvlink_domain
+tray,test,llama3.1-8b,144,gb200,4,400,1,144,1,1,,,1,1,8192,1,1,144,full,0,0,torchtitan-compile,tokens_per_s_per_gpu,1000,,
+tray4,test,llama3.1-8b,144,gb200,4,400,1,144,1,1,,,1,1,8192,1,1,144,full,0,0,torchtitan-compile,tokens_per_s_per_gpu,1000,,4
+rack,test,llama3.1-8b,144,gb200,4,400,1,144,1,1,,,1,1,8192,1,1,144,full,0,0,torchtitan-compile,tokens_per_s_per_gpu,1000,,72
+CSV
+if ! "$BIN" validate --json "$pick" | /usr/bin/python3 -c '
+import json, sys
+p = {r["case"]: r["predicted"] for r in json.load(sys.stdin)["rows"]}
+sys.exit(0 if p["tray"] == p["tray4"] and p["rack"] > 1.02 * p["tray"] else 1)'; then
+  echo "FAIL: the nvlink_domain column (empty as the node; 72 on NVLink across trays):" >&2
+  "$BIN" validate "$pick" >&2
+  exit 1
+fi
+sed -i 's/,72$/,6/' "$pick"
+"$BIN" validate "$pick" >"$out.pick" 2>&1
+rc=$?
+if [ "$rc" != 2 ] || ! grep -q "row 'rack'): nvlink_domain 6 is not a whole number of nodes of gpus_per_node 4" "$out.pick"; then
+  echo "FAIL: nvlink_domain 6 on trays of 4 should be refused with exit 2 (exit $rc):" >&2
+  cat "$out.pick" >&2
+  rm -f "$out.pick"
+  exit 1
+fi
+rm -f "$out.pick"
 # The dev rows (bands.py recomputes every error, MAPE and tau-b from the figures):
 #   - each prediction within 1 % of expected.txt;
 #   - each row within 5 % of its published figure: the rows are what the stacks are fitted
