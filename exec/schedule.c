@@ -131,13 +131,14 @@ static void block_bwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
 
 /* The op array's initial capacity: about what the step takes (a prologue and optimizer,
  * per chunk a head and a tail, per run of identical blocks a forward and a backward segment
- * of up to ~100 ops), so that it rarely grows. Only an allocation size: it never changes a
- * schedule. */
+ * of up to a few hundred ops: an MoE block with a CP ring and AC's recompute), so that it
+ * rarely grows (each growth copies the ops so far). Only an allocation size: it never
+ * changes a schedule. */
 static int32_t ops_estimate(const mp_schedule_prep *pr) {
   int32_t runs = 0;
   for (int c = 0; c < pr->v; c++)
     for (int32_t l = pr->chunk[c].l0; l < pr->chunk[c].l1; l++) runs += pr->run_len[l] > 0;
-  return 256 + 200 * runs;
+  return 256 + 600 * runs;
 }
 
 /* The builder's state for plan p from its prep: the prep's tables (read only from here

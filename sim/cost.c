@@ -223,7 +223,21 @@ static int64_t mem_scaled(int cat, int kept, int64_t delta, double act_factor) {
   return delta;
 }
 
-/* The links of the groups a schedule's collectives run on, each looked up once. */
+/* A collective's priced time within one schedule (comm_duration): a function of its
+ * group, collective, member count and bytes alone, the link, stack, GPU and plan being the
+ * schedule's. A schedule repeats the same collectives block after block, so each distinct
+ * one is priced once; n 0 marks an empty slot (a stored collective has n >= 2). */
+#define COMM_MEMO_SLOTS 64
+typedef struct comm_memo {
+  uint64_t bytes_bits; /* the op's bytes, bit for bit (no rounding can alias two keys) */
+  double dur;
+  int n;
+  int16_t group, coll;
+} comm_memo;
+
+/* The links of the groups a schedule's collectives run on, each looked up once, with their
+ * ring channels (mp_sim_nccl_ring_channels under the stack's cap) and the collectives'
+ * priced times. */
 typedef struct link_set {
   const mp_sim_link *given; /* the caller's, or NULL: looked up */
   const mp_cluster *cl;
@@ -232,6 +246,9 @@ typedef struct link_set {
   int rank;
   mp_sim_link link[MP_GROUP_COUNT];
   unsigned have;
+  int channels[MP_GROUP_COUNT];
+  unsigned have_channels;
+  comm_memo memo[COMM_MEMO_SLOTS];
 } link_set;
 
 /* A memory event: its category and scaled delta (ALLOC raises, FREE lowers; outside the
@@ -293,9 +310,20 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
   const mp_sim_link *l = &ls->link[g];
   /* a two-member collective (the first and last pipeline stages) runs on the group's link */
   const int n = op->peer == MP_PEER_ENDS && l->n > 1 ? 2 : l->n;
-  if (n <= 1)
+  if (n <= 1) {
     *dur = 0.0;
-  else if (op->coll == MP_COLL_ALL_TO_ALL) {
+    return MP_OK;
+  }
+  uint64_t bits;
+  memcpy(&bits, &op->bytes, sizeof bits);
+  const uint64_t h = (bits ^ (bits >> 29) ^ ((uint64_t)g << 7) ^ ((uint64_t)op->coll << 3) ^ (uint64_t)n) *
+                     0x9E3779B97F4A7C15ull;
+  comm_memo *m = &ls->memo[h >> 58]; /* the top 6 bits: COMM_MEMO_SLOTS slots */
+  if (m->n == n && m->bytes_bits == bits && m->group == g && m->coll == op->coll) {
+    *dur = m->dur;
+    return MP_OK;
+  }
+  if (op->coll == MP_COLL_ALL_TO_ALL) {
     double nic, nvl;
     const mp_moe_dispatcher d = g == MP_GROUP_EP ? ls->plan->opts.moe_dispatcher : MP_MOE_DISPATCH_ALLTOALL;
     mp_sim_ep_shares(l, &ls->plan->model, d, &nic, &nvl);
@@ -308,7 +336,17 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
     *dur = mp_sim_nccl_collective_s((mp_coll)op->coll, op->bytes, p2p ? 2 : n, l, l->GBps * prof->link_eff,
                                     &ls->cl->gpu) +
            prof->comm_overhead_s;
+  *m = (comm_memo){bits, *dur, n, (int16_t)g, (int16_t)op->coll};
   return MP_OK;
+}
+
+/* The ring channels of group g's communicator under the stack's cap, counted once. */
+static int group_channels(link_set *ls, const mp_stack_profile *prof, mp_group g) {
+  if (!(ls->have_channels & (1u << g))) {
+    ls->channels[g] = mp_sim_nccl_ring_channels(&ls->cl->gpu, &ls->link[g], mp_sim_nccl_cap(prof, g));
+    ls->have_channels |= 1u << g;
+  }
+  return ls->channels[g];
 }
 
 /* NCCL's ring collectives (all-gather, reduce-scatter, all-reduce, broadcast): a kernel of
@@ -576,7 +614,7 @@ static void price_async_dgrad(const mp_schedule *s, const op_costs *kc, const op
  * userbuffers leave; otherwise, under a stack whose Linear backward issues the input
  * gradient's collective asynchronously, that collective beside the weight-gradient GEMMs, on
  * the SMs its TP communicator's channels leave where the contention is priced. */
-static void price_tp_overlaps(const mp_schedule *s, const mp_stack_profile *prof, const link_set *ls,
+static void price_tp_overlaps(const mp_schedule *s, const mp_stack_profile *prof, link_set *ls,
                               const op_costs *kc, const op_costs *kg, int contended, cop *cops, double *dur) {
   const int tp = s->plan->mesh.size[MP_DIM_TP], S = ls->cl->gpu.sms;
   if (tp <= 1) return;
@@ -585,9 +623,7 @@ static void price_tp_overlaps(const mp_schedule *s, const mp_stack_profile *prof
     price_fused(s, tp, kc, kg, ub_slow, cops, dur);
     price_bulk(s, ub_slow, cops, dur);
   } else if (prof->tp_dgrad_async && (ls->have & (1u << MP_GROUP_TP))) {
-    const int sms = contended ? mp_sim_nccl_ring_channels(&ls->cl->gpu, &ls->link[MP_GROUP_TP],
-                                                          mp_sim_nccl_cap(prof, MP_GROUP_TP))
-                              : 0;
+    const int sms = contended ? group_channels(ls, prof, MP_GROUP_TP) : 0;
     price_async_dgrad(s, kc, kg, sms, S, cops, dur);
   }
 }
@@ -596,17 +632,16 @@ static void price_tp_overlaps(const mp_schedule *s, const mp_stack_profile *prof
  * per NCCL channel while it runs; the compute stream's flops-bound kernels lose those SMs
  * (engine.c). None unless `contended` (the stack prices the contention on a
  * GPU that states its SM count). */
-static void op_sms(const mp_op *op, cop *c, const link_set *ls, const mp_stack_profile *prof, const op_costs *kc,
+static void op_sms(const mp_op *op, cop *c, link_set *ls, const mp_stack_profile *prof, int sm_bound,
                    int contended) {
-  const mp_cluster *cl = ls->cl;
   c->sms = 0;
   c->sm_bound = 0;
   if (!contended) return;
   const mp_group g = op->group < MP_GROUP_COUNT ? (mp_group)op->group : MP_GROUP_WORLD;
   if (op->type == MP_OP_COMM && c->stream != MP_STREAM_COMPUTE && c->dur > 0.0 && is_ring_coll(op->coll))
-    c->sms = (uint8_t)mp_sim_nccl_ring_channels(&cl->gpu, &ls->link[g], mp_sim_nccl_cap(prof, g));
+    c->sms = (uint8_t)group_channels(ls, prof, g);
   else if (op->type == MP_OP_COMPUTE && c->stream == MP_STREAM_COMPUTE)
-    c->sm_bound = (uint8_t)op_sm_bound(op, kc);
+    c->sm_bound = (uint8_t)sm_bound;
 }
 
 /* The costs of a kernel captured in one of the plan's CUDA graphs: the eager ones with the
@@ -669,8 +704,14 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
     else
       fwd_dep |= compile_deps(s, i, seg_of_first, cops);
     double d = 0.0;
+    int sm_bound = 0;
     if (op->type == MP_OP_COMPUTE) {
-      d = op_compute_s(op, op_captured(op, graphs) ? &kg : &kc);
+      /* kg differs from kc in the launch overhead alone: the arithmetic and HBM times, which
+       * op_sm_bound compares, are the same under either */
+      double t_flops, t_bytes, t_launch;
+      op_compute_parts(op, op_captured(op, graphs) ? &kg : &kc, &t_flops, &t_bytes, &t_launch);
+      d = (t_flops > t_bytes ? t_flops : t_bytes) + t_launch;
+      sm_bound = t_flops > 0.0 && t_flops >= t_bytes;
     } else if (op->type == MP_OP_COMM) {
       MP_CHECK(comm_duration(ctx, &ls, op, prof, &d));
       /* a pipeline transfer: the timeline's, between stages (sim/pipeline.c) */
@@ -682,7 +723,7 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
     if (op->count > 1) d *= op->count;
     dur[i] = d;
     c->dur = d;
-    op_sms(op, c, &ls, prof, &kc, contended);
+    op_sms(op, c, &ls, prof, sm_bound, contended);
   }
   price_tp_overlaps(s, prof, &ls, &kc, &kg, contended, cops, dur);
   if (mp_moe_host_sync(&s->plan->model, &s->plan->opts)) price_host_issue(s, &kc, host_launch_s(prof), cops, dur);

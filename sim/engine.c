@@ -417,11 +417,18 @@ static void run_rep(sim *x, const mp_segment *g, int32_t rep, int32_t micro) {
       continue;
     }
     double fc = r.fc, compute = r.compute;
-    if (x->sm_pending) /* collectives in flight: each kernel as run_one runs it */
+    /* pc is pt's compute kernels with 0.0 for the collectives: adding +0.0 leaves a sum of
+     * durations (never -0.0) as it is, so compute takes the kernels' additions in order,
+     * and one loop carries both sums side by side */
+    if (x->sm_pending) { /* collectives in flight: each kernel as run_one runs it */
       for (int32_t i = q->t_lo; i < q->t_hi; i++) fc = psb[i] && x->sm_pending ? contended_end(x, fc, pt[i]) : fc + pt[i];
-    else
-      for (int32_t i = q->t_lo; i < q->t_hi; i++) fc += pt[i];
-    for (int32_t i = q->c_lo; i < q->c_hi; i++) compute += pc[i];
+      for (int32_t i = q->t_lo; i < q->t_hi; i++) compute += pc[i];
+    } else {
+      for (int32_t i = q->t_lo; i < q->t_hi; i++) {
+        fc += pt[i];
+        compute += pc[i];
+      }
+    }
     r.fc = fc;
     r.compute = compute;
     if (q->k_hi > q->k_lo) {
@@ -584,7 +591,7 @@ static void run_micro(sim *x, int32_t micro) {
 /* Compiles every segment's ops into steps (see `step`) and lists the segment ops that keep
  * their end time (ascending: segments cover ops in order); returns how many. */
 static int32_t prog_compile(prog_buf *b, const mp_schedule *s, const cop *cops) {
-  int32_t n_steps = 0, nt = 0, nc = 0, nk = 0, nm = 0, n_keep = 0;
+  int32_t n_steps = 0, nt = 0, nk = 0, nm = 0, n_keep = 0;
   for (int32_t si = 0; si < s->n_segs; si++) {
     const mp_segment *g = &s->segs[si];
     b->seg_step[si] = n_steps;
@@ -601,26 +608,24 @@ static int32_t prog_compile(prog_buf *b, const mp_schedule *s, const cop *cops) 
           (mem || (c->stream == MP_STREAM_COMPUTE && c->n_dep == 0 &&
                    (c->kind == COP_COMPUTE || c->kind == COP_COMM)));
       if (!plain) {
-        b->steps[n_steps++] = (step){i, 0, 0, 0, 0, 0, 0, 0, 0};
+        b->steps[n_steps++] = (step){i, 0, 0, 0, 0, 0, 0};
         run = NULL;
         continue;
       }
       if (c->kind == COP_NOMEM) continue; /* no memory effect, no time, no end time */
       if (run == NULL) {
         run = &b->steps[n_steps++];
-        *run = (step){-1, nt, nt, nc, nk, nm, nc, nk, nm};
+        *run = (step){-1, nt, nt, nk, nm, nk, nm};
       }
       if (mem) {
         b->m[nm++] = (mev){c->mem_delta, c->mem_cat};
         run->m_hi = nm;
       } else {
         b->sb[nt] = c->sm_bound;
+        b->c[nt] = c->kind == COP_COMPUTE ? c->dur : 0.0;
         b->t[nt++] = c->dur;
         run->t_hi = nt;
-        if (c->kind == COP_COMPUTE) {
-          b->c[nc++] = c->dur;
-          run->c_hi = nc;
-        } else {
+        if (c->kind != COP_COMPUTE) {
           b->k[nk++] = c->dur;
           run->k_hi = nk;
         }

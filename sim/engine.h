@@ -46,14 +46,15 @@ enum { COP_COMPUTE = 0, COP_OPT, COP_COMM, COP_OTHER, COP_ALLOC, COP_FREE, COP_N
  * fc = fc + d op after op, the compute and collective busy sums add their ops' durations
  * in order, and the memory events apply in order; none of the three reads another, so the
  * run does each as its own loop over contiguous arrays: the same additions in the same
- * order as op by op, so the same results to the bit. */
+ * order as op by op, so the same results to the bit (the compute sum also adds +0.0 for
+ * each collective, which leaves a sum of durations unchanged). */
 typedef struct step {
   int32_t op;         /* >= 0: this op alone; < 0: a run */
-  int32_t t_lo, t_hi; /* run: every timed op's duration, in order (prog_t) */
-  int32_t c_hi;       /* compute kernels' durations prog_c[c_lo, c_hi), c_lo = previous c_hi */
+  int32_t t_lo, t_hi; /* run: every timed op's duration, in order (prog_t), and beside it
+                         prog_c: a compute kernel's duration, 0.0 for a collective */
   int32_t k_hi;       /* compute-stream collectives' durations prog_k[k_lo, k_hi) */
   int32_t m_hi;       /* memory events prog_m[m_lo, m_hi) */
-  int32_t c_lo, k_lo, m_lo;
+  int32_t k_lo, m_lo;
 } step;
 
 typedef struct mev {
