@@ -108,7 +108,7 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
   if (!mp_rule_pp_chunks_ok(m->n_layers, pp, 1)) return MP_REJECT_PP_LAYERS;
   const mp_reject tpr = tp_reject(m, tp);
   if (tpr != MP_REJECT_NONE) return tpr;
-  if (!cfg->allow_cross_node_tp && cfg->cluster->gpus_per_node % tp) return MP_REJECT_TP_CROSS_NODE;
+  if (!cfg->allow_cross_node_tp && mp_cluster_nvlink_domain(cfg->cluster) % tp) return MP_REJECT_TP_CROSS_NODE;
   if (!mp_rule_ep_ok(m, mesh->ep)) return MP_REJECT_EP_EXPERTS;
   if (cfg->dp == MP_DP_DDP && mesh->size[MP_DIM_DP_SHARD] > 1 && !mfsdp_mesh(cfg, mesh)) return MP_REJECT_NO_FSDP;
   /* a chunk under one 128-token tile of the flash kernel leaves the ring's steps mostly
@@ -238,9 +238,12 @@ static int mesh_reason(const mp_search_config *cfg, const mp_candidate *c, char 
       snprintf(buf, cap, "tp=%d does not divide d_model=%lld", tp, (long long)m->d_model);
       break;
     case MP_REJECT_TP_CROSS_NODE:
-      snprintf(buf, cap,
-               "tp=%d does not fit in a node of %d GPUs (pass --allow-cross-node-tp to allow)", tp,
-               cfg->cluster->gpus_per_node);
+      if (mp_cluster_nvlink_domain(cfg->cluster) > cfg->cluster->gpus_per_node)
+        snprintf(buf, cap, "tp=%d does not fit in an NVLink domain of %d GPUs (pass --allow-cross-node-tp to allow)",
+                 tp, mp_cluster_nvlink_domain(cfg->cluster));
+      else
+        snprintf(buf, cap, "tp=%d does not fit in a node of %d GPUs (pass --allow-cross-node-tp to allow)", tp,
+                 cfg->cluster->gpus_per_node);
       break;
     case MP_REJECT_EP_EXPERTS:
       snprintf(buf, cap, "ep=%d does not divide n_experts=%lld", mesh->ep, (long long)m->n_experts);

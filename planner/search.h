@@ -20,8 +20,8 @@
  * x mesh rules are exec/rules.h's, which the plan builder and the runtime ask too):
  *   pp x its model chunks over the layers (each chunk must hold one: the plan's split);
  *   MoE with pp > 1; tp must divide n_heads, n_kv_heads, d_ff (models with dense MLP layers),
- *   d_model and d_ff_shared; tp must divide gpus_per_node (a TP group stays in one NVLink
- *   domain) unless allow_cross_node_tp; ep must divide n_experts; with DDP (dp) dp_shard
+ *   d_model and d_ff_shared; tp must divide the NVLink domain (mp_cluster_nvlink_domain: the
+ *   node, or a GB200 NVL72 rack's trays; a TP group stays on NVLink) unless allow_cross_node_tp; ep must divide n_experts; with DDP (dp) dp_shard
  *   must be 1 (dp_replicate is the same mesh); cp must cut seq into 2 cp load-balanced
  *   chunks of at least 128 tokens; the candidate's global batch (the config's, or the rule's
  *   nearest multiple of dp to its target, none when dp is over twice the target) must be

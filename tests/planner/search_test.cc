@@ -380,6 +380,22 @@ TEST(SearchPrune, TensorParallelStaysInANode) {
   EXPECT_EQ(u.find(1, 1, 1, 1, 8, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
 }
 
+// Trays of 2 GPUs in NVLink domains of 4 (trays behind NVLink switches, as a GB200 NVL72
+// rack joins its 18 trays of 4): tp=4 spans two trays on NVLink and is searched, where a
+// node of 2 alone would refuse it; tp=8 crosses the domain and is refused naming it.
+TEST(SearchPrune, TensorParallelStaysInAnNvlinkDomain) {
+  mp_cluster c = fake_cluster(8, 2);
+  c.nvlink_domain = 4;
+  ASSERT_EQ(mp_cluster_nvlink_domain(&c), 4);
+  Search t(fake_dense_model(), c, 4096, 16);
+  t.enumerate();
+  EXPECT_EQ(t.find(1, 1, 4, 1, 4, 1, 1, 0, 0, 0)->reject, MP_REJECT_NONE);
+  const mp_candidate *x = t.find(1, 1, 2, 1, 8, 1, 1, 0, 0, 0);
+  ASSERT_NE(x, nullptr);
+  EXPECT_EQ(x->reject, MP_REJECT_TP_CROSS_NODE);
+  EXPECT_EQ(t.reason(x), "tp=8 does not fit in an NVLink domain of 4 GPUs (pass --allow-cross-node-tp to allow)");
+}
+
 TEST(SearchPrune, ContextParallelDividesSeq) {
   Search t(fake_dense_model(), fake_cluster(2, 8), 1000, 2);
   t.enumerate();
