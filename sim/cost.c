@@ -173,26 +173,22 @@ static inline void op_compute_parts(const mp_op *op, const op_costs *k, double *
   *launch_s = launches * k->kernel_overhead_s;
 }
 
-static inline double op_compute_s(const mp_op *op, const op_costs *k) {
+/* A compute op's time, max(arithmetic, HBM) + launches, and in *sm_bound (where given)
+ * whether that time is its arithmetic (flops-bound): such a kernel's CTAs fill every SM in
+ * waves, so one that runs beside a collective's kernel runs on the SMs that kernel leaves
+ * (sim/engine.c, contended_end). A bandwidth-bound kernel is taken to keep its pace there:
+ * fewer SMs still draw the HBM bandwidth it is bound by. */
+static inline double op_compute_s(const mp_op *op, const op_costs *k, int *sm_bound) {
   double t_flops, t_bytes, t_launch;
   op_compute_parts(op, k, &t_flops, &t_bytes, &t_launch);
+  if (sm_bound) *sm_bound = t_flops > 0.0 && t_flops >= t_bytes;
   return (t_flops > t_bytes ? t_flops : t_bytes) + t_launch;
-}
-
-/* Whether a compute op's time is its arithmetic (flops-bound): such a kernel's CTAs fill
- * every SM in waves, so one that runs beside a collective's kernel runs on the SMs that
- * kernel leaves (sim/engine.c, contended_end). A bandwidth-bound kernel is taken to keep its
- * pace there: fewer SMs still draw the HBM bandwidth it is bound by. */
-static int op_sm_bound(const mp_op *op, const op_costs *k) {
-  double t_flops, t_bytes, t_launch;
-  op_compute_parts(op, k, &t_flops, &t_bytes, &t_launch);
-  return t_flops > 0.0 && t_flops >= t_bytes;
 }
 
 double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p) {
   op_costs k;
   op_costs_init(&k, g, p);
-  return op_compute_s(op, &k);
+  return op_compute_s(op, &k, NULL);
 }
 
 mp_status mp_sim_resolve_stack(mp_ctx *ctx, const mp_sim_config *cfg, const mp_stack_profile **out) {
@@ -455,7 +451,7 @@ static double chunked_gemm_s(const mp_op *op, int tp, const op_costs *k) {
   ch.flops = op->flops / tp;
   ch.bytes = mp_gemm_bytes((double)ch.m, (double)op->n, (double)op->k,
                            (double)(op->batch > 0 ? op->batch : 1), mp_dtype_bytes((mp_dtype)op->dtype));
-  return tp * op_compute_s(&ch, k);
+  return tp * op_compute_s(&ch, k, NULL);
 }
 
 /* Past the last op of fused collective i's pair, walking `step` (1: an all-gather's GEMMs
@@ -569,16 +565,14 @@ static double beside_s(double d, double t, double C, double r) {
  * collective. The collective's kernel holds a CTA's SM per channel of its communicator (`sms`
  * of the GPU's S, where the stack prices that contention), so a flops-bound GEMM beside it
  * runs at r = (S - sms) / S of its pace (sim/engine.c, contended_end), a bandwidth-bound one
- * at its own (op_sm_bound). The region's weight-gradient GEMMs, walked from the collective's
+ * at its own (the cop's sm_bound, op_compute_s). The region's weight-gradient GEMMs, walked from the collective's
  * start, take T in all (beside_s), and the collective's op keeps max(0, C - T) of its time C:
  * the pair takes max(T, C). The region's ops are those of its modules before the collective,
  * back to the first op of another module on the compute stream; its input-gradient GEMMs run
  * before the collective starts wherever they sit among them. torchtitan's eager DTensor path
  * has no such pair: autograd's mm backward computes both gradients before the redistribute's
  * backward issues the collective, which the next op waits for. */
-static void price_async_dgrad(const mp_schedule *s, const op_costs *kc, const op_costs *kg, int sms, int gpu_sms,
-                              cop *cops, double *dur) {
-  const mp_cuda_graphs graphs = s->plan->opts.cuda_graphs;
+static void price_async_dgrad(const mp_schedule *s, int sms, int gpu_sms, cop *cops, double *dur) {
   const double r = sms > 0 && gpu_sms > sms ? (double)(gpu_sms - sms) / (double)gpu_sms : 1.0;
   for (int32_t i = 0; i < s->n_ops; i++) {
     const mp_op *op = &s->ops[i];
@@ -601,8 +595,7 @@ static void price_async_dgrad(const mp_schedule *s, const op_costs *kc, const op
       if (x->type != MP_OP_COMPUTE || x->stream != MP_STREAM_COMPUTE || x->kernel != MP_KERNEL_GEMM ||
           x->variant != MP_VAR_WGRAD)
         continue;
-      const int bound = op_sm_bound(x, op_captured(x, graphs) ? kg : kc);
-      dur[j] = cops[j].dur = beside_s(dur[j], t, dur[i], bound ? r : 1.0);
+      dur[j] = cops[j].dur = beside_s(dur[j], t, dur[i], cops[j].sm_bound ? r : 1.0);
       t += dur[j];
     }
     keep_unhidden(cops, dur, i, t);
@@ -624,7 +617,7 @@ static void price_tp_overlaps(const mp_schedule *s, const mp_stack_profile *prof
     price_bulk(s, ub_slow, cops, dur);
   } else if (prof->tp_dgrad_async && (ls->have & (1u << MP_GROUP_TP))) {
     const int sms = contended ? group_channels(ls, prof, MP_GROUP_TP) : 0;
-    price_async_dgrad(s, kc, kg, sms, S, cops, dur);
+    price_async_dgrad(s, sms, S, cops, dur);
   }
 }
 
@@ -706,12 +699,7 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
     double d = 0.0;
     int sm_bound = 0;
     if (op->type == MP_OP_COMPUTE) {
-      /* kg differs from kc in the launch overhead alone: the arithmetic and HBM times, which
-       * op_sm_bound compares, are the same under either */
-      double t_flops, t_bytes, t_launch;
-      op_compute_parts(op, op_captured(op, graphs) ? &kg : &kc, &t_flops, &t_bytes, &t_launch);
-      d = (t_flops > t_bytes ? t_flops : t_bytes) + t_launch;
-      sm_bound = t_flops > 0.0 && t_flops >= t_bytes;
+      d = op_compute_s(op, op_captured(op, graphs) ? &kg : &kc, &sm_bound);
     } else if (op->type == MP_OP_COMM) {
       MP_CHECK(comm_duration(ctx, &ls, op, prof, &d));
       /* a pipeline transfer: the timeline's, between stages (sim/pipeline.c) */
