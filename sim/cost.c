@@ -403,11 +403,16 @@ static double host_launch_s(const mp_stack_profile *p) {
  * or its last launch. A captured op's launches are its graph's one launch (attn scope: the
  * first captured op after an eager one). The window runs to the next synchronisation or the
  * segment's end, over the ops of every micro-batch; ops on other streams cost the host their
- * launch but hold no time on this stream. */
+ * launch but hold no time on this stream. Where the window opens at a segment's start
+ * instead (`drained` 0: the host may have run ahead, its queue unknown), only the rate
+ * binds: the window takes max(0, H_n - (d_1 + ... + d_n)), the host's issue of the whole
+ * window past the GPU's time for it. *first_op: the window's first op that holds time on
+ * the compute stream (-1: none), which takes that wait. */
 static double host_stall_s(const mp_schedule *s, int32_t from, int32_t end, const double *dur, const op_costs *k,
-                           double h, mp_cuda_graphs graphs) {
+                           double h, mp_cuda_graphs graphs, int drained, int32_t *first_op) {
   double host = 0.0, gpu = 0.0, stall = 0.0;
   int in_graph = 0;
+  *first_op = -1;
   for (int32_t j = from; j < end && (j == from || !s->ops[j].host_sync); j++) {
     const mp_op *op = &s->ops[j];
     if ((op->type != MP_OP_COMPUTE && op->type != MP_OP_COMM) || op->when != MP_WHEN_EVERY_MICRO) continue;
@@ -418,6 +423,7 @@ static double host_stall_s(const mp_schedule *s, int32_t from, int32_t end, cons
     in_graph = captured;
     const int on_stream = op->stream == MP_STREAM_COMPUTE || op->stream >= MP_STREAM_COUNT;
     const double d = on_stream ? dur[j] : 0.0;
+    if (on_stream && *first_op < 0) *first_op = j;
     if (launches <= 0.0) {
       gpu += d;
       continue;
@@ -428,18 +434,31 @@ static double host_stall_s(const mp_schedule *s, int32_t from, int32_t end, cons
     host += launches * h;
     gpu += d;
   }
+  if (!drained) return host > gpu ? host - gpu : 0.0;
   return stall;
 }
 
-static void price_host_issue(const mp_schedule *s, const op_costs *k, double h, cop *cops, double *dur) {
+/* The host's issue of each window (host_stall_s): from every host synchronisation, and,
+ * where the stack states its host issue time (host_launch_us, sim/stack.c), from every
+ * segment's start (a layer's pass, or the ops outside the blocks) up to its first
+ * synchronisation. Eager PyTorch issues each kernel from Python through the dispatcher
+ * and the launch API on one host thread, so a pass whose kernels run shorter than their
+ * issue runs at the host's pace whatever ran before it. */
+static void price_host_issue(const mp_schedule *s, const op_costs *k, double h, int rate, cop *cops, double *dur) {
   const mp_cuda_graphs graphs = s->plan->opts.cuda_graphs;
+  const int syncs = mp_moe_host_sync(&s->plan->model, &s->plan->opts);
   for (int32_t si = 0; si < s->n_segs; si++) {
     const int32_t first = s->segs[si].first_op, end = first + s->segs[si].n_ops;
-    for (int32_t i = first; i < end; i++)
-      if (s->ops[i].host_sync) {
-        dur[i] += host_stall_s(s, i, end, dur, k, h, graphs);
-        cops[i].dur = dur[i];
-      }
+    for (int32_t i = first; i < end; i++) {
+      const int sync = syncs && s->ops[i].host_sync;
+      if (!sync && !(rate && i == first)) continue;
+      int32_t at = -1;
+      const double wait = host_stall_s(s, i, end, dur, k, h, graphs, sync, &at);
+      if (sync) at = i;
+      if (at < 0 || wait <= 0.0) continue;
+      dur[at] += wait;
+      cops[at].dur = dur[at];
+    }
   }
 }
 
@@ -714,7 +733,8 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
     op_sms(op, c, &ls, prof, sm_bound, contended);
   }
   price_tp_overlaps(s, prof, &ls, &kc, &kg, contended, cops, dur);
-  if (mp_moe_host_sync(&s->plan->model, &s->plan->opts)) price_host_issue(s, &kc, host_launch_s(prof), cops, dur);
+  if (mp_moe_host_sync(&s->plan->model, &s->plan->opts) || prof->host_launch_s >= 0)
+    price_host_issue(s, &kc, host_launch_s(prof), prof->host_launch_s >= 0, cops, dur);
   /* a malformed forward dependency still reads a kept end */
   if (fwd_dep)
     for (int32_t i = 0; i < s->n_ops; i++)

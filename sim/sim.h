@@ -49,8 +49,10 @@ typedef struct mp_stack_profile {
                                      "graph_kernel_overhead_us", optional); < 0: not stated, and
                                      a plan with CUDA graphs is refused (sim/cost.c) */
   double host_launch_s;      /* the host's time to issue one kernel, which a GPU stream waits
-                                for after a host synchronisation (JSON key "host_launch_us",
-                                optional); < 0: kernel_overhead_s (sim/cost.c) */
+                                for after a host synchronisation, and below which no pass
+                                runs (JSON key "host_launch_us", optional); < 0: not stated,
+                                kernel_overhead_s after a synchronisation, the host taken to
+                                run ahead elsewhere (sim/cost.c) */
   double comm_overhead_s;    /* per collective, on top of link latency */
   double frag_factor;        /* allocator fragmentation: reserved = allocated x factor */
   char source[256];

@@ -132,6 +132,42 @@ TEST(HostIssue, EachSyncWaitsForItsOwnIssue) {
   EXPECT_NEAR(k.Step(p), 80e-6, 1e-12);
 }
 
+// Where the stack states its host issue time, every segment (a layer's pass) runs no faster
+// than the host issues it, synchronised or not: five GEMMs of 5 us a launch at 10 us each
+// take the host 50 us where the kernels sum to 25, so the pass takes 50. Kernels of 20 us
+// (100 us) outrun the host (50 us): their sum. A stack stating none (host_launch_s < 0) takes
+// the host to run ahead, and a host as fast as the kernels (5 us) never binds.
+TEST(HostIssue, EveryPassRunsNoFasterThanTheHostIssuesIt) {
+  mp_stack_profile p = Profile();
+  p.host_launch_s = 10e-6;
+  HostCase slow, fast;
+  for (int i = 0; i < 5; i++) {
+    slow.Gemm(5e-6);
+    fast.Gemm(20e-6);
+  }
+  EXPECT_NEAR(slow.Step(p), 50e-6, 1e-12);
+  EXPECT_NEAR(fast.Step(p), 100e-6, 1e-12);
+  p.host_launch_s = 5e-6;
+  EXPECT_NEAR(slow.Step(p), 25e-6, 1e-12);
+  p.host_launch_s = -1.0;
+  EXPECT_NEAR(slow.Step(p), 25e-6, 1e-12);
+}
+
+// Before a segment's first synchronisation only the rate binds, after it the drained queue:
+// host 10 us, GEMMs of 5, 5 (the pass's start: host 20, kernels 10, so 10 us more), then a
+// sync before GEMMs of 30 and 30 (the host issues them at 10 and 20, the stream waits 10 us
+// for the first). Kernels 70 + 10 + 10 = 90 us.
+TEST(HostIssue, ThePassBeforeASyncTakesTheRateBound) {
+  mp_stack_profile p = Profile();
+  p.host_launch_s = 10e-6;
+  HostCase k;
+  k.Gemm(5e-6);
+  k.Gemm(5e-6);
+  k.Gemm(30e-6).host_sync = 1;
+  k.Gemm(30e-6);
+  EXPECT_NEAR(k.Step(p), 90e-6, 1e-12);
+}
+
 // A captured kernel costs the stack's in-graph overhead (0.5 us) instead of its eager one
 // (5 us). Three 20 us GEMMs in a forward: q of layer 0 (the attention's), gate of layer 0
 // (the MLP's) and the output layer's (outside the blocks), then the optimizer's 20 us: eager
@@ -220,8 +256,9 @@ TEST(CudaGraphs, RulesRefuseWhatMegatronRefuses) {
 // micro-batches of one 64-token sequence a rank: without EP each layer's forward
 // synchronises before its experts ("before_finish") and the stream waits for the host's
 // first launch; every op after it takes at least its launches x the kernel overhead, which
-// is the host's issue time here (host_launch_us unstated), so the host never falls further
-// behind. The step grows by 2 micro-batches x 2 layers x 5 us, the stack's kernel overhead.
+// is the host's issue time here (host_launch_s set to it), so the host never falls further
+// behind, nor outruns any pass. The step grows by 2 micro-batches x 2 layers x 5 us, the
+// stack's kernel overhead.
 TEST(HostIssue, MegatronMoEStepWaitsOnceALayer) {
   double step[2];
   for (int on = 0; on <= 1; on++) {
@@ -232,7 +269,7 @@ TEST(HostIssue, MegatronMoEStepWaitsOnceALayer) {
     k.o.seq = 64;
     k.o.micro_batch = 1;
     k.o.global_batch = 16;
-    if (!on) k.prof.host_launch_s = 0.0;
+    k.prof.host_launch_s = on ? k.prof.kernel_overhead_s : 0.0;
     step[on] = k.Sim().step_time_s;
   }
   EXPECT_NEAR(step[1] - step[0], 2 * 2 * 5e-6, 1e-12);
