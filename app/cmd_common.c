@@ -514,6 +514,28 @@ void mp_cmd_params_json(const mp_model *m, cJSON *o) {
   if (mp_model_is_moe(m)) cJSON_AddNumberToObject(o, "active_params", (double)mp_model_matmul_param_count(m));
 }
 
+/* "16 x gb200, 4 per node, NVLink domain 16": the domain is named where it spans nodes (GB200
+ * NVL72's trays of 4), since TP and the collectives' NVLink hops follow the domain, not the
+ * node (mp_cluster_nvlink_domain). */
+void mp_cmd_cluster_shape_str(const mp_cluster *c, char *buf, size_t cap) {
+  int nvl = mp_cluster_nvlink_domain(c);
+  int n = snprintf(buf, cap, "%d x %s, %d per node", mp_cluster_n_gpus(c), c->gpu.name, c->gpus_per_node);
+  if (nvl > c->gpus_per_node && n > 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ", NVLink domain %d", nvl);
+}
+
+void mp_cmd_cluster_shape_json(const mp_cluster *c, cJSON *o) {
+  cJSON_AddNumberToObject(o, "gpus_per_node", c->gpus_per_node);
+  cJSON_AddNumberToObject(o, "nvlink_domain", mp_cluster_nvlink_domain(c));
+}
+
+/* Dollars in the unit that keeps them short: "$69.46M", "$85.4K", "$950". */
+void mp_cmd_fmt_usd(double d, char *buf, size_t cap) {
+  if (d >= 1e9) snprintf(buf, cap, "$%.2fB", d / 1e9);
+  else if (d >= 1e6) snprintf(buf, cap, "$%.2fM", d / 1e6);
+  else if (d >= 1e3) snprintf(buf, cap, "$%.1fK", d / 1e3);
+  else snprintf(buf, cap, "$%.4g", d);
+}
+
 void mp_cmd_gpu_note(const mp_gpu *g, char *buf, size_t cap) {
   if (mp_gpu_runtime_drives(g)) {
     snprintf(buf, cap, "%s", "");

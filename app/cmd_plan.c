@@ -445,8 +445,7 @@ static void print_json(const plan_view *v) {
   mp_cmd_gpu_note(&a->c.gpu, note, sizeof note);
   if (note[0]) cJSON_AddStringToObject(root, "gpu_note", note);
   cJSON_AddNumberToObject(root, "n_gpus", mp_cluster_n_gpus(&a->c));
-  cJSON_AddNumberToObject(root, "gpus_per_node", a->c.gpus_per_node);
-  cJSON_AddNumberToObject(root, "nvlink_domain", mp_cluster_nvlink_domain(&a->c));
+  mp_cmd_cluster_shape_json(&a->c, root);
   cJSON_AddStringToObject(root, "stack", v->ev->stack.name);
   cJSON_AddItemToObject(root, "kernels", mp_cmd_kernel_scale_json(&v->ev->stack, &a->c.gpu));
   cJSON_AddNumberToObject(root, "seq", (double)a->seq);
@@ -513,20 +512,12 @@ static void print_csv(const plan_view *v) {
   }
 }
 
-/* Dollars in the unit that keeps them short: "$69.46M", "$85.4K", "$950". */
-static void fmt_usd(double d, char *buf, size_t cap) {
-  if (d >= 1e9) snprintf(buf, cap, "$%.2fB", d / 1e9);
-  else if (d >= 1e6) snprintf(buf, cap, "$%.2fM", d / 1e6);
-  else if (d >= 1e3) snprintf(buf, cap, "$%.1fK", d / 1e3);
-  else snprintf(buf, cap, "$%.4g", d);
-}
-
 /* " days  cost" for --tokens on n_gpus GPUs (the cost with a price), or "". */
 static void train_cols(const plan_args *a, const mp_candidate *x, int64_t n_gpus, char *buf, size_t cap) {
   buf[0] = '\0';
   if (!(a->tokens > 0)) return;
   char usd[32];
-  fmt_usd(mp_train_cost(x, a->tokens, a->price), usd, sizeof usd);
+  mp_cmd_fmt_usd(mp_train_cost(x, a->tokens, a->price), usd, sizeof usd);
   snprintf(buf, cap, " %8.1f %10s", mp_train_days(x, n_gpus, a->tokens), a->price > 0 ? usd : "");
 }
 
@@ -577,14 +568,10 @@ static void print_text(const plan_view *v) {
   mp_cmd_stack_runs_str(&v->ev->base, rot, sizeof rot);
   char params[160], note[400];
   mp_cmd_params_str(&a->m, params, sizeof params);
-  /* The NVLink domain is named where it spans nodes (GB200 NVL72's trays of 4): TP and the
-   * collectives' NVLink hops follow the domain, not the node (mp_cluster_nvlink_domain). */
-  char dom[48] = "";
-  int nvl = mp_cluster_nvlink_domain(&a->c);
-  if (nvl > a->c.gpus_per_node) snprintf(dom, sizeof dom, ", NVLink domain %d", nvl);
-  printf("%s (%s) on %s (%d x %s, %d per node%s), seq %lld, stack %s%s, objective %s\n", a->m.name, params,
-         a->c.name, mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, dom, a->seq, v->ev->stack.name,
-         rot, mp_objective_name(a->obj));
+  char shape[96];
+  mp_cmd_cluster_shape_str(&a->c, shape, sizeof shape);
+  printf("%s (%s) on %s (%s), seq %lld, stack %s%s, objective %s\n", a->m.name, params, a->c.name, shape, a->seq,
+         v->ev->stack.name, rot, mp_objective_name(a->obj));
   mp_cmd_gpu_note(&a->c.gpu, note, sizeof note);
   if (note[0]) printf("note: %s\n", note);
   if (a->target_seqs > 0)
@@ -748,7 +735,7 @@ static void print_sweep_text(const plan_args *a, const mp_sim_evaluator *ev, con
   printf("%s (%s), seq %lld, on %lld to %lld x %s, stack %s, objective %s", a->m.name, params, a->seq,
          (long long)a->sweep[0], (long long)a->sweep[a->n_sweep - 1], a->c.gpu.name, ev->stack.name,
          mp_objective_name(a->obj));
-  fmt_usd(a->price, usd, sizeof usd);
+  mp_cmd_fmt_usd(a->price, usd, sizeof usd);
   if (a->tokens > 0)
     printf("; %.4gT tokens%s%s%s", a->tokens / 1e12, a->price > 0 ? " at " : "", a->price > 0 ? usd : "",
            a->price > 0 ? " a GPU-hour" : "");
@@ -775,7 +762,7 @@ static void print_sweep_text(const plan_args *a, const mp_sim_evaluator *ev, con
     printf("\nfastest: %lld GPUs, %.1f days\n", (long long)a->sweep[fastest],
            mp_train_days(&rows[fastest].r.best, a->sweep[fastest], a->tokens));
   if (a->tokens > 0 && cheapest >= 0) {
-    fmt_usd(mp_train_cost(&rows[cheapest].r.best, a->tokens, a->price), usd, sizeof usd);
+    mp_cmd_fmt_usd(mp_train_cost(&rows[cheapest].r.best, a->tokens, a->price), usd, sizeof usd);
     printf("cheapest: %lld GPUs, %s (%.1f days)\n", (long long)a->sweep[cheapest], usd,
            mp_train_days(&rows[cheapest].r.best, a->sweep[cheapest], a->tokens));
   }

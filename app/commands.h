@@ -208,6 +208,12 @@ void mp_cmd_params_str(const mp_model *m, char *buf, size_t cap);
 void mp_cmd_params_json(const mp_model *m, struct cJSON *o);
 /* One line where meshplan's runtime cannot drive g (a GPU without CUDA), "" where it can:
  * "mi300x has no CUDA (rocm): planned and simulated only; meshplan train cannot run on it". */
+/* The cluster's size, GPU, node and (where it spans nodes) NVLink domain, for headers and
+ * --json. */
+void mp_cmd_cluster_shape_str(const mp_cluster *c, char *buf, size_t cap);
+void mp_cmd_cluster_shape_json(const mp_cluster *c, struct cJSON *o);
+/* Dollars in the unit that keeps them short: "$69.46M", "$85.4K", "$950". */
+void mp_cmd_fmt_usd(double d, char *buf, size_t cap);
 void mp_cmd_gpu_note(const mp_gpu *g, char *buf, size_t cap);
 /* How this process was launched, read before MPI_Init from the launcher's environment
  * (OpenMPI's OMPI_COMM_WORLD_SIZE/RANK, else PMI_SIZE/RANK as Slurm and MPICH set them):
