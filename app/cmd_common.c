@@ -299,6 +299,18 @@ mp_status mp_cmd_nccl_ctas(mp_ctx *ctx, const mp_cmd_spec *spec, struct mp_stack
   return s ? mp_sim_nccl_ctas_parse(ctx, s, prof->nccl_group_ctas) : MP_OK;
 }
 
+mp_status mp_cmd_ub_cfg_text(mp_ctx *ctx, struct mp_stack_profile *prof, const char *text) {
+  if (!prof->tp_comm_overlap)
+    return mp_error(ctx, MP_ERR_USAGE, "userbuffers config '%s': stack %s runs no Transformer Engine "
+                    "userbuffers (tp_comm_overlap); use megatron-core", text, prof->name);
+  return mp_sim_ub_cfg_parse(ctx, text, prof->ub_cfg);
+}
+
+mp_status mp_cmd_ub_cfg(mp_ctx *ctx, const mp_cmd_spec *spec, struct mp_stack_profile *prof) {
+  const char *s = mp_args_get(spec, "--ub-cfg");
+  return s ? mp_cmd_ub_cfg_text(ctx, prof, s) : MP_OK;
+}
+
 mp_status mp_cmd_cuda_graphs_opt(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                                  mp_plan_options *o) {
   const char *s = mp_args_get(spec, "--cuda-graphs");

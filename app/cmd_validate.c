@@ -47,7 +47,9 @@
  * model's), cuda_graphs (Megatron-Core's CUDA graphs on a megatron-core row: none, attn, layers
  * or iteration, exec/plan.h; empty or absent: none), nccl_ctas (each NCCL communicator's
  * max_ctas as Megatron-Core's communicator config sets it, name:N split by spaces, sim.h
- * mp_sim_nccl_ctas_parse; empty or absent: NCCL's channel count). The stack's options
+ * mp_sim_nccl_ctas_parse; empty or absent: NCCL's channel count), ub_cfg (Transformer Engine's
+ * userbuffers config, gemm:method:num_sm:set_sm_margin split by spaces, sim.h
+ * mp_sim_ub_cfg_parse; empty or absent: TE's default). The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
@@ -197,7 +199,8 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   }
   if ((v->recompute_modules[0] && mp_recompute_modules_parse(ctx, v->recompute_modules, o) != MP_OK) ||
       (v->cuda_graphs[0] && mp_cmd_cuda_graphs(ctx, &j->prof, v->cuda_graphs, o) != MP_OK) ||
-      (v->nccl_ctas[0] && mp_sim_nccl_ctas_parse(ctx, v->nccl_ctas, j->prof.nccl_group_ctas) != MP_OK)) {
+      (v->nccl_ctas[0] && mp_sim_nccl_ctas_parse(ctx, v->nccl_ctas, j->prof.nccl_group_ctas) != MP_OK) ||
+      (v->ub_cfg[0] && mp_cmd_ub_cfg_text(ctx, &j->prof, v->ub_cfg) != MP_OK)) {
     mp_error_prefix(ctx, "%s", where);
     return ctx->last;
   }

@@ -129,6 +129,11 @@ mp_status mp_cmd_cuda_graphs(mp_ctx *ctx, const struct mp_stack_profile *prof, c
 /* The command line's --nccl-ctas (mp_sim_nccl_ctas_parse) into prof->nccl_group_ctas; nothing
  * where it is absent. MP_ERR_USAGE, naming the item, for a malformed list. */
 mp_status mp_cmd_nccl_ctas(mp_ctx *ctx, const mp_cmd_spec *spec, struct mp_stack_profile *prof);
+/* A userbuffers config (mp_sim_ub_cfg_parse) into prof->ub_cfg, for a stack that runs
+ * Transformer Engine's userbuffers (tp_comm_overlap); mp_cmd_ub_cfg does it for the command
+ * line's --ub-cfg, nothing where it is absent. MP_ERR_USAGE otherwise. */
+mp_status mp_cmd_ub_cfg_text(mp_ctx *ctx, struct mp_stack_profile *prof, const char *text);
+mp_status mp_cmd_ub_cfg(mp_ctx *ctx, const mp_cmd_spec *spec, struct mp_stack_profile *prof);
 mp_status mp_cmd_cuda_graphs_opt(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                                  mp_plan_options *o);
 /* --moe-imbalance F (>= 1), --moe-capacity-factor C (> 0) and

@@ -185,6 +185,13 @@
     "--nccl-communicator-config-path sets it, name:N items split by spaces (dp, dp_cp, tp, cp, pp, " \
     "ep, ep_dp): at most N channels, so N SMs, on that group's collectives, e.g. \"dp_cp:8 tp:8\" " \
     "(default: NCCL's channel count)", NULL }
+/* simulate and explain: Transformer Engine's userbuffers config (mp_cmd_ub_cfg) */
+#define MP_OPT_UB_CFG                                                                              \
+  { "--ub-cfg", "LIST", "Transformer Engine's userbuffers config as Megatron-Core's "             \
+    "--tp-comm-overlap-cfg states it, gemm:method:num_sm:set_sm_margin items split by spaces "     \
+    "(gemms qkv_fprop fc1_fprop proj_fprop fc2_fprop proj_dgrad fc2_dgrad qkv_dgrad fc1_dgrad "     \
+    "qkv_wgrad fc1_wgrad; methods ring_exchange pipeline bulk), e.g. \"qkv_wgrad:bulk:8:0\" "      \
+    "(megatron-core; default: TE's own config)", NULL }
 /* simulate and explain: Megatron-Core's CUDA graphs (mp_cmd_cuda_graphs; exec/plan.h, mp_cuda_graphs) */
 #define MP_OPT_CUDA_GRAPHS                                                                         \
   { "--cuda-graphs", "S", "what Megatron-Core captures in CUDA graphs (megatron-core): none; attn, "   \

@@ -58,6 +58,9 @@ typedef struct mp_vrow {
   char nccl_ctas[96];      /* optional column: each NCCL communicator's max_ctas as written
                              (name:N items split by spaces; sim.h, mp_sim_nccl_ctas_parse); ""
                              when absent or empty: NCCL's channel count */
+  char ub_cfg[512];        /* optional column: Transformer Engine's userbuffers config, GEMM by
+                             GEMM (gemm:method:num_sm:set_sm_margin items split by spaces; sim.h,
+                             mp_sim_ub_cfg_parse); "" when absent or empty: TE's default */
   char moe_dispatcher[16]; /* as written (alltoall or deepep: exec/plan.h, mp_moe_dispatcher);
                              "" when the column is absent or empty: alltoall */
   char cp_comm_type[16];   /* as written (p2p, all_gather, a2a: exec/plan.h, mp_cp_comm), a

@@ -491,6 +491,44 @@ static void keep_unhidden(cop *cops, double *dur, int32_t i, double hidden) {
   dur[i] = cops[i].dur = left > 0.0 ? left : 0.0;
 }
 
+/* The time from its start of a GEMM of d (whole-GPU time) that starts t after a collective
+ * of C holding the SMs that leave it rate r of its pace: d / r where it ends within the
+ * collective (d <= (C - t) r), else the collective's rest plus the work left at full pace. */
+static double beside_s(double d, double t, double C, double r) {
+  if (!(t < C) || r >= 1.0) return d;
+  const double within = (C - t) * r;
+  return d <= within ? d / r : (C - t) + (d - within);
+}
+
+/* The userbuffers GEMM (sim.h, mp_ub_gemm) of a TP overlap's collective: the attention's
+ * (its norm, q, k, v and o, MLA's projections) or the MLP's, by the pair's kind and phase. */
+static mp_ub_gemm ub_gemm(const mp_op *op) {
+  const int m = op->module;
+  const int attn = m == MP_MOD_ATTN_NORM || (m >= MP_MOD_Q && m <= MP_MOD_O) || (m >= MP_MOD_Q_A && m <= MP_MOD_KV_B);
+  if (op->fused == MP_FUSE_SCATTER) return attn ? MP_UB_PROJ_FPROP : MP_UB_FC2_FPROP;
+  if (op->fused == MP_FUSE_GATHER) {
+    if (op->phase == MP_PHASE_BACKWARD) return attn ? MP_UB_PROJ_DGRAD : MP_UB_FC2_DGRAD;
+    return attn ? MP_UB_QKV_FPROP : MP_UB_FC1_FPROP;
+  }
+  if (op->coll == MP_COLL_ALL_GATHER) return attn ? MP_UB_QKV_DGRAD : MP_UB_FC1_DGRAD;
+  return attn ? MP_UB_QKV_WGRAD : MP_UB_FC1_WGRAD;
+}
+
+/* The time of a GEMM of d (whole-GPU time) that starts t into its userbuffers collective of
+ * C under overlap o on a GPU of S SMs. Transformer Engine launches every GEMM of an overlap
+ * on _math_sms = set_sm_margin ? sm_count - num_comm_sm : sm_count (transformer_engine/
+ * common/comm_gemm_overlap/comm_gemm_overlap.cpp, CommOverlapCore, v2.0 e5cc6c2): with the
+ * margin the GEMM runs on the S - num_sm SMs left throughout; without it on every SM, the
+ * communication kernel's num_sm CTAs (userbuffers' sms) holding theirs while it runs
+ * (beside_s); ring_exchange's sends run on the copy engines (use_ce, base.py add_ub's
+ * default) and hold no SM. */
+static double ub_gemm_s(double d, double t, double C, mp_ub_overlap o, int S) {
+  if (o.sms <= 0 || S <= o.sms) return d;
+  if (o.margin) return d * (double)S / (double)(S - o.sms);
+  if (o.method == MP_UB_RING_EXCHANGE) return d;
+  return beside_s(d, t, C, (double)(S - o.sms) / (double)S);
+}
+
 /* AsyncTP's fused pairs (mp_fuse, exec/schedule.h): the GEMMs run as tp chunks, and the
  * collective's time shows only where it exceeds the chunks it runs beside. An all-gather's
  * tp - 1 copies go with chunks 1..tp-1 of the GEMMs after it (chunk 0, the rank's own
@@ -501,49 +539,60 @@ static void keep_unhidden(cop *cops, double *dur, int32_t i, double hidden) {
  * on the compute stream other than an all-reduce: under SP (which AsyncTP needs) the
  * all-reduces inside a region are the 4-byte amaxes of float8 casts (schedule_ops.c), which
  * scale the GEMMs' operands and run before the fused op, not between its chunks.
- * scatter_slow stretches the GEMMs of a reduce-scatter pair: Transformer Engine's
- * userbuffers (Megatron-Core's --tp-comm-overlap) run its "pipeline" reduce-scatter as a
- * kernel of num_sm SMs and launch the GEMM with that SM margin (set_sm_margin), so every
- * chunk runs on the SMs left (the stack's ub_sms); the all-gathers' "ring_exchange" copies
- * run on the copy engines (use_ce) beside a GEMM of every SM. */
-static void price_fused(const mp_schedule *s, int tp, const op_costs *k, const op_costs *kg, double scatter_slow,
-                        cop *cops, double *dur) {
+ * Under Transformer Engine's userbuffers (Megatron-Core's --tp-comm-overlap) each chunk runs
+ * at the pace its GEMM's overlap leaves it (ub_gemm_s; the stack's default config, or the
+ * run's own: mp_sim_ub_overlap): TE's default "pipeline" reduce-scatter is a kernel of
+ * num_sm SMs with set_sm_margin, its "ring_exchange" copies run on the copy engines. A
+ * ring_exchange reduce-scatter ends in a reduction on the compute stream
+ * (CommOverlapP2PBase::split_overlap_rs, v2.0: reduce_bf16 or reduce_fp8_in_bf16_out over
+ * the tp partial outputs the ring left in the buffer): it reads the whole output (the
+ * collective's payload) and writes the rank's shard, at the GPU's achieved HBM bandwidth. */
+static void price_fused(const mp_schedule *s, const mp_stack_profile *prof, int S, const op_costs *k,
+                        const op_costs *kg, cop *cops, double *dur) {
   const mp_cuda_graphs graphs = s->plan->opts.cuda_graphs;
+  const int tp = s->plan->mesh.size[MP_DIM_TP];
   for (int32_t i = 0; i < s->n_ops; i++) {
     const mp_op *op = &s->ops[i];
     if (op->type != MP_OP_COMM || op->fused == MP_FUSE_NONE || op->fused == MP_FUSE_BULK) continue;
     const int step = op->fused == MP_FUSE_GATHER ? 1 : -1;
-    const double slow = op->fused == MP_FUSE_SCATTER ? scatter_slow : 1.0;
+    const mp_ub_overlap o = mp_sim_ub_overlap(prof, ub_gemm(op));
+    const double C = dur[i];
     double g = 0.0;
     for (int32_t j = i + step, end = pair_end(s, i, step); j != end; j += step) {
       const mp_op *x = &s->ops[j];
       if (x->type != MP_OP_COMPUTE || x->fused != op->fused || x->layer != op->layer) continue;
-      dur[j] = cops[j].dur = chunked_gemm_s(x, tp, op_captured(x, graphs) ? kg : k) * slow * (x->count > 1 ? x->count : 1);
+      const op_costs *kx = op_captured(x, graphs) ? kg : k;
+      const double d = chunked_gemm_s(x, tp, kx) * (x->count > 1 ? x->count : 1);
+      dur[j] = cops[j].dur = ub_gemm_s(d, g, C, o, S);
       g += dur[j];
     }
     keep_unhidden(cops, dur, i, g * (tp - 1) / tp);
+    if (op->fused == MP_FUSE_SCATTER && o.method == MP_UB_RING_EXCHANGE && prof->tp_comm_overlap && k->hbm > 0)
+      dur[i] = cops[i].dur = dur[i] + op->bytes * (1.0 + 1.0 / tp) / k->hbm + k->kernel_overhead_s;
   }
 }
 
 /* Transformer Engine's bulk overlaps (MP_FUSE_BULK, exec/schedule.h): the all-gather runs
  * beside the input-gradient GEMMs after it, the reduce-scatter beside the weight-gradient
- * GEMMs before it (up to the pair's other collective), each GEMM whole on the SMs the
- * userbuffers kernel leaves (set_sm_margin: `slow`, the stack's ub_sms) and the compute
- * stream waiting for the collective where they end (CommOverlapBase::bulk_overlap): a pair
- * takes max(G slow, C) for GEMMs G and the collective's own time C, of which the
- * collective's op keeps max(0, C - G slow). */
-static void price_bulk(const mp_schedule *s, double slow, cop *cops, double *dur) {
+ * GEMMs before it (up to the pair's other collective), each GEMM at the pace its overlap
+ * leaves it (ub_gemm_s: whole on the SMs the userbuffers kernel leaves under set_sm_margin,
+ * beside its CTAs without) and the compute stream waiting for the collective where they end
+ * (CommOverlapBase::bulk_overlap): a pair takes max(T, C) for the GEMMs' time T and the
+ * collective's own time C, of which the collective's op keeps max(0, C - T). */
+static void price_bulk(const mp_schedule *s, const mp_stack_profile *prof, int S, cop *cops, double *dur) {
   for (int32_t i = 0; i < s->n_ops; i++) {
     const mp_op *op = &s->ops[i];
     if (op->type != MP_OP_COMM || op->fused != MP_FUSE_BULK) continue;
     const int gather = op->coll == MP_COLL_ALL_GATHER, step = gather ? 1 : -1;
     const mp_variant v = gather ? MP_VAR_DGRAD : MP_VAR_WGRAD;
+    const mp_ub_overlap o = mp_sim_ub_overlap(prof, ub_gemm(op));
+    const double C = dur[i];
     double g = 0.0;
     for (int32_t j = i + step, end = pair_end(s, i, step); j != end; j += step) {
       const mp_op *x = &s->ops[j];
       if (x->type != MP_OP_COMPUTE || x->fused != MP_FUSE_BULK || x->variant != v || x->layer != op->layer)
         continue;
-      dur[j] = cops[j].dur = dur[j] * slow;
+      dur[j] = cops[j].dur = ub_gemm_s(dur[j], g, C, o, S);
       g += dur[j];
     }
     keep_unhidden(cops, dur, i, g);
@@ -562,15 +611,6 @@ static int in_region(int opener, int module) {
     case MP_MOD_OUTPUT: case MP_MOD_TOK_EMBEDDINGS: return module == opener;
     default: return 0;
   }
-}
-
-/* The time from its start of a GEMM of d (whole-GPU time) that starts t after a collective
- * of C holding the SMs that leave it rate r of its pace: d / r where it ends within the
- * collective (d <= (C - t) r), else the collective's rest plus the work left at full pace. */
-static double beside_s(double d, double t, double C, double r) {
-  if (!(t < C) || r >= 1.0) return d;
-  const double within = (C - t) * r;
-  return d <= within ? d / r : (C - t) + (d - within);
 }
 
 /* Transformer Engine's Linear backward without the bulk overlaps (the stack's
@@ -631,9 +671,8 @@ static void price_tp_overlaps(const mp_schedule *s, const mp_stack_profile *prof
   const int tp = s->plan->mesh.size[MP_DIM_TP], S = ls->cl->gpu.sms;
   if (tp <= 1) return;
   if (s->plan->opts.tp_comm_fused) {
-    const double ub_slow = prof->ub_sms > 0 && S > prof->ub_sms ? (double)S / (double)(S - prof->ub_sms) : 1.0;
-    price_fused(s, tp, kc, kg, ub_slow, cops, dur);
-    price_bulk(s, ub_slow, cops, dur);
+    price_fused(s, prof, S, kc, kg, cops, dur);
+    price_bulk(s, prof, S, cops, dur);
   } else if (prof->tp_dgrad_async && (ls->have & (1u << MP_GROUP_TP))) {
     const int sms = contended ? group_channels(ls, prof, MP_GROUP_TP) : 0;
     price_async_dgrad(s, sms, S, cops, dur);

@@ -33,6 +33,38 @@
 extern "C" {
 #endif
 
+/* The ten GEMMs of a transformer layer that Transformer Engine's userbuffers overlap with a
+ * TP collective (Megatron-Core's --tp-comm-overlap; transformer_engine/pytorch/module/base.py
+ * initialize_ub, v2.0 e5cc6c2, names them so): the forward's all-gathers into qkv and fc1 and
+ * reduce-scatters out of proj and fc2, the backward's all-gathers into proj's and fc2's input
+ * gradients, and the bulk overlaps of qkv's and fc1's backward (the re-gather beside the
+ * input-gradient GEMM: dgrad; the input gradient's reduce-scatter beside the weight-gradient
+ * GEMM: wgrad). */
+typedef enum mp_ub_gemm {
+  MP_UB_QKV_FPROP = 0,
+  MP_UB_FC1_FPROP,
+  MP_UB_PROJ_FPROP,
+  MP_UB_FC2_FPROP,
+  MP_UB_PROJ_DGRAD,
+  MP_UB_FC2_DGRAD,
+  MP_UB_QKV_DGRAD,
+  MP_UB_FC1_DGRAD,
+  MP_UB_QKV_WGRAD,
+  MP_UB_FC1_WGRAD,
+  MP_UB_COUNT
+} mp_ub_gemm;
+
+/* A userbuffers overlap's method (TE's add_ub): ring_exchange (point-to-point sends on the
+ * copy engines, CommOverlapP2P), pipeline (a chunked collective kernel, CommOverlap) or bulk
+ * (one collective kernel beside a whole GEMM); unset: TE's default for that GEMM. */
+typedef enum mp_ub_method { MP_UB_UNSET = 0, MP_UB_RING_EXCHANGE, MP_UB_PIPELINE, MP_UB_BULK } mp_ub_method;
+
+typedef struct mp_ub_overlap {
+  uint8_t method; /* mp_ub_method */
+  uint8_t margin; /* set_sm_margin: the GEMM launched on the SMs the kernel leaves */
+  int16_t sms;    /* num_sm: the SMs (CTAs) the communication kernel runs on */
+} mp_ub_overlap;
+
 /* Efficiency of a software stack on a GPU. */
 typedef struct mp_stack_profile {
   char name[64];
@@ -129,6 +161,11 @@ typedef struct mp_stack_profile {
                            beside the GEMMs they overlap (the pipelined reduce-scatter, the
                            bulk all-gather and reduce-scatter), which run on the rest
                            (sim/cost.c, price_fused, price_bulk) */
+  /* Per userbuffers GEMM: the run's own overlap config (Megatron-Core's --tp-comm-overlap-cfg,
+   * NeMo's TransformerLayerTPOverlapCfg); unset entries take TE's default with ub_sms
+   * (mp_sim_ub_overlap). Never read from JSON: a run's setting (simulate's --ub-cfg,
+   * validate's ub_cfg column; mp_sim_ub_cfg_parse). */
+  mp_ub_overlap ub_cfg[MP_UB_COUNT];
   int dist_opt;         /* JSON "distributed_optimizer", optional (default false): the
                            megatron memory model's optimizer state sharded over data
                            parallelism (mp_plan_options.ddp.shard_optimizer) */
@@ -363,6 +400,18 @@ int mp_sim_nccl_cap(const mp_stack_profile *p, mp_group g);
  * cp, pp, ep, ep_dp (e.g. "dp:8 dp_cp:8 tp:8 pp:2"), each cap 1 to 64, into caps (zeroed
  * first; an unnamed group 0). MP_ERR_USAGE, naming the item, on another name or value. */
 mp_status mp_sim_nccl_ctas_parse(mp_ctx *ctx, const char *text, int caps[MP_GROUP_COUNT]);
+/* The overlap Transformer Engine runs GEMM g's collective with under p (sim/ub_cfg.c): p's
+ * ub_cfg entry, else TE's default config (ring_exchange with num_sm 1 and no SM margin for
+ * qkv_fprop, fc1_fprop, proj_dgrad and fc2_dgrad; pipeline for proj_fprop and fc2_fprop and
+ * bulk for the rest, on p's ub_sms with set_sm_margin). */
+mp_ub_overlap mp_sim_ub_overlap(const mp_stack_profile *p, mp_ub_gemm g);
+/* Parses a userbuffers config as NeMo's TransformerLayerTPOverlapCfg states it, items split by
+ * spaces, `gemm:method:num_sm:set_sm_margin` (gemm a mp_ub_gemm's name: qkv_fprop, fc1_fprop,
+ * proj_fprop, fc2_fprop, proj_dgrad, fc2_dgrad, qkv_dgrad, fc1_dgrad, qkv_wgrad, fc1_wgrad;
+ * method ring_exchange, pipeline or bulk; set_sm_margin 0 or 1), or `gemm:ring_exchange`
+ * (NeMo's RingExchangeOverlapCfg defaults: num_sm 1, no margin), into cfg (cleared first; an
+ * unnamed GEMM takes TE's default). MP_ERR_USAGE, naming the item, on anything else. */
+mp_status mp_sim_ub_cfg_parse(mp_ctx *ctx, const char *text, mp_ub_overlap cfg[MP_UB_COUNT]);
 /* As NCCL runs it on GPU g (sim/network.c): an all-gather, reduce-scatter or all-reduce of
  * n ranks on link l (its nodes and members a node; n below l->n: a pair of the group, on two
  * nodes when the group spans several) priced by NCCL's tuning model (v2.27.7-1), the fastest

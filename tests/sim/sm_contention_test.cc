@@ -2,7 +2,8 @@
 // while it runs, and the compute stream's flops-bound kernels beside it run on the SMs it
 // leaves (sim/engine.c, contended_end; sim/network.c, mp_sim_nccl_ring_channels); Transformer
 // Engine's userbuffers reduce-scatter holds its num_sm beside the GEMM it overlaps
-// (sim/cost.c, price_fused), and so do its bulk overlaps beside whole GEMMs (price_bulk).
+// (sim/cost.c, price_fused), and so do its bulk overlaps beside whole GEMMs (price_bulk), each
+// GEMM by its own userbuffers config (sim/ub_cfg.c).
 // Every figure below is worked by hand in its comment.
 #include <gtest/gtest.h>
 
@@ -232,6 +233,20 @@ TEST(SmContention, UserbuffersReduceScatterTakesItsSms) {
   // us), under its 1 ms of arithmetic
   EXPECT_NEAR(plain, 8e-3, 1e-12);
   EXPECT_NEAR(ub, 8e-3 * 132.0 / 116.0, 1e-12);
+  // Under the run's own config, a ring_exchange reduce-scatter (fc2_fprop:ring_exchange; the
+  // op's module -1 is the MLP's): its sends run on the copy engines, so the 8 chunks keep
+  // every SM, 8 ms, the 1 ms of sends hidden under the 7 after the first; then the reduction
+  // of the tp partial outputs on the compute stream (CommOverlapP2PBase::split_overlap_rs,
+  // TE v2.0) reads the whole output, the collective's 1e-3 x 100e9 x 8/7 bytes, and writes an
+  // eighth, x 9/8, at 1000 GB/s x hbm_eff 0.5: 1e-3 x 100 x 9/7 / 500 s = 9/35 ms (no launch
+  // overhead in Profile()): 8 + 9/35 ms. A pipeline entry of 24 SMs with the margin runs the
+  // 8 chunks on 108 SMs and no reduction kernel: 8 x 132/108 ms.
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  ASSERT_EQ(mp_sim_ub_cfg_parse(&ctx, "fc2_fprop:ring_exchange", p.ub_cfg), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 8e-3 + 9e-3 / 35.0, 1e-12);
+  ASSERT_EQ(mp_sim_ub_cfg_parse(&ctx, "fc2_fprop:pipeline:24:1", p.ub_cfg), MP_OK);
+  EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 8e-3 * 132.0 / 108.0, 1e-12);
 }
 
 // Transformer Engine's bulk overlaps (ub_sms 16 under tp_comm_overlap, tp=8) in a
@@ -271,6 +286,45 @@ TEST(SmContention, UserbuffersBulkOverlapsRunBesideWholeGemms) {
   EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 3e-3 + 2e-3 * 132.0 / 116.0, 1e-12);
   p.ub_sms = 0;
   EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 5e-3, 1e-12);
+  // A published config (TE launches an overlap's GEMM on sm_count - num_sm SMs under
+  // set_sm_margin, on every SM without it: comm_gemm_overlap.cpp CommOverlapCore, v2.0), on
+  // the MLP's GEMMs (module -1). fc1_dgrad bulk on 2 SMs without margin: the 2 ms
+  // input-gradient GEMM runs beside the 3 ms re-gather at 130/132 of its pace, 2 x 132/130 =
+  // 2.03 ms, inside the 3 ms: 3 ms. fc1_wgrad bulk on 4 SMs without margin: the 1 ms
+  // reduce-scatter leaves the 2 ms weight-gradient GEMM 128/132 of its pace while it runs, 1
+  // ms doing 128/132 ms of its work, then the rest, 2 - 128/132 ms, at full pace: 3 - 128/132
+  // ms. In all 6 - 128/132 ms. With fc1_wgrad's margin (bulk:4:1) the GEMM runs whole on 128
+  // SMs, 2 x 132/128 ms, past the 1 ms: 3 + 264/128 ms. The attention's entries leave the
+  // MLP's GEMMs on TE's default (16 SMs with the margin): 3 + 264/116 ms.
+  p.ub_sms = 16;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  ASSERT_EQ(mp_sim_ub_cfg_parse(&ctx, "fc1_dgrad:bulk:2:0 fc1_wgrad:bulk:4:0", p.ub_cfg), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 6e-3 - 1e-3 * 128.0 / 132.0, 1e-12);
+  ASSERT_EQ(mp_sim_ub_cfg_parse(&ctx, "fc1_dgrad:bulk:2:0 fc1_wgrad:bulk:4:1", p.ub_cfg), MP_OK);
+  EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 3e-3 + 2e-3 * 132.0 / 128.0, 1e-12);
+  ASSERT_EQ(mp_sim_ub_cfg_parse(&ctx, "qkv_dgrad:bulk:2:0 qkv_wgrad:bulk:4:0", p.ub_cfg), MP_OK);
+  EXPECT_NEAR(Simulate(f, H100Node(), p).step_time_s, 3e-3 + 2e-3 * 132.0 / 116.0, 1e-12);
+}
+
+TEST(SmContention, UserbuffersConfigRejectsMalformedItems) {
+  mp_stack_profile p = Profile();
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  for (const char *bad : {"fc3_fprop:bulk:4:0", "qkv_dgrad:bulk", "qkv_dgrad:bulk:4", "qkv_dgrad:bulk:4:2",
+                          "qkv_dgrad:split:4:0", "qkv_dgrad:bulk:x:0"})
+    EXPECT_EQ(mp_sim_ub_cfg_parse(&ctx, bad, p.ub_cfg), MP_ERR_USAGE) << bad;
+  ASSERT_EQ(mp_sim_ub_cfg_parse(&ctx, " qkv_wgrad:bulk:8:0  proj_fprop:ring_exchange ", p.ub_cfg), MP_OK);
+  EXPECT_EQ(p.ub_cfg[MP_UB_QKV_WGRAD].sms, 8);
+  EXPECT_EQ(p.ub_cfg[MP_UB_QKV_WGRAD].margin, 0);
+  EXPECT_EQ(p.ub_cfg[MP_UB_PROJ_FPROP].method, MP_UB_RING_EXCHANGE);
+  EXPECT_EQ(p.ub_cfg[MP_UB_PROJ_FPROP].sms, 1);
+  // an unnamed GEMM takes TE's default: fc2_fprop pipeline on ub_sms with the margin
+  p.ub_sms = 16;
+  const mp_ub_overlap d = mp_sim_ub_overlap(&p, MP_UB_FC2_FPROP);
+  EXPECT_EQ(d.method, MP_UB_PIPELINE);
+  EXPECT_EQ(d.sms, 16);
+  EXPECT_EQ(d.margin, 1);
 }
 
 namespace {
