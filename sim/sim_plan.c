@@ -338,6 +338,13 @@ static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_
     mp_schedule *s = NULL;
     st = stage_prep(ctx, prep, i);
     if (st == MP_OK) st = mp_schedule_build_prepped(ctx, p, prep->sched[i], scratch, &s);
+    /* stage 0 first by its memory alone (mp_sim_stage_memory_pass: the same verdict and
+     * peak): most of the search's plans over capacity are over it there, and need no time */
+    if (st == MP_OK && gate && i == 0 && p->opts.pp_schedule != MP_PP_DUALPIPE) {
+      st = mp_sim_stage_memory_pass(ctx, s, cfg, &ws->stages[i]);
+      if (st == MP_OK) st = mp_sim_stage_memory_over(ctx, p, cfg, &ws->stages[i], prep->sel[i], &over, out);
+      if (over) break;
+    }
     if (st == MP_OK) st = mp_sim_stage_run(ctx, s, cfg, prep->links[i], &ws->stages[i], NULL);
     if (st == MP_OK && gate) st = mp_sim_stage_memory_over(ctx, p, cfg, &ws->stages[i], prep->sel[i], &over, out);
   }
