@@ -445,6 +445,8 @@ static void print_json(const plan_view *v) {
   mp_cmd_gpu_note(&a->c.gpu, note, sizeof note);
   if (note[0]) cJSON_AddStringToObject(root, "gpu_note", note);
   cJSON_AddNumberToObject(root, "n_gpus", mp_cluster_n_gpus(&a->c));
+  cJSON_AddNumberToObject(root, "gpus_per_node", a->c.gpus_per_node);
+  cJSON_AddNumberToObject(root, "nvlink_domain", mp_cluster_nvlink_domain(&a->c));
   cJSON_AddStringToObject(root, "stack", v->ev->stack.name);
   cJSON_AddItemToObject(root, "kernels", mp_cmd_kernel_scale_json(&v->ev->stack, &a->c.gpu));
   cJSON_AddNumberToObject(root, "seq", (double)a->seq);
@@ -575,9 +577,14 @@ static void print_text(const plan_view *v) {
   mp_cmd_stack_runs_str(&v->ev->base, rot, sizeof rot);
   char params[160], note[400];
   mp_cmd_params_str(&a->m, params, sizeof params);
-  printf("%s (%s) on %s (%d x %s, %d per node), seq %lld, stack %s%s, objective %s\n", a->m.name, params,
-         a->c.name, mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, a->seq, v->ev->stack.name, rot,
-         mp_objective_name(a->obj));
+  /* The NVLink domain is named where it spans nodes (GB200 NVL72's trays of 4): TP and the
+   * collectives' NVLink hops follow the domain, not the node (mp_cluster_nvlink_domain). */
+  char dom[48] = "";
+  int nvl = mp_cluster_nvlink_domain(&a->c);
+  if (nvl > a->c.gpus_per_node) snprintf(dom, sizeof dom, ", NVLink domain %d", nvl);
+  printf("%s (%s) on %s (%d x %s, %d per node%s), seq %lld, stack %s%s, objective %s\n", a->m.name, params,
+         a->c.name, mp_cluster_n_gpus(&a->c), a->c.gpu.name, a->c.gpus_per_node, dom, a->seq, v->ev->stack.name,
+         rot, mp_objective_name(a->obj));
   mp_cmd_gpu_note(&a->c.gpu, note, sizeof note);
   if (note[0]) printf("note: %s\n", note);
   if (a->target_seqs > 0)

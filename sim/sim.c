@@ -28,7 +28,9 @@
  * Memory. ALLOC/FREE are replayed in issue order: prologue, each micro-batch (its `when`
  * respected: FIRST only in micro-batch 0, LAST only in the last, ONCE inside a micro-batch
  * segment only in micro-batch 0), optimizer. The peak total and the categories at that
- * moment are kept; then peak_mem = peak x frag_factor + the GPU's runtime overhead. Under
+ * moment are kept; then peak_mem = (peak + gap) x frag_factor + the GPU's runtime overhead,
+ * gap being what a stack's caching allocator reserves beyond the allocated peak where its
+ * profile replays one (sim/caching_alloc.h; one micro-batch's events), else 0. Under
  * pipeline parallelism a stage holds several micro-batches' activations at once: what its
  * pipeline order holds beyond one micro-batch is added to the peak, as ACTIVATIONS.
  * ACTIVATIONS events are scaled by the stack's saved_act_factor (what a compiler's
@@ -42,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sim/caching_alloc.h"
 #include "sim/engine.h"
 #include "sim/sim.h"
 #include "sim/sim_internal.h"
@@ -98,9 +101,10 @@ static void fill_time(const sim *x, const mp_schedule *s, const mp_cluster *cl, 
 }
 
 /* Memory of the stage with `extra` in-flight activations on top of its replayed peak:
- * reserved (x frag_factor) plus the runtime overhead against the usable capacity. */
+ * reserved (with the caching allocator's gap over the allocated peak, x frag_factor) plus
+ * the runtime overhead against the usable capacity. */
 static void fill_memory(const int64_t at_peak[MP_MEM_COUNT], const int64_t cat_max[MP_MEM_COUNT],
-                        int64_t alloc_peak, int64_t extra, const mp_sim_config *cfg,
+                        int64_t alloc_peak, int64_t gap, int64_t extra, const mp_sim_config *cfg,
                         const mp_stack_profile *prof, mp_sim_result *out) {
   const mp_cluster *cl = cfg->cluster;
   memcpy(out->mem_at_peak, at_peak, sizeof out->mem_at_peak);
@@ -108,7 +112,7 @@ static void fill_memory(const int64_t at_peak[MP_MEM_COUNT], const int64_t cat_m
   out->mem_max[MP_MEM_ACTIVATIONS] += extra;
   out->mem_at_peak[MP_MEM_ACTIVATIONS] += extra;
   int64_t alloc = alloc_peak + extra;
-  double reserved = (double)alloc * prof->frag_factor;
+  double reserved = (double)(alloc + gap) * prof->frag_factor;
   double overhead = cl->gpu.runtime_overhead_gib * 1073741824.0;
   out->peak_mem_bytes = (int64_t)(reserved + overhead);
   out->overhead_bytes = out->peak_mem_bytes - alloc;
@@ -148,6 +152,7 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
   MP_CHECK(mp_sim_bufs_get(ctx, cfg->ws, s, &b));
   double p2p[2];
   MP_CHECK(mp_sim_compile_ops(ctx, s, cfg->cluster, prof, links, &b, p2p));
+  if (prof->alloc_replay) MP_CHECK(mp_calloc_replay_gap(ctx, s, b.cops, &out->alloc_gap));
 
   sim x;
   mp_sim_engine_init(&x, s, &b, cfg->cluster->gpu.sms, !cfg->record_trace);
@@ -167,7 +172,7 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory recording the trace");
   }
   fill_time(&x, s, cfg->cluster, &out->r);
-  fill_memory(x.at_peak, x.cat_max, x.peak_tot, 0, cfg, prof, &out->r);
+  fill_memory(x.at_peak, x.cat_max, x.peak_tot, out->alloc_gap, 0, cfg, prof, &out->r);
   for (int c = 0; c < MP_PP_MAX_VIRTUAL; c++) {
     out->t.f[c] = x.chunk_s[0][c];
     out->t.b[c] = x.chunk_s[1][c];
@@ -253,7 +258,7 @@ static mp_status stage_memory(mp_ctx *ctx, const mp_plan *p, const mp_sim_config
   const int pp = p->mesh.size[MP_DIM_PP], v = mp_plan_virtual_stages(p);
   MP_CHECK(mp_sim_pp_held_extra(ctx, cfg->ws, p->opts.pp_schedule, plan_pp_flavor(p, prof), pp, v,
                                 x->n_micro, k, x->held, extra));
-  fill_memory(x->r.mem_at_peak, x->r.mem_max, x->alloc_peak, *extra, cfg, prof, m);
+  fill_memory(x->r.mem_at_peak, x->r.mem_max, x->alloc_peak, x->alloc_gap, *extra, cfg, prof, m);
   return MP_OK;
 }
 
@@ -268,7 +273,7 @@ mp_status mp_sim_stage_memory_over(mp_ctx *ctx, const mp_plan *p, const mp_sim_c
   int64_t extra = 0;
   memset(out, 0, sizeof *out);
   if (p->mesh.size[MP_DIM_PP] > 1) MP_CHECK(stage_memory(ctx, p, cfg, prof, x, k, out, &extra));
-  else fill_memory(x->r.mem_at_peak, x->r.mem_max, x->alloc_peak, 0, cfg, prof, out);
+  else fill_memory(x->r.mem_at_peak, x->r.mem_max, x->alloc_peak, x->alloc_gap, 0, cfg, prof, out);
   *over = !out->fits;
   return MP_OK;
 }
@@ -340,7 +345,7 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
   out->comm_s[MP_STREAM_P2P] += (double)n_micro * v * (c->t.send_f + c->t.send_b);
   out->bubble_s = step - c->head_s - c->tail_s - (double)n_micro * busy;
   if (out->bubble_s < 0) out->bubble_s = 0.0;
-  fill_memory(f->r.mem_at_peak, f->r.mem_max, f->alloc_peak, extra_full, cfg, prof, out);
+  fill_memory(f->r.mem_at_peak, f->r.mem_max, f->alloc_peak, f->alloc_gap, extra_full, cfg, prof, out);
   set_rates(out, &p->mesh, c->tokens, c->model_flops, cfg->cluster);
   return MP_OK;
 }

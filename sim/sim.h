@@ -142,6 +142,13 @@ typedef struct mp_stack_profile {
    * (torch.distributed.pipelining's, torchtitan's); exec/schedule_pp.c says where they
    * differ. */
   mp_pp_flavor pp_flavor;
+  /* The allocator whose reserved memory the stack's memory figures count: JSON
+   * "allocator", optional: "tracked" (the default: what the schedule allocates, x
+   * frag_factor) or "pytorch-expandable" (PyTorch's caching allocator with
+   * expandable_segments:True, replayed over the schedule's memory events,
+   * sim/caching_alloc.h: the bytes it reserves beyond the allocated peak are added before
+   * frag_factor, which then stands for what that replay does not see). */
+  int alloc_replay;
   /* How the stack's context-parallel ring moves K and V: JSON "cp_rotate", optional:
    * "allgather" (the default, torchtitan's) or "alltoall" (exec/schedule_cp.c). The meshplan
    * runtimes' profiles may not set it: their ring is their own. */

@@ -35,6 +35,8 @@ typedef struct mp_sim_stage {
                                gradient reductions draining) */
   int64_t held[MP_PP_MAX_VIRTUAL]; /* ACTIVATIONS a chunk's forward leaves held */
   int64_t alloc_peak;       /* the allocated peak (before fragmentation and overhead) */
+  int64_t alloc_gap;        /* what the stack's caching allocator reserves beyond it
+                               (mp_calloc_replay_gap; 0 for a tracked allocator) */
   int stage;                /* the schedule's pipeline stage */
   int64_t n_micro;          /* micro-batches per step */
   double tokens, model_flops; /* the rank's tokens and model FLOPs per step (its share) */

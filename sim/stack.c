@@ -270,6 +270,8 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
                 done);
   MP_CHECK_GOTO(mp_check_f64(ctx, origin, "saved_act_factor", p.saved_act_factor, 0, 1,
                              MP_RANGE_OPEN_LO), st, done);
+  static const char *const allocators[] = {"tracked", "pytorch-expandable"};
+  MP_CHECK_GOTO(get_choice(ctx, j, origin, "allocator", allocators, 2, &p.alloc_replay), st, done);
   char mm[32] = "torchtitan";
   MP_CHECK_GOTO(mp_json_get_str(ctx, j, origin, "memory_model", 0, mm, sizeof mm), st, done);
   p.mem_model = MP_MEM_MODEL_COUNT;

@@ -50,6 +50,23 @@ if s.returncode == 0:
 s = run("simulate", "--model", "mixtral-8x7b", "--gpus", "8", "--mesh", "dp_shard=8,ep=8", "--ac", "full")
 check("model   46.70B parameters, 12.75B active per token" in s.stdout, "simulate's header: " + s.stdout[:400])
 
+# ---- NVLink domains that span nodes ------------------------------------------------------
+# GB200 compute trays of 4 GPUs in the gb200 profile's 72-GPU NVL72 domain: a 16-GPU job's
+# four trays sit in one rack, so its domain is 16 (the most whole trays of the job that fit in
+# 72); the header and --json name it beside the node. An 8-GPU H100 node is its own domain and
+# the header says nothing more.
+args = ("--model", "llama3.1-8b", "--gpus", "16", "--gpu", "gb200", "--gpus-per-node", "4", "--top", "1")
+p = run("plan", "--no-db", *args)
+check("(16 x gb200, 4 per node, NVLink domain 16)" in p.stdout.splitlines()[0], "plan's header: " + p.stdout[:200])
+j = plan_json(*args)
+check(j is not None and j.get("gpus_per_node") == 4 and j.get("nvlink_domain") == 16,
+      f"plan --json on GB200 trays: {j and (j.get('gpus_per_node'), j.get('nvlink_domain'))}")
+j = plan_json("--model", "llama3.1-8b", "--gpus", "16", "--top", "1")
+check(j is not None and j.get("gpus_per_node") == 8 and j.get("nvlink_domain") == 8,
+      f"plan --json on H100 nodes: {j and (j.get('gpus_per_node'), j.get('nvlink_domain'))}")
+p = run("plan", "--no-db", "--model", "llama3.1-8b", "--gpus", "16", "--top", "1")
+check("(16 x h100-sxm, 8 per node), seq" in p.stdout.splitlines()[0], "plan's header: " + p.stdout[:200])
+
 # ---- GPUs by their common names; a GPU without CUDA ----------------------------------------
 for name, profile in (("h100", "h100-sxm"), ("a100", "a100-80gb-sxm"), ("H100 PCIe", "h100-pcie"), ("l40s", "l40s"),
                       ("mi300x", "mi300x"), ("a100-40gb", "a100-40gb-sxm"), ("h100-nvl", "h100-nvl")):

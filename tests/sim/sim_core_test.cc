@@ -717,6 +717,33 @@ TEST(Memory, PeakBreakdownFragmentationOverheadAndFit) {
   EXPECT_FALSE(r.fits);
 }
 
+TEST(Memory, CachingAllocatorReplayAddsItsGap) {
+  // U = 1000 MiB (50 pages of 20 MiB). A 2U, B 4U, C 4U at 0, 2U, 6U; B and A freed leave
+  // a 6U hole at 0. D of 2U + 512 B splits it, leaving 4U - 512 B, which E of 4U does not
+  // fit: the segment grows by 4U behind C. Allocated peak 10U + 512 B, reserved 14U: the
+  // gap is 4U - 512 B and the reported peak the reserved 14U (frag_factor 1, no runtime
+  // overhead). D of exactly 2U leaves 4U, E fits it, and the gap is 0.
+  const int64_t U = 1000LL << 20;
+  const int64_t sizes[] = {2 * U, 4 * U, 4 * U};
+  for (int exact = 0; exact < 2; exact++) {
+    Builder b;
+    for (int i = 0; i < 3; i++) b.ops[b.Mem(MP_OP_ALLOC, MP_MEM_ACTIVATIONS, sizes[i])].buf = i;
+    b.ops[b.Mem(MP_OP_FREE, MP_MEM_ACTIVATIONS, 4 * U)].buf = 1;
+    b.ops[b.Mem(MP_OP_FREE, MP_MEM_ACTIVATIONS, 2 * U)].buf = 0;
+    const int64_t d = exact ? 2 * U : 2 * U + 512;
+    b.ops[b.Mem(MP_OP_ALLOC, MP_MEM_TEMP, d)].buf = 3;
+    b.ops[b.Mem(MP_OP_ALLOC, MP_MEM_TEMP, 4 * U)].buf = 4;
+    b.Seg(0, 1, MP_PHASE_FORWARD);
+    mp_cluster c = Cluster();
+    c.gpu.runtime_overhead_gib = 0.0;
+    mp_stack_profile p = Profile();
+    p.frag_factor = 1.0;
+    EXPECT_EQ(Simulate(b, c, p).peak_mem_bytes, 4 * U + d + 4 * U);
+    p.alloc_replay = 1;
+    EXPECT_EQ(Simulate(b, c, p).peak_mem_bytes, exact ? 10 * U : 14 * U);
+  }
+}
+
 TEST(Pipeline, TimelineAndInflightActivations) {
   // A stage of pp=4 running 8 micro-batches of 1 ms forward (leaving 100 bytes of
   // activations held) and 2 ms backward, every stage alike, and a 2 MiB send of each chunk's

@@ -333,6 +333,25 @@ TEST(Stacks, PipelineSettings) {
   EXPECT_STREQ(mp_errmsg(&ctx), "x.json: pp_order 'gpipe' is unknown; choose megatron, torch");
 }
 
+// allocator: every shipped profile counts the schedule's allocations times frag_factor
+// ("tracked", the default); "pytorch-expandable" turns on the caching allocator's replay
+// (sim/caching_alloc.h); another value is refused with the choices.
+TEST(Stacks, AllocatorReplay) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_stack_profile p;
+  for (const char *n : {"torchtitan-eager", "torchtitan-compile", "megatron-core", "meshplan-cuda"}) {
+    ASSERT_EQ(mp_stack_load(&ctx, n, &p), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(p.alloc_replay, 0) << n;
+  }
+  ASSERT_EQ(mp_stack_from_text(&ctx, StackJson("\"allocator\":\"pytorch-expandable\"").c_str(), "x.json", &p),
+            MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(p.alloc_replay, 1);
+  EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"allocator\":\"cudaMalloc\"").c_str(), "x.json", &p),
+            MP_ERR_INVALID);
+  EXPECT_STREQ(mp_errmsg(&ctx), "x.json: allocator 'cudaMalloc' is unknown; choose tracked, pytorch-expandable");
+}
+
 // cp_rotate (the torchtitan profiles' allgather: Stacks.PipelineSettings): alltoall is read
 // and reaches the plan options; an unknown method and the key on a meshplan runtime's profile
 // (whose ring is its own) are refused.
