@@ -10,11 +10,13 @@
  * window's change of every level) per window, so over k more windows a total peaks in the
  * first or the last of them (linear in the window's index). Each is replayed once and its
  * peak carried to the last window, exactly as a full replay finds it; the engine's skips
- * (skip_mem) carry the same states, so the peak is the engine's to the byte. The
+ * (skip_mem) carry the same states, so the peak is the engine's to the byte. A stack
+ * replaying a caching allocator adds its gap as a stage run does. The
  * categories at the peak and their maxima are reckoned the same way; where two states tie
  * for the peak they may name another of them than the engine's (memory_first shows none). */
 #include <string.h>
 
+#include "sim/caching_alloc.h"
 #include "sim/engine.h"
 #include "sim/sim_internal.h"
 
@@ -172,6 +174,13 @@ mp_status mp_sim_stage_memory_pass(mp_ctx *ctx, const mp_schedule *s, const mp_s
   m.ev_of = b.prog->seg_step;
   list_events(&m);
   memset(out, 0, sizeof *out);
+  /* a stack that replays a caching allocator adds its gap (sim.c, mp_sim_stage_run): the
+   * replay reads the compiled memory events (their bytes do not depend on the links) */
+  if (prof->alloc_replay) {
+    double p2p[2];
+    MP_CHECK(mp_sim_compile_ops(ctx, s, cfg->cluster, prof, NULL, &b, p2p));
+    MP_CHECK(mp_calloc_replay_gap(ctx, s, b.cops, &out->alloc_gap));
+  }
   run_phase(&m, MP_PHASE_PROLOGUE);
   run_micro(&m, 0, out->held);
   if (m.n_micro >= 3) { /* micro-batches 1 .. n - 2 alike */

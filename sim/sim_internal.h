@@ -62,10 +62,11 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
                                  const mp_sim_stage *const *stage, int mem_stage,
                                  mp_sim_result *out);
 /* The memory a stage's schedule reaches, without its time (sim/memory_pass.c): of *out
- * alloc_peak (the engine's to the byte), the categories at that peak and their maxima
- * (r.mem_at_peak, r.mem_max; where states tie for the peak, perhaps another of them), held,
- * stage and n_micro, the rest zero: what mp_sim_stage_memory_over reads, at a fraction of
- * mp_sim_stage_run's cost (no op costed, no time run). */
+ * alloc_peak (the engine's to the byte) and alloc_gap (a stage run's), the categories at
+ * that peak and their maxima (r.mem_at_peak, r.mem_max; where states tie for the peak,
+ * perhaps another of them), held, stage and n_micro, the rest zero: what
+ * mp_sim_stage_memory_over reads, at a fraction of mp_sim_stage_run's cost (no time run;
+ * ops costed only under a caching allocator's replay). */
 mp_status mp_sim_stage_memory_pass(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
                                    mp_sim_stage *out);
 /* A memory event's (ALLOC, FREE) scaled delta: ACTIVATIONS by the stack's saved_act_factor
