@@ -28,6 +28,7 @@ struct Case {
   int gpus;
   int64_t micro_batch, global_batch;
   mp_ac_mode ac;
+  int alloc_replay; /* the stack's memory through PyTorch's caching allocator (sim.h) */
 };
 
 // The plan's result under memory_first with the GPU's memory set to `bytes`.
@@ -50,17 +51,20 @@ mp_sim_result MemoryFirst(mp_ctx *ctx, const mp_plan *p, mp_sim_config cfg, mp_c
 TEST(MemoryFirst, StageZeroByItsMemoryAloneGivesTheFullSimulationsVerdictAndPeak) {
   const Case cases[] = {
       // dense, four stages (stage 0, a middle class, the last), 16 micro-batches
-      {"llama3.1-8b", "torchtitan-compile", "pp=4,dp_replicate=2,dp_shard=2,tp=4", 64, 1, 64, MP_AC_NONE},
-      {"llama3.1-8b", "torchtitan-compile", "pp=4,dp_replicate=2,dp_shard=2,tp=4", 64, 2, 64, MP_AC_FULL},
+      {"llama3.1-8b", "torchtitan-compile", "pp=4,dp_replicate=2,dp_shard=2,tp=4", 64, 1, 64, MP_AC_NONE, 0},
+      {"llama3.1-8b", "torchtitan-compile", "pp=4,dp_replicate=2,dp_shard=2,tp=4", 64, 2, 64, MP_AC_FULL, 0},
+      // the caching allocator's gap added to every stage's peak
+      {"llama3.1-8b", "torchtitan-compile", "pp=4,dp_replicate=2,dp_shard=2,tp=4", 64, 1, 64, MP_AC_NONE, 1},
       // Megatron-Core's DDP and memory model, four micro-batches
-      {"llama3.1-8b", "megatron-core", "pp=4,dp_replicate=2,tp=8", 64, 1, 8, MP_AC_SELECTIVE_CORE},
+      {"llama3.1-8b", "megatron-core", "pp=4,dp_replicate=2,tp=8", 64, 1, 8, MP_AC_SELECTIVE_CORE, 0},
       // MoE with MLA, its first block dense (stage 0's blocks unlike the others'), two
       // micro-batches (no middle one)
-      {"deepseek-v2-lite", "torchtitan-compile", "pp=2,dp_shard=4", 8, 1, 8, MP_AC_NONE},
+      {"deepseek-v2-lite", "torchtitan-compile", "pp=2,dp_shard=4", 8, 1, 8, MP_AC_NONE, 0},
   };
   for (const Case &k : cases) {
     const std::string what = std::string(k.model) + " " + k.stack + " " + k.mesh + " mb=" +
-                             std::to_string(k.micro_batch) + " ac=" + mp_ac_mode_name(k.ac);
+                             std::to_string(k.micro_batch) + " ac=" + mp_ac_mode_name(k.ac) +
+                             (k.alloc_replay ? " caching allocator" : "");
     mp_ctx ctx;
     mp_ctx_init(&ctx);
     mp_model m;
@@ -71,6 +75,7 @@ TEST(MemoryFirst, StageZeroByItsMemoryAloneGivesTheFullSimulationsVerdictAndPeak
     ASSERT_EQ(mp_cluster_make(&ctx, "h100-sxm", k.gpus, 8, &c), MP_OK) << mp_errmsg(&ctx);
     ASSERT_EQ(mp_mesh_parse(&ctx, k.mesh, k.gpus, &mesh), MP_OK) << mp_errmsg(&ctx);
     ASSERT_EQ(mp_stack_load(&ctx, k.stack, &prof), MP_OK) << mp_errmsg(&ctx);
+    prof.alloc_replay = k.alloc_replay;
     mp_plan_options o;
     mp_plan_options_init(&o);
     mp_stack_plan_options(&prof, &c.gpu, &o);
