@@ -14,16 +14,17 @@
  * replaying a caching allocator adds its gap as a stage run does. The
  * categories at the peak and their maxima are reckoned the same way; where two states tie
  * for the peak they may name another of them than the engine's (memory_first shows none). */
+#include <stdint.h>
 #include <string.h>
 
 #include "sim/caching_alloc.h"
 #include "sim/engine.h"
 #include "sim/sim_internal.h"
 
-/* A window's highest total after an allocation, its categories then, and every category's
- * highest level after an allocation. */
+/* A window's highest total after an allocation and its categories then, and every
+ * category's highest level after one of its allocations (INT64_MIN: none yet). */
 typedef struct mwin {
-  int on, have;
+  int on;
   int64_t peak_tot, peak_bd[MP_MEM_COUNT], cmax[MP_MEM_COUNT];
 } mwin;
 
@@ -38,35 +39,27 @@ typedef struct mstate {
   int32_t *ev_of; /* per segment its first event; [n_segs] their count */
 } mstate;
 
-/* A state after an allocation (or a window's carried one): the step's and the open
- * windows' peaks. */
-static void cand(mstate *m, const int64_t bd[MP_MEM_COUNT], int64_t tot) {
+/* A total tot with categories bd after an allocation (or a window's carried peak): the
+ * step's and the open windows' peaks. */
+static void peak_at(mstate *m, const int64_t bd[MP_MEM_COUNT], int64_t tot) {
   if (tot > m->peak_tot) {
     m->peak_tot = tot;
     memcpy(m->at_peak, bd, sizeof m->at_peak);
   }
-  for (int c = 0; c < MP_MEM_COUNT; c++)
-    if (bd[c] > m->cat_max[c]) m->cat_max[c] = bd[c];
-  for (int w = 0; w < 2; w++) {
-    mwin *x = &m->win[w];
-    if (!x->on) continue;
-    if (!x->have || tot > x->peak_tot) {
-      x->peak_tot = tot;
-      memcpy(x->peak_bd, bd, sizeof x->peak_bd);
+  for (int w = 0; w < 2; w++)
+    if (m->win[w].on && tot > m->win[w].peak_tot) {
+      m->win[w].peak_tot = tot;
+      memcpy(m->win[w].peak_bd, bd, sizeof m->win[w].peak_bd);
     }
-    for (int c = 0; c < MP_MEM_COUNT; c++)
-      if (!x->have || bd[c] > x->cmax[c]) x->cmax[c] = bd[c];
-    x->have = 1;
-  }
 }
 
-/* Category maxima bd (a window's carried ones): the step's and the open windows'. */
-static void max_cats(mstate *m, const int64_t bd[MP_MEM_COUNT]) {
-  for (int c = 0; c < MP_MEM_COUNT; c++) {
-    if (bd[c] > m->cat_max[c]) m->cat_max[c] = bd[c];
-    for (int w = 0; w < 2; w++)
-      if (m->win[w].on && m->win[w].have && bd[c] > m->win[w].cmax[c]) m->win[w].cmax[c] = bd[c];
-  }
+/* Category cat at level v after an allocation of it (or a window's carried maximum): the
+ * step's and the open windows' maxima. The engine raises only the allocated category's
+ * (mem_raise): the others' levels have only fallen since their own allocations. */
+static void cat_at(mstate *m, int cat, int64_t v) {
+  if (v > m->cat_max[cat]) m->cat_max[cat] = v;
+  for (int w = 0; w < 2; w++)
+    if (m->win[w].on && v > m->win[w].cmax[cat]) m->win[w].cmax[cat] = v;
 }
 
 /* One repetition of segment si in micro-batch `micro` (< 0: the prologue or the optimizer,
@@ -81,7 +74,10 @@ static void walk_rep(mstate *m, int32_t si, int64_t micro) {
     }
     m->level[cat] += e->delta;
     m->tot += e->delta;
-    if (e->delta > 0) cand(m, m->level, m->tot);
+    if (e->delta > 0) {
+      peak_at(m, m->level, m->tot);
+      cat_at(m, cat, m->level[cat]);
+    }
   }
 }
 
@@ -105,7 +101,8 @@ static void list_events(mstate *m) {
 static void win_open(mstate *m, int w, int64_t start[MP_MEM_COUNT]) {
   memcpy(start, m->level, sizeof m->level);
   m->win[w].on = 1;
-  m->win[w].have = 0;
+  m->win[w].peak_tot = INT64_MIN;
+  for (int c = 0; c < MP_MEM_COUNT; c++) m->win[w].cmax[c] = INT64_MIN;
 }
 
 /* Closes window w, replayed once from start, and carries it over k more windows. */
@@ -115,12 +112,12 @@ static void win_carry(mstate *m, int w, const int64_t start[MP_MEM_COUNT], int64
   if (k <= 0) return;
   int64_t D[MP_MEM_COUNT], bd[MP_MEM_COUNT], dt = 0;
   for (int c = 0; c < MP_MEM_COUNT; c++) D[c] = m->level[c] - start[c], dt += D[c];
-  if (x.have) {
+  if (x.peak_tot != INT64_MIN) {
     for (int c = 0; c < MP_MEM_COUNT; c++) bd[c] = x.peak_bd[c] + k * D[c];
-    cand(m, bd, x.peak_tot + k * dt);
-    for (int c = 0; c < MP_MEM_COUNT; c++) bd[c] = x.cmax[c] + k * D[c];
-    max_cats(m, bd);
+    peak_at(m, bd, x.peak_tot + k * dt);
   }
+  for (int c = 0; c < MP_MEM_COUNT; c++)
+    if (x.cmax[c] != INT64_MIN) cat_at(m, c, x.cmax[c] + k * D[c]);
   for (int c = 0; c < MP_MEM_COUNT; c++) m->level[c] += k * D[c];
   m->tot += k * dt;
 }
@@ -128,6 +125,10 @@ static void win_carry(mstate *m, int w, const int64_t start[MP_MEM_COUNT], int64
 static void run_seg(mstate *m, int32_t si, int64_t micro) {
   const mp_segment *g = &m->s->segs[si];
   const int32_t R = g->repeat < 1 ? 1 : g->repeat;
+  if (R == 1) {
+    walk_rep(m, si, micro);
+    return;
+  }
   int64_t start[MP_MEM_COUNT];
   win_open(m, 1, start);
   walk_rep(m, si, micro);
