@@ -249,12 +249,16 @@ typedef struct link_set {
 
 /* A memory event: its category and scaled delta (ALLOC raises, FREE lowers; outside the
  * categories it has no effect). */
+int64_t mp_sim_mem_delta(const mp_op *op, double act_factor) {
+  return mem_scaled(op->mem_cat, op->variant == MP_MEM_KEPT, op->type == MP_OP_ALLOC ? op->mem_bytes : -op->mem_bytes,
+                    act_factor);
+}
+
 static inline void compile_mem(const mp_op *op, double act_factor, cop *c) {
   c->kind = COP_NOMEM;
   if (op->mem_cat >= MP_MEM_COUNT) return;
   c->mem_cat = (int8_t)op->mem_cat;
-  c->mem_delta = mem_scaled(op->mem_cat, op->variant == MP_MEM_KEPT,
-                            op->type == MP_OP_ALLOC ? op->mem_bytes : -op->mem_bytes, act_factor);
+  c->mem_delta = mp_sim_mem_delta(op, act_factor);
   c->kind = c->mem_delta > 0 ? COP_ALLOC : COP_FREE;
 }
 

@@ -364,12 +364,14 @@ mp_status mp_simulate_built_plan_all_stages(mp_ctx *ctx, const mp_plan *p,
  * schedule builder's reading of the parameters (exec/schedule.h, mp_schedule_prep). It
  * serves every plan mp_plan_derive makes from p (other micro-batch, AC, reshard) and p
  * itself: mp_simulate_prepped(p', prep) gives exactly mp_simulate_built_plan(p'). Lives
- * in arena, read-only once made; tied to cfg->cluster. */
+ * in arena, tied to cfg->cluster; p must outlive it: a stage's schedule prep is made from p
+ * when the stage is first simulated (a plan's simulation that stops at a stage over
+ * capacity, memory_first, makes none for the later stages), which is all that changes it. */
 typedef struct mp_sim_plan_prep mp_sim_plan_prep;
 mp_status mp_sim_plan_prep_create(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                   mp_arena *arena, mp_sim_plan_prep **out);
 /* scratch as for mp_simulate_built_plan (only allocated from; NULL: the workspace's arena). */
-mp_status mp_simulate_prepped(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_prep *prep,
+mp_status mp_simulate_prepped(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_prep *prep,
                               const mp_sim_config *cfg, mp_arena *scratch, mp_sim_result *out);
 
 /* Ring-factor time of one collective of `bytes` payload on a group of n ranks whose

@@ -61,6 +61,17 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
 mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                  const mp_sim_stage *const *stage, int mem_stage,
                                  mp_sim_result *out);
+/* The memory a stage's schedule reaches, without its time (sim/memory_pass.c): of *out
+ * alloc_peak (the engine's to the byte) and alloc_gap (a stage run's), the categories at
+ * that peak and their maxima (r.mem_at_peak, r.mem_max; where states tie for the peak,
+ * perhaps another of them), held, stage and n_micro, the rest zero: what
+ * mp_sim_stage_memory_over reads, at a fraction of mp_sim_stage_run's cost (no time run;
+ * ops costed only under a caching allocator's replay). */
+mp_status mp_sim_stage_memory_pass(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
+                                   mp_sim_stage *out);
+/* A memory event's (ALLOC, FREE) scaled delta: ACTIVATIONS by the stack's saved_act_factor
+ * except tensors every stack keeps (sim/cost.c, where the engine's events are compiled). */
+int64_t mp_sim_mem_delta(const mp_op *op, double act_factor);
 /* Whether pipeline stage k (x its stage run, standing for no earlier stage) is over the
  * capacity with what its pipeline order holds in flight: *over, and in *out the stage's
  * memory figures as mp_sim_pipeline_result reckons them, time figures zero. The plan's

@@ -246,12 +246,34 @@ static mp_status simulate_built(mp_ctx *ctx, const mp_plan *p, const mp_sim_conf
 
 struct mp_sim_plan_prep {
   const mp_cluster *cluster; /* pick_stages read its gpus_per_node */
+  const mp_plan *plan;       /* the plan the prep was made from (the caller keeps it) */
+  mp_arena *arena;           /* where the stages' preps are made */
   int n_sel;
   int *sel;                  /* stages to simulate, increasing */
   int *rep;                  /* per stage: the index into sel of the stage standing for it */
-  mp_schedule_prep **sched;  /* per selected stage: its first rank's schedule prep */
-  mp_sim_link (*links)[MP_GROUP_COUNT]; /* per selected stage: every group's link */
+  mp_schedule_prep **sched;  /* per selected stage: its first rank's schedule prep (NULL
+                                until its first simulation, stage_prep) */
+  mp_sim_link (*links)[MP_GROUP_COUNT]; /* per selected stage: every group's link, with it */
 };
+
+/* Selected stage i's schedule prep and links, made on its first simulation: under
+ * memory_first a stage over capacity ends a plan's simulation before the later stages,
+ * and most of the search's plans with pp > 1 are over capacity at stage 0, so their other
+ * stages' preps would be made for nothing. Made from the prep's own plan, in its arena: the
+ * same prep, whichever derived plan asks first. */
+static mp_status stage_prep(mp_ctx *ctx, mp_sim_plan_prep *pr, int i) {
+  if (pr->sched[i] != NULL) return MP_OK;
+  const mp_plan *p = pr->plan;
+  int coords[MP_MESH_NDIMS] = {0};
+  coords[MP_DIM_PP] = pr->sel[i];
+  const int rank = mp_mesh_rank_of(&p->mesh, coords);
+  mp_schedule_prep *sp = NULL;
+  MP_CHECK(mp_schedule_prep_create(ctx, p, rank, MP_SCHEDULE_COMPACT, pr->arena, &sp));
+  for (int g = 0; g < MP_GROUP_COUNT; g++)
+    MP_CHECK(mp_sim_group_link(ctx, pr->cluster, &p->mesh, (mp_group)g, rank, &pr->links[i][g]));
+  pr->sched[i] = sp;
+  return MP_OK;
+}
 
 /* mp_sim_plan_prep_create in cfg->ws (its stage grouping). */
 static mp_status prep_create_in(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
@@ -270,15 +292,10 @@ static mp_status prep_create_in(mp_ctx *ctx, const mp_plan *p, const mp_sim_conf
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory preparing a plan for the simulator");
   memcpy(keep, sel, sizeof(int) * (size_t)n);
   memcpy(keep + n, rep, sizeof(int) * (size_t)pp);
-  for (int i = 0; i < n; i++) {
-    int coords[MP_MESH_NDIMS] = {0};
-    coords[MP_DIM_PP] = keep[i];
-    const int rank = mp_mesh_rank_of(&p->mesh, coords);
-    MP_CHECK(mp_schedule_prep_create(ctx, p, rank, MP_SCHEDULE_COMPACT, arena, &sp[i]));
-    for (int g = 0; g < MP_GROUP_COUNT; g++)
-      MP_CHECK(mp_sim_group_link(ctx, cfg->cluster, &p->mesh, (mp_group)g, rank, &links[i][g]));
-  }
+  for (int i = 0; i < n; i++) sp[i] = NULL; /* made on first use (stage_prep) */
   pr->cluster = cfg->cluster;
+  pr->plan = p;
+  pr->arena = arena;
   pr->n_sel = n;
   pr->sel = keep;
   pr->rep = keep + n;
@@ -303,7 +320,7 @@ mp_status mp_sim_plan_prep_create(mp_ctx *ctx, const mp_plan *p, const mp_sim_co
 }
 
 /* mp_simulate_prepped in cfg->ws. */
-static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_prep *prep,
+static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_prep *prep,
                                      const mp_sim_config *cfg, mp_arena *scratch,
                                      mp_sim_result *out) {
   mp_sim_workspace *ws = cfg->ws;
@@ -319,7 +336,15 @@ static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, const mp_sim
   for (int i = 0; i < prep->n_sel && st == MP_OK && !over; i++) {
     if (reset) mp_arena_reset(scratch);
     mp_schedule *s = NULL;
-    st = mp_schedule_build_prepped(ctx, p, prep->sched[i], scratch, &s);
+    st = stage_prep(ctx, prep, i);
+    if (st == MP_OK) st = mp_schedule_build_prepped(ctx, p, prep->sched[i], scratch, &s);
+    /* stage 0 first by its memory alone (mp_sim_stage_memory_pass: the same verdict and
+     * peak): most of the search's plans over capacity are over it there, and need no time */
+    if (st == MP_OK && gate && i == 0 && p->opts.pp_schedule != MP_PP_DUALPIPE) {
+      st = mp_sim_stage_memory_pass(ctx, s, cfg, &ws->stages[i]);
+      if (st == MP_OK) st = mp_sim_stage_memory_over(ctx, p, cfg, &ws->stages[i], prep->sel[i], &over, out);
+      if (over) break;
+    }
     if (st == MP_OK) st = mp_sim_stage_run(ctx, s, cfg, prep->links[i], &ws->stages[i], NULL);
     if (st == MP_OK && gate) st = mp_sim_stage_memory_over(ctx, p, cfg, &ws->stages[i], prep->sel[i], &over, out);
   }
@@ -328,7 +353,7 @@ static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, const mp_sim
   return st;
 }
 
-mp_status mp_simulate_prepped(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_prep *prep,
+mp_status mp_simulate_prepped(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_prep *prep,
                               const mp_sim_config *cfg, mp_arena *scratch, mp_sim_result *out) {
   if (p == NULL || prep == NULL || cfg == NULL || cfg->cluster == NULL || out == NULL)
     return mp_error(ctx, MP_ERR_INVALID, "mp_simulate_prepped needs a plan, its prep, a config "
