@@ -267,20 +267,22 @@ mp_status mp_cmd_fuse_loss(mp_ctx *ctx, const struct mp_stack_profile *prof, mp_
 }
 
 mp_status mp_cmd_ddp_bucket_prep(mp_ctx *ctx, const struct mp_stack_profile *prof, int average_in_collective,
-                                 int no_check, mp_plan_options *o) {
-  if ((average_in_collective || no_check) && prof->mem_model != MP_MEM_MODEL_MEGATRON)
-    return mp_error(ctx, MP_ERR_USAGE, "--ddp-average-in-collective and --no-check-for-nan-in-loss-and-grad are "
-                    "Megatron-LM's DDP options; stack %s does not run it: use megatron-core or megatron-lm, or "
-                    "drop them", prof->name);
+                                 int no_check, int align, mp_plan_options *o) {
+  if ((average_in_collective || no_check || align) && prof->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_USAGE, "--ddp-average-in-collective, --no-check-for-nan-in-loss-and-grad and "
+                    "--align-param-gather are Megatron-LM's DDP options; stack %s does not run it: use "
+                    "megatron-core or megatron-lm, or drop them", prof->name);
   if (average_in_collective) o->ddp.scale_grads = 0;
   if (no_check) o->ddp.check_grads = 0;
+  if (align) o->ddp.align_param_gather = 1;
   return MP_OK;
 }
 
 mp_status mp_cmd_ce_fusion(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                            mp_plan_options *o) {
   MP_CHECK(mp_cmd_ddp_bucket_prep(ctx, prof, mp_args_has(spec, "--ddp-average-in-collective"),
-                                  mp_args_has(spec, "--no-check-for-nan-in-loss-and-grad"), o));
+                                  mp_args_has(spec, "--no-check-for-nan-in-loss-and-grad"),
+                                  mp_args_has(spec, "--align-param-gather"), o));
   return mp_args_has(spec, "--cross-entropy-loss-fusion") ? mp_cmd_fuse_loss(ctx, prof, o) : MP_OK;
 }
 

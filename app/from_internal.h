@@ -43,6 +43,7 @@ typedef struct mp_from_plan {
   int64_t mtp_layers;     /* multi-token-prediction modules (Megatron-Core's --mtp-num-layers; torchtitan: 0) */
   int ddp_average, ddp_no_check; /* 1: Megatron-LM's --ddp-average-in-collective,
                                     --no-check-for-nan-in-loss-and-grad (simulate's too) */
+  int ddp_align;          /* 1: Megatron-LM's --align-param-gather (simulate's too) */
   int grad_bf16;          /* 1: Megatron-LM's --grad-reduce-in-bf16 (simulate's --fsdp-reduce-dtype bf16) */
   char ignored[2048];     /* keys read that change no cost, ", "-separated */
 } mp_from_plan;

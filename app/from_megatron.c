@@ -53,7 +53,7 @@ static const struct {
     {"--use-flash-attn", 0, MG_MAP}, {"--use-mcore-models", 0, MG_IGNORE},
     {"--cross-entropy-loss-fusion", 0, MG_MAP}, {"--cross-entropy-fusion-impl", 1, MG_MAP},
     {"--ddp-average-in-collective", 0, MG_MAP}, {"--no-check-for-nan-in-loss-and-grad", 0, MG_MAP},
-    {"--grad-reduce-in-bf16", 0, MG_MAP},
+    {"--grad-reduce-in-bf16", 0, MG_MAP}, {"--align-param-gather", 0, MG_MAP},
     {"--enable-cuda-graph", 0, MG_MAP}, {"--external-cuda-graph", 0, MG_MAP}, {"--cuda-graph-scope", 1, MG_MAP},
     /* the eager steps before the graphs are captured are not the steady state priced */
     {"--cuda-graph-warmup-steps", 1, MG_IGNORE},
@@ -463,6 +463,7 @@ static mp_status read_stack(mp_ctx *ctx, const mg_args *a, const char *origin, m
   p->ce_fusion = has(a, "--cross-entropy-loss-fusion");
   p->ddp_average = has(a, "--ddp-average-in-collective");
   p->ddp_no_check = has(a, "--no-check-for-nan-in-loss-and-grad");
+  p->ddp_align = has(a, "--align-param-gather");
   p->grad_bf16 = has(a, "--grad-reduce-in-bf16");
   return MP_OK;
 }

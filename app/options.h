@@ -178,7 +178,10 @@
   { "--ddp-average-in-collective", NULL, "Megatron-LM's option of that name: each gradient bucket "  \
     "averaged by the reduction itself, not scaled by 1/dp before it (megatron-core, megatron-lm)", NULL }, \
   { "--no-check-for-nan-in-loss-and-grad", NULL, "Megatron-LM's option of that name: no norm of each " \
-    "gradient bucket taken before its reduction (megatron-core, which checks by default)", NULL }
+    "gradient bucket taken before its reduction (megatron-core, which checks by default)", NULL },   \
+  { "--align-param-gather", NULL, "Megatron-LM's option of that name (with the distributed optimizer " \
+    "and overlapped gathers): without interleaving no schedule dispatches the gathers ahead, so each " \
+    "block's starts after the compute before it and the block waits for it (megatron-core, megatron-lm)", NULL }
 /* simulate, explain and plan: the channels of Megatron-Core's NCCL communicators (mp_cmd_nccl_ctas) */
 #define MP_OPT_NCCL_CTAS                                                                           \
   { "--nccl-ctas", "LIST", "each NCCL communicator's max_ctas as Megatron-Core's "                \

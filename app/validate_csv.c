@@ -157,6 +157,7 @@ static mp_status read_megatron_run(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_flag(r, "ce_fusion", &row->ce_fusion));
   MP_CHECK(opt_flag(r, "ddp_average_in_collective", &row->ddp_average_in_collective));
   MP_CHECK(opt_flag(r, "ddp_check_grads", &row->ddp_check_grads));
+  MP_CHECK(opt_flag(r, "ddp_align_param_gather", &row->ddp_align_param_gather));
   MP_CHECK(opt_str(r, "nccl_ctas", row->nccl_ctas, sizeof row->nccl_ctas));
   MP_CHECK(opt_str(r, "ub_cfg", row->ub_cfg, sizeof row->ub_cfg));
   return opt_str(r, "cuda_graphs", row->cuda_graphs, sizeof row->cuda_graphs);

@@ -99,6 +99,8 @@ typedef struct mp_vrow {
                            --ddp-average-in-collective, and whether its DDP checks each bucket's
                            norm; -1 when absent or empty: the stack's (exec/plan.h,
                            mp_ddp_options) */
+  int ddp_align_param_gather; /* 1: Megatron-LM's --align-param-gather (exec/plan.h,
+                           mp_ddp_options.align_param_gather); 0, or -1 when absent or empty: off */
   int async_tp;         /* 0 or 1: the TP collectives fused with their GEMMs (torchtitan's
                            AsyncTP, Megatron-Core's --tp-comm-overlap); -1 when the column is
                            absent or empty: the stack's default (on under megatron-core) */

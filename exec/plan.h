@@ -387,6 +387,19 @@ typedef struct mp_ddp_options {
                           its reduction (Megatron-Core's check_for_nan_in_grad, on unless
                           --no-check-for-nan-in-loss-and-grad). Set from the stack (key
                           "ddp_check_grads") */
+  int align_param_gather; /* with shard_optimizer and overlap: Megatron-Core's
+                          --align-param-gather, each bucket's all-gather left to the pipeline
+                          schedule's param_sync_func, which forward_backward_no_pipelining and
+                          the 1F1B schedule without interleaving never call
+                          (core_v0.13.1 pipeline_parallel/schedules.py), so the forward
+                          pre-hook dispatches the block's own gather and waits for it
+                          (distributed_data_parallel.py, finish_param_sync with
+                          skip_next_bucket_dispatch): the gather starts once the compute
+                          before it is done (PyTorch's ProcessGroupNCCL runs a collective
+                          after the work queued on the current stream) and the block waits
+                          for it. Under interleaving the schedule dispatches them ahead.
+                          Off by default; simulate's --align-param-gather, validate's
+                          "ddp_align_param_gather" */
 } mp_ddp_options;
 
 /* Megatron-Core's FSDP (Megatron FSDP, --use-megatron-fsdp; --use-custom-fsdp before

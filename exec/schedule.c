@@ -62,7 +62,9 @@ static void block_fwd_segment(gen *g, const stage_info *st, int32_t l, int32_t r
   if (g->ms->prefetch && mp_sched_kind_of(g, l + 1, st) != KIND_NONE)
     mp_sched_gather_block(g, l + 1, next_g, prev_last, patch, &n_patch);
   if (!g->ms->prefetch) mp_sched_gather_units(g, l, u0, nu, own_g, prev_last, patch, &n_patch);
-  const int32_t dopt_g = mp_sched_dopt_gather(g, l, u0, nu);
+  /* aligned, Megatron's pre-hook dispatches the block's own gather after the compute before it */
+  const int32_t dopt_g = mp_sched_dopt_gather(g, l, u0, nu, mp_sched_dopt_gather_at_use(g) ? prev_last : -1, patch,
+                                              &n_patch);
   part_deps pd;
   for (int k = 0; k < N_PARTS; k++) {
     /* part k's unit: a single-unit block has everything in its unit 0 */
@@ -226,7 +228,7 @@ static int32_t emit_forward_head(gen *g, const stage_info *st, carry *c, int fir
   if (!st->first) recv = stage_p2p(g, MP_COLL_RECV, MP_PEER_PREV);
   if (first_chunk && g->root_unit >= 0) {
     mp_sched_gather_units(g, -1, g->root_unit, 1, root_g, -1, NULL, NULL);
-    const int32_t dg = mp_sched_dopt_gather(g, -1, g->root_unit, 1);
+    const int32_t dg = mp_sched_dopt_gather(g, -1, g->root_unit, 1, -1, NULL, NULL);
     if (dg >= 0) root_g[0] = dg;
   }
   if (g->ms->prefetch && st->l1 > st->l0)

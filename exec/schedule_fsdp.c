@@ -38,6 +38,7 @@
  * used in place; a unit's gathered buffer and unsharded gradients are the runtime's slots
  * (exec/act_layout.h, mp_act_gather_slot_bytes); blocking comm (MPI) reduce-scatters
  * through one staging shard, overlapped comm (NCCL) keeps one reduce-scatter in flight. */
+#include "common/assert.h"
 #include "exec/schedule_internal.h"
 
 /* A unit's shard in the reduce dtype: what the dp_replicate all-reduce carries. */
@@ -97,9 +98,13 @@ void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t 
  * all-gathered over the data-parallel group on the gather stream in the first
  * micro-batch's forward, issued ahead of the compute (Megatron dispatches the next
  * bucket's gather as the forward reaches a bucket; issued at once, the gather stream runs
- * them in the same order), the block waiting for its own. Returns the gather, -1 where
- * there is none. */
-static int32_t dopt_gather_op(gen *g, mp_group grp, int64_t numel, int64_t f8, int32_t layer, int32_t unit0) {
+ * them in the same order), the block waiting for its own. With `after` >= 0 (the gather
+ * dispatched at the block's own forward pre-hook, mp_sched_dopt_gather_at_use) it starts
+ * once the compute op `after` is done, and in a repeated segment once the previous
+ * repetition's compute is (the caller patches it, as mp_sched_gather_units' gathers).
+ * Returns the gather, -1 where there is none. */
+static int32_t dopt_gather_op(gen *g, mp_group grp, int64_t numel, int64_t f8, int32_t layer, int32_t unit0,
+                              int32_t after, int32_t *patch, int *n_patch) {
   /* --fp8-param-gather: the f8 float8 weights' elements travel in their 1 byte (the param
    * buffer holds their raw float8 data: param_and_grad_buffer.py, modify_underlying_storage) */
   const double bytes = (double)(numel - f8) * mp_dtype_bytes(g->param_dtype) + (double)f8;
@@ -108,11 +113,24 @@ static int32_t dopt_gather_op(gen *g, mp_group grp, int64_t numel, int64_t f8, i
     g->ops[i].layer = layer;
     g->ops[i].unit = unit0;
     g->ops[i].when = MP_WHEN_FIRST_MICRO;
+    if (after >= 0) {
+      add_dep(g, i, after, 0);
+      MP_ASSERT(*n_patch < N_PARTS, "at most %d gathers a block to patch", N_PARTS);
+      patch[(*n_patch)++] = i;
+    }
   }
   return i;
 }
 
-int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n) {
+/* Megatron-Core's --align-param-gather where the schedule never dispatches the gathers
+ * (mp_ddp_options.align_param_gather): no pipelining or 1F1B without interleaving. */
+int mp_sched_dopt_gather_at_use(const gen *g) {
+  return g->p->opts.ddp.align_param_gather &&
+         !(g->p->mesh.size[MP_DIM_PP] > 1 && g->p->opts.pp_schedule == MP_PP_INTERLEAVED);
+}
+
+int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n, int32_t after, int32_t *patch,
+                             int *n_patch) {
   if (!g->shard_optimizer || !g->p->opts.ddp.overlap || mp_sched_dopt_ways(g) <= 1) return -1;
   int64_t numel = 0, experts = 0, f8 = 0, f8e = 0;
   for (int k = 0; k < n; k++) {
@@ -123,8 +141,10 @@ int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n) {
   /* the experts' (over expert-DP) first: the gather stream runs in order, so waiting for the
    * dense gather returned below waits for both */
   if (experts > 0 && mp_mesh_group_size(&g->p->mesh, MP_GROUP_EDP) > 1)
-    dopt_gather_op(g, MP_GROUP_EDP, experts, f8e, layer, unit0);
-  return numel > experts ? dopt_gather_op(g, mp_sched_ddp_group(g), numel - experts, f8 - f8e, layer, unit0) : -1;
+    dopt_gather_op(g, MP_GROUP_EDP, experts, f8e, layer, unit0, after, patch, n_patch);
+  return numel > experts ? dopt_gather_op(g, mp_sched_ddp_group(g), numel - experts, f8 - f8e, layer, unit0, after,
+                                          patch, n_patch)
+                         : -1;
 }
 
 /* The all-gathers of every unit of block l (see mp_sched_gather_units). */

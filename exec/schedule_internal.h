@@ -674,7 +674,9 @@ void mp_sched_cp_te_fwd(gen *g);
 void mp_sched_free_units(gen *g, int32_t layer, int32_t unit0, int n, int part_lo, int part_hi);
 void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t gidx[N_PARTS],
                            int32_t dep_prev, int32_t *patch, int *n_patch);
-int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n);
+int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n, int32_t after, int32_t *patch,
+                             int *n_patch);
+int mp_sched_dopt_gather_at_use(const gen *g);
 /* Megatron-LM's DDP before a bucket of n gradient elements is reduced, in the last
  * micro-batch on the compute stream after `after` (megatron/core/distributed/
  * param_and_grad_buffer.py start_grad_sync, core_v0.14.0): its norm checked for NaN and Inf

@@ -7,6 +7,15 @@
 
 namespace {
 
+// The megatron-core stack's options on k, one 4096-token sequence a micro-batch.
+void MegatronCore(PlanCase &k, int64_t global_batch) {
+  ASSERT_EQ(mp_stack_load(&k.ctx, "megatron-core", &k.prof), MP_OK) << mp_errmsg(&k.ctx);
+  mp_stack_plan_options(&k.prof, &k.c.gpu, &k.o);
+  k.o.seq = 4096;
+  k.o.micro_batch = 1;
+  k.o.global_batch = global_batch;
+}
+
 // llama3.1-8b on 8 H100s, pp 2 x dp_replicate 4 under megatron-core, four micro-batches of
 // one 4096-token sequence. Stage 0 holds the embedding (128256 x 4096 = 525,336,576) and 16
 // blocks of 218,112,000 parameters: 4,015,128,576 (stage 1 the 16 others, the final norm and
@@ -20,11 +29,7 @@ TEST(MegatronDdp, BucketPreparationReachesThePipelinedStep) {
   double step[2], exposed[2];
   for (int on = 0; on <= 1; on++) {
     PlanCase k("llama3.1-8b", "h100-8", "pp=2,dp_replicate=4");
-    ASSERT_EQ(mp_stack_load(&k.ctx, "megatron-core", &k.prof), MP_OK) << mp_errmsg(&k.ctx);
-    mp_stack_plan_options(&k.prof, &k.c.gpu, &k.o);
-    k.o.seq = 4096;
-    k.o.micro_batch = 1;
-    k.o.global_batch = 16;
+    MegatronCore(k, 16);
     k.o.ddp.scale_grads = k.o.ddp.check_grads = on;
     const mp_sim_result r = k.Sim();
     step[on] = r.step_time_s;
@@ -35,6 +40,49 @@ TEST(MegatronDdp, BucketPreparationReachesThePipelinedStep) {
     EXPECT_LE(step[1] - step[0], prep * 1.001);
     EXPECT_GE(step[1] - step[0], prep - exposed[0]);
   }
+}
+
+// Megatron-Core's --align-param-gather leaves each bucket's gather to the schedule's
+// param_sync_func, which forward_backward_no_pipelining never calls (core_v0.13.1
+// pipeline_parallel/schedules.py), so each block's forward pre-hook dispatches its own gather
+// and waits for it (distributed_data_parallel.py, finish_param_sync with
+// skip_next_bucket_dispatch), and ProcessGroupNCCL starts it after the compute queued before it.
+// llama3.1-8b on one H100 node, dp_replicate 8, distributed optimizer with overlapped gathers,
+// one 4096-token sequence a rank. The same collectives run either way, so the gather stream's
+// busy time G (the root unit's gather and the 32 blocks') is unchanged. Aligned, every gather
+// runs while the compute stream waits for it, so the exposed time is at least G; the step
+// grows by G less the gather time already exposed unaligned (at most its whole exposed time),
+// and by no more than G. Under the interleaved schedule the gathers are the schedule's: the
+// step does not move.
+TEST(MegatronDdp, AlignedParamGatherWaitsBlockByBlock) {
+  double step[2], exposed[2], gather[2];
+  for (int on = 0; on <= 1; on++) {
+    PlanCase k("llama3.1-8b", "h100-8", "dp_replicate=8");
+    MegatronCore(k, 8);
+    ASSERT_TRUE(k.o.ddp.shard_optimizer && k.o.ddp.overlap);
+    k.o.ddp.align_param_gather = on;
+    const mp_sim_result r = k.Sim();
+    step[on] = r.step_time_s;
+    exposed[on] = r.exposed_comm_s;
+    gather[on] = r.comm_s[MP_STREAM_GATHER];
+  }
+  EXPECT_GT(gather[0], 0.0);
+  EXPECT_NEAR(gather[1], gather[0], 1e-12);
+  EXPECT_GE(exposed[1], gather[1] * 0.999);
+  EXPECT_LE(step[1] - step[0], gather[0] * 1.001);
+  EXPECT_GE(step[1] - step[0], gather[0] - exposed[0]);
+  EXPECT_GT(step[1] - step[0], 0.0);
+
+  double interleaved[2];
+  for (int on = 0; on <= 1; on++) {
+    PlanCase k("llama3.1-8b", "h100-8", "pp=2,dp_replicate=4");
+    MegatronCore(k, 16);
+    k.o.pp_schedule = MP_PP_INTERLEAVED;
+    k.o.pp_virtual = 2;
+    k.o.ddp.align_param_gather = on;
+    interleaved[on] = k.Sim().step_time_s;
+  }
+  EXPECT_EQ(interleaved[1], interleaved[0]);
 }
 
 }  // namespace
