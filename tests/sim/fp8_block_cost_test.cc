@@ -10,46 +10,27 @@
 #include "exec/schedule.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
+#include "tests/sim/round_figures.h"
 
 namespace {
 
-// GEMMs at 0.6 of the bf16 peak and 0.62 of the float8 peak at every size (half_mnk 0), HBM
-// at its full rate, no launch overhead; %s: the block-scaled key or nothing.
-const char *kStack =
-    "{\"name\": \"block-test\", \"gemm_eff_max\": 0.6, \"gemm_eff_half_mnk\": 0, \"fp8_gemm_eff_max\": 0.62,"
-    " \"attention_eff\": 0.5, \"hbm_eff\": 1.0, \"link_eff\": 1.0, \"kernel_overhead_us\": 0,"
-    " \"comm_overhead_us\": 0, \"frag_factor\": 1.0, \"source\": \"test\"%s}";
-
-mp_status Parse(const char *extra, mp_stack_profile *p, std::string *msg) {
-  char text[1024];
-  snprintf(text, sizeof text, kStack, extra);
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  const mp_status st = mp_stack_from_text(&ctx, text, "block-test", p);
-  *msg = mp_errmsg(&ctx);
-  return st;
-}
-
-mp_stack_profile Stack(const char *extra) {
-  mp_stack_profile p;
-  std::string msg;
-  EXPECT_EQ(Parse(extra, &p, &msg), MP_OK) << msg;
+// round_figures.h's stack with GEMMs at 0.6 of the bf16 peak and 0.62 of the float8 peak at
+// every size (half_mnk 0), HBM at half its rate, no launch overhead; block-scaled float8 GEMMs
+// at vs_bf16 times its bf16 ones (0: none stated).
+mp_stack_profile Stack(double vs_bf16) {
+  mp_stack_profile p = Profile();
+  p.gemm_eff_max = 0.6;
+  p.fp8_gemm_eff_max = 0.62;
+  p.fp8_block_gemm_vs_bf16 = vs_bf16;
   return p;
 }
 
-// Round peaks: bf16 1000 TFLOP/s, float8 2000, HBM 3350 GB/s.
-mp_gpu Gpu() {
-  mp_gpu g;
-  memset(&g, 0, sizeof g);
-  g.peak_tflops[MP_DTYPE_BF16] = 1000;
-  g.peak_tflops[MP_DTYPE_FP8_E4M3] = g.peak_tflops[MP_DTYPE_FP8_E5M2] = 2000;
-  g.peak_tflops[MP_DTYPE_FP32] = 60;
-  g.hbm_GBps = 3350;
-  return g;
-}
+// round_figures.h's GPU: bf16 1000 TFLOP/s, float8 2000, HBM 1000 GB/s.
+mp_gpu Gpu() { return Cluster().gpu; }
 
 // An 8192^3 GEMM: 2 x 8192^3 = 1.099511627776e12 FLOPs; its bytes (at most 3 x 8192^2 x 2 =
-// 403 MB, 120 us at 3.35 TB/s) stay under its arithmetic at any of these rates.
+// 403 MB, 805 us at 500 GB/s in bf16, 537 us in float8) stay under its arithmetic at any of
+// these rates (1833 us in bf16, 887 us or more in float8).
 mp_op Gemm(int dtype, int block) {
   mp_op o;
   memset(&o, 0, sizeof o);
@@ -73,7 +54,7 @@ TEST(Fp8BlockCost, BlockScaledAtItsSpeedOverBf16) {
   // 1.099511627776e12 / (2e15 x 0.525) = 1047.154 us; the per-tensor float8 GEMM
   // 1.099511627776e12 / (2e15 x 0.62) = 886.703 us; bf16 / (1e15 x 0.6) = 1832.519 us, 1.75x
   // the block-scaled one.
-  const mp_stack_profile p = Stack(", \"fp8_block_gemm_vs_bf16\": 1.75");
+  const mp_stack_profile p = Stack(1.75);
   const mp_gpu g = Gpu();
   const mp_op blk = Gemm(MP_DTYPE_FP8_E4M3, 1), f8 = Gemm(MP_DTYPE_FP8_E4M3, 0), bf = Gemm(MP_DTYPE_BF16, 0);
   EXPECT_NEAR(mp_sim_compute_op_s(&blk, &g, &p), kFlops / (2e15 * 0.525), 1e-12);
@@ -89,21 +70,29 @@ TEST(Fp8BlockCost, NeverFasterThanPerTensorAndAbsentIsPerTensor) {
   // key the block-scaled GEMM runs at 0.62 too.
   const mp_gpu g = Gpu();
   const mp_op blk = Gemm(MP_DTYPE_FP8_E4M3, 1);
-  const mp_stack_profile fast = Stack(", \"fp8_block_gemm_vs_bf16\": 2.2"), none = Stack("");
+  const mp_stack_profile fast = Stack(2.2), none = Stack(0);
   EXPECT_NEAR(mp_sim_compute_op_s(&blk, &g, &fast), kFlops / (2e15 * 0.62), 1e-12);
   EXPECT_NEAR(mp_sim_compute_op_s(&blk, &g, &none), kFlops / (2e15 * 0.62), 1e-12);
   // a bf16 GEMM marked by mistake is still a bf16 GEMM
-  const mp_stack_profile p = Stack(", \"fp8_block_gemm_vs_bf16\": 1.75");
+  const mp_stack_profile p = Stack(1.75);
   const mp_op bf = Gemm(MP_DTYPE_BF16, 1);
   EXPECT_NEAR(mp_sim_compute_op_s(&bf, &g, &p), kFlops / (1e15 * 0.6), 1e-12);
 }
 
 TEST(Fp8BlockCost, KeyOutOfRangeIsRefused) {
-  mp_stack_profile p;
-  std::string msg;
-  EXPECT_EQ(Parse(", \"fp8_block_gemm_vs_bf16\": 4.5", &p, &msg), MP_ERR_INVALID);
-  EXPECT_NE(msg.find("fp8_block_gemm_vs_bf16"), std::string::npos) << msg;
-  EXPECT_EQ(Parse(", \"fp8_block_gemm_vs_bf16\": -1", &p, &msg), MP_ERR_INVALID);
+  for (const char *v : {"4.5", "-1"}) {
+    char text[512];
+    snprintf(text, sizeof text,
+             "{\"name\": \"t\", \"gemm_eff_max\": 0.6, \"gemm_eff_half_mnk\": 0, \"fp8_gemm_eff_max\": 0.62,"
+             " \"attention_eff\": 0.5, \"hbm_eff\": 1.0, \"link_eff\": 1.0, \"kernel_overhead_us\": 0,"
+             " \"comm_overhead_us\": 0, \"frag_factor\": 1.0, \"source\": \"t\", \"fp8_block_gemm_vs_bf16\": %s}",
+             v);
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_stack_profile p;
+    EXPECT_EQ(mp_stack_from_text(&ctx, text, "t", &p), MP_ERR_INVALID) << v;
+    EXPECT_NE(std::string(mp_errmsg(&ctx)).find("fp8_block_gemm_vs_bf16"), std::string::npos) << mp_errmsg(&ctx);
+  }
 }
 
 TEST(Fp8BlockCost, MegatronCoreStatesCublasRatio) {
