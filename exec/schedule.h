@@ -214,6 +214,9 @@ typedef struct mp_op {
                         token dispatcher's copy of the routed counts, exec/plan.h
                         mp_moe_host_sync): the GPU stream idles until the host issues the
                         ops from here (sim/cost.c, price_host_issue) */
+  uint8_t fp8_block; /* GEMM: 1 a float8 GEMM on Hopper's block-scaled kernels (the blockwise
+                        recipe's 1x128 and 128x128 scales, shapes.fp8_block_gemm), priced at
+                        the stack's block-scaled rate (sim/cost.c); 0 otherwise */
 } mp_op;
 
 /* The rows a local expert of the slowest EP rank computes under routing rt (exec/plan.h,

@@ -196,6 +196,7 @@ typedef struct shapes {
                                and blockwise's column-scaled one), 1 where the GPU takes any
                                layout under a per-tensor recipe (schedule_prep.c) */
   int f8_held_per_step;     /* the float8 weight copies live within a step (mp_fp8_te_copy_per_step) */
+  int fp8_block_gemm;       /* the float8 GEMMs run Hopper's block-scaled kernels (schedule_prep.c) */
 } shapes;
 
 typedef struct gen {
@@ -550,9 +551,12 @@ static inline void pair(gen *g, mp_mem_cat cat, int buf, int64_t bytes, int allo
 static inline int32_t gemm(gen *g, mp_variant v, int module, double m, int64_t n, int64_t k,
                            int64_t batch, mp_dtype dt) {
   const int in_b = mp_dtype_bytes(dt);
-  return compute(g, MP_KERNEL_GEMM, v, module, (int64_t)ceil(m), n, k, batch,
-                 2.0 * m * (double)n * (double)k * (double)batch,
-                 mp_gemm_bytes(m, (double)n, (double)k, (double)batch, in_b), dt);
+  const int32_t i = compute(g, MP_KERNEL_GEMM, v, module, (int64_t)ceil(m), n, k, batch,
+                            2.0 * m * (double)n * (double)k * (double)batch,
+                            mp_gemm_bytes(m, (double)n, (double)k, (double)batch, in_b), dt);
+  if (i >= 0 && g->sh.fp8_block_gemm && (dt == MP_DTYPE_FP8_E4M3 || dt == MP_DTYPE_FP8_E5M2))
+    g->ops[i].fp8_block = 1;
+  return i;
 }
 
 /* The pending dependencies of a block part's first op (the gathers it waits for). */

@@ -69,6 +69,16 @@ static void read_fp8_shapes(const mp_plan *p, shapes *sh) {
   sh->fp8_te_copies = per_tensor && mp_fp8_gemm_any_layout(p->opts.fp8_opts.gpu_cc) ? 1 : 2;
   sh->fp8_param_gather = sh->fp8_te && p->opts.fp8_opts.param_gather;
   sh->f8_held_per_step = sh->fp8_te && mp_fp8_te_copy_per_step(sh->fp8_recipe, sh->fp8_param_gather);
+  /* Blockwise GEMMs on Hopper are cuBLASLt's block-scaled kernels: Transformer Engine sets
+   * CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F for a 1x128-scaled operand (activations and
+   * gradients) and BLK128x128_32F for a 128x128-scaled one (weights): fprop and dgrad 1x128
+   * by 128x128, wgrad 1x128 by 1x128 (transformer_engine/common/gemm/cublaslt_gemm.cu and
+   * recipe Float8BlockScaling, x, w and grad block dims 1, 2, 1, v2.5), every GEMM with the
+   * split accumulator, as the recipe asserts: the block scales enter along K, applied to the
+   * fp32 partial sums each 128-deep K block. On Blackwell (cc 10.0 and later) Transformer
+   * Engine runs the recipe's GEMMs as MXFP8 instead (NVIDIA/TransformerEngine pull request
+   * 2157), at the float8 rate */
+  sh->fp8_block_gemm = on && sh->fp8_recipe == MP_FP8_BLOCKWISE && p->opts.fp8_opts.gpu_cc < 100;
   /* torchao's float8 TP modules scale tensorwise; Transformer Engine gathers float8 under
    * every recipe */
   sh->fp8_tp_codes = sh->tp > 1 && on && ms->fp8_tp_codes && (ms->fp8_te || sh->fp8_recipe == MP_FP8_TENSORWISE);

@@ -40,6 +40,7 @@ typedef struct op_costs {
   int has_peak[MP_DTYPE_COUNT];  /* the GPU states a positive peak for the dtype */
   double attn_rate;              /* bf16 peak x attention_eff */
   double gemm_eff_max, fp8_gemm_eff_max, half_mnk, kernel_overhead_s;
+  double fp8_block_eff_max;      /* block-scaled float8 GEMMs' ceiling (fp8_block_ceiling) */
   const mp_gemm_table *gemm_table;     /* the stack's by-shape correction (bf16), or NULL */
   const mp_gemm_table *fp8_gemm_table; /* the same for float8 GEMMs, or NULL */
   double hbm_k[MP_KERNEL_COUNT];   /* per kernel class: hbm, or its own efficiency's */
@@ -55,6 +56,19 @@ static double carried_eff(double eff, double ratio) {
   return e > 1.0 ? 1.0 : e;
 }
 
+/* The ceiling of Hopper's block-scaled float8 GEMMs (mp_op.fp8_block) against the fp8
+ * peak: the stack's bf16 ceiling (carried to the GPU) times their stated speed over bf16,
+ * in the fp8 peak's units, at most the per-tensor float8 ceiling: the block scales are
+ * applied to the fp32 partial sums every 128-deep K block on the CUDA cores beside the
+ * tensor cores' MMAs, work the per-tensor kernels do not have. None stated: the float8
+ * ceiling. */
+static double fp8_block_ceiling(const op_costs *k, const mp_stack_profile *p) {
+  const double r = p->fp8_block_gemm_vs_bf16, f8 = k->peak[MP_DTYPE_FP8_E4M3];
+  if (!(r > 0) || !(f8 > 0)) return k->fp8_gemm_eff_max;
+  const double e = k->gemm_eff_max * r * k->peak[MP_DTYPE_BF16] / f8;
+  return e < k->fp8_gemm_eff_max ? e : k->fp8_gemm_eff_max;
+}
+
 static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *p) {
   k->hbm = g->hbm_GBps * 1e9 * p->hbm_eff;
   for (int d = 0; d < MP_DTYPE_COUNT; d++) {
@@ -67,6 +81,7 @@ static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *
   k->attn_rate = mp_sim_peak_flops(g, MP_DTYPE_BF16) * carried_eff(p->attention_eff, sc.flash);
   k->gemm_eff_max = carried_eff(p->gemm_eff_max, sc.gemm);
   k->fp8_gemm_eff_max = carried_eff(p->fp8_gemm_eff_max, sc.fp8_gemm);
+  k->fp8_block_eff_max = fp8_block_ceiling(k, p);
   k->half_mnk = p->gemm_eff_half_mnk;
   k->kernel_overhead_s = p->kernel_overhead_s;
   k->gemm_table = p->gemm_table;
@@ -153,7 +168,8 @@ static inline void op_compute_parts(const mp_op *op, const op_costs *k, double *
     double flops = op->flops;
     if (op->grouped) grouped_padding(op, k, &size, &flops);
     launches = grouped_launches(op, k, &size);
-    double eff = (fp8 ? k->fp8_gemm_eff_max : k->gemm_eff_max) * size / (size + k->half_mnk);
+    const double f8_max = op->fp8_block ? k->fp8_block_eff_max : k->fp8_gemm_eff_max;
+    double eff = (fp8 ? f8_max : k->gemm_eff_max) * size / (size + k->half_mnk);
     const mp_gemm_table *table = fp8 ? k->fp8_gemm_table : k->gemm_table;
     if (fp8 && !k->has_peak[op->dtype]) /* no fp8 units: runs as bf16 (not measured so) */
       eff = k->gemm_eff_max * size / (size + k->half_mnk);

@@ -73,6 +73,12 @@ typedef struct mp_stack_profile {
   double gemm_eff_max;
   double gemm_eff_half_mnk;
   double fp8_gemm_eff_max;   /* float8 GEMMs relative to the fp8 peak */
+  /* Hopper's block-scaled float8 GEMMs (mp_op.fp8_block: the blockwise recipe's 1x128 and
+   * 128x128 scales) as a speed over the stack's bf16 GEMMs of the same shape (JSON
+   * "fp8_block_gemm_vs_bf16", optional, 0 to 4; 0, the default: at fp8_gemm_eff_max): their
+   * curve's ceiling is gemm_eff_max x this x the bf16 peak over the fp8 peak, never above
+   * fp8_gemm_eff_max (sim/cost.c) */
+  double fp8_block_gemm_vs_bf16;
   double attention_eff;      /* flash attention relative to the bf16 peak */
   double hbm_eff;            /* achieved fraction of HBM bandwidth for memory-bound ops */
   double link_eff;           /* achieved fraction of link bandwidth (bus bandwidth) */

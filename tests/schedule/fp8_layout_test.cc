@@ -25,6 +25,7 @@ struct LinearOps {
   std::vector<double> casts;
   std::vector<mp_dtype> cast_dtypes;
   int gemms = 0;
+  int block_gemms = 0;  // GEMMs marked to run Hopper's block-scaled kernels (mp_op.fp8_block)
   std::vector<int64_t> fp8_allocs;
 };
 
@@ -43,6 +44,7 @@ LinearOps Of(const mp_schedule *s, int module, mp_phase phase) {
         r.cast_dtypes.push_back((mp_dtype)op->dtype);
       }
       r.gemms += op->kernel == MP_KERNEL_GEMM;
+      r.block_gemms += op->kernel == MP_KERNEL_GEMM && op->fp8_block;
     }
     pending.clear();
   }
@@ -113,6 +115,29 @@ TEST(Fp8Layout, CurrentScalingOnBlackwellAndMxfp8OnEither) {
   BuildOn(&mx, 100, MP_FP8_MXFP8);
   const double per = 2 + 2 * (1 + 1.0 / 32);
   EXPECT_EQ(Of(mx.s, MP_MOD_O, MP_PHASE_FORWARD).casts, (std::vector<double>{per * H * H, per * T * H}));
+}
+
+TEST(Fp8Layout, BlockwiseGemmsRunBlockScaledOnHopperOnly) {
+  // Blockwise: each cast writes the 1x128-scaled row-wise codes and the column-wise ones, a
+  // byte and an fp32 scale per 128 elements each, reading the bf16 source once with no amax
+  // pass: 2 + 2 x (1 + 4/128) bytes an element of o's weight and input. On the H100 (9.0)
+  // all three of o's float8 GEMMs (forward, input and weight gradient) are cuBLASLt's
+  // block-scaled kernels (Float8BlockScaling, VEC128 and BLK128x128 scale modes); on the
+  // B200 (10.0) Transformer Engine runs them as MXFP8, none marked; under delayed scaling
+  // none on either GPU.
+  Built h, bw, d;
+  BuildOn(&h, 90, MP_FP8_BLOCKWISE);
+  BuildOn(&bw, 100, MP_FP8_BLOCKWISE);
+  BuildOn(&d, 90, MP_FP8_DELAYED);
+  const double per = 2 + 2 * (1 + 4.0 / 128);
+  const LinearOps hf = Of(h.s, MP_MOD_O, MP_PHASE_FORWARD), hb = Of(h.s, MP_MOD_O, MP_PHASE_BACKWARD);
+  EXPECT_EQ(hf.casts, (std::vector<double>{per * H * H, per * T * H}));
+  EXPECT_EQ(hf.gemms, 1);
+  EXPECT_EQ(hf.block_gemms, 1);
+  EXPECT_EQ(hb.gemms, 2);
+  EXPECT_EQ(hb.block_gemms, 2);
+  EXPECT_EQ(Of(bw.s, MP_MOD_O, MP_PHASE_FORWARD).block_gemms + Of(bw.s, MP_MOD_O, MP_PHASE_BACKWARD).block_gemms, 0);
+  EXPECT_EQ(Of(d.s, MP_MOD_O, MP_PHASE_FORWARD).block_gemms + Of(d.s, MP_MOD_O, MP_PHASE_BACKWARD).block_gemms, 0);
 }
 
 TEST(Fp8Layout, GpuFunctionFollowsTransformerEngine) {
