@@ -267,7 +267,7 @@ mp_status mp_cmd_fuse_loss(mp_ctx *ctx, const struct mp_stack_profile *prof, mp_
 }
 
 mp_status mp_cmd_ddp_bucket_prep(mp_ctx *ctx, const struct mp_stack_profile *prof, int average_in_collective,
-                                 int no_check, int align, mp_plan_options *o) {
+                                 int no_check, int align, int64_t bucket_size, mp_plan_options *o) {
   if ((average_in_collective || no_check || align) && prof->mem_model != MP_MEM_MODEL_MEGATRON)
     return mp_error(ctx, MP_ERR_USAGE, "--ddp-average-in-collective, --no-check-for-nan-in-loss-and-grad and "
                     "--align-param-gather are Megatron-LM's DDP options; stack %s does not run it: use "
@@ -275,14 +275,26 @@ mp_status mp_cmd_ddp_bucket_prep(mp_ctx *ctx, const struct mp_stack_profile *pro
   if (average_in_collective) o->ddp.scale_grads = 0;
   if (no_check) o->ddp.check_grads = 0;
   if (align) o->ddp.align_param_gather = 1;
+  return mp_cmd_ddp_bucket_size(ctx, prof, bucket_size, o);
+}
+
+mp_status mp_cmd_ddp_bucket_size(mp_ctx *ctx, const struct mp_stack_profile *prof, int64_t size,
+                                 mp_plan_options *o) {
+  if (size <= 0) return MP_OK;
+  if (prof->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_USAGE, "--ddp-bucket-size is Megatron-LM's DDP option; stack %s does not run it: "
+                    "use megatron-core or megatron-lm, or drop it", prof->name);
+  o->ddp.bucket_size = size;
   return MP_OK;
 }
 
 mp_status mp_cmd_ce_fusion(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                            mp_plan_options *o) {
+  long long bucket = 0;
+  MP_CHECK(mp_args_int(ctx, spec, "--ddp-bucket-size", 1, MP_LIM_PARAMS, &bucket));
   MP_CHECK(mp_cmd_ddp_bucket_prep(ctx, prof, mp_args_has(spec, "--ddp-average-in-collective"),
                                   mp_args_has(spec, "--no-check-for-nan-in-loss-and-grad"),
-                                  mp_args_has(spec, "--align-param-gather"), o));
+                                  mp_args_has(spec, "--align-param-gather"), bucket, o));
   return mp_args_has(spec, "--cross-entropy-loss-fusion") ? mp_cmd_fuse_loss(ctx, prof, o) : MP_OK;
 }
 

@@ -32,7 +32,8 @@
  * empty or absent: off), ce_fusion (1: Megatron-Core's --cross-entropy-loss-fusion; empty or
  * absent: off), ddp_average_in_collective (1: Megatron-LM's --ddp-average-in-collective) and
  * ddp_check_grads (0: its --no-check-for-nan-in-loss-and-grad; empty or absent: the stack's),
- * ddp_align_param_gather (1: its --align-param-gather; empty or absent: off), recompute_modules
+ * ddp_align_param_gather (1: its --align-param-gather; empty or absent: off), ddp_bucket_size
+ * (its --ddp-bucket-size in elements; empty or absent: one bucket a block), recompute_modules
  * (Megatron-Core's output-discarding recompute modules split by spaces, layernorm mla_up_proj
  * moe_act; empty or absent: none), fp8_act_cache (1: DeepSeek-V3's float8 activation cache;
  * empty or absent: off), optimizer_moments (fp32 or bf16: AdamW's moments; empty or absent:
@@ -194,7 +195,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
                     v->fsdp_reduce_dtype);
   if ((v->ce_fusion == 1 && mp_cmd_fuse_loss(ctx, &j->prof, o) != MP_OK) ||
       mp_cmd_ddp_bucket_prep(ctx, &j->prof, v->ddp_average_in_collective == 1, v->ddp_check_grads == 0,
-                             v->ddp_align_param_gather == 1, o) != MP_OK) {
+                             v->ddp_align_param_gather == 1, v->ddp_bucket_size, o) != MP_OK) {
     mp_error_prefix(ctx, "%s", where);
     return ctx->last;
   }

@@ -113,12 +113,17 @@ void mp_cmd_stack_runs_str(const mp_plan_options *b, char *buf, size_t cap);
  * INPLACE_FUSED (exec/plan.h); MP_ERR_USAGE naming the stack where its loss is not Megatron's.
  * Megatron-LM's --ddp-average-in-collective (average_in_collective 1) and
  * --no-check-for-nan-in-loss-and-grad (no_check 1) turn off o->ddp.scale_grads and
- * o->ddp.check_grads, --align-param-gather (align 1) turns on o->ddp.align_param_gather;
+ * o->ddp.check_grads, --align-param-gather (align 1) turns on o->ddp.align_param_gather,
+ * --ddp-bucket-size (bucket_size > 0; 0: none) sets o->ddp.bucket_size (mp_cmd_ddp_bucket_size);
  * MP_ERR_USAGE under a stack without Megatron's DDP. mp_cmd_ce_fusion does all of them where
  * simulate's or explain's command line gives the options. */
 mp_status mp_cmd_fuse_loss(mp_ctx *ctx, const struct mp_stack_profile *prof, mp_plan_options *o);
 mp_status mp_cmd_ddp_bucket_prep(mp_ctx *ctx, const struct mp_stack_profile *prof, int average_in_collective,
-                                 int no_check, int align, mp_plan_options *o);
+                                 int no_check, int align, int64_t bucket_size, mp_plan_options *o);
+/* Megatron-LM's --ddp-bucket-size (size elements, > 0) into o->ddp.bucket_size; 0 leaves one
+ * bucket a block. Usage error under a stack that does not run Megatron-LM's DDP. */
+mp_status mp_cmd_ddp_bucket_size(mp_ctx *ctx, const struct mp_stack_profile *prof, int64_t size,
+                                 mp_plan_options *o);
 mp_status mp_cmd_ce_fusion(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                            mp_plan_options *o);
 /* Megatron-Core's CUDA graphs named `scope` (none, attn, layers, iteration: exec/plan.h,

@@ -181,7 +181,11 @@
     "gradient bucket taken before its reduction (megatron-core, which checks by default)", NULL },   \
   { "--align-param-gather", NULL, "Megatron-LM's option of that name (with the distributed optimizer " \
     "and overlapped gathers): without interleaving no schedule dispatches the gathers ahead, so each " \
-    "block's starts after the compute before it and the block waits for it (megatron-core, megatron-lm)", NULL }
+    "block's starts after the compute before it and the block waits for it (megatron-core, megatron-lm)", NULL }, \
+  { "--ddp-bucket-size", "N", "Megatron-LM's option of that name, in elements (with overlapped " \
+    "reduction): each block's parameters grouped into buckets in reverse order, one closing once it " \
+    "holds N, each gathered and reduced by its own collective (default: one bucket a block; " \
+    "megatron-core, megatron-lm)", NULL }
 /* simulate, explain and plan: the channels of Megatron-Core's NCCL communicators (mp_cmd_nccl_ctas) */
 #define MP_OPT_NCCL_CTAS                                                                           \
   { "--nccl-ctas", "LIST", "each NCCL communicator's max_ctas as Megatron-Core's "                \

@@ -400,6 +400,12 @@ typedef struct mp_ddp_options {
                           for it. Under interleaving the schedule dispatches them ahead.
                           Off by default; simulate's --align-param-gather, validate's
                           "ddp_align_param_gather" */
+  int64_t bucket_size; /* with overlap: Megatron-Core's --ddp-bucket-size in elements, its
+                          buckets formed over each block's parameters (mp_sched_ddp_buckets),
+                          each gathered and reduced by its own collective; 0: one bucket a
+                          block, meshplan's reading of Megatron's default of max(4e7,
+                          1e6 x dp) elements (distributed_data_parallel.py). Simulate's
+                          --ddp-bucket-size, validate's "ddp_bucket_size" */
 } mp_ddp_options;
 
 /* Megatron-Core's FSDP (Megatron FSDP, --use-megatron-fsdp; --use-custom-fsdp before

@@ -122,6 +122,23 @@ static int32_t dopt_gather_op(gen *g, mp_group grp, int64_t numel, int64_t f8, i
   return i;
 }
 
+/* The dense gather of a one-unit block split into its Megatron-Core buckets
+ * (mp_sched_ddp_buckets), each its own all-gather in bucket order; the first waits for
+ * `after`, the rest follow it on the gather stream. Returns the last, -1 where the unit
+ * stays one bucket. */
+static int32_t dopt_gather_buckets(gen *g, int32_t layer, int32_t unit0, int32_t after, int32_t *patch,
+                                   int *n_patch) {
+  int64_t numel[UNIT_MAX_PRM], f8[UNIT_MAX_PRM];
+  const int nb = mp_sched_ddp_buckets(g, &g->ui[unit0], numel, f8);
+  int32_t last = -1;
+  for (int b = 0; b < nb; b++) {
+    const int32_t i = dopt_gather_op(g, mp_sched_ddp_group(g), numel[b], f8[b], layer, unit0, b == 0 ? after : -1,
+                                     patch, n_patch);
+    if (i >= 0) last = i;
+  }
+  return last;
+}
+
 /* Megatron-Core's --align-param-gather where the schedule never dispatches the gathers
  * (mp_ddp_options.align_param_gather): no pipelining or 1F1B without interleaving. */
 int mp_sched_dopt_gather_at_use(const gen *g) {
@@ -138,6 +155,10 @@ int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n, int32_
     numel += ui->numel_tp, experts += ui->numel_expert, f8 += ui->numel_f8, f8e += ui->numel_f8_expert;
   }
   if (numel == 0) return -1;
+  if (n == 1 && unit0 != g->root_unit) {
+    const int32_t i = dopt_gather_buckets(g, layer, unit0, after, patch, n_patch);
+    if (i >= 0) return i;
+  }
   /* the experts' (over expert-DP) first: the gather stream runs in order, so waiting for the
    * dense gather returned below waits for both */
   if (experts > 0 && mp_mesh_group_size(&g->p->mesh, MP_GROUP_EDP) > 1)
@@ -246,6 +267,35 @@ int32_t mp_sched_ddp_bucket_prep(gen *g, int64_t n, int32_t after) {
   return after;
 }
 
+/* Megatron-Core's buckets (param_and_grad_buffer.py at core_v0.14.0, _ParamAndGradBuffer
+ * __init__): the parameters taken in reverse order, a bucket closing once it holds at least
+ * bucket_size elements, so a bucket size below every parameter's makes each parameter its
+ * own bucket. Float8 parameters gathered in float8 (--fp8-param-gather) sit in a buffer of
+ * their own whose buckets these are; the model-dtype ones (the norms) are counted in the
+ * unit's last bucket (Megatron merges their buffer's buckets into one, partition_buckets).
+ * Blocks with routed experts (reduced over expert-DP apart) stay one bucket. */
+int mp_sched_ddp_buckets(const gen *g, const unit_info *ui, int64_t numel[UNIT_MAX_PRM], int64_t f8[UNIT_MAX_PRM]) {
+  const int64_t size = g->p->opts.ddp.bucket_size;
+  if (size <= 0 || !g->ddp || ui->numel_expert > 0 || ui->n_prm == 0) return 0;
+  int any_f8 = 0, nb = 0;
+  for (int k = 0; k < ui->n_prm; k++) any_f8 |= ui->prm_f8[k];
+  int64_t held = 0, rest = 0;
+  for (int k = ui->n_prm - 1; k >= 0; k--) {
+    if (any_f8 && !ui->prm_f8[k]) {
+      rest += ui->prm_numel[k];
+      continue;
+    }
+    if (held == 0) numel[nb] = 0, f8[nb] = 0, nb++;
+    numel[nb - 1] += ui->prm_numel[k];
+    f8[nb - 1] += any_f8 ? ui->prm_numel[k] : 0;
+    held += ui->prm_numel[k];
+    if (held >= size) held = 0;
+  }
+  if (nb == 0) return 0;
+  numel[nb - 1] += rest;
+  return nb;
+}
+
 /* DDP-style: n elements' gradients of unit u all-reduced (reduce-scattered with the
  * optimizer sharded) over grp when it has more than one rank, after the bucket's
  * preparation under Megatron-LM's DDP (mp_sched_ddp_bucket_prep). */
@@ -271,7 +321,11 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
        * mp_sched_ddp_group); Megatron-LM only in the last micro-batch (gradients accumulate
        * in main_grad until then), here with overlap (a bucket per block), else once after
        * the backward (schedule.c) */
-      if (!g->ddp || g->p->opts.ddp.overlap) {
+      int64_t bn[UNIT_MAX_PRM], bf8[UNIT_MAX_PRM];
+      const int nb = u != g->root_unit ? mp_sched_ddp_buckets(g, ui, bn, bf8) : 0;
+      for (int b = 0; b < nb && g->p->opts.ddp.overlap; b++) /* Megatron-Core's buckets */
+        ddp_reduce(g, mp_sched_ddp_group(g), bn[b], layer, u, after);
+      if (nb == 0 && (!g->ddp || g->p->opts.ddp.overlap)) {
         ddp_reduce(g, mp_sched_ddp_group(g), ui->numel_tp - ui->numel_expert, layer, u, after);
         ddp_reduce(g, MP_GROUP_EDP, ui->numel_expert, layer, u, after); /* the experts' bucket */
       }

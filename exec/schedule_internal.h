@@ -99,6 +99,8 @@ enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };
 enum { KIND_DENSE = 0, KIND_MOE = 1, KIND_NONE = 2 };
 
 /* One FSDP unit as this rank's stage sees it. */
+enum { UNIT_MAX_PRM = 32 };
+
 typedef struct unit_info {
   int64_t numel_tp;    /* this stage's tp-local elements: what the all-gather produces */
   int64_t numel_shard; /* what the rank keeps at rest */
@@ -123,6 +125,12 @@ typedef struct unit_info {
    * the largest padded shard (the blocking reduce-scatter's staging). 0 for a one-rank
    * group. */
   int64_t rt_gather_x4, rt_gather_x2, rt_rs_numel, rt_max_pad;
+  /* DDP: its parameters' tp-local elements in model order, whether each is gathered in
+   * float8, and their count (the parameters past UNIT_MAX_PRM added to the last), from which
+   * mp_sched_ddp_buckets forms Megatron-Core's buckets under a bucket size */
+  int64_t prm_numel[UNIT_MAX_PRM];
+  uint8_t prm_f8[UNIT_MAX_PRM];
+  int32_t n_prm;
 } unit_info;
 
 /* One rank's local sizes for a micro-batch, read from the plan's parameters (what TP, EP
@@ -688,6 +696,11 @@ int mp_sched_dopt_gather_at_use(const gen *g);
  * (grad_data *= gradient_scaling_factor, ddp.scale_grads). Returns the last op, the
  * reduction's dependency (`after` where there is none). */
 int32_t mp_sched_ddp_bucket_prep(gen *g, int64_t n, int32_t after);
+
+/* Megatron-Core's buckets over DDP unit ui's parameters under mp_ddp_options.bucket_size
+ * (see schedule_fsdp.c): their elements and float8 elements into numel and f8, returning
+ * their count; 0 where the unit stays one bucket (no bucket size, or routed experts). */
+int mp_sched_ddp_buckets(const gen *g, const unit_info *ui, int64_t numel[UNIT_MAX_PRM], int64_t f8[UNIT_MAX_PRM]);
 void mp_sched_gather_block(gen *g, int32_t l, int32_t gidx[N_PARTS], int32_t dep_prev,
                            int32_t *patch, int *n_patch);
 void mp_sched_grads_alloc(gen *g, int32_t layer, int32_t unit0, int n);

@@ -239,6 +239,12 @@ static void add_param(gen *g, const mp_param *prm, unit_info *ui, int gs, int gi
     if (!g->has_fsdp && prm->is_expert && mp_plan_ddp_experts_apart(g->p)) ui->numel_f8_expert += n;
   }
   if (g->sh.fp8_te && prm->float8) add_f8_held(g, prm, ui, n);
+  if (ui->n_prm < UNIT_MAX_PRM) {
+    ui->prm_f8[ui->n_prm] = (uint8_t)(g->sh.fp8_param_gather && prm->float8);
+    ui->prm_numel[ui->n_prm++] = n;
+  } else {
+    ui->prm_numel[UNIT_MAX_PRM - 1] += n;
+  }
   ui->gsize = gs;
   ui->group = (uint8_t)(g->has_fsdp ? prm->fsdp_group : mp_sched_ddp_group(g));
   ui->gather_dtype = (uint8_t)g->param_dtype;

@@ -251,6 +251,8 @@ row 2 "it needs SP: drop --no-sp" plan --no-db --model tiny-dense --gpus 2 --asy
 row 2 "--overlap-moe-comm is Megatron-Core's --overlap-moe-expert-parallel-comm; stack torchtitan-eager does not run it" simulate --model tiny-moe --gpus 4 --mesh dp_shard=4,ep=2 --stack torchtitan-eager --overlap-moe-comm
 # Megatron-Core's fused cross-entropy and Megatron-LM's DDP switches: a Megatron stack's only
 row 2 "--ddp-average-in-collective, --no-check-for-nan-in-loss-and-grad and --align-param-gather are Megatron-LM's DDP options; stack torchtitan-compile does not run it" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack torchtitan-compile --ddp-average-in-collective
+row 2 "--ddp-bucket-size is Megatron-LM's DDP option; stack torchtitan-compile does not run it" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack torchtitan-compile --ddp-bucket-size 64
+row 2 "--ddp-bucket-size '0': expected an integer in" explain --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --ddp-bucket-size 0
 row 2 "--cross-entropy-loss-fusion fuses Megatron-LM's vocab-parallel cross-entropy; stack torchtitan-compile does not run it" explain --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack torchtitan-compile --cross-entropy-loss-fusion
 # Megatron-Core's CUDA graphs: its scopes, on its stack, under its rules
 row 2 "cuda graphs 'full': choose none, attn, layers or iteration" simulate --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --cuda-graphs full

@@ -85,4 +85,41 @@ TEST(MegatronDdp, AlignedParamGatherWaitsBlockByBlock) {
   EXPECT_EQ(interleaved[1], interleaved[0]);
 }
 
+// Megatron-Core's --ddp-bucket-size (param_and_grad_buffer.py at core_v0.14.0): parameters
+// taken in reverse order, a bucket closing once it holds bucket_size elements. llama3.1-8b's
+// block is, in reverse order, fc2 (14336 x 4096 = 58,720,256), fc1 (2 x 14336 x 4096 =
+// 117,440,512), the MLP norm (4096), proj (4096 x 4096 = 16,777,216), qkv (6144 x 4096 =
+// 25,165,824) and the attention norm (4096): 218,112,000. A bucket size of exactly that
+// closes one bucket on the block's last parameter, and one of 1e12 never closes one: both
+// are meshplan's one bucket a block, so the step is the default's to the bit. A bucket size
+// of 64 makes each of the six parameters a bucket, each gathered by its own all-gather: the
+// bytes are the same, the gather stream's busy time grows by five more collectives' latency
+// a block. Aligned (each block's gathers waited for at once) every gather is exposed, so
+// the step grows by at least that growth; it grows by no more than it plus the reduce
+// stream's growth (the six reduce-scatters a block) and the two preparation kernels (norm
+// and scaling) of each of the 32 x 5 extra buckets.
+TEST(MegatronDdp, BucketSizeSplitsEachBlocksCollectives) {
+  const int64_t sizes[4] = {0, 218112000, 1000000000000LL, 64};
+  double step[4], exposed[4], gather[4], reduce[4], overhead = 0.0;
+  for (int s = 0; s < 4; s++) {
+    PlanCase k("llama3.1-8b", "h100-8", "dp_replicate=8");
+    MegatronCore(k, 8);
+    k.o.ddp.align_param_gather = 1;
+    k.o.ddp.bucket_size = sizes[s];
+    const mp_sim_result r = k.Sim();
+    step[s] = r.step_time_s;
+    exposed[s] = r.exposed_comm_s;
+    gather[s] = r.comm_s[MP_STREAM_GATHER];
+    reduce[s] = r.comm_s[MP_STREAM_REDUCE];
+    overhead = k.prof.kernel_overhead_s;
+  }
+  EXPECT_EQ(step[1], step[0]);
+  EXPECT_EQ(step[2], step[0]);
+  EXPECT_GT(gather[3], gather[0]);
+  EXPECT_GT(reduce[3], reduce[0]);
+  EXPECT_GE(exposed[3], gather[3] * 0.999);
+  EXPECT_GE(step[3] - step[0], (gather[3] - gather[0]) * 0.999);
+  EXPECT_LE(step[3] - step[0], (gather[3] - gather[0]) + (reduce[3] - reduce[0]) + 2 * 32 * 5 * overhead * 1.001);
+}
+
 }  // namespace
