@@ -448,9 +448,11 @@ static double host_stall_s(const mp_schedule *s, int32_t from, int32_t end, cons
       gpu += d;
       continue;
     }
-    const double first = host + h - gpu, last = host + launches * h - gpu - d * (launches - 1.0) / launches;
-    if (first > stall) stall = first;
-    if (last > stall) stall = last;
+    if (drained) { /* the rate bound reads only the window's sums */
+      const double first = host + h - gpu, last = host + launches * h - gpu - d * (launches - 1.0) / launches;
+      if (first > stall) stall = first;
+      if (last > stall) stall = last;
+    }
     host += launches * h;
     gpu += d;
   }
@@ -469,7 +471,9 @@ static void price_host_issue(const mp_schedule *s, const op_costs *k, double h, 
   const int syncs = mp_moe_host_sync(&s->plan->model, &s->plan->opts);
   for (int32_t si = 0; si < s->n_segs; si++) {
     const int32_t first = s->segs[si].first_op, end = first + s->segs[si].n_ops;
-    for (int32_t i = first; i < end; i++) {
+    /* without synchronisations the only window is the segment's own (rate) */
+    const int32_t stop = syncs ? end : first + 1;
+    for (int32_t i = first; i < stop; i++) {
       const int sync = syncs && s->ops[i].host_sync;
       if (!sync && !(rate && i == first)) continue;
       int32_t at = -1;

@@ -94,12 +94,3 @@ TEST(Fp8BlockCost, KeyOutOfRangeIsRefused) {
     EXPECT_NE(std::string(mp_errmsg(&ctx)).find("fp8_block_gemm_vs_bf16"), std::string::npos) << mp_errmsg(&ctx);
   }
 }
-
-TEST(Fp8BlockCost, MegatronCoreStatesCublasRatio) {
-  // data/stacks/megatron-core.json: cuBLAS 12.9's block-scaled FP8 at 1.75x its BF16 baseline
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  mp_stack_profile p;
-  ASSERT_EQ(mp_stack_load(&ctx, "megatron-core", &p), MP_OK) << mp_errmsg(&ctx);
-  EXPECT_DOUBLE_EQ(p.fp8_block_gemm_vs_bf16, 1.75);
-}
