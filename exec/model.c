@@ -127,6 +127,9 @@ mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) 
     if (m->d_ff_expert <= 0)
       return mp_error(ctx, MP_ERR_INVALID, "%s: 'd_ff_expert' must be positive for a MoE model",
                       origin);
+    if (!mp_model_mlp_gated(m))
+      return mp_error(ctx, MP_ERR_INVALID, "%s: a MoE model's experts are SwiGLU and its dense blocks "
+                      "too; leave 'mlp' out", origin);
     MP_CHECK(mp_model_check_fields(ctx, m, origin, MP_MODEL_CHECK_MOE));
     if (m->n_group > 0 && (m->n_experts % m->n_group != 0 || m->topk_group < 1))
       return mp_error(ctx, MP_ERR_INVALID,
@@ -276,6 +279,7 @@ static mp_status from_ours(mp_ctx *ctx, const cJSON *j, const char *origin, mp_m
   else
     return mp_error(ctx, MP_ERR_INVALID, "%s: key 'family': expected \"gpt\" or \"llama\", got \"%s\"",
                     origin, fam);
+  MP_CHECK(mp_model_read_kinds(ctx, j, origin, m));
   MP_CHECK(mp_model_read_fields(ctx, j, origin, MP_MODEL_OBJ_TOP, MP_MODEL_FIELD_FIRST,
                                 MP_MODEL_FIELD_n_kv_heads, m));
   MP_CHECK(read_mla(ctx, j, origin, m));
@@ -291,6 +295,7 @@ cJSON *mp_model_to_json(const mp_model *m) {
   if (!o) return NULL;
   cJSON_AddStringToObject(o, "name", m->name);
   cJSON_AddStringToObject(o, "family", family_name(m->family));
+  mp_model_write_kinds(o, m);
   mp_model_write_fields(o, m, MP_MODEL_OBJ_TOP, MP_MODEL_FIELD_FIRST, MP_MODEL_FIELD_LAST);
   if (mp_model_is_mla(m))
     mp_model_write_fields(cJSON_AddObjectToObject(o, "mla"), m, MP_MODEL_OBJ_MLA, MP_MODEL_FIELD_FIRST,
@@ -724,7 +729,7 @@ int64_t mp_model_n_moe_layers(const mp_model *m) {
 }
 
 static int64_t norm_params(const mp_model *m) {
-  return m->family == MP_FAMILY_GPT && m->bias ? 2 * m->d_model : m->d_model;
+  return mp_model_norm_has_bias(m) ? 2 * m->d_model : m->d_model;
 }
 
 /* MLA (model.h): the query path (q_a_proj, its norm and q_b_proj, or q_proj), the key/value
@@ -747,9 +752,10 @@ static int64_t attn_params(const mp_model *m) {
   return p;
 }
 
+/* gate (when gated), up and down; GPT-2's up and down biases */
 static int64_t mlp_params(const mp_model *m, int64_t d_ff) {
-  if (m->family == MP_FAMILY_GPT) return 2 * m->d_model * d_ff + (m->bias ? d_ff + m->d_model : 0);
-  return 3 * m->d_model * d_ff;
+  const int64_t p = (mp_model_mlp_gated(m) ? 3 : 2) * m->d_model * d_ff;
+  return p + (m->family == MP_FAMILY_GPT && m->bias ? d_ff + m->d_model : 0);
 }
 
 static int64_t moe_params(const mp_model *m, int active) {

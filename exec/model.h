@@ -6,6 +6,9 @@
  *           attention, biases on every Linear (GPT-2).
  *   llama : RMSNorm, RoPE, SwiGLU MLP (gate, up, down), grouped-query attention, no biases
  *           (Qwen2: q/k/v biases; Qwen3: per-head RMSNorm on q and k).
+ * The dense MLP's activation and the norms' kind take the family's unless the file names
+ * them ("mlp", "norm"): Nemotron-4 (arXiv 2402.16819 sec. 2) is the llama family with a
+ * squared-ReLU MLP (up, down) and LayerNorms.
  * Mixture-of-experts is built on the llama family: routed experts of size d_ff_expert,
  * optional shared experts, a router Linear [n_experts, d_model], top-k softmax routing.
  * Multi-head latent attention (MLA; DeepSeek-V2, arXiv 2405.04434 section 2.1, and V3,
@@ -42,6 +45,18 @@ extern "C" {
 #define MP_NAME_MAX 96
 
 typedef enum mp_family { MP_FAMILY_GPT = 0, MP_FAMILY_LLAMA = 1 } mp_family;
+
+/* The dense MLP's activation, meshplan's key "mlp" (MP_MLP_FAMILY: the family's own, gpt
+ * GELU, llama SwiGLU; mp_model_mlp resolves it). SwiGLU is gated (gate, up, down: 3 H d_ff
+ * weights); GELU and squared ReLU are not (up, down: 2 H d_ff). Squared ReLU, relu(x)^2, is
+ * Nemotron-4's (arXiv 2402.16819 sec. 2; So et al. 2021, Primer). Routed and shared experts
+ * are SwiGLU whatever this says (a MoE model keeps the family's MLP). */
+typedef enum mp_mlp { MP_MLP_FAMILY = 0, MP_MLP_SWIGLU, MP_MLP_GELU, MP_MLP_SQUARED_RELU } mp_mlp;
+/* The norms' kind, meshplan's key "norm" (MP_NORM_FAMILY: gpt LayerNorm, llama RMSNorm;
+ * mp_model_norm resolves it). A LayerNorm has a weight and a bias (Megatron-Core's
+ * LayerNorm, Nemotron-4's LayerNorm1P), except in a gpt model with bias false (GPT-2's
+ * bias=False variant has neither Linear nor LayerNorm biases); an RMSNorm has a weight. */
+typedef enum mp_norm { MP_NORM_FAMILY = 0, MP_NORM_RMS, MP_NORM_LAYER } mp_norm;
 
 /* The model's fields, one row each; mp_model's members are its rows. Derived from it:
  * meshplan's format read and written (data/models/README.md; mp_model_to_json), the ranges
@@ -127,6 +142,8 @@ typedef enum mp_family { MP_FAMILY_GPT = 0, MP_FAMILY_LLAMA = 1 } mp_family;
 typedef struct mp_model {
   char name[MP_NAME_MAX];
   mp_family family;
+  mp_mlp mlp;   /* the dense MLP's activation (MP_MLP_FAMILY: the family's) */
+  mp_norm norm; /* the norms' kind (MP_NORM_FAMILY: the family's) */
 #define MP_MODEL_MEMBER_(field, type, ...) MP_MODEL_CTYPE_##type field;
   MP_MODEL_FIELDS(MP_MODEL_MEMBER_)
 #undef MP_MODEL_MEMBER_
@@ -180,6 +197,15 @@ mp_status mp_model_check_step(mp_ctx *ctx, const mp_model *m, int64_t seq, int64
                               int64_t global_batch);
 
 int mp_model_is_moe(const mp_model *m);
+/* The dense MLP's activation with the family's default resolved (never MP_MLP_FAMILY). */
+mp_mlp mp_model_mlp(const mp_model *m);
+/* 1 when the dense MLP is gated (SwiGLU: gate, up, down), 0 when it is up, down. */
+int mp_model_mlp_gated(const mp_model *m);
+/* The norms' kind with the family's default resolved (never MP_NORM_FAMILY). */
+mp_norm mp_model_norm(const mp_model *m);
+/* 1 when each norm has a bias beside its weight: a LayerNorm, except in a gpt model with
+ * bias false (see mp_norm). */
+int mp_model_norm_has_bias(const mp_model *m);
 /* 1 when m has multi-head latent attention (kv_lora_rank > 0). */
 int mp_model_is_mla(const mp_model *m);
 /* Features per head of the values and of the attention output: v_head_dim under MLA, else

@@ -139,6 +139,11 @@ mp_status mp_runtime_model_check(mp_ctx *ctx, const mp_model *m, int64_t seq) {
   if (mp_model_is_mla(m) && m->qk_rope_head_dim % 2)
     return mp_error(ctx, MP_ERR_INVALID, "model %s: RoPE needs an even qk_rope_head_dim (got %lld)", m->name,
                     (long long)m->qk_rope_head_dim);
+  if (!mp_model_mlp_gated(m) || mp_model_norm(m) != MP_NORM_RMS)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: its %s MLP and %s are not implemented in the runtime, "
+                    "whose kernels are SwiGLU and RMSNorm; plan and simulate it only", m->name,
+                    mp_model_mlp(m) == MP_MLP_SQUARED_RELU ? "squared-ReLU" : mp_model_mlp(m) == MP_MLP_GELU ? "GELU" : "SwiGLU",
+                    mp_model_norm(m) == MP_NORM_LAYER ? "LayerNorms" : "RMSNorms");
   if (m->qkv_bias || m->qk_norm || m->bias)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: q/k/v biases and q/k norms (Qwen2/Qwen3) are not "
                     "implemented in the runtime yet", m->name);
