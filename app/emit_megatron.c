@@ -60,6 +60,7 @@ static void write_mla(const mp_model *m, mp_emit_buf *b) {
  * describes them are refused. */
 static mp_status write_model(mp_ctx *ctx, const mp_model *m, mp_emit_buf *b) {
   const char *no = m->sliding_window > 0                  ? "sliding-window attention"
+                   : m->attn_chunk > 0                     ? "chunked attention"
                    : m->bias && m->family != MP_FAMILY_GPT ? "biases in a llama-family model"
                                                            : NULL;
   if (no)

@@ -154,6 +154,12 @@ mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) 
 mp_status mp_model_check_step(mp_ctx *ctx, const mp_model *m, int64_t seq, int64_t micro_batch,
                               int64_t global_batch) {
   MP_CHECK(mp_check_i64(ctx, NULL, "seq", seq, 1, MP_LIM_SEQ));
+  if (m->attn_chunk > 0 && seq > m->attn_chunk)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED,
+                    "model %s: seq %lld is longer than its attention chunk (attn_chunk %lld, Llama 4's "
+                    "chunked attention), where three of four blocks would attend within chunks: meshplan "
+                    "models it within one chunk; give --seq %lld or less", m->name, (long long)seq,
+                    (long long)m->attn_chunk, (long long)m->attn_chunk);
   MP_CHECK(mp_check_i64(ctx, NULL, "micro-batch", micro_batch, 1, MP_LIM_GLOBAL_BATCH));
   if (global_batch != 0) {
     MP_CHECK(mp_check_i64(ctx, NULL, "global batch", global_batch, 1, MP_LIM_GLOBAL_BATCH));

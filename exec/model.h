@@ -80,7 +80,7 @@ typedef enum mp_norm { MP_NORM_FAMILY = 0, MP_NORM_RMS, MP_NORM_LAYER } mp_norm;
  *   saved    1: mp_model_to_json writes it (the checkpoint manifest's model); 0: it does not:
  *            multi-head latent attention, which the runtime does not train, and
  *            sliding_window, which the manifest has never recorded (a model read back from
- *            a checkpoint has no window)
+ *            a checkpoint has no window), and attn_chunk, which the runtime does not train
  *   hf       its key in Hugging Face's llama-family configs (LlamaConfig's names, which
  *            Mistral, Qwen2/3, Mixtral and DeepSeek-V2/V3 share where they have the field),
  *            or NULL where the architectures name it differently (each reader names it)
@@ -114,6 +114,10 @@ typedef enum mp_norm { MP_NORM_FAMILY = 0, MP_NORM_RMS, MP_NORM_LAYER } mp_norm;
   /* sliding_window > 0: a query attends to the last sliding_window positions, itself included */                                                                               \
   /* (Mistral 7B, Jiang et al. 2023); 0: to the whole causal prefix */                                                                                                          \
   F(sliding_window,   I64,  TOP, 0,   0,                          0,  MP_LIM_SEQ,            CLOSED,  FIRST, 0,     "sliding_window")          /* attention window           */ \
+  /* attn_chunk > 0: chunked attention (Llama 4, Hugging Face attention_chunk_size): three of */                                                                                \
+  /* every four blocks attend within chunks of attn_chunk positions, the fourth (without RoPE) */                                                                                \
+  /* to the whole prefix; modelled where the chunk holds the sequence (mp_model_check_step) */                                                                                   \
+  F(attn_chunk,       I64,  TOP, 0,   0,                          0,  MP_LIM_SEQ,            CLOSED,  FIRST, 0,     NULL)                      /* attention chunk            */ \
   F(norm_eps,         F64,  TOP, 0,   1e-5,                       0,  1,                     OPEN_LO, RULE,  1,     "rms_norm_eps")            /* RMSNorm/LayerNorm epsilon  */ \
   F(rope_theta,       F64,  TOP, 0,   10000.0,                    0,  MP_LIM_ROPE_THETA,     OPEN_LO, RULE,  1,     "rope_theta")              /* RoPE base (llama)          */ \
   /* multi-token prediction (DeepSeek-V3, arXiv 2412.19437 sec. 2.2): MTP modules after the */                                                                                  \
@@ -192,7 +196,10 @@ mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin);
  * resolved yet, not checked), at most 2^32 tokens per step, and at most 2^40 elements in
  * one tensor of a micro-batch (micro_batch x seq x the widest per-token row: vocab, d_ff,
  * top_k x d_ff_expert, n_heads x head_dim, d_model). Within these, every size the plan,
- * the schedule and the simulator form fits in int64. MP_ERR_INVALID naming the limit. */
+ * the schedule and the simulator form fits in int64. MP_ERR_INVALID naming the limit.
+ * Chunked attention (attn_chunk) is modelled where one chunk holds the sequence, where it is
+ * the plain causal attention; a longer seq is MP_ERR_UNSUPPORTED: its blocks would attend
+ * differently, which one attention for every block does not describe. */
 mp_status mp_model_check_step(mp_ctx *ctx, const mp_model *m, int64_t seq, int64_t micro_batch,
                               int64_t global_batch);
 

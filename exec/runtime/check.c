@@ -147,6 +147,10 @@ mp_status mp_runtime_model_check(mp_ctx *ctx, const mp_model *m, int64_t seq) {
   if (m->qkv_bias || m->qk_norm || m->bias)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: q/k/v biases and q/k norms (Qwen2/Qwen3) are not "
                     "implemented in the runtime yet", m->name);
+  if (m->attn_chunk > 0)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: Llama 4's chunked attention with RoPE-free global "
+                    "blocks (attn_chunk %lld) and its sigmoid router are not implemented in the runtime; plan "
+                    "and simulate it only", m->name, (long long)m->attn_chunk);
   if (m->mtp_layers > 0)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: its %lld multi-token-prediction module%s (mtp_layers, "
                     "DeepSeek-V3 sec. 2.2) %s planned and simulated only, not built in the runtime: train "

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The embedded models that published 2024-2026 training benchmarks run (Mixtral-8x22B,
-Qwen3-14B/32B/235B-A22B, DeepSeek-V2, Nemotron-4 15B/340B) through the binary: simulate runs
-each by name with the FLOPs per token of the hand count, and Nemotron-4's squared-ReLU MLP and
-LayerNorms are planned and simulated, written as Megatron-LM arguments and refused by the
-runtime by name.
+Qwen3-14B/32B/235B-A22B, DeepSeek-V2, Nemotron-4 15B/340B, Llama 4 Scout and Maverick)
+through the binary: simulate runs each by name with the FLOPs per token of the hand count;
+Nemotron-4's squared-ReLU MLP and LayerNorms are planned and simulated, written as Megatron-LM
+arguments and refused by the runtime by name; Llama 4 is simulated within one attention
+chunk and refused beyond it.
 
 Usage: models_cli_test.py MESHPLAN"""
 import json
@@ -25,6 +26,9 @@ cli_check.BIN = sys.argv[1]
 #   mixtral-8x22b  6 x 38,960,142,336 + 12 x 56 x 48 x 128 x 4096    =   250,672,287,744
 #   qwen3-235b-a22b 6 x 21,568,433,664 + 12 x 94 x 64 x 128 x 4096   =   167,260,001,280
 #   deepseek-v2    6 x 20,851,512,320 + 6 x 60 x 128 x (192 + 128) x 4096 = 185,507,051,520
+# and at seq 8192, one Llama 4 attention chunk:
+#   llama4-scout-17b-16e     6 x 16,138,421,248 + 12 x 48 x 40 x 128 x 8192 = 120,989,718,528
+#   llama4-maverick-17b-128e 6 x 16,150,205,440 + 12 x 48 x 40 x 128 x 8192 = 121,060,423,680
 # The MFU is model FLOPs over step time x peak (989.4 TFLOP/s bf16, data/gpus/h100-sxm.json),
 # so mfu x step x peak x GPUs / tokens gives the FLOPs per token back.
 CASES = [
@@ -35,16 +39,27 @@ CASES = [
     ("mixtral-8x22b", 64, "dp_shard=64,ep=8", 250672287744),
     ("qwen3-235b-a22b", 256, "dp_shard=256,ep=64", 167260001280),
     ("deepseek-v2", 128, "dp_shard=128,ep=8", 185507051520),
+    ("llama4-scout-17b-16e", 64, "dp_shard=64,ep=16", 120989718528, 8192),
+    ("llama4-maverick-17b-128e", 256, "dp_shard=256,ep=64", 121060423680, 8192),
 ]
-for name, gpus, mesh, want in CASES:
+for name, gpus, mesh, want, *seq in CASES:
     p = run("simulate", "--model", name, "--gpus", str(gpus), "--gpu", "h100-sxm", "--mesh", mesh,
-            "--ac", "full", "--seq", "4096", "--json")
+            "--ac", "full", "--seq", str(seq[0] if seq else 4096), "--json")
     if p.returncode != 0:
         continue
     d = json.loads(p.stdout)
     fpt = d["mfu"] * d["step_time_s"] * 989.4e12 * gpus / (d["global_batch"] * d["seq"])
     check(abs(fpt / want - 1) < 1e-9, f"{name}: FLOPs per token {fpt:.6g}, want {want}")
     check(0 < d["mfu"] < 1 and d["compute_s"] <= d["step_time_s"], f"{name}: MFU {d['mfu']}")
+
+# Llama 4's chunked attention is modelled within one chunk: a longer sequence is refused with
+# the chunk named (three of four blocks would attend within chunks), and the runtime refuses
+# the model by name.
+p = run("simulate", "--model", "llama4-scout-17b-16e", "--gpus", "64", "--mesh", "dp_shard=64,ep=16",
+        "--seq", "16384", want_rc=2)
+check("longer than its attention chunk (attn_chunk 8192" in p.stderr, f"seq 16384 on Scout: {p.stderr.strip()}")
+p = run("train", "--model", "llama4-maverick-17b-128e", "--steps", "1", want_rc=2)
+check("chunked attention" in p.stderr, f"train does not refuse Llama 4 by name: {p.stderr.strip()[:300]}")
 
 # Nemotron-4's MLP and norms are the runtime's to refuse by name: train exits 2 with the
 # reason, plan marks every plan runs: no.

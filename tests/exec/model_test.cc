@@ -18,10 +18,11 @@ bool Contains(const std::string &s, const std::string &sub) {
 }
 
 // mp_model_to_json writes what mp_model_from_text reads back (the rows of MP_MODEL_FIELDS
-// whose saved column is 1, and the MoE layers): a model without multi-head latent attention
-// or a sliding window (neither is saved) comes back field for field.
+// whose saved column is 1, the MoE layers, "mlp" and "norm"): a model without multi-head
+// latent attention, a sliding window or chunked attention (none is saved) comes back field
+// for field, its kinds of MLP and norm too.
 void ExpectSurvivesItsJson(mp_ctx *ctx, const mp_model &m) {
-  if (mp_model_is_mla(&m) || m.sliding_window > 0) return;
+  if (mp_model_is_mla(&m) || m.sliding_window > 0 || m.attn_chunk > 0) return;
   cJSON *j = mp_model_to_json(&m);
   ASSERT_NE(j, nullptr);
   char *text = cJSON_PrintUnformatted(j);
@@ -35,6 +36,8 @@ void ExpectSurvivesItsJson(mp_ctx *ctx, const mp_model &m) {
   if (st != MP_OK) return;
   EXPECT_STREQ(back.name, m.name);
   EXPECT_EQ(back.family, m.family);
+  EXPECT_EQ(back.mlp, m.mlp);
+  EXPECT_EQ(back.norm, m.norm);
   for (int f = 0; f < MP_MODEL_FIELD_COUNT; f++)
     EXPECT_EQ(mp_model_field_value(&back, (mp_model_field)f), mp_model_field_value(&m, (mp_model_field)f))
         << mp_model_field_key((mp_model_field)f);
@@ -299,6 +302,45 @@ TEST_F(ModelTest, Nemotron4SquaredReluMlp) {
   EXPECT_EQ(mp_model_param_count(&m), 15628775424LL);
 }
 
+// Llama 4 (H=5120, L=48, 40 heads, 8 KV, head_dim 128, V=202048, untied; routed experts of
+// 8192, top-1, and one shared expert of 8192; Hugging Face Llama4TextConfig):
+//   attention 2*5120*5120 + 2*5120*1024 = 62,914,560; norms 10,240; expert 3*5120*8192 = 125,829,120
+//   embeddings 2*202048*5120 = 2,068,971,520; final norm 5,120
+// Scout, 16 experts on every block, q/k norm (2 x 128 weights here; Llama 4's L2 norm has none):
+//   block, all  62,914,816 + 10,240 + router 81,920 + 17*125,829,120 = 2,202,102,016
+//   block, top1 62,914,816 + 10,240 + 81,920 + 2*125,829,120         =   314,665,216
+//   total  48*2,202,102,016 + 2,068,976,640 = 107,769,873,408 (Meta: 109B with the vision
+//          encoder, about 0.9B, which is not modelled)
+//   active 48*314,665,216   + 2,068,976,640 =  17,172,907,008 (Meta: 17B)
+// Maverick, 128 experts on blocks 1, 3, .., 47 (interleave_moe_layer_step 2), the others dense
+// of 16384:
+//   dense block 62,924,800 + 3*5120*16384 (251,658,240)                      =    314,583,040
+//   MoE block   62,924,800 + router 655,360 + 129*125,829,120                = 16,295,536,640
+//               with one routed expert 62,924,800 + 655,360 + 2*125,829,120  =    315,238,400
+//   total  24*(314,583,040 + 16,295,536,640) + 2,068,976,640 = 400,711,848,960 (Meta: 400B)
+//   active 24*(314,583,040 + 315,238,400)    + 2,068,976,640 =  17,184,691,200 (Meta: 17B)
+TEST_F(ModelTest, Llama4ScoutAndMaverick) {
+  Load("llama4-scout-17b-16e");
+  EXPECT_EQ(m.attn_chunk, 8192);
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 48);
+  EXPECT_EQ(mp_model_block_params(&m, 0), 2202102016LL);
+  EXPECT_EQ(mp_model_param_count(&m), 107769873408LL);
+  EXPECT_EQ(mp_model_active_param_count(&m), 17172907008LL);
+  // within one chunk the step is modelled; past it, refused with the chunk named
+  EXPECT_EQ(mp_model_check_step(&ctx, &m, 8192, 1, 0), MP_OK) << msg();
+  EXPECT_EQ(mp_model_check_step(&ctx, &m, 8193, 1, 0), MP_ERR_UNSUPPORTED);
+  EXPECT_NE(msg().find("longer than its attention chunk (attn_chunk 8192"), std::string::npos) << msg();
+  Load("llama4-maverick-17b-128e");
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 24);
+  EXPECT_FALSE(mp_model_layer_is_moe(&m, 0));
+  EXPECT_TRUE(mp_model_layer_is_moe(&m, 1));
+  EXPECT_TRUE(mp_model_layer_is_moe(&m, 47));
+  EXPECT_EQ(mp_model_block_params(&m, 0), 314583040);
+  EXPECT_EQ(mp_model_block_params(&m, 1), 16295536640LL);
+  EXPECT_EQ(mp_model_param_count(&m), 400711848960LL);
+  EXPECT_EQ(mp_model_active_param_count(&m), 17184691200LL);
+}
+
 // "mlp" and "norm": the family's by default (llama SwiGLU and RMSNorm, gpt GELU and
 // LayerNorm); a llama model may name either; a gpt model may not change its own; a MoE
 // model's dense blocks stay SwiGLU; an unknown word is refused with the accepted ones.
@@ -458,7 +500,8 @@ TEST_F(ModelTest, EveryDataModelLoads) {
                            "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "qwen3-8b",
                            "qwen3-30b-a3b", "mixtral-8x7b", "tiny-dense", "tiny-moe", "qwen3-14b",
                            "qwen3-32b", "qwen3-235b-a22b", "mixtral-8x22b", "deepseek-v2",
-                           "nemotron4-15b", "nemotron4-340b"})
+                           "nemotron4-15b", "nemotron4-340b", "llama4-scout-17b-16e",
+                           "llama4-maverick-17b-128e"})
     EXPECT_NE(mp_data_find("models", want), nullptr) << want;
 }
 
@@ -479,7 +522,7 @@ TEST_F(ModelTest, ModelByNameAlike) {
   // Hugging Face's repository names find the embedded files; a shortened name finds none
   const char *hf[][2] = {{"Qwen3-235B-A22B", "qwen3-235b-a22b"}, {"Mixtral-8x22B", "mixtral-8x22b"},
                          {"Nemotron-4-340B", "nemotron4-340b"}, {"DeepSeek-V2", "deepseek-v2"},
-                         {"Qwen3-32B", "qwen3-32b"}};
+                         {"Qwen3-32B", "qwen3-32b"}, {"Llama-4-Scout-17B-16E", "llama4-scout-17b-16e"}};
   for (const auto &p : hf) {
     ASSERT_EQ(mp_model_load(&ctx, p[0], &m), MP_OK) << p[0] << ": " << msg();
     EXPECT_STREQ(m.name, p[1]) << p[0];
