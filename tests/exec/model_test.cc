@@ -310,7 +310,7 @@ TEST_F(ModelTest, Nemotron4SquaredReluMlp) {
 //   block, all  62,914,816 + 10,240 + router 81,920 + 17*125,829,120 = 2,202,102,016
 //   block, top1 62,914,816 + 10,240 + 81,920 + 2*125,829,120         =   314,665,216
 //   total  48*2,202,102,016 + 2,068,976,640 = 107,769,873,408 (Meta: 109B with the vision
-//          encoder, about 0.9B, which is not modelled)
+//          encoder and its projector, which are not modelled)
 //   active 48*314,665,216   + 2,068,976,640 =  17,172,907,008 (Meta: 17B)
 // Maverick, 128 experts on blocks 1, 3, .., 47 (interleave_moe_layer_step 2), the others dense
 // of 16384:
