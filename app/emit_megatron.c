@@ -60,6 +60,7 @@ static void write_mla(const mp_model *m, mp_emit_buf *b) {
  * describes them are refused. */
 static mp_status write_model(mp_ctx *ctx, const mp_model *m, mp_emit_buf *b) {
   const char *no = m->sliding_window > 0                  ? "sliding-window attention"
+                   : m->attn_chunk > 0                     ? "chunked attention"
                    : m->bias && m->family != MP_FAMILY_GPT ? "biases in a llama-family model"
                                                            : NULL;
   if (no)
@@ -73,9 +74,14 @@ static mp_status write_model(mp_ctx *ctx, const mp_model *m, mp_emit_buf *b) {
   else if (m->head_dim * m->n_heads != m->d_model) mp_emit_printf(b, "--kv-channels %lld\n", (long long)m->head_dim);
   if (mp_model_is_moe(m)) write_moe(m, b);
   mp_emit_printf(b, "--max-position-embeddings %lld\n--vocab-size %lld\n", (long long)m->max_seq, (long long)m->vocab);
+  /* Megatron-LM's MLP is GELU unless --swiglu or --squared-relu (arguments.py, core_v0.14.0) */
   if (m->family == MP_FAMILY_LLAMA)
-    mp_emit_printf(b, "--position-embedding-type rope\n--rotary-base %lld\n--swiglu\n--normalization RMSNorm\n"
-                   "--disable-bias-linear\n", (long long)m->rope_theta);
+    mp_emit_printf(b, "--position-embedding-type rope\n--rotary-base %lld\n%s--normalization %s\n"
+                   "--disable-bias-linear\n", (long long)m->rope_theta,
+                   mp_model_mlp(m) == MP_MLP_SWIGLU         ? "--swiglu\n"
+                   : mp_model_mlp(m) == MP_MLP_SQUARED_RELU ? "--squared-relu\n"
+                                                            : "",
+                   mp_model_norm(m) == MP_NORM_LAYER ? "LayerNorm" : "RMSNorm");
   else
     mp_emit_printf(b, "--position-embedding-type learned_absolute\n--normalization LayerNorm\n");
   mp_emit_printf(b, "--norm-epsilon %g\n", m->norm_eps);

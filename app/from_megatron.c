@@ -371,6 +371,7 @@ static const char *differs_moe_mla(const mp_model *m, const mp_model *s) {
  * where a layer is dense. */
 static const char *differs(const mp_model *m, const mp_model *s) {
   if (m->sliding_window > 0) return "--num-layers (a model without sliding-window attention)";
+  if (m->attn_chunk > 0) return "--num-layers (a model without chunked attention)";
   if (m->n_layers != s->n_layers) return "--num-layers";
   if (m->d_model != s->d_model) return "--hidden-size";
   const char *x = differs_moe_mla(m, s);

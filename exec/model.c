@@ -127,6 +127,9 @@ mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) 
     if (m->d_ff_expert <= 0)
       return mp_error(ctx, MP_ERR_INVALID, "%s: 'd_ff_expert' must be positive for a MoE model",
                       origin);
+    if (!mp_model_mlp_gated(m))
+      return mp_error(ctx, MP_ERR_INVALID, "%s: a MoE model's experts are SwiGLU and its dense blocks "
+                      "too; leave 'mlp' out", origin);
     MP_CHECK(mp_model_check_fields(ctx, m, origin, MP_MODEL_CHECK_MOE));
     if (m->n_group > 0 && (m->n_experts % m->n_group != 0 || m->topk_group < 1))
       return mp_error(ctx, MP_ERR_INVALID,
@@ -151,6 +154,12 @@ mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) 
 mp_status mp_model_check_step(mp_ctx *ctx, const mp_model *m, int64_t seq, int64_t micro_batch,
                               int64_t global_batch) {
   MP_CHECK(mp_check_i64(ctx, NULL, "seq", seq, 1, MP_LIM_SEQ));
+  if (m->attn_chunk > 0 && seq > m->attn_chunk)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED,
+                    "model %s: seq %lld is longer than its attention chunk (attn_chunk %lld, Llama 4's "
+                    "chunked attention), where three of four blocks would attend within chunks: meshplan "
+                    "models it within one chunk; give --seq %lld or less", m->name, (long long)seq,
+                    (long long)m->attn_chunk, (long long)m->attn_chunk);
   MP_CHECK(mp_check_i64(ctx, NULL, "micro-batch", micro_batch, 1, MP_LIM_GLOBAL_BATCH));
   if (global_batch != 0) {
     MP_CHECK(mp_check_i64(ctx, NULL, "global batch", global_batch, 1, MP_LIM_GLOBAL_BATCH));
@@ -276,6 +285,7 @@ static mp_status from_ours(mp_ctx *ctx, const cJSON *j, const char *origin, mp_m
   else
     return mp_error(ctx, MP_ERR_INVALID, "%s: key 'family': expected \"gpt\" or \"llama\", got \"%s\"",
                     origin, fam);
+  MP_CHECK(mp_model_read_kinds(ctx, j, origin, m));
   MP_CHECK(mp_model_read_fields(ctx, j, origin, MP_MODEL_OBJ_TOP, MP_MODEL_FIELD_FIRST,
                                 MP_MODEL_FIELD_n_kv_heads, m));
   MP_CHECK(read_mla(ctx, j, origin, m));
@@ -291,6 +301,7 @@ cJSON *mp_model_to_json(const mp_model *m) {
   if (!o) return NULL;
   cJSON_AddStringToObject(o, "name", m->name);
   cJSON_AddStringToObject(o, "family", family_name(m->family));
+  mp_model_write_kinds(o, m);
   mp_model_write_fields(o, m, MP_MODEL_OBJ_TOP, MP_MODEL_FIELD_FIRST, MP_MODEL_FIELD_LAST);
   if (mp_model_is_mla(m))
     mp_model_write_fields(cJSON_AddObjectToObject(o, "mla"), m, MP_MODEL_OBJ_MLA, MP_MODEL_FIELD_FIRST,
@@ -724,7 +735,7 @@ int64_t mp_model_n_moe_layers(const mp_model *m) {
 }
 
 static int64_t norm_params(const mp_model *m) {
-  return m->family == MP_FAMILY_GPT && m->bias ? 2 * m->d_model : m->d_model;
+  return mp_model_norm_has_bias(m) ? 2 * m->d_model : m->d_model;
 }
 
 /* MLA (model.h): the query path (q_a_proj, its norm and q_b_proj, or q_proj), the key/value
@@ -747,9 +758,10 @@ static int64_t attn_params(const mp_model *m) {
   return p;
 }
 
+/* gate (when gated), up and down; GPT-2's up and down biases */
 static int64_t mlp_params(const mp_model *m, int64_t d_ff) {
-  if (m->family == MP_FAMILY_GPT) return 2 * m->d_model * d_ff + (m->bias ? d_ff + m->d_model : 0);
-  return 3 * m->d_model * d_ff;
+  const int64_t p = (mp_model_mlp_gated(m) ? 3 : 2) * m->d_model * d_ff;
+  return p + (m->family == MP_FAMILY_GPT && m->bias ? d_ff + m->d_model : 0);
 }
 
 static int64_t moe_params(const mp_model *m, int active) {

@@ -6,6 +6,9 @@
  *           attention, biases on every Linear (GPT-2).
  *   llama : RMSNorm, RoPE, SwiGLU MLP (gate, up, down), grouped-query attention, no biases
  *           (Qwen2: q/k/v biases; Qwen3: per-head RMSNorm on q and k).
+ * The dense MLP's activation and the norms' kind take the family's unless the file names
+ * them ("mlp", "norm"): Nemotron-4 (arXiv 2402.16819 sec. 2) is the llama family with a
+ * squared-ReLU MLP (up, down) and LayerNorms.
  * Mixture-of-experts is built on the llama family: routed experts of size d_ff_expert,
  * optional shared experts, a router Linear [n_experts, d_model], top-k softmax routing.
  * Multi-head latent attention (MLA; DeepSeek-V2, arXiv 2405.04434 section 2.1, and V3,
@@ -43,6 +46,18 @@ extern "C" {
 
 typedef enum mp_family { MP_FAMILY_GPT = 0, MP_FAMILY_LLAMA = 1 } mp_family;
 
+/* The dense MLP's activation, meshplan's key "mlp" (MP_MLP_FAMILY: the family's own, gpt
+ * GELU, llama SwiGLU; mp_model_mlp resolves it). SwiGLU is gated (gate, up, down: 3 H d_ff
+ * weights); GELU and squared ReLU are not (up, down: 2 H d_ff). Squared ReLU, relu(x)^2, is
+ * Nemotron-4's (arXiv 2402.16819 sec. 2; So et al. 2021, Primer). Routed and shared experts
+ * are SwiGLU whatever this says (a MoE model keeps the family's MLP). */
+typedef enum mp_mlp { MP_MLP_FAMILY = 0, MP_MLP_SWIGLU, MP_MLP_GELU, MP_MLP_SQUARED_RELU } mp_mlp;
+/* The norms' kind, meshplan's key "norm" (MP_NORM_FAMILY: gpt LayerNorm, llama RMSNorm;
+ * mp_model_norm resolves it). A LayerNorm has a weight and a bias (Megatron-Core's
+ * LayerNorm, Nemotron-4's LayerNorm1P), except in a gpt model with bias false (GPT-2's
+ * bias=False variant has neither Linear nor LayerNorm biases); an RMSNorm has a weight. */
+typedef enum mp_norm { MP_NORM_FAMILY = 0, MP_NORM_RMS, MP_NORM_LAYER } mp_norm;
+
 /* The model's fields, one row each; mp_model's members are its rows. Derived from it:
  * meshplan's format read and written (data/models/README.md; mp_model_to_json), the ranges
  * mp_model_validate checks, the Hugging Face keys the llama-family readers and the export
@@ -65,7 +80,7 @@ typedef enum mp_family { MP_FAMILY_GPT = 0, MP_FAMILY_LLAMA = 1 } mp_family;
  *   saved    1: mp_model_to_json writes it (the checkpoint manifest's model); 0: it does not:
  *            multi-head latent attention, which the runtime does not train, and
  *            sliding_window, which the manifest has never recorded (a model read back from
- *            a checkpoint has no window)
+ *            a checkpoint has no window), and attn_chunk, which the runtime does not train
  *   hf       its key in Hugging Face's llama-family configs (LlamaConfig's names, which
  *            Mistral, Qwen2/3, Mixtral and DeepSeek-V2/V3 share where they have the field),
  *            or NULL where the architectures name it differently (each reader names it)
@@ -99,6 +114,10 @@ typedef enum mp_family { MP_FAMILY_GPT = 0, MP_FAMILY_LLAMA = 1 } mp_family;
   /* sliding_window > 0: a query attends to the last sliding_window positions, itself included */                                                                               \
   /* (Mistral 7B, Jiang et al. 2023); 0: to the whole causal prefix */                                                                                                          \
   F(sliding_window,   I64,  TOP, 0,   0,                          0,  MP_LIM_SEQ,            CLOSED,  FIRST, 0,     "sliding_window")          /* attention window           */ \
+  /* attn_chunk > 0: chunked attention (Llama 4, Hugging Face attention_chunk_size): three of */                                                                                \
+  /* every four blocks attend within chunks of attn_chunk positions, the fourth (without RoPE) */                                                                                \
+  /* to the whole prefix; modelled where the chunk holds the sequence (mp_model_check_step) */                                                                                   \
+  F(attn_chunk,       I64,  TOP, 0,   0,                          0,  MP_LIM_SEQ,            CLOSED,  FIRST, 0,     NULL)                      /* attention chunk            */ \
   F(norm_eps,         F64,  TOP, 0,   1e-5,                       0,  1,                     OPEN_LO, RULE,  1,     "rms_norm_eps")            /* RMSNorm/LayerNorm epsilon  */ \
   F(rope_theta,       F64,  TOP, 0,   10000.0,                    0,  MP_LIM_ROPE_THETA,     OPEN_LO, RULE,  1,     "rope_theta")              /* RoPE base (llama)          */ \
   /* multi-token prediction (DeepSeek-V3, arXiv 2412.19437 sec. 2.2): MTP modules after the */                                                                                  \
@@ -127,6 +146,8 @@ typedef enum mp_family { MP_FAMILY_GPT = 0, MP_FAMILY_LLAMA = 1 } mp_family;
 typedef struct mp_model {
   char name[MP_NAME_MAX];
   mp_family family;
+  mp_mlp mlp;   /* the dense MLP's activation (MP_MLP_FAMILY: the family's) */
+  mp_norm norm; /* the norms' kind (MP_NORM_FAMILY: the family's) */
 #define MP_MODEL_MEMBER_(field, type, ...) MP_MODEL_CTYPE_##type field;
   MP_MODEL_FIELDS(MP_MODEL_MEMBER_)
 #undef MP_MODEL_MEMBER_
@@ -175,11 +196,23 @@ mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin);
  * resolved yet, not checked), at most 2^32 tokens per step, and at most 2^40 elements in
  * one tensor of a micro-batch (micro_batch x seq x the widest per-token row: vocab, d_ff,
  * top_k x d_ff_expert, n_heads x head_dim, d_model). Within these, every size the plan,
- * the schedule and the simulator form fits in int64. MP_ERR_INVALID naming the limit. */
+ * the schedule and the simulator form fits in int64. MP_ERR_INVALID naming the limit.
+ * Chunked attention (attn_chunk) is modelled where one chunk holds the sequence, where it is
+ * the plain causal attention; a longer seq is MP_ERR_UNSUPPORTED: its blocks would attend
+ * differently, which one attention for every block does not describe. */
 mp_status mp_model_check_step(mp_ctx *ctx, const mp_model *m, int64_t seq, int64_t micro_batch,
                               int64_t global_batch);
 
 int mp_model_is_moe(const mp_model *m);
+/* The dense MLP's activation with the family's default resolved (never MP_MLP_FAMILY). */
+mp_mlp mp_model_mlp(const mp_model *m);
+/* 1 when the dense MLP is gated (SwiGLU: gate, up, down), 0 when it is up, down. */
+int mp_model_mlp_gated(const mp_model *m);
+/* The norms' kind with the family's default resolved (never MP_NORM_FAMILY). */
+mp_norm mp_model_norm(const mp_model *m);
+/* 1 when each norm has a bias beside its weight: a LayerNorm, except in a gpt model with
+ * bias false (see mp_norm). */
+int mp_model_norm_has_bias(const mp_model *m);
 /* 1 when m has multi-head latent attention (kv_lora_rank > 0). */
 int mp_model_is_mla(const mp_model *m);
 /* Features per head of the values and of the attention output: v_head_dim under MLA, else

@@ -33,6 +33,13 @@ mp_status mp_model_read_fields(mp_ctx *ctx, const cJSON *json, const char *where
 void mp_model_write_fields(cJSON *json, const mp_model *m, mp_model_obj obj, mp_model_field first,
                            mp_model_field last);
 
+/* meshplan's "mlp" and "norm" keys of j into m->mlp and m->norm (absent or null: the
+ * family's; model_kinds.c), after m->family is read; a gpt model that names another MLP or
+ * norm than its own is refused. */
+mp_status mp_model_read_kinds(mp_ctx *ctx, const cJSON *j, const char *origin, mp_model *m);
+/* Adds "mlp" and "norm" to o where m names them (not the family's default). */
+void mp_model_write_kinds(cJSON *o, const mp_model *m);
+
 /* Where mp_model_validate checks a row's range (the check column). */
 typedef enum mp_model_check {
   MP_MODEL_CHECK_NONE = 0,

@@ -59,7 +59,7 @@ static mp_param *add_param(builder *b, mp_module mod, int layer, mp_param_role r
     if (bias) ADD(mod, layer, MP_ROLE_BIAS, 1, (out), 1, 1);       \
   } while (0)
 
-/* A norm [n]; LayerNorm (gpt with bias) has a bias too. */
+/* A norm [n]; a LayerNorm has a bias too (mp_model_norm_has_bias). */
 #define NORM(mod, layer, n, bias)                                  \
   do {                                                             \
     ADD(mod, layer, MP_ROLE_WEIGHT, 1, (n), 1, 1);                 \
@@ -96,9 +96,10 @@ static int block_tree(builder *b, const mp_model *m, int l) {
   const int64_t H = m->d_model, hd = m->head_dim;
   const int64_t q_out = m->n_heads * hd, kv_out = m->n_kv_heads * hd;
   const int gpt = m->family == MP_FAMILY_GPT;
-  const int lbias = gpt && m->bias;          /* biases on every Linear and LayerNorm */
+  const int lbias = gpt && m->bias;          /* biases on every Linear */
   const int qkvb = lbias || m->qkv_bias;     /* biases on q/k/v */
-  NORM(MP_MOD_ATTN_NORM, l, H, lbias);
+  const int nbias = mp_model_norm_has_bias(m);
+  NORM(MP_MOD_ATTN_NORM, l, H, nbias);
   if (mp_model_is_mla(m)) {
     if (mla_tree(b, m, l) < 0) return -1;
   } else {
@@ -111,7 +112,7 @@ static int block_tree(builder *b, const mp_model *m, int l) {
     }
     LINEAR(MP_MOD_O, l, H, q_out, lbias);
   }
-  NORM(MP_MOD_FFN_NORM, l, H, lbias);
+  NORM(MP_MOD_FFN_NORM, l, H, nbias);
   if (mp_model_layer_is_moe(m, l)) {
     const int64_t E = m->n_experts, fe = m->d_ff_expert;
     LINEAR(MP_MOD_ROUTER, l, E, H, 0);
@@ -125,7 +126,7 @@ static int block_tree(builder *b, const mp_model *m, int l) {
       LINEAR(MP_MOD_SHARED_DOWN, l, H, fs, 0);
     }
   } else {
-    if (!gpt) LINEAR(MP_MOD_GATE, l, m->d_ff, H, 0);
+    if (mp_model_mlp_gated(m)) LINEAR(MP_MOD_GATE, l, m->d_ff, H, 0);
     LINEAR(MP_MOD_UP, l, m->d_ff, H, lbias);
     LINEAR(MP_MOD_DOWN, l, H, m->d_ff, lbias);
   }
@@ -138,19 +139,19 @@ static int block_tree(builder *b, const mp_model *m, int l) {
 static int build_tree(builder *b, const mp_model *m) {
   const int64_t H = m->d_model;
   const int gpt = m->family == MP_FAMILY_GPT;
-  const int lbias = gpt && m->bias;
+  const int nbias = mp_model_norm_has_bias(m);
   ADD(MP_MOD_TOK_EMBEDDINGS, -1, MP_ROLE_WEIGHT, 2, m->vocab, H, 1);
   if (gpt) ADD(MP_MOD_POS_EMBEDDINGS, -1, MP_ROLE_WEIGHT, 2, m->max_seq, H, 1);
   for (int l = 0; l < (int)m->n_layers; l++)
     if (block_tree(b, m, l) < 0) return -1;
   for (int l = (int)m->n_layers; l < (int)mp_model_n_blocks(m); l++) {
-    NORM(MP_MOD_MTP_ENORM, l, H, lbias);
-    NORM(MP_MOD_MTP_HNORM, l, H, lbias);
+    NORM(MP_MOD_MTP_ENORM, l, H, nbias);
+    NORM(MP_MOD_MTP_HNORM, l, H, nbias);
     LINEAR(MP_MOD_MTP_EH_PROJ, l, H, 2 * H, 0);
     if (block_tree(b, m, l) < 0) return -1;
-    NORM(MP_MOD_MTP_NORM, l, H, lbias);
+    NORM(MP_MOD_MTP_NORM, l, H, nbias);
   }
-  NORM(MP_MOD_FINAL_NORM, -1, H, lbias);
+  NORM(MP_MOD_FINAL_NORM, -1, H, nbias);
   /* GPT-2's head has no bias, nor has Llama's. */
   if (!m->tied_embeddings) LINEAR(MP_MOD_OUTPUT, -1, m->vocab, H, 0);
   return 0;

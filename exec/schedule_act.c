@@ -18,8 +18,9 @@
  *   ffn_norm           its input h [Ts, H] 2TsH and st Ts
  *   gate/up (llama)    their input, the normed h 2TH; silu saves gate, the product saves
  *                      silu(gate) and up, down saves the product: 4 x 2Tf
- *   up/down (gpt)      the normed h 2TH; GELU saves its input (up's output), down its
- *                      output: 2 x 2Tf
+ *   up/down (gpt,      the normed h 2TH; the activation (GELU; squared ReLU, whose relu
+ *   Nemotron-4)        saves its output, the square's input) saves up's output, down its
+ *                      input: 2 x 2Tf
  *   MoE                h 2TsH + st Ts, normed h 2TH; router probabilities (fp32) 4TE; top-k
  *                      weights and indices 12 R; dispatched tokens 2 R H; the experts' gate,
  *                      up, silu, product 4 x 2 R f_e; expert outputs in token order 2 R H;
@@ -76,13 +77,13 @@
  * attention scores, which flash attention replaces by the log-sum-exp.
  *
  * Backward holds a TEMP workspace for activation gradients, 2 x 2TH (the residual stream's
- * and the current input's) plus the MLP's largest set (llama 3 x 2Tf, gpt 2 x 2Tf, MoE 3 x
+ * and the current input's) plus the MLP's largest set (SwiGLU 3 x 2Tf, up/down 2 x 2Tf, MoE 3 x
  * 2 R f_e + 2 R H). */
 #include "exec/schedule_internal.h"
 
 /* ---- the torchtitan model's tensors (see above) ---------------------------------------- */
 
-static int64_t stat_bytes(const shapes *sh) { return sh->gpt ? 8 : 4; }
+static int64_t stat_bytes(const shapes *sh) { return sh->layernorm ? 8 : 4; }
 
 /* A: everything the attention part saves without AC. */
 static int64_t attn_all(const shapes *sh) {
@@ -107,7 +108,7 @@ static int64_t mlp_all(const shapes *sh, int kind) {
    * shared expert gathers it (see the file comment) */
   const int64_t Tn = kind != KIND_DENSE && sh->moe_on_shard && !sh->has_shared ? sh->router_tokens : T;
   int64_t b = 2 * sh->tokens_sp * sh->d_model + stat_bytes(sh) * sh->tokens_sp + 2 * Tn * sh->d_model;
-  if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 4) * 2 * T * sh->d_ff;
+  if (kind == KIND_DENSE) return b + (sh->gated ? 4 : 2) * 2 * T * sh->d_ff;
   const int64_t R = sh->moe_tokens * sh->top_k; /* the routed rows (see the file comment) */
   b += 4 * sh->router_tokens * sh->experts + 12 * R +
        received(sh, 2 * R * sh->d_model + 4 * 2 * R * sh->d_ff_expert) + 2 * R * sh->d_model;
@@ -118,7 +119,7 @@ static int64_t mlp_all(const shapes *sh, int kind) {
 static int64_t bwd_workspace(const shapes *sh, int kind) {
   const int64_t T = kind != KIND_DENSE && sh->moe_on_shard && !sh->has_shared ? sh->router_tokens : sh->tokens;
   int64_t b = 2 * 2 * T * sh->d_model;
-  if (kind == KIND_DENSE) return b + (sh->gpt ? 2 : 3) * 2 * T * sh->d_ff;
+  if (kind == KIND_DENSE) return b + (sh->gated ? 3 : 2) * 2 * T * sh->d_ff;
   const int64_t R = sh->moe_tokens * sh->top_k;
   return b + received(sh, 3 * 2 * R * sh->d_ff_expert + 2 * R * sh->d_model);
 }
@@ -156,8 +157,8 @@ static void op_sac_mlp(const shapes *sh, int kind, int shifted, int64_t *keep, i
     *keep = 2 * T * sh->experts + (sh->has_shared ? 2 * T * sh->d_ff_shared : 0) + rs;
     *in_all = sh->has_shared ? 2 * T * sh->d_ff_shared : 0;
     *skip |= SKIP_MOD(MP_MOD_ROUTER) | SKIP_MOD(MP_MOD_SHARED_UP);
-  } else if (sh->gpt) {
-    *keep = 2 * T * sh->d_ff; /* up #5: the GELU's input */
+  } else if (!sh->gated) {
+    *keep = 2 * T * sh->d_ff; /* up #5: the activation's input */
     *in_all = *keep;
     *skip |= SKIP_MOD(MP_MOD_UP);
   } else {
@@ -261,7 +262,7 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
     A = mp_sched_mla_attn_saved(sh, in) - 4 * T * sh->heads + core;
   int64_t M;
   if (kind == KIND_DENSE)
-    M = 2 * Ts * H + st * Ts + in + (sh->gpt ? 2 : 4) * 2 * T * sh->d_ff + drop * Ts * H;
+    M = 2 * Ts * H + st * Ts + in + (sh->gated ? 4 : 2) * 2 * T * sh->d_ff + drop * Ts * H;
   else
     M = mlp_all(sh, kind) - 2 * sh->moe_tokens * sh->top_k * H; /* no combine input (above) */
   a->x = 2 * Ts * H;
@@ -371,7 +372,7 @@ static int64_t f8_cache_mlp(const shapes *sh, uint32_t rc, int kind, int64_t in_
   const int64_t T = sh->tokens;
   if (kind == KIND_DENSE) {
     int64_t d = sh->fp8[MP_MOD_DOWN] ? e4m3_saves(T * sh->d_ff) : 0;
-    const int in_f8 = sh->fp8[MP_MOD_UP] && (sh->gpt || sh->fp8[MP_MOD_GATE]);
+    const int in_f8 = sh->fp8[MP_MOD_UP] && (!sh->gated || sh->fp8[MP_MOD_GATE]);
     if (!(rc & (1u << MP_RC_LAYERNORM)) && in_f8) d += e4m3_saves(in_elems);
     return d;
   }

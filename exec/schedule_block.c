@@ -23,6 +23,19 @@ static void rope(gen *g, mp_variant v) {
   }
 }
 
+/* The non-gated MLP's activation on up's output (GELU, or squared ReLU: one element-wise
+ * op alike, reading 2 bytes an element and writing 2 forward; backward reads the input and
+ * the output gradient and writes the input gradient). */
+static void plain_act(gen *g, mp_variant v, int64_t elems) {
+  const int relu2 = g->sh.mlp == MP_MLP_SQUARED_RELU;
+  if (v == MP_VAR_FWD)
+    elementwise(g, MP_KERNEL_ACTIVATION, v, MP_MOD_UP, elems, relu2 ? FLOPS_RELU2_FWD : FLOPS_GELU_FWD,
+                4.0 * (double)elems);
+  else
+    elementwise(g, MP_KERNEL_ACTIVATION, v, MP_MOD_UP, elems, relu2 ? FLOPS_RELU2_BWD : FLOPS_GELU_BWD,
+                6.0 * (double)elems);
+}
+
 /* The residual stream's gradient: an add of its own in autograd; the runtimes' backward
  * kernels accumulate into it (ops.h: gradients accumulate), so nothing. */
 static void residual_bwd(gen *g, int64_t elems) {
@@ -254,11 +267,10 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
   mp_sched_tp_region_in_fwd(g, kind == KIND_DENSE ? sh->tp_opens_gateup : moe_gather, MP_MOD_UP,
                    kind == KIND_DENSE && mp_sched_f8_input(g, MP_MOD_UP));
   if (kind == KIND_DENSE) {
-    if (sh->gpt) {
+    if (!sh->gated) {
       mp_sched_linear_fwd(g, MP_MOD_UP, (double)T, sh->d_ff, H, 1);
       if (sh->tp_opens_gateup) mp_sched_fuse_tp(g, in, MP_FUSE_GATHER, MP_VAR_FWD);
-      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, MP_MOD_UP, T * sh->d_ff, FLOPS_GELU_FWD,
-                  4.0 * (double)(T * sh->d_ff));
+      plain_act(g, MP_VAR_FWD, T * sh->d_ff);
     } else {
       mp_sched_linear_fwd(g, MP_MOD_GATE, (double)T, sh->d_ff, H, 1);
       mp_sched_linear_fwd(g, MP_MOD_UP, (double)T, sh->d_ff, H, 1);
@@ -326,9 +338,8 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
     if (sh->tp_closes_down) mp_sched_fuse_tp(g, down, MP_FUSE_GATHER, MP_VAR_DGRAD);
     mp_sched_rt_sp(g, 0);
     const int32_t first = g->n_ops, ag = mp_sched_mg_regather(g, sh->tp_opens_gateup, MP_MOD_UP);
-    if (sh->gpt) {
-      elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_BWD, MP_MOD_UP, T * sh->d_ff, FLOPS_GELU_BWD,
-                  6.0 * (double)(T * sh->d_ff));
+    if (!sh->gated) {
+      plain_act(g, MP_VAR_BWD, T * sh->d_ff);
       mp_sched_linear_bwd(g, MP_MOD_UP, (double)T, sh->d_ff, H, 1);
     } else {
       swiglu(g, MP_VAR_BWD, MP_MOD_GATE, T * sh->d_ff);

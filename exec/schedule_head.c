@@ -49,7 +49,7 @@ static int head_module(const shapes *sh) {
 /* What the head saves besides the logits: the final norm's input [Ts, H] and statistics,
  * the head GEMM's input (normed; all-gathered to [T, H] under SP). */
 static int64_t head_act_bytes(const shapes *sh) {
-  return 2 * sh->tokens_sp * sh->d_model + (sh->gpt ? 8 : 4) * sh->tokens_sp + 2 * sh->tokens * sh->d_model;
+  return 2 * sh->tokens_sp * sh->d_model + (sh->layernorm ? 8 : 4) * sh->tokens_sp + 2 * sh->tokens * sh->d_model;
 }
 
 /* The loss forward's memory and op under the plan's cross-entropy (mp_loss_impl): on entry

@@ -23,6 +23,8 @@
 #define FLOPS_SWIGLU_BWD 8.0
 #define FLOPS_GELU_FWD 8.0 /* tanh approximation */
 #define FLOPS_GELU_BWD 12.0
+#define FLOPS_RELU2_FWD 2.0 /* relu(x)^2: a max and a multiply */
+#define FLOPS_RELU2_BWD 3.0 /* dy x 2 relu(x): a max and two multiplies */
 #define FLOPS_ROUTER 5.0   /* softmax + top-k per logit */
 #define FLOPS_LOSS 5.0     /* max, subtract, exp, sum, log per logit */
 #define FLOPS_CAST 3.0     /* abs, max, scale (+ saturate) */
@@ -176,6 +178,9 @@ typedef struct shapes {
   /* the vocabulary */
   int64_t vocab_local, vocab_loss; /* the head's rows on the rank; the loss's width */
   int gpt, qk_norm, has_shared, tied;
+  int gated;     /* the dense MLP is SwiGLU (gate, up, down); else up, an activation, down */
+  mp_mlp mlp;    /* the dense MLP's activation (mp_model_mlp) */
+  int layernorm; /* the norms are LayerNorms: mean and rstd saved, 8 bytes a token */
   /* parallelism */
   int tp, ep, cp;
   int sp;                   /* sequence parallelism (tp > 1) */

@@ -389,7 +389,7 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
      * input's transposed codes (shared in the block; the amax its forward kept) */
     const int64_t db = mp_act_f8_operand_bytes(dy);
     const int64_t wb = g->fp8_weights_sharded ? mp_act_f8_operand_bytes(w) : 0;
-    const int dy_known = (module == MP_MOD_GATE || module == MP_MOD_UP) && !g->sh.gpt &&
+    const int dy_known = (module == MP_MOD_GATE || module == MP_MOD_UP) && g->sh.gated &&
                          g->sh.fp8[MP_MOD_GATE] && g->sh.fp8[MP_MOD_UP];
     const int src = mp_sched_f8_source(module);
     pair(g, MP_MEM_FP8, BUF_F8_DY, db, 1);

@@ -97,6 +97,9 @@ static void read_shapes(gen *g) {
   sh->d_model = m->d_model;
   sh->head_dim = m->head_dim;
   sh->gpt = m->family == MP_FAMILY_GPT;
+  sh->gated = mp_model_mlp_gated(m);
+  sh->mlp = mp_model_mlp(m);
+  sh->layernorm = mp_model_norm(m) == MP_NORM_LAYER;
   sh->qk_norm = m->qk_norm;
   sh->tied = m->tied_embeddings;
   sh->experts = m->n_experts;

@@ -91,9 +91,10 @@ static const char *export_key(mp_model_field f) {
 mp_status mp_hf_config(mp_ctx *ctx, const mp_model *m, cJSON **out) {
   *out = NULL;
   if (mp_model_is_mla(m)) return mp_hf_deepseek_config(ctx, m, out);
-  if (m->family != MP_FAMILY_LLAMA || m->bias || m->qkv_bias || m->qk_norm)
+  if (m->family != MP_FAMILY_LLAMA || m->bias || m->qkv_bias || m->qk_norm || !mp_model_mlp_gated(m) ||
+      mp_model_norm(m) != MP_NORM_RMS || m->attn_chunk > 0)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: export writes Llama and Mixtral configs; this model has "
-                    "biases or q/k norms", m->name);
+                    "biases, q/k norms, LayerNorms, a non-gated MLP or chunked attention", m->name);
   const int moe = mp_model_is_moe(m);
   if (moe && (m->n_shared_experts > 0 || mp_model_n_moe_layers(m) != m->n_layers || !m->norm_topk_prob))
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: an MoE exports as Mixtral, which has every layer MoE, "

@@ -18,10 +18,11 @@ bool Contains(const std::string &s, const std::string &sub) {
 }
 
 // mp_model_to_json writes what mp_model_from_text reads back (the rows of MP_MODEL_FIELDS
-// whose saved column is 1, and the MoE layers): a model without multi-head latent attention
-// or a sliding window (neither is saved) comes back field for field.
+// whose saved column is 1, the MoE layers, "mlp" and "norm"): a model without multi-head
+// latent attention, a sliding window or chunked attention (none is saved) comes back field
+// for field, its kinds of MLP and norm too.
 void ExpectSurvivesItsJson(mp_ctx *ctx, const mp_model &m) {
-  if (mp_model_is_mla(&m) || m.sliding_window > 0) return;
+  if (mp_model_is_mla(&m) || m.sliding_window > 0 || m.attn_chunk > 0) return;
   cJSON *j = mp_model_to_json(&m);
   ASSERT_NE(j, nullptr);
   char *text = cJSON_PrintUnformatted(j);
@@ -35,6 +36,8 @@ void ExpectSurvivesItsJson(mp_ctx *ctx, const mp_model &m) {
   if (st != MP_OK) return;
   EXPECT_STREQ(back.name, m.name);
   EXPECT_EQ(back.family, m.family);
+  EXPECT_EQ(back.mlp, m.mlp);
+  EXPECT_EQ(back.norm, m.norm);
   for (int f = 0; f < MP_MODEL_FIELD_COUNT; f++)
     EXPECT_EQ(mp_model_field_value(&back, (mp_model_field)f), mp_model_field_value(&m, (mp_model_field)f))
         << mp_model_field_key((mp_model_field)f);
@@ -190,6 +193,192 @@ TEST_F(ModelTest, Qwen3_8b) {
   EXPECT_EQ(mp_model_param_count(&m), 8190735360LL);
 }
 
+// Qwen3-32B (H=5120, L=64, 64 heads, 8 KV, head_dim 128, d_ff 25600, V=151936, qk-norm):
+//   attention q 5120*8192 + k,v 2*5120*1024 + o 8192*5120 = 94,371,840; q/k norms 256
+//   MLP 3*5120*25600 = 393,216,000; norms 10,240; layer 487,598,336 (x64 = 31,206,293,504)
+//   embeddings 2*151936*5120 = 1,555,824,640; final norm 5,120
+//   total 32,762,123,264 (the model card: 32.8B)
+// Qwen3-14B (H=5120, L=40, 40 heads, 8 KV, head_dim 128, d_ff 17408, V=151936, qk-norm):
+//   attention 5120*5120*2 + 2*5120*1024 = 62,914,560; q/k norms 256
+//   MLP 3*5120*17408 = 267,386,880; norms 10,240; layer 330,311,936 (x40 = 13,212,477,440)
+//   total 13,212,477,440 + 1,555,829,760 = 14,768,307,200 (the model card: 14.8B)
+TEST_F(ModelTest, Qwen3_32bAnd14b) {
+  Load("qwen3-32b");
+  EXPECT_EQ(mp_model_block_params(&m, 63), 487598336);
+  EXPECT_EQ(mp_model_param_count(&m), 32762123264LL);
+  Load("qwen3-14b");
+  EXPECT_EQ(mp_model_block_params(&m, 0), 330311936);
+  EXPECT_EQ(mp_model_param_count(&m), 14768307200LL);
+}
+
+// Qwen3-235B-A22B (H=4096, L=94, 64 heads, 4 KV, head_dim 128, 128 experts of 1536, top-8,
+// V=151936, qk-norm, every block MoE):
+//   attention q 4096*8192 + k,v 2*4096*512 + o 8192*4096 = 71,303,168; q/k norms 256
+//   norms 8,192; router 128*4096 = 524,288; one expert 3*4096*1536 = 18,874,368
+//   layer, all 71,303,424 + 8,192 + 524,288 + 128*18,874,368 = 2,487,755,008
+//   layer, top8 71,303,424 + 8,192 + 524,288 +   8*18,874,368 =   222,830,848
+//   embeddings 2*151936*4096 = 1,244,659,712; final norm 4,096
+//   total  94*2,487,755,008 + 1,244,663,808 = 235,093,634,560 (Qwen3 report Table 2: 235B)
+//   active 94*222,830,848   + 1,244,663,808 =  22,190,763,520 (22B)
+TEST_F(ModelTest, Qwen3_235bA22bTotalAndActive) {
+  Load("qwen3-235b-a22b");
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 94);
+  EXPECT_EQ(mp_model_block_params(&m, 93), 2487755008LL);
+  EXPECT_EQ(mp_model_param_count(&m), 235093634560LL);
+  EXPECT_EQ(mp_model_active_param_count(&m), 22190763520LL);
+}
+
+// Mixtral-8x22B (H=6144, L=56, 48 heads, 8 KV, head_dim 128, 8 experts of 16384, top-2,
+// V=32768, untied):
+//   attention q 6144*6144 + k,v 2*6144*1024 + o 6144*6144 = 88,080,384; norms 12,288;
+//   router 8*6144 = 49,152; one expert 3*6144*16384 = 301,989,888
+//   layer, all  88,080,384 + 12,288 + 49,152 + 8*301,989,888 = 2,504,060,928
+//   layer, top2 88,080,384 + 12,288 + 49,152 + 2*301,989,888 =   692,121,600
+//   embeddings 2*32768*6144 = 402,653,184; final norm 6,144
+//   total  56*2,504,060,928 + 402,659,328 = 140,630,071,296 (Mistral: 141B; 140.6B)
+//   active 56*692,121,600   + 402,659,328 =  39,161,468,928 (Mistral: 39B)
+TEST_F(ModelTest, Mixtral8x22b) {
+  Load("mixtral-8x22b");
+  EXPECT_EQ(mp_model_block_params(&m, 0), 2504060928LL);
+  EXPECT_EQ(mp_model_param_count(&m), 140630071296LL);
+  EXPECT_EQ(mp_model_active_param_count(&m), 39161468928LL);
+}
+
+// DeepSeek-V2 (H=5120, L=60, 128 heads, V=102400; MLA q_lora 1536, kv_lora 512, qk_nope 128,
+// qk_rope 64, v 128; block 0 dense of 12288, blocks 1..59 160 routed experts of 1536, top-6,
+// and 2 shared, 3072 together):
+//   attention q_a 1536*5120 + 1536 + q_b 128*192*1536 + kv_a (512+64)*5120 + 512
+//             + kv_b 128*(128+128)*512 + o 5120*128*128
+//             = 7,864,320 + 1,536 + 37,748,736 + 2,949,120 + 512 + 16,777,216 + 83,886,080
+//             = 149,227,520; norms 10,240
+//   dense block 149,237,760 + 3*5120*12288 (188,743,680) = 337,981,440
+//   MoE block   149,237,760 + router 160*5120 (819,200) + shared 3*5120*3072 (47,185,920)
+//               + 160 experts x 3*5120*1536 (23,592,960) = 3,972,116,480;
+//               with 6 routed experts 338,800,640
+//   embeddings 2*102400*5120 = 1,048,576,000; final norm 5,120
+//   total  337,981,440 + 59*3,972,116,480 + 1,048,581,120 = 235,741,434,880 (published 236B)
+//   active 337,981,440 + 59*338,800,640   + 1,048,581,120 =  21,375,800,320, without the
+//   input embedding 20,851,512,320 (published 21B)
+TEST_F(ModelTest, DeepseekV2TotalAndActive) {
+  Load("deepseek-v2");
+  EXPECT_TRUE(mp_model_is_mla(&m));
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 59);
+  EXPECT_EQ(mp_model_block_params(&m, 0), 337981440);
+  EXPECT_EQ(mp_model_block_params(&m, 1), 3972116480LL);
+  EXPECT_EQ(mp_model_param_count(&m), 235741434880LL);
+  EXPECT_EQ(mp_model_active_param_count(&m), 21375800320LL);
+  EXPECT_EQ(mp_model_matmul_param_count(&m), 20851512320LL);
+}
+
+// Nemotron-4 (arXiv 2402.16819 sec. 2): llama's attention (RoPE, GQA, no biases) with a
+// squared-ReLU MLP of up and down only and LayerNorms with weight and bias (2H each).
+// 340B (H=18432, L=96, 96 heads of 192, 8 KV, d_ff 73728, V=256000, untied):
+//   attention q 18432*18432 + k,v 2*18432*1536 + o 18432*18432 = 736,100,352
+//   MLP up, down 2*18432*73728 = 2,717,908,992 (gated it would be 3 x: 4,076,863,488)
+//   two LayerNorms 4*18432 = 73,728; layer 3,454,083,072 (x96 = 331,591,974,912: the
+//   report's 331.6B non-embedding)
+//   embeddings 256000*18432 = 4,718,592,000, output 4,718,592,000 (9.4B), final norm 36,864
+//   total 341,029,195,776 (the report's 340B: 9.4B + 331.6B = 341.0B)
+// 15B (H=6144, L=32, 48 heads of 128, 8 KV, d_ff 24576, V=256000):
+//   attention 2*6144^2 + 2*6144*1024 = 88,080,384; MLP 2*6144*24576 = 301,989,888;
+//   LayerNorms 24,576; layer 390,094,848 (x32 = 12,483,035,136: the report's 12.5B)
+//   embeddings 2*256000*6144 = 3,145,728,000 (3.2B); final norm 12,288
+//   total 15,628,775,424
+TEST_F(ModelTest, Nemotron4SquaredReluMlp) {
+  Load("nemotron4-340b");
+  EXPECT_EQ(m.family, MP_FAMILY_LLAMA);
+  EXPECT_EQ(mp_model_mlp(&m), MP_MLP_SQUARED_RELU);
+  EXPECT_EQ(mp_model_mlp_gated(&m), 0);
+  EXPECT_EQ(mp_model_norm(&m), MP_NORM_LAYER);
+  EXPECT_EQ(mp_model_norm_has_bias(&m), 1);
+  EXPECT_EQ(mp_model_block_params(&m, 0), 3454083072LL);
+  EXPECT_EQ(mp_model_head_params(&m), 4718592000LL + 36864);
+  EXPECT_EQ(mp_model_param_count(&m), 341029195776LL);
+  // FLOPs per token at seq 4096: 6 x (341,029,195,776 - 4,718,592,000) + 12 x 96 x 96 x 192 x 4096
+  // = 2,017,863,622,656 + 86,973,087,744 = 2,104,836,710,400
+  EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 4096), 2104836710400.0);
+  Load("nemotron4-15b");
+  EXPECT_EQ(mp_model_block_params(&m, 31), 390094848);
+  EXPECT_EQ(mp_model_param_count(&m), 15628775424LL);
+}
+
+// Llama 4 (H=5120, L=48, 40 heads, 8 KV, head_dim 128, V=202048, untied; routed experts of
+// 8192, top-1, and one shared expert of 8192; Hugging Face Llama4TextConfig):
+//   attention 2*5120*5120 + 2*5120*1024 = 62,914,560; norms 10,240; expert 3*5120*8192 = 125,829,120
+//   embeddings 2*202048*5120 = 2,068,971,520; final norm 5,120
+// Scout, 16 experts on every block, q/k norm (2 x 128 weights here; Llama 4's L2 norm has none):
+//   block, all  62,914,816 + 10,240 + router 81,920 + 17*125,829,120 = 2,202,102,016
+//   block, top1 62,914,816 + 10,240 + 81,920 + 2*125,829,120         =   314,665,216
+//   total  48*2,202,102,016 + 2,068,976,640 = 107,769,873,408 (Meta: 109B with the vision
+//          encoder and its projector, which are not modelled)
+//   active 48*314,665,216   + 2,068,976,640 =  17,172,907,008 (Meta: 17B)
+// Maverick, 128 experts on blocks 1, 3, .., 47 (interleave_moe_layer_step 2), the others dense
+// of 16384:
+//   dense block 62,924,800 + 3*5120*16384 (251,658,240)                      =    314,583,040
+//   MoE block   62,924,800 + router 655,360 + 129*125,829,120                = 16,295,536,640
+//               with one routed expert 62,924,800 + 655,360 + 2*125,829,120  =    315,238,400
+//   total  24*(314,583,040 + 16,295,536,640) + 2,068,976,640 = 400,711,848,960 (Meta: 400B)
+//   active 24*(314,583,040 + 315,238,400)    + 2,068,976,640 =  17,184,691,200 (Meta: 17B)
+TEST_F(ModelTest, Llama4ScoutAndMaverick) {
+  Load("llama4-scout-17b-16e");
+  EXPECT_EQ(m.attn_chunk, 8192);
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 48);
+  EXPECT_EQ(mp_model_block_params(&m, 0), 2202102016LL);
+  EXPECT_EQ(mp_model_param_count(&m), 107769873408LL);
+  EXPECT_EQ(mp_model_active_param_count(&m), 17172907008LL);
+  // within one chunk the step is modelled; past it, refused with the chunk named
+  EXPECT_EQ(mp_model_check_step(&ctx, &m, 8192, 1, 0), MP_OK) << msg();
+  EXPECT_EQ(mp_model_check_step(&ctx, &m, 8193, 1, 0), MP_ERR_UNSUPPORTED);
+  EXPECT_NE(msg().find("longer than its attention chunk (attn_chunk 8192"), std::string::npos) << msg();
+  Load("llama4-maverick-17b-128e");
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 24);
+  EXPECT_FALSE(mp_model_layer_is_moe(&m, 0));
+  EXPECT_TRUE(mp_model_layer_is_moe(&m, 1));
+  EXPECT_TRUE(mp_model_layer_is_moe(&m, 47));
+  EXPECT_EQ(mp_model_block_params(&m, 0), 314583040);
+  EXPECT_EQ(mp_model_block_params(&m, 1), 16295536640LL);
+  EXPECT_EQ(mp_model_param_count(&m), 400711848960LL);
+  EXPECT_EQ(mp_model_active_param_count(&m), 17184691200LL);
+}
+
+// "mlp" and "norm": the family's by default (llama SwiGLU and RMSNorm, gpt GELU and
+// LayerNorm); a llama model may name either; a gpt model may not change its own; a MoE
+// model's dense blocks stay SwiGLU; an unknown word is refused with the accepted ones.
+TEST_F(ModelTest, MlpAndNormKeys) {
+  const char *base =
+      "{\"family\": \"llama\", \"vocab\": 100, \"d_model\": 64, \"n_layers\": 2, \"n_heads\": 4, \"d_ff\": 256";
+  std::string t = std::string(base) + ", \"mlp\": \"gelu\", \"norm\": \"layernorm\"}";
+  ASSERT_EQ(mp_model_from_text(&ctx, t.c_str(), "g.json", &m), MP_OK) << msg();
+  // a block: attention 4*64*64 = 16,384; MLP 2*64*256 = 32,768; LayerNorms 2*2*64 = 256
+  EXPECT_EQ(mp_model_block_params(&m, 0), 16384 + 32768 + 256);
+  t = std::string(base) + "}";
+  ASSERT_EQ(mp_model_from_text(&ctx, t.c_str(), "l.json", &m), MP_OK) << msg();
+  EXPECT_EQ(mp_model_mlp(&m), MP_MLP_SWIGLU);
+  EXPECT_EQ(mp_model_norm(&m), MP_NORM_RMS);
+  EXPECT_EQ(mp_model_block_params(&m, 0), 16384 + 3 * 64 * 256 + 128);
+  t = std::string(base) + ", \"mlp\": \"relu\"}";
+  EXPECT_EQ(mp_model_from_text(&ctx, t.c_str(), "r.json", &m), MP_ERR_INVALID);
+  EXPECT_NE(std::string(msg()).find("key 'mlp': expected one of \"swiglu\", \"gelu\", \"squared_relu\", got \"relu\""),
+            std::string::npos) << msg();
+  t = std::string(base) + ", \"norm\": 3}";
+  EXPECT_EQ(mp_model_from_text(&ctx, t.c_str(), "n.json", &m), MP_ERR_INVALID);
+  t = std::string(base) + ", \"mlp\": \"squared_relu\", \"moe\": {\"n_experts\": 4, \"top_k\": 1, \"d_ff_expert\": 32}}";
+  EXPECT_EQ(mp_model_from_text(&ctx, t.c_str(), "m.json", &m), MP_ERR_INVALID);
+  EXPECT_NE(std::string(msg()).find("experts are SwiGLU"), std::string::npos) << msg();
+  const char *gpt =
+      "{\"family\": \"gpt\", \"vocab\": 100, \"d_model\": 64, \"n_layers\": 2, \"n_heads\": 4, \"d_ff\": 256, "
+      "\"mlp\": \"squared_relu\"}";
+  EXPECT_EQ(mp_model_from_text(&ctx, gpt, "p.json", &m), MP_ERR_INVALID);
+  EXPECT_NE(std::string(msg()).find("a gpt model has a GELU MLP and LayerNorms"), std::string::npos) << msg();
+  // Nemotron-4's words survive mp_model_to_json (the checkpoint manifest's model)
+  Load("nemotron4-15b");
+  cJSON *j = mp_model_to_json(&m);
+  ASSERT_NE(j, nullptr);
+  EXPECT_STREQ(cJSON_GetStringValue(cJSON_GetObjectItem(j, "mlp")), "squared_relu");
+  EXPECT_STREQ(cJSON_GetStringValue(cJSON_GetObjectItem(j, "norm")), "layernorm");
+  cJSON_Delete(j);
+}
+
 // tiny-moe (H=64, L=2, 8 heads of 8, 4 KV, 8 experts of 32, top-2, one shared expert of 64):
 //   attention 64*64 + 2*64*32 + 64*64 = 12,288; norms 128; router 8*64 = 512;
 //   expert 3*64*32 = 6,144; shared 3*64*64 = 12,288
@@ -309,7 +498,10 @@ TEST_F(ModelTest, EveryDataModelLoads) {
   for (const char *want : {"gpt2-124m", "gpt-22b", "gpt3-175b", "turing-530b", "megatron-1t",
                            "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b",
                            "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "qwen3-8b",
-                           "qwen3-30b-a3b", "mixtral-8x7b", "tiny-dense", "tiny-moe"})
+                           "qwen3-30b-a3b", "mixtral-8x7b", "tiny-dense", "tiny-moe", "qwen3-14b",
+                           "qwen3-32b", "qwen3-235b-a22b", "mixtral-8x22b", "deepseek-v2",
+                           "nemotron4-15b", "nemotron4-340b", "llama4-scout-17b-16e",
+                           "llama4-maverick-17b-128e"})
     EXPECT_NE(mp_data_find("models", want), nullptr) << want;
 }
 
@@ -327,6 +519,16 @@ TEST_F(ModelTest, ModelByNameAlike) {
   EXPECT_EQ(mp_data_name_alike("llama3.1-8b", "llama3-8b"), 0);
   EXPECT_EQ(mp_data_name_alike("llama3-8b", "llama3-8"), 0);
   EXPECT_EQ(mp_data_name_alike("-a-", "A"), 1);
+  // Hugging Face's repository names find the embedded files; a shortened name finds none
+  const char *hf[][2] = {{"Qwen3-235B-A22B", "qwen3-235b-a22b"}, {"Mixtral-8x22B", "mixtral-8x22b"},
+                         {"Nemotron-4-340B", "nemotron4-340b"}, {"DeepSeek-V2", "deepseek-v2"},
+                         {"Qwen3-32B", "qwen3-32b"}, {"Llama-4-Scout-17B-16E", "llama4-scout-17b-16e"}};
+  for (const auto &p : hf) {
+    ASSERT_EQ(mp_model_load(&ctx, p[0], &m), MP_OK) << p[0] << ": " << msg();
+    EXPECT_STREQ(m.name, p[1]) << p[0];
+  }
+  EXPECT_EQ(mp_model_load(&ctx, "qwen3-235b", &m), MP_ERR_NOT_FOUND) << "a prefix of qwen3-235b-a22b";
+  EXPECT_EQ(mp_model_load(&ctx, "mixtral-8x22b-mcore", &m), MP_ERR_NOT_FOUND) << "the validation set's file is a path";
 }
 
 TEST_F(ModelTest, UnknownModelListsTheKnownOnes) {
