@@ -106,7 +106,7 @@ static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *
  * read and a write of that dtype: 8 bytes in fp32, 6 more than the bf16 write mp_gemm_bytes
  * counts; 4 in bf16, 2 more. */
 double mp_sim_wgrad_accum_bytes(const mp_stack_profile *p, const mp_plan *plan) {
-  if (!p->wgrad_accum_fp32) return 0.0;
+  if (!p->wgrad_accum_fp32 || (plan && plan->opts.ddp.wgrad_unfused)) return 0.0;
   const mp_dtype main_grad = plan ? plan->opts.fsdp.reduce_dtype : MP_DTYPE_FP32;
   return 2.0 * (double)mp_dtype_bytes(main_grad) - 2.0;
 }

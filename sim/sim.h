@@ -503,7 +503,7 @@ double mp_sim_compute_op_in_plan_s(const mp_op *op, const mp_gpu *g, const mp_st
 /* The bytes an element a weight-gradient GEMM adds over its bf16 write under stack p's
  * gradient accumulation fusion (wgrad_accum_fp32): a read and a write of the main_grad in
  * plan's gradient dtype (fsdp.reduce_dtype; NULL: fp32), 6 in fp32, 2 in bf16; 0 without the
- * fusion. */
+ * fusion, the stack's or the plan's (ddp.wgrad_unfused: the hook's copy is its own op). */
 double mp_sim_wgrad_accum_bytes(const mp_stack_profile *p, const mp_plan *plan);
 /* The kernels compute op `op` launches under stack p, each paying the stack's
  * kernel_overhead: a grouped expert GEMM's experts where the stack launches a GEMM per expert
