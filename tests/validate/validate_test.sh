@@ -171,6 +171,33 @@ if [ "$rc" != 2 ] || ! grep -q "row 'rack'): nvlink_domain 6 is not a whole numb
   exit 1
 fi
 rm -f "$out.pick"
+# The grad_accum_fusion column: 0 is Megatron-LM's --no-gradient-accumulation-fusion, each
+# weight gradient moved into the main_grad by a kernel of its own (exec/schedule_ops.c), so
+# Megatron FSDP's step is longer than with the stack's fusion (empty); on a stack that does
+# not run Megatron-LM it is refused with exit 2, naming the row.
+cat >"$pick" <<'CSV'
+case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,stack,metric,value,notes,grad_accum_fusion
+fused,test,llama3.1-8b,8,h100-sxm,8,400,1,8,1,1,,,1,1,8192,2,1,16,none,0,0,megatron-core,tokens_per_s_per_gpu,1000,,
+unfused,test,llama3.1-8b,8,h100-sxm,8,400,1,8,1,1,,,1,1,8192,2,1,16,none,0,0,megatron-core,tokens_per_s_per_gpu,1000,,0
+CSV
+if ! "$BIN" validate --json "$pick" | /usr/bin/python3 -c '
+import json, sys
+p = {r["case"]: r["predicted"] for r in json.load(sys.stdin)["rows"]}
+sys.exit(0 if p["unfused"] < 0.99 * p["fused"] else 1)'; then
+  echo "FAIL: grad_accum_fusion 0 should slow Megatron FSDP's step:" >&2
+  "$BIN" validate "$pick" >&2
+  exit 1
+fi
+echo "tt_unfused,test,llama3.1-8b,8,h100-sxm,8,400,1,8,1,1,,,1,1,8192,2,1,16,none,0,0,torchtitan-compile,tokens_per_s_per_gpu,1000,,0" >>"$pick"
+"$BIN" validate "$pick" >"$out.pick" 2>&1
+rc=$?
+if [ "$rc" != 2 ] || ! grep -q "row 'tt_unfused'): --no-gradient-accumulation-fusion turns off Megatron-LM's gradient" "$out.pick"; then
+  echo "FAIL: grad_accum_fusion 0 on torchtitan should be refused with exit 2 naming the row (exit $rc):" >&2
+  cat "$out.pick" >&2
+  rm -f "$out.pick"
+  exit 1
+fi
+rm -f "$out.pick"
 # The dev rows (bands.py recomputes every error, MAPE and tau-b from the figures):
 #   - each prediction within 1 % of expected.txt;
 #   - each row within 5 % of its published figure: the rows are what the stacks are fitted
