@@ -209,7 +209,9 @@ typedef struct mp_op {
   uint8_t grouped; /* GEMM: one grouped-GEMM launch over `batch` routed experts of m rows
                       each (WGRAD: k tokens each), the tokens of each expert padded to the
                       kernel's tile (sim/cost.c); 0 for every other GEMM and for the
-                      runtimes' per-block expert GEMMs */
+                      runtimes' per-block expert GEMMs. FP8_CAST: a cast of Transformer
+                      Engine's grouped expert Linear, one kernel for each of `batch` experts
+                      (schedule_ops.c te_expert_casts); bytes and FLOPs the whole cast's */
   uint8_t host_sync; /* 1: the first op the host issues after it waited for the GPU (a MoE
                         token dispatcher's copy of the routed counts, exec/plan.h
                         mp_moe_host_sync): the GPU stream idles until the host issues the

@@ -198,6 +198,23 @@ static int te_shares_input(const gen *g, int module) {
                           module == MP_MOD_SHARED_UP || module == MP_MOD_EXPERTS_UP);
 }
 
+/* Transformer Engine's GroupedLinear (Megatron-Core's routed experts, batch > 1 local
+ * experts in one Linear) quantizes expert by expert: each expert's weight by its own
+ * quantizer in turn (_GroupedLinear.forward's loop over weight_quantizers, module/
+ * grouped_linear.py), and the input and the output gradient with tex.split_quantize, whose
+ * multi_tensor_quantize_impl (pytorch/csrc/extensions/cast.cpp) runs one quantize kernel a
+ * split, fusing them into one nvte_multi_cast_transpose for delayed scaling's quantizers
+ * alone (v2.6 at 07afda98, the Megatron-MoE-ModelZoo's, to v2.16; v2.14 the Megatron-LM
+ * MoE recipes' release). Cast op `i` of such a Linear so launches a kernel an expert
+ * (mp_op.grouped on a cast, sim/cost.c launches_of); `act`: an activation's or gradient's
+ * cast, the fused one under delayed scaling. */
+static void te_expert_casts(gen *g, int32_t i, int64_t batch, int act) {
+  if (i < 0 || batch <= 1 || !g->sh.fp8_te || g->ms->runtime) return;
+  if (act && g->sh.fp8_recipe == MP_FP8_DELAYED) return;
+  g->ops[i].batch = batch;
+  g->ops[i].grouped = 1;
+}
+
 /* Transformer Engine's LayerNormLinear: the norm before q/k/v and gate/up emits the float8
  * input itself under delayed scaling (its scale known before the norm runs); the
  * transposed copy for the weight gradient, where the GPU needs one, is made in backward. */
@@ -315,9 +332,10 @@ void mp_sched_linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, 
       else if (copies > 1)
         i = transpose8(g, module, w, MP_VAR_FWD);
       if (i >= 0) g->ops[i].when = MP_WHEN_FIRST_MICRO;
+      te_expert_casts(g, i, batch, 0);
     }
     if (!mp_sched_f8_input(g, module) && !te_shares_input(g, module) && !te_norm_emits(g, module))
-      cast_copies(g, module, x, MP_VAR_FWD, copies);
+      te_expert_casts(g, cast_copies(g, module, x, MP_VAR_FWD, copies), batch, 1);
   } else {
     if (!g->sh.fp8_all_gather) {
       dtensor_amax_tp(g, module, MP_TP_NONE);
@@ -358,6 +376,24 @@ static void unfused_grad_accum(gen *g, int module, int64_t out, int64_t in, int6
   if (batch > 1) g->ops[i].count = (uint16_t)batch;
 }
 
+/* Transformer Engine's casts in a Linear's backward: dy with its transposed copy (gathered
+ * in float8 under SP: its transpose here); the weight's copies kept from the forward; the
+ * input's transposed copy made here where the forward wrote only the row-major one
+ * (gathered, or the norm's). Where the GPU takes any layout (fp8_te_copies 1) the row-major
+ * codes serve both GEMMs. The experts' gate and up gradients are linear_fc1's one output
+ * gradient, split-quantized once: its per-expert launches counted on gate's cast. */
+static void te_bwd_casts(gen *g, int module, int64_t dy, int64_t x, int64_t batch) {
+  const int two = g->sh.fp8_te_copies == 2;
+  if (!f8_grad_out(g, module)) {
+    const int32_t i = cast_copies(g, module, dy, MP_VAR_BWD, g->sh.fp8_te_copies);
+    if (!te_shares_input(g, module)) te_expert_casts(g, i, batch, 1);
+  } else if (two) {
+    transpose8(g, module, dy, MP_VAR_BWD);
+  }
+  if (two && !te_shares_input(g, module) && (mp_sched_f8_input(g, module) || te_norm_emits(g, module)))
+    transpose8(g, module, x, MP_VAR_BWD);
+}
+
 void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, int64_t batch) {
   const int f8 = g->sh.fp8[module];
   if (!f8) {
@@ -391,15 +427,7 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
     return;
   }
   if (g->sh.fp8_te) {
-    /* dy with its transposed copy (gathered in float8 under SP: its transpose here); the
-     * weight's copies kept from the forward; the input's transposed copy made here where
-     * the forward wrote only the row-major one (gathered, or the norm's). Where the GPU
-     * takes any layout (fp8_te_copies 1) the row-major codes serve both GEMMs. */
-    const int two = g->sh.fp8_te_copies == 2;
-    if (!f8_grad_out(g, module)) cast_copies(g, module, dy, MP_VAR_BWD, g->sh.fp8_te_copies);
-    else if (two) transpose8(g, module, dy, MP_VAR_BWD);
-    if (two && !te_shares_input(g, module) && (mp_sched_f8_input(g, module) || te_norm_emits(g, module)))
-      transpose8(g, module, x, MP_VAR_BWD);
+    te_bwd_casts(g, module, dy, x, batch);
   } else {
     /* dy gathered in float8 (f8_grad_out) is row-major [T, out]; the weight gradient's
      * _scaled_mm takes dy^T as its row-major first operand, which torchao's

@@ -154,9 +154,12 @@ static void grouped_padding(const mp_op *op, const op_costs *k, double *size, do
  * cublasLtMatmulAlgoGetHeuristic before its cublasLtMatmul. And the kernels that fill the
  * GPU together are the min(batch, s) in flight, not all of them: the efficiency curve reads
  * *size (the padded m n k x batch) of that many experts. The FLOPs and bytes stay the op's.
- * Otherwise one kernel. */
+ * A grouped float8 cast (mp_op.grouped on an FP8_CAST: Transformer Engine's GroupedLinear
+ * quantizing expert by expert, exec/schedule_ops.c te_expert_casts) launches `batch`
+ * kernels whatever the streams. Otherwise one kernel. */
 static int64_t launches_of(const mp_op *op, int streams) {
   const int64_t batch = op->batch > 0 ? op->batch : 1;
+  if (op->grouped && op->kernel == MP_KERNEL_FP8_CAST) return batch; /* a quantize an expert */
   return op->grouped && streams > 0 && op->kernel == MP_KERNEL_GEMM ? batch : 1;
 }
 
@@ -199,8 +202,10 @@ static inline void op_compute_parts(const mp_op *op, const op_costs *k, double *
   } else if (op->kernel == MP_KERNEL_ATTENTION) {
     t_flops = op->flops / k->attn_rate;
   } else {
-    /* element-wise, norms, optimizer: CUDA cores, no tensor cores */
+    /* element-wise, norms, optimizer: CUDA cores, no tensor cores; Transformer Engine's
+     * grouped expert casts a kernel an expert (launches_of) */
     t_flops = op->flops / k->peak[MP_DTYPE_FP32];
+    launches = (double)launches_of(op, k->grouped_streams);
   }
   *flops_s = t_flops;
   *bytes_s = t_bytes;

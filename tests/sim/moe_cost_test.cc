@@ -27,14 +27,19 @@ const char *kStack =
     " \"attention_eff\": 0.5, \"hbm_eff\": 1.0, \"link_eff\": 1.0, \"kernel_overhead_us\": 0,"
     " \"comm_overhead_us\": 0, \"frag_factor\": 1.0, \"source\": \"test\", %s}";
 
-mp_stack_profile Stack(const char *tiles) {
-  char text[1024];
-  snprintf(text, sizeof text, kStack, tiles);
+// The profile of `text`, a stack's JSON.
+mp_stack_profile Parse(const char *text) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_stack_profile p;
   EXPECT_EQ(mp_stack_from_text(&ctx, text, "moe-test", &p), MP_OK) << mp_errmsg(&ctx);
   return p;
+}
+
+mp_stack_profile Stack(const char *tiles) {
+  char text[1024];
+  snprintf(text, sizeof text, kStack, tiles);
+  return Parse(text);
 }
 
 // An H100-like GPU with round peaks: bf16 1000 TFLOP/s, float8 2000, HBM 3350 GB/s (the
@@ -73,6 +78,19 @@ double Tiled(const mp_op &op) {
   const mp_gpu g = Gpu();
   const mp_stack_profile tiled = Stack("\"grouped_gemm_tile_m\": 128, \"grouped_gemm_tile_k\": 64");
   return mp_sim_compute_op_s(&op, &g, &tiled);
+}
+
+// A stack whose GEMMs follow 0.5 x / (x + 2e9), a 5 us launch, 128-row tiles, grouped GEMMs on
+// `streams` streams (0: one kernel).
+mp_stack_profile TeStack(int streams) {
+  const char *base =
+      "{\"name\": \"te-test\", \"gemm_eff_max\": 0.5, \"gemm_eff_half_mnk\": 2e9, \"fp8_gemm_eff_max\": 0.5,"
+      " \"attention_eff\": 0.5, \"hbm_eff\": 1.0, \"link_eff\": 1.0, \"kernel_overhead_us\": 5,"
+      " \"comm_overhead_us\": 0, \"frag_factor\": 1.0, \"source\": \"test\", \"grouped_gemm_tile_m\": 128,"
+      " \"grouped_gemm_streams\": %d}";
+  char text[1024];
+  snprintf(text, sizeof text, base, streams);
+  return Parse(text);
 }
 
 }  // namespace
@@ -324,19 +342,7 @@ TEST(MoeCost, TileKeyRange) { ExpectRefused("\"grouped_gemm_tile_m\": 2048", "gr
 // kernel reads it (0.381551: 2 x 2 x 3,221,225,472 / (1e15 x 0.381551) = 33.7698 us), and two
 // launches: 43.7698 us where one kernel takes 38.7698 us.
 TEST(MoeCost, TransformerEngineLaunchesAGemmPerExpert) {
-  const char *base =
-      "{\"name\": \"te-test\", \"gemm_eff_max\": 0.5, \"gemm_eff_half_mnk\": 2e9, \"fp8_gemm_eff_max\": 0.5,"
-      " \"attention_eff\": 0.5, \"hbm_eff\": 1.0, \"link_eff\": 1.0, \"kernel_overhead_us\": 5,"
-      " \"comm_overhead_us\": 0, \"frag_factor\": 1.0, \"source\": \"test\", \"grouped_gemm_tile_m\": 128,"
-      " \"grouped_gemm_streams\": %d}";
-  mp_stack_profile one, te;
-  char text[1024];
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  snprintf(text, sizeof text, base, 0);
-  ASSERT_EQ(mp_stack_from_text(&ctx, text, "te-test", &one), MP_OK) << mp_errmsg(&ctx);
-  snprintf(text, sizeof text, base, 4);
-  ASSERT_EQ(mp_stack_from_text(&ctx, text, "te-test", &te), MP_OK) << mp_errmsg(&ctx);
+  const mp_stack_profile one = TeStack(0), te = TeStack(4);
   const mp_gpu g = Gpu();
   const mp_op op = Grouped(MP_VAR_FWD, 512, 1536, 4096, 16, MP_DTYPE_BF16);
   EXPECT_NEAR(op.bytes, 293601280.0, 0.5);
@@ -352,6 +358,38 @@ TEST(MoeCost, TransformerEngineLaunchesAGemmPerExpert) {
   dense.grouped = 0;
   EXPECT_DOUBLE_EQ(mp_sim_compute_op_s(&dense, &g, &te), mp_sim_compute_op_s(&dense, &g, &one));
   EXPECT_EQ(mp_sim_op_launches(&dense, &te), 1.0);
+}
+
+// Transformer Engine's GroupedLinear quantizes expert by expert (tex.split_quantize, one
+// kernel a split outside delayed scaling: exec/schedule_ops.c te_expert_casts): a grouped
+// float8 cast launches a kernel for each of its experts whatever the GEMM streams. Qwen3-30B-
+// A3B's experts' fc1 input cast under blockwise, 16 local experts of 2048 rows of 2048: 67,108,864
+// elements, 2 + 1 + 1 + 8/128 bytes each = 272,629,760 bytes at 3.35e12: 81.3820 us (its FLOPs,
+// 4 an element at 60e12: 4.4739 us, below); one launch 5 us: 86.3820 us; 16 launches 80 us:
+// 161.3820 us, on both stacks (streams 0 and 4).
+TEST(MoeCost, TransformerEngineQuantizesPerExpert) {
+  const mp_gpu g = Gpu();
+  mp_op cast;
+  memset(&cast, 0, sizeof cast);
+  cast.type = MP_OP_COMPUTE;
+  cast.kernel = MP_KERNEL_FP8_CAST;
+  cast.dtype = MP_DTYPE_BF16;
+  cast.m = 67108864;
+  cast.batch = 1;
+  cast.flops = 4.0 * 67108864.0;
+  cast.bytes = (4.0 + 8.0 / 128.0) * 67108864.0;
+  EXPECT_DOUBLE_EQ(cast.bytes, 272629760.0);
+  for (int streams : {0, 4}) {
+    const mp_stack_profile p = TeStack(streams);
+    mp_op one = cast;
+    EXPECT_NEAR(mp_sim_compute_op_s(&one, &g, &p), 86.38201791e-6, 1e-11) << streams;
+    EXPECT_EQ(mp_sim_op_launches(&one, &p), 1.0);
+    mp_op per_expert = cast;
+    per_expert.batch = 16;
+    per_expert.grouped = 1;
+    EXPECT_NEAR(mp_sim_compute_op_s(&per_expert, &g, &p), 161.38201791e-6, 1e-11) << streams;
+    EXPECT_EQ(mp_sim_op_launches(&per_expert, &p), 16.0);
+  }
 }
 
 // A stream count outside 0..64 is refused naming the key.
