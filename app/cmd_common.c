@@ -278,6 +278,15 @@ mp_status mp_cmd_ddp_bucket_prep(mp_ctx *ctx, const struct mp_stack_profile *pro
   return mp_cmd_ddp_bucket_size(ctx, prof, bucket_size, o);
 }
 
+mp_status mp_cmd_wgrad_unfused(mp_ctx *ctx, const struct mp_stack_profile *prof, mp_plan_options *o) {
+  if (prof->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_USAGE, "--no-gradient-accumulation-fusion turns off Megatron-LM's gradient "
+                    "accumulation fusion; stack %s does not run it: use megatron-core or megatron-lm, or drop it",
+                    prof->name);
+  o->ddp.wgrad_unfused = 1;
+  return MP_OK;
+}
+
 mp_status mp_cmd_ddp_bucket_size(mp_ctx *ctx, const struct mp_stack_profile *prof, int64_t size,
                                  mp_plan_options *o) {
   if (size <= 0) return MP_OK;
@@ -295,6 +304,7 @@ mp_status mp_cmd_ce_fusion(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp
   MP_CHECK(mp_cmd_ddp_bucket_prep(ctx, prof, mp_args_has(spec, "--ddp-average-in-collective"),
                                   mp_args_has(spec, "--no-check-for-nan-in-loss-and-grad"),
                                   mp_args_has(spec, "--align-param-gather"), bucket, o));
+  if (mp_args_has(spec, "--no-gradient-accumulation-fusion")) MP_CHECK(mp_cmd_wgrad_unfused(ctx, prof, o));
   return mp_args_has(spec, "--cross-entropy-loss-fusion") ? mp_cmd_fuse_loss(ctx, prof, o) : MP_OK;
 }
 

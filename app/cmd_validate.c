@@ -33,7 +33,8 @@
  * absent: off), ddp_average_in_collective (1: Megatron-LM's --ddp-average-in-collective) and
  * ddp_check_grads (0: its --no-check-for-nan-in-loss-and-grad; empty or absent: the stack's),
  * ddp_align_param_gather (1: its --align-param-gather; empty or absent: off), ddp_bucket_size
- * (its --ddp-bucket-size in elements; empty or absent: one bucket a block), recompute_modules
+ * (its --ddp-bucket-size in elements; empty or absent: one bucket a block), grad_accum_fusion
+ * (0: its --no-gradient-accumulation-fusion; empty or absent: the stack's), recompute_modules
  * (Megatron-Core's output-discarding recompute modules split by spaces, layernorm mla_up_proj
  * moe_act; empty or absent: none), fp8_act_cache (1: DeepSeek-V3's float8 activation cache;
  * empty or absent: off), optimizer_moments (fp32 or bf16: AdamW's moments; empty or absent:
@@ -145,6 +146,26 @@ static mp_status read_mesh(mp_ctx *ctx, const char *where, const mp_vrow *v, mp_
   return MP_OK;
 }
 
+/* The Megatron-LM and Megatron-Core options a row states beside its mesh: the fused loss,
+ * the DDP's (averaging, NaN check, aligned gathers, buckets, gradient accumulation fusion),
+ * the recompute modules, CUDA graphs, NCCL communicators' caps and userbuffers; each refusal
+ * prefixed with the row. */
+static mp_status megatron_run_options(mp_ctx *ctx, const char *where, const mp_vrow *v, row_job *j) {
+  mp_plan_options *o = &j->o;
+  if ((v->ce_fusion == 1 && mp_cmd_fuse_loss(ctx, &j->prof, o) != MP_OK) ||
+      mp_cmd_ddp_bucket_prep(ctx, &j->prof, v->ddp_average_in_collective == 1, v->ddp_check_grads == 0,
+                             v->ddp_align_param_gather == 1, v->ddp_bucket_size, o) != MP_OK ||
+      (v->grad_accum_fusion == 0 && mp_cmd_wgrad_unfused(ctx, &j->prof, o) != MP_OK) ||
+      (v->recompute_modules[0] && mp_recompute_modules_parse(ctx, v->recompute_modules, o) != MP_OK) ||
+      (v->cuda_graphs[0] && mp_cmd_cuda_graphs(ctx, &j->prof, v->cuda_graphs, o) != MP_OK) ||
+      (v->nccl_ctas[0] && mp_sim_nccl_ctas_parse(ctx, v->nccl_ctas, j->prof.nccl_group_ctas) != MP_OK) ||
+      (v->ub_cfg[0] && mp_cmd_ub_cfg_text(ctx, &j->prof, v->ub_cfg) != MP_OK)) {
+    mp_error_prefix(ctx, "%s", where);
+    return ctx->last;
+  }
+  return MP_OK;
+}
+
 /* The plan options of a row: AC, float8, SP, the pipeline schedule, seq and batch, over
  * the stack's. */
 static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, row_job *j) {
@@ -193,19 +214,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (v->fsdp_reduce_dtype[0] && !mp_cmd_fp32_bf16_parse(v->fsdp_reduce_dtype, &o->fsdp.reduce_dtype))
     return mp_error(ctx, MP_ERR_INVALID, "%s: fsdp_reduce_dtype '%s': expected fp32 or bf16", where,
                     v->fsdp_reduce_dtype);
-  if ((v->ce_fusion == 1 && mp_cmd_fuse_loss(ctx, &j->prof, o) != MP_OK) ||
-      mp_cmd_ddp_bucket_prep(ctx, &j->prof, v->ddp_average_in_collective == 1, v->ddp_check_grads == 0,
-                             v->ddp_align_param_gather == 1, v->ddp_bucket_size, o) != MP_OK) {
-    mp_error_prefix(ctx, "%s", where);
-    return ctx->last;
-  }
-  if ((v->recompute_modules[0] && mp_recompute_modules_parse(ctx, v->recompute_modules, o) != MP_OK) ||
-      (v->cuda_graphs[0] && mp_cmd_cuda_graphs(ctx, &j->prof, v->cuda_graphs, o) != MP_OK) ||
-      (v->nccl_ctas[0] && mp_sim_nccl_ctas_parse(ctx, v->nccl_ctas, j->prof.nccl_group_ctas) != MP_OK) ||
-      (v->ub_cfg[0] && mp_cmd_ub_cfg_text(ctx, &j->prof, v->ub_cfg) != MP_OK)) {
-    mp_error_prefix(ctx, "%s", where);
-    return ctx->last;
-  }
+  MP_CHECK(megatron_run_options(ctx, where, v, j));
   if (v->async_tp == 1 && !j->prof.async_tp)
     return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp = 1: stack %s does not run AsyncTP "
                     "(torchtitan-compile and megatron-core do)", where, j->prof.name);

@@ -120,6 +120,10 @@ void mp_cmd_stack_runs_str(const mp_plan_options *b, char *buf, size_t cap);
 mp_status mp_cmd_fuse_loss(mp_ctx *ctx, const struct mp_stack_profile *prof, mp_plan_options *o);
 mp_status mp_cmd_ddp_bucket_prep(mp_ctx *ctx, const struct mp_stack_profile *prof, int average_in_collective,
                                  int no_check, int align, int64_t bucket_size, mp_plan_options *o);
+/* Megatron-LM's --no-gradient-accumulation-fusion: o->ddp.wgrad_unfused on (exec/plan.h);
+ * MP_ERR_USAGE naming the stack where it does not run Megatron-LM's memory model.
+ * mp_cmd_ce_fusion applies it where the command line gives it. */
+mp_status mp_cmd_wgrad_unfused(mp_ctx *ctx, const struct mp_stack_profile *prof, mp_plan_options *o);
 /* Megatron-LM's --ddp-bucket-size (size elements, > 0) into o->ddp.bucket_size; 0 leaves one
  * bucket a block. Usage error under a stack that does not run Megatron-LM's DDP. */
 mp_status mp_cmd_ddp_bucket_size(mp_ctx *ctx, const struct mp_stack_profile *prof, int64_t size,

@@ -224,6 +224,7 @@ static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
   if (!o->ddp.scale_grads) mp_emit_printf(b, "--ddp-average-in-collective\n");
   if (!o->ddp.check_grads) mp_emit_printf(b, "--no-check-for-nan-in-loss-and-grad\n");
   if (o->ddp.align_param_gather) mp_emit_printf(b, "--align-param-gather\n");
+  if (o->ddp.wgrad_unfused) mp_emit_printf(b, "--no-gradient-accumulation-fusion\n");
   if (o->ddp.bucket_size > 0) mp_emit_printf(b, "--ddp-bucket-size %lld\n", (long long)o->ddp.bucket_size);
   if (o->fsdp.reduce_dtype == MP_DTYPE_BF16) mp_emit_printf(b, "--grad-reduce-in-bf16\n");
   /* attn is Transformer Engine's graphs the training loop captures (training.py,

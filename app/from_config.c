@@ -83,6 +83,7 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
     if (p->ddp_average) add(f, "--ddp-average-in-collective", NULL);
     if (p->ddp_no_check) add(f, "--no-check-for-nan-in-loss-and-grad", NULL);
     if (p->ddp_align) add(f, "--align-param-gather", NULL);
+    if (p->wgrad_unfused) add(f, "--no-gradient-accumulation-fusion", NULL);
     if (p->ddp_bucket > 0) add(f, "--ddp-bucket-size", "%lld", (long long)p->ddp_bucket);
     if (p->grad_bf16) add(f, "--fsdp-reduce-dtype", "bf16");
     if (p->reshard == 0) add(f, "--no-reshard", NULL);
@@ -105,11 +106,11 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
     return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches eager launches; CUDA graphs "
                     "(--enable-cuda-graph, --external-cuda-graph) are simulate's and explain's --cuda-graphs %s",
                     p->cuda_graphs);
-  if (p->ce_fusion || p->ddp_average || p->ddp_no_check || p->ddp_align || p->ddp_bucket > 0)
+  if (p->ce_fusion || p->ddp_average || p->ddp_no_check || p->ddp_align || p->ddp_bucket > 0 || p->wgrad_unfused)
     return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches the stack's own cross-entropy and DDP; "
                     "--cross-entropy-loss-fusion, --ddp-average-in-collective, "
-                    "--no-check-for-nan-in-loss-and-grad, --align-param-gather and --ddp-bucket-size are simulate's "
-                    "and explain's options of those names");
+                    "--no-check-for-nan-in-loss-and-grad, --align-param-gather, --ddp-bucket-size and "
+                    "--no-gradient-accumulation-fusion are simulate's and explain's options of those names");
   if (p->grad_bf16)
     return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches fp32 main gradients; "
                     "--grad-reduce-in-bf16 is simulate's and explain's --fsdp-reduce-dtype bf16");

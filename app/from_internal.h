@@ -44,6 +44,7 @@ typedef struct mp_from_plan {
   int ddp_average, ddp_no_check; /* 1: Megatron-LM's --ddp-average-in-collective,
                                     --no-check-for-nan-in-loss-and-grad (simulate's too) */
   int ddp_align;          /* 1: Megatron-LM's --align-param-gather (simulate's too) */
+  int wgrad_unfused;      /* 1: Megatron-LM's --no-gradient-accumulation-fusion (simulate's too) */
   int64_t ddp_bucket;     /* Megatron-LM's --ddp-bucket-size in elements (simulate's too); 0: not given */
   int grad_bf16;          /* 1: Megatron-LM's --grad-reduce-in-bf16 (simulate's --fsdp-reduce-dtype bf16) */
   char ignored[2048];     /* keys read that change no cost, ", "-separated */

@@ -54,6 +54,7 @@ static const struct {
     {"--cross-entropy-loss-fusion", 0, MG_MAP}, {"--cross-entropy-fusion-impl", 1, MG_MAP},
     {"--ddp-average-in-collective", 0, MG_MAP}, {"--no-check-for-nan-in-loss-and-grad", 0, MG_MAP},
     {"--grad-reduce-in-bf16", 0, MG_MAP}, {"--align-param-gather", 0, MG_MAP},
+    {"--no-gradient-accumulation-fusion", 0, MG_MAP},
     {"--ddp-bucket-size", 1, MG_MAP},
     {"--enable-cuda-graph", 0, MG_MAP}, {"--external-cuda-graph", 0, MG_MAP}, {"--cuda-graph-scope", 1, MG_MAP},
     /* the eager steps before the graphs are captured are not the steady state priced */
@@ -466,6 +467,7 @@ static mp_status read_stack(mp_ctx *ctx, const mg_args *a, const char *origin, m
   p->ddp_average = has(a, "--ddp-average-in-collective");
   p->ddp_no_check = has(a, "--no-check-for-nan-in-loss-and-grad");
   p->ddp_align = has(a, "--align-param-gather");
+  p->wgrad_unfused = has(a, "--no-gradient-accumulation-fusion");
   p->grad_bf16 = has(a, "--grad-reduce-in-bf16");
   return get_int(ctx, a, origin, "--ddp-bucket-size", 0, 1, MP_LIM_PARAMS, &p->ddp_bucket);
 }

@@ -185,7 +185,11 @@
   { "--ddp-bucket-size", "N", "Megatron-LM's option of that name, in elements (with overlapped " \
     "reduction): each block's parameters grouped into buckets in reverse order, one closing once it " \
     "holds N, each gathered and reduced by its own collective (default: one bucket a block; " \
-    "megatron-core, megatron-lm)", NULL }
+    "megatron-core, megatron-lm)", NULL },                                                         \
+  { "--no-gradient-accumulation-fusion", NULL, "Megatron-LM's option of that name: each weight " \
+    "gradient written in bf16 and moved into the main_grad by a kernel of its own (a copy under "   \
+    "Megatron FSDP, an add under its DDP), where the stack's fusion accumulates it in the GEMM "     \
+    "(megatron-core, megatron-lm)", NULL }
 /* simulate, explain and plan: the channels of Megatron-Core's NCCL communicators (mp_cmd_nccl_ctas) */
 #define MP_OPT_NCCL_CTAS                                                                           \
   { "--nccl-ctas", "LIST", "each NCCL communicator's max_ctas as Megatron-Core's "                \

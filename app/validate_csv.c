@@ -158,6 +158,7 @@ static mp_status read_megatron_run(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_flag(r, "ddp_average_in_collective", &row->ddp_average_in_collective));
   MP_CHECK(opt_flag(r, "ddp_check_grads", &row->ddp_check_grads));
   MP_CHECK(opt_flag(r, "ddp_align_param_gather", &row->ddp_align_param_gather));
+  MP_CHECK(opt_flag(r, "grad_accum_fusion", &row->grad_accum_fusion));
   row->ddp_bucket_size = 0;
   const char *bs = field(r, "ddp_bucket_size");
   if (bs && bs[0]) MP_CHECK(int_in(r, "ddp_bucket_size", bs, 1, MP_LIM_PARAMS, &row->ddp_bucket_size));

@@ -406,6 +406,14 @@ typedef struct mp_ddp_options {
                           block, meshplan's reading of Megatron's default of max(4e7,
                           1e6 x dp) elements (distributed_data_parallel.py). Simulate's
                           --ddp-bucket-size, validate's "ddp_bucket_size" */
+  int wgrad_unfused;   /* Megatron-LM's --no-gradient-accumulation-fusion: each weight-gradient
+                          GEMM writes the bf16 param.grad and the parameter's hook moves it into
+                          the main_grad in its own kernel (exec/schedule_ops.c,
+                          unfused_grad_accum), where the stack's fusion (wgrad_accum_fp32)
+                          accumulates in the GEMM. Megatron-LM asserts it under Megatron FSDP's
+                          optim_grads_params before core_v0.14 (megatron/training/arguments.py
+                          core_v0.13.0). Off by default; simulate's
+                          --no-gradient-accumulation-fusion, validate's "grad_accum_fusion" 0 */
 } mp_ddp_options;
 
 /* Megatron-Core's FSDP (Megatron FSDP, --use-megatron-fsdp; --use-custom-fsdp before

@@ -356,6 +356,26 @@ void mp_sched_linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, 
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 0);
 }
 
+/* Megatron-LM without gradient accumulation fusion (the plan's ddp.wgrad_unfused): the
+ * weight-gradient GEMM writes the bf16 param.grad (its own op's bytes), and the parameter's
+ * hook then moves it into the main_grad in the run's gradient dtype (fsdp.reduce_dtype):
+ * Megatron FSDP under optim_grads_params copies it (megatron/core/distributed/fsdp/src/
+ * megatron_fsdp/megatron_fsdp.py core_v0.14.0, _grad_acc: main_grad.copy_, as
+ * custom_fsdp/fully_sharded_data_parallel.py core_v0.13.0), Megatron's DDP and distributed
+ * optimizer add it (distributed_data_parallel.py core_v0.14.0: main_grad.add_): a read of
+ * the 2-byte gradient and a write of the main_grad, the add reading it too. One kernel a
+ * parameter: `batch` for a layer's routed experts, each expert its own weight
+ * (Transformer Engine's GroupedLinear weight0..weightN). */
+static void unfused_grad_accum(gen *g, int module, int64_t out, int64_t in, int64_t batch) {
+  if (!g->p->opts.ddp.wgrad_unfused) return;
+  const int add = !mp_plan_is_megatron_fsdp(g->p);
+  const double main_grad = (double)mp_dtype_bytes(g->p->opts.fsdp.reduce_dtype);
+  const int64_t e = out * in;
+  const int32_t i = elementwise(g, MP_KERNEL_COPY, MP_VAR_BWD, module, e, add ? 1.0 : 0.0,
+                                (2.0 + main_grad * (add ? 2.0 : 1.0)) * (double)e);
+  if (batch > 1) g->ops[i].count = (uint16_t)batch;
+}
+
 /* Transformer Engine's casts in a Linear's backward: dy with its transposed copy (gathered
  * in float8 under SP: its transpose here); the weight's copies kept from the forward; the
  * input's transposed copy made here where the forward wrote only the row-major one
@@ -379,6 +399,7 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
   if (!f8) {
     gemm(g, MP_VAR_DGRAD, module, m, in, out, batch, MP_DTYPE_BF16);
     gemm(g, MP_VAR_WGRAD, module, out, in, (int64_t)ceil(m), batch, MP_DTYPE_BF16);
+    unfused_grad_accum(g, module, out, in, batch);
     return;
   }
   const int64_t mi = (int64_t)ceil(m) * batch;
@@ -400,6 +421,7 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
     if (!(g->fp8_scope & (1u << src))) mp_sched_rt_f8_cast(g, module, x, 0, 1, MP_VAR_BWD);
     mp_sched_rt_f8_act(g, module, x);
     gemm(g, MP_VAR_WGRAD, module, out, in, (int64_t)ceil(m), batch, MP_DTYPE_FP8_E5M2);
+    unfused_grad_accum(g, module, out, in, batch);
     pair(g, MP_MEM_FP8, BUF_F8_W, wb, 0);
     pair(g, MP_MEM_FP8, BUF_F8_DY, db, 0);
     return;
@@ -440,6 +462,7 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
    * spread over the batch of experts. */
   gemm(g, MP_VAR_WGRAD, module, out, in, (int64_t)ceil(m), batch, MP_DTYPE_FP8_E5M2);
   rowwise_post_scale(g, module, w);
+  unfused_grad_accum(g, module, out, in, batch);
   pair(g, MP_MEM_FP8, BUF_FP8, fb, 0);
 }
 

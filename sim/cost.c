@@ -46,7 +46,8 @@ typedef struct op_costs {
   double hbm_k[MP_KERNEL_COUNT];   /* per kernel class: hbm, or its own efficiency's */
   int tile_m, tile_k;              /* the stack's grouped-GEMM tile (token rows, reduction) */
   int grouped_streams;             /* its per-expert kernels' streams (0: one kernel) */
-  int wgrad_fp32;                  /* weight gradients accumulate into fp32 (sim.h) */
+  double wgrad_accum_bytes;        /* bytes an element a fused weight-gradient accumulation
+                                      adds over a bf16 write (mp_sim_wgrad_accum_bytes) */
 } op_costs;
 
 /* An efficiency carried from the stack's fit GPU to this one (sim/stack.h): eff x ratio,
@@ -91,16 +92,33 @@ static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *
   k->tile_m = p->grouped_tile_m;
   k->tile_k = p->grouped_tile_k;
   k->grouped_streams = p->grouped_streams;
-  k->wgrad_fp32 = p->wgrad_accum_fp32;
+  k->wgrad_accum_bytes = mp_sim_wgrad_accum_bytes(p, NULL);
 }
 
-/* The HBM bytes of an op. A weight gradient accumulated into fp32 (sim.h, wgrad_accum_fp32)
- * reads and writes its [m x n] output per expert as 4-byte elements: 8 bytes an element
- * where mp_gemm_bytes counts the 2 of a bf16 write, so 6 more. */
+/* The main_grad a fused weight-gradient accumulation reads and writes has the run's gradient
+ * dtype: Megatron-LM allocates it as fp32 under grad_reduce_in_fp32 and as the parameter's
+ * dtype without it (--grad-reduce-in-bf16, NeMo's grad_reduce_in_fp32=False: the plan's
+ * fsdp.reduce_dtype; megatron/core/distributed/distributed_data_parallel.py core_v0.14.0,
+ * grad_dtype, and Megatron FSDP's main_grads_dtype alike), and Transformer Engine's
+ * weight-gradient GEMM writes it in that dtype with accumulate (out_dtype = main_grad.dtype,
+ * out = main_grad: transformer_engine/pytorch/module/linear.py and layernorm_linear.py v2.5;
+ * grouped_linear.py hands the main_grads themselves as the outputs). So an element costs a
+ * read and a write of that dtype: 8 bytes in fp32, 6 more than the bf16 write mp_gemm_bytes
+ * counts; 4 in bf16, 2 more. */
+double mp_sim_wgrad_accum_bytes(const mp_stack_profile *p, const mp_plan *plan) {
+  if (!p->wgrad_accum_fp32 || (plan && plan->opts.ddp.wgrad_unfused)) return 0.0;
+  const mp_dtype main_grad = plan ? plan->opts.fsdp.reduce_dtype : MP_DTYPE_FP32;
+  return 2.0 * (double)mp_dtype_bytes(main_grad) - 2.0;
+}
+
+/* The HBM bytes of an op. A weight gradient accumulated into the main_grad (sim.h,
+ * wgrad_accum_fp32) reads and writes its [m x n] output per expert in the main_grad's dtype:
+ * wgrad_accum_bytes more an element than the 2 of the bf16 write mp_gemm_bytes counts. */
 static double op_bytes(const mp_op *op, const op_costs *k) {
-  if (!k->wgrad_fp32 || op->kernel != MP_KERNEL_GEMM || op->variant != MP_VAR_WGRAD) return op->bytes;
+  if (!(k->wgrad_accum_bytes > 0.0) || op->kernel != MP_KERNEL_GEMM || op->variant != MP_VAR_WGRAD)
+    return op->bytes;
   const double batch = (double)(op->batch > 0 ? op->batch : 1);
-  return op->bytes + 6.0 * (double)op->m * (double)op->n * batch;
+  return op->bytes + k->wgrad_accum_bytes * (double)op->m * (double)op->n * batch;
 }
 
 /* A grouped expert GEMM (mp_op.grouped) is one launch over `batch` experts, each its own
@@ -206,10 +224,16 @@ static inline double op_compute_s(const mp_op *op, const op_costs *k, int *sm_bo
   return (t_flops > t_bytes ? t_flops : t_bytes) + t_launch;
 }
 
-double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p) {
+double mp_sim_compute_op_in_plan_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p,
+                                   const mp_plan *plan) {
   op_costs k;
   op_costs_init(&k, g, p);
+  k.wgrad_accum_bytes = mp_sim_wgrad_accum_bytes(p, plan);
   return op_compute_s(op, &k, NULL);
+}
+
+double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p) {
+  return mp_sim_compute_op_in_plan_s(op, g, p, NULL);
 }
 
 mp_status mp_sim_resolve_stack(mp_ctx *ctx, const mp_sim_config *cfg, const mp_stack_profile **out) {
@@ -751,6 +775,7 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
   const double act_factor = prof->saved_act_factor > 0 ? prof->saved_act_factor : 1.0;
   op_costs kc, kg;
   op_costs_init(&kc, &cl->gpu, prof);
+  kc.wgrad_accum_bytes = mp_sim_wgrad_accum_bytes(prof, s->plan);
   const mp_cuda_graphs graphs = s->plan->opts.cuda_graphs;
   MP_CHECK(graph_costs(ctx, prof, graphs, &kc, &kg));
   const int contended = prof->nccl_sm_contention && cl->gpu.sms > 0 && !mp_gpu_is_cpu(&cl->gpu);

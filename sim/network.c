@@ -276,17 +276,25 @@ int mp_sim_nccl_cap(const mp_stack_profile *p, mp_group g) {
 /* Megatron-Core's communicator names (parallel_state.py get_nccl_options, core_v0.14.0) and
  * the groups of the schedule that run on them: "dp" the data-parallel group without CP;
  * "dp_cp" the one with CP, on which its DDP reduces and gathers (distributed_data_parallel.py:
- * dp_cp_group, also at cp 1, where the schedule names it dp_replicate, exec/pass_ddp.c);
- * "ep_dp" the experts' data-parallel group. */
+ * dp_cp_group, also at cp 1, where the schedule names it dp_replicate, exec/pass_ddp.c), and
+ * on which Megatron FSDP gathers and reduce-scatters the dense weights (the schedule's fsdp
+ * group: mcore_fsdp_adapter.py, core_v0.14.0 and core_v0.16.0, builds its device mesh's
+ * dp_cp dimension from get_data_parallel_group(with_context_parallel=True)); "ep_dp" the
+ * experts' data-parallel group, which also carries Megatron FSDP's expert weights (the
+ * schedule's efsdp group: core_v0.16.0's adapter builds expt_dp from
+ * get_expert_data_parallel_group()). */
 static const struct {
   const char *name;
-  mp_group g[2];
+  mp_group g[3];
   int n;
 } kNcclComms[] = {
-    {"dp", {MP_GROUP_DP}, 1},      {"dp_cp", {MP_GROUP_DP_CP, MP_GROUP_DP_REPLICATE}, 2},
-    {"tp", {MP_GROUP_TP}, 1},      {"cp", {MP_GROUP_CP}, 1},
-    {"pp", {MP_GROUP_PP}, 1},      {"ep", {MP_GROUP_EP}, 1},
-    {"ep_dp", {MP_GROUP_EDP}, 1},
+    {"dp", {MP_GROUP_DP}, 1},
+    {"dp_cp", {MP_GROUP_DP_CP, MP_GROUP_DP_REPLICATE, MP_GROUP_FSDP}, 3},
+    {"tp", {MP_GROUP_TP}, 1},
+    {"cp", {MP_GROUP_CP}, 1},
+    {"pp", {MP_GROUP_PP}, 1},
+    {"ep", {MP_GROUP_EP}, 1},
+    {"ep_dp", {MP_GROUP_EDP, MP_GROUP_EFSDP}, 2},
 };
 
 mp_status mp_sim_nccl_ctas_parse(mp_ctx *ctx, const char *text, int caps[MP_GROUP_COUNT]) {

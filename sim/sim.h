@@ -240,7 +240,9 @@ typedef struct mp_stack_profile {
    * Transformer Engine's Linear and GroupedLinear the fp32 main_grad as the GEMM's output
    * with accumulate (fuse_wgrad_accumulation, megatron/core/extensions/transformer_engine.py
    * of core_v0.14), so every micro-batch's weight gradient reads and writes 4-byte elements
-   * where an unfused GEMM writes 2-byte ones (sim/cost.c). */
+   * where an unfused GEMM writes 2-byte ones; 2-byte ones where the run keeps its main_grad
+   * in bf16 (--grad-reduce-in-bf16, the plan's fsdp.reduce_dtype; sim/cost.c,
+   * wgrad_accum_main_grad). */
   int wgrad_accum_fp32;
   /* What Megatron-LM's DDP does to each gradient bucket on the compute stream before
    * reducing it (JSON "ddp_scale_grads" and "ddp_check_grads", optional, default false; the
@@ -494,6 +496,15 @@ mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor,
  * attention runs at attention_eff of the bf16 peak; other kernels at the fp32 (CUDA-core)
  * peak. */
 double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p);
+/* The same under plan's options where they price the op (NULL: the defaults): a weight
+ * gradient accumulated into the main_grad in the plan's gradient dtype. */
+double mp_sim_compute_op_in_plan_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p,
+                                   const mp_plan *plan);
+/* The bytes an element a weight-gradient GEMM adds over its bf16 write under stack p's
+ * gradient accumulation fusion (wgrad_accum_fp32): a read and a write of the main_grad in
+ * plan's gradient dtype (fsdp.reduce_dtype; NULL: fp32), 6 in fp32, 2 in bf16; 0 without the
+ * fusion, the stack's or the plan's (ddp.wgrad_unfused: the hook's copy is its own op). */
+double mp_sim_wgrad_accum_bytes(const mp_stack_profile *p, const mp_plan *plan);
 /* The kernels compute op `op` launches under stack p, each paying the stack's
  * kernel_overhead: a grouped expert GEMM's experts where the stack launches a GEMM per expert
  * (grouped_gemm_streams > 0), else 1. */

@@ -123,3 +123,70 @@ TEST(MegatronDdp, BucketSizeSplitsEachBlocksCollectives) {
 }
 
 }  // namespace
+
+namespace {
+
+// The kernels --no-gradient-accumulation-fusion adds to one micro-batch of the plan on mesh
+// spec (llama3.1-8b on 8 H100s under megatron-core, one 4096-token sequence a rank): the
+// copy kernels that follow a weight-gradient GEMM, their count (each op's `count` launches),
+// elements, bytes and FLOPs; and the fused-accumulation bytes the plan leaves the GEMMs.
+struct Unfused {
+  int64_t n = 0;
+  double elems = 0, bytes = 0, flops = 0, fused_bytes = -1;
+};
+Unfused UnfusedOps(const char *spec, int unfused) {
+  PlanCase k("llama3.1-8b", "h100-8", spec);
+  MegatronCore(k, 8);
+  k.o.ddp.wgrad_unfused = unfused;
+  mp_plan *p = nullptr;
+  EXPECT_EQ(mp_build_plan(&k.ctx, &k.m, &k.mesh, &k.o, &p), MP_OK) << mp_errmsg(&k.ctx);
+  Unfused u;
+  if (!p) return u;
+  mp_arena *a = mp_arena_create();
+  mp_schedule *s = nullptr;
+  EXPECT_EQ(mp_schedule_build(&k.ctx, p, 0, MP_SCHEDULE_EXPANDED, a, &s), MP_OK) << mp_errmsg(&k.ctx);
+  for (int32_t i = 1; s && i < s->n_ops; i++) {
+    const mp_op *op = &s->ops[i], *prev = &s->ops[i - 1];
+    if (op->type != MP_OP_COMPUTE || op->kernel != MP_KERNEL_COPY || prev->type != MP_OP_COMPUTE ||
+        prev->kernel != MP_KERNEL_GEMM || prev->variant != MP_VAR_WGRAD)
+      continue;
+    const int c = op->count > 1 ? op->count : 1;
+    u.n += c;
+    u.elems += c * (double)op->m;
+    u.bytes += c * op->bytes;
+    u.flops += c * op->flops;
+  }
+  u.fused_bytes = mp_sim_wgrad_accum_bytes(&k.prof, p);
+  mp_arena_destroy(a);
+  mp_plan_destroy(p);
+  return u;
+}
+
+}  // namespace
+
+// Megatron-LM's --no-gradient-accumulation-fusion: each weight-gradient GEMM writes the bf16
+// param.grad and the parameter's hook moves it into the fp32 main_grad in a kernel of its
+// own, and the GEMM no longer accumulates (its 6 extra bytes an element go). llama3.1-8b's
+// Linears a block: q 4096 x 4096, k and v 1024 x 4096, o 4096 x 4096, gate and up 14336 x
+// 4096, down 4096 x 14336: 218,103,808 elements, 7 kernels; the output layer 128256 x 4096 =
+// 525,336,576, one more: 32 x 218,103,808 + 525,336,576 = 7,504,658,432 elements in
+// 32 x 7 + 1 = 225 kernels. Megatron FSDP (optim_grads_params) copies (megatron_fsdp.py
+// core_v0.14.0, main_grad.copy_): a 2-byte read and a 4-byte write, 45,027,950,592 bytes, no
+// FLOPs; Megatron's DDP adds (distributed_data_parallel.py: main_grad.add_), reading the
+// main_grad too: 10 bytes and one FLOP an element, 75,046,584,320 bytes. With the fusion
+// none, and the GEMMs keep their 6 bytes.
+TEST(MegatronDdp, UnfusedWeightGradientsMoveIntoTheMainGrad) {
+  const Unfused fsdp = UnfusedOps("dp_shard=8", 1);
+  EXPECT_EQ(fsdp.n, 225);
+  EXPECT_EQ(fsdp.elems, 7504658432.0);
+  EXPECT_EQ(fsdp.bytes, 45027950592.0);
+  EXPECT_EQ(fsdp.flops, 0.0);
+  EXPECT_EQ(fsdp.fused_bytes, 0.0);
+  const Unfused ddp = UnfusedOps("dp_replicate=8", 1);
+  EXPECT_EQ(ddp.n, 225);
+  EXPECT_EQ(ddp.bytes, 75046584320.0);
+  EXPECT_EQ(ddp.flops, 7504658432.0);
+  const Unfused fused = UnfusedOps("dp_shard=8", 0);
+  EXPECT_EQ(fused.n, 0);
+  EXPECT_EQ(fused.fused_bytes, 6.0);
+}

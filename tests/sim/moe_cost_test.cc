@@ -421,6 +421,35 @@ TEST(MoeCost, FusedWeightGradientAccumulatesInFp32) {
   EXPECT_DOUBLE_EQ(mp_sim_compute_op_s(&fwd, &g, &fused), mp_sim_compute_op_s(&fwd, &g, &plain));
 }
 
+// The main_grad the fusion accumulates into has the run's gradient dtype: bf16 under
+// --grad-reduce-in-bf16 (the plan's fsdp.reduce_dtype; distributed_data_parallel.py
+// core_v0.14.0 grad_dtype), which Transformer Engine's GEMM reads and writes as 2-byte
+// elements (linear.py v2.5: out_dtype = main_grad.dtype, out = main_grad, accumulate). The
+// bytes an element over the bf16 write: fp32 2 x 4 - 2 = 6, bf16 2 x 2 - 2 = 2, none without
+// the fusion. The same 16-expert gate as above into bf16:
+//   293,601,280 + 16 x 1536 x 4096 x 2 = 494,927,872 bytes at 3.35e12: 147.7397 us, under
+//   the 206.1584 us of its FLOPs: compute-bound where the fp32 main_grad made it memory-bound.
+TEST(MoeCost, FusedWeightGradientAccumulatesInTheMainGradDtype) {
+  const mp_gpu g = Gpu();
+  const mp_stack_profile plain = Stack("\"memory_model\": \"megatron\", \"grouped_gemm_tile_k\": 64");
+  const mp_stack_profile fused =
+      Stack("\"memory_model\": \"megatron\", \"grouped_gemm_tile_k\": 64, \"wgrad_accum_fp32\": true");
+  static mp_plan fp32, bf16;  // zeroed; only the gradient dtype is read
+  fp32.opts.fsdp.reduce_dtype = MP_DTYPE_FP32;
+  bf16.opts.fsdp.reduce_dtype = MP_DTYPE_BF16;
+  EXPECT_EQ(mp_sim_wgrad_accum_bytes(&fused, &fp32), 6.0);
+  EXPECT_EQ(mp_sim_wgrad_accum_bytes(&fused, nullptr), 6.0);
+  EXPECT_EQ(mp_sim_wgrad_accum_bytes(&fused, &bf16), 2.0);
+  EXPECT_EQ(mp_sim_wgrad_accum_bytes(&plain, &bf16), 0.0);
+  const mp_op small = Grouped(MP_VAR_WGRAD, 1536, 4096, 512, 16, MP_DTYPE_BF16);
+  EXPECT_NEAR(mp_sim_compute_op_in_plan_s(&small, &g, &fused, &fp32), 897581056.0 / 3350e9, 1e-12);
+  EXPECT_NEAR(mp_sim_compute_op_in_plan_s(&small, &g, &fused, &bf16), 206.158430208e-6, 1e-12);
+  const mp_op wide = Grouped(MP_VAR_WGRAD, 1536, 4096, 64, 16, MP_DTYPE_BF16);
+  // at 64 tokens an expert both are memory-bound: (1536 x 64 + 64 x 4096) x 2 x 16 +
+  // 1536 x 4096 x 16 x (2 + 2) = 11,534,336 + 402,653,184 = 414,187,520 bytes into bf16
+  EXPECT_NEAR(mp_sim_compute_op_in_plan_s(&wide, &g, &fused, &bf16), 414187520.0 / 3350e9, 1e-12);
+}
+
 // The key names Megatron-LM's fusion: a stack of another memory model is refused.
 TEST(MoeCost, FusedWeightGradientIsMegatrons) {
   ExpectRefused("\"memory_model\": \"torchtitan\", \"wgrad_accum_fp32\": true", "wgrad_accum_fp32");

@@ -427,8 +427,11 @@ TEST(SmContention, AsyncInputGradientWalksTheRegion) {
 }
 
 // Megatron-Core's communicator names into the schedule's groups: dp_cp also names the
-// data-parallel replicas Megatron's DDP reduces over at cp 1 (its dp_cp communicator);
-// refusals name the item.
+// data-parallel replicas Megatron's DDP reduces over at cp 1 (its dp_cp communicator) and
+// the group Megatron FSDP gathers and reduce-scatters the dense weights on (the schedule's
+// fsdp group: mcore_fsdp_adapter.py, core_v0.14.0, builds its dp_cp mesh dimension from
+// get_data_parallel_group(with_context_parallel=True)); ep_dp the experts' (efsdp: the
+// core_v0.16.0 adapter's expt_dp, get_expert_data_parallel_group()); refusals name the item.
 TEST(NcclCtas, ParsesMegatronCommunicators) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -437,9 +440,17 @@ TEST(NcclCtas, ParsesMegatronCommunicators) {
   EXPECT_EQ(caps[MP_GROUP_DP], 8);
   EXPECT_EQ(caps[MP_GROUP_DP_CP], 6);
   EXPECT_EQ(caps[MP_GROUP_DP_REPLICATE], 6);
+  EXPECT_EQ(caps[MP_GROUP_FSDP], 6);
+  EXPECT_EQ(caps[MP_GROUP_EFSDP], 0);
+  EXPECT_EQ(caps[MP_GROUP_EDP], 0);
   EXPECT_EQ(caps[MP_GROUP_TP], 4);
   EXPECT_EQ(caps[MP_GROUP_PP], 2);
   EXPECT_EQ(caps[MP_GROUP_CP], 0);
+  int ep_caps[MP_GROUP_COUNT];
+  ASSERT_EQ(mp_sim_nccl_ctas_parse(&ctx, "ep_dp:4", ep_caps), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(ep_caps[MP_GROUP_EDP], 4);
+  EXPECT_EQ(ep_caps[MP_GROUP_EFSDP], 4);
+  EXPECT_EQ(ep_caps[MP_GROUP_FSDP], 0);
   mp_stack_profile p = Profile();
   memcpy(p.nccl_group_ctas, caps, sizeof caps);
   EXPECT_EQ(mp_sim_nccl_cap(&p, MP_GROUP_TP), 4);

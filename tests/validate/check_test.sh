@@ -34,6 +34,6 @@ if len(rows) < 12 or bad:
 print(f"published_pending.csv: {len(rows)} rows simulated")
 PY
 exec /usr/bin/python3 tests/validate/bands.py app/meshplan tests/data/validation/published_check.csv \
-  --label check_test --expected tests/validate/check_expected.txt --min-rows 105 \
+  --label check_test --expected tests/validate/check_expected.txt --min-rows 106 \
   --row-limit 15 --row-limits tests/validate/check_row_limits.txt \
   --limits tokens_per_s_per_gpu:10:0.9,peak_mem_gib:10:0.5,step_time_s:10:0.9

@@ -25,6 +25,19 @@ cat "$out"
 # torchtitan runs torchtitan's default, pp micro-batches of 8 / 4 = 2 sequences ('s').
 pick=$(mktemp)
 trap 'rm -f "$out" "$pick"' EXIT
+# expect_refused WHAT MESSAGE: validate on $pick exits 2 and prints MESSAGE (the row named
+# in it), else the test fails saying WHAT should have been refused.
+expect_refused() {
+  "$BIN" validate "$pick" >"$out.pick" 2>&1
+  local rc=$?
+  if [ "$rc" != 2 ] || ! grep -qF "$2" "$out.pick"; then
+    echo "FAIL: $1 should be refused with exit 2 naming the row (exit $rc):" >&2
+    cat "$out.pick" >&2
+    rm -f "$out.pick"
+    exit 1
+  fi
+  rm -f "$out.pick"
+}
 cat >"$pick" <<'CSV'
 case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,stack,metric,value,notes
 pick_interleaved,test,llama3.1-8b,16,h100-sxm,8,400,4,1,1,4,interleaved,2,1,1,2048,8,,32,full,0,0,megatron-lm,tokens_per_s_per_gpu,1000,
@@ -133,15 +146,7 @@ if ! "$BIN" validate "$pick" >"$out.pick" 2>&1 || ! grep -qE '^ep_over_dp +token
   exit 1
 fi
 echo "etp2,test,mixtral-8x7b,8,h100-sxm,8,400,2,1,4,1,,,1,4,2,4096,4,1,8,full,0,1,megatron-core,tokens_per_s_per_gpu,1000," >>"$pick"
-"$BIN" validate "$pick" >"$out.pick" 2>&1
-rc=$?
-if [ "$rc" != 2 ] || ! grep -q "row 'etp2'): etp=2: expert tensor parallelism (experts split over tp) is not modelled" "$out.pick"; then
-  echo "FAIL: etp 2 should be refused with exit 2 naming the row (exit $rc):" >&2
-  cat "$out.pick" >&2
-  rm -f "$out.pick"
-  exit 1
-fi
-rm -f "$out.pick"
+expect_refused "etp 2" "row 'etp2'): etp=2: expert tensor parallelism (experts split over tp) is not modelled"
 # The nvlink_domain column: FSDP over 144 GB200s in trays of 4. Empty, it is the node (the
 # same prediction as 4), whatever the gb200 profile's 72: the group spans 36 trays on
 # min(NVLink 900, 4 NICs x 50) = 200 GB/s. At 72 it spans two racks on min(900, 72 x 50) =
@@ -162,15 +167,26 @@ sys.exit(0 if p["tray"] == p["tray4"] and p["rack"] > 1.02 * p["tray"] else 1)';
   exit 1
 fi
 sed -i 's/,72$/,6/' "$pick"
-"$BIN" validate "$pick" >"$out.pick" 2>&1
-rc=$?
-if [ "$rc" != 2 ] || ! grep -q "row 'rack'): nvlink_domain 6 is not a whole number of nodes of gpus_per_node 4" "$out.pick"; then
-  echo "FAIL: nvlink_domain 6 on trays of 4 should be refused with exit 2 (exit $rc):" >&2
-  cat "$out.pick" >&2
-  rm -f "$out.pick"
+expect_refused "nvlink_domain 6 on trays of 4" "row 'rack'): nvlink_domain 6 is not a whole number of nodes of gpus_per_node 4"
+# The grad_accum_fusion column: 0 is Megatron-LM's --no-gradient-accumulation-fusion, each
+# weight gradient moved into the main_grad by a kernel of its own (exec/schedule_ops.c), so
+# Megatron FSDP's step is longer than with the stack's fusion (empty); on a stack that does
+# not run Megatron-LM it is refused with exit 2, naming the row.
+cat >"$pick" <<'CSV'
+case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,stack,metric,value,notes,grad_accum_fusion
+fused,test,llama3.1-8b,8,h100-sxm,8,400,1,8,1,1,,,1,1,8192,2,1,16,none,0,0,megatron-core,tokens_per_s_per_gpu,1000,,
+unfused,test,llama3.1-8b,8,h100-sxm,8,400,1,8,1,1,,,1,1,8192,2,1,16,none,0,0,megatron-core,tokens_per_s_per_gpu,1000,,0
+CSV
+if ! "$BIN" validate --json "$pick" | /usr/bin/python3 -c '
+import json, sys
+p = {r["case"]: r["predicted"] for r in json.load(sys.stdin)["rows"]}
+sys.exit(0 if p["unfused"] < 0.99 * p["fused"] else 1)'; then
+  echo "FAIL: grad_accum_fusion 0 should slow Megatron FSDP's step:" >&2
+  "$BIN" validate "$pick" >&2
   exit 1
 fi
-rm -f "$out.pick"
+echo "tt_unfused,test,llama3.1-8b,8,h100-sxm,8,400,1,8,1,1,,,1,1,8192,2,1,16,none,0,0,torchtitan-compile,tokens_per_s_per_gpu,1000,,0" >>"$pick"
+expect_refused "grad_accum_fusion 0 on torchtitan" "row 'tt_unfused'): --no-gradient-accumulation-fusion turns off Megatron-LM's gradient"
 # The dev rows (bands.py recomputes every error, MAPE and tau-b from the figures):
 #   - each prediction within 1 % of expected.txt;
 #   - each row within 5 % of its published figure: the rows are what the stacks are fitted
