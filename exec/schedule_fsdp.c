@@ -93,8 +93,8 @@ void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t 
   }
 }
 
-/* FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, torch main at 010ae4a8;
- * _composable/fsdp/ in torch 2.4-2.5, the same code): a unit's parameters are gathered into
+/* FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py at torch main 010ae4a8;
+ * _composable/fsdp/_fsdp_collectives.py in torch 2.4-2.5, the same copy-out): a unit's parameters are gathered into
  * one flat buffer, and the first use waits for the gather on the current (compute) stream in
  * wait_for_unshard, whose foreach_all_gather_copy_out copies every parameter out of the flat
  * buffer into its own tensor (split_with_sizes_copy): one kernel on the compute stream that
@@ -338,7 +338,9 @@ static void ddp_reduce(gen *g, mp_group grp, int64_t n, int32_t layer, int32_t u
 /* FSDP2's reduce-scatter copy-in (foreach_reduce, _fsdp_collectives.py as above): the unit's
  * unsharded gradients chunk-cat into the reduce-scatter input in the reduce dtype
  * (torch._chunk_cat, the widening cast in the same kernel) on the current (compute) stream,
- * the reduce-scatter stream waiting for it: one kernel reading and writing `bytes` (the
+ * the reduce-scatter stream waiting for it (torch 2.5 on; torch 2.4 ran it on the
+ * reduce-scatter stream and made the current stream wait for it: the compute waits either
+ * way): one kernel reading and writing `bytes` (the
  * gradients in the param dtype and the input in the reduce dtype). Returns it, or -1 where
  * the unit has no collective or the copies are not FSDP2's. */
 static int32_t rs_copy_in(gen *g, const unit_info *ui, int64_t bytes, int32_t after, uint8_t when) {

@@ -7,8 +7,9 @@
 //     2 x the gathered bytes of HBM traffic;
 //   - foreach_reduce's copy-in chunk-cats the unit's unsharded gradients (param dtype) into
 //     the reduce-scatter input (reduce dtype, the widening cast in the same kernel) on the
-//     current stream before the reduce-scatter stream waits for it: the gradients' bytes
-//     read plus the input's written.
+//     current stream before the reduce-scatter stream waits for it (torch 2.5 on; torch 2.4
+//     ran it on the reduce-scatter stream with the current stream waiting for it): the
+//     gradients' bytes read plus the input's written.
 // FSDP1's flat parameter (fsdp.flat_params) is the gather's output: neither copy.
 #include <gtest/gtest.h>
 
