@@ -424,6 +424,8 @@ row 2 "--emit megatron: dp_shard=8 is FSDP, which stack torchtitan-compile does 
 row 2 "--emit torchtitan: the plan was predicted under stack megatron-core, not torchtitan's" simulate --model llama3.1-8b --gpus 8 --mesh dp_replicate=8 --stack megatron-core --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: torchtitan v0.2.0 ships no flavor of llama2-7b" simulate --model llama2-7b --gpus 8 --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: ac selective (the attention module) has no torchtitan v0.2.0 policy" simulate --model llama3.1-8b --gpus 8 --ac selective --emit torchtitan --out "$d"
+row 2 "--emit torchtitan: torchtitan runs FSDP2 (fully_shard); the plan runs FSDP1's flat parameters (--fsdp-flat-params): drop it" simulate --model llama3.1-8b --gpus 8 --mesh dp_shard=8 --fsdp-flat-params --emit torchtitan --out "$d"
+row 2 "--fsdp-flat-params is PyTorch FSDP1's; the stack's memory model is not PyTorch FSDP's" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack megatron-core --fsdp-flat-params
 row 2 "--emit torchtitan: tp=2 without sequence parallelism" simulate --model llama3.1-8b --gpus 8 --mesh dp_shard=4,tp=2 --no-sp --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: ep=2 with tp x cp = 2" simulate --model qwen3-30b-a3b --gpus 8 --mesh dp_shard=4,tp=2,ep=2 --ac full --emit torchtitan --out "$d"
 row 2 "--emit megatron: ac full:2 has no Megatron-LM form" simulate --model llama3.1-8b --gpus 8 --mesh dp_replicate=8 --stack megatron-core --ac full:2 --emit megatron --out "$d"
