@@ -254,6 +254,12 @@ mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *
   const char *r = mp_args_get(spec, "--fsdp-reduce-dtype");
   if (r && !mp_cmd_fp32_bf16_parse(r, &o->fsdp.reduce_dtype))
     return mp_error(ctx, MP_ERR_USAGE, "--fsdp-reduce-dtype '%s': choose fp32 or bf16", r);
+  if (mp_args_has(spec, "--fsdp-flat-params")) {
+    if (o->mem_model != MP_MEM_MODEL_TORCHTITAN)
+      return mp_error(ctx, MP_ERR_USAGE, "--fsdp-flat-params is PyTorch FSDP1's; the stack's memory model is not "
+                      "PyTorch FSDP's: use torchtitan-compile or torchtitan-eager, or drop it");
+    o->fsdp.flat_params = 1;
+  }
   return MP_OK;
 }
 

@@ -43,7 +43,8 @@
  * enable_fsdp_float8_all_gather; empty or absent: off), mfsdp_strategy and fsdp_double_buffer
  * (a megatron row with dp_shard > 1 runs Megatron
  * FSDP: its --data-parallel-sharding-strategy, empty or absent optim_grads_params, and 1 for its
- * --fsdp-double-buffer, empty or absent off), fsdp_reduce_dtype (fp32 or bf16: the dtype FSDP
+ * --fsdp-double-buffer, empty or absent off), fsdp_flat_params (1: PyTorch FSDP1's flat
+ * parameters, no FSDP2 copy-out or copy-in; empty or absent: FSDP2), fsdp_reduce_dtype (fp32 or bf16: the dtype FSDP
  * reduces gradients in, bf16 as FSDP1's MixedPrecision runs it in IBM's fms-fsdp; empty or
  * absent: fp32), mtp_layers (the model's multi-token-prediction modules; empty or absent: the
  * model's), cuda_graphs (Megatron-Core's CUDA graphs on a megatron-core row: none, attn, layers
@@ -166,6 +167,28 @@ static mp_status megatron_run_options(mp_ctx *ctx, const char *where, const mp_v
   return MP_OK;
 }
 
+/* The FSDP columns into j's options: Megatron FSDP's strategy and double buffer (a megatron
+ * stack with dp_shard > 1), FSDP1's flat parameters (a torchtitan stack), the reduce dtype. */
+static mp_status read_fsdp_options(mp_ctx *ctx, const char *where, const mp_vrow *v, row_job *j) {
+  mp_plan_options *o = &j->o;
+  if ((v->mfsdp_strategy[0] || v->fsdp_double_buffer == 1) &&
+      !mp_plan_megatron_fsdp(o, &j->mesh))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: mfsdp_strategy and fsdp_double_buffer are Megatron FSDP's, which a "
+                    "megatron stack runs with dp_shard > 1: empty the columns", where);
+  if (v->mfsdp_strategy[0] && !mp_mfsdp_strategy_parse(v->mfsdp_strategy, &o->mfsdp_strategy))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: mfsdp_strategy '%s': expected optim_grads_params, optim_grads, "
+                    "optim or no_shard", where, v->mfsdp_strategy);
+  o->fsdp_double_buffer = v->fsdp_double_buffer == 1;
+  if (v->fsdp_flat_params == 1 && o->mem_model != MP_MEM_MODEL_TORCHTITAN)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: fsdp_flat_params 1 is PyTorch FSDP1's, which runs on a torchtitan "
+                    "stack: empty the column", where);
+  o->fsdp.flat_params = v->fsdp_flat_params == 1;
+  if (v->fsdp_reduce_dtype[0] && !mp_cmd_fp32_bf16_parse(v->fsdp_reduce_dtype, &o->fsdp.reduce_dtype))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: fsdp_reduce_dtype '%s': expected fp32 or bf16", where,
+                    v->fsdp_reduce_dtype);
+  return MP_OK;
+}
+
 /* The plan options of a row: AC, float8, SP, the pipeline schedule, seq and batch, over
  * the stack's. */
 static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, row_job *j) {
@@ -195,14 +218,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (v->optimizer_moments[0] && !mp_cmd_fp32_bf16_parse(v->optimizer_moments, &o->moment_dtype))
     return mp_error(ctx, MP_ERR_INVALID, "%s: optimizer_moments '%s': expected fp32 or bf16", where,
                     v->optimizer_moments);
-  if ((v->mfsdp_strategy[0] || v->fsdp_double_buffer == 1) &&
-      !mp_plan_megatron_fsdp(o, &j->mesh))
-    return mp_error(ctx, MP_ERR_INVALID, "%s: mfsdp_strategy and fsdp_double_buffer are Megatron FSDP's, which a "
-                    "megatron stack runs with dp_shard > 1: empty the columns", where);
-  if (v->mfsdp_strategy[0] && !mp_mfsdp_strategy_parse(v->mfsdp_strategy, &o->mfsdp_strategy))
-    return mp_error(ctx, MP_ERR_INVALID, "%s: mfsdp_strategy '%s': expected optim_grads_params, optim_grads, "
-                    "optim or no_shard", where, v->mfsdp_strategy);
-  o->fsdp_double_buffer = v->fsdp_double_buffer == 1;
+  MP_CHECK(read_fsdp_options(ctx, where, v, j));
   if (v->fp8_param_gather == 1 && (o->mem_model != MP_MEM_MODEL_MEGATRON || !v->fp8))
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_param_gather 1 is Megatron-Core's --fp8-param-gather, which "
                     "needs fp8 1 on a megatron stack: empty the column", where);
@@ -211,9 +227,6 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_all_gather 1 is torchtitan's enable_fsdp_float8_all_gather, "
                     "which needs fp8 1 on a torchtitan stack: empty the column", where);
   o->fp8_opts.all_gather = v->fp8_all_gather == 1;
-  if (v->fsdp_reduce_dtype[0] && !mp_cmd_fp32_bf16_parse(v->fsdp_reduce_dtype, &o->fsdp.reduce_dtype))
-    return mp_error(ctx, MP_ERR_INVALID, "%s: fsdp_reduce_dtype '%s': expected fp32 or bf16", where,
-                    v->fsdp_reduce_dtype);
   MP_CHECK(megatron_run_options(ctx, where, v, j));
   if (v->async_tp == 1 && !j->prof.async_tp)
     return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp = 1: stack %s does not run AsyncTP "

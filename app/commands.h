@@ -81,9 +81,11 @@ mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
  * Megatron-Core's (the plan checks the rest). */
 mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                              mp_plan_options *o);
-/* --fp8-act-cache, --optimizer-moments fp32|bf16 and --fsdp-reduce-dtype fp32|bf16 (simulate,
- * explain) into o->fp8_act_cache, o->moment_dtype and o->fsdp.reduce_dtype; MP_ERR_USAGE for another dtype (the plan checks the recipe and the
- * memory model). */
+/* --fp8-act-cache, --optimizer-moments fp32|bf16, --fsdp-reduce-dtype fp32|bf16 and
+ * --fsdp-flat-params (simulate, explain) into o->fp8_act_cache, o->moment_dtype,
+ * o->fsdp.reduce_dtype and o->fsdp.flat_params; MP_ERR_USAGE for another dtype, and for
+ * --fsdp-flat-params under a memory model other than torchtitan's (the plan checks the recipe
+ * and the memory model). */
 mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
 /* fp32 or bf16 by name into *out; 0 (out untouched) for another name. AdamW's moments' and
  * FSDP's gradient reduction's dtype: mp_cmd_storage and validate's optimizer_moments and

@@ -103,6 +103,9 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p, const char **nam
                     "training.mixed_precision_reduce = \"float32\" (torchtitan's FSDP2 default); the plan "
                     "reduces in %s (FSDP1's MixedPrecision, --fsdp-reduce-dtype): drop it",
                     mp_dtype_name(p->o->fsdp.reduce_dtype));
+  if (p->o->fsdp.flat_params)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit torchtitan: torchtitan runs FSDP2 (fully_shard); the plan runs "
+                    "FSDP1's flat parameters (--fsdp-flat-params): drop it");
   /* the reader maps compile.enable back to these two profiles, so only they round-trip */
   if (strcmp(p->stack->name, "torchtitan-compile") != 0 && strcmp(p->stack->name, "torchtitan-eager") != 0)
     return mp_error(ctx, MP_ERR_USAGE,

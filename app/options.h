@@ -157,8 +157,9 @@
   , { "--moe-fp8-dispatch", NULL, "DeepSeek-V3's float8 dispatch (sec. 3.3.3): the tokens sent to " \
     "the experts, and the gradients sent into their down projections, travel as E4M3 with an fp32 " \
     "scale per 128 elements; the combines stay bf16 (ep > 1, --fp8)", NULL }
-/* simulate and explain: DeepSeek-V3's low-precision storage and FSDP's reduction dtype
- * (mp_cmd_storage; exec/plan.h, fp8_act_cache, moment_dtype and fsdp.reduce_dtype) */
+/* simulate and explain: DeepSeek-V3's low-precision storage, FSDP's reduction dtype and FSDP1's
+ * flat parameters (mp_cmd_storage; exec/plan.h, fp8_act_cache, moment_dtype, fsdp.reduce_dtype
+ * and fsdp.flat_params) */
 #define MP_OPT_STORAGE                                                                             \
   { "--fp8-act-cache", NULL, "DeepSeek-V3's activation cache (sec. 3.3.3): the tensors saved for " \
     "the float8 Linears' backward and the MoE's SwiGLU inputs kept as E4M3 with an fp32 scale per " \
@@ -169,7 +170,10 @@
     "them in across dp_replicate): fp32, as torchtitan runs it, or bf16, as FSDP1's "               \
     "MixedPrecision(reduce_dtype=torch.bfloat16) does in IBM's fms-fsdp; the reduced shard is "     \
     "cast back to the fp32 gradient (torchtitan stacks); under a megatron stack the main_grad "     \
-    "buffers' dtype, bf16 being Megatron-LM's --grad-reduce-in-bf16 (default fp32)", NULL }
+    "buffers' dtype, bf16 being Megatron-LM's --grad-reduce-in-bf16 (default fp32)", NULL },     \
+  { "--fsdp-flat-params", NULL, "PyTorch FSDP1's flat parameters (FullyShardedDataParallel, as "  \
+    "IBM's fms-fsdp runs it): each unit gathered into and reduce-scattered from one flat tensor, "  \
+    "without FSDP2's copy-out and copy-in on the compute stream (torchtitan stacks)", NULL }
 /* simulate and explain: Megatron-Core's fused cross-entropy (mp_cmd_ce_fusion) */
 #define MP_OPT_CE_FUSION                                                                           \
   { "--cross-entropy-loss-fusion", NULL, "Megatron-Core's option of that name: the vocab-parallel " \

@@ -179,6 +179,15 @@ static mp_status read_nvlink_domain(const reader *r, mp_vrow *row) {
   return MP_OK;
 }
 
+/* The FSDP columns: Megatron FSDP's strategy and double buffer, FSDP1's flat parameters and
+ * the gradients' reduce dtype. */
+static mp_status read_fsdp(const reader *r, mp_vrow *row) {
+  MP_CHECK(opt_str(r, "mfsdp_strategy", row->mfsdp_strategy, sizeof row->mfsdp_strategy));
+  MP_CHECK(opt_flag(r, "fsdp_double_buffer", &row->fsdp_double_buffer));
+  MP_CHECK(opt_flag(r, "fsdp_flat_params", &row->fsdp_flat_params));
+  return opt_str(r, "fsdp_reduce_dtype", row->fsdp_reduce_dtype, sizeof row->fsdp_reduce_dtype);
+}
+
 static mp_status read_row(const reader *r, mp_vrow *row) {
   const char *v;
   MP_CHECK(need_str(r, "model", 0, row->model, sizeof row->model));
@@ -250,11 +259,9 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   /* bounded here to an int; the model's validation bounds it by its layers */
   if (mtp && mtp[0]) MP_CHECK(int_in(r, "mtp_layers", mtp, 0, INT32_MAX, &row->mtp_layers));
   MP_CHECK(opt_str(r, "optimizer_moments", row->optimizer_moments, sizeof row->optimizer_moments));
-  MP_CHECK(opt_str(r, "mfsdp_strategy", row->mfsdp_strategy, sizeof row->mfsdp_strategy));
-  MP_CHECK(opt_flag(r, "fsdp_double_buffer", &row->fsdp_double_buffer));
+  MP_CHECK(read_fsdp(r, row));
   MP_CHECK(opt_flag(r, "fp8_param_gather", &row->fp8_param_gather));
   MP_CHECK(opt_flag(r, "fp8_all_gather", &row->fp8_all_gather));
-  MP_CHECK(opt_str(r, "fsdp_reduce_dtype", row->fsdp_reduce_dtype, sizeof row->fsdp_reduce_dtype));
   MP_CHECK(read_megatron_run(r, row));
   MP_CHECK(opt_str(r, "recompute_modules", row->recompute_modules, sizeof row->recompute_modules));
   return opt_flag(r, "async_tp", &row->async_tp);

@@ -87,6 +87,8 @@ typedef struct mp_vrow {
                               "" when absent or empty: optim_grads_params */
   int fsdp_double_buffer; /* 0 or 1: Megatron FSDP's --fsdp-double-buffer; -1 when absent or
                              empty: off */
+  int fsdp_flat_params;   /* 0 or 1: PyTorch FSDP1's flat parameters on a torchtitan stack
+                             (exec/plan.h, fsdp.flat_params); -1 when absent or empty: FSDP2 */
   int fp8_all_gather;   /* 0 or 1: torchtitan's enable_fsdp_float8_all_gather (--fp8-all-gather); -1
                            when the column is absent or empty */
   int fp8_param_gather; /* 0 or 1: Megatron-Core's --fp8-param-gather (exec/plan.h); -1 when

@@ -158,7 +158,7 @@ int mp_plan_pp_fsdp(const mp_plan *p) {
 
 mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
   const int ep_on = (p->applied & MP_PASS_EP) && p->mesh.ep > 1;
-  mp_fsdp_options def = {1, 0, MP_DTYPE_BF16, MP_DTYPE_FP32}, kept;
+  mp_fsdp_options def = {1, 0, MP_DTYPE_BF16, MP_DTYPE_FP32, 0}, kept;
   if (o == NULL) o = &def;
   if (mp_plan_pp_fsdp(p) && o->reshard_after_forward) {
     kept = *o;

@@ -217,6 +217,10 @@ typedef struct mp_fsdp_options {
   int per_block;             /* force exactly one unit per block (refused with EP) */
   mp_dtype param_dtype;      /* dtype of gathered parameters (bf16) */
   mp_dtype reduce_dtype;     /* dtype of gradient reduction (fp32) */
+  int flat_params;           /* 1: FSDP1's flat parameters, gathered into and reduced from one
+                                flat tensor a unit in place; 0 (default): FSDP2's
+                                per-parameter tensors, copied out of each gather and into
+                                each reduce-scatter (exec/schedule_fsdp.c) */
 } mp_fsdp_options;
 
 /* DUALPIPE: DeepSeek-V3's bidirectional schedule (arXiv 2412.19437, sec. 3.2.1; reference

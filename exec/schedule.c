@@ -160,6 +160,7 @@ static void gen_init(gen *g, mp_ctx *ctx, const mp_plan *p, const mp_schedule_pr
   mp_sched_shapes_for_batch(&g->sh, p, p->opts.micro_batch);
   g->has_fsdp = pr->has_fsdp;
   g->pp_fsdp = pr->has_fsdp && mp_plan_pp_fsdp(p);
+  g->fsdp2_copies = pr->has_fsdp && p->opts.mem_model == MP_MEM_MODEL_TORCHTITAN && !p->opts.fsdp.flat_params;
   g->ui = pr->ui;
   g->n_ui = pr->n_ui;
   g->first_unit = pr->first_unit;
@@ -235,7 +236,9 @@ static int32_t emit_forward_head(gen *g, const stage_info *st, carry *c, int fir
     mp_sched_gather_block(g, st->l0, c->gather, -1, NULL, NULL);
   mp_sched_rt_mem(g, MP_ACT_ALLOC_X, KIND_DENSE, 1); /* the runtimes: x[0], the stage's input */
   if (st->first) {
-    pend_dep(g, root_g[0], 0);
+    const int32_t dep[2] = {root_g[0], -1};
+    const uint8_t flags[2] = {0, 0};
+    mp_sched_gather_wait(g, dep, flags, g->root_unit);
     mp_sched_embedding_fwd(g);
   }
   mp_sched_seg_close(g, MP_PHASE_FORWARD, 1, 0, 0);

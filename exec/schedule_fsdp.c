@@ -93,6 +93,34 @@ void mp_sched_gather_units(gen *g, int32_t layer, int32_t unit0, int n, int32_t 
   }
 }
 
+/* FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py at torch main 010ae4a8;
+ * _composable/fsdp/_fsdp_collectives.py in torch 2.4-2.5, the same copy-out): a unit's parameters are gathered into
+ * one flat buffer, and the first use waits for the gather on the current (compute) stream in
+ * wait_for_unshard, whose foreach_all_gather_copy_out copies every parameter out of the flat
+ * buffer into its own tensor (split_with_sizes_copy): one kernel on the compute stream that
+ * reads and writes the gathered bytes, in the gather's dtype (float8 with float8
+ * all-gather, the torchao post-all-gather hook only wrapping the copied bytes with their
+ * scale). The copy runs where the gathered parameters are first used: each block part's
+ * first op, the root unit's before the embedding (gathered once a micro-batch). FSDP1's flat
+ * parameter is the gather's output itself (fsdp.flat_params): no copy. */
+void mp_sched_gather_wait(gen *g, const int32_t dep[2], const uint8_t flags[2], int32_t unit) {
+  int32_t gather = -1;
+  for (int k = 0; k < 2; k++) {
+    pend_dep(g, dep[k], flags[k]);
+    const mp_op *o = dep[k] >= 0 ? &g->ops[dep[k]] : NULL;
+    if (gather < 0 && o && o->type == MP_OP_COMM && o->coll == MP_COLL_ALL_GATHER && o->unit >= 0) gather = dep[k];
+  }
+  if (!g->fsdp2_copies || gather < 0 || unit < 0) return;
+  /* both gathers are the unit's (one of them its previous repetition's): one copy-out, of
+   * the unit's bytes; the unit is the caller's, as a compact schedule's repetitions shift it */
+  const mp_op ga = g->ops[gather];
+  const int32_t i = compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, (int64_t)(ga.bytes / mp_dtype_bytes((mp_dtype)ga.dtype)),
+                            0, 0, 1, 0.0, 2.0 * ga.bytes, (mp_dtype)ga.dtype);
+  if (i < 0) return;
+  g->ops[i].unit = unit;
+  if (ga.when == MP_WHEN_FIRST_MICRO) g->ops[i].when = ga.when; /* kept gathered between micro-batches */
+}
+
 /* Megatron-LM's distributed optimizer with --overlap-param-gather: the updated
  * model-dtype parameters of units [unit0, unit0 + n) (block `layer`, or the root unit)
  * all-gathered over the data-parallel group on the gather stream in the first
@@ -307,6 +335,29 @@ static void ddp_reduce(gen *g, mp_group grp, int64_t n, int32_t layer, int32_t u
   if (i >= 0 && (g->ddp || g->p->mesh.size[MP_DIM_PP] > 1)) g->ops[i].when = MP_WHEN_LAST_MICRO;
 }
 
+/* FSDP2's reduce-scatter copy-in (foreach_reduce, _fsdp_collectives.py as above): the unit's
+ * unsharded gradients chunk-cat into the reduce-scatter input in the reduce dtype
+ * (torch._chunk_cat, the widening cast in the same kernel) on the current (compute) stream,
+ * the reduce-scatter stream waiting for it (torch 2.5 on; torch 2.4 ran it on the
+ * reduce-scatter stream and made the current stream wait for it: the compute waits either
+ * way): one kernel reading and writing `bytes` (the
+ * gradients in the param dtype and the input in the reduce dtype). Returns it, or -1 where
+ * the unit has no collective or the copies are not FSDP2's. */
+static int32_t rs_copy_in(gen *g, const unit_info *ui, int64_t bytes, int32_t after, uint8_t when) {
+  if (!g->fsdp2_copies || ui->gsize <= 1) return -1;
+  /* the next op's pending waits (gathers) are not this copy's */
+  const int n_pend = g->n_pend;
+  g->n_pend = 0;
+  const int32_t i = compute(g, MP_KERNEL_COPY, MP_VAR_BWD, -1, ui->numel_tp, 0, 0, 1, 0.0, (double)bytes,
+                            g->reduce_dtype);
+  g->n_pend = n_pend;
+  if (i < 0) return i;
+  add_dep(g, i, after, 0);
+  g->ops[i].unit = (int32_t)(ui - g->ui);
+  g->ops[i].when = when;
+  return i;
+}
+
 /* After the backward of units [lo, hi] of a block: copy to the reduce buffer,
  * reduce-scatter, all-reduce over dp_replicate, free. */
 void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, int hi) {
@@ -349,13 +400,14 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
     const int64_t gb = ui->numel_tp * mp_dtype_bytes(g->param_dtype);
     const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
     mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_COMPUTE);
+    const int32_t in = rs_copy_in(g, ui, gb + rb, after, MP_WHEN_EVERY_MICRO);
     mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, gb, layer, u, MP_STREAM_COMPUTE);
     int32_t last = -1;
     if (ui->gsize > 1)
-      last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, layer, u, after);
+      last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, layer, u, in >= 0 ? in : after);
     if (rep > 1)
       last = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, shard_bytes(g, ui), layer, u,
-                       last >= 0 ? last : after);
+                       last >= 0 ? last : (in >= 0 ? in : after));
     int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
     add_dep(g, f, last >= 0 ? last : after, 0);
   }
@@ -367,7 +419,7 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
  * stream in unit order once the chunk's backward compute is done. */
 void mp_sched_pp_fsdp_reduce(gen *g, int32_t l0, int32_t l1, int root) {
   const int rep = g->p->mesh.size[MP_DIM_DP_REPLICATE];
-  const int32_t after = g->last_compute;
+  int32_t after = g->last_compute;
   for (int32_t k = root ? -1 : 0; k < l1 - l0; k++) {
     const int32_t l = k < 0 ? -1 : l0 + k; /* the root unit first */
     const int32_t u0 = l < 0 ? g->root_unit : g->first_unit[l], n = l < 0 ? 1 : g->n_units[l];
@@ -375,6 +427,12 @@ void mp_sched_pp_fsdp_reduce(gen *g, int32_t l0, int32_t l1, int root) {
       const unit_info *ui = &g->ui[u];
       if (ui->numel_tp == 0) continue;
       const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
+      /* the accumulated gradients' copy-in, in the last micro-batch only: the compute op the
+       * next micro-batch's ops follow stays the backward's */
+      const int32_t last_c = g->last_compute;
+      const int32_t in = rs_copy_in(g, ui, 2 * rb, after, MP_WHEN_LAST_MICRO);
+      g->last_compute = last_c;
+      if (in >= 0) after = in;
       int32_t last = -1;
       if (ui->gsize > 1)
         last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, l, u, after);

@@ -247,6 +247,8 @@ typedef struct gen {
   int reshard;
   int pp_fsdp;             /* FSDP under a pipeline (mp_plan_pp_fsdp): gathers in the first
                               micro-batch, parameters freed and gradients reduced in the last */
+  int fsdp2_copies;        /* FSDP2's per-parameter copy-out of each gather and copy-in of
+                              each reduce-scatter on the compute stream (schedule_fsdp.c) */
   mp_dtype param_dtype, reduce_dtype; /* FSDP's (or DDP's) gather and reduce dtypes */
   const struct mem_strategy *ms; /* the plan's memory model's strategy (schedule_mem.c) */
   int ddp;                 /* data parallelism by DDP (opts.dp): replicated parameters,
@@ -572,10 +574,19 @@ static inline int32_t gemm(gen *g, mp_variant v, int module, double m, int64_t n
   return i;
 }
 
-/* The pending dependencies of a block part's first op (the gathers it waits for). */
+/* schedule_fsdp.c: the first op to use unit `unit`'s parameters, gathered by ops `dep` (two,
+ * -1 for none: the gather of the first repetition and the one the previous repetition
+ * prefetched), waits for them (pending dependencies); under FSDP2 that op is the gathers'
+ * copy-out. */
+void mp_sched_gather_wait(gen *g, const int32_t dep[2], const uint8_t flags[2], int32_t unit);
+
+/* The pending dependencies of a block part's first op (the gathers it waits for); the part's
+ * unit as the segments lay them out (a single-unit block has everything in its unit 0). */
 static inline void attach(gen *g, const part_deps *pd, int part) {
   if (pd == NULL) return;
-  for (int i = 0; i < 2; i++) pend_dep(g, pd->dep[part][i], pd->flags[part][i]);
+  const int32_t unit =
+      g->layer >= 0 && g->has_fsdp ? g->first_unit[g->layer] + (g->n_units[g->layer] == 1 ? 0 : part) : -1;
+  mp_sched_gather_wait(g, pd->dep[part], pd->flags[part], unit);
 }
 
 /* schedule.c: a resident allocation of the prologue (its bytes in the schedule's

@@ -109,7 +109,8 @@ typedef struct mp_stack_profile {
   /* the achieved fraction of HBM bandwidth per kernel class (MP_KERNEL_*), where a
    * calibration fitted one from that class's own kernels (meshplan calibrate --device
    * cpu, refitted at a run's sizes: a CPU's norms and SwiGLU run well below its AdamW);
-   * 0: hbm_eff. Never read from JSON. */
+   * 0: hbm_eff. From JSON only MP_KERNEL_COPY's, key "copy_hbm_eff" (optional, 0 absent):
+   * a stack whose hbm_eff prices unfused element-wise chains states its one-pass copies'. */
   double hbm_eff_kernel[MP_KERNEL_COUNT];
   /* whose memory layout the stack's runtime has (exec/plan.h, mp_mem_model); JSON key
    * "memory_model", optional: "torchtitan" (the default), "meshplan-cpu" or

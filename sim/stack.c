@@ -256,6 +256,11 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
   MP_CHECK_GOTO(get_eff(ctx, j, origin, "fp8_gemm_eff_max", &p.fp8_gemm_eff_max), st, done);
   MP_CHECK_GOTO(get_eff(ctx, j, origin, "attention_eff", &p.attention_eff), st, done);
   MP_CHECK_GOTO(get_eff(ctx, j, origin, "hbm_eff", &p.hbm_eff), st, done);
+  /* optional: the one-pass device copies' own fraction of HBM bandwidth, where hbm_eff is an
+   * effective figure for unfused chains counted at fused bytes (torchtitan-eager) */
+  MP_CHECK_GOTO(mp_json_get_f64(ctx, j, origin, "copy_hbm_eff", 0, &p.hbm_eff_kernel[MP_KERNEL_COPY]), st, done);
+  MP_CHECK_GOTO(mp_check_f64(ctx, origin, "copy_hbm_eff", p.hbm_eff_kernel[MP_KERNEL_COPY], 0, 1, MP_RANGE_CLOSED),
+                st, done);
   MP_CHECK_GOTO(get_eff(ctx, j, origin, "link_eff", &p.link_eff), st, done);
   MP_CHECK_GOTO(mp_json_get_f64(ctx, j, origin, "kernel_overhead_us", 1, &kern_us), st, done);
   MP_CHECK_GOTO(mp_json_get_f64(ctx, j, origin, "comm_overhead_us", 1, &comm_us), st, done);

@@ -56,6 +56,8 @@ printf '%s,cp_comm_type\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,4,1,1,1,,2,1,6
 printf '%s,fp8_param_gather\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,8,1,1,1,,1,1,64,1,8,none,0,megatron-core,step_time_s,1,1' >"$d/fpg_bf16.csv"
 # torchtitan's float8 all-gather on a megatron row
 printf '%s,fp8_all_gather\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,1,megatron-core,step_time_s,1,1' >"$d/fag_mg.csv"
+# FSDP1's flat parameters on a megatron row
+printf '%s,fsdp_flat_params\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,megatron-core,step_time_s,1,1' >"$d/flat_mg.csv"
 # Megatron FSDP's columns on a torchtitan row, and a strategy Megatron does not have
 printf '%s,mfsdp_strategy\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,1,optim_grads_params' >"$d/mfsdp_tt.csv"
 printf '%s,mfsdp_strategy\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,megatron-core,step_time_s,1,zero3' >"$d/mfsdp_bad.csv"
@@ -271,6 +273,7 @@ row 2 "cp_comm_type 'allgather': expected p2p, all_gather, a2a or a2a+p2p" valid
 row 2 "mfsdp_strategy and fsdp_double_buffer are Megatron FSDP's, which a megatron stack runs with dp_shard > 1" validate "$d/mfsdp_tt.csv"
 row 2 "fp8_param_gather 1 is Megatron-Core's --fp8-param-gather, which needs fp8 1 on a megatron stack" validate "$d/fpg_bf16.csv"
 row 2 "fp8_all_gather 1 is torchtitan's enable_fsdp_float8_all_gather, which needs fp8 1 on a torchtitan stack" validate "$d/fag_mg.csv"
+row 2 "fsdp_flat_params 1 is PyTorch FSDP1's, which runs on a torchtitan stack: empty the column" validate "$d/flat_mg.csv"
 # --fp8-all-gather: torchtitan's, with float8 tensorwise and tp 1
 row 2 "--fp8-all-gather is torchtitan's enable_fsdp_float8_all_gather (FSDP2 with torchao's float8); stack megatron-core does not run it" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack megatron-core --fp8 --fp8-all-gather
 row 2 "--fp8-all-gather gathers the float8 Linears' weights as float8 casts and needs them: add --fp8" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --fp8-all-gather
@@ -421,6 +424,8 @@ row 2 "--emit megatron: dp_shard=8 is FSDP, which stack torchtitan-compile does 
 row 2 "--emit torchtitan: the plan was predicted under stack megatron-core, not torchtitan's" simulate --model llama3.1-8b --gpus 8 --mesh dp_replicate=8 --stack megatron-core --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: torchtitan v0.2.0 ships no flavor of llama2-7b" simulate --model llama2-7b --gpus 8 --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: ac selective (the attention module) has no torchtitan v0.2.0 policy" simulate --model llama3.1-8b --gpus 8 --ac selective --emit torchtitan --out "$d"
+row 2 "--emit torchtitan: torchtitan runs FSDP2 (fully_shard); the plan runs FSDP1's flat parameters (--fsdp-flat-params): drop it" simulate --model llama3.1-8b --gpus 8 --mesh dp_shard=8 --fsdp-flat-params --emit torchtitan --out "$d"
+row 2 "--fsdp-flat-params is PyTorch FSDP1's; the stack's memory model is not PyTorch FSDP's" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack megatron-core --fsdp-flat-params
 row 2 "--emit torchtitan: tp=2 without sequence parallelism" simulate --model llama3.1-8b --gpus 8 --mesh dp_shard=4,tp=2 --no-sp --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: ep=2 with tp x cp = 2" simulate --model qwen3-30b-a3b --gpus 8 --mesh dp_shard=4,tp=2,ep=2 --ac full --emit torchtitan --out "$d"
 row 2 "--emit megatron: ac full:2 has no Megatron-LM form" simulate --model llama3.1-8b --gpus 8 --mesh dp_replicate=8 --stack megatron-core --ac full:2 --emit megatron --out "$d"

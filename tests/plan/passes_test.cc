@@ -33,7 +33,7 @@ struct Fixture {
   }
   mp_status Ac(mp_ac_mode m = MP_AC_SELECTIVE) { return mp_apply_ac(&ctx, p, m); }
   mp_status Fsdp(int per_block = 0) {
-    mp_fsdp_options o = {1, per_block, MP_DTYPE_BF16, MP_DTYPE_FP32};
+    mp_fsdp_options o = {1, per_block, MP_DTYPE_BF16, MP_DTYPE_FP32, 0};
     return mp_apply_fsdp(&ctx, p, &o);
   }
   bool Says(const char *words) const { return strstr(mp_errmsg(&ctx), words) != nullptr; }
@@ -399,7 +399,7 @@ TEST(PassAc, RecordsMode) {
 
 TEST(PassFsdp, OptionsRecorded) {
   Fixture f(SeedModel(), "dp_shard=2");
-  mp_fsdp_options o = {0, 0, MP_DTYPE_FP32, MP_DTYPE_BF16};
+  mp_fsdp_options o = {0, 0, MP_DTYPE_FP32, MP_DTYPE_BF16, 0};
   ASSERT_EQ(mp_apply_fsdp(&f.ctx, f.p, &o), MP_OK);
   EXPECT_EQ(f.p->opts.fsdp.reshard_after_forward, 0);
   EXPECT_EQ(f.p->opts.fsdp.param_dtype, MP_DTYPE_FP32);

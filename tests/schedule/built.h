@@ -57,6 +57,7 @@ struct Opts {
   mp_mfsdp_strategy mfsdp_strategy = MP_MFSDP_OPTIM_GRADS_PARAMS;  // Megatron FSDP's
   int fsdp_double_buffer = 0;
   mp_dtype reduce_dtype = MP_DTYPE_FP32;  // FSDP's gradient reduction (mp_fsdp_options)
+  int flat_params = 0;                    // FSDP1's flat parameters (mp_fsdp_options)
   int async_tp = 0;                       // torchtitan's AsyncTP (tp_comm_fused)
 };
 
@@ -92,6 +93,7 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.mfsdp_strategy = o.mfsdp_strategy;
   po.fsdp_double_buffer = o.fsdp_double_buffer;
   po.fsdp.reduce_dtype = o.reduce_dtype;
+  po.fsdp.flat_params = o.flat_params;
   po.tp_comm_fused = o.async_tp;
 }
 

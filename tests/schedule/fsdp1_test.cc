@@ -46,6 +46,7 @@ Opts FmsFullShard() {
   o.ac = MP_AC_FULL;
   o.seq = 4096;
   o.micro_batch = 2;
+  o.flat_params = 1;
   return o;
 }
 

@@ -514,3 +514,37 @@ TEST(Stacks, CollectivesSms) {
 }
 
 }  // namespace
+
+// copy_hbm_eff: the one-pass device copies' own fraction of HBM bandwidth (MP_KERNEL_COPY),
+// beside hbm_eff's for every other element-wise kernel. On a GPU of hbm_GBps B, 1e9 bytes
+// copied take 1e9 / (B 1e9 x 0.85) s where a norm of the same bytes takes 1e9 / (B 1e9 x
+// 0.5): their ratio is 0.5 / 0.85. torchtitan-eager states 0.85 (its hbm_eff 0.30 prices
+// unfused chains), torchtitan-compile none (0: its hbm_eff). Above 1: refused.
+TEST(Stacks, CopyHbmEff) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_stack_profile p;
+  ASSERT_EQ(mp_stack_from_text(&ctx, StackJson("\"copy_hbm_eff\":0.85").c_str(), "x.json", &p), MP_OK)
+      << mp_errmsg(&ctx);
+  EXPECT_DOUBLE_EQ(p.hbm_eff_kernel[MP_KERNEL_COPY], 0.85);
+  EXPECT_DOUBLE_EQ(p.hbm_eff_kernel[MP_KERNEL_NORM], 0.0);
+  const mp_gpu g = GpuY();
+  mp_op c;
+  memset(&c, 0, sizeof c);
+  c.type = MP_OP_COMPUTE;
+  c.kernel = MP_KERNEL_COPY;
+  c.m = 1;
+  c.batch = 1;
+  c.bytes = 1e9;
+  c.dtype = MP_DTYPE_BF16;
+  mp_op n = c;
+  n.kernel = MP_KERNEL_NORM;
+  EXPECT_NEAR(mp_sim_compute_op_s(&c, &g, &p), 1e9 / (g.hbm_GBps * 1e9 * 0.85), 1e-12);
+  EXPECT_NEAR(mp_sim_compute_op_s(&c, &g, &p) / mp_sim_compute_op_s(&n, &g, &p), 0.5 / 0.85, 1e-12);
+  ASSERT_EQ(mp_stack_load(&ctx, "torchtitan-eager", &p), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_DOUBLE_EQ(p.hbm_eff_kernel[MP_KERNEL_COPY], 0.85);
+  ASSERT_EQ(mp_stack_load(&ctx, "torchtitan-compile", &p), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_DOUBLE_EQ(p.hbm_eff_kernel[MP_KERNEL_COPY], 0.0);
+  EXPECT_EQ(mp_stack_from_text(&ctx, StackJson("\"copy_hbm_eff\":1.5").c_str(), "x.json", &p), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("copy_hbm_eff"), std::string::npos) << mp_errmsg(&ctx);
+}
