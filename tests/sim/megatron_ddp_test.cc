@@ -165,16 +165,16 @@ Unfused UnfusedOps(const char *spec, int unfused) {
 }  // namespace
 
 // Megatron-LM's --no-gradient-accumulation-fusion: each weight-gradient GEMM writes the bf16
-// param.grad and the parameter's hook moves it into the fp32 main_grad in a kernel of its
-// own, and the GEMM no longer accumulates (its 6 extra bytes an element go). llama3.1-8b's
-// Linears a block: q 4096 x 4096, k and v 1024 x 4096, o 4096 x 4096, gate and up 14336 x
-// 4096, down 4096 x 14336: 218,103,808 elements, 7 kernels; the output layer 128256 x 4096 =
-// 525,336,576, one more: 32 x 218,103,808 + 525,336,576 = 7,504,658,432 elements in
-// 32 x 7 + 1 = 225 kernels. Megatron FSDP (optim_grads_params) copies (megatron_fsdp.py
-// core_v0.14.0, main_grad.copy_): a 2-byte read and a 4-byte write, 45,027,950,592 bytes, no
-// FLOPs; Megatron's DDP adds (distributed_data_parallel.py: main_grad.add_), reading the
-// main_grad too: 10 bytes and one FLOP an element, 75,046,584,320 bytes. With the fusion
-// none, and the GEMMs keep their 6 bytes.
+// param.grad and the parameter's hook moves it into the fp32 main_grad in a kernel of its own; the
+// GEMM does not accumulate into it (the fused form's 6 extra bytes an element are not spent).
+// llama3.1-8b's Linears a block: q 4096 x 4096, k and v 1024 x 4096, o 4096 x 4096, gate and up
+// 14336 x 4096, down 4096 x 14336: 218,103,808 elements, 7 kernels; the output layer 128256 x 4096
+// = 525,336,576, one more: 32 x 218,103,808 + 525,336,576 = 7,504,658,432 elements in 32 x 7 + 1 =
+// 225 kernels. Megatron FSDP (optim_grads_params) copies (megatron_fsdp.py core_v0.14.0,
+// main_grad.copy_): a 2-byte read and a 4-byte write, 45,027,950,592 bytes, no FLOPs; Megatron's
+// DDP adds (distributed_data_parallel.py: main_grad.add_), reading the main_grad too: 10 bytes and
+// one FLOP an element, 75,046,584,320 bytes. With the fusion none, and the GEMMs keep their 6
+// bytes.
 TEST(MegatronDdp, UnfusedWeightGradientsMoveIntoTheMainGrad) {
   const Unfused fsdp = UnfusedOps("dp_shard=8", 1);
   EXPECT_EQ(fsdp.n, 225);
