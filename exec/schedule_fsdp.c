@@ -340,17 +340,20 @@ static void ddp_reduce(gen *g, mp_group grp, int64_t n, int32_t layer, int32_t u
  * (torch._chunk_cat, the widening cast in the same kernel) on the current (compute) stream,
  * the reduce-scatter stream waiting for it (torch 2.5 on; torch 2.4 ran it on the
  * reduce-scatter stream and made the current stream wait for it: the compute waits either
- * way): one kernel reading and writing `bytes` (the
- * gradients in the param dtype and the input in the reduce dtype). Returns it, or -1 where
- * the unit has no collective or the copies are not FSDP2's. */
+ * way): one kernel reading and writing `bytes` (the gradients in the param dtype and the
+ * input in the reduce dtype). A copy of the last micro-batch only (`when`) leaves the
+ * compute op the next micro-batch's ops follow the backward's. Returns it, or -1 where the
+ * unit has no collective or the copies are not FSDP2's. */
 static int32_t rs_copy_in(gen *g, const unit_info *ui, int64_t bytes, int32_t after, uint8_t when) {
   if (!g->fsdp2_copies || ui->gsize <= 1) return -1;
   /* the next op's pending waits (gathers) are not this copy's */
   const int n_pend = g->n_pend;
+  const int32_t last_c = g->last_compute;
   g->n_pend = 0;
   const int32_t i = compute(g, MP_KERNEL_COPY, MP_VAR_BWD, -1, ui->numel_tp, 0, 0, 1, 0.0, (double)bytes,
                             g->reduce_dtype);
   g->n_pend = n_pend;
+  if (when != MP_WHEN_EVERY_MICRO) g->last_compute = last_c;
   if (i < 0) return i;
   add_dep(g, i, after, 0);
   g->ops[i].unit = (int32_t)(ui - g->ui);
@@ -427,11 +430,8 @@ void mp_sched_pp_fsdp_reduce(gen *g, int32_t l0, int32_t l1, int root) {
       const unit_info *ui = &g->ui[u];
       if (ui->numel_tp == 0) continue;
       const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
-      /* the accumulated gradients' copy-in, in the last micro-batch only: the compute op the
-       * next micro-batch's ops follow stays the backward's */
-      const int32_t last_c = g->last_compute;
+      /* the accumulated gradients' copy-in, in the last micro-batch only */
       const int32_t in = rs_copy_in(g, ui, 2 * rb, after, MP_WHEN_LAST_MICRO);
-      g->last_compute = last_c;
       if (in >= 0) after = in;
       int32_t last = -1;
       if (ui->gsize > 1)

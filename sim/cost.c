@@ -70,7 +70,9 @@ static double fp8_block_ceiling(const op_costs *k, const mp_stack_profile *p) {
   return e < k->fp8_gemm_eff_max ? e : k->fp8_gemm_eff_max;
 }
 
-static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *p) {
+/* The costs of ops on GPU g under stack p, for plan's options where they price an op (NULL:
+ * the defaults). */
+static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *p, const mp_plan *plan) {
   k->hbm = g->hbm_GBps * 1e9 * p->hbm_eff;
   for (int d = 0; d < MP_DTYPE_COUNT; d++) {
     k->peak[d] = mp_sim_peak_flops(g, d);
@@ -92,7 +94,7 @@ static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *
   k->tile_m = p->grouped_tile_m;
   k->tile_k = p->grouped_tile_k;
   k->grouped_streams = p->grouped_streams;
-  k->wgrad_accum_bytes = mp_sim_wgrad_accum_bytes(p, NULL);
+  k->wgrad_accum_bytes = mp_sim_wgrad_accum_bytes(p, plan);
 }
 
 /* The main_grad a fused weight-gradient accumulation reads and writes has the run's gradient
@@ -227,8 +229,7 @@ static inline double op_compute_s(const mp_op *op, const op_costs *k, int *sm_bo
 double mp_sim_compute_op_in_plan_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p,
                                    const mp_plan *plan) {
   op_costs k;
-  op_costs_init(&k, g, p);
-  k.wgrad_accum_bytes = mp_sim_wgrad_accum_bytes(p, plan);
+  op_costs_init(&k, g, p, plan);
   return op_compute_s(op, &k, NULL);
 }
 
@@ -774,8 +775,7 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
   ls.rank = s->rank;
   const double act_factor = prof->saved_act_factor > 0 ? prof->saved_act_factor : 1.0;
   op_costs kc, kg;
-  op_costs_init(&kc, &cl->gpu, prof);
-  kc.wgrad_accum_bytes = mp_sim_wgrad_accum_bytes(prof, s->plan);
+  op_costs_init(&kc, &cl->gpu, prof, s->plan);
   const mp_cuda_graphs graphs = s->plan->opts.cuda_graphs;
   MP_CHECK(graph_costs(ctx, prof, graphs, &kc, &kg));
   const int contended = prof->nccl_sm_contention && cl->gpu.sms > 0 && !mp_gpu_is_cpu(&cl->gpu);

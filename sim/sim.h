@@ -243,7 +243,7 @@ typedef struct mp_stack_profile {
    * of core_v0.14), so every micro-batch's weight gradient reads and writes 4-byte elements
    * where an unfused GEMM writes 2-byte ones; 2-byte ones where the run keeps its main_grad
    * in bf16 (--grad-reduce-in-bf16, the plan's fsdp.reduce_dtype; sim/cost.c,
-   * wgrad_accum_main_grad). */
+   * mp_sim_wgrad_accum_bytes). */
   int wgrad_accum_fp32;
   /* What Megatron-LM's DDP does to each gradient bucket on the compute stream before
    * reducing it (JSON "ddp_scale_grads" and "ddp_check_grads", optional, default false; the

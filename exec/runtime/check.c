@@ -139,13 +139,12 @@ mp_status mp_runtime_model_check(mp_ctx *ctx, const mp_model *m, int64_t seq) {
   if (mp_model_is_mla(m) && m->qk_rope_head_dim % 2)
     return mp_error(ctx, MP_ERR_INVALID, "model %s: RoPE needs an even qk_rope_head_dim (got %lld)", m->name,
                     (long long)m->qk_rope_head_dim);
-  if (!mp_model_mlp_gated(m) || mp_model_norm(m) != MP_NORM_RMS) { /* the kernels: SwiGLU, RMSNorm */
-    const char *mlp = mp_model_mlp(m) == MP_MLP_SQUARED_RELU ? "squared-ReLU MLP" : "GELU MLP";
-    const int layer_norm = mp_model_norm(m) == MP_NORM_LAYER;
+  const int gated = mp_model_mlp_gated(m), layer_norm = mp_model_norm(m) == MP_NORM_LAYER;
+  if (!gated || layer_norm) { /* the kernels: SwiGLU, RMSNorm */
+    const char *mlp = gated ? "" : mp_model_mlp(m) == MP_MLP_SQUARED_RELU ? "squared-ReLU MLP" : "GELU MLP";
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: its %s%s%s %s not implemented in the runtime, whose "
-                    "kernels are SwiGLU and RMSNorm; plan and simulate it only", m->name,
-                    mp_model_mlp_gated(m) ? "" : mlp, !mp_model_mlp_gated(m) && layer_norm ? " and " : "",
-                    layer_norm ? "LayerNorms" : "", mp_model_mlp_gated(m) ? "are" : layer_norm ? "are" : "is");
+                    "kernels are SwiGLU and RMSNorm; plan and simulate it only", m->name, mlp,
+                    !gated && layer_norm ? " and " : "", layer_norm ? "LayerNorms" : "", layer_norm ? "are" : "is");
   }
   if (m->attn_chunk > 0)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: Llama 4's chunked attention with RoPE-free global "
