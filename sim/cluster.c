@@ -95,6 +95,7 @@ static mp_status gpu_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, 
   MP_CHECK(mp_json_get_int(ctx, j, origin, "sms", 0, &g->sms));
   MP_CHECK(mp_check_i64(ctx, origin, "sms", g->sms, 0, 1024));
   MP_CHECK(mp_json_get_int(ctx, j, origin, "nvlink_domain", 0, &g->nvlink_domain));
+  MP_CHECK(mp_json_get_f64(ctx, j, origin, "host_launch_scale", 0, &g->host_launch_scale));
   const cJSON *src = cJSON_GetObjectItemCaseSensitive(j, "source");
   if (cJSON_IsString(src)) snprintf(g->source, sizeof g->source, "%s", src->valuestring);
   MP_CHECK(kernel_eff_from_json(ctx, j, origin, g));
@@ -139,6 +140,9 @@ mp_status mp_gpu_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin) {
   MP_CHECK(mp_check_i64(ctx, origin, "compute_capability", g->compute_capability, 0,
                         MP_LIM_COMPUTE_CAPABILITY));
   MP_CHECK(mp_check_i64(ctx, origin, "nvlink_domain", g->nvlink_domain, 0, MP_LIM_GPUS));
+  /* 0: not stated; else a host at most 100x slower or faster than the DGX H100's */
+  if (g->host_launch_scale != 0)
+    MP_CHECK(mp_check_f64(ctx, origin, "host_launch_scale", g->host_launch_scale, 0.01, 100, MP_RANGE_CLOSED));
   /* CUDA's compute capability is what the runtime's kernels and float8 are chosen by */
   if (g->api == MP_GPU_API_CUDA && g->compute_capability == 0)
     return mp_error(ctx, MP_ERR_INVALID, "%s: api cuda needs its compute_capability (90 for sm_90)", origin);

@@ -49,6 +49,11 @@ typedef struct mp_gpu {
   int sms;                     /* streaming multiprocessors (0: the profile states none) */
   int nvlink_domain;           /* GPUs one NVLink switch fabric joins as the part is sold
                                   (GB200 NVL72: 72), a cluster's default; 0: the node */
+  double host_launch_scale;    /* the host's time to issue one framework launch over a DGX
+                                  H100 host's (its Xeon 8480C), where the stack's
+                                  host_launch_us was measured: a Grace superchip's CPU takes
+                                  2.75x (JSON "host_launch_scale", optional; 0: not stated,
+                                  an x86 host as the DGX's, 1) */
   char source[256];
   mp_kernel_eff kernel_eff;    /* all 0: the profile states none (JSON "kernel_eff" absent) */
 } mp_gpu;

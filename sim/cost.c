@@ -436,11 +436,14 @@ static int op_captured(const mp_op *op, mp_cuda_graphs g) {
   return g == MP_CUDA_GRAPHS_LAYERS || attention_kernel(op);
 }
 
-/* The host's time to issue a kernel: the stack's host_launch_s, or where it states none its
- * kernel overhead (sim.h): the per-kernel framework and launch work of eager PyTorch is the
- * host's, which the sum-of-kernels model charges on the stream. */
-static double host_launch_s(const mp_stack_profile *p) {
-  return p->host_launch_s >= 0 ? p->host_launch_s : p->kernel_overhead_s;
+/* The host's time to issue a kernel: the stack's host_launch_s, measured on a DGX H100's
+ * x86 host and scaled by the GPU's host (mp_gpu.host_launch_scale: a Grace CPU takes 2.75x),
+ * or where the stack states none its kernel overhead (sim.h): the per-kernel framework and
+ * launch work of eager PyTorch is the host's, which the sum-of-kernels model charges on the
+ * stream. */
+static double host_launch_s(const mp_stack_profile *p, const mp_gpu *g) {
+  if (p->host_launch_s < 0) return p->kernel_overhead_s;
+  return p->host_launch_s * (g->host_launch_scale > 0 ? g->host_launch_scale : 1.0);
 }
 
 /* After a host synchronisation (mp_op.host_sync) the stream holds no work: the GPU runs the
@@ -827,7 +830,7 @@ mp_status mp_sim_compile_ops(mp_ctx *ctx, const mp_schedule *s, const mp_cluster
   }
   price_tp_overlaps(s, prof, &ls, &kc, &kg, contended, cops, dur);
   if (mp_moe_host_sync(&s->plan->model, &s->plan->opts) || prof->host_launch_s >= 0)
-    price_host_issue(s, &kc, host_launch_s(prof), prof->host_launch_s >= 0, cops, dur);
+    price_host_issue(s, &kc, host_launch_s(prof, &cl->gpu), prof->host_launch_s >= 0, cops, dur);
   /* a malformed forward dependency still reads a kept end */
   if (fwd_dep)
     for (int32_t i = 0; i < s->n_ops; i++)

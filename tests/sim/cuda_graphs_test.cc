@@ -23,6 +23,7 @@ struct HostCase {
   std::vector<mp_op> ops;
   mp_segment seg;
   mp_schedule s;
+  double host_scale = 0.0;  // the cluster GPU's host_launch_scale (0: not stated)
   HostCase() {
     memset(&plan, 0, sizeof plan);
     mp_ctx ctx;
@@ -66,7 +67,8 @@ struct HostCase {
     s.n_ops = (int32_t)ops.size();
     s.segs = &seg;
     s.n_segs = 1;
-    const mp_cluster c = Cluster();
+    mp_cluster c = Cluster();
+    c.gpu.host_launch_scale = host_scale;
     mp_sim_config cfg{};
     cfg.cluster = &c;
     cfg.stack = &p;
@@ -151,6 +153,35 @@ TEST(HostIssue, EveryPassRunsNoFasterThanTheHostIssuesIt) {
   EXPECT_NEAR(slow.Step(p), 25e-6, 1e-12);
   p.host_launch_s = -1.0;
   EXPECT_NEAR(slow.Step(p), 25e-6, 1e-12);
+}
+
+// The stack's host time is a DGX H100 host's; the GPU's host_launch_scale converts it to its
+// own host (gb200: Grace, 37.08 / 13.48 = 2.751x, TransformerEngine issue 2053). Stated 5 us
+// on a host 2x slower: 10 us a launch, so five GEMMs of 5 us take the host 50 us where the
+// kernels sum to 25 (the pass 50). A stack stating none (its kernel overhead standing in,
+// a stream-side figure) is not scaled: 25.
+TEST(HostIssue, TheGpusHostScalesTheStatedIssueTime) {
+  mp_stack_profile p = Profile();
+  p.host_launch_s = 5e-6;
+  HostCase k;
+  for (int i = 0; i < 5; i++) k.Gemm(5e-6);
+  EXPECT_NEAR(k.Step(p), 25e-6, 1e-12);
+  k.host_scale = 2.0;
+  EXPECT_NEAR(k.Step(p), 50e-6, 1e-12);
+  p.host_launch_s = -1.0;
+  EXPECT_NEAR(k.Step(p), 25e-6, 1e-12);
+  // the gb200 profile states Grace's figure; the HGX B200's x86 host states none
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_gpu g;
+  ASSERT_EQ(mp_gpu_load(&ctx, "gb200", &g), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_NEAR(g.host_launch_scale, 37.08 / 13.48, 1e-3);
+  ASSERT_EQ(mp_gpu_load(&ctx, "b200", &g), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(g.host_launch_scale, 0.0);
+  const char *bad = "{\"name\": \"g\", \"peak_tflops\": {\"bf16\": 100, \"fp32\": 10}, \"mem_gib\": 16, "
+                    "\"hbm_GBps\": 100, \"nvlink_GBps_per_dir\": 10, \"host_launch_scale\": -2}";
+  EXPECT_EQ(mp_gpu_from_text(&ctx, bad, "g.json", &g), MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "g.json: host_launch_scale = -2 is out of range"), nullptr) << mp_errmsg(&ctx);
 }
 
 // Before a segment's first synchronisation only the rate binds, after it the drained queue:
