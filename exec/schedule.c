@@ -161,6 +161,7 @@ static void gen_init(gen *g, mp_ctx *ctx, const mp_plan *p, const mp_schedule_pr
   g->has_fsdp = pr->has_fsdp;
   g->pp_fsdp = pr->has_fsdp && mp_plan_pp_fsdp(p);
   g->fsdp2_copies = pr->has_fsdp && p->opts.mem_model == MP_MEM_MODEL_TORCHTITAN && !p->opts.fsdp.flat_params;
+  g->fsdp1_flat_grad = pr->has_fsdp && p->opts.mem_model == MP_MEM_MODEL_TORCHTITAN && p->opts.fsdp.flat_params;
   g->ui = pr->ui;
   g->n_ui = pr->n_ui;
   g->first_unit = pr->first_unit;

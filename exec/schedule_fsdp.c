@@ -335,17 +335,28 @@ static void ddp_reduce(gen *g, mp_group grp, int64_t n, int32_t layer, int32_t u
   if (i >= 0 && (g->ddp || g->p->mesh.size[MP_DIM_PP] > 1)) g->ops[i].when = MP_WHEN_LAST_MICRO;
 }
 
-/* FSDP2's reduce-scatter copy-in (foreach_reduce, _fsdp_collectives.py as above): the unit's
+/* The copy on the compute stream that makes a unit's reduce-scatter input.
+ * FSDP2's reduce-scatter copy-in (foreach_reduce, _fsdp_collectives.py as above): the unit's
  * unsharded gradients chunk-cat into the reduce-scatter input in the reduce dtype
  * (torch._chunk_cat, the widening cast in the same kernel) on the current (compute) stream,
  * the reduce-scatter stream waiting for it (torch 2.5 on; torch 2.4 ran it on the
  * reduce-scatter stream and made the current stream wait for it: the compute waits either
  * way): one kernel reading and writing `bytes` (the gradients in the param dtype and the
  * input in the reduce dtype). A copy of the last micro-batch only (`when`) leaves the
- * compute op the next micro-batch's ops follow the backward's. Returns it, or -1 where the
- * unit has no collective or the copies are not FSDP2's. */
+ * compute op the next micro-batch's ops follow the backward's.
+ * FSDP1's flat gradient (fsdp1_flat_grad; torch v2.2.0 torch/distributed/fsdp/_flat_param.py,
+ * FlatParamHandle._use_unsharded_views): the forward uses each parameter as a view that
+ * torch.split cuts out of the unit's flat parameter, so autograd's split_with_sizes backward
+ * (torch/csrc/autograd/FunctionsManual.cpp, split_with_sizes_backward: at::cat of the views'
+ * gradients) writes the flat gradient once the unit's last gradient is computed, on the
+ * compute stream: the gradients' bytes read and written in the param dtype, whatever the
+ * reduce dtype (a cast to it, and _runtime_utils.py _reduce_grad's pre-division of the flat
+ * gradient, run on FSDP1's post-backward stream beside the compute and are not priced, as
+ * FSDP2's all-gather copy-in is not). fms-fsdp's eager runs (use_orig_params False) and its
+ * compiled ones (True: the parameters are the same split views in the forward) alike.
+ * Returns it, or -1 where the unit has no collective or neither FSDP copies. */
 static int32_t rs_copy_in(gen *g, const unit_info *ui, int64_t bytes, int32_t after, uint8_t when) {
-  if (!g->fsdp2_copies || ui->gsize <= 1) return -1;
+  if (!(g->fsdp2_copies || g->fsdp1_flat_grad) || ui->gsize <= 1) return -1;
   /* the next op's pending waits (gathers) are not this copy's */
   const int n_pend = g->n_pend;
   const int32_t last_c = g->last_compute;
@@ -403,7 +414,7 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
     const int64_t gb = ui->numel_tp * mp_dtype_bytes(g->param_dtype);
     const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
     mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_COMPUTE);
-    const int32_t in = rs_copy_in(g, ui, gb + rb, after, MP_WHEN_EVERY_MICRO);
+    const int32_t in = rs_copy_in(g, ui, g->fsdp1_flat_grad ? 2 * gb : gb + rb, after, MP_WHEN_EVERY_MICRO);
     mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, gb, layer, u, MP_STREAM_COMPUTE);
     int32_t last = -1;
     if (ui->gsize > 1)
@@ -430,8 +441,9 @@ void mp_sched_pp_fsdp_reduce(gen *g, int32_t l0, int32_t l1, int root) {
       const unit_info *ui = &g->ui[u];
       if (ui->numel_tp == 0) continue;
       const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
-      /* the accumulated gradients' copy-in, in the last micro-batch only */
-      const int32_t in = rs_copy_in(g, ui, 2 * rb, after, MP_WHEN_LAST_MICRO);
+      /* FSDP2's copy-in of the accumulated gradients, in the last micro-batch only (FSDP1's
+       * flat gradient is written by each micro-batch's backward and not priced here) */
+      const int32_t in = g->fsdp2_copies ? rs_copy_in(g, ui, 2 * rb, after, MP_WHEN_LAST_MICRO) : -1;
       if (in >= 0) after = in;
       int32_t last = -1;
       if (ui->gsize > 1)

@@ -249,6 +249,9 @@ typedef struct gen {
                               micro-batch, parameters freed and gradients reduced in the last */
   int fsdp2_copies;        /* FSDP2's per-parameter copy-out of each gather and copy-in of
                               each reduce-scatter on the compute stream (schedule_fsdp.c) */
+  int fsdp1_flat_grad;     /* FSDP1's flat parameters (opts.fsdp.flat_params): autograd's
+                              cat of each unit's gradients into the flat one on the compute
+                              stream (schedule_fsdp.c, rs_copy_in) */
   mp_dtype param_dtype, reduce_dtype; /* FSDP's (or DDP's) gather and reduce dtypes */
   const struct mem_strategy *ms; /* the plan's memory model's strategy (schedule_mem.c) */
   int ddp;                 /* data parallelism by DDP (opts.dp): replicated parameters,

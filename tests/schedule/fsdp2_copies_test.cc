@@ -10,7 +10,11 @@
 //     current stream before the reduce-scatter stream waits for it (torch 2.5 on; torch 2.4
 //     ran it on the reduce-scatter stream with the current stream waiting for it): the
 //     gradients' bytes read plus the input's written.
-// FSDP1's flat parameter (fsdp.flat_params) is the gather's output: neither copy.
+// FSDP1's flat parameter (fsdp.flat_params) is the gather's output: no copy-out. Its
+// gradient is the flat parameter's: torch v2.2.0 _flat_param.py's _use_unsharded_views hands
+// the forward each parameter as a torch.split view of it, so autograd's split_with_sizes
+// backward cats the unit's gradients into it (FunctionsManual.cpp, split_with_sizes_backward)
+// on the compute stream, in the param dtype whatever the reduce dtype.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -107,15 +111,24 @@ TEST(Fsdp2Copies, CopyInCastsEveryReduceScatterInput) {
   EXPECT_EQ(c.in_bytes.at(4 * kBlock), 32);
 }
 
-// FSDP1's flat parameters: no FSDP2 copy.
-TEST(Fsdp2Copies, FlatParametersCopyNothing) {
-  Built b;
-  Opts o = Fsdp2();
-  o.flat_params = 1;
-  Build(&b, o);
-  const Copies c = Count(b);
-  EXPECT_TRUE(c.out_bytes.empty());
-  EXPECT_TRUE(c.in_bytes.empty());
+// FSDP1's flat parameters: no copy-out; each unit's gradients cat into its flat gradient,
+// 2 bytes read and 2 written an element in bf16 whether reduced in fp32 or bf16: a block
+// 4 x 202,383,360 = 809,533,440 bytes, the root 4 x 262,148,096 = 1,048,592,384, each
+// before its unit's reduce-scatter.
+TEST(Fsdp2Copies, FlatParametersCatTheGradientsOnly) {
+  for (mp_dtype rd : {MP_DTYPE_FP32, MP_DTYPE_BF16}) {
+    Built b;
+    Opts o = Fsdp2();
+    o.flat_params = 1;
+    o.reduce_dtype = rd;
+    Build(&b, o);
+    const Copies c = Count(b);
+    EXPECT_TRUE(c.out_bytes.empty());
+    EXPECT_EQ(c.in_bytes.size(), 2u);
+    EXPECT_EQ(c.in_bytes.at(4 * kBlock), 32);
+    EXPECT_EQ(c.in_bytes.at(4 * kRoot), 1);
+    EXPECT_EQ(c.rs_after_in, 33);
+  }
 }
 
 }  // namespace
