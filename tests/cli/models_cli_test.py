@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The embedded models that published 2024-2026 training benchmarks run (Mixtral-8x22B,
-Qwen3-14B/32B/235B-A22B, DeepSeek-V2, Nemotron-4 15B/340B, Llama 4 Scout and Maverick)
+Qwen2-57B-A14B, Qwen3-14B/32B/235B-A22B, DeepSeek-V2, Nemotron-4 15B/340B, Llama 4 Scout and Maverick)
 through the binary: simulate runs each by name with the FLOPs per token of the hand count;
 Nemotron-4's squared-ReLU MLP and LayerNorms are planned and simulated, written as Megatron-LM
 arguments and refused by the runtime by name; Llama 4 is simulated within one attention
@@ -24,6 +24,8 @@ cli_check.BIN = sys.argv[1]
 #   qwen3-32b      6 x 31,984,210,944 + 12 x 64 x 64 x 128 x 4096    =   217,675,069,440
 #   qwen3-14b      6 x 13,990,394,880 + 12 x 40 x 40 x 128 x 4096    =    94,008,698,880
 #   mixtral-8x22b  6 x 38,960,142,336 + 12 x 56 x 48 x 128 x 4096    =   250,672,287,744
+#   qwen2-57b-a14b 6 x 13,704,631,808 + 12 x 28 x 28 x 128 x 4096    =    87,160,292,352
+#     (14,249,170,432 activated less the input embedding 151936 x 3584 = 544,538,624)
 #   qwen3-235b-a22b 6 x 21,568,433,664 + 12 x 94 x 64 x 128 x 4096   =   167,260,001,280
 #   deepseek-v2    6 x 20,851,512,320 + 6 x 60 x 128 x (192 + 128) x 4096 = 185,507,051,520
 # and at seq 8192, one Llama 4 attention chunk:
@@ -37,6 +39,7 @@ CASES = [
     ("qwen3-32b", 8, "dp_shard=8", 217675069440),
     ("qwen3-14b", 8, "dp_shard=8", 94008698880),
     ("mixtral-8x22b", 64, "dp_shard=64,ep=8", 250672287744),
+    ("qwen2-57b-a14b", 64, "dp_shard=64,ep=8", 87160292352),
     ("qwen3-235b-a22b", 256, "dp_shard=256,ep=64", 167260001280),
     ("deepseek-v2", 128, "dp_shard=128,ep=8", 185507051520),
     ("llama4-scout-17b-16e", 64, "dp_shard=64,ep=16", 120989718528, 8192),

@@ -244,6 +244,28 @@ TEST_F(ModelTest, Mixtral8x22b) {
   EXPECT_EQ(mp_model_active_param_count(&m), 39161468928LL);
 }
 
+// Qwen2-57B-A14B (H=3584, L=28, 28 heads, 4 KV, head_dim 128, q/k/v biases, 64 experts of
+// 2560 top-8 and one shared expert of 20480, every block MoE, V=151936, untied):
+//   attention q 3584*3584 + k,v 2*3584*512 + o 3584*3584 + biases 3584 + 2*512 = 29,364,736
+//   norms 7,168; router 64*3584 = 229,376; one expert 3*3584*2560 = 27,525,120;
+//   shared expert 3*3584*20480 = 220,200,960
+//   layer, all  29,364,736 + 7,168 + 229,376 + 220,200,960 + 64*27,525,120 = 2,011,409,920
+//   layer, top8 29,364,736 + 7,168 + 229,376 + 220,200,960 +  8*27,525,120 =   470,003,200
+//   embeddings 2*151936*3584 = 1,089,077,248; final norm 3,584
+//   total  28*2,011,409,920 + 1,089,080,832 = 57,408,558,592 (Qwen2 blog: 57.41B; without the
+//          embeddings 56,319,481,344, the blog's 56.32B)
+//   active 28*470,003,200   + 1,089,080,832 = 14,249,170,432 (A14B)
+// The shared expert's sigmoid gate ([1, 3584] a block, 100,352 in all) is not modelled; with it
+// the total is 57,408,658,944, still 57.41B.
+TEST_F(ModelTest, Qwen2_57bA14bTotalAndActive) {
+  Load("qwen2-57b-a14b");
+  EXPECT_EQ(m.qkv_bias, 1);
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 28);
+  EXPECT_EQ(mp_model_block_params(&m, 27), 2011409920LL);
+  EXPECT_EQ(mp_model_param_count(&m), 57408558592LL);
+  EXPECT_EQ(mp_model_active_param_count(&m), 14249170432LL);
+}
+
 // DeepSeek-V2 (H=5120, L=60, 128 heads, V=102400; MLA q_lora 1536, kv_lora 512, qk_nope 128,
 // qk_rope 64, v 128; block 0 dense of 12288, blocks 1..59 160 routed experts of 1536, top-6,
 // and 2 shared, 3072 together):
@@ -499,7 +521,7 @@ TEST_F(ModelTest, EveryDataModelLoads) {
                            "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b",
                            "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "qwen3-8b",
                            "qwen3-30b-a3b", "mixtral-8x7b", "tiny-dense", "tiny-moe", "qwen3-14b",
-                           "qwen3-32b", "qwen3-235b-a22b", "mixtral-8x22b", "deepseek-v2",
+                           "qwen3-32b", "qwen3-235b-a22b", "mixtral-8x22b", "qwen2-57b-a14b", "deepseek-v2",
                            "nemotron4-15b", "nemotron4-340b", "llama4-scout-17b-16e",
                            "llama4-maverick-17b-128e"})
     EXPECT_NE(mp_data_find("models", want), nullptr) << want;
