@@ -106,6 +106,9 @@ typedef struct mp_vrow {
   int grad_accum_fusion; /* 0: Megatron-LM's --no-gradient-accumulation-fusion (exec/plan.h,
                            mp_ddp_options.wgrad_unfused); 1, or -1 when absent or empty: the
                            stack's fusion */
+  int overlap_moe_comm;  /* 0 or 1: Megatron-Core's --overlap-moe-expert-parallel-comm (exec/plan.h,
+                           moe_a2a_overlap; simulate's --overlap-moe-comm); -1 when absent or
+                           empty: off */
   int64_t ddp_bucket_size; /* Megatron-LM's --ddp-bucket-size in elements (exec/plan.h,
                            mp_ddp_options.bucket_size); 0 when absent or empty: one bucket a block */
   int async_tp;         /* 0 or 1: the TP collectives fused with their GEMMs (torchtitan's

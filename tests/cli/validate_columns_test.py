@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""validate's Megatron-Core run columns against simulate's flags through the binary:
+cuda_graphs iteration with ddp_check_grads empty runs without the DDP's NaN check (Megatron-LM
+asserts --no-check-for-nan-in-loss-and-grad under --cuda-graph-scope full_iteration), and
+overlap_moe_comm 1 is simulate's --overlap-moe-comm; each row's prediction is simulate's with
+the same options.
+
+Usage: validate_columns_test.py MESHPLAN"""
+import json
+import os
+import sys
+import tempfile
+
+import cli_check
+from cli_check import check, fails, run
+
+cli_check.BIN = sys.argv[1]
+
+HDR = ("case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,"
+       "pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,async_tp,stack,metric,"
+       "value,notes,cuda_graphs,ddp_check_grads,overlap_moe_comm")
+# Llama 3 8B on 8 B200s under plain data parallelism (Megatron-Bridge's llama3 8B B200 layout:
+# GBS 128, MBS 2, seq 8192, cuda_graph_scope full_iteration), one row per NaN-check setting.
+DENSE = "{0},test,llama3-8b,8,b200,8,400,8,1,1,1,,,1,1,8192,16,2,128,none,0,0,,megatron-core,"\
+        "tokens_per_s_per_gpu,1000,test,{1},{2},"
+# Qwen3-30B-A3B on 16 H100s, EP 16 (Megatron-Bridge's H100 layout), with and without the overlap.
+MOE = "{0},test,qwen3-30b-a3b,16,h100-sxm,8,400,16,1,1,1,,,1,16,4096,64,1,1024,none,0,0,,{1},"\
+      "tokens_per_s_per_gpu,1000,test,,,{2}"
+tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+
+
+def validate(rows, want_rc=0):
+    path = os.path.join(tmp, "rows.csv")
+    with open(path, "w") as f:
+        f.write(HDR + "\n" + "\n".join(rows) + "\n")
+    return run("validate", path, "--json", want_rc=want_rc)
+
+
+def simulate(*extra):
+    q = run("simulate", *extra, "--json")
+    return json.loads(q.stdout)["tokens_per_s_per_gpu"] if q.returncode == 0 else None
+
+
+def same(a, b):
+    return a is not None and b is not None and abs(a / b - 1) < 1e-12
+
+
+# ---- cuda_graphs iteration: ddp_check_grads empty is 0, 1 is refused, elsewhere empty is the stack's ----
+SIM_DENSE = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "b200", "--mesh", "dp_replicate=8", "--seq", "8192",
+             "--micro-batch", "2", "--global-batch", "128", "--stack", "megatron-core", "--no-sp"]
+p = validate([DENSE.format("it_empty", "iteration", ""), DENSE.format("it_off", "iteration", "0"),
+              DENSE.format("it_on", "iteration", "1"), DENSE.format("eager", "", "")])
+if p.returncode == 0:
+    rows = {r["case"]: r for r in json.loads(p.stdout)["rows"]}
+    want_it = simulate(*SIM_DENSE, "--cuda-graphs", "iteration", "--no-check-for-nan-in-loss-and-grad")
+    check(same(rows["it_empty"].get("predicted"), want_it), f"iteration, check empty: {rows['it_empty']}, want {want_it}")
+    check(same(rows["it_off"].get("predicted"), want_it), f"iteration, check 0: {rows['it_off']}, want {want_it}")
+    check("NaN check" in (rows["it_on"].get("refused") or ""), f"iteration with the check on: {rows['it_on']}")
+    # without graphs an empty column keeps the stack's check, which costs a norm a bucket:
+    # the prediction is simulate's without the flag and differs from simulate's with it
+    want_eager = simulate(*SIM_DENSE)
+    check(same(rows["eager"].get("predicted"), want_eager), f"eager, check empty: {rows['eager']}, want {want_eager}")
+    check(not same(want_eager, simulate(*SIM_DENSE, "--no-check-for-nan-in-loss-and-grad")),
+          "the NaN check changes no prediction, so this test cannot tell the default")
+
+# ---- overlap_moe_comm: 1 is simulate's --overlap-moe-comm, and changes the prediction ----
+SIM_MOE = ["--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-sxm", "--mesh", "dp_replicate=16,ep=16",
+           "--seq", "4096", "--micro-batch", "1", "--global-batch", "1024", "--stack", "megatron-core", "--no-sp"]
+p = validate([MOE.format("ov_on", "megatron-core", "1"), MOE.format("ov_off", "megatron-core", "0")])
+if p.returncode == 0:
+    rows = {r["case"]: r.get("predicted") for r in json.loads(p.stdout)["rows"]}
+    want_on, want_off = simulate(*SIM_MOE, "--overlap-moe-comm"), simulate(*SIM_MOE)
+    check(same(rows["ov_on"], want_on), f"overlap_moe_comm 1: {rows['ov_on']}, want {want_on}")
+    check(same(rows["ov_off"], want_off), f"overlap_moe_comm 0: {rows['ov_off']}, want {want_off}")
+    check(not same(want_on, want_off), "--overlap-moe-comm changes no prediction, so the column is not tested")
+# on a torchtitan row the column is an input error naming the row (exit 2)
+p = validate([MOE.format("ov_tt", "torchtitan-compile", "1").replace("16,1,1,1,,,1,16", "1,16,1,1,,,1,16")],
+             want_rc=2)
+check("ov_tt" in p.stderr and "overlap_moe_comm 1 is Megatron-Core's" in p.stderr,
+      f"overlap_moe_comm on torchtitan: {p.stderr.strip()}")
+
+for f in fails:
+    print("FAIL:", f)
+print(f"{len(fails)} failures")
+sys.exit(1 if fails else 0)
