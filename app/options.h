@@ -75,7 +75,7 @@
 /* simulate and explain: Megatron-Core's output-discarding recompute modules (mp_cmd_plan_options) */
 #define MP_OPT_RECOMPUTE_MODULES                                                                   \
   { "--recompute-modules", "LIST", "Megatron-Core's --recompute-modules under selective granularity, " \
-    "names split by commas: layernorm (input_layernorm and pre_mlp_layernorm), mla_up_proj (MLA's "   \
+    "names split by commas or slashes: layernorm (input_layernorm and pre_mlp_layernorm), mla_up_proj (MLA's "   \
     "latent norms, up projections and RoPE), moe_act (the routed experts' SwiGLU), each output freed " \
     "after its consumer ran and recomputed in backward; core_attn is --ac selective-core. Beside --ac " \
     "none or selective-core; e.g. DeepSeek-V3's layernorm,mla_up_proj,moe_act", NULL }

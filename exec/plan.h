@@ -851,7 +851,7 @@ void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap);
 /* Parses a policy name, or "full:N" (N >= 1; full:1 is full) into *out and *every (1 for
  * every block). MP_ERR_INVALID naming the choices otherwise. */
 mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every);
-/* Megatron-Core's --recompute-modules list (names split by commas or spaces) into o:
+/* Megatron-Core's --recompute-modules list (names split by commas, spaces or '/') into o:
  * core_attn sets o->ac to selective-core, layernorm, mla_up_proj and moe_act set
  * o->recompute_modules; mlp, moe and shared_experts (whole modules checkpointed) are refused
  * by name as not modelled, anything else as unknown (MP_ERR_INVALID). */

@@ -209,8 +209,10 @@ static mp_status rc_module(mp_ctx *ctx, const char *w, mp_plan_options *o) {
 mp_status mp_recompute_modules_parse(mp_ctx *ctx, const char *list, mp_plan_options *o) {
   char w[32];
   size_t n = 0;
+  /* a slash as NeMo 2.0 writes the list in its recommended model configs (scripts/performance/
+   * recommended_model_configs/model_configs_h100.csv, "mla_up_proj/mlp/moe", split on it by helpers.py) */
   for (const char *c = list;; c++) {
-    if (*c == ',' || *c == ' ' || *c == '\0') {
+    if (*c == ',' || *c == ' ' || *c == '/' || *c == '\0') {
       w[n] = '\0';
       if (n > 0) MP_CHECK(rc_module(ctx, w, o));
       n = 0;

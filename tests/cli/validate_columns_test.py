@@ -2,8 +2,9 @@
 """validate's Megatron-Core run columns against simulate's flags through the binary:
 cuda_graphs iteration with ddp_check_grads empty runs without the DDP's NaN check (Megatron-LM
 asserts --no-check-for-nan-in-loss-and-grad under --cuda-graph-scope full_iteration), and
-overlap_moe_comm 1 is simulate's --overlap-moe-comm; each row's prediction is simulate's with
-the same options.
+overlap_moe_comm 1 is simulate's --overlap-moe-comm, and recompute_modules split by '/' (NeMo
+2.0's spelling) is the list split by spaces; each row's prediction is simulate's with the same
+options.
 
 Usage: validate_columns_test.py MESHPLAN"""
 import json
@@ -18,14 +19,14 @@ cli_check.BIN = sys.argv[1]
 
 HDR = ("case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,"
        "pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,async_tp,stack,metric,"
-       "value,notes,cuda_graphs,ddp_check_grads,overlap_moe_comm")
+       "value,notes,cuda_graphs,ddp_check_grads,overlap_moe_comm,recompute_modules")
 # Llama 3 8B on 8 B200s under plain data parallelism (Megatron-Bridge's llama3 8B B200 layout:
 # GBS 128, MBS 2, seq 8192, cuda_graph_scope full_iteration), one row per NaN-check setting.
 DENSE = "{0},test,llama3-8b,8,b200,8,400,8,1,1,1,,,1,1,8192,16,2,128,none,0,0,,megatron-core,"\
-        "tokens_per_s_per_gpu,1000,test,{1},{2},"
+        "tokens_per_s_per_gpu,1000,test,{1},{2},,"
 # Qwen3-30B-A3B on 16 H100s, EP 16 (Megatron-Bridge's H100 layout), with and without the overlap.
 MOE = "{0},test,qwen3-30b-a3b,16,h100-sxm,8,400,16,1,1,1,,,1,16,4096,64,1,1024,none,0,0,,{1},"\
-      "tokens_per_s_per_gpu,1000,test,,,{2}"
+      "tokens_per_s_per_gpu,1000,test,,,{2},{3}"
 tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
 
 
@@ -66,7 +67,7 @@ if p.returncode == 0:
 # ---- overlap_moe_comm: 1 is simulate's --overlap-moe-comm, and changes the prediction ----
 SIM_MOE = ["--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-sxm", "--mesh", "dp_replicate=16,ep=16",
            "--seq", "4096", "--micro-batch", "1", "--global-batch", "1024", "--stack", "megatron-core", "--no-sp"]
-p = validate([MOE.format("ov_on", "megatron-core", "1"), MOE.format("ov_off", "megatron-core", "0")])
+p = validate([MOE.format("ov_on", "megatron-core", "1", ""), MOE.format("ov_off", "megatron-core", "0", "")])
 if p.returncode == 0:
     rows = {r["case"]: r.get("predicted") for r in json.loads(p.stdout)["rows"]}
     want_on, want_off = simulate(*SIM_MOE, "--overlap-moe-comm"), simulate(*SIM_MOE)
@@ -74,10 +75,24 @@ if p.returncode == 0:
     check(same(rows["ov_off"], want_off), f"overlap_moe_comm 0: {rows['ov_off']}, want {want_off}")
     check(not same(want_on, want_off), "--overlap-moe-comm changes no prediction, so the column is not tested")
 # on a torchtitan row the column is an input error naming the row (exit 2)
-p = validate([MOE.format("ov_tt", "torchtitan-compile", "1").replace("16,1,1,1,,,1,16", "1,16,1,1,,,1,16")],
+p = validate([MOE.format("ov_tt", "torchtitan-compile", "1", "").replace("16,1,1,1,,,1,16", "1,16,1,1,,,1,16")],
              want_rc=2)
 check("ov_tt" in p.stderr and "overlap_moe_comm 1 is Megatron-Core's" in p.stderr,
       f"overlap_moe_comm on torchtitan: {p.stderr.strip()}")
+
+# ---- recompute_modules: "layernorm/moe_act" (NeMo 2.0's CSVs, split on '/' by its helpers.py) is
+# "layernorm moe_act", and simulate's --recompute-modules takes either; both free outputs,
+# so the peak memory differs from the row without ----
+p = validate([MOE.format("rc_slash", "megatron-core", "", "layernorm/moe_act"),
+              MOE.format("rc_space", "megatron-core", "", "layernorm moe_act")])
+if p.returncode == 0:
+    rows = {r["case"]: r.get("predicted") for r in json.loads(p.stdout)["rows"]}
+    want = simulate(*SIM_MOE, "--recompute-modules", "layernorm,moe_act")
+    check(same(rows["rc_slash"], want) and same(rows["rc_space"], want),
+          f"recompute_modules: '/' {rows['rc_slash']}, ' ' {rows['rc_space']}, simulate {want}")
+    check(same(simulate(*SIM_MOE, "--recompute-modules", "layernorm/moe_act"), want),
+          "--recompute-modules layernorm/moe_act is not layernorm,moe_act")
+    check(not same(want, simulate(*SIM_MOE)), "the recompute modules change no prediction")
 
 for f in fails:
     print("FAIL:", f)
