@@ -25,7 +25,8 @@
  * collectives fused with their GEMMs, torchtitan's AsyncTP as the published run enabled it;
  * 0: not; empty or absent: the stack's default, off but under megatron-core, whose
  * --tp-comm-overlap is on), fp8_recipe (with fp8 1: tensorwise, current, delayed,
- * rowwise, mxfp8 or blockwise; empty or absent: the stack's recipe), moe_dispatcher
+ * rowwise, mxfp8 or blockwise, or Megatron-Bridge's fp8_cs, fp8_mx, fp8_sc and subchannel;
+ * empty or absent: the stack's recipe), moe_dispatcher
  * (alltoall or deepep: how EP moves tokens, exec/plan.h; empty or absent: alltoall),
  * cp_comm_type (Megatron-Core's --cp-comm-type on a megatron stack: p2p, all_gather or a2a;
  * empty or absent: p2p, its default), moe_fp8_dispatch (1: DeepSeek-V3's float8 dispatch;
@@ -214,7 +215,8 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   o->fp8 = v->fp8 != 0;
   if (v->fp8_recipe[0] && !mp_fp8_recipe_parse(v->fp8_recipe, &o->fp8_opts.recipe))
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_recipe '%s': expected tensorwise, current, delayed, "
-                    "rowwise, mxfp8 or blockwise", where, v->fp8_recipe);
+                    "rowwise, mxfp8 or blockwise (or Megatron-Bridge's fp8_cs, fp8_mx, fp8_sc)", where,
+                    v->fp8_recipe);
   if (v->moe_dispatcher[0] && strcmp(v->moe_dispatcher, "alltoall") != 0 && strcmp(v->moe_dispatcher, "deepep") != 0)
     return mp_error(ctx, MP_ERR_INVALID, "%s: moe_dispatcher '%s': expected alltoall or deepep", where,
                     v->moe_dispatcher);

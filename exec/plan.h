@@ -809,7 +809,8 @@ int mp_pp_layout_embedding_loss(int64_t n_layers, int pp, int v, mp_plan_options
 /* "default", "tensorwise", "delayed", "rowwise", "mxfp8", "blockwise" ("?" out of range). */
 const char *mp_fp8_recipe_name(mp_fp8_recipe r);
 /* The recipe named s into *out: 1, or 0 for any other string (*out untouched); "current"
- * (Transformer Engine's name of per-tensor current scaling) is TENSORWISE. */
+ * (Transformer Engine's name of per-tensor current scaling) and "fp8_cs" are TENSORWISE,
+ * "fp8_mx" MXFP8, "fp8_sc" and "subchannel" BLOCKWISE (Megatron-Bridge's names). */
 int mp_fp8_recipe_parse(const char *s, mp_fp8_recipe *out);
 /* The recipe in words for notes: "tensorwise scales, each from its tensor's own amax". */
 const char *mp_fp8_recipe_words(mp_fp8_recipe r);

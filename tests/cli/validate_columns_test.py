@@ -3,7 +3,8 @@
 cuda_graphs iteration with ddp_check_grads empty runs without the DDP's NaN check (Megatron-LM
 asserts --no-check-for-nan-in-loss-and-grad under --cuda-graph-scope full_iteration), and
 overlap_moe_comm 1 is simulate's --overlap-moe-comm, and recompute_modules split by '/' (NeMo
-2.0's spelling) is the list split by spaces; each row's prediction is simulate's with the same
+2.0's spelling) is the list split by spaces, and Megatron-Bridge's fp8_cs, fp8_mx and fp8_sc name
+tensorwise, mxfp8 and blockwise; each row's prediction is simulate's with the same
 options.
 
 Usage: validate_columns_test.py MESHPLAN"""
@@ -19,14 +20,14 @@ cli_check.BIN = sys.argv[1]
 
 HDR = ("case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,"
        "pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,async_tp,stack,metric,"
-       "value,notes,cuda_graphs,ddp_check_grads,overlap_moe_comm,recompute_modules")
+       "value,notes,cuda_graphs,ddp_check_grads,overlap_moe_comm,recompute_modules,fp8_recipe")
 # Llama 3 8B on 8 B200s under plain data parallelism (Megatron-Bridge's llama3 8B B200 layout:
 # GBS 128, MBS 2, seq 8192, cuda_graph_scope full_iteration), one row per NaN-check setting.
 DENSE = "{0},test,llama3-8b,8,b200,8,400,8,1,1,1,,,1,1,8192,16,2,128,none,0,0,,megatron-core,"\
-        "tokens_per_s_per_gpu,1000,test,{1},{2},,"
+        "tokens_per_s_per_gpu,1000,test,{1},{2},,,"
 # Qwen3-30B-A3B on 16 H100s, EP 16 (Megatron-Bridge's H100 layout), with and without the overlap.
 MOE = "{0},test,qwen3-30b-a3b,16,h100-sxm,8,400,16,1,1,1,,,1,16,4096,64,1,1024,none,0,0,,{1},"\
-      "tokens_per_s_per_gpu,1000,test,,,{2},{3}"
+      "tokens_per_s_per_gpu,1000,test,,,{2},{3},"
 tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
 
 
@@ -93,6 +94,25 @@ if p.returncode == 0:
     check(same(simulate(*SIM_MOE, "--recompute-modules", "layernorm/moe_act"), want),
           "--recompute-modules layernorm/moe_act is not layernorm,moe_act")
     check(not same(want, simulate(*SIM_MOE)), "the recompute modules change no prediction")
+
+# ---- fp8_recipe: Megatron-Bridge's compute dtypes on the dense row with float8 on; mxfp8 on
+# the B200, the others on the H100 (on Blackwell blockwise runs as MXFP8, docs/validation.md,
+# so only the H100 tells fp8_sc from fp8_mx's recipe) ----
+FP8 = DENSE.replace(",none,0,0,,megatron-core,", ",none,1,0,,megatron-core,")
+PAIRS = (("tensorwise", "fp8_cs", "h100-sxm"), ("mxfp8", "fp8_mx", "b200"), ("blockwise", "fp8_sc", "h100-sxm"),
+         ("blockwise", "subchannel", "h100-sxm"), ("tensorwise", "fp8_cs", "b200"))
+rows_in = []
+for name, alias, gpu in PAIRS:
+    row = FP8.replace(",b200,", f",{gpu},")
+    rows_in += [row.format(f"r_{alias}_{gpu}", "", "") + name, row.format(f"a_{alias}_{gpu}", "", "") + alias]
+p = validate(rows_in)
+if p.returncode == 0:
+    rows = {r["case"]: r.get("predicted") for r in json.loads(p.stdout)["rows"]}
+    for name, alias, gpu in PAIRS:
+        a, r = rows[f"a_{alias}_{gpu}"], rows[f"r_{alias}_{gpu}"]
+        check(same(a, r), f"fp8_recipe {alias} on {gpu}: {a}, {name}: {r}")
+    check(not same(rows["a_fp8_cs_h100-sxm"], rows["a_fp8_sc_h100-sxm"]), "fp8_cs and fp8_sc predict alike")
+    check(not same(rows["a_fp8_cs_b200"], rows["a_fp8_mx_b200"]), "fp8_cs and fp8_mx predict alike")
 
 for f in fails:
     print("FAIL:", f)
