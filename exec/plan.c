@@ -483,9 +483,12 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
     if (o->n_pp_layers == 0 && !mp_rule_pp_chunks_ok(m->n_layers, pp, v))
       return mp_error(ctx, MP_ERR_INVALID,
                       "pp=%d x pp_virtual=%d makes %lld model chunks for the %lld layers of %s; "
-                      "a chunk needs at least one layer: choose pp x pp_virtual <= %lld",
+                      "a chunk needs at least one layer: choose pp x pp_virtual <= %lld, or state the "
+                      "chunks with the embedding and the loss as chunks of their own (--pp-layout, "
+                      "validate's pp_layout: Megatron-LM's --pipeline-model-parallel-layout, e.g. "
+                      "\"E|(t|)*%lldL\" for %lld chunks)",
                       pp, v, (long long)K, (long long)m->n_layers, m->name,
-                      (long long)m->n_layers);
+                      (long long)m->n_layers, (long long)m->n_layers, (long long)m->n_layers + 2);
   }
   if (o->seq > 0 && o->seq % cp != 0)
     return mp_error(ctx, MP_ERR_INVALID,
