@@ -310,6 +310,26 @@ TEST_F(ModelTest, DeepseekV2TotalAndActive) {
   EXPECT_EQ(mp_model_matmul_param_count(&m), 20851512320LL);
 }
 
+// Nemotron-3 (NeMo's Nemotron3Config8B and 22B): Nemotron-4's block with multi-head attention.
+// 22B (H=6144, L=40, 48 heads of 128, 48 KV, d_ff 24576, V=256000, untied):
+//   attention 4*6144^2 = 150,994,944; MLP 2*6144*24576 = 301,989,888; LayerNorms 4*6144 =
+//   24,576; layer 453,009,408 (x40 = 18,120,376,320); embeddings 2*256000*6144 =
+//   3,145,728,000; final norm 12,288; total 21,266,116,608
+// 8B (H=4096, L=32, 32 heads of 128, 32 KV, d_ff 16384): attention 4*4096^2 = 67,108,864;
+//   MLP 2*4096*16384 = 134,217,728; LayerNorms 16,384; layer 201,342,976 (x32 =
+//   6,442,975,232); embeddings 2*256000*4096 = 2,097,152,000; final norm 8,192;
+//   total 8,540,135,424
+TEST_F(ModelTest, Nemotron3MultiHead) {
+  Load("nemotron3-22b");
+  EXPECT_EQ(mp_model_mlp(&m), MP_MLP_SQUARED_RELU);
+  EXPECT_EQ(mp_model_norm(&m), MP_NORM_LAYER);
+  EXPECT_EQ(mp_model_block_params(&m, 0), 453009408LL);
+  EXPECT_EQ(mp_model_param_count(&m), 21266116608LL);
+  Load("nemotron3-8b");
+  EXPECT_EQ(mp_model_block_params(&m, 0), 201342976LL);
+  EXPECT_EQ(mp_model_param_count(&m), 8540135424LL);
+}
+
 // Nemotron-4 (arXiv 2402.16819 sec. 2): llama's attention (RoPE, GQA, no biases) with a
 // squared-ReLU MLP of up and down only and LayerNorms with weight and bias (2H each).
 // 340B (H=18432, L=96, 96 heads of 192, 8 KV, d_ff 73728, V=256000, untied):
