@@ -29,7 +29,8 @@
  * empty or absent: the stack's recipe), moe_dispatcher
  * (alltoall or deepep: how EP moves tokens, exec/plan.h; empty or absent: alltoall),
  * cp_comm_type (Megatron-Core's --cp-comm-type on a megatron stack: p2p, all_gather or a2a;
- * empty or absent: p2p, its default), moe_fp8_dispatch (1: DeepSeek-V3's float8 dispatch;
+ * empty or absent: p2p, its default), cp_rotate (torchtitan's context_parallel_rotate_method on
+ * a torchtitan stack: allgather or alltoall; empty or absent: the stack's), moe_fp8_dispatch (1: DeepSeek-V3's float8 dispatch;
  * empty or absent: off), ce_fusion (1: Megatron-Core's --cross-entropy-loss-fusion; empty or
  * absent: off), ddp_average_in_collective (1: Megatron-LM's --ddp-average-in-collective) and
  * ddp_check_grads (0: its --no-check-for-nan-in-loss-and-grad; empty or absent: the stack's,
@@ -227,6 +228,10 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (v->cp_comm_type[0] && o->mem_model != MP_MEM_MODEL_MEGATRON)
     return mp_error(ctx, MP_ERR_INVALID, "%s: cp_comm_type '%s' is Megatron-Core's --cp-comm-type; stack %s "
                     "does not run it: empty the column", where, v->cp_comm_type, j->prof.name);
+  if (v->cp_rotate[0] && (o->mem_model != MP_MEM_MODEL_TORCHTITAN || !mp_cp_rotate_parse(v->cp_rotate, &o->cp_rotate)))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: cp_rotate '%s' is PyTorch's context-parallel ring's rotate method "
+                    "(torchtitan's context_parallel_rotate_method, simulate's --cp-rotate): allgather or alltoall "
+                    "on a torchtitan stack; stack %s: empty the column", where, v->cp_rotate, j->prof.name);
   if (v->moe_imbalance > 0.0) o->moe_routing.imbalance = v->moe_imbalance;
   o->moe_routing.capacity_factor = v->moe_capacity_factor;
   if (v->sp >= 0) o->sp = v->sp;

@@ -238,6 +238,7 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   }
   MP_CHECK(opt_str(r, "moe_dispatcher", row->moe_dispatcher, sizeof row->moe_dispatcher));
   MP_CHECK(opt_str(r, "cp_comm_type", row->cp_comm_type, sizeof row->cp_comm_type));
+  MP_CHECK(opt_str(r, "cp_rotate", row->cp_rotate, sizeof row->cp_rotate));
   MP_CHECK(opt_real(r, "moe_imbalance", 1.0, &row->moe_imbalance));
   MP_CHECK(opt_real(r, "moe_capacity_factor", 0.0, &row->moe_capacity_factor));
   row->micro_batch = 0;

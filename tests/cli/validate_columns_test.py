@@ -4,7 +4,7 @@ cuda_graphs iteration with ddp_check_grads empty runs without the DDP's NaN chec
 asserts --no-check-for-nan-in-loss-and-grad under --cuda-graph-scope full_iteration), and
 overlap_moe_comm 1 is simulate's --overlap-moe-comm, and recompute_modules split by '/' (NeMo
 2.0's spelling) is the list split by spaces, and Megatron-Bridge's fp8_cs, fp8_mx and fp8_sc name
-tensorwise, mxfp8 and blockwise; each row's prediction is simulate's with the same
+tensorwise, mxfp8 and blockwise, and cp_rotate is simulate's --cp-rotate; each row's prediction is simulate's with the same
 options.
 
 Usage: validate_columns_test.py MESHPLAN"""
@@ -113,6 +113,30 @@ if p.returncode == 0:
         check(same(a, r), f"fp8_recipe {alias} on {gpu}: {a}, {name}: {r}")
     check(not same(rows["a_fp8_cs_h100-sxm"], rows["a_fp8_sc_h100-sxm"]), "fp8_cs and fp8_sc predict alike")
     check(not same(rows["a_fp8_cs_b200"], rows["a_fp8_mx_b200"]), "fp8_cs and fp8_mx predict alike")
+
+# ---- cp_rotate: torchtitan's context_parallel_rotate_method, simulate's --cp-rotate ----
+# Llama 3.1 8B on 8 H100s, cp 8 over a 32,768-token sequence, full AC (a torchtitan CP run)
+CP_HDR = ("case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,"
+          "pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,async_tp,stack,metric,"
+          "value,notes,cp_rotate")
+CP = "{0},test,llama3.1-8b,8,h100-sxm,8,400,1,1,1,1,,,8,1,32768,1,1,1,full,0,0,,{1},tokens_per_s_per_gpu,1000,test,{2}"
+path = os.path.join(tmp, "cp.csv")
+with open(path, "w") as f:
+    f.write(CP_HDR + "\n" + CP.format("cp_a2a", "torchtitan-compile", "alltoall") + "\n" +
+            CP.format("cp_ag", "torchtitan-compile", "allgather") + "\n")
+p = run("validate", path, "--json")
+if p.returncode == 0:
+    rows = {r["case"]: r.get("predicted") for r in json.loads(p.stdout)["rows"]}
+    SIM_CP = ["--model", "llama3.1-8b", "--gpus", "8", "--gpu", "h100-sxm", "--mesh", "cp=8", "--cp", "8", "--seq",
+              "32768", "--micro-batch", "1", "--global-batch", "1", "--ac", "full", "--stack", "torchtitan-compile"]
+    want_a2a, want_ag = simulate(*SIM_CP, "--cp-rotate", "alltoall"), simulate(*SIM_CP, "--cp-rotate", "allgather")
+    check(same(rows["cp_a2a"], want_a2a), f"cp_rotate alltoall: {rows['cp_a2a']}, want {want_a2a}")
+    check(same(rows["cp_ag"], want_ag), f"cp_rotate allgather: {rows['cp_ag']}, want {want_ag}")
+    check(not same(want_a2a, want_ag), "the rotate method changes no prediction, so the column is not tested")
+with open(path, "w") as f:
+    f.write(CP_HDR + "\n" + CP.format("cp_mc", "megatron-core", "alltoall") + "\n")
+p = run("validate", path, "--json", want_rc=2)
+check("cp_mc" in p.stderr and "cp_rotate 'alltoall'" in p.stderr, f"cp_rotate on megatron-core: {p.stderr.strip()}")
 
 for f in fails:
     print("FAIL:", f)
