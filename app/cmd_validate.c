@@ -27,7 +27,7 @@
  * --tp-comm-overlap is on), fp8_recipe (with fp8 1: tensorwise, current, delayed,
  * rowwise, mxfp8 or blockwise, or Megatron-Bridge's fp8_cs, fp8_mx, fp8_sc and subchannel;
  * empty or absent: the stack's recipe), moe_dispatcher
- * (alltoall or deepep: how EP moves tokens, exec/plan.h; empty or absent: alltoall),
+ * (alltoall, deepep or hybridep: how EP moves tokens, exec/plan.h; empty or absent: alltoall),
  * cp_comm_type (Megatron-Core's --cp-comm-type on a megatron stack: p2p, all_gather or a2a;
  * empty or absent: p2p, its default), cp_rotate (torchtitan's context_parallel_rotate_method on
  * a torchtitan stack: allgather or alltoall; empty or absent: the stack's), moe_fp8_dispatch (1: DeepSeek-V3's float8 dispatch;
@@ -218,10 +218,9 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_recipe '%s': expected tensorwise, current, delayed, "
                     "rowwise, mxfp8 or blockwise (or Megatron-Bridge's fp8_cs, fp8_mx, fp8_sc)", where,
                     v->fp8_recipe);
-  if (v->moe_dispatcher[0] && strcmp(v->moe_dispatcher, "alltoall") != 0 && strcmp(v->moe_dispatcher, "deepep") != 0)
-    return mp_error(ctx, MP_ERR_INVALID, "%s: moe_dispatcher '%s': expected alltoall or deepep", where,
+  if (v->moe_dispatcher[0] && !mp_moe_dispatcher_parse(v->moe_dispatcher, &o->moe_dispatcher))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: moe_dispatcher '%s': expected alltoall, deepep or hybridep", where,
                     v->moe_dispatcher);
-  if (strcmp(v->moe_dispatcher, "deepep") == 0) o->moe_dispatcher = MP_MOE_DISPATCH_DEEPEP;
   if (v->cp_comm_type[0] && !mp_cp_comm_parse(v->cp_comm_type, &o->cp_comm))
     return mp_error(ctx, MP_ERR_INVALID, "%s: cp_comm_type '%s': expected p2p, all_gather, a2a or a2a+p2p", where,
                     v->cp_comm_type);

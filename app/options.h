@@ -148,8 +148,9 @@
 /* simulate and explain: the EP dispatcher and Megatron-Core's all-to-all overlap (mp_cmd_moe_comm) */
 #define MP_OPT_MOE_DISPATCHER                                                                      \
   { "--moe-dispatcher", "D", "how EP dispatch and combine move tokens: alltoall (NCCL's, a copy per " \
-    "token and expert) or deepep (Megatron-Core's flex dispatcher with DeepEP: a copy per token and " \
-    "remote node, forwarded over NVLink; megatron-core, ep > 1) (default alltoall)", NULL }
+    "token and expert), deepep (Megatron-Core's flex dispatcher with DeepEP: a copy per token and " \
+    "remote node, forwarded over NVLink; megatron-core, ep > 1) or hybridep (the flex dispatcher's " \
+    "HybridEP backend: the same movement on the stack's hybridep_sms) (default alltoall)", NULL }
 #define MP_OPT_OVERLAP_MOE_COMM                                                                    \
   { "--overlap-moe-comm", NULL, "Megatron-Core's --overlap-moe-expert-parallel-comm: the forward of " \
     "one micro-batch and the backward of another run as one step, each one's EP all-to-alls beside " \

@@ -281,14 +281,17 @@ static mp_status validate_model(mp_ctx *ctx, const mp_model *m) {
  * combined 1F1B exists for no pipelining and for the interleaved schedule only), no full
  * recompute (nor a recompute method or layer count). */
 static mp_status moe_overlap_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o) {
-  if ((unsigned)o->moe_dispatcher > MP_MOE_DISPATCH_DEEPEP)
-    return mp_error(ctx, MP_ERR_INVALID, "unknown MoE dispatcher %d; choose alltoall or deepep",
+  if ((unsigned)o->moe_dispatcher > MP_MOE_DISPATCH_HYBRIDEP)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown MoE dispatcher %d; choose alltoall, deepep or hybridep",
                     (int)o->moe_dispatcher);
-  if (o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP && (o->mem_model != MP_MEM_MODEL_MEGATRON || mesh->ep <= 1))
+  if (mp_moe_dispatch_by_node(o->moe_dispatcher) && (o->mem_model != MP_MEM_MODEL_MEGATRON || mesh->ep <= 1))
     return mp_error(ctx, MP_ERR_INVALID,
-                    "MoE dispatcher deepep is Megatron-Core's flex dispatcher with DeepEP (--moe-enable-"
-                    "deepep), which needs expert parallelism; here the %s memory model with ep=%d: use "
-                    "stack megatron-core with ep > 1 or the alltoall dispatcher",
+                    "MoE dispatcher %s is Megatron-Core's flex dispatcher with %s, which needs expert "
+                    "parallelism; here the %s memory model with ep=%d: use stack megatron-core with ep > 1 "
+                    "or the alltoall dispatcher",
+                    o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP ? "deepep" : "hybridep",
+                    o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP ? "DeepEP (--moe-enable-deepep)"
+                                                                : "HybridEP (--moe-flex-dispatcher-backend hybridep)",
                     mp_mem_model_name(o->mem_model), mesh->ep);
   if (o->moe_fp8_dispatch && (mesh->ep <= 1 || !o->fp8))
     return mp_error(ctx, MP_ERR_INVALID,

@@ -266,8 +266,22 @@ typedef enum mp_cp_comm {
  * alltoall dispatcher, its default); or DeepEP's kernels (Megatron-Core's --moe-token-
  * dispatcher-type flex --moe-enable-deepep), which send a token over the network once per
  * destination node and forward it to that node's experts over NVLink (DeepSeek-V3, arXiv
- * 2412.19437 sec. 3.2.2; deepseek-ai/DeepEP's normal kernels). */
-typedef enum mp_moe_dispatcher { MP_MOE_DISPATCH_ALLTOALL = 0, MP_MOE_DISPATCH_DEEPEP } mp_moe_dispatcher;
+ * 2412.19437 sec. 3.2.2; deepseek-ai/DeepEP's normal kernels); or HybridEP, the flex
+ * dispatcher's other backend (--moe-flex-dispatcher-backend hybridep, core_v0.19.0; DeepEP's
+ * hybrid-ep branch), the same hierarchical movement (docs/README_Hybrid-EP.md: RDMA between
+ * nodes, NVLink inside one) by TMA kernels on an SM count of their own (the stack's
+ * hybridep_sms), its received counts read by the host as DeepEP's are unless a capacity bounds
+ * them (core_v0.19.0 token_dispatcher.py _HybridEPManager: "HybridEP sizes buffers dynamically
+ * (CPU sync in dispatch)"; mp_moe_host_sync). */
+typedef enum mp_moe_dispatcher {
+  MP_MOE_DISPATCH_ALLTOALL = 0,
+  MP_MOE_DISPATCH_DEEPEP,
+  MP_MOE_DISPATCH_HYBRIDEP
+} mp_moe_dispatcher;
+/* Whether d sends a token once per destination node (DeepEP, HybridEP). */
+static inline int mp_moe_dispatch_by_node(mp_moe_dispatcher d) {
+  return d == MP_MOE_DISPATCH_DEEPEP || d == MP_MOE_DISPATCH_HYBRIDEP;
+}
 
 /* What Megatron-Core captures in CUDA graphs (megatron/core/transformer/transformer_config.py
  * and transformer_layer.py, core_v0.14.0). A captured kernel is replayed from the graph:
@@ -503,8 +517,8 @@ typedef struct mp_plan_options {
                             micro-pipelined TP) and Megatron-Core's --tp-comm-overlap
                             (Transformer Engine's userbuffers, which pipeline the same pairs).
                             0: off (default); not under the runtimes' memory models */
-  mp_moe_dispatcher moe_dispatcher; /* default ALLTOALL; DEEPEP: the megatron memory model
-                                       with ep > 1 */
+  mp_moe_dispatcher moe_dispatcher; /* default ALLTOALL; DEEPEP, HYBRIDEP: the megatron
+                                       memory model with ep > 1 */
   int moe_a2a_overlap;   /* Megatron-Core's --overlap-moe-expert-parallel-comm: in the
                             steady state the forward of one micro-batch and the backward of
                             another run as one step, each one's EP all-to-alls beside the
@@ -821,6 +835,9 @@ static inline const char *mp_cp_rotate_name(mp_cp_rotate r) {
 }
 /* The rotate method named s into *out: 1, or 0 for any other string (*out untouched). */
 int mp_cp_rotate_parse(const char *s, mp_cp_rotate *out);
+/* The dispatcher named s ("alltoall", "deepep", "hybridep") into *out: 1, or 0 for any other
+ * string (*out untouched). */
+int mp_moe_dispatcher_parse(const char *s, mp_moe_dispatcher *out);
 /* "p2p", "all_gather", "a2a", "a2a+p2p" ("?" out of range): Megatron-Core's --cp-comm-type
  * values as Transformer Engine spells them. */
 const char *mp_cp_comm_name(mp_cp_comm c);

@@ -120,6 +120,16 @@ int mp_fp8_recipe_parse(const char *s, mp_fp8_recipe *out) {
   return 0;
 }
 
+int mp_moe_dispatcher_parse(const char *s, mp_moe_dispatcher *out) {
+  static const char *const names[] = {"alltoall", "deepep", "hybridep"};
+  for (int k = MP_MOE_DISPATCH_ALLTOALL; k <= MP_MOE_DISPATCH_HYBRIDEP; k++)
+    if (s && strcmp(s, names[k]) == 0) {
+      *out = (mp_moe_dispatcher)k;
+      return 1;
+    }
+  return 0;
+}
+
 int mp_cp_rotate_parse(const char *s, mp_cp_rotate *out) {
   for (int k = MP_CP_ROTATE_ALLGATHER; k <= MP_CP_ROTATE_ALLTOALL; k++)
     if (s && strcmp(s, mp_cp_rotate_name((mp_cp_rotate)k)) == 0) {

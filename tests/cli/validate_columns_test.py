@@ -4,7 +4,8 @@ cuda_graphs iteration with ddp_check_grads empty runs without the DDP's NaN chec
 asserts --no-check-for-nan-in-loss-and-grad under --cuda-graph-scope full_iteration), and
 overlap_moe_comm 1 is simulate's --overlap-moe-comm, and recompute_modules split by '/' (NeMo
 2.0's spelling) is the list split by spaces, and Megatron-Bridge's fp8_cs, fp8_mx and fp8_sc name
-tensorwise, mxfp8 and blockwise, and cp_rotate is simulate's --cp-rotate; each row's prediction is simulate's with the same
+tensorwise, mxfp8 and blockwise, cp_rotate is simulate's --cp-rotate, and moe_dispatcher hybridep is --moe-dispatcher hybridep;
+each row's prediction is simulate's with the same
 options.
 
 Usage: validate_columns_test.py MESHPLAN"""
@@ -20,14 +21,14 @@ cli_check.BIN = sys.argv[1]
 
 HDR = ("case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,"
        "pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,async_tp,stack,metric,"
-       "value,notes,cuda_graphs,ddp_check_grads,overlap_moe_comm,recompute_modules,fp8_recipe")
+       "value,notes,cuda_graphs,ddp_check_grads,overlap_moe_comm,recompute_modules,fp8_recipe,moe_dispatcher")
 # Llama 3 8B on 8 B200s under plain data parallelism (Megatron-Bridge's llama3 8B B200 layout:
 # GBS 128, MBS 2, seq 8192, cuda_graph_scope full_iteration), one row per NaN-check setting.
 DENSE = "{0},test,llama3-8b,8,b200,8,400,8,1,1,1,,,1,1,8192,16,2,128,none,0,0,,megatron-core,"\
-        "tokens_per_s_per_gpu,1000,test,{1},{2},,,"
+        "tokens_per_s_per_gpu,1000,test,{1},{2},,,,"
 # Qwen3-30B-A3B on 16 H100s, EP 16 (Megatron-Bridge's H100 layout), with and without the overlap.
 MOE = "{0},test,qwen3-30b-a3b,16,h100-sxm,8,400,16,1,1,1,,,1,16,4096,64,1,1024,none,0,0,,{1},"\
-      "tokens_per_s_per_gpu,1000,test,,,{2},{3},"
+      "tokens_per_s_per_gpu,1000,test,,,{2},{3},,"
 tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
 
 
@@ -104,7 +105,9 @@ PAIRS = (("tensorwise", "fp8_cs", "h100-sxm"), ("mxfp8", "fp8_mx", "b200"), ("bl
 rows_in = []
 for name, alias, gpu in PAIRS:
     row = FP8.replace(",b200,", f",{gpu},")
-    rows_in += [row.format(f"r_{alias}_{gpu}", "", "") + name, row.format(f"a_{alias}_{gpu}", "", "") + alias]
+    # the recipe in the fp8_recipe column, the last but one
+    rows_in += [row.format(f"r_{alias}_{gpu}", "", "")[:-1] + name + ",",
+                row.format(f"a_{alias}_{gpu}", "", "")[:-1] + alias + ","]
 p = validate(rows_in)
 if p.returncode == 0:
     rows = {r["case"]: r.get("predicted") for r in json.loads(p.stdout)["rows"]}
@@ -137,6 +140,24 @@ with open(path, "w") as f:
     f.write(CP_HDR + "\n" + CP.format("cp_mc", "megatron-core", "alltoall") + "\n")
 p = run("validate", path, "--json", want_rc=2)
 check("cp_mc" in p.stderr and "cp_rotate 'alltoall'" in p.stderr, f"cp_rotate on megatron-core: {p.stderr.strip()}")
+
+# ---- moe_dispatcher hybridep: DeepEP's movement on the stack's hybridep_sms (32) ----
+# Qwen3-30B-A3B over 16 H100s (two nodes), EP 16: without the EP overlap the SMs price nothing
+# and HybridEP's step is DeepEP's; with it the paired compute runs on 132 - 32 SMs instead of
+# 132 - 20, 132/100 = 1.32 against 132/112 = 1.18 as long, so the step is no shorter.
+MOE_D = MOE.replace(",1000,test,,,{2},{3},", ",1000,test,,,{2},{3},,{4}")
+p = validate([MOE_D.format(f"{d}_{ov or 0}", "megatron-core", ov, "", d) for d in ("hybridep", "deepep")
+              for ov in ("", "1")])
+if p.returncode == 0:
+    rows = {r["case"]: r.get("predicted") for r in json.loads(p.stdout)["rows"]}
+    want = simulate(*SIM_MOE, "--moe-dispatcher", "hybridep")
+    check(same(rows["hybridep_0"], want), f"moe_dispatcher hybridep: {rows['hybridep_0']}, simulate {want}")
+    check(same(rows["hybridep_0"], rows["deepep_0"]), f"hybridep {rows['hybridep_0']} is not deepep's "
+          f"{rows['deepep_0']} without the overlap")
+    check(same(rows["hybridep_1"], simulate(*SIM_MOE, "--moe-dispatcher", "hybridep", "--overlap-moe-comm")),
+          "hybridep with the overlap is not simulate's")
+    check(rows["hybridep_1"] <= rows["deepep_1"] and not same(rows["hybridep_1"], rows["deepep_1"]),
+          f"with the overlap hybridep's 32 SMs: {rows['hybridep_1']} tokens/s, deepep's 20: {rows['deepep_1']}")
 
 for f in fails:
     print("FAIL:", f)
