@@ -165,15 +165,12 @@ mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
 mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                              mp_plan_options *o) {
   const char *d = mp_args_get(spec, "--moe-dispatcher");
-  if (d && strcmp(d, "alltoall") != 0 && strcmp(d, "deepep") != 0)
-    return mp_error(ctx, MP_ERR_USAGE, "--moe-dispatcher '%s': choose alltoall or deepep", d);
-  if (d && strcmp(d, "deepep") == 0) {
-    if (prof->mem_model != MP_MEM_MODEL_MEGATRON)
-      return mp_error(ctx, MP_ERR_USAGE,
-                      "--moe-dispatcher deepep is Megatron-Core's flex dispatcher with DeepEP; stack %s "
-                      "does not run it: use megatron-core or drop it", prof->name);
-    o->moe_dispatcher = MP_MOE_DISPATCH_DEEPEP;
-  }
+  if (d && !mp_moe_dispatcher_parse(d, &o->moe_dispatcher))
+    return mp_error(ctx, MP_ERR_USAGE, "--moe-dispatcher '%s': choose alltoall, deepep or hybridep", d);
+  if (mp_moe_dispatch_by_node(o->moe_dispatcher) && prof->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_USAGE,
+                    "--moe-dispatcher %s is Megatron-Core's flex dispatcher; stack %s does not run it: use "
+                    "megatron-core or drop it", d, prof->name);
   if (mp_args_has(spec, "--moe-fp8-dispatch")) o->moe_fp8_dispatch = 1; /* the plan checks ep and fp8 */
   if (!mp_args_has(spec, "--overlap-moe-comm")) return MP_OK;
   if (prof->mem_model != MP_MEM_MODEL_MEGATRON)

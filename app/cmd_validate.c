@@ -25,13 +25,16 @@
  * collectives fused with their GEMMs, torchtitan's AsyncTP as the published run enabled it;
  * 0: not; empty or absent: the stack's default, off but under megatron-core, whose
  * --tp-comm-overlap is on), fp8_recipe (with fp8 1: tensorwise, current, delayed,
- * rowwise, mxfp8 or blockwise; empty or absent: the stack's recipe), moe_dispatcher
- * (alltoall or deepep: how EP moves tokens, exec/plan.h; empty or absent: alltoall),
+ * rowwise, mxfp8 or blockwise, or Megatron-Bridge's fp8_cs, fp8_mx, fp8_sc and subchannel;
+ * empty or absent: the stack's recipe), moe_dispatcher
+ * (alltoall, deepep or hybridep: how EP moves tokens, exec/plan.h; empty or absent: alltoall),
  * cp_comm_type (Megatron-Core's --cp-comm-type on a megatron stack: p2p, all_gather or a2a;
- * empty or absent: p2p, its default), moe_fp8_dispatch (1: DeepSeek-V3's float8 dispatch;
+ * empty or absent: p2p, its default), cp_rotate (torchtitan's context_parallel_rotate_method on
+ * a torchtitan stack: allgather or alltoall; empty or absent: the stack's), moe_fp8_dispatch (1: DeepSeek-V3's float8 dispatch;
  * empty or absent: off), ce_fusion (1: Megatron-Core's --cross-entropy-loss-fusion; empty or
  * absent: off), ddp_average_in_collective (1: Megatron-LM's --ddp-average-in-collective) and
- * ddp_check_grads (0: its --no-check-for-nan-in-loss-and-grad; empty or absent: the stack's),
+ * ddp_check_grads (0: its --no-check-for-nan-in-loss-and-grad; empty or absent: the stack's,
+ * and 0 under cuda_graphs iteration, which Megatron-LM runs only without the check),
  * ddp_align_param_gather (1: its --align-param-gather; empty or absent: off), ddp_bucket_size
  * (its --ddp-bucket-size in elements; empty or absent: one bucket a block), grad_accum_fusion
  * (0: its --no-gradient-accumulation-fusion; empty or absent: the stack's), recompute_modules
@@ -52,7 +55,9 @@
  * max_ctas as Megatron-Core's communicator config sets it, name:N split by spaces, sim.h
  * mp_sim_nccl_ctas_parse; empty or absent: NCCL's channel count), ub_cfg (Transformer Engine's
  * userbuffers config, gemm:method:num_sm:set_sm_margin split by spaces, sim.h
- * mp_sim_ub_cfg_parse; empty or absent: TE's default). The stack's options
+ * mp_sim_ub_cfg_parse; empty or absent: TE's default), overlap_moe_comm (1: Megatron-Core's
+ * --overlap-moe-expert-parallel-comm, simulate's --overlap-moe-comm; empty or absent: off).
+ * The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
  *
  * Prints per row predicted vs published with the percentage error, then per metric the
@@ -149,12 +154,19 @@ static mp_status read_mesh(mp_ctx *ctx, const char *where, const mp_vrow *v, mp_
 
 /* The Megatron-LM and Megatron-Core options a row states beside its mesh: the fused loss,
  * the DDP's (averaging, NaN check, aligned gathers, buckets, gradient accumulation fusion),
- * the recompute modules, CUDA graphs, NCCL communicators' caps and userbuffers; each refusal
+ * the recompute modules, CUDA graphs, NCCL communicators' caps, userbuffers and the EP
+ * communication overlap; each refusal
  * prefixed with the row. */
 static mp_status megatron_run_options(mp_ctx *ctx, const char *where, const mp_vrow *v, row_job *j) {
   mp_plan_options *o = &j->o;
+  /* Under full-iteration CUDA graphs an empty ddp_check_grads is 0: Megatron-LM asserts
+   * --no-check-for-nan-in-loss-and-grad with --cuda-graph-scope full_iteration (exec/rules.c),
+   * so every run that launched so had the check off, as Megatron-Bridge's performance scripts
+   * set it for every run (scripts/performance/utils/overrides.py at c8327cfc2^,
+   * _set_common_perf_overrides: ddp.check_for_nan_in_grad = False). */
+  const int no_check = v->ddp_check_grads == 0 || (v->ddp_check_grads < 0 && strcmp(v->cuda_graphs, "iteration") == 0);
   if ((v->ce_fusion == 1 && mp_cmd_fuse_loss(ctx, &j->prof, o) != MP_OK) ||
-      mp_cmd_ddp_bucket_prep(ctx, &j->prof, v->ddp_average_in_collective == 1, v->ddp_check_grads == 0,
+      mp_cmd_ddp_bucket_prep(ctx, &j->prof, v->ddp_average_in_collective == 1, no_check,
                              v->ddp_align_param_gather == 1, v->ddp_bucket_size, o) != MP_OK ||
       (v->grad_accum_fusion == 0 && mp_cmd_wgrad_unfused(ctx, &j->prof, o) != MP_OK) ||
       (v->recompute_modules[0] && mp_recompute_modules_parse(ctx, v->recompute_modules, o) != MP_OK) ||
@@ -164,6 +176,11 @@ static mp_status megatron_run_options(mp_ctx *ctx, const char *where, const mp_v
     mp_error_prefix(ctx, "%s", where);
     return ctx->last;
   }
+  if (v->overlap_moe_comm == 1 && o->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: overlap_moe_comm 1 is Megatron-Core's "
+                    "--overlap-moe-expert-parallel-comm; stack %s does not run it: empty the column", where,
+                    j->prof.name);
+  o->moe_a2a_overlap = v->overlap_moe_comm == 1; /* the plan checks ep, the schedule and AC */
   return MP_OK;
 }
 
@@ -199,17 +216,21 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   o->fp8 = v->fp8 != 0;
   if (v->fp8_recipe[0] && !mp_fp8_recipe_parse(v->fp8_recipe, &o->fp8_opts.recipe))
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_recipe '%s': expected tensorwise, current, delayed, "
-                    "rowwise, mxfp8 or blockwise", where, v->fp8_recipe);
-  if (v->moe_dispatcher[0] && strcmp(v->moe_dispatcher, "alltoall") != 0 && strcmp(v->moe_dispatcher, "deepep") != 0)
-    return mp_error(ctx, MP_ERR_INVALID, "%s: moe_dispatcher '%s': expected alltoall or deepep", where,
+                    "rowwise, mxfp8 or blockwise (or Megatron-Bridge's fp8_cs, fp8_mx, fp8_sc)", where,
+                    v->fp8_recipe);
+  if (v->moe_dispatcher[0] && !mp_moe_dispatcher_parse(v->moe_dispatcher, &o->moe_dispatcher))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: moe_dispatcher '%s': expected alltoall, deepep or hybridep", where,
                     v->moe_dispatcher);
-  if (strcmp(v->moe_dispatcher, "deepep") == 0) o->moe_dispatcher = MP_MOE_DISPATCH_DEEPEP;
   if (v->cp_comm_type[0] && !mp_cp_comm_parse(v->cp_comm_type, &o->cp_comm))
     return mp_error(ctx, MP_ERR_INVALID, "%s: cp_comm_type '%s': expected p2p, all_gather, a2a or a2a+p2p", where,
                     v->cp_comm_type);
   if (v->cp_comm_type[0] && o->mem_model != MP_MEM_MODEL_MEGATRON)
     return mp_error(ctx, MP_ERR_INVALID, "%s: cp_comm_type '%s' is Megatron-Core's --cp-comm-type; stack %s "
                     "does not run it: empty the column", where, v->cp_comm_type, j->prof.name);
+  if (v->cp_rotate[0] && (o->mem_model != MP_MEM_MODEL_TORCHTITAN || !mp_cp_rotate_parse(v->cp_rotate, &o->cp_rotate)))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: cp_rotate '%s' is PyTorch's context-parallel ring's rotate method "
+                    "(torchtitan's context_parallel_rotate_method, simulate's --cp-rotate): allgather or alltoall "
+                    "on a torchtitan stack; stack %s: empty the column", where, v->cp_rotate, j->prof.name);
   if (v->moe_imbalance > 0.0) o->moe_routing.imbalance = v->moe_imbalance;
   o->moe_routing.capacity_factor = v->moe_capacity_factor;
   if (v->sp >= 0) o->sp = v->sp;

@@ -161,6 +161,10 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p) {
     return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: Megatron-LM core_v0.14.0 runs no DualPipe schedule "
                     "(DeepSeek's HAI-LLM and deepseek-ai/DualPipe do); plan with --pp-schedule 1f1b or "
                     "interleaved");
+  if (p->o->moe_dispatcher == MP_MOE_DISPATCH_HYBRIDEP)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: Megatron-LM core_v0.14.0's flex dispatcher has no "
+                    "HybridEP backend (--moe-flex-dispatcher-backend hybridep is later); plan with "
+                    "--moe-dispatcher deepep or alltoall");
   if (p->o->moe_fp8_dispatch)
     return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: float8 dispatch has no pretrain_gpt.py argument in "
                     "core_v0.14.0; drop --moe-fp8-dispatch");

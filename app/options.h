@@ -75,7 +75,7 @@
 /* simulate and explain: Megatron-Core's output-discarding recompute modules (mp_cmd_plan_options) */
 #define MP_OPT_RECOMPUTE_MODULES                                                                   \
   { "--recompute-modules", "LIST", "Megatron-Core's --recompute-modules under selective granularity, " \
-    "names split by commas: layernorm (input_layernorm and pre_mlp_layernorm), mla_up_proj (MLA's "   \
+    "names split by commas or slashes: layernorm (input_layernorm and pre_mlp_layernorm), mla_up_proj (MLA's "   \
     "latent norms, up projections and RoPE), moe_act (the routed experts' SwiGLU), each output freed " \
     "after its consumer ran and recomputed in backward; core_attn is --ac selective-core. Beside --ac " \
     "none or selective-core; e.g. DeepSeek-V3's layernorm,mla_up_proj,moe_act", NULL }
@@ -148,8 +148,9 @@
 /* simulate and explain: the EP dispatcher and Megatron-Core's all-to-all overlap (mp_cmd_moe_comm) */
 #define MP_OPT_MOE_DISPATCHER                                                                      \
   { "--moe-dispatcher", "D", "how EP dispatch and combine move tokens: alltoall (NCCL's, a copy per " \
-    "token and expert) or deepep (Megatron-Core's flex dispatcher with DeepEP: a copy per token and " \
-    "remote node, forwarded over NVLink; megatron-core, ep > 1) (default alltoall)", NULL }
+    "token and expert), deepep (Megatron-Core's flex dispatcher with DeepEP: a copy per token and " \
+    "remote node, forwarded over NVLink; megatron-core, ep > 1) or hybridep (the flex dispatcher's " \
+    "HybridEP backend: the same movement on the stack's hybridep_sms) (default alltoall)", NULL }
 #define MP_OPT_OVERLAP_MOE_COMM                                                                    \
   { "--overlap-moe-comm", NULL, "Megatron-Core's --overlap-moe-expert-parallel-comm: the forward of " \
     "one micro-batch and the backward of another run as one step, each one's EP all-to-alls beside " \

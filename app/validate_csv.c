@@ -151,14 +151,15 @@ static mp_status check_batch(const reader *r, const mp_vrow *row) {
 }
 
 /* The optional columns of how Megatron-LM runs the step: its fused cross-entropy, its DDP's
- * bucket scaling, NaN check and bucket size, Megatron-Core's CUDA graphs, its NCCL communicators' CTA caps,
- * Transformer Engine's userbuffers config. */
+ * bucket scaling, NaN check and bucket size, Megatron-Core's CUDA graphs, its EP communication
+ * overlap, its NCCL communicators' CTA caps, Transformer Engine's userbuffers config. */
 static mp_status read_megatron_run(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_flag(r, "ce_fusion", &row->ce_fusion));
   MP_CHECK(opt_flag(r, "ddp_average_in_collective", &row->ddp_average_in_collective));
   MP_CHECK(opt_flag(r, "ddp_check_grads", &row->ddp_check_grads));
   MP_CHECK(opt_flag(r, "ddp_align_param_gather", &row->ddp_align_param_gather));
   MP_CHECK(opt_flag(r, "grad_accum_fusion", &row->grad_accum_fusion));
+  MP_CHECK(opt_flag(r, "overlap_moe_comm", &row->overlap_moe_comm));
   row->ddp_bucket_size = 0;
   const char *bs = field(r, "ddp_bucket_size");
   if (bs && bs[0]) MP_CHECK(int_in(r, "ddp_bucket_size", bs, 1, MP_LIM_PARAMS, &row->ddp_bucket_size));
@@ -237,6 +238,7 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   }
   MP_CHECK(opt_str(r, "moe_dispatcher", row->moe_dispatcher, sizeof row->moe_dispatcher));
   MP_CHECK(opt_str(r, "cp_comm_type", row->cp_comm_type, sizeof row->cp_comm_type));
+  MP_CHECK(opt_str(r, "cp_rotate", row->cp_rotate, sizeof row->cp_rotate));
   MP_CHECK(opt_real(r, "moe_imbalance", 1.0, &row->moe_imbalance));
   MP_CHECK(opt_real(r, "moe_capacity_factor", 0.0, &row->moe_capacity_factor));
   row->micro_batch = 0;

@@ -65,6 +65,9 @@ typedef struct mp_vrow {
                              "" when the column is absent or empty: alltoall */
   char cp_comm_type[16];   /* as written (p2p, all_gather, a2a: exec/plan.h, mp_cp_comm), a
                              megatron stack's; "" when the column is absent or empty: p2p */
+  char cp_rotate[16];      /* as written (allgather, alltoall: PyTorch's ring as torchtitan's
+                              context_parallel_rotate_method sets it, exec/plan.h mp_cp_rotate), on
+                              a torchtitan row; "" when absent or empty: the stack's */
   double moe_imbalance;       /* optional column: the busiest EP rank's routed tokens over the
                                  mean, in [1, MP_LIM_MOE_LOAD]; 0 when absent or empty (1) */
   double moe_capacity_factor; /* optional column: Megatron-Core's expert capacity factor, in
@@ -106,6 +109,9 @@ typedef struct mp_vrow {
   int grad_accum_fusion; /* 0: Megatron-LM's --no-gradient-accumulation-fusion (exec/plan.h,
                            mp_ddp_options.wgrad_unfused); 1, or -1 when absent or empty: the
                            stack's fusion */
+  int overlap_moe_comm;  /* 0 or 1: Megatron-Core's --overlap-moe-expert-parallel-comm (exec/plan.h,
+                           moe_a2a_overlap; simulate's --overlap-moe-comm); -1 when absent or
+                           empty: off */
   int64_t ddp_bucket_size; /* Megatron-LM's --ddp-bucket-size in elements (exec/plan.h,
                            mp_ddp_options.bucket_size); 0 when absent or empty: one bucket a block */
   int async_tp;         /* 0 or 1: the TP collectives fused with their GEMMs (torchtitan's

@@ -815,7 +815,12 @@ int64_t mp_model_active_param_count(const mp_model *m) {
 double mp_model_attended_keys(const mp_model *m, int64_t seq) {
   const double s = (double)seq, w = (double)m->sliding_window;
   if (!mp_model_window_applies(m, seq)) return s / 2.0;
-  return w - w * w / (2.0 * s);
+  const double windowed = w - w * w / (2.0 * s);
+  if (m->window_attn_skip_freq <= 0) return windowed;
+  /* every window_attn_skip_freq-th block attends to the causal half: the mean over the blocks,
+   * which every block's attention is priced at */
+  const double full = (double)(m->n_layers / m->window_attn_skip_freq), all = (double)m->n_layers;
+  return ((all - full) * windowed + full * s / 2.0) / all;
 }
 
 int mp_model_window_applies(const mp_model *m, int64_t seq) {

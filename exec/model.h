@@ -114,6 +114,10 @@ typedef enum mp_norm { MP_NORM_FAMILY = 0, MP_NORM_RMS, MP_NORM_LAYER } mp_norm;
   /* sliding_window > 0: a query attends to the last sliding_window positions, itself included */                                                                               \
   /* (Mistral 7B, Jiang et al. 2023); 0: to the whole causal prefix */                                                                                                          \
   F(sliding_window,   I64,  TOP, 0,   0,                          0,  MP_LIM_SEQ,            CLOSED,  FIRST, 0,     "sliding_window")          /* attention window           */ \
+  /* window_attn_skip_freq N > 0 with a sliding_window: every N-th block (1-based: N, 2N, ...) */                                                                                 \
+  /* attends to the whole causal prefix (Megatron-Core's window_attn_skip_freq, utils.py */                                                                                      \
+  /* is_layer_window_attention at core_v0.19.0; gpt-oss: 2); 0: every block windowed */                                                                                          \
+  F(window_attn_skip_freq, I64, TOP, 0, 0,                        0,  MP_MAX_LAYERS,         CLOSED,  FIRST, 0,     NULL)                      /* full-attention block freq  */ \
   /* attn_chunk > 0: chunked attention (Llama 4, Hugging Face attention_chunk_size): three of */                                                                                \
   /* every four blocks attend within chunks of attn_chunk positions, the fourth (without RoPE) */                                                                                \
   /* to the whole prefix; modelled where the chunk holds the sequence (mp_model_check_step) */                                                                                   \
@@ -252,7 +256,8 @@ int64_t mp_model_matmul_param_count(const mp_model *m);
 /* Keys a query attends to on average in a causal sequence of seq tokens: seq / 2 (to
  * within a token: (seq + 1) / 2 exactly, the convention's seq / 2), or under a sliding
  * window W < seq, W - W^2 / (2 seq) (the first W queries see a growing prefix, the rest W
- * keys each). */
+ * keys each); with window_attn_skip_freq N, the mean over the blocks of the windowed ones'
+ * figure and, on every N-th block, seq / 2. */
 double mp_model_attended_keys(const mp_model *m, int64_t seq);
 /* 1 when the sliding window limits attention at this sequence length (seq > window): the
  * attention is then not the plain causal one. */

@@ -281,14 +281,17 @@ static mp_status validate_model(mp_ctx *ctx, const mp_model *m) {
  * combined 1F1B exists for no pipelining and for the interleaved schedule only), no full
  * recompute (nor a recompute method or layer count). */
 static mp_status moe_overlap_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o) {
-  if ((unsigned)o->moe_dispatcher > MP_MOE_DISPATCH_DEEPEP)
-    return mp_error(ctx, MP_ERR_INVALID, "unknown MoE dispatcher %d; choose alltoall or deepep",
+  if ((unsigned)o->moe_dispatcher > MP_MOE_DISPATCH_HYBRIDEP)
+    return mp_error(ctx, MP_ERR_INVALID, "unknown MoE dispatcher %d; choose alltoall, deepep or hybridep",
                     (int)o->moe_dispatcher);
-  if (o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP && (o->mem_model != MP_MEM_MODEL_MEGATRON || mesh->ep <= 1))
+  if (mp_moe_dispatch_by_node(o->moe_dispatcher) && (o->mem_model != MP_MEM_MODEL_MEGATRON || mesh->ep <= 1))
     return mp_error(ctx, MP_ERR_INVALID,
-                    "MoE dispatcher deepep is Megatron-Core's flex dispatcher with DeepEP (--moe-enable-"
-                    "deepep), which needs expert parallelism; here the %s memory model with ep=%d: use "
-                    "stack megatron-core with ep > 1 or the alltoall dispatcher",
+                    "MoE dispatcher %s is Megatron-Core's flex dispatcher with %s, which needs expert "
+                    "parallelism; here the %s memory model with ep=%d: use stack megatron-core with ep > 1 "
+                    "or the alltoall dispatcher",
+                    o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP ? "deepep" : "hybridep",
+                    o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP ? "DeepEP (--moe-enable-deepep)"
+                                                                : "HybridEP (--moe-flex-dispatcher-backend hybridep)",
                     mp_mem_model_name(o->mem_model), mesh->ep);
   if (o->moe_fp8_dispatch && (mesh->ep <= 1 || !o->fp8))
     return mp_error(ctx, MP_ERR_INVALID,
@@ -483,9 +486,12 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
     if (o->n_pp_layers == 0 && !mp_rule_pp_chunks_ok(m->n_layers, pp, v))
       return mp_error(ctx, MP_ERR_INVALID,
                       "pp=%d x pp_virtual=%d makes %lld model chunks for the %lld layers of %s; "
-                      "a chunk needs at least one layer: choose pp x pp_virtual <= %lld",
+                      "a chunk needs at least one layer: choose pp x pp_virtual <= %lld, or state the "
+                      "chunks with the embedding and the loss as chunks of their own (--pp-layout, "
+                      "validate's pp_layout: Megatron-LM's --pipeline-model-parallel-layout, e.g. "
+                      "\"E|(t|)*%lldL\" for %lld chunks)",
                       pp, v, (long long)K, (long long)m->n_layers, m->name,
-                      (long long)m->n_layers);
+                      (long long)m->n_layers, (long long)m->n_layers, (long long)m->n_layers + 2);
   }
   if (o->seq > 0 && o->seq % cp != 0)
     return mp_error(ctx, MP_ERR_INVALID,

@@ -266,8 +266,22 @@ typedef enum mp_cp_comm {
  * alltoall dispatcher, its default); or DeepEP's kernels (Megatron-Core's --moe-token-
  * dispatcher-type flex --moe-enable-deepep), which send a token over the network once per
  * destination node and forward it to that node's experts over NVLink (DeepSeek-V3, arXiv
- * 2412.19437 sec. 3.2.2; deepseek-ai/DeepEP's normal kernels). */
-typedef enum mp_moe_dispatcher { MP_MOE_DISPATCH_ALLTOALL = 0, MP_MOE_DISPATCH_DEEPEP } mp_moe_dispatcher;
+ * 2412.19437 sec. 3.2.2; deepseek-ai/DeepEP's normal kernels); or HybridEP, the flex
+ * dispatcher's other backend (--moe-flex-dispatcher-backend hybridep, core_v0.19.0; DeepEP's
+ * hybrid-ep branch), the same hierarchical movement (docs/README_Hybrid-EP.md: RDMA between
+ * nodes, NVLink inside one) by TMA kernels on an SM count of their own (the stack's
+ * hybridep_sms), its received counts read by the host as DeepEP's are unless a capacity bounds
+ * them (core_v0.19.0 token_dispatcher.py _HybridEPManager: "HybridEP sizes buffers dynamically
+ * (CPU sync in dispatch)"; mp_moe_host_sync). */
+typedef enum mp_moe_dispatcher {
+  MP_MOE_DISPATCH_ALLTOALL = 0,
+  MP_MOE_DISPATCH_DEEPEP,
+  MP_MOE_DISPATCH_HYBRIDEP
+} mp_moe_dispatcher;
+/* Whether d sends a token once per destination node (DeepEP, HybridEP). */
+static inline int mp_moe_dispatch_by_node(mp_moe_dispatcher d) {
+  return d == MP_MOE_DISPATCH_DEEPEP || d == MP_MOE_DISPATCH_HYBRIDEP;
+}
 
 /* What Megatron-Core captures in CUDA graphs (megatron/core/transformer/transformer_config.py
  * and transformer_layer.py, core_v0.14.0). A captured kernel is replayed from the graph:
@@ -503,8 +517,8 @@ typedef struct mp_plan_options {
                             micro-pipelined TP) and Megatron-Core's --tp-comm-overlap
                             (Transformer Engine's userbuffers, which pipeline the same pairs).
                             0: off (default); not under the runtimes' memory models */
-  mp_moe_dispatcher moe_dispatcher; /* default ALLTOALL; DEEPEP: the megatron memory model
-                                       with ep > 1 */
+  mp_moe_dispatcher moe_dispatcher; /* default ALLTOALL; DEEPEP, HYBRIDEP: the megatron
+                                       memory model with ep > 1 */
   int moe_a2a_overlap;   /* Megatron-Core's --overlap-moe-expert-parallel-comm: in the
                             steady state the forward of one micro-batch and the backward of
                             another run as one step, each one's EP all-to-alls beside the
@@ -809,7 +823,8 @@ int mp_pp_layout_embedding_loss(int64_t n_layers, int pp, int v, mp_plan_options
 /* "default", "tensorwise", "delayed", "rowwise", "mxfp8", "blockwise" ("?" out of range). */
 const char *mp_fp8_recipe_name(mp_fp8_recipe r);
 /* The recipe named s into *out: 1, or 0 for any other string (*out untouched); "current"
- * (Transformer Engine's name of per-tensor current scaling) is TENSORWISE. */
+ * (Transformer Engine's name of per-tensor current scaling) and "fp8_cs" are TENSORWISE,
+ * "fp8_mx" MXFP8, "fp8_sc" and "subchannel" BLOCKWISE (Megatron-Bridge's names). */
 int mp_fp8_recipe_parse(const char *s, mp_fp8_recipe *out);
 /* The recipe in words for notes: "tensorwise scales, each from its tensor's own amax". */
 const char *mp_fp8_recipe_words(mp_fp8_recipe r);
@@ -820,6 +835,9 @@ static inline const char *mp_cp_rotate_name(mp_cp_rotate r) {
 }
 /* The rotate method named s into *out: 1, or 0 for any other string (*out untouched). */
 int mp_cp_rotate_parse(const char *s, mp_cp_rotate *out);
+/* The dispatcher named s ("alltoall", "deepep", "hybridep") into *out: 1, or 0 for any other
+ * string (*out untouched). */
+int mp_moe_dispatcher_parse(const char *s, mp_moe_dispatcher *out);
 /* "p2p", "all_gather", "a2a", "a2a+p2p" ("?" out of range): Megatron-Core's --cp-comm-type
  * values as Transformer Engine spells them. */
 const char *mp_cp_comm_name(mp_cp_comm c);
@@ -851,7 +869,7 @@ void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap);
 /* Parses a policy name, or "full:N" (N >= 1; full:1 is full) into *out and *every (1 for
  * every block). MP_ERR_INVALID naming the choices otherwise. */
 mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every);
-/* Megatron-Core's --recompute-modules list (names split by commas or spaces) into o:
+/* Megatron-Core's --recompute-modules list (names split by commas, spaces or '/') into o:
  * core_attn sets o->ac to selective-core, layernorm, mla_up_proj and moe_act set
  * o->recompute_modules; mlp, moe and shared_experts (whole modules checkpointed) are refused
  * by name as not modelled, anything else as unknown (MP_ERR_INVALID). */

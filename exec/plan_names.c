@@ -93,15 +93,38 @@ const char *mp_fp8_recipe_words(mp_fp8_recipe r) {
   return (unsigned)r < MP_FP8_RECIPE_COUNT ? k_fp8_recipe_words[r] : "?";
 }
 
+/* Other names of the recipes: Transformer Engine's current scaling; Megatron-Bridge's
+ * performance scripts' compute dtypes (scripts/performance/utils/precision.py at c8327cfc2^,
+ * get_precision_config: fp8_cs bf16_with_fp8_current_scaling_mixed, fp8_mx
+ * bf16_with_mxfp8_mixed, fp8_sc bf16_with_fp8_subchannel_scaling_mixed) and its name for
+ * TE's Float8BlockScaling, subchannel scaling. */
+static const struct {
+  const char *name;
+  mp_fp8_recipe recipe;
+} k_fp8_recipe_aliases[] = {{"current", MP_FP8_TENSORWISE},  {"fp8_cs", MP_FP8_TENSORWISE},
+                            {"fp8_mx", MP_FP8_MXFP8},        {"fp8_sc", MP_FP8_BLOCKWISE},
+                            {"subchannel", MP_FP8_BLOCKWISE}};
+
 int mp_fp8_recipe_parse(const char *s, mp_fp8_recipe *out) {
   if (s == NULL) return 0;
-  if (strcmp(s, "current") == 0) {
-    *out = MP_FP8_TENSORWISE;
-    return 1;
-  }
+  for (size_t k = 0; k < sizeof k_fp8_recipe_aliases / sizeof k_fp8_recipe_aliases[0]; k++)
+    if (strcmp(s, k_fp8_recipe_aliases[k].name) == 0) {
+      *out = k_fp8_recipe_aliases[k].recipe;
+      return 1;
+    }
   for (int k = MP_FP8_TENSORWISE; k < MP_FP8_RECIPE_COUNT; k++)
     if (strcmp(s, k_fp8_recipe_names[k]) == 0) {
       *out = (mp_fp8_recipe)k;
+      return 1;
+    }
+  return 0;
+}
+
+int mp_moe_dispatcher_parse(const char *s, mp_moe_dispatcher *out) {
+  static const char *const names[] = {"alltoall", "deepep", "hybridep"};
+  for (int k = MP_MOE_DISPATCH_ALLTOALL; k <= MP_MOE_DISPATCH_HYBRIDEP; k++)
+    if (s && strcmp(s, names[k]) == 0) {
+      *out = (mp_moe_dispatcher)k;
       return 1;
     }
   return 0;
@@ -209,8 +232,10 @@ static mp_status rc_module(mp_ctx *ctx, const char *w, mp_plan_options *o) {
 mp_status mp_recompute_modules_parse(mp_ctx *ctx, const char *list, mp_plan_options *o) {
   char w[32];
   size_t n = 0;
+  /* a slash as NeMo 2.0 writes the list in its recommended model configs (scripts/performance/
+   * recommended_model_configs/model_configs_h100.csv, "mla_up_proj/mlp/moe", split on it by helpers.py) */
   for (const char *c = list;; c++) {
-    if (*c == ',' || *c == ' ' || *c == '\0') {
+    if (*c == ',' || *c == ' ' || *c == '/' || *c == '\0') {
       w[n] = '\0';
       if (n > 0) MP_CHECK(rc_module(ctx, w, o));
       n = 0;

@@ -242,7 +242,7 @@ int mp_moe_host_sync(const mp_model *m, const mp_plan_options *o) {
   if (!mp_model_is_moe(m) || o->mem_model != MP_MEM_MODEL_MEGATRON) return 0;
   /* drop-and-pad fixes every count from the capacity: preprocess returns before any sync
    * point is chosen (MoEAlltoAllTokenDispatcher.preprocess, core_v0.14.0) */
-  return o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP || !o->moe_routing.pad_to_capacity;
+  return mp_moe_dispatch_by_node(o->moe_dispatcher) || !o->moe_routing.pad_to_capacity;
 }
 
 mp_status mp_rule_cuda_graphs_check(mp_ctx *ctx, const mp_model *m, const mp_plan_options *o) {

@@ -373,7 +373,7 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
     double nic, nvl;
     const mp_moe_dispatcher d = g == MP_GROUP_EP ? ls->plan->opts.moe_dispatcher : MP_MOE_DISPATCH_ALLTOALL;
     mp_sim_ep_shares(l, &ls->plan->model, d, &nic, &nvl);
-    *dur = (d == MP_MOE_DISPATCH_DEEPEP ? mp_sim_deepep_s : mp_sim_alltoall_s)(op->bytes, l, prof->link_eff, nic, nvl) +
+    *dur = (mp_moe_dispatch_by_node(d) ? mp_sim_deepep_s : mp_sim_alltoall_s)(op->bytes, l, prof->link_eff, nic, nvl) +
            prof->comm_overhead_s;
   } else if (mp_gpu_is_cpu(&ls->cl->gpu))
     *dur = mp_sim_collective_s((mp_coll)op->coll, op->bytes, p2p ? 2 : n, l->GBps * prof->link_eff, l->lat_s) +

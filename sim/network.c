@@ -174,7 +174,7 @@ void mp_sim_ep_shares(const mp_sim_link *l, const mp_model *m, mp_moe_dispatcher
   const double n = l->n > 0 ? l->n : 1, pn = l->per_node > 0 ? l->per_node : 1;
   *nic_share = (n - pn) / n;
   *nvl_share = (pn - 1) / n;
-  if (d != MP_MOE_DISPATCH_DEEPEP || m->top_k < 1) return;
+  if (!mp_moe_dispatch_by_node(d) || m->top_k < 1) return;
   const int holders = l->nodes > 1 ? l->nodes : l->n;
   if (holders <= 1 || m->n_experts < holders) return;
   const double remote = remote_copies(holders, m) / (double)m->top_k;

@@ -128,9 +128,10 @@ static void fill_memory(const int64_t at_peak[MP_MEM_COUNT], const int64_t cat_m
  * compute slowed by DeepEP's SMs more than it hides, makes it longer). */
 static void a2a_overlap(const sim *x, const mp_schedule *s, const cop *cops, const mp_cluster *cl,
                         const mp_stack_profile *prof, mp_sim_stage *out) {
-  double slow = 1.0; /* beside DeepEP's SMs (sim/overlap.c) */
-  if (s->plan->opts.moe_dispatcher == MP_MOE_DISPATCH_DEEPEP && prof->deepep_sms > 0 && cl->gpu.sms > prof->deepep_sms)
-    slow = (double)cl->gpu.sms / (double)(cl->gpu.sms - prof->deepep_sms);
+  double slow = 1.0; /* beside DeepEP's or HybridEP's SMs (sim/overlap.c) */
+  const mp_moe_dispatcher d = s->plan->opts.moe_dispatcher;
+  const int held = d == MP_MOE_DISPATCH_DEEPEP ? prof->deepep_sms : d == MP_MOE_DISPATCH_HYBRIDEP ? prof->hybridep_sms : 0;
+  if (held > 0 && cl->gpu.sms > held) slow = (double)cl->gpu.sms / (double)(cl->gpu.sms - held);
   for (int c = 0; c < mp_plan_virtual_stages(s->plan) && c < MP_PP_MAX_VIRTUAL; c++)
     out->t.fb_save[c] = mp_sim_a2a_overlap_chunk_s(s, cops, c, slow);
   if (s->plan->mesh.size[MP_DIM_PP] > 1 || x->n_micro < 2) return;

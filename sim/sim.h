@@ -142,6 +142,8 @@ typedef struct mp_stack_profile {
                            model only: the SMs DeepEP's kernels take (Megatron-Core's
                            moe_deepep_num_sms), which compute overlapped with them loses
                            (sim/overlap.c) */
+  int hybridep_sms;     /* JSON "hybridep_sms", optional (default 0: none), the megatron memory
+                           model only: the same for HybridEP's kernels (moe_hybridep_num_sms) */
   int nccl_sm_contention; /* JSON "nccl_sm_contention", optional (default false): an NCCL
                            collective off the compute stream holds an SM per channel of its
                            communicator while it runs (mp_sim_nccl_ring_channels), and the

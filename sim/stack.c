@@ -48,6 +48,19 @@ static mp_status owned_bool(mp_ctx *ctx, const cJSON *j, const char *origin, con
   return MP_OK;
 }
 
+/* The SMs a flex-dispatcher backend's kernels take (key deepep_sms or hybridep_sms; 0 when
+ * absent), a megatron stack's only. */
+static mp_status read_dispatcher_sms(mp_ctx *ctx, const cJSON *j, const char *origin, const char *key,
+                                     const char *backend, const mp_stack_profile *p, int *out) {
+  *out = 0;
+  MP_CHECK(mp_json_get_int(ctx, j, origin, key, 0, out));
+  MP_CHECK(mp_check_i64(ctx, origin, key, *out, 0, 1024));
+  if (*out > 0 && p->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: %s is Megatron-Core's %s dispatcher's; the %s memory model does "
+                    "not run it: remove the key", origin, key, backend, mp_mem_model_name(p->mem_model));
+  return MP_OK;
+}
+
 /* What the stack runs (stack.h, sim.h's mp_stack_profile): attention, loss, SP and the AC
  * policies, with their defaults by memory model. */
 static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
@@ -104,12 +117,8 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
                       "tp_comm_overlap is Megatron-Core's (Transformer Engine's userbuffers)",
                       "does not run it", &p->tp_comm_overlap));
   if (p->tp_comm_overlap) p->async_tp = 1;
-  p->deepep_sms = 0;
-  MP_CHECK(mp_json_get_int(ctx, j, origin, "deepep_sms", 0, &p->deepep_sms));
-  MP_CHECK(mp_check_i64(ctx, origin, "deepep_sms", p->deepep_sms, 0, 1024));
-  if (p->deepep_sms > 0 && p->mem_model != MP_MEM_MODEL_MEGATRON)
-    return mp_error(ctx, MP_ERR_INVALID, "%s: deepep_sms is Megatron-Core's DeepEP dispatcher's; the %s "
-                    "memory model does not run it: remove the key", origin, mp_mem_model_name(p->mem_model));
+  MP_CHECK(read_dispatcher_sms(ctx, j, origin, "deepep_sms", "DeepEP", p, &p->deepep_sms));
+  MP_CHECK(read_dispatcher_sms(ctx, j, origin, "hybridep_sms", "HybridEP", p, &p->hybridep_sms));
   p->ac_policies = p->mem_model == MP_MEM_MODEL_TORCHTITAN
                        ? (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_OP) | (1u << MP_AC_FULL)
                        : (1u << MP_AC_NONE) | (1u << MP_AC_SELECTIVE_CORE) | (1u << MP_AC_FULL);

@@ -10,7 +10,7 @@
  * Optional: saved_act_factor, memory_model ("torchtitan", "meshplan-cpu", "meshplan-cuda" or
  * "megatron"), attention, loss, sequence_parallel, ac_policies, fit_gpu, gemm_fit, pp_microbatches, pp_order,
  * cp_rotate, dp_overlap, async_tp (torchtitan), distributed_optimizer, tp_comm_overlap and
- * deepep_sms (megatron), grouped_gemm_tile_m, grouped_gemm_tile_k and grouped_gemm_streams (sim.h's
+ * deepep_sms and hybridep_sms (megatron), grouped_gemm_tile_m, grouped_gemm_tile_k and grouped_gemm_streams (sim.h's
  * mp_stack_profile says what each means).
  *
  * Kernel efficiencies across GPUs. A stack's GEMM, float8 GEMM and attention efficiencies

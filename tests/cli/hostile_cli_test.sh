@@ -262,7 +262,7 @@ row 2 "cuda graphs layers: stack torchtitan-compile states no in-graph kernel co
 row 2 "CUDA graphs (layers) over tiny-moe's MoE layers: the token dispatcher synchronises the host" simulate --model tiny-moe --gpus 4 --mesh dp_replicate=4,ep=2 --stack megatron-core --cuda-graphs layers
 row 2 "CUDA graphs (iteration) with the DDP's gradient NaN check" explain --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --cuda-graphs iteration
 row 2 "CUDA graphs (layers) with activation recomputation" simulate --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --cuda-graphs layers --ac full
-row 2 "--moe-dispatcher 'foo': choose alltoall or deepep" simulate --model tiny-moe --gpus 4 --mesh dp_replicate=4,ep=2 --stack megatron-core --moe-dispatcher foo
+row 2 "--moe-dispatcher 'foo': choose alltoall, deepep or hybridep" simulate --model tiny-moe --gpus 4 --mesh dp_replicate=4,ep=2 --stack megatron-core --moe-dispatcher foo
 row 2 "MoE all-to-all overlap with pp=2 needs the interleaved schedule" simulate --model tiny-moe --gpus 4 --mesh dp_replicate=2,pp=2,ep=2 --stack megatron-core --overlap-moe-comm
 row 2 "MoE dispatcher deepep is Megatron-Core's flex dispatcher with DeepEP (--moe-enable-deepep), which needs expert parallelism" explain --model tiny-moe --gpus 4 --mesh dp_replicate=4 --stack megatron-core --moe-dispatcher deepep
 row 2 "column 'inter_node_gbps_per_gpu' = 'inf': expected a finite number in (0, 100000]" validate "$d/inf_bw.csv"

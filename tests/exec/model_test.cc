@@ -170,6 +170,46 @@ TEST_F(ModelTest, Qwen3_30bA3bTotalAndActive) {
   EXPECT_EQ(mp_model_active_param_count(&m), 3353032704LL);
 }
 
+// gpt-oss-120b (H=2880, L=36, 64 heads, 8 KV, head_dim 64, q/k/v biases, 128 experts of
+// 2880, top-4, V=201088, untied; Megatron-Bridge's GPTOSSProvider120B):
+//   attention q 2880*4096 + k,v 2*2880*512 + o 4096*2880 = 26,542,080; q/k/v biases
+//   4096 + 2*512 = 5,120; 2 RMSNorms 5,760; router 128*2880 = 368,640; one expert
+//   3*2880*2880 = 24,883,200
+//   layer, all experts  26,547,200 + 5,760 + 368,640 + 128*24,883,200 = 3,211,971,200
+//   layer, 4 active     26,547,200 + 5,760 + 368,640 +   4*24,883,200 =   126,454,400
+//   embeddings 2*201088*2880 = 1,158,266,880; final norm 2,880
+//   total  36*3,211,971,200 + 1,158,269,760 = 116,789,232,960; with the o_proj and expert
+//          biases and sinks left out (36*(2,880 + 128*8,640 + 64) = 39,919,104):
+//          116,829,152,064, the model card's 116.83B
+//   active 36*126,454,400 + 1,158,269,760 = 5,710,628,160; without the input embedding
+//          (579,133,440): 5,131,494,720, the card's 5.13B
+// gpt-oss-20b (L=24, 32 experts): layer 26,547,200 + 5,760 + 92,160 + 32*24,883,200 =
+//   822,907,520, active 126,177,920; total 24*822,907,520 + 1,158,269,760 = 20,908,050,240
+//   (+ 24*(2,880 + 32*8,640 + 64) = 6,706,176: 20.91B, the card's); active 4,186,539,840,
+//   3,607,406,400 without the input embedding (the card's 3.61B).
+// Attention: window 128 on the odd blocks (1-based), the whole prefix on every second
+// (window_attn_skip_freq 2). At seq 4096 a windowed query attends to 128 - 128^2/8192 = 126
+// keys, a full one to 2048: mean (126 + 2048) / 2 = 1087. FLOPs per token at 4096:
+// 6*5,131,494,720 + 12*36*64*64*(2*1087) = 30,788,968,320 + 3,846,832,128 = 34,635,800,448.
+// At seq 128 the window holds the sequence: 64 keys, the causal half.
+TEST_F(ModelTest, GptOssAlternatingWindow) {
+  Load("gpt-oss-120b");
+  EXPECT_EQ(m.window_attn_skip_freq, 2);
+  EXPECT_EQ(mp_model_n_moe_layers(&m), 36);
+  EXPECT_EQ(mp_model_block_params(&m, 0), 3211971200LL);
+  EXPECT_EQ(mp_model_param_count(&m), 116789232960LL);
+  EXPECT_EQ(mp_model_active_param_count(&m), 5710628160LL);
+  EXPECT_DOUBLE_EQ(mp_model_attended_keys(&m, 4096), 1087.0);
+  EXPECT_DOUBLE_EQ(mp_model_attended_keys(&m, 128), 64.0);
+  EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&m, 4096), 34635800448.0);
+  Load("gpt-oss-20b");
+  EXPECT_EQ(mp_model_param_count(&m), 20908050240LL);
+  EXPECT_EQ(mp_model_active_param_count(&m), 4186539840LL);
+  // without the skip every block is windowed: 126 keys
+  m.window_attn_skip_freq = 0;
+  EXPECT_DOUBLE_EQ(mp_model_attended_keys(&m, 4096), 126.0);
+}
+
 // Mixtral-8x7B (H=4096, L=32, 32 heads, 8 KV, 8 experts of 14336, top-2, V=32000):
 //   attention 41,943,040; norms 8,192; router 8*4096 = 32,768; expert 3*4096*14336 = 176,160,768
 //   layer, all  41,943,040 + 8,192 + 32,768 + 8*176,160,768 = 1,451,270,144
@@ -290,6 +330,26 @@ TEST_F(ModelTest, DeepseekV2TotalAndActive) {
   EXPECT_EQ(mp_model_param_count(&m), 235741434880LL);
   EXPECT_EQ(mp_model_active_param_count(&m), 21375800320LL);
   EXPECT_EQ(mp_model_matmul_param_count(&m), 20851512320LL);
+}
+
+// Nemotron-3 (NeMo's Nemotron3Config8B and 22B): Nemotron-4's block with multi-head attention.
+// 22B (H=6144, L=40, 48 heads of 128, 48 KV, d_ff 24576, V=256000, untied):
+//   attention 4*6144^2 = 150,994,944; MLP 2*6144*24576 = 301,989,888; LayerNorms 4*6144 =
+//   24,576; layer 453,009,408 (x40 = 18,120,376,320); embeddings 2*256000*6144 =
+//   3,145,728,000; final norm 12,288; total 21,266,116,608
+// 8B (H=4096, L=32, 32 heads of 128, 32 KV, d_ff 16384): attention 4*4096^2 = 67,108,864;
+//   MLP 2*4096*16384 = 134,217,728; LayerNorms 16,384; layer 201,342,976 (x32 =
+//   6,442,975,232); embeddings 2*256000*4096 = 2,097,152,000; final norm 8,192;
+//   total 8,540,135,424
+TEST_F(ModelTest, Nemotron3MultiHead) {
+  Load("nemotron3-22b");
+  EXPECT_EQ(mp_model_mlp(&m), MP_MLP_SQUARED_RELU);
+  EXPECT_EQ(mp_model_norm(&m), MP_NORM_LAYER);
+  EXPECT_EQ(mp_model_block_params(&m, 0), 453009408LL);
+  EXPECT_EQ(mp_model_param_count(&m), 21266116608LL);
+  Load("nemotron3-8b");
+  EXPECT_EQ(mp_model_block_params(&m, 0), 201342976LL);
+  EXPECT_EQ(mp_model_param_count(&m), 8540135424LL);
 }
 
 // Nemotron-4 (arXiv 2402.16819 sec. 2): llama's attention (RoPE, GQA, no biases) with a

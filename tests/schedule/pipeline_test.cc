@@ -534,6 +534,8 @@ TEST(PipelineSchedule, UnevenSplitAsTorchtitan) {
   EXPECT_TRUE(ChunkSizes("llama3.1-8b", 8, 8, &err).empty());
   EXPECT_NE(err.find("64 model chunks for the 32 layers"), std::string::npos) << err;
   EXPECT_NE(err.find("<= 32"), std::string::npos) << err;
+  // and names the layout that gives the embedding and the loss chunks of their own: 34 chunks
+  EXPECT_NE(err.find("\"E|(t|)*32L\" for 34 chunks"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -214,6 +214,11 @@ TEST(Network, DeepEpSendsATokenOncePerRemoteNode) {
   mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_DEEPEP, &nic, &nvl);
   EXPECT_NEAR(nic, 0.5791026, 1e-6);
   EXPECT_DOUBLE_EQ(nvl, 7.0 / 8.0);
+  // HybridEP moves a token as DeepEP does (RDMA once to a node, NVLink inside it): the same
+  double hnic, hnvl;
+  mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_HYBRIDEP, &hnic, &hnvl);
+  EXPECT_DOUBLE_EQ(hnic, nic);
+  EXPECT_DOUBLE_EQ(hnvl, nvl);
   // node-limited routing (8 groups, one a node; 4 used): D = 4 candidate nodes of 128
   // experts; none of 8 on a node with probability C(96,8)/C(128,8) = 0.092747: 3.6290
   // nodes reached, 3.1754 remote, a share of 0.39692 (DeepSeek-V3 sec. 3.2.2 bounds it at 4)

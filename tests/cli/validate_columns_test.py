@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""validate's Megatron-Core run columns against simulate's flags through the binary:
+cuda_graphs iteration with ddp_check_grads empty runs without the DDP's NaN check (Megatron-LM
+asserts --no-check-for-nan-in-loss-and-grad under --cuda-graph-scope full_iteration), and
+overlap_moe_comm 1 is simulate's --overlap-moe-comm, and recompute_modules split by '/' (NeMo
+2.0's spelling) is the list split by spaces, and Megatron-Bridge's fp8_cs, fp8_mx and fp8_sc name
+tensorwise, mxfp8 and blockwise, cp_rotate is simulate's --cp-rotate, and moe_dispatcher hybridep is --moe-dispatcher hybridep;
+each row's prediction is simulate's with the same
+options.
+
+Usage: validate_columns_test.py MESHPLAN"""
+import json
+import os
+import sys
+import tempfile
+
+import cli_check
+from cli_check import check, fails, run
+
+cli_check.BIN = sys.argv[1]
+
+HDR = ("case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,"
+       "pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,async_tp,stack,metric,"
+       "value,notes,cuda_graphs,ddp_check_grads,overlap_moe_comm,recompute_modules,fp8_recipe,moe_dispatcher")
+# Llama 3 8B on 8 B200s under plain data parallelism (Megatron-Bridge's llama3 8B B200 layout:
+# GBS 128, MBS 2, seq 8192, cuda_graph_scope full_iteration), one row per NaN-check setting.
+DENSE = "{0},test,llama3-8b,8,b200,8,400,8,1,1,1,,,1,1,8192,16,2,128,none,0,0,,megatron-core,"\
+        "tokens_per_s_per_gpu,1000,test,{1},{2},,,,"
+# Qwen3-30B-A3B on 16 H100s, EP 16 (Megatron-Bridge's H100 layout), with and without the overlap.
+MOE = "{0},test,qwen3-30b-a3b,16,h100-sxm,8,400,16,1,1,1,,,1,16,4096,64,1,1024,none,0,0,,{1},"\
+      "tokens_per_s_per_gpu,1000,test,,,{2},{3},,"
+tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+
+
+def validate(rows, want_rc=0):
+    path = os.path.join(tmp, "rows.csv")
+    with open(path, "w") as f:
+        f.write(HDR + "\n" + "\n".join(rows) + "\n")
+    return run("validate", path, "--json", want_rc=want_rc)
+
+
+def simulate(*extra):
+    q = run("simulate", *extra, "--json")
+    return json.loads(q.stdout)["tokens_per_s_per_gpu"] if q.returncode == 0 else None
+
+
+def same(a, b):
+    return a is not None and b is not None and abs(a / b - 1) < 1e-12
+
+
+# ---- cuda_graphs iteration: ddp_check_grads empty is 0, 1 is refused, elsewhere empty is the stack's ----
+SIM_DENSE = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "b200", "--mesh", "dp_replicate=8", "--seq", "8192",
+             "--micro-batch", "2", "--global-batch", "128", "--stack", "megatron-core", "--no-sp"]
+p = validate([DENSE.format("it_empty", "iteration", ""), DENSE.format("it_off", "iteration", "0"),
+              DENSE.format("it_on", "iteration", "1"), DENSE.format("eager", "", "")])
+if p.returncode == 0:
+    rows = {r["case"]: r for r in json.loads(p.stdout)["rows"]}
+    want_it = simulate(*SIM_DENSE, "--cuda-graphs", "iteration", "--no-check-for-nan-in-loss-and-grad")
+    check(same(rows["it_empty"].get("predicted"), want_it), f"iteration, check empty: {rows['it_empty']}, want {want_it}")
+    check(same(rows["it_off"].get("predicted"), want_it), f"iteration, check 0: {rows['it_off']}, want {want_it}")
+    check("NaN check" in (rows["it_on"].get("refused") or ""), f"iteration with the check on: {rows['it_on']}")
+    # without graphs an empty column keeps the stack's check, which costs a norm a bucket:
+    # the prediction is simulate's without the flag and differs from simulate's with it
+    want_eager = simulate(*SIM_DENSE)
+    check(same(rows["eager"].get("predicted"), want_eager), f"eager, check empty: {rows['eager']}, want {want_eager}")
+    check(not same(want_eager, simulate(*SIM_DENSE, "--no-check-for-nan-in-loss-and-grad")),
+          "the NaN check changes no prediction, so this test cannot tell the default")
+
+# ---- overlap_moe_comm: 1 is simulate's --overlap-moe-comm, and changes the prediction ----
+SIM_MOE = ["--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-sxm", "--mesh", "dp_replicate=16,ep=16",
+           "--seq", "4096", "--micro-batch", "1", "--global-batch", "1024", "--stack", "megatron-core", "--no-sp"]
+p = validate([MOE.format("ov_on", "megatron-core", "1", ""), MOE.format("ov_off", "megatron-core", "0", "")])
+if p.returncode == 0:
+    rows = {r["case"]: r.get("predicted") for r in json.loads(p.stdout)["rows"]}
+    want_on, want_off = simulate(*SIM_MOE, "--overlap-moe-comm"), simulate(*SIM_MOE)
+    check(same(rows["ov_on"], want_on), f"overlap_moe_comm 1: {rows['ov_on']}, want {want_on}")
+    check(same(rows["ov_off"], want_off), f"overlap_moe_comm 0: {rows['ov_off']}, want {want_off}")
+    check(not same(want_on, want_off), "--overlap-moe-comm changes no prediction, so the column is not tested")
+# on a torchtitan row the column is an input error naming the row (exit 2)
+p = validate([MOE.format("ov_tt", "torchtitan-compile", "1", "").replace("16,1,1,1,,,1,16", "1,16,1,1,,,1,16")],
+             want_rc=2)
+check("ov_tt" in p.stderr and "overlap_moe_comm 1 is Megatron-Core's" in p.stderr,
+      f"overlap_moe_comm on torchtitan: {p.stderr.strip()}")
+
+# ---- recompute_modules: "layernorm/moe_act" (NeMo 2.0's CSVs, split on '/' by its helpers.py) is
+# "layernorm moe_act", and simulate's --recompute-modules takes either; both free outputs,
+# so the peak memory differs from the row without ----
+p = validate([MOE.format("rc_slash", "megatron-core", "", "layernorm/moe_act"),
+              MOE.format("rc_space", "megatron-core", "", "layernorm moe_act")])
+if p.returncode == 0:
+    rows = {r["case"]: r.get("predicted") for r in json.loads(p.stdout)["rows"]}
+    want = simulate(*SIM_MOE, "--recompute-modules", "layernorm,moe_act")
+    check(same(rows["rc_slash"], want) and same(rows["rc_space"], want),
+          f"recompute_modules: '/' {rows['rc_slash']}, ' ' {rows['rc_space']}, simulate {want}")
+    check(same(simulate(*SIM_MOE, "--recompute-modules", "layernorm/moe_act"), want),
+          "--recompute-modules layernorm/moe_act is not layernorm,moe_act")
+    check(not same(want, simulate(*SIM_MOE)), "the recompute modules change no prediction")
+
+# ---- fp8_recipe: Megatron-Bridge's compute dtypes on the dense row with float8 on; mxfp8 on
+# the B200, the others on the H100 (on Blackwell blockwise runs as MXFP8, docs/validation.md,
+# so only the H100 tells fp8_sc from fp8_mx's recipe) ----
+FP8 = DENSE.replace(",none,0,0,,megatron-core,", ",none,1,0,,megatron-core,")
+PAIRS = (("tensorwise", "fp8_cs", "h100-sxm"), ("mxfp8", "fp8_mx", "b200"), ("blockwise", "fp8_sc", "h100-sxm"),
+         ("blockwise", "subchannel", "h100-sxm"), ("tensorwise", "fp8_cs", "b200"))
+rows_in = []
+for name, alias, gpu in PAIRS:
+    row = FP8.replace(",b200,", f",{gpu},")
+    # the recipe in the fp8_recipe column, the last but one
+    rows_in += [row.format(f"r_{alias}_{gpu}", "", "")[:-1] + name + ",",
+                row.format(f"a_{alias}_{gpu}", "", "")[:-1] + alias + ","]
+p = validate(rows_in)
+if p.returncode == 0:
+    rows = {r["case"]: r.get("predicted") for r in json.loads(p.stdout)["rows"]}
+    for name, alias, gpu in PAIRS:
+        a, r = rows[f"a_{alias}_{gpu}"], rows[f"r_{alias}_{gpu}"]
+        check(same(a, r), f"fp8_recipe {alias} on {gpu}: {a}, {name}: {r}")
+    check(not same(rows["a_fp8_cs_h100-sxm"], rows["a_fp8_sc_h100-sxm"]), "fp8_cs and fp8_sc predict alike")
+    check(not same(rows["a_fp8_cs_b200"], rows["a_fp8_mx_b200"]), "fp8_cs and fp8_mx predict alike")
+
+# ---- cp_rotate: torchtitan's context_parallel_rotate_method, simulate's --cp-rotate ----
+# Llama 3.1 8B on 8 H100s, cp 8 over a 32,768-token sequence, full AC (a torchtitan CP run)
+CP_HDR = ("case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,"
+          "pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,async_tp,stack,metric,"
+          "value,notes,cp_rotate")
+CP = "{0},test,llama3.1-8b,8,h100-sxm,8,400,1,1,1,1,,,8,1,32768,1,1,1,full,0,0,,{1},tokens_per_s_per_gpu,1000,test,{2}"
+path = os.path.join(tmp, "cp.csv")
+with open(path, "w") as f:
+    f.write(CP_HDR + "\n" + CP.format("cp_a2a", "torchtitan-compile", "alltoall") + "\n" +
+            CP.format("cp_ag", "torchtitan-compile", "allgather") + "\n")
+p = run("validate", path, "--json")
+if p.returncode == 0:
+    rows = {r["case"]: r.get("predicted") for r in json.loads(p.stdout)["rows"]}
+    SIM_CP = ["--model", "llama3.1-8b", "--gpus", "8", "--gpu", "h100-sxm", "--mesh", "cp=8", "--cp", "8", "--seq",
+              "32768", "--micro-batch", "1", "--global-batch", "1", "--ac", "full", "--stack", "torchtitan-compile"]
+    want_a2a, want_ag = simulate(*SIM_CP, "--cp-rotate", "alltoall"), simulate(*SIM_CP, "--cp-rotate", "allgather")
+    check(same(rows["cp_a2a"], want_a2a), f"cp_rotate alltoall: {rows['cp_a2a']}, want {want_a2a}")
+    check(same(rows["cp_ag"], want_ag), f"cp_rotate allgather: {rows['cp_ag']}, want {want_ag}")
+    check(not same(want_a2a, want_ag), "the rotate method changes no prediction, so the column is not tested")
+with open(path, "w") as f:
+    f.write(CP_HDR + "\n" + CP.format("cp_mc", "megatron-core", "alltoall") + "\n")
+p = run("validate", path, "--json", want_rc=2)
+check("cp_mc" in p.stderr and "cp_rotate 'alltoall'" in p.stderr, f"cp_rotate on megatron-core: {p.stderr.strip()}")
+
+# ---- moe_dispatcher hybridep: DeepEP's movement on the stack's hybridep_sms (32) ----
+# Qwen3-30B-A3B over 16 H100s (two nodes), EP 16: without the EP overlap the SMs price nothing
+# and HybridEP's step is DeepEP's; with it the paired compute runs on 132 - 32 SMs instead of
+# 132 - 20, 132/100 = 1.32 against 132/112 = 1.18 as long, so the step is no shorter.
+MOE_D = MOE.replace(",1000,test,,,{2},{3},", ",1000,test,,,{2},{3},,{4}")
+p = validate([MOE_D.format(f"{d}_{ov or 0}", "megatron-core", ov, "", d) for d in ("hybridep", "deepep")
+              for ov in ("", "1")])
+if p.returncode == 0:
+    rows = {r["case"]: r.get("predicted") for r in json.loads(p.stdout)["rows"]}
+    want = simulate(*SIM_MOE, "--moe-dispatcher", "hybridep")
+    check(same(rows["hybridep_0"], want), f"moe_dispatcher hybridep: {rows['hybridep_0']}, simulate {want}")
+    check(same(rows["hybridep_0"], rows["deepep_0"]), f"hybridep {rows['hybridep_0']} is not deepep's "
+          f"{rows['deepep_0']} without the overlap")
+    check(same(rows["hybridep_1"], simulate(*SIM_MOE, "--moe-dispatcher", "hybridep", "--overlap-moe-comm")),
+          "hybridep with the overlap is not simulate's")
+    check(rows["hybridep_1"] <= rows["deepep_1"] and not same(rows["hybridep_1"], rows["deepep_1"]),
+          f"with the overlap hybridep's 32 SMs: {rows['hybridep_1']} tokens/s, deepep's 20: {rows['deepep_1']}")
+
+for f in fails:
+    print("FAIL:", f)
+print(f"{len(fails)} failures")
+sys.exit(1 if fails else 0)
