@@ -37,16 +37,15 @@ mp_status mp_apply_expert_parallel(mp_ctx *ctx, mp_plan *p) {
     prm->place[MP_AXIS_EP].dim = 0;
     prm->tp_shape[0] = prm->shape[0] / ep;
   }
-  const int deepep = mp_moe_dispatch_by_node(p->opts.moe_dispatcher);
+  const mp_moe_dispatcher d = p->opts.moe_dispatcher;
   if (ep > 1)
     mp_plan_note(p,
                  "EP: %lld routed experts per MoE layer over ep=%d: %lld per rank; tokens "
-                 "dispatched and combined %s over the ep group%s",
+                 "dispatched and combined by %s over the ep group%s",
                  (long long)m->n_experts, ep, (long long)(m->n_experts / ep),
-                 deepep ? (p->opts.moe_dispatcher == MP_MOE_DISPATCH_DEEPEP
-                               ? "by DeepEP (a token once per remote node, forwarded over NVLink)"
-                               : "by HybridEP (a token once per remote node, forwarded over NVLink)")
-                        : "by all-to-all",
+                 !mp_moe_dispatch_by_node(d) ? "all-to-all"
+                 : d == MP_MOE_DISPATCH_DEEPEP ? "DeepEP (a token once per remote node, forwarded over NVLink)"
+                                               : "HybridEP (a token once per remote node, forwarded over NVLink)",
                  p->opts.moe_a2a_overlap ? "; the all-to-alls of one micro-batch overlap the compute of "
                                            "another (combined forward and backward steps)"
                                          : "");
