@@ -137,9 +137,9 @@
 /* simulate, explain and plan: torchtitan's float8 FSDP all-gather (mp_cmd_fp8_all_gather) */
 #define MP_OPT_FP8_ALL_GATHER                                                                      \
   { "--fp8-all-gather", NULL, "torchtitan's enable_fsdp_float8_all_gather (with --fp8 tensorwise "  \
-    "on a torchtitan stack, tp 1): FSDP gathers each float8 Linear's weight as the float8 cast of " \
-    "its shard, 1 byte an element, with the scales precomputed once a step; no cast after the "    \
-    "gather", NULL }
+    "on a torchtitan stack): FSDP gathers each float8 Linear's weight (its TP shard under tp > 1) "\
+    "as the float8 cast of its shard, 1 byte an element, with the tensors' scales precomputed "   \
+    "once a step; no cast after the gather", NULL }
 /* simulate, explain and plan: torchtitan's AsyncTP (mp_cmd_async_tp) */
 #define MP_OPT_ASYNC_TP                                                                            \
   { "--async-tp", NULL, "torchtitan's AsyncTP (with tp > 1 and SP): the all-gathers into and the " \

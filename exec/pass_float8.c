@@ -91,13 +91,12 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   MP_CHECK(mp_rule_fp8_recipe_check(ctx, p->opts.mem_model, f.recipe, f.all_gather));
   if (f.param_gather) MP_CHECK(param_gather_check(ctx, p, f.recipe));
   o = &f;
-  const int tp = p->mesh.size[MP_DIM_TP];
-  if (o->all_gather && tp > 1)
-    return mp_error(ctx, MP_ERR_ORDER,
-                    "float8 all-gather with TP (tp=%d) is not supported: FSDP would all-gather "
-                    "float8 casts of weights that TP has sharded, with scales computed per shard "
-                    "instead of per tensor; turn float8 all-gather off or set tp=1",
-                    tp);
+  /* With TP the float8 all-gather gathers the float8 casts of TP-sharded weights: torchao's
+   * precompute_float8_dynamic_scale_for_fsdp (torchao/float8/fsdp_utils.py) takes each
+   * weight's amax over its whole DTensor, the FSDP and TP shards, in one all-reduce (the scale
+   * is the tensor's, not a shard's), and its FSDP2 x TP test runs it
+   * (test/float8/test_fsdp2_tp.py, Float8ColwiseParallel / Float8RowwiseParallel with
+   * enable_fsdp_float8_all_gather); torchtitan's Llama 3 405B config runs it at TP 8. */
   int n_fp8 = 0, n_dims = 0;
   const mp_param *first_dims = NULL;
   for (int i = 0; i < p->n_params; i++) {

@@ -57,7 +57,7 @@ void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch
 static void read_fp8_shapes(const mp_plan *p, shapes *sh) {
   const int on = (p->applied & MP_PASS_FLOAT8) != 0;
   const mem_strategy *ms = mp_sched_strategy(p->opts.mem_model);
-  sh->fp8_all_gather = p->opts.fp8_opts.all_gather && on && sh->tp == 1;
+  sh->fp8_all_gather = p->opts.fp8_opts.all_gather && on;
   sh->fp8_recipe = p->opts.fp8_opts.recipe;
   sh->fp8_te = on && ms->fp8_te;
   /* Transformer Engine's per-tensor quantizers (delayed and current scaling) write a

@@ -274,10 +274,10 @@ row 2 "mfsdp_strategy and fsdp_double_buffer are Megatron FSDP's, which a megatr
 row 2 "fp8_param_gather 1 is Megatron-Core's --fp8-param-gather, which needs fp8 1 on a megatron stack" validate "$d/fpg_bf16.csv"
 row 2 "fp8_all_gather 1 is torchtitan's enable_fsdp_float8_all_gather, which needs fp8 1 on a torchtitan stack" validate "$d/fag_mg.csv"
 row 2 "fsdp_flat_params 1 is PyTorch FSDP1's, which runs on a torchtitan stack: empty the column" validate "$d/flat_mg.csv"
-# --fp8-all-gather: torchtitan's, with float8 tensorwise and tp 1
+# --fp8-all-gather: torchtitan's, with float8 tensorwise
 row 2 "--fp8-all-gather is torchtitan's enable_fsdp_float8_all_gather (FSDP2 with torchao's float8); stack megatron-core does not run it" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack megatron-core --fp8 --fp8-all-gather
 row 2 "--fp8-all-gather gathers the float8 Linears' weights as float8 casts and needs them: add --fp8" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --fp8-all-gather
-row 2 "float8 all-gather with TP (tp=2) is not supported" simulate --model tiny-dense --gpus 4 --mesh dp_shard=2,tp=2 --fp8 --fp8-all-gather
+row 2 "float8 all-gather casts each weight shard with one per-tensor scale before FSDP gathers it (torchao); recipe rowwise scales otherwise" simulate --model tiny-dense --gpus 4 --mesh dp_shard=2,tp=2 --fp8 rowwise --fp8-all-gather
 # --fp8-param-gather: Megatron-Core's, with float8, the distributed optimizer and a recipe whose weights TE casts
 row 2 "--fp8-param-gather keeps Megatron-Core's weights as Transformer Engine float8 tensors; stack torchtitan-compile does not run it" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack torchtitan-compile --fp8 --fp8-param-gather
 row 2 "--fp8-param-gather keeps the float8 Linears' weights in float8 and needs them: add --fp8" plan --no-db --model tiny-dense --gpus 2 --stack megatron-core --fp8 off --fp8-param-gather

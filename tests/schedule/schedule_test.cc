@@ -1156,6 +1156,48 @@ TEST(Schedule, Float8AllGatherHalvesLinearGatherBytes) {
   }
 }
 
+// Beside TP 2 each rank gathers its TP shard of every Linear weight: q, o 64x64 -> 2,048, k, v
+// 32x64 -> 1,024, gate, up, down 192x64 -> 6,144 each, 24,576 elements, one byte each with
+// float8 all-gather and two without; the two norms (128 elements, replicated under TP) stay
+// bf16. The weights' forward casts (one a Linear, 7) and their amax all-reduces over TP go:
+// the precomputed scales are the tensors' (torchao fsdp_utils.py
+// precompute_float8_dynamic_scale_for_fsdp).
+TEST(Schedule, Float8AllGatherBesideTpGathersFloat8Shards) {
+  int casts[2] = {0, 0}, amax_ar[2] = {0, 0};
+  for (int ag = 0; ag < 2; ag++) {
+    mp_ctx ctx;
+    mp_ctx_init(&ctx);
+    mp_model m;
+    ASSERT_EQ(mp_model_load(&ctx, "tiny-dense", &m), MP_OK);
+    mp_mesh mesh;
+    ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=2,tp=2", 0, &mesh), MP_OK);
+    mp_plan_options po;
+    mp_plan_options_init(&po);
+    po.seq = 64;
+    po.fp8 = 1;
+    po.fp8_opts.all_gather = ag;
+    mp_plan *p = nullptr;
+    ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &po, &p), MP_OK) << mp_errmsg(&ctx);
+    mp_arena *a = mp_arena_create();
+    mp_schedule *s = nullptr;
+    ASSERT_EQ(mp_schedule_build(&ctx, p, 0, MP_SCHEDULE_EXPANDED, a, &s), MP_OK);
+    EXPECT_EQ(mp_schedule_check(&ctx, s), MP_OK) << mp_errmsg(&ctx);
+    double ag_bytes = -1;
+    for (const Inst &x : Expand(s)) {
+      if (x.layer != 1 || x.op->phase != MP_PHASE_FORWARD) continue;
+      if (x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_ALL_GATHER && x.op->group == MP_GROUP_FSDP)
+        ag_bytes = x.op->bytes;
+      casts[ag] += x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_FP8_CAST;
+      amax_ar[ag] += x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_ALL_REDUCE && x.op->group == MP_GROUP_TP;
+    }
+    EXPECT_EQ(ag_bytes, ag ? 24576.0 + 2 * 128 : 2 * (24576.0 + 128));
+    mp_arena_destroy(a);
+    mp_plan_destroy(p);
+  }
+  EXPECT_EQ(casts[0] - casts[1], 7);
+  EXPECT_EQ(amax_ar[0] - amax_ar[1], 7);
+}
+
 }  // namespace
 
 // mp_schedule_prep: one prep made from a plan serves every plan mp_plan_derive makes from
