@@ -1117,42 +1117,40 @@ TEST(Schedule, DdpWithoutFsdpAllReducesGradients) {
 
 namespace {
 
+// Layer 1's forward on tiny-dense, fp8 (tensorwise) over `mesh`, float8 all-gather `ag`: its
+// FSDP all-gather's bytes, float8 casts and TP all-reduces.
+struct Fp8Gather {
+  double ag_bytes = -1;
+  int casts = 0, tp_all_reduces = 0;
+};
+void BuildFp8Gather(const char *mesh_spec, int ag, Fp8Gather *out) {
+  Opts o;
+  o.model = "tiny-dense";
+  o.mesh = mesh_spec;
+  o.seq = 64;
+  o.fp8 = 1;
+  o.fp8_all_gather = ag;
+  Built b;
+  Build(&b, o);
+  if (b.s == nullptr) return;
+  for (const Inst &x : Expand(b.s)) {
+    if (x.layer != 1 || x.op->phase != MP_PHASE_FORWARD) continue;
+    if (x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_ALL_GATHER && x.op->group == MP_GROUP_FSDP)
+      out->ag_bytes = x.op->bytes;
+    out->casts += x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_FP8_CAST;
+    out->tp_all_reduces += x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_ALL_REDUCE && x.op->group == MP_GROUP_TP;
+  }
+}
+
 TEST(Schedule, Float8AllGatherHalvesLinearGatherBytes) {
   // tiny-dense block: Linear weights q, o 64x64, k, v 32x64, gate, up, down 192x64 = 49,152
   // elements gathered as float8 (1 byte) with float8 all-gather, bf16 (2) otherwise; the two
   // norms (128 elements) stay bf16. Forward weight casts disappear (cast before the gather).
   for (int ag = 0; ag < 2; ag++) {
-    mp_ctx ctx;
-    mp_ctx_init(&ctx);
-    mp_model m;
-    ASSERT_EQ(mp_model_load(&ctx, "tiny-dense", &m), MP_OK);
-    mp_mesh mesh;
-    ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=2", 0, &mesh), MP_OK);
-    mp_plan_options po;
-    mp_plan_options_init(&po);
-    po.seq = 64;
-    po.fp8 = 1;
-    po.fp8_opts.all_gather = ag;
-    mp_plan *p = nullptr;
-    ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &po, &p), MP_OK) << mp_errmsg(&ctx);
-    mp_arena *a = mp_arena_create();
-    mp_schedule *s = nullptr;
-    ASSERT_EQ(mp_schedule_build(&ctx, p, 0, MP_SCHEDULE_EXPANDED, a, &s), MP_OK);
-    EXPECT_EQ(mp_schedule_check(&ctx, s), MP_OK) << mp_errmsg(&ctx);
-    int casts_fwd = 0;
-    double ag_bytes = -1;
-    for (const Inst &x : Expand(s)) {
-      if (x.layer != 1) continue;
-      if (x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_ALL_GATHER &&
-          x.op->phase == MP_PHASE_FORWARD)
-        ag_bytes = x.op->bytes;
-      casts_fwd += x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_FP8_CAST &&
-                   x.op->phase == MP_PHASE_FORWARD;
-    }
-    EXPECT_EQ(ag_bytes, ag ? 49152.0 + 2 * 128 : 2 * (49152.0 + 128));
-    EXPECT_EQ(casts_fwd, ag ? 7 : 14);  // input casts only, or weight + input per Linear
-    mp_arena_destroy(a);
-    mp_plan_destroy(p);
+    Fp8Gather g;
+    BuildFp8Gather("dp_shard=2", ag, &g);
+    EXPECT_EQ(g.ag_bytes, ag ? 49152.0 + 2 * 128 : 2 * (49152.0 + 128));
+    EXPECT_EQ(g.casts, ag ? 7 : 14);  // input casts only, or weight + input per Linear
   }
 }
 
@@ -1163,39 +1161,13 @@ TEST(Schedule, Float8AllGatherHalvesLinearGatherBytes) {
 // the precomputed scales are the tensors' (torchao fsdp_utils.py
 // precompute_float8_dynamic_scale_for_fsdp).
 TEST(Schedule, Float8AllGatherBesideTpGathersFloat8Shards) {
-  int casts[2] = {0, 0}, amax_ar[2] = {0, 0};
+  Fp8Gather g[2];
   for (int ag = 0; ag < 2; ag++) {
-    mp_ctx ctx;
-    mp_ctx_init(&ctx);
-    mp_model m;
-    ASSERT_EQ(mp_model_load(&ctx, "tiny-dense", &m), MP_OK);
-    mp_mesh mesh;
-    ASSERT_EQ(mp_mesh_parse(&ctx, "dp_shard=2,tp=2", 0, &mesh), MP_OK);
-    mp_plan_options po;
-    mp_plan_options_init(&po);
-    po.seq = 64;
-    po.fp8 = 1;
-    po.fp8_opts.all_gather = ag;
-    mp_plan *p = nullptr;
-    ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &po, &p), MP_OK) << mp_errmsg(&ctx);
-    mp_arena *a = mp_arena_create();
-    mp_schedule *s = nullptr;
-    ASSERT_EQ(mp_schedule_build(&ctx, p, 0, MP_SCHEDULE_EXPANDED, a, &s), MP_OK);
-    EXPECT_EQ(mp_schedule_check(&ctx, s), MP_OK) << mp_errmsg(&ctx);
-    double ag_bytes = -1;
-    for (const Inst &x : Expand(s)) {
-      if (x.layer != 1 || x.op->phase != MP_PHASE_FORWARD) continue;
-      if (x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_ALL_GATHER && x.op->group == MP_GROUP_FSDP)
-        ag_bytes = x.op->bytes;
-      casts[ag] += x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_FP8_CAST;
-      amax_ar[ag] += x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_ALL_REDUCE && x.op->group == MP_GROUP_TP;
-    }
-    EXPECT_EQ(ag_bytes, ag ? 24576.0 + 2 * 128 : 2 * (24576.0 + 128));
-    mp_arena_destroy(a);
-    mp_plan_destroy(p);
+    BuildFp8Gather("dp_shard=2,tp=2", ag, &g[ag]);
+    EXPECT_EQ(g[ag].ag_bytes, ag ? 24576.0 + 2 * 128 : 2 * (24576.0 + 128));
   }
-  EXPECT_EQ(casts[0] - casts[1], 7);
-  EXPECT_EQ(amax_ar[0] - amax_ar[1], 7);
+  EXPECT_EQ(g[0].casts - g[1].casts, 7);
+  EXPECT_EQ(g[0].tp_all_reduces - g[1].tp_all_reduces, 7);
 }
 
 }  // namespace

@@ -156,7 +156,8 @@ TEST(HostIssue, EveryPassRunsNoFasterThanTheHostIssuesIt) {
 }
 
 // The stack's host time is a DGX H100 host's; the GPU's host_launch_scale converts it to its
-// own host (gb200: Grace, 37.08 / 13.48 = 2.751x, TransformerEngine issue 2053). Stated 5 us
+// own host (gb200: its Grace CPU takes 37.08 us for a torch.nn.Linear forward's host work
+// where a DGX H100's Xeon 8480C takes 13.48, 2.751x: data/gpus/gb200.json). Stated 5 us
 // on a host 2x slower: 10 us a launch, so five GEMMs of 5 us take the host 50 us where the
 // kernels sum to 25 (the pass 50). A stack stating none (its kernel overhead standing in,
 // a stream-side figure) is not scaled: 25.

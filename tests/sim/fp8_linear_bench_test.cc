@@ -1,6 +1,6 @@
 // One float8 Linear as the torchtitan-compile profile prices it, against torchao's own
-// microbenchmark of the same Linear: pytorch/ao PR 2185 (May 2025) runs
-// benchmarks/float8/bench_linear_float8.py (pytorch/ao 81e48a33f) on an H100, forward, a
+// microbenchmark of the same Linear: benchmarks/float8/bench_linear_float8.py (pytorch/ao
+// 81e48a33f), run on an H100 and published by torchao's authors in May 2025: forward, a
 // .sum() and backward of one nn.Linear(K, N) and its Float8Linear copy with per-row scales,
 // compiled, at Llama 70B's TP 8 shapes with M = 4 x 4096 tokens:
 //   attn.w0 (16384, 1024, 8192): bf16 1.701 ms, float8 1.193 ms, 1.426x
