@@ -313,7 +313,8 @@ mp_status mp_cmd_ce_fusion(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp
 
 mp_status mp_cmd_cuda_graphs(mp_ctx *ctx, const struct mp_stack_profile *prof, const char *scope, mp_plan_options *o) {
   if (!mp_cuda_graphs_parse(scope, &o->cuda_graphs))
-    return mp_error(ctx, MP_ERR_USAGE, "cuda graphs '%s': choose none, attn, layers or iteration", scope);
+    return mp_error(ctx, MP_ERR_USAGE, "cuda graphs '%s': choose none, attn, layers, iteration, attn+moe_router or "
+                    "attn+moe_router+moe_preprocess", scope);
   if (o->cuda_graphs != MP_CUDA_GRAPHS_NONE && !(prof->graph_kernel_overhead_s >= 0))
     return mp_error(ctx, MP_ERR_USAGE, "cuda graphs %s: stack %s states no in-graph kernel cost "
                     "(graph_kernel_overhead_us); CUDA graphs are Megatron-Core's: use megatron-core or none",

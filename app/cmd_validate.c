@@ -233,6 +233,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
                     "on a torchtitan stack; stack %s: empty the column", where, v->cp_rotate, j->prof.name);
   if (v->moe_imbalance > 0.0) o->moe_routing.imbalance = v->moe_imbalance;
   o->moe_routing.capacity_factor = v->moe_capacity_factor;
+  o->moe_routing.pad_to_capacity = v->moe_pad_to_capacity == 1;
   if (v->sp >= 0) o->sp = v->sp;
   o->moe_fp8_dispatch = v->moe_fp8_dispatch == 1;
   o->fp8_act_cache = v->fp8_act_cache == 1;

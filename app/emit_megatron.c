@@ -233,10 +233,12 @@ static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
   if (o->fsdp.reduce_dtype == MP_DTYPE_BF16) mp_emit_printf(b, "--grad-reduce-in-bf16\n");
   /* attn is Transformer Engine's graphs the training loop captures (training.py,
    * TECudaGraphHelper); layers and iteration Megatron's own (CudaGraphManager,
-   * FullCudaGraphWrapper) */
+   * FullCudaGraphWrapper); the moe_router scope lists core_v0.16.0's --cuda-graph-impl */
   static const char *const graphs[MP_CUDA_GRAPHS_COUNT] = {
       "", "--external-cuda-graph\n--cuda-graph-scope attn\n", "--enable-cuda-graph\n",
-      "--enable-cuda-graph\n--cuda-graph-scope full_iteration\n"};
+      "--enable-cuda-graph\n--cuda-graph-scope full_iteration\n",
+      "--cuda-graph-impl transformer_engine\n--cuda-graph-scope attn moe_router\n",
+      "--cuda-graph-impl transformer_engine\n--cuda-graph-scope attn moe_router moe_preprocess\n"};
   if ((unsigned)o->cuda_graphs < MP_CUDA_GRAPHS_COUNT) mp_emit_printf(b, "%s", graphs[o->cuda_graphs]);
   if (o->fp8) mp_emit_printf(b, "--fp8-format hybrid\n--fp8-recipe %s\n", mp_fp8_recipe_name(o->fp8_opts.recipe));
   if (o->fp8 && o->fp8_opts.param_gather) mp_emit_printf(b, "--fp8-param-gather\n");

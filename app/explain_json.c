@@ -150,7 +150,7 @@ static cJSON *plan_json(const explain *e) {
   cJSON *root = cJSON_CreateObject();
   add_plan_facts(root, e);
   add_passes(root, p);
-  char cpn[1024];
+  char cpn[1536];
   mp_explain_cp_note(p, cpn, sizeof cpn);
   if (cpn[0]) cJSON_AddStringToObject(root, "context_parallel", cpn);
   mp_explain_moe f;

@@ -248,6 +248,22 @@ static void routing_words(const mp_plan *p, int ep, double load, char *buf, size
     snprintf(buf + n, cap - (size_t)n, "; dropless");
 }
 
+/* What the plan's CUDA graphs hold of a MoE layer (exec/plan.h, mp_cuda_graphs; sim/cost.c
+ * op_captured), and whether the dispatcher's host synchronisation runs between them. */
+static void graph_words(const mp_plan *p, char *buf, size_t cap) {
+  const mp_cuda_graphs g = p->opts.cuda_graphs;
+  const char *sync = mp_moe_host_sync(&p->model, &p->opts) ? " after the host reads the routed counts" : "";
+  buf[0] = '\0';
+  if (g == MP_CUDA_GRAPHS_ATTN)
+    snprintf(buf, cap, "; CUDA graphs attn: each layer's attention in a graph, the MoE layer eager");
+  else if (g == MP_CUDA_GRAPHS_ROUTER || g == MP_CUDA_GRAPHS_PREPROCESS)
+    snprintf(buf, cap, "; CUDA graphs %s: each layer's attention, pre-MLP norm, router and shared experts in one "
+             "graph, the dispatch, experts and combine eager%s", mp_cuda_graphs_name(g), sync);
+  else if (g != MP_CUDA_GRAPHS_NONE)
+    snprintf(buf, cap, "; CUDA graphs %s: the whole MoE layer captured (the dispatcher reads no count on the host)",
+             mp_cuda_graphs_name(g));
+}
+
 int mp_explain_moe_note(const explain *e, mp_explain_moe *f, char *buf, size_t cap) {
   buf[0] = '\0';
   memset(f, 0, sizeof *f);
@@ -266,14 +282,15 @@ int mp_explain_moe_note(const explain *e, mp_explain_moe *f, char *buf, size_t c
   f->rows_computed = (r + t - 1) / t * t;
   f->grouped_eff = gate_eff(e, f->rows, f->experts_local, 1, f->fp8);
   f->dense_eff = gate_eff(e, f->rows, f->experts_local, 0, f->fp8);
-  char rw[400];
+  char rw[400], gw[256];
   routing_words(p, ep, f->load, rw, sizeof rw);
+  graph_words(p, gw, sizeof gw);
   snprintf(buf, cap,
            "%lld experts a rank, %.1f rows each a micro-batch (%lld computed: %s); their grouped %s GEMMs reach "
            "%.1f %% of the peak, one dense GEMM of the same FLOPs %.1f %% (each expert's weights read once per "
-           "GEMM); %s",
+           "GEMM); %s%s",
            (long long)f->experts_local, f->rows, (long long)f->rows_computed,
            f->tile_m > 1 ? "the stack's grouped GEMM pads each expert to its row tile" : "the stack states no tile",
-           f->fp8 ? "float8" : "bf16", 100.0 * f->grouped_eff, 100.0 * f->dense_eff, rw);
+           f->fp8 ? "float8" : "bf16", 100.0 * f->grouped_eff, 100.0 * f->dense_eff, rw, gw);
   return 1;
 }

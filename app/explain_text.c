@@ -125,7 +125,7 @@ static void print_pipeline(const explain *e) {
 }
 
 static void print_moe(const explain *e) {
-  char note[1024];
+  char note[1536];
   mp_explain_moe f;
   if (mp_explain_moe_note(e, &f, note, sizeof note)) printf("\nrouted experts\n  %s\n", note);
 }

@@ -56,7 +56,8 @@ static const struct {
     {"--grad-reduce-in-bf16", 0, MG_MAP}, {"--align-param-gather", 0, MG_MAP},
     {"--no-gradient-accumulation-fusion", 0, MG_MAP},
     {"--ddp-bucket-size", 1, MG_MAP},
-    {"--enable-cuda-graph", 0, MG_MAP}, {"--external-cuda-graph", 0, MG_MAP}, {"--cuda-graph-scope", 1, MG_MAP},
+    {"--enable-cuda-graph", 0, MG_MAP}, {"--external-cuda-graph", 0, MG_MAP}, {"--cuda-graph-scope", 1, MG_LIST},
+    {"--cuda-graph-impl", 1, MG_MAP},
     /* the eager steps before the graphs are captured are not the steady state priced */
     {"--cuda-graph-warmup-steps", 1, MG_IGNORE},
     /* Megatron FSDP (--use-custom-fsdp its name before core_v0.14), and the checkpoint format
@@ -691,27 +692,41 @@ static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, 
   return MP_OK;
 }
 
-/* --enable-cuda-graph and --external-cuda-graph with --cuda-graph-scope (megatron/training/
- * arguments.py, transformer_config.py, core_v0.14.0) as meshplan's scope (exec/plan.h,
- * mp_cuda_graphs): Megatron's own graphs are per layer unless the scope is full_iteration;
- * Transformer Engine's (external) per layer, or the attention alone with scope attn. Both at
- * once Megatron refuses; external with full_iteration captures nothing Megatron defines. */
+/* --enable-cuda-graph and --external-cuda-graph (core_v0.14.0), or --cuda-graph-impl local and
+ * transformer_engine (core_v0.16.0), with --cuda-graph-scope (megatron/training/arguments.py,
+ * transformer_config.py) as meshplan's scope (exec/plan.h, mp_cuda_graphs): Megatron's own
+ * graphs are per layer unless the scope is full_iteration; Transformer Engine's per layer, or
+ * the attention alone (attn), or on through a MoE layer's router (attn moe_router, with
+ * moe_preprocess). Both at once Megatron refuses; Transformer Engine's with full_iteration
+ * captures nothing Megatron defines; the local moe_router graphs (a router graph and a
+ * postprocess graph, MoETransformerLayer) meshplan does not price. */
 static mp_status read_cuda_graphs(mp_ctx *ctx, const mg_args *a, const char *origin, mp_from_plan *p) {
-  const int local = has(a, "--enable-cuda-graph"), external = has(a, "--external-cuda-graph");
-  const char *given = get(a, "--cuda-graph-scope", NULL), *scope = given ? given : "full";
-  if (strcmp(scope, "full") && strcmp(scope, "attn") && strcmp(scope, "full_iteration"))
-    return mp_error(ctx, MP_ERR_USAGE, "%s: --cuda-graph-scope %s: choose full, attn or full_iteration", origin, scope);
+  const char *impl = get(a, "--cuda-graph-impl", NULL);
+  if (impl && strcmp(impl, "none") && strcmp(impl, "local") && strcmp(impl, "transformer_engine"))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --cuda-graph-impl %s: choose none, local or transformer_engine", origin, impl);
+  const int local = has(a, "--enable-cuda-graph") || (impl && strcmp(impl, "local") == 0);
+  const int external = has(a, "--external-cuda-graph") || (impl && strcmp(impl, "transformer_engine") == 0);
+  char list[96];
+  const char *given = get_list(a, "--cuda-graph-scope", list, sizeof list), *scope = given ? given : "full";
+  static const char *const k_scopes[] = {"full", "attn", "full_iteration", "attn moe_router",
+                                         "attn moe_router moe_preprocess"};
+  int k = 0;
+  while (k < 5 && strcmp(scope, k_scopes[k])) k++;
+  if (k == 5)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --cuda-graph-scope %s: choose full, attn, full_iteration, "
+                    "'attn moe_router' or 'attn moe_router moe_preprocess'", origin, scope);
   if (local && external)
     return mp_error(ctx, MP_ERR_USAGE, "%s: --enable-cuda-graph and --external-cuda-graph: Megatron-LM refuses "
                     "both at once; give one", origin);
-  if (external && strcmp(scope, "full_iteration") == 0)
+  if (external && k == 2)
     return mp_error(ctx, MP_ERR_USAGE, "%s: --external-cuda-graph captures layers (scope full or attn); the "
                     "full iteration is --enable-cuda-graph --cuda-graph-scope full_iteration", origin);
-  const char *name = !local && !external           ? ""
-                     : strcmp(scope, "full_iteration") == 0 ? "iteration"
-                     : external && strcmp(scope, "attn") == 0 ? "attn"
-                                                              : "layers";
-  snprintf(p->cuda_graphs, sizeof p->cuda_graphs, "%s", name);
+  if (local && k >= 3)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --cuda-graph-scope %s with Megatron's local graphs: meshplan prices "
+                    "the moe_router scopes as Transformer Engine's (--cuda-graph-impl transformer_engine)", origin, scope);
+  const char *const names[] = {"layers", external ? "attn" : "layers", "iteration", "attn+moe_router",
+                               "attn+moe_router+moe_preprocess"};
+  snprintf(p->cuda_graphs, sizeof p->cuda_graphs, "%s", local || external ? names[k] : "");
   return MP_OK;
 }
 

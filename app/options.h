@@ -213,7 +213,11 @@
   { "--cuda-graphs", "S", "what Megatron-Core captures in CUDA graphs (megatron-core): none; attn, "   \
     "each layer's attention (--external-cuda-graph --cuda-graph-scope attn); layers, each "        \
     "TransformerLayer (--enable-cuda-graph); iteration, every micro-batch's forward and backward "  \
-    "(--cuda-graph-scope full_iteration, with --no-check-for-nan-in-loss-and-grad) (default none)", NULL }
+    "(--cuda-graph-scope full_iteration, with --no-check-for-nan-in-loss-and-grad); "               \
+    "attn+moe_router, the attention on through a MoE layer's router, and "                         \
+    "attn+moe_router+moe_preprocess, also its dispatcher's preprocess (--cuda-graph-impl "           \
+    "transformer_engine --cuda-graph-scope attn moe_router [moe_preprocess]: the dispatch, experts " \
+    "and combine eager) (default none)", NULL }
 /* simulate, explain and plan: the experts' load (mp_cmd_moe_routing; exec/plan.h, mp_moe_routing).
  * train states its own --moe-capacity-factor, the runtime's drop rule (app/cmd_train.c). */
 #define MP_OPT_MOE_ROUTING                                                                         \

@@ -189,6 +189,18 @@ static mp_status read_fsdp(const reader *r, mp_vrow *row) {
   return opt_str(r, "fsdp_reduce_dtype", row->fsdp_reduce_dtype, sizeof row->fsdp_reduce_dtype);
 }
 
+/* The experts' load: moe_imbalance, moe_capacity_factor and moe_pad_to_capacity, the padding
+ * only with a capacity (Megatron-Core's --moe-pad-expert-input-to-capacity). */
+static mp_status moe_routing_cols(const reader *r, mp_vrow *row) {
+  MP_CHECK(opt_real(r, "moe_imbalance", 1.0, &row->moe_imbalance));
+  MP_CHECK(opt_real(r, "moe_capacity_factor", 0.0, &row->moe_capacity_factor));
+  MP_CHECK(opt_flag(r, "moe_pad_to_capacity", &row->moe_pad_to_capacity));
+  if (row->moe_pad_to_capacity == 1 && !(row->moe_capacity_factor > 0.0))
+    return mp_error(r->ctx, MP_ERR_INVALID, "%s: moe_pad_to_capacity 1 pads each expert's input to its capacity: "
+                    "state moe_capacity_factor too", r->where);
+  return MP_OK;
+}
+
 static mp_status read_row(const reader *r, mp_vrow *row) {
   const char *v;
   MP_CHECK(need_str(r, "model", 0, row->model, sizeof row->model));
@@ -239,8 +251,7 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_str(r, "moe_dispatcher", row->moe_dispatcher, sizeof row->moe_dispatcher));
   MP_CHECK(opt_str(r, "cp_comm_type", row->cp_comm_type, sizeof row->cp_comm_type));
   MP_CHECK(opt_str(r, "cp_rotate", row->cp_rotate, sizeof row->cp_rotate));
-  MP_CHECK(opt_real(r, "moe_imbalance", 1.0, &row->moe_imbalance));
-  MP_CHECK(opt_real(r, "moe_capacity_factor", 0.0, &row->moe_capacity_factor));
+  MP_CHECK(moe_routing_cols(r, row));
   row->micro_batch = 0;
   const char *mbs = field(r, "micro_batch");
   if (mbs && mbs[0]) {

@@ -52,9 +52,9 @@ typedef struct mp_vrow {
   int fp8;              /* 0 or 1 */
   char fp8_recipe[16];  /* as written (the command parses it: exec/plan.h, mp_fp8_recipe);
                            "" when the column is absent or empty: the stack's recipe */
-  char cuda_graphs[16];    /* optional column: Megatron-Core's CUDA graphs as written (none, attn,
-                             layers, iteration: exec/plan.h, mp_cuda_graphs); "" when absent or
-                             empty: none */
+  char cuda_graphs[32];    /* optional column: Megatron-Core's CUDA graphs as written (none, attn,
+                             layers, iteration, attn+moe_router, attn+moe_router+moe_preprocess:
+                             exec/plan.h, mp_cuda_graphs); "" when absent or empty: none */
   char nccl_ctas[96];      /* optional column: each NCCL communicator's max_ctas as written
                              (name:N items split by spaces; sim.h, mp_sim_nccl_ctas_parse); ""
                              when absent or empty: NCCL's channel count */
@@ -72,6 +72,8 @@ typedef struct mp_vrow {
                                  mean, in [1, MP_LIM_MOE_LOAD]; 0 when absent or empty (1) */
   double moe_capacity_factor; /* optional column: Megatron-Core's expert capacity factor, in
                                  (0, MP_LIM_MOE_LOAD]; 0 when absent or empty (dropless) */
+  int moe_pad_to_capacity;    /* optional column, 0 or 1: --moe-pad-expert-input-to-capacity with
+                                 the capacity factor; -1 when absent or empty (off) */
   int sp;               /* 0 or 1; -1 when absent or empty (the stack's default) */
   char recompute_modules[96]; /* optional column: Megatron-Core's recompute modules, split by
                                  spaces (the command parses them: mp_recompute_modules_parse);

@@ -283,33 +283,38 @@ static inline int mp_moe_dispatch_by_node(mp_moe_dispatcher d) {
   return d == MP_MOE_DISPATCH_DEEPEP || d == MP_MOE_DISPATCH_HYBRIDEP;
 }
 
-/* What Megatron-Core captures in CUDA graphs (megatron/core/transformer/transformer_config.py
- * and transformer_layer.py, core_v0.14.0). A captured kernel is replayed from the graph:
- * the host's per-kernel launch work (Python, the dispatcher, cudaLaunchKernel) is paid once
- * per graph, and the GPU runs the graph's kernels back to back (sim/cost.c prices a captured
- * kernel at the stack's in-graph overhead, graph_kernel_overhead_us).
+/* What Megatron-Core captures in CUDA graphs (transformer_config.py, transformer_layer.py,
+ * cuda_graphs.py, core_v0.14.0; the scope lists core_v0.16.0). A captured kernel is replayed
+ * from its graph: the host's launch work is paid once a graph, the GPU runs the kernels back
+ * to back (sim/cost.c prices one at the stack's in-graph overhead, graph_kernel_overhead_us).
  *   NONE       eager launches (default).
  *   ATTN       --external-cuda-graph --cuda-graph-scope attn: Transformer Engine's
- *              make_graphed_callables captures TransformerLayer._forward_attention (the
- *              input norm, the attention and its projections, the residual), forward and
- *              backward, one graph a layer and micro-batch; the MLP or MoE runs eagerly.
- *   LAYERS     --enable-cuda-graph (scope full): every TransformerLayer, forward and
- *              backward, one graph a layer and micro-batch (CudaGraphManager); the
- *              embedding, the output layer and loss, the optimizer and the data-parallel
- *              collectives (hooks outside the graphs: setup_manual_hooks) run eagerly.
- *   ITERATION  --enable-cuda-graph --cuda-graph-scope full_iteration: the forward and
- *              backward of every micro-batch in one graph; the optimizer step stays
- *              outside ("excluding optimizer"), and Megatron asserts
- *              --no-check-for-nan-in-loss-and-grad (megatron/training/arguments.py).
- * A graph replays fixed kernels with fixed sizes: a layer whose MoE token dispatcher
- * synchronises the host to read the routed counts (mp_moe_host_sync) cannot be captured,
- * and Megatron refuses graphs with activation recomputation (transformer_config.py
- * __post_init__; arguments.py refuses full recompute with --external-cuda-graph). */
+ *              make_graphed_callables captures TransformerLayer._forward_attention (the input
+ *              norm, the attention, its projections, the residual), forward and backward, one
+ *              graph a layer and micro-batch; the MLP or MoE runs eagerly.
+ *   LAYERS     --enable-cuda-graph (scope full): every TransformerLayer, forward and backward,
+ *              one graph a layer and micro-batch (CudaGraphManager records the whole layer in
+ *              torch.cuda.graph, no eager fallback while training); the embedding, output
+ *              layer, loss, optimizer and data-parallel hooks (setup_manual_hooks) eager.
+ *   ITERATION  --enable-cuda-graph --cuda-graph-scope full_iteration: every micro-batch's
+ *              forward and backward, the optimizer outside; Megatron asserts
+ *              --no-check-for-nan-in-loss-and-grad (arguments.py).
+ *   ROUTER     --cuda-graph-impl transformer_engine --cuda-graph-scope attn moe_router: ATTN's
+ *              graph on through the pre-MLP norm, the router and, without shared-expert
+ *              overlap, the shared experts (moe_layer.py route, shared_experts_compute).
+ *   PREPROCESS ... attn moe_router moe_preprocess: and the dispatcher's preprocess (the routed
+ *              counts); their copy to the host and its synchronisation stay eager after the
+ *              graph (token_dispatcher.py cuda_dtoh_point "before_ep_alltoall").
+ * A graph replays fixed kernels and sizes: a MoE layer whose dispatcher synchronises the host
+ * (mp_moe_host_sync) cannot be captured whole; Megatron refuses recomputation under graphs
+ * but a selective one under ATTN, ROUTER and PREPROCESS (transformer_config.py). */
 typedef enum mp_cuda_graphs {
   MP_CUDA_GRAPHS_NONE = 0,
   MP_CUDA_GRAPHS_ATTN,
   MP_CUDA_GRAPHS_LAYERS,
   MP_CUDA_GRAPHS_ITERATION,
+  MP_CUDA_GRAPHS_ROUTER,
+  MP_CUDA_GRAPHS_PREPROCESS,
   MP_CUDA_GRAPHS_COUNT
 } mp_cuda_graphs;
 
@@ -843,17 +848,15 @@ int mp_moe_dispatcher_parse(const char *s, mp_moe_dispatcher *out);
 const char *mp_cp_comm_name(mp_cp_comm c);
 /* The comm type named s into *out: 1, or 0 for any other string (*out untouched). */
 int mp_cp_comm_parse(const char *s, mp_cp_comm *out);
-/* "none", "attn", "layers", "iteration" ("?" out of range). */
+/* "none", "attn", "layers", "iteration", "attn+moe_router", "attn+moe_router+moe_preprocess"
+ * ("?" out of range); _parse: the scope named s into *out, 1, or 0 (*out untouched). */
 const char *mp_cuda_graphs_name(mp_cuda_graphs g);
-/* The scope named s into *out: 1, or 0 for any other string (*out untouched). */
 int mp_cuda_graphs_parse(const char *s, mp_cuda_graphs *out);
-/* 1 where Megatron-Core's MoE token dispatcher synchronises the host with the GPU in each
- * MoE layer's forward (exec/schedule_ops.c marks the op after it): the alltoall dispatcher
- * copies the routed counts to the host (token_dispatcher.py, MoEAlltoAllTokenDispatcher's
- * cuda_sync_point, core_v0.14.0) unless it pads every expert to its capacity
- * (--moe-pad-expert-input-to-capacity: "no_sync"); DeepEP's normal dispatch waits on the
- * host for the received counts (deep_ep/csrc/deep_ep.cpp, Buffer::intranode_dispatch and
- * internode_dispatch: the loop on moe_recv_counter). 0 for a dense model. */
+/* 1 where Megatron-Core's MoE token dispatcher synchronises the host in each MoE layer's
+ * forward (exec/schedule_block.c marks the op after it): alltoall copies the routed counts to
+ * the host (token_dispatcher.py cuda_sync_point, core_v0.14.0) unless every expert is padded to
+ * its capacity ("no_sync"); DeepEP's dispatch waits for the received counts (deep_ep.cpp,
+ * Buffer::intranode_dispatch, internode_dispatch: moe_recv_counter). 0 for a dense model. */
 int mp_moe_host_sync(const mp_model *m, const mp_plan_options *o);
 /* "optim_grads_params", "optim_grads", "optim", "no_shard" ("?" out of range): Megatron-Core's
  * --data-parallel-sharding-strategy values. */

@@ -152,7 +152,8 @@ int mp_cp_comm_parse(const char *s, mp_cp_comm *out) {
   return 0;
 }
 
-static const char *const k_cuda_graphs_names[MP_CUDA_GRAPHS_COUNT] = {"none", "attn", "layers", "iteration"};
+static const char *const k_cuda_graphs_names[MP_CUDA_GRAPHS_COUNT] = {
+    "none", "attn", "layers", "iteration", "attn+moe_router", "attn+moe_router+moe_preprocess"};
 
 const char *mp_cuda_graphs_name(mp_cuda_graphs g) {
   return (unsigned)g < MP_CUDA_GRAPHS_COUNT ? k_cuda_graphs_names[g] : "?";

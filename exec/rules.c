@@ -245,10 +245,33 @@ int mp_moe_host_sync(const mp_model *m, const mp_plan_options *o) {
   return mp_moe_dispatch_by_node(o->moe_dispatcher) || !o->moe_routing.pad_to_capacity;
 }
 
+int mp_cuda_graphs_partial(mp_cuda_graphs g) {
+  return g == MP_CUDA_GRAPHS_ATTN || g == MP_CUDA_GRAPHS_ROUTER || g == MP_CUDA_GRAPHS_PREPROCESS;
+}
+
+/* Transformer Engine's scope lists over a MoE layer (transformer_config.py __post_init__,
+ * core_v0.16.0): moe_router only on a model with experts ("moe cuda graph is only supported
+ * for MoE"); moe_preprocess not where the alltoall dispatcher drops tokens without padding,
+ * whose preprocess copies the output size to the host ("moe_preprocess cuda graph is not
+ * supported when there are DtoH copies and synchronizations in the preprocess step"). */
+static mp_status router_scope_check(mp_ctx *ctx, const mp_model *m, const mp_plan_options *o, const char *name) {
+  if (!mp_model_is_moe(m))
+    return mp_error(ctx, MP_ERR_INVALID, "CUDA graphs (%s) on %s, which has no MoE layer: Megatron-Core's "
+                    "moe_router scope needs routed experts; choose cuda graphs attn or layers", name, m->name);
+  const mp_moe_routing *r = &o->moe_routing;
+  if (o->cuda_graphs == MP_CUDA_GRAPHS_PREPROCESS && o->moe_dispatcher == MP_MOE_DISPATCH_ALLTOALL &&
+      r->capacity_factor > 0.0 && !r->pad_to_capacity)
+    return mp_error(ctx, MP_ERR_INVALID, "CUDA graphs (%s) with a capacity that drops without padding: the "
+                    "alltoall dispatcher's preprocess copies the output size to the host, which Megatron-Core "
+                    "refuses in the moe_preprocess graph; choose attn+moe_router, or pad to the capacity", name);
+  return MP_OK;
+}
+
 mp_status mp_rule_cuda_graphs_check(mp_ctx *ctx, const mp_model *m, const mp_plan_options *o) {
   const mp_cuda_graphs g = o->cuda_graphs;
   if ((unsigned)g >= MP_CUDA_GRAPHS_COUNT)
-    return mp_error(ctx, MP_ERR_INVALID, "unknown CUDA graph scope %d; choose none, attn, layers or iteration", (int)g);
+    return mp_error(ctx, MP_ERR_INVALID, "unknown CUDA graph scope %d; choose none, attn, layers, iteration, "
+                    "attn+moe_router or attn+moe_router+moe_preprocess", (int)g);
   if (g == MP_CUDA_GRAPHS_NONE) return MP_OK;
   const char *name = mp_cuda_graphs_name(g);
   if (o->mem_model != MP_MEM_MODEL_MEGATRON)
@@ -256,19 +279,25 @@ mp_status mp_rule_cuda_graphs_check(mp_ctx *ctx, const mp_model *m, const mp_pla
                     "CUDA graphs (%s) are Megatron-Core's (--enable-cuda-graph, --external-cuda-graph); the %s "
                     "memory model's stack launches its kernels eagerly: drop them or choose a megatron stack",
                     name, mp_mem_model_name(o->mem_model));
-  const int recompute = o->ac != MP_AC_NONE || o->recompute_modules != 0;
-  if (recompute && (g != MP_CUDA_GRAPHS_ATTN || o->ac == MP_AC_FULL))
+  const int recompute = o->ac != MP_AC_NONE || o->recompute_modules != 0, partial = mp_cuda_graphs_partial(g);
+  if (recompute && (!partial || o->ac == MP_AC_FULL))
     return mp_error(ctx, MP_ERR_INVALID,
                     "CUDA graphs (%s) with activation recomputation: Megatron-Core refuses %s (transformer_config.py, "
                     "arguments.py); drop the recomputation, or choose cuda graphs attn with a selective one",
-                    name, g == MP_CUDA_GRAPHS_ATTN ? "full recompute with --external-cuda-graph"
-                                                   : "--recompute-granularity with --enable-cuda-graph");
-  if (g != MP_CUDA_GRAPHS_ATTN && mp_moe_host_sync(m, o))
+                    name, partial ? "full recompute with Transformer Engine's graphs"
+                                  : "--recompute-granularity with --enable-cuda-graph");
+  if (g == MP_CUDA_GRAPHS_ROUTER || g == MP_CUDA_GRAPHS_PREPROCESS) MP_CHECK(router_scope_check(ctx, m, o, name));
+  /* CudaGraphManager records the whole layer in torch.cuda.graph and has no eager fallback
+   * while training (cuda_graphs.py, core_v0.12.0 to core_v0.15.0): the dispatcher's copy of
+   * the counts to the host and its stream synchronisation fail inside the capture */
+  if ((g == MP_CUDA_GRAPHS_LAYERS || g == MP_CUDA_GRAPHS_ITERATION) && mp_moe_host_sync(m, o))
     return mp_error(ctx, MP_ERR_INVALID,
                     "CUDA graphs (%s) over %s's MoE layers: the token dispatcher synchronises the host to read "
                     "the routed counts each layer (token_dispatcher.py cuda_sync_point, DeepEP's received "
-                    "counts), which a graph cannot capture; choose cuda graphs attn (the attention only), or "
-                    "pad the experts to a capacity (--moe-pad-expert-input-to-capacity) with the alltoall dispatcher",
+                    "counts), which torch.cuda.graph cannot capture (cuda_graphs.py CudaGraphManager); choose "
+                    "cuda graphs attn, attn+moe_router or attn+moe_router+moe_preprocess, or pad the experts to "
+                    "a capacity with the alltoall dispatcher (--moe-capacity-factor 1 "
+                    "--moe-pad-expert-input-to-capacity, NeMo's MegatronTokenDropCallback)",
                     name, m->name);
   if (g == MP_CUDA_GRAPHS_ITERATION && o->ddp.check_grads)
     return mp_error(ctx, MP_ERR_INVALID,

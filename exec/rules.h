@@ -91,9 +91,14 @@ int mp_rule_pp_micro_ok(int64_t n_micro, int pp, int v);
  * arguments.py full recompute with --external-cuda-graph, which attn uses); the full-layer
  * and full-iteration scopes not over a MoE layer whose dispatcher synchronises the host
  * (mp_moe_host_sync: a graph cannot wait for the host), where attn captures only the
- * attention; iteration with the DDP's gradient check off (arguments.py asserts
- * --no-check-for-nan-in-loss-and-grad). Each refused by name. */
+ * attention and the moe_router scopes stop before the dispatch (those on a MoE model only,
+ * moe_preprocess not where alltoall drops without padding: core_v0.16.0); iteration with the
+ * DDP's gradient check off (arguments.py asserts --no-check-for-nan-in-loss-and-grad). Each
+ * refused by name. */
 mp_status mp_rule_cuda_graphs_check(mp_ctx *ctx, const mp_model *m, const mp_plan_options *o);
+/* Whether g is one of Transformer Engine's per-layer partial scopes (make_graphed_callables over
+ * part of each layer: attn, attn+moe_router, attn+moe_router+moe_preprocess). */
+int mp_cuda_graphs_partial(mp_cuda_graphs g);
 
 /* ---- context and sequence parallelism ---------------------------------------------------- */
 

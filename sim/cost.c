@@ -422,17 +422,34 @@ static int attention_kernel(const mp_op *op) {
          (op->module < 0 && op->kernel == MP_KERNEL_COPY);
 }
 
+/* The kernels the moe_router scopes add to the attention's graph (Megatron-Core core_v0.16.0
+ * transformer_layer.py MoETransformerLayer, moe_layer.py route and shared_experts_compute):
+ * the pre-MLP norm, the router's GEMM and its softmax, top-k and aux loss, and the shared
+ * experts, which Megatron computes in the router's phase unless --moe-shared-expert-overlap
+ * (off by default) hands them to the dispatcher. The preprocess's count kernels have no op
+ * of their own (the router's op holds their time), so both scope lists capture these ops. */
+static int router_kernel(const mp_op *op) {
+  switch (op->module) {
+    case MP_MOD_FFN_NORM: case MP_MOD_ROUTER: case MP_MOD_SHARED_GATE: case MP_MOD_SHARED_UP:
+    case MP_MOD_SHARED_DOWN:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
 /* Whether compute op `op` runs inside one of the plan's CUDA graphs (exec/plan.h,
  * mp_cuda_graphs): the full iteration's forward and backward passes (the optimizer outside);
  * per-layer graphs hold a block's kernels but not the data-parallel bucket hooks of the last
  * micro-batch (setup_manual_hooks: hooks run outside the graphs), attn scope only the
- * attention's. */
+ * attention's, the moe_router scopes the attention's and the router's. */
 static int op_captured(const mp_op *op, mp_cuda_graphs g) {
   if (g == MP_CUDA_GRAPHS_NONE || op->type != MP_OP_COMPUTE) return 0;
   if (op->phase != MP_PHASE_FORWARD && op->phase != MP_PHASE_BACKWARD && op->phase != MP_PHASE_RECOMPUTE)
     return 0;
   if (g == MP_CUDA_GRAPHS_ITERATION) return 1;
   if (op->layer < 0 || op->when == MP_WHEN_LAST_MICRO) return 0;
+  if (g == MP_CUDA_GRAPHS_ROUTER || g == MP_CUDA_GRAPHS_PREPROCESS) return attention_kernel(op) || router_kernel(op);
   return g == MP_CUDA_GRAPHS_LAYERS || attention_kernel(op);
 }
 

@@ -248,6 +248,14 @@ for scope, flags in (("layers", "--enable-cuda-graph\n"), ("attn", "--external-c
     pred, text = emitted("megatron", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack",
                          "megatron-core", "--cuda-graphs", scope, *extra)
     check(flags in text and (pred or {}).get("cuda_graphs") == scope, f"--cuda-graphs {scope} not written: " + text)
+# Transformer Engine's moe_router scope lists (core_v0.16.0 --cuda-graph-impl transformer_engine) on
+# a MoE model, written and read back to the same prediction
+for scope, words in (("attn+moe_router", "attn moe_router"), ("attn+moe_router+moe_preprocess",
+                                                              "attn moe_router moe_preprocess")):
+    text = round_trip("megatron", "8", ("--model", "tiny-moe", "--mesh", "dp_replicate=8", "--ep", "8", "--stack",
+                                        "megatron-core", "--cuda-graphs", scope))
+    check(text and "--cuda-graph-impl transformer_engine\n--cuda-graph-scope %s\n" % words in text,
+          f"--cuda-graphs {scope} not written: {text}")
 base = ("--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack", "megatron-core")
 eager = json.loads(run("simulate", "--gpus", "8", *base, "--json").stdout)
 layers = json.loads(run("simulate", "--gpus", "8", *base, "--cuda-graphs", "layers", "--json").stdout)

@@ -257,7 +257,7 @@ row 2 "--ddp-bucket-size is Megatron-LM's DDP option; stack torchtitan-compile d
 row 2 "--ddp-bucket-size '0': expected an integer in" explain --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --ddp-bucket-size 0
 row 2 "--cross-entropy-loss-fusion fuses Megatron-LM's vocab-parallel cross-entropy; stack torchtitan-compile does not run it" explain --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack torchtitan-compile --cross-entropy-loss-fusion
 # Megatron-Core's CUDA graphs: its scopes, on its stack, under its rules
-row 2 "cuda graphs 'full': choose none, attn, layers or iteration" simulate --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --cuda-graphs full
+row 2 "cuda graphs 'full': choose none, attn, layers, iteration, attn+moe_router or attn+moe_router+moe_preprocess" simulate --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --cuda-graphs full
 row 2 "cuda graphs layers: stack torchtitan-compile states no in-graph kernel cost (graph_kernel_overhead_us); CUDA graphs are Megatron-Core's: use megatron-core or none" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack torchtitan-compile --cuda-graphs layers
 row 2 "CUDA graphs (layers) over tiny-moe's MoE layers: the token dispatcher synchronises the host" simulate --model tiny-moe --gpus 4 --mesh dp_replicate=4,ep=2 --stack megatron-core --cuda-graphs layers
 row 2 "CUDA graphs (iteration) with the DDP's gradient NaN check" explain --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --cuda-graphs iteration

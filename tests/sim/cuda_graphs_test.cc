@@ -201,10 +201,11 @@ TEST(HostIssue, ThePassBeforeASyncTakesTheRateBound) {
 }
 
 // A captured kernel costs the stack's in-graph overhead (0.5 us) instead of its eager one
-// (5 us). Three 20 us GEMMs in a forward: q of layer 0 (the attention's), gate of layer 0
-// (the MLP's) and the output layer's (outside the blocks), then the optimizer's 20 us: eager
-// 4 x 25 = 100 us; attn captures q: 95.5; layers q and gate: 91; iteration the three
-// forward ones, not the optimizer step: 86.5.
+// (5 us). Four 20 us GEMMs in a forward: q of layer 0 (the attention's), gate of layer 0
+// (a dense MLP's), the router of layer 0 and the output layer's (outside the blocks), then
+// the optimizer's 20 us: eager 5 x 25 = 125 us; attn captures q: 120.5; layers q, gate and
+// the router: 111.5; iteration the four forward ones, not the optimizer step: 107; the
+// moe_router scopes q and the router: 116.
 TEST(CudaGraphs, CapturedKernelsCostTheInGraphOverhead) {
   mp_stack_profile p = Profile();
   p.kernel_overhead_s = 5e-6;
@@ -215,9 +216,11 @@ TEST(CudaGraphs, CapturedKernelsCostTheInGraphOverhead) {
   k.ops.back().layer = 0;
   k.Gemm(20e-6).module = MP_MOD_GATE;
   k.ops.back().layer = 0;
+  k.Gemm(20e-6).module = MP_MOD_ROUTER;
+  k.ops.back().layer = 0;
   k.Gemm(20e-6).module = MP_MOD_OUTPUT;
   k.Gemm(20e-6).phase = MP_PHASE_OPTIMIZER;
-  const double want[MP_CUDA_GRAPHS_COUNT] = {100e-6, 95.5e-6, 91e-6, 86.5e-6};
+  const double want[MP_CUDA_GRAPHS_COUNT] = {125e-6, 120.5e-6, 111.5e-6, 107e-6, 116e-6, 116e-6};
   for (int g = 0; g < MP_CUDA_GRAPHS_COUNT; g++) {
     k.plan.opts.cuda_graphs = (mp_cuda_graphs)g;
     EXPECT_NEAR(k.Step(p), want[g], 1e-12) << mp_cuda_graphs_name((mp_cuda_graphs)g);
@@ -229,6 +232,42 @@ TEST(CudaGraphs, CapturedKernelsCostTheInGraphOverhead) {
   mp_sim_result r;
   EXPECT_EQ(k.Run(&ctx, p, &r), MP_ERR_INVALID);
   EXPECT_NE(strstr(mp_errmsg(&ctx), "graph_kernel_overhead_us"), nullptr) << mp_errmsg(&ctx);
+}
+
+// A tiny MoE layer's pass after the dispatcher's synchronisation, the host 10 us a launch
+// and no kernel overhead: layer 0's experts (5 us, the first op the host issues after the
+// sync), then layer 1's q, pre-MLP norm and router (2 us each) and its experts (30 us).
+// Eager, the host issues them at 10, 20, 30, 40 and 50 us: the GPU waits for each (the
+// stream ends at 50 + 30 = 80 where the kernels sum to 41). Under attn q is a graph of one
+// launch, as eager: 80. Under attn+moe_router q, the norm and the router are one graph, one
+// launch at 20, the experts issued at 30: the stream runs 10-15, 20-26, 30-60: 60, the
+// host's two launches of the norm and the router (20 us) gone. moe_preprocess adds no op of
+// its own (the router's op holds the count kernels): 60.
+TEST(HostIssue, RouterGraphRemovesTheRoutersLaunches) {
+  mp_stack_profile p = Profile();
+  p.host_launch_s = 10e-6;
+  HostCase k;
+  const struct {
+    double t;
+    int module, layer;
+  } ops[] = {{5e-6, MP_MOD_EXPERTS_DOWN, 0},
+             {2e-6, MP_MOD_Q, 1},
+             {2e-6, MP_MOD_FFN_NORM, 1},
+             {2e-6, MP_MOD_ROUTER, 1},
+             {30e-6, MP_MOD_EXPERTS_GATE, 1}};
+  for (const auto &o : ops) {
+    k.Gemm(o.t).module = o.module;
+    k.ops.back().layer = o.layer;
+  }
+  k.ops[0].host_sync = 1;
+  const double want[][2] = {{MP_CUDA_GRAPHS_NONE, 80e-6},
+                            {MP_CUDA_GRAPHS_ATTN, 80e-6},
+                            {MP_CUDA_GRAPHS_ROUTER, 60e-6},
+                            {MP_CUDA_GRAPHS_PREPROCESS, 60e-6}};
+  for (const auto &w : want) {
+    k.plan.opts.cuda_graphs = (mp_cuda_graphs)w[0];
+    EXPECT_NEAR(k.Step(p), w[1], 1e-12) << mp_cuda_graphs_name(k.plan.opts.cuda_graphs);
+  }
 }
 
 // Megatron-Core's rules for its graphs (transformer_config.py, arguments.py, core_v0.14.0),
@@ -259,6 +298,12 @@ TEST(CudaGraphs, RulesRefuseWhatMegatronRefuses) {
       {&moe, MP_CUDA_GRAPHS_LAYERS, MP_AC_NONE, 0, MP_MEM_MODEL_MEGATRON, "synchronises the host"},
       {&moe, MP_CUDA_GRAPHS_ITERATION, MP_AC_NONE, 0, MP_MEM_MODEL_MEGATRON, "synchronises the host"},
       {&moe, MP_CUDA_GRAPHS_ATTN, MP_AC_NONE, 0, MP_MEM_MODEL_MEGATRON, nullptr},
+      {&moe, MP_CUDA_GRAPHS_ROUTER, MP_AC_NONE, 0, MP_MEM_MODEL_MEGATRON, nullptr},
+      {&moe, MP_CUDA_GRAPHS_PREPROCESS, MP_AC_NONE, 0, MP_MEM_MODEL_MEGATRON, nullptr},
+      {&moe, MP_CUDA_GRAPHS_PREPROCESS, MP_AC_SELECTIVE_CORE, 0, MP_MEM_MODEL_MEGATRON, nullptr},
+      {&moe, MP_CUDA_GRAPHS_ROUTER, MP_AC_FULL, 0, MP_MEM_MODEL_MEGATRON, "full recompute"},
+      {&dense, MP_CUDA_GRAPHS_ROUTER, MP_AC_NONE, 0, MP_MEM_MODEL_MEGATRON, "has no MoE layer"},
+      {&dense, MP_CUDA_GRAPHS_PREPROCESS, MP_AC_NONE, 0, MP_MEM_MODEL_MEGATRON, "has no MoE layer"},
       {&dense, MP_CUDA_GRAPHS_ITERATION, MP_AC_NONE, 1, MP_MEM_MODEL_MEGATRON, "--no-check-for-nan-in-loss-and-grad"},
       {&dense, MP_CUDA_GRAPHS_ITERATION, MP_AC_NONE, 0, MP_MEM_MODEL_MEGATRON, nullptr},
   };
@@ -281,6 +326,18 @@ TEST(CudaGraphs, RulesRefuseWhatMegatronRefuses) {
   o.cuda_graphs = MP_CUDA_GRAPHS_LAYERS;
   o.moe_routing.capacity_factor = 1.0;
   o.moe_routing.pad_to_capacity = 1;
+  EXPECT_EQ(mp_rule_cuda_graphs_check(&ctx, &moe, &o), MP_OK) << mp_errmsg(&ctx);
+  o.cuda_graphs = MP_CUDA_GRAPHS_PREPROCESS;
+  EXPECT_EQ(mp_rule_cuda_graphs_check(&ctx, &moe, &o), MP_OK) << mp_errmsg(&ctx);
+  // dropping without padding, alltoall's preprocess copies the output size to the host
+  // (core_v0.16.0 transformer_config.py refuses moe_preprocess there, not moe_router)
+  o.moe_routing.pad_to_capacity = 0;
+  EXPECT_EQ(mp_rule_cuda_graphs_check(&ctx, &moe, &o), MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "drops without padding"), nullptr) << mp_errmsg(&ctx);
+  o.cuda_graphs = MP_CUDA_GRAPHS_ROUTER;
+  EXPECT_EQ(mp_rule_cuda_graphs_check(&ctx, &moe, &o), MP_OK) << mp_errmsg(&ctx);
+  o.moe_dispatcher = MP_MOE_DISPATCH_DEEPEP;  // DeepEP's preprocess copies nothing to the host
+  o.cuda_graphs = MP_CUDA_GRAPHS_PREPROCESS;
   EXPECT_EQ(mp_rule_cuda_graphs_check(&ctx, &moe, &o), MP_OK) << mp_errmsg(&ctx);
 }
 
@@ -305,6 +362,33 @@ TEST(HostIssue, MegatronMoEStepWaitsOnceALayer) {
     step[on] = k.Sim().step_time_s;
   }
   EXPECT_NEAR(step[1] - step[0], 2 * 2 * 5e-6, 1e-12);
+}
+
+// tiny-moe (2 MoE layers, one shared expert) as above with the host never binding
+// (host_launch_s 0), the data-parallel all-reduce after the backward, the stack's 5 us kernel overhead and 0.5 us in a graph: attn+moe_router
+// adds to attn's graphs each layer pass's pre-MLP norm, router and shared expert. A layer's
+// forward: the norm, the router's GEMM and its softmax/top-k, the shared expert's gate, up,
+// SwiGLU and down (7 kernels); its backward: the shared down's, gate's and up's two GEMMs each,
+// the SwiGLU's, the router's softmax and two GEMMs and the norm's (11). 2 micro-batches x 2
+// layers x 18 kernels x 4.5 us = 324 us off the step.
+TEST(CudaGraphs, RouterScopeCapturesATinyMoELayersRouter) {
+  double step[2];
+  const mp_cuda_graphs g[2] = {MP_CUDA_GRAPHS_ATTN, MP_CUDA_GRAPHS_ROUTER};
+  for (int i = 0; i < 2; i++) {
+    PlanCase k("tiny-moe", "h100-8", "dp_replicate=8");
+    ASSERT_EQ(mp_stack_load(&k.ctx, "megatron-core", &k.prof), MP_OK) << mp_errmsg(&k.ctx);
+    mp_stack_plan_options(&k.prof, &k.c.gpu, &k.o);
+    k.o.seq = 64;
+    k.o.micro_batch = 1;
+    k.o.global_batch = 16;
+    k.o.cuda_graphs = g[i];
+    k.o.ddp.overlap = 0;  // the gradients' all-reduce after the backward, beside no kernel
+    k.prof.host_launch_s = 0.0;
+    k.prof.kernel_overhead_s = 5e-6;
+    k.prof.graph_kernel_overhead_s = 0.5e-6;
+    step[i] = k.Sim().step_time_s;
+  }
+  EXPECT_NEAR(step[0] - step[1], 2 * 2 * 18 * 4.5e-6, 1e-9);
 }
 
 }  // namespace
