@@ -105,9 +105,9 @@ check(p.returncode == 2 and "at least 2 x pp" in p.stderr, "dualpipe with 6 micr
 # DeepSeek-V3's other two mechanisms refuse what they cannot be
 p = run("simulate", "--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=8", "--moe-fp8-dispatch", want_rc=2)
 check(p.returncode == 2 and "float8 dispatch" in p.stderr, "float8 dispatch without --fp8")
-p = run("simulate", "--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=8", "--recompute-modules", "moe",
+p = run("simulate", "--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=8", "--recompute-modules", "shared_experts",
         want_rc=2)
-check(p.returncode == 2 and "not modelled" in p.stderr, "recompute module moe")
+check(p.returncode == 2 and "has no shared experts" in p.stderr, "recompute module shared_experts")
 p = run("simulate", "--model", "llama3.1-8b", "--recompute-modules", "mla_up_proj", want_rc=2)
 check(p.returncode == 2 and "no multi-head latent attention" in p.stderr, "mla_up_proj without MLA")
 # DeepSeek-V3's low-precision storage (sec. 3.3.3): the activation cache needs the blockwise
