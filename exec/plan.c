@@ -452,6 +452,14 @@ static mp_status check_recompute_modules(mp_ctx *ctx, const mp_model *m, const m
   if ((rc & (1u << MP_RC_MLA_UP_PROJ)) && !mp_model_is_mla(m))
     return mp_error(ctx, MP_ERR_INVALID, "recompute module mla_up_proj: model %s has no multi-head latent "
                     "attention; drop it", m->name);
+  /* Megatron-Core refuses them under delayed scaling (transformer_config.py: "Delayed scaling
+   * does not support moe_act and layernorm recompute for fp8"); mlp, moe and shared_experts run
+   * under te_checkpoint with any recipe */
+  if (o->fp8 && (rc & ((1u << MP_RC_LAYERNORM) | (1u << MP_RC_MOE_ACT))) &&
+      mp_fp8_recipe_of(o->fp8_opts.recipe, o->mem_model) == MP_FP8_DELAYED)
+    return mp_error(ctx, MP_ERR_INVALID, "recompute modules layernorm and moe_act under float8 need current or "
+                    "blockwise scaling: Megatron-Core refuses them with delayed scaling; choose --fp8 current or "
+                    "blockwise, or drop them");
   const uint32_t moe_only = (1u << MP_RC_MOE_ACT) | (1u << MP_RC_MOE) | (1u << MP_RC_SHARED_EXPERTS);
   for (int k = MP_RC_MOE_ACT; k < MP_RC_COUNT; k++)
     if ((rc & moe_only & (1u << k)) && !mp_model_is_moe(m)) {

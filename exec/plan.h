@@ -137,21 +137,17 @@ typedef enum mp_ac_mode {
   MP_AC_COUNT
 } mp_ac_mode;
 /* Megatron-Core's recompute modules (--recompute-granularity selective --recompute-modules;
- * megatron/core/transformer/transformer_config.py, recompute_modules, core_v0.14), beside the
- * AC policy none or selective-core (Megatron's core_attn). layernorm, mla_up_proj and moe_act
- * discard their output: it is freed once its consumer has run and recomputed before its
- * backward needs it (CheckpointWithoutOutput). mlp, moe and shared_experts checkpoint a whole
- * module (tensor_parallel.checkpoint, te_checkpoint under fp8): its input is kept, what it
- * saves inside is not, and the backward re-runs its forward, collectives included, before
- * the module's backward. Bits of mp_plan_options.recompute_modules (exec/schedule_act.c
- * prices them). */
+ * megatron/core/transformer/transformer_config.py, core_v0.14) beside AC none or selective-core
+ * (its core_attn). layernorm, mla_up_proj and moe_act free their output once its consumer ran
+ * and recompute it before its backward (CheckpointWithoutOutput); mlp, moe and shared_experts
+ * checkpoint a whole module (tensor_parallel.checkpoint): its input kept, its forward re-run,
+ * collectives included, before its backward. Bits of mp_plan_options.recompute_modules. */
 typedef enum mp_rc_module {
-  MP_RC_LAYERNORM = 0, /* "layernorm": input_layernorm and pre_mlp_layernorm */
-  MP_RC_MLA_UP_PROJ,   /* "mla_up_proj": MLA's latent norms, up projections and RoPE */
-  MP_RC_MOE_ACT,       /* "moe_act": the routed experts' SwiGLU */
-  MP_RC_MLP,           /* "mlp": a dense layer's MLP (transformer_layer.py: not a MoE layer's) */
-  MP_RC_MOE,           /* "moe": a MoE layer whole: router, dispatch, experts, combine, shared
-                          experts (moe/moe_layer.py, moe_layer_recompute) */
+  MP_RC_LAYERNORM = 0,  /* "layernorm": input_layernorm and pre_mlp_layernorm */
+  MP_RC_MLA_UP_PROJ,    /* "mla_up_proj": MLA's latent norms, up projections and RoPE */
+  MP_RC_MOE_ACT,        /* "moe_act": the routed experts' SwiGLU */
+  MP_RC_MLP,            /* "mlp": a dense layer's MLP (transformer_layer.py: not a MoE layer's) */
+  MP_RC_MOE,            /* "moe": a MoE layer whole, all-to-alls included (moe/moe_layer.py) */
   MP_RC_SHARED_EXPERTS, /* "shared_experts": a MoE layer's shared experts (moe_layer.py) */
   MP_RC_COUNT
 } mp_rc_module;

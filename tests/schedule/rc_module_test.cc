@@ -201,4 +201,24 @@ TEST(RcModule, RefusesWhatTheModelOrTheOptionsLack) {
   }
 }
 
+// Megatron-Core refuses layernorm and moe_act under float8's delayed scaling
+// (transformer_config.py); mlp checkpoints under te_checkpoint with any recipe. Megatron's
+// float8 default recipe is delayed.
+TEST(RcModule, DelayedScalingRefusesTheOutputDiscardingNormsOnly) {
+  Opts o = DenseTp2();
+  o.fp8 = 1;
+  o.recompute_modules = 1u << MP_RC_LAYERNORM;
+  Built b;
+  EXPECT_EQ(PlanOnly(&b, o), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&b.ctx)).find("Megatron-Core refuses them with delayed scaling"), std::string::npos)
+      << mp_errmsg(&b.ctx);
+  o.fp8_recipe = MP_FP8_TENSORWISE;
+  Built t;
+  EXPECT_EQ(PlanOnly(&t, o), MP_OK) << mp_errmsg(&t.ctx);
+  o.fp8_recipe = MP_FP8_DEFAULT;
+  o.recompute_modules = kMlp;
+  Built m;
+  EXPECT_EQ(PlanOnly(&m, o), MP_OK) << mp_errmsg(&m.ctx);
+}
+
 }  // namespace
