@@ -32,9 +32,13 @@ struct Rc {
   double comm_bytes[MP_COLL_COUNT][MP_GROUP_COUNT] = {};
 };
 
-Rc Recomputed(const mp_schedule *s) {
+// What the recompute phase runs in the schedule of `base` with the recompute modules `bits`.
+Rc Recomputed(Opts base, uint32_t bits) {
   Rc r;
-  for (const Inst &x : Expand(s)) {
+  Built b;
+  base.recompute_modules = bits;
+  Build(&b, base);
+  for (const Inst &x : Expand(b.s)) {
     if (x.op->phase != MP_PHASE_RECOMPUTE) continue;
     if (x.op->type == MP_OP_COMM) {
       r.n_comm[x.op->coll][x.op->group]++;
@@ -48,34 +52,36 @@ Rc Recomputed(const mp_schedule *s) {
   return r;
 }
 
-// tiny-dense (H 64, d_ff 192, SwiGLU, two layers) on tp=2 with SP, seq 64: T = 64 tokens,
-// Ts = 32, f = 96 a rank.
-Opts DenseTp2() {
-  Opts o = Megatron("tp=2");
-  o.model = "tiny-dense";
+// What the recompute modules `bits` stop saving in each of the two blocks of `base`'s model:
+// the blocks' saved bytes without them less with them.
+void ExpectDropped(const Opts &base, uint32_t bits, int64_t dropped) {
+  SCOPED_TRACE(bits);
+  Built none, b;
+  Build(&none, base);
+  Opts o = base;
+  o.recompute_modules = bits;
+  Build(&b, o);
+  for (int l = 0; l < 2; l++) EXPECT_EQ(SavedByBlock(none.s, l) - SavedByBlock(b.s, l), dropped) << l;
+}
+
+// A test model on `mesh` under Megatron-LM's memory model, one sequence of 64 tokens.
+Opts Tiny(const char *model, const char *mesh) {
+  Opts o = Megatron(mesh);
+  o.model = model;
   o.seq = 64;
   return o;
 }
+
+// tiny-dense (H 64, d_ff 192, SwiGLU, two layers) on tp=2 with SP, seq 64: T = 64 tokens,
+// Ts = 32, f = 96 a rank.
+Opts DenseTp2() { return Tiny("tiny-dense", "tp=2"); }
 
 // mlp drops the MLP's gate, up, silu and product, 4 x 2 T f = 8 x 64 x 96 = 49,152 bytes a
 // block, and keeps its input (the normed h, 2 Ts H sharded under SP) with the pre-MLP norm's
 // input and rstd; with layernorm the checkpoint's input goes too: + 2 x 32 x 64 = 4,096.
 TEST(RcModule, MlpKeepsTheDenseMlpsInputAlone) {
-  Built none;
-  Build(&none, DenseTp2());
-  const int64_t all = SavedByBlock(none.s, 0);
-  const struct {
-    uint32_t bits;
-    int64_t dropped;
-  } cases[] = {{kMlp, 49152}, {kMlp | (1u << MP_RC_LAYERNORM), 49152 + 4096 + 4096}};
-  for (const auto &c : cases) {
-    SCOPED_TRACE(c.bits);
-    Built b;
-    Opts o = DenseTp2();
-    o.recompute_modules = c.bits;
-    Build(&b, o);
-    for (int l = 0; l < 2; l++) EXPECT_EQ(all - SavedByBlock(b.s, l), c.dropped) << l;
-  }
+  ExpectDropped(DenseTp2(), kMlp, 49152);
+  ExpectDropped(DenseTp2(), kMlp | (1u << MP_RC_LAYERNORM), 49152 + 4096 + 4096);
 }
 
 // Its backward re-runs gate, up and down, 3 x 2 T f H = 3 x 2 x 64 x 96 x 64 = 2,359,296
@@ -83,11 +89,7 @@ TEST(RcModule, MlpKeepsTheDenseMlpsInputAlone) {
 // shards and the reduce-scatter of down's partial sums run again, each on the [T, H] bf16
 // tensor, 2 x 64 x 64 = 8,192 bytes: once a block, two blocks.
 TEST(RcModule, MlpRecomputesTheMlpAndItsTpCollectives) {
-  Built b;
-  Opts o = DenseTp2();
-  o.recompute_modules = kMlp;
-  Build(&b, o);
-  const Rc r = Recomputed(b.s);
+  const Rc r = Recomputed(DenseTp2(), kMlp);
   EXPECT_EQ(r.gemms, 2 * 3);
   EXPECT_DOUBLE_EQ(r.gemm_flops, 2 * 3 * 2.0 * 64 * 96 * 64);
   EXPECT_EQ(r.acts, 2);
@@ -96,19 +98,12 @@ TEST(RcModule, MlpRecomputesTheMlpAndItsTpCollectives) {
   EXPECT_EQ(r.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_TP], 2);
   EXPECT_DOUBLE_EQ(r.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_TP], 2 * 8192.0);
   EXPECT_DOUBLE_EQ(r.comm_bytes[MP_COLL_REDUCE_SCATTER][MP_GROUP_TP], 2 * 8192.0);
-  Built none;
-  Build(&none, DenseTp2());
-  EXPECT_EQ(Recomputed(none.s).gemms, 0);
+  EXPECT_EQ(Recomputed(DenseTp2(), 0).gemms, 0);
 }
 
 // tiny-moe (H 64, 8 experts of 32, top-2, one shared expert of 64, two MoE layers) on
 // dp_replicate=2 x ep=2, seq 64: T = 64 tokens, R = 2T = 128 routed rows, balanced.
-Opts MoeEp2() {
-  Opts o = Megatron("dp_replicate=2,ep=2");
-  o.model = "tiny-moe";
-  o.seq = 64;
-  return o;
-}
+Opts MoeEp2() { return Tiny("tiny-moe", "dp_replicate=2,ep=2"); }
 
 // moe keeps the pre-MLP norm's input and rstd and the MoE layer's input (2TH without SP) and
 // drops, per token: the router's fp32 probabilities 4 x 8 = 32, the top-k weights and
@@ -117,22 +112,10 @@ Opts MoeEp2() {
 // block. shared_experts alone drops the shared expert's 512 a token, 32,768 a block, and
 // nothing more beside moe.
 TEST(RcModule, MoeKeepsTheMoeLayersInputAlone) {
-  Built none;
-  Build(&none, MoeEp2());
-  const int64_t all = SavedByBlock(none.s, 0);
-  const struct {
-    uint32_t bits;
-    int64_t dropped;
-  } cases[] = {{kMoe, 1336 * 64}, {kShared, 512 * 64}, {kMoe | kShared, 1336 * 64},
-               {kMoe | (1u << MP_RC_MOE_ACT), 1336 * 64}};
-  for (const auto &c : cases) {
-    SCOPED_TRACE(c.bits);
-    Built b;
-    Opts o = MoeEp2();
-    o.recompute_modules = c.bits;
-    Build(&b, o);
-    for (int l = 0; l < 2; l++) EXPECT_EQ(all - SavedByBlock(b.s, l), c.dropped) << l;
-  }
+  ExpectDropped(MoeEp2(), kMoe, 1336 * 64);
+  ExpectDropped(MoeEp2(), kShared, 512 * 64);
+  ExpectDropped(MoeEp2(), kMoe | kShared, 1336 * 64);
+  ExpectDropped(MoeEp2(), kMoe | (1u << MP_RC_MOE_ACT), 1336 * 64);
 }
 
 // moe's backward re-runs the router 2 T E H = 65,536 FLOPs, the experts' gate, up and down
@@ -142,11 +125,7 @@ TEST(RcModule, MoeKeepsTheMoeLayersInputAlone) {
 // a second time (moe_layer.py nests its checkpoint in moe's): three more GEMMs.
 TEST(RcModule, MoeRecomputesTheLayerAndItsAllToAlls) {
   const double router = 2.0 * 64 * 8 * 64, experts = 3 * 2.0 * 128 * 64 * 32, shared = 3 * 2.0 * 64 * 64 * 64;
-  Built b;
-  Opts o = MoeEp2();
-  o.recompute_modules = kMoe;
-  Build(&b, o);
-  const Rc r = Recomputed(b.s);
+  const Rc r = Recomputed(MoeEp2(), kMoe);
   EXPECT_EQ(r.gemms, 2 * 7);
   EXPECT_DOUBLE_EQ(r.gemm_flops, 2 * (router + experts + shared));
   EXPECT_EQ(r.acts, 2 * 2);
@@ -154,17 +133,11 @@ TEST(RcModule, MoeRecomputesTheLayerAndItsAllToAlls) {
   EXPECT_EQ(r.n_comm[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 2 * 2);
   EXPECT_DOUBLE_EQ(r.comm_bytes[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 2 * 2 * 16384.0);
 
-  Built n;
-  o.recompute_modules = kMoe | kShared;
-  Build(&n, o);
-  const Rc rn = Recomputed(n.s);
+  const Rc rn = Recomputed(MoeEp2(), kMoe | kShared);
   EXPECT_EQ(rn.gemms, 2 * 10);
   EXPECT_DOUBLE_EQ(rn.gemm_flops, 2 * (router + experts + 2 * shared));
 
-  Built s;
-  o.recompute_modules = kShared;
-  Build(&s, o);
-  const Rc rs = Recomputed(s.s);
+  const Rc rs = Recomputed(MoeEp2(), kShared);
   EXPECT_EQ(rs.gemms, 2 * 3);
   EXPECT_DOUBLE_EQ(rs.gemm_flops, 2 * shared);
   EXPECT_EQ(rs.n_comm[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 0);
@@ -185,9 +158,7 @@ TEST(RcModule, RefusesWhatTheModelOrTheOptionsLack) {
   };
   for (const auto &c : cases) {
     Built b;
-    Opts o = Megatron(c.mesh);
-    o.model = c.model;
-    o.seq = 64;
+    Opts o = Tiny(c.model, c.mesh);
     o.recompute_modules = c.bits;
     mp_ctx_init(&b.ctx);
     ASSERT_EQ(mp_model_load(&b.ctx, o.model, &b.model), MP_OK);
