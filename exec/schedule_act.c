@@ -471,7 +471,10 @@ static void recompute_modules(gen *g, const block_act *a, int kind, int attn, in
       /* the routed and shared outputs' sum, inside MoELayer.combine */
       if (kind == KIND_MOE && sh->has_shared) mp_sched_residual(g, MP_VAR_FWD, sh->tokens_sp * sh->d_model);
     }
-    if ((rc & (1u << MP_RC_SHARED_EXPERTS)) && kind == KIND_MOE) mp_sched_shared_fwd(g);
+    if ((rc & (1u << MP_RC_SHARED_EXPERTS)) && kind == KIND_MOE) {
+      if (!a->mlp_whole) attach(g, pd, PART_MOE); /* the shared experts' weights, gathered for the backward */
+      mp_sched_shared_fwd(g);
+    }
     if ((rc & (1u << MP_RC_MOE_ACT)) && kind == KIND_MOE) {
       /* gate and up read (bf16, or E4M3 with their scales from the float8 cache), the
        * product written in bf16 */
@@ -544,7 +547,10 @@ void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   pair(g, MP_MEM_TEMP, BUF_BWD_WS, ws, 1);
   if (a.rc_first) recompute(g, &a, kind, pd, 1);
   else recompute_modules(g, &a, kind, 0, 1, pd);
-  mp_sched_mlp_bwd(g, kind, a.rc_first || a.mlp_whole ? NULL : pd);
+  part_deps rest = pd ? *pd : (part_deps){0}; /* what the MLP's backward still waits for */
+  if (kind == KIND_MOE && (g->p->opts.recompute_modules & (1u << MP_RC_SHARED_EXPERTS)))
+    rest.dep[PART_MOE][0] = rest.dep[PART_MOE][1] = -1; /* waited for by the shared experts' recompute */
+  mp_sched_mlp_bwd(g, kind, a.rc_first || a.mlp_whole || !pd ? NULL : &rest);
   act(g, BUF_ACT_MLP, a.mlp, 0, a.kept);
   act(g, BUF_RC_MLP, a.rc_mlp, 0, 0);
   if (nu > 1) {

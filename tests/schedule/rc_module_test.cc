@@ -143,6 +143,47 @@ TEST(RcModule, MoeRecomputesTheLayerAndItsAllToAlls) {
   EXPECT_EQ(rs.n_comm[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 0);
 }
 
+// Under FSDP2 (tiny-moe on dp_shard=4 x ep=2, torchtitan's memory model: a MoE block's
+// attention, MoE and experts units) the recompute waits for the backward's gathers of the
+// units it runs, whose copy-outs (COPY kernels) it then runs, once: as many copy-outs as
+// without it, in the recompute phase the MoE unit's of each of the two layers under
+// shared_experts (2), the MoE and the experts units' under moe (4); the schedule's
+// dependencies check (Build).
+TEST(RcModule, RecomputeWaitsForTheBackwardsGathersOnce) {
+  Opts o;
+  o.model = "tiny-moe";
+  o.mesh = "dp_shard=4,ep=2";
+  o.seq = 64;
+  struct Copies {
+    int all = 0, recompute = 0;
+  };
+  auto copies = [&](uint32_t bits) {
+    Opts x = o;
+    x.recompute_modules = bits;
+    Built b;
+    Build(&b, x);
+    Copies c;
+    for (const Inst &i : Expand(b.s)) {
+      if (i.op->type != MP_OP_COMPUTE || i.op->kernel != MP_KERNEL_COPY) continue;
+      c.all++;
+      c.recompute += i.op->phase == MP_PHASE_RECOMPUTE;
+    }
+    return c;
+  };
+  const Copies none = copies(0);
+  EXPECT_GT(none.all, 0);
+  EXPECT_EQ(none.recompute, 0);
+  const struct {
+    uint32_t bits;
+    int recompute;
+  } cases[] = {{kShared, 2}, {kMoe, 4}, {kMoe | kShared, 4}};
+  for (const auto &k : cases) {
+    const Copies c = copies(k.bits);
+    EXPECT_EQ(c.all, none.all) << k.bits;
+    EXPECT_EQ(c.recompute, k.recompute) << k.bits;
+  }
+}
+
 // What Megatron-Core would leave a no-op, or refuses, is refused by name.
 TEST(RcModule, RefusesWhatTheModelOrTheOptionsLack) {
   const struct {
