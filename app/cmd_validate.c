@@ -38,8 +38,8 @@
  * ddp_align_param_gather (1: its --align-param-gather; empty or absent: off), ddp_bucket_size
  * (its --ddp-bucket-size in elements; empty or absent: one bucket a block), grad_accum_fusion
  * (0: its --no-gradient-accumulation-fusion; empty or absent: the stack's), recompute_modules
- * (Megatron-Core's output-discarding recompute modules split by spaces, layernorm mla_up_proj
- * moe_act; empty or absent: none), fp8_act_cache (1: DeepSeek-V3's float8 activation cache;
+ * (Megatron-Core's recompute modules split by spaces, layernorm mla_up_proj moe_act mlp moe
+ * shared_experts; empty or absent: none), fp8_act_cache (1: DeepSeek-V3's float8 activation cache;
  * empty or absent: off), optimizer_moments (fp32 or bf16: AdamW's moments; empty or absent:
  * fp32), fp8_param_gather (1: Megatron-Core's --fp8-param-gather, the float8 Linears' weights
  * kept and gathered in float8; empty or absent: off), fp8_all_gather (1: torchtitan's

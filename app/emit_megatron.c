@@ -93,8 +93,8 @@ static mp_status write_model(mp_ctx *ctx, const mp_model *m, mp_emit_buf *b) {
 }
 
 /* --recompute-*: selective-core is Megatron's selective recompute of core_attn, beside which
- * (or alone) the output-discarding modules of the plan (layernorm, mla_up_proj, moe_act) are
- * listed; full is every layer's input kept and the layer recomputed (uniform, one layer a
+ * (or alone) the plan's other recompute modules (layernorm, mla_up_proj, moe_act, mlp, moe,
+ * shared_experts) are listed; full is every layer's input kept and the layer recomputed (uniform, one layer a
  * chunk). */
 static mp_status write_ac(mp_ctx *ctx, const mp_plan_options *o, mp_emit_buf *b) {
   char mods[64];

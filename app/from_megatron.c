@@ -644,7 +644,8 @@ static mp_status read_parallel(mp_ctx *ctx, const mg_args *a, const char *origin
 
 /* --recompute-* and --fp8-* as meshplan's policy, recipe and float8 weights: selective granularity with its
  * modules (core_attn, Megatron-LM's default, is selective-core; layernorm, mla_up_proj and
- * moe_act the output-discarding modules, exec/plan.h), or full recompute of every layer. */
+ * moe_act the output-discarding modules, mlp, moe and shared_experts the checkpointed ones,
+ * exec/plan.h), or full recompute of every layer. */
 static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, mp_from_plan *p) {
   char list[128];
   const char *g = get(a, "--recompute-granularity", NULL), *m = get(a, "--recompute-method", NULL);
@@ -671,7 +672,7 @@ static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, 
     snprintf(p->ac, sizeof p->ac, "full");
   } else {
     return mp_error(ctx, MP_ERR_USAGE, "%s: --recompute-granularity %s%s%s%s%s: meshplan prices selective "
-                    "recompute of core_attn, layernorm, mla_up_proj and moe_act, and full recompute of every "
+                    "recompute of its seven modules, and full recompute of every "
                     "layer (--recompute-method uniform --recompute-num-layers 1)", origin, g,
                     m ? " --recompute-method " : "", m ? m : "", n ? " --recompute-num-layers " : "", n ? n : "");
   }

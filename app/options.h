@@ -72,13 +72,15 @@
     "activation checkpointing: none, selective (the attention module), selective-op (torchtitan's " \
     "op-level), selective-core (Megatron's core attention), full, or full:N (every N-th block) "   \
     "(default none" more ")", NULL }
-/* simulate and explain: Megatron-Core's output-discarding recompute modules (mp_cmd_plan_options) */
+/* simulate and explain: Megatron-Core's recompute modules (mp_cmd_plan_options) */
 #define MP_OPT_RECOMPUTE_MODULES                                                                   \
   { "--recompute-modules", "LIST", "Megatron-Core's --recompute-modules under selective granularity, " \
     "names split by commas or slashes: layernorm (input_layernorm and pre_mlp_layernorm), mla_up_proj (MLA's "   \
     "latent norms, up projections and RoPE), moe_act (the routed experts' SwiGLU), each output freed " \
-    "after its consumer ran and recomputed in backward; core_attn is --ac selective-core. Beside --ac " \
-    "none or selective-core; e.g. DeepSeek-V3's layernorm,mla_up_proj,moe_act", NULL }
+    "after its consumer ran and recomputed in backward; mlp (a dense layer's MLP), moe (a MoE layer whole, " \
+    "its all-to-alls included) and shared_experts, each checkpointed from its kept input and re-run " \
+    "before its backward; core_attn is --ac selective-core. Beside --ac none or selective-core; e.g. " \
+    "DeepSeek-V3's layernorm,mla_up_proj,moe_act", NULL }
 #define MP_OPT_FP8(more)                                                                           \
   { "--fp8", "[on|off|tensorwise|current|delayed|rowwise|mxfp8|blockwise]",                      \
     "float8 Linear layers (E4M3 forward, E5M2 gradients) under a recipe of scales: tensorwise "    \

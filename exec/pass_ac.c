@@ -47,4 +47,14 @@ void mp_plan_note_ac(mp_plan *p, const mp_plan_options *o) {
       break;
     default: break;
   }
+  if (!o->recompute_modules) return;
+  /* Megatron-Core's two mechanisms (exec/plan.h, mp_rc_module) */
+  const uint32_t whole = (1u << MP_RC_MLP) | (1u << MP_RC_MOE) | (1u << MP_RC_SHARED_EXPERTS);
+  char names[96];
+  mp_recompute_modules_format(o->recompute_modules, names, sizeof names);
+  mp_plan_note(p, "AC: recompute modules %s:%s%s", names,
+               o->recompute_modules & ~whole ? " the output-discarding ones free their output once its consumer "
+                                               "ran and recompute it in backward;" : "",
+               o->recompute_modules & whole ? " the checkpointed ones keep their input and re-run their forward, "
+                                              "collectives included, before their backward" : "");
 }

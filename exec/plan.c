@@ -435,6 +435,56 @@ static mp_status check_pp_layers(mp_ctx *ctx, const mp_model *m, const mp_mesh *
   return MP_OK;
 }
 
+/* Megatron-Core's recompute modules against the model and the options (transformer_config.py
+ * __post_init__ and transformer_layer.py, core_v0.14): a module the model does not have is
+ * refused by name rather than left a no-op (Megatron builds `mlp` only into dense layers,
+ * transformer_layer.py recompute_mlp, and `moe` only into MoE layers). */
+static mp_status check_recompute_modules(mp_ctx *ctx, const mp_model *m, const mp_plan_options *o) {
+  const uint32_t rc = o->recompute_modules;
+  if (rc && mp_mem_model_is_runtime(o->mem_model))
+    return mp_error(ctx, MP_ERR_INVALID, "recompute modules are Megatron-Core's; the %s memory model (the "
+                    "meshplan runtime) does not run them: drop them or use a megatron or torchtitan stack",
+                    mp_mem_model_name(o->mem_model));
+  if (rc && o->ac != MP_AC_NONE && o->ac != MP_AC_SELECTIVE_CORE)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "recompute modules run beside AC none or selective-core (Megatron-Core's selective "
+                    "granularity); AC %s recomputes on its own: drop one", mp_ac_mode_name(o->ac));
+  if ((rc & (1u << MP_RC_MLA_UP_PROJ)) && !mp_model_is_mla(m))
+    return mp_error(ctx, MP_ERR_INVALID, "recompute module mla_up_proj: model %s has no multi-head latent "
+                    "attention; drop it", m->name);
+  /* Megatron-Core refuses them under delayed scaling (transformer_config.py: "Delayed scaling
+   * does not support moe_act and layernorm recompute for fp8"); mlp, moe and shared_experts run
+   * under te_checkpoint with any recipe */
+  if (o->fp8 && (rc & ((1u << MP_RC_LAYERNORM) | (1u << MP_RC_MOE_ACT))) &&
+      mp_fp8_recipe_of(o->fp8_opts.recipe, o->mem_model) == MP_FP8_DELAYED)
+    return mp_error(ctx, MP_ERR_INVALID, "recompute modules layernorm and moe_act under float8 need current or "
+                    "blockwise scaling: Megatron-Core refuses them with delayed scaling; choose --fp8 current or "
+                    "blockwise, or drop them");
+  const uint32_t moe_only = (1u << MP_RC_MOE_ACT) | (1u << MP_RC_MOE) | (1u << MP_RC_SHARED_EXPERTS);
+  for (int k = MP_RC_MOE_ACT; k < MP_RC_COUNT; k++)
+    if ((rc & moe_only & (1u << k)) && !mp_model_is_moe(m)) {
+      char name[32];
+      mp_recompute_modules_format(1u << k, name, sizeof name);
+      return mp_error(ctx, MP_ERR_INVALID, "recompute module %s: model %s has no routed experts; drop it", name,
+                      m->name);
+    }
+  if ((rc & (1u << MP_RC_SHARED_EXPERTS)) && m->n_shared_experts == 0)
+    return mp_error(ctx, MP_ERR_INVALID, "recompute module shared_experts: model %s has no shared experts; drop it",
+                    m->name);
+  int64_t dense = 0;
+  for (int64_t l = 0; l < m->n_layers; l++) dense += !mp_model_layer_is_moe(m, l);
+  if ((rc & (1u << MP_RC_MLP)) && dense == 0)
+    return mp_error(ctx, MP_ERR_INVALID, "recompute module mlp: every layer of %s is a MoE layer, whose MLP "
+                    "Megatron-Core checkpoints as `moe` (transformer_layer.py); drop it or name moe", m->name);
+  /* the EP overlap runs the MoE layer's parts itself (models/gpt/fine_grained_callables.py calls
+   * router_and_preprocess and experts_compute), never MoELayer.forward's checkpoint */
+  if ((rc & (1u << MP_RC_MOE)) && o->moe_a2a_overlap)
+    return mp_error(ctx, MP_ERR_INVALID, "recompute module moe: Megatron-Core's EP all-to-all overlap "
+                    "(--overlap-moe-expert-parallel-comm) runs the MoE layer's parts outside its checkpoint; "
+                    "drop one");
+  return MP_OK;
+}
+
 /* The model x mesh x options rules (the model itself already validated). */
 static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                                const mp_plan_options *o) {
@@ -457,20 +507,7 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
     return mp_error(ctx, MP_ERR_INVALID, "%s's %lld multi-token-prediction module(s) are not built in the meshplan "
                     "runtime (the %s memory model): plan with --mtp-num-layers 0, or a torchtitan or megatron stack",
                     m->name, (long long)m->mtp_layers, mp_mem_model_name(o->mem_model));
-  if (o->recompute_modules && mp_mem_model_is_runtime(o->mem_model))
-    return mp_error(ctx, MP_ERR_INVALID, "recompute modules are Megatron-Core's; the %s memory model (the "
-                    "meshplan runtime) does not run them: drop them or use a megatron or torchtitan stack",
-                    mp_mem_model_name(o->mem_model));
-  if (o->recompute_modules && o->ac != MP_AC_NONE && o->ac != MP_AC_SELECTIVE_CORE)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "recompute modules run beside AC none or selective-core (Megatron-Core's selective "
-                    "granularity); AC %s recomputes on its own: drop one", mp_ac_mode_name(o->ac));
-  if ((o->recompute_modules & (1u << MP_RC_MLA_UP_PROJ)) && !mp_model_is_mla(m))
-    return mp_error(ctx, MP_ERR_INVALID, "recompute module mla_up_proj: model %s has no multi-head latent "
-                    "attention; drop it", m->name);
-  if ((o->recompute_modules & (1u << MP_RC_MOE_ACT)) && !mp_model_is_moe(m))
-    return mp_error(ctx, MP_ERR_INVALID, "recompute module moe_act: model %s has no routed experts; drop it",
-                    m->name);
+  MP_CHECK(check_recompute_modules(ctx, m, o));
   if (o->pp_schedule == MP_PP_DUALPIPE && pp > 1 && pp % 2)
     return mp_error(ctx, MP_ERR_INVALID,
                     "DualPipe with pp=%d: its two directions meet in the middle, which needs an even "

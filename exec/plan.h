@@ -136,16 +136,19 @@ typedef enum mp_ac_mode {
   MP_AC_FULL,
   MP_AC_COUNT
 } mp_ac_mode;
-/* Megatron-Core's output-discarding recompute modules (--recompute-granularity selective
- * --recompute-modules; megatron/core/transformer/transformer_config.py, recompute_modules,
- * core_v0.14): a module's output is freed once its consumer has run and recomputed before
- * its backward needs it (CheckpointWithoutOutput), beside the AC policy none or
- * selective-core (Megatron's core_attn). Bits of mp_plan_options.recompute_modules
- * (exec/schedule_act.c prices them). */
+/* Megatron-Core's recompute modules (--recompute-granularity selective --recompute-modules;
+ * megatron/core/transformer/transformer_config.py, core_v0.14) beside AC none or selective-core
+ * (its core_attn). layernorm, mla_up_proj and moe_act free their output once its consumer ran
+ * and recompute it before its backward (CheckpointWithoutOutput); mlp, moe and shared_experts
+ * checkpoint a whole module (tensor_parallel.checkpoint): its input kept, its forward re-run,
+ * collectives included, before its backward. Bits of mp_plan_options.recompute_modules. */
 typedef enum mp_rc_module {
-  MP_RC_LAYERNORM = 0, /* "layernorm": input_layernorm and pre_mlp_layernorm */
-  MP_RC_MLA_UP_PROJ,   /* "mla_up_proj": MLA's latent norms, up projections and RoPE */
-  MP_RC_MOE_ACT,       /* "moe_act": the routed experts' SwiGLU */
+  MP_RC_LAYERNORM = 0,  /* "layernorm": input_layernorm and pre_mlp_layernorm */
+  MP_RC_MLA_UP_PROJ,    /* "mla_up_proj": MLA's latent norms, up projections and RoPE */
+  MP_RC_MOE_ACT,        /* "moe_act": the routed experts' SwiGLU */
+  MP_RC_MLP,            /* "mlp": a dense layer's MLP (transformer_layer.py: not a MoE layer's) */
+  MP_RC_MOE,            /* "moe": a MoE layer whole, all-to-alls included (moe/moe_layer.py) */
+  MP_RC_SHARED_EXPERTS, /* "shared_experts": a MoE layer's shared experts (moe_layer.py) */
   MP_RC_COUNT
 } mp_rc_module;
 
@@ -873,9 +876,9 @@ void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap);
  * every block). MP_ERR_INVALID naming the choices otherwise. */
 mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every);
 /* Megatron-Core's --recompute-modules list (names split by commas, spaces or '/') into o:
- * core_attn sets o->ac to selective-core, layernorm, mla_up_proj and moe_act set
- * o->recompute_modules; mlp, moe and shared_experts (whole modules checkpointed) are refused
- * by name as not modelled, anything else as unknown (MP_ERR_INVALID). */
+ * core_attn sets o->ac to selective-core, layernorm, mla_up_proj, moe_act, mlp, moe and
+ * shared_experts set o->recompute_modules; anything else is refused as unknown
+ * (MP_ERR_INVALID). */
 mp_status mp_recompute_modules_parse(mp_ctx *ctx, const char *list, mp_plan_options *o);
 /* o's recompute modules as Megatron names them, space-separated ("" for none). */
 void mp_recompute_modules_format(uint32_t modules, char *buf, size_t cap);

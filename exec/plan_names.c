@@ -207,7 +207,8 @@ mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every) {
                   s ? s : "(null)");
 }
 
-static const char *const k_rc_names[MP_RC_COUNT] = {"layernorm", "mla_up_proj", "moe_act"};
+static const char *const k_rc_names[MP_RC_COUNT] = {"layernorm", "mla_up_proj", "moe_act",
+                                                    "mlp",       "moe",         "shared_experts"};
 
 /* One name of a --recompute-modules list into o. */
 static mp_status rc_module(mp_ctx *ctx, const char *w, mp_plan_options *o) {
@@ -223,11 +224,8 @@ static mp_status rc_module(mp_ctx *ctx, const char *w, mp_plan_options *o) {
     o->ac = MP_AC_SELECTIVE_CORE;
     return MP_OK;
   }
-  if (strcmp(w, "mlp") == 0 || strcmp(w, "moe") == 0 || strcmp(w, "shared_experts") == 0)
-    return mp_error(ctx, MP_ERR_INVALID, "recompute module %s (a whole module checkpointed) is not modelled; "
-                    "choose among core_attn, layernorm, mla_up_proj and moe_act, or --ac full", w);
   return mp_error(ctx, MP_ERR_INVALID, "unknown recompute module '%s'; choose among core_attn, layernorm, "
-                  "mla_up_proj and moe_act (Megatron-Core's names)", w);
+                  "mla_up_proj, moe_act, mlp, moe and shared_experts (Megatron-Core's names)", w);
 }
 
 mp_status mp_recompute_modules_parse(mp_ctx *ctx, const char *list, mp_plan_options *o) {

@@ -134,6 +134,8 @@ typedef struct block_act {
   int kept;                  /* the parts' kept tensors are forced saves (MP_MEM_KEPT) */
   int rc_first;              /* the recompute runs at the start of the backward (whole
                                 block), else right before the attention's backward */
+  int mlp_whole;             /* the MLP part is checkpointed whole (recompute module mlp on a
+                                dense block, moe on a MoE block): its input kept */
   uint64_t skip;             /* what the recompute does not run */
 } block_act;
 
@@ -311,24 +313,43 @@ static void act(gen *g, int buf, int64_t bytes, int alloc, int kept) {
 
 /* What each recompute module stops saving past the forward (the lists above), allocated
  * again by its recompute before the part's backward (rc_attn, rc_mlp):
- *   layernorm    each part's normed input: the attention's `in` (2TsH where the megatron
- *                model keeps it sharded under SP, else 2TH), the MLP's (the same for a dense
- *                MLP, the MoE's normed h 2TH)
- *   mla_up_proj  schedule_mla.c's mp_sched_mla_up_saved (latents normed, kv_b's output, q, k)
- *   moe_act      the routed experts' SwiGLU outputs, silu and the product: 2 x 2 T top_k f_e
+ *   layernorm       each part's normed input: the attention's `in` (2TsH where the megatron
+ *                   model keeps it sharded under SP, else 2TH), the MLP's (the same for a dense
+ *                   MLP, the MoE's normed h 2TH; `in` where the MoE is checkpointed whole, whose
+ *                   saved input it is)
+ *   mla_up_proj     schedule_mla.c's mp_sched_mla_up_saved (latents normed, kv_b's output, q, k)
+ *   moe_act         the routed experts' SwiGLU outputs, silu and the product: 2 x 2 T top_k f_e
+ *   mlp, moe        the whole MLP part but what stays outside the module: the pre-MLP norm's
+ *                   input 2TsH and statistics st Ts, the checkpoint's input `in` (Megatron's
+ *                   tensor_parallel.checkpoint saves its inputs, CheckpointFunction.forward) and
+ *                   the megatron model's hidden dropout mask Ts H of a dense GPT block (the
+ *                   bias-dropout-add after the module); the module's output is not saved (the
+ *                   residual add after it saves nothing). A dense MLP drops (4 or 2) x 2Tf; a
+ *                   MoE block the router's probabilities, the dispatched rows, the experts' and
+ *                   the shared experts' tensors (moe_act's among them)
+ *   shared_experts  the shared experts' gate, up, silu and product: 4 x 2 T f_s (their input is
+ *                   the MoE layer's, kept; subsumed by moe)
  * Beside selective-core the core's recompute allocates rc_attn whole (recompute below). */
 static void modules_act(const gen *g, int kind, block_act *a) {
   const uint32_t rc = g->p->opts.recompute_modules;
   const shapes *sh = &g->sh;
   const int64_t T = sh->tokens, H = sh->d_model;
-  const int64_t in = g->ms->saved == SAVED_KORTHIKANTI && sh->sp ? 2 * sh->tokens_sp * H : 2 * T * H;
+  const int mg = g->ms->saved == SAVED_KORTHIKANTI;
+  const int64_t in = mg && sh->sp ? 2 * sh->tokens_sp * H : 2 * T * H;
+  a->mlp_whole = (kind == KIND_DENSE && (rc & (1u << MP_RC_MLP))) || (kind == KIND_MOE && (rc & (1u << MP_RC_MOE)));
   int64_t da = 0, dm = 0;
   if (rc & (1u << MP_RC_LAYERNORM)) {
     da += in;
-    dm += kind == KIND_DENSE ? in : 2 * T * H;
+    dm += kind == KIND_DENSE || a->mlp_whole ? in : 2 * T * H;
   }
   if ((rc & (1u << MP_RC_MLA_UP_PROJ)) && sh->mla) da += mp_sched_mla_up_saved(sh);
-  if ((rc & (1u << MP_RC_MOE_ACT)) && kind == KIND_MOE) dm += 2 * 2 * T * sh->top_k * sh->d_ff_expert;
+  if (a->mlp_whole) {
+    const int64_t drop = mg && kind == KIND_DENSE ? sh->gpt * sh->tokens_sp * H : 0;
+    dm += a->mlp - (2 * sh->tokens_sp * H + stat_bytes(sh) * sh->tokens_sp) - in - drop;
+  } else if (kind == KIND_MOE) {
+    if (rc & (1u << MP_RC_MOE_ACT)) dm += 2 * 2 * T * sh->top_k * sh->d_ff_expert;
+    if (rc & (1u << MP_RC_SHARED_EXPERTS)) dm += 4 * 2 * T * sh->d_ff_shared;
+  }
   a->attn -= da;
   a->rc_attn += da;
   a->mlp -= dm;
@@ -381,7 +402,7 @@ static int64_t f8_cache_mlp(const shapes *sh, uint32_t rc, int kind, int64_t in_
   if (sh->fp8[MP_MOD_EXPERTS_GATE] && sh->fp8[MP_MOD_EXPERTS_UP]) routed += e4m3_saves(R * sh->d_model);
   if (!(rc & (1u << MP_RC_MOE_ACT)) && sh->fp8[MP_MOD_EXPERTS_DOWN]) routed += e4m3_saves(R * fe);
   int64_t d = received(sh, routed);
-  if (sh->has_shared) {
+  if (sh->has_shared && !(rc & (1u << MP_RC_SHARED_EXPERTS))) { /* else dropped, above */
     d += e4m3_saves(2 * T * sh->d_ff_shared);
     if (sh->fp8[MP_MOD_SHARED_DOWN]) d += e4m3_saves(T * sh->d_ff_shared);
   }
@@ -396,7 +417,7 @@ static void f8_cache_act(const gen *g, int kind, block_act *a) {
   const uint32_t rc = g->p->opts.recompute_modules;
   const int64_t in_elems = (sh->sp ? sh->tokens_sp : sh->tokens) * sh->d_model; /* SP: kept sharded */
   a->attn -= f8_cache_attn(sh, rc, in_elems);
-  a->mlp -= f8_cache_mlp(sh, rc, kind, in_elems);
+  if (!a->mlp_whole) a->mlp -= f8_cache_mlp(sh, rc, kind, in_elems); /* else its bf16 input alone */
 }
 
 /* The cache's copies a block's forward writes beside what it computes anyway: the attention
@@ -423,8 +444,14 @@ static void f8_cache_writes(gen *g, int attn, int kind) {
 
 /* The recompute of part `attn` (else the MLP) under the plan's recompute modules, before
  * the part's backward (Megatron-Core's CheckpointWithoutOutput recomputes in the backward
- * hook of the output's consumer); alloc: its rc buffer is allocated here. */
-static void recompute_modules(gen *g, const block_act *a, int kind, int attn, int alloc) {
+ * hook of the output's consumer, its reentrant checkpoint when the backward reaches the
+ * module); alloc: its rc buffer is allocated here. A module checkpointed whole re-runs its
+ * forward from its saved input: the MLP part without its norm and the residual add after it,
+ * collectives included (SP's all-gather and reduce-scatter or the all-reduce, a MoE block's
+ * dispatch and combine); moe_act's SwiGLU and the shared experts run again inside it, being
+ * checkpointed again within the recomputed forward (moe_layer.py nests shared_experts'
+ * checkpoint in moe's). pd: the part's pending gathers, waited for by the recompute. */
+static void recompute_modules(gen *g, const block_act *a, int kind, int attn, int alloc, const part_deps *pd) {
   const uint32_t rc = g->p->opts.recompute_modules;
   const shapes *sh = &g->sh;
   if (!rc) return;
@@ -437,6 +464,17 @@ static void recompute_modules(gen *g, const block_act *a, int kind, int attn, in
   } else {
     if (alloc) act(g, BUF_RC_MLP, a->rc_mlp, 1, 0);
     if (rc & (1u << MP_RC_LAYERNORM)) mp_sched_norm_fwd(g, MP_MOD_FFN_NORM, sh->tokens_sp, sh->d_model);
+    if (a->mlp_whole) {
+      g->recompute_skips = SKIP_MOD(MP_MOD_FFN_NORM) | SKIP_RESIDUAL;
+      mp_sched_mlp_fwd(g, kind, pd);
+      g->recompute_skips = 0;
+      /* the routed and shared outputs' sum, inside MoELayer.combine */
+      if (kind == KIND_MOE && sh->has_shared) mp_sched_residual(g, MP_VAR_FWD, sh->tokens_sp * sh->d_model);
+    }
+    if ((rc & (1u << MP_RC_SHARED_EXPERTS)) && kind == KIND_MOE) {
+      if (!a->mlp_whole) attach(g, pd, PART_MOE); /* the shared experts' weights, gathered for the backward */
+      mp_sched_shared_fwd(g);
+    }
     if ((rc & (1u << MP_RC_MOE_ACT)) && kind == KIND_MOE) {
       /* gate and up read (bf16, or E4M3 with their scales from the float8 cache), the
        * product written in bf16 */
@@ -508,8 +546,11 @@ void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   const int64_t ws = bwd_workspace(&g->sh, kind);
   pair(g, MP_MEM_TEMP, BUF_BWD_WS, ws, 1);
   if (a.rc_first) recompute(g, &a, kind, pd, 1);
-  else recompute_modules(g, &a, kind, 0, 1);
-  mp_sched_mlp_bwd(g, kind, a.rc_first ? NULL : pd);
+  else recompute_modules(g, &a, kind, 0, 1, pd);
+  part_deps rest = pd ? *pd : (part_deps){0}; /* what the MLP's backward still waits for */
+  if (kind == KIND_MOE && (g->p->opts.recompute_modules & (1u << MP_RC_SHARED_EXPERTS)))
+    rest.dep[PART_MOE][0] = rest.dep[PART_MOE][1] = -1; /* waited for by the shared experts' recompute */
+  mp_sched_mlp_bwd(g, kind, a.rc_first || a.mlp_whole || !pd ? NULL : &rest);
   act(g, BUF_ACT_MLP, a.mlp, 0, a.kept);
   act(g, BUF_RC_MLP, a.rc_mlp, 0, 0);
   if (nu > 1) {
@@ -518,7 +559,7 @@ void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   }
   const int rc_attn = !a.rc_first && (ac == MP_AC_SELECTIVE || ac == MP_AC_SELECTIVE_CORE);
   if (rc_attn) recompute(g, &a, kind, ac == MP_AC_SELECTIVE ? pd : NULL, 0);
-  if (!a.rc_first) recompute_modules(g, &a, kind, 1, !rc_attn);
+  if (!a.rc_first) recompute_modules(g, &a, kind, 1, !rc_attn, NULL);
   mp_sched_attention_bwd(g, a.rc_first || ac == MP_AC_SELECTIVE ? NULL : pd);
   act(g, BUF_ACT_ATTN, a.attn, 0, a.kept);
   act(g, BUF_RC_ATTN, a.rc_attn, 0, 0);

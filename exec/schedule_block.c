@@ -326,6 +326,22 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
   mp_sched_residual(g, MP_VAR_FWD, sh->tokens_sp * H);
 }
 
+/* Megatron-Core's shared_experts recompute (moe/moe_layer.py experts_compute,
+ * tensor_parallel.checkpoint(self.shared_experts, False, residual), core_v0.14): the shared
+ * experts' forward from the MoE layer's input, kept as the layer received it (the sequence
+ * shard under SP): their fc1's all-gather, gate, up, SwiGLU, down and the reduce-scatter (or
+ * all-reduce) closing their TP region. */
+void mp_sched_shared_fwd(gen *g) {
+  const shapes *sh = &g->sh;
+  const int64_t T = sh->tokens, H = sh->d_model;
+  mp_sched_tp_region_in_fwd(g, sh->tp_opens_shared_gateup, MP_MOD_SHARED_UP, 0);
+  mp_sched_linear_fwd(g, MP_MOD_SHARED_GATE, (double)T, sh->d_ff_shared, H, 1);
+  mp_sched_linear_fwd(g, MP_MOD_SHARED_UP, (double)T, sh->d_ff_shared, H, 1);
+  swiglu(g, MP_VAR_FWD, MP_MOD_SHARED_GATE, T * sh->d_ff_shared);
+  mp_sched_linear_fwd(g, MP_MOD_SHARED_DOWN, (double)T, H, sh->d_ff_shared, 1);
+  mp_sched_tp_region_out_fwd(g, sh->tp_closes_shared_down, MP_MOD_SHARED_DOWN);
+}
+
 void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->tokens, H = sh->d_model;

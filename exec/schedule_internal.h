@@ -641,6 +641,8 @@ void mp_sched_attention_fwd(gen *g, const part_deps *pd);
 void mp_sched_attention_out_fwd(gen *g);
 void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd);
 void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd);
+/* Megatron-Core's shared_experts recompute: a MoE block's shared experts' forward again */
+void mp_sched_shared_fwd(gen *g);
 
 /* schedule_mla.c: multi-head latent attention's projections, forward from the normed input
  * to q, k and v ready for the core; backward from their gradients to the input's */

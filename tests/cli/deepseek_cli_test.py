@@ -144,6 +144,27 @@ if p.returncode == 0:
             check(abs(got.get(case, 0) / want - 1) < 1e-12, f"validate {case}: {got.get(case)}, simulate {want}")
     check(got.get("v3_none", 0) > got.get("v3_model", 0), "the mtp_layers column changes nothing")
 
+# ---- NeMo's H100 DeepSeek-V3 pre-training config (settings only) ----------------------
+# NVIDIA/NeMo scripts/performance/recommended_model_configs/model_configs_h100.csv: 1024 H100,
+# TP 2, PP 16, EP 64 (ETP 1), seq 4096, MBS 1, GBS 8192, recompute_modules mla_up_proj/mlp/moe,
+# bf16 and fp8; pretrain_deepseek_v3.py: DeepEP (flex) on H100; the (16, 1) layout of
+# Megatron-Bridge's recipes/deepseek/h100/deepseek_v3.py, [E + 4 decoder] + 14 x [4 decoder] +
+# [decoder, mtp, loss]. It plans under the megatron-core stack, mlp recomputing the three dense
+# layers and moe the MoE layers: less memory, a longer step than mla_up_proj alone.
+NEMO = ["simulate", "--model", "deepseek-v3", "--gpus", "1024", "--gpu", "h100-sxm", "--mesh",
+        "dp_replicate=32,tp=2,pp=16,ep=64", "--pp-schedule", "1f1b", "--pp-layout", "Et*4|(t*4|)*14tmL",
+        "--seq", "4096", "--micro-batch", "1", "--global-batch", "8192", "--stack", "megatron-core",
+        "--moe-dispatcher", "deepep", "--json"]
+base = run(*NEMO, "--recompute-modules", "mla_up_proj")
+for fp8 in ([], ["--fp8"]):
+    p = run(*NEMO, "--recompute-modules", "mla_up_proj/mlp/moe", *fp8)
+    check(p.returncode == 0, f"NeMo's DSv3 H100 config {fp8}: {p.stderr.strip()[:300]}")
+    if p.returncode == 0 and base.returncode == 0 and not fp8:
+        d, b = json.loads(p.stdout), json.loads(base.stdout)
+        check(d["recompute_modules"] == "mla_up_proj mlp moe", f"modules {d.get('recompute_modules')}")
+        check(d["peak_mem_bytes"] < b["peak_mem_bytes"] and d["step_time_s"] > b["step_time_s"],
+              "mlp and moe neither save memory nor cost time")
+
 for f in fails:
     print("FAIL:", f)
 print(f"{len(fails)} failures")

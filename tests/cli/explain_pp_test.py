@@ -105,9 +105,15 @@ check(p.returncode == 2 and "at least 2 x pp" in p.stderr, "dualpipe with 6 micr
 # DeepSeek-V3's other two mechanisms refuse what they cannot be
 p = run("simulate", "--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=8", "--moe-fp8-dispatch", want_rc=2)
 check(p.returncode == 2 and "float8 dispatch" in p.stderr, "float8 dispatch without --fp8")
-p = run("simulate", "--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=8", "--recompute-modules", "moe",
+p = run("simulate", "--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=8", "--recompute-modules", "shared_experts",
         want_rc=2)
-check(p.returncode == 2 and "not modelled" in p.stderr, "recompute module moe")
+check(p.returncode == 2 and "has no shared experts" in p.stderr, "recompute module shared_experts")
+# explain says what the whole-module recompute does (exec/pass_ac.c's note)
+p = run("explain", "--model", "qwen3-30b-a3b", "--gpus", "8", "--mesh", "dp_replicate=4,ep=4,tp=2", "--stack",
+        "megatron-core", "--recompute-modules", "moe,layernorm")
+check(p.returncode == 0 and "recompute modules layernorm moe: the output-discarding ones" in p.stdout
+      and "the checkpointed ones keep their input and re-run their forward, collectives included" in p.stdout,
+      "explain: the recompute modules' note")
 p = run("simulate", "--model", "llama3.1-8b", "--recompute-modules", "mla_up_proj", want_rc=2)
 check(p.returncode == 2 and "no multi-head latent attention" in p.stderr, "mla_up_proj without MLA")
 # DeepSeek-V3's low-precision storage (sec. 3.3.3): the activation cache needs the blockwise
