@@ -21,7 +21,7 @@ static const char *const k_mapped[] = {
     "training.seq_len", "parallelism.data_parallel_replicate_degree", "parallelism.data_parallel_shard_degree",
     "parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
     "parallelism.context_parallel_degree", "parallelism.expert_parallel_degree",
-    "parallelism.fsdp_reshard_after_forward", "parallelism.enable_async_tensor_parallel",
+    "parallelism.expert_tensor_parallel_degree", "parallelism.fsdp_reshard_after_forward", "parallelism.enable_async_tensor_parallel",
     "parallelism.pipeline_parallel_schedule", "parallelism.pipeline_parallel_layers_per_stage",
     "parallelism.pipeline_parallel_microbatch_size", "parallelism.context_parallel_rotate_method",
     "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option", "compile.enable",
