@@ -51,7 +51,9 @@ static mp_opt k_opts[] = {
     {"--price-per-gpu-hour", "USD", "the same as --price", NULL},
     {"--tokens", "T", "tokens to train (15T, 300B, 1.5e12): each plan's days to train them and, with a price, "
                       "their cost", NULL},
-    {"--fix", "K=V,...", "constrain the search, e.g. tp=8,pp=1,ac=full,fp8=0,mb=2,reshard=1,sp=1,pp_virtual=2",
+    {"--fix", "K=V,...",
+     "constrain the search, e.g. tp=8,pp=1,ac=full,fp8=0,mb=2,reshard=1,sp=1,pp_virtual=2 (etp=0: EP inside "
+     "dp_shard; etp=N: the experts' own grid, each expert split over N ranks)",
      NULL},
     MP_OPT_MESH("in plan: search this mesh alone, the same as fixing every dim in --fix"),
     MP_OPT_EP("; in plan: search it alone"),
