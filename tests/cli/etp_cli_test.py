@@ -53,6 +53,22 @@ def sim_args(r):
             "--micro-batch", str(mb), "--global-batch", str(gb), "--ac", ac, "--stack", stack]
 
 
+def emit_round_trip(target, args, gpus, line):
+    """simulate ARGS --emit TARGET: the file holds `line`, and simulate --from it predicts what
+    was emitted; returns (the --json prediction, the file's text)."""
+    out = os.path.join(tmp, target)
+    os.makedirs(out, exist_ok=True)
+    p = run("simulate", *args, "--emit", target, "--out", out, "--json")
+    path = os.path.join(out, "plan." + ("toml" if target == "torchtitan" else "args"))
+    text = open(path).read() if p.returncode == 0 else ""
+    check(line in text, f"{target}: the file lacks {line!r}")
+    back = run("simulate", "--gpus", gpus, "--from", path, "--json")
+    if p.returncode == 0 and back.returncode == 0:
+        check(json.loads(back.stdout)["tokens_per_s_per_gpu"] == json.loads(p.stdout)["tokens_per_s_per_gpu"],
+              f"{target}: simulate --from the emitted file is not the emitted prediction")
+    return (json.loads(p.stdout) if p.returncode == 0 else None), text
+
+
 def simulate(args):
     p = run("simulate", *args, "--json")
     return json.loads(p.stdout) if p.returncode == 0 else None
@@ -84,35 +100,19 @@ check("torchtitan supports expert_tensor_parallel_degree 1 or tp only" in bad.ge
 # ---- Megatron-LM arguments: written, read back, and Megatron's default etp = tp ----
 # (Llama 4's chunked attention is not written as Megatron-LM arguments: Qwen3-30B-A3B on 16
 # GPUs, dp_replicate 4 x tp 4, ep 4 x etp 4)
-out = os.path.join(tmp, "mg")
-os.makedirs(out, exist_ok=True)
-base = ["--model", "qwen3-30b-a3b", "--gpus", "16", "--mesh", "dp_replicate=4,tp=4,ep=4,etp=4", "--seq", "4096",
-        "--global-batch", "64", "--stack", "megatron-core"]
-p = run("simulate", *base, "--emit", "megatron", "--out", out, "--json")
-text = open(os.path.join(out, "plan.args")).read() if p.returncode == 0 else ""
-check("--expert-tensor-parallel-size 4\n" in text, "megatron args without --expert-tensor-parallel-size 4")
-back = run("simulate", "--gpus", "16", "--from", os.path.join(out, "plan.args"), "--json")
-if p.returncode == 0 and back.returncode == 0:
-    check(json.loads(back.stdout)["tokens_per_s_per_gpu"] == json.loads(p.stdout)["tokens_per_s_per_gpu"],
-          "simulate --from the emitted arguments is not the emitted prediction")
+mg, text = emit_round_trip("megatron", ["--model", "qwen3-30b-a3b", "--gpus", "16", "--mesh",
+                                        "dp_replicate=4,tp=4,ep=4,etp=4", "--seq", "4096", "--global-batch", "64",
+                                        "--stack", "megatron-core"], "16", "--expert-tensor-parallel-size 4\n")
 args = " ".join(line for line in text.splitlines() if not line.startswith("#"))
 dflt = run("simulate", "--gpus", "16", "--from-args", args.replace("--expert-tensor-parallel-size 4", ""), "--json")
-if p.returncode == 0 and dflt.returncode == 0:
-    check(json.loads(dflt.stdout)["tokens_per_s_per_gpu"] == json.loads(p.stdout)["tokens_per_s_per_gpu"],
+if mg and dflt.returncode == 0:
+    check(json.loads(dflt.stdout)["tokens_per_s_per_gpu"] == mg["tokens_per_s_per_gpu"],
           "without --expert-tensor-parallel-size Megatron-LM's default (tp = 4) is not read")
 
 # ---- torchtitan TOML: Qwen3-30B-A3B, dp_shard 4 x tp 2, ep 2 with etp = tp = 2 ----
-tt = ["--model", "qwen3-30b-a3b", "--gpus", "8", "--mesh", "dp_shard=4,tp=2,ep=2,etp=2", "--seq", "4096",
-      "--global-batch", "8", "--ac", "full", "--stack", "torchtitan-compile"]
-out = os.path.join(tmp, "tt")
-os.makedirs(out, exist_ok=True)
-p = run("simulate", *tt, "--emit", "torchtitan", "--out", out, "--json")
-text = open(os.path.join(out, "plan.toml")).read() if p.returncode == 0 else ""
-check("expert_tensor_parallel_degree = 2\n" in text, "torchtitan TOML without expert_tensor_parallel_degree = 2")
-back = run("simulate", "--gpus", "8", "--from", os.path.join(out, "plan.toml"), "--json")
-if p.returncode == 0 and back.returncode == 0:
-    check(json.loads(back.stdout)["tokens_per_s_per_gpu"] == json.loads(p.stdout)["tokens_per_s_per_gpu"],
-          "simulate --from the emitted TOML is not the emitted prediction")
+emit_round_trip("torchtitan", ["--model", "qwen3-30b-a3b", "--gpus", "8", "--mesh", "dp_shard=4,tp=2,ep=2,etp=2",
+                               "--seq", "4096", "--global-batch", "8", "--ac", "full", "--stack", "torchtitan-compile"],
+                "8", "expert_tensor_parallel_degree = 2\n")
 
 # ---- explain: the tiles and the rank's expert-TP index (rank 5 = expert grid e 1, t 1) ----
 ex = run("explain", "--model", "llama4-scout-17b-16e", "--gpus", "256", "--mesh", "dp_replicate=64,tp=4,ep=16,etp=4",

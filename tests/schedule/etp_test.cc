@@ -46,6 +46,13 @@ GateGemm GateFwd(const mp_schedule *s) {
   return g;
 }
 
+// The expert-TP collectives of a schedule: all-gathers and reduce-scatters over MP_GROUP_ETP.
+int64_t EtpCollectives(const mp_schedule *s) {
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(s, &t);
+  return t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_ETP] + t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP];
+}
+
 const mp_param *Param(const mp_plan *p, const char *fqn) {
   for (int i = 0; i < p->n_params; i++)
     if (std::strcmp(p->params[i].fqn, fqn) == 0) return &p->params[i];
@@ -117,9 +124,7 @@ TEST(Etp, MegatronGathersAndScattersOverExpertTp) {
 
   Built one;
   Build(&one, TinyMoe("dp_replicate=2,tp=2,ep=2,etp=1", MP_MEM_MODEL_MEGATRON, 2));
-  mp_schedule_totals t1;
-  mp_schedule_totals_compute(one.s, &t1);
-  EXPECT_EQ(t1.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_ETP] + t1.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP], 0);
+  EXPECT_EQ(EtpCollectives(one.s), 0);
   const GateGemm g1 = GateFwd(one.s);
   EXPECT_EQ(g1.m, 16);
   EXPECT_EQ(g1.n, 32);
@@ -136,7 +141,7 @@ TEST(Etp, TorchtitanRoutesTheReplicatedInput) {
   mp_schedule_totals t;
   mp_schedule_totals_compute(b.s, &t);
   EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 131072.0);
-  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_ETP] + t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP], 0);
+  EXPECT_EQ(EtpCollectives(b.s), 0);
   const GateGemm g = GateFwd(b.s);
   EXPECT_EQ(g.m, 32);
   EXPECT_EQ(g.n, 16);
