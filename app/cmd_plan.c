@@ -51,7 +51,9 @@ static mp_opt k_opts[] = {
     {"--price-per-gpu-hour", "USD", "the same as --price", NULL},
     {"--tokens", "T", "tokens to train (15T, 300B, 1.5e12): each plan's days to train them and, with a price, "
                       "their cost", NULL},
-    {"--fix", "K=V,...", "constrain the search, e.g. tp=8,pp=1,ac=full,fp8=0,mb=2,reshard=1,sp=1,pp_virtual=2",
+    {"--fix", "K=V,...",
+     "constrain the search, e.g. tp=8,pp=1,ac=full,fp8=0,mb=2,reshard=1,sp=1,pp_virtual=2 (etp=0: EP inside "
+     "dp_shard; etp=N: the experts' own grid, each expert split over N ranks)",
      NULL},
     MP_OPT_MESH("in plan: search this mesh alone, the same as fixing every dim in --fix"),
     MP_OPT_EP("; in plan: search it alone"),
@@ -277,7 +279,8 @@ static mp_status one_plan_options(mp_ctx *ctx, const plan_args *a, mp_search_fix
     MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_CP], &f->cp));
     MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_TP], &f->tp));
     if (mesh.ep > 1) MP_CHECK(fix_field(ctx, dim_opt, mesh.ep, &f->ep));
-    if (mesh.ep > 1 || mesh.etp) MP_CHECK(fix_field(ctx, dim_opt, mp_mesh_expert_grid(&mesh), &f->etp));
+    if (mesh.ep > 1 || mesh.etp)
+      MP_CHECK(fix_field(ctx, dim_opt, mp_mesh_expert_grid(&mesh) ? (mesh.etp > 1 ? mesh.etp : 1) : 0, &f->etp));
   }
   long long ep = 0, mb = 0;
   MP_CHECK(mp_args_int(ctx, &k_spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
@@ -550,7 +553,8 @@ static void print_ranking(const plan_view *v) {
     train_cols(a, x, mp_cluster_n_gpus(&a->c), cols, sizeof cols);
     printf("%s\n", cols);
   }
-  if (grid) printf("ep g: the expert grid (etp=1: experts whole on a rank, EP over tp, cp and data-parallel ranks)\n");
+  if (grid) printf("ep g: the expert grid (EP over tp, cp and data-parallel ranks; gN: each expert split over etp=N "
+                   "ranks, else whole on a rank)\n");
   if (split) printf("pp E: the embedding and the loss count as a layer each in the stages' split (Megatron-LM's "
                     "--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split)\n");
   const mp_candidate *best = &s->cands[v->res->order[0]];

@@ -491,7 +491,8 @@ static void fix_of_mesh(const train_job *j, mp_search_fix *fix) {
   fix->cp = j->mesh.size[MP_DIM_CP];
   fix->tp = j->mesh.size[MP_DIM_TP];
   fix->ep = j->mesh.ep;
-  if (j->mesh.etp || j->mesh.ep > 1) fix->etp = mp_mesh_expert_grid(&j->mesh); /* the layout named */
+  if (j->mesh.etp || j->mesh.ep > 1) /* the layout named */
+    fix->etp = mp_mesh_expert_grid(&j->mesh) ? (j->mesh.etp > 1 ? j->mesh.etp : 1) : 0;
   fix->ac = po->ac;
   fix->ac_every = po->ac_every;
   fix->fp8 = po->fp8;

@@ -185,12 +185,14 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p) {
   return MP_OK;
 }
 
-/* The experts' grid and dispatch: meshplan's experts are whole on a rank (etp 1, where
- * Megatron-LM's default is the tp size), moved by the all-to-all dispatcher or by DeepEP's
- * (the flex dispatcher), with Megatron-Core's EP all-to-all overlap where planned. */
+/* The experts' grid and dispatch: each expert split over the mesh's etp (1 where it is not
+ * given: whole on a rank, written out since Megatron-LM's default is the tp size), moved by
+ * the all-to-all dispatcher or by DeepEP's (the flex dispatcher), with Megatron-Core's EP
+ * all-to-all overlap where planned. */
 static void write_experts(const mp_emit_plan *p, mp_emit_buf *b) {
   if (!mp_model_is_moe(p->model)) return;
-  mp_emit_printf(b, "--expert-model-parallel-size %d\n--expert-tensor-parallel-size 1\n", p->mesh->ep);
+  mp_emit_printf(b, "--expert-model-parallel-size %d\n--expert-tensor-parallel-size %d\n", p->mesh->ep,
+                 p->mesh->etp > 1 ? p->mesh->etp : 1);
   if (p->o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP)
     mp_emit_printf(b, "--moe-token-dispatcher-type flex\n--moe-enable-deepep\n");
   else

@@ -123,9 +123,10 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p, const char **nam
                     m->size[MP_DIM_TP]);
   /* torchtitan/distributed/parallel_dims.py (v0.2.0): with expert_tensor_parallel_degree 1
    * the EP mesh is dp_shard_in_ep x cp x tp, whole tp x cp groups and a part of dp_shard:
-   * meshplan's expert grid (etp=1) under mp_rule_ep_grid_torchtitan_ok */
+   * meshplan's expert grid (etp=1) under mp_rule_ep_grid_torchtitan_ok; with etp = tp it is
+   * dp_shard_in_ep x cp, which the plan's own rule (mp_rule_etp_check) has taken */
   const int tpcp = m->size[MP_DIM_TP] * m->size[MP_DIM_CP];
-  if (m->ep > 1 && tpcp > 1 && (!mp_mesh_expert_grid(m) || !mp_rule_ep_grid_torchtitan_ok(m)))
+  if (m->ep > 1 && tpcp > 1 && m->etp <= 1 && (!mp_mesh_expert_grid(m) || !mp_rule_ep_grid_torchtitan_ok(m)))
     return mp_error(ctx, MP_ERR_USAGE,
                     "--emit torchtitan: ep=%d with tp x cp = %d: torchtitan v0.2.0's expert_parallel_degree "
                     "(expert_tensor_parallel_degree 1) spans whole tp x cp groups and borrows the rest from "
@@ -154,7 +155,7 @@ static mp_status write_parallelism(mp_ctx *ctx, const mp_emit_plan *p, mp_emit_b
   mp_emit_printf(b, "context_parallel_degree = %d\n", m->size[MP_DIM_CP]);
   if (m->size[MP_DIM_CP] > 1)
     mp_emit_printf(b, "context_parallel_rotate_method = \"%s\"\n", mp_cp_rotate_name(o->cp_rotate));
-  mp_emit_printf(b, "expert_parallel_degree = %d\nexpert_tensor_parallel_degree = 1\n", m->ep);
+  mp_emit_printf(b, "expert_parallel_degree = %d\nexpert_tensor_parallel_degree = %d\n", m->ep, m->etp > 1 ? m->etp : 1);
   return MP_OK;
 }
 

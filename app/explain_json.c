@@ -107,7 +107,8 @@ static cJSON *param_json(const explain *e, const mp_param *prm) {
   cJSON *pl = cJSON_AddObjectToObject(j, "placements");
   for (int a = 0; a < MP_AXIS_COUNT; a++) {
     fmt_place(&prm->place[a], buf, sizeof buf);
-    cJSON_AddStringToObject(pl, axes[a], buf);
+    /* a routed expert's tp axis is its expert-TP split (exec/pass_ep.c) */
+    cJSON_AddStringToObject(pl, a == MP_AXIS_TP && prm->is_expert ? "etp" : axes[a], buf);
   }
   cJSON_AddBoolToObject(j, "float8", prm->float8 != 0);
   cJSON_AddNumberToObject(j, "fsdp_unit", prm->fsdp_unit);

@@ -211,6 +211,7 @@ mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_prof
  * experts of `rows` rows (grouped), or all their rows as one GEMM with one weight (dense). */
 static double gate_eff(const explain *e, double rows, int64_t local, int grouped, int fp8) {
   const mp_model *m = &e->plan->model;
+  const int etp = e->plan->mesh.etp > 1 ? e->plan->mesh.etp : 1; /* an expert's gate on the rank: F / etp */
   const int dt = fp8 ? MP_DTYPE_FP8_E4M3 : MP_DTYPE_BF16;
   const double batch = grouped ? (double)local : 1.0, r = grouped ? rows : rows * (double)local;
   mp_op op;
@@ -220,7 +221,7 @@ static double gate_eff(const explain *e, double rows, int64_t local, int grouped
   op.variant = MP_VAR_FWD;
   op.dtype = (uint8_t)dt;
   op.m = (int64_t)ceil(r);
-  op.n = m->d_ff_expert;
+  op.n = m->d_ff_expert / etp;
   op.k = m->d_model;
   op.batch = (int64_t)batch;
   op.flops = 2.0 * r * (double)op.n * (double)op.k * batch;
@@ -272,7 +273,8 @@ int mp_explain_moe_note(const explain *e, mp_explain_moe *f, char *buf, size_t c
   if (!mp_model_is_moe(m) || mp_mem_model_is_runtime(p->opts.mem_model)) return 0;
   const int ep = p->mesh.ep > 1 && (p->applied & MP_PASS_EP) ? p->mesh.ep : 1;
   const int64_t T = p->opts.micro_batch * p->opts.seq / p->mesh.size[MP_DIM_CP];
-  const int64_t routed = mp_mesh_expert_grid(&p->mesh) ? T / p->mesh.size[MP_DIM_TP] : T;
+  int etp_rows = 1; /* the rows the rank's experts see, as the schedule counts them */
+  const int64_t routed = mp_sched_moe_routed(p, T, &etp_rows) * etp_rows;
   f->rows = mp_sched_moe_rows(&p->opts.moe_routing, (double)routed, m->top_k, m->n_experts, ep, &f->load);
   f->experts_local = m->n_experts / ep;
   for (int i = 0; i < p->n_params; i++)

@@ -42,6 +42,8 @@ static void fmt_placements(const mp_param *prm, char *buf, size_t cap) {
     used += (size_t)snprintf(buf + used, cap - used, "tp:%s ", mp_tp_style_name(prm->tp_style));
   if (prm->place[MP_AXIS_EP].kind == MP_PLACEMENT_SHARD && used < cap)
     used += (size_t)snprintf(buf + used, cap - used, "ep:S(0) ");
+  if (prm->is_expert && prm->place[MP_AXIS_TP].kind == MP_PLACEMENT_SHARD && used < cap) /* exec/pass_ep.c */
+    used += (size_t)snprintf(buf + used, cap - used, "etp:S(%d) ", prm->place[MP_AXIS_TP].dim);
   if (prm->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD && used < cap)
     used += (size_t)snprintf(buf + used, cap - used, "%s:S(0) ",
                              prm->fsdp_group == MP_GROUP_EFSDP ? "efsdp" : "fsdp");
@@ -85,10 +87,14 @@ static void print_header(const explain *e) {
            (double)mp_model_mtp_params(&p->model) / 1e9, (long long)p->model.mtp_layers,
            (long long)p->model.n_layers, (long long)mp_model_n_blocks(&p->model) - 1);
   printf("mesh  %s: %d ranks; rank %d is pp %d, dp_replicate %d, dp_shard %d (ep %d, efsdp %d), "
-         "cp %d, tp %d\n",
+         "cp %d, tp %d",
          mesh_s, e->world, e->rank, c[MP_DIM_PP], c[MP_DIM_DP_REPLICATE], c[MP_DIM_DP_SHARD],
          mp_mesh_ep_index(&p->mesh, e->rank), mp_mesh_efsdp_index(&p->mesh, e->rank), c[MP_DIM_CP],
          c[MP_DIM_TP]);
+  if (p->mesh.etp > 1) /* its place in the expert grid [edp, ep, etp] */
+    printf(" (etp %d, expert-DP %d of %d)", mp_mesh_group_index(&p->mesh, MP_GROUP_ETP, e->rank),
+           mp_mesh_group_index(&p->mesh, MP_GROUP_EDP, e->rank), mp_mesh_group_size(&p->mesh, MP_GROUP_EDP));
+  printf("\n");
   printf("batch seq %lld, global batch %lld: %lld sequences per data-parallel rank in %lld "
          "micro-batches of %lld\n",
          (long long)p->opts.seq, (long long)p->opts.global_batch, (long long)e->local_batch,

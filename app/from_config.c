@@ -53,8 +53,10 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
   const int is_plan = mp_args_get(spec, "--fix") != NULL || strcmp(spec->name, "plan") == 0;
   if (p->model[0]) add(f, "--model", "%s", p->model);
   add(f, "--stack", "%s", p->stack);
+  char etp[32] = "";
+  if (p->etp) snprintf(etp, sizeof etp, ",etp=%d", p->etp);
   add(f, "--mesh", "pp=%d,dp_replicate=%d,dp_shard=%d,cp=%d,tp=%d,ep=%d%s", p->pp, p->dp_replicate, p->dp_shard,
-      p->cp, p->tp, p->ep, p->etp ? ",etp=1" : "");
+      p->cp, p->tp, p->ep, etp);
   add(f, "--ac", "%s", p->ac);
   add(f, "--mtp-num-layers", "%lld", (long long)p->mtp_layers);
   if (p->recompute_modules[0] && is_plan)

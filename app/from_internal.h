@@ -16,7 +16,8 @@ typedef struct mp_from_plan {
   char model[MP_NAME_MAX]; /* a data/models stem; "" when the user's --model stands */
   char stack[32];
   int pp, dp_replicate, dp_shard, cp, tp, ep; /* resolved: no -1 */
-  int etp;                /* 1: the experts on their own grid (etp=1 in --mesh), 0: ep inside dp_shard */
+  int etp;                /* the experts on their own grid with etp=N in --mesh (N > 0; N > 1 each
+                             expert split over N ranks), 0: ep inside dp_shard */
   char ac[24];            /* meshplan's name: none, selective-op, selective-core, full, full:N */
   char recompute_modules[64]; /* --recompute-modules' list, ","-separated; "": none */
   char capacity_factor[32];   /* --moe-capacity-factor's value; "": dropless */

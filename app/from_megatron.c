@@ -535,9 +535,9 @@ static mp_status read_stage_layers(mp_ctx *ctx, const mg_args *a, const char *or
   return MP_OK;
 }
 
-/* The experts' grid and dispatch (megatron/core/transformer/moe/, core_v0.14.0): meshplan
- * prices experts whole on a rank (--expert-tensor-parallel-size 1; Megatron-LM's default is
- * the tp size) as grouped GEMMs (--moe-grouped-gemm; without it Megatron-LM loops over its
+/* The experts' grid and dispatch (megatron/core/transformer/moe/, core_v0.14.0): each expert
+ * split over --expert-tensor-parallel-size ranks (Megatron-LM's default is the tp size;
+ * meshplan's etp=N in --mesh, exec/mesh.h; 1: whole on a rank) as grouped GEMMs (--moe-grouped-gemm; without it Megatron-LM loops over its
  * local experts), moved across EP ranks by the alltoall dispatcher or DeepEP's (flex with
  * --moe-enable-deepep; the default allgather dispatcher sends every token to every EP rank). */
 static mp_status read_experts(mp_ctx *ctx, const mg_args *a, const char *origin, int64_t tp, int64_t ep,
@@ -550,9 +550,7 @@ static mp_status read_experts(mp_ctx *ctx, const mg_args *a, const char *origin,
                       "--overlap-moe-expert-parallel-comm without --num-experts: a dense model has no experts", origin);
     return MP_OK;
   }
-  if (etp != 1)
-    return mp_error(ctx, MP_ERR_USAGE, "%s: --expert-tensor-parallel-size %lld (the tp size where absent): meshplan "
-                    "prices experts whole on a rank; give --expert-tensor-parallel-size 1", origin, (long long)etp);
+  if (etp > 1) p->etp = (int)etp; /* the expert grid [edp, ep, etp] (parallel_state.py) */
   if (!has(a, "--moe-grouped-gemm"))
     return mp_error(ctx, MP_ERR_USAGE, "%s: no --moe-grouped-gemm: Megatron-LM would loop over its local experts, "
                     "meshplan prices them as grouped GEMMs; add --moe-grouped-gemm", origin);

@@ -21,7 +21,7 @@ static const char *const k_mapped[] = {
     "training.seq_len", "parallelism.data_parallel_replicate_degree", "parallelism.data_parallel_shard_degree",
     "parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
     "parallelism.context_parallel_degree", "parallelism.expert_parallel_degree",
-    "parallelism.fsdp_reshard_after_forward", "parallelism.enable_async_tensor_parallel",
+    "parallelism.expert_tensor_parallel_degree", "parallelism.fsdp_reshard_after_forward", "parallelism.enable_async_tensor_parallel",
     "parallelism.pipeline_parallel_schedule", "parallelism.pipeline_parallel_layers_per_stage",
     "parallelism.pipeline_parallel_microbatch_size", "parallelism.context_parallel_rotate_method",
     "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option", "compile.enable",
@@ -43,7 +43,6 @@ static const struct {
     {"parallelism.pipeline_parallel_first_stage_less_layers", "1", "meshplan splits the layers its own way"},
     {"parallelism.pipeline_parallel_last_stage_less_layers", "1", "meshplan splits the layers its own way"},
     {"parallelism.pipeline_parallel_schedule_csv", "", "meshplan prices the named schedules only"},
-    {"parallelism.expert_tensor_parallel_degree", "1", "meshplan prices experts whole on a rank"},
     {"quantize.linear.float8.emulate", "false", "emulated float8 runs at another speed"},
     {"quantize.linear.float8.filter_fqns", "output", "meshplan keeps exactly the output Linear in bf16"},
     {"quantize.linear.mx.filter_fqns", "output", "meshplan keeps exactly the output Linear in bf16"},
@@ -180,6 +179,22 @@ static mp_status read_model(mp_ctx *ctx, const mp_toml *t, const char *origin, m
   return MP_OK;
 }
 
+/* expert_tensor_parallel_degree > 1 (parallel_dims.py, v0.2.0): torchtitan takes it equal to
+ * tp ("Currently we only support ETP=TP or ETP=1"), its EP then borrowing all of cp and part
+ * of dp_shard (ep a multiple of cp dividing dp_shard x cp); the experts split over tp
+ * (ExpertTensorParallel, torchtitan/distributed/expert_parallel.py): meshplan's etp = tp. */
+static mp_status read_etp(mp_ctx *ctx, const char *origin, int etp, mp_from_plan *p) {
+  if (etp != p->tp)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: parallelism.expert_tensor_parallel_degree = %d with "
+                    "tensor_parallel_degree %d: torchtitan supports 1 or the tp degree only", origin, etp, p->tp);
+  if (p->ep > 1 && (p->ep % p->cp || (p->dp_shard * p->cp) % p->ep))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: parallelism.expert_parallel_degree = %d with expert_tensor_parallel_degree "
+                    "= tp: torchtitan borrows all of cp (%d) and part of dp_shard (%d): a multiple of %d dividing %d",
+                    origin, p->ep, p->cp, p->dp_shard, p->cp, p->dp_shard * p->cp);
+  p->etp = etp;
+  return MP_OK;
+}
+
 /* The degrees, -1 (one of them at most) as the rest of world. */
 static mp_status read_degrees(mp_ctx *ctx, const mp_toml *t, const char *origin, int world, mp_from_plan *p) {
   static const char *const keys[] = {"parallelism.pipeline_parallel_degree", "parallelism.data_parallel_replicate_degree",
@@ -206,6 +221,9 @@ static mp_status read_degrees(mp_ctx *ctx, const mp_toml *t, const char *origin,
     v[rest] = world / product;
   }
   for (int k = 0; k < 6; k++) *dims[k] = (int)v[k];
+  int64_t etp;
+  MP_CHECK(get_int(ctx, t, origin, "parallelism.expert_tensor_parallel_degree", 1, 1, 1 << 20, &etp));
+  if (etp > 1) return read_etp(ctx, origin, (int)etp, p);
   /* parallel_dims.py (v0.2.0), expert_tensor_parallel_degree 1: the EP mesh spans whole
    * tp x cp groups and a part of dp_shard, meshplan's expert grid (etp=1) */
   const int tpcp = p->tp * p->cp;

@@ -63,7 +63,8 @@
 
 /* `more`: what else the command's --mesh takes or defaults to */
 #define MP_OPT_MESH(more)                                                                          \
-  { "--mesh", "SPEC", "device mesh, e.g. dp_shard=4,tp=2 (dims pp, dp_replicate, dp_shard, cp, tp, ep; " more ")", \
+  { "--mesh", "SPEC", "device mesh, e.g. dp_shard=4,tp=2 (dims pp, dp_replicate, dp_shard, cp, tp, ep, etp: each routed " \
+    "expert split over etp ranks on the experts' own grid; " more ")", \
     NULL }
 #define MP_OPT_EP(more)                                                                            \
   { "--ep", "N", "expert-parallel degree, carved out of dp_shard (the same as ep=N in --mesh" more ")", NULL }

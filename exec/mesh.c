@@ -6,10 +6,12 @@
  * and a group is the set of ranks that differ only in the group's varying sub-coordinates.
  * Enumerating those in row-major order yields the ranks in increasing order.
  *
- * Under the expert grid the experts' groups (EP, EFSDP, EDP) read the same six slots as
- *   [pp, a, b, e, 1, 1]   with a stage's rank index = (a * b_size + b) * ep + e,
- * a = dp_replicate and b = dp_shard x cp x tp / ep when ep divides dp_shard x cp x tp, else
- * a = stage / ep and b = 1; the dense groups read [pp, dp_replicate, dp_shard, 1, cp, tp].
+ * Under the expert grid the experts' groups (EP, EFSDP, EDP, ETP) read the same six slots as
+ *   [pp, a, b, e, 1, t]   with a stage's rank index = ((a * b_size + b) * ep + e) * etp + t,
+ * t the expert-TP coordinate (etp innermost, Megatron-Core's expert RankGenerator order
+ * "tp-ep-dp-pp"), a = dp_replicate and b = dp_shard x cp x tp / (ep x etp) when ep x etp
+ * divides dp_shard x cp x tp, else a = stage / (ep x etp) and b = 1; the dense groups read
+ * [pp, dp_replicate, dp_shard, 1, cp, tp].
  * Both are row-major decompositions of the same rank, so groups still come out increasing. */
 #include "exec/mesh.h"
 
@@ -25,7 +27,8 @@ const char *mp_mesh_dim_name(mp_mesh_dim d) { return d < MP_MESH_NDIMS ? k_dim_n
 
 const char *mp_group_name(mp_group g) {
   static const char *n[MP_GROUP_COUNT] = {"pp", "dp_replicate", "dp_shard", "cp",    "tp",   "ep",
-                                          "efsdp", "dp",        "fsdp",     "dp_cp", "world", "edp"};
+                                          "efsdp", "dp",        "fsdp",     "dp_cp", "world", "edp",
+                                          "etp"};
   return g < MP_GROUP_COUNT ? n[g] : "?";
 }
 
@@ -38,6 +41,9 @@ void mp_mesh_init(mp_mesh *m) {
 int mp_mesh_expert_grid(const mp_mesh *m) {
   return m->etp > 0 || (m->ep > 1 && m->size[MP_DIM_DP_SHARD] % m->ep != 0);
 }
+
+/* The expert-TP size: etp, or 1 where it is not given. */
+static int etp_of(const mp_mesh *m) { return m->etp > 1 ? m->etp : 1; }
 
 /* A stage's ranks, and the part of them EP may take without reaching dp_replicate. */
 static int stage_ranks(const mp_mesh *m) { return mp_mesh_world(m) / m->size[MP_DIM_PP]; }
@@ -66,19 +72,23 @@ mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m) {
     return mp_error(ctx, MP_ERR_INVALID, "mesh has more than %d ranks; choose smaller dims",
                     MP_MESH_MAX_WORLD);
   if (m->ep < 1) return mp_error(ctx, MP_ERR_INVALID, "ep=%d must be at least 1", m->ep);
-  if (m->etp > 1)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "etp=%d: expert tensor parallelism (experts split over tp) is not modelled; "
-                    "use etp=1 (Megatron-Core --expert-tensor-parallel-size 1, torchtitan "
-                    "expert_tensor_parallel_degree 1)", m->etp);
+  if (m->etp < 0) return mp_error(ctx, MP_ERR_INVALID, "etp=%d must be at least 1", m->etp);
   if (!mp_mesh_expert_grid(m)) return MP_OK;
-  const int in = inner_ranks(m), st = stage_ranks(m);
-  if (in % m->ep != 0 && (m->ep % in != 0 || st % m->ep != 0))
+  /* the EP x ETP block: ep x etp consecutive ranks of the stage (etp innermost) */
+  const int in = inner_ranks(m), st = stage_ranks(m), blk = m->ep * etp_of(m);
+  if (in % blk != 0 && (blk % in != 0 || st % blk != 0)) {
+    if (etp_of(m) > 1)
+      return mp_error(ctx, MP_ERR_INVALID,
+                      "ep=%d x etp=%d: the experts' grid takes ep x etp = %d consecutive ranks of a "
+                      "pipeline stage (%d ranks, etp innermost); choose ep x etp dividing dp_shard x cp x "
+                      "tp = %d, or a multiple of it dividing %d",
+                      m->ep, m->etp, blk, st, in, st);
     return mp_error(ctx, MP_ERR_INVALID,
                     "ep=%d: expert parallelism takes ep consecutive ranks of a pipeline stage "
                     "(dp_replicate x dp_shard x cp x tp = %d, tp innermost); choose ep dividing "
                     "dp_shard x cp x tp = %d, or a multiple of it dividing %d",
                     m->ep, st, in, st);
+  }
   return MP_OK;
 }
 
@@ -186,7 +196,7 @@ void mp_mesh_format(const mp_mesh *m, char *buf, size_t cap) {
 }
 
 static int is_expert_group(mp_group g) {
-  return g == MP_GROUP_EP || g == MP_GROUP_EFSDP || g == MP_GROUP_EDP;
+  return g == MP_GROUP_EP || g == MP_GROUP_EFSDP || g == MP_GROUP_EDP || g == MP_GROUP_ETP;
 }
 
 /* The sub-coordinates' sizes group g reads (see the file's comment). */
@@ -199,13 +209,14 @@ static void ext_sizes_for(const mp_mesh *m, mp_group g, int s[X_N]) {
   s[X_CP] = m->size[MP_DIM_CP];
   s[X_TP] = m->size[MP_DIM_TP];
   if (!grid || !is_expert_group(g)) return;
-  const int in = inner_ranks(m);
+  const int in = inner_ranks(m), blk = m->ep * etp_of(m);
   s[X_EP] = m->ep;
-  s[X_CP] = s[X_TP] = 1;
-  if (in % m->ep == 0) {
-    s[X_EFSDP] = in / m->ep;
+  s[X_CP] = 1;
+  s[X_TP] = etp_of(m);
+  if (in % blk == 0) {
+    s[X_EFSDP] = in / blk;
   } else {
-    s[X_DPR] = stage_ranks(m) / m->ep;
+    s[X_DPR] = stage_ranks(m) / blk;
     s[X_EFSDP] = 1;
   }
 }
@@ -251,7 +262,7 @@ int mp_mesh_efsdp_index(const mp_mesh *m, int rank) {
 }
 
 /* Which sub-coordinates vary within a group of kind g. */
-static unsigned varying(mp_group g) {
+static unsigned varying(const mp_mesh *m, mp_group g) {
   switch (g) {
     case MP_GROUP_PP: return 1u << X_PP;
     case MP_GROUP_DP_REPLICATE: return 1u << X_DPR;
@@ -266,13 +277,15 @@ static unsigned varying(mp_group g) {
     case MP_GROUP_WORLD: return (1u << X_N) - 1;
     /* inside dp_shard the experts are replicated over dp_replicate, efsdp and cp */
     case MP_GROUP_EDP: return (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_CP);
+    /* expert TP: the expert grid's innermost etp ranks; one rank inside dp_shard */
+    case MP_GROUP_ETP: return mp_mesh_expert_grid(m) ? 1u << X_TP : 0;
     default: return 0;
   }
 }
 
 int mp_mesh_group_size(const mp_mesh *m, mp_group g) {
   int s[X_N], n = 1;
-  unsigned v = varying(g);
+  unsigned v = varying(m, g);
   ext_sizes_for(m, g, s);
   for (int i = 0; i < X_N; i++)
     if (v & (1u << i)) n *= s[i];
@@ -284,7 +297,7 @@ int mp_mesh_group_ranks(const mp_mesh *m, mp_group g, int rank, int *ranks) {
    * moving the rank by strides instead of recomputing it per member (the simulator asks
    * for groups of thousands of ranks). Row-major layout: the ranks come out increasing. */
   int s[X_N], x[X_N], stride[X_N], dims[X_N], count[X_N] = {0};
-  unsigned v = varying(g);
+  unsigned v = varying(m, g);
   ext_sizes_for(m, g, s);
   ext_coords_for(m, g, rank, x);
   int r = 0, step = 1, nd = 0;
@@ -312,7 +325,7 @@ int mp_mesh_group_ranks(const mp_mesh *m, mp_group g, int rank, int *ranks) {
 
 int mp_mesh_group_index(const mp_mesh *m, mp_group g, int rank) {
   int s[X_N], x[X_N], idx = 0;
-  unsigned v = varying(g);
+  unsigned v = varying(m, g);
   ext_sizes_for(m, g, s);
   ext_coords_for(m, g, rank, x);
   for (int i = 0; i < X_N; i++)
@@ -322,7 +335,7 @@ int mp_mesh_group_index(const mp_mesh *m, mp_group g, int rank) {
 
 int mp_mesh_group_id(const mp_mesh *m, mp_group g, int rank) {
   int s[X_N], x[X_N], id = 0;
-  unsigned v = varying(g);
+  unsigned v = varying(m, g);
   ext_sizes_for(m, g, s);
   ext_coords_for(m, g, rank, x);
   for (int i = 0; i < X_N; i++)

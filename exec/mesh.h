@@ -10,13 +10,18 @@
  *    as the dense [dp_replicate, dp_shard, cp, tp] (Megatron-Core's expert RankGenerator,
  *    order "tp-ep-dp-pp", megatron/core/parallel_state.py, core_r0.12; torchtitan's EP
  *    borrowed from dp_shard x cp and, with expert_tensor_parallel_degree 1, tp,
- *    torchtitan/distributed/parallel_dims.py, v0.2). etp = 1 only (experts whole on a rank):
- *    the EP group is ep consecutive ranks of the stage; ep divides dp_shard x cp x tp
- *    (the expert-FSDP group then varies the rest of it, size dp_shard x cp x tp / ep, and
+ *    torchtitan/distributed/parallel_dims.py, v0.2). The expert-TP group (MP_GROUP_ETP) is
+ *    etp consecutive ranks (etp = 1: experts whole on a rank; etp > 1: each local expert
+ *    split over them, Megatron-Core's _EXPERT_TENSOR_PARALLEL_GROUP), the EP group ep ranks
+ *    etp apart (_EXPERT_MODEL_PARALLEL_GROUP); ep x etp divides dp_shard x cp x tp (the
+ *    expert-FSDP group then varies the rest of it, size dp_shard x cp x tp / (ep x etp), and
  *    dp_replicate replicates) or is a multiple of it dividing the stage (EP reaches into
  *    dp_replicate: Megatron's EP 8 over a data-parallel group of 8). The expert-DP group
- *    (MP_GROUP_EDP: the stage's ranks holding the same experts, size stage / ep) is where
- *    DDP reduces the experts' gradients.
+ *    (MP_GROUP_EDP, _EXPERT_DATA_PARALLEL_GROUP: the stage's ranks holding the same expert
+ *    slices, size stage / (ep x etp)) is where DDP reduces the experts' gradients.
+ *    Example (tested): 16 ranks as [dp_shard=4, tp=4] with ep=2, etp=4 (NeMo's Llama 4
+ *    layout in small) give ETP groups {0..3}, {4..7}, .., EP groups {0,4}, {1,5}, ..,
+ *    expert-DP groups {0,8}, {1,9}, ...
  *
  * Example (tested): 8 ranks as [dp_shard=2, tp=4] give TP groups {0,1,2,3},{4,5,6,7} and
  * FSDP groups {0,4},{1,5},{2,6},{3,7}. */
@@ -57,13 +62,17 @@ typedef enum mp_group {
   MP_GROUP_EDP,      /* expert-DP: the ranks of a stage holding the same experts (DDP reduces
                         the experts' gradients over it, as Megatron-Core's expert_data_parallel
                         group) */
+  MP_GROUP_ETP,      /* expert tensor parallel: the expert grid's innermost etp ranks, over which
+                        each local expert is split (Megatron-Core's expert_tensor_parallel group);
+                        one rank inside dp_shard or with etp = 1 */
   MP_GROUP_COUNT
 } mp_group;
 
 typedef struct mp_mesh {
   int size[MP_MESH_NDIMS]; /* each >= 1 */
   int ep;                  /* >= 1 (see the layouts above) */
-  int etp;                 /* expert tensor parallelism: 0 not given, else 1 (the expert grid) */
+  int etp;                 /* expert tensor parallelism: 0 not given, else its size (the expert
+                              grid; each local expert split over etp ranks) */
 } mp_mesh;
 
 /* The most ranks a mesh may have: common/limits.h's bound on GPUs in one job. */

@@ -86,8 +86,9 @@ void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o) {
   char experts[200] = "";
   if (mp_plan_ddp_experts_apart(p))
     snprintf(experts, sizeof experts,
-             "; the routed experts (whole on each rank, etp=1) over their expert-DP group of %d "
+             "; the routed experts (%s) over their expert-DP group of %d "
              "instead (the stage's ranks holding the same experts)",
+             p->mesh.etp > 1 ? "each split over its expert-TP group" : "whole on each rank, etp=1",
              mp_mesh_group_size(&p->mesh, MP_GROUP_EDP));
   /* the fp32 master and AdamW's two moments: 12 bytes a parameter, 8 with bf16 moments; the
    * 16-bit parameter and the main gradient (4 bytes, 2 with --grad-reduce-in-bf16) whole */

@@ -50,10 +50,11 @@ static mp_status check_order(mp_ctx *ctx, const mp_plan *p, const mp_fsdp_option
                     mesh->ep, (long long)m->n_experts);
   if (!mp_rule_ep_grid_fsdp_ok(mesh))
     return mp_error(ctx, MP_ERR_INVALID,
-                    "ep=%d reaches into dp_replicate: FSDP (torchtitan) borrows EP from dp_shard x cp "
-                    "(x tp with etp=1) = %d ranks (torchtitan/distributed/parallel_dims.py); choose ep "
+                    "ep=%d x etp=%d reaches into dp_replicate: FSDP (torchtitan) borrows EP x ETP from "
+                    "dp_shard x cp x tp = %d ranks (torchtitan/distributed/parallel_dims.py); choose ep x etp "
                     "dividing %d, or DDP (the megatron memory model)",
-                    mesh->ep, mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP],
+                    mesh->ep, mesh->etp > 1 ? mesh->etp : 1,
+                    mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP],
                     mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP]);
   if (o->per_block && ep_on && mp_model_n_moe_layers(m) > 0)
     return mp_error(ctx, MP_ERR_ORDER,

@@ -73,6 +73,14 @@ static void shard_params(mp_plan *p, int tp) {
   }
 }
 
+/* The MoE words of the TP note: the routed experts are left to the EP pass, which splits
+ * them over their own expert-TP group where the mesh gives etp > 1 (exec/pass_ep.c). */
+static const char *moe_words(const mp_plan *p) {
+  if (!mp_model_is_moe(&p->model)) return "";
+  return p->mesh.etp > 1 ? " and MoE router (the routed experts split over etp by EP)"
+                         : ", MoE router and routed experts (skipped)";
+}
+
 /* What the pass did, in the plan's notes. */
 static void note_tp(mp_plan *p, const mp_tp_options *o, int tp, int64_t vocab) {
   if (tp > 1 && mp_model_is_mla(&p->model))
@@ -84,13 +92,13 @@ static void note_tp(mp_plan *p, const mp_tp_options *o, int tp, int64_t vocab) {
                  tp, p->model.q_lora_rank > 0 ? "q_b_proj" : "q_proj",
                  p->model.n_shared_experts > 0 ? ", shared-expert gate/up" : "",
                  (long long)(p->model.n_heads / tp), p->model.q_lora_rank > 0 ? "q_a_proj, " : "",
-                 mp_model_is_moe(&p->model) ? ", MoE router and routed experts (skipped)" : "");
+                 moe_words(p));
   else if (tp > 1)
     mp_plan_note(p,
                  "TP: tp=%d: q/k/v, gate/up%s and output colwise; o and down rowwise; "
                  "tok_embeddings vocab-parallel; norms%s replicated",
                  tp, p->model.n_shared_experts > 0 ? ", shared-expert gate/up" : "",
-                 mp_model_is_moe(&p->model) ? ", MoE router and routed experts (skipped)" : "");
+                 moe_words(p));
   if (tp > 1) {
     if (p->opts.sp == 1)
       mp_plan_note(p, "TP: sequence parallel: norms, residual adds and the embedding's output on "

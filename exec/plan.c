@@ -491,6 +491,7 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
   MP_CHECK(mp_mesh_validate(ctx, mesh));
   int pp = mesh->size[MP_DIM_PP], cp = mesh->size[MP_DIM_CP];
   MP_CHECK(mp_rule_experts_check(ctx, m, mesh));
+  MP_CHECK(mp_rule_etp_check(ctx, mesh, o));
   MP_CHECK(mp_rule_moe_routing_check(ctx, m, mesh, o));
   MP_CHECK(mp_rule_cp_comm_check(ctx, m, mesh, o));
   MP_CHECK(mp_rule_cuda_graphs_check(ctx, m, o));
@@ -638,7 +639,7 @@ void mp_plan_destroy(mp_plan *p) {
 static mp_status run_passes(mp_ctx *ctx, mp_plan *p, const mp_plan_options *opts) {
   const mp_mesh *mesh = &p->mesh;
   if (mesh->size[MP_DIM_TP] > 1) MP_CHECK(mp_apply_tensor_parallel(ctx, p, &opts->tp));
-  if (mesh->ep > 1) MP_CHECK(mp_apply_expert_parallel(ctx, p));
+  if (mesh->ep > 1 || mesh->etp > 1) MP_CHECK(mp_apply_expert_parallel(ctx, p));
   if (opts->fp8) MP_CHECK(mp_apply_float8(ctx, p, &opts->fp8_opts));
   MP_CHECK(mp_apply_ac(ctx, p, opts->ac));
   if (p->opts.dp == MP_DP_DDP) MP_CHECK(mp_apply_ddp(ctx, p, &opts->ddp));

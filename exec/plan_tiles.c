@@ -32,6 +32,7 @@ int64_t mp_param_padded_shard_numel(const mp_param *prm, int gsize) {
  * totals ask it for every parameter). */
 typedef struct rank_pos {
   int stage, tp, ep;
+  int etp;              /* index in MP_GROUP_ETP: where a routed expert's tp split is read */
   int fsdp_i, fsdp_g;   /* index in and size of MP_GROUP_FSDP */
   int efsdp_i, efsdp_g; /* index in and size of MP_GROUP_EFSDP */
 } rank_pos;
@@ -42,6 +43,7 @@ static void rank_pos_of(const mp_plan *p, int rank, rank_pos *r) {
   r->stage = c[MP_DIM_PP];
   r->tp = c[MP_DIM_TP];
   r->ep = mp_mesh_ep_index(&p->mesh, rank);
+  r->etp = mp_mesh_group_index(&p->mesh, MP_GROUP_ETP, rank);
   r->fsdp_i = mp_mesh_group_index(&p->mesh, MP_GROUP_FSDP, rank);
   r->fsdp_g = mp_mesh_group_size(&p->mesh, MP_GROUP_FSDP);
   r->efsdp_i = mp_mesh_group_index(&p->mesh, MP_GROUP_EFSDP, rank);
@@ -55,7 +57,8 @@ static void tp_tile_at(const mp_param *prm, const rank_pos *r, int64_t off[MP_MA
     len[i] = prm->tp_shape[i];
   }
   const mp_placement *tp = &prm->place[MP_AXIS_TP];
-  if (tp->kind == MP_PLACEMENT_SHARD) off[tp->dim] = (int64_t)r->tp * prm->tp_shape[tp->dim];
+  if (tp->kind == MP_PLACEMENT_SHARD)
+    off[tp->dim] = (int64_t)(prm->is_expert ? r->etp : r->tp) * prm->tp_shape[tp->dim];
   const mp_placement *ep = &prm->place[MP_AXIS_EP];
   if (ep->kind == MP_PLACEMENT_SHARD) off[ep->dim] = (int64_t)r->ep * prm->tp_shape[ep->dim];
 }

@@ -81,13 +81,43 @@ double mp_rule_moe_imbalance_max(const mp_model *m, int ep) {
 }
 
 int mp_rule_ep_grid_fsdp_ok(const mp_mesh *m) {
+  const int etp = m->etp > 1 ? m->etp : 1;
   return !mp_mesh_expert_grid(m) || m->ep <= 1 ||
-         (m->size[MP_DIM_DP_SHARD] * m->size[MP_DIM_CP] * m->size[MP_DIM_TP]) % m->ep == 0;
+         (m->size[MP_DIM_DP_SHARD] * m->size[MP_DIM_CP] * m->size[MP_DIM_TP]) % (m->ep * etp) == 0;
 }
 
 int mp_rule_ep_grid_torchtitan_ok(const mp_mesh *m) {
-  const int tpcp = m->size[MP_DIM_TP] * m->size[MP_DIM_CP];
-  return m->ep <= 1 || (m->ep % tpcp == 0 && (m->size[MP_DIM_DP_SHARD] * tpcp) % m->ep == 0);
+  const int tp = m->size[MP_DIM_TP], cp = m->size[MP_DIM_CP], dps = m->size[MP_DIM_DP_SHARD];
+  if (m->ep <= 1) return 1;
+  if (m->etp > 1) /* etp = tp: EP borrows all of cp and some dp_shard */
+    return m->etp == tp && m->ep % cp == 0 && (dps * cp) % m->ep == 0;
+  return m->ep % (tp * cp) == 0 && (dps * tp * cp) % m->ep == 0;
+}
+
+mp_status mp_rule_etp_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o) {
+  const int etp = mesh->etp, tp = mesh->size[MP_DIM_TP];
+  if (etp <= 1) return MP_OK;
+  /* without EP the experts' gradients reduce with the dense ones over the data-parallel
+   * ranks, which are the expert-DP group only where the expert-TP group is the TP group */
+  if (mesh->ep <= 1 && etp != tp)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "etp=%d without EP (ep=1) is modelled with etp = tp = %d only; "
+                    "set etp=%d, ep > 1 or etp=1", etp, tp, tp);
+  if (mp_moe_dispatch_by_node(o->moe_dispatcher))
+    return mp_error(ctx, MP_ERR_UNSUPPORTED,
+                    "etp=%d with the DeepEP/HybridEP dispatcher is not modelled (Megatron-Core's flex "
+                    "dispatcher sends each token to every expert-TP rank of its expert); use the "
+                    "all-to-all dispatcher or etp=1", etp);
+  if (o->mem_model == MP_MEM_MODEL_TORCHTITAN && etp != tp)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "etp=%d with tp=%d: torchtitan supports expert_tensor_parallel_degree 1 or tp only "
+                    "(torchtitan/distributed/parallel_dims.py, v0.2.0); set etp=1 or etp=%d", etp, tp, tp);
+  if (o->mem_model == MP_MEM_MODEL_TORCHTITAN && !mp_rule_ep_grid_torchtitan_ok(mesh))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "ep=%d with etp=tp=%d: torchtitan's EP borrows all of cp=%d and part of dp_shard=%d "
+                    "(parallel_dims.py, v0.2.0); choose ep a multiple of cp dividing dp_shard x cp = %d",
+                    mesh->ep, tp, mesh->size[MP_DIM_CP], mesh->size[MP_DIM_DP_SHARD],
+                    mesh->size[MP_DIM_DP_SHARD] * mesh->size[MP_DIM_CP]);
+  return MP_OK;
 }
 
 mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh) {

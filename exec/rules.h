@@ -61,10 +61,17 @@ mp_status mp_rule_moe_routing_check(mp_ctx *ctx, const mp_model *m, const mp_mes
  * (torchtitan/distributed/parallel_dims.py), so ep divides their product and never reaches
  * into dp_replicate. True for a mesh off the grid or without EP. */
 int mp_rule_ep_grid_fsdp_ok(const mp_mesh *m);
-/* torchtitan's own EP mesh with expert_tensor_parallel_degree 1 (ParallelDims._validate,
- * torchtitan/distributed/parallel_dims.py, v0.2.0: "EP would borrow all cp and tp and some
- * dp_shard degree"): ep a multiple of tp x cp dividing dp_shard x cp x tp. True without EP. */
+/* torchtitan's own EP mesh (ParallelDims._validate, torchtitan/distributed/parallel_dims.py,
+ * v0.2.0): with expert_tensor_parallel_degree 1 "EP would borrow all cp and tp and some
+ * dp_shard degree": ep a multiple of tp x cp dividing dp_shard x cp x tp; with etp = tp "EP
+ * would borrow all cp and some dp_shard degree": ep a multiple of cp dividing dp_shard x cp.
+ * True without EP. */
 int mp_rule_ep_grid_torchtitan_ok(const mp_mesh *m);
+/* Expert tensor parallelism (etp > 1) as meshplan models it: with EP (ep > 1) or etp = tp; under the
+ * all-to-all dispatcher (Megatron-Core's flex/DeepEP dispatcher, which sends each token to
+ * every expert-TP rank, is not modelled); under the torchtitan model etp = tp with
+ * torchtitan's EP rule (mp_rule_ep_grid_torchtitan_ok). Each refused by name. */
+mp_status mp_rule_etp_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o);
 /* The model x mesh rules of experts: ep dividing the experts. */
 mp_status mp_rule_experts_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh);
 

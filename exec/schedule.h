@@ -226,6 +226,13 @@ typedef struct mp_op {
  * and *load, those rows over the balanced ones (exec/schedule_prep.c). */
 double mp_sched_moe_rows(const mp_moe_routing *rt, double tokens, int64_t top_k, int64_t experts, int ep,
                          double *load);
+/* Of `tokens` on the rank (micro_batch x seq / cp), the ones it routes: T / tp on the expert
+ * grid, where each TP rank dispatches its own sequence shard, except under torchtitan's
+ * ExpertTensorParallel (etp = tp, the MoE input replicated over tp:
+ * torchtitan/models/llama4/infra/parallelize.py, apply_moe_ep_tp, v0.2.0), else T; and in
+ * *etp_rows how many ranks' rows an expert-TP group gathers before its experts: etp under
+ * Megatron-Core's dispatchers (token_dispatcher.py, core_v0.14.0, tp_size = etp), else 1. */
+int64_t mp_sched_moe_routed(const mp_plan *p, int64_t tokens, int *etp_rows);
 
 /* A GEMM op's device-memory bytes (mp_op.bytes): [m, k] and [k, n] read at in_b bytes an
  * element, [m, n] written in bf16, batch times. */

@@ -98,6 +98,7 @@ static int64_t attn_all(const shapes *sh) {
 /* Bytes of the expert side (the dispatched rows and what the experts make of them), sized
  * by the rows the slowest EP rank receives: x_balanced x its load (mp_sched_moe_rows). */
 static int64_t received(const shapes *sh, int64_t x_balanced) {
+  x_balanced *= sh->etp_rows; /* the rows its expert-TP group gathers (schedule_ops.c) */
   return sh->moe_load == 1.0 ? x_balanced : llround((double)x_balanced * sh->moe_load);
 }
 
@@ -478,7 +479,7 @@ static void recompute_modules(gen *g, const block_act *a, int kind, int attn, in
     if ((rc & (1u << MP_RC_MOE_ACT)) && kind == KIND_MOE) {
       /* gate and up read (bf16, or E4M3 with their scales from the float8 cache), the
        * product written in bf16 */
-      const int64_t e = sh->moe_tokens * sh->top_k * sh->d_ff_expert;
+      const int64_t e = sh->moe_tokens * sh->top_k * sh->etp_rows * sh->d_ff_expert;
       const double in = g->p->opts.fp8_act_cache ? 1.0 + 4.0 / 128 : 2.0;
       elementwise(g, MP_KERNEL_ACTIVATION, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, e, FLOPS_SWIGLU_FWD,
                   (2.0 * in + 2.0) * (double)e);

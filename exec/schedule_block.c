@@ -151,9 +151,11 @@ void mp_sched_attention_out_fwd(gen *g) {
   mp_sched_residual(g, MP_VAR_FWD, sh->tokens_sp * sh->d_model);
 }
 
-/* The rows the rank's experts receive: its own routed Tk when balanced, else Tk x the load
- * of the slowest EP rank (mp_sched_moe_rows). */
+/* The rows the rank's experts receive: its own routed Tk (x etp_rows, what its expert-TP
+ * group gathers) when balanced, else that x the load of the slowest EP rank
+ * (mp_sched_moe_rows). */
 static int64_t received_rows(const shapes *sh, int64_t Tk) {
+  Tk *= sh->etp_rows;
   return sh->moe_load == 1.0 ? Tk : llround((double)Tk * sh->moe_load);
 }
 
@@ -296,12 +298,14 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EPA, kind, 1);
     const int32_t sync_from = g->n_ops;
     mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_GATE, 1);
+    mp_sched_etp_coll(g, MP_MOD_EXPERTS_GATE, 1);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 1);
     attach(g, pd, PART_EXPERTS);
     experts_gate_up_fwd(g, H);
     mark_host_sync(g, sync_from);
     swiglu(g, MP_VAR_FWD, MP_MOD_EXPERTS_GATE, received_rows(sh, Tk) * sh->d_ff_expert);
     experts_down_fwd(g, H);
+    mp_sched_etp_coll(g, MP_MOD_EXPERTS_DOWN, 0);
     mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_DOWN, 0);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_OUT, kind, 0);
     if (out) {
@@ -388,8 +392,10 @@ void mp_sched_mlp_bwd(gen *g, int kind, const part_deps *pd) {
     mp_sched_rt_sp(g, 0);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 1); /* the expert side's gradients (EP) */
     mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_DOWN, 1); /* the output gradient to the experts */
+    mp_sched_etp_coll(g, MP_MOD_EXPERTS_DOWN, 1);
     attach(g, pd, PART_EXPERTS);
     experts_bwd(g, H, Tk);
+    mp_sched_etp_coll(g, MP_MOD_EXPERTS_GATE, 0);
     mp_sched_ep_alltoall(g, MP_MOD_EXPERTS_GATE, 0);
     mp_sched_rt_mem(g, MP_ACT_ALLOC_EP_WS, kind, 0);
     elementwise(g, MP_KERNEL_PERMUTE, MP_VAR_BWD, -1, Tk * H, 1.0,

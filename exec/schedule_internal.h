@@ -153,7 +153,16 @@ typedef struct shapes {
   int64_t d_ff;             /* the dense MLP's width */
   /* MoE */
   int64_t experts, experts_local, top_k;
-  int64_t d_ff_expert;      /* an expert's width (experts are not split over tp) */
+  int64_t d_ff_expert;      /* an expert's width on the rank: d_ff_expert / etp (its gate and
+                               up column-parallel, its down row-parallel over MP_GROUP_ETP) */
+  int etp_rows;             /* the rows an expert-TP group gathers: etp where each of its ranks
+                               routes its own tokens and Megatron-Core's all-to-all dispatcher
+                               all-gathers them over the group before the experts and
+                               reduce-scatters the outputs after (token_dispatcher.py,
+                               MoEAlltoAllTokenDispatcher, core_v0.14.0, tp_size = etp); 1
+                               where the group's ranks route the same tokens (torchtitan's
+                               ExpertTensorParallel, etp = tp, the MoE input replicated over
+                               tp) or etp = 1 */
   int64_t d_ff_shared;      /* the shared experts' width */
   double tokens_per_expert; /* rows per local expert of the slowest EP rank: balanced
                                (tokens x top_k x ep / E) unless the plan's routing says
@@ -622,6 +631,9 @@ void mp_sched_fuse_tp(gen *g, int32_t from, mp_fuse kind, mp_variant v);
 /* The MoE's dispatch or combine all-to-all over ep; `to_experts`: it carries tokens (or
  * output gradients) to the experts, in float8 under o.moe_fp8_dispatch. */
 void mp_sched_ep_alltoall(gen *g, int module, int to_experts);
+/* The expert-TP group's all-gather of the dispatched rows (gather) or reduce-scatter of the
+ * experts' partial outputs, where shapes.etp_rows > 1 (schedule_ops.c). */
+void mp_sched_etp_coll(gen *g, int module, int gather);
 /* Megatron-LM's SP re-gather of a region's input in backward (-1: none), and its wait. */
 int32_t mp_sched_mg_regather(gen *g, int on, int module);
 void mp_sched_mg_regather_wait(gen *g, int32_t gather, int32_t first_op);

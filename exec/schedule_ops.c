@@ -701,6 +701,25 @@ void mp_sched_ep_alltoall(gen *g, int module, int to_experts) {
        module);
 }
 
+/* Megatron-Core's all-to-all dispatcher under expert tensor parallelism (tp_size = etp,
+ * token_dispatcher.py, MoEAlltoAllTokenDispatcher, core_v0.14.0): after the all-to-all
+ * over EP each rank of the expert-TP group holds the rows its own tokens sent, and
+ * dispatch_postprocess all-gathers them over the group (gather_from_sequence_parallel_region
+ * with the groups' split sizes) so each rank's slice of an expert runs every row the group
+ * received; combine_preprocess reduce-scatters the row-parallel fc2's partial sums back
+ * (reduce_scatter_to_sequence_parallel_region). Their backwards swap them: the output
+ * gradient all-gathered before the experts' backward, the input gradient reduce-scattered
+ * after. Payload: the gathered [etp x rows, H] tensor (the all-gather's output, the
+ * reduce-scatter's input), x the slowest rank's load. */
+void mp_sched_etp_coll(gen *g, int module, int gather) {
+  const shapes *sh = &g->sh;
+  if (sh->etp_rows <= 1) return;
+  double elems = (double)(sh->moe_tokens * sh->top_k * sh->etp_rows * sh->d_model);
+  if (sh->moe_load != 1.0) elems *= sh->moe_load;
+  comm(g, gather ? MP_COLL_ALL_GATHER : MP_COLL_REDUCE_SCATTER, MP_GROUP_ETP, MP_STREAM_COMPUTE,
+       act_comm_bytes(g) * elems, act_comm_dtype(g), module);
+}
+
 /* Megatron-LM's sequence parallelism saves a column-parallel region's input on the
  * sequence shard and all-gathers it again in backward for the weight gradients, the
  * gather overlapping the input-gradient GEMMs (Korthikanti et al. 2022, section 4.2.2):

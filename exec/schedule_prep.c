@@ -37,6 +37,14 @@ double mp_sched_moe_rows(const mp_moe_routing *rt, double tokens, int64_t top_k,
   return rows;
 }
 
+int64_t mp_sched_moe_routed(const mp_plan *p, int64_t tokens, int *etp_rows) {
+  const int megatron = p->opts.mem_model == MP_MEM_MODEL_MEGATRON;
+  const int etp = (p->applied & MP_PASS_EP) && p->mesh.etp > 1 ? p->mesh.etp : 1;
+  const int shard = mp_mesh_expert_grid(&p->mesh) && (etp == 1 || megatron);
+  *etp_rows = megatron ? etp : 1;
+  return shard ? tokens / p->mesh.size[MP_DIM_TP] : tokens;
+}
+
 /* The micro-batch's part of the shapes: tokens per micro-batch on the rank and per local
  * expert. */
 void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch) {
@@ -45,12 +53,11 @@ void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch
   sh->attended = mp_model_attended_keys(&p->model, p->opts.seq);
   sh->tokens = micro_batch * p->opts.seq / cp;
   sh->tokens_sp = sh->sp ? sh->tokens / sh->tp : sh->tokens;
-  sh->moe_tokens = mp_mesh_expert_grid(&p->mesh) ? sh->tokens / sh->tp : sh->tokens;
-  sh->moe_on_shard = p->opts.mem_model == MP_MEM_MODEL_MEGATRON && sh->sp && sh->tp > 1 &&
-                     mp_mesh_expert_grid(&p->mesh);
+  sh->moe_tokens = mp_sched_moe_routed(p, sh->tokens, &sh->etp_rows);
+  sh->moe_on_shard = p->opts.mem_model == MP_MEM_MODEL_MEGATRON && sh->sp && sh->tp > 1 && mp_mesh_expert_grid(&p->mesh);
   sh->router_tokens = sh->moe_on_shard ? sh->moe_tokens : sh->tokens;
-  sh->tokens_per_expert = mp_sched_moe_rows(&p->opts.moe_routing, (double)sh->moe_tokens, sh->top_k, sh->experts,
-                                            sh->ep, &sh->moe_load);
+  sh->tokens_per_expert = mp_sched_moe_rows(&p->opts.moe_routing, (double)(sh->moe_tokens * sh->etp_rows), sh->top_k,
+                                            sh->experts, sh->ep, &sh->moe_load);
 }
 
 /* The float8 recipe's side of the shapes (after sh->tp). */
@@ -140,7 +147,7 @@ static void read_shapes(gen *g) {
       case MP_MOD_O: sh->tp_closes_o = row; break;
       case MP_MOD_UP: sh->d_ff = prm->tp_shape[0]; sh->tp_opens_gateup = col; break;
       case MP_MOD_DOWN: sh->tp_closes_down = row; break;
-      case MP_MOD_EXPERTS_GATE: sh->experts_local = prm->tp_shape[0]; break;
+      case MP_MOD_EXPERTS_GATE: sh->experts_local = prm->tp_shape[0]; sh->d_ff_expert = prm->tp_shape[1]; break;
       case MP_MOD_SHARED_UP: sh->d_ff_shared = prm->tp_shape[0]; sh->tp_opens_shared_gateup = col; break;
       case MP_MOD_SHARED_DOWN: sh->tp_closes_shared_down = row; break;
       case MP_MOD_OUTPUT: sh->vocab_local = prm->tp_shape[0]; break;

@@ -392,7 +392,8 @@ void mp_candidate_pp_str(const mp_candidate *c, char *buf, size_t cap) {
 }
 
 void mp_candidate_ep_str(const mp_candidate *c, char *buf, size_t cap) {
-  snprintf(buf, cap, "%d%s", c->mesh.ep, mp_mesh_expert_grid(&c->mesh) ? "g" : "");
+  if (c->mesh.etp > 1) snprintf(buf, cap, "%dg%d", c->mesh.ep, c->mesh.etp);
+  else snprintf(buf, cap, "%d%s", c->mesh.ep, mp_mesh_expert_grid(&c->mesh) ? "g" : "");
 }
 
 /* ---- enumeration ---------------------------------------------------------------------- */
@@ -525,21 +526,26 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
   return MP_OK;
 }
 
-/* The expert grid's EP sizes (exec/mesh.h, etp=1): ep dividing the routed experts, on a layout
- * the mesh accepts. Under DDP (Megatron-Core) EP comes from the stage's data-parallel, context
- * and tensor ranks; an ep dividing dp_shard is the layout inside dp_shard unless the fix names
- * etp=1. Under FSDP EP comes from dp_shard x cp x tp alone (mp_rule_ep_grid_fsdp_ok), searched
- * where a fix names etp=1: beside the layout inside dp_shard it multiplies the fitting plans to
- * simulate (DeepSeek-V3 on 2,048 GPUs: 7,667 simulations to 29,329, 0.6 s to 2.5 s on two
- * cores), so the default search keeps torchtitan's default layout. */
-static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep) {
+/* The expert grid's EP sizes (exec/mesh.h) at expert-TP size etp: ep dividing the routed
+ * experts, on a layout the mesh accepts (ep x etp consecutive ranks). Under DDP
+ * (Megatron-Core) EP comes from the stage's data-parallel, context and tensor ranks; an ep
+ * dividing dp_shard at etp 1 is the layout inside dp_shard unless the fix names etp=1.
+ * Under FSDP EP comes from dp_shard x cp x tp alone (mp_rule_ep_grid_fsdp_ok), searched
+ * where a fix names the etp: beside the layout inside dp_shard it multiplies the fitting
+ * plans to simulate (DeepSeek-V3 on 2,048 GPUs: 7,667 simulations to 29,329, 0.6 s to 2.5 s
+ * on two cores), so the default search keeps torchtitan's default layout. etp is 1 or tp,
+ * the two torchtitan runs (parallel_dims.py, v0.2.0) and Megatron-Core's two common
+ * settings (its default is tp; 1 in DeepSeek-V3's and Qwen3's recipes). */
+static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep, int etp) {
   const int dps = mesh->size[MP_DIM_DP_SHARD], tpcp = mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP];
-  const int stage = mp_mesh_world(mesh) / mesh->size[MP_DIM_PP], inner = dps * tpcp, named = cfg->fix.etp == 1;
-  if (!fixed_ok(cfg->fix.etp, 1) || ep <= 1 || cfg->model->n_experts % ep || !fixed_ok(cfg->fix.ep, ep))
+  const int stage = mp_mesh_world(mesh) / mesh->size[MP_DIM_PP], inner = dps * tpcp, named = cfg->fix.etp == etp;
+  const int blk = ep * etp;
+  if (!fixed_ok(cfg->fix.etp, etp) || ep <= 1 || cfg->model->n_experts % ep || !fixed_ok(cfg->fix.ep, ep) ||
+      cfg->model->d_ff_expert % etp)
     return 0;
   if (cfg->dp == MP_DP_DDP)
-    return (dps % ep || named) && (inner % ep == 0 || (ep % inner == 0 && stage % ep == 0));
-  return named && inner % ep == 0;
+    return (dps % ep || named || etp > 1) && (inner % blk == 0 || (blk % inner == 0 && stage % blk == 0));
+  return named && inner % blk == 0;
 }
 
 mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_search **out) {
@@ -604,11 +610,12 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
             st = enum_options(&e, &mesh);
           }
           for (int k = 0; moe && k < nd && divs[k] <= r1 && st == MP_OK; k++)
-            if (grid_ep_ok(cfg, &mesh, divs[k])) {
-              mesh.ep = divs[k];
-              mesh.etp = 1;
-              st = enum_options(&e, &mesh);
-            }
+            for (int etp = 1; etp <= tp && st == MP_OK; etp = etp == 1 && tp > 1 ? tp : tp + 1)
+              if (grid_ep_ok(cfg, &mesh, divs[k], etp)) {
+                mesh.ep = divs[k];
+                mesh.etp = etp;
+                st = enum_options(&e, &mesh);
+              }
         }
       }
     }

@@ -175,7 +175,8 @@ typedef struct mp_candidate {
 /* Constraints: -1 leaves a dimension free. */
 typedef struct mp_search_fix {
   int pp, dp_replicate, dp_shard, cp, tp, ep;
-  int etp;           /* 1: the expert grid only (exec/mesh.h), 0: EP inside dp_shard only, -1 */
+  int etp;           /* N >= 1: the expert grid with etp N only (exec/mesh.h), 0: EP inside
+                        dp_shard only, -1 */
   int ac;            /* mp_ac_mode or -1 */
   int ac_every;      /* with ac: its block frequency (full:N); -1: 1 */
   int sp;            /* 0/1 or -1 (the search's default) */
@@ -318,7 +319,8 @@ void mp_candidate_mesh_str(const mp_candidate *c, char *buf, size_t cap);
 /* The pipeline as plan's table shows it: "16", pp x chunks per stage under the interleaved
  * schedule "16x4", and an E where the embedding and the loss count as layers ("16x8E"). */
 void mp_candidate_pp_str(const mp_candidate *c, char *buf, size_t cap);
-/* c's ep as plan's table shows it: "8", or "8g" on the expert grid (exec/mesh.h, etp=1). */
+/* c's ep as plan's table shows it: "8", "8g" on the expert grid (exec/mesh.h, etp=1), or
+ * "8g4" on it with etp 4. */
 void mp_candidate_ep_str(const mp_candidate *c, char *buf, size_t cap);
 /* "none", "selective", "selective-op", "selective-core", "full" (mp_ac_mode_name's names). */
 const char *mp_search_ac_name(int ac);

@@ -73,8 +73,16 @@ mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
                       "--fix: unknown key '%s'; keys: pp, dp_replicate, dp_shard, cp, tp, ep, etp, ac, "
                       "fp8, micro_batch, reshard, sp, pp_virtual", key);
     if (*slot >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: %s given twice", key);
-    /* etp: 1 the expert grid (exec/mesh.h: etp=1 only), 0 EP inside dp_shard */
-    int is_bool = slot == &f->fp8 || slot == &f->reshard || slot == &f->sp || slot == &f->etp;
+    /* etp: N >= 1 the expert grid with each expert split over N ranks (exec/mesh.h), 0 EP
+     * inside dp_shard */
+    int is_bool = slot == &f->fp8 || slot == &f->reshard || slot == &f->sp;
+    if (slot == &f->etp) {
+      if (v > MP_MESH_MAX_WORLD)
+        return mp_error(ctx, MP_ERR_USAGE, "--fix: etp=%s out of range (0: EP inside dp_shard, else 1..%d)", val,
+                        MP_MESH_MAX_WORLD);
+      f->etp = (int)v;
+      continue;
+    }
     if (slot == &f->pp_virtual && (v < 1 || v > MP_PP_MAX_VIRTUAL))
       return mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s out of range (1 .. %d)", key, val,
                       MP_PP_MAX_VIRTUAL);

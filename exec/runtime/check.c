@@ -19,6 +19,9 @@ mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p) {
 static mp_status grid_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o, const char *mb) {
   if (!mp_mesh_expert_grid(mesh)) return MP_OK;
   const int tp = mesh->size[MP_DIM_TP], in = mesh->size[MP_DIM_DP_SHARD] * tp;
+  if (mesh->etp > 1)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: expert tensor parallelism (etp=%d, each expert split over "
+                    "its expert-TP group) is planned and simulated only; the runtime executes etp=1", mb, mesh->etp);
   if (mesh->ep == 1)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: etp with ep=1 (every rank holding every expert while "
                     "each tp rank routes its own shard) is planned and simulated only; drop etp or set ep > 1",

@@ -452,7 +452,8 @@ row 2 "--expert-model-parallel-size, --moe-enable-deepep or --overlap-moe-expert
 # Mixtral 8x7B's shape as Megatron-LM arguments (the experts' flags on the dense ones)
 mx="${mg/--max-position-embeddings 131072/--max-position-embeddings 32768} --num-experts 8 --moe-router-topk 2 --moe-grouped-gemm --expert-model-parallel-size 2 --expert-tensor-parallel-size 1 --moe-token-dispatcher-type alltoall"
 mx="${mx/--rotary-base 500000/--rotary-base 1000000}"
-row 2 "--expert-tensor-parallel-size 2 (the tp size where absent): meshplan prices experts whole on a rank" simulate --gpus 8 "--from-args=${mx/--expert-tensor-parallel-size 1/--expert-tensor-parallel-size 2}"
+# expert tensor parallelism is read (etp 2 over ep 2); under the flex dispatcher it is refused
+row 2 "etp=2 with the DeepEP/HybridEP dispatcher is not modelled" simulate --gpus 8 "--from-args=${mx/--expert-tensor-parallel-size 1 --moe-token-dispatcher-type alltoall/--expert-tensor-parallel-size 2 --moe-token-dispatcher-type flex --moe-enable-deepep}"
 row 2 "no --moe-grouped-gemm: Megatron-LM would loop over its local experts" simulate --gpus 8 "--from-args=${mx/--moe-grouped-gemm/}"
 row 2 "--moe-token-dispatcher-type allgather: meshplan prices the alltoall dispatcher" simulate --gpus 8 "--from-args=${mx/--moe-token-dispatcher-type alltoall/}"
 row 2 "--moe-token-dispatcher-type alltoall --moe-enable-deepep: meshplan prices the alltoall dispatcher, or flex" simulate --gpus 8 "--from-args=$mx --moe-enable-deepep"

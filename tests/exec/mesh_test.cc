@@ -134,7 +134,10 @@ TEST(Mesh, GroupsPartitionTheWorld) {
                          // the expert grid
                          "dp_replicate=8,ep=8", "dp_replicate=4,tp=4,ep=8,etp=1",
                          "pp=2,dp_replicate=2,dp_shard=4,tp=2,ep=4,etp=1", "pp=2,dp_replicate=4,ep=4",
-                         "dp_shard=2,cp=2,tp=2,ep=8"};
+                         "dp_shard=2,cp=2,tp=2,ep=8",
+                         // expert tensor parallelism
+                         "dp_shard=4,tp=4,ep=2,etp=4", "pp=2,dp_replicate=4,tp=2,ep=4,etp=2",
+                         "dp_shard=2,cp=2,tp=2,ep=2,etp=2", "dp_replicate=2,tp=4,etp=4"};
   for (const char *spec : specs) {
     SCOPED_TRACE(spec);
     mp_mesh m = Parse(spec, 0);
@@ -172,9 +175,10 @@ TEST(Mesh, GroupsPartitionTheWorld) {
       EXPECT_EQ(mp_mesh_group_size(&m, MP_GROUP_EP) * mp_mesh_group_size(&m, MP_GROUP_EFSDP),
                 mp_mesh_group_size(&m, MP_GROUP_DP_SHARD));
     }
-    // a stage's ranks are EP x expert-DP in either layout
+    // a stage's ranks are EP x expert-DP x expert-TP on the grid, EP x expert-DP x tp inside
+    // dp_shard
     EXPECT_EQ(mp_mesh_group_size(&m, MP_GROUP_EP) * mp_mesh_group_size(&m, MP_GROUP_EDP) *
-                  (mp_mesh_expert_grid(&m) ? 1 : m.size[MP_DIM_TP]),
+                  (mp_mesh_expert_grid(&m) ? mp_mesh_group_size(&m, MP_GROUP_ETP) : m.size[MP_DIM_TP]),
               world / m.size[MP_DIM_PP]);
   }
 }
@@ -240,9 +244,62 @@ TEST(Mesh, ExpertGridRefusals) {
   // ep neither divides dp_shard x cp x tp = 2 nor divides the stage's 6 ranks
   EXPECT_EQ(mp_mesh_parse(&ctx, "dp_replicate=3,tp=2,ep=4", 0, &m), MP_ERR_INVALID);
   EXPECT_TRUE(Contains(mp_errmsg(&ctx), "ep=4: expert parallelism takes ep consecutive ranks")) << mp_errmsg(&ctx);
-  EXPECT_EQ(mp_mesh_parse(&ctx, "dp_replicate=2,tp=4,ep=2,etp=2", 0, &m), MP_ERR_INVALID);
-  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "etp=2: expert tensor parallelism")) << mp_errmsg(&ctx);
+  // ep x etp = 3 x 2 = 6 neither divides dp_shard x cp x tp = 4 nor is a multiple of it
+  EXPECT_EQ(mp_mesh_parse(&ctx, "dp_replicate=3,tp=4,ep=3,etp=2", 0, &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "ep=3 x etp=2: the experts' grid takes ep x etp = 6 consecutive ranks"))
+      << mp_errmsg(&ctx);
+  // ep x etp = 16 x 4 = 64 is more than the stage's 32 ranks (Megatron-Core asserts the
+  // stage's ranks divide by etp x ep x pp, parallel_state.py core_v0.14.0)
+  EXPECT_EQ(mp_mesh_parse(&ctx, "dp_replicate=8,tp=4,ep=16,etp=4", 0, &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "ep=16 x etp=4")) << mp_errmsg(&ctx);
   EXPECT_EQ(mp_mesh_parse(&ctx, "dp_replicate=2,etp=-1", 0, &m), MP_ERR_INVALID);
+  mp_mesh_init(&m);
+  m.etp = -2;
+  EXPECT_EQ(mp_mesh_validate(&ctx, &m), MP_ERR_INVALID);
+  EXPECT_TRUE(Contains(mp_errmsg(&ctx), "etp=-2 must be at least 1")) << mp_errmsg(&ctx);
+}
+
+// Expert tensor parallelism: 16 ranks as [dp_shard=4, tp=4], rank = 4 s + t, with ep=2 and
+// etp=4 (mesh.h's example). The expert grid [edp, ep, etp] = [2, 2, 4], etp innermost
+// (Megatron-Core's expert RankGenerator order "tp-ep-dp-pp"): a stage rank = (b x 2 + e) x 4
+// + t. Rank 5 (b 0, e 1, t 1): ETP group {4, 5, 6, 7} (e 1, every t), EP group {1, 5} (t 1,
+// e 0 and 1), expert-DP group {5, 13} (b 0 and 1: the ranks holding the same expert slices,
+// 16 / (2 x 4)), expert-FSDP {5, 13} (dp_shard x cp x tp / (ep x etp) = 2); the dense TP
+// group is the same four ranks and the dense FSDP group {1, 5, 9, 13}.
+TEST(Mesh, ExpertTensorParallelGroups) {
+  mp_mesh m = Parse("dp_shard=4,tp=4,ep=2,etp=4", 16);
+  EXPECT_TRUE(mp_mesh_expert_grid(&m));
+  EXPECT_EQ(Group(m, MP_GROUP_ETP, 5), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(Group(m, MP_GROUP_EP, 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(Group(m, MP_GROUP_EDP, 5), (std::vector<int>{5, 13}));
+  EXPECT_EQ(Group(m, MP_GROUP_EFSDP, 5), (std::vector<int>{5, 13}));
+  EXPECT_EQ(Group(m, MP_GROUP_TP, 5), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(Group(m, MP_GROUP_DP_SHARD, 5), (std::vector<int>{1, 5, 9, 13}));
+  EXPECT_EQ(mp_mesh_group_index(&m, MP_GROUP_ETP, 5), 1);
+  EXPECT_EQ(mp_mesh_ep_index(&m, 5), 1);
+  EXPECT_EQ(mp_mesh_group_index(&m, MP_GROUP_EDP, 13), 1);
+  char f[64];
+  mp_mesh_format(&m, f, sizeof f);
+  EXPECT_STREQ(f, "dp_shard=4,tp=4,ep=2,etp=4");
+  // without etp (EP inside dp_shard) the expert-TP group is the rank alone
+  mp_mesh d = Parse("dp_shard=4,tp=4,ep=2", 16);
+  EXPECT_EQ(Group(d, MP_GROUP_ETP, 5), (std::vector<int>{5}));
+}
+
+// NeMo's Llama 4 Scout layout on 256 H100 (scripts/performance/recommended_model_configs/
+// model_configs_h100.csv: TP 4, EP 16, ETP 4, no FSDP): dp_replicate=64, tp=4, so a stage of
+// 256 ranks, rank = 4 d + t. The expert grid [4, 16, 4] (ep x etp = 64 is a multiple of
+// dp_shard x cp x tp = 4 dividing 256): rank 70 = (1 x 16 + 1) x 4 + 2. ETP {68, 69, 70, 71}
+// (its TP group); EP the ranks 4 apart within 64..127 with t 2: 66, 70, .., 126; expert-DP
+// the ranks 64 apart: {6, 70, 134, 198}.
+TEST(Mesh, ExpertTensorParallelNemoLlama4Scout) {
+  mp_mesh m = Parse("dp_replicate=64,tp=4,ep=16,etp=4", 256);
+  EXPECT_EQ(Group(m, MP_GROUP_ETP, 70), (std::vector<int>{68, 69, 70, 71}));
+  std::vector<int> ep;
+  for (int k = 0; k < 16; k++) ep.push_back(64 + 4 * k + 2);
+  EXPECT_EQ(Group(m, MP_GROUP_EP, 70), ep);
+  EXPECT_EQ(Group(m, MP_GROUP_EDP, 70), (std::vector<int>{6, 70, 134, 198}));
+  EXPECT_EQ(Group(m, MP_GROUP_DP_REPLICATE, 70).size(), 64u);
 }
 
 TEST(Mesh, ParseAliasesInferenceAndFormat) {

@@ -239,6 +239,37 @@ TEST(SearchPrune, DdpSearchesTheExpertGrid) {
   EXPECT_NE(f.find(1, 1, 8, 1, 1, 8, 1, 0, 0, 0), nullptr);
 }
 
+// The grid at etp = tp beside etp 1 (planner/search.c, grid_ep_ok): under DDP, 8 experts of
+// d_ff_expert 512 on 8 GPUs, every candidate with etp > 1 has etp = tp, and ep x etp takes
+// consecutive ranks of the stage (dividing dp_shard x cp x tp, or a multiple of it dividing
+// the stage). By hand: dp_replicate 4 x tp 2 with ep 4 (ep x etp = 8 = the stage) and ep 2
+// (4, a multiple of tp 2 dividing 8); dp_replicate 2 x tp 4 with ep 2 (8); pp 2 x
+// dp_replicate 2 x tp 2 with ep 2 (4 = the stage). Not tp 8 (ep 2 x 8 = 16 ranks, more than
+// the 8), nor dp_replicate 2 x tp 4 with ep 4 (16). A fix etp=2 keeps those at etp 2 alone.
+TEST(SearchPrune, DdpSearchesExpertTensorParallelAtTp) {
+  Search t(fake_moe_model(8), fake_cluster(1, 8), 4096, 8);
+  t.cfg.dp = MP_DP_DDP;
+  t.enumerate();
+  std::set<std::vector<int>> etp;
+  for (int64_t i = 0; i < t.s->n; i++) {
+    const mp_mesh &m = t.s->cands[i].mesh;
+    if (m.etp <= 1) continue;
+    EXPECT_EQ(m.etp, m.size[MP_DIM_TP]) << i;
+    etp.insert({m.size[MP_DIM_PP], m.size[MP_DIM_DP_REPLICATE], m.size[MP_DIM_DP_SHARD], m.size[MP_DIM_CP],
+                m.size[MP_DIM_TP], m.ep});
+  }
+  for (auto k : {std::vector<int>{1, 4, 1, 1, 2, 4}, {1, 4, 1, 1, 2, 2}, {1, 2, 1, 1, 4, 2}, {2, 2, 1, 1, 2, 2}})
+    EXPECT_EQ(etp.count(k), 1u) << k[0] << " " << k[1] << " " << k[4] << " " << k[5];
+  EXPECT_EQ(etp.count({1, 1, 1, 1, 8, 2}), 0u);
+  EXPECT_EQ(etp.count({1, 2, 1, 1, 4, 4}), 0u);
+  Search f(fake_moe_model(8), fake_cluster(1, 8), 4096, 8);
+  f.cfg.dp = MP_DP_DDP;
+  ASSERT_EQ(mp_search_fix_parse(&f.ctx, "etp=2", &f.cfg.fix), MP_OK) << mp_errmsg(&f.ctx);
+  f.enumerate();
+  ASSERT_GT(f.s->n, 0);
+  for (int64_t i = 0; i < f.s->n; i++) EXPECT_EQ(f.s->cands[i].mesh.etp, 2) << i;
+}
+
 // A fix naming etp=1 (train --mesh with etp: torchtitan's expert_tensor_parallel_degree 1)
 // searches the grid under FSDP too: EP over dp_shard x tp, dividing dp_shard (ep=2 on
 // dp_shard=2 x tp=2) or not (ep=4 there, ep=2 on tp=2 alone); no candidate keeps EP inside

@@ -50,6 +50,7 @@ refused "tiny-moe cp=2 x ep=2" 4 "expert parallelism with context parallelism" -
 refused "tiny-moe tp=2 x ep=2 x etp=1 without SP" 2 "expert grid with tp only under sequence parallelism" \
   --model tiny-moe --mesh tp=2,ep=2,etp=1 --no-sp
 refused "tiny-moe tp=2 x etp=1 with ep=1" 2 "etp with ep=1" --model tiny-moe --mesh tp=2,etp=1
+refused "tiny-moe dp_shard=2 x tp=2 x ep=2 x etp=2" 4 "expert tensor parallelism (etp=2" --model tiny-moe --mesh dp_shard=2,tp=2,ep=2,etp=2
 refused "tiny-moe-pp pp=2 with float8" 2 "float8 with pipeline parallelism" --model tiny-moe-pp --mesh pp=2 --fp8
 refused "pp=2 with float8" 2 "float8 with pipeline parallelism" --model tiny-dense --mesh pp=2 --fp8
 # The routed experts' loads (--metrics expert_loads) under the capacity (factor 1.0): summed

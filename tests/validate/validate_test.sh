@@ -130,23 +130,26 @@ fi
 rm -f "$out.pick"
 /usr/bin/python3 tests/validate/bands.py "$BIN" "$pick" --label validate_test_ties --min-rows 5 || exit 1
 # The etp column (tests/data/validation/README.md): Megatron-Core's EP 8 over a data-parallel
-# group of 8 (ep not dividing dp_shard 1: the expert grid, etp left empty) and EP 8 spanning
-# tp=4 (etp 1) are simulated; etp 2 (expert tensor parallelism, not modelled) is refused
-# with exit 2, naming the row and the rule.
+# group of 8 (ep not dividing dp_shard 1: the expert grid, etp left empty), EP 8 spanning
+# tp=4 (etp 1) and EP 4 x ETP 2 over the stage's 8 ranks (expert tensor parallelism) are
+# simulated; ep x etp = 4 x 3 = 12, neither dividing dp_shard x cp x tp = 4 nor the stage's 8
+# ranks, is refused with exit 2, naming the row and the rule.
 cat >"$pick" <<'CSV'
 case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,pp_virtual,cp,ep,etp,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,stack,metric,value,notes
 ep_over_dp,test,mixtral-8x7b,8,h100-sxm,8,400,8,1,1,1,,,1,8,,4096,1,1,8,full,0,0,megatron-core,tokens_per_s_per_gpu,1000,
 ep_over_tp,test,mixtral-8x7b,8,h100-sxm,8,400,2,1,4,1,,,1,8,1,4096,4,1,8,full,0,1,megatron-core,tokens_per_s_per_gpu,1000,
+etp2,test,mixtral-8x7b,8,h100-sxm,8,400,2,1,4,1,,,1,4,2,4096,4,1,8,full,0,1,megatron-core,tokens_per_s_per_gpu,1000,
 CSV
 if ! "$BIN" validate "$pick" >"$out.pick" 2>&1 || ! grep -qE '^ep_over_dp +tokens_per_s_per_gpu +1 +[0-9]' "$out.pick" ||
-   ! grep -qE '^ep_over_tp +tokens_per_s_per_gpu +1 +[0-9]' "$out.pick"; then
-  echo "FAIL: the expert grid's rows (ep beyond dp_shard, etp 1):" >&2
+   ! grep -qE '^ep_over_tp +tokens_per_s_per_gpu +1 +[0-9]' "$out.pick" ||
+   ! grep -qE '^etp2 +tokens_per_s_per_gpu +1 +[0-9]' "$out.pick"; then
+  echo "FAIL: the expert grid's rows (ep beyond dp_shard, etp 1, etp 2):" >&2
   cat "$out.pick" >&2
   rm -f "$out.pick"
   exit 1
 fi
-echo "etp2,test,mixtral-8x7b,8,h100-sxm,8,400,2,1,4,1,,,1,4,2,4096,4,1,8,full,0,1,megatron-core,tokens_per_s_per_gpu,1000," >>"$pick"
-expect_refused "etp 2" "row 'etp2'): etp=2: expert tensor parallelism (experts split over tp) is not modelled"
+echo "etp3,test,mixtral-8x7b,8,h100-sxm,8,400,2,1,4,1,,,1,4,3,4096,4,1,8,full,0,1,megatron-core,tokens_per_s_per_gpu,1000," >>"$pick"
+expect_refused "etp 3" "row 'etp3'): ep=4 x etp=3: the experts' grid takes ep x etp = 12 consecutive ranks"
 # The nvlink_domain column: FSDP over 144 GB200s in trays of 4. Empty, it is the node (the
 # same prediction as 4), whatever the gb200 profile's 72: the group spans 36 trays on
 # min(NVLink 900, 4 NICs x 50) = 200 GB/s. At 72 it spans two racks on min(900, 72 x 50) =
