@@ -37,8 +37,13 @@ static double param_count_f64(const mp_model *m) {
   double moe = (double)m->n_experts * (3 * H * (double)m->d_ff_expert + H) +
                3 * H * (double)m->d_ff_shared;
   double p = 2 * (double)m->vocab * H + (double)m->max_seq * H + 2 * H;
+  /* a hybrid model's Mamba-2 mixer, bounded as if every layer had one (model_hybrid.c) */
+  const double di = (double)m->mamba_num_heads * (double)m->mamba_head_dim,
+               gn = (double)m->n_groups * (double)m->ssm_state_size;
+  const double mamba = (2 * di + 2 * gn + (double)m->mamba_num_heads) * H + (di + 2 * gn) * ((double)m->conv_kernel + 1) +
+                       3 * (double)m->mamba_num_heads + di + H * di;
   for (int64_t l = 0; l < m->n_layers && l < MP_MAX_LAYERS; l++)
-    p += attn + 4 * H + (m->n_experts > 0 && m->moe_layer[l] ? moe : dense);
+    p += attn + 4 * H + (m->n_experts > 0 && m->moe_layer[l] ? moe : dense) + (m->layer_kind[l] ? mamba : 0);
   /* the MTP modules: a block of the largest kind each, three norms and eh_proj */
   if (m->mtp_layers > 0 && m->mtp_layers <= MP_MAX_LAYERS)
     p += (double)m->mtp_layers * (attn + 7 * H + 2 * H * H + (moe > dense ? moe : dense));
@@ -108,6 +113,7 @@ mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) 
                     origin, (long long)m->n_heads, (long long)m->head_dim,
                     (long long)(m->n_heads * m->head_dim), (long long)MP_LIM_D_MODEL);
   MP_CHECK(validate_mla(ctx, m, origin));
+  MP_CHECK(mp_model_validate_hybrid(ctx, m, origin));
   MP_CHECK(mp_model_check_field(ctx, m, origin, MP_MODEL_FIELD_d_ff, NULL));
   int all_moe = m->n_experts > 0;
   for (int64_t l = 0; l < m->n_layers && all_moe; l++) all_moe = m->moe_layer[l];
@@ -177,6 +183,7 @@ mp_status mp_model_check_step(mp_ctx *ctx, const mp_model *m, int64_t seq, int64
   if (w > width) width = w, what = "d_ff";
   if (m->n_experts > 0 && (w = m->top_k * m->d_ff_expert) > width) width = w, what = "top_k x d_ff_expert";
   if ((w = m->n_heads * m->head_dim) > width) width = w, what = "n_heads x head_dim";
+  if (mp_model_is_hybrid(m) && (w = mp_model_mamba_in_rows(m)) > width) width = w, what = "Mamba in_proj's rows";
   if (m->kv_lora_rank > 0 && (w = m->n_heads * (m->qk_nope_head_dim + m->v_head_dim)) > width)
     width = w, what = "n_heads x (qk_nope_head_dim + v_head_dim)";
   if (m->d_model > width) width = m->d_model, what = "d_model";
@@ -292,6 +299,7 @@ static mp_status from_ours(mp_ctx *ctx, const cJSON *j, const char *origin, mp_m
   if (m->kv_lora_rank == 0) MP_CHECK(default_head_dim(ctx, j, origin, "head_dim", m));
   MP_CHECK(mp_model_read_fields(ctx, j, origin, MP_MODEL_OBJ_TOP, MP_MODEL_FIELD_head_dim,
                                 MP_MODEL_FIELD_LAST, m));
+  MP_CHECK(mp_model_read_hybrid(ctx, j, origin, 0, m));
   return read_moe(ctx, j, origin, m);
 }
 
@@ -772,6 +780,10 @@ static int64_t moe_params(const mp_model *m, int active) {
 }
 
 static int64_t block_params(const mp_model *m, int64_t layer, int active) {
+  if (mp_model_is_hybrid(m) && layer < m->n_layers) /* one part behind its norm */
+    return norm_params(m) + (mp_model_layer_has_mamba(m, layer)  ? mp_model_mamba_params(m)
+                             : mp_model_layer_has_attn(m, layer) ? attn_params(m)
+                                                                 : mlp_params(m, m->d_ff));
   int64_t p = attn_params(m) + 2 * norm_params(m);
   p += mp_model_layer_is_moe(m, layer) ? moe_params(m, active) : mlp_params(m, m->d_ff);
   return p;
@@ -841,6 +853,7 @@ int64_t mp_model_matmul_param_count(const mp_model *m) {
 }
 
 double mp_model_flops_per_token(const mp_model *m, int64_t seq) {
+  if (mp_model_is_hybrid(m)) return mp_model_hybrid_flops_per_token(m, seq);
   double n = (double)mp_model_matmul_param_count(m);
   /* the MTP modules: their blocks, norms and eh_proj, and their head's matmul */
   for (int64_t l = m->n_layers; l < mp_model_n_blocks(m); l++)
