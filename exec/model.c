@@ -349,7 +349,7 @@ static mp_status hf_get(mp_ctx *ctx, const cJSON *j, const char *where, mp_model
  *     decoder_sparse_step, mlp_only_layers, shared_expert_intermediate_size
  *   GPT2: vocab_size, n_embd, n_layer, n_head, n_positions, n_inner, layer_norm_epsilon */
 #define HF_SUPPORTED                                                                              \
-  "llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, deepseek_v2, deepseek_v3 and gpt2"
+  "llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, deepseek_v2, deepseek_v3, nemotron_h and gpt2"
 
 /* type or arch names a supported llama-family architecture (gpt2 is told apart before). */
 static int hf_type_supported(const char *type, const char *arch) {
@@ -645,6 +645,13 @@ mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origi
     goto done;
   }
   int is_gpt2 = strcmp(type, "gpt2") == 0 || strncmp(arch, "GPT2", 4) == 0;
+  if (strcmp(type, "nemotron_h") == 0 || (!type[0] && strncmp(arch, "NemotronHFor", 12) == 0)) {
+    snprintf(m.name, sizeof m.name, "%s", arch[0] ? arch : type);
+    MP_CHECK_GOTO(mp_model_hf_nemotron_h(ctx, j, where, &m), st, done);
+    MP_CHECK_GOTO(mp_model_validate(ctx, &m, where), st, done);
+    *out = m;
+    goto done;
+  }
   /* Other architectures (Gemma, ...) have parts this spec cannot describe; reading
    * them as llama would give silently wrong counts, so they are refused by name. */
   if (!is_gpt2 && !hf_type_supported(type, arch)) {

@@ -165,3 +165,43 @@ double mp_model_hybrid_flops_per_token(const mp_model *m, int64_t seq) {
                      (double)mp_model_n_layers_of(m, MP_LAYER_MAMBA) * mamba + 2.0 * H * (double)m->vocab;
   return 3.0 * fwd;
 }
+
+/* Hugging Face's NemotronHConfig (model_type nemotron_h, NemotronHForCausalLM; the
+ * nvidia/Nemotron-H-*-Base-8K config.json files): vocab_size, hidden_size, num_hidden_layers,
+ * num_attention_heads, num_key_value_heads, head_dim (older files: attention_head_dim),
+ * intermediate_size, max_position_embeddings (default 4096), tie_word_embeddings (default
+ * false), layer_norm_epsilon (default 1e-5), the MLP's mlp_hidden_act (relu2, squared ReLU;
+ * another is refused), the pattern and the Mamba keys under their own names. RMSNorm, no
+ * biases (use_bias, mamba_proj_bias true are refused), a conv bias (use_conv_bias). */
+mp_status mp_model_hf_nemotron_h(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m) {
+  m->family = MP_FAMILY_LLAMA;
+  m->mlp = MP_MLP_SQUARED_RELU;
+  m->norm = MP_NORM_RMS;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "vocab_size", 1, &m->vocab));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "hidden_size", 1, &m->d_model));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_hidden_layers", 1, &m->n_layers));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_attention_heads", 1, &m->n_heads));
+  m->n_kv_heads = m->n_heads;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "num_key_value_heads", 0, &m->n_kv_heads));
+  m->head_dim = m->n_heads > 0 ? m->d_model / m->n_heads : 0;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "attention_head_dim", 0, &m->head_dim));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "head_dim", 0, &m->head_dim));
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "intermediate_size", 1, &m->d_ff));
+  m->max_seq = 4096;
+  MP_CHECK(mp_json_get_i64(ctx, j, where, "max_position_embeddings", 0, &m->max_seq));
+  MP_CHECK(mp_json_get_bool(ctx, j, where, "tie_word_embeddings", 0, &m->tied_embeddings));
+  m->norm_eps = 1e-5;
+  MP_CHECK(mp_json_get_f64(ctx, j, where, "layer_norm_epsilon", 0, &m->norm_eps));
+  m->rope_theta = 10000.0;
+  char act[32] = "relu2";
+  MP_CHECK(mp_json_get_str(ctx, j, where, "mlp_hidden_act", 0, act, sizeof act));
+  int use_bias = 0, proj_bias = 0;
+  MP_CHECK(mp_json_get_bool(ctx, j, where, "use_bias", 0, &use_bias));
+  MP_CHECK(mp_json_get_bool(ctx, j, where, "mamba_proj_bias", 0, &proj_bias));
+  if (strcmp(act, "relu2") != 0 || use_bias || proj_bias)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED,
+                    "%s: %s is not modelled; meshplan reads Nemotron-H's squared-ReLU MLP (relu2) without "
+                    "Linear biases", where, strcmp(act, "relu2") != 0 ? "mlp_hidden_act other than relu2"
+                                                                      : "use_bias or mamba_proj_bias true");
+  return mp_model_read_hybrid(ctx, j, where, 1, m);
+}

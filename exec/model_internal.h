@@ -62,6 +62,8 @@ mp_status mp_model_check_fields(mp_ctx *ctx, const mp_model *m, const char *orig
  * transformer), or a Hugging Face nemotron_h config's pattern and Mamba keys (hf 1), after
  * n_layers is read (model_hybrid.c). */
 mp_status mp_model_read_hybrid(mp_ctx *ctx, const cJSON *j, const char *origin, int hf, mp_model *m);
+/* Hugging Face's nemotron_h config.json into m (model_hybrid.c). */
+mp_status mp_model_hf_nemotron_h(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m);
 /* The rules of a hybrid model, and of a transformer that none of its keys are set (called by
  * mp_model_validate). */
 mp_status mp_model_validate_hybrid(mp_ctx *ctx, const mp_model *m, const char *origin);

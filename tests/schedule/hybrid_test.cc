@@ -70,6 +70,33 @@ TEST(Hybrid, ParameterCountsOfNemotronH) {
   EXPECT_EQ(mp_model_n_layers_of(&m, MP_LAYER_MLP), 24);
 }
 
+// Hugging Face's nemotron_h config.json (the keys of nvidia/Nemotron-H-8B-Base-8K's) reads as
+// nemotron-h-8b: the same pattern, Mamba sizes and 8,100,852,736 parameters; a MoE pattern
+// (Nemotron 3's E layers) is refused by name.
+TEST(Hybrid, HuggingFaceNemotronHConfig) {
+  const char *cfg =
+      "{\"architectures\": [\"NemotronHForCausalLM\"], \"model_type\": \"nemotron_h\", \"vocab_size\": 131072, "
+      "\"hidden_size\": 4096, \"num_hidden_layers\": 52, \"num_attention_heads\": 32, \"num_key_value_heads\": 8, "
+      "\"attention_head_dim\": 128, \"intermediate_size\": 21504, \"max_position_embeddings\": 8192, "
+      "\"tie_word_embeddings\": false, \"layer_norm_epsilon\": 1e-5, \"mlp_hidden_act\": \"relu2\", "
+      "\"hybrid_override_pattern\": \"%s\", \"ssm_state_size\": 128, \"mamba_num_heads\": 128, "
+      "\"mamba_head_dim\": 64, \"n_groups\": 8, \"conv_kernel\": 4, \"chunk_size\": 128, \"expand\": 2}";
+  char text[2048];
+  snprintf(text, sizeof text, cfg, "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model hf;
+  ASSERT_EQ(mp_model_from_hf_text(&ctx, text, "config.json", &hf), MP_OK) << mp_errmsg(&ctx);
+  const mp_model m = Load("nemotron-h-8b");
+  EXPECT_EQ(mp_model_param_count(&hf), 8100852736LL);
+  EXPECT_EQ(memcmp(hf.layer_kind, m.layer_kind, sizeof m.layer_kind), 0);
+  EXPECT_EQ(hf.mlp, MP_MLP_SQUARED_RELU);
+  EXPECT_DOUBLE_EQ(mp_model_flops_per_token(&hf, 8192), mp_model_flops_per_token(&m, 8192));
+  snprintf(text, sizeof text, cfg, "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME");
+  EXPECT_EQ(mp_model_from_hf_text(&ctx, text, "config.json", &hf), MP_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("MoE layer (E)"), std::string::npos);
+}
+
 // Megatron-LM's hybrid FLOP count (training.py num_floating_point_operations at core_v0.14.0)
 // of tiny-hybrid ("M-M*-": 2 M, 1 *, 2 -; H 64, 8 heads of 8, 4 KV heads, d_ff 128, vocab
 // 256; Mamba 8 heads, state 16, 2 groups) at seq 64, per token:
