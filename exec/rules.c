@@ -121,6 +121,10 @@ int mp_rule_cp_ring_ok(int64_t seq, int cp) { return cp <= 1 || seq % (2 * (int6
 mp_status mp_rule_cp_comm_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                                 const mp_plan_options *o) {
   const int cp = mesh->size[MP_DIM_CP], tp = mesh->size[MP_DIM_TP];
+  if (cp > 1 && mp_model_n_layers_of(m, MP_LAYER_MAMBA) > 0) /* MambaMixer's own cp all-to-alls */
+    return mp_error(ctx, MP_ERR_UNSUPPORTED,
+                    "cp=%d on model %s: context parallelism of its Mamba-2 layers (Megatron-Core's MambaContextParallel "
+                    "all-to-alls over heads) is not modelled; give cp 1", cp, m->name);
   if ((unsigned)o->cp_comm >= MP_CP_COMM_COUNT)
     return mp_error(ctx, MP_ERR_INVALID, "unknown cp comm type %d; choose p2p, all_gather or a2a", (int)o->cp_comm);
   if (o->cp_comm == MP_CP_COMM_P2P) return MP_OK;

@@ -208,6 +208,53 @@ TEST(Hybrid, SavedBytesOfEachLayerKind) {
   EXPECT_EQ(SavedByBlock(b.s, 3), 8192 + 256 + 8192 + 12288 + 4096 + 2048 + 8192);
 }
 
+// Pipeline stages over the pattern's layers: nemotron-h-8b at pp 4 puts 13 layers on each
+// stage (Megatron's split of the 52 characters); stage 0's, "M-M-M-M*-M-M-", are 6 M, 6 - and
+// one *: 6 x 109,640,064 + 6 x 176,164,864 + 41,947,136 = 1,756,776,704 block parameters.
+TEST(Hybrid, PipelineStagesSplitThePattern) {
+  Opts o = Megatron("pp=4");
+  o.model = "nemotron-h-8b";
+  o.seq = 8192;
+  Built b;
+  ASSERT_EQ(PlanOnly(&b, o), MP_OK) << mp_errmsg(&b.ctx);
+  int64_t stage0 = 0;
+  int last = -1;
+  for (int i = 0; i < b.plan->n_params; i++) {
+    const mp_param *p = &b.plan->params[i];
+    if (p->layer < 0 || p->pp_stage != 0) continue;
+    stage0 += p->shape[0] * p->shape[1] * p->shape[2];
+    if (p->layer > last) last = p->layer;
+  }
+  EXPECT_EQ(last, 12);
+  EXPECT_EQ(stage0, 1756776704);
+}
+
+// NeMo's recommended layouts for nemotronh (model_configs_h100.csv: 8B on 8 H100s TP 1, 56B on
+// 64 TP 8; MBS 1, seq 8192, fp8) build a plan and a schedule under Megatron-Core's memory
+// model, and the schedule's model FLOPs are Megatron's: 56B's per token
+// mp_model_hybrid_flops_per_token x tokens of the rank / tp.
+TEST(Hybrid, NeMoLayoutsBuild) {
+  struct Case {
+    const char *model, *mesh;
+    int64_t gbs;
+    int tp;
+  } cases[] = {{"nemotron-h-8b", "dp_replicate=8", 128, 1}, {"nemotron-h-56b", "dp_replicate=8,tp=8", 192, 8}};
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.model);
+    Opts o = Megatron(c.mesh);
+    o.model = c.model;
+    o.seq = 8192;
+    o.fp8 = 1;
+    o.global_batch = c.gbs;
+    o.dist_opt = 1;
+    o.mode = MP_SCHEDULE_COMPACT;
+    Built b;
+    Build(&b, o);
+    EXPECT_DOUBLE_EQ(b.s->model_flops_per_step,
+                     mp_model_flops_per_token(&b.model, 8192) * (double)b.s->tokens_per_step_per_rank / c.tp);
+  }
+}
+
 // The refusals: a pattern of the wrong length, a MoE layer (E), Mamba sizes without a
 // pattern, tp not dividing the Mamba groups, an AC policy the layers do not model, the
 // runtime.
@@ -248,6 +295,13 @@ TEST(Hybrid, Refusals) {
   o.seq = 64;
   o.ac = MP_AC_SELECTIVE_CORE;
   EXPECT_EQ(PlanOnly(&c, o), MP_ERR_UNSUPPORTED);
+
+  Built d;
+  o = Megatron("cp=2");
+  o.model = "tiny-hybrid";
+  o.seq = 64;
+  EXPECT_EQ(PlanOnly(&d, o), MP_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(mp_errmsg(&d.ctx)).find("context parallelism of its Mamba-2 layers"), std::string::npos);
 
   const mp_model t = Load("tiny-hybrid");
   EXPECT_EQ(mp_runtime_model_check(&ctx, &t, 64), MP_ERR_UNSUPPORTED);
