@@ -314,6 +314,14 @@ cJSON *mp_model_to_json(const mp_model *m) {
   if (mp_model_is_mla(m))
     mp_model_write_fields(cJSON_AddObjectToObject(o, "mla"), m, MP_MODEL_OBJ_MLA, MP_MODEL_FIELD_FIRST,
                           MP_MODEL_FIELD_LAST);
+  if (mp_model_is_hybrid(m)) { /* the pattern and the Mamba object (model_hybrid.c) */
+    char pat[MP_MAX_LAYERS + 1];
+    mp_model_pattern(m, pat, sizeof pat);
+    cJSON_AddStringToObject(o, "hybrid_override_pattern", pat);
+    if (m->mamba_num_heads > 0)
+      mp_model_write_fields(cJSON_AddObjectToObject(o, "mamba"), m, MP_MODEL_OBJ_MAMBA, MP_MODEL_FIELD_FIRST,
+                            MP_MODEL_FIELD_LAST);
+  }
   if (!mp_model_is_moe(m)) return o;
   /* the MoE layers as the format states them: the first first_dense_layers dense, then
    * every layer_freq-th */

@@ -68,14 +68,15 @@ typedef enum mp_norm { MP_NORM_FAMILY = 0, MP_NORM_RMS, MP_NORM_LAYER } mp_norm;
  *   field    the C member, and meshplan's JSON key (the same word)
  *   type     I64 (int64_t), BOOL (int, 0 or 1; JSON true or false) or F64 (double)
  *   obj      where meshplan's format has the key: TOP (the model object), MLA (its "mla"
- *            object), MOE (its "moe" object)
+ *            object), MOE (its "moe" object), MAMBA (its "mamba" object; in a Hugging Face
+ *            nemotron_h config the top level)
  *   req      1: the key is required in its object; 0: absent or null gives the default
  *   default  an expression of m, the model being read (the rows before it are read)
  *   lo, hi   the accepted range (common/limits.h gives each bound's reason); ends: CLOSED
  *            [lo, hi] or OPEN_LO (lo, hi]
  *   check    where mp_model_validate checks the range: FIRST (every model, before any rule,
  *            in table order), MLA (models with MLA, in table order), MOE (MoE models,
- *            likewise), RULE (by name, where the rules around it need it), NONE (a flag, or
+ *            likewise), MAMBA (hybrid models with Mamba layers), RULE (by name, where the rules around it need it), NONE (a flag, or
  *            top_k, whose rule 1..n_experts has its own message)
  *   saved    1: mp_model_to_json writes it (the checkpoint manifest's model); 0: it does not:
  *            multi-head latent attention, which the runtime does not train, and
@@ -142,13 +143,13 @@ typedef enum mp_norm { MP_NORM_FAMILY = 0, MP_NORM_RMS, MP_NORM_LAYER } mp_norm;
   F(topk_group,       I64,  MOE, 0,   m->n_group,                 0,  m->n_group,            CLOSED,  MOE,   0,     "topk_group")              /* groups a token may use     */ \
   /* the Mamba-2 mixer of a hybrid model's M layers (Dao and Gu 2024, arXiv 2405.21060; Hugging */                                                                                \
   /* Face NemotronHConfig's keys; Megatron-Core's MambaMixer, mamba_mixer.py at core_v0.14.0) */                                                                                  \
-  F(ssm_state_size,   I64,  MAMBA, 1, 0,                          1,  MP_LIM_HEAD_DIM,       CLOSED,  MAMBA, 0,     "ssm_state_size")          /* SSM state N per head       */ \
-  F(mamba_num_heads,  I64,  MAMBA, 1, 0,                          1,  MP_LIM_HEADS,          CLOSED,  MAMBA, 0,     "mamba_num_heads")         /* SSM heads                  */ \
-  F(mamba_head_dim,   I64,  MAMBA, 1, 0,                          1,  MP_LIM_HEAD_DIM,       CLOSED,  MAMBA, 0,     "mamba_head_dim")          /* features per SSM head P    */ \
-  F(n_groups,         I64,  MAMBA, 0, 1,                          1,  m->mamba_num_heads,    CLOSED,  MAMBA, 0,     "n_groups")                /* B/C groups G               */ \
-  F(conv_kernel,      I64,  MAMBA, 0, 4,                          1,  64,                    CLOSED,  MAMBA, 0,     "conv_kernel")             /* depthwise conv1d taps      */ \
-  F(chunk_size,       I64,  MAMBA, 0, 128,                        1,  MP_LIM_SEQ,            CLOSED,  MAMBA, 0,     "chunk_size")              /* SSD chunk length Q         */ \
-  F(expand,           I64,  MAMBA, 0, 2,                          1,  64,                    CLOSED,  MAMBA, 0,     "expand")                  /* d_inner / d_model          */
+  F(ssm_state_size,   I64,  MAMBA, 1, 0,                          1,  MP_LIM_HEAD_DIM,       CLOSED,  MAMBA, 1,     "ssm_state_size")          /* SSM state N per head       */ \
+  F(mamba_num_heads,  I64,  MAMBA, 1, 0,                          1,  MP_LIM_HEADS,          CLOSED,  MAMBA, 1,     "mamba_num_heads")         /* SSM heads                  */ \
+  F(mamba_head_dim,   I64,  MAMBA, 1, 0,                          1,  MP_LIM_HEAD_DIM,       CLOSED,  MAMBA, 1,     "mamba_head_dim")          /* features per SSM head P    */ \
+  F(n_groups,         I64,  MAMBA, 0, 1,                          1,  m->mamba_num_heads,    CLOSED,  MAMBA, 1,     "n_groups")                /* B/C groups G               */ \
+  F(conv_kernel,      I64,  MAMBA, 0, 4,                          1,  64,                    CLOSED,  MAMBA, 1,     "conv_kernel")             /* depthwise conv1d taps      */ \
+  F(chunk_size,       I64,  MAMBA, 0, 128,                        1,  MP_LIM_SEQ,            CLOSED,  MAMBA, 1,     "chunk_size")              /* SSD chunk length Q         */ \
+  F(expand,           I64,  MAMBA, 0, 2,                          1,  64,                    CLOSED,  MAMBA, 1,     "expand")                  /* d_inner / d_model          */
 /* clang-format on */
 
 #define MP_MODEL_CTYPE_I64 int64_t
