@@ -150,7 +150,8 @@ mp_status mp_model_validate_hybrid(mp_ctx *ctx, const mp_model *m, const char *o
  *   MLP        4 f H (mlp_layer_flops: 4 x expansion x H^2, expansion f / H, no SwiGLU)
  *   Mamba      2 H (2 d_in + 2 G N + heads) + 7 d_in N + 2 d_in H, d_in = 2 H as Megatron
  *              writes it (Nemotron-H's expand is 2)
- *   logits     2 H V
+ *   logits     2 H V (Megatron's padded vocabulary, a multiple of 128 x tp, which Nemotron-H's
+ *              131,072 is; the model's own here)
  * The layers counted by the pattern's characters. */
 double mp_model_hybrid_flops_per_token(const mp_model *m, int64_t seq) {
   const double H = (double)m->d_model, s = (double)seq, a = (double)m->n_heads;

@@ -17,6 +17,14 @@ namespace {
 
 using namespace sched_test;
 
+// Megatron-Core's memory model on mesh, tiny-hybrid at seq 64 (its max_seq).
+Opts Tiny(const char *mesh) {
+  Opts o = Megatron(mesh);
+  o.model = "tiny-hybrid";
+  o.seq = 64;
+  return o;
+}
+
 mp_model Load(const char *name) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -125,9 +133,7 @@ TEST(Hybrid, MegatronFlopsPerTokenOfTinyHybrid) {
 TEST(Hybrid, MambaLayerGemmFlops) {
   for (int tp : {1, 2}) {
     SCOPED_TRACE(tp);
-    Opts o = Megatron(tp == 1 ? "dp_shard=1" : "tp=2");
-    o.model = "tiny-hybrid";
-    o.seq = 64;
+    Opts o = Tiny(tp == 1 ? "dp_shard=1" : "tp=2");
     Built b;
     Build(&b, o);
     double fwd = 0, bwd = 0;
@@ -147,9 +153,7 @@ TEST(Hybrid, MambaLayerGemmFlops) {
 // layer's forward all-gathers the normed input into in_proj, 2 T H = 8192 bytes, and
 // reduce-scatters out_proj's output, 8192 bytes.
 TEST(Hybrid, MambaTensorParallelShardsAndCollectives) {
-  Opts o = Megatron("tp=2");
-  o.model = "tiny-hybrid";
-  o.seq = 64;
+  Opts o = Tiny("tp=2");
   Built b;
   Build(&b, o);
   struct Want {
@@ -196,9 +200,7 @@ TEST(Hybrid, MambaTensorParallelShardsAndCollectives) {
 //     2 x 2 x 64 x 128 = 32768: 49,408 (the block's MLP list less its input, which x is)
 //   * (layer 3): below, the block's attention list without its MLP
 TEST(Hybrid, SavedBytesOfEachLayerKind) {
-  Opts o = Megatron("dp_shard=1");
-  o.model = "tiny-hybrid";
-  o.seq = 64;
+  Opts o = Tiny("dp_shard=1");
   Built b;
   Build(&b, o);
   EXPECT_EQ(SavedByBlock(b.s, 0), 91904);
@@ -229,8 +231,8 @@ TEST(Hybrid, PipelineStagesSplitThePattern) {
   EXPECT_EQ(stage0, 1756776704);
 }
 
-// NeMo's recommended layouts for nemotronh (model_configs_h100.csv: 8B on 8 H100s TP 1, 56B on
-// 64 TP 8; MBS 1, seq 8192, fp8) build a plan and a schedule under Megatron-Core's memory
+// NeMo's recommended layouts for nemotronh (model_configs_h100.csv: 8B on 8 H100s TP 1, 47B and
+// 56B on 64 TP 8; MBS 1, seq 8192, fp8) build a plan and a schedule under Megatron-Core's memory
 // model, and the schedule's model FLOPs are Megatron's: 56B's per token
 // mp_model_hybrid_flops_per_token x tokens of the rank / tp.
 TEST(Hybrid, NeMoLayoutsBuild) {
@@ -238,7 +240,9 @@ TEST(Hybrid, NeMoLayoutsBuild) {
     const char *model, *mesh;
     int64_t gbs;
     int tp;
-  } cases[] = {{"nemotron-h-8b", "dp_replicate=8", 128, 1}, {"nemotron-h-56b", "dp_replicate=8,tp=8", 192, 8}};
+  } cases[] = {{"nemotron-h-8b", "dp_replicate=8", 128, 1},
+               {"nemotron-h-47b", "dp_replicate=8,tp=8", 192, 8},
+               {"nemotron-h-56b", "dp_replicate=8,tp=8", 192, 8}};
   for (const Case &c : cases) {
     SCOPED_TRACE(c.model);
     Opts o = Megatron(c.mesh);
@@ -253,6 +257,29 @@ TEST(Hybrid, NeMoLayoutsBuild) {
     EXPECT_DOUBLE_EQ(b.s->model_flops_per_step,
                      mp_model_flops_per_token(&b.model, 8192) * (double)b.s->tokens_per_step_per_rank / c.tp);
   }
+}
+
+// The compact schedule folds only runs of layers of one kind (schedule_prep.c, same_block): its
+// ops expanded are the expanded schedule's, FLOPs and bytes alike, on Nemotron-H 8B's pattern.
+TEST(Hybrid, CompactScheduleExpandsToTheFullOne) {
+  double flops[2] = {0, 0}, bytes[2] = {0, 0};
+  size_t n[2] = {0, 0};
+  for (int k = 0; k < 2; k++) {
+    Opts o = Megatron("tp=2");
+    o.model = "nemotron-h-8b";
+    o.seq = 8192;
+    o.mode = k ? MP_SCHEDULE_COMPACT : MP_SCHEDULE_EXPANDED;
+    Built b;
+    Build(&b, o);
+    for (const Inst &x : Expand(b.s)) {
+      flops[k] += x.op->flops;
+      bytes[k] += x.op->bytes;
+      n[k]++;
+    }
+  }
+  EXPECT_EQ(n[0], n[1]);
+  EXPECT_DOUBLE_EQ(flops[0], flops[1]);
+  EXPECT_DOUBLE_EQ(bytes[0], bytes[1]);
 }
 
 // The refusals: a pattern of the wrong length, a MoE layer (E), Mamba sizes without a
@@ -284,22 +311,16 @@ TEST(Hybrid, Refusals) {
   EXPECT_NE(std::string(mp_errmsg(&ctx)).find("without 'hybrid_override_pattern'"), std::string::npos);
 
   Built b;
-  Opts o = Megatron("tp=4");  // tiny-hybrid's 2 groups
-  o.model = "tiny-hybrid";
-  o.seq = 64;
+  Opts o = Tiny("tp=4");  // tiny-hybrid's 2 groups
   EXPECT_EQ(PlanOnly(&b, o), MP_ERR_INVALID);
   EXPECT_NE(std::string(mp_errmsg(&b.ctx)).find("n_groups=2"), std::string::npos);
   Built c;
-  o = Megatron("dp_shard=1");
-  o.model = "tiny-hybrid";
-  o.seq = 64;
+  o = Tiny("dp_shard=1");
   o.ac = MP_AC_SELECTIVE_CORE;
   EXPECT_EQ(PlanOnly(&c, o), MP_ERR_UNSUPPORTED);
 
   Built d;
-  o = Megatron("cp=2");
-  o.model = "tiny-hybrid";
-  o.seq = 64;
+  o = Tiny("cp=2");
   EXPECT_EQ(PlanOnly(&d, o), MP_ERR_UNSUPPORTED);
   EXPECT_NE(std::string(mp_errmsg(&d.ctx)).find("context parallelism of its Mamba-2 layers"), std::string::npos);
 
