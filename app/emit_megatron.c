@@ -59,7 +59,9 @@ static void write_mla(const mp_model *m, mp_emit_buf *b) {
 /* The model's shape as GPT flags; models Megatron-LM's GPT cannot take as meshplan
  * describes them are refused. */
 static mp_status write_model(mp_ctx *ctx, const mp_model *m, mp_emit_buf *b) {
-  const char *no = m->sliding_window > 0                  ? "sliding-window attention"
+  /* a hybrid model is Megatron-LM's pretrain_mamba.py with --hybrid-override-pattern, not GPT */
+  const char *no = mp_model_is_hybrid(m)                  ? "Mamba-2 layers (a hybrid_override_pattern)"
+                   : m->sliding_window > 0                  ? "sliding-window attention"
                    : m->attn_chunk > 0                     ? "chunked attention"
                    : m->bias && m->family != MP_FAMILY_GPT ? "biases in a llama-family model"
                                                            : NULL;

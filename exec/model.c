@@ -37,8 +37,13 @@ static double param_count_f64(const mp_model *m) {
   double moe = (double)m->n_experts * (3 * H * (double)m->d_ff_expert + H) +
                3 * H * (double)m->d_ff_shared;
   double p = 2 * (double)m->vocab * H + (double)m->max_seq * H + 2 * H;
+  /* a hybrid model's Mamba-2 mixer, bounded as if every layer had one (model_hybrid.c) */
+  const double di = (double)m->mamba_num_heads * (double)m->mamba_head_dim,
+               gn = (double)m->n_groups * (double)m->ssm_state_size;
+  const double mamba = (2 * di + 2 * gn + (double)m->mamba_num_heads) * H + (di + 2 * gn) * ((double)m->conv_kernel + 1) +
+                       3 * (double)m->mamba_num_heads + di + H * di;
   for (int64_t l = 0; l < m->n_layers && l < MP_MAX_LAYERS; l++)
-    p += attn + 4 * H + (m->n_experts > 0 && m->moe_layer[l] ? moe : dense);
+    p += attn + 4 * H + (m->n_experts > 0 && m->moe_layer[l] ? moe : dense) + (m->layer_kind[l] ? mamba : 0);
   /* the MTP modules: a block of the largest kind each, three norms and eh_proj */
   if (m->mtp_layers > 0 && m->mtp_layers <= MP_MAX_LAYERS)
     p += (double)m->mtp_layers * (attn + 7 * H + 2 * H * H + (moe > dense ? moe : dense));
@@ -108,6 +113,7 @@ mp_status mp_model_validate(mp_ctx *ctx, const mp_model *m, const char *origin) 
                     origin, (long long)m->n_heads, (long long)m->head_dim,
                     (long long)(m->n_heads * m->head_dim), (long long)MP_LIM_D_MODEL);
   MP_CHECK(validate_mla(ctx, m, origin));
+  MP_CHECK(mp_model_validate_hybrid(ctx, m, origin));
   MP_CHECK(mp_model_check_field(ctx, m, origin, MP_MODEL_FIELD_d_ff, NULL));
   int all_moe = m->n_experts > 0;
   for (int64_t l = 0; l < m->n_layers && all_moe; l++) all_moe = m->moe_layer[l];
@@ -177,6 +183,7 @@ mp_status mp_model_check_step(mp_ctx *ctx, const mp_model *m, int64_t seq, int64
   if (w > width) width = w, what = "d_ff";
   if (m->n_experts > 0 && (w = m->top_k * m->d_ff_expert) > width) width = w, what = "top_k x d_ff_expert";
   if ((w = m->n_heads * m->head_dim) > width) width = w, what = "n_heads x head_dim";
+  if (mp_model_is_hybrid(m) && (w = mp_model_mamba_in_rows(m)) > width) width = w, what = "Mamba in_proj's rows";
   if (m->kv_lora_rank > 0 && (w = m->n_heads * (m->qk_nope_head_dim + m->v_head_dim)) > width)
     width = w, what = "n_heads x (qk_nope_head_dim + v_head_dim)";
   if (m->d_model > width) width = m->d_model, what = "d_model";
@@ -292,6 +299,7 @@ static mp_status from_ours(mp_ctx *ctx, const cJSON *j, const char *origin, mp_m
   if (m->kv_lora_rank == 0) MP_CHECK(default_head_dim(ctx, j, origin, "head_dim", m));
   MP_CHECK(mp_model_read_fields(ctx, j, origin, MP_MODEL_OBJ_TOP, MP_MODEL_FIELD_head_dim,
                                 MP_MODEL_FIELD_LAST, m));
+  MP_CHECK(mp_model_read_hybrid(ctx, j, origin, 0, m));
   return read_moe(ctx, j, origin, m);
 }
 
@@ -306,6 +314,14 @@ cJSON *mp_model_to_json(const mp_model *m) {
   if (mp_model_is_mla(m))
     mp_model_write_fields(cJSON_AddObjectToObject(o, "mla"), m, MP_MODEL_OBJ_MLA, MP_MODEL_FIELD_FIRST,
                           MP_MODEL_FIELD_LAST);
+  if (mp_model_is_hybrid(m)) { /* the pattern and the Mamba object (model_hybrid.c) */
+    char pat[MP_MAX_LAYERS + 1];
+    mp_model_pattern(m, pat, sizeof pat);
+    cJSON_AddStringToObject(o, "hybrid_override_pattern", pat);
+    if (m->mamba_num_heads > 0)
+      mp_model_write_fields(cJSON_AddObjectToObject(o, "mamba"), m, MP_MODEL_OBJ_MAMBA, MP_MODEL_FIELD_FIRST,
+                            MP_MODEL_FIELD_LAST);
+  }
   if (!mp_model_is_moe(m)) return o;
   /* the MoE layers as the format states them: the first first_dense_layers dense, then
    * every layer_freq-th */
@@ -341,7 +357,7 @@ static mp_status hf_get(mp_ctx *ctx, const cJSON *j, const char *where, mp_model
  *     decoder_sparse_step, mlp_only_layers, shared_expert_intermediate_size
  *   GPT2: vocab_size, n_embd, n_layer, n_head, n_positions, n_inner, layer_norm_epsilon */
 #define HF_SUPPORTED                                                                              \
-  "llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, deepseek_v2, deepseek_v3 and gpt2"
+  "llama, mistral, qwen2, qwen2_moe, qwen3, qwen3_moe, mixtral, deepseek_v2, deepseek_v3, nemotron_h and gpt2"
 
 /* type or arch names a supported llama-family architecture (gpt2 is told apart before). */
 static int hf_type_supported(const char *type, const char *arch) {
@@ -637,6 +653,13 @@ mp_status mp_model_from_hf_text(mp_ctx *ctx, const char *text, const char *origi
     goto done;
   }
   int is_gpt2 = strcmp(type, "gpt2") == 0 || strncmp(arch, "GPT2", 4) == 0;
+  if (strcmp(type, "nemotron_h") == 0 || (!type[0] && strncmp(arch, "NemotronHFor", 12) == 0)) {
+    snprintf(m.name, sizeof m.name, "%s", arch[0] ? arch : type);
+    MP_CHECK_GOTO(mp_model_hf_nemotron_h(ctx, j, where, &m), st, done);
+    MP_CHECK_GOTO(mp_model_validate(ctx, &m, where), st, done);
+    *out = m;
+    goto done;
+  }
   /* Other architectures (Gemma, ...) have parts this spec cannot describe; reading
    * them as llama would give silently wrong counts, so they are refused by name. */
   if (!is_gpt2 && !hf_type_supported(type, arch)) {
@@ -772,6 +795,10 @@ static int64_t moe_params(const mp_model *m, int active) {
 }
 
 static int64_t block_params(const mp_model *m, int64_t layer, int active) {
+  if (mp_model_is_hybrid(m) && layer < m->n_layers) /* one part behind its norm */
+    return norm_params(m) + (mp_model_layer_has_mamba(m, layer)  ? mp_model_mamba_params(m)
+                             : mp_model_layer_has_attn(m, layer) ? attn_params(m)
+                                                                 : mlp_params(m, m->d_ff));
   int64_t p = attn_params(m) + 2 * norm_params(m);
   p += mp_model_layer_is_moe(m, layer) ? moe_params(m, active) : mlp_params(m, m->d_ff);
   return p;
@@ -841,6 +868,7 @@ int64_t mp_model_matmul_param_count(const mp_model *m) {
 }
 
 double mp_model_flops_per_token(const mp_model *m, int64_t seq) {
+  if (mp_model_is_hybrid(m)) return mp_model_hybrid_flops_per_token(m, seq);
   double n = (double)mp_model_matmul_param_count(m);
   /* the MTP modules: their blocks, norms and eh_proj, and their head's matmul */
   for (int64_t l = m->n_layers; l < mp_model_n_blocks(m); l++)

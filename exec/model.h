@@ -68,14 +68,15 @@ typedef enum mp_norm { MP_NORM_FAMILY = 0, MP_NORM_RMS, MP_NORM_LAYER } mp_norm;
  *   field    the C member, and meshplan's JSON key (the same word)
  *   type     I64 (int64_t), BOOL (int, 0 or 1; JSON true or false) or F64 (double)
  *   obj      where meshplan's format has the key: TOP (the model object), MLA (its "mla"
- *            object), MOE (its "moe" object)
+ *            object), MOE (its "moe" object), MAMBA (its "mamba" object; in a Hugging Face
+ *            nemotron_h config the top level)
  *   req      1: the key is required in its object; 0: absent or null gives the default
  *   default  an expression of m, the model being read (the rows before it are read)
  *   lo, hi   the accepted range (common/limits.h gives each bound's reason); ends: CLOSED
  *            [lo, hi] or OPEN_LO (lo, hi]
  *   check    where mp_model_validate checks the range: FIRST (every model, before any rule,
  *            in table order), MLA (models with MLA, in table order), MOE (MoE models,
- *            likewise), RULE (by name, where the rules around it need it), NONE (a flag, or
+ *            likewise), MAMBA (hybrid models with Mamba layers), RULE (by name, where the rules around it need it), NONE (a flag, or
  *            top_k, whose rule 1..n_experts has its own message)
  *   saved    1: mp_model_to_json writes it (the checkpoint manifest's model); 0: it does not:
  *            multi-head latent attention, which the runtime does not train, and
@@ -139,7 +140,16 @@ typedef enum mp_norm { MP_NORM_FAMILY = 0, MP_NORM_RMS, MP_NORM_LAYER } mp_norm;
   /* group-limited routing (DeepSeek-V3's node-limited routing, arXiv 2412.19437 sec. 2.1.2): */                                                                                \
   /* the experts in n_group equal groups, a token's top_k taken from its best topk_group groups; 0: none */                                                                       \
   F(n_group,          I64,  MOE, 0,   0,                          0,  m->n_experts,          CLOSED,  MOE,   0,     "n_group")                 /* expert groups (0: none)    */ \
-  F(topk_group,       I64,  MOE, 0,   m->n_group,                 0,  m->n_group,            CLOSED,  MOE,   0,     "topk_group")              /* groups a token may use     */
+  F(topk_group,       I64,  MOE, 0,   m->n_group,                 0,  m->n_group,            CLOSED,  MOE,   0,     "topk_group")              /* groups a token may use     */ \
+  /* the Mamba-2 mixer of a hybrid model's M layers (Dao and Gu 2024, arXiv 2405.21060; Hugging */                                                                                \
+  /* Face NemotronHConfig's keys; Megatron-Core's MambaMixer, mamba_mixer.py at core_v0.14.0) */                                                                                  \
+  F(ssm_state_size,   I64,  MAMBA, 1, 0,                          1,  MP_LIM_HEAD_DIM,       CLOSED,  MAMBA, 1,     "ssm_state_size")          /* SSM state N per head       */ \
+  F(mamba_num_heads,  I64,  MAMBA, 1, 0,                          1,  MP_LIM_HEADS,          CLOSED,  MAMBA, 1,     "mamba_num_heads")         /* SSM heads                  */ \
+  F(mamba_head_dim,   I64,  MAMBA, 1, 0,                          1,  MP_LIM_HEAD_DIM,       CLOSED,  MAMBA, 1,     "mamba_head_dim")          /* features per SSM head P    */ \
+  F(n_groups,         I64,  MAMBA, 0, 1,                          1,  m->mamba_num_heads,    CLOSED,  MAMBA, 1,     "n_groups")                /* B/C groups G               */ \
+  F(conv_kernel,      I64,  MAMBA, 0, 4,                          1,  64,                    CLOSED,  MAMBA, 1,     "conv_kernel")             /* depthwise conv1d taps      */ \
+  F(chunk_size,       I64,  MAMBA, 0, 128,                        1,  MP_LIM_SEQ,            CLOSED,  MAMBA, 1,     "chunk_size")              /* SSD chunk length Q         */ \
+  F(expand,           I64,  MAMBA, 0, 2,                          1,  64,                    CLOSED,  MAMBA, 1,     "expand")                  /* d_inner / d_model          */
 /* clang-format on */
 
 #define MP_MODEL_CTYPE_I64 int64_t
@@ -156,7 +166,22 @@ typedef struct mp_model {
   MP_MODEL_FIELDS(MP_MODEL_MEMBER_)
 #undef MP_MODEL_MEMBER_
   unsigned char moe_layer[MP_MAX_LAYERS]; /* 1: layer l's MLP is a MoE */
+  /* A hybrid model's layer kinds (Megatron's hybrid_override_pattern, one character a layer:
+   * MP_LAYER_MAMBA, MP_LAYER_ATTN, MP_LAYER_MLP); all MP_LAYER_BLOCK in a transformer */
+  unsigned char layer_kind[MP_MAX_LAYERS];
 } mp_model;
+
+/* What layer l is (mp_model.layer_kind). A transformer's layers are blocks (attention and an
+ * MLP or MoE, each behind its norm); a hybrid model's (Nemotron-H, arXiv 2504.03624 sec. 2.1;
+ * Megatron-Core's MambaStack, megatron/core/ssm/mamba_block.py at core_v0.14.0) are one part
+ * each behind its own norm: a Mamba-2 mixer, self-attention (no RoPE: Nemotron-H has no
+ * position embedding) or a dense MLP. */
+typedef enum mp_layer_kind {
+  MP_LAYER_BLOCK = 0,
+  MP_LAYER_MAMBA = 'M',
+  MP_LAYER_ATTN = '*',
+  MP_LAYER_MLP = '-'
+} mp_layer_kind;
 
 /* One value per row of MP_MODEL_FIELDS, in table order. */
 typedef enum mp_model_field {
@@ -236,6 +261,33 @@ int mp_model_layer_is_mtp(const mp_model *m, int64_t layer);
  * multi_token_prediction.py at core_v0.14.0; DeepSeek-V3's: 11,610,067,968). */
 int64_t mp_model_mtp_params(const mp_model *m);
 int64_t mp_model_n_moe_layers(const mp_model *m);
+
+/* ---- hybrid Mamba-Transformer models (exec/model_hybrid.c) ---- */
+/* 1 when m's layers follow a hybrid pattern (layer_kind set). */
+int mp_model_is_hybrid(const mp_model *m);
+/* Layer l's kind (MP_LAYER_BLOCK outside a hybrid model or out of range). */
+mp_layer_kind mp_model_layer_kind(const mp_model *m, int64_t layer);
+/* 1 when layer l has an attention part (a block or a * layer), an MLP part (a block or a -
+ * layer), a Mamba-2 mixer (an M layer). */
+int mp_model_layer_has_attn(const mp_model *m, int64_t layer);
+int mp_model_layer_has_mlp(const mp_model *m, int64_t layer);
+int mp_model_layer_has_mamba(const mp_model *m, int64_t layer);
+/* Layers of kind k in the pattern. */
+int64_t mp_model_n_layers_of(const mp_model *m, mp_layer_kind k);
+/* The Mamba-2 mixer's widths: d_inner = mamba_num_heads x mamba_head_dim; the conv's
+ * channels x, B, C: d_inner + 2 n_groups ssm_state_size; in_proj's rows z, x, B, C, dt:
+ * 2 d_inner + 2 n_groups ssm_state_size + mamba_num_heads. */
+int64_t mp_model_mamba_d_inner(const mp_model *m);
+int64_t mp_model_mamba_conv_dim(const mp_model *m);
+int64_t mp_model_mamba_in_rows(const mp_model *m);
+/* One Mamba-2 mixer's parameters (its pre-norm not counted): in_proj, conv1d weight and
+ * bias, dt_bias, A_log, D, the gated RMSNorm's weight, out_proj. */
+int64_t mp_model_mamba_params(const mp_model *m);
+/* The pattern as Megatron writes it, into buf (n_layers characters and a NUL). */
+void mp_model_pattern(const mp_model *m, char *buf, size_t cap);
+/* Megatron-LM's training FLOPs per token for a hybrid model (num_floating_point_operations'
+ * hybrid branch, megatron/training/training.py at core_v0.14.0), divided by batch x seq. */
+double mp_model_hybrid_flops_per_token(const mp_model *m, int64_t seq);
 
 /* Parameters of one block (attention, norms, MLP or MoE incl. router). */
 int64_t mp_model_block_params(const mp_model *m, int64_t layer);

@@ -16,7 +16,8 @@
 typedef enum mp_model_obj {
   MP_MODEL_OBJ_TOP = 0, /* the model object */
   MP_MODEL_OBJ_MLA,     /* its "mla" object */
-  MP_MODEL_OBJ_MOE      /* its "moe" object */
+  MP_MODEL_OBJ_MOE,     /* its "moe" object */
+  MP_MODEL_OBJ_MAMBA    /* its "mamba" object (a hybrid model's Mamba-2 mixer) */
 } mp_model_obj;
 
 /* Reads field f of m from obj under key (NULL: the field's meshplan key) with required as
@@ -46,6 +47,7 @@ typedef enum mp_model_check {
   MP_MODEL_CHECK_FIRST,
   MP_MODEL_CHECK_MLA,
   MP_MODEL_CHECK_MOE,
+  MP_MODEL_CHECK_MAMBA,
   MP_MODEL_CHECK_RULE
 } mp_model_check;
 
@@ -55,5 +57,15 @@ mp_status mp_model_check_field(mp_ctx *ctx, const mp_model *m, const char *origi
                                const char *label);
 /* Every row whose check column is `check`, in table order; the first out of range fails. */
 mp_status mp_model_check_fields(mp_ctx *ctx, const mp_model *m, const char *origin, mp_model_check check);
+
+/* Reads meshplan's "hybrid_override_pattern" and "mamba" keys of j (both absent: a
+ * transformer), or a Hugging Face nemotron_h config's pattern and Mamba keys (hf 1), after
+ * n_layers is read (model_hybrid.c). */
+mp_status mp_model_read_hybrid(mp_ctx *ctx, const cJSON *j, const char *origin, int hf, mp_model *m);
+/* Hugging Face's nemotron_h config.json into m (model_hybrid.c). */
+mp_status mp_model_hf_nemotron_h(mp_ctx *ctx, const cJSON *j, const char *where, mp_model *m);
+/* The rules of a hybrid model, and of a transformer that none of its keys are set (called by
+ * mp_model_validate). */
+mp_status mp_model_validate_hybrid(mp_ctx *ctx, const mp_model *m, const char *origin);
 
 #endif

@@ -15,6 +15,10 @@ mp_status mp_apply_ac(mp_ctx *ctx, mp_plan *p, mp_ac_mode mode) {
   if ((unsigned)mode >= MP_AC_COUNT)
     return mp_error(ctx, MP_ERR_INVALID, "unknown activation checkpointing policy %d; choose none, "
                                          "selective, selective-op, selective-core or full", (int)mode);
+  if (mp_model_is_hybrid(&p->model) && mode != MP_AC_NONE && mode != MP_AC_FULL)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED,
+                    "AC %s on hybrid model %s is not modelled (its Mamba layers' recompute); choose none or full",
+                    mp_ac_mode_name(mode), p->model.name);
   p->ac = mode;
   p->opts.ac = mode;
   if (mode != MP_AC_FULL || p->opts.ac_every < 1) p->opts.ac_every = 1;

@@ -60,11 +60,21 @@ static void shard_params(mp_plan *p, int tp) {
       case MP_MOD_SHARED_UP:
       case MP_MOD_OUTPUT:
       case MP_MOD_MTP_EH_PROJ: /* Megatron-Core's column-parallel eh_proj */
+      /* the Mamba-2 mixer's heads and groups split over tp (MambaMixer, mamba_mixer.py at
+       * core_v0.14.0: nheads_local_tp, ngroups_local_tp): in_proj column-parallel, conv1d's
+       * channels, dt_bias, A_log, D and the gated norm's weight with them */
+      case MP_MOD_MAMBA_IN:
+      case MP_MOD_MAMBA_CONV:
+      case MP_MOD_MAMBA_DT_BIAS:
+      case MP_MOD_MAMBA_A_LOG:
+      case MP_MOD_MAMBA_D:
+      case MP_MOD_MAMBA_NORM:
         shard(prm, MP_TP_COLWISE, 0, tp); /* weight [out, in] and bias [out]: dim 0 */
         break;
       case MP_MOD_O:
       case MP_MOD_DOWN:
       case MP_MOD_SHARED_DOWN:
+      case MP_MOD_MAMBA_OUT: /* row-parallel out_proj */
         if (prm->role == MP_ROLE_WEIGHT) shard(prm, MP_TP_ROWWISE, 1, tp);
         break;
       default: break; /* norms, positions, router, routed experts, MLA's down projections and
@@ -99,6 +109,10 @@ static void note_tp(mp_plan *p, const mp_tp_options *o, int tp, int64_t vocab) {
                  "tok_embeddings vocab-parallel; norms%s replicated",
                  tp, p->model.n_shared_experts > 0 ? ", shared-expert gate/up" : "",
                  moe_words(p));
+  if (tp > 1 && mp_model_n_layers_of(&p->model, MP_LAYER_MAMBA) > 0)
+    mp_plan_note(p, "TP: Mamba-2 layers: %lld heads and %lld groups per rank (Megatron-Core's MambaMixer): "
+                    "in_proj, conv1d, dt_bias, A_log, D and the gated norm colwise, out_proj rowwise",
+                 (long long)(p->model.mamba_num_heads / tp), (long long)(p->model.n_groups / tp));
   if (tp > 1) {
     if (p->opts.sp == 1)
       mp_plan_note(p, "TP: sequence parallel: norms, residual adds and the embedding's output on "

@@ -84,6 +84,9 @@ typedef enum mp_module {
   MP_MOD_MTP_HNORM,          /* layers.N.hnorm            [H] the previous depth's hidden norm */
   MP_MOD_MTP_EH_PROJ,        /* layers.N.eh_proj          [H, 2H] */
   MP_MOD_MTP_NORM,           /* layers.N.shared_head.norm [H] before the shared output head */
+  /* a hybrid model's Mamba-2 mixer (shapes: data/models/README.md "mamba"; pre-norm attention_norm) */
+  MP_MOD_MAMBA_IN, MP_MOD_MAMBA_CONV, MP_MOD_MAMBA_DT_BIAS, MP_MOD_MAMBA_A_LOG, MP_MOD_MAMBA_D,
+  MP_MOD_MAMBA_NORM, MP_MOD_MAMBA_OUT, /* mixer.in_proj, conv1d, dt_bias, A_log, D, norm, out_proj */
   MP_MOD_COUNT
 } mp_module;
 

@@ -41,6 +41,13 @@ static const char *const k_module_names[MP_MOD_COUNT] = {
     [MP_MOD_MTP_HNORM] = "hnorm",
     [MP_MOD_MTP_EH_PROJ] = "eh_proj",
     [MP_MOD_MTP_NORM] = "shared_head.norm",
+    [MP_MOD_MAMBA_IN] = "mixer.in_proj",
+    [MP_MOD_MAMBA_CONV] = "mixer.conv1d",
+    [MP_MOD_MAMBA_DT_BIAS] = "mixer.dt_bias",
+    [MP_MOD_MAMBA_A_LOG] = "mixer.A_log",
+    [MP_MOD_MAMBA_D] = "mixer.D",
+    [MP_MOD_MAMBA_NORM] = "mixer.norm",
+    [MP_MOD_MAMBA_OUT] = "mixer.out_proj",
 };
 
 int mp_module_f8_source(mp_module m) {

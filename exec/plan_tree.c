@@ -37,7 +37,7 @@ static mp_param *add_param(builder *b, mp_module mod, int layer, mp_param_role r
   }
   prm->tp_style = MP_TP_NONE;
   prm->is_linear = role == MP_ROLE_WEIGHT && ndim >= 2 && mod != MP_MOD_TOK_EMBEDDINGS &&
-                   mod != MP_MOD_POS_EMBEDDINGS;
+                   mod != MP_MOD_POS_EMBEDDINGS && mod != MP_MOD_MAMBA_CONV;
   prm->is_expert = mod == MP_MOD_EXPERTS_GATE || mod == MP_MOD_EXPERTS_UP ||
                    mod == MP_MOD_EXPERTS_DOWN;
   prm->float8 = 0;
@@ -90,8 +90,32 @@ static int mla_tree(builder *b, const mp_model *m, int l) {
   return 0;
 }
 
-/* Block l's modules in forward order: its norms, attention, and MLP or MoE. 0, or -1 when
- * out of memory. */
+/* A hybrid model's Mamba-2 layer (its norm and mixer, Megatron-Core's MambaLayer with
+ * MambaMixer, mamba_layer.py and mamba_mixer.py at core_v0.14.0; Hugging Face NemotronH's
+ * backbone.layers.N.mixer names) or MLP layer (ffn_norm and the MLP). 0, or -1 when out of
+ * memory. */
+static int hybrid_tree(builder *b, const mp_model *m, int l) {
+  const int64_t H = m->d_model, nh = m->mamba_num_heads, cd = mp_model_mamba_conv_dim(m);
+  if (!mp_model_layer_has_mamba(m, l)) {
+    NORM(MP_MOD_FFN_NORM, l, H, 0);
+    LINEAR(MP_MOD_UP, l, m->d_ff, H, 0);
+    LINEAR(MP_MOD_DOWN, l, H, m->d_ff, 0);
+    return 0;
+  }
+  NORM(MP_MOD_ATTN_NORM, l, H, 0);
+  LINEAR(MP_MOD_MAMBA_IN, l, mp_model_mamba_in_rows(m), H, 0);
+  ADD(MP_MOD_MAMBA_CONV, l, MP_ROLE_WEIGHT, 2, cd, m->conv_kernel, 1);
+  ADD(MP_MOD_MAMBA_CONV, l, MP_ROLE_BIAS, 1, cd, 1, 1);
+  NORM(MP_MOD_MAMBA_DT_BIAS, l, nh, 0);
+  NORM(MP_MOD_MAMBA_A_LOG, l, nh, 0);
+  NORM(MP_MOD_MAMBA_D, l, nh, 0);
+  NORM(MP_MOD_MAMBA_NORM, l, mp_model_mamba_d_inner(m), 0);
+  LINEAR(MP_MOD_MAMBA_OUT, l, H, mp_model_mamba_d_inner(m), 0);
+  return 0;
+}
+
+/* Block l's modules in forward order: its norms, attention, and MLP or MoE (a hybrid
+ * model's layer: one of them). 0, or -1 when out of memory. */
 static int block_tree(builder *b, const mp_model *m, int l) {
   const int64_t H = m->d_model, hd = m->head_dim;
   const int64_t q_out = m->n_heads * hd, kv_out = m->n_kv_heads * hd;
@@ -99,6 +123,7 @@ static int block_tree(builder *b, const mp_model *m, int l) {
   const int lbias = gpt && m->bias;          /* biases on every Linear */
   const int qkvb = lbias || m->qkv_bias;     /* biases on q/k/v */
   const int nbias = mp_model_norm_has_bias(m);
+  if (mp_model_is_hybrid(m) && !mp_model_layer_has_attn(m, l)) return hybrid_tree(b, m, l);
   NORM(MP_MOD_ATTN_NORM, l, H, nbias);
   if (mp_model_is_mla(m)) {
     if (mla_tree(b, m, l) < 0) return -1;
@@ -112,6 +137,7 @@ static int block_tree(builder *b, const mp_model *m, int l) {
     }
     LINEAR(MP_MOD_O, l, H, q_out, lbias);
   }
+  if (!mp_model_layer_has_mlp(m, l)) return 0; /* a hybrid model's attention layer */
   NORM(MP_MOD_FFN_NORM, l, H, nbias);
   if (mp_model_layer_is_moe(m, l)) {
     const int64_t E = m->n_experts, fe = m->d_ff_expert;

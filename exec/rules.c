@@ -17,21 +17,24 @@ typedef struct tp_size {
 } tp_size;
 
 /* The sizes tp must divide, in the order mp_rule_tp_dim reports them. */
-static int tp_sizes(const mp_model *m, int pad_vocab, tp_size out[6]) {
-  const tp_size c[6] = {
+static int tp_sizes(const mp_model *m, int pad_vocab, tp_size out[8]) {
+  const int mamba = mp_model_n_layers_of(m, MP_LAYER_MAMBA) > 0;
+  const tp_size c[8] = {
       {"n_heads", m->n_heads, 1},
       {"n_kv_heads", m->n_kv_heads, 1},
       {"d_ff", m->d_ff, mp_model_n_moe_layers(m) < m->n_layers},
       {"d_model", m->d_model, 1},
       {"d_ff_shared", m->d_ff_shared, mp_model_is_moe(m) && m->n_shared_experts > 0},
       {"vocab", m->vocab, !pad_vocab},
+      {"mamba_num_heads", m->mamba_num_heads, mamba},
+      {"n_groups", m->n_groups, mamba},
   };
   memcpy(out, c, sizeof c);
-  return 6;
+  return 8;
 }
 
 mp_tp_dim mp_rule_tp_dim(const mp_model *m, int tp, int pad_vocab) {
-  tp_size c[6];
+  tp_size c[8];
   const int n = tp_sizes(m, pad_vocab, c);
   for (int i = 0; i < n; i++)
     if (c[i].used && c[i].v % tp != 0) return (mp_tp_dim)(MP_TP_DIM_HEADS + i);
@@ -57,7 +60,7 @@ static void valid_choices(int64_t g, char *buf, size_t cap) {
 mp_status mp_rule_tp_check(mp_ctx *ctx, const mp_model *m, int tp, int pad_vocab) {
   const mp_tp_dim bad = mp_rule_tp_dim(m, tp, pad_vocab);
   if (bad == MP_TP_DIM_NONE) return MP_OK;
-  tp_size c[6];
+  tp_size c[8];
   const int n = tp_sizes(m, pad_vocab, c);
   int64_t g = 0;
   for (int i = 0; i < n; i++)
@@ -148,6 +151,10 @@ int mp_rule_cp_ring_ok(int64_t seq, int cp) { return cp <= 1 || seq % (2 * (int6
 mp_status mp_rule_cp_comm_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                                 const mp_plan_options *o) {
   const int cp = mesh->size[MP_DIM_CP], tp = mesh->size[MP_DIM_TP];
+  if (cp > 1 && mp_model_n_layers_of(m, MP_LAYER_MAMBA) > 0) /* MambaMixer's own cp all-to-alls */
+    return mp_error(ctx, MP_ERR_UNSUPPORTED,
+                    "cp=%d on model %s: context parallelism of its Mamba-2 layers (Megatron-Core's MambaContextParallel "
+                    "all-to-alls over heads) is not modelled; give cp 1", cp, m->name);
   if ((unsigned)o->cp_comm >= MP_CP_COMM_COUNT)
     return mp_error(ctx, MP_ERR_INVALID, "unknown cp comm type %d; choose p2p, all_gather or a2a", (int)o->cp_comm);
   if (o->cp_comm == MP_CP_COMM_P2P) return MP_OK;

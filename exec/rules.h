@@ -34,6 +34,8 @@ typedef enum mp_tp_dim {
   MP_TP_DIM_D_MODEL,   /* d_model */
   MP_TP_DIM_D_FF_SHARED, /* d_ff_shared, when shared experts exist */
   MP_TP_DIM_VOCAB,     /* vocab, unless the plan pads it */
+  MP_TP_DIM_MAMBA_HEADS,  /* mamba_num_heads, in a hybrid model with Mamba layers */
+  MP_TP_DIM_MAMBA_GROUPS, /* n_groups (MambaMixer asserts both, mamba_mixer.py at core_v0.14.0) */
 } mp_tp_dim;
 
 /* The first model size tp does not divide, MP_TP_DIM_NONE when it divides them all. */

@@ -286,6 +286,32 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
 static void modules_act(const gen *g, int kind, block_act *a);
 static void f8_cache_act(const gen *g, int kind, block_act *a);
 
+/* A hybrid model's layer (exec/model.h) has one part: a Mamba-2 mixer, whose saved tensors
+ * (schedule_mamba.c) take the attention part's place, the attention alone, or the MLP alone
+ * less the MLP input the block's list counts beside the block's input (here the layer's
+ * input, x). AC none or full only (pass_ac.c refuses the others). */
+static void hybrid_act(const gen *g, mp_ac_mode ac, block_act *a) {
+  const mp_model *m = &g->p->model;
+  const shapes *sh = &g->sh;
+  int64_t A = a->attn + a->attn_tmp, M = a->mlp + a->mlp_tmp;
+  if (mp_model_layer_has_mamba(m, g->layer)) {
+    const int64_t in = g->ms->saved == SAVED_KORTHIKANTI && sh->sp ? 2 * sh->tokens_sp * sh->d_model
+                                                                  : 2 * sh->tokens * sh->d_model;
+    A = mp_sched_mamba_saved(sh, stat_bytes(sh) * sh->tokens_sp, in);
+    M = 0;
+  } else if (mp_model_layer_has_attn(m, g->layer)) {
+    M = 0;
+  } else {
+    A = 0;
+    M -= 2 * sh->tokens_sp * sh->d_model;
+  }
+  const int full = ac == MP_AC_FULL;
+  a->attn = full ? 0 : A;
+  a->mlp = full ? 0 : M;
+  a->attn_tmp = a->rc_attn = full ? A : 0;
+  a->mlp_tmp = a->rc_mlp = full ? M : 0;
+}
+
 /* The block's saved tensors under the plan's memory model, the layer's policy and the
  * plan's recompute modules. */
 static void block_act_of(const gen *g, int kind, mp_ac_mode ac, block_act *a) {
@@ -298,6 +324,7 @@ static void block_act_of(const gen *g, int kind, mp_ac_mode ac, block_act *a) {
     block_act_mg(&g->sh, kind, ac, g->p->opts.attn == MP_ATTN_MATERIALIZED && g->sh.cp == 1,
                  ag ? 2 * g->sh.tokens * g->sh.attn_out : 0, a);
   else block_act_tt(&g->sh, kind, ac, a);
+  if (g->sh.hybrid) hybrid_act(g, ac, a);
   if (g->p->opts.recompute_modules) modules_act(g, kind, a);
   if (g->p->opts.fp8_act_cache) f8_cache_act(g, kind, a);
 }
@@ -490,6 +517,18 @@ static void recompute_modules(gen *g, const block_act *a, int kind, int attn, in
 
 /* ---- a block's forward and backward under the torchtitan model ------------------------- */
 
+/* The block's first part forward: the attention, or a hybrid model's Mamba-2 mixer, or
+ * nothing in its MLP layers. */
+static void mixer_fwd(gen *g, const part_deps *pd) {
+  const mp_model *m = &g->p->model;
+  if (mp_model_layer_has_mamba(m, g->layer)) {
+    mp_sched_mamba_fwd(g, pd);
+  } else if (mp_model_layer_has_attn(m, g->layer)) {
+    mp_sched_attention_fwd(g, pd);
+    mp_sched_attention_out_fwd(g);
+  }
+}
+
 /* A block's forward: what autograd saves allocated as its ops run; the policy's drops freed
  * at the end of each part. */
 void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd) {
@@ -499,13 +538,12 @@ void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd) {
   act(g, BUF_ACT_X, a.x, 1, 1);
   act(g, BUF_ACT_ATTN, a.attn, 1, a.kept);
   act(g, BUF_ACT_ATTN_TMP, a.attn_tmp, 1, 0);
-  mp_sched_attention_fwd(g, pd);
-  mp_sched_attention_out_fwd(g);
+  mixer_fwd(g, pd);
   f8_cache_writes(g, 1, kind);
   act(g, BUF_ACT_ATTN_TMP, a.attn_tmp, 0, 0);
   act(g, BUF_ACT_MLP, a.mlp, 1, a.kept);
   act(g, BUF_ACT_MLP_TMP, a.mlp_tmp, 1, 0);
-  mp_sched_mlp_fwd(g, kind, pd);
+  if (mp_model_layer_has_mlp(&g->p->model, g->layer)) mp_sched_mlp_fwd(g, kind, pd);
   f8_cache_writes(g, 0, kind);
   act(g, BUF_ACT_MLP_TMP, a.mlp_tmp, 0, 0);
 }
@@ -518,9 +556,8 @@ static void recompute(gen *g, const block_act *a, int kind, const part_deps *pd,
   if (whole) {
     act(g, BUF_RC_ATTN, a->rc_attn, 1, 0);
     act(g, BUF_RC_MLP, a->rc_mlp, 1, 0);
-    mp_sched_attention_fwd(g, pd);
-    mp_sched_attention_out_fwd(g);
-    mp_sched_mlp_fwd(g, kind, pd);
+    mixer_fwd(g, pd);
+    if (mp_model_layer_has_mlp(&g->p->model, g->layer)) mp_sched_mlp_fwd(g, kind, pd);
   } else {
     act(g, BUF_RC_ATTN, a->rc_attn, 1, 0);
     if (a->skip) { /* the attention module */
@@ -551,7 +588,9 @@ void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   part_deps rest = pd ? *pd : (part_deps){0}; /* what the MLP's backward still waits for */
   if (kind == KIND_MOE && (g->p->opts.recompute_modules & (1u << MP_RC_SHARED_EXPERTS)))
     rest.dep[PART_MOE][0] = rest.dep[PART_MOE][1] = -1; /* waited for by the shared experts' recompute */
-  mp_sched_mlp_bwd(g, kind, a.rc_first || a.mlp_whole || !pd ? NULL : &rest);
+  const mp_model *m = &g->p->model;
+  if (mp_model_layer_has_mlp(m, l))
+    mp_sched_mlp_bwd(g, kind, a.rc_first || a.mlp_whole || !pd ? NULL : &rest);
   act(g, BUF_ACT_MLP, a.mlp, 0, a.kept);
   act(g, BUF_RC_MLP, a.rc_mlp, 0, 0);
   if (nu > 1) {
@@ -561,7 +600,9 @@ void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   const int rc_attn = !a.rc_first && (ac == MP_AC_SELECTIVE || ac == MP_AC_SELECTIVE_CORE);
   if (rc_attn) recompute(g, &a, kind, ac == MP_AC_SELECTIVE ? pd : NULL, 0);
   if (!a.rc_first) recompute_modules(g, &a, kind, 1, !rc_attn, NULL);
-  mp_sched_attention_bwd(g, a.rc_first || ac == MP_AC_SELECTIVE ? NULL : pd);
+  if (mp_model_layer_has_mamba(m, l)) mp_sched_mamba_bwd(g, a.rc_first ? NULL : pd);
+  else if (mp_model_layer_has_attn(m, l))
+    mp_sched_attention_bwd(g, a.rc_first || ac == MP_AC_SELECTIVE ? NULL : pd);
   act(g, BUF_ACT_ATTN, a.attn, 0, a.kept);
   act(g, BUF_RC_ATTN, a.rc_attn, 0, 0);
   act(g, BUF_ACT_X, a.x, 0, 1);

@@ -13,7 +13,7 @@
 /* RoPE on q and k: one op, or (the runtimes call it for q, then for k) two. */
 static void rope(gen *g, mp_variant v) {
   const shapes *sh = &g->sh;
-  if (sh->gpt) return;
+  if (sh->gpt || sh->hybrid) return; /* Nemotron-H's attention has no position embedding */
   const int64_t eq = sh->tokens * sh->q_width, ek = sh->tokens * sh->kv_width;
   if (g->ms->runtime) {
     elementwise(g, MP_KERNEL_ROPE, v, -1, eq, FLOPS_ROPE, 4.0 * (double)eq);

@@ -184,6 +184,12 @@ typedef struct shapes {
   int mla;
   int64_t q_lora, kv_lora, rope_dim; /* q_lora_rank (0: q_proj), kv_lora_rank, qk_rope_head_dim */
   int64_t kv_b_rows;        /* kv_b_proj's output rows */
+  /* a hybrid model's Mamba-2 mixer (schedule_mamba.c), tp-local: in_proj's rows, the conv's
+   * channels, d_inner, heads and groups; the state, head, chunk and conv widths */
+  int hybrid;
+  int64_t mb_in, mb_conv, mb_inner, mb_heads, mb_groups;
+  int64_t mb_state, mb_head_dim, mb_chunk, mb_kernel;
+  int tp_opens_mamba, tp_closes_mamba; /* in_proj colwise, out_proj rowwise */
   /* the vocabulary */
   int64_t vocab_local, vocab_loss; /* the head's rows on the rank; the loss's width */
   int gpt, qk_norm, has_shared, tied;
@@ -644,6 +650,12 @@ void mp_sched_residual(gen *g, mp_variant v, int64_t elems);
 void mp_sched_seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_step,
                         int32_t unit_step);
 void mp_sched_seg_open(gen *g, mp_phase phase, int32_t layer, int32_t layer_step);
+
+/* schedule_mamba.c: a hybrid model's Mamba-2 layer, forward and backward, and what it saves
+ * (stats: its norm's statistics, in: in_proj's saved input, as the attention's) */
+void mp_sched_mamba_fwd(gen *g, const part_deps *pd);
+void mp_sched_mamba_bwd(gen *g, const part_deps *pd);
+int64_t mp_sched_mamba_saved(const shapes *sh, int64_t stats, int64_t in);
 
 /* schedule_block.c: a block's attention and MLP (or MoE), forward and backward */
 void mp_sched_attention_bwd(gen *g, const part_deps *pd);

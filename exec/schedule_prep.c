@@ -91,6 +91,33 @@ static void read_fp8_shapes(const mp_plan *p, shapes *sh) {
   sh->fp8_tp_codes = sh->tp > 1 && on && ms->fp8_tp_codes && (ms->fp8_te || sh->fp8_recipe == MP_FP8_TENSORWISE);
 }
 
+/* A hybrid model's Mamba-2 widths before TP (schedule_mamba.c). */
+static void mamba_shapes(const mp_model *m, shapes *sh) {
+  sh->hybrid = mp_model_is_hybrid(m);
+  sh->mb_in = mp_model_mamba_in_rows(m);
+  sh->mb_conv = mp_model_mamba_conv_dim(m);
+  sh->mb_inner = mp_model_mamba_d_inner(m);
+  sh->mb_heads = m->mamba_num_heads;
+  sh->mb_groups = m->n_groups;
+  sh->mb_state = m->ssm_state_size;
+  sh->mb_head_dim = m->mamba_head_dim;
+  sh->mb_chunk = m->chunk_size;
+  sh->mb_kernel = m->conv_kernel;
+}
+
+/* ... and after it, from in_proj's weight: the heads and groups split alike over tp
+ * (pass_tp.c), so every width by in_proj's split. */
+static void mamba_tp(const mp_plan *p, const mp_param *prm, shapes *sh) {
+  sh->tp_closes_mamba = 0; /* out_proj rowwise wherever in_proj is colwise (pass_tp.c) */
+  for (int i = 0; i < p->n_params; i++)
+    if (p->params[i].module == MP_MOD_MAMBA_OUT) sh->tp_closes_mamba = p->params[i].tp_style == MP_TP_ROWWISE;
+  sh->mb_in = prm->tp_shape[0];
+  sh->tp_opens_mamba = prm->tp_style == MP_TP_COLWISE;
+  if (!sh->tp_opens_mamba) return;
+  const int64_t split = prm->shape[0] / prm->tp_shape[0];
+  sh->mb_conv /= split, sh->mb_inner /= split, sh->mb_heads /= split, sh->mb_groups /= split;
+}
+
 /* Everything else: from the model and the plan's parameters (mp_schedule_prep keeps it). */
 static void read_shapes(gen *g) {
   const mp_plan *p = g->p;
@@ -127,6 +154,7 @@ static void read_shapes(gen *g) {
   sh->kv_lora = m->kv_lora_rank;
   sh->rope_dim = m->qk_rope_head_dim;
   sh->kv_b_rows = m->n_heads * (m->qk_nope_head_dim + m->v_head_dim);
+  mamba_shapes(m, sh);
   int seen[MP_MOD_COUNT] = {0};
   for (int i = 0; i < p->n_params; i++) {
     const mp_param *prm = &p->params[i];
@@ -151,6 +179,7 @@ static void read_shapes(gen *g) {
       case MP_MOD_SHARED_UP: sh->d_ff_shared = prm->tp_shape[0]; sh->tp_opens_shared_gateup = col; break;
       case MP_MOD_SHARED_DOWN: sh->tp_closes_shared_down = row; break;
       case MP_MOD_OUTPUT: sh->vocab_local = prm->tp_shape[0]; break;
+      case MP_MOD_MAMBA_IN: mamba_tp(p, prm, sh); break;
       default: break;
     }
   }
@@ -331,6 +360,10 @@ static int64_t tied_grad_bytes(const gen *g, int stage, int rank) {
 
 /* ---- runs of identical blocks --------------------------------------------------------- */
 
+/* Layer l's kind in a hybrid model (mp_model_layer_kind; MP_LAYER_BLOCK outside one): blocks
+ * of a run share it. */
+static int layer_kind(const gen *g, int32_t l) { return (int)mp_model_layer_kind(&g->p->model, l); }
+
 int mp_sched_kind_of(const gen *g, int32_t l, const stage_info *st) {
   if (l < st->l0 || l >= st->l1) return KIND_NONE;
   return mp_model_layer_is_moe(&g->p->model, l) ? KIND_MOE : KIND_DENSE;
@@ -341,6 +374,8 @@ static int same_block(const gen *g, int32_t a, int32_t b, const stage_info *st) 
   if (mp_sched_kind_of(g, a, st) != mp_sched_kind_of(g, b, st)) return 0;
   if (mp_sched_kind_of(g, a - 1, st) != mp_sched_kind_of(g, b - 1, st)) return 0;
   if (mp_sched_kind_of(g, a + 1, st) != mp_sched_kind_of(g, b + 1, st)) return 0;
+  for (int d = -1; d <= 1; d++)
+    if (layer_kind(g, a + d) != layer_kind(g, b + d)) return 0;
   const int n = g->n_units[a];
   if (g->n_units[b] != n) return 0;
   const int32_t r = b - a, step = n;

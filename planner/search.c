@@ -90,7 +90,9 @@ static mp_reject tp_reject(const mp_model *m, int tp) {
     case MP_TP_DIM_KV_HEADS: return MP_REJECT_TP_KV_HEADS;
     case MP_TP_DIM_D_FF:
     case MP_TP_DIM_D_FF_SHARED: return MP_REJECT_TP_D_FF;
-    case MP_TP_DIM_D_MODEL: return MP_REJECT_TP_D_MODEL;
+    case MP_TP_DIM_D_MODEL:
+    case MP_TP_DIM_MAMBA_HEADS: /* the Mamba heads and groups: the mixer's widths */
+    case MP_TP_DIM_MAMBA_GROUPS: return MP_REJECT_TP_D_MODEL;
     default: return MP_REJECT_NONE;
   }
 }

@@ -75,7 +75,8 @@ static int stages_alike(const mp_plan *p, const int *start, const int *idx, int 
     if (c == 0) la0 = a0, lb0 = b0;
     if (a1 - a0 != b1 - b0) return 0;
     for (int i = 0; i < a1 - a0; i++)
-      if (mp_model_layer_is_moe(&p->model, a0 + i) != mp_model_layer_is_moe(&p->model, b0 + i))
+      if (mp_model_layer_is_moe(&p->model, a0 + i) != mp_model_layer_is_moe(&p->model, b0 + i) ||
+          mp_model_layer_kind(&p->model, a0 + i) != mp_model_layer_kind(&p->model, b0 + i))
         return 0;
   }
   int na = start[a + 1] - start[a], nb = start[b + 1] - start[b];

@@ -139,6 +139,11 @@ mp_status mp_runtime_model_check(mp_ctx *ctx, const mp_model *m, int64_t seq) {
   if (m->family != MP_FAMILY_LLAMA)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: the runtime implements the llama family only "
                     "(RMSNorm, RoPE, SwiGLU); gpt models are not implemented yet", m->name);
+  if (mp_model_is_hybrid(m)) /* before the MLP's check: the layers are what the runtime lacks first */
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "model %s: its %lld Mamba-2 layers (hybrid_override_pattern M: in_proj, "
+                    "conv1d, the SSD scan, gated RMSNorm) and its single-part layers are not implemented in the "
+                    "runtime; plan and simulate it only", m->name,
+                    (long long)mp_model_n_layers_of(m, MP_LAYER_MAMBA));
   if (mp_model_is_mla(m) && m->qk_rope_head_dim % 2)
     return mp_error(ctx, MP_ERR_INVALID, "model %s: RoPE needs an even qk_rope_head_dim (got %lld)", m->name,
                     (long long)m->qk_rope_head_dim);

@@ -42,6 +42,7 @@ void ExpectSurvivesItsJson(mp_ctx *ctx, const mp_model &m) {
     EXPECT_EQ(mp_model_field_value(&back, (mp_model_field)f), mp_model_field_value(&m, (mp_model_field)f))
         << mp_model_field_key((mp_model_field)f);
   EXPECT_EQ(memcmp(back.moe_layer, m.moe_layer, sizeof m.moe_layer), 0);
+  EXPECT_EQ(memcmp(back.layer_kind, m.layer_kind, sizeof m.layer_kind), 0);  // a hybrid model's pattern
 }
 
 struct ModelTest : ::testing::Test {
@@ -838,7 +839,7 @@ TEST_F(ModelTest, HfConfigNamingNoArchitectureIsRefused) {
     EXPECT_EQ(mp_model_from_text(&ctx, (head + sizes).c_str(), "cfg.json", &m), MP_ERR_INVALID) << head;
     EXPECT_EQ(msg(), "cfg.json: neither 'model_type' nor 'architectures' is given, so the architecture (and what "
                      "its keys mean) is unknown; add model_type, one of llama, mistral, qwen2, qwen2_moe, qwen3, "
-                     "qwen3_moe, mixtral, deepseek_v2, deepseek_v3 and gpt2") << head;
+                     "qwen3_moe, mixtral, deepseek_v2, deepseek_v3, nemotron_h and gpt2") << head;
   }
   // either key alone names it
   ASSERT_EQ(mp_model_from_text(&ctx, ("{\"model_type\": \"qwen2\", " + sizes).c_str(), "cfg.json", &m), MP_OK);
