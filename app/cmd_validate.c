@@ -25,7 +25,7 @@
  * collectives fused with their GEMMs, torchtitan's AsyncTP as the published run enabled it;
  * 0: not; empty or absent: the stack's default, off but under megatron-core, whose
  * --tp-comm-overlap is on), fp8_recipe (with fp8 1: tensorwise, current, delayed,
- * rowwise, mxfp8 or blockwise, or Megatron-Bridge's fp8_cs, fp8_mx, fp8_sc and subchannel;
+ * rowwise, mxfp8, blockwise or nvfp4, or Megatron-Bridge's fp8_cs, fp8_mx, fp8_sc and subchannel;
  * empty or absent: the stack's recipe), moe_dispatcher
  * (alltoall, deepep or hybridep: how EP moves tokens, exec/plan.h; empty or absent: alltoall),
  * cp_comm_type (Megatron-Core's --cp-comm-type on a megatron stack: p2p, all_gather or a2a;
@@ -216,7 +216,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   o->fp8 = v->fp8 != 0;
   if (v->fp8_recipe[0] && !mp_fp8_recipe_parse(v->fp8_recipe, &o->fp8_opts.recipe))
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_recipe '%s': expected tensorwise, current, delayed, "
-                    "rowwise, mxfp8 or blockwise (or Megatron-Bridge's fp8_cs, fp8_mx, fp8_sc)", where,
+                    "rowwise, mxfp8, blockwise or nvfp4 (or Megatron-Bridge's fp8_cs, fp8_mx, fp8_sc)", where,
                     v->fp8_recipe);
   if (v->moe_dispatcher[0] && !mp_moe_dispatcher_parse(v->moe_dispatcher, &o->moe_dispatcher))
     return mp_error(ctx, MP_ERR_INVALID, "%s: moe_dispatcher '%s': expected alltoall, deepep or hybridep", where,

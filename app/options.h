@@ -80,11 +80,11 @@
     "after its consumer ran and recomputed in backward; core_attn is --ac selective-core. Beside --ac " \
     "none or selective-core; e.g. DeepSeek-V3's layernorm,mla_up_proj,moe_act", NULL }
 #define MP_OPT_FP8(more)                                                                           \
-  { "--fp8", "[on|off|tensorwise|current|delayed|rowwise|mxfp8|blockwise]",                      \
+  { "--fp8", "[on|off|tensorwise|current|delayed|rowwise|mxfp8|blockwise|nvfp4]",                \
     "float8 Linear layers (E4M3 forward, E5M2 gradients) under a recipe of scales: tensorwise "    \
     "(each tensor's own amax; current is Transformer Engine's name for it), delayed (TE's amax "   \
     "history), rowwise (torchao), mxfp8 (1x32 blocks, Blackwell), blockwise (1x128 and 128x128 " \
-    "tiles); bare or on: the stack's recipe (tensorwise, delayed under megatron-core) (default "  \
+    "tiles), nvfp4 (E2M1 with 1x16 E4M3 scales, Blackwell, megatron-core); bare or on: the stack's recipe (tensorwise, delayed under megatron-core) (default "  \
     "off" more ")", NULL }
 /* explain and simulate: one plan's sequence parallelism (plan's --no-sp is the search's) */
 #define MP_OPT_SP                                                                                  \

@@ -165,6 +165,7 @@ const mp_param *mp_plan_param_source(const mp_plan *p, int i) {
 int mp_fp8_gemm_any_layout(int cc) { return (cc >= 100 && cc < 120) || cc >= 130; }
 
 int mp_fp8_te_copies_per_elem(mp_fp8_recipe r, int cc, int param_gather) {
+  if (r == MP_FP8_NVFP4) return 1; /* a row-wise and a column-wise copy, half a byte each */
   const int per_tensor = r == MP_FP8_DELAYED || r == MP_FP8_TENSORWISE;
   const int copies = per_tensor && mp_fp8_gemm_any_layout(cc) ? 1 : 2;
   return param_gather ? copies - 1 : copies;
@@ -179,6 +180,8 @@ int64_t mp_fp8_te_weight_copy_bytes(mp_fp8_recipe r, int cc, int param_gather, i
   const int64_t data = (int64_t)mp_fp8_te_copies_per_elem(r, cc, param_gather) * rows * cols;
   if (r == MP_FP8_MXFP8)
     return data + round_up(rows, 128) * round_up(cols / 32, 4) + round_up(ceil_div(rows, 32), 4) * round_up(cols, 128);
+  if (r == MP_FP8_NVFP4) /* E4M3 scales per 16, padded (NVFP4Quantizer::get_scale_shape), two fp32 amaxes */
+    return data + round_up(rows, 128) * round_up(cols / 16, 4) + round_up(cols, 128) * round_up(rows / 16, 4) + 8;
   if (r == MP_FP8_BLOCKWISE) {
     const int64_t colwise = 4 * ceil_div(cols, 128) * round_up(ceil_div(rows, 128), 4);
     return data + colwise + (param_gather ? 0 : 4 * ceil_div(rows, 128) * round_up(ceil_div(cols, 128), 4));
