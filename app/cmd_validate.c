@@ -43,7 +43,8 @@
  * empty or absent: off), optimizer_moments (fp32 or bf16: AdamW's moments; empty or absent:
  * fp32), fp8_param_gather (1: Megatron-Core's --fp8-param-gather, the float8 Linears' weights
  * kept and gathered in float8; empty or absent: off), fp8_all_gather (1: torchtitan's
- * enable_fsdp_float8_all_gather; empty or absent: off), mfsdp_strategy and fsdp_double_buffer
+ * enable_fsdp_float8_all_gather; empty or absent: off), nvfp4_rht (0: NVFP4 without the random
+ * Hadamard transform, NVTE_NVFP4_DISABLE_RHT=1; empty or absent: on), mfsdp_strategy and fsdp_double_buffer
  * (a megatron row with dp_shard > 1 runs Megatron
  * FSDP: its --data-parallel-sharding-strategy, empty or absent optim_grads_params, and 1 for its
  * --fsdp-double-buffer, empty or absent off), fsdp_flat_params (1: PyTorch FSDP1's flat
@@ -248,6 +249,10 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_all_gather 1 is torchtitan's enable_fsdp_float8_all_gather, "
                     "which needs fp8 1 on a torchtitan stack: empty the column", where);
   o->fp8_opts.all_gather = v->fp8_all_gather == 1;
+  if (v->nvfp4_rht >= 0 && !(v->fp8 && o->fp8_opts.recipe == MP_FP8_NVFP4))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: nvfp4_rht is NVFP4's random Hadamard transform and needs fp8 1 "
+                    "with fp8_recipe nvfp4: empty the column", where);
+  o->fp8_opts.nvfp4_no_rht = v->nvfp4_rht == 0;
   MP_CHECK(megatron_run_options(ctx, where, v, j));
   if (v->async_tp == 1 && !j->prof.async_tp)
     return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp = 1: stack %s does not run AsyncTP "

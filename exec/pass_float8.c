@@ -128,6 +128,7 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
                                                       : "experts, shared_expert, router, output and embeddings",
                o->all_gather    ? "; FSDP all-gathers float8 weights"
                : o->param_gather ? "; float8 model weights, gathered in float8 (--fp8-param-gather)"
+               : o->recipe == MP_FP8_NVFP4 && o->nvfp4_no_rht ? "; no random Hadamard transform (NVTE_NVFP4_DISABLE_RHT)"
                                  : "");
   if (n_dims > 0)
     mp_plan_note(p,

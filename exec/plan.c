@@ -734,6 +734,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
   if ((opts->fp8 && recipe != b->fp8_opts.recipe) || opts->tp.shard_logits != b->tp.shard_logits || opts->tp.pad_vocab != b->tp.pad_vocab ||
       opts->fp8 != b->fp8 || (opts->fp8 && opts->fp8_opts.all_gather != b->fp8_opts.all_gather) ||
       (opts->fp8 && opts->fp8_opts.param_gather != b->fp8_opts.param_gather) ||
+      (opts->fp8 && opts->fp8_opts.nvfp4_no_rht != b->fp8_opts.nvfp4_no_rht) ||
       opts->fsdp.per_block != b->fsdp.per_block || opts->fsdp.param_dtype != b->fsdp.param_dtype ||
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
       opts->pp_virtual != b->pp_virtual || !same_pp_layers(opts, b) || seq != b->seq || opts->master_dtype != b->master_dtype ||

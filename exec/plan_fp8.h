@@ -54,6 +54,10 @@ typedef struct mp_float8_options {
                        Linears' model weights kept as Transformer Engine float8 tensors
                        (fp8_model_init), 1 byte at rest and in the distributed optimizer's or
                        Megatron FSDP's parameter all-gather; the fp32 main weights stay */
+  int nvfp4_no_rht; /* NVFP4 without the random Hadamard transform on the weight-gradient
+                       GEMM's operands (Transformer Engine's NVTE_NVFP4_DISABLE_RHT=1,
+                       recipe NVFP4BlockScaling.disable_rht): their column-wise copies quantized
+                       with the row-wise ones in one kernel */
 } mp_float8_options;
 
 /* Whether a GPU of compute capability cc runs float8 GEMMs on operands of any layout, not

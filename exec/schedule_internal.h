@@ -211,6 +211,7 @@ typedef struct shapes {
   int f8_held_per_step;     /* the float8 weight copies live within a step (mp_fp8_te_copy_per_step) */
   int fp8_block_gemm;       /* the float8 GEMMs run Hopper's block-scaled kernels (schedule_prep.c) */
   int fp4_gemm;             /* the float8 Linears' GEMMs run in NVFP4 (the nvfp4 recipe) */
+  int nvfp4_rht;            /* NVFP4's random Hadamard transform on the wgrad operands is on */
 } shapes;
 
 typedef struct gen {

@@ -165,13 +165,16 @@ static double cast_bytes(const gen *g, int copies) {
  * an input or an output gradient, whose column-wise copy feeds the weight-gradient GEMM
  * through the transform (fp4_quant_fwd_inp, fp4_quant_bwd_grad), writes the row-wise copy in
  * one kernel and the column-wise one in nvte_hadamard_transform_cast_fusion_columnwise, which
- * reads the source again (2 more); stochastic rounding of gradients is within that kernel. */
-static double nvfp4_cast_bytes(int copies, int weight) {
-  return 2.0 + 2.0 + copies * MP_NVFP4_BYTES + (!weight && copies > 1 ? 2.0 : 0.0);
+ * reads the source again (2 more); stochastic rounding of gradients is within that kernel.
+ * Without the transform (NVTE_NVFP4_DISABLE_RHT=1: `rht` 0) every tensor is cast as a weight
+ * is, both copies in one kernel. */
+static double nvfp4_cast_bytes(int copies, int rht) {
+  return 2.0 + 2.0 + copies * MP_NVFP4_BYTES + (rht && copies > 1 ? 2.0 : 0.0);
 }
 
 static int32_t cast_op(gen *g, int module, int64_t elems, mp_variant v, int copies, int weight) {
-  const double b = g->sh.fp8_recipe == MP_FP8_NVFP4 ? nvfp4_cast_bytes(copies, weight) : cast_bytes(g, copies);
+  const double b = g->sh.fp8_recipe == MP_FP8_NVFP4 ? nvfp4_cast_bytes(copies, !weight && g->sh.nvfp4_rht)
+                                                    : cast_bytes(g, copies);
   return compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, FLOPS_CAST * (double)elems,
                  b * (double)elems, MP_DTYPE_BF16);
 }

@@ -55,8 +55,9 @@ LinearOps Of(const mp_schedule *s, int module, mp_phase phase) {
   return r;
 }
 
-void BuildOn(Built *b, int cc, mp_fp8_recipe recipe) {
+void BuildOn(Built *b, int cc, mp_fp8_recipe recipe, int nvfp4_no_rht = 0) {
   Opts o;
+  o.nvfp4_no_rht = nvfp4_no_rht;
   o.mesh = "dp_replicate=8";
   o.mem_model = MP_MEM_MODEL_MEGATRON;
   o.fp8 = 1;
@@ -184,4 +185,18 @@ TEST(Fp8Layout, Nvfp4QuantizesEveryGemmsOperands) {
   Built mx;
   BuildOn(&mx, 100, MP_FP8_MXFP8);
   EXPECT_EQ(Of(mx.s, MP_MOD_O, MP_PHASE_FORWARD).fp4_gemms + Of(mx.s, MP_MOD_O, MP_PHASE_BACKWARD).fp4_gemms, 0);
+}
+
+TEST(Fp8Layout, Nvfp4WithoutHadamardCastsBothCopiesInOneKernel) {
+  // NVTE_NVFP4_DISABLE_RHT=1 (the MLPerf v5.1 NVFP4 configs): the input and the output
+  // gradient are quantized as the weight is, the amax pass (2) and one kernel reading the
+  // source (2) and writing both copies (2 x 0.5625): 5.125 bytes an element each, the weight's
+  // unchanged; the GEMMs are NVFP4 all the same.
+  Built b;
+  BuildOn(&b, 100, MP_FP8_NVFP4, 1);
+  const double per = 2 + 2 + 2 * 0.5625;
+  const LinearOps f = Of(b.s, MP_MOD_O, MP_PHASE_FORWARD), bw = Of(b.s, MP_MOD_O, MP_PHASE_BACKWARD);
+  EXPECT_EQ(f.casts, (std::vector<double>{per * H * H, per * T * H}));
+  EXPECT_EQ(bw.casts, (std::vector<double>{per * T * H}));
+  EXPECT_EQ(f.fp4_gemms + bw.fp4_gemms, 3);
 }
