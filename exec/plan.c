@@ -717,6 +717,15 @@ static int starts_with(const char *s, const char *prefix) {
   return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
+/* Whether options o's float8 settings differ from base options b's (recipe: o's resolved);
+ * they matter only when float8 is on. */
+static int fp8_differs(const mp_plan_options *o, const mp_plan_options *b, mp_fp8_recipe recipe) {
+  if (o->fp8 != b->fp8) return 1;
+  const mp_float8_options *x = &o->fp8_opts, *y = &b->fp8_opts;
+  return o->fp8 && (recipe != y->recipe || x->all_gather != y->all_gather || x->param_gather != y->param_gather ||
+                    x->nvfp4_no_rht != y->nvfp4_no_rht);
+}
+
 mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options *opts,
                          mp_arena *arena, mp_plan **out) {
   *out = NULL;
@@ -731,10 +740,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
   const mp_plan_options *b = &base->opts;
   const int64_t seq = opts->seq ? opts->seq : b->seq;
   const mp_fp8_recipe recipe = mp_fp8_recipe_of(opts->fp8_opts.recipe, opts->mem_model);
-  if ((opts->fp8 && recipe != b->fp8_opts.recipe) || opts->tp.shard_logits != b->tp.shard_logits || opts->tp.pad_vocab != b->tp.pad_vocab ||
-      opts->fp8 != b->fp8 || (opts->fp8 && opts->fp8_opts.all_gather != b->fp8_opts.all_gather) ||
-      (opts->fp8 && opts->fp8_opts.param_gather != b->fp8_opts.param_gather) ||
-      (opts->fp8 && opts->fp8_opts.nvfp4_no_rht != b->fp8_opts.nvfp4_no_rht) ||
+  if (fp8_differs(opts, b, recipe) || opts->tp.shard_logits != b->tp.shard_logits || opts->tp.pad_vocab != b->tp.pad_vocab ||
       opts->fsdp.per_block != b->fsdp.per_block || opts->fsdp.param_dtype != b->fsdp.param_dtype ||
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
       opts->pp_virtual != b->pp_virtual || !same_pp_layers(opts, b) || seq != b->seq || opts->master_dtype != b->master_dtype ||
