@@ -219,9 +219,21 @@ mp_status mp_cmd_fp8_all_gather(mp_ctx *ctx, const mp_cmd_spec *spec, const stru
   return MP_OK;
 }
 
+/* --nvfp4-no-rht: with --fp8 nvfp4 alone. */
+static mp_status nvfp4_no_rht(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
+  if (!mp_args_has(spec, "--nvfp4-no-rht")) return MP_OK;
+  const char *fp8 = mp_args_get(spec, "--fp8");
+  if (fp8 == NULL || strcmp(fp8, "nvfp4") != 0)
+    return mp_error(ctx, MP_ERR_USAGE, "--nvfp4-no-rht turns off NVFP4's random Hadamard transform and needs "
+                    "--fp8 nvfp4");
+  o->fp8_opts.nvfp4_no_rht = 1;
+  return MP_OK;
+}
+
 mp_status mp_cmd_megatron_weights(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                                   mp_plan_options *o) {
   MP_CHECK(fp8_param_gather(ctx, spec, prof, o));
+  MP_CHECK(nvfp4_no_rht(ctx, spec, o));
   const char *s = mp_args_get(spec, "--data-parallel-sharding-strategy");
   const int dbuf = mp_args_has(spec, "--fsdp-double-buffer");
   if (s == NULL && !dbuf) return MP_OK;

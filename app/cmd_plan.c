@@ -65,7 +65,7 @@ static mp_opt k_opts[] = {
     MP_OPT_FP8_PARAM_GATHER,
     MP_OPT_FP8_ALL_GATHER,
     MP_OPT_ASYNC_TP, MP_OPT_MOE_ROUTING, MP_OPT_NCCL_CTAS,
-    {"--fp8", "[on|off|auto|tensorwise|current|delayed|rowwise|mxfp8|blockwise]",
+    {"--fp8", "[on|off|auto|tensorwise|current|delayed|rowwise|mxfp8|blockwise|nvfp4]",
      "float8 Linear layers: bare or on, float8 plans only under the stack's recipe; a recipe's name, "
      "float8 plans only under it (see simulate --help); off (default), bf16 only; auto, both where "
      "the GPU has float8", NULL},

@@ -25,7 +25,7 @@
  * collectives fused with their GEMMs, torchtitan's AsyncTP as the published run enabled it;
  * 0: not; empty or absent: the stack's default, off but under megatron-core, whose
  * --tp-comm-overlap is on), fp8_recipe (with fp8 1: tensorwise, current, delayed,
- * rowwise, mxfp8 or blockwise, or Megatron-Bridge's fp8_cs, fp8_mx, fp8_sc and subchannel;
+ * rowwise, mxfp8, blockwise or nvfp4, or Megatron-Bridge's fp8_cs, fp8_mx, fp8_sc and subchannel;
  * empty or absent: the stack's recipe), moe_dispatcher
  * (alltoall, deepep or hybridep: how EP moves tokens, exec/plan.h; empty or absent: alltoall),
  * cp_comm_type (Megatron-Core's --cp-comm-type on a megatron stack: p2p, all_gather or a2a;
@@ -43,7 +43,8 @@
  * empty or absent: off), optimizer_moments (fp32 or bf16: AdamW's moments; empty or absent:
  * fp32), fp8_param_gather (1: Megatron-Core's --fp8-param-gather, the float8 Linears' weights
  * kept and gathered in float8; empty or absent: off), fp8_all_gather (1: torchtitan's
- * enable_fsdp_float8_all_gather; empty or absent: off), mfsdp_strategy and fsdp_double_buffer
+ * enable_fsdp_float8_all_gather; empty or absent: off), nvfp4_rht (0: NVFP4 without the random
+ * Hadamard transform, NVTE_NVFP4_DISABLE_RHT=1; empty or absent: on), mfsdp_strategy and fsdp_double_buffer
  * (a megatron row with dp_shard > 1 runs Megatron
  * FSDP: its --data-parallel-sharding-strategy, empty or absent optim_grads_params, and 1 for its
  * --fsdp-double-buffer, empty or absent off), fsdp_flat_params (1: PyTorch FSDP1's flat
@@ -216,7 +217,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   o->fp8 = v->fp8 != 0;
   if (v->fp8_recipe[0] && !mp_fp8_recipe_parse(v->fp8_recipe, &o->fp8_opts.recipe))
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_recipe '%s': expected tensorwise, current, delayed, "
-                    "rowwise, mxfp8 or blockwise (or Megatron-Bridge's fp8_cs, fp8_mx, fp8_sc)", where,
+                    "rowwise, mxfp8, blockwise or nvfp4 (or Megatron-Bridge's fp8_cs, fp8_mx, fp8_sc)", where,
                     v->fp8_recipe);
   if (v->moe_dispatcher[0] && !mp_moe_dispatcher_parse(v->moe_dispatcher, &o->moe_dispatcher))
     return mp_error(ctx, MP_ERR_INVALID, "%s: moe_dispatcher '%s': expected alltoall, deepep or hybridep", where,
@@ -249,6 +250,10 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_all_gather 1 is torchtitan's enable_fsdp_float8_all_gather, "
                     "which needs fp8 1 on a torchtitan stack: empty the column", where);
   o->fp8_opts.all_gather = v->fp8_all_gather == 1;
+  if (v->nvfp4_rht >= 0 && !(v->fp8 && o->fp8_opts.recipe == MP_FP8_NVFP4))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: nvfp4_rht is NVFP4's random Hadamard transform and needs fp8 1 "
+                    "with fp8_recipe nvfp4: empty the column", where);
+  o->fp8_opts.nvfp4_no_rht = v->nvfp4_rht == 0;
   MP_CHECK(megatron_run_options(ctx, where, v, j));
   if (v->async_tp == 1 && !j->prof.async_tp)
     return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp = 1: stack %s does not run AsyncTP "

@@ -244,7 +244,11 @@ static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
       "--cuda-graph-impl transformer_engine\n--cuda-graph-scope attn moe_router\n",
       "--cuda-graph-impl transformer_engine\n--cuda-graph-scope attn moe_router moe_preprocess\n"};
   if ((unsigned)o->cuda_graphs < MP_CUDA_GRAPHS_COUNT) mp_emit_printf(b, "%s", graphs[o->cuda_graphs]);
-  if (o->fp8) mp_emit_printf(b, "--fp8-format hybrid\n--fp8-recipe %s\n", mp_fp8_recipe_name(o->fp8_opts.recipe));
+  /* NVFP4 is Megatron-Core's FP4 options (arguments.py, core_v0.15.0: --fp4-format e2m1,
+   * --fp4-recipe nvfp4), which refuses them beside --fp8-format */
+  if (o->fp8 && o->fp8_opts.recipe == MP_FP8_NVFP4) mp_emit_printf(b, "--fp4-format e2m1\n--fp4-recipe nvfp4\n");
+  else if (o->fp8)
+    mp_emit_printf(b, "--fp8-format hybrid\n--fp8-recipe %s\n", mp_fp8_recipe_name(o->fp8_opts.recipe));
   if (o->fp8 && o->fp8_opts.param_gather) mp_emit_printf(b, "--fp8-param-gather\n");
 }
 

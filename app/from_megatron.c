@@ -675,6 +675,14 @@ static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, 
                     m ? " --recompute-method " : "", m ? m : "", n ? " --recompute-num-layers " : "", n ? n : "");
   }
   const char *fmt = get(a, "--fp8-format", NULL), *recipe = get(a, "--fp8-recipe", NULL);
+  const char *fp4 = get(a, "--fp4-format", NULL); /* core_v0.15.0: e2m1, recipe nvfp4 alone */
+  if (fp4 && (fmt || strcmp(fp4, "e2m1") != 0 || has(a, "--fp4-param-gather")))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --fp4-format %s: meshplan prices e2m1 under the nvfp4 recipe, "
+                    "without --fp8-format (Megatron-Core refuses both) or --fp4-param-gather", origin, fp4);
+  if (fp4) {
+    snprintf(p->fp8, sizeof p->fp8, "nvfp4");
+    return MP_OK;
+  }
   if (!fmt && has(a, "--fp8-param-gather"))
     return mp_error(ctx, MP_ERR_USAGE, "%s: --fp8-param-gather without --fp8-format: Megatron-Core refuses it "
                     "(fp8_param must be used together with fp8 mode); add --fp8-format hybrid", origin);

@@ -83,11 +83,11 @@
     "before its backward; core_attn is --ac selective-core. Beside --ac none or selective-core; e.g. " \
     "DeepSeek-V3's layernorm,mla_up_proj,moe_act", NULL }
 #define MP_OPT_FP8(more)                                                                           \
-  { "--fp8", "[on|off|tensorwise|current|delayed|rowwise|mxfp8|blockwise]",                      \
+  { "--fp8", "[on|off|tensorwise|current|delayed|rowwise|mxfp8|blockwise|nvfp4]",                \
     "float8 Linear layers (E4M3 forward, E5M2 gradients) under a recipe of scales: tensorwise "    \
     "(each tensor's own amax; current is Transformer Engine's name for it), delayed (TE's amax "   \
     "history), rowwise (torchao), mxfp8 (1x32 blocks, Blackwell), blockwise (1x128 and 128x128 " \
-    "tiles); bare or on: the stack's recipe (tensorwise, delayed under megatron-core) (default "  \
+    "tiles), nvfp4 (E2M1 with 1x16 E4M3 scales, Blackwell, megatron-core); bare or on: the stack's recipe (tensorwise, delayed under megatron-core) (default "  \
     "off" more ")", NULL }
 /* explain and simulate: one plan's sequence parallelism (plan's --no-sp is the search's) */
 #define MP_OPT_SP                                                                                  \
@@ -136,7 +136,10 @@
   { "--fp8-param-gather", NULL, "Megatron-Core's option of that name (with --fp8 on a megatron "     \
     "stack, the distributed optimizer or Megatron FSDP): the float8 Linears' weights kept in "      \
     "float8 (1 byte at rest, in the parameter all-gather; no per-step weight cast), refreshed from " \
-    "the fp32 masters after each step; delayed, tensorwise or blockwise", NULL }
+    "the fp32 masters after each step; delayed, tensorwise or blockwise", NULL },                   \
+  { "--nvfp4-no-rht", NULL, "with --fp8 nvfp4: Transformer Engine's NVTE_NVFP4_DISABLE_RHT=1, no "   \
+    "random Hadamard transform on the weight-gradient GEMM's operands (each cast writes both "      \
+    "copies in one kernel), as the MLPerf v5.1 NVFP4 configs run", NULL }
 /* simulate, explain and plan: torchtitan's float8 FSDP all-gather (mp_cmd_fp8_all_gather) */
 #define MP_OPT_FP8_ALL_GATHER                                                                      \
   { "--fp8-all-gather", NULL, "torchtitan's enable_fsdp_float8_all_gather (with --fp8 tensorwise "  \

@@ -35,6 +35,7 @@ const char *mp_calib_gpu_profile_for(const char *name, int cc, double mem_bytes)
   if (strstr(name, "H200") && cc == 90) return "h200";
   if (strstr(name, "H100") && cc == 90) return gib > 88.0 ? "h100-96gb-500w" : "h100-sxm";
   if (strstr(name, "A100") && cc == 80) return gib > 60.0 ? "a100-80gb-sxm" : NULL;
+  if (strstr(name, "GB300") && cc == 103) return "gb300";
   if (strstr(name, "GB200") && cc == 100) return "gb200"; /* before "B200", which it contains */
   if (strstr(name, "B200") && cc == 100) return "b200";
   return NULL;

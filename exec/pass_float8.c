@@ -65,6 +65,11 @@ static mp_status param_gather_check(mp_ctx *ctx, const mp_plan *p, mp_fp8_recipe
                     "--fp8-param-gather is Megatron-Core's (Transformer Engine's float8 weights); the %s "
                     "memory model keeps bf16 weights: drop it or use a megatron stack",
                     mp_mem_model_name(p->opts.mem_model));
+  if (r == MP_FP8_NVFP4)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-param-gather with the nvfp4 recipe: Megatron-Core keeps NVFP4 model weights "
+                    "under its own --fp4-param-gather, which meshplan does not price; drop "
+                    "--fp8-param-gather");
   if (r == MP_FP8_MXFP8)
     return mp_error(ctx, MP_ERR_INVALID,
                     "--fp8-param-gather with the mxfp8 recipe: Transformer Engine's "
@@ -114,12 +119,16 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   p->opts.fp8_opts = *o;
   mp_plan_note(p,
                "Float8: %d Linear layers in float8 (%s, %s); %s excluded%s",
-               n_fp8, o->recipe == MP_FP8_MXFP8 ? "E4M3 forward and backward" : "E4M3 forward, E5M2 backward",
+               n_fp8,
+               o->recipe == MP_FP8_NVFP4   ? "E2M1 forward and backward, fprop, dgrad and wgrad"
+               : o->recipe == MP_FP8_MXFP8 ? "E4M3 forward and backward"
+                                           : "E4M3 forward, E5M2 backward",
                mp_fp8_recipe_words(o->recipe),
                mp_rule_fp8_experts(p->opts.mem_model) ? "router, output and embeddings"
                                                       : "experts, shared_expert, router, output and embeddings",
                o->all_gather    ? "; FSDP all-gathers float8 weights"
                : o->param_gather ? "; float8 model weights, gathered in float8 (--fp8-param-gather)"
+               : o->recipe == MP_FP8_NVFP4 && o->nvfp4_no_rht ? "; no random Hadamard transform (NVTE_NVFP4_DISABLE_RHT)"
                                  : "");
   if (n_dims > 0)
     mp_plan_note(p,

@@ -165,6 +165,7 @@ const mp_param *mp_plan_param_source(const mp_plan *p, int i) {
 int mp_fp8_gemm_any_layout(int cc) { return (cc >= 100 && cc < 120) || cc >= 130; }
 
 int mp_fp8_te_copies_per_elem(mp_fp8_recipe r, int cc, int param_gather) {
+  if (r == MP_FP8_NVFP4) return 1; /* a row-wise and a column-wise copy, half a byte each */
   const int per_tensor = r == MP_FP8_DELAYED || r == MP_FP8_TENSORWISE;
   const int copies = per_tensor && mp_fp8_gemm_any_layout(cc) ? 1 : 2;
   return param_gather ? copies - 1 : copies;
@@ -179,6 +180,8 @@ int64_t mp_fp8_te_weight_copy_bytes(mp_fp8_recipe r, int cc, int param_gather, i
   const int64_t data = (int64_t)mp_fp8_te_copies_per_elem(r, cc, param_gather) * rows * cols;
   if (r == MP_FP8_MXFP8)
     return data + round_up(rows, 128) * round_up(cols / 32, 4) + round_up(ceil_div(rows, 32), 4) * round_up(cols, 128);
+  if (r == MP_FP8_NVFP4) /* E4M3 scales per 16, padded (NVFP4Quantizer::get_scale_shape), two fp32 amaxes */
+    return data + round_up(rows, 128) * round_up(cols / 16, 4) + round_up(cols, 128) * round_up(rows / 16, 4) + 8;
   if (r == MP_FP8_BLOCKWISE) {
     const int64_t colwise = 4 * ceil_div(cols, 128) * round_up(ceil_div(rows, 128), 4);
     return data + colwise + (param_gather ? 0 : 4 * ceil_div(rows, 128) * round_up(ceil_div(cols, 128), 4));
@@ -752,6 +755,15 @@ static int starts_with(const char *s, const char *prefix) {
   return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
+/* Whether options o's float8 settings differ from base options b's (recipe: o's resolved);
+ * they matter only when float8 is on. */
+static int fp8_differs(const mp_plan_options *o, const mp_plan_options *b, mp_fp8_recipe recipe) {
+  if (o->fp8 != b->fp8) return 1;
+  const mp_float8_options *x = &o->fp8_opts, *y = &b->fp8_opts;
+  return o->fp8 && (recipe != y->recipe || x->all_gather != y->all_gather || x->param_gather != y->param_gather ||
+                    x->nvfp4_no_rht != y->nvfp4_no_rht);
+}
+
 mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options *opts,
                          mp_arena *arena, mp_plan **out) {
   *out = NULL;
@@ -766,9 +778,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
   const mp_plan_options *b = &base->opts;
   const int64_t seq = opts->seq ? opts->seq : b->seq;
   const mp_fp8_recipe recipe = mp_fp8_recipe_of(opts->fp8_opts.recipe, opts->mem_model);
-  if ((opts->fp8 && recipe != b->fp8_opts.recipe) || opts->tp.shard_logits != b->tp.shard_logits || opts->tp.pad_vocab != b->tp.pad_vocab ||
-      opts->fp8 != b->fp8 || (opts->fp8 && opts->fp8_opts.all_gather != b->fp8_opts.all_gather) ||
-      (opts->fp8 && opts->fp8_opts.param_gather != b->fp8_opts.param_gather) ||
+  if (fp8_differs(opts, b, recipe) || opts->tp.shard_logits != b->tp.shard_logits || opts->tp.pad_vocab != b->tp.pad_vocab ||
       opts->fsdp.per_block != b->fsdp.per_block || opts->fsdp.param_dtype != b->fsdp.param_dtype ||
       opts->fsdp.reduce_dtype != b->fsdp.reduce_dtype || opts->pp_schedule != b->pp_schedule ||
       opts->pp_virtual != b->pp_virtual || !same_pp_layers(opts, b) || seq != b->seq || opts->master_dtype != b->master_dtype ||

@@ -24,6 +24,11 @@ extern "C" {
  *   BLOCKWISE   a scale per 1x128 tile of activations and gradients and per 128x128 tile of
  *               weights (DeepSeek-V3, arXiv 2412.19437 sec. 3.3.2; Transformer Engine's
  *               Float8BlockScaling)
+ *   NVFP4       four-bit E2M1 operands (Transformer Engine's NVFP4BlockScaling, recipe.py
+ *               v2.9; arXiv 2509.25149): an E4M3 scale per 1x16 block and an fp32 scale per
+ *               tensor, weights in 16x16 blocks, a 16x16 random Hadamard transform on the
+ *               weight-gradient GEMM's operands and stochastic rounding of gradients; every
+ *               Linear GEMM (fprop, dgrad, wgrad) on Blackwell's FP4 tensor cores
  * DEFAULT is the runtime's own: DELAYED under the megatron memory model (Megatron-LM's
  * --fp8-recipe default), TENSORWISE otherwise; mp_plan_create resolves it. */
 typedef enum mp_fp8_recipe {
@@ -33,6 +38,7 @@ typedef enum mp_fp8_recipe {
   MP_FP8_ROWWISE,
   MP_FP8_MXFP8,
   MP_FP8_BLOCKWISE,
+  MP_FP8_NVFP4,
   MP_FP8_RECIPE_COUNT
 } mp_fp8_recipe;
 
@@ -48,6 +54,10 @@ typedef struct mp_float8_options {
                        Linears' model weights kept as Transformer Engine float8 tensors
                        (fp8_model_init), 1 byte at rest and in the distributed optimizer's or
                        Megatron FSDP's parameter all-gather; the fp32 main weights stay */
+  int nvfp4_no_rht; /* NVFP4 without the random Hadamard transform on the weight-gradient
+                       GEMM's operands (Transformer Engine's NVTE_NVFP4_DISABLE_RHT=1,
+                       recipe NVFP4BlockScaling.disable_rht): their column-wise copies quantized
+                       with the row-wise ones in one kernel */
 } mp_float8_options;
 
 /* Whether a GPU of compute capability cc runs float8 GEMMs on operands of any layout, not
@@ -74,7 +84,12 @@ int mp_fp8_gemm_any_layout(int cc);
  *       roundup(cols, 128)] (MXFP8Quantizer::get_scale_shape); blockwise (128 x 128 weight
  *       tiles) a row-wise and a column-wise copy, with fp32 scales of [ceil(rows / 128),
  *       roundup(ceil(cols / 128), 4)] and [ceil(cols / 128), roundup(ceil(rows / 128), 4)]
- *       (Float8BlockQuantizer::get_scale_shape, block_scaling_dim 2).
+ *       (Float8BlockQuantizer::get_scale_shape, block_scaling_dim 2); NVFP4 a row-wise and a
+ *       column-wise copy of E2M1 codes (half a byte an element each) with E4M3 scales of
+ *       [roundup(rows, 128), roundup(cols / 16, 4)] and [roundup(cols, 128),
+ *       roundup(rows / 16, 4)] and an fp32 amax each (NVFP4Quantizer::get_scale_shape,
+ *       quantizer.cpp v2.9, which takes no 2-D flag: the 16x16 weight blocks keep the 1x16
+ *       scales' shape).
  *   with param_gather  the model weight is the row-wise copy (counted with the parameters):
  *       delayed and current scaling add the transpose where the GPU needs one
  *       (Float8TensorBase.update_usage, tensor/_internal/float8_tensor_base.py), blockwise the
@@ -87,7 +102,7 @@ int mp_fp8_gemm_any_layout(int cc);
  * of a step to the optimizer step (mp_fp8_te_copy_per_step). */
 int64_t mp_fp8_te_weight_copy_bytes(mp_fp8_recipe r, int cc, int param_gather, int64_t rows, int64_t cols);
 
-/* Bytes an element of such copies takes, scales left out: 0, 1 or 2. */
+/* Bytes an element of such copies takes, scales left out: 0, 1 or 2 (NVFP4's two: 1). */
 int mp_fp8_te_copies_per_elem(mp_fp8_recipe r, int cc, int param_gather);
 
 /* Whether those copies live from the layer's first forward of a step to the optimizer step

@@ -82,7 +82,7 @@ int mp_pp_schedule_parse(const char *s, mp_pp_schedule *out) {
 }
 
 static const char *const k_fp8_recipe_names[MP_FP8_RECIPE_COUNT] = {
-    "default", "tensorwise", "delayed", "rowwise", "mxfp8", "blockwise"};
+    "default", "tensorwise", "delayed", "rowwise", "mxfp8", "blockwise", "nvfp4"};
 
 static const char *const k_fp8_recipe_words[MP_FP8_RECIPE_COUNT] = {
     "the runtime's own scales",
@@ -90,7 +90,9 @@ static const char *const k_fp8_recipe_words[MP_FP8_RECIPE_COUNT] = {
     "tensorwise scales from the amax history of earlier iterations (delayed scaling)",
     "a scale per row along each GEMM's reduction dim (rowwise)",
     "a power-of-two scale per 32 elements along the reduction dim (MXFP8)",
-    "a scale per 1x128 tile of activations and gradients, per 128x128 tile of weights (blockwise)"};
+    "a scale per 1x128 tile of activations and gradients, per 128x128 tile of weights (blockwise)",
+    "four-bit E2M1 codes with an E4M3 scale per 16 elements (16x16 for weights) and a per-tensor "
+    "fp32 scale (NVFP4)"};
 
 const char *mp_fp8_recipe_name(mp_fp8_recipe r) {
   return (unsigned)r < MP_FP8_RECIPE_COUNT ? k_fp8_recipe_names[r] : "?";

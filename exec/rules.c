@@ -210,7 +210,10 @@ static unsigned recipes_of(mp_mem_model mm) {
     case MP_MEM_MODEL_TORCHTITAN:
       return b << MP_FP8_TENSORWISE | b << MP_FP8_ROWWISE | b << MP_FP8_MXFP8;
     case MP_MEM_MODEL_MEGATRON:
-      return b << MP_FP8_TENSORWISE | b << MP_FP8_DELAYED | b << MP_FP8_MXFP8 | b << MP_FP8_BLOCKWISE;
+      /* NVFP4: Megatron-Core's --fp4-format e2m1 --fp4-recipe nvfp4 (megatron/training/arguments.py and
+       * megatron/core/fp4_utils.py get_fp4_recipe, core_v0.15.0, Transformer Engine's NVFP4BlockScaling) */
+      return b << MP_FP8_TENSORWISE | b << MP_FP8_DELAYED | b << MP_FP8_MXFP8 | b << MP_FP8_BLOCKWISE |
+             b << MP_FP8_NVFP4;
     default: return b << MP_FP8_TENSORWISE;
   }
 }

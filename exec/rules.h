@@ -127,7 +127,8 @@ int mp_rule_sp_ok(int64_t seq, int cp, int tp);
 
 /* A Linear's GEMM runs in float8 under recipe r when both dims of its rank's weight are
  * multiples of mp_rule_fp8_multiple(r): 16 for the per-tensor and rowwise recipes
- * (torch._scaled_mm's and cuBLASLt's float8 layouts; torchao's filter skips the others), 32
+ * (torch._scaled_mm's and cuBLASLt's float8 layouts; torchao's filter skips the others) and
+ * NVFP4 (its 1x16 blocks and the weights' 16x16 ones), 32
  * for MXFP8 (a scale per 32 elements along either dim, as the forward and the weight
  * gradient reduce over different dims), 128 for blockwise (its 128 x 128 weight tiles). */
 int mp_rule_fp8_multiple(mp_fp8_recipe r);
@@ -140,7 +141,8 @@ int mp_rule_fp8_linear_ok(int64_t rows, int64_t cols, mp_fp8_recipe r);
 int mp_rule_fp8_experts(mp_mem_model mm);
 /* The recipes each runtime implements: torchtitan's float8 is torchao's (tensorwise,
  * rowwise, and MXFP8 through torchao's MX formats), Megatron-LM's is Transformer Engine's
- * (--fp8-recipe delayed, tensorwise (current scaling), mxfp8, blockwise), meshplan's runtimes
+ * (--fp8-recipe delayed, tensorwise (current scaling), mxfp8, blockwise, and --fp4-recipe
+ * nvfp4), meshplan's runtimes
  * quantize tensorwise (kernels/cpu/fp8.c). Float8 all-gather (FSDP gathering float8
  * weights) is torchao's, tensorwise only. DEFAULT is resolved before this is asked. */
 int mp_rule_fp8_recipe_ok(mp_mem_model mm, mp_fp8_recipe r);

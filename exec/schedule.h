@@ -219,6 +219,9 @@ typedef struct mp_op {
   uint8_t fp8_block; /* GEMM: 1 a float8 GEMM on Hopper's block-scaled kernels (the blockwise
                         recipe's 1x128 and 128x128 scales, shapes.fp8_block_gemm), priced at
                         the stack's block-scaled rate (sim/cost.c); 0 otherwise */
+  uint8_t fp4;       /* GEMM: 1 an NVFP4 GEMM (the nvfp4 recipe's fprop, dgrad and wgrad: E2M1
+                        operands, half a byte an element plus an E4M3 scale per 16), priced
+                        on the GPU's FP4 tensor cores (sim/cost.c); 0 otherwise */
 } mp_op;
 
 /* The rows a local expert of the slowest EP rank computes under routing rt (exec/plan.h,

@@ -225,6 +225,8 @@ typedef struct shapes {
                                layout under a per-tensor recipe (schedule_prep.c) */
   int f8_held_per_step;     /* the float8 weight copies live within a step (mp_fp8_te_copy_per_step) */
   int fp8_block_gemm;       /* the float8 GEMMs run Hopper's block-scaled kernels (schedule_prep.c) */
+  int fp4_gemm;             /* the float8 Linears' GEMMs run in NVFP4 (the nvfp4 recipe) */
+  int nvfp4_rht;            /* NVFP4's random Hadamard transform on the wgrad operands is on */
 } shapes;
 
 typedef struct gen {
@@ -581,14 +583,23 @@ static inline void pair(gen *g, mp_mem_cat cat, int buf, int64_t bytes, int allo
 
 /* ---- GEMMs -------------------------------------------------------------------------- */
 
+/* An NVFP4 operand's bytes an element: half a byte of E2M1 code and an E4M3 scale per 16
+ * elements (Transformer Engine's NVFP4Quantizer, pytorch/csrc/quantizer.cpp v2.9). */
+#define MP_NVFP4_BYTES (0.5 + 1.0 / 16.0)
+
+/* A GEMM; a float8 one under the nvfp4 recipe reads its operands at MP_NVFP4_BYTES and runs
+ * on the FP4 tensor cores (mp_op.fp4): Transformer Engine's NVFP4BlockScaling quantizes the
+ * input, the weight and the output gradient, so fprop, dgrad and wgrad all run in NVFP4. */
 static inline int32_t gemm(gen *g, mp_variant v, int module, double m, int64_t n, int64_t k,
                            int64_t batch, mp_dtype dt) {
   const int in_b = mp_dtype_bytes(dt);
+  const int f8 = dt == MP_DTYPE_FP8_E4M3 || dt == MP_DTYPE_FP8_E5M2, fp4 = f8 && g->sh.fp4_gemm;
+  const double bytes = fp4 ? (double)batch * ((m + (double)n) * (double)k * MP_NVFP4_BYTES + m * (double)n * 2.0)
+                           : mp_gemm_bytes(m, (double)n, (double)k, (double)batch, in_b);
   const int32_t i = compute(g, MP_KERNEL_GEMM, v, module, (int64_t)ceil(m), n, k, batch,
-                            2.0 * m * (double)n * (double)k * (double)batch,
-                            mp_gemm_bytes(m, (double)n, (double)k, (double)batch, in_b), dt);
-  if (i >= 0 && g->sh.fp8_block_gemm && (dt == MP_DTYPE_FP8_E4M3 || dt == MP_DTYPE_FP8_E5M2))
-    g->ops[i].fp8_block = 1;
+                            2.0 * m * (double)n * (double)k * (double)batch, bytes, dt);
+  if (i >= 0 && g->sh.fp8_block_gemm && f8) g->ops[i].fp8_block = 1;
+  if (i >= 0 && fp4) g->ops[i].fp4 = 1;
   return i;
 }
 

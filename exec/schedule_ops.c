@@ -146,7 +146,7 @@ static int amax_kept(const gen *g) {
  * and no AC policy kept its amax (amax_kept) (tensorwise and rowwise; delayed scaling's
  * comes from the history, MXFP8's and
  * blockwise's blocks are scaled within the cast), and the scales (MXFP8: an E8M0 byte per
- * 32 elements; blockwise: an fp32 per 128). */
+ * 32 elements; blockwise: an fp32 per 128). NVFP4 is nvfp4_cast_bytes'. */
 static double cast_bytes(const gen *g, int copies) {
   const mp_fp8_recipe r = g->sh.fp8_recipe;
   double b = 2.0 + copies;
@@ -156,9 +156,31 @@ static double cast_bytes(const gen *g, int copies) {
   return b;
 }
 
-static int32_t cast_copies(gen *g, int module, int64_t elems, mp_variant v, int copies) {
+/* Transformer Engine's NVFP4Quantizer::quantize_impl (pytorch/csrc/quantizer.cpp, v2.9), per
+ * element of the bf16 source writing `copies` NVFP4 copies (MP_NVFP4_BYTES each: E2M1 codes
+ * and an E4M3 scale per 16): the per-tensor fp32 scale's amax pass first (2: nvte_compute_amax,
+ * or with the random Hadamard transform nvte_hadamard_transform_amax, which takes the input's
+ * amax and its transform's in one read), then the quantize. A weight (no transform, its 16x16
+ * blocks: recipe fp4_quant_fwd_weight) writes both copies in one nvte_quantize_v2 (read 2);
+ * an input or an output gradient, whose column-wise copy feeds the weight-gradient GEMM
+ * through the transform (fp4_quant_fwd_inp, fp4_quant_bwd_grad), writes the row-wise copy in
+ * one kernel and the column-wise one in nvte_hadamard_transform_cast_fusion_columnwise, which
+ * reads the source again (2 more); stochastic rounding of gradients is within that kernel.
+ * Without the transform (NVTE_NVFP4_DISABLE_RHT=1: `rht` 0) every tensor is cast as a weight
+ * is, both copies in one kernel. */
+static double nvfp4_cast_bytes(int copies, int rht) {
+  return 2.0 + 2.0 + copies * MP_NVFP4_BYTES + (rht && copies > 1 ? 2.0 : 0.0);
+}
+
+static int32_t cast_op(gen *g, int module, int64_t elems, mp_variant v, int copies, int weight) {
+  const double b = g->sh.fp8_recipe == MP_FP8_NVFP4 ? nvfp4_cast_bytes(copies, !weight && g->sh.nvfp4_rht)
+                                                    : cast_bytes(g, copies);
   return compute(g, MP_KERNEL_FP8_CAST, v, module, elems, 0, 0, 1, FLOPS_CAST * (double)elems,
-                 cast_bytes(g, copies) * (double)elems, MP_DTYPE_BF16);
+                 b * (double)elems, MP_DTYPE_BF16);
+}
+
+static int32_t cast_copies(gen *g, int module, int64_t elems, mp_variant v, int copies) {
+  return cast_op(g, module, elems, v, copies, 0);
 }
 
 static void cast(gen *g, int module, int64_t elems, mp_variant v) { cast_copies(g, module, elems, v, 1); }
@@ -167,7 +189,7 @@ static void cast(gen *g, int module, int64_t elems, mp_variant v) { cast_copies(
  * tensor's: its amax all-reduced over tp first (torchao's float8 TP on a DTensor,
  * Transformer Engine's current scaling with its amax_reduction_group); 4 bytes. */
 static void amax_tp(gen *g, int module) {
-  if (g->sh.fp8_recipe != MP_FP8_TENSORWISE || !g->sh.sp) return;
+  if ((g->sh.fp8_recipe != MP_FP8_TENSORWISE && g->sh.fp8_recipe != MP_FP8_NVFP4) || !g->sh.sp) return;
   comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, module);
 }
 
@@ -328,7 +350,7 @@ void mp_sched_linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, 
     if (g->phase != MP_PHASE_RECOMPUTE) {
       int32_t i = -1;
       if (!g->sh.fp8_param_gather)
-        i = cast_copies(g, module, w, MP_VAR_FWD, copies);
+        i = cast_op(g, module, w, MP_VAR_FWD, copies, 1);
       else if (copies > 1)
         i = transpose8(g, module, w, MP_VAR_FWD);
       if (i >= 0) g->ops[i].when = MP_WHEN_FIRST_MICRO;
@@ -383,7 +405,8 @@ static void unfused_grad_accum(gen *g, int module, int64_t out, int64_t in, int6
  * codes serve both GEMMs. The experts' gate and up gradients are linear_fc1's one output
  * gradient, split-quantized once: its per-expert launches counted on gate's cast. */
 static void te_bwd_casts(gen *g, int module, int64_t dy, int64_t x, int64_t batch) {
-  const int two = g->sh.fp8_te_copies == 2;
+  /* NVFP4 gathers both copies (f8_gather_bytes): none is made here */
+  const int two = g->sh.fp8_te_copies == 2 && g->sh.fp8_recipe != MP_FP8_NVFP4;
   if (!f8_grad_out(g, module)) {
     const int32_t i = cast_copies(g, module, dy, MP_VAR_BWD, g->sh.fp8_te_copies);
     if (!te_shares_input(g, module)) te_expert_casts(g, i, batch, 1);
@@ -583,6 +606,13 @@ static void fused_partials_sum(gen *g, int module) {
           act_comm_bytes(g) * (double)(n + out), MP_DTYPE_BF16);
 }
 
+/* Bytes an element of a float8 tensor Transformer Engine or torchao gathers over tp: 1;
+ * NVFP4 gathers the row-wise and the column-wise copy, each with its scales
+ * (_all_gather_nvfp4, transformer_engine/pytorch/distributed.py v2.9), so the cast before it
+ * writes both. */
+static double f8_gather_bytes(const gen *g) { return g->sh.fp8_recipe == MP_FP8_NVFP4 ? 2.0 * MP_NVFP4_BYTES : 1.0; }
+static int f8_gather_copies(const gen *g) { return g->sh.fp8_recipe == MP_FP8_NVFP4 ? 2 : 1; }
+
 /* Entering a region forward; with `f8` (f8_input) its input cast to float8 first and, under
  * SP, gathered in float8. */
 void mp_sched_tp_region_in_fwd(gen *g, int on, int module, int f8) {
@@ -590,13 +620,13 @@ void mp_sched_tp_region_in_fwd(gen *g, int on, int module, int f8) {
   if (!on) return;
   if (f8 && !te_norm_emits(g, module == MP_MOD_UP ? MP_MOD_GATE : module == MP_MOD_SHARED_UP ? MP_MOD_SHARED_GATE : module)) {
     amax_tp(g, module);
-    cast(g, module, sh->tokens_sp * sh->d_model, MP_VAR_FWD);
+    cast_copies(g, module, sh->tokens_sp * sh->d_model, MP_VAR_FWD, f8_gather_copies(g));
   }
   if (!sh->sp) return;
   fused_shard_copy(g, module, f8 ? 1.0 : act_comm_bytes(g), MP_VAR_FWD);
   if (f8)
-    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->tokens * sh->d_model),
-         MP_DTYPE_FP8_E4M3, module);
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE,
+         (double)(sh->tokens * sh->d_model) * f8_gather_bytes(g), MP_DTYPE_FP8_E4M3, module);
   else
     tp_coll(g, MP_COLL_ALL_GATHER, module);
   if (!fused_region(g, module)) sp_cat(g, module, f8 ? 1.0 : act_comm_bytes(g), MP_VAR_FWD);
@@ -614,10 +644,10 @@ void mp_sched_tp_region_out_bwd(gen *g, int on, int module) {
   if (!on || !sh->sp) return;
   if (f8_grad_out(g, module)) { /* cast on the rank's shard, gathered in float8 */
     amax_tp(g, module);
-    cast(g, module, sh->tokens_sp * sh->d_model, MP_VAR_BWD);
+    cast_copies(g, module, sh->tokens_sp * sh->d_model, MP_VAR_BWD, f8_gather_copies(g));
     fused_shard_copy(g, module, 1.0, MP_VAR_BWD);
-    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, (double)(sh->tokens * sh->d_model),
-         MP_DTYPE_FP8_E5M2, module);
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE,
+         (double)(sh->tokens * sh->d_model) * f8_gather_bytes(g), MP_DTYPE_FP8_E5M2, module);
     if (!fused_region(g, module)) sp_cat(g, module, 1.0, MP_VAR_BWD);
     return;
   }

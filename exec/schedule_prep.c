@@ -86,6 +86,10 @@ static void read_fp8_shapes(const mp_plan *p, shapes *sh) {
    * Engine runs the recipe's GEMMs as MXFP8 instead (NVIDIA/TransformerEngine pull request
    * 2157), at the float8 rate */
   sh->fp8_block_gemm = on && sh->fp8_recipe == MP_FP8_BLOCKWISE && p->opts.fp8_opts.gpu_cc < 100;
+  /* NVFP4BlockScaling quantizes every Linear GEMM's operands (recipe.py v2.9: fwd input,
+   * fwd weight, bwd grad): fprop, dgrad and wgrad on the FP4 tensor cores */
+  sh->fp4_gemm = on && sh->fp8_recipe == MP_FP8_NVFP4;
+  sh->nvfp4_rht = sh->fp4_gemm && !p->opts.fp8_opts.nvfp4_no_rht;
   /* torchao's float8 TP modules scale tensorwise; Transformer Engine gathers float8 under
    * every recipe */
   sh->fp8_tp_codes = sh->tp > 1 && on && ms->fp8_tp_codes && (ms->fp8_te || sh->fp8_recipe == MP_FP8_TENSORWISE);

@@ -36,7 +36,7 @@ static const char *const k_gpu_alias[][2] = {
 /* "kernel_eff" (cluster.h, mp_kernel_eff): optional as a whole, a profile without it
  * stating no kernel fractions; inside it bf16_gemm, flash_attention and a non-empty source
  * naming where the figures come from are required, fp8_gemm wherever the GPU has an fp8
- * peak (mp_gpu_validate checks the ranges). */
+ * peak, fp4_gemm optional (mp_gpu_validate checks the ranges). */
 static mp_status kernel_eff_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, mp_gpu *g) {
   const cJSON *ke = cJSON_GetObjectItemCaseSensitive(j, "kernel_eff");
   if (ke == NULL) return MP_OK;
@@ -49,6 +49,7 @@ static mp_status kernel_eff_from_json(mp_ctx *ctx, const cJSON *j, const char *o
   MP_CHECK(mp_json_get_f64(ctx, ke, sub, "bf16_gemm", 1, &k->bf16_gemm));
   MP_CHECK(mp_json_get_f64(ctx, ke, sub, "fp8_gemm", g->peak_tflops[MP_DTYPE_FP8_E4M3] > 0, &k->fp8_gemm));
   MP_CHECK(mp_json_get_f64(ctx, ke, sub, "flash_attention", 1, &k->flash_attention));
+  MP_CHECK(mp_json_get_f64(ctx, ke, sub, "fp4_gemm", 0, &k->fp4_gemm));
   const cJSON *src = cJSON_GetObjectItemCaseSensitive(ke, "source");
   if (!cJSON_IsString(src) || src->valuestring[0] == '\0')
     return mp_error(ctx, MP_ERR_INVALID, "%s: missing 'source': name the measurements the kernel fractions "
@@ -87,6 +88,7 @@ static mp_status gpu_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, 
   MP_CHECK(mp_json_get_f64(ctx, pk, sub, "tf32", 0, &g->peak_tflops[MP_DTYPE_TF32]));
   MP_CHECK(mp_json_get_f64(ctx, pk, sub, "fp8", 0, &fp8));
   g->peak_tflops[MP_DTYPE_FP8_E4M3] = g->peak_tflops[MP_DTYPE_FP8_E5M2] = fp8;
+  MP_CHECK(mp_json_get_f64(ctx, pk, sub, "fp4", 0, &g->fp4_tflops));
   MP_CHECK(mp_json_get_f64(ctx, j, origin, "mem_gib", 1, &g->mem_gib));
   MP_CHECK(mp_json_get_f64(ctx, j, origin, "hbm_GBps", 1, &g->hbm_GBps));
   MP_CHECK(mp_json_get_f64(ctx, j, origin, "nvlink_GBps_per_dir", 1, &g->nvlink_GBps_per_dir));
@@ -118,6 +120,15 @@ static mp_status kernel_eff_validate(mp_ctx *ctx, const mp_gpu *g, const char *o
   return MP_OK;
 }
 
+/* kernel_eff.fp4_gemm: 0, or in (0, 1] on a GPU with an fp4 peak. */
+static mp_status fp4_eff_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin) {
+  const double e = g->kernel_eff.fp4_gemm;
+  if (e != 0 && !(g->fp4_tflops > 0))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: kernel_eff.fp4_gemm = %g but peak_tflops.fp4 is 0 (no FP4 "
+                    "tensor cores); drop kernel_eff.fp4_gemm or state the fp4 peak", origin, e);
+  return e == 0 ? MP_OK : mp_check_f64(ctx, origin, "kernel_eff.fp4_gemm", e, 0, 1, MP_RANGE_OPEN_LO);
+}
+
 mp_status mp_gpu_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin) {
   static const struct {
     mp_dtype t;
@@ -130,6 +141,7 @@ mp_status mp_gpu_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin) {
   /* 0: no float8 units */
   MP_CHECK(mp_check_f64(ctx, origin, "peak_tflops.fp8", g->peak_tflops[MP_DTYPE_FP8_E4M3], 0,
                         MP_LIM_TFLOPS, MP_RANGE_CLOSED));
+  MP_CHECK(mp_check_f64(ctx, origin, "peak_tflops.fp4", g->fp4_tflops, 0, MP_LIM_TFLOPS, MP_RANGE_CLOSED));
   MP_CHECK(mp_check_f64(ctx, origin, "mem_gib", g->mem_gib, 0, MP_LIM_MEM_GIB, MP_RANGE_OPEN_LO));
   MP_CHECK(mp_check_f64(ctx, origin, "hbm_GBps", g->hbm_GBps, 0, MP_LIM_MEM_GBPS, MP_RANGE_OPEN_LO));
   MP_CHECK(mp_check_f64(ctx, origin, "nvlink_GBps_per_dir", g->nvlink_GBps_per_dir, 0,
@@ -146,6 +158,7 @@ mp_status mp_gpu_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin) {
   /* CUDA's compute capability is what the runtime's kernels and float8 are chosen by */
   if (g->api == MP_GPU_API_CUDA && g->compute_capability == 0)
     return mp_error(ctx, MP_ERR_INVALID, "%s: api cuda needs its compute_capability (90 for sm_90)", origin);
+  MP_CHECK(fp4_eff_validate(ctx, g, origin));
   return kernel_eff_validate(ctx, g, origin);
 }
 

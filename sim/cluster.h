@@ -23,6 +23,8 @@ typedef struct mp_kernel_eff {
   double bf16_gemm;       /* large bf16 GEMMs (cuBLAS), of the bf16 peak */
   double fp8_gemm;        /* large float8 GEMMs, of the fp8 peak; 0 without fp8 units */
   double flash_attention; /* FlashAttention-2 forward + backward, causal, of the bf16 peak */
+  double fp4_gemm;        /* large NVFP4 GEMMs (block-scaled E2M1), of the fp4 peak; 0 where the
+                             GPU has no FP4 tensor cores or the profile states none */
 } mp_kernel_eff;
 
 /* What a GPU is programmed through, which decides whether meshplan's runtime can drive it
@@ -40,6 +42,8 @@ typedef struct mp_gpu {
   char name[64];
   mp_gpu_api api;
   double peak_tflops[MP_DTYPE_COUNT]; /* dense; float8 dtypes share the fp8 figure */
+  double fp4_tflops;           /* dense NVFP4 tensor-core peak (JSON peak_tflops.fp4, optional;
+                                  0: no FP4 tensor cores, Blackwell's are the first) */
   double mem_gib;
   double hbm_GBps;
   double nvlink_GBps_per_dir;

@@ -41,6 +41,7 @@ typedef struct op_costs {
   double attn_rate;              /* bf16 peak x attention_eff */
   double gemm_eff_max, fp8_gemm_eff_max, half_mnk, kernel_overhead_s;
   double fp8_block_eff_max;      /* block-scaled float8 GEMMs' ceiling (fp8_block_ceiling) */
+  double fp4_peak, fp4_eff_max;  /* NVFP4 GEMMs (mp_op.fp4): the FP4 peak and its ceiling */
   const mp_gemm_table *gemm_table;     /* the stack's by-shape correction (bf16), or NULL */
   const mp_gemm_table *fp8_gemm_table; /* the same for float8 GEMMs, or NULL */
   double hbm_k[MP_KERNEL_COUNT];   /* per kernel class: hbm, or its own efficiency's */
@@ -70,6 +71,17 @@ static double fp8_block_ceiling(const op_costs *k, const mp_stack_profile *p) {
   return e < k->fp8_gemm_eff_max ? e : k->fp8_gemm_eff_max;
 }
 
+/* The ceiling of NVFP4 GEMMs (mp_op.fp4) against the GPU's FP4 peak: the stack's bf16
+ * ceiling carried to the GPU times the GPU's NVFP4 GEMM fraction over its bf16 one
+ * (kernel_eff.fp4_gemm / bf16_gemm, both from the GPU profile's published measurements):
+ * the stack's kernels reach the same share of what the GPU's NVFP4 kernels reach as of its
+ * bf16 ones. 0 where the profile states none (mp_sim_fp4_check refuses such a plan). */
+static double fp4_ceiling(const op_costs *k, const mp_gpu *g) {
+  const mp_kernel_eff *e = &g->kernel_eff;
+  if (!(e->fp4_gemm > 0) || !(e->bf16_gemm > 0)) return 0.0;
+  return carried_eff(k->gemm_eff_max, e->fp4_gemm / e->bf16_gemm);
+}
+
 /* The costs of ops on GPU g under stack p, for plan's options where they price an op (NULL:
  * the defaults). */
 static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *p, const mp_plan *plan) {
@@ -85,6 +97,8 @@ static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *
   k->gemm_eff_max = carried_eff(p->gemm_eff_max, sc.gemm);
   k->fp8_gemm_eff_max = carried_eff(p->fp8_gemm_eff_max, sc.fp8_gemm);
   k->fp8_block_eff_max = fp8_block_ceiling(k, p);
+  k->fp4_peak = g->fp4_tflops * 1e12;
+  k->fp4_eff_max = fp4_ceiling(k, g);
   k->half_mnk = p->gemm_eff_half_mnk;
   k->kernel_overhead_s = p->kernel_overhead_s;
   k->gemm_table = p->gemm_table;
@@ -199,8 +213,11 @@ static inline void op_compute_parts(const mp_op *op, const op_costs *k, double *
     else if (table && op->batch <= 1 && !op->grouped) /* measured by shape: batch-1 dense GEMMs */
       eff *= mp_gemm_table_factor(table, op->variant, (double)op->m, (double)op->n,
                                   (double)op->k);
+    if (op->fp4 && k->fp4_peak > 0 && k->fp4_eff_max > 0) /* NVFP4: the FP4 tensor cores */
+      eff = k->fp4_eff_max * size / (size + k->half_mnk);
     /* peak_flops of an unknown dtype is the bf16 one (dt) */
-    t_flops = eff > 0 ? flops / (k->peak[dt] * eff) : 0.0;
+    const double peak = op->fp4 && k->fp4_peak > 0 && k->fp4_eff_max > 0 ? k->fp4_peak : k->peak[dt];
+    t_flops = eff > 0 ? flops / (peak * eff) : 0.0;
   } else if (op->kernel == MP_KERNEL_ATTENTION) {
     t_flops = op->flops / k->attn_rate;
   } else {

@@ -341,7 +341,9 @@ void mp_sim_trace_op_durations(const mp_sim_trace *t, double *dur, int64_t n_ops
  * blockwise needs Hopper or later (>= 9.0: DeepGEMM, cuBLASLt's 1x128 and 128x128 block
  * scales), the per-tensor and rowwise recipes any GPU with float8 (mp_gpu_has_float8). A
  * GPU without float8 units runs a plan's float8 Linears as bf16 whatever the recipe (the
- * cost model's rule), so it is not refused here. MP_ERR_INVALID naming the GPU, its
+ * cost model's rule), so it is not refused here, except under NVFP4, which needs
+ * Blackwell's FP4 tensor cores (>= 10.0) and a profile stating their peak and the NVFP4
+ * GEMMs' efficiency (peak_tflops.fp4, kernel_eff.fp4_gemm): refused on any other GPU. MP_ERR_INVALID naming the GPU, its
  * capability and the recipe. Every simulation of a float8 plan asks it. */
 mp_status mp_sim_fp8_recipe_check(mp_ctx *ctx, const mp_gpu *g, mp_fp8_recipe r);
 

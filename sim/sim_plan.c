@@ -178,14 +178,21 @@ static mp_status schedule_arena(mp_ctx *ctx, mp_sim_workspace *ws, mp_arena *scr
 
 /* simulate_built in cfg->ws. */
 mp_status mp_sim_fp8_recipe_check(mp_ctx *ctx, const mp_gpu *g, mp_fp8_recipe r) {
-  if (!mp_gpu_has_float8(g) || mp_gpu_is_cpu(g)) return MP_OK;
-  const int need = r == MP_FP8_MXFP8 ? 100 : r == MP_FP8_BLOCKWISE ? 90 : 0;
+  if ((!mp_gpu_has_float8(g) && r != MP_FP8_NVFP4) || mp_gpu_is_cpu(g)) return MP_OK;
+  if (r == MP_FP8_NVFP4 && g->compute_capability >= 100 && !(g->fp4_tflops > 0 && g->kernel_eff.fp4_gemm > 0))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "float8 recipe nvfp4: the GPU profile %s states no FP4 peak and NVFP4 GEMM efficiency "
+                    "(peak_tflops.fp4, kernel_eff.fp4_gemm); add them from its datasheet, or choose mxfp8",
+                    g->name);
+  const int need = r == MP_FP8_MXFP8 || r == MP_FP8_NVFP4 ? 100 : r == MP_FP8_BLOCKWISE ? 90 : 0;
   if (g->compute_capability >= need) return MP_OK;
   return mp_error(ctx, MP_ERR_INVALID,
                   "float8 recipe %s needs %s (compute capability %d.%d or later); %s is %d.%d: "
                   "choose tensorwise or delayed there",
                   mp_fp8_recipe_name(r),
-                  r == MP_FP8_MXFP8 ? "Blackwell's block-scaled tensor cores" : "Hopper's float8 tensor cores",
+                  r == MP_FP8_NVFP4   ? "Blackwell's FP4 tensor cores"
+                  : r == MP_FP8_MXFP8 ? "Blackwell's block-scaled tensor cores"
+                                      : "Hopper's float8 tensor cores",
                   need / 10, need % 10, g->name, g->compute_capability / 10, g->compute_capability % 10);
 }
 

@@ -97,7 +97,7 @@ static mp_status read_runs(mp_ctx *ctx, const cJSON *j, const char *origin, mp_s
   p->fp8_recipe = MP_FP8_DEFAULT;
   if (rec[0] != '\0' && !mp_fp8_recipe_parse(rec, &p->fp8_recipe))
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_recipe '%s' is unknown; choose tensorwise (or "
-                    "current), delayed, rowwise, mxfp8 or blockwise", origin, rec);
+                    "current), delayed, rowwise, mxfp8, blockwise or nvfp4", origin, rec);
   if (p->fp8_recipe != MP_FP8_DEFAULT) {
     mp_status st = mp_rule_fp8_recipe_check(ctx, p->mem_model, p->fp8_recipe, 0);
     if (st != MP_OK) {

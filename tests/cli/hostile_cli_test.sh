@@ -290,7 +290,7 @@ row 2 "column 'async_tp' = '2'" validate "$d/async2.csv"
 row 2 "async_tp = 1: stack torchtitan-eager does not run AsyncTP" validate "$d/async_eager.csv"
 # float8 recipes: a name validate does not know, a recipe without float8, one the stack's
 # framework does not run, one the GPU cannot run, one the runtime does not train
-row 2 "fp8_recipe 'hybrid': expected tensorwise, current, delayed, rowwise, mxfp8 or blockwise" validate "$d/recipe_bad.csv"
+row 2 "fp8_recipe 'hybrid': expected tensorwise, current, delayed, rowwise, mxfp8, blockwise or nvfp4" validate "$d/recipe_bad.csv"
 row 2 "fp8_recipe 'delayed' names a float8 recipe but fp8 is 0" validate "$d/recipe_nofp8.csv"
 row 2 "float8 recipe delayed is not one torchtitan's float8 (torchao) runs (it runs tensorwise, rowwise, mxfp8)" plan --no-db --model tiny-dense --fp8 delayed
 row 2 "float8 recipe mxfp8 needs Blackwell's block-scaled tensor cores (compute capability 10.0 or later); h100-sxm is 9.0" simulate --model tiny-dense --fp8 mxfp8
@@ -379,7 +379,7 @@ row 2 "the fixed mesh dims multiply to 3, which does not divide the 8 GPUs" plan
 row 2 "--log-all logs every candidate to the database; drop --no-db" plan --no-db --log-all
 row 1 "no plan fits llama3.1-70b on 1 x h100-sxm; the smallest change that fits, searched: --gpus 16" plan --no-db --model llama3.1-70b --gpus 1
 row 1 "no plan fits llama3.1-70b on 16 x h100-sxm; the smallest change that fits, searched: --ac full" plan --no-db --model llama3.1-70b --gpus 16 --ac none
-row 2 "unknown GPU 'h100x'; known: a100-40gb-sxm, a100-80gb-sxm, b200, cpu, gb200, h100-96gb-500w, h100-nvl, h100-pcie, h100-sxm, h200, h800, l40s, mi300x" plan --no-db --gpus 8 --gpu h100x
+row 2 "unknown GPU 'h100x'; known: a100-40gb-sxm, a100-80gb-sxm, b200, cpu, gb200, gb300, h100-96gb-500w, h100-nvl, h100-pcie, h100-sxm, h200, h800, l40s, mi300x" plan --no-db --gpus 8 --gpu h100x
 row 2 "GPU mi300x has no CUDA (rocm): meshplan's CUDA runtime (stack meshplan-cuda) cannot drive it" simulate --gpus 8 --gpu mi300x --stack meshplan-cuda
 row 2 "GPU mi300x has no CUDA (rocm)" plan --no-db --gpus 8 --gpu mi300x --stack meshplan-cuda
 

@@ -73,7 +73,7 @@ for name, profile in (("h100", "h100-sxm"), ("a100", "a100-80gb-sxm"), ("H100 PC
     j = plan_json("--model", "llama3.1-8b", "--gpus", "8", "--gpu", name, "--top", "1")
     check(j is not None and j["gpu"] == profile, f"--gpu {name}: {j and j['gpu']}")
 p = run("plan", "--no-db", "--gpus", "8", "--gpu", "h100-sxm6", want_rc=2)
-check("known: a100-40gb-sxm, a100-80gb-sxm, b200, cpu, gb200, h100-96gb-500w, h100-nvl, h100-pcie, h100-sxm, h200, h800, l40s, "
+check("known: a100-40gb-sxm, a100-80gb-sxm, b200, cpu, gb200, gb300, h100-96gb-500w, h100-nvl, h100-pcie, h100-sxm, h200, h800, l40s, "
       "mi300x" in p.stderr, "an unknown GPU does not list the profiles: " + p.stderr)
 # MI300X: planned and simulated, with one line saying the runtime cannot drive it; its plans
 # do not run; the runtime's CUDA stack is refused by name

@@ -159,6 +159,33 @@ if p.returncode == 0:
     check(rows["hybridep_1"] <= rows["deepep_1"] and not same(rows["hybridep_1"], rows["deepep_1"]),
           f"with the overlap hybridep's 32 SMs: {rows['hybridep_1']} tokens/s, deepep's 20: {rows['deepep_1']}")
 
+# ---- fp8_recipe nvfp4 and nvfp4_rht: simulate's --fp8 nvfp4 and --nvfp4-no-rht on Blackwell,
+# each changing the prediction; nvfp4_rht without nvfp4 refused; nvfp4 on the H100 refused by name ----
+NV_HDR = HDR.replace(",fp8_recipe,moe_dispatcher", ",fp8_recipe,moe_dispatcher,nvfp4_rht")
+NV = "{0},test,llama3-8b,8,{1},8,400,8,1,1,1,,,1,1,8192,16,2,128,none,1,0,,megatron-core,"\
+     "tokens_per_s_per_gpu,1000,test,,,,,{2},,{3}"
+path = os.path.join(tmp, "nv.csv")
+with open(path, "w") as f:
+    f.write(NV_HDR + "\n" + "\n".join([NV.format("nv_rht", "gb200", "nvfp4", ""), NV.format("nv_norht", "gb200", "nvfp4", "0"),
+                                        NV.format("nv_mx", "gb200", "mxfp8", ""), NV.format("nv_h100", "h100-sxm", "nvfp4", "")]) + "\n")
+p = run("validate", path, "--json")
+if p.returncode == 0:
+    out = json.loads(p.stdout)
+    rows = {r["case"]: r for r in out["rows"]}
+    SIM_NV = [a if a != "b200" else "gb200" for a in SIM_DENSE]
+    want_rht, want_norht = simulate(*SIM_NV, "--fp8", "nvfp4"), simulate(*SIM_NV, "--fp8", "nvfp4", "--nvfp4-no-rht")
+    check(same(rows["nv_rht"].get("predicted"), want_rht), f"nvfp4: {rows['nv_rht']}, want {want_rht}")
+    check(same(rows["nv_norht"].get("predicted"), want_norht), f"nvfp4_rht 0: {rows['nv_norht']}, want {want_norht}")
+    check(not same(want_rht, want_norht), "--nvfp4-no-rht changes no prediction")
+    check(not same(want_rht, rows["nv_mx"].get("predicted")), "nvfp4 and mxfp8 predict alike")
+    check("h100-sxm is 9.0" in (rows["nv_h100"].get("refused") or ""), f"nvfp4 on the H100: {rows['nv_h100']}")
+else:
+    check(False, f"validate of the nvfp4 rows: {p.stderr}")
+with open(path, "w") as f:
+    f.write(NV_HDR + "\n" + NV.format("nv_bad", "gb200", "mxfp8", "0") + "\n")
+p = run("validate", path, "--json", want_rc=2)
+check("nvfp4_rht" in p.stderr and "fp8_recipe nvfp4" in p.stderr, f"nvfp4_rht with mxfp8: {p.stderr}")
+
 for f in fails:
     print("FAIL:", f)
 print(f"{len(fails)} failures")

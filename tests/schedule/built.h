@@ -33,6 +33,7 @@ struct Opts {
   int gpu_cc = 0;  // the GPU's compute capability (mp_float8_options.gpu_cc; 0: Hopper's layouts)
   int fp8_param_gather = 0;                   // Megatron-Core's --fp8-param-gather
   int fp8_all_gather = 0;                     // torchtitan's enable_fsdp_float8_all_gather
+  int nvfp4_no_rht = 0;                       // NVFP4 without the random Hadamard transform
   int reshard = 1;
   int shard_logits = 1;
   int sp = -1;  // the plan's default: on with tp > 1
@@ -71,6 +72,7 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.fp8_opts.gpu_cc = o.gpu_cc;
   po.fp8_opts.param_gather = o.fp8_param_gather;
   po.fp8_opts.all_gather = o.fp8_all_gather;
+  po.fp8_opts.nvfp4_no_rht = o.nvfp4_no_rht;
   po.fsdp.reshard_after_forward = o.reshard;
   po.tp.shard_logits = o.shard_logits;
   po.sp = o.sp;

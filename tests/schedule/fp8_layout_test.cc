@@ -26,6 +26,8 @@ struct LinearOps {
   std::vector<mp_dtype> cast_dtypes;
   int gemms = 0;
   int block_gemms = 0;  // GEMMs marked to run Hopper's block-scaled kernels (mp_op.fp8_block)
+  int fp4_gemms = 0;    // GEMMs marked to run on the FP4 tensor cores (mp_op.fp4)
+  std::vector<double> gemm_bytes;
   std::vector<int64_t> fp8_allocs;
 };
 
@@ -45,14 +47,17 @@ LinearOps Of(const mp_schedule *s, int module, mp_phase phase) {
       }
       r.gemms += op->kernel == MP_KERNEL_GEMM;
       r.block_gemms += op->kernel == MP_KERNEL_GEMM && op->fp8_block;
+      r.fp4_gemms += op->kernel == MP_KERNEL_GEMM && op->fp4;
+      if (op->kernel == MP_KERNEL_GEMM) r.gemm_bytes.push_back(op->bytes);
     }
     pending.clear();
   }
   return r;
 }
 
-void BuildOn(Built *b, int cc, mp_fp8_recipe recipe) {
+void BuildOn(Built *b, int cc, mp_fp8_recipe recipe, int nvfp4_no_rht = 0) {
   Opts o;
+  o.nvfp4_no_rht = nvfp4_no_rht;
   o.mesh = "dp_replicate=8";
   o.mem_model = MP_MEM_MODEL_MEGATRON;
   o.fp8 = 1;
@@ -150,4 +155,48 @@ TEST(Fp8Layout, GpuFunctionFollowsTransformerEngine) {
   EXPECT_FALSE(mp_fp8_gemm_any_layout(120));
   EXPECT_FALSE(mp_fp8_gemm_any_layout(121));
   EXPECT_TRUE(mp_fp8_gemm_any_layout(130));
+}
+
+TEST(Fp8Layout, Nvfp4QuantizesEveryGemmsOperands) {
+  // NVFP4 (Transformer Engine's NVFP4BlockScaling, quantizer.cpp v2.9) on a B200 (10.0): a
+  // copy is half a byte of E2M1 code and an E4M3 scale per 16 elements, 0.5625 bytes an
+  // element. o's weight (16x16 blocks, no Hadamard transform): the amax pass (2), then one
+  // kernel reading the bf16 weight (2) and writing the row-wise and column-wise copies
+  // (2 x 0.5625): 5.125 bytes an element of H x H. Its input: the Hadamard amax pass (2), the
+  // row-wise quantize (2 + 0.5625) and the column-wise copy through the random Hadamard
+  // transform, which reads the input again (2 + 0.5625): 7.125 bytes an element of T x H. The
+  // output gradient in backward the same 7.125 (stochastic rounding inside that kernel), no
+  // transposed copy. All three GEMMs are NVFP4 (fp4), none Hopper's block-scaled kind.
+  Built b;
+  BuildOn(&b, 100, MP_FP8_NVFP4);
+  const double w = 2 + 2 + 2 * 0.5625, a = 2 + 2 + 0.5625 + 2 + 0.5625;
+  const LinearOps f = Of(b.s, MP_MOD_O, MP_PHASE_FORWARD), bw = Of(b.s, MP_MOD_O, MP_PHASE_BACKWARD);
+  EXPECT_EQ(f.casts, (std::vector<double>{w * H * H, a * T * H}));
+  EXPECT_EQ(bw.casts, (std::vector<double>{a * T * H}));
+  EXPECT_EQ(f.gemms, 1);
+  EXPECT_EQ(bw.gemms, 2);
+  EXPECT_EQ(f.fp4_gemms, 1);
+  EXPECT_EQ(bw.fp4_gemms, 2);
+  EXPECT_EQ(f.block_gemms + bw.block_gemms, 0);
+  // The forward GEMM reads its NVFP4 operands, (T + H) x H x 0.5625 bytes, and writes the bf16
+  // output, T x H x 2.
+  EXPECT_EQ(f.gemm_bytes, (std::vector<double>{(T + H) * H * 0.5625 + T * H * 2}));
+  // MXFP8 on the same GPU marks none.
+  Built mx;
+  BuildOn(&mx, 100, MP_FP8_MXFP8);
+  EXPECT_EQ(Of(mx.s, MP_MOD_O, MP_PHASE_FORWARD).fp4_gemms + Of(mx.s, MP_MOD_O, MP_PHASE_BACKWARD).fp4_gemms, 0);
+}
+
+TEST(Fp8Layout, Nvfp4WithoutHadamardCastsBothCopiesInOneKernel) {
+  // NVTE_NVFP4_DISABLE_RHT=1 (the MLPerf v5.1 NVFP4 configs): the input and the output
+  // gradient are quantized as the weight is, the amax pass (2) and one kernel reading the
+  // source (2) and writing both copies (2 x 0.5625): 5.125 bytes an element each, the weight's
+  // unchanged; the GEMMs are NVFP4 all the same.
+  Built b;
+  BuildOn(&b, 100, MP_FP8_NVFP4, 1);
+  const double per = 2 + 2 + 2 * 0.5625;
+  const LinearOps f = Of(b.s, MP_MOD_O, MP_PHASE_FORWARD), bw = Of(b.s, MP_MOD_O, MP_PHASE_BACKWARD);
+  EXPECT_EQ(f.casts, (std::vector<double>{per * H * H, per * T * H}));
+  EXPECT_EQ(bw.casts, (std::vector<double>{per * T * H}));
+  EXPECT_EQ(f.fp4_gemms + bw.fp4_gemms, 3);
 }
