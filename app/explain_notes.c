@@ -140,9 +140,9 @@ mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_prof
     for (int s = 0; s < pp; s++) {
       int64_t l0, l1;
       mp_plan_chunk_layers(p, s, c, &l0, &l1);
-      e->pp_chunk_layers[c * pp + s] = (double)(l1 - l0);
+      e->pp_chunk_layers[mp_plan_chunk_index(p, s, c)] = (double)(l1 - l0);
     }
-  const size_t n = (size_t)(2 * e->n_micro * v);
+  const size_t n = (size_t)(3 * e->n_micro * v); /* a zero-bubble order's F, B and W */
   mp_pp_step *ord = malloc(n * sizeof *ord);
   if (ord == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline order");
   int64_t got = 0;
