@@ -538,4 +538,51 @@ TEST(PipelineSchedule, UnevenSplitAsTorchtitan) {
   EXPECT_NE(err.find("\"E|(t|)*32L\" for 34 chunks"), std::string::npos) << err;
 }
 
+TEST(PipelineSchedule, ZbvPlacesTheModelInAV) {
+  // ZBV (torchtitan's pipeline_parallel.py, style "v": stage pairs zip(range(pp), range(2 pp -
+  // 1, pp - 1, -1))): Llama 3.1 8B on pp=4 is 8 chunks of 4 layers; rank s holds model chunks s
+  // and 7 - s, so rank 0 runs layers 0-3 (with the embedding) and 28-31 (with the norm, the
+  // head and the loss), rank 3 the V's turn, layers 12-15 and 16-19.
+  auto Layers = [](const mp_schedule *s) {
+    std::set<int> layers;
+    mp_schedule_iter it;
+    mp_schedule_iter_begin(s, &it);
+    while (mp_schedule_iter_next(&it))
+      if (it.layer >= 0) layers.insert(it.layer);
+    return layers;
+  };
+  std::set<int> want0 = {0, 1, 2, 3, 28, 29, 30, 31}, want3;
+  for (int l = 12; l < 20; l++) want3.insert(l);
+  Stage r0, r3;
+  r0.Build("llama3.1-8b", "pp=4", 0, MP_PP_ZBV, 2, 16);
+  r3.Build("llama3.1-8b", "pp=4", 3, MP_PP_ZBV, 2, 16);
+  ASSERT_NE(r0.s, nullptr);
+  ASSERT_NE(r3.s, nullptr);
+  EXPECT_EQ(Layers(r0.s), want0);
+  EXPECT_EQ(Layers(r3.s), want3);
+  EXPECT_EQ(mp_plan_chunk_index(r0.plan, 3, 1), 4);
+  EXPECT_EQ(mp_plan_layer_stage(r0.plan, 28), 0);
+  EXPECT_EQ(mp_plan_layer_stage(r0.plan, 16), 3);
+  for (int i = 0; i < r0.plan->n_params; i++) {  // the head and the final norm sit on rank 0
+    const mp_param *q = &r0.plan->params[i];
+    if (q->module == MP_MOD_OUTPUT || q->module == MP_MOD_FINAL_NORM) {
+      EXPECT_EQ(q->pp_stage, 0) << q->fqn;
+    }
+  }
+  // a tied head would sit beside the embedding on rank 0, which the plan does not place
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_plan_options po;
+  mp_plan_options_init(&po);
+  po.pp_schedule = MP_PP_ZBV;
+  po.pp_virtual = 2;
+  mp_model m;
+  mp_mesh mesh;
+  ASSERT_EQ(mp_model_load(&ctx, "gpt2-124m", &m), MP_OK);
+  ASSERT_EQ(mp_mesh_parse(&ctx, "pp=2", 0, &mesh), MP_OK);
+  mp_plan *p = nullptr;
+  EXPECT_EQ(mp_build_plan(&ctx, &m, &mesh, &po, &p), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("tied output head"), std::string::npos) << mp_errmsg(&ctx);
+}
+
 }  // namespace
