@@ -137,7 +137,7 @@ static void sched_name(const mp_plan *p, int v, char *buf, size_t cap) {
 /* The bubble of equal stages over the busy time and its formula: DualPipe's (pp / 2 - 1)(F&B
  * + B) with F = B, F&B = 2F (nothing hidden) over m (F + B) (deepseek-ai/DualPipe's README
  * table, without the W split); the zero-bubble schedules' fill alone, (pp - 1) F over v m
- * (F + B + W) with F = B = W (tests/sim/zero_bubble_test.cc; the paper's ZB-H1 (p - 1)(F + B
+ * (F + B + W) with F = B = W (tests/sim/pipeline_test.cc; the paper's ZB-H1 (p - 1)(F + B
  * - W)); the interleaved schedule's (pp - 1) / (v m), 1F1B's and GPipe's (pp - 1) / m. */
 static double pp_bubble(const mp_plan *p, int v, int64_t m, const char **formula) {
   const int pp = p->mesh.size[MP_DIM_PP];

@@ -454,6 +454,28 @@ static mp_status check_pp_layers(mp_ctx *ctx, const mp_model *m, const mp_mesh *
   return MP_OK;
 }
 
+/* The pipeline schedule's own rules: chunks a stage, DualPipe's even pp, what ZBV cannot
+ * place. */
+static mp_status check_pp_schedule(mp_ctx *ctx, const mp_model *m, int pp, const mp_plan_options *o) {
+  if (o->pp_virtual > 1 && o->pp_schedule != MP_PP_INTERLEAVED && o->pp_schedule != MP_PP_INTERLEAVED_ZB &&
+      !(o->pp_schedule == MP_PP_ZBV && o->pp_virtual == 2))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "pp_virtual=%d: several model chunks per stage need an interleaved schedule (ZBV runs "
+                    "exactly 2); choose --pp-schedule interleaved or interleaved_zb, or pp_virtual 1",
+                    o->pp_virtual);
+  if (o->pp_schedule == MP_PP_ZBV && pp > 1 && (m->tied_embeddings || m->mtp_layers > 0))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "ZBV with pp=%d: %s's %s would sit on rank 0 beside the embedding (the V holds the "
+                    "first and the last model stage there); meshplan does not place it: choose another "
+                    "schedule", pp, m->name, m->tied_embeddings ? "tied output head" : "multi-token-prediction modules");
+  if (o->pp_schedule == MP_PP_DUALPIPE && pp > 1 && pp % 2)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "DualPipe with pp=%d: its two directions meet in the middle, which needs an even "
+                    "number of stages (deepseek-ai/DualPipe asserts num_ranks %% 2 == 0); choose an "
+                    "even pp or another schedule", pp);
+  return MP_OK;
+}
+
 /* The model x mesh x options rules (the model itself already validated). */
 static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                                const mp_plan_options *o) {
@@ -467,17 +489,7 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
     return mp_error(ctx, MP_ERR_INVALID,
                     "pp=%d exceeds the %lld layers of %s; a stage needs at least one layer", pp,
                     (long long)m->n_layers, m->name);
-  if (o->pp_virtual > 1 && o->pp_schedule != MP_PP_INTERLEAVED && o->pp_schedule != MP_PP_INTERLEAVED_ZB &&
-      !(o->pp_schedule == MP_PP_ZBV && o->pp_virtual == 2))
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "pp_virtual=%d: several model chunks per stage need an interleaved schedule (ZBV runs "
-                    "exactly 2); choose --pp-schedule interleaved or interleaved_zb, or pp_virtual 1",
-                    o->pp_virtual);
-  if (o->pp_schedule == MP_PP_ZBV && pp > 1 && (m->tied_embeddings || m->mtp_layers > 0))
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "ZBV with pp=%d: %s's %s would sit on rank 0 beside the embedding (the V holds the "
-                    "first and the last model stage there); meshplan does not place it: choose another "
-                    "schedule", pp, m->name, m->tied_embeddings ? "tied output head" : "multi-token-prediction modules");
+  MP_CHECK(check_pp_schedule(ctx, m, mesh->size[MP_DIM_PP], o));
   if (m->mtp_layers > 0 && mp_mem_model_is_runtime(o->mem_model))
     return mp_error(ctx, MP_ERR_INVALID, "%s's %lld multi-token-prediction module(s) are not built in the meshplan "
                     "runtime (the %s memory model): plan with --mtp-num-layers 0, or a torchtitan or megatron stack",
@@ -496,11 +508,6 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
   if ((o->recompute_modules & (1u << MP_RC_MOE_ACT)) && !mp_model_is_moe(m))
     return mp_error(ctx, MP_ERR_INVALID, "recompute module moe_act: model %s has no routed experts; drop it",
                     m->name);
-  if (o->pp_schedule == MP_PP_DUALPIPE && pp > 1 && pp % 2)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "DualPipe with pp=%d: its two directions meet in the middle, which needs an even "
-                    "number of stages (deepseek-ai/DualPipe asserts num_ranks %% 2 == 0); choose an "
-                    "even pp or another schedule", pp);
   if (o->pp_virtual > MP_PP_MAX_VIRTUAL)
     return mp_error(ctx, MP_ERR_INVALID, "pp_virtual=%d: at most %d model chunks per stage",
                     o->pp_virtual, MP_PP_MAX_VIRTUAL);
