@@ -115,7 +115,14 @@ for name in ("zbv", "ZBVZeroBubble"):
     check("ZBV zero bubble (2 chunks a rank in a V)" in p.stdout and "holds layers 0-3 and 28-31, runs 8 forwards "
           "before its first backward and holds at most 8 chunk activations" in p.stdout, "zbv: rank 0's order")
     check("(pp - 1) / (3 v m) with F = B = W = 0.062" in p.stdout, "zbv: the bubble")
-# the interleaved zero-bubble schedule: 9 micro-batches make 2 rounds, which torch refuses
+# the interleaved zero-bubble schedule takes fewer micro-batches than pp (torch's one round of
+# m): 2 on pp=4 x 2 chunks, stage 0 warms up with min((v - 1) m + pp - 1, m v) = min(5, 4) = 4
+# forwards, every chunk step, and holds all 4
+p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--pp-schedule", "interleaved_zb",
+        "--global-batch", "4", "--micro-batch", "1", "--ac", "full")
+check(p.returncode == 0 and "runs 4 forwards before its first backward and holds at most 4 chunk activations"
+      in p.stdout, "interleaved_zb with 2 micro-batches on pp=4: " + p.stderr)
+# 9 micro-batches make 2 rounds, which torch refuses
 p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--pp-schedule", "interleaved_zb",
         "--global-batch", "18", "--micro-batch", "1", want_rc=2)
 check(p.returncode == 2 and "choose a multiple of 2 micro-batches" in p.stderr, "interleaved_zb with 9 micro-batches")
