@@ -98,11 +98,15 @@ mp_status mp_cmd_pp_layers(mp_ctx *ctx, const char *s, mp_plan_options *o) {
 mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
   const char *ps = mp_args_get(spec, "--pp-schedule");
   if (ps && !mp_pp_schedule_parse(ps, &o->pp_schedule))
-    return mp_error(ctx, MP_ERR_USAGE, "--pp-schedule '%s': choose 1f1b, interleaved, gpipe or dualpipe", ps);
+    return mp_error(ctx, MP_ERR_USAGE, "--pp-schedule '%s': choose 1f1b, interleaved, gpipe, dualpipe, zbv or "
+                    "interleaved_zb", ps);
   /* a virtual stage holds at least one layer */
   long long pv = 2;
   MP_CHECK(mp_args_int(ctx, spec, "--pp-virtual", 1, MP_MAX_LAYERS, &pv));
-  o->pp_virtual = o->pp_schedule == MP_PP_INTERLEAVED ? (int)pv : 1;
+  if (o->pp_schedule == MP_PP_ZBV && pv != 2)
+    return mp_error(ctx, MP_ERR_USAGE, "--pp-virtual %lld: ZBV runs exactly 2 chunks a stage in a V; drop it", pv);
+  const int looped = o->pp_schedule == MP_PP_INTERLEAVED || o->pp_schedule == MP_PP_INTERLEAVED_ZB;
+  o->pp_virtual = looped || o->pp_schedule == MP_PP_ZBV ? (int)pv : 1;
   const char *layout = mp_args_get(spec, "--pp-layout");
   if (layout == NULL) return mp_cmd_pp_layers(ctx, mp_args_get(spec, "--pp-layers"), o);
   if (mp_args_get(spec, "--pp-layers"))

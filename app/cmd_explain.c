@@ -84,7 +84,7 @@ static mp_opt k_opts[] = {
 
 static mp_cmd_spec k_spec = {
     "explain", "Show the sharding passes, parameter shapes, FSDP units and schedule of one plan.",
-    "[--model M | --hf-config PATH] [--mesh SPEC] [--ep N] [--pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] "
+    "[--model M | --hf-config PATH] [--mesh SPEC] [--ep N] [--pp-schedule 1f1b|interleaved|gpipe|dualpipe|zbv|interleaved_zb [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] "
     "[--cp-rotate M | --cp-comm-type T] [--ac MODE] [--fp8] [--sp|--no-sp] [--param FQN] [--rank R] [--json] "
     "[--schedule] [--summary] [--cluster C | --gpus N] [--seq S] [--micro-batch B] [--global-batch G]",
     k_opts, 0};

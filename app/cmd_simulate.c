@@ -81,7 +81,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "simulate", "Predict step time and memory of one plan.",
     "[--model M | --hf-config PATH] [--cluster C | --gpus N [--gpu G] [--gpus-per-node K]] [--mesh SPEC] [--ep N] "
-    "[--pp N --pp-schedule 1f1b|interleaved|gpipe [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] [--cp N [--cp-rotate M | --cp-comm-type T]] [--ac POLICY] [--recompute-modules LIST] [--fp8] [--sp|--no-sp] [--cuda-graphs S] [--seq S] "
+    "[--pp N --pp-schedule 1f1b|interleaved|gpipe|dualpipe|zbv|interleaved_zb [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] [--cp N [--cp-rotate M | --cp-comm-type T]] [--ac POLICY] [--recompute-modules LIST] [--fp8] [--sp|--no-sp] [--cuda-graphs S] [--seq S] "
     "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] "
     "[--emit torchtitan|megatron [--out DIR]] [--from FILE | --from-args 'ARGS'] [--json]",
     k_opts, 0};

@@ -365,9 +365,10 @@ static mp_status read_pp_schedule(train_job *j) {
   MP_CHECK(mp_args_int(j->ctx, &k_spec, "--pp-virtual", 2, MP_PP_MAX_VIRTUAL, &v));
   if (ps && !mp_pp_schedule_parse(ps, &j->po.pp_schedule))
     return mp_error(j->ctx, MP_ERR_USAGE, "--pp-schedule '%s': choose 1f1b, interleaved or gpipe", ps);
-  if (j->po.pp_schedule == MP_PP_DUALPIPE) /* the rule book's (exec/runtime/check.c), before a search */
-    return mp_error(j->ctx, MP_ERR_USAGE, "--pp-schedule dualpipe: the runtime does not execute DualPipe "
-                    "(simulate and explain price it); choose 1f1b, interleaved or gpipe");
+  if (j->po.pp_schedule == MP_PP_DUALPIPE || mp_pp_schedule_splits_w(j->po.pp_schedule))
+    /* the rule book's (exec/runtime/check.c), before a search */
+    return mp_error(j->ctx, MP_ERR_USAGE, "--pp-schedule %s: the runtime does not execute it (simulate and "
+                    "explain price it); choose 1f1b, interleaved or gpipe", mp_pp_schedule_name(j->po.pp_schedule));
   if (v && j->po.pp_schedule != MP_PP_INTERLEAVED)
     return mp_error(j->ctx, MP_ERR_USAGE, "--pp-virtual %lld needs --pp-schedule interleaved", v);
   j->po.pp_virtual = j->po.pp_schedule == MP_PP_INTERLEAVED ? (int)(v ? v : 2) : 1;

@@ -262,9 +262,10 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   const char *pps = v->pp_schedule;
   o->pp_schedule = MP_PP_1F1B;
   if (pps[0] != '\0' && !mp_pp_schedule_parse(pps, &o->pp_schedule))
-    return mp_error(ctx, MP_ERR_INVALID, "%s: pp_schedule '%s': expected 1f1b, interleaved, gpipe or dualpipe", where,
-                    pps);
-  if (o->pp_schedule == MP_PP_INTERLEAVED) o->pp_virtual = v->pp_virtual ? (int)v->pp_virtual : 2;
+    return mp_error(ctx, MP_ERR_INVALID, "%s: pp_schedule '%s': expected 1f1b, interleaved, gpipe, dualpipe, zbv or "
+                    "interleaved_zb (or torch's ZBVZeroBubble, InterleavedZeroBubble, Interleaved1F1B)", where, pps);
+  if (o->pp_schedule == MP_PP_INTERLEAVED || o->pp_schedule == MP_PP_INTERLEAVED_ZB || o->pp_schedule == MP_PP_ZBV)
+    o->pp_virtual = v->pp_virtual ? (int)v->pp_virtual : 2;
   const mp_status lay = v->pp_layout[0] ? mp_pp_layout_parse(ctx, v->pp_layout, o) : MP_OK;
   if (lay != MP_OK) {
     mp_error_prefix(ctx, "%s", where);

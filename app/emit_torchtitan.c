@@ -16,7 +16,8 @@
 /* torchtitan's names of the schedules (torch.distributed.pipelining's classes, which
  * pipeline_parallel_schedule names). */
 static const char *schedule_name(mp_pp_schedule s) {
-  return s == MP_PP_INTERLEAVED ? "Interleaved1F1B" : s == MP_PP_GPIPE ? "GPipe" : "1F1B";
+  static const char *const names[] = {"1F1B", "Interleaved1F1B", "GPipe", "", "ZBVZeroBubble", "InterleavedZeroBubble"};
+  return (unsigned)s <= MP_PP_INTERLEAVED_ZB && names[s][0] ? names[s] : "1F1B";
 }
 
 /* [activation_checkpoint]: torchtitan's mode "none", "full", "selective" with "op" (its op

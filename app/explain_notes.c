@@ -125,6 +125,36 @@ static void dualpipe_note(explain *e, int pp, int stage) {
            (long long)l0, (long long)l1 - 1, pp - 1 - stage);
 }
 
+/* The schedule's name in the note: "interleaved 1F1B x2", "ZBV zero bubble", ... */
+static void sched_name(const mp_plan *p, int v, char *buf, size_t cap) {
+  const mp_pp_schedule k = p->opts.pp_schedule;
+  if (k == MP_PP_INTERLEAVED && v > 1) snprintf(buf, cap, "interleaved 1F1B x%d", v);
+  else if (k == MP_PP_INTERLEAVED_ZB) snprintf(buf, cap, "interleaved zero bubble (ZB-H1) x%d", v);
+  else snprintf(buf, cap, "%s", k == MP_PP_GPIPE ? "GPipe" : k == MP_PP_DUALPIPE ? "DualPipe"
+                                 : k == MP_PP_ZBV ? "ZBV zero bubble (2 chunks a rank in a V)" : "1F1B");
+}
+
+/* The bubble of equal stages over the busy time and its formula: DualPipe's (pp / 2 - 1)(F&B
+ * + B) with F = B, F&B = 2F (nothing hidden) over m (F + B) (deepseek-ai/DualPipe's README
+ * table, without the W split); the zero-bubble schedules' fill alone, (pp - 1) F over v m
+ * (F + B + W) with F = B = W (tests/sim/pipeline_test.cc; the paper's ZB-H1 (p - 1)(F + B
+ * - W)); the interleaved schedule's (pp - 1) / (v m), 1F1B's and GPipe's (pp - 1) / m. */
+static double pp_bubble(const mp_plan *p, int v, int64_t m, const char **formula) {
+  const int pp = p->mesh.size[MP_DIM_PP];
+  const mp_pp_schedule k = p->opts.pp_schedule;
+  if (k == MP_PP_DUALPIPE) {
+    *formula = "(pp / 2 - 1)(F&B + B) / (m (F + B))";
+    return (double)(pp / 2 - 1) * 1.5 / (double)m;
+  }
+  if (mp_pp_schedule_splits_w(k)) {
+    *formula = "(pp - 1) / (3 v m) with F = B = W";
+    return (double)(pp - 1) / (3.0 * v * (double)m);
+  }
+  const int interleaved = k == MP_PP_INTERLEAVED && v > 1;
+  *formula = interleaved ? "(pp - 1) / (v m)" : "(pp - 1) / m";
+  return (double)(pp - 1) / (double)((interleaved ? v : 1) * m);
+}
+
 /* With pp > 1, the rank's pipeline: the layer split, its stage's warm-up and in-flight
  * chunks walking mp_pp_order as the stack's implementation runs it, the bubble of equal
  * stages and what crosses a stage boundary; e->pp_note the sentence. */
@@ -140,9 +170,9 @@ mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_prof
     for (int s = 0; s < pp; s++) {
       int64_t l0, l1;
       mp_plan_chunk_layers(p, s, c, &l0, &l1);
-      e->pp_chunk_layers[c * pp + s] = (double)(l1 - l0);
+      e->pp_chunk_layers[mp_plan_chunk_index(p, s, c)] = (double)(l1 - l0);
     }
-  const size_t n = (size_t)(2 * e->n_micro * v);
+  const size_t n = (size_t)(3 * e->n_micro * v); /* a zero-bubble order's F, B and W */
   mp_pp_step *ord = malloc(n * sizeof *ord);
   if (ord == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the pipeline order");
   int64_t got = 0;
@@ -155,12 +185,10 @@ mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_prof
   while (e->pp_warmup < got && !ord[e->pp_warmup].bwd) e->pp_warmup++;
   e->pp_inflight = mp_pp_inflight(ord, got);
   free(ord);
-  const int interleaved = p->opts.pp_schedule == MP_PP_INTERLEAVED && v > 1;
-  const int dual = p->opts.pp_schedule == MP_PP_DUALPIPE;
-  /* DualPipe's bubble (pp / 2 - 1)(F&B + B) with F = B, F&B = 2F (nothing hidden) over its
-   * busy m (F + B): deepseek-ai/DualPipe's README table, without the W split */
-  e->pp_bubble = dual ? (double)(pp / 2 - 1) * 1.5 / (double)e->n_micro
-                      : (double)(pp - 1) / (double)((interleaved ? v : 1) * e->n_micro);
+  const int interleaved = (p->opts.pp_schedule == MP_PP_INTERLEAVED || p->opts.pp_schedule == MP_PP_INTERLEAVED_ZB) && v > 1;
+  const int dual = p->opts.pp_schedule == MP_PP_DUALPIPE, zb = mp_pp_schedule_splits_w(p->opts.pp_schedule);
+  const char *formula = NULL;
+  e->pp_bubble = pp_bubble(p, v, e->n_micro, &formula);
   const int tp = p->mesh.size[MP_DIM_TP];
   int64_t T = p->opts.micro_batch * (p->opts.seq / p->mesh.size[MP_DIM_CP]);
   if (p->opts.sp && tp > 1) T /= tp;
@@ -180,11 +208,8 @@ mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_prof
                             c == 0 && stage == 0 ? "the embedding alone" : "the head and loss alone");
   }
   mp_explain_fmt_bytes(e->pp_send_bytes, sb, sizeof sb);
-  char sched[48];
-  if (interleaved) snprintf(sched, sizeof sched, "interleaved 1F1B x%d", v);
-  else snprintf(sched, sizeof sched, "%s", p->opts.pp_schedule == MP_PP_GPIPE      ? "GPipe"
-                                           : p->opts.pp_schedule == MP_PP_DUALPIPE ? "DualPipe"
-                                                                                    : "1F1B");
+  char sched[64];
+  sched_name(p, v, sched, sizeof sched);
   snprintf(e->pp_note, sizeof e->pp_note,
            "pp=%d, %s as %s runs it (stack %s), %lld micro-batches a step; layers %s over the "
            "%d model chunks%s%s; rank %d (stage %d) holds layers %s, runs %d forwards before its "
@@ -194,16 +219,22 @@ mp_status mp_explain_pipeline_facts(mp_ctx *ctx, explain *e, const mp_stack_prof
            pp, sched,
            dual ? "deepseek-ai/DualPipe" : e->pp_flavor == MP_PP_FLAVOR_TORCH ? "torch.distributed.pipelining" : "Megatron-LM",
            prof->name, (long long)e->n_micro, split, e->pp_chunks,
-           interleaved ? ", chunk c x pp + s on stage s" : "",
+           interleaved ? ", chunk c x pp + s on stage s" : p->opts.pp_schedule == MP_PP_ZBV ? ", chunks s and 2 pp - 1 - s on stage s" : "",
            p->opts.n_pp_layers > 0 ? ", as stated (--pp-layers or --pp-layout)"
            : p->model.n_layers % e->pp_chunks ? ", the remainder one each to the chunks after the "
                                                 "first (torchtitan's split)"
                                               : "",
            e->rank, stage, mine, e->pp_warmup,
            (long long)e->pp_inflight,
-           dual ? "(pp / 2 - 1)(F&B + B) / (m (F + B))" : interleaved ? "(pp - 1) / (v m)" : "(pp - 1) / m",
-           e->pp_bubble, p->opts.sp && tp > 1 ? "[T/tp, H] bf16" : "[T, H] bf16", sb);
+           formula, e->pp_bubble, p->opts.sp && tp > 1 ? "[T/tp, H] bf16" : "[T, H] bf16", sb);
   if (dual) dualpipe_note(e, pp, stage);
+  if (zb) {
+    const size_t at = strlen(e->pp_note);
+    snprintf(e->pp_note + at, sizeof e->pp_note - at,
+             "; each backward runs as B (the input gradient) and, later, W (the weight-gradient GEMMs) "
+             "filling what would be bubbles (Qi et al., arXiv 2401.10241), a chunk's activations held "
+             "until its W (torch's stage_backward_input keeps the graph for stage_backward_weight)");
+  }
   return MP_OK;
 }
 

@@ -90,7 +90,8 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
     if (p->grad_bf16) add(f, "--fsdp-reduce-dtype", "bf16");
     if (p->reshard == 0) add(f, "--no-reshard", NULL);
     if (p->pp > 1) add(f, "--pp-schedule", "%s", mp_pp_schedule_name(p->pp_schedule));
-    if (p->pp > 1 && p->pp_schedule == MP_PP_INTERLEAVED) add(f, "--pp-virtual", "%d", p->pp_virtual);
+    if (p->pp > 1 && (p->pp_schedule == MP_PP_INTERLEAVED || p->pp_schedule == MP_PP_INTERLEAVED_ZB))
+      add(f, "--pp-virtual", "%d", p->pp_virtual);
     if (p->pp_layers[0]) add(f, "--pp-layers", "%s", p->pp_layers);
     return MP_OK;
   }

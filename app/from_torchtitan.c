@@ -240,18 +240,22 @@ static mp_status read_degrees(mp_ctx *ctx, const mp_toml *t, const char *origin,
 static mp_status read_pipeline(mp_ctx *ctx, const mp_toml *t, const char *origin, const mp_model *m, mp_from_plan *p) {
   const char *s = NULL;
   MP_CHECK(get_str(ctx, t, origin, "parallelism.pipeline_parallel_schedule", "1F1B", &s));
-  if (strcmp(s, "1F1B") == 0) p->pp_schedule = MP_PP_1F1B;
-  else if (strcmp(s, "Interleaved1F1B") == 0) p->pp_schedule = MP_PP_INTERLEAVED;
-  else if (strcmp(s, "GPipe") == 0) p->pp_schedule = MP_PP_GPIPE;
-  else
+  /* torch's get_schedule_class names, matched as it matches them (mp_pp_schedule_parse);
+   * DualPipeV, LoopedBFS and the CSV schedules are not priced */
+  if (!mp_pp_schedule_parse(s, &p->pp_schedule) || p->pp_schedule == MP_PP_DUALPIPE || strcmp(s, "zbv") == 0 ||
+      strcmp(s, "interleaved_zb") == 0 || strcmp(s, "interleaved") == 0)
     return mp_error(ctx, MP_ERR_USAGE, "%s: parallelism.pipeline_parallel_schedule = \"%s\": meshplan prices "
-                    "1F1B, Interleaved1F1B and GPipe", origin, s);
-  const int looped = p->pp_schedule == MP_PP_INTERLEAVED;
+                    "1F1B, Interleaved1F1B, GPipe, InterleavedZeroBubble and ZBVZeroBubble", origin, s);
+  /* PipelineScheduleMulti's subclasses take a stage list: 2 a rank unless layers_per_stage
+   * says otherwise; the V schedules exactly 2 (pipeline_parallel.py's style "v" asserts it) */
+  const int looped = p->pp_schedule == MP_PP_INTERLEAVED || p->pp_schedule == MP_PP_INTERLEAVED_ZB ||
+                     p->pp_schedule == MP_PP_ZBV;
   int64_t lps = 0;
   MP_CHECK(get_int(ctx, t, origin, "parallelism.pipeline_parallel_layers_per_stage", 0, 1, MP_MAX_LAYERS, &lps));
   /* pipeline_parallel.py: ceil((layers + 1 + 1) / layers_per_stage) stages, else 1 or 2 per rank */
   const int64_t stages = lps ? (m->n_layers + 2 + lps - 1) / lps : (int64_t)p->pp * (looped ? 2 : 1);
-  if (stages % p->pp || (looped ? stages / p->pp < 2 : stages / p->pp != 1))
+  if (stages % p->pp || (looped ? stages / p->pp < 2 : stages / p->pp != 1) ||
+      (p->pp_schedule == MP_PP_ZBV && stages / p->pp != 2))
     return mp_error(ctx, MP_ERR_USAGE, "%s: pipeline_parallel_layers_per_stage = %lld makes %lld stages over "
                     "pp=%d, which torchtitan refuses for %s", origin, (long long)lps, (long long)stages, p->pp, s);
   p->pp_virtual = (int)(stages / p->pp);

@@ -100,9 +100,10 @@
 #define MP_OPT_PP_SCHEDULE                                                                         \
   { "--pp-schedule", "S", "1f1b | interleaved | gpipe | dualpipe (DeepSeek-V3's bidirectional "     \
     "schedule: even pp, an even number of micro-batches, at least 2 pp; parameters twice a rank) "   \
-    "(default 1f1b)", NULL }
+    "| zbv | interleaved_zb (torch.distributed.pipelining's zero-bubble ZBVZeroBubble, 2 chunks a " \
+    "rank in a V, and InterleavedZeroBubble; torch's names are accepted too) (default 1f1b)", NULL }
 #define MP_OPT_PP_VIRTUAL                                                                          \
-  { "--pp-virtual", "N", "virtual stages per rank for interleaved (default 2)", NULL }
+  { "--pp-virtual", "N", "virtual stages per rank for interleaved and interleaved_zb (default 2)", NULL }
 #define MP_OPT_PP_LAYERS                                                                           \
   { "--pp-layers", "A,B,...", "each pipeline stage's layer count, summing to the model's layers "  \
     "(Megatron-LM's --decoder-first/last-pipeline-num-layers), e.g. 7,8,...,8,7 for 126 layers on "  \

@@ -33,7 +33,8 @@ typedef struct mp_vrow {
   char stack[256];  /* data/stacks stem or path */
   char metric[32];  /* tokens_per_s_per_gpu | peak_mem_gib | step_time_s */
   char ac[128];     /* as written; the command parses it (exec/plan.h) */
-  char pp_schedule[32]; /* "" (1f1b), 1f1b, interleaved, gpipe or dualpipe */
+  char pp_schedule[32]; /* "" (1f1b), 1f1b, interleaved, gpipe, dualpipe, zbv or interleaved_zb
+                           (mp_pp_schedule_parse: torch's class names too) */
   int64_t gpus;          /* 1..2^20 */
   int64_t gpus_per_node; /* 1..4096 */
   int64_t dp_replicate, dp_shard, tp, pp, cp, ep; /* each 1..2^20 */

@@ -78,11 +78,30 @@ static int same_pp_layers(const mp_plan_options *a, const mp_plan_options *b) {
   return 1;
 }
 
-/* Virtual stages per rank as the options give them (1 unless interleaved with pp > 1). */
+/* Virtual stages per rank as the options give them (1 unless interleaved with pp > 1; ZBV
+ * runs exactly 2, as PyTorch's ScheduleZBVZeroBubble requires). */
 static int virtual_stages(const mp_mesh *mesh, const mp_plan_options *o) {
-  return mesh->size[MP_DIM_PP] > 1 && o->pp_schedule == MP_PP_INTERLEAVED && o->pp_virtual > 1
-             ? o->pp_virtual
-             : 1;
+  if (mesh->size[MP_DIM_PP] <= 1) return 1;
+  if (o->pp_schedule == MP_PP_ZBV) return 2;
+  const int looped = o->pp_schedule == MP_PP_INTERLEAVED || o->pp_schedule == MP_PP_INTERLEAVED_ZB;
+  return looped && o->pp_virtual > 1 ? o->pp_virtual : 1;
+}
+
+int64_t mp_plan_chunk_index(const mp_plan *p, int stage, int chunk) {
+  const int pp = p->mesh.size[MP_DIM_PP];
+  if (p->opts.pp_schedule == MP_PP_ZBV && pp > 1) return chunk ? 2 * (int64_t)pp - 1 - stage : stage;
+  return (int64_t)chunk * pp + stage;
+}
+
+int mp_plan_last_stage(const mp_plan *p) {
+  return p->opts.pp_schedule == MP_PP_ZBV ? 0 : p->mesh.size[MP_DIM_PP] - 1;
+}
+
+/* The stage holding model chunk k: k mod pp, or ZBV's V (mp_plan_chunk_index). */
+static int chunk_stage(const mp_plan *p, int64_t k) {
+  const int pp = p->mesh.size[MP_DIM_PP];
+  if (p->opts.pp_schedule == MP_PP_ZBV && k >= pp) return (int)(2 * (int64_t)pp - 1 - k);
+  return (int)(k % pp);
 }
 
 int mp_plan_rank_stage(const mp_plan *p, int rank) {
@@ -118,8 +137,8 @@ int mp_plan_layer_stage(const mp_plan *p, int64_t layer) {
                                     stage k mod pp (one count per stage, or per chunk) */
     int64_t end = 0;
     for (int k = 0; k < p->opts.n_pp_layers; k++)
-      if (layer < (end += p->opts.pp_layers[k])) return k % p->mesh.size[MP_DIM_PP];
-    return (p->opts.n_pp_layers - 1) % p->mesh.size[MP_DIM_PP];
+      if (layer < (end += p->opts.pp_layers[k])) return chunk_stage(p, k);
+    return chunk_stage(p, p->opts.n_pp_layers - 1);
   }
   if (L < K) return 0;
   const int64_t base = L / K, extra = L % K;
@@ -128,12 +147,12 @@ int mp_plan_layer_stage(const mp_plan *p, int64_t layer) {
   else if (layer - base < extra * (base + 1)) k = 1 + (layer - base) / (base + 1);
   else k = 1 + extra + (layer - base - extra * (base + 1)) / base;
   if (k > K - 1) k = K - 1;
-  return (int)(k % p->mesh.size[MP_DIM_PP]);
+  return chunk_stage(p, k);
 }
 
 void mp_plan_chunk_layers(const mp_plan *p, int stage, int chunk, int64_t *l0, int64_t *l1) {
   const int64_t L = p->model.n_layers, K = model_chunks(p);
-  const int64_t k = (int64_t)chunk * p->mesh.size[MP_DIM_PP] + stage;
+  const int64_t k = mp_plan_chunk_index(p, stage, chunk);
   if (K <= 1) {
     *l0 = 0, *l1 = L;
     return;
@@ -488,6 +507,28 @@ static mp_status check_recompute_modules(mp_ctx *ctx, const mp_model *m, const m
   return MP_OK;
 }
 
+/* The pipeline schedule's own rules: chunks a stage, DualPipe's even pp, what ZBV cannot
+ * place. */
+static mp_status check_pp_schedule(mp_ctx *ctx, const mp_model *m, int pp, const mp_plan_options *o) {
+  if (o->pp_virtual > 1 && o->pp_schedule != MP_PP_INTERLEAVED && o->pp_schedule != MP_PP_INTERLEAVED_ZB &&
+      !(o->pp_schedule == MP_PP_ZBV && o->pp_virtual == 2))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "pp_virtual=%d: several model chunks per stage need an interleaved schedule (ZBV runs "
+                    "exactly 2); choose --pp-schedule interleaved or interleaved_zb, or pp_virtual 1",
+                    o->pp_virtual);
+  if (o->pp_schedule == MP_PP_ZBV && pp > 1 && (m->tied_embeddings || m->mtp_layers > 0))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "ZBV with pp=%d: %s's %s would sit on rank 0 beside the embedding (the V holds the "
+                    "first and the last model stage there); meshplan does not place it: choose another "
+                    "schedule", pp, m->name, m->tied_embeddings ? "tied output head" : "multi-token-prediction modules");
+  if (o->pp_schedule == MP_PP_DUALPIPE && pp > 1 && pp % 2)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "DualPipe with pp=%d: its two directions meet in the middle, which needs an even "
+                    "number of stages (deepseek-ai/DualPipe asserts num_ranks %% 2 == 0); choose an "
+                    "even pp or another schedule", pp);
+  return MP_OK;
+}
+
 /* The model x mesh x options rules (the model itself already validated). */
 static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                                const mp_plan_options *o) {
@@ -502,21 +543,12 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
     return mp_error(ctx, MP_ERR_INVALID,
                     "pp=%d exceeds the %lld layers of %s; a stage needs at least one layer", pp,
                     (long long)m->n_layers, m->name);
-  if (o->pp_virtual > 1 && o->pp_schedule != MP_PP_INTERLEAVED)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "pp_virtual=%d: several model chunks per stage need the interleaved schedule; "
-                    "choose --pp-schedule interleaved or pp_virtual 1",
-                    o->pp_virtual);
+  MP_CHECK(check_pp_schedule(ctx, m, mesh->size[MP_DIM_PP], o));
   if (m->mtp_layers > 0 && mp_mem_model_is_runtime(o->mem_model))
     return mp_error(ctx, MP_ERR_INVALID, "%s's %lld multi-token-prediction module(s) are not built in the meshplan "
                     "runtime (the %s memory model): plan with --mtp-num-layers 0, or a torchtitan or megatron stack",
                     m->name, (long long)m->mtp_layers, mp_mem_model_name(o->mem_model));
   MP_CHECK(check_recompute_modules(ctx, m, o));
-  if (o->pp_schedule == MP_PP_DUALPIPE && pp > 1 && pp % 2)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "DualPipe with pp=%d: its two directions meet in the middle, which needs an even "
-                    "number of stages (deepseek-ai/DualPipe asserts num_ranks %% 2 == 0); choose an "
-                    "even pp or another schedule", pp);
   if (o->pp_virtual > MP_PP_MAX_VIRTUAL)
     return mp_error(ctx, MP_ERR_INVALID, "pp_virtual=%d: at most %d model chunks per stage",
                     o->pp_virtual, MP_PP_MAX_VIRTUAL);

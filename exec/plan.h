@@ -37,6 +37,7 @@
 #include "exec/mesh.h"
 #include "exec/model.h"
 #include "exec/plan_fp8.h"
+#include "exec/plan_pp.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -229,11 +230,6 @@ typedef struct mp_fsdp_options {
                                 each reduce-scatter (exec/schedule_fsdp.c) */
 } mp_fsdp_options;
 
-/* DUALPIPE: DeepSeek-V3's bidirectional schedule (arXiv 2412.19437, sec. 3.2.1; reference
- * code github.com/deepseek-ai/DualPipe, dualpipe/dualpipe.py): micro-batches fed from both
- * ends, rank s holding model stage s of one direction and stage pp - 1 - s of the other
- * (exec/schedule_pp.c, sim/pipeline.c). */
-typedef enum mp_pp_schedule { MP_PP_1F1B = 0, MP_PP_INTERLEAVED, MP_PP_GPIPE, MP_PP_DUALPIPE } mp_pp_schedule;
 /* Whose implementation of a schedule runs (they differ only in the interleaved warm-up with
  * as many micro-batches as stages; exec/schedule_pp.c): Megatron-LM's (and the meshplan
  * runtime's) or torch.distributed.pipelining's (torchtitan's). */
@@ -785,11 +781,17 @@ void mp_plan_ddp_expert_state(const mp_plan *p, int64_t n, int64_t *param_bytes,
                               int64_t *optimizer_bytes, int64_t *shard);
 /* Pipeline stage of a rank (its pp coordinate). */
 int mp_plan_rank_stage(const mp_plan *p, int rank);
-/* Model chunks a pipeline stage holds: pp_virtual under the interleaved schedule with
- * pp > 1, else 1. */
+/* Model chunks a pipeline stage holds: pp_virtual under the interleaved schedules with
+ * pp > 1, 2 under ZBV, else 1. */
 int mp_plan_virtual_stages(const mp_plan *p);
 /* The stage holding block `layer`. */
 int mp_plan_layer_stage(const mp_plan *p, int64_t layer);
+/* The model chunk (virtual stage) stage's chunk c holds: c x pp + stage, or under ZBV's V
+ * (torchtitan's pipeline_parallel.py, style "v"; PyTorch's generate_stage_to_rank_mapping)
+ * stage for c 0 and 2 pp - 1 - stage for c 1. */
+int64_t mp_plan_chunk_index(const mp_plan *p, int stage, int chunk);
+/* The stage holding the last model chunk (the head and the loss): pp - 1, 0 under ZBV. */
+int mp_plan_last_stage(const mp_plan *p);
 /* Layers [*l0, *l1) of stage's virtual chunk: n_layers / (pp x pp_virtual) each, the
  * remainder one each to the chunks after the first (torchtitan's split; exec/plan.c). */
 void mp_plan_chunk_layers(const mp_plan *p, int stage, int chunk, int64_t *l0, int64_t *l1);
@@ -807,15 +809,6 @@ static inline const char *mp_ac_mode_name(mp_ac_mode m) {
                                                  "selective-core", "full"};
   return (unsigned)m < MP_AC_COUNT ? names[m] : "?";
 }
-/* "1f1b", "interleaved", "gpipe", "dualpipe" ("?" out of range), the names the CLI and the
- * validation CSV use. */
-static inline const char *mp_pp_schedule_name(mp_pp_schedule k) {
-  static const char *const names[] = {"1f1b", "interleaved", "gpipe", "dualpipe"};
-  return (unsigned)k <= MP_PP_DUALPIPE ? names[k] : "?";
-}
-/* The schedule named s (mp_pp_schedule_name's names) into *out: 1, or 0 for any other
- * string (*out untouched); the caller words the refusal. */
-int mp_pp_schedule_parse(const char *s, mp_pp_schedule *out);
 /* A pipeline layout in Megatron-LM's --pipeline-model-parallel-layout notation
  * ("E|(t|)*126L": virtual stages split by '|', E the embedding, t a layer, m an MTP layer
  * after the last stage's layers, L the loss; the m's into o->pp_mtp)

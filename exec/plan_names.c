@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "exec/plan.h"
 
@@ -73,8 +74,12 @@ void mp_ac_format(mp_ac_mode m, int every, char *buf, size_t cap) {
 }
 
 int mp_pp_schedule_parse(const char *s, mp_pp_schedule *out) {
-  for (int k = MP_PP_1F1B; k <= MP_PP_DUALPIPE; k++)
-    if (s && strcmp(s, mp_pp_schedule_name((mp_pp_schedule)k)) == 0) {
+  /* torch.distributed.pipelining's names (schedules.py get_schedule_class), in the enum's
+   * order; DualPipe has none (torch's DualPipeV is another schedule) */
+  static const char *const torch_names[] = {"1F1B", "Interleaved1F1B", "GPipe", "", "ZBVZeroBubble",
+                                            "InterleavedZeroBubble"};
+  for (int k = MP_PP_1F1B; k <= MP_PP_INTERLEAVED_ZB && s; k++)
+    if (strcmp(s, mp_pp_schedule_name((mp_pp_schedule)k)) == 0 || (torch_names[k][0] && strcasecmp(s, torch_names[k]) == 0)) {
       *out = (mp_pp_schedule)k;
       return 1;
     }

@@ -165,8 +165,9 @@ mp_status mp_plan_batch(mp_ctx *ctx, const mp_plan *p, int64_t *local_batch, int
                     (long long)local, (long long)gb, (long long)dp, (long long)mb,
                     (long long)local);
   const int pp = p->mesh.size[MP_DIM_PP];
-  /* a multiple of pp where the stack's schedule needs it: mp_pp_order, which knows it */
-  if (mp_plan_virtual_stages(p) > 1 && local / mb < pp)
+  /* a multiple of pp where the stack's schedule needs it: mp_pp_order, which knows it; the
+   * zero-bubble schedules take fewer (torch's rounds of max(1, m / pp), ZBV's padding) */
+  if (mp_plan_virtual_stages(p) > 1 && p->opts.pp_schedule == MP_PP_INTERLEAVED && local / mb < pp)
     return mp_error(ctx, MP_ERR_INVALID,
                     "the interleaved schedule runs micro-batches in groups of pp=%d, but %lld "
                     "sequences per rank in micro-batches of %lld make %lld; choose a batch giving "

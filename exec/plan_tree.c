@@ -200,7 +200,7 @@ int mp_plan_tree_build(mp_arena *arena, const mp_model *m, mp_param **params, in
  * embeddings on the first stage, final norm and head (a tied model's copy of the embedding
  * among them) on the last. */
 void mp_plan_tree_set_stages(mp_plan *p) {
-  const int last = p->mesh.size[MP_DIM_PP] - 1;
+  const int last = mp_plan_last_stage(p);
   for (int i = 0; i < p->n_params; i++) {
     mp_param *prm = &p->params[i];
     if (prm->layer >= 0) prm->pp_stage = mp_plan_layer_stage(p, prm->layer);

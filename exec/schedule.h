@@ -415,8 +415,10 @@ const char *mp_step_act_name(int kind); /* "gather", "block_fwd", ... */
  * `micro` counts that direction's micro-batches, and `paired` marks a forward that runs with
  * the backward after it as one overlapped step (its F&B; the other schedules leave it 0 and
  * pair by the stage's times, sim/pipeline.c). */
+enum { MP_PP_STEP_F = 0, MP_PP_STEP_B = 1, MP_PP_STEP_W = 2 }; /* mp_pp_step.bwd */
 typedef struct mp_pp_step {
-  uint8_t bwd;
+  uint8_t bwd; /* MP_PP_STEP_F (forward), _B (backward; its input-gradient part where the
+                  schedule splits it), _W (the weight-gradient part of an earlier B) */
   uint8_t chunk;
   int32_t micro;
   uint8_t paired;
@@ -425,8 +427,10 @@ typedef struct mp_pp_step {
 /* The order of `stage` of a pp-stage pipeline running n_micro micro-batches through v model
  * chunks per stage under schedule `kind` (1F1B, interleaved with v > 1, GPipe; DualPipe with
  * v 1, whose two directions are its chunks) as `flavor` implements it: 2 x n_micro x v steps
- * (DualPipe: 2 x n_micro) into out (room for that many), *n_out their count. MP_ERR_INVALID
- * for v > 1 outside the interleaved schedule, n_micro not a multiple of pp under it, and
+ * (DualPipe: 2 x n_micro; the zero-bubble schedules, ZBV with v 2: 3 x n_micro x v, a B and a
+ * W for each backward) into out (room for that many), *n_out their count. MP_ERR_INVALID
+ * for v > 1 outside the interleaved schedules and ZBV, n_micro not a multiple of pp under
+ * interleaved (of max(1, n_micro / pp) under interleaved_zb), ZBV with v other than 2, and
  * under DualPipe an odd pp, an odd n_micro or fewer than 2 pp. */
 mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp, int v,
                       int64_t n_micro, int stage, mp_pp_step *out, int64_t *n_out);
@@ -436,6 +440,8 @@ mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int
  * + 1 chunks for the interleaved schedule's (m x v, every chunk step, under Megatron-LM's
  * when m == pp). */
 int64_t mp_pp_inflight(const mp_pp_step *order, int64_t n);
+/* Whether an order splits its backwards (has W steps): its chunks are then held until W. */
+int mp_pp_order_splits_w(const mp_pp_step *order, int64_t n);
 
 /* Self-check: dependencies point backwards, every FREE matches an earlier ALLOC
  * of the same buf, layer, unit, category and size, no category goes negative, and one

@@ -36,7 +36,17 @@
  *                deepseek-ai/DualPipe): half the micro-batches enter at stage 0, half at
  *                stage pp - 1; rank s runs model stage s for the first and pp - 1 - s for
  *                the second, and in the steady state a forward of one direction and a
- *                backward of the other as one overlapped step (order_dualpipe). */
+ *                backward of the other as one overlapped step (order_dualpipe).
+ *   ZBV          torch.distributed.pipelining's ScheduleZBVZeroBubble (schedules.py,
+ *                _calculate_single_rank_operations, PyTorch v2.6 to v2.8; Qi et al., arXiv
+ *                2401.10241, sec. 6): two chunks a rank in a V, chunk 0 model stage s, chunk 1
+ *                model stage 2 pp - 1 - s; each backward split into B (input gradient) and W
+ *                (weight gradient); order_zbv.
+ *   interleaved_zb  ScheduleInterleavedZeroBubble (the paper's ZB-H1 over looped chunks):
+ *                the interleaved warm-up with one forward fewer a hop, B in place of each
+ *                backward, and stage s deferring each W by s backwards; order_interleaved_zb.
+ * A step's bwd: MP_PP_STEP_F, MP_PP_STEP_B (the backward; under the zero-bubble schedules
+ * its input-gradient part) or MP_PP_STEP_W (the weight-gradient part of a B before it). */
 #include "exec/schedule.h"
 
 /* Megatron's chunk and micro-batch of virtual step k (forward or backward) of m micro-
@@ -134,11 +144,93 @@ static int64_t order_dualpipe(int pp, int64_t m, int stage, mp_pp_step *out) {
   return w.n;
 }
 
+/* ScheduleZBVZeroBubble's rank operations (schedules.py, v2.6 to v2.8): with n = max(2 pp -
+ * 1, m) micro-batches, rank s runs 2 (pp - s) - 1 forwards of chunk 0, s pairs F1 F0, pp - s
+ * triples F1 B1 W1, then while chunk 1 lags or chunk 0 has forwards left: F0 (while any left)
+ * B0 W0 F1 B1 W1; then s pairs B0 B1, pp - s pairs B0 W0, the remaining W1 and W0. Steps of
+ * micro-batches past m (the n - m torch adds for a short step) are dropped, as it drops them
+ * (None). */
+typedef struct zbv_walk {
+  mp_pp_step *out;
+  int64_t n, m, next[3][2]; /* [F, B, W][chunk] */
+} zbv_walk;
+
+static void zbv_step(zbv_walk *w, int kind, int chunk) {
+  const int64_t mb = w->next[kind][chunk]++;
+  if (mb < w->m) w->out[w->n++] = (mp_pp_step){(uint8_t)kind, (uint8_t)chunk, (int32_t)mb, 0};
+}
+
+static int64_t order_zbv(int pp, int64_t m, int s, mp_pp_step *out) {
+  const int64_t n = m > 2 * (int64_t)pp - 1 ? m : 2 * (int64_t)pp - 1;
+  zbv_walk w = {out, 0, m, {{0, 0}, {0, 0}, {0, 0}}};
+  enum { F = MP_PP_STEP_F, B = MP_PP_STEP_B, W = MP_PP_STEP_W };
+  for (int64_t i = 0; i < 2 * (int64_t)(pp - s) - 1; i++) zbv_step(&w, F, 0);
+  for (int i = 0; i < s; i++) zbv_step(&w, F, 1), zbv_step(&w, F, 0);
+  for (int i = 0; i < pp - s; i++) zbv_step(&w, F, 1), zbv_step(&w, B, 1), zbv_step(&w, W, 1);
+  while (w.next[F][1] < w.next[F][0] || w.next[F][0] < n) {
+    if (w.next[F][0] < n) zbv_step(&w, F, 0);
+    zbv_step(&w, B, 0), zbv_step(&w, W, 0);
+    zbv_step(&w, F, 1), zbv_step(&w, B, 1), zbv_step(&w, W, 1);
+  }
+  for (int i = 0; i < s; i++) zbv_step(&w, B, 0), zbv_step(&w, B, 1);
+  for (int i = 0; i < pp - s; i++) zbv_step(&w, B, 0), zbv_step(&w, W, 0);
+  while (w.next[W][1] < w.next[B][1]) zbv_step(&w, W, 1);
+  while (w.next[W][0] < w.next[B][0]) zbv_step(&w, W, 0);
+  return w.n;
+}
+
+/* ScheduleInterleavedZeroBubble's rank operations (schedules.py _get_1f1b_rank_ops with
+ * enable_zero_bubble, v2.6 to v2.8): r = m / max(1, m / pp) micro-batches a round; stage s
+ * runs min((v - 1) r + pp - 1 - s, m v) warm-up forwards, forward step k of chunk (k / r)
+ * mod v; then a forward and a B alternately, B step k (counted from the warm-up's end) of
+ * chunk v - 1 - (k / r) mod v, each chunk numbering its micro-batches in turn; after each B
+ * past its first s, the W of the oldest B without one; the rest of the B's, each followed
+ * likewise by a W; then the W's left. */
+static int64_t order_interleaved_zb(int pp, int v, int64_t m, int s, mp_pp_step *out) {
+  const int64_t r = m / (m / pp > 1 ? m / pp : 1), total = m * v;
+  int64_t warm = (int64_t)(v - 1) * r + pp - 1 - s;
+  if (warm > total) warm = total;
+  int64_t next[3][MP_PP_MAX_VIRTUAL] = {{0}}, n = 0, nw = 0;
+#define ZB_PUSH(kind, c) (out[n++] = (mp_pp_step){(uint8_t)(kind), (uint8_t)(c), (int32_t)next[kind][c]++, 0})
+  for (int64_t op = 0; op < total + warm; op++) {
+    if (op < total) ZB_PUSH(MP_PP_STEP_F, (op / r) % v);
+    if (op < warm) continue;
+    const int64_t b = op - warm; /* the b-th B */
+    ZB_PUSH(MP_PP_STEP_B, v - 1 - (b / r) % v);
+    if (b >= s) ZB_PUSH(MP_PP_STEP_W, v - 1 - (nw / r) % v), nw++;
+  }
+  for (; nw < total; nw++) ZB_PUSH(MP_PP_STEP_W, v - 1 - (nw / r) % v);
+#undef ZB_PUSH
+  return n;
+}
+
 static int64_t order_gpipe(int64_t m, mp_pp_step *out) {
   int64_t n = 0;
   for (int64_t i = 0; i < m; i++) out[n++] = (mp_pp_step){0, 0, (int32_t)i, 0};
   for (int64_t i = 0; i < m; i++) out[n++] = (mp_pp_step){1, 0, (int32_t)i, 0};
   return n;
+}
+
+/* The zero-bubble orders with torch.distributed.pipelining's refusals (schedules.py, v2.6 to
+ * v2.8): ZBV needs exactly 2 chunks a stage; the interleaved one m a multiple of its rounds
+ * (max(1, m / pp)). */
+static mp_status order_zb(mp_ctx *ctx, mp_pp_schedule kind, int pp, int v, int64_t m, int stage,
+                          mp_pp_step *out, int64_t *n_out) {
+  if (kind == MP_PP_ZBV) {
+    if (v != 2)
+      return mp_error(ctx, MP_ERR_INVALID, "ZBV runs exactly 2 chunks a stage (ScheduleZBVZeroBubble "
+                      "requires 2 stages per rank), not %d", v);
+    *n_out = order_zbv(pp, m, stage, out);
+    return MP_OK;
+  }
+  const int64_t rounds = m / pp > 1 ? m / pp : 1;
+  if (m % rounds)
+    return mp_error(ctx, MP_ERR_INVALID, "the interleaved zero-bubble schedule runs %lld micro-batches in "
+                    "%lld rounds of pp=%d or more; they must divide evenly (ScheduleInterleavedZeroBubble "
+                    "requires a multiple of the rounds): choose a multiple of %lld micro-batches",
+                    (long long)m, (long long)rounds, pp, (long long)rounds);
+  *n_out = order_interleaved_zb(pp, v, m, stage, out);
+  return MP_OK;
 }
 
 mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int pp, int v,
@@ -149,6 +241,7 @@ mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int
     return mp_error(ctx, MP_ERR_INVALID,
                     "pipeline order: stage %d of pp=%d, %d chunks, %lld micro-batches out of range",
                     stage, pp, v, (long long)n_micro);
+  if (mp_pp_schedule_splits_w(kind)) return order_zb(ctx, kind, pp, v, n_micro, stage, out, n_out);
   if (kind == MP_PP_INTERLEAVED && v > 1) {
     if (flavor == MP_PP_FLAVOR_TORCH ? n_micro % pp != 0 : n_micro < pp)
       return mp_error(ctx, MP_ERR_INVALID,
@@ -178,12 +271,23 @@ mp_status mp_pp_order(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor, int
   return MP_OK;
 }
 
+int mp_pp_order_splits_w(const mp_pp_step *order, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (order[i].bwd == MP_PP_STEP_W) return 1;
+  return 0;
+}
+
 int64_t mp_pp_inflight(const mp_pp_step *order, int64_t n) {
+  /* a split backward keeps its chunk's saved tensors until its W: torch's
+   * stage_backward_input runs autograd with retain_graph and keeps the graph's state for
+   * stage_backward_weight (torch/distributed/pipelining/_backward.py, stage.py
+   * backward_state, v2.6 to v2.8) */
+  const int release = mp_pp_order_splits_w(order, n) ? MP_PP_STEP_W : MP_PP_STEP_B;
   int64_t held = 0, most = 0;
   for (int64_t i = 0; i < n; i++) {
-    if (!order[i].bwd) held++;
+    if (order[i].bwd == MP_PP_STEP_F) held++;
     if (held > most) most = held;
-    if (order[i].bwd) held--;
+    if (order[i].bwd == release) held--;
   }
   return most;
 }

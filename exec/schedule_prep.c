@@ -464,18 +464,19 @@ mp_status mp_sched_prep_fill(mp_ctx *ctx, const mp_plan *p, int rank, mp_schedul
   for (int c = 0; c < v; c++) {
     int64_t l0, l1;
     mp_plan_chunk_layers(p, stage, c, &l0, &l1);
-    pr->chunk[c] = (stage_info){(int32_t)l0, (int32_t)l1, stage == 0 && c == 0,
-                                stage == pp - 1 && c == v - 1};
+    /* the chunks holding the first and the last model chunk (ZBV's V: both on stage 0) */
+    const int64_t k = mp_plan_chunk_index(p, stage, c);
+    pr->chunk[c] = (stage_info){(int32_t)l0, (int32_t)l1, k == 0, k == (int64_t)pp * v - 1};
   }
   pr->v = v;
   /* the MTP modules' blocks follow the trunk on the last stage's last chunk, whose range
    * then covers them (what its blocks prefetch, its gathers and reductions see) */
   pr->mtp_l0 = pr->mtp_l1 = (int32_t)p->model.n_layers;
-  if (stage == pp - 1) {
+  if (stage == mp_plan_last_stage(p)) {
     pr->mtp_l1 = L;
     pr->chunk[v - 1].l1 = L;
   }
-  stage_info st = {pr->chunk[0].l0, pr->chunk[v - 1].l1, stage == 0, stage == pp - 1};
+  stage_info st = {pr->chunk[0].l0, pr->chunk[v - 1].l1, stage == 0, stage == mp_plan_last_stage(p)};
   read_shapes(&g);
   int64_t params_numel = 0;
   rt_rest rest;

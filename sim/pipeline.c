@@ -38,6 +38,21 @@
 #include "sim/sim_internal.h"
 #include "sim/workspace.h"
 
+/* The path a model chunk's micro-batch takes over the ranks (vstage): looped (interleaved:
+ * chunk c of stage s is model chunk c x pp + s), DualPipe's two directions, or ZBV's V
+ * (chunk 1 of stage s is model chunk 2 pp - 1 - s, the turn at stage pp - 1 local). */
+enum { SHAPE_LOOP = 0, SHAPE_DUAL, SHAPE_VEE };
+
+static int shape_of(mp_pp_schedule kind) {
+  return kind == MP_PP_DUALPIPE ? SHAPE_DUAL : kind == MP_PP_ZBV ? SHAPE_VEE : SHAPE_LOOP;
+}
+
+/* A stage's steps: a forward and a backward per chunk and micro-batch, and a W per backward
+ * under the zero-bubble schedules (mp_pp_order). */
+static int64_t order_len(mp_pp_schedule kind, int v, int64_t n_micro) {
+  return (mp_pp_schedule_splits_w(kind) ? 3 : 2) * n_micro * v;
+}
+
 /* Stages s0 .. s1 - 1's orders, per steps each, into out; 0 with the error on ctx. */
 static int fill_orders(mp_ctx *ctx, mp_pp_step *out, mp_pp_schedule kind, mp_pp_flavor flavor,
                        int pp, int v, int64_t n_micro, int s0, int s1, int64_t per) {
@@ -85,39 +100,45 @@ static const mp_pp_step *all_orders(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_sch
 }
 
 /* Virtual stage k of a path through the model: k = c x pp + s is stage s's chunk c; under
- * DualPipe (dual) a direction's path, k = d x pp + j its j-th stage, which direction 0 runs
- * on rank j and direction 1 on rank pp - 1 - j. A path's stages follow one another within
- * each pp (dual) or over all K. */
+ * DualPipe (SHAPE_DUAL) a direction's path, k = d x pp + j its j-th stage, which direction 0
+ * runs on rank j and direction 1 on rank pp - 1 - j; under ZBV (SHAPE_VEE) k = s for chunk 0
+ * and 2 pp - 1 - s for chunk 1. A path's stages follow one another within each pp (dual) or
+ * over all K. */
 static int vstage(const mp_pp_step *q, int s, int pp, int dual) {
   return q->chunk * pp + (dual && q->chunk ? pp - 1 - s : s);
 }
 
 /* What step q of stage s waits on: the index into end[] of the step that gives its input
- * (forward) or output gradient (backward), -1 for none (ready at 0), and in *send the stage
- * whose send follows that end (-1: none, a last virtual stage's backward after its own
- * forward). A path's neighbour is the next stage up, wrapping from the last stage to the
- * first between interleaved chunks, or down the ranks on DualPipe's direction 1; found
- * without a division, as the sweeps ask it every step. end[(k x 2 + bwd) x m + micro] holds
- * the end of each virtual stage's steps. */
-static inline int64_t input_of(const mp_pp_step *q, int s, int pp, int K, int dual, int64_t m, int *send) {
-  const int k = vstage(q, s, pp, dual), down = dual && q->chunk;
+ * (forward) or output gradient (backward), -1 for none (ready at 0; a W, whose B runs
+ * before it on its stage), and in *send the stage whose send follows that end (-1: none, a
+ * last virtual stage's backward after its own forward, or ZBV's turn at stage pp - 1, whose
+ * two chunks hand over on the rank: torch's _PipelineScheduleRuntime skips the send and
+ * receive of adjacent stages on one rank, schedules.py, v2.6 to v2.8). A path's neighbour is
+ * the next stage up, wrapping from the last stage to the first between interleaved chunks,
+ * or down the ranks on DualPipe's direction 1 and ZBV's chunk 1; found without a division,
+ * as the sweeps ask it every step. end[(k x 2 + bwd) x m + micro] holds the end of each
+ * virtual stage's forwards and backwards. */
+static inline int64_t input_of(const mp_pp_step *q, int s, int pp, int K, int shape, int64_t m, int *send) {
+  const int dual = shape == SHAPE_DUAL, k = vstage(q, s, pp, shape != SHAPE_LOOP);
+  const int down = shape != SHAPE_LOOP && q->chunk, turn = shape == SHAPE_VEE && s == pp - 1;
   *send = -1;
+  if (q->bwd == MP_PP_STEP_W) return -1;
   if (!q->bwd) {
     if (k == 0 || (dual && k == pp)) return -1;
-    *send = down ? s + 1 : s > 0 ? s - 1 : pp - 1;
+    if (!(turn && k == pp)) *send = down ? s + 1 : s > 0 ? s - 1 : pp - 1;
     return ((int64_t)(k - 1) * 2) * m + q->micro;
   }
   if (k == K - 1 || (dual && k == pp - 1)) return ((int64_t)k * 2) * m + q->micro;
-  *send = down ? s - 1 : s < pp - 1 ? s + 1 : 0;
+  if (!(turn && k == pp - 1)) *send = down ? s - 1 : s < pp - 1 ? s + 1 : 0;
   return ((int64_t)(k + 1) * 2 + 1) * m + q->micro;
 }
 
 /* The ready time of step q of stage s: when its input (forward) or output gradient
  * (backward) is there (input_of); NAN while the step it waits for has not run. */
-static inline double ready_s(const mp_pp_step *q, int s, int pp, int K, int dual, int64_t m, const double *end,
+static inline double ready_s(const mp_pp_step *q, int s, int pp, int K, int shape, int64_t m, const double *end,
                              const mp_pp_stage_times *const *st) {
   int send;
-  const int64_t i = input_of(q, s, pp, K, dual, m, &send);
+  const int64_t i = input_of(q, s, pp, K, shape, m, &send);
   if (i < 0) return 0.0;
   const double e = end[i];
   if (isnan(e) || send < 0) return e;
@@ -128,29 +149,42 @@ static inline double ready_s(const mp_pp_step *q, int s, int pp, int K, int dual
  * it (the EP all-to-all overlap, fb_save != 0): a backward of another micro-batch or chunk,
  * which does not wait on that forward; else 1. */
 static inline int combined(const mp_pp_step *ord, int64_t i, int64_t per, int s, int pp, int K,
-                           int dual, const mp_pp_stage_times *t) {
-  if (dual) return ord[i].paired ? 2 : 1; /* DualPipe names its F&B pairs */
-  if (i + 1 >= per || ord[i].bwd || !ord[i + 1].bwd || t->fb_save[ord[i].chunk] == 0.0) return 1;
+                           int shape, const mp_pp_stage_times *t) {
+  if (shape == SHAPE_DUAL) return ord[i].paired ? 2 : 1; /* DualPipe names its F&B pairs */
+  if (i + 1 >= per || ord[i].bwd || ord[i + 1].bwd != MP_PP_STEP_B || t->fb_save[ord[i].chunk] == 0.0) return 1;
   const int k = ord[i].chunk * pp + s;
   if (ord[i + 1].micro == ord[i].micro && ord[i + 1].chunk == ord[i].chunk && k == K - 1) return 1;
   return 2;
 }
 
+/* How long step q takes: f or b, or under a split backward (split) its B b - w and its W w.
+ * On the first virtual stage torch's stage computes no input gradient and its W runs the
+ * whole backward (stage.py backward_one_chunk and backward_weight_one_chunk, v2.6 to v2.8);
+ * both orders run that W right after its B, so the pair takes b either way. */
+static inline double step_s(const mp_pp_step *q, int split, const mp_pp_stage_times *t) {
+  const int c = q->chunk;
+  if (q->bwd == MP_PP_STEP_F) return t->f[c];
+  if (!split) return t->b[c];
+  return q->bwd == MP_PP_STEP_B ? t->b[c] - t->w[c] : t->w[c];
+}
+
 /* Runs n steps from q (one, or a forward and a backward combined) on stage s from when it is
  * free and their inputs are there (`ready`): a combined step takes f + b less the saving of
- * the pair (the smaller of the two chunks'), and both end when it ends. */
-static void run_steps(const mp_pp_step *q, int n, double ready, int s, int pp, int dual, int64_t n_micro,
+ * the pair (the smaller of the two chunks'), and both end when it ends. A W ends no step
+ * another waits on. */
+static void run_steps(const mp_pp_step *q, int n, double ready, int s, int pp, int shape, int split, int64_t n_micro,
                       const mp_pp_stage_times *t, double *free_s, double *end) {
   const double t0 = *free_s > ready ? *free_s : ready;
-  double d = q->bwd ? t->b[q->chunk] : t->f[q->chunk];
+  double d = step_s(q, split, t);
   if (n == 2) {
     const double sf = t->fb_save[q[0].chunk], sb = t->fb_save[q[1].chunk];
     d += t->b[q[1].chunk] - (sf < sb ? sf : sb);
   }
   MP_ASSERT(!(d < 0.0), "stage %d: a stage's time never goes back", s);
   *free_s = t0 + d;
+  if (q->bwd == MP_PP_STEP_W) return;
   for (int i = 0; i < n; i++) {
-    double *slot = &end[((int64_t)vstage(&q[i], s, pp, dual) * 2 + q[i].bwd) * n_micro + q[i].micro];
+    double *slot = &end[((int64_t)vstage(&q[i], s, pp, shape != SHAPE_LOOP) * 2 + q[i].bwd) * n_micro + q[i].micro];
     MP_ASSERT(isnan(*slot), "stage %d: each step runs once (what waits on it reads one end)", s);
     *slot = *free_s;
   }
@@ -206,9 +240,9 @@ static int any_combined(const mp_pp_stage_times *const *stage, int pp, int v) {
 static mp_status sweeps(mp_ctx *ctx, const mp_pp_step *all, mp_pp_schedule kind, int pp, int v,
                         int64_t n_micro, const mp_pp_stage_times *const *stage, double *end,
                         double *free_t, int64_t *pos, mp_sim_order_slot *o) {
-  const int dual = kind == MP_PP_DUALPIPE;
-  const int64_t per = 2 * n_micro * v;
-  const int K = pp * (dual ? 2 : v); /* DualPipe: two directions of pp stages */
+  const int shape = shape_of(kind), split = mp_pp_schedule_splits_w(kind);
+  const int64_t per = order_len(kind, v, n_micro);
+  const int K = pp * (shape == SHAPE_DUAL ? 2 : v); /* DualPipe: two directions of pp stages */
   int64_t left = per * pp;
   for (int sweep = 0; left > 0; sweep++) {
     int64_t progress = 0;
@@ -217,15 +251,15 @@ static mp_status sweeps(mp_ctx *ctx, const mp_pp_step *all, mp_pp_schedule kind,
       const mp_pp_step *ord = all + (size_t)s * per;
       while (pos[s] < per) {
         const mp_pp_step *q = &ord[pos[s]];
-        const double r = ready_s(q, s, pp, K, dual, n_micro, end, stage);
+        const double r = ready_s(q, s, pp, K, shape, n_micro, end, stage);
         if (isnan(r)) break;
-        const int n = combined(ord, pos[s], per, s, pp, K, dual, stage[s]);
+        const int n = combined(ord, pos[s], per, s, pp, K, shape, stage[s]);
         if (n == 2) {
-          const double r2 = ready_s(q + 1, s, pp, K, dual, n_micro, end, stage);
+          const double r2 = ready_s(q + 1, s, pp, K, shape, n_micro, end, stage);
           if (isnan(r2)) break;
-          run_steps(q, 2, r > r2 ? r : r2, s, pp, dual, n_micro, stage[s], &free_t[s], end);
+          run_steps(q, 2, r > r2 ? r : r2, s, pp, shape, split, n_micro, stage[s], &free_t[s], end);
         } else {
-          run_steps(q, 1, r, s, pp, dual, n_micro, stage[s], &free_t[s], end);
+          run_steps(q, 1, r, s, pp, shape, split, n_micro, stage[s], &free_t[s], end);
           if (o) o->rec[o->n_rec++] = rec_of(q, s, pp, K, n_micro);
         }
         pos[s] += n;
@@ -256,8 +290,8 @@ static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind
                           mp_pp_flavor flavor, int pp, int v, int64_t n_micro,
                           const mp_pp_stage_times *const *stage, double *finish) {
   const int dual = kind == MP_PP_DUALPIPE;
-  const int64_t per = 2 * n_micro * v; /* steps per stage */
-  const int K = pp * (dual ? 2 : v);    /* DualPipe: two directions of pp stages */
+  const int64_t per = order_len(kind, v, n_micro); /* steps per stage */
+  const int K = pp * (dual ? 2 : v);                /* DualPipe: two directions of pp stages */
   if (!mp_sim_grow((void **)&ws->ends, &ws->ends_cap, (size_t)(2 * n_micro * K + pp),
                    sizeof *ws->ends) ||
       !mp_sim_grow((void **)&ws->pos, &ws->pos_cap, (size_t)pp, sizeof *ws->pos))
@@ -267,8 +301,9 @@ static mp_status timeline(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind
   if (o == NULL) return ctx->last;
   double *end = ws->ends, *free_t = ws->ends + 2 * n_micro * K;
   for (int s = 0; s < pp; s++) free_t[s] = 0.0;
-  /* a record holds single steps on the 1F1B/interleaved virtual stages (rec_of) */
-  const int plain = !dual && !any_combined(stage, pp, v);
+  /* a record holds single whole-backward steps on the 1F1B/interleaved virtual stages
+   * (rec_of) */
+  const int plain = shape_of(kind) == SHAPE_LOOP && !mp_pp_schedule_splits_w(kind) && !any_combined(stage, pp, v);
   if (plain && o->n_rec == per * pp) {
     replay(o->rec, o->n_rec, stage, end, free_t);
   } else {
@@ -324,13 +359,15 @@ mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor,
 }
 
 /* The most a stage holds at the start of a step, walking `n` steps of `ord` (a forward's
- * chunk counted from its start, released after its backward). */
+ * chunk counted from its start, released after its backward, or its W where the order
+ * splits the backward: mp_pp_inflight). */
 static int64_t held_most(const mp_pp_step *ord, int64_t n, const int64_t *held) {
+  const int release = mp_pp_order_splits_w(ord, n) ? MP_PP_STEP_W : MP_PP_STEP_B;
   int64_t now = 0, most = 0;
   for (int64_t i = 0; i < n; i++) {
-    if (!ord[i].bwd) now += held[ord[i].chunk];
+    if (ord[i].bwd == MP_PP_STEP_F) now += held[ord[i].chunk];
     if (now > most) most = now;
-    if (ord[i].bwd) now -= held[ord[i].chunk];
+    if (ord[i].bwd == release) now -= held[ord[i].chunk];
   }
   MP_ASSERT(now == 0, "every chunk a forward held is released by its backward");
   return most;
@@ -339,7 +376,7 @@ static int64_t held_most(const mp_pp_step *ord, int64_t n, const int64_t *held) 
 mp_status mp_sim_pp_pairs(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind, mp_pp_flavor flavor,
                            int pp, int v, int64_t n_micro, int stage, int64_t *pairs) {
   *pairs = 0;
-  const int64_t per = 2 * n_micro * v;
+  const int64_t per = order_len(kind, v, n_micro);
   if (stage < 0 || stage >= pp)
     return mp_error(ctx, MP_ERR_INVALID, "pipeline order: stage %d of pp=%d", stage, pp);
   const mp_pp_step *all = all_orders(ctx, ws, kind, flavor, pp, v, n_micro, per);
@@ -356,8 +393,9 @@ mp_status mp_sim_pp_held_extra(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule
    * as much; GPipe holds every micro-batch */
   const int64_t warm = (int64_t)(pp - 1) * 2 + (int64_t)(v - 1) * pp + 1;
   const int64_t cap = ((warm + pp - 1) / pp + 1) * pp;
-  if (kind != MP_PP_GPIPE && kind != MP_PP_DUALPIPE && n_micro > cap) n_micro = cap;
-  const int64_t per = 2 * n_micro * v;
+  if (kind != MP_PP_GPIPE && kind != MP_PP_DUALPIPE && !mp_pp_schedule_splits_w(kind) && n_micro > cap)
+    n_micro = cap;
+  const int64_t per = order_len(kind, v, n_micro);
   if (stage < 0 || stage >= pp)
     return mp_error(ctx, MP_ERR_INVALID, "pipeline order: stage %d of pp=%d", stage, pp);
   const mp_pp_step *ord = all_orders(ctx, ws, kind, flavor, pp, v, n_micro, per);

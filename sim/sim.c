@@ -142,6 +142,25 @@ static void a2a_overlap(const sim *x, const mp_schedule *s, const cop *cops, con
   set_rates(&out->r, &s->plan->mesh, (double)s->tokens_per_step_per_rank, s->model_flops_per_step, cl);
 }
 
+/* Each chunk's weight-gradient time of one micro-batch's backward: its WGRAD kernels on the
+ * compute stream that every micro-batch runs, what a zero-bubble schedule's W step runs
+ * (torch's stage_backward_weight computes the parameters' gradients; Qi et al., arXiv
+ * 2401.10241, sec. 2: W is the weight-gradient GEMMs), the rest of the backward its B. */
+static void wgrad_times(const mp_schedule *s, const cop *cops, mp_pp_stage_times *t) {
+  for (int32_t i = 0; i < s->n_segs; i++) {
+    const mp_segment *g = &s->segs[i];
+    if (g->phase != MP_PHASE_BACKWARD) continue; /* a chunk is below MP_PP_MAX_VIRTUAL */
+    double one = 0.0;
+    for (int32_t j = g->first_op; j < g->first_op + g->n_ops; j++)
+      if (cops[j].kind == COP_COMPUTE && cops[j].stream == MP_STREAM_COMPUTE && cops[j].when == MP_WHEN_EVERY_MICRO &&
+          s->ops[j].variant == MP_VAR_WGRAD)
+        one += cops[j].dur;
+    t->w[g->chunk] += one * (g->repeat > 0 ? g->repeat : 1);
+  }
+  for (int c = 0; c < MP_PP_MAX_VIRTUAL; c++)
+    if (t->w[c] > t->b[c]) t->w[c] = t->b[c];
+}
+
 mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
                            const mp_sim_link *links, mp_sim_stage *out, mp_sim_trace **trace) {
   MP_CHECK(check_request(ctx, s, cfg, &out->r));
@@ -181,6 +200,7 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
   }
   out->t.send_f = p2p[0];
   out->t.send_b = p2p[1];
+  if (mp_pp_schedule_splits_w(s->plan->opts.pp_schedule)) wgrad_times(s, b.cops, &out->t);
   /* DualPipe overlaps a forward and a backward chunk as Megatron-Core's combined 1F1B does
    * (DeepSeek-V3 sec. 3.2.1, Fig. 4) */
   if (s->plan->opts.moe_a2a_overlap ||
@@ -310,9 +330,10 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
     if (t > step) step = t, crit = k;
     if (mem_stage >= 0 && k != mem_stage) continue;
     /* a stage standing for an earlier one (the same simulated stage) holds no more: a
-     * stage's warm-up, and so what it holds in flight, shrinks with its index */
+     * stage's warm-up, and so what it holds in flight, shrinks with its index (not so
+     * where W steps defer the release: every stage is walked) */
     int seen = 0;
-    for (int j = 0; j < k && !seen; j++)
+    for (int j = 0; j < k && !seen && !mp_pp_schedule_splits_w(p->opts.pp_schedule); j++)
       seen = stage_in[j] == stage_in[k] && (!dual || stage_in[pp - 1 - j] == stage_in[pp - 1 - k]);
     if (seen && mem_stage < 0 && cfg->stage_peak_bytes == NULL) continue;
     int64_t extra = 0;

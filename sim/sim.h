@@ -475,11 +475,13 @@ double mp_sim_a2a_overlap_save_s(const double *fc, const double *fa, int nf, con
  * as one combined step, fb_save[c] shorter than the two (the EP all-to-all overlap,
  * sim/overlap.c; negative: longer); 0: each step alone. Under DualPipe a rank's chunk 0 is its
  * direction-0 model stage s and chunk 1 its direction-1 stage pp - 1 - s, and only the
- * pairs its order names run combined. */
+ * pairs its order names run combined. w[c]: the weight-gradient part of b[c] (its WGRAD
+ * GEMMs), which the zero-bubble schedules run as a step of its own (W) after the rest (B). */
 typedef struct mp_pp_stage_times {
   double f[MP_PP_MAX_VIRTUAL], b[MP_PP_MAX_VIRTUAL];
   double send_f, send_b;
   double fb_save[MP_PP_MAX_VIRTUAL];
+  double w[MP_PP_MAX_VIRTUAL];
 } mp_pp_stage_times;
 
 /* The pipeline timeline of a step: every stage (stage[s], pp of them; stages may share

@@ -78,6 +78,10 @@ mp_status mp_runtime_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh, 
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute DualPipe (two model stages "
                     "a rank, fed from both ends); it is priced by simulate: train with --pp-schedule 1f1b, "
                     "interleaved or gpipe", mb);
+  if (pp > 1 && mp_pp_schedule_splits_w(o->pp_schedule))
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime does not execute the zero-bubble schedule %s "
+                    "(its backward is not split into input and weight gradients); it is priced by simulate: "
+                    "train with --pp-schedule 1f1b, interleaved or gpipe", mb, mp_pp_schedule_name(o->pp_schedule));
   if (pp > 1 && o->fp8)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: float8 with pipeline parallelism is not executed (a "
                     "stage holds several micro-batches between forward and backward); drop --fp8 or use pp=1", mb);

@@ -154,6 +154,9 @@ TT = [  # (GPUs, simulate's flags): FSDP, TP with AsyncTP, the pipeline, CP, rep
     # torchtitan's float8 FSDP all-gather (enable_fsdp_float8_all_gather), read back from the TOML
     ("8", ("--model", "llama3.1-8b", "--mesh", "dp_shard=8", "--fp8", "tensorwise", "--fp8-all-gather")),
     ("16", ("--model", "llama3.1-70b", "--mesh", "dp_shard=4,pp=4", "--pp-schedule", "1f1b", "--ac", "full")),
+    # the zero-bubble schedules, written as torch's ZBVZeroBubble and InterleavedZeroBubble
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_shard=4,pp=2", "--pp-schedule", "zbv", "--ac", "full")),
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_shard=4,pp=2", "--pp-schedule", "interleaved_zb", "--ac", "full")),
     ("8", ("--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=4", "--ac", "full")),
     # the expert grid: EP over whole tp (and cp) groups and part of dp_shard, torchtitan's
     # expert_tensor_parallel_degree 1

@@ -83,7 +83,8 @@ check("micro-batch 1, global batch 64" in p.stdout and "splits the local batch" 
 
 # refusals: an unknown schedule, and the interleaved schedule's groups of pp micro-batches
 p = run("explain", "--pp-schedule", "zigzag", want_rc=2)
-check(p.returncode == 2 and "choose 1f1b, interleaved, gpipe or dualpipe" in p.stderr, "unknown --pp-schedule")
+check(p.returncode == 2 and "choose 1f1b, interleaved, gpipe, dualpipe, zbv or interleaved_zb" in p.stderr,
+      "unknown --pp-schedule")
 p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--pp-schedule", "interleaved",
         "--global-batch", "12", want_rc=2)
 check(p.returncode == 2 and "groups of pp=4" in p.stderr, "interleaved with 6 micro-batches on pp=4")
@@ -102,6 +103,29 @@ check("through layers 24-31 (stage 3's)" in p.stdout, "dualpipe: the rank's seco
 p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--pp-schedule", "dualpipe",
         "--global-batch", "12", "--micro-batch", "1", want_rc=2)
 check(p.returncode == 2 and "at least 2 x pp" in p.stderr, "dualpipe with 6 micro-batches on pp=4")
+# ZBV (torch's ScheduleZBVZeroBubble) on Llama-3.1-8B, pp=4 x dp_shard=2, 8 micro-batches a
+# replica: 8 chunks of 4 layers in a V, rank 0 holding model chunks 0 and 7 (layers 0-3 and
+# 28-31); it runs 2 x 4 - 1 = 7 forwards of chunk 0 and one of chunk 1 before its first B, and
+# holds 2 pp = 8 chunks until their W's. Bubble with F = B = W: the fill, (pp - 1) F over a
+# busy v m (F + B + W): 3 / (3 x 2 x 8) = 0.0625. Torch's class name reads as the same.
+for name in ("zbv", "ZBVZeroBubble"):
+    p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--pp-schedule", name,
+            "--global-batch", "16", "--micro-batch", "1", "--ac", "full")
+    check(p.returncode == 0, "zbv: explain failed: " + p.stderr)
+    check("ZBV zero bubble (2 chunks a rank in a V)" in p.stdout and "holds layers 0-3 and 28-31, runs 8 forwards "
+          "before its first backward and holds at most 8 chunk activations" in p.stdout, "zbv: rank 0's order")
+    check("(pp - 1) / (3 v m) with F = B = W = 0.062" in p.stdout, "zbv: the bubble")
+# the interleaved zero-bubble schedule takes fewer micro-batches than pp (torch's one round of
+# m): 2 on pp=4 x 2 chunks, stage 0 warms up with min((v - 1) m + pp - 1, m v) = min(5, 4) = 4
+# forwards, every chunk step, and holds all 4
+p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--pp-schedule", "interleaved_zb",
+        "--global-batch", "4", "--micro-batch", "1", "--ac", "full")
+check(p.returncode == 0 and "runs 4 forwards before its first backward and holds at most 4 chunk activations"
+      in p.stdout, "interleaved_zb with 2 micro-batches on pp=4: " + p.stderr)
+# 9 micro-batches make 2 rounds, which torch refuses
+p = run("explain", "--model", "llama3.1-8b", "--mesh", "pp=4,dp_shard=2", "--pp-schedule", "interleaved_zb",
+        "--global-batch", "18", "--micro-batch", "1", want_rc=2)
+check(p.returncode == 2 and "choose a multiple of 2 micro-batches" in p.stderr, "interleaved_zb with 9 micro-batches")
 # DeepSeek-V3's other two mechanisms refuse what they cannot be
 p = run("simulate", "--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=8", "--moe-fp8-dispatch", want_rc=2)
 check(p.returncode == 2 and "float8 dispatch" in p.stderr, "float8 dispatch without --fp8")

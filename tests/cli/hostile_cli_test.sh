@@ -49,6 +49,7 @@ csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step
 csv 'a,tiny-dense,h100-sxm,8,8,inf,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,step_time_s,1' inf_bw.csv
 csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,9223372036854775807,1,8,none,0,torchtitan-eager,step_time_s,1' seq.csv
 csv 'a,tiny-dense,h100-sxm,8,8,,1,8,1,1,,1,1,64,1,8,none,0,torchtitan-eager,flops,1' metric.csv
+csv 'a,tiny-dense,h100-sxm,8,8,,1,4,1,2,zb,1,1,64,2,8,none,0,torchtitan-eager,step_time_s,1' zb_row.csv
 # Megatron-Core's cp comm type on a stack that does not run it, and a name it does not have
 printf '%s,cp_comm_type\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,1,4,1,1,,2,1,64,1,4,none,0,torchtitan-eager,step_time_s,1,all_gather' >"$d/cpc_tt.csv"
 printf '%s,cp_comm_type\n%s\n' "$hdr" 'a,tiny-dense,h100-sxm,8,8,,4,1,1,1,,2,1,64,1,4,none,0,megatron-core,step_time_s,1,allgather' >"$d/cpc_bad.csv"
@@ -204,7 +205,7 @@ row 2 "--steps '-1': expected an integer in 0..16777216" train --steps -1
 row 2 "--rank '-1': expected an integer in 0..1048575" explain --rank -1
 row 2 "--reps '0': expected an integer in 1..10000" calibrate --reps 0 --db "$d/cal.db"
 row 2 "give --cluster or --gpus (with --gpu, --gpus-per-node, --inter-gbps), not both" simulate --cluster h100-8 --gpus 8
-row 2 "--pp-schedule 'x': choose 1f1b, interleaved, gpipe or dualpipe" simulate --model tiny-dense --pp-schedule x
+row 2 "--pp-schedule 'x': choose 1f1b, interleaved, gpipe, dualpipe, zbv or interleaved_zb" simulate --model tiny-dense --pp-schedule x
 row 2 "--device tpu: choose cpu, cuda or cuda:N (N in 0..1023)" calibrate --device tpu
 row 2 "--gpu is for --device cuda" calibrate --gpu h100-sxm --db "$d/cal.db"
 row 2 "give one CSV file" validate
@@ -408,7 +409,11 @@ tt '[parallelism]
 made_up_degree = 2' tt_unknown.toml
 tt '[parallelism]
 pipeline_parallel_degree = 2
-pipeline_parallel_schedule = "ZBVZeroBubble"' tt_zbv.toml
+pipeline_parallel_schedule = "DualPipeV"' tt_dualpipev.toml
+tt '[parallelism]
+pipeline_parallel_degree = 2
+pipeline_parallel_schedule = "ZBVZeroBubble"
+pipeline_parallel_layers_per_stage = 6' tt_zbv3.toml
 tt '[[parallelism]]' tt_aot.toml
 tt 'x = {a = 1}' tt_inline.toml
 tt 'name = "qwen3"' tt_twice.toml
@@ -436,7 +441,13 @@ row 2 "none of the 1 plans shown can be written for Megatron-LM core_v0.14.0" pl
 row 2 "training.mixed_precision_param = float32 changes cost in a way meshplan does not model" simulate --gpus 8 --from "$d/tt_fp32.toml"
 row 2 "activation_checkpoint.mode = \"memory_budget\": meshplan prices none, selective and full" simulate --gpus 8 --from "$d/tt_budget.toml"
 row 2 "parallelism.made_up_degree is not a torchtitan v0.2.0 key meshplan reads" explain --gpus 8 --from "$d/tt_unknown.toml"
-row 2 "pipeline_parallel_schedule = \"ZBVZeroBubble\": meshplan prices 1F1B, Interleaved1F1B and GPipe" simulate --gpus 8 --from "$d/tt_zbv.toml"
+row 2 "pipeline_parallel_schedule = \"DualPipeV\": meshplan prices 1F1B, Interleaved1F1B, GPipe, InterleavedZeroBubble and ZBVZeroBubble" simulate --gpus 8 --from "$d/tt_dualpipev.toml"
+# Llama 3.1 8B's 32 layers + 2 in stages of 6: ceil(34 / 6) = 6 stages, 3 a rank; torchtitan's V
+# schedules assert 2 a rank
+row 2 "pipeline_parallel_layers_per_stage = 6 makes 6 stages over pp=2, which torchtitan refuses for ZBVZeroBubble" simulate --gpus 8 --from "$d/tt_zbv3.toml"
+row 2 "--pp-virtual 3: ZBV runs exactly 2 chunks a stage in a V" simulate --model llama3.1-8b --gpus 8 --mesh pp=2,dp_shard=4 --pp-schedule zbv --pp-virtual 3
+row 2 "--pp-schedule zbv: the runtime does not execute it" train --model tiny-dense --mesh pp=2 --pp-schedule zbv
+row 2 "pp_schedule 'zb': expected 1f1b, interleaved, gpipe, dualpipe, zbv or interleaved_zb" validate "$d/zb_row.csv"
 row 2 "arrays of tables ([[...]]) are not read" simulate --gpus 8 --from "$d/tt_aot.toml"
 row 2 "inline tables are not read" simulate --gpus 8 --from "$d/tt_inline.toml"
 row 2 "model.name is given twice" simulate --gpus 8 --from "$d/tt_twice.toml"

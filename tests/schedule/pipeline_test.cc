@@ -18,13 +18,24 @@ namespace {
 
 std::vector<mp_pp_step> Order(mp_pp_schedule k, int pp, int v, int64_t m, int stage,
                               mp_pp_flavor flavor = MP_PP_FLAVOR_MEGATRON) {
-  std::vector<mp_pp_step> o((size_t)(2 * m * v));
+  std::vector<mp_pp_step> o((size_t)(3 * m * v));  // room for a zero-bubble order's W's
   int64_t n = 0;
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   EXPECT_EQ(mp_pp_order(&ctx, k, flavor, pp, v, m, stage, o.data(), &n), MP_OK) << mp_errmsg(&ctx);
   o.resize((size_t)n);
   return o;
+}
+
+// "F0.3" for the forward of chunk 0, micro-batch 3; B and W (a split backward's) likewise.
+std::string Str(const std::vector<mp_pp_step> &o) {
+  std::string s;
+  for (const mp_pp_step &q : o) {
+    if (!s.empty()) s += ' ';
+    s += "FBW"[q.bwd];
+    s += std::to_string(q.chunk) + "." + std::to_string(q.micro);
+  }
+  return s;
 }
 
 // Every (micro-batch, chunk) runs its forward once, then its backward once.
@@ -122,7 +133,7 @@ TEST(PipelineOrder, TorchInterleavedKeepsItsWarmUpWithPpMicroBatches) {
     }
 }
 
-TEST(PipelineOrder, RefusesWhatMegatronRefuses) {
+TEST(PipelineOrder, RefusesWhatTheImplementationsRefuse) {
   std::vector<mp_pp_step> o(64);
   int64_t n = 0;
   mp_ctx ctx;
@@ -133,6 +144,14 @@ TEST(PipelineOrder, RefusesWhatMegatronRefuses) {
   EXPECT_NE(std::string(mp_errmsg(&ctx)).find("not a multiple of it"), std::string::npos);
   EXPECT_EQ(mp_pp_order(&ctx, MP_PP_1F1B, MP_PP_FLAVOR_MEGATRON, 4, 2, 8, 0, o.data(), &n), MP_ERR_INVALID);
   EXPECT_EQ(mp_pp_order(&ctx, MP_PP_1F1B, MP_PP_FLAVOR_MEGATRON, 4, 1, 8, 4, o.data(), &n), MP_ERR_INVALID);
+  // torch's zero-bubble schedules; ZBV: exactly 2 stages a rank
+  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_ZBV, MP_PP_FLAVOR_TORCH, 4, 3, 8, 0, o.data(), &n), MP_ERR_INVALID);
+  // interleaved ZB: 9 micro-batches on pp 4 make 2 rounds, which do not divide 9
+  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_INTERLEAVED_ZB, MP_PP_FLAVOR_TORCH, 4, 2, 9, 0, o.data(), &n), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("multiple of 2"), std::string::npos) << mp_errmsg(&ctx);
+  // 10 make 2 rounds of 5: accepted
+  EXPECT_EQ(mp_pp_order(&ctx, MP_PP_INTERLEAVED_ZB, MP_PP_FLAVOR_TORCH, 4, 2, 10, 0, o.data(), &n), MP_OK);
+  EXPECT_EQ(n, 60);
 }
 
 // Megatron-Core's schedule table with m not a multiple of pp (schedules.py
@@ -537,5 +556,105 @@ TEST(PipelineSchedule, UnevenSplitAsTorchtitan) {
   // and names the layout that gives the embedding and the loss chunks of their own: 34 chunks
   EXPECT_NE(err.find("\"E|(t|)*32L\" for 34 chunks"), std::string::npos) << err;
 }
+
+TEST(PipelineSchedule, ZbvPlacesTheModelInAV) {
+  // ZBV (torchtitan's pipeline_parallel.py, style "v": stage pairs zip(range(pp), range(2 pp -
+  // 1, pp - 1, -1))): Llama 3.1 8B on pp=4 is 8 chunks of 4 layers; rank s holds model chunks s
+  // and 7 - s, so rank 0 runs layers 0-3 (with the embedding) and 28-31 (with the norm, the
+  // head and the loss), rank 3 the V's turn, layers 12-15 and 16-19.
+  auto Layers = [](const mp_schedule *s) {
+    std::set<int> layers;
+    mp_schedule_iter it;
+    mp_schedule_iter_begin(s, &it);
+    while (mp_schedule_iter_next(&it))
+      if (it.layer >= 0) layers.insert(it.layer);
+    return layers;
+  };
+  std::set<int> want0 = {0, 1, 2, 3, 28, 29, 30, 31}, want3;
+  for (int l = 12; l < 20; l++) want3.insert(l);
+  Stage r0, r3;
+  r0.Build("llama3.1-8b", "pp=4", 0, MP_PP_ZBV, 2, 16);
+  r3.Build("llama3.1-8b", "pp=4", 3, MP_PP_ZBV, 2, 16);
+  ASSERT_NE(r0.s, nullptr);
+  ASSERT_NE(r3.s, nullptr);
+  EXPECT_EQ(Layers(r0.s), want0);
+  EXPECT_EQ(Layers(r3.s), want3);
+  EXPECT_EQ(mp_plan_chunk_index(r0.plan, 3, 1), 4);
+  EXPECT_EQ(mp_plan_layer_stage(r0.plan, 28), 0);
+  EXPECT_EQ(mp_plan_layer_stage(r0.plan, 16), 3);
+  for (int i = 0; i < r0.plan->n_params; i++) {  // the head and the final norm sit on rank 0
+    const mp_param *q = &r0.plan->params[i];
+    if (q->module == MP_MOD_OUTPUT || q->module == MP_MOD_FINAL_NORM) {
+      EXPECT_EQ(q->pp_stage, 0) << q->fqn;
+    }
+  }
+  // a tied head would sit beside the embedding on rank 0, which the plan does not place
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_plan_options po;
+  mp_plan_options_init(&po);
+  po.pp_schedule = MP_PP_ZBV;
+  po.pp_virtual = 2;
+  mp_model m;
+  mp_mesh mesh;
+  ASSERT_EQ(mp_model_load(&ctx, "gpt2-124m", &m), MP_OK);
+  ASSERT_EQ(mp_mesh_parse(&ctx, "pp=2", 0, &mesh), MP_OK);
+  mp_plan *p = nullptr;
+  EXPECT_EQ(mp_build_plan(&ctx, &m, &mesh, &po, &p), MP_ERR_INVALID);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find("tied output head"), std::string::npos) << mp_errmsg(&ctx);
+}
+
+// The zero-bubble orders (order_zbv, order_interleaved_zb): torch.distributed.pipelining's
+// ScheduleZBVZeroBubble and ScheduleInterleavedZeroBubble (schedules.py, PyTorch v2.6 to
+// v2.8) applied by hand for pp = 4, m = 8, and the chunks they hold (Qi et al., arXiv
+// 2401.10241).
+TEST(ZeroBubbleOrder, ZbvAsTorchWritesIt) {
+  // pp = 4, m = 8 (n = max(2 pp - 1, m) = 8). Rank 0: 2 x 4 - 1 = 7 forwards of chunk 0, no
+  // F1 F0 pairs, 4 triples F1 B1 W1; the steady loop while F1 lags F0 or F0 has forwards
+  // left: F0.7 B0.0 W0.0 F1.4 B1.4 W1.4, then (no F0 left) B0 W0 F1 B1 W1 three times; no B0
+  // B1 pairs, 4 pairs B0 W0; nothing left over.
+  EXPECT_EQ(Str(Order(MP_PP_ZBV, 4, 2, 8, 0, MP_PP_FLAVOR_TORCH)),
+            "F0.0 F0.1 F0.2 F0.3 F0.4 F0.5 F0.6 F1.0 B1.0 W1.0 F1.1 B1.1 W1.1 F1.2 B1.2 W1.2 F1.3 B1.3 "
+            "W1.3 F0.7 B0.0 W0.0 F1.4 B1.4 W1.4 B0.1 W0.1 F1.5 B1.5 W1.5 B0.2 W0.2 F1.6 B1.6 W1.6 B0.3 "
+            "W0.3 F1.7 B1.7 W1.7 B0.4 W0.4 B0.5 W0.5 B0.6 W0.6 B0.7 W0.7");
+  // Rank 3 (the V's turn): 1 forward of chunk 0, 3 pairs F1 F0, 1 triple F1 B1 W1; the steady
+  // loop F0 B0 W0 F1 B1 W1 until F0.7 (four times), then B0 W0 F1 B1 W1 ... until F1.7; 3 pairs
+  // B0 B1, 1 pair B0 W0; the W1 left (W1.5 .. W1.7), then the W0 left (W0.5 .. W0.7).
+  EXPECT_EQ(Str(Order(MP_PP_ZBV, 4, 2, 8, 3, MP_PP_FLAVOR_TORCH)),
+            "F0.0 F1.0 F0.1 F1.1 F0.2 F1.2 F0.3 F1.3 B1.0 W1.0 F0.4 B0.0 W0.0 F1.4 B1.1 W1.1 F0.5 B0.1 "
+            "W0.1 F1.5 B1.2 W1.2 F0.6 B0.2 W0.2 F1.6 B1.3 W1.3 F0.7 B0.3 W0.3 F1.7 B1.4 W1.4 B0.4 B1.5 "
+            "B0.5 B1.6 B0.6 B1.7 B0.7 W0.4 W1.5 W1.6 W1.7 W0.5 W0.6 W0.7");
+}
+
+TEST(ZeroBubbleOrder, InterleavedZbDefersEachWByTheStage) {
+  // pp = 4, v = 2, m = 8: rounds max(1, 8 / 4) = 2 of r = 4; stage 1 warms up with (v - 1) r +
+  // pp - 1 - 1 = 6 forwards (chunk (k / 4) mod 2: four of chunk 0, two of chunk 1), then F and
+  // B alternately, B number k of chunk 1 - (k / 4) mod 2, a W after each B from its second on
+  // (num_1f1b_microbatches = rank = 1) for the oldest B without one; the 6 cool-down B's each
+  // with a W, and the last W.
+  EXPECT_EQ(Str(Order(MP_PP_INTERLEAVED_ZB, 4, 2, 8, 1, MP_PP_FLAVOR_TORCH)),
+            "F0.0 F0.1 F0.2 F0.3 F1.0 F1.1 F1.2 B1.0 F1.3 B1.1 W1.0 F0.4 B1.2 W1.1 F0.5 B1.3 W1.2 F0.6 "
+            "B0.0 W1.3 F0.7 B0.1 W0.0 F1.4 B0.2 W0.1 F1.5 B0.3 W0.2 F1.6 B1.4 W0.3 F1.7 B1.5 W1.4 B1.6 "
+            "W1.5 B1.7 W1.6 B0.4 W1.7 B0.5 W0.4 B0.6 W0.5 B0.7 W0.6 W0.7");
+}
+
+TEST(ZeroBubbleMemory, ChunksAreHeldUntilTheirW) {
+  // Torch keeps a split backward's autograd state until its W (stage_backward_input runs
+  // with retain_graph; _backward.py), so a chunk is held from its F to its W. ZBV: every rank
+  // runs 2 pp forwards before its first W (rank s: 2 (pp - s) - 1 + 2 s + 1), then one W for
+  // each F: 8 chunks of half a micro-batch's layers, pp = 4 micro-batches' worth, as 1F1B's
+  // first stage (the paper's ZB-V, sec. 6).
+  for (int s = 0; s < 4; s++) {
+    const std::vector<mp_pp_step> o = Order(MP_PP_ZBV, 4, 2, 8, s, MP_PP_FLAVOR_TORCH);
+    EXPECT_EQ(mp_pp_inflight(o.data(), (int64_t)o.size()), 8) << "rank " << s;
+  }
+  // ZB-H1 (v = 1): stage 3 warms up with none and defers each W by 3 backwards: F0 B0 F1 B1 F2
+  // B2 F3 B3 W0 F4 ...: 4 held at F4, pp as 1F1B's first stage; released at B it would be 1.
+  for (int s = 0; s < 4; s++) {
+    const std::vector<mp_pp_step> o = Order(MP_PP_INTERLEAVED_ZB, 4, 1, 8, s, MP_PP_FLAVOR_TORCH);
+    EXPECT_EQ(mp_pp_inflight(o.data(), (int64_t)o.size()), 4) << "stage " << s;
+  }
+}
+
 
 }  // namespace

@@ -2,7 +2,8 @@
 // closed forms of 1F1B and GPipe ((m + p - 1)(f + b), a bubble of (p - 1)/m of the busy
 // time) and of the interleaved schedule ((p - 1)/(v m)) with equal stages and free
 // transfers; then a small pipeline with uneven stages and transfer costs worked out step
-// by step.
+// by step; the zero-bubble schedules' p = 4, m = 8 with F = B = W against the Zero Bubble
+// paper, and ZBV's turn on one rank step by step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,15 +20,13 @@ extern "C" {
 
 namespace {
 
-// Makespan of a pipeline of pp equal stages: each chunk's forward f / v, backward b / v.
-double Makespan(mp_pp_schedule kind, int pp, int v, int64_t m, double f, double b,
-                double send = 0.0, mp_pp_flavor flavor = MP_PP_FLAVOR_MEGATRON) {
+// Every stage's finish, pp equal stages: each chunk's forward f, backward b (of which w
+// its weight gradient, a W step of its own under the zero-bubble schedules), sends `send`.
+std::vector<double> Finish(mp_pp_schedule kind, int pp, int v, int64_t m, double f, double b, double w,
+                           double send = 0.0, mp_pp_flavor flavor = MP_PP_FLAVOR_MEGATRON) {
   mp_pp_stage_times t;
   memset(&t, 0, sizeof t);
-  for (int c = 0; c < v; c++) {
-    t.f[c] = f / v;
-    t.b[c] = b / v;
-  }
+  for (int c = 0; c < v; c++) t.f[c] = f, t.b[c] = b, t.w[c] = w;
   t.send_f = t.send_b = send;
   std::vector<const mp_pp_stage_times *> st(pp, &t);
   std::vector<double> finish(pp);
@@ -35,9 +34,14 @@ double Makespan(mp_pp_schedule kind, int pp, int v, int64_t m, double f, double 
   mp_ctx_init(&ctx);
   EXPECT_EQ(mp_sim_pipeline(&ctx, kind, flavor, pp, v, m, st.data(), finish.data()), MP_OK)
       << mp_errmsg(&ctx);
-  double most = 0;
-  for (double x : finish) most = std::max(most, x);
-  return most;
+  return finish;
+}
+
+// Makespan of a pipeline of pp equal stages: each chunk's forward f / v, backward b / v.
+double Makespan(mp_pp_schedule kind, int pp, int v, int64_t m, double f, double b,
+                double send = 0.0, mp_pp_flavor flavor = MP_PP_FLAVOR_MEGATRON) {
+  const std::vector<double> finish = Finish(kind, pp, v, m, f / v, b / v, 0.0, send, flavor);
+  return *std::max_element(finish.begin(), finish.end());
 }
 
 TEST(PipelineTimeline, OneFOneBAndGPipeBubbleIsPMinusOneOverM) {
@@ -272,6 +276,35 @@ TEST(PipelineTimeline, RefusesWhatTheScheduleRefuses) {
   EXPECT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON, 16, 8, 20, su, fin), MP_ERR_INVALID);
   EXPECT_NE(std::string(mp_errmsg(&ctx)).find("choose a multiple of 16 micro-batches"), std::string::npos)
       << mp_errmsg(&ctx);
+}
+
+// The zero-bubble schedules (torch's ZBV and interleaved ZB; Qi et al., arXiv 2401.10241)
+// with F = B = W = 1 a chunk: b = 2 of which w = 1 is its W.
+TEST(ZeroBubbleTimeline, ZbvWithEqualThirdsLeavesOnlyTheFill) {
+  // F = B = W = 1 a chunk, 2 chunks x 8 micro-batches: every rank is busy 8 x 2 x 3 = 48.
+  // Rank s cannot start before micro-batch 0's forward has passed s ranks (time s); from then
+  // on the V keeps every rank busy (the paper's ZB-V, sec. 6: no bubble with T_F = T_B = T_W),
+  // so rank s ends at 48 + s and the step at 48 + pp - 1 = 51, against 1F1B's interleaved
+  // (m + (pp - 1) / v)(f + b) = (8 + 1.5) x 6 = 57 for the same chunks.
+  EXPECT_EQ(Finish(MP_PP_ZBV, 4, 2, 8, 1, 2, 1, 0.0, MP_PP_FLAVOR_TORCH), (std::vector<double>{48, 49, 50, 51}));
+}
+
+TEST(ZeroBubbleTimeline, InterleavedZbIsZbH1) {
+  // One chunk a stage (v = 1) is the paper's ZB-H1 (sec. 3.1): its bubble is (p - 1)(T_F +
+  // T_B - T_W) = 3 x 1 against 1F1B's (p - 1)(T_F + T_B + T_W) = 9, so every stage ends at
+  // m (F + B + W) + 3 = 27 where 1F1B's step is (m + p - 1) x 3 = 33.
+  EXPECT_EQ(Finish(MP_PP_INTERLEAVED_ZB, 4, 1, 8, 1, 2, 1, 0.0, MP_PP_FLAVOR_TORCH), (std::vector<double>{27, 27, 27, 27}));
+  // Two chunks: 2 x 8 x 3 = 48 busy a stage and the same 3 of fill: 51 on every stage.
+  EXPECT_EQ(Finish(MP_PP_INTERLEAVED_ZB, 4, 2, 8, 1, 2, 1, 0.0, MP_PP_FLAVOR_TORCH), (std::vector<double>{51, 51, 51, 51}));
+}
+
+TEST(ZeroBubbleTimeline, ZbvTurnIsOnTheRank) {
+  // pp = 2, m = 1, F = B = W = 1, sends 0.5. Rank 0: F(stage 0) F(3) B(3) W(3) B(0) W(0);
+  // rank 1: F(1) F(2) B(2) W(2) B(1) W(1). F0 0-1; F1 after the send 1.5-2.5; F2 on the same
+  // rank, no send: 2.5-3.5; F3 4-5; B3 (the loss's stage) 5-6, W3 6-7; B2 6.5-7.5, W2
+  // 7.5-8.5; B1 (no send) waits for rank 1: 8.5-9.5, W1 9.5-10.5; B0 10-11, W0 11-12. A send
+  // at the turn would add 0.5 each way.
+  EXPECT_EQ(Finish(MP_PP_ZBV, 2, 2, 1, 1, 2, 1, 0.5, MP_PP_FLAVOR_TORCH), (std::vector<double>{12, 10.5}));
 }
 
 }  // namespace

@@ -34,6 +34,26 @@ struct PlanCase {
     cfg.cluster = &c;
     cfg.stack = &prof;
   }
+  // The search's memory-first stop (mp_simulate_prepped with memory_first) reaches the
+  // whole simulation's verdict, peak and step time (`what` names the case in failures).
+  void ExpectMemoryFirstAgrees(const char *what) {
+    mp_sim_result whole, first;
+    ASSERT_EQ(mp_simulate_plan(&ctx, &m, &mesh, &o, &cfg, &whole), MP_OK) << mp_errmsg(&ctx);
+    mp_plan *p = nullptr;
+    ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_OK) << mp_errmsg(&ctx);
+    mp_arena *a = mp_arena_create();
+    mp_sim_plan_prep *prep = nullptr;
+    cfg.memory_first = 1;
+    EXPECT_EQ(mp_sim_plan_prep_create(&ctx, p, &cfg, a, &prep), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(mp_simulate_prepped(&ctx, p, prep, &cfg, nullptr, &first), MP_OK) << mp_errmsg(&ctx);
+    cfg.memory_first = 0;
+    EXPECT_EQ(first.fits, whole.fits) << what;
+    EXPECT_EQ(first.peak_mem_bytes, whole.peak_mem_bytes) << what;
+    EXPECT_EQ(first.step_time_s, whole.step_time_s) << what;
+    EXPECT_GT(first.step_time_s, 0.0) << what;
+    mp_arena_destroy(a);
+    mp_plan_destroy(p);
+  }
   // Full AC over one sequence of seq tokens a micro-batch, global batch gb.
   void FullAcOneSequence(int64_t seq, int64_t gb) {
     o.seq = seq;
