@@ -96,8 +96,8 @@ static const char *const k_fp8_recipe_words[MP_FP8_RECIPE_COUNT] = {
     "a scale per row along each GEMM's reduction dim (rowwise)",
     "a power-of-two scale per 32 elements along the reduction dim (MXFP8)",
     "a scale per 1x128 tile of activations and gradients, per 128x128 tile of weights (blockwise)",
-    "four-bit E2M1 codes with an E4M3 scale per 16 elements (16x16 for weights) and a per-tensor "
-    "fp32 scale (NVFP4)"};
+    ("four-bit E2M1 codes with an E4M3 scale per 16 elements (16x16 for weights) and a per-tensor "
+     "fp32 scale (NVFP4)")};
 
 const char *mp_fp8_recipe_name(mp_fp8_recipe r) {
   return (unsigned)r < MP_FP8_RECIPE_COUNT ? k_fp8_recipe_names[r] : "?";
