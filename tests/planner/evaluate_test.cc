@@ -255,3 +255,52 @@ TEST(Evaluate, MemoryBoundUnderPeakWithFp8ParamGather) {
   EXPECT_GT(fp8, 10);
   EXPECT_EQ(over, 0);
 }
+
+namespace {
+
+// Every candidate of a search of model on n GPUs of gpu under megatron-core at seq and global
+// batch gb, simulated whatever its memory (no capacity prune): how many on the expert grid with
+// etp > 1 were simulated (*etp_n) and how many of them have a memory lower bound over their
+// simulated peak (*over).
+void EtpBoundOverPeak(const char *model, const char *gpu, int n, int64_t seq, int64_t gb, int64_t *over,
+                      int64_t *etp_n) {
+  *over = *etp_n = 0;
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  mp_cluster c;
+  ASSERT_EQ(mp_model_load(&ctx, model, &m), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_cluster_make(&ctx, gpu, n, 8, &c), MP_OK) << mp_errmsg(&ctx);
+  mp_sim_evaluator ev;
+  ASSERT_EQ(mp_sim_evaluator_init(&ctx, &ev, &m, &c, seq, gb, 0.05, "megatron-core"), MP_OK) << mp_errmsg(&ctx);
+  mp_search_config cfg;
+  mp_sim_search_config(&cfg, &ev, &c, 0.05);
+  cfg.mem_capacity_bytes = 0;
+  cfg.n_threads = 2;
+  mp_search *s = nullptr;
+  ASSERT_EQ(mp_search_enumerate(&ctx, &cfg, &s), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_search_run(&ctx, &cfg, s, nullptr, nullptr, nullptr, nullptr), MP_OK) << mp_errmsg(&ctx);
+  for (int64_t i = 0; i < s->n; i++) {
+    const mp_candidate &cd = s->cands[i];
+    if (!cd.evaluated || cd.reject == MP_REJECT_EVAL_ERROR || cd.mesh.etp <= 1) continue;
+    (*etp_n)++;
+    *over += mp_search_mem_lower_bound(&cfg, &cd) > (double)cd.res.peak_mem_bytes;
+  }
+  mp_search_destroy(s);
+  mp_sim_evaluator_free(&ev);
+}
+
+}  // namespace
+
+// The expert grid with etp > 1 (exec/mesh.h) splits each local expert over etp ranks, so a rank
+// holds the routed experts' parameters over ep x etp x pp ranks and reduces their gradients over
+// stage / (ep x etp) expert-DP ranks: the bound counts them so. Counted over ep x pp alone, as
+// etp = 1 holds them, the routed experts of Mixtral 8x7B (32 layers x 8 experts x 3 x 4096 x
+// 14336 = 45.1e9 parameters) at ep 2, etp 4, pp 1 would be 22.5e9 parameters a rank at 2 bytes
+// and more, 42 GiB, where the rank holds a quarter of that: over its simulated peak.
+TEST(Evaluate, MemoryBoundUnderPeakWithExpertTp) {
+  int64_t over = 0, etp_n = 0;
+  EtpBoundOverPeak("mixtral-8x7b", "h100-sxm", 8, 1024, 8, &over, &etp_n);
+  EXPECT_GT(etp_n, 10);
+  EXPECT_EQ(over, 0);
+}
