@@ -6,6 +6,7 @@
 // enumeration order, whatever the chunking.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -97,9 +98,12 @@ void RunAndCompare(const char *model, const char *gpu, int gpus, int per_node, i
 }
 
 // One search of model on gpus x gpu with the evaluator's memory_first as given: its
-// candidates into *out (the search destroyed after the copy).
+// candidates into *out (the search destroyed after the copy). no_capacity: every candidate
+// simulated whatever its memory (no lower-bound prune); each (may be empty) then sees every
+// candidate with the search's config.
 void SearchWith(const char *model, const char *gpu, int gpus, int64_t seq, int64_t gb, int memory_first,
-                const char *stack, std::vector<mp_candidate> *out) {
+                const char *stack, std::vector<mp_candidate> *out, int no_capacity = 0,
+                const std::function<void(const mp_search_config &, const mp_candidate &)> &each = nullptr) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_model m;
@@ -112,10 +116,13 @@ void SearchWith(const char *model, const char *gpu, int gpus, int64_t seq, int64
   mp_search_config cfg;
   mp_sim_search_config(&cfg, &ev, &c, 0.05);
   cfg.n_threads = 2;
+  if (no_capacity) cfg.mem_capacity_bytes = 0;
   mp_search *s = nullptr;
   ASSERT_EQ(mp_search_enumerate(&ctx, &cfg, &s), MP_OK) << mp_errmsg(&ctx);
   ASSERT_EQ(mp_search_run(&ctx, &cfg, s, nullptr, nullptr, nullptr, nullptr), MP_OK) << mp_errmsg(&ctx);
   out->assign(s->cands, s->cands + s->n);
+  if (each)
+    for (int64_t i = 0; i < s->n; i++) each(cfg, s->cands[i]);
   mp_search_destroy(s);
   mp_sim_evaluator_free(&ev);
 }
@@ -259,35 +266,19 @@ TEST(Evaluate, MemoryBoundUnderPeakWithFp8ParamGather) {
 namespace {
 
 // Every candidate of a search of model on n GPUs of gpu under megatron-core at seq and global
-// batch gb, simulated whatever its memory (no capacity prune): how many on the expert grid with
-// etp > 1 were simulated (*etp_n) and how many of them have a memory lower bound over their
-// simulated peak (*over).
+// batch gb, simulated in full whatever its memory (no capacity prune, no memory_first stop):
+// how many on the expert grid with etp > 1 were simulated (*etp_n) and how many of them have
+// a memory lower bound over their simulated peak (*over).
 void EtpBoundOverPeak(const char *model, const char *gpu, int n, int64_t seq, int64_t gb, int64_t *over,
                       int64_t *etp_n) {
   *over = *etp_n = 0;
-  mp_ctx ctx;
-  mp_ctx_init(&ctx);
-  mp_model m;
-  mp_cluster c;
-  ASSERT_EQ(mp_model_load(&ctx, model, &m), MP_OK) << mp_errmsg(&ctx);
-  ASSERT_EQ(mp_cluster_make(&ctx, gpu, n, 8, &c), MP_OK) << mp_errmsg(&ctx);
-  mp_sim_evaluator ev;
-  ASSERT_EQ(mp_sim_evaluator_init(&ctx, &ev, &m, &c, seq, gb, 0.05, "megatron-core"), MP_OK) << mp_errmsg(&ctx);
-  mp_search_config cfg;
-  mp_sim_search_config(&cfg, &ev, &c, 0.05);
-  cfg.mem_capacity_bytes = 0;
-  cfg.n_threads = 2;
-  mp_search *s = nullptr;
-  ASSERT_EQ(mp_search_enumerate(&ctx, &cfg, &s), MP_OK) << mp_errmsg(&ctx);
-  ASSERT_EQ(mp_search_run(&ctx, &cfg, s, nullptr, nullptr, nullptr, nullptr), MP_OK) << mp_errmsg(&ctx);
-  for (int64_t i = 0; i < s->n; i++) {
-    const mp_candidate &cd = s->cands[i];
-    if (!cd.evaluated || cd.reject == MP_REJECT_EVAL_ERROR || cd.mesh.etp <= 1) continue;
-    (*etp_n)++;
-    *over += mp_search_mem_lower_bound(&cfg, &cd) > (double)cd.res.peak_mem_bytes;
-  }
-  mp_search_destroy(s);
-  mp_sim_evaluator_free(&ev);
+  std::vector<mp_candidate> cands;
+  SearchWith(model, gpu, n, seq, gb, 0, "megatron-core", &cands, 1,
+             [&](const mp_search_config &cfg, const mp_candidate &cd) {
+               if (!cd.evaluated || cd.reject == MP_REJECT_EVAL_ERROR || cd.mesh.etp <= 1) return;
+               (*etp_n)++;
+               *over += mp_search_mem_lower_bound(&cfg, &cd) > (double)cd.res.peak_mem_bytes;
+             });
 }
 
 }  // namespace
