@@ -161,8 +161,9 @@ static double routed_expert_params(const mp_model *m) {
 }
 
 /* Lower bound of a rank's peak memory (see search.h). DDP on the expert grid holds the
- * routed experts whole (etp=1) over ep x pp, not over tp x pp, and shards their optimizer
- * over expert-DP (stage / ep ranks): they are counted apart, their cut optimizer bytes at
+ * routed experts over ep x etp x pp, not over tp x pp (whole on a rank at etp 1, each local
+ * expert split over etp ranks at etp > 1, exec/mesh.h), and shards their optimizer over
+ * expert-DP (stage / (ep x etp) ranks): they are counted apart, their cut optimizer bytes at
  * the larger of the two data-parallel ways (a lower bound either way). */
 static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *mesh, int fp8,
                                     double n_params) {
@@ -172,11 +173,11 @@ static double mem_lower_bound_bytes(const mp_search_config *cfg, const mp_mesh *
   const double rt = cfg->cluster->gpu.runtime_overhead_gib * 1024.0 * 1024.0 * 1024.0;
   if (!(cfg->dp == MP_DP_DDP && !mfsdp_mesh(cfg, mesh) && mesh->ep > 1 && mp_mesh_expert_grid(mesh)))
     return b * n_params / (double)shards + rt;
-  const int64_t pp = mesh->size[MP_DIM_PP], stage = mp_mesh_world(mesh) / pp;
-  const int64_t edp = cfg->ddp_shard_optimizer ? stage / mesh->ep : 1;
+  const int64_t pp = mesh->size[MP_DIM_PP], stage = mp_mesh_world(mesh) / pp, etp = mesh->etp > 1 ? mesh->etp : 1;
+  const int64_t edp = cfg->ddp_shard_optimizer ? stage / (mesh->ep * etp) : 1;
   const double ne = routed_expert_params(cfg->model) < n_params ? routed_expert_params(cfg->model) : 0.0;
   const double be = split[0] + split[1] / (double)(ways > edp ? ways : edp);
-  return b * (n_params - ne) / (double)shards + be * ne / (double)(mesh->ep * pp) + rt;
+  return b * (n_params - ne) / (double)shards + be * ne / (double)(mesh->ep * etp * pp) + rt;
 }
 
 double mp_search_mem_lower_bound(const mp_search_config *cfg, const mp_candidate *c) {

@@ -35,7 +35,9 @@
  *   parameter (mp_plan_dp_state_bytes: FSDP's fp32 master and AdamW m and v, 12 bytes, on
  *   n_params / (dp_shard x cp x tp x pp) of them, replicated norms, FSDP padding and uneven
  *   stages only adding; DDP's 18 bytes on n_params / (tp x pp), or with its optimizer
- *   sharded 6 + 12 / (dp_replicate x cp); a float8 candidate under fp8_param_gather a byte
+ *   sharded 6 + 12 / (dp_replicate x cp); on DDP's expert grid the routed experts'
+ *   parameters cut over ep x etp x pp ranks, their sharded optimizer bytes over the larger of
+ *   DDP's ways and stage / (ep x etp); a float8 candidate under fp8_param_gather a byte
  *   less where its float8 weights and Transformer Engine's copies of them take 1 byte an
  *   element: Blackwell's per-tensor recipes), plus the GPU's runtime overhead; a plan whose
  *   bound exceeds the capacity cannot fit, so it is not simulated.

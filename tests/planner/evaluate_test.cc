@@ -6,6 +6,7 @@
 // enumeration order, whatever the chunking.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -97,9 +98,12 @@ void RunAndCompare(const char *model, const char *gpu, int gpus, int per_node, i
 }
 
 // One search of model on gpus x gpu with the evaluator's memory_first as given: its
-// candidates into *out (the search destroyed after the copy).
+// candidates into *out (the search destroyed after the copy). no_capacity: every candidate
+// simulated whatever its memory (no lower-bound prune); each (may be empty) then sees every
+// candidate with the search's config.
 void SearchWith(const char *model, const char *gpu, int gpus, int64_t seq, int64_t gb, int memory_first,
-                const char *stack, std::vector<mp_candidate> *out) {
+                const char *stack, std::vector<mp_candidate> *out, int no_capacity = 0,
+                const std::function<void(const mp_search_config &, const mp_candidate &)> &each = nullptr) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_model m;
@@ -112,10 +116,13 @@ void SearchWith(const char *model, const char *gpu, int gpus, int64_t seq, int64
   mp_search_config cfg;
   mp_sim_search_config(&cfg, &ev, &c, 0.05);
   cfg.n_threads = 2;
+  if (no_capacity) cfg.mem_capacity_bytes = 0;
   mp_search *s = nullptr;
   ASSERT_EQ(mp_search_enumerate(&ctx, &cfg, &s), MP_OK) << mp_errmsg(&ctx);
   ASSERT_EQ(mp_search_run(&ctx, &cfg, s, nullptr, nullptr, nullptr, nullptr), MP_OK) << mp_errmsg(&ctx);
   out->assign(s->cands, s->cands + s->n);
+  if (each)
+    for (int64_t i = 0; i < s->n; i++) each(cfg, s->cands[i]);
   mp_search_destroy(s);
   mp_sim_evaluator_free(&ev);
 }
@@ -253,5 +260,38 @@ TEST(Evaluate, MemoryBoundUnderPeakWithFp8ParamGather) {
   EXPECT_GT(over, 0) << "the 2-byte count never passes a peak: the test says nothing";
   BoundOverPeak("h100-sxm", 1, &over, &fp8);
   EXPECT_GT(fp8, 10);
+  EXPECT_EQ(over, 0);
+}
+
+namespace {
+
+// Every candidate of a search of model on n GPUs of gpu under megatron-core at seq and global
+// batch gb, simulated in full whatever its memory (no capacity prune, no memory_first stop):
+// how many on the expert grid with etp > 1 were simulated (*etp_n) and how many of them have
+// a memory lower bound over their simulated peak (*over).
+void EtpBoundOverPeak(const char *model, const char *gpu, int n, int64_t seq, int64_t gb, int64_t *over,
+                      int64_t *etp_n) {
+  *over = *etp_n = 0;
+  std::vector<mp_candidate> cands;
+  SearchWith(model, gpu, n, seq, gb, 0, "megatron-core", &cands, 1,
+             [&](const mp_search_config &cfg, const mp_candidate &cd) {
+               if (!cd.evaluated || cd.reject == MP_REJECT_EVAL_ERROR || cd.mesh.etp <= 1) return;
+               (*etp_n)++;
+               *over += mp_search_mem_lower_bound(&cfg, &cd) > (double)cd.res.peak_mem_bytes;
+             });
+}
+
+}  // namespace
+
+// The expert grid with etp > 1 (exec/mesh.h) splits each local expert over etp ranks, so a rank
+// holds the routed experts' parameters over ep x etp x pp ranks and reduces their gradients over
+// stage / (ep x etp) expert-DP ranks: the bound counts them so. Counted over ep x pp alone, as
+// etp = 1 holds them, the routed experts of Mixtral 8x7B (32 layers x 8 experts x 3 x 4096 x
+// 14336 = 45.1e9 parameters) at ep 2, etp 4, pp 1 would be 22.5e9 parameters a rank at 2 bytes
+// and more, 42 GiB, where the rank holds a quarter of that: over its simulated peak.
+TEST(Evaluate, MemoryBoundUnderPeakWithExpertTp) {
+  int64_t over = 0, etp_n = 0;
+  EtpBoundOverPeak("mixtral-8x7b", "h100-sxm", 8, 1024, 8, &over, &etp_n);
+  EXPECT_GT(etp_n, 10);
   EXPECT_EQ(over, 0);
 }
