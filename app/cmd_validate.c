@@ -111,6 +111,7 @@ typedef struct row {
   int picked;          /* no micro_batch given: 1 chosen among the divisors of local_batch,
                           2 the stack's own pipeline micro-batching */
   char refused[512];   /* non-empty: the simulator's rule that refuses the row's plan */
+  int capacity_from_graphs; /* the experts padded to capacity 1 because the row's graphs need it */
   char stack[64], gpu[64]; /* as the row names them, for --by */
   unsigned features;   /* 1 << F_*: what the row's plan runs, for --by feature */
 } row;
@@ -135,6 +136,7 @@ typedef struct row_job {
   mp_mesh mesh;
   mp_plan_options o;
   int64_t local_batch, micro_batch; /* micro_batch 0: pick */
+  int capacity_from_graphs;         /* 1: the experts' capacity read from the row's graphs */
 } row_job;
 
 static mp_status read_mesh(mp_ctx *ctx, const char *where, const mp_vrow *v, mp_mesh *mesh) {
@@ -182,6 +184,20 @@ static mp_status megatron_run_options(mp_ctx *ctx, const char *where, const mp_v
                     "--overlap-moe-expert-parallel-comm; stack %s does not run it: empty the column", where,
                     j->prof.name);
   o->moe_a2a_overlap = v->overlap_moe_comm == 1; /* the plan checks ep, the schedule and AC */
+  /* Per-layer and full-iteration graphs capture a MoE layer only with its experts padded to a
+   * capacity: the dropless alltoall dispatcher reads the routed counts on the host
+   * (exec/rules.c), which a capture cannot hold, so a run that completed under those graphs
+   * ran padded. NeMo's recipes that turn the graphs on for MoE models add
+   * MegatronTokenDropCallback, capacity factor 1.0 with --moe-pad-expert-input-to-capacity
+   * (nemo/lightning/pytorch/callbacks/moe_token_drop.py). A row stating those graphs over MoE
+   * layers and neither capacity column takes that setting, marked 'c' in the table. */
+  if (mp_model_is_moe(&j->m) && o->moe_dispatcher == MP_MOE_DISPATCH_ALLTOALL &&
+      (o->cuda_graphs == MP_CUDA_GRAPHS_LAYERS || o->cuda_graphs == MP_CUDA_GRAPHS_ITERATION) &&
+      !(v->moe_capacity_factor > 0.0) && v->moe_pad_to_capacity < 0) {
+    o->moe_routing.capacity_factor = 1.0;
+    o->moe_routing.pad_to_capacity = 1;
+    j->capacity_from_graphs = 1;
+  }
   return MP_OK;
 }
 
@@ -360,6 +376,7 @@ static mp_status run_row(mp_ctx *ctx, const char *where, const char *dir, const 
   snprintf(r->stack, sizeof r->stack, "%s", v->stack);
   snprintf(r->gpu, sizeof r->gpu, "%s", v->gpu);
   if (st == MP_OK) r->features = row_features(j);
+  r->capacity_from_graphs = j->capacity_from_graphs;
   mp_sim_result res;
   memset(&res, 0, sizeof res);
   if (st == MP_OK) {
@@ -497,7 +514,8 @@ static void print_row(const row *r) {
            fig(pub, sizeof pub, r->measured), "-");
     return;
   }
-  snprintf(mb, sizeof mb, "%lld%s", (long long)r->micro_batch, r->picked == 2 ? "s" : r->picked ? "*" : "");
+  snprintf(mb, sizeof mb, "%lld%s%s", (long long)r->micro_batch, r->picked == 2 ? "s" : r->picked ? "*" : "",
+           r->capacity_from_graphs ? "c" : "");
   printf("%-30s %-22s %5s %12s %12s %+7.1f%%\n", MP_CMD_CELL(r->name, name), r->metric, mb,
          fig(pred, sizeof pred, r->predicted), fig(pub, sizeof pub, r->measured), 100.0 * row_error(r));
 }
@@ -521,7 +539,8 @@ static void print_table(const row *rows, int n, const group *gs, int ng, int n_r
   for (int i = 0; i < n; i++) print_row(&rows[i]);
   printf("(mb: the micro-batch simulated; * the fastest that fits among the divisors of "
          "local_batch, none being published; s the stack's own pipeline micro-batching, "
-         "none being published)\n");
+         "none being published; c the experts padded to capacity 1, the setting the row's CUDA "
+         "graphs capture MoE layers with, none being published)\n");
   for (int i = 0; i < n; i++)
     if (rows[i].refused[0]) {
       char name[sizeof rows->name * 4];
@@ -548,6 +567,7 @@ static cJSON *row_json(const row *r) {
   }
   cJSON_AddNumberToObject(o, "micro_batch", (double)r->micro_batch);
   cJSON_AddStringToObject(o, "micro_batch_from", r->picked == 2 ? "stack" : r->picked ? "fastest" : "row");
+  if (r->capacity_from_graphs) cJSON_AddStringToObject(o, "moe_capacity_from", "cuda_graphs");
   cJSON_AddNumberToObject(o, "predicted", r->predicted);
   cJSON_AddNumberToObject(o, "error", row_error(r));
   return o;

@@ -58,11 +58,19 @@ for case, r in out.items():
     check(r.get("predicted", 0) > 0 and "refused" not in r, "%s: predicted: %s" % (case, r))
 check(len(out) == 10, "NeMo's MoE layouts with graphs: %d rows" % len(out))
 
-# per-layer graphs over the dropless layers: the dispatcher reads its counts on the host
-p = validate([row(NEMO[1], "layers", "", "")])
+# per-layer graphs over layers stated dropless (moe_pad_to_capacity 0): the dispatcher reads
+# its counts on the host, which no capture holds
+p = validate([row(NEMO[1], "layers", "", "0")])
 r = json.loads(p.stdout)["rows"][0] if p.returncode == 0 else {}
 check("synchronises the host" in r.get("refused", "") and "MegatronTokenDropCallback" in r.get("refused", ""),
       "layers over dropless MoE refused: %s" % r)
+# a row stating the graphs and neither capacity column ran padded (no run completes dropless
+# under them): it takes capacity 1 with padding, NeMo's setting, and says so; the figure is
+# the stated capacity-1 row's
+p = validate([row(NEMO[1], "layers", "", ""), row(NEMO[1], "layers", "1", "1")])
+rs = json.loads(p.stdout)["rows"] if p.returncode == 0 else [{}, {}]
+check(rs[0].get("moe_capacity_from") == "cuda_graphs" and "moe_capacity_from" not in rs[1] and
+      rs[0].get("predicted") == rs[1].get("predicted"), "capacity read from the graphs: %s" % rs)
 # a padding with no capacity names the column
 p = validate([row(NEMO[1], "layers", "", "1")], want_rc=2)
 check("moe_pad_to_capacity 1" in p.stderr and p.stderr.count("\n") == 1, "padding without a capacity: %r" % p.stderr)
