@@ -55,7 +55,7 @@ static void place(mp_act_layout *l, size_t *off, mp_act_alloc a, int64_t bytes) 
 void mp_act_layout_fill(mp_act_layout *l, const mp_act_dims *d, int moe) {
   /* the names the table's counts use */
   const int64_t B = d->B, S = d->S, N = d->N, NS = d->NS, NR = d->NR, C = d->C, NH = d->NH, F = d->F,
-                E = d->E, K = d->K, Fe = d->Fe, Fs = d->Fs, Vl = d->Vl, R = d->R, L = d->L,
+                E = d->E, K = d->K, Fe = d->Fe, Fs = d->Fs, Vl = d->Vl, R = d->R, RB = d->RB, L = d->L,
                 NP = d->NP, QD = d->NH * d->HD, KD = d->NKV * d->HD, QL = d->QL, KL = d->KL,
                 DN = d->DN, DR = d->DR, DV = d->DV ? d->DV : d->HD, RD = d->RD ? d->RD : d->HD,
                 VD = d->NKV * DV, AD = d->NH * DV;

@@ -8,8 +8,8 @@
  *   alloc   the allocation it lives in (mp_act_alloc, below)
  *   count   its elements, an expression of the local dims (mp_act_dims: N tokens of the
  *           micro-batch on the rank, NS the rows of its residual stream, C = d_model, heads
- *           and d_ff tp-local, experts' d_ff whole, NR the rows the rank routes, R = the
- *           rows on the expert side under EP, ...)
+ *           and d_ff tp-local, experts' d_ff over etp, NR the rows the rank routes, R =
+ *           the rows on the expert side under EP, ...)
  *   elt     X (the backend's activation dtype: fp32 on the CPU, bf16 on CUDA), F32
  *           (statistics: rstd, lse, router probabilities, losses, scalars) or I32 (ids)
  *   when    the condition under which it exists (below); a tensor that does not exist
@@ -200,7 +200,7 @@ typedef enum mp_act_when {
   T(ep_deg,     EP_WS,       R * Fe,                       X,    MOE_EP)                  \
   T(ep_deu,     EP_WS,       R * Fe,                       X,    MOE_EP)                  \
   T(ep_pad,     EP_WS,       16,                           F32,  MOE_EP) /* never empty */\
-  T(ep_out,     EP_OUT,      (R > 0 ? R : 1) * C,          X,    MOE_EP)                  \
+  T(ep_out,     EP_OUT,      ((R > 0 ? R : 1) + RB) * C,   X,    MOE_EP)                  \
   /* head and loss */                                                                     \
   T(xf,         HEAD,        N * C,                        X,    ALWAYS)                  \
   T(rstdf,      HEAD,        NS,                           F32,  ALWAYS)                  \
@@ -255,10 +255,14 @@ typedef struct mp_act_dims {
   int64_t DN, DR;  /*   a head's parts without and with RoPE (qk_nope, qk_rope) */
   int64_t F;       /* dense d_ff, tp-local */
   int64_t E, K;    /* routed experts, top_k */
-  int64_t Fe;      /* an expert's d_ff (experts are not split over tp) */
+  int64_t Fe;      /* an expert's d_ff on the rank: d_ff_expert / etp (expert tensor
+                      parallelism splits it; dense tp does not) */
   int64_t Fs;      /* the shared experts' d_ff, tp-local; 0 without one */
   int64_t Vl;      /* vocabulary rows of the rank's head */
-  int64_t R;       /* EP: rows on the rank's expert side */
+  int64_t R;       /* EP: rows on the rank's expert side (under etp > 1 gathered over the
+                      expert-TP group) */
+  int64_t RB;      /* etp > 1: rows of the largest block one expert-TP rank received, the
+                      reduce-scatter's receive space after ep_out's R rows; else 0 */
   int64_t L, NP;   /* blocks, parameter tensors (the scalars) */
   int xs;          /* bytes of an X element */
   int tp, ep;      /* tensor- and expert-parallel degrees */

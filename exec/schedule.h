@@ -234,7 +234,8 @@ double mp_sched_moe_rows(const mp_moe_routing *rt, double tokens, int64_t top_k,
  * ExpertTensorParallel (etp = tp, the MoE input replicated over tp:
  * torchtitan/models/llama4/infra/parallelize.py, apply_moe_ep_tp, v0.2.0), else T; and in
  * *etp_rows how many ranks' rows an expert-TP group gathers before its experts: etp under
- * Megatron-Core's dispatchers (token_dispatcher.py, core_v0.14.0, tp_size = etp), else 1. */
+ * Megatron-Core's dispatchers (token_dispatcher.py, core_v0.14.0, tp_size = etp) and the
+ * meshplan runtimes, which run them so (exec/runtime/runtime_etp.c), else 1. */
 int64_t mp_sched_moe_routed(const mp_plan *p, int64_t tokens, int *etp_rows);
 
 /* A GEMM op's device-memory bytes (mp_op.bytes): [m, k] and [k, n] read at in_b bytes an

@@ -38,10 +38,11 @@ double mp_sched_moe_rows(const mp_moe_routing *rt, double tokens, int64_t top_k,
 }
 
 int64_t mp_sched_moe_routed(const mp_plan *p, int64_t tokens, int *etp_rows) {
-  const int megatron = p->opts.mem_model == MP_MEM_MODEL_MEGATRON;
+  /* the meshplan runtimes run Megatron-Core's way (exec/runtime/runtime_etp.c) */
+  const int gathers = p->opts.mem_model == MP_MEM_MODEL_MEGATRON || mp_mem_model_is_runtime(p->opts.mem_model);
   const int etp = (p->applied & MP_PASS_EP) && p->mesh.etp > 1 ? p->mesh.etp : 1;
-  const int shard = mp_mesh_expert_grid(&p->mesh) && (etp == 1 || megatron);
-  *etp_rows = megatron ? etp : 1;
+  const int shard = mp_mesh_expert_grid(&p->mesh) && (etp == 1 || gathers);
+  *etp_rows = gathers ? etp : 1;
   return shard ? tokens / p->mesh.size[MP_DIM_TP] : tokens;
 }
 

@@ -107,7 +107,9 @@ void mp_sched_rt_sp(gen *g, int alloc) {
  * rank, from its local shapes. X elements are g->ms->x_bytes bytes (fp32 on the CPU, bf16 on CUDA).
  * Under EP the expert side is sized by the rows a rank receives, which routing decides at
  * run time: the balanced count NR x top_k is used (each rank sends NR x top_k rows, NR the
- * tokens it routes; with uniform routing it receives as many). */
+ * tokens it routes; with uniform routing it receives as many), and under expert tensor
+ * parallelism the etp x NR x top_k rows its expert-TP group gathers, with one rank's block
+ * (NR x top_k rows) of receive space for the outputs' reduce-scatter (runtime_etp.c). */
 void mp_sched_rt_layout_fill(gen *g, int64_t micro_batch) {
   const shapes *sh = &g->sh;
   const mp_act_dims d = {.B = micro_batch, .S = sh->seq / sh->cp, .N = sh->tokens, .NS = sh->tokens_sp, .C = sh->d_model,
@@ -116,7 +118,8 @@ void mp_sched_rt_layout_fill(gen *g, int64_t micro_batch) {
                          .DN = sh->head_dim - sh->rope_dim, .DR = sh->rope_dim,
                          .NH = sh->heads, .NKV = sh->kv_heads, .F = sh->d_ff, .E = sh->experts, .K = sh->top_k,
                          .Fe = sh->d_ff_expert, .Fs = sh->has_shared ? sh->d_ff_shared : 0, .Vl = sh->vocab_local,
-                         .NR = sh->moe_tokens, .R = sh->moe_tokens * sh->top_k, .L = g->p->model.n_layers,
+                         .NR = sh->moe_tokens, .R = sh->moe_tokens * sh->top_k * sh->etp_rows,
+                         .RB = sh->etp_rows > 1 ? sh->moe_tokens * sh->top_k : 0, .L = g->p->model.n_layers,
                          .NP = g->p->n_params, .xs = g->ms->x_bytes, .tp = sh->tp, .ep = sh->ep,
                          .sp = sh->sp, .cp = sh->cp, .host_mem = g->ms->host_mem};
   mp_act_layout_fill(&g->layout[KIND_DENSE], &d, 0);

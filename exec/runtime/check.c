@@ -12,22 +12,36 @@ mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p) {
   return mp_runtime_check(ctx, &p->model, &p->mesh, &p->opts, p->applied);
 }
 
-/* The expert grid (exec/mesh.h, etp = 1) the runtime executes: EP over dp_shard x tp, each
- * tp rank routing its own sequence shard (runtime_block.c), experts whole on a rank and
- * their gradients reduced over the expert-FSDP group and dp_replicate (runtime_fsdp.c,
- * runtime_step.c). */
+/* The expert grid (exec/mesh.h) the runtime executes: EP over dp_shard x tp, each tp rank
+ * routing its own sequence shard (runtime_block.c), experts whole on a rank (etp = 1) or
+ * split over their expert-TP group (etp = tp > 1, runtime_etp.c: the received rows
+ * all-gathered over the group, the outputs reduce-scattered, as Megatron-Core's all-to-all
+ * dispatcher) on the CPU backend without pipeline stages, their gradients reduced over the
+ * expert-FSDP group and dp_replicate (runtime_fsdp.c, runtime_step.c). */
 static mp_status grid_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o, const char *mb) {
   if (!mp_mesh_expert_grid(mesh)) return MP_OK;
   const int tp = mesh->size[MP_DIM_TP], in = mesh->size[MP_DIM_DP_SHARD] * tp;
-  if (mesh->etp > 1)
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: expert tensor parallelism (etp=%d, each expert split over "
-                    "its expert-TP group) is planned and simulated only; the runtime executes etp=1", mb, mesh->etp);
+  const int etp = mesh->etp > 1 ? mesh->etp : 1;
   if (mesh->ep == 1)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: etp with ep=1 (every rank holding every expert while "
                     "each tp rank routes its own shard) is planned and simulated only; drop etp or set ep > 1",
                     mb);
-  if (in % mesh->ep)
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime executes the expert grid with ep dividing "
+  if (etp > 1 && o->mem_model != MP_MEM_MODEL_MESHPLAN_CPU)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: expert tensor parallelism (etp=%d, each expert split over "
+                    "its expert-TP group) is executed by the runtime's CPU backend only (its ring of sendrecvs "
+                    "over the group runs on host memory); train it without --device cuda, or plan and simulate "
+                    "it", mb, etp);
+  /* the layouts tests/runtime/parity_matrix.py runs against one rank; the planner's search
+   * (planner/search.c, grid_ep_ok) offers etp 1 or tp */
+  if (etp > 1 && etp != tp)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: expert tensor parallelism with etp=%d other than tp=%d is "
+                    "planned and simulated only; the runtime executes etp=1 or etp=tp", mb, etp, tp);
+  if (etp > 1 && mesh->size[MP_DIM_PP] > 1)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: expert tensor parallelism (etp=%d, each expert split over "
+                    "its expert-TP group) inside a pipeline is planned and simulated only; the runtime executes "
+                    "etp > 1 with pp=1", mb, etp);
+  if (in % (mesh->ep * etp))
+    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: the runtime executes the expert grid with ep x etp dividing "
                     "dp_shard x tp = %d; EP reaching into dp_replicate is planned and simulated only", mb, in);
   /* without SP every tp rank holds all N rows; torchtitan then splits them over tp before
    * the dispatch (ReordererSequenceParallel), which the runtime does not */

@@ -147,6 +147,9 @@ static void runtime_dims(mp_runtime *rt, const mp_plan *plan, int64_t local_batc
   rt->tp_idx = mp_comm_group_index(comm, MP_GROUP_TP);
   rt->ep = (plan->applied & MP_PASS_EP) && plan->mesh.ep > 1 ? plan->mesh.ep : 1;
   rt->ep_idx = rt->ep > 1 ? mp_comm_group_index(comm, MP_GROUP_EP) : 0;
+  rt->etp = rt->ep > 1 && plan->mesh.etp > 1 ? plan->mesh.etp : 1;
+  rt->etp_idx = rt->etp > 1 ? mp_comm_group_index(comm, MP_GROUP_ETP) : 0;
+  rt->Fe /= rt->etp; /* gate/up column-parallel, down row-parallel over ETP (exec/pass_ep.c) */
   rt->El = rt->E / rt->ep;
   rt->nhl = rt->nh / rt->tp;
   rt->nkvl = rt->nkv / rt->tp;
@@ -191,7 +194,7 @@ static mp_status alloc_tables(mp_ctx *ctx, mp_runtime *rt) {
   rt->core = calloc((size_t)rt->L, sizeof *rt->core);
   rt->epa = calloc((size_t)rt->L, sizeof *rt->epa);
   rt->ep_R = calloc((size_t)rt->L, sizeof *rt->ep_R);
-  rt->ep_rc = calloc((size_t)rt->L * rt->ep * (rt->El ? rt->El : 1), sizeof *rt->ep_rc);
+  rt->ep_rc = calloc((size_t)rt->L * rt->etp * rt->ep * (rt->El ? rt->El : 1), sizeof *rt->ep_rc);
   rt->counts_h = calloc((size_t)rt->L * (rt->E ? rt->E : 1), sizeof *rt->counts_h);
   if (rt->E > 0) {
     rt->load_routed = calloc((size_t)rt->L * rt->E, sizeof *rt->load_routed);

@@ -7,15 +7,18 @@
  * the residual stream and the norms run on the rank's Ns rows and each tensor-parallel
  * region's boundary is a gather or a scatter of runtime_sp.c; the routed experts, which
  * are replicated over tp, run on all N rows and keep the rows of the shard. Under the
- * expert grid (rt->grid: EP spans the tp ranks, experts whole on each, etp = 1) each tp
- * rank routes only its shard's Nr = Ns rows, read from its chunk of the gathered xn2
- * (torchtitan's ReordererSequenceParallel, torchtitan/distributed/expert_parallel.py,
- * v0.2; Megatron-Core's token dispatcher with --expert-tensor-parallel-size 1).
+ * expert grid (rt->grid: EP spans the tp ranks, experts whole on each with etp = 1, split
+ * over the tp ranks with etp = tp) each tp rank routes only its shard's Nr = Ns rows, read
+ * from its chunk of the gathered xn2 (torchtitan's ReordererSequenceParallel,
+ * torchtitan/distributed/expert_parallel.py, v0.2; Megatron-Core's token dispatcher, whose
+ * tp group is the expert-TP one).
  *
  * Expert parallelism: permuted rows are grouped by expert, experts in order, so the rows
  * bound for EP rank j (experts [j El, (j+1) El)) are contiguous. Counts go first (El per
  * destination), then the rows; the received rows are laid out [source rank][local expert].
- * The combine is the same exchange reversed. */
+ * The combine is the same exchange reversed. Under expert tensor parallelism (etp > 1) the
+ * expert side holds the expert-TP group's received rows, [ETP rank][source][local expert]
+ * (runtime_etp.c): the dispatch lands in the rank's own block and the combine reads it. */
 #include "exec/runtime/runtime_internal.h"
 
 /* ---- expert parallelism ---------------------------------------------------------------- */
@@ -26,7 +29,7 @@ typedef struct ep_xfer {
 
 static void ep_counts(const mp_runtime *rt, int l, int64_t width, ep_xfer *x) {
   const int32_t *cnt = rt->counts_h + (size_t)l * rt->E;
-  const int64_t *rc = rt->ep_rc + (size_t)l * rt->ep * rt->El;
+  const int64_t *rc = rt->ep_rc + ((size_t)l * rt->etp + rt->etp_idx) * rt->ep * rt->El;
   int64_t so = 0, ro = 0;
   for (int j = 0; j < rt->ep; j++) {
     int64_t s = 0, r = 0;
@@ -43,36 +46,44 @@ static void ep_counts(const mp_runtime *rt, int l, int64_t width, ep_xfer *x) {
   }
 }
 
-/* dispatch (dir 0): send-side (N*k rows, permuted) -> expert side (R rows); combine (1): back. */
+/* dispatch (dir 0): send-side (N*k rows, permuted) -> expert side (R rows; under etp the
+ * rank's own block of them, the side's first row given); combine (1): back. */
 static mp_status ep_exchange(mp_ctx *ctx, mp_runtime *rt, int l, int dir, const void *send, void *recv, int64_t width) {
   ep_xfer x;
   ep_counts(rt, l, width, &x);
+  const int64_t own = mp_rt_etp_block_start(rt, l, rt->etp_idx) * width;
+  if (dir == 0) recv = xoff(rt, recv, (size_t)own);
+  else send = xoff(rt, send, (size_t)own);
   if (dir == 0)
     return mp_comm_all_to_all_v(ctx, rt->comm, MP_GROUP_EP, send, x.sc, x.sd, recv, x.rc, x.rd, rt->xdt);
   return mp_comm_all_to_all_v(ctx, rt->comm, MP_GROUP_EP, send, x.rc, x.rd, recv, x.sc, x.sd, rt->xdt);
 }
 
-/* Exchange the per-expert counts and size the expert side. */
+/* Exchange the per-expert counts (under etp gathered over the group too) and size the
+ * expert side. */
 static mp_status ep_plan(mp_ctx *ctx, mp_runtime *rt, int l) {
   const int ep = rt->ep, El = rt->El;
   const int32_t *cnt = rt->counts_h + (size_t)l * rt->E;
   int64_t send[64 * 8];
-  int64_t *recv = rt->ep_rc + (size_t)l * ep * El;
+  int64_t *recv = rt->ep_rc + ((size_t)l * rt->etp + rt->etp_idx) * ep * El;
   if (rt->E > 64 * 8 || ep > 64)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "the runtime's EP exchange handles up to 512 experts and ep <= 64");
   for (int e = 0; e < rt->E; e++) send[e] = cnt[e];
   MP_CHECK(mp_rt_host_coll(ctx, rt, MP_GROUP_EP, send, recv, (size_t)El, MP_COMM_DTYPE_INT64, -1, NULL));
+  MP_CHECK(mp_rt_etp_counts(ctx, rt, l));
   int64_t R = 0;
-  for (int i = 0; i < ep * El; i++) R += recv[i];
+  for (int t = 0; t < rt->etp; t++) R += mp_rt_etp_block_rows(rt, l, t);
   rt->ep_R[l] = R;
   if (R > rt->ep_R_max) rt->ep_R_max = R;
   return MP_OK;
 }
 
-/* The expert side's layout (EPA, EP_OUT, EP_WS) for R rows received. */
-static void ep_layout(const mp_runtime *rt, int64_t R, mp_act_layout *y) {
+/* The expert side's layout (EPA, EP_OUT, EP_WS) of layer l: its R rows and, under etp,
+ * the largest block's. */
+static void ep_layout(const mp_runtime *rt, int l, mp_act_layout *y) {
   mp_act_dims d = rt->dims;
-  d.R = R;
+  d.R = rt->ep_R[l];
+  d.RB = mp_rt_etp_block_max(rt, l);
   mp_act_layout_fill(y, &d, 1);
 }
 
@@ -135,9 +146,11 @@ mp_status mp_rt_attn_core_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
 }
 
 /* Rows of block (s, e) on the expert side, blocks laid out [source][local expert]: rows
- * EP rank s sent for local expert e, or expert e's rows without EP (one source). */
+ * EP rank s sent for local expert e, or expert e's rows without EP (one source). Under etp
+ * s runs over the group's (ETP rank, source) pairs, ep x etp of them. */
 static int expert_block_rows(const mp_runtime *rt, int l, int s, int e) {
-  return rt->ep > 1 ? (int)rt->ep_rc[((size_t)l * rt->ep + s) * rt->El + e] : rt->counts_h[(size_t)l * rt->E + e];
+  return rt->ep > 1 ? (int)rt->ep_rc[((size_t)l * rt->ep * rt->etp + s) * rt->El + e]
+                    : rt->counts_h[(size_t)l * rt->E + e];
 }
 
 /* The routed experts' forward on the expert side: per (source, local expert) block under
@@ -148,7 +161,7 @@ static mp_status experts_forward(mp_ctx *ctx, mp_runtime *rt, int l, const void 
   const int El = rt->El;
   const void *Wg = W(rt, l, MP_MOD_EXPERTS_GATE), *Wu = W(rt, l, MP_MOD_EXPERTS_UP), *Wd = W(rt, l, MP_MOD_EXPERTS_DOWN);
   size_t r0 = 0;
-  for (int s = 0; s < rt->ep; s++)
+  for (int s = 0; s < rt->ep * rt->etp; s++)
     for (int e = 0; e < El; e++) {
       const int n = expert_block_rows(rt, l, s, e);
       if (!n) continue;
@@ -160,7 +173,7 @@ static mp_status experts_forward(mp_ctx *ctx, mp_runtime *rt, int l, const void 
     }
   BE(swiglu_forward(rt->kc, eh, eg, eu, (size_t)R * Fe));
   r0 = 0;
-  for (int s = 0; s < rt->ep; s++)
+  for (int s = 0; s < rt->ep * rt->etp; s++)
     for (int e = 0; e < El; e++) {
       const int n = expert_block_rows(rt, l, s, e);
       if (!n) continue;
@@ -243,15 +256,18 @@ static mp_status moe_experts_forward(mp_ctx *ctx, mp_runtime *rt, int l) {
   MP_CHECK(ep_plan(ctx, rt, l));
   const int64_t R = rt->ep_R[l];
   mp_act_layout ey;
-  ep_layout(rt, R, &ey);
+  ep_layout(rt, l, &ey);
   if (!rt->epa[l])
     MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_ACTIVATIONS, ey.bytes[MP_ACT_ALLOC_EPA], (void **)&rt->epa[l]));
   char *xr = rt->epa[l] + ey.ep_xr, *eg = rt->epa[l] + ey.ep_eg, *eu = rt->epa[l] + ey.ep_eu,
        *eh = rt->epa[l] + ey.ep_eh;
   MP_CHECK(ep_exchange(ctx, rt, l, 0, a + y->xp, xr, C));
+  MP_CHECK(mp_rt_etp_gather(ctx, rt, l, xr, C));
   void *eyl;
   MP_CHECK(mp_talloc_alloc_uninit(ctx, rt->ta, MP_MEM_COMM, ey.bytes[MP_ACT_ALLOC_EP_OUT], &eyl));
   mp_status st = experts_forward(ctx, rt, l, xr, eg, eu, eh, eyl, R);
+  /* under etp: the partial sums reduce-scattered, received after ep_out's R rows */
+  if (st == MP_OK) st = mp_rt_etp_scatter(ctx, rt, l, eyl, xoff(rt, eyl, (size_t)(R > 0 ? R : 1) * C), C);
   if (st == MP_OK) st = ep_exchange(ctx, rt, l, 1, eyl, a + y->ey, C);
   mp_status s2 = mp_talloc_free(ctx, rt->ta, eyl);
   MP_CHECK(st);
@@ -408,7 +424,7 @@ static mp_status experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *din,
   const void *Wg = W(rt, l, MP_MOD_EXPERTS_GATE), *Wu = W(rt, l, MP_MOD_EXPERTS_UP), *Wd = W(rt, l, MP_MOD_EXPERTS_DOWN);
   float *dWg = G(rt, l, MP_MOD_EXPERTS_GATE), *dWu = G(rt, l, MP_MOD_EXPERTS_UP), *dWd = G(rt, l, MP_MOD_EXPERTS_DOWN);
   size_t r0 = 0;
-  for (int s = 0; s < rt->ep; s++)
+  for (int s = 0; s < rt->ep * rt->etp; s++)
     for (int e = 0; e < El; e++) {
       const int n = expert_block_rows(rt, l, s, e);
       if (!n) continue;
@@ -418,7 +434,7 @@ static mp_status experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, void *din,
     }
   BE(swiglu_backward(rt->kc, deg, deu, deh, eg, eu, (size_t)R * Fe));
   r0 = 0;
-  for (int s = 0; s < rt->ep; s++)
+  for (int s = 0; s < rt->ep * rt->etp; s++)
     for (int e = 0; e < El; e++) {
       const int n = expert_block_rows(rt, l, s, e);
       if (!n) continue;
@@ -490,7 +506,7 @@ static mp_status moe_experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, char *
                             a + y->eg, a + y->eu, a + y->eh, mp_rt_moe_placed_rows(rt, l));
   const int64_t R = rt->ep_R[l];
   mp_act_layout ey;
-  ep_layout(rt, R, &ey);
+  ep_layout(rt, l, &ey);
   const char *xr = rt->epa[l] + ey.ep_xr, *eg = rt->epa[l] + ey.ep_eg, *eu = rt->epa[l] + ey.ep_eu,
              *eh = rt->epa[l] + ey.ep_eh;
   char *w2;
@@ -498,7 +514,11 @@ static mp_status moe_experts_backward(mp_ctx *ctx, mp_runtime *rt, int l, char *
   char *deyl = w2 + ey.ep_dey, *dxr = w2 + ey.ep_dxr, *deh = w2 + ey.ep_deh, *deg = w2 + ey.ep_deg,
        *deu = w2 + ey.ep_deu;
   mp_status st = ep_exchange(ctx, rt, l, 0, ws + y->dey, deyl, C);
+  if (st == MP_OK) st = mp_rt_etp_gather(ctx, rt, l, deyl, C);
   if (st == MP_OK) st = experts_backward(ctx, rt, l, dxr, deg, deu, deh, deyl, xr, eg, eu, eh, R);
+  /* under etp: the input gradients' partial sums reduce-scattered, received into the
+   * output gradient's rows, read no more */
+  if (st == MP_OK) st = mp_rt_etp_scatter(ctx, rt, l, dxr, deyl, C);
   if (st == MP_OK) st = ep_exchange(ctx, rt, l, 1, dxr, ws + y->dxp, C);
   mp_status s2 = mp_talloc_free(ctx, rt->ta, w2);
   MP_CHECK(st);

@@ -8,6 +8,8 @@
  *   runtime_mla.c    multi-head latent attention's projections, forward and backward
  *   runtime_moe.c    an MoE block's routing: the experts' capacity and token dropping,
  *                    the per-expert loads a step measures
+ *   runtime_etp.c    expert tensor parallelism: the expert-TP group's gather of the
+ *                    received rows and reduce-scatter of the expert outputs
  *   runtime_sp.c     sequence parallelism: the sequence shard's collectives, the norms'
  *                    gradients
  *   runtime_cp.c     context parallelism: the load-balanced chunks, ring attention, the
@@ -124,7 +126,7 @@ typedef struct rt_micro {
   char **x, **act, **core, **epa; /* its layer tables ([L + 1], [L], [L], [L]) */
   int64_t *ep_R;
   /* its routing, from a MoE block's forward to its backward: rows per expert ([L * E]) and
-   * EP's received rows per (source, local expert) ([L * ep * El]) */
+   * EP's received rows per (expert-TP rank, source, local expert) ([L * etp * ep * El]) */
   int32_t *counts_h;
   int64_t *ep_rc;
 } rt_micro;
@@ -153,12 +155,14 @@ struct mp_runtime {
    * qk_rope_head_dim); multi-head latent attention (mla): the q latent (0: q_proj), the kv
    * latent, a head's part without RoPE (qk_nope_head_dim) and with it (dr == rd) */
   int dv, rd, mla, ql, kvl, dn, dr;
-  /* local dims: tp splits heads, d_ff, shared d_ff and vocab; ep splits experts */
-  int tp, tp_idx, ep, ep_idx, El, nhl, nkvl, Fl, Fsl, Vl, v0;
+  /* local dims: tp splits heads, d_ff, shared d_ff and vocab; ep splits experts; etp
+   * (expert tensor parallelism, the mesh's etp > 1; else 1) splits each local expert's
+   * width: Fe is an expert's d_ff on the rank, d_ff_expert / etp (runtime_etp.c) */
+  int tp, tp_idx, ep, ep_idx, etp, etp_idx, El, nhl, nkvl, Fl, Fsl, Vl, v0;
   /* sequence parallelism (tp > 1 and the plan's sp): the residual stream holds Ns = N / tp
    * rows, the rank's sequence shard (runtime_sp.c); else Ns = N */
   int sp, Ns;
-  /* the expert grid with tp (exec/mesh.h, etp = 1, check.c: with SP): the EP group spans
+  /* the expert grid with tp (exec/mesh.h, etp = 1 or tp, check.c: with SP): the EP group spans
    * the tp ranks and each routes only its sequence shard, Nr = Ns rows (runtime_block.c);
    * else grid = 0 and every rank routes its Nr = N rows */
   int grid, Nr;
@@ -195,9 +199,10 @@ struct mp_runtime {
   char **act;       /* [L] */
   char **core;      /* [L] */
   char **epa;       /* [L] EP: expert-side saved tensors (rows received from every EP rank) */
-  int64_t *ep_R;    /* [L] rows received */
+  int64_t *ep_R;    /* [L] rows on the expert side (under etp: gathered over the ETP group) */
   int64_t ep_R_max; /* most rows received in one layer since creation (routing-dependent memory) */
-  int64_t *ep_rc;   /* [L * ep * El] rows received from source s for local expert e */
+  int64_t *ep_rc;   /* [L * etp * ep * El] rows expert-TP rank t received from source s for
+                       local expert e (etp = 1: this rank's only) */
   int32_t *counts_h; /* [L * E] host copies of expert row counts (placed rows: after drops) */
   /* [L * E] the step's assignments per (MoE layer, expert), before the capacity's drops,
    * and the dropped ones (runtime_moe.c); NULL for a model without MoE */
@@ -301,6 +306,19 @@ mp_status mp_rt_sp_full_alloc(mp_ctx *ctx, mp_runtime *rt, int zero, void **out)
 mp_status mp_rt_sp_full_free(mp_ctx *ctx, mp_runtime *rt, mp_status st, void *full);
 /* The norm weights' gradients summed over tp (once per step, after the micro-batches). */
 mp_status mp_rt_sp_norm_grads(mp_ctx *ctx, mp_runtime *rt);
+
+/* runtime_etp.c (all no-ops with etp = 1) */
+/* Rows of expert-TP rank t's block of layer l's expert side, its first row, the largest
+ * block's rows (0 with etp = 1). */
+int64_t mp_rt_etp_block_rows(const mp_runtime *rt, int l, int t);
+int64_t mp_rt_etp_block_start(const mp_runtime *rt, int l, int t);
+int64_t mp_rt_etp_block_max(const mp_runtime *rt, int l);
+/* The group's counts per (source, local expert), gathered after the EP count exchange. */
+mp_status mp_rt_etp_counts(mp_ctx *ctx, mp_runtime *rt, int l);
+/* buf: rows of width w, blocks by expert-TP rank. gather: the rank's own block to every
+ * rank's; scatter: the rank's own block summed over the group (tmp: the largest block). */
+mp_status mp_rt_etp_gather(mp_ctx *ctx, mp_runtime *rt, int l, void *buf, int64_t w);
+mp_status mp_rt_etp_scatter(mp_ctx *ctx, mp_runtime *rt, int l, void *buf, void *tmp, int64_t w);
 
 /* runtime_cp.c */
 /* The global position of chunk 0 or 1 of cp rank owner's local sequence. */

@@ -79,7 +79,7 @@ static mp_status micro_tables(mp_ctx *ctx, mp_runtime *rt, rt_micro *m, int own)
   m->epa = calloc((size_t)rt->L, sizeof *m->epa);
   m->ep_R = calloc((size_t)rt->L, sizeof *m->ep_R);
   m->counts_h = calloc((size_t)rt->L * (rt->E ? rt->E : 1), sizeof *m->counts_h);
-  m->ep_rc = calloc((size_t)rt->L * rt->ep * (rt->El ? rt->El : 1), sizeof *m->ep_rc);
+  m->ep_rc = calloc((size_t)rt->L * rt->etp * rt->ep * (rt->El ? rt->El : 1), sizeof *m->ep_rc);
   if (!m->x || !m->act || !m->core || !m->epa || !m->ep_R || !m->counts_h || !m->ep_rc)
     return mp_error(ctx, MP_ERR_NOMEM, "runtime: out of memory for the micro-batches' tables");
   return MP_OK;

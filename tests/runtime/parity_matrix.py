@@ -28,7 +28,10 @@ MoE in pipelines (tiny-moe-pp: a dense first layer, 3 MoE layers): pp=2 under 1F
 interleaved, pp=4, uneven stages (--pp-layers 1,3 and 3,1 with GPipe), pp x dp_shard x ep
 (ep=2 and 4, with tp=2 with and without SP). The expert grid (etp=1: EP spans the tp ranks,
 each routing its own sequence shard): tp=2 x ep=2, dp_shard=2 x tp=2 x ep=4 and x ep=2 on
-tiny-moe, pp=2 x tp=2 x ep=2 on tiny-moe-pp, tp=2 x ep=2 on tiny-mla.
+tiny-moe, pp=2 x tp=2 x ep=2 on tiny-moe-pp, tp=2 x ep=2 on tiny-mla. Expert tensor
+parallelism (etp=2: each local expert split over its expert-TP group, the received rows
+all-gathered over it and the outputs reduce-scattered): dp_shard=2 x tp=2 x ep=2 on
+tiny-moe, and on 8 ranks with an expert-FSDP group of 2 and with dp_replicate=2.
 Every run is under `timeout` and MESHPLAN_COMM_TIMEOUT_S: a hang fails the test, naming the
 rank, group and operation.
 
@@ -125,6 +128,14 @@ def routed_tokens(mesh):
     its sequence shard (exec/act_layout.h, NR)."""
     d = mesh_dims(mesh)
     return MICRO_BATCH * SEQ // (d.get("tp", 1) if "etp" in d else 1)
+
+
+def expert_side_tokens(mesh):
+    """Tokens whose rows an expert side holds when routing is balanced: the rank's routed
+    ones, x etp under expert tensor parallelism, whose group all-gathers its ranks' received
+    rows (exec/runtime/runtime_etp.c). An expert's width is Fe / etp there, so ep_mem_bound's
+    whole-Fe rows overstate each excess row: the bound stays an upper one."""
+    return routed_tokens(mesh) * mesh_dims(mesh).get("etp", 1)
 
 
 def ep_mem_bound(model, rows_max, in_flight=1, routed=MICRO_BATCH * SEQ):
@@ -273,6 +284,15 @@ def build_rows():
     rows.append(row("tiny-moe", "dp_shard=2,tp=2,ep=2,etp=1", "none"))
     rows.append(row("tiny-moe-pp", "pp=2,tp=2,ep=2,etp=1", "selective-core", gb=16))
     rows.append(row("tiny-mla", "tp=2,ep=2,etp=1", "selective-core"))
+    # expert tensor parallelism (etp=2, exec/runtime/runtime_etp.c): each local expert's
+    # gate/up split column-wise and down row-wise over its expert-TP group, the received rows
+    # all-gathered over the group and the down projection's partial sums reduce-scattered
+    # back (etp = tp: each tp rank routes its shard); on 8 ranks the expert weights sharded
+    # over an expert-FSDP group of 2, and their gradients all-reduced over dp_replicate=2
+    for ac in ("none", "selective-core", "full"):
+        rows.append(row("tiny-moe", "dp_shard=2,tp=2,ep=2,etp=2", ac, quick=ac == "full"))
+    rows.append(row("tiny-moe", "dp_shard=4,tp=2,ep=2,etp=2", "selective-core", gb=16))
+    rows.append(row("tiny-moe", "dp_replicate=2,dp_shard=2,tp=2,ep=2,etp=2", "none", gb=16))
     # multi-head latent attention (exec/runtime/runtime_mla.c) with MoE and a leading dense
     # layer: tiny-mla (q_proj, whose input gradient is reduced over tp beside the latent
     # path's whole one) and tiny-mla-q (a query latent: nothing to reduce); quick: tiny-mla
@@ -342,7 +362,7 @@ def main():
             np_ = 1
             for kv in mesh.split(","):
                 k, v = kv.split("=")
-                if k != "ep":
+                if k not in ("ep", "etp"):  # the expert grid is carved from the ranks
                     np_ *= int(v)
         if np_ == 1:
             cmd = ["timeout", "-k", "10", "180", meshplan] + args
@@ -373,7 +393,7 @@ def main():
         r = re.search(r"expert rows: at most (\d+) received", out)
         if r:
             rows = int(r.group(1))
-            routed = routed_tokens(mesh.split(" ")[0])
+            routed = expert_side_tokens(mesh.split(" ")[0])
             bound = ep_mem_bound(model, rows, in_flight, routed)
             low = ep_mem_bound(model, 2 * routed * MOE_DIMS[model]["K"], in_flight, routed) if capacity else 0
             ok = pred - low <= meas <= pred + bound

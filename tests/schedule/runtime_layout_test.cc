@@ -125,4 +125,27 @@ TEST(RuntimeLayout, ShardedDataParallelOnUnevenSizes) {
   EXPECT_TRUE(gathered) << "no allocation of the gathered unit (107136 bytes) in block 0's forward";
 }
 
+// tiny-moe (d_model 64, 8 experts of d_ff_expert 32, top_k 2) on dp_shard=2 x tp=2 x ep=2:
+// each tp rank routes its sequence shard, NR = 64 / 2 = 32 tokens, so it sends (and, routing
+// balanced, receives) R = 32 x 2 = 64 rows. With etp=1 each expert is whole on a rank:
+//   EPA (the expert side, ACTIVATIONS): xr 64x64 = 16384, gate, up, hidden 64x32 = 8192
+//          each: 40960
+//   EP_OUT (the outputs before the combine, COMM): 64x64 = 16384
+// With etp=2 (exec/runtime/runtime_etp.c) the expert-TP group of 2 all-gathers its ranks'
+// received rows, R = 2 x 64 = 128, and each rank holds half of an expert's width, 16:
+//   EPA: xr 128x64 = 32768, gate, up, hidden 128x16 = 8192 each: 57344
+//   EP_OUT: the 128 rows' partial sums and one rank's block of 64 rows that the
+//          reduce-scatter receives: (128 + 64) x 64 x 4 = 49152
+TEST(RuntimeLayout, ExpertTensorParallelGathersTheGroupsRows) {
+  Built one, two;
+  sched_test::Build(&one, Cpu("tiny-moe", "dp_shard=2,tp=2,ep=2,etp=1", 4));
+  sched_test::Build(&two, Cpu("tiny-moe", "dp_shard=2,tp=2,ep=2,etp=2", 4));
+  ASSERT_NE(one.s, nullptr);
+  ASSERT_NE(two.s, nullptr);
+  EXPECT_TRUE(Has(Allocs(one.s, MP_PHASE_FORWARD, MP_MEM_ACTIVATIONS), 40960));
+  EXPECT_TRUE(Has(Allocs(one.s, MP_PHASE_FORWARD, MP_MEM_COMM), 16384));
+  EXPECT_TRUE(Has(Allocs(two.s, MP_PHASE_FORWARD, MP_MEM_ACTIVATIONS), 57344));
+  EXPECT_TRUE(Has(Allocs(two.s, MP_PHASE_FORWARD, MP_MEM_COMM), 49152));
+}
+
 }  // namespace
