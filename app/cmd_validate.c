@@ -190,12 +190,15 @@ static mp_status megatron_run_options(mp_ctx *ctx, const char *where, const mp_v
    * ran padded. NeMo's recipes that turn the graphs on for MoE models add
    * MegatronTokenDropCallback, capacity factor 1.0 with --moe-pad-expert-input-to-capacity
    * (nemo/lightning/pytorch/callbacks/moe_token_drop.py). A row stating those graphs over MoE
-   * layers and neither capacity column takes that setting, marked 'c' in the table. */
-  if (mp_model_is_moe(&j->m) && o->moe_dispatcher == MP_MOE_DISPATCH_ALLTOALL &&
-      (o->cuda_graphs == MP_CUDA_GRAPHS_LAYERS || o->cuda_graphs == MP_CUDA_GRAPHS_ITERATION) &&
-      !(v->moe_capacity_factor > 0.0) && v->moe_pad_to_capacity < 0) {
-    o->moe_routing.capacity_factor = 1.0;
-    o->moe_routing.pad_to_capacity = 1;
+   * layers and neither capacity column takes that setting where it is what removes the host's
+   * read (mp_moe_host_sync, the rule that refuses the graphs), marked 'c' in the table. */
+  mp_plan_options padded = *o;
+  padded.moe_routing.capacity_factor = 1.0;
+  padded.moe_routing.pad_to_capacity = 1;
+  if ((o->cuda_graphs == MP_CUDA_GRAPHS_LAYERS || o->cuda_graphs == MP_CUDA_GRAPHS_ITERATION) &&
+      !(v->moe_capacity_factor > 0.0) && v->moe_pad_to_capacity < 0 && mp_moe_host_sync(&j->m, o) &&
+      !mp_moe_host_sync(&j->m, &padded)) {
+    o->moe_routing = padded.moe_routing;
     j->capacity_from_graphs = 1;
   }
   return MP_OK;
