@@ -493,9 +493,7 @@ static mp_status check_recompute_modules(mp_ctx *ctx, const mp_model *m, const m
   if ((rc & (1u << MP_RC_SHARED_EXPERTS)) && m->n_shared_experts == 0)
     return mp_error(ctx, MP_ERR_INVALID, "recompute module shared_experts: model %s has no shared experts; drop it",
                     m->name);
-  int64_t dense = 0;
-  for (int64_t l = 0; l < m->n_layers; l++) dense += !mp_model_layer_is_moe(m, l);
-  if ((rc & (1u << MP_RC_MLP)) && dense == 0)
+  if ((rc & (1u << MP_RC_MLP)) && mp_model_n_moe_layers(m) == m->n_layers)
     return mp_error(ctx, MP_ERR_INVALID, "recompute module mlp: every layer of %s is a MoE layer, whose MLP "
                     "Megatron-Core checkpoints as `moe` (transformer_layer.py); drop it or name moe", m->name);
   /* the EP overlap runs the MoE layer's parts itself (models/gpt/fine_grained_callables.py calls
