@@ -64,7 +64,10 @@ def install_torch_stand_in():
 
 
 def write_corpus(root, docs=1536):
-    import pyarrow as pa
+    try:
+        import pyarrow as pa  # the corpus format fms-fsdp's loader reads; not a test dependency
+    except ImportError:
+        sys.exit("fms_loader_probe.py: needs pyarrow (pip install pyarrow) to write the arrow corpus")
     os.makedirs(os.path.join(root, "meta"), exist_ok=True)
     schema, rng, rows = pa.schema([("tokens", pa.int32())]), random.Random(0), []
     for d in NAMES:
