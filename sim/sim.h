@@ -65,6 +65,9 @@ typedef struct mp_ub_overlap {
   int16_t sms;    /* num_sm: the SMs (CTAs) the communication kernel runs on */
 } mp_ub_overlap;
 
+/* The most spans an attention_by_span table states (mp_stack_profile.attn_span). */
+#define MP_ATTN_SPAN_MAX 12
+
 /* Efficiency of a software stack on a GPU. */
 typedef struct mp_stack_profile {
   char name[64];
@@ -80,6 +83,20 @@ typedef struct mp_stack_profile {
    * fp8_gemm_eff_max (sim/cost.c) */
   double fp8_block_gemm_vs_bf16;
   double attention_eff;      /* flash attention relative to the bf16 peak */
+  /* Attention by the span of each call (JSON "attention_by_span", optional): {"span": keys a
+   * call attends over, ascending, "fwd" and "bwd": the kernel's measured fraction of the
+   * bf16 peak at each span, the backward in the measurement's own FLOP count (2.5 times the
+   * forward's at equal q/k and v head dims), "source"}. An attention core (MP_KERNEL_ATTENTION
+   * with op.n > 0, the keys the call spans: the sequence, or seq / cp on a context-parallel
+   * ring's step) runs at the fraction interpolated linearly in log2 of op.n, held at the end
+   * points outside them, times "sustained" (optional, (0, 1], default 1: the share of a
+   * short benchmark's speed a kernel holds in a sustained run at the GPU's power limit),
+   * carried to other GPUs by the flash ratio as attention_eff is; attention's element-wise
+   * ops (n 0) run at attention_eff. attn_span_n 0: attention_eff for every op (sim/stack.c,
+   * mp_stack_attention_eff). */
+  int attn_span_n;
+  double attn_span_sustained;
+  double attn_span[MP_ATTN_SPAN_MAX], attn_span_fwd[MP_ATTN_SPAN_MAX], attn_span_bwd[MP_ATTN_SPAN_MAX];
   double hbm_eff;            /* achieved fraction of HBM bandwidth for memory-bound ops */
   double link_eff;           /* achieved fraction of link bandwidth (bus bandwidth) */
   double kernel_overhead_s;  /* launch / framework overhead per compute op */
@@ -500,8 +517,8 @@ mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor,
  * gemm_eff_half_mnk) (fp8 dtypes: fp8_gemm_eff_max against the fp8 peak; a GPU without
  * an fp8 peak runs them as bf16), times the stack's by-shape factor for GEMMs of batch 1
  * (gemm_table for bf16, fp8_gemm_table for fp8; none for grouped expert GEMMs);
- * attention runs at attention_eff of the bf16 peak; other kernels at the fp32 (CUDA-core)
- * peak. */
+ * attention runs at attention_eff of the bf16 peak, or at the stack's fraction for the call's
+ * span (attention_by_span); other kernels at the fp32 (CUDA-core) peak. */
 double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p);
 /* The same under plan's options where they price the op (NULL: the defaults): a weight
  * gradient accumulated into the main_grad in the plan's gradient dtype. */

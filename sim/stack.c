@@ -1,6 +1,7 @@
 /* Stack profiles (see stack.h): loading and validation. */
 #include "sim/stack.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -206,6 +207,54 @@ static mp_status read_launch_costs(mp_ctx *ctx, const cJSON *j, const char *orig
   return MP_OK;
 }
 
+/* One array of "attention_by_span" (where: its name in messages): n numbers, each in (lo, hi]. */
+static mp_status span_array(mp_ctx *ctx, const cJSON *o, const char *where, const char *key, double lo,
+                            double hi, double *out, int *n) {
+  const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key);
+  if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) < 1 || cJSON_GetArraySize(a) > MP_ATTN_SPAN_MAX)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: %s must be an array of 1 to %d numbers", where, key,
+                    MP_ATTN_SPAN_MAX);
+  int i = 0;
+  const cJSON *e;
+  cJSON_ArrayForEach(e, a) {
+    if (!cJSON_IsNumber(e) || !(e->valuedouble > lo) || !(e->valuedouble <= hi))
+      return mp_error(ctx, MP_ERR_INVALID, "%s: %s[%d] must be a number in (%g, %g]", where, key, i, lo, hi);
+    out[i++] = e->valuedouble;
+  }
+  if (*n > 0 && i != *n)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: %s has %d entries where span has %d", where, key, i, *n);
+  *n = i;
+  return MP_OK;
+}
+
+/* "attention_by_span" (optional; sim.h, mp_stack_profile.attn_span): spans ascending, a
+ * forward and a backward fraction at each, and the measurement's source. */
+static mp_status read_attention_by_span(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
+  const cJSON *o = cJSON_GetObjectItemCaseSensitive(j, "attention_by_span");
+  p->attn_span_n = 0;
+  if (o == NULL) return MP_OK;
+  char where[300];
+  snprintf(where, sizeof where, "%s: attention_by_span", origin);
+  if (!cJSON_IsObject(o))
+    return mp_error(ctx, MP_ERR_INVALID, "%s must be an object {\"span\", \"fwd\", \"bwd\", \"source\"}", where);
+  int n = 0;
+  MP_CHECK(span_array(ctx, o, where, "span", 0, 1e9, p->attn_span, &n));
+  for (int i = 1; i < n; i++)
+    if (!(p->attn_span[i] > p->attn_span[i - 1]))
+      return mp_error(ctx, MP_ERR_INVALID, "%s: span must ascend (span[%d] %g after %g)", where, i,
+                      p->attn_span[i], p->attn_span[i - 1]);
+  MP_CHECK(span_array(ctx, o, where, "fwd", 0, 1, p->attn_span_fwd, &n));
+  MP_CHECK(span_array(ctx, o, where, "bwd", 0, 1, p->attn_span_bwd, &n));
+  const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "source");
+  if (!cJSON_IsString(s) || s->valuestring[0] == '\0')
+    return mp_error(ctx, MP_ERR_INVALID, "%s: source must name the measurement", where);
+  p->attn_span_sustained = 1.0;
+  MP_CHECK(mp_json_get_f64(ctx, o, where, "sustained", 0, &p->attn_span_sustained));
+  MP_CHECK(mp_check_f64(ctx, where, "sustained", p->attn_span_sustained, 0, 1, MP_RANGE_OPEN_LO));
+  p->attn_span_n = n;
+  return MP_OK;
+}
+
 /* "fit_gpu" (optional): the data/gpus profile the efficiencies were fitted on, whose
  * kernel fractions it must state (mp_stack_kernel_scale_of divides by them). */
 static mp_status read_fit_gpu(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
@@ -306,6 +355,7 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
   MP_CHECK_GOTO(read_runs(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_comm_sms(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_fit_gpu(ctx, j, origin, &p), st, done);
+  MP_CHECK_GOTO(read_attention_by_span(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_gemm_fit(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_grouped_tile(ctx, j, origin, &p), st, done);
   MP_CHECK_GOTO(read_wgrad_accum(ctx, j, origin, &p), st, done);
@@ -316,6 +366,26 @@ mp_status mp_stack_from_text(mp_ctx *ctx, const char *text, const char *origin,
 done:
   cJSON_Delete(j);
   return st;
+}
+
+/* The backward's FLOPs in a kernel benchmark's count over meshplan's: NVIDIA/cudnn-frontend
+ * benchmark/sdpa_benchmark_training/benchmark_single_sdpa.py (3929da2, flops()) counts the
+ * forward's two GEMMs at 2 (d_qk + d_vo) and the backward's five at 2 (3 d_qk + 2 d_vo) a
+ * score, 2.5 times the forward's at equal head dims; meshplan's backward op carries twice the
+ * forward's FLOPs (exec/schedule_block.c). */
+#define ATTN_BWD_COUNT (2.5 / 2.0)
+
+double mp_stack_attention_eff(const mp_stack_profile *p, double span, int bwd) {
+  const int n = p->attn_span_n;
+  if (n <= 0 || !(span > 0)) return p->attention_eff;
+  const double *f = bwd ? p->attn_span_bwd : p->attn_span_fwd;
+  const double scale = p->attn_span_sustained / (bwd ? ATTN_BWD_COUNT : 1.0);
+  if (span <= p->attn_span[0]) return f[0] * scale;
+  if (span >= p->attn_span[n - 1]) return f[n - 1] * scale;
+  int i = 1;
+  while (span > p->attn_span[i]) i++;
+  const double t = log2(span / p->attn_span[i - 1]) / log2(p->attn_span[i] / p->attn_span[i - 1]);
+  return (f[i - 1] + t * (f[i] - f[i - 1])) * scale;
 }
 
 /* Whether g is the stack's gemm_fit GPU, whose GEMM efficiency is stated, not carried. */

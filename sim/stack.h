@@ -9,7 +9,7 @@
  * [1, 16]; overheads in [0, 1e6] us; gemm_eff_half_mnk in [0, 1e18] (common/limits.h).
  * Optional: saved_act_factor, memory_model ("torchtitan", "meshplan-cpu", "meshplan-cuda" or
  * "megatron"), attention, loss, sequence_parallel, ac_policies, fit_gpu, gemm_fit, pp_microbatches, pp_order,
- * cp_rotate, dp_overlap, async_tp (torchtitan), distributed_optimizer, tp_comm_overlap and
+ * attention_by_span, cp_rotate, dp_overlap, async_tp (torchtitan), distributed_optimizer, tp_comm_overlap and
  * deepep_sms and hybridep_sms (megatron), grouped_gemm_tile_m, grouped_gemm_tile_k and grouped_gemm_streams (sim.h's
  * mp_stack_profile says what each means).
  *
@@ -66,6 +66,12 @@ void mp_stack_kernel_scale_of(const mp_stack_profile *p, const mp_gpu *g, mp_sta
  * units)", or
  * "meshplan-cuda: efficiencies as stated on every GPU (no fit GPU)". */
 void mp_stack_kernel_scale_format(const mp_stack_profile *p, const mp_gpu *g, char *buf, size_t cap);
+
+/* Stack p's attention efficiency on its fit GPU, a fraction of the bf16 peak in meshplan's
+ * FLOP count (a backward op twice its forward's FLOPs), for one call over `span` keys,
+ * forward (bwd 0) or backward (1): from attention_by_span where the profile states it and
+ * span > 0 (sim.h, mp_stack_profile.attn_span), else attention_eff. */
+double mp_stack_attention_eff(const mp_stack_profile *p, double span, int bwd);
 
 /* By name (data/stacks stem, e.g. "torchtitan-eager") or path to a JSON file. */
 mp_status mp_stack_load(mp_ctx *ctx, const char *name_or_path, mp_stack_profile *out);
