@@ -12,6 +12,7 @@
 
 #include "exec/schedule.h"
 #include "sim/sim.h"
+#include "sim/stack.h"
 #include "tests/sim/round_figures.h"
 
 namespace {
@@ -133,6 +134,21 @@ TEST(AttnExp, HopperKeepsItsFlopsOnlyPrice) {
   merge.bytes = 0;
   const mp_gpu b = LoadGpu("b200");
   EXPECT_DOUBLE_EQ(mp_sim_compute_op_s(&merge, &b, &p), merge.flops / (2250e12 * 0.2823 * 0.400 / 0.35));
+}
+
+TEST(AttnExp, TheKernelLineSaysWhatAnExponentialCosts) {
+  // On the B200 the H100 fit's ratios are 0.602 / 0.685 = 0.879 (GEMM), 0.400 / 0.35 = 1.143
+  // (the attention's tensor-core part), 0.624 / 0.709 = 0.880 (fp8 GEMM), and an exponential
+  // costs 141.605 FLOPs; on the H100 the line stops at its fractions.
+  const mp_stack_profile p = FitOnH100();
+  const mp_gpu b = LoadGpu("b200"), h = LoadGpu("h100-sxm");
+  char line[512];
+  mp_stack_kernel_scale_format(&p, &b, line, sizeof line);
+  EXPECT_STREQ(line, "test fitted on h100-sxm; on b200 GEMM x0.879, flash attention x1.143, fp8 GEMM x0.880; "
+                     "attention's softmax exponentials 141.6 FLOPs of tensor-core time each (MUFU.EX2 16 a clock "
+                     "an SM)");
+  mp_stack_kernel_scale_format(&p, &h, line, sizeof line);
+  EXPECT_STREQ(line, "test fitted on h100-sxm: efficiencies as stated");
 }
 
 TEST(AttnExp, BadFiguresAreRefused) {
