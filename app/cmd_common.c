@@ -544,6 +544,9 @@ cJSON *mp_cmd_kernel_scale_json(const mp_stack_profile *p, const mp_gpu *g) {
   cJSON_AddNumberToObject(o, "gemm", k.gemm);
   cJSON_AddNumberToObject(o, "fp8_gemm", k.fp8_gemm);
   cJSON_AddNumberToObject(o, "flash_attention", k.flash);
+  /* an attention exponential's exposed time in FLOPs, where the GPU states attention_exp */
+  const double exp_flops = mp_gpu_attn_exp_flops(g);
+  if (exp_flops > 0) cJSON_AddNumberToObject(o, "attention_exp_flops", exp_flops);
   cJSON_AddStringToObject(o, "line", line);
   return o;
 }

@@ -57,6 +57,45 @@ static mp_status kernel_eff_from_json(mp_ctx *ctx, const cJSON *j, const char *o
   return MP_OK;
 }
 
+/* "attention_exp" (cluster.h, mp_attn_exp): optional as a whole; inside it every figure
+ * and a non-empty source naming where they come from are required (ranges: attn_exp_validate). */
+static mp_status attn_exp_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, mp_gpu *g) {
+  const cJSON *ae = cJSON_GetObjectItemCaseSensitive(j, "attention_exp");
+  if (ae == NULL) return MP_OK;
+  char sub[256];
+  snprintf(sub, sizeof sub, "%s: attention_exp", origin);
+  if (!cJSON_IsObject(ae))
+    return mp_error(ctx, MP_ERR_INVALID, "%s must be an object of ex2_per_clk, bf16_flops_per_clk, exposed, "
+                    "ref_eff and source", sub);
+  mp_attn_exp *a = &g->attn_exp;
+  MP_CHECK(mp_json_get_f64(ctx, ae, sub, "ex2_per_clk", 1, &a->ex2_per_clk));
+  MP_CHECK(mp_json_get_f64(ctx, ae, sub, "bf16_flops_per_clk", 1, &a->bf16_flops_per_clk));
+  MP_CHECK(mp_json_get_f64(ctx, ae, sub, "exposed", 1, &a->exposed));
+  MP_CHECK(mp_json_get_f64(ctx, ae, sub, "ref_eff", 1, &a->ref_eff));
+  const cJSON *src = cJSON_GetObjectItemCaseSensitive(ae, "source");
+  if (!cJSON_IsString(src) || src->valuestring[0] == '\0')
+    return mp_error(ctx, MP_ERR_INVALID, "%s: missing 'source': name the measurements the figures come from", sub);
+  return MP_OK;
+}
+
+/* attention_exp: none stated (all 0), or ex2_per_clk and bf16_flops_per_clk in (0, 1e5],
+ * exposed in [0, 1] (a share of the exponentials' issue time) and ref_eff in (0, 1]. */
+static mp_status attn_exp_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin) {
+  const mp_attn_exp *a = &g->attn_exp;
+  if (a->ex2_per_clk == 0 && a->bf16_flops_per_clk == 0 && a->exposed == 0 && a->ref_eff == 0) return MP_OK;
+  MP_CHECK(mp_check_f64(ctx, origin, "attention_exp.ex2_per_clk", a->ex2_per_clk, 0, 1e5, MP_RANGE_OPEN_LO));
+  MP_CHECK(mp_check_f64(ctx, origin, "attention_exp.bf16_flops_per_clk", a->bf16_flops_per_clk, 0, 1e5,
+                        MP_RANGE_OPEN_LO));
+  MP_CHECK(mp_check_f64(ctx, origin, "attention_exp.exposed", a->exposed, 0, 1, MP_RANGE_CLOSED));
+  return mp_check_f64(ctx, origin, "attention_exp.ref_eff", a->ref_eff, 0, 1, MP_RANGE_OPEN_LO);
+}
+
+double mp_gpu_attn_exp_flops(const mp_gpu *g) {
+  const mp_attn_exp *a = &g->attn_exp;
+  if (!(a->ex2_per_clk > 0)) return 0.0;
+  return a->exposed * a->bf16_flops_per_clk / a->ex2_per_clk * a->ref_eff;
+}
+
 /* "api": cuda, rocm or cpu; absent: MP_GPU_API_AUTO (cluster.h). */
 static mp_status api_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, mp_gpu *g) {
   char api[16] = "";
@@ -101,6 +140,7 @@ static mp_status gpu_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, 
   const cJSON *src = cJSON_GetObjectItemCaseSensitive(j, "source");
   if (cJSON_IsString(src)) snprintf(g->source, sizeof g->source, "%s", src->valuestring);
   MP_CHECK(kernel_eff_from_json(ctx, j, origin, g));
+  MP_CHECK(attn_exp_from_json(ctx, j, origin, g));
   return mp_gpu_validate(ctx, g, origin);
 }
 
@@ -159,6 +199,7 @@ mp_status mp_gpu_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin) {
   if (g->api == MP_GPU_API_CUDA && g->compute_capability == 0)
     return mp_error(ctx, MP_ERR_INVALID, "%s: api cuda needs its compute_capability (90 for sm_90)", origin);
   MP_CHECK(fp4_eff_validate(ctx, g, origin));
+  MP_CHECK(attn_exp_validate(ctx, g, origin));
   return kernel_eff_validate(ctx, g, origin);
 }
 

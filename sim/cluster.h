@@ -27,6 +27,22 @@ typedef struct mp_kernel_eff {
                              GPU has no FP4 tensor cores or the profile states none */
 } mp_kernel_eff;
 
+/* Softmax's exponentials in fused attention, where the GPU profile states them (JSON
+ * "attention_exp", optional; all 0: none stated, attention priced at its FLOPs alone). On
+ * Blackwell the tensor cores outrun the special-function units that evaluate exp2
+ * (MUFU.EX2): one exponential per score element in each pass, against 4 x head_dim FLOPs
+ * of the two forward GEMMs, and the kernel's second GEMM waits on the softmax of its tile
+ * (NVIDIA Technical Blog, Making Softmax More Efficient with NVIDIA Blackwell Ultra, 2026).
+ * The GPU evaluates peak_bf16 / bf16_flops_per_clk x ex2_per_clk exponentials a second
+ * (SMs x clock cancel); the reference kernel leaves `exposed` of that issue time outside
+ * its tensor-core time, which runs at ref_eff of the bf16 peak (meshplan's FLOP count). */
+typedef struct mp_attn_exp {
+  double ex2_per_clk;       /* MUFU.EX2 results a clock an SM */
+  double bf16_flops_per_clk; /* dense bf16 tensor-core FLOPs a clock an SM */
+  double exposed;           /* share of the exp2 issue time not hidden under the GEMMs */
+  double ref_eff;           /* the reference kernel's tensor-core part, of the bf16 peak */
+} mp_attn_exp;
+
 /* What a GPU is programmed through, which decides whether meshplan's runtime can drive it
  * (CUDA for --device cuda, the CPU runtime for the CPU profile). A GPU without CUDA (AMD's,
  * ROCm) is planned and simulated only. The JSON's "api"; absent: CUDA with a compute
@@ -60,6 +76,7 @@ typedef struct mp_gpu {
                                   an x86 host as the DGX's, 1) */
   char source[256];
   mp_kernel_eff kernel_eff;    /* all 0: the profile states none (JSON "kernel_eff" absent) */
+  mp_attn_exp attn_exp;        /* all 0: the profile states none (JSON "attention_exp") */
 } mp_gpu;
 
 typedef struct mp_cluster {
@@ -130,6 +147,11 @@ mp_status mp_gpu_check_cuda(mp_ctx *ctx, const mp_gpu *g, const char *runtime);
  * fp8 peak (torchao's float8 runs there in its fnuz formats), or the CPU profile, where the
  * CPU runtime emulates float8 exactly (at its fp32 rate). */
 int mp_gpu_has_float8(const mp_gpu *g);
+/* The exposed time of one attention exponential in FLOP-equivalents at the reference
+ * kernel's tensor-core rate: exposed x bf16_flops_per_clk / ex2_per_clk x ref_eff (an
+ * exponential's exposed issue time, exposed / (peak x ex2_per_clk / bf16_flops_per_clk),
+ * times that rate, peak x ref_eff). 0 where the profile states no attention_exp. */
+double mp_gpu_attn_exp_flops(const mp_gpu *g);
 /* Inter-node bandwidth in GB/s per GPU. */
 double mp_cluster_inter_GBps(const mp_cluster *c);
 

@@ -8,7 +8,8 @@
  * to the stack's tile first (grouped_padding); attention runs at the bf16 peak x
  * attention_eff, or x the stack's fraction for the call's span (attention_by_span,
  * mp_stack_attention_eff), the three efficiencies carried from the stack's fit GPU to this
- * one by the ratio of their kernel fractions (sim/stack.h, mp_stack_kernel_scale_of);
+ * one by the ratio of their kernel fractions (sim/stack.h, mp_stack_kernel_scale_of), plus
+ * the softmax exponentials' exposed time on a GPU stating its MUFU.EX2 rate (attn_exps);
  * element-wise ops, norms and the optimizer at the fp32 peak (CUDA cores).
  * Communication ops: the alpha-beta model of sim/network.c on the link of the op's
  * group, with the stack's link efficiency and per-collective overhead.
@@ -42,6 +43,7 @@ typedef struct op_costs {
   double attn_rate;              /* bf16 peak x attention_eff */
   double attn_flash;             /* the flash ratio attention's efficiencies are carried by */
   const mp_stack_profile *stack; /* its attention_by_span, where it states one */
+  double attn_exp_flops;         /* an exponential's exposed time in FLOPs (attn_exps) */
   double gemm_eff_max, fp8_gemm_eff_max, half_mnk, kernel_overhead_s;
   double fp8_block_eff_max;      /* block-scaled float8 GEMMs' ceiling (fp8_block_ceiling) */
   double fp4_peak, fp4_eff_max;  /* NVFP4 GEMMs (mp_op.fp4): the FP4 peak and its ceiling */
@@ -99,6 +101,7 @@ static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *
   k->attn_rate = mp_sim_peak_flops(g, MP_DTYPE_BF16) * carried_eff(p->attention_eff, sc.flash);
   k->attn_flash = sc.flash;
   k->stack = p;
+  k->attn_exp_flops = mp_gpu_attn_exp_flops(g);
   k->gemm_eff_max = carried_eff(p->gemm_eff_max, sc.gemm);
   k->fp8_gemm_eff_max = carried_eff(p->fp8_gemm_eff_max, sc.fp8_gemm);
   k->fp8_block_eff_max = fp8_block_ceiling(k, p);
@@ -205,6 +208,17 @@ static double attn_rate_of(const mp_op *op, const op_costs *k) {
   return k->peak[MP_DTYPE_BF16] * carried_eff(eff, k->attn_flash);
 }
 
+/* The softmax exponentials of a fused attention core (m tokens, k = head_dim), in the FLOPs
+ * their exposed time is worth at the op's rate (sim/cluster.h, mp_gpu_attn_exp_flops): one
+ * a score element in each pass, whose forward FLOPs are 2 x (head_dim + v_head_dim) an
+ * element, the backward's twice those (exec/schedule_block.c), v_head_dim taken as head_dim.
+ * 0 on a GPU stating none, and for the ring's merge kernels (k = 0). */
+static double attn_exps(const mp_op *op, const op_costs *k) {
+  if (!(k->attn_exp_flops > 0) || op->k <= 0) return 0.0;
+  const double per_elem = (op->variant == MP_VAR_BWD ? 8.0 : 4.0) * (double)op->k;
+  return op->flops / per_elem * k->attn_exp_flops;
+}
+
 /* An op's time at the whole GPU: *flops_s its arithmetic (tensor or CUDA cores), *bytes_s its
  * HBM traffic, *launch_s its launches' overhead; it takes max(flops, bytes) + launch. */
 static inline void op_compute_parts(const mp_op *op, const op_costs *k, double *flops_s, double *bytes_s,
@@ -233,7 +247,7 @@ static inline void op_compute_parts(const mp_op *op, const op_costs *k, double *
     const double peak = op->fp4 && k->fp4_peak > 0 && k->fp4_eff_max > 0 ? k->fp4_peak : k->peak[dt];
     t_flops = eff > 0 ? flops / (peak * eff) : 0.0;
   } else if (op->kernel == MP_KERNEL_ATTENTION) {
-    t_flops = op->flops / attn_rate_of(op, k);
+    t_flops = (op->flops + attn_exps(op, k)) / attn_rate_of(op, k);
   } else {
     /* element-wise, norms, optimizer: CUDA cores, no tensor cores; Transformer Engine's
      * grouped expert casts a kernel an expert (launches_of) */

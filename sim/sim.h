@@ -518,7 +518,8 @@ mp_status mp_sim_pipeline(mp_ctx *ctx, mp_pp_schedule kind, mp_pp_flavor flavor,
  * an fp8 peak runs them as bf16), times the stack's by-shape factor for GEMMs of batch 1
  * (gemm_table for bf16, fp8_gemm_table for fp8; none for grouped expert GEMMs);
  * attention runs at attention_eff of the bf16 peak, or at the stack's fraction for the call's
- * span (attention_by_span); other kernels at the fp32 (CUDA-core) peak. */
+ * span (attention_by_span), its softmax exponentials' exposed time added where the GPU states
+ * attention_exp (sim/cluster.h); other kernels at the fp32 (CUDA-core) peak. */
 double mp_sim_compute_op_s(const mp_op *op, const mp_gpu *g, const mp_stack_profile *p);
 /* The same under plan's options where they price the op (NULL: the defaults): a weight
  * gradient accumulated into the main_grad in the plan's gradient dtype. */

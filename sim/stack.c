@@ -407,7 +407,17 @@ void mp_stack_kernel_scale_of(const mp_stack_profile *p, const mp_gpu *g, mp_sta
   if (gemm_fitted_on(p, g)) out->gemm = p->gemm_fit_eff_max / p->gemm_eff_max;
 }
 
-void mp_stack_kernel_scale_format(const mp_stack_profile *p, const mp_gpu *g, char *buf, size_t cap) {
+/* Appends to the line in buf what g's softmax exponentials add to its attention (sim/cost.c
+ * attn_exps), where its profile states attention_exp. */
+static void attn_exp_format(const mp_gpu *g, char *buf, size_t cap) {
+  const double x = mp_gpu_attn_exp_flops(g);
+  const size_t n = strlen(buf);
+  if (!(x > 0) || n >= cap) return;
+  snprintf(buf + n, cap - n, "; attention's softmax exponentials %.1f FLOPs of tensor-core time each (MUFU.EX2 %g a "
+           "clock an SM)", x, g->attn_exp.ex2_per_clk);
+}
+
+static void kernel_scale_line(const mp_stack_profile *p, const mp_gpu *g, char *buf, size_t cap) {
   if (p->fit_gpu[0] == '\0') {
     snprintf(buf, cap, "%s: efficiencies as stated on every GPU (no fit GPU)", p->name);
     return;
@@ -432,6 +442,13 @@ void mp_stack_kernel_scale_format(const mp_stack_profile *p, const mp_gpu *g, ch
     snprintf(buf + n, cap - (size_t)n, "as stated (%s has no fp8 units to fit it on)", p->fit_gpu);
   else
     snprintf(buf + n, cap - (size_t)n, "x%.3f", k.fp8_gemm);
+}
+
+void mp_stack_kernel_scale_format(const mp_stack_profile *p, const mp_gpu *g, char *buf, size_t cap) {
+  if (cap == 0) return;
+  buf[0] = '\0';
+  kernel_scale_line(p, g, buf, cap);
+  attn_exp_format(g, buf, cap);
 }
 
 void mp_stack_plan_options(const mp_stack_profile *p, const mp_gpu *g, mp_plan_options *o) {

@@ -64,7 +64,9 @@ void mp_stack_kernel_scale_of(const mp_stack_profile *p, const mp_gpu *g, mp_sta
 /* One line for a user: "torchtitan-eager fitted on h100-96gb-500w; on a100-80gb-sxm GEMM
  * x1.440 (fitted there), flash attention x1.771, fp8 GEMM as bf16 (a100-80gb-sxm has no fp8
  * units)", or
- * "meshplan-cuda: efficiencies as stated on every GPU (no fit GPU)". */
+ * "meshplan-cuda: efficiencies as stated on every GPU (no fit GPU)"; where g states
+ * attention_exp, "; attention's softmax exponentials 141.6 FLOPs of tensor-core time each
+ * (MUFU.EX2 16 a clock an SM)" after it (sim/cluster.h, mp_gpu_attn_exp_flops). */
 void mp_stack_kernel_scale_format(const mp_stack_profile *p, const mp_gpu *g, char *buf, size_t cap);
 
 /* Stack p's attention efficiency on its fit GPU, a fraction of the bf16 peak in meshplan's

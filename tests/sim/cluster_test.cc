@@ -337,15 +337,16 @@ TEST(Cluster, OutOfRangeGpuFieldsAreRefused) {
 // GEMMs as cuBLAS sustains them on random data under the part's power limit (an 8192^3
 // torch.matmul on N(0,1) inputs: He 2024 on the A100, meshplan's power probe on the 700 W
 // H100), float8 GEMMs as Bekman's MAMF table bursts them, FlashAttention-2 on the A100
-// (Dao 2023: 50-73 %, 0.62 stated) and on the H100 (Shah et al. 2024: 35 %).
+// (Dao 2023: 50-73 %, 0.62 stated) and on the H100 (Shah et al. 2024: 35 %); on Blackwell
+// the tensor-core part of cuDNN's fused attention, its exponentials priced apart.
 TEST(Cluster, KernelFractionsFromTheirSources) {
   struct { const char *gpu; double bf16, fp8, flash; } want[] = {
       {"a100-80gb-sxm", 0.824, 0.0, 0.62},  // 257 / 312; no fp8 units
       {"h100-sxm", 0.685, 0.709, 0.35},     // 678 / 989.4; 1402.6 / 1979
       {"h100-96gb-500w", 0.685, 0.709, 0.35},  // the same silicon and kernels as the SXM
       {"h200", 0.685, 0.734, 0.35},         // the same die and limit as the SXM; 1453.4 / 1979
-      {"b200", 0.602, 0.624, 0.286},        // the H100's x 2.0 (GEMMs), 1.86 (cuDNN) / 2.274: below
-      {"gb200", 0.602, 0.624, 0.286},       // the B200's: the same die
+      {"b200", 0.602, 0.624, 0.400},        // the H100's x 2.0 (GEMMs) / 2.274; cuDNN's: below
+      {"gb200", 0.602, 0.624, 0.400},       // the B200's: the same die
   };
   for (auto &w : want) {
     SCOPED_TRACE(w.gpu);
@@ -369,11 +370,12 @@ TEST(Cluster, KernelFractionsFromTheirSources) {
 // on the B200 as on the H100 (ThunderKittens on Blackwell, Hazy Research 2025; cuBLAS 12.9's
 // FP4 at 4.6x Hopper's FP8 and 2.3x the B200's), where the peaks differ by 2250 / 989.4 =
 // 4500 / 1978.9. The attention the stacks call is cuDNN's (Transformer Engine prefers it on
-// Hopper and later): 600 TFLOP/s on the H100 at head dim 128, sequence 8k (FlashAttention-3,
-// arXiv 2407.08608, Figure 5), on the B200 FlashAttention-4's 1450 over its lead of up to 1.3x
-// on cuDNN 9.13 (arXiv 2603.05451), 1115.4 / 600 = 1.859x. A stack fitted on the H100 so
-// runs its GEMMs on the B200 at 2.0x its H100 speed and its attention at 1.86x, not at the
-// peaks' 2.27x.
+// Hopper and later): cuDNN 9.19.1 runs Llama 3.1's causal attention at sequence 8192,
+// forward + backward, in 6.791 ms on the H200 (the H100's SMs at its peak) and 2.785 ms on
+// the GB200, of which the GB300, with twice the exponential rate at the same peak, saves
+// 0.217 ms, half the GB200's exposed exponentials: 2.351 ms of tensor-core work (cudnn-frontend
+// sdpa_benchmark_training, df73764). flash_attention is that part: 0.35 x (6.791 / 2.351) /
+// (2500 / 989.4) = 0.4001, the same fraction of the B200's peak.
 TEST(Cluster, BlackwellFractionsAreTheH100sAtTheSameLibrariesSpeed) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -382,19 +384,20 @@ TEST(Cluster, BlackwellFractionsAreTheH100sAtTheSameLibrariesSpeed) {
   ASSERT_EQ(mp_gpu_load(&ctx, "b200", &b), MP_OK) << mp_errmsg(&ctx);
   const double bf16_peaks = 2250.0 / 989.4, fp8_peaks = 4500.0 / 1978.9;
   // the profiles state three digits: 0.685 x 0.8795 = 0.6024, 0.709 x 0.8795 = 0.6236,
-  // 0.35 x 1.859 / 2.274 = 0.2861
-  const double cudnn = (1450.0 / 1.3) / 600.0;
+  // 0.35 x 2.8886 / 2.5268 = 0.4001
+  const double cudnn_tc = 6.791 / 2.351;
   EXPECT_NEAR(b.kernel_eff.bf16_gemm, 0.685 * 2.0 / bf16_peaks, 5e-4);
   EXPECT_NEAR(b.kernel_eff.fp8_gemm, 0.709 * 2.0 / fp8_peaks, 5e-4);
-  EXPECT_NEAR(b.kernel_eff.flash_attention, 0.35 * cudnn / bf16_peaks, 5e-4);
+  EXPECT_NEAR(b.kernel_eff.flash_attention, 0.35 * cudnn_tc / (2500.0 / 989.4), 5e-4);
   // what a prediction sees: the B200's GEMM seconds per FLOP at half the H100's, its
-  // attention's at 1 / 1.86 (three digits stated: 0.286 x 2250 / (0.35 x 989.4) = 1.858)
+  // attention's tensor-core part at 1 / 2.599 (0.400 x 2250 / (0.35 x 989.4)), the cuDNN
+  // ratio at the B200's lower peak: 2.8886 x 2250 / 2500
   EXPECT_NEAR(b.peak_tflops[MP_DTYPE_BF16] * b.kernel_eff.bf16_gemm /
                   (h.peak_tflops[MP_DTYPE_BF16] * h.kernel_eff.bf16_gemm), 2.0, 2e-3);
   EXPECT_NEAR(b.peak_tflops[MP_DTYPE_FP8_E4M3] * b.kernel_eff.fp8_gemm /
                   (h.peak_tflops[MP_DTYPE_FP8_E4M3] * h.kernel_eff.fp8_gemm), 2.0, 2e-3);
   EXPECT_NEAR(b.peak_tflops[MP_DTYPE_BF16] * b.kernel_eff.flash_attention /
-                  (h.peak_tflops[MP_DTYPE_BF16] * h.kernel_eff.flash_attention), cudnn, 2e-3);
+                  (h.peak_tflops[MP_DTYPE_BF16] * h.kernel_eff.flash_attention), cudnn_tc * 2250.0 / 2500.0, 2e-3);
 }
 
 TEST(Cluster, BadKernelFractionsAreRefused) {
