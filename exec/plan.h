@@ -176,8 +176,19 @@ typedef enum mp_attn_impl { MP_ATTN_FLASH = 0, MP_ATTN_MATERIALIZED } mp_attn_im
  *            one eager kernel a step (Megatron's default)
  *   INPLACE_FUSED  the same tensors under Megatron-Core's --cross-entropy-loss-fusion, its
  *            steps compiled into one kernel a function (megatron/core/fusions/
- *            fused_cross_entropy.py) */
-typedef enum mp_loss_impl { MP_LOSS_EAGER = 0, MP_LOSS_FUSED, MP_LOSS_INPLACE, MP_LOSS_INPLACE_FUSED } mp_loss_impl;
+ *            fused_cross_entropy.py)
+ *   TE       Megatron-Core's --cross-entropy-loss-fusion with --cross-entropy-fusion-impl te
+ *            (language_module.py at core_v0.14.0, te_parallel_cross_entropy): Transformer
+ *            Engine's Triton kernels (transformer_engine/pytorch/triton/cross_entropy.py
+ *            v2.6) read the bf16 logits, write their gradient into them in place and save
+ *            them: no fp32 copy; backward scales them in place by the loss's gradient */
+typedef enum mp_loss_impl {
+  MP_LOSS_EAGER = 0,
+  MP_LOSS_FUSED,
+  MP_LOSS_INPLACE,
+  MP_LOSS_INPLACE_FUSED,
+  MP_LOSS_TE
+} mp_loss_impl;
 
 typedef struct mp_param {
   const char *fqn;    /* "layers.3.attention.q_proj.weight" */
