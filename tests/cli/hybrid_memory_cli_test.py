@@ -86,6 +86,12 @@ run(*base, "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te", "
 path = os.path.join(out, "plan.args")
 text = open(path).read() if os.path.exists(path) else ""
 check("--cross-entropy-loss-fusion\n--cross-entropy-fusion-impl te\n" in text, f"--emit megatron: {text[:400]}")
+# read back by --from-args: the same plan, the same logits memory
+args = " ".join(l for l in text.splitlines() if not l.startswith("#")).split()
+direct = json.loads(run(*base, "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te", "--json").stdout)
+back = json.loads(run("simulate", "--gpus", "1", "--from-args", " ".join(args), "--json").stdout)
+check(back["peak_mem_bytes"] == direct["peak_mem_bytes"] and back["step_time_s"] == direct["step_time_s"],
+      f"--from-args: {back['peak_mem_bytes']} {back['step_time_s']} != {direct['peak_mem_bytes']} {direct['step_time_s']}")
 
 for f in fails:
     print("FAIL:", f)
