@@ -324,7 +324,23 @@ mp_status mp_cmd_ce_fusion(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp
                                   mp_args_has(spec, "--no-check-for-nan-in-loss-and-grad"),
                                   mp_args_has(spec, "--align-param-gather"), bucket, o));
   if (mp_args_has(spec, "--no-gradient-accumulation-fusion")) MP_CHECK(mp_cmd_wgrad_unfused(ctx, prof, o));
-  return mp_args_has(spec, "--cross-entropy-loss-fusion") ? mp_cmd_fuse_loss(ctx, prof, o) : MP_OK;
+  const char *impl = mp_args_get(spec, "--cross-entropy-fusion-impl");
+  if (!mp_args_has(spec, "--cross-entropy-loss-fusion")) {
+    if (impl)
+      return mp_error(ctx, MP_ERR_USAGE, "--cross-entropy-fusion-impl picks the kernels of "
+                      "--cross-entropy-loss-fusion (Megatron-Core's language_module.py); add it");
+    return MP_OK;
+  }
+  MP_CHECK(mp_cmd_fuse_loss(ctx, prof, o));
+  return impl ? mp_cmd_ce_impl(ctx, impl, o) : MP_OK;
+}
+
+mp_status mp_cmd_ce_impl(mp_ctx *ctx, const char *impl, mp_plan_options *o) {
+  if (strcmp(impl, "native") == 0) return MP_OK;
+  if (strcmp(impl, "te") != 0)
+    return mp_error(ctx, MP_ERR_USAGE, "--cross-entropy-fusion-impl %s: choose native or te", impl);
+  o->loss = MP_LOSS_TE;
+  return MP_OK;
 }
 
 mp_status mp_cmd_cuda_graphs(mp_ctx *ctx, const struct mp_stack_profile *prof, const char *scope, mp_plan_options *o) {

@@ -132,6 +132,11 @@ mp_status mp_cmd_ddp_bucket_size(mp_ctx *ctx, const struct mp_stack_profile *pro
                                  mp_plan_options *o);
 mp_status mp_cmd_ce_fusion(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                            mp_plan_options *o);
+/* Megatron-Core's --cross-entropy-fusion-impl (after mp_cmd_fuse_loss): native leaves
+ * INPLACE_FUSED, te sets MP_LOSS_TE (exec/plan.h); MP_ERR_USAGE for another name.
+ * mp_cmd_ce_fusion applies it where the command line gives it, refusing it without
+ * --cross-entropy-loss-fusion. */
+mp_status mp_cmd_ce_impl(mp_ctx *ctx, const char *impl, mp_plan_options *o);
 /* Megatron-Core's CUDA graphs named `scope` (none, attn, layers, iteration: exec/plan.h,
  * mp_cuda_graphs) into o->cuda_graphs; MP_ERR_USAGE for another name or a stack that states no
  * in-graph kernel cost (graph_kernel_overhead_us: only megatron-core). The plan checks the

@@ -228,7 +228,8 @@ static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
   if (o->ddp.overlap) mp_emit_printf(b, "--overlap-grad-reduce\n");
   if (o->ddp.overlap && o->ddp.shard_optimizer) mp_emit_printf(b, "--overlap-param-gather\n");
   mp_emit_printf(b, "--bf16\n--attention-backend %s\n", o->attn == MP_ATTN_MATERIALIZED ? "unfused" : "flash");
-  if (o->loss == MP_LOSS_INPLACE_FUSED) mp_emit_printf(b, "--cross-entropy-loss-fusion\n");
+  if (o->loss == MP_LOSS_INPLACE_FUSED || o->loss == MP_LOSS_TE) mp_emit_printf(b, "--cross-entropy-loss-fusion\n");
+  if (o->loss == MP_LOSS_TE) mp_emit_printf(b, "--cross-entropy-fusion-impl te\n");
   if (!o->ddp.scale_grads) mp_emit_printf(b, "--ddp-average-in-collective\n");
   if (!o->ddp.check_grads) mp_emit_printf(b, "--no-check-for-nan-in-loss-and-grad\n");
   if (o->ddp.align_param_gather) mp_emit_printf(b, "--align-param-gather\n");

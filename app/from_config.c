@@ -81,6 +81,7 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
     if (p->moe_deepep) add(f, "--moe-dispatcher", "deepep");
     if (p->moe_a2a_overlap) add(f, "--overlap-moe-comm", NULL);
     if (p->ce_fusion) add(f, "--cross-entropy-loss-fusion", NULL);
+    if (p->ce_fusion == 2) add(f, "--cross-entropy-fusion-impl", "te");
     if (p->cuda_graphs[0]) add(f, "--cuda-graphs", "%s", p->cuda_graphs);
     if (p->ddp_average) add(f, "--ddp-average-in-collective", NULL);
     if (p->ddp_no_check) add(f, "--no-check-for-nan-in-loss-and-grad", NULL);

@@ -37,7 +37,8 @@ typedef struct mp_from_plan {
   int async_tp;
   int moe_deepep;         /* 1: the EP dispatch by DeepEP's kernels (simulate's --moe-dispatcher deepep) */
   int moe_a2a_overlap;    /* 1: Megatron-Core's EP all-to-all overlap (simulate's --overlap-moe-comm) */
-  int ce_fusion;          /* 1: Megatron-Core's --cross-entropy-loss-fusion (simulate's option of that name) */
+  int ce_fusion;          /* 1: Megatron-Core's --cross-entropy-loss-fusion (simulate's option of that name);
+                             2: with --cross-entropy-fusion-impl te */
   char cuda_graphs[32];   /* simulate's --cuda-graphs scope (attn, layers, iteration); "": none */
   int fp8_all_gather;     /* 1: torchtitan's enable_fsdp_float8_all_gather (--fp8-all-gather) */
   int fp8_param_gather;   /* 1: Megatron-Core's --fp8-param-gather (simulate's, explain's and plan's) */

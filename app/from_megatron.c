@@ -459,12 +459,12 @@ static mp_status read_stack(mp_ctx *ctx, const mg_args *a, const char *origin, m
                       sw[i].priced ? "add" : "remove");
   /* the cross-entropy's kernels (megatron/core/models/common/language_module/
    * language_module.py): Megatron's eager steps, or with --cross-entropy-loss-fusion its
-   * compiled ones (native) or Transformer Engine's, which meshplan does not price */
+   * compiled ones (native) or Transformer Engine's (te) */
   const char *ce = get(a, "--cross-entropy-fusion-impl", NULL);
-  if (ce && strcmp(ce, "native") != 0 && has(a, "--cross-entropy-loss-fusion"))
+  if (ce && strcmp(ce, "native") != 0 && strcmp(ce, "te") != 0 && has(a, "--cross-entropy-loss-fusion"))
     return mp_error(ctx, MP_ERR_USAGE, "%s: --cross-entropy-fusion-impl %s: meshplan prices Megatron-Core's "
-                    "native fused cross-entropy; give --cross-entropy-fusion-impl native", origin, ce);
-  p->ce_fusion = has(a, "--cross-entropy-loss-fusion");
+                    "native and Transformer Engine's (te) fused cross-entropy", origin, ce);
+  p->ce_fusion = has(a, "--cross-entropy-loss-fusion") ? (ce && strcmp(ce, "te") == 0 ? 2 : 1) : 0;
   p->ddp_average = has(a, "--ddp-average-in-collective");
   p->ddp_no_check = has(a, "--no-check-for-nan-in-loss-and-grad");
   p->ddp_align = has(a, "--align-param-gather");

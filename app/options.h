@@ -187,6 +187,9 @@
   { "--cross-entropy-loss-fusion", NULL, "Megatron-Core's option of that name: the vocab-parallel " \
     "cross-entropy's steps compiled into one kernel a function (fewer passes over the fp32 "        \
     "logits) where Megatron's default runs one eager kernel a step (megatron-core, megatron-lm)", NULL }, \
+  { "--cross-entropy-fusion-impl", "IMPL", "Megatron-Core's option of that name, with "            \
+    "--cross-entropy-loss-fusion: native (its compiled kernels) or te (Transformer Engine's, which "  \
+    "write the gradient over the bf16 logits in place: no fp32 copy of them) (default native)", NULL }, \
   { "--ddp-average-in-collective", NULL, "Megatron-LM's option of that name: each gradient bucket "  \
     "averaged by the reduction itself, not scaled by 1/dp before it (megatron-core, megatron-lm)", NULL }, \
   { "--no-check-for-nan-in-loss-and-grad", NULL, "Megatron-LM's option of that name: no norm of each " \

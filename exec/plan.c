@@ -352,7 +352,7 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
   if ((unsigned)o->mem_model >= MP_MEM_MODEL_COUNT)
     return mp_error(ctx, MP_ERR_INVALID, "unknown memory model %d; choose torchtitan, "
                     "meshplan-cpu, meshplan-cuda or megatron", (int)o->mem_model);
-  if ((unsigned)o->attn > MP_ATTN_MATERIALIZED || (unsigned)o->loss > MP_LOSS_INPLACE_FUSED ||
+  if ((unsigned)o->attn > MP_ATTN_MATERIALIZED || (unsigned)o->loss > MP_LOSS_TE ||
       o->sp < -1 || o->sp > 1)
     return mp_error(ctx, MP_ERR_INVALID, "attention kind %d, loss kind %d or sp=%d out of range",
                     (int)o->attn, (int)o->loss, o->sp);

@@ -167,8 +167,7 @@ typedef enum mp_attn_impl { MP_ATTN_FLASH = 0, MP_ATTN_MATERIALIZED } mp_attn_im
  * largest tensors of a step). Set from the stack profile (key "loss"):
  *   EAGER    PyTorch eager as torchtitan calls it, cross_entropy(pred.float(), labels): the
  *            bf16 logits, their fp32 copy and log_softmax's fp32 output (saved) live at once;
- *            backward makes nll's fp32 gradient and log_softmax's fp32 input gradient, then
- *            the bf16 cast
+ *            backward: nll's fp32 gradient, log_softmax's fp32 input gradient, the bf16 cast
  *   FUSED    one kernel (torch.compile's Inductor, llm.c's fused classifier): the bf16 logits
  *            and an fp32 log-sum-exp per token kept, the bf16 gradient written directly
  *   INPLACE  Megatron-LM's vocab-parallel cross-entropy: one fp32 copy of the logits turned
@@ -176,8 +175,9 @@ typedef enum mp_attn_impl { MP_ATTN_FLASH = 0, MP_ATTN_MATERIALIZED } mp_attn_im
  *            one eager kernel a step (Megatron's default)
  *   INPLACE_FUSED  the same tensors under Megatron-Core's --cross-entropy-loss-fusion, its
  *            steps compiled into one kernel a function (megatron/core/fusions/
- *            fused_cross_entropy.py) */
-typedef enum mp_loss_impl { MP_LOSS_EAGER = 0, MP_LOSS_FUSED, MP_LOSS_INPLACE, MP_LOSS_INPLACE_FUSED } mp_loss_impl;
+ *            fused_cross_entropy.py); TE with --cross-entropy-fusion-impl te: Transformer Engine's
+ *            kernels (triton/cross_entropy.py v2.6) write the gradient over the saved bf16 logits */
+typedef enum mp_loss_impl { MP_LOSS_EAGER = 0, MP_LOSS_FUSED, MP_LOSS_INPLACE, MP_LOSS_INPLACE_FUSED, MP_LOSS_TE } mp_loss_impl;
 
 typedef struct mp_param {
   const char *fqn;    /* "layers.3.attention.q_proj.weight" */

@@ -286,24 +286,52 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
 static void modules_act(const gen *g, int kind, block_act *a);
 static void f8_cache_act(const gen *g, int kind, block_act *a);
 
+/* What Transformer Engine's float8 spares of a float8 Linear's saved input of n elements
+ * against its bf16 copy: under a per-tensor recipe (delayed, tensorwise) the Linear keeps
+ * the float8 copy its weight gradient reads, 1 byte an element, and drops the bf16 one
+ * (transformer_engine/pytorch/module/linear.py v2.6: saved_inputmat is the quantized input,
+ * its row-wise data discarded; layernorm_linear.py v2.6 likewise saves the quantized ln_out),
+ * so n bytes; its one fp32 scale is left out. The block-scaled recipes' copies (mxfp8,
+ * blockwise, nvfp4, with their scales) are counted as bf16 here. */
+static int64_t te_f8_spares(const shapes *sh, int module, int64_t n) {
+  const int per_tensor = sh->fp8_recipe == MP_FP8_DELAYED || sh->fp8_recipe == MP_FP8_TENSORWISE;
+  return sh->fp8_te && sh->fp8[module] && per_tensor ? n : 0;
+}
+
 /* A hybrid model's layer (exec/model.h) has one part: a Mamba-2 mixer, whose saved tensors
  * (schedule_mamba.c) take the attention part's place, the attention alone, or the MLP alone
  * less the MLP input the block's list counts beside the block's input (here the layer's
- * input, x). AC none or full only (pass_ac.c refuses the others). */
+ * input, x). Under Transformer Engine's float8 (Megatron-Core's layers: mamba_layer_specs.py
+ * at core_v0.14.0, TELayerNormColumnParallelLinear and TERowParallelLinear) each float8
+ * Linear's saved input is its float8 copy (te_f8_spares):
+ *   Mamba      in_proj's normed input `in` and out_proj's input, the gated norm's output
+ *              (the norm saves its own input), T di/tp bytes
+ *   attention  q/k/v's normed input; the projection's float8 copy of the attention output
+ *              is saved beside the bf16 one the flash attention keeps for its backward, so
+ *              T q bytes more
+ *   MLP        fc1's normed input; fc2's input, the square of squared ReLU (torch.pow saves
+ *              its input, relu's output, which relu saves too), T f bytes
+ * AC none or full only (pass_ac.c refuses the others). */
 static void hybrid_act(const gen *g, mp_ac_mode ac, block_act *a) {
   const mp_model *m = &g->p->model;
   const shapes *sh = &g->sh;
   int64_t A = a->attn + a->attn_tmp, M = a->mlp + a->mlp_tmp;
+  const int64_t T = sh->tokens;
+  const int64_t in = g->ms->saved == SAVED_KORTHIKANTI && sh->sp ? 2 * sh->tokens_sp * sh->d_model
+                                                                : 2 * sh->tokens * sh->d_model;
   if (mp_model_layer_has_mamba(m, g->layer)) {
-    const int64_t in = g->ms->saved == SAVED_KORTHIKANTI && sh->sp ? 2 * sh->tokens_sp * sh->d_model
-                                                                  : 2 * sh->tokens * sh->d_model;
-    A = mp_sched_mamba_saved(sh, stat_bytes(sh) * sh->tokens_sp, in);
+    const int64_t out_in = 2 * T * sh->mb_inner - te_f8_spares(sh, MP_MOD_MAMBA_OUT, T * sh->mb_inner);
+    A = mp_sched_mamba_saved(sh, stat_bytes(sh) * sh->tokens_sp, in - te_f8_spares(sh, MP_MOD_MAMBA_IN, in / 2),
+                             out_in);
     M = 0;
   } else if (mp_model_layer_has_attn(m, g->layer)) {
+    A -= te_f8_spares(sh, MP_MOD_Q, in / 2);
+    if (te_f8_spares(sh, MP_MOD_O, 1)) A += T * sh->attn_out;
     M = 0;
   } else {
     A = 0;
-    M -= 2 * sh->tokens_sp * sh->d_model;
+    M -= 2 * sh->tokens_sp * sh->d_model + te_f8_spares(sh, MP_MOD_UP, in / 2) +
+         te_f8_spares(sh, MP_MOD_DOWN, T * sh->d_ff);
   }
   const int full = ac == MP_AC_FULL;
   a->attn = full ? 0 : A;

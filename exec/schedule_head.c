@@ -87,12 +87,21 @@ static void loss_fwd(gen *g) {
      * fused_cross_entropy.py): its three jit_fuser functions (torch.compile), one pass each:
      * cast with max 2+4, subtract, exp and sum 4+4, div 4+4 */
     bytes = (li == MP_LOSS_INPLACE ? 38.0 : 22.0) * (double)TV;
+  } else if (li == MP_LOSS_TE) {
+    /* Transformer Engine's cross_entropy_forward (v2.6): online_softmax_kernel reads the bf16
+     * logits for each row's max, sum and target logit (2), cross_entropy_kernel reads them
+     * again and writes the gradient over them (2 + 2) */
+    bytes = 6.0 * (double)TV;
   }
   elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), TV, FLOPS_LOSS, bytes);
-  if (sh->loss_parallel)
+  if (sh->loss_parallel && li == MP_LOSS_TE) /* each rank's three fp32 a row, all-gathered */
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, 12.0 * (double)(sh->tokens * sh->tp),
+         MP_DTYPE_FP32, head_module(sh));
+  else if (sh->loss_parallel)
     for (int i = 0; i < 3; i++)
       comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)sh->tokens,
            MP_DTYPE_FP32, head_module(sh));
+  if (li == MP_LOSS_TE) return; /* the logits, now holding their gradient, saved */
   if (li == MP_LOSS_FUSED) {
     pair(g, MP_MEM_LOGITS, BUF_LSE, 4 * sh->tokens, 1); /* the bf16 logits stay, with the lse */
     return;
@@ -124,6 +133,8 @@ static void loss_bwd(gen *g) {
      * bf16 logits' dtype 4+2 bytes per element. Fused: calculate_gradients in one pass,
      * the saved softmax read, updated in place and cast to bf16, 4+4+2 */
     bytes = (li == MP_LOSS_INPLACE ? 14.0 : 10.0) * (double)TV;
+  } else if (li == MP_LOSS_TE) {
+    bytes = 4.0 * (double)TV; /* element_mul_kernel: the saved gradient scaled in place */
   } else if (li == MP_LOSS_EAGER) {
     pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * TV, 1); /* nll_loss's gradient */
     pair(g, MP_MEM_LOGITS, BUF_DLSM_F32, 4 * TV, 1);    /* log_softmax's input gradient */
@@ -133,6 +144,7 @@ static void loss_bwd(gen *g) {
     pair(g, MP_MEM_LOGITS, BUF_DLOGITS_F32, 4 * TV, 0);
     pair(g, MP_MEM_LOGITS, BUF_LOGITS_LSM, 4 * TV, 0);
   }
+  if (li == MP_LOSS_TE) pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * TV, 0); /* its storage is the gradient's */
   pair(g, MP_MEM_LOGITS, BUF_DLOGITS, dl, 1); /* the bf16 cast (a slice when gathered) */
   if (li == MP_LOSS_EAGER) pair(g, MP_MEM_LOGITS, BUF_DLSM_F32, 4 * TV, 0);
   if (li == MP_LOSS_INPLACE || li == MP_LOSS_INPLACE_FUSED) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 0);

@@ -663,10 +663,11 @@ void mp_sched_seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_st
 void mp_sched_seg_open(gen *g, mp_phase phase, int32_t layer, int32_t layer_step);
 
 /* schedule_mamba.c: a hybrid model's Mamba-2 layer, forward and backward, and what it saves
- * (stats: its norm's statistics, in: in_proj's saved input, as the attention's) */
+ * (stats: its norm's statistics, in: in_proj's saved input, as the attention's, out_in:
+ * out_proj's saved input) */
 void mp_sched_mamba_fwd(gen *g, const part_deps *pd);
 void mp_sched_mamba_bwd(gen *g, const part_deps *pd);
-int64_t mp_sched_mamba_saved(const shapes *sh, int64_t stats, int64_t in);
+int64_t mp_sched_mamba_saved(const shapes *sh, int64_t stats, int64_t in, int64_t out_in);
 
 /* schedule_block.c: a block's attention and MLP (or MoE), forward and backward */
 void mp_sched_attention_bwd(gen *g, const part_deps *pd);

@@ -109,12 +109,24 @@ void mp_sched_mamba_bwd(gen *g, const part_deps *pd) {
   if (!g->ms->runtime) mp_sched_residual(g, MP_VAR_BWD, sh->tokens_sp * H);
 }
 
-/* What a Mamba-2 layer saves for its backward under Megatron-Core (the fused
- * mamba_split_conv1d_scan_combined of mamba_ssm saves in_proj's output zxBCdt and the scan's
- * output y, recomputing the conv in backward): the norm's statistics and in_proj's input
- * (as the attention's: `in`), zxBCdt [T, in/tp], y [T, di/tp], the gated norm's fp32 rstd a
- * group and its output, out_proj's input [T, di/tp]. */
-int64_t mp_sched_mamba_saved(const shapes *sh, int64_t stats, int64_t in) {
+/* What a Mamba-2 layer saves for its backward under Megatron-Core (MambaMixer.forward,
+ * megatron/core/ssm/mamba_mixer.py at core_v0.14.0, its use_mamba_mem_eff_path default):
+ *   in_proj (TELayerNormColumnParallelLinear, the pre-norm fused in): its norm's input (the
+ *     layer input, counted as the block's x), the norm's statistics (`stats`) and its saved
+ *     input, the normed x (`in`)
+ *   mamba_split_conv1d_scan_combined, called without rmsnorm_weight and outproj_weight
+ *     (mamba_ssm/ops/triton/ssd_combined.py, MambaSplitConv1dScanCombinedFn.forward,
+ *     state-spaces/mamba e9594ce): ctx.save_for_backward keeps zxbcdt, in_proj's output
+ *     [T, in/tp], and out_x, the scan's output before the gate [T, di/tp] (the conv, x, B,
+ *     C and the chunk states are recomputed in its backward); it returns out = out_x x
+ *     SiLU(z), a second [T, di/tp] (_chunk_scan_fwd allocates out and out_x apart)
+ *   self.norm, mamba_ssm's gated RMSNorm called without z (layernorm_gated.py, LayerNormFn:
+ *     save_for_backward(x, weight, bias, mean, rstd, z)): its input, that gated out, and an
+ *     fp32 rstd a group and token, 4 T G/tp
+ *   out_proj (TERowParallelLinear): its input, the norm's output [T, di/tp] (`out_in`
+ *     bytes: 2 T di/tp in bf16, less under Transformer Engine's float8: schedule_act.c)
+ * bf16 tensors, 2 bytes an element. */
+int64_t mp_sched_mamba_saved(const shapes *sh, int64_t stats, int64_t in, int64_t out_in) {
   const int64_t T = sh->tokens;
-  return stats + in + 2 * T * sh->mb_in + 2 * T * sh->mb_inner + 4 * T * sh->mb_groups + 2 * T * sh->mb_inner;
+  return stats + in + 2 * T * sh->mb_in + 2 * 2 * T * sh->mb_inner + 4 * T * sh->mb_groups + out_in;
 }

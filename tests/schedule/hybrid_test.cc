@@ -192,10 +192,11 @@ TEST(Hybrid, MambaTensorParallelShardsAndCollectives) {
   EXPECT_EQ(fwd, want_fwd);
 }
 
-// What tiny-hybrid's layers save, megatron-core, tp 1, T = 64, bf16, 4-byte RMSNorm rstd:
+// What tiny-hybrid's layers save, megatron-core, tp 1, T = 64, bf16, 4-byte RMSNorm rstd
+// (schedule_mamba.c's list: Megatron-Core's MambaMixer with mamba_ssm's kernels):
 //   M (layer 0): x 2 T H = 8192; rstd 256, in_proj's input 8192, zxBCdt 2 x 64 x 328 = 41984,
-//     y 2 x 64 x 128 = 16384, the gated norm's rstd 4 x 64 x 2 = 512, out_proj's input 16384:
-//     91,904
+//     the scan's out_x 2 x 64 x 128 = 16384, its gated output (the gated norm's saved input)
+//     16384, the norm's rstd 4 x 64 x 2 = 512, out_proj's input 16384: 108,288
 //   - (layer 1): x 8192; rstd 256, normed input 8192, up's output and its square
 //     2 x 2 x 64 x 128 = 32768: 49,408 (the block's MLP list less its input, which x is)
 //   * (layer 3): below, the block's attention list without its MLP
@@ -203,11 +204,59 @@ TEST(Hybrid, SavedBytesOfEachLayerKind) {
   Opts o = Tiny("dp_shard=1");
   Built b;
   Build(&b, o);
-  EXPECT_EQ(SavedByBlock(b.s, 0), 91904);
+  EXPECT_EQ(SavedByBlock(b.s, 0), 108288);
   EXPECT_EQ(SavedByBlock(b.s, 1), 49408);
   // the attention layer: rstd 256, in 8192, q/k/v 2T(q + kv) = 2 x 64 x (64 + 32) = 12288,
   // v again 2 T kv = 4096, core 4 T heads = 2048, o's input 2 T q = 8192, and x 8192
   EXPECT_EQ(SavedByBlock(b.s, 3), 8192 + 256 + 8192 + 12288 + 4096 + 2048 + 8192);
+}
+
+// The same under Transformer Engine's float8 (megatron-core's delayed recipe): a float8
+// Linear saves its input's float8 copy, 1 byte an element, not the bf16 one. tiny-hybrid's
+// in_proj [328, 64] stays bf16 (328 rows, not a multiple of 16: mp_rule_fp8_linear_ok);
+// out_proj [64, 128], q/k/v/o, up [128, 64] and down [64, 128] run float8:
+//   M: out_proj's input 2 x 64 x 128 = 16384 -> 8192: 108,288 - 8192 = 100,096
+//   -: the normed input 8192 -> 4096, down's input (the square) 16384 -> 8192:
+//      49,408 - 4096 - 8192 = 37,120 (relu's bf16 output 16384 stays: relu and the square
+//      both save it)
+//   *: q/k/v's normed input 8192 -> 4096; o saves its float8 copy of the attention output,
+//      64 x 64 = 4096, beside the bf16 one flash attention keeps: 43,264 as in bf16
+TEST(Hybrid, SavedBytesUnderTransformerEngineFloat8) {
+  Opts o = Tiny("dp_shard=1");
+  o.fp8 = 1;
+  Built b;
+  Build(&b, o);
+  EXPECT_EQ(SavedByBlock(b.s, 0), 100096);
+  EXPECT_EQ(SavedByBlock(b.s, 1), 37120);
+  EXPECT_EQ(SavedByBlock(b.s, 3), 8192 + 256 + 8192 + 12288 + 4096 + 2048 + 8192 - 4096 + 4096);
+}
+
+// Nemotron-H 8B's layers per token (T = 8192, micro-batch 1, seq 8192, tp 1, megatron-core;
+// H 4096, in_proj rows 18560, d_inner 8192, 8 groups, d_ff 21504, q 4096, kv 1024, 32 heads):
+//   M bf16: x 2H 8192 + rstd 4 + in_proj's input 2H 8192 + zxBCdt 2 x 18560 = 37120 + out_x
+//     2 x 8192 = 16384 + the gated output 16384 + the norm's rstd 4 x 8 = 32 + out_proj's
+//     input 16384 = 102,692 bytes a token (841,252,864 for the layer)
+//   M float8: in_proj's input 4096, out_proj's input 8192: 102,692 - 12,288 = 90,404
+//   - bf16: x 8192 + 4 + 8192 + relu's output and the square 2 x 2 x 21504 = 86016: 102,404
+//   - float8: 8192 + 4 + 4096 + 43008 + 21504 = 76,804
+//   * bf16: x 8192 + 4 + 8192 + q/k/v 2 x (4096 + 2 x 1024) = 12288 + lse 4 x 32 = 128 +
+//     o's input 8192 = 36,996; float8: - 4096 (q/k/v's input) + 4096 (o's float8 copy)
+// 24 x 90,404 + 24 x 76,804 + 4 x 36,996 = 4,160,976 bytes a token under float8.
+TEST(Hybrid, SavedBytesPerTokenOfNemotronH8B) {
+  for (int f8 : {0, 1}) {
+    SCOPED_TRACE(f8);
+    Opts o = Megatron("dp_replicate=8");
+    o.model = "nemotron-h-8b";
+    o.seq = 8192;
+    o.fp8 = f8;
+    o.dist_opt = 1;
+    Built b;
+    Build(&b, o);
+    const int64_t T = 8192;
+    EXPECT_EQ(SavedByBlock(b.s, 0), T * (f8 ? 90404 : 102692));  // M
+    EXPECT_EQ(SavedByBlock(b.s, 1), T * (f8 ? 76804 : 102404));  // -
+    EXPECT_EQ(SavedByBlock(b.s, 7), T * 36996);                  // *
+  }
 }
 
 // Pipeline stages over the pattern's layers: nemotron-h-8b at pp 4 puts 13 layers on each
