@@ -160,12 +160,13 @@ static mp_status read_mesh(mp_ctx *ctx, const char *where, const mp_vrow *v, mp_
  * completed under those graphs ran so. With the dropless alltoall dispatcher it ran padded:
  * NeMo's recipes that turn the graphs on for MoE models add MegatronTokenDropCallback, capacity
  * factor 1.0 with --moe-pad-expert-input-to-capacity
- * (nemo/lightning/pytorch/callbacks/moe_token_drop.py). With HybridEP it ran under a rank
- * capacity: Megatron-Bridge's performance recipes that set cuda_graph_impl full_iteration over
- * MoE models set moe_expert_rank_capacity_factor 1.5 with paged stashing (set_full_iter_cg_configs
- * in scripts/performance/configs/qwen/qwen3_llm_pretrain.py and deepseek/deepseek_llm_pretrain.py
- * at c8327cfc2^). A row stating those graphs over MoE layers and no capacity column takes the setting that removes the host's
- * read, marked 'c' in the table. */
+ * (nemo/lightning/pytorch/callbacks/moe_token_drop.py). With HybridEP under the full iteration
+ * it ran under a rank capacity: Megatron-Bridge's performance recipes that set cuda_graph_impl
+ * full_iteration over MoE models set moe_expert_rank_capacity_factor 1.5 with paged stashing
+ * (set_full_iter_cg_configs in scripts/performance/configs/qwen/qwen3_llm_pretrain.py and
+ * deepseek/deepseek_llm_pretrain.py at c8327cfc2^). A row stating those graphs over MoE layers
+ * and no capacity column takes the setting that removes the host's read, marked 'c' in the
+ * table; HybridEP under per-layer graphs has no recipe's value and is refused unless stated. */
 #define BRIDGE_FULL_ITER_RANK_CAPACITY 1.5
 static void graphs_capacity(const mp_vrow *v, row_job *j) {
   mp_plan_options *o = &j->o, fix = *o;
@@ -174,6 +175,7 @@ static void graphs_capacity(const mp_vrow *v, row_job *j) {
       !mp_moe_host_sync(&j->m, o))
     return;
   if (o->moe_dispatcher == MP_MOE_DISPATCH_HYBRIDEP) {
+    if (o->cuda_graphs != MP_CUDA_GRAPHS_ITERATION) return; /* Bridge's 1.5 is its full iteration's */
     fix.moe_routing.rank_capacity = BRIDGE_FULL_ITER_RANK_CAPACITY;
   } else {
     fix.moe_routing.capacity_factor = 1.0;

@@ -374,7 +374,8 @@ static mp_status moe_host_sync_refusal(mp_ctx *ctx, const mp_model *m, const mp_
                     "CUDA graphs (%s) over %s's MoE layers with HybridEP and no rank capacity: HybridEP sizes its "
                     "buffers from the routed counts (CPU sync in dispatch, token_dispatcher.py _HybridEPManager, "
                     "core_v0.18.0), which torch.cuda.graph cannot capture; give --moe-expert-rank-capacity-factor "
-                    "(validate's moe_rank_capacity_factor), or choose cuda graphs attn or attn+moe_router", name, m->name);
+                    "(validate's moe_rank_capacity_factor), or choose cuda graphs attn or attn+moe_router",
+                    name, m->name);
   return mp_error(ctx, MP_ERR_INVALID,
                   "CUDA graphs (%s) over %s's MoE layers: the token dispatcher synchronises the host to read "
                   "the routed counts each layer (token_dispatcher.py cuda_sync_point, DeepEP's received "

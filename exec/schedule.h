@@ -232,7 +232,7 @@ double mp_sched_moe_rows(const mp_moe_routing *rt, double tokens, int64_t top_k,
                          int align, double *load);
 /* HybridEP's per-expert padding under float8 with Transformer Engine's op fuser: Megatron-Core's
  * get_align_size_for_quantization ("CUTLASS kernel for grouped GEMM assumes 256 alignment",
- * moe_utils.py, core_v0.18.0). */
+ * moe_utils.py, core_v0.18.0; main: 256 for the op fuser and the grouped tensor alike). */
 #define MP_MOE_HYBRIDEP_ALIGN 256
 /* The align p's experts take (mp_sched_moe_rows): MP_MOE_HYBRIDEP_ALIGN under a rank capacity
  * with float8 Linears (the dispatch pads only when config.fp8 or fp4), else 1. */

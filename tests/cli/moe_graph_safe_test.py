@@ -5,7 +5,8 @@ full-iteration CUDA graphs over Qwen3 and DeepSeek-V3 with the flex dispatcher's
 cuda_graph_impl full_iteration) and set moe_expert_rank_capacity_factor 1.5 with paged stashing
 for them (set_full_iter_cg_configs, at c8327cfc2^; settings only: each row's value is a
 placeholder 1, no measurement). validate reads such a row with no capacity column at that rank
-capacity, marked moe_capacity_from, the figure the row stating it gets; DeepEP under the same
+capacity, marked moe_capacity_from, the figure the row stating it gets (per-layer graphs, which no
+recipe runs over HybridEP, read nothing and are refused unless the row states it); DeepEP under the same
 graphs is refused naming its host list; simulate takes --moe-expert-rank-capacity-factor, and
 explain says the host reads no count and each expert's rows are padded to 256 under float8.
 
@@ -23,9 +24,9 @@ HDR = ("case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_repl
 
 
 # Qwen3-30B-A3B on 8 GB200 with ep 8, micro-batch 4, global batch 512 (Bridge's GB200 FP8_MX V1)
-def row(case, dispatcher, rank_capacity):
+def row(case, dispatcher, rank_capacity, graphs="iteration"):
     return (f"{case},test,qwen3-30b-a3b,8,gb200,4,400,8,1,1,1,,,1,8,4096,64,4,512,none,1,0,megatron-core,"
-            f"step_time_s,1,placeholder,1,iteration,{dispatcher},mxfp8,{rank_capacity}\n")
+            f"step_time_s,1,placeholder,1,{graphs},{dispatcher},mxfp8,{rank_capacity}\n")
 
 
 def validate(rows, want_rc=0):
@@ -39,6 +40,11 @@ check(read.get("moe_capacity_from") == "cuda_graphs" and "moe_capacity_from" not
       read.get("predicted", 0) > 0 and read.get("predicted") == stated.get("predicted"),
       "rank capacity read from the graphs: %s %s" % (read, stated))
 check("num_worst_tokens" in deepep.get("refused", ""), "DeepEP under iteration graphs refused: %s" % deepep)
+# per-layer graphs over HybridEP: no recipe states a budget for them, so none is read
+p = validate([row("layers", "hybridep", "", "layers"), row("layers_stated", "hybridep", "1.5", "layers")])
+rs = {r["case"]: r for r in json.loads(p.stdout)["rows"]} if p.returncode == 0 else {}
+check("no rank capacity" in rs.get("layers", {}).get("refused", "") and rs.get("layers_stated", {}).get("predicted", 0) > 0,
+      "layers over HybridEP: %s" % rs)
 # a rank capacity on the alltoall dispatcher is HybridEP's option only
 p = validate([row("alltoall", "alltoall", "1.5")])
 r = json.loads(p.stdout)["rows"][0] if p.returncode == 0 else {}
