@@ -299,7 +299,9 @@ int mp_moe_host_sync(const mp_model *m, const mp_plan_options *o) {
   if (!mp_model_is_moe(m) || o->mem_model != MP_MEM_MODEL_MEGATRON) return 0;
   /* HybridEP under a rank capacity: setup_metadata fixes num_permuted_tokens from the budget
    * and tokens_per_expert stays on the GPU for Transformer Engine's grouped GEMM
-   * (token_dispatcher.py _HybridEPManager, core_v0.18.0) */
+   * (token_dispatcher.py _HybridEPManager, core_v0.18.0; DeepEP's hybrid-ep branch,
+   * hybrid_ep_buffer.py: with num_permuted_tokens given "no stream synchronization will be
+   * used, the metadata outputs are on the GPU") */
   if (o->moe_dispatcher == MP_MOE_DISPATCH_HYBRIDEP && o->moe_routing.rank_capacity > 0.0) return 0;
   /* drop-and-pad fixes every count from the capacity: preprocess returns before any sync
    * point is chosen (MoEAlltoAllTokenDispatcher.preprocess, core_v0.14.0) */
