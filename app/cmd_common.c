@@ -381,6 +381,8 @@ mp_status mp_cmd_moe_routing(mp_ctx *ctx, const mp_cmd_spec *spec, mp_moe_routin
   MP_CHECK(mp_args_double(ctx, spec, "--moe-imbalance", 1.0, MP_LIM_MOE_LOAD, MP_RANGE_CLOSED, &r->imbalance));
   MP_CHECK(mp_args_double(ctx, spec, "--moe-capacity-factor", 0.0, MP_LIM_MOE_LOAD, MP_RANGE_OPEN_LO,
                           &r->capacity_factor));
+  MP_CHECK(mp_args_double(ctx, spec, "--moe-expert-rank-capacity-factor", 0.0, MP_LIM_MOE_LOAD, MP_RANGE_OPEN_LO,
+                          &r->rank_capacity));
   if (!mp_args_has(spec, "--moe-pad-expert-input-to-capacity")) return MP_OK;
   if (!(r->capacity_factor > 0.0))
     return mp_error(ctx, MP_ERR_USAGE, "--moe-pad-expert-input-to-capacity pads each expert's input to its "

@@ -111,7 +111,7 @@ typedef struct row {
   int picked;          /* no micro_batch given: 1 chosen among the divisors of local_batch,
                           2 the stack's own pipeline micro-batching */
   char refused[512];   /* non-empty: the simulator's rule that refuses the row's plan */
-  int capacity_from_graphs; /* the experts padded to capacity 1 because the row's graphs need it */
+  int capacity_from_graphs; /* the experts' capacity read from the row's graphs (graphs_capacity) */
   char stack[64], gpu[64]; /* as the row names them, for --by */
   unsigned features;   /* 1 << F_*: what the row's plan runs, for --by feature */
 } row;
@@ -155,6 +155,37 @@ static mp_status read_mesh(mp_ctx *ctx, const char *where, const mp_vrow *v, mp_
   return MP_OK;
 }
 
+/* Per-layer and full-iteration graphs capture a MoE layer only where the dispatcher reads no
+ * routed count on the host (mp_moe_host_sync, the rule that refuses the graphs), so a run that
+ * completed under those graphs ran so. With the dropless alltoall dispatcher it ran padded:
+ * NeMo's recipes that turn the graphs on for MoE models add MegatronTokenDropCallback, capacity
+ * factor 1.0 with --moe-pad-expert-input-to-capacity
+ * (nemo/lightning/pytorch/callbacks/moe_token_drop.py). With HybridEP under the full iteration
+ * it ran under a rank capacity: Megatron-Bridge's performance recipes that set cuda_graph_impl
+ * full_iteration over MoE models set moe_expert_rank_capacity_factor 1.5 with paged stashing
+ * (set_full_iter_cg_configs in scripts/performance/configs/qwen/qwen3_llm_pretrain.py and
+ * deepseek/deepseek_llm_pretrain.py at c8327cfc2^). A row stating those graphs over MoE layers
+ * and no capacity column takes the setting that removes the host's read, marked 'c' in the
+ * table; HybridEP under per-layer graphs has no recipe's value and is refused unless stated. */
+#define BRIDGE_FULL_ITER_RANK_CAPACITY 1.5
+static void graphs_capacity(const mp_vrow *v, row_job *j) {
+  mp_plan_options *o = &j->o, fix = *o;
+  if (!(o->cuda_graphs == MP_CUDA_GRAPHS_LAYERS || o->cuda_graphs == MP_CUDA_GRAPHS_ITERATION) ||
+      v->moe_capacity_factor > 0.0 || v->moe_pad_to_capacity >= 0 || v->moe_rank_capacity_factor > 0.0 ||
+      !mp_moe_host_sync(&j->m, o))
+    return;
+  if (o->moe_dispatcher == MP_MOE_DISPATCH_HYBRIDEP) {
+    if (o->cuda_graphs != MP_CUDA_GRAPHS_ITERATION) return; /* Bridge's 1.5 is its full iteration's */
+    fix.moe_routing.rank_capacity = BRIDGE_FULL_ITER_RANK_CAPACITY;
+  } else {
+    fix.moe_routing.capacity_factor = 1.0;
+    fix.moe_routing.pad_to_capacity = 1;
+  }
+  if (mp_moe_host_sync(&j->m, &fix)) return;
+  o->moe_routing = fix.moe_routing;
+  j->capacity_from_graphs = 1;
+}
+
 /* The Megatron-LM and Megatron-Core options a row states beside its mesh: the fused loss,
  * the DDP's (averaging, NaN check, aligned gathers, buckets, gradient accumulation fusion),
  * the recompute modules, CUDA graphs, NCCL communicators' caps, userbuffers and the EP
@@ -184,23 +215,7 @@ static mp_status megatron_run_options(mp_ctx *ctx, const char *where, const mp_v
                     "--overlap-moe-expert-parallel-comm; stack %s does not run it: empty the column", where,
                     j->prof.name);
   o->moe_a2a_overlap = v->overlap_moe_comm == 1; /* the plan checks ep, the schedule and AC */
-  /* Per-layer and full-iteration graphs capture a MoE layer only with its experts padded to a
-   * capacity: the dropless alltoall dispatcher reads the routed counts on the host
-   * (exec/rules.c), which a capture cannot hold, so a run that completed under those graphs
-   * ran padded. NeMo's recipes that turn the graphs on for MoE models add
-   * MegatronTokenDropCallback, capacity factor 1.0 with --moe-pad-expert-input-to-capacity
-   * (nemo/lightning/pytorch/callbacks/moe_token_drop.py). A row stating those graphs over MoE
-   * layers and neither capacity column takes that setting where it is what removes the host's
-   * read (mp_moe_host_sync, the rule that refuses the graphs), marked 'c' in the table. */
-  mp_plan_options padded = *o;
-  padded.moe_routing.capacity_factor = 1.0;
-  padded.moe_routing.pad_to_capacity = 1;
-  if ((o->cuda_graphs == MP_CUDA_GRAPHS_LAYERS || o->cuda_graphs == MP_CUDA_GRAPHS_ITERATION) &&
-      !(v->moe_capacity_factor > 0.0) && v->moe_pad_to_capacity < 0 && mp_moe_host_sync(&j->m, o) &&
-      !mp_moe_host_sync(&j->m, &padded)) {
-    o->moe_routing = padded.moe_routing;
-    j->capacity_from_graphs = 1;
-  }
+  graphs_capacity(v, j);
   return MP_OK;
 }
 
@@ -254,6 +269,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (v->moe_imbalance > 0.0) o->moe_routing.imbalance = v->moe_imbalance;
   o->moe_routing.capacity_factor = v->moe_capacity_factor;
   o->moe_routing.pad_to_capacity = v->moe_pad_to_capacity == 1;
+  o->moe_routing.rank_capacity = v->moe_rank_capacity_factor;
   if (v->sp >= 0) o->sp = v->sp;
   o->moe_fp8_dispatch = v->moe_fp8_dispatch == 1;
   o->fp8_act_cache = v->fp8_act_cache == 1;

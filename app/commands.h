@@ -153,8 +153,8 @@ mp_status mp_cmd_ub_cfg_text(mp_ctx *ctx, struct mp_stack_profile *prof, const c
 mp_status mp_cmd_ub_cfg(mp_ctx *ctx, const mp_cmd_spec *spec, struct mp_stack_profile *prof);
 mp_status mp_cmd_cuda_graphs_opt(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                                  mp_plan_options *o);
-/* --moe-imbalance F (>= 1), --moe-capacity-factor C (> 0) and
- * --moe-pad-expert-input-to-capacity (with C) into *r (simulate, explain, plan); each absent
+/* --moe-imbalance F (>= 1), --moe-capacity-factor C (> 0),
+ * --moe-pad-expert-input-to-capacity (with C) and --moe-expert-rank-capacity-factor into *r (simulate, explain, plan); each absent
  * option leaves its field. MP_ERR_USAGE for a value out of range; the plan checks the rest
  * against the model and mesh (exec/plan.h, mp_moe_routing). */
 mp_status mp_cmd_moe_routing(mp_ctx *ctx, const mp_cmd_spec *spec, mp_moe_routing *r);

@@ -272,7 +272,11 @@ static void routing_words(const mp_plan *p, int ep, double load, char *buf, size
                                        "waits for it", f, f)
                   : snprintf(buf, cap, "balanced routing%s", r->imbalance > 1.0 ? " (an imbalance is moot at ep=1)" : "");
   if (n < 0 || (size_t)n >= cap) return;
-  if (r->capacity_factor > 0.0)
+  if (r->rank_capacity > 0.0)
+    snprintf(buf + n, cap - (size_t)n, "; HybridEP rank capacity %g: a static buffer of %g x the rank's routed rows "
+             "(the host reads no count), %g x the balanced rows kept%s", r->rank_capacity, r->rank_capacity, load,
+             mp_sched_moe_align(p) > 1 ? ", each expert's padded to a multiple of 256 rows (float8)" : "");
+  else if (r->capacity_factor > 0.0)
     snprintf(buf + n, cap - (size_t)n, "; capacity factor %g %s: each expert computes %g x the balanced rows, the "
              "all-to-all moves as much", r->capacity_factor,
              r->pad_to_capacity ? "padded to capacity" : (load < f ? "with the excess dropped" : "(nothing dropped)"), load);
@@ -306,7 +310,8 @@ int mp_explain_moe_note(const explain *e, mp_explain_moe *f, char *buf, size_t c
   const int64_t T = p->opts.micro_batch * p->opts.seq / p->mesh.size[MP_DIM_CP];
   int etp_rows = 1; /* the rows the rank's experts see, as the schedule counts them */
   const int64_t routed = mp_sched_moe_routed(p, T, &etp_rows) * etp_rows;
-  f->rows = mp_sched_moe_rows(&p->opts.moe_routing, (double)routed, m->top_k, m->n_experts, ep, &f->load);
+  f->rows = mp_sched_moe_rows(&p->opts.moe_routing, (double)routed, m->top_k, m->n_experts, ep, mp_sched_moe_align(p),
+                              &f->load);
   f->experts_local = m->n_experts / ep;
   for (int i = 0; i < p->n_params; i++)
     if (p->params[i].module == MP_MOD_EXPERTS_GATE && p->params[i].role == MP_ROLE_WEIGHT) f->fp8 = p->params[i].float8;

@@ -238,7 +238,10 @@
     "most C x tokens x top_k / experts of a rank's routed tokens, the excess dropped (C > 0; default: " \
     "dropless)", NULL },                                                                           \
   { "--moe-pad-expert-input-to-capacity", NULL, "with --moe-capacity-factor: every expert computes " \
-    "exactly its capacity (Megatron-Core's option of that name)", NULL }
+    "exactly its capacity (Megatron-Core's option of that name)", NULL },                            \
+  { "--moe-expert-rank-capacity-factor", "C", "HybridEP only: each EP rank's static budget of C x " \
+    "tokens x top_k routed rows (Megatron-Core's option of that name, core_v0.18.0): the host reads no " \
+    "count, so whole-layer and full-iteration graphs capture the MoE layer", NULL }
 #define MP_OPT_SEQ(dflt) { "--seq", "S", "tokens per sequence (default " dflt ")", NULL }
 #define MP_OPT_ALLOW_LONG_SEQ                                                                      \
   { "--allow-long-seq", NULL, "accept --seq beyond the model's max_seq (positions it was not trained on)", NULL }

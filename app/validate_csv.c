@@ -190,10 +190,12 @@ static mp_status read_fsdp(const reader *r, mp_vrow *row) {
 }
 
 /* The experts' load: moe_imbalance, moe_capacity_factor and moe_pad_to_capacity, the padding
- * only with a capacity (Megatron-Core's --moe-pad-expert-input-to-capacity). */
+ * only with a capacity (Megatron-Core's --moe-pad-expert-input-to-capacity), and
+ * moe_rank_capacity_factor (HybridEP's budget; the plan checks it: exec/rules.c). */
 static mp_status moe_routing_cols(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_real(r, "moe_imbalance", 1.0, &row->moe_imbalance));
   MP_CHECK(opt_real(r, "moe_capacity_factor", 0.0, &row->moe_capacity_factor));
+  MP_CHECK(opt_real(r, "moe_rank_capacity_factor", 0.0, &row->moe_rank_capacity_factor));
   MP_CHECK(opt_flag(r, "moe_pad_to_capacity", &row->moe_pad_to_capacity));
   if (row->moe_pad_to_capacity == 1 && !(row->moe_capacity_factor > 0.0))
     return mp_error(r->ctx, MP_ERR_INVALID, "%s: moe_pad_to_capacity 1 pads each expert's input to its capacity: "

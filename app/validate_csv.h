@@ -75,6 +75,8 @@ typedef struct mp_vrow {
                                  (0, MP_LIM_MOE_LOAD]; 0 when absent or empty (dropless) */
   int moe_pad_to_capacity;    /* optional column, 0 or 1: --moe-pad-expert-input-to-capacity with
                                  the capacity factor; -1 when absent or empty (off) */
+  double moe_rank_capacity_factor; /* optional column: --moe-expert-rank-capacity-factor (HybridEP's
+                                      static budget); 0 when absent or empty */
   int sp;               /* 0 or 1; -1 when absent or empty (the stack's default) */
   char recompute_modules[96]; /* optional column: Megatron-Core's recompute modules, split by
                                  spaces (the command parses them: mp_recompute_modules_parse);

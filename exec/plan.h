@@ -273,8 +273,7 @@ typedef enum mp_cp_comm {
  * hybrid-ep branch), the same hierarchical movement (docs/README_Hybrid-EP.md: RDMA between
  * nodes, NVLink inside one) by TMA kernels on an SM count of their own (the stack's
  * hybridep_sms), its received counts read by the host as DeepEP's are unless a capacity bounds
- * them (core_v0.19.0 token_dispatcher.py _HybridEPManager: "HybridEP sizes buffers dynamically
- * (CPU sync in dispatch)"; mp_moe_host_sync). */
+ * them (core_v0.19.0 _HybridEPManager: "sizes buffers dynamically (CPU sync)"; mp_moe_host_sync). */
 typedef enum mp_moe_dispatcher {
   MP_MOE_DISPATCH_ALLTOALL = 0,
   MP_MOE_DISPATCH_DEEPEP,
@@ -342,6 +341,8 @@ typedef struct mp_moe_routing {
   double imbalance;
   double capacity_factor;
   int pad_to_capacity;
+  double rank_capacity; /* C_r > 0: --moe-expert-rank-capacity-factor, HybridEP's static budget of
+                           C_r x tokens x top_k rows a rank (exec/schedule_prep.c); 0: none */
 } mp_moe_routing;
 
 /* Whose memory the schedule's ALLOC/FREE events describe: a property of the runtime that

@@ -246,9 +246,26 @@ mp_status mp_rule_fp8_recipe_check(mp_ctx *ctx, mp_mem_model mm, mp_fp8_recipe r
   return MP_OK;
 }
 
+/* Megatron-Core's --moe-expert-rank-capacity-factor (transformer_config.py __post_init__,
+ * core_v0.18.0): HybridEP's static budget only ("requires moe_flex_dispatcher_backend to be
+ * 'hybridep'"), on a model with routed experts, in Megatron's run. */
+static mp_status rank_capacity_check(mp_ctx *ctx, const mp_model *m, const mp_plan_options *o) {
+  const double c = o->moe_routing.rank_capacity;
+  if (!(c > 0.0 && c <= MP_LIM_MOE_LOAD))
+    return mp_error(ctx, MP_ERR_INVALID, "MoE rank capacity factor %g: must be in (0, %g] "
+                    "(--moe-expert-rank-capacity-factor); leave it unset for HybridEP's dynamic buffers",
+                    c, MP_LIM_MOE_LOAD);
+  if (!mp_model_is_moe(m) || o->mem_model != MP_MEM_MODEL_MEGATRON || o->moe_dispatcher != MP_MOE_DISPATCH_HYBRIDEP)
+    return mp_error(ctx, MP_ERR_INVALID, "--moe-expert-rank-capacity-factor is the budget of Megatron-Core's HybridEP "
+                    "dispatcher (core_v0.18.0 transformer_config.py: \"requires moe_flex_dispatcher_backend to be "
+                    "'hybridep'\"): choose a MoE model, a megatron stack and the hybridep dispatcher, or drop it");
+  return MP_OK;
+}
+
 mp_status mp_rule_moe_routing_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
                                    const mp_plan_options *o) {
   const mp_moe_routing *r = &o->moe_routing;
+  if (r->rank_capacity != 0.0) MP_CHECK(rank_capacity_check(ctx, m, o));
   const int skewed = r->imbalance != 0.0 && r->imbalance != 1.0, capped = r->capacity_factor != 0.0;
   if (!skewed && !capped && !r->pad_to_capacity) return MP_OK;
   if (!(r->imbalance == 0.0 || (r->imbalance >= 1.0 && r->imbalance <= MP_LIM_MOE_LOAD)))
@@ -280,6 +297,12 @@ mp_status mp_rule_moe_routing_check(mp_ctx *ctx, const mp_model *m, const mp_mes
 
 int mp_moe_host_sync(const mp_model *m, const mp_plan_options *o) {
   if (!mp_model_is_moe(m) || o->mem_model != MP_MEM_MODEL_MEGATRON) return 0;
+  /* HybridEP under a rank capacity: setup_metadata fixes num_permuted_tokens from the budget
+   * and tokens_per_expert stays on the GPU for Transformer Engine's grouped GEMM
+   * (token_dispatcher.py _HybridEPManager, core_v0.18.0; DeepEP's hybrid-ep branch,
+   * hybrid_ep_buffer.py: with num_permuted_tokens given "no stream synchronization will be
+   * used, the metadata outputs are on the GPU") */
+  if (o->moe_dispatcher == MP_MOE_DISPATCH_HYBRIDEP && o->moe_routing.rank_capacity > 0.0) return 0;
   /* drop-and-pad fixes every count from the capacity: preprocess returns before any sync
    * point is chosen (MoEAlltoAllTokenDispatcher.preprocess, core_v0.14.0) */
   return mp_moe_dispatch_by_node(o->moe_dispatcher) || !o->moe_routing.pad_to_capacity;
@@ -307,6 +330,64 @@ static mp_status router_scope_check(mp_ctx *ctx, const mp_model *m, const mp_pla
   return MP_OK;
 }
 
+/* Recomputation under the graphs. core_v0.14.0 transformer_config.py refuses any
+ * recompute_granularity with --enable-cuda-graph, arguments.py full recompute with
+ * --external-cuda-graph (attn's). The full-iteration graph (cuda_graph_impl full_iteration,
+ * core_v0.16.0 to core_v0.18.0 transformer_config.py) takes selective recompute modules; it
+ * refuses graphed "mlp" and "moe" recompute where hidden_dropout is not 0, which meshplan's
+ * models do not state, so those two stay refused. */
+static mp_status graphs_recompute_check(mp_ctx *ctx, const mp_plan_options *o, const char *name) {
+  const mp_cuda_graphs g = o->cuda_graphs;
+  const uint32_t dropout_bound = (1u << MP_RC_MLP) | (1u << MP_RC_MOE);
+  if (g == MP_CUDA_GRAPHS_ITERATION && o->ac == MP_AC_NONE && o->recompute_modules) {
+    if (!(o->recompute_modules & dropout_bound)) return MP_OK;
+    return mp_error(ctx, MP_ERR_INVALID, "CUDA graphs (iteration) with recompute module mlp or moe: Megatron-Core's "
+                    "full-iteration graph refuses graphed MLP/MoE recomputation unless hidden_dropout is 0 "
+                    "(transformer_config.py, core_v0.18.0), which meshplan's models do not state; choose "
+                    "layernorm, mla_up_proj, moe_act or shared_experts");
+  }
+  const int recompute = o->ac != MP_AC_NONE || o->recompute_modules != 0, partial = mp_cuda_graphs_partial(g);
+  if (recompute && (!partial || o->ac == MP_AC_FULL))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "CUDA graphs (%s) with activation recomputation: Megatron-Core refuses %s (transformer_config.py, "
+                    "arguments.py); drop the recomputation, or choose cuda graphs attn with a selective one",
+                    name, partial ? "full recompute with Transformer Engine's graphs"
+                                  : "--recompute-granularity with --enable-cuda-graph");
+  return MP_OK;
+}
+
+/* A whole-layer capture over a dispatcher that reads the counts on the host: CudaGraphManager
+ * records the layer in torch.cuda.graph with no eager fallback while training (cuda_graphs.py,
+ * core_v0.12.0 to core_v0.15.0), and the copy of the counts to the host with its stream
+ * synchronisation fail inside the capture. Megatron-Core's DeepEP path builds tokens_per_expert
+ * from DeepEP's host list num_recv_tokens_per_expert_list and passes no num_worst_tokens
+ * (fused_a2a.py, core_v0.18.0 and main), so DeepEP has no graph-safe dispatch there;
+ * HybridEP has one, the rank capacity's static budget (mp_moe_host_sync). */
+static mp_status moe_host_sync_refusal(mp_ctx *ctx, const mp_model *m, const mp_plan_options *o, const char *name) {
+  if (o->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "CUDA graphs (%s) over %s's MoE layers with DeepEP: Megatron-Core builds the experts' counts "
+                    "from DeepEP's host list num_recv_tokens_per_expert_list and passes no num_worst_tokens "
+                    "(fused_a2a.py, core_v0.18.0 and main), a host read torch.cuda.graph cannot capture; choose the "
+                    "hybridep dispatcher with --moe-expert-rank-capacity-factor, or cuda graphs attn, attn+moe_router "
+                    "or attn+moe_router+moe_preprocess", name, m->name);
+  if (o->moe_dispatcher == MP_MOE_DISPATCH_HYBRIDEP)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "CUDA graphs (%s) over %s's MoE layers with HybridEP and no rank capacity: HybridEP sizes its "
+                    "buffers from the routed counts (CPU sync in dispatch, token_dispatcher.py _HybridEPManager, "
+                    "core_v0.18.0), which torch.cuda.graph cannot capture; give --moe-expert-rank-capacity-factor "
+                    "(validate's moe_rank_capacity_factor), or choose cuda graphs attn or attn+moe_router",
+                    name, m->name);
+  return mp_error(ctx, MP_ERR_INVALID,
+                  "CUDA graphs (%s) over %s's MoE layers: the token dispatcher synchronises the host to read "
+                  "the routed counts each layer (token_dispatcher.py cuda_sync_point, DeepEP's received "
+                  "counts), which torch.cuda.graph cannot capture (cuda_graphs.py CudaGraphManager); choose "
+                  "cuda graphs attn, attn+moe_router or attn+moe_router+moe_preprocess, or pad the experts to "
+                  "a capacity with the alltoall dispatcher (--moe-capacity-factor 1 "
+                  "--moe-pad-expert-input-to-capacity, NeMo's MegatronTokenDropCallback)",
+                  name, m->name);
+}
+
 mp_status mp_rule_cuda_graphs_check(mp_ctx *ctx, const mp_model *m, const mp_plan_options *o) {
   const mp_cuda_graphs g = o->cuda_graphs;
   if ((unsigned)g >= MP_CUDA_GRAPHS_COUNT)
@@ -319,26 +400,10 @@ mp_status mp_rule_cuda_graphs_check(mp_ctx *ctx, const mp_model *m, const mp_pla
                     "CUDA graphs (%s) are Megatron-Core's (--enable-cuda-graph, --external-cuda-graph); the %s "
                     "memory model's stack launches its kernels eagerly: drop them or choose a megatron stack",
                     name, mp_mem_model_name(o->mem_model));
-  const int recompute = o->ac != MP_AC_NONE || o->recompute_modules != 0, partial = mp_cuda_graphs_partial(g);
-  if (recompute && (!partial || o->ac == MP_AC_FULL))
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "CUDA graphs (%s) with activation recomputation: Megatron-Core refuses %s (transformer_config.py, "
-                    "arguments.py); drop the recomputation, or choose cuda graphs attn with a selective one",
-                    name, partial ? "full recompute with Transformer Engine's graphs"
-                                  : "--recompute-granularity with --enable-cuda-graph");
+  MP_CHECK(graphs_recompute_check(ctx, o, name));
   if (g == MP_CUDA_GRAPHS_ROUTER || g == MP_CUDA_GRAPHS_PREPROCESS) MP_CHECK(router_scope_check(ctx, m, o, name));
-  /* CudaGraphManager records the whole layer in torch.cuda.graph and has no eager fallback
-   * while training (cuda_graphs.py, core_v0.12.0 to core_v0.15.0): the dispatcher's copy of
-   * the counts to the host and its stream synchronisation fail inside the capture */
   if ((g == MP_CUDA_GRAPHS_LAYERS || g == MP_CUDA_GRAPHS_ITERATION) && mp_moe_host_sync(m, o))
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "CUDA graphs (%s) over %s's MoE layers: the token dispatcher synchronises the host to read "
-                    "the routed counts each layer (token_dispatcher.py cuda_sync_point, DeepEP's received "
-                    "counts), which torch.cuda.graph cannot capture (cuda_graphs.py CudaGraphManager); choose "
-                    "cuda graphs attn, attn+moe_router or attn+moe_router+moe_preprocess, or pad the experts to "
-                    "a capacity with the alltoall dispatcher (--moe-capacity-factor 1 "
-                    "--moe-pad-expert-input-to-capacity, NeMo's MegatronTokenDropCallback)",
-                    name, m->name);
+    return moe_host_sync_refusal(ctx, m, o, name);
   if (g == MP_CUDA_GRAPHS_ITERATION && o->ddp.check_grads)
     return mp_error(ctx, MP_ERR_INVALID,
                     "CUDA graphs (iteration) with the DDP's gradient NaN check: Megatron-LM asserts "

@@ -97,7 +97,8 @@ int mp_rule_pp_micro_ok(int64_t n_micro, int pp, int v);
 /* Megatron-Core's CUDA graphs (o->cuda_graphs, exec/plan.h) as its config and arguments
  * allow them (core_v0.14.0): the megatron memory model only; no activation recomputation
  * (transformer_config.py refuses recompute_granularity with --enable-cuda-graph;
- * arguments.py full recompute with --external-cuda-graph, which attn uses); the full-layer
+ * arguments.py full recompute with --external-cuda-graph, which attn uses) but the selective
+ * recompute modules the full-iteration graph takes (core_v0.16.0 on); the full-layer
  * and full-iteration scopes not over a MoE layer whose dispatcher synchronises the host
  * (mp_moe_host_sync: a graph cannot wait for the host), where attn captures only the
  * attention and the moe_router scopes stop before the dispatch (those on a MoE model only,

@@ -226,9 +226,17 @@ typedef struct mp_op {
 
 /* The rows a local expert of the slowest EP rank computes under routing rt (exec/plan.h,
  * mp_moe_routing), from the rank's routed tokens (balanced: tokens x top_k x ep / experts),
- * and *load, those rows over the balanced ones (exec/schedule_prep.c). */
+ * each padded up to a multiple of align under a rank capacity (1: none), and *load, the rows
+ * kept over the balanced ones (exec/schedule_prep.c). */
 double mp_sched_moe_rows(const mp_moe_routing *rt, double tokens, int64_t top_k, int64_t experts, int ep,
-                         double *load);
+                         int align, double *load);
+/* HybridEP's per-expert padding under float8 with Transformer Engine's op fuser: Megatron-Core's
+ * get_align_size_for_quantization ("CUTLASS kernel for grouped GEMM assumes 256 alignment",
+ * moe_utils.py, core_v0.18.0; main: 256 for the op fuser and the grouped tensor alike). */
+#define MP_MOE_HYBRIDEP_ALIGN 256
+/* The align p's experts take (mp_sched_moe_rows): MP_MOE_HYBRIDEP_ALIGN under a rank capacity
+ * with float8 Linears (the dispatch pads only when config.fp8 or fp4), else 1. */
+int mp_sched_moe_align(const mp_plan *p);
 /* Of `tokens` on the rank (micro_batch x seq / cp), the ones it routes: T / tp on the expert
  * grid, where each TP rank dispatches its own sequence shard, except under torchtitan's
  * ExpertTensorParallel (etp = tp, the MoE input replicated over tp:

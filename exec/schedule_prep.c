@@ -20,9 +20,17 @@
  * and *load, those rows over the balanced ep x r: what the rank's all-to-all bytes and its
  * experts' element-wise work scale by. Balanced and dropless: ep x r and 1 exactly. The
  * rank's excess is spread evenly over its local experts (the slowest rank's GEMMs are as
- * long either way: the grouped GEMM's rows are summed, sim/cost.c). */
+ * long either way: the grouped GEMM's rows are summed, sim/cost.c).
+ * Under HybridEP's rank capacity C_r (rt->rank_capacity, core_v0.18.0 token_dispatcher.py
+ * _HybridEPManager.setup_metadata) a rank keeps at most tokens x top_k x C_r rows, ep x r x C_r
+ * an expert, the excess dropped in the dispatch; that kept count is *load's. Each local expert's
+ * rows are then padded up to a multiple of `align` (dispatch's pad_multiple under float8:
+ * get_align_size_for_quantization, 256 with Transformer Engine's op fuser, which the rank
+ * capacity needs); the grouped GEMM runs over those padded counts, read on the GPU
+ * (Transformer Engine's graph-safe GroupedTensor path, ops/basic/grouped_linear.py), not over
+ * the budget-sized buffer. align 1: no padding. */
 double mp_sched_moe_rows(const mp_moe_routing *rt, double tokens, int64_t top_k, int64_t experts, int ep,
-                         double *load) {
+                         int align, double *load) {
   *load = 1.0;
   if (experts <= 0) return 0.0;
   const double even = tokens * (double)top_k * (double)ep / (double)experts, r = even / (double)ep;
@@ -32,9 +40,19 @@ double mp_sched_moe_rows(const mp_moe_routing *rt, double tokens, int64_t top_k,
     const double cap = (double)ep * ceil(r * rt->capacity_factor);
     rows = rt->pad_to_capacity || cap < rows ? cap : rows;
   }
+  if (rt->rank_capacity > 0.0) {
+    const double budget = even * rt->rank_capacity;
+    const double kept = rows < budget ? rows : budget;
+    *load = kept / even;
+    return align > 1 ? ceil(kept / align) * align : kept;
+  }
   if (rows == even) return even;
   *load = rows / even;
   return rows;
+}
+
+int mp_sched_moe_align(const mp_plan *p) {
+  return p->opts.moe_routing.rank_capacity > 0.0 && (p->applied & MP_PASS_FLOAT8) ? MP_MOE_HYBRIDEP_ALIGN : 1;
 }
 
 int64_t mp_sched_moe_routed(const mp_plan *p, int64_t tokens, int *etp_rows) {
@@ -58,7 +76,7 @@ void mp_sched_shapes_for_batch(shapes *sh, const mp_plan *p, int64_t micro_batch
   sh->moe_on_shard = p->opts.mem_model == MP_MEM_MODEL_MEGATRON && sh->sp && sh->tp > 1 && mp_mesh_expert_grid(&p->mesh);
   sh->router_tokens = sh->moe_on_shard ? sh->moe_tokens : sh->tokens;
   sh->tokens_per_expert = mp_sched_moe_rows(&p->opts.moe_routing, (double)(sh->moe_tokens * sh->etp_rows), sh->top_k,
-                                            sh->experts, sh->ep, &sh->moe_load);
+                                            sh->experts, sh->ep, mp_sched_moe_align(p), &sh->moe_load);
 }
 
 /* The float8 recipe's side of the shapes (after sh->tp). */

@@ -16,9 +16,7 @@ column.
 
 Usage: moe_graphs_test.py MESHPLAN"""
 import json
-import os
 import sys
-import tempfile
 
 import cli_check
 from cli_check import check, fails, run
@@ -42,11 +40,7 @@ def row(r, graphs, cap, pad):
 
 
 def validate(rows, want_rc=0):
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "rows.csv")
-        with open(path, "w") as fh:
-            fh.write(HDR + "".join(rows))
-        return run("validate", path, "--json", want_rc=want_rc)
+    return cli_check.validate_csv(HDR + "".join(rows), want_rc)
 
 
 # every NeMo layout padded to capacity 1 under per-layer graphs, and the same dropless under

@@ -15,6 +15,7 @@
 #include "exec/schedule.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
+#include "tests/sim/moe_ops.h"
 
 namespace {
 
@@ -152,34 +153,34 @@ TEST(MoeCost, ImbalanceAndCapacityRows) {
   mp_moe_routing rt;
   memset(&rt, 0, sizeof rt);
   double load = 0;
-  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, &load), 8192.0);
+  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, 1, &load), 8192.0);
   EXPECT_EQ(load, 1.0);
   rt.imbalance = 1.5; /* the busiest rank gets 1.5 x: 12288 rows an expert */
-  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, &load), 12288.0);
+  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, 1, &load), 12288.0);
   EXPECT_EQ(load, 1.5);
   // capacity 1.25: ceil(128 x 1.25) = 160 rows an expert from each rank, 64 x 160 = 10240 <
   // 12288: the excess dropped, load 1.25
   rt.capacity_factor = 1.25;
-  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, &load), 10240.0);
+  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, 1, &load), 10240.0);
   EXPECT_EQ(load, 1.25);
   // an imbalance within the capacity keeps its rows: 1.1 x 8192 = 9011.2 < 10240
   rt.imbalance = 1.1;
-  EXPECT_NEAR(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, &load), 9011.2, 1e-9);
+  EXPECT_NEAR(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, 1, &load), 9011.2, 1e-9);
   // padded to capacity: exactly 10240 whatever the imbalance
   rt.pad_to_capacity = 1;
-  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, &load), 10240.0);
+  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, 1, &load), 10240.0);
   rt.imbalance = 1.0;
-  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, &load), 10240.0);
+  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, 1, &load), 10240.0);
   // a capacity below the mean drops tokens even when balanced: C 0.5, 64 x 64 = 4096
   rt.pad_to_capacity = 0;
   rt.capacity_factor = 0.5;
-  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, &load), 4096.0);
+  EXPECT_EQ(mp_sched_moe_rows(&rt, 4096, 8, 256, 64, 1, &load), 4096.0);
   EXPECT_EQ(load, 0.5);
   // Megatron-Core rounds a rank's capacity up: 100 tokens x top-2 of 64 experts is 3.125 an
   // expert, C 1: ceil(3.125) = 4 from each of 8 ranks, 32 rows (balanced 25, so no drop)
   rt.capacity_factor = 1.0;
   rt.pad_to_capacity = 1;
-  EXPECT_EQ(mp_sched_moe_rows(&rt, 100, 2, 64, 8, &load), 32.0);
+  EXPECT_EQ(mp_sched_moe_rows(&rt, 100, 2, 64, 8, 1, &load), 32.0);
   EXPECT_EQ(load, 32.0 / 25.0);
 }
 
@@ -209,24 +210,7 @@ struct Qwen {
     o.ac = MP_AC_NONE; /* every block's saved tensors held: the received rows' show in the peak */
   }
   // The first layer's forward gate GEMM and dispatch all-to-all of the plan's schedule.
-  void Ops(mp_op *gate, mp_op *a2a) {
-    mp_plan *p = nullptr;
-    ASSERT_EQ(mp_build_plan(&ctx, &m, &mesh, &o, &p), MP_OK) << mp_errmsg(&ctx);
-    mp_arena *a = mp_arena_create();
-    mp_schedule *s = nullptr;
-    ASSERT_EQ(mp_schedule_build(&ctx, p, 0, MP_SCHEDULE_EXPANDED, a, &s), MP_OK) << mp_errmsg(&ctx);
-    int seen_gate = 0, seen_a2a = 0;
-    for (int32_t i = 0; i < s->n_ops; i++) {
-      const mp_op *op = &s->ops[i];
-      if (!seen_gate && op->kernel == MP_KERNEL_GEMM && op->type == MP_OP_COMPUTE &&
-          op->module == MP_MOD_EXPERTS_GATE && op->variant == MP_VAR_FWD)
-        *gate = *op, seen_gate = 1;
-      if (!seen_a2a && op->type == MP_OP_COMM && op->coll == MP_COLL_ALL_TO_ALL) *a2a = *op, seen_a2a = 1;
-    }
-    EXPECT_TRUE(seen_gate && seen_a2a);
-    mp_arena_destroy(a);
-    mp_plan_destroy(p);
-  }
+  void Ops(mp_op *gate, mp_op *a2a) { MoeGateAndDispatch(&ctx, &m, &mesh, &o, gate, a2a); }
   // The plan simulated on one node of 8 H100 SXM.
   mp_sim_result Sim() {
     mp_cluster c;
