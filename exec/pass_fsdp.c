@@ -48,7 +48,10 @@ static mp_status check_order(mp_ctx *ctx, const mp_plan *p, const mp_fsdp_option
                     "experts would be sharded over the whole FSDP group and every rank would "
                     "gather all %lld experts; apply EP before FSDP",
                     mesh->ep, (long long)m->n_experts);
-  if (!mp_rule_ep_grid_fsdp_ok(mesh))
+  /* the meshplan runtimes keep the experts whole on a rank there (their expert-FSDP group
+   * is one rank) and sum their gradients over the expert-DP group, as Megatron-Core's DDP
+   * does over _EXPERT_DATA_PARALLEL_GROUP (mp_mesh_expert_replica_group) */
+  if (!mp_rule_ep_grid_fsdp_ok(mesh) && !mp_mem_model_is_runtime(p->opts.mem_model))
     return mp_error(ctx, MP_ERR_INVALID,
                     "ep=%d x etp=%d reaches into dp_replicate: FSDP (torchtitan) borrows EP x ETP from "
                     "dp_shard x cp x tp = %d ranks (torchtitan/distributed/parallel_dims.py); choose ep x etp "

@@ -153,6 +153,33 @@ TEST(Passes, MoeWithPipelinePlannedAndExecuted) {
   mp_plan_destroy(p);
 }
 
+// EP reaching into dp_replicate (dp_replicate=2 x tp=2 with ep=4: ep x etp = 4 a multiple of
+// dp_shard x cp x tp = 2): torchtitan's FSDP borrows EP from dp_shard x cp x tp alone, so its
+// plan is refused; the meshplan runtimes' plans keep the experts whole on a rank (expert-FSDP
+// group of one) and sum their gradients over the expert-DP group, executed on the CPU backend
+// (tests/runtime/parity_matrix.py trains it against one rank) and refused by name on CUDA.
+TEST(Passes, EpReachingIntoDpReplicateUnderTheRuntime) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m = LoadModel("tiny-moe");
+  mp_mesh me = Mesh("dp_replicate=2,tp=2,ep=4,etp=1");
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.seq = 32;
+  mp_plan *p = nullptr;
+  EXPECT_EQ(mp_build_plan(&ctx, &m, &me, &o, &p), MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "reaches into dp_replicate: FSDP (torchtitan)"), nullptr) << mp_errmsg(&ctx);
+  o.mem_model = MP_MEM_MODEL_MESHPLAN_CPU;
+  ASSERT_EQ(mp_build_plan(&ctx, &m, &me, &o, &p), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_mesh_group_size(&p->mesh, MP_GROUP_EFSDP), 1);
+  EXPECT_EQ(mp_mesh_expert_replica_group(&p->mesh), MP_GROUP_EDP);
+  EXPECT_EQ(mp_runtime_plan_check(&ctx, p), MP_OK) << mp_errmsg(&ctx);
+  o.mem_model = MP_MEM_MODEL_MESHPLAN_CUDA;
+  EXPECT_EQ(mp_runtime_check(&ctx, &p->model, &p->mesh, &o, p->applied), MP_ERR_UNSUPPORTED);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "EP reaching into dp_replicate"), nullptr) << mp_errmsg(&ctx);
+  mp_plan_destroy(p);
+}
+
 // The experts' capacity (train --moe-capacity-factor): a positive factor on an MoE model on
 // the CPU backend's layout; each other case refused by name.
 TEST(Passes, CapacityFactorRules) {
