@@ -136,7 +136,7 @@ TEST(Passes, PerBlockWithoutEpAllowed) {
 }
 
 // MoE with pipeline parallelism is planned (the all-to-alls stay inside a stage) and the
-// runtime's check takes it (tests/runtime/parity_matrix.py trains it against one rank);
+// runtime's check takes it, expert tensor parallelism included (tests/runtime/parity_matrix.py trains it against one rank);
 // float8 inside a pipeline stays refused by name, MoE or not.
 TEST(Passes, MoeWithPipelinePlannedAndExecuted) {
   mp_ctx ctx;
@@ -150,6 +150,19 @@ TEST(Passes, MoeWithPipelinePlannedAndExecuted) {
   o.fp8 = 1;
   EXPECT_EQ(mp_runtime_check(&ctx, &p->model, &p->mesh, &o, p->applied), MP_ERR_UNSUPPORTED);
   EXPECT_NE(strstr(mp_errmsg(&ctx), "float8 with pipeline parallelism is not executed"), nullptr) << mp_errmsg(&ctx);
+  mp_plan_destroy(p);
+  // expert tensor parallelism (etp = tp = 2) inside the stages: executed on the CPU backend
+  // (the matrix's tiny-moe-pp rows), refused by name on CUDA
+  mp_mesh etp = Mesh("pp=2,dp_shard=2,tp=2,ep=2,etp=2");
+  mp_plan_options po;
+  mp_plan_options_init(&po);
+  po.seq = 32;
+  po.mem_model = MP_MEM_MODEL_MESHPLAN_CPU;
+  ASSERT_EQ(mp_build_plan(&ctx, &m, &etp, &po, &p), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_runtime_plan_check(&ctx, p), MP_OK) << mp_errmsg(&ctx);
+  po.mem_model = MP_MEM_MODEL_MESHPLAN_CUDA;
+  EXPECT_EQ(mp_runtime_check(&ctx, &p->model, &p->mesh, &po, p->applied), MP_ERR_UNSUPPORTED);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "executed by the runtime's CPU backend only"), nullptr) << mp_errmsg(&ctx);
   mp_plan_destroy(p);
 }
 

@@ -35,7 +35,9 @@ ep=4, dp_replicate=2 x dp_shard=2 x ep=4 and, with etp=2, dp_replicate=2 x tp=2 
 Expert tensor
 parallelism (etp=2: each local expert split over its expert-TP group, the received rows
 all-gathered over it and the outputs reduce-scattered): dp_shard=2 x tp=2 x ep=2 on
-tiny-moe, and on 8 ranks with an expert-FSDP group of 2 and with dp_replicate=2.
+tiny-moe, and on 8 ranks with an expert-FSDP group of 2 and with dp_replicate=2; inside
+pipeline stages, tiny-moe-pp on pp=2 x dp_shard=2 x tp=2 x ep=2 x etp=2 under 1F1B and
+interleaved and pp=2 x dp_replicate=2 x tp=2 x ep=2 x etp=2 under GPipe.
 Every run is under `timeout` and MESHPLAN_COMM_TIMEOUT_S: a hang fails the test, naming the
 rank, group and operation.
 
@@ -310,6 +312,12 @@ def build_rows():
         rows.append(row("tiny-moe", "dp_shard=2,tp=2,ep=2,etp=2", ac, quick=ac == "full"))
     rows.append(row("tiny-moe", "dp_shard=4,tp=2,ep=2,etp=2", "selective-core", gb=16))
     rows.append(row("tiny-moe", "dp_replicate=2,dp_shard=2,tp=2,ep=2,etp=2", "none", gb=16))
+    # inside pipeline stages (tiny-moe-pp, 8 ranks): each micro-batch's per-block counts kept
+    # from its forward to its backward, under 1F1B, interleaved and GPipe; the GPipe row's EP
+    # x ETP block of 4 reaches into dp_replicate (expert-DP of one rank)
+    rows.append(row("tiny-moe-pp", "pp=2,dp_shard=2,tp=2,ep=2,etp=2", "selective-core", gb=16, quick=True))
+    rows.append(row("tiny-moe-pp", "pp=2,dp_shard=2,tp=2,ep=2,etp=2", "full", gb=16, args=inter))
+    rows.append(row("tiny-moe-pp", "pp=2,dp_replicate=2,tp=2,ep=2,etp=2", "none", gb=16, args=gpipe))
     # multi-head latent attention (exec/runtime/runtime_mla.c) with MoE and a leading dense
     # layer: tiny-mla (q_proj, whose input gradient is reduced over tp beside the latent
     # path's whole one) and tiny-mla-q (a query latent: nothing to reduce); quick: tiny-mla
