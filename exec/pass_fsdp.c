@@ -208,12 +208,18 @@ void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o) {
     note_megatron_fsdp(p);
     return;
   }
+  /* EP reaching into dp_replicate (the runtimes' plans): the experts' replicas are their
+   * expert-DP group, not dp_replicate (mp_mesh_expert_replica_group) */
+  char reach[128] = "";
+  if (ep_on && mp_mesh_expert_replica_group(mesh) == MP_GROUP_EDP)
+    snprintf(reach, sizeof reach, " (EP reaches into dp_replicate: their gradients summed over expert-DP = %d)",
+             mp_mesh_group_size(mesh, MP_GROUP_EDP));
   mp_plan_note(p,
-               "FSDP: %d units; dense parameters Shard(0) over dp_shard x cp = %d%s%.0d; params "
+               "FSDP: %d units; dense parameters Shard(0) over dp_shard x cp = %d%s%.0d%s; params "
                "gathered in %s, gradients reduced in %s, %s",
                p->n_units, mp_mesh_group_size(mesh, MP_GROUP_FSDP),
                ep_on ? ", routed experts over dp_shard / ep = " : "",
-               ep_on ? mp_mesh_group_size(mesh, MP_GROUP_EFSDP) : 0, mp_dtype_name(o->param_dtype),
+               ep_on ? mp_mesh_group_size(mesh, MP_GROUP_EFSDP) : 0, reach, mp_dtype_name(o->param_dtype),
                mp_dtype_name(o->reduce_dtype),
                mp_plan_pp_fsdp(p) ? "kept gathered through the pipeline step, gradients "
                                     "accumulated unsharded in the reduce dtype and reduced "

@@ -186,6 +186,10 @@ TEST(Passes, EpReachingIntoDpReplicateUnderTheRuntime) {
   ASSERT_EQ(mp_build_plan(&ctx, &m, &me, &o, &p), MP_OK) << mp_errmsg(&ctx);
   EXPECT_EQ(mp_mesh_group_size(&p->mesh, MP_GROUP_EFSDP), 1);
   EXPECT_EQ(mp_mesh_expert_replica_group(&p->mesh), MP_GROUP_EDP);
+  bool noted = false;  // explain says where the experts' gradients are summed: a group of one
+  for (int i = 0; i < p->n_notes; i++)
+    noted |= strstr(p->notes[i], "EP reaches into dp_replicate: their gradients summed over expert-DP = 1") != nullptr;
+  EXPECT_TRUE(noted);
   EXPECT_EQ(mp_runtime_plan_check(&ctx, p), MP_OK) << mp_errmsg(&ctx);
   o.mem_model = MP_MEM_MODEL_MESHPLAN_CUDA;
   EXPECT_EQ(mp_runtime_check(&ctx, &p->model, &p->mesh, &o, p->applied), MP_ERR_UNSUPPORTED);
