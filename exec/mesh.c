@@ -51,6 +51,11 @@ static int inner_ranks(const mp_mesh *m) {
   return m->size[MP_DIM_DP_SHARD] * m->size[MP_DIM_CP] * m->size[MP_DIM_TP];
 }
 
+mp_group mp_mesh_expert_replica_group(const mp_mesh *m) {
+  const int reaches = mp_mesh_expert_grid(m) && m->ep > 1 && inner_ranks(m) % (m->ep * etp_of(m)) != 0;
+  return reaches ? MP_GROUP_EDP : MP_GROUP_DP_REPLICATE;
+}
+
 /* Stops as soon as the product passes the limit: five dims of up to 2^24 each would
  * overflow even a long long. */
 int mp_mesh_world(const mp_mesh *m) {

@@ -94,6 +94,12 @@ mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m);
 /* 1 when the experts use their own grid (etp given, or ep not dividing dp_shard). */
 int mp_mesh_expert_grid(const mp_mesh *m);
 int mp_mesh_world(const mp_mesh *m);
+/* Where the routed experts' gradients are summed over their replicas once reduce-scattered
+ * over MP_GROUP_EFSDP: MP_GROUP_DP_REPLICATE, or MP_GROUP_EDP where the expert grid reaches
+ * into dp_replicate (ep x etp a multiple of dp_shard x cp x tp: the expert-FSDP group is one
+ * rank and the expert-DP group, Megatron-Core's _EXPERT_DATA_PARALLEL_GROUP, the stage's
+ * ranks holding the same experts, fewer than dp_replicate's). */
+mp_group mp_mesh_expert_replica_group(const mp_mesh *m);
 /* "dp_shard=4,tp=2" (dims of size 1 left out; "single" when all are 1). */
 void mp_mesh_format(const mp_mesh *m, char *buf, size_t cap);
 

@@ -48,7 +48,10 @@ static mp_status check_order(mp_ctx *ctx, const mp_plan *p, const mp_fsdp_option
                     "experts would be sharded over the whole FSDP group and every rank would "
                     "gather all %lld experts; apply EP before FSDP",
                     mesh->ep, (long long)m->n_experts);
-  if (!mp_rule_ep_grid_fsdp_ok(mesh))
+  /* the meshplan runtimes keep the experts whole on a rank there (their expert-FSDP group
+   * is one rank) and sum their gradients over the expert-DP group, as Megatron-Core's DDP
+   * does over _EXPERT_DATA_PARALLEL_GROUP (mp_mesh_expert_replica_group) */
+  if (!mp_rule_ep_grid_fsdp_ok(mesh) && !mp_mem_model_is_runtime(p->opts.mem_model))
     return mp_error(ctx, MP_ERR_INVALID,
                     "ep=%d x etp=%d reaches into dp_replicate: FSDP (torchtitan) borrows EP x ETP from "
                     "dp_shard x cp x tp = %d ranks (torchtitan/distributed/parallel_dims.py); choose ep x etp "
@@ -205,12 +208,18 @@ void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o) {
     note_megatron_fsdp(p);
     return;
   }
+  /* EP reaching into dp_replicate (the runtimes' plans): the experts' replicas are their
+   * expert-DP group, not dp_replicate (mp_mesh_expert_replica_group) */
+  char reach[128] = "";
+  if (ep_on && mp_mesh_expert_replica_group(mesh) == MP_GROUP_EDP)
+    snprintf(reach, sizeof reach, " (EP reaches into dp_replicate: their gradients summed over expert-DP = %d)",
+             mp_mesh_group_size(mesh, MP_GROUP_EDP));
   mp_plan_note(p,
-               "FSDP: %d units; dense parameters Shard(0) over dp_shard x cp = %d%s%.0d; params "
+               "FSDP: %d units; dense parameters Shard(0) over dp_shard x cp = %d%s%.0d%s; params "
                "gathered in %s, gradients reduced in %s, %s",
                p->n_units, mp_mesh_group_size(mesh, MP_GROUP_FSDP),
                ep_on ? ", routed experts over dp_shard / ep = " : "",
-               ep_on ? mp_mesh_group_size(mesh, MP_GROUP_EFSDP) : 0, mp_dtype_name(o->param_dtype),
+               ep_on ? mp_mesh_group_size(mesh, MP_GROUP_EFSDP) : 0, reach, mp_dtype_name(o->param_dtype),
                mp_dtype_name(o->reduce_dtype),
                mp_plan_pp_fsdp(p) ? "kept gathered through the pipeline step, gradients "
                                     "accumulated unsharded in the reduce dtype and reduced "

@@ -240,8 +240,18 @@ void mp_sched_rt_rs_finish(gen *g) {
  * finished first, then this unit's goes out into an output buffer of one 16-float-aligned
  * slot per sharded parameter and stays in flight (rt_rs_finish). A one-rank group
  * accumulated into its resident gradients: nothing. */
-static void rt_reduce_unit(gen *g, int32_t layer, int32_t u, int rep, int32_t after) {
+/* The group over which unit ui's gradient shards are summed over their replicas: the
+ * experts' under the expert grid reaching into dp_replicate is their expert-DP group
+ * (mp_mesh_expert_replica_group), every other unit's dp_replicate. */
+static mp_group rep_group(const gen *g, const unit_info *ui) {
+  return ui->group == MP_GROUP_EFSDP ? mp_mesh_expert_replica_group(&g->p->mesh) : MP_GROUP_DP_REPLICATE;
+}
+
+static int rep_size(const gen *g, const unit_info *ui) { return mp_mesh_group_size(&g->p->mesh, rep_group(g, ui)); }
+
+static void rt_reduce_unit(gen *g, int32_t layer, int32_t u, int32_t after) {
   const unit_info *ui = &g->ui[u];
+  const int rep = rep_size(g, ui);
   const int sharded = ui->gsize > 1;
   const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype), stage = ui->rt_max_pad * 4,
                 out = ui->rt_rs_numel * 4;
@@ -255,8 +265,7 @@ static void rt_reduce_unit(gen *g, int32_t layer, int32_t u, int rep, int32_t af
   if (sharded)
     last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, layer, u, after);
   if (rep > 1)
-    last = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, shard_bytes(g, ui), layer, u,
-                     last >= 0 ? last : after);
+    last = grad_comm(g, MP_COLL_ALL_REDUCE, rep_group(g, ui), shard_bytes(g, ui), layer, u, last >= 0 ? last : after);
   if (!sharded) return;
   if (g->ms->overlap) {
     g->rs_in_flight.on = 1;
@@ -375,7 +384,6 @@ static int32_t rs_copy_in(gen *g, const unit_info *ui, int64_t bytes, int32_t af
 /* After the backward of units [lo, hi] of a block: copy to the reduce buffer,
  * reduce-scatter, all-reduce over dp_replicate, free. */
 void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, int hi) {
-  const int rep = g->p->mesh.size[MP_DIM_DP_REPLICATE];
   const int32_t after = g->last_compute;
   for (int k = lo; k < n && k <= hi; k++) {
     const int32_t u = unit0 + k;
@@ -397,7 +405,7 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
       continue;
     }
     if (g->ms->runtime) {
-      rt_reduce_unit(g, layer, u, rep, after);
+      rt_reduce_unit(g, layer, u, after);
       continue;
     }
     if (g->pp_fsdp) { /* accumulated; reduced after the chunk's last backward */
@@ -419,8 +427,8 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
     int32_t last = -1;
     if (ui->gsize > 1)
       last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, layer, u, in >= 0 ? in : after);
-    if (rep > 1)
-      last = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, shard_bytes(g, ui), layer, u,
+    if (rep_size(g, ui) > 1)
+      last = grad_comm(g, MP_COLL_ALL_REDUCE, rep_group(g, ui), shard_bytes(g, ui), layer, u,
                        last >= 0 ? last : (in >= 0 ? in : after));
     int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
     add_dep(g, f, last >= 0 ? last : after, 0);
@@ -432,7 +440,6 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
  * its resident shard, all-reduced over dp_replicate, freed; all LAST_MICRO, on the reduce
  * stream in unit order once the chunk's backward compute is done. */
 void mp_sched_pp_fsdp_reduce(gen *g, int32_t l0, int32_t l1, int root) {
-  const int rep = g->p->mesh.size[MP_DIM_DP_REPLICATE];
   int32_t after = g->last_compute;
   for (int32_t k = root ? -1 : 0; k < l1 - l0; k++) {
     const int32_t l = k < 0 ? -1 : l0 + k; /* the root unit first */
@@ -449,9 +456,8 @@ void mp_sched_pp_fsdp_reduce(gen *g, int32_t l0, int32_t l1, int root) {
       if (ui->gsize > 1)
         last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, l, u, after);
       if (last >= 0) g->ops[last].when = MP_WHEN_LAST_MICRO;
-      if (rep > 1) {
-        last = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_REPLICATE, shard_bytes(g, ui), l, u,
-                         last >= 0 ? last : after);
+      if (rep_size(g, ui) > 1) {
+        last = grad_comm(g, MP_COLL_ALL_REDUCE, rep_group(g, ui), shard_bytes(g, ui), l, u, last >= 0 ? last : after);
         if (last >= 0) g->ops[last].when = MP_WHEN_LAST_MICRO;
       }
       const int32_t f = mem(g, MP_OP_FREE, MP_MEM_GRADS, BUF_GRAD_ACC, rb, l, u, MP_STREAM_REDUCE);

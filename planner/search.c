@@ -533,10 +533,11 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
  * experts, on a layout the mesh accepts (ep x etp consecutive ranks). Under DDP
  * (Megatron-Core) EP comes from the stage's data-parallel, context and tensor ranks; an ep
  * dividing dp_shard at etp 1 is the layout inside dp_shard unless the fix names etp=1.
- * Under FSDP EP comes from dp_shard x cp x tp alone (mp_rule_ep_grid_fsdp_ok), searched
- * where a fix names the etp: beside the layout inside dp_shard it multiplies the fitting
- * plans to simulate (DeepSeek-V3 on 2,048 GPUs: 7,667 simulations to 29,329, 0.6 s to 2.5 s
- * on two cores), so the default search keeps torchtitan's default layout. etp is 1 or tp,
+ * Under FSDP EP comes from dp_shard x cp x tp alone (mp_rule_ep_grid_fsdp_ok; the meshplan
+ * runtimes' plans may reach into dp_replicate too), searched where a fix names the etp:
+ * beside the layout inside dp_shard it multiplies the fitting plans to simulate
+ * (DeepSeek-V3 on 2,048 GPUs: 7,667 simulations to 29,329, 0.6 s to 2.5 s on two cores),
+ * so the default search keeps torchtitan's default layout. etp is 1 or tp,
  * the two torchtitan runs (parallel_dims.py, v0.2.0) and Megatron-Core's two common
  * settings (its default is tp; 1 in DeepSeek-V3's and Qwen3's recipes). */
 static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep, int etp) {
@@ -548,7 +549,9 @@ static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep, 
     return 0;
   if (cfg->dp == MP_DP_DDP)
     return (dps % ep || named || etp > 1) && (inner % blk == 0 || (blk % inner == 0 && stage % blk == 0));
-  return named && inner % blk == 0;
+  /* the meshplan runtimes (executable_only) also run EP reaching into dp_replicate, the
+   * experts' gradients summed over the expert-DP group (mp_mesh_expert_replica_group) */
+  return named && (inner % blk == 0 || (cfg->executable_only && blk % inner == 0 && stage % blk == 0));
 }
 
 mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_search **out) {

@@ -218,9 +218,9 @@ static mp_status alloc_tables(mp_ctx *ctx, mp_runtime *rt) {
 
 /* Parameter i's place: its tile, its padded shard, its slot in its unit's gathered buffer,
  * whether this rank owns it (the one copy that counts in the global norm and in dumps:
- * replicas over tp (norms, router, routed experts), over dp_replicate, and over an FSDP
- * group that does not shard it). Returns whether the rank stores any of it. */
-static int param_place(mp_runtime *rt, int i, int dprep_idx) {
+ * replicas over tp (norms, router, routed experts), over dp_replicate (a routed expert's
+ * replicas: r->rep), and over an FSDP group that does not shard it). Returns whether the rank stores any of it. */
+static int param_place(mp_runtime *rt, int i) {
   const mp_param *p = &rt->plan->params[i];
   mp_comm *comm = rt->comm;
   rt_param *r = &rt->prm[i];
@@ -234,6 +234,7 @@ static int param_place(mp_runtime *rt, int i, int dprep_idx) {
   }
   r->tp_numel = mp_param_tp_numel(p);
   r->group = p->fsdp_group;
+  r->rep = r->group == MP_GROUP_EFSDP ? mp_mesh_expert_replica_group(&rt->plan->mesh) : MP_GROUP_DP_REPLICATE;
   r->sharded = p->fsdp_unit >= 0 && p->place[MP_AXIS_FSDP].kind == MP_PLACEMENT_SHARD &&
                rt->units[p->fsdp_unit].sharded;
   const int gsize = r->sharded ? mp_comm_group_size(comm, r->group) : 1;
@@ -256,8 +257,8 @@ static int param_place(mp_runtime *rt, int i, int dprep_idx) {
    * (pp > 1) is counted once, as the first stage's embedding; under the expert grid the
    * tp ranks hold different experts (EP spans them), so an expert is not a tp replica */
   const int tp_apart = tp_sharded || (rt->grid && p->place[MP_AXIS_EP].kind == MP_PLACEMENT_SHARD);
-  r->owner = (tp_apart || rt->tp_idx == 0) && dprep_idx == 0 && (r->sharded || fsdp_g == 1 || fsdp_i == 0) &&
-             (p->fsdp_unit >= 0 || rt->cp_idx == 0) && !p->tied_copy;
+  r->owner = (tp_apart || rt->tp_idx == 0) && mp_comm_group_index(comm, r->rep) == 0 &&
+             (r->sharded || fsdp_g == 1 || fsdp_i == 0) && (p->fsdp_unit >= 0 || rt->cp_idx == 0) && !p->tied_copy;
   return has;
 }
 
@@ -354,9 +355,8 @@ static mp_status alloc_resident(mp_ctx *ctx, mp_runtime *rt) {
 static mp_status materialize(mp_ctx *ctx, mp_runtime *rt) {
   MP_CHECK(alloc_tables(ctx, rt));
   MP_CHECK(mp_talloc_create(ctx, rt->be, rt->kc, &rt->ta));
-  const int dprep_idx = mp_comm_group_index(rt->comm, MP_GROUP_DP_REPLICATE);
   for (int i = 0; i < rt->plan->n_params; i++) {
-    const int has = param_place(rt, i, dprep_idx);
+    const int has = param_place(rt, i);
     if (has || rt->prm[i].sharded) MP_CHECK(param_materialize(ctx, rt, i, has));
   }
   return check_modules(ctx, rt);

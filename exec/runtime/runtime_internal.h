@@ -57,6 +57,9 @@ typedef struct rt_param {
   int64_t tp_numel;   /* elements of the compute tensor (tp/ep-local, unsharded by FSDP) */
   int sharded;        /* FSDP-sharded over a group of more than one rank */
   mp_group group;     /* its FSDP group (MP_GROUP_FSDP or MP_GROUP_EFSDP) */
+  mp_group rep;       /* where its gradient shard is summed over the replicas after the
+                         micro-batches: dp_replicate, or a routed expert's
+                         mp_mesh_expert_replica_group */
   int64_t unit_off;   /* offset of its gathered slot in the unit buffer (elements) */
   float *w, *g, *m, *v; /* master shard, gradient shard, AdamW state (numel_pad each) */
   void *cw;           /* compute weight (X): the unit's gathered slot while the unit is live;

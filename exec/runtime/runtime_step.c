@@ -292,15 +292,15 @@ mp_status mp_runtime_forward_backward(mp_ctx *ctx, mp_runtime *rt, const int32_t
   MP_CHECK(mp_rt_cp_grads(ctx, rt));
   MP_CHECK(mp_rt_tied_grads(ctx, rt));
   /* ce, aux and the gradients are already scaled by 1 / (n_micro * dp): the FSDP
-   * reduce-scatters summed the gradient shards over dp_shard; summing over the replicas
-   * gives the global means (identity at world size 1). */
-  if (mp_comm_group_size(rt->comm, MP_GROUP_DP_REPLICATE) > 1) {
-    for (int i = 0; i < rt->plan->n_params; i++) {
-      rt_param *r = &rt->prm[i];
-      if (r->g)
-        MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, MP_GROUP_DP_REPLICATE, r->g, r->g, (size_t)r->numel_pad,
-                                    MP_COMM_DTYPE_FP32, MP_COMM_OP_SUM));
-    }
+   * reduce-scatters summed the gradient shards over dp_shard (a routed expert's over its
+   * expert-FSDP group); summing over the replicas (dp_replicate, or a routed expert's
+   * expert-DP group where the expert grid reaches into dp_replicate: r->rep) gives the
+   * global means (identity at world size 1). */
+  for (int i = 0; i < rt->plan->n_params; i++) {
+    rt_param *r = &rt->prm[i];
+    if (r->g && mp_comm_group_size(rt->comm, r->rep) > 1)
+      MP_CHECK(mp_comm_all_reduce(ctx, rt->comm, r->rep, r->g, r->g, (size_t)r->numel_pad, MP_COMM_DTYPE_FP32,
+                                  MP_COMM_OP_SUM));
   }
   if (rt->dp_size > 1 || rt->pp > 1) {
     /* fp32 sums of a few values: far inside the 1e-5 parity tolerance. Under a pipeline

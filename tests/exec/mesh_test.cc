@@ -213,6 +213,11 @@ TEST(Mesh, ExpertGridEpSpansTensorParallel) {
   EXPECT_EQ(Group(m, MP_GROUP_DP_REPLICATE, 3), (std::vector<int>{3, 7, 11, 15}));
   EXPECT_EQ(mp_mesh_ep_index(&m, 9), 1);
   EXPECT_EQ(mp_mesh_group_id(&m, MP_GROUP_EP, 9), 1);
+  // ep = 8 is a multiple of tp = 4 (dp_shard x cp x tp): the grid reaches into dp_replicate,
+  // the expert-FSDP group is one rank, and an expert's gradient is summed over the expert-DP
+  // group {3, 11}, not over dp_replicate's {3, 7, 11, 15} (ranks 7 and 15 hold other experts)
+  EXPECT_EQ(mp_mesh_group_size(&m, MP_GROUP_EFSDP), 1);
+  EXPECT_EQ(mp_mesh_expert_replica_group(&m), MP_GROUP_EDP);
 }
 
 // torchtitan's EP borrowed from dp_shard x tp (etp=1) under HSDP: 16 ranks as
@@ -228,6 +233,10 @@ TEST(Mesh, ExpertGridBorrowsDpShardAndTp) {
   EXPECT_EQ(Group(m, MP_GROUP_EDP, 0), (std::vector<int>{0, 4, 8, 12}));
   EXPECT_EQ(Group(m, MP_GROUP_DP_SHARD, 0), (std::vector<int>{0, 2, 4, 6}));
   EXPECT_EQ(mp_mesh_efsdp_index(&m, 13), 1);
+  // ep = 4 divides dp_shard x tp = 8: the expert-DP group {0, 4, 8, 12} is the expert-FSDP
+  // group {0, 4} times dp_replicate {0, 8}; after the reduce-scatter over the former the
+  // replicas are dp_replicate's
+  EXPECT_EQ(mp_mesh_expert_replica_group(&m), MP_GROUP_DP_REPLICATE);
 }
 
 // EP inside each pipeline stage: [pp=2, dp_replicate=4], ep=4 per stage.
@@ -235,6 +244,10 @@ TEST(Mesh, ExpertGridStaysInsideAStage) {
   mp_mesh m = Parse("pp=2,dp_replicate=4,ep=4", 8);
   EXPECT_EQ(Group(m, MP_GROUP_EP, 5), (std::vector<int>{4, 5, 6, 7}));
   EXPECT_EQ(Group(m, MP_GROUP_EDP, 5), (std::vector<int>{5}));
+  EXPECT_EQ(mp_mesh_expert_replica_group(&m), MP_GROUP_EDP);
+  // inside dp_shard (ep divides it, no etp): the replicas are dp_replicate's
+  const mp_mesh in = Parse("dp_replicate=2,dp_shard=2,ep=2", 4);
+  EXPECT_EQ(mp_mesh_expert_replica_group(&in), MP_GROUP_DP_REPLICATE);
 }
 
 TEST(Mesh, ExpertGridRefusals) {

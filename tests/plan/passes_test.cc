@@ -135,8 +135,30 @@ TEST(Passes, PerBlockWithoutEpAllowed) {
   EXPECT_EQ(f.p->n_units, 3);
 }
 
+// A plan of m on mesh under the CPU backend's memory model: built, more checks by `also`
+// (may be null), executed by the runtime (mp_runtime_plan_check); the same plan under the
+// CUDA backend's refused with a message naming cuda_why.
+static void ExpectCpuRunsCudaRefuses(const mp_model &m, const char *mesh, void (*also)(const mp_plan *),
+                                     const char *cuda_why) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_mesh me = Mesh(mesh);
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.seq = 32;
+  o.mem_model = MP_MEM_MODEL_MESHPLAN_CPU;
+  mp_plan *p = nullptr;
+  ASSERT_EQ(mp_build_plan(&ctx, &m, &me, &o, &p), MP_OK) << mesh << ": " << mp_errmsg(&ctx);
+  if (also) also(p);
+  EXPECT_EQ(mp_runtime_plan_check(&ctx, p), MP_OK) << mesh << ": " << mp_errmsg(&ctx);
+  o.mem_model = MP_MEM_MODEL_MESHPLAN_CUDA;
+  EXPECT_EQ(mp_runtime_check(&ctx, &p->model, &p->mesh, &o, p->applied), MP_ERR_UNSUPPORTED) << mesh;
+  EXPECT_NE(strstr(mp_errmsg(&ctx), cuda_why), nullptr) << mp_errmsg(&ctx);
+  mp_plan_destroy(p);
+}
+
 // MoE with pipeline parallelism is planned (the all-to-alls stay inside a stage) and the
-// runtime's check takes it (tests/runtime/parity_matrix.py trains it against one rank);
+// runtime's check takes it, expert tensor parallelism included (tests/runtime/parity_matrix.py trains it against one rank);
 // float8 inside a pipeline stays refused by name, MoE or not.
 TEST(Passes, MoeWithPipelinePlannedAndExecuted) {
   mp_ctx ctx;
@@ -151,6 +173,36 @@ TEST(Passes, MoeWithPipelinePlannedAndExecuted) {
   EXPECT_EQ(mp_runtime_check(&ctx, &p->model, &p->mesh, &o, p->applied), MP_ERR_UNSUPPORTED);
   EXPECT_NE(strstr(mp_errmsg(&ctx), "float8 with pipeline parallelism is not executed"), nullptr) << mp_errmsg(&ctx);
   mp_plan_destroy(p);
+  // expert tensor parallelism (etp = tp = 2) inside the stages: executed on the CPU backend
+  // (the matrix's tiny-moe-pp rows), refused by name on CUDA
+  ExpectCpuRunsCudaRefuses(m, "pp=2,dp_shard=2,tp=2,ep=2,etp=2", nullptr, "executed by the runtime's CPU backend only");
+}
+
+// EP reaching into dp_replicate (dp_replicate=2 x tp=2 with ep=4: ep x etp = 4 a multiple of
+// dp_shard x cp x tp = 2): torchtitan's FSDP borrows EP from dp_shard x cp x tp alone, so its
+// plan is refused; the meshplan runtimes' plans keep the experts whole on a rank (expert-FSDP
+// group of one) and sum their gradients over the expert-DP group, executed on the CPU backend
+// (tests/runtime/parity_matrix.py trains it against one rank) and refused by name on CUDA.
+TEST(Passes, EpReachingIntoDpReplicateUnderTheRuntime) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m = LoadModel("tiny-moe");
+  mp_mesh me = Mesh("dp_replicate=2,tp=2,ep=4,etp=1");
+  mp_plan_options o;
+  mp_plan_options_init(&o);
+  o.seq = 32;
+  mp_plan *p = nullptr;
+  EXPECT_EQ(mp_build_plan(&ctx, &m, &me, &o, &p), MP_ERR_INVALID);
+  EXPECT_NE(strstr(mp_errmsg(&ctx), "reaches into dp_replicate: FSDP (torchtitan)"), nullptr) << mp_errmsg(&ctx);
+  ExpectCpuRunsCudaRefuses(m, "dp_replicate=2,tp=2,ep=4,etp=1", [](const mp_plan *q) {
+    EXPECT_EQ(mp_mesh_group_size(&q->mesh, MP_GROUP_EFSDP), 1);
+    EXPECT_EQ(mp_mesh_expert_replica_group(&q->mesh), MP_GROUP_EDP);
+    bool noted = false;  // explain says where the experts' gradients are summed: a group of one
+    for (int i = 0; i < q->n_notes; i++)
+      noted |= strstr(q->notes[i], "EP reaches into dp_replicate: their gradients summed over expert-DP = 1") !=
+               nullptr;
+    EXPECT_TRUE(noted);
+  }, "EP reaching into dp_replicate");
 }
 
 // The experts' capacity (train --moe-capacity-factor): a positive factor on an MoE model on

@@ -221,7 +221,7 @@ TEST(SearchPrune, MoeWithPipelineRanked) {
 // ranks (the expert grid, etp=1): 8 experts on 8 GPUs give EP 8 over dp_replicate 8, EP 4
 // over dp_replicate 4 x pp 2, and EP 4 spanning tp=2 x dp_replicate 2 (EP 4 > dp 2), none of
 // which divides dp_shard=1; an ep that does not divide the 8 experts (or the stage) is not
-// enumerated. Under FSDP EP never reaches into dp_replicate.
+// enumerated. Under torchtitan's FSDP EP never reaches into dp_replicate.
 TEST(SearchPrune, DdpSearchesTheExpertGrid) {
   Search t(fake_moe_model(8), fake_cluster(1, 8), 4096, 8);
   t.cfg.dp = MP_DP_DDP;
@@ -342,6 +342,33 @@ TEST(SearchPrune, FsdpSearchesTheExpertGridWhereNamed) {
   // beyond torchtitan's: ep 2 inside tp 4, and ep 2 on dp_shard 4 (tp x cp = 1)
   EXPECT_TRUE(grid.count({1, 1, 1, 1, 4, 2}));
   EXPECT_TRUE(grid.count({1, 1, 4, 1, 1, 2}));
+}
+
+// The meshplan runtime's CPU backend also runs EP reaching into dp_replicate under FSDP (the
+// experts whole on a rank, their gradients summed over the expert-DP group): on 4 CPU ranks
+// with etp=1 named and executable_only, dp_replicate 2 x tp 2 with ep 4 (ep x etp = 4 a
+// multiple of dp_shard x cp x tp = 2, dividing the stage's 4) is searched; without
+// executable_only (torchtitan's FSDP) it is not, nor on a CUDA profile, whose runtime
+// backend refuses it (exec/runtime/check.c).
+TEST(SearchPrune, RuntimeSearchesEpReachingIntoDpReplicate) {
+  for (int cc : {0, 90}) {
+    for (int exe : {0, 1}) {
+      Search t(fake_moe_model(8), fake_cluster(1, 4, cc), 4096, 4);
+      t.cfg.fix.etp = 1;
+      t.cfg.executable_only = exe;
+      t.cfg.sp = 1; /* the runtime runs the grid with tp under sequence parallelism */
+      t.enumerate();
+      const mp_candidate *c = nullptr;
+      for (int64_t i = 0; i < t.s->n && !c; i++) {
+        const mp_mesh &m = t.s->cands[i].mesh;
+        if (m.size[MP_DIM_DP_REPLICATE] == 2 && m.size[MP_DIM_TP] == 2 && m.ep == 4) c = &t.s->cands[i];
+      }
+      EXPECT_EQ(c != nullptr, cc == 0 && exe == 1) << "cc " << cc << " executable_only " << exe;
+      if (c) {
+        EXPECT_EQ(mp_mesh_expert_replica_group(&c->mesh), MP_GROUP_EDP);
+      }
+    }
+  }
 }
 
 TEST(SearchPrune, TensorParallelMustDivideEachDim) {

@@ -28,10 +28,16 @@ MoE in pipelines (tiny-moe-pp: a dense first layer, 3 MoE layers): pp=2 under 1F
 interleaved, pp=4, uneven stages (--pp-layers 1,3 and 3,1 with GPipe), pp x dp_shard x ep
 (ep=2 and 4, with tp=2 with and without SP). The expert grid (etp=1: EP spans the tp ranks,
 each routing its own sequence shard): tp=2 x ep=2, dp_shard=2 x tp=2 x ep=4 and x ep=2 on
-tiny-moe, pp=2 x tp=2 x ep=2 on tiny-moe-pp, tp=2 x ep=2 on tiny-mla. Expert tensor
+tiny-moe, pp=2 x tp=2 x ep=2 on tiny-moe-pp, tp=2 x ep=2 on tiny-mla; with dp_replicate:
+dp_replicate=2 x tp=2 x ep=2, and EP reaching into dp_replicate (the experts' gradients
+summed over the expert-DP group): dp_replicate=2 x tp=2 x ep=4, dp_replicate=4 x tp=2 x
+ep=4, dp_replicate=2 x dp_shard=2 x ep=4 and, with etp=2, dp_replicate=2 x tp=2 x ep=2.
+Expert tensor
 parallelism (etp=2: each local expert split over its expert-TP group, the received rows
 all-gathered over it and the outputs reduce-scattered): dp_shard=2 x tp=2 x ep=2 on
-tiny-moe, and on 8 ranks with an expert-FSDP group of 2 and with dp_replicate=2.
+tiny-moe, and on 8 ranks with an expert-FSDP group of 2 and with dp_replicate=2; inside
+pipeline stages, tiny-moe-pp on pp=2 x dp_shard=2 x tp=2 x ep=2 x etp=2 under 1F1B and
+interleaved and pp=2 x dp_replicate=2 x tp=2 x ep=2 x etp=2 under GPipe.
 Every run is under `timeout` and MESHPLAN_COMM_TIMEOUT_S: a hang fails the test, naming the
 rank, group and operation.
 
@@ -282,6 +288,19 @@ def build_rows():
         rows.append(row("tiny-moe", "dp_shard=2,tp=2,ep=4,etp=1", ac))
     # ep=2 over dp_shard=2 x tp=2: each expert sharded over its FSDP group of 2 (dp_shard x tp / ep)
     rows.append(row("tiny-moe", "dp_shard=2,tp=2,ep=2,etp=1", "none"))
+    # with dp_replicate: ep=2 inside tp=2, each expert's gradient all-reduced over
+    # dp_replicate (its two replicas); and EP reaching into dp_replicate (Megatron-Core's
+    # expert grid over its whole data-parallel group: ep x etp a multiple of dp_shard x tp),
+    # the experts whole on a rank and their gradients summed over the expert-DP group
+    # (mp_mesh_expert_replica_group): one rank on dp_replicate=2 x tp=2 x ep=4 and on
+    # dp_replicate=2 x dp_shard=2 x ep=4 (nothing to sum), {r, r + 4} on dp_replicate=4 x tp=2
+    # x ep=4, and with expert tensor parallelism (etp=2) on dp_replicate=2 x tp=2 x ep=2;
+    # the dense weights' gradients over dp_replicate throughout
+    rows.append(row("tiny-moe", "dp_replicate=2,tp=2,ep=2,etp=1", "selective-core"))
+    rows.append(row("tiny-moe", "dp_replicate=2,tp=2,ep=4,etp=1", "selective-core", quick=True))
+    rows.append(row("tiny-moe", "dp_replicate=4,tp=2,ep=4,etp=1", "none", gb=16))
+    rows.append(row("tiny-moe", "dp_replicate=2,tp=2,ep=2,etp=2", "none"))
+    rows.append(row("tiny-moe", "dp_replicate=2,dp_shard=2,ep=4,etp=1", "full"))
     rows.append(row("tiny-moe-pp", "pp=2,tp=2,ep=2,etp=1", "selective-core", gb=16))
     rows.append(row("tiny-mla", "tp=2,ep=2,etp=1", "selective-core"))
     # expert tensor parallelism (etp=2, exec/runtime/runtime_etp.c): each local expert's
@@ -293,6 +312,12 @@ def build_rows():
         rows.append(row("tiny-moe", "dp_shard=2,tp=2,ep=2,etp=2", ac, quick=ac == "full"))
     rows.append(row("tiny-moe", "dp_shard=4,tp=2,ep=2,etp=2", "selective-core", gb=16))
     rows.append(row("tiny-moe", "dp_replicate=2,dp_shard=2,tp=2,ep=2,etp=2", "none", gb=16))
+    # inside pipeline stages (tiny-moe-pp, 8 ranks): each micro-batch's per-block counts kept
+    # from its forward to its backward, under 1F1B, interleaved and GPipe; the GPipe row's EP
+    # x ETP block of 4 reaches into dp_replicate (expert-DP of one rank)
+    rows.append(row("tiny-moe-pp", "pp=2,dp_shard=2,tp=2,ep=2,etp=2", "selective-core", gb=16, quick=True))
+    rows.append(row("tiny-moe-pp", "pp=2,dp_shard=2,tp=2,ep=2,etp=2", "full", gb=16, args=inter))
+    rows.append(row("tiny-moe-pp", "pp=2,dp_replicate=2,tp=2,ep=2,etp=2", "none", gb=16, args=gpipe))
     # multi-head latent attention (exec/runtime/runtime_mla.c) with MoE and a leading dense
     # layer: tiny-mla (q_proj, whose input gradient is reduced over tp beside the latent
     # path's whole one) and tiny-mla-q (a query latent: nothing to reduce); quick: tiny-mla

@@ -6,7 +6,9 @@
 #   - kill -9 of rank 2 half way through writing its shard of step 12: step 6 loads
 #   - resharding: a checkpoint saved on dp_shard=4 resumes on tp=2 x dp_shard=2,
 #     dp_replicate=2 x dp_shard=2, tp=4 and one rank; an MoE one saved on dp_shard=4 x ep=4
-#     resumes on dp_shard=2 x ep=2 x dp_replicate=2 and one rank, the dense one also on
+#     resumes on dp_shard=2 x ep=2 x dp_replicate=2, on dp_replicate=2 x tp=2 x ep=4 x etp=1
+#     (EP reaching into dp_replicate) and on one rank, one saved on that grid resumes on one
+#     rank, the dense one also on
 #     pp=2 x dp_shard=2; a tied model saved on pp=4 resumes on one rank and on pp=2 x
 #     dp_shard=2: every loss within 1e-5 (relative) of the straight run's (the
 #     reductions' order changes with the mesh)
@@ -122,6 +124,15 @@ mpi "$bin" "${common[@]}" --model tiny-moe --mesh dp_shard=4,ep=4 --checkpoint-d
   --metrics "$m.jsonl" >/dev/null 2>&1
 reshard moe_ep2 tiny-moe "$m" "$m.jsonl" 4 dp_replicate=2,dp_shard=2,ep=2
 reshard moe_one tiny-moe "$m" "$m.jsonl" 1 single
+# EP reaching into dp_replicate (dp_replicate=2 x tp=2, ep=4, etp=1): ranks 2 and 3 hold
+# experts 4-7 and own them in the checkpoint (their expert-DP group is themselves, not
+# dp_replicate's), so the one-rank resume finds every expert; and the dp_shard=4 x ep=4
+# checkpoint resumes onto that grid
+g="$tmp/savedgrid"
+mpi "$bin" "${common[@]}" --model tiny-moe --mesh dp_replicate=2,tp=2,ep=4,etp=1 --checkpoint-dir "$g" \
+  --checkpoint-every 6 --metrics "$g.jsonl" >/dev/null 2>&1
+reshard grid_one tiny-moe "$g" "$g.jsonl" 1 single
+reshard moe_grid tiny-moe "$m" "$m.jsonl" 4 dp_replicate=2,tp=2,ep=4,etp=1
 
 # --eval-only under any mesh: the dp_shard=4 checkpoint's eval loss (no --val-data: the
 # training data's first batches) on tp=2 x dp_shard=2 and on one rank, within 1e-5

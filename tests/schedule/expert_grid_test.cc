@@ -195,3 +195,29 @@ TEST(ExpertGrid, SavedRoutedActivationsAreTheRanksRows) {
   BuildGridOverTp4(&b);
   EXPECT_EQ(SavedByBlock(b.s, 0), want);
 }
+
+// The meshplan runtime's FSDP with EP reaching into dp_replicate (dp_replicate=4 x tp=2,
+// ep=4, etp=1; the CPU backend's memory model): the expert grid [edp 2, ep 4, etp 1] over 8
+// ranks, so the experts' FSDP group is one rank (nothing to reduce-scatter) and their
+// gradients are all-reduced over the expert-DP group {0, 4}, not over dp_replicate's
+// {0, 2, 4, 6} (ranks 2 and 6 hold other experts). tiny-moe: 2 MoE layers of 8 experts, a
+// rank's 8 / 4 = 2 of them, each 3 Linears of 64 x 32: 2 x 3 x 2048 = 12,288 fp32 gradients,
+// 49,152 bytes, a layer; one all-reduce a layer.
+TEST(ExpertGrid, RuntimeSumsReachingExpertsOverExpertDp) {
+  Built b;
+  Opts o;
+  o.model = "tiny-moe";
+  o.mesh = "dp_replicate=4,tp=2,ep=4,etp=1";
+  o.mem_model = MP_MEM_MODEL_MESHPLAN_CPU;
+  o.seq = 32;
+  o.global_batch = 4;
+  Build(&b, o);
+  EXPECT_EQ(mp_mesh_group_size(&b.plan->mesh, MP_GROUP_EFSDP), 1);
+  EXPECT_EQ(mp_mesh_group_size(&b.plan->mesh, MP_GROUP_EDP), 2);
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(b.s, &t);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_EDP], 2);
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_REDUCE][MP_GROUP_EDP], 2 * 49152.0);
+  EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_EFSDP], 0);
+  EXPECT_GT(t.n_comm[MP_COLL_ALL_REDUCE][MP_GROUP_DP_REPLICATE], 0);
+}
