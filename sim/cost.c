@@ -5,11 +5,10 @@
  * bytes / (HBM x hbm_eff)) + the stack's kernel overhead. A GEMM's efficiency follows the
  * curve eff_max x / (x + half_mnk) of its size x = m n k, times the stack's by-shape
  * correction where it has one (sim/gemm_table.h); a grouped expert GEMM's tokens are padded
- * to the stack's tile first (grouped_padding); attention runs at the bf16 peak x
- * attention_eff, or x the stack's fraction for the call's span (attention_by_span,
- * mp_stack_attention_eff), the three efficiencies carried from the stack's fit GPU to this
- * one by the ratio of their kernel fractions (sim/stack.h, mp_stack_kernel_scale_of), plus
- * the softmax exponentials' exposed time on a GPU stating its MUFU.EX2 rate (attn_exps);
+ * to the stack's tile first (grouped_padding); attention at the bf16 peak x attention_eff or
+ * the stack's fraction for the call's span (attn_rate_of), efficiencies carried from the
+ * stack's fit GPU by the ratio of kernel fractions (sim/stack.h, mp_stack_kernel_scale_of),
+ * plus the softmax exponentials' exposed time where the GPU states its MUFU rate (attn_exps);
  * element-wise ops, norms and the optimizer at the fp32 peak (CUDA cores).
  * Communication ops: the alpha-beta model of sim/network.c on the link of the op's
  * group, with the stack's link efficiency and per-collective overhead.
