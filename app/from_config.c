@@ -63,6 +63,11 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
     return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches AC policies, not recompute modules "
                     "(--recompute-modules %s); use meshplan simulate --from or explain --from", p->recompute_modules);
   if (p->recompute_modules[0]) add(f, "--recompute-modules", "%s", p->recompute_modules);
+  if (p->cpu_offload_layers > 0 && is_plan)
+    return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan does not search CPU offloading "
+                    "(--cpu-offloading-num-layers %lld); use meshplan simulate --from or explain --from",
+                    (long long)p->cpu_offload_layers);
+  if (p->cpu_offload_layers > 0) add(f, "--cpu-offload-layers", "%lld", (long long)p->cpu_offload_layers);
   if (p->capacity_factor[0]) add(f, "--moe-capacity-factor", "%s", p->capacity_factor);
   if (p->pad_to_capacity) add(f, "--moe-pad-expert-input-to-capacity", NULL);
   add(f, "--fp8", "%s", p->fp8[0] ? p->fp8 : "off");

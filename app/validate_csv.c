@@ -271,6 +271,9 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   const char *mtp = field(r, "mtp_layers");
   /* bounded here to an int; the model's validation bounds it by its layers */
   if (mtp && mtp[0]) MP_CHECK(int_in(r, "mtp_layers", mtp, 0, INT32_MAX, &row->mtp_layers));
+  row->cpu_offload_layers = 0;
+  const char *off = field(r, "cpu_offload_layers");
+  if (off && off[0]) MP_CHECK(int_in(r, "cpu_offload_layers", off, 0, INT32_MAX, &row->cpu_offload_layers));
   MP_CHECK(opt_str(r, "optimizer_moments", row->optimizer_moments, sizeof row->optimizer_moments));
   MP_CHECK(read_fsdp(r, row));
   MP_CHECK(opt_flag(r, "fp8_param_gather", &row->fp8_param_gather));
