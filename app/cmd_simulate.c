@@ -197,6 +197,13 @@ static void print_text(const mp_sim_result *r, const mp_model *m, const mp_clust
   }
 }
 
+/* CPU offloading's layers and the time its copies add (in exposed_comm_s too). */
+static void offload_json(cJSON *j, const mp_plan_options *o, const mp_sim_result *r) {
+  if (o->cpu_offload_layers <= 0) return;
+  cJSON_AddNumberToObject(j, "cpu_offload_layers", o->cpu_offload_layers);
+  cJSON_AddNumberToObject(j, "offload_exposed_s", r->offload_exposed_s);
+}
+
 static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluster *c,
                       const mp_mesh *mesh, const mp_plan_options *o,
                       const mp_stack_profile *prof, const int64_t *stage_peak) {
@@ -257,10 +264,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   cJSON_AddNumberToObject(j, "mfu", r->mfu);
   cJSON_AddNumberToObject(j, "compute_s", r->compute_s);
   cJSON_AddNumberToObject(j, "exposed_comm_s", r->exposed_comm_s);
-  if (o->cpu_offload_layers > 0) {
-    cJSON_AddNumberToObject(j, "cpu_offload_layers", o->cpu_offload_layers);
-    cJSON_AddNumberToObject(j, "offload_exposed_s", r->offload_exposed_s);
-  }
+  offload_json(j, o, r);
   cJSON_AddNumberToObject(j, "bubble_s", r->bubble_s);
   cJSON_AddNumberToObject(j, "optimizer_s", r->optimizer_s);
   cJSON *cs = cJSON_AddObjectToObject(j, "comm_s");

@@ -537,11 +537,7 @@ typedef struct mp_plan_options {
   mp_cuda_graphs cuda_graphs; /* what CUDA graphs capture (default NONE); the megatron
                                 memory model only (mp_rule_cuda_graphs_check) */
   uint32_t recompute_modules; /* bits 1 << mp_rc_module; 0: none (default) */
-  int cpu_offload_layers; /* Megatron-Core's --cpu-offloading --cpu-offloading-num-layers N:
-                             the tensors Transformer Engine marks in the first N layers'
-                             saved activations copied to the host after their forward and
-                             back before their backward (exec/schedule_act.c, sim/sim.c);
-                             0: off (default). mp_rule_cpu_offload_check */
+  int cpu_offload_layers; /* Megatron-Core's CPU offloading of the first N layers (rules.h); 0: off */
   int moe_fp8_dispatch;  /* DeepSeek-V3's float8 dispatch (arXiv 2412.19437, sec. 3.3.3): the
                             tokens sent to the experts (the forward's dispatch, and the
                             backward's gradients into the experts' down projections) travel

@@ -62,7 +62,7 @@ if p.returncode == 0:
           f"cpu_offload_layers 31: {rows['off31']}, want {off31.get('tokens_per_s_per_gpu')}")
     check(abs(rows["none"].get("predicted", 0) / base.get("tokens_per_s_per_gpu", 1) - 1) < 1e-12,
           f"empty column: {rows['none']}")
-    check("fewer layers than the model has" in (rows["all"].get("refused") or ""), f"32 of 32: {rows['pp']}")
+    check("fewer layers than the model has" in (rows["all"].get("refused") or ""), f"32 of 32: {rows['all']}")
 with open(path, "w") as f:
     f.write(HDR + "\n" + ROW.format("tt", "torchtitan-compile", "4").replace(",8,1,1,1,,", ",1,8,1,1,,") + "\n")
 p = run("validate", path, "--json", want_rc=2)
