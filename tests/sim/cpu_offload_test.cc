@@ -109,6 +109,25 @@ TEST(CpuOffload, StepAddsTheCopiesThatOutlastTheirWindows) {
   EXPECT_NEAR(quick.step_time_s, none.step_time_s, 1e-12);
 }
 
+// The profiles' host links one way (data/gpus): PCIe Gen5 x16, 32 GT/s x 16 lanes x 128/130 / 8
+// = 63.0 GB/s (H100, H200, B200); Gen4 half that, 31.5 (A100); NVLink-C2C 900 GB/s both ways a
+// Grace, 450 one way, shared by its two GPUs: 225 (GB200, GB300). The CPU profile states none.
+TEST(CpuOffload, HostLinksOfTheProfiles) {
+  const struct {
+    const char *gpu;
+    double GBps;
+  } want[] = {{"h100-sxm", 63.0}, {"h200", 63.0}, {"b200", 63.0}, {"a100-80gb-sxm", 31.5},
+              {"gb200", 225.0}, {"gb300", 225.0}, {"cpu", 0.0}};
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  for (const auto &w : want) {
+    mp_gpu g;
+    ASSERT_EQ(mp_gpu_load(&ctx, w.gpu, &g), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(g.host_link_GBps_per_dir, w.GBps) << w.gpu;
+  }
+  EXPECT_NEAR(32.0 * 16 * 128 / 130 / 8, 63.0, 0.05);
+}
+
 // A GPU profile without a host link cannot price the copies.
 TEST(CpuOffload, RefusedWithoutAHostLink) {
   PlanCase k("llama3.1-8b", "h100-8", "dp_replicate=8");
