@@ -2,7 +2,7 @@
 """Megatron-Core's CPU offloading through the binary: simulate's --cpu-offload-layers lowers the
 peak by the offloaded layers' marked tensors and adds the copies that outlast their windows
 (llama3.1-8b on 8 H100s, seq 8192: 31 of 32 layers offloaded, one layer of compute beside each
-copy over PCIe Gen5, so the copies show); explain takes the flag; validate's cpu_offload_layers
+copy over PCIe Gen5, so the copies show); explain's schedule states the copies; validate's cpu_offload_layers
 column is the flag; Megatron's --cpu-offloading-num-layers (core_v0.16.0's argument) reads back
 as it; emit and the refusals say why by name (exit 2).
 
@@ -43,8 +43,13 @@ check(off31 and abs(off31["step_time_s"] - base["step_time_s"] - off31["offload_
 check(off31.get("offload_exposed_s", 1) < 2 * 31 * 2 * LAYER / 63e9,
       "exposed past all the copies of the step's two micro-batches")
 
-p = run("explain", *SIM, "--cpu-offload-layers", "16", "--json")
-check(p.returncode == 0 and json.loads(p.stdout) != {}, "explain --cpu-offload-layers: " + p.stderr)
+# explain's schedule states one layer's copy and the step's exposed copies, simulate's figure
+p = run("explain", *SIM, "--cpu-offload-layers", "31", "--schedule", "--json")
+sch = json.loads(p.stdout).get("schedule", {}) if p.returncode == 0 else {}
+check(sch.get("offload_bytes_per_layer") == LAYER and sch.get("offload_exposed_s") == off31.get("offload_exposed_s"),
+      f"explain --schedule --json: {sch.get('offload_bytes_per_layer')}, {sch.get('offload_exposed_s')}")
+p = run("explain", *SIM, "--cpu-offload-layers", "31", "--schedule", "--summary")
+check("CPU offloading: the first 31 layers' marked tensors" in p.stdout, "explain --summary: no offloading line")
 
 # validate's column is the flag
 HDR = ("case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,pp_schedule,"
