@@ -377,6 +377,17 @@ mp_status mp_cmd_cuda_graphs_opt(mp_ctx *ctx, const mp_cmd_spec *spec, const str
   return s ? mp_cmd_cuda_graphs(ctx, prof, s, o) : MP_OK;
 }
 
+mp_status mp_cmd_cpu_offload(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                             mp_plan_options *o) {
+  long long n = 0;
+  MP_CHECK(mp_args_int(ctx, spec, "--cpu-offload-layers", 0, MP_MAX_LAYERS, &n));
+  if (n > 0 && prof->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_USAGE, "--cpu-offload-layers is Megatron-Core's CPU offloading; stack %s has "
+                    "none meshplan models: drop it or use megatron-core", prof->name);
+  o->cpu_offload_layers = (int)n;
+  return MP_OK;
+}
+
 mp_status mp_cmd_moe_routing(mp_ctx *ctx, const mp_cmd_spec *spec, mp_moe_routing *r) {
   MP_CHECK(mp_args_double(ctx, spec, "--moe-imbalance", 1.0, MP_LIM_MOE_LOAD, MP_RANGE_CLOSED, &r->imbalance));
   MP_CHECK(mp_args_double(ctx, spec, "--moe-capacity-factor", 0.0, MP_LIM_MOE_LOAD, MP_RANGE_OPEN_LO,

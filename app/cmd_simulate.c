@@ -50,6 +50,7 @@ static mp_opt k_opts[] = {
     MP_OPT_STORAGE,
     MP_OPT_CE_FUSION,
     MP_OPT_CUDA_GRAPHS,
+    MP_OPT_CPU_OFFLOAD,
     MP_OPT_NCCL_CTAS,
     MP_OPT_UB_CFG,
     MP_OPT_MOE_ROUTING,
@@ -81,7 +82,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "simulate", "Predict step time and memory of one plan.",
     "[--model M | --hf-config PATH] [--cluster C | --gpus N [--gpu G] [--gpus-per-node K]] [--mesh SPEC] [--ep N] "
-    "[--pp N --pp-schedule 1f1b|interleaved|gpipe|dualpipe|zbv|interleaved_zb [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] [--cp N [--cp-rotate M | --cp-comm-type T]] [--ac POLICY] [--recompute-modules LIST] [--fp8] [--sp|--no-sp] [--cuda-graphs S] [--seq S] "
+    "[--pp N --pp-schedule 1f1b|interleaved|gpipe|dualpipe|zbv|interleaved_zb [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] [--cp N [--cp-rotate M | --cp-comm-type T]] [--ac POLICY] [--recompute-modules LIST] [--fp8] [--sp|--no-sp] [--cuda-graphs S] [--cpu-offload-layers N] [--seq S] "
     "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] "
     "[--emit torchtitan|megatron [--out DIR]] [--from FILE | --from-args 'ARGS'] [--json]",
     k_opts, 0};
@@ -171,6 +172,7 @@ static void print_text(const mp_sim_result *r, const mp_model *m, const mp_clust
          r->tokens_per_s_per_gpu, 100.0 * r->mfu);
   printf("time    compute %.4f s   exposed comm %.4f s   bubble %.4f s   optimizer %.4f s\n",
          r->compute_s, r->exposed_comm_s, r->bubble_s, r->optimizer_s);
+  if (r->offload_exposed_s > 0) printf("offload host copies exposed %.4f s (in exposed comm)\n", r->offload_exposed_s);
   printf("streams");
   for (int s = 0; s < MP_STREAM_COUNT; s++)
     printf("   %s comm %.4f s", mp_stream_name((mp_stream)s), r->comm_s[s]);
@@ -193,6 +195,13 @@ static void print_text(const mp_sim_result *r, const mp_model *m, const mp_clust
     mp_cmd_fmt_runs(g, pp, "%.2f", peaks, sizeof peaks);
     printf("stages  peak by pipeline stage, GiB: %s (the fullest: stage %d, shown above)\n", peaks, full);
   }
+}
+
+/* CPU offloading's layers and the time its copies add (in exposed_comm_s too). */
+static void offload_json(cJSON *j, const mp_plan_options *o, const mp_sim_result *r) {
+  if (o->cpu_offload_layers <= 0) return;
+  cJSON_AddNumberToObject(j, "cpu_offload_layers", o->cpu_offload_layers);
+  cJSON_AddNumberToObject(j, "offload_exposed_s", r->offload_exposed_s);
 }
 
 static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluster *c,
@@ -255,6 +264,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   cJSON_AddNumberToObject(j, "mfu", r->mfu);
   cJSON_AddNumberToObject(j, "compute_s", r->compute_s);
   cJSON_AddNumberToObject(j, "exposed_comm_s", r->exposed_comm_s);
+  offload_json(j, o, r);
   cJSON_AddNumberToObject(j, "bubble_s", r->bubble_s);
   cJSON_AddNumberToObject(j, "optimizer_s", r->optimizer_s);
   cJSON *cs = cJSON_AddObjectToObject(j, "comm_s");
@@ -372,6 +382,7 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
   MP_CHECK(mp_cmd_moe_comm(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_ce_fusion(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_cuda_graphs_opt(ctx, &k_spec, &j->prof, &j->o));
+  MP_CHECK(mp_cmd_cpu_offload(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_nccl_ctas(ctx, &k_spec, &j->prof));
   MP_CHECK(mp_cmd_ub_cfg(ctx, &k_spec, &j->prof));
   MP_CHECK(mp_cmd_moe_routing(ctx, &k_spec, &j->o.moe_routing));

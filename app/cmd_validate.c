@@ -57,7 +57,9 @@
  * mp_sim_nccl_ctas_parse; empty or absent: NCCL's channel count), ub_cfg (Transformer Engine's
  * userbuffers config, gemm:method:num_sm:set_sm_margin split by spaces, sim.h
  * mp_sim_ub_cfg_parse; empty or absent: TE's default), overlap_moe_comm (1: Megatron-Core's
- * --overlap-moe-expert-parallel-comm, simulate's --overlap-moe-comm; empty or absent: off).
+ * --overlap-moe-expert-parallel-comm, simulate's --overlap-moe-comm; empty or absent: off),
+ * cpu_offload_layers (Megatron-Core's --cpu-offloading-num-layers N on a megatron row, simulate's
+ * --cpu-offload-layers; empty, absent or 0: off).
  * The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
  *
@@ -273,6 +275,10 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   if (v->sp >= 0) o->sp = v->sp;
   o->moe_fp8_dispatch = v->moe_fp8_dispatch == 1;
   o->fp8_act_cache = v->fp8_act_cache == 1;
+  if (v->cpu_offload_layers > 0 && o->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: cpu_offload_layers %lld is Megatron-Core's CPU offloading, which a "
+                    "megatron stack runs: empty the column", where, (long long)v->cpu_offload_layers);
+  o->cpu_offload_layers = (int)v->cpu_offload_layers;
   if (v->optimizer_moments[0] && !mp_cmd_fp32_bf16_parse(v->optimizer_moments, &o->moment_dtype))
     return mp_error(ctx, MP_ERR_INVALID, "%s: optimizer_moments '%s': expected fp32 or bf16", where,
                     v->optimizer_moments);

@@ -143,6 +143,11 @@ mp_status mp_cmd_ce_impl(mp_ctx *ctx, const char *impl, mp_plan_options *o);
  * rest (exec/rules.h, mp_rule_cuda_graphs_check). mp_cmd_cuda_graphs_opt does it for the
  * command line's --cuda-graphs, nothing where it is absent. */
 mp_status mp_cmd_cuda_graphs(mp_ctx *ctx, const struct mp_stack_profile *prof, const char *scope, mp_plan_options *o);
+/* The command line's --cpu-offload-layers N into o->cpu_offload_layers (Megatron-Core's CPU
+ * offloading; the plan checks the rest, mp_rule_cpu_offload_check); MP_ERR_USAGE under a stack
+ * that is not a megatron one. Nothing where it is absent. */
+mp_status mp_cmd_cpu_offload(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
+                             mp_plan_options *o);
 /* The command line's --nccl-ctas (mp_sim_nccl_ctas_parse) into prof->nccl_group_ctas; nothing
  * where it is absent. MP_ERR_USAGE, naming the item, for a malformed list. */
 mp_status mp_cmd_nccl_ctas(mp_ctx *ctx, const mp_cmd_spec *spec, struct mp_stack_profile *prof);

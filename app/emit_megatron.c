@@ -170,6 +170,10 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p) {
   if (p->o->moe_fp8_dispatch)
     return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: float8 dispatch has no pretrain_gpt.py argument in "
                     "core_v0.14.0; drop --moe-fp8-dispatch");
+  if (p->o->cpu_offload_layers > 0)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: CPU offloading has no pretrain_gpt.py argument in "
+                    "core_v0.14.0 (TransformerConfig's cpu_offloading fields only; --cpu-offloading-num-layers is "
+                    "core_v0.16.0's); drop --cpu-offload-layers");
   if (p->o->fp8_act_cache)
     return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: the float8 activation cache (DeepSeek-V3 sec. "
                     "3.3.3) has no pretrain_gpt.py argument in core_v0.14.0; drop --fp8-act-cache");

@@ -199,6 +199,10 @@ static cJSON *schedule_json(const explain *e, const mp_schedule *s) {
   cJSON_AddStringToObject(o, "predicted_on", e->predicted_on);
   if (e->kernels_json) cJSON_AddItemReferenceToObject(o, "kernels", e->kernels_json);
   cJSON_AddNumberToObject(o, "predicted_step_s", e->res.step_time_s);
+  if (s->offload_bytes > 0) { /* CPU offloading: one layer's copy, and what the step's copies expose */
+    cJSON_AddNumberToObject(o, "offload_bytes_per_layer", (double)s->offload_bytes);
+    cJSON_AddNumberToObject(o, "offload_exposed_s", e->res.offload_exposed_s);
+  }
   cJSON_AddNumberToObject(o, "rank", s->rank);
   cJSON_AddNumberToObject(o, "pp_stage", s->pp_stage);
   cJSON_AddNumberToObject(o, "n_micro", (double)s->n_micro);

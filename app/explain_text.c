@@ -467,6 +467,10 @@ static void print_summary(const explain *e) {
   printf("\npredicted step of rank %d on %s: %s (compute %s, exposed communication %s), %.0f tokens/s per GPU, "
          "MFU %.1f %%\n", e->rank, e->predicted_on, a, b, c, r->tokens_per_s_per_gpu, 100.0 * r->mfu);
   printf("  kernels: %s\n", e->kernels);
+  if (e->plan && e->plan->opts.cpu_offload_layers > 0)
+    printf("  CPU offloading: the first %d layers' marked tensors to the host and back, %s of copies exposed past "
+           "Transformer Engine's windows (in exposed communication)\n",
+           e->plan->opts.cpu_offload_layers, (fmt_time(r->offload_exposed_s, c, sizeof c), c));
   typedef struct { const char *what; double s; int64_t n; } line;
   line ls[MP_KERNEL_COUNT + MP_GROUP_COUNT];
   int n = 0;

@@ -47,6 +47,17 @@ static void add(flag_list *f, const char *name, const char *fmt, ...) {
   f->n++;
 }
 
+/* Megatron's CPU offloading as simulate's and explain's flag; plan searches no offloading. */
+static mp_status offload_flag(mp_ctx *ctx, const mp_from_plan *p, int is_plan, flag_list *f) {
+  if (p->cpu_offload_layers <= 0) return MP_OK;
+  if (is_plan)
+    return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan does not search CPU offloading "
+                    "(--cpu-offloading-num-layers %lld); use meshplan simulate --from or explain --from",
+                    (long long)p->cpu_offload_layers);
+  add(f, "--cpu-offload-layers", "%lld", (long long)p->cpu_offload_layers);
+  return MP_OK;
+}
+
 /* The flags that say p to the command of spec: simulate and explain take the pipeline's
  * schedule and resharding as flags, plan as --fix keys. */
 static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_plan *p, flag_list *f) {
@@ -63,6 +74,7 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
     return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches AC policies, not recompute modules "
                     "(--recompute-modules %s); use meshplan simulate --from or explain --from", p->recompute_modules);
   if (p->recompute_modules[0]) add(f, "--recompute-modules", "%s", p->recompute_modules);
+  MP_CHECK(offload_flag(ctx, p, is_plan, f));
   if (p->capacity_factor[0]) add(f, "--moe-capacity-factor", "%s", p->capacity_factor);
   if (p->pad_to_capacity) add(f, "--moe-pad-expert-input-to-capacity", NULL);
   add(f, "--fp8", "%s", p->fp8[0] ? p->fp8 : "off");

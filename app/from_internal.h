@@ -43,6 +43,8 @@ typedef struct mp_from_plan {
   int fp8_all_gather;     /* 1: torchtitan's enable_fsdp_float8_all_gather (--fp8-all-gather) */
   int fp8_param_gather;   /* 1: Megatron-Core's --fp8-param-gather (simulate's, explain's and plan's) */
   int64_t mtp_layers;     /* multi-token-prediction modules (Megatron-Core's --mtp-num-layers; torchtitan: 0) */
+  int64_t cpu_offload_layers; /* Megatron-Core's --cpu-offloading-num-layers (simulate's
+                                 --cpu-offload-layers); 0: off */
   int ddp_average, ddp_no_check; /* 1: Megatron-LM's --ddp-average-in-collective,
                                     --no-check-for-nan-in-loss-and-grad (simulate's too) */
   int ddp_align;          /* 1: Megatron-LM's --align-param-gather (simulate's too) */

@@ -66,6 +66,9 @@ static const struct {
     {"--data-parallel-sharding-strategy", 1, MG_MAP}, {"--fsdp-double-buffer", 0, MG_MAP},
     {"--ckpt-format", 1, MG_IGNORE},
     {"--mtp-num-layers", 1, MG_MAP}, {"--mtp-loss-scaling-factor", 1, MG_IGNORE},
+    /* CPU offloading of activations: core_v0.16.0's argument (arguments.py turns cpu_offloading
+     * on where it is > 0); core_v0.14.0 sets it in TransformerConfig only */
+    {"--cpu-offloading-num-layers", 1, MG_MAP},
     /* the experts and the latent attention */
     {"--num-experts", 1, MG_MAP}, {"--moe-ffn-hidden-size", 1, MG_MAP}, {"--moe-router-topk", 1, MG_MAP},
     {"--moe-shared-expert-intermediate-size", 1, MG_MAP}, {"--moe-layer-freq", 1, MG_MAP},
@@ -749,6 +752,8 @@ mp_status mp_from_megatron(mp_ctx *ctx, const char *text, const char *origin, in
   /* MTP modules: Megatron-Core builds none without the flag, whatever the model file says */
   if (st == MP_OK) st = get_int(ctx, &a, origin, "--mtp-num-layers", 0, 0, MP_MAX_LAYERS - layers, &p->mtp_layers);
   if (st == MP_OK) st = read_parallel(ctx, &a, origin, world, layers, p);
+  if (st == MP_OK)
+    st = get_int(ctx, &a, origin, "--cpu-offloading-num-layers", 0, 0, MP_MAX_LAYERS, &p->cpu_offload_layers);
   if (st == MP_OK) st = read_stack(ctx, &a, origin, p);
   if (st == MP_OK) st = read_ac_fp8(ctx, &a, origin, p);
   if (st == MP_OK) st = read_cuda_graphs(ctx, &a, origin, p);

@@ -228,6 +228,13 @@
     "attn+moe_router+moe_preprocess, also its dispatcher's preprocess (--cuda-graph-impl "           \
     "transformer_engine --cuda-graph-scope attn moe_router [moe_preprocess]: the dispatch, experts " \
     "and combine eager) (default none)", NULL }
+/* simulate and explain: Megatron-Core's CPU offloading (mp_cmd_cpu_offload; exec/plan.h) */
+#define MP_OPT_CPU_OFFLOAD                                                                         \
+  { "--cpu-offload-layers", "N", "Megatron-Core's --cpu-offloading --cpu-offloading-num-layers N "  \
+    "(megatron-core): the saved tensors Transformer Engine marks in the first N layers copied to "   \
+    "the host after their forward and back before their backward over the GPU's host link, "       \
+    "exposed where a copy outlasts the layers it runs beside; pp 1, no recompute (default 0: off)", \
+    NULL }
 /* simulate, explain and plan: the experts' load (mp_cmd_moe_routing; exec/plan.h, mp_moe_routing).
  * train states its own --moe-capacity-factor, the runtime's drop rule (app/cmd_train.c). */
 #define MP_OPT_MOE_ROUTING                                                                         \

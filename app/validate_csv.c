@@ -180,6 +180,19 @@ static mp_status read_nvlink_domain(const reader *r, mp_vrow *row) {
   return MP_OK;
 }
 
+/* The layer-count columns: the MTP modules (-1 where empty: the model's) and the layers CPU
+ * offloading copies (0 where empty), bounded here to an int; the model and the plan bound them
+ * by its layers. */
+static mp_status read_layer_counts(const reader *r, mp_vrow *row) {
+  row->mtp_layers = -1;
+  const char *mtp = field(r, "mtp_layers");
+  if (mtp && mtp[0]) MP_CHECK(int_in(r, "mtp_layers", mtp, 0, INT32_MAX, &row->mtp_layers));
+  row->cpu_offload_layers = 0;
+  const char *off = field(r, "cpu_offload_layers");
+  if (off && off[0]) MP_CHECK(int_in(r, "cpu_offload_layers", off, 0, INT32_MAX, &row->cpu_offload_layers));
+  return MP_OK;
+}
+
 /* The FSDP columns: Megatron FSDP's strategy and double buffer, FSDP1's flat parameters and
  * the gradients' reduce dtype. */
 static mp_status read_fsdp(const reader *r, mp_vrow *row) {
@@ -269,10 +282,7 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_flag(r, "sp", &row->sp));
   MP_CHECK(opt_flag(r, "moe_fp8_dispatch", &row->moe_fp8_dispatch));
   MP_CHECK(opt_flag(r, "fp8_act_cache", &row->fp8_act_cache));
-  row->mtp_layers = -1;
-  const char *mtp = field(r, "mtp_layers");
-  /* bounded here to an int; the model's validation bounds it by its layers */
-  if (mtp && mtp[0]) MP_CHECK(int_in(r, "mtp_layers", mtp, 0, INT32_MAX, &row->mtp_layers));
+  MP_CHECK(read_layer_counts(r, row));
   MP_CHECK(opt_str(r, "optimizer_moments", row->optimizer_moments, sizeof row->optimizer_moments));
   MP_CHECK(read_fsdp(r, row));
   MP_CHECK(opt_flag(r, "fp8_param_gather", &row->fp8_param_gather));

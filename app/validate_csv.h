@@ -93,6 +93,9 @@ typedef struct mp_vrow {
   char mfsdp_strategy[24]; /* Megatron FSDP's --data-parallel-sharding-strategy as written, on a
                               megatron row with dp_shard > 1 (exec/plan.h, mp_mfsdp_strategy);
                               "" when absent or empty: optim_grads_params */
+  int64_t cpu_offload_layers; /* optional column: Megatron-Core's --cpu-offloading-num-layers
+                                 (exec/plan.h cpu_offload_layers), 0 or more; 0 when absent or
+                                 empty (off) */
   int fsdp_double_buffer; /* 0 or 1: Megatron FSDP's --fsdp-double-buffer; -1 when absent or
                              empty: off */
   int fsdp_flat_params;   /* 0 or 1: PyTorch FSDP1's flat parameters on a torchtitan stack

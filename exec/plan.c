@@ -537,6 +537,7 @@ static mp_status validate_mesh(mp_ctx *ctx, const mp_model *m, const mp_mesh *me
   MP_CHECK(mp_rule_moe_routing_check(ctx, m, mesh, o));
   MP_CHECK(mp_rule_cp_comm_check(ctx, m, mesh, o));
   MP_CHECK(mp_rule_cuda_graphs_check(ctx, m, o));
+  MP_CHECK(mp_rule_cpu_offload_check(ctx, m, mesh, o));
   if (pp > m->n_layers)
     return mp_error(ctx, MP_ERR_INVALID,
                     "pp=%d exceeds the %lld layers of %s; a stage needs at least one layer", pp,
@@ -820,6 +821,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->moe_dispatcher != b->moe_dispatcher || opts->fp8_act_cache != b->fp8_act_cache ||
       opts->moment_dtype != b->moment_dtype || opts->mfsdp_strategy != b->mfsdp_strategy ||
       opts->fsdp_double_buffer != b->fsdp_double_buffer || opts->cuda_graphs != b->cuda_graphs ||
+      opts->cpu_offload_layers != b->cpu_offload_layers ||
       memcmp(&opts->moe_routing, &b->moe_routing, sizeof opts->moe_routing) != 0 ||
       (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,

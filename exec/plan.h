@@ -538,6 +538,7 @@ typedef struct mp_plan_options {
   mp_cuda_graphs cuda_graphs; /* what CUDA graphs capture (default NONE); the megatron
                                 memory model only (mp_rule_cuda_graphs_check) */
   uint32_t recompute_modules; /* bits 1 << mp_rc_module; 0: none (default) */
+  int cpu_offload_layers; /* Megatron-Core's CPU offloading of the first N layers (rules.h); 0: off */
   int moe_fp8_dispatch;  /* DeepSeek-V3's float8 dispatch (arXiv 2412.19437, sec. 3.3.3): the
                             tokens sent to the experts (the forward's dispatch, and the
                             backward's gradients into the experts' down projections) travel

@@ -411,3 +411,55 @@ mp_status mp_rule_cuda_graphs_check(mp_ctx *ctx, const mp_model *m, const mp_pla
                     "(simulate's --no-check-for-nan-in-loss-and-grad, validate's ddp_check_grads 0)");
   return MP_OK;
 }
+
+/* The first refusal of Megatron-Core's own rules for CPU offloading (transformer_config.py
+ * __post_init__, core_v0.14.0), or NULL. */
+static const char *offload_megatron_refusal(const mp_model *m, const mp_mesh *mesh, const mp_plan_options *o) {
+  if (o->cpu_offload_layers >= m->n_layers)
+    return "Megatron-Core offloads fewer layers than the model has ('CPU offloading can be done only for "
+           "layers less than num_layers')";
+  if (mesh->size[MP_DIM_PP] > 1)
+    return "Megatron-Core has no CPU offloading with pipeline parallelism ('Currently there is no support for "
+           "Pipeline parallelism with CPU offloading'): use pp=1";
+  if (o->ac != MP_AC_NONE || o->recompute_modules != 0)
+    return "Megatron-Core refuses CPU offloading with activation recomputation ('CPU offloading does not work "
+           "when activation recomputation is enabled'): use --ac none without recompute modules";
+  if (o->cuda_graphs == MP_CUDA_GRAPHS_LAYERS || o->cuda_graphs == MP_CUDA_GRAPHS_ITERATION)
+    return "Megatron-Core refuses CPU offloading with --enable-cuda-graph ('CUDA graphs not supported with CPU "
+           "offloading.')";
+  return NULL;
+}
+
+/* What meshplan does not model of CPU offloading (which saved tensors Transformer Engine marks
+ * for the host, transformer_engine/pytorch/cpu_offload.py mark_activation_offload, v2.8), or
+ * NULL. */
+static const char *offload_model_refusal(const mp_model *m, const mp_mesh *mesh, const mp_plan_options *o) {
+  if (mp_model_n_moe_layers(m) > 0 || mp_model_is_hybrid(m) || m->mtp_layers > 0 || m->kv_lora_rank > 0)
+    return "only dense attention-and-MLP layers are modelled (which of a MoE, Mamba, MLA or MTP layer's saved "
+           "tensors Transformer Engine offloads is not counted)";
+  if (mesh->size[MP_DIM_CP] > 1) return "context parallelism's attention is not modelled with it: use cp=1";
+  if (o->attn == MP_ATTN_MATERIALIZED)
+    return "materialized attention's scores are not Transformer Engine's and are not modelled with it";
+  if (o->cuda_graphs != MP_CUDA_GRAPHS_NONE)
+    return "Transformer Engine's graphed layer parts (--external-cuda-graph) are not modelled with it";
+  if (o->fp8_act_cache) return "the float8 activation cache is not modelled with it";
+  return NULL;
+}
+
+mp_status mp_rule_cpu_offload_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                                    const mp_plan_options *o) {
+  const int n = o->cpu_offload_layers;
+  if (n == 0) return MP_OK;
+  if (n < 0) return mp_error(ctx, MP_ERR_INVALID, "cpu_offload_layers %d: a count of layers, 0 for none", n);
+  if (o->mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "CPU offloading (%d layers) is Megatron-Core's (--cpu-offloading); the %s memory model's stack "
+                    "has none meshplan models: drop it or choose a megatron stack",
+                    n, mp_mem_model_name(o->mem_model));
+  const char *why = offload_megatron_refusal(m, mesh, o);
+  if (why == NULL) why = offload_model_refusal(m, mesh, o);
+  if (why != NULL)
+    return mp_error(ctx, MP_ERR_INVALID, "CPU offloading of %d of %s's %lld layers: %s", n, m->name,
+                    (long long)m->n_layers, why);
+  return MP_OK;
+}

@@ -110,6 +110,17 @@ mp_status mp_rule_cuda_graphs_check(mp_ctx *ctx, const mp_model *m, const mp_pla
  * part of each layer: attn, attn+moe_router, attn+moe_router+moe_preprocess). */
 int mp_cuda_graphs_partial(mp_cuda_graphs g);
 
+/* Megatron-Core's CPU offloading of activations (o->cpu_offload_layers) as its config allows
+ * it (transformer_config.py __post_init__, core_v0.14.0 to core_v0.19.0): fewer offloaded
+ * layers than the model has, no pipeline parallelism, no activation recomputation, no
+ * --enable-cuda-graph (layers, iteration); the megatron memory model. Refused here as not
+ * modelled: MoE, hybrid and MTP layers (which of their saved tensors Transformer Engine marks
+ * is not counted), context parallelism, materialized attention (not Transformer Engine's
+ * fused core) and Transformer Engine's external graphs (the GPU's host link is the
+ * simulator's, sim/sim.c). */
+mp_status mp_rule_cpu_offload_check(mp_ctx *ctx, const mp_model *m, const mp_mesh *mesh,
+                                    const mp_plan_options *o);
+
 /* ---- context and sequence parallelism ---------------------------------------------------- */
 
 /* Ring attention's causal load balancing cuts a sequence into 2 cp chunks (torch's

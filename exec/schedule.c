@@ -279,6 +279,19 @@ static void emit_forward_tail(gen *g, const stage_info *st, int32_t root_gather)
  * stage; the root unit's gradients (the stage's first backward chunk); the chunk's last
  * block's units prefetched when they were resharded (the runtime's top block gathers its
  * own). */
+/* CPU offloading: Transformer Engine reloads each offloaded group ahead of its layer's
+ * backward (cpu_offload.py, v2.8: AsyncDoubleBufferGroupOffloadHandler.on_group_commit_backward
+ * issues group k's copy back at layer_window_map[k], the layer whose forward waited for its
+ * copy out, and holds it to layer k's backward). The first reload starts as the backward
+ * reaches the top layer, so one layer's tensors more than the schedule's own reloads are on
+ * the GPU there, beside every kept layer's: at most that many as the backward goes down (the
+ * window map spaces the reloads as the layers' own tensors go). Held from the head's
+ * backward to the chunk's end. */
+static void offload_ahead(gen *g, int alloc) {
+  const int64_t b = g->s->offload_bytes;
+  if (b > 0) mem(g, alloc ? MP_OP_ALLOC : MP_OP_FREE, MP_MEM_ACTIVATIONS, BUF_ACT_OFF_AHEAD, b, -1, -1, MP_STREAM_COMPUTE);
+}
+
 static void emit_backward_head(gen *g, const stage_info *st, carry *c, int first_chunk) {
   mp_sched_seg_open(g, MP_PHASE_BACKWARD, -1, 0);
   if (first_chunk && g->root_unit >= 0) mp_sched_grads_alloc(g, -1, g->root_unit, 1);
@@ -289,6 +302,7 @@ static void emit_backward_head(gen *g, const stage_info *st, carry *c, int first
   if (st->last) g->ms->head_bwd(g);
   else mp_sched_rt_mem(g, MP_ACT_ALLOC_DRES, KIND_DENSE, 1); /* the runtimes: the gradient in */
   if (!st->last) pp_out_mem(g, 0);
+  offload_ahead(g, 1);
   mp_sched_seg_close(g, MP_PHASE_BACKWARD, 1, 0, 0);
   if (recv >= 0) pend_dep(g, recv, 0);
 }
@@ -307,6 +321,7 @@ static void stage_grad_reduce(gen *g, mp_group grp, int64_t bytes) {
 
 static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {
   mp_sched_seg_open(g, MP_PHASE_BACKWARD, -1, 0);
+  offload_ahead(g, 0);
   mp_sched_f8_amax_reduce(g, st->l1 - st->l0, 1);
   if (st->first) {
     mp_sched_embedding_bwd(g);
@@ -349,14 +364,21 @@ static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
   mp_sched_seg_close(g, MP_PHASE_OPTIMIZER, 1, 0, 0);
 }
 
-/* Sub-run [a, a + r) of a run of identical blocks whose blocks also share their AC policy
- * (full:N alternates it): its length from a, at most r. */
+/* What splits a run of identical blocks into segments: the layer's AC policy (full:N
+ * alternates it) and whether CPU offloading copies its tensors to the host (the first
+ * cpu_offload_layers layers). */
+static int layer_class(const mp_plan_options *o, int32_t l) {
+  return 2 * (int)mp_plan_layer_ac(o, l) + (l < o->cpu_offload_layers);
+}
+
+/* Sub-run [a, a + r) of a run of identical blocks whose blocks also share their class: its
+ * length from a, at most r. */
 static int32_t same_ac_len(const gen *g, int32_t a, int32_t r) {
   const mp_plan_options *o = &g->p->opts;
-  if (o->ac_every <= 1) return r;
-  const mp_ac_mode ac = mp_plan_layer_ac(o, a);
+  if (o->ac_every <= 1 && o->cpu_offload_layers == 0) return r;
+  const int c = layer_class(o, a);
   int32_t n = 1;
-  while (n < r && mp_plan_layer_ac(o, a + n) == ac) n++;
+  while (n < r && layer_class(o, a + n) == c) n++;
   return n;
 }
 
@@ -384,8 +406,7 @@ static void emit_blocks(gen *g, const mp_schedule_prep *pr, const stage_info *st
     /* its sub-runs of one AC policy, from the top */
     for (int32_t top = a + r - 1; top >= a;) {
       int32_t lo = top;
-      while (lo > a && mp_plan_layer_ac(&g->p->opts, lo - 1) == mp_plan_layer_ac(&g->p->opts, top))
-        lo--;
+      while (lo > a && layer_class(&g->p->opts, lo - 1) == layer_class(&g->p->opts, top)) lo--;
       block_bwd_segment(g, st, top, top - lo + 1, c);
       top = lo - 1;
     }

@@ -302,6 +302,8 @@ typedef struct mp_schedule {
                                        rank's share, i.e. mp_model_flops_per_token x
                                        tokens_per_step_per_rank / (tp x pp x cp) */
   int64_t resident_bytes[MP_MEM_COUNT]; /* what the prologue allocates, by category */
+  int64_t offload_bytes;  /* with cpu_offload_layers: the bytes one offloaded layer copies to
+                             the host each micro-batch (and back); 0 without */
   int64_t n_instances;    /* op instances per micro-batch incl. prologue and optimizer (the
                              expanded op count) */
 } mp_schedule;

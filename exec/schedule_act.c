@@ -138,6 +138,8 @@ typedef struct block_act {
   int mlp_whole;             /* the MLP part is checkpointed whole (recompute module mlp on a
                                 dense block, moe on a MoE block): its input kept */
   uint64_t skip;             /* what the recompute does not run */
+  int64_t off_attn, off_mlp; /* CPU offloading: what the layer copies to the host of its input
+                                and attention part, of its MLP part (offload_act) */
 } block_act;
 
 /* Selective-op's forced saves of the MLP part (see the file comment); `shifted`: the
@@ -284,6 +286,31 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
 }
 
 static void modules_act(const gen *g, int kind, block_act *a);
+
+/* Megatron-Core's CPU offloading (--cpu-offloading-num-layers N, the first N layers): the
+ * layer runs under Transformer Engine's offload context (transformer_block.py, core_v0.14.0,
+ * get_cpu_offload_context), whose saved-tensor hook copies to the host the tensors TE's
+ * modules mark (transformer_engine/pytorch/cpu_offload.py, v2.8, mark_activation_offload):
+ * LayerNormLinear's input, norm statistics and normed output (q/k/v's: the block input; fc1's:
+ * the MLP input), the fused attention's q, k, v, output and softmax statistics, q/k norms'
+ * inputs and statistics, Linear's input (proj's: the attention output; fc2's: the activation
+ * output). What Megatron's own functions save stays on the GPU: the activation function's
+ * input (bias_swiglu / bias_gelu save fc1's output) and what the SwiGLU count adds (of the
+ * gated 4 x 2Tf, all but fc2's input 2Tf), and the two dropout masks of a GPT block (the
+ * bias-dropout-add's, Ts H each). Weights are never offloaded (offload_weights has had no
+ * effect since v2.5: 'Offloading weights is deprecated'). Under the megatron memory model only
+ * (mp_rule_cpu_offload_check keeps it to dense layers). */
+static void offload_act(const gen *g, block_act *a) {
+  if (g->ms->saved != SAVED_KORTHIKANTI || g->layer < 0 || g->layer >= g->p->opts.cpu_offload_layers) return;
+  const shapes *sh = &g->sh;
+  const int64_t mask = sh->gpt * sh->tokens_sp * sh->d_model;
+  const int64_t act_in = (sh->gated ? 3 : 1) * 2 * sh->tokens * sh->d_ff;
+  a->off_attn = a->x + a->attn - mask;
+  a->off_mlp = a->mlp - mask - act_in;
+  a->x = 0;
+  a->attn = mask;
+  a->mlp = mask + act_in;
+}
 static void f8_cache_act(const gen *g, int kind, block_act *a);
 
 /* What Transformer Engine's float8 spares of a float8 Linear's saved input of n elements
@@ -355,6 +382,7 @@ static void block_act_of(const gen *g, int kind, mp_ac_mode ac, block_act *a) {
   if (g->sh.hybrid) hybrid_act(g, ac, a);
   if (g->p->opts.recompute_modules) modules_act(g, kind, a);
   if (g->p->opts.fp8_act_cache) f8_cache_act(g, kind, a);
+  offload_act(g, a);
 }
 
 /* An ALLOC or FREE of the open block's activations, flagged MP_MEM_KEPT when kept. */
@@ -565,15 +593,22 @@ void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd) {
   mp_sched_f8_held_fwd(g);
   act(g, BUF_ACT_X, a.x, 1, 1);
   act(g, BUF_ACT_ATTN, a.attn, 1, a.kept);
+  act(g, BUF_ACT_OFF_ATTN, a.off_attn, 1, 0);
   act(g, BUF_ACT_ATTN_TMP, a.attn_tmp, 1, 0);
   mixer_fwd(g, pd);
   f8_cache_writes(g, 1, kind);
   act(g, BUF_ACT_ATTN_TMP, a.attn_tmp, 0, 0);
   act(g, BUF_ACT_MLP, a.mlp, 1, a.kept);
+  act(g, BUF_ACT_OFF_MLP, a.off_mlp, 1, 0);
   act(g, BUF_ACT_MLP_TMP, a.mlp_tmp, 1, 0);
   if (mp_model_layer_has_mlp(&g->p->model, g->layer)) mp_sched_mlp_fwd(g, kind, pd);
   f8_cache_writes(g, 0, kind);
   act(g, BUF_ACT_MLP_TMP, a.mlp_tmp, 0, 0);
+  /* an offloaded layer's marked tensors leave the GPU once copied to the host (the copies and
+   * their overlap are priced by the simulator, sim/offload.c) */
+  act(g, BUF_ACT_OFF_ATTN, a.off_attn, 0, 0);
+  act(g, BUF_ACT_OFF_MLP, a.off_mlp, 0, 0);
+  if (a.off_attn + a.off_mlp > 0) g->s->offload_bytes = a.off_attn + a.off_mlp;
 }
 
 /* The recompute of a block part (or the whole block) under RECOMPUTE, skipping what the
@@ -611,6 +646,9 @@ void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   const int32_t u0 = g->first_unit[l];
   const int64_t ws = bwd_workspace(&g->sh, kind);
   pair(g, MP_MEM_TEMP, BUF_BWD_WS, ws, 1);
+  /* an offloaded layer's tensors copied back before its backward */
+  act(g, BUF_ACT_OFF_ATTN, a.off_attn, 1, 0);
+  act(g, BUF_ACT_OFF_MLP, a.off_mlp, 1, 0);
   if (a.rc_first) recompute(g, &a, kind, pd, 1);
   else recompute_modules(g, &a, kind, 0, 1, pd);
   part_deps rest = pd ? *pd : (part_deps){0}; /* what the MLP's backward still waits for */
@@ -620,6 +658,7 @@ void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   if (mp_model_layer_has_mlp(m, l))
     mp_sched_mlp_bwd(g, kind, a.rc_first || a.mlp_whole || !pd ? NULL : &rest);
   act(g, BUF_ACT_MLP, a.mlp, 0, a.kept);
+  act(g, BUF_ACT_OFF_MLP, a.off_mlp, 0, 0);
   act(g, BUF_RC_MLP, a.rc_mlp, 0, 0);
   if (nu > 1) {
     mp_sched_free_units(g, l, u0, nu, PART_MOE, PART_EXPERTS);
@@ -632,6 +671,7 @@ void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   else if (mp_model_layer_has_attn(m, l))
     mp_sched_attention_bwd(g, a.rc_first || ac == MP_AC_SELECTIVE ? NULL : pd);
   act(g, BUF_ACT_ATTN, a.attn, 0, a.kept);
+  act(g, BUF_ACT_OFF_ATTN, a.off_attn, 0, 0);
   act(g, BUF_RC_ATTN, a.rc_attn, 0, 0);
   act(g, BUF_ACT_X, a.x, 0, 1);
   if (mp_model_layer_is_mtp(&g->p->model, l)) mp_sched_mtp_in_bwd(g); /* its input side */

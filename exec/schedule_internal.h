@@ -95,6 +95,10 @@ enum {
   BUF_ACT_MTP_IN,  /* an MTP module's input side, saved (schedule_mtp.c) */
   BUF_RC_MTP_IN,   /* ... recomputed under full AC */
   BUF_F8_HELD,     /* Transformer Engine's float8 weight copies (mp_fp8_te_weight_copy_bytes) */
+  BUF_ACT_OFF_ATTN, /* CPU offloading: an offloaded layer's marked tensors of its input and
+                       attention part (schedule_act.c) */
+  BUF_ACT_OFF_MLP,  /* ... of its MLP part */
+  BUF_ACT_OFF_AHEAD, /* ... one layer's, reloaded ahead of its backward (schedule.c) */
 };
 
 enum { PART_ATTN = 0, PART_MOE = 1, PART_EXPERTS = 2, N_PARTS = 3 };

@@ -137,6 +137,7 @@ static mp_status gpu_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, 
   MP_CHECK(mp_check_i64(ctx, origin, "sms", g->sms, 0, 1024));
   MP_CHECK(mp_json_get_int(ctx, j, origin, "nvlink_domain", 0, &g->nvlink_domain));
   MP_CHECK(mp_json_get_f64(ctx, j, origin, "host_launch_scale", 0, &g->host_launch_scale));
+  MP_CHECK(mp_json_get_f64(ctx, j, origin, "host_link_GBps_per_dir", 0, &g->host_link_GBps_per_dir));
   const cJSON *src = cJSON_GetObjectItemCaseSensitive(j, "source");
   if (cJSON_IsString(src)) snprintf(g->source, sizeof g->source, "%s", src->valuestring);
   MP_CHECK(kernel_eff_from_json(ctx, j, origin, g));
@@ -186,6 +187,8 @@ mp_status mp_gpu_validate(mp_ctx *ctx, const mp_gpu *g, const char *origin) {
   MP_CHECK(mp_check_f64(ctx, origin, "hbm_GBps", g->hbm_GBps, 0, MP_LIM_MEM_GBPS, MP_RANGE_OPEN_LO));
   MP_CHECK(mp_check_f64(ctx, origin, "nvlink_GBps_per_dir", g->nvlink_GBps_per_dir, 0,
                         MP_LIM_LINK_GBPS, MP_RANGE_OPEN_LO));
+  MP_CHECK(mp_check_f64(ctx, origin, "host_link_GBps_per_dir", g->host_link_GBps_per_dir, 0, MP_LIM_LINK_GBPS,
+                        MP_RANGE_CLOSED));
   /* the overhead must leave memory to plan with */
   MP_CHECK(mp_check_f64(ctx, origin, "runtime_overhead_gib", g->runtime_overhead_gib, 0, g->mem_gib,
                         MP_RANGE_OPEN_HI));

@@ -63,6 +63,11 @@ typedef struct mp_gpu {
   double mem_gib;
   double hbm_GBps;
   double nvlink_GBps_per_dir;
+  double host_link_GBps_per_dir; /* GB/s one way between the GPU and its host's memory when
+                                    every GPU of the node copies at once (JSON
+                                    "host_link_GBps_per_dir", optional, its source in
+                                    "host_link_source"; 0: not stated): what Megatron-Core's CPU
+                                    offloading copies over (sim/sim.c) */
   double runtime_overhead_gib; /* CUDA context, NCCL buffers, allocator reserve */
   int compute_capability;      /* CUDA's, 90 for sm_90; 0 for the CPU profile and a GPU
                                   without CUDA */

@@ -214,6 +214,9 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
   double steady = 0.0;
   for (int c = 0; c < MP_PP_MAX_VIRTUAL; c++) steady += out->t.f[c] + out->t.b[c];
   if (x.n_micro >= 2 && x.last_micro_s > steady) out->tail_s += x.last_micro_s - steady;
+  MP_CHECK(mp_sim_offload(ctx, s, b.cops, &cfg->cluster->gpu, x.n_micro, &out->r));
+  if (out->r.offload_exposed_s > 0)
+    set_rates(&out->r, &s->plan->mesh, (double)s->tokens_per_step_per_rank, s->model_flops_per_step, cfg->cluster);
   out->alloc_peak = x.peak_tot;
   out->stage = s->pp_stage;
   out->n_micro = x.n_micro;

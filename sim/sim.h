@@ -316,6 +316,8 @@ typedef struct mp_sim_result {
   double bubble_s;          /* pipeline bubble */
   double optimizer_s;
   double comm_s[MP_STREAM_COUNT]; /* busy time per stream */
+  double offload_exposed_s; /* CPU offloading: what its host copies add to the step (in
+                               exposed_comm_s too; sim/offload.c) */
   int64_t peak_mem_bytes;   /* including runtime overhead and fragmentation */
   int64_t mem_at_peak[MP_MEM_COUNT]; /* breakdown at the peak (allocated bytes) */
   int64_t mem_max[MP_MEM_COUNT];     /* each category's own high-water mark over the

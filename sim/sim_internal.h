@@ -45,6 +45,14 @@ typedef struct mp_sim_stage {
 /* The saving of mp_sim_a2a_overlap_save_s (sim.h) for model chunk `chunk` of schedule s
  * from its compiled ops (the compute stream's ops of a middle micro-batch). */
 struct cop;
+/* sim/offload.c: Transformer Engine's layer_window_map[k] for n offloaded groups of `layers`
+ * layers; the exposed time of one micro-batch's copies, each copy_s, beside layer times
+ * t_fwd[l], t_bwd[l]; and the schedule's CPU offloading added to r (n_micro micro-batches). */
+int32_t mp_sim_offload_window(int32_t layers, int32_t n, int32_t k);
+double mp_sim_offload_exposed_s(int32_t layers, int32_t n, double copy_s, const double t_fwd[],
+                                const double t_bwd[]);
+mp_status mp_sim_offload(mp_ctx *ctx, const mp_schedule *s, const struct cop *cops, const mp_gpu *gpu,
+                         int64_t n_micro, mp_sim_result *r);
 double mp_sim_a2a_overlap_chunk_s(const mp_schedule *s, const struct cop *cops, int chunk, double slow);
 
 /* Below, a cfg is one with a workspace (cfg->ws set: the public entry points give a
