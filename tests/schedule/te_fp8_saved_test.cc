@@ -59,6 +59,21 @@ TEST(TeFp8Saved, DenseBlockPerTokenByRecipe) {
   EXPECT_EQ(Saved(Tiny("tiny-dense", "dp_shard=1", 1, MP_FP8_TENSORWISE, 90)), kT * 2152);
 }
 
+// Blockwise scaling needs every local GEMM dim a multiple of 128, which the tiny models miss:
+// Llama 3.1 8B (H 4096, d_ff 14336) at seq 128, tp 1, on Hopper. Each copy a byte an element
+// with an fp32 scale per 1x128 tile of the transpose, [ceil(128 / 128), cols]: qkv's and fc1's
+// inputs 2 x 128 x 4096 = 1,048,576 -> 524,288 + 16,384 (507,904 spared each), fc2's
+// 3,670,016 -> 1,835,008 + 57,344 (1,777,664); proj saves its original input: 2,793,472 a
+// block, 21,824 a token (4096 x 31/32 x 2 + 14336 x 31/32).
+TEST(TeFp8Saved, BlockwiseOnLlama8B) {
+  Opts bf16 = Tiny("llama3.1-8b", "dp_shard=1", 0, MP_FP8_DEFAULT, 90);
+  bf16.seq = 128;
+  Opts f8 = bf16;
+  f8.fp8 = 1;
+  f8.fp8_recipe = MP_FP8_BLOCKWISE;
+  EXPECT_EQ(Saved(bf16) - Saved(f8), 128 * 21824);
+}
+
 // tiny-moe (tiny-dense's attention; 8 experts of 32, top-2, one shared expert of 64, every
 // layer MoE) at tp 1, ep 1: R = 2T = 128 routed rows, 8 local experts of 16 rows each.
 // bf16 per token: the block input 128, attention 548; MLP: norm input 128, rstd 4, the
