@@ -313,16 +313,68 @@ static void offload_act(const gen *g, block_act *a) {
 }
 static void f8_cache_act(const gen *g, int kind, block_act *a);
 
-/* What Transformer Engine's float8 spares of a float8 Linear's saved input of n elements
- * against its bf16 copy: under a per-tensor recipe (delayed, tensorwise) the Linear keeps
- * the float8 copy its weight gradient reads, 1 byte an element, and drops the bf16 one
- * (transformer_engine/pytorch/module/linear.py v2.6: saved_inputmat is the quantized input,
- * its row-wise data discarded; layernorm_linear.py v2.6 likewise saves the quantized ln_out),
- * so n bytes; its one fp32 scale is left out. The block-scaled recipes' copies (mxfp8,
- * blockwise, nvfp4, with their scales) are counted as bf16 here. */
-static int64_t te_f8_spares(const shapes *sh, int module, int64_t n) {
-  const int per_tensor = sh->fp8_recipe == MP_FP8_DELAYED || sh->fp8_recipe == MP_FP8_TENSORWISE;
-  return sh->fp8_te && sh->fp8[module] && per_tensor ? n : 0;
+/* The bytes of the quantized copy of a rows x cols input that a float8 Linear of Transformer
+ * Engine saves for its weight gradient (transformer_engine/pytorch/module/linear.py and
+ * layernorm_linear.py v2.8, grouped_linear.py for one expert: saved_inputmat / ln_out /
+ * inputmats are the quantized input with its row-wise data discarded, update_usage(
+ * rowwise_usage=False), except a per-tensor or NVFP4 input gathered under sequence
+ * parallelism, whose quantizer supports_only_rowwise_all_gather: its row-wise data kept,
+ * `rowwise`). The local shard is saved in either case (ln_out, not ln_out_total, which the
+ * forward clears after its GEMM, with NCCL's all-gather or userbuffers' alike); the backward
+ * gathers it again. By recipe (quantizer.cpp v2.8 get_scale_shape; NVFP4 v2.9):
+ *   delayed, tensorwise  1 byte an element (the transpose on Hopper, the data itself where
+ *                        float8 GEMMs take any layout); its one fp32 scale left out
+ *   mxfp8                1 byte an element and an E8M0 scale per 32 rows, column-wise
+ *                        [roundup(rows / 32, 4), roundup(cols, 128)]
+ *   blockwise            1 byte an element and an fp32 scale per 128 rows (1x128 tiles of
+ *                        the transpose), [ceil(rows / 128), roundup(cols, 4)]
+ *   nvfp4                half a byte an element and an E4M3 scale per 16, column-wise
+ *                        [roundup(cols, 128), roundup(rows / 16, 4)], row-wise
+ *                        [roundup(rows, 128), roundup(cols / 16, 4)]
+ * Other recipes (torchao's rowwise) are not Transformer Engine's: the bf16 copy, 2 bytes. */
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+static int64_t te_q_data(const shapes *sh, int64_t elems) {
+  switch (sh->fp8_recipe) {
+    case MP_FP8_DELAYED:
+    case MP_FP8_TENSORWISE:
+    case MP_FP8_MXFP8:
+    case MP_FP8_BLOCKWISE: return elems;
+    case MP_FP8_NVFP4: return elems / 2;
+    default: return 2 * elems;
+  }
+}
+
+static int64_t te_q_scales(const shapes *sh, int64_t rows, int64_t cols, int rowwise) {
+  switch (sh->fp8_recipe) {
+    case MP_FP8_MXFP8: return round_up(ceil_div(rows, 32), 4) * round_up(cols, 128);
+    case MP_FP8_BLOCKWISE: return 4 * ceil_div(rows, 128) * round_up(cols, 4);
+    case MP_FP8_NVFP4:
+      return rowwise ? round_up(rows, 128) * round_up(ceil_div(cols, 16), 4)
+                     : round_up(cols, 128) * round_up(ceil_div(rows, 16), 4);
+    default: return 0;
+  }
+}
+
+static int64_t te_q_bytes(const shapes *sh, int64_t rows, int64_t cols, int rowwise) {
+  return te_q_data(sh, rows * cols) + te_q_scales(sh, rows, cols, rowwise);
+}
+
+/* What the quantized copy spares against the bf16 input of rows x cols where it replaces it
+ * (the Linear's module runs float8 under Transformer Engine), else 0. */
+static int64_t te_f8_spares(const shapes *sh, int module, int64_t rows, int64_t cols, int rowwise) {
+  return sh->fp8_te && sh->fp8[module] ? 2 * rows * cols - te_q_bytes(sh, rows, cols, rowwise) : 0;
+}
+
+/* The attention projection's quantized copy of the attention output, saved beside the bf16
+ * output the fused attention keeps for its own backward: Megatron-Core sets the projection
+ * to save its original input (set_save_original_input, attention.py at core_v0.14.0 and
+ * core_v0.15.0) under config.fp8 with any recipe but delayed, Transformer Engine 2.6 or
+ * later; delayed scaling, and NVFP4 (config.fp4, not fp8), keep the quantized copy. */
+static int64_t te_proj_copy(const shapes *sh) {
+  const int keeps = sh->fp8_recipe == MP_FP8_DELAYED || sh->fp8_recipe == MP_FP8_NVFP4;
+  return sh->fp8_te && sh->fp8[MP_MOD_O] && keeps ? te_q_bytes(sh, sh->tokens, sh->attn_out, 0) : 0;
 }
 
 /* A hybrid model's layer (exec/model.h) has one part: a Mamba-2 mixer, whose saved tensors
@@ -332,39 +384,116 @@ static int64_t te_f8_spares(const shapes *sh, int module, int64_t n) {
  * at core_v0.14.0, TELayerNormColumnParallelLinear and TERowParallelLinear) each float8
  * Linear's saved input is its float8 copy (te_f8_spares):
  *   Mamba      in_proj's normed input `in` and out_proj's input, the gated norm's output
- *              (the norm saves its own input), T di/tp bytes
- *   attention  q/k/v's normed input; the projection's float8 copy of the attention output
- *              is saved beside the bf16 one the flash attention keeps for its backward, so
- *              T q bytes more
+ *              (the norm saves its own input), T di/tp elements
+ *   attention  q/k/v's normed input; the projection's quantized copy of the attention
+ *              output beside the bf16 one the flash attention keeps (te_proj_copy)
  *   MLP        fc1's normed input; fc2's input, the square of squared ReLU (torch.pow saves
- *              its input, relu's output, which relu saves too), T f bytes
+ *              its input, relu's output, which relu saves too), T f elements
  * AC none or full only (pass_ac.c refuses the others). */
 static void hybrid_act(const gen *g, mp_ac_mode ac, block_act *a) {
   const mp_model *m = &g->p->model;
   const shapes *sh = &g->sh;
   int64_t A = a->attn + a->attn_tmp, M = a->mlp + a->mlp_tmp;
   const int64_t T = sh->tokens;
-  const int64_t in = g->ms->saved == SAVED_KORTHIKANTI && sh->sp ? 2 * sh->tokens_sp * sh->d_model
-                                                                : 2 * sh->tokens * sh->d_model;
+  const int64_t rows = g->ms->saved == SAVED_KORTHIKANTI && sh->sp ? sh->tokens_sp : T;
+  const int64_t in = 2 * rows * sh->d_model;
   if (mp_model_layer_has_mamba(m, g->layer)) {
-    const int64_t out_in = 2 * T * sh->mb_inner - te_f8_spares(sh, MP_MOD_MAMBA_OUT, T * sh->mb_inner);
-    A = mp_sched_mamba_saved(sh, stat_bytes(sh) * sh->tokens_sp, in - te_f8_spares(sh, MP_MOD_MAMBA_IN, in / 2),
-                             out_in);
+    const int64_t out_in = 2 * T * sh->mb_inner - te_f8_spares(sh, MP_MOD_MAMBA_OUT, T, sh->mb_inner, 0);
+    A = mp_sched_mamba_saved(sh, stat_bytes(sh) * sh->tokens_sp,
+                             in - te_f8_spares(sh, MP_MOD_MAMBA_IN, rows, sh->d_model, sh->sp), out_in);
     M = 0;
   } else if (mp_model_layer_has_attn(m, g->layer)) {
-    A -= te_f8_spares(sh, MP_MOD_Q, in / 2);
-    if (te_f8_spares(sh, MP_MOD_O, 1)) A += T * sh->attn_out;
+    A += te_proj_copy(sh) - te_f8_spares(sh, MP_MOD_Q, rows, sh->d_model, sh->sp);
     M = 0;
   } else {
     A = 0;
-    M -= 2 * sh->tokens_sp * sh->d_model + te_f8_spares(sh, MP_MOD_UP, in / 2) +
-         te_f8_spares(sh, MP_MOD_DOWN, T * sh->d_ff);
+    M -= 2 * sh->tokens_sp * sh->d_model + te_f8_spares(sh, MP_MOD_UP, rows, sh->d_model, sh->sp) +
+         te_f8_spares(sh, MP_MOD_DOWN, T, sh->d_ff, 0);
   }
   const int full = ac == MP_AC_FULL;
   a->attn = full ? 0 : A;
   a->mlp = full ? 0 : M;
   a->attn_tmp = a->rc_attn = full ? A : 0;
   a->mlp_tmp = a->rc_mlp = full ? M : 0;
+}
+
+/* What Transformer Engine's float8 Linears of a dense or MoE block spare of its saved
+ * tensors under the megatron model (Megatron-Core's TE layers: TELayerNormColumnParallelLinear
+ * for qkv and fc1, TERowParallelLinear for proj and fc2, TEColumnParallelLinear and
+ * TERowParallelLinear for the shared experts, TEGroupedLinear for the routed experts,
+ * gpt_layer_specs.py and moe/experts.py at core_v0.14.0), each float8 Linear's saved input
+ * being its quantized copy (te_q_bytes) in place of the bf16 one the list counts:
+ *   qkv, fc1     their normed input `in` ([Ts, H] under SP: the local shard), unless the
+ *                layernorm module dropped it (a recompute-module input saves its original:
+ *                set_save_original_input, transformer_layer.py)
+ *   proj         the attention output's quantized copy beside the bf16 one (te_proj_copy);
+ *                under selective-core (the core's checkpoint keeps no output) and beside a
+ *                materialized core (which saves its softmax and v, not its output) the copy
+ *                replaces the bf16 2Tq
+ *   fc2          its input, the activation's output [T, f]
+ *   routed       fc1's dispatched rows [R, H] and fc2's input [R, f_e] (the slowest EP rank's,
+ *                received), the scales per local expert (split_quantize quantizes each with its
+ *                own quantizer); fc2's not under moe_act, whose fc2 saves the original input
+ *                the recompute drops (experts.py set_save_original_input)
+ *   shared       fc1's quantized copy of the normed h beside the bf16 one the router keeps
+ *                (the router stays bf16), but under layernorm (moe_layer.py
+ *                set_for_recompute_pre_mlp_layernorm); fc2's input [T, f_s]; neither under
+ *                shared_experts
+ * A part checkpointed whole (full AC, mlp or moe) re-runs these Linears in its recompute: the
+ * same spares come off what the recompute allocates (`whole` 1 under full AC, 2 under mlp or
+ * moe, whose checkpoint keeps the part's bf16 input; 0 for the part's own forward). MLA's
+ * attention keeps its bf16 list. */
+static int64_t te_f8_mlp(const shapes *sh, uint32_t rc, int kind, int64_t rows_in, int whole) {
+  const int64_t T = sh->tokens, H = sh->d_model;
+  const int ln = whole != 1 && (rc & (1u << MP_RC_LAYERNORM));
+  if (kind == KIND_DENSE) {
+    const int up = sh->fp8_te && sh->fp8[MP_MOD_UP] && (!sh->gated || sh->fp8[MP_MOD_GATE]);
+    /* under mlp the checkpoint keeps fc1's bf16 input and the recompute's fc1 its copy */
+    const int64_t fc1 = whole == 2 ? -te_q_bytes(sh, rows_in, H, sh->sp)
+                                   : te_f8_spares(sh, MP_MOD_UP, rows_in, H, sh->sp);
+    return (up && !ln ? fc1 : 0) + te_f8_spares(sh, MP_MOD_DOWN, T, sh->d_ff, 0);
+  }
+  /* the routed experts: each local expert's rows quantized apart, R / n of the R received */
+  const int64_t n = sh->experts_local > 0 ? sh->experts_local : 1;
+  const int64_t R = received(sh, sh->moe_tokens * sh->top_k), Re = ceil_div(R, n), fe = sh->d_ff_expert;
+  int64_t d = 0;
+  if (sh->fp8_te && sh->fp8[MP_MOD_EXPERTS_GATE] && sh->fp8[MP_MOD_EXPERTS_UP])
+    d += 2 * R * H - te_q_data(sh, R * H) - n * te_q_scales(sh, Re, H, 0);
+  if (sh->fp8_te && sh->fp8[MP_MOD_EXPERTS_DOWN] && (whole || !(rc & (1u << MP_RC_MOE_ACT))))
+    d += 2 * R * fe - te_q_data(sh, R * fe) - n * te_q_scales(sh, Re, fe, 0);
+  if (!sh->has_shared || (!whole && (rc & (1u << MP_RC_SHARED_EXPERTS)))) return d;
+  if (!ln && sh->fp8_te && sh->fp8[MP_MOD_SHARED_UP] && sh->fp8[MP_MOD_SHARED_GATE])
+    d -= te_q_bytes(sh, sh->sp ? sh->tokens_sp : T, H, sh->sp);
+  return d + te_f8_spares(sh, MP_MOD_SHARED_DOWN, T, sh->d_ff_shared, 0);
+}
+
+/* The spares off a dense or MoE block's parts (te_f8_mlp's list); the whole list under full
+ * AC, off what its recompute allocates, and the recompute's own list under mlp or moe. */
+static void te_f8_act(const gen *g, int kind, mp_ac_mode ac, int materialized, block_act *a) {
+  const shapes *sh = &g->sh;
+  const uint32_t rc = g->p->opts.recompute_modules;
+  const int64_t rows_in = sh->sp ? sh->tokens_sp : sh->tokens;
+  const int full = ac == MP_AC_FULL;
+  int64_t da = 0;
+  if (!sh->mla) {
+    const int qkv = sh->fp8[MP_MOD_Q] && sh->fp8[MP_MOD_K] && sh->fp8[MP_MOD_V];
+    if (qkv && (full || !(rc & (1u << MP_RC_LAYERNORM))))
+      da += te_f8_spares(sh, MP_MOD_Q, rows_in, sh->d_model, sh->sp);
+    const int64_t copy = te_proj_copy(sh);
+    const int core_keeps_out = ac != MP_AC_SELECTIVE_CORE && !materialized;
+    da += copy && !core_keeps_out ? 2 * sh->tokens * sh->attn_out - copy : -copy;
+  }
+  if (full) {
+    a->attn_tmp -= da;
+    a->rc_attn -= da;
+    const int64_t dm = te_f8_mlp(sh, rc, kind, rows_in, 1);
+    a->mlp_tmp -= dm;
+    a->rc_mlp -= dm;
+    return;
+  }
+  a->attn -= da;
+  if (a->mlp_whole) a->rc_mlp -= te_f8_mlp(sh, rc, kind, rows_in, 2);
+  else a->mlp -= te_f8_mlp(sh, rc, kind, rows_in, 0);
 }
 
 /* The block's saved tensors under the plan's memory model, the layer's policy and the
@@ -381,6 +510,8 @@ static void block_act_of(const gen *g, int kind, mp_ac_mode ac, block_act *a) {
   else block_act_tt(&g->sh, kind, ac, a);
   if (g->sh.hybrid) hybrid_act(g, ac, a);
   if (g->p->opts.recompute_modules) modules_act(g, kind, a);
+  if (g->sh.fp8_te && !g->sh.hybrid && !g->p->opts.fp8_act_cache)
+    te_f8_act(g, kind, ac, g->p->opts.attn == MP_ATTN_MATERIALIZED && g->sh.cp == 1, a);
   if (g->p->opts.fp8_act_cache) f8_cache_act(g, kind, a);
   offload_act(g, a);
 }
