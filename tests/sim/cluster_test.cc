@@ -149,10 +149,12 @@ static mp_gpu LoadGpu(const char *name) {
 // The SM counts the collectives' SM contention divides (sim/engine.c): the H100 SXM5's 132
 // of the GH100's 144 (NVIDIA H100 architecture whitepaper); the B200's two dies of 80 SMs
 // with 74 enabled on each, 2 x 74 = 148 (Chips and Cheese, "Nvidia's B200: Keeping the CUDA
-// Juggernaut Rolling", 2025). The GB200 profile cites no count for its part and states none,
-// so no contention is priced on it.
+// Juggernaut Rolling", 2025); the GB300's 160 (NVIDIA Technical Blog, Inside NVIDIA Blackwell
+// Ultra, 2025: 160 SMs across its two dies). The GB200 profile cites no count for its part
+// and states none, so no contention is priced on it.
 TEST(Cluster, SmCountsFromTheirSources) {
-  struct { const char *gpu; int sms; } want[] = {{"h100-sxm", 132}, {"b200", 2 * 74}, {"gb200", 0}};
+  struct { const char *gpu; int sms; } want[] = {
+      {"h100-sxm", 132}, {"b200", 2 * 74}, {"gb200", 0}, {"gb300", 160}};
   for (auto &w : want) {
     SCOPED_TRACE(w.gpu);
     EXPECT_EQ(LoadGpu(w.gpu).sms, w.sms);

@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "exec/schedule.h"
+#include "sim/cluster.h"
 #include "sim/sim.h"
 extern "C" {
 #include "sim/sim_internal.h"  // mp_sim_pipeline_ws: a workspace kept across timelines
+#include "sim/stack.h"
 #include "sim/workspace.h"
 }
 
@@ -226,6 +228,39 @@ TEST(A2aOverlap, FourPhasesOfALayerPair) {
   // no all-to-all in one direction (a dense chunk): nothing to pair
   const double one[] = {7};
   EXPECT_DOUBLE_EQ(mp_sim_a2a_overlap_save_s(one, fa, 0, bc, ba, 2, 1.0), 0.0);
+}
+
+// HybridEP beside the EP overlap on the GB300 (sim/sim.c a2a_overlap): its dispatch and combine
+// kernels hold the megatron-core profile's hybridep_sms, 32, of Blackwell Ultra's 160 SMs
+// (data/gpus/gb300.json), so the paired compute takes 160 / 128 = 1.25x as long. One MoE layer
+// each way in the proportions of Qwen3-235B-A22B on 64 GB300s at EP 64 (qwen235_gb300_mx_tps,
+// ms a layer, rounded), every all-to-all 0.4:
+//   MXFP8: forward attention 0.9, experts 0.7; backward experts 1.3, attention 1.6.
+//     Serial 4.5 + 1.6 = 6.1; combined max(1.125, .4) + max(1.625, .4) + max(.875, .4)
+//     + max(2.0, .4) = 5.625: 0.475 saved. At full speed (no SMs held) 4.5: 1.6 saved.
+//   bf16: 1.1, 1.0; 2.0, 2.0. Serial 6.1 + 1.6 = 7.7; combined 1.375 + 2.5 + 1.25 + 2.5
+//     = 7.625: 0.075 saved, the SMs' toll (0.25 x 6.1) nearly all the 1.6 hidden.
+// So the overlap's saving and float8's shorter compute do not add as at full speed: the
+// saving is the hidden all-to-alls less a quarter of the compute beside them.
+TEST(A2aOverlap, HybridEpSmsTollOnTheGb300) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_gpu g;
+  mp_stack_profile prof;
+  memset(&g, 0, sizeof g);
+  ASSERT_EQ(mp_gpu_load(&ctx, "gb300", &g), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_stack_load(&ctx, "megatron-core", &prof), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(g.sms, 160);
+  ASSERT_EQ(prof.hybridep_sms, 32);
+  const double slow = (double)g.sms / (double)(g.sms - prof.hybridep_sms);
+  EXPECT_DOUBLE_EQ(slow, 1.25);
+  const double fa[] = {0.4, 0.4}, ba[] = {0.4, 0.4};
+  const double fc8[] = {0.9, 0.7, 0.0}, bc8[] = {0.0, 1.3, 1.6};
+  const double fc16[] = {1.1, 1.0, 0.0}, bc16[] = {0.0, 2.0, 2.0};
+  EXPECT_NEAR(mp_sim_a2a_overlap_save_s(fc8, fa, 2, bc8, ba, 2, 1.0), 1.6, 1e-12);
+  EXPECT_NEAR(mp_sim_a2a_overlap_save_s(fc8, fa, 2, bc8, ba, 2, slow), 0.475, 1e-12);
+  EXPECT_NEAR(mp_sim_a2a_overlap_save_s(fc16, fa, 2, bc16, ba, 2, 1.0), 1.6, 1e-12);
+  EXPECT_NEAR(mp_sim_a2a_overlap_save_s(fc16, fa, 2, bc16, ba, 2, slow), 0.075, 1e-12);
 }
 
 TEST(PipelineTimeline, CombinedStepsPaceTheSteadyState) {
