@@ -4,8 +4,11 @@
  *
  * Periodicity (the planner's hot path). A segment repeated R > 4 times is simulated rep by
  * rep until two consecutive repetitions advance every stream by the same amount (steady
- * state of the max-plus recurrence); the repetitions up to the last are then skipped by
- * shifting stream times, accumulators and the segment's op end times by k x that advance,
+ * state of the max-plus recurrence) and no collective holding SMs from earlier work is
+ * still in flight on a stream the repetition leaves behind (sm_settled: the repetitions
+ * it slows advance alike, the one after it faster); the repetitions up to the last are
+ * then skipped by shifting stream times, accumulators and the segment's op end times by
+ * k x that advance (the compute stream's last start after a wait only where they waited),
  * and the memory levels by k x the net change per repetition (the in-repetition peak is
  * linear in the repetition index, so its maximum is at the first or the last skipped one).
  * The last repetition is simulated again so the next segment sees exact end times.
@@ -475,6 +478,31 @@ static int same_advance(const accum *d1, const accum *d2) {
          close_enough(d1->opt, d2->opt);
 }
 
+/* Whether the SM contention the next window meets repeats with the window just run (d:
+ * its advance): every collective still in flight past the compute stream's time lies on a
+ * stream that advanced as the compute stream did, so it sits where the window's own
+ * collectives sat one window earlier. A collective of an earlier phase on a stream this
+ * window leaves idle (a backward's reduce-scatter under the next micro-batch's forward)
+ * keeps its end: the windows it slows until the compute stream passes it advance alike
+ * but are no steady state, and the window after it advances less. */
+static int sm_settled(sim *x, const accum *d) {
+  const double fc = x->a.free_t[MP_STREAM_COMPUTE];
+  for (int s = 0; s < MP_STREAM_COUNT; s++) {
+    const sm_queue *q = &x->smq[s];
+    if (s == MP_STREAM_COMPUTE || q->n == 0 || close_enough(d->free_t[s], d->free_t[MP_STREAM_COMPUTE]))
+      continue;
+    for (int j = 0; j < q->n; j++)
+      if (q->iv[(q->head + j) % MP_SIM_SM_QUEUE].end_s > fc) return 0;
+  }
+  return 1;
+}
+
+/* Whether the window just run (advance d) repeats the one before it (advance prev): the
+ * same advance of every stream and accumulator, and the same SM contention ahead. */
+static int steady(sim *x, const accum *d, const accum *prev) {
+  return same_advance(d, prev) && sm_settled(x, d);
+}
+
 /* Skips k windows that each advance time by d: shifts the state and the end times of
  * the ops in [first, first + n) that keep one (the others are never read). */
 static void skip_time(sim *x, int64_t k, const accum *d, int32_t first, int32_t n) {
@@ -487,7 +515,9 @@ static void skip_time(sim *x, int64_t k, const accum *d, int32_t first, int32_t 
   x->a.compute += kk * d->compute;
   x->a.opt += kk * d->opt;
   x->a.wait += kk * d->wait;
-  x->busy_since += kk * d->free_t[MP_STREAM_COMPUTE];
+  /* the compute stream's last wait moves with it only where the window waited (a wait
+   * sets it); a window without one leaves it where it was */
+  if (d->wait > 0.0) x->busy_since += kk * d->free_t[MP_STREAM_COMPUTE];
   /* the collectives in flight move with their streams, as their ops' end times do */
   for (int s = 0; s < MP_STREAM_COUNT; s++)
     for (int j = 0; j < x->smq[s].n; j++) {
@@ -540,7 +570,7 @@ static void run_segment(sim *x, const mp_segment *g, int32_t micro) {
     trk_start(x, &x->rep_trk);
     run_rep(x, g, r, micro);
     accum_sub(&x->a, &before, &delta);
-    if (have_prev && r < R - 2 && same_advance(&delta, &prev)) {
+    if (have_prev && r < R - 2 && steady(x, &delta, &prev)) {
       int32_t k = R - 2 - r; /* repetitions r+1 .. R-2; R-1 is simulated */
       skip_time(x, k, &delta, g->first_op, g->n_ops);
       skip_mem(x, k, &x->rep_trk);
@@ -689,7 +719,7 @@ void mp_sim_run_step(sim *x) {
     trk_start(x, &x->micro_trk);
     run_micro(x, (int32_t)m);
     accum_sub(&x->a, &before, &delta);
-    if (x->extrapolate && have_prev && m < n - 2 && same_advance(&delta, &prev)) {
+    if (x->extrapolate && have_prev && m < n - 2 && steady(x, &delta, &prev)) {
       int64_t k = n - 2 - m;
       if (last_micro_op > first_micro_op)
         skip_time(x, k, &delta, first_micro_op, last_micro_op - first_micro_op);
