@@ -341,8 +341,7 @@ typedef struct mp_moe_routing {
   double imbalance;
   double capacity_factor;
   int pad_to_capacity;
-  double rank_capacity; /* C_r > 0: --moe-expert-rank-capacity-factor, HybridEP's static budget of
-                           C_r x tokens x top_k rows a rank (exec/schedule_prep.c); 0: none */
+  double rank_capacity; /* --moe-expert-rank-capacity-factor (HybridEP, schedule_prep.c); 0: none */
 } mp_moe_routing;
 
 /* Whose memory the schedule's ALLOC/FREE events describe: a property of the runtime that
