@@ -249,7 +249,9 @@ static void block_act_tt(const shapes *sh, int kind, mp_ac_mode ac, block_act *a
  * default: --no-bias-swiglu-fusion) saves only its input, fc1's output [T, 2f], and fc2
  * (TERowParallelLinear) its input [T, f]: 3 x 2Tf. GeLU's bias_gelu_impl saves fc1's output
  * and fc2 its input, the same 2 x 2Tf. q, k, v, the output and the softmax statistics of TE's
- * fused attention, the norms' inputs and statistics (the norms fused into linear_qkv and
+ * fused attention (v a contiguous copy beside the RoPE'd q and k, whose layout get_qkv_layout
+ * finds not_supported, dot_product_attention/utils.py at TE v2.8; without RoPE views of
+ * linear_qkv's output, the same bytes), the norms' inputs and statistics (the norms fused into linear_qkv and
  * linear_fc1, TELayerNormColumnParallelLinear, which saves the norm's input, ln_out, mu and
  * rsigma) and the GPT masks (--hidden-dropout 0.1 by default; with 0 torch's dropout returns
  * its input and saves nothing, the Llama-family count) are the list's.
