@@ -816,7 +816,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->mem_model != b->mem_model || opts->attn != b->attn || opts->loss != b->loss ||
       dp_of(opts, &base->mesh) != b->dp || memcmp(&opts->ddp, &b->ddp, sizeof opts->ddp) != 0 ||
       opts->cp_rotate != b->cp_rotate || opts->cp_comm != b->cp_comm || opts->cp_wait_at_issue != b->cp_wait_at_issue ||
-      opts->tp_comm_fused != b->tp_comm_fused || opts->moe_a2a_overlap != b->moe_a2a_overlap ||
+      opts->tp_comm_fused != b->tp_comm_fused || opts->te_spec != b->te_spec || opts->moe_a2a_overlap != b->moe_a2a_overlap ||
       opts->moe_fp8_dispatch != b->moe_fp8_dispatch || opts->recompute_modules != b->recompute_modules ||
       opts->moe_dispatcher != b->moe_dispatcher || opts->fp8_act_cache != b->fp8_act_cache ||
       opts->moment_dtype != b->moment_dtype || opts->mfsdp_strategy != b->mfsdp_strategy ||

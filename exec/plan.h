@@ -517,13 +517,12 @@ typedef struct mp_plan_options {
                              PyTorch's AsyncCollectiveTensor, Transformer Engine's streams).
                              Set from the stack (key "cp_overlap" false); the torchtitan memory
                              model only */
-  int tp_comm_fused;     /* with tp > 1 and SP: the all-gathers into the column-parallel
-                            Linears and the reduce-scatters out of the row-parallel ones run in
-                            tp chunks beside those GEMMs (exec/schedule_ops.c): torchtitan's
-                            AsyncTP (experimental.enable_async_tensor_parallel, torch.compile's
-                            micro-pipelined TP) and Megatron-Core's --tp-comm-overlap
-                            (Transformer Engine's userbuffers, which pipeline the same pairs).
-                            0: off (default); not under the runtimes' memory models */
+  int te_spec;           /* megatron model: Megatron-Core's TE layer spec (stack "te_layer_spec"; schedule_act.c) */
+  int tp_comm_fused;     /* with tp > 1 and SP: the all-gathers into the column-parallel Linears and the reduce-scatters out
+                            of the row-parallel ones run in tp chunks beside those GEMMs (exec/schedule_ops.c): torchtitan's
+                            AsyncTP (experimental.enable_async_tensor_parallel, torch.compile's micro-pipelined TP) and
+                            Megatron-Core's --tp-comm-overlap (Transformer Engine's userbuffers, which pipeline the same
+                            pairs). 0: off (default); not under the runtimes' memory models */
   mp_moe_dispatcher moe_dispatcher; /* default ALLTOALL; DEEPEP, HYBRIDEP: the megatron
                                        memory model with ep > 1 */
   int moe_a2a_overlap;   /* Megatron-Core's --overlap-moe-expert-parallel-comm: in the

@@ -244,6 +244,17 @@ static void block_act_tt(const shapes *sh, int kind, mp_ac_mode ac, block_act *a
  *   MLP input                  2TsH under SP, else 2TH
  *   GeLU input, output         2 x 2Tf (SwiGLU: gate, up, silu, product 4 x 2Tf)
  *   hidden dropout mask (GPT)  Ts H
+ * Megatron-Core's Transformer Engine spec (shapes te_spec) fuses the SwiGLU: bias_swiglu_impl
+ * (megatron/core/fusions/fused_bias_swiglu.py, core_v0.14.0; bias_activation_fusion, on by
+ * default: --no-bias-swiglu-fusion) saves only its input, fc1's output [T, 2f], and fc2
+ * (TERowParallelLinear) its input [T, f]: 3 x 2Tf. GeLU's bias_gelu_impl saves fc1's output
+ * and fc2 its input, the same 2 x 2Tf. q, k, v, the output and the softmax statistics of TE's
+ * fused attention (v a contiguous copy beside the RoPE'd q and k, whose layout get_qkv_layout
+ * finds not_supported, dot_product_attention/utils.py at TE v2.8; without RoPE views of
+ * linear_qkv's output, the same bytes), the norms' inputs and statistics (the norms fused into linear_qkv and
+ * linear_fc1, TELayerNormColumnParallelLinear, which saves the norm's input, ln_out, mu and
+ * rsigma) and the GPT masks (--hidden-dropout 0.1 by default; with 0 torch's dropout returns
+ * its input and saves nothing, the Llama-family count) are the list's.
  * For GPT (f = 4H, LayerNorm statistics aside) the sum is sbh(10 + 24/t + 5as/(ht))
  * without SP and sbh(34/t + 5as/(ht)) with it, Korthikanti et al.'s Table 2 (tested).
  * selective-core drops the core attention's scores (recomputed from the saved Q, K, V
@@ -267,7 +278,7 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
     A = mp_sched_mla_attn_saved(sh, in) - 4 * T * sh->heads + core;
   int64_t M;
   if (kind == KIND_DENSE)
-    M = 2 * Ts * H + st * Ts + in + (sh->gated ? 4 : 2) * 2 * T * sh->d_ff + drop * Ts * H;
+    M = 2 * Ts * H + st * Ts + in + (sh->gated ? (sh->te_spec ? 3 : 4) : 2) * 2 * T * sh->d_ff + drop * Ts * H;
   else
     M = mlp_all(sh, kind) - 2 * sh->moe_tokens * sh->top_k * H; /* no combine input (above) */
   a->x = 2 * Ts * H;
@@ -287,6 +298,19 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
 
 static void modules_act(const gen *g, int kind, block_act *a);
 
+/* Whether the layernorm recompute module drops a part's normed input (attn: the attention's,
+ * else the MLP's of a `kind` block). Megatron-Core recomputes only a norm that is a module of
+ * its own (transformer_layer.py at core_v0.14.0: recompute_input_layernorm and
+ * recompute_pre_mlp_layernorm are set only where the norm is not an IdentityOp); under its TE
+ * spec (gpt_layer_specs.py get_gpt_layer_with_transformer_engine_spec, mamba_layer_specs.py)
+ * input_layernorm is an IdentityOp but for MLA and pre_mlp_layernorm but for MoE layers, the
+ * norm fused into TELayerNormColumnParallelLinear (linear_qkv, linear_fc1), which saves its
+ * normed output whatever the module list. */
+static int ln_drops(const shapes *sh, uint32_t rc, int attn, int kind) {
+  if (!(rc & (1u << MP_RC_LAYERNORM))) return 0;
+  return !sh->te_spec || (attn ? sh->mla : kind != KIND_DENSE);
+}
+
 /* Megatron-Core's CPU offloading (--cpu-offloading-num-layers N, the first N layers): the
  * layer runs under Transformer Engine's offload context (transformer_block.py, core_v0.14.0,
  * get_cpu_offload_context), whose saved-tensor hook copies to the host the tensors TE's
@@ -296,7 +320,8 @@ static void modules_act(const gen *g, int kind, block_act *a);
  * inputs and statistics, Linear's input (proj's: the attention output; fc2's: the activation
  * output). What Megatron's own functions save stays on the GPU: the activation function's
  * input (bias_swiglu / bias_gelu save fc1's output) and what the SwiGLU count adds (of the
- * gated 4 x 2Tf, all but fc2's input 2Tf), and the two dropout masks of a GPT block (the
+ * gated 4 x 2Tf, all but fc2's input 2Tf; under the TE spec the count is 3 x 2Tf, of which fc1's
+ * output 2 x 2Tf stays), and the two dropout masks of a GPT block (the
  * bias-dropout-add's, Ts H each). Weights are never offloaded (offload_weights has had no
  * effect since v2.5: 'Offloading weights is deprecated'). Under the megatron memory model only
  * (mp_rule_cpu_offload_check keeps it to dense layers). */
@@ -304,7 +329,7 @@ static void offload_act(const gen *g, block_act *a) {
   if (g->ms->saved != SAVED_KORTHIKANTI || g->layer < 0 || g->layer >= g->p->opts.cpu_offload_layers) return;
   const shapes *sh = &g->sh;
   const int64_t mask = sh->gpt * sh->tokens_sp * sh->d_model;
-  const int64_t act_in = (sh->gated ? 3 : 1) * 2 * sh->tokens * sh->d_ff;
+  const int64_t act_in = (sh->gated ? (sh->te_spec ? 2 : 3) : 1) * 2 * sh->tokens * sh->d_ff;
   a->off_attn = a->x + a->attn - mask;
   a->off_mlp = a->mlp - mask - act_in;
   a->x = 0;
@@ -445,11 +470,13 @@ static void hybrid_act(const gen *g, mp_ac_mode ac, block_act *a) {
  * attention keeps its bf16 list. */
 static int64_t te_f8_mlp(const shapes *sh, uint32_t rc, int kind, int64_t rows_in, int whole) {
   const int64_t T = sh->tokens, H = sh->d_model;
-  const int ln = whole != 1 && (rc & (1u << MP_RC_LAYERNORM));
+  const int ln = whole != 1 && ln_drops(sh, rc, 0, kind);
   if (kind == KIND_DENSE) {
     const int up = sh->fp8_te && sh->fp8[MP_MOD_UP] && (!sh->gated || sh->fp8[MP_MOD_GATE]);
-    /* under mlp the checkpoint keeps fc1's bf16 input and the recompute's fc1 its copy */
-    const int64_t fc1 = whole == 2 ? -te_q_bytes(sh, rows_in, H, sh->sp)
+    /* under mlp the checkpoint keeps fc1's bf16 input and the recompute's fc1 its copy; under
+     * the TE spec the checkpoint's input is the un-normed residual and the recompute's fc1 saves
+     * its copy of the normed input in place of the bf16 one (modules_act) */
+    const int64_t fc1 = whole == 2 && !sh->te_spec ? -te_q_bytes(sh, rows_in, H, sh->sp)
                                    : te_f8_spares(sh, MP_MOD_UP, rows_in, H, sh->sp);
     return (up && !ln ? fc1 : 0) + te_f8_spares(sh, MP_MOD_DOWN, T, sh->d_ff, 0);
   }
@@ -477,7 +504,7 @@ static void te_f8_act(const gen *g, int kind, mp_ac_mode ac, int materialized, b
   int64_t da = 0;
   if (!sh->mla) {
     const int qkv = sh->fp8[MP_MOD_Q] && sh->fp8[MP_MOD_K] && sh->fp8[MP_MOD_V];
-    if (qkv && (full || !(rc & (1u << MP_RC_LAYERNORM))))
+    if (qkv && (full || !ln_drops(sh, rc, 1, kind)))
       da += te_f8_spares(sh, MP_MOD_Q, rows_in, sh->d_model, sh->sp);
     const int64_t copy = te_proj_copy(sh);
     const int core_keeps_out = ac != MP_AC_SELECTIVE_CORE && !materialized;
@@ -553,14 +580,15 @@ static void modules_act(const gen *g, int kind, block_act *a) {
   const int64_t in = mg && sh->sp ? 2 * sh->tokens_sp * H : 2 * T * H;
   a->mlp_whole = (kind == KIND_DENSE && (rc & (1u << MP_RC_MLP))) || (kind == KIND_MOE && (rc & (1u << MP_RC_MOE)));
   int64_t da = 0, dm = 0;
-  if (rc & (1u << MP_RC_LAYERNORM)) {
-    da += in;
-    dm += kind == KIND_DENSE || a->mlp_whole ? in : 2 * T * H;
-  }
+  if (ln_drops(sh, rc, 1, kind)) da += in;
+  if (ln_drops(sh, rc, 0, kind)) dm += kind == KIND_DENSE || a->mlp_whole ? in : 2 * T * H;
   if ((rc & (1u << MP_RC_MLA_UP_PROJ)) && sh->mla) da += mp_sched_mla_up_saved(sh);
   if (a->mlp_whole) {
     const int64_t drop = mg && kind == KIND_DENSE ? sh->gpt * sh->tokens_sp * H : 0;
-    dm += a->mlp - (2 * sh->tokens_sp * H + stat_bytes(sh) * sh->tokens_sp) - in - drop;
+    /* under the TE spec a dense MLP's checkpoint input is the residual itself (its norm is
+     * fc1's, inside the checkpoint: its statistics and normed output dropped too) */
+    const int fused = sh->te_spec && kind == KIND_DENSE;
+    dm += a->mlp - 2 * sh->tokens_sp * H - drop - (fused ? 0 : stat_bytes(sh) * sh->tokens_sp + in);
   } else if (kind == KIND_MOE) {
     if (rc & (1u << MP_RC_MOE_ACT)) dm += 2 * 2 * T * sh->top_k * sh->d_ff_expert;
     if (rc & (1u << MP_RC_SHARED_EXPERTS)) dm += 4 * 2 * T * sh->d_ff_shared;
@@ -591,7 +619,7 @@ static int64_t f8_cache_attn(const shapes *sh, uint32_t rc, int64_t in_elems) {
   int64_t d = sh->fp8[MP_MOD_O] ? e5m6_saves(T * sh->attn_out) : 0;
   const int in_f8 = sh->mla ? sh->fp8[sh->q_lora > 0 ? MP_MOD_Q_A : MP_MOD_Q] && sh->fp8[MP_MOD_KV_A]
                             : sh->fp8[MP_MOD_Q] && sh->fp8[MP_MOD_K] && sh->fp8[MP_MOD_V];
-  if (!(rc & (1u << MP_RC_LAYERNORM)) && in_f8) d += e4m3_saves(in_elems);
+  if (!ln_drops(sh, rc, 1, KIND_DENSE) && in_f8) d += e4m3_saves(in_elems);
   if (sh->mla && !(rc & (1u << MP_RC_MLA_UP_PROJ))) {
     if (sh->q_lora > 0 && sh->fp8[MP_MOD_Q_B]) d += e4m3_saves(T * sh->q_lora);
     if (sh->fp8[MP_MOD_KV_B]) d += e4m3_saves(T * sh->kv_lora);
@@ -609,7 +637,7 @@ static int64_t f8_cache_mlp(const shapes *sh, uint32_t rc, int kind, int64_t in_
   if (kind == KIND_DENSE) {
     int64_t d = sh->fp8[MP_MOD_DOWN] ? e4m3_saves(T * sh->d_ff) : 0;
     const int in_f8 = sh->fp8[MP_MOD_UP] && (!sh->gated || sh->fp8[MP_MOD_GATE]);
-    if (!(rc & (1u << MP_RC_LAYERNORM)) && in_f8) d += e4m3_saves(in_elems);
+    if (!ln_drops(sh, rc, 0, KIND_DENSE) && in_f8) d += e4m3_saves(in_elems);
     return d;
   }
   const int64_t R = sh->moe_tokens * sh->top_k, fe = sh->d_ff_expert;
@@ -674,13 +702,14 @@ static void recompute_modules(gen *g, const block_act *a, int kind, int attn, in
   g->recompute_skips = 0;
   if (attn) {
     if (alloc) act(g, BUF_RC_ATTN, a->rc_attn, 1, 0);
-    if (rc & (1u << MP_RC_LAYERNORM)) mp_sched_norm_fwd(g, MP_MOD_ATTN_NORM, sh->tokens_sp, sh->d_model);
+    if (ln_drops(sh, rc, 1, kind)) mp_sched_norm_fwd(g, MP_MOD_ATTN_NORM, sh->tokens_sp, sh->d_model);
     if ((rc & (1u << MP_RC_MLA_UP_PROJ)) && sh->mla) mp_sched_mla_up_fwd(g);
   } else {
     if (alloc) act(g, BUF_RC_MLP, a->rc_mlp, 1, 0);
-    if (rc & (1u << MP_RC_LAYERNORM)) mp_sched_norm_fwd(g, MP_MOD_FFN_NORM, sh->tokens_sp, sh->d_model);
+    if (ln_drops(sh, rc, 0, kind)) mp_sched_norm_fwd(g, MP_MOD_FFN_NORM, sh->tokens_sp, sh->d_model);
     if (a->mlp_whole) {
-      g->recompute_skips = SKIP_MOD(MP_MOD_FFN_NORM) | SKIP_RESIDUAL;
+      /* under the TE spec a dense MLP's norm is fc1's, run again inside the checkpoint */
+      g->recompute_skips = (sh->te_spec && kind == KIND_DENSE ? 0 : SKIP_MOD(MP_MOD_FFN_NORM)) | SKIP_RESIDUAL;
       mp_sched_mlp_fwd(g, kind, pd);
       g->recompute_skips = 0;
       /* the routed and shared outputs' sum, inside MoELayer.combine */

@@ -200,6 +200,7 @@ typedef struct shapes {
   int gated;     /* the dense MLP is SwiGLU (gate, up, down); else up, an activation, down */
   mp_mlp mlp;    /* the dense MLP's activation (mp_model_mlp) */
   int layernorm; /* the norms are LayerNorms: mean and rstd saved, 8 bytes a token */
+  int te_spec;   /* the megatron model's layers are Megatron-Core's TE spec (plan te_spec) */
   /* parallelism */
   int tp, ep, cp;
   int sp;                   /* sequence parallelism (tp > 1) */

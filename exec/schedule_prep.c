@@ -86,6 +86,8 @@ static void read_fp8_shapes(const mp_plan *p, shapes *sh) {
   sh->fp8_all_gather = p->opts.fp8_opts.all_gather && on;
   sh->fp8_recipe = p->opts.fp8_opts.recipe;
   sh->fp8_te = on && ms->fp8_te;
+  /* Transformer Engine's layers of Megatron-Core, float8 or not (schedule_act.c) */
+  sh->te_spec = p->opts.te_spec && ms->saved == SAVED_KORTHIKANTI;
   /* Transformer Engine's per-tensor quantizers (delayed and current scaling) write a
    * transposed copy only where float8 GEMMs take TN operands alone
    * (mp_fp8_gemm_any_layout); MXFP8's column-wise copy is scaled per 32 elements along the

@@ -264,6 +264,10 @@ typedef struct mp_stack_profile {
    * in bf16 (--grad-reduce-in-bf16, the plan's fsdp.reduce_dtype; sim/cost.c,
    * mp_sim_wgrad_accum_bytes). */
   int wgrad_accum_fp32;
+  /* JSON "te_layer_spec", optional (default false), the megatron memory model only: the
+   * layers are Megatron-Core's Transformer Engine spec with its default fusions (exec/plan.h,
+   * mp_plan_options te_spec: fused norms, bias-SwiGLU saving fc1's output alone). */
+  int te_layer_spec;
   /* What Megatron-LM's DDP does to each gradient bucket on the compute stream before
    * reducing it (JSON "ddp_scale_grads" and "ddp_check_grads", optional, default false; the
    * megatron memory model only; exec/plan.h, mp_ddp_options): scales it by 1/d, and takes

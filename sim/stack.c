@@ -169,6 +169,9 @@ static mp_status read_wgrad_accum(mp_ctx *ctx, const cJSON *j, const char *origi
                       "ddp_scale_grads is Megatron-LM's DDP", "does not run it", &p->ddp_scale_grads));
   MP_CHECK(owned_bool(ctx, j, origin, "ddp_check_grads", 0, MP_MEM_MODEL_MEGATRON, p,
                       "ddp_check_grads is Megatron-LM's DDP", "does not run it", &p->ddp_check_grads));
+  MP_CHECK(owned_bool(ctx, j, origin, "te_layer_spec", 0, MP_MEM_MODEL_MEGATRON, p,
+                      "te_layer_spec is Megatron-Core's Transformer Engine layer spec", "does not run it",
+                      &p->te_layer_spec));
   return owned_bool(ctx, j, origin, "wgrad_accum_fp32", 0, MP_MEM_MODEL_MEGATRON, p,
                     "wgrad_accum_fp32 is Megatron-LM's gradient accumulation fusion", "does not run it",
                     &p->wgrad_accum_fp32);
@@ -462,6 +465,7 @@ void mp_stack_plan_options(const mp_stack_profile *p, const mp_gpu *g, mp_plan_o
   o->ddp.scale_grads = p->ddp_scale_grads;
   o->ddp.check_grads = p->ddp_check_grads;
   if (p->tp_comm_overlap) o->tp_comm_fused = 1;
+  o->te_spec = p->te_layer_spec;
   o->cp_rotate = p->cp_rotate;
   if (o->fp8_opts.recipe == MP_FP8_DEFAULT) o->fp8_opts.recipe = p->fp8_recipe;
   o->cp_wait_at_issue = p->cp_sync;

@@ -61,6 +61,7 @@ struct Opts {
   mp_dtype reduce_dtype = MP_DTYPE_FP32;  // FSDP's gradient reduction (mp_fsdp_options)
   int flat_params = 0;                    // FSDP1's flat parameters (mp_fsdp_options)
   int async_tp = 0;                       // torchtitan's AsyncTP (tp_comm_fused)
+  int te_spec = 0;                        // Megatron-Core's TE layer spec (mp_plan_options)
 };
 
 inline void FillOptions(const Opts &o, mp_plan_options *out) {
@@ -99,6 +100,7 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.fsdp.reduce_dtype = o.reduce_dtype;
   po.fsdp.flat_params = o.flat_params;
   po.tp_comm_fused = o.async_tp;
+  po.te_spec = o.te_spec;
 }
 
 // Megatron-LM's memory model on `mesh`: its vocab-parallel cross-entropy (in place),
