@@ -751,6 +751,7 @@ void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd) {
   block_act a;
   block_act_of(g, kind, mp_plan_layer_ac(&g->p->opts, g->layer), &a);
   mp_sched_f8_held_fwd(g);
+  mp_sched_f8_held_layer(g, 0, 1);
   act(g, BUF_ACT_X, a.x, 1, 1);
   act(g, BUF_ACT_ATTN, a.attn, 1, a.kept);
   act(g, BUF_ACT_OFF_ATTN, a.off_attn, 1, 0);
@@ -769,6 +770,7 @@ void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd) {
   act(g, BUF_ACT_OFF_ATTN, a.off_attn, 0, 0);
   act(g, BUF_ACT_OFF_MLP, a.off_mlp, 0, 0);
   if (a.off_attn + a.off_mlp > 0) g->s->offload_bytes = a.off_attn + a.off_mlp;
+  mp_sched_f8_held_layer(g, 0, 0);
 }
 
 /* The recompute of a block part (or the whole block) under RECOMPUTE, skipping what the
@@ -806,6 +808,7 @@ void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   const int32_t u0 = g->first_unit[l];
   const int64_t ws = bwd_workspace(&g->sh, kind);
   pair(g, MP_MEM_TEMP, BUF_BWD_WS, ws, 1);
+  mp_sched_f8_held_layer(g, 1, 1);
   /* an offloaded layer's tensors copied back before its backward */
   act(g, BUF_ACT_OFF_ATTN, a.off_attn, 1, 0);
   act(g, BUF_ACT_OFF_MLP, a.off_mlp, 1, 0);
@@ -836,6 +839,7 @@ void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   act(g, BUF_ACT_X, a.x, 0, 1);
   if (mp_model_layer_is_mtp(&g->p->model, l)) mp_sched_mtp_in_bwd(g); /* its input side */
   pair(g, MP_MEM_TEMP, BUF_BWD_WS, ws, 0);
+  mp_sched_f8_held_layer(g, 1, 0);
   mp_sched_free_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
   mp_sched_reduce_units(g, l, u0, nu, 0, nu > 1 ? PART_ATTN : N_PARTS - 1);
 }

@@ -229,6 +229,8 @@ typedef struct shapes {
                                and blockwise's column-scaled one), 1 where the GPU takes any
                                layout under a per-tensor recipe (schedule_prep.c) */
   int f8_held_per_step;     /* the float8 weight copies live within a step (mp_fp8_te_copy_per_step) */
+  int f8_held_per_layer;    /* the float8 model weights' transposes live within each forward and
+                               backward of their layer (Megatron FSDP, schedule_prep.c) */
   int fp8_block_gemm;       /* the float8 GEMMs run Hopper's block-scaled kernels (schedule_prep.c) */
   int fp4_gemm;             /* the float8 Linears' GEMMs run in NVFP4 (the nvfp4 recipe) */
   int nvfp4_rht;            /* NVFP4's random Hadamard transform on the wgrad operands is on */
@@ -629,6 +631,9 @@ void mp_sched_resident(gen *g, mp_mem_cat cat, int buf, int64_t bytes);
 /* schedule_mem.c: Transformer Engine's float8 weight copies made in the layer's first forward
  * of a step, where they live within it */
 void mp_sched_f8_held_fwd(gen *g);
+/* Under f8_held_per_layer: layer l's float8 transposes made (alloc 1) or dropped (0) in its
+ * forward (bwd 0) or backward (1). */
+void mp_sched_f8_held_layer(gen *g, int bwd, int alloc);
 
 /* schedule_act.c */
 void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd);

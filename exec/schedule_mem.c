@@ -108,6 +108,12 @@ void mp_sched_f8_held_fwd(gen *g) {
   if (i >= 0) g->ops[i].when = MP_WHEN_FIRST_MICRO;
 }
 
+void mp_sched_f8_held_layer(gen *g, int bwd, int alloc) {
+  if (!g->sh.f8_held_per_layer || g->layer < 0 || (!bwd && g->phase == MP_PHASE_RECOMPUTE)) return;
+  const int64_t b = f8_held_bytes(g, g->ui, g->n_ui, g->layer);
+  if (b > 0) mem(g, alloc ? MP_OP_ALLOC : MP_OP_FREE, MP_MEM_FP8, BUF_F8_HELD, b, g->layer, -1, MP_STREAM_COMPUTE);
+}
+
 static void f8_held_free(gen *g) {
   if (!g->sh.f8_held_per_step) return;
   for (int l = 0; l < (int)g->p->model.n_layers; l++) {
@@ -137,7 +143,8 @@ static void autograd_resident(gen *g, const mp_schedule_prep *pr) {
   mp_sched_resident(g, MP_MEM_GRADS, BUF_GRADS, grad_bytes);
   /* Transformer Engine's float8 weight copies, written in place each step and held through
    * it (mp_fp8_te_weight_copy_bytes); those that live within a step are mp_sched_f8_held_fwd's */
-  const int64_t held = g->sh.f8_held_per_step ? 0 : f8_held_bytes(g, pr->ui, pr->n_ui, -1);
+  const int64_t held =
+      g->sh.f8_held_per_step || g->sh.f8_held_per_layer ? 0 : f8_held_bytes(g, pr->ui, pr->n_ui, -1);
   if (held > 0) mp_sched_resident(g, MP_MEM_FP8, BUF_F8_HELD, held);
   const int64_t ahead = mp_sched_mfsdp_prefetch_extra_bytes(g);
   if (ahead > 0) mp_sched_resident(g, MP_MEM_GATHERED, BUF_GATHERED, ahead);

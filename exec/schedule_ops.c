@@ -353,7 +353,9 @@ void mp_sched_linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, 
         i = cast_op(g, module, w, MP_VAR_FWD, copies, 1);
       else if (copies > 1)
         i = transpose8(g, module, w, MP_VAR_FWD);
-      if (i >= 0) g->ops[i].when = MP_WHEN_FIRST_MICRO;
+      /* under Megatron FSDP the transpose is dropped after the layer (f8_held_per_layer):
+       * made again in every forward */
+      if (i >= 0 && !g->sh.f8_held_per_layer) g->ops[i].when = MP_WHEN_FIRST_MICRO;
       te_expert_casts(g, i, batch, 0);
     }
     if (!mp_sched_f8_input(g, module) && !te_shares_input(g, module) && !te_norm_emits(g, module))
@@ -451,6 +453,9 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
   }
   if (g->sh.fp8_te) {
     te_bwd_casts(g, module, dy, x, batch);
+    /* and the float8 weight's transpose again, Megatron FSDP having dropped it after the
+     * forward (f8_held_per_layer) */
+    if (g->sh.f8_held_per_layer) te_expert_casts(g, transpose8(g, module, w, MP_VAR_BWD), batch, 0);
   } else {
     /* dy gathered in float8 (f8_grad_out) is row-major [T, out]; the weight gradient's
      * _scaled_mm takes dy^T as its row-major first operand, which torchao's

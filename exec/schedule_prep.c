@@ -97,6 +97,13 @@ static void read_fp8_shapes(const mp_plan *p, shapes *sh) {
   sh->fp8_te_copies = per_tensor && mp_fp8_gemm_any_layout(p->opts.fp8_opts.gpu_cc) ? 1 : 2;
   sh->fp8_param_gather = sh->fp8_te && p->opts.fp8_opts.param_gather;
   sh->f8_held_per_step = sh->fp8_te && mp_fp8_te_copy_per_step(sh->fp8_recipe, sh->fp8_param_gather);
+  /* Megatron FSDP (optim_grads_params, keep_fp8_transpose_cache False, its default) drops
+   * each float8 model weight's transpose after its module's forward and backward
+   * (megatron_fsdp.py core_v0.14.0: release_module_parameters from _post_forward and
+   * _post_backward sets param._transpose = None), so Transformer Engine makes it again in
+   * each (update_usage(columnwise_usage=True) in _Linear.forward and backward, linear.py
+   * v2.8): a transient of the layer, not a copy held through the step */
+  sh->f8_held_per_layer = sh->fp8_param_gather && per_tensor && sh->fp8_te_copies == 2 && mp_plan_is_megatron_fsdp(p);
   /* Blockwise GEMMs on Hopper are cuBLASLt's block-scaled kernels: Transformer Engine sets
    * CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F for a 1x128-scaled operand (activations and
    * gradients) and BLK128x128_32F for a 128x128-scaled one (weights): fprop and dgrad 1x128

@@ -143,8 +143,12 @@ static double bound_bytes_per_param(const mp_search_config *cfg, const mp_mesh *
   int64_t w = 1;
   mp_plan_dp_state_bytes(mesh, &o, b, &w);
   if (fp8 && cfg->fp8_param_gather) {
-    const double less = (double)mp_dtype_bytes(o.fsdp.param_dtype) -
-                        (1.0 + mp_fp8_te_copies_per_elem(cfg->fp8_recipe, cfg->cluster->gpu.compute_capability, 1));
+    /* Megatron FSDP drops the per-tensor recipes' transposes after each layer (exec/
+     * schedule_prep.c, f8_held_per_layer): none held */
+    const mp_fp8_recipe r = cfg->fp8_recipe;
+    const int dropped = mfsdp && (r == MP_FP8_DEFAULT || r == MP_FP8_DELAYED || r == MP_FP8_TENSORWISE);
+    const int copies = dropped ? 0 : mp_fp8_te_copies_per_elem(r, cfg->cluster->gpu.compute_capability, 1);
+    const double less = (double)mp_dtype_bytes(o.fsdp.param_dtype) - (1.0 + copies);
     if (less > 0) b[o.dp == MP_DP_DDP ? 0 : 1] -= less; /* the model weights: DDP's whole, Megatron FSDP's cut */
   }
   if (split) split[0] = b[0], split[1] = b[1];
