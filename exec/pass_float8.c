@@ -82,6 +82,31 @@ static mp_status param_gather_check(mp_ctx *ctx, const mp_plan *p, mp_fp8_recipe
   return MP_OK;
 }
 
+/* Transformer Engine's float8 dot-product attention (Megatron-Core's
+ * --fp8-dot-product-attention, TransformerConfig.fp8_dot_product_attention) as meshplan prices
+ * it: Transformer Engine's fused attention (a megatron stack), and on a GPU whose attention
+ * states its exponentials apart (attention_exp), which the price of cuDNN's FP8 kernels
+ * builds on (sim/cost.c, fp8 attention): Blackwell (compute capability 10.x), where
+ * cudnn-frontend's SDPA training benchmark publishes FP8 figures beside the bf16 ones on the
+ * GB200 and GB300. Hopper's FP8 attention is not priced. */
+static mp_status dpa_check(mp_ctx *ctx, const mp_plan *p, const mp_float8_options *o) {
+  if (p->opts.mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-dpa is Transformer Engine's float8 attention (Megatron-Core's "
+                    "--fp8-dot-product-attention); the %s stack does not run it: use a megatron stack",
+                    mp_mem_model_name(p->opts.mem_model));
+  if (o->gpu_cc < 100)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-dpa is priced from cuDNN's FP8 attention on Blackwell (cudnn-frontend's SDPA "
+                    "benchmark, GB200 and GB300); not priced on compute capability %d: drop --fp8-dpa",
+                    o->gpu_cc);
+  if (p->opts.attn == MP_ATTN_MATERIALIZED)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-dpa runs cuDNN's fused FP8 attention; the materialized attention has none: "
+                    "drop one of them");
+  return MP_OK;
+}
+
 mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   if (p->applied & MP_PASS_FSDP)
     return mp_error(ctx, MP_ERR_ORDER,
@@ -95,6 +120,7 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   f.recipe = mp_fp8_recipe_of(f.recipe, p->opts.mem_model);
   MP_CHECK(mp_rule_fp8_recipe_check(ctx, p->opts.mem_model, f.recipe, f.all_gather));
   if (f.param_gather) MP_CHECK(param_gather_check(ctx, p, f.recipe));
+  if (f.dpa) MP_CHECK(dpa_check(ctx, p, &f));
   o = &f;
   /* With TP the float8 all-gather gathers the float8 casts of TP-sharded weights: torchao's
    * precompute_float8_dynamic_scale_for_fsdp (torchao/float8/fsdp_utils.py) takes each
