@@ -234,16 +234,13 @@ static mp_status nvfp4_no_rht(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
   return MP_OK;
 }
 
-/* --fp8-dpa: with --fp8, CP 1 (the ring's per-step kernels are not priced in FP8); the stack
- * and the GPU are the Float8 pass's to check (exec/pass_float8.c). */
+/* --fp8-dpa: with --fp8; the stack, the GPU and CP are the Float8 pass's to check
+ * (exec/pass_float8.c). */
 static mp_status fp8_dpa(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
   if (!mp_args_has(spec, "--fp8-dpa")) return MP_OK;
   if (!fp8_on(spec))
     return mp_error(ctx, MP_ERR_USAGE, "--fp8-dpa runs attention under the float8 recipe and needs one: add --fp8 "
                     "(Megatron-Core's --fp8-dot-product-attention needs --fp8-format or --fp4-format)");
-  const char *cp = mp_args_get(spec, "--cp");
-  if (cp != NULL && strcmp(cp, "1") != 0)
-    return mp_error(ctx, MP_ERR_USAGE, "--fp8-dpa with --cp %s: float8 ring attention is not priced; drop one", cp);
   o->fp8_opts.dpa = 1;
   return MP_OK;
 }

@@ -86,9 +86,9 @@ static mp_status param_gather_check(mp_ctx *ctx, const mp_plan *p, mp_fp8_recipe
  * --fp8-dot-product-attention, TransformerConfig.fp8_dot_product_attention) as meshplan prices
  * it: Transformer Engine's fused attention (a megatron stack), and on a GPU whose attention
  * states its exponentials apart (attention_exp), which the price of cuDNN's FP8 kernels
- * builds on (sim/cost.c, fp8 attention): Blackwell (compute capability 10.x), where
+ * builds on (sim/cluster.c, mp_attn_fp8_flops): Blackwell (compute capability 10.x), where
  * cudnn-frontend's SDPA training benchmark publishes FP8 figures beside the bf16 ones on the
- * GB200 and GB300. Hopper's FP8 attention is not priced. */
+ * GB200 and GB300; without context parallelism. Hopper's FP8 attention is not priced. */
 static mp_status dpa_check(mp_ctx *ctx, const mp_plan *p, const mp_float8_options *o) {
   if (p->opts.mem_model != MP_MEM_MODEL_MEGATRON)
     return mp_error(ctx, MP_ERR_INVALID,
@@ -100,6 +100,10 @@ static mp_status dpa_check(mp_ctx *ctx, const mp_plan *p, const mp_float8_option
                     "--fp8-dpa is priced from cuDNN's FP8 attention on Blackwell (cudnn-frontend's SDPA "
                     "benchmark, GB200 and GB300); not priced on compute capability %d: drop --fp8-dpa",
                     o->gpu_cc);
+  if (p->mesh.size[MP_DIM_CP] > 1)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-dpa with cp %d: the ring attention's per-step kernels are not priced in FP8; "
+                    "drop --fp8-dpa or use cp 1", p->mesh.size[MP_DIM_CP]);
   if (p->opts.attn == MP_ATTN_MATERIALIZED)
     return mp_error(ctx, MP_ERR_INVALID,
                     "--fp8-dpa runs cuDNN's fused FP8 attention; the materialized attention has none: "
@@ -162,6 +166,9 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
                  "[%lld, %lld] on each rank)",
                  n_dims, mp_rule_fp8_multiple(o->recipe), first_dims->module_fqn,
                  (long long)first_dims->tp_shape[0], (long long)first_dims->tp_shape[1]);
+  if (o->dpa)
+    mp_plan_note(p, "Float8: attention in cuDNN's FP8 fused kernels (--fp8-dpa), q, k, v and the output "
+                    "gradient cast to float8 per tensor, the output and dq, dk, dv returned in bf16");
   mp_plan_mark_applied(p, MP_PASS_FLOAT8);
   return MP_OK;
 }

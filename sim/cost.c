@@ -218,32 +218,6 @@ static double attn_exps(const mp_op *op, const op_costs *k) {
   return op->flops / per_elem * k->attn_exp_flops;
 }
 
-/* cuDNN's FP8 fused attention (Transformer Engine's fp8_dpa: an attention op of a float8
- * dtype), against its bf16 kernel at the same shape: the tensor-core part FP8_DPA_TC times
- * faster, the exposed time of the softmax's exponentials FP8_DPA_EXP times the bf16 one (the
- * MUFU rate is the same in FP8; the faster MMAs hide less of it). Fitted as the GPU profiles'
- * attention_exp is (data/gpus/b200.json) over cudnn-frontend's SDPA training benchmark at
- * fb682ce (benchmark/sdpa_benchmark_training/results/llama3.1, cuDNN 9.22, frontend 1.21.1:
- * 64 query and 8 key-value heads, head dim 128, sequence 8192, batch 2, causal top_left,
- * forward + non-deterministic backward), the GB300 doubling the GB200's MUFU.EX2 rate at the
- * same bf16 and fp8 peaks:
- *   bf16: GB200 1.397 + 4.127 = 5.524 ms, GB300 1.185 + 3.832 = 5.017 ms
- *         exposed exponentials E = 2 x (5.524 - 5.017) = 1.014 ms, tensor cores 4.510 ms
- *   fp8:  GB200 1.074 + 3.781 = 4.855 ms, GB300 0.759 + 3.087 = 3.846 ms
- *         E8 = 2 x (4.855 - 3.846) = 2.018 ms, tensor cores 2.837 ms
- * FP8_DPA_TC = 4.510 / 2.837 = 1.590; FP8_DPA_EXP = 2.018 / 1.014 = 1.990. */
-#define FP8_DPA_TC (4.510 / 2.837)
-#define FP8_DPA_EXP (2.018 / 1.014)
-
-/* An attention op's arithmetic time: its FLOPs plus its exponentials' exposed time at the
- * op's rate, the FP8 kernel's (fp8_dpa) by FP8_DPA_TC and FP8_DPA_EXP. */
-static double attn_flops_s(const mp_op *op, const op_costs *k) {
-  const double rate = attn_rate_of(op, k);
-  if (op->dtype == MP_DTYPE_FP8_E4M3 || op->dtype == MP_DTYPE_FP8_E5M2)
-    return (op->flops / FP8_DPA_TC + attn_exps(op, k) * FP8_DPA_EXP) / rate;
-  return (op->flops + attn_exps(op, k)) / rate;
-}
-
 /* An op's time at the whole GPU: *flops_s its arithmetic (tensor or CUDA cores), *bytes_s its
  * HBM traffic, *launch_s its launches' overhead; it takes max(flops, bytes) + launch. */
 static inline void op_compute_parts(const mp_op *op, const op_costs *k, double *flops_s, double *bytes_s,
@@ -272,7 +246,7 @@ static inline void op_compute_parts(const mp_op *op, const op_costs *k, double *
     const double peak = op->fp4 && k->fp4_peak > 0 && k->fp4_eff_max > 0 ? k->fp4_peak : k->peak[dt];
     t_flops = eff > 0 ? flops / (peak * eff) : 0.0;
   } else if (op->kernel == MP_KERNEL_ATTENTION) {
-    t_flops = attn_flops_s(op, k);
+    t_flops = mp_attn_fp8_flops(fp8, op->flops, attn_exps(op, k)) / attn_rate_of(op, k);
   } else {
     /* element-wise, norms, optimizer: CUDA cores, no tensor cores; Transformer Engine's
      * grouped expert casts a kernel an expert (launches_of) */
