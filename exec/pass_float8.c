@@ -168,7 +168,7 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
                  (long long)first_dims->tp_shape[0], (long long)first_dims->tp_shape[1]);
   if (o->dpa)
     mp_plan_note(p, "Float8: attention in cuDNN's FP8 fused kernels (--fp8-dpa), q, k, v and the output "
-                    "gradient cast to float8 per tensor, the output and dq, dk, dv returned in bf16");
+                    "gradient cast to float8 per tensor (current scaling), the outputs in bf16");
   mp_plan_mark_applied(p, MP_PASS_FLOAT8);
   return MP_OK;
 }

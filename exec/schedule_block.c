@@ -75,17 +75,17 @@ static void core_materialized(gen *g, int bwd) {
   pair(g, MP_MEM_TEMP, BUF_SCORES_GRAD, (int64_t)(2.0 * scores), 0);
 }
 
-/* Float8 attention's casts around the fused core (Transformer Engine's fp8_dpa, per-tensor
- * current scaling): the tensors fed to cuDNN's FP8 kernel (q, k, v forward; the output
- * gradient backward) each an amax pass and a cast, read 2 + 2 and write 1 byte an element,
- * FLOPS_CAST an element; the kernel's float8 results (the output forward, dq, dk, dv
- * backward) returned to bf16 for the bf16 Linears around it, read 1 and write 2. None
- * without fp8_dpa. */
-static void fp8_dpa_casts(gen *g, mp_variant v, int64_t into_fp8, int64_t out_of_fp8) {
+/* Float8 attention's casts into cuDNN's FP8 kernel (Transformer Engine's fp8_dpa under
+ * Float8CurrentScaling, as NVTE_DPA_FP8_RECIPE sets it in the MLPerf v5.1 NVFP4 configs): q, k
+ * and v forward, the output gradient backward, each an amax pass and a cast (read 2 + 2,
+ * write 1 byte an element, FLOPS_CAST an element). Under current scaling the kernel writes
+ * its outputs (o forward, dq, dk, dv backward) in bf16 and the backward takes o in bf16
+ * (NVTE_DPA_FP8CS_O_in_F16, default 1: TransformerEngine docs/envvars.rst; 'fused_attn_bwd
+ * takes O in FP8 by default, this flag allows it in F16', attention/dot_product_attention/
+ * context_parallel.py), so nothing is cast back. None without fp8_dpa. */
+static void fp8_dpa_casts(gen *g, mp_variant v, int64_t into_fp8) {
   if (!g->sh.fp8_dpa) return;
   compute(g, MP_KERNEL_FP8_CAST, v, -1, into_fp8, 0, 0, 1, FLOPS_CAST * (double)into_fp8, 5.0 * (double)into_fp8,
-          MP_DTYPE_BF16);
-  compute(g, MP_KERNEL_FP8_CAST, v, -1, out_of_fp8, 0, 0, 1, (double)out_of_fp8, 3.0 * (double)out_of_fp8,
           MP_DTYPE_BF16);
 }
 
@@ -102,7 +102,7 @@ void mp_sched_attention_core_fwd(gen *g) {
     return;
   }
   const int64_t T = sh->tokens;
-  fp8_dpa_casts(g, MP_VAR_FWD, T * (sh->q_width + sh->kv_width + sh->v_width), T * sh->attn_out);
+  fp8_dpa_casts(g, MP_VAR_FWD, T * (sh->q_width + sh->kv_width + sh->v_width));
   compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq, sh->head_dim, sh->heads,
           attn_core_fwd_flops(sh),
           2.0 * (double)(T * (sh->q_width + sh->attn_out + sh->kv_width + sh->v_width)) + 4.0 * (double)(T * sh->heads),
@@ -121,7 +121,7 @@ void mp_sched_attention_core_bwd(gen *g) {
     return;
   }
   const int64_t T = sh->tokens;
-  fp8_dpa_casts(g, MP_VAR_BWD, T * sh->attn_out, T * (sh->q_width + sh->kv_width + sh->v_width));
+  fp8_dpa_casts(g, MP_VAR_BWD, T * sh->attn_out);
   compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq, sh->head_dim, sh->heads,
           2.0 * attn_core_fwd_flops(sh),
           2.0 * (double)(T * (2 * (sh->q_width + sh->attn_out) + 2 * (sh->kv_width + sh->v_width))) +
