@@ -206,7 +206,8 @@ if p.returncode == 0:
     check(same(rows["dpa_on"].get("predicted"), want_on), f"fp8_dpa 1: {rows['dpa_on']}, want {want_on}")
     check(same(rows["dpa_off"].get("predicted"), want_off), f"fp8_dpa empty: {rows['dpa_off']}, want {want_off}")
     check(want_on is not None and want_off is not None and want_on > want_off, "--fp8-dpa does not speed the step")
-    check("compute capability 90" in (rows["dpa_h100"].get("refused") or ""), f"fp8_dpa on the H100: {rows['dpa_h100']}")
+    check("compute capability 90" in (rows["dpa_h100"].get("refused") or ""),
+          f"fp8_dpa on the H100: {rows['dpa_h100']}")
     check("use a megatron stack" in (rows["dpa_tt"].get("refused") or ""), f"fp8_dpa on torchtitan: {rows['dpa_tt']}")
 else:
     check(False, f"validate of the fp8_dpa rows: {p.stderr}")
