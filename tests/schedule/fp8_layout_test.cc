@@ -56,7 +56,7 @@ LinearOps Of(const mp_schedule *s, int module, mp_phase phase) {
   return r;
 }
 
-void BuildOn(Built *b, int cc, mp_fp8_recipe recipe, int nvfp4_no_rht = 0, int fp8_dpa = 0) {
+Opts On(int cc, mp_fp8_recipe recipe, int nvfp4_no_rht = 0, int fp8_dpa = 0) {
   Opts o;
   o.nvfp4_no_rht = nvfp4_no_rht;
   o.fp8_dpa = fp8_dpa;
@@ -65,7 +65,11 @@ void BuildOn(Built *b, int cc, mp_fp8_recipe recipe, int nvfp4_no_rht = 0, int f
   o.fp8 = 1;
   o.fp8_recipe = recipe;
   o.gpu_cc = cc;
-  Build(b, o);
+  return o;
+}
+
+void BuildOn(Built *b, int cc, mp_fp8_recipe recipe, int nvfp4_no_rht = 0, int fp8_dpa = 0) {
+  Build(b, On(cc, recipe, nvfp4_no_rht, fp8_dpa));
 }
 
 }  // namespace
@@ -229,13 +233,6 @@ TEST(Fp8Layout, Fp8AttentionCastsQkvAndTheOutputGradient) {
   EXPECT_EQ(CoreDtype(off.s, MP_PHASE_FORWARD), MP_DTYPE_BF16);
   // refused by name on Hopper, whose profiles state no split of the attention to price it by
   Built h;
-  Opts o;
-  o.mesh = "dp_replicate=8";
-  o.mem_model = MP_MEM_MODEL_MEGATRON;
-  o.fp8 = 1;
-  o.fp8_recipe = MP_FP8_TENSORWISE;
-  o.gpu_cc = 90;
-  o.fp8_dpa = 1;
-  EXPECT_EQ(PlanOnly(&h, o), MP_ERR_INVALID);
+  EXPECT_EQ(PlanOnly(&h, On(90, MP_FP8_TENSORWISE, 0, 1)), MP_ERR_INVALID);
   EXPECT_NE(std::string(mp_errmsg(&h.ctx)).find("not priced on compute capability 90"), std::string::npos);
 }
