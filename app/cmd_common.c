@@ -234,10 +234,22 @@ static mp_status nvfp4_no_rht(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
   return MP_OK;
 }
 
+/* --fp8-dpa: with --fp8; the stack, the GPU and CP are the Float8 pass's to check
+ * (exec/pass_float8.c). */
+static mp_status fp8_dpa(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
+  if (!mp_args_has(spec, "--fp8-dpa")) return MP_OK;
+  if (!fp8_on(spec))
+    return mp_error(ctx, MP_ERR_USAGE, "--fp8-dpa runs attention under the float8 recipe and needs one: add --fp8 "
+                    "(Megatron-Core's --fp8-dot-product-attention needs --fp8-format or --fp4-format)");
+  o->fp8_opts.dpa = 1;
+  return MP_OK;
+}
+
 mp_status mp_cmd_megatron_weights(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                                   mp_plan_options *o) {
   MP_CHECK(fp8_param_gather(ctx, spec, prof, o));
   MP_CHECK(nvfp4_no_rht(ctx, spec, o));
+  MP_CHECK(fp8_dpa(ctx, spec, o));
   const char *s = mp_args_get(spec, "--data-parallel-sharding-strategy");
   const int dbuf = mp_args_has(spec, "--fsdp-double-buffer");
   if (s == NULL && !dbuf) return MP_OK;

@@ -295,6 +295,10 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     return mp_error(ctx, MP_ERR_INVALID, "%s: nvfp4_rht is NVFP4's random Hadamard transform and needs fp8 1 "
                     "with fp8_recipe nvfp4: empty the column", where);
   o->fp8_opts.nvfp4_no_rht = v->nvfp4_rht == 0;
+  if (v->fp8_dpa == 1 && !v->fp8)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_dpa 1 is Transformer Engine's float8 attention (--fp8-dpa), "
+                    "which runs under a float8 recipe and needs fp8 1: empty the column", where);
+  o->fp8_opts.dpa = v->fp8_dpa == 1;
   MP_CHECK(megatron_run_options(ctx, where, v, j));
   if (v->async_tp == 1 && !j->prof.async_tp)
     return mp_error(ctx, MP_ERR_INVALID, "%s: async_tp = 1: stack %s does not run AsyncTP "

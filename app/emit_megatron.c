@@ -255,6 +255,7 @@ static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
   else if (o->fp8)
     mp_emit_printf(b, "--fp8-format hybrid\n--fp8-recipe %s\n", mp_fp8_recipe_name(o->fp8_opts.recipe));
   if (o->fp8 && o->fp8_opts.param_gather) mp_emit_printf(b, "--fp8-param-gather\n");
+  if (o->fp8 && o->fp8_opts.dpa) mp_emit_printf(b, "--fp8-dot-product-attention\n");
 }
 
 mp_status mp_emit_megatron(mp_ctx *ctx, const mp_emit_plan *p, const char *file_name, mp_emit_buf *b) {

@@ -79,6 +79,7 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
   if (p->pad_to_capacity) add(f, "--moe-pad-expert-input-to-capacity", NULL);
   add(f, "--fp8", "%s", p->fp8[0] ? p->fp8 : "off");
   if (p->fp8_param_gather) add(f, "--fp8-param-gather", NULL);
+  if (p->fp8_dpa) add(f, "--fp8-dpa", NULL);
   if (p->fp8_all_gather) add(f, "--fp8-all-gather", NULL);
   if (p->sp >= 0) add(f, p->sp ? "--sp" : "--no-sp", NULL);
   add(f, "--seq", "%lld", (long long)p->seq);

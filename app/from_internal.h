@@ -41,6 +41,7 @@ typedef struct mp_from_plan {
                              2: with --cross-entropy-fusion-impl te */
   char cuda_graphs[32];   /* simulate's --cuda-graphs scope (attn, layers, iteration); "": none */
   int fp8_all_gather;     /* 1: torchtitan's enable_fsdp_float8_all_gather (--fp8-all-gather) */
+  int fp8_dpa;            /* 1: Megatron-Core's --fp8-dot-product-attention (simulate's --fp8-dpa) */
   int fp8_param_gather;   /* 1: Megatron-Core's --fp8-param-gather (simulate's, explain's and plan's) */
   int64_t mtp_layers;     /* multi-token-prediction modules (Megatron-Core's --mtp-num-layers; torchtitan: 0) */
   int64_t cpu_offload_layers; /* Megatron-Core's --cpu-offloading-num-layers (simulate's

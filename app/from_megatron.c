@@ -44,7 +44,8 @@ static const struct {
     {"--expert-tensor-parallel-size", 1, MG_MAP}, {"--micro-batch-size", 1, MG_MAP},
     {"--global-batch-size", 1, MG_MAP}, {"--recompute-granularity", 1, MG_MAP}, {"--recompute-method", 1, MG_MAP},
     {"--recompute-num-layers", 1, MG_MAP}, {"--recompute-modules", 1, MG_LIST}, {"--fp8-format", 1, MG_MAP},
-    {"--fp8-recipe", 1, MG_MAP}, {"--fp8-param-gather", 0, MG_MAP}, {"--attention-backend", 1, MG_MAP}, {"--transformer-impl", 1, MG_MAP},
+    {"--fp8-recipe", 1, MG_MAP}, {"--fp8-param-gather", 0, MG_MAP}, {"--fp8-dot-product-attention", 0, MG_MAP},
+    {"--attention-backend", 1, MG_MAP}, {"--transformer-impl", 1, MG_MAP},
     {"--group-query-attention", 0, MG_MAP}, {"--swiglu", 0, MG_MAP}, {"--disable-bias-linear", 0, MG_MAP},
     {"--add-qkv-bias", 0, MG_MAP}, {"--qk-layernorm", 0, MG_MAP},
     {"--untie-embeddings-and-output-weights", 0, MG_MAP}, {"--sequence-parallel", 0, MG_MAP},
@@ -682,6 +683,10 @@ static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, 
   if (fp4 && (fmt || strcmp(fp4, "e2m1") != 0 || has(a, "--fp4-param-gather")))
     return mp_error(ctx, MP_ERR_USAGE, "%s: --fp4-format %s: meshplan prices e2m1 under the nvfp4 recipe, "
                     "without --fp8-format (Megatron-Core refuses both) or --fp4-param-gather", origin, fp4);
+  if (!fmt && !fp4 && has(a, "--fp8-dot-product-attention"))
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --fp8-dot-product-attention without --fp8-format or --fp4-format: "
+                    "Transformer Engine's float8 attention runs under a float8 recipe; add one", origin);
+  p->fp8_dpa = has(a, "--fp8-dot-product-attention");
   if (fp4) {
     snprintf(p->fp8, sizeof p->fp8, "nvfp4");
     return MP_OK;

@@ -140,7 +140,10 @@
     "the fp32 masters after each step; delayed, tensorwise or blockwise", NULL },                   \
   { "--nvfp4-no-rht", NULL, "with --fp8 nvfp4: Transformer Engine's NVTE_NVFP4_DISABLE_RHT=1, no "   \
     "random Hadamard transform on the weight-gradient GEMM's operands (each cast writes both "      \
-    "copies in one kernel), as the MLPerf v5.1 NVFP4 configs run", NULL }
+    "copies in one kernel), as the MLPerf v5.1 NVFP4 configs run", NULL },                          \
+  { "--fp8-dpa", NULL, "with --fp8 on a megatron stack: Transformer Engine's float8 attention "        \
+    "(Megatron-Core's --fp8-dot-product-attention): cuDNN's FP8 fused attention and the casts of "   \
+    "q, k, v and the output gradient; Blackwell, CP 1", NULL }
 /* simulate, explain and plan: torchtitan's float8 FSDP all-gather (mp_cmd_fp8_all_gather) */
 #define MP_OPT_FP8_ALL_GATHER                                                                      \
   { "--fp8-all-gather", NULL, "torchtitan's enable_fsdp_float8_all_gather (with --fp8 tensorwise "  \

@@ -104,6 +104,8 @@ typedef struct mp_vrow {
                            when the column is absent or empty */
   int nvfp4_rht;        /* 0 or 1 with fp8_recipe nvfp4: 0 Transformer Engine's NVTE_NVFP4_DISABLE_RHT=1
                            (--nvfp4-no-rht); -1 absent or empty: the recipe's default, on */
+  int fp8_dpa;          /* 0 or 1: Transformer Engine's float8 attention (--fp8-dpa, Megatron-Core's
+                           --fp8-dot-product-attention); -1 absent or empty: bf16 attention */
   int fp8_param_gather; /* 0 or 1: Megatron-Core's --fp8-param-gather (exec/plan.h); -1 when
                            absent or empty: off */
   char fsdp_reduce_dtype[8]; /* fp32 or bf16 as written (exec/plan.h, fsdp.reduce_dtype); "" when

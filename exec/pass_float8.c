@@ -82,6 +82,35 @@ static mp_status param_gather_check(mp_ctx *ctx, const mp_plan *p, mp_fp8_recipe
   return MP_OK;
 }
 
+/* Transformer Engine's float8 dot-product attention (Megatron-Core's
+ * --fp8-dot-product-attention, TransformerConfig.fp8_dot_product_attention) as meshplan prices
+ * it: Transformer Engine's fused attention (a megatron stack), and on a GPU whose attention
+ * states its exponentials apart (attention_exp), which the price of cuDNN's FP8 kernels
+ * builds on (sim/cluster.c, mp_attn_fp8_flops): Blackwell (compute capability 10.x), where
+ * cudnn-frontend's SDPA training benchmark publishes FP8 figures beside the bf16 ones on the
+ * GB200 and GB300; without context parallelism. Hopper's FP8 attention is not priced. */
+static mp_status dpa_check(mp_ctx *ctx, const mp_plan *p, const mp_float8_options *o) {
+  if (p->opts.mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-dpa is Transformer Engine's float8 attention (Megatron-Core's "
+                    "--fp8-dot-product-attention); the %s stack does not run it: use a megatron stack",
+                    mp_mem_model_name(p->opts.mem_model));
+  if (o->gpu_cc < 100)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-dpa is priced from cuDNN's FP8 attention on Blackwell (cudnn-frontend's SDPA "
+                    "benchmark, GB200 and GB300); not priced on compute capability %d: drop --fp8-dpa",
+                    o->gpu_cc);
+  if (p->mesh.size[MP_DIM_CP] > 1)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-dpa with cp %d: the ring attention's per-step kernels are not priced in FP8; "
+                    "drop --fp8-dpa or use cp 1", p->mesh.size[MP_DIM_CP]);
+  if (p->opts.attn == MP_ATTN_MATERIALIZED)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-dpa runs cuDNN's fused FP8 attention; the materialized attention has none: "
+                    "drop one of them");
+  return MP_OK;
+}
+
 mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   if (p->applied & MP_PASS_FSDP)
     return mp_error(ctx, MP_ERR_ORDER,
@@ -95,6 +124,7 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   f.recipe = mp_fp8_recipe_of(f.recipe, p->opts.mem_model);
   MP_CHECK(mp_rule_fp8_recipe_check(ctx, p->opts.mem_model, f.recipe, f.all_gather));
   if (f.param_gather) MP_CHECK(param_gather_check(ctx, p, f.recipe));
+  if (f.dpa) MP_CHECK(dpa_check(ctx, p, &f));
   o = &f;
   /* With TP the float8 all-gather gathers the float8 casts of TP-sharded weights: torchao's
    * precompute_float8_dynamic_scale_for_fsdp (torchao/float8/fsdp_utils.py) takes each
@@ -136,6 +166,9 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
                  "[%lld, %lld] on each rank)",
                  n_dims, mp_rule_fp8_multiple(o->recipe), first_dims->module_fqn,
                  (long long)first_dims->tp_shape[0], (long long)first_dims->tp_shape[1]);
+  if (o->dpa)
+    mp_plan_note(p, "Float8: attention in cuDNN's FP8 fused kernels (--fp8-dpa), q, k, v and the output "
+                    "gradient cast to float8 per tensor (current scaling), the outputs in bf16");
   mp_plan_mark_applied(p, MP_PASS_FLOAT8);
   return MP_OK;
 }

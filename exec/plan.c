@@ -792,7 +792,7 @@ static int fp8_differs(const mp_plan_options *o, const mp_plan_options *b, mp_fp
   if (o->fp8 != b->fp8) return 1;
   const mp_float8_options *x = &o->fp8_opts, *y = &b->fp8_opts;
   return o->fp8 && (recipe != y->recipe || x->all_gather != y->all_gather || x->param_gather != y->param_gather ||
-                    x->nvfp4_no_rht != y->nvfp4_no_rht);
+                    x->nvfp4_no_rht != y->nvfp4_no_rht || x->dpa != y->dpa);
 }
 
 mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options *opts,

@@ -58,6 +58,11 @@ typedef struct mp_float8_options {
                        GEMM's operands (Transformer Engine's NVTE_NVFP4_DISABLE_RHT=1,
                        recipe NVFP4BlockScaling.disable_rht): their column-wise copies quantized
                        with the row-wise ones in one kernel */
+  int dpa;          /* Transformer Engine's float8 dot-product attention (Megatron-Core's
+                       --fp8-dot-product-attention, TE's fp8_dpa / NVTE_FP8_DPA=1): the fused
+                       attention core in cuDNN's FP8 kernels, q, k, v and the output gradient
+                       cast to float8 per tensor with current scaling (sim/cluster.c,
+                       mp_attn_fp8_flops; exec/schedule_block.c) */
 } mp_float8_options;
 
 /* Whether a GPU of compute capability cc runs float8 GEMMs on operands of any layout, not

@@ -75,6 +75,20 @@ static void core_materialized(gen *g, int bwd) {
   pair(g, MP_MEM_TEMP, BUF_SCORES_GRAD, (int64_t)(2.0 * scores), 0);
 }
 
+/* Float8 attention's casts into cuDNN's FP8 kernel (Transformer Engine's fp8_dpa under
+ * Float8CurrentScaling, as NVTE_DPA_FP8_RECIPE sets it in the MLPerf v5.1 NVFP4 configs): q, k
+ * and v forward, the output gradient backward, each an amax pass and a cast (read 2 + 2,
+ * write 1 byte an element, FLOPS_CAST an element). Under current scaling the kernel writes
+ * its outputs (o forward, dq, dk, dv backward) in bf16 and the backward takes o in bf16
+ * (NVTE_DPA_FP8CS_O_in_F16, default 1: TransformerEngine docs/envvars.rst; 'fused_attn_bwd
+ * takes O in FP8 by default, this flag allows it in F16', attention/dot_product_attention/
+ * context_parallel.py), so nothing is cast back. None without fp8_dpa. */
+static void fp8_dpa_casts(gen *g, mp_variant v, int64_t into_fp8) {
+  if (!g->sh.fp8_dpa) return;
+  compute(g, MP_KERNEL_FP8_CAST, v, -1, into_fp8, 0, 0, 1, FLOPS_CAST * (double)into_fp8, 5.0 * (double)into_fp8,
+          MP_DTYPE_BF16);
+}
+
 void mp_sched_attention_core_fwd(gen *g) {
   if (skipped(g, SKIP_CORE)) return;
   const shapes *sh = &g->sh;
@@ -88,10 +102,11 @@ void mp_sched_attention_core_fwd(gen *g) {
     return;
   }
   const int64_t T = sh->tokens;
+  fp8_dpa_casts(g, MP_VAR_FWD, T * (sh->q_width + sh->kv_width + sh->v_width));
   compute(g, MP_KERNEL_ATTENTION, MP_VAR_FWD, -1, T, sh->seq, sh->head_dim, sh->heads,
           attn_core_fwd_flops(sh),
           2.0 * (double)(T * (sh->q_width + sh->attn_out + sh->kv_width + sh->v_width)) + 4.0 * (double)(T * sh->heads),
-          MP_DTYPE_BF16);
+          sh->fp8_dpa ? MP_DTYPE_FP8_E4M3 : MP_DTYPE_BF16);
 }
 
 void mp_sched_attention_core_bwd(gen *g) {
@@ -106,11 +121,12 @@ void mp_sched_attention_core_bwd(gen *g) {
     return;
   }
   const int64_t T = sh->tokens;
+  fp8_dpa_casts(g, MP_VAR_BWD, T * sh->attn_out);
   compute(g, MP_KERNEL_ATTENTION, MP_VAR_BWD, -1, T, sh->seq, sh->head_dim, sh->heads,
           2.0 * attn_core_fwd_flops(sh),
           2.0 * (double)(T * (2 * (sh->q_width + sh->attn_out) + 2 * (sh->kv_width + sh->v_width))) +
               4.0 * (double)(T * sh->heads),
-          MP_DTYPE_BF16);
+          sh->fp8_dpa ? MP_DTYPE_FP8_E5M2 : MP_DTYPE_BF16);
 }
 
 /* attention_norm on the residual stream's [Ts, H], then the attention module: the TP region

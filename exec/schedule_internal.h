@@ -234,6 +234,7 @@ typedef struct shapes {
   int fp8_block_gemm;       /* the float8 GEMMs run Hopper's block-scaled kernels (schedule_prep.c) */
   int fp4_gemm;             /* the float8 Linears' GEMMs run in NVFP4 (the nvfp4 recipe) */
   int nvfp4_rht;            /* NVFP4's random Hadamard transform on the wgrad operands is on */
+  int fp8_dpa;              /* the attention core in cuDNN's FP8 kernels (mp_float8_options.dpa) */
 } shapes;
 
 typedef struct gen {

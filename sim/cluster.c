@@ -96,6 +96,28 @@ double mp_gpu_attn_exp_flops(const mp_gpu *g) {
   return a->exposed * a->bf16_flops_per_clk / a->ex2_per_clk * a->ref_eff;
 }
 
+/* cuDNN's FP8 fused attention against its bf16 kernel at the same shape: the tensor-core
+ * part FP8_DPA_TC times faster, the exposed time of the softmax's exponentials FP8_DPA_EXP
+ * times the bf16 one (the MUFU rate is the same in FP8; the faster MMAs hide less of it).
+ * Fitted as the GPU profiles' attention_exp is (data/gpus/b200.json) over cudnn-frontend's
+ * SDPA training benchmark at fb682ce (benchmark/sdpa_benchmark_training/results/llama3.1,
+ * cuDNN 9.22, frontend 1.21.1: 64 query and 8 key-value heads, head dim 128, sequence 8192,
+ * batch 2, causal top_left, forward + non-deterministic backward), the GB300 doubling the
+ * GB200's MUFU.EX2 rate at the same bf16 and fp8 peaks:
+ *   bf16: GB200 1.397 + 4.127 = 5.524 ms, GB300 1.185 + 3.832 = 5.017 ms
+ *         exposed exponentials E = 2 x (5.524 - 5.017) = 1.014 ms, tensor cores 4.510 ms
+ *   fp8:  GB200 1.074 + 3.781 = 4.855 ms, GB300 0.759 + 3.087 = 3.846 ms
+ *         E8 = 2 x (4.855 - 3.846) = 2.018 ms, tensor cores 2.837 ms
+ * FP8_DPA_TC = 4.510 / 2.837 = 1.590; FP8_DPA_EXP = 2.018 / 1.014 = 1.990. The kernels take
+ * float8 q, k, v (and output gradient): the casts are priced apart (exec/schedule_block.c). */
+#define FP8_DPA_TC (4.510 / 2.837)
+#define FP8_DPA_EXP (2.018 / 1.014)
+
+double mp_attn_fp8_flops(int fp8, double flops, double exp_flops) {
+  if (fp8) return flops / FP8_DPA_TC + exp_flops * FP8_DPA_EXP;
+  return flops + exp_flops;
+}
+
 /* "api": cuda, rocm or cpu; absent: MP_GPU_API_AUTO (cluster.h). */
 static mp_status api_from_json(mp_ctx *ctx, const cJSON *j, const char *origin, mp_gpu *g) {
   char api[16] = "";

@@ -157,6 +157,12 @@ int mp_gpu_has_float8(const mp_gpu *g);
  * exponential's exposed issue time, exposed / (peak x ex2_per_clk / bf16_flops_per_clk),
  * times that rate, peak x ref_eff). 0 where the profile states no attention_exp. */
 double mp_gpu_attn_exp_flops(const mp_gpu *g);
+
+/* A fused attention core's price in FLOPs at its bf16 rate: `flops` of tensor-core work plus
+ * `exp_flops`, its exponentials' exposed time (mp_gpu_attn_exp_flops each). fp8: cuDNN's FP8
+ * kernel (Transformer Engine's fp8_dpa), whose tensor-core part runs faster and whose
+ * exponentials stay more exposed (sim/cluster.c states the factors and their source). */
+double mp_attn_fp8_flops(int fp8, double flops, double exp_flops);
 /* Inter-node bandwidth in GB/s per GPU. */
 double mp_cluster_inter_GBps(const mp_cluster *c);
 

@@ -246,7 +246,7 @@ static inline void op_compute_parts(const mp_op *op, const op_costs *k, double *
     const double peak = op->fp4 && k->fp4_peak > 0 && k->fp4_eff_max > 0 ? k->fp4_peak : k->peak[dt];
     t_flops = eff > 0 ? flops / (peak * eff) : 0.0;
   } else if (op->kernel == MP_KERNEL_ATTENTION) {
-    t_flops = (op->flops + attn_exps(op, k)) / attn_rate_of(op, k);
+    t_flops = mp_attn_fp8_flops(fp8, op->flops, attn_exps(op, k)) / attn_rate_of(op, k);
   } else {
     /* element-wise, norms, optimizer: CUDA cores, no tensor cores; Transformer Engine's
      * grouped expert casts a kernel an expert (launches_of) */

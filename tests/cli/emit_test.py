@@ -289,6 +289,21 @@ bare = " ".join(body(text).split()).replace("--fp8-format hybrid --fp8-recipe te
 p = run("simulate", "--gpus", "8", "--from-args", bare, want_rc=2)
 check("--fp8-param-gather without --fp8-format" in p.stderr, "--fp8-param-gather read without float8: " + p.stderr)
 
+# --fp8-dpa written as Megatron-Core's --fp8-dot-product-attention and read back to the same
+# step; read without a float8 format it is refused (Transformer Engine's float8 attention runs
+# under a float8 recipe)
+dpa_args = ("--gpus", "8", "--gpu", "b200", "--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack",
+            "megatron-core", "--fp8", "tensorwise", "--fp8-dpa")
+pred, text = emitted("megatron", *dpa_args)
+check("--fp8-recipe tensorwise\n--fp8-dot-product-attention\n" in text, "--fp8-dpa not written: " + text)
+bare = " ".join(body(text).split())
+p = run("simulate", "--gpus", "8", "--gpu", "b200", "--from-args", bare, "--json")
+check(p.returncode == 0 and pred is not None and json.loads(p.stdout)["step_time_s"] == pred["step_time_s"],
+      "--fp8-dot-product-attention not read back to --fp8-dpa's step: " + p.stderr)
+p = run("simulate", "--gpus", "8", "--gpu", "b200", "--from-args",
+        bare.replace("--fp8-format hybrid --fp8-recipe tensorwise", ""), want_rc=2)
+check("--fp8-dot-product-attention without --fp8-format" in p.stderr, "fp8 attention read without float8: " + p.stderr)
+
 # Megatron FSDP as Megatron-LM's flags (megatron/training/arguments.py, core_v0.14.0: its
 # checkpoint format asserted), read back over dp_shard; its older name read the same
 _, text = emitted("megatron", "--gpus", "16", "--model", "llama3.1-8b", "--mesh", "dp_shard=8,tp=2", "--stack",

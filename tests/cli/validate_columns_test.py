@@ -186,6 +186,40 @@ with open(path, "w") as f:
 p = run("validate", path, "--json", want_rc=2)
 check("nvfp4_rht" in p.stderr and "fp8_recipe nvfp4" in p.stderr, f"nvfp4_rht with mxfp8: {p.stderr}")
 
+# ---- fp8_dpa: simulate's --fp8-dpa (Transformer Engine's float8 attention) on the B200, a
+# shorter step than bf16 attention; refused without fp8, on the H100 (no FP8 attention price),
+# under CP and off a megatron stack, each by name ----
+DPA_HDR = HDR + ",fp8_dpa"
+DPA = "{0},test,llama3-8b,8,{1},8,400,8,1,1,1,,,1,1,8192,16,2,128,none,{2},0,,{3},"\
+      "tokens_per_s_per_gpu,1000,test,,,,,tensorwise,,{4}"
+path = os.path.join(tmp, "dpa.csv")
+with open(path, "w") as f:
+    f.write(DPA_HDR + "\n" + "\n".join([DPA.format("dpa_on", "b200", "1", "megatron-core", "1"),
+                                          DPA.format("dpa_off", "b200", "1", "megatron-core", ""),
+                                          DPA.format("dpa_h100", "h100-sxm", "1", "megatron-core", "1"),
+                                          DPA.format("dpa_tt", "b200", "1", "torchtitan-compile", "1")]) + "\n")
+p = run("validate", path, "--json")
+if p.returncode == 0:
+    rows = {r["case"]: r for r in json.loads(p.stdout)["rows"]}
+    want_on = simulate(*SIM_DENSE, "--fp8", "tensorwise", "--fp8-dpa")
+    want_off = simulate(*SIM_DENSE, "--fp8", "tensorwise")
+    check(same(rows["dpa_on"].get("predicted"), want_on), f"fp8_dpa 1: {rows['dpa_on']}, want {want_on}")
+    check(same(rows["dpa_off"].get("predicted"), want_off), f"fp8_dpa empty: {rows['dpa_off']}, want {want_off}")
+    check(want_on is not None and want_off is not None and want_on > want_off, "--fp8-dpa does not speed the step")
+    check("compute capability 90" in (rows["dpa_h100"].get("refused") or ""),
+          f"fp8_dpa on the H100: {rows['dpa_h100']}")
+    check("use a megatron stack" in (rows["dpa_tt"].get("refused") or ""), f"fp8_dpa on torchtitan: {rows['dpa_tt']}")
+else:
+    check(False, f"validate of the fp8_dpa rows: {p.stderr}")
+with open(path, "w") as f:
+    f.write(DPA_HDR + "\n" + DPA.format("dpa_bf16", "b200", "0", "megatron-core", "1").replace(",tensorwise,", ",,")
+            + "\n")
+p = run("validate", path, "--json", want_rc=2)
+check("fp8_dpa 1" in p.stderr and "fp8 1" in p.stderr, f"fp8_dpa without fp8: {p.stderr}")
+SIM_CP = [a if a != "dp_replicate=8" else "dp_replicate=4,cp=2" for a in SIM_DENSE]
+p = run("simulate", *SIM_CP, "--fp8", "tensorwise", "--fp8-dpa", want_rc=2)
+check("--fp8-dpa with cp 2" in p.stderr, f"--fp8-dpa under CP: {p.stderr}")
+
 for f in fails:
     print("FAIL:", f)
 print(f"{len(fails)} failures")

@@ -34,6 +34,7 @@ struct Opts {
   int fp8_param_gather = 0;                   // Megatron-Core's --fp8-param-gather
   int fp8_all_gather = 0;                     // torchtitan's enable_fsdp_float8_all_gather
   int nvfp4_no_rht = 0;                       // NVFP4 without the random Hadamard transform
+  int fp8_dpa = 0;                            // Transformer Engine's float8 attention
   int reshard = 1;
   int shard_logits = 1;
   int sp = -1;  // the plan's default: on with tp > 1
@@ -74,6 +75,7 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.fp8_opts.param_gather = o.fp8_param_gather;
   po.fp8_opts.all_gather = o.fp8_all_gather;
   po.fp8_opts.nvfp4_no_rht = o.nvfp4_no_rht;
+  po.fp8_opts.dpa = o.fp8_dpa;
   po.fsdp.reshard_after_forward = o.reshard;
   po.tp.shard_logits = o.shard_logits;
   po.sp = o.sp;

@@ -43,14 +43,15 @@ mp_stack_profile FitOnH100() {
 // (exec/schedule_block.c); bytes Q, O, K, V in bf16 and the fp32 softmax statistics,
 // 2 x 8192 x (4096 + 4096 + 1024 + 1024) + 4 x 8192 x 32 = 168,820,736 (the backward's
 // read here as the forward's: at 7700 GB/s x 0.5 either is tens of microseconds, far under
-// the arithmetic).
-mp_op Core(mp_variant v) {
+// the arithmetic). dt: bf16, or cuDNN's FP8 kernel's E4M3 forward and E5M2 backward
+// (exec/schedule_block.c under --fp8-dpa).
+mp_op Core(mp_variant v, mp_dtype dt = MP_DTYPE_BF16) {
   mp_op o;
   memset(&o, 0, sizeof o);
   o.type = MP_OP_COMPUTE;
   o.kernel = MP_KERNEL_ATTENTION;
   o.variant = (uint8_t)v;
-  o.dtype = MP_DTYPE_BF16;
+  o.dtype = (uint8_t)dt;
   o.m = 8192;
   o.n = 8192;
   o.k = 128;
@@ -117,6 +118,45 @@ TEST(AttnExp, OneCoreByHandOnB200AndGB300) {
   const double u_pair = mp_sim_compute_op_s(&fwd, &u, &p) + mp_sim_compute_op_s(&bwd, &u, &p);
   EXPECT_NEAR(g_pair, 2422.11e-6, 0.01e-6);
   EXPECT_NEAR(g_pair / u_pair, 2.785 / 2.568, 2e-3);
+}
+
+// Transformer Engine's float8 attention (--fp8-dpa; Megatron-Core's
+// --fp8-dot-product-attention) priced as cuDNN's FP8 fused attention against its bf16 kernel
+// (sim/cluster.c, mp_attn_fp8_flops): the tensor-core part 4.510 / 2.837 = 1.590x faster, the
+// softmax exponentials' exposed time 2.018 / 1.014 = 1.990x the bf16 one, both fitted over
+// cudnn-frontend's SDPA training benchmark on the GB200 and GB300 (fb682ce,
+// benchmark/sdpa_benchmark_training/results/llama3.1). The same core by hand in FP8.
+TEST(Fp8Dpa, OneCoreByHandOnB200AndGB300) {
+  const mp_stack_profile p = FitOnH100();
+  const mp_op fwd = Core(MP_VAR_FWD, MP_DTYPE_FP8_E4M3), bwd = Core(MP_VAR_BWD, MP_DTYPE_FP8_E5M2);
+  // B200: attn_rate 2250e12 x 0.2823 x 0.400 / 0.35 = 7.259143e14 FLOP/s; an exponential
+  // 0.493 x 8192 / 16 x 0.561 = 141.605376 FLOPs, x 1.990 in FP8: 1.073873e9 x 141.605376 x
+  // 1.990138 = 3.026327e11. Tensor-core part 5.498229e11 / 1.589707 = 3.458642e11.
+  // Forward (3.458642e11 + 3.026327e11) / 7.259143e14 = 893.35 us (bf16: 966.90),
+  // backward (6.917284e11 + 3.026327e11) / 7.259143e14 = 1369.81 us (bf16: 1724.32).
+  const mp_gpu b = LoadGpu("b200");
+  const double b_rate = 2250e12 * 0.2823 * 0.400 / 0.35, exps = 549822922752.0 / 512.0;
+  const double tc = 4.510 / 2.837, ex = 2.018 / 1.014;
+  EXPECT_NEAR(mp_sim_compute_op_s(&fwd, &b, &p), (549822922752.0 / tc + exps * 141.605376 * ex) / b_rate, 1e-10);
+  EXPECT_NEAR(mp_sim_compute_op_s(&fwd, &b, &p), 893.35e-6, 0.01e-6);
+  EXPECT_NEAR(mp_sim_compute_op_s(&bwd, &b, &p), 1369.81e-6, 0.01e-6);
+  // GB300: 8.065714e14 FLOP/s and half the exponential's cost (MUFU.EX2 32 a clock an SM):
+  // forward (3.458642e11 + 1.513163e11) / 8.065714e14 = 616.41 us (bf16: 775.95), backward
+  // (6.917284e11 + 1.513163e11) / 8.065714e14 = 1045.22 us (bf16: 1457.63).
+  const mp_gpu u = LoadGpu("gb300");
+  EXPECT_NEAR(mp_sim_compute_op_s(&fwd, &u, &p), 616.41e-6, 0.01e-6);
+  EXPECT_NEAR(mp_sim_compute_op_s(&bwd, &u, &p), 1045.22e-6, 0.01e-6);
+  // Forward + backward, bf16 over FP8: 1.189x on the B200 and GB200 (whose exponentials cost
+  // the same) and 1.344x on the GB300, where cuDNN 9.22 measures 5.524 / 4.855 = 1.138x and
+  // 5.017 / 3.846 = 1.304x at batch 2: the GB300 gains more, its exponentials being cheaper;
+  // the bf16 price (exposed 0.493, fitted on cuDNN 9.19.1) is what the two ratios scale.
+  const mp_op bf = Core(MP_VAR_FWD, MP_DTYPE_BF16), bb = Core(MP_VAR_BWD, MP_DTYPE_BF16);
+  const double b_gain = (mp_sim_compute_op_s(&bf, &b, &p) + mp_sim_compute_op_s(&bb, &b, &p)) /
+                        (mp_sim_compute_op_s(&fwd, &b, &p) + mp_sim_compute_op_s(&bwd, &b, &p));
+  const double u_gain = (mp_sim_compute_op_s(&bf, &u, &p) + mp_sim_compute_op_s(&bb, &u, &p)) /
+                        (mp_sim_compute_op_s(&fwd, &u, &p) + mp_sim_compute_op_s(&bwd, &u, &p));
+  EXPECT_NEAR(b_gain, 1.1891, 1e-4);
+  EXPECT_NEAR(u_gain, 1.3442, 1e-4);
 }
 
 TEST(AttnExp, HopperKeepsItsFlopsOnlyPrice) {
