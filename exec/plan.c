@@ -195,16 +195,30 @@ int mp_fp8_te_copy_per_step(mp_fp8_recipe r, int param_gather) { return param_ga
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
+int64_t mp_fp8_te_scale_bytes(mp_fp8_recipe r, int rowwise, int block_2d, int64_t rows, int64_t cols) {
+  switch (r) {
+    case MP_FP8_MXFP8:
+      return rowwise ? round_up(rows, 128) * round_up(cols / 32, 4) : round_up(ceil_div(rows, 32), 4) * round_up(cols, 128);
+    case MP_FP8_NVFP4:
+      return rowwise ? round_up(rows, 128) * round_up(ceil_div(cols, 16), 4)
+                     : round_up(cols, 128) * round_up(ceil_div(rows, 16), 4);
+    case MP_FP8_BLOCKWISE:
+      if (block_2d)
+        return rowwise ? 4 * ceil_div(rows, 128) * round_up(ceil_div(cols, 128), 4)
+                       : 4 * ceil_div(cols, 128) * round_up(ceil_div(rows, 128), 4);
+      return rowwise ? 4 * ceil_div(cols, 128) * round_up(rows, 4) : 4 * ceil_div(rows, 128) * round_up(cols, 4);
+    default: return 0;
+  }
+}
+
 int64_t mp_fp8_te_weight_copy_bytes(mp_fp8_recipe r, int cc, int param_gather, int64_t rows, int64_t cols) {
   const int64_t data = (int64_t)mp_fp8_te_copies_per_elem(r, cc, param_gather) * rows * cols;
   if (r == MP_FP8_MXFP8)
-    return data + round_up(rows, 128) * round_up(cols / 32, 4) + round_up(ceil_div(rows, 32), 4) * round_up(cols, 128);
-  if (r == MP_FP8_NVFP4) /* E4M3 scales per 16, padded (NVFP4Quantizer::get_scale_shape), two fp32 amaxes */
-    return data + round_up(rows, 128) * round_up(cols / 16, 4) + round_up(cols, 128) * round_up(rows / 16, 4) + 8;
-  if (r == MP_FP8_BLOCKWISE) {
-    const int64_t colwise = 4 * ceil_div(cols, 128) * round_up(ceil_div(rows, 128), 4);
-    return data + colwise + (param_gather ? 0 : 4 * ceil_div(rows, 128) * round_up(ceil_div(cols, 128), 4));
-  }
+    return data + mp_fp8_te_scale_bytes(r, 1, 0, rows, cols) + mp_fp8_te_scale_bytes(r, 0, 0, rows, cols);
+  if (r == MP_FP8_NVFP4) /* both usages' scales and two fp32 amaxes */
+    return data + mp_fp8_te_scale_bytes(r, 1, 0, rows, cols) + mp_fp8_te_scale_bytes(r, 0, 0, rows, cols) + 8;
+  if (r == MP_FP8_BLOCKWISE) /* the column-wise copy's scales, and the row-wise workspace's without param_gather */
+    return data + mp_fp8_te_scale_bytes(r, 0, 1, rows, cols) + (param_gather ? 0 : mp_fp8_te_scale_bytes(r, 1, 1, rows, cols));
   /* per-tensor: the workspace's scale_inv (an fp32); a float8 weight's transpose shares its own */
   return data + (param_gather ? 0 : 4);
 }

@@ -107,6 +107,14 @@ int mp_fp8_gemm_any_layout(int cc);
  * of a step to the optimizer step (mp_fp8_te_copy_per_step). */
 int64_t mp_fp8_te_weight_copy_bytes(mp_fp8_recipe r, int cc, int param_gather, int64_t rows, int64_t cols);
 
+/* The bytes of one usage's scales of a rows x cols tensor Transformer Engine quantizes with
+ * recipe r (quantizer.cpp get_scale_shape, v2.8; NVFP4 v2.9): MXFP8 E8M0 per 32 and NVFP4
+ * E4M3 per 16, row-wise (rowwise 1) or column-wise, padded as above; blockwise fp32, 128 x 128
+ * tiles (block_2d 1: weights) or 1 x 128 (activations, column-wise [ceil(rows / 128),
+ * roundup(cols, 4)], row-wise [ceil(cols / 128), roundup(rows, 4)]); per-tensor recipes 0
+ * (their one fp32 scale left to the caller). */
+int64_t mp_fp8_te_scale_bytes(mp_fp8_recipe r, int rowwise, int block_2d, int64_t rows, int64_t cols);
+
 /* Bytes an element of such copies takes, scales left out: 0, 1 or 2 (NVFP4's two: 1). */
 int mp_fp8_te_copies_per_elem(mp_fp8_recipe r, int cc, int param_gather);
 

@@ -264,6 +264,7 @@ static void block_act_tt(const shapes *sh, int kind, mp_ac_mode ac, block_act *a
  * experts' activation (megatron/core/transformer/moe/experts.py, activation_func_with_probs,
  * core_v0.14) and its combine is an unweighted unpermute (token_dispatcher.py, unpermute
  * without probs; DeepEP's combine likewise), whose backward reads no saved tensor. */
+static int64_t mg_act_tf(const shapes *sh);
 static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int materialized, int64_t core_more,
                          block_act *a) {
   memset(a, 0, sizeof *a);
@@ -278,7 +279,7 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
     A = mp_sched_mla_attn_saved(sh, in) - 4 * T * sh->heads + core;
   int64_t M;
   if (kind == KIND_DENSE)
-    M = 2 * Ts * H + st * Ts + in + (sh->gated ? (sh->te_spec ? 3 : 4) : 2) * 2 * T * sh->d_ff + drop * Ts * H;
+    M = 2 * Ts * H + st * Ts + in + mg_act_tf(sh) * 2 * T * sh->d_ff + drop * Ts * H;
   else
     M = mlp_all(sh, kind) - 2 * sh->moe_tokens * sh->top_k * H; /* no combine input (above) */
   a->x = 2 * Ts * H;
@@ -295,6 +296,11 @@ static void block_act_mg(const shapes *sh, int kind, mp_ac_mode ac, int material
     a->rc_first = 1;
   }
 }
+
+/* How many [T, f] bf16 tensors a dense MLP's activation and fc2 save under the megatron model
+ * (block_act_mg's list): GeLU 2, SwiGLU 4, SwiGLU fused under the TE spec 3; fc2's input is
+ * one of them. */
+static int64_t mg_act_tf(const shapes *sh) { return sh->gated ? (sh->te_spec ? 3 : 4) : 2; }
 
 static void modules_act(const gen *g, int kind, block_act *a);
 
@@ -329,7 +335,7 @@ static void offload_act(const gen *g, block_act *a) {
   if (g->ms->saved != SAVED_KORTHIKANTI || g->layer < 0 || g->layer >= g->p->opts.cpu_offload_layers) return;
   const shapes *sh = &g->sh;
   const int64_t mask = sh->gpt * sh->tokens_sp * sh->d_model;
-  const int64_t act_in = (sh->gated ? (sh->te_spec ? 2 : 3) : 1) * 2 * sh->tokens * sh->d_ff;
+  const int64_t act_in = (mg_act_tf(sh) - 1) * 2 * sh->tokens * sh->d_ff; /* all but fc2's input */
   a->off_attn = a->x + a->attn - mask;
   a->off_mlp = a->mlp - mask - act_in;
   a->x = 0;
@@ -358,7 +364,6 @@ static void f8_cache_act(const gen *g, int kind, block_act *a);
  *                        [roundup(rows, 128), roundup(cols / 16, 4)]
  * Other recipes (torchao's rowwise) are not Transformer Engine's: the bf16 copy, 2 bytes. */
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-static int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 static int64_t te_q_data(const shapes *sh, int64_t elems) {
   switch (sh->fp8_recipe) {
@@ -371,15 +376,10 @@ static int64_t te_q_data(const shapes *sh, int64_t elems) {
   }
 }
 
+/* column-wise but where a per-tensor or NVFP4 input gathered under SP keeps its row-wise data
+ * (`rowwise`; per-tensor scales are 0): mp_fp8_te_scale_bytes, exec/plan_fp8.h */
 static int64_t te_q_scales(const shapes *sh, int64_t rows, int64_t cols, int rowwise) {
-  switch (sh->fp8_recipe) {
-    case MP_FP8_MXFP8: return round_up(ceil_div(rows, 32), 4) * round_up(cols, 128);
-    case MP_FP8_BLOCKWISE: return 4 * ceil_div(rows, 128) * round_up(cols, 4);
-    case MP_FP8_NVFP4:
-      return rowwise ? round_up(rows, 128) * round_up(ceil_div(cols, 16), 4)
-                     : round_up(cols, 128) * round_up(ceil_div(rows, 16), 4);
-    default: return 0;
-  }
+  return mp_fp8_te_scale_bytes(sh->fp8_recipe, rowwise && sh->fp8_recipe == MP_FP8_NVFP4, 0, rows, cols);
 }
 
 static int64_t te_q_bytes(const shapes *sh, int64_t rows, int64_t cols, int rowwise) {
