@@ -324,10 +324,15 @@ static int ln_drops(const shapes *sh, uint32_t rc, int attn, int kind) {
  * LayerNormLinear's input, norm statistics and normed output (q/k/v's: the block input; fc1's:
  * the MLP input), the fused attention's q, k, v, output and softmax statistics, q/k norms'
  * inputs and statistics, Linear's input (proj's: the attention output; fc2's: the activation
- * output). What Megatron's own functions save stays on the GPU: the activation function's
- * input (bias_swiglu / bias_gelu save fc1's output) and what the SwiGLU count adds (of the
- * gated 4 x 2Tf, all but fc2's input 2Tf; under the TE spec the count is 3 x 2Tf, of which fc1's
- * output 2 x 2Tf stays), and the two dropout masks of a GPT block (the
+ * output), and the fused SwiGLU's saved input, fc1's output [T, 2f]: Megatron-Core's MLP hands
+ * bias_swiglu_impl cpu_offload_input under --cpu-offloading with its activations
+ * (megatron/core/transformer/mlp.py, config.cpu_offloading and cpu_offloading_activations,
+ * core_v0.13.0 to core_v0.19.0), and SwiGLUFunction / BiasSwiGLUFunction set
+ * activation_offloading on the tensor they save (fused_bias_swiglu.py), the attribute TE's
+ * hook offloads by (tensor_need_offloading_checker_activations), so under the TE spec the whole
+ * 3 x 2Tf goes. What Megatron's other functions save stays on the GPU: bias_gelu_impl's input,
+ * fc1's output 2Tf (fused_bias_gelu.py marks nothing), the unfused SwiGLU's torch ops (of
+ * its 4 x 2Tf, all but fc2's input 2Tf), and the two dropout masks of a GPT block (the
  * bias-dropout-add's, Ts H each). Weights are never offloaded (offload_weights has had no
  * effect since v2.5: 'Offloading weights is deprecated'). Under the megatron memory model only
  * (mp_rule_cpu_offload_check keeps it to dense layers). */
@@ -335,7 +340,8 @@ static void offload_act(const gen *g, block_act *a) {
   if (g->ms->saved != SAVED_KORTHIKANTI || g->layer < 0 || g->layer >= g->p->opts.cpu_offload_layers) return;
   const shapes *sh = &g->sh;
   const int64_t mask = sh->gpt * sh->tokens_sp * sh->d_model;
-  const int64_t act_in = (mg_act_tf(sh) - 1) * 2 * sh->tokens * sh->d_ff; /* all but fc2's input */
+  /* the activation's saved tensors that stay: all but fc2's input, none of the fused SwiGLU's */
+  const int64_t act_in = sh->gated && sh->te_spec ? 0 : (mg_act_tf(sh) - 1) * 2 * sh->tokens * sh->d_ff;
   a->off_attn = a->x + a->attn - mask;
   a->off_mlp = a->mlp - mask - act_in;
   a->x = 0;

@@ -27,10 +27,10 @@ def simulate(*extra):
 
 
 # One layer's marked tensors at T = 8192 (tests/sim/cpu_offload_test.cc derives them at 4096:
-# 2T (4H + 6144 + H + f) + 8T + 128T = 16384 x 40960 + 65536 + 1048576 = 672,202,752 bytes).
-# The peak, at the head's backward, loses 16 of them; the copies take 672,202,752 / 63e9 =
-# 10.7 ms each.
-LAYER = 672202752
+# 2T (4H + 6144 + H + 3f) + 8T + 128T = 16384 x 69632 + 65536 + 1048576 = 1,141,964,800 bytes,
+# the fused SwiGLU's input among them). The peak, at the head's backward, loses 16 of them; the
+# copies take 1,141,964,800 / 63e9 = 18.1 ms each.
+LAYER = 1141964800
 base, off16, off31 = simulate(), simulate("--cpu-offload-layers", "16"), simulate("--cpu-offload-layers", "31")
 check(base and off16 and base["peak_mem_bytes"] - off16["peak_mem_bytes"] == 16 * LAYER,
       f"peak with 16 layers offloaded: {base.get('peak_mem_bytes')} -> {off16.get('peak_mem_bytes')}")
@@ -42,6 +42,40 @@ check(off31 and abs(off31["step_time_s"] - base["step_time_s"] - off31["offload_
       f"step {base.get('step_time_s')} + exposed {off31.get('offload_exposed_s')} != {off31.get('step_time_s')}")
 check(off31.get("offload_exposed_s", 1) < 2 * 31 * 2 * LAYER / 63e9,
       "exposed past all the copies of the step's two micro-batches")
+
+# Megatron-Bridge's Llama 3.1 405B GB200 FP8 layout under Megatron FSDP
+# (scripts/performance/configs/llama/llama31_workload_base_configs.py
+# LLAMA31_405B_PRETRAIN_CONFIG_GB200_FP8_CS_V1 at c8327cfc2^: 128 GPUs, tp 2, pp 1, seq 8192,
+# micro-batch 1, global batch 64, use_megatron_fsdp, cpu_offloading_num_layers 92 with
+# activations only; llama31_llm_pretrain.py: fsdp_double_buffer; fp8_cs: tensorwise with
+# fp8_param_gather; its two optimizer instances, Megatron FSDP's hybrid sharding, are refused
+# by name, so dp_shard 64). One layer's saved tensors a rank (T 8192, Ts = T / tp 4096,
+# H 16384, f / tp 26624, q / tp 8192, kv / tp 512, 64 heads a rank; the float8 Linears save
+# their inputs' 1-byte copies, the projection its bf16 input, the attention's output):
+#   block input 2TsH 134,217,728; q/k/v's rstd 4Ts 16,384 and normed input TsH 67,108,864;
+#   q, k, v 2T(q + 2kv) 150,994,944; output 2Tq 134,217,728; softmax statistics 4T x 64
+#   2,097,152; fc1's input 2TsH 134,217,728, rstd 16,384, normed input 67,108,864; the SwiGLU's
+#   input 2T x 2f 872,415,232; fc2's input Tf 218,103,808: 1,780,514,816 bytes.
+# Every one of them is marked, so an offloaded layer holds nothing on the GPU while its tensors
+# are on the host. The peak falls in the last micro-batch's backward just past the top layer's
+# (its gradients' reduce-scatter buffers out): the 33 kept layers below it (92 .. 124) and the
+# one group Transformer Engine has copied back ahead (layer 91's, whose window is 91 + 34 =
+# 125), 34 x 1,780,514,816 = 60,537,503,744 bytes (56.38 GiB). Were the SwiGLU's input left on
+# the GPU the 91 offloaded layers still on the host would add 91 x 872,415,232 bytes (73.94 GiB)
+# and the plan would not fit. Eight layers more offloaded take 8 kept layers off that peak.
+BIG = ["--model", "llama3.1-405b", "--gpus", "128", "--gpu", "gb200", "--nvlink-domain", "72", "--stack",
+       "megatron-core", "--mesh", "tp=2,dp_shard=64", "--seq", "8192", "--micro-batch", "1", "--global-batch", "64",
+       "--data-parallel-sharding-strategy", "optim_grads_params", "--fp8", "current", "--fp8-param-gather",
+       "--fsdp-double-buffer", "--json"]
+BIG_LAYER = 1780514816
+big = [run("simulate", *BIG, "--cpu-offload-layers", n) for n in ("92", "100")]
+big = [json.loads(p.stdout) if p.returncode == 0 else {} for p in big]
+check(big[0].get("mem_at_peak_bytes", {}).get("activations") == 34 * BIG_LAYER and big[0].get("fits"),
+      f"405B GB200 layout: {big[0].get('mem_at_peak_bytes')}, fits {big[0].get('fits')}")
+check(big[0] and big[1] and big[0]["peak_mem_bytes"] - big[1]["peak_mem_bytes"] == 8 * BIG_LAYER,
+      f"92 -> 100 offloaded: {big[0].get('peak_mem_bytes')} -> {big[1].get('peak_mem_bytes')}")
+p = run("simulate", *BIG[:-1], "--mesh", "dp_replicate=2,dp_shard=32,tp=2", "--cpu-offload-layers", "92", want_rc=2)
+check("hybrid sharding" in p.stderr and p.stderr.count("\n") <= 1, "HSDP: " + p.stderr)
 
 # explain's schedule states one layer's copy and the step's exposed copies, simulate's figure
 p = run("explain", *SIM, "--cpu-offload-layers", "31", "--schedule", "--json")

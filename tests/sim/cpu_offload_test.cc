@@ -24,27 +24,54 @@ void Megatron8b(PlanCase &k, int n) {
   k.cfg.record_trace = 1;
 }
 
+// The bytes one offloaded layer copies to the host (the schedule's offload_bytes); -1 where the
+// plan or its schedule fails.
+int64_t OffloadBytes(PlanCase &k) {
+  mp_plan *p = nullptr;
+  if (mp_build_plan(&k.ctx, &k.m, &k.mesh, &k.o, &p) != MP_OK) {
+    ADD_FAILURE() << mp_errmsg(&k.ctx);
+    return -1;
+  }
+  mp_arena *a = mp_arena_create();
+  mp_schedule *s = nullptr;
+  int64_t b = -1;
+  if (mp_schedule_build(&k.ctx, p, 0, MP_SCHEDULE_COMPACT, a, &s) == MP_OK) b = s->offload_bytes;
+  else ADD_FAILURE() << mp_errmsg(&k.ctx);
+  mp_arena_destroy(a);
+  mp_plan_destroy(p);
+  return b;
+}
+
 // One offloaded layer of llama3.1-8b (H 4096, f 14336, 32 query and 8 key-value heads of 128,
 // RMSNorm: 4 bytes of statistics a token), T = 4096 tokens, tp 1, bf16. The tensors
 // Transformer Engine marks: the block input 2TH; q/k/v's LayerNormLinear: rstd 4T and the
 // normed input 2TH; the fused attention: q, k, v 2T(q + 2 kv) = 2T x 6144, output 2Tq = 2TH,
 // softmax statistics 4T x 32; fc1's LayerNormLinear: its input h 2TH, rstd 4T, normed h 2TH;
-// fc2's input 2Tf. Not marked: Megatron's SwiGLU keeps fc1's output, the rest of the 4 x 2Tf
-// the model counts (3 x 2Tf). So 2T (4H + 6144 + H + f) + 8T + 128T = 8192 x 40960 + 32768 +
-// 524288 = 336,101,376 bytes.
-constexpr int64_t kLayerBytes = 336101376;
+// fc2's input 2Tf; and Megatron-Core's fused SwiGLU's saved input, fc1's output 2T x 2f, which
+// its MLP marks for the host itself (fused_bias_swiglu.py cpu_offload_input, mlp.py,
+// core_v0.13.0 on): the whole 3 x 2Tf the model counts for the MLP's activation. So
+// 2T (4H + 6144 + H + 3f) + 8T + 128T = 8192 x 69632 + 32768 + 524288 = 570,982,400 bytes, and
+// nothing of the layer stays on the GPU (llama's dropout is 0: no masks).
+constexpr int64_t kLayerBytes = 570982400;
 
 TEST(CpuOffload, OneLayersBytesAreTheTensorsTransformerEngineMarks) {
   PlanCase k("llama3.1-8b", "h100-8", "dp_replicate=8");
   Megatron8b(k, 4);
-  mp_plan *p = nullptr;
-  ASSERT_EQ(mp_build_plan(&k.ctx, &k.m, &k.mesh, &k.o, &p), MP_OK) << mp_errmsg(&k.ctx);
-  mp_arena *a = mp_arena_create();
-  mp_schedule *s = nullptr;
-  ASSERT_EQ(mp_schedule_build(&k.ctx, p, 0, MP_SCHEDULE_COMPACT, a, &s), MP_OK) << mp_errmsg(&k.ctx);
-  EXPECT_EQ(s->offload_bytes, kLayerBytes);
-  mp_arena_destroy(a);
-  mp_plan_destroy(p);
+  EXPECT_EQ(OffloadBytes(k), kLayerBytes);
+}
+
+// GPT-2 small's GeLU MLP under the same stack (H 768, f 3072, 12 heads of 64, LayerNorm: 8
+// bytes of statistics a token), T = 1024 tokens, tp 1: bias_gelu_impl marks nothing
+// (fused_bias_gelu.py), so fc1's output 2Tf stays on the GPU, with the two dropout masks T H
+// each. Marked, per token: the block input 2H 1536; q/k/v's LayerNormLinear: statistics 8,
+// normed input 2H 1536; q, k, v 2 x 3H 4608; softmax statistics 4 x 12 48; the output 2H 1536;
+// fc1's LayerNormLinear: its input 2H 1536, statistics 8, normed input 2H 1536; fc2's input 2f
+// 6144. 18,496 a token, 1024 x 18,496 = 18,939,904 bytes.
+TEST(CpuOffload, GeluInputStaysOnTheGpu) {
+  PlanCase k("gpt2-124m", "h100-8", "dp_replicate=8");
+  Megatron8b(k, 4);
+  k.o.seq = 1024;
+  EXPECT_EQ(OffloadBytes(k), 1024 * 18496);
 }
 
 // The activations' peak is at the head's backward (the logits' gradient beside every saved
