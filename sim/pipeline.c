@@ -373,15 +373,25 @@ static int64_t held_most(const mp_pp_step *ord, int64_t n, const int64_t *held) 
   return most;
 }
 
-mp_status mp_sim_pp_pairs(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind, mp_pp_flavor flavor,
-                           int pp, int v, int64_t n_micro, int stage, int64_t *pairs) {
-  *pairs = 0;
+mp_status mp_sim_pp_combined_save(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind, mp_pp_flavor flavor,
+                                  int pp, int v, int64_t n_micro, int stage, const mp_pp_stage_times *t,
+                                  double *save) {
+  *save = 0.0;
   const int64_t per = order_len(kind, v, n_micro);
   if (stage < 0 || stage >= pp)
     return mp_error(ctx, MP_ERR_INVALID, "pipeline order: stage %d of pp=%d", stage, pp);
+  const int shape = shape_of(kind), chunks = shape == SHAPE_DUAL ? 2 : v, K = pp * chunks;
+  if (!any_combined(&t, 1, chunks)) return MP_OK; /* no pair saves: no order to walk */
   const mp_pp_step *all = all_orders(ctx, ws, kind, flavor, pp, v, n_micro, per);
   if (all == NULL) return ctx->last;
-  for (int64_t i = 0; i < per; i++) *pairs += all[(size_t)stage * per + i].paired;
+  const mp_pp_step *ord = all + (size_t)stage * per;
+  /* the sweeps' rule (combined) and run_steps's saving, step for step */
+  for (int64_t i = 0; i < per; i++) {
+    if (combined(ord, i, per, stage, pp, K, shape, t) != 2) continue;
+    const double sf = t->fb_save[ord[i].chunk], sb = t->fb_save[ord[i + 1].chunk];
+    *save += sf < sb ? sf : sb;
+    i++;
+  }
   return MP_OK;
 }
 

@@ -350,19 +350,14 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
   double busy = 0.0, save = 0.0;
   /* a combined forward and backward (the EP all-to-all overlap) is busy for less: the
    * communication it hides is no longer exposed (compute slowed beside DeepEP's SMs, a
-   * negative saving, is compute); DualPipe runs each direction's chunk for half the
-   * micro-batches, and its named pairs save the smaller of the two chunks' savings */
-  if (dual) {
-    int64_t pairs = 0;
-    MP_CHECK(mp_sim_pp_pairs(ctx, cfg->ws, p->opts.pp_schedule, flavor, pp, v, n_micro, crit, &pairs));
-    const double s0 = c->t.fb_save[0], s1 = c->t.fb_save[1];
-    busy = (c->t.f[0] + c->t.b[0] + c->t.f[1] + c->t.b[1]) / 2.0;
-    save = (double)pairs * (s0 < s1 ? s0 : s1);
-    busy -= save / (double)n_micro;
-  } else {
-    for (int k = 0; k < v; k++) busy += c->t.f[k] + c->t.b[k] - c->t.fb_save[k], save += c->t.fb_save[k];
-    save *= (double)n_micro;
-  }
+   * negative saving, is compute). Only the pairs the critical stage's order runs save
+   * (the steady state's; the warm-up forwards and cool-down backwards run alone, their
+   * all-to-alls exposed), each the smaller of its two chunks' savings, as the timeline runs
+   * them; DualPipe runs each direction's chunk for half the micro-batches */
+  MP_CHECK(mp_sim_pp_combined_save(ctx, cfg->ws, p->opts.pp_schedule, flavor, pp, v, n_micro, crit, &c->t, &save));
+  for (int k = 0; k < (dual ? 2 : v); k++) busy += c->t.f[k] + c->t.b[k];
+  if (dual) busy /= 2.0;
+  busy -= save / (double)n_micro;
   if (save > 0) out->exposed_comm_s = out->exposed_comm_s > save ? out->exposed_comm_s - save : 0.0;
   else out->compute_s -= save;
   out->step_time_s = step;

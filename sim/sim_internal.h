@@ -92,10 +92,14 @@ mp_status mp_sim_stage_memory_over(mp_ctx *ctx, const mp_plan *p, const mp_sim_c
 mp_status mp_sim_pipeline_ws(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind,
                              mp_pp_flavor flavor, int pp, int v, int64_t n_micro,
                              const mp_pp_stage_times *const *stage, double *finish);
-/* The F&B pairs stage `stage`'s order names (DualPipe's overlapped steps; 0 under the
- * other schedules) into *pairs; its order is built in ws. */
-mp_status mp_sim_pp_pairs(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind, mp_pp_flavor flavor,
-                          int pp, int v, int64_t n_micro, int stage, int64_t *pairs);
+/* What the steps stage `stage`'s order runs as combined forward-and-backward pairs save on
+ * its times t, as the timeline runs them (mp_sim_pipeline): the smaller of the two chunks'
+ * fb_save a pair (Megatron-Core's combined 1F1B in the steady state, DualPipe's named F&B
+ * pairs); the warm-up forwards and cool-down backwards run alone and save nothing. Into
+ * *save; its order is built in ws. */
+mp_status mp_sim_pp_combined_save(mp_ctx *ctx, mp_sim_workspace *ws, mp_pp_schedule kind, mp_pp_flavor flavor,
+                                  int pp, int v, int64_t n_micro, int stage, const mp_pp_stage_times *t,
+                                  double *save);
 /* The activations stage `stage` holds at most walking its pipeline order, beyond what it
  * holds with one micro-batch alone (held: per chunk what its forward leaves held); its
  * order is built in ws. */

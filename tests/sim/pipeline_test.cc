@@ -2,8 +2,10 @@
 // closed forms of 1F1B and GPipe ((m + p - 1)(f + b), a bubble of (p - 1)/m of the busy
 // time) and of the interleaved schedule ((p - 1)/(v m)) with equal stages and free
 // transfers; then a small pipeline with uneven stages and transfer costs worked out step
-// by step; the zero-bubble schedules' p = 4, m = 8 with F = B = W against the Zero Bubble
-// paper, and ZBV's turn on one rank step by step.
+// by step; the EP overlap's combined steps (their steady state, the transfer each waits,
+// and a small interleaved pipeline with light first and heavy last chunks step by step);
+// the zero-bubble schedules' p = 4, m = 8 with F = B = W against the Zero Bubble paper,
+// and ZBV's turn on one rank step by step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -263,27 +265,99 @@ TEST(A2aOverlap, HybridEpSmsTollOnTheGb300) {
   EXPECT_NEAR(mp_sim_a2a_overlap_save_s(fc16, fa, 2, bc16, ba, 2, slow), 0.075, 1e-12);
 }
 
+// What each group of pp = 4 more micro-batches adds to every stage's finish (20 against 16)
+// on equal stages of 2 chunks, each f 0.5, b 1, saving `save`, transfers `send`.
+std::vector<double> GroupAdds(double save, double send, mp_pp_flavor flavor) {
+  mp_pp_stage_times t;
+  memset(&t, 0, sizeof t);
+  for (int c = 0; c < 2; c++) t.f[c] = 0.5, t.b[c] = 1.0, t.fb_save[c] = save;
+  t.send_f = t.send_b = send;
+  const mp_pp_stage_times *st[4] = {&t, &t, &t, &t};
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  double a[4], b[4];
+  EXPECT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, flavor, 4, 2, 16, st, a), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, flavor, 4, 2, 20, st, b), MP_OK) << mp_errmsg(&ctx);
+  std::vector<double> adds(4);
+  for (int s = 0; s < 4; s++) adds[s] = b[s] - a[s];
+  return adds;
+}
+
 TEST(PipelineTimeline, CombinedStepsPaceTheSteadyState) {
   // The EP overlap's combined steps (fb_save > 0, Megatron-LM's order with one more
   // warm-up forward): in the steady state every forward runs with a backward, so on equal
   // stages each group of pp more micro-batches adds pp x v combined chunk steps of
-  // (f + b) / v - s: pp (f + b - v s). f 1, b 2, v 2, s 0.25: 4 x (3 - 0.5) = 10 for pp 4.
-  mp_pp_stage_times t;
-  memset(&t, 0, sizeof t);
-  for (int c = 0; c < 2; c++) t.f[c] = 0.5, t.b[c] = 1.0, t.fb_save[c] = 0.25;
-  const mp_pp_stage_times *st[4] = {&t, &t, &t, &t};
+  // (f + b) / v - s: pp (f + b - v s). f 1, b 2, v 2, s 0.25: 4 x (3 - 0.5) = 10 for pp 4;
+  // without the saving the same order takes its (f + b) per micro-batch: 4 x 3 = 12.
+  for (double x : GroupAdds(0.25, 0.0, MP_PP_FLAVOR_MEGATRON_A2A)) EXPECT_NEAR(x, 10.0, 1e-9);
+  for (double x : GroupAdds(0.0, 0.0, MP_PP_FLAVOR_MEGATRON_A2A)) EXPECT_NEAR(x, 12.0, 1e-9);
+}
+
+TEST(PipelineTimeline, CombinedStepsWaitOnBothTransfers) {
+  // Megatron-LM's combined step (TransformerModelChunkSchedulePlan.run, models/common/
+  // model_chunk_schedule_plan.py, core_v0.14.0 and 9c5258f109) waits for the forward's and
+  // the backward's receives before its layers and sends the forward's output only after
+  // them. Its order puts stage s's backward k in steady step k on every stage and its
+  // forward of virtual step j two steps after stage s - 1's (two warm-up forwards more a
+  // stage): step k of stage s waits on step k of stage s + 1 and step k - 2 of stage s - 1,
+  // a cycle of two steps and two transfers. So every steady step waits one transfer d:
+  // each group of pp micro-batches adds pp x v (combined step + d), 8 x (1.25 + 0.1) =
+  // 10.8 (10 with free transfers, above). The plain order hides the same transfers: stage
+  // s + 1's forward and backward lie between stage s's forward and its backward that waits
+  // on them, 2 (f + b) / v against (f + b) / v + 2 d: 12 as with free transfers.
+  for (double x : GroupAdds(0.25, 0.1, MP_PP_FLAVOR_MEGATRON_A2A)) EXPECT_NEAR(x, 10.8, 1e-9);
+  for (double x : GroupAdds(0.0, 0.1, MP_PP_FLAVOR_MEGATRON)) EXPECT_NEAR(x, 12.0, 1e-9);
+}
+
+TEST(PipelineTimeline, CombinedStepsWithUnevenChunksWorkedStepByStep) {
+  // pp 2, v 2, m 4 under the EP overlap, virtual stages 0..3 (stage 0's chunks 0 and 2,
+  // stage 1's 1 and 3), transfers d = 0.1. An embedding chunk first and a head chunk last
+  // (the E and L slots of a layout "Et|tt|tt|tL"), each chunk's f / b / saving:
+  //   stage 0 c0 0.5 / 1 / 0.25, c1 1 / 2 / 0.5;  stage 1 c0 1 / 2 / 0.5, c1 1.5 / 3 / 0.25.
+  // Orders (warm-up (pp - s - 1) 2 + (v - 1) pp + 1: 5 and 3; F(c, i) chunk c, micro-batch
+  // i; pairs bracketed, each f + b less the smaller saving, starting when both inputs are
+  // there):
+  //   s0 F(0,0) F(0,1) F(1,0) F(1,1) F(0,2) [F(0,3) B(1,0)] [F(1,2) B(1,1)] [F(1,3) B(0,0)]
+  //      B(0,1) B(1,2) B(1,3) B(0,2) B(0,3)
+  //   s1 F(0,0) F(0,1) F(1,0) [F(1,1) B(1,0)] [F(0,2) B(1,1)] [F(0,3) B(0,0)] [F(1,2) B(0,1)]
+  //      [F(1,3) B(1,2)] B(1,3) B(0,2) B(0,3)
+  // Stage 0: F(0,0) [0, 0.5], F(0,1) [0.5, 1], F(1,0) [1.7, 2.7] (s1 F(0,0) 1.6 + d),
+  //   F(1,1) [2.7, 3.7], F(0,2) [3.7, 4.2], [F(0,3) B(1,0)] [8.65, 10.9] (s1's B(1,0) 8.55 +
+  //   d; 0.5 + 2 - 0.25), [F(1,2) B(1,1)] [12.4, 14.9], [F(1,3) B(0,0)] [14.9, 16.65]
+  //   (1 + 1 - 0.25), B(0,1) [18.35, 19.35], B(1,2) [22.6, 24.6], B(1,3) [25.6, 27.6],
+  //   B(0,2) [27.6, 28.6], B(0,3) [29.8, 30.8].
+  // Stage 1: F(0,0) [0.6, 1.6], F(0,1) [1.6, 2.6], F(1,0) [2.8, 4.3], [F(1,1) B(1,0)]
+  //   [4.3, 8.55] (1.5 + 3 - 0.25), [F(0,2) B(1,1)] [8.55, 12.3] (1 + 3 - 0.25),
+  //   [F(0,3) B(0,0)] [12.3, 14.8], [F(1,2) B(0,1)] [15, 18.25] (s0's step ended 14.9),
+  //   [F(1,3) B(1,2)] [18.25, 22.5], B(1,3) [22.5, 25.5], B(0,2) [25.5, 27.5], B(0,3)
+  //   [27.7, 29.7].
+  // Stage 0 is busy 3.5 + 6.5 + 7 = 17 of its 30.8 (13.8 idle: its light chunk 0 and the
+  // pairs' waits on stage 1's heavy chunk 1); its three pairs save 0.25 + 0.5 + 0.25 = 1,
+  // stage 1's five 0.25 + 0.25 + 0.5 + 0.25 + 0.25 = 1.5, not m x (its chunks' savings) =
+  // 3: the warm-up forwards and cool-down backwards run alone.
+  mp_pp_stage_times a, c;
+  memset(&a, 0, sizeof a);
+  memset(&c, 0, sizeof c);
+  a.f[0] = 0.5, a.b[0] = 1, a.fb_save[0] = 0.25, a.f[1] = 1, a.b[1] = 2, a.fb_save[1] = 0.5;
+  c.f[0] = 1, c.b[0] = 2, c.fb_save[0] = 0.5, c.f[1] = 1.5, c.b[1] = 3, c.fb_save[1] = 0.25;
+  a.send_f = a.send_b = c.send_f = c.send_b = 0.1;
+  const mp_pp_stage_times *st[2] = {&a, &c};
+  double finish[2];
   mp_ctx ctx;
   mp_ctx_init(&ctx);
-  double a[4], b[4], plain[4];
-  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON_A2A, 4, 2, 16, st, a), MP_OK)
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON_A2A, 2, 2, 4, st, finish), MP_OK)
       << mp_errmsg(&ctx);
-  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON_A2A, 4, 2, 20, st, b), MP_OK);
-  for (int s = 0; s < 4; s++) EXPECT_NEAR(b[s] - a[s], 10.0, 1e-9) << "stage " << s;
-  // without the saving the same order takes its (f + b) per micro-batch: 4 x 3 = 12
-  for (int c = 0; c < 2; c++) t.fb_save[c] = 0.0;
-  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON_A2A, 4, 2, 16, st, plain), MP_OK);
-  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON_A2A, 4, 2, 20, st, b), MP_OK);
-  for (int s = 0; s < 4; s++) EXPECT_NEAR(b[s] - plain[s], 12.0, 1e-9) << "stage " << s;
+  EXPECT_NEAR(finish[0], 30.8, 1e-9);
+  EXPECT_NEAR(finish[1], 29.7, 1e-9);
+  mp_sim_workspace *ws = NULL;
+  ASSERT_EQ(mp_sim_workspace_create(&ctx, &ws), MP_OK);
+  double save[2];
+  for (int s = 0; s < 2; s++)
+    ASSERT_EQ(mp_sim_pp_combined_save(&ctx, ws, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON_A2A, 2, 2, 4, s,
+                                      st[s], &save[s]), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_NEAR(save[0], 1.0, 1e-12);
+  EXPECT_NEAR(save[1], 1.5, 1e-12);
+  mp_sim_workspace_destroy(ws);
 }
 
 TEST(PipelineTimeline, RefusesWhatTheScheduleRefuses) {
