@@ -11,9 +11,8 @@
 /* A worker's cache of the current mesh's plans (see evaluate.h). */
 #define CACHE_PLANS 24
 typedef struct cached_plan {
-  int fp8, all_gather, pad_vocab, reshard, sp, pp_virtual, n_pp_layers; /* the options a
-                                                                            derived plan cannot
-                                                                            change */
+  int fp8, all_gather, pad_vocab, sp, pp_virtual, n_pp_layers; /* the options a derived plan
+                                                                   cannot change */
   mp_plan *base;
   mp_sim_plan_prep *prep;
 } cached_plan;
@@ -158,7 +157,7 @@ static mp_status cached_base(mp_ctx *ctx, mp_sim_eval_worker *w, const mp_candid
   for (int i = 0; i < w->n; i++) {
     cached_plan *e = &w->ent[i];
     if (e->fp8 == o->fp8 && e->all_gather == o->fp8_opts.all_gather &&
-        e->pad_vocab == o->tp.pad_vocab && e->reshard == o->fsdp.reshard_after_forward &&
+        e->pad_vocab == o->tp.pad_vocab &&
         e->sp == o->sp && e->pp_virtual == o->pp_virtual && e->n_pp_layers == o->n_pp_layers) {
       *out = e;
       return MP_OK;
@@ -166,8 +165,8 @@ static mp_status cached_base(mp_ctx *ctx, mp_sim_eval_worker *w, const mp_candid
   }
   /* not reached by the search's candidates; stay correct */
   if (w->n == CACHE_PLANS) cache_reset(w, &c->mesh);
-  cached_plan e = {o->fp8, o->fp8_opts.all_gather, o->tp.pad_vocab,
-                   o->fsdp.reshard_after_forward, o->sp, o->pp_virtual, o->n_pp_layers, NULL, NULL};
+  cached_plan e = {o->fp8, o->fp8_opts.all_gather, o->tp.pad_vocab, o->sp, o->pp_virtual, o->n_pp_layers,
+                   NULL, NULL};
   MP_CHECK(mp_build_plan_from(ctx, w->ev->tmpl, &c->mesh, o, w->arena, &e.base));
   MP_CHECK(mp_sim_plan_prep_create(ctx, e.base, &w->sim, w->arena, &e.prep));
   w->ent[w->n] = e;

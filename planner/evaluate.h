@@ -8,9 +8,10 @@
  * and its scratch arena, where it builds each candidate's plan and schedules.
  *
  * Speed: the candidates of one mesh differ in float8, reshard_after_forward, AC and
- * micro-batch; only float8 (and the mesh) changes a plan's parameters and units. Each
- * worker therefore keeps the plans of the mesh it is on, one per (float8, reshard, vocab
- * padding, float8 all-gather, SP, pipeline chunks), with their simulator preps
+ * micro-batch; only float8 (and the mesh) changes a plan's parameters and units (FSDP's units
+ * are laid out whatever the resharding, exec/pass_fsdp.c, and the simulator's prep reads no
+ * resharding). Each worker therefore keeps the plans of the mesh it is on, one per (float8,
+ * vocab padding, float8 all-gather, SP, pipeline chunks), with their simulator preps
  * (mp_sim_plan_prep_create), and derives each candidate's plan from one (mp_plan_derive):
  * the same plan and schedules mp_build_plan_from would give, without the passes. The key
  * is complete: mp_plan_derive changes only micro-batch, AC, resharding and the global
