@@ -12,11 +12,12 @@
  *  - deepseek-v3: deepseek-v3 on 2,048 H800 (8 per node), seq 4096 and global batch 15,360
  *    sequences, DeepSeek-V3's pre-training batch and sequence (its technical report,
  *    section 4.2): `meshplan plan --model deepseek-v3 --gpus 2048 --gpu h800 --seq 4096
- *    --global-batch 15360`, the search over ep x pp: under FSDP (the default stack) EP inside
- *    dp_shard, under DDP (--stack megatron-core) the expert grid (exec/mesh.h).
+ *    --global-batch 15360`, the search over ep x etp x pp: under FSDP (the default stack) EP
+ *    inside dp_shard and the expert grids torchtitan runs, under DDP (--stack megatron-core)
+ *    the expert grid (exec/mesh.h).
  * --model, --cluster or --gpus/--gpu, --seq, --global-batch and --stack override a case's
- * settings; --fix constrains the search as plan's --fix does (`--fix etp=1`: the expert grid
- * under FSDP, which the default search leaves to that fix). Float8 is not searched, as meshplan plan's default; --fp8 auto searches it
+ * settings; --fix constrains the search as plan's --fix does (`--fix etp=1`: every expert grid
+ * FSDP takes, none inside dp_shard). Float8 is not searched, as meshplan plan's default; --fp8 auto searches it
  * beside bf16 (plan's --fp8 auto: twice the candidates). Each run logs its ranked plans, as
  * meshplan plan does, or with --log all every candidate (plan --log-all). The database is
  * a fresh file per run in $TMPDIR (or --db DIR). */

@@ -528,10 +528,12 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
 /* The expert grid's EP sizes (exec/mesh.h, etp=1): ep dividing the routed experts, on a layout
  * the mesh accepts. Under DDP (Megatron-Core) EP comes from the stage's data-parallel, context
  * and tensor ranks; an ep dividing dp_shard is the layout inside dp_shard unless the fix names
- * etp=1. Under FSDP EP comes from dp_shard x cp x tp alone (mp_rule_ep_grid_fsdp_ok), searched
- * where a fix names etp=1: beside the layout inside dp_shard it multiplies the fitting plans to
- * simulate (DeepSeek-V3 on 2,048 GPUs: 7,667 simulations to 29,329, 0.6 s to 2.5 s on two
- * cores), so the default search keeps torchtitan's default layout. */
+ * etp=1. Under FSDP EP comes from dp_shard x cp x tp alone (mp_rule_ep_grid_fsdp_ok): a fix
+ * naming etp=1 searches every such grid; the default search the grids torchtitan's ParallelDims
+ * accepts (mp_rule_ep_grid_torchtitan_ok: ep a multiple of tp x cp, the layouts the stack
+ * runs and --emit torchtitan writes) with tp x cp > 1, since with tp x cp = 1 the grid is the
+ * layout inside dp_shard (the same ranks in the same groups,
+ * MoeCost.GridWithoutTpOrCpIsTheLayoutInsideDpShard), which the search holds already. */
 static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep) {
   const int dps = mesh->size[MP_DIM_DP_SHARD], tpcp = mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP];
   const int stage = mp_mesh_world(mesh) / mesh->size[MP_DIM_PP], inner = dps * tpcp, named = cfg->fix.etp == 1;
@@ -539,7 +541,10 @@ static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep) 
     return 0;
   if (cfg->dp == MP_DP_DDP)
     return (dps % ep || named) && (inner % ep == 0 || (ep % inner == 0 && stage % ep == 0));
-  return named && inner % ep == 0;
+  mp_mesh grid = *mesh;
+  grid.ep = ep;
+  grid.etp = 1;
+  return inner % ep == 0 && (named || (tpcp > 1 && mp_rule_ep_grid_torchtitan_ok(&grid)));
 }
 
 mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_search **out) {

@@ -43,8 +43,14 @@ void ExpectSame(const mp_sim_result &a, const mp_sim_result &b, const std::strin
   EXPECT_EQ(a.fits, b.fits) << what;
 }
 
+// The simulated candidates of a search on the expert grid and resharded after forward (each
+// mesh's plan is cached once for both reshard settings, planner/evaluate.h).
+struct Compared {
+  int64_t grid = 0, resharded = 0;
+};
+
 void RunAndCompare(const char *model, const char *gpu, int gpus, int per_node, int64_t seq,
-                   int64_t gb) {
+                   int64_t gb, Compared *seen = nullptr) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_model m;
@@ -90,6 +96,10 @@ void RunAndCompare(const char *model, const char *gpu, int gpus, int per_node, i
         << what << ": " << mp_errmsg(&ctx);
     ExpectSame(cd.res, ref, what);
     compared++;
+    if (seen) {
+      seen->grid += cd.mesh.etp == 1;
+      seen->resharded += cd.reshard;
+    }
   }
   EXPECT_EQ(compared, s->n_evaluated);
   mp_search_destroy(s);
@@ -161,7 +171,12 @@ TEST(Evaluate, MemoryFirstDecidesAsTheFullSimulation) {
 
 TEST(Evaluate, CachedPlansGiveTheUncachedPredictions) {
   RunAndCompare("llama3.1-8b", "h100-sxm", 16, 8, 4096, 64);  // pp, cp, tp, dp mixes
-  RunAndCompare("tiny-moe", "h100-sxm", 8, 8, 512, 32);       // ep > 1
+  Compared moe;
+  RunAndCompare("tiny-moe", "h100-sxm", 8, 8, 512, 32, &moe);  // ep > 1, the expert grid
+  // FSDP (the config's default) searches the expert grid (tp x cp > 1 on 8 GPUs) and both
+  // reshard settings of a mesh without pp, so both kinds of candidate were compared
+  EXPECT_GT(moe.grid, 0);
+  EXPECT_GT(moe.resharded, 0);
 }
 
 // A GPU without CUDA (the MI300X, ROCm) is searched under the torchtitan stack, its plans

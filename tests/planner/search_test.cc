@@ -270,47 +270,54 @@ TEST(SearchPrune, FixedEtpSearchesTheExpertGridUnderFsdp) {
   for (int64_t i = 0; i < u.s->n; i++) EXPECT_EQ(u.s->cands[i].mesh.etp, 0);
 }
 
-// Under FSDP the default search keeps EP inside dp_shard (torchtitan's default layout); the
-// expert grid is enumerated where the fix names etp=1, and then holds every layout torchtitan's
-// ParallelDims accepts for expert_tensor_parallel_degree 1 (ep a multiple of tp x cp dividing
-// dp_shard x cp x tp). 8 experts on 4 GPUs, by hand, (pp, dp_replicate, dp_shard, cp, tp, ep):
+// Under FSDP the default search enumerates the expert grids torchtitan runs beside EP inside
+// dp_shard (torchtitan's default layout). 8 experts on 4 GPUs; torchtitan's ParallelDims
+// accepts for expert_tensor_parallel_degree 1 an ep a multiple of tp x cp dividing
+// dp_shard x cp x tp, by hand, (pp, dp_replicate, dp_shard, cp, tp, ep) with tp x cp > 1:
 //   tp 2: dp_shard 2 with ep 2 and 4; dp_replicate 2 or pp 2 (dp_shard 1) with ep 2   4
 //   tp 4: ep 4                                                                         1
 //   cp 2: as tp 2                                                                      4
 //   cp 2 x tp 2, cp 4: ep 4                                                            2
-// 11 of torchtitan's grid meshes among those the fix gives (which also holds the grids FSDP
-// takes beyond torchtitan's, mp_rule_ep_grid_fsdp_ok: ep 2 on tp 4, and tp x cp = 1, which is
-// the layout inside dp_shard, MoeCost.GridWithoutTpOrCpIsTheLayoutInsideDpShard).
-TEST(SearchPrune, FsdpSearchesTheExpertGridWhereNamed) {
-  {  // by default torchtitan's layout alone: EP inside dp_shard
-    Search t(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
-    t.enumerate();
-    for (int64_t i = 0; i < t.s->n; i++) EXPECT_EQ(t.s->cands[i].mesh.etp, 0);
-    EXPECT_NE(t.find(1, 1, 2, 1, 2, 2, 1, 0, 0, 0), nullptr);
-    EXPECT_NE(t.find(1, 1, 4, 1, 1, 2, 1, 0, 0, 0), nullptr);
-  }
-  Search t(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
-  t.cfg.fix.etp = 1;
-  t.enumerate();
-  std::set<std::vector<int>> grid;
-  for (int64_t i = 0; i < t.s->n; i++) {
-    const mp_mesh &m = t.s->cands[i].mesh;
-    ASSERT_EQ(m.etp, 1);
-    grid.insert({m.size[MP_DIM_PP], m.size[MP_DIM_DP_REPLICATE], m.size[MP_DIM_DP_SHARD], m.size[MP_DIM_CP],
-                 m.size[MP_DIM_TP], m.ep});
-    EXPECT_TRUE(mp_mesh_expert_grid(&m));
-    EXPECT_TRUE(mp_rule_ep_grid_fsdp_ok(&m));
-  }
-  // torchtitan's grid layouts, counted by hand: ep dividing the 8 experts, a multiple of
-  // tp x cp > 1 and dividing dp_shard x cp x tp, on 4 GPUs with pp and dp_replicate outside
-  const std::set<std::vector<int>> want = {
+// 11 meshes, the default search's grids. A fix naming etp=1 adds every grid the FSDP pass
+// takes (mp_rule_ep_grid_fsdp_ok: ep dividing dp_shard x cp x tp): ep 2 on tp 4, on cp 4 and
+// on cp 2 x tp 2; and the grids with tp x cp = 1, which are the layout inside dp_shard
+// (MoeCost.GridWithoutTpOrCpIsTheLayoutInsideDpShard, so the default search holds them as
+// etp=0): ep 2 and 4 on dp_shard 4, ep 2 on dp_shard 2 beside dp_replicate 2 or pp 2. 18.
+TEST(SearchPrune, FsdpSearchesTheExpertGrid) {
+  const std::set<std::vector<int>> titan = {
       {1, 1, 2, 1, 2, 2}, {1, 1, 2, 1, 2, 4}, {1, 2, 1, 1, 2, 2}, {2, 1, 1, 1, 2, 2},
       {1, 1, 1, 1, 4, 4}, {1, 1, 2, 2, 1, 2}, {1, 1, 2, 2, 1, 4}, {1, 2, 1, 2, 1, 2},
       {2, 1, 1, 2, 1, 2}, {1, 1, 1, 2, 2, 4}, {1, 1, 1, 4, 1, 4}};
-  for (const auto &w : want) EXPECT_TRUE(grid.count(w)) << w[0] << w[1] << w[2] << w[3] << w[4] << w[5];
-  // beyond torchtitan's: ep 2 inside tp 4, and ep 2 on dp_shard 4 (tp x cp = 1)
-  EXPECT_TRUE(grid.count({1, 1, 1, 1, 4, 2}));
-  EXPECT_TRUE(grid.count({1, 1, 4, 1, 1, 2}));
+  std::set<std::vector<int>> named = titan;
+  named.insert({{1, 1, 1, 1, 4, 2}, {1, 1, 1, 4, 1, 2}, {1, 1, 1, 2, 2, 2}, {1, 1, 4, 1, 1, 2},
+                {1, 1, 4, 1, 1, 4}, {1, 2, 2, 1, 1, 2}, {2, 1, 2, 1, 1, 2}});
+  auto grids = [](const Search &t, bool all) {
+    std::set<std::vector<int>> g;
+    for (int64_t i = 0; i < t.s->n; i++) {
+      const mp_mesh &m = t.s->cands[i].mesh;
+      if (all) {
+        EXPECT_EQ(m.etp, 1) << i;
+      }
+      if (m.etp != 1) continue;
+      EXPECT_TRUE(mp_mesh_expert_grid(&m)) << i;
+      EXPECT_TRUE(mp_rule_ep_grid_fsdp_ok(&m)) << i;
+      g.insert({m.size[MP_DIM_PP], m.size[MP_DIM_DP_REPLICATE], m.size[MP_DIM_DP_SHARD], m.size[MP_DIM_CP],
+                m.size[MP_DIM_TP], m.ep});
+    }
+    return g;
+  };
+  Search d(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
+  d.enumerate();
+  EXPECT_EQ(grids(d, false), titan);
+  // EP inside dp_shard stays: ep 2 on dp_shard 2 x tp 2, and on dp_shard 4
+  const mp_candidate *in = d.find(1, 1, 4, 1, 1, 2, 1, 0, 0, 0);
+  ASSERT_NE(in, nullptr);
+  EXPECT_FALSE(mp_mesh_expert_grid(&in->mesh));
+  ASSERT_NE(d.find(1, 1, 2, 1, 2, 2, 1, 0, 0, 0), nullptr);
+  Search t(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
+  t.cfg.fix.etp = 1;
+  t.enumerate();
+  EXPECT_EQ(grids(t, true), named);
 }
 
 TEST(SearchPrune, TensorParallelMustDivideEachDim) {
