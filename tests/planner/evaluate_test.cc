@@ -130,7 +130,7 @@ void SearchWith(const char *model, const char *gpu, int gpus, int64_t seq, int64
   mp_sim_evaluator_free(&ev);
 }
 
-// memory_first: a pipelined plan's simulation stops at the first stage over capacity. The
+// memory_first: a plan's simulation stops at the first stage over capacity. The
 // plan's peak is the largest stage's (mp_sim_pipeline_result), so such a stage decides
 // "over capacity" exactly as the whole simulation does: every candidate's verdict is the
 // same, the plans that fit keep every figure to the bit (they are simulated in full), and a
