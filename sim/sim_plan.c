@@ -347,12 +347,16 @@ static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_
   /* memory_first: the selected stages are the first of their classes (pick_stages), each
    * reckoned as mp_sim_pipeline_result reckons it, so one over capacity is the plan's
    * verdict. Stage 0 (without pipeline parallelism the plan's one stage), which holds the
-   * most micro-batches in flight, and then the last, which alone holds the head, the loss
-   * and the MTP modules, are judged first by their memory alone (memory_verdict): most of
-   * the search's plans over capacity are over at one of them, and need no time run; the
-   * middle stages by their stage runs (a memory pass before each would cost the plans
-   * that fit more than it saves). The last stage's schedule is built once, kept in scratch
-   * for its stage run (not where the arena is reset between stages). */
+   * most micro-batches in flight, is judged first by its memory alone (memory_verdict):
+   * most of the search's plans over capacity are over there, and need no time run. With
+   * multi-token prediction the last stage comes next, also by its memory alone: it holds
+   * the MTP modules (DeepSeek-V3 sec. 2.2: a block, and the head and its loss again) on
+   * top of the head and the loss, which puts it over where stage 0 fits often enough that
+   * the pass saves the middle stages' runs; without MTP it is seldom over first, and the
+   * pass would cost the plans that fit more than it saves. The other stages are judged
+   * by their stage runs (a memory pass before each would cost the plans that fit more than
+   * it saves). The last stage's schedule is built once, kept in scratch for its stage run
+   * (not where the arena is reset between stages). */
   const int gate = cfg->memory_first && cfg->stage_peak_bytes == NULL &&
                    !(pp > 1 && p->opts.pp_schedule == MP_PP_DUALPIPE);
   int over = 0;
@@ -362,7 +366,7 @@ static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_
     mp_schedule *s = i == n - 1 && last ? last : NULL;
     if (s == NULL) st = stage_schedule(ctx, p, prep, i, scratch, &s);
     if (st == MP_OK && gate && i == 0) st = memory_verdict(ctx, p, prep, 0, s, cfg, &over, out);
-    if (st == MP_OK && gate && i == 0 && !over && n > 1 && !reset) {
+    if (st == MP_OK && gate && i == 0 && !over && n > 1 && !reset && p->model.mtp_layers > 0) {
       st = stage_schedule(ctx, p, prep, n - 1, scratch, &last);
       if (st == MP_OK) st = memory_verdict(ctx, p, prep, n - 1, last, cfg, &over, out);
     }

@@ -1,15 +1,16 @@
 // The search's memory-first simulation (mp_simulate_prepped with memory_first): stage 0
-// (without pipeline parallelism the one stage) and then the last stage are judged by their
-// memory alone before any time is simulated (sim/memory_pass.c), and the verdict and peak
-// must be the full simulation's. Each plan is simulated in full first, with every stage's
+// (without pipeline parallelism the one stage) and, with MTP modules, then the last stage
+// are judged by their memory alone before any time is simulated (sim/memory_pass.c), the
+// other stages by their stage runs, and the verdict and peak must be the full simulation's. Each plan is simulated in full first, with every stage's
 // peak (stage_peak_bytes, which turns the memory-first stop off); then the GPU's memory is
 // set to one byte under stage 0's peak, to one byte under the last stage's, and to the
 // plan's peak.
 //   one byte under stage 0's: stage 0 alone is over, so the memory-first result is that
 //     stage's figures: fits 0, peak_mem_bytes = stage 0's peak to the byte, and no time
 //     (step 0: stage 0 was never run in time, nor any other stage);
-//   one byte under the last stage's, where stage 0 fits that capacity: the last stage,
-//     judged right after stage 0, is over: its figures, and no time;
+//   one byte under the last stage's, where stage 0 fits that capacity: the last stage
+//     is over (judged right after stage 0 with MTP, else after the middle stages' runs, which
+//     fit): its figures, and no time;
 //   at the plan's peak: every stage fits (capacity = peak, fits is peak <= capacity), so
 //     the memory-first result is the full simulation's, field for field.
 // Capacity = mem_gib x 2^30 x (1 - headroom) truncated (sim.c, fill_memory); with headroom 0
@@ -33,6 +34,7 @@ struct Case {
   int64_t micro_batch, global_batch;
   mp_ac_mode ac;
   int alloc_replay; /* the stack's memory through PyTorch's caching allocator (sim.h) */
+  int mtp_layers;   /* multi-token-prediction modules on the last stage (the model's: 0) */
 };
 
 // Case k's plan at seq 2048 (*p; free with mp_plan_destroy), the cluster it runs on, the
@@ -45,6 +47,7 @@ void BuildCase(mp_ctx *ctx, const Case &k, mp_cluster *c, mp_stack_profile *prof
   mp_model m;
   mp_mesh mesh;
   ASSERT_EQ(mp_model_load(ctx, k.model, &m), MP_OK) << mp_errmsg(ctx);
+  if (k.mtp_layers > 0) m.mtp_layers = k.mtp_layers;
   ASSERT_EQ(mp_cluster_make(ctx, "h100-sxm", k.gpus, 8, c), MP_OK) << mp_errmsg(ctx);
   ASSERT_EQ(mp_mesh_parse(ctx, k.mesh, k.gpus, &mesh), MP_OK) << mp_errmsg(ctx);
   ASSERT_EQ(mp_stack_load(ctx, k.stack, prof), MP_OK) << mp_errmsg(ctx);
@@ -88,12 +91,16 @@ TEST(MemoryFirst, StageZeroAndTheLastByTheirMemoryAloneGiveTheFullSimulationsVer
       // MoE with MLA, its first block dense (stage 0's blocks unlike the others'), two
       // micro-batches (no middle one)
       {"deepseek-v2-lite", "torchtitan-compile", "pp=2,dp_shard=4", 8, 1, 8, MP_AC_NONE, 0},
+      // with an MTP module on the last stage (DeepSeek-V3's), which is then judged by its
+      // memory alone right after stage 0
+      {"deepseek-v2-lite", "torchtitan-compile", "pp=2,dp_shard=4", 8, 1, 8, MP_AC_NONE, 0, 1},
+      {"deepseek-v2-lite", "torchtitan-compile", "pp=4,dp_shard=2", 8, 1, 8, MP_AC_FULL, 0, 1},
   };
   int n_last = 0; /* cases whose last stage is over where stage 0 fits */
   for (const Case &k : cases) {
     const std::string what = std::string(k.model) + " " + k.stack + " " + k.mesh + " mb=" +
                              std::to_string(k.micro_batch) + " ac=" + mp_ac_mode_name(k.ac) +
-                             (k.alloc_replay ? " caching allocator" : "");
+                             (k.alloc_replay ? " caching allocator" : "") + (k.mtp_layers ? " MTP" : "");
     mp_ctx ctx;
     mp_ctx_init(&ctx);
     mp_cluster c;
