@@ -342,7 +342,7 @@ static void make_request(const plan_args *a, mp_sim_evaluator *ev, const char *o
                             .options_json = opts_json, .command = cmdline, .tool_version = MESHPLAN_VERSION};
   req->ranked_only = !mp_args_has(&k_spec, "--log-all");
   /* what is shown of a plan over capacity, unless logged, explained or plotted, is that it
-   * is over: its simulation stops at the first pipeline stage over capacity */
+   * is over: its simulation stops at the first stage over capacity */
   ev->sim.memory_first = req->ranked_only && !a->why && !a->plot_dir;
 }
 

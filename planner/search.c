@@ -539,9 +539,10 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
  * dividing dp_shard at etp 1 is the layout inside dp_shard unless the fix names etp=1.
  * Under FSDP EP comes from dp_shard x cp x tp alone (mp_rule_ep_grid_fsdp_ok; the meshplan
  * runtimes' plans may reach into dp_replicate too), searched where a fix names the etp:
- * beside the layout inside dp_shard it multiplies the fitting plans to simulate
- * (DeepSeek-V3 on 2,048 GPUs: 7,667 simulations to 29,329, 0.6 s to 2.5 s on two cores),
- * so the default search keeps torchtitan's default layout. etp is 1 or tp,
+ * beside the layout inside dp_shard even torchtitan's grids alone (ep a multiple of
+ * tp x cp > 1) multiply the fitting plans to simulate (DeepSeek-V3 on 2,048 H800: 1,151 to
+ * 13,179, 0.89 s to 4.2 s of CPU on two cores, the same best plan; docs/design.md), so the
+ * default search keeps torchtitan's default layout. etp is 1 or tp,
  * the two torchtitan runs (parallel_dims.py, v0.2.0) and Megatron-Core's two common
  * settings (its default is tp; 1 in DeepSeek-V3's and Qwen3's recipes). */
 static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep, int etp) {

@@ -305,10 +305,13 @@ typedef struct mp_sim_config {
                                     result's is the largest); NULL: not wanted */
   mp_sim_workspace *ws;          /* the calling thread's scratch (mp_sim_workspace); NULL: a
                                     temporary one for the call */
-  int memory_first;              /* mp_simulate_prepped under pipeline parallelism: 1 stops at
-                                    the first simulated stage over capacity (its memory
-                                    figures, fits 0, time figures 0: what a search ranking the
-                                    plans that fit needs of it); 0: every figure */
+  int memory_first;              /* mp_simulate_prepped: 1 stops at the first simulated stage
+                                    over capacity (its memory figures, fits 0, time figures
+                                    0: what a search ranking the plans that fit needs of it),
+                                    stage 0 (without pipeline parallelism the one stage)
+                                    and, with MTP modules, then the last judged by their
+                                    memory alone before any time run (not under DualPipe,
+                                    whose ranks hold two stages); 0: every figure */
 } mp_sim_config;
 
 typedef struct mp_sim_result {

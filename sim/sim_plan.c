@@ -327,6 +327,22 @@ mp_status mp_sim_plan_prep_create(mp_ctx *ctx, const mp_plan *p, const mp_sim_co
   return st;
 }
 
+/* Selected stage i's schedule, built in arena from its prep (made on first use). */
+static mp_status stage_schedule(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_prep *prep, int i,
+                                mp_arena *arena, mp_schedule **s) {
+  MP_CHECK(stage_prep(ctx, prep, i));
+  return mp_schedule_build_prepped(ctx, p, prep->sched[i], arena, s);
+}
+
+/* Selected stage i judged by its memory alone (mp_sim_stage_memory_pass: the stage run's
+ * verdict and peak): *over, and out as mp_sim_stage_memory_over gives it. */
+static mp_status memory_verdict(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_prep *prep, int i,
+                                const mp_schedule *s, const mp_sim_config *cfg, int *over,
+                                mp_sim_result *out) {
+  MP_CHECK(mp_sim_stage_memory_pass(ctx, s, cfg, &cfg->ws->stages[i]));
+  return mp_sim_stage_memory_over(ctx, p, cfg, &cfg->ws->stages[i], prep->sel[i], over, out);
+}
+
 /* mp_simulate_prepped in cfg->ws. */
 static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_prep *prep,
                                      const mp_sim_config *cfg, mp_arena *scratch,
@@ -334,27 +350,37 @@ static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_
   mp_sim_workspace *ws = cfg->ws;
   const int reset = scratch == NULL;
   MP_CHECK(schedule_arena(ctx, ws, scratch, &scratch));
-  const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
-  mp_status st = stage_room(ctx, ws, (size_t)prep->n_sel, (size_t)pp);
+  const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1, n = prep->n_sel;
+  mp_status st = stage_room(ctx, ws, (size_t)n, (size_t)pp);
   /* memory_first: the selected stages are the first of their classes (pick_stages), each
    * reckoned as mp_sim_pipeline_result reckons it, so one over capacity is the plan's
-   * verdict; stage 0, which holds the most micro-batches in flight, comes first */
-  const int gate = cfg->memory_first && pp > 1 && cfg->stage_peak_bytes == NULL;
+   * verdict. Stage 0 (without pipeline parallelism the plan's one stage), which holds the
+   * most micro-batches in flight, is judged first by its memory alone (memory_verdict):
+   * most of the search's plans over capacity are over there, and need no time run. With
+   * multi-token prediction the last stage comes next, also by its memory alone: it holds
+   * the MTP modules (DeepSeek-V3 sec. 2.2: a block, and the head and its loss again) on
+   * top of the head and the loss, which puts it over where stage 0 fits often enough that
+   * the pass saves the middle stages' runs; without MTP it is seldom over first, and the
+   * pass would cost the plans that fit more than it saves. The other stages are judged
+   * by their stage runs (a memory pass before each would cost the plans that fit more than
+   * it saves). The last stage's schedule is built once, kept in scratch for its stage run
+   * (not where the arena is reset between stages). */
+  const int gate = cfg->memory_first && cfg->stage_peak_bytes == NULL &&
+                   !(pp > 1 && p->opts.pp_schedule == MP_PP_DUALPIPE);
   int over = 0;
-  for (int i = 0; i < prep->n_sel && st == MP_OK && !over; i++) {
+  mp_schedule *last = NULL;
+  for (int i = 0; i < n && st == MP_OK && !over; i++) {
     if (reset) mp_arena_reset(scratch);
-    mp_schedule *s = NULL;
-    st = stage_prep(ctx, prep, i);
-    if (st == MP_OK) st = mp_schedule_build_prepped(ctx, p, prep->sched[i], scratch, &s);
-    /* stage 0 first by its memory alone (mp_sim_stage_memory_pass: the same verdict and
-     * peak): most of the search's plans over capacity are over it there, and need no time */
-    if (st == MP_OK && gate && i == 0 && p->opts.pp_schedule != MP_PP_DUALPIPE) {
-      st = mp_sim_stage_memory_pass(ctx, s, cfg, &ws->stages[i]);
-      if (st == MP_OK) st = mp_sim_stage_memory_over(ctx, p, cfg, &ws->stages[i], prep->sel[i], &over, out);
-      if (over) break;
+    mp_schedule *s = i == n - 1 && last ? last : NULL;
+    if (s == NULL) st = stage_schedule(ctx, p, prep, i, scratch, &s);
+    if (st == MP_OK && gate && i == 0) st = memory_verdict(ctx, p, prep, 0, s, cfg, &over, out);
+    if (st == MP_OK && gate && i == 0 && !over && n > 1 && !reset && p->model.mtp_layers > 0) {
+      st = stage_schedule(ctx, p, prep, n - 1, scratch, &last);
+      if (st == MP_OK) st = memory_verdict(ctx, p, prep, n - 1, last, cfg, &over, out);
     }
-    if (st == MP_OK) st = mp_sim_stage_run(ctx, s, cfg, prep->links[i], &ws->stages[i], NULL);
-    if (st == MP_OK && gate) st = mp_sim_stage_memory_over(ctx, p, cfg, &ws->stages[i], prep->sel[i], &over, out);
+    if (st == MP_OK && !over) st = mp_sim_stage_run(ctx, s, cfg, prep->links[i], &ws->stages[i], NULL);
+    if (st == MP_OK && gate && !over)
+      st = mp_sim_stage_memory_over(ctx, p, cfg, &ws->stages[i], prep->sel[i], &over, out);
   }
   if (st == MP_OK && !over) st = finish_plan(ctx, p, cfg, prep->rep, out);
   if (reset) mp_arena_reset(scratch);

@@ -44,8 +44,14 @@ void ExpectSame(const mp_sim_result &a, const mp_sim_result &b, const std::strin
   EXPECT_EQ(a.fits, b.fits) << what;
 }
 
+// The simulated candidates of a search on the expert grid and resharded after forward (each
+// mesh's plan is cached once for both reshard settings, planner/evaluate.h).
+struct Compared {
+  int64_t grid = 0, resharded = 0;
+};
+
 void RunAndCompare(const char *model, const char *gpu, int gpus, int per_node, int64_t seq,
-                   int64_t gb) {
+                   int64_t gb, Compared *seen = nullptr, int fix_etp = -1) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_model m;
@@ -61,6 +67,7 @@ void RunAndCompare(const char *model, const char *gpu, int gpus, int per_node, i
   cfg.cluster = &c;
   cfg.seq = seq;
   cfg.global_batch = gb;
+  cfg.fix.etp = fix_etp;
   cfg.n_threads = 2;
   cfg.eval = mp_sim_evaluate;
   cfg.eval_user = &ev;
@@ -91,6 +98,10 @@ void RunAndCompare(const char *model, const char *gpu, int gpus, int per_node, i
         << what << ": " << mp_errmsg(&ctx);
     ExpectSame(cd.res, ref, what);
     compared++;
+    if (seen) {
+      seen->grid += cd.mesh.etp == 1;
+      seen->resharded += cd.reshard;
+    }
   }
   EXPECT_EQ(compared, s->n_evaluated);
   mp_search_destroy(s);
@@ -127,7 +138,7 @@ void SearchWith(const char *model, const char *gpu, int gpus, int64_t seq, int64
   mp_sim_evaluator_free(&ev);
 }
 
-// memory_first: a pipelined plan's simulation stops at the first stage over capacity. The
+// memory_first: a plan's simulation stops at the first stage over capacity. The
 // plan's peak is the largest stage's (mp_sim_pipeline_result), so such a stage decides
 // "over capacity" exactly as the whole simulation does: every candidate's verdict is the
 // same, the plans that fit keep every figure to the bit (they are simulated in full), and a
@@ -169,6 +180,12 @@ TEST(Evaluate, MemoryFirstDecidesAsTheFullSimulation) {
 TEST(Evaluate, CachedPlansGiveTheUncachedPredictions) {
   RunAndCompare("llama3.1-8b", "h100-sxm", 16, 8, 4096, 64);  // pp, cp, tp, dp mixes
   RunAndCompare("tiny-moe", "h100-sxm", 8, 8, 512, 32);       // ep > 1
+  Compared moe;
+  RunAndCompare("tiny-moe", "h100-sxm", 8, 8, 512, 32, &moe, 1);  // the expert grid
+  // FSDP (the config's default) with etp=1 named searches the expert grid and both reshard
+  // settings of a mesh without pp, so both kinds of candidate were compared
+  EXPECT_GT(moe.grid, 0);
+  EXPECT_GT(moe.resharded, 0);
 }
 
 // A GPU without CUDA (the MI300X, ROCm) is searched under the torchtitan stack, its plans
