@@ -8,8 +8,8 @@
 #   - the four long-context rows (seq 16K to 128K at CP 1 to 8) within 5 % (-9.9 to -30.4 %
 #     under attention_eff 0.2823);
 #   - the check set's tokens/s MAPE below the shipped profile's, its step-time MAPE within half
-#     a point of it (7.01 -> 6.95 %: the MLPerf GPT-3 H100 rows of Oracle and Eos at 1,536 to
-#     11,616 GPUs, priced short, read closer under the refitted float8 ceiling, the v5.1 8B
+#     a point of it (7.10 -> 6.91 %: the MLPerf GPT-3 H100 rows of Oracle, SMC and Eos at 512
+#     to 11,616 GPUs, priced short, read closer under the refitted float8 ceiling, the v5.1 8B
 #     float8 rows further off);
 #   - Meta's Llama 3 rows (stack meta-llama3) unmoved;
 #   - the rows past 15 % that check_row_limits.txt does not list: mlp51_8b_b200_256 and
