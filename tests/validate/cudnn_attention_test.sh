@@ -7,7 +7,10 @@
 #     H100 dev rows of 0.58, 0.59 and 0.60, every one of them within 5 %;
 #   - the four long-context rows (seq 16K to 128K at CP 1 to 8) within 5 % (-9.9 to -30.4 %
 #     under attention_eff 0.2823);
-#   - the check set's tokens/s MAPE below the shipped profile's, its step-time MAPE above it;
+#   - the check set's tokens/s and step-time MAPE both below the shipped profile's (step time
+#     7.55 -> 7.00 %: the delayed-scaling MLPerf GPT-3 H100 rows of rounds v3.1 to v4.1, 768 to
+#     11,616 GPUs, priced 5-12 % short, read closer under the refitted float8 ceiling 0.59,
+#     the v5.1 8B float8 rows further off);
 #   - Meta's Llama 3 rows (stack meta-llama3) unmoved;
 #   - the rows past 15 % that check_row_limits.txt does not list: mlp51_8b_b200_256 and
 #     qwen235_pp32_h100_step, the rows that keep these keys out of megatron-core.json.
@@ -59,11 +62,12 @@ for k in ("qwen235_lc16k_h100_tps", "qwen235_lc32k_h100_tps", "qwen235_lc64k_h10
 for metric in ("tokens_per_s_per_gpu", "step_time_s"):
     a, b = ({k: r for k, r in rows.items() if r["metric"] == metric} for rows in (shipped, check))
     print(f"check {metric} MAPE {100 * mape(a):.2f} -> {100 * mape(b):.2f} %")
-    # tokens/s falls (the long-context rows); step time rises (the MLPerf v5.1 8B float8 rows,
-    # whose forwards the result logs' validation steps show faster than priced and whose
-    # backwards slower: docs/validation.md)
-    if (mape(b) > mape(a)) != (metric == "step_time_s"):
-        fails.append(f"check {metric} MAPE {'rises' if mape(b) > mape(a) else 'falls'}")
+    # tokens/s falls (the long-context rows); step time falls too: the MLPerf v5.1 8B float8
+    # rows, whose forwards the result logs' validation steps show faster than priced and whose
+    # backwards slower (docs/validation.md), move off, the delayed-scaling GPT-3 H100 rows
+    # priced short move closer at fp8_gemm_eff_max 0.59, and they are the more
+    if mape(b) >= mape(a):
+        fails.append(f"check {metric} MAPE does not fall")
 moved = [k for k in shipped if k.startswith("l3_") and shipped[k]["predicted"] != check[k]["predicted"]]
 if moved:
     fails.append(f"Llama 3 rows moved: {moved}")
