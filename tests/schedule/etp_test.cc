@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "exec/plan.h"
 #include "exec/schedule.h"
@@ -53,6 +54,39 @@ int64_t EtpCollectives(const mp_schedule *s) {
   return t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_ETP] + t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP];
 }
 
+// The block of prm that rank stores: its offsets, and its lengths where want_len is given.
+void ExpectTile(const mp_plan *p, const mp_param *prm, int rank, const std::vector<int64_t> &want_off,
+                const std::vector<int64_t> &want_len) {
+  int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
+  ASSERT_TRUE(mp_param_tile(p, prm, rank, off, len)) << rank;
+  EXPECT_EQ(std::vector<int64_t>(off, off + prm->ndim), want_off) << rank;
+  if (!want_len.empty()) {
+    EXPECT_EQ(std::vector<int64_t>(len, len + prm->ndim), want_len) << rank;
+  }
+}
+
+// Both tiny-moe exchanges below move 65,536 B a kind over 2 layers: the EP all-to-all in 8
+// ops, the expert-TP all-gather and reduce-scatter in 4 each.
+void ExpectTinyMoeExchange(const mp_schedule *s) {
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(s, &t);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 8);
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 65536.0);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_ETP], 4);
+  EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP], 4);
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_ETP], 65536.0);
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP], 65536.0);
+}
+
+// The forward gate GEMMs' m, n, k, batch and count against the derivation's.
+void ExpectGate(const GateGemm &g, const GateGemm &want) {
+  EXPECT_EQ(g.m, want.m);
+  EXPECT_EQ(g.n, want.n);
+  EXPECT_EQ(g.k, want.k);
+  EXPECT_EQ(g.batch, want.batch);
+  EXPECT_EQ(g.count, want.count);
+}
+
 const mp_param *Param(const mp_plan *p, const char *fqn) {
   for (int i = 0; i < p->n_params; i++)
     if (std::strcmp(p->params[i].fqn, fqn) == 0) return &p->params[i];
@@ -74,15 +108,9 @@ TEST(Etp, ExpertWeightShard) {
   const mp_param *gate = Param(b.plan, "layers.0.moe.experts.gate_proj.weight");
   const mp_param *down = Param(b.plan, "layers.0.moe.experts.down_proj.weight");
   ASSERT_TRUE(gate && down);
-  int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
-  ASSERT_TRUE(mp_param_tile(b.plan, gate, 3, off, len));
-  EXPECT_EQ(std::vector<int64_t>(off, off + 3), (std::vector<int64_t>{4, 16, 0}));
-  EXPECT_EQ(std::vector<int64_t>(len, len + 3), (std::vector<int64_t>{4, 16, 64}));
-  ASSERT_TRUE(mp_param_tile(b.plan, down, 3, off, len));
-  EXPECT_EQ(std::vector<int64_t>(off, off + 3), (std::vector<int64_t>{4, 0, 16}));
-  EXPECT_EQ(std::vector<int64_t>(len, len + 3), (std::vector<int64_t>{4, 64, 16}));
-  ASSERT_TRUE(mp_param_tile(b.plan, gate, 6, off, len));
-  EXPECT_EQ(std::vector<int64_t>(off, off + 3), (std::vector<int64_t>{4, 0, 0}));
+  ExpectTile(b.plan, gate, 3, {4, 16, 0}, {4, 16, 64});
+  ExpectTile(b.plan, down, 3, {4, 0, 16}, {4, 64, 16});
+  ExpectTile(b.plan, gate, 6, {4, 0, 0}, {});
   EXPECT_EQ(mp_param_local_numel(b.plan, gate, 6), 4096);
   EXPECT_EQ(mp_param_local_numel(b.plan, down, 6), 4096);
 }
@@ -106,21 +134,9 @@ TEST(Etp, MegatronGathersAndScattersOverExpertTp) {
   Built b;
   Build(&b, TinyMoe("dp_replicate=2,tp=2,ep=2,etp=2", MP_MEM_MODEL_MEGATRON, 2));
   ASSERT_EQ(b.model.n_layers, 2);
-  mp_schedule_totals t;
-  mp_schedule_totals_compute(b.s, &t);
   EXPECT_EQ(mp_mesh_group_size(&b.plan->mesh, MP_GROUP_ETP), 2);
-  EXPECT_EQ(t.n_comm[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 8);
-  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 65536.0);
-  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_ETP], 4);
-  EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP], 4);
-  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_ETP], 65536.0);
-  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP], 65536.0);
-  const GateGemm g = GateFwd(b.s);
-  EXPECT_EQ(g.count, 2);
-  EXPECT_EQ(g.m, 32);
-  EXPECT_EQ(g.n, 16);
-  EXPECT_EQ(g.k, 64);
-  EXPECT_EQ(g.batch, 4);
+  ExpectTinyMoeExchange(b.s);
+  ExpectGate(GateFwd(b.s), {32, 16, 64, 4, 2});
 
   Built one;
   Build(&one, TinyMoe("dp_replicate=2,tp=2,ep=2,etp=1", MP_MEM_MODEL_MEGATRON, 2));
@@ -159,29 +175,11 @@ TEST(Etp, RuntimeRunsEtpBelowTp) {
   const mp_param *gate = Param(b.plan, "layers.0.moe.experts.gate_proj.weight");
   const mp_param *down = Param(b.plan, "layers.0.moe.experts.down_proj.weight");
   ASSERT_TRUE(gate && down);
-  int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
-  ASSERT_TRUE(mp_param_tile(b.plan, gate, 3, off, len));
-  EXPECT_EQ(std::vector<int64_t>(off, off + 3), (std::vector<int64_t>{4, 16, 0}));
-  EXPECT_EQ(std::vector<int64_t>(len, len + 3), (std::vector<int64_t>{4, 16, 64}));
-  ASSERT_TRUE(mp_param_tile(b.plan, gate, 2, off, len));
-  EXPECT_EQ(std::vector<int64_t>(off, off + 3), (std::vector<int64_t>{4, 0, 0}));
-  ASSERT_TRUE(mp_param_tile(b.plan, down, 1, off, len));
-  EXPECT_EQ(std::vector<int64_t>(off, off + 3), (std::vector<int64_t>{0, 0, 16}));
-  EXPECT_EQ(std::vector<int64_t>(len, len + 3), (std::vector<int64_t>{4, 64, 16}));
-  mp_schedule_totals t;
-  mp_schedule_totals_compute(b.s, &t);
-  EXPECT_EQ(t.n_comm[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 8);
-  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 65536.0);
-  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_ETP], 4);
-  EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP], 4);
-  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_ETP], 65536.0);
-  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP], 65536.0);
-  const GateGemm g = GateFwd(b.s);
-  EXPECT_EQ(g.count, 32);
-  EXPECT_EQ(g.m, 4);
-  EXPECT_EQ(g.n, 16);
-  EXPECT_EQ(g.k, 64);
-  EXPECT_EQ(g.batch, 1);
+  ExpectTile(b.plan, gate, 3, {4, 16, 0}, {4, 16, 64});
+  ExpectTile(b.plan, gate, 2, {4, 0, 0}, {});
+  ExpectTile(b.plan, down, 1, {0, 0, 16}, {4, 64, 16});
+  ExpectTinyMoeExchange(b.s);
+  ExpectGate(GateFwd(b.s), {4, 16, 64, 1, 32});
 }
 
 // torchtitan's ExpertTensorParallel (etp = tp; torchtitan/distributed/expert_parallel.py and
