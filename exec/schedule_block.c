@@ -184,15 +184,19 @@ static void swiglu(gen *g, mp_variant v, int module, int64_t elems) {
 
 /* The routed experts' GEMMs: one grouped op per Linear (batch = the local experts, m_exp
  * rows each), or, in the runtimes (the runtime's experts_forward / experts_backward), one
- * GEMM per (source EP rank, local expert) block of m_exp / ep rows under balanced routing,
- * each a launch of its own and as efficient as its size: the forward's gate and up block
- * by block, then down; the backward's down, then gate and up block by block. Float8
- * experts keep the grouped op (the runtimes run their experts without float8). */
+ * GEMM per (expert-TP rank, source EP rank, local expert) block of m_exp / (ep x
+ * etp_rows) rows under balanced routing (the expert-TP group's gathered blocks, etp_rows
+ * of them, each holding every EP source's rows: exec/runtime/runtime_etp.c), each a launch
+ * of its own and as efficient as its size: the forward's gate and up block by block, then
+ * down; the backward's down, then gate and up block by block. Float8 experts keep the
+ * grouped op (the runtimes run their experts without float8). */
+static int expert_sources(const shapes *sh) { return sh->ep * sh->etp_rows; }
+
 static int expert_blocks(const gen *g) {
   const shapes *sh = &g->sh;
   return g->ms->runtime && !sh->fp8[MP_MOD_EXPERTS_GATE] && !sh->fp8[MP_MOD_EXPERTS_UP] &&
                  !sh->fp8[MP_MOD_EXPERTS_DOWN]
-             ? sh->ep * sh->experts_local
+             ? expert_sources(sh) * sh->experts_local
              : 0;
 }
 
@@ -214,9 +218,10 @@ static void experts_gate_up_fwd(gen *g, int64_t H) {
     mp_sched_linear_fwd(g, MP_MOD_EXPERTS_UP, sh->tokens_per_expert, sh->d_ff_expert, H, sh->experts_local);
     mark_grouped(g, first);
   }
+  const double m = sh->tokens_per_expert / expert_sources(sh);
   for (int b = 0; b < nb; b++) {
-    mp_sched_linear_fwd(g, MP_MOD_EXPERTS_GATE, sh->tokens_per_expert / sh->ep, sh->d_ff_expert, H, 1);
-    mp_sched_linear_fwd(g, MP_MOD_EXPERTS_UP, sh->tokens_per_expert / sh->ep, sh->d_ff_expert, H, 1);
+    mp_sched_linear_fwd(g, MP_MOD_EXPERTS_GATE, m, sh->d_ff_expert, H, 1);
+    mp_sched_linear_fwd(g, MP_MOD_EXPERTS_UP, m, sh->d_ff_expert, H, 1);
   }
 }
 
@@ -226,7 +231,8 @@ static void experts_down_fwd(gen *g, int64_t H) {
   const int32_t first = g->n_ops;
   if (nb == 0) mp_sched_linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->tokens_per_expert, H, sh->d_ff_expert, sh->experts_local);
   mark_grouped(g, first);
-  for (int b = 0; b < nb; b++) mp_sched_linear_fwd(g, MP_MOD_EXPERTS_DOWN, sh->tokens_per_expert / sh->ep, H, sh->d_ff_expert, 1);
+  const double m = sh->tokens_per_expert / expert_sources(sh);
+  for (int b = 0; b < nb; b++) mp_sched_linear_fwd(g, MP_MOD_EXPERTS_DOWN, m, H, sh->d_ff_expert, 1);
 }
 
 /* The routed experts' backward, their SwiGLU's between down and gate/up; WGRAD FLOPs with
@@ -242,7 +248,7 @@ static void experts_bwd(gen *g, int64_t H, int64_t Tk) {
     mp_sched_linear_bwd(g, MP_MOD_EXPERTS_UP, sh->tokens_per_expert, sh->d_ff_expert, H, sh->experts_local);
     mark_grouped(g, first);
   } else {
-    const double m = sh->tokens_per_expert / sh->ep;
+    const double m = sh->tokens_per_expert / expert_sources(sh);
     for (int b = 0; b < nb; b++) mp_sched_linear_bwd(g, MP_MOD_EXPERTS_DOWN, m, H, sh->d_ff_expert, 1);
     swiglu(g, MP_VAR_BWD, MP_MOD_EXPERTS_GATE, received_rows(sh, Tk) * sh->d_ff_expert);
     for (int b = 0; b < nb; b++) {
@@ -250,7 +256,8 @@ static void experts_bwd(gen *g, int64_t H, int64_t Tk) {
       mp_sched_linear_bwd(g, MP_MOD_EXPERTS_UP, m, sh->d_ff_expert, H, 1);
     }
   }
-  if (g->status == MP_OK) mp_sched_fix_wgrad_flops(g, first, nb == 0 ? sh->tokens_per_expert : sh->tokens_per_expert / sh->ep);
+  if (g->status == MP_OK)
+    mp_sched_fix_wgrad_flops(g, first, nb == 0 ? sh->tokens_per_expert : sh->tokens_per_expert / expert_sources(sh));
 }
 
 /* Megatron-Core's MoE token dispatcher synchronises the host where the routed counts

@@ -544,7 +544,8 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
  * 13,179, 0.89 s to 4.2 s of CPU on two cores, the same best plan; docs/design.md), so the
  * default search keeps torchtitan's default layout. etp is 1 or tp,
  * the two torchtitan runs (parallel_dims.py, v0.2.0) and Megatron-Core's two common
- * settings (its default is tp; 1 in DeepSeek-V3's and Qwen3's recipes). */
+ * settings (its default is tp; 1 in DeepSeek-V3's and Qwen3's recipes), or the size a fix
+ * names (etp_sizes). */
 static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep, int etp) {
   const int dps = mesh->size[MP_DIM_DP_SHARD], tpcp = mesh->size[MP_DIM_CP] * mesh->size[MP_DIM_TP];
   const int stage = mp_mesh_world(mesh) / mesh->size[MP_DIM_PP], inner = dps * tpcp, named = cfg->fix.etp == etp;
@@ -557,6 +558,34 @@ static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep, 
   /* the meshplan runtimes (executable_only) also run EP reaching into dp_replicate, the
    * experts' gradients summed over the expert-DP group (mp_mesh_expert_replica_group) */
   return named && (inner % blk == 0 || (cfg->executable_only && blk % inner == 0 && stage % blk == 0));
+}
+
+/* The expert-TP sizes searched at tensor-parallel size tp: 1 and tp (grid_ep_ok), and an
+ * etp a fix names besides them, which Megatron-Core takes apart from tp
+ * (--expert-tensor-parallel-size: any size whose ep x etp grid the stage's ranks hold,
+ * parallel_state.py initialize_model_parallel, core_v0.14.0). */
+static int etp_sizes(const mp_search_config *cfg, int tp, int out[3]) {
+  int n = 0;
+  out[n++] = 1;
+  if (tp > 1) out[n++] = tp;
+  if (cfg->fix.etp > 1 && cfg->fix.etp != tp) out[n++] = cfg->fix.etp;
+  return n;
+}
+
+/* The expert-grid candidates of a dense mesh: each ep among the divisors of the stage's
+ * ranks (divs[0 .. nd), up to r1) at each expert-TP size that grid_ep_ok takes. */
+static mp_status enum_grid(enum_state *e, mp_mesh *mesh, const int *divs, int nd, int r1) {
+  int etps[3];
+  const int n_etp = etp_sizes(e->cfg, mesh->size[MP_DIM_TP], etps);
+  mp_status st = MP_OK;
+  for (int k = 0; k < nd && divs[k] <= r1 && st == MP_OK; k++)
+    for (int j = 0; j < n_etp && st == MP_OK; j++)
+      if (grid_ep_ok(e->cfg, mesh, divs[k], etps[j])) {
+        mesh->ep = divs[k];
+        mesh->etp = etps[j];
+        st = enum_options(e, mesh);
+      }
+  return st;
 }
 
 mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_search **out) {
@@ -620,13 +649,7 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
             mesh.etp = 0;
             st = enum_options(&e, &mesh);
           }
-          for (int k = 0; moe && k < nd && divs[k] <= r1 && st == MP_OK; k++)
-            for (int etp = 1; etp <= tp && st == MP_OK; etp = etp == 1 && tp > 1 ? tp : tp + 1)
-              if (grid_ep_ok(cfg, &mesh, divs[k], etp)) {
-                mesh.ep = divs[k];
-                mesh.etp = etp;
-                st = enum_options(&e, &mesh);
-              }
+          if (moe && st == MP_OK) st = enum_grid(&e, &mesh, divs, nd, r1);
         }
       }
     }

@@ -14,12 +14,17 @@ mp_status mp_runtime_plan_check(mp_ctx *ctx, const mp_plan *p) {
 
 /* The expert grid (exec/mesh.h) the runtime executes: EP over dp_shard x tp, each tp rank
  * routing its own sequence shard (runtime_block.c), experts whole on a rank (etp = 1) or
- * split over their expert-TP group (etp = tp > 1, runtime_etp.c: the received rows
- * all-gathered over the group, the outputs reduce-scattered, as Megatron-Core's all-to-all
- * dispatcher) on the CPU backend, inside pipeline stages too (each micro-batch keeps its
- * per-block counts, runtime_pp.c), their gradients reduced over the expert-FSDP group and
+ * split over their expert-TP group (etp > 1, runtime_etp.c: the received rows all-gathered
+ * over the group, the outputs reduce-scattered, as Megatron-Core's all-to-all dispatcher)
+ * on the CPU backend, inside pipeline stages too (each micro-batch keeps its per-block
+ * counts, runtime_pp.c), their gradients reduced over the expert-FSDP group and
  * dp_replicate (runtime_fsdp.c, runtime_step.c); EP may reach into dp_replicate on the CPU
- * backend, the gradients then summed over the expert-DP group. */
+ * backend, the gradients then summed over the expert-DP group. etp is any size the mesh
+ * accepts (ep x etp consecutive ranks, exec/mesh.c), as Megatron-Core takes
+ * --expert-tensor-parallel-size apart from tp (parallel_state.py, core_v0.14.0): etp
+ * dividing tp, equal to it, a multiple of it, or above 1 with tp = 1. Every rank routes
+ * its own rows (its sequence shard under tp with SP, else its micro-batch), so the
+ * expert-TP group gathers what its ranks received whichever dense ranks it spans. */
 static mp_status grid_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o, const char *mb) {
   if (!mp_mesh_expert_grid(mesh)) return MP_OK;
   const int tp = mesh->size[MP_DIM_TP], in = mesh->size[MP_DIM_DP_SHARD] * tp;
@@ -33,11 +38,6 @@ static mp_status grid_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_opti
                     "its expert-TP group) is executed by the runtime's CPU backend only (its ring of sendrecvs "
                     "over the group runs on host memory); train it without --device cuda, or plan and simulate "
                     "it", mb, etp);
-  /* the layouts tests/runtime/parity_matrix.py runs against one rank; the planner's search
-   * (planner/search.c, grid_ep_ok) offers etp 1 or tp */
-  if (etp > 1 && etp != tp)
-    return mp_error(ctx, MP_ERR_UNSUPPORTED, "mesh %s: expert tensor parallelism with etp=%d other than tp=%d is "
-                    "planned and simulated only; the runtime executes etp=1 or etp=tp", mb, etp, tp);
   /* EP reaching into dp_replicate (Megatron-Core's expert grid over its whole data-parallel
    * group): the experts whole on a rank, their gradients summed over the expert-DP group
    * (mp_mesh_expert_replica_group), run by tests/runtime/parity_matrix.py on the CPU backend */

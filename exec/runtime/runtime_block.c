@@ -8,8 +8,8 @@
  * region's boundary is a gather or a scatter of runtime_sp.c; the routed experts, which
  * are replicated over tp, run on all N rows and keep the rows of the shard. Under the
  * expert grid (rt->grid: EP spans the tp ranks, experts whole on each with etp = 1, split
- * over the tp ranks with etp = tp) each tp rank routes only its shard's Nr = Ns rows, read
- * from its chunk of the gathered xn2 (torchtitan's ReordererSequenceParallel,
+ * over their expert-TP group with etp > 1) each tp rank routes only its shard's Nr = Ns
+ * rows, read from its chunk of the gathered xn2 (torchtitan's ReordererSequenceParallel,
  * torchtitan/distributed/expert_parallel.py, v0.2; Megatron-Core's token dispatcher, whose
  * tp group is the expert-TP one).
  *

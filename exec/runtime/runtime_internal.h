@@ -165,7 +165,7 @@ struct mp_runtime {
   /* sequence parallelism (tp > 1 and the plan's sp): the residual stream holds Ns = N / tp
    * rows, the rank's sequence shard (runtime_sp.c); else Ns = N */
   int sp, Ns;
-  /* the expert grid with tp (exec/mesh.h, etp = 1 or tp, check.c: with SP): the EP group spans
+  /* the expert grid with tp (exec/mesh.h, any etp, check.c: with SP): the EP group spans
    * the tp ranks and each routes only its sequence shard, Nr = Ns rows (runtime_block.c);
    * else grid = 0 and every rank routes its Nr = N rows */
   int grid, Nr;

@@ -178,6 +178,16 @@ TEST(Passes, MoeWithPipelinePlannedAndExecuted) {
   ExpectCpuRunsCudaRefuses(m, "pp=2,dp_shard=2,tp=2,ep=2,etp=2", nullptr, "executed by the runtime's CPU backend only");
 }
 
+// etp other than tp (Megatron-Core's --expert-tensor-parallel-size apart from tp): below tp
+// (tp=4 x ep=2 x etp=2), with tp=1 (dp_shard=4 x ep=2 x etp=2) and above tp (dp_shard=4 x
+// tp=2 x ep=2 x etp=4) executed on the CPU backend (tests/runtime/parity_matrix.py trains
+// each against one rank), refused by name on CUDA
+TEST(Passes, EtpOtherThanTpExecutedOnCpu) {
+  mp_model m = LoadModel("tiny-moe");
+  for (const char *mesh : {"tp=4,ep=2,etp=2", "dp_shard=4,ep=2,etp=2", "dp_shard=4,tp=2,ep=2,etp=4"})
+    ExpectCpuRunsCudaRefuses(m, mesh, nullptr, "executed by the runtime's CPU backend only");
+}
+
 // EP reaching into dp_replicate (dp_replicate=2 x tp=2 with ep=4: ep x etp = 4 a multiple of
 // dp_shard x cp x tp = 2): torchtitan's FSDP borrows EP from dp_shard x cp x tp alone, so its
 // plan is refused; the meshplan runtimes' plans keep the experts whole on a rank (expert-FSDP

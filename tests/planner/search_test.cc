@@ -270,6 +270,25 @@ TEST(SearchPrune, DdpSearchesExpertTensorParallelAtTp) {
   for (int64_t i = 0; i < f.s->n; i++) EXPECT_EQ(f.s->cands[i].mesh.etp, 2) << i;
 }
 
+// A fix naming an etp other than 1 or tp (Megatron-Core's --expert-tensor-parallel-size,
+// taken apart from tp; train --mesh tp=4,ep=2,etp=2) is searched beside tp's (etp_sizes):
+// under FSDP on 4 GPUs at cp 1, etp=2 with ep x etp dividing dp_shard x tp = 4 gives ep 2 on
+// dp_shard 4 x tp 1 (etp above tp), dp_shard 2 x tp 2 (etp = tp) and tp 4 (etp below tp);
+// ep 4 takes 8 ranks, more than the 4.
+TEST(SearchPrune, FixedEtpOtherThanTpIsSearched) {
+  Search t(fake_moe_model(8), fake_cluster(1, 4), 4096, 4);
+  ASSERT_EQ(mp_search_fix_parse(&t.ctx, "etp=2", &t.cfg.fix), MP_OK) << mp_errmsg(&t.ctx);
+  t.enumerate();
+  std::set<std::vector<int>> grids;
+  for (int64_t i = 0; i < t.s->n; i++) {
+    const mp_mesh &m = t.s->cands[i].mesh;
+    EXPECT_EQ(m.etp, 2) << i;
+    if (m.size[MP_DIM_CP] == 1)
+      grids.insert({m.size[MP_DIM_PP], m.size[MP_DIM_DP_REPLICATE], m.size[MP_DIM_DP_SHARD], m.size[MP_DIM_TP], m.ep});
+  }
+  EXPECT_EQ(grids, (std::set<std::vector<int>>{{1, 1, 4, 1, 2}, {1, 1, 2, 2, 2}, {1, 1, 1, 4, 2}}));
+}
+
 // A fix naming etp=1 (train --mesh with etp: torchtitan's expert_tensor_parallel_degree 1)
 // searches the grid under FSDP too: EP over dp_shard x tp, dividing dp_shard (ep=2 on
 // dp_shard=2 x tp=2) or not (ep=4 there, ep=2 on tp=2 alone); no candidate keeps EP inside

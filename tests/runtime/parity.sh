@@ -5,7 +5,7 @@
 # ep; every AC mode; float8) and compares losses and step-1 gradients, and each run's
 # measured peak memory with its prediction (meshplan-cpu memory model); this script adds
 # the refusals (cp with EP, float8 inside a pipeline, the expert grid without SP or with
-# ep=1, expert tensor parallelism other than etp = tp: exit 2; a mesh
+# ep=1: exit 2; a mesh
 # that does not match the world: exit non-zero on every rank, no hang), and the routed
 # experts' loads under the capacity against the single rank's. Never hangs: `timeout`. MPI flags as tests/comm/run_mpi.sh explains (shared memory only, private
 # backing directory, --allow-run-as-root when root).
@@ -49,8 +49,6 @@ refused "tiny-moe cp=2 x ep=2" 4 "expert parallelism with context parallelism" -
 refused "tiny-moe tp=2 x ep=2 x etp=1 without SP" 2 "expert grid with tp only under sequence parallelism" \
   --model tiny-moe --mesh tp=2,ep=2,etp=1 --no-sp
 refused "tiny-moe tp=2 x etp=1 with ep=1" 2 "etp with ep=1" --model tiny-moe --mesh tp=2,etp=1
-# expert tensor parallelism other than etp = tp (the matrix runs etp = tp = 2)
-refused "tiny-moe dp_shard=4 x ep=2 x etp=2 (tp=1)" 4 "etp=2 other than tp=1" --model tiny-moe --mesh dp_shard=4,ep=2,etp=2
 refused "tiny-moe-pp pp=2 with float8" 2 "float8 with pipeline parallelism" --model tiny-moe-pp --mesh pp=2 --fp8
 refused "pp=2 with float8" 2 "float8 with pipeline parallelism" --model tiny-dense --mesh pp=2 --fp8
 # The routed experts' loads (--metrics expert_loads) under the capacity (factor 1.0): summed

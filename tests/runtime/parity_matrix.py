@@ -37,7 +37,10 @@ parallelism (etp=2: each local expert split over its expert-TP group, the receiv
 all-gathered over it and the outputs reduce-scattered): dp_shard=2 x tp=2 x ep=2 on
 tiny-moe, and on 8 ranks with an expert-FSDP group of 2 and with dp_replicate=2; inside
 pipeline stages, tiny-moe-pp on pp=2 x dp_shard=2 x tp=2 x ep=2 x etp=2 under 1F1B and
-interleaved and pp=2 x dp_replicate=2 x tp=2 x ep=2 x etp=2 under GPipe.
+interleaved and pp=2 x dp_replicate=2 x tp=2 x ep=2 x etp=2 under GPipe. etp other than
+tp: tp=4 x ep=2 x etp=2, with dp_shard=2 and dp_replicate=2 (8 ranks) and inside pp=2
+stages; etp=2 with tp=1 on dp_shard=4 and dp_shard=8 x ep=2; etp=4 above tp=2 on
+dp_shard=4 x tp=2 x ep=2.
 Every run is under `timeout` and MESHPLAN_COMM_TIMEOUT_S: a hang fails the test, naming the
 rank, group and operation.
 
@@ -312,6 +315,22 @@ def build_rows():
         rows.append(row("tiny-moe", "dp_shard=2,tp=2,ep=2,etp=2", ac, quick=ac == "full"))
     rows.append(row("tiny-moe", "dp_shard=4,tp=2,ep=2,etp=2", "selective-core", gb=16))
     rows.append(row("tiny-moe", "dp_replicate=2,dp_shard=2,tp=2,ep=2,etp=2", "none", gb=16))
+    # etp other than tp (Megatron-Core's --expert-tensor-parallel-size apart from tp: the
+    # expert grid [edp, ep, etp], etp innermost, over the stage's ranks, parallel_state.py
+    # core_v0.14.0). Every rank routes its own rows (under tp with SP its sequence shard),
+    # so an expert-TP group gathers rows of ranks that hold other shards or other batches:
+    # tp=4 x ep=2 x etp=2 (ETP {0,1} {2,3}, EP {0,2} {1,3}: half a tp group each), and on 8
+    # ranks with an expert-FSDP group of 2 (dp_shard=2; the experts' reduce-scatter) and an
+    # expert-DP group of 2 (dp_replicate=2; the experts' all-reduce), inside pipeline
+    # stages; etp=2 with tp=1 (ETP groups of two dp_shard ranks: two micro-batches
+    # gathered), alone and with an expert-FSDP group of 2; etp=4 above tp=2
+    rows.append(row("tiny-moe", "tp=4,ep=2,etp=2", "selective-core", quick=True))
+    rows.append(row("tiny-moe", "dp_shard=2,tp=4,ep=2,etp=2", "none", gb=16))
+    rows.append(row("tiny-moe", "dp_replicate=2,tp=4,ep=2,etp=2", "full", gb=16))
+    rows.append(row("tiny-moe-pp", "pp=2,tp=4,ep=2,etp=2", "selective-core", gb=16))
+    rows.append(row("tiny-moe", "dp_shard=4,ep=2,etp=2", "none", quick=True))
+    rows.append(row("tiny-moe", "dp_shard=8,ep=2,etp=2", "selective-core", gb=16))
+    rows.append(row("tiny-moe", "dp_shard=4,tp=2,ep=2,etp=4", "none", gb=16))
     # inside pipeline stages (tiny-moe-pp, 8 ranks): each micro-batch's per-block counts kept
     # from its forward to its backward, under 1F1B, interleaved and GPipe; the GPipe row's EP
     # x ETP block of 4 reaches into dp_replicate (expert-DP of one rank)

@@ -7,8 +7,9 @@
 #   - resharding: a checkpoint saved on dp_shard=4 resumes on tp=2 x dp_shard=2,
 #     dp_replicate=2 x dp_shard=2, tp=4 and one rank; an MoE one saved on dp_shard=4 x ep=4
 #     resumes on dp_shard=2 x ep=2 x dp_replicate=2, on dp_replicate=2 x tp=2 x ep=4 x etp=1
-#     (EP reaching into dp_replicate) and on one rank, one saved on that grid resumes on one
-#     rank, the dense one also on
+#     (EP reaching into dp_replicate), on tp=4 x ep=2 x etp=2 and on one rank, one saved on
+#     that grid resumes on one rank, one saved on tp=4 x ep=2 x etp=2 on one rank and on
+#     dp_shard=4 x ep=2 x etp=2, the dense one also on
 #     pp=2 x dp_shard=2; a tied model saved on pp=4 resumes on one rank and on pp=2 x
 #     dp_shard=2: every loss within 1e-5 (relative) of the straight run's (the
 #     reductions' order changes with the mesh)
@@ -133,6 +134,15 @@ mpi "$bin" "${common[@]}" --model tiny-moe --mesh dp_replicate=2,tp=2,ep=4,etp=1
   --checkpoint-every 6 --metrics "$g.jsonl" >/dev/null 2>&1
 reshard grid_one tiny-moe "$g" "$g.jsonl" 1 single
 reshard moe_grid tiny-moe "$m" "$m.jsonl" 4 dp_replicate=2,tp=2,ep=4,etp=1
+# expert tensor parallelism below tp (tp=4 x ep=2 x etp=2: each expert's gate/up rows and
+# down columns split over an expert-TP group of half a tp group): its checkpoint resumes on
+# one rank and with etp=2 over tp=1 (dp_shard=4 x ep=2), and the dp_shard=4 x ep=4 one onto it
+x="$tmp/savedetp"
+mpi "$bin" "${common[@]}" --model tiny-moe --mesh tp=4,ep=2,etp=2 --checkpoint-dir "$x" --checkpoint-every 6 \
+  --metrics "$x.jsonl" >/dev/null 2>&1
+reshard etp_one tiny-moe "$x" "$x.jsonl" 1 single
+reshard etp_tp1 tiny-moe "$x" "$x.jsonl" 4 dp_shard=4,ep=2,etp=2
+reshard moe_etp tiny-moe "$m" "$m.jsonl" 4 tp=4,ep=2,etp=2
 
 # --eval-only under any mesh: the dp_shard=4 checkpoint's eval loss (no --val-data: the
 # training data's first batches) on tp=2 x dp_shard=2 and on one rank, within 1e-5

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "exec/plan.h"
 #include "exec/schedule.h"
@@ -53,6 +54,39 @@ int64_t EtpCollectives(const mp_schedule *s) {
   return t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_ETP] + t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP];
 }
 
+// The block of prm that rank stores: its offsets, and its lengths where want_len is given.
+void ExpectTile(const mp_plan *p, const mp_param *prm, int rank, const std::vector<int64_t> &want_off,
+                const std::vector<int64_t> &want_len) {
+  int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
+  ASSERT_TRUE(mp_param_tile(p, prm, rank, off, len)) << rank;
+  EXPECT_EQ(std::vector<int64_t>(off, off + prm->ndim), want_off) << rank;
+  if (!want_len.empty()) {
+    EXPECT_EQ(std::vector<int64_t>(len, len + prm->ndim), want_len) << rank;
+  }
+}
+
+// Both tiny-moe exchanges below move 65,536 B a kind over 2 layers: the EP all-to-all in 8
+// ops, the expert-TP all-gather and reduce-scatter in 4 each.
+void ExpectTinyMoeExchange(const mp_schedule *s) {
+  mp_schedule_totals t;
+  mp_schedule_totals_compute(s, &t);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 8);
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 65536.0);
+  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_ETP], 4);
+  EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP], 4);
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_ETP], 65536.0);
+  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP], 65536.0);
+}
+
+// The forward gate GEMMs' m, n, k, batch and count against the derivation's.
+void ExpectGate(const GateGemm &g, const GateGemm &want) {
+  EXPECT_EQ(g.m, want.m);
+  EXPECT_EQ(g.n, want.n);
+  EXPECT_EQ(g.k, want.k);
+  EXPECT_EQ(g.batch, want.batch);
+  EXPECT_EQ(g.count, want.count);
+}
+
 const mp_param *Param(const mp_plan *p, const char *fqn) {
   for (int i = 0; i < p->n_params; i++)
     if (std::strcmp(p->params[i].fqn, fqn) == 0) return &p->params[i];
@@ -74,15 +108,9 @@ TEST(Etp, ExpertWeightShard) {
   const mp_param *gate = Param(b.plan, "layers.0.moe.experts.gate_proj.weight");
   const mp_param *down = Param(b.plan, "layers.0.moe.experts.down_proj.weight");
   ASSERT_TRUE(gate && down);
-  int64_t off[MP_MAX_NDIM], len[MP_MAX_NDIM];
-  ASSERT_TRUE(mp_param_tile(b.plan, gate, 3, off, len));
-  EXPECT_EQ(std::vector<int64_t>(off, off + 3), (std::vector<int64_t>{4, 16, 0}));
-  EXPECT_EQ(std::vector<int64_t>(len, len + 3), (std::vector<int64_t>{4, 16, 64}));
-  ASSERT_TRUE(mp_param_tile(b.plan, down, 3, off, len));
-  EXPECT_EQ(std::vector<int64_t>(off, off + 3), (std::vector<int64_t>{4, 0, 16}));
-  EXPECT_EQ(std::vector<int64_t>(len, len + 3), (std::vector<int64_t>{4, 64, 16}));
-  ASSERT_TRUE(mp_param_tile(b.plan, gate, 6, off, len));
-  EXPECT_EQ(std::vector<int64_t>(off, off + 3), (std::vector<int64_t>{4, 0, 0}));
+  ExpectTile(b.plan, gate, 3, {4, 16, 0}, {4, 16, 64});
+  ExpectTile(b.plan, down, 3, {4, 0, 16}, {4, 64, 16});
+  ExpectTile(b.plan, gate, 6, {4, 0, 0}, {});
   EXPECT_EQ(mp_param_local_numel(b.plan, gate, 6), 4096);
   EXPECT_EQ(mp_param_local_numel(b.plan, down, 6), 4096);
 }
@@ -106,21 +134,9 @@ TEST(Etp, MegatronGathersAndScattersOverExpertTp) {
   Built b;
   Build(&b, TinyMoe("dp_replicate=2,tp=2,ep=2,etp=2", MP_MEM_MODEL_MEGATRON, 2));
   ASSERT_EQ(b.model.n_layers, 2);
-  mp_schedule_totals t;
-  mp_schedule_totals_compute(b.s, &t);
   EXPECT_EQ(mp_mesh_group_size(&b.plan->mesh, MP_GROUP_ETP), 2);
-  EXPECT_EQ(t.n_comm[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 8);
-  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 65536.0);
-  EXPECT_EQ(t.n_comm[MP_COLL_ALL_GATHER][MP_GROUP_ETP], 4);
-  EXPECT_EQ(t.n_comm[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP], 4);
-  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_GATHER][MP_GROUP_ETP], 65536.0);
-  EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_REDUCE_SCATTER][MP_GROUP_ETP], 65536.0);
-  const GateGemm g = GateFwd(b.s);
-  EXPECT_EQ(g.count, 2);
-  EXPECT_EQ(g.m, 32);
-  EXPECT_EQ(g.n, 16);
-  EXPECT_EQ(g.k, 64);
-  EXPECT_EQ(g.batch, 4);
+  ExpectTinyMoeExchange(b.s);
+  ExpectGate(GateFwd(b.s), {32, 16, 64, 4, 2});
 
   Built one;
   Build(&one, TinyMoe("dp_replicate=2,tp=2,ep=2,etp=1", MP_MEM_MODEL_MEGATRON, 2));
@@ -128,6 +144,42 @@ TEST(Etp, MegatronGathersAndScattersOverExpertTp) {
   const GateGemm g1 = GateFwd(one.s);
   EXPECT_EQ(g1.m, 16);
   EXPECT_EQ(g1.n, 32);
+}
+
+// etp strictly between 1 and tp, as the meshplan runtime runs it (meshplan-cpu: fp32, SP on):
+// tp=4, ep=2, etp=2 on 4 ranks (Megatron-Core's expert grid [edp 1, ep 2, etp 2], etp
+// innermost, parallel_state.py core_v0.14.0). Expert-TP groups {0, 1} and {2, 3}, EP groups
+// {0, 2} and {1, 3}: an expert-TP group is half a TP group, and its two ranks route
+// different sequence shards. Rank 3 (e 1, t 1) holds gate [4:8, 16:32, 0:64], rank 2
+// (e 1, t 0) gate [4:8, 0:16, 0:64], rank 1 (e 0, t 1) down [0:4, 0:64, 16:32]. T = 64
+// tokens over tp 4: each rank routes 16 tokens x top_k 2 = 32 rows. Per MoE layer:
+//   all-to-all over EP   32 rows x 64 x 4 bytes = 8,192 B, 4 (dispatch, combine, and both
+//                        backward): 2 layers 65,536 B
+//   all-gather over ETP  the group's 2 x 32 rows x 64 x 4 bytes = 16,384 B, 2 (forward and
+//                        backward): 2 layers 65,536 B; the reduce-scatters the same
+// A local expert (4 a rank) runs 2 x 32 rows x 2 (ep) / 8 = 16 rows through its gate slice
+// of 32 / 2 = 16 columns, as the runtime does one block at a time (runtime_block.c: per
+// expert-TP rank t, EP source s and local expert e): 2 x 2 x 4 = 16 blocks a layer of
+// 16 / (2 x 2) = 4 rows, GEMM [4, 64] x [64, 16], 32 over the 2 layers.
+TEST(Etp, RuntimeRunsEtpBelowTp) {
+  Built b;
+  Build(&b, TinyMoe("tp=4,ep=2,etp=2", MP_MEM_MODEL_MESHPLAN_CPU, 1));
+  int ranks[MP_MESH_MAX_WORLD];
+  ASSERT_EQ(mp_mesh_group_ranks(&b.plan->mesh, MP_GROUP_ETP, 1, ranks), 2);
+  EXPECT_EQ(ranks[0], 0);
+  EXPECT_EQ(ranks[1], 1);
+  ASSERT_EQ(mp_mesh_group_ranks(&b.plan->mesh, MP_GROUP_EP, 1, ranks), 2);
+  EXPECT_EQ(ranks[0], 1);
+  EXPECT_EQ(ranks[1], 3);
+  EXPECT_EQ(mp_mesh_group_size(&b.plan->mesh, MP_GROUP_TP), 4);
+  const mp_param *gate = Param(b.plan, "layers.0.moe.experts.gate_proj.weight");
+  const mp_param *down = Param(b.plan, "layers.0.moe.experts.down_proj.weight");
+  ASSERT_TRUE(gate && down);
+  ExpectTile(b.plan, gate, 3, {4, 16, 0}, {4, 16, 64});
+  ExpectTile(b.plan, gate, 2, {4, 0, 0}, {});
+  ExpectTile(b.plan, down, 1, {0, 0, 16}, {4, 64, 16});
+  ExpectTinyMoeExchange(b.s);
+  ExpectGate(GateFwd(b.s), {4, 16, 64, 1, 32});
 }
 
 // torchtitan's ExpertTensorParallel (etp = tp; torchtitan/distributed/expert_parallel.py and
