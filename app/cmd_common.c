@@ -152,6 +152,12 @@ mp_status mp_cmd_cp_rotate(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp
 
 mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                           mp_plan_options *o) {
+  if (mp_args_has(spec, "--async-tp") && mp_args_has(spec, "--no-async-tp"))
+    return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: --async-tp and --no-async-tp contradict each other; give one",
+                    spec->name);
+  /* off on every stack: Megatron-LM's --tp-comm-overlap is a store_true switch, off unless
+   * given (megatron/training/arguments.py, core_v0.14.0) */
+  if (mp_args_has(spec, "--no-async-tp")) o->tp_comm_fused = 0;
   if (!mp_args_has(spec, "--async-tp")) return MP_OK;
   if (!prof->async_tp)
     return mp_error(ctx, MP_ERR_USAGE,

@@ -860,7 +860,7 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
     a->setup.cp_rotate_given = mp_args_has(&k_spec, "--cp-rotate");
     a->setup.cp_rotate = ev->base.cp_rotate;
     a->setup.cp_comm = ev->base.cp_comm;
-    a->setup.async_tp = ev->base.tp_comm_fused;
+    a->setup.async_tp = mp_args_has(&k_spec, "--no-async-tp") ? -1 : ev->base.tp_comm_fused;
     st = build_fix(ctx, a);
   }
   plan_view *v = st == MP_OK ? calloc(1, sizeof *v) : NULL;

@@ -71,9 +71,9 @@ mp_status mp_cmd_pp_layers(mp_ctx *ctx, const char *s, mp_plan_options *o);
 struct mp_stack_profile;
 mp_status mp_cmd_cp_rotate(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                            mp_plan_options *o);
-/* --async-tp into o->tp_comm_fused (untouched without it); refused under a stack that does not
- * run AsyncTP (its "async_tp" key) and without SP (--no-sp, or o->sp 0), which leaves
- * nothing to fuse. */
+/* --async-tp (1) or --no-async-tp (0) into o->tp_comm_fused (untouched without either);
+ * both together refused, and --async-tp under a stack that does not run AsyncTP (its
+ * "async_tp" key) and without SP (--no-sp, or o->sp 0), which leaves nothing to fuse. */
 mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                           mp_plan_options *o);
 /* --moe-dispatcher alltoall|deepep, --overlap-moe-comm and --moe-fp8-dispatch (simulate,

@@ -89,7 +89,7 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
   if (p->cp_comm_type[0]) add(f, "--cp-comm-type", "%s", p->cp_comm_type);
   if (p->mfsdp_strategy[0]) add(f, "--data-parallel-sharding-strategy", "%s", p->mfsdp_strategy);
   if (p->fsdp_double_buffer) add(f, "--fsdp-double-buffer", NULL);
-  if (p->async_tp) add(f, "--async-tp", NULL);
+  if (p->async_tp) add(f, p->async_tp > 0 ? "--async-tp" : "--no-async-tp", NULL);
   if (!is_plan) {
     if (p->moe_deepep) add(f, "--moe-dispatcher", "deepep");
     if (p->moe_a2a_overlap) add(f, "--overlap-moe-comm", NULL);

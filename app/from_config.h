@@ -5,10 +5,10 @@
  *
  * Every key is accounted for: mapped onto a flag (the model, the stack, --mesh, --ac, --fp8,
  * --sp/--no-sp, --no-reshard, --seq, --micro-batch, --global-batch, --pp-schedule and
- * --pp-virtual, or plan's --fix, --cp-rotate, --async-tp); refused by name when it changes
- * cost in a way meshplan does not model; or, when it changes no cost (logging, paths,
- * seeds, the optimizer's hyper-parameters), listed in the note as ignored. An unknown key is
- * refused: it may change cost. */
+ * --pp-virtual, or plan's --fix, --cp-rotate, --async-tp, --no-async-tp); refused by name
+ * when it changes cost in a way meshplan does not model; or, when it changes no cost
+ * (logging, paths, seeds, the optimizer's hyper-parameters), listed in the note as ignored.
+ * An unknown key is refused: it may change cost. */
 #ifndef MP_APP_FROM_CONFIG_H
 #define MP_APP_FROM_CONFIG_H
 

@@ -34,7 +34,8 @@ typedef struct mp_from_plan {
   char mfsdp_strategy[24]; /* Megatron FSDP's --data-parallel-sharding-strategy (with
                               --use-megatron-fsdp; the mesh then shards over dp_shard); "": none */
   int fsdp_double_buffer;  /* 1: Megatron FSDP's --fsdp-double-buffer */
-  int async_tp;
+  int async_tp;           /* 1: AsyncTP on (--async-tp); -1: the stack's TP comm overlap off
+                             (--no-async-tp); 0: the stack's default */
   int moe_deepep;         /* 1: the EP dispatch by DeepEP's kernels (simulate's --moe-dispatcher deepep) */
   int moe_a2a_overlap;    /* 1: Megatron-Core's EP all-to-all overlap (simulate's --overlap-moe-comm) */
   int ce_fusion;          /* 1: Megatron-Core's --cross-entropy-loss-fusion (simulate's option of that name);

@@ -432,7 +432,10 @@ static mp_status find_model(mp_ctx *ctx, const mg_args *a, const char *origin, c
 
 /* The stack the arguments run (the unfused attention or Megatron-LM's local layers: the
  * megatron-lm profile, Transformer Engine's: megatron-core), and the switches that profile
- * prices, which must be the arguments' own. */
+ * prices, which must be the arguments' own, but for --tp-comm-overlap: a store_true switch,
+ * off unless given (megatron/training/arguments.py, core_v0.14.0), so its absence under tp > 1
+ * with SP reads as the plan without it (--no-async-tp) and only its presence on a stack that
+ * cannot run it is refused. */
 static mp_status read_stack(mp_ctx *ctx, const mg_args *a, const char *origin, mp_from_plan *p) {
   const char *be = get(a, "--attention-backend", NULL), *impl = get(a, "--transformer-impl", NULL);
   if ((be && strcmp(be, "unfused") && strcmp(be, "flash") && strcmp(be, "fused") && strcmp(be, "auto")) ||
@@ -453,7 +456,8 @@ static mp_status read_stack(mp_ctx *ctx, const mg_args *a, const char *origin, m
       {"--use-distributed-optimizer", prof.dist_opt, has(a, "--use-distributed-optimizer")},
       {"--overlap-grad-reduce", prof.dp_overlap, has(a, "--overlap-grad-reduce") || mfsdp_overlap},
       {"--overlap-param-gather", prof.dp_overlap && prof.dist_opt, has(a, "--overlap-param-gather") || mfsdp_overlap},
-      {"--tp-comm-overlap", prof.tp_comm_overlap && tp_sp, has(a, "--tp-comm-overlap") && tp_sp},
+      {"--tp-comm-overlap", prof.tp_comm_overlap && tp_sp && has(a, "--tp-comm-overlap"),
+       has(a, "--tp-comm-overlap") && tp_sp},
   };
   for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
     if (sw[i].priced != sw[i].given)
@@ -461,6 +465,7 @@ static mp_status read_stack(mp_ctx *ctx, const mg_args *a, const char *origin, m
                       sw[i].flag, sw[i].given ? "is given" : "is absent", p->stack,
                       lm ? "--attention-backend unfused" : "Transformer Engine's attention", sw[i].priced ? "on" : "off",
                       sw[i].priced ? "add" : "remove");
+  p->async_tp = prof.tp_comm_overlap && tp_sp && !has(a, "--tp-comm-overlap") ? -1 : 0;
   /* the cross-entropy's kernels (megatron/core/models/common/language_module/
    * language_module.py): Megatron's eager steps, or with --cross-entropy-loss-fusion its
    * compiled ones (native) or Transformer Engine's (te) */

@@ -328,6 +328,8 @@ static mp_status read_switches(mp_ctx *ctx, const mp_toml *t, const char *origin
                     "torchtitan-compile stack compiles the model", origin);
   snprintf(p->stack, sizeof p->stack, "%s", compile ? "torchtitan-compile" : "torchtitan-eager");
   MP_CHECK(get_bool(ctx, t, origin, "parallelism.enable_async_tensor_parallel", 0, &async_tp));
+  /* false (torchtitan's default) is both torchtitan stacks' own: neither runs AsyncTP unless
+   * asked (data/stacks/torchtitan-compile.json, async_tp_source) */
   p->async_tp = async_tp && p->tp > 1;
   const char *rs = NULL, *rot = NULL;
   MP_CHECK(get_str(ctx, t, origin, "parallelism.fsdp_reshard_after_forward", "default", &rs));

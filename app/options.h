@@ -150,11 +150,15 @@
     "on a torchtitan stack): FSDP gathers each float8 Linear's weight (its TP shard under tp > 1) "\
     "as the float8 cast of its shard, 1 byte an element, with the tensors' scales precomputed "   \
     "once a step; no cast after the gather", NULL }
-/* simulate, explain and plan: torchtitan's AsyncTP (mp_cmd_async_tp) */
+/* simulate, explain and plan: torchtitan's AsyncTP and Megatron-Core's TP comm overlap, on or
+ * off (mp_cmd_async_tp) */
 #define MP_OPT_ASYNC_TP                                                                            \
   { "--async-tp", NULL, "torchtitan's AsyncTP (with tp > 1 and SP): the all-gathers into and the " \
     "reduce-scatters out of the TP regions run in tp chunks beside their GEMMs; stacks that run " \
-    "it only (torchtitan-compile; megatron-core runs its TP comm overlap so by default)", NULL }
+    "it only (torchtitan-compile; megatron-core runs its TP comm overlap so by default)", NULL }, \
+  { "--no-async-tp", NULL, "Megatron-Core's TP comm overlap (--tp-comm-overlap) / torchtitan's "   \
+    "AsyncTP off, where the stack runs it by default (megatron-core): the SP all-gathers and "      \
+    "reduce-scatters run on NCCL apart from their GEMMs, as Megatron-LM runs without the flag", NULL }
 /* simulate and explain: the EP dispatcher and Megatron-Core's all-to-all overlap (mp_cmd_moe_comm) */
 #define MP_OPT_MOE_DISPATCHER                                                                      \
   { "--moe-dispatcher", "D", "how EP dispatch and combine move tokens: alltoall (NCCL's, a copy per " \

@@ -31,7 +31,8 @@ mp_status mp_plan_setup_evaluator(mp_ctx *ctx, const mp_plan_setup *s, const mp_
   /* what the command line checked against its own stack, on the stacks that run it */
   if (s->cp_rotate_given && !mp_mem_model_is_runtime(ev->stack.mem_model)) ev->base.cp_rotate = s->cp_rotate;
   if (ev->stack.mem_model == MP_MEM_MODEL_MEGATRON) ev->base.cp_comm = s->cp_comm;
-  if (s->async_tp && ev->stack.async_tp && ev->base.sp != 0) ev->base.tp_comm_fused = 1;
+  if (s->async_tp > 0 && ev->stack.async_tp && ev->base.sp != 0) ev->base.tp_comm_fused = 1;
+  if (s->async_tp < 0) ev->base.tp_comm_fused = 0;
   return mp_plan_setup_options(ctx, s, c, ev);
 }
 

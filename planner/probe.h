@@ -27,7 +27,8 @@ typedef struct mp_plan_setup {
   int cp_rotate_given;     /* --cp-rotate: cp_rotate on the stacks that run PyTorch's ring */
   mp_cp_rotate cp_rotate;
   mp_cp_comm cp_comm;      /* --cp-comm-type: cp_comm on the megatron stacks (default p2p) */
-  int async_tp;            /* --async-tp: AsyncTP on the stacks that run it */
+  int async_tp;            /* 1 (--async-tp): AsyncTP on the stacks that run it; -1
+                              (--no-async-tp): off on every stack; 0: each stack's default */
   mp_moe_routing moe_routing; /* --moe-imbalance, --moe-capacity-factor: every candidate's */
   mp_search_fix fix;       /* --fix, --mesh, --ep, --ac, --micro-batch, --sp, --no-sp, --fp8 */
   int fp8_auto;            /* --fp8 auto: float8 searched beside bf16 where the cluster's GPU
