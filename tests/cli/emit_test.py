@@ -354,6 +354,17 @@ for r, extra in zip(rows, ((), ("--fsdp-double-buffer",))):
     check(sim["data_parallel_sharding_strategy"] == "optim_grads_params" and sim["fsdp_double_buffer"] == bool(extra),
           "simulate --json: Megatron FSDP's strategy and double buffer")
 check(abs((rows[0]["predicted"] - rows[1]["predicted"]) * 2**30 - 2 * 436224000) < 1, "the prefetch window's two layers")
+# a row over dp_replicate 2 x dp_shard 4 is its hybrid sharding (no column of its own): the
+# same plan as simulate's, Adam's fp32 moments over a quarter, 8 x 8,030,261,248 / 4 bytes
+with open(os.path.join(tmp, "hsdp.csv"), "w") as f:
+    f.write(hdr + "\n" + "hy,llama3.1-8b,h100-sxm,8,8,,2,4,1,1,,1,1,8192,1,8,none,0,megatron-core,peak_mem_gib,60,"
+            "optim_grads_params,\n")
+r = json.loads(run("validate", "--json", os.path.join(tmp, "hsdp.csv")).stdout)["rows"][0]
+sim = json.loads(run("simulate", "--gpus", "8", "--gpu", "h100-sxm", "--model", "llama3.1-8b", "--mesh",
+                     "dp_replicate=2,dp_shard=4", "--stack", "megatron-core", "--seq", "8192", "--global-batch", "8",
+                     "--json").stdout)
+check(abs(r["predicted"] - sum(sim["mem_at_peak_bytes"].values()) / 2**30) < 1e-9
+      and sim["mem_at_peak_bytes"]["optimizer"] == 8 * 8030261248 // 4, f"validate's hybrid row vs simulate: {r} {sim}")
 p = run("simulate", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_shard=8", "--stack", "torchtitan-compile",
         "--fsdp-double-buffer", want_rc=2)
 check("are Megatron FSDP's" in p.stderr, "--fsdp-double-buffer on torchtitan: " + p.stderr)
