@@ -229,6 +229,9 @@ static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
   if (m->size[MP_DIM_DP_SHARD] > 1)
     mp_emit_printf(b, "--use-megatron-fsdp\n--data-parallel-sharding-strategy %s\n%s--ckpt-format fsdp_dtensor\n",
                    mp_mfsdp_strategy_name(o->mfsdp_strategy), o->fsdp_double_buffer ? "--fsdp-double-buffer\n" : "");
+  /* its hybrid sharding: dp_replicate instances of the dp_shard-sharded state */
+  if (m->size[MP_DIM_DP_SHARD] > 1 && m->size[MP_DIM_DP_REPLICATE] > 1)
+    mp_emit_printf(b, "--num-distributed-optimizer-instances %d\n", m->size[MP_DIM_DP_REPLICATE]);
   if (o->ddp.overlap) mp_emit_printf(b, "--overlap-grad-reduce\n");
   if (o->ddp.overlap && o->ddp.shard_optimizer) mp_emit_printf(b, "--overlap-param-gather\n");
   mp_emit_printf(b, "--bf16\n--attention-backend %s\n", o->attn == MP_ATTN_MATERIALIZED ? "unfused" : "flash");

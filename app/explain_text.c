@@ -307,7 +307,11 @@ static void print_totals_megatron(const explain *e, const mp_plan_totals *t) {
   const int64_t n = t->params_numel;
   int64_t param_bytes, grad_bytes, opt_bytes, shard;
   mp_plan_ddp_state(p, n, &param_bytes, &grad_bytes, &opt_bytes, &shard);
-  const int64_t d = p->opts.ddp.shard_optimizer ? mp_mesh_group_size(&p->mesh, mp_plan_ddp_group(p)) : 1;
+  /* Megatron FSDP's n is already the rank's shard (over dp_shard x cp; its hybrid
+   * sharding's instances, dp_replicate, hold copies of it) */
+  const int64_t d = p->opts.ddp.shard_optimizer && !mp_plan_is_megatron_fsdp(p)
+                        ? mp_mesh_group_size(&p->mesh, mp_plan_ddp_group(p))
+                        : 1;
   const int64_t pb = mp_dtype_bytes(p->opts.fsdp.param_dtype);
   char a[32], m[32], b[32], c[32], s[32];
   mp_explain_fmt_bytes((double)(n * pb), a, sizeof a);

@@ -65,6 +65,7 @@ static const struct {
      * it asks for, which changes no step's cost */
     {"--use-megatron-fsdp", 0, MG_MAP}, {"--use-custom-fsdp", 0, MG_MAP},
     {"--data-parallel-sharding-strategy", 1, MG_MAP}, {"--fsdp-double-buffer", 0, MG_MAP},
+    {"--num-distributed-optimizer-instances", 1, MG_MAP},
     {"--ckpt-format", 1, MG_IGNORE},
     {"--mtp-num-layers", 1, MG_MAP}, {"--mtp-loss-scaling-factor", 1, MG_IGNORE},
     /* CPU offloading of activations: core_v0.16.0's argument (arguments.py turns cpu_offloading
@@ -601,23 +602,39 @@ static mp_status read_cp_comm(mp_ctx *ctx, const mg_args *a, const char *origin,
 
 /* Megatron FSDP (--use-megatron-fsdp or --use-custom-fsdp): the data parallelism over
  * dp_shard, with its --data-parallel-sharding-strategy (Megatron's default no_shard, which
- * simulate then refuses, pointing to dp_replicate) and --fsdp-double-buffer. */
+ * simulate then refuses, pointing to dp_replicate) and --fsdp-double-buffer;
+ * --num-distributed-optimizer-instances N its hybrid sharding, dp_replicate = N instances of
+ * dp_shard = dp / N (parallel_state.py at core_v0.14.0 cuts the dp x cp ranks into N
+ * consecutive intra-instance groups, the inter-instance group striding them). Megatron's
+ * distributed optimizer over N instances without FSDP is refused by name. */
 static mp_status read_megatron_fsdp(mp_ctx *ctx, const mg_args *a, const char *origin, mp_from_plan *p) {
   const char *s = get(a, "--data-parallel-sharding-strategy", NULL);
+  int64_t inst;
+  MP_CHECK(get_int(ctx, a, origin, "--num-distributed-optimizer-instances", 1, 1, 1 << 20, &inst));
   if (!has(a, "--use-megatron-fsdp") && !has(a, "--use-custom-fsdp")) {
     if (s || has(a, "--fsdp-double-buffer"))
       return mp_error(ctx, MP_ERR_USAGE, "%s: --data-parallel-sharding-strategy and --fsdp-double-buffer are "
                       "Megatron FSDP's: add --use-megatron-fsdp or drop them", origin);
+    if (inst > 1)
+      return mp_error(ctx, MP_ERR_USAGE, "%s: --num-distributed-optimizer-instances %lld without Megatron FSDP "
+                      "(the distributed optimizer sharded within each instance, its gradients all-reduced "
+                      "across them) is not modelled: drop it, or add --use-megatron-fsdp", origin, (long long)inst);
     return MP_OK;
   }
+  if (p->dp_replicate % inst)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: --num-distributed-optimizer-instances %lld does not divide the "
+                    "data parallelism %d%s", origin, (long long)inst, p->dp_replicate,
+                    ((int64_t)p->dp_replicate * p->cp) % inst ? " x cp, as Megatron asserts (parallel_state.py)"
+                                                              : " (a cp group split between instances is not "
+                                                                "modelled)");
   mp_mfsdp_strategy k = MP_MFSDP_NO_SHARD;
   if (s && !mp_mfsdp_strategy_parse(s, &k))
     return mp_error(ctx, MP_ERR_USAGE, "%s: --data-parallel-sharding-strategy %s: choose optim_grads_params, "
                     "optim_grads, optim or no_shard", origin, s);
   snprintf(p->mfsdp_strategy, sizeof p->mfsdp_strategy, "%s", mp_mfsdp_strategy_name(k));
   p->fsdp_double_buffer = has(a, "--fsdp-double-buffer");
-  p->dp_shard = p->dp_replicate;
-  p->dp_replicate = 1;
+  p->dp_shard = p->dp_replicate / (int)inst;
+  p->dp_replicate = (int)inst;
   return MP_OK;
 }
 

@@ -182,23 +182,35 @@ mp_status mp_apply_fsdp(mp_ctx *ctx, mp_plan *p, const mp_fsdp_options *o) {
 /* Megatron FSDP as core_v0.14.0 runs it (megatron/core/distributed/fsdp/src/megatron_fsdp/
  * megatron_fsdp.py, param_and_grad_buffer.py): each TransformerLayer a unit, gathered in the
  * 16-bit model dtype before its forward and again before its backward, its gradients
- * reduce-scattered in fp32 into the rank's main-gradient shard after every backward (not only
+ * reduce-scattered in the main gradients' dtype (fp32 with grad_reduce_in_fp32, else bf16)
+ * into the rank's main-gradient shard after every backward (not only
  * the last micro-batch's), the embedding, final norm and output layer gathered once and kept;
  * the routed experts in their own parameter group over the expert-DP group. */
 static void note_megatron_fsdp(mp_plan *p) {
   const mp_mesh *mesh = &p->mesh;
   const int ep_on = (p->applied & MP_PASS_EP) && mesh->ep > 1;
-  const int state = 2 + 4 + 4 + (int)mp_plan_adamw_moment_bytes(&p->opts, 1);
+  const mp_dtype rd = p->opts.fsdp.reduce_dtype;
+  const int state = 2 + 4 + mp_dtype_bytes(rd) + (int)mp_plan_adamw_moment_bytes(&p->opts, 1);
+  /* hybrid sharding: Megatron's distributed-optimizer instances are dp_replicate
+   * (mcore_fsdp_adapter.py _init_dist_index at core_v0.14.0: the intra-instance dp x cp group
+   * shards, the inter-instance group is the outer one) */
+  const int inst = mesh->size[MP_DIM_DP_REPLICATE];
+  char hybrid[128] = "";
+  if (inst > 1)
+    snprintf(hybrid, sizeof hybrid,
+             ", copied in dp_replicate = %d instances (main gradients all-reduced across them in the "
+             "last micro-batch)", inst);
   mp_plan_note(p,
-               "Megatron FSDP (%s): %d TransformerLayer units; bf16 weights, fp32 main weights, fp32 "
-               "main gradients and Adam state sharded over dp_shard x cp = %d%s%.0d (%d/d bytes a "
+               "Megatron FSDP (%s): %d TransformerLayer units; bf16 weights, fp32 main weights, %s "
+               "main gradients and Adam state sharded over dp_shard x cp = %d%s%.0d%s (%d/d bytes a "
                "parameter); 16-bit weights gathered before each layer's forward and backward (%s), "
-               "gradients reduce-scattered in fp32 after every backward",
-               mp_mfsdp_strategy_name(p->opts.mfsdp_strategy), (int)p->model.n_layers,
+               "gradients reduce-scattered in %s after every backward",
+               mp_mfsdp_strategy_name(p->opts.mfsdp_strategy), (int)p->model.n_layers, mp_dtype_name(rd),
                mp_mesh_group_size(mesh, MP_GROUP_FSDP), ep_on ? ", routed experts over expert-DP = " : "",
-               ep_on ? mp_mesh_group_size(mesh, MP_GROUP_EFSDP) : 0, state,
+               ep_on ? mp_mesh_group_size(mesh, MP_GROUP_EFSDP) : 0, hybrid, state,
                p->opts.fsdp_double_buffer ? "--fsdp-double-buffer: the next layer prefetched"
-                                          : "prefetched up to 500M elements ahead");
+                                          : "prefetched up to 500M elements ahead",
+               mp_dtype_name(rd));
 }
 
 void mp_plan_note_fsdp(mp_plan *p, const mp_fsdp_options *o) {

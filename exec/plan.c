@@ -266,8 +266,9 @@ static mp_dp_kind dp_of(const mp_plan_options *o, const mp_mesh *mesh) {
  * custom_fsdp.md, core_v0.14.0): the strategies that shard no weights are the DDP and
  * distributed optimizer the megatron memory model runs on dp_replicate; optim_grads (the
  * weights replicated, the gradients reduce-scattered each micro-batch) is not modelled; its
- * hybrid mode over an outer dp_replicate is not either; the distributed optimizer is its
- * optimizer. */
+ * hybrid mode (--num-distributed-optimizer-instances) is dp_replicate, the outer group its
+ * default outer_dp_sharding_strategy no_shard replicates over; the distributed optimizer is
+ * its optimizer. */
 static mp_status megatron_fsdp_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o) {
   const int d = mesh->size[MP_DIM_DP_SHARD];
   if ((unsigned)o->mfsdp_strategy >= MP_MFSDP_COUNT)
@@ -286,11 +287,11 @@ static mp_status megatron_fsdp_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_
                     "Megatron FSDP's optim_grads (16-bit weights replicated, fp32 gradients "
                     "reduce-scattered every micro-batch) is not modelled: choose optim_grads_params, "
                     "or dp_replicate=%d with the distributed optimizer", mesh->size[MP_DIM_DP_REPLICATE] * d);
-  if (mesh->size[MP_DIM_DP_REPLICATE] > 1)
+  if (mesh->size[MP_DIM_DP_REPLICATE] > 1 && mesh->ep > 1)
     return mp_error(ctx, MP_ERR_INVALID,
-                    "dp_replicate=%d with dp_shard=%d: Megatron FSDP's hybrid sharding (an outer "
-                    "data-parallel group, --num-distributed-optimizer-instances) is not modelled: "
-                    "use dp_shard=%d", mesh->size[MP_DIM_DP_REPLICATE], d, mesh->size[MP_DIM_DP_REPLICATE] * d);
+                    "dp_replicate=%d with dp_shard=%d and ep=%d: Megatron FSDP's hybrid sharding of "
+                    "routed experts (their inter-instance groups) is not modelled: use ep=1 or "
+                    "dp_replicate=1", mesh->size[MP_DIM_DP_REPLICATE], d, mesh->ep);
   if (!o->fsdp.reshard_after_forward)
     return mp_error(ctx, MP_ERR_INVALID,
                     "Megatron FSDP releases each layer's gathered weights after its forward "

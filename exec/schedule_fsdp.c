@@ -424,14 +424,27 @@ void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, 
     mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_COMPUTE);
     const int32_t in = rs_copy_in(g, ui, g->fsdp1_flat_grad ? 2 * gb : gb + rb, after, MP_WHEN_EVERY_MICRO);
     mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, gb, layer, u, MP_STREAM_COMPUTE);
-    int32_t last = -1;
-    if (ui->gsize > 1)
-      last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, layer, u, in >= 0 ? in : after);
-    if (rep_size(g, ui) > 1)
-      last = grad_comm(g, MP_COLL_ALL_REDUCE, rep_group(g, ui), shard_bytes(g, ui), layer, u,
-                       last >= 0 ? last : (in >= 0 ? in : after));
-    int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
-    add_dep(g, f, last >= 0 ? last : after, 0);
+    const int32_t from = in >= 0 ? in : after;
+    const int32_t rs = ui->gsize > 1 ? grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, layer, u, from) : -1;
+    /* Megatron FSDP's hybrid sharding (--num-distributed-optimizer-instances, dp_replicate
+     * instances; megatron_fsdp.py and param_and_grad_buffer.py at core_v0.14.0,
+     * _bucket_group_gradient_reduce): the bucket is reduce-scattered over the instance's
+     * dp_shard x cp ranks every micro-batch and the result added into the resident
+     * main-gradient shard, which the last micro-batch alone (outer_fsdp_group_grad_reduce on
+     * is_last_microbatch) all-reduces in place across the instances (outer_dp_sharding_strategy
+     * no_shard, the default): the bucket goes once its reduce-scatter is done. Megatron issues
+     * that all-reduce on a stream of its own; here it queues on the reduce stream behind its
+     * reduce-scatter. FSDP2's HSDP all-reduces the reduce-scatter's output every micro-batch
+     * before it is freed. */
+    const int mfsdp = mp_plan_is_megatron_fsdp(g->p);
+    int32_t ar = -1, f = -1;
+    if (mfsdp) f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
+    if (rep_size(g, ui) > 1) {
+      ar = grad_comm(g, MP_COLL_ALL_REDUCE, rep_group(g, ui), shard_bytes(g, ui), layer, u, rs >= 0 ? rs : from);
+      if (ar >= 0 && mfsdp) g->ops[ar].when = MP_WHEN_LAST_MICRO;
+    }
+    if (!mfsdp) f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
+    add_dep(g, f, mfsdp ? (rs >= 0 ? rs : after) : (ar >= 0 ? ar : rs >= 0 ? rs : after), 0);
   }
 }
 

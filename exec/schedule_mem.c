@@ -132,8 +132,12 @@ static void autograd_resident(gen *g, const mp_schedule_prep *pr) {
   }
   /* Megatron FSDP (optim_grads_params): the model-dtype weights' shard beside the fp32 main
    * weights' (param_and_grad_buffer.py: model_weight_buffer and main_weight_buffer, both
-   * distributed), the fp32 main gradients' shard (main_grad_buffer, grad_reduce_in_fp32) */
-  if (mp_plan_is_megatron_fsdp(g->p)) param_bytes += n * mp_dtype_bytes(g->param_dtype);
+   * distributed), the main gradients' shard (main_grad_buffer: fp32 with grad_reduce_in_fp32,
+   * else the weights' bf16; _init_each_parameter_group_buffers at core_v0.14.0) */
+  if (mp_plan_is_megatron_fsdp(g->p)) {
+    param_bytes += n * mp_dtype_bytes(g->param_dtype);
+    grad_bytes = n * mp_dtype_bytes(g->reduce_dtype);
+  }
   /* --fp8-param-gather: the float8 Linears' model weights are Transformer Engine float8
    * tensors, 1 byte an element where the model dtype's are 2 (DDP's whole copy, Megatron
    * FSDP's shard); their scales (an fp32 a tensor) are left out */

@@ -48,8 +48,8 @@ check(off31.get("offload_exposed_s", 1) < 2 * 31 * 2 * LAYER / 63e9,
 # LLAMA31_405B_PRETRAIN_CONFIG_GB200_FP8_CS_V1 at c8327cfc2^: 128 GPUs, tp 2, pp 1, seq 8192,
 # micro-batch 1, global batch 64, use_megatron_fsdp, cpu_offloading_num_layers 92 with
 # activations only; llama31_llm_pretrain.py: fsdp_double_buffer; fp8_cs: tensorwise with
-# fp8_param_gather; its two optimizer instances, Megatron FSDP's hybrid sharding, are refused
-# by name, so dp_shard 64). One layer's saved tensors a rank (T 8192, Ts = T / tp 4096,
+# fp8_param_gather; its two optimizer instances, Megatron FSDP's hybrid sharding, below; here
+# dp_shard 64). One layer's saved tensors a rank (T 8192, Ts = T / tp 4096,
 # H 16384, f / tp 26624, q / tp 8192, kv / tp 512, 64 heads a rank; the float8 Linears save
 # their inputs' 1-byte copies, the projection its bf16 input, the attention's output):
 #   block input 2TsH 134,217,728; q/k/v's rstd 4Ts 16,384 and normed input TsH 67,108,864;
@@ -74,8 +74,24 @@ check(big[0].get("mem_at_peak_bytes", {}).get("activations") == 34 * BIG_LAYER a
       f"405B GB200 layout: {big[0].get('mem_at_peak_bytes')}, fits {big[0].get('fits')}")
 check(big[0] and big[1] and big[0]["peak_mem_bytes"] - big[1]["peak_mem_bytes"] == 8 * BIG_LAYER,
       f"92 -> 100 offloaded: {big[0].get('peak_mem_bytes')} -> {big[1].get('peak_mem_bytes')}")
-p = run("simulate", *BIG[:-1], "--mesh", "dp_replicate=2,dp_shard=32,tp=2", "--cpu-offload-layers", "92", want_rc=2)
-check("hybrid sharding" in p.stderr and p.stderr.count("\n") <= 1, "HSDP: " + p.stderr)
+# The recipe's layout itself: num_distributed_optimizer_instances 2 (llama31_llm_pretrain.py
+# under use_megatron_fsdp), dp_replicate 2 over dp_shard 32. Each rank's shard is 1/32 of its
+# tp half, 6,341,523,968 parameters (explain's count), twice dp_shard 64's 1/64 (every row
+# count divides by 64): the fp32 main weights and bf16/float8 model weights, the fp32 main
+# gradients (4 x 6,341,523,968 = 25,366,095,872) and Adam (8 x = 50,732,191,744) twice
+# theirs; the activations the same 34 layers. The recipe's grad_reduce_in_fp32 False
+# (set_llama31_common_configs) halves the main gradients: 2 x 6,341,523,968.
+N_HSDP = 6341523968
+HY = [a if a != "tp=2,dp_shard=64" else "dp_replicate=2,dp_shard=32,tp=2" for a in BIG]
+hy = run("simulate", *HY, "--cpu-offload-layers", "92")
+hy = json.loads(hy.stdout).get("mem_at_peak_bytes", {}) if hy.returncode == 0 else {}
+flat = big[0].get("mem_at_peak_bytes", {})
+check(hy.get("grads") == 4 * N_HSDP and hy.get("optimizer") == 8 * N_HSDP and flat
+      and all(hy.get(k) == 2 * flat.get(k, -1) for k in ("params", "optimizer", "grads"))
+      and hy.get("activations") == 34 * BIG_LAYER, f"405B hybrid: {hy} against dp_shard 64's {flat}")
+hb = run("simulate", *HY, "--cpu-offload-layers", "92", "--fsdp-reduce-dtype", "bf16")
+hb = json.loads(hb.stdout).get("mem_at_peak_bytes", {}) if hb.returncode == 0 else {}
+check(hb.get("grads") == 2 * N_HSDP, f"405B hybrid, bf16 main gradients: {hb}")
 
 # explain's schedule states one layer's copy and the step's exposed copies, simulate's figure
 p = run("explain", *SIM, "--cpu-offload-layers", "31", "--schedule", "--json")

@@ -316,6 +316,23 @@ check("dp_shard=8" in p.stderr and "--data-parallel-sharding-strategy optim_grad
       "--use-custom-fsdp not read as Megatron FSDP over dp_shard: " + p.stderr)
 p = run("simulate", "--gpus", "16", "--from-args", legacy.replace("--use-custom-fsdp", ""), want_rc=2)
 check("are Megatron FSDP's" in p.stderr, "the sharding strategy without Megatron FSDP: " + p.stderr)
+# its hybrid sharding (--num-distributed-optimizer-instances, arguments.py core_v0.14.0):
+# dp_replicate=2 over dp_shard=4 written as two instances, read back as the same mesh and
+# step; without Megatron FSDP, or with instances not dividing the data parallelism, refused
+pred, text = emitted("megatron", "--gpus", "16", "--model", "llama3.1-8b", "--mesh", "dp_replicate=2,dp_shard=4,tp=2",
+                     "--stack", "megatron-core")
+check("--use-megatron-fsdp\n" in text and "--num-distributed-optimizer-instances 2\n" in text,
+      "Megatron FSDP's instances not written: " + text)
+flat = " ".join(body(text).split())
+p = run("simulate", "--gpus", "16", "--from-args", flat, "--json")
+check(p.returncode == 0 and "dp_replicate=2,dp_shard=4," in p.stderr and pred is not None
+      and json.loads(p.stdout)["step_time_s"] == pred["step_time_s"], "instances not read back: " + p.stderr)
+p = run("simulate", "--gpus", "16", "--from-args", flat.replace("instances 2", "instances 3"), want_rc=2)
+check("instances 3 does not divide the data parallelism 8 x cp" in p.stderr, "3 instances of 8: " + p.stderr)
+bare = flat.replace("--use-megatron-fsdp", "").replace("--data-parallel-sharding-strategy optim_grads_params", "")
+p = run("simulate", "--gpus", "16", "--from-args", bare.replace("--ckpt-format fsdp_dtensor", ""), want_rc=2)
+check("instances 2 without Megatron FSDP" in p.stderr and p.stderr.count("\n") <= 1,
+      "instances without Megatron FSDP: " + p.stderr)
 # validate's columns run the same plan as simulate's options: the peak memory of a Megatron
 # FSDP row with and without the double buffer is simulate's, and the two differ by the
 # prefetch window's extra layers (2 x 436,224,000 bytes on 8B: schedule/megatron_fsdp_test)
@@ -337,6 +354,17 @@ for r, extra in zip(rows, ((), ("--fsdp-double-buffer",))):
     check(sim["data_parallel_sharding_strategy"] == "optim_grads_params" and sim["fsdp_double_buffer"] == bool(extra),
           "simulate --json: Megatron FSDP's strategy and double buffer")
 check(abs((rows[0]["predicted"] - rows[1]["predicted"]) * 2**30 - 2 * 436224000) < 1, "the prefetch window's two layers")
+# a row over dp_replicate 2 x dp_shard 4 is its hybrid sharding (no column of its own): the
+# same plan as simulate's, Adam's fp32 moments over a quarter, 8 x 8,030,261,248 / 4 bytes
+with open(os.path.join(tmp, "hsdp.csv"), "w") as f:
+    f.write(hdr + "\n" + "hy,llama3.1-8b,h100-sxm,8,8,,2,4,1,1,,1,1,8192,1,8,none,0,megatron-core,peak_mem_gib,60,"
+            "optim_grads_params,\n")
+r = json.loads(run("validate", "--json", os.path.join(tmp, "hsdp.csv")).stdout)["rows"][0]
+sim = json.loads(run("simulate", "--gpus", "8", "--gpu", "h100-sxm", "--model", "llama3.1-8b", "--mesh",
+                     "dp_replicate=2,dp_shard=4", "--stack", "megatron-core", "--seq", "8192", "--global-batch", "8",
+                     "--json").stdout)
+check(abs(r["predicted"] - sum(sim["mem_at_peak_bytes"].values()) / 2**30) < 1e-9
+      and sim["mem_at_peak_bytes"]["optimizer"] == 8 * 8030261248 // 4, f"validate's hybrid row vs simulate: {r} {sim}")
 p = run("simulate", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_shard=8", "--stack", "torchtitan-compile",
         "--fsdp-double-buffer", want_rc=2)
 check("are Megatron FSDP's" in p.stderr, "--fsdp-double-buffer on torchtitan: " + p.stderr)

@@ -682,6 +682,10 @@ TEST(SearchPrune, MegatronFsdpOnlyWhereFixNamesDpShard) {
   EXPECT_EQ(off->reject, MP_REJECT_RESHARD_NOOP);
   EXPECT_EQ(r.reason(off), "reshard_after_forward off: Megatron FSDP releases each layer's gathered weights "
                            "after its forward (the candidate with reshard on)");
+  // its hybrid sharding, dp_replicate 2 over the named dp_shard 4 (tp 1), is searched too
+  const mp_candidate *hy = r.find(1, 2, 4, 1, 1, 1, 1, 0, 0, 1);
+  ASSERT_NE(hy, nullptr);
+  EXPECT_EQ(hy->reject, MP_REJECT_NONE);
   // the memory bound counts its cut state, 2 + 4 + 8 bytes a parameter over dp_shard x tp
   // (the gradient shard left out, as FSDP's bound does): a capacity just under it refuses
   const double n = (double)mp_model_param_count(&r.model), rt = r.cluster.gpu.runtime_overhead_gib * 1073741824.0;
@@ -700,6 +704,9 @@ TEST(SearchPrune, MegatronFsdpOnlyWhereFixNamesDpShard) {
   u.cfg.eval_user = &u.fe;
   u.enumerate();
   EXPECT_EQ(u.find(1, 1, 4, 1, 2, 1, 1, 0, 0, 1)->reject, MP_REJECT_NONE);
+  // the hybrid's state is cut over dp_shard 4 alone (its instances hold copies): 14 n / 4,
+  // over the capacity that admits 14 n / 8
+  EXPECT_EQ(u.find(1, 2, 4, 1, 1, 1, 1, 0, 0, 1)->reject, MP_REJECT_MEMORY_BOUND);
 }
 
 TEST(SearchEnumerate, InterleavedChunksOnlyWithPipelines) {

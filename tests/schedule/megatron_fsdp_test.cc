@@ -141,8 +141,8 @@ TEST(MegatronFsdp, OptimizerKernels) {
 }
 
 // What Megatron FSDP does not run here is refused by name: the strategies that shard no
-// weights (Megatron's DDP and distributed optimizer on dp_replicate), optim_grads, the hybrid
-// form over dp_replicate, and running without the distributed optimizer.
+// weights (Megatron's DDP and distributed optimizer on dp_replicate), optim_grads, and running
+// without the distributed optimizer (the hybrid form over dp_replicate: megatron_hsdp_test).
 TEST(MegatronFsdp, Refusals) {
   const struct {
     const char *mesh;
@@ -153,7 +153,6 @@ TEST(MegatronFsdp, Refusals) {
       {"dp_shard=8", MP_MFSDP_NO_SHARD, 1, "use dp_replicate=8 instead of dp_shard=8"},
       {"dp_shard=8", MP_MFSDP_OPTIM, 1, "--use-distributed-optimizer"},
       {"dp_shard=8", MP_MFSDP_OPTIM_GRADS, 1, "optim_grads"},
-      {"dp_shard=4,dp_replicate=2", MP_MFSDP_OPTIM_GRADS_PARAMS, 1, "hybrid sharding"},
       {"dp_shard=8", MP_MFSDP_OPTIM_GRADS_PARAMS, 0, "distributed optimizer"},
   };
   for (const auto &k : cases) {

@@ -131,6 +131,34 @@ TEST(NvlinkDomain, GroupAcrossTwoRacksCrossesTheNics) {
               505.2e-6 + 143.0 / 144 * big / 900e9, 1e-9);
 }
 
+// Megatron-Bridge's Llama 3.1 405B GB200 layout under Megatron FSDP with two optimizer
+// instances (dp_replicate=2 over dp_shard=32, tp=2; 128 GPUs, domains of 64: 16 trays of the
+// 32): parallel_state.py cuts the data-parallel ranks into 2 consecutive intra-instance groups
+// of 32 (ranks 0..63 with tp, one rack: NVLink's 900 GB/s at 3 us), the inter-instance group
+// {r, r + 64} crossing the racks, one rank each: the NIC's 50 GB/s at 10 us. A layer's fp32
+// main-gradient shard, 4 x 1,593,868,288 / 32 = 199,233,536 bytes, all-reduced across the two
+// instances: NCCL's Simple ring (src/graph/tuning.cc, v2.27.7-1) moves 2 x 1/2 of the bytes at
+// 50 GB/s behind baseLat 8.4 us + 2 network steps of 14 us (one rank a node: the tree's
+// network latency), x 1.4 past the inter-node plateau: 50.96 us + 3.98467 ms; the tree's
+// bandwidth (at most 0.92 x 50) and LL/LL128's are lower. The reduce-scatter of the layer's
+// 6,375,473,152 fp32 bytes inside the instance: Simple's 8.4 + 31 x 3.4 us + 31/32 of the
+// bytes at 900 GB/s. Without the instances (dp_shard=64) the group spans both racks, 32 a
+// rack: min(900, 32 x 50) = 900 GB/s at the network's latency.
+TEST(NvlinkDomain, MegatronFsdpInstancesOneRackEach) {
+  const mp_cluster c = Gb200(128, 72);
+  ASSERT_EQ(mp_cluster_nvlink_domain(&c), 64);
+  const mp_sim_link in = GroupLink(c, "dp_replicate=2,dp_shard=32,tp=2", MP_GROUP_DP_SHARD);
+  ExpectLink(in, 32, 1, 32, 900.0, 3e-6);
+  const mp_sim_link across = GroupLink(c, "dp_replicate=2,dp_shard=32,tp=2", MP_GROUP_DP_REPLICATE);
+  ExpectLink(across, 2, 2, 1, 50.0, 10e-6);
+  const double shard = 199233536.0, layer = 6375473152.0;
+  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_REDUCE, shard, 2, &across, across.GBps, &c.gpu),
+              1.4 * (8.4 + 2 * 14.0) * 1e-6 + shard / 50e9, 1e-9);
+  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_REDUCE_SCATTER, layer, 32, &in, in.GBps, &c.gpu),
+              (8.4 + 31 * 3.4) * 1e-6 + 31.0 / 32 * layer / 900e9, 1e-9);
+  ExpectLink(GroupLink(c, "dp_shard=64,tp=2", MP_GROUP_DP_SHARD), 64, 2, 32, 900.0, 10e-6);
+}
+
 // Expert parallelism's all-to-all of b = 4 GB a rank. EP 72 in one rack: NVLink alone,
 // 71/72 x b / 900 GB/s + 71 steps of 3 us. EP 144 over two racks: a rank sends 72/144 of b
 // to the other rack through its NIC (0.5 x 4e9 / 50e9 = 40 ms) beside 71/144 over NVLink
