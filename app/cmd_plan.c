@@ -342,8 +342,10 @@ static void make_request(const plan_args *a, mp_sim_evaluator *ev, const char *o
                             .options_json = opts_json, .command = cmdline, .tool_version = MESHPLAN_VERSION};
   req->ranked_only = !mp_args_has(&k_spec, "--log-all");
   /* what is shown of a plan over capacity, unless logged, explained or plotted, is that it
-   * is over: its simulation stops at the first stage over capacity */
+   * is over: its simulation stops at the first stage over capacity, or at the step bound
+   * of a time objective's --top K shown (planner/search.h bound_top_k) */
   ev->sim.memory_first = req->ranked_only && !a->why && !a->plot_dir;
+  req->search.bound_top_k = ev->sim.memory_first && mp_objective_is_time(a->obj) ? (int)a->top : 0;
 }
 
 /* What the output shows: the run, the search's config (for the reasons), the evaluator

@@ -180,6 +180,7 @@ mp_status mp_sim_evaluate(void *user, mp_ctx *ctx, mp_arena *scratch, const mp_c
   const mp_sim_evaluator *ev = w->ev;
   mp_plan_options o;
   mp_sim_evaluator_options(ev, c, &o);
+  w->sim.step_bound_s = c->step_bound_s;
   if (ev->tmpl == NULL || scratch == NULL)
     return mp_simulate_plan(ctx, ev->model, &c->mesh, &o, &w->sim, out);
   /* The candidate's plan is derived in the worker's scratch arena (the search resets it

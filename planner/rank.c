@@ -42,6 +42,8 @@ int mp_objective_needs_price(mp_objective o) {
   return o == MP_OBJECTIVE_TOKENS_PER_DOLLAR || o == MP_OBJECTIVE_COST;
 }
 
+int mp_objective_is_time(mp_objective o) { return o == MP_OBJECTIVE_TIME || o == MP_OBJECTIVE_DAYS; }
+
 /* Lower is better: time per sequence (days to train a number of tokens on the search's
  * GPUs are proportional to it), or the inverse of tokens per dollar (so is the cost). */
 static double rank_cost(const mp_candidate *c, mp_objective obj, double price) {

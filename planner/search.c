@@ -378,6 +378,14 @@ static int memory_reason(const mp_search_config *cfg, const mp_candidate *c, cha
       snprintf(buf, cap, "ac=%s saves less memory than ac=full, over capacity",
                mp_search_ac_name(c->ac));
       break;
+    case MP_REJECT_BOUNDED:
+      if (c->res.bounded)
+        snprintf(buf, cap, "a stage's forward and backward alone take %.4f s a step, past %.4f s "
+                 "(the shown plans' bound)", c->res.step_lb_s, c->step_bound_s);
+      else
+        snprintf(buf, cap, "ac=%s recomputes more than a sibling past the shown plans' bound: never faster",
+                 mp_search_ac_name(c->ac));
+      break;
     default: return 0;
   }
   return 1;

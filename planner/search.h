@@ -131,7 +131,10 @@ extern "C" {
   /* dp_shard > 1 on a stack without FSDP (or a megatron one, whose Megatron FSDP is searched \
      only where --fix names dp_shard): the same mesh on dp_replicate is searched */         \
   X(NO_FSDP, "no_fsdp",                                                                     \
-    "dp_shard on a stack without FSDP (dp_replicate searched instead)")
+    "dp_shard on a stack without FSDP (dp_replicate searched instead)")                     \
+  /* a stage's run gave a lower bound of the step past what the shown plans can be       \
+     (bound_top_k): its simulation stopped there */                                         \
+  X(BOUNDED, "bounded", "a lower bound of its step is slower than every shown plan")
 /* clang-format on */
 
 typedef enum mp_reject {
@@ -171,6 +174,9 @@ typedef struct mp_candidate {
                            its dp to the target; 0 when the rule gives none */
   const char *error;    /* evaluator's message when reject == MP_REJECT_EVAL_ERROR */
   int64_t plan_id;      /* database row id once stored (0 when not stored) */
+  double step_bound_s;  /* what the search hands the evaluator with it: > 0, a step no
+                           shown plan can be slower than (bound_top_k); the evaluator may
+                           stop once a lower bound of the step exceeds it (res.bounded) */
   mp_sim_result res;    /* valid when evaluated */
 } mp_candidate;
 
@@ -243,6 +249,14 @@ typedef struct mp_search_config {
   int prune_dominated;  /* time objectives: an AC policy whose recompute is a superset of a
                            fitting sibling's (same mesh, chunks, micro-batch, float8,
                            reshard, SP) is not simulated (MP_REJECT_DOMINATED) */
+  int bound_top_k;      /* K > 0 (time objectives, only the K best plans shown and only the
+                           plans that fit logged): each chunk's candidates go to the evaluator
+                           with a step bound (mp_candidate.step_bound_s), the K-th best step
+                           per sequence of the chunks at least BOUND_LAG before it (search_run.c)
+                           with the tie tolerance, times the candidate's batch; one whose
+                           lower bound passes it is MP_REJECT_BOUNDED, as is a sibling
+                           recomputing more (prune_dominated's premise). The K best plans and
+                           their order are those of the search without it. 0: off */
   mp_search_fix fix;
   int n_threads;        /* workers; <= 0: the number of online CPUs */
   int64_t mem_capacity_bytes; /* GPU memory less headroom, for the lower-bound prune; 0: off */
@@ -362,6 +376,8 @@ mp_status mp_objective_parse(mp_ctx *ctx, const char *s, mp_objective *out);
 const char *mp_objective_name(mp_objective o);
 /* tokens-per-dollar and cost: ranked with a price per GPU-hour. */
 int mp_objective_needs_price(mp_objective o);
+/* 1 for the objectives that rank by step time per sequence (time, days). */
+int mp_objective_is_time(mp_objective o);
 
 /* Tokens trained per dollar: tokens/s/GPU x 3600 / price per GPU-hour. */
 double mp_tokens_per_dollar(const mp_candidate *c, double price_per_gpu_hour);

@@ -28,6 +28,10 @@
  * workers stay balanced when candidates cost differently (pp, MoE). */
 #define CHUNK_MIN 32
 #define CHUNK_MAX 256
+/* bound_top_k: chunk k's bound comes from the chunks up to k - BOUND_LAG, a fixed lag
+ * (never the number of threads) so that the outcomes do not depend on the threads; larger
+ * than the workers of a small machine, which then seldom wait for it. */
+#define BOUND_LAG 8
 
 /* a and b are of one family: the same mesh, model chunks and SP */
 static int same_family(const mp_candidate *a, const mp_candidate *b) {
@@ -67,6 +71,11 @@ static mp_reject sibling_verdict(const mp_search *s, int prune_dominated, int64_
     if (prune_dominated && c->ac_every <= 1 && d->ac_every <= 1 && d->evaluated &&
         d->reject == MP_REJECT_NONE && recomputes_less(d->ac, c->ac))
       return MP_REJECT_DOMINATED;
+    /* the dominance rule's premise (more recompute is never faster) puts c's step past
+     * the bound d's step is past */
+    if (prune_dominated && c->ac_every <= 1 && d->ac_every <= 1 && d->reject == MP_REJECT_BOUNDED &&
+        recomputes_less(d->ac, c->ac))
+      return MP_REJECT_BOUNDED;
   }
   return MP_REJECT_NONE;
 }
@@ -83,16 +92,24 @@ typedef struct run_shared {
   int stop;            /* guarded by mu: the caller gave up */
   mp_status fatal;     /* a worker could not go on (out of memory) */
   int64_t set_aside;   /* guarded by mu: the workers' n_set_aside (mp_search) */
+  /* bound_top_k: the K smallest costs (step per sequence) of the plans that fit in chunks
+   * [0, folded), ascending (n_best of them), and per folded chunk k the cost bound of
+   * chunk k + BOUND_LAG (bound_after[k]; 0: fewer than K plans fit yet). Guarded by mu. */
+  double *best;
+  int n_best;
+  int64_t folded;
+  double *bound_after;
   mp_ctx fatal_ctx;
   pthread_mutex_t mu;
   pthread_cond_t cv;
 } run_shared;
 
 static void eval_one(run_shared *sh, void *user, mp_ctx *ctx, mp_arena *scratch,
-                     mp_candidate *c) {
+                     mp_candidate *c, double bound) {
   mp_ctx_init(ctx);
   mp_sim_result r;
   memset(&r, 0, sizeof r);
+  c->step_bound_s = bound > 0.0 ? bound * (double)c->global_batch : 0.0;
   mp_status st = sh->cfg->eval(user, ctx, scratch, c, &r);
   mp_arena_reset(scratch);
   c->evaluated = 1;
@@ -106,7 +123,7 @@ static void eval_one(run_shared *sh, void *user, mp_ctx *ctx, mp_arena *scratch,
     return;
   }
   c->res = r;
-  c->reject = r.fits ? MP_REJECT_NONE : MP_REJECT_MEMORY;
+  c->reject = r.bounded ? MP_REJECT_BOUNDED : r.fits ? MP_REJECT_NONE : MP_REJECT_MEMORY;
 }
 
 /* A worker's set-up: its scratch arena and the evaluator's state for it (*user, from
@@ -139,6 +156,7 @@ typedef struct worker {
   mp_arena *scratch;
   void *user;
   int64_t lo, hi; /* the chunk: candidates [lo, hi) */
+  double bound;   /* the chunk's cost bound (bound_top_k; 0: none) */
   int64_t set_aside; /* simulations whose result this worker set aside */
 } worker;
 
@@ -153,7 +171,7 @@ static void decide(worker *w, int64_t i) {
   if (v != MP_REJECT_NONE)
     c->reject = (uint8_t)v;
   else
-    eval_one(w->sh, w->user, &w->ctx, w->scratch, c);
+    eval_one(w->sh, w->user, &w->ctx, w->scratch, c, w->bound);
 }
 
 /* The full-AC sibling after none-AC candidate i in its chunk (the same family, micro-batch,
@@ -181,7 +199,7 @@ static void decide_none_after_full(worker *w, int64_t i, int64_t j) {
     c->reject = MP_REJECT_MEMORY_AC;
     return;
   }
-  eval_one(w->sh, w->user, &w->ctx, w->scratch, c);
+  eval_one(w->sh, w->user, &w->ctx, w->scratch, c, w->bound);
   if (c->reject != MP_REJECT_NONE || !w->sh->cfg->prune_dominated) return;
   w->set_aside += d->evaluated;
   d->reject = MP_REJECT_DOMINATED;
@@ -214,10 +232,48 @@ static void run_chunk(worker *w) {
     else if (j >= 0)
       decide_none_after_full(w, i, j);
     else
-      eval_one(w->sh, w->user, &w->ctx, w->scratch, c);
+      eval_one(w->sh, w->user, &w->ctx, w->scratch, c, w->bound);
     if (j >= 0) full_over = over_capacity(&w->sh->s->cands[j]);
     if (full_recompute(c)) full_over = over_capacity(c);
   }
+}
+
+/* The chunks folded into the bound: candidates of chunk ch that fit, by cost, into the K
+ * best (insertion into the sorted array: K is what plan shows, a few). Caller holds mu. */
+static void fold_chunk(run_shared *sh, int64_t ch) {
+  const int K = sh->cfg->bound_top_k;
+  for (int64_t i = sh->chunk_lo[ch]; i < sh->chunk_lo[ch + 1]; i++) {
+    const mp_candidate *c = &sh->s->cands[i];
+    if (!c->evaluated || c->reject != MP_REJECT_NONE || c->global_batch <= 0) continue;
+    const double cost = c->res.step_time_s / (double)c->global_batch;
+    if (sh->n_best == K && !(cost < sh->best[K - 1])) continue;
+    int j = sh->n_best < K ? sh->n_best++ : K - 1;
+    for (; j > 0 && sh->best[j - 1] > cost; j--) sh->best[j] = sh->best[j - 1];
+    sh->best[j] = cost;
+  }
+  sh->bound_after[ch] = sh->n_best == K ? sh->best[K - 1] * (1.0 + MP_RANK_TIE_TOL) : 0.0;
+}
+
+/* Chunk ch done: marked, and the chunks done in order from the last folded one folded
+ * (bound_top_k). Caller holds mu. */
+static void chunk_done(run_shared *sh, int64_t ch) {
+  sh->done[ch] = 1;
+  if (sh->cfg->bound_top_k <= 0) return;
+  while (sh->folded < sh->n_chunks && sh->done[sh->folded]) fold_chunk(sh, sh->folded++);
+}
+
+/* Chunk ch's cost bound: the K-th best cost of the chunks up to ch - BOUND_LAG, waited
+ * for (they were claimed before ch, so their workers never wait on ch), with the tie
+ * tolerance: a plan past it is never among the K shown (rank.c ranks a plan in the first
+ * K only within the tolerance of a cost at most the K-th best). Fixed chunks, not the
+ * threads' progress, decide it, so a candidate's outcome does not depend on timing. */
+static double chunk_bound(run_shared *sh, int64_t ch) {
+  if (sh->cfg->bound_top_k <= 0 || ch < BOUND_LAG) return 0.0;
+  pthread_mutex_lock(&sh->mu);
+  while (sh->folded <= ch - BOUND_LAG && !sh->stop) pthread_cond_wait(&sh->cv, &sh->mu);
+  const double b = sh->folded > ch - BOUND_LAG ? sh->bound_after[ch - BOUND_LAG] : 0.0;
+  pthread_mutex_unlock(&sh->mu);
+  return b;
 }
 
 static void *worker_main(void *arg) {
@@ -234,10 +290,12 @@ static void *worker_main(void *arg) {
     if (ch >= sh->n_chunks) break;
     w.lo = sh->chunk_lo[ch];
     w.hi = sh->chunk_lo[ch + 1];
+    w.bound = chunk_bound(sh, ch);
     run_chunk(&w);
     pthread_mutex_lock(&sh->mu);
-    sh->done[ch] = 1;
-    if (ch == sh->wake_at) pthread_cond_broadcast(&sh->cv);
+    const int64_t folded = sh->folded;
+    chunk_done(sh, ch);
+    if (ch == sh->wake_at || sh->folded != folded) pthread_cond_broadcast(&sh->cv);
     pthread_mutex_unlock(&sh->mu);
   }
   pthread_mutex_lock(&sh->mu);
@@ -275,6 +333,24 @@ static void count_outcomes(mp_search *s, int64_t set_aside) {
   }
 }
 
+/* The per-chunk state after the chunk boundaries: done flags, the bound's K best and
+ * per-chunk bounds. 0 when out of memory (chunks_free then frees what was made). */
+static int chunks_alloc(run_shared *sh) {
+  const size_t n = (size_t)(sh->n_chunks > 0 ? sh->n_chunks : 1);
+  const int K = sh->cfg->bound_top_k > 0 ? sh->cfg->bound_top_k : 0;
+  sh->done = calloc(n, 1);
+  sh->best = malloc(sizeof(double) * (size_t)(K + 1));
+  sh->bound_after = calloc(n, sizeof(double));
+  return sh->done && sh->best && sh->bound_after;
+}
+
+static void chunks_free(run_shared *sh) {
+  free(sh->done);
+  free(sh->best);
+  free(sh->bound_after);
+  free(sh->chunk_lo);
+}
+
 mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
                         mp_search_sink_fn sink, void *sink_user,
                         mp_search_progress_fn progress, void *progress_user) {
@@ -303,9 +379,8 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
       sh.chunk_lo[sh.n_chunks++] = i;
   }
   sh.chunk_lo[sh.n_chunks] = s->n;
-  sh.done = calloc((size_t)(sh.n_chunks > 0 ? sh.n_chunks : 1), 1);
-  if (sh.done == NULL) {
-    free(sh.chunk_lo);
+  if (!chunks_alloc(&sh)) {
+    chunks_free(&sh);
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory starting the search");
   }
   mp_ctx_init(&sh.fatal_ctx);
@@ -342,8 +417,7 @@ mp_status mp_search_run(mp_ctx *ctx, const mp_search_config *cfg, mp_search *s,
   for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
   pthread_mutex_destroy(&sh.mu);
   pthread_cond_destroy(&sh.cv);
-  free(sh.done);
-  free(sh.chunk_lo);
+  chunks_free(&sh);
   count_outcomes(s, sh.set_aside);
   s->run_s = mp_now_s() - t0;
   return st;

@@ -164,7 +164,7 @@ mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int6
   sqlite3_bind_int(q, 20, c->pp_split);
   MP_CHECK(step_reset(ctx, st, q, "writing a plan"));
   c->plan_id = sqlite3_last_insert_rowid(conn(st));
-  if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR) return MP_OK;
+  if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR || c->reject == MP_REJECT_BOUNDED) return MP_OK;
   const mp_sim_result *r = &c->res;
   q = st->ins_pred;
   int i = 1;

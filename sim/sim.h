@@ -312,6 +312,10 @@ typedef struct mp_sim_config {
                                     and, with MTP modules, then the last judged by their
                                     memory alone before any time run (not under DualPipe,
                                     whose ranks hold two stages); 0: every figure */
+  double step_bound_s;           /* mp_simulate_prepped with pp > 1 (not DualPipe): > 0 stops
+                                    after the first stage run whose lower bound of the step
+                                    (mp_sim_stage_step_lb_s) exceeds it (result: bounded 1,
+                                    step_lb_s that bound, no other figure); 0: off */
 } mp_sim_config;
 
 typedef struct mp_sim_result {
@@ -333,6 +337,8 @@ typedef struct mp_sim_result {
   int64_t overhead_bytes;   /* runtime overhead + fragmentation part of the peak */
   int64_t capacity_bytes;   /* GPU memory less headroom */
   int fits;
+  int bounded;              /* stopped by cfg->step_bound_s: the step is at least step_lb_s */
+  double step_lb_s;         /* with bounded: the stage's lower bound of the step */
 } mp_sim_result;
 
 typedef struct mp_sim_trace mp_sim_trace; /* opaque: per-op times of one simulation */

@@ -42,6 +42,16 @@ typedef struct mp_sim_stage {
   double tokens, model_flops; /* the rank's tokens and model FLOPs per step (its share) */
 } mp_sim_stage;
 
+/* A lower bound of the step of a plan with v model chunks per stage under a pipeline
+ * schedule other than DualPipe, from one of its stage runs x: the pipeline timeline
+ * (sim/pipeline.c run_steps) runs on the stage, one step at a time, each micro-batch's
+ * forward (f) and backward (b; where W steps are split off, B takes b - w and W w) of
+ * every chunk, and a forward run with another micro-batch's backward as one step (the EP
+ * all-to-all overlap) saves the smaller of the two chunks' fb_save, at most the forward's
+ * chunk's; so n_micro x the sum over chunks of (f + b - max(0, fb_save)), which the head,
+ * the tail and the bubble only add to. */
+double mp_sim_stage_step_lb_s(const mp_sim_stage *x, int v);
+
 /* The saving of mp_sim_a2a_overlap_save_s (sim.h) for model chunk `chunk` of schedule s
  * from its compiled ops (the compute stream's ops of a middle micro-batch). */
 struct cop;

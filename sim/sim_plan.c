@@ -343,6 +343,28 @@ static mp_status memory_verdict(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan
   return mp_sim_stage_memory_over(ctx, p, cfg, &cfg->ws->stages[i], prep->sel[i], over, out);
 }
 
+double mp_sim_stage_step_lb_s(const mp_sim_stage *x, int v) {
+  double busy = 0.0;
+  for (int c = 0; c < v && c < MP_PP_MAX_VIRTUAL; c++)
+    busy += x->t.f[c] + x->t.b[c] - (x->t.fb_save[c] > 0.0 ? x->t.fb_save[c] : 0.0);
+  return (double)x->n_micro * busy;
+}
+
+/* cfg->step_bound_s after selected stage i's run: 1 (out bounded, its lower bound kept)
+ * when the stage's lower bound of the step exceeds the bound. */
+static int step_bounded(const mp_plan *p, const mp_sim_config *cfg, const mp_sim_stage *x,
+                        mp_sim_result *out) {
+  if (!(cfg->step_bound_s > 0.0) || p->mesh.size[MP_DIM_PP] <= 1 ||
+      p->opts.pp_schedule == MP_PP_DUALPIPE)
+    return 0;
+  const double lb = mp_sim_stage_step_lb_s(x, mp_plan_virtual_stages(p));
+  if (!(lb > cfg->step_bound_s)) return 0;
+  memset(out, 0, sizeof *out);
+  out->bounded = 1;
+  out->step_lb_s = lb;
+  return 1;
+}
+
 /* mp_simulate_prepped in cfg->ws. */
 static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_prep *prep,
                                      const mp_sim_config *cfg, mp_arena *scratch,
@@ -367,7 +389,7 @@ static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_
    * (not where the arena is reset between stages). */
   const int gate = cfg->memory_first && cfg->stage_peak_bytes == NULL &&
                    !(pp > 1 && p->opts.pp_schedule == MP_PP_DUALPIPE);
-  int over = 0;
+  int over = 0, bounded = 0;
   mp_schedule *last = NULL;
   for (int i = 0; i < n && st == MP_OK && !over; i++) {
     if (reset) mp_arena_reset(scratch);
@@ -379,10 +401,11 @@ static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_
       if (st == MP_OK) st = memory_verdict(ctx, p, prep, n - 1, last, cfg, &over, out);
     }
     if (st == MP_OK && !over) st = mp_sim_stage_run(ctx, s, cfg, prep->links[i], &ws->stages[i], NULL);
+    if (st == MP_OK && !over && (bounded = step_bounded(p, cfg, &ws->stages[i], out)) != 0) break;
     if (st == MP_OK && gate && !over)
       st = mp_sim_stage_memory_over(ctx, p, cfg, &ws->stages[i], prep->sel[i], &over, out);
   }
-  if (st == MP_OK && !over) st = finish_plan(ctx, p, cfg, prep->rep, out);
+  if (st == MP_OK && !over && !bounded) st = finish_plan(ctx, p, cfg, prep->rep, out);
   if (reset) mp_arena_reset(scratch);
   return st;
 }

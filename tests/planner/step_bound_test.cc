@@ -1,0 +1,149 @@
+// The search's step bound (planner/search.h bound_top_k, sim/sim.h step_bound_s).
+//
+// Soundness: a stage run's lower bound of the step (mp_sim_stage_step_lb_s: n_micro x the
+// stage's forward and backward per micro-batch, the all-to-all overlap's saving taken off)
+// never exceeds the plan's simulated step. For every plan that fits in a search with
+// pp > 1, simulated again with the bound set to its own step, no stage's bound may pass it:
+// the plan is not bounded and gives the same step. Simulated with a bound of 1e-12 s the
+// first stage's bound stops it, positive and at most the step.
+//
+// Effect: the K best plans of a search with the bound are those of the search without it,
+// in the same order with the same figures (the ranking's tie tolerance included), a plan
+// simulated in full by both gives the same step, and a bounded plan that fits is slower per
+// sequence than the K-th best by more than the tie tolerance; some candidates are bounded
+// (else the comparisons say nothing).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "exec/model.h"
+#include "planner/evaluate.h"
+#include "planner/search.h"
+#include "sim/cluster.h"
+
+namespace {
+
+struct Case {
+  const char *model, *gpu;
+  int gpus;
+  int64_t seq, gb;
+  const char *stack;
+};
+
+// The search of case k with bound_top_k top (0: off): its candidates and its ranked order.
+// With check_bound, each plan that fits with pp > 1 is simulated again by a worker of the
+// same evaluator with the two bounds above.
+void Search(const Case &k, int top, int check_bound, std::vector<mp_candidate> *cands,
+            std::vector<int64_t> *order, int64_t *checked = nullptr) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  mp_cluster c;
+  ASSERT_EQ(mp_model_load(&ctx, k.model, &m), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_cluster_make(&ctx, k.gpu, k.gpus, 8, &c), MP_OK) << mp_errmsg(&ctx);
+  mp_sim_evaluator ev;
+  ASSERT_EQ(mp_sim_evaluator_init(&ctx, &ev, &m, &c, k.seq, k.gb, 0.05, k.stack), MP_OK) << mp_errmsg(&ctx);
+  ev.sim.memory_first = 1;
+  mp_search_config cfg;
+  mp_sim_search_config(&cfg, &ev, &c, 0.05);
+  cfg.n_threads = 2;
+  cfg.bound_top_k = top;
+  mp_search *s = nullptr;
+  ASSERT_EQ(mp_search_enumerate(&ctx, &cfg, &s), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_search_run(&ctx, &cfg, s, nullptr, nullptr, nullptr, nullptr), MP_OK) << mp_errmsg(&ctx);
+  int64_t *ord = nullptr, n_ord = 0;
+  ASSERT_EQ(mp_search_rank(&ctx, s, MP_OBJECTIVE_TIME, 0.0, &ord, &n_ord), MP_OK) << mp_errmsg(&ctx);
+  order->assign(ord, ord + n_ord);
+  cands->assign(s->cands, s->cands + s->n);
+  if (check_bound) {
+    void *w = nullptr;
+    ASSERT_EQ(mp_sim_evaluator_thread_init(&ev, &ctx, &w), MP_OK) << mp_errmsg(&ctx);
+    mp_arena *scratch = mp_arena_create();
+    for (int64_t i = 0; i < s->n; i++) {
+      mp_candidate cd = s->cands[i];
+      if (!cd.evaluated || cd.reject != MP_REJECT_NONE || cd.mesh.size[MP_DIM_PP] <= 1) continue;
+      const std::string what = std::string(k.model) + " candidate " + std::to_string(i);
+      mp_sim_result r;
+      cd.step_bound_s = cd.res.step_time_s;
+      ASSERT_EQ(mp_sim_evaluate(w, &ctx, scratch, &cd, &r), MP_OK) << mp_errmsg(&ctx);
+      mp_arena_reset(scratch);
+      EXPECT_EQ(r.bounded, 0) << what << ": a stage's bound " << r.step_lb_s << " s past the step "
+                              << cd.res.step_time_s << " s";
+      EXPECT_EQ(r.step_time_s, cd.res.step_time_s) << what;
+      cd.step_bound_s = 1e-12;
+      ASSERT_EQ(mp_sim_evaluate(w, &ctx, scratch, &cd, &r), MP_OK) << mp_errmsg(&ctx);
+      mp_arena_reset(scratch);
+      EXPECT_EQ(r.bounded, 1) << what;
+      EXPECT_GT(r.step_lb_s, 0.0) << what;
+      EXPECT_LE(r.step_lb_s, cd.res.step_time_s) << what;
+      if (checked) (*checked)++;
+    }
+    mp_arena_destroy(scratch);
+    mp_sim_evaluator_thread_done(w);
+  }
+  mp_search_destroy(s);
+  mp_sim_evaluator_free(&ev);
+}
+
+const Case kCases[] = {
+    {"tiny-moe-pp", "h100-sxm", 16, 256, 64, nullptr},
+    {"llama3.1-70b", "h100-sxm", 64, 8192, 128, nullptr},
+    {"deepseek-v2-lite", "h100-sxm", 32, 4096, 64, "megatron-core"},
+    // DeepSeek-V3's pre-training batch and sequence (its technical report, sec. 4.2)
+    {"deepseek-v3", "h800", 2048, 4096, 15360, "megatron-core"},
+};
+
+}  // namespace
+
+TEST(StepBound, AStageBoundNeverExceedsTheStep) {
+  for (const Case &k : kCases) {
+    std::vector<mp_candidate> cands;
+    std::vector<int64_t> order;
+    int64_t checked = 0;
+    Search(k, 0, 1, &cands, &order, &checked);
+    EXPECT_GT(checked, 10) << k.model << ": too few plans with pp > 1 fit to say anything";
+  }
+}
+
+TEST(StepBound, TheShownPlansAreTheSearchWithoutIt) {
+  const int top = 10;
+  int64_t bounded_all = 0, fit_bounded = 0;
+  for (const Case &k : kCases) {
+    std::vector<mp_candidate> a, b;
+    std::vector<int64_t> oa, ob;
+    Search(k, 0, 0, &a, &oa);
+    Search(k, top, 0, &b, &ob);
+    ASSERT_EQ(a.size(), b.size());
+    const size_t n = oa.size() < (size_t)top ? oa.size() : (size_t)top;
+    ASSERT_GE(ob.size(), n) << k.model;
+    // the K-th best cost of the search without the bound (by cost, not the tie order)
+    std::vector<double> costs;
+    for (int64_t i : oa) costs.push_back(a[(size_t)i].res.step_time_s / (double)a[(size_t)i].global_batch);
+    std::sort(costs.begin(), costs.end());
+    const double kth = costs.size() >= (size_t)top ? costs[(size_t)top - 1] : 1e300;
+    for (size_t r = 0; r < n; r++) {
+      ASSERT_EQ(oa[r], ob[r]) << k.model << " rank " << r + 1;
+      EXPECT_EQ(a[(size_t)oa[r]].res.step_time_s, b[(size_t)ob[r]].res.step_time_s) << k.model << " rank " << r + 1;
+      EXPECT_EQ(a[(size_t)oa[r]].res.peak_mem_bytes, b[(size_t)ob[r]].res.peak_mem_bytes) << k.model;
+    }
+    for (size_t i = 0; i < b.size(); i++) {
+      bounded_all += b[i].reject == MP_REJECT_BOUNDED;
+      // a plan that fits in both searches is simulated in full in both: the same step
+      if (a[i].reject == MP_REJECT_NONE && b[i].reject == MP_REJECT_NONE) {
+        EXPECT_EQ(a[i].res.step_time_s, b[i].res.step_time_s) << k.model << " candidate " << i;
+      }
+      // a bounded plan that fits is slower per sequence than the tenth best plan by more
+      // than the tie tolerance: its step is at least its bound, which passed a K-th best
+      // of part of the plans, at least the K-th best of all
+      if (b[i].reject == MP_REJECT_BOUNDED && a[i].reject == MP_REJECT_NONE && a[i].evaluated) {
+        EXPECT_GT(a[i].res.step_time_s / (double)a[i].global_batch, kth * (1.0 + MP_RANK_TIE_TOL))
+            << k.model << " candidate " << i;
+        fit_bounded++;
+      }
+    }
+  }
+  EXPECT_GT(bounded_all, 100) << "the bound stopped too few simulations to say anything";
+  EXPECT_GT(fit_bounded, 100) << "too few bounded plans fit to say anything";
+}
