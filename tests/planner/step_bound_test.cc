@@ -30,6 +30,7 @@ struct Case {
   int gpus;
   int64_t seq, gb;
   const char *stack;
+  int stride;  // the soundness check simulates every stride-th plan that fits with pp > 1 again
 };
 
 // The search of case k with bound_top_k top (0: off): its candidates and its ranked order.
@@ -61,9 +62,11 @@ void Search(const Case &k, int top, int check_bound, std::vector<mp_candidate> *
     void *w = nullptr;
     ASSERT_EQ(mp_sim_evaluator_thread_init(&ev, &ctx, &w), MP_OK) << mp_errmsg(&ctx);
     mp_arena *scratch = mp_arena_create();
+    int64_t seen = 0;
     for (int64_t i = 0; i < s->n; i++) {
       mp_candidate cd = s->cands[i];
       if (!cd.evaluated || cd.reject != MP_REJECT_NONE || cd.mesh.size[MP_DIM_PP] <= 1) continue;
+      if (seen++ % k.stride != 0) continue;
       const std::string what = std::string(k.model) + " candidate " + std::to_string(i);
       mp_sim_result r;
       cd.step_bound_s = cd.res.step_time_s;
@@ -88,11 +91,13 @@ void Search(const Case &k, int top, int check_bound, std::vector<mp_candidate> *
 }
 
 const Case kCases[] = {
-    {"tiny-moe-pp", "h100-sxm", 16, 256, 64, nullptr},
-    {"llama3.1-70b", "h100-sxm", 64, 8192, 128, nullptr},
-    {"deepseek-v2-lite", "h100-sxm", 32, 4096, 64, "megatron-core"},
-    // DeepSeek-V3's pre-training batch and sequence (its technical report, sec. 4.2)
-    {"deepseek-v3", "h800", 2048, 4096, 15360, "megatron-core"},
+    {"tiny-moe-pp", "h100-sxm", 16, 256, 64, nullptr, 1},
+    {"llama3.1-70b", "h100-sxm", 64, 8192, 128, nullptr, 1},
+    {"deepseek-v2-lite", "h100-sxm", 32, 4096, 64, "megatron-core", 1},
+    // DeepSeek-V3's pre-training batch and sequence (its technical report, sec. 4.2); about
+    // 9,000 of its plans fit, every ninth (in enumeration order, so every mesh family) is
+    // simulated again, which keeps the test's run in the sanitizer build short
+    {"deepseek-v3", "h800", 2048, 4096, 15360, "megatron-core", 9},
 };
 
 }  // namespace
