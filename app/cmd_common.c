@@ -251,11 +251,22 @@ static mp_status fp8_dpa(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *
   return MP_OK;
 }
 
+/* --fp8-amax-tp-only: with --fp8; the recipe and the stack are the Float8 pass's to check. */
+static mp_status fp8_amax_tp(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
+  if (!mp_args_has(spec, "--fp8-amax-tp-only")) return MP_OK;
+  if (!fp8_on(spec))
+    return mp_error(ctx, MP_ERR_USAGE, "--fp8-amax-tp-only says where delayed scaling reduces its amaxes "
+                    "and needs it: add --fp8 delayed");
+  o->fp8_opts.amax_tp = 1;
+  return MP_OK;
+}
+
 mp_status mp_cmd_megatron_weights(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                                   mp_plan_options *o) {
   MP_CHECK(fp8_param_gather(ctx, spec, prof, o));
   MP_CHECK(nvfp4_no_rht(ctx, spec, o));
   MP_CHECK(fp8_dpa(ctx, spec, o));
+  MP_CHECK(fp8_amax_tp(ctx, spec, o));
   const char *s = mp_args_get(spec, "--data-parallel-sharding-strategy");
   const int dbuf = mp_args_has(spec, "--fsdp-double-buffer");
   if (s == NULL && !dbuf) return MP_OK;

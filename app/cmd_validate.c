@@ -190,8 +190,8 @@ static void graphs_capacity(const mp_vrow *v, row_job *j) {
 
 /* The Megatron-LM and Megatron-Core options a row states beside its mesh: the fused loss,
  * the DDP's (averaging, NaN check, aligned gathers, buckets, gradient accumulation fusion),
- * the recompute modules, CUDA graphs, NCCL communicators' caps, userbuffers and the EP
- * communication overlap; each refusal
+ * the recompute modules, CUDA graphs, NCCL communicators' caps, userbuffers, the EP
+ * communication overlap and where delayed scaling reduces its amaxes; each refusal
  * prefixed with the row. */
 static mp_status megatron_run_options(mp_ctx *ctx, const char *where, const mp_vrow *v, row_job *j) {
   mp_plan_options *o = &j->o;
@@ -217,6 +217,10 @@ static mp_status megatron_run_options(mp_ctx *ctx, const char *where, const mp_v
                     "--overlap-moe-expert-parallel-comm; stack %s does not run it: empty the column", where,
                     j->prof.name);
   o->moe_a2a_overlap = v->overlap_moe_comm == 1; /* the plan checks ep, the schedule and AC */
+  if (v->fp8_amax_tp == 1 && !v->fp8)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_amax_tp 1 says where delayed scaling reduces its amaxes "
+                    "(--fp8-amax-tp-only) and needs fp8 1: empty the column", where);
+  o->fp8_opts.amax_tp = v->fp8_amax_tp == 1; /* the Float8 pass checks the recipe and the stack */
   graphs_capacity(v, j);
   return MP_OK;
 }

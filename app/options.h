@@ -143,7 +143,10 @@
     "copies in one kernel), as the MLPerf v5.1 NVFP4 configs run", NULL },                          \
   { "--fp8-dpa", NULL, "with --fp8 on a megatron stack: Transformer Engine's float8 attention "        \
     "(Megatron-Core's --fp8-dot-product-attention): cuDNN's FP8 fused attention and the casts of "   \
-    "q, k, v and the output gradient; Blackwell, CP 1", NULL }
+    "q, k, v and the output gradient; Blackwell, CP 1", NULL },                                     \
+  { "--fp8-amax-tp-only", NULL, "with --fp8 delayed on a megatron stack: the amaxes all-reduced "   \
+    "over the TP group only, as Transformer Engine v0.13 to v1.5 do under "                          \
+    "NVTE_DP_AMAX_REDUCE_INTERVAL=0 (default: over the data-parallel group)", NULL }
 /* simulate, explain and plan: torchtitan's float8 FSDP all-gather (mp_cmd_fp8_all_gather) */
 #define MP_OPT_FP8_ALL_GATHER                                                                      \
   { "--fp8-all-gather", NULL, "torchtitan's enable_fsdp_float8_all_gather (with --fp8 tensorwise "  \

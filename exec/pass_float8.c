@@ -125,6 +125,10 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   MP_CHECK(mp_rule_fp8_recipe_check(ctx, p->opts.mem_model, f.recipe, f.all_gather));
   if (f.param_gather) MP_CHECK(param_gather_check(ctx, p, f.recipe));
   if (f.dpa) MP_CHECK(dpa_check(ctx, p, &f));
+  if (f.amax_tp && (p->opts.mem_model != MP_MEM_MODEL_MEGATRON || f.recipe != MP_FP8_DELAYED))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-amax-tp-only is Transformer Engine's delayed scaling under "
+                    "NVTE_DP_AMAX_REDUCE_INTERVAL=0 (v0.13 to v1.5): it needs --fp8 delayed on a megatron stack");
   o = &f;
   /* With TP the float8 all-gather gathers the float8 casts of TP-sharded weights: torchao's
    * precompute_float8_dynamic_scale_for_fsdp (torchao/float8/fsdp_utils.py) takes each

@@ -63,6 +63,10 @@ typedef struct mp_float8_options {
                        attention core in cuDNN's FP8 kernels, q, k, v and the output gradient
                        cast to float8 per tensor with current scaling (sim/cluster.c,
                        mp_attn_fp8_flops; exec/schedule_block.c) */
+  int amax_tp;      /* delayed scaling's amaxes all-reduced over the TP group only: Transformer
+                       Engine v0.13 to v1.5 under NVTE_DP_AMAX_REDUCE_INTERVAL=0
+                       (transformer_engine/pytorch/fp8.py global_amax_reduction, v1.5: "AMAX is
+                       reduced only in TP domain"; v1.6rc1 does not read the variable) */
 } mp_float8_options;
 
 /* Whether a GPU of compute capability cc runs float8 GEMMs on operands of any layout, not

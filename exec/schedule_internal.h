@@ -235,6 +235,7 @@ typedef struct shapes {
   int fp4_gemm;             /* the float8 Linears' GEMMs run in NVFP4 (the nvfp4 recipe) */
   int nvfp4_rht;            /* NVFP4's random Hadamard transform on the wgrad operands is on */
   int fp8_dpa;              /* the attention core in cuDNN's FP8 kernels (mp_float8_options.dpa) */
+  int fp8_amax_tp;          /* delayed scaling's amaxes reduced over TP only (mp_float8_options.amax_tp) */
 } shapes;
 
 typedef struct gen {

@@ -815,7 +815,9 @@ void mp_sched_mg_regather_wait(gen *g, int32_t gather, int32_t first_op) {
  * the amaxes its float8 Linears recorded (input and weight; output gradient) are reduced in
  * one all-reduce over the amax-reduction group (Megatron-Core's data-parallel x context x
  * tensor group; priced on the data-parallel x context group, the larger), fp32 each, on the
- * compute stream (fp8_autocast's reduce_amax). `blocks`: the chunk's blocks. */
+ * compute stream (fp8_autocast's reduce_amax); over the TP group alone under amax_tp
+ * (Transformer Engine v0.13 to v1.5 with NVTE_DP_AMAX_REDUCE_INTERVAL=0, fp8.py
+ * global_amax_reduction), none at TP 1. `blocks`: the chunk's blocks. */
 void mp_sched_f8_amax_reduce(gen *g, int32_t blocks, int backward) {
   const shapes *sh = &g->sh;
   if (!sh->fp8_te || sh->fp8_recipe != MP_FP8_DELAYED || blocks <= 0) return;
@@ -823,7 +825,9 @@ void mp_sched_f8_amax_reduce(gen *g, int32_t blocks, int backward) {
   for (int m = 0; m < MP_MOD_COUNT; m++) n += sh->fp8[m] != 0;
   if (n == 0) return;
   const double bytes = 4.0 * (backward ? 1 : 2) * n * (double)blocks;
-  comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DP_CP, MP_STREAM_COMPUTE, bytes, MP_DTYPE_FP32, -1);
+  const mp_group grp = sh->fp8_amax_tp ? MP_GROUP_TP : MP_GROUP_DP_CP;
+  if (sh->fp8_amax_tp && mp_mesh_group_size(&g->p->mesh, grp) < 2) return;
+  comm(g, MP_COLL_ALL_REDUCE, grp, MP_STREAM_COMPUTE, bytes, MP_DTYPE_FP32, -1);
 }
 
 /* --fp8-param-gather's weight refresh after the optimizer step (Megatron-Core's

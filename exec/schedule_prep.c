@@ -119,6 +119,7 @@ static void read_fp8_shapes(const mp_plan *p, shapes *sh) {
   sh->fp4_gemm = on && sh->fp8_recipe == MP_FP8_NVFP4;
   sh->nvfp4_rht = sh->fp4_gemm && !p->opts.fp8_opts.nvfp4_no_rht;
   sh->fp8_dpa = on && p->opts.fp8_opts.dpa;
+  sh->fp8_amax_tp = on && p->opts.fp8_opts.amax_tp;
   /* torchao's float8 TP modules scale tensorwise; Transformer Engine gathers float8 under
    * every recipe */
   sh->fp8_tp_codes = sh->tp > 1 && on && ms->fp8_tp_codes && (ms->fp8_te || sh->fp8_recipe == MP_FP8_TENSORWISE);

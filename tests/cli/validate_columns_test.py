@@ -4,7 +4,8 @@ cuda_graphs iteration with ddp_check_grads empty runs without the DDP's NaN chec
 asserts --no-check-for-nan-in-loss-and-grad under --cuda-graph-scope full_iteration), and
 overlap_moe_comm 1 is simulate's --overlap-moe-comm, and recompute_modules split by '/' (NeMo
 2.0's spelling) is the list split by spaces, and Megatron-Bridge's fp8_cs, fp8_mx and fp8_sc name
-tensorwise, mxfp8 and blockwise, cp_rotate is simulate's --cp-rotate, and moe_dispatcher hybridep is --moe-dispatcher hybridep;
+tensorwise, mxfp8 and blockwise, cp_rotate is simulate's --cp-rotate, and moe_dispatcher hybridep is --moe-dispatcher hybridep,
+and fp8_amax_tp 1 is --fp8-amax-tp-only;
 each row's prediction is simulate's with the same
 options.
 
@@ -219,6 +220,38 @@ check("fp8_dpa 1" in p.stderr and "fp8 1" in p.stderr, f"fp8_dpa without fp8: {p
 SIM_CP = [a if a != "dp_replicate=8" else "dp_replicate=4,cp=2" for a in SIM_DENSE]
 p = run("simulate", *SIM_CP, "--fp8", "tensorwise", "--fp8-dpa", want_rc=2)
 check("--fp8-dpa with cp 2" in p.stderr, f"--fp8-dpa under CP: {p.stderr}")
+
+# ---- fp8_amax_tp: simulate's --fp8-amax-tp-only (delayed scaling's amaxes over TP alone) on
+# 8 H100s at dp_replicate 2 x tp 4: a shorter step than over the data-parallel group (one
+# all-reduce over NVLink's 4 ranks for one over the network's 2, both on the compute stream);
+# refused without fp8 and under current scaling, each by name ----
+AMAX_HDR = HDR + ",fp8_amax_tp"
+AMAX = "{0},test,llama3-8b,16,h100-sxm,8,400,4,1,4,1,,,1,1,8192,8,1,32,none,{1},1,,megatron-core,"\
+       "tokens_per_s_per_gpu,1000,test,,,,,{2},,{3}"
+SIM_AMAX = ["--model", "llama3-8b", "--gpus", "16", "--gpu", "h100-sxm", "--mesh", "dp_replicate=4,tp=4",
+            "--seq", "8192", "--micro-batch", "1", "--global-batch", "32", "--stack", "megatron-core"]
+path = os.path.join(tmp, "amax.csv")
+with open(path, "w") as f:
+    f.write(AMAX_HDR + "\n" + "\n".join([AMAX.format("amax_tp", "1", "delayed", "1"),
+                                           AMAX.format("amax_dp", "1", "delayed", ""),
+                                           AMAX.format("amax_cur", "1", "tensorwise", "1")]) + "\n")
+p = run("validate", path, "--json")
+if p.returncode == 0:
+    rows = {r["case"]: r for r in json.loads(p.stdout)["rows"]}
+    want_tp = simulate(*SIM_AMAX, "--fp8", "delayed", "--fp8-amax-tp-only")
+    want_dp = simulate(*SIM_AMAX, "--fp8", "delayed")
+    check(same(rows["amax_tp"].get("predicted"), want_tp), f"fp8_amax_tp 1: {rows['amax_tp']}, want {want_tp}")
+    check(same(rows["amax_dp"].get("predicted"), want_dp), f"fp8_amax_tp empty: {rows['amax_dp']}, want {want_dp}")
+    check(want_tp is not None and want_dp is not None and want_tp > want_dp,
+          "--fp8-amax-tp-only does not speed the step")
+    check("NVTE_DP_AMAX_REDUCE_INTERVAL" in (rows["amax_cur"].get("refused") or ""),
+          f"fp8_amax_tp under current scaling: {rows['amax_cur']}")
+else:
+    check(False, f"validate of the fp8_amax_tp rows: {p.stderr}")
+with open(path, "w") as f:
+    f.write(AMAX_HDR + "\n" + AMAX.format("amax_bf16", "0", "", "1") + "\n")
+p = run("validate", path, "--json", want_rc=2)
+check("fp8_amax_tp 1" in p.stderr and "fp8 1" in p.stderr, f"fp8_amax_tp without fp8: {p.stderr}")
 
 for f in fails:
     print("FAIL:", f)
