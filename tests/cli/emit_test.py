@@ -340,7 +340,8 @@ p = run("simulate", "--gpus", "16", "--from-args", bare.replace("--use-distribut
 check("instances 2 without --use-distributed-optimizer" in p.stderr and p.stderr.count("\n") <= 1,
       "instances without the distributed optimizer: " + p.stderr)
 # the distributed optimizer's instances written from the mesh's dopt and read back as the same
-# step; plan refuses them by name
+# step; plan searches them where fixed (dp_replicate 8 x tp 2 on 16 GPUs), on a stack without
+# the distributed optimizer refused by name
 DOPT = ["--gpus", "16", "--model", "llama3.1-8b", "--mesh", "dp_replicate=8,tp=2,dopt=2", "--stack", "megatron-core"]
 pred, text = emitted("megatron", *DOPT)
 check("--use-distributed-optimizer\n" in text and "--num-distributed-optimizer-instances 2\n" in text
@@ -348,8 +349,14 @@ check("--use-distributed-optimizer\n" in text and "--num-distributed-optimizer-i
 p = run("simulate", "--gpus", "16", "--from-args", " ".join(body(text).split()), "--json")
 check(p.returncode == 0 and pred is not None and json.loads(p.stdout)["step_time_s"] == pred["step_time_s"],
       "the distributed optimizer's instances not read back: " + p.stderr)
-p = run("plan", "--gpus", "16", "--model", "llama3.1-8b", "--mesh", "dp_replicate=8,tp=2,dopt=2", want_rc=2)
-check("plan searches one distributed-optimizer instance" in p.stderr, "plan with dopt: " + p.stderr)
+pe = os.path.join(tmp, "plan_dopt")
+p = run("plan", *DOPT, "--no-db", "--emit", "megatron", "--out", pe)
+check(p.returncode == 0 and "--num-distributed-optimizer-instances 2\n" in open(os.path.join(pe, "plan-1.args")).read(),
+      "plan with dopt: " + p.stderr)
+p = run("plan", "--gpus", "16", "--model", "llama3.1-8b", "--stack", "megatron-lm", "--fix", "dopt=2", "--no-db",
+        want_rc=2)
+check("need a stack running Megatron-LM's DDP with the distributed optimizer" in p.stderr, "plan dopt on megatron-lm: "
+      + p.stderr)
 # validate's columns run the same plan as simulate's options: the peak memory of a Megatron
 # FSDP row with and without the double buffer is simulate's, and the two differ by the
 # prefetch window's extra layers (2 x 436,224,000 bytes on 8B: schedule/megatron_fsdp_test)
