@@ -272,6 +272,8 @@ static mp_status one_plan_options(mp_ctx *ctx, const plan_args *a, mp_search_fix
   if (ms) {
     mp_mesh mesh;
     MP_CHECK(mp_mesh_parse(ctx, ms, mp_cluster_n_gpus(&a->c), &mesh));
+    if (mp_mesh_dopt(&mesh) > 1) /* the distributed optimizer's instances (exec/mesh.h) */
+      MP_CHECK(fix_field(ctx, "--mesh", mesh.dopt, &f->dopt));
     static const char *const dim_opt = "--mesh";
     MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_PP], &f->pp));
     MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_DP_REPLICATE], &f->dp_replicate));

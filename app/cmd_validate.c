@@ -150,6 +150,7 @@ static mp_status read_mesh(mp_ctx *ctx, const char *where, const mp_vrow *v, mp_
   mesh->size[MP_DIM_TP] = (int)v->tp;
   mesh->ep = (int)v->ep;
   mesh->etp = (int)v->etp;
+  mesh->dopt = (int)v->dist_opt_instances;
   MP_CHECK(mp_mesh_validate(ctx, mesh));
   if (mp_mesh_world(mesh) != v->gpus)
     return mp_error(ctx, MP_ERR_INVALID, "%s: the mesh has %d ranks but gpus = %lld", where,

@@ -232,6 +232,9 @@ static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
   /* its hybrid sharding: dp_replicate instances of the dp_shard-sharded state */
   if (m->size[MP_DIM_DP_SHARD] > 1 && m->size[MP_DIM_DP_REPLICATE] > 1)
     mp_emit_printf(b, "--num-distributed-optimizer-instances %d\n", m->size[MP_DIM_DP_REPLICATE]);
+  /* the distributed optimizer's instances without FSDP: the mesh's dopt */
+  if (m->size[MP_DIM_DP_SHARD] == 1 && mp_mesh_dopt(m) > 1)
+    mp_emit_printf(b, "--num-distributed-optimizer-instances %d\n", m->dopt);
   if (o->ddp.overlap) mp_emit_printf(b, "--overlap-grad-reduce\n");
   if (o->ddp.overlap && o->ddp.shard_optimizer) mp_emit_printf(b, "--overlap-param-gather\n");
   mp_emit_printf(b, "--bf16\n--attention-backend %s\n", o->attn == MP_ATTN_MATERIALIZED ? "unfused" : "flash");

@@ -66,6 +66,7 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
   add(f, "--stack", "%s", p->stack);
   char etp[32] = "";
   if (p->etp) snprintf(etp, sizeof etp, ",etp=%d", p->etp);
+  if (p->dopt > 1) snprintf(etp + strlen(etp), sizeof etp - strlen(etp), ",dopt=%d", p->dopt);
   add(f, "--mesh", "pp=%d,dp_replicate=%d,dp_shard=%d,cp=%d,tp=%d,ep=%d%s", p->pp, p->dp_replicate, p->dp_shard,
       p->cp, p->tp, p->ep, etp);
   add(f, "--ac", "%s", p->ac);

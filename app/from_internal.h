@@ -16,6 +16,8 @@ typedef struct mp_from_plan {
   char model[MP_NAME_MAX]; /* a data/models stem; "" when the user's --model stands */
   char stack[32];
   int pp, dp_replicate, dp_shard, cp, tp, ep; /* resolved: no -1 */
+  int dopt;               /* Megatron's distributed-optimizer instances without FSDP (dopt=N in
+                             --mesh, exec/mesh.h; --num-distributed-optimizer-instances); 0: one */
   int etp;                /* the experts on their own grid with etp=N in --mesh (N > 0; N > 1 each
                              expert split over N ranks), 0: ep inside dp_shard */
   char ac[24];            /* meshplan's name: none, selective-op, selective-core, full, full:N */

@@ -605,8 +605,8 @@ static mp_status read_cp_comm(mp_ctx *ctx, const mg_args *a, const char *origin,
  * simulate then refuses, pointing to dp_replicate) and --fsdp-double-buffer;
  * --num-distributed-optimizer-instances N its hybrid sharding, dp_replicate = N instances of
  * dp_shard = dp / N (parallel_state.py at core_v0.14.0 cuts the dp x cp ranks into N
- * consecutive intra-instance groups, the inter-instance group striding them). Megatron's
- * distributed optimizer over N instances without FSDP is refused by name. */
+ * consecutive intra-instance groups, the inter-instance group striding them). Without
+ * FSDP the same flag is the distributed optimizer's instances: the mesh's dopt=N. */
 static mp_status read_megatron_fsdp(mp_ctx *ctx, const mg_args *a, const char *origin, mp_from_plan *p) {
   const char *s = get(a, "--data-parallel-sharding-strategy", NULL);
   int64_t inst;
@@ -615,10 +615,16 @@ static mp_status read_megatron_fsdp(mp_ctx *ctx, const mg_args *a, const char *o
     if (s || has(a, "--fsdp-double-buffer"))
       return mp_error(ctx, MP_ERR_USAGE, "%s: --data-parallel-sharding-strategy and --fsdp-double-buffer are "
                       "Megatron FSDP's: add --use-megatron-fsdp or drop them", origin);
-    if (inst > 1)
-      return mp_error(ctx, MP_ERR_USAGE, "%s: --num-distributed-optimizer-instances %lld without Megatron FSDP "
-                      "(the distributed optimizer sharded within each instance, its gradients all-reduced "
-                      "across them) is not modelled: drop it, or add --use-megatron-fsdp", origin, (long long)inst);
+    /* the distributed optimizer's instances: the mesh's dopt over dp_replicate (exec/mesh.h) */
+    if (inst > 1 && !has(a, "--use-distributed-optimizer"))
+      return mp_error(ctx, MP_ERR_USAGE, "%s: --num-distributed-optimizer-instances %lld without "
+                      "--use-distributed-optimizer (Megatron asserts it, distributed_data_parallel.py): "
+                      "add it or drop the instances", origin, (long long)inst);
+    if (inst > 1 && p->dp_replicate % inst)
+      return mp_error(ctx, MP_ERR_USAGE, "%s: --num-distributed-optimizer-instances %lld does not divide the "
+                      "data parallelism %d (an instance that splits a cp group is not modelled)", origin,
+                      (long long)inst, p->dp_replicate);
+    p->dopt = inst > 1 ? (int)inst : 0;
     return MP_OK;
   }
   if (p->dp_replicate % inst)

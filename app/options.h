@@ -64,7 +64,8 @@
 /* `more`: what else the command's --mesh takes or defaults to */
 #define MP_OPT_MESH(more)                                                                          \
   { "--mesh", "SPEC", "device mesh, e.g. dp_shard=4,tp=2 (dims pp, dp_replicate, dp_shard, cp, tp, ep, etp: each routed " \
-    "expert split over etp ranks on the experts' own grid; " more ")", \
+    "expert split over etp ranks on the experts' own grid; dopt: Megatron-LM's distributed optimizer in that many " \
+    "instances of consecutive dp_replicate ranks, --num-distributed-optimizer-instances; " more ")", \
     NULL }
 #define MP_OPT_EP(more)                                                                            \
   { "--ep", "N", "expert-parallel degree, carved out of dp_shard (the same as ep=N in --mesh" more ")", NULL }

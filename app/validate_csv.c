@@ -248,6 +248,9 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   row->etp = 0;
   const char *etp = field(r, "etp");
   if (etp && etp[0]) MP_CHECK(int_in(r, "etp", etp, 1, MP_LIM_GPUS, &row->etp));
+  row->dist_opt_instances = 0;
+  const char *dopt = field(r, "dist_opt_instances");
+  if (dopt && dopt[0]) MP_CHECK(int_in(r, "dist_opt_instances", dopt, 1, MP_LIM_GPUS, &row->dist_opt_instances));
   MP_CHECK(need_int(r, "seq", 1, MP_LIM_SEQ, &row->seq));
   MP_CHECK(need_int(r, "local_batch", 1, MP_LIM_GLOBAL_BATCH, &row->local_batch));
   MP_CHECK(need_int(r, "global_batch", 1, MP_LIM_GLOBAL_BATCH, &row->global_batch));

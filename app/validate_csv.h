@@ -39,6 +39,8 @@ typedef struct mp_vrow {
   int64_t gpus_per_node; /* 1..4096 */
   int64_t dp_replicate, dp_shard, tp, pp, cp, ep; /* each 1..2^20 */
   int64_t etp;          /* optional column: 0 absent or empty, else 1 (exec/mesh.h's expert grid) */
+  int64_t dist_opt_instances; /* optional column: 0 absent or empty, else the distributed
+                                 optimizer's instances (the mesh's dopt, exec/mesh.h) */
   int64_t seq;          /* 1..2^24 */
   int64_t local_batch;  /* sequences per data-parallel rank per step, 1..2^24: global_batch /
                            (dp_replicate x dp_shard) exactly */

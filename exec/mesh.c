@@ -1,7 +1,8 @@
 /* Device mesh (see mesh.h).
  *
- * Internally a rank has six sub-coordinates, outermost first:
- *   [pp, dp_replicate, efsdp, e, cp, tp]   with dp_shard = efsdp * ep + e.
+ * Internally a rank has seven sub-coordinates, outermost first:
+ *   [pp, inst, dpr, efsdp, e, cp, tp]   with dp_replicate = inst * (dp_replicate / dopt) + dpr
+ *   and dp_shard = efsdp * ep + e (inst is 0 with one distributed-optimizer instance).
  * Rank order is row-major over these (which equals row-major over the five public dims),
  * and a group is the set of ranks that differ only in the group's varying sub-coordinates.
  * Enumerating those in row-major order yields the ranks in increasing order.
@@ -19,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { X_PP, X_DPR, X_EFSDP, X_EP, X_CP, X_TP, X_N };
+enum { X_PP, X_INST, X_DPR, X_EFSDP, X_EP, X_CP, X_TP, X_N };
 
 static const char *k_dim_names[MP_MESH_NDIMS] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
 
@@ -28,7 +29,7 @@ const char *mp_mesh_dim_name(mp_mesh_dim d) { return d < MP_MESH_NDIMS ? k_dim_n
 const char *mp_group_name(mp_group g) {
   static const char *n[MP_GROUP_COUNT] = {"pp", "dp_replicate", "dp_shard", "cp",    "tp",   "ep",
                                           "efsdp", "dp",        "fsdp",     "dp_cp", "world", "edp",
-                                          "etp"};
+                                          "etp", "dopt", "dopt_inter"};
   return g < MP_GROUP_COUNT ? n[g] : "?";
 }
 
@@ -36,7 +37,10 @@ void mp_mesh_init(mp_mesh *m) {
   for (int i = 0; i < MP_MESH_NDIMS; i++) m->size[i] = 1;
   m->ep = 1;
   m->etp = 0;
+  m->dopt = 1;
 }
+
+int mp_mesh_dopt(const mp_mesh *m) { return m->dopt > 1 ? m->dopt : 1; }
 
 int mp_mesh_expert_grid(const mp_mesh *m) {
   return m->etp > 0 || (m->ep > 1 && m->size[MP_DIM_DP_SHARD] % m->ep != 0);
@@ -78,6 +82,23 @@ mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m) {
                     MP_MESH_MAX_WORLD);
   if (m->ep < 1) return mp_error(ctx, MP_ERR_INVALID, "ep=%d must be at least 1", m->ep);
   if (m->etp < 0) return mp_error(ctx, MP_ERR_INVALID, "etp=%d must be at least 1", m->etp);
+  if (m->dopt < 0) return mp_error(ctx, MP_ERR_INVALID, "dopt=%d must be at least 1", m->dopt);
+  if (mp_mesh_dopt(m) > 1) {
+    /* Megatron-Core cuts the data-parallel-with-cp ranks into dopt consecutive slices
+     * (parallel_state.py, core_v0.14.0); a slice that splits a cp group, Megatron FSDP's
+     * instances (dp_replicate over dp_shard already) and the experts' own inter-instance
+     * groups are not modelled */
+    if (m->size[MP_DIM_DP_REPLICATE] % m->dopt)
+      return mp_error(ctx, MP_ERR_INVALID, "dopt=%d does not divide dp_replicate=%d: a distributed-optimizer "
+                      "instance is dp_replicate / dopt consecutive data-parallel ranks (x cp)", m->dopt,
+                      m->size[MP_DIM_DP_REPLICATE]);
+    if (m->size[MP_DIM_DP_SHARD] > 1)
+      return mp_error(ctx, MP_ERR_INVALID, "dopt=%d with dp_shard=%d: Megatron FSDP's instances are dp_replicate "
+                      "over dp_shard already; drop dopt", m->dopt, m->size[MP_DIM_DP_SHARD]);
+    if (m->ep > 1)
+      return mp_error(ctx, MP_ERR_INVALID, "dopt=%d with ep=%d: the routed experts' distributed-optimizer "
+                      "instances (their intra- and inter-instance expert-DP groups) are not modelled", m->dopt, m->ep);
+  }
   if (!mp_mesh_expert_grid(m)) return MP_OK;
   /* the EP x ETP block: ep x etp consecutive ranks of the stage (etp innermost) */
   const int in = inner_ranks(m), st = stage_ranks(m), blk = m->ep * etp_of(m);
@@ -107,8 +128,8 @@ static char *trim(char *s) {
 mp_status mp_mesh_parse(mp_ctx *ctx, const char *spec, int world_size, mp_mesh *out) {
   mp_mesh m;
   mp_mesh_init(&m);
-  int seen[MP_MESH_NDIMS + 2] = {0};
-  int infer = -1; /* dim index with -1, MP_MESH_NDIMS for ep, MP_MESH_NDIMS + 1 for etp */
+  int seen[MP_MESH_NDIMS + 3] = {0};
+  int infer = -1; /* dim index with -1, MP_MESH_NDIMS for ep, MP_MESH_NDIMS + 1 for etp, + 2 for dopt */
   char buf[512];
   if (spec == NULL || spec[0] == '\0')
     return mp_error(ctx, MP_ERR_INVALID, "empty mesh; write it as dp_shard=4,tp=2");
@@ -129,9 +150,10 @@ mp_status mp_mesh_parse(mp_ctx *ctx, const char *spec, int world_size, mp_mesh *
     if (strcmp(key, "dp_rep") == 0) d = MP_DIM_DP_REPLICATE;
     if (strcmp(key, "ep") == 0) d = MP_MESH_NDIMS;
     if (strcmp(key, "etp") == 0) d = MP_MESH_NDIMS + 1;
+    if (strcmp(key, "dopt") == 0) d = MP_MESH_NDIMS + 2;
     if (d < 0)
       return mp_error(ctx, MP_ERR_INVALID,
-                      "unknown mesh dim '%s'; known dims: pp, dp_replicate, dp_shard, cp, tp, ep, etp",
+                      "unknown mesh dim '%s'; known dims: pp, dp_replicate, dp_shard, cp, tp, ep, etp, dopt",
                       key);
     if (seen[d]) return mp_error(ctx, MP_ERR_INVALID, "mesh dim '%s' given twice", key);
     seen[d] = 1;
@@ -149,12 +171,13 @@ mp_status mp_mesh_parse(mp_ctx *ctx, const char *spec, int world_size, mp_mesh *
     }
     if (d == MP_MESH_NDIMS) m.ep = (int)v;
     else if (d == MP_MESH_NDIMS + 1) m.etp = (int)v;
+    else if (d == MP_MESH_NDIMS + 2) m.dopt = (int)v;
     else m.size[d] = (int)v;
   }
   if (infer >= 0) {
     if (infer >= MP_MESH_NDIMS)
       return mp_error(ctx, MP_ERR_INVALID, "%s cannot be -1; name its size",
-                      infer == MP_MESH_NDIMS ? "ep" : "etp");
+                      infer == MP_MESH_NDIMS ? "ep" : infer == MP_MESH_NDIMS + 1 ? "etp" : "dopt");
     if (world_size <= 0)
       return mp_error(ctx, MP_ERR_INVALID, "a mesh dim of -1 needs a known world size");
     int rest = mp_mesh_world(&m);
@@ -197,6 +220,11 @@ void mp_mesh_format(const mp_mesh *m, char *buf, size_t cap) {
     if (w < 0 || (size_t)w >= cap - used) return;
     used += (size_t)w;
   }
+  if (mp_mesh_dopt(m) > 1) {
+    int w = snprintf(buf + used, cap - used, "%sdopt=%d", used ? "," : "", m->dopt);
+    if (w < 0 || (size_t)w >= cap - used) return;
+    used += (size_t)w;
+  }
   if (used == 0) snprintf(buf, cap, "single");
 }
 
@@ -208,7 +236,8 @@ static int is_expert_group(mp_group g) {
 static void ext_sizes_for(const mp_mesh *m, mp_group g, int s[X_N]) {
   const int grid = mp_mesh_expert_grid(m), ep = grid ? 1 : m->ep;
   s[X_PP] = m->size[MP_DIM_PP];
-  s[X_DPR] = m->size[MP_DIM_DP_REPLICATE];
+  s[X_INST] = mp_mesh_dopt(m);
+  s[X_DPR] = m->size[MP_DIM_DP_REPLICATE] / s[X_INST];
   s[X_EFSDP] = m->size[MP_DIM_DP_SHARD] / ep;
   s[X_EP] = ep;
   s[X_CP] = m->size[MP_DIM_CP];
@@ -221,6 +250,7 @@ static void ext_sizes_for(const mp_mesh *m, mp_group g, int s[X_N]) {
   if (in % blk == 0) {
     s[X_EFSDP] = in / blk;
   } else {
+    s[X_INST] = 1;
     s[X_DPR] = stage_ranks(m) / blk;
     s[X_EFSDP] = 1;
   }
@@ -242,7 +272,7 @@ void mp_mesh_coords(const mp_mesh *m, int rank, int c[MP_MESH_NDIMS]) {
   int x[X_N];
   ext_coords(m, rank, x);
   c[MP_DIM_PP] = x[X_PP];
-  c[MP_DIM_DP_REPLICATE] = x[X_DPR];
+  c[MP_DIM_DP_REPLICATE] = x[X_INST] * (m->size[MP_DIM_DP_REPLICATE] / mp_mesh_dopt(m)) + x[X_DPR];
   c[MP_DIM_DP_SHARD] = x[X_EFSDP] * (mp_mesh_expert_grid(m) ? 1 : m->ep) + x[X_EP];
   c[MP_DIM_CP] = x[X_CP];
   c[MP_DIM_TP] = x[X_TP];
@@ -270,18 +300,22 @@ int mp_mesh_efsdp_index(const mp_mesh *m, int rank) {
 static unsigned varying(const mp_mesh *m, mp_group g) {
   switch (g) {
     case MP_GROUP_PP: return 1u << X_PP;
-    case MP_GROUP_DP_REPLICATE: return 1u << X_DPR;
+    case MP_GROUP_DP_REPLICATE: return (1u << X_INST) | (1u << X_DPR);
     case MP_GROUP_DP_SHARD: return (1u << X_EFSDP) | (1u << X_EP);
     case MP_GROUP_CP: return 1u << X_CP;
     case MP_GROUP_TP: return 1u << X_TP;
     case MP_GROUP_EP: return 1u << X_EP;
     case MP_GROUP_EFSDP: return 1u << X_EFSDP;
-    case MP_GROUP_DP: return (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_EP);
+    case MP_GROUP_DP: return (1u << X_INST) | (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_EP);
     case MP_GROUP_FSDP: return (1u << X_EFSDP) | (1u << X_EP) | (1u << X_CP);
-    case MP_GROUP_DP_CP: return (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_EP) | (1u << X_CP);
+    case MP_GROUP_DP_CP: return (1u << X_INST) | (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_EP) | (1u << X_CP);
     case MP_GROUP_WORLD: return (1u << X_N) - 1;
     /* inside dp_shard the experts are replicated over dp_replicate, efsdp and cp */
-    case MP_GROUP_EDP: return (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_CP);
+    case MP_GROUP_EDP: return (1u << X_INST) | (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_CP);
+    /* a distributed-optimizer instance: consecutive dp_replicate coordinates x dp_shard x cp;
+     * across instances the instance coordinate alone */
+    case MP_GROUP_DOPT: return (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_EP) | (1u << X_CP);
+    case MP_GROUP_DOPT_INTER: return 1u << X_INST;
     /* expert TP: the expert grid's innermost etp ranks; one rank inside dp_shard */
     case MP_GROUP_ETP: return mp_mesh_expert_grid(m) ? 1u << X_TP : 0;
     default: return 0;

@@ -65,6 +65,13 @@ typedef enum mp_group {
   MP_GROUP_ETP,      /* expert tensor parallel: the expert grid's innermost etp ranks, over which
                         each local expert is split (Megatron-Core's expert_tensor_parallel group);
                         one rank inside dp_shard or with etp = 1 */
+  MP_GROUP_DOPT,     /* one distributed-optimizer instance: dp_replicate / dopt consecutive
+                        dp_replicate coordinates x dp_shard x cp (Megatron-Core's
+                        intra_partial_data_parallel_group_with_cp, the data-parallel-with-cp
+                        ranks cut into dopt consecutive slices, parallel_state.py core_v0.14.0);
+                        the whole dp_cp group with one instance */
+  MP_GROUP_DOPT_INTER, /* across the instances: the ranks at the same place in each
+                        (get_inter_distributed_optimizer_instance_group, size dopt) */
   MP_GROUP_COUNT
 } mp_group;
 
@@ -73,6 +80,11 @@ typedef struct mp_mesh {
   int ep;                  /* >= 1 (see the layouts above) */
   int etp;                 /* expert tensor parallelism: 0 not given, else its size (the expert
                               grid; each local expert split over etp ranks) */
+  int dopt;                /* Megatron-Core's distributed-optimizer instances
+                              (--num-distributed-optimizer-instances): dp_replicate cut into dopt
+                              blocks of consecutive coordinates (groups MP_GROUP_DOPT and
+                              MP_GROUP_DOPT_INTER); 0 or 1: one instance. A layout of the ranks,
+                              as etp is: "dopt=N" in the mesh spec */
 } mp_mesh;
 
 /* The most ranks a mesh may have: common/limits.h's bound on GPUs in one job. */
@@ -83,24 +95,26 @@ const char *mp_group_name(mp_group g);
 
 /* All dims 1. */
 void mp_mesh_init(mp_mesh *m);
-/* Parses "dp_shard=4,tp=2,ep=2" (dims: pp, dp_replicate, dp_shard, cp, tp, ep, etp; dp_rep is
+/* Parses "dp_shard=4,tp=2,ep=2" (dims: pp, dp_replicate, dp_shard, cp, tp, ep, etp, dopt; dp_rep is
  * accepted for dp_replicate). A size of -1 for one dim means "the rest of world_size"
  * (world_size > 0 required then). Unknown dims, repeated dims, sizes outside
  * 1..MP_MESH_MAX_WORLD and meshes of more than MP_MESH_MAX_WORLD ranks are MP_ERR_INVALID
  * with a message naming them. */
 mp_status mp_mesh_parse(mp_ctx *ctx, const char *spec, int world_size, mp_mesh *out);
-/* ep fits one of the layouts above; world fits. */
+/* ep fits one of the layouts above; world fits; dopt divides dp_replicate, without ep. */
 mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m);
 /* 1 when the experts use their own grid (etp given, or ep not dividing dp_shard). */
 int mp_mesh_expert_grid(const mp_mesh *m);
 int mp_mesh_world(const mp_mesh *m);
+/* The distributed-optimizer instances: dopt, 1 where it is 0. */
+int mp_mesh_dopt(const mp_mesh *m);
 /* Where the routed experts' gradients are summed over their replicas once reduce-scattered
  * over MP_GROUP_EFSDP: MP_GROUP_DP_REPLICATE, or MP_GROUP_EDP where the expert grid reaches
  * into dp_replicate (ep x etp a multiple of dp_shard x cp x tp: the expert-FSDP group is one
  * rank and the expert-DP group, Megatron-Core's _EXPERT_DATA_PARALLEL_GROUP, the stage's
  * ranks holding the same experts, fewer than dp_replicate's). */
 mp_group mp_mesh_expert_replica_group(const mp_mesh *m);
-/* "dp_shard=4,tp=2" (dims of size 1 left out; "single" when all are 1). */
+/* "dp_shard=4,tp=2" (dims of size 1 left out; "single" when all are 1; dopt=N when N > 1). */
 void mp_mesh_format(const mp_mesh *m, char *buf, size_t cap);
 
 void mp_mesh_coords(const mp_mesh *m, int rank, int coords[MP_MESH_NDIMS]);

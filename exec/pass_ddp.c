@@ -12,6 +12,15 @@
  * parameters are replicated over cp too (each cp rank computes its gradient from its part
  * of the sequence), so Megatron-Core reduces over both.
  *
+ * The distributed optimizer's instances (the mesh's dopt, Megatron-Core's
+ * --num-distributed-optimizer-instances): the group is cut into dopt instances of
+ * consecutive ranks (MP_GROUP_DOPT); the optimizer state is sharded over the instance's
+ * ranks, the gradients reduce-scattered there and the rank's shard all-reduced across the
+ * instances (MP_GROUP_DOPT_INTER), the updated parameters all-gathered inside the instance
+ * (param_and_grad_buffer.py, start_grad_sync and start_param_sync, core_v0.14.0). Megatron
+ * asserts the distributed optimizer with them ('Partial DistOpt cannot be used without
+ * DistOpt', distributed_data_parallel.py).
+ *
  * Refused: dp_shard > 1 (DDP shards nothing: use dp_replicate), before TP or EP where the
  * mesh has them, after FSDP, twice. */
 #include <stdio.h>
@@ -37,6 +46,15 @@ static mp_status check_order(mp_ctx *ctx, const mp_plan *p) {
                     "without sharding them; use dp_replicate=%d instead of dp_shard=%d",
                     mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD],
                     mesh->size[MP_DIM_DP_SHARD]);
+  return MP_OK;
+}
+
+/* The instances need the distributed optimizer (see the file's comment). */
+static mp_status check_dopt(mp_ctx *ctx, const mp_plan *p, const mp_ddp_options *o) {
+  if (mp_mesh_dopt(&p->mesh) > 1 && !o->shard_optimizer)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "dopt=%d: distributed-optimizer instances without the distributed optimizer (Megatron-Core "
+                    "asserts it): use a stack with distributed_optimizer, or drop dopt", p->mesh.dopt);
   return MP_OK;
 }
 
@@ -74,6 +92,7 @@ mp_status mp_apply_ddp(mp_ctx *ctx, mp_plan *p, const mp_ddp_options *o) {
   mp_ddp_options def = {0, 0, 0, 0, 0, 0, 0};
   if (o == NULL) o = &def;
   MP_CHECK(check_order(ctx, p));
+  MP_CHECK(check_dopt(ctx, p, o));
   MP_CHECK(layout_buckets(ctx, p));
   p->opts.ddp = *o;
   mp_plan_note_ddp(p, o);
@@ -82,7 +101,6 @@ mp_status mp_apply_ddp(mp_ctx *ctx, mp_plan *p, const mp_ddp_options *o) {
 }
 
 void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o) {
-  const int d = mp_mesh_group_size(&p->mesh, mp_plan_ddp_group(p));
   char experts[200] = "";
   if (mp_plan_ddp_experts_apart(p))
     snprintf(experts, sizeof experts,
@@ -94,15 +112,22 @@ void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o) {
    * 16-bit parameter and the main gradient (4 bytes, 2 with --grad-reduce-in-bf16) whole */
   const int state = 4 + (int)mp_plan_adamw_moment_bytes(&p->opts, 1),
             whole = 2 + (int)mp_dtype_bytes(p->opts.fsdp.reduce_dtype);
-  char how[256];
-  if (o->shard_optimizer)
+  char how[384];
+  const int inst = mp_mesh_dopt(&p->mesh);
+  if (o->shard_optimizer && inst > 1)
+    snprintf(how, sizeof how, "reduce-scattered inside each of %d distributed-optimizer instances of d = %d "
+             "consecutive ranks, the shard all-reduced across the instances, and the fp32 master weights and "
+             "Adam state sharded over the instance (%d + %d/d bytes a parameter), the updated 16-bit parameters "
+             "all-gathered back inside it", inst, mp_mesh_group_size(&p->mesh, MP_GROUP_DOPT), whole, state);
+  else if (o->shard_optimizer)
     snprintf(how, sizeof how, "reduce-scattered over them, and the fp32 master weights and Adam state "
              "sharded over them (the distributed optimizer, ZeRO-1: %d + %d/d bytes a parameter), the "
              "updated 16-bit parameters all-gathered back", whole, state);
   else
     snprintf(how, sizeof how, "all-reduced over them (%d bytes a parameter at rest)", whole + state);
   mp_plan_note(p,
-               "DDP: parameters replicated over dp_replicate x cp = %d, %s main gradients %s%s%s", d,
+               "DDP: parameters replicated over dp_replicate x cp = %d, %s main gradients %s%s%s",
+               mp_mesh_group_size(&p->mesh, MP_GROUP_DP_CP),
                mp_dtype_name(p->opts.fsdp.reduce_dtype), how,
                !o->overlap         ? ", after the step's last backward"
                : o->shard_optimizer ? ", bucket by bucket as the backward ends and the "
@@ -112,6 +137,7 @@ void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o) {
 }
 
 mp_group mp_plan_ddp_group(const mp_plan *p) {
+  if (p->opts.dp == MP_DP_DDP && mp_mesh_dopt(&p->mesh) > 1) return MP_GROUP_DOPT;
   return p->opts.dp == MP_DP_DDP && p->mesh.size[MP_DIM_CP] > 1 ? MP_GROUP_DP_CP : MP_GROUP_DP_REPLICATE;
 }
 
@@ -132,8 +158,10 @@ void mp_plan_dp_state_bytes(const mp_mesh *mesh, const mp_plan_options *o, doubl
   }
   bytes[0] = pb + rb;
   bytes[1] = mb + ob2;
+  /* with instances, over one instance's dp_replicate / dopt x cp ranks */
   if (o->ddp.shard_optimizer)
-    *ways = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] * (mesh->size[MP_DIM_CP] > 1 ? mesh->size[MP_DIM_CP] : 1);
+    *ways = (int64_t)mesh->size[MP_DIM_DP_REPLICATE] / mp_mesh_dopt(mesh) *
+            (mesh->size[MP_DIM_CP] > 1 ? mesh->size[MP_DIM_CP] : 1);
 }
 
 int mp_plan_ddp_experts_apart(const mp_plan *p) {

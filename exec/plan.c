@@ -262,6 +262,14 @@ static mp_dp_kind dp_of(const mp_plan_options *o, const mp_mesh *mesh) {
   return o->mem_model == MP_MEM_MODEL_MEGATRON ? MP_DP_DDP : MP_DP_FSDP;
 }
 
+/* The mesh's dopt: Megatron-LM's DDP with --use-distributed-optimizer (its assert). */
+static mp_status dopt_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o, mp_dp_kind dp) {
+  if (mp_mesh_dopt(mesh) <= 1 || (dp == MP_DP_DDP && o->ddp.shard_optimizer)) return MP_OK;
+  return mp_error(ctx, MP_ERR_INVALID, "dopt=%d: distributed-optimizer instances are Megatron-LM's DDP with "
+                  "--use-distributed-optimizer; this plan runs %s: drop dopt", mesh->dopt,
+                  dp != MP_DP_DDP ? "FSDP" : "DDP without the distributed optimizer");
+}
+
 /* Megatron FSDP's rules (megatron/training/arguments.py and docs/source/api-guide/
  * custom_fsdp.md, core_v0.14.0): the strategies that shard no weights are the DDP and
  * distributed optimizer the megatron memory model runs on dp_replicate; optim_grads (the
@@ -389,6 +397,7 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
     return mp_error(ctx, MP_ERR_INVALID, "unknown data parallelism %d; choose FSDP or DDP", (int)o->dp);
   const int mfsdp = o->mem_model == MP_MEM_MODEL_MEGATRON && dp == MP_DP_FSDP;
   if (mfsdp) MP_CHECK(megatron_fsdp_check(ctx, mesh, o));
+  MP_CHECK(dopt_check(ctx, mesh, o, dp));
   if (dp != MP_DP_DDP && !mfsdp && (o->ddp.shard_optimizer || o->ddp.overlap))
     return mp_error(ctx, MP_ERR_INVALID,
                     "the sharded optimizer and overlapped buckets are DDP's (Megatron-LM's "

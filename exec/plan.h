@@ -738,7 +738,8 @@ int mp_plan_pp_fsdp(const mp_plan *p);
 /* The group DDP reduces replicated gradients over (and its optimizer shards over):
  * dp_replicate, or with context parallelism dp_replicate x cp (Megatron-Core's data-parallel
  * group with context parallelism: a cp rank holds every parameter and computes its gradient
- * from its part of the sequence). */
+ * from its part of the sequence); with the mesh's dopt > 1 one instance's ranks
+ * (MP_GROUP_DOPT), the reduce-scattered shard then all-reduced over MP_GROUP_DOPT_INTER. */
 mp_group mp_plan_ddp_group(const mp_plan *p);
 /* The data-parallel state a rank keeps at rest per parameter it holds, split into what is
  * replicated and what is cut over `ways` ranks, at the plan options' dtypes:

@@ -317,6 +317,7 @@ static void stage_grad_reduce(gen *g, mp_group grp, int64_t bytes) {
   const int32_t i = grad_comm(g, g->shard_optimizer ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, grp, bytes,
                               -1, -1, after);
   if (i >= 0) g->ops[i].when = MP_WHEN_LAST_MICRO;
+  mp_sched_dopt_inter(g, grp, bytes / mp_dtype_bytes(g->reduce_dtype), -1, -1, i);
 }
 
 static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {

@@ -342,6 +342,16 @@ static void ddp_reduce(gen *g, mp_group grp, int64_t n, int32_t layer, int32_t u
   const int32_t i = grad_comm(g, g->shard_optimizer ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, grp,
                               n * mp_dtype_bytes(g->reduce_dtype), layer, u, after);
   if (i >= 0 && (g->ddp || g->p->mesh.size[MP_DIM_PP] > 1)) g->ops[i].when = MP_WHEN_LAST_MICRO;
+  if (g->ddp) mp_sched_dopt_inter(g, grp, n, layer, u, i);
+}
+
+int32_t mp_sched_dopt_inter(gen *g, mp_group grp, int64_t n, int32_t layer, int32_t u, int32_t rs) {
+  if (grp != MP_GROUP_DOPT || rs < 0 || mp_mesh_group_size(&g->p->mesh, MP_GROUP_DOPT_INTER) <= 1) return -1;
+  const int64_t d = mp_mesh_group_size(&g->p->mesh, MP_GROUP_DOPT), shard = (n + d - 1) / d;
+  const int32_t i = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DOPT_INTER, shard * mp_dtype_bytes(g->reduce_dtype),
+                              layer, u, rs);
+  if (i >= 0) g->ops[i].when = MP_WHEN_LAST_MICRO;
+  return i;
 }
 
 /* The copy on the compute stream that makes a unit's reduce-scatter input.

@@ -765,6 +765,13 @@ int mp_sched_dopt_gather_at_use(const gen *g);
  * (grad_data *= gradient_scaling_factor, ddp.scale_grads). Returns the last op, the
  * reduction's dependency (`after` where there is none). */
 int32_t mp_sched_ddp_bucket_prep(gen *g, int64_t n, int32_t after);
+/* The distributed optimizer's instances (the mesh's dopt): after rs, the reduce-scatter of
+ * n elements' gradients over grp, the rank's shard (ceil(n / d) elements, d the instance's
+ * ranks) all-reduced across the instances (MP_GROUP_DOPT_INTER) on the reduce stream behind
+ * it, in the last micro-batch (param_and_grad_buffer.py start_grad_sync, core_v0.14.0: both
+ * issued in order on one communication stream). -1 (nothing) unless grp is MP_GROUP_DOPT
+ * with more than one instance. */
+int32_t mp_sched_dopt_inter(gen *g, mp_group grp, int64_t n, int32_t layer, int32_t u, int32_t rs);
 
 /* Megatron-Core's buckets over DDP unit ui's parameters under mp_ddp_options.bucket_size
  * (see schedule_fsdp.c): their elements and float8 elements into numel and f8, returning

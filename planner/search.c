@@ -596,6 +596,13 @@ static mp_status enum_grid(enum_state *e, mp_mesh *mesh, const int *divs, int nd
   return st;
 }
 
+/* The instances are Megatron-LM's DDP with its distributed optimizer (exec/mesh.h). */
+static mp_status dopt_fix_check(mp_ctx *ctx, const mp_search_config *cfg) {
+  if (cfg->fix.dopt <= 1 || cfg->ddp_shard_optimizer) return MP_OK;
+  return mp_error(ctx, MP_ERR_USAGE, "dopt=%d: distributed-optimizer instances need a stack running Megatron-LM's "
+                  "DDP with the distributed optimizer", cfg->fix.dopt);
+}
+
 mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_search **out) {
   *out = NULL;
   if (!cfg->model || !cfg->cluster)
@@ -607,6 +614,7 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
   /* the step's sizes bounded so that the plans' sizes fit (exec/model.h); the rule's batches
    * are under 1.5 times its target */
   MP_CHECK(mp_model_check_step(ctx, cfg->model, cfg->seq, 1, cfg->target_batch > 0 ? 2 * gb : gb));
+  MP_CHECK(dopt_fix_check(ctx, cfg));
   int n = mp_cluster_n_gpus(cfg->cluster);
   if (n < 1 || n > MP_MESH_MAX_WORLD)
     return mp_error(ctx, MP_ERR_INVALID, "cluster %s has %d GPUs; need 1 .. %d", cfg->cluster->name,
@@ -644,20 +652,25 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
           if (r3 % cp || !fixed_ok(fx->cp, cp)) continue;
           int tp = r3 / cp;
           if (!fixed_ok(fx->tp, tp)) continue;
+          /* the distributed optimizer's instances where fixed: over dp_replicate alone */
+          const int dopt = fx->dopt > 1 ? fx->dopt : 1;
+          if (dopt > 1 && (dpr % dopt || dps > 1)) continue;
           mp_mesh mesh;
           mp_mesh_init(&mesh);
+          mesh.dopt = dopt;
           mesh.size[MP_DIM_PP] = pp;
           mesh.size[MP_DIM_DP_REPLICATE] = dpr;
           mesh.size[MP_DIM_DP_SHARD] = dps;
           mesh.size[MP_DIM_CP] = cp;
           mesh.size[MP_DIM_TP] = tp;
           for (int ep = 1; ep <= dps && st == MP_OK; ep++) {
-            if (dps % ep || (!moe && ep > 1) || !fixed_ok(fx->ep, ep) || !fixed_ok(fx->etp, 0)) continue;
+            if (dps % ep || (!moe && ep > 1) || (dopt > 1 && ep > 1) || !fixed_ok(fx->ep, ep) || !fixed_ok(fx->etp, 0))
+              continue;
             mesh.ep = ep;
             mesh.etp = 0;
             st = enum_options(&e, &mesh);
           }
-          if (moe && st == MP_OK) st = enum_grid(&e, &mesh, divs, nd, r1);
+          if (moe && dopt == 1 && st == MP_OK) st = enum_grid(&e, &mesh, divs, nd, r1);
         }
       }
     }
@@ -699,7 +712,7 @@ int mp_search_fix_matches(const mp_search_fix *f, const mp_candidate *c) {
                       (f->dp_replicate < 0 || f->dp_replicate == m->size[MP_DIM_DP_REPLICATE]) &&
                       (f->dp_shard < 0 || f->dp_shard == m->size[MP_DIM_DP_SHARD]) &&
                       (f->cp < 0 || f->cp == m->size[MP_DIM_CP]) && (f->tp < 0 || f->tp == m->size[MP_DIM_TP]) &&
-                      (f->ep < 0 || f->ep == m->ep);
+                      (f->ep < 0 || f->ep == m->ep) && (f->dopt < 0 || f->dopt == mp_mesh_dopt(m));
   /* a candidate of a mesh the mesh rules reject stands for every option of its mesh */
   if (!mesh_ok || mp_search_reject_is_mesh_rule((mp_reject)c->reject)) return mesh_ok;
   return (f->ac < 0 || f->ac == c->ac) &&

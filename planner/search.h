@@ -185,6 +185,10 @@ typedef struct mp_search_fix {
   int pp, dp_replicate, dp_shard, cp, tp, ep;
   int etp;           /* N >= 1: the expert grid with etp N only (exec/mesh.h), 0: EP inside
                         dp_shard only, -1 */
+  int dopt;          /* N > 1: Megatron-LM's distributed optimizer in N instances (the mesh's
+                        dopt, exec/mesh.h) on every candidate, the meshes that cannot carry
+                        it (dp_shard > 1, ep > 1, N not dividing dp_replicate) left out;
+                        -1 or 1: one instance */
   int ac;            /* mp_ac_mode or -1 */
   int ac_every;      /* with ac: its block frequency (full:N); -1: 1 */
   int sp;            /* 0/1 or -1 (the search's default) */
@@ -195,7 +199,7 @@ typedef struct mp_search_fix {
 
 void mp_search_fix_init(mp_search_fix *f);
 /* Parses "tp=8,pp=1,ac=full,fp8=0,mb=2" (keys: pp, dp_replicate|dp_rep, dp_shard, cp, tp,
- * ep, etp, ac (a policy name or full:N), fp8, micro_batch|mb, reshard, sp, pp_virtual|v). Adds
+ * ep, etp, dopt, ac (a policy name or full:N), fp8, micro_batch|mb, reshard, sp, pp_virtual|v). Adds
  * to what f holds; a repeated or unknown key or a bad value is MP_ERR_USAGE naming it. */
 mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f);
 

@@ -9,9 +9,26 @@
 #include "planner/search.h"
 
 void mp_search_fix_init(mp_search_fix *f) {
-  f->pp = f->dp_replicate = f->dp_shard = f->cp = f->tp = f->ep = f->etp = -1;
+  f->pp = f->dp_replicate = f->dp_shard = f->cp = f->tp = f->ep = f->etp = f->dopt = -1;
   f->ac = f->ac_every = f->fp8 = f->reshard = f->sp = f->pp_virtual = -1;
   f->micro_batch = -1;
+}
+
+/* The integer field key names, NULL for ac, micro_batch and unknown keys. */
+static int *int_slot(mp_search_fix *f, const char *key) {
+  if (strcmp(key, "pp") == 0) return &f->pp;
+  if (strcmp(key, "dp_replicate") == 0 || strcmp(key, "dp_rep") == 0) return &f->dp_replicate;
+  if (strcmp(key, "dp_shard") == 0) return &f->dp_shard;
+  if (strcmp(key, "cp") == 0) return &f->cp;
+  if (strcmp(key, "tp") == 0) return &f->tp;
+  if (strcmp(key, "ep") == 0) return &f->ep;
+  if (strcmp(key, "etp") == 0) return &f->etp;
+  if (strcmp(key, "dopt") == 0) return &f->dopt;
+  if (strcmp(key, "fp8") == 0) return &f->fp8;
+  if (strcmp(key, "reshard") == 0) return &f->reshard;
+  if (strcmp(key, "sp") == 0) return &f->sp;
+  if (strcmp(key, "pp_virtual") == 0 || strcmp(key, "v") == 0) return &f->pp_virtual;
+  return NULL;
 }
 
 mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
@@ -48,18 +65,7 @@ mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
     long long v = strtoll(val, &end, 10);
     if (*end || v < 0 || errno != 0)
       return mp_error(ctx, MP_ERR_USAGE, "--fix: %s=%s is not a non-negative integer", key, val);
-    int *slot = NULL;
-    if (strcmp(key, "pp") == 0) slot = &f->pp;
-    else if (strcmp(key, "dp_replicate") == 0 || strcmp(key, "dp_rep") == 0) slot = &f->dp_replicate;
-    else if (strcmp(key, "dp_shard") == 0) slot = &f->dp_shard;
-    else if (strcmp(key, "cp") == 0) slot = &f->cp;
-    else if (strcmp(key, "tp") == 0) slot = &f->tp;
-    else if (strcmp(key, "ep") == 0) slot = &f->ep;
-    else if (strcmp(key, "etp") == 0) slot = &f->etp;
-    else if (strcmp(key, "fp8") == 0) slot = &f->fp8;
-    else if (strcmp(key, "reshard") == 0) slot = &f->reshard;
-    else if (strcmp(key, "sp") == 0) slot = &f->sp;
-    else if (strcmp(key, "pp_virtual") == 0 || strcmp(key, "v") == 0) slot = &f->pp_virtual;
+    int *slot = int_slot(f, key);
     if (strcmp(key, "micro_batch") == 0 || strcmp(key, "mb") == 0) {
       if (f->micro_batch >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: %s given twice", key);
       if (v < 1 || v > MP_LIM_GLOBAL_BATCH)
@@ -70,7 +76,7 @@ mp_status mp_search_fix_parse(mp_ctx *ctx, const char *spec, mp_search_fix *f) {
     }
     if (!slot)
       return mp_error(ctx, MP_ERR_USAGE,
-                      "--fix: unknown key '%s'; keys: pp, dp_replicate, dp_shard, cp, tp, ep, etp, ac, "
+                      "--fix: unknown key '%s'; keys: pp, dp_replicate, dp_shard, cp, tp, ep, etp, dopt, ac, "
                       "fp8, micro_batch, reshard, sp, pp_virtual", key);
     if (*slot >= 0) return mp_error(ctx, MP_ERR_USAGE, "--fix: %s given twice", key);
     /* etp: N >= 1 the expert grid with each expert split over N ranks (exec/mesh.h), 0 EP

@@ -330,9 +330,33 @@ check(p.returncode == 0 and "dp_replicate=2,dp_shard=4," in p.stderr and pred is
 p = run("simulate", "--gpus", "16", "--from-args", flat.replace("instances 2", "instances 3"), want_rc=2)
 check("instances 3 does not divide the data parallelism 8 x cp" in p.stderr, "3 instances of 8: " + p.stderr)
 bare = flat.replace("--use-megatron-fsdp", "").replace("--data-parallel-sharding-strategy optim_grads_params", "")
-p = run("simulate", "--gpus", "16", "--from-args", bare.replace("--ckpt-format fsdp_dtensor", ""), want_rc=2)
-check("instances 2 without Megatron FSDP" in p.stderr and p.stderr.count("\n") <= 1,
+# without Megatron FSDP the flag is the distributed optimizer's instances: the mesh's dopt over
+# dp_replicate 8 (x tp 2); without --use-distributed-optimizer refused, as Megatron asserts
+bare = bare.replace("--ckpt-format fsdp_dtensor", "")
+p = run("simulate", "--gpus", "16", "--from-args", bare)
+check(p.returncode == 0 and "dp_replicate=8,dp_shard=1,cp=1,tp=2,ep=1,dopt=2" in p.stderr,
       "instances without Megatron FSDP: " + p.stderr)
+p = run("simulate", "--gpus", "16", "--from-args", bare.replace("--use-distributed-optimizer", ""), want_rc=2)
+check("instances 2 without --use-distributed-optimizer" in p.stderr and p.stderr.count("\n") <= 1,
+      "instances without the distributed optimizer: " + p.stderr)
+# the distributed optimizer's instances written from the mesh's dopt and read back as the same
+# step; plan searches them where fixed (dp_replicate 8 x tp 2 on 16 GPUs), on a stack without
+# the distributed optimizer refused by name
+DOPT = ["--gpus", "16", "--model", "llama3.1-8b", "--mesh", "dp_replicate=8,tp=2,dopt=2", "--stack", "megatron-core"]
+pred, text = emitted("megatron", *DOPT)
+check("--use-distributed-optimizer\n" in text and "--num-distributed-optimizer-instances 2\n" in text
+      and "--use-megatron-fsdp" not in text, "the distributed optimizer's instances not written: " + text)
+p = run("simulate", "--gpus", "16", "--from-args", " ".join(body(text).split()), "--json")
+check(p.returncode == 0 and pred is not None and json.loads(p.stdout)["step_time_s"] == pred["step_time_s"],
+      "the distributed optimizer's instances not read back: " + p.stderr)
+pe = os.path.join(tmp, "plan_dopt")
+p = run("plan", *DOPT, "--no-db", "--emit", "megatron", "--out", pe)
+check(p.returncode == 0 and "--num-distributed-optimizer-instances 2\n" in open(os.path.join(pe, "plan-1.args")).read(),
+      "plan with dopt: " + p.stderr)
+p = run("plan", "--gpus", "16", "--model", "llama3.1-8b", "--stack", "megatron-lm", "--fix", "dopt=2", "--no-db",
+        want_rc=2)
+check("need a stack running Megatron-LM's DDP with the distributed optimizer" in p.stderr, "plan dopt on megatron-lm: "
+      + p.stderr)
 # validate's columns run the same plan as simulate's options: the peak memory of a Megatron
 # FSDP row with and without the double buffer is simulate's, and the two differ by the
 # prefetch window's extra layers (2 x 436,224,000 bytes on 8B: schedule/megatron_fsdp_test)
@@ -365,6 +389,21 @@ sim = json.loads(run("simulate", "--gpus", "8", "--gpu", "h100-sxm", "--model", 
                      "--json").stdout)
 check(abs(r["predicted"] - sum(sim["mem_at_peak_bytes"].values()) / 2**30) < 1e-9
       and sim["mem_at_peak_bytes"]["optimizer"] == 8 * 8030261248 // 4, f"validate's hybrid row vs simulate: {r} {sim}")
+# validate's dist_opt_instances column is the mesh's dopt: a row over dp_replicate 8 in 2
+# instances is simulate's plan, Adam's fp32 moments over an instance's 4 ranks, 8 x
+# 8,030,261,248 / 4 bytes (twice one instance's 8 x / 8)
+dhdr = hdr.replace("mfsdp_strategy,fsdp_double_buffer", "dist_opt_instances")
+with open(os.path.join(tmp, "dopt.csv"), "w") as f:
+    f.write(dhdr + "\n")
+    for n in ("2", ""):
+        f.write(f"do{n},llama3.1-8b,h100-sxm,8,8,,8,1,1,1,,1,1,8192,1,8,none,0,megatron-core,peak_mem_gib,60,{n}\n")
+rows = json.loads(run("validate", "--json", os.path.join(tmp, "dopt.csv")).stdout)["rows"]
+for r, mesh in zip(rows, ("dp_replicate=8,dopt=2", "dp_replicate=8")):
+    sim = json.loads(run("simulate", "--gpus", "8", "--gpu", "h100-sxm", "--model", "llama3.1-8b", "--mesh", mesh,
+                         "--stack", "megatron-core", "--seq", "8192", "--global-batch", "8", "--json").stdout)
+    check(abs(r["predicted"] - sum(sim["mem_at_peak_bytes"].values()) / 2**30) < 1e-9
+          and sim["mem_at_peak_bytes"]["optimizer"] == 8 * 8030261248 // (4 if "dopt" in mesh else 8),
+          f"validate's dist_opt_instances row vs simulate: {r} {sim}")
 p = run("simulate", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_shard=8", "--stack", "torchtitan-compile",
         "--fsdp-double-buffer", want_rc=2)
 check("are Megatron FSDP's" in p.stderr, "--fsdp-double-buffer on torchtitan: " + p.stderr)

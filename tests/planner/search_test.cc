@@ -709,6 +709,35 @@ TEST(SearchPrune, MegatronFsdpOnlyWhereFixNamesDpShard) {
   EXPECT_EQ(u.find(1, 2, 4, 1, 1, 1, 1, 0, 0, 1)->reject, MP_REJECT_MEMORY_BOUND);
 }
 
+TEST(SearchEnumerate, DistributedOptimizerInstancesWhereFixed) {
+  // --fix dopt=2 on 8 GPUs under DDP with the distributed optimizer: every candidate carries
+  // the 2 instances, so its dp_replicate is even and dp_shard 1 (dp_replicate 8, 4 or 2 with
+  // tp 1, 2 or 4 at pp 1); dp_replicate 1 is left out; without the distributed optimizer the
+  // fix is refused by name.
+  Search r(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
+  r.cfg.dp = MP_DP_DDP;
+  r.cfg.ddp_shard_optimizer = 1;
+  ASSERT_EQ(mp_search_fix_parse(&r.ctx, "dopt=2,pp=1", &r.cfg.fix), MP_OK) << mp_errmsg(&r.ctx);
+  r.enumerate();
+  ASSERT_GT(r.s->n, 0);
+  int dprs = 0;
+  for (int64_t i = 0; i < r.s->n; i++) {
+    const mp_mesh &m = r.s->cands[i].mesh;
+    EXPECT_EQ(m.dopt, 2);
+    EXPECT_EQ(m.size[MP_DIM_DP_SHARD], 1);
+    EXPECT_EQ(m.size[MP_DIM_DP_REPLICATE] % 2, 0);
+    dprs |= m.size[MP_DIM_DP_REPLICATE];
+    EXPECT_TRUE(mp_search_fix_matches(&r.cfg.fix, &r.s->cands[i]));
+  }
+  EXPECT_EQ(dprs, 8 | 4 | 2);
+  Search t(fake_dense_model(), fake_cluster(1, 8), 4096, 8);
+  t.cfg.dp = MP_DP_DDP;
+  ASSERT_EQ(mp_search_fix_parse(&t.ctx, "dopt=2", &t.cfg.fix), MP_OK);
+  mp_search *s = nullptr;
+  ASSERT_EQ(mp_search_enumerate(&t.ctx, &t.cfg, &s), MP_ERR_USAGE);
+  EXPECT_NE(std::string(mp_errmsg(&t.ctx)).find("with the distributed optimizer"), std::string::npos);
+}
+
 TEST(SearchEnumerate, InterleavedChunksOnlyWithPipelines) {
   // pp_virtual_max 4: every pp > 1 mesh the mesh rules keep is searched with 1, 2 and 4
   // chunks per stage; pp = 1 and the meshes they reject (seq 512: cp=4 leaves chunks of 64

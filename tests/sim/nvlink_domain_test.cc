@@ -159,6 +159,31 @@ TEST(NvlinkDomain, MegatronFsdpInstancesOneRackEach) {
   ExpectLink(GroupLink(c, "dp_shard=64,tp=2", MP_GROUP_DP_SHARD), 64, 2, 32, 900.0, 10e-6);
 }
 
+// Megatron-LM's distributed optimizer in two instances without FSDP (the mesh's dopt) on 256
+// H100s in nodes of 8 (400 Gbit/s NICs: 50 GB/s at 10 us a step), Llama 3.1 70B's pp=4,
+// dp_replicate=8, tp=8: tp fills a node, so the data-parallel ranks of rank 0 are 0, 8, ..,
+// 56, one a node. parallel_state.py (core_v0.14.0) cuts them into 2 consecutive instances:
+// {0, 8, 16, 24} over 4 nodes and the inter-instance group {0, 32} over 2; without the
+// instances the distributed optimizer's group is all 8. A layer's fp32 gradient shard (its
+// tp-local 106,971,136 parameters: 855,638,016 split weights / 8 and 16,384 norm weights
+// whole; 4 x 106,971,136 / 4 bytes) all-reduced across the 2 instances runs NCCL's Simple
+// ring as MegatronFsdpInstancesOneRackEach derives: 1.4 x (8.4 + 2 x 14) us + bytes / 50 GB/s.
+TEST(NvlinkDomain, DistributedOptimizerInstancesConsecutiveNodes) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_cluster c;
+  memset(&c, 0, sizeof c);
+  ASSERT_EQ(mp_cluster_make(&ctx, "h100-sxm", 256, 8, &c), MP_OK) << mp_errmsg(&ctx);
+  const char *mesh = "pp=4,dp_replicate=8,tp=8,dopt=2";
+  ExpectLink(GroupLink(c, mesh, MP_GROUP_DOPT), 4, 4, 1, 50.0, 10e-6);
+  const mp_sim_link across = GroupLink(c, mesh, MP_GROUP_DOPT_INTER);
+  ExpectLink(across, 2, 2, 1, 50.0, 10e-6);
+  ExpectLink(GroupLink(c, "pp=4,dp_replicate=8,tp=8", MP_GROUP_DP_REPLICATE), 8, 8, 1, 50.0, 10e-6);
+  const double shard = 106971136.0;
+  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_REDUCE, shard, 2, &across, across.GBps, &c.gpu),
+              1.4 * (8.4 + 2 * 14.0) * 1e-6 + shard / 50e9, 1e-9);
+}
+
 // Expert parallelism's all-to-all of b = 4 GB a rank. EP 72 in one rack: NVLink alone,
 // 71/72 x b / 900 GB/s + 71 steps of 3 us. EP 144 over two racks: a rank sends 72/144 of b
 // to the other rack through its NIC (0.5 x 4e9 / 50e9 = 40 ms) beside 71/144 over NVLink
