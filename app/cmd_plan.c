@@ -265,16 +265,14 @@ static mp_status fix_field(mp_ctx *ctx, const char *opt, int v, int *slot) {
   return MP_OK;
 }
 
-/* The options that name one plan in simulate, explain and train (--mesh, --ep, --ac,
- * --micro-batch, --sp) constrain plan's search to that choice. */
+/* The options that name one plan elsewhere (--mesh, --ep, --ac, --micro-batch, --sp) fix the search. */
 static mp_status one_plan_options(mp_ctx *ctx, const plan_args *a, mp_search_fix *f) {
   const char *ms = mp_args_get(&k_spec, "--mesh");
   if (ms) {
     mp_mesh mesh;
     MP_CHECK(mp_mesh_parse(ctx, ms, mp_cluster_n_gpus(&a->c), &mesh));
-    if (mp_mesh_dopt(&mesh) > 1) /* the distributed optimizer's instances (exec/mesh.h) */
-      MP_CHECK(fix_field(ctx, "--mesh", mesh.dopt, &f->dopt));
     static const char *const dim_opt = "--mesh";
+    if (mp_mesh_dopt(&mesh) > 1) MP_CHECK(fix_field(ctx, dim_opt, mesh.dopt, &f->dopt)); /* exec/mesh.h */
     MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_PP], &f->pp));
     MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_DP_REPLICATE], &f->dp_replicate));
     MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_DP_SHARD], &f->dp_shard));
