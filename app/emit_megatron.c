@@ -185,6 +185,11 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p) {
   if (m->size[MP_DIM_PP] > 1 && p->o->pp_schedule == MP_PP_GPIPE)
     return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: Megatron-LM runs no GPipe schedule (1F1B, or "
                     "interleaved with virtual stages); plan with --pp-schedule 1f1b or interleaved");
+  /* fp8.py global_amax_reduction reads it from the environment (Transformer Engine v0.13 to
+   * v1.5); pretrain_gpt.py has no argument for it */
+  if (p->o->fp8 && p->o->fp8_opts.amax_tp)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: the TP-only amax reduction is Transformer Engine's "
+                    "NVTE_DP_AMAX_REDUCE_INTERVAL=0, not a pretrain_gpt.py argument; drop --fp8-amax-tp-only");
   if (p->o->fp8 && p->o->fp8_opts.recipe == MP_FP8_ROWWISE)
     return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: float8 recipe rowwise is torchao's; Megatron-LM's "
                     "--fp8-recipe is tensorwise, delayed, mxfp8 or blockwise");

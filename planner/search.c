@@ -548,9 +548,9 @@ static mp_status enum_options(enum_state *e, const mp_mesh *mesh) {
  * Under FSDP EP comes from dp_shard x cp x tp alone (mp_rule_ep_grid_fsdp_ok; the meshplan
  * runtimes' plans may reach into dp_replicate too), searched where a fix names the etp:
  * beside the layout inside dp_shard even torchtitan's grids alone (ep a multiple of
- * tp x cp > 1) multiply the fitting plans to simulate (DeepSeek-V3 on 2,048 H800: 1,151 to
- * 13,179, 0.89 s to 4.2 s of CPU on two cores, the same best plan; docs/design.md), so the
- * default search keeps torchtitan's default layout. etp is 1 or tp,
+ * tp x cp > 1) multiply the fitting plans to simulate for the same best plan (docs/design.md
+ * gives DeepSeek-V3's counts and times), so the default search keeps torchtitan's default
+ * layout. etp is 1 or tp,
  * the two torchtitan runs (parallel_dims.py, v0.2.0) and Megatron-Core's two common
  * settings (its default is tp; 1 in DeepSeek-V3's and Qwen3's recipes), or the size a fix
  * names (etp_sizes). */
