@@ -295,7 +295,7 @@ static mp_status megatron_fsdp_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_
                     "Megatron FSDP's optim_grads (16-bit weights replicated, fp32 gradients "
                     "reduce-scattered every micro-batch) is not modelled: choose optim_grads_params, "
                     "or dp_replicate=%d with the distributed optimizer", mesh->size[MP_DIM_DP_REPLICATE] * d);
-  if (mesh->size[MP_DIM_DP_REPLICATE] > 1 && mesh->ep > 1)
+  if (!mp_rule_mfsdp_experts_ok(mesh))
     return mp_error(ctx, MP_ERR_INVALID,
                     "dp_replicate=%d with dp_shard=%d and ep=%d: Megatron FSDP's hybrid sharding of "
                     "routed experts (their inter-instance groups) is not modelled: use ep=1 or "

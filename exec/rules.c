@@ -89,6 +89,8 @@ int mp_rule_ep_grid_fsdp_ok(const mp_mesh *m) {
          (m->size[MP_DIM_DP_SHARD] * m->size[MP_DIM_CP] * m->size[MP_DIM_TP]) % (m->ep * etp) == 0;
 }
 
+int mp_rule_mfsdp_experts_ok(const mp_mesh *m) { return m->size[MP_DIM_DP_REPLICATE] <= 1 || m->ep <= 1; }
+
 int mp_rule_ep_grid_torchtitan_ok(const mp_mesh *m) {
   const int tp = m->size[MP_DIM_TP], cp = m->size[MP_DIM_CP], dps = m->size[MP_DIM_DP_SHARD];
   if (m->ep <= 1) return 1;

@@ -63,6 +63,11 @@ mp_status mp_rule_moe_routing_check(mp_ctx *ctx, const mp_model *m, const mp_mes
  * (torchtitan/distributed/parallel_dims.py), so ep divides their product and never reaches
  * into dp_replicate. True for a mesh off the grid or without EP. */
 int mp_rule_ep_grid_fsdp_ok(const mp_mesh *m);
+/* Megatron FSDP's hybrid sharding (dp_replicate x dp_shard, its outer group replicating)
+ * with routed experts (ep > 1): their inter-instance expert-data-parallel groups are not
+ * modelled. True for a mesh with dp_replicate 1 or ep 1; exec/plan.c refuses the rest by
+ * name and the search prunes them (MP_REJECT_MFSDP_EXPERTS). */
+int mp_rule_mfsdp_experts_ok(const mp_mesh *m);
 /* torchtitan's own EP mesh (ParallelDims._validate, torchtitan/distributed/parallel_dims.py,
  * v0.2.0): with expert_tensor_parallel_degree 1 "EP would borrow all cp and tp and some
  * dp_shard degree": ep a multiple of tp x cp dividing dp_shard x cp x tp; with etp = tp "EP

@@ -113,6 +113,7 @@ static mp_reject prune_mesh(const mp_search_config *cfg, const mp_mesh *mesh) {
   if (!cfg->allow_cross_node_tp && mp_cluster_nvlink_domain(cfg->cluster) % tp) return MP_REJECT_TP_CROSS_NODE;
   if (!mp_rule_ep_ok(m, mesh->ep)) return MP_REJECT_EP_EXPERTS;
   if (cfg->dp == MP_DP_DDP && mesh->size[MP_DIM_DP_SHARD] > 1 && !mfsdp_mesh(cfg, mesh)) return MP_REJECT_NO_FSDP;
+  if (mfsdp_mesh(cfg, mesh) && !mp_rule_mfsdp_experts_ok(mesh)) return MP_REJECT_MFSDP_EXPERTS;
   /* a chunk under one 128-token tile of the flash kernel leaves the ring's steps mostly
    * idle (and the schedule a ring of cp steps per layer for nothing): a search leaves such
    * chunks out, a cp the caller pins is evaluated */
@@ -270,6 +271,12 @@ static int mesh_reason(const mp_search_config *cfg, const mp_candidate *c, char 
                "the same mesh with dp_replicate=%d is searched",
                mesh->size[MP_DIM_DP_SHARD],
                mesh->size[MP_DIM_DP_REPLICATE] * mesh->size[MP_DIM_DP_SHARD]);
+      break;
+    case MP_REJECT_MFSDP_EXPERTS:
+      snprintf(buf, cap,
+               "dp_replicate=%d with dp_shard=%d and ep=%d: Megatron FSDP's hybrid sharding of routed "
+               "experts (their inter-instance groups) is not modelled",
+               mesh->size[MP_DIM_DP_REPLICATE], mesh->size[MP_DIM_DP_SHARD], mesh->ep);
       break;
     default: return 0;
   }
@@ -701,7 +708,7 @@ int mp_search_reject_is_mesh_rule(mp_reject r) {
   switch (r) {
     case MP_REJECT_PP_LAYERS: case MP_REJECT_TP_HEADS: case MP_REJECT_TP_KV_HEADS: case MP_REJECT_TP_D_FF:
     case MP_REJECT_TP_D_MODEL: case MP_REJECT_TP_CROSS_NODE: case MP_REJECT_EP_EXPERTS: case MP_REJECT_CP_SEQ:
-    case MP_REJECT_NO_FSDP: return 1;
+    case MP_REJECT_NO_FSDP: case MP_REJECT_MFSDP_EXPERTS: return 1;
     default: return 0;
   }
 }

@@ -134,7 +134,11 @@ extern "C" {
     "dp_shard on a stack without FSDP (dp_replicate searched instead)")                     \
   /* a stage's run gave a lower bound of the step past what the shown plans can be       \
      (bound_top_k): its simulation stopped there */                                         \
-  X(BOUNDED, "bounded", "a lower bound of its step is slower than every shown plan")
+  X(BOUNDED, "bounded", "a lower bound of its step is slower than every shown plan")  \
+  /* Megatron FSDP (--fix dp_shard on a megatron stack) over dp_replicate x dp_shard with  \
+     ep > 1, which exec/plan.c refuses (mp_rule_mfsdp_experts_ok): not simulated */         \
+  X(MFSDP_EXPERTS, "mfsdp_experts",                                                         \
+    "Megatron FSDP's hybrid sharding with routed experts (ep > 1) is not modelled")
 /* clang-format on */
 
 typedef enum mp_reject {

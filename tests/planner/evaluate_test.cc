@@ -312,3 +312,42 @@ TEST(Evaluate, MemoryBoundUnderPeakWithExpertTp) {
   EXPECT_GT(etp_n, 10);
   EXPECT_EQ(over, 0);
 }
+
+// Megatron FSDP (--fix dp_shard=4 on megatron-core) on a MoE model over 16 GPUs: the search
+// enumerates the hybrid meshes dp_replicate x dp_shard 4 with ep > 1, which exec/plan.c
+// refuses (mp_rule_mfsdp_experts_ok). They are pruned before a simulation, counted under
+// mfsdp_experts, so no candidate ends as eval_error; dp_replicate 2 x dp_shard 4 x tp 2 with
+// ep 2 (2 x 4 x 2 = 16 GPUs, ep 2 dividing dp_shard 4) is one of them.
+TEST(Evaluate, MegatronFsdpHybridWithExpertsPrunedNotRefused) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_model m;
+  mp_cluster c;
+  ASSERT_EQ(mp_model_load(&ctx, "tiny-moe", &m), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_cluster_make(&ctx, "h100-sxm", 16, 8, &c), MP_OK) << mp_errmsg(&ctx);
+  mp_sim_evaluator ev;
+  ASSERT_EQ(mp_sim_evaluator_init(&ctx, &ev, &m, &c, 512, 64, 0.05, "megatron-core"), MP_OK) << mp_errmsg(&ctx);
+  mp_search_config cfg;
+  mp_sim_search_config(&cfg, &ev, &c, 0.05);
+  cfg.n_threads = 2;
+  ASSERT_EQ(mp_search_fix_parse(&ctx, "dp_shard=4", &cfg.fix), MP_OK) << mp_errmsg(&ctx);
+  mp_search *s = nullptr;
+  ASSERT_EQ(mp_search_enumerate(&ctx, &cfg, &s), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(mp_search_run(&ctx, &cfg, s, nullptr, nullptr, nullptr, nullptr), MP_OK) << mp_errmsg(&ctx);
+  int64_t by[MP_REJECT_COUNT];
+  mp_search_reject_counts(s, by);
+  EXPECT_EQ(by[MP_REJECT_EVAL_ERROR], 0);
+  EXPECT_GT(by[MP_REJECT_MFSDP_EXPERTS], 0);
+  int hybrid_ep2 = 0;
+  for (int64_t i = 0; i < s->n; i++) {
+    const mp_mesh &k = s->cands[i].mesh;
+    if (k.size[MP_DIM_DP_REPLICATE] > 1 && k.ep > 1) {
+      EXPECT_EQ(s->cands[i].reject, MP_REJECT_MFSDP_EXPERTS) << i;
+    }
+    hybrid_ep2 += k.size[MP_DIM_DP_REPLICATE] == 2 && k.size[MP_DIM_TP] == 2 && k.ep == 2 && !mp_mesh_expert_grid(&k);
+  }
+  EXPECT_GT(hybrid_ep2, 0) << "the hybrid mesh with ep 2 was not enumerated: the test says nothing";
+  EXPECT_STREQ(mp_reject_name(MP_REJECT_MFSDP_EXPERTS), "mfsdp_experts");
+  mp_search_destroy(s);
+  mp_sim_evaluator_free(&ev);
+}
