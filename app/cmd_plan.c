@@ -224,7 +224,7 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   else MP_CHECK(mp_cmd_load_cluster(ctx, &k_spec, &a->c));
   a->seq = a->m.max_seq < 8192 ? a->m.max_seq : 8192;
   a->gb = 0;
-  a->top = 10;
+  a->top = MP_OPT_TOP_DEFAULT;
   a->threads = 0;
   a->headroom = 0.05;
   a->price = a->c.price_per_gpu_hour;

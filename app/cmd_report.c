@@ -452,7 +452,7 @@ static int show_training(mp_store *st, mp_arena *a, const mp_run_row *run, const
 static int run_report(mp_ctx *ctx, const mp_cmd_call *call) {
   (void)call;
   mp_status s;
-  long long run_id = 0, top = 10;
+  long long run_id = 0, top = MP_OPT_TOP_DEFAULT;
   if ((s = mp_args_int(ctx, &k_spec, "--run", 1, INT64_MAX, &run_id)) != MP_OK ||
       (s = mp_args_int(ctx, &k_spec, "--top", 0, INT32_MAX, &top)) != MP_OK)
     return fail(ctx, s);

@@ -284,7 +284,13 @@
 /* `role`: what the command does with the database */
 #define MP_OPT_DB(role) { "--db", "PATH", "planner database (SQLite) " role, NULL }
 /* `more`: when the command shows them */
-#define MP_OPT_TOP(more) { "--top", "K", "ranked plans to show" more " (default 10; 0: all)", NULL }
+/* the ranked plans plan and report show, and plan's step bound counts (bound_top_k), without
+ * --top; spelled as a literal so the help text can quote it (MP_OPT_TOP_STR_) */
+#define MP_OPT_TOP_DEFAULT 10
+#define MP_OPT_TOP_STR_(v) #v
+#define MP_OPT_TOP_STR(v) MP_OPT_TOP_STR_(v)
+#define MP_OPT_TOP(more)                                                                                      \
+  { "--top", "K", "ranked plans to show" more " (default " MP_OPT_TOP_STR(MP_OPT_TOP_DEFAULT) "; 0: all)", NULL }
 /* `what`: what the JSON holds */
 #define MP_OPT_JSON(what) { "--json", NULL, "print " what " as JSON", NULL }
 /* plan and simulate: the chosen plan(s) as a framework's job configuration (app/emit.h) */

@@ -184,7 +184,7 @@ static void make_request(const bench_opts *o, mp_sim_evaluator *ev, int search_f
   /* as meshplan plan does: a plan over capacity that is not logged needs no time figures */
   ev->sim.memory_first = !o->log_all;
   /* and plan's bound at its default --top 10 (planner/search.h, bound_top_k) */
-  if (!o->log_all) req->search.bound_top_k = 10;
+  if (!o->log_all) req->search.bound_top_k = MP_OPT_TOP_DEFAULT;
   req->info = (mp_run_info){m->name, c->name, c->gpu.name, mp_cluster_n_gpus(c), c->gpus_per_node,
                             o->seq, o->gb, "time", "{}", "plan_bench", "bench"};
 }
