@@ -190,6 +190,11 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p) {
   if (p->o->fp8 && p->o->fp8_opts.amax_tp)
     return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: the TP-only amax reduction is Transformer Engine's "
                     "NVTE_DP_AMAX_REDUCE_INTERVAL=0, not a pretrain_gpt.py argument; drop --fp8-amax-tp-only");
+  /* Transformer Engine's NVTE_NVFP4_DISABLE_RHT=1 (recipe NVFP4BlockScaling.disable_rht), an
+   * environment variable: pretrain_gpt.py has no argument for it */
+  if (p->o->fp8 && p->o->fp8_opts.nvfp4_no_rht)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: NVFP4 without the random Hadamard transform is Transformer "
+                    "Engine's NVTE_NVFP4_DISABLE_RHT=1, not a pretrain_gpt.py argument; drop --nvfp4-no-rht");
   if (p->o->fp8 && p->o->fp8_opts.recipe == MP_FP8_ROWWISE)
     return mp_error(ctx, MP_ERR_USAGE, "--emit megatron: float8 recipe rowwise is torchao's; Megatron-LM's "
                     "--fp8-recipe is tensorwise, delayed, mxfp8 or blockwise");

@@ -435,6 +435,7 @@ row 2 "--emit torchtitan: tp=2 without sequence parallelism" simulate --model ll
 row 2 "--emit torchtitan: ep=2 with tp x cp = 2" simulate --model qwen3-30b-a3b --gpus 8 --mesh dp_shard=4,tp=2,ep=2 --ac full --emit torchtitan --out "$d"
 row 2 "--emit megatron: ac full:2 has no Megatron-LM form" simulate --model llama3.1-8b --gpus 8 --mesh dp_replicate=8 --stack megatron-core --ac full:2 --emit megatron --out "$d"
 row 2 "--emit megatron: the TP-only amax reduction is Transformer Engine's NVTE_DP_AMAX_REDUCE_INTERVAL=0, not a pretrain_gpt.py argument" simulate --model llama3.1-8b --gpus 8 --mesh dp_replicate=2,tp=4 --stack megatron-core --fp8 delayed --fp8-amax-tp-only --emit megatron --out "$d"
+row 2 "--emit megatron: NVFP4 without the random Hadamard transform is Transformer Engine's NVTE_NVFP4_DISABLE_RHT=1, not a pretrain_gpt.py argument" simulate --model llama3.1-8b --gpu b200 --gpus 8 --mesh dp_replicate=8 --stack megatron-core --fp8 nvfp4 --nvfp4-no-rht --emit megatron --out "$d"
 row 2 "--emit 'nemo': choose torchtitan or megatron" simulate --model tiny-dense --emit nemo
 row 2 "--emit is for one search: give --gpus N, not the sweep 8..16" plan --model tiny-dense --gpus 8..16 --emit torchtitan
 row 2 "--out is where --emit writes" plan --no-db --model tiny-dense --out "$d"
