@@ -96,6 +96,13 @@ static mp_status need_int(const reader *r, const char *name, int64_t lo, int64_t
   return int_in(r, name, v, lo, hi, out);
 }
 
+/* An optional integer in lo..hi: `absent` where the column is absent or empty. */
+static mp_status opt_int(const reader *r, const char *name, int64_t lo, int64_t hi, int64_t absent, int64_t *out) {
+  *out = absent;
+  const char *v = field(r, name);
+  return v && v[0] ? int_in(r, name, v, lo, hi, out) : MP_OK;
+}
+
 /* An optional 0/1 column: -1 where it is absent or empty. */
 static mp_status opt_flag(const reader *r, const char *name, int *out) {
   *out = -1;
@@ -160,9 +167,7 @@ static mp_status read_megatron_run(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_flag(r, "ddp_align_param_gather", &row->ddp_align_param_gather));
   MP_CHECK(opt_flag(r, "grad_accum_fusion", &row->grad_accum_fusion));
   MP_CHECK(opt_flag(r, "overlap_moe_comm", &row->overlap_moe_comm));
-  row->ddp_bucket_size = 0;
-  const char *bs = field(r, "ddp_bucket_size");
-  if (bs && bs[0]) MP_CHECK(int_in(r, "ddp_bucket_size", bs, 1, MP_LIM_PARAMS, &row->ddp_bucket_size));
+  MP_CHECK(opt_int(r, "ddp_bucket_size", 1, MP_LIM_PARAMS, 0, &row->ddp_bucket_size));
   MP_CHECK(opt_str(r, "nccl_ctas", row->nccl_ctas, sizeof row->nccl_ctas));
   MP_CHECK(opt_str(r, "ub_cfg", row->ub_cfg, sizeof row->ub_cfg));
   return opt_str(r, "cuda_graphs", row->cuda_graphs, sizeof row->cuda_graphs);
@@ -184,13 +189,8 @@ static mp_status read_nvlink_domain(const reader *r, mp_vrow *row) {
  * offloading copies (0 where empty), bounded here to an int; the model and the plan bound them
  * by its layers. */
 static mp_status read_layer_counts(const reader *r, mp_vrow *row) {
-  row->mtp_layers = -1;
-  const char *mtp = field(r, "mtp_layers");
-  if (mtp && mtp[0]) MP_CHECK(int_in(r, "mtp_layers", mtp, 0, INT32_MAX, &row->mtp_layers));
-  row->cpu_offload_layers = 0;
-  const char *off = field(r, "cpu_offload_layers");
-  if (off && off[0]) MP_CHECK(int_in(r, "cpu_offload_layers", off, 0, INT32_MAX, &row->cpu_offload_layers));
-  return MP_OK;
+  MP_CHECK(opt_int(r, "mtp_layers", 0, INT32_MAX, -1, &row->mtp_layers));
+  return opt_int(r, "cpu_offload_layers", 0, INT32_MAX, 0, &row->cpu_offload_layers);
 }
 
 /* The FSDP columns: Megatron FSDP's strategy and double buffer, FSDP1's flat parameters and
@@ -245,12 +245,8 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   MP_CHECK(need_int(r, "pp", 1, MP_LIM_GPUS, &row->pp));
   MP_CHECK(need_int(r, "cp", 1, MP_LIM_GPUS, &row->cp));
   MP_CHECK(need_int(r, "ep", 1, MP_LIM_GPUS, &row->ep));
-  row->etp = 0;
-  const char *etp = field(r, "etp");
-  if (etp && etp[0]) MP_CHECK(int_in(r, "etp", etp, 1, MP_LIM_GPUS, &row->etp));
-  row->dist_opt_instances = 0;
-  const char *dopt = field(r, "dist_opt_instances");
-  if (dopt && dopt[0]) MP_CHECK(int_in(r, "dist_opt_instances", dopt, 1, MP_LIM_GPUS, &row->dist_opt_instances));
+  MP_CHECK(opt_int(r, "etp", 1, MP_LIM_GPUS, 0, &row->etp));
+  MP_CHECK(opt_int(r, "dist_opt_instances", 1, MP_LIM_GPUS, 0, &row->dist_opt_instances));
   MP_CHECK(need_int(r, "seq", 1, MP_LIM_SEQ, &row->seq));
   MP_CHECK(need_int(r, "local_batch", 1, MP_LIM_GLOBAL_BATCH, &row->local_batch));
   MP_CHECK(need_int(r, "global_batch", 1, MP_LIM_GLOBAL_BATCH, &row->global_batch));
@@ -278,9 +274,7 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
       return mp_error(r->ctx, MP_ERR_INVALID, "%s: micro_batch %lld must divide local_batch %lld", r->where,
                       (long long)row->micro_batch, (long long)row->local_batch);
   }
-  row->pp_virtual = 0;
-  const char *pvs = field(r, "pp_virtual");
-  if (pvs && pvs[0]) MP_CHECK(int_in(r, "pp_virtual", pvs, 1, MP_LIM_PP_VIRTUAL, &row->pp_virtual));
+  MP_CHECK(opt_int(r, "pp_virtual", 1, MP_LIM_PP_VIRTUAL, 0, &row->pp_virtual));
   MP_CHECK(opt_str(r, "pp_layout", row->pp_layout, sizeof row->pp_layout));
   MP_CHECK(opt_flag(r, "sp", &row->sp));
   MP_CHECK(opt_flag(r, "moe_fp8_dispatch", &row->moe_fp8_dispatch));
