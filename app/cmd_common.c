@@ -775,3 +775,12 @@ void mp_cmd_stack_runs_str(const mp_plan_options *b, char *buf, size_t cap) {
   if (b->ddp.shard_optimizer)
     snprintf(buf + strlen(buf), cap - strlen(buf), "%s the distributed optimizer", buf[0] ? " and" : " with");
 }
+
+void mp_cmd_plan_table_notes(int grid, int split, int dopt) {
+  if (grid) printf("ep g: the expert grid (EP over tp, cp and data-parallel ranks; gN: each expert split over etp=N "
+                   "ranks, else whole on a rank)\n");
+  if (split) printf("pp E: the embedding and the loss count as a layer each in the stages' split (Megatron-LM's "
+                    "--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split)\n");
+  if (dopt) printf("dp_rep N/D: dp_replicate N cut into D distributed-optimizer instances (dopt=D, Megatron-Core's "
+                   "--num-distributed-optimizer-instances)\n");
+}

@@ -280,7 +280,7 @@ static mp_status one_plan_options(mp_ctx *ctx, const plan_args *a, mp_search_fix
     MP_CHECK(fix_field(ctx, dim_opt, mesh.size[MP_DIM_TP], &f->tp));
     if (mesh.ep > 1) MP_CHECK(fix_field(ctx, dim_opt, mesh.ep, &f->ep));
     if (mesh.ep > 1 || mesh.etp)
-      MP_CHECK(fix_field(ctx, dim_opt, mp_mesh_expert_grid(&mesh) ? (mesh.etp > 1 ? mesh.etp : 1) : 0, &f->etp));
+      MP_CHECK(fix_field(ctx, dim_opt, mp_mesh_grid_etp(&mesh), &f->etp));
   }
   long long ep = 0, mb = 0;
   MP_CHECK(mp_args_int(ctx, &k_spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
@@ -531,21 +531,22 @@ static void print_ranking(const plan_view *v) {
   const plan_args *a = v->a;
   const mp_search *s = v->res->search;
   char head[64] = "";
-  int split = 0, grid = 0;
+  int split = 0, grid = 0, dopt = 0;
   if (a->tokens > 0) snprintf(head, sizeof head, " %8s %10s", "days", a->price > 0 ? "cost" : "");
   printf("\n%4s %6s %8s %3s %2s %4s %5s %3s  %-14s %3s %3s %6s %7s %10s %10s %6s %8s %4s%s%s\n",
          "rank", "dp_rep", "dp_shard", "tp", "sp", "ep", "pp", "cp", "AC", "fp8", "mb", "batch", "reshard",
          "step (s)", "tok/s/GPU", "MFU", "peak GiB", "runs", v->price > 0 ? "   tokens/$" : "", head);
   for (int64_t r = 0; r < v->n_show; r++) {
     const mp_candidate *x = &s->cands[v->res->order[r]];
-    char ac[32], pp[16], ep[16];
+    char ac[32], pp[16], ep[16], dpr[24];
+    dopt |= mp_mesh_dp_rep_str(&x->mesh, dpr, sizeof dpr);
     mp_candidate_ac_str(x, ac, sizeof ac);
     mp_candidate_pp_str(x, pp, sizeof pp);
     mp_candidate_ep_str(x, ep, sizeof ep);
     split |= x->pp_split;
     grid |= mp_mesh_expert_grid(&x->mesh);
-    printf("%4lld %6d %8d %3d %2s %4s %5s %3d  %-14s %3s %3lld %6lld %7s %10.4f %10.0f %5.1f%% %8.2f %4s",
-           (long long)(r + 1), x->mesh.size[MP_DIM_DP_REPLICATE], x->mesh.size[MP_DIM_DP_SHARD],
+    printf("%4lld %6s %8d %3d %2s %4s %5s %3d  %-14s %3s %3lld %6lld %7s %10.4f %10.0f %5.1f%% %8.2f %4s",
+           (long long)(r + 1), dpr, x->mesh.size[MP_DIM_DP_SHARD],
            x->mesh.size[MP_DIM_TP], x->sp ? "y" : "-", ep, pp, x->mesh.size[MP_DIM_CP],
            ac, x->fp8 ? "yes" : "no", (long long)x->micro_batch, (long long)x->global_batch,
            x->reshard ? "yes" : "no", x->res.step_time_s, x->res.tokens_per_s_per_gpu,
@@ -555,10 +556,7 @@ static void print_ranking(const plan_view *v) {
     train_cols(a, x, mp_cluster_n_gpus(&a->c), cols, sizeof cols);
     printf("%s\n", cols);
   }
-  if (grid) printf("ep g: the expert grid (EP over tp, cp and data-parallel ranks; gN: each expert split over etp=N "
-                   "ranks, else whole on a rank)\n");
-  if (split) printf("pp E: the embedding and the loss count as a layer each in the stages' split (Megatron-LM's "
-                    "--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split)\n");
+  mp_cmd_plan_table_notes(grid, split, dopt);
   const mp_candidate *best = &s->cands[v->res->order[0]];
   if (best->pads_vocab)
     printf("note: the best plan pads the vocabulary (%lld) to a multiple of tp=%d\n",

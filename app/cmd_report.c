@@ -251,6 +251,13 @@ static void print_run_json(const mp_run_row *run, const mp_plan_row *p, int64_t 
     cJSON_AddNumberToObject(j, "ep", p[i].ep);
     cJSON_AddNumberToObject(j, "pp", p[i].pp);
     cJSON_AddNumberToObject(j, "cp", p[i].cp);
+    mp_mesh m;
+    mp_plan_row_mesh(&p[i], &m);
+    cJSON_AddNumberToObject(j, "etp", mp_mesh_grid_etp(&m)); /* as plan --json's mesh.etp */
+    cJSON_AddNumberToObject(j, "dopt", mp_mesh_dopt(&m));
+    char mesh[128];
+    mp_mesh_format(&m, mesh, sizeof mesh);
+    cJSON_AddStringToObject(j, "mesh", mesh);
     cJSON_AddStringToObject(j, "ac", mp_search_ac_name(p[i].ac));
     cJSON_AddBoolToObject(j, "fp8", p[i].fp8);
     cJSON_AddNumberToObject(j, "micro_batch", (double)p[i].micro_batch);
@@ -309,13 +316,19 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
   if (any_measured)
     printf(" | %5s %12s %7s %13s %7s", "steps", "measured", "err %", "measured peak", "err %");
   printf("\n");
+  int grid = 0, dopt = 0;
   for (int64_t i = 0; i < n; i++) {
     const mp_plan_row *r = &p[i];
-    char step[32], peak[32], mstep[32], mpeak[32];
+    char step[32], peak[32], mstep[32], mpeak[32], dpr[24], ep[16];
+    mp_mesh m;
+    mp_plan_row_mesh(r, &m);
+    dopt |= mp_mesh_dp_rep_str(&m, dpr, sizeof dpr);
+    mp_mesh_ep_str(&m, ep, sizeof ep);
+    grid |= mp_mesh_expert_grid(&m);
     fmt_s(r->step_time_s, step, sizeof step);
     fmt_mem((double)r->peak_mem_bytes, peak, sizeof peak);
-    printf("%4lld %7lld %6d %8d %3d %3d %3d %3d  %-14s %3s %3lld %10s %10s %4.1f%%", (long long)r->rank,
-           (long long)r->id, r->dp_replicate, r->dp_shard, r->tp, r->ep, r->pp, r->cp,
+    printf("%4lld %7lld %6s %8d %3d %3s %3d %3d  %-14s %3s %3lld %10s %10s %4.1f%%", (long long)r->rank,
+           (long long)r->id, dpr, r->dp_shard, r->tp, ep, r->pp, r->cp,
            mp_search_ac_name(r->ac), r->fp8 ? "yes" : "no", (long long)r->micro_batch, step, peak, 100.0 * r->mfu);
     fmt_s(r->measured_step_time_s, mstep, sizeof mstep);
     fmt_mem((double)r->measured_peak_mem_bytes, mpeak, sizeof mpeak);
@@ -327,6 +340,7 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
       printf(" | %5s", "-");
     printf("\n");
   }
+  mp_cmd_plan_table_notes(grid, 0, dopt);
   if (any_measured)
     printf("\nmeasured: median step time over the measured steps, largest peak; err = (predicted - "
            "measured) / measured, for memory the predicted allocation peak (the peak less the "
@@ -342,13 +356,7 @@ static void print_segments(const mp_run_segment *seg, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     const mp_run_segment *r = &seg[i];
     mp_mesh m;
-    mp_mesh_init(&m);
-    m.size[MP_DIM_PP] = r->pp;
-    m.size[MP_DIM_DP_REPLICATE] = r->dp_replicate;
-    m.size[MP_DIM_DP_SHARD] = r->dp_shard;
-    m.size[MP_DIM_CP] = r->cp;
-    m.size[MP_DIM_TP] = r->tp;
-    m.ep = r->ep;
+    mp_run_segment_mesh(r, &m);
     char mesh[128], resumed[64] = "";
     mp_mesh_format(&m, mesh, sizeof mesh);
     if (i > 0) snprintf(resumed, sizeof resumed, ", resumed from step %lld", (long long)(r->first_step - 1));

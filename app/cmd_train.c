@@ -493,7 +493,7 @@ static void fix_of_mesh(const train_job *j, mp_search_fix *fix) {
   fix->tp = j->mesh.size[MP_DIM_TP];
   fix->ep = j->mesh.ep;
   if (j->mesh.etp || j->mesh.ep > 1) /* the layout named */
-    fix->etp = mp_mesh_expert_grid(&j->mesh) ? (j->mesh.etp > 1 ? j->mesh.etp : 1) : 0;
+    fix->etp = mp_mesh_grid_etp(&j->mesh);
   fix->ac = po->ac;
   fix->ac_every = po->ac_every;
   fix->fp8 = po->fp8;

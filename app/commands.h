@@ -241,6 +241,9 @@ void mp_cmd_cluster_shape_str(const mp_cluster *c, char *buf, size_t cap);
 void mp_cmd_cluster_shape_json(const mp_cluster *c, struct cJSON *o);
 /* Dollars in the unit that keeps them short: "$69.46M", "$85.4K", "$950". */
 void mp_cmd_fmt_usd(double d, char *buf, size_t cap);
+/* The legend under a table of plans (plan's ranking, report's): what "ep 8g"/"8g4" mean where
+ * grid, "pp 16x8E" where split, "dp_rep 8/2" (mp_mesh_dp_rep_str) where dopt. */
+void mp_cmd_plan_table_notes(int grid, int split, int dopt);
 void mp_cmd_gpu_note(const mp_gpu *g, char *buf, size_t cap);
 /* How this process was launched, read before MPI_Init from the launcher's environment
  * (OpenMPI's OMPI_COMM_WORLD_SIZE/RANK, else PMI_SIZE/RANK as Slurm and MPICH set them):

@@ -42,6 +42,8 @@ void mp_mesh_init(mp_mesh *m) {
 
 int mp_mesh_dopt(const mp_mesh *m) { return m->dopt > 1 ? m->dopt : 1; }
 
+int mp_mesh_grid_etp(const mp_mesh *m) { return mp_mesh_expert_grid(m) ? (m->etp > 1 ? m->etp : 1) : 0; }
+
 int mp_mesh_expert_grid(const mp_mesh *m) {
   return m->etp > 0 || (m->ep > 1 && m->size[MP_DIM_DP_SHARD] % m->ep != 0);
 }

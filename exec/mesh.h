@@ -108,6 +108,9 @@ int mp_mesh_expert_grid(const mp_mesh *m);
 int mp_mesh_world(const mp_mesh *m);
 /* The distributed-optimizer instances: dopt, 1 where it is 0. */
 int mp_mesh_dopt(const mp_mesh *m);
+/* The experts' etp as --fix and plan --json name it: 0 with ep inside dp_shard, else the
+ * expert grid's etp (1: experts whole on a rank, whether etp was given as 1 or not at all). */
+int mp_mesh_grid_etp(const mp_mesh *m);
 /* Where the routed experts' gradients are summed over their replicas once reduce-scattered
  * over MP_GROUP_EFSDP: MP_GROUP_DP_REPLICATE, or MP_GROUP_EDP where the expert grid reaches
  * into dp_replicate (ep x etp a multiple of dp_shard x cp x tp: the expert-FSDP group is one

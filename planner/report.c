@@ -53,9 +53,10 @@ cJSON *mp_candidate_json(const mp_candidate *c, int64_t rank, double price) {
   cJSON_AddNumberToObject(mesh, "tp", c->mesh.size[MP_DIM_TP]);
   cJSON_AddNumberToObject(mesh, "ep", c->mesh.ep);
   /* the expert grid's etp (1: experts whole on a rank), 0 EP inside dp_shard */
-  cJSON_AddNumberToObject(mesh, "etp", mp_mesh_expert_grid(&c->mesh) ? (c->mesh.etp > 1 ? c->mesh.etp : 1) : 0);
+  cJSON_AddNumberToObject(mesh, "etp", mp_mesh_grid_etp(&c->mesh));
   cJSON_AddNumberToObject(mesh, "pp", c->mesh.size[MP_DIM_PP]);
   cJSON_AddNumberToObject(mesh, "cp", c->mesh.size[MP_DIM_CP]);
+  cJSON_AddNumberToObject(mesh, "dopt", mp_mesh_dopt(&c->mesh)); /* distributed-optimizer instances */
   cJSON_AddItemToObject(j, "mesh", mesh);
   char ac[32];
   mp_candidate_ac_str(c, ac, sizeof ac);

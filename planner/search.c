@@ -413,9 +413,18 @@ void mp_candidate_pp_str(const mp_candidate *c, char *buf, size_t cap) {
   else snprintf(buf, cap, "%d%s", c->mesh.size[MP_DIM_PP], c->pp_split ? "E" : "");
 }
 
-void mp_candidate_ep_str(const mp_candidate *c, char *buf, size_t cap) {
-  if (c->mesh.etp > 1) snprintf(buf, cap, "%dg%d", c->mesh.ep, c->mesh.etp);
-  else snprintf(buf, cap, "%d%s", c->mesh.ep, mp_mesh_expert_grid(&c->mesh) ? "g" : "");
+void mp_candidate_ep_str(const mp_candidate *c, char *buf, size_t cap) { mp_mesh_ep_str(&c->mesh, buf, cap); }
+
+void mp_mesh_ep_str(const mp_mesh *m, char *buf, size_t cap) {
+  if (m->etp > 1) snprintf(buf, cap, "%dg%d", m->ep, m->etp);
+  else snprintf(buf, cap, "%d%s", m->ep, mp_mesh_expert_grid(m) ? "g" : "");
+}
+
+int mp_mesh_dp_rep_str(const mp_mesh *m, char *buf, size_t cap) {
+  const int dopt = mp_mesh_dopt(m);
+  if (dopt > 1) snprintf(buf, cap, "%d/%d", m->size[MP_DIM_DP_REPLICATE], dopt);
+  else snprintf(buf, cap, "%d", m->size[MP_DIM_DP_REPLICATE]);
+  return dopt > 1;
 }
 
 /* ---- enumeration ---------------------------------------------------------------------- */

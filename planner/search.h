@@ -346,6 +346,11 @@ void mp_candidate_pp_str(const mp_candidate *c, char *buf, size_t cap);
 /* c's ep as plan's table shows it: "8", "8g" on the expert grid (exec/mesh.h, etp=1), or
  * "8g4" on it with etp 4. */
 void mp_candidate_ep_str(const mp_candidate *c, char *buf, size_t cap);
+/* The same for a mesh (a stored plan's, planner/store.h mp_plan_row_mesh). */
+void mp_mesh_ep_str(const mp_mesh *m, char *buf, size_t cap);
+/* m's dp_replicate as the plans' tables show it: "8", or "8/2" where dopt=2 distributed-
+ * optimizer instances cut it (exec/mesh.h); returns 1 for the latter, else 0. */
+int mp_mesh_dp_rep_str(const mp_mesh *m, char *buf, size_t cap);
 /* "none", "selective", "selective-op", "selective-core", "full" (mp_ac_mode_name's names). */
 const char *mp_search_ac_name(int ac);
 /* The candidate's AC policy as the CLI takes it: the name, or "full:N". */

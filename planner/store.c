@@ -47,8 +47,8 @@ mp_status mp_store_open(mp_ctx *ctx, const char *path, mp_store **out) {
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO plans (run_id, idx, pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8,"
                         " micro_batch, reshard, evaluated, feasible, rank, reject_rule, reject_reason,"
-                        " sp, pp_virtual, global_batch, pp_split)"
-                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?,?)",
+                        " sp, pp_virtual, global_batch, pp_split, etp, dopt)"
+                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?,?,?,?)",
                         &st->ins_plan), s, fail);
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO predictions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -162,6 +162,8 @@ mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int6
   sqlite3_bind_int(q, 18, c->pp_virtual > 0 ? c->pp_virtual : 1);
   sqlite3_bind_int64(q, 19, c->global_batch);
   sqlite3_bind_int(q, 20, c->pp_split);
+  sqlite3_bind_int(q, 21, m->etp);
+  sqlite3_bind_int(q, 22, mp_mesh_dopt(m));
   MP_CHECK(step_reset(ctx, st, q, "writing a plan"));
   c->plan_id = sqlite3_last_insert_rowid(conn(st));
   if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR || c->reject == MP_REJECT_BOUNDED) return MP_OK;
@@ -461,6 +463,8 @@ static void read_plan(sqlite3_stmt *q, mp_plan_row *r) {
   r->pp_virtual = sqlite3_column_int(q, c++);
   r->global_batch = sqlite3_column_int64(q, c++);
   r->pp_split = sqlite3_column_int(q, c++);
+  r->etp = sqlite3_column_int(q, c++);
+  r->dopt = sqlite3_column_int(q, c++);
   col_text(q, c++, r->reject_rule, sizeof r->reject_rule);
   col_text(q, c++, r->reject_reason, sizeof r->reject_reason);
   r->step_time_s = sqlite3_column_double(q, c++);
@@ -518,7 +522,7 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
       conn(st),
       "SELECT pl.id, pl.run_id, pl.idx, pl.rank, pl.pp, pl.dp_replicate, pl.dp_shard, pl.cp, pl.tp,"
       " pl.ep, pl.ac, pl.fp8, pl.reshard, pl.evaluated, pl.feasible, pl.micro_batch, pl.sp, pl.pp_virtual,"
-      " coalesce(pl.global_batch, 0), pl.pp_split,"
+      " coalesce(pl.global_batch, 0), pl.pp_split, pl.etp, pl.dopt,"
       " coalesce(pl.reject_rule,''), coalesce(pl.reject_reason,''), pr.step_time_s,"
       " pr.tokens_per_s_per_gpu, pr.mfu, pr.compute_s, pr.exposed_comm_s, pr.bubble_s,"
       " pr.peak_mem_bytes, pr.capacity_bytes, pr.peak_mem_bytes - coalesce(pr.mem_overhead_bytes, 0)"
@@ -698,15 +702,37 @@ static void read_segment(sqlite3_stmt *q, void *row) {
   r->first_step = sqlite3_column_int64(q, 8);
   r->last_step = sqlite3_column_int64(q, 9);
   r->n_steps = sqlite3_column_int64(q, 10);
+  r->etp = sqlite3_column_int(q, 11);
+  r->dopt = sqlite3_column_int(q, 12);
 }
 
 mp_status mp_store_run_segments(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_run_segment **rows,
                                 int64_t *n) {
   return run_rows(ctx, st, run_id, "SELECT count(DISTINCT plan_id) FROM measurements WHERE run_id=%lld",
                   "SELECT pl.id, pl.pp, pl.dp_replicate, pl.dp_shard, pl.cp, pl.tp, pl.ep, pl.micro_batch,"
-                  " min(m.step), max(m.step), count(*) FROM measurements m JOIN plans pl ON pl.id = m.plan_id"
+                  " min(m.step), max(m.step), count(*), pl.etp, pl.dopt FROM measurements m JOIN plans pl ON pl.id = m.plan_id"
                   " WHERE m.run_id=? GROUP BY pl.id ORDER BY min(m.id)",
                   read_segment, sizeof **rows, a, (void **)rows, n, "reading a run's segments");
+}
+
+/* A stored row's mesh: the dims, ep, etp and dopt as mp_store_add_candidate wrote them. */
+static void row_mesh(const int dims[6], int etp, int dopt, mp_mesh *m) {
+  mp_mesh_init(m);
+  const mp_mesh_dim d[5] = {MP_DIM_PP, MP_DIM_DP_REPLICATE, MP_DIM_DP_SHARD, MP_DIM_CP, MP_DIM_TP};
+  for (int i = 0; i < 5; i++) m->size[d[i]] = dims[i];
+  m->ep = dims[5];
+  m->etp = etp;
+  m->dopt = dopt > 1 ? dopt : 1;
+}
+
+void mp_plan_row_mesh(const mp_plan_row *r, mp_mesh *m) {
+  const int dims[6] = {r->pp, r->dp_replicate, r->dp_shard, r->cp, r->tp, r->ep};
+  row_mesh(dims, r->etp, r->dopt, m);
+}
+
+void mp_run_segment_mesh(const mp_run_segment *r, mp_mesh *m) {
+  const int dims[6] = {r->pp, r->dp_replicate, r->dp_shard, r->cp, r->tp, r->ep};
+  row_mesh(dims, r->etp, r->dopt, m);
 }
 
 /* ---- elastic restarts -------------------------------------------------------------------- */

@@ -1,7 +1,7 @@
 /* The planner's SQLite store: every run, every candidate with its reason, every
  * prediction, and the executor's measurements, in one database file (default meshplan.db).
  *
- * Tables (schema version 9, created and altered by the migrations of store/db.c;
+ * Tables (schema version 10, created and altered by the migrations of store/db.c;
  * `schema_version` holds the version, and opening a file of a lower version migrates it in
  * order inside one transaction; the plans(run_id, rank)
  * index is partial, WHERE rank IS NOT NULL: only ranked plans are looked up by rank, so a
@@ -10,7 +10,7 @@
  *                 JSON, command line), when, tool version, and the run's counts
  *   plans         one row per candidate logged (the ranked ones: `plan`'s default; every
  *                 one: `plan --log-all`, train's runs, runs before version 6): every mesh
- *                 dim, ep, ac, fp8, micro_batch,
+ *                 dim, ep, etp, dopt, ac, fp8, micro_batch,
  *                 reshard, evaluated, feasible, rank (objective order, NULL when not
  *                 ranked), reject_rule (mp_reject_name) and reject_reason (the sentence);
  *                 a training run resumed by another process adds that process's plan,
@@ -53,7 +53,15 @@
  * 30 MB per run. Version 8 adds plans.pp_split: 1 where the embedding and the loss count as
  * a layer each in the pipeline's split (Megatron-LM's --account-for-embedding-in-pipeline-split
  * and --account-for-loss-in-pipeline-split, exec/plan.h mp_pp_layout_embedding_loss), 0
- * otherwise and on the rows written before.
+ * otherwise and on the rows written before. Version 10 adds plans.etp and plans.dopt, the
+ * rest of the mesh (exec/mesh.h's mp_mesh.etp and .dopt, same encoding): etp 0 where etp was
+ * not given (ep inside dp_shard when ep divides it, else the expert grid with experts whole on
+ * a rank), N >= 1 the experts' own grid with each local expert split over N ranks (etp=1 on
+ * the grid: whole on a rank); dopt 1 one distributed-optimizer instance, N > 1 dp_replicate
+ * cut into N instances (Megatron-Core's --num-distributed-optimizer-instances). The rows
+ * written before read etp 0 and dopt 1: the layouts those versions could record.
+ * mp_plan_row_mesh and mp_run_segment_mesh turn a row back into the mesh it was written
+ * from (mp_mesh_format of the two equal).
  *
  * The file itself (opening, the identity check and its refusals, the migrations that
  * create these tables, WAL, the busy timeout and the write lock) is store/db.h's;
@@ -214,6 +222,7 @@ typedef struct mp_plan_row {
   int64_t id, run_id, index, rank;
   int pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8, reshard, evaluated, feasible;
   int ac_every, sp, pp_virtual, pp_split;
+  int etp, dopt; /* mp_mesh.etp and .dopt (version 10; rows written before: 0 and 1) */
   int64_t micro_batch;
   int64_t global_batch; /* the plan's own sequences per step; 0: not recorded (before v5) */
   char reject_rule[32], reject_reason[256];
@@ -254,12 +263,17 @@ mp_status mp_store_run_steps(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena
 typedef struct mp_run_segment {
   int64_t plan_id;
   int pp, dp_replicate, dp_shard, cp, tp, ep;
+  int etp, dopt; /* as mp_plan_row's */
   int64_t micro_batch;
   int64_t first_step, last_step, n_steps;
 } mp_run_segment;
 /* The run's segments (arena-owned array), in the order of their first record. */
 mp_status mp_store_run_segments(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_arena *a, mp_run_segment **rows,
                                 int64_t *n);
+/* The mesh a plans row was written from: every dim, ep, etp and dopt (mp_mesh_format of it
+ * equals that of the candidate's mesh). */
+void mp_plan_row_mesh(const mp_plan_row *r, mp_mesh *m);
+void mp_run_segment_mesh(const mp_run_segment *r, mp_mesh *m);
 
 /* A run's rejection counts by rule into by (by[MP_REJECT_NONE]: its ranked plans): from the
  * rejections table, or for a run written before version 6 from its plans rows. A rule name

@@ -110,6 +110,10 @@ static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
     "  routed INTEGER NOT NULL, dropped INTEGER NOT NULL,"
     "  PRIMARY KEY (plan_id, step, layer, expert));"
     "CREATE INDEX expert_loads_run ON expert_loads(run_id, step);",
+    /* 9 -> 10: plans.etp and plans.dopt, the experts' grid and the distributed optimizer's
+     * instances (exec/mesh.h's encoding; see planner/store.h) */
+    "ALTER TABLE plans ADD COLUMN etp INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE plans ADD COLUMN dopt INTEGER NOT NULL DEFAULT 1;",
 };
 
 static mp_status corrupt(mp_ctx *ctx, const mp_db *db) {

@@ -151,7 +151,7 @@ if j:
 old = os.path.join(tmp, "old.db")
 run("plan", *args, "--db", old, "--log-all")
 con = sqlite3.connect(old)
-con.executescript("DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads;"
+con.executescript("DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt;"
                   " UPDATE schema_version SET version=5;"
                   " PRAGMA user_version=5;")
 con.close()
@@ -161,9 +161,34 @@ r = run("report", "--db", old, "--run", "1", "--json")
 check(r.returncode == 0 and len(json.loads(r.stdout)["plans"]) == 10, "report --run of a version-5 database")
 run("plan", *args, "--db", old)
 con = sqlite3.connect(old)
-check(con.execute("SELECT count(*), max(version) FROM runs, schema_version").fetchone() == (2, 9), "old db not migrated")
+check(con.execute("SELECT count(*), max(version) FROM runs, schema_version").fetchone() == (2, 10), "old db not migrated")
 con.close()
 run("plan", "--no-db", "--log-all", want_rc=2)
+# Megatron-Core's distributed-optimizer instances fixed at 2 on Llama 3.1 70B, 256 GPUs, tp 8,
+# pp 4: every ranked plan cuts dp_replicate (256 / 32 / cp) into 2 instances; plan's table and
+# report's mark the column as dp_rep/2, and the plans read back from the database are the
+# meshes plan printed, dopt=2 included.
+dopt = os.path.join(tmp, "dopt.db")
+dargs = ["--model", "llama3.1-70b", "--gpus", "256", "--stack", "megatron-core", "--seq", "8192",
+         "--global-batch", "128", "--fix", "dopt=2,tp=8,pp=4", "--top", "3"]
+p = run("plan", *dargs, "--db", dopt)
+rows = [ln.split() for ln in p.stdout.splitlines() if ln[:4].strip() in ("1", "2", "3") and "/2" in ln]
+check(len(rows) == 3 and all(r[1].endswith("/2") and int(r[1][:-2]) * int(r[7]) == 8 for r in rows),
+      "plan's table does not mark dp_rep/2 (dp_replicate x cp = 256 / (tp 8 x pp 4)): " + p.stdout)
+check("dp_rep N/D: dp_replicate N cut into D distributed-optimizer instances" in p.stdout, "no dopt legend: " + p.stdout)
+jp = plan_json(*dargs)
+r = run("report", "--db", dopt, "--run", "1", "--top", "3", "--json")
+jr = json.loads(r.stdout) if r.returncode == 0 else {"plans": []}
+check([x["dopt"] for x in jr["plans"]] == [2, 2, 2] and [x["mesh"]["dopt"] for x in jp["plans"]] == [2, 2, 2],
+      "report --json / plan --json lose dopt: " + r.stdout[:400])
+for x, y in zip(jr["plans"], jp["plans"]):
+    # mp_mesh_format's order: pp, dp_replicate, dp_shard, cp, tp (sizes 1 left out), then dopt
+    m = y["mesh"]
+    want = ",".join([f"pp={m['pp']}", f"dp_replicate={m['dp_replicate']}"] + ([f"cp={m['cp']}"] if m["cp"] > 1 else [])
+                    + [f"tp={m['tp']}", "dopt=2"])
+    check(x["mesh"] == want, f"report's mesh {x['mesh']} is not plan's {want}")
+r = run("report", "--db", dopt, "--run", "1")
+check("dp_rep N/D" in r.stdout and "/2" in r.stdout, "report's table does not mark dopt: " + r.stdout)
 
 # ---- nothing fits: verified hints, exit 1 -------------------------------------------------------
 def smallest(out):

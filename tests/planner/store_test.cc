@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "planner/planner.h"
 #include "planner/store.h"
@@ -419,7 +420,7 @@ TEST(StoreIdentity, OlderAndUnstampedDatabasesMigrate) {
           " ALTER TABLE measurements DROP COLUMN grad_norm; ALTER TABLE plans DROP COLUMN sp;"
           " ALTER TABLE plans DROP COLUMN pp_virtual; ALTER TABLE plans DROP COLUMN global_batch;"
           " DROP INDEX plans_run_rank; CREATE INDEX plans_run_rank ON plans(run_id, rank);"
-          " DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads;"
+          " DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt;"
           " UPDATE schema_version SET version=1; PRAGMA user_version=0; PRAGMA application_id=0");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -480,7 +481,7 @@ TEST(Store, EachPlanStoresItsOwnGlobalBatch) {
 TEST(StoreIdentity, Version4MigratesAndKeepsItsRuns) {
   std::string path = made_db("v4.db", 1);
   exec_on(path,
-          "ALTER TABLE plans DROP COLUMN global_batch; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads;"
+          "ALTER TABLE plans DROP COLUMN global_batch; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt;"
           " UPDATE schema_version SET version=4; PRAGMA user_version=4");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -606,7 +607,7 @@ TEST(Store, DefaultLogsTheRankedPlansAndTheCountsByRule) {
 // rows and equal the search's, and its ranked plans read back unchanged by the migration.
 TEST(StoreIdentity, Version5RunsCountFromTheirPlans) {
   std::string path = made_db("v5.db", 1);  // a run of PlannerRun's: every candidate logged
-  exec_on(path, "DELETE FROM rejections; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads;"
+  exec_on(path, "DELETE FROM rejections; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt;"
                 " UPDATE schema_version SET version=5; PRAGMA user_version=5");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -667,6 +668,144 @@ TEST(Store, TrainingMarksFindTheResumesAndThePrediction) {
   EXPECT_DOUBLE_EQ(pred, best.res.tokens_per_s_per_gpu);
   EXPECT_DOUBLE_EQ(pred, 1000.0 / best.res.step_time_s);
   mp_arena_destroy(a);
+  mp_store_close(st);
+}
+
+// One ranked run whose plans have the meshes specs (parsed on world ranks), plan i ranked
+// i + 1 with a step time of i + 1 seconds, each with one measured step: the run's id.
+int64_t RankedRunOf(mp_store *st, const std::vector<std::string> &specs, int world) {
+  mp_ctx c;
+  mp_ctx_init(&c);
+  mp_run_info info = {"tiny-moe", "1xfake", "fake-gpu", world, 8, 4096, 32, "time", "{}", "test", "test"};
+  int64_t run = 0;
+  EXPECT_EQ(mp_store_run_begin(&c, st, &info, &run), MP_OK) << mp_errmsg(&c);
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < specs.size(); i++) {
+    mp_candidate cand;
+    memset(&cand, 0, sizeof cand);
+    EXPECT_EQ(mp_mesh_parse(&c, specs[i].c_str(), world, &cand.mesh), MP_OK) << mp_errmsg(&c) << specs[i];
+    cand.micro_batch = 1;
+    cand.evaluated = 1;
+    cand.res.step_time_s = (double)(i + 1);
+    EXPECT_EQ(mp_store_add_candidate(&c, st, run, (int64_t)i, &cand, ""), MP_OK) << mp_errmsg(&c);
+    EXPECT_EQ(mp_store_set_rank(&c, st, cand.plan_id, (int64_t)i + 1), MP_OK) << mp_errmsg(&c);
+    ids.push_back(cand.plan_id);
+  }
+  mp_run_summary sum = {(int64_t)specs.size(), 0, (int64_t)specs.size(), (int64_t)specs.size(), ids[0], 1.0};
+  EXPECT_EQ(mp_store_run_commit(&c, st, run, &sum), MP_OK) << mp_errmsg(&c);
+  for (size_t i = 0; i < ids.size(); i++) {
+    mp_measurement m = {ids[i], (int64_t)i + 1, 1.0, kGiB, 3.0, 5000.0, "fake-gpu"};
+    EXPECT_EQ(mp_store_add_measurement(&c, st, &m), MP_OK) << mp_errmsg(&c);
+  }
+  return run;
+}
+
+std::string MeshStr(const mp_mesh &m) {
+  char buf[128];
+  mp_mesh_format(&m, buf, sizeof buf);
+  return buf;
+}
+
+// The meshes a run's ranked plans and its segments read back as (mp_plan_row_mesh,
+// mp_run_segment_mesh), formatted.
+std::vector<std::string> ReadBack(mp_store *st, int64_t run, std::vector<std::string> *segments) {
+  mp_ctx c;
+  mp_ctx_init(&c);
+  mp_arena *a = mp_arena_create();
+  mp_plan_row *rows = nullptr;
+  mp_run_segment *seg = nullptr;
+  int64_t n = 0, ns = 0;
+  std::vector<std::string> out;
+  EXPECT_EQ(mp_store_top_plans(&c, st, run, 0, a, &rows, &n), MP_OK) << mp_errmsg(&c);
+  EXPECT_EQ(mp_store_run_segments(&c, st, run, a, &seg, &ns), MP_OK) << mp_errmsg(&c);
+  for (int64_t i = 0; i < n; i++) {
+    mp_mesh m;
+    mp_plan_row_mesh(&rows[i], &m);
+    out.push_back(MeshStr(m));
+  }
+  for (int64_t i = 0; i < ns; i++) {
+    mp_mesh m;
+    mp_run_segment_mesh(&seg[i], &m);
+    segments->push_back(MeshStr(m));
+  }
+  mp_arena_destroy(a);
+  return out;
+}
+
+// A plan's experts' grid and its distributed-optimizer instances are part of its mesh
+// (exec/mesh.h), so the database keeps them (version 10) and a plan read back is the mesh it
+// was written from. On 16 ranks:
+//   - dp_shard=8,tp=2,ep=4,etp=2: ep x etp = 8 divides dp_shard x tp = 16, the expert grid
+//     with each expert split over 2 ranks; without etp the row would read back as ep=4
+//     inside dp_shard (4 divides 8), another layout;
+//   - dp_shard=4,tp=4,ep=8,etp=1: the grid with experts whole on a rank (etp=1 given);
+//   - pp=2,dp_replicate=4,tp=2,dopt=2: dp_replicate's 4 cut into 2 optimizer instances;
+//   - dp_shard=16,ep=4: ep inside dp_shard (etp 0, dopt 1: the columns' defaults).
+TEST(Store, ExpertGridAndOptimizerInstancesRoundTrip) {
+  const std::string path = FreshDbPath("mesh_rt.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  const std::vector<std::string> specs = {"dp_shard=8,tp=2,ep=4,etp=2", "dp_shard=4,tp=4,ep=8,etp=1",
+                                          "pp=2,dp_replicate=4,tp=2,dopt=2", "dp_shard=16,ep=4"};
+  std::vector<std::string> want;
+  for (const auto &spec : specs) {
+    mp_mesh m;
+    ASSERT_EQ(mp_mesh_parse(&ctx, spec.c_str(), 16, &m), MP_OK) << mp_errmsg(&ctx);
+    want.push_back(MeshStr(m));
+  }
+  EXPECT_EQ(want[0], "dp_shard=8,tp=2,ep=4,etp=2");
+  EXPECT_EQ(want[1], "dp_shard=4,tp=4,ep=8,etp=1");
+  EXPECT_EQ(want[2], "pp=2,dp_replicate=4,tp=2,dopt=2");
+  const int64_t run = RankedRunOf(st, specs, 16);
+  EXPECT_EQ(q(st, "SELECT etp FROM plans WHERE rank=1 AND run_id=" + std::to_string(run)), 2);
+  EXPECT_EQ(q(st, "SELECT etp FROM plans WHERE rank=2 AND run_id=" + std::to_string(run)), 1);
+  EXPECT_EQ(q(st, "SELECT dopt FROM plans WHERE rank=3 AND run_id=" + std::to_string(run)), 2);
+  EXPECT_EQ(q(st, "SELECT etp * 10 + dopt FROM plans WHERE rank=4 AND run_id=" + std::to_string(run)), 1);
+  std::vector<std::string> segments;
+  EXPECT_EQ(ReadBack(st, run, &segments), want);
+  EXPECT_EQ(segments, want);
+  mp_store_close(st);
+}
+
+// A version-9 database (plans without etp and dopt) with a run in it migrates in place to
+// the current version: its rows read etp 0 and dopt 1, the layouts version 9 could record,
+// so its plans read back as before; a new run on it keeps the grid and the instances.
+TEST(StoreIdentity, Version9MigratesToMeshesWithGridAndInstances) {
+  std::string path = made_db("v9.db", 1);
+  exec_on(path, "ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt;"
+                " UPDATE schema_version SET version=9; PRAGMA user_version=9");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(q(st, "SELECT version FROM schema_version"), MP_STORE_SCHEMA_VERSION);
+  EXPECT_EQ(q(st, "PRAGMA user_version"), 10);
+  const int64_t old_rows = q(st, "SELECT count(*) FROM plans");
+  EXPECT_GT(old_rows, 0);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE etp = 0 AND dopt = 1"), old_rows);
+  mp_arena *a = mp_arena_create();
+  mp_plan_row *rows = nullptr;
+  int64_t n = 0;
+  ASSERT_EQ(mp_store_top_plans(&ctx, st, 1, 0, a, &rows, &n), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_GT(n, 0);
+  for (int64_t i = 0; i < n; i++) {
+    mp_mesh m, dims;
+    mp_plan_row_mesh(&rows[i], &m);
+    mp_mesh_init(&dims);  // the six columns version 9 had
+    dims.size[MP_DIM_PP] = rows[i].pp;
+    dims.size[MP_DIM_DP_REPLICATE] = rows[i].dp_replicate;
+    dims.size[MP_DIM_DP_SHARD] = rows[i].dp_shard;
+    dims.size[MP_DIM_CP] = rows[i].cp;
+    dims.size[MP_DIM_TP] = rows[i].tp;
+    dims.ep = rows[i].ep;
+    EXPECT_EQ(MeshStr(m), MeshStr(dims)) << i;
+  }
+  mp_arena_destroy(a);
+  std::vector<std::string> segments;
+  const std::vector<std::string> specs = {"dp_shard=8,tp=2,ep=4,etp=2", "pp=2,dp_replicate=4,tp=2,dopt=2"};
+  EXPECT_EQ(ReadBack(st, RankedRunOf(st, specs, 16), &segments), specs);
   mp_store_close(st);
 }
 
