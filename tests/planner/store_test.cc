@@ -770,8 +770,9 @@ TEST(Store, ExpertGridAndOptimizerInstancesRoundTrip) {
 }
 
 // A version-9 database (plans without etp and dopt) with a run in it migrates in place to
-// the current version: its rows read etp 0 and dopt 1, the layouts version 9 could record,
-// so its plans read back as before; a new run on it keeps the grid and the instances.
+// the current version: its rows read etp 0 and dopt 1, the layouts version 9 could record
+// (planner/store.h), so they format to the six stored mesh columns' mesh; a new run on it
+// keeps the grid and the instances.
 TEST(StoreIdentity, Version9MigratesToMeshesWithGridAndInstances) {
   std::string path = made_db("v9.db", 1);
   exec_on(path, "ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt;"
