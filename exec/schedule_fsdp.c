@@ -242,43 +242,63 @@ static mp_group rep_group(const gen *g, const unit_info *ui) {
 
 static int rep_size(const gen *g, const unit_info *ui) { return mp_mesh_group_size(&g->p->mesh, rep_group(g, ui)); }
 
-/* Runtime models: unit u's gradients after its backward (the runtime's unit_grad_end).
- * Blocking comm (MPI; the CPU): per parameter an in-place reduce-scatter from the unsharded
- * buffer into one staging shard (the largest padded shard), added into the gradient shard;
- * the staging, then the buffer, freed. NCCL (overlap): the reduce-scatter in flight is
- * finished first, then this unit's goes out into an output buffer of one 16-float-aligned
- * slot per sharded parameter and stays in flight (rt_rs_finish). A one-rank group
- * accumulated into its resident gradients: nothing. */
-static void rt_reduce_unit(gen *g, int32_t layer, int32_t u, int32_t after) {
+/* Runtime models: unit u's gradients after its backward (the runtime's unit_grad_end), one
+ * function per comm mode (unit_reducer picks it): rt_reduce_blocking for blocking comm
+ * (MPI; the CPU), rt_reduce_overlapped for NCCL. A unit in a one-rank group accumulated
+ * into its resident gradients in either: no buffer and no reduce-scatter, only the
+ * replicas' all-reduce (rt_unit_collectives). */
+
+/* Unit u's collectives in the runtimes: the reduce-scatter over its FSDP group when it has
+ * more than one rank, then the shard's all-reduce over its replicas (rep_group) when they
+ * are more than one. Returns the last, -1 where there is none. */
+static int32_t rt_unit_collectives(gen *g, int32_t layer, int32_t u, int32_t after) {
   const unit_info *ui = &g->ui[u];
-  const int rep = rep_size(g, ui);
-  const int sharded = ui->gsize > 1;
-  const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype), stage = ui->rt_max_pad * 4,
-                out = ui->rt_rs_numel * 4;
-  if (sharded && g->ms->overlap) {
-    mp_sched_rt_rs_finish(g);
-    mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_RT_RS, out, layer, u, MP_STREAM_COMPUTE);
-  } else if (sharded) {
-    mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, stage, layer, u, MP_STREAM_COMPUTE);
-  }
+  const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
   int32_t last = -1;
-  if (sharded)
+  if (ui->gsize > 1)
     last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, layer, u, after);
-  if (rep > 1)
+  if (rep_size(g, ui) > 1)
     last = grad_comm(g, MP_COLL_ALL_REDUCE, rep_group(g, ui), shard_bytes(g, ui), layer, u, last >= 0 ? last : after);
-  if (!sharded) return;
-  if (g->ms->overlap) {
-    g->rs_in_flight.on = 1;
-    g->rs_in_flight.layer = layer;
-    g->rs_in_flight.unit = u;
-    g->rs_in_flight.rs = out;
-    g->rs_in_flight.gbuf = unsharded_grad_bytes(g, ui);
+  return last;
+}
+
+/* Blocking comm (MPI; the CPU): per parameter an in-place reduce-scatter from the unsharded
+ * buffer into one staging shard (the largest padded shard), added into the gradient shard;
+ * the staging, then the buffer, freed once the collectives are done. */
+static void rt_reduce_blocking(gen *g, int32_t layer, int32_t u, int32_t after) {
+  const unit_info *ui = &g->ui[u];
+  if (ui->gsize <= 1) {
+    rt_unit_collectives(g, layer, u, after);
     return;
   }
+  const int64_t stage = ui->rt_max_pad * 4;
+  mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, stage, layer, u, MP_STREAM_COMPUTE);
+  const int32_t last = rt_unit_collectives(g, layer, u, after);
   int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, stage, layer, u, MP_STREAM_REDUCE);
   add_dep(g, f, last >= 0 ? last : after, 0);
   mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, unsharded_grad_bytes(g, ui), layer, u,
       MP_STREAM_REDUCE);
+}
+
+/* NCCL (overlapped comm): the reduce-scatter in flight is finished first, then this unit's
+ * goes out into an output buffer of one 16-float-aligned slot per sharded parameter and
+ * stays in flight (mp_sched_rt_rs_finish frees its output and the unit's unsharded
+ * gradients). */
+static void rt_reduce_overlapped(gen *g, int32_t layer, int32_t u, int32_t after) {
+  const unit_info *ui = &g->ui[u];
+  if (ui->gsize <= 1) {
+    rt_unit_collectives(g, layer, u, after);
+    return;
+  }
+  const int64_t out = ui->rt_rs_numel * 4;
+  mp_sched_rt_rs_finish(g);
+  mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_RT_RS, out, layer, u, MP_STREAM_COMPUTE);
+  rt_unit_collectives(g, layer, u, after);
+  g->rs_in_flight.on = 1;
+  g->rs_in_flight.layer = layer;
+  g->rs_in_flight.unit = u;
+  g->rs_in_flight.rs = out;
+  g->rs_in_flight.gbuf = unsharded_grad_bytes(g, ui);
 }
 
 int32_t mp_sched_ddp_bucket_prep(gen *g, int64_t n, int32_t after) {
@@ -483,11 +503,11 @@ static void mfsdp_reduce_unit(gen *g, int32_t layer, int32_t u, int32_t after) {
 }
 
 /* The strategy of g's data parallelism, as mp_sched_reduce_units applies it to each unit:
- * DDP without FSDP; the meshplan runtimes' FSDP (rt_reduce_unit); FSDP under a pipeline
+ * DDP without FSDP; the meshplan runtimes' FSDP by their comm mode; FSDP under a pipeline
  * (accumulated, reduced after the chunk); Megatron FSDP; FSDP2 / FSDP1. */
 static unit_reduce_fn unit_reducer(const gen *g) {
   if (!g->has_fsdp) return ddp_reduce_unit;
-  if (g->ms->runtime) return rt_reduce_unit;
+  if (g->ms->runtime) return g->ms->overlap ? rt_reduce_overlapped : rt_reduce_blocking;
   if (g->pp_fsdp) return pp_fsdp_accumulate_unit;
   return mp_plan_is_megatron_fsdp(g->p) ? mfsdp_reduce_unit : fsdp_reduce_unit;
 }
