@@ -244,9 +244,8 @@ static int rep_size(const gen *g, const unit_info *ui) { return mp_mesh_group_si
 
 /* Runtime models: unit u's gradients after its backward (the runtime's unit_grad_end), one
  * function per comm mode (unit_reducer picks it): rt_reduce_blocking for blocking comm
- * (MPI; the CPU), rt_reduce_overlapped for NCCL. A unit in a one-rank group accumulated
- * into its resident gradients in either: no buffer and no reduce-scatter, only the
- * replicas' all-reduce (rt_unit_collectives). */
+ * (MPI; the CPU), rt_reduce_overlapped for NCCL; a unit in a one-rank group alike in
+ * either (rt_one_rank_done). */
 
 /* Unit u's collectives in the runtimes: the reduce-scatter over its FSDP group when it has
  * more than one rank, then the shard's all-reduce over its replicas (rep_group) when they
@@ -262,15 +261,21 @@ static int32_t rt_unit_collectives(gen *g, int32_t layer, int32_t u, int32_t aft
   return last;
 }
 
+/* A unit in a one-rank group, which the runtimes accumulate into its resident gradients:
+ * no buffer and no reduce-scatter, only the replicas' all-reduce. Returns 1 for such a unit
+ * (its reduction done), 0 for a sharded one. */
+static int rt_one_rank_done(gen *g, int32_t layer, int32_t u, int32_t after) {
+  if (g->ui[u].gsize > 1) return 0;
+  rt_unit_collectives(g, layer, u, after);
+  return 1;
+}
+
 /* Blocking comm (MPI; the CPU): per parameter an in-place reduce-scatter from the unsharded
  * buffer into one staging shard (the largest padded shard), added into the gradient shard;
  * the staging, then the buffer, freed once the collectives are done. */
 static void rt_reduce_blocking(gen *g, int32_t layer, int32_t u, int32_t after) {
+  if (rt_one_rank_done(g, layer, u, after)) return;
   const unit_info *ui = &g->ui[u];
-  if (ui->gsize <= 1) {
-    rt_unit_collectives(g, layer, u, after);
-    return;
-  }
   const int64_t stage = ui->rt_max_pad * 4;
   mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, stage, layer, u, MP_STREAM_COMPUTE);
   const int32_t last = rt_unit_collectives(g, layer, u, after);
@@ -285,11 +290,8 @@ static void rt_reduce_blocking(gen *g, int32_t layer, int32_t u, int32_t after) 
  * stays in flight (mp_sched_rt_rs_finish frees its output and the unit's unsharded
  * gradients). */
 static void rt_reduce_overlapped(gen *g, int32_t layer, int32_t u, int32_t after) {
+  if (rt_one_rank_done(g, layer, u, after)) return;
   const unit_info *ui = &g->ui[u];
-  if (ui->gsize <= 1) {
-    rt_unit_collectives(g, layer, u, after);
-    return;
-  }
   const int64_t out = ui->rt_rs_numel * 4;
   mp_sched_rt_rs_finish(g);
   mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_RT_RS, out, layer, u, MP_STREAM_COMPUTE);
