@@ -233,13 +233,6 @@ void mp_sched_rt_rs_finish(gen *g) {
   g->rs_in_flight.on = 0;
 }
 
-/* Runtime models: unit u's gradients after its backward (the runtime's unit_grad_end).
- * Blocking comm (MPI; the CPU): per parameter an in-place reduce-scatter from the unsharded
- * buffer into one staging shard (the largest padded shard), added into the gradient shard;
- * the staging, then the buffer, freed. NCCL (overlap): the reduce-scatter in flight is
- * finished first, then this unit's goes out into an output buffer of one 16-float-aligned
- * slot per sharded parameter and stays in flight (rt_rs_finish). A one-rank group
- * accumulated into its resident gradients: nothing. */
 /* The group over which unit ui's gradient shards are summed over their replicas: the
  * experts' under the expert grid reaching into dp_replicate is their expert-DP group
  * (mp_mesh_expert_replica_group), every other unit's dp_replicate. */
@@ -249,36 +242,65 @@ static mp_group rep_group(const gen *g, const unit_info *ui) {
 
 static int rep_size(const gen *g, const unit_info *ui) { return mp_mesh_group_size(&g->p->mesh, rep_group(g, ui)); }
 
-static void rt_reduce_unit(gen *g, int32_t layer, int32_t u, int32_t after) {
+/* Runtime models: unit u's gradients after its backward (the runtime's unit_grad_end), one
+ * function per comm mode (unit_reducer picks it): rt_reduce_blocking for blocking comm
+ * (MPI; the CPU), rt_reduce_overlapped for NCCL; a unit in a one-rank group alike in
+ * either (rt_one_rank_done). */
+
+/* Unit u's collectives in the runtimes: the reduce-scatter over its FSDP group when it has
+ * more than one rank, then the shard's all-reduce over its replicas (rep_group) when they
+ * are more than one. Returns the last, -1 where there is none. */
+static int32_t rt_unit_collectives(gen *g, int32_t layer, int32_t u, int32_t after) {
   const unit_info *ui = &g->ui[u];
-  const int rep = rep_size(g, ui);
-  const int sharded = ui->gsize > 1;
-  const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype), stage = ui->rt_max_pad * 4,
-                out = ui->rt_rs_numel * 4;
-  if (sharded && g->ms->overlap) {
-    mp_sched_rt_rs_finish(g);
-    mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_RT_RS, out, layer, u, MP_STREAM_COMPUTE);
-  } else if (sharded) {
-    mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, stage, layer, u, MP_STREAM_COMPUTE);
-  }
+  const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
   int32_t last = -1;
-  if (sharded)
+  if (ui->gsize > 1)
     last = grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, layer, u, after);
-  if (rep > 1)
+  if (rep_size(g, ui) > 1)
     last = grad_comm(g, MP_COLL_ALL_REDUCE, rep_group(g, ui), shard_bytes(g, ui), layer, u, last >= 0 ? last : after);
-  if (!sharded) return;
-  if (g->ms->overlap) {
-    g->rs_in_flight.on = 1;
-    g->rs_in_flight.layer = layer;
-    g->rs_in_flight.unit = u;
-    g->rs_in_flight.rs = out;
-    g->rs_in_flight.gbuf = unsharded_grad_bytes(g, ui);
-    return;
-  }
+  return last;
+}
+
+/* A unit in a one-rank group, which the runtimes accumulate into its resident gradients:
+ * no buffer and no reduce-scatter, only the replicas' all-reduce. Returns 1 for such a unit
+ * (its reduction done), 0 for a sharded one. */
+static int rt_one_rank_done(gen *g, int32_t layer, int32_t u, int32_t after) {
+  if (g->ui[u].gsize > 1) return 0;
+  rt_unit_collectives(g, layer, u, after);
+  return 1;
+}
+
+/* Blocking comm (MPI; the CPU): per parameter an in-place reduce-scatter from the unsharded
+ * buffer into one staging shard (the largest padded shard), added into the gradient shard;
+ * the staging, then the buffer, freed once the collectives are done. */
+static void rt_reduce_blocking(gen *g, int32_t layer, int32_t u, int32_t after) {
+  if (rt_one_rank_done(g, layer, u, after)) return;
+  const unit_info *ui = &g->ui[u];
+  const int64_t stage = ui->rt_max_pad * 4;
+  mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, stage, layer, u, MP_STREAM_COMPUTE);
+  const int32_t last = rt_unit_collectives(g, layer, u, after);
   int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, stage, layer, u, MP_STREAM_REDUCE);
   add_dep(g, f, last >= 0 ? last : after, 0);
   mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, unsharded_grad_bytes(g, ui), layer, u,
       MP_STREAM_REDUCE);
+}
+
+/* NCCL (overlapped comm): the reduce-scatter in flight is finished first, then this unit's
+ * goes out into an output buffer of one 16-float-aligned slot per sharded parameter and
+ * stays in flight (mp_sched_rt_rs_finish frees its output and the unit's unsharded
+ * gradients). */
+static void rt_reduce_overlapped(gen *g, int32_t layer, int32_t u, int32_t after) {
+  if (rt_one_rank_done(g, layer, u, after)) return;
+  const unit_info *ui = &g->ui[u];
+  const int64_t out = ui->rt_rs_numel * 4;
+  mp_sched_rt_rs_finish(g);
+  mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_RT_RS, out, layer, u, MP_STREAM_COMPUTE);
+  rt_unit_collectives(g, layer, u, after);
+  g->rs_in_flight.on = 1;
+  g->rs_in_flight.layer = layer;
+  g->rs_in_flight.unit = u;
+  g->rs_in_flight.rs = out;
+  g->rs_in_flight.gbuf = unsharded_grad_bytes(g, ui);
 }
 
 int32_t mp_sched_ddp_bucket_prep(gen *g, int64_t n, int32_t after) {
@@ -391,70 +413,116 @@ static int32_t rs_copy_in(gen *g, const unit_info *ui, int64_t bytes, int32_t af
   return i;
 }
 
-/* After the backward of units [lo, hi] of a block: copy to the reduce buffer,
- * reduce-scatter, all-reduce over dp_replicate, free. */
+/* How one unit's gradients leave its backward, `after` the backward's last compute op: one
+ * function per data-parallel strategy, chosen once per call of mp_sched_reduce_units
+ * (unit_reducer). */
+typedef void (*unit_reduce_fn)(gen *g, int32_t layer, int32_t u, int32_t after);
+
+/* DDP-style (no FSDP applied): all-reduce the block's gradients over dp_replicate (x cp:
+ * mp_sched_ddp_group); Megatron-LM only in the last micro-batch (gradients accumulate in
+ * main_grad until then), here with overlap (a bucket per block), else once after the
+ * backward (schedule.c). */
+static void ddp_reduce_unit(gen *g, int32_t layer, int32_t u, int32_t after) {
+  const unit_info *ui = &g->ui[u];
+  int64_t bn[UNIT_MAX_PRM], bf8[UNIT_MAX_PRM];
+  const int nb = u != g->root_unit ? mp_sched_ddp_buckets(g, ui, bn, bf8) : 0;
+  for (int b = 0; b < nb && g->p->opts.ddp.overlap; b++) /* Megatron-Core's buckets */
+    ddp_reduce(g, mp_sched_ddp_group(g), bn[b], layer, u, after);
+  if (nb == 0 && (!g->ddp || g->p->opts.ddp.overlap)) {
+    ddp_reduce(g, mp_sched_ddp_group(g), ui->numel_tp - ui->numel_expert, layer, u, after);
+    ddp_reduce(g, MP_GROUP_EDP, ui->numel_expert, layer, u, after); /* the experts' bucket */
+  }
+}
+
+/* FSDP under a pipeline (torchtitan, mp_plan_pp_fsdp): each micro-batch's unsharded
+ * gradients added into the unit's accumulator in the reduce dtype (allocated in the first
+ * micro-batch), which mp_sched_pp_fsdp_reduce reduces after the chunk's last backward; the
+ * unsharded gradients freed. The add waits for the backward as the compute stream orders
+ * it, so `after` is not needed. */
+static void pp_fsdp_accumulate_unit(gen *g, int32_t layer, int32_t u, int32_t after) {
+  (void)after;
+  const unit_info *ui = &g->ui[u];
+  const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
+  int32_t a = mem(g, MP_OP_ALLOC, MP_MEM_GRADS, BUF_GRAD_ACC, rb, layer, u, MP_STREAM_COMPUTE);
+  if (a >= 0) g->ops[a].when = MP_WHEN_FIRST_MICRO;
+  a = compute(g, MP_KERNEL_COPY, MP_VAR_BWD, -1, ui->numel_tp, 0, 0, 1, (double)ui->numel_tp,
+              (double)(ui->numel_tp * mp_dtype_bytes(g->param_dtype) + 2 * rb), g->reduce_dtype);
+  if (a >= 0) g->ops[a].unit = u;
+  mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, ui->numel_tp * mp_dtype_bytes(g->param_dtype),
+      layer, u, MP_STREAM_COMPUTE);
+}
+
+/* The part every FSDP strategy shares: the reduce-dtype input allocated, the copy into it
+ * (rs_copy_in), the unsharded gradients freed, and the reduce-scatter over the unit's FSDP
+ * group when it has more than one rank. Returns the reduce-scatter (-1: none); *from is
+ * what the next collective waits for without it (the copy, else `after`). */
+static int32_t fsdp_reduce_scatter(gen *g, int32_t layer, int32_t u, int32_t after, int32_t *from) {
+  const unit_info *ui = &g->ui[u];
+  const int64_t gb = ui->numel_tp * mp_dtype_bytes(g->param_dtype);
+  const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
+  mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_COMPUTE);
+  const int32_t in = rs_copy_in(g, ui, g->fsdp1_flat_grad ? 2 * gb : gb + rb, after, MP_WHEN_EVERY_MICRO);
+  mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, gb, layer, u, MP_STREAM_COMPUTE);
+  *from = in >= 0 ? in : after;
+  return ui->gsize > 1 ? grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, layer, u, *from) : -1;
+}
+
+/* FSDP2's (and FSDP1's) HSDP: the reduce-scatter's output all-reduced over the unit's
+ * replicas every micro-batch, then the reduce-scatter input freed. */
+static void fsdp_reduce_unit(gen *g, int32_t layer, int32_t u, int32_t after) {
+  const unit_info *ui = &g->ui[u];
+  const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
+  int32_t from = after;
+  const int32_t rs = fsdp_reduce_scatter(g, layer, u, after, &from);
+  int32_t ar = -1;
+  if (rep_size(g, ui) > 1)
+    ar = grad_comm(g, MP_COLL_ALL_REDUCE, rep_group(g, ui), shard_bytes(g, ui), layer, u, rs >= 0 ? rs : from);
+  const int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
+  add_dep(g, f, ar >= 0 ? ar : rs >= 0 ? rs : after, 0);
+}
+
+/* Megatron FSDP's hybrid sharding (--num-distributed-optimizer-instances, dp_replicate
+ * instances; megatron_fsdp.py and param_and_grad_buffer.py at core_v0.14.0,
+ * _bucket_group_gradient_reduce): the bucket is reduce-scattered over the instance's
+ * dp_shard x cp ranks every micro-batch and the result added into the resident
+ * main-gradient shard, which the last micro-batch alone (outer_fsdp_group_grad_reduce on
+ * is_last_microbatch) all-reduces in place across the instances (outer_dp_sharding_strategy
+ * no_shard, the default): the bucket goes once its reduce-scatter is done. Megatron issues
+ * that all-reduce on a stream of its own; here it queues on the reduce stream behind its
+ * reduce-scatter. */
+static void mfsdp_reduce_unit(gen *g, int32_t layer, int32_t u, int32_t after) {
+  const unit_info *ui = &g->ui[u];
+  const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
+  int32_t from = after;
+  const int32_t rs = fsdp_reduce_scatter(g, layer, u, after, &from);
+  const int32_t f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
+  if (rep_size(g, ui) > 1) {
+    const int32_t ar =
+        grad_comm(g, MP_COLL_ALL_REDUCE, rep_group(g, ui), shard_bytes(g, ui), layer, u, rs >= 0 ? rs : from);
+    if (ar >= 0) g->ops[ar].when = MP_WHEN_LAST_MICRO;
+  }
+  add_dep(g, f, rs >= 0 ? rs : after, 0);
+}
+
+/* The strategy of g's data parallelism, as mp_sched_reduce_units applies it to each unit:
+ * DDP without FSDP; the meshplan runtimes' FSDP by their comm mode; FSDP under a pipeline
+ * (accumulated, reduced after the chunk); Megatron FSDP; FSDP2 / FSDP1. */
+static unit_reduce_fn unit_reducer(const gen *g) {
+  if (!g->has_fsdp) return ddp_reduce_unit;
+  if (g->ms->runtime) return g->ms->overlap ? rt_reduce_overlapped : rt_reduce_blocking;
+  if (g->pp_fsdp) return pp_fsdp_accumulate_unit;
+  return mp_plan_is_megatron_fsdp(g->p) ? mfsdp_reduce_unit : fsdp_reduce_unit;
+}
+
+/* After the backward of units [lo, hi] of a block: each unit with parameters on this stage
+ * reduced by g's strategy (unit_reducer), all waiting for the backward's last compute op. */
 void mp_sched_reduce_units(gen *g, int32_t layer, int32_t unit0, int n, int lo, int hi) {
   const int32_t after = g->last_compute;
+  const unit_reduce_fn reduce = unit_reducer(g);
   for (int k = lo; k < n && k <= hi; k++) {
     const int32_t u = unit0 + k;
-    const unit_info *ui = &g->ui[u];
-    if (ui->numel_tp == 0) continue;
-    if (!g->has_fsdp) {
-      /* DDP-style: all-reduce the block's gradients over dp_replicate (x cp:
-       * mp_sched_ddp_group); Megatron-LM only in the last micro-batch (gradients accumulate
-       * in main_grad until then), here with overlap (a bucket per block), else once after
-       * the backward (schedule.c) */
-      int64_t bn[UNIT_MAX_PRM], bf8[UNIT_MAX_PRM];
-      const int nb = u != g->root_unit ? mp_sched_ddp_buckets(g, ui, bn, bf8) : 0;
-      for (int b = 0; b < nb && g->p->opts.ddp.overlap; b++) /* Megatron-Core's buckets */
-        ddp_reduce(g, mp_sched_ddp_group(g), bn[b], layer, u, after);
-      if (nb == 0 && (!g->ddp || g->p->opts.ddp.overlap)) {
-        ddp_reduce(g, mp_sched_ddp_group(g), ui->numel_tp - ui->numel_expert, layer, u, after);
-        ddp_reduce(g, MP_GROUP_EDP, ui->numel_expert, layer, u, after); /* the experts' bucket */
-      }
-      continue;
-    }
-    if (g->ms->runtime) {
-      rt_reduce_unit(g, layer, u, after);
-      continue;
-    }
-    if (g->pp_fsdp) { /* accumulated; reduced after the chunk's last backward */
-      const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
-      int32_t a = mem(g, MP_OP_ALLOC, MP_MEM_GRADS, BUF_GRAD_ACC, rb, layer, u, MP_STREAM_COMPUTE);
-      if (a >= 0) g->ops[a].when = MP_WHEN_FIRST_MICRO;
-      a = compute(g, MP_KERNEL_COPY, MP_VAR_BWD, -1, ui->numel_tp, 0, 0, 1, (double)ui->numel_tp,
-                  (double)(ui->numel_tp * mp_dtype_bytes(g->param_dtype) + 2 * rb), g->reduce_dtype);
-      if (a >= 0) g->ops[a].unit = u;
-      mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, ui->numel_tp * mp_dtype_bytes(g->param_dtype),
-          layer, u, MP_STREAM_COMPUTE);
-      continue;
-    }
-    const int64_t gb = ui->numel_tp * mp_dtype_bytes(g->param_dtype);
-    const int64_t rb = ui->numel_tp * mp_dtype_bytes(g->reduce_dtype);
-    mem(g, MP_OP_ALLOC, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_COMPUTE);
-    const int32_t in = rs_copy_in(g, ui, g->fsdp1_flat_grad ? 2 * gb : gb + rb, after, MP_WHEN_EVERY_MICRO);
-    mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_UNSHARDED, gb, layer, u, MP_STREAM_COMPUTE);
-    const int32_t from = in >= 0 ? in : after;
-    const int32_t rs = ui->gsize > 1 ? grad_comm(g, MP_COLL_REDUCE_SCATTER, (mp_group)ui->group, rb, layer, u, from) : -1;
-    /* Megatron FSDP's hybrid sharding (--num-distributed-optimizer-instances, dp_replicate
-     * instances; megatron_fsdp.py and param_and_grad_buffer.py at core_v0.14.0,
-     * _bucket_group_gradient_reduce): the bucket is reduce-scattered over the instance's
-     * dp_shard x cp ranks every micro-batch and the result added into the resident
-     * main-gradient shard, which the last micro-batch alone (outer_fsdp_group_grad_reduce on
-     * is_last_microbatch) all-reduces in place across the instances (outer_dp_sharding_strategy
-     * no_shard, the default): the bucket goes once its reduce-scatter is done. Megatron issues
-     * that all-reduce on a stream of its own; here it queues on the reduce stream behind its
-     * reduce-scatter. FSDP2's HSDP all-reduces the reduce-scatter's output every micro-batch
-     * before it is freed. */
-    const int mfsdp = mp_plan_is_megatron_fsdp(g->p);
-    int32_t ar = -1, f = -1;
-    if (mfsdp) f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
-    if (rep_size(g, ui) > 1) {
-      ar = grad_comm(g, MP_COLL_ALL_REDUCE, rep_group(g, ui), shard_bytes(g, ui), layer, u, rs >= 0 ? rs : from);
-      if (ar >= 0 && mfsdp) g->ops[ar].when = MP_WHEN_LAST_MICRO;
-    }
-    if (!mfsdp) f = mem(g, MP_OP_FREE, MP_MEM_TEMP, BUF_GRAD_RS_IN, rb, layer, u, MP_STREAM_REDUCE);
-    add_dep(g, f, mfsdp ? (rs >= 0 ? rs : after) : (ar >= 0 ? ar : rs >= 0 ? rs : after), 0);
+    if (g->ui[u].numel_tp == 0) continue;
+    reduce(g, layer, u, after);
   }
 }
 

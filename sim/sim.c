@@ -302,6 +302,68 @@ mp_status mp_sim_stage_memory_over(mp_ctx *ctx, const mp_plan *p, const mp_sim_c
   return MP_OK;
 }
 
+/* The stage that finishes its step last (the critical one), and that step in *step_s:
+ * each stage's head, its finish on the pipeline timeline, and its tail. */
+static int critical_stage(const mp_sim_stage *const *stage, const double *finish, int pp, double *step_s) {
+  int crit = 0;
+  double step = -1.0;
+  for (int k = 0; k < pp; k++) {
+    const double t = stage[k]->head_s + finish[k] + stage[k]->tail_s;
+    if (t > step) step = t, crit = k;
+  }
+  *step_s = step;
+  return crit;
+}
+
+/* Whether stage k stands for the same simulated stage as an earlier one (under DualPipe
+ * both of its ranks' stages): it holds no more, since a stage's warm-up, and so what it
+ * holds in flight, shrinks with its index. Not so where W steps defer the release: every
+ * stage is walked. */
+static int stage_seen(const mp_plan *p, const mp_sim_stage *const *stage_in, int k) {
+  if (mp_pp_schedule_splits_w(p->opts.pp_schedule)) return 0;
+  const int pp = p->mesh.size[MP_DIM_PP], dual = p->opts.pp_schedule == MP_PP_DUALPIPE;
+  for (int j = 0; j < k; j++)
+    if (stage_in[j] == stage_in[k] && (!dual || stage_in[pp - 1 - j] == stage_in[pp - 1 - k])) return 1;
+  return 0;
+}
+
+/* The stage whose memory peaks highest (*full; stage mem_stage alone when >= 0), and what
+ * its pipeline order holds in flight beyond one micro-batch (*extra_full); each reckoned
+ * stage's peak into cfg->stage_peak_bytes when the caller wants them, so stages that
+ * stand for an earlier one are skipped only when it does not. */
+static mp_status fullest_stage(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
+                               const mp_stack_profile *prof, const mp_sim_stage *const *stage_in,
+                               const mp_sim_stage *const *stage, int mem_stage, int *full,
+                               int64_t *extra_full) {
+  const int pp = p->mesh.size[MP_DIM_PP];
+  int64_t peak = -1;
+  *full = 0;
+  *extra_full = 0;
+  for (int k = 0; k < pp; k++) {
+    if (mem_stage >= 0 && k != mem_stage) continue;
+    if (mem_stage < 0 && cfg->stage_peak_bytes == NULL && stage_seen(p, stage_in, k)) continue;
+    int64_t extra = 0;
+    mp_sim_result m;
+    MP_CHECK(stage_memory(ctx, p, cfg, prof, stage[k], k, &m, &extra));
+    if (cfg->stage_peak_bytes) cfg->stage_peak_bytes[k] = m.peak_mem_bytes;
+    if (m.peak_mem_bytes > peak) peak = m.peak_mem_bytes, *full = k, *extra_full = extra;
+  }
+  return MP_OK;
+}
+
+/* The critical stage c's busy time a micro-batch: its chunks' forwards and backwards
+ * (DualPipe runs each direction's chunk for half the micro-batches), less what the
+ * combined forward and backward steps save over the step (save, mp_sim_pp_combined_save). */
+static double busy_per_micro_s(const mp_plan *p, const mp_sim_stage *c, double save, int64_t n_micro) {
+  const int dual = p->opts.pp_schedule == MP_PP_DUALPIPE;
+  double busy = 0.0;
+  for (int k = 0; k < (dual ? 2 : mp_plan_virtual_stages(p)); k++) busy += c->t.f[k] + c->t.b[k];
+  if (dual) busy /= 2.0;
+  return busy - save / (double)n_micro;
+}
+
+/* The plan's result from its stages' runs on the pipeline timeline: time figures from the
+ * critical stage (critical_stage), memory from the fullest (fullest_stage). */
 mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                  const mp_sim_stage *const *stage_in, int mem_stage,
                                  mp_sim_result *out) {
@@ -322,42 +384,23 @@ mp_status mp_sim_pipeline_result(mp_ctx *ctx, const mp_plan *p, const mp_sim_con
   const mp_pp_stage_times *times[MP_MAX_LAYERS];
   for (int k = 0; k < pp; k++) times[k] = &stage[k]->t;
   const mp_pp_flavor flavor = plan_pp_flavor(p, prof);
-  const int dual = p->opts.pp_schedule == MP_PP_DUALPIPE;
   MP_CHECK(mp_sim_pipeline_ws(ctx, cfg->ws, p->opts.pp_schedule, flavor, pp, v, n_micro, times, finish));
-  int crit = 0, full = 0;
-  double step = -1.0;
-  int64_t peak = -1, extra_full = 0;
-  for (int k = 0; k < pp; k++) {
-    const mp_sim_stage *x = stage[k];
-    const double t = x->head_s + finish[k] + x->tail_s;
-    if (t > step) step = t, crit = k;
-    if (mem_stage >= 0 && k != mem_stage) continue;
-    /* a stage standing for an earlier one (the same simulated stage) holds no more: a
-     * stage's warm-up, and so what it holds in flight, shrinks with its index (not so
-     * where W steps defer the release: every stage is walked) */
-    int seen = 0;
-    for (int j = 0; j < k && !seen && !mp_pp_schedule_splits_w(p->opts.pp_schedule); j++)
-      seen = stage_in[j] == stage_in[k] && (!dual || stage_in[pp - 1 - j] == stage_in[pp - 1 - k]);
-    if (seen && mem_stage < 0 && cfg->stage_peak_bytes == NULL) continue;
-    int64_t extra = 0;
-    mp_sim_result m;
-    MP_CHECK(stage_memory(ctx, p, cfg, prof, x, k, &m, &extra));
-    if (cfg->stage_peak_bytes) cfg->stage_peak_bytes[k] = m.peak_mem_bytes;
-    if (m.peak_mem_bytes > peak) peak = m.peak_mem_bytes, full = k, extra_full = extra;
-  }
+  double step = 0.0;
+  const int crit = critical_stage(stage, finish, pp, &step);
+  int full = 0;
+  int64_t extra_full = 0;
+  MP_CHECK(fullest_stage(ctx, p, cfg, prof, stage_in, stage, mem_stage, &full, &extra_full));
   const mp_sim_stage *c = stage[crit], *f = stage[full];
   *out = c->r;
-  double busy = 0.0, save = 0.0;
+  double save = 0.0;
   /* a combined forward and backward (the EP all-to-all overlap) is busy for less: the
    * communication it hides is no longer exposed (compute slowed beside DeepEP's SMs, a
    * negative saving, is compute). Only the pairs the critical stage's order runs save
    * (the steady state's; the warm-up forwards and cool-down backwards run alone, their
    * all-to-alls exposed), each the smaller of its two chunks' savings, as the timeline runs
-   * them; DualPipe runs each direction's chunk for half the micro-batches */
+   * them */
   MP_CHECK(mp_sim_pp_combined_save(ctx, cfg->ws, p->opts.pp_schedule, flavor, pp, v, n_micro, crit, &c->t, &save));
-  for (int k = 0; k < (dual ? 2 : v); k++) busy += c->t.f[k] + c->t.b[k];
-  if (dual) busy /= 2.0;
-  busy -= save / (double)n_micro;
+  const double busy = busy_per_micro_s(p, c, save, n_micro);
   if (save > 0) out->exposed_comm_s = out->exposed_comm_s > save ? out->exposed_comm_s - save : 0.0;
   else out->compute_s -= save;
   out->step_time_s = step;

@@ -365,48 +365,106 @@ static int step_bounded(const mp_plan *p, const mp_sim_config *cfg, const mp_sim
   return 1;
 }
 
-/* mp_simulate_prepped in cfg->ws. */
+/* One run of mp_simulate_prepped over the selected stages: what one stage's step hands the
+ * next. */
+typedef struct {
+  mp_arena *scratch;  /* where the stages' schedules are built */
+  int reset;          /* scratch is the workspace's arena, reset before each stage */
+  int gate;           /* cfg->memory_first applies (memory_gate) */
+  mp_schedule *last;  /* the last stage's schedule when mtp_precheck built it, else NULL */
+  int over;           /* a stage is over capacity: out holds the plan's verdict */
+  int bounded;        /* a stage's lower bound passed cfg->step_bound_s: out holds it */
+} prepped_run;
+
+/* Whether cfg->memory_first may end the plan at a stage over capacity. The selected stages
+ * are the first of their classes (pick_stages), each reckoned as mp_sim_pipeline_result
+ * reckons it, so one over capacity is the plan's verdict. Not when the caller wants every
+ * stage's peak (stage_peak_bytes), nor under DualPipe, whose ranks hold two stages (one
+ * selected stage's memory is not a rank's). */
+static int memory_gate(const mp_plan *p, const mp_sim_config *cfg, int pp) {
+  return cfg->memory_first && cfg->stage_peak_bytes == NULL &&
+         !(pp > 1 && p->opts.pp_schedule == MP_PP_DUALPIPE);
+}
+
+/* Selected stage i's schedule in run->scratch (reset first when it is the workspace's
+ * arena); the last stage's is the one mtp_precheck built, when it built one. */
+static mp_status run_schedule(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_prep *prep,
+                              prepped_run *run, int i, mp_schedule **s) {
+  if (run->reset) mp_arena_reset(run->scratch);
+  *s = i == prep->n_sel - 1 && run->last ? run->last : NULL;
+  if (*s != NULL) return MP_OK;
+  return stage_schedule(ctx, p, prep, i, run->scratch, s);
+}
+
+/* With multi-token prediction, the last stage judged by its memory alone after stage 0
+ * fits: it holds the MTP modules (DeepSeek-V3 sec. 2.2: a block, and the head and its loss
+ * again) on top of the head and the loss, which puts it over where stage 0 fits often
+ * enough that the pass saves the middle stages' runs; without MTP it is seldom over first,
+ * and the pass would cost the plans that fit more than it saves. Its schedule is built
+ * once, kept in the caller's scratch (run->last) for its stage run, so not where the arena
+ * is reset between stages. */
+static mp_status mtp_precheck(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_prep *prep,
+                              const mp_sim_config *cfg, prepped_run *run, mp_sim_result *out) {
+  const int n = prep->n_sel;
+  if (n <= 1 || run->reset || p->model.mtp_layers <= 0) return MP_OK;
+  MP_CHECK(stage_schedule(ctx, p, prep, n - 1, run->scratch, &run->last));
+  return memory_verdict(ctx, p, prep, n - 1, run->last, cfg, &run->over, out);
+}
+
+/* Before stage 0's time run under the memory gate: stage 0 (without pipeline parallelism
+ * the plan's one stage), which holds the most micro-batches in flight, judged by its memory
+ * alone (memory_verdict), then the MTP stage (mtp_precheck). Most of the search's plans
+ * over capacity are over at stage 0, and need no time run. The other stages are judged by
+ * their stage runs (run_stage): a memory pass before each would cost the plans that fit
+ * more than it saves. */
+static mp_status memory_precheck(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_prep *prep,
+                                 const mp_sim_config *cfg, prepped_run *run, const mp_schedule *s,
+                                 mp_sim_result *out) {
+  MP_CHECK(memory_verdict(ctx, p, prep, 0, s, cfg, &run->over, out));
+  if (run->over) return MP_OK;
+  return mtp_precheck(ctx, p, prep, cfg, run, out);
+}
+
+/* Selected stage i's time run into the workspace's stage runs; then the step bound
+ * (step_bounded: the plan's step is already past cfg->step_bound_s) and, under the memory
+ * gate, the stage's verdict from its run (mp_sim_stage_memory_over). */
+static mp_status run_stage(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_prep *prep,
+                           const mp_sim_config *cfg, prepped_run *run, int i,
+                           const mp_schedule *s, mp_sim_result *out) {
+  mp_sim_stage *x = &cfg->ws->stages[i];
+  MP_CHECK(mp_sim_stage_run(ctx, s, cfg, prep->links[i], x, NULL));
+  run->bounded = step_bounded(p, cfg, x, out);
+  if (run->bounded || !run->gate) return MP_OK;
+  return mp_sim_stage_memory_over(ctx, p, cfg, x, prep->sel[i], &run->over, out);
+}
+
+/* One selected stage of a prepared plan: its schedule, stage 0's memory pre-checks under
+ * the gate, and its stage run unless a pre-check found the plan over capacity. */
+static mp_status simulate_stage(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_prep *prep,
+                                const mp_sim_config *cfg, prepped_run *run, int i,
+                                mp_sim_result *out) {
+  mp_schedule *s = NULL;
+  MP_CHECK(run_schedule(ctx, p, prep, run, i, &s));
+  if (run->gate && i == 0) MP_CHECK(memory_precheck(ctx, p, prep, cfg, run, s, out));
+  if (run->over) return MP_OK;
+  return run_stage(ctx, p, prep, cfg, run, i, s, out);
+}
+
+/* mp_simulate_prepped in cfg->ws: the selected stages in order until one is over capacity
+ * or past the step bound, then the pipeline's result from their runs. */
 static mp_status simulate_prepped_in(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_prep *prep,
                                      const mp_sim_config *cfg, mp_arena *scratch,
                                      mp_sim_result *out) {
   mp_sim_workspace *ws = cfg->ws;
-  const int reset = scratch == NULL;
-  MP_CHECK(schedule_arena(ctx, ws, scratch, &scratch));
+  prepped_run run = {.reset = scratch == NULL};
+  MP_CHECK(schedule_arena(ctx, ws, scratch, &run.scratch));
   const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1, n = prep->n_sel;
+  run.gate = memory_gate(p, cfg, pp);
   mp_status st = stage_room(ctx, ws, (size_t)n, (size_t)pp);
-  /* memory_first: the selected stages are the first of their classes (pick_stages), each
-   * reckoned as mp_sim_pipeline_result reckons it, so one over capacity is the plan's
-   * verdict. Stage 0 (without pipeline parallelism the plan's one stage), which holds the
-   * most micro-batches in flight, is judged first by its memory alone (memory_verdict):
-   * most of the search's plans over capacity are over there, and need no time run. With
-   * multi-token prediction the last stage comes next, also by its memory alone: it holds
-   * the MTP modules (DeepSeek-V3 sec. 2.2: a block, and the head and its loss again) on
-   * top of the head and the loss, which puts it over where stage 0 fits often enough that
-   * the pass saves the middle stages' runs; without MTP it is seldom over first, and the
-   * pass would cost the plans that fit more than it saves. The other stages are judged
-   * by their stage runs (a memory pass before each would cost the plans that fit more than
-   * it saves). The last stage's schedule is built once, kept in scratch for its stage run
-   * (not where the arena is reset between stages). */
-  const int gate = cfg->memory_first && cfg->stage_peak_bytes == NULL &&
-                   !(pp > 1 && p->opts.pp_schedule == MP_PP_DUALPIPE);
-  int over = 0, bounded = 0;
-  mp_schedule *last = NULL;
-  for (int i = 0; i < n && st == MP_OK && !over; i++) {
-    if (reset) mp_arena_reset(scratch);
-    mp_schedule *s = i == n - 1 && last ? last : NULL;
-    if (s == NULL) st = stage_schedule(ctx, p, prep, i, scratch, &s);
-    if (st == MP_OK && gate && i == 0) st = memory_verdict(ctx, p, prep, 0, s, cfg, &over, out);
-    if (st == MP_OK && gate && i == 0 && !over && n > 1 && !reset && p->model.mtp_layers > 0) {
-      st = stage_schedule(ctx, p, prep, n - 1, scratch, &last);
-      if (st == MP_OK) st = memory_verdict(ctx, p, prep, n - 1, last, cfg, &over, out);
-    }
-    if (st == MP_OK && !over) st = mp_sim_stage_run(ctx, s, cfg, prep->links[i], &ws->stages[i], NULL);
-    if (st == MP_OK && !over && (bounded = step_bounded(p, cfg, &ws->stages[i], out)) != 0) break;
-    if (st == MP_OK && gate && !over)
-      st = mp_sim_stage_memory_over(ctx, p, cfg, &ws->stages[i], prep->sel[i], &over, out);
-  }
-  if (st == MP_OK && !over && !bounded) st = finish_plan(ctx, p, cfg, prep->rep, out);
-  if (reset) mp_arena_reset(scratch);
+  for (int i = 0; i < n && st == MP_OK && !run.over && !run.bounded; i++)
+    st = simulate_stage(ctx, p, prep, cfg, &run, i, out);
+  if (st == MP_OK && !run.over && !run.bounded) st = finish_plan(ctx, p, cfg, prep->rep, out);
+  if (run.reset) mp_arena_reset(run.scratch);
   return st;
 }
 
