@@ -107,15 +107,18 @@ mp_status mp_train_stored_plan(train_job *j) {
                     "layers over pp=%d x %d chunks, which they do not divide; plan again with this build",
                     j->plan_id, j->db, (long long)j->model.n_layers, r.pp, po->pp_virtual);
   mp_plan_row_mesh(&r, &j->stored_mesh);
-  char mesh_s[128], ac[32];
+  char mesh_s[128], ac[32], pipe[64] = "no pipeline";
   mp_mesh_format(&j->stored_mesh, mesh_s, sizeof mesh_s);
   if (r.ac == MP_AC_FULL && r.ac_every > 1) snprintf(ac, sizeof ac, "full:%d", r.ac_every);
   else snprintf(ac, sizeof ac, "%s", mp_search_ac_name(r.ac));
+  if (r.pp > 1 && po->pp_virtual > 1) snprintf(pipe, sizeof pipe, "interleaved schedule, %d chunks a stage", po->pp_virtual);
+  else if (r.pp > 1) snprintf(pipe, sizeof pipe, "1f1b schedule");
+  if (r.pp > 1 && r.pp_split) snprintf(pipe + strlen(pipe), sizeof pipe - strlen(pipe), ", embedding and loss in the split");
   snprintf(j->stored_line, sizeof j->stored_line,
            "plan %lld of %s (run %lld: %s on %s, %s profile): mesh %s, micro-batch %lld, ac %s, float8 %s, %s%s",
            j->plan_id, j->db, (long long)r.run_id, run.model, run.cluster, run.gpu, mesh_s,
            (long long)r.micro_batch, ac, r.fp8 ? "on" : "off",
-           r.pp > 1 ? (r.pp_virtual > 1 ? "interleaved schedule" : "1f1b schedule") : "no pipeline",
+           pipe,
            r.tp > 1 ? (r.sp ? ", sp" : ", no sp") : "");
   return MP_OK;
 }

@@ -11,11 +11,14 @@ trains the same settings. Each refusal is one line, exit 2: a missing ID, a miss
 another model, of another world size, a --mesh and a --micro-batch that contradict the plan;
 a --mesh equal to the plan's is accepted.
 
-With `mpi` (2 ranks under mpirun): `plan --gpus 2 --gpu cpu` stores pp=2 and tp=2 plans; each
-trains on its own mesh (the run's printed mesh) with its micro-batch; a --mesh equal to the
-plan's is accepted and another refused naming both; an H100 plan with float8 on pp=2 (which
-`plan --fp8 on --fix pp=2` ranks) is refused by the runtime's rule book (exec/runtime/check.c:
-float8 with pipeline parallelism is not executed), named as the plan's.
+With `mpi` (2 ranks under mpirun): `plan --gpus 2 --gpu cpu` stores pp=2 and tp=2 plans, a
+tiny-moe dp_shard=2 x ep=2 plan and a tiny-moe-pp pp=2 x 2 chunks (interleaved) plan; each
+trains on its own mesh (the run's printed mesh) with its micro-batch and schedule; a --mesh
+equal to the plan's is accepted and another (and a --pp-virtual) refused naming both; a
+Megatron-Core plan with dopt=2 and an H100 plan with float8 on pp=2 (which
+`plan --fp8 on --fix pp=2` ranks) are refused by what the runtime builds and checks (exec/plan.c:
+distributed-optimizer instances need Megatron-LM's DDP; exec/runtime/check.c: float8 with pipeline parallelism is not
+executed), named as the plan's.
 
 Usage: train_plan_id_test.py MESHPLAN [mpi]"""
 import os
@@ -140,6 +143,30 @@ def two_ranks():
     pid = plan_id(db, micro_batch=2, pp=2)
     refused([*TRAIN, "--db", db, "--plan-id", str(pid), "--mesh", "dp_shard=2"],
             f"--mesh dp_shard=2 contradicts plan {pid}'s mesh pp=2", mpirun)
+    # tiny-moe's dp_shard=2 x ep=2 plan with micro-batch 2: 4 / (2 x dp 2) = 1 micro-batch
+    moe = os.path.join(tmp, "moe.db")
+    run("plan", "--model", "tiny-moe", "--gpus", "2", "--gpu", "cpu", "--seq", "16", "--global-batch", "4",
+        "--executable-only", "--top", "0", "--db", moe)
+    pid = plan_id(moe, dp_shard=2, ep=2, micro_batch=2, reshard=0)
+    p = mpirun(["train", "--model", "tiny-moe", "--steps", "2", "--db", moe, "--plan-id", str(pid)])
+    check("on mesh dp_shard=2,ep=2 (2 ranks), ac none, seq 16, micro-batch 2, global batch 4 (1 micro-batch)"
+          in p.stdout, f"tiny-moe plan {pid} on its expert mesh: {p.stdout}{p.stderr}")
+    # tiny-moe-pp (4 layers) interleaved on pp=2 x 2 chunks: the plan's chunks reach the run
+    iv = os.path.join(tmp, "iv.db")
+    run("plan", "--model", "tiny-moe-pp", "--gpus", "2", "--gpu", "cpu", "--seq", "16", "--global-batch", "4",
+        "--executable-only", "--fix", "pp=2,pp_virtual=2", "--top", "0", "--db", iv)
+    pid = plan_id(iv, micro_batch=2)
+    p = mpirun(["train", "--model", "tiny-moe-pp", "--steps", "2", "--db", iv, "--plan-id", str(pid)])
+    check(p.returncode == 0 and "on mesh pp=2 (2 ranks)" in p.stdout and
+          "mesh pp=2, micro-batch 2, ac none, float8 off, interleaved schedule, 2 chunks a stage" in p.stdout,
+          f"tiny-moe-pp's interleaved plan {pid}: {p.stdout}{p.stderr}")
+    refused(["train", "--model", "tiny-moe-pp", "--steps", "1", "--db", iv, "--plan-id", str(pid), "--pp-virtual",
+             "4", "--pp-schedule", "interleaved"], f"--pp-virtual 4 contradicts plan {pid}'s 2", mpirun)
+    # a Megatron-Core plan with 2 distributed-optimizer instances: the runtime runs FSDP
+    dopt = os.path.join(tmp, "dopt.db")
+    run("plan", "--model", "tiny-dense", "--gpus", "2", "--gpu", "h100-sxm", "--stack", "megatron-core", "--seq", "16",
+        "--global-batch", "4", "--mesh", "dp_replicate=2,dopt=2", "--top", "1", "--db", dopt)
+    refused([*TRAIN, "--db", dopt, "--plan-id", "1"], f"plan 1 of {dopt}: dopt=2: distributed-optimizer instances", mpirun)
     h100 = os.path.join(tmp, "h100.db")
     run("plan", "--model", "tiny-dense", "--gpus", "2", "--gpu", "h100-sxm", "--seq", "16", "--global-batch", "4",
         "--fp8", "on", "--fix", "pp=2", "--top", "1", "--db", h100)
