@@ -477,12 +477,13 @@ static mp_status check_executable(train_job *j) {
 static mp_status read_mesh(train_job *j) {
   mp_ctx *ctx = j->ctx;
   const char *mspec = mp_args_get(&k_spec, "--mesh");
-  if (mspec)
+  if (j->plan_id)
+    MP_CHECK(mp_train_stored_mesh(j, mspec));
+  else if (mspec)
     MP_CHECK(mp_mesh_parse(ctx, mspec, 0, &j->mesh));
   else
     mp_mesh_init(&j->mesh);
-  MP_CHECK(mp_cmd_mesh_ep(ctx, &k_spec, &j->mesh));
-  if (j->plan_id) MP_CHECK(mp_train_stored_mesh(j, &j->mesh, mspec || mp_args_has(&k_spec, "--ep")));
+  if (!j->plan_id) MP_CHECK(mp_cmd_mesh_ep(ctx, &k_spec, &j->mesh));
   MP_CHECK(mp_mesh_validate(ctx, &j->mesh));
   if (!j->po.global_batch) j->po.global_batch = j->po.micro_batch * mp_mesh_group_size(&j->mesh, MP_GROUP_DP);
   const mp_status st = check_executable(j);

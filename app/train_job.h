@@ -159,9 +159,9 @@ mp_status mp_train_plan_world(train_job *j, int world, int pin);
  * batch, micro-batch, AC, float8, reshard, SP, pipeline schedule and split) written into
  * j->po, its mesh into j->stored_mesh. One-line errors naming what is wrong (exit 2). */
 mp_status mp_train_stored_plan(train_job *j);
-/* j->mesh = the plan's mesh; a --mesh given (mesh_given) that formats otherwise is refused
- * naming both. */
-mp_status mp_train_stored_mesh(train_job *j, const mp_mesh *given, int mesh_given);
+/* j->mesh = the plan's mesh; a --mesh given (mspec, with --ep) that formats otherwise is
+ * refused naming both, and so is an --ep alone other than the plan's ep. */
+mp_status mp_train_stored_mesh(train_job *j, const char *mspec);
 
 /* train_elastic.c */
 /* train --elastic: launches, watches and restarts the ranks; returns the exit code. */

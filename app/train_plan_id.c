@@ -123,10 +123,17 @@ mp_status mp_train_stored_plan(train_job *j) {
   return MP_OK;
 }
 
-mp_status mp_train_stored_mesh(train_job *j, const mp_mesh *given, int mesh_given) {
-  if (mesh_given) {
+mp_status mp_train_stored_mesh(train_job *j, const char *mspec) {
+  if (!mspec) {
+    long long ep = 0;
+    MP_CHECK(mp_args_int(j->ctx, j->spec, "--ep", 1, MP_MESH_MAX_WORLD, &ep));
+    MP_CHECK(agree(j, "--ep", ep > 0, ep, j->stored_mesh.ep));
+  } else {
+    mp_mesh given;
+    MP_CHECK(mp_mesh_parse(j->ctx, mspec, 0, &given));
+    MP_CHECK(mp_cmd_mesh_ep(j->ctx, j->spec, &given));
     char a[128], b[128];
-    mp_mesh_format(given, a, sizeof a);
+    mp_mesh_format(&given, a, sizeof a);
     mp_mesh_format(&j->stored_mesh, b, sizeof b);
     if (strcmp(a, b) != 0)
       return mp_error(j->ctx, MP_ERR_USAGE, "--mesh %s contradicts plan %lld's mesh %s (%s); drop --mesh to train "

@@ -151,6 +151,10 @@ def two_ranks():
     p = mpirun(["train", "--model", "tiny-moe", "--steps", "2", "--db", moe, "--plan-id", str(pid)])
     check("on mesh dp_shard=2,ep=2 (2 ranks), ac none, seq 16, micro-batch 2, global batch 4 (1 micro-batch)"
           in p.stdout, f"tiny-moe plan {pid} on its expert mesh: {p.stdout}{p.stderr}")
+    p = mpirun(["train", "--model", "tiny-moe", "--steps", "1", "--db", moe, "--plan-id", str(pid), "--ep", "2"])
+    check(p.returncode == 0, f"--ep 2, plan {pid}'s ep, accepted: {p.stdout}{p.stderr}")
+    refused(["train", "--model", "tiny-moe", "--steps", "1", "--db", moe, "--plan-id", str(pid), "--ep", "1"],
+            f"--ep 1 contradicts plan {pid}'s 2", mpirun)
     # tiny-moe-pp (4 layers) interleaved on pp=2 x 2 chunks: the plan's chunks reach the run
     iv = os.path.join(tmp, "iv.db")
     run("plan", "--model", "tiny-moe-pp", "--gpus", "2", "--gpu", "cpu", "--seq", "16", "--global-batch", "4",
