@@ -10,7 +10,8 @@
  * one clear error on every rank and none hangs. --auto runs the planner (executable plans,
  * the device's profile) on every rank for the world size and trains its best plan; with
  * --db the planner run and then every step's measurement are recorded, so `meshplan
- * report` shows predicted beside measured.
+ * report` shows predicted beside measured. --db with --plan-id trains a plan stored there
+ * (its mesh and settings, train_plan_id.c), every rank reading it.
  *
  * The command runs as a sequence of steps over one train_job (run_train, train_job.h): the
  * device, the plan (given, or the planner's), the device and communicator, the runtime
@@ -477,13 +478,15 @@ static mp_status check_executable(train_job *j) {
 static mp_status read_mesh(train_job *j) {
   mp_ctx *ctx = j->ctx;
   const char *mspec = mp_args_get(&k_spec, "--mesh");
-  if (j->plan_id)
+  if (j->plan_id) {
     MP_CHECK(mp_train_stored_mesh(j, mspec));
-  else if (mspec)
-    MP_CHECK(mp_mesh_parse(ctx, mspec, 0, &j->mesh));
-  else
-    mp_mesh_init(&j->mesh);
-  if (!j->plan_id) MP_CHECK(mp_cmd_mesh_ep(ctx, &k_spec, &j->mesh));
+  } else {
+    if (mspec)
+      MP_CHECK(mp_mesh_parse(ctx, mspec, 0, &j->mesh));
+    else
+      mp_mesh_init(&j->mesh);
+    MP_CHECK(mp_cmd_mesh_ep(ctx, &k_spec, &j->mesh));
+  }
   MP_CHECK(mp_mesh_validate(ctx, &j->mesh));
   if (!j->po.global_batch) j->po.global_batch = j->po.micro_batch * mp_mesh_group_size(&j->mesh, MP_GROUP_DP);
   const mp_status st = check_executable(j);
