@@ -10,7 +10,8 @@
  * one clear error on every rank and none hangs. --auto runs the planner (executable plans,
  * the device's profile) on every rank for the world size and trains its best plan; with
  * --db the planner run and then every step's measurement are recorded, so `meshplan
- * report` shows predicted beside measured.
+ * report` shows predicted beside measured. --db with --plan-id trains a plan stored there
+ * (its mesh and settings, train_plan_id.c), every rank reading it.
  *
  * The command runs as a sequence of steps over one train_job (run_train, train_job.h): the
  * device, the plan (given, or the planner's), the device and communicator, the runtime
@@ -104,7 +105,9 @@ static mp_opt k_opts[] = {
     MP_OPT_GPU_OF_DEVICE("the prediction is made for"),
     MP_OPT_DB("that records every step's measurement beside the plan's prediction (without --plan-id the "
               "mesh is predicted and recorded as a one-plan run first)"),
-    {"--plan-id", "ID", "the plan (from meshplan plan --db) the measurements belong to", NULL},
+    {"--plan-id", "ID", "train plan ID of --db (from meshplan plan --db; meshplan report lists them): its mesh, "
+     "micro-batch, AC, float8, SP, pipeline schedule, seq and global batch, for its model and world size; "
+     "options given must agree with it; the measurements are recorded under it", NULL},
     {"--auto", NULL, "plan for the current world size on this device's profile (CPU, or the GPU's) and train "
      "the best executable plan (--ac, --fp8, --micro-batch given constrain it)", NULL},
     MP_OPT_SP,
@@ -382,7 +385,8 @@ static mp_status read_pp_schedule(train_job *j) {
 
 /* The run's request: --db and --plan-id, --profile, --auto (which excludes --mesh and
  * --plan-id), the model, and the plan options over train's defaults (the model's whole
- * context, 4 sequences per micro-batch, one micro-batch per data-parallel rank). */
+ * context, 4 sequences per micro-batch, one micro-batch per data-parallel rank), or the
+ * stored plan's settings with --plan-id. */
 static mp_status read_request(train_job *j) {
   mp_ctx *ctx = j->ctx;
   j->db = mp_args_get(&k_spec, "--db");
@@ -407,6 +411,7 @@ static mp_status read_request(train_job *j) {
   MP_CHECK(mp_runtime_model_check(ctx, &j->model, j->po.seq));
   MP_CHECK(mp_cmd_batch_tokens(ctx, &k_spec, j->po.seq, &j->po.global_batch));
   MP_CHECK(read_pp_schedule(j));
+  if (j->plan_id) MP_CHECK(mp_train_stored_plan(j)); /* the plan's settings over the defaults */
   return mp_model_check_step(ctx, &j->model, j->po.seq, j->po.micro_batch, j->po.global_batch);
 }
 
@@ -467,19 +472,26 @@ static mp_status check_executable(train_job *j) {
 /* The mesh given (--mesh, --ep). Without a plan id, --db predicts it (a planner run pinned
  * to it) so the measurements land next to a prediction; --profile predicts it too
  * (recorded only when the measurements have no plan of their own). */
-/* --mesh and --ep read, checked, and refused when the runtime does not execute them; the
- * global batch defaults to one micro-batch per data-parallel rank. */
+/* --mesh and --ep read (with --plan-id: the plan's mesh, which a mesh given must equal),
+ * checked, and refused when the runtime does not execute them; the global batch defaults to
+ * one micro-batch per data-parallel rank. */
 static mp_status read_mesh(train_job *j) {
   mp_ctx *ctx = j->ctx;
   const char *mspec = mp_args_get(&k_spec, "--mesh");
-  if (mspec)
-    MP_CHECK(mp_mesh_parse(ctx, mspec, 0, &j->mesh));
-  else
-    mp_mesh_init(&j->mesh);
-  MP_CHECK(mp_cmd_mesh_ep(ctx, &k_spec, &j->mesh));
+  if (j->plan_id) {
+    MP_CHECK(mp_train_stored_mesh(j, mspec));
+  } else {
+    if (mspec)
+      MP_CHECK(mp_mesh_parse(ctx, mspec, 0, &j->mesh));
+    else
+      mp_mesh_init(&j->mesh);
+    MP_CHECK(mp_cmd_mesh_ep(ctx, &k_spec, &j->mesh));
+  }
   MP_CHECK(mp_mesh_validate(ctx, &j->mesh));
   if (!j->po.global_batch) j->po.global_batch = j->po.micro_batch * mp_mesh_group_size(&j->mesh, MP_GROUP_DP);
-  return check_executable(j);
+  const mp_status st = check_executable(j);
+  if (st != MP_OK && j->plan_id) mp_error_prefix(ctx, "plan %lld of %s", j->plan_id, j->db);
+  return st;
 }
 
 /* The search pinned to j->mesh and the options given. */
@@ -657,6 +669,7 @@ static void print_start(const train_job *j, int quiet) {
     printf("\n");
     if (dev->cuda) printf("device: cuda %d (%s, profile %s), bf16 compute\n", dev->index, dev->name, dev->gpu);
   }
+  if (j->stored_line[0]) printf("%s\n", j->stored_line);
   if (!pick->found) return;
   char rec[48] = " (not recorded)";
   if (pick->plan_id) snprintf(rec, sizeof rec, " (plan id %lld)", (long long)pick->plan_id);

@@ -1,6 +1,7 @@
 /* meshplan train's run state, shared by its files:
  *   cmd_train.c    the options, the device, the plan (given or the planner's), the
  *                  runtime, the start and summary lines, --profile
+ *   train_plan_id.c --plan-id: the stored plan's mesh and settings
  *   train_elastic.c --elastic: the supervisor that launches the ranks and restarts them on
  *                  fewer after a failure (docs/runtime.md, "Elastic training")
  *   train_loop.c   what a run reads and writes around the steps: the data (training and
@@ -74,6 +75,8 @@ typedef struct train_job {
   long long continue_run; /* the database run a resumed process goes on recording into (rank 0) */
   long long run_id;       /* the database run of plan_id, and when it was created (rank 0) */
   char run_created[32];
+  mp_mesh stored_mesh;     /* --plan-id: the plan's mesh (train_plan_id.c) */
+  char stored_line[512];   /* --plan-id: what the plan is, rank 0's line before the steps */
   int profile, want_auto;
   int eval_only;    /* --eval-only: the restored weights' eval loss, no step */
   mp_model model;
@@ -149,6 +152,16 @@ mp_status mp_train_read(train_job *j);
  * under the options given, its micro-batch, AC and pipeline options written into j->po.
  * The global batch j->po.global_batch is kept; no plan keeping it is MP_ERR_INVALID. */
 mp_status mp_train_plan_world(train_job *j, int world, int pin);
+
+/* train_plan_id.c */
+/* --plan-id: plan j->plan_id's row and run read from j->db; the model and world size checked
+ * against them, the options given beside it checked against the plan, and its settings (seq,
+ * batch, micro-batch, AC, float8, reshard, SP, pipeline schedule and split) written into
+ * j->po, its mesh into j->stored_mesh. One-line errors naming what is wrong (exit 2). */
+mp_status mp_train_stored_plan(train_job *j);
+/* j->mesh = the plan's mesh; a --mesh given (mspec, with --ep) that formats otherwise is
+ * refused naming both, and so is an --ep alone other than the plan's ep. */
+mp_status mp_train_stored_mesh(train_job *j, const char *mspec);
 
 /* train_elastic.c */
 /* train --elastic: launches, watches and restarts the ranks; returns the exit code. */

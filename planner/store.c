@@ -437,7 +437,17 @@ static int ac_code(const char *s, int *every) {
   return -1;
 }
 
-/* One row of the ranked-plans query (mp_store_top_plans) into *r: the plan and its
+/* The columns read_plan reads, plans pl beside its predictions pr (NULL, read as 0, for a
+ * plan never evaluated). */
+#define PLAN_COLS                                                                                          \
+  "pl.id, pl.run_id, pl.idx, coalesce(pl.rank, 0), pl.pp, pl.dp_replicate, pl.dp_shard, pl.cp, pl.tp,"      \
+  " pl.ep, pl.ac, pl.fp8, pl.reshard, pl.evaluated, pl.feasible, pl.micro_batch, pl.sp, pl.pp_virtual,"    \
+  " coalesce(pl.global_batch, 0), pl.pp_split, pl.etp, pl.dopt,"                                          \
+  " coalesce(pl.reject_rule,''), coalesce(pl.reject_reason,''), pr.step_time_s,"                           \
+  " pr.tokens_per_s_per_gpu, pr.mfu, pr.compute_s, pr.exposed_comm_s, pr.bubble_s,"                        \
+  " pr.peak_mem_bytes, pr.capacity_bytes, pr.peak_mem_bytes - coalesce(pr.mem_overhead_bytes, 0)"
+
+/* One row of a plans query (PLAN_COLS) into *r: the plan and its
  * prediction; the measured figures zero. */
 static void read_plan(sqlite3_stmt *q, mp_plan_row *r) {
   memset(r, 0, sizeof *r);
@@ -507,6 +517,28 @@ static int read_measured(sqlite3_stmt *mq, mp_plan_row *r) {
   return SQLITE_DONE;
 }
 
+mp_status mp_store_get_plan(mp_ctx *ctx, mp_store *st, int64_t plan_id, mp_plan_row *out) {
+  sqlite3_stmt *q = NULL;
+  int rc = sqlite3_prepare_v2(conn(st),
+                              "SELECT " PLAN_COLS " FROM plans pl LEFT JOIN predictions pr ON pr.plan_id = pl.id"
+                              " WHERE pl.id=?",
+                              -1, &q, NULL);
+  int found = 0;
+  if (rc == SQLITE_OK) {
+    sqlite3_bind_int64(q, 1, plan_id);
+    rc = sqlite3_step(q);
+    found = rc == SQLITE_ROW;
+    if (found) read_plan(q, out);
+    if (rc == SQLITE_ROW || rc == SQLITE_DONE) rc = SQLITE_OK;
+  }
+  sqlite3_finalize(q);
+  if (rc != SQLITE_OK) return mp_db_err(ctx, st->db, rc, "reading a plan");
+  if (!found)
+    return mp_error(ctx, MP_ERR_NOT_FOUND, "%s has no plan %lld; `meshplan report --db %s` lists the runs and "
+                    "their plans", mp_store_path(st), (long long)plan_id, mp_store_path(st));
+  return MP_OK;
+}
+
 mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t k, mp_arena *a,
                              mp_plan_row **rows, int64_t *n) {
   int64_t count = 0;
@@ -518,17 +550,10 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
   *rows = mp_arena_alloc(a, (size_t)(count > 0 ? count : 1) * sizeof **rows);
   MP_CHECK_ALLOC(ctx, *rows);
   sqlite3_stmt *q = NULL, *mq = NULL;
-  int rc = sqlite3_prepare_v2(
-      conn(st),
-      "SELECT pl.id, pl.run_id, pl.idx, pl.rank, pl.pp, pl.dp_replicate, pl.dp_shard, pl.cp, pl.tp,"
-      " pl.ep, pl.ac, pl.fp8, pl.reshard, pl.evaluated, pl.feasible, pl.micro_batch, pl.sp, pl.pp_virtual,"
-      " coalesce(pl.global_batch, 0), pl.pp_split, pl.etp, pl.dopt,"
-      " coalesce(pl.reject_rule,''), coalesce(pl.reject_reason,''), pr.step_time_s,"
-      " pr.tokens_per_s_per_gpu, pr.mfu, pr.compute_s, pr.exposed_comm_s, pr.bubble_s,"
-      " pr.peak_mem_bytes, pr.capacity_bytes, pr.peak_mem_bytes - coalesce(pr.mem_overhead_bytes, 0)"
-      " FROM plans pl JOIN predictions pr ON pr.plan_id = pl.id"
-      " WHERE pl.run_id=? AND pl.rank IS NOT NULL ORDER BY pl.rank LIMIT ?",
-      -1, &q, NULL);
+  int rc = sqlite3_prepare_v2(conn(st),
+                              "SELECT " PLAN_COLS " FROM plans pl JOIN predictions pr ON pr.plan_id = pl.id"
+                              " WHERE pl.run_id=? AND pl.rank IS NOT NULL ORDER BY pl.rank LIMIT ?",
+                              -1, &q, NULL);
   if (rc == SQLITE_OK)
     rc = sqlite3_prepare_v2(conn(st),
                             "SELECT step_time_s, peak_mem_bytes, tokens_per_s FROM measurements m"

@@ -242,6 +242,9 @@ mp_status mp_store_list_runs(mp_ctx *ctx, mp_store *st, mp_arena *a, mp_run_row 
                              int64_t *n);
 /* MP_ERR_NOT_FOUND when the run does not exist. */
 mp_status mp_store_get_run(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_run_row *out);
+/* Plan plan_id's row and its prediction (0s when it has none), measured figures 0; rank 0
+ * when unranked. MP_ERR_NOT_FOUND naming the database when the plan does not exist. */
+mp_status mp_store_get_plan(mp_ctx *ctx, mp_store *st, int64_t plan_id, mp_plan_row *out);
 /* A run's ranked plans, rank order, at most k (k <= 0: all). */
 mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t k, mp_arena *a,
                              mp_plan_row **rows, int64_t *n);

@@ -732,6 +732,10 @@ std::vector<std::string> ReadBack(mp_store *st, int64_t run, std::vector<std::st
   return out;
 }
 
+// Meshes with an experts' grid (etp) and distributed-optimizer instances (dopt), on 16 ranks.
+const std::vector<std::string> kGridMeshes = {"dp_shard=8,tp=2,ep=4,etp=2", "dp_shard=4,tp=4,ep=8,etp=1",
+                                              "pp=2,dp_replicate=4,tp=2,dopt=2", "dp_shard=16,ep=4"};
+
 // A plan's experts' grid and its distributed-optimizer instances are part of its mesh
 // (exec/mesh.h), so the database keeps them (version 10) and a plan read back is the mesh it
 // was written from. On 16 ranks:
@@ -747,8 +751,7 @@ TEST(Store, ExpertGridAndOptimizerInstancesRoundTrip) {
   mp_ctx_init(&ctx);
   mp_store *st = nullptr;
   ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
-  const std::vector<std::string> specs = {"dp_shard=8,tp=2,ep=4,etp=2", "dp_shard=4,tp=4,ep=8,etp=1",
-                                          "pp=2,dp_replicate=4,tp=2,dopt=2", "dp_shard=16,ep=4"};
+  const std::vector<std::string> &specs = kGridMeshes;
   std::vector<std::string> want;
   for (const auto &spec : specs) {
     mp_mesh m;
@@ -766,6 +769,52 @@ TEST(Store, ExpertGridAndOptimizerInstancesRoundTrip) {
   std::vector<std::string> segments;
   EXPECT_EQ(ReadBack(st, run, &segments), want);
   EXPECT_EQ(segments, want);
+  mp_store_close(st);
+}
+
+// One plan read by its id (mp_store_get_plan, what train --plan-id reads) is the row the
+// ranked list holds for it: its whole mesh (the four meshes above, etp and dopt included),
+// micro-batch and prediction; an unranked plan reads rank 0; an id the file does not hold is
+// MP_ERR_NOT_FOUND naming the file.
+TEST(Store, PlanReadByIdIsItsRankedRow) {
+  const std::string path = FreshDbPath("plan_by_id.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  const std::vector<std::string> &specs = kGridMeshes;
+  const int64_t run = RankedRunOf(st, specs, 16);
+  mp_arena *a = mp_arena_create();
+  mp_plan_row *rows = nullptr;
+  int64_t n = 0;
+  ASSERT_EQ(mp_store_top_plans(&ctx, st, run, 0, a, &rows, &n), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(n, 4);
+  for (int64_t i = 0; i < n; i++) {
+    mp_plan_row r;
+    ASSERT_EQ(mp_store_get_plan(&ctx, st, rows[i].id, &r), MP_OK) << mp_errmsg(&ctx);
+    mp_mesh m;
+    mp_plan_row_mesh(&r, &m);
+    EXPECT_EQ(MeshStr(m), specs[i]); /* each spec formats as written (the test above) */
+    EXPECT_EQ(r.run_id, run);
+    EXPECT_EQ(r.rank, i + 1);
+    EXPECT_EQ(r.micro_batch, 1);
+    EXPECT_EQ(r.step_time_s, (double)(i + 1)); /* RankedRunOf: plan i predicts i + 1 s */
+    EXPECT_EQ(r.pp_virtual, rows[i].pp_virtual);
+    EXPECT_EQ(r.global_batch, rows[i].global_batch);
+  }
+  mp_arena_destroy(a);
+  mp_candidate extra;
+  memset(&extra, 0, sizeof extra);
+  ASSERT_EQ(mp_mesh_parse(&ctx, "tp=4,dp_shard=4", 16, &extra.mesh), MP_OK) << mp_errmsg(&ctx);
+  extra.micro_batch = 2;
+  ASSERT_EQ(mp_store_add_plan(&ctx, st, run, &extra), MP_OK) << mp_errmsg(&ctx);
+  mp_plan_row r;
+  ASSERT_EQ(mp_store_get_plan(&ctx, st, extra.plan_id, &r), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(r.rank, 0);
+  EXPECT_EQ(r.micro_batch, 2);
+  EXPECT_EQ(r.tp * 10 + r.dp_shard, 44);
+  EXPECT_EQ(mp_store_get_plan(&ctx, st, 12345, &r), MP_ERR_NOT_FOUND);
+  EXPECT_NE(std::string(mp_errmsg(&ctx)).find(path + " has no plan 12345"), std::string::npos) << mp_errmsg(&ctx);
   mp_store_close(st);
 }
 
