@@ -156,6 +156,11 @@ typedef enum mp_when {
   MP_WHEN_ONCE /* prologue and optimizer: once per step */
 } mp_when;
 
+/* mp_op.fp8_block: the block-scaled float8 GEMM kernels an op runs (sim/cost.c prices each
+ * kind at its stack's stated speed over bf16) */
+#define MP_FP8_BLOCK_HOPPER 1 /* Hopper's 1x128 / 128x128-scaled kernels (the blockwise recipe) */
+#define MP_FP8_BLOCK_MX 2     /* Blackwell's MXFP8 kernels (1x32 E8M0 scales) */
+
 #define MP_OP_MAX_DEPS 4
 #define MP_DEP_PREV_REP 0x1
 
@@ -216,9 +221,11 @@ typedef struct mp_op {
                         token dispatcher's copy of the routed counts, exec/plan.h
                         mp_moe_host_sync): the GPU stream idles until the host issues the
                         ops from here (sim/cost.c, price_host_issue) */
-  uint8_t fp8_block; /* GEMM: 1 a float8 GEMM on Hopper's block-scaled kernels (the blockwise
-                        recipe's 1x128 and 128x128 scales, shapes.fp8_block_gemm), priced at
-                        the stack's block-scaled rate (sim/cost.c); 0 otherwise */
+  uint8_t fp8_block; /* GEMM: MP_FP8_BLOCK_HOPPER a float8 GEMM on Hopper's block-scaled
+                        kernels (the blockwise recipe's 1x128 and 128x128 scales,
+                        shapes.fp8_block_gemm), MP_FP8_BLOCK_MX one on Blackwell's MXFP8
+                        kernels (1x32 E8M0 scales, shapes.mxfp8_gemm), each priced at the
+                        stack's rate for its kind (sim/cost.c); 0 otherwise */
   uint8_t fp4;       /* GEMM: 1 an NVFP4 GEMM (the nvfp4 recipe's fprop, dgrad and wgrad: E2M1
                         operands, half a byte an element plus an E4M3 scale per 16), priced
                         on the GPU's FP4 tensor cores (sim/cost.c); 0 otherwise */

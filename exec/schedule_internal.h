@@ -232,6 +232,7 @@ typedef struct shapes {
   int f8_held_per_layer;    /* the float8 model weights' transposes live within each forward and
                                backward of their layer (Megatron FSDP, schedule_prep.c) */
   int fp8_block_gemm;       /* the float8 GEMMs run Hopper's block-scaled kernels (schedule_prep.c) */
+  int mxfp8_gemm;           /* the float8 GEMMs run Blackwell's MXFP8 kernels (schedule_prep.c) */
   int fp4_gemm;             /* the float8 Linears' GEMMs run in NVFP4 (the nvfp4 recipe) */
   int nvfp4_rht;            /* NVFP4's random Hadamard transform on the wgrad operands is on */
   int fp8_dpa;              /* the attention core in cuDNN's FP8 kernels (mp_float8_options.dpa) */
@@ -607,7 +608,8 @@ static inline int32_t gemm(gen *g, mp_variant v, int module, double m, int64_t n
                            : mp_gemm_bytes(m, (double)n, (double)k, (double)batch, in_b);
   const int32_t i = compute(g, MP_KERNEL_GEMM, v, module, (int64_t)ceil(m), n, k, batch,
                             2.0 * m * (double)n * (double)k * (double)batch, bytes, dt);
-  if (i >= 0 && g->sh.fp8_block_gemm && f8) g->ops[i].fp8_block = 1;
+  if (i >= 0 && g->sh.fp8_block_gemm && f8) g->ops[i].fp8_block = MP_FP8_BLOCK_HOPPER;
+  if (i >= 0 && g->sh.mxfp8_gemm && f8 && !fp4) g->ops[i].fp8_block = MP_FP8_BLOCK_MX;
   if (i >= 0 && fp4) g->ops[i].fp4 = 1;
   return i;
 }

@@ -112,8 +112,12 @@ static void read_fp8_shapes(const mp_plan *p, shapes *sh) {
    * split accumulator, as the recipe asserts: the block scales enter along K, applied to the
    * fp32 partial sums each 128-deep K block. On Blackwell (cc 10.0 and later) Transformer
    * Engine runs the recipe's GEMMs as MXFP8 instead (NVIDIA/TransformerEngine pull request
-   * 2157), at the float8 rate */
-  sh->fp8_block_gemm = on && sh->fp8_recipe == MP_FP8_BLOCKWISE && p->opts.fp8_opts.gpu_cc < 100;
+   * 2157), the MXFP8 recipe's kernels: cuBLASLt's block-scaled GEMMs with an E8M0 scale per
+   * 32 elements of each operand along K (CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0,
+   * transformer_engine/common/gemm/cublaslt_gemm.cu), priced at the stack's MXFP8 rate */
+  const int blockwise = on && sh->fp8_recipe == MP_FP8_BLOCKWISE;
+  sh->fp8_block_gemm = blockwise && p->opts.fp8_opts.gpu_cc < 100;
+  sh->mxfp8_gemm = (blockwise && p->opts.fp8_opts.gpu_cc >= 100) || (on && sh->fp8_recipe == MP_FP8_MXFP8);
   /* NVFP4BlockScaling quantizes every Linear GEMM's operands (recipe.py v2.9: fwd input,
    * fwd weight, bwd grad): fprop, dgrad and wgrad on the FP4 tensor cores */
   sh->fp4_gemm = on && sh->fp8_recipe == MP_FP8_NVFP4;

@@ -44,7 +44,7 @@ typedef struct op_costs {
   const mp_stack_profile *stack; /* its attention_by_span, where it states one */
   double attn_exp_flops;         /* an exponential's exposed time in FLOPs (attn_exps) */
   double gemm_eff_max, fp8_gemm_eff_max, half_mnk, kernel_overhead_s;
-  double fp8_block_eff_max;      /* block-scaled float8 GEMMs' ceiling (fp8_block_ceiling) */
+  double block_eff_max[3];       /* float8 GEMMs' ceilings by mp_op.fp8_block (block_ceiling) */
   double fp4_peak, fp4_eff_max;  /* NVFP4 GEMMs (mp_op.fp4): the FP4 peak and its ceiling */
   const mp_gemm_table *gemm_table;     /* the stack's by-shape correction (bf16), or NULL */
   const mp_gemm_table *fp8_gemm_table; /* the same for float8 GEMMs, or NULL */
@@ -62,14 +62,12 @@ static double carried_eff(double eff, double ratio) {
   return e > 1.0 ? 1.0 : e;
 }
 
-/* The ceiling of Hopper's block-scaled float8 GEMMs (mp_op.fp8_block) against the fp8
- * peak: the stack's bf16 ceiling (carried to the GPU) times their stated speed over bf16,
- * in the fp8 peak's units, at most the per-tensor float8 ceiling: the block scales are
- * applied to the fp32 partial sums every 128-deep K block on the CUDA cores beside the
- * tensor cores' MMAs, work the per-tensor kernels do not have. None stated: the float8
- * ceiling. */
-static double fp8_block_ceiling(const op_costs *k, const mp_stack_profile *p) {
-  const double r = p->fp8_block_gemm_vs_bf16, f8 = k->peak[MP_DTYPE_FP8_E4M3];
+/* Block-scaled float8 GEMMs' ceiling (mp_op.fp8_block): the stack's bf16 one (carried to the
+ * GPU) x their stated speed over bf16 r x bf16 / fp8 peak, at most the per-tensor one (Hopper's
+ * scale the fp32 partial sums each 128-deep K block, MXFP8's read an E8M0 scale per 32 along
+ * K: work per-tensor kernels do not have). None stated: the per-tensor ceiling. */
+static double block_ceiling(const op_costs *k, double r) {
+  const double f8 = k->peak[MP_DTYPE_FP8_E4M3];
   if (!(r > 0) || !(f8 > 0)) return k->fp8_gemm_eff_max;
   const double e = k->gemm_eff_max * r * k->peak[MP_DTYPE_BF16] / f8;
   return e < k->fp8_gemm_eff_max ? e : k->fp8_gemm_eff_max;
@@ -103,7 +101,9 @@ static void op_costs_init(op_costs *k, const mp_gpu *g, const mp_stack_profile *
   k->attn_exp_flops = mp_gpu_attn_exp_flops(g);
   k->gemm_eff_max = carried_eff(p->gemm_eff_max, sc.gemm);
   k->fp8_gemm_eff_max = carried_eff(p->fp8_gemm_eff_max, sc.fp8_gemm);
-  k->fp8_block_eff_max = fp8_block_ceiling(k, p);
+  k->block_eff_max[0] = k->fp8_gemm_eff_max;
+  k->block_eff_max[MP_FP8_BLOCK_HOPPER] = block_ceiling(k, p->fp8_block_gemm_vs_bf16);
+  k->block_eff_max[MP_FP8_BLOCK_MX] = block_ceiling(k, p->mxfp8_gemm_vs_bf16);
   k->fp4_peak = g->fp4_tflops * 1e12;
   k->fp4_eff_max = fp4_ceiling(k, g);
   k->half_mnk = p->gemm_eff_half_mnk;
@@ -232,7 +232,7 @@ static inline void op_compute_parts(const mp_op *op, const op_costs *k, double *
     double flops = op->flops;
     if (op->grouped) grouped_padding(op, k, &size, &flops);
     launches = grouped_launches(op, k, &size);
-    const double f8_max = op->fp8_block ? k->fp8_block_eff_max : k->fp8_gemm_eff_max;
+    const double f8_max = k->block_eff_max[op->fp8_block <= MP_FP8_BLOCK_MX ? op->fp8_block : 0];
     double eff = (fp8 ? f8_max : k->gemm_eff_max) * size / (size + k->half_mnk);
     const mp_gemm_table *table = fp8 ? k->fp8_gemm_table : k->gemm_table;
     if (fp8 && !k->has_peak[op->dtype]) /* no fp8 units: runs as bf16 (not measured so) */

@@ -82,6 +82,10 @@ typedef struct mp_stack_profile {
    * curve's ceiling is gemm_eff_max x this x the bf16 peak over the fp8 peak, never above
    * fp8_gemm_eff_max (sim/cost.c) */
   double fp8_block_gemm_vs_bf16;
+  /* Blackwell's MXFP8 GEMMs (mp_op.fp8_block MP_FP8_BLOCK_MX: the mxfp8 recipe, and the
+   * blockwise one on Blackwell) the same way (JSON "mxfp8_gemm_vs_bf16", optional, 0 to 4;
+   * 0, the default: at fp8_gemm_eff_max) */
+  double mxfp8_gemm_vs_bf16;
   double attention_eff;      /* flash attention relative to the bf16 peak */
   /* Attention by the span of each call (JSON "attention_by_span", optional): {"span": keys a
    * call attends over, ascending, "fwd" and "bwd": the kernel's measured fraction of the

@@ -180,8 +180,8 @@ static mp_status read_wgrad_accum(mp_ctx *ctx, const cJSON *j, const char *origi
 /* "grouped_gemm_tile_m" and "grouped_gemm_tile_k" (optional, 0..1024; 0: no padding): the
  * tile of the stack's grouped expert GEMMs; "grouped_gemm_streams" (optional, 0..64; 0: one
  * kernel over the experts): the streams its per-expert kernels go round; and
- * "fp8_block_gemm_vs_bf16" (optional, 0..4; 0: none stated): its block-scaled float8 GEMMs'
- * speed over its bf16 ones (sim.h). */
+ * "fp8_block_gemm_vs_bf16" and "mxfp8_gemm_vs_bf16" (optional, 0..4; 0: none stated): its
+ * Hopper block-scaled and its MXFP8 float8 GEMMs' speed over its bf16 ones (sim.h). */
 static mp_status read_grouped_tile(mp_ctx *ctx, const cJSON *j, const char *origin, mp_stack_profile *p) {
   p->grouped_tile_m = p->grouped_tile_k = p->grouped_streams = 0;
   MP_CHECK(mp_json_get_int(ctx, j, origin, "grouped_gemm_tile_m", 0, &p->grouped_tile_m));
@@ -190,9 +190,11 @@ static mp_status read_grouped_tile(mp_ctx *ctx, const cJSON *j, const char *orig
   MP_CHECK(mp_check_i64(ctx, origin, "grouped_gemm_tile_k", p->grouped_tile_k, 0, 1024));
   MP_CHECK(mp_json_get_int(ctx, j, origin, "grouped_gemm_streams", 0, &p->grouped_streams));
   MP_CHECK(mp_check_i64(ctx, origin, "grouped_gemm_streams", p->grouped_streams, 0, 64));
-  p->fp8_block_gemm_vs_bf16 = 0.0;
+  p->fp8_block_gemm_vs_bf16 = p->mxfp8_gemm_vs_bf16 = 0.0;
   MP_CHECK(mp_json_get_f64(ctx, j, origin, "fp8_block_gemm_vs_bf16", 0, &p->fp8_block_gemm_vs_bf16));
-  return mp_check_f64(ctx, origin, "fp8_block_gemm_vs_bf16", p->fp8_block_gemm_vs_bf16, 0, 4, MP_RANGE_CLOSED);
+  MP_CHECK(mp_check_f64(ctx, origin, "fp8_block_gemm_vs_bf16", p->fp8_block_gemm_vs_bf16, 0, 4, MP_RANGE_CLOSED));
+  MP_CHECK(mp_json_get_f64(ctx, j, origin, "mxfp8_gemm_vs_bf16", 0, &p->mxfp8_gemm_vs_bf16));
+  return mp_check_f64(ctx, origin, "mxfp8_gemm_vs_bf16", p->mxfp8_gemm_vs_bf16, 0, 4, MP_RANGE_CLOSED);
 }
 
 /* "graph_kernel_overhead_us" and "host_launch_us" (optional, 0..MP_LIM_OVERHEAD_US): -1 s

@@ -27,6 +27,7 @@ struct LinearOps {
   std::vector<mp_dtype> cast_dtypes;
   int gemms = 0;
   int block_gemms = 0;  // GEMMs marked to run Hopper's block-scaled kernels (mp_op.fp8_block)
+  int mx_gemms = 0;     // GEMMs marked to run Blackwell's MXFP8 kernels (the same field)
   int fp4_gemms = 0;    // GEMMs marked to run on the FP4 tensor cores (mp_op.fp4)
   std::vector<double> gemm_bytes;
   std::vector<int64_t> fp8_allocs;
@@ -47,7 +48,8 @@ LinearOps Of(const mp_schedule *s, int module, mp_phase phase) {
         r.cast_dtypes.push_back((mp_dtype)op->dtype);
       }
       r.gemms += op->kernel == MP_KERNEL_GEMM;
-      r.block_gemms += op->kernel == MP_KERNEL_GEMM && op->fp8_block;
+      r.block_gemms += op->kernel == MP_KERNEL_GEMM && op->fp8_block == MP_FP8_BLOCK_HOPPER;
+      r.mx_gemms += op->kernel == MP_KERNEL_GEMM && op->fp8_block == MP_FP8_BLOCK_MX;
       r.fp4_gemms += op->kernel == MP_KERNEL_GEMM && op->fp4;
       if (op->kernel == MP_KERNEL_GEMM) r.gemm_bytes.push_back(op->bytes);
     }
@@ -134,8 +136,9 @@ TEST(Fp8Layout, BlockwiseGemmsRunBlockScaledOnHopperOnly) {
   // pass: 2 + 2 x (1 + 4/128) bytes an element of o's weight and input. On the H100 (9.0)
   // all three of o's float8 GEMMs (forward, input and weight gradient) are cuBLASLt's
   // block-scaled kernels (Float8BlockScaling, VEC128 and BLK128x128 scale modes); on the
-  // B200 (10.0) Transformer Engine runs them as MXFP8, none marked; under delayed scaling
-  // none on either GPU.
+  // B200 (10.0) Transformer Engine runs them as MXFP8 (pull request 2157), all three marked
+  // MXFP8 and none Hopper's kind, as under the mxfp8 recipe; under delayed scaling none of
+  // either kind on either GPU.
   Built h, bw, d;
   BuildOn(&h, 90, MP_FP8_BLOCKWISE);
   BuildOn(&bw, 100, MP_FP8_BLOCKWISE);
@@ -147,8 +150,15 @@ TEST(Fp8Layout, BlockwiseGemmsRunBlockScaledOnHopperOnly) {
   EXPECT_EQ(hf.block_gemms, 1);
   EXPECT_EQ(hb.gemms, 2);
   EXPECT_EQ(hb.block_gemms, 2);
-  EXPECT_EQ(Of(bw.s, MP_MOD_O, MP_PHASE_FORWARD).block_gemms + Of(bw.s, MP_MOD_O, MP_PHASE_BACKWARD).block_gemms, 0);
-  EXPECT_EQ(Of(d.s, MP_MOD_O, MP_PHASE_FORWARD).block_gemms + Of(d.s, MP_MOD_O, MP_PHASE_BACKWARD).block_gemms, 0);
+  EXPECT_EQ(hf.mx_gemms + hb.mx_gemms, 0);
+  const LinearOps bf = Of(bw.s, MP_MOD_O, MP_PHASE_FORWARD), bb = Of(bw.s, MP_MOD_O, MP_PHASE_BACKWARD);
+  EXPECT_EQ(bf.block_gemms + bb.block_gemms, 0);
+  EXPECT_EQ(bf.mx_gemms + bb.mx_gemms, 3);
+  Built mx;
+  BuildOn(&mx, 100, MP_FP8_MXFP8);
+  EXPECT_EQ(Of(mx.s, MP_MOD_O, MP_PHASE_FORWARD).mx_gemms + Of(mx.s, MP_MOD_O, MP_PHASE_BACKWARD).mx_gemms, 3);
+  const LinearOps df = Of(d.s, MP_MOD_O, MP_PHASE_FORWARD), db = Of(d.s, MP_MOD_O, MP_PHASE_BACKWARD);
+  EXPECT_EQ(df.block_gemms + db.block_gemms + df.mx_gemms + db.mx_gemms, 0);
 }
 
 TEST(Fp8Layout, GpuFunctionFollowsTransformerEngine) {
@@ -172,7 +182,7 @@ TEST(Fp8Layout, Nvfp4QuantizesEveryGemmsOperands) {
   // row-wise quantize (2 + 0.5625) and the column-wise copy through the random Hadamard
   // transform, which reads the input again (2 + 0.5625): 7.125 bytes an element of T x H. The
   // output gradient in backward the same 7.125 (stochastic rounding inside that kernel), no
-  // transposed copy. All three GEMMs are NVFP4 (fp4), none Hopper's block-scaled kind.
+  // transposed copy. All three GEMMs are NVFP4 (fp4), none of the float8 block-scaled kinds.
   Built b;
   BuildOn(&b, 100, MP_FP8_NVFP4);
   const double w = 2 + 2 + 2 * 0.5625, a = 2 + 2 + 0.5625 + 2 + 0.5625;
@@ -183,7 +193,7 @@ TEST(Fp8Layout, Nvfp4QuantizesEveryGemmsOperands) {
   EXPECT_EQ(bw.gemms, 2);
   EXPECT_EQ(f.fp4_gemms, 1);
   EXPECT_EQ(bw.fp4_gemms, 2);
-  EXPECT_EQ(f.block_gemms + bw.block_gemms, 0);
+  EXPECT_EQ(f.block_gemms + bw.block_gemms + f.mx_gemms + bw.mx_gemms, 0);
   // The forward GEMM reads its NVFP4 operands, (T + H) x H x 0.5625 bytes, and writes the bf16
   // output, T x H x 2.
   EXPECT_EQ(f.gemm_bytes, (std::vector<double>{(T + H) * H * 0.5625 + T * H * 2}));

@@ -1,6 +1,8 @@
-// Hopper's block-scaled float8 GEMMs (mp_op.fp8_block: Transformer Engine's blockwise recipe,
-// 1x128 and 128x128 scales on cuBLASLt's VEC128 and BLK128x128 modes) priced at the stack's
-// stated speed over its bf16 GEMMs (fp8_block_gemm_vs_bf16, sim/cost.c), each time by hand.
+// Hopper's block-scaled float8 GEMMs (mp_op.fp8_block MP_FP8_BLOCK_HOPPER: Transformer Engine's
+// blockwise recipe, 1x128 and 128x128 scales on cuBLASLt's VEC128 and BLK128x128 modes) and
+// Blackwell's MXFP8 ones (MP_FP8_BLOCK_MX: an E8M0 scale per 32, VEC32_UE8M0) priced at the
+// stack's stated speed of each over its bf16 GEMMs (fp8_block_gemm_vs_bf16,
+// mxfp8_gemm_vs_bf16, sim/cost.c), each time by hand.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -15,13 +17,14 @@
 namespace {
 
 // round_figures.h's stack with GEMMs at 0.6 of the bf16 peak and 0.62 of the float8 peak at
-// every size (half_mnk 0), HBM at half its rate, no launch overhead; block-scaled float8 GEMMs
-// at vs_bf16 times its bf16 ones (0: none stated).
-mp_stack_profile Stack(double vs_bf16) {
+// every size (half_mnk 0), HBM at half its rate, no launch overhead; Hopper's block-scaled
+// float8 GEMMs at vs_bf16 times its bf16 ones and MXFP8 ones at mx_vs_bf16 (0: none stated).
+mp_stack_profile Stack(double vs_bf16, double mx_vs_bf16 = 0) {
   mp_stack_profile p = Profile();
   p.gemm_eff_max = 0.6;
   p.fp8_gemm_eff_max = 0.62;
   p.fp8_block_gemm_vs_bf16 = vs_bf16;
+  p.mxfp8_gemm_vs_bf16 = mx_vs_bf16;
   return p;
 }
 
@@ -79,18 +82,41 @@ TEST(Fp8BlockCost, NeverFasterThanPerTensorAndAbsentIsPerTensor) {
   EXPECT_NEAR(mp_sim_compute_op_s(&bf, &g, &p), kFlops / (1e15 * 0.6), 1e-12);
 }
 
+TEST(Fp8BlockCost, Mxfp8AtItsOwnSpeedOverBf16) {
+  // mxfp8_gemm_vs_bf16 1.83 (Transformer Engine's B300 benchmark, 13.102 / 7.161 ms): a
+  // ceiling of 0.6 x 1.83 x 1000 / 2000 = 0.549 of the float8 peak, 1.099511627776e12 /
+  // (2e15 x 0.549) = 1001.377 us, and bf16 / MXFP8 = 1832.519 / 1001.377 = 1.83; the Hopper
+  // key (1.549 here) prices only Hopper's kind, 0.6 x 1.549 / 2 = 0.4647, and leaves the MXFP8
+  // GEMM alone, as the MXFP8 key leaves the per-tensor one at 0.62.
+  const mp_gpu g = Gpu();
+  const mp_stack_profile p = Stack(1.549, 1.83);
+  const mp_op mx = Gemm(MP_DTYPE_FP8_E4M3, MP_FP8_BLOCK_MX), blk = Gemm(MP_DTYPE_FP8_E4M3, MP_FP8_BLOCK_HOPPER);
+  const mp_op f8 = Gemm(MP_DTYPE_FP8_E4M3, 0), bf = Gemm(MP_DTYPE_BF16, 0);
+  EXPECT_NEAR(mp_sim_compute_op_s(&mx, &g, &p), kFlops / (2e15 * 0.549), 1e-12);
+  EXPECT_NEAR(mp_sim_compute_op_s(&bf, &g, &p) / mp_sim_compute_op_s(&mx, &g, &p), 1.83, 1e-12);
+  EXPECT_NEAR(mp_sim_compute_op_s(&blk, &g, &p), kFlops / (2e15 * 0.4647), 1e-12);
+  EXPECT_NEAR(mp_sim_compute_op_s(&f8, &g, &p), kFlops / (2e15 * 0.62), 1e-12);
+  // no MXFP8 key: the per-tensor ceiling, whatever the Hopper key; a faster stated MXFP8
+  // speed (2.2x, 0.66) is capped at the per-tensor 0.62
+  const mp_stack_profile none = Stack(1.549, 0), fast = Stack(0, 2.2);
+  EXPECT_NEAR(mp_sim_compute_op_s(&mx, &g, &none), kFlops / (2e15 * 0.62), 1e-12);
+  EXPECT_NEAR(mp_sim_compute_op_s(&mx, &g, &fast), kFlops / (2e15 * 0.62), 1e-12);
+}
+
 TEST(Fp8BlockCost, KeyOutOfRangeIsRefused) {
-  for (const char *v : {"4.5", "-1"}) {
-    char text[512];
-    snprintf(text, sizeof text,
-             "{\"name\": \"t\", \"gemm_eff_max\": 0.6, \"gemm_eff_half_mnk\": 0, \"fp8_gemm_eff_max\": 0.62,"
-             " \"attention_eff\": 0.5, \"hbm_eff\": 1.0, \"link_eff\": 1.0, \"kernel_overhead_us\": 0,"
-             " \"comm_overhead_us\": 0, \"frag_factor\": 1.0, \"source\": \"t\", \"fp8_block_gemm_vs_bf16\": %s}",
-             v);
-    mp_ctx ctx;
-    mp_ctx_init(&ctx);
-    mp_stack_profile p;
-    EXPECT_EQ(mp_stack_from_text(&ctx, text, "t", &p), MP_ERR_INVALID) << v;
-    EXPECT_NE(std::string(mp_errmsg(&ctx)).find("fp8_block_gemm_vs_bf16"), std::string::npos) << mp_errmsg(&ctx);
+  for (const char *key : {"fp8_block_gemm_vs_bf16", "mxfp8_gemm_vs_bf16"}) {
+    for (const char *v : {"4.5", "-1"}) {
+      char text[512];
+      snprintf(text, sizeof text,
+               "{\"name\": \"t\", \"gemm_eff_max\": 0.6, \"gemm_eff_half_mnk\": 0, \"fp8_gemm_eff_max\": 0.62,"
+               " \"attention_eff\": 0.5, \"hbm_eff\": 1.0, \"link_eff\": 1.0, \"kernel_overhead_us\": 0,"
+               " \"comm_overhead_us\": 0, \"frag_factor\": 1.0, \"source\": \"t\", \"%s\": %s}",
+               key, v);
+      mp_ctx ctx;
+      mp_ctx_init(&ctx);
+      mp_stack_profile p;
+      EXPECT_EQ(mp_stack_from_text(&ctx, text, "t", &p), MP_ERR_INVALID) << v;
+      EXPECT_NE(std::string(mp_errmsg(&ctx)).find(key), std::string::npos) << mp_errmsg(&ctx);
+    }
   }
 }

@@ -479,6 +479,23 @@ TEST(Stacks, MegatronCoreBlockScaledRatio) {
   EXPECT_NEAR(mc.fp8_block_gemm_vs_bf16, 32.014 / (22.882 - q_block), 5e-4);
 }
 
+TEST(Stacks, MegatronCoreMxfp8Ratio) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_stack_profile mc;
+  ASSERT_EQ(mp_stack_load(&ctx, "megatron-core", &mc), MP_OK);
+  // Blackwell's MXFP8 GEMMs from the same benchmark's B300 runs (gemm_profiling.rst,
+  // 1609c890e, 'Worked Example: 5B Model on B300', pre-quantized mode): the twelve GEMMs of a
+  // layer take 13.102 ms in bf16 and 7.161 ms as MXFP8 GEMMs on pre-quantized operands (fprop
+  // 4.250 / 2.365, dgrad 4.434 / 2.397, wgrad 4.418 / 2.400 ms), the kernels alone: 1.830x.
+  EXPECT_NEAR(mc.mxfp8_gemm_vs_bf16, 13.102 / 7.161, 5e-4);
+  // Hopper's block-scaled kind keeps its own figure; the other stacks state no MXFP8 speed
+  EXPECT_NEAR(mc.fp8_block_gemm_vs_bf16, 1.549, 1e-12);
+  mp_stack_profile tt;
+  ASSERT_EQ(mp_stack_load(&ctx, "torchtitan-compile", &tt), MP_OK);
+  EXPECT_EQ(tt.mxfp8_gemm_vs_bf16, 0.0);
+}
+
 // The SMs the stacks' collectives hold: megatron-core runs Transformer Engine's userbuffers
 // reduce-scatter on 16 SMs (ub_sms, which needs tp_comm_overlap) and prices NCCL's channels;
 // megatron-lm (the 2021-22 code of its fit rows, no overlapped collective) neither.
