@@ -107,11 +107,10 @@ mp_status mp_rule_etp_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_opti
   if (mesh->ep <= 1 && etp != tp)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "etp=%d without EP (ep=1) is modelled with etp = tp = %d only; "
                     "set etp=%d, ep > 1 or etp=1", etp, tp, tp);
-  if (mp_moe_dispatch_by_node(o->moe_dispatcher))
-    return mp_error(ctx, MP_ERR_UNSUPPORTED,
-                    "etp=%d with the DeepEP/HybridEP dispatcher is not modelled (Megatron-Core's flex "
-                    "dispatcher sends each token to every expert-TP rank of its expert); use the "
-                    "all-to-all dispatcher or etp=1", etp);
+  /* the flex dispatcher (DeepEP, HybridEP) takes any etp: MoEFlexTokenDispatcher asserts
+   * only expert-TP x EP > 1 (token_dispatcher.py, core_v0.14.0 and core_v0.19.0), which
+   * ep > 1 (moe_overlap_check) meets; its dispatch sends a token to every expert-TP rank of
+   * its expert (mp_sched_flex_etp, exec/schedule_ops.c) */
   if (o->mem_model == MP_MEM_MODEL_TORCHTITAN && etp != tp)
     return mp_error(ctx, MP_ERR_INVALID,
                     "etp=%d with tp=%d: torchtitan supports expert_tensor_parallel_degree 1 or tp only "

@@ -680,7 +680,8 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
           mesh.size[MP_DIM_CP] = cp;
           mesh.size[MP_DIM_TP] = tp;
           for (int ep = 1; ep <= dps && st == MP_OK; ep++) {
-            if (dps % ep || (!moe && ep > 1) || (dopt > 1 && ep > 1) || !fixed_ok(fx->ep, ep) || !fixed_ok(fx->etp, 0))
+            if (dps % ep || (!moe && ep > 1) || (dopt > 1 && ep > 1) || !fixed_ok(fx->ep, ep) || !fixed_ok(fx->etp, 0) ||
+                (cfg->ep_only && ep <= 1))
               continue;
             mesh.ep = ep;
             mesh.etp = 0;
