@@ -195,14 +195,29 @@ TEST(Network, AllToAllAcrossNodesBoundByNic) {
   EXPECT_NEAR(mp_sim_alltoall_s(b, &l, 1.0, 0.0, 0.0), 7.0 / 8.0 * b / 100e9 + 7 * 2e-6, 1e-12);
 }
 
-TEST(Network, DeepEpSendsATokenOncePerRemoteNode) {
-  // DeepSeek-V3 on EP 64 over 8 nodes of 8: 256 experts, 32 a node, top 8.
+namespace {
+
+// An EP link of n members, per_node a node over `nodes` nodes (no bandwidth: the shares only),
+// and a model routing top_k of `experts`.
+mp_sim_link ShareLink(int n, int per_node, int nodes) {
   mp_sim_link l;
   memset(&l, 0, sizeof l);
-  l.n = 64, l.per_node = 8, l.nodes = 8;
+  l.n = n, l.per_node = per_node, l.nodes = nodes;
+  return l;
+}
+mp_model Routing(int64_t experts, int64_t top_k) {
   mp_model m;
   memset(&m, 0, sizeof m);
-  m.n_experts = 256, m.top_k = 8;
+  m.n_experts = experts, m.top_k = top_k;
+  return m;
+}
+
+}  // namespace
+
+TEST(Network, DeepEpSendsATokenOncePerRemoteNode) {
+  // DeepSeek-V3 on EP 64 over 8 nodes of 8: 256 experts, 32 a node, top 8.
+  mp_sim_link l = ShareLink(64, 8, 8);
+  mp_model m = Routing(256, 8);
   double nic, nvl;
   // NCCL's all-to-all: every copy to a rank of another node crosses the NIC, 56/64.
   mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_ALLTOALL, &nic, &nvl);
@@ -250,12 +265,8 @@ TEST(Network, DeepEpSendsATokenOncePerRemoteNode) {
 // all-to-all dispatcher 8,192 x 3/4 = 6,144 B in its EP all-to-all and 16,384 / 2 = 8,192 B
 // received in its ETP all-gather, 14,336 B.
 TEST(SimCore, FlexDispatchSharesUnderExpertTp) {
-  mp_sim_link l;
-  memset(&l, 0, sizeof l);
-  l.n = 4, l.per_node = 4, l.nodes = 1;
-  mp_model m;
-  memset(&m, 0, sizeof m);
-  m.n_experts = 8, m.top_k = 2;
+  mp_sim_link l = ShareLink(4, 4, 1);
+  mp_model m = Routing(8, 2);
   double nic, nvl;
   mp_sim_ep_shares_etp(&l, &m, MP_MOE_DISPATCH_DEEPEP, 2, &nic, &nvl);
   EXPECT_DOUBLE_EQ(nic, 0.0);
@@ -273,8 +284,8 @@ TEST(SimCore, FlexDispatchSharesUnderExpertTp) {
   // network copy goes once to the other node when it holds one of the token's experts, as
   // at etp 1, now of twice the bytes (half the share); NVLink carries every copy but those
   // landing where they arrive, 7/8 of the node's 8 expert-TP x EP ranks (3/4 at etp 1)
-  l.n = 8, l.per_node = 4, l.nodes = 2;
-  m.n_experts = 256, m.top_k = 8;
+  l = ShareLink(8, 4, 2);
+  m = Routing(256, 8);
   double nic2, nvl2;
   mp_sim_ep_shares_etp(&l, &m, MP_MOE_DISPATCH_DEEPEP, 1, &nic, &nvl);
   mp_sim_ep_shares_etp(&l, &m, MP_MOE_DISPATCH_DEEPEP, 2, &nic2, &nvl2);
