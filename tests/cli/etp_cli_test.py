@@ -143,6 +143,11 @@ for d, sent, gathered in (("alltoall", 16384, 32768), ("deepep", 32768, 0), ("hy
     mo = json.loads(p.stdout).get("routed_experts", {}) if p.returncode == 0 else {}
     check((mo.get("dispatch_rows"), mo.get("etp_gather_rows"), mo.get("experts_local"), mo.get("rows_per_expert")) ==
           (sent, gathered, 32, 1024), f"explain --moe-dispatcher {d}: routed_experts {mo}")
+# the rows DeepEP delivers are those the all-to-all dispatcher's etp all-gather makes, the
+# experts' saved input either way: the same peak memory
+peaks = [simulate(flex + ["--moe-dispatcher", d]) for d in ("alltoall", "deepep")]
+check(all(peaks) and peaks[0]["peak_mem_bytes"] == peaks[1]["peak_mem_bytes"],
+      f"peak memory under deepep and etp 2 differs from the all-to-all's: {[p and p['peak_mem_bytes'] for p in peaks]}")
 # Megatron-LM's arguments for it: written and read back (the flex dispatcher with etp 2)
 _, text = emit_round_trip("megatron", flex + ["--moe-dispatcher", "deepep"], "16",
                           "--moe-token-dispatcher-type flex\n--moe-enable-deepep\n")

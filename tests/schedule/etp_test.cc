@@ -161,13 +161,15 @@ TEST(Etp, MegatronGathersAndScattersOverExpertTp) {
 // The experts' GEMMs are the same under both: 8 ranks x 32 tokens x 2 = 512 (token, expert)
 // pairs over 8 experts, 64 rows an expert, each expert-TP rank of its group running all 64
 // through its 32 / 2 = 16 gate columns: [64, 64] x [64, 16], batch 8 / 4 = 2 local experts,
-// one grouped GEMM a layer.
+// one grouped GEMM a layer, and every other op the same: the step's FLOPs are equal.
 TEST(Etp, FlexDispatcherSendsToEachExpertTpRank) {
   const char *mesh = "dp_replicate=4,tp=2,ep=4,etp=2";
   Built a2a;
   Build(&a2a, TinyMoe(mesh, MP_MEM_MODEL_MEGATRON, 4));
   ExpectTinyMoeExchange(a2a.s);
   ExpectGate(GateFwd(a2a.s), {64, 16, 64, 2, 2});
+  mp_schedule_totals ta;
+  mp_schedule_totals_compute(a2a.s, &ta);
   for (mp_moe_dispatcher d : {MP_MOE_DISPATCH_DEEPEP, MP_MOE_DISPATCH_HYBRIDEP}) {
     SCOPED_TRACE(d);
     Built flex;
@@ -180,6 +182,7 @@ TEST(Etp, FlexDispatcherSendsToEachExpertTpRank) {
     EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 131072.0);
     EXPECT_EQ(EtpCollectives(flex.s), 0);
     ExpectGate(GateFwd(flex.s), {64, 16, 64, 2, 2});
+    EXPECT_DOUBLE_EQ(t.flops, ta.flops);
   }
   // etp 1 under DeepEP: one copy a (token, expert), 65,536 B, as the all-to-all's
   Built one;

@@ -272,6 +272,9 @@ TEST(SimCore, FlexDispatchSharesUnderExpertTp) {
   EXPECT_DOUBLE_EQ(nic, 0.0);
   EXPECT_NEAR(nvl, 13.0 / 16.0, 1e-12);
   EXPECT_NEAR(16384.0 * nvl, 13312.0, 1e-9);
+  // on H100's 450 GB/s NVLink at efficiency 1 and 2 us a step: 13,312 B / 450e9 + one step
+  l.intra_GBps = 450, l.lat_s = 2e-6;
+  EXPECT_NEAR(mp_sim_deepep_s(16384.0, &l, 1.0, nic, nvl), 13312.0 / 450e9 + 2e-6, 1e-15);
   mp_sim_ep_shares_etp(&l, &m, MP_MOE_DISPATCH_DEEPEP, 1, &nic, &nvl);
   EXPECT_NEAR(nvl, 39.0 / 56.0, 1e-12);
   double nvl1;
