@@ -472,6 +472,9 @@ row 2 "--moe-router-score-function sigmoid: meshplan's router takes a softmax" s
 row 2 "--moe-layer-freq ([0]*3+[1]*28): an integer or a pattern of 0s and 1s, one a layer (32)" simulate --gpus 8 "--from-args=$mx --moe-layer-freq ([0]*3+[1]*28)"
 row 2 "--moe-layer-freq [0,2]: an integer or a pattern" simulate --gpus 8 "--from-args=$mx --moe-layer-freq [0,2]"
 row 2 "--moe-ffn-hidden-size disagrees with --model mixtral-8x7b" simulate --gpus 8 --model mixtral-8x7b "--from-args=$mx --moe-ffn-hidden-size 4096"
+# the flex dispatcher takes etp > 1, but HybridEP's rank budget (the rank's own tokens x top_k x
+# C_r, core_v0.19.0 _HybridEPManager) against etp x those rows received is refused by name
+row 2 "etp=2 with HybridEP's rank capacity 1.5 is not modelled" simulate --model qwen3-30b-a3b --gpus 16 --mesh dp_replicate=8,tp=2,ep=4,etp=2 --seq 4096 --global-batch 64 --stack megatron-core --moe-dispatcher hybridep --moe-expert-rank-capacity-factor 1.5
 row 2 "--from: meshplan plan searches the dispatchers without their overlap" plan --no-db --gpus 8 "--from-args=${mx/--moe-token-dispatcher-type alltoall/--moe-token-dispatcher-type flex --moe-enable-deepep} --overlap-moe-expert-parallel-comm"
 row 2 "--recompute-granularity full --recompute-method block" simulate --gpus 8 "--from-args=$mg --recompute-granularity full --recompute-method block --recompute-num-layers 2"
 row 2 "recompute module moe: model" simulate --gpus 8 "--from-args=$mg --recompute-granularity selective --recompute-modules core_attn moe"
