@@ -112,7 +112,15 @@ mp_status mp_rule_etp_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_opti
    * ep > 1 (moe_overlap_check) meets; its dispatch sends a token to every expert-TP rank of
    * its expert (mp_sched_flex_etp, exec/schedule_ops.c). HybridEP's rank capacity is refused
    * there: its budget is the rank's own tokens x moe_router_topk x C_r (core_v0.19.0
-   * _HybridEPManager.setup_metadata), while each expert-TP rank receives etp x those rows */
+   * _HybridEPManager.setup_metadata), while each expert-TP rank receives etp x those rows;
+   * so is padding to capacity: DeepEP's refuses it (transformer_config.py core_v0.14.0: "Flex
+   * token dispatcher does not support moe_pad_expert_input_to_capacity"), HybridEP's
+   * drop_and_pad sizes each expert's capacity over its etp x E expanded experts (core_v0.19.0) */
+  if (mp_moe_dispatch_by_node(o->moe_dispatcher) && o->moe_routing.pad_to_capacity)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED,
+                    "etp=%d with the flex dispatcher's input padded to capacity is not modelled (DeepEP refuses "
+                    "the padding, core_v0.14.0 transformer_config.py; HybridEP's capacity counts etp x the "
+                    "experts, core_v0.19.0 _HybridEPManager); drop the padding or set etp=1", etp);
   if (mp_moe_dispatch_by_node(o->moe_dispatcher) && o->moe_routing.rank_capacity > 0.0)
     return mp_error(ctx, MP_ERR_UNSUPPORTED,
                     "etp=%d with HybridEP's rank capacity %g is not modelled: Megatron-Core budgets a rank's "
