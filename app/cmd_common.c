@@ -172,11 +172,17 @@ mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
   return MP_OK;
 }
 
+mp_status mp_cmd_moe_dispatcher(mp_ctx *ctx, const mp_cmd_spec *spec, mp_moe_dispatcher *out) {
+  const char *d = mp_args_get(spec, "--moe-dispatcher");
+  if (d && !mp_moe_dispatcher_parse(d, out))
+    return mp_error(ctx, MP_ERR_USAGE, "--moe-dispatcher '%s': choose alltoall, deepep or hybridep", d);
+  return MP_OK;
+}
+
 mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                              mp_plan_options *o) {
   const char *d = mp_args_get(spec, "--moe-dispatcher");
-  if (d && !mp_moe_dispatcher_parse(d, &o->moe_dispatcher))
-    return mp_error(ctx, MP_ERR_USAGE, "--moe-dispatcher '%s': choose alltoall, deepep or hybridep", d);
+  MP_CHECK(mp_cmd_moe_dispatcher(ctx, spec, &o->moe_dispatcher));
   if (mp_moe_dispatch_by_node(o->moe_dispatcher) && prof->mem_model != MP_MEM_MODEL_MEGATRON)
     return mp_error(ctx, MP_ERR_USAGE,
                     "--moe-dispatcher %s is Megatron-Core's flex dispatcher; stack %s does not run it: use "
@@ -774,6 +780,9 @@ void mp_cmd_stack_runs_str(const mp_plan_options *b, char *buf, size_t cap) {
              mg ? "TP comm overlap" : "AsyncTP");
   if (b->ddp.shard_optimizer)
     snprintf(buf + strlen(buf), cap - strlen(buf), "%s the distributed optimizer", buf[0] ? " and" : " with");
+  if (mp_moe_dispatch_by_node(b->moe_dispatcher)) /* the flex dispatcher, every candidate's (ep > 1) */
+    snprintf(buf + strlen(buf), cap - strlen(buf), "%s the %s dispatcher (ep > 1)", buf[0] ? " and" : " with",
+             b->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP ? "DeepEP" : "HybridEP");
 }
 
 void mp_cmd_plan_table_notes(int grid, int split, int dopt) {

@@ -76,6 +76,9 @@ mp_status mp_cmd_cp_rotate(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp
  * "async_tp" key) and without SP (--no-sp, or o->sp 0), which leaves nothing to fuse. */
 mp_status mp_cmd_async_tp(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                           mp_plan_options *o);
+/* --moe-dispatcher alltoall|deepep|hybridep into *out where given (plan: every candidate's;
+ * the stack is checked where it is known); MP_ERR_USAGE naming a value it is not. */
+mp_status mp_cmd_moe_dispatcher(mp_ctx *ctx, const mp_cmd_spec *spec, mp_moe_dispatcher *out);
 /* --moe-dispatcher alltoall|deepep, --overlap-moe-comm and --moe-fp8-dispatch (simulate,
  * explain): set o->moe_dispatcher, o->moe_a2a_overlap and o->moe_fp8_dispatch; MP_ERR_USAGE naming the stack where it is not
  * Megatron-Core's (the plan checks the rest). */

@@ -70,6 +70,11 @@ typedef struct mp_explain_moe {
   double grouped_eff;     /* the forward gate GEMM's useful FLOPs over peak x its time */
   double dense_eff;       /* the same FLOPs as one dense GEMM of all the rows */
   int fp8;                /* the experts run float8 */
+  int64_t dispatch_rows;  /* rows (token copies) the rank's dispatch sends a micro-batch under
+                             balanced routing: its routed tokens x top_k, x etp under the flex
+                             dispatcher with etp > 1 (exec/schedule_ops.c, mp_sched_flex_etp) */
+  int64_t etp_gather_rows; /* rows the expert-TP all-gather makes of them (the all-to-all
+                             dispatcher under etp > 1, etp x dispatch_rows); 0 where none runs */
 } mp_explain_moe;
 /* The facts and the sentence (buf; "" and 0 without routed experts or under the runtime). */
 int mp_explain_moe_note(const explain *e, mp_explain_moe *f, char *buf, size_t cap);

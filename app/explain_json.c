@@ -163,6 +163,8 @@ static cJSON *plan_json(const explain *e) {
     cJSON_AddNumberToObject(mo, "load", f.load);
     cJSON_AddNumberToObject(mo, "grouped_gemm_eff", f.grouped_eff);
     cJSON_AddNumberToObject(mo, "dense_gemm_eff", f.dense_eff);
+    cJSON_AddNumberToObject(mo, "dispatch_rows", (double)f.dispatch_rows);
+    cJSON_AddNumberToObject(mo, "etp_gather_rows", (double)f.etp_gather_rows);
     cJSON_AddStringToObject(mo, "note", cpn);
   }
   if (e->pp_note[0]) add_pipeline(root, e);

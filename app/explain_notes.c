@@ -300,6 +300,27 @@ static void graph_words(const mp_plan *p, char *buf, size_t cap) {
              mp_cuda_graphs_name(g));
 }
 
+/* The dispatch's words: the rows the rank sends, and under etp > 1 how they reach the
+ * expert-TP group: the all-to-all dispatcher's all-gather over etp, or the flex dispatcher's
+ * copy to each expert-TP rank (mp_sched_flex_etp, exec/schedule_ops.c). */
+static void dispatch_words(const mp_plan *p, int ep, int etp, int64_t routed, mp_explain_moe *f, char *buf,
+                           size_t cap) {
+  const mp_moe_dispatcher d = p->opts.moe_dispatcher;
+  const char *name = d == MP_MOE_DISPATCH_DEEPEP ? "DeepEP" : "HybridEP";
+  const int flex = mp_moe_dispatch_by_node(d);
+  f->dispatch_rows = ep > 1 ? routed * p->model.top_k * (flex ? etp : 1) : 0;
+  f->etp_gather_rows = ep > 1 && etp > 1 && !flex ? routed * p->model.top_k * etp : 0;
+  buf[0] = '\0';
+  if (ep <= 1 || etp <= 1) return;
+  if (flex)
+    snprintf(buf, cap, "; %s sends %lld rows a micro-batch (%lld routed x etp %d: a copy to each expert-TP rank "
+             "of the expert), no etp all-gather", name, (long long)f->dispatch_rows,
+             (long long)(routed * p->model.top_k), etp);
+  else
+    snprintf(buf, cap, "; the all-to-all sends %lld rows a micro-batch, the etp all-gather makes them %lld",
+             (long long)f->dispatch_rows, (long long)f->etp_gather_rows);
+}
+
 int mp_explain_moe_note(const explain *e, mp_explain_moe *f, char *buf, size_t cap) {
   buf[0] = '\0';
   memset(f, 0, sizeof *f);
@@ -309,7 +330,7 @@ int mp_explain_moe_note(const explain *e, mp_explain_moe *f, char *buf, size_t c
   const int ep = p->mesh.ep > 1 && (p->applied & MP_PASS_EP) ? p->mesh.ep : 1;
   const int64_t T = p->opts.micro_batch * p->opts.seq / p->mesh.size[MP_DIM_CP];
   int etp_rows = 1; /* the rows the rank's experts see, as the schedule counts them */
-  const int64_t routed = mp_sched_moe_routed(p, T, &etp_rows) * etp_rows;
+  const int64_t own = mp_sched_moe_routed(p, T, &etp_rows), routed = own * etp_rows;
   f->rows = mp_sched_moe_rows(&p->opts.moe_routing, (double)routed, m->top_k, m->n_experts, ep, mp_sched_moe_align(p),
                               &f->load);
   f->experts_local = m->n_experts / ep;
@@ -320,15 +341,16 @@ int mp_explain_moe_note(const explain *e, mp_explain_moe *f, char *buf, size_t c
   f->rows_computed = (r + t - 1) / t * t;
   f->grouped_eff = gate_eff(e, f->rows, f->experts_local, 1, f->fp8);
   f->dense_eff = gate_eff(e, f->rows, f->experts_local, 0, f->fp8);
-  char rw[400], gw[256];
+  char rw[400], gw[256], dw[256];
   routing_words(p, ep, f->load, rw, sizeof rw);
   graph_words(p, gw, sizeof gw);
+  dispatch_words(p, ep, etp_rows, own, f, dw, sizeof dw);
   snprintf(buf, cap,
            "%lld experts a rank, %.1f rows each a micro-batch (%lld computed: %s); their grouped %s GEMMs reach "
            "%.1f %% of the peak, one dense GEMM of the same FLOPs %.1f %% (each expert's weights read once per "
-           "GEMM); %s%s",
+           "GEMM); %s%s%s",
            (long long)f->experts_local, f->rows, (long long)f->rows_computed,
            f->tile_m > 1 ? "the stack's grouped GEMM pads each expert to its row tile" : "the stack states no tile",
-           f->fp8 ? "float8" : "bf16", 100.0 * f->grouped_eff, 100.0 * f->dense_eff, rw, gw);
+           f->fp8 ? "float8" : "bf16", 100.0 * f->grouped_eff, 100.0 * f->dense_eff, rw, dw, gw);
   return 1;
 }

@@ -91,8 +91,8 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
   if (p->mfsdp_strategy[0]) add(f, "--data-parallel-sharding-strategy", "%s", p->mfsdp_strategy);
   if (p->fsdp_double_buffer) add(f, "--fsdp-double-buffer", NULL);
   if (p->async_tp) add(f, p->async_tp > 0 ? "--async-tp" : "--no-async-tp", NULL);
+  if (p->moe_deepep) add(f, "--moe-dispatcher", "deepep"); /* plan: every candidate's */
   if (!is_plan) {
-    if (p->moe_deepep) add(f, "--moe-dispatcher", "deepep");
     if (p->moe_a2a_overlap) add(f, "--overlap-moe-comm", NULL);
     if (p->ce_fusion) add(f, "--cross-entropy-loss-fusion", NULL);
     if (p->ce_fusion == 2) add(f, "--cross-entropy-fusion-impl", "te");
@@ -116,10 +116,9 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
   if (p->pp > 1 && p->pp_schedule == MP_PP_GPIPE)
     return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches 1F1B and interleaved pipelines, not GPipe; "
                     "use meshplan simulate --from");
-  if (p->moe_deepep || p->moe_a2a_overlap)
-    return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches the alltoall dispatcher without its "
-                    "overlap; DeepEP (--moe-enable-deepep) and --overlap-moe-expert-parallel-comm are "
-                    "simulate's and explain's --moe-dispatcher deepep and --overlap-moe-comm");
+  if (p->moe_a2a_overlap)
+    return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches the dispatchers without their overlap; "
+                    "--overlap-moe-expert-parallel-comm is simulate's and explain's --overlap-moe-comm");
   if (p->cuda_graphs[0])
     return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches eager launches; CUDA graphs "
                     "(--enable-cuda-graph, --external-cuda-graph) are simulate's and explain's --cuda-graphs %s",

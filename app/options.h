@@ -163,12 +163,15 @@
   { "--no-async-tp", NULL, "Megatron-Core's TP comm overlap (--tp-comm-overlap) / torchtitan's "   \
     "AsyncTP off, where the stack runs it by default (megatron-core): the SP all-gathers and "      \
     "reduce-scatters run on NCCL apart from their GEMMs, as Megatron-LM runs without the flag", NULL }
-/* simulate and explain: the EP dispatcher and Megatron-Core's all-to-all overlap (mp_cmd_moe_comm) */
+/* simulate, explain and plan: the EP dispatcher (mp_cmd_moe_dispatcher); simulate and explain:
+ * Megatron-Core's all-to-all overlap (mp_cmd_moe_comm) */
 #define MP_OPT_MOE_DISPATCHER                                                                      \
   { "--moe-dispatcher", "D", "how EP dispatch and combine move tokens: alltoall (NCCL's, a copy per " \
     "token and expert), deepep (Megatron-Core's flex dispatcher with DeepEP: a copy per token and " \
-    "remote node, forwarded over NVLink; megatron-core, ep > 1) or hybridep (the flex dispatcher's " \
-    "HybridEP backend: the same movement on the stack's hybridep_sms) (default alltoall)", NULL }
+    "remote node, forwarded over NVLink; megatron-core, ep > 1; with etp > 1 a copy to each " \
+    "expert-TP rank of the expert, no etp all-gather) or hybridep (the flex dispatcher's HybridEP " \
+    "backend: the same movement on the stack's hybridep_sms); in plan: every candidate's, ep > 1 " \
+    "(default alltoall)", NULL }
 #define MP_OPT_OVERLAP_MOE_COMM                                                                    \
   { "--overlap-moe-comm", NULL, "Megatron-Core's --overlap-moe-expert-parallel-comm: the forward of " \
     "one micro-batch and the backward of another run as one step, each one's EP all-to-alls beside " \

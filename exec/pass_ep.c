@@ -13,13 +13,34 @@
  * core_v0.14.0, linear_fc1 column-parallel and linear_fc2 row-parallel over the expert TP
  * group) and torchtitan's ExpertTensorParallel (torchtitan/distributed/expert_parallel.py:
  * w1 and w3 [Shard(0), Shard(1)], w2 [Shard(0), Shard(2)] over the [ep, tp] mesh). So an
- * expert's weights are split ep x etp ways.
+ * expert's weights are split ep x etp ways. Megatron-Core's all-to-all dispatcher then
+ * all-gathers the dispatched rows over the expert-TP group and reduce-scatters the partial
+ * outputs; its flex dispatcher (DeepEP, HybridEP) sends each token over the expert-TP x EP
+ * ranks to every expert-TP rank of its expert and sums the copies in its combine (the
+ * schedule's mp_sched_flex_etp, exec/schedule_ops.c).
  *
  * Refused: EP on a dense model (nothing to split), ep not dividing n_experts, EP after
  * FSDP (the experts would already be sharded over the whole FSDP group) and the generic
  * order rules. */
 #include "exec/plan.h"
 #include "exec/rules.h"
+
+/* How the plan's note names the dispatch: the all-to-all over EP (and under etp its
+ * expert-TP all-gather and reduce-scatter), or the flex dispatcher's backend, over the
+ * expert-TP x EP ranks under etp (mp_sched_flex_etp, exec/schedule_ops.c). */
+static const char *dispatch_words(mp_moe_dispatcher d, int etp) {
+  if (!mp_moe_dispatch_by_node(d))
+    return etp > 1 ? "all-to-all over the ep group, then all-gathered (reduce-scattered) over etp"
+                   : "all-to-all over the ep group";
+  if (etp > 1)
+    return d == MP_MOE_DISPATCH_DEEPEP ? "DeepEP over the etp x ep ranks (a token to each etp rank of its expert, "
+                                         "once per remote node; no etp all-gather)"
+                                       : "HybridEP over the etp x ep ranks (a token to each etp rank of its "
+                                         "expert, once per remote node; no etp all-gather)";
+  return d == MP_MOE_DISPATCH_DEEPEP ? "DeepEP (a token once per remote node, forwarded over NVLink) over the ep group"
+                                     : "HybridEP (a token once per remote node, forwarded over NVLink) over the ep "
+                                       "group";
+}
 
 mp_status mp_apply_expert_parallel(mp_ctx *ctx, mp_plan *p) {
   const mp_model *m = &p->model;
@@ -60,16 +81,13 @@ mp_status mp_apply_expert_parallel(mp_ctx *ctx, mp_plan *p) {
     prm->place[MP_AXIS_TP].dim = dim;
     prm->tp_shape[dim] = prm->shape[dim] / etp;
   }
-  const mp_moe_dispatcher d = p->opts.moe_dispatcher;
   if (ep > 1)
     mp_plan_note(p,
                  "EP: %lld routed experts per MoE layer over ep=%d: %lld per rank%s; tokens "
-                 "dispatched and combined by %s over the ep group%s",
+                 "dispatched and combined by %s%s",
                  (long long)m->n_experts, ep, (long long)(m->n_experts / ep),
                  etp > 1 ? ", each split over etp (gate/up column-parallel, down row-parallel)" : "",
-                 !mp_moe_dispatch_by_node(d) ? "all-to-all"
-                 : d == MP_MOE_DISPATCH_DEEPEP ? "DeepEP (a token once per remote node, forwarded over NVLink)"
-                                               : "HybridEP (a token once per remote node, forwarded over NVLink)",
+                 dispatch_words(p->opts.moe_dispatcher, etp),
                  p->opts.moe_a2a_overlap ? "; the all-to-alls of one micro-batch overlap the compute of "
                                            "another (combined forward and backward steps)"
                                          : "");

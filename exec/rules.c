@@ -107,11 +107,26 @@ mp_status mp_rule_etp_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_opti
   if (mesh->ep <= 1 && etp != tp)
     return mp_error(ctx, MP_ERR_UNSUPPORTED, "etp=%d without EP (ep=1) is modelled with etp = tp = %d only; "
                     "set etp=%d, ep > 1 or etp=1", etp, tp, tp);
-  if (mp_moe_dispatch_by_node(o->moe_dispatcher))
+  /* the flex dispatcher (DeepEP, HybridEP) takes any etp: MoEFlexTokenDispatcher asserts
+   * only expert-TP x EP > 1 (token_dispatcher.py, core_v0.14.0 and core_v0.19.0), which
+   * ep > 1 (moe_overlap_check) meets; its dispatch sends a token to every expert-TP rank of
+   * its expert (mp_sched_flex_etp, exec/schedule_ops.c). HybridEP's rank capacity is refused
+   * there: its budget is the rank's own tokens x moe_router_topk x C_r (core_v0.19.0
+   * _HybridEPManager.setup_metadata), while each expert-TP rank receives etp x those rows;
+   * so is padding to capacity: DeepEP's refuses it (transformer_config.py core_v0.14.0: "Flex
+   * token dispatcher does not support moe_pad_expert_input_to_capacity"), HybridEP's
+   * drop_and_pad sizes each expert's capacity over its etp x E expanded experts (core_v0.19.0) */
+  if (mp_moe_dispatch_by_node(o->moe_dispatcher) && o->moe_routing.pad_to_capacity)
     return mp_error(ctx, MP_ERR_UNSUPPORTED,
-                    "etp=%d with the DeepEP/HybridEP dispatcher is not modelled (Megatron-Core's flex "
-                    "dispatcher sends each token to every expert-TP rank of its expert); use the "
-                    "all-to-all dispatcher or etp=1", etp);
+                    "etp=%d with the flex dispatcher's input padded to capacity is not modelled (DeepEP refuses "
+                    "the padding, core_v0.14.0 transformer_config.py; HybridEP's capacity counts etp x the "
+                    "experts, core_v0.19.0 _HybridEPManager); drop the padding or set etp=1", etp);
+  if (mp_moe_dispatch_by_node(o->moe_dispatcher) && o->moe_routing.rank_capacity > 0.0)
+    return mp_error(ctx, MP_ERR_UNSUPPORTED,
+                    "etp=%d with HybridEP's rank capacity %g is not modelled: Megatron-Core budgets a rank's "
+                    "rows at its own tokens x top_k x C_r (token_dispatcher.py _HybridEPManager, core_v0.19.0) "
+                    "while each expert-TP rank receives etp x those; drop the capacity or set etp=1",
+                    etp, o->moe_routing.rank_capacity);
   if (o->mem_model == MP_MEM_MODEL_TORCHTITAN && etp != tp)
     return mp_error(ctx, MP_ERR_INVALID,
                     "etp=%d with tp=%d: torchtitan supports expert_tensor_parallel_degree 1 or tp only "

@@ -663,8 +663,12 @@ void mp_sched_fuse_tp(gen *g, int32_t from, mp_fuse kind, mp_variant v);
  * output gradients) to the experts, in float8 under o.moe_fp8_dispatch. */
 void mp_sched_ep_alltoall(gen *g, int module, int to_experts);
 /* The expert-TP group's all-gather of the dispatched rows (gather) or reduce-scatter of the
- * experts' partial outputs, where shapes.etp_rows > 1 (schedule_ops.c). */
+ * experts' partial outputs, where shapes.etp_rows > 1 and the dispatcher is the all-to-all
+ * (schedule_ops.c). */
 void mp_sched_etp_coll(gen *g, int module, int gather);
+/* 1 where the flex dispatcher (DeepEP, HybridEP) meets etp_rows > 1: the dispatch sends a
+ * token's copy to each expert-TP rank and no ETP collective runs (schedule_ops.c). */
+int mp_sched_flex_etp(const gen *g);
 /* Megatron-LM's SP re-gather of a region's input in backward (-1: none), and its wait. */
 int32_t mp_sched_mg_regather(gen *g, int on, int module);
 void mp_sched_mg_regather_wait(gen *g, int32_t gather, int32_t first_op);

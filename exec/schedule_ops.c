@@ -716,6 +716,21 @@ void mp_sched_fuse_tp(gen *g, int32_t from, mp_fuse kind, mp_variant v) {
   }
 }
 
+/* Megatron-Core's flex dispatcher (MoEFlexTokenDispatcher, token_dispatcher.py,
+ * core_v0.14.0 and core_v0.19.0, DeepEP and HybridEP backends alike) under expert tensor
+ * parallelism: its communication group is the expert-TP x EP group (tp_ep_group,
+ * parallel_state.py's _EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP, ranks "tp-ep" of the expert
+ * grid), and _initialize_metadata expands each token's routing map from [tokens, E] to
+ * [tokens, ep x etp, E / ep], replicated over the etp ranks of its expert's group (the
+ * DeepEP manager built with num_experts etp x E and router_topk etp x top_k). So the
+ * dispatch sends each token to every expert-TP rank of each expert it picked, and each rank
+ * receives etp x its routed rows directly, the rows the all-to-all dispatcher's ETP
+ * all-gather makes; the combine sums the etp row-parallel partial outputs as it returns
+ * them, in place of the ETP reduce-scatter. Neither ETP collective is emitted. */
+int mp_sched_flex_etp(const gen *g) {
+  return g->sh.etp_rows > 1 && mp_moe_dispatch_by_node(g->p->opts.moe_dispatcher);
+}
+
 /* The slowest EP rank's all-to-all: its rows received (dispatch) or sent back (combine) are
  * its routed ones x its load (mp_sched_moe_rows: the imbalance, bounded or padded by the
  * capacity), and the collective ends when that rank's transfer does. to_experts: the
@@ -725,6 +740,7 @@ void mp_sched_ep_alltoall(gen *g, int module, int to_experts) {
   const shapes *sh = &g->sh;
   if (sh->ep <= 1) return;
   double elems = (double)(sh->moe_tokens * sh->top_k * sh->d_model);
+  if (mp_sched_flex_etp(g)) elems *= sh->etp_rows; /* a copy to each expert-TP rank */
   if (sh->moe_load != 1.0) elems *= sh->moe_load;
   if (to_experts && g->p->opts.moe_fp8_dispatch) {
     /* DeepSeek-V3 sec. 3.3.3: E4M3 with an fp32 scale per 1x128 tile */
@@ -748,7 +764,7 @@ void mp_sched_ep_alltoall(gen *g, int module, int to_experts) {
  * reduce-scatter's input), x the slowest rank's load. */
 void mp_sched_etp_coll(gen *g, int module, int gather) {
   const shapes *sh = &g->sh;
-  if (sh->etp_rows <= 1) return;
+  if (sh->etp_rows <= 1 || mp_sched_flex_etp(g)) return;
   double elems = (double)(sh->moe_tokens * sh->top_k * sh->etp_rows * sh->d_model);
   if (sh->moe_load != 1.0) elems *= sh->moe_load;
   comm(g, gather ? MP_COLL_ALL_GATHER : MP_COLL_REDUCE_SCATTER, MP_GROUP_ETP, MP_STREAM_COMPUTE,

@@ -82,6 +82,7 @@ void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_
   cfg->pp_split = ev->stack.mem_model == MP_MEM_MODEL_MEGATRON && ev->base.n_pp_layers == 0;
   cfg->dp = ev->base.dp;
   cfg->ddp_shard_optimizer = ev->base.dp == MP_DP_DDP && ev->base.ddp.shard_optimizer;
+  cfg->ep_only = mp_moe_dispatch_by_node(ev->base.moe_dispatcher);
   cfg->fp8_param_gather = ev->base.fp8_opts.param_gather;
   /* the recipe float8 candidates run (its tile multiple decides which Linears cast) */
   cfg->fp8_recipe = mp_fp8_recipe_of(ev->base.fp8_opts.recipe, ev->stack.mem_model);

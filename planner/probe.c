@@ -37,6 +37,13 @@ mp_status mp_plan_setup_evaluator(mp_ctx *ctx, const mp_plan_setup *s, const mp_
 }
 
 mp_status mp_plan_setup_options(mp_ctx *ctx, const mp_plan_setup *s, const mp_cluster *c, mp_sim_evaluator *ev) {
+  /* the flex dispatcher (DeepEP, HybridEP) is Megatron-Core's: on another cluster's stack
+   * that does not run it the question cannot be asked there */
+  if (mp_moe_dispatch_by_node(s->moe_dispatcher) && ev->stack.mem_model != MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_USAGE, "--moe-dispatcher %s is Megatron-Core's flex dispatcher; stack %s does not "
+                    "run it: name a megatron stack or drop it",
+                    s->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP ? "deepep" : "hybridep", ev->stack.name);
+  ev->base.moe_dispatcher = s->moe_dispatcher;
   MP_CHECK(mp_plan_setup_moe_routing(ctx, s, ev));
   return mp_plan_setup_fp8_recipe(ctx, s, c, ev);
 }

@@ -679,7 +679,7 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
           mesh.size[MP_DIM_DP_SHARD] = dps;
           mesh.size[MP_DIM_CP] = cp;
           mesh.size[MP_DIM_TP] = tp;
-          for (int ep = 1; ep <= dps && st == MP_OK; ep++) {
+          for (int ep = cfg->ep_only ? 2 : 1; ep <= dps && st == MP_OK; ep++) { /* ep_only: the flex dispatcher */
             if (dps % ep || (!moe && ep > 1) || (dopt > 1 && ep > 1) || !fixed_ok(fx->ep, ep) || !fixed_ok(fx->etp, 0))
               continue;
             mesh.ep = ep;

@@ -247,6 +247,9 @@ typedef struct mp_search_config {
                            (MP_REJECT_NO_FSDP) and reshard_after_forward is always a duplicate
                            (MP_REJECT_RESHARD_NOOP) */
   int ddp_shard_optimizer; /* DDP with its optimizer state sharded (ZeRO-1): the memory bound */
+  int ep_only;          /* 1: every candidate has ep > 1, as meshplan runs Megatron-Core's flex
+                           dispatcher (DeepEP, HybridEP) with expert parallelism only
+                           (exec/plan.c); ep x etp grids of any etp the search takes */
   int fp8_param_gather; /* Megatron-Core's --fp8-param-gather (exec/plan.h): the float8
                            candidates' float8 model weights at 1 byte in the memory bound */
   int full_ac_ahead;    /* 1 (mp_search_config_init): unless the last full-AC candidate of

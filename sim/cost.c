@@ -416,7 +416,7 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
   if (op->coll == MP_COLL_ALL_TO_ALL) {
     double nic, nvl;
     const mp_moe_dispatcher d = g == MP_GROUP_EP ? ls->plan->opts.moe_dispatcher : MP_MOE_DISPATCH_ALLTOALL;
-    mp_sim_ep_shares(l, &ls->plan->model, d, &nic, &nvl);
+    mp_sim_ep_shares_etp(l, &ls->plan->model, d, ls->plan->mesh.etp, &nic, &nvl);
     *dur = (mp_moe_dispatch_by_node(d) ? mp_sim_deepep_s : mp_sim_alltoall_s)(op->bytes, l, prof->link_eff, nic, nvl) +
            prof->comm_overhead_s;
   } else if (mp_gpu_is_cpu(&ls->cl->gpu))

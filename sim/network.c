@@ -154,8 +154,9 @@ double mp_sim_alltoall_s(double bytes, const mp_sim_link *l, double eff, double 
  * (1 - 1/holders) of it remote. Each remote holder costs one copy of the token where the
  * all-to-all's bytes count top_k: across nodes the NIC's share is remote / top_k and
  * NVLink carries every copy but those landing on the GPU they arrive at, (per_node - 1) /
- * per_node of the bytes; inside one node NVLink's share is remote / top_k. */
-static double remote_copies(int holders, const mp_model *m) {
+ * per_node of the bytes; inside one node NVLink's share is remote / top_k. Returns the
+ * D (1 - that) holders a token reaches. */
+static double holders_reached(int holders, const mp_model *m) {
   int D = holders;
   if (m->n_group > 0) {
     const int per_group = holders / (int)m->n_group > 1 ? holders / (int)m->n_group : 1;
@@ -166,23 +167,40 @@ static double remote_copies(int holders, const mp_model *m) {
   double none = 1.0; /* a given candidate holder holds none of the k experts */
   for (int64_t i = 0; i < m->top_k; i++) none *= (pool - e - (double)i) / (pool - (double)i);
   if (none < 0) none = 0;
-  return D * (1.0 - none) * (1.0 - 1.0 / holders);
+  return D * (1.0 - none);
 }
 
 void mp_sim_ep_shares(const mp_sim_link *l, const mp_model *m, mp_moe_dispatcher d, double *nic_share,
                       double *nvl_share) {
+  mp_sim_ep_shares_etp(l, m, d, 1, nic_share, nvl_share);
+}
+
+/* Under expert tensor parallelism the flex dispatcher's group is the expert-TP x EP one
+ * (token_dispatcher.py MoEFlexTokenDispatcher, core_v0.14.0): each EP rank of l stands for
+ * the etp consecutive ranks of its expert-TP group (exec/mesh.h: etp innermost, inside a
+ * node), a token reaching each of them once its EP shard holds one of its experts, so the
+ * bytes count top_k x etp copies of a token. Inside one node a token reaches R shards
+ * (holders_reached over the ep shards), R x etp ranks, its own rank among them with
+ * probability R / ep: R (etp - 1/ep) copies leave the GPU, all on NVLink, a share of that
+ * over top_k x etp (etp 1: R (1 - 1/ep) over top_k, as above). Across nodes the network
+ * copy still goes once to each remote node reached (the etp slices of an expert on one
+ * node), a share of top_k x etp; inside the node NVLink carries every copy but those
+ * landing on the GPU they arrive at, (pn etp - 1) / (pn etp) with pn the EP ranks a node. */
+void mp_sim_ep_shares_etp(const mp_sim_link *l, const mp_model *m, mp_moe_dispatcher d, int etp,
+                          double *nic_share, double *nvl_share) {
   const double n = l->n > 0 ? l->n : 1, pn = l->per_node > 0 ? l->per_node : 1;
   *nic_share = (n - pn) / n;
   *nvl_share = (pn - 1) / n;
   if (!mp_moe_dispatch_by_node(d) || m->top_k < 1) return;
   const int holders = l->nodes > 1 ? l->nodes : l->n;
   if (holders <= 1 || m->n_experts < holders) return;
-  const double remote = remote_copies(holders, m) / (double)m->top_k;
+  const double x = etp > 1 ? etp : 1, copies = (double)m->top_k * x;
+  const double reached = holders_reached(holders, m);
   if (l->nodes > 1) {
-    *nic_share = remote;
-    *nvl_share = (pn - 1) / pn;
+    *nic_share = reached * (1.0 - 1.0 / holders) / copies;
+    *nvl_share = (pn * x - 1) / (pn * x);
   } else {
-    *nvl_share = remote;
+    *nvl_share = reached * (x - 1.0 / holders) / copies;
   }
 }
 

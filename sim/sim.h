@@ -488,6 +488,12 @@ double mp_sim_alltoall_s(double bytes, const mp_sim_link *l, double eff, double 
  * experts are on. */
 void mp_sim_ep_shares(const mp_sim_link *l, const mp_model *m, mp_moe_dispatcher d, double *nic_share,
                       double *nvl_share);
+/* The same for the flex dispatcher (DeepEP, HybridEP) at expert-TP size etp, its bytes
+ * T x top_k x etp copies of a token (each to every expert-TP rank of its expert's group,
+ * over the expert-TP x EP group); etp <= 1 is mp_sim_ep_shares, and the all-to-all's shares
+ * do not depend on it. */
+void mp_sim_ep_shares_etp(const mp_sim_link *l, const mp_model *m, mp_moe_dispatcher d, int etp,
+                          double *nic_share, double *nvl_share);
 /* DeepEP's dispatch or combine of `bytes` (T x top_k copies of a token) on EP link l with
  * the shares of mp_sim_ep_shares: its NVLink and NIC bytes side by side, the slower
  * bounding it, and one step of the link's latency (its kernels serve every peer at once). */

@@ -12,7 +12,9 @@
   --from-args reads it back to the same prediction; without the flag Megatron-LM's default
   (the tp size) is read; the torchtitan TOML carries expert_tensor_parallel_degree likewise;
 - explain shows each expert weight's etp split and the rank's expert-TP index;
-- plan --fix etp=2 ranks expert-grid plans written "4g2".
+- plan --fix etp=2 ranks expert-grid plans written "4g2";
+- the flex dispatcher (DeepEP, HybridEP) under etp: explain's dispatch rows against the
+  all-to-all's, Megatron-LM arguments round-tripped, plan --moe-dispatcher deepep's search.
 
 Usage: etp_cli_test.py MESHPLAN"""
 import json
@@ -125,6 +127,45 @@ check("[1, 5120, 2048]        40.00 MiB  ep:S(0) etp:S(2)" in ex, "explain's dow
 pl = run("plan", "--model", "qwen3-30b-a3b", "--gpus", "16", "--stack", "megatron-core", "--seq", "4096",
          "--global-batch", "256", "--fix", "tp=2,etp=2", "--top", "1", "--db", os.path.join(tmp, "p.db")).stdout
 check(" 4g2 " in pl, f"plan --fix tp=2,etp=2 does not rank an etp 2 plan: {pl[:600]}")
+
+# ---- the flex dispatcher under etp (MoEFlexTokenDispatcher, token_dispatcher.py, core_v0.14.0:
+# its group expert-TP x EP, each token's routing replicated over the etp ranks of its expert) ----
+# Qwen3-30B-A3B (128 experts, top 8, d_ff_expert 768) on 16 GPUs, dp_replicate 8 x tp 2 with
+# ep 4 x etp 2, seq 4096, micro-batch 1, SP: a rank routes its 4096 / 2 = 2048-token shard x 8
+# = 16,384 rows. The all-to-all dispatcher sends those 16,384 and its etp all-gather makes
+# them 32,768; DeepEP and HybridEP send each to both expert-TP ranks of its expert, 32,768
+# rows, with no all-gather. The experts' rows are the same either way: 32,768 over the rank's
+# 128 / 4 = 32 experts, 1,024 each.
+flex = ["--model", "qwen3-30b-a3b", "--gpus", "16", "--mesh", "dp_replicate=8,tp=2,ep=4,etp=2", "--seq", "4096",
+        "--global-batch", "64", "--stack", "megatron-core"]
+for d, sent, gathered in (("alltoall", 16384, 32768), ("deepep", 32768, 0), ("hybridep", 32768, 0)):
+    p = run("explain", *flex, "--moe-dispatcher", d, "--json")
+    mo = json.loads(p.stdout).get("routed_experts", {}) if p.returncode == 0 else {}
+    check((mo.get("dispatch_rows"), mo.get("etp_gather_rows"), mo.get("experts_local"), mo.get("rows_per_expert")) ==
+          (sent, gathered, 32, 1024), f"explain --moe-dispatcher {d}: routed_experts {mo}")
+# the rows DeepEP delivers are those the all-to-all dispatcher's etp all-gather makes, the
+# experts' saved input either way: the same peak memory
+peaks = [simulate(flex + ["--moe-dispatcher", d]) for d in ("alltoall", "deepep")]
+check(all(peaks) and peaks[0]["peak_mem_bytes"] == peaks[1]["peak_mem_bytes"],
+      f"peak memory under deepep and etp 2 differs from the all-to-all's: {[p and p['peak_mem_bytes'] for p in peaks]}")
+# Megatron-LM's arguments for it: written and read back (the flex dispatcher with etp 2)
+_, text = emit_round_trip("megatron", flex + ["--moe-dispatcher", "deepep"], "16",
+                          "--moe-token-dispatcher-type flex\n--moe-enable-deepep\n")
+check("--expert-tensor-parallel-size 2\n" in text, "the DeepEP plan's arguments lack --expert-tensor-parallel-size 2")
+# the planner's search under DeepEP: expert grids of etp 2 where --fix names it, every plan ep > 1
+pl = run("plan", "--no-db", "--model", "qwen3-30b-a3b", "--gpus", "16", "--stack", "megatron-core", "--seq", "4096",
+         "--global-batch", "64", "--moe-dispatcher", "deepep", "--fix", "tp=2,etp=2", "--top", "3", "--json")
+plans = json.loads(pl.stdout)["plans"] if pl.returncode == 0 else []
+check(plans and all(q["mesh"]["etp"] == 2 and q["mesh"]["ep"] > 1 for q in plans),
+      f"plan --moe-dispatcher deepep --fix tp=2,etp=2: {[q['mesh'] for q in plans]} {pl.stderr[:300]}")
+pl = run("plan", "--no-db", "--model", "qwen3-30b-a3b", "--gpus", "16", "--stack", "megatron-core", "--seq", "4096",
+         "--global-batch", "64", "--moe-dispatcher", "deepep", "--top", "50", "--json")
+plans = json.loads(pl.stdout)["plans"] if pl.returncode == 0 else []
+check(plans and all(q["mesh"]["ep"] > 1 for q in plans), "plan --moe-dispatcher deepep ranks a plan with ep 1")
+bad = run("plan", "--no-db", "--model", "qwen3-30b-a3b", "--gpus", "16", "--stack", "torchtitan-eager",
+          "--moe-dispatcher", "deepep", want_rc=2)
+check( "stack torchtitan-eager does not run it" in bad.stderr,
+      f"plan --moe-dispatcher deepep on torchtitan: {bad.returncode} {bad.stderr[:300]}")
 
 for f in fails:
     print("FAIL:", f)

@@ -465,8 +465,6 @@ row 2 "--expert-model-parallel-size, --moe-enable-deepep or --overlap-moe-expert
 # Mixtral 8x7B's shape as Megatron-LM arguments (the experts' flags on the dense ones)
 mx="${mg/--max-position-embeddings 131072/--max-position-embeddings 32768} --num-experts 8 --moe-router-topk 2 --moe-grouped-gemm --expert-model-parallel-size 2 --expert-tensor-parallel-size 1 --moe-token-dispatcher-type alltoall"
 mx="${mx/--rotary-base 500000/--rotary-base 1000000}"
-# expert tensor parallelism is read (etp 2 over ep 2); under the flex dispatcher it is refused
-row 2 "etp=2 with the DeepEP/HybridEP dispatcher is not modelled" simulate --gpus 8 "--from-args=${mx/--expert-tensor-parallel-size 1 --moe-token-dispatcher-type alltoall/--expert-tensor-parallel-size 2 --moe-token-dispatcher-type flex --moe-enable-deepep}"
 row 2 "no --moe-grouped-gemm: Megatron-LM would loop over its local experts" simulate --gpus 8 "--from-args=${mx/--moe-grouped-gemm/}"
 row 2 "--moe-token-dispatcher-type allgather: meshplan prices the alltoall dispatcher" simulate --gpus 8 "--from-args=${mx/--moe-token-dispatcher-type alltoall/}"
 row 2 "--moe-token-dispatcher-type alltoall --moe-enable-deepep: meshplan prices the alltoall dispatcher, or flex" simulate --gpus 8 "--from-args=$mx --moe-enable-deepep"
@@ -474,7 +472,13 @@ row 2 "--moe-router-score-function sigmoid: meshplan's router takes a softmax" s
 row 2 "--moe-layer-freq ([0]*3+[1]*28): an integer or a pattern of 0s and 1s, one a layer (32)" simulate --gpus 8 "--from-args=$mx --moe-layer-freq ([0]*3+[1]*28)"
 row 2 "--moe-layer-freq [0,2]: an integer or a pattern" simulate --gpus 8 "--from-args=$mx --moe-layer-freq [0,2]"
 row 2 "--moe-ffn-hidden-size disagrees with --model mixtral-8x7b" simulate --gpus 8 --model mixtral-8x7b "--from-args=$mx --moe-ffn-hidden-size 4096"
-row 2 "--from: meshplan plan searches the alltoall dispatcher without its overlap" plan --no-db --gpus 8 "--from-args=${mx/--moe-token-dispatcher-type alltoall/--moe-token-dispatcher-type flex --moe-enable-deepep}"
+# the flex dispatcher takes etp > 1, but HybridEP's rank budget (the rank's own tokens x top_k x
+# C_r, core_v0.19.0 _HybridEPManager) against etp x those rows received is refused by name
+row 2 "etp=2 with HybridEP's rank capacity 1.5 is not modelled" simulate --model qwen3-30b-a3b --gpus 16 --mesh dp_replicate=8,tp=2,ep=4,etp=2 --seq 4096 --global-batch 64 --stack megatron-core --moe-dispatcher hybridep --moe-expert-rank-capacity-factor 1.5
+# and so is the flex dispatcher's input padded to capacity under etp (DeepEP refuses the
+# padding; HybridEP's drop_and_pad capacity counts etp x the experts, core_v0.19.0)
+row 2 "etp=2 with the flex dispatcher's input padded to capacity is not modelled" simulate --model qwen3-30b-a3b --gpus 16 --mesh dp_replicate=8,tp=2,ep=4,etp=2 --seq 4096 --global-batch 64 --stack megatron-core --moe-dispatcher hybridep --moe-capacity-factor 1 --moe-pad-expert-input-to-capacity
+row 2 "--from: meshplan plan searches the dispatchers without their overlap" plan --no-db --gpus 8 "--from-args=${mx/--moe-token-dispatcher-type alltoall/--moe-token-dispatcher-type flex --moe-enable-deepep} --overlap-moe-expert-parallel-comm"
 row 2 "--recompute-granularity full --recompute-method block" simulate --gpus 8 "--from-args=$mg --recompute-granularity full --recompute-method block --recompute-num-layers 2"
 row 2 "recompute module moe: model" simulate --gpus 8 "--from-args=$mg --recompute-granularity selective --recompute-modules core_attn moe"
 row 2 "--recompute-modules: unknown recompute module 'moe_layer'" simulate --gpus 8 "--from-args=$mg --recompute-granularity selective --recompute-modules moe_layer"

@@ -270,6 +270,27 @@ TEST(SearchPrune, DdpSearchesExpertTensorParallelAtTp) {
   for (int64_t i = 0; i < f.s->n; i++) EXPECT_EQ(f.s->cands[i].mesh.etp, 2) << i;
 }
 
+// The flex dispatcher (ep_only, plan --moe-dispatcher deepep|hybridep): meshplan runs it with
+// ep > 1 only, so no candidate keeps ep 1, while the expert grid at etp = tp stays searched
+// (Megatron-Core's flex dispatcher takes any etp: token_dispatcher.py MoEFlexTokenDispatcher,
+// core_v0.14.0). Under DDP on 8 GPUs the grid of DdpSearchesExpertTensorParallelAtTp above,
+// dp_replicate 4 x tp 2 with ep 4 x etp 2, is among them; dp_replicate 8 at ep 1 is not.
+TEST(SearchPrune, FlexDispatcherSearchesEpAboveOneWithEtp) {
+  Search t(fake_moe_model(8), fake_cluster(1, 8), 4096, 8);
+  t.cfg.dp = MP_DP_DDP;
+  t.cfg.ep_only = 1;
+  t.enumerate();
+  ASSERT_GT(t.s->n, 0);
+  bool etp2 = false;
+  for (int64_t i = 0; i < t.s->n; i++) {
+    const mp_mesh &m = t.s->cands[i].mesh;
+    EXPECT_GT(m.ep, 1) << i;
+    etp2 |= m.size[MP_DIM_DP_REPLICATE] == 4 && m.size[MP_DIM_TP] == 2 && m.ep == 4 && m.etp == 2;
+  }
+  EXPECT_TRUE(etp2);
+  EXPECT_EQ(t.find(1, 8, 1, 1, 1, 1, 1, 0, 0, 0), nullptr);
+}
+
 // A fix naming an etp other than 1 or tp (Megatron-Core's --expert-tensor-parallel-size,
 // taken apart from tp; train --mesh tp=4,ep=2,etp=2) is searched beside tp's (etp_sizes):
 // under FSDP on 4 GPUs at cp 1, etp=2 with ep x etp dividing dp_shard x tp = 4 gives ep 2 on

@@ -55,6 +55,7 @@ struct Opts {
   int ddp_scale = 0, ddp_check = 0;  // Megatron's DDP bucket preparation (mp_ddp_options)
   mp_schedule_mode mode = MP_SCHEDULE_EXPANDED;
   int moe_fp8_dispatch = 0;
+  mp_moe_dispatcher moe_dispatcher = MP_MOE_DISPATCH_ALLTOALL;  // the flex dispatcher's backends too
   uint32_t recompute_modules = 0;  // bits 1 << mp_rc_module
   int fp8_act_cache = 0;
   mp_dtype moment_dtype = MP_DTYPE_FP32;
@@ -95,6 +96,7 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.ddp.shard_optimizer = o.dist_opt;
   po.ddp.scale_grads = o.ddp_scale;
   po.ddp.check_grads = o.ddp_check;
+  po.moe_dispatcher = o.moe_dispatcher;
   po.moe_fp8_dispatch = o.moe_fp8_dispatch;
   po.recompute_modules = o.recompute_modules;
   po.fp8_act_cache = o.fp8_act_cache;

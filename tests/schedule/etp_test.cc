@@ -65,7 +65,7 @@ void ExpectTile(const mp_plan *p, const mp_param *prm, int rank, const std::vect
   }
 }
 
-// Both tiny-moe exchanges below move 65,536 B a kind over 2 layers: the EP all-to-all in 8
+// The all-to-all dispatcher's tiny-moe exchanges below move 65,536 B a kind over 2 layers: the EP all-to-all in 8
 // ops, the expert-TP all-gather and reduce-scatter in 4 each.
 void ExpectTinyMoeExchange(const mp_schedule *s) {
   mp_schedule_totals t;
@@ -144,6 +144,54 @@ TEST(Etp, MegatronGathersAndScattersOverExpertTp) {
   const GateGemm g1 = GateFwd(one.s);
   EXPECT_EQ(g1.m, 16);
   EXPECT_EQ(g1.n, 32);
+}
+
+// Megatron-Core's flex dispatcher under expert tensor parallelism (MoEFlexTokenDispatcher,
+// token_dispatcher.py, core_v0.14.0 and core_v0.19.0): its group is expert-TP x EP
+// (tp_ep_group) and _initialize_metadata replicates each token's routing over the etp ranks of
+// its expert's group, so the dispatch carries a copy to each and the combine sums their
+// partial outputs; no ETP all-gather or reduce-scatter. dp_replicate=4, tp=2, ep=4, etp=2 (8
+// ranks, SP on), T = 64 tokens: each rank routes its 32-token shard x top_k 2 = 64 rows.
+// Per MoE layer (2 layers):
+//   all-to-all dispatcher: EP all-to-all 64 rows x 64 x 2 B = 8,192 B, 4 a layer: 65,536 B;
+//     ETP all-gather of the group's 2 x 64 rows, 16,384 B, 2 a layer: 65,536 B, and the
+//     reduce-scatters the same
+//   DeepEP (flex):         64 rows x etp 2 x 64 x 2 B = 16,384 B, 4 a layer: 131,072 B over
+//     EP; no ETP collective
+// The experts' GEMMs are the same under both: 8 ranks x 32 tokens x 2 = 512 (token, expert)
+// pairs over 8 experts, 64 rows an expert, each expert-TP rank of its group running all 64
+// through its 32 / 2 = 16 gate columns: [64, 64] x [64, 16], batch 8 / 4 = 2 local experts,
+// one grouped GEMM a layer, and every other op the same: the step's FLOPs are equal.
+TEST(Etp, FlexDispatcherSendsToEachExpertTpRank) {
+  const char *mesh = "dp_replicate=4,tp=2,ep=4,etp=2";
+  Built a2a;
+  Build(&a2a, TinyMoe(mesh, MP_MEM_MODEL_MEGATRON, 4));
+  ExpectTinyMoeExchange(a2a.s);
+  ExpectGate(GateFwd(a2a.s), {64, 16, 64, 2, 2});
+  mp_schedule_totals ta;
+  mp_schedule_totals_compute(a2a.s, &ta);
+  for (mp_moe_dispatcher d : {MP_MOE_DISPATCH_DEEPEP, MP_MOE_DISPATCH_HYBRIDEP}) {
+    SCOPED_TRACE(d);
+    Built flex;
+    Opts o = TinyMoe(mesh, MP_MEM_MODEL_MEGATRON, 4);
+    o.moe_dispatcher = d;
+    Build(&flex, o);
+    mp_schedule_totals t;
+    mp_schedule_totals_compute(flex.s, &t);
+    EXPECT_EQ(t.n_comm[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 8);
+    EXPECT_DOUBLE_EQ(t.comm_bytes[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 131072.0);
+    EXPECT_EQ(EtpCollectives(flex.s), 0);
+    ExpectGate(GateFwd(flex.s), {64, 16, 64, 2, 2});
+    EXPECT_DOUBLE_EQ(t.flops, ta.flops);
+  }
+  // etp 1 under DeepEP: one copy a (token, expert), 65,536 B, as the all-to-all's
+  Built one;
+  Opts o1 = TinyMoe("dp_replicate=4,tp=2,ep=4,etp=1", MP_MEM_MODEL_MEGATRON, 4);
+  o1.moe_dispatcher = MP_MOE_DISPATCH_DEEPEP;
+  Build(&one, o1);
+  mp_schedule_totals t1;
+  mp_schedule_totals_compute(one.s, &t1);
+  EXPECT_DOUBLE_EQ(t1.comm_bytes[MP_COLL_ALL_TO_ALL][MP_GROUP_EP], 65536.0);
 }
 
 // etp strictly between 1 and tp, as the meshplan runtime runs it (meshplan-cpu: fp32, SP on):

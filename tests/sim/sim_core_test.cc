@@ -195,14 +195,29 @@ TEST(Network, AllToAllAcrossNodesBoundByNic) {
   EXPECT_NEAR(mp_sim_alltoall_s(b, &l, 1.0, 0.0, 0.0), 7.0 / 8.0 * b / 100e9 + 7 * 2e-6, 1e-12);
 }
 
-TEST(Network, DeepEpSendsATokenOncePerRemoteNode) {
-  // DeepSeek-V3 on EP 64 over 8 nodes of 8: 256 experts, 32 a node, top 8.
+namespace {
+
+// An EP link of n members, per_node a node over `nodes` nodes (no bandwidth: the shares only),
+// and a model routing top_k of `experts`.
+mp_sim_link ShareLink(int n, int per_node, int nodes) {
   mp_sim_link l;
   memset(&l, 0, sizeof l);
-  l.n = 64, l.per_node = 8, l.nodes = 8;
+  l.n = n, l.per_node = per_node, l.nodes = nodes;
+  return l;
+}
+mp_model Routing(int64_t experts, int64_t top_k) {
   mp_model m;
   memset(&m, 0, sizeof m);
-  m.n_experts = 256, m.top_k = 8;
+  m.n_experts = experts, m.top_k = top_k;
+  return m;
+}
+
+}  // namespace
+
+TEST(Network, DeepEpSendsATokenOncePerRemoteNode) {
+  // DeepSeek-V3 on EP 64 over 8 nodes of 8: 256 experts, 32 a node, top 8.
+  mp_sim_link l = ShareLink(64, 8, 8);
+  mp_model m = Routing(256, 8);
   double nic, nvl;
   // NCCL's all-to-all: every copy to a rank of another node crosses the NIC, 56/64.
   mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_ALLTOALL, &nic, &nvl);
@@ -236,6 +251,50 @@ TEST(Network, DeepEpSendsATokenOncePerRemoteNode) {
   // NCCL's all-to-all inside the node: a copy per expert, 7/8 of them to other GPUs
   mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_ALLTOALL, &nic, &nvl);
   EXPECT_DOUBLE_EQ(nvl, 7.0 / 8.0);
+}
+
+// The flex dispatcher at expert-TP size etp (mp_sim_ep_shares_etp): its bytes count
+// top_k x etp copies of a token, one to each expert-TP rank of each expert picked
+// (token_dispatcher.py MoEFlexTokenDispatcher._initialize_metadata, core_v0.14.0).
+// Inside one node: tp 2, ep 4, etp 2 on 8 GPUs, 8 experts of top 2 (Mixtral's routing): the
+// EP link has 4 members, a shard 2 experts. A shard holds neither of a token's 2 experts with
+// probability C(6,2)/C(8,2) = 15/28, so a token reaches R = 4 x 13/28 = 13/7 shards, 26/7
+// ranks, its own with probability R/4 = 13/28: 26/7 - 13/28 = 91/28 remote copies of
+// 2 x 2 = 4, an NVLink share of 13/16 = 0.8125 (at etp 1: 13/7 x 3/4 of 2 = 39/56). Per rank
+// and dispatch of 64 rows x 64 x 2 B: DeepEP puts 16,384 x 13/16 = 13,312 B on NVLink; the
+// all-to-all dispatcher 8,192 x 3/4 = 6,144 B in its EP all-to-all and 16,384 / 2 = 8,192 B
+// received in its ETP all-gather, 14,336 B.
+TEST(SimCore, FlexDispatchSharesUnderExpertTp) {
+  mp_sim_link l = ShareLink(4, 4, 1);
+  mp_model m = Routing(8, 2);
+  double nic, nvl;
+  mp_sim_ep_shares_etp(&l, &m, MP_MOE_DISPATCH_DEEPEP, 2, &nic, &nvl);
+  EXPECT_DOUBLE_EQ(nic, 0.0);
+  EXPECT_NEAR(nvl, 13.0 / 16.0, 1e-12);
+  EXPECT_NEAR(16384.0 * nvl, 13312.0, 1e-9);
+  // on H100's 450 GB/s NVLink at efficiency 1 and 2 us a step: 13,312 B / 450e9 + one step
+  l.intra_GBps = 450, l.lat_s = 2e-6;
+  EXPECT_NEAR(mp_sim_deepep_s(16384.0, &l, 1.0, nic, nvl), 13312.0 / 450e9 + 2e-6, 1e-15);
+  mp_sim_ep_shares_etp(&l, &m, MP_MOE_DISPATCH_DEEPEP, 1, &nic, &nvl);
+  EXPECT_NEAR(nvl, 39.0 / 56.0, 1e-12);
+  double nvl1;
+  mp_sim_ep_shares(&l, &m, MP_MOE_DISPATCH_DEEPEP, &nic, &nvl1);
+  EXPECT_DOUBLE_EQ(nvl1, nvl);
+  // the all-to-all's shares do not depend on etp: 3/4 of its EP copies leave the GPU
+  mp_sim_ep_shares_etp(&l, &m, MP_MOE_DISPATCH_ALLTOALL, 2, &nic, &nvl);
+  EXPECT_DOUBLE_EQ(nvl, 3.0 / 4.0);
+  // across 2 nodes (ep 8 x etp 2 on 16 GPUs, 4 EP ranks a node; 256 experts of top 8): the
+  // network copy goes once to the other node when it holds one of the token's experts, as
+  // at etp 1, now of twice the bytes (half the share); NVLink carries every copy but those
+  // landing where they arrive, 7/8 of the node's 8 expert-TP x EP ranks (3/4 at etp 1)
+  l = ShareLink(8, 4, 2);
+  m = Routing(256, 8);
+  double nic2, nvl2;
+  mp_sim_ep_shares_etp(&l, &m, MP_MOE_DISPATCH_DEEPEP, 1, &nic, &nvl);
+  mp_sim_ep_shares_etp(&l, &m, MP_MOE_DISPATCH_DEEPEP, 2, &nic2, &nvl2);
+  EXPECT_DOUBLE_EQ(nic2, nic / 2.0);
+  EXPECT_DOUBLE_EQ(nvl, 3.0 / 4.0);
+  EXPECT_DOUBLE_EQ(nvl2, 7.0 / 8.0);
 }
 
 namespace {
