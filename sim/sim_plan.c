@@ -212,9 +212,23 @@ static mp_status plan_recipe_check(mp_ctx *ctx, const mp_plan *p, const mp_sim_c
   return mp_sim_fp8_recipe_check(ctx, g, p->opts.fp8_opts.recipe);
 }
 
+/* The flex dispatcher's expert-TP copies are priced with one expert's etp ranks inside one
+ * NVLink domain (mp_sim_ep_shares_etp: one network copy a remote node); an etp spanning
+ * domains would send the copies over the NICs as well, which that price leaves out. */
+static mp_status flex_etp_check(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg) {
+  const int etp = p->mesh.etp, domain = mp_cluster_nvlink_domain(cfg->cluster);
+  if (etp <= 1 || p->mesh.ep <= 1 || !mp_moe_dispatch_by_node(p->opts.moe_dispatcher) || etp <= domain)
+    return MP_OK;
+  return mp_error(ctx, MP_ERR_UNSUPPORTED,
+                  "etp=%d with the DeepEP/HybridEP dispatcher spans NVLink domains of %d GPUs: the flex "
+                  "dispatcher's copies to an expert's etp ranks are modelled inside one domain; choose "
+                  "etp <= %d or the all-to-all dispatcher", etp, domain, domain);
+}
+
 static mp_status simulate_built_in(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                    mp_arena *scratch, int all, mp_sim_result *out) {
   MP_CHECK(plan_recipe_check(ctx, p, cfg));
+  MP_CHECK(flex_etp_check(ctx, p, cfg));
   mp_sim_workspace *ws = cfg->ws;
   const int reset = scratch == NULL;
   MP_CHECK(schedule_arena(ctx, ws, scratch, &scratch));

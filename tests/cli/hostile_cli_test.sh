@@ -478,6 +478,9 @@ row 2 "etp=2 with HybridEP's rank capacity 1.5 is not modelled" simulate --model
 # and so is the flex dispatcher's input padded to capacity under etp (DeepEP refuses the
 # padding; HybridEP's drop_and_pad capacity counts etp x the experts, core_v0.19.0)
 row 2 "etp=2 with the flex dispatcher's input padded to capacity is not modelled" simulate --model qwen3-30b-a3b --gpus 16 --mesh dp_replicate=8,tp=2,ep=4,etp=2 --seq 4096 --global-batch 64 --stack megatron-core --moe-dispatcher hybridep --moe-capacity-factor 1 --moe-pad-expert-input-to-capacity
+# the flex dispatcher's copies to an expert's etp ranks are priced inside one NVLink domain:
+# etp 16 on nodes of 8 is refused by name
+row 2 "etp=16 with the DeepEP/HybridEP dispatcher spans NVLink domains of 8 GPUs" simulate --model qwen3-30b-a3b --gpus 32 --gpu h100-sxm --gpus-per-node 8 --mesh dp_replicate=16,tp=2,ep=2,etp=16 --seq 4096 --global-batch 64 --stack megatron-core --moe-dispatcher deepep
 row 2 "--from: meshplan plan searches the dispatchers without their overlap" plan --no-db --gpus 8 "--from-args=${mx/--moe-token-dispatcher-type alltoall/--moe-token-dispatcher-type flex --moe-enable-deepep} --overlap-moe-expert-parallel-comm"
 row 2 "--recompute-granularity full --recompute-method block" simulate --gpus 8 "--from-args=$mg --recompute-granularity full --recompute-method block --recompute-num-layers 2"
 row 2 "recompute module moe: model" simulate --gpus 8 "--from-args=$mg --recompute-granularity selective --recompute-modules core_attn moe"
