@@ -92,8 +92,9 @@ typedef struct mp_mesh {
   int dopt;                /* Megatron-Core's distributed-optimizer instances
                               (--num-distributed-optimizer-instances): dp_replicate cut into dopt
                               blocks of consecutive coordinates (groups MP_GROUP_DOPT and
-                              MP_GROUP_DOPT_INTER); 0 or 1: one instance. A layout of the ranks,
-                              as etp is: "dopt=N" in the mesh spec */
+                              MP_GROUP_DOPT_INTER), the expert-DP group likewise (MP_GROUP_EDOPT);
+                              0 or 1: one instance. A layout of the ranks, as etp is: "dopt=N"
+                              in the mesh spec */
 } mp_mesh;
 
 /* The most ranks a mesh may have: common/limits.h's bound on GPUs in one job. */
