@@ -66,6 +66,22 @@ static void fmt_fqn_range(const mp_param *prm, int first, int last, char *buf, s
 
 /* ---- the header, passes and notes ------------------------------------------------- */
 
+/* The rank's distributed-optimizer instance (the mesh's dopt), its place in the instance's
+ * dense group and, with the routed experts reduced apart, in the instance's slice of their
+ * expert-DP group (exec/mesh.h's MP_GROUP_DOPT and MP_GROUP_EDOPT). */
+static void print_instance(const explain *e) {
+  const mp_plan *p = e->plan;
+  const mp_mesh *m = &p->mesh;
+  if (mp_mesh_dopt(m) <= 1) return;
+  printf("      distributed-optimizer instance %d of %d: rank %d of its %d dense ranks",
+         mp_mesh_group_index(m, MP_GROUP_DOPT_INTER, e->rank), mp_mesh_dopt(m),
+         mp_mesh_group_index(m, MP_GROUP_DOPT, e->rank), mp_mesh_group_size(m, MP_GROUP_DOPT));
+  if (mp_plan_ddp_experts_apart(p))
+    printf(", %d of the %d of its expert-DP group's %d in it", mp_mesh_group_index(m, MP_GROUP_EDOPT, e->rank),
+           mp_mesh_group_size(m, MP_GROUP_EDOPT), mp_mesh_group_size(m, MP_GROUP_EDP));
+  printf("\n");
+}
+
 static void print_header(const explain *e) {
   const mp_plan *p = e->plan;
   char mesh_s[128];
@@ -95,6 +111,7 @@ static void print_header(const explain *e) {
     printf(" (etp %d, expert-DP %d of %d)", mp_mesh_group_index(&p->mesh, MP_GROUP_ETP, e->rank),
            mp_mesh_group_index(&p->mesh, MP_GROUP_EDP, e->rank), mp_mesh_group_size(&p->mesh, MP_GROUP_EDP));
   printf("\n");
+  print_instance(e);
   printf("batch seq %lld, global batch %lld: %lld sequences per data-parallel rank in %lld "
          "micro-batches of %lld\n",
          (long long)p->opts.seq, (long long)p->opts.global_batch, (long long)e->local_batch,
@@ -299,19 +316,34 @@ static void print_units(const explain *e) {
   free(done);
 }
 
+/* The rank's routed-expert elements DDP reduces over their own expert-DP group
+ * (mp_plan_ddp_experts_apart), 0 where it does not. */
+static int64_t rank_expert_numel(const explain *e) {
+  const mp_plan *p = e->plan;
+  int64_t n = 0;
+  if (!mp_plan_ddp_experts_apart(p)) return 0;
+  for (int i = 0; i < p->n_params; i++)
+    if (p->params[i].is_expert) n += mp_param_local_numel(p, &p->params[i], e->rank);
+  return n;
+}
+
 /* Megatron-LM's resident state on the rank (exec/schedule.c's prologue): the 16-bit
- * parameters and the main gradients (fp32, bf16 with --grad-reduce-in-bf16) whole, the fp32 master weights and Adam m, v on the
- * rank's 1/d of them under the distributed optimizer (d: dp_replicate x cp), else whole. */
+ * parameters and the main gradients (fp32, bf16 with --grad-reduce-in-bf16) whole, the fp32
+ * master weights and Adam m, v on the rank's 1/d of them under the distributed optimizer (d:
+ * dp_replicate x cp, or one instance's part; the routed experts' over their expert-DP group,
+ * or its instance slice: mp_plan_ddp_expert_state), else whole. */
 static void print_totals_megatron(const explain *e, const mp_plan_totals *t) {
   const mp_plan *p = e->plan;
-  const int64_t n = t->params_numel;
-  int64_t param_bytes, grad_bytes, opt_bytes, shard;
-  mp_plan_ddp_state(p, n, &param_bytes, &grad_bytes, &opt_bytes, &shard);
+  const int64_t n = t->params_numel, ne = rank_expert_numel(e);
+  int64_t param_bytes, grad_bytes, opt_bytes, shard, pb_e = 0, gb_e = 0, ob_e = 0, sh_e = 0;
+  mp_plan_ddp_state(p, n - ne, &param_bytes, &grad_bytes, &opt_bytes, &shard);
+  if (ne > 0) mp_plan_ddp_expert_state(p, ne, &pb_e, &gb_e, &ob_e, &sh_e);
+  param_bytes += pb_e, grad_bytes += gb_e, opt_bytes += ob_e;
   /* Megatron FSDP's n is already the rank's shard (over dp_shard x cp; its hybrid
    * sharding's instances, dp_replicate, hold copies of it) */
-  const int64_t d = p->opts.ddp.shard_optimizer && !mp_plan_is_megatron_fsdp(p)
-                        ? mp_mesh_group_size(&p->mesh, mp_plan_ddp_group(p))
-                        : 1;
+  const int sharded = p->opts.ddp.shard_optimizer && !mp_plan_is_megatron_fsdp(p);
+  const int64_t d = sharded ? mp_mesh_group_size(&p->mesh, mp_plan_ddp_group(p)) : 1,
+                de = sharded ? mp_mesh_group_size(&p->mesh, mp_plan_ddp_expert_group(p)) : 1;
   const int64_t pb = mp_dtype_bytes(p->opts.fsdp.param_dtype);
   char a[32], m[32], b[32], c[32], s[32];
   mp_explain_fmt_bytes((double)(n * pb), a, sizeof a);
@@ -323,10 +355,13 @@ static void print_totals_megatron(const explain *e, const mp_plan_totals *t) {
          "fp32 master weights and Adam state%s):\n",
          e->rank, mp_dtype_name(p->opts.fsdp.param_dtype), mp_dtype_name(p->opts.fsdp.reduce_dtype),
          mp_plan_is_megatron_fsdp(p) ? ", each on the rank's shard (Megatron FSDP)"
-         : d > 1                     ? " on the rank's shard (distributed optimizer)"
+         : d > 1 || de > 1           ? " on the rank's shard (distributed optimizer)"
                                      : "");
   printf("  parameters        %lld elements, %s\n", (long long)n, a);
-  if (d > 1)
+  if (ne > 0 && (d > 1 || de > 1))
+    printf("  master weights    %lld elements (1/%lld of %lld dense, 1/%lld of %lld routed-expert), %s\n",
+           (long long)(shard + sh_e), (long long)d, (long long)(n - ne), (long long)de, (long long)ne, m);
+  else if (d > 1)
     printf("  master weights    %lld elements (1/%lld), %s\n", (long long)shard, (long long)d, m);
   else
     printf("  master weights    %s\n", m);

@@ -7,12 +7,14 @@
  * and a group is the set of ranks that differ only in the group's varying sub-coordinates.
  * Enumerating those in row-major order yields the ranks in increasing order.
  *
- * Under the expert grid the experts' groups (EP, EFSDP, EDP, ETP) read the same six slots as
- *   [pp, a, b, e, 1, t]   with a stage's rank index = ((a * b_size + b) * ep + e) * etp + t,
+ * Under the expert grid the experts' groups (EP, EFSDP, EDP, EDOPT, ETP) read the same six
+ * slots as [pp, a, b, e, 1, t]   with a stage's rank index = ((a * b_size + b) * ep + e) * etp + t,
  * t the expert-TP coordinate (etp innermost, Megatron-Core's expert RankGenerator order
  * "tp-ep-dp-pp"), a = dp_replicate and b = dp_shard x cp x tp / (ep x etp) when ep x etp
  * divides dp_shard x cp x tp, else a = stage / (ep x etp) and b = 1; the dense groups read
- * [pp, dp_replicate, dp_shard, 1, cp, tp].
+ * [pp, dp_replicate, dp_shard, 1, cp, tp]. With instances a = inst * (a_size / dopt) + dpr
+ * in both cases, so an instance's expert-DP members are consecutive (EDOPT) and the instance
+ * coordinate strides a stage / dopt ranks, the dense one's stride (DOPT_INTER).
  * Both are row-major decompositions of the same rank, so groups still come out increasing. */
 #include "exec/mesh.h"
 
@@ -29,7 +31,7 @@ const char *mp_mesh_dim_name(mp_mesh_dim d) { return d < MP_MESH_NDIMS ? k_dim_n
 const char *mp_group_name(mp_group g) {
   static const char *n[MP_GROUP_COUNT] = {"pp", "dp_replicate", "dp_shard", "cp",    "tp",   "ep",
                                           "efsdp", "dp",        "fsdp",     "dp_cp", "world", "edp",
-                                          "etp", "dopt", "dopt_inter"};
+                                          "etp", "dopt", "dopt_inter", "edopt"};
   return g < MP_GROUP_COUNT ? n[g] : "?";
 }
 
@@ -87,9 +89,8 @@ mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m) {
   if (m->dopt < 0) return mp_error(ctx, MP_ERR_INVALID, "dopt=%d must be at least 1", m->dopt);
   if (mp_mesh_dopt(m) > 1) {
     /* Megatron-Core cuts the data-parallel-with-cp ranks into dopt consecutive slices
-     * (parallel_state.py, core_v0.14.0); a slice that splits a cp group, Megatron FSDP's
-     * instances (dp_replicate over dp_shard already) and the experts' own inter-instance
-     * groups are not modelled */
+     * (parallel_state.py, core_v0.14.0); a slice that splits a cp group and Megatron FSDP's
+     * instances (dp_replicate over dp_shard already) are not modelled */
     if (m->size[MP_DIM_DP_REPLICATE] % m->dopt)
       return mp_error(ctx, MP_ERR_INVALID, "dopt=%d does not divide dp_replicate=%d: a distributed-optimizer "
                       "instance is dp_replicate / dopt consecutive data-parallel ranks (x cp)", m->dopt,
@@ -97,9 +98,6 @@ mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m) {
     if (m->size[MP_DIM_DP_SHARD] > 1)
       return mp_error(ctx, MP_ERR_INVALID, "dopt=%d with dp_shard=%d: Megatron FSDP's instances are dp_replicate "
                       "over dp_shard already; drop dopt", m->dopt, m->size[MP_DIM_DP_SHARD]);
-    if (m->ep > 1)
-      return mp_error(ctx, MP_ERR_INVALID, "dopt=%d with ep=%d: the routed experts' distributed-optimizer "
-                      "instances (their intra- and inter-instance expert-DP groups) are not modelled", m->dopt, m->ep);
   }
   if (!mp_mesh_expert_grid(m)) return MP_OK;
   /* the EP x ETP block: ep x etp consecutive ranks of the stage (etp innermost) */
@@ -117,6 +115,13 @@ mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m) {
                     "dp_shard x cp x tp = %d, or a multiple of it dividing %d",
                     m->ep, st, in, st);
   }
+  /* the experts' instances cut their expert-DP group (st / (ep x etp) ranks) the same way;
+   * Megatron-Core asserts "Expert data parallel size should be divisible by partial DistOpt
+   * shard factor" (parallel_state.py, core_v0.14.0) */
+  if (mp_mesh_dopt(m) > 1 && (st / blk) % m->dopt)
+    return mp_error(ctx, MP_ERR_INVALID, "dopt=%d does not divide the expert-DP size %d (a stage's %d ranks / ep=%d "
+                    "x etp=%d): Megatron-Core asserts the distributed-optimizer instances divide it", m->dopt,
+                    st / blk, st, m->ep, etp_of(m));
   return MP_OK;
 }
 
@@ -231,7 +236,7 @@ void mp_mesh_format(const mp_mesh *m, char *buf, size_t cap) {
 }
 
 static int is_expert_group(mp_group g) {
-  return g == MP_GROUP_EP || g == MP_GROUP_EFSDP || g == MP_GROUP_EDP || g == MP_GROUP_ETP;
+  return g == MP_GROUP_EP || g == MP_GROUP_EFSDP || g == MP_GROUP_EDP || g == MP_GROUP_ETP || g == MP_GROUP_EDOPT;
 }
 
 /* The sub-coordinates' sizes group g reads (see the file's comment). */
@@ -252,8 +257,11 @@ static void ext_sizes_for(const mp_mesh *m, mp_group g, int s[X_N]) {
   if (in % blk == 0) {
     s[X_EFSDP] = in / blk;
   } else {
-    s[X_INST] = 1;
-    s[X_DPR] = stage_ranks(m) / blk;
+    /* the expert-DP coordinate a (stage / blk of them) cut into the instances' dopt slices,
+     * as dp_replicate's is above (mp_mesh_validate asserts dopt divides it) */
+    const int edp = stage_ranks(m) / blk;
+    s[X_INST] = edp % s[X_INST] == 0 ? s[X_INST] : 1;
+    s[X_DPR] = edp / s[X_INST];
     s[X_EFSDP] = 1;
   }
 }
@@ -318,6 +326,8 @@ static unsigned varying(const mp_mesh *m, mp_group g) {
      * across instances the instance coordinate alone */
     case MP_GROUP_DOPT: return (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_EP) | (1u << X_CP);
     case MP_GROUP_DOPT_INTER: return 1u << X_INST;
+    /* the experts' part of an instance: expert-DP less the instance coordinate */
+    case MP_GROUP_EDOPT: return (1u << X_DPR) | (1u << X_EFSDP) | (1u << X_CP);
     /* expert TP: the expert grid's innermost etp ranks; one rank inside dp_shard */
     case MP_GROUP_ETP: return mp_mesh_expert_grid(m) ? 1u << X_TP : 0;
     default: return 0;

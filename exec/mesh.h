@@ -71,7 +71,16 @@ typedef enum mp_group {
                         ranks cut into dopt consecutive slices, parallel_state.py core_v0.14.0);
                         the whole dp_cp group with one instance */
   MP_GROUP_DOPT_INTER, /* across the instances: the ranks at the same place in each
-                        (get_inter_distributed_optimizer_instance_group, size dopt) */
+                        (get_inter_distributed_optimizer_instance_group, size dopt); the
+                        routed experts' inter-instance group is the same ranks (see EDOPT) */
+  MP_GROUP_EDOPT,    /* the routed experts' part of one instance: the expert-DP group cut into
+                        dopt slices of consecutive members (Megatron-Core's
+                        _INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP, create_hierarchical_groups
+                        with sizes [edp / dopt, dopt], parallel_state.py core_v0.14.0); its
+                        second level (members edp / dopt apart: ranks a stage / dopt apart) is
+                        dopt_inter, the one inter-instance group Megatron uses for the dense
+                        and the expert buckets alike; the whole expert-DP group with one
+                        instance */
   MP_GROUP_COUNT
 } mp_group;
 
@@ -83,8 +92,9 @@ typedef struct mp_mesh {
   int dopt;                /* Megatron-Core's distributed-optimizer instances
                               (--num-distributed-optimizer-instances): dp_replicate cut into dopt
                               blocks of consecutive coordinates (groups MP_GROUP_DOPT and
-                              MP_GROUP_DOPT_INTER); 0 or 1: one instance. A layout of the ranks,
-                              as etp is: "dopt=N" in the mesh spec */
+                              MP_GROUP_DOPT_INTER), the expert-DP group likewise (MP_GROUP_EDOPT);
+                              0 or 1: one instance. A layout of the ranks, as etp is: "dopt=N"
+                              in the mesh spec */
 } mp_mesh;
 
 /* The most ranks a mesh may have: common/limits.h's bound on GPUs in one job. */
@@ -101,7 +111,8 @@ void mp_mesh_init(mp_mesh *m);
  * 1..MP_MESH_MAX_WORLD and meshes of more than MP_MESH_MAX_WORLD ranks are MP_ERR_INVALID
  * with a message naming them. */
 mp_status mp_mesh_parse(mp_ctx *ctx, const char *spec, int world_size, mp_mesh *out);
-/* ep fits one of the layouts above; world fits; dopt divides dp_replicate, without ep. */
+/* ep fits one of the layouts above; world fits; dopt divides dp_replicate and, with ep > 1,
+ * the expert-DP size. */
 mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m);
 /* 1 when the experts use their own grid (etp given, or ep not dividing dp_shard). */
 int mp_mesh_expert_grid(const mp_mesh *m);

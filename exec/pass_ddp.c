@@ -19,7 +19,10 @@
  * instances (MP_GROUP_DOPT_INTER), the updated parameters all-gathered inside the instance
  * (param_and_grad_buffer.py, start_grad_sync and start_param_sync, core_v0.14.0). Megatron
  * asserts the distributed optimizer with them ('Partial DistOpt cannot be used without
- * DistOpt', distributed_data_parallel.py).
+ * DistOpt', distributed_data_parallel.py). The routed experts' buffers, over their
+ * expert-DP group (mp_plan_ddp_experts_apart), go the same way over that group's instance
+ * slices (MP_GROUP_EDOPT, intra_expt_dp_group) and the same inter-instance group
+ * (distributed_data_parallel.py hands both bucket groups inter_dist_opt_group).
  *
  * Refused: dp_shard > 1 (DDP shards nothing: use dp_replicate), before TP or EP where the
  * mesh has them, after FSDP, twice. */
@@ -102,9 +105,10 @@ mp_status mp_apply_ddp(mp_ctx *ctx, mp_plan *p, const mp_ddp_options *o) {
 
 void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o) {
   char experts[200] = "";
+  const int inst = mp_mesh_dopt(&p->mesh);
   if (mp_plan_ddp_experts_apart(p))
     snprintf(experts, sizeof experts,
-             "; the routed experts (%s) over their expert-DP group of %d "
+             "the routed experts (%s) over their expert-DP group of %d "
              "instead (the stage's ranks holding the same experts)",
              p->mesh.etp > 1 ? "each split over its expert-TP group" : "whole on each rank, etp=1",
              mp_mesh_group_size(&p->mesh, MP_GROUP_EDP));
@@ -113,7 +117,6 @@ void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o) {
   const int state = 4 + (int)mp_plan_adamw_moment_bytes(&p->opts, 1),
             whole = 2 + (int)mp_dtype_bytes(p->opts.fsdp.reduce_dtype);
   char how[384];
-  const int inst = mp_mesh_dopt(&p->mesh);
   if (o->shard_optimizer && inst > 1)
     snprintf(how, sizeof how, "reduce-scattered inside each of %d distributed-optimizer instances of d = %d "
              "consecutive ranks, the shard all-reduced across the instances, and the fp32 master weights and "
@@ -126,14 +129,20 @@ void mp_plan_note_ddp(mp_plan *p, const mp_ddp_options *o) {
   else
     snprintf(how, sizeof how, "all-reduced over them (%d bytes a parameter at rest)", whole + state);
   mp_plan_note(p,
-               "DDP: parameters replicated over dp_replicate x cp = %d, %s main gradients %s%s%s",
+               "DDP: parameters replicated over dp_replicate x cp = %d, %s main gradients %s%s%s%s",
                mp_mesh_group_size(&p->mesh, MP_GROUP_DP_CP),
                mp_dtype_name(p->opts.fsdp.reduce_dtype), how,
                !o->overlap         ? ", after the step's last backward"
                : o->shard_optimizer ? ", bucket by bucket as the backward ends and the "
                                       "gathers in the next forward"
                                     : ", bucket by bucket as the backward ends",
-               experts);
+               experts[0] && inst == 1 ? "; " : "", inst == 1 ? experts : "");
+  /* with instances the experts' part is a note of its own (a note holds 511 characters) */
+  if (experts[0] && inst > 1)
+    mp_plan_note(p, "DDP: %s, cut into the instances' slices of %d consecutive members: reduce-scattered and "
+                 "the optimizer sharded inside the slice, the shard all-reduced across the instances as the "
+                 "dense weights' is, the parameters all-gathered inside the slice", experts,
+                 mp_mesh_group_size(&p->mesh, MP_GROUP_EDOPT));
 }
 
 mp_group mp_plan_ddp_group(const mp_plan *p) {
@@ -186,8 +195,12 @@ void mp_plan_ddp_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_
   ddp_state(p, n, d, param_bytes, grad_bytes, optimizer_bytes, shard);
 }
 
+mp_group mp_plan_ddp_expert_group(const mp_plan *p) {
+  return p->opts.dp == MP_DP_DDP && mp_mesh_dopt(&p->mesh) > 1 ? MP_GROUP_EDOPT : MP_GROUP_EDP;
+}
+
 void mp_plan_ddp_expert_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,
                               int64_t *optimizer_bytes, int64_t *shard) {
-  const int64_t d = p->opts.ddp.shard_optimizer ? mp_mesh_group_size(&p->mesh, MP_GROUP_EDP) : 1;
+  const int64_t d = p->opts.ddp.shard_optimizer ? mp_mesh_group_size(&p->mesh, mp_plan_ddp_expert_group(p)) : 1;
   ddp_state(p, n, d, param_bytes, grad_bytes, optimizer_bytes, shard);
 }

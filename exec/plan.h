@@ -770,14 +770,14 @@ int64_t mp_plan_adamw_moment_bytes(const mp_plan_options *o, int64_t n);
  * the optimizer steps (n without sharding). */
 void mp_plan_ddp_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,
                        int64_t *optimizer_bytes, int64_t *shard);
-/* Whether DDP reduces the routed experts' gradients over their own expert-DP group
- * (MP_GROUP_EDP) apart from the dense weights': EP applied on the expert grid
- * (exec/mesh.h), as Megatron-Core's DDP buckets expert parameters over
- * expert_data_parallel_group (megatron/core/distributed/distributed_data_parallel.py,
- * core_r0.12). */
+/* Whether DDP reduces the routed experts' gradients over their own expert-DP group (MP_GROUP_EDP)
+ * apart from the dense weights': EP applied on the expert grid (exec/mesh.h), as Megatron-Core's
+ * DDP buckets expert parameters over expert_data_parallel_group (distributed_data_parallel.py,
+ * core_r0.12). Their group (mp_plan_ddp_expert_group): expert-DP, or with dopt > 1 the instance's
+ * slice of it (MP_GROUP_EDOPT, intra_expt_dp_group at core_v0.14.0), over which
+ * mp_plan_ddp_expert_state (mp_plan_ddp_state's) cuts their optimizer with shard_optimizer. */
 int mp_plan_ddp_experts_apart(const mp_plan *p);
-/* mp_plan_ddp_state for n routed-expert parameters, the optimizer (with shard_optimizer)
- * cut over the expert-DP group instead. */
+mp_group mp_plan_ddp_expert_group(const mp_plan *p);
 void mp_plan_ddp_expert_state(const mp_plan *p, int64_t n, int64_t *param_bytes, int64_t *grad_bytes,
                               int64_t *optimizer_bytes, int64_t *shard);
 /* Pipeline stage of a rank (its pp coordinate). */

@@ -312,11 +312,13 @@ static void emit_backward_head(gen *g, const stage_info *st, carry *c, int first
 /* DDP without overlap: bytes of the stage's gradients all-reduced (reduce-scattered with the
  * optimizer sharded) over grp once the last micro-batch's backward is done. */
 static void stage_grad_reduce(gen *g, mp_group grp, int64_t bytes) {
-  if (bytes <= 0 || mp_mesh_group_size(&g->p->mesh, grp) <= 1) return;
+  const int inside = mp_mesh_group_size(&g->p->mesh, grp) > 1;
+  if (bytes <= 0 || (!inside && !mp_sched_dopt_across(g, grp))) return;
   const int32_t after = mp_sched_ddp_bucket_prep(g, bytes / mp_dtype_bytes(g->reduce_dtype), g->last_compute);
-  const int32_t i = grad_comm(g, g->shard_optimizer ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, grp, bytes,
-                              -1, -1, after);
-  if (i >= 0) g->ops[i].when = MP_WHEN_LAST_MICRO;
+  const int32_t i = inside ? grad_comm(g, g->shard_optimizer ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, grp,
+                                       bytes, -1, -1, after)
+                           : after;
+  if (inside && i >= 0) g->ops[i].when = MP_WHEN_LAST_MICRO;
   mp_sched_dopt_inter(g, grp, bytes / mp_dtype_bytes(g->reduce_dtype), -1, -1, i);
 }
 
@@ -339,7 +341,7 @@ static void emit_backward_tail(gen *g, const stage_info *st, int last_chunk) {
    * done */
   if (g->ddp && !g->p->opts.ddp.overlap && last_chunk) {
     stage_grad_reduce(g, mp_sched_ddp_group(g), g->stage_grad_bytes);
-    stage_grad_reduce(g, MP_GROUP_EDP, g->stage_expert_grad_bytes); /* the experts' (expert-DP) */
+    stage_grad_reduce(g, mp_plan_ddp_expert_group(g->p), g->stage_expert_grad_bytes); /* the experts' */
   }
   mp_sched_seg_close(g, MP_PHASE_BACKWARD, 1, 0, 0);
 }

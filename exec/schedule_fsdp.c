@@ -176,24 +176,29 @@ int mp_sched_dopt_gather_at_use(const gen *g) {
 
 int32_t mp_sched_dopt_gather(gen *g, int32_t layer, int32_t unit0, int n, int32_t after, int32_t *patch,
                              int *n_patch) {
-  if (!g->shard_optimizer || !g->p->opts.ddp.overlap || mp_sched_dopt_ways(g) <= 1) return -1;
+  if (!g->shard_optimizer || !g->p->opts.ddp.overlap) return -1;
+  /* the experts' group may span ranks where an instance's dense one does not (tp wider than
+   * ep x etp), or the other way round */
+  const mp_group eg = mp_plan_ddp_expert_group(g->p);
+  const int dense = mp_sched_dopt_ways(g) > 1, expert = mp_mesh_group_size(&g->p->mesh, eg) > 1;
+  if (!dense && !expert) return -1;
   int64_t numel = 0, experts = 0, f8 = 0, f8e = 0;
   for (int k = 0; k < n; k++) {
     const unit_info *ui = &g->ui[unit0 + k];
     numel += ui->numel_tp, experts += ui->numel_expert, f8 += ui->numel_f8, f8e += ui->numel_f8_expert;
   }
   if (numel == 0) return -1;
-  if (n == 1 && unit0 != g->root_unit) {
+  if (n == 1 && unit0 != g->root_unit && dense) {
     const int32_t i = dopt_gather_buckets(g, layer, unit0, after, patch, n_patch);
     if (i >= 0) return i;
   }
   /* the experts' (over expert-DP) first: the gather stream runs in order, so waiting for the
    * dense gather returned below waits for both */
-  if (experts > 0 && mp_mesh_group_size(&g->p->mesh, MP_GROUP_EDP) > 1)
-    dopt_gather_op(g, MP_GROUP_EDP, experts, f8e, layer, unit0, after, patch, n_patch);
-  return numel > experts ? dopt_gather_op(g, mp_sched_ddp_group(g), numel - experts, f8 - f8e, layer, unit0, after,
-                                          patch, n_patch)
-                         : -1;
+  int32_t last = -1;
+  if (experts > 0 && expert) last = dopt_gather_op(g, eg, experts, f8e, layer, unit0, after, patch, n_patch);
+  if (numel > experts && dense)
+    last = dopt_gather_op(g, mp_sched_ddp_group(g), numel - experts, f8 - f8e, layer, unit0, after, patch, n_patch);
+  return last;
 }
 
 /* The all-gathers of every unit of block l (see mp_sched_gather_units). */
@@ -359,17 +364,25 @@ int mp_sched_ddp_buckets(const gen *g, const unit_info *ui, int64_t numel[UNIT_M
  * optimizer sharded) over grp when it has more than one rank, after the bucket's
  * preparation under Megatron-LM's DDP (mp_sched_ddp_bucket_prep). */
 static void ddp_reduce(gen *g, mp_group grp, int64_t n, int32_t layer, int32_t u, int32_t after) {
-  if (n <= 0 || mp_mesh_group_size(&g->p->mesh, grp) <= 1) return;
+  /* an instance of one rank reduce-scatters nothing, but its gradients still cross the
+   * instances (an expert-DP group of dopt ranks: one member an instance) */
+  const int inside = mp_mesh_group_size(&g->p->mesh, grp) > 1;
+  if (n <= 0 || (!inside && !(g->ddp && mp_sched_dopt_across(g, grp)))) return;
   if (g->ddp) after = mp_sched_ddp_bucket_prep(g, n, after);
-  const int32_t i = grad_comm(g, g->shard_optimizer ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, grp,
-                              n * mp_dtype_bytes(g->reduce_dtype), layer, u, after);
-  if (i >= 0 && (g->ddp || g->p->mesh.size[MP_DIM_PP] > 1)) g->ops[i].when = MP_WHEN_LAST_MICRO;
+  const int32_t i = inside ? grad_comm(g, g->shard_optimizer ? MP_COLL_REDUCE_SCATTER : MP_COLL_ALL_REDUCE, grp,
+                                       n * mp_dtype_bytes(g->reduce_dtype), layer, u, after)
+                           : after;
+  if (inside && i >= 0 && (g->ddp || g->p->mesh.size[MP_DIM_PP] > 1)) g->ops[i].when = MP_WHEN_LAST_MICRO;
   if (g->ddp) mp_sched_dopt_inter(g, grp, n, layer, u, i);
 }
 
+int mp_sched_dopt_across(const gen *g, mp_group grp) {
+  return (grp == MP_GROUP_DOPT || grp == MP_GROUP_EDOPT) && mp_mesh_group_size(&g->p->mesh, MP_GROUP_DOPT_INTER) > 1;
+}
+
 int32_t mp_sched_dopt_inter(gen *g, mp_group grp, int64_t n, int32_t layer, int32_t u, int32_t rs) {
-  if (grp != MP_GROUP_DOPT || rs < 0 || mp_mesh_group_size(&g->p->mesh, MP_GROUP_DOPT_INTER) <= 1) return -1;
-  const int64_t d = mp_mesh_group_size(&g->p->mesh, MP_GROUP_DOPT), shard = (n + d - 1) / d;
+  if (!mp_sched_dopt_across(g, grp) || rs < 0) return -1;
+  const int64_t d = mp_mesh_group_size(&g->p->mesh, grp), shard = (n + d - 1) / d;
   const int32_t i = grad_comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_DOPT_INTER, shard * mp_dtype_bytes(g->reduce_dtype),
                               layer, u, rs);
   if (i >= 0) g->ops[i].when = MP_WHEN_LAST_MICRO;
@@ -430,7 +443,7 @@ static void ddp_reduce_unit(gen *g, int32_t layer, int32_t u, int32_t after) {
     ddp_reduce(g, mp_sched_ddp_group(g), bn[b], layer, u, after);
   if (nb == 0 && (!g->ddp || g->p->opts.ddp.overlap)) {
     ddp_reduce(g, mp_sched_ddp_group(g), ui->numel_tp - ui->numel_expert, layer, u, after);
-    ddp_reduce(g, MP_GROUP_EDP, ui->numel_expert, layer, u, after); /* the experts' bucket */
+    ddp_reduce(g, mp_plan_ddp_expert_group(g->p), ui->numel_expert, layer, u, after); /* the experts' bucket */
   }
 }
 

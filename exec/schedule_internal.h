@@ -771,12 +771,18 @@ int mp_sched_dopt_gather_at_use(const gen *g);
  * (grad_data *= gradient_scaling_factor, ddp.scale_grads). Returns the last op, the
  * reduction's dependency (`after` where there is none). */
 int32_t mp_sched_ddp_bucket_prep(gen *g, int64_t n, int32_t after);
+/* Whether gradients reduced over grp cross the distributed optimizer's instances: grp is an
+ * instance's group, the dense one (MP_GROUP_DOPT) or the routed experts' (MP_GROUP_EDOPT),
+ * and there is more than one instance. */
+int mp_sched_dopt_across(const gen *g, mp_group grp);
 /* The distributed optimizer's instances (the mesh's dopt): after rs, the reduce-scatter of
- * n elements' gradients over grp, the rank's shard (ceil(n / d) elements, d the instance's
+ * n elements' gradients over grp (or, where the instance's part of grp is one rank, the op
+ * the reduction would have followed), the rank's shard (ceil(n / d) elements, d grp's
  * ranks) all-reduced across the instances (MP_GROUP_DOPT_INTER) on the reduce stream behind
  * it, in the last micro-batch (param_and_grad_buffer.py start_grad_sync, core_v0.14.0: both
- * issued in order on one communication stream). -1 (nothing) unless grp is MP_GROUP_DOPT
- * with more than one instance. */
+ * issued in order on one communication stream; the dense and the expert buffers each make
+ * a stream of their own, distributed_data_parallel.py, where here both queue on the reduce
+ * stream). -1 (nothing) unless mp_sched_dopt_across. */
 int32_t mp_sched_dopt_inter(gen *g, mp_group grp, int64_t n, int32_t layer, int32_t u, int32_t rs);
 
 /* Megatron-Core's buckets over DDP unit ui's parameters under mp_ddp_options.bucket_size

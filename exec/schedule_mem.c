@@ -210,9 +210,10 @@ static void autograd_optimizer(gen *g, const mp_schedule_prep *pr, int world_red
   if (g->shard_optimizer && !g->p->opts.ddp.overlap && mp_sched_dopt_ways(g) > 1)
     comm(g, MP_COLL_ALL_GATHER, mp_sched_ddp_group(g), MP_STREAM_COMPUTE,
          model_bytes(g, pr->params_numel - ne, f8.tp - f8.expert), g->param_dtype, -1);
-  if (g->shard_optimizer && !g->p->opts.ddp.overlap && ne > 0 && mp_mesh_group_size(&g->p->mesh, MP_GROUP_EDP) > 1)
-    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_EDP, MP_STREAM_COMPUTE, model_bytes(g, ne, f8.expert),
-         g->param_dtype, -1); /* the experts' over expert-DP */
+  const mp_group eg = mp_plan_ddp_expert_group(g->p);
+  if (g->shard_optimizer && !g->p->opts.ddp.overlap && ne > 0 && mp_mesh_group_size(&g->p->mesh, eg) > 1)
+    comm(g, MP_COLL_ALL_GATHER, eg, MP_STREAM_COMPUTE, model_bytes(g, ne, f8.expert), g->param_dtype,
+         -1); /* the experts' over expert-DP (the instance's part of it) */
 }
 
 /* ---- the tables ------------------------------------------------------------------------ */

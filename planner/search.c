@@ -577,6 +577,8 @@ static int grid_ep_ok(const mp_search_config *cfg, const mp_mesh *mesh, int ep, 
   if (!fixed_ok(cfg->fix.etp, etp) || ep <= 1 || cfg->model->n_experts % ep || !fixed_ok(cfg->fix.ep, ep) ||
       cfg->model->d_ff_expert % etp)
     return 0;
+  /* the distributed optimizer's instances cut the expert-DP group too (mp_mesh_validate) */
+  if (mp_mesh_dopt(mesh) > 1 && (stage % blk || (stage / blk) % mesh->dopt)) return 0;
   if (cfg->dp == MP_DP_DDP)
     return (dps % ep || named || etp > 1) && (inner % blk == 0 || (blk % inner == 0 && stage % blk == 0));
   /* the meshplan runtimes (executable_only) also run EP reaching into dp_replicate, the
@@ -686,7 +688,7 @@ mp_status mp_search_enumerate(mp_ctx *ctx, const mp_search_config *cfg, mp_searc
             mesh.etp = 0;
             st = enum_options(&e, &mesh);
           }
-          if (moe && dopt == 1 && st == MP_OK) st = enum_grid(&e, &mesh, divs, nd, r1);
+          if (moe && st == MP_OK) st = enum_grid(&e, &mesh, divs, nd, r1);
         }
       }
     }

@@ -105,6 +105,18 @@ run explain --model tiny-dense --gpus 8 --mesh dp_replicate=4,tp=2 --stack megat
   grep -qF "master weights" "$out" && grep -qF "(1/4)" "$out" && ! grep -qF "FSDP units" "$out" ||
   fail "meshplan explain --stack megatron-core: no Megatron data-parallel note or optimizer shard"
 
+# The routed experts under 2 distributed-optimizer instances (tiny-moe, dp_replicate=8, ep=2):
+# explain places rank 0 in its instance and its experts' slice, and shards the masters over
+# the instance's 4 dense ranks and the experts' slice of 2: 83,264 / 4 + 49,152 / 2 = 45,392
+# elements (2 layers x 8 experts x 3 x 64 x 32 = 98,304 routed, half a rank). Instances not
+# dividing the expert-DP size (ep=8 on 8 ranks: 1) are refused as Megatron asserts.
+run explain --model tiny-moe --gpus 8 --mesh dp_replicate=8,ep=2,dopt=2 --stack megatron-core --seq 64 --global-batch 8
+[ "$rc" -eq 0 ] && grep -qF "distributed-optimizer instance 0 of 2: rank 0 of its 4 dense ranks, 0 of the 2" "$out" &&
+  grep -qF "45392 elements (1/4 of 83264 dense, 1/2 of 49152 routed-expert)" "$out" ||
+  fail "meshplan explain: the routed experts' distributed-optimizer instance or their masters' shard"
+expect_error "dopt=2 does not divide the expert-DP size 1" \
+  explain --model tiny-moe --gpus 8 --mesh dp_replicate=8,ep=8,dopt=2 --stack megatron-core --seq 64
+
 # An unknown mesh dim through `meshplan explain --mesh`: one line, exit 2, naming 'foo'.
 expect_error "'foo'" explain --model tiny-dense --mesh foo=2
 

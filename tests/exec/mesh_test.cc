@@ -137,7 +137,10 @@ TEST(Mesh, GroupsPartitionTheWorld) {
                          "dp_shard=2,cp=2,tp=2,ep=8",
                          // expert tensor parallelism
                          "dp_shard=4,tp=4,ep=2,etp=4", "pp=2,dp_replicate=4,tp=2,ep=4,etp=2",
-                         "dp_shard=2,cp=2,tp=2,ep=2,etp=2", "dp_replicate=2,tp=4,etp=4"};
+                         "dp_shard=2,cp=2,tp=2,ep=2,etp=2", "dp_replicate=2,tp=4,etp=4",
+                         // the experts' distributed-optimizer instances
+                         "dp_replicate=8,ep=2,dopt=2", "pp=2,dp_replicate=4,tp=2,ep=2,etp=1,dopt=2",
+                         "dp_replicate=4,cp=2,tp=2,ep=4,etp=2,dopt=2"};
   for (const char *spec : specs) {
     SCOPED_TRACE(spec);
     mp_mesh m = Parse(spec, 0);

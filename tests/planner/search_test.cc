@@ -759,6 +759,33 @@ TEST(SearchEnumerate, DistributedOptimizerInstancesWhereFixed) {
   EXPECT_NE(std::string(mp_errmsg(&t.ctx)).find("with the distributed optimizer"), std::string::npos);
 }
 
+TEST(SearchEnumerate, ExpertGridUnderInstancesWhereFixed) {
+  // --fix dopt=2,pp=1 with 8 experts on 8 GPUs under DDP with the distributed optimizer: the
+  // expert grid is searched under the instances where 2 divides the expert-DP size, a stage's
+  // 8 ranks / (ep x etp) (mp_mesh_validate, as Megatron asserts). By hand: dp_replicate 8
+  // with ep 2 (expert-DP 4) and ep 4 (2), not ep 8 (1); dp_replicate 4 x tp 2 with etp 2 and
+  // ep 2 (8 / 4 = 2), not ep 4 (1). Each candidate's experts' slice is half its expert-DP group.
+  Search r(fake_moe_model(8), fake_cluster(1, 8), 4096, 8);
+  r.cfg.dp = MP_DP_DDP;
+  r.cfg.ddp_shard_optimizer = 1;
+  ASSERT_EQ(mp_search_fix_parse(&r.ctx, "dopt=2,pp=1", &r.cfg.fix), MP_OK) << mp_errmsg(&r.ctx);
+  r.enumerate();
+  std::set<std::vector<int>> grid;
+  for (int64_t i = 0; i < r.s->n; i++) {
+    const mp_mesh &m = r.s->cands[i].mesh;
+    EXPECT_EQ(m.dopt, 2);
+    if (m.ep <= 1) continue;
+    const int edp = mp_mesh_group_size(&m, MP_GROUP_EDP);
+    EXPECT_EQ(edp % 2, 0) << i;
+    EXPECT_EQ(mp_mesh_group_size(&m, MP_GROUP_EDOPT), edp / 2) << i;
+    grid.insert({m.size[MP_DIM_DP_REPLICATE], m.size[MP_DIM_TP], m.ep, mp_mesh_grid_etp(&m)});
+  }
+  for (auto k : {std::vector<int>{8, 1, 2, 1}, {8, 1, 4, 1}, {4, 2, 2, 2}})
+    EXPECT_EQ(grid.count(k), 1u) << k[0] << " " << k[1] << " " << k[2] << " " << k[3];
+  for (auto k : {std::vector<int>{8, 1, 8, 1}, {4, 2, 4, 2}})
+    EXPECT_EQ(grid.count(k), 0u) << k[0] << " " << k[1] << " " << k[2] << " " << k[3];
+}
+
 TEST(SearchEnumerate, InterleavedChunksOnlyWithPipelines) {
   // pp_virtual_max 4: every pp > 1 mesh the mesh rules keep is searched with 1, 2 and 4
   // chunks per stage; pp = 1 and the meshes they reject (seq 512: cp=4 leaves chunks of 64

@@ -127,17 +127,18 @@ void ExpectRefused(const Opts &o, const char *why) {
   EXPECT_NE(std::string(mp_errmsg(&b.ctx)).find(why), std::string::npos) << mp_errmsg(&b.ctx);
 }
 
-// Megatron asserts the distributed optimizer under instances; FSDP (dp_shard), the routed
-// experts' instance groups and instances not dividing dp_replicate are refused by name.
+// Megatron asserts the distributed optimizer under instances; FSDP (dp_shard), instances not
+// dividing the routed experts' expert-DP size (dp_replicate=8 with ep=8: 1) and instances not
+// dividing dp_replicate are refused by name (moe_dopt_test.cc holds the experts' instances).
 TEST(MegatronDopt, Refusals) {
   Opts o = Dopt("dp_replicate=8,dopt=2");
   o.dist_opt = 0;
   ExpectRefused(o, "without the distributed optimizer");
   ExpectRefused(Dopt("dp_replicate=2,dp_shard=4,dopt=2"), "Megatron FSDP's instances");
-  Opts e = Dopt("dp_replicate=8,ep=2,etp=1,dopt=2");
+  Opts e = Dopt("dp_replicate=8,ep=8,etp=1,dopt=2");
   e.model = "tiny-moe";
   e.seq = 64;
-  ExpectRefused(e, "routed experts' distributed-optimizer");
+  ExpectRefused(e, "does not divide the expert-DP size 1");
   ExpectRefused(Dopt("dp_replicate=6,dopt=4"), "does not divide dp_replicate=6");
 }
 
