@@ -253,6 +253,25 @@ with open(path, "w") as f:
 p = run("validate", path, "--json", want_rc=2)
 check("fp8_amax_tp 1" in p.stderr and "fp8 1" in p.stderr, f"fp8_amax_tp without fp8: {p.stderr}")
 
+# ---- the optional integer columns' ranges (validate_csv.c opt_int): a value out of range is
+# an input error, exit 2, naming the column, its value and the range, before any plan is
+# built. dist_opt_instances counts Megatron-LM's --num-distributed-optimizer-instances, 1 and
+# up (empty: one instance), so 0 is out; pp_virtual is bounded by MP_LIM_PP_VIRTUAL = 256
+# (common/limits.h), so 257 is out (a plan would refuse it too, but as a row, not as input) ----
+for col, val, rng in (("dist_opt_instances", "0", "1..1048576"), ("pp_virtual", "257", "1..256")):
+    with open(path, "w") as f:
+        f.write(HDR + ",dist_opt_instances\n")
+        row = DENSE.format("range_" + col, "", "")
+        if col == "pp_virtual":  # the 13th column, empty in DENSE
+            cells = row.split(",")
+            cells[12] = val
+            row = ",".join(cells) + ","
+        else:
+            row += "," + val
+        f.write(row + "\n")
+    p = run("validate", path, "--json", want_rc=2)
+    check(f"column '{col}' = '{val}'" in p.stderr and rng in p.stderr, f"{col} {val}: {p.stderr}")
+
 for f in fails:
     print("FAIL:", f)
 print(f"{len(fails)} failures")

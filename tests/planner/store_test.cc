@@ -859,4 +859,43 @@ TEST(StoreIdentity, Version9MigratesToMeshesWithGridAndInstances) {
   mp_store_close(st);
 }
 
+// A candidate the step bound stopped (reject bounded: the simulator ran a stage and quit,
+// sim/sim_plan.c step_bounded, its result zero but bounded and step_lb_s) has no figures to
+// predict: its plan row keeps the rule and is not feasible, and no predictions row is written
+// for it, or its step would read 0 s. Three candidates: one that fits (step 2 s), one bounded
+// (lower bound 5 s), one whose evaluation failed: 3 plans, 1 prediction, of 2 s.
+TEST(Store, BoundedCandidateWritesNoPrediction) {
+  const std::string path = FreshDbPath("bounded.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  mp_run_info info = {"tiny-moe", "1xfake", "fake-gpu", 16, 8, 4096, 32, "time", "{}", "test", "test"};
+  int64_t run = 0;
+  ASSERT_EQ(mp_store_run_begin(&ctx, st, &info, &run), MP_OK) << mp_errmsg(&ctx);
+  const int reject[3] = {MP_REJECT_NONE, MP_REJECT_BOUNDED, MP_REJECT_EVAL_ERROR};
+  for (int i = 0; i < 3; i++) {
+    mp_candidate c;
+    memset(&c, 0, sizeof c);
+    ASSERT_EQ(mp_mesh_parse(&ctx, "pp=2,dp_replicate=8", 16, &c.mesh), MP_OK) << mp_errmsg(&ctx);
+    c.micro_batch = 1;
+    c.evaluated = 1;
+    c.reject = reject[i];
+    if (i == 0) c.res.step_time_s = 2.0;
+    if (i == 1) {
+      c.res.bounded = 1;
+      c.res.step_lb_s = 5.0;
+    }
+    ASSERT_EQ(mp_store_add_candidate(&ctx, st, run, i, &c, i ? "stopped" : ""), MP_OK) << mp_errmsg(&ctx);
+  }
+  mp_run_summary sum = {3, 0, 3, 1, 0, 1.0};
+  ASSERT_EQ(mp_store_run_commit(&ctx, st, run, &sum), MP_OK) << mp_errmsg(&ctx);
+  const std::string r = std::to_string(run);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE run_id=" + r), 3);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE run_id=" + r + " AND reject_rule='bounded' AND feasible=0"), 1);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM predictions"), 1);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM predictions WHERE step_time_s = 2.0"), 1);
+  mp_store_close(st);
+}
+
 }  // namespace

@@ -74,6 +74,21 @@ TEST(CpuOffload, GeluInputStaysOnTheGpu) {
   EXPECT_EQ(OffloadBytes(k), 1024 * 18496);
 }
 
+// The same layer under Megatron-Core's local spec (te_spec 0): Megatron's SwiGLU is torch ops
+// there, which save gate, up, silu and their product (4 x 2Tf, block_act_mg's list) and mark
+// nothing for the host; of them only fc2's input 2Tf is a Linear's saved input that TE's hook
+// offloads. The rest of the layer's list is the TE spec's (the norms' bytes are the same
+// either way: input 2TH, statistics 4T, normed input 2TH). So 2T (4H + 6144 + H + f) + 8T +
+// 128T = 8192 x 40960 + 32768 + 524288 = 336,101,376 bytes: the TE spec's 570,982,400 less
+// fc1's output 2 x 2Tf = 234,881,024, which the unfused SwiGLU keeps on the GPU.
+TEST(CpuOffload, UnfusedSwigluKeepsItsTensorsOnTheGpu) {
+  PlanCase k("llama3.1-8b", "h100-8", "dp_replicate=8");
+  Megatron8b(k, 4);
+  k.o.te_spec = 0;
+  EXPECT_EQ(OffloadBytes(k), 336101376);
+  EXPECT_EQ(kLayerBytes - 336101376, 2 * 2 * 4096 * 14336);
+}
+
 // The activations' peak is at the head's backward (the logits' gradient beside every saved
 // layer): the four offloaded layers' marked tensors are on the host then, and the first reload
 // starts only as the backward reaches the top layer, after the head. So the peak falls by
