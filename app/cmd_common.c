@@ -220,8 +220,21 @@ static mp_status fp8_param_gather(mp_ctx *ctx, const mp_cmd_spec *spec, const st
   return MP_OK;
 }
 
+/* --fp8-scope: with --fp8; the stack and the recipe are the Float8 pass's to check. */
+static mp_status fp8_scope(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o) {
+  const char *s = mp_args_get(spec, "--fp8-scope");
+  if (s == NULL) return MP_OK;
+  if (!mp_fp8_scope_parse(s, &o->fp8_opts.scope))
+    return mp_error(ctx, MP_ERR_USAGE, "--fp8-scope '%s': choose linears, experts or all", s);
+  if (!fp8_on(spec) && o->fp8_opts.scope != MP_FP8_SCOPE_LINEARS)
+    return mp_error(ctx, MP_ERR_USAGE, "--fp8-scope %s names the GEMMs that run in float8 and needs a recipe: "
+                    "add --fp8 rowwise or --fp8 mxfp8", s);
+  return MP_OK;
+}
+
 mp_status mp_cmd_fp8_all_gather(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                                 mp_plan_options *o) {
+  MP_CHECK(fp8_scope(ctx, spec, o));
   if (!mp_args_has(spec, "--fp8-all-gather")) return MP_OK;
   if (prof && prof->mem_model != MP_MEM_MODEL_TORCHTITAN)
     return mp_error(ctx, MP_ERR_USAGE,

@@ -204,6 +204,15 @@ static void offload_json(cJSON *j, const mp_plan_options *o, const mp_sim_result
   cJSON_AddNumberToObject(j, "offload_exposed_s", r->offload_exposed_s);
 }
 
+/* A float8 plan's weight handling and scope: Megatron-Core's float8 weights, torchtitan's
+ * float8 all-gather, the grouped GEMMs in float8 (--fp8-scope). */
+static void add_fp8_weights(cJSON *j, const mp_float8_options *f) {
+  if (f->param_gather) cJSON_AddBoolToObject(j, "fp8_param_gather", 1);
+  if (f->all_gather) cJSON_AddBoolToObject(j, "fp8_all_gather", 1);
+  if (f->scope != MP_FP8_SCOPE_LINEARS)
+    cJSON_AddStringToObject(j, "fp8_scope", f->scope == MP_FP8_SCOPE_ALL ? "all" : "experts");
+}
+
 static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluster *c,
                       const mp_mesh *mesh, const mp_plan_options *o,
                       const mp_stack_profile *prof, const int64_t *stage_peak) {
@@ -231,8 +240,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   }
   if (o->moe_fp8_dispatch) cJSON_AddBoolToObject(j, "moe_fp8_dispatch", 1);
   if (o->fp8_act_cache) cJSON_AddBoolToObject(j, "fp8_act_cache", 1);
-  if (o->fp8 && o->fp8_opts.param_gather) cJSON_AddBoolToObject(j, "fp8_param_gather", 1);
-  if (o->fp8 && o->fp8_opts.all_gather) cJSON_AddBoolToObject(j, "fp8_all_gather", 1);
+  if (o->fp8) add_fp8_weights(j, &o->fp8_opts);
   if (o->moment_dtype != MP_DTYPE_FP32) cJSON_AddStringToObject(j, "optimizer_moments", mp_dtype_name(o->moment_dtype));
   if (mp_plan_megatron_fsdp(o, mesh)) {
     cJSON_AddStringToObject(j, "data_parallel_sharding_strategy", mp_mfsdp_strategy_name(o->mfsdp_strategy));

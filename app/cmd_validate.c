@@ -227,7 +227,8 @@ static mp_status megatron_run_options(mp_ctx *ctx, const char *where, const mp_v
 }
 
 /* The FSDP columns into j's options: Megatron FSDP's strategy and double buffer (a megatron
- * stack with dp_shard > 1), FSDP1's flat parameters (a torchtitan stack), the reduce dtype. */
+ * stack with dp_shard > 1), FSDP1's flat parameters (a torchtitan stack), the reduce dtype;
+ * and fp8_scope (the Float8 pass checks the stack and the recipe). */
 static mp_status read_fsdp_options(mp_ctx *ctx, const char *where, const mp_vrow *v, row_job *j) {
   mp_plan_options *o = &j->o;
   if ((v->mfsdp_strategy[0] || v->fsdp_double_buffer == 1) &&
@@ -242,6 +243,12 @@ static mp_status read_fsdp_options(mp_ctx *ctx, const char *where, const mp_vrow
     return mp_error(ctx, MP_ERR_INVALID, "%s: fsdp_flat_params 1 is PyTorch FSDP1's, which runs on a torchtitan "
                     "stack: empty the column", where);
   o->fsdp.flat_params = v->fsdp_flat_params == 1;
+  if (v->fp8_scope[0] && !mp_fp8_scope_parse(v->fp8_scope, &o->fp8_opts.scope))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_scope '%s': expected linears, experts or all", where,
+                    v->fp8_scope);
+  if (o->fp8_opts.scope != MP_FP8_SCOPE_LINEARS && !v->fp8)
+    return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_scope %s names the GEMMs in float8 and needs fp8 1: empty "
+                    "the column", where, v->fp8_scope);
   if (v->fsdp_reduce_dtype[0] && !mp_cmd_fp32_bf16_parse(v->fsdp_reduce_dtype, &o->fsdp.reduce_dtype))
     return mp_error(ctx, MP_ERR_INVALID, "%s: fsdp_reduce_dtype '%s': expected fp32 or bf16", where,
                     v->fsdp_reduce_dtype);

@@ -49,6 +49,13 @@ static mp_status write_ac(mp_ctx *ctx, const mp_emit_plan *p, mp_emit_buf *b) {
  * meshplan's float8 pass keeps it. */
 static mp_status write_fp8(mp_ctx *ctx, const mp_emit_plan *p, mp_emit_buf *b) {
   const mp_fp8_recipe r = p->o->fp8_opts.recipe;
+  const mp_fp8_scope sc = p->o->fp8_opts.scope;
+  /* the routed experts' grouped GEMMs (torchtitan v0.2.0 config/job_config.py, Float8GroupedMM
+   * and MXGroupedMM; the pass allows rowwise and mxfp8 alone) */
+  if (sc != MP_FP8_SCOPE_LINEARS)
+    mp_emit_printf(b, r == MP_FP8_MXFP8 ? "\n[quantize.grouped_mm.mx]\nrecipe_name = \"mxfp8\"\nfqns = [\"experts\"]\n"
+                                        : "\n[quantize.grouped_mm.float8]\nfqns = [\"experts\"]\n");
+  if (sc == MP_FP8_SCOPE_EXPERTS) return MP_OK;
   if (r == MP_FP8_TENSORWISE || r == MP_FP8_ROWWISE) {
     mp_emit_printf(b, "\n[quantize.linear.float8]\nrecipe_name = \"%s\"\nenable_fsdp_float8_all_gather = %s\n"
                    "precompute_float8_dynamic_scale_for_fsdp = %s\nfilter_fqns = [\"output\"]\n",
@@ -64,6 +71,20 @@ static mp_status write_fp8(mp_ctx *ctx, const mp_emit_plan *p, mp_emit_buf *b) {
                   "--emit torchtitan: float8 recipe %s is not torchtitan v0.2.0's (quantize.linear.float8 "
                   "recipe_name tensorwise or rowwise, quantize.linear.mx mxfp8); plan with --fp8 tensorwise, "
                   "rowwise or mxfp8, or emit megatron", mp_fp8_recipe_name(r));
+}
+
+/* [model] converters: the Linears' ("float8" or "mx"), or under a grouped-GEMM scope
+ * torchtitan v0.2.0's registered names (components/quantization/float8.py and mx.py). */
+static void write_converters(mp_emit_buf *b, const mp_plan_options *o) {
+  const int mx = o->fp8_opts.recipe == MP_FP8_MXFP8;
+  const char *lin = mx ? "quantize.linear.mx" : "quantize.linear.float8";
+  const char *grp = mx ? "quantize.grouped_mm.mx" : "quantize.grouped_mm.float8";
+  if (o->fp8_opts.scope == MP_FP8_SCOPE_LINEARS)
+    mp_emit_printf(b, "converters = [\"%s\"]\n", mx ? "mx" : "float8");
+  else if (o->fp8_opts.scope == MP_FP8_SCOPE_EXPERTS)
+    mp_emit_printf(b, "converters = [\"%s\"]\n", grp);
+  else
+    mp_emit_printf(b, "converters = [\"%s\", \"%s\"]\n", lin, grp);
 }
 
 /* The stages per rank as pipeline_parallel_layers_per_stage states them: torchtitan makes
@@ -169,7 +190,7 @@ mp_status mp_emit_torchtitan(mp_ctx *ctx, const mp_emit_plan *p, const char *fil
   mp_emit_header(b, MP_EMIT_TORCHTITAN, p, launch);
   mp_emit_printf(b, "\n[job]\ndescription = \"meshplan plan: %s\"\ndump_folder = \"./outputs\"\n", p->model->name);
   mp_emit_printf(b, "\n[model]\nname = \"%s\"\nflavor = \"%s\"\n", name, flavor);
-  if (o->fp8) mp_emit_printf(b, "converters = [\"%s\"]\n", o->fp8_opts.recipe == MP_FP8_MXFP8 ? "mx" : "float8");
+  if (o->fp8) write_converters(b, o);
   /* Without a pipeline a data-parallel rank runs micro-batches of local_batch_size and
    * accumulates gradients up to global_batch_size; with one, the local batch is the rank's
    * share of the step, split into micro-batches of pipeline_parallel_microbatch_size. */

@@ -58,6 +58,15 @@ static mp_status offload_flag(mp_ctx *ctx, const mp_from_plan *p, int is_plan, f
   return MP_OK;
 }
 
+/* The float8 recipe and its options. */
+static void fp8_flags(const mp_from_plan *p, flag_list *f) {
+  add(f, "--fp8", "%s", p->fp8[0] ? p->fp8 : "off");
+  if (p->fp8_param_gather) add(f, "--fp8-param-gather", NULL);
+  if (p->fp8_dpa) add(f, "--fp8-dpa", NULL);
+  if (p->fp8_all_gather) add(f, "--fp8-all-gather", NULL);
+  if (p->fp8_scope[0]) add(f, "--fp8-scope", "%s", p->fp8_scope);
+}
+
 /* The flags that say p to the command of spec: simulate and explain take the pipeline's
  * schedule and resharding as flags, plan as --fix keys. */
 static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_plan *p, flag_list *f) {
@@ -78,10 +87,7 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
   MP_CHECK(offload_flag(ctx, p, is_plan, f));
   if (p->capacity_factor[0]) add(f, "--moe-capacity-factor", "%s", p->capacity_factor);
   if (p->pad_to_capacity) add(f, "--moe-pad-expert-input-to-capacity", NULL);
-  add(f, "--fp8", "%s", p->fp8[0] ? p->fp8 : "off");
-  if (p->fp8_param_gather) add(f, "--fp8-param-gather", NULL);
-  if (p->fp8_dpa) add(f, "--fp8-dpa", NULL);
-  if (p->fp8_all_gather) add(f, "--fp8-all-gather", NULL);
+  fp8_flags(p, f);
   if (p->sp >= 0) add(f, p->sp ? "--sp" : "--no-sp", NULL);
   add(f, "--seq", "%lld", (long long)p->seq);
   add(f, "--micro-batch", "%lld", (long long)p->micro_batch);

@@ -25,6 +25,7 @@ typedef struct mp_from_plan {
   char capacity_factor[32];   /* --moe-capacity-factor's value; "": dropless */
   int pad_to_capacity;        /* 1: --moe-pad-expert-input-to-capacity */
   char fp8[16];           /* the recipe, "" without float8 */
+  char fp8_scope[16];     /* --fp8-scope: "experts" or "all" (torchtitan's grouped GEMMs); "": the Linears */
   int sp;                 /* -1: the stack's default, 0, 1 */
   int reshard;            /* 1: FSDP reshards after forward, 0: not, -1: no FSDP (DDP) */
   int64_t seq, micro_batch, global_batch;

@@ -26,7 +26,8 @@ static const char *const k_mapped[] = {
     "parallelism.pipeline_parallel_microbatch_size", "parallelism.context_parallel_rotate_method",
     "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option", "compile.enable",
     "compile.components", "quantize.linear.float8.recipe_name", "quantize.linear.mx.recipe_name",
-    "quantize.linear.float8.enable_fsdp_float8_all_gather",
+    "quantize.linear.float8.enable_fsdp_float8_all_gather", "quantize.grouped_mm.float8.fqns",
+    "quantize.grouped_mm.mx.fqns", "quantize.grouped_mm.mx.recipe_name",
 };
 
 /* Keys that change cost, read only at the one value meshplan prices (torchtitan's default,
@@ -46,8 +47,6 @@ static const struct {
     {"quantize.linear.float8.emulate", "false", "emulated float8 runs at another speed"},
     {"quantize.linear.float8.filter_fqns", "output", "meshplan keeps exactly the output Linear in bf16"},
     {"quantize.linear.mx.filter_fqns", "output", "meshplan keeps exactly the output Linear in bf16"},
-    {"quantize.grouped_mm.float8.fqns", "", "meshplan does not price float8 grouped GEMMs"},
-    {"quantize.grouped_mm.mx.fqns", "", "meshplan does not price MX grouped GEMMs"},
     {"compile.backend", "inductor", "the torchtitan-compile stack is Inductor's"},
     {"optimizer.name", "AdamW", "meshplan prices AdamW's state"},
     {"optimizer.early_step_in_backward", "false", "meshplan prices the step after the backward"},
@@ -145,9 +144,93 @@ static mp_status get_bool(mp_ctx *ctx, const mp_toml *t, const char *origin, con
   return MP_OK;
 }
 
+/* A converter's kind: 1 the Linears' float8, 2 their MX, 3 the grouped GEMMs' float8, 4
+ * their MX; 0 another. torchtitan v0.2.0 registers "quantize.linear.float8",
+ * "quantize.grouped_mm.float8" (components/quantization/float8.py), "quantize.linear.mx" and
+ * "quantize.grouped_mm.mx" (mx.py); "float8" and "mx" are the Linears' older names. */
+static int converter_kind(const char *c) {
+  static const char *const names[] = {"float8", "mx", "quantize.linear.float8", "quantize.linear.mx",
+                                      "quantize.grouped_mm.float8", "quantize.grouped_mm.mx"};
+  static const int kinds[] = {1, 2, 1, 2, 3, 4};
+  for (int k = 0; k < 6; k++)
+    if (strcmp(c, names[k]) == 0) return kinds[k];
+  return 0;
+}
+
+/* The Linears' recipe under converter kind 1 or 2 into *recipe. */
+static mp_status linear_recipe(mp_ctx *ctx, const mp_toml *t, const char *origin, int kind, const char **recipe) {
+  if (kind == 1) {
+    /* torchao's Float8LinearConfig without a recipe name is tensorwise */
+    MP_CHECK(get_str(ctx, t, origin, "quantize.linear.float8.recipe_name", "tensorwise", recipe));
+    if (strcmp(*recipe, "tensorwise") != 0 && strcmp(*recipe, "rowwise") != 0)
+      return mp_error(ctx, MP_ERR_USAGE, "%s: quantize.linear.float8.recipe_name = \"%s\": meshplan prices "
+                      "tensorwise and rowwise", origin, *recipe);
+    return MP_OK;
+  }
+  MP_CHECK(get_str(ctx, t, origin, "quantize.linear.mx.recipe_name", "mxfp8_cublas", recipe));
+  if (strcmp(*recipe, "mxfp8_cublas") != 0 && strcmp(*recipe, "mxfp8") != 0)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: quantize.linear.mx.recipe_name = \"%s\": meshplan prices "
+                    "MXFP8 (mxfp8_cublas)", origin, *recipe);
+  *recipe = "mxfp8";
+  return MP_OK;
+}
+
+/* The grouped GEMMs' recipe under converter kind 3 or 4 into *recipe, NULL where its fqns
+ * convert no module: torchao's MoETrainingConfig() scales rowwise (float8.py's
+ * Float8GroupedMMConverter), MXGroupedMM's recipe_name is "mxfp8" (config/job_config.py);
+ * meshplan prices fqns ["experts"], the routed experts (GroupedExperts). */
+static mp_status grouped_recipe(mp_ctx *ctx, const mp_toml *t, const char *origin, int kind, const char **recipe) {
+  const char *key = kind == 3 ? "quantize.grouped_mm.float8.fqns" : "quantize.grouped_mm.mx.fqns";
+  const mp_toml_kv *f = mp_toml_get(t, key);
+  const char *one = f == NULL ? NULL : f->type == MP_TOML_STRING ? f->str : f->n_items == 1 ? f->items[0] : NULL;
+  *recipe = NULL;
+  if (f == NULL || (f->type == MP_TOML_ARRAY && f->n_items == 0) || (one && one[0] == 0)) return MP_OK;
+  if (one == NULL || strcmp(one, "experts") != 0)
+    return mp_error(ctx, MP_ERR_USAGE, "%s:%d: %s = %s: meshplan prices the routed experts' grouped GEMMs, "
+                    "fqns = [\"experts\"]", origin, f->line, key, f->str);
+  if (kind == 3) {
+    *recipe = "rowwise";
+    return MP_OK;
+  }
+  MP_CHECK(get_str(ctx, t, origin, "quantize.grouped_mm.mx.recipe_name", "mxfp8", recipe));
+  if (strcmp(*recipe, "mxfp8") != 0)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: quantize.grouped_mm.mx.recipe_name = \"%s\": meshplan prices "
+                    "mxfp8", origin, *recipe);
+  return MP_OK;
+}
+
+/* model.converters: at most one of the Linears' and one of the grouped GEMMs', under one
+ * recipe (meshplan prices one a plan), into p->fp8 and p->fp8_scope. */
+static mp_status read_converters(mp_ctx *ctx, const mp_toml *t, const char *origin, mp_from_plan *p) {
+  const mp_toml_kv *conv = mp_toml_get(t, "model.converters");
+  if (conv == NULL) return MP_OK;
+  int lin = 0, grp = 0, bad = conv->type != MP_TOML_ARRAY;
+  for (int i = 0; !bad && i < conv->n_items; i++) {
+    const int k = converter_kind(conv->items[i]);
+    if (k == 0 || (k <= 2 && lin) || (k >= 3 && grp)) bad = 1;
+    if (k <= 2) lin = k;
+    else grp = k;
+  }
+  if (bad)
+    return mp_error(ctx, MP_ERR_USAGE, "%s:%d: model.converters = %s: meshplan reads at most one of "
+                    "\"quantize.linear.float8\" (\"float8\"), \"quantize.linear.mx\" (\"mx\") and one of "
+                    "\"quantize.grouped_mm.float8\", \"quantize.grouped_mm.mx\"", origin, conv->line,
+                    conv->str[0] ? conv->str : "that list");
+  const char *lr = NULL, *gr = NULL;
+  if (lin) MP_CHECK(linear_recipe(ctx, t, origin, lin, &lr));
+  if (lin == 1) MP_CHECK(get_bool(ctx, t, origin, "quantize.linear.float8.enable_fsdp_float8_all_gather", 0, &p->fp8_all_gather));
+  if (grp) MP_CHECK(grouped_recipe(ctx, t, origin, grp, &gr));
+  if (lr && gr && strcmp(lr, gr) != 0)
+    return mp_error(ctx, MP_ERR_USAGE, "%s: the Linears in %s and the grouped GEMMs in %s: meshplan prices one "
+                    "float8 recipe a plan", origin, lr, gr);
+  snprintf(p->fp8, sizeof p->fp8, "%s", lr ? lr : gr ? gr : "");
+  snprintf(p->fp8_scope, sizeof p->fp8_scope, "%s", lr && gr ? "all" : gr ? "experts" : "");
+  return MP_OK;
+}
+
 /* [model] name and flavor, converters and the float8 recipe. */
 static mp_status read_model(mp_ctx *ctx, const mp_toml *t, const char *origin, mp_from_plan *p) {
-  const char *name = NULL, *flavor = NULL, *recipe = NULL;
+  const char *name = NULL, *flavor = NULL;
   MP_CHECK(get_str(ctx, t, origin, "model.name", "llama3", &name));
   MP_CHECK(get_str(ctx, t, origin, "model.flavor", "debugmodel", &flavor));
   const char *m = mp_emit_torchtitan_model_of(name, flavor);
@@ -155,28 +238,7 @@ static mp_status read_model(mp_ctx *ctx, const mp_toml *t, const char *origin, m
     return mp_error(ctx, MP_ERR_USAGE, "%s: model %s flavor %s has no meshplan model (meshplan reads llama3 "
                     "8B, 70B, 405B; deepseek_v3 671B; qwen3 8B, 30B-A3B)", origin, name, flavor);
   snprintf(p->model, sizeof p->model, "%s", m);
-  const mp_toml_kv *conv = mp_toml_get(t, "model.converters");
-  const char *c = conv && conv->type == MP_TOML_ARRAY && conv->n_items == 1 ? conv->items[0] : NULL;
-  if (conv && (conv->type != MP_TOML_ARRAY || conv->n_items > 1 ||
-               (c && strcmp(c, "float8") != 0 && strcmp(c, "mx") != 0)))
-    return mp_error(ctx, MP_ERR_USAGE, "%s:%d: model.converters = %s: meshplan reads [], [\"float8\"] or "
-                    "[\"mx\"]", origin, conv->line, conv->str[0] ? conv->str : "that list");
-  if (c && strcmp(c, "float8") == 0) {
-    /* torchao's Float8LinearConfig without a recipe name is tensorwise */
-    MP_CHECK(get_str(ctx, t, origin, "quantize.linear.float8.recipe_name", "tensorwise", &recipe));
-    if (strcmp(recipe, "tensorwise") != 0 && strcmp(recipe, "rowwise") != 0)
-      return mp_error(ctx, MP_ERR_USAGE, "%s: quantize.linear.float8.recipe_name = \"%s\": meshplan prices "
-                      "tensorwise and rowwise", origin, recipe);
-    snprintf(p->fp8, sizeof p->fp8, "%s", recipe);
-    MP_CHECK(get_bool(ctx, t, origin, "quantize.linear.float8.enable_fsdp_float8_all_gather", 0, &p->fp8_all_gather));
-  } else if (c) {
-    MP_CHECK(get_str(ctx, t, origin, "quantize.linear.mx.recipe_name", "mxfp8_cublas", &recipe));
-    if (strcmp(recipe, "mxfp8_cublas") != 0 && strcmp(recipe, "mxfp8") != 0)
-      return mp_error(ctx, MP_ERR_USAGE, "%s: quantize.linear.mx.recipe_name = \"%s\": meshplan prices "
-                      "MXFP8 (mxfp8_cublas)", origin, recipe);
-    snprintf(p->fp8, sizeof p->fp8, "mxfp8");
-  }
-  return MP_OK;
+  return read_converters(ctx, t, origin, p);
 }
 
 /* expert_tensor_parallel_degree > 1 (parallel_dims.py, v0.2.0): torchtitan takes it equal to

@@ -148,12 +148,16 @@
   { "--fp8-amax-tp-only", NULL, "with --fp8 delayed on a megatron stack: the amaxes all-reduced "   \
     "over the TP group only, as Transformer Engine v0.13 to v1.5 do under "                          \
     "NVTE_DP_AMAX_REDUCE_INTERVAL=0 (default: over the data-parallel group)", NULL }
-/* simulate, explain and plan: torchtitan's float8 FSDP all-gather (mp_cmd_fp8_all_gather) */
+/* simulate, explain and plan: torchtitan's float8 FSDP all-gather and float8 scope
+ * (mp_cmd_fp8_all_gather) */
 #define MP_OPT_FP8_ALL_GATHER                                                                      \
   { "--fp8-all-gather", NULL, "torchtitan's enable_fsdp_float8_all_gather (with --fp8 tensorwise "  \
     "on a torchtitan stack): FSDP gathers each float8 Linear's weight (its TP shard under tp > 1) "\
     "as the float8 cast of its shard, 1 byte an element, with the tensors' scales precomputed "   \
-    "once a step; no cast after the gather", NULL }
+    "once a step; no cast after the gather", NULL },                                               \
+  { "--fp8-scope", "linears|experts|all", "with --fp8 rowwise or mxfp8 on a torchtitan stack: the "   \
+    "GEMMs in float8: the Linears (quantize.linear.*, the default), the routed experts' grouped "   \
+    "GEMMs (quantize.grouped_mm.* fqns [\"experts\"], torchao's _scaled_grouped_mm), or both", NULL }
 /* simulate, explain and plan: torchtitan's AsyncTP and Megatron-Core's TP comm overlap, on or
  * off (mp_cmd_async_tp) */
 #define MP_OPT_ASYNC_TP                                                                            \

@@ -287,6 +287,7 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_flag(r, "nvfp4_rht", &row->nvfp4_rht));
   MP_CHECK(opt_flag(r, "fp8_dpa", &row->fp8_dpa));
   MP_CHECK(opt_flag(r, "fp8_amax_tp", &row->fp8_amax_tp));
+  MP_CHECK(opt_str(r, "fp8_scope", row->fp8_scope, sizeof row->fp8_scope));
   MP_CHECK(read_megatron_run(r, row));
   MP_CHECK(opt_str(r, "recompute_modules", row->recompute_modules, sizeof row->recompute_modules));
   return opt_flag(r, "async_tp", &row->async_tp);

@@ -55,6 +55,9 @@ typedef struct mp_vrow {
   int fp8;              /* 0 or 1 */
   char fp8_recipe[16];  /* as written (the command parses it: exec/plan.h, mp_fp8_recipe);
                            "" when the column is absent or empty: the stack's recipe */
+  char fp8_scope[16];   /* optional column: linears, experts or all (--fp8-scope: exec/plan_fp8.h,
+                           mp_fp8_scope, the routed experts' grouped GEMMs under torchtitan); ""
+                           when absent or empty: the stack's own (torchtitan: the Linears) */
   char cuda_graphs[32];    /* optional column: Megatron-Core's CUDA graphs as written (none, attn,
                              layers, iteration, attn+moe_router, attn+moe_router+moe_preprocess:
                              exec/plan.h, mp_cuda_graphs); "" when absent or empty: none */

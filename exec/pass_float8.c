@@ -10,6 +10,10 @@
  * the recipe's tile (exec/rules.h, mp_rule_fp8_multiple: 16, 32 for MXFP8, 128 for
  * blockwise). The dims checked are the rank's tp-local ones, which are the GEMM the rank
  * actually runs (a routed expert's [out, in] behind its expert dim).
+ * The routed experts run float8 under torchtitan when the plan's scope asks
+ * (mp_float8_options.scope: torchtitan's quantize.grouped_mm.float8 / .mx with fqns
+ * ["experts"], torchtitan/components/quantization/float8.py and mx.py), priced as the
+ * Linears' casts and GEMMs batched over the rank's experts (exec/schedule_ops.c).
  * Under Megatron-Core (the megatron memory model) the routed experts and the shared expert
  * run in float8 too: TEGroupedMLP's linear_fc1/linear_fc2 are Transformer Engine
  * GroupedLinear modules and SharedExpertMLP is built of TE Linears, all inside
@@ -27,21 +31,63 @@
 #include "exec/plan.h"
 #include "exec/rules.h"
 
-/* torchtitan's name filter, decided on the module kind: the FQNs containing "experts",
- * "shared_expert" or "router" are exactly those of the routed experts, the shared expert
- * and the router (see mp_module_name), plus the output head. */
+/* torchtitan's name filter, decided on the module kind: the FQNs containing "shared_expert"
+ * or "router" are exactly those of the shared expert and the router (see mp_module_name),
+ * plus the output head; the routed experts' are scoped's. */
 static int excluded_by_name(const mp_param *prm, mp_mem_model mm) {
   switch (prm->module) {
     case MP_MOD_ROUTER:
     case MP_MOD_OUTPUT: return 1;
-    case MP_MOD_EXPERTS_GATE:
-    case MP_MOD_EXPERTS_UP:
-    case MP_MOD_EXPERTS_DOWN:
     case MP_MOD_SHARED_GATE:
     case MP_MOD_SHARED_UP:
     case MP_MOD_SHARED_DOWN: return !mp_rule_fp8_experts(mm);
     default: return 0;
   }
+}
+
+static int routed_expert(const mp_param *prm) {
+  return prm->ndim == 3 && (prm->module == MP_MOD_EXPERTS_GATE || prm->module == MP_MOD_EXPERTS_UP ||
+                            prm->module == MP_MOD_EXPERTS_DOWN);
+}
+
+/* Whether the pass runs parameter prm's GEMMs in float8 by name and scope. Megatron-Core:
+ * every Linear and the routed experts (TEGroupedMLP). torchtitan: the 2-d Linears under
+ * quantize.linear.* (scope linears or all), the routed experts' 3-d weights under
+ * quantize.grouped_mm.* with fqns ["experts"] (scope experts or all): torchao's
+ * MoETrainingConfig swaps the parameters of the modules whose FQN matches for
+ * ScaledGroupedMMTensor, which only reroutes torch._grouped_mm (torchao
+ * prototype/moe_training/tensor.py); the shared expert's nn.Linear weights, although its
+ * FQN holds "experts", are 2-d and run F.linear in bf16. */
+static int scoped(const mp_param *prm, mp_mem_model mm, mp_fp8_scope scope) {
+  if (excluded_by_name(prm, mm)) return 0;
+  if (mp_rule_fp8_experts(mm)) return prm->ndim == 2 || prm->ndim == 3;
+  if (routed_expert(prm)) return scope != MP_FP8_SCOPE_LINEARS;
+  if (prm->module == MP_MOD_EXPERTS_GATE || prm->module == MP_MOD_EXPERTS_UP || prm->module == MP_MOD_EXPERTS_DOWN)
+    return 0;
+  return prm->ndim == 2 && scope != MP_FP8_SCOPE_EXPERTS;
+}
+
+/* torchao's float8 grouped GEMMs (prototype/moe_training/scaled_grouped_mm.py,
+ * _scaled_grouped_mm): rowwise float8 (_Float8GroupedMM, E4M3 with per-row scales, cuBLAS
+ * or FBGEMM's grouped kernel, Hopper and later) or MXFP8 (_MXFP8GroupedMM, Blackwell); a
+ * torchtitan stack only (Megatron-Core's experts are float8 with its Linears). */
+static mp_status scope_check(mp_ctx *ctx, const mp_plan *p, const mp_float8_options *o) {
+  if (o->scope == MP_FP8_SCOPE_LINEARS) return MP_OK;
+  if (p->opts.mem_model == MP_MEM_MODEL_MEGATRON)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-scope %s is torchtitan's (torchao's grouped GEMMs); Megatron-Core runs its routed "
+                    "experts in float8 with its Linears: drop --fp8-scope",
+                    o->scope == MP_FP8_SCOPE_ALL ? "all" : "experts");
+  if (o->recipe != MP_FP8_ROWWISE && o->recipe != MP_FP8_MXFP8)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-scope with recipe %s: torchao's float8 grouped GEMMs scale rowwise "
+                    "(_Float8GroupedMM) or in MXFP8 blocks (_MXFP8GroupedMM): choose --fp8 rowwise or mxfp8",
+                    mp_fp8_recipe_name(o->recipe));
+  if (o->all_gather)
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-scope with --fp8-all-gather: torchao's grouped GEMMs gather their weights in bf16; "
+                    "drop one of them");
+  return MP_OK;
 }
 
 /* A Linear's GEMM dims [out, in] on the rank: a routed expert's behind its expert dim. */
@@ -125,6 +171,7 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   MP_CHECK(mp_rule_fp8_recipe_check(ctx, p->opts.mem_model, f.recipe, f.all_gather));
   if (f.param_gather) MP_CHECK(param_gather_check(ctx, p, f.recipe));
   if (f.dpa) MP_CHECK(dpa_check(ctx, p, &f));
+  MP_CHECK(scope_check(ctx, p, &f));
   if (f.amax_tp && (p->opts.mem_model != MP_MEM_MODEL_MEGATRON || f.recipe != MP_FP8_DELAYED))
     return mp_error(ctx, MP_ERR_INVALID,
                     "--fp8-amax-tp-only is Transformer Engine's delayed scaling under "
@@ -140,8 +187,7 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
   const mp_param *first_dims = NULL;
   for (int i = 0; i < p->n_params; i++) {
     mp_param *prm = &p->params[i];
-    if (!prm->is_linear || excluded_by_name(prm, p->opts.mem_model)) continue;
-    if (prm->ndim != 2 && !(prm->ndim == 3 && mp_rule_fp8_experts(p->opts.mem_model))) continue;
+    if (!prm->is_linear || !scoped(prm, p->opts.mem_model, o->scope)) continue;
     if (!dims_ok(prm, o->recipe)) {
       if (n_dims++ == 0) first_dims = prm;
       continue;
@@ -159,7 +205,9 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
                                            : "E4M3 forward, E5M2 backward",
                mp_fp8_recipe_words(o->recipe),
                mp_rule_fp8_experts(p->opts.mem_model) ? "router, output and embeddings"
-                                                      : "experts, shared_expert, router, output and embeddings",
+               : o->scope == MP_FP8_SCOPE_EXPERTS     ? "all but the routed experts' grouped GEMMs"
+               : o->scope == MP_FP8_SCOPE_ALL ? "shared_expert, router, output and embeddings"
+                                              : "experts, shared_expert, router, output and embeddings",
                o->all_gather    ? "; FSDP all-gathers float8 weights"
                : o->param_gather ? "; float8 model weights, gathered in float8 (--fp8-param-gather)"
                : o->recipe == MP_FP8_NVFP4 && o->nvfp4_no_rht ? "; no random Hadamard transform (NVTE_NVFP4_DISABLE_RHT)"

@@ -42,6 +42,12 @@ typedef enum mp_fp8_recipe {
   MP_FP8_RECIPE_COUNT
 } mp_fp8_recipe;
 
+/* The GEMMs a torchtitan plan runs in float8 (mp_float8_options.scope). */
+typedef enum { MP_FP8_SCOPE_LINEARS = 0, MP_FP8_SCOPE_EXPERTS, MP_FP8_SCOPE_ALL } mp_fp8_scope;
+
+/* "linears", "experts" or "all" into *out; 0 for another name. */
+int mp_fp8_scope_parse(const char *name, mp_fp8_scope *out);
+
 typedef struct mp_float8_options {
   int all_gather; /* FSDP all-gathers float8 weights (only without TP, tensorwise) */
   mp_fp8_recipe recipe;
@@ -67,6 +73,11 @@ typedef struct mp_float8_options {
                        Engine v0.13 to v1.5 under NVTE_DP_AMAX_REDUCE_INTERVAL=0
                        (transformer_engine/pytorch/fp8.py global_amax_reduction, v1.5: "AMAX is
                        reduced only in TP domain"; v1.6rc1 does not read the variable) */
+  mp_fp8_scope scope; /* which GEMMs run float8 under torchtitan (torchao): the Linears
+                         (quantize.linear.*), the routed experts' grouped GEMMs
+                         (quantize.grouped_mm.* fqns ["experts"]: torchao's
+                         prototype/moe_training _scaled_grouped_mm), or both; Megatron-Core
+                         runs both always (TEGroupedMLP) */
 } mp_float8_options;
 
 /* Whether a GPU of compute capability cc runs float8 GEMMs on operands of any layout, not

@@ -134,6 +134,16 @@ int mp_fp8_recipe_parse(const char *s, mp_fp8_recipe *out) {
   return 0;
 }
 
+int mp_fp8_scope_parse(const char *name, mp_fp8_scope *out) {
+  static const char *const names[] = {"linears", "experts", "all"};
+  for (int k = 0; name != NULL && k < 3; k++)
+    if (strcmp(name, names[k]) == 0) {
+      *out = (mp_fp8_scope)k;
+      return 1;
+    }
+  return 0;
+}
+
 int mp_moe_dispatcher_parse(const char *s, mp_moe_dispatcher *out) {
   static const char *const names[] = {"alltoall", "deepep", "hybridep"};
   for (int k = MP_MOE_DISPATCH_ALLTOALL; k <= MP_MOE_DISPATCH_HYBRIDEP; k++)

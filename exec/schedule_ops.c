@@ -291,6 +291,9 @@ static int32_t transpose8(gen *g, int module, int64_t elems, mp_variant v) {
  * element. */
 static void rowwise_post_scale(gen *g, int module, int64_t elems) {
   if (g->sh.fp8_recipe != MP_FP8_ROWWISE || g->sh.fp8_te || g->ms->runtime) return;
+  /* torchao's float8 grouped GEMMs pass the row scales to torch._scaled_grouped_mm, which
+   * applies them in its epilogue (prototype/moe_training/fp8_grouped_mm.py) */
+  if (module == MP_MOD_EXPERTS_GATE || module == MP_MOD_EXPERTS_UP || module == MP_MOD_EXPERTS_DOWN) return;
   elementwise(g, MP_KERNEL_FP8_CAST, MP_VAR_BWD, module, elems, 1.0, 4.0 * (double)elems);
 }
 

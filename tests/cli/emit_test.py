@@ -281,6 +281,23 @@ check("enable_fsdp_float8_all_gather = true\nprecompute_float8_dynamic_scale_for
 plain = json.loads(run("simulate", "--gpus", "8", *base, "--json").stdout)
 check(pred is not None and pred["step_time_s"] < plain["step_time_s"], "float8 all-gather does not shorten the step")
 
+# --fp8-scope written as torchtitan v0.2.0's grouped-GEMM converter and its fqns ["experts"],
+# read back to the same prediction (round_trip); refused under tensorwise and without --fp8
+base = ("--model", "qwen3-30b-a3b", "--mesh", "dp_shard=8,ep=4", "--ac", "full", "--fp8", "rowwise")
+for scope, conv in (("experts", '["quantize.grouped_mm.float8"]'),
+                    ("all", '["quantize.linear.float8", "quantize.grouped_mm.float8"]')):
+    text = round_trip("torchtitan", "8", base + ("--fp8-scope", scope)) or ""
+    check(f"converters = {conv}\n" in text and '[quantize.grouped_mm.float8]\nfqns = ["experts"]\n' in text,
+          f"--fp8-scope {scope} not written: " + text)
+    check(("[quantize.linear.float8]" in text) == (scope == "all"), f"--fp8-scope {scope}: the Linears' table")
+gmm = json.loads(run("simulate", "--gpus", "8", *base, "--fp8-scope", "experts", "--json").stdout)
+lin = json.loads(run("simulate", "--gpus", "8", *base, "--json").stdout)
+check(gmm.get("fp8_scope") == "experts" and "fp8_scope" not in lin, f"fp8_scope in --json: {gmm.get('fp8_scope')}")
+p = run("simulate", "--gpus", "8", *base[:-1], "tensorwise", "--fp8-scope", "experts", want_rc=2)
+check("rowwise or mxfp8" in p.stderr, "--fp8-scope experts under tensorwise: " + p.stderr)
+p = run("simulate", "--gpus", "8", *base[:-2], "--fp8-scope", "all", want_rc=2)
+check("needs a recipe" in p.stderr, "--fp8-scope without --fp8: " + p.stderr)
+
 # --fp8-param-gather written as Megatron-LM's flag, and refused without float8 when read
 _, text = emitted("megatron", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack",
                   "megatron-core", "--fp8", "tensorwise", "--fp8-param-gather")

@@ -5,7 +5,7 @@ asserts --no-check-for-nan-in-loss-and-grad under --cuda-graph-scope full_iterat
 overlap_moe_comm 1 is simulate's --overlap-moe-comm, and recompute_modules split by '/' (NeMo
 2.0's spelling) is the list split by spaces, and Megatron-Bridge's fp8_cs, fp8_mx and fp8_sc name
 tensorwise, mxfp8 and blockwise, cp_rotate is simulate's --cp-rotate, and moe_dispatcher hybridep is --moe-dispatcher hybridep,
-and fp8_amax_tp 1 is --fp8-amax-tp-only;
+and fp8_amax_tp 1 is --fp8-amax-tp-only, and fp8_scope is --fp8-scope;
 each row's prediction is simulate's with the same
 options.
 
@@ -271,6 +271,35 @@ for col, val, rng in (("dist_opt_instances", "0", "1..1048576"), ("pp_virtual", 
         f.write(row + "\n")
     p = run("validate", path, "--json", want_rc=2)
     check(f"column '{col}' = '{val}'" in p.stderr and rng in p.stderr, f"{col} {val}: {p.stderr}")
+
+# ---- fp8_scope: simulate's --fp8-scope (torchtitan's float8 grouped GEMMs) on Qwen3-30B-A3B,
+# 8 H100s, dp_shard 8 x ep 8, rowwise: experts in float8 shorten the step against the Linears
+# alone; refused without fp8 ----
+SCOPE_HDR = HDR + ",fp8_scope"
+SCOPE = "{0},test,qwen3-30b-a3b,8,h100-sxm,8,400,1,8,1,1,,,1,8,4096,2,1,16,full,{1},0,,torchtitan-compile,"\
+        "tokens_per_s_per_gpu,1000,test,,,,,{2},,{3}"
+SIM_SCOPE = ["--model", "qwen3-30b-a3b", "--gpus", "8", "--gpu", "h100-sxm", "--mesh", "dp_shard=8,ep=8",
+             "--seq", "4096", "--micro-batch", "1", "--global-batch", "16", "--ac", "full",
+             "--stack", "torchtitan-compile", "--fp8", "rowwise"]
+path = os.path.join(tmp, "scope.csv")
+with open(path, "w") as f:
+    f.write(SCOPE_HDR + "\n" + "\n".join([SCOPE.format("sc_exp", "1", "rowwise", "experts"),
+                                            SCOPE.format("sc_lin", "1", "rowwise", "")]) + "\n")
+p = run("validate", path, "--json")
+if p.returncode == 0:
+    rows = {r["case"]: r for r in json.loads(p.stdout)["rows"]}
+    want_exp = simulate(*SIM_SCOPE, "--fp8-scope", "experts")
+    want_lin = simulate(*SIM_SCOPE)
+    check(same(rows["sc_exp"].get("predicted"), want_exp), f"fp8_scope experts: {rows['sc_exp']}, want {want_exp}")
+    check(same(rows["sc_lin"].get("predicted"), want_lin), f"fp8_scope empty: {rows['sc_lin']}, want {want_lin}")
+    check(want_exp is not None and want_lin is not None and want_exp != want_lin,
+          "--fp8-scope experts does not change the step")
+else:
+    check(False, f"validate of the fp8_scope rows: {p.stderr}")
+with open(path, "w") as f:
+    f.write(SCOPE_HDR + "\n" + SCOPE.format("sc_bf16", "0", "", "all") + "\n")
+p = run("validate", path, "--json", want_rc=2)
+check("fp8_scope all" in p.stderr and "fp8 1" in p.stderr, f"fp8_scope without fp8: {p.stderr}")
 
 for f in fails:
     print("FAIL:", f)

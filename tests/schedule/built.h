@@ -36,6 +36,7 @@ struct Opts {
   int nvfp4_no_rht = 0;                       // NVFP4 without the random Hadamard transform
   int fp8_dpa = 0;                            // Transformer Engine's float8 attention
   int fp8_amax_tp = 0;                        // delayed scaling's amaxes over TP only
+  mp_fp8_scope fp8_scope = MP_FP8_SCOPE_LINEARS;  // torchtitan's float8 Linears and/or grouped GEMMs
   int reshard = 1;
   int shard_logits = 1;
   int sp = -1;  // the plan's default: on with tp > 1
@@ -79,6 +80,7 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.fp8_opts.nvfp4_no_rht = o.nvfp4_no_rht;
   po.fp8_opts.dpa = o.fp8_dpa;
   po.fp8_opts.amax_tp = o.fp8_amax_tp;
+  po.fp8_opts.scope = o.fp8_scope;
   po.fsdp.reshard_after_forward = o.reshard;
   po.tp.shard_logits = o.shard_logits;
   po.sp = o.sp;
