@@ -389,6 +389,9 @@ static int memory_reason(const mp_search_config *cfg, const mp_candidate *c, cha
       if (c->res.bounded)
         snprintf(buf, cap, "a stage's forward and backward alone take %.4f s a step, past %.4f s "
                  "(the shown plans' bound)", c->res.step_lb_s, c->step_bound_s);
+      else if (c->res.step_lb_s > 0.0)
+        snprintf(buf, cap, "a smaller micro-batch's stage bound, per sequence, puts its step at %.4f s "
+                 "or more, past %.4f s (the shown plans' bound)", c->res.step_lb_s, c->step_bound_s);
       else
         snprintf(buf, cap, "ac=%s recomputes more than a sibling past the shown plans' bound: never faster",
                  mp_search_ac_name(c->ac));

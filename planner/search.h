@@ -266,8 +266,11 @@ typedef struct mp_search_config {
                            per sequence of the chunks at least BOUND_LAG before it (search_run.c)
                            with the tie tolerance, times the candidate's batch; one whose
                            lower bound passes it is MP_REJECT_BOUNDED, as is a sibling
-                           recomputing more (prune_dominated's premise). The K best plans and
-                           their order are those of the search without it. 0: off */
+                           recomputing more (prune_dominated's premise) and, before its
+                           schedule is built, a sibling with an r-times-larger micro-batch
+                           (and no less recompute) whose bound / r passes it (every op on r
+                           times the rows no faster, 1/r as many micro-batches). The K best
+                           plans and their order are those of the search without it. 0: off */
   mp_search_fix fix;
   int n_threads;        /* workers; <= 0: the number of online CPUs */
   int64_t mem_capacity_bytes; /* GPU memory less headroom, for the lower-bound prune; 0: off */

@@ -52,16 +52,41 @@ static int over_capacity(const mp_candidate *d) {
          d->reject == MP_REJECT_MEMORY_AC;
 }
 
+/* A lower bound of c's step from sibling d, a smaller micro-batch with no more recompute
+ * whose step has a lower bound (a bounded stage run's, or one this rule gave it), or 0.
+ * The stage bound is n_micro x (forward + backward of a micro-batch); c's micro-batch of
+ * r = c/d times d's sequences runs 1/r as many micro-batches, each with every op of d's on
+ * r times the rows (the same layers, the same collectives on r times the bytes), so, on
+ * the premise that an op on more rows is never faster (the premise the dominance rule
+ * takes for more recompute), c's stage bound is at least d's / r (and its batch ratio). */
+static double sibling_step_lb(const mp_candidate *c, const mp_candidate *d) {
+  if (d->reject != MP_REJECT_BOUNDED || !(d->res.step_lb_s > 0.0) || d->micro_batch >= c->micro_batch ||
+      d->global_batch <= 0 || c->ac_every > 1 || d->ac_every > 1 ||
+      (d->ac != c->ac && !recomputes_less(d->ac, c->ac)))
+    return 0.0;
+  return d->res.step_lb_s * ((double)c->global_batch / (double)d->global_batch) *
+         ((double)d->micro_batch / (double)c->micro_batch);
+}
+
 /* What c's siblings before it in its chunk (from lo; the same worker decided them, so
  * the outcome does not depend on timing) decide: MP_REJECT_MEMORY_MB, MP_REJECT_MEMORY_AC,
- * MP_REJECT_DOMINATED (with prune_dominated), or MP_REJECT_NONE: simulate it. */
+ * MP_REJECT_DOMINATED (with prune_dominated), MP_REJECT_BOUNDED (with a step bound:
+ * bound_s, the chunk's per sequence, > 0; *lb_s then the step's lower bound a smaller
+ * micro-batch gives, 0 where a sibling recomputing less gave it), or MP_REJECT_NONE:
+ * simulate it. */
 static mp_reject sibling_verdict(const mp_search *s, int prune_dominated, int64_t lo,
-                                 int64_t i) {
+                                 int64_t i, double bound_s, double *lb_s) {
   const mp_candidate *c = &s->cands[i];
+  *lb_s = 0.0;
   for (int64_t j = i - 1; j >= lo; j--) {
     const mp_candidate *d = &s->cands[j];
     if (!same_family(c, d)) break;
     if (d->fp8 != c->fp8 || d->reshard != c->reshard) continue;
+    const double lb = bound_s > 0.0 ? sibling_step_lb(c, d) : 0.0;
+    if (lb > bound_s * (double)c->global_batch) {
+      *lb_s = lb;
+      return MP_REJECT_BOUNDED;
+    }
     if (d->micro_batch * 2 == c->micro_batch && d->ac == c->ac &&
         d->ac_every == c->ac_every && over_capacity(d))
       return MP_REJECT_MEMORY_MB;
@@ -160,6 +185,16 @@ typedef struct worker {
   int64_t set_aside; /* simulations whose result this worker set aside */
 } worker;
 
+/* c decided by its siblings (sibling_verdict): rule v, and with a step's lower bound lb_s
+ * from a smaller micro-batch that bound and the chunk's (what the reason states, and what
+ * a larger micro-batch after c scales again). */
+static void sibling_decided(const worker *w, mp_candidate *c, mp_reject v, double lb_s) {
+  c->reject = (uint8_t)v;
+  if (!(lb_s > 0.0)) return;
+  c->res.step_lb_s = lb_s;
+  c->step_bound_s = w->bound * (double)c->global_batch;
+}
+
 static int no_recompute(const mp_candidate *c) { return c->ac == MP_AC_NONE && c->ac_every <= 1; }
 
 /* Candidate i decided as enumeration order decides it: by its siblings before it, else
@@ -167,9 +202,10 @@ static int no_recompute(const mp_candidate *c) { return c->ac == MP_AC_NONE && c
 static void decide(worker *w, int64_t i) {
   mp_candidate *c = &w->sh->s->cands[i];
   if (c->reject != MP_REJECT_NONE || c->evaluated) return;
-  const mp_reject v = sibling_verdict(w->sh->s, w->sh->cfg->prune_dominated, w->lo, i);
+  double lb = 0.0;
+  const mp_reject v = sibling_verdict(w->sh->s, w->sh->cfg->prune_dominated, w->lo, i, w->bound, &lb);
   if (v != MP_REJECT_NONE)
-    c->reject = (uint8_t)v;
+    sibling_decided(w, c, v, lb);
   else
     eval_one(w->sh, w->user, &w->ctx, w->scratch, c, w->bound);
 }
@@ -223,12 +259,13 @@ static void run_chunk(worker *w) {
   for (int64_t i = w->lo; i < w->hi; i++) {
     mp_candidate *c = &w->sh->s->cands[i];
     if (c->reject != MP_REJECT_NONE || c->evaluated) continue;
-    const mp_reject v = sibling_verdict(w->sh->s, cfg->prune_dominated, w->lo, i);
+    double lb = 0.0;
+    const mp_reject v = sibling_verdict(w->sh->s, cfg->prune_dominated, w->lo, i, w->bound, &lb);
     const int64_t j = v == MP_REJECT_NONE && cfg->full_ac_ahead && full_over && no_recompute(c)
                           ? full_sibling(w, i)
                           : -1;
     if (v != MP_REJECT_NONE)
-      c->reject = (uint8_t)v;
+      sibling_decided(w, c, v, lb);
     else if (j >= 0)
       decide_none_after_full(w, i, j);
     else

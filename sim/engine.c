@@ -695,6 +695,19 @@ void mp_sim_engine_init(sim *x, const mp_schedule *s, const sim_bufs *b, int gpu
   x->rec_micro = x->n_micro >= 2 ? 1 : 0;
 }
 
+/* After micro-batch rec_micro: whether its chunk times put the step's lower bound past
+ * stop_s (then stopped). */
+static int past_stop(sim *x) {
+  if (!(x->stop_s > 0.0)) return 0;
+  mp_pp_stage_times t;
+  memset(&t, 0, sizeof t);
+  memcpy(t.f, x->chunk_s[0], sizeof t.f);
+  memcpy(t.b, x->chunk_s[1], sizeof t.b);
+  memcpy(t.fb_save, x->fb_save, sizeof t.fb_save);
+  x->stopped = mp_sim_times_step_lb_s(&t, x->stop_v, x->n_micro) > x->stop_s;
+  return x->stopped;
+}
+
 void mp_sim_run_step(sim *x) {
   const mp_schedule *s = x->s;
   /* prologue */
@@ -718,6 +731,7 @@ void mp_sim_run_step(sim *x) {
     before = x->a;
     trk_start(x, &x->micro_trk);
     run_micro(x, (int32_t)m);
+    if (m == x->rec_micro && past_stop(x)) return;
     accum_sub(&x->a, &before, &delta);
     if (x->extrapolate && have_prev && m < n - 2 && steady(x, &delta, &prev)) {
       int64_t k = n - 2 - m;

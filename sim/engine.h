@@ -139,6 +139,12 @@ typedef struct sim {
   int64_t chunk_held[MP_PP_MAX_VIRTUAL];
   double mb_start_s, mb_end_s, last_micro_s;
   int extrapolate;
+  /* stop_s > 0: the step stops after micro-batch rec_micro (stopped 1) when its chunk
+   * times with fb_save give mp_sim_times_step_lb_s over stop_v chunks past stop_s
+   * (mp_sim_stage_run_until) */
+  double stop_s;
+  double fb_save[MP_PP_MAX_VIRTUAL];
+  int stop_v, stopped;
   int cat_max_stale; /* some level[c] may exceed cat_max[c] (after skip_mem) */
   mp_sim_trace *trace;
   int trace_failed; /* 0, or why the trace stopped: MP_SIM_TRACE_FAILED_* (the step then

@@ -120,20 +120,32 @@ static void fill_memory(const int64_t at_peak[MP_MEM_COUNT], const int64_t cat_m
   out->fits = out->peak_mem_bytes <= out->capacity_bytes;
 }
 
-/* The EP all-to-all overlap (plan option moe_a2a_overlap): each chunk's saving for the
- * pipeline timeline; without pipelining Megatron-Core's combined_1f1b_schedule_for_no_
- * pipelining runs the first forward alone, then m - 1 combined steps (the forward of
- * micro-batch i + 1 with the backward of i), then the last backward, so the step is
- * (m - 1) savings shorter, all of them exposed communication hidden (a negative saving,
- * compute slowed by DeepEP's SMs more than it hides, makes it longer). */
-static void a2a_overlap(const sim *x, const mp_schedule *s, const cop *cops, const mp_cluster *cl,
-                        const mp_stack_profile *prof, mp_sim_stage *out) {
+/* The EP all-to-all overlap (plan option moe_a2a_overlap), and DualPipe, which overlaps a
+ * forward and a backward chunk as Megatron-Core's combined 1F1B does (DeepSeek-V3 sec.
+ * 3.2.1, Fig. 4): each chunk's saving for the pipeline timeline (fb_save, from the
+ * compiled ops, before the step runs: a bound on the step reads it, mp_sim_stage_run_until). */
+static int a2a_overlaps(const mp_schedule *s) {
+  return s->plan->opts.moe_a2a_overlap ||
+         (s->plan->opts.pp_schedule == MP_PP_DUALPIPE && s->plan->mesh.size[MP_DIM_PP] > 1);
+}
+
+static void a2a_saves(const mp_schedule *s, const cop *cops, const mp_cluster *cl,
+                      const mp_stack_profile *prof, double fb_save[MP_PP_MAX_VIRTUAL]) {
   double slow = 1.0; /* beside DeepEP's or HybridEP's SMs (sim/overlap.c) */
   const mp_moe_dispatcher d = s->plan->opts.moe_dispatcher;
   const int held = d == MP_MOE_DISPATCH_DEEPEP ? prof->deepep_sms : d == MP_MOE_DISPATCH_HYBRIDEP ? prof->hybridep_sms : 0;
   if (held > 0 && cl->gpu.sms > held) slow = (double)cl->gpu.sms / (double)(cl->gpu.sms - held);
   for (int c = 0; c < mp_plan_virtual_stages(s->plan) && c < MP_PP_MAX_VIRTUAL; c++)
-    out->t.fb_save[c] = mp_sim_a2a_overlap_chunk_s(s, cops, c, slow);
+    fb_save[c] = mp_sim_a2a_overlap_chunk_s(s, cops, c, slow);
+}
+
+/* The overlap's saving in the step without pipelining: Megatron-Core's
+ * combined_1f1b_schedule_for_no_pipelining runs the first forward alone, then m - 1
+ * combined steps (the forward of micro-batch i + 1 with the backward of i), then the last
+ * backward, so the step is (m - 1) savings shorter, all of them exposed communication
+ * hidden (a negative saving, compute slowed by DeepEP's SMs more than it hides, makes it
+ * longer). */
+static void a2a_overlap(const sim *x, const mp_schedule *s, const mp_cluster *cl, mp_sim_stage *out) {
   if (s->plan->mesh.size[MP_DIM_PP] > 1 || x->n_micro < 2) return;
   const double save = (double)(x->n_micro - 1) * out->t.fb_save[0];
   out->r.step_time_s -= save;
@@ -161,8 +173,35 @@ static void wgrad_times(const mp_schedule *s, const cop *cops, mp_pp_stage_times
     if (t->w[c] > t->b[c]) t->w[c] = t->b[c];
 }
 
-mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
-                           const mp_sim_link *links, mp_sim_stage *out, mp_sim_trace **trace) {
+/* A stage run's figures from its step x (mp_sim_stage_run). */
+static void stage_figures(const sim *x, const mp_schedule *s, const mp_sim_config *cfg,
+                          const mp_stack_profile *prof, const cop *cops, const double p2p[2],
+                          mp_sim_stage *out) {
+  fill_time(x, s, cfg->cluster, &out->r);
+  fill_memory(x->at_peak, x->cat_max, x->peak_tot, out->alloc_gap, 0, cfg, prof, &out->r);
+  for (int c = 0; c < MP_PP_MAX_VIRTUAL; c++) {
+    out->t.f[c] = x->chunk_s[0][c];
+    out->t.b[c] = x->chunk_s[1][c];
+    out->held[c] = x->chunk_held[c];
+  }
+  out->t.send_f = p2p[0];
+  out->t.send_b = p2p[1];
+  if (mp_pp_schedule_splits_w(s->plan->opts.pp_schedule)) wgrad_times(s, cops, &out->t);
+  if (a2a_overlaps(s)) a2a_overlap(x, s, cfg->cluster, out);
+  out->head_s = x->mb_start_s;
+  out->tail_s = out->r.step_time_s - x->mb_end_s;
+  /* the pipeline runs every micro-batch at the steady one's chunk times; what the last one
+   * adds on the compute stream beyond them (Megatron's DDP bucket preparation, ops only the
+   * last micro-batch runs) is the stage's past the pipeline */
+  double steady = 0.0;
+  for (int c = 0; c < MP_PP_MAX_VIRTUAL; c++) steady += out->t.f[c] + out->t.b[c];
+  if (x->n_micro >= 2 && x->last_micro_s > steady) out->tail_s += x->last_micro_s - steady;
+}
+
+/* mp_sim_stage_run, stopping as mp_sim_stage_run_until does where stop_s > 0. */
+static mp_status stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
+                           const mp_sim_link *links, double stop_s, mp_sim_stage *out,
+                           mp_sim_trace **trace) {
   MP_CHECK(check_request(ctx, s, cfg, &out->r));
   const mp_stack_profile *prof;
   MP_CHECK(mp_sim_resolve_stack(ctx, cfg, &prof));
@@ -173,6 +212,7 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
   double p2p[2];
   MP_CHECK(mp_sim_compile_ops(ctx, s, cfg->cluster, prof, links, &b, p2p));
   if (prof->alloc_replay) MP_CHECK(mp_calloc_replay_gap(ctx, s, b.cops, &out->alloc_gap));
+  if (a2a_overlaps(s)) a2a_saves(s, b.cops, cfg->cluster, prof, out->t.fb_save);
 
   sim x;
   mp_sim_engine_init(&x, s, &b, cfg->cluster->gpu.sms, !cfg->record_trace);
@@ -181,6 +221,9 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
     if (x.trace == NULL) return mp_error(ctx, MP_ERR_NOMEM, "out of memory for the trace");
     x.trace->s = s;
   }
+  x.stop_s = trace ? 0.0 : stop_s;
+  x.stop_v = mp_plan_virtual_stages(s->plan);
+  memcpy(x.fb_save, out->t.fb_save, sizeof x.fb_save);
   mp_sim_run_step(&x);
   if (x.trace_failed) {
     mp_sim_trace_destroy(x.trace);
@@ -191,29 +234,14 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
                       (long long)x.n_micro, MP_SIM_TRACE_MAX_EVENTS);
     return mp_error(ctx, MP_ERR_NOMEM, "out of memory recording the trace");
   }
-  fill_time(&x, s, cfg->cluster, &out->r);
-  fill_memory(x.at_peak, x.cat_max, x.peak_tot, out->alloc_gap, 0, cfg, prof, &out->r);
-  for (int c = 0; c < MP_PP_MAX_VIRTUAL; c++) {
-    out->t.f[c] = x.chunk_s[0][c];
-    out->t.b[c] = x.chunk_s[1][c];
-    out->held[c] = x.chunk_held[c];
+  if (x.stopped) {
+    memcpy(out->t.f, x.chunk_s[0], sizeof out->t.f);
+    memcpy(out->t.b, x.chunk_s[1], sizeof out->t.b);
+    out->n_micro = x.n_micro;
+    out->stopped = 1;
+    return MP_OK;
   }
-  out->t.send_f = p2p[0];
-  out->t.send_b = p2p[1];
-  if (mp_pp_schedule_splits_w(s->plan->opts.pp_schedule)) wgrad_times(s, b.cops, &out->t);
-  /* DualPipe overlaps a forward and a backward chunk as Megatron-Core's combined 1F1B does
-   * (DeepSeek-V3 sec. 3.2.1, Fig. 4) */
-  if (s->plan->opts.moe_a2a_overlap ||
-      (s->plan->opts.pp_schedule == MP_PP_DUALPIPE && s->plan->mesh.size[MP_DIM_PP] > 1))
-    a2a_overlap(&x, s, b.cops, cfg->cluster, prof, out);
-  out->head_s = x.mb_start_s;
-  out->tail_s = out->r.step_time_s - x.mb_end_s;
-  /* the pipeline runs every micro-batch at the steady one's chunk times; what the last one
-   * adds on the compute stream beyond them (Megatron's DDP bucket preparation, ops only the
-   * last micro-batch runs) is the stage's past the pipeline */
-  double steady = 0.0;
-  for (int c = 0; c < MP_PP_MAX_VIRTUAL; c++) steady += out->t.f[c] + out->t.b[c];
-  if (x.n_micro >= 2 && x.last_micro_s > steady) out->tail_s += x.last_micro_s - steady;
+  stage_figures(&x, s, cfg, prof, b.cops, p2p, out);
   MP_CHECK(mp_sim_offload(ctx, s, b.cops, &cfg->cluster->gpu, x.n_micro, &out->r));
   if (out->r.offload_exposed_s > 0)
     set_rates(&out->r, &s->plan->mesh, (double)s->tokens_per_step_per_rank, s->model_flops_per_step, cfg->cluster);
@@ -224,6 +252,16 @@ mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_confi
   out->model_flops = s->model_flops_per_step;
   if (trace) *trace = x.trace;
   return MP_OK;
+}
+
+mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
+                           const mp_sim_link *links, mp_sim_stage *out, mp_sim_trace **trace) {
+  return stage_run(ctx, s, cfg, links, 0.0, out, trace);
+}
+
+mp_status mp_sim_stage_run_until(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
+                                 const mp_sim_link *links, double stop_s, mp_sim_stage *out) {
+  return stage_run(ctx, s, cfg, links, stop_s, out, NULL);
 }
 
 /* DualPipe's rank k as one stage of the timeline (sim/pipeline.c): its direction-0 chunk

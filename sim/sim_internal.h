@@ -40,6 +40,8 @@ typedef struct mp_sim_stage {
   int stage;                /* the schedule's pipeline stage */
   int64_t n_micro;          /* micro-batches per step */
   double tokens, model_flops; /* the rank's tokens and model FLOPs per step (its share) */
+  int stopped;              /* mp_sim_stage_run_until stopped it: t's f, b and fb_save and
+                               n_micro hold, no other figure */
 } mp_sim_stage;
 
 /* A lower bound of the step of a plan with v model chunks per stage under a pipeline
@@ -51,6 +53,8 @@ typedef struct mp_sim_stage {
  * chunk's; so n_micro x the sum over chunks of (f + b - max(0, fb_save)), which the head,
  * the tail and the bubble only add to. */
 double mp_sim_stage_step_lb_s(const mp_sim_stage *x, int v);
+/* The same bound from the times t of a stage of n_micro micro-batches. */
+double mp_sim_times_step_lb_s(const mp_pp_stage_times *t, int v, int64_t n_micro);
 
 /* The saving of mp_sim_a2a_overlap_save_s (sim.h) for model chunk `chunk` of schedule s
  * from its compiled ops (the compute stream's ops of a middle micro-batch). */
@@ -71,6 +75,13 @@ double mp_sim_a2a_overlap_chunk_s(const mp_schedule *s, const struct cop *cops, 
 /* The stage run of s: links as for mp_simulate_with_links; *trace with cfg->record_trace. */
 mp_status mp_sim_stage_run(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
                            const mp_sim_link *links, mp_sim_stage *out, mp_sim_trace **trace);
+/* The stage run without a trace; with stop_s > 0 (a plan with pp > 1, not under DualPipe)
+ * it stops once its recorded micro-batch (the engine's rec_micro, before the ones that
+ * follow it, the last and the optimizer) gives mp_sim_stage_step_lb_s past stop_s: then
+ * out->stopped, with the chunk times and n_micro that bound reads (the same figures the
+ * whole run gives, which records them in that micro-batch alone). */
+mp_status mp_sim_stage_run_until(mp_ctx *ctx, const mp_schedule *s, const mp_sim_config *cfg,
+                                 const mp_sim_link *links, double stop_s, mp_sim_stage *out);
 /* The result of the plan's step from its stages (stage[s] for each of the pp stages; stages
  * may share one): without pipeline the stage's own; with pp > 1 the pipeline timeline for
  * the step time (the slowest stage's figures, the first of equals), every stage's

@@ -357,20 +357,31 @@ static mp_status memory_verdict(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan
   return mp_sim_stage_memory_over(ctx, p, cfg, &cfg->ws->stages[i], prep->sel[i], over, out);
 }
 
-double mp_sim_stage_step_lb_s(const mp_sim_stage *x, int v) {
+double mp_sim_times_step_lb_s(const mp_pp_stage_times *t, int v, int64_t n_micro) {
   double busy = 0.0;
   for (int c = 0; c < v && c < MP_PP_MAX_VIRTUAL; c++)
-    busy += x->t.f[c] + x->t.b[c] - (x->t.fb_save[c] > 0.0 ? x->t.fb_save[c] : 0.0);
-  return (double)x->n_micro * busy;
+    busy += t->f[c] + t->b[c] - (t->fb_save[c] > 0.0 ? t->fb_save[c] : 0.0);
+  return (double)n_micro * busy;
+}
+
+double mp_sim_stage_step_lb_s(const mp_sim_stage *x, int v) {
+  return mp_sim_times_step_lb_s(&x->t, v, x->n_micro);
+}
+
+/* What a stage run may stop past (mp_sim_stage_run_until): cfg->step_bound_s where the
+ * step is bounded (pp > 1, not DualPipe), else 0. */
+static double step_stop_s(const mp_plan *p, const mp_sim_config *cfg) {
+  if (!(cfg->step_bound_s > 0.0) || p->mesh.size[MP_DIM_PP] <= 1 ||
+      p->opts.pp_schedule == MP_PP_DUALPIPE)
+    return 0.0;
+  return cfg->step_bound_s;
 }
 
 /* cfg->step_bound_s after selected stage i's run: 1 (out bounded, its lower bound kept)
  * when the stage's lower bound of the step exceeds the bound. */
 static int step_bounded(const mp_plan *p, const mp_sim_config *cfg, const mp_sim_stage *x,
                         mp_sim_result *out) {
-  if (!(cfg->step_bound_s > 0.0) || p->mesh.size[MP_DIM_PP] <= 1 ||
-      p->opts.pp_schedule == MP_PP_DUALPIPE)
-    return 0;
+  if (step_stop_s(p, cfg) <= 0.0) return 0;
   const double lb = mp_sim_stage_step_lb_s(x, mp_plan_virtual_stages(p));
   if (!(lb > cfg->step_bound_s)) return 0;
   memset(out, 0, sizeof *out);
@@ -439,15 +450,19 @@ static mp_status memory_precheck(mp_ctx *ctx, const mp_plan *p, mp_sim_plan_prep
   return mtp_precheck(ctx, p, prep, cfg, run, out);
 }
 
-/* Selected stage i's time run into the workspace's stage runs; then the step bound
- * (step_bounded: the plan's step is already past cfg->step_bound_s) and, under the memory
+/* Selected stage i's time run into the workspace's stage runs, stopped where its lower bound
+ * of the step passes the bound (mp_sim_stage_run_until); then the step bound (step_bounded:
+ * the plan's step is already past cfg->step_bound_s) and, under the memory
  * gate, the stage's verdict from its run (mp_sim_stage_memory_over). */
 static mp_status run_stage(mp_ctx *ctx, const mp_plan *p, const mp_sim_plan_prep *prep,
                            const mp_sim_config *cfg, prepped_run *run, int i,
                            const mp_schedule *s, mp_sim_result *out) {
   mp_sim_stage *x = &cfg->ws->stages[i];
-  MP_CHECK(mp_sim_stage_run(ctx, s, cfg, prep->links[i], x, NULL));
+  MP_CHECK(mp_sim_stage_run_until(ctx, s, cfg, prep->links[i], step_stop_s(p, cfg), x));
   run->bounded = step_bounded(p, cfg, x, out);
+  /* a stopped run's bound is step_bounded's, past the same bound */
+  if (!run->bounded && x->stopped)
+    return mp_error(ctx, MP_ERR_INTERNAL, "a stage run stopped short of the step bound");
   if (run->bounded || !run->gate) return MP_OK;
   return mp_sim_stage_memory_over(ctx, p, cfg, x, prep->sel[i], &run->over, out);
 }

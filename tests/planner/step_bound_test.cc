@@ -7,6 +7,11 @@
 // the plan is not bounded and gives the same step. Simulated with a bound of 1e-12 s the
 // first stage's bound stops it, positive and at most the step.
 //
+// The search's micro-batch rule takes a smaller micro-batch's bounded stage run, scaled by
+// the micro-batch ratio, as a bound of a sibling's step: its premise (every op on more rows
+// no faster) is held by the pairs of plans that fit, each simulated again with a bound of
+// 1e-12 s: the larger micro-batch's stage bound is never below the smaller one's scaled.
+//
 // Effect: the K best plans of a search with the bound are those of the search without it,
 // in the same order with the same figures (the ranking's tie tolerance included), a plan
 // simulated in full by both gives the same step, and a bounded plan that fits is slower per
@@ -42,7 +47,7 @@ struct Case {
 // With check_bound, each plan that fits with pp > 1 is simulated again by a worker of the
 // same evaluator with the two bounds above.
 void Search(const Case &k, int top, int check_bound, std::vector<mp_candidate> *cands,
-            std::vector<int64_t> *order, int64_t *checked = nullptr) {
+            std::vector<int64_t> *order, int64_t *checked = nullptr, std::vector<double> *lbs = nullptr) {
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_model m;
@@ -63,6 +68,7 @@ void Search(const Case &k, int top, int check_bound, std::vector<mp_candidate> *
   ASSERT_EQ(mp_search_rank(&ctx, s, MP_OBJECTIVE_TIME, 0.0, &ord, &n_ord), MP_OK) << mp_errmsg(&ctx);
   order->assign(ord, ord + n_ord);
   cands->assign(s->cands, s->cands + s->n);
+  if (lbs) lbs->assign((size_t)s->n, 0.0);
   if (check_bound) {
     void *w = nullptr;
     ASSERT_EQ(mp_sim_evaluator_thread_init(&ev, &ctx, &w), MP_OK) << mp_errmsg(&ctx);
@@ -86,6 +92,7 @@ void Search(const Case &k, int top, int check_bound, std::vector<mp_candidate> *
       EXPECT_EQ(r.bounded, 1) << what;
       EXPECT_GT(r.step_lb_s, 0.0) << what;
       EXPECT_LE(r.step_lb_s, cd.res.step_time_s) << what;
+      if (lbs) (*lbs)[(size_t)i] = r.step_lb_s;
       if (checked) (*checked)++;
     }
     mp_arena_destroy(scratch);
@@ -107,14 +114,41 @@ const Case kCases[] = {
 
 }  // namespace
 
+// d and c of one family (the same mesh, chunks, split and SP, float8 and reshard), d at a
+// smaller micro-batch with AC none or c's policy, every block: the pairs the search's
+// micro-batch rule (search_run.c sibling_step_lb) reads.
+bool SmallerSibling(const mp_candidate &d, const mp_candidate &c) {
+  return memcmp(&d.mesh, &c.mesh, sizeof d.mesh) == 0 && d.pp_virtual == c.pp_virtual &&
+         d.pp_split == c.pp_split && d.sp == c.sp && d.fp8 == c.fp8 && d.reshard == c.reshard &&
+         d.micro_batch < c.micro_batch && d.ac_every <= 1 && c.ac_every <= 1 &&
+         (d.ac == c.ac || d.ac == MP_AC_NONE);
+}
+
 TEST(StepBound, AStageBoundNeverExceedsTheStep) {
+  int64_t pairs = 0;
   for (const Case &k : kCases) {
     std::vector<mp_candidate> cands;
     std::vector<int64_t> order;
+    std::vector<double> lbs;
     int64_t checked = 0;
-    Search(k, 0, 1, &cands, &order, &checked);
+    Search(k, 0, 1, &cands, &order, &checked, &lbs);
     EXPECT_GT(checked, 10) << k.model << ": too few plans with pp > 1 fit to say anything";
+    // The micro-batch rule's premise: c's micro-batch of r times d's sequences runs 1/r as
+    // many micro-batches (the same batch), each no faster than d's, so c's stage bound is
+    // at least d's x (c's batch / d's) / r. Checked over the plans both simulated again.
+    for (size_t j = 0; j < cands.size(); j++) {
+      if (!(lbs[j] > 0.0)) continue;
+      for (size_t i = j; i-- > 0 && memcmp(&cands[i].mesh, &cands[j].mesh, sizeof cands[i].mesh) == 0;) {
+        if (!(lbs[i] > 0.0) || !SmallerSibling(cands[i], cands[j])) continue;
+        const double scaled = lbs[i] * ((double)cands[j].global_batch / (double)cands[i].global_batch) *
+                              ((double)cands[i].micro_batch / (double)cands[j].micro_batch);
+        EXPECT_GE(lbs[j], scaled) << k.model << " candidates " << i << " (mb " << cands[i].micro_batch
+                                  << ") and " << j << " (mb " << cands[j].micro_batch << ")";
+        pairs++;
+      }
+    }
   }
+  EXPECT_GT(pairs, 100) << "too few pairs of micro-batches to say anything of the premise";
 }
 
 TEST(StepBound, TheShownPlansAreTheSearchWithoutIt) {

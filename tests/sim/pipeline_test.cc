@@ -5,7 +5,8 @@
 // by step; the EP overlap's combined steps (their steady state, the transfer each waits,
 // and a small interleaved pipeline with light first and heavy last chunks step by step);
 // the zero-bubble schedules' p = 4, m = 8 with F = B = W against the Zero Bubble paper,
-// and ZBV's turn on one rank step by step.
+// and ZBV's turn on one rank step by step. A stage run stopped at a step bound keeps the
+// whole run's chunk times (so the bound it gives).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@ extern "C" {
 #include "sim/stack.h"
 #include "sim/workspace.h"
 }
+#include "tests/sim/plan_case.h"
 
 namespace {
 
@@ -468,4 +470,54 @@ TEST(PipelineTimeline, KeptOrderGivesTheSweepsFinishToTheBit) {
     EXPECT_EQ(n_rec, 2 * k.m * k.v * k.pp) << "schedule " << k.kind << " m " << k.m;
   }
   mp_sim_workspace_destroy(ws);
+}
+
+// A stage run told to stop past a step bound (mp_sim_stage_run_until, what the search's
+// bound uses) stops after its recorded micro-batch with the chunk times, the all-to-all
+// savings and the micro-batch count of the whole run (the engine records the chunk times in
+// that micro-batch alone, so what follows cannot change them), hence the same
+// mp_sim_stage_step_lb_s; told to stop past that bound itself (not past it) it runs the
+// whole step and gives the whole run's figures. Llama 3.1 8B, pp = 4 on h100-8 (the
+// stage's 8 layers; 16 micro-batches of one sequence, so the run has middle micro-batches
+// after the recorded one) and the interleaved schedule with 2 chunks.
+TEST(StageRunUntil, StopsWithTheWholeRunsChunkTimes) {
+  for (int v : {1, 2}) {
+    PlanCase k("llama3.1-8b", "h100-8", "pp=4,dp_replicate=2");
+    k.o.seq = 2048;
+    k.o.micro_batch = 1;
+    k.o.global_batch = 32;
+    k.o.pp_virtual = v;
+    k.o.pp_schedule = v > 1 ? MP_PP_INTERLEAVED : MP_PP_1F1B;
+    mp_plan *p = nullptr;
+    ASSERT_EQ(mp_build_plan(&k.ctx, &k.m, &k.mesh, &k.o, &p), MP_OK) << mp_errmsg(&k.ctx);
+    mp_arena *a = mp_arena_create();
+    mp_schedule *s = nullptr;
+    ASSERT_EQ(mp_schedule_build(&k.ctx, p, 0, MP_SCHEDULE_COMPACT, a, &s), MP_OK) << mp_errmsg(&k.ctx);
+    mp_sim_config local;
+    const mp_sim_config *cfg = nullptr;
+    ASSERT_EQ(mp_sim_ws_begin(&k.ctx, &k.cfg, &local, &cfg), MP_OK) << mp_errmsg(&k.ctx);
+    mp_sim_stage whole, stopped, past;
+    ASSERT_EQ(mp_sim_stage_run(&k.ctx, s, cfg, nullptr, &whole, nullptr), MP_OK) << mp_errmsg(&k.ctx);
+    ASSERT_EQ(whole.n_micro, 16);
+    const double lb = mp_sim_stage_step_lb_s(&whole, v);
+    ASSERT_GT(lb, 0.0);
+    ASSERT_EQ(mp_sim_stage_run_until(&k.ctx, s, cfg, nullptr, lb * 0.5, &stopped), MP_OK) << mp_errmsg(&k.ctx);
+    EXPECT_EQ(stopped.stopped, 1) << "v=" << v;
+    EXPECT_EQ(stopped.n_micro, whole.n_micro);
+    for (int c = 0; c < MP_PP_MAX_VIRTUAL; c++) {
+      EXPECT_EQ(stopped.t.f[c], whole.t.f[c]) << "v=" << v << " chunk " << c;
+      EXPECT_EQ(stopped.t.b[c], whole.t.b[c]) << "v=" << v << " chunk " << c;
+      EXPECT_EQ(stopped.t.fb_save[c], whole.t.fb_save[c]) << "v=" << v << " chunk " << c;
+    }
+    EXPECT_EQ(mp_sim_stage_step_lb_s(&stopped, v), lb);
+    EXPECT_EQ(stopped.r.step_time_s, 0.0) << "a stopped run states no other figure";
+    ASSERT_EQ(mp_sim_stage_run_until(&k.ctx, s, cfg, nullptr, lb, &past), MP_OK) << mp_errmsg(&k.ctx);
+    EXPECT_EQ(past.stopped, 0) << "v=" << v;
+    EXPECT_EQ(past.r.step_time_s, whole.r.step_time_s) << "v=" << v;
+    EXPECT_EQ(past.tail_s, whole.tail_s) << "v=" << v;
+    EXPECT_EQ(past.r.peak_mem_bytes, whole.r.peak_mem_bytes) << "v=" << v;
+    mp_sim_ws_end(cfg, &k.cfg);
+    mp_arena_destroy(a);
+    mp_plan_destroy(p);
+  }
 }
