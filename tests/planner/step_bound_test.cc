@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -203,10 +204,24 @@ bool RecomputesLess(int q, int p) {
   return true;
 }
 
-// a and b differ in their AC policy at most.
-bool Siblings(const mp_candidate &a, const mp_candidate &b) {
+// a and b differ in their AC policy and micro-batch at most.
+bool Kin(const mp_candidate &a, const mp_candidate &b) {
   return memcmp(&a.mesh, &b.mesh, sizeof a.mesh) == 0 && a.pp_virtual == b.pp_virtual && a.pp_split == b.pp_split &&
-         a.sp == b.sp && a.fp8 == b.fp8 && a.reshard == b.reshard && a.micro_batch == b.micro_batch;
+         a.sp == b.sp && a.fp8 == b.fp8 && a.reshard == b.reshard;
+}
+
+// a and b differ in their AC policy at most.
+bool Siblings(const mp_candidate &a, const mp_candidate &b) { return Kin(a, b) && a.micro_batch == b.micro_batch; }
+
+// The lower bound of c's step that bounded sibling d gives by the micro-batch rule
+// (search.h): d's stage bound per sequence, d a smaller micro-batch with c's policy or one
+// recomputing less; 0 where d gives none.
+double WiderBound(const mp_candidate &d, const mp_candidate &c) {
+  if (!Kin(d, c) || d.reject != MP_REJECT_BOUNDED || !(d.res.step_lb_s > 0.0) || d.micro_batch >= c.micro_batch ||
+      d.ac_every > 1 || c.ac_every > 1 || (d.ac != c.ac && !RecomputesLess(d.ac, c.ac)))
+    return 0.0;
+  return d.res.step_lb_s * ((double)c.global_batch / (double)d.global_batch) *
+         ((double)d.micro_batch / (double)c.micro_batch);
 }
 
 }  // namespace
@@ -223,10 +238,13 @@ bool Siblings(const mp_candidate &a, const mp_candidate &b) {
 //     recomputes a subset of what it recomputes: more recompute is never faster. A sibling
 //     recomputing more says nothing: the enumeration runs full before selective-core, so
 //     full bounded beside a selective-core plan that fits is the case that matters.
+//   - Or, not simulated, its lower bound (res.step_lb_s, past its bound) is the one a bounded
+//     sibling before it with a smaller micro-batch gives (WiderBound: that sibling's stage
+//     bound per sequence), the sibling's policy c's own or one recomputing less.
 // Each kind occurs (else the checks say nothing). DeepSeek-V3's case is left to the tests
 // above (its search is the longest).
 TEST(StepBound, BoundedPlansFollowTheRule) {
-  int64_t handed = 0, own = 0, sibling = 0;
+  int64_t handed = 0, own = 0, sibling = 0, widened = 0;
   for (size_t c = 0; c + 1 < sizeof kCases / sizeof kCases[0]; c++) {
     const Case &k = kCases[c];
     std::vector<mp_candidate> b;
@@ -251,6 +269,17 @@ TEST(StepBound, BoundedPlansFollowTheRule) {
         own++;
         continue;
       }
+      if (b[i].res.step_lb_s > 0.0) {
+        EXPECT_GT(b[i].res.step_lb_s, b[i].step_bound_s) << what;
+        bool wider = false;
+        for (size_t j = 0; j < i && !wider; j++) {
+          const double lb = WiderBound(b[j], b[i]);
+          wider = lb > 0.0 && std::fabs(lb - b[i].res.step_lb_s) <= 1e-12 * lb;
+        }
+        EXPECT_TRUE(wider) << what << " bounded by a smaller micro-batch's bound that no sibling gives";
+        widened++;
+        continue;
+      }
       bool lighter = false;
       for (size_t j = 0; j < i && !lighter; j++)
         lighter = Siblings(b[j], b[i]) && b[j].reject == MP_REJECT_BOUNDED && b[i].ac_every <= 1 &&
@@ -263,4 +292,5 @@ TEST(StepBound, BoundedPlansFollowTheRule) {
   EXPECT_GT(handed, 0);
   EXPECT_GT(own, 0);
   EXPECT_GT(sibling, 0);
+  EXPECT_GT(widened, 0);
 }
