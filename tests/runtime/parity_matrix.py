@@ -330,7 +330,9 @@ def build_rows():
     rows.append(row("tiny-moe-pp", "pp=2,tp=4,ep=2,etp=2", "selective-core", gb=16))
     rows.append(row("tiny-moe", "dp_shard=4,ep=2,etp=2", "none", quick=True))
     rows.append(row("tiny-moe", "dp_shard=8,ep=2,etp=2", "selective-core", gb=16))
-    rows.append(row("tiny-moe", "dp_shard=4,tp=2,ep=2,etp=4", "none", gb=16))
+    # quick: an expert-TP ring of 4, where a rank's previous and next peers differ (at etp=2
+    # they are one rank, so the quick rows above cannot tell the directions apart)
+    rows.append(row("tiny-moe", "dp_shard=4,tp=2,ep=2,etp=4", "none", gb=16, quick=True))
     # inside pipeline stages (tiny-moe-pp, 8 ranks): each micro-batch's per-block counts kept
     # from its forward to its backward, under 1F1B, interleaved and GPipe; the GPipe row's EP
     # x ETP block of 4 reaches into dp_replicate (expert-DP of one rank)
