@@ -120,8 +120,8 @@ mp_status mp_mesh_validate(mp_ctx *ctx, const mp_mesh *m) {
    * shard factor" (parallel_state.py, core_v0.14.0) */
   if (mp_mesh_dopt(m) > 1 && (st / blk) % m->dopt)
     return mp_error(ctx, MP_ERR_INVALID, "dopt=%d does not divide the expert-DP size %d (a stage's %d ranks / ep=%d "
-                    "x etp=%d): Megatron-Core asserts the distributed-optimizer instances divide it", m->dopt,
-                    st / blk, st, m->ep, etp_of(m));
+                    "x etp=%d): Megatron-Core asserts the distributed-optimizer instances divide it; choose "
+                    "dopt dividing %d, or a smaller ep x etp", m->dopt, st / blk, st, m->ep, etp_of(m), st / blk);
   return MP_OK;
 }
 

@@ -44,7 +44,7 @@ typedef struct op_costs {
   const mp_stack_profile *stack; /* its attention_by_span, where it states one */
   double attn_exp_flops;         /* an exponential's exposed time in FLOPs (attn_exps) */
   double gemm_eff_max, fp8_gemm_eff_max, half_mnk, kernel_overhead_s;
-  double block_eff_max[3];       /* float8 GEMMs' ceilings by mp_op.fp8_block (block_ceiling) */
+  double block_eff_max[MP_FP8_BLOCK_MX + 1]; /* float8 GEMMs' ceilings by mp_op.fp8_block (block_ceiling) */
   double fp4_peak, fp4_eff_max;  /* NVFP4 GEMMs (mp_op.fp4): the FP4 peak and its ceiling */
   const mp_gemm_table *gemm_table;     /* the stack's by-shape correction (bf16), or NULL */
   const mp_gemm_table *fp8_gemm_table; /* the same for float8 GEMMs, or NULL */

@@ -285,7 +285,7 @@ TEST(SimCore, FlexDispatchSharesUnderExpertTp) {
   EXPECT_DOUBLE_EQ(nvl, 3.0 / 4.0);
   // across 2 nodes (ep 8 x etp 2 on 16 GPUs, 4 EP ranks a node; 256 experts of top 8): the
   // network copy goes once to the other node when it holds one of the token's experts, as
-  // at etp 1, now of twice the bytes (half the share); NVLink carries every copy but those
+  // at etp 1, at etp 2 of twice the bytes (half the share); NVLink carries every copy but those
   // landing where they arrive, 7/8 of the node's 8 expert-TP x EP ranks (3/4 at etp 1)
   l = ShareLink(8, 4, 2);
   m = Routing(256, 8);
