@@ -301,6 +301,7 @@ static mp_status stage_prep(mp_ctx *ctx, mp_sim_plan_prep *pr, int i) {
 static mp_status prep_create_in(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                 mp_arena *arena, mp_sim_plan_prep **out) {
   MP_CHECK(plan_recipe_check(ctx, p, cfg));
+  MP_CHECK(flex_etp_check(ctx, p, cfg));
   const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
   int *sel = NULL, *rep = NULL;
   MP_CHECK(buf_room(ctx, cfg->ws, p, &sel, &rep));

@@ -481,6 +481,8 @@ row 2 "etp=2 with the flex dispatcher's input padded to capacity is not modelled
 # the flex dispatcher's copies to an expert's etp ranks are priced inside one NVLink domain:
 # etp 16 on nodes of 8 is refused by name
 row 2 "etp=16 with the DeepEP/HybridEP dispatcher spans NVLink domains of 8 GPUs" simulate --model qwen3-30b-a3b --gpus 32 --gpu h100-sxm --gpus-per-node 8 --mesh dp_replicate=16,tp=2,ep=2,etp=16 --seq 4096 --global-batch 64 --stack megatron-core --moe-dispatcher deepep
+# and plan ranks no such plan: each candidate with etp 16 is refused by the simulator
+row 1 "no plan fits mixtral-8x7b on 32 x h100-sxm; none of the changes tried fits" plan --no-db --model mixtral-8x7b --gpus 32 --gpu h100-sxm --stack megatron-core --moe-dispatcher deepep --fix etp=16
 row 2 "--from: meshplan plan searches the dispatchers without their overlap" plan --no-db --gpus 8 "--from-args=${mx/--moe-token-dispatcher-type alltoall/--moe-token-dispatcher-type flex --moe-enable-deepep} --overlap-moe-expert-parallel-comm"
 row 2 "--recompute-granularity full --recompute-method block" simulate --gpus 8 "--from-args=$mg --recompute-granularity full --recompute-method block --recompute-num-layers 2"
 row 2 "recompute module moe: model" simulate --gpus 8 "--from-args=$mg --recompute-granularity selective --recompute-modules core_attn moe"
