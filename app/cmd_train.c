@@ -234,16 +234,7 @@ static mp_status take_pick(mp_ctx *ctx, const mp_planner_result *res, mp_sim_eva
     st = mp_sim_evaluator_busy(ctx, ev, pickc, &out->busy, &out->busy_res);
     out->have_busy = st == MP_OK;
   }
-  if (best) {
-    po->micro_batch = pickc->micro_batch;
-    po->ac = (mp_ac_mode)pickc->ac;
-    po->ac_every = pickc->ac_every;
-    po->fp8 = pickc->fp8;
-    po->fsdp.reshard_after_forward = pickc->reshard;
-    po->pp_virtual = pickc->pp_virtual > 1 ? pickc->pp_virtual : 1;
-    po->pp_schedule = pickc->pp_virtual > 1 ? MP_PP_INTERLEAVED : MP_PP_1F1B;
-    if (pickc->pp_split) mp_pp_layout_embedding_loss(m->n_layers, pickc->mesh.size[MP_DIM_PP], po->pp_virtual, po);
-  }
+  if (best) mp_train_take_settings(pickc, m->n_layers, po); /* the search's split divides */
   return st;
 }
 

@@ -162,6 +162,11 @@ mp_status mp_train_stored_plan(train_job *j);
 /* j->mesh = the plan's mesh; a --mesh given (mspec, with --ep) that formats otherwise is
  * refused naming both, and so is an --ep alone other than the plan's ep. */
 mp_status mp_train_stored_mesh(train_job *j, const char *mspec);
+/* A planner candidate's (or a stored plan's) settings the runtime trains with, into po:
+ * micro-batch, AC, float8, reshard_after_forward, the pipeline's chunks (1F1B or
+ * interleaved, the schedules the search enumerates) and, with pp_split, the stages' split
+ * counting the embedding and the loss (0: that split does not divide the layers). */
+int mp_train_take_settings(const mp_candidate *c, int64_t n_layers, mp_plan_options *po);
 
 /* train_elastic.c */
 /* train --elastic: launches, watches and restarts the ranks; returns the exit code. */

@@ -81,6 +81,17 @@ static mp_status check_given(train_job *j, const mp_plan_row *r, const mp_run_ro
   return agree(j, "--sp (1) / --no-sp (0)", po->sp >= 0 && r->tp > 1, po->sp, r->sp);
 }
 
+int mp_train_take_settings(const mp_candidate *c, int64_t n_layers, mp_plan_options *po) {
+  po->micro_batch = c->micro_batch;
+  po->ac = (mp_ac_mode)c->ac;
+  po->ac_every = c->ac_every;
+  po->fp8 = c->fp8;
+  po->fsdp.reshard_after_forward = c->reshard;
+  po->pp_virtual = c->pp_virtual > 1 ? c->pp_virtual : 1;
+  po->pp_schedule = c->pp_virtual > 1 ? MP_PP_INTERLEAVED : MP_PP_1F1B;
+  return !c->pp_split || mp_pp_layout_embedding_loss(n_layers, c->mesh.size[MP_DIM_PP], po->pp_virtual, po);
+}
+
 mp_status mp_train_stored_plan(train_job *j) {
   mp_plan_row r;
   mp_run_row run;
@@ -93,20 +104,18 @@ mp_status mp_train_stored_plan(train_job *j) {
   MP_CHECK(mp_cmd_check_seq(j->ctx, j->spec, &j->model, po->seq));
   MP_CHECK(mp_runtime_model_check(j->ctx, &j->model, po->seq));
   po->global_batch = global_batch;
-  po->micro_batch = r.micro_batch;
-  po->ac = (mp_ac_mode)r.ac;
-  po->ac_every = r.ac_every;
-  po->fp8 = r.fp8;
-  po->fsdp.reshard_after_forward = r.reshard;
   if (r.tp > 1) po->sp = r.sp;
-  po->pp_virtual = r.pp_virtual > 1 ? r.pp_virtual : 1;
-  po->pp_schedule = r.pp_virtual > 1 ? MP_PP_INTERLEAVED : MP_PP_1F1B;
   po->n_pp_layers = 0;
-  if (r.pp_split && !mp_pp_layout_embedding_loss(j->model.n_layers, r.pp, po->pp_virtual, po))
+  mp_candidate c;
+  memset(&c, 0, sizeof c);
+  mp_plan_row_mesh(&r, &c.mesh);
+  c.micro_batch = r.micro_batch, c.ac = (uint8_t)r.ac, c.ac_every = (uint16_t)r.ac_every, c.fp8 = (uint8_t)r.fp8;
+  c.reshard = (uint8_t)r.reshard, c.pp_virtual = (uint16_t)r.pp_virtual, c.pp_split = (uint8_t)r.pp_split;
+  if (!mp_train_take_settings(&c, j->model.n_layers, po))
     return mp_error(j->ctx, MP_ERR_DB, "plan %lld in %s counts the embedding and loss in the split of %lld "
                     "layers over pp=%d x %d chunks, which they do not divide; plan again with this build",
                     j->plan_id, j->db, (long long)j->model.n_layers, r.pp, po->pp_virtual);
-  mp_plan_row_mesh(&r, &j->stored_mesh);
+  j->stored_mesh = c.mesh;
   char mesh_s[128], ac[32], pipe[64] = "no pipeline";
   mp_mesh_format(&j->stored_mesh, mesh_s, sizeof mesh_s);
   if (r.ac == MP_AC_FULL && r.ac_every > 1) snprintf(ac, sizeof ac, "full:%d", r.ac_every);
