@@ -225,10 +225,17 @@ static mp_status flex_etp_check(mp_ctx *ctx, const mp_plan *p, const mp_sim_conf
                   "etp <= %d or the all-to-all dispatcher", etp, domain, domain);
 }
 
+/* What the plan asks of the cluster it is simulated on, checked once for simulate and the
+ * search's prepared plans alike: the float8 recipe (plan_recipe_check) and the flex
+ * dispatcher's expert-TP copies inside an NVLink domain (flex_etp_check). */
+static mp_status plan_cluster_check(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg) {
+  MP_CHECK(plan_recipe_check(ctx, p, cfg));
+  return flex_etp_check(ctx, p, cfg);
+}
+
 static mp_status simulate_built_in(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                    mp_arena *scratch, int all, mp_sim_result *out) {
-  MP_CHECK(plan_recipe_check(ctx, p, cfg));
-  MP_CHECK(flex_etp_check(ctx, p, cfg));
+  MP_CHECK(plan_cluster_check(ctx, p, cfg));
   mp_sim_workspace *ws = cfg->ws;
   const int reset = scratch == NULL;
   MP_CHECK(schedule_arena(ctx, ws, scratch, &scratch));
@@ -300,8 +307,7 @@ static mp_status stage_prep(mp_ctx *ctx, mp_sim_plan_prep *pr, int i) {
 /* mp_sim_plan_prep_create in cfg->ws (its stage grouping). */
 static mp_status prep_create_in(mp_ctx *ctx, const mp_plan *p, const mp_sim_config *cfg,
                                 mp_arena *arena, mp_sim_plan_prep **out) {
-  MP_CHECK(plan_recipe_check(ctx, p, cfg));
-  MP_CHECK(flex_etp_check(ctx, p, cfg));
+  MP_CHECK(plan_cluster_check(ctx, p, cfg));
   const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1;
   int *sel = NULL, *rep = NULL;
   MP_CHECK(buf_room(ctx, cfg->ws, p, &sel, &rep));
