@@ -204,12 +204,19 @@ static void amax_tp(gen *g, int module) {
  * activations; Float8RowwiseParallel._prepare_input_fn) and a colwise Linear's output
  * gradient (NoopFwToFloat8BwDynamic on its Shard(-1) output). The sequence-sharded casts
  * are amax_tp's. Whether Linear `module`'s `role` cast (MP_TP_COLWISE or MP_TP_ROWWISE:
- * the Linears whose activation it is; MP_TP_NONE: the weight, any split) emits it. */
-static void dtensor_amax_tp(gen *g, int module, mp_tp_style role) {
+ * the Linears whose activation it is; MP_TP_NONE: the weight, any split) emits it.
+ * The rowwise recipe's Linears are DTensors under torchtitan's plain TP too; each amax is
+ * torch.amax(torch.abs(x), dim): DTensor's Partial("max") where that dim is sharded,
+ * all-reduced before the scale's arithmetic, the bf16 vector of `rows` (2 bytes each): a
+ * rowwise Linear's input and weight (along in) forward, a colwise Linear's output gradient
+ * and weight (along out) backward; its other casts reduce along unsharded dims. */
+static void dtensor_amax_tp(gen *g, int module, mp_tp_style role, int64_t rows) {
   const shapes *sh = &g->sh;
-  if (!sh->fp8_tp_codes || sh->fp8_te || sh->tp_style[module] == MP_TP_NONE) return;
+  const int rw = sh->fp8_recipe == MP_FP8_ROWWISE && g->ms->dtensor_tp && sh->tp > 1 && role != MP_TP_NONE;
+  if ((!sh->fp8_tp_codes && !rw) || sh->fp8_te || sh->tp_style[module] == MP_TP_NONE) return;
   if (role == MP_TP_NONE || sh->tp_style[module] == role)
-    comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0, MP_DTYPE_FP32, module);
+    comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, rw ? 2.0 * (double)rows : 4.0,
+         rw ? MP_DTYPE_BF16 : MP_DTYPE_FP32, module);
 }
 
 /* Transformer Engine: q/k/v and gate/up are one Linear each (Megatron-Core's linear_qkv and
@@ -364,12 +371,13 @@ void mp_sched_linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, 
     if (!mp_sched_f8_input(g, module) && !te_shares_input(g, module) && !te_norm_emits(g, module))
       te_expert_casts(g, cast_copies(g, module, x, MP_VAR_FWD, copies), batch, 1);
   } else {
+    const int rw = g->sh.fp8_recipe == MP_FP8_ROWWISE;
     if (!g->sh.fp8_all_gather) {
-      dtensor_amax_tp(g, module, MP_TP_NONE);
+      dtensor_amax_tp(g, module, rw ? MP_TP_ROWWISE : MP_TP_NONE, out * batch);
       cast(g, module, w, MP_VAR_FWD);
     }
     if (!mp_sched_f8_input(g, module)) {
-      dtensor_amax_tp(g, module, MP_TP_ROWWISE);
+      dtensor_amax_tp(g, module, MP_TP_ROWWISE, mi);
       cast(g, module, x, MP_VAR_FWD);
     }
   }
@@ -465,7 +473,7 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
      * preprocess_addmm makes with a contiguous copy (torchao/float8/float8_ops.py): a
      * transposed copy of the whole gathered gradient, which no cast can fuse */
     if (!f8_grad_out(g, module)) {
-      dtensor_amax_tp(g, module, MP_TP_COLWISE);
+      dtensor_amax_tp(g, module, MP_TP_COLWISE, mi);
       cast_copies(g, module, dy, MP_VAR_BWD, dy_copies(g));
     } else {
       transpose8(g, module, dy, MP_VAR_BWD);
@@ -476,6 +484,7 @@ void mp_sched_linear_bwd(gen *g, int module, double m, int64_t out, int64_t in, 
      * gathered so), the input gradient's second operand its transposed copy
      * (preprocess_addmm, b_data.t().contiguous().t()); rowwise scales it along the other
      * dim: a cast from the bf16 weight */
+    if (g->sh.fp8_recipe == MP_FP8_ROWWISE) dtensor_amax_tp(g, module, MP_TP_COLWISE, in * batch);
     if (g->sh.fp8_recipe == MP_FP8_TENSORWISE) transpose8(g, module, w, MP_VAR_BWD);
     else if (!g->sh.fp8_all_gather) cast(g, module, w, MP_VAR_BWD);
     if (mp_sched_f8_input(g, module) || f8_row_input(g, module))

@@ -19,6 +19,9 @@
 //   (torch.max(torch.abs(x)), float8_utils.py tensor_to_amax): the recompute casts from the
 //   kept amax, 2 + 1 = 3 bytes an element; under full AC, or rowwise (torch.amax along a
 //   dim, another op), the amax pass runs again: 5.
+// - The rowwise recipe's Linears under torchtitan's plain TP are DTensors as well: each
+//   amax is torch.amax(torch.abs(x), dim) (float8_utils.py tensor_to_amax), a partial max
+//   where TP shards that dim, all-reduced over tp as a bf16 vector before the scale.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -122,4 +125,51 @@ TEST(Fp8Torchao, OpSacRecomputeCastsFromTheKeptAmax) {
   const std::vector<double> rrc = PerElement(rw.s, MP_PHASE_RECOMPUTE);
   EXPECT_EQ(rrc.size(), 6u);
   for (double b : rrc) EXPECT_EQ(b, 5.0);
+}
+
+namespace {
+
+// Layer 5's TP all-reduces of Linear `module` in `phase`, payload bytes in schedule order.
+std::vector<double> TpAllReduceBytes(const mp_schedule *s, int module, mp_phase phase) {
+  std::vector<double> v;
+  for (const Inst &x : Expand(s))
+    if (x.layer == 5 && x.op->type == MP_OP_COMM && x.op->coll == MP_COLL_ALL_REDUCE &&
+        x.op->group == MP_GROUP_TP && x.op->phase == phase && x.op->module == module)
+      v.push_back(x.op->bytes);
+  return v;
+}
+
+}  // namespace
+
+TEST(Fp8Torchao, RowwiseAmaxAllReducedWhereTpShardsItsDim) {
+  // tp=2 with SP, AC none, the rowwise recipe on plain TP (torchtitan runs no float8 TP for
+  // it): every amax is torch.amax along one dim of a DTensor, a partial max where that dim
+  // is sharded, all-reduced as a bf16 vector (2 bytes an element). o [H, H/2 on the rank]
+  // and down [H, f/2] (Shard(1)) forward: the weight's amax along in, one per output row
+  // (2 H), then the input's along its sharded last dim, one per token (2 T). q [H/2, H] and
+  // gate [f/2, H] (Shard(0)) backward: the output gradient's along its sharded last dim
+  // (2 T), then the weight's along out, one per input column (2 H). The other casts reduce
+  // along unsharded dims: q's forward, o's and down's backward emit none.
+  Opts o;
+  o.mesh = "tp=2";
+  o.fp8 = 1;
+  o.fp8_recipe = MP_FP8_ROWWISE;
+  Built b;
+  Build(&b, o);
+  const std::vector<double> fwd{2 * H, 2 * T}, bwd{2 * T, 2 * H};
+  EXPECT_EQ(TpAllReduceBytes(b.s, MP_MOD_O, MP_PHASE_FORWARD), fwd);
+  EXPECT_EQ(TpAllReduceBytes(b.s, MP_MOD_DOWN, MP_PHASE_FORWARD), fwd);
+  EXPECT_EQ(TpAllReduceBytes(b.s, MP_MOD_Q, MP_PHASE_BACKWARD), bwd);
+  EXPECT_EQ(TpAllReduceBytes(b.s, MP_MOD_GATE, MP_PHASE_BACKWARD), bwd);
+  EXPECT_TRUE(TpAllReduceBytes(b.s, MP_MOD_Q, MP_PHASE_FORWARD).empty());
+  EXPECT_TRUE(TpAllReduceBytes(b.s, MP_MOD_O, MP_PHASE_BACKWARD).empty());
+  EXPECT_TRUE(TpAllReduceBytes(b.s, MP_MOD_DOWN, MP_PHASE_BACKWARD).empty());
+  // Without TP no cast reduces along a sharded dim.
+  Opts d;
+  d.fp8 = 1;
+  d.fp8_recipe = MP_FP8_ROWWISE;
+  Built n;
+  Build(&n, d);
+  EXPECT_TRUE(TpAllReduceBytes(n.s, MP_MOD_O, MP_PHASE_FORWARD).empty());
+  EXPECT_TRUE(TpAllReduceBytes(n.s, MP_MOD_Q, MP_PHASE_BACKWARD).empty());
 }
