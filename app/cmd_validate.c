@@ -20,7 +20,9 @@
  * micro-batches unless told otherwise) runs that one, marked 's', since the published run
  * ran it; a split the plan refuses falls back to the pick), pp_virtual (empty: 2 for the interleaved schedule),
  * pp_layout (the layers of each virtual stage in Megatron-LM's --pipeline-model-parallel-layout
- * notation, "E|(t|)*126L"; empty: the default split), sp (empty:
+ * notation, "E|(t|)*126L"; empty: the default split, or on a megatron row with more model
+ * chunks than layers Megatron's split with the embedding and the loss counted as layers,
+ * marked 'l'), sp (empty:
  * the plan's default, on with tp > 1 where the stack runs it), async_tp (1: the TP
  * collectives fused with their GEMMs, torchtitan's AsyncTP as the published run enabled it;
  * 0: not; empty or absent: the stack's default, off but under megatron-core, whose
@@ -114,6 +116,7 @@ typedef struct row {
                           2 the stack's own pipeline micro-batching */
   char refused[512];   /* non-empty: the simulator's rule that refuses the row's plan */
   int capacity_from_graphs; /* the experts' capacity read from the row's graphs (graphs_capacity) */
+  int layout_from_split;    /* the pipeline layout Megatron's embedding and loss split gives */
   char stack[64], gpu[64]; /* as the row names them, for --by */
   unsigned features;   /* 1 << F_*: what the row's plan runs, for --by feature */
 } row;
@@ -139,6 +142,7 @@ typedef struct row_job {
   mp_plan_options o;
   int64_t local_batch, micro_batch; /* micro_batch 0: pick */
   int capacity_from_graphs;         /* 1: the experts' capacity read from the row's graphs */
+  int layout_from_split;            /* 1: megatron_embedding_loss_split gave the layout */
 } row_job;
 
 static mp_status read_mesh(mp_ctx *ctx, const char *where, const mp_vrow *v, mp_mesh *mesh) {
@@ -187,6 +191,24 @@ static void graphs_capacity(const mp_vrow *v, row_job *j) {
   if (mp_moe_host_sync(&j->m, &fix)) return;
   o->moe_routing = fix.moe_routing;
   j->capacity_from_graphs = 1;
+}
+
+/* A megatron row with more model chunks (pp x pp_virtual) than layers and no pp_layout: a
+ * chunk of Megatron-Core holds at least one of what it splits, so such a run counted the
+ * embedding and the loss as a layer each (--account-for-embedding-in-pipeline-split and
+ * --account-for-loss-in-pipeline-split, as Megatron-Bridge's Llama 3.1 405B recipe sets them
+ * for its pp 16 x vp 8 performance layouts: src/megatron/bridge/recipes/llama/h100/llama3.py
+ * llama31_405b_pretrain_256gpu_h100_bf16_config and
+ * scripts/performance/configs/llama/llama31_workload_base_configs.py at b7b4e11b0). The
+ * layout is that split (mp_pp_layout_embedding_loss), marked 'l' in the table; chunks that do
+ * not divide layers + 2 keep the plan's refusal, which names the pp_layout to state. */
+static void megatron_embedding_loss_split(row_job *j) {
+  mp_plan_options *o = &j->o;
+  const int pp = j->mesh.size[MP_DIM_PP];
+  const int looped = o->pp_schedule == MP_PP_INTERLEAVED || o->pp_schedule == MP_PP_INTERLEAVED_ZB;
+  const int v = looped && o->pp_virtual > 1 ? o->pp_virtual : 1;
+  if (o->mem_model != MP_MEM_MODEL_MEGATRON || pp < 2 || (int64_t)pp * v <= j->m.n_layers) return;
+  j->layout_from_split = mp_pp_layout_embedding_loss(j->m.n_layers, pp, v, o);
 }
 
 /* The Megatron-LM and Megatron-Core options a row states beside its mesh: the fused loss,
@@ -328,6 +350,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     mp_error_prefix(ctx, "%s", where);
     return lay;
   }
+  if (!v->pp_layout[0]) megatron_embedding_loss_split(j);
   j->local_batch = v->local_batch;
   j->micro_batch = v->micro_batch;
   o->seq = v->seq;
@@ -418,6 +441,7 @@ static mp_status run_row(mp_ctx *ctx, const char *where, const char *dir, const 
   snprintf(r->gpu, sizeof r->gpu, "%s", v->gpu);
   if (st == MP_OK) r->features = row_features(j);
   r->capacity_from_graphs = j->capacity_from_graphs;
+  r->layout_from_split = j->layout_from_split;
   mp_sim_result res;
   memset(&res, 0, sizeof res);
   if (st == MP_OK) {
@@ -555,8 +579,8 @@ static void print_row(const row *r) {
            fig(pub, sizeof pub, r->measured), "-");
     return;
   }
-  snprintf(mb, sizeof mb, "%lld%s%s", (long long)r->micro_batch, r->picked == 2 ? "s" : r->picked ? "*" : "",
-           r->capacity_from_graphs ? "c" : "");
+  snprintf(mb, sizeof mb, "%lld%s%s%s", (long long)r->micro_batch, r->picked == 2 ? "s" : r->picked ? "*" : "",
+           r->capacity_from_graphs ? "c" : "", r->layout_from_split ? "l" : "");
   printf("%-30s %-22s %5s %12s %12s %+7.1f%%\n", MP_CMD_CELL(r->name, name), r->metric, mb,
          fig(pred, sizeof pred, r->predicted), fig(pub, sizeof pub, r->measured), 100.0 * row_error(r));
 }
@@ -609,6 +633,7 @@ static cJSON *row_json(const row *r) {
   cJSON_AddNumberToObject(o, "micro_batch", (double)r->micro_batch);
   cJSON_AddStringToObject(o, "micro_batch_from", r->picked == 2 ? "stack" : r->picked ? "fastest" : "row");
   if (r->capacity_from_graphs) cJSON_AddStringToObject(o, "moe_capacity_from", "cuda_graphs");
+  if (r->layout_from_split) cJSON_AddStringToObject(o, "pp_layout_from", "embedding_loss_split");
   cJSON_AddNumberToObject(o, "predicted", r->predicted);
   cJSON_AddNumberToObject(o, "error", row_error(r));
   return o;
