@@ -142,7 +142,7 @@ typedef struct row_job {
   mp_plan_options o;
   int64_t local_batch, micro_batch; /* micro_batch 0: pick */
   int capacity_from_graphs;         /* 1: the experts' capacity read from the row's graphs */
-  int layout_from_split;            /* 1: megatron_embedding_loss_split gave the layout */
+  int layout_from_split;            /* 1: mp_cmd_megatron_pp_split gave the layout */
 } row_job;
 
 static mp_status read_mesh(mp_ctx *ctx, const char *where, const mp_vrow *v, mp_mesh *mesh) {
@@ -191,24 +191,6 @@ static void graphs_capacity(const mp_vrow *v, row_job *j) {
   if (mp_moe_host_sync(&j->m, &fix)) return;
   o->moe_routing = fix.moe_routing;
   j->capacity_from_graphs = 1;
-}
-
-/* A megatron row with more model chunks (pp x pp_virtual) than layers and no pp_layout: a
- * chunk of Megatron-Core holds at least one of what it splits, so such a run counted the
- * embedding and the loss as a layer each (--account-for-embedding-in-pipeline-split and
- * --account-for-loss-in-pipeline-split, as Megatron-Bridge's Llama 3.1 405B recipe sets them
- * for its pp 16 x vp 8 performance layouts: src/megatron/bridge/recipes/llama/h100/llama3.py
- * llama31_405b_pretrain_256gpu_h100_bf16_config and
- * scripts/performance/configs/llama/llama31_workload_base_configs.py at b7b4e11b0). The
- * layout is that split (mp_pp_layout_embedding_loss), marked 'l' in the table; chunks that do
- * not divide layers + 2 keep the plan's refusal, which names the pp_layout to state. */
-static void megatron_embedding_loss_split(row_job *j) {
-  mp_plan_options *o = &j->o;
-  const int pp = j->mesh.size[MP_DIM_PP];
-  const int looped = o->pp_schedule == MP_PP_INTERLEAVED || o->pp_schedule == MP_PP_INTERLEAVED_ZB;
-  const int v = looped && o->pp_virtual > 1 ? o->pp_virtual : 1;
-  if (o->mem_model != MP_MEM_MODEL_MEGATRON || pp < 2 || (int64_t)pp * v <= j->m.n_layers) return;
-  j->layout_from_split = mp_pp_layout_embedding_loss(j->m.n_layers, pp, v, o);
 }
 
 /* The Megatron-LM and Megatron-Core options a row states beside its mesh: the fused loss,
@@ -350,7 +332,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     mp_error_prefix(ctx, "%s", where);
     return lay;
   }
-  if (!v->pp_layout[0]) megatron_embedding_loss_split(j);
+  if (!v->pp_layout[0]) j->layout_from_split = mp_cmd_megatron_pp_split(&j->m, &j->mesh, o);
   j->local_batch = v->local_batch;
   j->micro_batch = v->micro_batch;
   o->seq = v->seq;

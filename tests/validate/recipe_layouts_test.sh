@@ -49,6 +49,18 @@ for r in rows:
         bad.append(f"{r['case']}: MFU {mfu:.3f} outside [{lo}, {hi}]")
     elif r["case"] in LOW and mfu >= 0.15:
         bad.append(f"{r['case']}: MFU {mfu:.3f} back inside the band: drop it from LOW")
+# simulate on a megatron stack takes Megatron's embedding-and-loss split for 128 chunks of
+# 126 layers (126 + 2 = 128, one a chunk, the first and last chunk the embedding and the loss
+# alone); torchtitan's stack keeps the refusal, which names the layout to state
+sim = [MP, "simulate", "--model", "llama3.1-405b", "--gpus", "128", "--gpu", "b200", "--mesh",
+       "tp=4,pp=16,dp_replicate=2", "--pp", "16", "--pp-schedule", "interleaved", "--pp-virtual", "8",
+       "--seq", "8192", "--global-batch", "64"]
+s = subprocess.run(sim + ["--stack", "megatron-core"], capture_output=True, text=True)
+if s.returncode != 0 or "layout E|(t|)*126L" not in s.stdout:
+    bad.append(f"simulate 405B pp 16 x 8 megatron-core: rc {s.returncode}, {s.stdout[:300]} {s.stderr.strip()}")
+s = subprocess.run(sim + ["--stack", "torchtitan-compile"], capture_output=True, text=True)
+if s.returncode == 0 or "E|(t|)*126L" not in s.stderr:
+    bad.append(f"simulate 405B pp 16 x 8 torchtitan-compile: rc {s.returncode}, not refused naming the layout")
 if len(rows) < 170 or bad:
     sys.exit(f"FAIL: {len(rows)} rows\n" + "\n".join(bad))
 print(f"recipe_layouts.csv: {len(rows)} rows simulated, every MFU in its band")
