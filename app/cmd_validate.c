@@ -73,7 +73,8 @@
  * (exit 2). A well-formed row whose plan the simulator refuses (a combination outside
  * what meshplan models, such as MoE with pp) is listed with the rule that refuses it,
  * counted and left out of the summary; the other rows are still reported and the exit
- * status is 0. --by stack|gpu|feature adds the summary per group. */
+ * status is 0. A row that breaks an invariant of the simulator (MP_ERR_INTERNAL, a bug) is
+ * listed the same way, its reason headed "meshplan internal error". --by stack|gpu|feature adds the summary per group. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -428,8 +429,11 @@ static mp_status run_row(mp_ctx *ctx, const char *where, const char *dir, const 
   memset(&res, 0, sizeof res);
   if (st == MP_OK) {
     st = simulate_row(ctx, j, r, &res);
-    if (st == MP_ERR_INVALID) { /* a well-formed row whose plan the simulator refuses */
-      snprintf(r->refused, sizeof r->refused, "%s", mp_errmsg(ctx));
+    /* a well-formed row whose plan the simulator refuses; or one that breaks an invariant of
+     * the simulator (a bug), listed as such so the file's other rows are still reported */
+    if (st == MP_ERR_INVALID || st == MP_ERR_INTERNAL) {
+      snprintf(r->refused, sizeof r->refused, "%s%s",
+               st == MP_ERR_INTERNAL ? "meshplan internal error (a bug to report): " : "", mp_errmsg(ctx));
       free(j);
       return MP_OK;
     }
@@ -587,7 +591,9 @@ static void print_table(const row *rows, int n, const group *gs, int ng, int n_r
   printf("(mb: the micro-batch simulated; * the fastest that fits among the divisors of "
          "local_batch, none being published; s the stack's own pipeline micro-batching, "
          "none being published; c the experts padded to capacity 1, the setting the row's CUDA "
-         "graphs capture MoE layers with, none being published)\n");
+         "graphs capture MoE layers with, none being published; l Megatron's pipeline split with the "
+         "embedding and the loss as a layer each, pp x pp_virtual exceeding the layers and no "
+         "pp_layout being published)\n");
   for (int i = 0; i < n; i++)
     if (rows[i].refused[0]) {
       char name[sizeof rows->name * 4];
