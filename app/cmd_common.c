@@ -114,6 +114,19 @@ mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_optio
   return mp_pp_layout_parse(ctx, layout, o);
 }
 
+/* Megatron-Bridge's Llama 3.1 405B recipe sets both account-for flags for its pp 16 x vp 8
+ * performance layouts, 128 chunks for 126 layers (src/megatron/bridge/recipes/llama/h100/
+ * llama3.py llama31_405b_pretrain_256gpu_h100_bf16_config and
+ * scripts/performance/configs/llama/llama31_workload_base_configs.py at b7b4e11b0). */
+int mp_cmd_megatron_pp_split(const mp_model *m, const mp_mesh *mesh, mp_plan_options *o) {
+  const int pp = mesh->size[MP_DIM_PP];
+  const int looped = o->pp_schedule == MP_PP_INTERLEAVED || o->pp_schedule == MP_PP_INTERLEAVED_ZB;
+  const int v = looped && o->pp_virtual > 1 ? o->pp_virtual : 1;
+  if (o->mem_model != MP_MEM_MODEL_MEGATRON || o->n_pp_layers > 0 || pp < 2 || (int64_t)pp * v <= m->n_layers)
+    return 0;
+  return mp_pp_layout_embedding_loss(m->n_layers, pp, v, o);
+}
+
 /* --cp-comm-type: Megatron-Core's form of context parallelism, on its stacks only. */
 static mp_status cp_comm_type(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                               mp_plan_options *o) {

@@ -430,6 +430,7 @@ static mp_status simulate_job(mp_ctx *ctx, sim_job *j, mp_sim_result *r) {
     mp_cmd_default_batch(&j->m, &j->mesh, seq, j->o.micro_batch, &j->o.global_batch, j->batch_rule,
                          sizeof j->batch_rule);
   MP_CHECK(load_stack(ctx, j));
+  mp_cmd_megatron_pp_split(&j->m, &j->mesh, &j->o);
   mp_cmd_stack_micro_batch(&k_spec, &j->prof, &j->mesh, &j->o, j->mb_rule, sizeof j->mb_rule);
   if (j->mesh.size[MP_DIM_PP] > 1) j->cfg.stage_peak_bytes = j->stage_peak;
   MP_CHECK(mp_simulate_plan(ctx, &j->m, &j->mesh, &j->o, &j->cfg, r));

@@ -20,7 +20,9 @@
  * micro-batches unless told otherwise) runs that one, marked 's', since the published run
  * ran it; a split the plan refuses falls back to the pick), pp_virtual (empty: 2 for the interleaved schedule),
  * pp_layout (the layers of each virtual stage in Megatron-LM's --pipeline-model-parallel-layout
- * notation, "E|(t|)*126L"; empty: the default split), sp (empty:
+ * notation, "E|(t|)*126L"; empty: the default split, or on a megatron row with more model
+ * chunks than layers Megatron's split with the embedding and the loss counted as layers,
+ * marked 'l'), sp (empty:
  * the plan's default, on with tp > 1 where the stack runs it), async_tp (1: the TP
  * collectives fused with their GEMMs, torchtitan's AsyncTP as the published run enabled it;
  * 0: not; empty or absent: the stack's default, off but under megatron-core, whose
@@ -71,7 +73,8 @@
  * (exit 2). A well-formed row whose plan the simulator refuses (a combination outside
  * what meshplan models, such as MoE with pp) is listed with the rule that refuses it,
  * counted and left out of the summary; the other rows are still reported and the exit
- * status is 0. --by stack|gpu|feature adds the summary per group. */
+ * status is 0. A row that breaks an invariant of the simulator (MP_ERR_INTERNAL, a bug) is
+ * listed the same way, its reason headed "meshplan internal error". --by stack|gpu|feature adds the summary per group. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,6 +117,7 @@ typedef struct row {
                           2 the stack's own pipeline micro-batching */
   char refused[512];   /* non-empty: the simulator's rule that refuses the row's plan */
   int capacity_from_graphs; /* the experts' capacity read from the row's graphs (graphs_capacity) */
+  int layout_from_split;    /* the pipeline layout Megatron's embedding and loss split gives */
   char stack[64], gpu[64]; /* as the row names them, for --by */
   unsigned features;   /* 1 << F_*: what the row's plan runs, for --by feature */
 } row;
@@ -139,6 +143,7 @@ typedef struct row_job {
   mp_plan_options o;
   int64_t local_batch, micro_batch; /* micro_batch 0: pick */
   int capacity_from_graphs;         /* 1: the experts' capacity read from the row's graphs */
+  int layout_from_split;            /* 1: mp_cmd_megatron_pp_split gave the layout */
 } row_job;
 
 static mp_status read_mesh(mp_ctx *ctx, const char *where, const mp_vrow *v, mp_mesh *mesh) {
@@ -328,6 +333,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
     mp_error_prefix(ctx, "%s", where);
     return lay;
   }
+  if (!v->pp_layout[0]) j->layout_from_split = mp_cmd_megatron_pp_split(&j->m, &j->mesh, o);
   j->local_batch = v->local_batch;
   j->micro_batch = v->micro_batch;
   o->seq = v->seq;
@@ -418,12 +424,16 @@ static mp_status run_row(mp_ctx *ctx, const char *where, const char *dir, const 
   snprintf(r->gpu, sizeof r->gpu, "%s", v->gpu);
   if (st == MP_OK) r->features = row_features(j);
   r->capacity_from_graphs = j->capacity_from_graphs;
+  r->layout_from_split = j->layout_from_split;
   mp_sim_result res;
   memset(&res, 0, sizeof res);
   if (st == MP_OK) {
     st = simulate_row(ctx, j, r, &res);
-    if (st == MP_ERR_INVALID) { /* a well-formed row whose plan the simulator refuses */
-      snprintf(r->refused, sizeof r->refused, "%s", mp_errmsg(ctx));
+    /* a well-formed row whose plan the simulator refuses; or one that breaks an invariant of
+     * the simulator (a bug), listed as such so the file's other rows are still reported */
+    if (st == MP_ERR_INVALID || st == MP_ERR_INTERNAL) {
+      snprintf(r->refused, sizeof r->refused, "%s%s",
+               st == MP_ERR_INTERNAL ? "meshplan internal error (a bug to report): " : "", mp_errmsg(ctx));
       free(j);
       return MP_OK;
     }
@@ -555,8 +565,8 @@ static void print_row(const row *r) {
            fig(pub, sizeof pub, r->measured), "-");
     return;
   }
-  snprintf(mb, sizeof mb, "%lld%s%s", (long long)r->micro_batch, r->picked == 2 ? "s" : r->picked ? "*" : "",
-           r->capacity_from_graphs ? "c" : "");
+  snprintf(mb, sizeof mb, "%lld%s%s%s", (long long)r->micro_batch, r->picked == 2 ? "s" : r->picked ? "*" : "",
+           r->capacity_from_graphs ? "c" : "", r->layout_from_split ? "l" : "");
   printf("%-30s %-22s %5s %12s %12s %+7.1f%%\n", MP_CMD_CELL(r->name, name), r->metric, mb,
          fig(pred, sizeof pred, r->predicted), fig(pub, sizeof pub, r->measured), 100.0 * row_error(r));
 }
@@ -581,7 +591,9 @@ static void print_table(const row *rows, int n, const group *gs, int ng, int n_r
   printf("(mb: the micro-batch simulated; * the fastest that fits among the divisors of "
          "local_batch, none being published; s the stack's own pipeline micro-batching, "
          "none being published; c the experts padded to capacity 1, the setting the row's CUDA "
-         "graphs capture MoE layers with, none being published)\n");
+         "graphs capture MoE layers with, none being published; l Megatron's pipeline split with the "
+         "embedding and the loss as a layer each, pp x pp_virtual exceeding the layers and no "
+         "pp_layout being published)\n");
   for (int i = 0; i < n; i++)
     if (rows[i].refused[0]) {
       char name[sizeof rows->name * 4];
@@ -609,6 +621,7 @@ static cJSON *row_json(const row *r) {
   cJSON_AddNumberToObject(o, "micro_batch", (double)r->micro_batch);
   cJSON_AddStringToObject(o, "micro_batch_from", r->picked == 2 ? "stack" : r->picked ? "fastest" : "row");
   if (r->capacity_from_graphs) cJSON_AddStringToObject(o, "moe_capacity_from", "cuda_graphs");
+  if (r->layout_from_split) cJSON_AddStringToObject(o, "pp_layout_from", "embedding_loss_split");
   cJSON_AddNumberToObject(o, "predicted", r->predicted);
   cJSON_AddNumberToObject(o, "error", row_error(r));
   return o;

@@ -62,6 +62,12 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
  * chunks per stage under the interleaved schedule, default 2; 1 under the others) into *o
  * (explain, simulate). An unknown schedule is a usage error naming the three. */
 mp_status mp_cmd_pp_schedule(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
+/* A megatron stack's plan with more model chunks (pp x pp_virtual) than layers and no stated
+ * layout: a Megatron-Core chunk holds at least one of what it splits, so such a run counted
+ * the embedding and the loss as a layer each (--account-for-embedding-in-pipeline-split and
+ * --account-for-loss-in-pipeline-split). Writes that split into o (mp_pp_layout_embedding_loss)
+ * and returns 1; 0 (o untouched) otherwise or where the chunks do not divide layers + 2. */
+int mp_cmd_megatron_pp_split(const mp_model *m, const mp_mesh *mesh, mp_plan_options *o);
 /* --pp-layers A,B,... (s; NULL: the default split) into o's stage layout. */
 mp_status mp_cmd_pp_layers(mp_ctx *ctx, const char *s, mp_plan_options *o);
 /* --cp-rotate into o->cp_rotate and --cp-comm-type into o->cp_comm (each untouched without

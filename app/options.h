@@ -109,7 +109,9 @@
   { "--pp-layers", "A,B,...", "each pipeline stage's layer count, summing to the model's layers "  \
     "(Megatron-LM's --decoder-first/last-pipeline-num-layers), e.g. 7,8,...,8,7 for 126 layers on "  \
     "pp=16; interleaved: one count per model chunk, pp x pp_virtual in model order, the first and " \
-    "last may be 0 (default: torchtitan's split, the remainder on the middle stages)", NULL },     \
+    "last may be 0 (default: torchtitan's split, the remainder on the middle stages; simulate "    \
+    "on a megatron stack with more chunks than layers: Megatron's split, the embedding and the "   \
+    "loss counted as a layer each)", NULL },                                                       \
   { "--pp-layout", "STR", "the same in Megatron-LM's --pipeline-model-parallel-layout notation: "  \
     "virtual stages in model order split by |, E the embedding, t a layer, L the loss, X*N and "   \
     "(...)*N repeats; e.g. \"E|(t|)*126L\" for 126 layers on pp=16 x pp_virtual 8 (Llama 3 405B)", \

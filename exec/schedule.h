@@ -431,8 +431,11 @@ const char *mp_step_act_name(int kind); /* "gather", "block_fwd", ... */
  * DualPipe `chunk` is the direction (0: micro-batches entering at stage 0, run through model
  * stage s on rank s; 1: entering at stage pp - 1, model stage pp - 1 - s on rank s) and
  * `micro` counts that direction's micro-batches, and `paired` marks a forward that runs with
- * the backward after it as one overlapped step (its F&B; the other schedules leave it 0 and
- * pair by the stage's times, sim/pipeline.c). */
+ * the backward after it as one overlapped step (its F&B). 1F1B and interleaved mark their
+ * steady-state forwards, each followed by a backward, and the simulator pairs those where
+ * the stage's times save (sim/pipeline.c): a warm-up forward runs alone even where the
+ * cool-down's first backward follows it, as Megatron-LM's schedule runs every step alone
+ * when all micro-batches are in the warm-up (m == pp interleaved). */
 enum { MP_PP_STEP_F = 0, MP_PP_STEP_B = 1, MP_PP_STEP_W = 2 }; /* mp_pp_step.bwd */
 typedef struct mp_pp_step {
   uint8_t bwd; /* MP_PP_STEP_F (forward), _B (backward; its input-gradient part where the

@@ -79,7 +79,8 @@ static int64_t order_interleaved(int pp, int v, int64_t m, int stage, mp_pp_flav
   int64_t n = 0;
   for (int64_t k = 0; k < warm; k++) out[n++] = interleaved_step(pp, v, m, k, 0);
   for (int64_t k = 0; k < total - warm; k++) {
-    out[n++] = interleaved_step(pp, v, m, warm + k, 0);
+    out[n] = interleaved_step(pp, v, m, warm + k, 0);
+    out[n++].paired = 1; /* a steady-state forward: the one Megatron's combined 1F1B can pair */
     out[n++] = interleaved_step(pp, v, m, k, 1);
   }
   for (int64_t k = total - warm; k < total; k++) out[n++] = interleaved_step(pp, v, m, k, 1);
@@ -91,7 +92,7 @@ static int64_t order_1f1b(int pp, int64_t m, int stage, mp_pp_step *out) {
   if (warm > m) warm = m;
   for (int64_t i = 0; i < warm; i++) out[n++] = (mp_pp_step){0, 0, (int32_t)i, 0};
   for (int64_t i = 0; i < m - warm; i++) {
-    out[n++] = (mp_pp_step){0, 0, (int32_t)(warm + i), 0};
+    out[n++] = (mp_pp_step){0, 0, (int32_t)(warm + i), 1};
     out[n++] = (mp_pp_step){1, 0, (int32_t)i, 0};
   }
   for (int64_t i = m - warm; i < m; i++) out[n++] = (mp_pp_step){1, 0, (int32_t)i, 0};

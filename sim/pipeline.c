@@ -146,12 +146,18 @@ static inline double ready_s(const mp_pp_step *q, int s, int pp, int K, int shap
 }
 
 /* 2 where step i of a stage's order is a forward that runs combined with the backward after
- * it (the EP all-to-all overlap, fb_save != 0): a backward of another micro-batch or chunk,
- * which does not wait on that forward; else 1. */
+ * it (the EP all-to-all overlap, fb_save != 0): a steady-state forward (mp_pp_step.paired)
+ * and a backward of another micro-batch or chunk, which does not wait on that forward; else
+ * 1. Megatron-LM's combined 1F1B pairs only in its steady loop
+ * (forward_backward_pipelining_with_interleaving, core_v0.14): with every micro-batch in the
+ * warm-up the last forward and the first backward run apart, and pairing them would make
+ * each stage's forward wait on the backward of the stage after it. */
 static inline int combined(const mp_pp_step *ord, int64_t i, int64_t per, int s, int pp, int K,
                            int shape, const mp_pp_stage_times *t) {
   if (shape == SHAPE_DUAL) return ord[i].paired ? 2 : 1; /* DualPipe names its F&B pairs */
-  if (i + 1 >= per || ord[i].bwd || ord[i + 1].bwd != MP_PP_STEP_B || t->fb_save[ord[i].chunk] == 0.0) return 1;
+  if (i + 1 >= per || ord[i].bwd || !ord[i].paired || ord[i + 1].bwd != MP_PP_STEP_B ||
+      t->fb_save[ord[i].chunk] == 0.0)
+    return 1;
   const int k = ord[i].chunk * pp + s;
   if (ord[i + 1].micro == ord[i].micro && ord[i + 1].chunk == ord[i].chunk && k == K - 1) return 1;
   return 2;

@@ -362,6 +362,31 @@ TEST(PipelineTimeline, CombinedStepsWithUnevenChunksWorkedStepByStep) {
   mp_sim_workspace_destroy(ws);
 }
 
+TEST(PipelineTimeline, CombinedStepsNeedASteadyState) {
+  // pp 2, v 2, m 2 under the EP overlap: with m == pp Megatron-LM runs every forward in the
+  // warm-up and every backward in the cool-down, each alone (no combined step): its steady
+  // loop, where the combined 1F1B pairs, has nothing to run. Equal chunks f 1, b 2, saving
+  // 0.25, free transfers; F(c, i) chunk c, micro-batch i, virtual stages s0 c0, s1 c0, s0 c1,
+  // s1 c1:
+  //   s0 F(0,0) [0, 1], F(0,1) [1, 2], F(1,0) [2, 3] (s1's F(0,0) [1, 2]), F(1,1) [3, 4];
+  //   s1 F(0,0) [1, 2], F(0,1) [2, 3], F(1,0) [3, 4], F(1,1) [4, 5], B(1,0) [5, 7],
+  //      B(1,1) [7, 9], B(0,0) [9, 11] (s0's B(1,0) [7, 9]), B(0,1) [11, 13];
+  //   s0 B(1,0) [7, 9], B(1,1) [9, 11], B(0,0) [11, 13], B(0,1) [13, 15].
+  // Pairing s0's last forward with its first backward would have each stage's forward wait
+  // on the backward of the stage after it, which waits on that forward.
+  mp_pp_stage_times t;
+  memset(&t, 0, sizeof t);
+  for (int c = 0; c < 2; c++) t.f[c] = 1, t.b[c] = 2, t.fb_save[c] = 0.25;
+  const mp_pp_stage_times *st[2] = {&t, &t};
+  double finish[2];
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  ASSERT_EQ(mp_sim_pipeline(&ctx, MP_PP_INTERLEAVED, MP_PP_FLAVOR_MEGATRON_A2A, 2, 2, 2, st, finish), MP_OK)
+      << mp_errmsg(&ctx);
+  EXPECT_NEAR(finish[0], 15.0, 1e-9);
+  EXPECT_NEAR(finish[1], 13.0, 1e-9);
+}
+
 TEST(PipelineTimeline, RefusesWhatTheScheduleRefuses) {
   mp_pp_stage_times t;
   memset(&t, 0, sizeof t);
