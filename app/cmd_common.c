@@ -415,7 +415,9 @@ mp_status mp_cmd_cuda_graphs(mp_ctx *ctx, const struct mp_stack_profile *prof, c
   return MP_OK;
 }
 
-mp_status mp_cmd_nccl_ctas(mp_ctx *ctx, const mp_cmd_spec *spec, struct mp_stack_profile *prof) {
+mp_status mp_cmd_nccl(mp_ctx *ctx, const mp_cmd_spec *spec, struct mp_stack_profile *prof) {
+  const char *v = mp_args_get(spec, "--nccl-version");
+  if (v) MP_CHECK(mp_sim_nccl_version_parse(ctx, v, &prof->nccl_version));
   const char *s = mp_args_get(spec, "--nccl-ctas");
   return s ? mp_sim_nccl_ctas_parse(ctx, s, prof->nccl_group_ctas) : MP_OK;
 }

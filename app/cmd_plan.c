@@ -64,7 +64,7 @@ static mp_opt k_opts[] = {
     MP_OPT_MEGATRON_FSDP,
     MP_OPT_FP8_PARAM_GATHER,
     MP_OPT_FP8_ALL_GATHER,
-    MP_OPT_ASYNC_TP, MP_OPT_MOE_ROUTING, MP_OPT_NCCL_CTAS, MP_OPT_MOE_DISPATCHER,
+    MP_OPT_ASYNC_TP, MP_OPT_MOE_ROUTING, MP_OPT_NCCL_CTAS, MP_OPT_NCCL_VERSION, MP_OPT_MOE_DISPATCHER,
     {"--fp8", "[on|off|auto|tensorwise|current|delayed|rowwise|mxfp8|blockwise|nvfp4]",
      "float8 Linear layers: bare or on, float8 plans only under the stack's recipe; a recipe's name, "
      "float8 plans only under it (see simulate --help); off (default), bf16 only; auto, both where "
@@ -854,7 +854,7 @@ static int run_plan(mp_ctx *ctx, const mp_cmd_call *call) {
   if (st == MP_OK) st = mp_cmd_async_tp(ctx, &k_spec, &ev->stack, &ev->base);
   if (st == MP_OK) st = mp_cmd_megatron_weights(ctx, &k_spec, &ev->stack, &ev->base);
   if (st == MP_OK) st = mp_cmd_fp8_all_gather(ctx, &k_spec, &ev->stack, &ev->base);
-  if (st == MP_OK) st = mp_cmd_nccl_ctas(ctx, &k_spec, &ev->stack);
+  if (st == MP_OK) st = mp_cmd_nccl(ctx, &k_spec, &ev->stack);
   if (st == MP_OK) st = mp_plan_setup_options(ctx, &a->setup, &a->c, ev);
   if (st == MP_OK) {
     /* as checked against the user's stack; on other clusters where their stacks run them */

@@ -51,7 +51,7 @@ static mp_opt k_opts[] = {
     MP_OPT_CE_FUSION,
     MP_OPT_CUDA_GRAPHS,
     MP_OPT_CPU_OFFLOAD,
-    MP_OPT_NCCL_CTAS,
+    MP_OPT_NCCL_CTAS, MP_OPT_NCCL_VERSION,
     MP_OPT_UB_CFG,
     MP_OPT_MOE_ROUTING,
     MP_OPT_AC(""),
@@ -391,7 +391,7 @@ static mp_status load_stack(mp_ctx *ctx, sim_job *j) {
   MP_CHECK(mp_cmd_ce_fusion(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_cuda_graphs_opt(ctx, &k_spec, &j->prof, &j->o));
   MP_CHECK(mp_cmd_cpu_offload(ctx, &k_spec, &j->prof, &j->o));
-  MP_CHECK(mp_cmd_nccl_ctas(ctx, &k_spec, &j->prof));
+  MP_CHECK(mp_cmd_nccl(ctx, &k_spec, &j->prof));
   MP_CHECK(mp_cmd_ub_cfg(ctx, &k_spec, &j->prof));
   MP_CHECK(mp_cmd_moe_routing(ctx, &k_spec, &j->o.moe_routing));
   MP_CHECK(mp_cmd_storage(ctx, &k_spec, &j->o));

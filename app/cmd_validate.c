@@ -61,7 +61,9 @@
  * mp_sim_ub_cfg_parse; empty or absent: TE's default), overlap_moe_comm (1: Megatron-Core's
  * --overlap-moe-expert-parallel-comm, simulate's --overlap-moe-comm; empty or absent: off),
  * cpu_offload_layers (Megatron-Core's --cpu-offloading-num-layers N on a megatron row, simulate's
- * --cpu-offload-layers; empty, absent or 0: off).
+ * --cpu-offload-layers; empty, absent or 0: off), nccl_version (the NCCL the run used, X.Y or
+ * X.Y.Z, simulate's --nccl-version: which algorithms NCCL may pick, sim/network.c; empty or
+ * absent: the newest NCCL meshplan models).
  * The stack's options
  * (memory model, attention and loss kernels) apply to the plan.
  *
@@ -418,6 +420,9 @@ static mp_status run_row(mp_ctx *ctx, const char *where, const char *dir, const 
    * SC24 announcement, 2024-11), so the profile's 72 is not assumed */
   if (st == MP_OK) j->c.nvlink_domain = (int)v->nvlink_domain;
   if (st == MP_OK) st = mp_stack_load(ctx, v->stack, &j->prof);
+  if (st == MP_OK && v->nccl_version[0] &&
+      (st = mp_sim_nccl_version_parse(ctx, v->nccl_version, &j->prof.nccl_version)) != MP_OK)
+    mp_error_prefix(ctx, "%s", where);
   if (st == MP_OK) st = read_mesh(ctx, where, v, &j->mesh);
   if (st == MP_OK) st = read_options(ctx, where, v, j);
   snprintf(r->stack, sizeof r->stack, "%s", v->stack);

@@ -157,9 +157,10 @@ mp_status mp_cmd_cuda_graphs(mp_ctx *ctx, const struct mp_stack_profile *prof, c
  * that is not a megatron one. Nothing where it is absent. */
 mp_status mp_cmd_cpu_offload(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                              mp_plan_options *o);
-/* The command line's --nccl-ctas (mp_sim_nccl_ctas_parse) into prof->nccl_group_ctas; nothing
- * where it is absent. MP_ERR_USAGE, naming the item, for a malformed list. */
-mp_status mp_cmd_nccl_ctas(mp_ctx *ctx, const mp_cmd_spec *spec, struct mp_stack_profile *prof);
+/* The command line's NCCL settings: --nccl-version (mp_sim_nccl_version_parse) into
+ * prof->nccl_version and --nccl-ctas (mp_sim_nccl_ctas_parse) into prof->nccl_group_ctas;
+ * nothing where they are absent. MP_ERR_USAGE, naming the text, for a malformed one. */
+mp_status mp_cmd_nccl(mp_ctx *ctx, const mp_cmd_spec *spec, struct mp_stack_profile *prof);
 /* A userbuffers config (mp_sim_ub_cfg_parse) into prof->ub_cfg, for a stack that runs
  * Transformer Engine's userbuffers (tp_comm_overlap); mp_cmd_ub_cfg does it for the command
  * line's --ub-cfg, nothing where it is absent. MP_ERR_USAGE otherwise. */

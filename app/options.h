@@ -225,12 +225,17 @@
     "gradient written in bf16 and moved into the main_grad by a kernel of its own (a copy under "   \
     "Megatron FSDP, an add under its DDP), where the stack's fusion accumulates it in the GEMM "     \
     "(megatron-core, megatron-lm)", NULL }
-/* simulate, explain and plan: the channels of Megatron-Core's NCCL communicators (mp_cmd_nccl_ctas) */
+/* simulate, explain and plan: the channels of Megatron-Core's NCCL communicators (mp_cmd_nccl) */
 #define MP_OPT_NCCL_CTAS                                                                           \
   { "--nccl-ctas", "LIST", "each NCCL communicator's max_ctas as Megatron-Core's "                \
     "--nccl-communicator-config-path sets it, name:N items split by spaces (dp, dp_cp, tp, cp, pp, " \
     "ep, ep_dp): at most N channels, so N SMs, on that group's collectives, e.g. \"dp_cp:8 tp:8\" " \
     "(default: NCCL's channel count)", NULL }
+/* simulate, explain and plan: the NCCL the run used (mp_cmd_nccl) */
+#define MP_OPT_NCCL_VERSION                                                                        \
+  { "--nccl-version", "X.Y[.Z]", "the NCCL the run used, e.g. 2.21.5: which algorithms NCCL's "   \
+    "tuning model may pick (PAT, for an all-gather or reduce-scatter of one rank a node, from "   \
+    "2.23) (default: the newest NCCL meshplan models)", NULL }
 /* simulate and explain: Transformer Engine's userbuffers config (mp_cmd_ub_cfg) */
 #define MP_OPT_UB_CFG                                                                              \
   { "--ub-cfg", "LIST", "Transformer Engine's userbuffers config as Megatron-Core's "             \

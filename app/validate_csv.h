@@ -64,6 +64,9 @@ typedef struct mp_vrow {
   char nccl_ctas[96];      /* optional column: each NCCL communicator's max_ctas as written
                              (name:N items split by spaces; sim.h, mp_sim_nccl_ctas_parse); ""
                              when absent or empty: NCCL's channel count */
+  char nccl_version[16];   /* optional column: the NCCL the run used, X.Y or X.Y.Z as written
+                             (sim.h, mp_sim_nccl_version_parse); "" when absent or empty: the
+                             newest NCCL meshplan models */
   char ub_cfg[512];        /* optional column: Transformer Engine's userbuffers config, GEMM by
                              GEMM (gemm:method:num_sm:set_sm_margin items split by spaces; sim.h,
                              mp_sim_ub_cfg_parse); "" when absent or empty: TE's default */

@@ -424,7 +424,7 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
            prof->comm_overhead_s;
   else
     *dur = mp_sim_nccl_collective_s((mp_coll)op->coll, op->bytes, p2p ? 2 : n, l, l->GBps * prof->link_eff,
-                                    &ls->cl->gpu) +
+                                    &ls->cl->gpu, prof->nccl_version) +
            prof->comm_overhead_s;
   *m = (comm_memo){bits, *dur, n, (int16_t)g, (int16_t)op->coll};
   return MP_OK;

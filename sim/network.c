@@ -18,10 +18,11 @@
  * for the nodes - 1 steps a ring laid out node by node crosses between nodes (twice that
  * for an all-reduce), and the bytes at the protocol's share of the link's bandwidth (Simple
  * the whole, LL128 0.92, LL half, capped). The tree climbs a node's chain and log2(nodes)
- * levels between nodes, twice; PAT, for one rank a node, pays log2(nodes) network hops and
- * a short step a rank. Small collectives of large groups take LL or the tree, bulk
- * ones Simple on the ring; the CPU runtime's MPI collectives, broadcasts, sends and
- * all-to-alls keep the alpha-beta model above on the link's latency a step.
+ * levels between nodes, twice; PAT (from NCCL 2.23, where the run's version has it:
+ * pat_bw_share), for one rank a node, pays log2(nodes) network hops and a short step a rank.
+ * Small collectives of large groups take LL or the tree, bulk ones Simple on the ring; the
+ * CPU runtime's MPI collectives, broadcasts, sends and all-to-alls keep the alpha-beta model
+ * above on the link's latency a step.
  *
  * Group link. A group that stays inside one node runs on NVLink (the cluster's
  * intra_node_GBps_per_gpu, intra-node latency). A group with one member per node runs on
@@ -410,8 +411,46 @@ static double tree_lat_us(int n, int nodes, int p) {
 
 static double min2(double a, double b) { return a < b ? a : b; }
 
+/* Whether NCCL version v (mp_stack_profile.nccl_version; 0 the newest) may run PAT on GPU
+ * cc, and the share of the bus bandwidth its tuning model gives it; 0: no PAT. NCCL_ALGO_PAT
+ * first ships in v2.23.4-1, the first 2.23 release (src/include/nccl_common.h; v2.22.3-1 has
+ * no PAT); src/graph/tuning.cc, ncclPatEnable, from v2.23.4-1 to v2.30.7-1: one GPU a node
+ * (nNodes == nRanks), Simple only, all-gather and reduce-scatter only, never widened; busBw
+ * x .85 in v2.23.4-1, x .75 from v2.24.3-1; the minCompCap >= 60 check (CUDA atomics) from
+ * v2.26.2-1. src/enqueue.cc (v2.23.4-1 to v2.30.7-1) also drops PAT for a reduce-scatter
+ * whose op is PreMulSum or SumPostDiv (ncclAvg), which the schedule's ops do not state. */
+static double pat_bw_share(int v, int cc) {
+  if (v == 0) v = 999999;
+  if (v < 22300) return 0.0;
+  if (v < 22400) return 0.85;
+  if (v >= 22600 && cc < 60) return 0.0;
+  return 0.75;
+}
+
+mp_status mp_sim_nccl_version_parse(mp_ctx *ctx, const char *text, int *version) {
+  int part[3] = {0, 0, 0}, k = 0, ok = 1;
+  const char *s = text;
+  for (; ok && k < 3; k++) {
+    long v = 0;
+    const char *d = s;
+    while (*s >= '0' && *s <= '9' && v < 1000) v = 10 * v + (*s++ - '0');
+    ok = s > d && v <= 99 && (k > 0 || v >= 1);
+    part[k] = (int)v;
+    if (*s != '.' || k == 2) {
+      k++;
+      break;
+    }
+    s++;
+  }
+  if (!ok || k < 2 || *s)
+    return mp_error(ctx, MP_ERR_USAGE, "NCCL version '%s': give X.Y or X.Y.Z as NCCL numbers its releases "
+                    "(e.g. 2.21.5 or 2.23), each part below 100", text);
+  *version = part[0] * 10000 + part[1] * 100 + part[2];
+  return MP_OK;
+}
+
 double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, const mp_sim_link *l, double bw_GBps,
-                                const mp_gpu *g) {
+                                const mp_gpu *g, int nccl_version) {
   const int ring_coll = c == MP_COLL_ALL_REDUCE || c == MP_COLL_ALL_GATHER || c == MP_COLL_REDUCE_SCATTER;
   if (!ring_coll || n <= 1 || bw_GBps <= 0) return mp_sim_collective_s(c, bytes, n, bw_GBps, l->lat_s);
   /* a pair of the group (its first and last pipeline stages) spans two nodes when it does */
@@ -426,6 +465,7 @@ double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, const mp_sim_lin
   const int ci = cc >= 100 ? 3 : cc >= 90 ? 2 : cc >= 80 ? 1 : 0, ni = nodes <= 2 ? nodes - 1 : 2;
   const double ch = mp_sim_nccl_ring_channels(g, &pair, 0);
   const double ll_max = kLlMaxBw[nodes == 1 ? ci : 0][ni];
+  const double pat_share = ar || pair.per_node != 1 || nodes <= 1 ? 0.0 : pat_bw_share(nccl_version, cc);
   /* the ring's bus bandwidth moves (n-1)/n of the bytes a step pattern, twice for an
    * all-reduce; the tree's moves them twice (up and down) */
   const double ring_bytes = (ar ? 2.0 : 1.0) * (n - 1) / n * bytes, tree_bytes = 2.0 * bytes;
@@ -443,11 +483,11 @@ double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, const mp_sim_lin
      * and rank waits 1.4x its latency (sm80 and later; 1.9x before) */
     if (ar && p == NCCL_SIMPLE && nodes > 1 && bytes / (ch * n) >= 64.0) lat *= cc >= 80 ? 1.4 : 1.9;
     double t = lat * 1e-6 + ring_bytes / (bw * 1e9);
-    /* PAT (v2.23 on), Simple only, for an all-gather or reduce-scatter of one rank a node:
-     * 8 us + log2(nodes) x net / 3.5 + 2.8 us a rank, the whole bytes at 0.75 x bw */
-    if (!ar && p == NCCL_SIMPLE && pair.per_node == 1 && nodes > 1 && cc >= 60) {
+    /* PAT (pat_bw_share), Simple only, for an all-gather or reduce-scatter of one rank a
+     * node: 8 us + log2(nodes) x net / 3.5 + 2.8 us a rank, the whole bytes at its share of bw */
+    if (p == NCCL_SIMPLE && pat_share > 0) {
       const double pat = (8.0 + log2_floor(nodes) * kNetLatUs[NCCL_TREE][p] / 3.5 + 2.8 * n) * 1e-6 +
-                         bytes / (0.75 * bw_GBps * 1e9);
+                         bytes / (pat_share * bw_GBps * 1e9);
       if (pat < t) t = pat;
     }
     if (best < 0 || t < best) best = t;

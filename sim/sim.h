@@ -180,6 +180,11 @@ typedef struct mp_stack_profile {
    * v2.23.4-1: envConfigOverride). Never read from JSON: a run's setting (simulate's
    * --nccl-ctas, validate's nccl_ctas column; mp_sim_nccl_ctas_parse). */
   int nccl_group_ctas[MP_GROUP_COUNT];
+  /* The NCCL the run used, major x 10000 + minor x 100 + patch (2.23.4: 22304); 0: unset, the
+   * newest NCCL the network model follows (sim/network.c). It decides which algorithms NCCL's
+   * tuning model may pick (PAT from 2.23). Never read from JSON: a run's setting (simulate's
+   * --nccl-version, validate's nccl_version column; mp_sim_nccl_version_parse). */
+  int nccl_version;
   int tp_dgrad_async;   /* JSON "tp_dgrad_async", optional (default false), the megatron memory
                            model only: without tp_comm_overlap's bulk overlaps, a
                            column-parallel region's input-gradient reduce-scatter (all-reduce
@@ -451,6 +456,10 @@ int mp_sim_nccl_cap(const mp_stack_profile *p, mp_group g);
  * cp, pp, ep, ep_dp (e.g. "dp:8 dp_cp:8 tp:8 pp:2"), each cap 1 to 64, into caps (zeroed
  * first; an unnamed group 0). MP_ERR_USAGE, naming the item, on another name or value. */
 mp_status mp_sim_nccl_ctas_parse(mp_ctx *ctx, const char *text, int caps[MP_GROUP_COUNT]);
+/* Parses an NCCL version as X.Y or X.Y.Z (NCCL's own "2.21.5"; a trailing "-1" release
+ * suffix is not part of it) into major x 10000 + minor x 100 + patch (X.Y: patch 0), minor
+ * and patch below 100. MP_ERR_USAGE, naming the text, on anything else. */
+mp_status mp_sim_nccl_version_parse(mp_ctx *ctx, const char *text, int *version);
 /* The overlap Transformer Engine runs GEMM g's collective with under p (sim/ub_cfg.c): p's
  * ub_cfg entry, else TE's default config (ring_exchange with num_sm 1 and no SM margin for
  * qkv_fprop, fc1_fprop, proj_dgrad and fc2_dgrad; pipeline for proj_fprop and fc2_fprop and
@@ -468,9 +477,10 @@ mp_status mp_sim_ub_cfg_parse(mp_ctx *ctx, const char *text, mp_ub_overlap cfg[M
  * nodes when the group spans several) priced by NCCL's tuning model (v2.27.7-1), the fastest
  * of the ring, the tree (all-reduce), PAT (all-gather and reduce-scatter of one rank a node)
  * and the LL, LL128 and Simple protocols, Simple's
- * bandwidth bw_GBps; the other collectives mp_sim_collective_s's on l->lat_s. */
+ * bandwidth bw_GBps; PAT only where nccl_version (mp_stack_profile's; 0 the newest) carries
+ * it. The other collectives mp_sim_collective_s's on l->lat_s. */
 double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, const mp_sim_link *l, double bw_GBps,
-                                const mp_gpu *g);
+                                const mp_gpu *g, int nccl_version);
 mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
                             int rank, mp_sim_link *out);
 /* An all-to-all of `bytes` sent per rank on link l (efficiency eff on both links) where

@@ -38,7 +38,7 @@ mp_sim_link Link(int n, int per_node, double bw, double nic) {
 
 // NCCL's time for collective c of bytes over link l's n ranks at its bandwidth on g.
 double Nccl(mp_coll c, double bytes, const mp_sim_link &l, const mp_gpu &g = H100()) {
-  return mp_sim_nccl_collective_s(c, bytes, l.n, &l, l.GBps, &g);
+  return mp_sim_nccl_collective_s(c, bytes, l.n, &l, l.GBps, &g, 0);
 }
 
 }  // namespace
@@ -130,6 +130,56 @@ TEST(NcclModel, PatForOneRankANode) {
               63.1e-6 + 31.0 / 32 * b / 20e9, 1e-9);
 }
 
+// The NCCL a run used decides PAT (sim/network.c, pat_bw_share; NVIDIA/nccl src/graph/
+// tuning.cc): an all-gather of 8 MiB over 16 nodes of one rank each at 40 GB/s, 4 ring
+// channels (one NIC a node at 48 GB/s a ring, doubled at half speed, doubled again).
+//   ring LL128: 14.0 + 15 x 8.5 (the tree's network LL128 latency, one rank a node) = 141.5 us
+//               and 15/16 x 8 MiB / min(0.92 x 40, 4 x 36.7) GB/s = 213.7 us: 355.2 us
+//   ring Simple: 8.4 + 15 x 14 = 218.4 us and 15/16 x 8 MiB / 40 GB/s = 196.6 us: 415.0 us
+//   ring LL: 6.6 + 15 x 5.0 = 81.6 us and 15/16 x 8 MiB / min(20.4, 20) GB/s = 393.2 us: 474.8 us
+//   PAT: 8 + log2 16 x 14 / 3.5 + 16 x 2.8 = 68.8 us and the whole 8 MiB at 0.85 x 40 GB/s
+//        (v2.23.4-1) = 246.7 us: 315.5 us; at 0.75 x 40 (v2.24.3-1 on) 279.6 us: 348.4 us
+// NCCL 2.22 (no PAT) takes the ring's LL128, 2.23.4 and the newest (0) PAT; a reduce-scatter
+// alike; two ranks a node never take PAT, whatever the version.
+TEST(NcclModel, PatOnlyFromNccl223) {
+  const mp_gpu g = H100();
+  const double b = 8.0 * 1048576;
+  const mp_sim_link one = Link(16, 1, 40, 50);
+  const double ll128 = 141.5e-6 + 15.0 / 16 * b / 36.8e9;
+  EXPECT_NEAR(ll128, 355.2e-6, 0.1e-6);
+  for (mp_coll c : {MP_COLL_ALL_GATHER, MP_COLL_REDUCE_SCATTER}) {
+    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 22200), ll128, 1e-10) << c;
+    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 22005), ll128, 1e-10) << c;
+    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 22304), 68.8e-6 + b / 34e9, 1e-10) << c;
+    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 22400), 68.8e-6 + b / 30e9, 1e-10) << c;
+    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 0), 68.8e-6 + b / 30e9, 1e-10) << c;
+  }
+  EXPECT_NEAR(68.8e-6 + b / 34e9, 315.5e-6, 0.1e-6);
+  EXPECT_NEAR(68.8e-6 + b / 30e9, 348.4e-6, 0.1e-6);
+  const mp_sim_link two = Link(32, 2, 40, 50);
+  EXPECT_EQ(mp_sim_nccl_collective_s(MP_COLL_ALL_GATHER, b, 32, &two, 40, &g, 22200),
+            mp_sim_nccl_collective_s(MP_COLL_ALL_GATHER, b, 32, &two, 40, &g, 0));
+}
+
+// NCCL versions as X.Y or X.Y.Z, into major x 10000 + minor x 100 + patch.
+TEST(NcclModel, VersionParse) {
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  int v = -1;
+  ASSERT_EQ(mp_sim_nccl_version_parse(&ctx, "2.23.4", &v), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(v, 22304);
+  ASSERT_EQ(mp_sim_nccl_version_parse(&ctx, "2.21", &v), MP_OK);
+  EXPECT_EQ(v, 22100);
+  ASSERT_EQ(mp_sim_nccl_version_parse(&ctx, "2.9.9", &v), MP_OK);
+  EXPECT_EQ(v, 20909);
+  for (const char *bad : {"", "2", "2.", "2.21.", ".21", "2.21.5-1", "v2.21", "2.100", "0.21", "2.21.5.1", "2..1"}) {
+    v = -1;
+    EXPECT_EQ(mp_sim_nccl_version_parse(&ctx, bad, &v), MP_ERR_USAGE) << bad;
+    EXPECT_EQ(v, -1) << bad;
+    EXPECT_NE(strstr(mp_errmsg(&ctx), "NCCL version"), nullptr) << bad;
+  }
+}
+
 // The pair of a 128-rank group's ends (its first and last pipeline stages) spans two nodes,
 // one rank each: a 4-byte all-reduce takes the ring's LL, 6.6 + 2 steps x 5.0 (the tree's
 // network LL latency, one rank a node) = 16.6 us at min(llMaxBw 39 (two nodes), 160) GB/s,
@@ -137,7 +187,7 @@ TEST(NcclModel, PatForOneRankANode) {
 TEST(NcclModel, PairOfAGroupAcrossNodes) {
   const mp_gpu g = H100();
   const mp_sim_link l = Link(128, 8, 320, 50);
-  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_REDUCE, 4, 2, &l, 320, &g), 16.6e-6 + 4 / 39e9, 1e-12);
+  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_REDUCE, 4, 2, &l, 320, &g, 0), 16.6e-6 + 4 / 39e9, 1e-12);
 }
 
 // The layout: dp_shard=64 x cp=2 on 128 GPUs of 8 a node (cp the inner dimension, so a
