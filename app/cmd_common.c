@@ -321,6 +321,9 @@ mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *
                       "PyTorch FSDP's: use torchtitan-compile or torchtitan-eager, or drop it");
     o->fsdp.flat_params = 1;
   }
+  long long n = 0;
+  MP_CHECK(mp_args_int(ctx, spec, "--loss-chunks", 1, MP_LIM_SEQ, &n));
+  if (n > 0) o->loss_chunks = (int)n; /* the plan checks the stack and the sequence */
   return MP_OK;
 }
 
