@@ -91,6 +91,8 @@ mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_
  * --fsdp-flat-params under a memory model other than torchtitan's (the plan checks the recipe
  * and the memory model). */
 mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
+/* --loss-chunks N (simulate, explain, plan) into *out where given; MP_ERR_USAGE below 1. */
+mp_status mp_cmd_loss_chunks(mp_ctx *ctx, const mp_cmd_spec *spec, int *out);
 /* fp32 or bf16 by name into *out; 0 (out untouched) for another name. AdamW's moments' and
  * FSDP's gradient reduction's dtype: mp_cmd_storage and validate's optimizer_moments and
  * fsdp_reduce_dtype columns read it. */

@@ -437,6 +437,8 @@ row 2 "--loss-chunks '0': expected an integer in 1.." simulate --model tiny-dens
 row 2 "--loss-chunks '-8': expected an integer in 1.." explain --model tiny-dense --gpus 2 --mesh dp_shard=2 --loss-chunks -8
 row 2 "loss_chunks 3 does not divide the rank's sequence of 4096 tokens" simulate --model llama3.1-8b --gpus 8 --mesh dp_shard=4,cp=2 --seq 8192 --loss-chunks 3
 row 2 "loss_chunks 8 is torchtitan's ChunkedLossWrapper; the megatron memory model" simulate --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --loss-chunks 8
+row 2 "--loss-chunks is torchtitan's ChunkedLossWrapper; stack megatron-core does not run it" plan --model tiny-dense --gpus 2 --stack megatron-core --loss-chunks 8 --no-db
+row 2 "--loss-chunks '0': expected an integer in 1.." plan --model tiny-dense --gpus 2 --loss-chunks 0 --no-db
 row 2 "--emit torchtitan: torchtitan v0.2.0's job config has no chunked loss" simulate --model llama3.1-8b --gpus 8 --mesh dp_shard=8 --loss-chunks 8 --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: tp=2 without sequence parallelism" simulate --model llama3.1-8b --gpus 8 --mesh dp_shard=4,tp=2 --no-sp --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: ep=2 with tp x cp = 2" simulate --model qwen3-30b-a3b --gpus 8 --mesh dp_shard=4,tp=2,ep=2 --ac full --emit torchtitan --out "$d"
